@@ -1,0 +1,47 @@
+# metaq: `make run` starts a standalone broker, `make test` runs the whole suite.
+# Both set up what they need (idempotently) on a fresh Debian machine as root.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip -q --disable-pip-version-check
+CONFIG ?= conf/server.yaml
+PYTEST_ARGS ?=
+
+.PHONY: all setup sysdeps run test test-fast bench clean
+
+all: test
+
+# System packages the tests use. Nothing is needed for the broker core yet;
+# later layers add zookeeper, postgresql and openssh-server here.
+SYSDEPS :=
+sysdeps:
+	@missing=""; for p in $(SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed: setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -e '.[test]'
+	touch $@
+
+setup: sysdeps $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(VENV)/bin/metaq-server -c $(CONFIG)
+
+test: setup
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The fast tier: no slow or fault tests.
+test-fast: setup
+	$(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,117 @@
+"""One exception tree for the whole project; each class says whose fault it is.
+
+Every error carries the MetaQ status ``code`` that the single wire-mapping place
+(``metaq.server.dispatch``) answers with, so no other module decides codes.
+
+    MetaqError                     base; code 500
+    ├── ClientError                the peer sent something wrong; code 400
+    │   ├── RemoteProtocolError    a frame we cannot parse (raised by protocol parsers)
+    │   ├── ChecksumMismatch       the put body does not match its checksum
+    │   ├── UnknownTopic           topic matches no configured name or pattern
+    │   ├── InvalidTopic           topic name is not legal (characters, length, '.' / '..')
+    │   └── InvalidPartition       partition out of range for the topic
+    ├── NotFound                   nothing at that place (404)
+    ├── Moved                      the requested offset is outside [min, max]; carries the right one (301)
+    ├── Unavailable                transient refusal, try again later (503)
+    │   └── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns
+    ├── BrokerError                our fault (500)
+    │   └── StoreError             the store failed
+    │       └── CorruptLog         corruption followed by valid records; refuse to start unless forced
+    └── ConfigError                the operator's configuration is invalid (startup)
+"""
+
+
+class MetaqError(Exception):
+    """Base of every metaq error."""
+
+    code = 500
+
+
+class ClientError(MetaqError):
+    """The peer sent something we will not accept."""
+
+    code = 400
+
+
+class RemoteProtocolError(ClientError):
+    """A frame could not be parsed.
+
+    ``opaque`` is the request's opaque when it could be read (else 0), so the
+    reply can still be matched. ``fatal`` is True when the stream cannot be
+    resynchronised (a body of unknown or over-limit length was announced): the
+    server replies and closes the connection.
+    """
+
+    def __init__(self, reason, opaque=0, fatal=False):
+        super().__init__(reason)
+        self.reason = reason
+        self.opaque = opaque
+        self.fatal = fatal
+
+
+class ChecksumMismatch(ClientError):
+    """The put body's CRC-32 does not equal the announced checksum."""
+
+
+class UnknownTopic(ClientError):
+    """The topic matches none of the configured topic names or patterns."""
+
+
+class InvalidTopic(ClientError):
+    """The topic name is not legal."""
+
+
+class InvalidPartition(ClientError):
+    """The partition is outside ``[0, partitions)`` for its topic."""
+
+
+class NotFound(MetaqError):
+    """Nothing there (unknown topic/partition, or no message at that offset yet)."""
+
+    code = 404
+
+
+class Moved(MetaqError):
+    """The requested offset is outside the partition's ``[min, max]``.
+
+    ``offset`` is where the client should go instead.
+    """
+
+    code = 301
+
+    def __init__(self, offset, reason=""):
+        super().__init__(reason or str(offset))
+        self.offset = offset
+
+
+class Unavailable(MetaqError):
+    """A transient refusal: the request may succeed later."""
+
+    code = 503
+
+
+class DiskFull(Unavailable):
+    """Writes are refused because the disk is (nearly) full."""
+
+
+class BrokerError(MetaqError):
+    """Something failed on our side."""
+
+    code = 500
+
+
+class StoreError(BrokerError):
+    """The store could not do what was asked."""
+
+
+class CorruptLog(StoreError):
+    """Corrupt bytes followed by valid records: recovery refuses to cut them unless forced."""
+
+    def __init__(self, reason, path=None, position=None):
+        super().__init__(reason)
+        self.path = path
+        self.position = position
+
+
+class ConfigError(MetaqError):
+    """The configuration is invalid; raised at startup with a message naming the setting."""

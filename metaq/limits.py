@@ -1,0 +1,81 @@
+"""Named limits and name validation shared by every layer (stdlib only).
+
+Each limit below is a default; the broker configuration (``limits:`` in
+``conf/server.yaml``) may change the configurable ones. Every declared length
+is checked against one of these before memory is allocated for it.
+"""
+
+import re
+
+from metaq.errors import InvalidTopic, InvalidPartition
+
+#: Longest command line (without CRLF) a peer may send. A put line with an XA
+#: transaction key is about 300 bytes, so 2 KiB leaves room and stops abuse.
+MAX_LINE_BYTES = 2048
+
+#: Largest put body (attribute block + payload). RocketMQ's maxMessageSize.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+#: Default upper bound for one ``get`` reply; a single larger message is still
+#: returned whole (no message can become unconsumable).
+MAX_TRANSFER_BYTES = 1024 * 1024
+
+#: File descriptors kept back from RLIMIT_NOFILE for segments, indexes,
+#: journals and outgoing connections when computing the connection cap.
+FD_RESERVE = 512
+
+#: Seconds a connection may sit with no complete request before it is closed.
+IDLE_TIMEOUT_S = 600.0
+
+#: Seconds a partly received request (line or body) may take to complete.
+REQUEST_TIMEOUT_S = 30.0
+
+#: Longest wait a long-polling get may ask for.
+MAX_WAIT_MS = 60_000
+
+#: Most partitions one topic may have.
+MAX_PARTITIONS = 1024
+
+#: Longest topic or group name, in bytes.
+MAX_NAME_BYTES = 200
+
+#: Largest broker id (MetaQ's IdWorker has a 10-bit worker id).
+MAX_BROKER_ID = 1023
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.%-]+")
+
+
+def max_connections_for(nofile_limit, reserve=FD_RESERVE):
+    """Connection cap derived from the open-file limit, never below 1."""
+    return max(1, nofile_limit - reserve)
+
+
+def validate_topic(topic):
+    """Return ``topic`` if it is a legal topic name, else raise InvalidTopic.
+
+    Legal: 1..MAX_NAME_BYTES characters from ``A-Z a-z 0-9 _ . - %``, not
+    ``.`` or ``..``. No path separator can pass, so a topic never reaches
+    outside the data directory.
+    """
+    if not isinstance(topic, str):
+        raise InvalidTopic("topic must be text, got %r" % (topic,))
+    if not topic or len(topic.encode("utf-8")) > MAX_NAME_BYTES:
+        raise InvalidTopic("topic name must be 1..%d bytes, got %d" % (MAX_NAME_BYTES, len(topic.encode("utf-8"))))
+    if not _NAME_RE.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidTopic("illegal topic name %r: use letters, digits, '_', '-', '.', '%%'" % (topic,))
+    return topic
+
+
+def validate_group(group):
+    """Return ``group`` if it is a legal consumer group name (same alphabet as topics)."""
+    try:
+        return validate_topic(group)
+    except InvalidTopic as exc:
+        raise InvalidTopic(str(exc).replace("topic", "group")) from None
+
+
+def validate_partition(partition, partitions):
+    """Return ``partition`` if ``0 <= partition < partitions``, else raise InvalidPartition."""
+    if not 0 <= partition < partitions:
+        raise InvalidPartition("wrong partition %d: the topic has partitions 0..%d" % (partition, partitions - 1))
+    return partition

@@ -1,0 +1,126 @@
+"""Events of MetaQ's text protocol (requests and replies), as plain frozen dataclasses.
+
+Every event knows how to serialize itself (see ``metaq.protocol.text.serialize``).
+``opaque`` is a signed 32-bit int echoed from request to reply.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+#: opaque used by MetaQ when ``version``/``stats`` carry none.
+DEFAULT_OPAQUE = 2147483647
+
+UNCHECKED = -1  # checksum value meaning "do not verify"
+
+TX_TYPES = (
+    "BEGIN",
+    "END",
+    "PREPARE",
+    "COMMIT_ONE_PHASE",
+    "COMMIT_TWO_PHASE",
+    "ROLLBACK",
+    "FORGET",
+    "RECOVER",
+)
+
+
+@dataclass(frozen=True)
+class Put:
+    """``put topic partition len flag [checksum] [txKey] opaque\\r\\n<body>``; checksum -1 = unchecked."""
+
+    topic: str
+    partition: int
+    flag: int
+    body: bytes
+    opaque: int
+    checksum: int = UNCHECKED
+    tx_key: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Get:
+    """``get topic group partition offset maxSize [maxWaitMs] opaque``; max_wait_ms None = no long poll."""
+
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    max_size: int
+    opaque: int
+    max_wait_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Offset:
+    """``offset topic group partition offset opaque``: ask for the nearest valid offset."""
+
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    opaque: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """``stats [item] [opaque]``; item None = blank item."""
+
+    item: Optional[str] = None
+    opaque: int = DEFAULT_OPAQUE
+
+
+@dataclass(frozen=True)
+class Version:
+    """``version [opaque]`` (also the heartbeat)."""
+
+    opaque: int = DEFAULT_OPAQUE
+
+
+@dataclass(frozen=True)
+class Quit:
+    """``quit``: the server closes the connection without a reply."""
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """``transaction txKey sessionId TYPE [timeout] [uniqueQualifier] opaque``.
+
+    tx_key is the raw key text (``TX:...``, ``XID:...`` or ``null``); timeout 0 = none.
+    """
+
+    tx_key: str
+    session_id: str
+    tx_type: str
+    opaque: int
+    timeout: int = 0
+    unique_qualifier: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Sync:
+    """``sync topic partition len flag msgId [checksum] opaque\\r\\n<body>`` (replication)."""
+
+    topic: str
+    partition: int
+    flag: int
+    msg_id: int
+    body: bytes
+    opaque: int
+    checksum: int = UNCHECKED
+
+
+@dataclass(frozen=True)
+class Value:
+    """``value len opaque\\r\\n<body>``: data reply to get (concatenated MetaQ records)."""
+
+    body: bytes
+    opaque: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """``result code len opaque\\r\\n[body]``: every other reply."""
+
+    code: int
+    body: bytes
+    opaque: int

@@ -1,0 +1,1 @@
+"""tx layer (see DESIGN §2)."""

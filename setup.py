@@ -1,0 +1,37 @@
+from setuptools import find_packages, setup
+
+import re
+
+with open("metaq/__init__.py") as f:
+    VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+setup(
+    name="metaq",
+    version=VERSION,
+    description="A MetaQ-style message broker: text protocol, shared commit log, transactions, replication",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["metaq", "metaq.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "gevent>=24.2",
+        "PyYAML>=6.0",
+        "pydantic>=2.6,<3",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "crcmod>=1.7",
+            "pytest-timeout>=2.3",
+        ],
+        "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8"],
+        "deploy": ["fabric>=3.2,<4"],
+        "zk": ["kazoo>=2.10"],
+    },
+    entry_points={
+        "console_scripts": [
+            "metaq-server = metaq.server.__main__:main",
+        ],
+    },
+)
