@@ -1,0 +1,131 @@
+"""MetaQ's message record: the unit of a ``value`` reply body and of MetaQ's log.
+
+A record is a 20-byte header followed by ``data``; every integer is big-endian::
+
+    int32  msgLen     length of data (attribute block, if any, + payload)
+    int32  checksum   metaq_checksum(data): CRC-32 of data only, & 0x7FFFFFFF
+    int64  msgId
+    int32  flag       bit 0 = data starts with an attribute block; other bits preserved
+    byte[msgLen] data if flag & 1: int32 attrLen, attrLen bytes of UTF-8, then payload
+
+The attribute block is built by the client (``encode_payload``); the broker
+stores a put body as it is and never builds ``data`` itself.
+"""
+
+import struct
+from dataclasses import dataclass
+
+from metaq.errors import RemoteProtocolError
+from metaq.protocol.checksum import metaq_checksum
+
+__all__ = [
+    "HEADER",
+    "ATTRIBUTE_FLAG",
+    "Record",
+    "encode_payload",
+    "decode_payload",
+    "encode_record",
+    "iter_records",
+]
+
+#: Record header: msgLen (int32), checksum (int32), msgId (int64), flag (int32).
+HEADER = struct.Struct(">iiqi")
+assert HEADER.size == 20
+
+#: Attribute length prefix inside data: attrLen (int32).
+_ATTR_LEN = struct.Struct(">i")
+assert _ATTR_LEN.size == 4
+
+#: Flag bit 0: data starts with an attribute block.
+ATTRIBUTE_FLAG = 1
+
+
+def encode_payload(payload, attribute):
+    """Build ``(flag, data)`` from a payload and an optional attribute (MetaQ's encodePayload).
+
+    ``attribute`` None gives flag 0 and ``data = payload``; any string, even
+    ``""``, sets flag bit 0 and prefixes ``int32 len`` + its UTF-8 bytes.
+    """
+    if attribute is None:
+        return 0, bytes(payload)
+    attr = attribute.encode("utf-8")
+    return ATTRIBUTE_FLAG, b"".join((_ATTR_LEN.pack(len(attr)), attr, payload))
+
+
+def decode_payload(flag, data):
+    """Split ``data`` into ``(attribute or None, payload)`` according to ``flag``.
+
+    Raises RemoteProtocolError when the attribute block is malformed (its
+    length is negative or runs past the end of data). Undecodable attribute
+    bytes are replaced with U+FFFD, as Java's ``new String(bytes, "utf-8")`` does.
+    """
+    if not flag & ATTRIBUTE_FLAG:
+        return None, bytes(data)
+    if len(data) < _ATTR_LEN.size:
+        raise RemoteProtocolError("attribute block truncated: data has only %d bytes" % len(data))
+    (attr_len,) = _ATTR_LEN.unpack_from(data, 0)
+    end = _ATTR_LEN.size + attr_len
+    if attr_len < 0 or end > len(data):
+        raise RemoteProtocolError(
+            "invalid attribute length %d: data holds %d bytes after the length" % (attr_len, len(data) - 4)
+        )
+    attribute = bytes(data[_ATTR_LEN.size : end]).decode("utf-8", "replace")
+    return attribute, bytes(data[end:])
+
+
+def encode_record(msg_id, flag, data):
+    """The record bytes: 20-byte header (checksum = metaq_checksum(data)) + data."""
+    return HEADER.pack(len(data), metaq_checksum(data), msg_id, flag) + bytes(data)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One decoded record; ``data`` is the attribute block (if any) + payload."""
+
+    msg_id: int
+    flag: int
+    data: bytes
+    checksum: int
+
+    @property
+    def attribute(self):
+        """The attribute string, or None when flag bit 0 is clear."""
+        return decode_payload(self.flag, self.data)[0]
+
+    @property
+    def payload(self):
+        """The user data, without the attribute block."""
+        return decode_payload(self.flag, self.data)[1]
+
+
+def iter_records(buf, verify=True):
+    """Yield ``(Record, end_position)`` for every whole record in ``buf``.
+
+    Stops silently at a partial final record (fewer than 20 bytes left, or
+    fewer than msgLen bytes after the header), as MetaQ's MessageIterator does:
+    a ``value`` reply may end in a cut-off record. Raises RemoteProtocolError
+    on a negative msgLen and, when ``verify``, on a checksum mismatch.
+    While the generator is suspended it holds a view of ``buf``: do not resize
+    a bytearray ``buf`` until the iteration has finished or been closed.
+    """
+    with memoryview(buf) as view:
+        size = len(view)
+        pos = 0
+        while size - pos >= HEADER.size:
+            msg_len, checksum, msg_id, flag = HEADER.unpack_from(view, pos)
+            if msg_len < 0:
+                raise RemoteProtocolError("record at position %d has a negative length %d" % (pos, msg_len))
+            start = pos + HEADER.size
+            end = start + msg_len
+            if end > size:
+                return
+            data = bytes(view[start:end])
+            if verify:
+                actual = metaq_checksum(data)
+                if actual != checksum:
+                    raise RemoteProtocolError(
+                        "checksum mismatch in record at position %d: header says %d, data gives %d"
+                        % (pos, checksum, actual)
+                    )
+            yield Record(msg_id, flag, data, checksum), end
+            pos = end

@@ -1,0 +1,516 @@
+"""MetaQ's text protocol, sans-IO: ``TextParser`` turns bytes into events, ``serialize`` turns events into bytes.
+
+Grammar (reference ``metaq-protocol.md`` §1): a frame is one header line split
+on single spaces (two spaces give an empty token, trailing empty tokens are
+dropped), ended by ``\\r\\n`` or a bare ``\\n``; ``put``, ``sync``, ``value``
+and ``result`` are followed directly by a body of the announced length, with
+nothing after it. The grammar is symmetric, so one parser reads requests
+(broker side) and replies (client side).
+
+Differences from MetaQ's decoder, all deliberate: the command word must match
+exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
+carry ``maxWaitMs`` before the opaque; integers are strict (``-?[0-9]+``) and
+range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
+stays usable (the line is consumed and its body, if its length is known,
+skipped) unless the error is ``fatal`` (body length unknown or over the limit,
+line over the limit, EOF inside a frame): then every later ``next_event()``
+raises the same error again.
+"""
+
+from metaq import limits
+from metaq.errors import RemoteProtocolError
+from metaq.protocol.events import (
+    DEFAULT_OPAQUE,
+    TX_TYPES,
+    UNCHECKED,
+    Get,
+    Offset,
+    Put,
+    Quit,
+    Result,
+    Stats,
+    Sync,
+    Transaction,
+    Value,
+    Version,
+)
+
+__all__ = [
+    "NEED_DATA",
+    "CLOSED",
+    "TextParser",
+    "serialize",
+    "encode_result",
+    "encode_value_header",
+]
+
+
+class _Sentinel:
+    """A named marker returned by ``TextParser.next_event``."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return self._name
+
+
+#: ``next_event()``: no whole frame is buffered yet; feed more bytes.
+NEED_DATA = _Sentinel("NEED_DATA")
+#: ``next_event()``: the peer closed the stream cleanly between frames.
+CLOSED = _Sentinel("CLOSED")
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_CHECKSUM_START = frozenset("-0123456789")
+_MAX_CODE = 999
+_SHOWN_CHARS = 64
+_COPY_ONCE_FROM = 64 * 1024  # bodies this large are copied through a memoryview (one copy, not two)
+
+
+class _LineError(Exception):
+    """A field of the line is invalid; turned into a RemoteProtocolError by the parser."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _show(token):
+    """The token quoted for an error message, shortened if very long."""
+    if len(token) > _SHOWN_CHARS:
+        return repr(token[:_SHOWN_CHARS]) + "..."
+    return repr(token)
+
+
+def _is_integer(token):
+    """True for strict ``-?[0-9]+`` (no '+', spaces, '_' or non-ASCII digits)."""
+    if token.isdigit():
+        return token.isascii()
+    return token[:1] == "-" and token[1:].isdigit() and token.isascii()
+
+
+def _int(token, what, low, high):
+    """Parse a strict decimal integer within ``low..high`` or raise _LineError."""
+    if token.isdigit() and token.isascii():
+        value = int(token)
+    elif token[:1] == "-" and token[1:].isdigit() and token.isascii():
+        value = int(token)
+    else:
+        raise _LineError("invalid %s %s: not an integer" % (what, _show(token)))
+    if low <= value <= high:
+        return value
+    raise _LineError("invalid %s %s: must be %d..%d" % (what, _show(token), low, high))
+
+
+def _tx_key(token):
+    """A transaction key as MetaQ's TransactionId.valueOf accepts it."""
+    if token == "null" or token.startswith(("TX:", "XID:")):
+        return token
+    raise _LineError("invalid transaction key %s: expected null, TX:... or XID:..." % _show(token))
+
+
+def _error_opaque(tokens):
+    """The opaque to answer an unparseable line with: its last token if it is an int32, else 0."""
+    if tokens and _is_integer(tokens[-1]):
+        value = int(tokens[-1])
+        if INT32_MIN <= value <= INT32_MAX:
+            return value
+    return 0
+
+
+# Command handlers. Each gets the tokens (count already checked) and returns an
+# event, or, for commands with a body, a function that builds the event from it.
+
+
+def _parse_put(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", -1, INT32_MAX)
+    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum, tx_key = UNCHECKED, None
+    if len(t) == 7:
+        if t[5][:1] in _CHECKSUM_START:
+            checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+        else:
+            tx_key = _tx_key(t[5])
+    elif len(t) == 8:
+        checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+        tx_key = _tx_key(t[6])
+    opaque = _int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: Put(topic, partition, flag, body, opaque, checksum, tx_key)
+
+
+def _parse_get(t):
+    partition = _int(t[3], "partition", -1, INT32_MAX)
+    offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
+    max_size = _int(t[5], "maxSize", INT32_MIN, INT32_MAX)  # <= 0 is answered by the broker, as in MetaQ
+    max_wait_ms = _int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) == 8 else None
+    return Get(t[1], t[2], partition, offset, max_size, _int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms)
+
+
+def _parse_offset(t):
+    partition = _int(t[3], "partition", -1, INT32_MAX)
+    offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
+    return Offset(t[1], t[2], partition, offset, _int(t[5], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _parse_stats(t):
+    if len(t) == 1:
+        return Stats(None, DEFAULT_OPAQUE)
+    if len(t) == 2:
+        return Stats(t[1], DEFAULT_OPAQUE)
+    return Stats(t[1], _int(t[2], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _parse_version(t):
+    return Version(_int(t[1], "opaque", INT32_MIN, INT32_MAX)) if len(t) == 2 else Version(DEFAULT_OPAQUE)
+
+
+def _parse_quit(t):
+    return Quit()
+
+
+def _parse_transaction(t):
+    tx_key = _tx_key(t[1])
+    if t[3] not in TX_TYPES:
+        raise _LineError("invalid transaction type %s: expected one of %s" % (_show(t[3]), " ".join(TX_TYPES)))
+    timeout, qualifier = 0, None
+    if len(t) == 6:
+        if t[4].isascii() and t[4].isdigit():
+            timeout = _int(t[4], "timeout", 0, INT32_MAX)
+        else:
+            qualifier = t[4]
+    elif len(t) == 7:
+        timeout = _int(t[4], "timeout", 0, INT32_MAX)
+        qualifier = t[5]
+    return Transaction(tx_key, t[2], t[3], _int(t[-1], "opaque", INT32_MIN, INT32_MAX), timeout, qualifier)
+
+
+def _parse_sync(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", -1, INT32_MAX)
+    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    msg_id = _int(t[5], "msgId", INT64_MIN, INT64_MAX)
+    checksum = _int(t[6], "checksum", UNCHECKED, INT32_MAX) if len(t) == 8 else UNCHECKED
+    opaque = _int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: Sync(topic, partition, flag, msg_id, body, opaque, checksum)
+
+
+def _parse_value(t):
+    opaque = _int(t[2], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: Value(body, opaque)
+
+
+def _parse_result(t):
+    code = _int(t[1], "code", 0, _MAX_CODE)
+    opaque = _int(t[3], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: Result(code, body, opaque)
+
+
+#: command word -> (handler, allowed token counts, how to say them, index of the body length or None)
+_COMMANDS = {
+    "put": (_parse_put, (6, 7, 8), "6, 7 or 8 tokens", 3),
+    "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
+    "offset": (_parse_offset, (6,), "6 tokens", None),
+    "stats": (_parse_stats, (1, 2, 3), "1, 2 or 3 tokens", None),
+    "version": (_parse_version, (1, 2), "1 or 2 tokens", None),
+    "quit": (_parse_quit, (1,), "1 token", None),
+    "transaction": (_parse_transaction, (5, 6, 7), "5, 6 or 7 tokens", None),
+    "sync": (_parse_sync, (7, 8), "7 or 8 tokens", 3),
+    "value": (_parse_value, (3,), "3 tokens", 1),
+    "result": (_parse_result, (4,), "4 tokens", 2),
+}
+
+
+class TextParser:
+    """Incremental parser of MetaQ text frames (requests and replies alike).
+
+    Feed bytes with ``receive_data`` (``b""`` = end of stream), then call
+    ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED`` after a clean
+    end of stream). It never does IO, never logs and raises nothing but
+    ``RemoteProtocolError``.
+    """
+
+    def __init__(self, max_line=limits.MAX_LINE_BYTES, max_body=limits.MAX_BODY_BYTES):
+        self.max_line = max_line
+        self.max_body = max_body
+        self._buf = bytearray()
+        self._pos = 0  # start of the unparsed bytes in _buf
+        self._scan = 0  # bytes before this were already searched for a line end
+        self._skip = 0  # bytes of a rejected frame's body still to drop
+        self._pending = None  # (build(body) -> event, body length) once a header is parsed
+        self._eof = False
+        self._fatal = None
+
+    @property
+    def in_frame(self):
+        """True while part of a frame (line, body or a body being skipped) is buffered."""
+        return self._pending is not None or self._skip > 0 or self._pos < len(self._buf)
+
+    @property
+    def buffered(self):
+        """Number of received bytes not yet returned as events."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data):
+        """Append received bytes; ``b""`` marks the end of the stream."""
+        if self._fatal is not None:
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._eof:
+            self._fatal = RemoteProtocolError("data received after the end of the stream", 0, True)
+            raise self._fatal
+        if self._pos:
+            del self._buf[: self._pos]
+            self._scan = max(0, self._scan - self._pos)
+            self._pos = 0
+        if self._skip and not self._buf:
+            dropped = min(self._skip, len(data))
+            self._skip -= dropped
+            data = memoryview(data)[dropped:]
+        self._buf += data
+
+    def next_event(self):
+        """Return the next event, ``NEED_DATA`` or ``CLOSED``; raise RemoteProtocolError on a bad frame."""
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            return self._next_event()
+        except RemoteProtocolError as exc:
+            if exc.fatal:
+                self._fatal = exc
+            raise
+
+    def _next_event(self):
+        while True:
+            if self._skip and not self._skip_body():
+                return self._need_data()
+            if self._pending is not None:
+                return self._finish_body()
+            line = self._take_line()
+            if line is None:
+                return self._need_data()
+            if line:
+                event = self._parse_line(line)
+                if event is not None:
+                    return event
+                if self._pending is not None:
+                    return self._finish_body()
+
+    def _need_data(self):
+        if not self._eof:
+            return NEED_DATA
+        if self._pending is None and not self._skip and self._pos == len(self._buf):
+            return CLOSED
+        raise RemoteProtocolError("connection closed inside a frame", 0, True)
+
+    def _skip_body(self):
+        """Drop buffered bytes of a rejected frame's body; True once all are gone."""
+        dropped = min(self._skip, len(self._buf) - self._pos)
+        self._pos += dropped
+        self._skip -= dropped
+        return not self._skip
+
+    def _finish_body(self):
+        build, length = self._pending
+        start = self._pos
+        end = start + length
+        if len(self._buf) < end:
+            return self._need_data()
+        if length < _COPY_ONCE_FROM:
+            body = bytes(self._buf[start:end])
+        else:
+            with memoryview(self._buf) as view:
+                body = bytes(view[start:end])
+        self._pos = end
+        self._pending = None
+        return build(body)
+
+    def _take_line(self):
+        """Consume and return the next line without its line end, or None if it is incomplete."""
+        buf = self._buf
+        pos = self._pos
+        start = self._scan if self._scan > pos else pos
+        newline = buf.find(b"\n", start, pos + self.max_line + 2)
+        if newline < 0:
+            waiting = len(buf) - pos
+            if waiting > self.max_line + 1 or (waiting == self.max_line + 1 and buf[-1] != 13):
+                raise self._line_too_long()
+            self._scan = len(buf)
+            return None
+        end = newline - 1 if newline > pos and buf[newline - 1] == 13 else newline
+        if end - pos > self.max_line:
+            raise self._line_too_long()
+        self._pos = self._scan = newline + 1
+        return buf[pos:end]
+
+    def _line_too_long(self):
+        return RemoteProtocolError("line longer than %d bytes" % self.max_line, 0, True)
+
+    def _parse_line(self, raw):
+        """Parse one non-empty line: return an event, or None (blank line, or body pending)."""
+        try:
+            text = raw.decode("utf-8")
+            problem = None
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+            problem = "line is not valid UTF-8"
+        tokens = text.split(" ")
+        if not tokens[-1]:
+            while tokens and not tokens[-1]:
+                tokens.pop()
+            if not tokens:
+                return None
+        spec = _COMMANDS.get(tokens[0])
+        if spec is None:
+            raise RemoteProtocolError(problem or "unknown command %s" % _show(tokens[0]), _error_opaque(tokens))
+        handler, counts, counts_text, length_index = spec
+        if problem is None and len(tokens) not in counts:
+            problem = "%s needs %s, got %d" % (tokens[0], counts_text, len(tokens))
+        length = 0 if length_index is None else self._body_length(tokens, length_index, problem)
+        if problem is None:
+            try:
+                result = handler(tokens)
+            except _LineError as exc:
+                problem = exc.reason
+        if problem is not None:
+            self._skip = length
+            raise RemoteProtocolError(problem, _error_opaque(tokens))
+        if length_index is None:
+            return result
+        self._pending = (result, length)
+        return None
+
+    def _body_length(self, tokens, index, problem):
+        """The announced body length; a fatal error if it is missing, invalid or over the limit."""
+        token = tokens[index] if index < len(tokens) else None
+        if token is not None and token.isdigit() and token.isascii():
+            length = int(token)
+            if length <= self.max_body:
+                return length
+            reason = "body length %d exceeds the limit of %d bytes" % (length, self.max_body)
+        elif token is None:
+            reason = "no body length"
+        elif _is_integer(token):
+            reason = "invalid body length %s: negative" % token
+        else:
+            reason = "invalid body length %s: not an integer" % _show(token)
+        if problem is not None:
+            reason = "%s; %s" % (problem, reason)
+        raise RemoteProtocolError(reason, _error_opaque(tokens), True)
+
+
+# Serializer ------------------------------------------------------------------
+
+
+def _token(text):
+    """``text`` if it can be sent as one token (no space, CR or LF), else ValueError."""
+    if " " in text or "\n" in text or "\r" in text:
+        raise ValueError("%r cannot be sent as a protocol token" % (text,))
+    return text
+
+
+def _serialize_put(e):
+    if e.tx_key is None:
+        head = "put %s %d %d %d %d %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.opaque)
+    else:
+        head = "put %s %d %d %d %d %s %d\r\n" % (
+            _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, _token(e.tx_key), e.opaque,
+        )
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_get(e):
+    wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+    return (
+        "get %s %s %d %d %d%s %d\r\n"
+        % (_token(e.topic), _token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
+    ).encode("utf-8")
+
+
+def _serialize_offset(e):
+    return (
+        "offset %s %s %d %d %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset, e.opaque)
+    ).encode("utf-8")
+
+
+def _serialize_stats(e):
+    # Like MetaQ's encoder, a blank item is written as an empty token: "stats  <opaque>".
+    return ("stats %s %d\r\n" % (_token(e.item or ""), e.opaque)).encode("utf-8")
+
+
+def _serialize_version(e):
+    return b"version %d\r\n" % e.opaque
+
+
+def _serialize_quit(e):
+    return b"quit\r\n"
+
+
+def _serialize_transaction(e):
+    parts = ["transaction", _token(e.tx_key), _token(e.session_id), _token(e.tx_type)]
+    if e.timeout > 0:
+        parts.append(str(e.timeout))
+    if e.unique_qualifier:
+        parts.append(_token(e.unique_qualifier))
+    parts.append(str(e.opaque))
+    return (" ".join(parts) + "\r\n").encode("utf-8")
+
+
+def _serialize_sync(e):
+    head = "sync %s %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.msg_id, e.checksum, e.opaque,
+    )
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_value(e):
+    return b"".join((encode_value_header(len(e.body), e.opaque), e.body))
+
+
+def _serialize_result(e):
+    return encode_result(e.code, e.body, e.opaque)
+
+
+_SERIALIZERS = {
+    Put: _serialize_put,
+    Get: _serialize_get,
+    Offset: _serialize_offset,
+    Stats: _serialize_stats,
+    Version: _serialize_version,
+    Quit: _serialize_quit,
+    Transaction: _serialize_transaction,
+    Sync: _serialize_sync,
+    Value: _serialize_value,
+    Result: _serialize_result,
+}
+
+
+def serialize(event):
+    """The canonical wire bytes of ``event``.
+
+    Put: 7 tokens (checksum always written), 8 with a tx_key. Get: 7 tokens, 8
+    with max_wait_ms. Stats: ``stats <item> <opaque>``, a blank item (None or
+    "") as ``stats  <opaque>``. Transaction: timeout only when > 0, qualifier
+    only when not empty. Sync: 8 tokens. Raises ValueError when a text field
+    holds a space, CR or LF, TypeError for a non-event.
+    """
+    try:
+        serializer = _SERIALIZERS[type(event)]
+    except KeyError:
+        raise TypeError("not a text-protocol event: %r" % (event,)) from None
+    return serializer(event)
+
+
+def encode_result(code, body, opaque):
+    """``result <code> <len> <opaque>\\r\\n<body>`` (body: bytes-like)."""
+    return b"".join((b"result %d %d %d\r\n" % (code, len(body), opaque), body))
+
+
+def encode_value_header(length, opaque):
+    """``value <length> <opaque>\\r\\n``; the caller sends ``length`` bytes of records after it."""
+    return b"value %d %d\r\n" % (length, opaque)
