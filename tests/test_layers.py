@@ -7,7 +7,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "metaq"
 
-IO_MODULES = {"socket", "socketserver", "select", "selectors", "asyncio", "ssl", "gevent", "kazoo", "threading",
+IO_MODULES = {"socket", "socketserver", "select", "selectors", "asyncio", "ssl", "gevent", "kazoo", "threading", "_thread", "signal",
               "multiprocessing", "subprocess", "concurrent"}
 
 # layer -> (metaq packages it may import, other top-level modules it must not import)
@@ -15,8 +15,8 @@ RULES = {
     "errors": ({"metaq.errors"}, IO_MODULES | {"logging", "time"}),
     "limits": ({"metaq.errors", "metaq.limits"}, IO_MODULES | {"logging", "time"}),
     "protocol": ({"metaq.errors", "metaq.limits", "metaq.protocol"}, IO_MODULES | {"logging", "time"}),
-    "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time"}),
-    "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"}, IO_MODULES | {"time"}),
+    "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
+    "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"}, IO_MODULES | {"time", "datetime"}),
     "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx",
                 "metaq.server"}, set()),
     "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.client"}, {"gevent", "kazoo"}),

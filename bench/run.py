@@ -1,0 +1,255 @@
+"""metaq benchmark: prints a table for 1 KiB messages (medians of several runs).
+
+    python bench/run.py [--runs 3] [--messages 100000] [--quick]
+
+Every figure is measured against a real broker process on 127.0.0.1 started by
+this script (data in a temporary directory). Where ``redis-server`` is
+installed, Redis Streams (XADD / XRANGE, AOF with ``appendfsync everysec``) is
+measured in the same run and printed beside ours with the ratio.
+Not a test: nothing here asserts.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench.redis_streams import RedisBench, redis_available  # noqa: E402
+from metaq.protocol import events as ev  # noqa: E402
+from metaq.protocol.checksum import metaq_checksum  # noqa: E402
+from metaq.protocol.text import NEED_DATA, TextParser, serialize  # noqa: E402
+from tests.broker_harness import BrokerProcess, small_config  # noqa: E402
+
+MSG = 1024
+TOPIC = "bench"
+
+
+def put_frames(n, partition=0, start=0):
+    payload = b"p" * MSG
+    crc = metaq_checksum(payload)
+    return [serialize(ev.Put(TOPIC, partition, 0, payload, start + i, crc)) for i in range(n)]
+
+
+class Conn:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.parser = TextParser(max_body=8 << 20)
+
+    def next(self):
+        while True:
+            e = self.parser.next_event()
+            if e is not NEED_DATA:
+                return e
+            self.parser.receive_data(self.sock.recv(1 << 20))
+
+    def close(self):
+        self.sock.close()
+
+
+def pipelined_puts(port, n, depth=64):
+    """Put n messages keeping ``depth`` requests in flight; returns msgs/s."""
+    frames = put_frames(n)
+    c = Conn(port)
+    started = time.perf_counter()
+    sent = min(depth, n)
+    c.sock.sendall(b"".join(frames[:sent]))
+    done = 0
+    while done < n:
+        e = c.next()
+        assert e.code == 200, e
+        done += 1
+        if sent < n and sent - done <= depth // 2:
+            more = min(depth - (sent - done), n - sent)
+            c.sock.sendall(b"".join(frames[sent:sent + more]))
+            sent += more
+    elapsed = time.perf_counter() - started
+    c.close()
+    return n / elapsed
+
+
+def sequential_put_latencies(port, n):
+    frames = put_frames(n)
+    c = Conn(port)
+    lat = []
+    for f in frames:
+        t = time.perf_counter()
+        c.sock.sendall(f)
+        e = c.next()
+        lat.append(time.perf_counter() - t)
+        assert e.code == 200, e
+    c.close()
+    lat.sort()
+    return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
+
+
+def concurrent_producers(port, producers, per_producer, depth=1):
+    rates = []
+
+    def one(i):
+        rates.append(pipelined_puts(port, per_producer, depth))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(producers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return producers * per_producer / (time.perf_counter() - started)
+
+
+def sequential_reads(port, count, max_size=1 << 20):
+    """Read ``count`` messages of partition 0 with 1 MiB gets; returns (MB/s, msgs/s)."""
+    c = Conn(port)
+    offset, nbytes = 0, 0
+    started = time.perf_counter()
+    opaque = 0
+    while offset < count:
+        opaque += 1
+        c.sock.sendall(b"get %s g 0 %d %d %d\r\n" % (TOPIC.encode(), offset, max_size, opaque))
+        e = c.next()
+        assert isinstance(e, ev.Value), e
+        body = e.body
+        nbytes += len(body)
+        offset += len(body) // (20 + MSG)
+    elapsed = time.perf_counter() - started
+    c.close()
+    return nbytes / elapsed / 1e6, offset / elapsed
+
+
+def start_broker(root, flush, name, segment=1 << 30):
+    wd = os.path.join(root, name)
+    os.makedirs(wd, exist_ok=True)
+    cfg = small_config(os.path.join(wd, "data"), store={"flush": flush, "segment_size": segment,
+                                                         "index_file_units": 1 << 20,
+                                                         "checkpoint_interval_ms": 1000},
+                       limits={"max_body_bytes": 1 << 20},
+                       topics=[{"name": "*", "partitions": 4}])
+    return BrokerProcess(wd, cfg).start()
+
+
+def measure_recovery(root, gib):
+    """Write ~gib GiB, kill -9, restart with the checkpoint removed: full-scan seconds per GiB."""
+    b = start_broker(root, "async", "recovery")
+    n = int(gib * (1 << 30) / (MSG + 80))
+    chunk = 50_000
+    for start in range(0, n, chunk):
+        pipelined_puts(b.port, min(chunk, n - start), depth=256)
+    b.kill()
+    os.unlink(os.path.join(b.data_dir, "checkpoint")) if os.path.exists(os.path.join(b.data_dir, "checkpoint")) else None
+    t = time.perf_counter()
+    b.start(timeout=600)
+    elapsed = time.perf_counter() - t
+    b.stop()
+    shutil.rmtree(b.workdir, ignore_errors=True)
+    return elapsed / gib
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def run(args):
+    root = tempfile.mkdtemp(prefix="metaq-bench-", dir=args.dir)
+    results = []  # (name, ours, unit, redis or None)
+    redis = RedisBench(root) if redis_available() else None
+    try:
+        for flush in ("async", "sync"):
+            runs = []
+            for r in range(args.runs):
+                b = start_broker(root, flush, "pipe-%s-%d" % (flush, r))
+                runs.append(pipelined_puts(b.port, args.messages))
+                b.stop()
+                shutil.rmtree(b.workdir, ignore_errors=True)
+            peer = median([redis.pipelined_xadd(args.messages) for _ in range(args.runs)]) if redis else None
+            results.append(("pipelined put, depth 64, flush=%s" % flush, median(runs), "msgs/s", peer))
+        for flush, label in (("async", "without fsync"), ("sync", "with fsync")):
+            b = start_broker(root, flush, "lat-%s" % flush)
+            p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
+            b.stop()
+            peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)] if redis else None
+            results.append(("single put p50, %s" % label, median(p50s), "ms", median([p[0] for p in peer]) if peer else None))
+            results.append(("single put p99, %s" % label, median(p99s), "ms", median([p[1] for p in peer]) if peer else None))
+        runs = []
+        for r in range(args.runs):
+            b = start_broker(root, "sync", "durable-%d" % r)
+            runs.append(concurrent_producers(b.port, 16, args.messages // 16 // 4, depth=1))
+            b.stop()
+        results.append(("durable puts, 16 producers x depth 1, flush=sync", median(runs), "msgs/s", None))
+        runs = []
+        for r in range(args.runs):
+            b = start_broker(root, "sync", "durable8-%d" % r)
+            runs.append(concurrent_producers(b.port, 16, args.messages // 16, depth=8))
+            b.stop()
+        results.append(("durable puts, 16 producers x depth 8, flush=sync", median(runs), "msgs/s", None))
+        b = start_broker(root, "async", "read")
+        pipelined_puts(b.port, args.messages, depth=256)
+        mbs, msgs = zip(*[sequential_reads(b.port, args.messages) for _ in range(args.runs)])
+        b.stop()
+        peer = [redis.sequential_xrange(args.messages) for _ in range(args.runs)] if redis else None
+        results.append(("sequential read, 1 MiB gets", median(mbs), "MB/s", median([p[0] for p in peer]) if peer else None))
+        results.append(("sequential read, 1 MiB gets", median(msgs), "msgs/s", median([p[1] for p in peer]) if peer else None))
+        if not args.quick:
+            secs = [measure_recovery(root, args.recovery_gib) for _ in range(args.runs)]
+            results.append(("recovery after kill -9, full scan", median(secs), "s/GiB", None))
+    finally:
+        if redis:
+            redis.close()
+        shutil.rmtree(root, ignore_errors=True)
+    print_table(results, args, redis is not None)
+
+
+def print_table(results, args, with_redis):
+    print()
+    print("metaq benchmark: 1 KiB messages, median of %d runs, broker and client on 127.0.0.1" % args.runs)
+    head = "%-52s %14s  %-7s" % ("measurement", "metaq", "unit")
+    if with_redis:
+        head += " %14s %9s" % ("redis streams", "ratio")
+    print(head)
+    print("-" * len(head))
+    for name, ours, unit, peer in results:
+        line = "%-52s %14s  %-7s" % (name, fmt(ours), unit)
+        if with_redis:
+            if peer:
+                ratio = (peer / ours) if unit in ("ms", "s/GiB") else (ours / peer)
+                line += " %14s %8.2fx" % (fmt(peer), ratio)
+            else:
+                line += " %14s %9s" % ("-", "")
+        print(line)
+    if not with_redis:
+        print("(redis-server not installed: no Redis Streams figures)")
+    else:
+        print("ratio > 1 means metaq is better (higher rate or lower latency)")
+
+
+def fmt(x):
+    if x >= 100:
+        return "{:,.0f}".format(x)
+    if x >= 1:
+        return "%.2f" % x
+    return "%.3f" % x
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--messages", type=int, default=100_000)
+    p.add_argument("--latency-n", type=int, default=2000)
+    p.add_argument("--recovery-gib", type=float, default=0.5)
+    p.add_argument("--dir", default=None, help="where to put the data (default: $TMPDIR)")
+    p.add_argument("--quick", action="store_true", help="skip the recovery measurement")
+    run(p.parse_args())
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    main()

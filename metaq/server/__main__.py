@@ -1,0 +1,104 @@
+"""``metaq-server`` / ``python -m metaq.server``: run one broker.
+
+gevent's monkey-patching happens here, first thing, and nowhere else.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+import gevent  # noqa: E402
+
+import metaq  # noqa: E402
+from metaq.errors import ConfigError, CorruptLog, MetaqError  # noqa: E402
+
+log = logging.getLogger("metaq.server")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="metaq-server",
+        description="Run a metaq broker (MetaQ text protocol on one port, data in a shared commit log).",
+        epilog="Flags override the YAML file; without -c the built-in defaults are used "
+               "(127.0.0.1:8123, data under ./data, sync flush, every topic allowed).",
+    )
+    p.add_argument("-c", "--config", metavar="FILE", default=os.environ.get("METAQ_CONFIG"),
+                   help="YAML configuration file (default: $METAQ_CONFIG, else built-in defaults)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 8123; 0 = any free port)")
+    p.add_argument("--data-dir", metavar="DIR", help="where the commit log and indexes live (default ./data)")
+    p.add_argument("--broker-id", type=int, metavar="N", help="broker id, 0..1023 (default 0)")
+    p.add_argument("--flush", choices=("sync", "async"),
+                   help="sync: acknowledge after fsync (group commit); async: flush every N messages or T ms")
+    p.add_argument("--force-recovery", action="store_true", default=None,
+                   help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
+    p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
+    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level (default INFO)")
+    p.add_argument("--version", action="version", version="metaq-server %s" % metaq.__version__)
+    return p
+
+
+def overrides_from(args):
+    return {
+        "broker.host": args.host,
+        "broker.port": args.port,
+        "broker.data_dir": args.data_dir,
+        "broker.id": args.broker_id,
+        "broker.log_level": args.log_level,
+        "store.flush": args.flush,
+        "store.force_recovery": args.force_recovery,
+    }
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    from metaq.server.config import load_config
+
+    try:
+        config = load_config(args.config, overrides_from(args))
+    except ConfigError as exc:
+        print("metaq-server: %s" % exc, file=sys.stderr)
+        return EXIT_USAGE
+    if args.check_config:
+        import yaml
+
+        print(yaml.safe_dump(config.model_dump(), sort_keys=False), end="")
+        return EXIT_OK
+    logging.basicConfig(level=config.broker.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(config, args.config)
+
+
+def run(config, config_path):
+    from metaq.server.broker import Broker
+
+    try:
+        broker = Broker(config, config_path)
+        broker.start()
+    except CorruptLog as exc:
+        log.error("refusing to start: %s (run with --force-recovery to cut the log there)", exc)
+        return EXIT_ERROR
+    except (MetaqError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_ERROR
+
+    def on_signal(signame):
+        log.info("received %s", signame)
+        gevent.spawn(broker.stop)
+
+    gevent.signal_handler(signal.SIGTERM, on_signal, "SIGTERM")
+    gevent.signal_handler(signal.SIGINT, on_signal, "SIGINT")
+    broker.stopped.wait()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
+
+import logging
+import os
+import time
+import zlib
+
+import gevent
+from gevent.event import Event
+import yaml
+from gevent.server import StreamServer
+
+from metaq.protocol.text import encode_result
+from metaq.server.dispatch import TextDispatcher
+from metaq.server.flusher import Flusher, now_ms
+from metaq.server.longpoll import PartitionWaiters
+from metaq.server.stats import BrokerStats
+from metaq.server.textserver import Connection
+from metaq.store.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+#: Seconds a graceful shutdown waits for busy connections to finish their requests.
+SHUTDOWN_GRACE_S = 10.0
+
+
+class Broker:
+    def __init__(self, config, config_path=None):
+        self.config = config
+        self.config_path = config_path
+        self.stats = BrokerStats()
+        self.waiters = PartitionWaiters()
+        self.stopping = False
+        self.stopped = Event()
+        self.connections = set()
+        self.max_connections = config.max_connections()
+        self.disk_state = None
+        self.port = None
+        self._tasks = []
+        self._server = None
+        self.config_checksum = zlib.crc32(self.config_text())
+        started = time.monotonic()
+        self.store = MessageStore.open(config.store_config(), now_ms())
+        self.recovery_seconds = time.monotonic() - started
+        self._log_recovery()
+        self.flusher = Flusher(self.store, self.store.config, self.on_visible)
+        self.dispatcher = TextDispatcher(self)
+
+    # -- facts used by handlers and stats ------------------------------------
+
+    @property
+    def connection_count(self):
+        return len(self.connections)
+
+    def config_text(self):
+        if self.config_path:
+            with open(self.config_path, "rb") as f:
+                return f.read()
+        return yaml.safe_dump(self.config.model_dump(), sort_keys=False).encode()
+
+    def write_refusal(self):
+        """Why writes are refused right now, or None."""
+        if self.flusher.failure is not None:
+            return "writes are refused after a failed flush (%s); restart the broker" % self.flusher.failure
+        if self.disk_state is not None and self.disk_state.refusing_writes:
+            return self.disk_state.reason
+        return None
+
+    def on_visible(self, keys):
+        self.waiters.notify(keys)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def _log_recovery(self):
+        r = self.store.recovery
+        if r.clean_shutdown:
+            log.info("clean restart: recovery scan skipped (%.3f s)", self.recovery_seconds)
+            return
+        log.info("recovery scanned %d bytes, %d records from position %d in %.3f s; "
+                 "index units rebuilt %d, dropped %d",
+                 r.scanned_bytes, r.records_scanned, r.scanned_from, self.recovery_seconds,
+                 r.index_units_rebuilt, r.index_units_dropped)
+        if r.truncated_bytes:
+            log.warning("recovery cut a torn tail: %d bytes, %d records", r.truncated_bytes, r.truncated_records)
+        if r.corruption:
+            log.warning("recovery forced past corruption: %s", r.corruption)
+
+    def start(self):
+        cfg = self.config.broker
+        self._server = StreamServer((cfg.host, cfg.port), self._handle, backlog=1024)
+        self._server.start()
+        self.port = self._server.server_port
+        self.flusher.start()
+        self.disk_state = self.store.check_disk()
+        self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
+        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d)",
+                 cfg.id, cfg.host, self.port, self.config.store.flush,
+                 self.store.config.data_dir, self.max_connections)
+
+    def _handle(self, sock, address):
+        if self.stopping:
+            sock.close()
+            return
+        if len(self.connections) >= self.max_connections:
+            try:
+                sock.sendall(encode_result(503, b"too many connections: the limit is %d" % self.max_connections, 0))
+            except OSError:
+                pass
+            sock.close()
+            log.warning("refused a connection from %s: %d connections open", address[0], len(self.connections))
+            return
+        conn = Connection(self, sock, address)
+        self.connections.add(conn)
+        try:
+            conn.serve()
+        finally:
+            self.connections.discard(conn)
+
+    def _disk_loop(self):
+        interval = self.config.store.disk_check_interval_s
+        while not self.stopping:
+            before = self.disk_state.refusing_writes if self.disk_state else False
+            try:
+                self.disk_state = self.store.check_disk()
+            except OSError as exc:
+                log.error("disk check failed: %s", exc)
+            now_refusing = self.disk_state.refusing_writes
+            if now_refusing != before:
+                if now_refusing:
+                    log.error("%s", self.disk_state.reason)
+                else:
+                    log.warning("disk usage %.1f%% is below the danger mark again: writes accepted",
+                                self.disk_state.usage_ratio * 100)
+            gevent.sleep(interval)
+
+    def _retention_loop(self):
+        interval = self.config.store.retention_check_interval_s
+        while not self.stopping:
+            gevent.sleep(interval)
+            self.run_retention()
+
+    def run_retention(self):
+        usage = self.disk_state.usage_ratio if self.disk_state else None
+        try:
+            report = self.store.retention(now_ms(), usage)
+        except OSError as exc:
+            log.error("retention failed: %s", exc)
+            return None
+        if report.deleted_segments:
+            log.info("retention deleted %d segments (%d bytes)", len(report.deleted_segments), report.freed_bytes)
+        return report
+
+    def stop(self):
+        """Graceful shutdown: stop accepting, finish in-flight requests, flush, mark clean."""
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("shutting down: no new connections; finishing in-flight requests")
+        if self._server is not None:
+            self._server.close()
+        self.waiters.notify_all()
+        for conn in list(self.connections):
+            if not conn.busy:
+                conn.close()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        for conn in list(self.connections):
+            conn.close()
+        gevent.killall(self._tasks, block=False)
+        self.flusher.stop()
+        self.store.close(now_ms(), clean=self.flusher.failure is None)
+        log.info("broker stopped cleanly")
+        self.stopped.set()

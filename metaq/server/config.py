@@ -1,0 +1,155 @@
+"""Broker configuration: YAML file + command-line overrides, validated with clear messages.
+
+The file layout is documented setting by setting in ``conf/server.yaml``.
+Unknown keys are errors (a typo must not silently fall back to a default).
+"""
+
+import os
+import resource
+from typing import List, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from metaq import limits
+from metaq.errors import ConfigError, InvalidTopic
+from metaq.store.config import StoreConfig, TopicSpec
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BrokerSection(_Section):
+    id: int = Field(0, ge=0, le=limits.MAX_BROKER_ID)
+    host: str = "127.0.0.1"
+    port: int = Field(8123, ge=0, le=65535)
+    data_dir: str = "./data"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class StoreSection(_Section):
+    segment_size: int = Field(1 << 30, ge=64 * 1024)
+    index_file_units: int = Field(1 << 20, ge=16)
+    flush: Literal["sync", "async"] = "sync"
+    flush_every_messages: int = Field(1000, ge=1)
+    flush_interval_ms: int = Field(1000, ge=1)
+    checkpoint_interval_ms: int = Field(1000, ge=10)
+    retention_hours: float = Field(168.0, gt=0)
+    retention_check_interval_s: float = Field(60.0, gt=0)
+    disk_warn_ratio: float = Field(0.75, gt=0, le=1)
+    disk_danger_ratio: float = Field(0.90, gt=0, le=1)
+    disk_check_interval_s: float = Field(1.0, gt=0)
+    max_transfer_size: int = Field(limits.MAX_TRANSFER_BYTES, ge=1024)
+    force_recovery: bool = False
+
+    @model_validator(mode="after")
+    def _marks_ordered(self):
+        if self.disk_warn_ratio > self.disk_danger_ratio:
+            raise ValueError("disk_warn_ratio must not exceed disk_danger_ratio")
+        return self
+
+
+class LimitsSection(_Section):
+    max_line_bytes: int = Field(limits.MAX_LINE_BYTES, ge=64)
+    max_body_bytes: int = Field(limits.MAX_BODY_BYTES, ge=1)
+    max_connections: Optional[int] = Field(None, ge=1)
+    idle_timeout_s: float = Field(limits.IDLE_TIMEOUT_S, gt=0)
+    request_timeout_s: float = Field(limits.REQUEST_TIMEOUT_S, gt=0)
+    max_wait_ms: int = Field(limits.MAX_WAIT_MS, ge=0)
+
+
+class TopicSection(_Section):
+    name: str
+    partitions: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
+
+    @field_validator("name")
+    @classmethod
+    def _legal(cls, name):
+        try:
+            limits.validate_topic(name.replace("*", "x"))
+        except InvalidTopic as exc:
+            raise ValueError(str(exc)) from None
+        return name
+
+
+class ServerConfig(_Section):
+    broker: BrokerSection = BrokerSection()
+    store: StoreSection = StoreSection()
+    limits: LimitsSection = LimitsSection()
+    topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
+
+    @model_validator(mode="after")
+    def _body_fits(self):
+        overhead = 256 + limits.MAX_NAME_BYTES
+        if self.limits.max_body_bytes + overhead > self.store.segment_size:
+            raise ValueError(
+                "limits.max_body_bytes (%d) plus record overhead must fit in store.segment_size (%d)"
+                % (self.limits.max_body_bytes, self.store.segment_size)
+            )
+        return self
+
+    def max_connections(self):
+        if self.limits.max_connections is not None:
+            return self.limits.max_connections
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return limits.max_connections_for(soft)
+
+    def store_config(self):
+        s = self.store
+        return StoreConfig(
+            data_dir=os.path.abspath(self.broker.data_dir),
+            broker_id=self.broker.id,
+            topics=[TopicSpec(t.name, t.partitions) for t in self.topics],
+            segment_size=s.segment_size,
+            index_file_units=s.index_file_units,
+            flush=s.flush,
+            flush_every_messages=s.flush_every_messages,
+            flush_interval_ms=s.flush_interval_ms,
+            checkpoint_interval_ms=s.checkpoint_interval_ms,
+            retention_hours=s.retention_hours,
+            disk_warn_ratio=s.disk_warn_ratio,
+            disk_danger_ratio=s.disk_danger_ratio,
+            max_transfer_size=s.max_transfer_size,
+            force_recovery=s.force_recovery,
+        )
+
+
+def _format_errors(source, exc):
+    lines = ["invalid configuration in %s:" % source]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append("  %s: %s" % (where, err["msg"]))
+    return "\n".join(lines)
+
+
+def load_config(path=None, overrides=None):
+    """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate.
+
+    ``overrides`` maps dotted names (``broker.port``) to values. Raises ConfigError
+    with every problem listed by setting name.
+    """
+    raw = {}
+    source = path or "(defaults)"
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = yaml.safe_load(f) or {}
+        except OSError as exc:
+            raise ConfigError("cannot read configuration file %s: %s" % (path, exc.strerror)) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError("configuration file %s is not valid YAML: %s" % (path, exc)) from None
+        if not isinstance(raw, dict):
+            raise ConfigError("configuration file %s must contain a mapping at the top level" % path)
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return ServerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from None

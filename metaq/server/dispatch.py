@@ -1,0 +1,175 @@
+"""Text-protocol dispatch: events in, reply bytes out.
+
+This is the one place where errors become wire replies (``error_reply``).
+Handlers return ``(reply_bytes_or_None, flush_position)``: a non-zero flush
+position means the reply may be sent only once the log is durable up to it
+(``sync`` flush mode).
+"""
+
+import logging
+import time
+
+import metaq
+from metaq import errors
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import decode_payload
+from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server import stats as stats_mod
+
+log = logging.getLogger(__name__)
+
+NO_WAIT = 0
+
+
+def error_reply(exc, opaque):
+    """The wire reply for a MetaqError (the only error→reply mapping)."""
+    if isinstance(exc, errors.Moved):
+        return encode_result(301, str(exc.offset).encode(), opaque)
+    return encode_result(exc.code, str(exc).encode("utf-8", "replace"), opaque)
+
+
+def ok(body, opaque):
+    return encode_result(200, body, opaque)
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class TextDispatcher:
+    def __init__(self, broker):
+        self.broker = broker
+        self.store = broker.store
+        self.stats = broker.stats
+        self.sync_flush = broker.config.store.flush == "sync"
+        self.max_transfer = broker.config.store.max_transfer_size
+        self.max_wait_ms = broker.config.limits.max_wait_ms
+        self._handlers = {
+            ev.Put: self.put,
+            ev.Get: self.get,
+            ev.Offset: self.offset,
+            ev.Stats: self.stats_cmd,
+            ev.Version: self.version,
+            ev.Transaction: self.transaction,
+            ev.Sync: self.sync,
+            ev.Value: self.reply_from_client,
+            ev.Result: self.reply_from_client,
+        }
+
+    def handle(self, event, conn):
+        handler = self._handlers[type(event)]
+        try:
+            return handler(event, conn)
+        except errors.MetaqError as exc:
+            return error_reply(exc, event.opaque), NO_WAIT
+
+    # -- put ---------------------------------------------------------------
+
+    def put(self, e, conn):
+        broker = self.broker
+        try:
+            if e.tx_key is not None:
+                raise errors.BrokerError("transactional put (%s) is not served by this broker version" % e.tx_key)
+            refusal = broker.write_refusal()
+            if refusal:
+                raise errors.Unavailable(refusal)
+            body = e.body
+            if e.checksum != ev.UNCHECKED and metaq_checksum(body) != e.checksum:
+                raise errors.ChecksumMismatch(
+                    "Checksum failure, message may be corrupted when transferring on network "
+                    "(announced %d, body has %d)" % (e.checksum, metaq_checksum(body)))
+            if e.flag & 1:
+                decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+            r = self.store.put(e.topic, e.partition, e.flag, body, now_ms())
+        except errors.MetaqError as exc:
+            self.stats.on_put_failed(e.topic)
+            if not isinstance(exc, errors.ClientError):
+                log.warning("put to %s-%d failed: %s", e.topic, e.partition, exc)
+            return error_reply(exc, e.opaque), NO_WAIT
+        self.stats.on_put(e.topic, len(body))
+        reply = ok(b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
+        if self.sync_flush:
+            return reply, r.log_end
+        broker.on_visible(((e.topic, r.partition),))
+        if self.store.should_flush(now_ms()):
+            broker.flusher.wake()
+        return reply, NO_WAIT
+
+    # -- get ---------------------------------------------------------------
+
+    def get(self, e, conn):
+        if e.max_size <= 0:
+            return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque), NO_WAIT
+        max_size = min(e.max_size, self.max_transfer)
+        reply = self._read(e, max_size)
+        if reply is not None:
+            return reply, NO_WAIT
+        if e.max_wait_ms:
+            wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
+            conn.spawn(self._long_poll, e, max_size, wait_s)
+            return None, NO_WAIT
+        self.stats.on_get(e.topic, True)
+        return self._miss(e), NO_WAIT
+
+    def _read(self, e, max_size):
+        """The reply for a get, or None when there is nothing at ``e.offset`` yet."""
+        r = self.store.read(e.topic, e.partition, e.offset, max_size)
+        if not r.count:
+            return None
+        self.stats.on_get(e.topic, False)
+        parts = [encode_value_header(r.nbytes, e.opaque)]
+        parts.extend(r.views)
+        data = b"".join(parts)
+        for view in r.views:
+            view.release()
+        return data
+
+    def _miss(self, e):
+        return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)
+
+    def _long_poll(self, e, max_size, wait_s):
+        deadline = time.monotonic() + wait_s
+        key = (e.topic, e.partition)
+        waiters = self.broker.waiters
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.broker.stopping:
+                self.stats.on_get(e.topic, True)
+                return self._miss(e)
+            waiters.wait(key, remaining)
+            try:
+                reply = self._read(e, max_size)
+            except errors.MetaqError as exc:
+                return error_reply(exc, e.opaque)
+            if reply is not None:
+                return reply
+
+    # -- the rest ----------------------------------------------------------
+
+    def offset(self, e, conn):
+        self.stats.on_offset(e.topic)
+        nearest = self.store.nearest_offset(e.topic, e.partition, e.offset)
+        return ok(b"%d" % nearest, e.opaque), NO_WAIT
+
+    def stats_cmd(self, e, conn):
+        return ok(stats_mod.render(e.item, self.broker), e.opaque), NO_WAIT
+
+    def version(self, e, conn):
+        return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
+
+    def transaction(self, e, conn):
+        if e.tx_type == "END":
+            return None, NO_WAIT
+        msg = "XAException:code=-3,msg=transactions are not served by this broker version"
+        return encode_result(500, msg.encode(), e.opaque), NO_WAIT
+
+    def sync(self, e, conn):
+        msg = b"sync is accepted only by a replication slave; this broker is a master"
+        return encode_result(503, msg, e.opaque), NO_WAIT
+
+    def reply_from_client(self, e, conn):
+        word = "value" if isinstance(e, ev.Value) else "result"
+        msg = "'%s' is a reply, not a request" % word
+        return encode_result(400, msg.encode(), e.opaque), NO_WAIT
+

@@ -1,0 +1,109 @@
+"""Group commit and background flushing; every blocking msync runs in gevent's thread pool.
+
+``sync`` mode: a put is acknowledged only after ``wait_flushed(pos)`` returns;
+all puts that arrive while one msync runs share the next one (group commit).
+``async`` mode: puts are acknowledged after the write; the log is flushed every
+N messages or T ms, whichever comes first (the store's ``should_flush``).
+"""
+
+import logging
+import time
+
+import gevent
+from gevent.event import Event
+
+from metaq.errors import BrokerError
+
+log = logging.getLogger(__name__)
+
+#: Longest a sync-mode put waits for its flush before it is answered with an error.
+FLUSH_WAIT_TIMEOUT_S = 30.0
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class Flusher:
+    def __init__(self, store, store_config, on_visible):
+        self._store = store
+        self._cfg = store_config
+        self._on_visible = on_visible
+        self._wake = Event()
+        self._round_done = Event()
+        self._pool = gevent.get_hub().threadpool
+        self._greenlet = None
+        self._running = False
+        self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
+        self.rounds = 0
+        self._last_checkpoint = now_ms()
+
+    def start(self):
+        self._running = True
+        self._greenlet = gevent.spawn(self._run)
+
+    def wake(self):
+        self._wake.set()
+
+    def wait_flushed(self, pos, timeout=FLUSH_WAIT_TIMEOUT_S):
+        """Block this greenlet until the log is durable up to ``pos``."""
+        deadline = time.monotonic() + timeout
+        store = self._store
+        while store.flushed_position < pos:
+            if self.failure is not None:
+                raise BrokerError("flush failed, the message may not be durable: %s" % self.failure)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerError("flush did not complete within %.0f s" % timeout)
+            done = self._round_done
+            self._wake.set()
+            done.wait(remaining)
+
+    def _interval_s(self):
+        return min(self._cfg.flush_interval_ms, self._cfg.checkpoint_interval_ms) / 1000.0
+
+    def _run(self):
+        interval = self._interval_s()
+        while self._running:
+            self._wake.wait(interval)
+            self._wake.clear()
+            try:
+                self.flush_once()
+            except Exception as exc:  # an msync failure: never retry and carry on (fsyncgate)
+                self.failure = "%s: %s" % (type(exc).__name__, exc)
+                log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
+                self._signal_round()
+                return
+            self._maybe_checkpoint()
+
+    def _signal_round(self):
+        done, self._round_done = self._round_done, Event()
+        done.set()
+
+    def flush_once(self):
+        store = self._store
+        if store.written_position > store.flushed_position:
+            pos = self._pool.apply(store.flush_log)
+            changed = store.mark_flushed(pos)
+            self.rounds += 1
+            if changed:
+                self._on_visible(changed)
+        self._signal_round()
+
+    def _maybe_checkpoint(self):
+        now = now_ms()
+        if now - self._last_checkpoint >= self._cfg.checkpoint_interval_ms:
+            self._last_checkpoint = now
+            try:
+                self._pool.apply(self._store.checkpoint, (now,))
+            except OSError as exc:  # only recovery time suffers; the log itself is durable
+                log.warning("checkpoint failed (recovery will scan further): %s", exc)
+
+    def stop(self):
+        """Stop the background loop and flush what is left (on the calling greenlet)."""
+        self._running = False
+        self._wake.set()
+        if self._greenlet is not None:
+            self._greenlet.join(timeout=FLUSH_WAIT_TIMEOUT_S)
+        if self.failure is None:
+            self.flush_once()

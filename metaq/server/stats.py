@@ -1,0 +1,207 @@
+"""Counters and the MetaQ ``stats`` replies (``STATS\\r\\n`` + lines + ``END\\r\\n``).
+
+Items follow MetaQ's StatsManager (reference §8.3): blank, ``topics``,
+``offsets``, ``realtime``, ``<topic>``, ``config``, ``reset``, ``help``.
+"""
+
+import os
+import threading
+import time
+
+import metaq
+
+ITEMS_HELP = (
+    "(blank)   broker summary",
+    "topics    per topic: partitions, message count and bytes",
+    "offsets   per partition: min_offset and max_offset",
+    "realtime  put/get/offset counters since the last reset",
+    "<topic>   one topic's figures",
+    "config    the configuration file in use",
+    "reset     reset the realtime counters",
+    "help      this list",
+)
+
+REALTIME = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
+
+
+class RealtimeStat:
+    """MetaQ's MetaStatLog value: a count and a summed value over a duration."""
+
+    __slots__ = ("count", "value")
+
+    def __init__(self):
+        self.count = 0
+        self.value = 0
+
+    def add(self, value=1):
+        self.count += 1
+        self.value += value
+
+    def render(self, duration_s):
+        if not self.count:
+            return "null"
+        avg = "%.2f" % (self.value / self.count)
+        rate = "%.2f" % (self.count / duration_s) if duration_s > 0 else "invalid"
+        return "Count=%d,Value=%d,Value/Count=%s,Count/Duration=%s,Duration=%d" % (
+            self.count, self.value, avg, rate, int(duration_s))
+
+
+class BrokerStats:
+    """Cumulative counters plus resettable realtime counters (global and per topic)."""
+
+    def __init__(self):
+        self.started = time.time()
+        self.cmd_put = self.cmd_get = self.cmd_offset = 0
+        self.get_miss = self.put_failed = 0
+        self.tx_begin = self.tx_xa_begin = self.tx_commit = self.tx_rollback = 0
+        self.protocol_errors = 0
+        self.reset_realtime()
+
+    def reset_realtime(self):
+        self.realtime_since = time.time()
+        self.realtime = {name: RealtimeStat() for name in REALTIME}
+        self.topic_realtime = {}
+
+    def topic(self, topic):
+        stats = self.topic_realtime.get(topic)
+        if stats is None:
+            stats = self.topic_realtime[topic] = {name: RealtimeStat() for name in REALTIME}
+        return stats
+
+    def on_put(self, topic, size):
+        self.cmd_put += 1
+        self.realtime["put"].add()
+        self.realtime["message_size"].add(size)
+        t = self.topic(topic)
+        t["put"].add()
+        t["message_size"].add(size)
+
+    def on_put_failed(self, topic):
+        self.put_failed += 1
+        self.realtime["put_failed"].add()
+        if topic is not None:
+            self.topic(topic)["put_failed"].add()
+
+    def on_get(self, topic, miss):
+        self.cmd_get += 1
+        self.realtime["get"].add()
+        t = self.topic(topic)
+        t["get"].add()
+        if miss:
+            self.get_miss += 1
+            self.realtime["get_miss"].add()
+            t["get_miss"].add()
+
+    def on_offset(self, topic):
+        self.cmd_offset += 1
+        self.realtime["offset"].add()
+        self.topic(topic)["offset"].add()
+
+
+def _body(lines):
+    out = ["STATS\r\n"]
+    out.extend(line + "\r\n" for line in lines)
+    out.append("END\r\n")
+    return "".join(out).encode("utf-8")
+
+
+def render(item, broker):
+    """The reply body for ``stats <item>`` (item None or "" = the summary)."""
+    item = (item or "").strip()
+    if item == "":
+        return _body(summary_lines(broker))
+    if item == "topics":
+        return _body(topics_lines(broker.store))
+    if item == "offsets":
+        return _body(offsets_lines(broker.store))
+    if item == "realtime":
+        return _body(realtime_lines(broker.stats))
+    if item == "reset":
+        broker.stats.reset_realtime()
+        return _body(["reset ok"])
+    if item == "help":
+        return _body(ITEMS_HELP)
+    if item == "config":
+        return broker.config_text()
+    return _body(topic_lines(item, broker))
+
+
+def summary_lines(broker):
+    s, store = broker.stats, broker.store
+    disk = broker.disk_state
+    return [
+        "pid %d" % os.getpid(),
+        "broker_id %d" % broker.config.broker.id,
+        "port %d" % broker.port,
+        "uptime %d" % int(time.time() - s.started),
+        "version %s" % metaq.__version__,
+        "slave false",
+        "curr_connections %d" % broker.connection_count,
+        "threads %d" % threading.active_count(),
+        "cmd_put %d" % s.cmd_put,
+        "cmd_get %d" % s.cmd_get,
+        "cmd_offset %d" % s.cmd_offset,
+        "tx_begin %d" % s.tx_begin,
+        "tx_xa_begin %d" % s.tx_xa_begin,
+        "tx_commit %d" % s.tx_commit,
+        "tx_rollback %d" % s.tx_rollback,
+        "get_miss %d" % s.get_miss,
+        "put_failed %d" % s.put_failed,
+        "total_messages %d" % store.total_messages(),
+        "topics %d" % len(store.known_topics()),
+        "config_checksum %d" % broker.config_checksum,
+        "flush_mode %s" % broker.config.store.flush,
+        "log_end_position %d" % store.written_position,
+        "log_flushed_position %d" % store.flushed_position,
+        "disk_usage %.4f" % (disk.usage_ratio if disk else 0.0),
+        "writes_refused %s" % ("true" if broker.write_refusal() else "false"),
+        "protocol_errors %d" % s.protocol_errors,
+        "long_poll_waiters %d" % len(broker.waiters),
+    ]
+
+
+def topics_lines(store):
+    lines = []
+    with_data = {}
+    for topic, partition in store.partition_keys():
+        with_data.setdefault(topic, []).append(partition)
+    for topic in sorted(store.known_topics()):
+        parts = with_data.get(topic)
+        if not parts:
+            lines.append("%s *Empty*" % topic)
+            continue
+        count = sum(store.max_offset(topic, p) - store.min_offset(topic, p) for p in parts)
+        size = store.topic_bytes(topic)
+        lines.append("%s partitions %d message_count %d message_bytes %d accept_publish true accept_subscribe true"
+                     % (topic, store.partitions_of(topic), count, size))
+    return lines
+
+
+def offsets_lines(store):
+    return ["%s part %d min_offset %d max_offset %d" % (t, p, store.min_offset(t, p), store.max_offset(t, p))
+            for t, p in sorted(store.partition_keys())]
+
+
+def realtime_lines(stats):
+    duration = time.time() - stats.realtime_since
+    return ["realtime_%s %s" % (name, stats.realtime[name].render(duration)) for name in REALTIME]
+
+
+def topic_lines(topic, broker):
+    store, stats = broker.store, broker.stats
+    keys = [p for t, p in store.partition_keys() if t == topic]
+    if topic not in store.known_topics() and not keys:
+        code, parts, count, size = 1, 0, 0, 0
+    elif not keys:
+        code, parts, count, size = 2, store.partitions_of(topic), 0, 0
+    else:
+        code, parts = 0, store.partitions_of(topic)
+        count = sum(store.max_offset(topic, p) - store.min_offset(topic, p) for p in keys)
+        size = store.topic_bytes(topic)
+    lines = [topic, "resultCode %d" % code, "partitions %d" % parts, "message_count %d" % count, "bytes %d" % size]
+    duration = time.time() - stats.realtime_since
+    rt = stats.topic_realtime.get(topic) or {name: None for name in REALTIME}
+    for name in REALTIME:
+        value = rt[name].render(duration) if rt[name] is not None else "null"
+        lines.append("topic_realtime_%s %s" % (name, value))
+    return lines

@@ -1,0 +1,165 @@
+"""The MetaQ text-protocol server: one greenlet per connection on a gevent StreamServer.
+
+Each burst of received bytes is parsed into as many frames as it holds; the
+replies of that burst are written together with one ``sendall`` (after one
+shared flush wait in ``sync`` mode). Long-polling gets reply from their own
+greenlet; every write holds the connection's write lock so replies never
+interleave. Limits: line and body length (parser), connection count, idle
+time and partial-request time.
+"""
+
+import errno
+import logging
+import socket
+
+import gevent
+from gevent.lock import Semaphore
+
+from metaq import errors
+from metaq.protocol import events as ev
+from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
+
+log = logging.getLogger(__name__)
+
+RECV_BYTES = 256 * 1024
+
+
+class Connection:
+    """State of one client connection."""
+
+    def __init__(self, broker, sock, address):
+        self.broker = broker
+        self.sock = sock
+        self.address = address
+        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
+        self.busy = False
+        self.closed = False
+        self._write_lock = Semaphore()
+        self._children = set()
+        lim = broker.config.limits
+        self.idle_timeout = lim.idle_timeout_s
+        self.request_timeout = lim.request_timeout_s
+        self.parser = TextParser(max_line=lim.max_line_bytes, max_body=lim.max_body_bytes)
+        self.dispatcher = broker.dispatcher
+
+    # -- writing -----------------------------------------------------------
+
+    def send(self, data):
+        if self.closed or not data:
+            return
+        with self._write_lock:
+            try:
+                self.sock.sendall(data)
+            except (OSError, socket.timeout) as exc:
+                log.info("connection %s: send failed (%s); closing", self.peer, exc)
+                self.close()
+
+    def spawn(self, func, *args):
+        """Run ``func(*args)`` in its own greenlet and send what it returns (long polls)."""
+
+        def run():
+            try:
+                self.send(func(*args))
+            except errors.MetaqError as exc:
+                log.warning("connection %s: %s", self.peer, exc)
+            finally:
+                self._children.discard(g)
+
+        g = gevent.spawn(run)
+        self._children.add(g)
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    # -- reading -----------------------------------------------------------
+
+    def serve(self):
+        try:
+            while not self.closed:
+                data = self._receive()
+                if data is None:
+                    return
+                self.busy = True
+                keep_open = self._process(data)
+                self.busy = False
+                if not keep_open or self.broker.stopping:
+                    return
+        finally:
+            for g in list(self._children):
+                g.kill(block=False)
+            self.close()
+
+    def _receive(self):
+        timeout = self.request_timeout if self.parser.in_frame else self.idle_timeout
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(RECV_BYTES)
+        except socket.timeout:
+            what = "a partial request" if self.parser.in_frame else "no request"
+            log.info("connection %s: %s for %.0f s; closing", self.peer, what, timeout)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
+                log.info("connection %s: receive failed: %s", self.peer, exc)
+            return None
+        self.parser.receive_data(data)
+        return data
+
+    def _process(self, data):
+        """Handle every complete frame buffered; returns False when the connection must close."""
+        out = []
+        durable = []  # indexes in ``out`` of put acks that wait for the flush
+        wait_pos = 0
+        keep_open = True
+        parser = self.parser
+        dispatcher = self.dispatcher
+        while True:
+            try:
+                event = parser.next_event()
+            except errors.RemoteProtocolError as exc:
+                self.broker.stats.protocol_errors += 1
+                out.append(encode_result(400, exc.reason.encode("utf-8", "replace"), exc.opaque))
+                if exc.fatal:
+                    log.info("connection %s: %s; closing", self.peer, exc.reason)
+                    keep_open = False
+                    break
+                continue
+            if event is NEED_DATA:
+                break
+            if event is CLOSED or type(event) is ev.Quit:
+                keep_open = False
+                break
+            try:
+                reply, pos = dispatcher.handle(event, self)
+            except Exception:  # noqa: BLE001 - the one place an unexpected error becomes a 500
+                log.exception("connection %s: unexpected error handling %s", self.peer, type(event).__name__)
+                out.append(encode_result(500, b"internal error; see the broker log", getattr(event, "opaque", 0)))
+                keep_open = False
+                break
+            if reply is not None:
+                out.append(reply)
+            if pos:
+                durable.append(len(out) - 1)
+                wait_pos = max(wait_pos, pos)
+        if wait_pos:
+            self._after_flush(out, durable, wait_pos)
+        if out:
+            self.send(out[0] if len(out) == 1 else b"".join(out))
+        return keep_open
+
+    def _after_flush(self, out, durable, wait_pos):
+        try:
+            self.broker.flusher.wait_flushed(wait_pos)
+        except errors.MetaqError as exc:
+            # Nothing unflushed may be acknowledged: every waiting put gets the flush error.
+            log.error("connection %s: %s", self.peer, exc)
+            body = str(exc).encode("utf-8", "replace")
+            for i in durable:
+                opaque = int(out[i].split(b"\r\n", 1)[0].rsplit(b" ", 1)[1])
+                out[i] = encode_result(500, body, opaque)

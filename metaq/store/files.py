@@ -1,0 +1,239 @@
+"""Every file name of the store, and the small state files (checkpoint, clean-shutdown marker).
+
+Layout of the data dir::
+
+    commitlog/<20-digit start position>                 commit-log segments
+    index/<topic>/<partition>/<20-digit start byte>     index files (start byte = 16 x first offset)
+    checkpoint                                          log position durable for log and index (CRC)
+    clean_shutdown                                      written by a clean close (CRC), removed at open
+    lock                                                flock'ed while a broker has the dir open
+
+A topic reaches the filesystem only through ``limits.validate_topic()`` and the
+resolved path is checked to stay inside the data dir.
+"""
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import struct
+
+from metaq import limits
+from metaq.errors import DiskFull, InvalidTopic, StoreError
+from metaq.protocol.checksum import crc32
+
+log = logging.getLogger(__name__)
+
+COMMITLOG_DIR = "commitlog"
+INDEX_DIR = "index"
+CHECKPOINT_FILE = "checkpoint"
+CLEAN_SHUTDOWN_FILE = "clean_shutdown"
+LOCK_FILE = "lock"
+TEMP_SUFFIX = ".tmp"
+NAME_DIGITS = 20
+
+#: State file header: magic (4 bytes), body length (uint32), CRC-32 of the body (uint32); body = JSON.
+STATE_HEADER = struct.Struct(">4sII")
+assert STATE_HEADER.size == 12
+CHECKPOINT_MAGIC = b"MQCP"
+CLEAN_MAGIC = b"MQCS"
+MAX_STATE_BYTES = 64 << 20
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def offset_name(value):
+    """The 20-digit zero-padded name of a segment or index file."""
+    return "%0*d" % (NAME_DIGITS, value)
+
+
+def parse_offset_name(name):
+    """The number a file name stands for, or None if it is not one of ours."""
+    if len(name) != NAME_DIGITS or not name.isdigit():
+        return None
+    return int(name)
+
+
+def disk_full_from(exc, what):
+    """Turn an ENOSPC/EDQUOT OSError into DiskFull; re-raise anything else."""
+    if exc.errno in DISK_FULL_ERRNOS:
+        return DiskFull("disk full: no space left to %s (%s); writes are refused until space is freed"
+                        % (what, exc.strerror))
+    return StoreError("cannot %s: %s" % (what, exc))
+
+
+class DataDir:
+    """Paths inside one data dir; the only place that builds them."""
+
+    def __init__(self, root):
+        self.root = os.path.realpath(root)
+        self.commitlog = os.path.join(self.root, COMMITLOG_DIR)
+        self.index = os.path.join(self.root, INDEX_DIR)
+        self.checkpoint = os.path.join(self.root, CHECKPOINT_FILE)
+        self.clean_shutdown = os.path.join(self.root, CLEAN_SHUTDOWN_FILE)
+        self.lock = os.path.join(self.root, LOCK_FILE)
+        self._lock_fd = None
+
+    def create(self):
+        try:
+            for path in (self.root, self.commitlog, self.index):
+                os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise disk_full_from(exc, "create the data dir %s" % self.root) from None
+
+    # -- lock ----------------------------------------------------------------
+
+    def acquire_lock(self):
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreError("data dir %s is in use by another broker (its lock file %s is held)"
+                             % (self.root, self.lock)) from None
+        self._lock_fd = fd
+
+    def release_lock(self):
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- commit log ----------------------------------------------------------
+
+    def segment_path(self, start):
+        return os.path.join(self.commitlog, offset_name(start))
+
+    def list_segments(self):
+        """Sorted ``[(start, path)]``; stray files are logged and left alone."""
+        return self._list_numbered(self.commitlog)
+
+    # -- index ---------------------------------------------------------------
+
+    def partition_dir(self, topic, partition):
+        """The index directory of a topic-partition (validated; never outside the data dir)."""
+        limits.validate_topic(topic)
+        if not isinstance(partition, int) or not 0 <= partition < limits.MAX_PARTITIONS:
+            raise InvalidTopic("partition %r cannot name an index directory" % (partition,))
+        path = os.path.join(self.index, topic, str(partition))
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, self.index]) != self.index or real == self.index:
+            raise InvalidTopic("topic %r would leave the data directory" % (topic,))
+        return real
+
+    def index_file_path(self, topic, partition, start_unit):
+        return os.path.join(self.partition_dir(topic, partition), offset_name(16 * start_unit))
+
+    def list_index_files(self, topic, partition):
+        """Sorted ``[(start_byte, path)]`` of one partition's index files."""
+        return self._list_numbered(self.partition_dir(topic, partition))
+
+    def list_partitions(self):
+        """``[(topic, partition)]`` that have an index directory, ignoring anything illegal."""
+        found = []
+        try:
+            topics = sorted(os.listdir(self.index))
+        except FileNotFoundError:
+            return found
+        for topic in topics:
+            try:
+                limits.validate_topic(topic)
+            except InvalidTopic:
+                log.warning("ignoring %s in %s: not a legal topic name", topic, self.index)
+                continue
+            tdir = os.path.join(self.index, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for name in sorted(os.listdir(tdir)):
+                if name.isdigit() and str(int(name)) == name and int(name) < limits.MAX_PARTITIONS:
+                    found.append((topic, int(name)))
+                else:
+                    log.warning("ignoring %s in %s: not a partition number", name, tdir)
+        return found
+
+    def _list_numbered(self, directory):
+        out = []
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            value = parse_offset_name(name)
+            if value is None:
+                if not name.endswith(TEMP_SUFFIX):
+                    log.warning("ignoring stray file %s in %s", name, directory)
+                continue
+            out.append((value, os.path.join(directory, name)))
+        out.sort()
+        return out
+
+    # -- state files ---------------------------------------------------------
+
+    def write_state(self, path, magic, state):
+        """Write ``state`` (JSON) atomically: temp file + fsync + rename + fsync of the dir.
+
+        An OSError (ENOSPC, EIO) propagates as is; the old file stays in place.
+        """
+        body = json.dumps(state, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        data = STATE_HEADER.pack(magic, len(body), crc32(body)) + body
+        tmp = path + TEMP_SUFFIX
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write to %s" % tmp)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:
+            _unlink_quietly(tmp)
+            raise
+        fsync_dir(self.root)
+
+    def read_state(self, path, magic):
+        """The JSON state in ``path``, or None if it is missing or fails its checks (logged)."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_STATE_BYTES)
+        except FileNotFoundError:
+            return None
+        if len(data) < STATE_HEADER.size:
+            log.warning("%s is too short (%d bytes): ignored", path, len(data))
+            return None
+        got_magic, length, crc = STATE_HEADER.unpack_from(data)
+        body = data[STATE_HEADER.size:]
+        if got_magic != magic or length != len(body) or crc32(body) != crc:
+            log.warning("%s fails its magic/length/CRC check: ignored", path)
+            return None
+        try:
+            state = json.loads(body.decode("utf-8"))
+        except ValueError:
+            log.warning("%s holds no valid JSON: ignored", path)
+            return None
+        return state if isinstance(state, dict) else None
+
+    def remove(self, path):
+        """Unlink ``path`` (and make that durable); False if it was not there."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        fsync_dir(os.path.dirname(path))
+        return True
+
+
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

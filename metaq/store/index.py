@@ -1,0 +1,286 @@
+"""Per topic-partition index: fixed-size files of 16-byte units, one unit per offset.
+
+Unit *n* (offset *n*) describes the record with queue offset *n*::
+
+    UNIT  >qii   commit-log position of the record (int64), record total size (int32),
+                 tag hash (int32): metaq_checksum of the UTF-8 attribute, 0 without one
+
+A unit with size 0 is empty. Files are named by their first unit's byte
+position (16 x first offset), preallocated and mapped, and follow each other
+without gaps. ``layout`` is a ``(starts, files)`` tuple replaced as a whole, so
+a worker thread can read a consistent snapshot.
+"""
+
+import bisect
+import logging
+import os
+import struct
+
+from metaq.store.files import disk_full_from
+from metaq.store.mapped import MappedFile
+from metaq.store.record import head_struct
+
+log = logging.getLogger(__name__)
+
+#: position (int64), size (int32), tag hash (int32).
+UNIT = struct.Struct(">qii")
+assert UNIT.size == 16
+UNIT_SIZE = 16
+_CHUNK_UNITS = 4096
+
+
+class IndexFile:
+    """Units ``[start, end)`` of one partition."""
+
+    __slots__ = ("start", "end", "file", "view", "mm")
+
+    def __init__(self, start, file):
+        self.start = start
+        self.end = start + file.size // UNIT_SIZE
+        self.file = file
+        self.view = file.view
+        self.mm = file.mm
+
+
+class PartitionIndex:
+    """The units of one topic-partition plus its offsets (min, max, visible)."""
+
+    def __init__(self, dirs, topic, partition, units_per_file):
+        self.dirs = dirs
+        self.topic = topic
+        self.partition = partition
+        self.key = (topic, partition)
+        self.topic_bytes = topic.encode("utf-8")
+        self.head = head_struct(len(self.topic_bytes))
+        self.units_per_file = units_per_file
+        self.dirpath = dirs.partition_dir(topic, partition)
+        self.layout = ((), ())
+        self.tail = None  # the file holding unit ``max`` (None: not allocated yet)
+        self.min = 0
+        self.max = 0  # the offset the next message gets
+        self.visible = 0  # the offset the next visible message gets
+        self.dirty = False
+        self.log_bytes = None  # lazily computed bytes of this partition's records in the log
+
+    # -- files ---------------------------------------------------------------
+
+    def load(self):
+        """Map the existing files; returns a reason string if they cannot be trusted, else None."""
+        files = []
+        problem = None
+        for start_byte, path in self.dirs.list_index_files(self.topic, self.partition):
+            size = os.path.getsize(path)
+            if start_byte % UNIT_SIZE or size == 0 or size % UNIT_SIZE:
+                problem = "index file %s has a bad name or size (%d bytes): removed" % (path, size)
+                log.warning("%s", problem)
+                os.unlink(path)
+                continue
+            f = IndexFile(start_byte // UNIT_SIZE, MappedFile.open(path))
+            if files and f.start < files[-1].end:
+                problem = "index file %s overlaps the previous one: removed" % path
+                log.warning("%s", problem)
+                f.file.close()
+                os.unlink(path)
+                continue
+            files.append(f)
+        self._set(files)
+        return problem
+
+    def _set(self, files):
+        self.layout = (tuple(f.start for f in files), tuple(files))
+
+    @property
+    def files(self):
+        return self.layout[1]
+
+    @property
+    def first_start(self):
+        files = self.layout[1]
+        return files[0].start if files else 0
+
+    def file_for(self, n):
+        starts, files = self.layout
+        i = bisect.bisect_right(starts, n) - 1
+        if i >= 0 and n < files[i].end:
+            return files[i]
+        return None
+
+    def reserve(self, n):
+        """Make sure a file holds unit ``n`` and make it the tail (DiskFull leaves nothing behind)."""
+        f = self.file_for(n)
+        if f is None:
+            f = self._create_file_for(n)
+        self.tail = f
+        return f
+
+    def _create_file_for(self, n):
+        starts, files = self.layout
+        units = self.units_per_file
+        anchor = files[0].start if files else 0
+        start = anchor + ((n - anchor) // units) * units
+        i = bisect.bisect_right(starts, n)
+        if i > 0:
+            start = max(start, files[i - 1].end)
+        end = start + units
+        if i < len(files):
+            end = min(end, files[i].start)
+        try:
+            os.makedirs(self.dirpath, exist_ok=True)
+        except OSError as exc:
+            raise disk_full_from(exc, "create %s" % self.dirpath) from None
+        f = IndexFile(start, MappedFile.create(self.dirs.index_file_path(self.topic, self.partition, start),
+                                               (end - start) * UNIT_SIZE))
+        f.file.prefetch(0, f.file.size)
+        self._set(files[:i] + (f,) + files[i:])
+        return f
+
+    # -- units ---------------------------------------------------------------
+
+    def unit(self, n):
+        """``(position, size, tag)`` of unit ``n``, or None if no file holds it."""
+        f = self.file_for(n)
+        if f is None:
+            return None
+        return UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)
+
+    def set_unit(self, n, position, size, tag):
+        """Make unit ``n`` equal ``(position, size, tag)``; True if it had to be written."""
+        f = self.tail
+        if f is None or not f.start <= n < f.end:
+            f = self.reserve(n)
+        at = (n - f.start) * UNIT_SIZE
+        if UNIT.unpack_from(f.mm, at) == (position, size, tag):
+            return False
+        UNIT.pack_into(f.mm, at, position, size, tag)
+        self.dirty = True
+        return True
+
+    def find_end(self, n):
+        """The first empty unit at or after ``n`` (or the end of the files)."""
+        while True:
+            f = self.file_for(n)
+            if f is None:
+                return n
+            hi = min(f.end, n + _CHUNK_UNITS)
+            for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
+                if size == 0:
+                    return n
+                n += 1
+
+    def last_used(self, floor=None):
+        """The last non-empty unit (scanning the files backwards), or None; stops below ``floor``."""
+        for f in reversed(self.layout[1]):
+            if floor is not None and f.end <= floor:
+                return None
+            end = f.file.nonzero_end(0)
+            n = f.start + (end - 1) // UNIT_SIZE
+            while n >= f.start and end:
+                if UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[1] != 0:
+                    return n
+                n -= 1
+        return None
+
+    def drop(self, lo, hi):
+        """Empty units ``[lo, hi)``; returns how many were not empty."""
+        dropped = 0
+        n = lo
+        while n < hi:
+            f = self.file_for(n)
+            if f is None:
+                nxt = bisect.bisect_right(self.layout[0], n)
+                if nxt >= len(self.layout[0]):
+                    break
+                n = self.layout[0][nxt]
+                continue
+            top = min(hi, f.end)
+            a, b = (n - f.start) * UNIT_SIZE, (top - f.start) * UNIT_SIZE
+            used = sum(1 for u in UNIT.iter_unpack(f.view[a:b]) if u[1] != 0)
+            if used:
+                f.file.zero(a, b)
+                self.dirty = True
+                dropped += used
+            n = top
+        return dropped
+
+    def first_at_or_after(self, position, lo, hi):
+        """The first offset in ``[lo, hi)`` whose unit is used and points at or after ``position``."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self.unit(mid)
+            if u is not None and u[1] != 0 and u[0] >= position:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def units(self, lo, hi):
+        """Yield ``(offset, position, size, tag)`` for ``[lo, hi)`` (missing files yield nothing)."""
+        n = lo
+        while n < hi:
+            f = self.file_for(n)
+            if f is None:
+                return
+            top = min(hi, f.end)
+            for phys, size, tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(top - f.start) * UNIT_SIZE]):
+                yield n, phys, size, tag
+                n += 1
+
+    # -- retention, flush, close --------------------------------------------
+
+    def delete_files_below(self, n):
+        """Delete the files whose units all lie below offset ``n``, never the last one."""
+        files = self.layout[1]
+        keep = 0
+        while keep < len(files) - 1 and files[keep].end <= n:
+            keep += 1
+        if not keep:
+            return []
+        gone = files[:keep]
+        self._set(files[keep:])
+        for f in gone:
+            f.file.delete()
+        return [f.file.path for f in gone]
+
+    def flush(self):
+        """Make every file durable (BLOCKING; a file deleted meanwhile is skipped)."""
+        for f in self.layout[1]:
+            try:
+                f.file.flush()
+            except FileNotFoundError:
+                continue
+
+    def size_on_disk(self):
+        return sum(f.file.size for f in self.layout[1])
+
+    def close(self):
+        for f in self.layout[1]:
+            f.file.close()
+        self.layout = ((), ())
+        self.tail = None
+
+
+def check_units_trusted(pidx, floor):
+    """Why the units below ``floor`` cannot be trusted, or None if they look complete.
+
+    Every file below ``floor`` must end with a used unit, and the unit at
+    ``floor - 1`` must be used: a deleted or zeroed file fails this.
+    """
+    if floor <= 0 or (pidx.files and floor <= pidx.first_start):
+        return None
+    if not pidx.files:
+        return "%s-%d: no index files although the checkpoint counts %d messages" % (pidx.topic, pidx.partition, floor)
+    prev_end = None
+    for f in pidx.files:
+        if f.start >= floor:
+            break
+        if prev_end is not None and f.start != prev_end:
+            return "%s-%d: index units %d..%d have no file" % (pidx.topic, pidx.partition, prev_end, f.start - 1)
+        prev_end = f.end
+        last = min(f.end, floor) - 1
+        if UNIT.unpack_from(f.mm, (last - f.start) * UNIT_SIZE)[1] == 0:
+            return "%s-%d: index unit %d is empty although the checkpoint counts %d messages" % (
+                pidx.topic, pidx.partition, last, floor)
+    if pidx.file_for(floor - 1) is None:
+        return "%s-%d: no index file holds unit %d" % (pidx.topic, pidx.partition, floor - 1)
+    return None
+

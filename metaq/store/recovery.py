@@ -1,0 +1,288 @@
+"""Recovery: a scan that reports what it found, then a separate, logged decision to cut.
+
+1. ``scan`` walks the commit log from a position, checks every record (magic,
+   size, CRC) and hands each valid one to a visitor; where it stops it
+   ``examine``s the rest of the log: all zeros is a clean end; otherwise it
+   measures the damage and looks for any valid record further on.
+2. ``decide`` turns that into nothing, a cut of a torn tail, or ``CorruptLog``
+   (damage followed by valid records) unless recovery is forced.
+3. ``IndexRebuilder`` makes the index unit of every scanned record equal to
+   what a clean run writes; ``settle_partitions`` drops units nothing confirms.
+
+``read_log`` reads a stopped broker's log offline (for checkers and tools).
+"""
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from metaq import limits
+from metaq.errors import CorruptLog, InvalidTopic
+from metaq.protocol.checksum import crc32
+from metaq.protocol.message import HEADER
+from metaq.store.index import UNIT, UNIT_SIZE
+from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
+                                PREFIX, check_record, decode_record, tag_hash)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RecoveryReport:
+    """What recovery found and did (all positions are commit-log positions)."""
+
+    clean_shutdown: bool = False
+    full_scan: bool = False
+    scanned_from: int = 0
+    scanned_bytes: int = 0
+    records_scanned: int = 0
+    log_end: int = 0
+    truncated_bytes: int = 0
+    truncated_records: int = 0
+    index_units_rebuilt: int = 0
+    index_units_dropped: int = 0
+    corruption: Optional[str] = None
+    stop_reason: str = ""
+    untrusted_index: Optional[str] = None
+    deleted_segments: tuple = ()
+
+
+@dataclass
+class Damage:
+    """Non-zero bytes where the scan stopped."""
+
+    path: str
+    position: int  # commit-log position of the first bad byte (= end of the last good record)
+    file_offset: int
+    reason: str
+    nonzero_bytes: int  # bytes from ``position`` to the last non-zero byte, over every segment
+    magic_count: int  # record headers that look like ours among them
+    valid_after: Optional[int]  # position of a valid record further on, if any
+    valid_after_path: Optional[str] = None
+
+
+@dataclass
+class ScanOutcome:
+    start: int
+    end: int
+    records: int = 0
+    last_msg_id: Optional[int] = None
+    stop_reason: str = ""
+    damage: Optional[Damage] = None
+
+
+def scan(log_, start, visit):
+    """Scan the commit log from ``start``; ``visit(topic_bytes, partition, offset, position, size, tag)``."""
+    segs = log_.segments
+    i = log_.index_of(start)
+    out = ScanOutcome(start, start)
+    if i >= len(segs):
+        out.stop_reason = "end of the last segment"
+        return out
+    pos = start
+    while i < len(segs):
+        seg = segs[i]
+        rel, stop = _scan_segment(seg, pos - seg.start, visit, out)
+        out.end = seg.start + rel
+        if stop is not None:
+            out.stop_reason = stop
+            if stop != "segment end":
+                out.damage = examine(segs, i, rel, stop)
+                return out
+        i += 1
+        if i < len(segs):
+            pos = segs[i].start
+    out.stop_reason = "end of the last segment"
+    return out
+
+
+def _scan_segment(seg, rel, visit, out):
+    """Scan one segment from ``rel``; returns ``(rel, stop)`` where stop says why it ended."""
+    mm, buf, size, base = seg.file.mm, seg.view, seg.size, seg.start
+    seg.file.prefetch(rel, size)  # page faults would otherwise dominate the scan
+    unpack_prefix, unpack_header, unpack_marker = PREFIX.unpack_from, HEADER.unpack_from, MARKER.unpack_from
+    topics = {}
+    records, last_id = 0, out.last_msg_id
+    try:
+        while True:
+            left = size - rel
+            if left < MARKER.size:
+                return rel, "segment end" if not mm[rel:size].strip(b"\0") else "partial record header"
+            if left < MIN_RECORD:
+                total, magic = unpack_marker(mm, rel)
+                return rel, _marker_stop(total, magic, left)
+            total, magic, crc, part, qoff, _sts, _bts, tlen = unpack_prefix(mm, rel)
+            if magic != MESSAGE_MAGIC:
+                return rel, _marker_stop(total, magic, left)
+            if total < MIN_RECORD or total > left or tlen < 1 or FIXED_OVERHEAD + tlen > total:
+                return rel, "bad record size %d (topic length %d, %d bytes left)" % (total, tlen, left)
+            h = rel + 42 + tlen
+            msg_len, _chk, msg_id, flag = unpack_header(mm, h)
+            end = rel + total
+            if FIXED_OVERHEAD + tlen + msg_len != total:
+                return rel, "record size %d does not match its data length %d" % (total, msg_len)
+            if crc32(buf[rel + 12:end]) != crc:
+                return rel, "CRC mismatch"
+            tb = mm[rel + 42:h]
+            tb = topics.setdefault(tb, tb)
+            visit(tb, part, qoff, base + rel, total, tag_hash(flag, buf[h + 20:end]) if flag & 1 else 0)
+            records += 1
+            last_id = msg_id
+            rel = end
+    finally:
+        out.records += records
+        out.last_msg_id = last_id
+
+
+def _marker_stop(total, magic, left):
+    if magic == BLANK_MAGIC and total == left:
+        return "segment end"
+    if total == 0 and magic == 0:
+        return "zero header"
+    return "bad record header (size %d, magic %#010x)" % (total, magic)
+
+
+def examine(segs, i, rel, reason):
+    """Measure what lies after the stop point; None when it is all zeros (a clean end)."""
+    seg = segs[i]
+    nonzero = seg.file.nonzero_end(rel) - rel
+    extents = [(seg, rel, rel + nonzero)]
+    for later in segs[i + 1:]:
+        end = later.file.nonzero_end(0)
+        nonzero += end
+        extents.append((later, 0, end))
+    if nonzero == 0:
+        return None
+    magic_count, valid_at, valid_path = 0, None, None
+    for s, lo, hi in extents:
+        q = s.file.mm.find(MAGIC_BYTES, lo, hi)
+        while q >= 0:
+            magic_count += 1
+            r = q - 4
+            if valid_at is None and r > (rel if s is seg else -1) and check_record(s.file.mm, r, s.size):
+                valid_at, valid_path = s.start + r, s.file.path
+            q = s.file.mm.find(MAGIC_BYTES, q + 1, hi)
+    return Damage(seg.file.path, seg.start + rel, rel, reason, nonzero, magic_count, valid_at, valid_path)
+
+
+@dataclass
+class Cut:
+    position: int
+    bytes: int
+    records: int
+    corruption: Optional[str]
+
+
+def decide(damage, force):
+    """Nothing to do (None), a cut, or CorruptLog when valid records follow the damage."""
+    if damage is None:
+        return None
+    records = max(1, damage.magic_count)
+    where = "%s at byte %d (log position %d)" % (damage.path, damage.file_offset, damage.position)
+    if damage.valid_after is None:
+        log.warning("recovery: torn tail in %s: %s; cutting %d bytes (%d records) there",
+                    where, damage.reason, damage.nonzero_bytes, records)
+        return Cut(damage.position, damage.nonzero_bytes, records, None)
+    msg = ("corrupt commit log: %s: %s, but a valid record follows at log position %d (%s)"
+           % (where, damage.reason, damage.valid_after, os.path.basename(damage.valid_after_path)))
+    if not force:
+        raise CorruptLog("refusing to start: %s. Repair or restore the data, or start with force_recovery "
+                         "(--force-recovery) to cut the log there, discarding %d bytes"
+                         % (msg, damage.nonzero_bytes), damage.path, damage.position)
+    log.error("recovery forced: %s; cutting %d bytes (%d records) there", msg, damage.nonzero_bytes, records)
+    return Cut(damage.position, damage.nonzero_bytes, records, msg)
+
+
+class IndexRebuilder:
+    """The scan visitor: makes unit ``offset`` of each record's partition equal what the log says."""
+
+    def __init__(self, partition_for):
+        self._partition_for = partition_for  # (topic, partition) -> PartitionIndex
+        self._cache = {}
+        self.seen = {}  # PartitionIndex -> last offset seen
+        self.rebuilt = 0
+        self.skipped = 0
+
+    def visit(self, topic_bytes, partition, offset, position, size, tag):
+        key = (topic_bytes, partition)
+        pidx = self._cache.get(key)
+        if pidx is None:
+            pidx = self._cache[key] = self._resolve(topic_bytes, partition)
+        if pidx is False:
+            self.skipped += 1
+            return
+        f = pidx.tail  # set_unit, inlined: this runs once per record
+        if f is None or not f.start <= offset < f.end:
+            f = pidx.reserve(offset)
+        at = (offset - f.start) * UNIT_SIZE
+        if UNIT.unpack_from(f.mm, at) != (position, size, tag):
+            UNIT.pack_into(f.mm, at, position, size, tag)
+            pidx.dirty = True
+            self.rebuilt += 1
+        self.seen[pidx] = offset
+
+    def _resolve(self, topic_bytes, partition):
+        try:
+            topic = limits.validate_topic(topic_bytes.decode("utf-8"))
+            if not 0 <= partition < limits.MAX_PARTITIONS:
+                raise InvalidTopic("partition %d out of range" % partition)
+        except (UnicodeDecodeError, InvalidTopic) as exc:
+            log.warning("recovery: records of %r-%d cannot be indexed (%s); skipped", topic_bytes, partition, exc)
+            return False
+        return self._partition_for(topic, partition)
+
+
+def settle_partitions(partitions, seen, floors, full, log_start):
+    """Set every partition's max/min from the scan and drop units nothing confirms; returns units dropped."""
+    dropped = 0
+    for key, p in partitions.items():
+        last = seen.get(p)
+        floor = floors.get(key)
+        if not full:
+            new_max = last + 1 if last is not None else (floor if floor is not None else p.first_start)
+            dropped += p.drop(new_max, p.find_end(new_max))
+        else:
+            used = p.last_used(last + 1 if last is not None else None)
+            new_max = last + 1 if last is not None else _kept_max(p, used, log_start, floor)
+            if used is not None and used >= new_max:
+                dropped += p.drop(new_max, used + 1)
+        p.max = p.visible = new_max
+        p.min = p.first_at_or_after(log_start, p.first_start, new_max)
+    return dropped
+
+
+def _kept_max(p, used, log_start, floor):
+    """After a full scan that met no record of ``p``: one past its last unit below the log start."""
+    new_max = p.first_start
+    n = used
+    while n is not None and n >= p.first_start:
+        phys, size, _tag = p.unit(n)
+        if size and phys < log_start:
+            new_max = n + 1
+            break
+        n -= 1
+    if floor is not None and floor > new_max:
+        new_max = floor  # never hand out an offset the checkpoint counted again
+    return new_max
+
+
+def read_log(data_dir):
+    """Yield every valid ``LogRecord`` of a stopped broker's commit log, in log order.
+
+    Stops at the first zero or damaged record, as recovery would.
+    """
+    from metaq.store.files import DataDir  # local: tools only
+
+    for start, path in DataDir(data_dir).list_segments():
+        with open(path, "rb") as f:
+            data = f.read()
+        rel = 0
+        while len(data) - rel >= MARKER.size:
+            total, magic = MARKER.unpack_from(data, rel)
+            if magic == BLANK_MAGIC and total == len(data) - rel:
+                break
+            if not check_record(data, rel, len(data)):
+                return
+            yield decode_record(data, rel, start + rel)
+            rel += total

@@ -1,0 +1,65 @@
+"""Retention: which commit-log segments may go (a pure decision) and what was done.
+
+Only a prefix of the log is ever deleted, so the segments stay contiguous. A
+segment may go only when it is sealed (not the active last one), flushed and
+covered by a checkpoint; it goes when it is older than the retention time or
+while the disk usage stays above the warn mark.
+"""
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """What the decision needs to know about one segment, oldest first."""
+
+    path: str
+    size: int
+    mtime_ms: int
+    deletable: bool  # sealed, flushed and checkpointed
+
+
+@dataclass
+class RetentionReport:
+    deleted_segments: List[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    deleted_index_files: List[str] = field(default_factory=list)
+    raised_min_offsets: dict = field(default_factory=dict)  # (topic, partition) -> new min offset
+    reason: str = ""
+
+
+def plan_deletion(segments, now_ms, retention_ms, usage_ratio=None, warn_ratio=1.0, disk_total_bytes=None):
+    """How many of the oldest ``segments`` to delete, and why (a short text).
+
+    ``usage_ratio`` above ``warn_ratio`` deletes the oldest deletable segments,
+    even young ones, until the ratio (estimated with ``disk_total_bytes``)
+    drops to the mark.
+    """
+    count = 0
+    expired = pressured = 0
+    ratio = usage_ratio
+    for seg in segments:
+        if not seg.deletable:
+            break
+        if now_ms - seg.mtime_ms > retention_ms:
+            expired += 1
+        elif ratio is not None and ratio > warn_ratio:
+            pressured += 1
+        else:
+            break
+        count += 1
+        if ratio is not None and disk_total_bytes:
+            ratio -= seg.size / disk_total_bytes
+    reasons = []
+    if expired:
+        reasons.append("%d older than the retention time" % expired)
+    if pressured:
+        reasons.append("%d to bring disk usage %.1f%% below the warn mark %.0f%%"
+                       % (pressured, usage_ratio * 100, warn_ratio * 100))
+    return count, "; ".join(reasons)
+
+
+def first_kept_offset(pidx, log_start):
+    """The new min offset of a partition once the log starts at ``log_start``."""
+    return pidx.first_at_or_after(log_start, max(pidx.min, pidx.first_start), pidx.max)

@@ -1,0 +1,572 @@
+"""``MessageStore``: the facade the server uses (commit log + indexes + recovery + retention).
+
+Threading: every method runs on the event-loop thread except the ones marked
+BLOCKING (``flush_log``, ``checkpoint``), which the server runs in a worker
+thread while the loop keeps appending. They work on snapshots (``layout``
+tuples, ints) and never close a map; retention only deletes segments that are
+flushed and covered by a checkpoint, so a running flush never meets them.
+
+Time is never read here: it comes in as ``now_ms``.
+"""
+
+import collections
+import logging
+import os
+import random
+import struct
+from dataclasses import dataclass
+from typing import List, NamedTuple
+
+from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
+from metaq.limits import validate_partition
+from metaq.store import recovery
+from metaq.store.commitlog import CommitLog
+from metaq.store.config import TopicTable
+from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
+from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex, check_units_trusted
+from metaq.store.msgid import IdGenerator
+from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, check_record, metaq_offset, tag_hash, write_record
+from metaq.store.retention import RetentionReport, SegmentInfo, first_kept_offset, plan_deletion
+
+log = logging.getLogger(__name__)
+
+_MIN_METAQ_FORM = 20
+
+
+class PutResult(NamedTuple):
+    msg_id: int
+    partition: int
+    offset: int
+    log_end: int  # commit-log position after the record: durable once flushed_position >= log_end
+
+
+class ReadResult(NamedTuple):
+    views: List[memoryview]  # MetaQ form (20-byte header + data) of whole records, in order
+    nbytes: int
+    count: int
+    next_offset: int
+
+
+@dataclass
+class DiskState:
+    usage_ratio: float
+    free_bytes: int
+    refusing_writes: bool
+    reason: str
+    total_bytes: int = 0
+
+
+@dataclass
+class PartitionStats:
+    topic: str
+    partition: int
+    min_offset: int
+    max_offset: int
+    messages: int
+    log_bytes: int
+    index_bytes: int
+
+
+@dataclass
+class Checkpoint:
+    position: int
+    last_msg_id: object
+    floors: dict  # (topic, partition) -> offsets whose records lie below position
+    serial: object  # random per checkpoint; a clean-shutdown marker names the checkpoint it goes with
+
+
+class MessageStore:
+    """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
+
+    def __init__(self, config):
+        self.config = config
+        self.dirs = DataDir(config.data_dir)
+        self._topics = TopicTable(config.topics)
+        self._log = CommitLog(self.dirs, config.segment_size)
+        self._parts = {}  # (topic, partition) -> PartitionIndex, every partition with an index
+        self._writers = {}  # (topic, partition) -> PartitionIndex, checked against the config for puts
+        self._async = config.flush == "async"
+        self._max_record = config.segment_size
+        self._pending = collections.deque()  # sync mode: (log end, partition, visible offset)
+        self._written = 0
+        self._flushed = 0
+        self._checkpoint_pos = 0
+        self._checkpoint_serial = None
+        self._unflushed_msgs = 0
+        self._last_flush_ms = 0
+        self._last_checkpoint_ms = 0
+        self._refusal = None
+        self._ids = None
+        self._index_problem = None
+        self._closed = True
+        self.recovery = None
+
+    # -- open / close --------------------------------------------------------
+
+    @classmethod
+    def open(cls, config, now_ms):
+        """Lock the data dir, recover, write a fresh checkpoint; raises CorruptLog, StoreError, DiskFull."""
+        self = cls(config)
+        self.dirs.create()
+        self.dirs.acquire_lock()
+        self._closed = False
+        try:
+            self._log.load()
+            self._load_partitions()
+            self.recovery, last_id = self._recover()
+            self._ids = IdGenerator(config.broker_id, last_id)
+            self._flushed = self._checkpoint_pos = self._written
+            self._last_flush_ms = now_ms
+            self.checkpoint(now_ms)
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def close(self, now_ms, clean=True):
+        """Flush log and indexes, checkpoint, mark a clean shutdown (if ``clean``), unmap, unlock."""
+        if self._closed:
+            return
+        try:
+            self.mark_flushed(self.flush_log())
+            self.checkpoint(now_ms)
+            if clean:
+                self.dirs.write_state(self.dirs.clean_shutdown, CLEAN_MAGIC,
+                                      {"end": self._written, "last_msg_id": self._last_id(),
+                                       "checkpoint_serial": self._checkpoint_serial})
+        finally:
+            self._release()
+
+    def abandon(self):
+        """Let go of everything without flushing or marking (tests and tools: as after a kill -9)."""
+        self._release()
+
+    def _release(self):
+        for p in self._parts.values():
+            p.close()
+        self._log.close()
+        self.dirs.release_lock()
+        self._closed = True
+
+    def _load_partitions(self):
+        for topic, partition in self.dirs.list_partitions():
+            p = PartitionIndex(self.dirs, topic, partition, self.config.index_file_units)
+            problem = p.load()
+            if problem and self._index_problem is None:
+                self._index_problem = problem
+            self._parts[p.key] = p
+
+    def _partition(self, topic, partition):
+        p = self._parts.get((topic, partition))
+        if p is None:
+            p = PartitionIndex(self.dirs, topic, partition, self.config.index_file_units)
+            self._parts[p.key] = p
+        return p
+
+    # -- recovery ------------------------------------------------------------
+
+    def _recover(self):
+        """Run recovery; returns ``(RecoveryReport, last message id or None)``."""
+        cp = self._read_checkpoint()
+        marker = self.dirs.read_state(self.dirs.clean_shutdown, CLEAN_MAGIC)
+        self.dirs.remove(self.dirs.clean_shutdown)
+        log_start = self._log.start
+        if log_start is None:
+            log_start = cp.position if cp is not None else 0
+        untrusted = self._index_problem or self._untrusted_reason(cp, log_start)
+        report = recovery.RecoveryReport(untrusted_index=untrusted)
+        floors = cp.floors if cp is not None else {}
+        if (marker is not None and untrusted is None and marker.get("end") == cp.position
+                and marker.get("checkpoint_serial") == cp.serial):
+            report.clean_shutdown = True
+            end = report.scanned_from = cp.position
+            last_id = _int_or_none(marker.get("last_msg_id"))
+            report.index_units_dropped = recovery.settle_partitions(self._parts, {}, floors, False, log_start)
+            log.info("clean restart: recovery scan skipped (log end %d)", end)
+        else:
+            if marker is not None:
+                log.warning("clean-shutdown marker ignored: %s", untrusted or "it disagrees with the checkpoint")
+            end, last_id = self._scan_and_repair(report, cp, floors, log_start)
+            if cp is not None and cp.last_msg_id is not None:  # ids handed out before the crash stay used
+                last_id = cp.last_msg_id if last_id is None else max(last_id, cp.last_msg_id)
+        report.deleted_segments += tuple(self._log.drop_after(end))
+        self._log.set_write_position(end)
+        self._written = report.log_end = end
+        return report, last_id
+
+    def _scan_and_repair(self, report, cp, floors, log_start):
+        full = report.full_scan = cp is None or report.untrusted_index is not None
+        if full and cp is not None:
+            log.warning("recovery: index not trusted (%s): full scan", report.untrusted_index)
+        start = log_start if full else cp.position
+        rebuilder = recovery.IndexRebuilder(self._partition)
+        outcome = recovery.scan(self._log, start, rebuilder.visit)
+        cut = recovery.decide(outcome.damage, self.config.force_recovery)
+        end = outcome.end
+        if cut is not None:
+            report.deleted_segments = tuple(self._log.truncate(cut.position))
+            report.truncated_bytes, report.truncated_records = cut.bytes, cut.records
+            report.corruption = cut.corruption
+        report.scanned_from, report.scanned_bytes = start, end - start
+        report.records_scanned, report.stop_reason = outcome.records, outcome.stop_reason
+        report.index_units_rebuilt = rebuilder.rebuilt
+        report.index_units_dropped = recovery.settle_partitions(self._parts, rebuilder.seen, floors, full,
+                                                                log_start)
+        self._log.flush_range(start, end)
+        log.info("recovery scanned %d bytes (%d records) from position %d to %d: %s; index units rebuilt %d, "
+                 "dropped %d", report.scanned_bytes, outcome.records, start, end, outcome.stop_reason,
+                 report.index_units_rebuilt, report.index_units_dropped)
+        return end, outcome.last_msg_id
+
+    def _read_checkpoint(self):
+        state = self.dirs.read_state(self.dirs.checkpoint, CHECKPOINT_MAGIC)
+        if state is None:
+            return None
+        try:
+            floors = {(str(t), int(p)): int(n) for t, p, n in state["partitions"]}
+            return Checkpoint(int(state["position"]), _int_or_none(state.get("last_msg_id")), floors,
+                              state.get("serial"))
+        except (KeyError, TypeError, ValueError):
+            log.warning("checkpoint %s has an unexpected content: ignored", self.dirs.checkpoint)
+            return None
+
+    def _untrusted_reason(self, cp, log_start):
+        """Why the index cannot be trusted up to the checkpoint (None if it can)."""
+        if cp is None:
+            return "no valid checkpoint"
+        c = cp.position
+        segs = self._log.segments
+        if c < log_start or (segs and c > segs[-1].end):
+            return "checkpoint position %d lies outside the log" % c
+        ends_at_c = c == log_start
+        for key, floor in cp.floors.items():
+            p = self._parts.get(key)
+            if p is None:
+                if floor > 0:
+                    return "the index of %s-%d is missing" % key
+                continue
+            problem = check_units_trusted(p, floor)
+            if problem:
+                return problem
+            if floor > p.first_start:
+                phys, size, _tag = p.unit(floor - 1)
+                if phys >= log_start:
+                    seg = self._log.segment_at(phys)
+                    if seg is None or phys + size > c or check_record(seg.file.mm, phys - seg.start,
+                                                                      seg.size) != size:
+                        return "unit %d of %s-%d does not match a valid record" % ((floor - 1,) + key)
+                    ends_at_c = ends_at_c or phys + size == c
+        if not ends_at_c:
+            return "no indexed record ends at the checkpoint position %d" % c
+        return None
+
+    # -- topics --------------------------------------------------------------
+
+    def partitions_of(self, topic):
+        """Partition count of ``topic``; raises InvalidTopic or UnknownTopic."""
+        return self._topics.partitions_of(topic)
+
+    def known_topics(self):
+        """Configured exact names and every topic that has data."""
+        return sorted(set(self._topics.exact_names) | {t for t, _p in self.partition_keys()})
+
+    def partition_keys(self):
+        """``[(topic, partition)]`` that have received messages."""
+        return sorted(k for k, p in self._parts.items() if p.max > 0)
+
+    def _writer(self, topic, partition):
+        validate_partition(partition, self._topics.partitions_of(topic))
+        p = self._writers[(topic, partition)] = self._partition(topic, partition)
+        return p
+
+    def _reader(self, topic, partition):
+        """The partition to read, or None for a legal one without data; raises NotFound."""
+        p = self._parts.get((topic, partition))
+        if p is not None:
+            return p
+        try:
+            count = self._topics.partitions_of(topic)
+        except UnknownTopic:
+            count = 0
+        if not isinstance(partition, int) or not 0 <= partition < count:
+            raise NotFound("The topic `%s` in partition `%s` is not exists" % (topic, partition))
+        return None
+
+    # -- put -----------------------------------------------------------------
+
+    def put(self, topic, partition, flag, data, now_ms, born_ms=None):
+        """Append one message; returns PutResult. partition -1 lets the store pick one at random.
+
+        Raises InvalidTopic, UnknownTopic, InvalidPartition, RecordTooLarge, DiskFull.
+        """
+        if self._refusal is not None:
+            self._recheck_disk()
+        if partition == -1:
+            partition = random.randrange(self._topics.partitions_of(topic))
+        p = self._writers.get((topic, partition))
+        if p is None:
+            p = self._writer(topic, partition)
+        tb = p.topic_bytes
+        total = FIXED_OVERHEAD + len(tb) + len(data)
+        if total > self._max_record:
+            raise RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment"
+                                 % (total, self._max_record))
+        off = p.max
+        t = p.tail
+        if t is None or not t.start <= off < t.end:
+            t = p.reserve(off)  # before the record: a full disk never leaves a record without its unit
+        seg = self._log.active
+        pos = self._written
+        if seg is None or pos - seg.start + total > seg.ready:
+            seg = self._make_room(pos, total, now_ms)
+            if pos < seg.start:
+                pos = seg.start
+        msg_id = self._ids.next_id(now_ms)
+        try:
+            write_record(seg.view, pos - seg.start, tb, partition, off, now_ms,
+                         now_ms if born_ms is None else born_ms, msg_id, flag, data, p.head)
+        except (struct.error, TypeError, ValueError) as exc:
+            seg.file.zero(pos - seg.start, min(seg.size, pos - seg.start + total))
+            raise ClientError("cannot store the message: %s" % exc) from None
+        UNIT.pack_into(t.mm, (off - t.start) * UNIT_SIZE, pos, total, tag_hash(flag, data) if flag & 1 else 0)
+        end = self._written = pos + total
+        p.max = off + 1
+        p.dirty = True
+        if self._async:
+            p.visible = off + 1
+        else:
+            self._pending.append((end, p, off + 1))
+        if p.log_bytes is not None:
+            p.log_bytes += total
+        self._unflushed_msgs += 1
+        return PutResult(msg_id, partition, off, end)
+
+    def _make_room(self, pos, total, now_ms):
+        seg = self._log.active
+        if seg is None or pos - seg.start + total > seg.size:  # a new segment is needed
+            state = self.check_disk()
+            if state.refusing_writes:
+                raise DiskFull(state.reason)
+        return self._log.make_room(pos, total, now_ms)
+
+    def _recheck_disk(self):
+        state = self.check_disk()
+        if state.refusing_writes:
+            raise DiskFull(state.reason)
+
+    def check_disk(self):
+        """Disk usage of the data dir's filesystem; above the danger mark puts are refused."""
+        st = os.statvfs(self.dirs.root)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        free = st.f_bavail * st.f_frsize
+        ratio = used / (used + free) if used + free else 1.0
+        danger = self.config.disk_danger_ratio
+        refusing = ratio > danger
+        reason = ("disk usage %.1f%% is above the danger mark %g%%: writes are refused until space is freed"
+                  % (ratio * 100, round(danger * 100, 3)) if refusing else "")
+        self._refusal = reason or None
+        return DiskState(ratio, free, refusing, reason, st.f_blocks * st.f_frsize)
+
+    # -- read ----------------------------------------------------------------
+
+    def read(self, topic, partition, offset, max_size):
+        """Whole records from ``offset`` totalling at most ``max_size`` bytes (at least one record).
+
+        Raises Moved(min) below the minimum, Moved(max) past the visible maximum,
+        NotFound for an unknown topic or partition.
+        """
+        p = self._parts.get((topic, partition))
+        if p is None:
+            p = self._reader(topic, partition)
+            if p is None:
+                if offset == 0:
+                    return ReadResult([], 0, 0, 0)
+                raise _moved(0)
+        vis = p.visible
+        if offset >= vis:
+            if offset == vis:
+                return ReadResult([], 0, 0, offset)
+            raise _moved(vis)
+        if offset < p.min:
+            raise _moved(p.min)
+        views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
+        return ReadResult(views, nbytes, len(views), offset + len(views))
+
+    def _collect(self, p, n, vis, limit):
+        skip = metaq_offset(len(p.topic_bytes))
+        views = []
+        append = views.append
+        nbytes = 0
+        seg_start = seg_end = -1
+        sview = None
+        chunk = 32
+        while n < vis:
+            f = p.file_for(n)
+            if f is None:
+                raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
+            hi = min(vis, f.end, n + chunk)
+            for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
+                ln = size - skip
+                if nbytes + ln > limit and views:
+                    return views, nbytes
+                if not seg_start <= phys < seg_end:
+                    seg = self._log.segment_at(phys)
+                    if seg is None or ln < _MIN_METAQ_FORM:
+                        raise StoreError("index unit of %s-%d points at %d, outside the log"
+                                         % (p.topic, p.partition, phys))
+                    seg_start, seg_end, sview = seg.start, seg.end, seg.view
+                a = phys - seg_start + skip
+                append(sview[a:a + ln])
+                nbytes += ln
+            n = hi
+            chunk = min(chunk * 4, 4096)
+        return views, nbytes
+
+    def min_offset(self, topic, partition):
+        p = self._reader(topic, partition)
+        return p.min if p is not None else 0
+
+    def max_offset(self, topic, partition):
+        """The visible maximum: the offset the next visible message gets."""
+        p = self._reader(topic, partition)
+        return p.visible if p is not None else 0
+
+    def nearest_offset(self, topic, partition, offset):
+        p = self._reader(topic, partition)
+        if p is None:
+            return 0
+        return max(p.min, min(offset, p.visible))
+
+    # -- flushing ------------------------------------------------------------
+
+    @property
+    def written_position(self):
+        return self._written
+
+    @property
+    def flushed_position(self):
+        return self._flushed
+
+    def flush_log(self):
+        """BLOCKING: make the log durable up to the written position at call start; returns it."""
+        end = self._written
+        start = self._flushed
+        if end > start:
+            self._log.flush_range(start, end, self._log.segments)
+        return end
+
+    def mark_flushed(self, pos):
+        """Record that the log is durable up to ``pos``; returns the partitions whose visible max advanced."""
+        if pos > self._flushed:
+            self._flushed = pos
+        self._unflushed_msgs = 0
+        changed = set()
+        pending = self._pending
+        while pending and pending[0][0] <= pos:
+            _end, p, vis = pending.popleft()
+            if vis > p.visible:
+                p.visible = vis
+                changed.add(p.key)
+        return changed
+
+    def should_flush(self, now_ms):
+        """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""
+        if self._written <= self._flushed:
+            self._last_flush_ms = now_ms
+            return False
+        if not self._async:
+            return True
+        cfg = self.config
+        if self._unflushed_msgs >= cfg.flush_every_messages or now_ms - self._last_flush_ms >= cfg.flush_interval_ms:
+            self._last_flush_ms = now_ms
+            return True
+        return False
+
+    def should_checkpoint(self, now_ms):
+        return now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms
+
+    def checkpoint(self, now_ms):
+        """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index."""
+        pos = self._flushed
+        floors = []
+        for p in list(self._parts.values()):
+            floors.append([p.topic, p.partition, p.first_at_or_after(pos, max(p.min, p.first_start), p.max)])
+            if p.dirty:
+                p.dirty = False
+                p.flush()
+        serial = random.getrandbits(62)
+        self.dirs.write_state(self.dirs.checkpoint, CHECKPOINT_MAGIC,
+                              {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,
+                               "now_ms": now_ms, "serial": serial})
+        self._checkpoint_serial = serial
+        self._checkpoint_pos = pos
+        self._last_checkpoint_ms = now_ms
+        return pos
+
+    def _last_id(self):
+        return self._ids.last_id if self._ids is not None else None
+
+    # -- retention -----------------------------------------------------------
+
+    def retention(self, now_ms, disk_usage_ratio=None):
+        """Delete old (or, under disk pressure, the oldest) sealed segments and the index files below them."""
+        segs = self._log.segments
+        limit = min(self._flushed, self._checkpoint_pos)
+        infos = []
+        for seg in segs[:-1]:
+            if seg.end > limit:
+                break
+            infos.append(SegmentInfo(seg.file.path, seg.size, seg.file.mtime_ms(), True))
+        total = None
+        if disk_usage_ratio is not None:
+            st = os.statvfs(self.dirs.root)
+            total = st.f_blocks * st.f_frsize
+        count, reason = plan_deletion(infos, now_ms, self.config.retention_ms, disk_usage_ratio,
+                                      self.config.disk_warn_ratio, total)
+        report = RetentionReport(reason=reason)
+        if count:
+            for seg in self._log.delete_oldest(count):
+                report.deleted_segments.append(seg.file.path)
+                report.freed_bytes += seg.size
+            log.info("retention deleted %d segments (%d bytes): %s", count, report.freed_bytes, reason)
+        log_start = self._log.start if self._log.start is not None else self._written
+        for p in self._parts.values():
+            new_min = first_kept_offset(p, log_start)
+            if new_min > p.min:
+                p.min = new_min
+                p.log_bytes = None
+                report.raised_min_offsets[p.key] = new_min
+            report.deleted_index_files.extend(p.delete_files_below(p.min))
+        return report
+
+    # -- stats ---------------------------------------------------------------
+
+    def partition_stats(self, topic, partition):
+        p = self._reader(topic, partition)
+        if p is None:
+            return PartitionStats(topic, partition, 0, 0, 0, 0, 0)
+        return PartitionStats(topic, partition, p.min, p.visible, p.visible - p.min, self._log_bytes(p),
+                              p.size_on_disk())
+
+    def _log_bytes(self, p):
+        if p.log_bytes is None:
+            p.log_bytes = sum(u[2] for u in p.units(p.min, p.max))
+        return p.log_bytes
+
+    def topic_bytes(self, topic):
+        """Bytes of the topic's records in the commit log."""
+        return sum(self._log_bytes(p) for (t, _n), p in self._parts.items() if t == topic)
+
+    def total_messages(self):
+        return sum(p.visible - p.min for p in self._parts.values())
+
+    def log_bytes_on_disk(self):
+        return sum(s.size for s in self._log.segments)
+
+
+def _moved(offset):
+    return Moved(offset, "offset out of range: go to %d" % offset)
+
+
+def _int_or_none(value):
+    return value if isinstance(value, int) else None

@@ -1,0 +1,138 @@
+"""A small tmpfs filled for real (F4) and retention with injected time, on a real broker."""
+
+import contextlib
+import glob
+import os
+import subprocess
+import time
+
+import pytest
+
+from metaq.protocol import events as ev
+from tests.broker_harness import consume_all, small_config
+
+
+@contextlib.contextmanager
+def tmpfs(path, size):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount tmpfs: %s" % r.stderr.decode().strip())
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount(path, size):
+    subprocess.run(["mount", "-o", "remount,size=%s" % size, str(path)], check=True)
+
+
+def fill(client, topic, payload_size, limit=10_000):
+    """Put until the broker refuses; returns (acked {(p, offset): payload}, first refusal)."""
+    acked = {}
+    for i in range(limit):
+        payload = b"%06d" % i + b"f" * (payload_size - 6)
+        r = client.put(topic, payload, i % 2)
+        if r.code != 200:
+            return acked, r
+        _mid, p, off = (int(x) for x in r.body.split())
+        acked[(p, off)] = payload
+    raise AssertionError("the disk never filled")
+
+
+def assert_all_present(client, topic, acked):
+    for p in (0, 1):
+        records = consume_all(client, topic, p)
+        for (q, off), payload in acked.items():
+            if q == p:
+                assert records[off].payload == payload
+
+
+@pytest.mark.fault
+@pytest.mark.root
+def test_full_disk_refuses_writes_cleanly_and_resumes_after_space_returns(broker_factory, tmp_path):
+    mnt = tmp_path / "mnt"
+    with tmpfs(mnt, "6m"):
+        cfg = small_config(mnt / "data", store={"disk_warn_ratio": 1.0, "disk_danger_ratio": 1.0,
+                                                 "disk_check_interval_s": 0.2},
+                           limits={"max_body_bytes": 64 * 1024})
+        b = broker_factory(cfg)
+        try:
+            with b.client() as c:
+                acked, refusal = fill(c, "t-fill", 8000)
+                assert refusal.code == 503 and b"disk" in refusal.body.lower(), refusal
+                for p in (0, 1, 0):  # every further put of that size gets the same clear answer, no ack
+                    r = c.put("t-fill", b"m" * 8000, p)
+                    assert r.code == 503 and r.body == refusal.body
+                assert c.call(ev.Version(1)).code == 200  # the broker stays up and serving
+                assert_all_present(c, "t-fill", acked)
+                leftovers = [f for f in glob.glob(str(mnt / "data" / "commitlog" / "*"))
+                             if os.path.getsize(f) != 1 << 20]
+                assert leftovers == []  # no half-allocated segment left behind
+                remount(mnt, "16m")
+                deadline = time.monotonic() + 10
+                while c.put("t-fill", b"after", 0).code != 200:
+                    assert time.monotonic() < deadline, "writes did not resume"
+                    time.sleep(0.1)
+                assert_all_present(c, "t-fill", acked)
+        finally:
+            b.kill()
+
+
+@pytest.mark.fault
+@pytest.mark.root
+def test_danger_mark_refuses_writes_before_the_disk_is_full(broker_factory, tmp_path):
+    mnt = tmp_path / "mnt"
+    with tmpfs(mnt, "10m"):
+        cfg = small_config(mnt / "data", store={"disk_warn_ratio": 0.5, "disk_danger_ratio": 0.5,
+                                                 "disk_check_interval_s": 0.1,
+                                                 "retention_check_interval_s": 3600},
+                           limits={"max_body_bytes": 64 * 1024})
+        b = broker_factory(cfg)
+        try:
+            with b.client() as c:
+                acked, refusal = fill(c, "t-mark", 8000)
+                assert refusal.code == 503 and b"danger mark" in refusal.body, refusal
+                assert c.stats_dict()["writes_refused"] == "true"
+                remount(mnt, "64m")
+                deadline = time.monotonic() + 10
+                while c.put("t-mark", b"after", 1).code != 200:
+                    assert time.monotonic() < deadline, "writes did not resume"
+                    time.sleep(0.1)
+                assert c.stats_dict()["writes_refused"] == "false"
+                assert_all_present(c, "t-mark", acked)
+        finally:
+            b.kill()
+
+
+def test_retention_deletes_old_segments_and_moves_the_minimum(broker_factory, tmp_path):
+    cfg = small_config(tmp_path / "data", store={"retention_hours": 24, "retention_check_interval_s": 0.2})
+    b = broker_factory(cfg)
+    with b.client() as c:
+        for i in range(2000):  # ~2.5 MiB: three segments of 1 MiB
+            c.put_ok("t-ret", b"%05d" % i + b"r" * 1200, 0)
+    assert b.stop() == 0
+    segments = sorted(glob.glob(os.path.join(b.data_dir, "commitlog", "*")))
+    assert len(segments) >= 3
+    old = time.time() - 48 * 3600  # inject time: the sealed segments are two days old
+    for seg in segments[:-1]:
+        os.utime(seg, (old, old))
+    b.start()
+    deadline = time.monotonic() + 10
+    with b.client() as c:
+        while True:
+            low = int(c.call(ev.Offset("t-ret", "g", 0, 0, 1)).body)
+            if low > 0:
+                break
+            assert time.monotonic() < deadline, "retention did not run"
+            time.sleep(0.1)
+        r = c.get("t-ret", 0, 0)
+        assert (r.code, int(r.body)) == (301, low)
+        records = consume_all(c, "t-ret", 0, start=low)
+        assert records[0].payload[:5] == b"%05d" % low and len(records) == 2000 - low
+    remaining = sorted(glob.glob(os.path.join(b.data_dir, "commitlog", "*")))
+    assert remaining == segments[-1:]
+    assert "retention deleted" in b.log_text(since_start=True)

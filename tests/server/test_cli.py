@@ -1,0 +1,74 @@
+"""metaq-server's command line and configuration."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import metaq
+from metaq.errors import ConfigError
+from metaq.server.config import load_config
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "metaq.server", *args], capture_output=True, text=True,
+                          timeout=30, cwd=cwd)
+
+
+def test_help_and_version():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "--data-dir" in r.stdout and "--flush {sync,async}" in r.stdout
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == "metaq-server %s" % metaq.__version__
+
+
+def test_defaults_match_the_documented_ones():
+    c = load_config(None)
+    assert (c.broker.host, c.broker.port, c.broker.data_dir, c.store.flush) == ("127.0.0.1", 8123, "./data", "sync")
+
+
+def test_shipped_config_is_valid_and_equals_the_defaults_it_documents():
+    shipped = load_config("conf/server.yaml")
+    assert shipped.store == load_config(None).store
+    assert shipped.limits == load_config(None).limits
+
+
+def test_flags_override_the_file(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"broker": {"port": 9000, "id": 3}, "store": {"flush": "sync"}}))
+    r = run_cli("-c", str(f), "--port", "9100", "--flush", "async", "--broker-id", "5",
+                "--data-dir", "/tmp/x", "--host", "127.0.0.2", "--check-config")
+    assert r.returncode == 0, r.stderr
+    out = yaml.safe_load(r.stdout)
+    assert out["broker"] == {"id": 5, "host": "127.0.0.2", "port": 9100, "data_dir": "/tmp/x",
+                             "log_level": "INFO"}
+    assert out["store"]["flush"] == "async"
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"broker": {"id": 1024}}, "broker.id"),
+    ({"broker": {"prot": 1}}, "broker.prot"),
+    ({"store": {"flush": "sometimes"}}, "store.flush"),
+    ({"topics": [{"name": "../etc", "partitions": 1}]}, "topics.0.name"),
+    ({"topics": [{"name": "a", "partitions": 0}]}, "topics.0.partitions"),
+    ({"store": {"disk_warn_ratio": 0.95, "disk_danger_ratio": 0.9}}, "disk_warn_ratio"),
+    ({"store": {"segment_size": 1 << 20}, "limits": {"max_body_bytes": 2 << 20}}, "max_body_bytes"),
+])
+def test_invalid_config_is_refused_naming_the_setting(tmp_path, content, words):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(content))
+    with pytest.raises(ConfigError) as info:
+        load_config(str(f))
+    assert words in str(info.value)
+    r = run_cli("-c", str(f), "--check-config")
+    assert r.returncode == 2 and words in r.stderr
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    r = run_cli("-c", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "cannot read configuration file" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("broker: [unclosed")
+    r = run_cli("-c", str(bad))
+    assert r.returncode == 2 and "not valid YAML" in r.stderr
