@@ -1,12 +1,22 @@
 """Helpers shared by the text-protocol tests: run a TextParser over bytes and record what it says."""
 
+from typing import NamedTuple
+
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser
 
 
-def error_outcome(exc):
+class ErrorOutcome(NamedTuple):
     """A comparable record of a RemoteProtocolError."""
-    return ("error", exc.reason, exc.opaque, exc.fatal)
+
+    kind: str
+    reason: str
+    opaque: int
+    fatal: bool
+
+
+def error_outcome(exc):
+    return ErrorOutcome("error", exc.reason, exc.opaque, exc.fatal)
 
 
 def drain(parser):
@@ -29,7 +39,7 @@ def drain(parser):
 
 def _is_final(outcomes):
     last = outcomes[-1] if outcomes else None
-    return last is CLOSED or (isinstance(last, tuple) and last[3])
+    return last is CLOSED or (isinstance(last, ErrorOutcome) and last.fatal)
 
 
 def parse_chunks(chunks, eof=False, **limits):
