@@ -15,8 +15,10 @@ all: test
 # System packages the tests use. Nothing is needed for the broker core yet;
 # later layers add zookeeper, postgresql and openssh-server here.
 SYSDEPS :=
+# The benchmark measures Redis Streams beside metaq when redis-server is there.
+BENCH_SYSDEPS := redis-server
 sysdeps:
-	@missing=""; for p in $(SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(SYSDEPS) $(EXTRA_SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
@@ -40,8 +42,9 @@ test: setup
 test-fast: setup
 	$(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
 
-bench: setup
-	$(PY) bench/run.py
+bench: $(VENV)/.installed
+	$(MAKE) sysdeps EXTRA_SYSDEPS="$(BENCH_SYSDEPS)"
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,7 +1,7 @@
 """Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
 
 import logging
-import os
+import socket
 import time
 import zlib
 
@@ -12,7 +12,7 @@ from gevent.server import StreamServer
 
 from metaq.protocol.text import encode_result
 from metaq.server.dispatch import TextDispatcher
-from metaq.server.flusher import Flusher, now_ms
+from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
@@ -35,6 +35,7 @@ class Broker:
         self.connections = set()
         self.max_connections = config.max_connections()
         self.disk_state = None
+        self.refusal = None  # why puts are refused right now (disk, failed flush), or None
         self.port = None
         self._tasks = []
         self._server = None
@@ -43,7 +44,8 @@ class Broker:
         self.store = MessageStore.open(config.store_config(), now_ms())
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
-        self.flusher = Flusher(self.store, self.store.config, self.on_visible)
+        self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal)
+        self.ahead = AheadWorker(self.store)
         self.dispatcher = TextDispatcher(self)
 
     # -- facts used by handlers and stats ------------------------------------
@@ -58,13 +60,14 @@ class Broker:
                 return f.read()
         return yaml.safe_dump(self.config.model_dump(), sort_keys=False).encode()
 
-    def write_refusal(self):
-        """Why writes are refused right now, or None."""
+    def refresh_refusal(self):
+        """Recompute ``refusal`` from the flusher's health and the last disk check."""
         if self.flusher.failure is not None:
-            return "writes are refused after a failed flush (%s); restart the broker" % self.flusher.failure
-        if self.disk_state is not None and self.disk_state.refusing_writes:
-            return self.disk_state.reason
-        return None
+            self.refusal = "writes are refused after a failed flush (%s); restart the broker" % self.flusher.failure
+        elif self.disk_state is not None and self.disk_state.refusing_writes:
+            self.refusal = self.disk_state.reason
+        else:
+            self.refusal = None
 
     def on_visible(self, keys):
         self.waiters.notify(keys)
@@ -91,7 +94,9 @@ class Broker:
         self._server.start()
         self.port = self._server.server_port
         self.flusher.start()
+        self.ahead.start()
         self.disk_state = self.store.check_disk()
+        self.refresh_refusal()
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
@@ -109,6 +114,10 @@ class Broker:
             sock.close()
             log.warning("refused a connection from %s: %d connections open", address[0], len(self.connections))
             return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # replies are small: no Nagle delay
+        except OSError:
+            pass
         conn = Connection(self, sock, address)
         self.connections.add(conn)
         try:
@@ -124,6 +133,7 @@ class Broker:
                 self.disk_state = self.store.check_disk()
             except OSError as exc:
                 log.error("disk check failed: %s", exc)
+            self.refresh_refusal()
             now_refusing = self.disk_state.refusing_writes
             if now_refusing != before:
                 if now_refusing:
@@ -168,6 +178,7 @@ class Broker:
         for conn in list(self.connections):
             conn.close()
         gevent.killall(self._tasks, block=False)
+        self.ahead.stop()
         self.flusher.stop()
         self.store.close(now_ms(), clean=self.flusher.failure is None)
         log.info("broker stopped cleanly")

@@ -67,33 +67,33 @@ class TextDispatcher:
     # -- put ---------------------------------------------------------------
 
     def put(self, e, conn):
-        broker = self.broker
         try:
             if e.tx_key is not None:
                 raise errors.BrokerError("transactional put (%s) is not served by this broker version" % e.tx_key)
-            refusal = broker.write_refusal()
-            if refusal:
-                raise errors.Unavailable(refusal)
+            if self.broker.refusal is not None:
+                raise errors.Unavailable(self.broker.refusal)
             body = e.body
-            if e.checksum != ev.UNCHECKED and metaq_checksum(body) != e.checksum:
+            checksum = metaq_checksum(body)
+            if e.checksum != checksum and e.checksum != ev.UNCHECKED:
                 raise errors.ChecksumMismatch(
                     "Checksum failure, message may be corrupted when transferring on network "
-                    "(announced %d, body has %d)" % (e.checksum, metaq_checksum(body)))
+                    "(announced %d, body has %d)" % (e.checksum, checksum))
             if e.flag & 1:
                 decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
-            r = self.store.put(e.topic, e.partition, e.flag, body, now_ms())
+            now = now_ms()
+            r = self.store.put(e.topic, e.partition, e.flag, body, now, checksum=checksum)
         except errors.MetaqError as exc:
             self.stats.on_put_failed(e.topic)
             if not isinstance(exc, errors.ClientError):
                 log.warning("put to %s-%d failed: %s", e.topic, e.partition, exc)
             return error_reply(exc, e.opaque), NO_WAIT
         self.stats.on_put(e.topic, len(body))
-        reply = ok(b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
+        reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
         if self.sync_flush:
             return reply, r.log_end
-        broker.on_visible(((e.topic, r.partition),))
-        if self.store.should_flush(now_ms()):
-            broker.flusher.wake()
+        self.broker.waiters.notify(((e.topic, r.partition),))
+        if self.store.should_flush(now):
+            self.broker.flusher.wake()
         return reply, NO_WAIT
 
     # -- get ---------------------------------------------------------------

@@ -25,10 +25,11 @@ def now_ms():
 
 
 class Flusher:
-    def __init__(self, store, store_config, on_visible):
+    def __init__(self, store, store_config, on_visible, on_failure):
         self._store = store
         self._cfg = store_config
         self._on_visible = on_visible
+        self._on_failure = on_failure
         self._wake = Event()
         self._round_done = Event()
         self._pool = gevent.get_hub().threadpool
@@ -72,6 +73,7 @@ class Flusher:
             except Exception as exc:  # an msync failure: never retry and carry on (fsyncgate)
                 self.failure = "%s: %s" % (type(exc).__name__, exc)
                 log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
+                self._on_failure()
                 self._signal_round()
                 return
             self._maybe_checkpoint()
@@ -107,3 +109,42 @@ class Flusher:
             self._greenlet.join(timeout=FLUSH_WAIT_TIMEOUT_S)
         if self.failure is None:
             self.flush_once()
+
+
+class AheadWorker:
+    """Keeps the store working ahead of the writer from gevent's thread pool.
+
+    Every ``POLL_S`` it asks the store (cheaply, on the loop) whether the next
+    segment or index file should be built or pages prefaulted, and if so runs
+    ``store.prepare_ahead`` in a pool thread: ``posix_fallocate`` and page
+    faults then never stall the event loop in the normal case.
+    """
+
+    POLL_S = 0.01
+
+    def __init__(self, store):
+        self._store = store
+        self._pool = gevent.get_hub().threadpool
+        self._greenlet = None
+        self._running = False
+
+    def start(self):
+        self._running = True
+        self._greenlet = gevent.spawn(self._run)
+
+    def _run(self):
+        store = self._store
+        while self._running:
+            if store.wants_preparation():
+                try:
+                    self._pool.apply(store.prepare_ahead)
+                except Exception:  # noqa: BLE001 - working ahead is an optimisation; the put path falls back
+                    log.exception("working ahead of the writer failed; puts will allocate on their own")
+                    gevent.sleep(1.0)
+            else:
+                gevent.sleep(self.POLL_S)
+
+    def stop(self):
+        self._running = False
+        if self._greenlet is not None:
+            self._greenlet.join(timeout=FLUSH_WAIT_TIMEOUT_S)

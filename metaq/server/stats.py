@@ -154,7 +154,7 @@ def summary_lines(broker):
         "log_end_position %d" % store.written_position,
         "log_flushed_position %d" % store.flushed_position,
         "disk_usage %.4f" % (disk.usage_ratio if disk else 0.0),
-        "writes_refused %s" % ("true" if broker.write_refusal() else "false"),
+        "writes_refused %s" % ("true" if broker.refusal else "false"),
         "protocol_errors %d" % s.protocol_errors,
         "long_poll_waiters %d" % len(broker.waiters),
     ]

@@ -13,7 +13,9 @@ import logging
 import socket
 
 import gevent
+from gevent.event import Event
 from gevent.lock import Semaphore
+from gevent.queue import Queue
 
 from metaq import errors
 from metaq.protocol import events as ev
@@ -22,6 +24,10 @@ from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
 log = logging.getLogger(__name__)
 
 RECV_BYTES = 256 * 1024
+
+#: Bursts of replies a connection may have waiting for their flush before it
+#: stops reading more requests (bounds memory per pipelining producer).
+MAX_PENDING_BURSTS = 8
 
 
 class Connection:
@@ -36,6 +42,15 @@ class Connection:
         self.closed = False
         self._write_lock = Semaphore()
         self._children = set()
+        # Replies that wait for a flush go through a queue and a writer greenlet, in
+        # order, so the connection keeps parsing and appending while fsync runs.
+        self._bursts = Queue()
+        self._pending = 0
+        self._idle = Event()  # set when no burst is waiting
+        self._idle.set()
+        self._room = Event()  # set while the backlog is small enough to read more requests
+        self._room.set()
+        self._writer = None
         lim = broker.config.limits
         self.idle_timeout = lim.idle_timeout_s
         self.request_timeout = lim.request_timeout_s
@@ -87,13 +102,46 @@ class Connection:
                     return
                 self.busy = True
                 keep_open = self._process(data)
-                self.busy = False
+                self.busy = self._pending > 0
                 if not keep_open or self.broker.stopping:
                     return
         finally:
+            self._idle.wait(self.request_timeout)  # every accepted put is answered before the close
             for g in list(self._children):
                 g.kill(block=False)
+            if self._writer is not None:
+                self._writer.kill(block=False)
             self.close()
+
+    def _emit(self, out, durable, wait_pos):
+        """Send a burst's replies now, or queue them behind earlier bursts / their flush."""
+        if not wait_pos and not self._pending:
+            if out:
+                self.send(out[0] if len(out) == 1 else b"".join(out))
+            return
+        self._pending += 1
+        self._idle.clear()
+        self._bursts.put((out, durable, wait_pos))
+        if self._writer is None:
+            self._writer = gevent.spawn(self._write_bursts)
+        if self._pending > MAX_PENDING_BURSTS:
+            self._room.clear()
+            while self._pending > MAX_PENDING_BURSTS // 2 and not self.closed:
+                self._room.wait(1.0)
+
+    def _write_bursts(self):
+        while True:
+            out, durable, wait_pos = self._bursts.get()
+            if wait_pos:
+                self._after_flush(out, durable, wait_pos)
+            if out:
+                self.send(out[0] if len(out) == 1 else b"".join(out))
+            self._pending -= 1
+            if self._pending <= MAX_PENDING_BURSTS // 2:
+                self._room.set()
+            if not self._pending:
+                self._idle.set()
+                self.busy = False
 
     def _receive(self):
         timeout = self.request_timeout if self.parser.in_frame else self.idle_timeout
@@ -147,10 +195,7 @@ class Connection:
             if pos:
                 durable.append(len(out) - 1)
                 wait_pos = max(wait_pos, pos)
-        if wait_pos:
-            self._after_flush(out, durable, wait_pos)
-        if out:
-            self.send(out[0] if len(out) == 1 else b"".join(out))
+        self._emit(out, durable, wait_pos)
         return keep_open
 
     def _after_flush(self, out, durable, wait_pos):

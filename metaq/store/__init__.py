@@ -9,5 +9,7 @@
     msgid.py      snowflake message ids
     recovery.py   scan, decision to cut, index rebuild; read_log() for offline checks
     retention.py  which segments may go
+    ahead.py      prepare_ahead: prefaulting and building the next segment/index file in a worker thread
+    results.py    what MessageStore returns (PutResult, ReadResult, ...)
     store.py      MessageStore, the facade the server uses
 """

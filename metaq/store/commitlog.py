@@ -4,6 +4,17 @@ Segment *k+1* starts where segment *k* ends (``start + size``). Only the last
 segment is written. ``layout`` is a ``(starts, segments)`` tuple replaced as a
 whole on every roll or deletion, so a worker thread that took it keeps a
 consistent snapshot while the event loop carries on.
+
+Working ahead (``prepare_next`` and ``populate_ahead``, BLOCKING, one worker
+thread at a time): the worker builds the next segment under a ``.prepared``
+name (fallocate, map, prefault its first pages) and publishes the finished
+``Segment`` with one attribute assignment (``next``); a roll on the loop thread
+takes it only if it starts where the new segment must start, renames it and
+leaves the directory fsync to the next ``flush_range``. The loop never creates
+a ``.prepared`` file and the worker never creates a final name, so neither can
+meet a half-built file of the other. The worker also prefaults the active
+segment ahead of the writer (``Segment.populated``); the loop only reads that
+mark (``Segment.ready`` is the loop's own).
 """
 
 import bisect
@@ -11,24 +22,31 @@ import logging
 import os
 
 from metaq.errors import StoreError
+from metaq.store.files import fsync_dir, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile
 from metaq.store.record import BLANK_MAGIC, MARKER
 
 log = logging.getLogger(__name__)
 
 
-#: How far ahead of the writer segment pages are prefetched.
-PREFETCH_BYTES = 32 << 20
+#: How far ahead of the writer the worker keeps pages prefaulted (``populate_ahead``).
+POPULATE_BYTES = 16 << 20
+#: What the loop prefetches (MADV_WILLNEED) itself when the worker did not keep up.
+FALLBACK_PREFETCH_BYTES = 8 << 20
+#: After a failed preparation, how much the log must grow (in segment sizes) before the next try.
+RETRY_FRACTION = 16
 
 
 class Segment:
     """One commit-log file covering positions ``[start, end)``.
 
-    ``ready`` is the relative offset up to which pages were prefetched; a
-    write that would cross it goes through ``CommitLog.make_room``.
+    ``ready`` (loop thread) is the relative offset up to which the writer needs
+    no look at prefaulting; a write that would cross it goes through
+    ``CommitLog.make_room``. ``populated`` (worker thread) is how far the worker
+    has prefaulted.
     """
 
-    __slots__ = ("start", "end", "size", "file", "view", "ready")
+    __slots__ = ("start", "end", "size", "file", "view", "ready", "populated")
 
     def __init__(self, start, file):
         self.start = start
@@ -37,11 +55,15 @@ class Segment:
         self.file = file
         self.view = file.view
         self.ready = 0
+        self.populated = 0
 
-    def prefetch(self, rel):
-        """Prefetch from ``rel`` to ``rel + PREFETCH_BYTES``."""
-        self.ready = min(self.size, rel + PREFETCH_BYTES)
-        self.file.prefetch(rel, self.ready)
+    def advance_ready(self, rel):
+        """Loop thread, at ``rel``: take the worker's mark, or prefetch a little (the fallback)."""
+        if self.populated > rel:
+            self.ready = self.populated
+        else:
+            self.ready = min(self.size, rel + FALLBACK_PREFETCH_BYTES)
+            self.file.prefetch(rel, self.ready)
 
     def __repr__(self):
         return "Segment(%s, %d bytes)" % (os.path.basename(self.file.path), self.size)
@@ -53,11 +75,16 @@ class CommitLog:
         self.segment_size = segment_size
         self.layout = ((), ())
         self.active = None  # the segment the next record goes to (None: none yet)
+        self.next = None  # worker thread: a prepared Segment not in the layout yet (None: none)
+        self.dir_unsynced = False  # a roll renamed a prepared file: flush_range fsyncs the directory
+        self._retry_at = -1  # worker thread: no preparation before the log reaches this position
 
     # -- loading -------------------------------------------------------------
 
     def load(self):
         """Map every segment; a gap or overlap between segments refuses to start."""
+        for path in self.dirs.remove_prepared(self.dirs.commitlog):
+            log.info("removed %s: a segment prepared ahead that was never used", path)
         found = self.dirs.list_segments()
         if found and os.path.getsize(found[-1][1]) == 0:
             log.warning("removing the empty segment file %s (interrupted creation)", found[-1][1])
@@ -121,21 +148,24 @@ class CommitLog:
         if seg is not None:
             rel = pos - seg.start
             if rel + total <= seg.size:
-                seg.prefetch(rel)
+                seg.advance_ready(rel)
                 return seg
         seg = self.roll(pos, now_ms)
-        seg.prefetch(0)
+        seg.advance_ready(0)
         return seg
 
     def roll(self, pos, now_ms):
         """Start a new segment because a record does not fit at ``pos`` (returns it).
 
-        The new file is allocated first (DiskFull leaves everything unchanged);
-        then the old segment gets its blank tail and its mtime set to ``now_ms``.
+        The new file is the prepared ``next`` if it starts at the right place,
+        else it is allocated here (DiskFull leaves everything unchanged); then
+        the old segment gets its blank tail and its mtime set to ``now_ms``.
         """
         old = self.active
         start = old.end if old is not None else pos
-        new = Segment(start, MappedFile.create(self.dirs.segment_path(start), self.segment_size))
+        new = self._take_next(start)
+        if new is None:
+            new = Segment(start, MappedFile.create(self.dirs.segment_path(start), self.segment_size))
         if old is not None:
             rel = pos - old.start
             left = old.size - rel
@@ -149,10 +179,116 @@ class CommitLog:
         self.active = new
         return new
 
+    def _take_next(self, start):
+        """The prepared segment renamed to its final name, if it starts at ``start``; else None."""
+        nxt = self.next
+        if nxt is None or nxt.start != start:
+            return None
+        self.next = None
+        try:
+            nxt.file.rename(self.dirs.segment_path(start))
+        except OSError as exc:
+            log.warning("could not rename the prepared segment %s: %s", nxt.file.path, exc)
+            nxt.file.discard()
+            return None
+        self.dir_unsynced = True
+        return nxt
+
+    # -- working ahead (worker thread) ---------------------------------------
+
+    def next_wanted(self, pos):
+        """Where the next segment must start if it should be prepared now (cheap; any thread), else None.
+
+        Wanted once the active segment is more than half full (or there is none)
+        and no prepared segment starts there, unless a failure asked to wait.
+        """
+        seg = self.active
+        if seg is None:
+            start = pos
+        elif (pos - seg.start) * 2 > seg.size:
+            start = seg.end
+        else:
+            return None
+        nxt = self.next
+        if (nxt is not None and nxt.start == start) or pos < self._retry_at:
+            return None
+        return start
+
+    def prepare_next(self, start, populate_bytes):
+        """BLOCKING (worker): build the segment starting at ``start`` and publish it as ``next``.
+
+        A stale prepared segment (the loop rolled without it) is discarded first.
+        Raises DiskFull or StoreError (no file is left behind); the caller then
+        ``defer``s the next try.
+        """
+        self.discard_stale_next()
+        if self.next is not None:  # already prepared (and perhaps being taken by a roll right now)
+            return self.next
+        path = prepared_path(self.dirs.segment_path(start))
+        unlink_quietly(path)  # only this (one) worker ever creates prepared files
+        seg = Segment(start, MappedFile.create(path, self.segment_size))
+        seg.file.populate(0, populate_bytes)
+        seg.populated = min(seg.size, populate_bytes)
+        self.next = seg  # published whole: a roll either sees it complete or not at all
+        return seg
+
+    def stale_next(self):
+        """The prepared segment if a roll went on without it (it can never be used), else None (cheap)."""
+        nxt, seg = self.next, self.active
+        if nxt is not None and seg is not None and nxt.start != seg.end:
+            return nxt
+        return None
+
+    def discard_stale_next(self):
+        """BLOCKING (worker): delete a stale prepared segment now rather than hold its disk space."""
+        nxt = self.stale_next()
+        if nxt is None:
+            return False
+        self.next = None  # a stale one never becomes right again: positions only grow
+        nxt.file.discard()
+        return True
+
+    def defer(self, pos):
+        """After a failed preparation: no new try before the log grows by a fraction of a segment."""
+        self._retry_at = pos + max(1, self.segment_size // RETRY_FRACTION)
+
+    def populate_wanted(self, pos, window):
+        """True when the worker should prefault more of the active segment (cheap; any thread)."""
+        return _populate_span(self.active, pos, window) is not None
+
+    def work_at(self, window):
+        """A write position below which neither wanted-check above turns True (never past the active end)."""
+        seg = self.active
+        if seg is None:
+            return 0
+        at = seg.end
+        if window > 0 and seg.populated < seg.size:
+            at = min(at, seg.start + seg.populated - window // 2, seg.start + seg.size - window)
+        nxt = self.next
+        if nxt is None or nxt.start != seg.end:
+            at = min(at, max(seg.start + seg.size // 2, self._retry_at))
+        return at
+
+    def populate_ahead(self, pos, window):
+        """BLOCKING (worker): prefault the active segment up to ``window`` bytes past ``pos``."""
+        seg = self.active
+        span = _populate_span(seg, pos, window)
+        if span is None or not seg.file.populate(*span):
+            return False
+        seg.populated = span[1]
+        return True
+
     # -- flushing ------------------------------------------------------------
 
     def flush_range(self, start, end, segments=None):
         """Make ``[start, end)`` durable (BLOCKING). Uses a snapshot of the segments."""
+        if self.dir_unsynced:  # a roll renamed a prepared segment: make its name durable first
+            self.dir_unsynced = False
+            try:
+                fsync_dir(self.dirs.commitlog)
+            except OSError:
+                self.dir_unsynced = True
+                raise
         for seg in segments if segments is not None else self.layout[1]:
             if seg.end > start and seg.start < end:
                 seg.file.flush(max(start, seg.start) - seg.start, min(end, seg.end) - seg.start)
@@ -204,8 +340,27 @@ class CommitLog:
             seg.file.delete()
         return gone
 
-    def close(self):
+    def close(self, discard_prepared=True):
+        """Unmap every segment; a prepared next segment is deleted (or left, as a kill -9 would)."""
         for seg in self.layout[1]:
             seg.file.close()
+        nxt, self.next = self.next, None
+        if nxt is not None:
+            if discard_prepared:
+                nxt.file.discard()
+            else:
+                nxt.file.close()
         self.layout = ((), ())
         self.active = None
+
+
+def _populate_span(seg, pos, window):
+    """``(lo, hi)`` of ``seg`` to prefault now, or None: only once half a window (or the segment's rest) is due."""
+    if seg is None or window <= 0:
+        return None
+    rel = pos - seg.start
+    lo = max(seg.populated, rel)
+    hi = min(seg.size, rel + window)
+    if hi <= lo or (hi - lo < window // 2 and hi < seg.size):
+        return None
+    return lo, hi

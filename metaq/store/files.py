@@ -3,7 +3,9 @@
 Layout of the data dir::
 
     commitlog/<20-digit start position>                 commit-log segments
+    commitlog/<20-digit start position>.prepared        the next segment, built ahead of a roll
     index/<topic>/<partition>/<20-digit start byte>     index files (start byte = 16 x first offset)
+    index/<topic>/<partition>/<start byte>.prepared     the next index file, built ahead
     checkpoint                                          log position durable for log and index (CRC)
     clean_shutdown                                      written by a clean close (CRC), removed at open
     lock                                                flock'ed while a broker has the dir open
@@ -31,6 +33,8 @@ CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
 TEMP_SUFFIX = ".tmp"
+#: A file built ahead by a worker thread under this name; a roll renames it to its final name.
+PREPARED_SUFFIX = ".prepared"
 NAME_DIGITS = 20
 
 #: State file header: magic (4 bytes), body length (uint32), CRC-32 of the body (uint32); body = JSON.
@@ -53,6 +57,11 @@ def parse_offset_name(name):
     if len(name) != NAME_DIGITS or not name.isdigit():
         return None
     return int(name)
+
+
+def prepared_path(path):
+    """Where the file that becomes ``path`` is built ahead of time."""
+    return path + PREPARED_SUFFIX
 
 
 def disk_full_from(exc, what):
@@ -104,6 +113,20 @@ class DataDir:
 
     def segment_path(self, start):
         return os.path.join(self.commitlog, offset_name(start))
+
+    def remove_prepared(self, directory):
+        """Delete the ``.prepared`` files left in ``directory`` (a crash before their roll); returns them."""
+        gone = []
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return gone
+        for name in sorted(names):
+            if name.endswith(PREPARED_SUFFIX) and parse_offset_name(name[:-len(PREPARED_SUFFIX)]) is not None:
+                path = os.path.join(directory, name)
+                unlink_quietly(path)
+                gone.append(path)
+        return gone
 
     def list_segments(self):
         """Sorted ``[(start, path)]``; stray files are logged and left alone."""
@@ -161,7 +184,7 @@ class DataDir:
         for name in names:
             value = parse_offset_name(name)
             if value is None:
-                if not name.endswith(TEMP_SUFFIX):
+                if not name.endswith((TEMP_SUFFIX, PREPARED_SUFFIX)):
                     log.warning("ignoring stray file %s in %s", name, directory)
                 continue
             out.append((value, os.path.join(directory, name)))
@@ -188,7 +211,7 @@ class DataDir:
                 os.close(fd)
             os.replace(tmp, path)
         except OSError:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         fsync_dir(self.root)
 
@@ -224,7 +247,7 @@ class DataDir:
         return True
 
 
-def _unlink_quietly(path):
+def unlink_quietly(path):
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -9,6 +9,10 @@ A unit with size 0 is empty. Files are named by their first unit's byte
 position (16 x first offset), preallocated and mapped, and follow each other
 without gaps. ``layout`` is a ``(starts, files)`` tuple replaced as a whole, so
 a worker thread can read a consistent snapshot.
+
+As for the commit log, a worker thread may build the file after the tail
+ahead of time under a ``.prepared`` name (``prepare_next``, BLOCKING) and
+publish it as ``next``; the loop renames it when the tail fills up.
 """
 
 import bisect
@@ -16,7 +20,7 @@ import logging
 import os
 import struct
 
-from metaq.store.files import disk_full_from
+from metaq.store.files import disk_full_from, fsync_dir, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile
 from metaq.store.record import head_struct
 
@@ -56,6 +60,10 @@ class PartitionIndex:
         self.dirpath = dirs.partition_dir(topic, partition)
         self.layout = ((), ())
         self.tail = None  # the file holding unit ``max`` (None: not allocated yet)
+        self.fast_end = 0  # put: offsets below this are in ``tail`` and need no look at files
+        self.next = None  # worker thread: a prepared IndexFile not in the layout yet
+        self.dir_unsynced = False  # a prepared file was renamed: flush fsyncs the directory
+        self.retry_after = -1  # worker thread: after a failed preparation, no new one for this tail end
         self.min = 0
         self.max = 0  # the offset the next message gets
         self.visible = 0  # the offset the next visible message gets
@@ -68,6 +76,8 @@ class PartitionIndex:
         """Map the existing files; returns a reason string if they cannot be trusted, else None."""
         files = []
         problem = None
+        for path in self.dirs.remove_prepared(self.dirpath):
+            log.info("removed %s: an index file prepared ahead that was never used", path)
         for start_byte, path in self.dirs.list_index_files(self.topic, self.partition):
             size = os.path.getsize(path)
             if start_byte % UNIT_SIZE or size == 0 or size % UNIT_SIZE:
@@ -111,9 +121,11 @@ class PartitionIndex:
         if f is None:
             f = self._create_file_for(n)
         self.tail = f
+        self.fast_end = 0
         return f
 
-    def _create_file_for(self, n):
+    def _span_for(self, n):
+        """``(i, start, end)``: the units of the file to create for unit ``n`` and its place in ``files``."""
         starts, files = self.layout
         units = self.units_per_file
         anchor = files[0].start if files else 0
@@ -124,14 +136,71 @@ class PartitionIndex:
         end = start + units
         if i < len(files):
             end = min(end, files[i].start)
-        try:
-            os.makedirs(self.dirpath, exist_ok=True)
-        except OSError as exc:
-            raise disk_full_from(exc, "create %s" % self.dirpath) from None
-        f = IndexFile(start, MappedFile.create(self.dirs.index_file_path(self.topic, self.partition, start),
-                                               (end - start) * UNIT_SIZE))
-        f.file.prefetch(0, f.file.size)
+        return i, start, end
+
+    def _create_file_for(self, n):
+        i, start, end = self._span_for(n)
+        f = self._take_next(start, end)
+        if f is None:
+            try:
+                os.makedirs(self.dirpath, exist_ok=True)
+            except OSError as exc:
+                raise disk_full_from(exc, "create %s" % self.dirpath) from None
+            f = IndexFile(start, MappedFile.create(self.dirs.index_file_path(self.topic, self.partition, start),
+                                                   (end - start) * UNIT_SIZE))
+        files = self.layout[1]
         self._set(files[:i] + (f,) + files[i:])
+        return f
+
+    def _take_next(self, start, end):
+        """The prepared file renamed to its final name if it covers exactly ``[start, end)``; else None."""
+        nxt = self.next
+        if nxt is None or nxt.start != start or nxt.end != end:
+            return None
+        self.next = None
+        try:
+            nxt.file.rename(self.dirs.index_file_path(self.topic, self.partition, start))
+        except OSError as exc:
+            log.warning("could not rename the prepared index file %s: %s", nxt.file.path, exc)
+            nxt.file.discard()
+            return None
+        self.dir_unsynced = True
+        return nxt
+
+    # -- working ahead (worker thread) ---------------------------------------
+
+    def next_wanted(self):
+        """``(start, end)`` of the file after the tail if it should be prepared now, else None (cheap)."""
+        t = self.tail
+        if t is None or self.max * 2 < t.start + t.end or self.retry_after == t.end:
+            return None
+        nxt = self.next
+        if nxt is not None and nxt.start == t.end:
+            return None
+        if self.file_for(t.end) is not None:
+            return None
+        _i, start, end = self._span_for(t.end)
+        return (start, end) if end > start else None
+
+    def prepare_next(self, span):
+        """BLOCKING (worker): build the file for units ``span`` = ``(start, end)`` and publish it as ``next``.
+
+        Raises DiskFull or StoreError (nothing is left behind); then no new try
+        is made for this tail.
+        """
+        start, end = span
+        old = self.next
+        if old is not None:
+            self.next = None  # stale: the loop takes only a file that covers what it needs
+            old.file.discard()
+        path = prepared_path(self.dirs.index_file_path(self.topic, self.partition, start))
+        unlink_quietly(path)
+        try:
+            f = IndexFile(start, MappedFile.create(path, (end - start) * UNIT_SIZE))
+        except Exception:
+            self.retry_after = start
+            raise
+        self.next = f
         return f
 
     # -- units ---------------------------------------------------------------
@@ -243,6 +312,13 @@ class PartitionIndex:
 
     def flush(self):
         """Make every file durable (BLOCKING; a file deleted meanwhile is skipped)."""
+        if self.dir_unsynced:  # a prepared file was renamed: make its name durable
+            self.dir_unsynced = False
+            try:
+                fsync_dir(self.dirpath)
+            except OSError:
+                self.dir_unsynced = True
+                raise
         for f in self.layout[1]:
             try:
                 f.file.flush()
@@ -252,11 +328,18 @@ class PartitionIndex:
     def size_on_disk(self):
         return sum(f.file.size for f in self.layout[1])
 
-    def close(self):
+    def close(self, discard_prepared=True):
         for f in self.layout[1]:
             f.file.close()
+        nxt, self.next = self.next, None
+        if nxt is not None:
+            if discard_prepared:
+                nxt.file.discard()
+            else:
+                nxt.file.close()
         self.layout = ((), ())
         self.tail = None
+        self.fast_end = 0
 
 
 def check_units_trusted(pidx, floor):

@@ -11,8 +11,26 @@ descriptor with ``fdatasync`` (which releases the GIL; ``mmap.flush`` holds it
 for the whole msync), so it never touches the map object itself, and a map is
 never explicitly unmapped while the store is open: retired files are simply
 dropped and unmapped once nobody holds them.
+
+``populate`` (BLOCKING, for a worker thread) prefaults pages with libc's
+``madvise(MADV_POPULATE_READ)`` called through ctypes, which releases the
+GIL (``mmap.madvise`` holds it for the whole call). It pins the map with a
+buffer export for the duration of the call, so a ``close`` on another thread
+cannot unmap the range under it (the close then leaves the map to the GC).
+
+Why READ and not WRITE: on tmpfs both leave writable page-table entries (a
+shared mapping without dirty tracking is mapped writable on a read fault), so
+a later write costs the same (measured 0.25-0.4 us per 1 KiB record either
+way, 0.9 without). On a disk filesystem POPULATE_WRITE marks every page dirty
+ahead of the data: the next fdatasync writes those zeros (measured on ext4:
+128 MiB dirtied by a 128 MiB populate, 76 ms of extra fdatasync), doubling the
+log's write volume and lengthening sync-mode group commits; POPULATE_READ
+brings the (zero) pages into the page cache clean and the writer only takes
+the cheap write-protect fault.
 """
 
+import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -23,6 +41,34 @@ from metaq.store.files import disk_full_from, fsync_dir
 log = logging.getLogger(__name__)
 
 _ZERO_CHUNK = bytes(1 << 20)
+
+#: Linux >= 5.14 (include/uapi/asm-generic/mman-common.h): prefault page tables as a read would.
+MADV_POPULATE_READ = 22
+#: ... as a write would (dirties every page of a file mapping: see above).
+MADV_POPULATE_WRITE = 23
+MADV_WILLNEED = 4  # the same value on every Linux architecture
+#: What ``populate`` asks for.
+POPULATE_ADVICE = MADV_POPULATE_READ
+_POPULATE_CHUNK = 16 << 20  # one call per typical prepare_ahead: fewer GIL hand-offs
+
+
+class _Madvise:
+    """libc ``madvise`` through ctypes (loaded on first use), and whether MADV_POPULATE_* works here."""
+
+    fn = None
+    populate_supported = True
+
+    @classmethod
+    def call(cls, addr, length, advice):
+        """0 on success, else the errno."""
+        if cls.fn is None:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            fn.restype = ctypes.c_int
+            cls.fn = fn
+        if cls.fn(addr, length, advice) == 0:
+            return 0
+        return ctypes.get_errno()
 
 
 class MappedFile:
@@ -86,6 +132,31 @@ class MappedFile:
             except (OSError, ValueError) as exc:
                 log.debug("madvise(WILLNEED) on %s failed: %s", self.path, exc)
 
+    def populate(self, start, end):
+        """Prefault ``[start, end)`` (BLOCKING: run it in a worker thread; releases the GIL).
+
+        ``POPULATE_ADVICE``, or MADV_WILLNEED where the kernel lacks it (EINVAL).
+        Returns False if the map is already closed; other failures are logged
+        and ignored (the writer then simply takes the page faults).
+        """
+        start -= start % mmap.PAGESIZE
+        end = min(end, self.size)
+        if end <= start:
+            return True
+        try:
+            pin = ctypes.c_char.from_buffer(self.mm)  # an export: close() cannot unmap while we hold it
+        except (ValueError, TypeError):
+            return False
+        try:
+            base = ctypes.addressof(pin)
+            while start < end:
+                n = min(end - start, _POPULATE_CHUNK)
+                _advise(base + start, n, self.path)
+                start += n
+        finally:
+            del pin
+        return True
+
     def flush(self, start=0, end=None):
         """Make bytes ``[start, end)`` durable (BLOCKING; safe in a worker thread).
 
@@ -143,6 +214,36 @@ class MappedFile:
     def delete(self):
         """Unlink the file. The map stays valid for whoever still holds it."""
         _unlink_quietly(self.path)
+
+    def rename(self, path):
+        """Give the file its final name ``path`` (which must not exist); raises OSError.
+
+        The map is unaffected. The directory entry is durable only after the
+        caller fsyncs the directory (``fsync_dir``).
+        """
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "%s already exists" % path)
+        os.rename(self.path, path)
+        self.path = path
+
+    def discard(self):
+        """Unmap and unlink a file nobody uses any more."""
+        self.close()
+        self.delete()
+
+
+def _advise(addr, length, path):
+    if _Madvise.populate_supported:
+        err = _Madvise.call(addr, length, POPULATE_ADVICE)
+        if err != errno.EINVAL:
+            if err:
+                log.debug("madvise(%d) on %s failed: %s", POPULATE_ADVICE, path, os.strerror(err))
+            return
+        _Madvise.populate_supported = False
+        log.info("madvise(MADV_POPULATE_*) is not supported here (Linux < 5.14): using MADV_WILLNEED")
+    err = _Madvise.call(addr, length, MADV_WILLNEED)
+    if err:
+        log.debug("madvise(WILLNEED) on %s failed: %s", path, os.strerror(err))
 
 
 def _unlink_quietly(path):

@@ -96,18 +96,21 @@ def head_struct(topic_len):
 
 
 def write_record(buf, pos, topic_bytes, partition, queue_offset, store_ms, born_ms, msg_id, flag, data,
-                 head=None):
+                 head=None, checksum=None):
     """Write a whole record into ``buf`` (a writable memoryview of a map) at ``pos``; returns its size.
 
     ``head`` is ``head_struct(len(topic_bytes))`` (callers on the hot path pass it).
+    ``checksum`` is ``metaq_checksum(data)`` if the caller already has it (None or negative: computed).
     """
     if head is None:
         head = head_struct(len(topic_bytes))
+    if checksum is None or checksum < 0:
+        checksum = metaq_checksum(data)
     n = len(data)
     start = pos + head.size
     end = start + n
     head.pack_into(buf, pos, end - pos, MESSAGE_MAGIC, 0, partition, queue_offset, store_ms, born_ms,
-                   len(topic_bytes), topic_bytes, n, metaq_checksum(data), msg_id, flag)
+                   len(topic_bytes), topic_bytes, n, checksum, msg_id, flag)
     buf[start:end] = data
     CRC_FIELD.pack_into(buf, pos + 8, crc32(buf[pos + CRC_START:end]))
     return end - pos

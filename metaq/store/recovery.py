@@ -9,6 +9,9 @@
 3. ``IndexRebuilder`` makes the index unit of every scanned record equal to
    what a clean run writes; ``settle_partitions`` drops units nothing confirms.
 
+Before all that, ``read_checkpoint`` and ``untrusted_reason`` say where the
+scan may start (the checkpoint) and whether the index can be trusted up to it.
+
 ``read_log`` reads a stopped broker's log offline (for checkers and tools).
 """
 
@@ -21,9 +24,11 @@ from metaq import limits
 from metaq.errors import CorruptLog, InvalidTopic
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
-from metaq.store.index import UNIT, UNIT_SIZE
+from metaq.store.files import CHECKPOINT_MAGIC
+from metaq.store.index import UNIT, UNIT_SIZE, check_units_trusted
 from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
                                 PREFIX, check_record, decode_record, tag_hash)
+from metaq.store.results import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,54 @@ class ScanOutcome:
     last_msg_id: Optional[int] = None
     stop_reason: str = ""
     damage: Optional[Damage] = None
+
+
+def int_or_none(value):
+    return value if isinstance(value, int) else None
+
+
+def read_checkpoint(dirs):
+    """The checkpoint (``Checkpoint``) of the data dir, or None if it is missing or unusable (logged)."""
+    state = dirs.read_state(dirs.checkpoint, CHECKPOINT_MAGIC)
+    if state is None:
+        return None
+    try:
+        floors = {(str(t), int(p)): int(n) for t, p, n in state["partitions"]}
+        return Checkpoint(int(state["position"]), int_or_none(state.get("last_msg_id")), floors,
+                          state.get("serial"))
+    except (KeyError, TypeError, ValueError):
+        log.warning("checkpoint %s has an unexpected content: ignored", dirs.checkpoint)
+        return None
+
+
+def untrusted_reason(log_, parts, cp, log_start):
+    """Why the index (``parts``: key -> PartitionIndex) cannot be trusted up to the checkpoint (None if it can)."""
+    if cp is None:
+        return "no valid checkpoint"
+    c = cp.position
+    segs = log_.segments
+    if c < log_start or (segs and c > segs[-1].end):
+        return "checkpoint position %d lies outside the log" % c
+    ends_at_c = c == log_start
+    for key, floor in cp.floors.items():
+        p = parts.get(key)
+        if p is None:
+            if floor > 0:
+                return "the index of %s-%d is missing" % key
+            continue
+        problem = check_units_trusted(p, floor)
+        if problem:
+            return problem
+        if floor > p.first_start:
+            phys, size, _tag = p.unit(floor - 1)
+            if phys >= log_start:
+                seg = log_.segment_at(phys)
+                if seg is None or phys + size > c or check_record(seg.file.mm, phys - seg.start, seg.size) != size:
+                    return "unit %d of %s-%d does not match a valid record" % ((floor - 1,) + key)
+                ends_at_c = ends_at_c or phys + size == c
+    if not ends_at_c:
+        return "no indexed record ends at the checkpoint position %d" % c
+    return None
 
 
 def scan(log_, start, visit):

@@ -1,10 +1,13 @@
 """``MessageStore``: the facade the server uses (commit log + indexes + recovery + retention).
 
 Threading: every method runs on the event-loop thread except the ones marked
-BLOCKING (``flush_log``, ``checkpoint``), which the server runs in a worker
-thread while the loop keeps appending. They work on snapshots (``layout``
-tuples, ints) and never close a map; retention only deletes segments that are
-flushed and covered by a checkpoint, so a running flush never meets them.
+BLOCKING (``flush_log``, ``checkpoint``, ``prepare_ahead``), which the server
+runs in a worker thread while the loop keeps appending. They work on snapshots
+(``layout`` tuples, ints) and never close a map; retention only deletes
+segments that are flushed and covered by a checkpoint, so a running flush never
+meets them. ``prepare_ahead`` publishes what it builds with single attribute
+assignments (see ``ahead.py``). ``close`` must not run while a BLOCKING call
+is still running in a worker.
 
 Time is never read here: it comes in as ``now_ms``.
 """
@@ -14,65 +17,24 @@ import logging
 import os
 import random
 import struct
-from dataclasses import dataclass
-from typing import List, NamedTuple
 
 from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
 from metaq.limits import validate_partition
 from metaq.store import recovery
+from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
-from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex, check_units_trusted
+from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
-from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, check_record, metaq_offset, tag_hash, write_record
+from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, metaq_offset, tag_hash, write_record
+from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import RetentionReport, SegmentInfo, first_kept_offset, plan_deletion
 
 log = logging.getLogger(__name__)
 
 _MIN_METAQ_FORM = 20
-
-
-class PutResult(NamedTuple):
-    msg_id: int
-    partition: int
-    offset: int
-    log_end: int  # commit-log position after the record: durable once flushed_position >= log_end
-
-
-class ReadResult(NamedTuple):
-    views: List[memoryview]  # MetaQ form (20-byte header + data) of whole records, in order
-    nbytes: int
-    count: int
-    next_offset: int
-
-
-@dataclass
-class DiskState:
-    usage_ratio: float
-    free_bytes: int
-    refusing_writes: bool
-    reason: str
-    total_bytes: int = 0
-
-
-@dataclass
-class PartitionStats:
-    topic: str
-    partition: int
-    min_offset: int
-    max_offset: int
-    messages: int
-    log_bytes: int
-    index_bytes: int
-
-
-@dataclass
-class Checkpoint:
-    position: int
-    last_msg_id: object
-    floors: dict  # (topic, partition) -> offsets whose records lie below position
-    serial: object  # random per checkpoint; a clean-shutdown marker names the checkpoint it goes with
+_new_tuple = tuple.__new__
 
 
 class MessageStore:
@@ -85,6 +47,7 @@ class MessageStore:
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = {}  # (topic, partition) -> PartitionIndex, every partition with an index
         self._writers = {}  # (topic, partition) -> PartitionIndex, checked against the config for puts
+        self._last_writer = None  # the PartitionIndex of the last put
         self._async = config.flush == "async"
         self._max_record = config.segment_size
         self._pending = collections.deque()  # sync mode: (log end, partition, visible offset)
@@ -99,6 +62,7 @@ class MessageStore:
         self._ids = None
         self._index_problem = None
         self._closed = True
+        self._ahead = AheadWork(self._log, lambda: self._written, self.dirs.root, config.disk_danger_ratio)
         self.recovery = None
 
     # -- open / close --------------------------------------------------------
@@ -139,14 +103,16 @@ class MessageStore:
 
     def abandon(self):
         """Let go of everything without flushing or marking (tests and tools: as after a kill -9)."""
-        self._release()
+        self._release(discard_prepared=False)
 
-    def _release(self):
-        for p in self._parts.values():
-            p.close()
-        self._log.close()
-        self.dirs.release_lock()
+    def _release(self, discard_prepared=True):
         self._closed = True
+        for p in self._parts.values():
+            p.close(discard_prepared)
+        self._log.close(discard_prepared)
+        self._ahead.hot.clear()
+        self._last_writer = None
+        self.dirs.release_lock()
 
     def _load_partitions(self):
         for topic, partition in self.dirs.list_partitions():
@@ -167,20 +133,20 @@ class MessageStore:
 
     def _recover(self):
         """Run recovery; returns ``(RecoveryReport, last message id or None)``."""
-        cp = self._read_checkpoint()
+        cp = recovery.read_checkpoint(self.dirs)
         marker = self.dirs.read_state(self.dirs.clean_shutdown, CLEAN_MAGIC)
         self.dirs.remove(self.dirs.clean_shutdown)
         log_start = self._log.start
         if log_start is None:
             log_start = cp.position if cp is not None else 0
-        untrusted = self._index_problem or self._untrusted_reason(cp, log_start)
+        untrusted = self._index_problem or recovery.untrusted_reason(self._log, self._parts, cp, log_start)
         report = recovery.RecoveryReport(untrusted_index=untrusted)
         floors = cp.floors if cp is not None else {}
         if (marker is not None and untrusted is None and marker.get("end") == cp.position
                 and marker.get("checkpoint_serial") == cp.serial):
             report.clean_shutdown = True
             end = report.scanned_from = cp.position
-            last_id = _int_or_none(marker.get("last_msg_id"))
+            last_id = recovery.int_or_none(marker.get("last_msg_id"))
             report.index_units_dropped = recovery.settle_partitions(self._parts, {}, floors, False, log_start)
             log.info("clean restart: recovery scan skipped (log end %d)", end)
         else:
@@ -218,48 +184,6 @@ class MessageStore:
                  report.index_units_rebuilt, report.index_units_dropped)
         return end, outcome.last_msg_id
 
-    def _read_checkpoint(self):
-        state = self.dirs.read_state(self.dirs.checkpoint, CHECKPOINT_MAGIC)
-        if state is None:
-            return None
-        try:
-            floors = {(str(t), int(p)): int(n) for t, p, n in state["partitions"]}
-            return Checkpoint(int(state["position"]), _int_or_none(state.get("last_msg_id")), floors,
-                              state.get("serial"))
-        except (KeyError, TypeError, ValueError):
-            log.warning("checkpoint %s has an unexpected content: ignored", self.dirs.checkpoint)
-            return None
-
-    def _untrusted_reason(self, cp, log_start):
-        """Why the index cannot be trusted up to the checkpoint (None if it can)."""
-        if cp is None:
-            return "no valid checkpoint"
-        c = cp.position
-        segs = self._log.segments
-        if c < log_start or (segs and c > segs[-1].end):
-            return "checkpoint position %d lies outside the log" % c
-        ends_at_c = c == log_start
-        for key, floor in cp.floors.items():
-            p = self._parts.get(key)
-            if p is None:
-                if floor > 0:
-                    return "the index of %s-%d is missing" % key
-                continue
-            problem = check_units_trusted(p, floor)
-            if problem:
-                return problem
-            if floor > p.first_start:
-                phys, size, _tag = p.unit(floor - 1)
-                if phys >= log_start:
-                    seg = self._log.segment_at(phys)
-                    if seg is None or phys + size > c or check_record(seg.file.mm, phys - seg.start,
-                                                                      seg.size) != size:
-                        return "unit %d of %s-%d does not match a valid record" % ((floor - 1,) + key)
-                    ends_at_c = ends_at_c or phys + size == c
-        if not ends_at_c:
-            return "no indexed record ends at the checkpoint position %d" % c
-        return None
-
     # -- topics --------------------------------------------------------------
 
     def partitions_of(self, topic):
@@ -294,27 +218,31 @@ class MessageStore:
 
     # -- put -----------------------------------------------------------------
 
-    def put(self, topic, partition, flag, data, now_ms, born_ms=None):
+    def put(self, topic, partition, flag, data, now_ms, born_ms=None, checksum=None):
         """Append one message; returns PutResult. partition -1 lets the store pick one at random.
 
+        ``checksum``: ``metaq_checksum(data)`` if the caller verified it (stored as given); None/negative: computed.
         Raises InvalidTopic, UnknownTopic, InvalidPartition, RecordTooLarge, DiskFull.
         """
         if self._refusal is not None:
             self._recheck_disk()
         if partition == -1:
             partition = random.randrange(self._topics.partitions_of(topic))
-        p = self._writers.get((topic, partition))
-        if p is None:
-            p = self._writer(topic, partition)
+        p = self._last_writer  # most puts go where the previous one went: no tuple, no hashing
+        if p is None or partition != p.partition or topic != p.topic:
+            p = self._writers.get((topic, partition))
+            if p is None:
+                p = self._writer(topic, partition)
+            self._last_writer = p
         tb = p.topic_bytes
         total = FIXED_OVERHEAD + len(tb) + len(data)
         if total > self._max_record:
-            raise RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment"
-                                 % (total, self._max_record))
+            raise _too_large(total, self._max_record)
         off = p.max
-        t = p.tail
-        if t is None or not t.start <= off < t.end:
-            t = p.reserve(off)  # before the record: a full disk never leaves a record without its unit
+        if off < p.fast_end:
+            t = p.tail
+        else:
+            t = self._index_tail(p, off)  # before the record: a full disk never leaves a record without its unit
         seg = self._log.active
         pos = self._written
         if seg is None or pos - seg.start + total > seg.ready:
@@ -324,7 +252,7 @@ class MessageStore:
         msg_id = self._ids.next_id(now_ms)
         try:
             write_record(seg.view, pos - seg.start, tb, partition, off, now_ms,
-                         now_ms if born_ms is None else born_ms, msg_id, flag, data, p.head)
+                         now_ms if born_ms is None else born_ms, msg_id, flag, data, p.head, checksum)
         except (struct.error, TypeError, ValueError) as exc:
             seg.file.zero(pos - seg.start, min(seg.size, pos - seg.start + total))
             raise ClientError("cannot store the message: %s" % exc) from None
@@ -339,7 +267,20 @@ class MessageStore:
         if p.log_bytes is not None:
             p.log_bytes += total
         self._unflushed_msgs += 1
-        return PutResult(msg_id, partition, off, end)
+        return _new_tuple(PutResult, (msg_id, partition, off, end))  # PutResult(...) without its Python __new__
+
+    def _index_tail(self, p, off):
+        """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
+        t = p.tail
+        if t is None or not t.start <= off < t.end:
+            t = p.reserve(off)
+        mid = (t.start + t.end) // 2
+        if off < mid:
+            p.fast_end = mid
+        else:  # past the middle: time to prepare the next file
+            p.fast_end = t.end
+            self._ahead.hot[p.key] = p
+        return t
 
     def _make_room(self, pos, total, now_ms):
         seg = self._log.active
@@ -366,6 +307,32 @@ class MessageStore:
                   % (ratio * 100, round(danger * 100, 3)) if refusing else "")
         self._refusal = reason or None
         return DiskState(ratio, free, refusing, reason, st.f_blocks * st.f_frsize)
+
+    # -- working ahead -------------------------------------------------------
+
+    def prepare_ahead(self):
+        """BLOCKING (run it in a worker thread, one call at a time): work ahead of the writer.
+
+        Prefaults the active segment ahead of the write position, builds the next
+        segment once the active one is more than half full, and the next index
+        file of partitions past the middle of theirs. Safe while the loop thread
+        keeps calling put and read. Returns True if it did any work.
+        """
+        if self._closed:
+            return False
+        did = self._ahead.run()
+        if self._closed:  # close() did not wait for us (it should): do not leave what we built
+            self._log.close()
+            for p in list(self._parts.values()):
+                p.close()
+        return did
+
+    def wants_preparation(self):
+        """Loop thread, cheap (one comparison in the common case): True when ``prepare_ahead`` has work."""
+        ahead = self._ahead
+        if self._written < ahead.check_at and not ahead.hot:
+            return False
+        return not self._closed and ahead.wanted()
 
     # -- read ----------------------------------------------------------------
 
@@ -564,9 +531,11 @@ class MessageStore:
         return sum(s.size for s in self._log.segments)
 
 
+def _too_large(total, limit):
+    return RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment"
+                          % (total, limit))
+
+
 def _moved(offset):
     return Moved(offset, "offset out of range: go to %d" % offset)
 
-
-def _int_or_none(value):
-    return value if isinstance(value, int) else None

@@ -1,5 +1,6 @@
 """Named limits, each tested at the limit and one past it (DESIGN §5)."""
 
+import os
 import socket
 import time
 
@@ -102,3 +103,27 @@ def test_two_thousand_idle_connections_while_serving(broker):
     finally:
         for s in idle:
             s.close()
+
+
+def open_fds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def test_disconnects_mid_frame_store_nothing_and_leak_nothing(broker):
+    with broker.client() as c:
+        c.put_ok("test", b"baseline", 0)
+        time.sleep(0.2)
+        fds_before = open_fds(broker.proc.pid)
+    cuts = [b"put test 0 10 0 -1 1", b"put test 0 10 0 -1 1\r\n", b"put test 0 10 0 -1 1\r\nhalf",
+            b"get test g 0 0 10", b"stat"]
+    for _ in range(40):
+        for cut in cuts:
+            s = socket.create_connection(("127.0.0.1", broker.port))
+            s.sendall(cut)
+            s.close()
+    time.sleep(0.5)
+    with broker.client() as c:
+        assert c.call(ev.Offset("test", "g", 0, 99, 1)).body == b"1"  # nothing of the cut puts stored
+        assert c.stats_dict()["curr_connections"] == "1"
+        assert open_fds(broker.proc.pid) <= fds_before + 1
+    assert "Traceback" not in broker.log_text()

@@ -1,0 +1,46 @@
+"""What ``MessageStore`` methods return (re-exported by ``metaq.store.store``)."""
+
+from dataclasses import dataclass
+from typing import List, NamedTuple
+
+
+class PutResult(NamedTuple):
+    msg_id: int
+    partition: int
+    offset: int
+    log_end: int  # commit-log position after the record: durable once flushed_position >= log_end
+
+
+class ReadResult(NamedTuple):
+    views: List[memoryview]  # MetaQ form (20-byte header + data) of whole records, in order
+    nbytes: int
+    count: int
+    next_offset: int
+
+
+@dataclass
+class DiskState:
+    usage_ratio: float
+    free_bytes: int
+    refusing_writes: bool
+    reason: str
+    total_bytes: int = 0
+
+
+@dataclass
+class PartitionStats:
+    topic: str
+    partition: int
+    min_offset: int
+    max_offset: int
+    messages: int
+    log_bytes: int
+    index_bytes: int
+
+
+@dataclass
+class Checkpoint:
+    position: int
+    last_msg_id: object
+    floors: dict  # (topic, partition) -> offsets whose records lie below position
+    serial: object  # random per checkpoint; a clean-shutdown marker names the checkpoint it goes with
