@@ -155,9 +155,46 @@ class RedisBench:
             size += r.skip()
         return ids, size
 
+    def set_fsync(self, policy):
+        self.sock.sendall(command("CONFIG", "SET", "appendfsync", policy))
+        self.reader.skip()
+
+    def concurrent_xadd(self, producers, per_producer, depth):
+        """``producers`` client processes, each with its own connection and ``depth`` XADDs in flight."""
+        import multiprocessing
+
+        self._reset()
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(producers) as pool:
+            start_at = time.time() + 0.5
+            pool.map(_xadd_producer, [(self.port, per_producer, depth, start_at)] * producers)
+            elapsed = time.time() - start_at
+        return producers * per_producer / elapsed
+
     def close(self):
         try:
             self.sock.close()
         finally:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+def _xadd_producer(args):
+    port, n, depth, start_at = args
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reader = Reader(sock)
+    frame = command("XADD", KEY, "*", "v", b"p" * MSG)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    sent = min(depth, n)
+    sock.sendall(frame * sent)
+    done = 0
+    while done < n:
+        reader.skip()
+        done += 1
+        if sent < n and sent - done <= depth // 2:
+            more = min(depth - (sent - done), n - sent)
+            sock.sendall(frame * more)
+            sent += more
+    sock.close()

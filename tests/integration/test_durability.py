@@ -197,3 +197,17 @@ def test_flipped_byte_mid_log_refuses_to_start_unless_forced(broker):
         records = consume_all(c, "test", 1)
         assert 0 < len(records) < 20
         assert [r.payload[:7] for r in records] == [b"rec-%02d-" % i for i in range(len(records))]
+
+
+def test_sigint_is_a_graceful_shutdown_too(broker):
+    import signal
+
+    with broker.client() as c:
+        c.put_ok("test", b"kept", 0)
+    broker.proc.send_signal(signal.SIGINT)
+    assert broker.wait_exit(30) == 0
+    assert "received SIGINT" in broker.log_text() and "broker stopped cleanly" in broker.log_text()
+    broker.start()
+    with broker.client() as c:
+        [rec] = c.get_records("test", 0, 0)
+        assert rec.payload == b"kept"
