@@ -153,6 +153,7 @@ def summary_lines(broker):
         "flush_mode %s" % broker.config.store.flush,
         "log_end_position %d" % store.written_position,
         "log_flushed_position %d" % store.flushed_position,
+        "flush_rounds %d" % broker.flusher.rounds,
         "disk_usage %.4f" % (disk.usage_ratio if disk else 0.0),
         "writes_refused %s" % ("true" if broker.refusal else "false"),
         "protocol_errors %d" % s.protocol_errors,

@@ -78,3 +78,22 @@ def test_pipelined_burst_of_mixed_commands_answers_every_opaque(broker):
     assert [r.opaque for r in replies] == list(range(300))  # in order, nothing dropped
     assert [r.code for r in replies[::3]] == [200] * 100
     assert all(r.code == 400 for r in replies[2::3])
+
+
+def test_sync_mode_concurrent_puts_share_fsyncs(broker):
+    """Group commit: 4 connections x 500 pipelined puts need far fewer fsyncs than puts."""
+    clients = [broker.client() for _ in range(4)]
+    try:
+        rounds_before = int(clients[0].stats_dict()["flush_rounds"])
+        for i, c in enumerate(clients):
+            c.send(b"".join(serialize(ev.Put("test", i, 0, b"gc-%d" % k, k, -1)) for k in range(500)))
+        for c in clients:
+            assert all(c.read_event().code == 200 for _ in range(500))
+        stats = clients[0].stats_dict()
+        rounds = int(stats["flush_rounds"]) - rounds_before
+        assert 0 < rounds < 2000 / 4
+        # every acknowledged put is durable: the flushed position covers the whole log
+        assert int(stats["log_flushed_position"]) == int(stats["log_end_position"])
+    finally:
+        for c in clients:
+            c.close()
