@@ -37,11 +37,13 @@ class Flusher:
         self._running = False
         self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
         self.rounds = 0
-        self._last_checkpoint = now_ms()
+        self._checkpointer = None
+        self._stopping = Event()
 
     def start(self):
         self._running = True
         self._greenlet = gevent.spawn(self._run)
+        self._checkpointer = gevent.spawn(self._checkpoint_loop)
 
     def wake(self):
         self._wake.set()
@@ -60,11 +62,8 @@ class Flusher:
             self._wake.set()
             done.wait(remaining)
 
-    def _interval_s(self):
-        return min(self._cfg.flush_interval_ms, self._cfg.checkpoint_interval_ms) / 1000.0
-
     def _run(self):
-        interval = self._interval_s()
+        interval = self._cfg.flush_interval_ms / 1000.0
         while self._running:
             self._wake.wait(interval)
             self._wake.clear()
@@ -76,7 +75,6 @@ class Flusher:
                 self._on_failure()
                 self._signal_round()
                 return
-            self._maybe_checkpoint()
 
     def _signal_round(self):
         done, self._round_done = self._round_done, Event()
@@ -92,12 +90,15 @@ class Flusher:
                 self._on_visible(changed)
         self._signal_round()
 
-    def _maybe_checkpoint(self):
-        now = now_ms()
-        if now - self._last_checkpoint >= self._cfg.checkpoint_interval_ms:
-            self._last_checkpoint = now
+    def _checkpoint_loop(self):
+        """Checkpoints run beside the flushes (another pool thread), so they never delay an ack."""
+        interval = self._cfg.checkpoint_interval_ms / 1000.0
+        while self._running:
+            self._stopping.wait(interval)
+            if not self._running or self.failure is not None:
+                return
             try:
-                self._pool.apply(self._store.checkpoint, (now,))
+                self._pool.apply(self._store.checkpoint, (now_ms(),))
             except OSError as exc:  # only recovery time suffers; the log itself is durable
                 log.warning("checkpoint failed (recovery will scan further): %s", exc)
 
@@ -105,8 +106,10 @@ class Flusher:
         """Stop the background loop and flush what is left (on the calling greenlet)."""
         self._running = False
         self._wake.set()
-        if self._greenlet is not None:
-            self._greenlet.join(timeout=FLUSH_WAIT_TIMEOUT_S)
+        self._stopping.set()
+        for g in (self._greenlet, self._checkpointer):
+            if g is not None:
+                g.join(timeout=FLUSH_WAIT_TIMEOUT_S)
         if self.failure is None:
             self.flush_once()
 
