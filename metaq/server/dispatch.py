@@ -113,17 +113,14 @@ class TextDispatcher:
         return self._miss(e), NO_WAIT
 
     def _read(self, e, max_size):
-        """The reply for a get, or None when there is nothing at ``e.offset`` yet."""
+        """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
         r = self.store.read(e.topic, e.partition, e.offset, max_size)
         if not r.count:
             return None
         self.stats.on_get(e.topic, False)
         parts = [encode_value_header(r.nbytes, e.opaque)]
-        parts.extend(r.views)
-        data = b"".join(parts)
-        for view in r.views:
-            view.release()
-        return data
+        parts.extend(r.views)  # sent straight from the maps by sendmsg; a view keeps its map alive
+        return parts
 
     def _miss(self, e):
         return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)

@@ -1,7 +1,8 @@
 """The MetaQ text-protocol server: one greenlet per connection on a gevent StreamServer.
 
 Each burst of received bytes is parsed into as many frames as it holds; the
-replies of that burst are written together with one ``sendall`` (after one
+replies of that burst are written together with one send (``sendmsg`` of the record
+views straight from the maps when a get is among them; after one
 shared flush wait in ``sync`` mode). Long-polling gets reply from their own
 greenlet; every write holds the connection's write lock so replies never
 interleave. Limits: line and body length (parser), connection count, idle
@@ -24,6 +25,9 @@ from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
 log = logging.getLogger(__name__)
 
 RECV_BYTES = 256 * 1024
+
+#: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
+IOV_BATCH = 1000
 
 #: Bursts of replies a connection may have waiting for their flush before it
 #: stops reading more requests (bounds memory per pipelining producer).
@@ -60,14 +64,47 @@ class Connection:
     # -- writing -----------------------------------------------------------
 
     def send(self, data):
+        """Send one reply: bytes, or a list of buffers (a get's header and record views)."""
         if self.closed or not data:
             return
         with self._write_lock:
             try:
-                self.sock.sendall(data)
+                if isinstance(data, list):
+                    self._send_buffers(data)
+                else:
+                    self.sock.sendall(data)
             except (OSError, socket.timeout) as exc:
                 log.info("connection %s: send failed (%s); closing", self.peer, exc)
                 self.close()
+
+    def _send_buffers(self, bufs):
+        """Scatter-gather send of every buffer, in order, without joining them."""
+        i, n = 0, len(bufs)
+        while i < n:
+            sent = self.sock.sendmsg(bufs[i:i + IOV_BATCH])
+            while sent and i < n:
+                size = len(bufs[i])
+                if sent >= size:
+                    sent -= size
+                    i += 1
+                else:
+                    bufs[i] = memoryview(bufs[i])[sent:]
+                    sent = 0
+
+    def _send_replies(self, out):
+        """Send a burst's replies with one call: joined bytes, or one buffer list when a get is among them."""
+        if len(out) == 1:
+            self.send(out[0])
+        elif any(type(r) is list for r in out):
+            flat = []
+            for r in out:
+                if type(r) is list:
+                    flat.extend(r)
+                else:
+                    flat.append(r)
+            self.send(flat)
+        else:
+            self.send(b"".join(out))
 
     def spawn(self, func, *args):
         """Run ``func(*args)`` in its own greenlet and send what it returns (long polls)."""
@@ -117,7 +154,7 @@ class Connection:
         """Send a burst's replies now, or queue them behind earlier bursts / their flush."""
         if not wait_pos and not self._pending:
             if out:
-                self.send(out[0] if len(out) == 1 else b"".join(out))
+                self._send_replies(out)
             return
         self._pending += 1
         self._idle.clear()
@@ -135,7 +172,7 @@ class Connection:
             if wait_pos:
                 self._after_flush(out, durable, wait_pos)
             if out:
-                self.send(out[0] if len(out) == 1 else b"".join(out))
+                self._send_replies(out)
             self._pending -= 1
             if self._pending <= MAX_PENDING_BURSTS // 2:
                 self._room.set()
