@@ -84,7 +84,11 @@ class TextDispatcher:
             r = self.store.put(e.topic, e.partition, e.flag, body, now, checksum=checksum)
         except errors.MetaqError as exc:
             self.stats.on_put_failed(e.topic)
-            if not isinstance(exc, errors.ClientError):
+            if isinstance(exc, errors.DiskFull):
+                if self.broker.refusal is None:
+                    log.error("%s", exc)
+                self.broker.refusal = str(exc)  # until the next disk check finds space again
+            elif not isinstance(exc, (errors.ClientError, errors.Unavailable)):
                 log.warning("put to %s-%d failed: %s", e.topic, e.partition, exc)
             return error_reply(exc, e.opaque), NO_WAIT
         self.stats.on_put(e.topic, len(body))
