@@ -97,3 +97,33 @@ def test_sync_mode_concurrent_puts_share_fsyncs(broker):
     finally:
         for c in clients:
             c.close()
+
+
+def wait_for(predicate, timeout=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_async_mode_flushes_every_n_messages_or_t_ms(broker_factory, tmp_path):
+    from tests.broker_harness import small_config
+
+    by_count = broker_factory(small_config(tmp_path / "a", store={"flush": "async", "flush_every_messages": 50,
+                                                                  "flush_interval_ms": 600_000}))
+    with by_count.client() as c:
+        for i in range(49):
+            c.put_ok("test", b"m%d" % i, 0)
+        first = c.stats_dict()
+        assert int(first["log_flushed_position"]) < int(first["log_end_position"])  # acked before any flush
+        for i in range(60):
+            c.put_ok("test", b"n%d" % i, 0)
+        wait_for(lambda: int(c.stats_dict()["flush_rounds"]) >= 1)
+    by_time = broker_factory(small_config(tmp_path / "b", store={"flush": "async", "flush_every_messages": 100_000,
+                                                                 "flush_interval_ms": 200}))
+    with by_time.client() as c:
+        for i in range(5):
+            c.put_ok("test", b"t%d" % i, 1)
+        wait_for(lambda: c.stats_dict()["log_flushed_position"] == c.stats_dict()["log_end_position"], 3.0)
