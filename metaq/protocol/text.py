@@ -317,6 +317,11 @@ class TextParser:
             if line is None:
                 return self._need_data()
             if line:
+                if line[:4] == b"put ":  # the hot path: most frames are plain puts
+                    fast = _fast_put(line)
+                    if fast is not None and fast[1] <= self.max_body:
+                        self._pending = fast
+                        return self._finish_body()
                 event = self._parse_line(line)
                 if event is not None:
                     return event
@@ -375,11 +380,6 @@ class TextParser:
 
     def _parse_line(self, raw):
         """Parse one non-empty line: return an event, or None (blank line, or body pending)."""
-        if raw[:4] == b"put ":
-            fast = _fast_put(raw)
-            if fast is not None and fast[1] <= self.max_body:
-                self._pending = fast
-                return None
         try:
             text = raw.decode("utf-8")
             problem = None

@@ -69,12 +69,16 @@ class BrokerStats:
         return stats
 
     def on_put(self, topic, size):
+        """Count a stored put (inlined: this runs once per message)."""
         self.cmd_put += 1
-        self.realtime["put"].add()
-        self.realtime["message_size"].add(size)
-        t = self.topic(topic)
-        t["put"].add()
-        t["message_size"].add(size)
+        rt = self.realtime
+        t = self.topic_realtime.get(topic) or self.topic(topic)
+        for stats in (rt, t):
+            put, msize = stats["put"], stats["message_size"]
+            put.count += 1
+            put.value += 1
+            msize.count += 1
+            msize.value += size
 
     def on_put_failed(self, topic):
         self.put_failed += 1

@@ -20,6 +20,7 @@ from gevent.queue import Queue
 
 from metaq import errors
 from metaq.protocol import events as ev
+from metaq.protocol.events import Put
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class Connection:
         keep_open = True
         parser = self.parser
         dispatcher = self.dispatcher
+        put = dispatcher.put  # the hot path: puts skip the generic dispatch
         while True:
             try:
                 event = parser.next_event()
@@ -221,7 +223,7 @@ class Connection:
                 keep_open = False
                 break
             try:
-                reply, pos = dispatcher.handle(event, self)
+                reply, pos = put(event, self) if type(event) is Put else dispatcher.handle(event, self)
             except Exception:  # noqa: BLE001 - the one place an unexpected error becomes a 500
                 log.exception("connection %s: unexpected error handling %s", self.peer, type(event).__name__)
                 out.append(encode_result(500, b"internal error; see the broker log", getattr(event, "opaque", 0)))
