@@ -23,7 +23,7 @@ import os
 
 from metaq.errors import StoreError
 from metaq.store.files import fsync_dir, prepared_path, unlink_quietly
-from metaq.store.mapped import MappedFile
+from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import BLANK_MAGIC, MARKER
 
 log = logging.getLogger(__name__)
@@ -185,11 +185,7 @@ class CommitLog:
         if nxt is None or nxt.start != start:
             return None
         self.next = None
-        try:
-            nxt.file.rename(self.dirs.segment_path(start))
-        except OSError as exc:
-            log.warning("could not rename the prepared segment %s: %s", nxt.file.path, exc)
-            nxt.file.discard()
+        if not adopt_prepared(nxt.file, self.dirs.segment_path(start), "segment"):
             return None
         self.dir_unsynced = True
         return nxt
@@ -342,14 +338,8 @@ class CommitLog:
 
     def close(self, discard_prepared=True):
         """Unmap every segment; a prepared next segment is deleted (or left, as a kill -9 would)."""
-        for seg in self.layout[1]:
-            seg.file.close()
         nxt, self.next = self.next, None
-        if nxt is not None:
-            if discard_prepared:
-                nxt.file.discard()
-            else:
-                nxt.file.close()
+        close_files([seg.file for seg in self.layout[1]], nxt and nxt.file, discard_prepared)
         self.layout = ((), ())
         self.active = None
 

@@ -21,7 +21,7 @@ import os
 import struct
 
 from metaq.store.files import disk_full_from, fsync_dir, prepared_path, unlink_quietly
-from metaq.store.mapped import MappedFile
+from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import head_struct
 
 log = logging.getLogger(__name__)
@@ -158,11 +158,7 @@ class PartitionIndex:
         if nxt is None or nxt.start != start or nxt.end != end:
             return None
         self.next = None
-        try:
-            nxt.file.rename(self.dirs.index_file_path(self.topic, self.partition, start))
-        except OSError as exc:
-            log.warning("could not rename the prepared index file %s: %s", nxt.file.path, exc)
-            nxt.file.discard()
+        if not adopt_prepared(nxt.file, self.dirs.index_file_path(self.topic, self.partition, start), "index file"):
             return None
         self.dir_unsynced = True
         return nxt
@@ -329,14 +325,8 @@ class PartitionIndex:
         return sum(f.file.size for f in self.layout[1])
 
     def close(self, discard_prepared=True):
-        for f in self.layout[1]:
-            f.file.close()
         nxt, self.next = self.next, None
-        if nxt is not None:
-            if discard_prepared:
-                nxt.file.discard()
-            else:
-                nxt.file.close()
+        close_files([f.file for f in self.layout[1]], nxt and nxt.file, discard_prepared)
         self.layout = ((), ())
         self.tail = None
         self.fast_end = 0

@@ -232,6 +232,31 @@ class MappedFile:
         self.delete()
 
 
+def adopt_prepared(prepared, final_path, what):
+    """Give a prepared file (built ahead by the worker) its final name; on failure discard it.
+
+    Returns True when renamed. ``what`` names the file kind in the log line.
+    """
+    try:
+        prepared.rename(final_path)
+    except OSError as exc:
+        log.warning("could not rename the prepared %s %s: %s", what, prepared.path, exc)
+        prepared.discard()
+        return False
+    return True
+
+
+def close_files(files, prepared, discard_prepared):
+    """Unmap every file in ``files`` and the prepared next one (deleted, or kept as a kill -9 would)."""
+    for f in files:
+        f.close()
+    if prepared is not None:
+        if discard_prepared:
+            prepared.discard()
+        else:
+            prepared.close()
+
+
 def _advise(addr, length, path):
     if _Madvise.populate_supported:
         err = _Madvise.call(addr, length, POPULATE_ADVICE)

@@ -43,6 +43,13 @@ def fill(client, topic, payload_size, limit=10_000):
     raise AssertionError("the disk never filled")
 
 
+def wait_until_writes_resume(client, topic, partition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while client.put(topic, b"after", partition).code != 200:
+        assert time.monotonic() < deadline, "writes did not resume"
+        time.sleep(0.1)
+
+
 def assert_all_present(client, topic, acked):
     for p in (0, 1):
         records = consume_all(client, topic, p)
@@ -73,10 +80,7 @@ def test_full_disk_refuses_writes_cleanly_and_resumes_after_space_returns(broker
                              if os.path.getsize(f) != 1 << 20]
                 assert leftovers == []  # no half-allocated segment left behind
                 remount(mnt, "16m")
-                deadline = time.monotonic() + 10
-                while c.put("t-fill", b"after", 0).code != 200:
-                    assert time.monotonic() < deadline, "writes did not resume"
-                    time.sleep(0.1)
+                wait_until_writes_resume(c, "t-fill", 0)
                 assert_all_present(c, "t-fill", acked)
         finally:
             b.kill()
@@ -98,10 +102,7 @@ def test_danger_mark_refuses_writes_before_the_disk_is_full(broker_factory, tmp_
                 assert refusal.code == 503 and b"danger mark" in refusal.body, refusal
                 assert c.stats_dict()["writes_refused"] == "true"
                 remount(mnt, "64m")
-                deadline = time.monotonic() + 10
-                while c.put("t-mark", b"after", 1).code != 200:
-                    assert time.monotonic() < deadline, "writes did not resume"
-                    time.sleep(0.1)
+                wait_until_writes_resume(c, "t-mark", 1)
                 assert c.stats_dict()["writes_refused"] == "false"
                 assert_all_present(c, "t-mark", acked)
         finally:
