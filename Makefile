@@ -12,9 +12,9 @@ PYTEST_ARGS ?=
 
 all: test
 
-# System packages the tests use. Nothing is needed for the broker core yet;
-# later layers add zookeeper, postgresql and openssh-server here.
-SYSDEPS :=
+# System packages the tests use: a real ZooKeeper (Debian's package runs as a
+# plain java process; no service is started).
+SYSDEPS := zookeeper
 # The benchmark measures Redis Streams beside metaq when redis-server is there.
 BENCH_SYSDEPS := redis-server
 sysdeps:

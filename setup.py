@@ -17,6 +17,7 @@ setup(
         "gevent>=24.2",
         "PyYAML>=6.0",
         "pydantic>=2.6,<3",
+        "kazoo>=2.10",
     ],
     extras_require={
         "test": [
@@ -27,11 +28,11 @@ setup(
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8"],
         "deploy": ["fabric>=3.2,<4"],
-        "zk": ["kazoo>=2.10"],
     },
     entry_points={
         "console_scripts": [
             "metaq-server = metaq.server.__main__:main",
+            "metaq-admin = metaq.client.admin:main",
         ],
     },
 )

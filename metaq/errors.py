@@ -13,7 +13,9 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     ├── NotFound                   nothing at that place (404)
     ├── Moved                      the requested offset is outside [min, max]; carries the right one (301)
     ├── Unavailable                transient refusal, try again later (503)
-    │   └── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns
+    │   ├── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns
+    │   ├── ConnectionLost         (client) the connection to a broker closed or could not be made
+    │   └── RequestTimeout         (client) no reply within the request's timeout
     ├── BrokerError                our fault (500)
     │   └── StoreError             the store failed
     │       └── CorruptLog         corruption followed by valid records; refuse to start unless forced
@@ -92,6 +94,14 @@ class Unavailable(MetaqError):
 
 class DiskFull(Unavailable):
     """Writes are refused because the disk is (nearly) full."""
+
+
+class ConnectionLost(Unavailable):
+    """Client side: the broker could not be reached, or the connection closed before the reply."""
+
+
+class RequestTimeout(Unavailable):
+    """Client side: no reply arrived within the request's timeout (the request may still have been served)."""
 
 
 class BrokerError(MetaqError):

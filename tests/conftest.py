@@ -25,3 +25,29 @@ def broker_factory(tmp_path):
 @pytest.fixture
 def broker(broker_factory):
     return broker_factory()
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory):
+    """One real ZooKeeper for the whole run; tests isolate themselves with a chroot (``zk_connect``)."""
+    from tests.zk_harness import ZooKeeperProcess
+
+    zk = ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
+    yield zk
+    zk.stop()
+
+
+@pytest.fixture
+def zk_connect(zk_server):
+    """``127.0.0.1:PORT/t-<random>``: a private namespace on the shared ZooKeeper."""
+    return zk_server.chroot()
+
+
+@pytest.fixture
+def own_zk(tmp_path):
+    """A ZooKeeper of this test's own, for tests that stop, kill or restart it."""
+    from tests.zk_harness import ZooKeeperProcess
+
+    zk = ZooKeeperProcess(tmp_path / "zk").start()
+    yield zk
+    zk.kill()

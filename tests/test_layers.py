@@ -19,7 +19,8 @@ RULES = {
     "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"}, IO_MODULES | {"time", "datetime"}),
     "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx",
                 "metaq.server"}, set()),
-    "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.client"}, {"gevent", "kazoo"}),
+    # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
+    "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.client"}, {"gevent"}),
     "spark": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.client", "metaq.spark"},
               {"gevent"}),
 }

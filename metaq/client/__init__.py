@@ -1,1 +1,32 @@
-"""client layer (see DESIGN §2)."""
+"""metaq's Python client: producers, consumer groups, offsets and admin (DESIGN §8).
+
+    from metaq.client import Producer, Consumer, Message
+
+Plain stdlib sockets and threads; when an application has monkey-patched
+gevent they are cooperative greenlets. ZooKeeper is reached through kazoo.
+"""
+
+_EXPORTS = {
+    "Message": "metaq.client.message",
+    "Partition": "metaq.client.message",
+    "SendResult": "metaq.client.message",
+    "Producer": "metaq.client.producer",
+    "RoundRobinSelector": "metaq.client.selectors",
+    "RandomSelector": "metaq.client.selectors",
+    "KeySelector": "metaq.client.selectors",
+    "Consumer": "metaq.client.consumer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    """Import a submodule only when its name is first used (``import metaq.client`` stays cheap)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError("module 'metaq.client' has no attribute %r" % name)
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -103,6 +103,31 @@ class Sync(NamedTuple):
     checksum: int = UNCHECKED
 
 
+class CommitOffset(NamedTuple):
+    """``commit_offset group topic partition offset opaque`` (our extension): store a group's offset in the broker.
+
+    ``offset`` is the next offset the group will read. Reply ``result 200 0 opaque``.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    opaque: int
+
+
+class QueryOffset(NamedTuple):
+    """``query_offset group topic partition opaque`` (our extension): the group's offset stored in the broker.
+
+    Reply ``result 200 <len> opaque`` with body ``<offset>``, or 404 when the group never committed one.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    opaque: int
+
+
 class Value(NamedTuple):
     """``value len opaque\\r\\n<body>``: data reply to get (concatenated MetaQ records)."""
 

@@ -25,8 +25,10 @@ from metaq.protocol.events import (
     DEFAULT_OPAQUE,
     TX_TYPES,
     UNCHECKED,
+    CommitOffset,
     Get,
     Offset,
+    QueryOffset,
     Put,
     Quit,
     Result,
@@ -178,6 +180,17 @@ def _parse_offset(t):
     return Offset(t[1], t[2], partition, offset, _int(t[5], "opaque", INT32_MIN, INT32_MAX))
 
 
+def _parse_commit_offset(t):
+    partition = _int(t[3], "partition", 0, INT32_MAX)
+    offset = _int(t[4], "offset", 0, INT64_MAX)
+    return CommitOffset(t[1], t[2], partition, offset, _int(t[5], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _parse_query_offset(t):
+    partition = _int(t[3], "partition", 0, INT32_MAX)
+    return QueryOffset(t[1], t[2], partition, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
+
+
 def _parse_stats(t):
     if len(t) == 1:
         return Stats(None, DEFAULT_OPAQUE)
@@ -236,6 +249,8 @@ _COMMANDS = {
     "put": (_parse_put, (6, 7, 8), "6, 7 or 8 tokens", 3),
     "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),
+    "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
+    "query_offset": (_parse_query_offset, (5,), "5 tokens", None),
     "stats": (_parse_stats, (1, 2, 3), "1, 2 or 3 tokens", None),
     "version": (_parse_version, (1, 2), "1 or 2 tokens", None),
     "quit": (_parse_quit, (1,), "1 token", None),
@@ -465,6 +480,15 @@ def _serialize_offset(e):
     ).encode("utf-8")
 
 
+def _serialize_commit_offset(e):
+    return ("commit_offset %s %s %d %d %d\r\n" % (
+        _token(e.group), _token(e.topic), e.partition, e.offset, e.opaque)).encode("utf-8")
+
+
+def _serialize_query_offset(e):
+    return ("query_offset %s %s %d %d\r\n" % (_token(e.group), _token(e.topic), e.partition, e.opaque)).encode("utf-8")
+
+
 def _serialize_stats(e):
     # Like MetaQ's encoder, a blank item is written as an empty token: "stats  <opaque>".
     return ("stats %s %d\r\n" % (_token(e.item or ""), e.opaque)).encode("utf-8")
@@ -507,6 +531,8 @@ _SERIALIZERS = {
     Put: _serialize_put,
     Get: _serialize_get,
     Offset: _serialize_offset,
+    CommitOffset: _serialize_commit_offset,
+    QueryOffset: _serialize_query_offset,
     Stats: _serialize_stats,
     Version: _serialize_version,
     Quit: _serialize_quit,
