@@ -38,6 +38,9 @@ def build_parser():
     p.add_argument("--broker-id", type=int, metavar="N", help="broker id, 0..1023 (default 0)")
     p.add_argument("--flush", choices=("sync", "async"),
                    help="sync: acknowledge after fsync (group commit); async: flush every N messages or T ms")
+    p.add_argument("--zk", metavar="HOST:PORT[,...]",
+                   help="register in ZooKeeper at this connect string (a /chroot suffix is allowed); "
+                        "without it (and without zk.connect in the file) the broker runs standalone")
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
@@ -55,6 +58,7 @@ def overrides_from(args):
         "broker.log_level": args.log_level,
         "store.flush": args.flush,
         "store.force_recovery": args.force_recovery,
+        "zk.connect": args.zk,
     }
 
 

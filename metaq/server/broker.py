@@ -14,6 +14,7 @@ from metaq.protocol.text import encode_result
 from metaq.server.dispatch import TextDispatcher
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
+from metaq.server.registry import ZkRegistry
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
 from metaq.store.store import MessageStore
@@ -46,6 +47,7 @@ class Broker:
         self._log_recovery()
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal)
         self.ahead = AheadWorker(self.store)
+        self.registry = ZkRegistry(self) if config.zk.connect else None
         self.dispatcher = TextDispatcher(self)
 
     # -- facts used by handlers and stats ------------------------------------
@@ -98,6 +100,8 @@ class Broker:
         self.disk_state = self.store.check_disk()
         self.refresh_refusal()
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
+        if self.registry is not None:
+            self.registry.start(self.port)
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections)
@@ -168,6 +172,8 @@ class Broker:
         log.info("shutting down: no new connections; finishing in-flight requests")
         if self._server is not None:
             self._server.close()
+        if self.registry is not None:
+            self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.notify_all()
         for conn in list(self.connections):
             if not conn.busy:

@@ -59,6 +59,32 @@ class LimitsSection(_Section):
     max_wait_ms: int = Field(limits.MAX_WAIT_MS, ge=0)
 
 
+class ZkSection(_Section):
+    connect: Optional[str] = None
+    root: str = "/meta"
+    session_timeout_ms: int = Field(30000, ge=1000)
+    connection_timeout_ms: int = Field(30000, ge=100)
+
+    @field_validator("connect")
+    @classmethod
+    def _hosts(cls, connect):
+        if connect is None:
+            return None
+        hosts = connect.split("/", 1)[0]
+        for host in hosts.split(","):
+            name, sep, port = host.strip().rpartition(":")
+            if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError("expected HOST:PORT[,HOST:PORT...][/chroot], got %r" % connect)
+        return connect
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, root):
+        if not root.startswith("/") or root.endswith("/") or "//" in root:
+            raise ValueError("must be an absolute ZooKeeper path such as /meta, got %r" % root)
+        return root
+
+
 class TopicSection(_Section):
     name: str
     partitions: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
@@ -77,6 +103,7 @@ class ServerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     store: StoreSection = StoreSection()
     limits: LimitsSection = LimitsSection()
+    zk: ZkSection = ZkSection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
     @model_validator(mode="after")

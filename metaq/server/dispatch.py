@@ -45,10 +45,13 @@ class TextDispatcher:
         self.sync_flush = broker.config.store.flush == "sync"
         self.max_transfer = broker.config.store.max_transfer_size
         self.max_wait_ms = broker.config.limits.max_wait_ms
+        self.registry = broker.registry
         self._handlers = {
             ev.Put: self.put,
             ev.Get: self.get,
             ev.Offset: self.offset,
+            ev.CommitOffset: self.commit_offset,
+            ev.QueryOffset: self.query_offset,
             ev.Stats: self.stats_cmd,
             ev.Version: self.version,
             ev.Transaction: self.transaction,
@@ -92,6 +95,8 @@ class TextDispatcher:
                 log.warning("put to %s-%d failed: %s", e.topic, e.partition, exc)
             return error_reply(exc, e.opaque), NO_WAIT
         self.stats.on_put(e.topic, len(body))
+        if self.registry is not None and e.topic not in self.registry.registered_topics:
+            self.registry.topic_created(e.topic)
         reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
         if self.sync_flush:
             return reply, r.log_end
@@ -152,6 +157,17 @@ class TextDispatcher:
         self.stats.on_offset(e.topic)
         nearest = self.store.nearest_offset(e.topic, e.partition, e.offset)
         return ok(b"%d" % nearest, e.opaque), NO_WAIT
+
+    def commit_offset(self, e, conn):
+        self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms())
+        return ok(b"", e.opaque), NO_WAIT
+
+    def query_offset(self, e, conn):
+        offset = self.store.query_offset(e.group, e.topic, e.partition)
+        if offset is None:
+            msg = "group %s has committed no offset for %s-%d" % (e.group, e.topic, e.partition)
+            return encode_result(404, msg.encode(), e.opaque), NO_WAIT
+        return ok(b"%d" % offset, e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
         return ok(stats_mod.render(e.item, self.broker), e.opaque), NO_WAIT

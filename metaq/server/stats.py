@@ -9,12 +9,14 @@ import threading
 import time
 
 import metaq
+from metaq.errors import MetaqError
 
 ITEMS_HELP = (
     "(blank)   broker summary",
     "topics    per topic: partitions, message count and bytes",
     "offsets   per partition: min_offset and max_offset",
     "realtime  put/get/offset counters since the last reset",
+    "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
     "<topic>   one topic's figures",
     "config    the configuration file in use",
     "reset     reset the realtime counters",
@@ -118,6 +120,8 @@ def render(item, broker):
         return _body(topics_lines(broker.store))
     if item == "offsets":
         return _body(offsets_lines(broker.store))
+    if item == "groups":
+        return _body(groups_lines(broker.store))
     if item == "realtime":
         return _body(realtime_lines(broker.stats))
     if item == "reset":
@@ -162,6 +166,7 @@ def summary_lines(broker):
         "writes_refused %s" % ("true" if broker.refusal else "false"),
         "protocol_errors %d" % s.protocol_errors,
         "long_poll_waiters %d" % len(broker.waiters),
+        "zookeeper %s" % (broker.registry.state if broker.registry is not None else "standalone"),
     ]
 
 
@@ -185,6 +190,18 @@ def topics_lines(store):
 def offsets_lines(store):
     return ["%s part %d min_offset %d max_offset %d" % (t, p, store.min_offset(t, p), store.max_offset(t, p))
             for t, p in sorted(store.partition_keys())]
+
+
+def groups_lines(store):
+    lines = []
+    for group, topic, partition, offset, commit_ms in store.consumer_offsets.entries():
+        try:
+            end = store.max_offset(topic, partition)
+        except MetaqError:  # the topic is no longer configured
+            continue
+        lines.append("%s %s %d offset %d max_offset %d lag %d committed_ms %d"
+                     % (group, topic, partition, offset, end, max(0, end - offset), commit_ms))
+    return lines
 
 
 def realtime_lines(stats):

@@ -32,6 +32,7 @@ INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
+CONSUMER_OFFSETS_FILE = "consumer_offsets"
 TEMP_SUFFIX = ".tmp"
 #: A file built ahead by a worker thread under this name; a roll renames it to its final name.
 PREPARED_SUFFIX = ".prepared"
@@ -82,6 +83,7 @@ class DataDir:
         self.checkpoint = os.path.join(self.root, CHECKPOINT_FILE)
         self.clean_shutdown = os.path.join(self.root, CLEAN_SHUTDOWN_FILE)
         self.lock = os.path.join(self.root, LOCK_FILE)
+        self.consumer_offsets = os.path.join(self.root, CONSUMER_OFFSETS_FILE)
         self._lock_fd = None
 
     def create(self):

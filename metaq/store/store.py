@@ -27,6 +27,7 @@ from metaq.store.config import TopicTable
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
+from metaq.store.offsets import ConsumerOffsets
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, metaq_offset, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import RetentionReport, SegmentInfo, first_kept_offset, plan_deletion
@@ -64,6 +65,7 @@ class MessageStore:
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._written, self.dirs.root, config.disk_danger_ratio)
         self.recovery = None
+        self.consumer_offsets = ConsumerOffsets(self.dirs)
 
     # -- open / close --------------------------------------------------------
 
@@ -81,6 +83,7 @@ class MessageStore:
             self._ids = IdGenerator(config.broker_id, last_id)
             self._flushed = self._checkpoint_pos = self._written
             self._last_flush_ms = now_ms
+            self.consumer_offsets.load()
             self.checkpoint(now_ms)
         except BaseException:
             self._release()
@@ -468,7 +471,20 @@ class MessageStore:
         self._checkpoint_serial = serial
         self._checkpoint_pos = pos
         self._last_checkpoint_ms = now_ms
+        self.consumer_offsets.save()
         return pos
+
+    # -- consumer offsets (the broker-side store; see offsets.py) ------------
+
+    def commit_offset(self, group, topic, partition, offset, now_ms):
+        """Store a group's next read offset; InvalidTopic/UnknownTopic/InvalidPartition/ClientError on bad input."""
+        validate_partition(partition, self._topics.partitions_of(topic))
+        self.consumer_offsets.commit(group, topic, partition, offset, now_ms, self.max_offset(topic, partition))
+
+    def query_offset(self, group, topic, partition):
+        """The group's committed offset for the partition, or None."""
+        validate_partition(partition, self._topics.partitions_of(topic))
+        return self.consumer_offsets.query(group, topic, partition)
 
     def _last_id(self):
         return self._ids.last_id if self._ids is not None else None

@@ -1,0 +1,246 @@
+"""ZooKeeper registration in MetaQ's layout (reference ``metaq-protocol.md`` §4).
+
+Nodes this broker (a master) writes, all data UTF-8 strings:
+
+    <root>/brokers/ids/<id>                         persistent  meta://host:port (for clients older than MetaQ 1.4)
+    <root>/brokers/ids/<id>/master                  ephemeral   meta://host:port
+    <root>/brokers/ids/<id>/master_config_checksum  ephemeral   decimal CRC-32 of the configuration file
+    <root>/brokers/topics/<topic>/<id>-m            ephemeral   partition count (legacy, read by contrib producers)
+    <root>/brokers/topics-pub/<topic>/<id>-m        ephemeral   {"numParts":N,"broker":"<id>-m"}
+    <root>/brokers/topics-sub/<topic>/<id>-m        ephemeral   the same JSON
+
+Registration runs in one greenlet (``_run``); kazoo's state listener only sets
+flags and wakes it, so a kazoo callback never blocks. Every (re)connection
+triggers a full pass that creates what is missing, so the layout comes back
+after a session expiry or a ZooKeeper restart. A node left by this broker's
+previous, killed incarnation (same broker id, its session not yet expired) is
+replaced when it carries our address; one with another address means another
+live broker claims our id: we log it and retry until it goes away.
+"""
+
+import json
+import logging
+import socket
+
+import gevent
+from gevent.event import Event
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.handlers.gevent import SequentialGeventHandler
+
+from metaq.errors import MetaqError
+
+log = logging.getLogger(__name__)
+
+#: Seconds a clean shutdown spends removing our nodes before giving up (ZooKeeper may be down).
+UNREGISTER_TIMEOUT_S = 5.0
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+
+class IdClaimedElsewhere(Exception):
+    """Another live session holds our broker id's master node with another address."""
+
+
+def advertised_url(host, port):
+    """``meta://host:port`` as clients should dial it (a wildcard bind advertises this host's address)."""
+    if host in ("", "0.0.0.0", "::"):
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    if ":" in host:
+        return "meta://[%s]:%d" % (host, port)
+    return "meta://%s:%d" % (host, port)
+
+
+def topic_json(partitions, broker_id):
+    return json.dumps({"numParts": partitions, "broker": "%d-m" % broker_id}, separators=(",", ":"))
+
+
+class ZkRegistry:
+    def __init__(self, broker):
+        cfg = broker.config.zk
+        self.broker = broker
+        self.connect = cfg.connect
+        self.root = cfg.root
+        self.broker_id = broker.config.broker.id
+        self.connection_timeout_s = cfg.connection_timeout_ms / 1000.0
+        self.zk = KazooClient(
+            hosts=cfg.connect,
+            handler=SequentialGeventHandler(),
+            timeout=cfg.session_timeout_ms / 1000.0,
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": RETRY_MAX_S},
+            command_retry={"max_tries": 3, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+        )
+        self.url = None
+        self.state = "connecting"
+        self.registered_topics = set()  # topics whose nodes exist in the current session
+        self.registrations = 0  # completed full passes (stats, tests)
+        self._full_pass = True
+        self._pending_topics = set()
+        self._wake = Event()
+        self._stopping = False
+        self._worker = None
+
+    @property
+    def ids_path(self):
+        return "%s/brokers/ids/%d" % (self.root, self.broker_id)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self, port):
+        """Connect (waiting up to the connection timeout) and register in the background."""
+        self.url = advertised_url(self.broker.config.broker.host, port)
+        self.zk.add_listener(self._on_state)
+        connected = self.zk.start_async()
+        connected.wait(self.connection_timeout_s)
+        if not self.zk.connected:
+            log.warning("ZooKeeper at %s is not reachable yet; serving anyway and registering once it answers",
+                        self.connect)
+        self._worker = gevent.spawn(self._run)
+        self._wake.set()
+
+    def stop(self):
+        """Clean shutdown: remove our nodes (bounded by UNREGISTER_TIMEOUT_S), then close the session."""
+        self._stopping = True
+        self._wake.set()
+        if self._worker is not None:
+            self._worker.kill(block=True, timeout=1.0)
+        if self.zk.connected:
+            try:
+                with gevent.Timeout(UNREGISTER_TIMEOUT_S):
+                    self._unregister()
+                log.info("unregistered broker %d from ZooKeeper", self.broker_id)
+            except (KazooException, gevent.Timeout) as exc:
+                log.warning("could not unregister from ZooKeeper (its ephemeral nodes expire with the session): %r",
+                            exc)
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except KazooException as exc:
+            log.warning("closing the ZooKeeper client: %r", exc)
+
+    # -- events (never block here) -------------------------------------------
+
+    def _on_state(self, state):
+        """kazoo's state listener: record and wake the worker, nothing else."""
+        if state == KazooState.LOST:
+            self.state = "lost"
+            self.registered_topics = set()
+            log.warning("ZooKeeper session lost: ephemeral nodes are gone; re-registering when it reconnects")
+        elif state == KazooState.SUSPENDED:
+            self.state = "suspended"
+            log.warning("ZooKeeper connection suspended; retrying")
+        else:
+            self.state = "connected"
+            self._full_pass = True  # verify (and restore) every node after any reconnection
+        self._wake.set()
+
+    def topic_created(self, topic):
+        """Called on a topic's first put: register it soon, without waiting here."""
+        if topic not in self.registered_topics:
+            self._pending_topics.add(topic)
+            self._wake.set()
+
+    # -- the worker ------------------------------------------------------------
+
+    def _run(self):
+        delay = RETRY_MIN_S
+        while not self._stopping:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            if not self.zk.connected:
+                continue  # the next CONNECTED state wakes us
+            try:
+                if self._full_pass:
+                    self._full_pass = False
+                    self._register_all()
+                while self._pending_topics:
+                    topic = self._pending_topics.pop()
+                    self._register_topic(topic)
+                delay = RETRY_MIN_S
+            except (KazooException, IdClaimedElsewhere) as exc:
+                self._full_pass = True
+                log.warning("ZooKeeper registration failed (%s); retrying in %.1f s", exc or type(exc).__name__, delay)
+                gevent.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                self._wake.set()
+
+    def _register_all(self):
+        zk = self.zk
+        zk.ensure_path(self.ids_path)
+        zk.set(self.ids_path, self.url.encode())
+        self._claim(self.ids_path + "/master", self.url, by_address=True)
+        self._claim(self.ids_path + "/master_config_checksum", str(self.broker.config_checksum))
+        topics = self.broker.store.known_topics()
+        for topic in topics:
+            self._register_topic(topic)
+        self.registrations += 1
+        log.info("registered broker %d in ZooKeeper (%s%s) as %s with %d topics",
+                 self.broker_id, self.connect, self.root, self.url, len(topics))
+
+    def _register_topic(self, topic):
+        try:
+            partitions = self.broker.store.partitions_of(topic)
+        except MetaqError as exc:  # a topic no longer configured is simply not registered
+            log.warning("not registering topic %s: %s", topic, exc)
+            return
+        node = "%d-m" % self.broker_id
+        brokers = "%s/brokers" % self.root
+        self._claim("%s/topics/%s/%s" % (brokers, topic, node), str(partitions))
+        payload = topic_json(partitions, self.broker_id)
+        self._claim("%s/topics-pub/%s/%s" % (brokers, topic, node), payload)
+        self._claim("%s/topics-sub/%s/%s" % (brokers, topic, node), payload)
+        self.registered_topics.add(topic)
+
+    def _claim(self, path, data, by_address=False):
+        """Create ephemeral ``path`` with ``data`` in our session, replacing a stale node of ours."""
+        zk, raw = self.zk, data.encode("utf-8")
+        for _attempt in range(3):
+            try:
+                zk.create(path, raw, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            try:
+                current, stat = zk.get(path)
+            except NoNodeError:
+                continue
+            if stat.ephemeralOwner == zk.client_id[0]:
+                if current != raw:
+                    zk.set(path, raw)
+                return
+            if by_address and current != raw:
+                raise IdClaimedElsewhere("broker id %d is registered by another session as %s (we are %s); "
+                                         "waiting for it to go away" % (self.broker_id, current.decode(), data))
+            try:
+                zk.delete(path, version=stat.version)
+            except NoNodeError:
+                pass
+        raise IdClaimedElsewhere("could not claim %s" % path)
+
+    def _unregister(self):
+        zk, node = self.zk, "%d-m" % self.broker_id
+        brokers = "%s/brokers" % self.root
+        for topic in sorted(self.registered_topics):
+            for kind in ("topics", "topics-pub", "topics-sub"):
+                self._delete_ours("%s/%s/%s/%s" % (brokers, kind, topic, node))
+        self._delete_ours(self.ids_path + "/master_config_checksum")
+        self._delete_ours(self.ids_path + "/master")
+        try:
+            zk.delete(self.ids_path)
+        except NotEmptyError:
+            zk.set(self.ids_path, b"")  # slaves are still registered under it (MetaQ does the same)
+        except NoNodeError:
+            pass
+        self.registered_topics = set()
+
+    def _delete_ours(self, path):
+        try:
+            _data, stat = self.zk.get(path)
+            if stat.ephemeralOwner == self.zk.client_id[0]:
+                self.zk.delete(path, version=stat.version)
+        except NoNodeError:
+            pass
