@@ -1,0 +1,300 @@
+"""``metaq-admin``: look at a metaq cluster from a terminal or a script.
+
+    metaq-admin --zk 127.0.0.1:2181 topics
+    metaq-admin --brokers meta://127.0.0.1:8123 stats
+    metaq-admin --zk 127.0.0.1:2181 groups billing --json
+
+Brokers come from ZooKeeper (``--zk``, every registered master) or from
+``--brokers``. Tables for people, ``--json`` for scripts. Exit codes: 0 ok,
+1 a broker or ZooKeeper could not be reached (what could be read is still
+shown, with the failure on stderr), 2 usage.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import metaq
+from metaq import errors
+from metaq.client.connection import BrokerConnection
+from metaq.client.offsets import parse_zk_offset
+from metaq.protocol import events as ev
+
+EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE = 0, 1, 2
+
+
+# -- reading the cluster ------------------------------------------------------------------
+
+
+class ClusterView:
+    """The brokers to ask (``{broker_id: url}``) and, with ZooKeeper, its client."""
+
+    def __init__(self, zk_connect=None, zk_root="/meta", brokers=(), timeout=5.0):
+        self.timeout = timeout
+        self.cluster = None
+        self.problems = []
+        self._conns = {}
+        self.brokers = {}  # id -> url (ids learnt from each broker's `stats` when not from ZooKeeper)
+        if zk_connect:
+            from metaq.client.cluster import ZkCluster
+
+            self.cluster = ZkCluster(zk_connect, zk_root, connect_timeout=timeout)
+            self.brokers = dict(self.cluster.broker_urls())
+        for url in brokers:
+            summary = self.stats(url)
+            if summary is not None:
+                self.brokers[int(summary.get("broker_id", -1))] = url
+
+    def close(self):
+        for conn in self._conns.values():
+            conn.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def _conn(self, url):
+        conn = self._conns.get(url)
+        if conn is None:
+            conn = self._conns[url] = BrokerConnection(url, connect_timeout=self.timeout,
+                                                       request_timeout=self.timeout, heartbeat_interval=0)
+        return conn
+
+    def stats_text(self, url, item=None):
+        """The raw ``stats`` body lines of one broker, or None (the failure is recorded)."""
+        try:
+            reply = self._conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
+        except errors.MetaqError as exc:
+            self.problems.append("%s: %s" % (url, exc))
+            return None
+        if not isinstance(reply, ev.Result) or reply.code != 200:
+            self.problems.append("%s: stats %s answered %r" % (url, item or "", reply))
+            return None
+        lines = reply.body.decode("utf-8", "replace").split("\r\n")
+        return [ln for ln in lines if ln and ln not in ("STATS", "END")]
+
+    def stats(self, url, item=None):
+        """``stats`` as a dict of ``key -> value`` (first space splits), or None."""
+        lines = self.stats_text(url, item)
+        if lines is None:
+            return None
+        return dict(ln.split(" ", 1) if " " in ln else (ln, "") for ln in lines)
+
+    def partitions(self):
+        """``[(broker_id, topic, partition, min_offset, max_offset)]`` from every broker's ``stats offsets``."""
+        rows = []
+        for bid, url in sorted(self.brokers.items()):
+            for line in self.stats_text(url, "offsets") or ():
+                topic, _part, p, _mn, mn, _mx, mx = line.split()
+                rows.append((bid, topic, int(p), int(mn), int(mx)))
+        return rows
+
+
+def zk_group_rows(view, only_group=None):
+    """Group offsets and owners stored in ZooKeeper: ``[(group, topic, "b-p", offset, owner)]``."""
+    if view.cluster is None:
+        return []
+    zk, base = view.cluster.zk, view.cluster.root + "/consumers"
+    rows = []
+    groups = [only_group] if only_group else sorted(_children(zk, base))
+    for group in groups:
+        topics = set(_children(zk, "%s/%s/offsets" % (base, group))) | set(_children(zk, "%s/%s/owners" % (base, group)))
+        for topic in sorted(topics):
+            parts = set(_children(zk, "%s/%s/offsets/%s" % (base, group, topic)))
+            parts |= set(_children(zk, "%s/%s/owners/%s" % (base, group, topic)))
+            for part in sorted(parts):
+                raw = _data(zk, "%s/%s/offsets/%s/%s" % (base, group, topic, part))
+                owner = _data(zk, "%s/%s/owners/%s/%s" % (base, group, topic, part))
+                rows.append((group, topic, part, zk_offset(raw), owner or ""))
+    return rows
+
+
+def zk_offset(raw):
+    """The offset in an offsets node (``msgId-offset`` or legacy plain), or None when absent or unreadable."""
+    if not raw:
+        return None
+    try:
+        return parse_zk_offset(raw)[0]
+    except ValueError:
+        return None
+
+
+def _children(zk, path):
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return zk.get_children(path)
+    except NoNodeError:
+        return []
+
+
+def _data(zk, path):
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return zk.get(path)[0].decode("utf-8", "replace")
+    except NoNodeError:
+        return None
+
+
+# -- commands: each returns (rows as dicts, column order) -----------------------------------
+
+
+def cmd_stats(view, args):
+    rows = []
+    for bid, url in sorted(view.brokers.items()):
+        values = view.stats(url, args.item)
+        if values is not None:
+            rows.extend({"broker": bid, "url": url, "key": k, "value": v} for k, v in values.items())
+    return rows, ["broker", "url", "key", "value"]
+
+
+def cmd_topics(view, args):
+    per_topic = {}
+    for bid, topic, p, mn, mx in view.partitions():
+        t = per_topic.setdefault(topic, {"topic": topic, "brokers": set(), "partitions": 0, "messages": 0})
+        t["brokers"].add(bid)
+        t["partitions"] += 1
+        t["messages"] += mx - mn
+    for bid, url in sorted(view.brokers.items()):
+        for line in view.stats_text(url, "topics") or ():
+            words = line.split()
+            t = per_topic.setdefault(words[0], {"topic": words[0], "brokers": set(), "partitions": 0, "messages": 0})
+            t["brokers"].add(bid)
+            if "partitions" in words:
+                t["configured_partitions"] = t.get("configured_partitions", 0) + int(words[words.index("partitions") + 1])
+            if "message_bytes" in words:
+                t["bytes"] = t.get("bytes", 0) + int(words[words.index("message_bytes") + 1])
+    rows = []
+    for topic in sorted(per_topic):
+        t = per_topic[topic]
+        rows.append({"topic": topic, "brokers": ",".join(str(b) for b in sorted(t["brokers"])),
+                     "partitions": t.get("configured_partitions", t["partitions"]),
+                     "messages": t["messages"], "bytes": t.get("bytes", 0)})
+    return rows, ["topic", "brokers", "partitions", "messages", "bytes"]
+
+
+def cmd_partitions(view, args):
+    rows = [{"topic": topic, "partition": "%d-%d" % (bid, p), "min_offset": mn, "max_offset": mx, "messages": mx - mn}
+            for bid, topic, p, mn, mx in view.partitions() if args.topic in (None, topic)]
+    rows.sort(key=lambda r: (r["topic"], r["partition"]))
+    return rows, ["topic", "partition", "min_offset", "max_offset", "messages"]
+
+
+def cmd_groups(view, args):
+    ends = {(topic, "%d-%d" % (bid, p)): mx for bid, topic, p, _mn, mx in view.partitions()}
+    rows = []
+    for group, topic, part, offset, owner in zk_group_rows(view, args.group):
+        rows.append(_group_row(group, topic, part, offset, owner, "zookeeper", ends))
+    for bid, url in sorted(view.brokers.items()):
+        for line in view.stats_text(url, "groups") or ():
+            w = line.split()
+            group, topic, part = w[0], w[1], "%d-%s" % (bid, w[2])
+            if args.group in (None, group):
+                rows.append(_group_row(group, topic, part, int(w[4]), "", "broker", ends))
+    rows.sort(key=lambda r: (r["group"], r["topic"], r["partition"], r["store"]))
+    return rows, ["group", "topic", "partition", "owner", "committed", "max_offset", "lag", "store"]
+
+
+def _group_row(group, topic, part, offset, owner, store, ends):
+    end = ends.get((topic, part))
+    lag = None if end is None or offset is None else max(0, end - offset)
+    return {"group": group, "topic": topic, "partition": part, "owner": owner, "committed": offset,
+            "max_offset": end, "lag": lag, "store": store}
+
+
+def cmd_zk(view, args):
+    if view.cluster is None:
+        raise SystemExit("metaq-admin: the zk command needs --zk")
+    zk = view.cluster.zk
+    start = args.path or (view.cluster.root or "/")
+    rows = []
+
+    def walk(path):
+        data = _data(zk, path)
+        stat = zk.exists(path)
+        rows.append({"path": path, "data": data if data is not None else "",
+                     "ephemeral": bool(stat and stat.ephemeralOwner)})
+        for child in sorted(_children(zk, path)):
+            walk(path.rstrip("/") + "/" + child)
+
+    walk(start)
+    return rows, ["path", "ephemeral", "data"]
+
+
+COMMANDS = {"stats": cmd_stats, "topics": cmd_topics, "partitions": cmd_partitions, "groups": cmd_groups,
+            "zk": cmd_zk}
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def render_table(rows, columns):
+    """A plain aligned table (header, rule, rows); ``-`` for a missing value."""
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
+    if not rows:
+        lines.append("(nothing)")
+    return "\n".join(lines)
+
+
+def _cell(value):
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else ""
+    return str(value)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="metaq-admin", description="Inspect a metaq cluster: brokers, topics, "
+                                "partitions, consumer groups and the ZooKeeper layout.")
+    p.add_argument("--zk", metavar="HOST:PORT[,...]", default=os.environ.get("METAQ_ZK"),
+                   help="ZooKeeper connect string (default $METAQ_ZK); brokers are its registered masters")
+    p.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the layout (default /meta)")
+    p.add_argument("--brokers", metavar="URL[,URL...]", default=os.environ.get("METAQ_BROKERS"),
+                   help="meta://host:port brokers to ask directly (default $METAQ_BROKERS)")
+    p.add_argument("--json", action="store_true", help="print JSON (a list of objects) instead of a table")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each broker (default 5)")
+    p.add_argument("--version", action="version", version="metaq-admin %s" % metaq.__version__)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    s = sub.add_parser("stats", help="every broker's stats (or one stats item)")
+    s.add_argument("item", nargs="?", help="stats item: topics, offsets, realtime, groups, <topic> ...")
+    sub.add_parser("topics", help="topics: brokers, partitions, messages, bytes")
+    s = sub.add_parser("partitions", help="each partition's min and max offsets")
+    s.add_argument("topic", nargs="?", help="only this topic")
+    s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
+    s.add_argument("group", nargs="?", help="only this group")
+    s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
+    s.add_argument("path", nargs="?", help="start here instead of the root")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    brokers = [u.strip() for u in (args.brokers or "").split(",") if u.strip()]
+    if not args.zk and not brokers:
+        print("metaq-admin: give --zk HOST:PORT or --brokers meta://host:port[,...]", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        view = ClusterView(args.zk, args.zk_root, brokers, args.timeout)
+    except errors.MetaqError as exc:
+        print("metaq-admin: %s" % exc, file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        rows, columns = COMMANDS[args.command](view, args)
+    finally:
+        view.close()
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=False))
+    else:
+        print(render_table(rows, columns))
+    for problem in view.problems:
+        print("metaq-admin: could not read %s" % problem, file=sys.stderr)
+    return EXIT_UNREACHABLE if view.problems else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

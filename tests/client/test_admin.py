@@ -1,0 +1,100 @@
+"""metaq-admin against real brokers and a real ZooKeeper."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from kazoo.client import KazooClient
+
+from metaq.protocol import events as ev
+from tests.broker_harness import small_config
+
+ADMIN = [sys.executable, "-m", "metaq.client.admin"]
+
+
+def admin(*args, expect=0):
+    out = subprocess.run(ADMIN + list(args), capture_output=True, text=True, timeout=60)
+    assert out.returncode == expect, (out.returncode, out.stdout, out.stderr)
+    return out
+
+
+def start_zk_broker(broker_factory, zk_connect, broker_id):
+    b = broker_factory(start=False)
+    b.config = small_config(os.path.join(str(b.workdir), "data"), zk={"connect": zk_connect},
+                            topics=[{"name": "orders", "partitions": 2}, {"name": "*", "partitions": 1}])
+    b.config["broker"]["id"] = broker_id
+    b.data_dir = b.config["broker"]["data_dir"]
+    return b.start()
+
+
+def wait_registered(zk, n, timeout=15):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if zk.exists("/meta/brokers/topics-pub/orders") and len(zk.get_children("/meta/brokers/topics-pub/orders")) == n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("brokers did not register")
+
+
+def test_admin_reports_topics_partitions_groups_and_zk(broker_factory, zk_connect):
+    b1 = start_zk_broker(broker_factory, zk_connect, 1)
+    b2 = start_zk_broker(broker_factory, zk_connect, 2)
+    zk = KazooClient(hosts=zk_connect)
+    zk.start(15)
+    try:
+        wait_registered(zk, 2)
+        with b1.client() as c:
+            for i in range(5):
+                c.put_ok("orders", b"x" * 10, 0)
+            c.put_ok("orders", b"y", 1)
+            assert c.call(ev.CommitOffset("direct", "orders", 0, 2, c.opaque())).code == 200
+        with b2.client() as c:
+            for i in range(3):
+                c.put_ok("orders", b"z", 1)
+        # a consumer group as MetaQ clients leave it in ZooKeeper: one msgId-offset node, one legacy node, an owner
+        zk.create("/meta/consumers/billing/offsets/orders/1-0", b"123-4", makepath=True)
+        zk.create("/meta/consumers/billing/offsets/orders/2-1", b"1", makepath=True)
+        zk.create("/meta/consumers/billing/owners/orders/1-0", b"billing_host-1", makepath=True, ephemeral=True)
+
+        topics = json.loads(admin("--zk", zk_connect, "--json", "topics").stdout)
+        orders = [t for t in topics if t["topic"] == "orders"][0]
+        assert orders == {"topic": "orders", "brokers": "1,2", "partitions": 4, "messages": 9, "bytes": orders["bytes"]}
+        assert orders["bytes"] > 9
+
+        parts = json.loads(admin("--zk", zk_connect, "--json", "partitions", "orders").stdout)
+        assert [(p["partition"], p["min_offset"], p["max_offset"]) for p in parts] == [
+            ("1-0", 0, 5), ("1-1", 0, 1), ("2-1", 0, 3)]
+
+        groups = json.loads(admin("--zk", zk_connect, "--json", "groups").stdout)
+        by_key = {(g["group"], g["partition"]): g for g in groups}
+        assert by_key[("billing", "1-0")]["committed"] == 4 and by_key[("billing", "1-0")]["lag"] == 1
+        assert by_key[("billing", "1-0")]["owner"] == "billing_host-1"
+        assert by_key[("billing", "2-1")]["committed"] == 1 and by_key[("billing", "2-1")]["lag"] == 2
+        assert by_key[("direct", "1-0")] == {"group": "direct", "topic": "orders", "partition": "1-0", "owner": "",
+                                            "committed": 2, "max_offset": 5, "lag": 3, "store": "broker"}
+
+        table = admin("--zk", zk_connect, "groups", "billing").stdout
+        lines = table.splitlines()
+        assert lines[0].split() == ["GROUP", "TOPIC", "PARTITION", "OWNER", "COMMITTED", "MAX_OFFSET", "LAG", "STORE"]
+        assert lines[2].split() == ["billing", "orders", "1-0", "billing_host-1", "4", "5", "1", "zookeeper"]
+        assert len(lines) == 4  # header, rule, two partitions
+
+        tree = admin("--zk", zk_connect, "zk").stdout
+        assert "/meta/brokers/ids/1/master" in tree and "meta://127.0.0.1:%d" % b1.port in tree
+
+        stats = json.loads(admin("--brokers", "meta://127.0.0.1:%d" % b2.port, "--json", "stats").stdout)
+        assert {"broker": 2, "url": "meta://127.0.0.1:%d" % b2.port, "key": "cmd_put", "value": "3"} in stats
+    finally:
+        zk.stop()
+
+
+def test_admin_unreachable_broker_and_usage_errors(broker):
+    out = admin("--brokers", "meta://127.0.0.1:%d,meta://127.0.0.1:1" % broker.port, "topics", expect=1)
+    assert "127.0.0.1:1" in out.stderr
+    assert out.stdout.splitlines()[0].split()[0] == "TOPIC"  # what could be read is still shown
+    out = admin("topics", expect=2)
+    assert "--zk" in out.stderr
+    out = admin("--zk", "127.0.0.1:1", "--timeout", "1", "topics", expect=1)
+    assert "ZooKeeper" in out.stderr
