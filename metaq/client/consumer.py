@@ -1,0 +1,578 @@
+"""The consumer: pull (``fetch``) and push (``subscribe`` + ``start``) with groups, offsets and retries.
+
+    c = Consumer("orders-group", zk_connect="zk1:2181")
+    c.subscribe("orders", handle)        # handle(message); an exception means "failed"
+    c.start()
+    ...
+    c.close()                            # stop fetching, commit offsets, leave the group
+
+Three ways to find partitions:
+
+* **group** (``zk_connect`` given): the group's members split every topic's partitions
+  (MetaQ's range assignment over ``/meta/consumers/<group>``, see :mod:`metaq.client.group`);
+  offsets in ZooKeeper by default.
+* **direct** (``brokers=["meta://h:p", ...]``, no ZooKeeper): this consumer owns every
+  partition of those brokers (``stats`` gives each broker's id and the topic's partition
+  count); offsets in the brokers' own offset store by default.
+* **broadcast** (``broadcast=True``): no group coordination; every broadcast consumer reads
+  every partition and keeps its own offsets in a local JSON file.
+
+Threads: one fetch thread per owned partition (simple, and a partition's messages reach the
+handler one at a time in offset order); it sends long-polling ``get``s, so an idle consumer
+burns no CPU and sees a new message as soon as the broker stores it. The handler therefore runs
+on several threads at once (one per partition, plus the recover thread) and must be
+thread-safe. One maintenance thread commits offsets every ``commit_interval`` and refreshes
+the partition list in direct and broadcast mode; one recover thread replays parked messages.
+
+Delivery is at least once: the in-memory offset moves past a message only after the handler
+returned (or the filter skipped it, or it was parked), and offsets are committed periodically,
+on a rebalance and on close, so a crash redelivers at most what came after the last commit. A
+message whose handler keeps failing is retried ``max_retries`` times (the handler is called at
+most ``1 + max_retries`` times, with a growing backoff), then parked: put to
+``dead_letter_topic`` if set, else (or when that put fails) appended to the local recover store
+(:mod:`metaq.client.recover`), which is replayed to the handler every ``recover_interval``.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Callable, NamedTuple, Optional
+
+from metaq import errors
+from metaq.limits import MAX_WAIT_MS, validate_group, validate_topic
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.client.connection import ConnectionPool
+from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, parse_stats, records_of
+from metaq.client.message import Message, Partition
+from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore, reply_error
+from metaq.client.recover import ParkingLot
+
+__all__ = ["Consumer", "default_consumer_id"]
+
+log = logging.getLogger(__name__)
+
+START_FROM = ("earliest", "latest")
+#: Handler retries back off from ``retry_backoff``, doubling up to this.
+RETRY_BACKOFF_MAX_S = 5.0
+#: Direct and broadcast mode re-read the partition lists this often (ZooKeeper watches also trigger it).
+REFRESH_INTERVAL_S = 5.0
+#: How many 301 replies ``fetch`` follows before giving up.
+MAX_MOVES = 3
+_LATEST = 2**62  # an ``offset`` request for this is clamped to the partition's max offset
+
+
+def default_consumer_id():
+    """``"<host ip>-<pid>-<uuid4 hex>"``, MetaQ's consumer UUID format."""
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        ip = "127.0.0.1"
+    return "%s-%d-%s" % (ip, os.getpid(), uuid.uuid4().hex)
+
+
+def make_filter(spec):
+    """A ``message -> bool`` from ``spec``: None, a callable, an attribute string, or an iterable of them."""
+    if spec is None or callable(spec):
+        return spec
+    if isinstance(spec, str):
+        return lambda message: message.attribute == spec
+    try:
+        wanted = frozenset(spec)
+    except TypeError:
+        raise errors.ClientError("filter must be a callable, an attribute string or strings, got %r" % (spec,)) from None
+    if not all(isinstance(a, str) for a in wanted):
+        raise errors.ClientError("filter attributes must be strings, got %r" % (spec,))
+    return lambda message: message.attribute in wanted
+
+
+class _Subscription(NamedTuple):
+    topic: str
+    handler: Callable
+    accept: Optional[Callable]
+
+
+def _as_partition(partition):
+    if isinstance(partition, Partition):
+        return partition
+    if isinstance(partition, tuple) and len(partition) == 2:
+        return Partition(int(partition[0]), int(partition[1]))
+    try:
+        return Partition.parse(partition)
+    except ValueError as exc:
+        raise errors.InvalidPartition(str(exc)) from None
+
+
+class Consumer:
+    """A consumer of one group; see the module docstring for modes, threads and delivery guarantees.
+
+    ``group``: the consumer group (letters, digits, ``_ - . %``). ``zk_connect``: ZooKeeper
+    (``"host:port[,host:port][/chroot]"``) for group mode; ``brokers``: broker urls for direct
+    mode (give one of the two). ``consumer_id``: this member's id (default
+    :func:`default_consumer_id`); the group member id is ``"<group>_<consumer_id>"``.
+    ``offset_store``: ``"zk"`` (default with ZooKeeper), ``"broker"`` (default without),
+    ``"file"`` (default for broadcast; at ``offsets_file``, default
+    ``~/.metaq/offsets/<group>-<consumer_id or hostname>.json``) or an object with
+    ``load(topic, partition)``, ``commit(dict)`` and ``close()``. ``start_from``: where a
+    partition with no stored offset starts, ``"earliest"`` or ``"latest"``.
+    ``max_size``: bytes asked per get; ``long_poll_ms``: how long a get waits at the broker.
+    ``max_retries``, ``retry_backoff``: handler retries; ``dead_letter_topic``,
+    ``recover_dir`` (default ``~/.metaq/recover``), ``recover_interval``: where failed messages
+    go and how often parked ones are replayed. Invalid arguments raise ValueError or
+    ``errors.ClientError`` here, before anything connects.
+    """
+
+    def __init__(self, group, zk_connect=None, brokers=None, *, zk_root="/meta", consumer_id=None, broadcast=False,
+                 offset_store=None, offsets_file=None, start_from="earliest", commit_interval=5.0,
+                 max_size=256 * 1024, long_poll_ms=5000, max_retries=5, retry_backoff=0.1, dead_letter_topic=None,
+                 recover_dir=None, recover_interval=60.0, session_timeout=10.0):
+        self.group = validate_group(group)
+        if zk_connect and brokers:
+            raise ValueError("give zk_connect (group mode) or brokers (direct mode), not both")
+        if not zk_connect and not brokers:
+            raise ValueError("a consumer needs zk_connect or a list of broker urls")
+        if isinstance(brokers, str):
+            brokers = [brokers]
+        self.brokers = list(brokers or ())
+        self._check_numbers(start_from, commit_interval, max_size, long_poll_ms, max_retries, retry_backoff,
+                            recover_interval)
+        self.zk_connect, self.zk_root, self.session_timeout = zk_connect, zk_root, session_timeout
+        self.consumer_id = consumer_id or default_consumer_id()
+        if not isinstance(self.consumer_id, str) or "/" in self.consumer_id or not self.consumer_id.isprintable():
+            raise ValueError("invalid consumer_id %r" % (consumer_id,))
+        self.member_id = "%s_%s" % (self.group, self.consumer_id)
+        self.broadcast = bool(broadcast)
+        self.start_from, self.commit_interval, self.max_size = start_from, commit_interval, max_size
+        self.long_poll_ms, self.max_retries, self.retry_backoff = long_poll_ms, max_retries, retry_backoff
+        self.recover_interval = recover_interval
+        self.dead_letter_topic = validate_topic(dead_letter_topic) if dead_letter_topic is not None else None
+        self.offsets_file = offsets_file or os.path.join(
+            os.path.expanduser("~"), ".metaq", "offsets",
+            "%s-%s.json" % (self.group, consumer_id or socket.gethostname()))
+        self._store_spec = self._check_store(offset_store)
+        self._lock = threading.RLock()
+        self._commit_lock = threading.Lock()
+        self._subs = {}
+        self._fetchers = {}  # (topic, Partition) -> PartitionFetcher
+        self._parking = ParkingLot(recover_dir or os.path.join(os.path.expanduser("~"), ".metaq", "recover"),
+                                   self.group, self.dead_letter_topic, self._put_dead_letter)
+        self._pool = ConnectionPool(request_timeout=10.0)
+        self._cluster = None
+        self._coordinator = None
+        self._store = None
+        self._direct_urls = {}  # broker_id -> url (direct mode)
+        self._unwatch = []
+        self._threads = []
+        self._stopping = threading.Event()
+        self._refresh_wanted = threading.Event()
+        self._state = "new"  # new -> started -> closed
+
+    @staticmethod
+    def _check_numbers(start_from, commit_interval, max_size, long_poll_ms, max_retries, retry_backoff,
+                       recover_interval):
+        if start_from not in START_FROM:
+            raise ValueError("start_from must be 'earliest' or 'latest', got %r" % (start_from,))
+        if not 0 <= long_poll_ms <= MAX_WAIT_MS:
+            raise ValueError("long_poll_ms must be 0..%d, got %r" % (MAX_WAIT_MS, long_poll_ms))
+        for name, value, low in (("commit_interval", commit_interval, 0), ("max_size", max_size, 0),
+                                 ("recover_interval", recover_interval, 0)):
+            if not value > low:
+                raise ValueError("%s must be > %s, got %r" % (name, low, value))
+        if max_retries < 0 or retry_backoff < 0:
+            raise ValueError("max_retries and retry_backoff must be >= 0")
+
+    def _check_store(self, spec):
+        if spec is None:
+            return "file" if self.broadcast else ("zk" if self.zk_connect else "broker")
+        if isinstance(spec, str):
+            if spec not in ("zk", "broker", "file"):
+                raise ValueError("offset_store must be 'zk', 'broker', 'file' or a store object, got %r" % (spec,))
+            if spec == "zk" and not self.zk_connect:
+                raise ValueError("offset_store='zk' needs zk_connect")
+            if self.broadcast and spec != "file":
+                raise ValueError("broadcast consumers keep their own offsets: use offset_store='file' or an object")
+            return spec
+        if not all(callable(getattr(spec, name, None)) for name in ("load", "commit")):
+            raise ValueError("an offset store object needs load(topic, partition) and commit(offsets)")
+        return spec
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def subscribe(self, topic, handler, filter=None):
+        """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
+
+        ``filter`` (client side): a callable ``message -> bool``, an attribute string (messages whose
+        attribute equals it) or an iterable of attribute strings. Messages filtered out are skipped
+        (their offsets still advance). Call before :meth:`start`.
+        """
+        topic = validate_topic(topic)
+        if not callable(handler):
+            raise errors.ClientError("handler must be callable, got %r" % (handler,))
+        accept = make_filter(filter)
+        with self._lock:
+            if self._state != "new":
+                raise errors.ClientError("subscribe() must be called before start()")
+            if topic in self._subs:
+                raise errors.ClientError("topic %r is already subscribed" % topic)
+            self._subs[topic] = _Subscription(topic, handler, accept)
+        return self
+
+    def start(self):
+        """Join the group (or take every partition), load offsets and start fetching.
+
+        In group mode this returns after the first rebalance. Raises ``errors.ClientError`` without
+        subscriptions, ``errors.ConnectionLost`` / ``errors.Unavailable`` when ZooKeeper or every
+        broker is unreachable.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise errors.ClientError("consumer already %s" % self._state)
+            if not self._subs:
+                raise errors.ClientError("subscribe to at least one topic before start()")
+            self._state = "started"
+        try:
+            self._store = self._make_store()
+            self._parking.open_existing(self._subs)
+            if self.zk_connect and not self.broadcast:
+                self._start_group()
+            else:
+                if self.zk_connect:
+                    cluster = self._get_cluster()
+                    self._unwatch = [cluster.watch_topic(t, self._refresh_wanted.set) for t in self._subs]
+                elif not self._discover_brokers():
+                    raise errors.ConnectionLost("none of the brokers %s answered" % ", ".join(self.brokers))
+                self._refresh_partitions()
+            self._spawn(self._maintenance_loop, "maint")
+            self._spawn(self._recover_loop, "recover")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self):
+        """Stop fetching, commit every offset, release owned partitions, leave the group and disconnect."""
+        with self._lock:
+            if self._state == "closed":
+                return
+            started, self._state = self._state == "started", "closed"
+        self._stopping.set()
+        self._refresh_wanted.set()
+        for unwatch in self._unwatch:
+            unwatch()
+        if self._coordinator is not None:
+            self._coordinator.stop()  # revokes (stops fetchers, commits), then deletes owner and id nodes
+        self._revoke(set(self._fetchers))
+        for thread in self._threads:
+            thread.join(STOP_TIMEOUT_S)
+        if started and self._store is not None and self._store is not self._store_spec:
+            self._guarded(self._store.close, "close the offset store")  # a store object passed in is the caller's
+        self._parking.close()
+        self._pool.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def fetch(self, topic, partition, offset, max_size=None, max_wait_ms=0):
+        """Pull: the messages of ``partition`` (a Partition or ``"b-p"``) from ``offset`` on, ``[]`` if none.
+
+        Works without :meth:`start`. A 301 reply (offset outside the partition) is followed to the
+        offset the broker names (logged). ``max_wait_ms`` > 0 makes the broker wait that long for a
+        message. Messages carry ``offset``, ``id``, ``partition`` and ``attribute``.
+        """
+        topic = validate_topic(topic)
+        part = _as_partition(partition)
+        if not 0 <= max_wait_ms <= MAX_WAIT_MS:
+            raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
+        max_size = max_size or self.max_size
+        for _ in range(MAX_MOVES + 1):
+            conn = self._connection(part.broker_id)
+            request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
+            reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
+            try:
+                records = records_of(reply, "get %s %s %d" % (topic, part, offset))
+            except errors.Moved as exc:
+                log.info("fetch %s %s: offset %d is outside the partition; following to %d",
+                         topic, part, offset, exc.offset)
+                offset = exc.offset
+                continue
+            return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
+        raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
+
+    def commit(self):
+        """Commit the current offset of every owned partition now (only the changed ones are written)."""
+        with self._lock:
+            fetchers = dict(self._fetchers)
+        self._commit_fetchers(fetchers)
+
+    def assignment(self):
+        """``{topic: [Partition, ...]}``: the partitions this consumer currently owns, sorted."""
+        with self._lock:
+            out = {topic: [] for topic in self._subs}
+            for topic, part in self._fetchers:
+                out.setdefault(topic, []).append(part)
+        return {topic: sorted(parts) for topic, parts in out.items()}
+
+    def lag(self):
+        """``{(topic, Partition): max_offset - committed}`` for every owned partition (asks the brokers).
+
+        ``committed`` is the last committed (or loaded) offset; before the first commit, the current
+        position; before that is known, the partition's min offset.
+        """
+        with self._lock:
+            fetchers = dict(self._fetchers)
+        tables = {}
+        for broker_id in {part.broker_id for _topic, part in fetchers}:
+            tables[broker_id] = self._offset_table(broker_id)
+        out = {}
+        for (topic, part), fetcher in fetchers.items():
+            low, high = tables[part.broker_id].get((topic, part.partition), (0, 0))
+            base = next((v for v in (fetcher.committed, fetcher.offset) if v is not None), low)
+            out[(topic, part)] = high - base
+        return out
+
+    # -- partitions and ownership ---------------------------------------------------------------
+
+    def _start_group(self):
+        from metaq.client.group import GroupCoordinator
+
+        cluster = self._get_cluster()
+        self._coordinator = GroupCoordinator(
+            cluster.zk, self.zk_root, self.group, self.member_id,
+            partitions_of=lambda topic: [str(p) for p in cluster.subscribe_partitions(topic)],
+            revoke=lambda keys: self._revoke({(t, Partition.parse(p)) for t, p in keys}),
+            assign=lambda keys: self._assign({(t, Partition.parse(p)) for t, p in keys}),
+            on_error=lambda exc: log.warning("consumer %s: %s", self.member_id, exc))
+        self._coordinator.start(list(self._subs))
+
+    def _assign(self, keys):
+        """Start a fetcher for every ``(topic, Partition)`` in ``keys`` (offsets load in the fetch thread)."""
+        if not keys:
+            return
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            for topic, part in sorted(keys):
+                if (topic, part) not in self._fetchers and topic in self._subs:
+                    fetcher = self._fetchers[(topic, part)] = PartitionFetcher(self, self._subs[topic], part)
+                    fetcher.start()
+        log.info("consumer %s now fetching %s", self.member_id, ", ".join("%s/%s" % k for k in sorted(keys)))
+
+    def _revoke(self, keys):
+        """Stop the fetchers of ``keys``, wait for their handlers, and commit their offsets."""
+        with self._lock:
+            fetchers = {key: self._fetchers.pop(key) for key in keys if key in self._fetchers}
+        for fetcher in fetchers.values():
+            fetcher.request_stop()
+        for fetcher in fetchers.values():
+            fetcher.join()
+        if fetchers and self._store is not None:
+            self._guarded(lambda: self._commit_fetchers(fetchers), "commit offsets of revoked partitions")
+
+    def _refresh_partitions(self):
+        """Direct and broadcast mode: own every partition of the subscribed topics.
+
+        With ZooKeeper the list follows ``topics-sub`` (a broker that unregisters loses its
+        partitions until it comes back); in direct mode partitions are only ever added, so a
+        broker that does not answer for a while keeps its fetchers (they retry).
+        """
+        wanted = set()
+        for topic in self._subs:
+            wanted.update((topic, part) for part in self._partitions_of(topic))
+        with self._lock:
+            owned = set(self._fetchers)
+        if self._cluster is not None:
+            self._revoke(owned - wanted)
+        self._assign(wanted - owned)
+
+    def _partitions_of(self, topic):
+        if self._cluster is not None:
+            return self._cluster.subscribe_partitions(topic)
+        parts = []
+        for broker_id in sorted(self._discover_brokers()):
+            try:
+                lines = self._stats(broker_id, topic)
+            except errors.MetaqError as exc:
+                log.info("cannot list partitions of %s on broker %d: %s", topic, broker_id, exc)
+                continue
+            counts = [int(line.split()[1]) for line in lines if line.startswith("partitions ")]
+            parts.extend(Partition(broker_id, p) for p in range(counts[0] if counts else 0))
+        return parts
+
+    def _discover_brokers(self):
+        """Direct mode: ``{broker_id: url}`` of the configured brokers that answered ``stats``."""
+        for url in self.brokers:
+            if url in self._direct_urls.values():
+                continue
+            try:
+                reply = self._pool.get(url).call(ev.Stats(None, 0))
+                ids = [line.split()[1] for line in parse_stats(reply.body) if line.startswith("broker_id ")]
+                self._direct_urls[int(ids[0])] = url
+            except (errors.MetaqError, IndexError, ValueError) as exc:
+                log.warning("broker %s did not tell its id: %s", url, exc)
+        return dict(self._direct_urls)
+
+    # -- brokers --------------------------------------------------------------------------------
+
+    def _get_cluster(self):
+        with self._lock:
+            if self._cluster is None:
+                from metaq.client.cluster import ZkCluster
+
+                self._cluster = ZkCluster(self.zk_connect, self.zk_root, self.session_timeout)
+            return self._cluster
+
+    def _url_of(self, broker_id):
+        if self.zk_connect:
+            return self._get_cluster().broker_url(broker_id)
+        url = self._direct_urls.get(broker_id)
+        if url is None:
+            url = self._discover_brokers().get(broker_id)
+        return url
+
+    def _connection(self, broker_id):
+        url = self._url_of(broker_id)
+        if not url:
+            raise errors.ConnectionLost("broker %d is not known (not registered, or not answering)" % broker_id)
+        return self._pool.get(url)
+
+    def _stats(self, broker_id, item):
+        reply = self._connection(broker_id).call(ev.Stats(item, 0))
+        if reply.code != 200:
+            raise reply_error(reply, "stats %s" % item)
+        return parse_stats(reply.body)
+
+    def _offset_table(self, broker_id):
+        """``{(topic, partition): (min_offset, max_offset)}`` from ``stats offsets``."""
+        table = {}
+        for line in self._stats(broker_id, "offsets"):
+            fields = line.split()
+            if len(fields) == 7 and fields[1] == "part":
+                table[(fields[0], int(fields[2]))] = (int(fields[4]), int(fields[6]))
+        return table
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    def _make_store(self):
+        spec = self._store_spec
+        if not isinstance(spec, str):
+            return spec
+        if spec == "zk":
+            return ZkOffsetStore(self._get_cluster().zk, self.zk_root, self.group)
+        if spec == "broker":
+            return BrokerOffsetStore(self._pool, self._url_of, self.group)
+        return LocalFileOffsetStore(self.offsets_file, self.group)
+
+    def _initial_offset(self, topic, part):
+        """``(offset, committed)``: the stored offset, else ``start_from`` (``committed`` None then)."""
+        stored = self._store.load(topic, part)
+        if stored is not None:
+            return stored, stored
+        target = 0 if self.start_from == "earliest" else _LATEST
+        reply = self._connection(part.broker_id).call(ev.Offset(topic, self.group, part.partition, target, 0))
+        if reply.code != 200:
+            raise reply_error(reply, "offset %s %s" % (topic, part))
+        offset = int(reply.body)
+        log.info("%s %s: no stored offset for group %s; starting at the %s offset %d",
+                 topic, part, self.group, self.start_from, offset)
+        return offset, None
+
+    def _commit_fetchers(self, fetchers):
+        """Commit the positions of ``fetchers``; one commit at a time, so a stale position never overwrites a newer one."""
+        with self._commit_lock:
+            positions = {key: f.position for key, f in fetchers.items() if f.position is not None}
+            if not positions or self._store is None:
+                return
+            self._store.commit(positions)
+            for key, (offset, _msg_id) in positions.items():
+                fetchers[key].committed = offset
+
+    # -- handling, retries, parking ---------------------------------------------------------------
+
+    def _process(self, sub, message, stop):
+        """Run the handler on ``message`` with retries, parking it when they run out.
+
+        True when the message is done with (handled, filtered out or parked); False when
+        ``stop`` was set during the retries (the message stays unconsumed).
+        """
+        if sub.accept is not None:
+            try:
+                if not sub.accept(message):
+                    return True
+            except Exception:
+                log.exception("filter of %s raised on %s; delivering the message", sub.topic, message)
+        attempt = 0
+        while True:
+            try:
+                sub.handler(message)
+                return True
+            except Exception as exc:
+                attempt += 1
+                if attempt > self.max_retries:
+                    log.warning("handler failed %d times on %s (last: %r); parking it", attempt, message, exc)
+                    return self._parking.park(message, stop)
+                delay = min(RETRY_BACKOFF_MAX_S, self.retry_backoff * 2 ** (attempt - 1))
+                log.info("handler failed on %s (attempt %d): %r; retrying in %.2f s", message, attempt, exc, delay)
+                if stop.wait(delay):
+                    return False
+
+    def _put_dead_letter(self, message, topic):
+        """Put ``message`` to ``topic`` (partition -1, same flag and data) on the broker it came from."""
+        flag, data = message.encode()
+        flag = message.flag if message.flag is not None else flag
+        conn = self._connection(message.partition.broker_id)
+        reply = conn.call(ev.Put(topic, -1, flag, data, 0, metaq_checksum(data)))
+        if reply.code != 200:
+            raise reply_error(reply, "put %s" % topic)
+        return reply.body.decode()
+
+    def parked(self):
+        """``{topic: [Message, ...]}``: messages parked in the local recover store, not yet replayed successfully."""
+        return self._parking.pending()
+
+    def replay_parked(self):
+        """Hand every parked message to its handler once now; remove those that succeed; their count."""
+        return self._parking.replay({t: s.handler for t, s in self._subs.items()}, self._stopping)
+
+    # -- background threads -----------------------------------------------------------------------
+
+    def _spawn(self, target, name):
+        thread = threading.Thread(target=target, daemon=True, name="metaq-consumer-%s-%s" % (self.group, name))
+        self._threads.append(thread)
+        thread.start()
+
+    def _maintenance_loop(self):
+        next_commit = time.monotonic() + self.commit_interval
+        next_refresh = time.monotonic() + REFRESH_INTERVAL_S
+        coordinated = self._coordinator is not None
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            wait = next_commit - now if coordinated else min(next_commit, next_refresh) - now
+            woken = self._refresh_wanted.wait(max(0.0, wait))
+            if self._stopping.is_set():
+                return
+            now = time.monotonic()
+            if not coordinated and (woken or now >= next_refresh):
+                self._refresh_wanted.clear()
+                next_refresh = now + REFRESH_INTERVAL_S
+                self._guarded(self._refresh_partitions, "refresh partitions")
+            if now >= next_commit:
+                next_commit = now + self.commit_interval
+                self._guarded(self.commit, "commit offsets")
+
+    def _recover_loop(self):
+        while not self._stopping.wait(self.recover_interval):
+            self._guarded(self.replay_parked, "replay parked messages")
+
+    def _guarded(self, func, what):
+        try:
+            func()
+        except Exception as exc:
+            log.warning("consumer %s: %s failed: %r", self.member_id, what, exc)

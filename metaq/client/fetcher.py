@@ -1,0 +1,151 @@
+"""Fetching for the consumer: one thread per owned partition, long-polling ``get`` and in-order delivery.
+
+A ``PartitionFetcher`` asks its broker for the next records with a long-polling
+``get`` (so an idle consumer burns no CPU and sees a new message as soon as it
+is stored), hands them to the consumer one at a time in offset order, and moves
+its offset past a message only once the consumer has processed it (handled,
+filtered out or parked). Errors back off and retry; a 301 moves to the offset
+the broker names.
+"""
+
+import logging
+import threading
+import time
+
+from metaq import errors
+from metaq.client.message import Message
+from metaq.client.offsets import reply_error
+from metaq.protocol import events as ev
+from metaq.protocol.message import iter_records
+
+log = logging.getLogger(__name__)
+
+#: Seconds added to a long poll's wait for the request timeout.
+LONG_POLL_MARGIN_S = 5.0
+#: Fetch errors back off from this delay, doubling up to FETCH_BACKOFF_MAX_S.
+FETCH_BACKOFF_MIN_S, FETCH_BACKOFF_MAX_S = 0.05, 5.0
+#: Seconds close()/revoke wait for a fetch thread whose handler is still running.
+STOP_TIMEOUT_S = 30.0
+
+
+def records_of(reply, what="get"):
+    """Records of a ``get`` reply: a list (empty for 404); raises Moved for 301, the mapped error otherwise."""
+    if isinstance(reply, ev.Value):
+        return [record for record, _end in iter_records(reply.body)]
+    if reply.code == 404:
+        return []
+    if reply.code == 301:
+        raise errors.Moved(int(reply.body), "%s: moved to offset %s" % (what, reply.body.decode()))
+    raise reply_error(reply, what)
+
+
+def parse_stats(body):
+    """``[line, ...]`` between ``STATS`` and ``END`` of a stats reply body."""
+    lines = bytes(body).decode("utf-8", "replace").split("\r\n")
+    return [line for line in lines[1:] if line and line != "END"]
+
+
+class PartitionFetcher:
+    """One owned partition: a thread that long-polls the broker and hands messages to the handler in order."""
+
+    def __init__(self, consumer, sub, partition):
+        self.consumer = consumer
+        self.sub = sub
+        self.topic = sub.topic
+        self.partition = partition
+        self.offset = None  # next offset to read; None until resolved
+        self.msg_id = -1  # id of the last consumed message
+        self.committed = None  # offset last committed (or loaded)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="metaq-fetch-%s-%s" % (self.topic, partition))
+
+    @property
+    def position(self):
+        """``(offset, msg_id)`` to commit, or None before the starting offset is known."""
+        offset, msg_id = self.offset, self.msg_id
+        return None if offset is None else (offset, msg_id)
+
+    def start(self):
+        self._thread.start()
+
+    def request_stop(self):
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout=STOP_TIMEOUT_S):
+        if self._thread is threading.current_thread() or not self._thread.is_alive():
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("fetcher %s %s: handler still running after %.0f s; its offset may be committed late",
+                        self.topic, self.partition, timeout)
+
+    def _run(self):
+        backoff, fast_misses = 0.0, 0
+        while not self._stop.is_set():
+            try:
+                if self.offset is None:
+                    self.offset, self.committed = self.consumer._initial_offset(self.topic, self.partition)
+                started = time.monotonic()
+                records = self._fetch()
+                if records is None:  # stopped while waiting
+                    return
+                if records:
+                    self._deliver(records)
+                backoff = 0.0
+            except errors.Moved as exc:
+                log.warning("%s %s: offset %s is outside the partition; continuing at %d",
+                            self.topic, self.partition, self.offset, exc.offset)
+                if exc.offset == self.offset:  # should not happen; do not spin on it
+                    self._stop.wait(FETCH_BACKOFF_MAX_S)
+                self.offset = exc.offset
+                continue
+            except Exception as exc:  # broker down, timeouts, a failing offset store: back off and retry
+                backoff = min(FETCH_BACKOFF_MAX_S, max(FETCH_BACKOFF_MIN_S, backoff * 2))
+                expected = isinstance(exc, (errors.MetaqError, OSError))
+                log.log(logging.INFO if expected else logging.ERROR, "fetch %s %s at %s failed (%r); retrying in "
+                        "%.2f s", self.topic, self.partition, self.offset, exc, backoff, exc_info=not expected)
+                self._stop.wait(backoff)
+                continue
+            # a 404 ends a long poll that saw nothing; guard against a broker that answers 404 at once
+            quick = not records and time.monotonic() - started < self.consumer.long_poll_ms / 2000.0
+            fast_misses = fast_misses + 1 if quick else 0
+            if fast_misses > 1:
+                self._stop.wait(min(1.0, 0.05 * 2 ** min(fast_misses, 5)))
+
+    def _fetch(self):
+        """One long-polling get; the records (empty on 404), or None when stopped while waiting."""
+        consumer = self.consumer
+        conn = consumer._connection(self.partition.broker_id)
+        wait_ms = consumer.long_poll_ms
+        timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
+        self._wake.clear()
+        future = conn.request(ev.Get(self.topic, consumer.group, self.partition.partition, self.offset,
+                                     consumer.max_size, 0, wait_ms or None), timeout=timeout)
+        future.add_done_callback(lambda _f: self._wake.set())
+        self._wake.wait(timeout + 1.0)
+        if self._stop.is_set():
+            return None
+        if not future.done():
+            raise errors.RequestTimeout("no reply to a get from %s" % conn.url)
+        return records_of(future.result(0), "get %s %s %d" % (self.topic, self.partition, self.offset))
+
+    def _deliver(self, records):
+        offset = self.offset
+        for record in records:
+            if self._stop.is_set():
+                return
+            try:
+                message = Message.from_record(self.topic, self.partition, offset, record)
+                done = self.consumer._process(self.sub, message, self._stop)
+            except errors.RemoteProtocolError as exc:  # a malformed attribute block: park the raw data
+                log.error("%s %s offset %d: %s; parking the raw message", self.topic, self.partition, offset, exc)
+                message = Message(self.topic, record.data)
+                message.id, message.partition, message.offset = record.msg_id, self.partition, offset
+                done = self.consumer._parking.park(message, self._stop)
+            if not done:
+                return  # stopped during retries: the message stays unconsumed
+            offset += 1
+            self.offset, self.msg_id = offset, record.msg_id

@@ -1,0 +1,122 @@
+"""What the client sends and receives: ``Message``, ``Partition`` and ``SendResult``.
+
+A message is a topic, a body (bytes) and an optional attribute string; on the
+wire the attribute travels as MetaQ's attribute block in front of the body
+(``metaq.protocol.message.encode_payload``). The library fills in ``id``,
+``partition`` and ``offset`` once the broker has stored the message (producer)
+or when it was fetched (consumer).
+"""
+
+from typing import NamedTuple, Optional
+
+from metaq.protocol.message import decode_payload, encode_payload
+
+__all__ = ["Partition", "Message", "SendResult"]
+
+
+class Partition(NamedTuple):
+    """One partition of a topic on one broker; written ``"<broker_id>-<partition>"`` as in MetaQ's ZooKeeper nodes."""
+
+    broker_id: int
+    partition: int
+
+    def __str__(self):
+        return "%d-%d" % (self.broker_id, self.partition)
+
+    @classmethod
+    def parse(cls, text):
+        """``Partition.parse("7-3") == Partition(7, 3)``; ValueError when ``text`` is not ``"<int>-<int>"``."""
+        broker, sep, part = str(text).partition("-")
+        try:
+            if not sep:
+                raise ValueError
+            return cls(int(broker), int(part))
+        except ValueError:
+            raise ValueError("invalid partition %r: expected '<brokerId>-<partition>'" % (text,)) from None
+
+
+class Message:
+    """A message: ``Message(topic, body, attribute=None, key=None)``.
+
+    ``body`` is bytes (bytearray/memoryview are copied to bytes). ``attribute``
+    is an optional string stored with the message (``""`` is kept as an empty
+    attribute, ``None`` means none). ``key`` is not sent: ``KeySelector`` uses
+    it to pick a partition so that messages with the same key stay in order.
+
+    Filled in by the library: ``id`` (the broker's message id), ``partition``
+    (a ``Partition``) and ``offset`` (the message's sequence number in its
+    partition); all None until then.
+    """
+
+    __slots__ = ("topic", "body", "attribute", "key", "id", "partition", "offset", "flag")
+
+    def __init__(self, topic, body, attribute=None, key=None):
+        if isinstance(body, (bytearray, memoryview)):
+            body = bytes(body)
+        elif not isinstance(body, bytes):
+            raise TypeError("message body must be bytes, got %s" % type(body).__name__)
+        if attribute is not None and not isinstance(attribute, str):
+            raise TypeError("message attribute must be a str or None, got %s" % type(attribute).__name__)
+        self.topic = topic
+        self.body = body
+        self.attribute = attribute
+        self.key = key
+        self.id = None
+        self.partition = None
+        self.offset = None
+        self.flag = None  # the record's flag when the message was fetched
+
+    def encode(self):
+        """``(flag, data)`` as sent in a ``put``: the attribute block (if any) followed by the body."""
+        return encode_payload(self.body, self.attribute)
+
+    def key_bytes(self):
+        """The key as bytes (str as UTF-8, other objects through ``str``), or None without a key."""
+        key = self.key
+        if key is None or isinstance(key, bytes):
+            return key
+        if isinstance(key, (bytearray, memoryview)):
+            return bytes(key)
+        return str(key).encode("utf-8")
+
+    @classmethod
+    def from_record(cls, topic, partition, offset, record):
+        """A received message built from a ``metaq.protocol.message.Record`` found at ``offset`` of ``partition``.
+
+        Raises ``errors.RemoteProtocolError`` when the record's attribute block is malformed.
+        """
+        attribute, payload = decode_payload(record.flag, record.data)
+        msg = cls(topic, payload, attribute)
+        msg.id = record.msg_id
+        msg.partition = partition
+        msg.offset = offset
+        msg.flag = record.flag
+        return msg
+
+    def __eq__(self, other):
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (self.topic, self.body, self.attribute, self.id, self.partition, self.offset) == (
+            other.topic, other.body, other.attribute, other.id, other.partition, other.offset)
+
+    __hash__ = None
+
+    def __repr__(self):
+        body = self.body if len(self.body) <= 32 else self.body[:32] + b"..."
+        return "Message(topic=%r, body=%r, attribute=%r, id=%r, partition=%s, offset=%r)" % (
+            self.topic, body, self.attribute, self.id, self.partition, self.offset)
+
+
+class SendResult(NamedTuple):
+    """Outcome of one send.
+
+    ``success`` True: the broker stored the message at ``partition`` / ``offset``
+    with id ``msg_id``. ``success`` False: ``error`` says why (the last error
+    seen); ``partition`` is the last partition tried, if any.
+    """
+
+    success: bool
+    partition: Optional[Partition] = None
+    offset: int = -1
+    msg_id: int = -1
+    error: Optional[Exception] = None
