@@ -19,6 +19,30 @@ from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, serialize
 READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
 
 
+def free_port(host="127.0.0.1"):
+    """A port nobody listens on right now (for servers that must keep their port across restarts)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def url_of(broker):
+    """``meta://127.0.0.1:<port>`` of a running BrokerProcess."""
+    return "meta://127.0.0.1:%d" % broker.port
+
+
+def wait_for(predicate, timeout=15.0, what="condition", interval=0.05):
+    """The first truthy value of ``predicate()`` within ``timeout`` s; AssertionError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError("not within %.0f s: %s" % (timeout, what() if callable(what) else what))
+        time.sleep(interval)
+
+
 def small_config(data_dir, **sections):
     """A config for tests: small segments and index files, every topic allowed."""
     cfg = {
@@ -186,4 +210,5 @@ def consume_all(client, topic, partition, start=0, max_size=1 << 20):
         offset += len(recs)
 
 
-__all__ = ["BrokerProcess", "TextClient", "small_config", "consume_all", "CLOSED"]
+__all__ = ["BrokerProcess", "TextClient", "small_config", "consume_all", "CLOSED", "free_port", "url_of",
+           "wait_for"]

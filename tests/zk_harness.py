@@ -11,15 +11,10 @@ import socket
 import subprocess
 import time
 import uuid
+from tests.broker_harness import free_port
 
 ZK_JAR = "/usr/share/java/zookeeper.jar"
 ZK_CONF_DIR = "/etc/zookeeper/conf"
-
-
-def free_port(host="127.0.0.1"):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def four_letter(host, port, word, timeout=1.0):

@@ -20,6 +20,7 @@ from metaq import errors
 from metaq.client.connection import BrokerConnection
 from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
+from metaq.protocol.text import stats_lines
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE = 0, 1, 2
 
@@ -69,8 +70,7 @@ class ClusterView:
         if not isinstance(reply, ev.Result) or reply.code != 200:
             self.problems.append("%s: stats %s answered %r" % (url, item or "", reply))
             return None
-        lines = reply.body.decode("utf-8", "replace").split("\r\n")
-        return [ln for ln in lines if ln and ln not in ("STATS", "END")]
+        return stats_lines(reply.body)
 
     def stats(self, url, item=None):
         """``stats`` as a dict of ``key -> value`` (first space splits), or None."""

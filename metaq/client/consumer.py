@@ -44,9 +44,10 @@ from typing import Callable, NamedTuple, Optional
 from metaq import errors
 from metaq.limits import MAX_WAIT_MS, validate_group, validate_topic
 from metaq.protocol import events as ev
+from metaq.protocol.text import stats_lines
 from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
-from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, parse_stats, records_of
+from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, records_of
 from metaq.client.message import Message, Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore, reply_error
 from metaq.client.recover import ParkingLot
@@ -413,7 +414,7 @@ class Consumer:
                 continue
             try:
                 reply = self._pool.get(url).call(ev.Stats(None, 0))
-                ids = [line.split()[1] for line in parse_stats(reply.body) if line.startswith("broker_id ")]
+                ids = [line.split()[1] for line in stats_lines(reply.body) if line.startswith("broker_id ")]
                 self._direct_urls[int(ids[0])] = url
             except (errors.MetaqError, IndexError, ValueError) as exc:
                 log.warning("broker %s did not tell its id: %s", url, exc)
@@ -447,7 +448,7 @@ class Consumer:
         reply = self._connection(broker_id).call(ev.Stats(item, 0))
         if reply.code != 200:
             raise reply_error(reply, "stats %s" % item)
-        return parse_stats(reply.body)
+        return stats_lines(reply.body)
 
     def _offset_table(self, broker_id):
         """``{(topic, partition): (min_offset, max_offset)}`` from ``stats offsets``."""

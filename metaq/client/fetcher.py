@@ -39,12 +39,6 @@ def records_of(reply, what="get"):
     raise reply_error(reply, what)
 
 
-def parse_stats(body):
-    """``[line, ...]`` between ``STATS`` and ``END`` of a stats reply body."""
-    lines = bytes(body).decode("utf-8", "replace").split("\r\n")
-    return [line for line in lines[1:] if line and line != "END"]
-
-
 class PartitionFetcher:
     """One owned partition: a thread that long-polls the broker and hands messages to the handler in order."""
 

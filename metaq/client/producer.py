@@ -30,6 +30,7 @@ from metaq.errors import (BrokerError, ClientError, ConnectionLost, DiskFull, Me
                           Unavailable)
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import stats_dict
 from metaq.client.connection import ConnectionPool, parse_url
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.selectors import as_selector
@@ -40,16 +41,6 @@ log = logging.getLogger(__name__)
 
 _RETRYABLE = (ConnectionLost, RequestTimeout, Unavailable)
 _MAX_BACKOFF_S = 1.0
-
-
-def parse_stats(body):
-    """``{key: value}`` from a ``stats`` reply body (``STATS``, ``key value`` lines, ``END``)."""
-    out = {}
-    for line in body.decode("utf-8", "replace").split("\r\n"):
-        key, sep, value = line.partition(" ")
-        if sep:
-            out[key] = value
-    return out
 
 
 class _ZkDiscovery:
@@ -168,7 +159,7 @@ class _DirectDiscovery:
                 complete = False
                 continue
             bid = self._ids[url]
-            count = int(parse_stats(stats.body).get("partitions", "0")) if stats.code == 200 else 0
+            count = int(stats_dict(stats.body).get("partitions", "0")) if stats.code == 200 else 0
             if count > 0:
                 parts.extend(Partition(bid, p) for p in range(count))
             elif (topic, bid) not in self._refusing:
@@ -184,7 +175,7 @@ class _DirectDiscovery:
     def _learn_id(self, url, reply):
         if reply.code != 200:
             raise BrokerError("stats answered %d" % reply.code)
-        bid = int(parse_stats(reply.body)["broker_id"])
+        bid = int(stats_dict(reply.body)["broker_id"])
         self._ids[url] = bid
         self._by_id[bid] = url
 

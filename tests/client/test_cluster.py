@@ -9,6 +9,7 @@ from kazoo.client import KazooClient
 
 from metaq.client.cluster import ZkCluster, parse_broker_node, parse_num_parts
 from metaq.client.message import Partition
+from tests.broker_harness import wait_for
 
 
 class Registrar:
@@ -54,15 +55,6 @@ def registrar(zk_connect):
     r = Registrar(zk_connect)
     yield r
     r.close()
-
-
-def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_parse_helpers():

@@ -12,31 +12,11 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
 from metaq.protocol.text import CLOSED
-from tests.broker_harness import small_config
-
-
-def url_of(broker):
-    return "meta://127.0.0.1:%d" % broker.port
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.broker_harness import free_port, small_config, url_of, wait_for
 
 
 def put_event(topic, body, partition=0):
     return ev.Put(topic, partition, 0, body, 0, metaq_checksum(body))
-
-
-def wait_for(predicate, timeout=20.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def test_parse_url():

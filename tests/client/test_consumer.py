@@ -13,6 +13,7 @@ from metaq.client.offsets import LocalFileOffsetStore
 from metaq.client.recover import RecoverStore
 from metaq.protocol import events as ev
 from tests.broker_harness import consume_all
+from tests.broker_harness import wait_for as wait_until, url_of as url
 
 
 class Collector:
@@ -45,17 +46,6 @@ class Collector:
     def bodies(self):
         with self.cond:
             return [m.body for m in self.messages]
-
-
-def wait_until(predicate, timeout=10.0, interval=0.02):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in %.0f s" % timeout
-        time.sleep(interval)
-
-
-def url(broker):
-    return "meta://127.0.0.1:%d" % broker.port
 
 
 def direct(broker, group="grp", **kw):

@@ -18,6 +18,7 @@ from kazoo.exceptions import NoNodeError
 
 from metaq.client import Message, Producer
 from tests.broker_harness import small_config
+from tests.broker_harness import wait_for as wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GROUP, TOPIC = "billing", "orders"
@@ -25,16 +26,6 @@ OWNERS = "/meta/consumers/%s/owners/%s" % (GROUP, TOPIC)
 OFFSETS = "/meta/consumers/%s/offsets/%s" % (GROUP, TOPIC)
 EIGHT = sorted("%d-%d" % (b, p) for b in (1, 2) for p in range(4))
 SESSION_TIMEOUT = 4.0
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("not within %.0f s: %s" % (timeout, what() if callable(what) else what))
 
 
 class ConsumerProc:

@@ -17,6 +17,7 @@ from metaq import errors
 from metaq.client.balance import range_assignment
 from metaq.client.cluster import ZkCluster
 from metaq.client.group import GroupCoordinator
+from tests.broker_harness import wait_for as wait_until
 
 ROOT = "/meta"
 GROUP = "billing"
@@ -24,15 +25,6 @@ TOPIC = "orders"
 OWNERS = "%s/consumers/%s/owners/%s" % (ROOT, GROUP, TOPIC)
 IDS = "%s/consumers/%s/ids" % (ROOT, GROUP)
 SUB = "%s/brokers/topics-sub/%s" % (ROOT, TOPIC)
-
-
-def wait_until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("not within %.0f s: %s" % (timeout, what))
 
 
 class Member:

@@ -1,7 +1,6 @@
 """Producer in direct mode (a broker list) against real broker processes."""
 
 import collections
-import socket
 import threading
 import time
 
@@ -9,18 +8,7 @@ import pytest
 
 from metaq import errors, limits
 from metaq.client import KeySelector, Message, Partition, Producer, RandomSelector, RoundRobinSelector, SendResult
-from metaq.protocol import events as ev
-from tests.broker_harness import consume_all
-
-
-def url_of(broker):
-    return "meta://127.0.0.1:%d" % broker.port
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.broker_harness import consume_all, free_port, url_of
 
 
 def stored(broker, topic, partitions=4):

@@ -1,6 +1,5 @@
 """Producer failover: kill -9 a broker while sending; nothing acknowledged may be lost."""
 
-import socket
 import threading
 import time
 
@@ -9,14 +8,9 @@ import pytest
 from metaq import errors
 from metaq.client import KeySelector, Message, Producer, SendResult
 from tests.broker_harness import consume_all, small_config
+from tests.broker_harness import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_brokers(broker_factory, tmp_path, fixed_ports=False):

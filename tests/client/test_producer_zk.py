@@ -8,15 +8,7 @@ import pytest
 from metaq.client import Message, Partition, Producer
 from tests.broker_harness import small_config
 from tests.client.test_cluster import Registrar
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from tests.broker_harness import wait_for
 
 
 def test_partitions_from_hand_written_nodes_follow_changes(broker_factory, tmp_path, zk_connect):

@@ -7,6 +7,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
 from metaq.protocol.text import serialize
+from tests.broker_harness import wait_for
 
 TOPICS = ("t-orders", "t-payments", "t-audit")
 
@@ -97,15 +98,6 @@ def test_sync_mode_concurrent_puts_share_fsyncs(broker):
     finally:
         for c in clients:
             c.close()
-
-
-def wait_for(predicate, timeout=5.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def test_async_mode_flushes_every_n_messages_or_t_ms(broker_factory, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.protocol.checksum import metaq_checksum
-from tests.broker_harness import small_config
+from tests.broker_harness import small_config, wait_for
 
 TOPICS = [{"name": "orders", "partitions": 4}, {"name": "audit", "partitions": 1}, {"name": "*", "partitions": 2}]
 
@@ -21,16 +21,6 @@ def zk_client(connect):
     zk = KazooClient(hosts=connect, timeout=10)
     zk.start(timeout=15)
     return zk
-
-
-def wait_for(predicate, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
 
 
 def node(zk, path):

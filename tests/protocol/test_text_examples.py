@@ -172,3 +172,12 @@ def test_hot_path_helpers_accept_bytes_like_bodies():
     assert encode_result(500, memoryview(b"boom"), -7) == b"result 500 4 -7\r\nboom"
     assert encode_result(200, b"", 3) == b"result 200 0 3\r\n"
     assert encode_value_header(1048576, -2147483648) == b"value 1048576 -2147483648\r\n"
+
+
+def test_stats_body_helpers():
+    from metaq.protocol.text import stats_dict, stats_lines
+
+    body = b"STATS\r\npid 12\r\nversion 0.1.0\r\norders *Empty*\r\nflag\r\nEND\r\n"
+    assert stats_lines(body) == ["pid 12", "version 0.1.0", "orders *Empty*", "flag"]
+    assert stats_dict(body) == {"pid": "12", "version": "0.1.0", "orders": "*Empty*", "flag": ""}
+    assert stats_lines(b"STATS\r\nEND\r\n") == []
