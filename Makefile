@@ -45,6 +45,7 @@ test-fast: setup
 bench: $(VENV)/.installed
 	$(MAKE) sysdeps EXTRA_SYSDEPS="$(BENCH_SYSDEPS)"
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench.bench_client $(BENCH_CLIENT_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
