@@ -347,7 +347,7 @@ class Consumer:
         cluster = self._get_cluster()
         self._coordinator = GroupCoordinator(
             cluster.zk, self.zk_root, self.group, self.member_id,
-            partitions_of=lambda topic: [str(p) for p in cluster.subscribe_partitions(topic)],
+            session_timeout=self.session_timeout,  # partitions: read from ZooKeeper by the coordinator itself
             revoke=lambda keys: self._revoke({(t, Partition.parse(p)) for t, p in keys}),
             assign=lambda keys: self._assign({(t, Partition.parse(p)) for t, p in keys}),
             on_error=lambda exc: log.warning("consumer %s: %s", self.member_id, exc))
