@@ -16,6 +16,7 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     │   ├── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns
     │   ├── ConnectionLost         (client) the connection to a broker closed or could not be made
     │   └── RequestTimeout         (client) no reply within the request's timeout
+    ├── TransactionError           an XA failure (500, body XAException:code=<xa_code>,msg=...)
     ├── BrokerError                our fault (500)
     │   └── StoreError             the store failed
     │       └── CorruptLog         corruption followed by valid records; refuse to start unless forced
@@ -102,6 +103,17 @@ class ConnectionLost(Unavailable):
 
 class RequestTimeout(Unavailable):
     """Client side: no reply arrived within the request's timeout (the request may still have been served)."""
+
+
+class TransactionError(MetaqError):
+    """A transaction request failed; ``xa_code`` is the XA code (XAER_NOTA, XAER_PROTO, XA_RBTIMEOUT, ...)."""
+
+    code = 500
+
+    def __init__(self, xa_code, msg):
+        super().__init__(msg)
+        self.xa_code = xa_code
+        self.msg = msg
 
 
 class BrokerError(MetaqError):

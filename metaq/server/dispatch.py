@@ -15,6 +15,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
+from metaq.protocol.xa import xa_error_body
 from metaq.server import stats as stats_mod
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ def error_reply(exc, opaque):
     """The wire reply for a MetaqError (the only error→reply mapping)."""
     if isinstance(exc, errors.Moved):
         return encode_result(301, str(exc.offset).encode(), opaque)
+    if isinstance(exc, errors.TransactionError):
+        return encode_result(500, xa_error_body(exc.xa_code, exc.msg), opaque)
     return encode_result(exc.code, str(exc).encode("utf-8", "replace"), opaque)
 
 

@@ -28,7 +28,8 @@ from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
-from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, metaq_offset, tag_hash, write_record
+from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset, tag_hash,
+                                write_record)
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import RetentionReport, SegmentInfo, first_kept_offset, plan_deletion
 
@@ -221,10 +222,11 @@ class MessageStore:
 
     # -- put -----------------------------------------------------------------
 
-    def put(self, topic, partition, flag, data, now_ms, born_ms=None, checksum=None):
+    def put(self, topic, partition, flag, data, now_ms, born_ms=None, checksum=None, msg_id=None):
         """Append one message; returns PutResult. partition -1 lets the store pick one at random.
 
         ``checksum``: ``metaq_checksum(data)`` if the caller verified it (stored as given); None/negative: computed.
+        ``msg_id``: an id from ``new_msg_id`` (transaction commits record ids before appending); None: a new one.
         Raises InvalidTopic, UnknownTopic, InvalidPartition, RecordTooLarge, DiskFull.
         """
         if self._refusal is not None:
@@ -252,7 +254,8 @@ class MessageStore:
             seg = self._make_room(pos, total, now_ms)
             if pos < seg.start:
                 pos = seg.start
-        msg_id = self._ids.next_id(now_ms)
+        if msg_id is None:
+            msg_id = self._ids.next_id(now_ms)
         try:
             write_record(seg.view, pos - seg.start, tb, partition, off, now_ms,
                          now_ms if born_ms is None else born_ms, msg_id, flag, data, p.head, checksum)
@@ -473,6 +476,32 @@ class MessageStore:
         self._last_checkpoint_ms = now_ms
         self.consumer_offsets.save()
         return pos
+
+    def new_msg_id(self, now_ms):
+        """A fresh message id, for a caller that must know it before the append (see ``put``)."""
+        return self._ids.next_id(now_ms)
+
+    def msg_ids_since(self, position):
+        """Ids of every record from log ``position`` to the written end (BLOCKING: reads the maps).
+
+        Transaction recovery uses it to learn which messages of an interrupted commit reached the log.
+        """
+        found = set()
+        first = self._log.start
+        pos = max(position, first if first is not None else self._written)
+        while pos < self._written:
+            seg = self._log.segment_at(pos)
+            if seg is None:
+                break
+            limit = min(seg.end, self._written) - seg.start
+            rel = pos - seg.start
+            total = check_record(seg.view, rel, limit)
+            if not total:  # a blank tail: continue in the next segment
+                pos = seg.end
+                continue
+            found.add(decode_record(seg.view, rel).msg_id)
+            pos += total
+        return found
 
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 

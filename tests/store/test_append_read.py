@@ -271,3 +271,19 @@ def test_two_stores_cannot_open_one_data_dir(data_dir):
 
 def test_header_struct_is_metaq_header():
     assert HEADER.size == 20 and struct.calcsize(">iiqi") == 20
+
+
+def test_preassigned_ids_and_ids_since_a_position_across_segments(data_dir):
+    store = open_store(data_dir)
+    early = [store.put("t1", i % 2, 0, b"e" * 300, NOW + i).msg_id for i in range(40)]  # several 4 KiB segments
+    mark = store.written_position
+    ids = [store.new_msg_id(NOW + 100) for _ in range(3)]
+    for i, msg_id in enumerate(ids):
+        assert store.put("t1", i % 2, 0, b"tx", NOW + 100, msg_id=msg_id).msg_id == msg_id
+    assert store.msg_ids_since(mark) == set(ids)
+    assert store.msg_ids_since(0) == set(early) | set(ids)
+    assert store.msg_ids_since(store.written_position) == set()
+    store.close(NOW + 200)
+    reopened = open_store(data_dir)
+    assert reopened.msg_ids_since(mark) == set(ids)
+    reopened.close(NOW + 300)
