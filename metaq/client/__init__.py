@@ -15,6 +15,11 @@ _EXPORTS = {
     "RandomSelector": "metaq.client.selectors",
     "KeySelector": "metaq.client.selectors",
     "Consumer": "metaq.client.consumer",
+    "LocalTransaction": "metaq.client.transaction",
+    "XaError": "metaq.client.transaction",
+    "Xid": "metaq.client.transaction",
+    "XAResource": "metaq.client.xa",
+    "Coordinator": "metaq.client.coordinator",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -221,7 +221,30 @@ def cmd_zk(view, args):
     return rows, ["path", "ephemeral", "data"]
 
 
-COMMANDS = {"stats": cmd_stats, "topics": cmd_topics, "partitions": cmd_partitions, "groups": cmd_groups,
+def cmd_transactions(view, args):
+    """List the transactions brokers hold; with ``commit KEY`` / ``rollback KEY`` decide a prepared one by hand."""
+    rows = []
+    for bid, url in sorted(view.brokers.items()):
+        for line in view.stats_text(url, "transactions") or ():
+            w = line.split()
+            rows.append({"broker": bid, "key": w[0], "state": w[1], "puts": int(w[3]), "bytes": int(w[5]),
+                         "begun_ms": int(w[7]), "prepared_ms": None if w[9] == "-" else int(w[9])})
+    if args.action is None:
+        return rows, ["broker", "key", "state", "puts", "bytes", "begun_ms", "prepared_ms"]
+    if not args.key:
+        raise SystemExit("metaq-admin: transactions %s needs the transaction key (see `transactions`)" % args.action)
+    holders = [r for r in rows if r["key"] == args.key]
+    if not holders:
+        raise SystemExit("metaq-admin: no broker holds transaction %s" % args.key)
+    kind = "HEURISTIC_COMMIT" if args.action == "commit" else "HEURISTIC_ROLLBACK"
+    url = view.brokers[holders[0]["broker"]]
+    reply = view._conn(url).call(ev.Transaction(args.key, "metaq-admin", kind, 0), timeout=view.timeout)
+    if reply.code != 200:
+        raise SystemExit("metaq-admin: broker %d refused: %s" % (holders[0]["broker"], reply.body.decode()))
+    return [{"broker": holders[0]["broker"], "key": args.key, "decision": args.action}], ["broker", "key", "decision"]
+
+
+COMMANDS = {"stats": cmd_stats, "transactions": cmd_transactions, "topics": cmd_topics, "partitions": cmd_partitions, "groups": cmd_groups,
             "zk": cmd_zk}
 
 
@@ -267,6 +290,10 @@ def build_parser():
     s.add_argument("topic", nargs="?", help="only this topic")
     s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
     s.add_argument("group", nargs="?", help="only this group")
+    s = sub.add_parser("transactions", help="transactions held by brokers (in-doubt ones first); decide one by hand")
+    s.add_argument("action", nargs="?", choices=("commit", "rollback"),
+                   help="commit or roll back a PREPARED XA branch by hand (a heuristic decision)")
+    s.add_argument("key", nargs="?", help="the transaction key, as listed (XID:...)")
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     return p

@@ -269,6 +269,9 @@ class Producer:
         self._finished = 0
         self._closed = False
         self._random = random.Random()
+        self._tx_local = threading.local()  # this thread's LocalTransaction (metaq.client.transaction)
+        self._tx_session = None  # the session id of its transaction keys, made on first use
+        self._tx_numbers = itertools.count(1)
         self._worker = threading.Thread(target=self._retry_loop, name="metaq-producer-retry", daemon=True)
         self._worker.start()
 
@@ -280,7 +283,8 @@ class Producer:
         ``timeout`` replaces ``retry_deadline`` for this message. Raises
         ValueError / TypeError / ``errors.InvalidTopic`` for a message that
         cannot be sent at all. On success ``message.id``, ``.partition`` and
-        ``.offset`` are filled in.
+        ``.offset`` are filled in. Inside this thread's ``transaction()`` the
+        message is part of the transaction (see ``transaction``).
         """
         future = self.send_async(message, timeout=timeout)
         limit = (self.retry_deadline if timeout is None else timeout) + self.send_timeout + 5.0
@@ -295,6 +299,9 @@ class Producer:
         ``callback(result)`` is called once when the send is over, on a client
         thread: it must return quickly. Bad messages raise as in ``send``.
         """
+        tx = self._transaction()
+        if tx is not None:
+            return tx.send_async(message, callback, timeout)
         put = self._make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
@@ -317,7 +324,11 @@ class Producer:
         """Write ``message`` without waiting for the broker's answer; True once written to some broker.
 
         A broker that cannot be reached is skipped for another; nothing is retried after the write.
+        Inside this thread's ``transaction()`` it is a transactional send (waits for the put's reply).
         """
+        tx = self._transaction()
+        if tx is not None:
+            return tx.send(message).success
         put = self._make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
@@ -339,6 +350,30 @@ class Producer:
             target = self._random.choice(others) if others and not self._ordered else None
         log.warning("one-way message for topic %s dropped: no broker could be reached", message.topic)
         return False
+
+    def transaction(self, timeout=None, request_timeout=None):
+        """Open a local transaction for the calling thread (MetaQ's, reference §7.4); a ``LocalTransaction``:
+
+            with producer.transaction(timeout=30):
+                producer.send(Message("orders", b"a"))
+                producer.send(Message("orders", b"b"))
+
+        Nothing is sent yet: the thread's first send picks a broker as usual
+        and begins the transaction there (``timeout`` seconds, None: the
+        broker's default), later sends go to partitions of that broker and are
+        never retried elsewhere. Leaving the block commits (all messages become
+        visible at once), an exception rolls back; ``tx.commit()`` and
+        ``tx.rollback()`` work too. ``request_timeout`` bounds each
+        ``transaction`` command. Sends of other threads are not part of it.
+        """
+        from metaq.client.transaction import LocalTransaction
+
+        return LocalTransaction.open(self, timeout, request_timeout)
+
+    def _transaction(self):
+        """The calling thread's open local transaction, or None."""
+        tx = getattr(self._tx_local, "tx", None)
+        return tx if tx is not None and tx.is_open else None
 
     def partitions(self, topic):
         """The partitions ``topic`` is sent to now, sorted by (broker_id, partition).

@@ -23,6 +23,9 @@ TX_TYPES = (
     "ROLLBACK",
     "FORGET",
     "RECOVER",
+    # ours (metaq-admin): an operator's decision on a prepared XA branch
+    "HEURISTIC_COMMIT",
+    "HEURISTIC_ROLLBACK",
 )
 
 

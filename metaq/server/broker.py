@@ -1,5 +1,6 @@
 """Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
 
+import itertools
 import logging
 import socket
 import time
@@ -17,6 +18,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.server.registry import ZkRegistry
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
+from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal)
         self.ahead = AheadWorker(self.store)
         self.registry = ZkRegistry(self) if config.zk.connect else None
+        self.tx = TxService(self)  # after the store: recovery completes interrupted commits
+        self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
 
     # -- facts used by handlers and stats ------------------------------------
@@ -100,6 +104,7 @@ class Broker:
         self.disk_state = self.store.check_disk()
         self.refresh_refusal()
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
+        self.tx.start()
         if self.registry is not None:
             self.registry.start(self.port)
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d)",
@@ -123,11 +128,13 @@ class Broker:
         except OSError:
             pass
         conn = Connection(self, sock, address)
+        conn.conn_id = next(self._conn_ids)
         self.connections.add(conn)
         try:
             conn.serve()
         finally:
             self.connections.discard(conn)
+            self.tx.connection_closed(conn.conn_id)
 
     def _disk_loop(self):
         interval = self.config.store.disk_check_interval_s
@@ -184,6 +191,7 @@ class Broker:
         for conn in list(self.connections):
             conn.close()
         gevent.killall(self._tasks, block=False)
+        self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()
         self.store.close(now_ms(), clean=self.flusher.failure is None)

@@ -85,6 +85,21 @@ class ZkSection(_Section):
         return root
 
 
+class TransactionsSection(_Section):
+    max_timeout_s: int = Field(60, ge=1)
+    default_timeout_s: int = Field(60, ge=1)
+    journal_flush: Literal["commit", "os", "interval"] = "commit"
+    journal_file_size: int = Field(64 << 20, ge=64 * 1024)
+    max_puts_per_tx: int = Field(10000, ge=1)
+    max_tx_bytes: int = Field(64 << 20, ge=1024)
+
+    @model_validator(mode="after")
+    def _timeouts(self):
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError("default_timeout_s must not exceed max_timeout_s")
+        return self
+
+
 class TopicSection(_Section):
     name: str
     partitions: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
@@ -104,6 +119,7 @@ class ServerConfig(_Section):
     store: StoreSection = StoreSection()
     limits: LimitsSection = LimitsSection()
     zk: ZkSection = ZkSection()
+    transactions: TransactionsSection = TransactionsSection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
     @model_validator(mode="after")

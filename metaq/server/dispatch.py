@@ -74,8 +74,6 @@ class TextDispatcher:
 
     def put(self, e, conn):
         try:
-            if e.tx_key is not None:
-                raise errors.BrokerError("transactional put (%s) is not served by this broker version" % e.tx_key)
             if self.broker.refusal is not None:
                 raise errors.Unavailable(self.broker.refusal)
             body = e.body
@@ -86,6 +84,8 @@ class TextDispatcher:
                     "(announced %d, body has %d)" % (e.checksum, checksum))
             if e.flag & 1:
                 decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+            if e.tx_key is not None and e.tx_key != "null":
+                return self.broker.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
             now = now_ms()
             r = self.store.put(e.topic, e.partition, e.flag, body, now, checksum=checksum)
         except errors.MetaqError as exc:
@@ -179,10 +179,7 @@ class TextDispatcher:
         return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
 
     def transaction(self, e, conn):
-        if e.tx_type == "END":
-            return None, NO_WAIT
-        msg = "XAException:code=-3,msg=transactions are not served by this broker version"
-        return encode_result(500, msg.encode(), e.opaque), NO_WAIT
+        return self.broker.tx.handle(e, conn), NO_WAIT
 
     def sync(self, e, conn):
         msg = b"sync is accepted only by a replication slave; this broker is a master"

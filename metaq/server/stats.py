@@ -17,6 +17,7 @@ ITEMS_HELP = (
     "offsets   per partition: min_offset and max_offset",
     "realtime  put/get/offset counters since the last reset",
     "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
+    "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
     "<topic>   one topic's figures",
     "config    the configuration file in use",
     "reset     reset the realtime counters",
@@ -120,6 +121,8 @@ def render(item, broker):
         return _body(topics_lines(broker.store))
     if item == "offsets":
         return _body(offsets_lines(broker.store))
+    if item == "transactions":
+        return _body(transactions_lines(broker.tx.manager))
     if item == "groups":
         return _body(groups_lines(broker.store))
     if item == "realtime":
@@ -201,6 +204,16 @@ def groups_lines(store):
             continue
         lines.append("%s %s %d offset %d max_offset %d lag %d committed_ms %d"
                      % (group, topic, partition, offset, end, max(0, end - offset), commit_ms))
+    return lines
+
+
+def transactions_lines(manager):
+    """``<key> <state> puts N bytes N begun_ms T prepared_ms T|- timeout_s N`` per transaction the broker holds."""
+    lines = []
+    for t in manager.in_doubt():
+        lines.append("%s %s puts %d bytes %d begun_ms %d prepared_ms %s timeout_s %d" % (
+            t.key, t.state, t.puts, t.bytes, t.begun_ms, "-" if t.prepared_ms is None else t.prepared_ms,
+            t.timeout_s or 0))
     return lines
 
 

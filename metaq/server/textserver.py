@@ -45,6 +45,7 @@ class Connection:
         self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
         self.busy = False
         self.closed = False
+        self.conn_id = 0  # set by the broker: owner of this connection's local transactions
         self._write_lock = Semaphore()
         self._children = set()
         # Replies that wait for a flush go through a queue and a writer greenlet, in

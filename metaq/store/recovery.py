@@ -181,7 +181,8 @@ def _scan_segment(seg, rel, visit, out):
             tb = topics.setdefault(tb, tb)
             visit(tb, part, qoff, base + rel, total, tag_hash(flag, buf[h + 20:end]) if flag & 1 else 0)
             records += 1
-            last_id = msg_id
+            if last_id is None or msg_id > last_id:
+                last_id = msg_id  # the largest, not the last: transaction commits append ids out of order
             rel = end
     finally:
         out.records += records

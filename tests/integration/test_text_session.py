@@ -108,7 +108,7 @@ def test_bad_requests_get_clear_errors_and_the_connection_survives(broker):
             (b"offset test g 0 5\r\n", 400, b"offset"),
             (b"value 3 6\r\nabc", 400, b"reply, not a request"),
             (b"sync test 0 1 0 5 7\r\nx", 503, b"slave"),
-            (b"transaction TX:s:1 s BEGIN 8\r\n", 500, b"XAException:code=-3"),
+            (b"transaction TX:s:1 s COMMIT_ONE_PHASE 8\r\n", 500, b"XAException:code=-4"),  # no such transaction
         ]
         for request, code, words in cases:
             c.send(request)

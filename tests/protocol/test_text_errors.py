@@ -80,7 +80,8 @@ def test_command_word_must_match_exactly(line, shown, opaque):
         (b"version abc", "invalid opaque 'abc': not an integer", 0),
         (b"stats topics x", "invalid opaque 'x': not an integer", 0),
         (b"transaction TX:a:1 s begin 5", "invalid transaction type 'begin': expected one of BEGIN END "
-         "PREPARE COMMIT_ONE_PHASE COMMIT_TWO_PHASE ROLLBACK FORGET RECOVER", 5),
+         "PREPARE COMMIT_ONE_PHASE COMMIT_TWO_PHASE ROLLBACK FORGET RECOVER "
+                "HEURISTIC_COMMIT HEURISTIC_ROLLBACK", 5),
         (b"transaction foo s BEGIN 5", "invalid transaction key 'foo': expected null, TX:... or XID:...", 5),
         (b"transaction TX:a:1 s BEGIN x q 5", "invalid timeout 'x': not an integer", 5),
     ],

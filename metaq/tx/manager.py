@@ -1,0 +1,584 @@
+"""``TransactionManager``: local and XA transaction branches over a ``MessageStore`` and a journal.
+
+State machine of a branch::
+
+    ACTIVE --prepare--> PREPARED --commit(2PC)--> COMMITTING --apply_commit--> (done)
+    ACTIVE --commit(1PC)--> COMMITTING
+    ACTIVE / PREPARED --rollback, timeout (ACTIVE only), owner closed (local only)--> (rolled back)
+    PREPARED --heuristic--> HEURISTIC_COMMIT (via COMMITTING) / HEURISTIC_ROLLBACK --forget--> (gone)
+
+Durability (the caller, the broker, fsyncs with ``flush_journal`` in a worker):
+PUT records are not fsynced; PREPARE must be durable before PREPARE is
+answered, COMMIT before ``apply_commit`` appends anything (policy
+``journal_flush``). DONE needs no fsync: recovery checks a commit whose DONE
+survived against the commit log (DONE carries the log end) and completes
+what is missing, exactly once: message ids are fixed in COMMIT and a message
+is re-appended only when its id is not in the log after COMMIT's position.
+
+Threads: everything runs on the loop except ``flush_journal`` and
+``maintain`` (BLOCKING, in a worker, one call of each at a time, never during
+``close``); ``open`` blocks too (broker start). No clock: time is ``now_ms``.
+"""
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+from metaq.errors import ClientError, ConfigError, MetaqError, TransactionError
+from metaq.limits import MAX_BODY_BYTES, validate_partition
+from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
+                               XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
+from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
+from metaq.tx import records as R
+from metaq.tx.journal import MAX_JOURNAL_FILE_SIZE, MIN_JOURNAL_FILE_SIZE, Journal, JournalReport, journal_dir
+
+log = logging.getLogger(__name__)
+
+FLUSH_POLICIES = ("commit", "os", "interval")
+#: How long a timed-out or finished key is remembered (for XA_RBTIMEOUT and XAER_DUPID answers), and how many.
+REMEMBER_MS = 600_000
+MAX_REMEMBERED = 100_000
+#: Largest ``max_tx_bytes`` accepted (a branch's messages are held in memory until it ends).
+MAX_TX_BYTES_LIMIT = 1 << 30
+#: Longest BEGIN timeout accepted as ``max_timeout_s`` (a day).
+MAX_TIMEOUT_LIMIT_S = 86_400
+
+_TIMED_OUT, _FINISHED = "timed out", "finished"
+
+
+class TxConfig(NamedTuple):
+    """The broker's ``transactions:`` section."""
+
+    max_timeout_s: int = 60
+    default_timeout_s: int = 60
+    journal_flush: str = "commit"
+    journal_file_size: int = 64 << 20
+    max_puts_per_tx: int = 10000
+    max_tx_bytes: int = 64 << 20
+
+    def validate(self):
+        """Raise ConfigError naming the first bad setting."""
+        checks = (("max_timeout_s", 1, MAX_TIMEOUT_LIMIT_S), ("default_timeout_s", 1, self.max_timeout_s),
+                  ("journal_file_size", MIN_JOURNAL_FILE_SIZE, MAX_JOURNAL_FILE_SIZE),
+                  ("max_puts_per_tx", 1, R.MAX_PUTS_LIMIT), ("max_tx_bytes", 1, MAX_TX_BYTES_LIMIT))
+        for name, low, high in checks:
+            value = getattr(self, name)
+            if not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError("transactions.%s must be an integer in %d..%d, got %r" % (name, low, high, value))
+        if self.journal_flush not in FLUSH_POLICIES:
+            raise ConfigError("transactions.journal_flush must be one of %s, got %r"
+                              % ("/".join(FLUSH_POLICIES), self.journal_flush))
+        return self
+
+
+class TxInfo(NamedTuple):
+    """One branch as the admin sees it."""
+
+    key: str
+    state: str  # active, prepared, committing, heuristic-commit, heuristic-rollback
+    puts: int
+    bytes: int
+    begun_ms: Optional[int]
+    prepared_ms: Optional[int]
+    qualifier: Optional[str]
+    timeout_s: int
+
+
+class TxPutResult(NamedTuple):
+    """A store PutResult (the same four fields first) plus the topic, so the caller knows whom to wake."""
+
+    msg_id: int
+    partition: int
+    offset: int
+    log_end: int  # commit-log position after the record: durable once the store's flushed_position reaches it
+    topic: str
+
+
+class CommitPlan:
+    """What ``commit`` decided; hand it to ``apply_commit`` once the journal is durable."""
+
+    __slots__ = ("key", "messages", "_branch")
+
+    def __init__(self, key, branch):
+        self.key = key
+        self._branch = branch
+        self.messages = 0 if branch is None else len(branch.ids) - sum(branch.applied)
+
+    @property
+    def empty(self):
+        """True when nothing is to be appended (no fsync or apply needed; apply_commit returns [])."""
+        return self._branch is None
+
+    def __repr__(self):
+        return "CommitPlan(%s, %d messages)" % (self.key, self.messages)
+
+
+@dataclass
+class RecoveryReport:
+    """What ``TransactionManager.open`` found and did."""
+
+    journal: JournalReport
+    records: int = 0
+    anomalies: int = 0  # records that fit no branch (logged)
+    commits_completed: int = 0  # COMMIT without DONE, or DONE whose messages the log lost, finished
+    messages_reappended: int = 0
+    messages_dropped: int = 0  # the store no longer accepts them (topic gone): logged as errors
+    commits_incomplete: int = 0  # left COMMITTING (the store refused: disk full); retried by commit/heuristic
+    rolled_back: int = 0
+    prepared_kept: int = 0
+    heuristic_kept: int = 0
+
+    @property
+    def torn_bytes(self):
+        return self.journal.torn_bytes
+
+
+def _xa(code, msg):
+    return TransactionError(code, msg)
+
+
+class TransactionManager:
+    """See the module docstring; open with ``TransactionManager.open(store, config, now_ms)``."""
+
+    def __init__(self, store, config, journal):
+        self.store = store
+        self.config = config
+        self._journal = journal
+        self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
+        self._by_owner = {}  # owner -> set of local keys
+        self._heuristic = {}  # key -> records.Heuristic
+        self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
+        self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
+        self.recovery = None
+
+    # -- open / recovery -----------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, store, config, now_ms, force=None):
+        """BLOCKING: open the journal under ``<data dir>/transactions`` and recover (see module docstring).
+
+        ``force`` (default: the store's ``force_recovery``) cuts mid-journal corruption instead of raising
+        CorruptLog. The store must be open; recovery appends the missing messages of interrupted commits.
+        """
+        config = config.validate()
+        if force is None:
+            force = bool(getattr(store.config, "force_recovery", False))
+        journal, records, jreport = Journal.open(journal_dir(store.dirs.root), config.journal_file_size, force)
+        self = cls(store, config, journal)
+        try:
+            self.recovery = self._recover(records, jreport, now_ms)
+            journal.flush()
+        except BaseException:
+            journal.abandon()
+            raise
+        return self
+
+    def _recover(self, records, jreport, now_ms):
+        state = R.ReplayState(keep_done_after=self.store.written_position)
+        for rec in records:
+            state.apply(rec)
+        report = RecoveryReport(jreport, records=state.records, anomalies=state.anomalies)
+        self._heuristic = dict(state.heuristic)
+        report.heuristic_kept = len(self._heuristic)
+        unfinished = [b for b in state.branches.values() if b.state == R.COMMITTING] + list(state.settled.values())
+        if unfinished:
+            self._complete_after_crash(unfinished, report, now_ms)
+        for b in state.branches.values():
+            if b.state == R.ACTIVE:
+                self._journal.append(R.Rollback(b.key, now_ms, R.RB_RECOVERY))
+                report.rolled_back += 1
+            elif b.state == R.PREPARED:
+                self._branches[b.key] = b
+                report.prepared_kept += 1
+        log.info("transaction recovery: %d records from %d files (%d torn bytes cut); %d commits completed "
+                 "(%d messages re-appended, %d dropped, %d incomplete), %d rolled back, %d prepared kept, "
+                 "%d heuristic outcomes", report.records, len(jreport.files), jreport.torn_bytes,
+                 report.commits_completed, report.messages_reappended, report.messages_dropped,
+                 report.commits_incomplete, report.rolled_back, report.prepared_kept, report.heuristic_kept)
+        return report
+
+    def _complete_after_crash(self, branches, report, now_ms):
+        """Append the messages of journaled commits that the log lacks, in apply order, with their ids."""
+        present = self.store.msg_ids_since(min(b.log_start for b in branches))
+        for b in sorted(branches, key=lambda b: b.log_start):
+            had_done = b.state == R.DONE
+            b.state = R.COMMITTING
+            for j, msg_id in enumerate(b.ids):
+                b.applied[j] = msg_id in present
+            if all(b.applied):
+                if not had_done:  # every message made it: only DONE was missing
+                    report.commits_completed += 1
+                    self._finish_commit(b, now_ms)
+                continue
+            b.log_end = 0  # the DONE written below names the end of what is appended now
+            try:
+                self._append_missing(b, now_ms, recovering=report)
+            except TransactionError as exc:
+                log.error("transaction recovery: commit of %s left incomplete: %s", b.key, exc)
+                report.commits_incomplete += 1
+                self._branches[b.key] = b
+                continue
+            report.commits_completed += 1
+            self._finish_commit(b, now_ms)
+
+    # -- lookups ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _ident(txid):
+        """``(key, is_xa, qualifier)`` of a LocalTxId, XaTxId or key text."""
+        if isinstance(txid, str):
+            if len(txid) > R.MAX_KEY_BYTES:
+                raise _xa(XAER_INVAL, "transaction id of %d characters is too long" % len(txid))
+            txid = parse_tx_key(txid)
+        if isinstance(txid, (XaTxId, LocalTxId)):
+            key = txid.key
+            if len(key.encode("utf-8")) > R.MAX_KEY_BYTES:
+                raise _xa(XAER_INVAL, "transaction id of %d bytes is too long" % len(key.encode("utf-8")))
+            return (key, True, txid.unique_qualifier) if txid.is_xa else (key, False, None)
+        raise _xa(XAER_INVAL, "a transaction id is required here")
+
+    def _lookup(self, key, owner, now_ms, action):
+        """The live branch ``key`` for ``action`` (put/prepare/commit/rollback), or the right TransactionError."""
+        h = self._heuristic.get(key)
+        if h is not None:
+            code = XA_HEURCOM if h.commit else XA_HEURRB
+            if action in ("commit", "rollback"):
+                raise _xa(code, "%s was heuristically %s" % (key, "committed" if h.commit else "rolled back"))
+            raise _xa(XAER_PROTO, "%s was heuristically completed: only commit, rollback or forget" % key)
+        b = self._branches.get(key)
+        if b is not None:
+            if not b.xa and b.owner is not None and b.owner != owner:
+                raise _xa(XAER_NOTA, "unknown transaction %s (it belongs to another connection)" % key)
+            if b.state == R.ACTIVE and b.deadline_ms is not None and now_ms >= b.deadline_ms:
+                self._roll_back(b, now_ms, R.RB_TIMEOUT)
+                raise _xa(XA_RBTIMEOUT, "transaction %s timed out after %d s and was rolled back"
+                          % (key, b.timeout_s))
+            return b
+        recent = self._recent.get(key)
+        if recent is not None and recent[0] == _TIMED_OUT and (key.startswith("XID:") or recent[1] == owner):
+            raise _xa(XA_RBTIMEOUT, "transaction %s timed out and was rolled back" % key)
+        raise _xa(XAER_NOTA, "unknown transaction %s" % key)
+
+    def _write(self, rec):
+        """Journal ``rec``; a failure becomes XAER_RMFAIL (nothing changed)."""
+        try:
+            self._journal.append(rec)
+        except (MetaqError, OSError, R.RecordError) as exc:
+            raise _xa(XAER_RMFAIL, "cannot write the transaction journal: %s" % exc) from exc
+
+    def _remember(self, key, outcome, owner, now_ms):
+        recent = self._recent
+        recent.pop(key, None)
+        recent[key] = (outcome, owner, now_ms + REMEMBER_MS)
+        if len(recent) > MAX_REMEMBERED:
+            del recent[next(iter(recent))]
+
+    def _forget_branch(self, b, outcome, now_ms):
+        del self._branches[b.key]
+        if not b.xa:
+            keys = self._by_owner.get(b.owner)
+            if keys is not None:
+                keys.discard(b.key)
+                if not keys:
+                    del self._by_owner[b.owner]
+        self._remember(b.key, outcome, b.owner, now_ms)
+
+    # -- begin / put / prepare --------------------------------------------------------------------------------
+
+    def begin(self, txid, owner, timeout_s, now_ms):
+        """Start a branch; XAER_DUPID if the key is live, heuristic or recently used; XAER_INVAL for a bad id."""
+        key, xa, qualifier = self._ident(txid)
+        if key in self._branches or key in self._heuristic or key in self._recent:
+            raise _xa(XAER_DUPID, "transaction %s already exists" % key)
+        if not isinstance(timeout_s, int) or timeout_s < 0:
+            raise _xa(XAER_INVAL, "bad transaction timeout %r" % (timeout_s,))
+        timeout_s = min(timeout_s or self.config.default_timeout_s, self.config.max_timeout_s)
+        b = R.Branch(key, xa, qualifier, None if xa else owner, now_ms, timeout_s)
+        self._branches[key] = b
+        if not xa:
+            self._by_owner.setdefault(owner, set()).add(key)
+
+    def put(self, txid, owner, topic, partition, flag, data, checksum, now_ms):
+        """Journal one message of the branch; returns its partition (chosen now when -1).
+
+        Raises TransactionError (XAER_NOTA, XAER_PROTO when prepared, XA_RBTIMEOUT, XAER_RMERR past a limit,
+        XAER_RMFAIL when the journal cannot be written) or the store's InvalidTopic / UnknownTopic /
+        InvalidPartition / RecordTooLarge. Nothing is stored on failure.
+        """
+        key = self._ident(txid)[0]
+        b = self._lookup(key, owner, now_ms, "put")
+        if b.state != R.ACTIVE:
+            raise _xa(XAER_PROTO, "transaction %s is %s: no more puts" % (key, b.state))
+        count = self.store.partitions_of(topic)
+        partition = random.randrange(count) if partition == -1 else validate_partition(partition, count)
+        size = FIXED_OVERHEAD + len(topic.encode("utf-8")) + len(data)
+        if len(data) > MAX_BODY_BYTES or size > self.store.config.segment_size:
+            raise RecordTooLarge("message of %d bytes cannot be stored (segment size %d)"
+                                 % (size, self.store.config.segment_size))
+        if len(b.puts) >= self.config.max_puts_per_tx:
+            raise _xa(XAER_RMERR, "transaction %s already holds %d messages, the limit (max_puts_per_tx)"
+                      % (key, len(b.puts)))
+        if b.nbytes + len(data) > self.config.max_tx_bytes:
+            raise _xa(XAER_RMERR, "transaction %s would hold %d bytes, more than max_tx_bytes %d"
+                      % (key, b.nbytes + len(data), self.config.max_tx_bytes))
+        rec = R.Put(key, topic, partition, flag, -1 if checksum is None or checksum < 0 else checksum, bytes(data))
+        self._write(rec)
+        b.puts.append(rec)
+        b.nbytes += len(rec.data)
+        return partition
+
+    def prepare(self, txid, owner, now_ms):
+        """XA_OK (PREPARE journaled: fsync before answering) or XA_RDONLY (no puts: the branch is finished)."""
+        key, xa, _q = self._ident(txid)
+        if not xa:
+            raise _xa(XAER_RMERR, "prepare is for XA transactions; %s is local" % key)
+        b = self._lookup(key, owner, now_ms, "prepare")
+        if b.state != R.ACTIVE:
+            raise _xa(XAER_PROTO, "transaction %s is already %s" % (key, b.state))
+        if not b.puts:
+            self._forget_branch(b, _FINISHED, now_ms)
+            return XA_RDONLY
+        self._write(R.Prepare(key, now_ms, b.begun_ms, b.timeout_s))
+        b.state = R.PREPARED
+        b.prepared_ms = now_ms
+        b.deadline_ms = None
+        return XA_OK
+
+    # -- commit ------------------------------------------------------------------------------------------------
+
+    def commit(self, txid, owner, one_phase, now_ms):
+        """Decide to commit: assign ids, journal COMMIT; returns a CommitPlan (fsync, then ``apply_commit``).
+
+        One phase from ACTIVE, two phase from PREPARED (else XAER_PROTO). A COMMITTING branch (its apply
+        failed, or another commit is in flight) gets a plan for what is still missing.
+        """
+        key = self._ident(txid)[0]
+        b = self._lookup(key, owner, now_ms, "commit")
+        if b.state == R.COMMITTING:
+            return CommitPlan(key, b)
+        if b.state == R.ACTIVE and not one_phase:
+            raise _xa(XAER_PROTO, "transaction %s is not prepared: two-phase commit refused" % key)
+        if b.state == R.PREPARED and one_phase:
+            raise _xa(XAER_PROTO, "transaction %s is prepared: one-phase commit refused" % key)
+        if not b.puts:
+            self._forget_branch(b, _FINISHED, now_ms)
+            self._counts["committed"] += 1
+            return CommitPlan(key, None)
+        self._decide_commit(b, one_phase, now_ms)
+        return CommitPlan(key, b)
+
+    def _decide_commit(self, b, one_phase, now_ms):
+        ids = [self.store.new_msg_id(now_ms) for _p in b.puts]
+        rec = R.Commit(b.key, now_ms, self.store.written_position, one_phase, tuple(ids))
+        self._write(rec)
+        b.set_commit(rec.ids, rec.log_start, one_phase)
+        b.deadline_ms = None
+
+    def apply_commit(self, plan, now_ms):
+        """Append the plan's messages (each partition's run contiguous) and journal DONE; returns TxPutResults.
+
+        Runs in one go on the loop. A store failure raises TransactionError(XAER_RMFAIL) (the store's error
+        is its ``__cause__``) and leaves the branch COMMITTING: a later ``commit`` (or recovery, or the admin's
+        ``heuristic``) appends only what is missing. A plan whose branch is already done returns [].
+        """
+        b = plan._branch
+        if b is None or self._branches.get(b.key) is not b or b.state != R.COMMITTING:
+            return []
+        results = self._append_missing(b, now_ms)
+        self._finish_commit(b, now_ms)
+        return results
+
+    def _append_missing(self, b, now_ms, recovering=None):
+        out = []
+        put = self.store.put
+        for j, i in enumerate(b.order):
+            if b.applied[j]:
+                continue
+            p = b.puts[i]
+            try:
+                r = put(p.topic, p.partition, p.flag, p.data, now_ms, checksum=None if p.checksum < 0 else p.checksum,
+                        msg_id=b.ids[j])
+            except ClientError as exc:
+                if recovering is None:
+                    raise _xa(XAER_RMFAIL, "commit of %s cannot store a message: %s" % (b.key, exc)) from exc
+                log.error("transaction recovery: message %d of %s to %s-%d dropped: %s", b.ids[j], b.key,
+                          p.topic, p.partition, exc)
+                recovering.messages_dropped += 1
+                b.applied[j] = 1
+                continue
+            except (MetaqError, OSError) as exc:
+                raise _xa(XAER_RMFAIL, "commit of %s is incomplete (%d of %d messages stored): %s; commit again"
+                          % (b.key, sum(b.applied), len(b.ids), exc)) from exc
+            b.applied[j] = 1
+            b.log_end = max(b.log_end, r.log_end)
+            out.append(TxPutResult(r.msg_id, r.partition, r.offset, r.log_end, p.topic))
+            if recovering is not None:
+                recovering.messages_reappended += 1
+        return out
+
+    def _finish_commit(self, b, now_ms):
+        try:
+            self._journal.append(R.Done(b.key, now_ms, b.log_end or self.store.written_position))
+        except (MetaqError, OSError) as exc:  # the messages are in; DONE is retried by expire() / commit()
+            log.error("transaction %s committed but its DONE record failed: %s", b.key, exc)
+            b.done_pending = True
+            self._branches[b.key] = b
+            return
+        b.done_pending = False
+        if self._branches.get(b.key) is b:
+            self._forget_branch(b, _FINISHED, now_ms)
+        self._counts["committed"] += 1
+
+    # -- rollback / forget / recover --------------------------------------------------------------------------
+
+    def rollback(self, txid, owner, now_ms):
+        """Roll back an ACTIVE or PREPARED branch (journal ROLLBACK; fsync per policy)."""
+        key = self._ident(txid)[0]
+        b = self._lookup(key, owner, now_ms, "rollback")
+        if b.state == R.COMMITTING:
+            raise _xa(XAER_PROTO, "transaction %s is being committed" % key)
+        self._roll_back(b, now_ms, R.RB_CLIENT)
+
+    def _roll_back(self, b, now_ms, reason):
+        if b.puts:
+            self._write(R.Rollback(b.key, now_ms, reason))
+        timed_out = reason == R.RB_TIMEOUT
+        self._forget_branch(b, _TIMED_OUT if timed_out else _FINISHED, now_ms)
+        self._counts["timed_out" if timed_out else "rolled_back"] += 1
+
+    def forget(self, txid, now_ms):
+        """Drop a heuristic outcome (journal FORGET); XAER_NOTA when there is none."""
+        key = self._ident(txid)[0]
+        if key not in self._heuristic:
+            raise _xa(XAER_NOTA, "no heuristic outcome for %s" % key)
+        self._write(R.Forget(key, now_ms))
+        del self._heuristic[key]
+
+    def recover(self, qualifier=None):
+        """Sorted keys of XA branches that are prepared (or committing) or heuristically completed."""
+        keys = [b.key for b in self._branches.values() if b.xa and b.state != R.ACTIVE
+                and (qualifier is None or b.qualifier == qualifier)]
+        keys += [k for k in self._heuristic if qualifier is None or R.key_qualifier(k)[1] == qualifier]
+        return sorted(set(keys))
+
+    # -- timers / connections / admin --------------------------------------------------------------------------
+
+    def expire(self, now_ms):
+        """Roll back ACTIVE branches past their deadline; returns their keys (also retries pending DONEs)."""
+        gone = []
+        for b in list(self._branches.values()):
+            if b.state == R.ACTIVE and b.deadline_ms is not None and now_ms >= b.deadline_ms:
+                self._roll_back(b, now_ms, R.RB_TIMEOUT)
+                gone.append(b.key)
+            elif b.done_pending and all(b.applied):
+                self._finish_commit(b, now_ms)
+        recent = self._recent
+        while recent:
+            key = next(iter(recent))
+            if recent[key][2] > now_ms:
+                break
+            del recent[key]
+        return gone
+
+    def owner_closed(self, owner, now_ms):
+        """Roll back the ACTIVE local branches of a closed connection; returns their keys."""
+        gone = []
+        for key in sorted(self._by_owner.get(owner, ())):
+            b = self._branches[key]
+            if b.state == R.ACTIVE:
+                self._roll_back(b, now_ms, R.RB_OWNER_CLOSED)
+                gone.append(key)
+        return gone
+
+    def in_doubt(self):
+        """TxInfo of every live branch and heuristic outcome, sorted by key."""
+        out = [TxInfo(b.key, b.state, len(b.puts), b.nbytes, b.begun_ms, b.prepared_ms, b.qualifier, b.timeout_s)
+               for b in self._branches.values()]
+        for key, h in self._heuristic.items():
+            if key not in self._branches:
+                out.append(TxInfo(key, "heuristic-commit" if h.commit else "heuristic-rollback", 0, 0, None,
+                                  h.now_ms, R.key_qualifier(key)[1], 0))
+        return sorted(out, key=lambda info: info.key)
+
+    def heuristic(self, key, commit, now_ms):
+        """Operator decision on a PREPARED XA branch; returns the TxPutResults of a commit ([] for rollback).
+
+        A commit journals COMMIT + HEURISTIC and fsyncs the journal itself (one fdatasync on the calling
+        thread) before appending; the outcome is answered XA_HEURCOM / XA_HEURRB until ``forget``. On a
+        COMMITTING branch ``commit=True`` completes the commit (no heuristic outcome is recorded).
+        """
+        key = self._ident(key)[0]
+        b = self._branches.get(key)
+        if b is None:
+            raise _xa(XAER_NOTA, "no prepared transaction %s" % key)
+        if b.state == R.COMMITTING and commit:
+            results = self._append_missing(b, now_ms)
+            self._finish_commit(b, now_ms)
+            return results
+        if b.state != R.PREPARED:
+            raise _xa(XAER_PROTO, "transaction %s is %s, not prepared" % (key, b.state))
+        h = R.Heuristic(key, now_ms, bool(commit))
+        if not commit:
+            self._write(h)
+            self._heuristic[key] = h
+            self._forget_branch(b, _FINISHED, now_ms)
+            self._counts["rolled_back"] += 1
+            return []
+        self._decide_commit(b, False, now_ms)
+        self._write(h)
+        self._heuristic[key] = h
+        self.flush_journal()
+        results = self._append_missing(b, now_ms)
+        self._finish_commit(b, now_ms)
+        return results
+
+    # -- journal upkeep -----------------------------------------------------------------------------------------
+
+    @property
+    def needs_flush(self):
+        """True when the journal has bytes (or a new file) not yet fdatasynced."""
+        return self._journal.needs_flush
+
+    def flush_journal(self):
+        """BLOCKING: fdatasync the journal (run it in a worker; one call at a time)."""
+        self._journal.flush()
+
+    @property
+    def wants_maintenance(self):
+        """Cheap: True when full journal files wait for ``maintain`` to replace them with a snapshot."""
+        return self._journal.has_sealed
+
+    def maintain(self, now_ms):
+        """BLOCKING (worker, one call at a time): checkpoint the journal files the loop no longer writes.
+
+        The loop starts a new file when the active one passes ``journal_file_size``; this replays the full
+        ones (from disk, so it shares no state with the loop), writes the branches still live after them
+        into ``snapshot.<n>`` (fsynced) and deletes them. Commits whose messages the store has not flushed
+        yet stay in the snapshot. Returns the deleted paths.
+        """
+        sealed = self._journal.sealed_seqs()
+        if not sealed:
+            return []
+        through = sealed[-1]
+        state = R.ReplayState(keep_done_after=self.store.flushed_position)
+        for rec in self._journal.read_through(through):
+            state.apply(rec)
+        return self._journal.install_snapshot(through, state.snapshot_records(), now_ms)
+
+    def close(self, now_ms):
+        """Flush and close the journal; live branches stay in it for the next open."""
+        self._journal.close()
+
+    def abandon(self):
+        """Close the journal without flushing (tests: as after a kill -9)."""
+        self._journal.abandon()
+
+    def stats(self):
+        counts = {"open": 0, "prepared": 0, "committing": 0}
+        for b in self._branches.values():
+            counts["open" if b.state == R.ACTIVE else b.state] += 1
+        counts.update(self._counts)
+        counts["heuristic"] = len(self._heuristic)
+        counts["journal_bytes"] = self._journal.disk_bytes
+        return counts

@@ -1,0 +1,123 @@
+"""Transactions on the wire against a real broker: kill -9, torn journal, admin decisions (F16)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from metaq.protocol import events as ev
+from metaq.protocol.message import iter_records
+from metaq.protocol.xa import XA_HEURCOM, XAER_NOTA, parse_xa_error
+
+XID1 = "XID:1:0a01:b1:test-rm"
+XID2 = "XID:1:0a02:b1:test-rm"
+OTHER = "XID:1:0a03:b1:other-rm"
+
+
+def tx(c, key, kind, timeout=0, qualifier=None):
+    return c.call(ev.Transaction(key, "s1", kind, c.opaque(), timeout, qualifier))
+
+
+def ok(reply):
+    assert isinstance(reply, ev.Result) and reply.code == 200, reply
+    return reply.body
+
+
+def xa_code(reply):
+    assert reply.code == 500, reply
+    return parse_xa_error(reply.body)[0]
+
+
+def tput(c, key, topic, partition, body):
+    from metaq.protocol.checksum import metaq_checksum
+
+    r = c.call(ev.Put(topic, partition, 0, body, c.opaque(), metaq_checksum(body), key))
+    assert ok(r) == b"-1 %d -1" % partition
+    return r
+
+
+def payloads(c, topic, partition):
+    r = c.get(topic, partition, 0)
+    if isinstance(r, ev.Result):
+        assert r.code == 404, r
+        return []
+    return [rec.payload for rec, _ in iter_records(r.body)]
+
+
+def prepared_branch(c, key, n, qualifier="test-rm"):
+    ok(tx(c, key, "BEGIN", 30, qualifier))
+    for i in range(n):
+        tput(c, key, "tx", i % 2, b"%s-%d" % (key.encode(), i))
+    c.send(b"transaction %s s1 END 0\r\n" % key.encode())  # no reply
+    assert ok(tx(c, key, "PREPARE")) == b"0"
+
+
+@pytest.mark.fault
+def test_kill_9_after_prepare_then_recover_and_decide(broker):
+    with broker.client() as c:
+        prepared_branch(c, XID1, 4)
+        prepared_branch(c, XID2, 2)
+        prepared_branch(c, OTHER, 1, qualifier="other-rm")
+        ok(tx(c, "XID:1:0a04:b1:test-rm", "BEGIN", 30, "test-rm"))  # never prepared: rolled back by the crash
+        tput(c, "XID:1:0a04:b1:test-rm", "tx", 0, b"unprepared")
+        ok(tx(c, "TX:s1:1", "BEGIN"))
+        tput(c, "TX:s1:1", "tx", 1, b"local, open")
+        assert payloads(c, "tx", 0) == [] and payloads(c, "tx", 1) == []
+    broker.kill()
+    broker.start()
+    with broker.client() as c:
+        assert sorted(ok(tx(c, "null", "RECOVER", 0, "test-rm")).decode().split("\r\n")) == [XID1, XID2]
+        assert ok(tx(c, "null", "RECOVER")).decode().split("\r\n") == sorted([XID1, XID2, OTHER])
+        assert payloads(c, "tx", 0) == [] and payloads(c, "tx", 1) == []
+        ok(tx(c, XID1, "COMMIT_TWO_PHASE"))
+        ok(tx(c, XID2, "ROLLBACK"))
+        assert xa_code(tx(c, "XID:1:0a04:b1:test-rm", "COMMIT_ONE_PHASE")) == XAER_NOTA
+        assert xa_code(tx(c, "TX:s1:1", "COMMIT_ONE_PHASE")) == XAER_NOTA
+        got = payloads(c, "tx", 0) + payloads(c, "tx", 1)
+        assert sorted(got) == sorted(b"%s-%d" % (XID1.encode(), i) for i in range(4))
+        assert xa_code(tx(c, XID1, "COMMIT_TWO_PHASE")) == XAER_NOTA  # a repeated commit completes nothing
+        assert ok(tx(c, "null", "RECOVER", 0, "test-rm")) == b""
+        assert ok(tx(c, "null", "RECOVER", 0, "other-rm")).decode() == OTHER
+
+
+@pytest.mark.fault
+def test_torn_journal_tail_is_cut_and_the_broker_starts(broker):
+    with broker.client() as c:
+        prepared_branch(c, XID1, 2)
+        ok(tx(c, XID2, "BEGIN", 30, "test-rm"))
+        tput(c, XID2, "tx", 0, b"x" * 500)  # the last journal record: we tear it
+    broker.kill()
+    journals = sorted(glob.glob(os.path.join(broker.data_dir, "transactions", "journal.*")))
+    assert journals, os.listdir(os.path.join(broker.data_dir, "transactions"))
+    last = journals[-1]
+    os.truncate(last, os.path.getsize(last) - 100)
+    broker.start()
+    assert "torn" in broker.log_text(since_start=True).lower()
+    with broker.client() as c:
+        assert ok(tx(c, "null", "RECOVER", 0, "test-rm")).decode() == XID1
+        ok(tx(c, XID1, "COMMIT_TWO_PHASE"))
+        assert len(payloads(c, "tx", 0) + payloads(c, "tx", 1)) == 2
+
+
+def test_admin_lists_in_doubt_and_decides_by_hand(broker):
+    url = "meta://127.0.0.1:%d" % broker.port
+    with broker.client() as c:
+        prepared_branch(c, XID1, 3)
+        lines = c.stats("transactions")
+        assert XID1 + " prepared puts 3 " in lines
+    admin = [sys.executable, "-m", "metaq.client.admin", "--brokers", url]
+    out = subprocess.run(admin + ["transactions"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert XID1 in out.stdout and "prepared" in out.stdout
+    out = subprocess.run(admin + ["transactions", "commit", XID1], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    with broker.client() as c:
+        assert len(payloads(c, "tx", 0) + payloads(c, "tx", 1)) == 3
+        assert xa_code(tx(c, XID1, "COMMIT_TWO_PHASE")) == XA_HEURCOM  # the coordinator learns what happened
+        ok(tx(c, XID1, "FORGET"))
+        assert xa_code(tx(c, XID1, "COMMIT_TWO_PHASE")) == XAER_NOTA
+    out = subprocess.run(admin + ["transactions", "rollback", "XID:9:00:00:nobody"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "no broker holds" in out.stderr

@@ -1,0 +1,279 @@
+"""Recovery after a simulated kill -9 (nothing closed, ``abandon``), torn journal tails, corruption, and
+interrupted commits, on a real store.
+
+How the interrupted commits are built (honestly, with the real code paths):
+* COMMIT without DONE, nothing applied: ``commit`` + journal fsync, then the "crash" before ``apply_commit``.
+* COMMIT without DONE, part applied: ``apply_commit`` really fails in ``store.put`` with DiskFull: the disk
+  danger ratio is lowered so that the first message needing a new segment is refused (``check_disk`` runs
+  on the real filesystem), after some messages already went into the current segment.
+* DONE journaled but part of the commit lost from the log (a power loss that kept the journal's pages but
+  not the log's): the commit-log bytes from the first lost record on are zeroed in the segment file, as a
+  lost page cache leaves them; the store's own recovery then cuts its log there.
+"""
+
+import os
+import shutil
+
+import pytest
+
+from metaq.errors import CorruptLog, DiskFull, TransactionError
+from metaq.protocol.message import HEADER
+from metaq.protocol.xa import XA_HEURCOM, XA_OK, XAER_RMFAIL
+from metaq.tx.journal import scan_records
+from tests.tx.conftest import NOW, Broker, local, read_all, xid
+
+
+def ids_in(b, topic="test", partitions=4):
+    return [HEADER.unpack_from(m)[2] for p in range(partitions) for m in read_all(b.store, topic, p)]
+
+
+def journal_files(b):
+    return sorted(os.listdir(b.journal_dir))
+
+
+def last_journal(b):
+    return os.path.join(b.journal_dir, [n for n in journal_files(b) if n.startswith("journal.")][-1])
+
+
+def body(txid, i, size=40):
+    return (b"%s-%03d-" % (txid.key.encode(), i)).ljust(size, b".")
+
+
+def fill(b, txid, owner, n, size=40, partitions=(0, 1)):
+    for i in range(n):
+        b.tx.put(txid, owner, "test", partitions[i % len(partitions)], 0, body(txid, i, size), -1, NOW)
+
+
+def test_crash_rolls_back_unprepared_and_keeps_prepared(broker):
+    b = broker
+    t, x_active, x_prep = local(1), xid(1), xid(2)
+    b.tx.begin(t, "c1", 0, NOW)
+    b.tx.begin(x_active, None, 0, NOW)
+    b.tx.begin(x_prep, None, 0, NOW)
+    fill(b, t, "c1", 2)
+    fill(b, x_active, None, 2)
+    fill(b, x_prep, None, 3)
+    assert b.tx.prepare(x_prep, None, NOW + 1) == XA_OK
+    b.tx.flush_journal()
+    report = b.restart()
+    assert (report.rolled_back, report.prepared_kept, report.commits_completed) == (2, 1, 0)
+    assert report.torn_bytes == 0
+    assert b.tx.recover() == [x_prep.key]
+    assert [(i.key, i.state, i.puts, i.prepared_ms) for i in b.tx.in_doubt()] == [(x_prep.key, "prepared", 3,
+                                                                                    NOW + 1)]
+    assert ids_in(b) == []
+    report = b.restart()  # the rollbacks were journaled: nothing to do the second time
+    assert (report.rolled_back, report.prepared_kept) == (0, 1)
+    b.commit(x_prep, None, one_phase=False)
+    assert sorted(b.messages("test", 0) + b.messages("test", 1)) == \
+        sorted(body(x_prep, i) for i in range(3))
+    b.restart()
+    assert b.tx.recover() == [] and len(ids_in(b)) == 3
+
+
+def test_prepared_branch_can_be_rolled_back_after_restart(broker):
+    b = broker
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, 2)
+    b.tx.prepare(x, None, NOW)
+    b.tx.flush_journal()
+    b.restart(crash=False)
+    b.tx.rollback(x, None, NOW)
+    b.restart()
+    assert b.tx.recover() == [] and ids_in(b) == []
+
+
+def test_commit_without_done_is_completed_exactly_once(broker):
+    b = broker
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, 6)
+    b.tx.prepare(x, None, NOW)
+    plan = b.tx.commit(x, None, False, NOW)
+    b.tx.flush_journal()  # COMMIT is durable; the crash comes before apply_commit
+    journaled = list(plan._branch.ids)
+    report = b.restart()
+    assert (report.commits_completed, report.messages_reappended) == (1, 6)
+    assert sorted(ids_in(b)) == sorted(journaled)
+    assert b.tx.recover() == []
+    # lose the DONE that recovery wrote: the next recovery finds every message in the log and appends none
+    b.crash()
+    path = last_journal(b)
+    with open(path, "rb") as f:
+        data = f.read()
+    found, _end, _why = scan_records(data)
+    os.truncate(path, found[-1][0])
+    report = b.open()
+    assert (report.commits_completed, report.messages_reappended) == (1, 0)  # DONE written, nothing appended
+    assert sorted(ids_in(b)) == sorted(journaled)
+
+
+def _partial_commit_by_disk_full(b, n=10, size=400):
+    """Commit ``n`` messages of ``size`` bytes; the store refuses them from the first one needing a new segment."""
+    t = local(1)
+    b.store.put("test", 3, 0, b"s", NOW)  # the first segment exists
+    b.tx.begin(t, "c1", 0, NOW)
+    fill(b, t, "c1", n, size)
+    plan = b.tx.commit(t, "c1", True, NOW)
+    b.tx.flush_journal()
+    b.store.config.disk_danger_ratio = 1e-9
+    with pytest.raises(TransactionError) as info:
+        b.tx.apply_commit(plan, NOW)
+    b.store.config.disk_danger_ratio = 0.9
+    assert info.value.xa_code == XAER_RMFAIL and isinstance(info.value.__cause__, DiskFull)
+    stored = len(ids_in(b)) - 1
+    assert 0 < stored < n
+    return t, list(plan._branch.ids), stored
+
+
+def test_commit_interrupted_by_a_full_disk_is_completed_by_a_later_commit(broker):
+    b = broker
+    t, journaled, stored = _partial_commit_by_disk_full(b)
+    assert [i.state for i in b.tx.in_doubt()] == ["committing"]
+    plan = b.tx.commit(t, "c1", True, NOW)
+    assert plan.messages == 10 - stored
+    assert len(b.tx.apply_commit(plan, NOW)) == 10 - stored
+    assert sorted(i for i in ids_in(b) if i in journaled) == sorted(journaled)
+    assert len(ids_in(b)) == 11
+    b.restart()
+    assert len(ids_in(b)) == 11 and b.tx.recovery.commits_completed == 0
+
+
+def test_commit_interrupted_by_a_full_disk_is_completed_by_recovery(broker):
+    b = broker
+    _t, journaled, stored = _partial_commit_by_disk_full(b)
+    report = b.restart()
+    assert (report.commits_completed, report.messages_reappended) == (1, 10 - stored)
+    assert sorted(i for i in ids_in(b) if i in journaled) == sorted(journaled)
+    assert len(ids_in(b)) == 11
+    b.restart()
+    assert len(ids_in(b)) == 11
+
+
+def test_done_whose_messages_the_log_lost_is_completed(broker):
+    b = broker
+    t = local(1)
+    b.tx.begin(t, "c1", 0, NOW)
+    fill(b, t, "c1", 6)
+    results = b.commit(t, "c1")
+    b.tx.flush_journal()  # DONE reached the disk, the log's last pages did not
+    b.crash()
+    cut = results[2].log_end  # records 3.. are lost
+    for start, path in b.store.dirs.list_segments():
+        size = os.path.getsize(path)
+        if start + size > cut:
+            with open(path, "r+b") as f:
+                f.seek(max(0, cut - start))
+                f.write(b"\0" * (size - max(0, cut - start)))
+    report = b.open()
+    assert b.store.recovery.log_end == cut
+    assert (report.commits_completed, report.messages_reappended) == (1, 3)
+    assert sorted(ids_in(b)) == sorted(r.msg_id for r in results)
+    b.restart()
+    assert sorted(ids_in(b)) == sorted(r.msg_id for r in results)
+
+
+def test_partition_chosen_at_put_is_kept_through_recovery(broker):
+    b = broker
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    chosen = [b.tx.put(x, None, "test", -1, 0, b"m%d" % i, -1, NOW) for i in range(8)]
+    b.tx.prepare(x, None, NOW)
+    b.tx.flush_journal()
+    b.restart()
+    b.commit(x, None, one_phase=False)
+    for p in range(4):
+        assert b.messages("test", p) == [b"m%d" % i for i, c in enumerate(chosen) if c == p]
+
+
+# -- torn tails and corruption ---------------------------------------------------------------------------------
+
+
+def _prepared_then_crashed(b):
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, 2)
+    b.tx.prepare(x, None, NOW)
+    b.tx.flush_journal()
+    b.crash()
+    path = last_journal(b)
+    with open(path, "rb") as f:
+        data = f.read()
+    found, _end, _why = scan_records(data)
+    return x, path, found[-1][0], len(data)
+
+
+def test_torn_journal_tail_at_every_byte_of_the_last_record(fast_root):
+    b = Broker(os.path.join(fast_root, "pristine"))
+    x, path, start, size = _prepared_then_crashed(b)
+    rel = os.path.relpath(path, b.data_dir)
+    for k in range(size - start + 1):
+        work = os.path.join(fast_root, "w%d" % k)
+        shutil.copytree(b.data_dir, work)
+        os.truncate(os.path.join(work, rel), start + k)
+        c = Broker(work)
+        report = c.tx.recovery
+        prepared = k == size - start
+        assert report.torn_bytes == (0 if prepared else k), k
+        assert c.tx.recover() == ([x.key] if prepared else []), k
+        assert report.rolled_back == (0 if prepared else 1), k
+        c.crash()
+        shutil.rmtree(work)
+
+
+def test_zero_filled_journal_tail_is_cut(fast_root):
+    b = Broker(os.path.join(fast_root, "d"))
+    _x, path, start, size = _prepared_then_crashed(b)
+    with open(path, "r+b") as f:
+        f.seek(start + 3)
+        f.write(b"\0" * (size - start - 3 + 4096))  # the last record's end and a block beyond were never written
+    report = b.open()
+    assert report.torn_bytes == size - start + 4096 and report.rolled_back == 1
+    with open(path, "rb") as f:
+        found, _end, why = scan_records(f.read())
+    assert why is None and found[-1][0] == start  # cut at the torn record; recovery's ROLLBACK follows
+    b.tx.begin(xid(2), None, 0, NOW)  # the journal goes on after the cut
+    fill(b, xid(2), None, 1)
+    b.tx.prepare(xid(2), None, NOW)
+    b.tx.flush_journal()
+    assert b.restart().torn_bytes == 0 and b.tx.recover() == [xid(2).key]
+
+
+def test_mid_journal_corruption_is_refused_unless_forced(broker):
+    b = broker
+    _x, path, _start, size = _prepared_then_crashed(b)
+    with open(path, "rb") as f:
+        data = f.read()
+    found, _end, _why = scan_records(data)
+    second = found[1][0]
+    with open(path, "r+b") as f:
+        f.seek(second + 20)
+        f.write(bytes([data[second + 20] ^ 0x40]))
+    with pytest.raises(CorruptLog) as info:
+        b.open()
+    assert info.value.path == path and info.value.position == second
+    assert "valid record follows" in str(info.value) and "force" in str(info.value)
+    b.store.abandon()
+    report = b.open(force=True)  # cut there: the second put and the PREPARE are gone, the branch rolls back
+    assert report.journal.corruption and report.torn_bytes == size - second
+    assert report.rolled_back == 1 and b.tx.recover() == []
+
+
+def test_heuristic_commit_survives_a_crash_and_is_not_applied_twice(broker):
+    b = broker
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, 3)
+    b.tx.prepare(x, None, NOW)
+    results = b.tx.heuristic(x.key, True, NOW)  # fsyncs COMMIT + HEURISTIC itself before appending
+    report = b.restart()
+    assert report.heuristic_kept == 1 and report.messages_reappended == 0
+    assert b.tx.recover() == [x.key]
+    assert sorted(ids_in(b)) == sorted(r.msg_id for r in results)
+    with pytest.raises(TransactionError) as info:
+        b.tx.commit(x, None, False, NOW)
+    assert info.value.xa_code == XA_HEURCOM
+    b.tx.forget(x, NOW)
+    b.restart()
+    assert b.tx.recover() == [] and len(ids_in(b)) == 3
