@@ -13,8 +13,9 @@ PYTEST_ARGS ?=
 all: test
 
 # System packages the tests use: a real ZooKeeper (Debian's package runs as a
-# plain java process; no service is started).
-SYSDEPS := zookeeper
+# plain java process) and PostgreSQL (its own cluster per test run, started by
+# the tests; the system service is not used).
+SYSDEPS := zookeeper postgresql
 # The benchmark measures Redis Streams beside metaq when redis-server is there.
 BENCH_SYSDEPS := redis-server
 sysdeps:

@@ -25,6 +25,7 @@ setup(
             "hypothesis>=6.100",
             "crcmod>=1.7",
             "pytest-timeout>=2.3",
+            "psycopg[binary]>=3.1",
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8"],
         "deploy": ["fabric>=3.2,<4"],

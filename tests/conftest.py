@@ -51,3 +51,21 @@ def own_zk(tmp_path):
     zk = ZooKeeperProcess(tmp_path / "zk").start()
     yield zk
     zk.kill()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One real PostgreSQL cluster for the whole run (``tests/pg_harness.py``); tests get a database each."""
+    from tests.pg_harness import PostgresProcess
+
+    pg = PostgresProcess().start()
+    yield pg
+    pg.cleanup()
+
+
+@pytest.fixture
+def pg_dsn(pg_server):
+    """The DSN of a fresh database (from template0) on ``pg_server``; dropped afterwards with its prepared xacts."""
+    name = pg_server.create_database()
+    yield pg_server.dsn(name)
+    pg_server.drop_database(name)

@@ -471,11 +471,3 @@ class LocalTransaction:
 
     def __repr__(self):
         return "<LocalTransaction %s %s on broker %s>" % (self.tx_key, self.state, self.broker_id)
-
-
-def __getattr__(name):  # TEMPORARY: XAResource moved to metaq.client.xa
-    if name == "XAResource":
-        from metaq.client.xa import XAResource
-
-        return XAResource
-    raise AttributeError(name)
