@@ -47,6 +47,7 @@ bench: $(VENV)/.installed
 	$(MAKE) sysdeps EXTRA_SYSDEPS="$(BENCH_SYSDEPS)"
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) -m bench.bench_client $(BENCH_CLIENT_ARGS)
+	$(PY) -m bench.bench_tx $(BENCH_TX_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

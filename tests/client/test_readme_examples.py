@@ -53,7 +53,7 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
                              env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, "README example failed:\n%s\n%s" % (code, out.stderr)
         outputs.append(out.stdout)
-    produce, group, pull, broadcast = outputs[:4]
+    produce, group, pull, broadcast, local_tx, xa_branch = outputs[:6]
     first = produce.splitlines()[0].split()
     assert first[:3] == ["True", "0-0", "0"]
     assert produce.splitlines()[1] == "True"
@@ -63,10 +63,14 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
     assert "{('orders', Partition(broker_id=0, partition=0)): 0}" in group
     assert pull.splitlines()[0].split()[0] == "0" and pull.splitlines()[0].endswith("b'order 1'")
     assert broadcast.strip() == "True"
+    assert local_tx == ""
+    assert xa_branch.splitlines() == ["[Xid(format_id=1, gtrid=b'order-42', bqual=b'metaq')]", "[]"]
     for command in admin_commands():
         if "--zk" in command:
             continue  # needs a broker registered in ZooKeeper: covered by tests/client/test_admin.py
-        args = command.split()[1:]
+        if "transactions commit" in command:
+            continue  # decides a real in-doubt branch: covered by tests/integration/test_transactions.py
+        args = command.split("#", 1)[0].split()[1:]  # a shell comment is not an argument
         args = [a.replace("127.0.0.1:8123", url) for a in args]
         out = subprocess.run([sys.executable, "-m", "metaq.client.admin"] + args, env=env,
                              capture_output=True, text=True, timeout=60)
