@@ -8,16 +8,8 @@ Local (MetaQ's, reference §7.4; made by ``Producer.transaction``)::
     # committed here: both messages become visible together, on one broker;
     # an exception in the block rolls back and propagates
 
-XA (PEP 249's optional two-phase-commit extension, the way psycopg exposes it; in
-:mod:`metaq.client.xa`)::
-
-    with XAResource(brokers=["meta://127.0.0.1:8123"]) as rm:
-        xid = rm.xid(1, "order-42", "metaq")
-        rm.tpc_begin(xid)
-        rm.send(Message("orders", b"a"))
-        rm.tpc_prepare()             # phase one (after the database's tpc_prepare)
-        rm.tpc_commit()              # phase two
-        rm.tpc_recover()             # [Xid, ...] prepared and not decided yet: commit or roll back each
+XA branches (PEP 249's two-phase-commit interface) are in :mod:`metaq.client.xa` and share this
+module's ids, errors and branch machinery.
 
 Failures raise ``XaError`` with the XA code in ``xa_code`` (``metaq.protocol.xa``).
 Codes for an outcome the client could not learn (no reply in time, connection

@@ -101,20 +101,6 @@ def xa_reply(code, msg="from the fake broker"):
     return ev.Result(500, xa.xa_error_body(code, msg), 0)
 
 
-@pytest.fixture
-def fake():
-    made = []
-
-    def make(handler=lambda event: None):
-        f = FakeBroker(handler)
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f.close()
-
-
 def stored(broker, topic, partitions=4):
     with broker.client() as c:
         return {p: consume_all(c, topic, p) for p in range(partitions)}

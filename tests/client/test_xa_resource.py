@@ -16,7 +16,7 @@ from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
 from metaq.protocol import xa
 from tests.broker_harness import consume_all, free_port, small_config, url_of
-from tests.client.test_transaction_local import CLOSE, HANG, FakeBroker, xa_reply
+from tests.client.test_transaction_local import CLOSE, HANG, xa_reply
 
 QUALIFIER = "xa-test"
 
@@ -41,20 +41,6 @@ def code_of(call, *args):
     with pytest.raises(XaError) as info:
         call(*args)
     return info.value.xa_code
-
-
-@pytest.fixture
-def fake():
-    made = []
-
-    def make(handler=lambda event: None):
-        f = FakeBroker(handler)
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f.close()
 
 
 # -- ids, names and client-side state errors (no broker needed) ------------------------------

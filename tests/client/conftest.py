@@ -1,0 +1,20 @@
+"""Fixtures of the client tests."""
+
+import pytest
+
+
+@pytest.fixture
+def fake():
+    """``fake(handler)`` starts a scripted FakeBroker (error paths only); all are closed at the end."""
+    from tests.client.test_transaction_local import FakeBroker
+
+    made = []
+
+    def make(handler=lambda event: None):
+        f = FakeBroker(handler)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()
