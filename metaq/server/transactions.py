@@ -104,8 +104,8 @@ class TxService:
             self.manager.forget(txid, now)
             return encode_result(200, b"", e.opaque)
         if kind in ("HEURISTIC_COMMIT", "HEURISTIC_ROLLBACK"):
-            results = self.manager.heuristic(txid.key, kind == "HEURISTIC_COMMIT", now)
-            self._reply_later(conn, e.opaque, self._finish_heuristic, txid.key, results, e.opaque)
+            plan = self.manager.heuristic(txid.key, kind == "HEURISTIC_COMMIT", now)
+            self._reply_later(conn, e.opaque, self._finish_heuristic, txid.key, plan, e.opaque)
             return None
         raise errors.TransactionError(XAER_RMERR, "unsupported transaction type %s" % kind)
 
@@ -184,11 +184,12 @@ class TxService:
         self._publish(results)
         return encode_result(200, b"", opaque)
 
-    def _finish_heuristic(self, key, results, opaque):
-        self._flush_journal()
-        log.warning("operator decided transaction %s by hand: %s", key, "commit" if results else "rollback")
-        self._publish(results or [])
-        return encode_result(200, b"", opaque)
+    def _finish_heuristic(self, key, plan, opaque):
+        """An operator's decision: journal durable (off the loop), then a commit's appends, then the reply."""
+        log.warning("operator decided transaction %s by hand: %s", key, "rollback" if plan is None else "commit")
+        if plan is None:
+            return self._durable_reply(encode_result(200, b"", opaque))
+        return self._finish_commit(plan, opaque)
 
     def _publish(self, results):
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""

@@ -502,20 +502,19 @@ class TransactionManager:
         return sorted(out, key=lambda info: info.key)
 
     def heuristic(self, key, commit, now_ms):
-        """Operator decision on a PREPARED XA branch; returns the TxPutResults of a commit ([] for rollback).
+        """Operator decision on a PREPARED XA branch: a CommitPlan for a commit, None for a rollback.
 
-        A commit journals COMMIT + HEURISTIC and fsyncs the journal itself (one fdatasync on the calling
-        thread) before appending; the outcome is answered XA_HEURCOM / XA_HEURRB until ``forget``. On a
-        COMMITTING branch ``commit=True`` completes the commit (no heuristic outcome is recorded).
+        A commit journals COMMIT + HEURISTIC; like ``commit``, the caller makes the journal durable
+        (``flush_journal``, off the event loop) and then calls ``apply_commit(plan)``. The outcome is
+        answered XA_HEURCOM / XA_HEURRB until ``forget``. On a COMMITTING branch ``commit=True``
+        returns a plan that completes the commit (no heuristic outcome is recorded).
         """
         key = self._ident(key)[0]
         b = self._branches.get(key)
         if b is None:
             raise _xa(XAER_NOTA, "no prepared transaction %s" % key)
         if b.state == R.COMMITTING and commit:
-            results = self._append_missing(b, now_ms)
-            self._finish_commit(b, now_ms)
-            return results
+            return CommitPlan(key, b)
         if b.state != R.PREPARED:
             raise _xa(XAER_PROTO, "transaction %s is %s, not prepared" % (key, b.state))
         h = R.Heuristic(key, now_ms, bool(commit))
@@ -524,14 +523,11 @@ class TransactionManager:
             self._heuristic[key] = h
             self._forget_branch(b, _FINISHED, now_ms)
             self._counts["rolled_back"] += 1
-            return []
+            return None
         self._decide_commit(b, False, now_ms)
         self._write(h)
         self._heuristic[key] = h
-        self.flush_journal()
-        results = self._append_missing(b, now_ms)
-        self._finish_commit(b, now_ms)
-        return results
+        return CommitPlan(key, b)
 
     # -- journal upkeep -----------------------------------------------------------------------------------------
 

@@ -286,7 +286,10 @@ def test_heuristic_commit_then_commit_rollback_and_forget(broker):
     put(b, x, b"h", 2, None)
     assert xa_code(b.tx.heuristic, x.key, True, NOW) == XAER_PROTO  # only prepared branches
     b.tx.prepare(x, None, NOW)
-    results = b.tx.heuristic(x.key, True, NOW)
+    plan = b.tx.heuristic(x.key, True, NOW)
+    assert b.messages("test", 2) == []  # nothing appended before the journal is durable
+    b.tx.flush_journal()
+    results = b.tx.apply_commit(plan, NOW)
     assert [r.partition for r in results] == [2] and b.messages("test", 2) == [b"h"]
     assert b.tx.recover() == [x.key]
     assert [(i.key, i.state) for i in b.tx.in_doubt()] == [(x.key, "heuristic-commit")]
@@ -308,7 +311,7 @@ def test_heuristic_rollback_survives_a_restart_until_forget(broker):
         b.tx.begin(t, None, 0, NOW)
         put(b, t, t.key.encode(), 0, None)
         b.tx.prepare(t, None, NOW)
-    assert b.tx.heuristic(x.key, False, NOW) == []
+    assert b.tx.heuristic(x.key, False, NOW) is None
     assert xa_code(b.tx.heuristic, x.key, True, NOW) == XAER_NOTA
     b.tx.flush_journal()
     report = b.restart()

@@ -266,7 +266,9 @@ def test_heuristic_commit_survives_a_crash_and_is_not_applied_twice(broker):
     b.tx.begin(x, None, 0, NOW)
     fill(b, x, None, 3)
     b.tx.prepare(x, None, NOW)
-    results = b.tx.heuristic(x.key, True, NOW)  # fsyncs COMMIT + HEURISTIC itself before appending
+    plan = b.tx.heuristic(x.key, True, NOW)
+    b.tx.flush_journal()  # COMMIT + HEURISTIC durable before the appends, as the broker does it
+    results = b.tx.apply_commit(plan, NOW)
     report = b.restart()
     assert report.heuristic_kept == 1 and report.messages_reappended == 0
     assert b.tx.recover() == [x.key]
