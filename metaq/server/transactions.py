@@ -219,6 +219,8 @@ class TxService:
     def _maintain_loop(self):
         while True:
             gevent.sleep(MAINTAIN_INTERVAL_S)
+            if not self.manager.wants_maintenance:
+                continue
             try:
                 self._pool.apply(self.manager.maintain, (now_ms(),))
             except (OSError, errors.MetaqError) as exc:
