@@ -121,3 +121,28 @@ def test_admin_lists_in_doubt_and_decides_by_hand(broker):
     out = subprocess.run(admin + ["transactions", "rollback", "XID:9:00:00:nobody"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode != 0 and "no broker holds" in out.stderr
+
+
+@pytest.mark.slow
+def test_the_broker_compacts_its_journal_and_keeps_live_branches(broker_factory, tmp_path):
+    from tests.broker_harness import small_config, wait_for
+
+    cfg = small_config(tmp_path / "data", transactions={"journal_file_size": 64 * 1024})
+    b = broker_factory(config=cfg)
+    tdir = os.path.join(b.data_dir, "transactions")
+    with b.client() as c:
+        prepared_branch(c, XID1, 2)  # live across every roll
+        for i in range(60):  # ~300 KiB of finished transactions: several sealed files
+            key = "TX:s1:%d" % (i + 1)
+            ok(tx(c, key, "BEGIN"))
+            tput(c, key, "tx", 0, b"y" * 5000)
+            ok(tx(c, key, "COMMIT_ONE_PHASE"))
+        wait_for(lambda: glob.glob(os.path.join(tdir, "snapshot.*")), 20, "a journal snapshot")
+        wait_for(lambda: len(glob.glob(os.path.join(tdir, "journal.*"))) <= 2, 20,
+                 lambda: "old journal files removed: %s" % sorted(os.listdir(tdir)))
+    b.kill()
+    b.start()
+    with b.client() as c:
+        assert ok(tx(c, "null", "RECOVER", 0, "test-rm")).decode() == XID1
+        ok(tx(c, XID1, "COMMIT_TWO_PHASE"))
+        assert len(payloads(c, "tx", 0)) == 60 + 1
