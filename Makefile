@@ -13,9 +13,10 @@ PYTEST_ARGS ?=
 all: test
 
 # System packages the tests use: a real ZooKeeper (Debian's package runs as a
-# plain java process) and PostgreSQL (its own cluster per test run, started by
-# the tests; the system service is not used).
-SYSDEPS := zookeeper postgresql
+# plain java process), PostgreSQL (its own cluster per test run, started by
+# the tests; the system service is not used) and OpenSSH's server (the deploy
+# tests run sshd as a plain process on 127.0.0.1 and 127.0.0.2).
+SYSDEPS := zookeeper postgresql openssh-server
 # The benchmark measures Redis Streams beside metaq when redis-server is there.
 BENCH_SYSDEPS := redis-server
 sysdeps:
@@ -28,7 +29,7 @@ sysdeps:
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,deploy]'
 	touch $@
 
 setup: sysdeps $(VENV)/.installed

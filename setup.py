@@ -28,7 +28,7 @@ setup(
             "psycopg[binary]>=3.1",
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8"],
-        "deploy": ["fabric>=3.2,<4"],
+        "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],
     },
     entry_points={
         "console_scripts": [

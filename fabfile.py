@@ -1,0 +1,289 @@
+"""Deploy and operate a metaq cluster over SSH (Fabric 3). The brokers come from the inventory.
+
+    fab check                          validate the inventory; show each broker's settings (--show-config: server.yaml)
+    fab deploy                         build the package once, upload it, install it, render each server.yaml
+    fab start | stop | restart         daemonized brokers with a pid file; start waits for `version`
+    fab status                         per broker: up or down, version, uptime, topics, ZooKeeper, replication lag
+    fab rolling-restart                one broker at a time, each healthy before the next; stops at a failure
+    fab logs [--lines N]               the end of each broker's log
+    fab uninstall [--purge-data]       stop and remove the install (the data dir only with --purge-data)
+
+Every task takes ``--only b0,b1`` (brokers by name) and ``--inventory PATH`` (default
+``$METAQ_INVENTORY``, else ``conf/cluster.yaml`` beside this file). ``fab -i KEY`` adds an SSH key;
+``fab -H host`` limits a task to the inventory's brokers on that host. The package is built from
+this checkout (``$METAQ_DEPLOY_SOURCE`` names another). Exit status: 0 when every
+broker did what was asked, 1 when one failed (named in the last line), 2 for an invalid inventory.
+"""
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import paramiko
+from fabric import Config, Connection, task
+from invoke.exceptions import Exit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # fab from another environment: use this checkout's metaq
+    sys.path.insert(0, HERE)
+
+from metaq.deploy import hostops  # noqa: E402
+from metaq.deploy.bundle import BundleError, build_bundle  # noqa: E402
+from metaq.deploy.hostops import HostFailure  # noqa: E402
+from metaq.deploy.inventory import InventoryError, load_inventory  # noqa: E402
+from metaq.deploy.layout import Layout  # noqa: E402
+
+_print_lock = threading.Lock()
+_connections = {}
+_bundle = []  # built once per fab run
+
+
+def _say(text=""):
+    with _print_lock:
+        print(text, flush=True)
+
+
+def _inventory_path(inventory):
+    return inventory or os.environ.get("METAQ_INVENTORY") or os.path.join(HERE, "conf", "cluster.yaml")
+
+
+def _brokers(c, inventory, only, deployable=False):
+    """(cluster, selected brokers); Exit(2) for an invalid inventory or selection."""
+    try:
+        cluster = load_inventory(_inventory_path(inventory))
+        brokers = cluster.select(only)
+        if isinstance(c, Connection):  # fab -H host: this host's brokers only
+            brokers = [b for b in brokers if b.host == c.host]
+            if not brokers:
+                raise InventoryError("%s: no broker on host %s" % (cluster.source, c.host))
+        if deployable:
+            cluster.refuse_slaves(brokers)
+    except InventoryError as exc:
+        raise Exit(str(exc), code=2)
+    return cluster, brokers
+
+
+def _connection(c, broker):
+    key = (broker.name, broker.host, broker.ssh_port, broker.ssh_user)
+    conn = _connections.get(key)
+    if conn is None:
+        config = c.config if isinstance(c.config, Config) else Config(overrides=dict(c.config))
+        kwargs = dict(config.connect_kwargs)
+        if broker.ssh_key:
+            files = kwargs.get("key_filename") or []
+            kwargs["key_filename"] = ([files] if isinstance(files, str) else list(files)) + [
+                os.path.expanduser(broker.ssh_key)]
+        conn = Connection(broker.host, user=broker.ssh_user, port=broker.ssh_port, config=config,
+                          connect_timeout=broker.ssh_timeout_s, connect_kwargs=kwargs)
+        _connections[key] = conn
+    return conn
+
+
+@atexit.register
+def _close_connections():
+    for conn in _connections.values():
+        conn.close()
+
+
+def _explain(exc, broker):
+    """An operator's sentence for whatever went wrong on a host."""
+    where = "%s%s:%d" % (broker.ssh_user + "@" if broker.ssh_user else "", broker.host, broker.ssh_port)
+    if isinstance(exc, HostFailure):
+        return str(exc)
+    if isinstance(exc, paramiko.AuthenticationException):
+        return "SSH login to %s refused: %s (fab -i KEY, or ssh_key/ssh_user in the inventory)" % (where, exc)
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "cannot connect by SSH to %s: no answer within %.0f s" % (where, broker.ssh_timeout_s)
+    if isinstance(exc, paramiko.SSHException):
+        return "SSH error with %s: %s" % (where, exc)
+    if isinstance(exc, OSError):
+        return "cannot connect by SSH to %s: %s" % (where, exc.strerror or exc)
+    return "unexpected %s: %s\n%s" % (type(exc).__name__, exc, traceback.format_exc())  # a bug: show where
+
+
+def _on_hosts(c, brokers, action, parallel=False, stop_at_failure=False, quiet=False):
+    """Run ``action(conn, broker)`` per broker, print ``[name] report`` lines (unless quiet); [(broker, ok, report)]."""
+    def one(broker):
+        try:
+            report = action(_connection(c, broker), broker)
+            ok = True
+        except Exception as exc:  # every failure becomes a report line; the others go on (or stop, see below)
+            report, ok = _explain(exc, broker), False
+        prefix = "[%s]" % broker.name if ok else "[%s] FAILED on %s:" % (broker.name, broker.label)
+        if report is not None and not quiet:
+            _say("%s %s" % (prefix, report))
+        return broker, ok, report
+
+    if parallel and len(brokers) > 1:
+        with ThreadPoolExecutor(max_workers=min(8, len(brokers))) as pool:
+            return list(pool.map(one, brokers))
+    results = []
+    for broker in brokers:
+        results.append(one(broker))
+        if stop_at_failure and not results[-1][1]:
+            break
+    return results
+
+
+def _finish(what, results, total=None):
+    failed = [b.name for b, ok, _ in results if not ok]
+    if failed:
+        raise Exit("%s failed on %d of %d brokers: %s" % (what, len(failed), total or len(results), ", ".join(failed)),
+                   code=1)
+
+
+def _get_bundle():
+    if not _bundle:
+        try:
+            bundle = build_bundle(os.environ.get("METAQ_DEPLOY_SOURCE") or HERE, say=_say)
+        except BundleError as exc:
+            raise Exit("cannot build the package: %s" % exc, code=1)
+        _say("package: metaq %s, id %s (%d wheels, %.1f MB, for Python %s on %s), ready in %.1f s" % (
+            bundle.version, bundle.id, len(bundle.wheels), bundle.size / 1e6, bundle.python, bundle.machine,
+            bundle.seconds))
+        _bundle.append(bundle)
+    return _bundle[0]
+
+
+@task
+def check(c, inventory=None, only=None, show_config=False):
+    """Validate the inventory and show each broker's settings (--show-config: its rendered server.yaml)."""
+    cluster, brokers = _brokers(c, inventory, only)
+    _say("%s: cluster %s, %d brokers" % (cluster.source, cluster.name, len(cluster.brokers)))
+    header = ("BROKER", "SSH", "ROLE", "ID", "LISTEN", "PORT", "INSTALL_DIR", "DATA_DIR", "ZOOKEEPER")
+    rows = [(b.name, "%s%s:%d" % (b.ssh_user + "@" if b.ssh_user else "", b.host, b.ssh_port),
+             b.role if b.role == "master" else "slave of %s" % b.master, b.broker_id, b.listen, b.port,
+             b.install_dir, b.data_dir, b.zk_connect or "-") for b in brokers]
+    _say(hostops.table(rows, header))
+    if any(b.role == "slave" for b in brokers):
+        _say("note: slaves are refused by deploy and start until replication exists")
+    if show_config:
+        for b in brokers:
+            _say("\n--- %s: %s/conf/server.yaml (config %s)" % (b.name, b.install_dir, b.config_sha256[:12]))
+            _say(b.config_text.rstrip("\n"))
+
+
+@task
+def deploy(c, inventory=None, only=None, serial=False):
+    """Build the package once, then per host: upload, install into a new virtualenv, render server.yaml."""
+    cluster, brokers = _brokers(c, inventory, only, deployable=True)
+    bundle = _get_bundle()
+    results = _on_hosts(c, brokers, lambda conn, b: hostops.deploy(conn, b, bundle, cluster.name),
+                        parallel=not serial)
+    _finish("deploy", results)
+
+
+def _agent_task(verb, options_of, ok_states):
+    def action(conn, broker):
+        report = hostops.agent(conn, broker, verb, *options_of(broker))
+        if not report.get("ok") and report.get("state") not in ok_states:
+            raise HostFailure(report.get("message") or "%s: %s" % (verb, report.get("state")))
+        return report.get("message") or report.get("state")
+    return action
+
+
+def _start_action(require_zk=False):
+    options = lambda b: ["--timeout", b.start_timeout_s] + (["--require-zk"] if require_zk else [])  # noqa: E731
+    return _agent_task("start", options, ())
+
+
+def _stop_action(force=False):
+    options = lambda b: ["--timeout", b.stop_timeout_s] + (["--force"] if force else [])  # noqa: E731
+    return _agent_task("stop", options, ("not deployed",))
+
+
+@task
+def start(c, inventory=None, only=None):
+    """Start each broker (a daemon with a pid file) and wait until it answers `version`."""
+    _, brokers = _brokers(c, inventory, only, deployable=True)
+    _finish("start", _on_hosts(c, brokers, _start_action(), parallel=True))
+
+
+@task
+def stop(c, inventory=None, only=None, force=False):
+    """Stop each broker: SIGTERM (graceful), then wait until it has exited (--force: SIGKILL after the timeout)."""
+    _, brokers = _brokers(c, inventory, only)
+    _finish("stop", _on_hosts(c, brokers, _stop_action(force), parallel=True))
+
+
+@task
+def restart(c, inventory=None, only=None):
+    """Stop every selected broker, then start them all (a full restart; see rolling-restart for no downtime)."""
+    _, brokers = _brokers(c, inventory, only, deployable=True)
+    stopped = _on_hosts(c, brokers, _stop_action(), parallel=True)
+    started = _on_hosts(c, [b for b, ok, _ in stopped if ok], _start_action(), parallel=True)
+    _finish("restart", [r for r in stopped if not r[1]] + started, len(brokers))
+
+
+@task
+def rolling_restart(c, inventory=None, only=None):
+    """Restart one broker at a time, each healthy (and registered) before the next; stop at the first failure.
+
+    First every selected broker must be up (a preflight over all of them): nothing restarts otherwise.
+    """
+    _, brokers = _brokers(c, inventory, only, deployable=True)
+    preflight = _on_hosts(c, brokers, lambda conn, b: _must_be_up(hostops.agent(conn, b, "status")),
+                          parallel=True)
+    if not all(ok for _, ok, _ in preflight):
+        _finish("rolling restart (nothing was restarted)", preflight)
+    start_healthy = _start_action(require_zk=True)
+    results = _on_hosts(c, brokers, lambda conn, b: "%s, then %s" % (
+        _stop_action()(conn, b), start_healthy(conn, b)), stop_at_failure=True)
+    if not results[-1][1]:
+        rest = [b.name for b in brokers[len(results):]]
+        raise Exit("rolling restart stopped at %s%s" % (
+            results[-1][0].name, "; not restarted: %s" % ", ".join(rest) if rest else ""), code=1)
+
+
+def _must_be_up(report):
+    """Preflight of a rolling restart: every broker up, so restarting one never leaves a host with none."""
+    state = report.get("state")
+    if state == "not deployed":
+        raise HostFailure("not deployed: run fab deploy first")
+    if state != "up":
+        raise HostFailure("%s (%s): start it first (fab start --only NAME); a rolling restart keeps the others up"
+                          % (state, report.get("message") or "-"))
+    return None  # the preflight prints nothing for a host that is fine
+
+
+@task
+def status(c, inventory=None, only=None):
+    """Show each broker: state, pid, version, uptime, topics, messages, ZooKeeper, replication lag, pending restart."""
+    _, brokers = _brokers(c, inventory, only)
+    reports = {}
+
+    def ask(conn, broker):
+        reports[broker.name] = hostops.agent(conn, broker, "status")
+
+    results = _on_hosts(c, brokers, ask, parallel=True, quiet=True)
+    rows, notes = [], []
+    for broker, ok, error in results:
+        report = reports.get(broker.name) if ok else {"state": "unreachable", "message": error}
+        rows.append(hostops.status_row(broker, report))
+        if report.get("state") != "up" and report.get("message"):
+            notes.append("%s: %s" % (broker.name, report["message"]))
+    _say(hostops.table(rows, hostops.STATUS_COLUMNS))
+    for note in notes:
+        _say(note)
+    down = [r[0] for r in rows if r[4] != "up"]
+    if down:
+        raise Exit("not up: %s" % ", ".join(down), code=1)
+
+
+@task
+def logs(c, inventory=None, only=None, lines=50):
+    """Print the last --lines lines (default 50) of each broker's log."""
+    _, brokers = _brokers(c, inventory, only)
+    _finish("logs", _on_hosts(c, brokers, lambda conn, b: "==> %s <==\n%s" % (
+        Layout(b.install_dir).log, hostops.logs(conn, b, lines))))
+
+
+@task
+def uninstall(c, inventory=None, only=None, purge_data=False):
+    """Stop each broker and remove its install dir (with --purge-data, its data dir too)."""
+    _, brokers = _brokers(c, inventory, only)
+    _finish("uninstall", _on_hosts(c, brokers, lambda conn, b: hostops.uninstall(conn, b, purge_data)))

@@ -1,0 +1,257 @@
+"""What each fab task does on one host, given a connection to it (``fabfile.py`` supplies Fabric's).
+
+``conn`` is anything with Fabric's ``Connection`` interface: ``run(cmd, hide=, warn=, in_stream=, pty=)``
+returning a result with ``exited``/``stdout``/``stderr``, and ``sftp()``. Every function either
+returns a one-line report or raises ``HostFailure`` with a message an operator can act on.
+"""
+
+import io
+import json
+import posixpath
+import socket
+import time
+
+from metaq.deploy.layout import Layout
+from metaq.deploy.remote import agent_command, facts_command, pip_install_command, q
+
+__all__ = ["HostFailure", "deploy", "agent", "logs", "uninstall", "status_row", "STATUS_COLUMNS"]
+
+_TAIL = 12
+_STEP = "@@metaq-deploy-step: "
+
+
+class HostFailure(Exception):
+    """The task failed on this host; the message says what happened and, where possible, what to do."""
+
+
+def run(conn, cmd, what):
+    """stdout of ``cmd`` on the host; HostFailure naming ``what`` on a non-zero exit."""
+    r = conn.run(cmd, hide=True, warn=True, in_stream=False, pty=False)
+    if r.exited != 0:
+        raise HostFailure("%s failed (exit %d): %s" % (what, r.exited, _tail(r.stderr or r.stdout)))
+    return r.stdout
+
+
+def run_steps(conn, steps):
+    """Run ``[(what, cmd), ...]`` in one shell on the host (one round trip), stopping at the first failure.
+
+    Each step announces itself on stderr, so a failure names the step and shows only its own output.
+    """
+    script = " && ".join("{ echo %s >&2; %s; }" % (q(_STEP + what), cmd) for what, cmd in steps)
+    r = conn.run(script, hide=True, warn=True, in_stream=False, pty=False)
+    if r.exited != 0:
+        what, output = "a step", r.stderr
+        if _STEP in r.stderr:
+            head, _, rest = r.stderr.rpartition(_STEP)
+            what, _, output = rest.partition("\n")
+        raise HostFailure("%s failed (exit %d): %s" % (what, r.exited, _tail(output or r.stdout)))
+    return r.stdout
+
+
+def _tail(text, lines=_TAIL):
+    return "\n".join(text.strip().splitlines()[-lines:]) or "(no output)"
+
+
+def facts(conn, broker):
+    r = conn.run(facts_command(broker.python, broker.install_dir), hide=True, warn=True, in_stream=False, pty=False)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise HostFailure("no usable Python at `%s` on the host (exit %d: %s); install Python 3 there or set "
+                          "`python:` for this broker in the inventory" % (broker.python, r.exited, _tail(r.stderr, 3))
+                          ) from None
+
+
+# --- deploy --------------------------------------------------------------------------------------
+
+
+def deploy(conn, broker, bundle, cluster_name):
+    """Bring the host to this package and this config; touch nothing when it already has both."""
+    layout = Layout(broker.install_dir)
+    found = facts(conn, broker)
+    if (found["python"], found["machine"]) != (bundle.python, bundle.machine):
+        raise HostFailure("`%s` on the host is Python %s on %s, but the wheels were built here for Python %s on %s: "
+                          "point `python:` for this broker at a Python %s there" % (
+                              broker.python, found["python"], found["machine"], bundle.python, bundle.machine,
+                              bundle.python))
+    state = found["state"] or {}
+    package_ok = (state.get("package_sha256") == bundle.sha256 and found["current"] == bundle.id
+                  and found["current_ok"])
+    config_ok = found["config_sha256"] == broker.config_sha256 == state.get("config_sha256")
+    if package_ok and config_ok:
+        return "unchanged (package %s, config %s)" % (bundle.id, broker.config_sha256[:12])
+    run(conn, q("mkdir", "-p", layout.wheels, layout.releases, *sorted({posixpath.dirname(p) for p in (
+        layout.config, layout.pidfile, layout.log)}), broker.data_dir), "creating directories")
+    changes = []
+    if not package_ok:
+        sent = _upload_wheels(conn, layout, bundle, found["wheels"])
+        built = _install_release(conn, broker, layout, bundle, found["releases"].get(bundle.id))
+        changes.append("installed metaq %s (package %s: %d of %d wheels uploaded, %.1f MB%s)" % (
+            bundle.version, bundle.id, len(sent), len(bundle.wheels), sum(w.size for w in sent) / 1e6,
+            ", virtualenv built" if built else ", release already on the host"))
+    if found["config_sha256"] != broker.config_sha256:
+        _upload_config(conn, layout, broker)
+        changes.append("server.yaml updated (config %s)" % broker.config_sha256[:12])
+    _write_state(conn, layout, broker, bundle, cluster_name)
+    _prune(conn, layout, bundle, found)
+    if found["pid"]:
+        what = " and ".join(w for w, changed in (("package", not package_ok),
+                                                  ("config", found["config_sha256"] != broker.config_sha256))
+                            if changed) or "deploy"
+        changes.append("the running broker (pid %s) still has the previous %s: restart to apply (fab rolling-restart)"
+                       % (found["pid"], what))
+    return "; ".join(changes) or "state recorded (package %s, config %s)" % (bundle.id, broker.config_sha256[:12])
+
+
+def _upload_wheels(conn, layout, bundle, on_host):
+    """Upload the wheels the host lacks (or has with other content); each lands whole or not at all."""
+    missing = [w for w in bundle.wheels if on_host.get(w.filename) != w.sha256]
+    if missing:
+        sftp = conn.sftp()
+        for w in missing:
+            final = posixpath.join(layout.wheels, w.filename)
+            sftp.put(w.path, final + ".part")
+            sftp.posix_rename(final + ".part", final)
+    return missing
+
+
+def _install_release(conn, broker, layout, bundle, complete):
+    """Make releases/<id> (a fresh virtualenv with exactly the bundle's wheels) and point ``current`` at it."""
+    release = layout.release(bundle.id)
+    steps = []
+    if not complete:
+        wheel = lambda w: posixpath.join(layout.wheels, w.filename)  # noqa: E731
+        steps += [
+            ("creating the virtualenv", "%s && %s" % (q("rm", "-rf", release),
+                                                      q(broker.python, "-m", "venv", "--without-pip",
+                                                        layout.venv(bundle.id)))),
+            ("installing the wheels", pip_install_command(layout.python(bundle.id), wheel(bundle.pip),
+                                                          [wheel(w) for w in bundle.installs], layout.wheels)),
+            ("checking the installed broker", "%s | grep -qF %s" % (q(layout.server_script(bundle.id), "--version"),
+                                                                    q(" " + bundle.version))),
+            ("marking the release complete", q("touch", posixpath.join(release, ".complete"))),
+        ]
+    tmp = layout.current + ".new"
+    steps.append(("switching `current` to the new release", "%s && %s" % (
+        q("ln", "-sfn", posixpath.join("releases", bundle.id), tmp), q("mv", "-Tf", tmp, layout.current))))
+    run_steps(conn, steps)
+    return not complete
+
+
+def _put_text(conn, path, text):
+    """Write a file on the host atomically (a temporary beside it, then a rename)."""
+    sftp = conn.sftp()
+    sftp.putfo(io.BytesIO(text.encode("utf-8")), path + ".tmp")
+    sftp.posix_rename(path + ".tmp", path)
+
+
+def _upload_config(conn, layout, broker):
+    """Upload server.yaml beside the old one, let the installed broker validate it, then rename it into place."""
+    tmp = layout.config + ".new"
+    conn.sftp().putfo(io.BytesIO(broker.config_text.encode("utf-8")), tmp)
+    check = q(layout.server_script(), "-c", tmp, "--check-config")
+    install = q("mv", "-f", tmp, layout.config)
+    r = conn.run("%s >/dev/null && %s || { status=$?; rm -f %s; exit $status; }" % (check, install, q(tmp)),
+                 hide=True, warn=True, in_stream=False, pty=False)
+    if r.exited != 0:
+        raise HostFailure("the broker refuses the rendered server.yaml: %s" % _tail(r.stderr or r.stdout, 5))
+
+
+def _write_state(conn, layout, broker, bundle, cluster_name):
+    state = {
+        "cluster": cluster_name, "broker": broker.name, "broker_id": broker.broker_id, "version": bundle.version,
+        "package_sha256": bundle.sha256, "release": bundle.id, "config_sha256": broker.config_sha256,
+        "wheels": [w.filename for w in bundle.wheels],
+        "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "deployed_from": socket.gethostname(),
+    }
+    _put_text(conn, layout.state, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def _prune(conn, layout, bundle, found):
+    """Drop releases no one uses (keeping the previous one for a quick way back) and wheels of older packages."""
+    keep = {bundle.id, found["current"], found["running_release"]}
+    old = [layout.release(r) for r in found["releases"] if r not in keep]
+    names = {w.filename for w in bundle.wheels}
+    old += [posixpath.join(layout.wheels, n) for n in found["wheels"] if n not in names]
+    if old:
+        run(conn, q("rm", "-rf", "--", *old), "removing old releases and wheels")
+
+
+# --- the broker: start, stop, status, logs, uninstall ---------------------------------------------
+
+
+def agent(conn, broker, command, *options):
+    """The agent's JSON report; ``{"state": "not deployed"}`` when the host has no installed release."""
+    layout = Layout(broker.install_dir)
+    cmd = "if [ -x %s ]; then %s; else echo '{\"ok\": false, \"state\": \"not deployed\"}'; fi" % (
+        q(layout.python()), agent_command(broker.install_dir, command, *options))
+    r = conn.run(cmd, hide=True, warn=True, in_stream=False, pty=False)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise HostFailure("the deploy agent failed (exit %d): %s" % (r.exited, _tail(r.stderr or r.stdout))) from None
+
+
+def logs(conn, broker, lines):
+    layout = Layout(broker.install_dir)
+    r = conn.run(q("tail", "-n", int(lines), layout.log), hide=True, warn=True, in_stream=False, pty=False)
+    if r.exited != 0:
+        return "(no log at %s)" % layout.log
+    return r.stdout.rstrip("\n")
+
+
+def uninstall(conn, broker, purge_data):
+    layout = Layout(broker.install_dir)
+    r = conn.run(q("test", "-d", layout.home), hide=True, warn=True, in_stream=False)
+    gone = []
+    if r.exited == 0:
+        report = agent(conn, broker, "stop", "--timeout", broker.stop_timeout_s)
+        if report.get("state") not in ("down", "not deployed"):
+            raise HostFailure("not removed: the broker did not stop: %s" % report.get("message"))
+        if conn.run(q("test", "-f", layout.state), hide=True, warn=True, in_stream=False).exited != 0:
+            raise HostFailure("not removed: %s has no %s, so deploy did not make it" % (
+                layout.home, posixpath.basename(layout.state)))
+        run(conn, q("rm", "-rf", "--", layout.home), "removing the install dir")
+        gone.append(layout.home)
+    if purge_data:
+        run(conn, q("rm", "-rf", "--", broker.data_dir), "removing the data dir")
+        gone.append(broker.data_dir)
+    if not gone:
+        return "not installed (no %s)" % layout.home
+    kept = "" if purge_data else "; data kept in %s (uninstall --purge-data removes it)" % broker.data_dir
+    return "removed %s%s" % (" and ".join(gone), kept)
+
+
+STATUS_COLUMNS = ("BROKER", "HOST", "PORT", "ROLE", "STATE", "PID", "VERSION", "UPTIME", "TOPICS", "MESSAGES",
+                  "ZOOKEEPER", "REPL_LAG", "PENDING")
+
+
+def status_row(broker, report):
+    """One status table row (a tuple matching STATUS_COLUMNS) from the agent's status report."""
+    stats = report.get("stats") or {}
+    pending = report.get("pending") or []
+    return (broker.name, broker.listen, str(broker.port), broker.role, report.get("state", "?"),
+            str(report.get("pid") or stats.get("pid") or "-"), report.get("version") or "-",
+            format_uptime(stats.get("uptime")), stats.get("topics", "-"), stats.get("total_messages", "-"),
+            stats.get("zookeeper", "-"),
+            "-",  # replication lag: no replication in this version
+            "restart (%s)" % "+".join(pending) if pending else "-")
+
+
+def format_uptime(seconds):
+    if seconds is None or not str(seconds).isdigit():
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return "%ds" % s
+    if s < 3600:
+        return "%dm%02ds" % (s // 60, s % 60)
+    if s < 86400:
+        return "%dh%02dm" % (s // 3600, s % 3600 // 60)
+    return "%dd%02dh" % (s // 86400, s % 86400 // 3600)
+
+
+def table(rows, header):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
