@@ -29,7 +29,7 @@ sysdeps:
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -e '.[test,deploy]'
+	$(PIP) install -e '.[test,deploy,spark]'
 	touch $@
 
 setup: sysdeps $(VENV)/.installed

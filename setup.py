@@ -27,13 +27,14 @@ setup(
             "pytest-timeout>=2.3",
             "psycopg[binary]>=3.1",
         ],
-        "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8"],
+        "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],
     },
     entry_points={
         "console_scripts": [
             "metaq-server = metaq.server.__main__:main",
             "metaq-admin = metaq.client.admin:main",
+            "metaq-spark-report = metaq.spark.report:main",
         ],
     },
 )

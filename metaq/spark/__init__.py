@@ -1,1 +1,45 @@
-"""spark layer (see DESIGN §2)."""
+"""metaq and Spark: consumer-lag reports and message ranges as DataFrames (DESIGN §2, §9).
+
+    from metaq.spark import register
+    register(spark)
+    df = spark.read.format("metaq").option("brokers", "meta://127.0.0.1:8123").option("topic", "orders").load()
+
+    $ metaq-spark-report --zk 127.0.0.1:2181 --out report/
+
+Importing this package is cheap: pyspark, pyarrow and matplotlib are imported only by the
+functions that need them (install them with the ``spark`` extra: ``pip install 'metaq[spark]'``).
+
+* :mod:`metaq.spark.ranges` — offset ranges and the plain-Python range reader (no Spark);
+* :mod:`metaq.spark.datasource` — ``format("metaq")`` and the RDD-of-ranges fallback;
+* :mod:`metaq.spark.collector` — offsets snapshots to a Parquet history;
+* :mod:`metaq.spark.burrow` — Burrow's lag rules in Python;
+* :mod:`metaq.spark.lagjob`, :mod:`metaq.spark.render`, :mod:`metaq.spark.report` — the report.
+"""
+
+_EXPORTS = {
+    "register": "metaq.spark.datasource",
+    "read_ranges_rdd": "metaq.spark.datasource",
+    "OffsetRange": "metaq.spark.ranges",
+    "plan_ranges": "metaq.spark.ranges",
+    "read_range": "metaq.spark.ranges",
+    "msg_timestamp_ms": "metaq.spark.ranges",
+    "collect_snapshot": "metaq.spark.collector",
+    "write_snapshot": "metaq.spark.collector",
+    "partition_status": "metaq.spark.burrow",
+    "run_lag_job": "metaq.spark.lagjob",
+    "run_report": "metaq.spark.report",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    """Import a submodule only when one of its names is first used."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError("module 'metaq.spark' has no attribute %r" % name)
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
