@@ -17,6 +17,7 @@ import sys
 
 import metaq
 from metaq import errors
+from metaq.client.cluster import zk_children, zk_data
 from metaq.client.connection import BrokerConnection
 from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
@@ -95,15 +96,15 @@ def zk_group_rows(view, only_group=None):
         return []
     zk, base = view.cluster.zk, view.cluster.root + "/consumers"
     rows = []
-    groups = [only_group] if only_group else sorted(_children(zk, base))
+    groups = [only_group] if only_group else sorted(zk_children(zk, base))
     for group in groups:
-        topics = set(_children(zk, "%s/%s/offsets" % (base, group))) | set(_children(zk, "%s/%s/owners" % (base, group)))
+        topics = set(zk_children(zk, "%s/%s/offsets" % (base, group))) | set(zk_children(zk, "%s/%s/owners" % (base, group)))
         for topic in sorted(topics):
-            parts = set(_children(zk, "%s/%s/offsets/%s" % (base, group, topic)))
-            parts |= set(_children(zk, "%s/%s/owners/%s" % (base, group, topic)))
+            parts = set(zk_children(zk, "%s/%s/offsets/%s" % (base, group, topic)))
+            parts |= set(zk_children(zk, "%s/%s/owners/%s" % (base, group, topic)))
             for part in sorted(parts):
-                raw = _data(zk, "%s/%s/offsets/%s/%s" % (base, group, topic, part))
-                owner = _data(zk, "%s/%s/owners/%s/%s" % (base, group, topic, part))
+                raw = zk_data(zk, "%s/%s/offsets/%s/%s" % (base, group, topic, part))
+                owner = zk_data(zk, "%s/%s/owners/%s/%s" % (base, group, topic, part))
                 rows.append((group, topic, part, zk_offset(raw), owner or ""))
     return rows
 
@@ -115,24 +116,6 @@ def zk_offset(raw):
     try:
         return parse_zk_offset(raw)[0]
     except ValueError:
-        return None
-
-
-def _children(zk, path):
-    from kazoo.exceptions import NoNodeError
-
-    try:
-        return zk.get_children(path)
-    except NoNodeError:
-        return []
-
-
-def _data(zk, path):
-    from kazoo.exceptions import NoNodeError
-
-    try:
-        return zk.get(path)[0].decode("utf-8", "replace")
-    except NoNodeError:
         return None
 
 
@@ -210,11 +193,11 @@ def cmd_zk(view, args):
     rows = []
 
     def walk(path):
-        data = _data(zk, path)
+        data = zk_data(zk, path)
         stat = zk.exists(path)
         rows.append({"path": path, "data": data if data is not None else "",
                      "ephemeral": bool(stat and stat.ephemeralOwner)})
-        for child in sorted(_children(zk, path)):
+        for child in sorted(zk_children(zk, path)):
             walk(path.rstrip("/") + "/" + child)
 
     walk(start)

@@ -387,3 +387,21 @@ class ZkCluster:
                 callback()
             except Exception:
                 log.exception("topic watch callback %r failed", callback)
+
+
+def zk_children(zk, path):
+    """Children of ``path`` (a started KazooClient), or [] when the node does not exist."""
+    try:
+        return zk.get_children(path)
+    except NoNodeError:
+        return []
+
+
+def zk_data(zk, path, with_stat=False):
+    """The UTF-8 text of ``path`` (and its ZnodeStat when ``with_stat``), or None when it does not exist."""
+    try:
+        data, stat = zk.get(path)
+    except NoNodeError:
+        return None
+    text = data.decode("utf-8", "replace")
+    return (text, stat) if with_stat else text

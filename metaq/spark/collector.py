@@ -25,6 +25,7 @@ import uuid
 from typing import NamedTuple
 
 from metaq import errors
+from metaq.client.cluster import zk_children, zk_data
 from metaq.client.connection import BrokerConnection
 from metaq.client.message import Partition
 from metaq.client.offsets import parse_zk_offset
@@ -153,11 +154,11 @@ def _zk_brokers(zk, root):
     """``[(broker_id, url, registered)]``: every ``brokers/ids/<id>``; registered when its master node exists."""
     out = []
     base = root + "/brokers/ids"
-    for name in _children(zk, base):
+    for name in zk_children(zk, base):
         if not name.isdigit():
             continue
-        master = _data(zk, "%s/%s/master" % (base, name))
-        url = master or _data(zk, "%s/%s" % (base, name))
+        master = zk_data(zk, "%s/%s/master" % (base, name))
+        url = master or zk_data(zk, "%s/%s" % (base, name))
         if url:
             out.append((int(name), url.strip(), bool(master)))
     return out
@@ -167,17 +168,17 @@ def _zk_offsets(zk, root, ts_ms):
     """Offset rows from ``consumers/<group>/offsets`` and ``{(group, topic, broker_id, p): owner}`` from ``owners``."""
     rows, owners = [], {}
     base = root + "/consumers"
-    for group in sorted(_children(zk, base)):
-        for topic in _children(zk, "%s/%s/owners" % (base, group)):
-            for key in _children(zk, "%s/%s/owners/%s" % (base, group, topic)):
+    for group in sorted(zk_children(zk, base)):
+        for topic in zk_children(zk, "%s/%s/owners" % (base, group)):
+            for key in zk_children(zk, "%s/%s/owners/%s" % (base, group, topic)):
                 part = _partition(key)
-                owner = _data(zk, "%s/%s/owners/%s/%s" % (base, group, topic, key))
+                owner = zk_data(zk, "%s/%s/owners/%s/%s" % (base, group, topic, key))
                 if part is not None and owner is not None:
                     owners[(group, topic, part.broker_id, part.partition)] = owner
-        for topic in sorted(_children(zk, "%s/%s/offsets" % (base, group))):
-            for key in sorted(_children(zk, "%s/%s/offsets/%s" % (base, group, topic))):
+        for topic in sorted(zk_children(zk, "%s/%s/offsets" % (base, group))):
+            for key in sorted(zk_children(zk, "%s/%s/offsets/%s" % (base, group, topic))):
                 part = _partition(key)
-                got = _data(zk, "%s/%s/offsets/%s/%s" % (base, group, topic, key), with_stat=True)
+                got = zk_data(zk, "%s/%s/offsets/%s/%s" % (base, group, topic, key), with_stat=True)
                 if part is None or got is None:
                     continue
                 raw, stat = got
@@ -197,32 +198,6 @@ def _partition(key):
         return Partition.parse(key)
     except ValueError:
         return None
-
-
-def _children(zk, path):
-    """Children of ``path``, [] when it does not exist (or vanishes while we look)."""
-    if zk.exists(path) is None:
-        return []
-    try:
-        return zk.get_children(path)
-    except Exception:  # kazoo's NoNodeError: deleted between the two calls
-        if zk.exists(path) is None:
-            return []
-        raise
-
-
-def _data(zk, path, with_stat=False):
-    """The text in ``path`` (and its stat), None when it does not exist (or vanishes while we look)."""
-    if zk.exists(path) is None:
-        return None
-    try:
-        data, stat = zk.get(path)
-    except Exception:  # kazoo's NoNodeError
-        if zk.exists(path) is None:
-            return None
-        raise
-    text = data.decode("utf-8", "replace")
-    return (text, stat) if with_stat else text
 
 
 # -- history ------------------------------------------------------------------------------------
