@@ -79,3 +79,26 @@ def validate_partition(partition, partitions):
     if not 0 <= partition < partitions:
         raise InvalidPartition("wrong partition %d: the topic has partitions 0..%d" % (partition, partitions - 1))
     return partition
+
+
+#: Largest RocketMQ remoting frame, counting its 4-byte length field (Java's
+#: ``com.rocketmq.remoting.frameMaxLength`` default, compared the same way Netty's
+#: LengthFieldBasedFrameDecoder does: length field value + 4).
+MAX_REMOTING_FRAME = 16 * 1024 * 1024
+
+#: Largest header (JSON or ROCKETMQ binary) of a remoting frame. Java has no
+#: separate cap; a send header carries at most 32 KiB of properties, which JSON
+#: escaping (``\u0001``) can grow sixfold, so 1 MiB leaves ample room.
+MAX_REMOTING_HEADER = 1024 * 1024
+
+#: Most log bytes one replication DATA frame may carry (``metaq.protocol.replication``).
+#: A chunk holds whole records and blank tails, so this must exceed the largest
+#: record (MAX_BODY_BYTES + topic + 62 bytes of header) and the largest blank
+#: tail (smaller than the record that caused the roll).
+MAX_REPLICATION_DATA_BYTES = 16 * 1024 * 1024
+
+#: What a master reads per DATA frame by default (``MessageStore.read_log`` max_bytes).
+REPLICATION_READ_BYTES = 1024 * 1024
+
+#: Longest text of a replication ERROR frame, in bytes.
+MAX_REPLICATION_ERROR_TEXT = 4096
