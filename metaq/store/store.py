@@ -20,7 +20,7 @@ import struct
 
 from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
 from metaq.limits import validate_partition
-from metaq.store import recovery
+from metaq.store import recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
@@ -502,6 +502,20 @@ class MessageStore:
             found.add(decode_record(seg.view, rel).msg_id)
             pos += total
         return found
+
+    # -- replication (the logic and its contract: replica.py) ---------------
+
+    def read_log(self, position, max_bytes, upto="flushed"):
+        """Master: ``(memoryview, next_position)``, whole records/blank tails of one segment from ``position``."""
+        return replica.read_log(self, position, max_bytes, upto)
+
+    def append_replicated(self, position, data, now_ms, master_segment_size=None):
+        """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
+        return replica.append_replicated(self, position, data, now_ms, master_segment_size)
+
+    def truncate_log(self, position, now_ms):
+        """Cut the log (and index units) back to the record boundary ``position``; returns a TruncateReport."""
+        return replica.truncate_log(self, position, now_ms)
 
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 

@@ -1,0 +1,277 @@
+"""Our master→slave replication stream, sans-IO (DESIGN §8; not MetaQ's: MetaQ used a consumer).
+
+The slave connects to the master's replication port and sends HELLO; the
+master answers with DATA frames carrying its commit log from the slave's
+``start_position`` (chunks of ``MessageStore.read_log``: whole records and
+blank tails, each chunk inside one segment), HEARTBEATs while idle, or an
+ERROR before closing. The slave answers ACKs as it appends and flushes. Both
+directions use the same framing, so one parser serves both ends.
+
+Frame (big-endian)::
+
+    FRAME_HEADER  >4sBBHII   16 bytes
+      0  4  magic      b"MQRS"
+      4  1  version    1
+      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5
+      6  2  reserved   0
+      8  4  length     payload bytes (checked against the limits before buffering)
+     12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
+
+Payloads::
+
+    HELLO      >iiqqqq  slave_id int32, broker_id int32, segment_size int64, start_position int64,
+                        epoch int64, epoch_start int64 (the epoch handshake's placeholder; -1 = none)
+    DATA       >q       position int64, then the log bytes (at most ``max_data`` of them)
+    ACK        >iqq     slave_id int32, written_position int64 (appended), durable_position int64 (flushed)
+    HEARTBEAT  >q       position int64: the sender's log end (the master's replicable end: lag = it - acked)
+    ERROR      >i       code int32 (a MetaQ-style status), then UTF-8 text (at most ``max_error_text`` bytes)
+
+Every fixed-size payload must have exactly its size. Any violation (magic,
+version, type, reserved bits, length over the limit, CRC, a field out of
+range, EOF inside a frame) raises ``RemoteProtocolError`` with ``fatal=True``:
+a binary stream cannot be resynchronised, so the peer closes the connection
+and the slave reconnects and resumes from its own end (nothing partial is
+ever handed out: a DATA event is a whole, CRC-checked frame).
+"""
+
+import struct
+from typing import NamedTuple
+
+from metaq import limits
+from metaq.errors import RemoteProtocolError
+from metaq.protocol.checksum import crc32
+
+__all__ = ["Hello", "Data", "Ack", "Heartbeat", "ErrorFrame", "ReplicationParser", "serialize", "frame_parts",
+           "NEED_DATA", "CLOSED", "MAGIC", "VERSION"]
+
+MAGIC = b"MQRS"
+VERSION = 1
+
+#: magic, version, type, reserved, length, crc.
+FRAME_HEADER = struct.Struct(">4sBBHII")
+assert FRAME_HEADER.size == 16
+_CRC_COVERS = 12  # header bytes covered by the crc (everything before it)
+
+#: slave_id, broker_id, segment_size, start_position, epoch, epoch_start.
+HELLO = struct.Struct(">iiqqqq")
+assert HELLO.size == 40
+#: position of the first log byte of a DATA frame.
+DATA_HEAD = struct.Struct(">q")
+assert DATA_HEAD.size == 8
+#: slave_id, written_position, durable_position.
+ACK = struct.Struct(">iqq")
+assert ACK.size == 20
+#: the sender's log end.
+HEARTBEAT = struct.Struct(">q")
+assert HEARTBEAT.size == 8
+#: error code.
+ERROR_HEAD = struct.Struct(">i")
+assert ERROR_HEAD.size == 4
+
+T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR = 1, 2, 3, 4, 5
+INT64_MAX = 2**63 - 1
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return self._name
+
+
+#: ``next_event()``: no whole frame is buffered yet; feed more bytes.
+NEED_DATA = _Sentinel("NEED_DATA")
+#: ``next_event()``: the peer closed the stream cleanly between frames.
+CLOSED = _Sentinel("CLOSED")
+
+
+class Hello(NamedTuple):
+    slave_id: int
+    broker_id: int
+    segment_size: int
+    start_position: int
+    epoch: int = -1
+    epoch_start: int = -1
+
+
+class Data(NamedTuple):
+    position: int
+    data: bytes
+
+
+class Ack(NamedTuple):
+    slave_id: int
+    written_position: int
+    durable_position: int
+
+
+class Heartbeat(NamedTuple):
+    position: int
+
+
+class ErrorFrame(NamedTuple):
+    code: int
+    text: str
+
+
+def _frame(ftype, payload_parts):
+    length = sum(len(p) for p in payload_parts)
+    head = FRAME_HEADER.pack(MAGIC, VERSION, ftype, 0, length, 0)
+    crc = crc32(head[:_CRC_COVERS])
+    for part in payload_parts:
+        crc = crc32(part, crc)
+    return [head[:_CRC_COVERS] + struct.pack(">I", crc)] + list(payload_parts)
+
+
+def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
+                max_error_text=limits.MAX_REPLICATION_ERROR_TEXT):
+    """The frame as a list of buffers to send in order (a DATA's log bytes are not copied)."""
+    if isinstance(event, Data):
+        if len(event.data) > max_data:
+            raise ValueError("DATA of %d bytes exceeds the %d-byte limit" % (len(event.data), max_data))
+        _check_position(event.position, ValueError)
+        return _frame(T_DATA, [DATA_HEAD.pack(event.position), event.data])
+    if isinstance(event, Hello):
+        return _frame(T_HELLO, [HELLO.pack(*event)])
+    if isinstance(event, Ack):
+        return _frame(T_ACK, [ACK.pack(*event)])
+    if isinstance(event, Heartbeat):
+        return _frame(T_HEARTBEAT, [HEARTBEAT.pack(*event)])
+    if isinstance(event, ErrorFrame):
+        text = event.text.encode("utf-8")
+        if len(text) > max_error_text:
+            text = text[:max_error_text].decode("utf-8", "ignore").encode("utf-8")
+        return _frame(T_ERROR, [ERROR_HEAD.pack(event.code), text])
+    raise TypeError("not a replication event: %r" % (event,))
+
+
+def serialize(event, **kw):
+    """The frame as one bytes object."""
+    return b"".join(bytes(p) for p in frame_parts(event, **kw))
+
+
+def _check_position(value, exc=RemoteProtocolError):
+    if not 0 <= value <= INT64_MAX:
+        raise exc("position %d out of range" % value)
+
+
+def _fail(reason):
+    return RemoteProtocolError(reason, fatal=True)
+
+
+class ReplicationParser:
+    """Bytes in, events out. ``receive_data(b"")`` means EOF; errors are fatal and sticky."""
+
+    def __init__(self, max_data=limits.MAX_REPLICATION_DATA_BYTES,
+                 max_error_text=limits.MAX_REPLICATION_ERROR_TEXT):
+        self.max_data = max_data
+        self.max_error_text = max_error_text
+        self._buf = bytearray()
+        self._eof = False
+        self._error = None
+
+    def receive_data(self, data):
+        if self._eof and data:
+            raise RuntimeError("receive_data after EOF")
+        if data:
+            self._buf += data
+        else:
+            self._eof = True
+
+    @property
+    def buffered(self):
+        """Bytes received and not yet turned into events."""
+        return len(self._buf)
+
+    def next_event(self):
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._next()
+        except RemoteProtocolError as exc:
+            self._error = exc
+            raise
+
+    def _next(self):
+        buf = self._buf
+        if len(buf) < FRAME_HEADER.size:
+            if self._eof:
+                if buf:
+                    raise _fail("stream closed inside a frame header (%d of %d bytes)"
+                                % (len(buf), FRAME_HEADER.size))
+                return CLOSED
+            if len(buf) >= 4 and bytes(buf[:4]) != MAGIC:
+                raise _fail("bad frame magic %r (expected %r)" % (bytes(buf[:4]), MAGIC))
+            return NEED_DATA
+        magic, version, ftype, reserved, length, crc = FRAME_HEADER.unpack_from(buf)
+        if magic != MAGIC:
+            raise _fail("bad frame magic %r (expected %r)" % (magic, MAGIC))
+        if version != VERSION:
+            raise _fail("unsupported replication stream version %d (this side speaks %d)" % (version, VERSION))
+        if reserved:
+            raise _fail("reserved header bits set (%#06x)" % reserved)
+        self._check_length(ftype, length)
+        end = FRAME_HEADER.size + length
+        if len(buf) < end:
+            if self._eof:
+                raise _fail("stream closed inside a frame (%d of %d bytes)" % (len(buf), end))
+            return NEED_DATA
+        view = memoryview(buf)
+        try:
+            if crc32(view[FRAME_HEADER.size:end], crc32(view[:_CRC_COVERS])) != crc:
+                raise _fail("frame CRC mismatch (type %d, %d bytes)" % (ftype, length))
+            event = self._decode(ftype, view[FRAME_HEADER.size:end])
+        finally:
+            view.release()
+        del buf[:end]
+        return event
+
+    def _check_length(self, ftype, length):
+        fixed = {T_HELLO: HELLO.size, T_ACK: ACK.size, T_HEARTBEAT: HEARTBEAT.size}.get(ftype)
+        if fixed is not None:
+            if length != fixed:
+                raise _fail("frame type %d must carry %d bytes, not %d" % (ftype, fixed, length))
+        elif ftype == T_DATA:
+            if not DATA_HEAD.size <= length <= DATA_HEAD.size + self.max_data:
+                raise _fail("DATA frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_DATA_BYTES)"
+                            % (length, DATA_HEAD.size, DATA_HEAD.size + self.max_data))
+        elif ftype == T_ERROR:
+            if not ERROR_HEAD.size <= length <= ERROR_HEAD.size + self.max_error_text:
+                raise _fail("ERROR frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_ERROR_TEXT)"
+                            % (length, ERROR_HEAD.size, ERROR_HEAD.size + self.max_error_text))
+        else:
+            raise _fail("unknown frame type %d" % ftype)
+
+    def _decode(self, ftype, payload):
+        if ftype == T_DATA:
+            (position,) = DATA_HEAD.unpack_from(payload)
+            _check_position(position, _fail)
+            return Data(position, bytes(payload[DATA_HEAD.size:]))
+        if ftype == T_HELLO:
+            ev = Hello(*HELLO.unpack_from(payload))
+            if ev.slave_id < 0 or not 0 <= ev.broker_id <= limits.MAX_BROKER_ID or ev.segment_size <= 0:
+                raise _fail("bad HELLO: slave id %d, broker id %d, segment size %d"
+                            % (ev.slave_id, ev.broker_id, ev.segment_size))
+            _check_position(ev.start_position, _fail)
+            if ev.epoch < -1 or ev.epoch_start < -1:
+                raise _fail("bad HELLO: epoch %d starting at %d" % (ev.epoch, ev.epoch_start))
+            return ev
+        if ftype == T_ACK:
+            ev = Ack(*ACK.unpack_from(payload))
+            if ev.slave_id < 0 or ev.durable_position > ev.written_position:
+                raise _fail("bad ACK: slave id %d, written %d, durable %d" % ev)
+            _check_position(ev.durable_position, _fail)
+            return ev
+        if ftype == T_HEARTBEAT:
+            ev = Heartbeat(*HEARTBEAT.unpack_from(payload))
+            _check_position(ev.position, _fail)
+            return ev
+        (code,) = ERROR_HEAD.unpack_from(payload)
+        try:
+            text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _fail("ERROR frame text is not UTF-8") from None
+        return ErrorFrame(code, text)
