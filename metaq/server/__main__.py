@@ -41,6 +41,12 @@ def build_parser():
     p.add_argument("--zk", metavar="HOST:PORT[,...]",
                    help="register in ZooKeeper at this connect string (a /chroot suffix is allowed); "
                         "without it (and without zk.connect in the file) the broker runs standalone")
+    p.add_argument("--slave-of", metavar="HOST:PORT",
+                   help="run as a replication slave of the master whose replication port is HOST:PORT "
+                        "(same broker id and segment size as the master; puts are refused)")
+    p.add_argument("--slave-id", type=int, metavar="N", help="this slave's number (registers as slave<N>)")
+    p.add_argument("--replication-port", type=int, metavar="P",
+                   help="master: serve slaves on this port (0 or absent = off)")
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
@@ -59,6 +65,10 @@ def overrides_from(args):
         "store.flush": args.flush,
         "store.force_recovery": args.force_recovery,
         "zk.connect": args.zk,
+        "replication.role": "slave" if args.slave_of else None,
+        "replication.slave_of": args.slave_of,
+        "replication.slave_id": args.slave_id,
+        "replication.port": args.replication_port,
     }
 
 

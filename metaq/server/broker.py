@@ -16,6 +16,7 @@ from metaq.server.dispatch import TextDispatcher
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.registry import ZkRegistry
+from metaq.server.replication import ReplicationServer, SlaveLink
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
 from metaq.server.transactions import TxService
@@ -50,6 +51,9 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal)
         self.ahead = AheadWorker(self.store)
         self.registry = ZkRegistry(self) if config.zk.connect else None
+        rcfg = config.replication
+        self.slave_link = SlaveLink(self) if rcfg.role == "slave" else None
+        self.replication = ReplicationServer(self) if rcfg.role == "master" and rcfg.port else None
         self.tx = TxService(self)  # after the store: recovery completes interrupted commits
         self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
@@ -77,6 +81,8 @@ class Broker:
 
     def on_visible(self, keys):
         self.waiters.notify(keys)
+        if self.replication is not None:
+            self.replication.notify()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -105,11 +111,18 @@ class Broker:
         self.refresh_refusal()
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
+        if self.replication is not None:
+            self.replication.start()
+        if self.slave_link is not None:
+            self.slave_link.start()
         if self.registry is not None:
             self.registry.start(self.port)
-        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d)",
+        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
-                 self.store.config.data_dir, self.max_connections)
+                 self.store.config.data_dir, self.max_connections,
+                 ", slave %d of %s" % (self.slave_link.slave_id, self.slave_link.master) if self.slave_link
+                 else ", replication port %d (%s)" % (self.replication.port, self.replication.mode)
+                 if self.replication else "")
 
     def _handle(self, sock, address):
         if self.stopping:
@@ -191,6 +204,10 @@ class Broker:
         for conn in list(self.connections):
             conn.close()
         gevent.killall(self._tasks, block=False)
+        if self.slave_link is not None:
+            self.slave_link.stop()
+        if self.replication is not None:
+            self.replication.stop()
         self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()

@@ -100,6 +100,37 @@ class TransactionsSection(_Section):
         return self
 
 
+class ReplicationSection(_Section):
+    """Master→slave replication (DESIGN §8; README "Replication")."""
+
+    role: Literal["master", "slave"] = "master"
+    port: Optional[int] = Field(None, ge=0, le=65535)  # master: replication listener (None/0 = off)
+    slave_of: Optional[str] = None  # slave: the master's replication HOST:PORT
+    slave_id: Optional[int] = Field(None, ge=0, le=limits.MAX_BROKER_ID)
+    mode: Literal["async", "sync"] = "async"
+    sync_timeout_ms: int = Field(3000, ge=1)
+
+    @field_validator("slave_of")
+    @classmethod
+    def _hostport(cls, value):
+        if value is None:
+            return None
+        name, sep, port = value.rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected HOST:PORT of the master's replication port, got %r" % value)
+        return value
+
+    @model_validator(mode="after")
+    def _slave_needs(self):
+        if self.role == "slave" and (self.slave_of is None or self.slave_id is None):
+            raise ValueError("a slave needs slave_of (the master's HOST:PORT) and slave_id")
+        return self
+
+    def master_address(self):
+        host, _sep, port = self.slave_of.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
 class TopicSection(_Section):
     name: str
     partitions: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
@@ -120,6 +151,7 @@ class ServerConfig(_Section):
     limits: LimitsSection = LimitsSection()
     zk: ZkSection = ZkSection()
     transactions: TransactionsSection = TransactionsSection()
+    replication: ReplicationSection = ReplicationSection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
     @model_validator(mode="after")

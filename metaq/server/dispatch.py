@@ -49,6 +49,12 @@ class TextDispatcher:
         self.max_transfer = broker.config.store.max_transfer_size
         self.max_wait_ms = broker.config.limits.max_wait_ms
         self.registry = broker.registry
+        self.replication = broker.replication  # the master's ReplicationServer, or None
+        self.sync_replication = self.replication is not None and self.replication.mode == "sync"
+        self.slave_refusal = None
+        if broker.slave_link is not None:
+            self.slave_refusal = ("this broker is a replication slave of %s (read-only): "
+                                  "send puts to the master" % broker.slave_link.master)
         self._handlers = {
             ev.Put: self.put,
             ev.Get: self.get,
@@ -74,6 +80,8 @@ class TextDispatcher:
 
     def put(self, e, conn):
         try:
+            if self.slave_refusal is not None:
+                raise errors.Unavailable(self.slave_refusal)
             if self.broker.refusal is not None:
                 raise errors.Unavailable(self.broker.refusal)
             body = e.body
@@ -101,12 +109,31 @@ class TextDispatcher:
         if self.registry is not None and e.topic not in self.registry.registered_topics:
             self.registry.topic_created(e.topic)
         reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
+        if self.sync_replication:
+            self.replication.notify()
+            conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now)
+            return None, NO_WAIT
         if self.sync_flush:
             return reply, r.log_end
         self.broker.waiters.notify(((e.topic, r.partition),))
         if self.store.should_flush(now):
             self.broker.flusher.wake()
         return reply, NO_WAIT
+
+    def _put_replicated(self, e, reply, partition, log_end, now):
+        """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put."""
+        try:
+            if self.sync_flush:
+                self.broker.flusher.wait_flushed(log_end)
+            else:
+                self.broker.waiters.notify(((e.topic, partition),))
+                if self.store.should_flush(now):
+                    self.broker.flusher.wake()
+            self.replication.wait_replicated(log_end)
+        except errors.MetaqError as exc:
+            self.stats.on_put_failed(e.topic)
+            return error_reply(exc, e.opaque)
+        return reply
 
     # -- get ---------------------------------------------------------------
 
@@ -179,6 +206,8 @@ class TextDispatcher:
         return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
 
     def transaction(self, e, conn):
+        if self.slave_refusal is not None:
+            return encode_result(503, self.slave_refusal.encode(), e.opaque), NO_WAIT
         return self.broker.tx.handle(e, conn), NO_WAIT
 
     def sync(self, e, conn):

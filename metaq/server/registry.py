@@ -9,6 +9,10 @@ Nodes this broker (a master) writes, all data UTF-8 strings:
     <root>/brokers/topics-pub/<topic>/<id>-m        ephemeral   {"numParts":N,"broker":"<id>-m"}
     <root>/brokers/topics-sub/<topic>/<id>-m        ephemeral   the same JSON
 
+A replication slave N (same broker id) writes instead, all ephemeral:
+``ids/<id>/slave<N>`` = meta://host:port, ``topics-sub/<topic>/<id>-s<N>`` (JSON)
+and the legacy ``topics/<topic>/<id>-s<N>``; never master nodes nor topics-pub.
+
 Registration runs in one greenlet (``_run``); kazoo's state listener only sets
 flags and wakes it, so a kazoo callback never blocks. Every (re)connection
 triggers a full pass that creates what is missing, so the layout comes back
@@ -53,8 +57,8 @@ def advertised_url(host, port):
     return "meta://%s:%d" % (host, port)
 
 
-def topic_json(partitions, broker_id):
-    return json.dumps({"numParts": partitions, "broker": "%d-m" % broker_id}, separators=(",", ":"))
+def topic_json(partitions, broker_id, node=None):
+    return json.dumps({"numParts": partitions, "broker": node or "%d-m" % broker_id}, separators=(",", ":"))
 
 
 class ZkRegistry:
@@ -64,6 +68,9 @@ class ZkRegistry:
         self.connect = cfg.connect
         self.root = cfg.root
         self.broker_id = broker.config.broker.id
+        rcfg = broker.config.replication
+        self.slave_id = rcfg.slave_id if rcfg.role == "slave" else None
+        self.node = "%d-m" % self.broker_id if self.slave_id is None else "%d-s%d" % (self.broker_id, self.slave_id)
         self.connection_timeout_s = cfg.connection_timeout_ms / 1000.0
         self.zk = KazooClient(
             hosts=cfg.connect,
@@ -171,9 +178,12 @@ class ZkRegistry:
     def _register_all(self):
         zk = self.zk
         zk.ensure_path(self.ids_path)
-        zk.set(self.ids_path, self.url.encode())
-        self._claim(self.ids_path + "/master", self.url, by_address=True)
-        self._claim(self.ids_path + "/master_config_checksum", str(self.broker.config_checksum))
+        if self.slave_id is None:
+            zk.set(self.ids_path, self.url.encode())
+            self._claim(self.ids_path + "/master", self.url, by_address=True)
+            self._claim(self.ids_path + "/master_config_checksum", str(self.broker.config_checksum))
+        else:
+            self._claim(self.ids_path + "/slave%d" % self.slave_id, self.url, by_address=True)
         topics = self.broker.store.known_topics()
         for topic in topics:
             self._register_topic(topic)
@@ -187,11 +197,12 @@ class ZkRegistry:
         except MetaqError as exc:  # a topic no longer configured is simply not registered
             log.warning("not registering topic %s: %s", topic, exc)
             return
-        node = "%d-m" % self.broker_id
+        node = self.node
         brokers = "%s/brokers" % self.root
         self._claim("%s/topics/%s/%s" % (brokers, topic, node), str(partitions))
-        payload = topic_json(partitions, self.broker_id)
-        self._claim("%s/topics-pub/%s/%s" % (brokers, topic, node), payload)
+        payload = topic_json(partitions, self.broker_id, node)
+        if self.slave_id is None:
+            self._claim("%s/topics-pub/%s/%s" % (brokers, topic, node), payload)
         self._claim("%s/topics-sub/%s/%s" % (brokers, topic, node), payload)
         self.registered_topics.add(topic)
 
@@ -222,11 +233,15 @@ class ZkRegistry:
         raise IdClaimedElsewhere("could not claim %s" % path)
 
     def _unregister(self):
-        zk, node = self.zk, "%d-m" % self.broker_id
+        zk, node = self.zk, self.node
         brokers = "%s/brokers" % self.root
         for topic in sorted(self.registered_topics):
             for kind in ("topics", "topics-pub", "topics-sub"):
                 self._delete_ours("%s/%s/%s/%s" % (brokers, kind, topic, node))
+        if self.slave_id is not None:
+            self._delete_ours(self.ids_path + "/slave%d" % self.slave_id)
+            self.registered_topics = set()
+            return
         self._delete_ours(self.ids_path + "/master_config_checksum")
         self._delete_ours(self.ids_path + "/master")
         try:

@@ -146,7 +146,7 @@ def summary_lines(broker):
         "port %d" % broker.port,
         "uptime %d" % int(time.time() - s.started),
         "version %s" % metaq.__version__,
-        "slave false",
+        "slave %s" % ("true" if broker.slave_link is not None else "false"),
         "curr_connections %d" % broker.connection_count,
         "threads %d" % threading.active_count(),
         "cmd_put %d" % s.cmd_put,
@@ -170,7 +170,15 @@ def summary_lines(broker):
         "protocol_errors %d" % s.protocol_errors,
         "long_poll_waiters %d" % len(broker.waiters),
         "zookeeper %s" % (broker.registry.state if broker.registry is not None else "standalone"),
-    ]
+    ] + replication_lines(broker)
+
+
+def replication_lines(broker):
+    if broker.slave_link is not None:
+        return ["replication_role slave"] + broker.slave_link.stats_lines()
+    if broker.replication is not None:
+        return ["replication_role master"] + broker.replication.stats_lines()
+    return ["replication_role none"]
 
 
 def topics_lines(store):

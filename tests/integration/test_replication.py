@@ -1,0 +1,205 @@
+"""Issue 5 points 1-2 with real broker processes: a slave copies its master's commit log byte for byte."""
+
+import os
+import random
+
+import pytest
+
+from metaq.protocol import events as ev
+from tests.broker_harness import consume_all, free_port, small_config, wait_for
+
+
+def master_config(workdir, rport, **replication):
+    return small_config(os.path.join(str(workdir), "data"), replication=dict({"port": rport}, **replication))
+
+
+def start_pair(broker_factory, tmp_path, mode="async", slaves=1, **store):
+    rport = free_port()
+    mcfg = master_config(tmp_path / "m", rport, mode=mode)
+    mcfg["store"].update(store)
+    master = broker_factory(mcfg, workdir=tmp_path / "m")
+    out = []
+    for n in range(1, slaves + 1):
+        wd = tmp_path / ("s%d" % n)
+        cfg = small_config(os.path.join(str(wd), "data"))
+        cfg["store"].update(store)
+        out.append(broker_factory(cfg, workdir=wd,
+                                  extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", str(n)]))
+    return master, out, rport
+
+
+def stats(b):
+    with b.client() as c:
+        return c.stats_dict()
+
+
+def commitlog(b):
+    d = os.path.join(b.data_dir, "commitlog")
+    out = {}
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def caught_up(master, slave):
+    def check():
+        m, s = stats(master), stats(slave)
+        return (m["log_end_position"] == m["log_flushed_position"] == s["log_end_position"]
+                == s["log_flushed_position"])
+    wait_for(check, 20, lambda: "slave caught up: master %s slave %s" % (
+        stats(master)["log_end_position"], stats(slave)["log_end_position"]))
+
+
+def assert_identical(master, slave):
+    caught_up(master, slave)
+    m, s = commitlog(master), commitlog(slave)
+    assert sorted(m) == sorted(s)
+    for name in m:
+        assert m[name] == s[name], "segment %s differs" % name
+    with master.client() as mc, slave.client() as sc:
+        assert mc.stats("offsets") == sc.stats("offsets")
+        for line in mc.stats("offsets").split("\r\n")[1:-2]:
+            topic, _p, part = line.split()[:3]
+            part = int(part)
+            assert consume_all(mc, topic, part) == consume_all(sc, topic, part)
+            assert mc.call(ev.Offset(topic, "g", part, 0, mc.opaque())).body == \
+                sc.call(ev.Offset(topic, "g", part, 0, sc.opaque())).body
+        assert mc.stats("topics") == sc.stats("topics")
+
+
+def mixed_load(master, n=300, seed=1):
+    rnd = random.Random(seed)
+    acked = []
+    with master.client() as c:
+        for i in range(n):
+            topic = rnd.choice(["t-a", "t-b", "other"])
+            size = rnd.choice([10, 200, 5000, 60000])
+            body = (b"%d-" % i) * (size // 4 + 1)
+            acked.append((topic,) + c.put_ok(topic, body[:size], attribute="a%d" % i if i % 3 == 0 else None))
+    return acked
+
+
+def test_slave_copies_the_log_serves_reads_and_refuses_puts(broker_factory, tmp_path):
+    master, (slave,), rport = start_pair(broker_factory, tmp_path)
+    mixed_load(master, 250)  # several MB: rolls 1 MB segments
+    assert_identical(master, slave)
+    s = stats(slave)
+    assert s["slave"] == "true" and s["replication_role"] == "slave"
+    assert s["replication_link"] == "connected" and s["replication_lag_bytes"] == "0"
+    m = stats(master)
+    assert m["slave"] == "false" and m["replication_slaves"] == "1"
+    assert "replication_slave1" in m
+    with slave.client() as c:
+        r = c.put("t-a", b"nope")
+        assert r.code == 503 and b"slave" in r.body and (b"127.0.0.1:%d" % rport) in r.body, r
+
+
+@pytest.mark.fault
+def test_slave_and_master_restarts_and_link_cut(broker_factory, tmp_path):
+    master, (slave,), _rport = start_pair(broker_factory, tmp_path)
+    mixed_load(master, 80, seed=2)
+    caught_up(master, slave)
+    slave.kill()  # kill -9 the slave, write on, restart: it resumes from its own end
+    mixed_load(master, 80, seed=3)
+    slave.start()
+    assert_identical(master, slave)
+    master.kill()  # kill -9 the master: the slave keeps serving and reconnects when it is back
+    wait_for(lambda: stats(slave)["replication_link"] == "down", 15, "slave sees the link down")
+    with slave.client() as c:
+        assert c.put("t-a", b"x").code == 503
+    master.start()
+    mixed_load(master, 60, seed=4)
+    assert_identical(master, slave)
+    master.stop()  # the link cut: nothing written meanwhile
+    master.start()
+    wait_for(lambda: stats(slave)["replication_link"] == "connected", 15, "slave reconnects")
+    mixed_load(master, 30, seed=5)
+    assert_identical(master, slave)
+
+
+def test_two_slaves(broker_factory, tmp_path):
+    master, slaves, _ = start_pair(broker_factory, tmp_path, slaves=2)
+    mixed_load(master, 120, seed=6)
+    for s in slaves:
+        assert_identical(master, s)
+    wait_for(lambda: stats(master)["replication_slaves"] == "2", 10, "two slaves listed")
+
+
+@pytest.mark.fault
+def test_sync_mode_loses_no_acknowledged_message(broker_factory, tmp_path):
+    master, (slave,), _ = start_pair(broker_factory, tmp_path, mode="sync")
+    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    acked = mixed_load(master, 150, seed=7)
+    master.kill()  # right after the last ack
+    with slave.client() as c:
+        for topic, _id, part, offset in acked:
+            recs = c.get_records(topic, part, offset)
+            assert isinstance(recs, list) and recs, (topic, part, offset, recs)
+    stats_s = stats(slave)
+    assert int(stats_s["total_messages"]) == len(acked)
+
+
+def test_sync_mode_without_slave_answers_503(broker_factory, tmp_path):
+    rport = free_port()
+    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=500),
+                            workdir=tmp_path / "m")
+    with master.client() as c:
+        r = c.put("t-a", b"hello")
+        assert r.code == 503 and b"SLAVE_NOT_AVAILABLE" in r.body, r
+    assert stats(master)["replication_mode"] == "sync"
+
+
+@pytest.mark.fault
+def test_sync_mode_slave_stalled_or_stopped_answers_503(broker_factory, tmp_path):
+    import signal
+
+    rport = free_port()
+    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=500),
+                            workdir=tmp_path / "m")
+    slave = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    with master.client() as c:
+        c.put_ok("t-a", b"one")
+        slave.proc.send_signal(signal.SIGSTOP)  # connected but silent: the ack never comes
+        try:
+            r = c.put("t-a", b"two")
+            assert r.code == 503 and b"FLUSH_SLAVE_TIMEOUT" in r.body, r
+        finally:
+            slave.proc.send_signal(signal.SIGCONT)
+        slave.stop()
+        wait_for(lambda: stats(master)["replication_slaves"] == "0", 10, "slave gone")
+        r = c.put("t-a", b"three")
+        assert r.code == 503 and b"SLAVE_NOT_AVAILABLE" in r.body, r
+
+
+@pytest.mark.slow
+def test_slave_registers_in_zookeeper(broker_factory, tmp_path, zk_connect):
+    from kazoo.client import KazooClient
+
+    rport = free_port()
+    mcfg = master_config(tmp_path / "m", rport)
+    mcfg["zk"] = {"connect": zk_connect}
+    master = broker_factory(mcfg, workdir=tmp_path / "m")
+    scfg = small_config(os.path.join(str(tmp_path / "s"), "data"))
+    scfg["zk"] = {"connect": zk_connect}
+    slave = broker_factory(scfg, workdir=tmp_path / "s",
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "3"])
+    with master.client() as c:
+        c.put_ok("t-zk", b"m")
+    caught_up(master, slave)
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        base = "/meta/brokers"
+        wait_for(lambda: zk.exists(base + "/ids/7/slave3") and zk.exists(base + "/topics-sub/t-zk/7-s3"),
+                 15, "slave nodes")
+        assert zk.get(base + "/ids/7/slave3")[0].decode() == "meta://127.0.0.1:%d" % slave.port
+        assert zk.exists(base + "/topics/t-zk/7-s3")
+        assert not zk.exists(base + "/topics-pub/t-zk/7-s3")
+        assert zk.get(base + "/ids/7/master")[0].decode() == "meta://127.0.0.1:%d" % master.port
+        assert b'"7-s3"' in zk.get(base + "/topics-sub/t-zk/7-s3")[0]
+    finally:
+        zk.stop()
+        zk.close()
