@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
+from metaq.protocol.text import CLOSED, NEED_DATA
 
 __all__ = [
     "NEED_DATA",
@@ -55,22 +56,7 @@ __all__ = [
 ]
 
 
-class _Sentinel:
-    """A named marker returned by ``RemotingParser.next_event``."""
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name):
-        self._name = name
-
-    def __repr__(self):
-        return self._name
-
-
-#: ``next_event()``: no whole frame is buffered yet; feed more bytes.
-NEED_DATA = _Sentinel("NEED_DATA")
-#: ``next_event()``: the peer closed the stream cleanly between frames.
-CLOSED = _Sentinel("CLOSED")
+# NEED_DATA and CLOSED are the same markers as the text protocol's: one pair for every parser.
 
 SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1

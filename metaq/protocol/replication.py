@@ -40,6 +40,7 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
+from metaq.protocol.text import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Data", "Ack", "Heartbeat", "ErrorFrame", "ReplicationParser", "serialize", "frame_parts",
            "NEED_DATA", "CLOSED", "MAGIC", "VERSION"]
@@ -72,20 +73,7 @@ T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR = 1, 2, 3, 4, 5
 INT64_MAX = 2**63 - 1
 
 
-class _Sentinel:
-    __slots__ = ("_name",)
-
-    def __init__(self, name):
-        self._name = name
-
-    def __repr__(self):
-        return self._name
-
-
-#: ``next_event()``: no whole frame is buffered yet; feed more bytes.
-NEED_DATA = _Sentinel("NEED_DATA")
-#: ``next_event()``: the peer closed the stream cleanly between frames.
-CLOSED = _Sentinel("CLOSED")
+# NEED_DATA and CLOSED are the same markers as the text protocol's: one pair for every parser.
 
 
 class Hello(NamedTuple):

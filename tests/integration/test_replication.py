@@ -37,6 +37,8 @@ def commitlog(b):
     d = os.path.join(b.data_dir, "commitlog")
     out = {}
     for name in sorted(os.listdir(d)):
+        if not (len(name) == 20 and name.isdigit()):
+            continue  # a next segment being prepared ahead (*.prepared) exists on either side at its own time
         with open(os.path.join(d, name), "rb") as f:
             out[name] = f.read()
     return out
