@@ -308,16 +308,7 @@ def _apply(store, plan, view, now_ms):
             seg.advance_ready(rel)
         seg.view[rel:rel + total] = view[at:at + total]
         UNIT.pack_into(t.mm, (qoff - t.start) * UNIT_SIZE, pos, total, tag)
-        end = store._written = pos + total
-        p.max = qoff + 1
-        p.dirty = True
-        if store._async:
-            p.visible = qoff + 1
-        else:
-            store._pending.append((end, p, qoff + 1))
-        if p.log_bytes is not None:
-            p.log_bytes += total
-        store._unflushed_msgs += 1
+        store._appended(p, qoff, pos + total, total)
         if last_id is None or msg_id > last_id:
             last_id = msg_id
     if last_id is not None:

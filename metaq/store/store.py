@@ -263,7 +263,12 @@ class MessageStore:
             seg.file.zero(pos - seg.start, min(seg.size, pos - seg.start + total))
             raise ClientError("cannot store the message: %s" % exc) from None
         UNIT.pack_into(t.mm, (off - t.start) * UNIT_SIZE, pos, total, tag_hash(flag, data) if flag & 1 else 0)
-        end = self._written = pos + total
+        end = self._appended(p, off, pos + total, total)
+        return _new_tuple(PutResult, (msg_id, partition, off, end))
+
+    def _appended(self, p, off, end, total):
+        """Bookkeeping once record ``off`` of partition ``p`` ends at log position ``end`` (puts and replication)."""
+        self._written = end
         p.max = off + 1
         p.dirty = True
         if self._async:
@@ -273,7 +278,7 @@ class MessageStore:
         if p.log_bytes is not None:
             p.log_bytes += total
         self._unflushed_msgs += 1
-        return _new_tuple(PutResult, (msg_id, partition, off, end))  # PutResult(...) without its Python __new__
+        return end  # PutResult(...) without its Python __new__
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
