@@ -6,6 +6,8 @@ Plain stdlib sockets and threads; when an application has monkey-patched
 gevent they are cooperative greenlets. ZooKeeper is reached through kazoo.
 """
 
+from metaq import lazy_exports
+
 _EXPORTS = {
     "Message": "metaq.client.message",
     "Partition": "metaq.client.message",
@@ -24,14 +26,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name):
-    """Import a submodule only when its name is first used (``import metaq.client`` stays cheap)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError("module 'metaq.client' has no attribute %r" % name)
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -16,6 +16,8 @@ functions that need them (install them with the ``spark`` extra: ``pip install '
 * :mod:`metaq.spark.lagjob`, :mod:`metaq.spark.render`, :mod:`metaq.spark.report` — the report.
 """
 
+from metaq import lazy_exports
+
 _EXPORTS = {
     "register": "metaq.spark.datasource",
     "read_ranges_rdd": "metaq.spark.datasource",
@@ -32,14 +34,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name):
-    """Import a submodule only when one of its names is first used."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError("module 'metaq.spark' has no attribute %r" % name)
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
