@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.run import MSG, Conn, pipelined_puts  # noqa: E402
+from bench.run import MSG, pipelined, pipelined_puts  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
@@ -48,23 +48,7 @@ def start(root, name):
 def delayed_puts(port, n, depth=64):
     payload = b"d" * MSG
     crc = metaq_checksum(payload)
-    frames = [serialize(ev.DelayedPut(TOPIC, 0, 0, payload, i, crc, 1)) for i in range(n)]
-    c = Conn(port)
-    started = time.perf_counter()
-    sent = min(depth, n)
-    c.sock.sendall(b"".join(frames[:sent]))
-    done = 0
-    while done < n:
-        e = c.next()
-        assert e.code == 200, e
-        done += 1
-        if sent < n and sent - done <= depth // 2:
-            more = min(depth - (sent - done), n - sent)
-            c.sock.sendall(b"".join(frames[sent:sent + more]))
-            sent += more
-    elapsed = time.perf_counter() - started
-    c.close()
-    return n / elapsed
+    return pipelined(port, [serialize(ev.DelayedPut(TOPIC, 0, 0, payload, i, crc, 1)) for i in range(n)], depth)
 
 
 def readable(b):

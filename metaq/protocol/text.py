@@ -9,9 +9,9 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 
 Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
-carry ``maxWaitMs`` before the opaque; ``put_delayed`` (8 tokens: a put's 7
-with the delay level before the opaque, ``metaq.protocol.delay``) is ours; integers are strict (``-?[0-9]+``) and
-range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
+carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
+the delay level before the opaque; ``metaq.protocol.delay``) is ours; integers
+are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
 skipped) unless the error is ``fatal`` (body length unknown or over the limit,
 line over the limit, EOF inside a frame): then every later ``next_event()``

@@ -39,8 +39,8 @@ from gevent.event import Event
 from metaq import errors
 from metaq.limits import validate_partition
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import DEFAULT_LEVELS, SCHEDULE_TOPIC, decode_entry, effective_level, encode_entry, \
-    format_levels, parse_levels
+from metaq.protocol.delay import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
+                                  encode_entry, format_levels, parse_levels)
 from metaq.protocol.message import HEADER
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,14 @@ def now_ms():
 
 
 def _entries(views):
-    """``(msg_id, ScheduleEntry)`` for each MetaQ-form record view, decoded one at a time."""
+    """``(msg_id, ScheduleEntry or None)`` for each MetaQ-form record view; None (logged) for a bad entry."""
     for view in views:
         msg_len, _checksum, msg_id, _flag = HEADER.unpack_from(view, 0)
-        yield msg_id, decode_entry(view[HEADER.size:HEADER.size + msg_len])
+        try:
+            yield msg_id, decode_entry(view[HEADER.size:HEADER.size + msg_len])
+        except BadScheduleEntry as exc:
+            log.error("delayed delivery: record %d of %s is skipped: %s", msg_id, SCHEDULE_TOPIC, exc)
+            yield msg_id, None
 
 
 class Level:
@@ -212,7 +216,7 @@ class DelayScheduler:
             if not views:
                 return ids
             for msg_id, entry in _entries(views):
-                if entry.due_ms > now:
+                if entry is not None and entry.due_ms > now:
                     return ids
                 ids.append(msg_id)
             offset += len(views)
@@ -232,30 +236,43 @@ class DelayScheduler:
 
     def _run_level(self, lv):
         while self._running:
-            if self.broker.refusal is not None:  # disk above the danger mark, or a failed flush
+            try:
+                self._level_step(lv)
+            except Exception:  # noqa: BLE001 - a level must never stop silently
+                log.exception("delayed delivery: level %d failed; retrying in %.0f s", lv.partition + 1, RETRY_S)
                 self._stop.wait(RETRY_S)
-                continue
-            views = self._read(lv, lv.offset)
-            if not views:
-                lv.head_due = None
-                self.broker.waiters.wait(lv.key, IDLE_WAIT_S)  # a put or a flush of this level wakes it
-                continue
-            now = now_ms()
-            _msg_id, head = next(_entries(views[:1]))
+
+    def _level_step(self, lv):
+        """Wait for the head entry (or a refusal to end), or deliver what is due."""
+        if self.broker.refusal is not None:  # disk above the danger mark, or a failed flush
+            self._stop.wait(RETRY_S)
+            return
+        views = self._read(lv, lv.offset)
+        if not views:
+            lv.head_due = None
+            self.broker.waiters.wait(lv.key, IDLE_WAIT_S)  # a put or a flush of this level wakes it
+            return
+        now = now_ms()
+        _msg_id, head = next(_entries(views[:1]))
+        if head is not None:
             lv.head_due = head.due_ms
             if head.due_ms > now:
                 self._stop.wait(min((head.due_ms - now) / 1000.0, MAX_SLEEP_S))
-                continue
-            if not self._deliver(lv, views, now):
-                self.refusals += 1
-                self._stop.wait(RETRY_S)
-            gevent.sleep(0)  # other requests run between batches
+                return
+        if not self._deliver(lv, views, now):
+            self.refusals += 1
+            self._stop.wait(RETRY_S)
+        gevent.sleep(0)  # other requests run between batches
 
     def _deliver(self, lv, views, now):
         """Put the due entries of ``views`` into their topics; False when the store refused one (retry later)."""
         keys = set()
         refused = False
         for msg_id, e in _entries(views):
+            if e is None:  # not an entry: nothing to deliver
+                self.dropped += 1
+                lv.offset += 1
+                continue
             if e.due_ms > now:
                 break
             if msg_id in self._already_delivered:

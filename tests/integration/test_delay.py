@@ -11,6 +11,8 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_payload
+from metaq.server.config import load_config
+from metaq.store.store import MessageStore
 from tests.broker_harness import consume_all, free_port, small_config, wait_for
 from tests.integration.test_disk import tmpfs
 
@@ -237,3 +239,19 @@ def test_a_slave_does_not_deliver_it_copies_the_masters_deliveries(broker_factor
     with slave.client() as c:
         got = records(c, "t-rep", [0])
     assert [(r.msg_id, r.payload) for r in got] == [(msg_id, b"copied")]
+
+
+def test_a_damaged_entry_is_skipped_and_its_level_goes_on(broker_factory, tmp_path):
+    b = start(broker_factory, tmp_path)
+    assert b.stop() == 0
+    store = MessageStore.open(load_config(b.config_path).store_config(), int(time.time() * 1000))
+    store.put(SCHEDULE_TOPIC, 0, 0, b"not an entry", int(time.time() * 1000))  # as a tool or a bug could
+    store.close(int(time.time() * 1000))
+    b.start()
+    with b.client() as c:
+        msg_id, _ = put_delayed_ok(c, "t-after", b"still delivered", 1)
+    got = wait_delivered(b, "t-after", [0], 1)
+    assert [(r.msg_id, r.payload) for r in got] == [(msg_id, b"still delivered")]
+    with b.client() as c:
+        assert delay_stats(c)[1]["dropped"] == 1
+    assert "of %s is skipped: schedule entry of 12 bytes" % SCHEDULE_TOPIC in b.log_text(since_start=True)
