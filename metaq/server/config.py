@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
+from metaq.protocol.delay import DEFAULT_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import StoreConfig, TopicSpec
 
 
@@ -131,6 +132,22 @@ class ReplicationSection(_Section):
         return host.strip("[]"), int(port)
 
 
+class DelaySection(_Section):
+    """Delayed delivery (README "Delayed delivery"): RocketMQ's delay levels, ``"1s 5s ... 2h"``."""
+
+    levels: str = DEFAULT_LEVELS
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, levels):
+        parse_levels(levels)  # ValueError with the reason
+        return levels
+
+    def levels_ms(self):
+        """The levels as a tuple of milliseconds (level 1 first)."""
+        return parse_levels(self.levels)
+
+
 class TopicSection(_Section):
     name: str
     partitions: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
@@ -142,6 +159,9 @@ class TopicSection(_Section):
             limits.validate_topic(name.replace("*", "x"))
         except InvalidTopic as exc:
             raise ValueError(str(exc)) from None
+        if name == SCHEDULE_TOPIC:
+            raise ValueError("%s is the broker's internal topic for delayed delivery; "
+                             "it cannot be configured" % SCHEDULE_TOPIC)
         return name
 
 
@@ -152,6 +172,7 @@ class ServerConfig(_Section):
     zk: ZkSection = ZkSection()
     transactions: TransactionsSection = TransactionsSection()
     replication: ReplicationSection = ReplicationSection()
+    delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
     @model_validator(mode="after")
@@ -175,7 +196,9 @@ class ServerConfig(_Section):
         return StoreConfig(
             data_dir=os.path.abspath(self.broker.data_dir),
             broker_id=self.broker.id,
-            topics=[TopicSpec(t.name, t.partitions) for t in self.topics],
+            # first, so that no pattern can claim it: one partition per delay level
+            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))]
+            + [TopicSpec(t.name, t.partitions) for t in self.topics],
             segment_size=s.segment_size,
             index_file_units=s.index_file_units,
             flush=s.flush,

@@ -13,6 +13,7 @@ import metaq
 from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
@@ -40,6 +41,23 @@ def now_ms():
     return int(time.time() * 1000)
 
 
+INTERNAL_TOPIC_REFUSAL = ("%s is the broker's internal topic for delayed delivery: use put_delayed "
+                          "<topic> <partition> <len> <flag> <checksum> <level> <opaque>" % SCHEDULE_TOPIC)
+
+
+def _verified_checksum(e):
+    """The put body's checksum, after checking it against the announced one and the attribute block's shape."""
+    body = e.body
+    checksum = metaq_checksum(body)
+    if e.checksum != checksum and e.checksum != ev.UNCHECKED:
+        raise errors.ChecksumMismatch(
+            "Checksum failure, message may be corrupted when transferring on network "
+            "(announced %d, body has %d)" % (e.checksum, checksum))
+    if e.flag & 1:
+        decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+    return checksum
+
+
 class TextDispatcher:
     def __init__(self, broker):
         self.broker = broker
@@ -57,6 +75,7 @@ class TextDispatcher:
                                   "send puts to the master" % broker.slave_link.master)
         self._handlers = {
             ev.Put: self.put,
+            ev.DelayedPut: self.put_delayed,
             ev.Get: self.get,
             ev.Offset: self.offset,
             ev.CommitOffset: self.commit_offset,
@@ -85,13 +104,9 @@ class TextDispatcher:
             if self.broker.refusal is not None:
                 raise errors.Unavailable(self.broker.refusal)
             body = e.body
-            checksum = metaq_checksum(body)
-            if e.checksum != checksum and e.checksum != ev.UNCHECKED:
-                raise errors.ChecksumMismatch(
-                    "Checksum failure, message may be corrupted when transferring on network "
-                    "(announced %d, body has %d)" % (e.checksum, checksum))
-            if e.flag & 1:
-                decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+            checksum = _verified_checksum(e)
+            if e.topic == SCHEDULE_TOPIC:
+                raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
             if e.tx_key is not None and e.tx_key != "null":
                 return self.broker.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
             now = now_ms()
@@ -116,6 +131,34 @@ class TextDispatcher:
         if self.sync_flush:
             return reply, r.log_end
         self.broker.waiters.notify(((e.topic, r.partition),))
+        if self.store.should_flush(now):
+            self.broker.flusher.wake()
+        return reply, NO_WAIT
+
+    def put_delayed(self, e, conn):
+        """``put_delayed``: a schedule entry now (``metaq.server.delay``), the message in its topic when due."""
+        try:
+            refusal = self.slave_refusal or self.broker.refusal
+            if refusal is not None:
+                raise errors.Unavailable(refusal)
+            now = now_ms()
+            r = self.broker.delay.put_delayed(e.topic, e.partition, e.flag, e.body, e.level, now,
+                                              _verified_checksum(e))
+        except errors.MetaqError as exc:
+            self.stats.on_put_failed(e.topic if e.topic != SCHEDULE_TOPIC else None)
+            if isinstance(exc, errors.DiskFull):
+                self.broker.refusal = str(exc)
+            return error_reply(exc, e.opaque), NO_WAIT
+        self.stats.on_put(e.topic, len(e.body))
+        if self.registry is not None and e.topic not in self.registry.registered_topics:
+            self.registry.topic_created(e.topic)
+        offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
+        reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque)
+        if self.sync_replication:
+            conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now)
+            return None, NO_WAIT
+        if self.sync_flush:
+            return reply, r.log_end
         if self.store.should_flush(now):
             self.broker.flusher.wake()
         return reply, NO_WAIT
