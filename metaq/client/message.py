@@ -36,31 +36,38 @@ class Partition(NamedTuple):
 
 
 class Message:
-    """A message: ``Message(topic, body, attribute=None, key=None)``.
+    """A message: ``Message(topic, body, attribute=None, key=None, delay_level=0)``.
 
     ``body`` is bytes (bytearray/memoryview are copied to bytes). ``attribute``
     is an optional string stored with the message (``""`` is kept as an empty
     attribute, ``None`` means none). ``key`` is not sent: ``KeySelector`` uses
     it to pick a partition so that messages with the same key stay in order.
+    ``delay_level`` > 0 asks the broker to deliver the message only after that
+    level's delay (the broker's ``delay.levels``, RocketMQ's ``1s 5s 10s 30s 1m
+    …`` by default; above the last level = the last level); its ``offset`` is
+    then unknown when the send succeeds and stays None.
 
     Filled in by the library: ``id`` (the broker's message id), ``partition``
     (a ``Partition``) and ``offset`` (the message's sequence number in its
     partition); all None until then.
     """
 
-    __slots__ = ("topic", "body", "attribute", "key", "id", "partition", "offset", "flag")
+    __slots__ = ("topic", "body", "attribute", "key", "delay_level", "id", "partition", "offset", "flag")
 
-    def __init__(self, topic, body, attribute=None, key=None):
+    def __init__(self, topic, body, attribute=None, key=None, delay_level=0):
         if isinstance(body, (bytearray, memoryview)):
             body = bytes(body)
         elif not isinstance(body, bytes):
             raise TypeError("message body must be bytes, got %s" % type(body).__name__)
         if attribute is not None and not isinstance(attribute, str):
             raise TypeError("message attribute must be a str or None, got %s" % type(attribute).__name__)
+        if not isinstance(delay_level, int) or isinstance(delay_level, bool) or delay_level < 0:
+            raise ValueError("delay_level must be an int >= 0 (0 = no delay), got %r" % (delay_level,))
         self.topic = topic
         self.body = body
         self.attribute = attribute
         self.key = key
+        self.delay_level = delay_level
         self.id = None
         self.partition = None
         self.offset = None

@@ -431,6 +431,8 @@ class Producer:
         if len(data) > self.max_body_bytes:
             raise ValueError("message for topic %s is %d bytes (body and attribute): over the limit of %d bytes"
                              % (message.topic, len(data), self.max_body_bytes))
+        if message.delay_level:
+            return ev.DelayedPut(message.topic, -1, flag, data, 0, metaq_checksum(data), message.delay_level)
         return ev.Put(message.topic, -1, flag, data, 0, metaq_checksum(data))
 
     def _first_partition(self, message):
@@ -458,7 +460,10 @@ class Producer:
             self._finish(send, SendResult(False, partition, error=exc))
             return
         p = send.put
-        put = ev.Put(p.topic, partition.partition, p.flag, p.body, 0, p.checksum)
+        if type(p) is ev.Put:
+            put = ev.Put(p.topic, partition.partition, p.flag, p.body, 0, p.checksum)
+        else:  # a DelayedPut
+            put = p._replace(partition=partition.partition)
         conn.request_callback(put, lambda reply, error: self._on_reply(send, partition, reply, error),
                               timeout=max(0.001, min(self.send_timeout, remaining)))
 
@@ -492,6 +497,8 @@ class Producer:
         if partition.partition == -1:
             self._discovery.invalidate(send.put.topic)  # the topic exists now: learn its partitions
         message = send.message
+        if offset < 0:  # a delayed message: its offset is known only when it is delivered
+            offset = None
         message.id, message.partition, message.offset = msg_id, stored, offset
         self._finish(send, SendResult(True, stored, offset, msg_id))
 
