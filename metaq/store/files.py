@@ -9,6 +9,9 @@ Layout of the data dir::
     checkpoint                                          log position durable for log and index (CRC)
     clean_shutdown                                      written by a clean close (CRC), removed at open
     lock                                                flock'ed while a broker has the dir open
+    consumer_offsets                                    group offsets kept by the broker (CRC)
+    epochs                                              replication epoch history (CRC; epochs.py)
+    promoted                                            present once this broker was promoted to master (CRC)
 
 A topic reaches the filesystem only through ``limits.validate_topic()`` and the
 resolved path is checked to stay inside the data dir.
@@ -33,6 +36,8 @@ CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
 CONSUMER_OFFSETS_FILE = "consumer_offsets"
+EPOCHS_FILE = "epochs"
+PROMOTED_FILE = "promoted"
 TEMP_SUFFIX = ".tmp"
 #: A file built ahead by a worker thread under this name; a roll renames it to its final name.
 PREPARED_SUFFIX = ".prepared"
@@ -84,6 +89,8 @@ class DataDir:
         self.clean_shutdown = os.path.join(self.root, CLEAN_SHUTDOWN_FILE)
         self.lock = os.path.join(self.root, LOCK_FILE)
         self.consumer_offsets = os.path.join(self.root, CONSUMER_OFFSETS_FILE)
+        self.epochs = os.path.join(self.root, EPOCHS_FILE)
+        self.promoted = os.path.join(self.root, PROMOTED_FILE)
         self._lock_fd = None
 
     def create(self):
