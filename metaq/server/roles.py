@@ -68,10 +68,11 @@ def handshake_refusal(broker):
 
 def begin_master_epoch(broker):
     """A master's start: a new epoch at the log end (not on a fresh data dir's first start)."""
-    store = broker.store
+    store, pool = broker.store, gevent.get_hub().threadpool
     if not store.epochs.found and store.written_position == 0:
+        pool.apply(store.epochs.lead)
         return store.epochs.epoch
-    return gevent.get_hub().threadpool.apply(store.epochs.begin, (store.written_position,))
+    return pool.apply(store.epochs.begin, (store.written_position,))
 
 
 def rejoin_if_superseded(broker):
@@ -119,11 +120,11 @@ def promote(broker, force):
         raise errors.Unavailable("a promotion of this broker is already under way")
     if not force:
         if link.connected:
-            raise errors.Unavailable("refused: the link to the master %s is up (the master is alive); stop the "
+            raise errors.Unavailable("the link to the master %s is up (the master is alive); stop the "
                                      "master first, or use --force (two masters would then take writes)"
                                      % link.master)
         if not link.caught_up():
-            raise errors.Unavailable("refused: this slave is not caught up: %s; promoting it would lose those "
+            raise errors.Unavailable("this slave is not caught up: %s; promoting it would lose those "
                                      "messages. Wait for the master to return, or use --force" % _lag_text(link))
     behind = None if link.caught_up() else _lag_text(link)
     broker.promoting = True

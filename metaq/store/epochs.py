@@ -111,6 +111,12 @@ class EpochHistory:
         log.info("epoch %d begins at log position %d (history %s)", epoch, position, self.entries)
         return epoch
 
+    def lead(self):
+        """This broker is the master of its latest epoch (the first start of a fresh master keeps epoch 0)."""
+        if not self.led:
+            self.led = True
+            self.save()
+
     def adopt(self, entries, position):
         """Take a master's history for our log up to ``position`` (the logs agree there); returns the later entries."""
         mine = [tuple(e) for e in entries if e[1] <= position]
