@@ -102,3 +102,7 @@ REPLICATION_READ_BYTES = 1024 * 1024
 
 #: Longest text of a replication ERROR frame, in bytes.
 MAX_REPLICATION_ERROR_TEXT = 4096
+
+#: Most entries an epoch history may hold, on disk and in a HELLO/EPOCHS frame
+#: (one entry per master start or promotion; 16 bytes each on the wire).
+MAX_REPLICATION_EPOCHS = 4096

@@ -3,11 +3,15 @@
     metaq-admin --zk 127.0.0.1:2181 topics
     metaq-admin --brokers meta://127.0.0.1:8123 stats
     metaq-admin --zk 127.0.0.1:2181 groups billing --json
+    metaq-admin promote 127.0.0.1:8125 [--force]
 
 Brokers come from ZooKeeper (``--zk``, every registered master) or from
 ``--brokers``. Tables for people, ``--json`` for scripts. Exit codes: 0 ok,
 1 a broker or ZooKeeper could not be reached (what could be read is still
-shown, with the failure on stderr), 2 usage.
+shown, with the failure on stderr), 2 usage, 3 the broker refused (promote).
+
+``promote`` talks to the one slave named (its client port) with the text
+extension line ``promote <force 0|1> <opaque>`` and prints its answer.
 """
 
 import argparse
@@ -23,7 +27,9 @@ from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
 from metaq.protocol.text import stats_lines
 
-EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+#: Seconds a promotion may take at the broker (it stops its link and fsyncs its new epoch).
+PROMOTE_TIMEOUT_S = 30.0
 
 
 # -- reading the cluster ------------------------------------------------------------------
@@ -254,6 +260,24 @@ def _cell(value):
     return str(value)
 
 
+def promote(address, force, timeout):
+    """Ask the slave at ``address`` (host:port or meta://host:port) to become master; returns an exit code."""
+    url = address if address.startswith("meta://") else "meta://" + address
+    try:
+        with BrokerConnection(url, connect_timeout=timeout, request_timeout=PROMOTE_TIMEOUT_S,
+                              heartbeat_interval=0) as conn:
+            reply = conn.call(ev.Promote(force, 0), timeout=max(timeout, PROMOTE_TIMEOUT_S))
+    except (errors.MetaqError, ValueError) as exc:
+        print("metaq-admin: promote %s: %s" % (address, exc), file=sys.stderr)
+        return EXIT_UNREACHABLE
+    text = bytes(reply.body).decode("utf-8", "replace")
+    if reply.code != 200:
+        print("metaq-admin: %s refused the promotion (%d): %s" % (address, reply.code, text), file=sys.stderr)
+        return EXIT_REFUSED
+    print(text)
+    return EXIT_OK
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="metaq-admin", description="Inspect a metaq cluster: brokers, topics, "
                                 "partitions, consumer groups and the ZooKeeper layout.")
@@ -279,11 +303,19 @@ def build_parser():
     s.add_argument("key", nargs="?", help="the transaction key, as listed (XID:...)")
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
+    s = sub.add_parser("promote", help="make a replication slave the master of its broker id (README "
+                       "'Replication'); needs no --zk/--brokers")
+    s.add_argument("address", metavar="HOST:PORT", help="the slave's client address")
+    s.add_argument("--force", action="store_true",
+                   help="promote even if the slave is behind its master's last known end or still linked to it "
+                        "(the reply says how far behind: those messages are lost)")
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.command == "promote":
+        return promote(args.address, args.force, args.timeout)
     brokers = [u.strip() for u in (args.brokers or "").split(",") if u.strip()]
     if not args.zk and not brokers:
         print("metaq-admin: give --zk HOST:PORT or --brokers meta://host:port[,...]", file=sys.stderr)

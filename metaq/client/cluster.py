@@ -118,6 +118,18 @@ class ZkCluster:
             slaves = sorted((n, url) for n, url in b["slaves"].items() if url)
             return slaves[0][1] if slaves else None
 
+    def master_url(self, broker_id):
+        """The registered master's url of ``broker_id``, or None."""
+        with self._lock:
+            b = self._brokers.get(broker_id)
+            return b["master"] if b is not None else None
+
+    def slave_urls(self, broker_id):
+        """The registered slaves' urls of ``broker_id``, lowest slave number first."""
+        with self._lock:
+            b = self._brokers.get(broker_id)
+            return [url for _n, url in sorted(b["slaves"].items()) if url] if b is not None else []
+
     def publish_partitions(self, topic):
         """Partitions to send ``topic`` to, sorted by (broker_id, partition).
 

@@ -192,6 +192,18 @@ class BrokerConnection:
         """Number of requests waiting for their reply."""
         return len(self._pending)
 
+    def reachable(self):
+        """True when connected, or when a connection attempt (if the backoff allows one now) succeeds; never raises."""
+        if self._sock is not None:
+            return True
+        if self._closed or time.monotonic() < self._retry_at:
+            return False
+        try:
+            self._ensure_connected()
+        except ConnectionLost:
+            return False
+        return True
+
     def request(self, event, timeout=None):
         """Send ``event`` (its opaque is replaced) and return a Future of the reply (``Result`` or ``Value``).
 

@@ -165,6 +165,7 @@ class Consumer:
         self._coordinator = None
         self._store = None
         self._direct_urls = {}  # broker_id -> url (direct mode)
+        self._read_from = {}  # broker_id -> url reads went to last (master, or a slave during a failover)
         self._unwatch = []
         self._threads = []
         self._stopping = threading.Event()
@@ -294,7 +295,7 @@ class Consumer:
             raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
         max_size = max_size or self.max_size
         for _ in range(MAX_MOVES + 1):
-            conn = self._connection(part.broker_id)
+            conn = self._connection(part.broker_id, read=True)
             request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
             reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
             try:
@@ -431,21 +432,41 @@ class Consumer:
             return self._cluster
 
     def _url_of(self, broker_id):
+        """The master of ``broker_id`` (offsets kept by brokers and dead letters go there, never to a slave)."""
         if self.zk_connect:
-            return self._get_cluster().broker_url(broker_id)
+            return self._get_cluster().master_url(broker_id)
         url = self._direct_urls.get(broker_id)
         if url is None:
             url = self._discover_brokers().get(broker_id)
         return url
 
-    def _connection(self, broker_id):
-        url = self._url_of(broker_id)
+    def _read_url_of(self, broker_id):
+        """Where to read ``broker_id``'s partitions: its master, or, while the master is gone (its ZooKeeper
+        node absent or its address refusing connections), a registered slave at the same offsets."""
+        if not self.zk_connect:
+            return self._url_of(broker_id)
+        cluster = self._get_cluster()
+        master = cluster.master_url(broker_id)
+        url = master
+        if master is None or not self._pool.get(master).reachable():
+            slaves = cluster.slave_urls(broker_id)
+            url = next((u for u in slaves if self._pool.get(u).reachable()), slaves[0] if slaves else master)
+        previous = self._read_from.get(broker_id)
+        if url != previous:
+            self._read_from[broker_id] = url
+            if previous is not None or url != master:
+                log.warning("broker %d: reading from %s %s (master %s)", broker_id,
+                            "the master" if url == master else "slave", url, master or "not registered")
+        return url
+
+    def _connection(self, broker_id, read=False):
+        url = self._read_url_of(broker_id) if read else self._url_of(broker_id)
         if not url:
             raise errors.ConnectionLost("broker %d is not known (not registered, or not answering)" % broker_id)
         return self._pool.get(url)
 
     def _stats(self, broker_id, item):
-        reply = self._connection(broker_id).call(ev.Stats(item, 0))
+        reply = self._connection(broker_id, read=True).call(ev.Stats(item, 0))
         if reply.code != 200:
             raise reply_error(reply, "stats %s" % item)
         return stats_lines(reply.body)
@@ -477,7 +498,8 @@ class Consumer:
         if stored is not None:
             return stored, stored
         target = 0 if self.start_from == "earliest" else _LATEST
-        reply = self._connection(part.broker_id).call(ev.Offset(topic, self.group, part.partition, target, 0))
+        reply = self._connection(part.broker_id, read=True).call(ev.Offset(topic, self.group, part.partition, target,
+                                                                            0))
         if reply.code != 200:
             raise reply_error(reply, "offset %s %s" % (topic, part))
         offset = int(reply.body)

@@ -112,7 +112,7 @@ class PartitionFetcher:
     def _fetch(self):
         """One long-polling get; the records (empty on 404), or None when stopped while waiting."""
         consumer = self.consumer
-        conn = consumer._connection(self.partition.broker_id)
+        conn = consumer._connection(self.partition.broker_id, read=True)
         wait_ms = consumer.long_poll_ms
         timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
         self._wake.clear()

@@ -148,6 +148,18 @@ class QueryOffset(NamedTuple):
     opaque: int
 
 
+class Promote(NamedTuple):
+    """``promote <force 0|1> <opaque>`` (our extension; ``metaq-admin promote``): make a replication slave the master.
+
+    Reply ``result 200 <len> opaque`` with a text saying the new epoch (and, when forced while behind, how
+    far behind); 400 when the broker is not a slave; 503 with the reason when the slave refuses (its master
+    is still connected, or it is not caught up and ``force`` is 0).
+    """
+
+    force: bool
+    opaque: int
+
+
 class Value(NamedTuple):
     """``value len opaque\\r\\n<body>``: data reply to get (concatenated MetaQ records)."""
 

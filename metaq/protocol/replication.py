@@ -1,32 +1,42 @@
 """Our master→slave replication stream, sans-IO (DESIGN §8; not MetaQ's: MetaQ used a consumer).
 
-The slave connects to the master's replication port and sends HELLO; the
-master answers with DATA frames carrying its commit log from the slave's
-``start_position`` (chunks of ``MessageStore.read_log``: whole records and
-blank tails, each chunk inside one segment), HEARTBEATs while idle, or an
-ERROR before closing. The slave answers ACKs as it appends and flushes. Both
-directions use the same framing, so one parser serves both ends.
+The slave connects to the master's replication port and sends HELLO (its log
+end and its epoch history); the master answers EPOCHS (where the two logs
+agree, and the master's history: the epoch handshake, ``metaq.store.epochs``),
+then DATA frames carrying its commit log from the agreed position (chunks of
+``MessageStore.read_log``: whole records and blank tails, each chunk inside one
+segment), HEARTBEATs, or an ERROR before closing. The slave cuts its log to
+the agreed position, then appends and answers ACKs as it appends and flushes.
+Both directions use the same framing, so one parser serves both ends.
 
 Frame (big-endian)::
 
     FRAME_HEADER  >4sBBHII   16 bytes
       0  4  magic      b"MQRS"
-      4  1  version    1
-      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5
+      4  1  version    2 (version 1 had no epochs: a v1 peer gets a clear "unsupported version" error)
+      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
 
 Payloads::
 
-    HELLO      >iiqqqq  slave_id int32, broker_id int32, segment_size int64, start_position int64,
-                        epoch int64, epoch_start int64 (the epoch handshake's placeholder; -1 = none)
+    HELLO      >iiqqI   slave_id int32, broker_id int32, segment_size int64, start_position int64 (the slave's
+                        log end), count uint32; then count x EPOCH_ENTRY: the slave's epoch history
+    EPOCHS     >qqI     agreed_position int64 (the slave cuts its log there and the DATA starts there),
+                        master_end int64 (the master's written end), count uint32; then count x EPOCH_ENTRY:
+                        the master's epoch history
+    EPOCH_ENTRY >qq     epoch int64, start int64 (log position where that epoch's records begin)
     DATA       >q       position int64, then the log bytes (at most ``max_data`` of them)
     ACK        >iqq     slave_id int32, written_position int64 (appended), durable_position int64 (flushed)
-    HEARTBEAT  >q       position int64: the sender's log end (the master's replicable end: lag = it - acked)
+    HEARTBEAT  >qqq     position int64 (the master's replicable end), written_position int64 (its written end),
+                        message_count int64 (messages in its log up to the written end: the sum of every
+                        partition's max offset, the same figure on a slave holding the same log)
     ERROR      >i       code int32 (a MetaQ-style status), then UTF-8 text (at most ``max_error_text`` bytes)
 
-Every fixed-size payload must have exactly its size. Any violation (magic,
+A history has 1..``MAX_REPLICATION_EPOCHS`` entries, strictly increasing in
+epoch and in start, all >= 0. Every fixed-size payload must have exactly its
+size; a HELLO or EPOCHS exactly its count of entries. Any violation (magic,
 version, type, reserved bits, length over the limit, CRC, a field out of
 range, EOF inside a frame) raises ``RemoteProtocolError`` with ``fatal=True``:
 a binary stream cannot be resynchronised, so the peer closes the connection
@@ -42,38 +52,64 @@ from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.text import CLOSED, NEED_DATA
 
-__all__ = ["Hello", "Data", "Ack", "Heartbeat", "ErrorFrame", "ReplicationParser", "serialize", "frame_parts",
-           "NEED_DATA", "CLOSED", "MAGIC", "VERSION"]
+__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "ReplicationParser", "serialize",
+           "frame_parts", "history_problem", "NEED_DATA", "CLOSED", "MAGIC", "VERSION"]
 
 MAGIC = b"MQRS"
-VERSION = 1
+VERSION = 2
 
 #: magic, version, type, reserved, length, crc.
 FRAME_HEADER = struct.Struct(">4sBBHII")
 assert FRAME_HEADER.size == 16
 _CRC_COVERS = 12  # header bytes covered by the crc (everything before it)
 
-#: slave_id, broker_id, segment_size, start_position, epoch, epoch_start.
-HELLO = struct.Struct(">iiqqqq")
-assert HELLO.size == 40
+#: slave_id, broker_id, segment_size, start_position, count of epoch entries.
+HELLO = struct.Struct(">iiqqI")
+assert HELLO.size == 28
+#: agreed_position, master_end, count of epoch entries.
+EPOCHS = struct.Struct(">qqI")
+assert EPOCHS.size == 20
+#: epoch, start.
+EPOCH_ENTRY = struct.Struct(">qq")
+assert EPOCH_ENTRY.size == 16
 #: position of the first log byte of a DATA frame.
 DATA_HEAD = struct.Struct(">q")
 assert DATA_HEAD.size == 8
 #: slave_id, written_position, durable_position.
 ACK = struct.Struct(">iqq")
 assert ACK.size == 20
-#: the sender's log end.
-HEARTBEAT = struct.Struct(">q")
-assert HEARTBEAT.size == 8
+#: replicable end, written end, message count.
+HEARTBEAT = struct.Struct(">qqq")
+assert HEARTBEAT.size == 24
 #: error code.
 ERROR_HEAD = struct.Struct(">i")
 assert ERROR_HEAD.size == 4
 
-T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR = 1, 2, 3, 4, 5
+T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS = 1, 2, 3, 4, 5, 6
 INT64_MAX = 2**63 - 1
 
 
 # NEED_DATA and CLOSED are the same markers as the text protocol's: one pair for every parser.
+
+
+def history_problem(entries):
+    """Why ``entries`` is not a valid epoch history (see the module docstring), or None."""
+    if not 1 <= len(entries) <= limits.MAX_REPLICATION_EPOCHS:
+        return "an epoch history has 1..%d entries, not %d (limit MAX_REPLICATION_EPOCHS)" % (
+            limits.MAX_REPLICATION_EPOCHS, len(entries))
+    prev = None
+    for epoch, start in entries:
+        if not (0 <= epoch <= INT64_MAX and 0 <= start <= INT64_MAX):
+            return "epoch entry (%d, %d) out of range" % (epoch, start)
+        if prev is not None and not (epoch > prev[0] and start > prev[1]):
+            return "epoch entries must increase in epoch and start: (%d, %d) after (%d, %d)" % (
+                epoch, start, prev[0], prev[1])
+        prev = (epoch, start)
+    return None
+
+
+def _entries(epochs):
+    return [EPOCH_ENTRY.pack(e, s) for e, s in epochs]
 
 
 class Hello(NamedTuple):
@@ -81,8 +117,13 @@ class Hello(NamedTuple):
     broker_id: int
     segment_size: int
     start_position: int
-    epoch: int = -1
-    epoch_start: int = -1
+    epochs: tuple = ((0, 0),)
+
+
+class Epochs(NamedTuple):
+    agreed_position: int
+    master_end: int
+    epochs: tuple
 
 
 class Data(NamedTuple):
@@ -98,6 +139,8 @@ class Ack(NamedTuple):
 
 class Heartbeat(NamedTuple):
     position: int
+    written_position: int = 0
+    message_count: int = 0
 
 
 class ErrorFrame(NamedTuple):
@@ -123,7 +166,10 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         _check_position(event.position, ValueError)
         return _frame(T_DATA, [DATA_HEAD.pack(event.position), event.data])
     if isinstance(event, Hello):
-        return _frame(T_HELLO, [HELLO.pack(*event)])
+        return _frame(T_HELLO, [HELLO.pack(*event[:4], len(event.epochs))] + _entries(event.epochs))
+    if isinstance(event, Epochs):
+        return _frame(T_EPOCHS, [EPOCHS.pack(event.agreed_position, event.master_end, len(event.epochs))]
+                      + _entries(event.epochs))
     if isinstance(event, Ack):
         return _frame(T_ACK, [ACK.pack(*event)])
     if isinstance(event, Heartbeat):
@@ -218,10 +264,16 @@ class ReplicationParser:
         return event
 
     def _check_length(self, ftype, length):
-        fixed = {T_HELLO: HELLO.size, T_ACK: ACK.size, T_HEARTBEAT: HEARTBEAT.size}.get(ftype)
+        fixed = {T_ACK: ACK.size, T_HEARTBEAT: HEARTBEAT.size}.get(ftype)
         if fixed is not None:
             if length != fixed:
                 raise _fail("frame type %d must carry %d bytes, not %d" % (ftype, fixed, length))
+        elif ftype in (T_HELLO, T_EPOCHS):
+            head = HELLO.size if ftype == T_HELLO else EPOCHS.size
+            most = head + EPOCH_ENTRY.size * limits.MAX_REPLICATION_EPOCHS
+            if not head + EPOCH_ENTRY.size <= length <= most or (length - head) % EPOCH_ENTRY.size:
+                raise _fail("frame type %d of %d bytes: must be %d + 16 x (1..%d epoch entries) "
+                            "(limit MAX_REPLICATION_EPOCHS)" % (ftype, length, head, limits.MAX_REPLICATION_EPOCHS))
         elif ftype == T_DATA:
             if not DATA_HEAD.size <= length <= DATA_HEAD.size + self.max_data:
                 raise _fail("DATA frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_DATA_BYTES)"
@@ -239,14 +291,16 @@ class ReplicationParser:
             _check_position(position, _fail)
             return Data(position, bytes(payload[DATA_HEAD.size:]))
         if ftype == T_HELLO:
-            ev = Hello(*HELLO.unpack_from(payload))
-            if ev.slave_id < 0 or not 0 <= ev.broker_id <= limits.MAX_BROKER_ID or ev.segment_size <= 0:
-                raise _fail("bad HELLO: slave id %d, broker id %d, segment size %d"
-                            % (ev.slave_id, ev.broker_id, ev.segment_size))
-            _check_position(ev.start_position, _fail)
-            if ev.epoch < -1 or ev.epoch_start < -1:
-                raise _fail("bad HELLO: epoch %d starting at %d" % (ev.epoch, ev.epoch_start))
-            return ev
+            slave_id, broker_id, segment_size, start, count = HELLO.unpack_from(payload)
+            if slave_id < 0 or not 0 <= broker_id <= limits.MAX_BROKER_ID or segment_size <= 0:
+                raise _fail("bad HELLO: slave id %d, broker id %d, segment size %d" % (slave_id, broker_id, segment_size))
+            _check_position(start, _fail)
+            return Hello(slave_id, broker_id, segment_size, start, self._history(payload, HELLO.size, count))
+        if ftype == T_EPOCHS:
+            agreed, master_end, count = EPOCHS.unpack_from(payload)
+            _check_position(agreed, _fail)
+            _check_position(master_end, _fail)
+            return Epochs(agreed, master_end, self._history(payload, EPOCHS.size, count))
         if ftype == T_ACK:
             ev = Ack(*ACK.unpack_from(payload))
             if ev.slave_id < 0 or ev.durable_position > ev.written_position:
@@ -255,7 +309,8 @@ class ReplicationParser:
             return ev
         if ftype == T_HEARTBEAT:
             ev = Heartbeat(*HEARTBEAT.unpack_from(payload))
-            _check_position(ev.position, _fail)
+            for value in ev:
+                _check_position(value, _fail)
             return ev
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
@@ -263,3 +318,13 @@ class ReplicationParser:
         except UnicodeDecodeError:
             raise _fail("ERROR frame text is not UTF-8") from None
         return ErrorFrame(code, text)
+
+    @staticmethod
+    def _history(payload, head, count):
+        if head + count * EPOCH_ENTRY.size != len(payload):
+            raise _fail("epoch count %d does not match the frame's %d bytes of entries" % (count, len(payload) - head))
+        entries = tuple(EPOCH_ENTRY.unpack_from(payload, head + i * EPOCH_ENTRY.size) for i in range(count))
+        problem = history_problem(entries)
+        if problem is not None:
+            raise _fail("bad epoch history: %s" % problem)
+        return entries

@@ -30,6 +30,7 @@ from metaq.protocol.events import (
     DelayedPut,
     Get,
     Offset,
+    Promote,
     QueryOffset,
     Put,
     Quit,
@@ -247,6 +248,11 @@ def _parse_sync(t):
     return lambda body: Sync(topic, partition, flag, msg_id, body, opaque, checksum)
 
 
+def _parse_promote(t):
+    force = _int(t[1], "force", 0, 1)
+    return Promote(bool(force), _int(t[2], "opaque", INT32_MIN, INT32_MAX))
+
+
 def _parse_value(t):
     opaque = _int(t[2], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Value(body, opaque)
@@ -271,6 +277,7 @@ _COMMANDS = {
     "quit": (_parse_quit, (1,), "1 token", None),
     "transaction": (_parse_transaction, (5, 6, 7), "5, 6 or 7 tokens", None),
     "sync": (_parse_sync, (7, 8), "7 or 8 tokens", 3),
+    "promote": (_parse_promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", None),
     "value": (_parse_value, (3,), "3 tokens", 1),
     "result": (_parse_result, (4,), "4 tokens", 2),
 }
@@ -540,6 +547,10 @@ def _serialize_sync(e):
     return b"".join((head.encode("utf-8"), e.body))
 
 
+def _serialize_promote(e):
+    return b"promote %d %d\r\n" % (1 if e.force else 0, e.opaque)
+
+
 def _serialize_value(e):
     return b"".join((encode_value_header(len(e.body), e.opaque), e.body))
 
@@ -560,6 +571,7 @@ _SERIALIZERS = {
     Quit: _serialize_quit,
     Transaction: _serialize_transaction,
     Sync: _serialize_sync,
+    Promote: _serialize_promote,
     Value: _serialize_value,
     Result: _serialize_result,
 }

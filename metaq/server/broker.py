@@ -8,6 +8,7 @@ import zlib
 
 import gevent
 from gevent.event import Event
+from gevent.lock import Semaphore
 import yaml
 from gevent.server import StreamServer
 
@@ -16,8 +17,9 @@ from metaq.server.delay import DelayScheduler
 from metaq.server.dispatch import TextDispatcher
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
+from metaq.server import roles
 from metaq.server.registry import ZkRegistry
-from metaq.server.replication import ReplicationServer, SlaveLink
+from metaq.server.replication import SlaveLink
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
 from metaq.server.transactions import TxService
@@ -49,12 +51,16 @@ class Broker:
         self.store = MessageStore.open(config.store_config(), now_ms())
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
-        self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal)
-        self.ahead = AheadWorker(self.store)
+        self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
+        self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal, self.store_lock)
+        self.ahead = AheadWorker(self.store, self.store_lock)
+        self.role = roles.startup_role(config, self.store)  # "master" | "slave" (see roles.py)
+        self.promoting = False
+        self.started = False
+        self.slave_link = SlaveLink(self) if self.role == "slave" else None
+        self.replication = roles.make_replication_server(self) if self.role == "master" else None
+        self.read_refusal = roles.handshake_refusal(self)  # why gets are refused (before a rejoin's handshake)
         self.registry = ZkRegistry(self) if config.zk.connect else None
-        rcfg = config.replication
-        self.slave_link = SlaveLink(self) if rcfg.role == "slave" else None
-        self.replication = ReplicationServer(self) if rcfg.role == "master" and rcfg.port else None
         self.tx = TxService(self)  # after the store: recovery completes interrupted commits
         self.delay = DelayScheduler(self)  # reads its levels' entries from the recovered store
         self._conn_ids = itertools.count(1)
@@ -102,8 +108,35 @@ class Broker:
         if r.corruption:
             log.warning("recovery forced past corruption: %s", r.corruption)
 
+    def set_role(self, role, slave_link):
+        """Switch to ``"master"`` (slave_link None) or to ``"slave"`` of ``slave_link``'s master (roles.py)."""
+        if self.slave_link is not None and self.slave_link is not slave_link:
+            self.slave_link.stop()
+        if self.replication is not None and role == "slave":
+            self.replication.stop()
+        self.role, self.slave_link = role, slave_link
+        if role == "master":
+            self.replication = roles.make_replication_server(self)
+            self.read_refusal = None
+            if self.started and self.replication is not None:
+                self.replication.start()
+        else:
+            self.replication = None
+            self.read_refusal = roles.handshake_refusal(self)
+            if self.started:
+                slave_link.start()
+        if self.registry is not None:
+            self.registry.set_role(slave_link.slave_id if slave_link is not None else None)
+        self.dispatcher.refresh_role()
+
     def start(self):
         cfg = self.config.broker
+        if self.registry is not None:
+            self.registry.open_session()
+            if self.role == "master" and self.registry.zk.connected:
+                roles.rejoin_if_superseded(self)
+        if self.role == "master":
+            roles.begin_master_epoch(self)
         self._server = StreamServer((cfg.host, cfg.port), self._handle, backlog=1024)
         self._server.start()
         self.port = self._server.server_port
@@ -120,12 +153,15 @@ class Broker:
             self.slave_link.start()
         if self.registry is not None:
             self.registry.start(self.port)
-        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s)",
+        self.started = True
+        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,
                  ", slave %d of %s" % (self.slave_link.slave_id, self.slave_link.master) if self.slave_link
                  else ", replication port %d (%s)" % (self.replication.port, self.replication.mode)
-                 if self.replication else "")
+                 if self.replication else "", self.store.epochs.epoch)
+        if self.read_refusal is not None:
+            log.warning("reads refused until the first epoch handshake: %s", self.read_refusal)
 
     def _handle(self, sock, address):
         if self.stopping:

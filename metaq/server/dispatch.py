@@ -17,7 +17,7 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
-from metaq.server import stats as stats_mod
+from metaq.server import roles, stats as stats_mod
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,7 @@ class TextDispatcher:
         self.max_transfer = broker.config.store.max_transfer_size
         self.max_wait_ms = broker.config.limits.max_wait_ms
         self.registry = broker.registry
-        self.replication = broker.replication  # the master's ReplicationServer, or None
-        self.sync_replication = self.replication is not None and self.replication.mode == "sync"
-        self.slave_refusal = None
-        if broker.slave_link is not None:
-            self.slave_refusal = ("this broker is a replication slave of %s (read-only): "
-                                  "send puts to the master" % broker.slave_link.master)
+        self.refresh_role()
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
@@ -84,9 +79,20 @@ class TextDispatcher:
             ev.Version: self.version,
             ev.Transaction: self.transaction,
             ev.Sync: self.sync,
+            ev.Promote: self.promote,
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
+
+    def refresh_role(self):
+        """Follow the broker's replication role (at start and after a promotion or a rejoin)."""
+        broker = self.broker
+        self.replication = broker.replication  # the master's ReplicationServer, or None
+        self.sync_replication = self.replication is not None and self.replication.mode == "sync"
+        self.slave_refusal = None
+        if broker.slave_link is not None:
+            self.slave_refusal = ("this broker is a replication slave of %s (read-only): "
+                                  "send puts to the master" % broker.slave_link.master)
 
     def handle(self, event, conn):
         handler = self._handlers[type(event)]
@@ -181,6 +187,8 @@ class TextDispatcher:
     # -- get ---------------------------------------------------------------
 
     def get(self, e, conn):
+        if self.broker.read_refusal is not None:
+            return encode_result(503, self.broker.read_refusal.encode(), e.opaque), NO_WAIT
         if e.max_size <= 0:
             return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque), NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
@@ -227,6 +235,8 @@ class TextDispatcher:
     # -- the rest ----------------------------------------------------------
 
     def offset(self, e, conn):
+        if self.broker.read_refusal is not None:
+            return encode_result(503, self.broker.read_refusal.encode(), e.opaque), NO_WAIT
         self.stats.on_offset(e.topic)
         nearest = self.store.nearest_offset(e.topic, e.partition, e.offset)
         return ok(b"%d" % nearest, e.opaque), NO_WAIT
@@ -256,6 +266,19 @@ class TextDispatcher:
     def sync(self, e, conn):
         msg = b"sync is accepted only by a replication slave; this broker is a master"
         return encode_result(503, msg, e.opaque), NO_WAIT
+
+    def promote(self, e, conn):
+        """``promote <force> <opaque>`` (our extension; roles.py): make this slave the master of its broker id."""
+        conn.spawn(self._promote, e)
+        return None, NO_WAIT
+
+    def _promote(self, e):
+        try:
+            text = roles.promote(self.broker, e.force)
+        except errors.MetaqError as exc:
+            log.warning("promote refused: %s", exc)
+            return error_reply(exc, e.opaque)
+        return ok(text.encode("utf-8"), e.opaque)
 
     def reply_from_client(self, e, conn):
         word = "value" if isinstance(e, ev.Value) else "result"

@@ -81,8 +81,9 @@ class DedicatedThread:
 
 
 class Flusher:
-    def __init__(self, store, store_config, on_visible, on_failure):
+    def __init__(self, store, store_config, on_visible, on_failure, lock=None):
         self._store = store
+        self._lock = lock if lock is not None else Semaphore()  # held around checkpoints (see SlaveLink._cut)
         self._cfg = store_config
         self._on_visible = on_visible
         self._on_failure = on_failure
@@ -155,7 +156,8 @@ class Flusher:
             if not self._running or self.failure is not None:
                 return
             try:
-                self._pool.apply(self._store.checkpoint, (now_ms(),))
+                with self._lock:
+                    self._pool.apply(self._store.checkpoint, (now_ms(),))
             except OSError as exc:  # only recovery time suffers; the log itself is durable
                 log.warning("checkpoint failed (recovery will scan further): %s", exc)
 
@@ -182,8 +184,9 @@ class AheadWorker:
 
     POLL_S = 0.01
 
-    def __init__(self, store):
+    def __init__(self, store, lock=None):
         self._store = store
+        self._lock = lock if lock is not None else Semaphore()  # held around the work (see SlaveLink._cut)
         self._pool = gevent.get_hub().threadpool
         self._greenlet = None
         self._running = False
@@ -197,7 +200,8 @@ class AheadWorker:
         while self._running:
             if store.wants_preparation():
                 try:
-                    self._pool.apply(store.prepare_ahead)
+                    with self._lock:
+                        self._pool.apply(store.prepare_ahead)
                 except Exception:  # noqa: BLE001 - working ahead is an optimisation; the put path falls back
                     log.exception("working ahead of the writer failed; puts will allocate on their own")
                     gevent.sleep(1.0)

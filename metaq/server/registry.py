@@ -9,9 +9,16 @@ Nodes this broker (a master) writes, all data UTF-8 strings:
     <root>/brokers/topics-pub/<topic>/<id>-m        ephemeral   {"numParts":N,"broker":"<id>-m"}
     <root>/brokers/topics-sub/<topic>/<id>-m        ephemeral   the same JSON
 
+A master also writes (ours, not MetaQ's; the ``master`` node stays byte-exact)
+the ephemeral ``ids/<id>/replication`` = ``{"address": "host:port" or null,
+"epoch": N, "epoch_start": P, "url": "meta://host:port"}``: its replication
+port and epoch, which a superseded old master reads to rejoin it as a slave
+(``roles.rejoin_if_superseded``).
+
 A replication slave N (same broker id) writes instead, all ephemeral:
 ``ids/<id>/slave<N>`` = meta://host:port, ``topics-sub/<topic>/<id>-s<N>`` (JSON)
 and the legacy ``topics/<topic>/<id>-s<N>``; never master nodes nor topics-pub.
+A promoted slave removes its slave nodes and registers as master (``set_role``).
 
 Registration runs in one greenlet (``_run``); kazoo's state listener only sets
 flags and wakes it, so a kazoo callback never blocks. Every (re)connection
@@ -69,9 +76,9 @@ class ZkRegistry:
         self.connect = cfg.connect
         self.root = cfg.root
         self.broker_id = broker.config.broker.id
-        rcfg = broker.config.replication
-        self.slave_id = rcfg.slave_id if rcfg.role == "slave" else None
-        self.node = "%d-m" % self.broker_id if self.slave_id is None else "%d-s%d" % (self.broker_id, self.slave_id)
+        self.slave_id = self.node = None
+        self._retired = []  # (node, slave_id, topics) registered under a role we left: removed by the worker
+        self._set_names(broker.slave_link.slave_id if broker.slave_link is not None else None)
         self.connection_timeout_s = cfg.connection_timeout_ms / 1000.0
         self.zk = KazooClient(
             hosts=cfg.connect,
@@ -88,25 +95,75 @@ class ZkRegistry:
         self._pending_topics = set()
         self._wake = Event()
         self._stopping = False
+        self._connecting = False
         self._worker = None
 
     @property
     def ids_path(self):
         return "%s/brokers/ids/%d" % (self.root, self.broker_id)
 
+    def _set_names(self, slave_id):
+        self.slave_id = slave_id
+        self.node = "%d-m" % self.broker_id if slave_id is None else "%d-s%d" % (self.broker_id, slave_id)
+
     # -- lifecycle ------------------------------------------------------------
 
-    def start(self, port):
-        """Connect (waiting up to the connection timeout) and register in the background."""
-        self.url = advertised_url(self.broker.config.broker.host, port)
+    def open_session(self):
+        """Connect, waiting up to the connection timeout (idempotent)."""
+        if self._connecting:
+            return
+        self._connecting = True
         self.zk.add_listener(self._on_state)
         connected = self.zk.start_async()
         connected.wait(self.connection_timeout_s)
         if not self.zk.connected:
             log.warning("ZooKeeper at %s is not reachable yet; serving anyway and registering once it answers",
                         self.connect)
+
+    def start(self, port):
+        """Connect (if not yet) and register in the background."""
+        self.url = advertised_url(self.broker.config.broker.host, port)
+        self.open_session()
         self._worker = gevent.spawn(self._run)
         self._wake.set()
+
+    def set_role(self, slave_id):
+        """Register from now on as master (``slave_id`` None) or as slave ``slave_id``; the old nodes go."""
+        if slave_id == self.slave_id:
+            return
+        self._retired.append((self.node, self.slave_id, set(self.registered_topics)))
+        self._set_names(slave_id)
+        self.registered_topics = set()
+        self._full_pass = True
+        self._wake.set()
+
+    def live_master(self):
+        """Another live session's master of our broker id: ``{"url", "address", "epoch", "epoch_start"}`` or None."""
+        try:
+            data, stat = self.zk.get(self.ids_path + "/master")
+        except NoNodeError:
+            return None
+        if stat.ephemeralOwner == self.zk.client_id[0]:
+            return None
+        info = {"url": data.decode("utf-8", "replace")}
+        try:
+            published = json.loads(self.zk.get(self.ids_path + "/replication")[0].decode("utf-8"))
+            if isinstance(published, dict):
+                info.update(published)
+        except (NoNodeError, ValueError):
+            pass
+        return info
+
+    def free_slave_id(self):
+        """The lowest N with no ``slave<N>`` registered under our broker id."""
+        taken = set()
+        try:
+            for name in self.zk.get_children(self.ids_path):
+                if name.startswith("slave") and name[5:].isdigit():
+                    taken.add(int(name[5:]))
+        except NoNodeError:
+            pass
+        return min(set(range(len(taken) + 1)) - taken)
 
     def stop(self):
         """Clean shutdown: remove our nodes (bounded by UNREGISTER_TIMEOUT_S), then close the session."""
@@ -162,6 +219,9 @@ class ZkRegistry:
             if not self.zk.connected:
                 continue  # the next CONNECTED state wakes us
             try:
+                while self._retired:
+                    self._unregister_nodes(*self._retired[0])
+                    self._retired.pop(0)
                 if self._full_pass:
                     self._full_pass = False
                     self._register_all()
@@ -183,6 +243,7 @@ class ZkRegistry:
             zk.set(self.ids_path, self.url.encode())
             self._claim(self.ids_path + "/master", self.url, by_address=True)
             self._claim(self.ids_path + "/master_config_checksum", str(self.broker.config_checksum))
+            self._claim(self.ids_path + "/replication", self._replication_json())
         else:
             self._claim(self.ids_path + "/slave%d" % self.slave_id, self.url, by_address=True)
         topics = self.broker.store.known_topics()
@@ -235,18 +296,31 @@ class ZkRegistry:
                 pass
         raise IdClaimedElsewhere("could not claim %s" % path)
 
-    def _unregister(self):
-        zk, node = self.zk, self.node
+    def _replication_json(self):
+        rep, epochs = self.broker.replication, self.broker.store.epochs
+        address = None
+        if rep is not None:  # the advertised host (as in our url) with the replication port
+            address = "%s:%d" % (self.url[len("meta://"):].rsplit(":", 1)[0], rep.port)
+        return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
+                           "url": self.url}, separators=(",", ":"), sort_keys=True)
+
+    def _unregister_nodes(self, node, slave_id, topics):
         brokers = "%s/brokers" % self.root
-        for topic in sorted(self.registered_topics):
+        for topic in sorted(topics):
             for kind in ("topics", "topics-pub", "topics-sub"):
                 self._delete_ours("%s/%s/%s/%s" % (brokers, kind, topic, node))
+        if slave_id is not None:
+            self._delete_ours(self.ids_path + "/slave%d" % slave_id)
+            return
+        for name in ("replication", "master_config_checksum", "master"):
+            self._delete_ours(self.ids_path + "/" + name)
+
+    def _unregister(self):
+        zk = self.zk
+        self._unregister_nodes(self.node, self.slave_id, self.registered_topics)
         if self.slave_id is not None:
-            self._delete_ours(self.ids_path + "/slave%d" % self.slave_id)
             self.registered_topics = set()
             return
-        self._delete_ours(self.ids_path + "/master_config_checksum")
-        self._delete_ours(self.ids_path + "/master")
         try:
             zk.delete(self.ids_path)
         except NotEmptyError:

@@ -11,6 +11,7 @@ import time
 import metaq
 from metaq.errors import MetaqError
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.server import roles
 
 ITEMS_HELP = (
     "(blank)   broker summary",
@@ -183,11 +184,19 @@ def public_topics(store):
 
 
 def replication_lines(broker):
+    """Role (slave; master with a replication port or after a promotion; none = standalone), epoch, link figures."""
+    epochs = broker.store.epochs
+    promoted = broker.role == "master" and roles.read_promoted(broker.store) is not None
     if broker.slave_link is not None:
-        return ["replication_role slave"] + broker.slave_link.stats_lines()
-    if broker.replication is not None:
-        return ["replication_role master"] + broker.replication.stats_lines()
-    return ["replication_role none"]
+        role, more = "slave", broker.slave_link.stats_lines()
+    elif broker.replication is not None:
+        role, more = "master", broker.replication.stats_lines()
+    else:
+        role, more = ("master" if promoted else "none"), []
+    return ["replication_role %s" % role, "replication_epoch %d" % epochs.epoch,
+            "replication_epoch_start %d" % epochs.latest[1],
+            "replication_promoted %s" % ("true" if promoted else "false"),
+            "replication_reads_refused %s" % ("true" if broker.read_refusal else "false")] + more
 
 
 def topics_lines(store):

@@ -11,6 +11,8 @@ Layout of the data dir::
     consumer_offsets                                    the broker's consumer-offset store (CRC)
     delay_offsets                                       the delay scheduler's per-level offsets (CRC)
     lock                                                flock'ed while a broker has the dir open
+    epochs                                              replication epoch history (CRC; epochs.py)
+    promoted                                            present once this broker was promoted to master (CRC)
 
 A topic reaches the filesystem only through ``limits.validate_topic()`` and the
 resolved path is checked to stay inside the data dir.
@@ -36,6 +38,8 @@ CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
 CONSUMER_OFFSETS_FILE = "consumer_offsets"
 DELAY_OFFSETS_FILE = "delay_offsets"
+EPOCHS_FILE = "epochs"
+PROMOTED_FILE = "promoted"
 TEMP_SUFFIX = ".tmp"
 #: A file built ahead by a worker thread under this name; a roll renames it to its final name.
 PREPARED_SUFFIX = ".prepared"
@@ -88,6 +92,8 @@ class DataDir:
         self.lock = os.path.join(self.root, LOCK_FILE)
         self.consumer_offsets = os.path.join(self.root, CONSUMER_OFFSETS_FILE)
         self.delay_offsets = os.path.join(self.root, DELAY_OFFSETS_FILE)
+        self.epochs = os.path.join(self.root, EPOCHS_FILE)
+        self.promoted = os.path.join(self.root, PROMOTED_FILE)
         self._lock_fd = None
 
     def create(self):

@@ -358,6 +358,7 @@ def truncate_log(store, position, now_ms):
     store._pending = type(store._pending)(e for e in store._pending if e[0] <= position)
     store._checkpoint_pos = min(store._checkpoint_pos, position)
     store.checkpoint(now_ms)
+    store.epochs.truncate(position)
     log.warning("commit log truncated from %d to %d: %d bytes, %d records cut (%s); segments deleted: %s",
                 old_end, position, report.bytes, report.records,
                 ", ".join("%s-%d: %d records, %d bytes" % (k + tuple(v)) for k, v in sorted(report.partitions.items()))

@@ -24,6 +24,7 @@ from metaq.store import recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
+from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
@@ -67,6 +68,7 @@ class MessageStore:
         self._ahead = AheadWork(self._log, lambda: self._written, self.dirs.root, config.disk_danger_ratio)
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
+        self.epochs = EpochHistory(self.dirs)
 
     # -- open / close --------------------------------------------------------
 
@@ -85,6 +87,7 @@ class MessageStore:
             self._flushed = self._checkpoint_pos = self._written
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
+            self.epochs.load(self._written)
             self.checkpoint(now_ms)
         except BaseException:
             self._release()
@@ -594,6 +597,11 @@ class MessageStore:
 
     def total_messages(self):
         return sum(p.visible - p.min for p in self._parts.values())
+
+    def appended_messages(self):
+        """Messages ever appended up to the written end (the sum of the partitions' max offsets; unlike
+        ``total_messages`` it ignores retention, so a slave holding the same log has the same figure)."""
+        return sum(p.max for p in self._parts.values())
 
     def log_bytes_on_disk(self):
         return sum(s.size for s in self._log.segments)

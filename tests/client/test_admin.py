@@ -98,3 +98,16 @@ def test_admin_unreachable_broker_and_usage_errors(broker):
     assert "--zk" in out.stderr
     out = admin("--zk", "127.0.0.1:1", "--timeout", "1", "topics", expect=1)
     assert "ZooKeeper" in out.stderr
+
+
+def test_admin_promote_bad_targets(broker):
+    out = admin("--timeout", "1", "promote", "127.0.0.1:1", expect=1)
+    assert "promote 127.0.0.1:1" in out.stderr and "connect" in out.stderr
+    out = admin("promote", "no-port-here", expect=1)
+    assert "invalid broker url" in out.stderr
+    out = admin("promote", "127.0.0.1:%d" % broker.port, expect=3)  # a standalone broker is no slave
+    assert "refused the promotion (400): not a slave" in out.stderr
+    with broker.client() as c:
+        c.put_ok("t-x", b"still accepted")  # nothing changed on it
+    out = admin("promote", expect=2)
+    assert "HOST:PORT" in out.stderr

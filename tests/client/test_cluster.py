@@ -94,6 +94,9 @@ def test_legacy_topics_node_and_slave_only_broker(zk_connect, registrar):
         assert cluster.publish_partitions("old") == [Partition(3, p) for p in range(4)]
         assert cluster.subscribe_partitions("old") == [Partition(3, p) for p in range(4)]
         assert cluster.broker_url(4) == "meta://127.0.0.1:2004"  # no master: the slave
+        assert cluster.master_url(4) is None and cluster.slave_urls(4) == ["meta://127.0.0.1:2004"]
+        assert cluster.master_url(3) == "meta://127.0.0.1:1003" and cluster.slave_urls(3) == []
+        assert cluster.master_url(9) is None and cluster.slave_urls(9) == []
         assert 4 not in cluster.broker_urls()
         assert cluster.publish_partitions("replicated") == []  # nobody accepts writes
         assert cluster.subscribe_partitions("replicated") == [Partition(4, 0), Partition(4, 1)]

@@ -15,6 +15,7 @@ from metaq.protocol.replication import (
     NEED_DATA,
     Ack,
     Data,
+    Epochs,
     ErrorFrame,
     Heartbeat,
     Hello,
@@ -25,12 +26,25 @@ from metaq.protocol.replication import (
 
 pos64 = st.integers(0, 2**63 - 1)
 i32 = st.integers(0, 2**31 - 1)
+
+
+@st.composite
+def histories(draw):
+    """Valid epoch histories: strictly increasing epochs and starts."""
+    steps = draw(st.lists(st.tuples(st.integers(1, 2**20), st.integers(1, 2**40)), max_size=6))
+    out, epoch, start = [(0, 0)], 0, 0
+    for de, ds in steps:
+        epoch, start = epoch + de, start + ds
+        out.append((epoch, start))
+    return tuple(out)
+
+
 events = st.one_of(
-    st.builds(Hello, i32, st.integers(0, limits.MAX_BROKER_ID), st.integers(1, 2**63 - 1), pos64,
-              st.integers(-1, 2**63 - 1), st.integers(-1, 2**63 - 1)),
+    st.builds(Hello, i32, st.integers(0, limits.MAX_BROKER_ID), st.integers(1, 2**63 - 1), pos64, histories()),
+    st.builds(Epochs, pos64, pos64, histories()),
     st.builds(Data, pos64, st.binary(max_size=3000)),
     st.builds(lambda s, d, extra: Ack(s, d + extra, d), i32, st.integers(0, 2**62 - 1), st.integers(0, 2**62 - 1)),
-    st.builds(Heartbeat, pos64),
+    st.builds(Heartbeat, pos64, pos64, pos64),
     st.builds(ErrorFrame, st.integers(-2**31, 2**31 - 1), st.text(max_size=200)),
 )
 
@@ -137,26 +151,38 @@ def test_error_text_limit_at_and_past():
         p.next_event()
 
 
-def frame(ftype, payload, version=1, magic=b"MQRS", reserved=0):
+def frame(ftype, payload, version=2, magic=b"MQRS", reserved=0):
     head = FRAME_HEADER.pack(magic, version, ftype, reserved, len(payload), 0)[:12]
     return head + struct.pack(">I", crc32(payload, crc32(head))) + payload
 
 
+HELLO_HEAD = ">iiqqI"
+ENTRY = struct.pack(">qq", 0, 0)
+
+
 @pytest.mark.parametrize("wire, message", [
     (frame(9, b""), "unknown frame type 9"),
-    (frame(1, b"\0" * 39), "must carry 40 bytes"),
-    (frame(4, b"\0" * 9), "must carry 8 bytes"),
-    (frame(4, b"\0" * 8, version=2), "version 2"),
-    (frame(4, b"\0" * 8, reserved=1), "reserved"),
-    (frame(4, b"\0" * 8, magic=b"MQRX"), "magic"),
+    (frame(1, b"\0" * 28), "must be 28 \\+ 16 x"),
+    (frame(1, b"\0" * 45), "must be 28 \\+ 16 x"),
+    (frame(6, b"\0" * 20), "must be 20 \\+ 16 x"),
+    (frame(4, b"\0" * 9), "must carry 24 bytes"),
+    (frame(4, b"\0" * 24, version=1), "version 1 .*speaks 2"),
+    (frame(4, b"\0" * 24, reserved=1), "reserved"),
+    (frame(4, b"\0" * 24, magic=b"MQRX"), "magic"),
     (b"GET / HTTP/1.1\r\n\r\n", "magic"),
-    (frame(4, struct.pack(">q", -1)), "out of range"),
+    (frame(4, struct.pack(">qqq", -1, 0, 0)), "out of range"),
+    (frame(4, struct.pack(">qqq", 0, 0, -3)), "out of range"),
     (frame(2, struct.pack(">q", -5) + b"x"), "out of range"),
     (frame(2, b"\0" * 7), "DATA frame of 7 bytes"),
     (frame(3, struct.pack(">iqq", 1, 5, 6)), "bad ACK"),
-    (frame(1, struct.pack(">iiqqqq", 1, 1024, 4096, 0, -1, -1)), "bad HELLO"),
-    (frame(1, struct.pack(">iiqqqq", 1, 1, 0, 0, -1, -1)), "bad HELLO"),
-    (frame(1, struct.pack(">iiqqqq", 1, 1, 4096, 0, -2, -1)), "epoch"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1024, 4096, 0, 1) + ENTRY), "bad HELLO"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 0, 0, 1) + ENTRY), "bad HELLO"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY), "count 2 does not match"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY + ENTRY), "must increase"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY + struct.pack(">qq", 1, 0)), "must increase"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 1) + struct.pack(">qq", -1, 0)), "out of range"),
+    (frame(6, struct.pack(">qqI", 5, 4, 1) + struct.pack(">qq", 0, -2)), "out of range"),
+    (frame(6, struct.pack(">qqI", -5, 4, 1) + ENTRY), "out of range"),
     (frame(5, struct.pack(">i", 1) + b"\xff"), "UTF-8"),
 ])
 def test_bad_frames(wire, message):
@@ -191,3 +217,16 @@ def test_receive_after_eof_is_a_bug():
     assert p.next_event() is CLOSED
     with pytest.raises(RuntimeError):
         p.receive_data(b"x")
+
+
+def test_epoch_history_limit_at_and_past():
+    at = tuple((i, i) for i in range(limits.MAX_REPLICATION_EPOCHS))
+    p = ReplicationParser()
+    p.receive_data(serialize(Hello(1, 2, 4096, 10, at)))
+    assert p.next_event().epochs == at
+    past = frame(1, struct.pack(HELLO_HEAD, 1, 2, 4096, 10, len(at) + 1)
+                 + b"".join(struct.pack(">qq", i, i) for i in range(len(at) + 1)))
+    p = ReplicationParser()
+    p.receive_data(past[:FRAME_HEADER.size])  # refused from the header alone
+    with pytest.raises(RemoteProtocolError, match="MAX_REPLICATION_EPOCHS"):
+        p.next_event()

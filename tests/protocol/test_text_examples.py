@@ -181,3 +181,29 @@ def test_stats_body_helpers():
     assert stats_lines(body) == ["pid 12", "version 0.1.0", "orders *Empty*", "flag"]
     assert stats_dict(body) == {"pid": "12", "version": "0.1.0", "orders": "*Empty*", "flag": ""}
     assert stats_lines(b"STATS\r\nEND\r\n") == []
+
+
+@pytest.mark.parametrize("wire, event", [
+    (b"promote 0 5\r\n", "Promote(force=False, opaque=5)"),
+    (b"promote 1 -7\r\n", "Promote(force=True, opaque=-7)"),
+])
+def test_promote_extension_round_trip(wire, event):
+    from metaq.protocol.events import Promote
+
+    parsed = parse_one(wire)
+    assert isinstance(parsed, Promote) and repr(parsed) == event
+    assert serialize(parsed) == wire
+
+
+@pytest.mark.parametrize("wire, message", [
+    (b"promote 2 5\r\n", "invalid force '2': must be 0..1"),
+    (b"promote yes 5\r\n", "invalid force 'yes': not an integer"),
+    (b"promote 1\r\n", "promote needs 3 tokens"),
+])
+def test_promote_bad_lines_are_answered_and_the_parser_goes_on(wire, message):
+    p = TextParser()
+    p.receive_data(wire + b"version 3\r\n")
+    with pytest.raises(RemoteProtocolError, match=message) as info:
+        p.next_event()
+    assert not info.value.fatal
+    assert p.next_event() == Version(3)

@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaq.protocol.events import TX_TYPES, Get, Offset, Put, Quit, Result, Stats, Sync, Transaction, Value, Version
+from metaq.protocol.events import (TX_TYPES, Get, Offset, Promote, Put, Quit, Result, Stats, Sync, Transaction, Value,
+                                   Version)
 from metaq.protocol.text import CLOSED, serialize
 from tests.protocol.parse_helpers import parse_bytewise, parse_chunks, parse_one, parse_whole
 
@@ -34,6 +35,7 @@ EVENTS = {
     Quit: st.just(Quit()),
     Transaction: st.builds(Transaction, TX_KEYS, tokens(), st.sampled_from(TX_TYPES), INT32, UINT31, QUALIFIERS),
     Sync: st.builds(Sync, tokens(), PARTITIONS, INT32, INT64, BODIES, INT32, CHECKSUMS),
+    Promote: st.builds(Promote, st.booleans(), INT32),
     Value: st.builds(Value, BODIES, INT32),
     Result: st.builds(Result, st.integers(0, 999), BODIES, INT32),
 }

@@ -1,0 +1,143 @@
+"""Issue 5 point 3 with real processes: promotion (metaq-admin promote) and an old master rejoining with a
+divergent tail that the epoch handshake cuts (F8), without and with ZooKeeper."""
+
+import os
+import re
+
+import pytest
+
+from metaq.client import admin
+from tests.broker_harness import free_port, small_config, wait_for
+from tests.integration.test_replication import assert_identical, caught_up, master_config, mixed_load, stats
+
+pytestmark = pytest.mark.fault
+
+
+def promote(capsys, broker, force=False):
+    """``metaq-admin promote 127.0.0.1:<port> [--force]``: (exit code, stdout, stderr)."""
+    code = admin.main(["promote", "127.0.0.1:%d" % broker.port] + (["--force"] if force else []))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def slave_args(rport, slave_id, own_rport=None):
+    args = ["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", str(slave_id)]
+    return args + (["--replication-port", str(own_rport)] if own_rport else [])
+
+
+def diverge(broker_factory, tmp_path, zk=None):
+    """Master M and slave S (its own replication port for later); M gets 30 messages S never sees; M dies.
+
+    Returns (M, S, S's replication port, M's log end before the tail).
+    """
+    rport, srport = free_port(), free_port()
+    mcfg = master_config(tmp_path / "m", rport)
+    scfg = small_config(os.path.join(str(tmp_path / "s"), "data"))
+    if zk:
+        for cfg in (mcfg, scfg):
+            cfg["zk"] = {"connect": zk, "session_timeout_ms": 4000}
+    m = broker_factory(mcfg, workdir=tmp_path / "m")
+    s = broker_factory(scfg, workdir=tmp_path / "s", extra_args=slave_args(rport, 1, srport))
+    mixed_load(m, 80, seed=21)
+    caught_up(m, s)
+    agreed = int(stats(m)["log_end_position"])
+    s.kill()  # the slave is gone while the master takes a tail ...
+    tail = mixed_load(m, 30, seed=22)
+    assert len(tail) == 30
+    m.kill()  # ... then the master dies with it
+    s.start()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "slave sees no master")
+    return m, s, srport, agreed
+
+
+def test_promote_then_the_old_master_rejoins_and_its_tail_is_cut(broker_factory, tmp_path, capsys):
+    m, s, srport, agreed = diverge(broker_factory, tmp_path)
+    code, _out, err = promote(capsys, s)  # it never heard from its master since it restarted: not caught up
+    assert code == admin.EXIT_REFUSED and "not caught up" in err and "never heard" in err, err
+    with s.client() as c:
+        assert c.put("t-a", b"still a slave").code == 503
+    code, out, _err = promote(capsys, s, force=True)
+    assert code == admin.EXIT_OK and "now the master, epoch 1 from log position %d" % agreed in out, out
+    assert "FORCED" in out
+    code, _out, err = promote(capsys, s)
+    assert code == admin.EXIT_REFUSED and "not a slave" in err
+    st = stats(s)
+    assert (st["slave"], st["replication_role"], st["replication_epoch"], st["replication_promoted"]) == \
+        ("false", "master", "1", "true")
+    mixed_load(s, 40, seed=23)  # the new master takes writes
+
+    # The old master comes back as a slave of an address where nobody listens: it serves no read yet.
+    m.extra_args = slave_args(free_port(), 2)
+    m.start()
+    with m.client() as c:
+        r = c.get("t-a", 0, 0)
+        assert r.code == 503 and b"no read until the epoch handshake" in r.body, r
+        assert c.call(__import__("metaq.protocol.events", fromlist=["Offset"]).Offset("t-a", "g", 0, 0, 1)).code == 503
+    assert stats(m)["replication_reads_refused"] == "true"
+    m.stop()
+    # Now pointed at the new master: the handshake cuts the 30-message tail, then it copies the new log.
+    m.extra_args = slave_args(srport, 2)
+    m.start()
+    assert_identical(s, m)
+    cut = re.search(r"agree up to position (\d+); CUT our tail of (\d+) bytes, (\d+) messages", m.log_text())
+    assert cut, m.log_text()
+    assert int(cut.group(1)) == agreed and int(cut.group(3)) == 30
+    st = stats(m)
+    assert st["replication_reads_refused"] == "false" and st["replication_epoch"] == "1"
+    assert int(st["replication_cut_bytes"]) == int(cut.group(2)) > 0
+    # The promoted broker stays master across a restart although its command line still says --slave-of.
+    s.stop()
+    s.start()
+    assert stats(s)["replication_role"] == "master" and "stays master" in s.log_text()
+    with s.client() as c:
+        c.put_ok("t-a", b"after restart")
+    assert_identical(s, m)
+
+
+def test_a_caught_up_slave_is_promoted_without_force_once_its_master_is_gone(broker_factory, tmp_path, capsys):
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                       extra_args=slave_args(rport, 1))
+    acked = mixed_load(m, 40, seed=24)
+    caught_up(m, s)
+    code, _out, err = promote(capsys, s)
+    assert code == admin.EXIT_REFUSED and "the master is alive" in err, err
+    m.kill()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "slave sees the master gone")
+    assert stats(s)["replication_caught_up"] == "true"
+    code, out, _err = promote(capsys, s)
+    assert code == admin.EXIT_OK and "FORCED" not in out, out
+    with s.client() as c:
+        for topic, _id, part, offset in acked:  # nothing acknowledged was lost
+            assert c.get_records(topic, part, offset)
+        c.put_ok("t-a", b"on the new master")
+
+
+@pytest.mark.slow
+def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tmp_path, capsys, zk_connect):
+    from kazoo.client import KazooClient
+
+    m, s, srport, agreed = diverge(broker_factory, tmp_path, zk=zk_connect)
+    code, out, _err = promote(capsys, s, force=True)
+    assert code == admin.EXIT_OK, out
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        ids = "/meta/brokers/ids/7"
+        master_of = lambda: zk.exists(ids + "/master") and zk.get(ids + "/master")[0].decode()  # noqa: E731
+        wait_for(lambda: master_of() == "meta://127.0.0.1:%d" % s.port, 20, "promoted slave registered as master")
+        assert not zk.exists(ids + "/slave1")
+        assert b'"epoch":1' in zk.get(ids + "/replication")[0] and (b":%d" % srport) in zk.get(ids + "/replication")[0]
+        wait_for(lambda: zk.exists("/meta/brokers/topics-pub/t-a/7-m"), 10, "topics-pub as master")
+        mixed_load(s, 20, seed=25)
+        m.extra_args = []  # restarted as a plain master: ZooKeeper tells it who the master is now
+        m.start()
+        assert "we were superseded while down; rejoining it as slave" in m.log_text()
+        assert_identical(s, m)
+        assert "CUT our tail" in m.log_text()
+        wait_for(lambda: zk.exists(ids + "/slave0"), 10, "old master registered as a slave")
+        assert master_of() == "meta://127.0.0.1:%d" % s.port
+    finally:
+        zk.stop()
+        zk.close()
