@@ -128,6 +128,7 @@ class Broker:
         if self.registry is not None:
             self.registry.set_role(slave_link.slave_id if slave_link is not None else None)
         self.dispatcher.refresh_role()
+        self.delay.role_changed()
 
     def start(self):
         cfg = self.config.broker

@@ -153,7 +153,10 @@ class DelayScheduler:
         if not self.enabled:
             log.info("delayed delivery: not running on a replication slave (the master delivers)")
             return
+        if self._running:
+            return
         self._running = True
+        self._stop = Event()
         for lv in self.levels.values():
             lv.greenlet = gevent.spawn(self._run_level, lv)
         self._saver = gevent.spawn(self._save_loop)
@@ -172,6 +175,27 @@ class DelayScheduler:
         gevent.joinall(greenlets, timeout=5.0)
         gevent.killall(greenlets, block=True, timeout=1.0)
         self._save_quietly()
+
+    def role_changed(self):
+        """Follow the broker's role: a promoted slave starts delivering, a master turned slave stops.
+
+        A promoted slave has no state file of its own (or an old one): recovery then looks for
+        the ids of due entries in the log it copied, so what the old master delivered is not
+        delivered again.
+        """
+        master = self.broker.slave_link is None
+        if master == self.enabled:
+            return
+        if not master:
+            self.stop()
+            self.enabled = False
+            self.levels = {}
+            log.info("delayed delivery: stopped (this broker is now a replication slave)")
+            return
+        self.enabled = True
+        self._recover(now_ms())
+        if self.broker.started:
+            self.start()
 
     # -- recovery ----------------------------------------------------------------
 

@@ -3,6 +3,7 @@ divergent tail that the epoch handshake cuts (F8), without and with ZooKeeper.""
 
 import os
 import re
+import time
 
 import pytest
 
@@ -141,3 +142,35 @@ def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tm
     finally:
         zk.stop()
         zk.close()
+
+
+def test_a_promoted_slave_delivers_pending_delayed_messages_once(broker_factory, tmp_path, capsys):
+    """The master's delay scheduler stops with it; the promoted slave takes over its schedule, skipping what
+    the old master already delivered (found by id in the copied log)."""
+    from tests.integration.test_delay import delay_stats, put_delayed_ok, records
+
+    rport = free_port()
+    levels = {"levels": "1s 4s"}
+    mcfg = master_config(tmp_path / "m", rport)
+    mcfg["delay"] = levels
+    scfg = small_config(os.path.join(str(tmp_path / "s"), "data"), delay=levels)
+    m = broker_factory(mcfg, workdir=tmp_path / "m")
+    s = broker_factory(scfg, workdir=tmp_path / "s", extra_args=slave_args(rport, 1))
+    with m.client() as c:
+        early = {put_delayed_ok(c, "t-a", b"early-%d" % i, 1, partition=0)[0] for i in range(5)}
+        late = {put_delayed_ok(c, "t-a", b"late-%d" % i, 2, partition=0)[0] for i in range(5)}
+        wait_for(lambda: {r.msg_id for r in records(c, "t-a", [0])} == early, 10, "level 1 delivered by the master")
+    caught_up(m, s)
+    assert stats(s)["delay_scheduler"] == "off"
+    m.kill()  # the level-2 messages are still pending
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "slave sees the master gone")
+    code, out, _err = promote(capsys, s)
+    assert code == admin.EXIT_OK, out
+    assert stats(s)["delay_scheduler"] == "running"
+    with s.client() as c:
+        wait_for(lambda: len(records(c, "t-a", [0])) >= 10, 15, "level 2 delivered by the promoted slave")
+        time.sleep(1.5)  # a duplicate of a level-1 message would show up by now
+        ids = [r.msg_id for r in records(c, "t-a", [0])]
+        levels_now, totals = delay_stats(c)
+    assert sorted(ids) == sorted(early | late), "each delayed message exactly once"
+    assert totals["redeliveries_skipped"] == 5, (levels_now, totals)  # the master's level-1 deliveries
