@@ -102,3 +102,7 @@ REPLICATION_READ_BYTES = 1024 * 1024
 
 #: Longest text of a replication ERROR frame, in bytes.
 MAX_REPLICATION_ERROR_TEXT = 4096
+
+#: Requests one remoting connection may have in progress at once (long-polling
+#: pulls and sends waiting for their flush included); reading pauses at the cap.
+MAX_REMOTING_INFLIGHT = 256

@@ -16,6 +16,7 @@ from metaq.server.dispatch import TextDispatcher
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.registry import ZkRegistry
+from metaq.server.remoting_server import RemotingServer
 from metaq.server.replication import ReplicationServer, SlaveLink
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
@@ -57,6 +58,7 @@ class Broker:
         self.tx = TxService(self)  # after the store: recovery completes interrupted commits
         self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
+        self.remoting = RemotingServer(self) if config.remoting.port else None
 
     # -- facts used by handlers and stats ------------------------------------
 
@@ -113,13 +115,18 @@ class Broker:
         self.tx.start()
         if self.replication is not None:
             self.replication.start()
+        if self.remoting is not None:
+            self.remoting.start()
         if self.slave_link is not None:
             self.slave_link.start()
         if self.registry is not None:
             self.registry.start(self.port)
-        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s)",
+        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,
+                 ", RocketMQ remoting on %s (name server and broker %s)" % (self.remoting.address,
+                                                                           self.remoting.broker_name)
+                 if self.remoting else "",
                  ", slave %d of %s" % (self.slave_link.slave_id, self.slave_link.master) if self.slave_link
                  else ", replication port %d (%s)" % (self.replication.port, self.replication.mode)
                  if self.replication else "")
@@ -195,6 +202,8 @@ class Broker:
         if self.registry is not None:
             self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.notify_all()
+        if self.remoting is not None:
+            self.remoting.stop()
         for conn in list(self.connections):
             if not conn.busy:
                 conn.close()
