@@ -49,6 +49,7 @@ bench: $(VENV)/.installed
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) -m bench.bench_client $(BENCH_CLIENT_ARGS)
 	$(PY) -m bench.bench_tx $(BENCH_TX_ARGS)
+	$(PY) -m bench.bench_delay $(BENCH_DELAY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

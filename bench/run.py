@@ -56,7 +56,12 @@ class Conn:
 
 def pipelined_puts(port, n, depth=64):
     """Put n messages keeping ``depth`` requests in flight; returns msgs/s."""
-    frames = put_frames(n)
+    return pipelined(port, put_frames(n), depth)
+
+
+def pipelined(port, frames, depth=64):
+    """Send request ``frames`` keeping ``depth`` in flight, expecting 200 for each; returns requests/s."""
+    n = len(frames)
     c = Conn(port)
     started = time.perf_counter()
     sent = min(depth, n)

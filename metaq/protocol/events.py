@@ -41,6 +41,23 @@ class Put(NamedTuple):
     tx_key: Optional[str] = None
 
 
+class DelayedPut(NamedTuple):
+    """``put_delayed topic partition len flag checksum level opaque\\r\\n<body>`` (our extension).
+
+    Like a 7-token put plus a delay level (``metaq.protocol.delay``): 0 = no delay, above the
+    last level = the last level. Reply ``msgId partition -1`` (the offset is known only at
+    delivery), or ``msgId partition offset`` for level 0.
+    """
+
+    topic: str
+    partition: int
+    flag: int
+    body: bytes
+    opaque: int
+    checksum: int
+    level: int
+
+
 class Get(NamedTuple):
     """``get topic group partition offset maxSize [maxWaitMs] opaque``; max_wait_ms None = no long poll."""
 

@@ -9,8 +9,9 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 
 Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
-carry ``maxWaitMs`` before the opaque; integers are strict (``-?[0-9]+``) and
-range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
+carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
+the delay level before the opaque; ``metaq.protocol.delay``) is ours; integers
+are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
 skipped) unless the error is ``fatal`` (body length unknown or over the limit,
 line over the limit, EOF inside a frame): then every later ``next_event()``
@@ -26,6 +27,7 @@ from metaq.protocol.events import (
     TX_TYPES,
     UNCHECKED,
     CommitOffset,
+    DelayedPut,
     Get,
     Offset,
     QueryOffset,
@@ -168,6 +170,16 @@ def _parse_put(t):
     return lambda body: Put(topic, partition, flag, body, opaque, checksum, tx_key)
 
 
+def _parse_put_delayed(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", -1, INT32_MAX)
+    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    level = _int(t[6], "delay level", INT32_MIN, INT32_MAX)  # the broker answers a negative level
+    opaque = _int(t[7], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: DelayedPut(topic, partition, flag, body, opaque, checksum, level)
+
+
 def _parse_get(t):
     partition = _int(t[3], "partition", -1, INT32_MAX)
     offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
@@ -249,6 +261,7 @@ def _parse_result(t):
 #: command word -> (handler, allowed token counts, how to say them, index of the body length or None)
 _COMMANDS = {
     "put": (_parse_put, (6, 7, 8), "6, 7 or 8 tokens", 3),
+    "put_delayed": (_parse_put_delayed, (8,), "8 tokens", 3),
     "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
@@ -468,6 +481,12 @@ def _serialize_put(e):
     return b"".join((head.encode("utf-8"), e.body))
 
 
+def _serialize_put_delayed(e):
+    head = "put_delayed %s %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.level, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
 def _serialize_get(e):
     wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
     return (
@@ -531,6 +550,7 @@ def _serialize_result(e):
 
 _SERIALIZERS = {
     Put: _serialize_put,
+    DelayedPut: _serialize_put_delayed,
     Get: _serialize_get,
     Offset: _serialize_offset,
     CommitOffset: _serialize_commit_offset,

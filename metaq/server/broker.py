@@ -12,6 +12,7 @@ import yaml
 from gevent.server import StreamServer
 
 from metaq.protocol.text import encode_result
+from metaq.server.delay import DelayScheduler
 from metaq.server.dispatch import TextDispatcher
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
@@ -56,6 +57,7 @@ class Broker:
         self.slave_link = SlaveLink(self) if rcfg.role == "slave" else None
         self.replication = ReplicationServer(self) if rcfg.role == "master" and rcfg.port else None
         self.tx = TxService(self)  # after the store: recovery completes interrupted commits
+        self.delay = DelayScheduler(self)  # reads its levels' entries from the recovered store
         self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
         self.remoting = RemotingServer(self) if config.remoting.port else None
@@ -113,6 +115,7 @@ class Broker:
         self.refresh_refusal()
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
+        self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
         if self.replication is not None:
             self.replication.start()
         if self.remoting is not None:
@@ -213,6 +216,7 @@ class Broker:
         for conn in list(self.connections):
             conn.close()
         gevent.killall(self._tasks, block=False)
+        self.delay.stop()  # before the flusher and the store: its last save waits for a flush
         if self.slave_link is not None:
             self.slave_link.stop()
         if self.replication is not None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
+from metaq.protocol.delay import DEFAULT_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import StoreConfig, TopicSpec
 
 
@@ -152,6 +153,22 @@ class RemotingSection(_Section):
         return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)]
 
 
+class DelaySection(_Section):
+    """Delayed delivery (README "Delayed delivery"): RocketMQ's delay levels, ``"1s 5s ... 2h"``."""
+
+    levels: str = DEFAULT_LEVELS
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, levels):
+        parse_levels(levels)  # ValueError with the reason
+        return levels
+
+    def levels_ms(self):
+        """The levels as a tuple of milliseconds (level 1 first)."""
+        return parse_levels(self.levels)
+
+
 class TopicSection(_Section):
     name: str
     partitions: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
@@ -163,6 +180,9 @@ class TopicSection(_Section):
             limits.validate_topic(name.replace("*", "x"))
         except InvalidTopic as exc:
             raise ValueError(str(exc)) from None
+        if name == SCHEDULE_TOPIC:
+            raise ValueError("%s is the broker's internal topic for delayed delivery; "
+                             "it cannot be configured" % SCHEDULE_TOPIC)
         return name
 
 
@@ -174,6 +194,7 @@ class ServerConfig(_Section):
     transactions: TransactionsSection = TransactionsSection()
     replication: ReplicationSection = ReplicationSection()
     remoting: RemotingSection = RemotingSection()
+    delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
     @model_validator(mode="after")
@@ -197,7 +218,9 @@ class ServerConfig(_Section):
         return StoreConfig(
             data_dir=os.path.abspath(self.broker.data_dir),
             broker_id=self.broker.id,
-            topics=self.remoting.retry_topic_specs() + [TopicSpec(t.name, t.partitions) for t in self.topics],
+            # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
+            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))] + self.remoting.retry_topic_specs()
+            + [TopicSpec(t.name, t.partitions) for t in self.topics],
             segment_size=s.segment_size,
             index_file_units=s.index_file_units,
             flush=s.flush,

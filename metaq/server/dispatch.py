@@ -13,6 +13,7 @@ import metaq
 from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
@@ -41,6 +42,23 @@ def now_ms():
     return int(time.time() * 1000)
 
 
+INTERNAL_TOPIC_REFUSAL = ("%s is the broker's internal topic for delayed delivery: use put_delayed "
+                          "<topic> <partition> <len> <flag> <checksum> <level> <opaque>" % SCHEDULE_TOPIC)
+
+
+def _verified_checksum(e):
+    """The put body's checksum, after checking it against the announced one and the attribute block's shape."""
+    body = e.body
+    checksum = metaq_checksum(body)
+    if e.checksum != checksum and e.checksum != ev.UNCHECKED:
+        raise errors.ChecksumMismatch(
+            "Checksum failure, message may be corrupted when transferring on network "
+            "(announced %d, body has %d)" % (e.checksum, checksum))
+    if e.flag & 1:
+        decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+    return checksum
+
+
 class TextDispatcher:
     def __init__(self, broker):
         self.broker = broker
@@ -52,6 +70,7 @@ class TextDispatcher:
         self.slave_refusal = self.put_path.slave_refusal
         self._handlers = {
             ev.Put: self.put,
+            ev.DelayedPut: self.put_delayed,
             ev.Get: self.get,
             ev.Offset: self.offset,
             ev.CommitOffset: self.commit_offset,
@@ -78,13 +97,9 @@ class TextDispatcher:
         try:
             path.check_writable()
             body = e.body
-            checksum = metaq_checksum(body)
-            if e.checksum != checksum and e.checksum != ev.UNCHECKED:
-                raise errors.ChecksumMismatch(
-                    "Checksum failure, message may be corrupted when transferring on network "
-                    "(announced %d, body has %d)" % (e.checksum, checksum))
-            if e.flag & 1:
-                decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+            checksum = _verified_checksum(e)
+            if e.topic == SCHEDULE_TOPIC:
+                raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
             if e.tx_key is not None and e.tx_key != "null":
                 return self.broker.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
         except errors.MetaqError as exc:
@@ -95,8 +110,30 @@ class TextDispatcher:
             r = path.append(e.topic, e.partition, e.flag, body, now, checksum=checksum)
         except errors.MetaqError as exc:
             return error_reply(exc, e.opaque), NO_WAIT
-        reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
-        mode = path.ack_mode(e.topic, r, now)
+        return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque),
+                         conn)
+
+    def put_delayed(self, e, conn):
+        """``put_delayed``: a schedule entry now (``metaq.server.delay``), the message in its topic when due."""
+        path = self.put_path
+        now = now_ms()
+        try:
+            path.check_writable()
+            checksum = _verified_checksum(e)
+        except errors.MetaqError as exc:
+            path.failed(e.topic, exc)
+            return error_reply(exc, e.opaque), NO_WAIT
+        try:
+            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=checksum, delay_level=e.level)
+        except errors.MetaqError as exc:
+            return error_reply(exc, e.opaque), NO_WAIT
+        offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
+        return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque),
+                         conn)
+
+    def _ack(self, e, r, now, reply, conn):
+        """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""
+        mode = self.put_path.ack_mode(e.topic, r, now)
         if mode == ACK_AFTER_REPLICATION:
             conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now)
             return None, NO_WAIT
@@ -109,7 +146,7 @@ class TextDispatcher:
         try:
             self.put_path.durable(e.topic, partition, log_end, now)
         except errors.MetaqError as exc:
-            self.stats.on_put_failed(e.topic)
+            self.put_path.failed(e.topic, exc, counted_only=True)
             return error_reply(exc, e.opaque)
         return reply
 

@@ -18,6 +18,7 @@ import logging
 import time
 
 from metaq import errors
+from metaq.protocol.delay import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,23 @@ class PutPath:
         if self.broker.refusal is not None:
             raise errors.Unavailable(self.broker.refusal)
 
-    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None):
+    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0):
         """Store one message (after ``check_writable``); returns the store's PutResult.
 
-        Counts the put (or its failure), turns a full disk into the broker's
-        refusal and registers a new topic in ZooKeeper. Raises MetaqError.
+        ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
+        result names its schedule entry). Counts the put (or its failure), turns a full disk into the
+        broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError; the delay
+        scheduler's internal topic is refused.
         """
         try:
             self.check_writable()
-            r = self.store.put(topic, partition, flag, body, now, born_ms=born_ms, checksum=checksum)
+            if topic == SCHEDULE_TOPIC:
+                raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
+                                         "topic with a delay level instead" % SCHEDULE_TOPIC)
+            if delay_level:
+                r = self.broker.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
+            else:
+                r = self.store.put(topic, partition, flag, body, now, born_ms=born_ms, checksum=checksum)
         except errors.MetaqError as exc:
             self.failed(topic, exc)
             raise
@@ -67,9 +76,11 @@ class PutPath:
             self.registry.topic_created(topic)
         return r
 
-    def failed(self, topic, exc):
-        """Account for a put that failed with ``exc``."""
-        self.stats.on_put_failed(topic)
+    def failed(self, topic, exc, counted_only=False):
+        """Account for a put that failed with ``exc`` (``counted_only``: just count it)."""
+        self.stats.on_put_failed(topic if topic != SCHEDULE_TOPIC else None)  # no stats for the internal topic
+        if counted_only:
+            return
         if isinstance(exc, errors.DiskFull):
             if self.broker.refusal is None:
                 log.error("%s", exc)

@@ -33,6 +33,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEm
 from kazoo.handlers.gevent import SequentialGeventHandler
 
 from metaq.errors import MetaqError
+from metaq.protocol.delay import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class ZkRegistry:
 
     def topic_created(self, topic):
         """Called on a topic's first put: register it soon, without waiting here."""
-        if topic not in self.registered_topics:
+        if topic not in self.registered_topics and topic != SCHEDULE_TOPIC:
             self._pending_topics.add(topic)
             self._wake.set()
 
@@ -192,6 +193,8 @@ class ZkRegistry:
                  self.broker_id, self.connect, self.root, self.url, len(topics))
 
     def _register_topic(self, topic):
+        if topic == SCHEDULE_TOPIC:  # internal to this broker: nobody produces to or consumes from it
+            return
         try:
             partitions = self.broker.store.partitions_of(topic)
         except MetaqError as exc:  # a topic no longer configured is simply not registered

@@ -8,14 +8,16 @@ consumers compute from each pulled record and what CONSUMER_SEND_MSG_BACK
 sends back as ``offset``.
 
 Delays (a ``DELAY`` property, or a send-back's delay level) go to the delay
-scheduler (``broker.delay``, ``DelayScheduler.put_delayed``); the message
-becomes visible in its topic when its level's time has passed.
+scheduler (``broker.delay``, ``DelayScheduler.put_delayed``, levels from
+``delay.levels``, a level past the last meaning the last); the message becomes
+visible in its topic when its level's time has passed.
 """
 
 import logging
 import random
 
 from metaq import errors
+from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq_bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)
@@ -29,8 +31,6 @@ log = logging.getLogger(__name__)
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-#: RocketMQ's delay levels: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
-MAX_DELAY_LEVEL = 18
 
 
 class RemotingSender:
@@ -52,12 +52,12 @@ class RemotingSender:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
-        if delay_level > 0:
-            r = self._put_delayed(topic, partition, flag, data, min(delay_level, MAX_DELAY_LEVEL), now)
+        r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms, delay_level=delay_level)
+        if delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
+            stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         else:
-            r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms)
-        # For a delayed message this names the scheduler's copy, like RocketMQ's id of a scheduled message.
-        position = r.log_end - record_size(len(topic.encode("utf-8")), len(data))
+            stored = (topic, len(data))
+        position = r.log_end - record_size(len(stored[0].encode("utf-8")), stored[1])
         return r, create_offset_msg_id(self.server.store_ip, self.server.port, position)
 
     def _store(self, topic, partition, flag, data, born_ms, delay_level=0):
@@ -66,14 +66,6 @@ class RemotingSender:
         r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level)
         self.path.durable(topic, r.partition, r.log_end, now)
         return r.partition, r.offset, msg_id
-
-    def _put_delayed(self, topic, partition, flag, data, level, now):
-        delay = getattr(self.broker, "delay", None)
-        if delay is None:
-            raise errors.Unavailable("delayed delivery (delay level %d) is not available on this broker" % level)
-        self.path.check_writable()
-        # The scheduler keeps the message in its schedule topic; the id we hand out names that record.
-        return delay.put_delayed(topic, partition, flag, data, level, now)
 
     # -- SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE --------------------
 

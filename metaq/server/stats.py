@@ -10,6 +10,7 @@ import time
 
 import metaq
 from metaq.errors import MetaqError
+from metaq.protocol.delay import SCHEDULE_TOPIC
 
 ITEMS_HELP = (
     "(blank)   broker summary",
@@ -18,6 +19,7 @@ ITEMS_HELP = (
     "realtime  put/get/offset counters since the last reset",
     "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
     "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
+    "delay     per delay level: delay, pending messages, next due time (ms), delivered",
     "<topic>   one topic's figures",
     "config    the configuration file in use",
     "reset     reset the realtime counters",
@@ -123,6 +125,8 @@ def render(item, broker):
         return _body(offsets_lines(broker.store))
     if item == "transactions":
         return _body(transactions_lines(broker.tx.manager))
+    if item == "delay":
+        return _body(broker.delay.level_lines())
     if item == "groups":
         return _body(groups_lines(broker.store))
     if item == "realtime":
@@ -159,7 +163,7 @@ def summary_lines(broker):
         "get_miss %d" % s.get_miss,
         "put_failed %d" % s.put_failed,
         "total_messages %d" % store.total_messages(),
-        "topics %d" % len(store.known_topics()),
+        "topics %d" % len(public_topics(store)),
         "config_checksum %d" % broker.config_checksum,
         "flush_mode %s" % broker.config.store.flush,
         "log_end_position %d" % store.written_position,
@@ -170,7 +174,12 @@ def summary_lines(broker):
         "protocol_errors %d" % s.protocol_errors,
         "long_poll_waiters %d" % len(broker.waiters),
         "zookeeper %s" % (broker.registry.state if broker.registry is not None else "standalone"),
-    ] + replication_lines(broker)
+    ] + replication_lines(broker) + broker.delay.summary_lines()
+
+
+def public_topics(store):
+    """Topics for listings: every known topic but the internal one of delayed delivery (see ``stats delay``)."""
+    return [t for t in store.known_topics() if t != SCHEDULE_TOPIC]
 
 
 def replication_lines(broker):
@@ -186,7 +195,7 @@ def topics_lines(store):
     with_data = {}
     for topic, partition in store.partition_keys():
         with_data.setdefault(topic, []).append(partition)
-    for topic in sorted(store.known_topics()):
+    for topic in sorted(public_topics(store)):
         parts = with_data.get(topic)
         if not parts:
             lines.append("%s *Empty*" % topic)

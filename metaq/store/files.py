@@ -8,6 +8,8 @@ Layout of the data dir::
     index/<topic>/<partition>/<start byte>.prepared     the next index file, built ahead
     checkpoint                                          log position durable for log and index (CRC)
     clean_shutdown                                      written by a clean close (CRC), removed at open
+    consumer_offsets                                    the broker's consumer-offset store (CRC)
+    delay_offsets                                       the delay scheduler's per-level offsets (CRC)
     lock                                                flock'ed while a broker has the dir open
 
 A topic reaches the filesystem only through ``limits.validate_topic()`` and the
@@ -33,6 +35,7 @@ CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
 CONSUMER_OFFSETS_FILE = "consumer_offsets"
+DELAY_OFFSETS_FILE = "delay_offsets"
 TEMP_SUFFIX = ".tmp"
 #: A file built ahead by a worker thread under this name; a roll renames it to its final name.
 PREPARED_SUFFIX = ".prepared"
@@ -84,6 +87,7 @@ class DataDir:
         self.clean_shutdown = os.path.join(self.root, CLEAN_SHUTDOWN_FILE)
         self.lock = os.path.join(self.root, LOCK_FILE)
         self.consumer_offsets = os.path.join(self.root, CONSUMER_OFFSETS_FILE)
+        self.delay_offsets = os.path.join(self.root, DELAY_OFFSETS_FILE)
         self._lock_fd = None
 
     def create(self):

@@ -486,10 +486,12 @@ class MessageStore:
         """A fresh message id, for a caller that must know it before the append (see ``put``)."""
         return self._ids.next_id(now_ms)
 
-    def msg_ids_since(self, position):
+    def msg_ids_since(self, position, skip_topic=None, among=None):
         """Ids of every record from log ``position`` to the written end (BLOCKING: reads the maps).
 
-        Transaction recovery uses it to learn which messages of an interrupted commit reached the log.
+        Transaction recovery uses it to learn which messages of an interrupted commit reached the log;
+        the delay scheduler (with ``skip_topic`` = its own topic, ``among`` = the ids it may have
+        delivered) which scheduled messages were delivered before a crash.
         """
         found = set()
         first = self._log.start
@@ -504,7 +506,9 @@ class MessageStore:
             if not total:  # a blank tail: continue in the next segment
                 pos = seg.end
                 continue
-            found.add(decode_record(seg.view, rel).msg_id)
+            rec = decode_record(seg.view, rel)
+            if rec.topic != skip_topic and (among is None or rec.msg_id in among):
+                found.add(rec.msg_id)
             pos += total
         return found
 

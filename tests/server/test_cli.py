@@ -32,6 +32,7 @@ def test_shipped_config_is_valid_and_equals_the_defaults_it_documents():
     shipped = load_config("conf/server.yaml")
     assert shipped.store == load_config(None).store
     assert shipped.limits == load_config(None).limits
+    assert shipped.delay == load_config(None).delay
 
 
 def test_flags_override_the_file(tmp_path):
@@ -54,6 +55,8 @@ def test_flags_override_the_file(tmp_path):
     ({"topics": [{"name": "a", "partitions": 0}]}, "topics.0.partitions"),
     ({"store": {"disk_warn_ratio": 0.95, "disk_danger_ratio": 0.9}}, "disk_warn_ratio"),
     ({"store": {"segment_size": 1 << 20}, "limits": {"max_body_bytes": 2 << 20}}, "max_body_bytes"),
+    ({"delay": {"levels": "1s 5x"}}, "delay.levels"),
+    ({"topics": [{"name": "SCHEDULE_TOPIC_XXXX", "partitions": 1}]}, "internal topic for delayed delivery"),
 ])
 def test_invalid_config_is_refused_naming_the_setting(tmp_path, content, words):
     f = tmp_path / "bad.yaml"
