@@ -98,13 +98,14 @@ def test_delayed_messages_arrive_no_earlier_than_their_delay(rmq_factory, tmp_pa
 
 
 def test_retry_honours_rocketmq_delay_levels(rmq_factory, tmp_path):
-    """Without send_back_delay_level, the first retry waits delay level 3 (10 s) as in RocketMQ."""
+    """Without send_back_delay_level, a retry waits delay level 3 + reconsume times, as in RocketMQ
+    (10 s with the default levels; 3 s with the levels configured here)."""
     pytest.importorskip("metaq.server.delay", reason="the delay scheduler (branch delay) is not merged")
-    b = rmq_factory(**FAST)
+    b = rmq_factory(delay={"levels": "1s 1s 3s 4s"}, **FAST)
     ns = ns_of(b)
     run_peer(tmp_path / "p", "produce", "--ns", ns, "--topic", "tD", "--count", 1)
     lines = received(run_peer(tmp_path / "c", "consume", "--ns", ns, "--topic", "tD", "--group", "CGD",
-                              "--fail", "m-0", "--expect", 1, "--timeout", 14))
+                              "--fail", "m-0", "--expect", 1, "--timeout", 9.5))
     times = [m["t"] for m in lines if m["body"] == "m-0"]
-    assert len(times) == 2, lines
-    assert times[1] - times[0] >= 10.0 - 0.05
+    assert len(times) == 3, lines  # first delivery, after 3 s (level 3), after 4 s more (level 4)
+    assert times[1] - times[0] >= 3.0 - 0.05 and times[2] - times[1] >= 4.0 - 0.05
