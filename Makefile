@@ -50,6 +50,7 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.bench_client $(BENCH_CLIENT_ARGS)
 	$(PY) -m bench.bench_tx $(BENCH_TX_ARGS)
 	$(PY) -m bench.bench_delay $(BENCH_DELAY_ARGS)
+	HOME=$${HOME:-/tmp} $(PY) -m bench.bench_remoting $(BENCH_REMOTING_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
-from metaq.protocol.delay import DEFAULT_LEVELS, SCHEDULE_TOPIC, parse_levels
+from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import StoreConfig, TopicSpec
 
 
@@ -142,7 +142,7 @@ class RemotingSection(_Section):
     cluster: str = "DefaultCluster"
     retry_queues: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
     max_reconsume_times: int = Field(16, ge=0)
-    send_back_delay_level: Optional[int] = Field(None, ge=0, le=18)
+    send_back_delay_level: Optional[int] = Field(None, ge=0, le=MAX_LEVELS)
     client_timeout_s: float = Field(120.0, gt=0)
     max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
 

@@ -64,14 +64,17 @@ class RemotingDispatcher:
         self.sender = RemotingSender(broker, server)
         self.error_response = error_response
         R = RequestCode
+        # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
+        path = self.sender.path
+        waits = path.sync_flush or path.sync_replication
         # code -> (handler, runs in a greenlet of its own)
         self._handlers = {
             R.GET_ROUTEINFO_BY_TOPIC: (self.route, False),
             R.GET_BROKER_CLUSTER_INFO: (self.cluster_info, False),
-            R.SEND_MESSAGE: (self.sender.send, True),
-            R.SEND_MESSAGE_V2: (self.sender.send, True),
-            R.SEND_BATCH_MESSAGE: (self.sender.send, True),
-            R.CONSUMER_SEND_MSG_BACK: (self.sender.send_back, True),
+            R.SEND_MESSAGE: (self.sender.send, waits),
+            R.SEND_MESSAGE_V2: (self.sender.send, waits),
+            R.SEND_BATCH_MESSAGE: (self.sender.send, waits),
+            R.CONSUMER_SEND_MSG_BACK: (self.sender.send_back, waits),
             R.END_TRANSACTION: (self.sender.end_transaction, True),
             R.PULL_MESSAGE: (self.pull, True),
             R.QUERY_CONSUMER_OFFSET: (self.query_offset, False),

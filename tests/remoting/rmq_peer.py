@@ -4,7 +4,7 @@ The C++ library keeps threads that stop the interpreter from exiting, so every
 run ends with ``os._exit``; its logs go to ``$HOME/logs/rocketmq-cpp`` (the test
 gives each run a HOME of its own). Output: one JSON object per line.
 
-    produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P]
+    produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B]
     consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
 """
 
@@ -37,7 +37,7 @@ def produce(args):
         if args.delay_level:
             m.set_delay_time_level(args.delay_level)
         m.set_property("seq", str(i))
-        m.set_body("%s-%d" % (args.prefix, i))
+        m.set_body("%s-%d" % (args.prefix, i) if not args.size else "x" * args.size)
         r = p.send_sync(m)
         if not args.quiet:
             emit({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset, "t": time.time()})
@@ -49,6 +49,7 @@ def consume(args):
     from rocketmq.client import PushConsumer
 
     got = []
+    times = []  # first and latest arrival
     lock = threading.Lock()
     stop_after = args.stop_after
 
@@ -63,6 +64,11 @@ def consume(args):
             raise RuntimeError("handler refuses %s" % body)
         with lock:
             got.append(body)
+            now = time.time()
+            if times:
+                times[1] = now
+            else:
+                times.extend((now, now))
 
     c = PushConsumer(args.group)
     c.set_namesrv_addr(args.ns)
@@ -79,7 +85,8 @@ def consume(args):
         time.sleep(0.02)
     with lock:
         count = len(got)
-    emit({"received": count, "seconds": time.time() - started})
+    emit({"received": count, "seconds": time.time() - started, "first_t": times[0] if times else None,
+          "last_t": times[1] if times else None})
     if args.linger:
         time.sleep(args.linger)
     c.shutdown()
@@ -95,6 +102,7 @@ def main():
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--tags")
     ap.add_argument("--prefix", default="m")
+    ap.add_argument("--size", type=int, default=0, help="bodies of this many bytes instead of '<prefix>-<i>'")
     ap.add_argument("--delay-level", type=int, default=0)
     ap.add_argument("--expect", type=int, default=0)
     ap.add_argument("--stop-after", type=int, default=0)
