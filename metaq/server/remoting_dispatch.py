@@ -146,6 +146,9 @@ class RemotingDispatcher:
 
     def pull(self, cmd, conn):
         h = decode_header(PullMessageHeader, cmd)
+        if h.expression_type and h.expression_type.upper() != "TAG":
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
+                                "message by %s (only TAG subscriptions)" % h.expression_type)
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         wanted = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None

@@ -109,3 +109,24 @@ def test_retry_honours_rocketmq_delay_levels(rmq_factory, tmp_path):
     times = [m["t"] for m in lines if m["body"] == "m-0"]
     assert len(times) == 3, lines  # first delivery, after 3 s (level 3), after 4 s more (level 4)
     assert times[1] - times[0] >= 3.0 - 0.05 and times[2] - times[1] >= 4.0 - 0.05
+
+
+def test_the_readme_example_runs_as_written(rmq_factory, tmp_path):
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    from tests.remoting.harness import peer_env
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## RocketMQ clients"):]
+    [code] = re.findall(r"```python\n(.*?)```", section[:section.index("\n## ", 10)], re.S)
+    b = rmq_factory(**FAST)
+    script = code.replace("127.0.0.1:9876", ns_of(b)) + (
+        "\nimport os, sys, time\ntime.sleep(3)\nconsumer.shutdown()\nsys.stdout.flush()\nos._exit(0)\n")
+    r = subprocess.run([sys.executable, "-c", script], env=peer_env(tmp_path / "home"), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "SendStatus.OK" in r.stdout
+    assert "orders b'created' b'order-17' b'order 17 created' 0" in r.stdout

@@ -135,6 +135,10 @@ def test_pull_statuses(rmq_broker, rc):
     assert none.code == C.PULL_RETRY_IMMEDIATELY and ext_int(none, "nextBeginOffset") == 5
     bad_queue = pull(rc, "tP", 9, 0)
     assert bad_queue.code == C.SYSTEM_ERROR
+    sql = rc.call(R.PULL_MESSAGE, {"consumerGroup": "CG", "topic": "tP", "queueId": 0, "queueOffset": 0,
+                                   "maxMsgNums": 1, "sysFlag": 4, "commitOffset": -1, "suspendTimeoutMillis": 0,
+                                   "subscription": "a > 1", "subVersion": 0, "expressionType": "SQL92"})
+    assert sql.code == C.SYSTEM_ERROR and "SQL92" in sql.remark
 
 
 def test_long_poll_answers_when_a_message_arrives_and_does_not_block_the_connection(rmq_broker, rc):
