@@ -1,4 +1,5 @@
-"""RocketMQ sends over the shared put path: SEND_MESSAGE (v1, v2, batch), CONSUMER_SEND_MSG_BACK, END_TRANSACTION.
+"""RocketMQ sends over the shared put path: SEND_MESSAGE (v1, v2, batch), CONSUMER_SEND_MSG_BACK, and
+half messages with END_TRANSACTION over metaq's transactions (``metaq.server.transactions``).
 
 Every handler runs in a greenlet of its own and answers once the put may be
 acknowledged (``PutPath.durable``: the flush in ``sync`` mode, a slave in
@@ -13,6 +14,7 @@ scheduler (``broker.delay``, ``DelayScheduler.put_delayed``, levels from
 visible in its topic when its level's time has passed.
 """
 
+import itertools
 import logging
 import random
 
@@ -21,13 +23,21 @@ from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq_bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)
-from metaq.protocol.rocketmq_headers import (ConsumerSendMsgBackHeader, decode_header, decode_send_header,
-                                             send_response_fields)
-from metaq.protocol.rocketmq_mapping import PROP_DELAY, message_of_record, record_data_from_send, retry_copy
+from metaq.protocol.rocketmq_headers import (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE,
+                                             ConsumerSendMsgBackHeader, EndTransactionHeader, decode_header,
+                                             decode_send_header, send_response_fields)
+from metaq.protocol.rocketmq_mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
+                                             record_data_from_send, retry_copy)
+from metaq.protocol.xa import XAER_NOTA, LocalTxId
 from metaq.server.putpath import PutPath, now_ms
 from metaq.store.record import RecordTooLarge, record_size
 
 log = logging.getLogger(__name__)
+
+#: Half messages' ids name this + their transaction number as the commit-log offset (never a real position).
+HALF_ID_BASE = 1 << 62
+#: Half messages remembered for their END_TRANSACTION (older ones have timed out long before).
+MAX_HALF_OWNERS = 100_000
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -43,6 +53,9 @@ class RemotingSender:
         cfg = broker.config.remoting
         self.max_reconsume_times = cfg.max_reconsume_times
         self.send_back_delay_level = cfg.send_back_delay_level
+        self._half_session = "rmq%d" % now_ms()  # a new key space per broker run
+        self._half_numbers = itertools.count(1)
+        self._half_owners = {}  # half message number -> owner (connection id) of its transaction
 
     # -- the put itself -------------------------------------------------------
 
@@ -74,8 +87,7 @@ class RemotingSender:
         self.path.check_writable()
         topic = h.topic
         if h.sys_flag & SYSFLAG_TRANSACTION_PREPARED:
-            return response_for(cmd, ResponseCode.NO_PERMISSION,
-                                "transactional (half) messages are not supported by this broker")
+            return self._send_half(cmd, h, topic, conn)
         if topic.startswith(RETRY_PREFIX):
             topic = self._retry_or_dlq(topic, h.reconsume_times, h.max_reconsume_times, cmd.version)
         if h.batch or cmd.code == 320:
@@ -137,12 +149,64 @@ class RemotingSender:
             return self.send_back_delay_level
         return 3 + reconsume_times  # RocketMQ's rule: 10 s, then 30 s, 1 min, 2 min ...
 
-    # -- END_TRANSACTION --------------------------------------------------------
+    # -- half messages and END_TRANSACTION ------------------------------------------
+
+    def _send_half(self, cmd, h, topic, conn):
+        """A half message: one local transaction of our own (journaled, invisible) until END_TRANSACTION.
+
+        The response's queue offset is the transaction's number and its message id names
+        ``HALF_ID_BASE + number`` (never a log position): the producer's END_TRANSACTION
+        brings both back. The transaction belongs to the connection: it is rolled back when
+        the connection closes or after ``transactions.default_timeout_s`` without an end.
+        """
+        if h.batch or cmd.code == 320:
+            raise errors.ClientError("a batch cannot hold transactional messages")
+        props = decode_properties(h.properties)
+        props.pop(PROP_TRAN_MSG, None)  # cleared when the message is committed, as RocketMQ does
+        flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
+        if len(data) > self.max_body:
+            raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
+        self.path.check_writable()
+        manager, now = self.broker.tx.manager, now_ms()
+        number = next(self._half_numbers)
+        txid = LocalTxId(self._half_session, number)
+        manager.begin(txid, conn.conn_id, 0, now)
+        try:
+            partition = manager.put(txid, conn.conn_id, topic, h.queue_id if h.queue_id >= 0 else -1, flag, data,
+                                    None, now)
+        except errors.MetaqError:
+            manager.rollback(txid, conn.conn_id, now)
+            raise
+        self._half_owners[number] = conn.conn_id
+        while len(self._half_owners) > MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
+            del self._half_owners[next(iter(self._half_owners))]
+        self.broker.stats.on_put(topic, len(data))
+        msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, HALF_ID_BASE + number)
+        fields = _send_fields(msg_id, partition, number)
+        fields["transactionId"] = props.get(PROP_UNIQ_KEY, msg_id)
+        return response_for(cmd, ResponseCode.SUCCESS, None, fields)
 
     def end_transaction(self, cmd, conn):
-        # Half messages are refused at send time (NO_PERMISSION), so there is never one to end.
-        return response_for(cmd, ResponseCode.SYSTEM_ERROR, "no half message to end: transactional messages are "
-                            "not supported by this broker")
+        h = decode_header(EndTransactionHeader, cmd)
+        number = h.tran_state_table_offset
+        owner = self._half_owners.get(number)
+        missing = errors.NotFound("no half message %d (commitLogOffset %d) is waiting for its end: it was ended, "
+                                  "rolled back by a timeout or its connection closed, or never sent here"
+                                  % (number, h.commit_log_offset))
+        if owner is None or h.commit_log_offset != HALF_ID_BASE + number:
+            raise missing
+        end = {TRANSACTION_COMMIT_TYPE: self.broker.tx.commit_now,
+               TRANSACTION_ROLLBACK_TYPE: self.broker.tx.rollback_now}.get(h.commit_or_rollback)
+        if end is None:  # TRANSACTION_NOT_TYPE (unknown): it waits for a later end or its timeout
+            return response_for(cmd, ResponseCode.SUCCESS)
+        del self._half_owners[number]
+        try:
+            end(LocalTxId(self._half_session, number), owner)
+        except errors.TransactionError as exc:
+            if exc.xa_code == XAER_NOTA:  # rolled back meanwhile (timeout, closed connection)
+                raise missing from None
+            raise
+        return response_for(cmd, ResponseCode.SUCCESS)
 
 
 def _delay_level(props):

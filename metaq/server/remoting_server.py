@@ -93,12 +93,14 @@ class RemotingServer:
         except OSError:
             pass
         conn = RemotingConnection(self, sock, address)
+        conn.conn_id = next(self.broker._conn_ids)  # owner of its half messages' transactions, like a text one
         self.connections.add(conn)
         try:
             conn.serve()
         finally:
             self.connections.discard(conn)
             self.clients.connection_closed(conn)
+            self.broker.tx.connection_closed(conn.conn_id)
 
     def _expiry_loop(self):
         while True:
@@ -121,6 +123,7 @@ class RemotingConnection:
         self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
         self.born_host = tuple(address[:2]) if isinstance(address, tuple) else ("127.0.0.1", 0)
         self.closed = False
+        self.conn_id = 0
         self.parser = RemotingParser(max_frame=server.config.max_frame_bytes)
         self.pool = Pool(limits.MAX_REMOTING_INFLIGHT)
         self._write_lock = Semaphore()

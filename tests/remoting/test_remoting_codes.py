@@ -9,6 +9,7 @@ from metaq.protocol.remoting import RequestCode as R
 from metaq.protocol.remoting import ResponseCode as C
 from metaq.protocol.rocketmq_bodies import (BatchEntry, decode_stored_messages, encode_batch_messages,
                                             encode_properties, parse_offset_msg_id)
+from tests.broker_harness import wait_for
 from tests.remoting.harness import RemotingClient
 
 PULL_FLAGS = 2 | 4  # SUSPEND | SUBSCRIPTION, as the C++ client's first pull
@@ -269,13 +270,44 @@ def test_send_back_goes_to_retry_then_dead_letter(rmq_broker, rc):
     assert rc.call(R.CONSUMER_SEND_MSG_BACK, dict(back, offset=physical + 3)).code == C.SYSTEM_ERROR
 
 
-def test_transactional_half_messages_are_refused_clearly(rmq_broker, rc):
-    r = send_v1(rc, "tT", b"half", sys_flag=4, props={"TRAN_MSG": "true"})
-    assert r.code == C.NO_PERMISSION and "transactional" in r.remark
-    end = rc.call(R.END_TRANSACTION, {"producerGroup": "PG", "tranStateTableOffset": 0, "commitLogOffset": 0,
-                                      "commitOrRollback": 8, "msgId": "00"})
-    assert end.code == C.SYSTEM_ERROR
-    assert rc.call(R.GET_MAX_OFFSET, {"topic": "tT", "queueId": 0}).ext_fields["offset"] == "0"
+def end_tx(rc, sent, decision):
+    return rc.call(R.END_TRANSACTION, {"producerGroup": "PG", "tranStateTableOffset": sent.ext_fields["queueOffset"],
+                                       "commitLogOffset": parse_offset_msg_id(sent.ext_fields["msgId"])[2],
+                                       "commitOrRollback": decision, "msgId": sent.ext_fields["msgId"],
+                                       "fromTransactionCheck": "false"})
+
+
+def max_of(rc, topic, queue=0):
+    return ext_int(rc.call(R.GET_MAX_OFFSET, {"topic": topic, "queueId": queue}), "offset")
+
+
+def test_half_messages_are_invisible_until_committed_and_gone_when_rolled_back(rmq_broker, rc):
+    half = {"TRAN_MSG": "true", "PGROUP": "PG", "TAGS": "H", "UNIQ_KEY": "TXU1"}
+    sent = send_v1(rc, "tT", b"half one", sys_flag=4, props=half)
+    assert sent.code == C.SUCCESS and sent.ext_fields["transactionId"] == "TXU1"
+    assert max_of(rc, "tT") == 0  # a half message is not visible
+    assert end_tx(rc, sent, 0).code == C.SUCCESS and max_of(rc, "tT") == 0  # unknown: still waiting
+    assert end_tx(rc, sent, 8).code == C.SUCCESS  # commit
+    [m] = decode_stored_messages(pull(rc, "tT", 0, 0).body)
+    assert m.body == b"half one" and m.properties["TAGS"] == "H" and "TRAN_MSG" not in m.properties
+    assert m.sys_flag & 12 == 0  # a stored message is a committed one
+    again = end_tx(rc, sent, 8)
+    assert again.code == C.SYSTEM_ERROR and "no half message" in again.remark
+    gone = send_v1(rc, "tT", b"half two", sys_flag=4, props=half)
+    assert end_tx(rc, gone, 12).code == C.SUCCESS
+    assert max_of(rc, "tT") == 1
+
+
+def test_half_messages_of_a_closed_connection_are_rolled_back(rmq_broker, rc):
+    port = rmq_broker.config["remoting"]["port"]
+    with RemotingClient(port) as other:
+        sent = send_v1(other, "tT2", b"orphan", sys_flag=4, props={"TRAN_MSG": "true"})
+        assert sent.code == C.SUCCESS
+    with rmq_broker.client() as text:
+        wait_for(lambda: "tx_rollback 1\r\n" in text.stats(), 5, "the half message rolled back")
+    late = end_tx(rc, sent, 8)
+    assert late.code == C.SYSTEM_ERROR and "no half message" in late.remark
+    assert max_of(rc, "tT2") == 0
 
 
 # -- anything else -----------------------------------------------------------------
