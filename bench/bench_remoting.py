@@ -32,6 +32,7 @@ from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.remoting import RequestCode  # noqa: E402
 from tests.broker_harness import BrokerProcess, TextClient  # noqa: E402
 from tests.remoting.harness import RemotingClient, ns_of, rmq_config, run_peer  # noqa: E402
+from tests.remoting.test_remoting_codes import pull_fields  # noqa: E402
 
 MSG = 1024
 PARTS = 4
@@ -106,10 +107,7 @@ def codec_pull(b, topic):
         for part in range(PARTS):
             offset = 0
             while True:
-                r = rc.call(RequestCode.PULL_MESSAGE, {
-                    "consumerGroup": "codec", "topic": topic, "queueId": part, "queueOffset": offset,
-                    "maxMsgNums": 32, "sysFlag": 4, "commitOffset": -1, "suspendTimeoutMillis": 0,
-                    "subscription": "*", "subVersion": 0})
+                r = rc.call(RequestCode.PULL_MESSAGE, pull_fields(topic, part, offset, group="codec", sys_flag=4))
                 if r.code != 0:
                     break
                 nxt = int(r.ext_fields["nextBeginOffset"])

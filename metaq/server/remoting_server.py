@@ -59,7 +59,7 @@ class RemotingServer:
         self.port = None
         self.broker_name = cfg.broker_name or "metaq-%d" % broker.config.broker.id
         self.store_ip = None  # set at start: the IP in routes and message ids
-        self.connections = set()
+        self.connections = set()  # RemotingConnections (not counted in curr_connections: that is the text port)
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed)
         self.dispatcher = RemotingDispatcher(broker, self)
         self._server = None

@@ -27,12 +27,15 @@ def v2_header(topic, queue, props=None, batch=False):
             "h": 0, "i": encode_properties(props or {}), "j": 0, "k": "false", "m": "true" if batch else "false"}
 
 
-def pull(rc, topic, queue, offset, group="CG", max_nums=32, sys_flag=PULL_FLAGS, suspend_ms=0, sub="*",
-         commit_offset=-1, timeout=10.0):
-    return rc.call(R.PULL_MESSAGE, {
-        "consumerGroup": group, "topic": topic, "queueId": queue, "queueOffset": offset, "maxMsgNums": max_nums,
-        "sysFlag": sys_flag, "commitOffset": commit_offset, "suspendTimeoutMillis": suspend_ms,
-        "subscription": sub, "subVersion": 0, "expressionType": "TAG"}, timeout=timeout)
+def pull_fields(topic, queue, offset, group="CG", max_nums=32, sys_flag=PULL_FLAGS, suspend_ms=0, sub="*",
+                commit_offset=-1, expression="TAG"):
+    return {"consumerGroup": group, "topic": topic, "queueId": queue, "queueOffset": offset, "maxMsgNums": max_nums,
+            "sysFlag": sys_flag, "commitOffset": commit_offset, "suspendTimeoutMillis": suspend_ms,
+            "subscription": sub, "subVersion": 0, "expressionType": expression}
+
+
+def pull(rc, topic, queue, offset, timeout=10.0, **fields):
+    return rc.call(R.PULL_MESSAGE, pull_fields(topic, queue, offset, **fields), timeout=timeout)
 
 
 def ext_int(cmd, key):
@@ -136,19 +139,14 @@ def test_pull_statuses(rmq_broker, rc):
     assert none.code == C.PULL_RETRY_IMMEDIATELY and ext_int(none, "nextBeginOffset") == 5
     bad_queue = pull(rc, "tP", 9, 0)
     assert bad_queue.code == C.SYSTEM_ERROR
-    sql = rc.call(R.PULL_MESSAGE, {"consumerGroup": "CG", "topic": "tP", "queueId": 0, "queueOffset": 0,
-                                   "maxMsgNums": 1, "sysFlag": 4, "commitOffset": -1, "suspendTimeoutMillis": 0,
-                                   "subscription": "a > 1", "subVersion": 0, "expressionType": "SQL92"})
+    sql = pull(rc, "tP", 0, 0, sub="a > 1", expression="SQL92")
     assert sql.code == C.SYSTEM_ERROR and "SQL92" in sql.remark
 
 
 def test_long_poll_answers_when_a_message_arrives_and_does_not_block_the_connection(rmq_broker, rc):
     port = rmq_broker.config["remoting"]["port"]
     started = time.monotonic()
-    parked = rc.request(R.PULL_MESSAGE, {
-        "consumerGroup": "CG", "topic": "tL", "queueId": 0, "queueOffset": 0, "maxMsgNums": 32,
-        "sysFlag": PULL_FLAGS, "commitOffset": -1, "suspendTimeoutMillis": 8000, "subscription": "*",
-        "subVersion": 0})
+    parked = rc.request(R.PULL_MESSAGE, pull_fields("tL", 0, 0, suspend_ms=8000))
     hb = rc.call(R.HEART_BEAT, body=heartbeat_body("c@1", "CGL"))  # same socket, answered while the pull waits
     assert hb.code == C.SUCCESS
     with RemotingClient(port) as other:
@@ -162,10 +160,7 @@ def test_long_poll_answers_when_a_message_arrives_and_does_not_block_the_connect
 
 
 def test_text_put_wakes_a_remoting_long_poll(rmq_broker, rc):
-    parked = rc.request(R.PULL_MESSAGE, {
-        "consumerGroup": "CG", "topic": "tX", "queueId": 1, "queueOffset": 0, "maxMsgNums": 32,
-        "sysFlag": PULL_FLAGS, "commitOffset": -1, "suspendTimeoutMillis": 8000, "subscription": "*",
-        "subVersion": 0})
+    parked = rc.request(R.PULL_MESSAGE, pull_fields("tX", 1, 0, suspend_ms=8000))
     with rmq_broker.client() as text:
         text.put_ok("tX", b"from text", partition=1, attribute="TagT")
     [m] = decode_stored_messages(rc.response(parked).body)
@@ -237,6 +232,10 @@ def test_heartbeat_consumer_list_unregister_and_close(rmq_broker, rc):
                                                                    {"consumerGroup": "CGH"})
     ids = json.loads(rc.call(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CGH"}).body)["consumerIdList"]
     assert ids == ["10.0.0.1@1", "10.0.0.2@2"]
+    with rmq_broker.client() as text:
+        summary = text.stats_dict()
+    assert summary["remoting_port"] == str(port) and summary["rocketmq_consumer_groups"] == "1"
+    assert summary["remoting_connections"] == "2"
     assert rc.call(R.UNREGISTER_CLIENT, {"clientID": "10.0.0.1@1", "producerGroup": "",
                                          "consumerGroup": "CGH"}).code == C.SUCCESS
     ids = json.loads(rc.call(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CGH"}).body)["consumerIdList"]
