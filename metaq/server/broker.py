@@ -206,7 +206,7 @@ class Broker:
             self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.notify_all()
         if self.remoting is not None:
-            self.remoting.stop()
+            self.remoting.stop(SHUTDOWN_GRACE_S)
         for conn in list(self.connections):
             if not conn.busy:
                 conn.close()

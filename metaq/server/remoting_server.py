@@ -77,12 +77,17 @@ class RemotingServer:
         self.store_ip = advertised_ip(self.config.advertised_host or self.host)
         self._tasks = [gevent.spawn(self._expiry_loop)]
 
-    def stop(self):
+    def stop(self, grace_s=10.0):
+        """Stop accepting, let requests in progress finish (parked pulls answer at once: the broker is
+        stopping), then close every connection."""
         if self._server is not None:
             self._server.close()
+        gevent.killall(self._tasks, block=False)
+        deadline = time.monotonic() + grace_s
+        for conn in list(self.connections):
+            conn.pool.join(timeout=max(0.0, deadline - time.monotonic()))
         for conn in list(self.connections):
             conn.close()
-        gevent.killall(self._tasks, block=False)
 
     def _handle(self, sock, address):
         if self.broker.stopping:

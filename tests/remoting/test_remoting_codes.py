@@ -320,3 +320,17 @@ def test_unknown_codes_are_not_supported_and_oneway_gets_no_answer(rmq_broker, r
     after = rc.request(R.GET_MAX_OFFSET, {"topic": "tU", "queueId": 0})
     nxt = rc.read()
     assert nxt.opaque == after and nxt.code == C.SUCCESS  # nothing came back for the oneway request
+
+
+def test_graceful_stop_answers_parked_pulls_and_acknowledged_sends_stay(rmq_broker, rc):
+    assert send_v1(rc, "tG", b"kept").code == C.SUCCESS
+    parked = rc.request(R.PULL_MESSAGE, pull_fields("tG", 0, 1, suspend_ms=20000))
+    time.sleep(0.2)
+    started = time.monotonic()
+    rmq_broker.proc.send_signal(15)
+    r = rc.response(parked)
+    assert r.code == C.PULL_NOT_FOUND and time.monotonic() - started < 5.0
+    assert rmq_broker.wait_exit(15) == 0
+    rmq_broker.start()
+    with RemotingClient(rmq_broker.config["remoting"]["port"]) as again:
+        assert [m.body for m in decode_stored_messages(pull(again, "tG", 0, 0).body)] == [b"kept"]
