@@ -106,3 +106,6 @@ MAX_REPLICATION_ERROR_TEXT = 4096
 #: Most entries an epoch history may hold, on disk and in a HELLO/EPOCHS frame
 #: (one entry per master start or promotion; 16 bytes each on the wire).
 MAX_REPLICATION_EPOCHS = 4096
+#: Requests one remoting connection may have in progress at once (long-polling
+#: pulls and sends waiting for their flush included); reading pauses at the cap.
+MAX_REMOTING_INFLIGHT = 256

@@ -10,6 +10,7 @@ or when it was fetched (consumer).
 from typing import NamedTuple, Optional
 
 from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.rocketmq_mapping import encode_attribute, split_attribute
 
 __all__ = ["Partition", "Message", "SendResult"]
 
@@ -36,7 +37,7 @@ class Partition(NamedTuple):
 
 
 class Message:
-    """A message: ``Message(topic, body, attribute=None, key=None, delay_level=0)``.
+    """A message: ``Message(topic, body, attribute=None, key=None, properties=None, delay_level=0)``.
 
     ``body`` is bytes (bytearray/memoryview are copied to bytes). ``attribute``
     is an optional string stored with the message (``""`` is kept as an empty
@@ -47,14 +48,21 @@ class Message:
     …`` by default; above the last level = the last level); its ``offset`` is
     then unknown when the send succeeds and stays None.
 
+    ``properties`` (a dict of str, empty by default) are RocketMQ message
+    properties (``KEYS``, user properties ...): they travel in the attribute
+    after a ``\x02`` (README "RocketMQ clients"), so a RocketMQ consumer sees
+    them, and messages sent by RocketMQ producers arrive with their tags as
+    ``attribute`` and their other properties here.
+
     Filled in by the library: ``id`` (the broker's message id), ``partition``
     (a ``Partition``) and ``offset`` (the message's sequence number in its
     partition); all None until then.
     """
 
-    __slots__ = ("topic", "body", "attribute", "key", "delay_level", "id", "partition", "offset", "flag")
+    __slots__ = ("topic", "body", "attribute", "key", "delay_level", "id", "partition", "offset", "flag",
+                 "properties")
 
-    def __init__(self, topic, body, attribute=None, key=None, delay_level=0):
+    def __init__(self, topic, body, attribute=None, key=None, properties=None, delay_level=0):
         if isinstance(body, (bytearray, memoryview)):
             body = bytes(body)
         elif not isinstance(body, bytes):
@@ -72,9 +80,15 @@ class Message:
         self.partition = None
         self.offset = None
         self.flag = None  # the record's flag when the message was fetched
+        self.properties = dict(properties or {})
 
     def encode(self):
-        """``(flag, data)`` as sent in a ``put``: the attribute block (if any) followed by the body."""
+        """``(flag, data)`` as sent in a ``put``: the attribute block (if any) followed by the body.
+
+        ValueError when a property cannot be encoded (empty, or holding \\x01 or \\x02).
+        """
+        if self.properties:
+            return encode_payload(self.body, encode_attribute(self.attribute, self.properties))
         return encode_payload(self.body, self.attribute)
 
     def key_bytes(self):
@@ -93,7 +107,11 @@ class Message:
         Raises ``errors.RemoteProtocolError`` when the record's attribute block is malformed.
         """
         attribute, payload = decode_payload(record.flag, record.data)
-        msg = cls(topic, payload, attribute)
+        tags, properties, from_remoting = split_attribute(attribute)
+        if from_remoting:
+            attribute = tags
+            properties = {k: v for k, v in properties.items() if not k.startswith("@")}
+        msg = cls(topic, payload, attribute, properties=properties)
         msg.id = record.msg_id
         msg.partition = partition
         msg.offset = offset

@@ -12,6 +12,7 @@ Decoders of peer bytes raise ``RemoteProtocolError`` (not fatal: the frame was
 whole); encoders raise ``ValueError`` for values the format cannot carry.
 """
 
+import functools
 import ipaddress
 import json
 import re
@@ -171,7 +172,9 @@ def body_crc(body):
     return metaq_checksum(body)
 
 
+@functools.lru_cache(maxsize=1024)
 def _packed_host(host, what):
+    """``(address bytes, port bytes)``; cached: a broker encodes the same few hosts for every message."""
     ip, port = host
     try:
         packed = ipaddress.ip_address(ip).packed
@@ -288,8 +291,12 @@ def decode_stored_messages(data, check_crc=False):
 
 def create_offset_msg_id(ip, port, physical_offset):
     """The offset msgId: upper-case hex of store ip (4 or 16 bytes) + port (int32) + commit-log offset (int64)."""
-    packed = ipaddress.ip_address(ip).packed
-    return (packed + _MSG_ID_TAIL.pack(port, physical_offset)).hex().upper()
+    return (_packed_ip(ip) + _MSG_ID_TAIL.pack(port, physical_offset)).hex().upper()
+
+
+@functools.lru_cache(maxsize=1024)
+def _packed_ip(ip):
+    return ipaddress.ip_address(ip).packed
 
 
 def parse_offset_msg_id(msg_id):

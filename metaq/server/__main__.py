@@ -47,6 +47,8 @@ def build_parser():
     p.add_argument("--slave-id", type=int, metavar="N", help="this slave's number (registers as slave<N>)")
     p.add_argument("--replication-port", type=int, metavar="P",
                    help="master: serve slaves on this port (0 or absent = off)")
+    p.add_argument("--remoting-port", type=int, metavar="P",
+                   help="serve RocketMQ clients (name server and broker codes) on this port (0 or absent = off)")
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
@@ -69,6 +71,7 @@ def overrides_from(args):
         "replication.slave_of": args.slave_of,
         "replication.slave_id": args.slave_id,
         "replication.port": args.replication_port,
+        "remoting.port": args.remoting_port,
     }
 
 

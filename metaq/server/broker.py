@@ -19,6 +19,7 @@ from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server import roles
 from metaq.server.registry import ZkRegistry
+from metaq.server.remoting_server import RemotingServer
 from metaq.server.replication import SlaveLink
 from metaq.server.stats import BrokerStats
 from metaq.server.textserver import Connection
@@ -65,6 +66,7 @@ class Broker:
         self.delay = DelayScheduler(self)  # reads its levels' entries from the recovered store
         self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
+        self.remoting = RemotingServer(self) if config.remoting.port else None
 
     # -- facts used by handlers and stats ------------------------------------
 
@@ -127,7 +129,6 @@ class Broker:
                 slave_link.start()
         if self.registry is not None:
             self.registry.set_role(slave_link.slave_id if slave_link is not None else None)
-        self.dispatcher.refresh_role()
         self.delay.role_changed()
 
     def start(self):
@@ -150,14 +151,19 @@ class Broker:
         self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
         if self.replication is not None:
             self.replication.start()
+        if self.remoting is not None:
+            self.remoting.start()
         if self.slave_link is not None:
             self.slave_link.start()
         if self.registry is not None:
             self.registry.start(self.port)
         self.started = True
-        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s, epoch %d)",
+        log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,
+                 ", RocketMQ remoting on %s (name server and broker %s)" % (self.remoting.address,
+                                                                           self.remoting.broker_name)
+                 if self.remoting else "",
                  ", slave %d of %s" % (self.slave_link.slave_id, self.slave_link.master) if self.slave_link
                  else ", replication port %d (%s)" % (self.replication.port, self.replication.mode)
                  if self.replication else "", self.store.epochs.epoch)
@@ -235,6 +241,8 @@ class Broker:
         if self.registry is not None:
             self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.notify_all()
+        if self.remoting is not None:
+            self.remoting.stop(SHUTDOWN_GRACE_S)
         for conn in list(self.connections):
             if not conn.busy:
                 conn.close()

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
-from metaq.protocol.delay import DEFAULT_LEVELS, SCHEDULE_TOPIC, parse_levels
+from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import StoreConfig, TopicSpec
 
 
@@ -132,6 +132,27 @@ class ReplicationSection(_Section):
         return host.strip("[]"), int(port)
 
 
+class RemotingSection(_Section):
+    """The RocketMQ remoting port (DESIGN §6; README "RocketMQ clients")."""
+
+    port: int = Field(0, ge=0, le=65535)  # 0 = off
+    host: Optional[str] = None  # bind address; default broker.host
+    advertised_host: Optional[str] = None  # the host routes name; default the bind host
+    broker_name: Optional[str] = None  # default metaq-<broker id>
+    cluster: str = "DefaultCluster"
+    retry_queues: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
+    max_reconsume_times: int = Field(16, ge=0)
+    send_back_delay_level: Optional[int] = Field(None, ge=0, le=MAX_LEVELS)
+    client_timeout_s: float = Field(120.0, gt=0)
+    max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
+
+    def retry_topic_specs(self):
+        """Topic patterns of the retry and dead-letter topics (first, so they win over user patterns)."""
+        if not self.port:
+            return []
+        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)]
+
+
 class DelaySection(_Section):
     """Delayed delivery (README "Delayed delivery"): RocketMQ's delay levels, ``"1s 5s ... 2h"``."""
 
@@ -172,6 +193,7 @@ class ServerConfig(_Section):
     zk: ZkSection = ZkSection()
     transactions: TransactionsSection = TransactionsSection()
     replication: ReplicationSection = ReplicationSection()
+    remoting: RemotingSection = RemotingSection()
     delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
@@ -196,8 +218,8 @@ class ServerConfig(_Section):
         return StoreConfig(
             data_dir=os.path.abspath(self.broker.data_dir),
             broker_id=self.broker.id,
-            # first, so that no pattern can claim it: one partition per delay level
-            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))]
+            # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
+            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))] + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             segment_size=s.segment_size,
             index_file_units=s.index_file_units,

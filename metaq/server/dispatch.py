@@ -18,6 +18,7 @@ from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
 from metaq.server import roles, stats as stats_mod
+from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, PutPath
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,9 @@ class TextDispatcher:
         self.broker = broker
         self.store = broker.store
         self.stats = broker.stats
-        self.sync_flush = broker.config.store.flush == "sync"
+        self.put_path = PutPath(broker)
         self.max_transfer = broker.config.store.max_transfer_size
         self.max_wait_ms = broker.config.limits.max_wait_ms
-        self.registry = broker.registry
-        self.refresh_role()
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
@@ -84,16 +83,6 @@ class TextDispatcher:
             ev.Result: self.reply_from_client,
         }
 
-    def refresh_role(self):
-        """Follow the broker's replication role (at start and after a promotion or a rejoin)."""
-        broker = self.broker
-        self.replication = broker.replication  # the master's ReplicationServer, or None
-        self.sync_replication = self.replication is not None and self.replication.mode == "sync"
-        self.slave_refusal = None
-        if broker.slave_link is not None:
-            self.slave_refusal = ("this broker is a replication slave of %s (read-only): "
-                                  "send puts to the master" % broker.slave_link.master)
-
     def handle(self, event, conn):
         handler = self._handlers[type(event)]
         try:
@@ -104,83 +93,60 @@ class TextDispatcher:
     # -- put ---------------------------------------------------------------
 
     def put(self, e, conn):
+        path = self.put_path
         try:
-            if self.slave_refusal is not None:
-                raise errors.Unavailable(self.slave_refusal)
-            if self.broker.refusal is not None:
-                raise errors.Unavailable(self.broker.refusal)
+            path.check_writable()
             body = e.body
             checksum = _verified_checksum(e)
             if e.topic == SCHEDULE_TOPIC:
                 raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
             if e.tx_key is not None and e.tx_key != "null":
                 return self.broker.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
-            now = now_ms()
-            r = self.store.put(e.topic, e.partition, e.flag, body, now, checksum=checksum)
         except errors.MetaqError as exc:
-            self.stats.on_put_failed(e.topic)
-            if isinstance(exc, errors.DiskFull):
-                if self.broker.refusal is None:
-                    log.error("%s", exc)
-                self.broker.refusal = str(exc)  # until the next disk check finds space again
-            elif not isinstance(exc, (errors.ClientError, errors.Unavailable)):
-                log.warning("put to %s-%d failed: %s", e.topic, e.partition, exc)
+            path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
-        self.stats.on_put(e.topic, len(body))
-        if self.registry is not None and e.topic not in self.registry.registered_topics:
-            self.registry.topic_created(e.topic)
-        reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque)
-        if self.sync_replication:
-            self.replication.notify()
-            conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now)
-            return None, NO_WAIT
-        if self.sync_flush:
-            return reply, r.log_end
-        self.broker.waiters.notify(((e.topic, r.partition),))
-        if self.store.should_flush(now):
-            self.broker.flusher.wake()
-        return reply, NO_WAIT
+        now = now_ms()
+        try:
+            r = path.append(e.topic, e.partition, e.flag, body, now, checksum=checksum)
+        except errors.MetaqError as exc:
+            return error_reply(exc, e.opaque), NO_WAIT
+        return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque),
+                         conn)
 
     def put_delayed(self, e, conn):
         """``put_delayed``: a schedule entry now (``metaq.server.delay``), the message in its topic when due."""
+        path = self.put_path
+        now = now_ms()
         try:
-            refusal = self.slave_refusal or self.broker.refusal
-            if refusal is not None:
-                raise errors.Unavailable(refusal)
-            now = now_ms()
-            r = self.broker.delay.put_delayed(e.topic, e.partition, e.flag, e.body, e.level, now,
-                                              _verified_checksum(e))
+            path.check_writable()
+            checksum = _verified_checksum(e)
         except errors.MetaqError as exc:
-            self.stats.on_put_failed(e.topic if e.topic != SCHEDULE_TOPIC else None)
-            if isinstance(exc, errors.DiskFull):
-                self.broker.refusal = str(exc)
+            path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
-        self.stats.on_put(e.topic, len(e.body))
-        if self.registry is not None and e.topic not in self.registry.registered_topics:
-            self.registry.topic_created(e.topic)
+        try:
+            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=checksum, delay_level=e.level)
+        except errors.MetaqError as exc:
+            return error_reply(exc, e.opaque), NO_WAIT
         offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
-        reply = encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque)
-        if self.sync_replication:
+        return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque),
+                         conn)
+
+    def _ack(self, e, r, now, reply, conn):
+        """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""
+        mode = self.put_path.ack_mode(e.topic, r, now)
+        if mode == ACK_AFTER_REPLICATION:
             conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now)
             return None, NO_WAIT
-        if self.sync_flush:
+        if mode == ACK_AFTER_FLUSH:
             return reply, r.log_end
-        if self.store.should_flush(now):
-            self.broker.flusher.wake()
         return reply, NO_WAIT
 
     def _put_replicated(self, e, reply, partition, log_end, now):
         """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put."""
         try:
-            if self.sync_flush:
-                self.broker.flusher.wait_flushed(log_end)
-            else:
-                self.broker.waiters.notify(((e.topic, partition),))
-                if self.store.should_flush(now):
-                    self.broker.flusher.wake()
-            self.replication.wait_replicated(log_end)
+            self.put_path.durable(e.topic, partition, log_end, now)
         except errors.MetaqError as exc:
-            self.stats.on_put_failed(e.topic)
+            self.put_path.failed(e.topic, exc, counted_only=True)
             return error_reply(exc, e.opaque)
         return reply
 
@@ -259,8 +225,9 @@ class TextDispatcher:
         return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
 
     def transaction(self, e, conn):
-        if self.slave_refusal is not None:
-            return encode_result(503, self.slave_refusal.encode(), e.opaque), NO_WAIT
+        refusal = self.put_path.slave_refusal
+        if refusal is not None:
+            return encode_result(503, refusal.encode(), e.opaque), NO_WAIT
         return self.broker.tx.handle(e, conn), NO_WAIT
 
     def sync(self, e, conn):

@@ -175,7 +175,15 @@ def summary_lines(broker):
         "protocol_errors %d" % s.protocol_errors,
         "long_poll_waiters %d" % len(broker.waiters),
         "zookeeper %s" % (broker.registry.state if broker.registry is not None else "standalone"),
-    ] + replication_lines(broker) + broker.delay.summary_lines()
+    ] + replication_lines(broker) + broker.delay.summary_lines() + remoting_lines(broker)
+
+
+def remoting_lines(broker):
+    r = broker.remoting
+    if r is None:
+        return ["remoting_port 0"]
+    return ["remoting_port %d" % r.port, "remoting_connections %d" % len(r.connections),
+            "rocketmq_consumer_groups %d" % len(r.clients.groups())]
 
 
 def public_topics(store):

@@ -172,6 +172,14 @@ class TxService:
     def _finish_commit(self, plan, opaque):
         """After the COMMIT record is durable: append, wait for the store in sync mode, wake consumers, reply."""
         try:
+            self._complete_commit(plan)
+        except errors.MetaqError as exc:
+            return error_reply(exc, opaque)
+        return encode_result(200, b"", opaque)
+
+    def _complete_commit(self, plan):
+        """Journal durable, appends, published (blocks this greenlet); raises TransactionError."""
+        try:
             self._flush_journal()
             results = self.manager.apply_commit(plan, now_ms())
         except errors.MetaqError as exc:
@@ -179,10 +187,21 @@ class TxService:
             if not isinstance(exc, errors.TransactionError):
                 exc = errors.TransactionError(XAER_RMERR, "commit not completed (it will be, on retry or restart): "
                                               "%s" % exc)
-            return error_reply(exc, opaque)
+            raise exc from None
         self.broker.stats.tx_commit += 1
         self._publish(results)
-        return encode_result(200, b"", opaque)
+
+    # -- for the remoting port's half messages (metaq.server.remoting_send) -------
+
+    def commit_now(self, txid, owner):
+        """One-phase commit of a local transaction from the caller's greenlet (blocks until published)."""
+        self._complete_commit(self.manager.commit(txid, owner, True, now_ms()))
+
+    def rollback_now(self, txid, owner):
+        """Roll back a local transaction from the caller's greenlet (blocks until the journal is durable)."""
+        self.manager.rollback(txid, owner, now_ms())
+        self.broker.stats.tx_rollback += 1
+        self._flush_journal()
 
     def _finish_heuristic(self, key, plan, opaque):
         """An operator's decision: journal durable (off the loop), then a commit's appends, then the reply."""

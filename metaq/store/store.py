@@ -20,7 +20,7 @@ import struct
 
 from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
 from metaq.limits import validate_partition
-from metaq.store import recovery, replica
+from metaq.store import lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
@@ -528,6 +528,20 @@ class MessageStore:
     def truncate_log(self, position, now_ms):
         """Cut the log (and index units) back to the record boundary ``position``; returns a TruncateReport."""
         return replica.truncate_log(self, position, now_ms)
+
+    # -- record lookups for RocketMQ pulls (see lookup.py) -------------------
+
+    def read_records(self, topic, partition, offset, max_count, max_bytes):
+        """``(LogRecords with positions, next_offset)`` from ``offset``; bounds as ``read``."""
+        return lookup.read_records(self, topic, partition, offset, max_count, max_bytes)
+
+    def record_at(self, position):
+        """The record at commit-log ``position``, or NotFound."""
+        return lookup.record_at(self, position)
+
+    def offset_by_time(self, topic, partition, timestamp_ms, upper=False):
+        """First offset stored at/after ``timestamp_ms`` (``upper``: last at/before it)."""
+        return lookup.offset_by_time(self, topic, partition, timestamp_ms, upper)
 
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 

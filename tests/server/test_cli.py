@@ -33,6 +33,17 @@ def test_shipped_config_is_valid_and_equals_the_defaults_it_documents():
     assert shipped.store == load_config(None).store
     assert shipped.limits == load_config(None).limits
     assert shipped.delay == load_config(None).delay
+    assert shipped.remoting == load_config(None).remoting
+
+
+def test_remoting_port_flag_and_section(tmp_path):
+    r = run_cli("--remoting-port", "9876", "--check-config")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["remoting"]["port"] == 9876
+    f = tmp_path / "r.yaml"
+    f.write_text(yaml.safe_dump({"remoting": {"port": 9876, "send_back_delay_level": 99}}))
+    r = run_cli("-c", str(f), "--check-config")
+    assert r.returncode == 2 and "remoting.send_back_delay_level" in r.stderr
 
 
 def test_flags_override_the_file(tmp_path):
@@ -56,6 +67,8 @@ def test_flags_override_the_file(tmp_path):
     ({"store": {"disk_warn_ratio": 0.95, "disk_danger_ratio": 0.9}}, "disk_warn_ratio"),
     ({"store": {"segment_size": 1 << 20}, "limits": {"max_body_bytes": 2 << 20}}, "max_body_bytes"),
     ({"delay": {"levels": "1s 5x"}}, "delay.levels"),
+    ({"remoting": {"port": 70000}}, "remoting.port"),
+    ({"remoting": {"retry_queues": 0}}, "remoting.retry_queues"),
     ({"topics": [{"name": "SCHEDULE_TOPIC_XXXX", "partitions": 1}]}, "internal topic for delayed delivery"),
 ])
 def test_invalid_config_is_refused_naming_the_setting(tmp_path, content, words):

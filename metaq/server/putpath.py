@@ -1,0 +1,131 @@
+"""The put path both protocols share: refusals, the append, stats and registration, durability.
+
+``append`` stores one message or raises a MetaqError (the caller's dispatcher
+turns it into its protocol's reply). What must happen before the producer may
+be acknowledged depends on the broker's modes:
+
+* ``sync`` flush: the record must be fsynced (the flusher makes it visible and
+  wakes long polls);
+* ``async`` flush: it is visible at once; long polls are woken here and the
+  flusher is woken when its policy says so;
+* ``sync`` replication: a slave must also have it.
+
+``durable`` does all of that from a greenlet of the request's own (it blocks);
+the text server instead batches the flush waits of a burst (``ack_mode``).
+"""
+
+import logging
+import time
+
+from metaq import errors
+from metaq.protocol.delay import SCHEDULE_TOPIC
+
+log = logging.getLogger(__name__)
+
+#: ack_mode results: reply now / reply once flushed up to log_end / reply from a greenlet after ``durable``.
+ACK_NOW, ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION = 0, 1, 2
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class PutPath:
+    def __init__(self, broker):
+        self.broker = broker
+        self.store = broker.store
+        self.stats = broker.stats
+        self.registry = broker.registry
+        self.sync_flush = broker.config.store.flush == "sync"
+
+    # The replication role can change while the broker runs (promotion, rejoin: roles.py), so these
+    # follow the broker rather than being copied at start.
+
+    @property
+    def replication(self):
+        """The master's ReplicationServer, or None (a slave, or no replication port)."""
+        return self.broker.replication
+
+    @property
+    def sync_replication(self):
+        replication = self.broker.replication
+        return replication is not None and replication.mode == "sync"
+
+    @property
+    def slave_refusal(self):
+        """Why puts are refused on a slave, or None on a master."""
+        link = self.broker.slave_link
+        if link is None:
+            return None
+        return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
+
+    def check_writable(self):
+        """Unavailable when this broker takes no puts right now (a slave, a full disk, a failed flush)."""
+        if self.slave_refusal is not None:
+            raise errors.Unavailable(self.slave_refusal)
+        if self.broker.refusal is not None:
+            raise errors.Unavailable(self.broker.refusal)
+
+    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0):
+        """Store one message (after ``check_writable``); returns the store's PutResult.
+
+        ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
+        result names its schedule entry). Counts the put (or its failure), turns a full disk into the
+        broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError; the delay
+        scheduler's internal topic is refused.
+        """
+        try:
+            self.check_writable()
+            if topic == SCHEDULE_TOPIC:
+                raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
+                                         "topic with a delay level instead" % SCHEDULE_TOPIC)
+            if delay_level:
+                r = self.broker.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
+            else:
+                r = self.store.put(topic, partition, flag, body, now, born_ms=born_ms, checksum=checksum)
+        except errors.MetaqError as exc:
+            self.failed(topic, exc)
+            raise
+        self.stats.on_put(topic, len(body))
+        if self.registry is not None and topic not in self.registry.registered_topics:
+            self.registry.topic_created(topic)
+        return r
+
+    def failed(self, topic, exc, counted_only=False):
+        """Account for a put that failed with ``exc`` (``counted_only``: just count it)."""
+        self.stats.on_put_failed(topic if topic != SCHEDULE_TOPIC else None)  # no stats for the internal topic
+        if counted_only:
+            return
+        if isinstance(exc, errors.DiskFull):
+            if self.broker.refusal is None:
+                log.error("%s", exc)
+            self.broker.refusal = str(exc)  # until the next disk check finds space again
+        elif not isinstance(exc, (errors.ClientError, errors.Unavailable)):
+            log.warning("put to %s failed: %s", topic, exc)
+
+    def ack_mode(self, topic, result, now):
+        """How the text server acknowledges this put (ACK_*); for ACK_NOW the put is already visible."""
+        if self.sync_replication:
+            self.replication.notify()
+            return ACK_AFTER_REPLICATION
+        if self.sync_flush:
+            return ACK_AFTER_FLUSH
+        self.made_visible(topic, result.partition, now)
+        return ACK_NOW
+
+    def made_visible(self, topic, partition, now):
+        """Async flush: wake long polls on the partition and the flusher when its policy says so."""
+        self.broker.waiters.notify(((topic, partition),))
+        if self.store.should_flush(now):
+            self.broker.flusher.wake()
+
+    def durable(self, topic, partition, log_end, now):
+        """Block (a greenlet of its own) until the put ending at ``log_end`` may be acknowledged."""
+        if self.sync_replication:
+            self.replication.notify()
+        if self.sync_flush:
+            self.broker.flusher.wait_flushed(log_end)
+        else:
+            self.made_visible(topic, partition, now)
+        if self.sync_replication:
+            self.replication.wait_replicated(log_end)

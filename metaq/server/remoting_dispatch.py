@@ -1,0 +1,270 @@
+"""RocketMQ remoting requests: name-server codes, broker codes, and the one error→response mapping.
+
+The broker is its own name server: a route names this broker (``ip:port`` of
+the remoting port) as the master of every topic the topic table accepts, with
+the topic's partition count as its queue count (``%RETRY%<group>`` and
+``%DLQ%<group>``: ``remoting.retry_queues``). Queue id = partition, queue
+offset = our offset; consumer offsets are the broker's consumer-offset store,
+the one the text ``commit_offset`` writes. Sends, send-backs and end-transaction
+live in ``remoting_send``. Any other code gets REQUEST_CODE_NOT_SUPPORTED.
+"""
+
+import logging
+import time
+
+from metaq import errors
+from metaq.protocol.remoting import RequestCode, ResponseCode, not_supported, response_for
+from metaq.protocol.rocketmq_bodies import (BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
+                                            encode_consumer_list, encode_topic_route)
+from metaq.protocol.rocketmq_headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
+                                             PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
+                                             RouteInfoHeader, SearchOffsetHeader, UnregisterClientHeader,
+                                             UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
+                                             pull_response_fields)
+from metaq.protocol.rocketmq_mapping import message_of_record, parse_subscription, stored_message_bytes
+from metaq.server.putpath import now_ms
+from metaq.server.remoting_send import RemotingSender
+from metaq.store.record import RecordTooLarge
+
+log = logging.getLogger(__name__)
+
+
+def error_response(cmd, exc):
+    """The response to ``cmd`` for a MetaqError (the only error→response mapping of the remoting port)."""
+    text = str(exc)
+    if isinstance(exc, (errors.UnknownTopic, errors.InvalidTopic)):
+        code = ResponseCode.TOPIC_NOT_EXIST
+    elif isinstance(exc, (RecordTooLarge, errors.ChecksumMismatch)):
+        code = ResponseCode.MESSAGE_ILLEGAL
+    elif isinstance(exc, errors.InvalidPartition):
+        code = ResponseCode.SYSTEM_ERROR  # Java's answer to a queue id past the topic's queues
+    elif isinstance(exc, errors.ClientError):
+        code = ResponseCode.INVALID_PARAMETER
+    elif isinstance(exc, errors.Unavailable):
+        code = ResponseCode.SERVICE_NOT_AVAILABLE
+    elif isinstance(exc, errors.TransactionError):
+        code = ResponseCode.TRANSACTION_FAILED
+    else:
+        code = ResponseCode.SYSTEM_ERROR
+    return response_for(cmd, code, text)
+
+
+def _ok(cmd, ext_fields=None, body=b""):
+    return response_for(cmd, ResponseCode.SUCCESS, None, ext_fields, body)
+
+
+class RemotingDispatcher:
+    def __init__(self, broker, server):
+        self.broker = broker
+        self.server = server
+        self.store = broker.store
+        self.stats = broker.stats
+        self.max_transfer = broker.config.store.max_transfer_size
+        self.max_wait_ms = broker.config.limits.max_wait_ms
+        self.sender = RemotingSender(broker, server)
+        self.error_response = error_response
+        R = RequestCode
+        # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
+        path = self.sender.path
+        waits = path.sync_flush or path.sync_replication
+        # code -> (handler, runs in a greenlet of its own)
+        self._handlers = {
+            R.GET_ROUTEINFO_BY_TOPIC: (self.route, False),
+            R.GET_BROKER_CLUSTER_INFO: (self.cluster_info, False),
+            R.SEND_MESSAGE: (self.sender.send, waits),
+            R.SEND_MESSAGE_V2: (self.sender.send, waits),
+            R.SEND_BATCH_MESSAGE: (self.sender.send, waits),
+            R.CONSUMER_SEND_MSG_BACK: (self.sender.send_back, waits),
+            R.END_TRANSACTION: (self.sender.end_transaction, True),
+            R.PULL_MESSAGE: (self.pull, True),
+            R.QUERY_CONSUMER_OFFSET: (self.query_offset, False),
+            R.UPDATE_CONSUMER_OFFSET: (self.update_offset, False),
+            R.SEARCH_OFFSET_BY_TIMESTAMP: (self.search_offset, False),
+            R.GET_MAX_OFFSET: (self.max_offset, False),
+            R.GET_MIN_OFFSET: (self.min_offset, False),
+            R.GET_EARLIEST_MSG_STORETIME: (self.earliest_time, False),
+            R.VIEW_MESSAGE_BY_ID: (self.view_message, False),
+            R.HEART_BEAT: (self.heartbeat, False),
+            R.UNREGISTER_CLIENT: (self.unregister, False),
+            R.GET_CONSUMER_LIST_BY_GROUP: (self.consumer_list, False),
+        }
+        self._unsupported_seen = set()
+
+    def handle(self, cmd, conn):
+        """Answer ``cmd`` now, or from a greenlet; False when the connection must close."""
+        entry = self._handlers.get(cmd.code)
+        if entry is None:
+            if cmd.code not in self._unsupported_seen:
+                self._unsupported_seen.add(cmd.code)
+                log.info("remoting %s: request code %d is not supported", conn.peer, cmd.code)
+            self._reply(conn, cmd, not_supported(cmd))
+            return True
+        handler, spawn = entry
+        if spawn:
+            conn.spawn(self._run, handler, cmd, conn)
+            return True
+        return self._run(handler, cmd, conn)
+
+    def _run(self, handler, cmd, conn):
+        try:
+            response = handler(cmd, conn)
+        except errors.MetaqError as exc:
+            response = error_response(cmd, exc)
+        except Exception:  # noqa: BLE001 - the one place an unexpected error becomes a SYSTEM_ERROR
+            log.exception("remoting %s: unexpected error handling request code %d", conn.peer, cmd.code)
+            self._reply(conn, cmd, response_for(cmd, ResponseCode.SYSTEM_ERROR, "internal error; see the broker log"))
+            conn.close()
+            return False
+        self._reply(conn, cmd, response)
+        return True
+
+    @staticmethod
+    def _reply(conn, cmd, response):
+        if not cmd.is_oneway:
+            conn.send(response)
+
+    # -- name server ---------------------------------------------------------
+
+    def _broker_data(self):
+        cfg = self.broker.config.remoting
+        return BrokerData(self.server.broker_name, {0: self.server.address}, cfg.cluster)
+
+    def route(self, cmd, conn):
+        h = decode_header(RouteInfoHeader, cmd)
+        try:
+            queues = self.store.partitions_of(h.topic)
+        except (errors.UnknownTopic, errors.InvalidTopic):
+            return response_for(cmd, ResponseCode.TOPIC_NOT_EXIST,
+                                "No topic route info in name server for the topic: %s" % h.topic)
+        name = self.server.broker_name
+        return _ok(cmd, body=encode_topic_route([self._broker_data()], [QueueData(name, queues, queues)]))
+
+    def cluster_info(self, cmd, conn):
+        return _ok(cmd, body=encode_cluster_info([self._broker_data()]))
+
+    # -- pull ----------------------------------------------------------------
+
+    def pull(self, cmd, conn):
+        h = decode_header(PullMessageHeader, cmd)
+        if self.broker.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
+            return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.broker.read_refusal)
+        if h.expression_type and h.expression_type.upper() != "TAG":
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
+                                "message by %s (only TAG subscriptions)" % h.expression_type)
+        if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
+            self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+        wanted = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
+        max_nums = max(1, h.max_msg_nums)
+        response = self._pull_once(cmd, h, wanted, max_nums)
+        if response is not None or not h.sys_flag & PULL_SUSPEND:
+            return response or self._not_found(cmd, h)
+        wait_s = min(max(h.suspend_timeout_millis, 0), self.max_wait_ms) / 1000.0
+        deadline = time.monotonic() + wait_s
+        key = (h.topic, h.queue_id)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.broker.stopping or conn.closed:
+                return self._not_found(cmd, h)
+            self.broker.waiters.wait(key, remaining)
+            response = self._pull_once(cmd, h, wanted, max_nums)
+            if response is not None:
+                return response
+
+    def _pull_once(self, cmd, h, wanted, max_nums):
+        """The response when there is something to say now, or None when the queue has nothing at the offset."""
+        store = self.store
+        try:
+            records, next_offset = store.read_records(h.topic, h.queue_id, h.queue_offset, max_nums,
+                                                      self.max_transfer)
+        except errors.Moved as moved:
+            return response_for(cmd, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY",
+                                self._pull_fields(h, moved.offset))
+        if not records:
+            return None
+        host = (self.server.store_ip, self.server.port)
+        messages = [message_of_record(rec, host) for rec in records]
+        if wanted is not None:
+            messages = [m for m in messages if m.properties.get("TAGS") in wanted]
+            if not messages:
+                return response_for(cmd, ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE",
+                                    self._pull_fields(h, next_offset))
+        self.stats.on_get(h.topic, False)
+        body = b"".join(stored_message_bytes(m) for m in messages)
+        return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body)
+
+    def _not_found(self, cmd, h):
+        self.stats.on_get(h.topic, True)
+        return response_for(cmd, ResponseCode.PULL_NOT_FOUND, "NO_NEW_MESSAGE", self._pull_fields(h, h.queue_offset))
+
+    def _pull_fields(self, h, next_offset):
+        return pull_response_fields(next_offset, self.store.min_offset(h.topic, h.queue_id),
+                                    self.store.max_offset(h.topic, h.queue_id))
+
+    # -- offsets -------------------------------------------------------------
+
+    def _commit(self, group, topic, queue_id, offset):
+        try:
+            self.store.commit_offset(group, topic, queue_id, offset, now_ms())
+        except errors.ClientError as exc:
+            log.info("remoting: offset commit of %s for %s-%d ignored: %s", group, topic, queue_id, exc)
+
+    def query_offset(self, cmd, conn):
+        h = decode_header(QueryConsumerOffsetHeader, cmd)
+        offset = self.store.query_offset(h.consumer_group, h.topic, h.queue_id)
+        if offset is None and h.set_zero_if_not_found and self.store.min_offset(h.topic, h.queue_id) == 0:
+            offset = 0  # as Java: a group new to a queue that still holds its first message starts there
+        if offset is None:
+            return response_for(cmd, ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group "
+                                "consumer boot first")
+        return _ok(cmd, {"offset": offset})
+
+    def update_offset(self, cmd, conn):
+        h = decode_header(UpdateConsumerOffsetHeader, cmd)
+        if h.commit_offset >= 0:  # a negative offset is ignored, never stored
+            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset, now_ms())
+        return _ok(cmd)
+
+    def search_offset(self, cmd, conn):
+        h = decode_header(SearchOffsetHeader, cmd)
+        upper = h.boundary_type.lower() == "upper"
+        return _ok(cmd, {"offset": self.store.offset_by_time(h.topic, h.queue_id, h.timestamp, upper)})
+
+    def max_offset(self, cmd, conn):
+        h = decode_header(QueueHeader, cmd)
+        return _ok(cmd, {"offset": self.store.max_offset(h.topic, h.queue_id)})
+
+    def min_offset(self, cmd, conn):
+        h = decode_header(QueueHeader, cmd)
+        return _ok(cmd, {"offset": self.store.min_offset(h.topic, h.queue_id)})
+
+    def earliest_time(self, cmd, conn):
+        h = decode_header(QueueHeader, cmd)
+        first = self.store.min_offset(h.topic, h.queue_id)
+        records, _next = self.store.read_records(h.topic, h.queue_id, first, 1, 1)
+        return _ok(cmd, {"timestamp": records[0].store_ts_ms if records else -1})
+
+    def view_message(self, cmd, conn):
+        h = decode_header(ViewMessageHeader, cmd)
+        rec = self.store.record_at(h.offset)
+        host = (self.server.store_ip, self.server.port)
+        return _ok(cmd, body=stored_message_bytes(message_of_record(rec, host)))
+
+    # -- clients -------------------------------------------------------------
+
+    def heartbeat(self, cmd, conn):
+        hb = decode_heartbeat(cmd.body, cmd.opaque)
+        self.server.clients.heartbeat(conn, hb, time.monotonic())
+        return _ok(cmd)
+
+    def unregister(self, cmd, conn):
+        h = decode_header(UnregisterClientHeader, cmd)
+        if h.consumer_group:
+            self.server.clients.unregister(h.client_id, h.consumer_group)
+        return _ok(cmd)
+
+    def consumer_list(self, cmd, conn):
+        h = decode_header(ConsumerGroupHeader, cmd)
+        ids = self.server.clients.consumers(h.consumer_group)
+        if not ids:
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "no consumer for this group, %s" % h.consumer_group)
+        return _ok(cmd, body=encode_consumer_list(ids))

@@ -1,0 +1,227 @@
+"""RocketMQ sends over the shared put path: SEND_MESSAGE (v1, v2, batch), CONSUMER_SEND_MSG_BACK, and
+half messages with END_TRANSACTION over metaq's transactions (``metaq.server.transactions``).
+
+Every handler runs in a greenlet of its own and answers once the put may be
+acknowledged (``PutPath.durable``: the flush in ``sync`` mode, a slave in
+``sync`` replication). The response's ``msgId`` is the offset message id
+(store ip + remoting port + the record's commit-log position), which is what
+consumers compute from each pulled record and what CONSUMER_SEND_MSG_BACK
+sends back as ``offset``.
+
+Delays (a ``DELAY`` property, or a send-back's delay level) go to the delay
+scheduler (``broker.delay``, ``DelayScheduler.put_delayed``, levels from
+``delay.levels``, a level past the last meaning the last); the message becomes
+visible in its topic when its level's time has passed.
+"""
+
+import itertools
+import logging
+import random
+
+from metaq import errors
+from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
+from metaq.protocol.remoting import ResponseCode, response_for
+from metaq.protocol.rocketmq_bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
+                                            decode_batch_messages, decode_properties)
+from metaq.protocol.rocketmq_headers import (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE,
+                                             ConsumerSendMsgBackHeader, EndTransactionHeader, decode_header,
+                                             decode_send_header, send_response_fields)
+from metaq.protocol.rocketmq_mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
+                                             record_data_from_send, retry_copy)
+from metaq.protocol.xa import XAER_NOTA, LocalTxId
+from metaq.server.putpath import PutPath, now_ms
+from metaq.store.record import RecordTooLarge, record_size
+
+log = logging.getLogger(__name__)
+
+#: Half messages' ids name this + their transaction number as the commit-log offset (never a real position).
+HALF_ID_BASE = 1 << 62
+#: Half messages remembered for their END_TRANSACTION (older ones have timed out long before).
+MAX_HALF_OWNERS = 100_000
+
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+
+
+class RemotingSender:
+    def __init__(self, broker, server):
+        self.broker = broker
+        self.server = server
+        self.store = broker.store
+        self.path = PutPath(broker)
+        self.max_body = broker.config.limits.max_body_bytes
+        cfg = broker.config.remoting
+        self.max_reconsume_times = cfg.max_reconsume_times
+        self.send_back_delay_level = cfg.send_back_delay_level
+        self._half_session = "rmq%d" % now_ms()  # a new key space per broker run
+        self._half_numbers = itertools.count(1)
+        self._half_owners = {}  # half message number -> owner (connection id) of its transaction
+
+    # -- the put itself -------------------------------------------------------
+
+    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0):
+        """Append (or schedule) one message; returns ``(PutResult, offset message id)``."""
+        if len(data) > self.max_body:
+            raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
+        if partition < 0:
+            partition = random.randrange(self.store.partitions_of(topic))
+        r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms, delay_level=delay_level)
+        if delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
+            stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
+        else:
+            stored = (topic, len(data))
+        position = r.log_end - record_size(len(stored[0].encode("utf-8")), stored[1])
+        return r, create_offset_msg_id(self.server.store_ip, self.server.port, position)
+
+    def _store(self, topic, partition, flag, data, born_ms, delay_level=0):
+        """``_append`` one message and wait until it may be acknowledged; returns ``(partition, offset, msg_id)``."""
+        now = now_ms()
+        r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level)
+        self.path.durable(topic, r.partition, r.log_end, now)
+        return r.partition, r.offset, msg_id
+
+    # -- SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE --------------------
+
+    def send(self, cmd, conn):
+        h = decode_send_header(cmd)
+        self.path.check_writable()
+        topic = h.topic
+        if h.sys_flag & SYSFLAG_TRANSACTION_PREPARED:
+            return self._send_half(cmd, h, topic, conn)
+        if topic.startswith(RETRY_PREFIX):
+            topic = self._retry_or_dlq(topic, h.reconsume_times, h.max_reconsume_times, cmd.version)
+        if h.batch or cmd.code == 320:
+            return self._send_batch(cmd, h, topic)
+        props = decode_properties(h.properties)
+        level = _delay_level(props)
+        flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
+        partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level)
+        return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
+
+    def _send_batch(self, cmd, h, topic):
+        entries = decode_batch_messages(cmd.body, cmd.opaque)
+        if not entries:
+            raise errors.ClientError("a batch send must hold at least one message")
+        partition = h.queue_id
+        if partition < 0:
+            partition = random.randrange(self.store.partitions_of(topic))
+        now = now_ms()
+        results = [self._append(topic, partition, *record_data_from_send(e.body, e.properties, e.flag, h.sys_flag),
+                                h.born_timestamp, now) for e in entries]
+        last = results[-1][0]
+        self.path.durable(topic, last.partition, last.log_end, now)  # one wait covers the whole batch
+        return response_for(cmd, ResponseCode.SUCCESS, None,
+                            _send_fields(",".join(i for _r, i in results), last.partition, results[0][0].offset))
+
+    def _retry_or_dlq(self, topic, reconsume_times, max_times, version):
+        """A client re-sending a failed message itself: past the maximum it goes to the dead-letter topic."""
+        limit = self._max_times(max_times, version)
+        if reconsume_times >= limit:
+            return DLQ_PREFIX + topic[len(RETRY_PREFIX):]
+        return topic
+
+    def _max_times(self, max_times, version):
+        # Java honours the request's maxReconsumeTimes from V3_4_9 (121); older clients get the broker's.
+        return max_times if max_times is not None and version >= 121 else self.max_reconsume_times
+
+    # -- CONSUMER_SEND_MSG_BACK -----------------------------------------------
+
+    def send_back(self, cmd, conn):
+        h = decode_header(ConsumerSendMsgBackHeader, cmd)
+        self.path.check_writable()
+        host = (self.server.store_ip, self.server.port)
+        msg = message_of_record(self.store.record_at(h.offset), host)
+        dead, props, times = retry_copy(msg, host, self._max_times(h.max_reconsume_times, cmd.version))
+        if dead or h.delay_level < 0:
+            topic, level = DLQ_PREFIX + h.group, 0
+            log.info("remoting: message %s of %s goes to %s after %d deliveries", props.get("ORIGIN_MESSAGE_ID"),
+                     msg.topic, topic, times)
+        else:
+            topic, level = RETRY_PREFIX + h.group, self._retry_level(h.delay_level, msg.reconsume_times)
+        flag, data = record_data_from_send(msg.body, props, msg.flag, msg.sys_flag, times)
+        self._store(topic, -1, flag, data, msg.born_timestamp, level)
+        return response_for(cmd, ResponseCode.SUCCESS)
+
+    def _retry_level(self, requested, reconsume_times):
+        if requested > 0:
+            return requested
+        if self.send_back_delay_level is not None:
+            return self.send_back_delay_level
+        return 3 + reconsume_times  # RocketMQ's rule: 10 s, then 30 s, 1 min, 2 min ...
+
+    # -- half messages and END_TRANSACTION ------------------------------------------
+
+    def _send_half(self, cmd, h, topic, conn):
+        """A half message: one local transaction of our own (journaled, invisible) until END_TRANSACTION.
+
+        The response's queue offset is the transaction's number and its message id names
+        ``HALF_ID_BASE + number`` (never a log position): the producer's END_TRANSACTION
+        brings both back. The transaction belongs to the connection: it is rolled back when
+        the connection closes or after ``transactions.default_timeout_s`` without an end.
+        """
+        if h.batch or cmd.code == 320:
+            raise errors.ClientError("a batch cannot hold transactional messages")
+        props = decode_properties(h.properties)
+        props.pop(PROP_TRAN_MSG, None)  # cleared when the message is committed, as RocketMQ does
+        flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
+        if len(data) > self.max_body:
+            raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
+        self.path.check_writable()
+        manager, now = self.broker.tx.manager, now_ms()
+        number = next(self._half_numbers)
+        txid = LocalTxId(self._half_session, number)
+        manager.begin(txid, conn.conn_id, 0, now)
+        try:
+            partition = manager.put(txid, conn.conn_id, topic, h.queue_id if h.queue_id >= 0 else -1, flag, data,
+                                    None, now)
+        except errors.MetaqError:
+            manager.rollback(txid, conn.conn_id, now)
+            raise
+        self._half_owners[number] = conn.conn_id
+        while len(self._half_owners) > MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
+            del self._half_owners[next(iter(self._half_owners))]
+        self.broker.stats.on_put(topic, len(data))
+        msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, HALF_ID_BASE + number)
+        fields = _send_fields(msg_id, partition, number)
+        fields["transactionId"] = props.get(PROP_UNIQ_KEY, msg_id)
+        return response_for(cmd, ResponseCode.SUCCESS, None, fields)
+
+    def end_transaction(self, cmd, conn):
+        h = decode_header(EndTransactionHeader, cmd)
+        number = h.tran_state_table_offset
+        owner = self._half_owners.get(number)
+        missing = errors.NotFound("no half message %d (commitLogOffset %d) is waiting for its end: it was ended, "
+                                  "rolled back by a timeout or its connection closed, or never sent here"
+                                  % (number, h.commit_log_offset))
+        if owner is None or h.commit_log_offset != HALF_ID_BASE + number:
+            raise missing
+        end = {TRANSACTION_COMMIT_TYPE: self.broker.tx.commit_now,
+               TRANSACTION_ROLLBACK_TYPE: self.broker.tx.rollback_now}.get(h.commit_or_rollback)
+        if end is None:  # TRANSACTION_NOT_TYPE (unknown): it waits for a later end or its timeout
+            return response_for(cmd, ResponseCode.SUCCESS)
+        del self._half_owners[number]
+        try:
+            end(LocalTxId(self._half_session, number), owner)
+        except errors.TransactionError as exc:
+            if exc.xa_code == XAER_NOTA:  # rolled back meanwhile (timeout, closed connection)
+                raise missing from None
+            raise
+        return response_for(cmd, ResponseCode.SUCCESS)
+
+
+def _delay_level(props):
+    text = props.get(PROP_DELAY)
+    if not text:
+        return 0
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise errors.ClientError("property DELAY=%r is not a delay level" % text[:32]) from None
+
+
+def _send_fields(msg_id, partition, offset):
+    fields = send_response_fields(msg_id, partition, offset)
+    fields["MSG_REGION"] = "DefaultRegion"
+    fields["TRACE_ON"] = "false"
+    return fields
+

@@ -1,0 +1,74 @@
+"""How a RocketMQ message lives in a MetaQ record and back (metaq.protocol.rocketmq_mapping)."""
+
+import pytest
+
+from metaq.errors import RemoteProtocolError
+from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.rocketmq_bodies import decode_stored_message, parse_offset_msg_id
+from metaq.protocol.rocketmq_mapping import (message_of_record, parse_subscription, record_data_from_send,
+                                             retry_copy, split_attribute, stored_message_bytes)
+from metaq.store.record import LogRecord
+
+HOST = ("127.0.0.1", 10911)
+
+
+def record(flag, data, topic="T", position=4096, offset=7):
+    return LogRecord(position, 100, topic, 2, offset, 1700000000123, 1700000000100, 42, flag, data)
+
+
+def test_send_keeps_body_as_payload_and_tags_first_in_the_attribute():
+    flag, data = record_data_from_send(b"body", {"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "U", "DELAY": "3"})
+    attribute, payload = decode_payload(flag, data)
+    assert flag == 1 and payload == b"body"
+    assert attribute == "TagA\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01U\x02"  # DELAY is the scheduler's, not stored
+    assert split_attribute(attribute) == ("TagA", {"KEYS": "k1 k2", "UNIQ_KEY": "U"}, True)
+
+
+def test_round_trip_through_a_record_with_internal_fields():
+    flag, data = record_data_from_send(b"z", {"u": "v"}, flag=9, sys_flag=1 | 4 | (3 << 8), reconsume_times=2)
+    msg = message_of_record(record(flag, data), HOST)
+    assert (msg.body, msg.flag, msg.sys_flag, msg.reconsume_times) == (b"z", 9, 1 | (3 << 8), 2)
+    assert msg.properties == {"u": "v"}  # no TAGS (none sent), no @internal keys
+    assert (msg.queue_id, msg.queue_offset, msg.physical_offset, msg.store_host) == (2, 7, 4096, HOST)
+    decoded, end = decode_stored_message(stored_message_bytes(msg), check_crc=True)
+    assert decoded.properties == {"u": "v"} and decoded.born_timestamp == 1700000000100
+
+
+def test_text_records_become_messages_with_their_attribute_as_tags():
+    flag, data = encode_payload(b"plain", "TagT")
+    msg = message_of_record(record(flag, data), HOST)
+    assert (msg.body, msg.properties, msg.flag, msg.reconsume_times) == (b"plain", {"TAGS": "TagT"}, 1, 0)
+    bare = message_of_record(record(4, b"no attribute"), HOST)
+    assert (bare.body, bare.properties, bare.flag) == (b"no attribute", {}, 4)
+    odd = message_of_record(record(*encode_payload(b"x", "has\x01sep")), HOST)
+    assert odd.properties == {}  # an attribute that cannot be a tag is not passed off as one
+    broken = message_of_record(record(1, b"\x00\x00\x00\x50xx"), HOST)
+    assert broken.body == b"\x00\x00\x00\x50xx"  # a malformed attribute block: the raw data is the body
+
+
+def test_properties_that_cannot_be_stored_are_refused():
+    with pytest.raises(RemoteProtocolError):
+        record_data_from_send(b"x", {"TAGS": "a\x02b"})
+    with pytest.raises(RemoteProtocolError):
+        record_data_from_send(b"x", {"k": ""})
+
+
+def test_subscriptions():
+    assert parse_subscription("*") is None and parse_subscription("") is None and parse_subscription(None) is None
+    assert parse_subscription("A || B ||C") == {"A", "B", "C"}
+    assert parse_subscription("A || *") is None
+
+
+def test_retry_copy_counts_deliveries_and_marks_the_origin():
+    flag, data = record_data_from_send(b"p", {"TAGS": "T", "UNIQ_KEY": "U1"})
+    msg = message_of_record(record(flag, data, topic="orders"), HOST)
+    dead, props, times = retry_copy(msg, HOST, 16)
+    assert (dead, times) == (False, 1)
+    assert props == {"TAGS": "T", "UNIQ_KEY": "U1", "RETRY_TOPIC": "orders", "ORIGIN_MESSAGE_ID": "U1"}
+    again = message_of_record(record(*record_data_from_send(b"p", props, reconsume_times=16),
+                                     topic="%RETRY%g"), HOST)
+    dead, props2, times = retry_copy(again, HOST, 16)
+    assert (dead, times, props2["RETRY_TOPIC"]) == (True, 17, "orders")
+    plain = message_of_record(record(0, b"text", position=777), HOST)
+    origin = retry_copy(plain, HOST, 16)[1]["ORIGIN_MESSAGE_ID"]
+    assert parse_offset_msg_id(origin) == ("127.0.0.1", 10911, 777)  # no client id: the offset id

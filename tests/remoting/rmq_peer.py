@@ -1,0 +1,128 @@
+"""The official RocketMQ client (PyPI ``rocketmq==0.4.4``, C++ core) driven from a subprocess.
+
+The C++ library keeps threads that stop the interpreter from exiting, so every
+run ends with ``os._exit``; its logs go to ``$HOME/logs/rocketmq-cpp`` (the test
+gives each run a HOME of its own). Output: one JSON object per line.
+
+    produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B]
+    consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+
+def emit(obj, _lock=threading.Lock()):
+    with _lock:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+
+def produce(args):
+    from rocketmq.client import Message, Producer
+
+    p = Producer(args.group or "PG_TEST")
+    p.set_namesrv_addr(args.ns)
+    p.start()
+    started = time.time()
+    for i in range(args.count):
+        m = Message(args.topic)
+        m.set_keys("%s-key-%d" % (args.prefix, i))
+        if args.tags:
+            m.set_tags(args.tags)
+        if args.delay_level:
+            m.set_delay_time_level(args.delay_level)
+        m.set_property("seq", str(i))
+        m.set_body("%s-%d" % (args.prefix, i) if not args.size else "x" * args.size)
+        r = p.send_sync(m)
+        if not args.quiet:
+            emit({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset, "t": time.time()})
+    emit({"done": True, "seconds": time.time() - started})
+    p.shutdown()
+
+
+def consume(args):
+    from rocketmq.client import PushConsumer
+
+    got = []
+    times = []  # first and latest arrival
+    lock = threading.Lock()
+    stop_after = args.stop_after
+
+    def on_message(msg):
+        body = msg.body.decode()
+        if not args.quiet:
+            emit({"body": body, "tags": msg.tags.decode(), "keys": msg.keys.decode(), "id": msg.id,
+                  "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
+                  "reconsume_times": msg.reconsume_times, "seq": msg.get_property("seq").decode(),
+                  "t": time.time()})
+        if args.fail and body == args.fail:
+            raise RuntimeError("handler refuses %s" % body)
+        with lock:
+            got.append(body)
+            now = time.time()
+            if times:
+                times[1] = now
+            else:
+                times.extend((now, now))
+
+    c = PushConsumer(args.group)
+    c.set_namesrv_addr(args.ns)
+    c.subscribe(args.topic, on_message)
+    c.start()
+    started = time.time()
+    emit({"started": True})
+    deadline = started + args.timeout
+    target = stop_after or args.expect
+    while time.time() < deadline:
+        with lock:
+            if len(got) >= target:
+                break
+        time.sleep(0.02)
+    with lock:
+        count = len(got)
+    emit({"received": count, "seconds": time.time() - started, "first_t": times[0] if times else None,
+          "last_t": times[1] if times else None})
+    if args.linger:
+        time.sleep(args.linger)
+    c.shutdown()
+    emit({"done": True})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("produce", "consume"))
+    ap.add_argument("--ns", required=True)
+    ap.add_argument("--topic", required=True)
+    ap.add_argument("--group")
+    ap.add_argument("--count", type=int, default=1)
+    ap.add_argument("--tags")
+    ap.add_argument("--prefix", default="m")
+    ap.add_argument("--size", type=int, default=0, help="bodies of this many bytes instead of '<prefix>-<i>'")
+    ap.add_argument("--delay-level", type=int, default=0)
+    ap.add_argument("--expect", type=int, default=0)
+    ap.add_argument("--stop-after", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--linger", type=float, default=0.0)
+    ap.add_argument("--fail")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args()
+    code = 0
+    try:
+        (produce if args.mode == "produce" else consume)(args)
+    except BaseException:  # noqa: BLE001 - report, then leave without waiting for the C++ threads
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
