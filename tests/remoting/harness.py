@@ -100,7 +100,8 @@ def require_official_client():
     try:
         import rocketmq  # noqa: F401
     except ImportError:
-        pytest.skip("the official RocketMQ client (pip install rocketmq==0.4.4) is not installed")
+        pytest.fail("the official RocketMQ client is not installed: it is in the test extra "
+                    "(make test installs it; by hand: pip install rocketmq==0.4.4)")
 
 
 def start_peer(home, *args):

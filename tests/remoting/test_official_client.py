@@ -80,7 +80,6 @@ def test_a_failing_handler_gets_the_message_again_then_it_lands_in_the_dlq(rmq_f
 
 
 def test_delayed_messages_arrive_no_earlier_than_their_delay(rmq_factory, tmp_path):
-    pytest.importorskip("metaq.server.delay", reason="the delay scheduler (branch delay) is not merged")
     b = rmq_factory(**FAST)
     ns = ns_of(b)
     proc = start_peer(tmp_path / "c", "consume", "--ns", ns, "--topic", "tDelay", "--group", "CGDL", "--expect", 4,
@@ -100,7 +99,6 @@ def test_delayed_messages_arrive_no_earlier_than_their_delay(rmq_factory, tmp_pa
 def test_retry_honours_rocketmq_delay_levels(rmq_factory, tmp_path):
     """Without send_back_delay_level, a retry waits delay level 3 + reconsume times, as in RocketMQ
     (10 s with the default levels; 3 s with the levels configured here)."""
-    pytest.importorskip("metaq.server.delay", reason="the delay scheduler (branch delay) is not merged")
     b = rmq_factory(delay={"levels": "1s 1s 3s 4s"}, **FAST)
     ns = ns_of(b)
     run_peer(tmp_path / "p", "produce", "--ns", ns, "--topic", "tD", "--count", 1)
