@@ -98,7 +98,7 @@ def peer_env(home):
 
 def require_official_client():
     try:
-        import rocketmq  # noqa: F401
+        import rocketmq  # noqa: F401  (only: is it there?)
     except ImportError:
         pytest.fail("the official RocketMQ client is not installed: it is in the test extra "
                     "(make test installs it; by hand: pip install rocketmq==0.4.4)")

@@ -63,6 +63,7 @@ def test_official_client_and_metaq_client_both_ways(rmq_factory, tmp_path):
     # RocketMQ producer -> metaq consumer (text protocol)
     sent = [s for s in run_peer(tmp_path / "p", "produce", "--ns", ns, "--topic", "tX4", "--count", 20,
                                 "--tags", "TagC") if "msg_id" in s]
+    assert len(sent) == 20, sent
     with b.client() as text:
         records = [rec for part in range(4) for rec in consume_all(text, "tX4", part)]
     assert sorted(r.payload for r in records) == sorted(b"m-%d" % i for i in range(20))

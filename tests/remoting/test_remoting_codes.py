@@ -4,7 +4,6 @@ import json
 import time
 
 from metaq.protocol import events as ev
-from metaq.protocol.message import decode_payload
 from metaq.protocol.remoting import RequestCode as R
 from metaq.protocol.remoting import ResponseCode as C
 from metaq.protocol.rocketmq_bodies import (BatchEntry, decode_stored_messages, encode_batch_messages,
