@@ -13,6 +13,7 @@ from gevent.server import StreamServer
 
 from metaq.protocol.text import encode_result
 from metaq.server.dispatch import TextDispatcher
+from metaq.server.fastput import FastPuts
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.registry import ZkRegistry
@@ -57,6 +58,7 @@ class Broker:
         self.tx = TxService(self)  # after the store: recovery completes interrupted commits
         self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
+        self.fast_puts = FastPuts(self, self.dispatcher) if config.broker.burst_puts else None
 
     # -- facts used by handlers and stats ------------------------------------
 

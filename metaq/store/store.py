@@ -20,7 +20,7 @@ import struct
 
 from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
 from metaq.limits import validate_partition
-from metaq.store import recovery, replica
+from metaq.store import batch, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
@@ -266,19 +266,26 @@ class MessageStore:
         end = self._appended(p, off, pos + total, total)
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
-    def _appended(self, p, off, end, total):
-        """Bookkeeping once record ``off`` of partition ``p`` ends at log position ``end`` (puts and replication)."""
+    def _appended(self, p, off, end, total, count=1):
+        """Bookkeeping once records ``off…`` (``count``, ``total`` bytes) of partition ``p`` end at log position ``end``.
+
+        Puts, bursts of puts (batch.py) and replication.
+        """
         self._written = end
-        p.max = off + 1
+        p.max = vis = off + count
         p.dirty = True
         if self._async:
-            p.visible = off + 1
+            p.visible = vis
         else:
-            self._pending.append((end, p, off + 1))
+            self._pending.append((end, p, vis))
         if p.log_bytes is not None:
             p.log_bytes += total
-        self._unflushed_msgs += 1
-        return end  # PutResult(...) without its Python __new__
+        self._unflushed_msgs += count
+        return end
+
+    def put_burst(self, frames, src, now_ms):
+        """Append the leading plain puts of a scanned burst in one pass; ``(taken, runs)`` (see batch.py)."""
+        return batch.append_burst(self, frames, src, now_ms)
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
