@@ -98,7 +98,7 @@ class RespReplies(_Replies):
         while True:
             m = match(buf, pos, end)
             if m is None:
-                if buf[pos:pos + 1] == b"-":
+                if pos < end and buf[pos:pos + 1] == b"-":
                     raise RuntimeError("redis error: %r" % bytes(buf[pos:pos + 200]))
                 return count, pos
             if m.group(1) is None:
