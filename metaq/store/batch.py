@@ -13,8 +13,7 @@ answers them exactly as always:
 
 * the (topic, partition) has not been put to through ``put`` yet (topic checks, first index file);
 * its index tail is at ``fast_end`` (next index file, or time to prepare it);
-* the record would not fit in the active segment (roll, disk check) or cross
-  its prefaulted mark by more than one prefetch;
+* the record would not fit in the active segment (roll, disk check);
 * the store is refusing writes (disk).
 
 ``metaq._speedups.write_run`` is ``write_run_py`` in C (the tests hold the two equal).
@@ -96,13 +95,13 @@ def append_burst(store, frames, src, now_ms):
             first = rel + overhead + frames[i][5]
             if room <= 0 or first > size:
                 return i, runs
-            if first > seg.ready:
+            ready = seg.ready
+            if first > ready:  # as CommitLog.make_room does for a put (and then it writes the record anyway)
                 seg.advance_ready(rel)
-                if first > seg.ready:
-                    return i, runs
+                ready = max(seg.ready, first)
             t = p.tail
             first_id, k = ids.take(now_ms, min(j - i, room))
-            count, rel_after, replies = write_run(view, seg_start, rel, seg.ready, src, frames, i, i + k, topic,
+            count, rel_after, replies = write_run(view, seg_start, rel, ready, src, frames, i, i + k, topic,
                                                   partition, off, now_ms, first_id, t.mm, (off - t.start) * UNIT_SIZE)
             ids.give_back(k - count)
             nbytes = rel_after - rel
