@@ -90,6 +90,7 @@ def sequential_reads(port, count, max_size=1 << 20):
     broker's, not a Python parser's.
     """
     sock = wire.connect(port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # room for a whole reply
     buf = bytearray(max_size + (64 << 10))
     view = memoryview(buf)
     topic = TOPIC.encode()

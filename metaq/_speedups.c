@@ -1,5 +1,5 @@
 /*
- * metaq._speedups: the broker's put-burst fast path in C (optional).
+ * metaq._speedups: the broker's put-burst fast path and read gathering in C (optional).
  *
  * Two functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (tests/store/test_speedups.py holds them equal):
@@ -7,6 +7,8 @@
  *   scan_puts(buf, pos, end, max_body, max_line)   == metaq.protocol.burst.scan_puts_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
  *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
+ *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes)
+ *                                                 == metaq.store.gather.gather_records_py
  *
  * See those docstrings for what they do. CRC-32 is zlib's (the library the
  * Python zlib module uses): crc32() over each body once, crc32_combine() to get
@@ -288,11 +290,64 @@ done:
     return result;
 }
 
+static uint32_t get32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static PyObject *gather_records(PyObject *self, PyObject *args) {
+    PyObject *units_obj, *log_obj;
+    Py_ssize_t skip, limit, nbytes;
+    long long seg_start, seg_end;
+    if (!PyArg_ParseTuple(args, "OnOLLnn", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes))
+        return NULL;
+    Py_buffer ub, lb;
+    if (PyObject_GetBuffer(units_obj, &ub, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(log_obj, &lb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ub);
+        return NULL;
+    }
+    const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
+    Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
+    int full = 0;
+    /* First pass: how many records, how many bytes. */
+    for (; count < nunits; count++) {
+        const unsigned char *u = units + count * UNIT_SIZE;
+        long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+        long long size = (int32_t)get32(u + 8), ln = size - skip;
+        if (nbytes + total + ln > limit && nbytes + total > 0) {
+            full = 1;
+            break;
+        }
+        if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
+            break;
+        total += ln;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    if (data != NULL) {
+        char *out = PyBytes_AS_STRING(data);
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const unsigned char *u = units + k * UNIT_SIZE;
+            long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+            Py_ssize_t ln = (int32_t)get32(u + 8) - skip;
+            memcpy(out, log + (phys - seg_start) + skip, ln);
+            out += ln;
+        }
+    }
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&ub);
+    if (data == NULL)
+        return NULL;
+    return Py_BuildValue("(nNO)", count, data, full ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
     {"scan_puts", scan_puts, METH_VARARGS, "scan_puts(buf, pos, end, max_body, max_line) -> (frames, next_pos)"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after, replies)"},
+    {"gather_records", gather_records, METH_VARARGS,
+     "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, data, full)"},
     {NULL, NULL, 0, NULL},
 };
 

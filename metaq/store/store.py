@@ -20,7 +20,7 @@ import struct
 
 from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
 from metaq.limits import validate_partition
-from metaq.store import batch, recovery, replica
+from metaq.store import batch, gather, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
@@ -376,6 +376,15 @@ class MessageStore:
             raise _moved(p.min)
         views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
         return ReadResult(views, nbytes, len(views), offset + len(views))
+
+    def read_joined(self, topic, partition, offset, max_size):
+        """As ``read``, but ``views`` holds the records' MetaQ forms joined (one bytes per segment): for the wire."""
+        p = self._parts.get((topic, partition))
+        if p is None or not p.min <= offset < p.visible:
+            return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
+        buffers, nbytes, count = gather.collect_joined(self, p, offset, p.visible,
+                                                       min(max_size, self.config.max_transfer_size))
+        return ReadResult(buffers, nbytes, count, offset + count)
 
     def _collect(self, p, n, vis, limit):
         skip = metaq_offset(len(p.topic_bytes))
