@@ -45,8 +45,8 @@ def imported_names(tree):
                     yield node.lineno, "metaq." + alias.name
 
 
-#: C helpers with no imports of their own (leaves): any layer may use them.
-LEAVES = {"metaq._speedups"}
+#: The optional C helper and its loader (stdlib only, no metaq imports): any layer may use them.
+LEAVES = {"metaq._speedups", "metaq.speedups"}
 
 
 def allowed(name, metaq_ok):

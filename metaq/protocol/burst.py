@@ -24,6 +24,8 @@ when it was built and ``scan_puts_py`` otherwise (the tests hold the two equal).
 import re
 import zlib
 
+from metaq import speedups
+
 INT32_MAX = 2**31 - 1
 
 #: The frame header; the numbers are range-checked after the match.
@@ -59,7 +61,4 @@ def scan_puts_py(buf, pos, end, max_body, max_line):
     return frames, pos
 
 
-try:
-    from metaq._speedups import scan_puts
-except ImportError:  # the C helper is optional: same results, more CPU
-    scan_puts = scan_puts_py
+scan_puts = speedups.load("scan_puts", scan_puts_py)  # the C twin when built (same results, less CPU)

@@ -21,6 +21,7 @@ answers them exactly as always:
 
 import zlib
 
+from metaq import speedups
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import CRC_FIELD, CRC_START, FIXED_OVERHEAD, MESSAGE_MAGIC, head_struct
 
@@ -58,10 +59,7 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
     return count, rel, b"".join(replies)
 
 
-try:
-    from metaq._speedups import write_run
-except ImportError:  # the C helper is optional: same results, more CPU
-    write_run = write_run_py
+write_run = speedups.load("write_run", write_run_py)  # the C twin when built (same results, less CPU)
 
 
 def append_burst(store, frames, src, now_ms):

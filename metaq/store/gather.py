@@ -10,6 +10,7 @@ copy is made on the loop thread before the reply is sent, so the reply never
 depends on a map staying alive.
 """
 
+from metaq import speedups
 from metaq.errors import StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import metaq_offset
@@ -45,10 +46,7 @@ def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes):
         return count, b"".join(parts), full
 
 
-try:
-    from metaq._speedups import gather_records
-except ImportError:  # the C helper is optional: same results, more CPU
-    gather_records = gather_records_py
+gather_records = speedups.load("gather_records", gather_records_py)  # the C twin when built
 
 
 def collect_joined(store, p, n, vis, limit):

@@ -95,8 +95,11 @@ def normalized(e):
     return (e.code, e.opaque, e.body)
 
 
-@pytest.mark.parametrize("flush", ["sync", "async"])
-def test_mixed_pipelined_bursts_get_the_general_paths_replies(broker_factory, tmp_path, flush):
+@pytest.mark.parametrize("flush, pure_python", [("sync", False), ("async", False), ("async", True)])
+def test_mixed_pipelined_bursts_get_the_general_paths_replies(broker_factory, tmp_path, monkeypatch, flush,
+                                                               pure_python):
+    """``pure_python``: the brokers run the C helper's Python twins (METAQ_PURE_PYTHON=1)."""
+    monkeypatch.setenv("METAQ_PURE_PYTHON", "1" if pure_python else "0")
     rng = random.Random(7)
     frames = mixed_burst(rng, 1500, reads=flush == "async")
     data = b"".join(frames)

@@ -10,6 +10,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.burst import scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
+from metaq.store import batch
 from metaq.store.batch import write_run_py
 from tests.store.conftest import NOW, open_store, payload_of, read_all
 
@@ -65,6 +66,14 @@ def files_of(root):
     return out
 
 
+@pytest.fixture(params=["built", "python"])
+def writer(request, monkeypatch):
+    """put_burst with the C writer (when built) and with its pure-Python twin."""
+    if request.param == "python":
+        monkeypatch.setattr(batch, "write_run", write_run_py)
+    return request.param
+
+
 messages_st = st.lists(st.tuples(st.sampled_from(["test", "tb", "other"]), st.integers(0, 3), st.binary(max_size=700)),
                        min_size=1, max_size=120)
 
@@ -72,7 +81,7 @@ messages_st = st.lists(st.tuples(st.sampled_from(["test", "tb", "other"]), st.in
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(messages_st)
-def test_burst_writes_the_same_bytes_as_one_put_at_a_time(tmp_path_factory, messages):
+def test_burst_writes_the_same_bytes_as_one_put_at_a_time(tmp_path_factory, writer, messages):
     messages = [(t, p % {"test": 4, "tb": 2, "other": 1}[t], b) for t, p, b in messages]
     base = tmp_path_factory.mktemp("burst")
     one, many = open_store(base / "one"), open_store(base / "many")
@@ -84,7 +93,7 @@ def test_burst_writes_the_same_bytes_as_one_put_at_a_time(tmp_path_factory, mess
     assert files_of(base / "many") == files_of(base / "one")  # segments, blank tails, index units
 
 
-def test_a_long_burst_takes_most_frames_and_is_read_back(data_dir):
+def test_a_long_burst_takes_most_frames_and_is_read_back(data_dir, writer):
     s = open_store(data_dir, segment_size=1 << 20, index_file_units=4096)
     messages = [("test", i % 2, b"msg-%05d" % i) for i in range(2000)]
     s.put("test", 0, 0, b"first", NOW)

@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq import errors
+from metaq.store import gather
 from metaq.store.gather import gather_records_py
 from metaq.store.index import UNIT
 from tests.store.conftest import NOW, open_store
@@ -15,6 +16,14 @@ except ImportError:
     gather_records_c = None
 
 
+@pytest.fixture(params=["built", "python"])
+def gatherer(request, monkeypatch):
+    """read_joined with the C gather (when built) and with its pure-Python twin."""
+    if request.param == "python":
+        monkeypatch.setattr(gather, "gather_records", gather_records_py)
+    return request.param
+
+
 def same_read(s, topic, partition, offset, max_size):
     plain = s.read(topic, partition, offset, max_size)
     joined = s.read_joined(topic, partition, offset, max_size)
@@ -23,7 +32,7 @@ def same_read(s, topic, partition, offset, max_size):
     return joined
 
 
-def test_joined_reads_equal_plain_reads_across_segments_and_index_files(data_dir):
+def test_joined_reads_equal_plain_reads_across_segments_and_index_files(data_dir, gatherer):
     s = open_store(data_dir)  # 4 KiB segments, 64 units per index file
     for i in range(600):
         s.put("test", i % 2, 0, b"m%04d" % i * (1 + i % 40), NOW + i)
@@ -35,7 +44,7 @@ def test_joined_reads_equal_plain_reads_across_segments_and_index_files(data_dir
     s.close(NOW)
 
 
-def test_joined_reads_answer_like_plain_reads_at_the_edges(data_dir):
+def test_joined_reads_answer_like_plain_reads_at_the_edges(data_dir, gatherer):
     s = open_store(data_dir)
     s.put("test", 0, 0, b"x" * 3000, NOW)
     assert same_read(s, "test", 0, 0, 10).count == 1  # one message even when larger than max_size
