@@ -91,7 +91,7 @@ def append_burst(store, frames, src, now_ms):
             room = p.fast_end - off
             rel = store._written - seg_start
             first = rel + overhead + frames[i][5]
-            if room <= 0 or first > size:
+            if room <= 0 or first > size or rel < 0:
                 return i, runs
             ready = seg.ready
             if first > ready:  # as CommitLog.make_room does for a put (and then it writes the record anyway)
