@@ -51,4 +51,4 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.bench_tx $(BENCH_TX_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info metaq/*.so
