@@ -29,7 +29,7 @@ def connect(port, host="127.0.0.1"):
 
 
 def put_block(topic, payload, count, partition=0, first_opaque=0):
-    """``count`` put frames for ``payload`` with opaques ``first_opaque…``: one bytes object, and each frame's size."""
+    """``count`` put frames (bytes) for ``payload`` with opaques ``first_opaque…``."""
     crc = metaq_checksum(payload)
     head = "put %s %d %d 0 %d " % (topic, partition, len(payload), crc)
     frames = [b"%s%d\r\n%s" % (head.encode(), first_opaque + i, payload) for i in range(count)]

@@ -7,6 +7,7 @@ and their twins (tested equal): ``scan_puts`` (protocol/burst.py), ``write_run``
 in the environment runs the twins even when the helper is built.
 """
 
+import importlib.util
 import os
 
 
@@ -23,8 +24,4 @@ def load(name, twin):
 
 def built():
     """True when the C helper is importable (whether or not METAQ_PURE_PYTHON is set)."""
-    try:
-        from metaq import _speedups  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("metaq._speedups") is not None

@@ -50,7 +50,7 @@ gather_records = speedups.load("gather_records", gather_records_py)  # the C twi
 
 
 def collect_joined(store, p, n, vis, limit):
-    """``(buffers, nbytes, count)``: records ``n…`` of partition ``p`` below ``vis`` within ``limit`` (at least one)."""
+    """``(buffers, nbytes, count)``: records ``n…`` of ``p`` below ``vis`` within ``limit`` (at least one)."""
     skip = metaq_offset(len(p.topic_bytes))
     buffers = []
     nbytes = count = 0

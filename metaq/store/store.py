@@ -267,7 +267,7 @@ class MessageStore:
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
     def _appended(self, p, off, end, total, count=1):
-        """Bookkeeping once records ``off…`` (``count``, ``total`` bytes) of partition ``p`` end at log position ``end``.
+        """Bookkeeping once records ``off…`` (``count``, ``total`` bytes) of ``p`` end at log position ``end``.
 
         Puts, bursts of puts (batch.py) and replication.
         """
