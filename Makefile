@@ -54,4 +54,4 @@ bench: $(VENV)/.installed
 	HOME=$${HOME:-/tmp} $(PY) -m bench.bench_remoting $(BENCH_REMOTING_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info metaq/*.so

@@ -9,6 +9,8 @@ import socket
 import subprocess
 import time
 
+from bench import wire
+
 MSG = 1024
 KEY = b"bench"
 
@@ -29,6 +31,10 @@ def command(*args):
         a = a if isinstance(a, bytes) else str(a).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(a), a))
     return b"".join(out)
+
+
+#: One XADD of a 1 KiB value, pre-encoded as metaq's put frames are.
+XADD = command("XADD", KEY, "*", "v", b"p" * MSG)
 
 
 class Reader:
@@ -99,28 +105,19 @@ class RedisBench:
 
     def pipelined_xadd(self, n, depth=64):
         self._reset()
-        frame = command("XADD", KEY, "*", "v", b"p" * MSG)
+        replies = wire.RespReplies(self.sock)
         started = time.perf_counter()
-        sent = min(depth, n)
-        self.sock.sendall(frame * sent)
-        done = 0
-        while done < n:
-            self.reader.skip()
-            done += 1
-            if sent < n and sent - done <= depth // 2:
-                more = min(depth - (sent - done), n - sent)
-                self.sock.sendall(frame * more)
-                sent += more
+        wire.pipeline(self.sock, replies, [XADD], n, depth)
         return n / (time.perf_counter() - started)
 
     def sequential_xadd(self, n):
         self._reset()
-        frame = command("XADD", KEY, "*", "v", b"p" * MSG)
+        replies = wire.RespReplies(self.sock)
         lat = []
         for _ in range(n):
             t = time.perf_counter()
-            self.sock.sendall(frame)
-            self.reader.skip()
+            self.sock.sendall(XADD)
+            replies.wait(1)
             lat.append(time.perf_counter() - t)
         lat.sort()
         return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
@@ -181,20 +178,9 @@ class RedisBench:
 
 def _xadd_producer(args):
     port, n, depth, start_at = args
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    reader = Reader(sock)
-    frame = command("XADD", KEY, "*", "v", b"p" * MSG)
+    sock = wire.connect(port)
+    replies = wire.RespReplies(sock)
     while time.time() < start_at:
         time.sleep(0.001)
-    sent = min(depth, n)
-    sock.sendall(frame * sent)
-    done = 0
-    while done < n:
-        reader.skip()
-        done += 1
-        if sent < n and sent - done <= depth // 2:
-            more = min(depth - (sent - done), n - sent)
-            sock.sendall(frame * more)
-            sent += more
+    wire.pipeline(sock, replies, [XADD], n, depth)
     sock.close()

@@ -21,76 +21,48 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench import wire  # noqa: E402
 from bench.redis_streams import RedisBench, redis_available  # noqa: E402
-from metaq.protocol import events as ev  # noqa: E402
-from metaq.protocol.checksum import metaq_checksum  # noqa: E402
-from metaq.protocol.text import NEED_DATA, TextParser, serialize  # noqa: E402
 from tests.broker_harness import BrokerProcess, small_config  # noqa: E402
 
 MSG = 1024
 TOPIC = "bench"
 
 
-def put_frames(n, partition=0, start=0):
-    payload = b"p" * MSG
-    crc = metaq_checksum(payload)
-    return [serialize(ev.Put(TOPIC, partition, 0, payload, start + i, crc)) for i in range(n)]
-
-
-class Conn:
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = TextParser(max_body=8 << 20)
-
-    def next(self):
-        while True:
-            e = self.parser.next_event()
-            if e is not NEED_DATA:
-                return e
-            self.parser.receive_data(self.sock.recv(1 << 20))
-
-    def close(self):
-        self.sock.close()
+def put_frames(depth, partition=0):
+    """Pre-encoded 1 KiB put frames with opaques 0..depth-1 (the client cycles through them)."""
+    return wire.put_block(TOPIC, b"p" * MSG, depth, partition)
 
 
 def pipelined_puts(port, n, depth=64):
     """Put n messages keeping ``depth`` requests in flight; returns msgs/s."""
-    return pipelined(port, put_frames(n), depth)
+    return pipelined(port, put_frames(depth), depth, n)
 
 
-def pipelined(port, frames, depth=64):
-    """Send request ``frames`` keeping ``depth`` in flight, expecting 200 for each; returns requests/s."""
-    n = len(frames)
-    c = Conn(port)
+def pipelined(port, frames, depth=64, n=None):
+    """Send ``n`` requests (default: each of ``frames`` once, else cycling through them) keeping ``depth`` in
+    flight, expecting ``result 200`` for each; returns requests/s."""
+    n = len(frames) if n is None else n
+    sock = wire.connect(port)
+    replies = wire.ResultReplies(sock)
     started = time.perf_counter()
-    sent = min(depth, n)
-    c.sock.sendall(b"".join(frames[:sent]))
-    done = 0
-    while done < n:
-        e = c.next()
-        assert e.code == 200, e
-        done += 1
-        if sent < n and sent - done <= depth // 2:
-            more = min(depth - (sent - done), n - sent)
-            c.sock.sendall(b"".join(frames[sent:sent + more]))
-            sent += more
+    wire.pipeline(sock, replies, frames, n, depth)
     elapsed = time.perf_counter() - started
-    c.close()
+    sock.close()
     return n / elapsed
 
 
 def sequential_put_latencies(port, n):
-    frames = put_frames(n)
-    c = Conn(port)
+    frame = put_frames(1)[0]
+    sock = wire.connect(port)
+    replies = wire.ResultReplies(sock)
     lat = []
-    for f in frames:
+    for _ in range(n):
         t = time.perf_counter()
-        c.sock.sendall(f)
-        e = c.next()
+        sock.sendall(frame)
+        replies.wait(1)
         lat.append(time.perf_counter() - t)
-        assert e.code == 200, e
-    c.close()
+    sock.close()
     lat.sort()
     return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
 
@@ -119,31 +91,35 @@ def sequential_reads(port, count, max_size=1 << 20):
 
     As a fetching consumer does, the next get goes out as soon as the reply's
     header says how much is coming (so the broker prepares it while this one is
-    read); each reply is read straight into a buffer, so the figure is the
+    read). Everything is received with ``recv_into`` into one preallocated
+    buffer and only the ``value`` header is parsed, so the figure is the
     broker's, not a Python parser's.
     """
-    sock = socket.create_connection(("127.0.0.1", port))
-    view = memoryview(bytearray(2 * max_size))
-    offset, nbytes, opaque, pending = 0, 0, 1, b""
+    sock = wire.connect(port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # room for a whole reply
+    buf = bytearray(max_size + (64 << 10))
+    view = memoryview(buf)
+    topic = TOPIC.encode()
+    offset, nbytes, opaque, have = 0, 0, 1, 0
     started = time.perf_counter()
-    sock.sendall(b"get %s g 0 0 %d 1\r\n" % (TOPIC.encode(), max_size))
+    sock.sendall(b"get %s g 0 0 %d 1\r\n" % (topic, max_size))
     while offset < count:
-        while b"\r\n" not in pending:
-            pending += sock.recv(65536)
-        line, pending = pending.split(b"\r\n", 1)
-        word, n, _op = line.split(b" ")
-        assert word == b"value", line
+        line_end = buf.find(b"\r\n", 0, have)
+        while line_end < 0:
+            have += sock.recv_into(view[have:])
+            line_end = buf.find(b"\r\n", 0, have)
+        word, n, _op = bytes(buf[:line_end]).split(b" ")
+        assert word == b"value", bytes(buf[:line_end])
         n = int(n)
         offset += n // (20 + MSG)
         if offset < count:
             opaque += 1
-            sock.sendall(b"get %s g 0 %d %d %d\r\n" % (TOPIC.encode(), offset, max_size, opaque))
-        got = min(n, len(pending))
-        view[:got] = pending[:got]
-        pending = pending[got:]
-        while got < n:
-            got += sock.recv_into(view[got:n])
+            sock.sendall(b"get %s g 0 %d %d %d\r\n" % (topic, offset, max_size, opaque))
+        end = line_end + 2 + n  # only this reply is in flight until its header is read: nothing past it
+        while have < end:
+            have += sock.recv_into(view[have:end])
         nbytes += n
+        have = 0
     elapsed = time.perf_counter() - started
     sock.close()
     return nbytes / elapsed / 1e6, offset / elapsed

@@ -313,6 +313,23 @@ class TextParser:
         """Number of received bytes not yet returned as events."""
         return len(self._buf) - self._pos
 
+    def burst_window(self):
+        """``(buffer, start, end)`` of the buffered bytes when they start at a frame boundary, else None.
+
+        For a caller that takes whole frames straight from the buffer (the
+        broker's put bursts, ``metaq.protocol.burst``) and then says how far
+        with ``consume_to``. The buffer must not be kept or resized.
+        """
+        if self._pending is not None or self._skip or self._fatal is not None or self._pos == len(self._buf):
+            return None
+        return self._buf, self._pos, len(self._buf)
+
+    def consume_to(self, pos):
+        """The bytes before ``pos`` (whole frames from ``burst_window``) were handled by the caller."""
+        self._pos = pos
+        if self._scan < pos:
+            self._scan = pos
+
     def receive_data(self, data):
         """Append received bytes; ``b""`` marks the end of the stream."""
         if self._fatal is not None:

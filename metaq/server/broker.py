@@ -15,6 +15,7 @@ from gevent.server import StreamServer
 from metaq.protocol.text import encode_result
 from metaq.server.delay import DelayScheduler
 from metaq.server.dispatch import TextDispatcher
+from metaq.server.fastput import FastPuts
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server import roles
@@ -67,6 +68,7 @@ class Broker:
         self._conn_ids = itertools.count(1)
         self.dispatcher = TextDispatcher(self)
         self.remoting = RemotingServer(self) if config.remoting.port else None
+        self.fast_puts = FastPuts(self, self.dispatcher) if config.broker.burst_puts else None
 
     # -- facts used by handlers and stats ------------------------------------
 

@@ -27,6 +27,7 @@ class BrokerSection(_Section):
     port: int = Field(8123, ge=0, le=65535)
     data_dir: str = "./data"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    burst_puts: bool = True
 
 
 class StoreSection(_Section):

@@ -170,12 +170,12 @@ class TextDispatcher:
 
     def _read(self, e, max_size):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
-        r = self.store.read(e.topic, e.partition, e.offset, max_size)
+        r = self.store.read_joined(e.topic, e.partition, e.offset, max_size)
         if not r.count:
             return None
         self.stats.on_get(e.topic, False)
         parts = [encode_value_header(r.nbytes, e.opaque)]
-        parts.extend(r.views)  # sent straight from the maps by sendmsg; a view keeps its map alive
+        parts.extend(r.views)  # the records gathered into one buffer per segment (store/gather.py), sent by sendmsg
         return parts
 
     def _miss(self, e):

@@ -61,6 +61,7 @@ class BrokerStats:
         self.get_miss = self.put_failed = 0
         self.tx_begin = self.tx_xa_begin = self.tx_commit = self.tx_rollback = 0
         self.protocol_errors = 0
+        self.burst_puts = 0  # puts stored through the burst fast path (server/fastput.py)
         self.reset_realtime()
 
     def reset_realtime(self):
@@ -75,15 +76,18 @@ class BrokerStats:
         return stats
 
     def on_put(self, topic, size):
-        """Count a stored put (inlined: this runs once per message)."""
-        self.cmd_put += 1
-        rt = self.realtime
+        """Count a stored put."""
+        self.on_puts(topic, 1, size)
+
+    def on_puts(self, topic, count, size):
+        """Count ``count`` stored puts of ``size`` body bytes in all (a burst's run: as ``count`` on_put calls)."""
+        self.cmd_put += count
         t = self.topic_realtime.get(topic) or self.topic(topic)
-        for stats in (rt, t):
+        for stats in (self.realtime, t):
             put, msize = stats["put"], stats["message_size"]
-            put.count += 1
-            put.value += 1
-            msize.count += 1
+            put.count += count
+            put.value += count
+            msize.count += count
             msize.value += size
 
     def on_put_failed(self, topic):
@@ -155,6 +159,7 @@ def summary_lines(broker):
         "curr_connections %d" % broker.connection_count,
         "threads %d" % threading.active_count(),
         "cmd_put %d" % s.cmd_put,
+        "burst_puts %d" % s.burst_puts,
         "cmd_get %d" % s.cmd_get,
         "cmd_offset %d" % s.cmd_offset,
         "tx_begin %d" % s.tx_begin,

@@ -22,6 +22,7 @@ from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
+from metaq.server.fastput import failed_replies
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Connection:
         self.request_timeout = lim.request_timeout_s
         self.parser = TextParser(max_line=lim.max_line_bytes, max_body=lim.max_body_bytes)
         self.dispatcher = broker.dispatcher
+        self.fast_puts = broker.fast_puts.take if broker.fast_puts is not None else None
 
     # -- writing -----------------------------------------------------------
 
@@ -207,7 +209,16 @@ class Connection:
         parser = self.parser
         dispatcher = self.dispatcher
         put = dispatcher.put  # the hot path: puts skip the generic dispatch
+        fast_puts = self.fast_puts  # hotter still: whole bursts of plain puts (fastput.py)
         while True:
+            if fast_puts is not None:
+                try:
+                    wait_pos = fast_puts(parser, out, durable, wait_pos)
+                except Exception:  # noqa: BLE001 - as below
+                    log.exception("connection %s: unexpected error in a burst of puts", self.peer)
+                    out.append(encode_result(500, b"internal error; see the broker log", 0))
+                    keep_open = False
+                    break
             try:
                 event = parser.next_event()
             except errors.RemoteProtocolError as exc:
@@ -246,5 +257,4 @@ class Connection:
             log.error("connection %s: %s", self.peer, exc)
             body = str(exc).encode("utf-8", "replace")
             for i in durable:
-                opaque = int(out[i].split(b"\r\n", 1)[0].rsplit(b" ", 1)[1])
-                out[i] = encode_result(500, body, opaque)
+                out[i] = failed_replies(out[i], body)  # one reply, or a burst's run of them

@@ -58,6 +58,17 @@ class IdGenerator:
                 self._seq = 0
         return (self._ts << TIMESTAMP_SHIFT) | self._bits | self._seq
 
+    def take(self, now_ms, count):
+        """``(first_id, n)``: ``n`` (1..count) consecutive ids ``first_id…``, as ``n`` calls of ``next_id`` give them."""
+        first = self.next_id(now_ms)
+        n = min(count, SEQUENCE_MASK - self._seq + 1)
+        self._seq += n - 1
+        return first, n
+
+    def give_back(self, n):
+        """Return the last ``n`` ids of the latest ``take`` unused (fewer than it handed out)."""
+        self._seq -= n
+
 
 def id_timestamp_ms(msg_id):
     """The millisecond timestamp inside an id."""

@@ -20,7 +20,7 @@ import struct
 
 from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
 from metaq.limits import validate_partition
-from metaq.store import lookup, recovery, replica
+from metaq.store import batch, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
@@ -269,19 +269,26 @@ class MessageStore:
         end = self._appended(p, off, pos + total, total)
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
-    def _appended(self, p, off, end, total):
-        """Bookkeeping once record ``off`` of partition ``p`` ends at log position ``end`` (puts and replication)."""
+    def _appended(self, p, off, end, total, count=1):
+        """Bookkeeping once records ``off…`` (``count``, ``total`` bytes) of ``p`` end at log position ``end``.
+
+        Puts, bursts of puts (batch.py) and replication.
+        """
         self._written = end
-        p.max = off + 1
+        p.max = vis = off + count
         p.dirty = True
         if self._async:
-            p.visible = off + 1
+            p.visible = vis
         else:
-            self._pending.append((end, p, off + 1))
+            self._pending.append((end, p, vis))
         if p.log_bytes is not None:
             p.log_bytes += total
-        self._unflushed_msgs += 1
-        return end  # PutResult(...) without its Python __new__
+        self._unflushed_msgs += count
+        return end
+
+    def put_burst(self, frames, src, now_ms):
+        """Append the leading plain puts of a scanned burst in one pass; ``(taken, runs)`` (see batch.py)."""
+        return batch.append_burst(self, frames, src, now_ms)
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
@@ -372,6 +379,15 @@ class MessageStore:
             raise _moved(p.min)
         views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
         return ReadResult(views, nbytes, len(views), offset + len(views))
+
+    def read_joined(self, topic, partition, offset, max_size):
+        """As ``read``, but ``views`` holds the records' MetaQ forms joined (one bytes per segment): for the wire."""
+        p = self._parts.get((topic, partition))
+        if p is None or not p.min <= offset < p.visible:
+            return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
+        buffers, nbytes, count = gather.collect_joined(self, p, offset, p.visible,
+                                                       min(max_size, self.config.max_transfer_size))
+        return ReadResult(buffers, nbytes, count, offset + count)
 
     def _collect(self, p, n, vis, limit):
         skip = metaq_offset(len(p.topic_bytes))

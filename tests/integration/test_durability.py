@@ -71,6 +71,8 @@ def run_load_and_kill(broker, seconds, producers=3):
     for t in threads:
         t.start()
     time.sleep(seconds)
+    with broker.client() as c:  # the load goes through the put-burst fast path (server/fastput.py)
+        assert int(c.stats_dict()["burst_puts"]) > 0
     broker.kill()
     for t in threads:
         t.join(10)

@@ -1,0 +1,357 @@
+/*
+ * metaq._speedups: the broker's put-burst fast path and read gathering in C (optional).
+ *
+ * Two functions, each the exact twin of a pure-Python reference that is used
+ * when this module was not built (tests/store/test_speedups.py holds them equal):
+ *
+ *   scan_puts(buf, pos, end, max_body, max_line)   == metaq.protocol.burst.scan_puts_py
+ *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
+ *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
+ *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes)
+ *                                                 == metaq.store.gather.gather_records_py
+ *
+ * See those docstrings for what they do. CRC-32 is zlib's (the library the
+ * Python zlib module uses): crc32() over each body once, crc32_combine() to get
+ * the record CRC from the header's CRC and the body's.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <zlib.h>
+
+#define INT32_MAX_V 2147483647LL
+#define MESSAGE_MAGIC 0xDA7A4D51u
+#define PREFIX_SIZE 42 /* total, magic, crc, partition, queue_offset, store_ts, born_ts, topic_len */
+#define HEADER_SIZE 20 /* msgLen, checksum, msgId, flag */
+#define CRC_START 12
+#define UNIT_SIZE 16
+#define REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> <offset>" */
+
+static unsigned long crc_of(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
+    while (n > 0) {
+        uInt chunk = n > (1 << 30) ? (1u << 30) : (uInt)n;
+        crc = crc32(crc, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+
+/* 1..10 decimal digits at *p (before lim) followed by `stop`; advances *p past `stop`. */
+static int read_digits(const unsigned char **p, const unsigned char *lim, unsigned char stop, long long *out) {
+    const unsigned char *s = *p;
+    long long v = 0;
+    int n = 0;
+    while (s < lim && *s >= '0' && *s <= '9') {
+        if (++n > 10)
+            return 0;
+        v = v * 10 + (*s - '0');
+        s++;
+    }
+    if (n == 0 || s >= lim || *s != stop)
+        return 0;
+    *p = s + 1;
+    *out = v;
+    return 1;
+}
+
+/* One frame header at q; fills the fields and returns the body start, or NULL if the frame is not taken. */
+static const unsigned char *parse_head(const unsigned char *q, const unsigned char *lim, const unsigned char **topic,
+                                       Py_ssize_t *tlen, long long *partition, long long *length, long long *flag,
+                                       long long *checksum, long long *opaque) {
+    const unsigned char *s = q;
+    if (lim - s < 4 || memcmp(s, "put ", 4) != 0)
+        return NULL;
+    s += 4;
+    *topic = s;
+    while (s < lim && *s >= '!' && *s <= '~')
+        s++;
+    *tlen = s - *topic;
+    if (*tlen == 0 || s >= lim || *s != ' ')
+        return NULL;
+    s++;
+    if (!read_digits(&s, lim, ' ', partition) || !read_digits(&s, lim, ' ', length) ||
+        !read_digits(&s, lim, ' ', flag))
+        return NULL;
+    if (lim - s >= 3 && s[0] == '-' && s[1] == '1' && s[2] == ' ') {
+        *checksum = -1;
+        s += 3;
+    } else if (!read_digits(&s, lim, ' ', checksum)) {
+        return NULL;
+    }
+    int negative = 0;
+    if (s < lim && *s == '-') {
+        negative = 1;
+        s++;
+    }
+    if (!read_digits(&s, lim, '\r', opaque) || s >= lim || *s != '\n')
+        return NULL;
+    if (negative)
+        *opaque = -*opaque;
+    return s + 1;
+}
+
+static PyObject *scan_puts(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t pos, end, max_body, max_line;
+    if (!PyArg_ParseTuple(args, "Onnnn", &obj, &pos, &end, &max_body, &max_line))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (pos < 0 || pos > end || end > b.len) {
+        PyBuffer_Release(&b);
+        return PyErr_Format(PyExc_ValueError, "need 0 <= pos <= end <= %zd", b.len);
+    }
+    PyObject *frames = PyList_New(0);
+    PyObject *topic_obj = NULL; /* borrowed from the last frame appended */
+    const unsigned char *base = (const unsigned char *)b.buf, *lim = base + end;
+    if (frames == NULL)
+        goto fail;
+    for (;;) {
+        const unsigned char *q = base + pos, *topic;
+        Py_ssize_t tlen;
+        long long partition, length, flag, checksum, opaque;
+        const unsigned char *body = parse_head(q, lim, &topic, &tlen, &partition, &length, &flag, &checksum, &opaque);
+        if (body == NULL)
+            break;
+        Py_ssize_t head_end = body - base;
+        if (head_end - pos - 2 > max_line || partition > INT32_MAX_V || flag > INT32_MAX_V || (flag & 1) ||
+            checksum > INT32_MAX_V || opaque < -INT32_MAX_V - 1 || opaque > INT32_MAX_V || length > max_body ||
+            length > end - head_end)
+            break;
+        unsigned long crc = crc_of(body, (Py_ssize_t)length, 0);
+        if (checksum != -1 && checksum != (long long)(crc & 0x7FFFFFFFul))
+            break;
+        if (topic_obj == NULL || PyBytes_GET_SIZE(topic_obj) != tlen ||
+            memcmp(PyBytes_AS_STRING(topic_obj), topic, tlen) != 0) {
+            topic_obj = PyBytes_FromStringAndSize((const char *)topic, tlen);
+            if (topic_obj == NULL)
+                goto fail;
+        } else {
+            Py_INCREF(topic_obj);
+        }
+        PyObject *t = PyTuple_New(7);
+        if (t == NULL) {
+            Py_DECREF(topic_obj);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(t, 0, topic_obj); /* steals the reference taken above */
+        PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(partition));
+        PyTuple_SET_ITEM(t, 2, PyLong_FromLongLong(flag));
+        PyTuple_SET_ITEM(t, 3, PyLong_FromLongLong(opaque));
+        PyTuple_SET_ITEM(t, 4, PyLong_FromSsize_t(head_end));
+        PyTuple_SET_ITEM(t, 5, PyLong_FromLongLong(length));
+        PyTuple_SET_ITEM(t, 6, PyLong_FromUnsignedLong(crc));
+        for (int k = 1; k < 7; k++) {
+            if (PyTuple_GET_ITEM(t, k) == NULL) {
+                Py_DECREF(t);
+                goto fail;
+            }
+        }
+        int appended = PyList_Append(frames, t);
+        Py_DECREF(t);
+        if (appended < 0)
+            goto fail;
+        pos = head_end + (Py_ssize_t)length;
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(Nn)", frames, pos);
+fail:
+    Py_XDECREF(frames);
+    PyBuffer_Release(&b);
+    return NULL;
+}
+
+static void put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void put64(unsigned char *p, uint64_t v) {
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+/* The fields of one frame tuple that write_run needs; 0 with an exception set on bad input. */
+static int frame_fields(PyObject *t, long long *flag, long long *opaque, Py_ssize_t *start, Py_ssize_t *n,
+                        unsigned long *crc) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+        PyErr_SetString(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
+        return 0;
+    }
+    *flag = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+    *opaque = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
+    *start = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
+    *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 5));
+    *crc = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 6));
+    if (PyErr_Occurred())
+        return 0;
+    if (*start < 0 || *n < 0 || *n > INT32_MAX_V || *flag < -INT32_MAX_V - 1 || *flag > INT32_MAX_V) {
+        PyErr_SetString(PyExc_ValueError, "frame fields out of range");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *write_run(PyObject *self, PyObject *args) {
+    PyObject *log_obj, *src_obj, *frames, *topic_obj, *index_obj;
+    long long seg_start, offset, now_ms, first_id;
+    Py_ssize_t rel, ready, i, j, unit_at;
+    long partition;
+    if (!PyArg_ParseTuple(args, "OLnnOOnnSlLLLOn", &log_obj, &seg_start, &rel, &ready, &src_obj, &frames, &i, &j,
+                          &topic_obj, &partition, &offset, &now_ms, &first_id, &index_obj, &unit_at))
+        return NULL;
+    if (!PyList_Check(frames))
+        return PyErr_Format(PyExc_TypeError, "frames must be a list");
+    Py_ssize_t tlen = PyBytes_GET_SIZE(topic_obj);
+    if (tlen > 32767)
+        return PyErr_Format(PyExc_ValueError, "topic of %zd bytes", tlen);
+    Py_buffer lb, sb, ib;
+    if (PyObject_GetBuffer(log_obj, &lb, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(src_obj, &sb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&lb);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(index_obj, &ib, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&lb);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    char *replies = NULL;
+    if (j > PyList_GET_SIZE(frames))
+        j = PyList_GET_SIZE(frames);
+    if (i < 0 || rel < 0 || ready > lb.len || unit_at < 0) {
+        PyErr_SetString(PyExc_ValueError, "position out of range");
+        goto done;
+    }
+    replies = PyMem_Malloc((size_t)(j > i ? j - i : 1) * REPLY_MAX);
+    if (replies == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *log = (unsigned char *)lb.buf, *index = (unsigned char *)ib.buf;
+    const unsigned char *src = (const unsigned char *)sb.buf;
+    const char *topic = PyBytes_AS_STRING(topic_obj);
+    Py_ssize_t hsize = PREFIX_SIZE + tlen + HEADER_SIZE, out = 0, count = 0;
+    for (Py_ssize_t k = i; k < j; k++, count++) {
+        long long flag, opaque;
+        Py_ssize_t start, n;
+        unsigned long crc;
+        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &opaque, &start, &n, &crc))
+            goto done;
+        Py_ssize_t total = hsize + n;
+        if (rel + total > ready)
+            break;
+        if (start + n > sb.len || unit_at + (count + 1) * UNIT_SIZE > ib.len) {
+            PyErr_SetString(PyExc_ValueError, "body or index unit out of range");
+            goto done;
+        }
+        long long msg_id = first_id + count, qoff = offset + count;
+        unsigned char *r = log + rel;
+        put32(r, (uint32_t)total);
+        put32(r + 4, MESSAGE_MAGIC);
+        put32(r + 12, (uint32_t)partition);
+        put64(r + 16, (uint64_t)qoff);
+        put64(r + 24, (uint64_t)now_ms);
+        put64(r + 32, (uint64_t)now_ms);
+        r[40] = (unsigned char)(tlen >> 8);
+        r[41] = (unsigned char)tlen;
+        memcpy(r + PREFIX_SIZE, topic, tlen);
+        unsigned char *h = r + PREFIX_SIZE + tlen;
+        put32(h, (uint32_t)n);
+        put32(h + 4, (uint32_t)(crc & 0x7FFFFFFFul));
+        put64(h + 8, (uint64_t)msg_id);
+        put32(h + 16, (uint32_t)flag);
+        memcpy(r + hsize, src + start, n);
+        unsigned long hcrc = crc_of(r + CRC_START, hsize - CRC_START, 0);
+        put32(r + 8, (uint32_t)crc32_combine(hcrc, crc, (z_off_t)n));
+        unsigned char *u = index + unit_at + count * UNIT_SIZE;
+        put64(u, (uint64_t)(seg_start + rel));
+        put32(u + 8, (uint32_t)total);
+        put32(u + 12, 0);
+        char body[64];
+        int blen = snprintf(body, sizeof body, "%lld %ld %lld", msg_id, partition, qoff);
+        out += snprintf(replies + out, REPLY_MAX, "result 200 %d %lld\r\n%s", blen, opaque, body);
+        rel += total;
+    }
+    result = Py_BuildValue("(nny#)", count, rel, replies, out);
+done:
+    PyMem_Free(replies);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb);
+    return result;
+}
+
+static uint32_t get32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static PyObject *gather_records(PyObject *self, PyObject *args) {
+    PyObject *units_obj, *log_obj;
+    Py_ssize_t skip, limit, nbytes;
+    long long seg_start, seg_end;
+    if (!PyArg_ParseTuple(args, "OnOLLnn", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes))
+        return NULL;
+    Py_buffer ub, lb;
+    if (PyObject_GetBuffer(units_obj, &ub, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(log_obj, &lb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ub);
+        return NULL;
+    }
+    const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
+    Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
+    int full = 0;
+    /* First pass: how many records, how many bytes. */
+    for (; count < nunits; count++) {
+        const unsigned char *u = units + count * UNIT_SIZE;
+        long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+        long long size = (int32_t)get32(u + 8), ln = size - skip;
+        if (nbytes + total + ln > limit && nbytes + total > 0) {
+            full = 1;
+            break;
+        }
+        if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
+            break;
+        total += ln;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    if (data != NULL) {
+        char *out = PyBytes_AS_STRING(data);
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const unsigned char *u = units + k * UNIT_SIZE;
+            long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+            Py_ssize_t ln = (int32_t)get32(u + 8) - skip;
+            memcpy(out, log + (phys - seg_start) + skip, ln);
+            out += ln;
+        }
+    }
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&ub);
+    if (data == NULL)
+        return NULL;
+    return Py_BuildValue("(nNO)", count, data, full ? Py_True : Py_False);
+}
+
+static PyMethodDef methods[] = {
+    {"scan_puts", scan_puts, METH_VARARGS, "scan_puts(buf, pos, end, max_body, max_line) -> (frames, next_pos)"},
+    {"write_run", write_run, METH_VARARGS,
+     "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
+     "unit_at) -> (count, rel_after, replies)"},
+    {"gather_records", gather_records, METH_VARARGS,
+     "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, data, full)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "metaq._speedups",
+                                    "The put-burst fast path in C (optional; see metaq.protocol.burst).", -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }

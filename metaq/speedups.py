@@ -1,0 +1,27 @@
+"""The optional C helper ``metaq._speedups``: each of its functions, or the exact pure-Python twin.
+
+The helper is built by ``pip install`` when a compiler and zlib's headers are
+there (``setup.py``: optional, so an install never fails for it). Its functions
+and their twins (tested equal): ``scan_puts`` (protocol/burst.py), ``write_run``
+(store/batch.py), ``gather_records`` (store/gather.py). ``METAQ_PURE_PYTHON=1``
+in the environment runs the twins even when the helper is built.
+"""
+
+import importlib.util
+import os
+
+
+def load(name, twin):
+    """``metaq._speedups.<name>`` if it is built and wanted, else ``twin``."""
+    if os.environ.get("METAQ_PURE_PYTHON", "") not in ("", "0"):
+        return twin
+    try:
+        from metaq import _speedups
+    except ImportError:
+        return twin
+    return getattr(_speedups, name)
+
+
+def built():
+    """True when the C helper is importable (whether or not METAQ_PURE_PYTHON is set)."""
+    return importlib.util.find_spec("metaq._speedups") is not None

@@ -1,0 +1,95 @@
+"""The put-burst scanner: the C helper equals the Python reference, and both agree with TextParser."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metaq.protocol import events as ev
+from metaq.protocol.burst import scan_puts_py
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import NEED_DATA, TextParser, serialize
+
+try:
+    from metaq._speedups import scan_puts as scan_puts_c
+except ImportError:  # not built: the Python reference is what runs
+    scan_puts_c = None
+
+needs_c = pytest.mark.skipif(scan_puts_c is None, reason="metaq._speedups was not built")
+
+MAX_BODY, MAX_LINE = 300, 120
+
+topics = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12)
+int32 = st.integers(-2**31, 2**31 - 1)
+
+
+@st.composite
+def put_frames(draw):
+    """One put frame: mostly plain ones, some with a wrong checksum, flag bit 0, -1 partition or big numbers."""
+    body = draw(st.binary(max_size=40))
+    good = metaq_checksum(body)
+    checksum = draw(st.sampled_from([good, good, good, -1, (good + 1) % 2**31]))
+    partition = draw(st.one_of(st.integers(0, 7), st.just(-1), st.just(2**31 - 1)))
+    flag = draw(st.one_of(st.just(0), st.integers(0, 2**31 - 1)))
+    opaque = draw(st.one_of(st.integers(-5, 5), int32))
+    return serialize(ev.Put(draw(topics), partition, flag, body, opaque, checksum))
+
+
+@st.composite
+def bursts(draw):
+    """Frames, sometimes with noise (other commands, garbage, a bare \\n line end) and cut at any point."""
+    parts = draw(st.lists(st.one_of(put_frames(), put_frames(), put_frames(),
+                                    st.sampled_from([b"version 3\r\n", b"\r\n", b"put a 0 1 0 -1 1\nX",
+                                                     b"put a 0 99999999999 0 -1 1\r\n", b"put a 00 2 0 -1 -0\r\nab",
+                                                     b"put \xc3\xa9 0 1 0 -1 5\r\nz", b"put a 0 3 0 TX:1 5\r\nabc"]),
+                                    st.binary(max_size=20)), max_size=12))
+    data = b"".join(parts)
+    end = draw(st.integers(0, len(data)))
+    return bytearray(data), end
+
+
+@needs_c
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(bursts(), st.integers(0, 6), st.sampled_from([MAX_BODY, 10, 0]), st.sampled_from([MAX_LINE, 20]))
+def test_c_scanner_equals_the_python_reference(burst, start, max_body, max_line):
+    buf, end = burst
+    pos = min(start, end)
+    assert scan_puts_c(buf, pos, end, max_body, max_line) == scan_puts_py(buf, pos, end, max_body, max_line)
+
+
+@needs_c
+def test_c_scanner_refuses_positions_outside_the_buffer():
+    with pytest.raises(ValueError):
+        scan_puts_c(b"put", 0, 10, 1, 1)
+    with pytest.raises(ValueError):
+        scan_puts_c(b"put", 2, 1, 1, 1)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(bursts())
+def test_taken_frames_are_what_the_parser_reads(burst):
+    """Every frame the scanner takes is a Put the general parser reads identically (the same bytes consumed)."""
+    buf, end = burst
+    frames, stop = scan_puts_py(buf, 0, end, MAX_BODY, MAX_LINE)
+    parser = TextParser(max_line=MAX_LINE, max_body=MAX_BODY)
+    if stop:
+        parser.receive_data(bytes(buf[:stop]))  # (b"" would mean end of stream)
+    for topic, partition, flag, opaque, start, length, crc in frames:
+        e = parser.next_event()
+        assert type(e) is ev.Put and e.tx_key is None
+        assert (e.topic, e.partition, e.flag, e.opaque, e.body) == (
+            topic.decode(), partition, flag, opaque, bytes(buf[start:start + length]))
+        assert e.checksum in (-1, crc & 0x7FFFFFFF) and crc & 0x7FFFFFFF == metaq_checksum(e.body)
+        assert e.partition >= 0 and not e.flag & 1
+    assert parser.next_event() is NEED_DATA and not parser.in_frame
+
+
+def test_scan_stops_at_the_first_frame_it_does_not_take():
+    good = [serialize(ev.Put("t", 1, 0, b"abc", i, metaq_checksum(b"abc"))) for i in range(3)]
+    bad_crc = serialize(ev.Put("t", 1, 0, b"abc", 9, 12345))
+    buf = bytearray(good[0] + good[1] + bad_crc + good[2])
+    frames, stop = scan_puts_py(buf, 0, len(buf), MAX_BODY, MAX_LINE)
+    assert [f[3] for f in frames] == [0, 1] and stop == len(good[0] + good[1])
+    assert frames[0][0] is frames[1][0]  # one topic object per run of the same topic
+    # a body not yet whole: the frame is left for later
+    frames, stop = scan_puts_py(buf, 0, len(good[0]) - 1, MAX_BODY, MAX_LINE)
+    assert frames == [] and stop == 0

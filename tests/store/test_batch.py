@@ -1,0 +1,130 @@
+"""Bursts of puts appended in one pass: the same log, index and answers as one put at a time."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metaq.protocol import events as ev
+from metaq.protocol.burst import scan_puts_py
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import serialize
+from metaq.store import batch
+from metaq.store.batch import write_run_py
+from tests.store.conftest import NOW, open_store, payload_of, read_all
+
+try:
+    from metaq._speedups import write_run as write_run_c
+except ImportError:
+    write_run_c = None
+
+
+def burst(messages):
+    """``(buffer, frames)`` for ``[(topic, partition, body)]`` sent as plain puts (opaque = index)."""
+    buf = bytearray(b"".join(serialize(ev.Put(t, p, 0, b, i, metaq_checksum(b)))
+                             for i, (t, p, b) in enumerate(messages)))
+    frames, stop = scan_puts_py(buf, 0, len(buf), 1 << 20, 1024)
+    assert stop == len(buf)
+    return buf, frames
+
+
+def replies_of(results):
+    """The replies the general path gives for PutResults, opaques 0…"""
+    out = []
+    for i, r in enumerate(results):
+        body = b"%d %d %d" % (r.msg_id, r.partition, r.offset)
+        out.append(b"result 200 %d %d\r\n%s" % (len(body), i, body))
+    return b"".join(out)
+
+
+def put_like_the_server(store, buf, frames, now):
+    """What the broker does: bursts through put_burst, the frame it stops at through put; returns the replies."""
+    replies, i = [], 0
+    while i < len(frames):
+        taken, runs = store.put_burst(frames[i:], buf, now)
+        replies.extend(run[3] for run in runs)
+        i += taken
+        if i < len(frames):
+            topic, partition, flag, opaque, start, n, crc = frames[i]
+            r = store.put(topic.decode(), partition, flag, bytes(buf[start:start + n]), now,
+                          checksum=crc & 0x7FFFFFFF)
+            body = b"%d %d %d" % (r.msg_id, r.partition, r.offset)
+            replies.append(b"result 200 %d %d\r\n%s" % (len(body), opaque, body))
+            i += 1
+    return b"".join(replies)
+
+
+def files_of(root):
+    out = {}
+    for d, _dirs, names in os.walk(root):
+        for name in names:
+            if name in ("lock", "clean_shutdown", "checkpoint") or name.endswith(".json"):  # random serials
+                continue
+            with open(os.path.join(d, name), "rb") as f:
+                out[os.path.relpath(os.path.join(d, name), root)] = f.read()
+    return out
+
+
+@pytest.fixture(params=["built", "python"])
+def writer(request, monkeypatch):
+    """put_burst with the C writer (when built) and with its pure-Python twin."""
+    if request.param == "python":
+        monkeypatch.setattr(batch, "write_run", write_run_py)
+    return request.param
+
+
+messages_st = st.lists(st.tuples(st.sampled_from(["test", "tb", "other"]), st.integers(0, 3), st.binary(max_size=700)),
+                       min_size=1, max_size=120)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(messages_st)
+def test_burst_writes_the_same_bytes_as_one_put_at_a_time(tmp_path_factory, writer, messages):
+    messages = [(t, p % {"test": 4, "tb": 2, "other": 1}[t], b) for t, p, b in messages]
+    base = tmp_path_factory.mktemp("burst")
+    one, many = open_store(base / "one"), open_store(base / "many")
+    buf, frames = burst(messages)
+    expected = replies_of([one.put(t, p, 0, b, NOW, checksum=metaq_checksum(b)) for t, p, b in messages])
+    assert put_like_the_server(many, buf, frames, NOW) == expected
+    for s in (one, many):
+        s.close(NOW)
+    assert files_of(base / "many") == files_of(base / "one")  # segments, blank tails, index units
+
+
+def test_a_long_burst_takes_most_frames_and_is_read_back(data_dir, writer):
+    s = open_store(data_dir, segment_size=1 << 20, index_file_units=4096)
+    messages = [("test", i % 2, b"msg-%05d" % i) for i in range(2000)]
+    s.put("test", 0, 0, b"first", NOW)
+    s.put("test", 1, 0, b"first", NOW)
+    buf, frames = burst(messages)
+    taken, runs = s.put_burst(frames, buf, NOW)
+    assert taken > 1000 and sum(r[1] for r in runs) == taken
+    put_like_the_server(s, buf, frames[taken:], NOW)
+    for p in (0, 1):
+        got = [payload_of(m) for m in read_all(s, "test", p)]
+        assert got == [b"first"] + [b for _t, q, b in messages if q == p]
+    s.close(NOW)
+
+
+def test_nothing_is_taken_for_a_partition_never_put_to(data_dir):
+    s = open_store(data_dir)
+    buf, frames = burst([("test", 0, b"x")])
+    assert s.put_burst(frames, buf, NOW) == (0, [])
+    s.close(NOW)
+
+
+@pytest.mark.skipif(write_run_c is None, reason="metaq._speedups was not built")
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=20), st.integers(0, 9000), st.integers(-2, 2**40),
+       st.integers(0, 2**62), st.sampled_from([b"t", b"topic-with-a-longer-name"]), st.integers(0, 2**31 - 1))
+def test_c_writer_equals_the_python_reference(bodies, ready, offset, first_id, topic, partition):
+    buf, frames = burst([(topic.decode(), partition, b) for b in bodies])
+    outputs = []
+    for write in (write_run_py, write_run_c):
+        log, index = bytearray(10000), bytearray(16 * 32)
+        result = write(log, 1 << 33, 7, ready, buf, frames, 0, len(frames), topic, partition, offset, NOW + 5,
+                       first_id, index, 16)
+        outputs.append((result, bytes(log), bytes(index)))
+    assert outputs[0] == outputs[1]

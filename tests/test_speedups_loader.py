@@ -1,0 +1,30 @@
+"""The optional C helper is chosen, or its Python twin, as the environment says (metaq/speedups.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from metaq import speedups
+
+CODE = "from metaq.protocol import burst; from metaq.store import batch, gather; " \
+       "print(burst.scan_puts is burst.scan_puts_py, batch.write_run is batch.write_run_py, " \
+       "gather.gather_records is gather.gather_records_py)"
+
+
+def run(env_value):
+    env = {"METAQ_PURE_PYTHON": env_value, "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_pure_python_when_asked():
+    assert run("1") == ["True", "True", "True"]
+
+
+@pytest.mark.skipif(not speedups.built(), reason="metaq._speedups was not built")
+def test_the_c_helper_when_built():
+    assert run("0") == ["False", "False", "False"]
