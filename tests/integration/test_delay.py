@@ -11,6 +11,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_payload
+from metaq.protocol.text import serialize
 from metaq.server.config import load_config
 from metaq.store.store import MessageStore
 from tests.broker_harness import consume_all, free_port, small_config, wait_for
@@ -255,3 +256,23 @@ def test_a_damaged_entry_is_skipped_and_its_level_goes_on(broker_factory, tmp_pa
     with b.client() as c:
         assert delay_stats(c)[1]["dropped"] == 1
     assert "of %s is skipped: schedule entry of 12 bytes" % SCHEDULE_TOPIC in b.log_text(since_start=True)
+
+
+def test_a_pipelined_burst_never_stores_into_the_internal_topic(broker_factory, tmp_path):
+    """The put-burst fast path leaves a plain put to the schedule topic to the general path, which refuses it,
+    even once the schedule topic's partition exists (a delayed message is pending)."""
+    b = start(broker_factory, tmp_path)
+    with b.client() as c:
+        put_delayed_ok(c, "t-a", b"pending", 3, partition=0)  # creates SCHEDULE_TOPIC partition 2
+        frames = []
+        for i, topic in enumerate(("t-a", SCHEDULE_TOPIC, "t-a")):
+            body = b"burst-%d" % i
+            frames.append(ev.Put(topic, 2 if topic == SCHEDULE_TOPIC else 0, 0, body, 100 + i,
+                                 metaq_checksum(body)))
+        c.send(b"".join(serialize(e) for e in frames))
+        replies = [c.read_event() for _ in frames]
+        assert [(r.code, r.opaque) for r in replies] == [(200, 100), (400, 101), (200, 102)], replies
+        assert b"internal topic" in replies[1].body
+        assert len(consume_all(c, SCHEDULE_TOPIC, 2)) == 1  # only the pending entry
+        assert [r.payload for r in consume_all(c, "t-a", 0)] == [b"burst-0", b"burst-2"]
+        assert int(c.stats_dict()["burst_puts"]) >= 1  # the fast path was on the way
