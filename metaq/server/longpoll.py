@@ -37,3 +37,7 @@ class PartitionWaiters:
 
     def __len__(self):
         return len(self._events)
+
+    def keys(self):
+        """The (topic, partition) keys that have waiters now."""
+        return list(self._events)

@@ -178,7 +178,7 @@ def summary_lines(broker):
         "disk_usage %.4f" % (disk.usage_ratio if disk else 0.0),
         "writes_refused %s" % ("true" if broker.refusal else "false"),
         "protocol_errors %d" % s.protocol_errors,
-        "long_poll_waiters %d" % len(broker.waiters),
+        "long_poll_waiters %d" % sum(1 for topic, _p in broker.waiters.keys() if topic != SCHEDULE_TOPIC),
         "zookeeper %s" % (broker.registry.state if broker.registry is not None else "standalone"),
     ] + replication_lines(broker) + broker.delay.summary_lines() + remoting_lines(broker)
 

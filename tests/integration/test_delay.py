@@ -276,3 +276,19 @@ def test_a_pipelined_burst_never_stores_into_the_internal_topic(broker_factory, 
         assert len(consume_all(c, SCHEDULE_TOPIC, 2)) == 1  # only the pending entry
         assert [r.payload for r in consume_all(c, "t-a", 0)] == [b"burst-0", b"burst-2"]
         assert int(c.stats_dict()["burst_puts"]) >= 1  # the fast path was on the way
+
+
+def test_the_schedulers_own_waits_are_not_counted_as_long_polls(broker_factory, tmp_path):
+    import threading
+
+    b = start(broker_factory, tmp_path)
+    with b.client() as c:
+        s = c.stats_dict()
+        assert s["delay_scheduler"] == "running" and s["long_poll_waiters"] == "0", s
+        with b.client() as poller:
+            t = threading.Thread(target=poller.get, args=("t-a", 0, 0), kwargs={"max_wait_ms": 3000})
+            t.start()
+            wait_for(lambda: c.stats_dict()["long_poll_waiters"] == "1", 5, "one client long poll counted")
+            c.put_ok("t-a", b"wake", 0)
+            t.join(5)
+    assert not t.is_alive()
