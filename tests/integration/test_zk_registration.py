@@ -164,12 +164,17 @@ def test_restart_after_kill_takes_over_its_stale_nodes(broker_factory, zk_connec
     zk = zk_client(zk_connect)
     try:
         wait_for(lambda: registered(zk), what="registration")
-        old_owner = zk.exists("/meta/brokers/ids/7/master").ephemeralOwner
+        def owner(path):  # None while the takeover has deleted the stale node and not yet written its own
+            stat = zk.exists(path)
+            return stat.ephemeralOwner if stat is not None else None
+
+        old_owner = owner("/meta/brokers/ids/7/master")
+        assert old_owner
         b.kill()
         b.start()
-        wait_for(lambda: zk.exists("/meta/brokers/ids/7/master").ephemeralOwner != old_owner, timeout=10,
+        wait_for(lambda: owner("/meta/brokers/ids/7/master") not in (None, old_owner), timeout=10,
                  what="the restarted broker to take over its nodes well before the 30 s session timeout")
-        wait_for(lambda: zk.exists("/meta/brokers/topics-pub/orders/7-m").ephemeralOwner != old_owner,
+        wait_for(lambda: owner("/meta/brokers/topics-pub/orders/7-m") not in (None, old_owner),
                  what="topic nodes taken over")
     finally:
         zk.stop()
