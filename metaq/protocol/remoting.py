@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.text import CLOSED, NEED_DATA
+from metaq.protocol.text import CLOSED, NEED_DATA, StreamParser
 
 __all__ = [
     "NEED_DATA",
@@ -392,7 +392,7 @@ def _decode_binary_header(raw, body):
 _HEADER_DECODERS = {SERIALIZE_JSON: _decode_json_header, SERIALIZE_ROCKETMQ: _decode_binary_header}
 
 
-class RemotingParser:
+class RemotingParser(StreamParser):
     """Incremental parser of remoting frames (requests and responses alike).
 
     Feed bytes with ``receive_data`` (``b""`` = end of stream), then call
@@ -403,48 +403,14 @@ class RemotingParser:
     """
 
     def __init__(self, max_frame=limits.MAX_REMOTING_FRAME, max_header=limits.MAX_REMOTING_HEADER):
+        super().__init__()
         self.max_frame = max_frame
         self.max_header = max_header
-        self._buf = bytearray()
-        self._pos = 0
-        self._eof = False
-        self._fatal = None
 
     @property
     def in_frame(self):
         """True while part of a frame is buffered."""
         return self._pos < len(self._buf)
-
-    @property
-    def buffered(self):
-        """Number of received bytes not yet returned as commands."""
-        return len(self._buf) - self._pos
-
-    def receive_data(self, data):
-        """Append received bytes; ``b""`` marks the end of the stream."""
-        if self._fatal is not None:
-            return
-        if not data:
-            self._eof = True
-            return
-        if self._eof:
-            self._fatal = RemoteProtocolError("data received after the end of the stream", 0, True)
-            raise self._fatal
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
-
-    def next_event(self):
-        """Return the next ``RemotingCommand``, ``NEED_DATA`` or ``CLOSED``; raise RemoteProtocolError."""
-        if self._fatal is not None:
-            raise self._fatal
-        try:
-            return self._next_event()
-        except RemoteProtocolError as exc:
-            if exc.fatal:
-                self._fatal = exc
-            raise
 
     def _next_event(self):
         buf, pos = self._buf, self._pos

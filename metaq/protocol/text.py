@@ -45,6 +45,7 @@ from metaq.protocol.events import (
 __all__ = [
     "NEED_DATA",
     "CLOSED",
+    "StreamParser",
     "TextParser",
     "serialize",
     "encode_result",
@@ -70,6 +71,63 @@ class _Sentinel:
 NEED_DATA = _Sentinel("NEED_DATA")
 #: ``next_event()``: the peer closed the stream cleanly between frames.
 CLOSED = _Sentinel("CLOSED")
+
+
+class StreamParser:
+    """The buffer handling our sans-IO frame parsers share (text, remoting).
+
+    ``receive_data`` appends bytes (``b""`` marks the end of the stream; bytes
+    after it are a fatal error); ``next_event`` runs the subclass's
+    ``_next_event`` and keeps a fatal ``RemoteProtocolError`` sticky, so every
+    later call raises it again. ``_pos`` is the start of the unparsed bytes in
+    ``_buf``; consumed bytes are dropped when more arrive (``_compact``).
+    """
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._pos = 0
+        self._eof = False
+        self._fatal = None
+
+    @property
+    def buffered(self):
+        """Number of received bytes not yet returned as events."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data):
+        """Append received bytes; ``b""`` marks the end of the stream."""
+        if self._fatal is not None:
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._eof:
+            self._fatal = RemoteProtocolError("data received after the end of the stream", 0, True)
+            raise self._fatal
+        if self._pos:
+            self._compact()
+        self._accept(data)
+
+    def _compact(self):
+        del self._buf[: self._pos]
+        self._pos = 0
+
+    def _accept(self, data):
+        self._buf += data
+
+    def next_event(self):
+        """Return the next event, ``NEED_DATA`` or ``CLOSED``; raise RemoteProtocolError on a bad frame."""
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            return self._next_event()
+        except RemoteProtocolError as exc:
+            if exc.fatal:
+                self._fatal = exc
+            raise
+
+    def _next_event(self):
+        raise NotImplementedError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -283,7 +341,7 @@ _COMMANDS = {
 }
 
 
-class TextParser:
+class TextParser(StreamParser):
     """Incremental parser of MetaQ text frames (requests and replies alike).
 
     Feed bytes with ``receive_data`` (``b""`` = end of stream), then call
@@ -293,25 +351,17 @@ class TextParser:
     """
 
     def __init__(self, max_line=limits.MAX_LINE_BYTES, max_body=limits.MAX_BODY_BYTES):
+        super().__init__()
         self.max_line = max_line
         self.max_body = max_body
-        self._buf = bytearray()
-        self._pos = 0  # start of the unparsed bytes in _buf
         self._scan = 0  # bytes before this were already searched for a line end
         self._skip = 0  # bytes of a rejected frame's body still to drop
         self._pending = None  # (build(body) -> event, body length) once a header is parsed
-        self._eof = False
-        self._fatal = None
 
     @property
     def in_frame(self):
         """True while part of a frame (line, body or a body being skipped) is buffered."""
         return self._pending is not None or self._skip > 0 or self._pos < len(self._buf)
-
-    @property
-    def buffered(self):
-        """Number of received bytes not yet returned as events."""
-        return len(self._buf) - self._pos
 
     def burst_window(self):
         """``(buffer, start, end)`` of the buffered bytes when they start at a frame boundary, else None.
@@ -330,36 +380,16 @@ class TextParser:
         if self._scan < pos:
             self._scan = pos
 
-    def receive_data(self, data):
-        """Append received bytes; ``b""`` marks the end of the stream."""
-        if self._fatal is not None:
-            return
-        if not data:
-            self._eof = True
-            return
-        if self._eof:
-            self._fatal = RemoteProtocolError("data received after the end of the stream", 0, True)
-            raise self._fatal
-        if self._pos:
-            del self._buf[: self._pos]
-            self._scan = max(0, self._scan - self._pos)
-            self._pos = 0
-        if self._skip and not self._buf:
+    def _compact(self):
+        self._scan = max(0, self._scan - self._pos)
+        super()._compact()
+
+    def _accept(self, data):
+        if self._skip and not self._buf:  # drop the rest of a rejected frame's body without buffering it
             dropped = min(self._skip, len(data))
             self._skip -= dropped
             data = memoryview(data)[dropped:]
         self._buf += data
-
-    def next_event(self):
-        """Return the next event, ``NEED_DATA`` or ``CLOSED``; raise RemoteProtocolError on a bad frame."""
-        if self._fatal is not None:
-            raise self._fatal
-        try:
-            return self._next_event()
-        except RemoteProtocolError as exc:
-            if exc.fatal:
-                self._fatal = exc
-            raise
 
     def _next_event(self):
         while True:
