@@ -1,9 +1,23 @@
 from setuptools import Extension, find_packages, setup
 
+import os
 import re
 
 with open("metaq/__init__.py") as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+
+
+def speedups_extension():
+    """metaq._speedups, with Intel's ISA-L CRC-32 when its headers are installed (Debian: libisal-dev)."""
+    libraries, macros = ["z"], []
+    if os.environ.get("METAQ_NO_ISAL", "") in ("", "0") and any(
+            os.path.exists(os.path.join(d, "isa-l", "crc.h")) for d in ("/usr/include", "/usr/local/include")):
+        libraries.append("isal")
+        macros.append(("METAQ_HAVE_ISAL", "1"))
+    return Extension("metaq._speedups", ["metaq/_speedups.c"], libraries=libraries, define_macros=macros,
+                     optional=True)
+
 
 setup(
     name="metaq",
@@ -14,7 +28,7 @@ setup(
     packages=find_packages(include=["metaq", "metaq.*"]),
     # The put-burst fast path in C. Optional: if it cannot be built (no compiler,
     # no zlib headers) the install goes on and the exact pure-Python twins run.
-    ext_modules=[Extension("metaq._speedups", ["metaq/_speedups.c"], libraries=["z"], optional=True)],
+    ext_modules=[speedups_extension()],
     python_requires=">=3.11",
     install_requires=[
         "gevent>=24.2",

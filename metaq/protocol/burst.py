@@ -1,17 +1,18 @@
 """Bursts of plain puts found in one pass over a receive buffer (the broker's fast path; sans-IO).
 
 A pipelining producer's receive buffer mostly holds whole frames of the plain
-7-token form ``put <topic> <partition> <len> <flag> <checksum> <opaque>\\r\\n<body>``.
+7-token form ``put <topic> <partition> <len> <flag> <checksum> <opaque>\\r\\n<body>``
+or the 6-token form of MetaQ's older clients, the same without ``<checksum>``.
 ``scan_puts`` takes the leading run of such frames whose checksum is right and
 stops at the first frame it does not take, leaving it (and everything after it)
 to ``TextParser``, which answers it exactly as always. So a frame is taken only when:
 
-* the line is exactly that form, ASCII, with ``\\r\\n``, no longer than ``max_line``;
+* the line is exactly one of those forms, ASCII, with ``\\r\\n``, no longer than ``max_line``;
 * topic is 1+ printable ASCII bytes without space; partition ``0..2^31-1`` (not ``-1``);
   ``flag`` ``0..2^31-1`` with bit 0 clear (no attribute block); checksum ``-1`` or
   ``0..2^31-1``; opaque a signed 32-bit int; each number at most 10 digits;
 * the announced length is at most ``max_body`` and the whole body is buffered;
-* the checksum is ``-1`` or equals ``metaq_checksum(body)``.
+* the checksum is ``-1`` (or absent: 6 tokens) or equals ``metaq_checksum(body)``.
 
 Each taken frame is ``(topic, partition, flag, opaque, body_start, body_len, crc)``:
 ``topic`` as bytes (consecutive frames with the same topic share one object),
@@ -29,7 +30,7 @@ from metaq import speedups
 INT32_MAX = 2**31 - 1
 
 #: The frame header; the numbers are range-checked after the match.
-_PUT = re.compile(rb"put ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) (-1|[0-9]{1,10}) (-?[0-9]{1,10})\r\n")
+_PUT = re.compile(rb"put ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) (?:(-1|[0-9]{1,10}) )?(-?[0-9]{1,10})\r\n")
 
 
 def scan_puts_py(buf, pos, end, max_body, max_line):
@@ -44,8 +45,8 @@ def scan_puts_py(buf, pos, end, max_body, max_line):
                 break
             t, partition, length, flag, checksum, opaque = m.groups()
             head_end = m.end()
-            partition, length, flag, checksum, opaque = (int(partition), int(length), int(flag), int(checksum),
-                                                         int(opaque))
+            partition, length, flag, checksum, opaque = (int(partition), int(length), int(flag),
+                                                         -1 if checksum is None else int(checksum), int(opaque))
             body_end = head_end + length
             if (head_end - pos - 2 > max_line or partition > INT32_MAX or flag > INT32_MAX or flag & 1
                     or checksum > INT32_MAX or not -2**31 <= opaque <= INT32_MAX or length > max_body

@@ -12,6 +12,8 @@ from gevent.lock import Semaphore
 import yaml
 from gevent.server import StreamServer
 
+from metaq import speedups
+from metaq.protocol import checksum
 from metaq.protocol.text import encode_result
 from metaq.server.delay import DelayScheduler
 from metaq.server.dispatch import TextDispatcher
@@ -171,6 +173,11 @@ class Broker:
                  if self.replication else "", self.store.epochs.epoch)
         if self.read_refusal is not None:
             log.warning("reads refused until the first epoch handshake: %s", self.read_refusal)
+        if checksum.IMPLEMENTATION == "python-zlib":
+            log.warning("the C helper metaq._speedups is %s: puts and reads take the slower pure-Python path",
+                        "turned off (METAQ_PURE_PYTHON)" if speedups.built() else "not built (no compiler?)")
+        else:
+            log.info("C helper loaded; CRC-32 from %s", checksum.IMPLEMENTATION)
 
     def _handle(self, sock, address):
         if self.stopping:

@@ -10,6 +10,7 @@ import time
 
 import metaq
 from metaq.errors import MetaqError
+from metaq.protocol import checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.server import roles
 
@@ -172,6 +173,7 @@ def summary_lines(broker):
         "topics %d" % len(public_topics(store)),
         "config_checksum %d" % broker.config_checksum,
         "flush_mode %s" % broker.config.store.flush,
+        "crc32 %s" % checksum.IMPLEMENTATION,
         "log_end_position %d" % store.written_position,
         "log_flushed_position %d" % store.flushed_position,
         "flush_rounds %d" % broker.flusher.rounds,

@@ -31,7 +31,12 @@ def put_frames(draw):
     partition = draw(st.one_of(st.integers(0, 7), st.just(-1), st.just(2**31 - 1)))
     flag = draw(st.one_of(st.just(0), st.integers(0, 2**31 - 1)))
     opaque = draw(st.one_of(st.integers(-5, 5), int32))
-    return serialize(ev.Put(draw(topics), partition, flag, body, opaque, checksum))
+    frame = serialize(ev.Put(draw(topics), partition, flag, body, opaque, checksum))
+    if draw(st.integers(0, 3)) == 0:  # MetaQ's 6-token form: no checksum token
+        head, _sep, rest = frame.partition(b"\r\n")
+        tokens = head.split(b" ")
+        frame = b" ".join(tokens[:5] + tokens[6:]) + b"\r\n" + rest
+    return frame
 
 
 @st.composite
@@ -81,6 +86,15 @@ def test_taken_frames_are_what_the_parser_reads(burst):
         assert e.checksum in (-1, crc & 0x7FFFFFFF) and crc & 0x7FFFFFFF == metaq_checksum(e.body)
         assert e.partition >= 0 and not e.flag & 1
     assert parser.next_event() is NEED_DATA and not parser.in_frame
+
+
+def test_six_token_puts_are_taken_unchecked_and_a_seven_token_line_is_never_read_as_six():
+    buf = bytearray(b"put t 1 3 0 7\r\nabcput t 1 3 0 -1\r\nabcput t 1 3 0 -1 -8\r\nabcput t 1 3 0 5 -8\r\nabc")
+    for scan in (scan_puts_py, scan_puts_c) if scan_puts_c else (scan_puts_py,):
+        frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
+        # opaques 7 and -1 (6 tokens), -8 (checksum -1); the last has a wrong checksum (5): not taken
+        assert [(f[3], f[5]) for f in frames] == [(7, 3), (-1, 3), (-8, 3)]
+        assert stop == buf.index(b"put t 1 3 0 5 -8")
 
 
 def test_scan_stops_at_the_first_frame_it_does_not_take():
