@@ -276,6 +276,14 @@ class CommitLog:
 
     # -- flushing ------------------------------------------------------------
 
+    def files_to_flush(self, start, end, segments=None):
+        """The paths whose fdatasync makes ``[start, end)`` durable, or None while a roll's rename still
+        needs the directory fsynced (then ``flush_range`` must run). Cheap: safe on the event loop."""
+        if self.dir_unsynced:
+            return None
+        return [seg.file.path for seg in (segments if segments is not None else self.layout[1])
+                if seg.end > start and seg.start < end]
+
     def flush_range(self, start, end, segments=None):
         """Make ``[start, end)`` durable (BLOCKING). Uses a snapshot of the segments."""
         if self.dir_unsynced:  # a roll renamed a prepared segment: make its name durable first

@@ -452,6 +452,15 @@ class MessageStore:
             self._log.flush_range(start, end, self._log.segments)
         return end
 
+    def flush_plan(self):
+        """``(end, paths)``: fdatasync every path to make the log durable up to ``end`` (then ``mark_flushed``);
+        ``(end, [])`` when nothing is to flush; None when ``flush_log`` must do it (a directory fsync is due)."""
+        end, start = self._written, self._flushed
+        if end <= start:
+            return end, []
+        paths = self._log.files_to_flush(start, end, self._log.segments)
+        return None if paths is None else (end, paths)
+
     def mark_flushed(self, pos):
         """Record that the log is durable up to ``pos``; returns the partitions whose visible max advanced."""
         if pos > self._flushed:
