@@ -67,7 +67,7 @@ def test_worker_refuses_bad_jobs_and_work_after_close():
 
 
 def test_native_sync_from_greenlets_and_its_errors(tmp_path):
-    sync = NativeSync.create()
+    sync = NativeSync(SyncWorker)  # (create() gives None under METAQ_PURE_PYTHON)
     files = []
     for i in range(3):
         p = tmp_path / ("f%d" % i)
