@@ -114,7 +114,7 @@ def run(config, config_path):
     gevent.signal_handler(signal.SIGTERM, on_signal, "SIGTERM")
     gevent.signal_handler(signal.SIGINT, on_signal, "SIGINT")
     broker.stopped.wait()
-    return EXIT_OK
+    return EXIT_OK if broker.stopped_cleanly else EXIT_ERROR
 
 
 if __name__ == "__main__":

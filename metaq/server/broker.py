@@ -43,6 +43,7 @@ class Broker:
         self.waiters = PartitionWaiters()
         self.stopping = False
         self.stopped = Event()
+        self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
         self.connections = set()
         self.max_connections = config.max_connections()
         self.disk_state = None
@@ -244,6 +245,14 @@ class Broker:
         if self.stopping:
             return
         self.stopping = True
+        try:
+            self._shut_down()
+        except Exception:  # noqa: BLE001 - the process must still exit (not marked clean)
+            log.exception("shutdown failed; the data dir is not marked clean")
+        finally:
+            self.stopped.set()
+
+    def _shut_down(self):
         log.info("shutting down: no new connections; finishing in-flight requests")
         if self._server is not None:
             self._server.close()
@@ -269,6 +278,13 @@ class Broker:
         self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()
-        self.store.close(now_ms(), clean=self.flusher.failure is None)
-        log.info("broker stopped cleanly")
-        self.stopped.set()
+        if self.flusher.failure is None:
+            self.store.close(now_ms())
+            self.stopped_cleanly = True
+            log.info("broker stopped cleanly")
+        else:
+            # A failed flush is never retried (fsyncgate: a retry may "succeed" without writing) and no
+            # checkpoint may cover what it failed to write: let the store go as a kill -9 would.
+            self.store.abandon()
+            log.error("broker stopped after a failed flush (%s): the log was left as it was, not marked "
+                      "clean; the next start recovers from what the disk really holds", self.flusher.failure)

@@ -76,7 +76,7 @@ class CommitLog:
         self.layout = ((), ())
         self.active = None  # the segment the next record goes to (None: none yet)
         self.next = None  # worker thread: a prepared Segment not in the layout yet (None: none)
-        self.dir_unsynced = False  # a roll renamed a prepared file: flush_range fsyncs the directory
+        self.dir_unsynced = False  # a roll added a segment name: flush_range fsyncs the directory
         self._retry_at = -1  # worker thread: no preparation before the log reaches this position
 
     # -- loading -------------------------------------------------------------
@@ -166,6 +166,9 @@ class CommitLog:
         new = self._take_next(start)
         if new is None:
             new = Segment(start, MappedFile.create(self.dirs.segment_path(start), self.segment_size))
+            # create's own directory fsync only logs a failure: the flush before the first ack in this
+            # segment must fsync the directory again (and fail if it cannot), or the name may not be durable.
+            self.dir_unsynced = True
         if old is not None:
             rel = pos - old.start
             left = old.size - rel
@@ -286,7 +289,7 @@ class CommitLog:
 
     def flush_range(self, start, end, segments=None):
         """Make ``[start, end)`` durable (BLOCKING). Uses a snapshot of the segments."""
-        if self.dir_unsynced:  # a roll renamed a prepared segment: make its name durable first
+        if self.dir_unsynced:  # a roll added a segment name: make it durable first
             self.dir_unsynced = False
             try:
                 fsync_dir(self.dirs.commitlog)

@@ -3,6 +3,8 @@ rolls segments and index files, reads and deletes old segments (as the server do
 
 import threading
 
+import pytest
+
 from tests.store.conftest import HOUR_MS, NOW, open_store, payload_of
 
 
@@ -46,3 +48,29 @@ def test_flush_and_checkpoint_in_a_thread_while_appending_and_retaining(data_dir
         assert r.count == high - low
         assert [int(payload_of(bytes(v))[:6]) for v in r.views] == list(range(4 * low + p, 4000, 4))
     s.close(NOW)
+
+
+def test_a_segment_created_on_the_put_path_gets_its_directory_fsynced_by_the_next_flush(data_dir, monkeypatch):
+    """The roll's own directory fsync only logs a failure; the flush before any ack must not: F5 (fsync errors)."""
+    from metaq.store import commitlog, mapped
+
+    s = open_store(data_dir, flush="sync")
+    s.put("test", 0, 0, b"x" * 100, NOW)
+    s.mark_flushed(s.flush_log())
+    dir_fsyncs = []
+
+    def failing_fsync_dir(path):
+        dir_fsyncs.append(path)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(mapped, "fsync_dir", failing_fsync_dir)  # MappedFile.create's
+    monkeypatch.setattr(commitlog, "fsync_dir", failing_fsync_dir)  # flush_range's
+    first = s._log.active
+    while s._log.active is first:  # no prepare_ahead: the put path creates the next segment itself
+        s.put("test", 0, 0, b"y" * 100, NOW)
+    assert len(dir_fsyncs) == 1  # create's, failed and only logged
+    with pytest.raises(OSError):
+        s.flush_log()  # not "durable" while the new segment's name may not be
+    assert len(dir_fsyncs) == 2
+    monkeypatch.undo()
+    s.abandon()  # the broker stops writing after a failed flush and never retries it

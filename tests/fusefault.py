@@ -1,0 +1,321 @@
+"""A FUSE passthrough filesystem that fails on demand (fault-catalogue F5), and a helper to run it.
+
+Run as a process of its own (``FaultMount`` below starts and stops it by its PID)::
+
+    python -m tests.fusefault SOURCE MOUNTPOINT --eio-flag PATH [--enospc-flag PATH] [--events PATH]
+
+Every operation on MOUNTPOINT is done on the same path under SOURCE. Two flag files (kept outside both
+trees) switch faults on for as long as they exist:
+
+* **eio**: data written back is reported written but *not stored* (a write past the end still grows the
+  file, with zeros), and the next ``fsync`` of that file fails with EIO, once: a later fsync with nothing
+  newly lost succeeds. That is Linux's page cache over a failing disk ("fsyncgate"): the writeback fails
+  quietly, the next fsync reports it, the pages are marked clean and go on serving bytes the disk never
+  got, and a retried fsync "succeeds". ``fsyncdir`` fails with EIO as long as the flag exists. So SOURCE
+  holds exactly what reached the "disk" before the flag appeared, and an acknowledgement that escaped a
+  failed fsync (or came from a retried one) shows up as a lost message after a restart on SOURCE.
+* **enospc**: ``write`` fails with ENOSPC.
+
+Each injected fault is appended to the events file as a JSON line with its ``time.time()``.
+
+Files go through the kernel page cache (``kernel_cache``, no ``direct_io``) so shared writable mmap works.
+fusepy 3.0.1 has no ``fallocate`` operation: the kernel then answers EOPNOTSUPP and glibc's
+``posix_fallocate`` falls back to writing one byte per block, which passes through ``write``.
+Needs root, /dev/fuse, libfuse2 (Debian ``libfuse2``) and fusepy (the ``test`` extra).
+"""
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+_STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_blksize",
+              "st_rdev")
+_STATVFS_KEYS = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
+                 "f_flag", "f_namemax")
+# Flags the kernel has already acted on (or that would change pwrite's meaning) are not passed on.
+_OPEN_STRIP = os.O_ACCMODE | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_TRUNC
+
+
+class FaultFS:
+    """The operations (fusepy calls them by name; paths are relative to the mount, with a leading '/')."""
+
+    use_ns = True  # times in integer nanoseconds
+
+    def __init__(self, source, eio_flag, enospc_flag=None, events=None):
+        self.source = os.path.realpath(source)
+        self.eio_flag = eio_flag
+        self.enospc_flag = enospc_flag
+        self.events = events
+        self._lock = threading.Lock()
+        self._lost = set()  # files with lost writes not yet reported by an fsync
+
+    def __call__(self, op, *args):
+        method = getattr(self, op, None)
+        if method is None:
+            raise OSError(errno.ENOSYS, op)
+        return method(*args)
+
+    def _src(self, path):
+        return self.source + path
+
+    def _fault(self, kind, op, path):
+        if self.events:
+            line = json.dumps({"t": time.time(), "fault": kind, "op": op, "path": path})
+            with self._lock, open(self.events, "a") as f:
+                f.write(line + "\n")
+
+    def _eio(self):
+        return os.path.exists(self.eio_flag)
+
+    # -- metadata ------------------------------------------------------------
+
+    def getattr(self, path, fh=None):
+        st = os.lstat(self._src(path))
+        attrs = {key: getattr(st, key) for key in _STAT_KEYS}
+        attrs.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+        return attrs
+
+    def access(self, path, amode):
+        if not os.access(self._src(path), amode):
+            raise OSError(errno.EACCES, path)
+
+    def readdir(self, path, fh):
+        return [".", ".."] + os.listdir(self._src(path))
+
+    def readlink(self, path):
+        return os.readlink(self._src(path))
+
+    def statfs(self, path):
+        sv = os.statvfs(self._src(path))
+        return {key: getattr(sv, key) for key in _STATVFS_KEYS}
+
+    def chmod(self, path, mode):
+        os.chmod(self._src(path), mode)
+
+    def chown(self, path, uid, gid):
+        os.chown(self._src(path), uid, gid)
+
+    def utimens(self, path, times=None):
+        if times is None:
+            os.utime(self._src(path))
+        else:
+            os.utime(self._src(path), ns=(int(times[0]), int(times[1])))
+
+    def truncate(self, path, length, fh=None):
+        if fh:
+            os.ftruncate(fh, length)
+        else:
+            os.truncate(self._src(path), length)
+
+    # -- names ---------------------------------------------------------------
+
+    def mkdir(self, path, mode):
+        os.mkdir(self._src(path), mode)
+
+    def rmdir(self, path):
+        os.rmdir(self._src(path))
+
+    def mknod(self, path, mode, dev):
+        os.mknod(self._src(path), mode, dev)
+
+    def unlink(self, path):
+        os.unlink(self._src(path))
+
+    def rename(self, old, new):
+        os.rename(self._src(old), self._src(new))
+        with self._lock:
+            if old in self._lost:
+                self._lost.discard(old)
+                self._lost.add(new)
+
+    def symlink(self, target, source):  # fusepy's names: the link ``target`` points at ``source``
+        os.symlink(source, self._src(target))
+
+    def link(self, target, source):
+        os.link(self._src(source), self._src(target))
+
+    # -- open files ----------------------------------------------------------
+
+    def create(self, path, mode, fi=None):
+        return os.open(self._src(path), os.O_RDWR | os.O_CREAT, mode)
+
+    def open(self, path, flags):
+        # Writeback of a shared mapping may read pages through any writable handle: make those read/write.
+        access = os.O_RDONLY if flags & os.O_ACCMODE == os.O_RDONLY else os.O_RDWR
+        return os.open(self._src(path), (flags & ~_OPEN_STRIP) | access)
+
+    def read(self, path, size, offset, fh):
+        return os.pread(fh, size, offset)
+
+    def write(self, path, data, offset, fh):
+        if self.enospc_flag and os.path.exists(self.enospc_flag):
+            self._fault("enospc", "write", path)
+            raise OSError(errno.ENOSPC, path)
+        if self._eio():  # "written": the failed writeback is reported by the next fsync
+            self._fault("lost", "write", path)
+            with self._lock:
+                self._lost.add(path)
+            if offset + len(data) > os.fstat(fh).st_size:
+                os.ftruncate(fh, offset + len(data))  # the size is kept, the bytes are not: zeros
+            return len(data)
+        return os.pwrite(fh, data, offset)
+
+    def flush(self, path, fh):
+        return 0  # nothing is buffered here
+
+    def release(self, path, fh):
+        os.close(fh)
+
+    def fsync(self, path, datasync, fh):
+        with self._lock:
+            lost = path in self._lost
+            self._lost.discard(path)  # reported once
+        if lost:
+            self._fault("eio", "fsync", path)
+            raise OSError(errno.EIO, path)
+        if datasync:
+            os.fdatasync(fh)
+        else:
+            os.fsync(fh)
+
+    def fsyncdir(self, path, datasync, fh):
+        if self._eio():
+            self._fault("eio", "fsyncdir", path)
+            raise OSError(errno.EIO, path)
+        fd = os.open(self._src(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tests.fusefault", description=__doc__.split("\n")[0])
+    ap.add_argument("source")
+    ap.add_argument("mountpoint")
+    ap.add_argument("--eio-flag", required=True, help="while this file exists: fsync fails with EIO, writes are lost")
+    ap.add_argument("--enospc-flag", help="while this file exists: write fails with ENOSPC")
+    ap.add_argument("--events", help="append one JSON line per injected fault here")
+    args = ap.parse_args(argv)
+    import fuse  # fusepy; imported here so that a missing package is reported by this process
+
+    ops = FaultFS(args.source, args.eio_flag, args.enospc_flag, args.events)
+    fuse.FUSE(ops, args.mountpoint, foreground=True, kernel_cache=True, big_writes=True, max_write=131072,
+              fsname="metaq-fusefault")
+
+
+# -- the test side: run the filesystem as a process ---------------------------
+
+
+def is_mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1].replace("\\040", " ") == path for line in f)
+
+
+class FaultMount:
+    """The filesystem above in a process of its own, mounted over ``mountpoint`` with ``source`` beneath.
+
+    ``start`` raises AssertionError (so the test FAILS, with the reason) when FUSE cannot be mounted here.
+    """
+
+    def __init__(self, workdir):
+        workdir = str(workdir)
+        self.source = os.path.join(workdir, "fuse-source")
+        self.mountpoint = os.path.join(workdir, "fuse-mnt")
+        self.eio_flag = os.path.join(workdir, "fault-eio")
+        self.enospc_flag = os.path.join(workdir, "fault-enospc")
+        self.events_path = os.path.join(workdir, "fault-events.jsonl")
+        self.log_path = os.path.join(workdir, "fusefault.log")
+        self.proc = None
+
+    def start(self, timeout=15.0):
+        problems = self.prerequisites()
+        assert not problems, "the FUSE fault filesystem cannot run here: " + "; ".join(problems)
+        os.makedirs(self.source, exist_ok=True)
+        os.makedirs(self.mountpoint, exist_ok=True)
+        cmd = [sys.executable, "-m", "tests.fusefault", self.source, self.mountpoint, "--eio-flag", self.eio_flag,
+               "--enospc-flag", self.enospc_flag, "--events", self.events_path]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not is_mounted(self.mountpoint):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError("the FUSE fault filesystem did not mount on %s (exit %s):\n%s"
+                                     % (self.mountpoint, self.proc.returncode, self.log_text()))
+            time.sleep(0.02)
+        return self
+
+    @staticmethod
+    def prerequisites():
+        """What is missing for a FUSE mount here (empty when nothing is)."""
+        problems = []
+        if not os.path.exists("/dev/fuse"):
+            problems.append("/dev/fuse is missing (no FUSE in this kernel or container)")
+        if os.geteuid() != 0:
+            problems.append("not root (the mount is made with mount(2) by libfuse)")
+        try:
+            import fuse  # noqa: F401 - fusepy loads libfuse2 on import
+        except (ImportError, OSError) as exc:
+            problems.append("fusepy/libfuse2 unusable (%s): `make sysdeps` installs libfuse2, the `test` extra "
+                            "installs fusepy" % exc)
+        return problems
+
+    def log_text(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def set_fault(self, kind, on=True):
+        """Switch ``kind`` ("eio" or "enospc") on or off; returns the time.time() of the switch."""
+        flag = self.eio_flag if kind == "eio" else self.enospc_flag
+        if on:
+            with open(flag, "w"):
+                pass
+        elif os.path.exists(flag):
+            os.unlink(flag)
+        return time.time()
+
+    def events(self):
+        """The injected faults so far (dicts with t, fault, op, path), in order."""
+        try:
+            with open(self.events_path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def stop(self):
+        """Stop the process (by its PID) and make sure nothing stays mounted. Stop users of the mount first."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # libfuse unmounts and returns from its loop
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if is_mounted(self.mountpoint):
+            if shutil.which("fusermount"):
+                subprocess.run(["fusermount", "-u", "-z", self.mountpoint], check=False, capture_output=True)
+            if is_mounted(self.mountpoint):
+                subprocess.run(["umount", "-l", self.mountpoint], check=False, capture_output=True)
+        assert not is_mounted(self.mountpoint), "could not unmount %s" % self.mountpoint
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+if __name__ == "__main__":
+    main()
