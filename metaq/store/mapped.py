@@ -98,6 +98,10 @@ class MappedFile:
             os.close(fd)
             _unlink_quietly(path)
             raise disk_full_from(exc, "allocate %d bytes for %s" % (size, path)) from None
+        except ValueError as exc:  # mmap found the file shorter than allocated (a filesystem that lied)
+            os.close(fd)
+            _unlink_quietly(path)
+            raise StoreError("cannot map %s after allocating %d bytes: %s" % (path, size, exc)) from None
         os.close(fd)
         try:
             fsync_dir(os.path.dirname(path))
