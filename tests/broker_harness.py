@@ -60,6 +60,16 @@ def small_config(data_dir, **sections):
     return cfg
 
 
+def read_text(path, offset=0):
+    """A log file's text from ``offset`` (bytes), decoded leniently; "" if it does not exist yet."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
 class BrokerProcess:
     """``python -m metaq.server`` on 127.0.0.1 with its own config, data dir and log file."""
 
@@ -97,13 +107,7 @@ class BrokerProcess:
         raise TimeoutError("broker not ready after %.0f s:\n%s" % (timeout, self.log_text()))
 
     def log_text(self, since_start=False):
-        try:
-            with open(self.log_path, "rb") as f:
-                if since_start:
-                    f.seek(self._log_offset)
-                return f.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+        return read_text(self.log_path, self._log_offset if since_start else 0)
 
     def wait_exit(self, timeout=30.0):
         return self.proc.wait(timeout)

@@ -270,11 +270,9 @@ class FaultMount:
         return problems
 
     def log_text(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+        from tests.broker_harness import read_text
+
+        return read_text(self.log_path)
 
     def set_fault(self, kind, on=True):
         """Switch ``kind`` ("eio" or "enospc") on or off; returns the time.time() of the switch."""

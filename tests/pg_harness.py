@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 
-from tests.broker_harness import free_port
+from tests.broker_harness import free_port, read_text
 
 PG_LIB = "/usr/lib/postgresql"
 SYSTEM_USER = "postgres"   # the Debian package's system user, used only when we are root
@@ -149,11 +149,7 @@ class PostgresProcess:
                 time.sleep(0.05)
 
     def log_text(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+        return read_text(self.log_path)
 
     def _signal(self, sig, timeout):
         if self.proc is None or self.proc.poll() is not None:
