@@ -321,6 +321,34 @@ def _kept_max(p, used, log_start, floor):
     return new_max
 
 
+def scan_and_repair(log_, parts, make_partition, report, cp, floors, log_start, force):
+    """Scan the log from the checkpoint (or all of it), cut a torn tail, rebuild index units; fills ``report``.
+
+    Returns ``(log end, last message id seen or None)``.
+    """
+    full = report.full_scan = cp is None or report.untrusted_index is not None
+    if full and cp is not None:
+        log.warning("recovery: index not trusted (%s): full scan", report.untrusted_index)
+    start = log_start if full else cp.position
+    rebuilder = IndexRebuilder(make_partition)
+    outcome = scan(log_, start, rebuilder.visit)
+    cut = decide(outcome.damage, force)
+    end = outcome.end
+    if cut is not None:
+        report.deleted_segments = tuple(log_.truncate(cut.position))
+        report.truncated_bytes, report.truncated_records = cut.bytes, cut.records
+        report.corruption = cut.corruption
+    report.scanned_from, report.scanned_bytes = start, end - start
+    report.records_scanned, report.stop_reason = outcome.records, outcome.stop_reason
+    report.index_units_rebuilt = rebuilder.rebuilt
+    report.index_units_dropped = settle_partitions(parts, rebuilder.seen, floors, full, log_start)
+    log_.flush_range(start, end)
+    log.info("recovery scanned %d bytes (%d records) from position %d to %d: %s; index units rebuilt %d, "
+             "dropped %d", report.scanned_bytes, outcome.records, start, end, outcome.stop_reason,
+             report.index_units_rebuilt, report.index_units_dropped)
+    return end, outcome.last_msg_id
+
+
 def read_log(data_dir):
     """Yield every valid ``LogRecord`` of a stopped broker's commit log, in log order.
 

@@ -1,4 +1,4 @@
-"""Retention: which commit-log segments may go (a pure decision) and what was done.
+"""Retention: which commit-log segments may go (a pure decision), and applying it (``apply_retention``).
 
 Only a prefix of the log is ever deleted, so the segments stay contiguous. A
 segment may go only when it is sealed (not the active last one), flushed and
@@ -6,8 +6,12 @@ covered by a checkpoint; it goes when it is older than the retention time or
 while the disk usage stays above the warn mark.
 """
 
+import logging
+import os
 from dataclasses import dataclass, field
 from typing import List
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,33 @@ def plan_deletion(segments, now_ms, retention_ms, usage_ratio=None, warn_ratio=1
 def first_kept_offset(pidx, log_start):
     """The new min offset of a partition once the log starts at ``log_start``."""
     return pidx.first_at_or_after(log_start, max(pidx.min, pidx.first_start), pidx.max)
+
+
+def apply_retention(log_, partitions, limit, written, root, config, now_ms, disk_usage_ratio=None):
+    """Delete the sealed segments ``plan_deletion`` picks among those wholly below ``limit`` (flushed and
+    checkpointed), raise each partition's first offset past them and drop its index files below it."""
+    infos = []
+    for seg in log_.segments[:-1]:
+        if seg.end > limit:
+            break
+        infos.append(SegmentInfo(seg.file.path, seg.size, seg.file.mtime_ms(), True))
+    total = None
+    if disk_usage_ratio is not None:
+        st = os.statvfs(root)
+        total = st.f_blocks * st.f_frsize
+    count, reason = plan_deletion(infos, now_ms, config.retention_ms, disk_usage_ratio, config.disk_warn_ratio, total)
+    report = RetentionReport(reason=reason)
+    if count:
+        for seg in log_.delete_oldest(count):
+            report.deleted_segments.append(seg.file.path)
+            report.freed_bytes += seg.size
+        log.info("retention deleted %d segments (%d bytes): %s", count, report.freed_bytes, reason)
+    log_start = log_.start if log_.start is not None else written
+    for p in partitions:
+        new_min = first_kept_offset(p, log_start)
+        if new_min > p.min:
+            p.min = new_min
+            p.log_bytes = None
+            report.raised_min_offsets[p.key] = new_min
+        report.deleted_index_files.extend(p.delete_files_below(p.min))
+    return report

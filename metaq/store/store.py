@@ -32,7 +32,7 @@ from metaq.store.offsets import ConsumerOffsets
 from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset, tag_hash,
                                 write_record)
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
-from metaq.store.retention import RetentionReport, SegmentInfo, first_kept_offset, plan_deletion
+from metaq.store.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
@@ -159,37 +159,14 @@ class MessageStore:
         else:
             if marker is not None:
                 log.warning("clean-shutdown marker ignored: %s", untrusted or "it disagrees with the checkpoint")
-            end, last_id = self._scan_and_repair(report, cp, floors, log_start)
+            end, last_id = recovery.scan_and_repair(self._log, self._parts, self._partition, report, cp, floors,
+                                                    log_start, self.config.force_recovery)
             if cp is not None and cp.last_msg_id is not None:  # ids handed out before the crash stay used
                 last_id = cp.last_msg_id if last_id is None else max(last_id, cp.last_msg_id)
         report.deleted_segments += tuple(self._log.drop_after(end))
         self._log.set_write_position(end)
         self._written = report.log_end = end
         return report, last_id
-
-    def _scan_and_repair(self, report, cp, floors, log_start):
-        full = report.full_scan = cp is None or report.untrusted_index is not None
-        if full and cp is not None:
-            log.warning("recovery: index not trusted (%s): full scan", report.untrusted_index)
-        start = log_start if full else cp.position
-        rebuilder = recovery.IndexRebuilder(self._partition)
-        outcome = recovery.scan(self._log, start, rebuilder.visit)
-        cut = recovery.decide(outcome.damage, self.config.force_recovery)
-        end = outcome.end
-        if cut is not None:
-            report.deleted_segments = tuple(self._log.truncate(cut.position))
-            report.truncated_bytes, report.truncated_records = cut.bytes, cut.records
-            report.corruption = cut.corruption
-        report.scanned_from, report.scanned_bytes = start, end - start
-        report.records_scanned, report.stop_reason = outcome.records, outcome.stop_reason
-        report.index_units_rebuilt = rebuilder.rebuilt
-        report.index_units_dropped = recovery.settle_partitions(self._parts, rebuilder.seen, floors, full,
-                                                                log_start)
-        self._log.flush_range(start, end)
-        log.info("recovery scanned %d bytes (%d records) from position %d to %d: %s; index units rebuilt %d, "
-                 "dropped %d", report.scanned_bytes, outcome.records, start, end, outcome.stop_reason,
-                 report.index_units_rebuilt, report.index_units_dropped)
-        return end, outcome.last_msg_id
 
     # -- topics --------------------------------------------------------------
 
@@ -587,34 +564,8 @@ class MessageStore:
 
     def retention(self, now_ms, disk_usage_ratio=None):
         """Delete old (or, under disk pressure, the oldest) sealed segments and the index files below them."""
-        segs = self._log.segments
-        limit = min(self._flushed, self._checkpoint_pos)
-        infos = []
-        for seg in segs[:-1]:
-            if seg.end > limit:
-                break
-            infos.append(SegmentInfo(seg.file.path, seg.size, seg.file.mtime_ms(), True))
-        total = None
-        if disk_usage_ratio is not None:
-            st = os.statvfs(self.dirs.root)
-            total = st.f_blocks * st.f_frsize
-        count, reason = plan_deletion(infos, now_ms, self.config.retention_ms, disk_usage_ratio,
-                                      self.config.disk_warn_ratio, total)
-        report = RetentionReport(reason=reason)
-        if count:
-            for seg in self._log.delete_oldest(count):
-                report.deleted_segments.append(seg.file.path)
-                report.freed_bytes += seg.size
-            log.info("retention deleted %d segments (%d bytes): %s", count, report.freed_bytes, reason)
-        log_start = self._log.start if self._log.start is not None else self._written
-        for p in self._parts.values():
-            new_min = first_kept_offset(p, log_start)
-            if new_min > p.min:
-                p.min = new_min
-                p.log_bytes = None
-                report.raised_min_offsets[p.key] = new_min
-            report.deleted_index_files.extend(p.delete_files_below(p.min))
-        return report
+        return apply_retention(self._log, self._parts.values(), min(self._flushed, self._checkpoint_pos),
+                               self._written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
 
     # -- stats ---------------------------------------------------------------
 
