@@ -67,6 +67,31 @@ def sequential_put_latencies(port, n):
     return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
 
 
+def fdatasync_latencies(root, n):
+    """The floor under a synchronous put: append 1 KiB records to a preallocated, mapped file and
+    fdatasync after each, as the broker's segments are written (no network, no broker); (p50, p99) ms."""
+    import mmap
+
+    path = os.path.join(root, "fdatasync-floor")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        size = n * (MSG + 64)
+        os.posix_fallocate(fd, 0, size)
+        with mmap.mmap(fd, size) as mm:
+            record = os.urandom(MSG + 64)
+            lat = []
+            for i in range(n):
+                mm[i * len(record):(i + 1) * len(record)] = record
+                t = time.perf_counter()
+                os.fdatasync(fd)
+                lat.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    lat.sort()
+    return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
+
+
 def _producer(args):
     port, n, depth, barrier_at = args
     while time.time() < barrier_at:  # start together
@@ -177,9 +202,16 @@ def run(args):
             b = start_broker(root, flush, "lat-%s" % flush)
             p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
             b.stop()
-            peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)] if redis else None
+            peer = None
+            if redis:  # with fsync, the peer fsyncs each write too (appendfsync always)
+                redis.set_fsync("always" if flush == "sync" else "everysec")
+                peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)]
+                redis.set_fsync("everysec")
             results.append(("single put p50, %s" % label, median(p50s), "ms", median([p[0] for p in peer]) if peer else None))
             results.append(("single put p99, %s" % label, median(p99s), "ms", median([p[1] for p in peer]) if peer else None))
+        floor = [fdatasync_latencies(root, args.latency_n) for _ in range(args.runs)]
+        results.append(("disk alone: 1 KiB append + fdatasync, p50", median([f[0] for f in floor]), "ms", None))
+        results.append(("disk alone: 1 KiB append + fdatasync, p99", median([f[1] for f in floor]), "ms", None))
         for depth, per in ((1, args.messages // 16 // 4), (8, args.messages // 16), (64, args.messages // 16)):
             runs = []
             for r in range(args.runs):

@@ -114,7 +114,9 @@ class NativeSync:
     def sync_paths(self, paths):
         """fdatasync each of ``paths`` (this greenlet waits, the loop goes on); OSError if one failed."""
         with self._serial:
-            self._collect()
+            stale = self._collect()  # a killed waiter's sync: its failure counts like any other
+            if stale:
+                raise OSError(stale, "an earlier fdatasync failed: %s" % os.strerror(stale))
             fds = []
             try:
                 for path in paths:
@@ -173,6 +175,7 @@ class Flusher:
         self._native = NativeSync.create()
         self._greenlet = None
         self._running = False
+        self._in_round = False  # a flush round is running (on the flusher greenlet or a leading waiter)
         self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
         self.rounds = 0
         self._checkpointer = None
@@ -187,7 +190,14 @@ class Flusher:
         self._wake.set()
 
     def wait_flushed(self, pos, timeout=FLUSH_WAIT_TIMEOUT_S):
-        """Block this greenlet until the log is durable up to ``pos``."""
+        """Block this greenlet until the log is durable up to ``pos``.
+
+        When no round is running, this greenlet runs the next one itself (it
+        leads the group commit: every put written by then shares that fsync),
+        which spares the hop to the flusher greenlet; otherwise it waits for the
+        round in progress and, if that did not cover ``pos``, leads or waits again.
+        A round once started is not cut short by ``timeout``.
+        """
         deadline = time.monotonic() + timeout
         store = self._store
         while store.flushed_position < pos:
@@ -196,23 +206,40 @@ class Flusher:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise BrokerError("flush did not complete within %.0f s" % timeout)
+            if not self._in_round and self._running:
+                self._round()
+                continue
             done = self._round_done
             self._wake.set()
             done.wait(remaining)
 
     def _run(self):
         interval = self._cfg.flush_interval_ms / 1000.0
-        while self._running:
+        while self._running and self.failure is None:
             self._wake.wait(interval)
             self._wake.clear()
-            try:
-                self.flush_once()
-            except Exception as exc:  # an msync failure: never retry and carry on (fsyncgate)
-                self.failure = "%s: %s" % (type(exc).__name__, exc)
-                log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
-                self._on_failure()
-                self._signal_round()
-                return
+            while self._in_round and self._running:  # a waiter is leading one: then the next is ours
+                self._round_done.wait()
+            if self._running:
+                self._round()
+
+    def _round(self):
+        """One flush round on this greenlet (the flusher's or a leading waiter's), never two at once.
+
+        A failed fsync stops all flushing for good (fsyncgate: never retry and carry on).
+        """
+        self._in_round = True
+        done = self._round_done
+        try:
+            self.flush_once()
+        except Exception as exc:  # noqa: BLE001 - any failure means the log may not be durable
+            self.failure = "%s: %s" % (type(exc).__name__, exc)
+            log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
+            self._on_failure()
+        finally:
+            self._in_round = False
+            if self._round_done is done:  # not signalled (failed, or its greenlet was killed): the
+                self._signal_round()      # waiters look again, and one of them leads the next round
 
     def _signal_round(self):
         done, self._round_done = self._round_done, Event()

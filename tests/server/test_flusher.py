@@ -39,3 +39,48 @@ def test_concurrent_callers_are_serialised():
     greenlets = [gevent.spawn(lambda i=i: results.append(t.apply(lambda: i * i))) for i in range(10)]
     gevent.joinall(greenlets, timeout=10)
     assert sorted(results) == [i * i for i in range(10)]
+
+
+def _store_and_flusher(tmp_path):
+    from metaq.server.flusher import Flusher
+    from metaq.store.store import MessageStore
+    from tests.store.conftest import NOW, small_config
+
+    store = MessageStore.open(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync"), NOW)
+    failures = []
+    flusher = Flusher(store, store.config, on_visible=lambda changed: None, on_failure=lambda: failures.append(1))
+    flusher.start()
+    return store, flusher, failures
+
+
+def test_group_commit_with_leading_waiters_some_killed_mid_round(tmp_path):
+    """Waiters lead rounds themselves; killing some mid-round never leaves a put unflushed or a round stuck."""
+    from tests.store.conftest import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    acked = []
+
+    def producer(i):
+        for k in range(20):
+            store.put("test", i % 4, 0, b"m-%d-%d" % (i, k), NOW)
+            end = store.written_position
+            flusher.wait_flushed(end)
+            assert store.flushed_position >= end
+            acked.append((i, k))
+            gevent.sleep(0)
+
+    try:
+        workers = [gevent.spawn(producer, i) for i in range(12)]
+        gevent.sleep(0.005)
+        for g in workers[:3]:  # some die wherever they are: maybe leading a round, maybe waiting
+            g.kill(block=True)
+        gevent.joinall(workers[3:], timeout=30, raise_error=True)
+        assert all(g.successful() for g in workers[3:])
+        assert sum(1 for i, _k in acked if i >= 3) == 9 * 20
+        assert failures == [] and flusher.failure is None
+        assert flusher.rounds < len(acked)  # rounds were shared
+        flusher.wait_flushed(store.written_position)  # still usable afterwards
+        assert store.flushed_position == store.written_position
+    finally:
+        flusher.stop()
+        store.close(NOW)
