@@ -8,6 +8,7 @@ N messages or T ms, whichever comes first (the store's ``should_flush``).
 
 import logging
 import os
+from collections import deque
 import sys
 import time
 
@@ -22,6 +23,8 @@ from metaq.errors import BrokerError
 
 log = logging.getLogger(__name__)
 
+#: How many of the last flush rounds ``stats`` summarises (flush_time_p50_ms, _p99_ms, _max_ms).
+RECENT_ROUNDS = 1024
 #: Longest a sync-mode put waits for its flush before it is answered with an error.
 FLUSH_WAIT_TIMEOUT_S = 30.0
 
@@ -178,6 +181,7 @@ class Flusher:
         self._in_round = False  # a flush round is running (on the flusher greenlet or a leading waiter)
         self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
         self.rounds = 0
+        self.recent_ms = deque(maxlen=RECENT_ROUNDS)  # how long each of the last rounds' fsync took
         self._checkpointer = None
         self._stopping = Event()
 
@@ -248,12 +252,21 @@ class Flusher:
     def flush_once(self):
         store = self._store
         if store.written_position > store.flushed_position:
+            started = time.perf_counter()
             pos = self._flush_log()
+            self.recent_ms.append((time.perf_counter() - started) * 1000.0)
             changed = store.mark_flushed(pos)
             self.rounds += 1
             if changed:
                 self._on_visible(changed)
         self._signal_round()
+
+    def recent_times(self):
+        """``(p50, p99, max)`` in ms of the fsync time of the last ``RECENT_ROUNDS`` rounds (zeros before any)."""
+        times = sorted(self.recent_ms)
+        if not times:
+            return 0.0, 0.0, 0.0
+        return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))], times[-1]
 
     def _flush_log(self):
         """Make the log durable up to its written end (this greenlet waits); returns that position."""

@@ -177,6 +177,7 @@ def summary_lines(broker):
         "log_end_position %d" % store.written_position,
         "log_flushed_position %d" % store.flushed_position,
         "flush_rounds %d" % broker.flusher.rounds,
+    ] + ["flush_time_%s_ms %.3f" % pair for pair in zip(("p50", "p99", "max"), broker.flusher.recent_times())] + [
         "disk_usage %.4f" % (disk.usage_ratio if disk else 0.0),
         "writes_refused %s" % ("true" if broker.refusal else "false"),
         "protocol_errors %d" % s.protocol_errors,

@@ -85,7 +85,9 @@ def test_sync_mode_concurrent_puts_share_fsyncs(broker):
     """Group commit: 4 connections x 500 pipelined puts need far fewer fsyncs than puts."""
     clients = [broker.client() for _ in range(4)]
     try:
-        rounds_before = int(clients[0].stats_dict()["flush_rounds"])
+        before = clients[0].stats_dict()
+        rounds_before = int(before["flush_rounds"])
+        assert [before["flush_time_%s_ms" % k] for k in ("p50", "p99", "max")] == ["0.000"] * 3  # no round yet
         for i, c in enumerate(clients):
             c.send(b"".join(serialize(ev.Put("test", i, 0, b"gc-%d" % k, k, -1)) for k in range(500)))
         for c in clients:
@@ -95,6 +97,9 @@ def test_sync_mode_concurrent_puts_share_fsyncs(broker):
         assert 0 < rounds < 2000 / 4
         # every acknowledged put is durable: the flushed position covers the whole log
         assert int(stats["log_flushed_position"]) == int(stats["log_end_position"])
+        # the fsync times of those rounds: real, ordered, and below the wall time of the whole load
+        p50, p99, worst = (float(stats["flush_time_%s_ms" % k]) for k in ("p50", "p99", "max"))
+        assert 0 < p50 <= p99 <= worst < 30_000
     finally:
         for c in clients:
             c.close()
