@@ -1,8 +1,10 @@
 /*
- * metaq._speedups: the broker's put-burst fast path and read gathering in C (optional).
+ * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
+ * sync-mode fdatasync in C (optional).
  *
- * Two functions, each the exact twin of a pure-Python reference that is used
- * when this module was not built (tests/store/test_speedups.py holds them equal):
+ * Four functions, each the exact twin of a pure-Python reference that is used
+ * when this module was not built (hypothesis tests in tests/protocol and
+ * tests/store hold them equal), and a thread for the flusher:
  *
  *   scan_puts(buf, pos, end, max_body, max_line)   == metaq.protocol.burst.scan_puts_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
