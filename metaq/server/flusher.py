@@ -232,6 +232,8 @@ class Flusher:
 
         A failed fsync stops all flushing for good (fsyncgate: never retry and carry on).
         """
+        if self.failure is not None:  # e.g. the flusher greenlet, woken by the round that failed
+            return
         self._in_round = True
         done = self._round_done
         try:

@@ -84,3 +84,53 @@ def test_group_commit_with_leading_waiters_some_killed_mid_round(tmp_path):
     finally:
         flusher.stop()
         store.close(NOW)
+
+
+def test_a_failed_flush_is_never_retried_by_the_flusher_or_another_waiter(tmp_path):
+    """fsyncgate: after one failed fsync no round runs again; every waiter gets the error."""
+    import os
+
+    from metaq.errors import BrokerError
+    from tests.store.conftest import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    if flusher._native is None:
+        flusher.stop()
+        store.close(NOW)
+        pytest.skip("the C helper's sync thread is not in use (METAQ_PURE_PYTHON or not built)")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    real_plan, attempts = store.flush_plan, []
+
+    def failing_plan():  # a real fdatasync that fails: on a FIFO it is EINVAL
+        attempts.append(1)
+        real_plan()  # (None while a directory fsync is due: replaced by the failing file all the same)
+        end = store.written_position
+        gevent.sleep(0.05)  # the round stays open a while, as a slow disk keeps it
+        return end, [str(fifo)]
+
+    store.flush_plan = failing_plan
+    errors = []
+
+    def waiter(i):
+        store.put("test", i % 4, 0, b"x%d" % i, NOW)
+        try:
+            flusher.wait_flushed(store.written_position)
+        except BrokerError as exc:
+            errors.append(str(exc))
+
+    try:
+        greenlets = [gevent.spawn(waiter, i) for i in range(6)]
+        gevent.sleep(0.01)  # the first waiter leads a round and waits for its sync; the others wait for it
+        assert flusher._in_round
+        flusher.wake()  # the flusher greenlet now waits for that round too, then must not run one
+        gevent.joinall(greenlets, timeout=10, raise_error=True)
+        gevent.sleep(0.05)  # let the flusher greenlet run after the failed round
+        assert len(errors) == 6 and all("flush failed" in e for e in errors)
+        assert attempts == [1] and failures == [1] and flusher.failure is not None
+        with pytest.raises(BrokerError):
+            flusher.wait_flushed(store.written_position)
+        assert attempts == [1]
+    finally:
+        flusher.stop()
+        store.close(NOW, clean=False)
