@@ -8,9 +8,9 @@ N messages or T ms, whichever comes first (the store's ``should_flush``).
 
 import logging
 import os
-from collections import deque
 import sys
 import time
+from collections import deque
 
 import gevent
 from gevent import monkey
@@ -18,7 +18,6 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from metaq import speedups
-
 from metaq.errors import BrokerError
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import mmap
 import os
 
 from metaq.errors import StoreError
-from metaq.store.files import disk_full_from, fsync_dir
+from metaq.store.files import disk_full_from, fsync_dir, unlink_quietly
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +94,11 @@ class MappedFile:
         try:
             os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: mmap found the file shorter than allocated
             os.close(fd)
-            _unlink_quietly(path)
-            raise disk_full_from(exc, "allocate %d bytes for %s" % (size, path)) from None
-        except ValueError as exc:  # mmap found the file shorter than allocated (a filesystem that lied)
-            os.close(fd)
-            _unlink_quietly(path)
+            unlink_quietly(path)
+            if isinstance(exc, OSError):
+                raise disk_full_from(exc, "allocate %d bytes for %s" % (size, path)) from None
             raise StoreError("cannot map %s after allocating %d bytes: %s" % (path, size, exc)) from None
         os.close(fd)
         try:
@@ -217,7 +215,7 @@ class MappedFile:
 
     def delete(self):
         """Unlink the file. The map stays valid for whoever still holds it."""
-        _unlink_quietly(self.path)
+        unlink_quietly(self.path)
 
     def rename(self, path):
         """Give the file its final name ``path`` (which must not exist); raises OSError.
@@ -273,10 +271,3 @@ def _advise(addr, length, path):
     err = _Madvise.call(addr, length, MADV_WILLNEED)
     if err:
         log.debug("madvise(WILLNEED) on %s failed: %s", path, os.strerror(err))
-
-
-def _unlink_quietly(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
