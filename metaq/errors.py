@@ -1,7 +1,7 @@
 """One exception tree for the whole project; each class says whose fault it is.
 
 Every error carries the MetaQ status ``code`` that the single wire-mapping place
-(``metaq.server.dispatch``) answers with, so no other module decides codes.
+(``metaq.server.text.dispatch``) answers with, so no other module decides codes.
 
     MetaqError                     base; code 500
     ├── ClientError                the peer sent something wrong; code 400

@@ -16,16 +16,16 @@ from metaq import speedups
 from metaq.protocol import checksum
 from metaq.protocol.text import encode_result
 from metaq.server.delay import DelayScheduler
-from metaq.server.dispatch import TextDispatcher
-from metaq.server.fastput import FastPuts
+from metaq.server.text.dispatch import TextDispatcher
+from metaq.server.text.fastput import FastPuts
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
-from metaq.server import roles
+from metaq.server.replication import roles
 from metaq.server.registry import ZkRegistry
-from metaq.server.remoting_server import RemotingServer
-from metaq.server.replication import SlaveLink
+from metaq.server.remoting.server import RemotingServer
+from metaq.server.replication.slave import SlaveLink
 from metaq.server.stats import BrokerStats
-from metaq.server.textserver import Connection
+from metaq.server.text.connection import Connection
 from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
 

@@ -12,7 +12,7 @@ import metaq
 from metaq.errors import MetaqError
 from metaq.protocol import checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.server import roles
+from metaq.server.replication import roles
 
 ITEMS_HELP = (
     "(blank)   broker summary",

@@ -20,7 +20,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol.text import encode_result
-from metaq.server.dispatch import error_reply
+from metaq.server.text.dispatch import error_reply
 from metaq.protocol.xa import XA_OK, XAER_INVAL, XAER_RMERR, check_qualifier, parse_tx_key
 from metaq.tx.manager import TransactionManager, TxConfig
 
@@ -191,7 +191,7 @@ class TxService:
         self.broker.stats.tx_commit += 1
         self._publish(results)
 
-    # -- for the remoting port's half messages (metaq.server.remoting_send) -------
+    # -- for the remoting port's half messages (metaq.server.remoting.send) -------
 
     def commit_now(self, txid, owner):
         """One-phase commit of a local transaction from the caller's greenlet (blocks until published)."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metaq.server.fastput import failed_replies
+from metaq.server.text.fastput import failed_replies
 
 
 def test_every_reply_of_a_run_becomes_the_flush_error_with_its_opaque():

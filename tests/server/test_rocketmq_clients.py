@@ -1,7 +1,7 @@
-"""Consumer-group bookkeeping of RocketMQ clients (metaq.server.rocketmq_clients)."""
+"""Consumer-group bookkeeping of RocketMQ clients (metaq.server.remoting.clients)."""
 
 from metaq.protocol.rocketmq_bodies import ConsumerData, HeartbeatData
-from metaq.server.rocketmq_clients import ClientRegistry
+from metaq.server.remoting.clients import ClientRegistry
 
 
 def hb(client, *groups):

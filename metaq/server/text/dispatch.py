@@ -17,7 +17,8 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
-from metaq.server import roles, stats as stats_mod
+from metaq.server import stats as stats_mod
+from metaq.server.replication import roles
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, PutPath
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,8 @@ import time
 import gevent
 
 from metaq import errors
-from metaq.server.replication import ReplicationServer, SlaveLink
+from metaq.server.replication.master import ReplicationServer
+from metaq.server.replication.slave import SlaveLink
 
 log = logging.getLogger(__name__)
 

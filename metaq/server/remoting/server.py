@@ -28,8 +28,8 @@ from gevent.server import StreamServer
 from metaq import errors, limits
 from metaq.protocol.remoting import (CLOSED, NEED_DATA, RemotingCommand, RemotingParser, RequestCode, encode_command,
                                      make_request)
-from metaq.server.remoting_dispatch import RemotingDispatcher
-from metaq.server.rocketmq_clients import ClientRegistry
+from metaq.server.remoting.dispatch import RemotingDispatcher
+from metaq.server.remoting.clients import ClientRegistry
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from metaq.protocol.rocketmq_headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
                                              pull_response_fields)
 from metaq.protocol.rocketmq_mapping import message_of_record, parse_subscription, stored_message_bytes
 from metaq.server.putpath import now_ms
-from metaq.server.remoting_send import RemotingSender
+from metaq.server.remoting.send import RemotingSender
 from metaq.store.record import RecordTooLarge
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
-from metaq.server.fastput import failed_replies
+from metaq.server.text.fastput import failed_replies
 
 log = logging.getLogger(__name__)
 

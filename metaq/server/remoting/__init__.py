@@ -1,0 +1,1 @@
+"""The RocketMQ remoting front-end: listener, dispatch, sends, consumer-group bookkeeping."""

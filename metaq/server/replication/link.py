@@ -1,0 +1,28 @@
+"""What the two ends of replication share: timing constants, the status code of a refusal, framing."""
+
+import time
+
+from metaq.protocol import replication as rp
+
+HEARTBEAT_S = 1.0
+#: While streaming, a heartbeat (the master's ends and message count) goes out this often: the slave's lag figures
+#: are at most this old when the master dies.
+HEARTBEAT_BUSY_S = 0.1
+POLL_S = 0.02
+HELLO_TIMEOUT_S = 10.0
+#: A link that hears nothing (no DATA, no HEARTBEAT) for this long is considered dead.
+LINK_TIMEOUT_S = 10.0
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+RECV_BYTES = 1 << 20
+
+#: MetaQ-style status codes sent in ERROR frames.
+ERR_REFUSED = 409
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def send_event(sock, event):
+    for part in rp.frame_parts(event):
+        sock.sendall(part)

@@ -1,0 +1,226 @@
+"""The master's side of replication: the replication port, one sender and one ack reader per slave."""
+
+import logging
+import socket
+import time
+
+import gevent
+from gevent.event import Event
+from gevent.server import StreamServer
+
+from metaq import errors, limits
+from metaq.protocol import replication as rp
+from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
+                                           now_ms, send_event)
+from metaq.store.epochs import agreed_position
+from metaq.store.replica import ReplicationRefused
+
+log = logging.getLogger(__name__)
+
+
+class SlaveState:
+    """What the master knows about one connected slave."""
+
+    def __init__(self, slave_id, address, start):
+        self.slave_id = slave_id
+        self.address = address
+        self.sent = start
+        self.written = start
+        self.durable = start
+        self.connected_at = time.time()
+
+
+class ReplicationServer:
+    """The master's side: one greenlet pair (sender, ack reader) per connected slave."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.store = broker.store
+        rcfg = broker.config.replication
+        self.mode = rcfg.mode
+        self.sync_timeout_s = rcfg.sync_timeout_ms / 1000.0
+        self.upto = "written" if self.mode == "sync" else "flushed"
+        self.host = broker.config.broker.host
+        self.port = rcfg.port
+        self.slaves = {}  # id(conn state) -> SlaveState
+        self._data = Event()  # new log bytes may be there
+        self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
+        self._server = None
+
+    def start(self):
+        self._server = StreamServer((self.host, self.port), self._handle, backlog=64)
+        self._server.start()
+        self.port = self._server.server_port
+        log.info("replication (%s mode) listening on %s:%d", self.mode, self.host, self.port)
+
+    def stop(self):
+        if self._server is not None:
+            self._server.stop(timeout=1.0)
+
+    def notify(self):
+        """New bytes were written or flushed: wake the senders."""
+        self._data.set()
+
+    # -- sync mode ---------------------------------------------------------
+
+    def best_acked(self):
+        return max((s.written for s in self.slaves.values()), default=-1)
+
+    def wait_replicated(self, pos):
+        """Block this greenlet until a slave's ACK covers ``pos``; Unavailable otherwise."""
+        if not self.slaves:
+            raise errors.Unavailable("SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is connected; "
+                                     "the message was written on the master but is not confirmed by a slave")
+        self._data.set()
+        deadline = time.monotonic() + self.sync_timeout_s
+        while self.best_acked() < pos:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.Unavailable(
+                    "FLUSH_SLAVE_TIMEOUT: no slave confirmed the message within %d ms (replication mode sync); "
+                    "it was written on the master but is not confirmed by a slave" % (self.sync_timeout_s * 1000))
+            if not self.slaves:
+                raise errors.Unavailable("SLAVE_NOT_AVAILABLE: the slave disconnected before confirming the message "
+                                         "(replication mode sync); it was written on the master only")
+            self._acked.wait(min(remaining, 0.5))
+
+    def _on_ack(self):
+        done, self._acked = self._acked, Event()
+        done.set()
+
+    # -- one slave -----------------------------------------------------------
+
+    def _handle(self, sock, address):
+        peer = "%s:%d" % address[:2]
+        parser = rp.ReplicationParser()
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = self._read_hello(sock, parser)
+            if hello is None:
+                return
+            refusal, agreed = self._check_hello(hello)
+            if refusal is not None:
+                log.warning("replication: refusing slave %d from %s: %s", hello.slave_id, peer, refusal)
+                send_event(sock, rp.ErrorFrame(ERR_REFUSED, refusal))
+                return
+            store = self.store
+            send_event(sock, rp.Epochs(agreed, store.written_position, tuple(store.epochs.entries)))
+            state = SlaveState(hello.slave_id, peer, agreed)
+            self.slaves[id(state)] = state
+            log.info("replication: slave %d connected from %s: its log ends at %d, ours at %d, they agree up to %d%s",
+                     hello.slave_id, peer, hello.start_position, store.written_position, agreed,
+                     "" if agreed == hello.start_position else
+                     " (it cuts the %d bytes after that)" % (hello.start_position - agreed))
+            reader = gevent.spawn(self._read_acks, sock, parser, state)
+            try:
+                self._send_loop(sock, state, reader)
+            finally:
+                reader.kill(block=False)
+                self.slaves.pop(id(state), None)
+                self._on_ack()
+                log.info("replication: slave %d (%s) disconnected at position %d", state.slave_id, peer,
+                         state.written)
+        except (OSError, errors.RemoteProtocolError) as exc:
+            log.info("replication: connection from %s ended: %s", peer, exc)
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _read_hello(self, sock, parser):
+        sock.settimeout(HELLO_TIMEOUT_S)
+        while True:
+            event = parser.next_event()
+            if isinstance(event, rp.Hello):
+                sock.settimeout(None)
+                return event
+            if event is rp.CLOSED:
+                return None
+            if event is not rp.NEED_DATA:
+                raise errors.RemoteProtocolError("expected HELLO, got %s" % type(event).__name__, fatal=True)
+            try:
+                parser.receive_data(sock.recv(65536))
+            except TimeoutError:
+                return None
+
+    def _check_hello(self, hello):
+        """``(refusal or None, agreed position)`` for a slave's HELLO."""
+        cfg, store = self.broker.config, self.store
+        if hello.broker_id != cfg.broker.id:
+            return "broker id mismatch: this master is broker %d, the slave is configured as %d" % (
+                cfg.broker.id, hello.broker_id), None
+        if hello.segment_size != cfg.store.segment_size:
+            return "segment size mismatch: the master uses %d-byte segments, the slave %d" % (
+                cfg.store.segment_size, hello.segment_size), None
+        agreed = agreed_position(store.epochs.entries, store.written_position, hello.epochs, hello.start_position)
+        if agreed is None:
+            return ("the slave's epoch history %s shares no epoch with this master's %s: the logs are unrelated; "
+                    "reseed the slave from a copy of the master's data directory"
+                    % (list(hello.epochs), store.epochs.entries)), None
+        try:
+            store.read_log(agreed, 1, self.upto)
+        except errors.Moved as exc:
+            return "position %d is below this master's log start %d (retention removed it): reseed the slave" % (
+                agreed, exc.offset), None
+        except ReplicationRefused as exc:
+            return "position %d is not a record boundary of this master's log (%s)" % (agreed, exc), None
+        return None, agreed
+
+    def _send_loop(self, sock, state, reader):
+        store = self.store
+        last_hb = 0.0
+        while not reader.dead and not self.broker.stopping:
+            view, nxt = store.read_log(state.sent, limits.REPLICATION_READ_BYTES, self.upto)
+            if len(view):
+                send_event(sock, rp.Data(state.sent, view))
+                view.release()
+                state.sent = nxt
+                now = time.monotonic()
+                if now - last_hb >= HEARTBEAT_BUSY_S:
+                    send_event(sock, self._heartbeat())
+                    last_hb = now
+                gevent.sleep(0)  # a far-behind slave must not starve the clients
+                continue
+            if nxt != state.sent:  # an empty blank tail: move on
+                state.sent = nxt
+                continue
+            now = time.monotonic()
+            if now - last_hb >= (HEARTBEAT_S if state.sent >= store.written_position else HEARTBEAT_BUSY_S):
+                send_event(sock, self._heartbeat())
+                last_hb = now
+            self._data.clear()
+            self._data.wait(POLL_S)
+
+    def _end(self):
+        return self.store.written_position if self.upto == "written" else self.store.flushed_position
+
+    def _heartbeat(self):
+        store = self.store
+        return rp.Heartbeat(self._end(), store.written_position, store.appended_messages())
+
+    def _read_acks(self, sock, parser, state):
+        while True:
+            event = parser.next_event()
+            if event is rp.NEED_DATA:
+                data = sock.recv(65536)
+                parser.receive_data(data)
+                continue
+            if event is rp.CLOSED:
+                return
+            if isinstance(event, rp.Ack):
+                state.written = max(state.written, event.written_position)
+                state.durable = max(state.durable, event.durable_position)
+                self._on_ack()
+            elif isinstance(event, rp.ErrorFrame):
+                log.warning("replication: slave %d reports error %d: %s", state.slave_id, event.code, event.text)
+                return
+
+    def stats_lines(self):
+        lines = ["replication_port %d" % (self.port or 0), "replication_mode %s" % self.mode,
+                 "replication_slaves %d" % len(self.slaves)]
+        end = self._end()
+        for s in sorted(self.slaves.values(), key=lambda s: s.slave_id):
+            lines.append("replication_slave%d %s acked %d durable %d lag_bytes %d"
+                         % (s.slave_id, s.address, s.written, s.durable, max(0, end - s.written)))
+        return lines

@@ -1,0 +1,207 @@
+"""The slave's side of replication: follow a master, cut a divergent tail, append, flush, ack."""
+
+import logging
+import socket
+import time
+
+import gevent
+
+from metaq import errors
+from metaq.protocol import replication as rp
+from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, RECV_BYTES, now_ms,
+                                           send_event)
+from metaq.store.replica import ReplicationRefused
+
+log = logging.getLogger(__name__)
+
+
+class SlaveLink:
+    """The slave's side: keep one link to the master, agree on where the logs agree, copy its log, ACK."""
+
+    def __init__(self, broker, master=None, slave_id=None):
+        self.broker = broker
+        self.store = broker.store
+        rcfg = broker.config.replication
+        self.master = master or rcfg.slave_of
+        host, _sep, port = self.master.rpartition(":")
+        self.host, self.port = host.strip("[]"), int(port)
+        self.slave_id = slave_id if slave_id is not None else rcfg.slave_id
+        self.sync_flush = broker.config.store.flush == "sync"
+        self.connected = False
+        self.master_end = None  # the master's replicable end, last heard
+        self.master_written = None  # its written end, last heard (what "caught up" means)
+        self.master_count = None  # messages in its log up to that end
+        self.last_error = None
+        self.connects = 0
+        self.handshakes = 0
+        self.cut_bytes = 0
+        self.pending_epochs = []  # the master's entries past our end: recorded as our copy reaches them
+        self._pool = gevent.get_hub().threadpool
+        self._sock = None
+        self._greenlet = None
+        self._stopping = False
+
+    @property
+    def lag_bytes(self):
+        """The master's written end (last heard) minus ours; -1 before the first contact."""
+        if self.master_written is None:
+            return -1
+        return max(0, self.master_written - self.store.written_position)
+
+    @property
+    def lag_messages(self):
+        """Messages the master had (last heard) that we do not; -1 before the first contact."""
+        if self.master_count is None:
+            return -1
+        return max(0, self.master_count - self.store.appended_messages())
+
+    def caught_up(self):
+        return self.master_written is not None and self.store.written_position >= self.master_written
+
+    def start(self):
+        self._greenlet = gevent.spawn(self._run)
+
+    def stop(self):
+        self._stopping = True
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        if self._greenlet is not None:
+            self._greenlet.kill(block=True, timeout=2.0)
+
+    def _run(self):
+        delay = BACKOFF_MIN_S
+        while not self._stopping:
+            started = time.monotonic()
+            try:
+                self._session()
+            except (OSError, errors.MetaqError) as exc:
+                self.last_error = str(exc)
+                if self.connected:
+                    log.warning("replication link to master %s lost: %s; reconnecting", self.master, exc)
+                else:
+                    log.info("replication: cannot reach master %s: %s; retrying in %.1f s", self.master, exc, delay)
+            finally:
+                self.connected = False
+                if self._sock is not None:
+                    try:
+                        self._sock.close()
+                    except OSError:
+                        pass
+                    self._sock = None
+            if self._stopping:
+                return
+            if time.monotonic() - started > 5.0:
+                delay = BACKOFF_MIN_S
+            gevent.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def _session(self):
+        sock = self._sock = socket.create_connection((self.host, self.port), timeout=5.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(LINK_TIMEOUT_S)
+        store = self.store
+        cfg = self.broker.config
+        start = store.written_position
+        send_event(sock, rp.Hello(self.slave_id, cfg.broker.id, cfg.store.segment_size, start,
+                                   tuple(store.epochs.entries)))
+        parser = rp.ReplicationParser()
+        self._handshake(self._next_event(sock, parser))
+        self.connected = True
+        self.connects += 1
+        self.last_error = None
+        log.info("replication link to master %s up: slave %d resuming from position %d (epoch %d)", self.master,
+                 self.slave_id, store.written_position, store.epochs.epoch)
+        while not self._stopping:
+            event = self._next_event(sock, parser)
+            if isinstance(event, rp.Data):
+                self._append(sock, event)
+            elif isinstance(event, rp.Heartbeat):
+                self.master_end, self.master_written, self.master_count = event
+                send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
+            else:
+                raise errors.RemoteProtocolError("unexpected %s from the master" % type(event).__name__, fatal=True)
+
+    def _next_event(self, sock, parser):
+        while True:
+            event = parser.next_event()
+            if event is rp.NEED_DATA:
+                parser.receive_data(sock.recv(RECV_BYTES))  # socket.timeout (an OSError) when the master is silent
+                continue
+            if event is rp.CLOSED:
+                raise ConnectionError("the master closed the replication link")
+            if isinstance(event, rp.ErrorFrame):
+                raise errors.Unavailable("the master refused replication (%d): %s" % (event.code, event.text))
+            return event
+
+    def _handshake(self, event):
+        """The master's EPOCHS: cut our log where the two agree, take its epoch history."""
+        if not isinstance(event, rp.Epochs):
+            raise errors.RemoteProtocolError("expected EPOCHS, got %s" % type(event).__name__, fatal=True)
+        store = self.store
+        end, agreed = store.written_position, event.agreed_position
+        if agreed > end:
+            raise errors.RemoteProtocolError("the master says our logs agree up to %d, past our end %d"
+                                             % (agreed, end), fatal=True)
+        if agreed < end:
+            self._cut(agreed, event)
+        self.pending_epochs = self._pool.apply(store.epochs.adopt, (event.epochs, agreed))
+        self.master_written = max(self.master_written or 0, event.master_end)
+        self.handshakes += 1
+        if self.broker.read_refusal is not None:
+            self.broker.read_refusal = None
+            log.info("replication: epoch handshake with master %s done (log end %d, epoch %d): serving reads",
+                     self.master, store.written_position, store.epochs.epoch)
+
+    def _cut(self, position, event):
+        store, broker = self.store, self.broker
+        ours = list(store.epochs.entries)
+        broker.flusher.wait_flushed(store.written_position)  # no flush of the range in flight
+        with broker.store_lock:  # nor a checkpoint or a segment built ahead
+            report = store.truncate_log(position, now_ms())
+        self.cut_bytes += report.bytes
+        per_partition = ", ".join("%s-%d: %d messages" % (t, p, n) for (t, p), (n, _b) in
+                                  sorted(report.partitions.items())) or "no messages"
+        log.warning("replication: epoch handshake with master %s: the logs agree up to position %d; CUT our tail "
+                    "of %d bytes, %d messages (%s) that the master never had (our epochs %s, the master's %s)",
+                    self.master, position, report.bytes, report.records, per_partition, ours, list(event.epochs))
+        broker.waiters.notify_all()
+
+    def _append(self, sock, event):
+        store, broker = self.store, self.broker
+        before = len(store.known_topics()) if broker.registry is not None else 0
+        try:
+            end = store.append_replicated(event.position, event.data, now_ms(), self.broker.config.store.segment_size)
+        except ReplicationRefused as exc:
+            log.error("replication: refused a chunk at position %d: %s", event.position, exc)
+            raise
+        if self.master_end is None or end > self.master_end:
+            self.master_end = end
+        if self.master_written is None or end > self.master_written:
+            self.master_written = end
+        while self.pending_epochs and self.pending_epochs[0][1] <= end:
+            epoch, start = self.pending_epochs.pop(0)
+            self._pool.apply(store.epochs.learn, (epoch, start))
+            log.info("replication: our copy reached epoch %d of the master (from position %d)", epoch, start)
+        if self.sync_flush:
+            broker.flusher.wait_flushed(end)
+        else:
+            broker.waiters.notify_all()
+            if store.should_flush(now_ms()):
+                broker.flusher.wake()
+        if broker.registry is not None and len(store.known_topics()) != before:
+            for topic in store.known_topics():
+                broker.registry.topic_created(topic)
+        send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
+
+    def stats_lines(self):
+        return ["replication_master %s" % self.master,
+                "replication_slave_id %d" % self.slave_id,
+                "replication_link %s" % ("connected" if self.connected else "down"),
+                "replication_lag_bytes %d" % self.lag_bytes,
+                "replication_lag_messages %d" % self.lag_messages,
+                "replication_caught_up %s" % ("true" if self.caught_up() else "false"),
+                "replication_connects %d" % self.connects,
+                "replication_cut_bytes %d" % self.cut_bytes]

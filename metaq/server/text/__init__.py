@@ -1,0 +1,1 @@
+"""The MetaQ text-protocol front-end: connections, dispatch, the put-burst fast path."""
