@@ -1,8 +1,6 @@
 """Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
 
-import itertools
 import logging
-import socket
 import time
 import zlib
 
@@ -10,22 +8,22 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 import yaml
-from gevent.server import StreamServer
 
 from metaq import speedups
 from metaq.protocol import checksum
-from metaq.protocol.text import encode_result
+from metaq.server import stats as stats_mod
+from metaq.server.connections import ConnectionCore, Timeouts
 from metaq.server.delay import DelayScheduler
-from metaq.server.text.dispatch import TextDispatcher
-from metaq.server.text.fastput import FastPuts
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
-from metaq.server.replication import roles
+from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
-from metaq.server.replication.slave import SlaveLink
+from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats
-from metaq.server.text.connection import Connection
+from metaq.server.text.dispatch import TextDispatcher
+from metaq.server.text.fastput import FastPuts
+from metaq.server.text.server import TextFrontEnd
 from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
 
@@ -36,6 +34,8 @@ SHUTDOWN_GRACE_S = 10.0
 
 
 class Broker:
+    """Builds every component from the configuration, gives each the collaborators it uses, runs and stops them."""
+
     def __init__(self, config, config_path=None):
         self.config = config
         self.config_path = config_path
@@ -44,40 +44,82 @@ class Broker:
         self.stopping = False
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
-        self.connections = set()
-        self.max_connections = config.max_connections()
-        self.disk_state = None
-        self.refusal = None  # why puts are refused right now (disk, failed flush), or None
-        self.port = None
         self._tasks = []
-        self._server = None
         self.config_checksum = zlib.crc32(self.config_text())
         started = time.monotonic()
         self.store = MessageStore.open(config.store_config(), now_ms())
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
-        self.flusher = Flusher(self.store, self.store.config, self.on_visible, self.refresh_refusal, self.store_lock)
+        self.gate = WriteGate()
+        self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock)
-        self.role = roles.startup_role(config, self.store)  # "master" | "slave" (see roles.py)
-        self.promoting = False
-        self.started = False
-        self.slave_link = SlaveLink(self) if self.role == "slave" else None
-        self.replication = roles.make_replication_server(self) if self.role == "master" else None
-        self.read_refusal = roles.handshake_refusal(self)  # why gets are refused (before a rejoin's handshake)
-        self.registry = ZkRegistry(self) if config.zk.connect else None
-        self.tx = TxService(self)  # after the store: recovery completes interrupted commits
-        self.delay = DelayScheduler(self)  # reads its levels' entries from the recovered store
-        self._conn_ids = itertools.count(1)
-        self.dispatcher = TextDispatcher(self)
-        self.remoting = RemotingServer(self) if config.remoting.port else None
-        self.fast_puts = FastPuts(self, self.dispatcher) if config.broker.burst_puts else None
+        lim = config.limits
+        self.core = ConnectionCore(config.max_connections(), Timeouts(lim.idle_timeout_s, lim.request_timeout_s))
+        self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
+        self.registry = None
+        if config.zk.connect:
+            self.registry = ZkRegistry(config, self.store, self.config_checksum, self.roles.slave_id,
+                                       lambda: self.roles.replication_port)
+            self.roles.attach_registry(self.registry)
+            self.roles.on_change(self.registry.set_role)
+        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats)  # recovery completes commits
+        self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))
+        self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
+                                    is_master=self.roles.slave_link is None)  # reads its entries from the store
+        self.roles.on_change(self.delay.role_changed)
+        self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
+                                self.delay, self.registry, sync_flush=config.store.flush == "sync")
+        self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, self.tx, self.roles, self.waiters,
+                                         config, self.render_stats)
+        self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
+        self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
+        self.remoting = None
+        if config.remoting.port:
+            self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
+                                           self.roles, self.waiters)
 
-    # -- facts used by handlers and stats ------------------------------------
+    # -- facts used by stats --------------------------------------------------
+
+    @property
+    def port(self):
+        return self.text.port
+
+    @property
+    def max_connections(self):
+        return self.core.max_connections
 
     @property
     def connection_count(self):
-        return len(self.connections)
+        """Connections open on the text port (``curr_connections``; the remoting port has its own line)."""
+        return self.text.connection_count()
+
+    @property
+    def role(self):
+        return self.roles.role
+
+    @property
+    def slave_link(self):
+        return self.roles.slave_link
+
+    @property
+    def replication(self):
+        return self.roles.replication
+
+    @property
+    def read_refusal(self):
+        return self.roles.read_refusal
+
+    @property
+    def refusal(self):
+        return self.gate.refusal
+
+    @property
+    def disk_state(self):
+        return self.gate.disk_state
+
+    def render_stats(self, item):
+        return stats_mod.render(item, self)
 
     def config_text(self):
         if self.config_path:
@@ -85,19 +127,12 @@ class Broker:
                 return f.read()
         return yaml.safe_dump(self.config.model_dump(), sort_keys=False).encode()
 
-    def refresh_refusal(self):
-        """Recompute ``refusal`` from the flusher's health and the last disk check."""
-        if self.flusher.failure is not None:
-            self.refusal = "writes are refused after a failed flush (%s); restart the broker" % self.flusher.failure
-        elif self.disk_state is not None and self.disk_state.refusing_writes:
-            self.refusal = self.disk_state.reason
-        else:
-            self.refusal = None
+    def _flush_failed(self):
+        self.gate.refresh(flush_failure=self.flusher.failure)
 
     def on_visible(self, keys):
         self.waiters.notify(keys)
-        if self.replication is not None:
-            self.replication.notify()
+        self.roles.notify()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -115,54 +150,23 @@ class Broker:
         if r.corruption:
             log.warning("recovery forced past corruption: %s", r.corruption)
 
-    def set_role(self, role, slave_link):
-        """Switch to ``"master"`` (slave_link None) or to ``"slave"`` of ``slave_link``'s master (roles.py)."""
-        if self.slave_link is not None and self.slave_link is not slave_link:
-            self.slave_link.stop()
-        if self.replication is not None and role == "slave":
-            self.replication.stop()
-        self.role, self.slave_link = role, slave_link
-        if role == "master":
-            self.replication = roles.make_replication_server(self)
-            self.read_refusal = None
-            if self.started and self.replication is not None:
-                self.replication.start()
-        else:
-            self.replication = None
-            self.read_refusal = roles.handshake_refusal(self)
-            if self.started:
-                slave_link.start()
-        if self.registry is not None:
-            self.registry.set_role(slave_link.slave_id if slave_link is not None else None)
-        self.delay.role_changed()
-
     def start(self):
         cfg = self.config.broker
         if self.registry is not None:
             self.registry.open_session()
-            if self.role == "master" and self.registry.zk.connected:
-                roles.rejoin_if_superseded(self)
-        if self.role == "master":
-            roles.begin_master_epoch(self)
-        self._server = StreamServer((cfg.host, cfg.port), self._handle, backlog=1024)
-        self._server.start()
-        self.port = self._server.server_port
+        self.roles.start()  # maybe rejoin a newer master (ZooKeeper); a master's new epoch
+        self.text.listen(cfg.host, cfg.port)
         self.flusher.start()
         self.ahead.start()
-        self.disk_state = self.store.check_disk()
-        self.refresh_refusal()
+        self.gate.refresh(disk_state=self.store.check_disk())
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
         self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
-        if self.replication is not None:
-            self.replication.start()
         if self.remoting is not None:
             self.remoting.start()
-        if self.slave_link is not None:
-            self.slave_link.start()
+        self.roles.start_links()
         if self.registry is not None:
             self.registry.start(self.port)
-        self.started = True
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,
@@ -180,47 +184,23 @@ class Broker:
         else:
             log.info("C helper loaded; CRC-32 from %s", checksum.IMPLEMENTATION)
 
-    def _handle(self, sock, address):
-        if self.stopping:
-            sock.close()
-            return
-        if len(self.connections) >= self.max_connections:
-            try:
-                sock.sendall(encode_result(503, b"too many connections: the limit is %d" % self.max_connections, 0))
-            except OSError:
-                pass
-            sock.close()
-            log.warning("refused a connection from %s: %d connections open", address[0], len(self.connections))
-            return
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # replies are small: no Nagle delay
-        except OSError:
-            pass
-        conn = Connection(self, sock, address)
-        conn.conn_id = next(self._conn_ids)
-        self.connections.add(conn)
-        try:
-            conn.serve()
-        finally:
-            self.connections.discard(conn)
-            self.tx.connection_closed(conn.conn_id)
-
     def _disk_loop(self):
         interval = self.config.store.disk_check_interval_s
+        gate = self.gate
         while not self.stopping:
-            before = self.disk_state.refusing_writes if self.disk_state else False
+            before = gate.disk_state.refusing_writes if gate.disk_state else False
             try:
-                self.disk_state = self.store.check_disk()
+                gate.refresh(disk_state=self.store.check_disk())
             except OSError as exc:
                 log.error("disk check failed: %s", exc)
-            self.refresh_refusal()
-            now_refusing = self.disk_state.refusing_writes
+                gate.refresh()
+            now_refusing = gate.disk_state.refusing_writes
             if now_refusing != before:
                 if now_refusing:
-                    log.error("%s", self.disk_state.reason)
+                    log.error("%s", gate.disk_state.reason)
                 else:
                     log.warning("disk usage %.1f%% is below the danger mark again: writes accepted",
-                                self.disk_state.usage_ratio * 100)
+                                gate.disk_state.usage_ratio * 100)
             gevent.sleep(interval)
 
     def _retention_loop(self):
@@ -230,7 +210,7 @@ class Broker:
             self.run_retention()
 
     def run_retention(self):
-        usage = self.disk_state.usage_ratio if self.disk_state else None
+        usage = self.gate.disk_state.usage_ratio if self.gate.disk_state else None
         try:
             report = self.store.retention(now_ms(), usage)
         except OSError as exc:
@@ -254,27 +234,17 @@ class Broker:
 
     def _shut_down(self):
         log.info("shutting down: no new connections; finishing in-flight requests")
-        if self._server is not None:
-            self._server.close()
+        keep = ("replication",)  # slaves keep getting what the finishing requests write
+        self.core.stop_accepting(keep)
         if self.registry is not None:
             self.registry.stop()  # first, so producers and consumers move away while we finish
-        self.waiters.notify_all()
+        self.waiters.close()  # parked long polls answer now
         if self.remoting is not None:
-            self.remoting.stop(SHUTDOWN_GRACE_S)
-        for conn in list(self.connections):
-            if not conn.busy:
-                conn.close()
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
-            gevent.sleep(0.01)
-        for conn in list(self.connections):
-            conn.close()
+            self.remoting.stop()
+        self.core.shutdown(SHUTDOWN_GRACE_S, keep)
         gevent.killall(self._tasks, block=False)
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush
-        if self.slave_link is not None:
-            self.slave_link.stop()
-        if self.replication is not None:
-            self.replication.stop()
+        self.roles.stop()
         self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()

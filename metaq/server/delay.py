@@ -90,13 +90,18 @@ class Level:
 class DelayScheduler:
     """Schedule entries in, due messages out; see the module docstring."""
 
-    def __init__(self, broker):
-        self.broker = broker
-        self.store = broker.store
-        self.levels_ms = broker.config.delay.levels_ms()
-        self.enabled = broker.slave_link is None
-        self.async_flush = broker.config.store.flush == "async"
-        self.save_interval_s = broker.config.store.checkpoint_interval_ms / 1000.0
+    def __init__(self, store, config, flusher, waiters, gate, is_master):
+        """``gate``: the put path's WriteGate (no delivery while puts are refused); ``is_master``: the
+        broker's role at start (``role_changed`` follows it from then on)."""
+        self.store = store
+        self.flusher = flusher
+        self.waiters = waiters
+        self.gate = gate
+        self.levels_ms = config.delay.levels_ms()
+        self.enabled = is_master
+        self.started = False  # the broker started: a promotion starts delivering at once
+        self.async_flush = config.store.flush == "async"
+        self.save_interval_s = config.store.checkpoint_interval_ms / 1000.0
         self._path = self.store.dirs.delay_offsets
         self._pool = gevent.get_hub().threadpool
         self._running = False
@@ -144,12 +149,13 @@ class DelayScheduler:
                             body)
         r = self.store.put(SCHEDULE_TOPIC, level - 1, 0, data, now_ms)
         if self.async_flush:  # visible now; in sync mode the flush makes it visible and wakes the level
-            self.broker.waiters.notify(((SCHEDULE_TOPIC, level - 1),))
+            self.waiters.notify(((SCHEDULE_TOPIC, level - 1),))
         return r._replace(partition=partition)
 
     # -- lifecycle -------------------------------------------------------------
 
     def start(self):
+        self.started = True
         if not self.enabled:
             log.info("delayed delivery: not running on a replication slave (the master delivers)")
             return
@@ -170,20 +176,20 @@ class DelayScheduler:
         self._running = False
         self._stop.set()
         self._dirty.set()
-        self.broker.waiters.notify([lv.key for lv in self.levels.values()])
+        self.waiters.notify([lv.key for lv in self.levels.values()])
         greenlets = [lv.greenlet for lv in self.levels.values()] + [self._saver]
         gevent.joinall(greenlets, timeout=5.0)
         gevent.killall(greenlets, block=True, timeout=1.0)
         self._save_quietly()
 
-    def role_changed(self):
+    def role_changed(self, slave_id):
         """Follow the broker's role: a promoted slave starts delivering, a master turned slave stops.
 
         A promoted slave has no state file of its own (or an old one): recovery then looks for
         the ids of due entries in the log it copied, so what the old master delivered is not
         delivered again.
         """
-        master = self.broker.slave_link is None
+        master = slave_id is None
         if master == self.enabled:
             return
         if not master:
@@ -194,7 +200,7 @@ class DelayScheduler:
             return
         self.enabled = True
         self._recover(now_ms())
-        if self.broker.started:
+        if self.started:
             self.start()
 
     # -- recovery ----------------------------------------------------------------
@@ -268,13 +274,13 @@ class DelayScheduler:
 
     def _level_step(self, lv):
         """Wait for the head entry (or a refusal to end), or deliver what is due."""
-        if self.broker.refusal is not None:  # disk above the danger mark, or a failed flush
+        if self.gate.refusal is not None:  # disk above the danger mark, or a failed flush
             self._stop.wait(RETRY_S)
             return
         views = self._read(lv, lv.offset)
         if not views:
             lv.head_due = None
-            self.broker.waiters.wait(lv.key, IDLE_WAIT_S)  # a put or a flush of this level wakes it
+            self.waiters.wait(lv.key, IDLE_WAIT_S)  # a put or a flush of this level wakes it
             return
         now = now_ms()
         _msg_id, head = next(_entries(views[:1]))
@@ -330,13 +336,12 @@ class DelayScheduler:
         return not refused
 
     def _published(self, keys, now):
-        broker = self.broker
         if self.async_flush:
-            broker.waiters.notify(keys)
+            self.waiters.notify(keys)
             if self.store.should_flush(now):
-                broker.flusher.wake()
+                self.flusher.wake()
         else:
-            broker.flusher.wake()  # visible once flushed; the flush wakes the long polls
+            self.flusher.wake()  # visible once flushed; the flush wakes the long polls
         self._dirty.set()
 
     # -- the state file ----------------------------------------------------------
@@ -363,7 +368,7 @@ class DelayScheduler:
         if offsets == old_offsets and (position == old_position or not self._in_use()):
             return False
         if offsets != old_offsets:  # never record an offset whose delivery could still be lost
-            self.broker.flusher.wait_flushed(self._delivery_end)
+            self.flusher.wait_flushed(self._delivery_end)
         state = {"position": position, "offsets": {str(p): o for p, o in offsets.items()},
                  "levels": format_levels(self.levels_ms)}
         self._pool.apply(self.store.dirs.write_state, (self._path, STATE_MAGIC, state))

@@ -12,6 +12,12 @@ class PartitionWaiters:
 
     def __init__(self):
         self._events = {}
+        self.closed = False  # the broker is stopping: parked waits answer now
+
+    def close(self):
+        """Wake every waiter for good: the broker is stopping."""
+        self.closed = True
+        self.notify_all()
 
     def wait(self, key, timeout):
         """Block this greenlet until ``notify`` names ``key`` or ``timeout`` seconds pass."""

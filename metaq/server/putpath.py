@@ -30,41 +30,73 @@ def now_ms():
     return int(time.time() * 1000)
 
 
-class PutPath:
-    def __init__(self, broker):
-        self.broker = broker
-        self.store = broker.store
-        self.stats = broker.stats
-        self.registry = broker.registry
-        self.sync_flush = broker.config.store.flush == "sync"
+class WriteGate:
+    """Why puts are refused right now (a full disk, a failed flush), or None: the one answer every writer reads.
 
-    # The replication role can change while the broker runs (promotion, rejoin: roles.py), so these
-    # follow the broker rather than being copied at start.
+    ``refresh`` recomputes it from the flusher's health and the last disk check; a put that meets a
+    full disk sets it at once (``disk_full``) until the next disk check finds space again.
+    """
+
+    def __init__(self):
+        self.refusal = None
+        self.disk_state = None  # the store's last DiskState
+        self.flush_failure = None  # the flusher's failure (sticky), or None
+
+    def refresh(self, flush_failure=None, disk_state=None):
+        if flush_failure is not None:
+            self.flush_failure = flush_failure
+        if disk_state is not None:
+            self.disk_state = disk_state
+        if self.flush_failure is not None:
+            self.refusal = "writes are refused after a failed flush (%s); restart the broker" % self.flush_failure
+        elif self.disk_state is not None and self.disk_state.refusing_writes:
+            self.refusal = self.disk_state.reason
+        else:
+            self.refusal = None
+
+    def disk_full(self, reason):
+        if self.refusal is None:
+            log.error("%s", reason)
+        self.refusal = reason
+
+
+class PutPath:
+    def __init__(self, store, stats, flusher, waiters, roles, gate, delay=None, registry=None, sync_flush=False):
+        self.store = store
+        self.stats = stats
+        self.flusher = flusher
+        self.waiters = waiters
+        self.roles = roles  # the replication role changes while the broker runs (promotion, rejoin)
+        self.gate = gate
+        self.delay = delay
+        self.registry = registry
+        self.sync_flush = sync_flush
 
     @property
     def replication(self):
         """The master's ReplicationServer, or None (a slave, or no replication port)."""
-        return self.broker.replication
+        return self.roles.replication
 
     @property
     def sync_replication(self):
-        replication = self.broker.replication
-        return replication is not None and replication.mode == "sync"
+        return self.roles.sync_replication
 
     @property
     def slave_refusal(self):
         """Why puts are refused on a slave, or None on a master."""
-        link = self.broker.slave_link
-        if link is None:
-            return None
-        return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
+        return self.roles.slave_refusal
+
+    @property
+    def refusal(self):
+        """Why this broker takes no puts right now, or None."""
+        return self.roles.slave_refusal or self.gate.refusal
 
     def check_writable(self):
         """Unavailable when this broker takes no puts right now (a slave, a full disk, a failed flush)."""
         if self.slave_refusal is not None:
             raise errors.Unavailable(self.slave_refusal)
-        if self.broker.refusal is not None:
-            raise errors.Unavailable(self.broker.refusal)
+        if self.gate.refusal is not None:
+            raise errors.Unavailable(self.gate.refusal)
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0):
         """Store one message (after ``check_writable``); returns the store's PutResult.
@@ -80,7 +112,7 @@ class PutPath:
                 raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
                                          "topic with a delay level instead" % SCHEDULE_TOPIC)
             if delay_level:
-                r = self.broker.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
+                r = self.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
             else:
                 r = self.store.put(topic, partition, flag, body, now, born_ms=born_ms, checksum=checksum)
         except errors.MetaqError as exc:
@@ -97,9 +129,7 @@ class PutPath:
         if counted_only:
             return
         if isinstance(exc, errors.DiskFull):
-            if self.broker.refusal is None:
-                log.error("%s", exc)
-            self.broker.refusal = str(exc)  # until the next disk check finds space again
+            self.gate.disk_full(str(exc))  # until the next disk check finds space again
         elif not isinstance(exc, (errors.ClientError, errors.Unavailable)):
             log.warning("put to %s failed: %s", topic, exc)
 
@@ -115,16 +145,16 @@ class PutPath:
 
     def made_visible(self, topic, partition, now):
         """Async flush: wake long polls on the partition and the flusher when its policy says so."""
-        self.broker.waiters.notify(((topic, partition),))
+        self.waiters.notify(((topic, partition),))
         if self.store.should_flush(now):
-            self.broker.flusher.wake()
+            self.flusher.wake()
 
     def durable(self, topic, partition, log_end, now):
         """Block (a greenlet of its own) until the put ending at ``log_end`` may be acknowledged."""
         if self.sync_replication:
             self.replication.notify()
         if self.sync_flush:
-            self.broker.flusher.wait_flushed(log_end)
+            self.flusher.wait_flushed(log_end)
         else:
             self.made_visible(topic, partition, now)
         if self.sync_replication:

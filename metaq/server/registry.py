@@ -70,15 +70,20 @@ def topic_json(partitions, broker_id, node=None):
 
 
 class ZkRegistry:
-    def __init__(self, broker):
-        cfg = broker.config.zk
-        self.broker = broker
+    def __init__(self, config, store, config_checksum, slave_id, replication_port):
+        """``slave_id``: ours when we start as a slave, else None; ``replication_port()``: the port a master
+        serves slaves on, or None."""
+        cfg = config.zk
+        self.config = config
+        self.store = store
+        self.config_checksum = config_checksum
+        self.replication_port = replication_port
         self.connect = cfg.connect
         self.root = cfg.root
-        self.broker_id = broker.config.broker.id
+        self.broker_id = config.broker.id
         self.slave_id = self.node = None
         self._retired = []  # (node, slave_id, topics) registered under a role we left: removed by the worker
-        self._set_names(broker.slave_link.slave_id if broker.slave_link is not None else None)
+        self._set_names(slave_id)
         self.connection_timeout_s = cfg.connection_timeout_ms / 1000.0
         self.zk = KazooClient(
             hosts=cfg.connect,
@@ -122,7 +127,7 @@ class ZkRegistry:
 
     def start(self, port):
         """Connect (if not yet) and register in the background."""
-        self.url = advertised_url(self.broker.config.broker.host, port)
+        self.url = advertised_url(self.config.broker.host, port)
         self.open_session()
         self._worker = gevent.spawn(self._run)
         self._wake.set()
@@ -242,11 +247,11 @@ class ZkRegistry:
         if self.slave_id is None:
             zk.set(self.ids_path, self.url.encode())
             self._claim(self.ids_path + "/master", self.url, by_address=True)
-            self._claim(self.ids_path + "/master_config_checksum", str(self.broker.config_checksum))
+            self._claim(self.ids_path + "/master_config_checksum", str(self.config_checksum))
             self._claim(self.ids_path + "/replication", self._replication_json())
         else:
             self._claim(self.ids_path + "/slave%d" % self.slave_id, self.url, by_address=True)
-        topics = self.broker.store.known_topics()
+        topics = self.store.known_topics()
         for topic in topics:
             self._register_topic(topic)
         self.registrations += 1
@@ -257,7 +262,7 @@ class ZkRegistry:
         if topic == SCHEDULE_TOPIC:  # internal to this broker: nobody produces to or consumes from it
             return
         try:
-            partitions = self.broker.store.partitions_of(topic)
+            partitions = self.store.partitions_of(topic)
         except MetaqError as exc:  # a topic no longer configured is simply not registered
             log.warning("not registering topic %s: %s", topic, exc)
             return
@@ -297,10 +302,10 @@ class ZkRegistry:
         raise IdClaimedElsewhere("could not claim %s" % path)
 
     def _replication_json(self):
-        rep, epochs = self.broker.replication, self.broker.store.epochs
+        port, epochs = self.replication_port(), self.store.epochs
         address = None
-        if rep is not None:  # the advertised host (as in our url) with the replication port
-            address = "%s:%d" % (self.url[len("meta://"):].rsplit(":", 1)[0], rep.port)
+        if port is not None:  # the advertised host (as in our url) with the replication port
+            address = "%s:%d" % (self.url[len("meta://"):].rsplit(":", 1)[0], port)
         return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
                            "url": self.url}, separators=(",", ":"), sort_keys=True)
 

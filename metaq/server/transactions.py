@@ -35,11 +35,15 @@ def now_ms():
 
 
 class TxService:
-    def __init__(self, broker):
-        self.broker = broker
-        cfg = broker.config.transactions
+    def __init__(self, store, config, flusher, waiters, stats):
+        self.store = store
+        self.flusher = flusher
+        self.waiters = waiters
+        self.stats = stats
+        self.sync_flush = config.store.flush == "sync"
+        cfg = config.transactions
         self.flush_policy = cfg.journal_flush
-        self.manager = TransactionManager.open(broker.store, TxConfig(
+        self.manager = TransactionManager.open(store, TxConfig(
             max_timeout_s=cfg.max_timeout_s, default_timeout_s=cfg.default_timeout_s,
             journal_flush=cfg.journal_flush, journal_file_size=cfg.journal_file_size,
             max_puts_per_tx=cfg.max_puts_per_tx, max_tx_bytes=cfg.max_tx_bytes), now_ms())
@@ -62,7 +66,7 @@ class TxService:
         """A transactional put: journaled now, appended at commit. Reply ``-1 <partition> -1``."""
         txid = self._txid(e.tx_key)
         partition = self.manager.put(txid, conn.conn_id, e.topic, e.partition, e.flag, e.body, e.checksum, now_ms())
-        self.broker.stats.on_put(e.topic, len(e.body))
+        self.stats.on_put(e.topic, len(e.body))
         return encode_result(200, b"-1 %d -1" % partition, e.opaque)
 
     def handle(self, e, conn):
@@ -97,7 +101,7 @@ class TxService:
             return None
         if kind == "ROLLBACK":
             self.manager.rollback(txid, owner, now)
-            self.broker.stats.tx_rollback += 1
+            self.stats.tx_rollback += 1
             self._reply_later(conn, e.opaque, self._durable_reply, encode_result(200, b"", e.opaque))
             return None
         if kind == "FORGET":
@@ -113,7 +117,7 @@ class TxService:
         rolled = self.manager.owner_closed(conn_id, now_ms())
         if rolled:
             log.info("rolled back %d local transactions of a closed connection: %s", len(rolled), ", ".join(rolled))
-            self.broker.stats.tx_rollback += len(rolled)
+            self.stats.tx_rollback += len(rolled)
             self._flush_later()
 
     # -- durability ---------------------------------------------------------------
@@ -142,9 +146,9 @@ class TxService:
 
     def _count_begin(self, txid):
         if txid.is_xa:
-            self.broker.stats.tx_xa_begin += 1
+            self.stats.tx_xa_begin += 1
         else:
-            self.broker.stats.tx_begin += 1
+            self.stats.tx_begin += 1
 
     def _flush_journal(self):
         """Make the journal durable per policy (fsync in a pool thread; the loop keeps serving)."""
@@ -188,7 +192,7 @@ class TxService:
                 exc = errors.TransactionError(XAER_RMERR, "commit not completed (it will be, on retry or restart): "
                                               "%s" % exc)
             raise exc from None
-        self.broker.stats.tx_commit += 1
+        self.stats.tx_commit += 1
         self._publish(results)
 
     # -- for the remoting port's half messages (metaq.server.remoting.send) -------
@@ -200,7 +204,7 @@ class TxService:
     def rollback_now(self, txid, owner):
         """Roll back a local transaction from the caller's greenlet (blocks until the journal is durable)."""
         self.manager.rollback(txid, owner, now_ms())
-        self.broker.stats.tx_rollback += 1
+        self.stats.tx_rollback += 1
         self._flush_journal()
 
     def _finish_heuristic(self, key, plan, opaque):
@@ -214,13 +218,12 @@ class TxService:
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""
         if not results:
             return
-        broker = self.broker
-        if broker.config.store.flush == "sync":
-            broker.flusher.wait_flushed(max(r.log_end for r in results))
+        if self.sync_flush:
+            self.flusher.wait_flushed(max(r.log_end for r in results))
         else:
-            broker.waiters.notify_all()  # commits are rare: waking every long poll to re-check is cheap
-            if broker.store.should_flush(now_ms()):
-                broker.flusher.wake()
+            self.waiters.notify_all()  # commits are rare: waking every long poll to re-check is cheap
+            if self.store.should_flush(now_ms()):
+                self.flusher.wake()
 
     # -- background ---------------------------------------------------------------
 
@@ -230,7 +233,7 @@ class TxService:
             rolled = self.manager.expire(now_ms())
             if rolled:
                 log.info("timed out and rolled back: %s", ", ".join(rolled))
-                self.broker.stats.tx_rollback += len(rolled)
+                self.stats.tx_rollback += len(rolled)
                 self._flush_later()
             if self.flush_policy == "interval" and self.manager.needs_flush:
                 self._pool.apply(self.manager.flush_journal)

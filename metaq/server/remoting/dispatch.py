@@ -54,14 +54,16 @@ def _ok(cmd, ext_fields=None, body=b""):
 
 
 class RemotingDispatcher:
-    def __init__(self, broker, server):
-        self.broker = broker
+    def __init__(self, server, store, stats, config, put_path, tx, roles, waiters):
+        self.config = config
+        self.roles = roles
+        self.waiters = waiters
         self.server = server
-        self.store = broker.store
-        self.stats = broker.stats
-        self.max_transfer = broker.config.store.max_transfer_size
-        self.max_wait_ms = broker.config.limits.max_wait_ms
-        self.sender = RemotingSender(broker, server)
+        self.store = store
+        self.stats = stats
+        self.max_transfer = config.store.max_transfer_size
+        self.max_wait_ms = config.limits.max_wait_ms
+        self.sender = RemotingSender(server, store, stats, config, put_path, tx)
         self.error_response = error_response
         R = RequestCode
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
@@ -126,7 +128,7 @@ class RemotingDispatcher:
     # -- name server ---------------------------------------------------------
 
     def _broker_data(self):
-        cfg = self.broker.config.remoting
+        cfg = self.config.remoting
         return BrokerData(self.server.broker_name, {0: self.server.address}, cfg.cluster)
 
     def route(self, cmd, conn):
@@ -146,8 +148,8 @@ class RemotingDispatcher:
 
     def pull(self, cmd, conn):
         h = decode_header(PullMessageHeader, cmd)
-        if self.broker.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
-            return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.broker.read_refusal)
+        if self.roles.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
+            return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.roles.read_refusal)
         if h.expression_type and h.expression_type.upper() != "TAG":
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
                                 "message by %s (only TAG subscriptions)" % h.expression_type)
@@ -163,9 +165,9 @@ class RemotingDispatcher:
         key = (h.topic, h.queue_id)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.broker.stopping or conn.closed:
+            if remaining <= 0 or self.server.closing or conn.closed:
                 return self._not_found(cmd, h)
-            self.broker.waiters.wait(key, remaining)
+            self.waiters.wait(key, remaining)
             response = self._pull_once(cmd, h, wanted, max_nums)
             if response is not None:
                 return response

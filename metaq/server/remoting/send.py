@@ -9,7 +9,7 @@ consumers compute from each pulled record and what CONSUMER_SEND_MSG_BACK
 sends back as ``offset``.
 
 Delays (a ``DELAY`` property, or a send-back's delay level) go to the delay
-scheduler (``broker.delay``, ``DelayScheduler.put_delayed``, levels from
+scheduler (``PutPath.delay``, ``DelayScheduler.put_delayed``, levels from
 ``delay.levels``, a level past the last meaning the last); the message becomes
 visible in its topic when its level's time has passed.
 """
@@ -29,7 +29,7 @@ from metaq.protocol.rocketmq_headers import (TRANSACTION_COMMIT_TYPE, TRANSACTIO
 from metaq.protocol.rocketmq_mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
                                              record_data_from_send, retry_copy)
 from metaq.protocol.xa import XAER_NOTA, LocalTxId
-from metaq.server.putpath import PutPath, now_ms
+from metaq.server.putpath import now_ms
 from metaq.store.record import RecordTooLarge, record_size
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,14 @@ DLQ_PREFIX = "%DLQ%"
 
 
 class RemotingSender:
-    def __init__(self, broker, server):
-        self.broker = broker
+    def __init__(self, server, store, stats, config, put_path, tx):
+        self.stats = stats
+        self.tx = tx
         self.server = server
-        self.store = broker.store
-        self.path = PutPath(broker)
-        self.max_body = broker.config.limits.max_body_bytes
-        cfg = broker.config.remoting
+        self.store = store
+        self.path = put_path
+        self.max_body = config.limits.max_body_bytes
+        cfg = config.remoting
         self.max_reconsume_times = cfg.max_reconsume_times
         self.send_back_delay_level = cfg.send_back_delay_level
         self._half_session = "rmq%d" % now_ms()  # a new key space per broker run
@@ -167,7 +168,7 @@ class RemotingSender:
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         self.path.check_writable()
-        manager, now = self.broker.tx.manager, now_ms()
+        manager, now = self.tx.manager, now_ms()
         number = next(self._half_numbers)
         txid = LocalTxId(self._half_session, number)
         manager.begin(txid, conn.conn_id, 0, now)
@@ -180,7 +181,7 @@ class RemotingSender:
         self._half_owners[number] = conn.conn_id
         while len(self._half_owners) > MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
             del self._half_owners[next(iter(self._half_owners))]
-        self.broker.stats.on_put(topic, len(data))
+        self.stats.on_put(topic, len(data))
         msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, HALF_ID_BASE + number)
         fields = _send_fields(msg_id, partition, number)
         fields["transactionId"] = props.get(PROP_UNIQ_KEY, msg_id)
@@ -195,8 +196,8 @@ class RemotingSender:
                                   % (number, h.commit_log_offset))
         if owner is None or h.commit_log_offset != HALF_ID_BASE + number:
             raise missing
-        end = {TRANSACTION_COMMIT_TYPE: self.broker.tx.commit_now,
-               TRANSACTION_ROLLBACK_TYPE: self.broker.tx.rollback_now}.get(h.commit_or_rollback)
+        end = {TRANSACTION_COMMIT_TYPE: self.tx.commit_now,
+               TRANSACTION_ROLLBACK_TYPE: self.tx.rollback_now}.get(h.commit_or_rollback)
         if end is None:  # TRANSACTION_NOT_TYPE (unknown): it waits for a later end or its timeout
             return response_for(cmd, ResponseCode.SUCCESS)
         del self._half_owners[number]

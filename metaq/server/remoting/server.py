@@ -14,7 +14,6 @@ a frame whose header decoded but holds a bad field gets an error response and
 the connection goes on.
 """
 
-import errno
 import itertools
 import logging
 import socket
@@ -23,17 +22,16 @@ import time
 import gevent
 from gevent.lock import Semaphore
 from gevent.pool import Pool
-from gevent.server import StreamServer
 
 from metaq import errors, limits
 from metaq.protocol.remoting import (CLOSED, NEED_DATA, RemotingCommand, RemotingParser, RequestCode, encode_command,
                                      make_request)
+from metaq.server import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.server.remoting.clients import ClientRegistry
 
 log = logging.getLogger(__name__)
 
-RECV_BYTES = 256 * 1024
 #: How often clients without a recent heartbeat are dropped.
 EXPIRY_INTERVAL_S = 10.0
 
@@ -51,18 +49,18 @@ def advertised_ip(host):
 class RemotingServer:
     """The listener, its connections and the consumer-group bookkeeping."""
 
-    def __init__(self, broker):
-        cfg = broker.config.remoting
-        self.broker = broker
+    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters):
+        cfg = config.remoting
+        self.core = core_
         self.config = cfg
-        self.host = cfg.host or broker.config.broker.host
+        self.host = cfg.host or config.broker.host
         self.port = None
-        self.broker_name = cfg.broker_name or "metaq-%d" % broker.config.broker.id
+        self.broker_name = cfg.broker_name or "metaq-%d" % config.broker.id
         self.store_ip = None  # set at start: the IP in routes and message ids
-        self.connections = set()  # RemotingConnections (not counted in curr_connections: that is the text port)
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed)
-        self.dispatcher = RemotingDispatcher(broker, self)
-        self._server = None
+        self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
+        self.stats = stats
+        self.listener = None
         self._tasks = []
 
     @property
@@ -70,42 +68,27 @@ class RemotingServer:
         """``ip:port`` as routes give it to clients."""
         return "%s:%d" % (self.store_ip, self.port)
 
+    @property
+    def closing(self):
+        return self.core.closing
+
+    @property
+    def connections(self):
+        """The open RemotingConnections (``curr_connections`` counts the text port's only)."""
+        return self.core.connections("remoting")
+
     def start(self):
-        self._server = StreamServer((self.host, self.config.port), self._handle, backlog=1024)
-        self._server.start()
-        self.port = self._server.server_port
+        self.listener = self.core.listen("remoting", self.host, self.config.port, self._connection)
+        self.port = self.listener.port
         self.store_ip = advertised_ip(self.config.advertised_host or self.host)
         self._tasks = [gevent.spawn(self._expiry_loop)]
 
-    def stop(self, grace_s=10.0):
-        """Stop accepting, let requests in progress finish (parked pulls answer at once: the broker is
-        stopping), then close every connection."""
-        if self._server is not None:
-            self._server.close()
+    def stop(self):
+        """Stop the background tasks (the connection core closes the connections)."""
         gevent.killall(self._tasks, block=False)
-        deadline = time.monotonic() + grace_s
-        for conn in list(self.connections):
-            conn.pool.join(timeout=max(0.0, deadline - time.monotonic()))
-        for conn in list(self.connections):
-            conn.close()
 
-    def _handle(self, sock, address):
-        if self.broker.stopping:
-            sock.close()
-            return
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        conn = RemotingConnection(self, sock, address)
-        conn.conn_id = next(self.broker._conn_ids)  # owner of its half messages' transactions, like a text one
-        self.connections.add(conn)
-        try:
-            conn.serve()
-        finally:
-            self.connections.discard(conn)
-            self.clients.connection_closed(conn)
-            self.broker.tx.connection_closed(conn.conn_id)
+    def _connection(self, sock, address, conn_id):
+        return RemotingConnection(self, sock, address, conn_id)
 
     def _expiry_loop(self):
         while True:
@@ -120,22 +103,26 @@ class RemotingServer:
             conn.send_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
 
 
-class RemotingConnection:
-    def __init__(self, server, sock, address):
+class RemotingConnection(core.Connection):
+    log_prefix = "remoting"
+
+    def __init__(self, server, sock, address, conn_id):
+        super().__init__(sock, address, conn_id, server.core.timeouts)
         self.server = server
-        self.broker = server.broker
-        self.sock = sock
-        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
         self.born_host = tuple(address[:2]) if isinstance(address, tuple) else ("127.0.0.1", 0)
-        self.closed = False
-        self.conn_id = 0
         self.parser = RemotingParser(max_frame=server.config.max_frame_bytes)
         self.pool = Pool(limits.MAX_REMOTING_INFLIGHT)
         self._write_lock = Semaphore()
         self._opaques = itertools.count(1)
-        lim = self.broker.config.limits
-        self.idle_timeout = lim.idle_timeout_s
-        self.request_timeout = lim.request_timeout_s
+
+    @property
+    def in_request(self):
+        return self.parser.in_frame
+
+    @property
+    def busy(self):
+        """Pulls and sends still running (a shutdown lets them answer: parked pulls return at once)."""
+        return len(self.pool) > 0
 
     def send(self, cmd):
         """Write one command (a response, or our own oneway request)."""
@@ -157,45 +144,22 @@ class RemotingConnection:
         """Run ``func(*args)`` from the connection's bounded pool (blocks while the pool is full)."""
         self.pool.spawn(func, *args)
 
-    def close(self):
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
     def serve(self):
         try:
-            while not self.closed and not self.broker.stopping:
-                data = self._receive()
+            while not self.closed and not self.server.closing:
+                data = self.receive()
                 if data is None:
+                    return
+                try:
+                    self.parser.receive_data(data)
+                except errors.RemoteProtocolError:
                     return
                 if not self._process():
                     return
         finally:
             self.pool.kill(block=False)
             self.close()
-
-    def _receive(self):
-        timeout = self.request_timeout if self.parser.in_frame else self.idle_timeout
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(RECV_BYTES)
-        except socket.timeout:
-            log.info("remoting %s: %s for %.0f s; closing", self.peer,
-                     "a partial frame" if self.parser.in_frame else "no request", timeout)
-            return None
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
-                log.info("remoting %s: receive failed: %s", self.peer, exc)
-            return None
-        try:
-            self.parser.receive_data(data)
-        except errors.RemoteProtocolError:
-            return None
-        return data
+            self.server.clients.connection_closed(self)
 
     def _process(self):
         """Handle every complete frame buffered; False when the connection must close."""
@@ -204,7 +168,7 @@ class RemotingConnection:
             try:
                 cmd = self.parser.next_event()
             except errors.RemoteProtocolError as exc:
-                self.broker.stats.protocol_errors += 1
+                self.server.stats.protocol_errors += 1
                 if exc.fatal:
                     log.info("remoting %s: %s; closing", self.peer, exc.reason)
                     return False

@@ -1,17 +1,16 @@
 """The master's side of replication: the replication port, one sender and one ack reader per slave."""
 
 import logging
-import socket
 import time
 
 import gevent
 from gevent.event import Event
-from gevent.server import StreamServer
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
+from metaq.server import connections as core
 from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
-                                           now_ms, send_event)
+                                           send_event)
 from metaq.store.epochs import agreed_position
 from metaq.store.replica import ReplicationRefused
 
@@ -33,29 +32,29 @@ class SlaveState:
 class ReplicationServer:
     """The master's side: one greenlet pair (sender, ack reader) per connected slave."""
 
-    def __init__(self, broker):
-        self.broker = broker
-        self.store = broker.store
-        rcfg = broker.config.replication
+    def __init__(self, core_, store, config):
+        self.core = core_
+        self.store = store
+        self.config = config
+        rcfg = config.replication
         self.mode = rcfg.mode
         self.sync_timeout_s = rcfg.sync_timeout_ms / 1000.0
         self.upto = "written" if self.mode == "sync" else "flushed"
-        self.host = broker.config.broker.host
+        self.host = config.broker.host
         self.port = rcfg.port
         self.slaves = {}  # id(conn state) -> SlaveState
         self._data = Event()  # new log bytes may be there
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
-        self._server = None
+        self.listener = None
 
     def start(self):
-        self._server = StreamServer((self.host, self.port), self._handle, backlog=64)
-        self._server.start()
-        self.port = self._server.server_port
+        self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64)
+        self.port = self.listener.port
         log.info("replication (%s mode) listening on %s:%d", self.mode, self.host, self.port)
 
     def stop(self):
-        if self._server is not None:
-            self._server.stop(timeout=1.0)
+        if self.listener is not None:
+            self.core.close_listener(self.listener)
 
     def notify(self):
         """New bytes were written or flushed: wake the senders."""
@@ -90,11 +89,14 @@ class ReplicationServer:
 
     # -- one slave -----------------------------------------------------------
 
-    def _handle(self, sock, address):
+    def _connection(self, sock, address, conn_id):
+        return SlaveConnection(self, sock, address, conn_id)
+
+    def serve_slave(self, sock, address):
+        """One slave's connection, from its HELLO to its end."""
         peer = "%s:%d" % address[:2]
         parser = rp.ReplicationParser()
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = self._read_hello(sock, parser)
             if hello is None:
                 return
@@ -146,7 +148,7 @@ class ReplicationServer:
 
     def _check_hello(self, hello):
         """``(refusal or None, agreed position)`` for a slave's HELLO."""
-        cfg, store = self.broker.config, self.store
+        cfg, store = self.config, self.store
         if hello.broker_id != cfg.broker.id:
             return "broker id mismatch: this master is broker %d, the slave is configured as %d" % (
                 cfg.broker.id, hello.broker_id), None
@@ -170,7 +172,7 @@ class ReplicationServer:
     def _send_loop(self, sock, state, reader):
         store = self.store
         last_hb = 0.0
-        while not reader.dead and not self.broker.stopping:
+        while not reader.dead and not self.core.closing:
             view, nxt = store.read_log(state.sent, limits.REPLICATION_READ_BYTES, self.upto)
             if len(view):
                 send_event(sock, rp.Data(state.sent, view))
@@ -224,3 +226,16 @@ class ReplicationServer:
             lines.append("replication_slave%d %s acked %d durable %d lag_bytes %d"
                          % (s.slave_id, s.address, s.written, s.durable, max(0, end - s.written)))
         return lines
+
+
+class SlaveConnection(core.Connection):
+    """A slave's connection on the replication port (the core's cap, ids and close apply to it too)."""
+
+    log_prefix = "replication"
+
+    def __init__(self, server, sock, address, conn_id):
+        super().__init__(sock, address, conn_id, server.core.timeouts)
+        self.server = server
+
+    def serve(self):
+        self.server.serve_slave(self.sock, self.address)

@@ -8,15 +8,15 @@ again). With ZooKeeper, a broker about to start as master first looks at
 ``ids/<id>/master``: when another live broker holds it and publishes, in
 ``ids/<id>/replication``, an epoch higher than ours, we were superseded (a
 slave was promoted while we were down): we start as that master's slave
-instead (``rejoin_if_superseded``). A master then begins a new epoch at its log
-end (``begin_master_epoch``), except on the first start of a fresh data dir
+instead (``Roles.rejoin_if_superseded``). A master then begins a new epoch at its log
+end (``Roles.begin_master_epoch``), except on the first start of a fresh data dir
 (epoch 0 from position 0).
 
 A slave whose latest epoch is one it led itself (an old master rejoining)
 serves no read until its first epoch handshake has cut any tail its new master
-never had (``broker.read_refusal``).
+never had (``Roles.read_refusal``).
 
-**Promotion** (``promote``; the text line ``promote <force 0|1> <opaque>``,
+**Promotion** (``Roles.promote``; the text line ``promote <force 0|1> <opaque>``,
 ``metaq-admin promote``): refused unless this broker is a slave, its link to the
 master is down (the master is gone), and it holds everything the master had
 when last heard of (``SlaveLink.caught_up``); ``force`` skips the last two
@@ -58,105 +58,224 @@ def startup_role(config, store):
     return role
 
 
-def handshake_refusal(broker):
-    """Why reads are refused until the first handshake (a slave that led its latest epoch), or None."""
-    epochs = broker.store.epochs
-    if broker.slave_link is None or not epochs.led:
-        return None
-    return ("this broker led epoch %d and now rejoins %s as a slave: it serves no read until the epoch handshake "
-            "with that master has cut any tail the master never had" % (epochs.epoch, broker.slave_link.master))
+class Roles:
+    """This broker's role as it changes, and everything that changes it.
+
+    Readers: the put path (``slave_refusal``, ``sync_replication``, ``replication``), the dispatchers
+    (``read_refusal``), stats. Changers: start, promotion, a rejoin; ``on_change(fn)`` tells the
+    ZooKeeper registry and the delay scheduler (``fn(slave_id or None)``).
+    """
+
+    def __init__(self, config, store, core, flusher, waiters, store_lock):
+        self.config = config
+        self.store = store
+        self.core = core
+        self.flusher = flusher
+        self.waiters = waiters
+        self.store_lock = store_lock
+        self.registry = None  # set by attach_registry (ZooKeeper is optional)
+        self.role = startup_role(config, store)  # "master" | "slave"
+        self.promoting = False
+        self.started = False
+        self._listeners = []
+        self.slave_link = self.make_slave_link() if self.role == "slave" else None
+        self.replication = self.make_replication_server() if self.role == "master" else None
+        self.read_refusal = self.handshake_refusal()  # why gets are refused (before a rejoin's handshake)
+
+    def attach_registry(self, registry):
+        self.registry = registry
+
+    def on_change(self, fn):
+        self._listeners.append(fn)
+
+    # -- what the put path and the dispatchers read --------------------------------
+
+    @property
+    def slave_refusal(self):
+        """Why puts are refused on a slave, or None on a master."""
+        link = self.slave_link
+        if link is None:
+            return None
+        return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
+
+    @property
+    def sync_replication(self):
+        return self.replication is not None and self.replication.mode == "sync"
+
+    @property
+    def slave_id(self):
+        return self.slave_link.slave_id if self.slave_link is not None else None
+
+    @property
+    def replication_port(self):
+        return self.replication.port if self.replication is not None else None
+
+    def notify(self):
+        """New bytes may be there for the slaves."""
+        if self.replication is not None:
+            self.replication.notify()
+
+    # -- building the two sides ----------------------------------------------------
+
+    def make_slave_link(self, master=None, slave_id=None):
+        on_topics = self._new_topics if self.registry is not None or self.config.zk.connect else None
+        return SlaveLink(self.store, self.config, self.flusher, self.waiters, self.store_lock, master, slave_id,
+                         on_handshake=self._handshake_done, on_new_topics=on_topics)
+
+    def make_replication_server(self):
+        """The master's ReplicationServer when a replication port is configured, else None."""
+        return ReplicationServer(self.core, self.store, self.config) if self.config.replication.port else None
+
+    def _handshake_done(self):
+        """A slave's epoch handshake cut what needed cutting: reads may be served. True if they were refused."""
+        if self.read_refusal is None:
+            return False
+        self.read_refusal = None
+        return True
+
+    def _new_topics(self, topics):
+        if self.registry is not None:
+            for topic in topics:
+                self.registry.topic_created(topic)
+
+    def handshake_refusal(self):
+        """Why reads are refused until the first handshake (a slave that led its latest epoch), or None."""
+        epochs = self.store.epochs
+        if self.slave_link is None or not epochs.led:
+            return None
+        return ("this broker led epoch %d and now rejoins %s as a slave: it serves no read until the epoch "
+                "handshake with that master has cut any tail the master never had" % (epochs.epoch,
+                                                                                      self.slave_link.master))
+
+    # -- life ----------------------------------------------------------------------
+
+    def start(self):
+        """At the broker's start (ZooKeeper session open): maybe rejoin a newer master; a master's new epoch;
+        then serve slaves or follow the master."""
+        if self.role == "master" and self.registry is not None and self.registry.zk.connected:
+            self.rejoin_if_superseded()
+        if self.role == "master":
+            self.begin_master_epoch()
+
+    def start_links(self):
+        if self.replication is not None:
+            self.replication.start()
+        if self.slave_link is not None:
+            self.slave_link.start()
+        self.started = True
+
+    def stop(self):
+        if self.slave_link is not None:
+            self.slave_link.stop()
+        if self.replication is not None:
+            self.replication.stop()
+
+    def set_role(self, role, slave_link):
+        """Switch to ``"master"`` (slave_link None) or to ``"slave"`` of ``slave_link``'s master."""
+        if self.slave_link is not None and self.slave_link is not slave_link:
+            self.slave_link.stop()
+        if self.replication is not None and role == "slave":
+            self.replication.stop()
+        self.role, self.slave_link = role, slave_link
+        if role == "master":
+            self.replication = self.make_replication_server()
+            self.read_refusal = None
+            if self.started and self.replication is not None:
+                self.replication.start()
+        else:
+            self.replication = None
+            self.read_refusal = self.handshake_refusal()
+            if self.started:
+                slave_link.start()
+        for fn in self._listeners:
+            fn(self.slave_id)
+
+    def begin_master_epoch(self):
+        """A master's start: a new epoch at the log end (not on a fresh data dir's first start)."""
+        store, pool = self.store, gevent.get_hub().threadpool
+        if not store.epochs.found and store.written_position == 0:
+            pool.apply(store.epochs.lead)
+            return store.epochs.epoch
+        return pool.apply(store.epochs.begin, (store.written_position,))
 
 
-def begin_master_epoch(broker):
-    """A master's start: a new epoch at the log end (not on a fresh data dir's first start)."""
-    store, pool = broker.store, gevent.get_hub().threadpool
-    if not store.epochs.found and store.written_position == 0:
-        pool.apply(store.epochs.lead)
-        return store.epochs.epoch
-    return pool.apply(store.epochs.begin, (store.written_position,))
+    def rejoin_if_superseded(self):
+        """With ZooKeeper, before starting as master: become the slave of a newer live master, if there is one."""
+        other = self.registry.live_master()
+        if other is None:
+            return False
+        store = self.store
+        ours = tuple(store.epochs.latest)
+        theirs = (other.get("epoch", -1), other.get("epoch_start", -1))
+        if theirs == ours:  # our own previous incarnation, killed before its session expired
+            return False
+        if not other.get("address") or theirs[0] <= ours[0]:
+            log.warning("ZooKeeper shows %s as master of broker %d at epoch %s (ours: %d); not rejoining it (it is "
+                        "not newer or has no replication address): both may take writes until one stops",
+                        other.get("url"), self.config.broker.id, theirs[0], ours[0])
+            return False
+        slave_id = self.config.replication.slave_id
+        if slave_id is None:
+            slave_id = self.registry.free_slave_id()
+        log.warning("ZooKeeper shows %s (replication %s) as master of broker %d at epoch %d, newer than ours (%d): "
+                    "we were superseded while down; rejoining it as slave %d (the epoch handshake cuts any tail it "
+                    "never had)", other.get("url"), other["address"], self.config.broker.id, theirs[0], ours[0],
+                    slave_id)
+        if read_promoted(store) is not None:
+            store.dirs.remove(store.dirs.promoted)
+        self.set_role("slave", self.make_slave_link(other["address"], slave_id))
+        return True
 
 
-def rejoin_if_superseded(broker):
-    """With ZooKeeper, before starting as master: become the slave of a newer live master, if there is one."""
-    other = broker.registry.live_master()
-    if other is None:
-        return False
-    store = broker.store
-    ours = tuple(store.epochs.latest)
-    theirs = (other.get("epoch", -1), other.get("epoch_start", -1))
-    if theirs == ours:  # our own previous incarnation, killed before its session expired
-        return False
-    if not other.get("address") or theirs[0] <= ours[0]:
-        log.warning("ZooKeeper shows %s as master of broker %d at epoch %s (ours: %d); not rejoining it (it is "
-                    "not newer or has no replication address): both may take writes until one stops",
-                    other.get("url"), broker.config.broker.id, theirs[0], ours[0])
-        return False
-    slave_id = broker.config.replication.slave_id
-    if slave_id is None:
-        slave_id = broker.registry.free_slave_id()
-    log.warning("ZooKeeper shows %s (replication %s) as master of broker %d at epoch %d, newer than ours (%d): "
-                "we were superseded while down; rejoining it as slave %d (the epoch handshake cuts any tail it "
-                "never had)", other.get("url"), other["address"], broker.config.broker.id, theirs[0], ours[0],
-                slave_id)
-    if read_promoted(store) is not None:
-        store.dirs.remove(store.dirs.promoted)
-    broker.set_role("slave", SlaveLink(broker, other["address"], slave_id))
-    return True
+    @staticmethod
+    def _lag_text(link):
+        if link.master_written is None:
+            return "it has never heard from its master %s" % link.master
+        return "%d bytes, %d messages behind the last known end of its master %s (%d)" % (
+            link.lag_bytes, max(0, link.lag_messages), link.master, link.master_written)
 
 
-def _lag_text(link):
-    if link.master_written is None:
-        return "it has never heard from its master %s" % link.master
-    return "%d bytes, %d messages behind the last known end of its master %s (%d)" % (
-        link.lag_bytes, max(0, link.lag_messages), link.master, link.master_written)
+    def promote(self, force):
+        """Make this slave the master of its broker id; returns the reply text (raises MetaqError when refused)."""
+        link = self.slave_link
+        if link is None:
+            raise errors.ClientError("not a slave: broker %d is already a master; promote a slave instead"
+                                     % self.config.broker.id)
+        if self.promoting:
+            raise errors.Unavailable("a promotion of this broker is already under way")
+        if not force:
+            if link.connected:
+                raise errors.Unavailable("the link to the master %s is up (the master is alive); stop the "
+                                         "master first, or use --force (two masters would then take writes)"
+                                         % link.master)
+            if not link.caught_up():
+                raise errors.Unavailable("this slave is not caught up: %s; promoting it would lose those "
+                                         "messages. Wait for the master to return, or use --force" % self._lag_text(link))
+        behind = None if link.caught_up() else self._lag_text(link)
+        self.promoting = True
+        try:
+            return self._promote(link, behind)
+        finally:
+            self.promoting = False
 
 
-def promote(broker, force):
-    """Make this slave the master of its broker id; returns the reply text (raises MetaqError when refused)."""
-    link = broker.slave_link
-    if link is None:
-        raise errors.ClientError("not a slave: broker %d is already a master; promote a slave instead"
-                                 % broker.config.broker.id)
-    if broker.promoting:
-        raise errors.Unavailable("a promotion of this broker is already under way")
-    if not force:
-        if link.connected:
-            raise errors.Unavailable("the link to the master %s is up (the master is alive); stop the "
-                                     "master first, or use --force (two masters would then take writes)"
-                                     % link.master)
-        if not link.caught_up():
-            raise errors.Unavailable("this slave is not caught up: %s; promoting it would lose those "
-                                     "messages. Wait for the master to return, or use --force" % _lag_text(link))
-    behind = None if link.caught_up() else _lag_text(link)
-    broker.promoting = True
-    try:
-        return _promote(broker, link, behind)
-    finally:
-        broker.promoting = False
-
-
-def _promote(broker, link, behind):
-    store = broker.store
-    link.stop()
-    broker.flusher.wait_flushed(store.written_position)
-    pool = gevent.get_hub().threadpool
-    position = store.written_position
-    epoch = pool.apply(store.epochs.begin, (position,))
-    pool.apply(store.dirs.write_state, (store.dirs.promoted, PROMOTED_MAGIC, {
-        "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": int(time.time() * 1000)}))
-    broker.set_role("master", None)
-    text = "promoted: broker %d is now the master, epoch %d from log position %d (former master %s)" % (
-        broker.config.broker.id, epoch, position, link.master)
-    if behind is not None:
-        text += "; FORCED while %s: those messages are not here" % behind
-    if broker.replication is not None:
-        text += "; slaves may attach on replication port %d" % broker.replication.port
-    if broker.registry is not None:
-        text += "; registering in ZooKeeper as master"
-    log.warning("%s", text)
-    return text
-
-
-def make_replication_server(broker):
-    """The master's ReplicationServer when a replication port is configured, else None."""
-    return ReplicationServer(broker) if broker.config.replication.port else None
+    def _promote(self, link, behind):
+        store = self.store
+        link.stop()
+        self.flusher.wait_flushed(store.written_position)
+        pool = gevent.get_hub().threadpool
+        position = store.written_position
+        epoch = pool.apply(store.epochs.begin, (position,))
+        pool.apply(store.dirs.write_state, (store.dirs.promoted, PROMOTED_MAGIC, {
+            "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": int(time.time() * 1000)}))
+        self.set_role("master", None)
+        text = "promoted: broker %d is now the master, epoch %d from log position %d (former master %s)" % (
+            self.config.broker.id, epoch, position, link.master)
+        if behind is not None:
+            text += "; FORCED while %s: those messages are not here" % behind
+        if self.replication is not None:
+            text += "; slaves may attach on replication port %d" % self.replication.port
+        if self.registry is not None:
+            text += "; registering in ZooKeeper as master"
+        log.warning("%s", text)
+        return text

@@ -18,15 +18,23 @@ log = logging.getLogger(__name__)
 class SlaveLink:
     """The slave's side: keep one link to the master, agree on where the logs agree, copy its log, ACK."""
 
-    def __init__(self, broker, master=None, slave_id=None):
-        self.broker = broker
-        self.store = broker.store
-        rcfg = broker.config.replication
+    def __init__(self, store, config, flusher, waiters, store_lock, master=None, slave_id=None,
+                 on_handshake=None, on_new_topics=None):
+        """``on_handshake()``: called after each epoch handshake; ``on_new_topics(topics)``: when copied
+        records bring topics this broker did not know (ZooKeeper registration)."""
+        self.store = store
+        self.config = config
+        self.flusher = flusher
+        self.waiters = waiters
+        self.store_lock = store_lock
+        self.on_handshake = on_handshake
+        self.on_new_topics = on_new_topics
+        rcfg = config.replication
         self.master = master or rcfg.slave_of
         host, _sep, port = self.master.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
         self.slave_id = slave_id if slave_id is not None else rcfg.slave_id
-        self.sync_flush = broker.config.store.flush == "sync"
+        self.sync_flush = config.store.flush == "sync"
         self.connected = False
         self.master_end = None  # the master's replicable end, last heard
         self.master_written = None  # its written end, last heard (what "caught up" means)
@@ -103,7 +111,7 @@ class SlaveLink:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(LINK_TIMEOUT_S)
         store = self.store
-        cfg = self.broker.config
+        cfg = self.config
         start = store.written_position
         send_event(sock, rp.Hello(self.slave_id, cfg.broker.id, cfg.store.segment_size, start,
                                    tuple(store.epochs.entries)))
@@ -150,16 +158,15 @@ class SlaveLink:
         self.pending_epochs = self._pool.apply(store.epochs.adopt, (event.epochs, agreed))
         self.master_written = max(self.master_written or 0, event.master_end)
         self.handshakes += 1
-        if self.broker.read_refusal is not None:
-            self.broker.read_refusal = None
+        if self.on_handshake is not None and self.on_handshake():
             log.info("replication: epoch handshake with master %s done (log end %d, epoch %d): serving reads",
                      self.master, store.written_position, store.epochs.epoch)
 
     def _cut(self, position, event):
-        store, broker = self.store, self.broker
+        store = self.store
         ours = list(store.epochs.entries)
-        broker.flusher.wait_flushed(store.written_position)  # no flush of the range in flight
-        with broker.store_lock:  # nor a checkpoint or a segment built ahead
+        self.flusher.wait_flushed(store.written_position)  # no flush of the range in flight
+        with self.store_lock:  # nor a checkpoint or a segment built ahead
             report = store.truncate_log(position, now_ms())
         self.cut_bytes += report.bytes
         per_partition = ", ".join("%s-%d: %d messages" % (t, p, n) for (t, p), (n, _b) in
@@ -167,13 +174,13 @@ class SlaveLink:
         log.warning("replication: epoch handshake with master %s: the logs agree up to position %d; CUT our tail "
                     "of %d bytes, %d messages (%s) that the master never had (our epochs %s, the master's %s)",
                     self.master, position, report.bytes, report.records, per_partition, ours, list(event.epochs))
-        broker.waiters.notify_all()
+        self.waiters.notify_all()
 
     def _append(self, sock, event):
-        store, broker = self.store, self.broker
-        before = len(store.known_topics()) if broker.registry is not None else 0
+        store = self.store
+        before = len(store.known_topics()) if self.on_new_topics is not None else 0
         try:
-            end = store.append_replicated(event.position, event.data, now_ms(), self.broker.config.store.segment_size)
+            end = store.append_replicated(event.position, event.data, now_ms(), self.config.store.segment_size)
         except ReplicationRefused as exc:
             log.error("replication: refused a chunk at position %d: %s", event.position, exc)
             raise
@@ -186,14 +193,13 @@ class SlaveLink:
             self._pool.apply(store.epochs.learn, (epoch, start))
             log.info("replication: our copy reached epoch %d of the master (from position %d)", epoch, start)
         if self.sync_flush:
-            broker.flusher.wait_flushed(end)
+            self.flusher.wait_flushed(end)
         else:
-            broker.waiters.notify_all()
+            self.waiters.notify_all()
             if store.should_flush(now_ms()):
-                broker.flusher.wake()
-        if broker.registry is not None and len(store.known_topics()) != before:
-            for topic in store.known_topics():
-                broker.registry.topic_created(topic)
+                self.flusher.wake()
+        if self.on_new_topics is not None and len(store.known_topics()) != before:
+            self.on_new_topics(store.known_topics())
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
     def stats_lines(self):

@@ -9,7 +9,6 @@ interleave. Limits: line and body length (parser), connection count, idle
 time and partial-request time.
 """
 
-import errno
 import logging
 import socket
 from fcntl import ioctl
@@ -24,11 +23,10 @@ from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
+from metaq.server import connections as core
 from metaq.server.text.fastput import failed_replies
 
 log = logging.getLogger(__name__)
-
-RECV_BYTES = 256 * 1024
 
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
@@ -38,17 +36,13 @@ IOV_BATCH = 1000
 MAX_PENDING_BURSTS = 8
 
 
-class Connection:
+class Connection(core.Connection):
     """State of one client connection."""
 
-    def __init__(self, broker, sock, address):
-        self.broker = broker
-        self.sock = sock
-        self.address = address
-        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
+    def __init__(self, sock, address, conn_id, front):
+        super().__init__(sock, address, conn_id, front.timeouts)
+        self.front = front
         self.busy = False
-        self.closed = False
-        self.conn_id = 0  # set by the broker: owner of this connection's local transactions
         self._write_lock = Semaphore()
         self._children = set()
         # Replies that wait for a flush go through a queue and a writer greenlet, in
@@ -60,12 +54,15 @@ class Connection:
         self._room = Event()  # set while the backlog is small enough to read more requests
         self._room.set()
         self._writer = None
-        lim = broker.config.limits
-        self.idle_timeout = lim.idle_timeout_s
-        self.request_timeout = lim.request_timeout_s
-        self.parser = TextParser(max_line=lim.max_line_bytes, max_body=lim.max_body_bytes)
-        self.dispatcher = broker.dispatcher
-        self.fast_puts = broker.fast_puts.take if broker.fast_puts is not None else None
+        self.parser = TextParser(max_line=front.max_line_bytes, max_body=front.max_body_bytes)
+        self.dispatcher = front.dispatcher
+        self.stats = front.stats
+        self.flusher = front.flusher
+        self.fast_puts = front.fast_puts.take if front.fast_puts is not None else None
+
+    @property
+    def in_request(self):
+        return self.parser.in_frame
 
     # -- writing -----------------------------------------------------------
 
@@ -130,15 +127,6 @@ class Connection:
         g = gevent.spawn(run)
         self._children.add(g)
 
-    def close(self):
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
     # -- reading -----------------------------------------------------------
 
     def serve(self):
@@ -150,7 +138,7 @@ class Connection:
                 self.busy = True
                 keep_open = self._process(data)
                 self.busy = self._pending > 0
-                if not keep_open or self.broker.stopping:
+                if not keep_open or self.front.closing:
                     return
         finally:
             self._idle.wait(self.request_timeout)  # every accepted put is answered before the close
@@ -208,19 +196,9 @@ class Connection:
                 self.busy = False
 
     def _receive(self):
-        timeout = self.request_timeout if self.parser.in_frame else self.idle_timeout
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(RECV_BYTES)
-        except socket.timeout:
-            what = "a partial request" if self.parser.in_frame else "no request"
-            log.info("connection %s: %s for %.0f s; closing", self.peer, what, timeout)
-            return None
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
-                log.info("connection %s: receive failed: %s", self.peer, exc)
-            return None
-        self.parser.receive_data(data)
+        data = self.receive()
+        if data is not None:
+            self.parser.receive_data(data)
         return data
 
     def _process(self, data):
@@ -245,7 +223,7 @@ class Connection:
             try:
                 event = parser.next_event()
             except errors.RemoteProtocolError as exc:
-                self.broker.stats.protocol_errors += 1
+                self.stats.protocol_errors += 1
                 out.append(encode_result(400, exc.reason.encode("utf-8", "replace"), exc.opaque))
                 if exc.fatal:
                     log.info("connection %s: %s; closing", self.peer, exc.reason)
@@ -274,7 +252,7 @@ class Connection:
 
     def _after_flush(self, out, durable, wait_pos):
         try:
-            self.broker.flusher.wait_flushed(wait_pos)
+            self.flusher.wait_flushed(wait_pos)
         except errors.MetaqError as exc:
             # Nothing unflushed may be acknowledged: every waiting put gets the flush error.
             log.error("connection %s: %s", self.peer, exc)

@@ -17,9 +17,7 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
-from metaq.server import stats as stats_mod
-from metaq.server.replication import roles
-from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, PutPath
+from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +59,17 @@ def _verified_checksum(e):
 
 
 class TextDispatcher:
-    def __init__(self, broker):
-        self.broker = broker
-        self.store = broker.store
-        self.stats = broker.stats
-        self.put_path = PutPath(broker)
-        self.max_transfer = broker.config.store.max_transfer_size
-        self.max_wait_ms = broker.config.limits.max_wait_ms
+    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats):
+        """``render_stats(item)``: the body of a ``stats`` reply."""
+        self.store = store
+        self.stats = stats
+        self.put_path = put_path
+        self.tx = tx
+        self.roles = roles
+        self.waiters = waiters
+        self.render_stats = render_stats
+        self.max_transfer = config.store.max_transfer_size
+        self.max_wait_ms = config.limits.max_wait_ms
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
@@ -102,7 +104,7 @@ class TextDispatcher:
             if e.topic == SCHEDULE_TOPIC:
                 raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
             if e.tx_key is not None and e.tx_key != "null":
-                return self.broker.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
+                return self.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
@@ -154,8 +156,8 @@ class TextDispatcher:
     # -- get ---------------------------------------------------------------
 
     def get(self, e, conn):
-        if self.broker.read_refusal is not None:
-            return encode_result(503, self.broker.read_refusal.encode(), e.opaque), NO_WAIT
+        if self.roles.read_refusal is not None:
+            return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
         if e.max_size <= 0:
             return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque), NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
@@ -185,10 +187,10 @@ class TextDispatcher:
     def _long_poll(self, e, max_size, wait_s):
         deadline = time.monotonic() + wait_s
         key = (e.topic, e.partition)
-        waiters = self.broker.waiters
+        waiters = self.waiters
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.broker.stopping:
+            if remaining <= 0 or waiters.closed:
                 self.stats.on_get(e.topic, True)
                 return self._miss(e)
             waiters.wait(key, remaining)
@@ -202,8 +204,8 @@ class TextDispatcher:
     # -- the rest ----------------------------------------------------------
 
     def offset(self, e, conn):
-        if self.broker.read_refusal is not None:
-            return encode_result(503, self.broker.read_refusal.encode(), e.opaque), NO_WAIT
+        if self.roles.read_refusal is not None:
+            return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
         self.stats.on_offset(e.topic)
         nearest = self.store.nearest_offset(e.topic, e.partition, e.offset)
         return ok(b"%d" % nearest, e.opaque), NO_WAIT
@@ -220,7 +222,7 @@ class TextDispatcher:
         return ok(b"%d" % offset, e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
-        return ok(stats_mod.render(e.item, self.broker), e.opaque), NO_WAIT
+        return ok(self.render_stats(e.item), e.opaque), NO_WAIT
 
     def version(self, e, conn):
         return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
@@ -229,7 +231,7 @@ class TextDispatcher:
         refusal = self.put_path.slave_refusal
         if refusal is not None:
             return encode_result(503, refusal.encode(), e.opaque), NO_WAIT
-        return self.broker.tx.handle(e, conn), NO_WAIT
+        return self.tx.handle(e, conn), NO_WAIT
 
     def sync(self, e, conn):
         msg = b"sync is accepted only by a replication slave; this broker is a master"
@@ -242,7 +244,7 @@ class TextDispatcher:
 
     def _promote(self, e):
         try:
-            text = roles.promote(self.broker, e.force)
+            text = self.roles.promote(e.force)
         except errors.MetaqError as exc:
             log.warning("promote refused: %s", exc)
             return error_reply(exc, e.opaque)

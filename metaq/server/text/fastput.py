@@ -44,14 +44,13 @@ def _before_internal_topic(frames):
 class FastPuts:
     """One per broker; ``take`` is called by each connection before each frame of a burst."""
 
-    def __init__(self, broker, dispatcher):
-        self.broker = broker
+    def __init__(self, dispatcher, lim):
+        """``lim``: the broker's ``limits`` settings (body and line lengths)."""
         self.dispatcher = dispatcher
-        self.store = broker.store
-        self.stats = broker.stats
-        self.put_path = dispatcher.put_path
-        self.sync_flush = self.put_path.sync_flush
-        lim = broker.config.limits
+        self.put_path = path = dispatcher.put_path
+        self.store = path.store
+        self.stats = path.stats
+        self.sync_flush = path.sync_flush
         self.max_body = lim.max_body_bytes
         self.max_line = lim.max_line_bytes
 
@@ -68,7 +67,7 @@ class FastPuts:
         if not buf.startswith(b"put ", pos):
             return wait_pos
         path = self.put_path  # follows the broker's role (promotion, rejoin)
-        if self.broker.refusal is not None or path.slave_refusal is not None or path.sync_replication:
+        if path.refusal is not None or path.sync_replication:
             return wait_pos
         frames, _stop = scan_puts(buf, pos, end, self.max_body, self.max_line)
         frames = _before_internal_topic(frames)
@@ -89,9 +88,9 @@ class FastPuts:
                 if log_end > wait_pos:
                     wait_pos = log_end
         if not self.sync_flush:
-            self.broker.waiters.notify({run[0].key for run in runs})
+            path.waiters.notify({run[0].key for run in runs})
             if self.store.should_flush(now):
-                self.broker.flusher.wake()
+                path.flusher.wake()
         return wait_pos
 
     def _account(self, runs):

@@ -1,0 +1,249 @@
+"""The connection core: every listener of the broker accepts through it, once.
+
+A front-end (text, remoting, replication; later HTTP) does not open its own
+server socket. It asks the core for a listener (``ConnectionCore.listen``),
+giving how to make one of its connections and how to turn one away. The core
+then applies the same rules to every accepted socket:
+
+* **One cap across all listeners**: ``max_connections`` (by default what the
+  open-files limit leaves after ``limits.FD_RESERVE`` descriptors kept for the
+  store's segments, indexes and journals: ``limits.max_connections_for``). The
+  connection past the cap is refused in its listener's own words (the text port
+  answers ``result 503``; the others just close) and closed.
+* ``TCP_NODELAY`` (replies are small; no Nagle delay).
+* **Connection ids**, unique across listeners: the owner of a connection's
+  local transactions, whichever protocol it speaks.
+* **Deadlines**: a connection with no request for ``idle_timeout_s`` is closed,
+  and a request begun must be complete within ``request_timeout_s``
+  (``Connection.receive``).
+* **Close hooks** (``on_close``): what must happen when any connection ends
+  (the transaction service rolls back its local transactions...).
+* **Orderly close** at shutdown (``shutdown``): stop accepting on every
+  listener, close the idle connections, give the busy ones a grace period to
+  finish, then close the rest.
+
+A check that applies to every connection (an address allow-list, TLS, a
+handshake) belongs here, once, not in each front-end.
+"""
+
+import errno
+import functools
+import itertools
+import logging
+import socket
+import time
+
+import gevent
+from gevent.server import StreamServer
+
+log = logging.getLogger(__name__)
+
+#: Bytes asked of one recv().
+RECV_BYTES = 256 * 1024
+
+
+class Listener:
+    """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
+
+    def __init__(self, name, host, port, make, refuse, backlog):
+        self.name = name
+        self.host = host
+        self.requested_port = port
+        self.make = make  # make(sock, address, conn_id) -> Connection
+        self.refuse = refuse  # refuse(sock, reason) sends the listener's refusal, or None: just close
+        self.backlog = backlog
+        self.port = None
+        self._server = None
+
+    def start(self, handle):
+        self._server = StreamServer((self.host, self.requested_port), functools.partial(handle, self),
+                                    backlog=self.backlog)
+        self._server.start()
+        self.port = self._server.server_port
+
+    def close(self):
+        if self._server is not None:
+            self._server.close()
+
+
+class Timeouts:
+    """A connection's deadlines (seconds): with no request under way, and for a request once begun."""
+
+    __slots__ = ("idle_s", "request_s")
+
+    def __init__(self, idle_s, request_s):
+        self.idle_s = idle_s
+        self.request_s = request_s
+
+
+class Connection:
+    """What every front-end's connection shares: its socket, peer, id, deadlines, receive and close.
+
+    A subclass implements ``serve()`` (read and answer until the connection ends) and, when it can
+    be in the middle of a request, ``in_request`` (the request deadline applies then) and ``busy``
+    (a shutdown lets it finish).
+    """
+
+    #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
+    log_prefix = "connection"
+
+    def __init__(self, sock, address, conn_id, timeouts):
+        self.sock = sock
+        self.address = address
+        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
+        self.conn_id = conn_id
+        self.closed = False
+        self.idle_timeout = timeouts.idle_s
+        self.request_timeout = timeouts.request_s
+
+    @property
+    def in_request(self):
+        """True while a request has begun but not yet fully arrived."""
+        return False
+
+    #: True while the connection has a request to finish (a shutdown waits for it); a subclass sets it
+    #: or makes it a property.
+    busy = False
+
+    def serve(self):
+        raise NotImplementedError
+
+    def receive(self, nbytes=RECV_BYTES):
+        """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed)."""
+        in_request = self.in_request
+        timeout = self.request_timeout if in_request else self.idle_timeout
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(nbytes)
+        except socket.timeout:
+            log.info("%s %s: %s for %.0f s; closing", self.log_prefix, self.peer,
+                     "a partial request" if in_request else "no request", timeout)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
+                log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
+            return None
+        return data
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class ConnectionCore:
+    """The broker's listeners and every connection open on them."""
+
+    def __init__(self, max_connections, timeouts):
+        self.max_connections = max_connections
+        self.timeouts = timeouts
+        self.closing = False
+        self._listeners = []
+        self._open = {}  # conn_id -> Connection
+        self._listener_of = {}  # conn_id -> Listener
+        self._ids = itertools.count(1)
+        self._close_hooks = []
+
+    def listen(self, name, host, port, make, refuse=None, backlog=1024):
+        """Start accepting on ``host:port`` (0: any free port); returns the started Listener."""
+        listener = Listener(name, host, port, make, refuse, backlog)
+        listener.start(self._handle)
+        self._listeners.append(listener)
+        return listener
+
+    def on_close(self, hook):
+        """Call ``hook(conn)`` after any connection of any listener has ended."""
+        self._close_hooks.append(hook)
+
+    def count(self, name=None):
+        """Open connections, on one listener or on all."""
+        if name is None:
+            return len(self._open)
+        return sum(1 for listener in self._listener_of.values() if listener.name == name)
+
+    def connections(self, name=None):
+        """The open connections, of the listener(s) called ``name`` or of all."""
+        return [c for cid, c in list(self._open.items())
+                if name is None or getattr(self._listener_of.get(cid), "name", None) == name]
+
+    def next_id(self):
+        """A connection id for a connection the core did not accept (an internal client)."""
+        return next(self._ids)
+
+    # -- accepting -------------------------------------------------------------
+
+    def _handle(self, listener, sock, address):
+        if self.closing:
+            sock.close()
+            return
+        if len(self._open) >= self.max_connections:
+            self._refuse(listener, sock, address)
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        conn_id = next(self._ids)
+        conn = listener.make(sock, address, conn_id)
+        self._open[conn_id] = conn
+        self._listener_of[conn_id] = listener
+        try:
+            conn.serve()
+        finally:
+            conn.close()
+            self._open.pop(conn_id, None)
+            self._listener_of.pop(conn_id, None)
+            for hook in self._close_hooks:
+                try:
+                    hook(conn)
+                except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
+                    log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
+
+    def _refuse(self, listener, sock, address):
+        reason = "too many connections: the limit is %d" % self.max_connections
+        if listener.refuse is not None:
+            try:
+                listener.refuse(sock, reason)
+            except OSError:
+                pass
+        sock.close()
+        log.warning("refused a connection from %s on the %s port: %d connections open", address[0],
+                    listener.name, len(self._open))
+
+    # -- shutting down ---------------------------------------------------------
+
+    def close_listener(self, listener):
+        """Stop one listener and close the connections it accepted (a front-end stopping while the broker runs)."""
+        listener.close()
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        for cid, conn in list(self._open.items()):
+            if self._listener_of.get(cid) is listener:
+                conn.close()
+
+    def stop_accepting(self, keep=()):
+        """No new connection on any listener; those named in ``keep`` stay open (see ``shutdown``)."""
+        self.closing = True
+        for listener in list(self._listeners):
+            if listener.name not in keep:
+                listener.close()
+
+    def shutdown(self, grace_s, keep=()):
+        """Orderly close: no new connections, idle ones closed now, busy ones given ``grace_s`` to finish.
+
+        Listeners named in ``keep`` (replication: slaves must get what the finishing requests write) are
+        left to their front-end's own stop (``close_listener``)."""
+        self.stop_accepting(keep)
+        ending = [c for cid, c in list(self._open.items()) if self._listener_of[cid].name not in keep]
+        for conn in ending:
+            if not conn.busy:
+                conn.close()
+        deadline = time.monotonic() + grace_s
+        while any(c.busy and not c.closed for c in ending) and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        for conn in ending:
+            conn.close()

@@ -1,0 +1,43 @@
+"""The text port: a listener on the connection core whose connections speak MetaQ's text protocol."""
+
+from metaq.protocol.text import encode_result
+from metaq.server.text.connection import Connection
+
+
+class TextFrontEnd:
+    """What every text connection shares: the dispatcher, the put-burst fast path, the flusher, stats, limits."""
+
+    def __init__(self, core, dispatcher, fast_puts, flusher, stats, limits_cfg):
+        self.core = core
+        self.dispatcher = dispatcher
+        self.fast_puts = fast_puts
+        self.flusher = flusher
+        self.stats = stats
+        self.timeouts = core.timeouts
+        self.max_line_bytes = limits_cfg.max_line_bytes
+        self.max_body_bytes = limits_cfg.max_body_bytes
+        self.listener = None
+
+    @property
+    def closing(self):
+        """True once the broker shuts down: a connection ends after the requests it has."""
+        return self.core.closing
+
+    @property
+    def port(self):
+        return self.listener.port if self.listener is not None else None
+
+    def listen(self, host, port):
+        self.listener = self.core.listen("text", host, port, self._connection, refuse=refuse)
+        return self.listener
+
+    def _connection(self, sock, address, conn_id):
+        return Connection(sock, address, conn_id, self)
+
+    def connection_count(self):
+        return self.core.count("text")
+
+
+def refuse(sock, reason):
+    """The text port's refusal of a connection past the cap: ``result 503`` with the reason (then closed)."""
+    sock.sendall(encode_result(503, reason.encode(), 0))
