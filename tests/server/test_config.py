@@ -63,3 +63,10 @@ def test_settings_named_in_the_readme_exist():
     assert named
     for section, key in named:
         assert key in ServerConfig.model_fields[section].annotation.model_fields, "README names %s.%s" % (section, key)
+
+
+def test_shipped_topics_end_with_the_default_pattern():
+    with open(ROOT / "conf" / "server.yaml") as f:
+        shipped = yaml.safe_load(f)
+    default = [t.model_dump() for t in ServerConfig().topics]
+    assert shipped["topics"][-len(default):] == default
