@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
-from metaq.store.config import StoreConfig, TopicSpec
-from metaq.tx.manager import TxConfig
+from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
+from metaq.tx.manager import FLUSH_POLICIES, TxConfig
 
 
 def _defaults(container):
@@ -60,7 +60,7 @@ class StoreSection(_Section):
 
     segment_size: int = Field(_STORE["segment_size"], ge=64 * 1024)
     index_file_units: int = Field(_STORE["index_file_units"], ge=16)
-    flush: Literal["sync", "async"] = _STORE["flush"]
+    flush: Literal[FLUSH_MODES] = _STORE["flush"]
     flush_every_messages: int = Field(_STORE["flush_every_messages"], ge=1)
     flush_interval_ms: int = Field(_STORE["flush_interval_ms"], ge=1)
     checkpoint_interval_ms: int = Field(_STORE["checkpoint_interval_ms"], ge=10)
@@ -119,7 +119,7 @@ class TransactionsSection(_Section):
 
     max_timeout_s: int = Field(_TX["max_timeout_s"], ge=1)
     default_timeout_s: int = Field(_TX["default_timeout_s"], ge=1)
-    journal_flush: Literal["commit", "os", "interval"] = _TX["journal_flush"]
+    journal_flush: Literal[FLUSH_POLICIES] = _TX["journal_flush"]
     journal_file_size: int = Field(_TX["journal_file_size"], ge=64 * 1024)
     max_puts_per_tx: int = Field(_TX["max_puts_per_tx"], ge=1)
     max_tx_bytes: int = Field(_TX["max_tx_bytes"], ge=1024)
