@@ -31,7 +31,7 @@ from bench.run import MSG, pipelined, pipelined_puts  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
-from tests.broker_harness import BrokerProcess, small_config  # noqa: E402
+from tests.broker_harness import BrokerProcess, full_size_store, small_config  # noqa: E402
 
 TOPIC = "bench"
 
@@ -39,8 +39,7 @@ TOPIC = "bench"
 def start(root, name):
     wd = os.path.join(root, name)
     os.makedirs(wd, exist_ok=True)
-    cfg = small_config(os.path.join(wd, "data"), store={"segment_size": 1 << 30, "index_file_units": 1 << 20,
-                                                         "checkpoint_interval_ms": 1000},
+    cfg = small_config(os.path.join(wd, "data"), store=full_size_store(),
                        topics=[{"name": "*", "partitions": 1}], delay={"levels": "1s"})
     return BrokerProcess(wd, cfg).start()
 

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.remoting import RequestCode  # noqa: E402
-from tests.broker_harness import BrokerProcess, TextClient  # noqa: E402
+from tests.broker_harness import BrokerProcess, TextClient, full_size_store  # noqa: E402
 from tests.remoting.harness import RemotingClient, ns_of, rmq_config, run_peer  # noqa: E402
 from tests.remoting.test_remoting_codes import pull_fields  # noqa: E402
 
@@ -49,8 +49,7 @@ def have_official_client():
 def start(root, name):
     wd = os.path.join(root, name)
     os.makedirs(wd, exist_ok=True)
-    cfg = rmq_config(os.path.join(wd, "data"), store={"segment_size": 1 << 30, "index_file_units": 1 << 20,
-                                                      "flush": "async", "checkpoint_interval_ms": 1000},
+    cfg = rmq_config(os.path.join(wd, "data"), store=full_size_store(flush="async"),
                      topics=[{"name": "*", "partitions": PARTS}])
     return BrokerProcess(wd, cfg).start()
 

@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import MSG, pipelined_puts  # noqa: E402
-from tests.broker_harness import BrokerProcess, free_port, small_config  # noqa: E402
+from tests.broker_harness import BrokerProcess, free_port, full_size_store, small_config  # noqa: E402
 
 RECORD = MSG + 74  # a 1 KiB put's record in the log (header + topic "bench")
 
@@ -34,9 +34,7 @@ RECORD = MSG + 74  # a 1 KiB put's record in the log (header + topic "bench")
 def broker(root, name, replication=None, slave_of=None):
     wd = os.path.join(root, name)
     os.makedirs(wd, exist_ok=True)
-    cfg = small_config(os.path.join(wd, "data"), store={"flush": "sync", "segment_size": 1 << 30,
-                                                         "index_file_units": 1 << 20,
-                                                         "checkpoint_interval_ms": 1000},
+    cfg = small_config(os.path.join(wd, "data"), store=full_size_store(flush="sync"),
                        limits={"max_body_bytes": 1 << 20}, topics=[{"name": "*", "partitions": 4}])
     if replication:
         cfg["replication"] = replication

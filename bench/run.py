@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import wire  # noqa: E402
 from bench.redis_streams import RedisBench, redis_available  # noqa: E402
-from tests.broker_harness import BrokerProcess, small_config  # noqa: E402
+from tests.broker_harness import BrokerProcess, full_size_store, small_config  # noqa: E402
 
 MSG = 1024
 TOPIC = "bench"
@@ -150,12 +150,10 @@ def sequential_reads(port, count, max_size=1 << 20):
     return nbytes / elapsed / 1e6, offset / elapsed
 
 
-def start_broker(root, flush, name, segment=1 << 30):
+def start_broker(root, flush, name):
     wd = os.path.join(root, name)
     os.makedirs(wd, exist_ok=True)
-    cfg = small_config(os.path.join(wd, "data"), store={"flush": flush, "segment_size": segment,
-                                                         "index_file_units": 1 << 20,
-                                                         "checkpoint_interval_ms": 1000},
+    cfg = small_config(os.path.join(wd, "data"), store=full_size_store(flush=flush),
                        limits={"max_body_bytes": 1 << 20},
                        topics=[{"name": "*", "partitions": 4}])
     return BrokerProcess(wd, cfg).start()

@@ -43,12 +43,15 @@ def wait_for(predicate, timeout=15.0, what="condition", interval=0.05):
         time.sleep(interval)
 
 
+#: The ``store:`` settings small_config sets (small segments and index files, frequent checkpoints).
+SMALL_STORE = {"segment_size": 1 << 20, "index_file_units": 4096, "flush": "sync", "checkpoint_interval_ms": 200}
+
+
 def small_config(data_dir, **sections):
     """A config for tests: small segments and index files, every topic allowed."""
     cfg = {
         "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
-        "store": {"segment_size": 1 << 20, "index_file_units": 4096, "flush": "sync",
-                  "checkpoint_interval_ms": 200},
+        "store": dict(SMALL_STORE),
         "limits": {"max_body_bytes": 256 * 1024},
         "topics": [{"name": "t*", "partitions": 4}, {"name": "*", "partitions": 2}],
     }
@@ -58,6 +61,17 @@ def small_config(data_dir, **sections):
         else:
             cfg[name] = values
     return cfg
+
+
+def full_size_store(**overrides):
+    """``store:`` settings that undo small_config's: the schema's defaults for them, then ``overrides``.
+
+    For benchmarks, which measure the real layout (1 GiB segments, 16 MiB index files).
+    """
+    from metaq.server.config import ServerConfig
+
+    defaults = ServerConfig().store
+    return dict({name: getattr(defaults, name) for name in SMALL_STORE}, **overrides)
 
 
 def read_text(path, offset=0):

@@ -150,12 +150,15 @@ def broker_address(layout):
     """(host, port) the broker listens on, from its server.yaml (a wildcard bind is probed on loopback)."""
     import yaml
 
+    from metaq.server.config import BrokerSection
+
+    default = BrokerSection()
     with open(layout.config) as f:
         broker = (yaml.safe_load(f) or {}).get("broker") or {}
-    host = broker.get("host", "127.0.0.1")
+    host = broker.get("host", default.host)
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
-    return host, int(broker.get("port", 8123))
+    return host, int(broker.get("port", default.port))
 
 
 def probe(address, timeout=PROBE_TIMEOUT_S):

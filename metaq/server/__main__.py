@@ -24,18 +24,23 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser():
+    from metaq.server.config import ServerConfig
+
+    d = ServerConfig()  # the defaults, for the help text
     p = argparse.ArgumentParser(
         prog="metaq-server",
         description="Run a metaq broker (MetaQ text protocol on one port, data in a shared commit log).",
         epilog="Flags override the YAML file; without -c the built-in defaults are used "
-               "(127.0.0.1:8123, data under ./data, sync flush, every topic allowed).",
+               "(%s:%d, data under %s, %s flush, every topic allowed)."
+               % (d.broker.host, d.broker.port, d.broker.data_dir, d.store.flush),
     )
     p.add_argument("-c", "--config", metavar="FILE", default=os.environ.get("METAQ_CONFIG"),
                    help="YAML configuration file (default: $METAQ_CONFIG, else built-in defaults)")
-    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to bind (default 8123; 0 = any free port)")
-    p.add_argument("--data-dir", metavar="DIR", help="where the commit log and indexes live (default ./data)")
-    p.add_argument("--broker-id", type=int, metavar="N", help="broker id, 0..1023 (default 0)")
+    p.add_argument("--host", help="address to bind (default %s)" % d.broker.host)
+    p.add_argument("--port", type=int, help="port to bind (default %d; 0 = any free port)" % d.broker.port)
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where the commit log and indexes live (default %s)" % d.broker.data_dir)
+    p.add_argument("--broker-id", type=int, metavar="N", help="broker id, 0..1023 (default %d)" % d.broker.id)
     p.add_argument("--flush", choices=("sync", "async"),
                    help="sync: acknowledge after fsync (group commit); async: flush every N messages or T ms")
     p.add_argument("--zk", metavar="HOST:PORT[,...]",
@@ -52,7 +57,8 @@ def build_parser():
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
-    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="log level (default INFO)")
+    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="log level (default %s)" % d.broker.log_level)
     p.add_argument("--version", action="version", version="metaq-server %s" % metaq.__version__)
     return p
 

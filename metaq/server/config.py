@@ -2,8 +2,16 @@
 
 The file layout is documented setting by setting in ``conf/server.yaml``.
 Unknown keys are errors (a typo must not silently fall back to a default).
+
+This is the one schema of the broker's settings. Each default is written once:
+the store's knobs (``store:``) take theirs from ``metaq.store.config.StoreConfig``
+and the transaction manager's (``transactions:``) from ``metaq.tx.manager.TxConfig``
+(store/ and tx/ may not import this module); the settings only the server uses
+have theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config``
+build those two from this schema.
 """
 
+import inspect
 import os
 import resource
 from typing import List, Literal, Optional
@@ -14,7 +22,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
-from metaq.store.config import StoreConfig, TopicSpec
+from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
+from metaq.tx.manager import FLUSH_POLICIES, TxConfig
+
+
+def _defaults(container):
+    """Name -> default of every field of ``container`` (a dataclass or NamedTuple) that has one."""
+    return {name: p.default for name, p in inspect.signature(container).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _settings_for(container, section):
+    """The settings of ``section`` that ``container`` takes, as its keyword arguments."""
+    return {name: getattr(section, name) for name in inspect.signature(container).parameters
+            if name in type(section).model_fields}
+
+
+_STORE = _defaults(StoreConfig)
+_TX = _defaults(TxConfig)
 
 
 class _Section(BaseModel):
@@ -31,19 +56,21 @@ class BrokerSection(_Section):
 
 
 class StoreSection(_Section):
-    segment_size: int = Field(1 << 30, ge=64 * 1024)
-    index_file_units: int = Field(1 << 20, ge=16)
-    flush: Literal["sync", "async"] = "sync"
-    flush_every_messages: int = Field(1000, ge=1)
-    flush_interval_ms: int = Field(1000, ge=1)
-    checkpoint_interval_ms: int = Field(1000, ge=10)
-    retention_hours: float = Field(168.0, gt=0)
+    """The store's knobs (defaults from ``StoreConfig``) and how often the broker runs retention and disk checks."""
+
+    segment_size: int = Field(_STORE["segment_size"], ge=64 * 1024)
+    index_file_units: int = Field(_STORE["index_file_units"], ge=16)
+    flush: Literal[FLUSH_MODES] = _STORE["flush"]
+    flush_every_messages: int = Field(_STORE["flush_every_messages"], ge=1)
+    flush_interval_ms: int = Field(_STORE["flush_interval_ms"], ge=1)
+    checkpoint_interval_ms: int = Field(_STORE["checkpoint_interval_ms"], ge=10)
+    retention_hours: float = Field(_STORE["retention_hours"], gt=0)
     retention_check_interval_s: float = Field(60.0, gt=0)
-    disk_warn_ratio: float = Field(0.75, gt=0, le=1)
-    disk_danger_ratio: float = Field(0.90, gt=0, le=1)
+    disk_warn_ratio: float = Field(_STORE["disk_warn_ratio"], gt=0, le=1)
+    disk_danger_ratio: float = Field(_STORE["disk_danger_ratio"], gt=0, le=1)
     disk_check_interval_s: float = Field(1.0, gt=0)
-    max_transfer_size: int = Field(limits.MAX_TRANSFER_BYTES, ge=1024)
-    force_recovery: bool = False
+    max_transfer_size: int = Field(_STORE["max_transfer_size"], ge=1024)
+    force_recovery: bool = _STORE["force_recovery"]
 
     @model_validator(mode="after")
     def _marks_ordered(self):
@@ -88,12 +115,14 @@ class ZkSection(_Section):
 
 
 class TransactionsSection(_Section):
-    max_timeout_s: int = Field(60, ge=1)
-    default_timeout_s: int = Field(60, ge=1)
-    journal_flush: Literal["commit", "os", "interval"] = "commit"
-    journal_file_size: int = Field(64 << 20, ge=64 * 1024)
-    max_puts_per_tx: int = Field(10000, ge=1)
-    max_tx_bytes: int = Field(64 << 20, ge=1024)
+    """The transaction manager's settings (defaults from ``TxConfig``)."""
+
+    max_timeout_s: int = Field(_TX["max_timeout_s"], ge=1)
+    default_timeout_s: int = Field(_TX["default_timeout_s"], ge=1)
+    journal_flush: Literal[FLUSH_POLICIES] = _TX["journal_flush"]
+    journal_file_size: int = Field(_TX["journal_file_size"], ge=64 * 1024)
+    max_puts_per_tx: int = Field(_TX["max_puts_per_tx"], ge=1)
+    max_tx_bytes: int = Field(_TX["max_tx_bytes"], ge=1024)
 
     @model_validator(mode="after")
     def _timeouts(self):
@@ -215,26 +244,19 @@ class ServerConfig(_Section):
         return limits.max_connections_for(soft)
 
     def store_config(self):
-        s = self.store
+        """The ``StoreConfig`` of this schema: data dir, broker id, topics and every ``store:`` knob it takes."""
         return StoreConfig(
             data_dir=os.path.abspath(self.broker.data_dir),
             broker_id=self.broker.id,
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))] + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
-            segment_size=s.segment_size,
-            index_file_units=s.index_file_units,
-            flush=s.flush,
-            flush_every_messages=s.flush_every_messages,
-            flush_interval_ms=s.flush_interval_ms,
-            checkpoint_interval_ms=s.checkpoint_interval_ms,
-            retention_hours=s.retention_hours,
-            disk_warn_ratio=s.disk_warn_ratio,
-            disk_danger_ratio=s.disk_danger_ratio,
-            max_transfer_size=s.max_transfer_size,
-            force_recovery=s.force_recovery,
+            **_settings_for(StoreConfig, self.store),
         )
 
+    def tx_config(self):
+        """The transaction manager's ``TxConfig``: the ``transactions:`` section."""
+        return TxConfig(**_settings_for(TxConfig, self.transactions))
 
 def _format_errors(source, exc):
     lines = ["invalid configuration in %s:" % source]

@@ -22,7 +22,7 @@ from metaq import errors
 from metaq.protocol.text import encode_result
 from metaq.server.text.dispatch import error_reply
 from metaq.protocol.xa import XA_OK, XAER_INVAL, XAER_RMERR, check_qualifier, parse_tx_key
-from metaq.tx.manager import TransactionManager, TxConfig
+from metaq.tx.manager import TransactionManager
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,7 @@ class TxService:
         self.sync_flush = config.store.flush == "sync"
         cfg = config.transactions
         self.flush_policy = cfg.journal_flush
-        self.manager = TransactionManager.open(store, TxConfig(
-            max_timeout_s=cfg.max_timeout_s, default_timeout_s=cfg.default_timeout_s,
-            journal_flush=cfg.journal_flush, journal_file_size=cfg.journal_file_size,
-            max_puts_per_tx=cfg.max_puts_per_tx, max_tx_bytes=cfg.max_tx_bytes), now_ms())
+        self.manager = TransactionManager.open(store, config.tx_config(), now_ms())
         self._tasks = []
         self._pool = gevent.get_hub().threadpool
 

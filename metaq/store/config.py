@@ -1,7 +1,9 @@
 """Store configuration: topics (names and ``*`` patterns) and the store's knobs.
 
 The server builds a ``StoreConfig`` from its YAML; tests build one directly.
-Every check raises ``ConfigError`` naming the setting.
+The defaults below are the only ones: the broker's schema (``metaq.server.config``,
+``store:``) takes its defaults from here. Every check raises ``ConfigError`` naming
+the setting.
 """
 
 import os

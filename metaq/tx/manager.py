@@ -48,7 +48,7 @@ _TIMED_OUT, _FINISHED = "timed out", "finished"
 
 
 class TxConfig(NamedTuple):
-    """The broker's ``transactions:`` section."""
+    """The broker's ``transactions:`` section; its defaults are the only ones (``metaq.server.config`` takes them)."""
 
     max_timeout_s: int = 60
     default_timeout_s: int = 60

@@ -1,0 +1,72 @@
+"""The configuration schema: one default per setting, the store's and tx's configs built from it, documented."""
+
+import dataclasses
+import inspect
+import pathlib
+import re
+
+import pytest
+import yaml
+
+from metaq.server.config import ServerConfig, load_config
+from metaq.store.config import StoreConfig
+from metaq.tx.manager import TxConfig
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+#: StoreConfig fields the server fills from other sections (broker.data_dir, broker.id, topics, delay, remoting).
+STORE_FROM_ELSEWHERE = {"data_dir", "broker_id", "topics"}
+SECTIONS = [name for name in ServerConfig.model_fields if name != "topics"]
+
+
+def test_every_store_knob_is_a_store_setting_with_the_store_default():
+    section = ServerConfig.model_fields["store"].annotation
+    for f in dataclasses.fields(StoreConfig):
+        if f.name in STORE_FROM_ELSEWHERE:
+            continue
+        assert f.name in section.model_fields, "StoreConfig.%s is not configurable under store:" % f.name
+        assert section.model_fields[f.name].default == f.default, f.name
+
+
+def test_every_tx_setting_is_a_transactions_setting_with_the_tx_default():
+    section = ServerConfig.model_fields["transactions"].annotation
+    assert set(inspect.signature(TxConfig).parameters) <= set(section.model_fields)
+    assert load_config(None).tx_config() == TxConfig()
+
+
+def test_store_and_tx_configs_carry_every_setting(tmp_path):
+    store = {"segment_size": 8 << 20, "index_file_units": 128, "flush": "async", "flush_every_messages": 7,
+             "flush_interval_ms": 8, "checkpoint_interval_ms": 90, "retention_hours": 2.5, "disk_warn_ratio": 0.5,
+             "disk_danger_ratio": 0.6, "max_transfer_size": 4096, "force_recovery": True}
+    tx = {"max_timeout_s": 30, "default_timeout_s": 20, "journal_flush": "os", "journal_file_size": 1 << 20,
+          "max_puts_per_tx": 5, "max_tx_bytes": 2048}
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"broker": {"id": 9, "data_dir": str(tmp_path / "d")}, "store": store,
+                                 "transactions": tx}))
+    c = load_config(str(f))
+    sc = c.store_config()
+    assert {k: getattr(sc, k) for k in store} == store
+    assert (sc.broker_id, sc.data_dir) == (9, str(tmp_path / "d"))
+    assert c.tx_config() == TxConfig(**tx)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_shipped_config_documents_every_setting_with_its_default(section):
+    with open(ROOT / "conf" / "server.yaml") as f:
+        shipped = yaml.safe_load(f)
+    defaults = getattr(ServerConfig(), section).model_dump()
+    assert shipped.get(section) == defaults
+
+
+def test_settings_named_in_the_readme_exist():
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"`(%s)\.(\w+)`" % "|".join(SECTIONS), text))
+    assert named
+    for section, key in named:
+        assert key in ServerConfig.model_fields[section].annotation.model_fields, "README names %s.%s" % (section, key)
+
+
+def test_shipped_topics_end_with_the_default_pattern():
+    with open(ROOT / "conf" / "server.yaml") as f:
+        shipped = yaml.safe_load(f)
+    default = [t.model_dump() for t in ServerConfig().topics]
+    assert shipped["topics"][-len(default):] == default
