@@ -1,0 +1,207 @@
+"""The text dispatcher, the put path and role changes in process: a real MessageStore in a temporary
+directory, the real flusher, put path, roles and dispatcher, and a fake connection. No socket is opened."""
+
+import gevent
+import pytest
+
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import NEED_DATA, TextParser
+from metaq.server.config import ServerConfig
+from metaq.server.connections import ConnectionCore, Timeouts
+from metaq.server.delay import DelayScheduler
+from metaq.server.flusher import Flusher, now_ms
+from metaq.server.longpoll import PartitionWaiters
+from metaq.server.putpath import PutPath, WriteGate
+from metaq.server.replication.roles import Roles, read_promoted
+from metaq.server.stats import BrokerStats
+from metaq.server.text.dispatch import TextDispatcher
+from metaq.server.transactions import TxService
+from metaq.store.store import MessageStore
+from gevent.lock import Semaphore
+
+
+def config(data_dir, flush="sync", **sections):
+    raw = {
+        "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
+        "store": {"segment_size": 1 << 20, "index_file_units": 4096, "flush": flush},
+        "limits": {"max_body_bytes": 256 * 1024},
+        "topics": [{"name": "*", "partitions": 2}],
+    }
+    raw.update(sections)
+    return ServerConfig.model_validate(raw)
+
+
+class FakeConnection:
+    """What a dispatcher uses of a connection: an id, ``send`` and ``spawn`` (replies of greenlets)."""
+
+    def __init__(self, conn_id=1):
+        self.conn_id = conn_id
+        self.sent = []
+        self.children = []
+
+    def send(self, data):
+        if data:
+            self.sent.append(b"".join(bytes(b) for b in data) if isinstance(data, list) else data)
+
+    def spawn(self, func, *args):
+        self.children.append(gevent.spawn(lambda: self.send(func(*args))))
+
+    def join(self):
+        gevent.joinall(self.children, timeout=10)
+
+
+def parse(reply):
+    """One wire reply (bytes or a list of buffers) as a Result/Value event."""
+    if isinstance(reply, list):
+        reply = b"".join(bytes(b) for b in reply)
+    parser = TextParser()
+    parser.receive_data(reply)
+    event = parser.next_event()
+    assert event is not NEED_DATA
+    return event
+
+
+class Parts:
+    """The broker's pieces wired as ``Broker`` wires them, minus the listeners."""
+
+    def __init__(self, cfg):
+        self.config = cfg
+        self.store = MessageStore.open(cfg.store_config(), now_ms())
+        self.stats = BrokerStats()
+        self.waiters = PartitionWaiters()
+        self.gate = WriteGate()
+        self.flusher = Flusher(self.store, self.store.config, self.waiters.notify, lambda: None)
+        self.core = ConnectionCore(10, Timeouts(60, 60))
+        self.roles = Roles(cfg, self.store, self.core, self.flusher, self.waiters, Semaphore())
+        self.tx = TxService(self.store, cfg, self.flusher, self.waiters, self.stats)
+        self.delay = DelayScheduler(self.store, cfg, self.flusher, self.waiters, self.gate,
+                                    is_master=self.roles.slave_link is None)
+        self.roles.on_change(self.delay.role_changed)
+        self.path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate, self.delay,
+                            sync_flush=cfg.store.flush == "sync")
+        self.dispatcher = TextDispatcher(self.store, self.stats, self.path, self.tx, self.roles, self.waiters, cfg,
+                                         lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode())
+        self.flusher.start()
+
+    def call(self, event, conn):
+        """Dispatch one event; a reply held for the flush is sent once the log is durable up to its position."""
+        handler = self.dispatcher.put if type(event) is ev.Put else self.dispatcher.handle
+        reply, pos = handler(event, conn)
+        if pos:
+            self.flusher.wait_flushed(pos)
+        return None if reply is None else parse(reply)
+
+    def close(self):
+        self.delay.stop()
+        self.tx.stop()
+        self.flusher.stop()
+        self.store.close(now_ms())
+
+
+@pytest.fixture
+def parts(tmp_path):
+    p = Parts(config(tmp_path / "data"))
+    yield p
+    p.close()
+
+
+def put(topic, partition, body, opaque):
+    return ev.Put(topic, partition, 0, body, opaque, metaq_checksum(body))
+
+
+def test_put_is_acknowledged_after_its_flush_and_read_back(parts):
+    conn = FakeConnection()
+    handler_reply, pos = parts.dispatcher.put(put("orders", 1, b"hello", 5), conn)
+    assert pos > 0 and parts.store.flushed_position < pos  # sync mode: the ack waits for this flush position
+    parts.flusher.wait_flushed(pos)
+    r = parse(handler_reply)
+    assert (r.code, r.opaque) == (200, 5)
+    _msg_id, partition, offset = r.body.split()
+    assert (partition, offset) == (b"1", b"0")
+    got = parts.call(ev.Get("orders", "g", 1, 0, 1 << 16, 6), conn)
+    assert type(got) is ev.Value and got.opaque == 6 and got.body.endswith(b"hello")
+    assert parts.stats.cmd_put == 1
+
+
+def test_a_bad_checksum_is_refused_and_nothing_is_stored(parts):
+    conn = FakeConnection()
+    r = parts.call(ev.Put("orders", 0, 0, b"hello", 9, 12345), conn)
+    assert r.code == 400 and b"Checksum failure" in r.body and r.opaque == 9
+    assert parts.store.max_offset("orders", 0) == 0
+
+
+def test_a_refused_disk_refuses_puts_until_the_gate_reopens(parts):
+    conn = FakeConnection()
+    parts.gate.disk_full("disk usage 97% is above the danger mark")
+    r = parts.call(put("orders", 0, b"x", 1), conn)
+    assert r.code == 503 and b"danger mark" in r.body
+    assert parts.store.max_offset("orders", 0) == 0
+    parts.gate.refresh()  # the next disk check: no disk state, no flush failure
+    assert parts.call(put("orders", 0, b"x", 2), conn).code == 200
+    assert parts.store.max_offset("orders", 0) == 1
+
+
+def test_a_long_poll_is_answered_by_the_next_put(parts):
+    waiting, producer = FakeConnection(1), FakeConnection(2)
+    reply, pos = parts.dispatcher.handle(ev.Get("orders", "g", 0, 0, 1 << 16, 3, max_wait_ms=5000), waiting)
+    assert reply is None and pos == 0 and waiting.children  # parked on its own greenlet
+    gevent.sleep(0.05)
+    assert waiting.sent == []
+    assert parts.call(put("orders", 0, b"wake up", 4), producer).code == 200
+    waiting.join()
+    r = parse(waiting.sent[0])
+    assert type(r) is ev.Value and r.opaque == 3 and r.body.endswith(b"wake up")
+
+
+def test_a_parked_poll_answers_404_when_the_waiters_close(parts):
+    conn = FakeConnection()
+    parts.dispatcher.handle(ev.Get("orders", "g", 0, 0, 1 << 16, 8, max_wait_ms=60000), conn)
+    gevent.sleep(0.05)
+    parts.waiters.close()  # the broker stops
+    conn.join()
+    assert parse(conn.sent[0]).code == 404
+
+
+def test_stats_and_version_go_through_their_collaborators(parts):
+    conn = FakeConnection()
+    assert parts.call(ev.Stats("topics", 1), conn).body == b"STATS\r\nitem topics\r\nEND\r\n"
+    assert parts.call(ev.Version(2), conn).code == 200
+
+
+def test_a_slave_refuses_puts_and_a_forced_promotion_makes_it_a_master(tmp_path):
+    cfg = config(tmp_path / "data", replication={"role": "slave", "slave_of": "127.0.0.1:1", "slave_id": 1})
+    p = Parts(cfg)
+    try:
+        conn = FakeConnection()
+        assert p.roles.role == "slave" and p.roles.slave_link is not None
+        r = p.call(put("orders", 0, b"x", 1), conn)
+        assert r.code == 503 and b"replication slave of 127.0.0.1:1" in r.body
+        assert not p.delay.enabled  # a slave does not deliver delayed messages
+        refused = p.call(ev.Promote(False, 2), conn)  # never heard from its master: not caught up
+        assert refused is None
+        conn.join()
+        r = parse(conn.sent.pop())
+        assert r.code == 503 and b"not caught up" in r.body and p.roles.role == "slave"
+        assert p.call(ev.Promote(True, 3), conn) is None
+        conn.join()
+        r = parse(conn.sent.pop())
+        assert r.code == 200 and b"promoted: broker 7 is now the master" in r.body and b"FORCED" in r.body
+        assert p.roles.role == "master" and p.roles.slave_link is None
+        assert read_promoted(p.store)["former_master"] == "127.0.0.1:1"
+        assert p.delay.enabled  # the role change reached the delay scheduler
+        r = p.call(put("orders", 0, b"after", 4), conn)
+        assert r.code == 200 and p.store.max_offset("orders", 0) == 1
+    finally:
+        p.close()
+
+
+def test_the_async_put_path_makes_a_put_visible_at_once(tmp_path):
+    p = Parts(config(tmp_path / "data", flush="async"))
+    try:
+        conn = FakeConnection()
+        reply, pos = p.dispatcher.put(put("orders", 0, b"now", 1), conn)
+        assert pos == 0 and parse(reply).code == 200
+        assert p.call(ev.Get("orders", "g", 0, 0, 1 << 16, 2), conn).body.endswith(b"now")
+    finally:
+        p.close()
