@@ -24,6 +24,7 @@ from metaq.server.stats import BrokerStats
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
+from metaq.server.text.transactions import TextTransactions
 from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
 
@@ -70,8 +71,8 @@ class Broker:
         self.roles.on_change(self.delay.role_changed)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
-        self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, self.tx, self.roles, self.waiters,
-                                         config, self.render_stats)
+        self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx), self.roles,
+                                         self.waiters, config, self.render_stats)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None

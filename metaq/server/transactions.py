@@ -1,5 +1,7 @@
-"""The ``transaction`` command and transactional puts, served over ``metaq.tx.TransactionManager``.
+"""The protocol-neutral transaction service over ``metaq.tx.TransactionManager``.
 
+Front-ends (the text ``transaction`` command: ``metaq.server.text.transactions``; RocketMQ half messages:
+``metaq.server.remoting.send``) turn their requests into these calls and format their own replies.
 The manager is pure (files and state); this module adds what needs the event
 loop: journal fsyncs in gevent's thread pool before a prepare, commit or
 rollback is answered (policy ``transactions.journal_flush``), the commit's
@@ -8,9 +10,6 @@ wait in ``sync`` mode, wake-ups for long-polling consumers, the timeout sweep,
 journal maintenance and the rollback of a closed connection's local
 transactions.
 
-Our extensions to MetaQ's types (for ``metaq-admin``): ``HEURISTIC_COMMIT`` and
-``HEURISTIC_ROLLBACK`` decide a prepared XA branch by hand; the client's later
-commit or rollback then gets XA_HEURCOM / XA_HEURRB until FORGET.
 """
 
 import logging
@@ -19,9 +18,7 @@ import time
 import gevent
 
 from metaq import errors
-from metaq.protocol.text import encode_result
-from metaq.server.text.dispatch import error_reply
-from metaq.protocol.xa import XA_OK, XAER_INVAL, XAER_RMERR, check_qualifier, parse_tx_key
+from metaq.protocol.xa import XAER_INVAL, XAER_RMERR, parse_tx_key
 from metaq.tx.manager import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -57,58 +54,41 @@ class TxService:
         except OSError as exc:
             log.error("closing the transaction journal: %s", exc)
 
-    # -- requests ---------------------------------------------------------------
+    # -- what a front-end asks ---------------------------------------------------------
 
-    def put(self, e, conn):
-        """A transactional put: journaled now, appended at commit. Reply ``-1 <partition> -1``."""
-        txid = self._txid(e.tx_key)
-        partition = self.manager.put(txid, conn.conn_id, e.topic, e.partition, e.flag, e.body, e.checksum, now_ms())
-        self.stats.on_put(e.topic, len(e.body))
-        return encode_result(200, b"-1 %d -1" % partition, e.opaque)
+    def txid(self, key):
+        """The transaction id of a request's key; TransactionError for a missing (``null``) one."""
+        txid = parse_tx_key(key)
+        if txid is None:
+            raise errors.TransactionError(XAER_INVAL, "this request needs a transaction id, not null")
+        return txid
 
-    def handle(self, e, conn):
-        """One ``transaction`` request: the reply, or None when a spawned greenlet will send it."""
-        kind = e.tx_type
-        if kind == "END":
-            return None
-        if kind == "RECOVER":
-            if e.unique_qualifier:
-                check_qualifier(e.unique_qualifier)
-            keys = self.manager.recover(e.unique_qualifier)
-            return encode_result(200, "\r\n".join(keys).encode(), e.opaque)
-        txid = self._txid(e.tx_key)
-        owner = conn.conn_id
-        now = now_ms()
-        if kind == "BEGIN":
-            if txid.is_xa and e.unique_qualifier and e.unique_qualifier != txid.unique_qualifier:
-                raise errors.TransactionError(XAER_INVAL, "uniqueQualifier %s does not match the branch %s"
-                                              % (e.unique_qualifier, txid.key))
-            self.manager.begin(txid, None if txid.is_xa else owner, e.timeout, now)
-            self._count_begin(txid)
-            return encode_result(200, b"", e.opaque)
-        if kind == "PREPARE":
-            code = self.manager.prepare(txid, owner, now)
-            if code != XA_OK:
-                return encode_result(200, b"%d" % code, e.opaque)
-            self._reply_later(conn, e.opaque, self._durable_reply, encode_result(200, b"%d" % code, e.opaque))
-            return None
-        if kind in ("COMMIT_ONE_PHASE", "COMMIT_TWO_PHASE"):
-            plan = self.manager.commit(txid, owner, kind == "COMMIT_ONE_PHASE", now)
-            self._reply_later(conn, e.opaque, self._finish_commit, plan, e.opaque)
-            return None
-        if kind == "ROLLBACK":
-            self.manager.rollback(txid, owner, now)
-            self.stats.tx_rollback += 1
-            self._reply_later(conn, e.opaque, self._durable_reply, encode_result(200, b"", e.opaque))
-            return None
-        if kind == "FORGET":
-            self.manager.forget(txid, now)
-            return encode_result(200, b"", e.opaque)
-        if kind in ("HEURISTIC_COMMIT", "HEURISTIC_ROLLBACK"):
-            plan = self.manager.heuristic(txid.key, kind == "HEURISTIC_COMMIT", now)
-            self._reply_later(conn, e.opaque, self._finish_heuristic, txid.key, plan, e.opaque)
-            return None
-        raise errors.TransactionError(XAER_RMERR, "unsupported transaction type %s" % kind)
+    def put(self, tx_key, owner, topic, partition, flag, body, checksum):
+        """A transactional put: journaled now, appended at commit; returns the partition chosen."""
+        partition = self.manager.put(self.txid(tx_key), owner, topic, partition, flag, body, checksum, now_ms())
+        self.stats.on_put(topic, len(body))
+        return partition
+
+    def begin(self, txid, owner, timeout, unique_qualifier=None):
+        if txid.is_xa and unique_qualifier and unique_qualifier != txid.unique_qualifier:
+            raise errors.TransactionError(XAER_INVAL, "uniqueQualifier %s does not match the branch %s"
+                                          % (unique_qualifier, txid.key))
+        self.manager.begin(txid, None if txid.is_xa else owner, timeout, now_ms())
+        if txid.is_xa:
+            self.stats.tx_xa_begin += 1
+        else:
+            self.stats.tx_begin += 1
+
+    def rollback(self, txid, owner):
+        """Roll back now; the caller makes it durable with ``flush_journal`` (from a greenlet of its own)."""
+        self.manager.rollback(txid, owner, now_ms())
+        self.stats.tx_rollback += 1
+
+    def decided_by_hand(self, key, commit):
+        """An operator's HEURISTIC decision: the commit plan (None for a rollback)."""
+        plan = self.manager.heuristic(key, commit, now_ms())
+        log.warning("operator decided transaction %s by hand: %s", key, "commit" if commit else "rollback")
+        return plan
 
     def connection_closed(self, conn_id):
         rolled = self.manager.owner_closed(conn_id, now_ms())
@@ -119,35 +99,7 @@ class TxService:
 
     # -- durability ---------------------------------------------------------------
 
-    def _reply_later(self, conn, opaque, func, *args):
-        """Run ``func`` in a greenlet of its own and send its reply if the connection is still open.
-
-        Not a child of the connection: a commit whose COMMIT record is written completes even
-        when its client disconnects meanwhile.
-        """
-
-        def run():
-            try:
-                reply = func(*args)
-            except errors.MetaqError as exc:
-                reply = error_reply(exc, opaque)
-            conn.send(reply)
-
-        gevent.spawn(run)
-
-    def _txid(self, key):
-        txid = parse_tx_key(key)
-        if txid is None:
-            raise errors.TransactionError(XAER_INVAL, "this request needs a transaction id, not null")
-        return txid
-
-    def _count_begin(self, txid):
-        if txid.is_xa:
-            self.stats.tx_xa_begin += 1
-        else:
-            self.stats.tx_begin += 1
-
-    def _flush_journal(self):
+    def flush_journal(self):
         """Make the journal durable per policy (fsync in a pool thread; the loop keeps serving)."""
         if self.flush_policy == "commit" and self.manager.needs_flush:
             try:
@@ -162,26 +114,14 @@ class TxService:
 
     def _flush_quietly(self):
         try:
-            self._flush_journal()
+            self.flush_journal()
         except errors.MetaqError as exc:
             log.error("%s", exc)
 
-    def _durable_reply(self, reply):
-        self._flush_journal()
-        return reply
-
-    def _finish_commit(self, plan, opaque):
-        """After the COMMIT record is durable: append, wait for the store in sync mode, wake consumers, reply."""
-        try:
-            self._complete_commit(plan)
-        except errors.MetaqError as exc:
-            return error_reply(exc, opaque)
-        return encode_result(200, b"", opaque)
-
-    def _complete_commit(self, plan):
+    def complete_commit(self, plan):
         """Journal durable, appends, published (blocks this greenlet); raises TransactionError."""
         try:
-            self._flush_journal()
+            self.flush_journal()
             results = self.manager.apply_commit(plan, now_ms())
         except errors.MetaqError as exc:
             log.warning("commit of %s not completed: %s", getattr(plan, "key", plan), exc)
@@ -196,20 +136,12 @@ class TxService:
 
     def commit_now(self, txid, owner):
         """One-phase commit of a local transaction from the caller's greenlet (blocks until published)."""
-        self._complete_commit(self.manager.commit(txid, owner, True, now_ms()))
+        self.complete_commit(self.manager.commit(txid, owner, True, now_ms()))
 
     def rollback_now(self, txid, owner):
         """Roll back a local transaction from the caller's greenlet (blocks until the journal is durable)."""
-        self.manager.rollback(txid, owner, now_ms())
-        self.stats.tx_rollback += 1
-        self._flush_journal()
-
-    def _finish_heuristic(self, key, plan, opaque):
-        """An operator's decision: journal durable (off the loop), then a commit's appends, then the reply."""
-        log.warning("operator decided transaction %s by hand: %s", key, "rollback" if plan is None else "commit")
-        if plan is None:
-            return self._durable_reply(encode_result(200, b"", opaque))
-        return self._finish_commit(plan, opaque)
+        self.rollback(txid, owner)
+        self.flush_journal()
 
     def _publish(self, results):
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""

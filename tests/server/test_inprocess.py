@@ -16,6 +16,7 @@ from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles, read_promoted
 from metaq.server.stats import BrokerStats
 from metaq.server.text.dispatch import TextDispatcher
+from metaq.server.text.transactions import TextTransactions
 from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
 from gevent.lock import Semaphore
@@ -80,8 +81,8 @@ class Parts:
         self.roles.on_change(self.delay.role_changed)
         self.path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate, self.delay,
                             sync_flush=cfg.store.flush == "sync")
-        self.dispatcher = TextDispatcher(self.store, self.stats, self.path, self.tx, self.roles, self.waiters, cfg,
-                                         lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode())
+        self.dispatcher = TextDispatcher(self.store, self.stats, self.path, TextTransactions(self.tx), self.roles,
+                                         self.waiters, cfg, lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode())
         self.flusher.start()
 
     def call(self, event, conn):

@@ -60,7 +60,8 @@ def _verified_checksum(e):
 
 class TextDispatcher:
     def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats):
-        """``render_stats(item)``: the body of a ``stats`` reply."""
+        """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
+        the body of a ``stats`` reply."""
         self.store = store
         self.stats = stats
         self.put_path = put_path
