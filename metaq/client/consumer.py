@@ -49,7 +49,8 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, records_of
 from metaq.client.message import Message, Partition
-from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore, reply_error
+from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
+from metaq.client.replies import reply_error
 from metaq.client.recover import ParkingLot
 
 __all__ = ["Consumer", "default_consumer_id"]

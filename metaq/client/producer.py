@@ -9,7 +9,7 @@
 
 Every send is pipelined: ``send_async`` returns a future at once and many puts
 are in flight on each broker connection. A send that fails for a transient
-reason (connection lost, timeout, 503) is retried on another partition,
+reason (connection lost, timeout, 503, 507) is retried on another partition,
 preferably on another broker, until ``retry_deadline``; the failing broker is
 avoided for ``suspect_time`` seconds. With an ordered selector (``KeySelector``)
 the message is retried on its own partition only, so per-key order holds.
@@ -26,13 +26,13 @@ import time
 from concurrent.futures import Future
 
 from metaq import limits
-from metaq.errors import (BrokerError, ClientError, ConnectionLost, DiskFull, MetaqError, RequestTimeout,
-                          Unavailable)
+from metaq.errors import BrokerError, ConnectionLost, MetaqError, RequestTimeout, Unavailable
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import stats_dict
 from metaq.client.connection import ConnectionPool, parse_url
 from metaq.client.message import Message, Partition, SendResult
+from metaq.client.replies import reply_error
 from metaq.client.selectors import as_selector
 
 __all__ = ["Producer"]
@@ -209,21 +209,6 @@ class _Send:
         self.failed = set()  # broker ids that failed this send
         self.error = None
         self.attempts = 0
-
-
-def _reply_error(reply):
-    """The error a non-200 put reply stands for."""
-    reason = reply.body.decode("utf-8", "replace") if isinstance(reply, ev.Result) else "unexpected reply"
-    code = getattr(reply, "code", 500)
-    if code == 400:
-        return ClientError(reason)
-    if code == 503:
-        return DiskFull(reason) if "disk" in reason.lower() else Unavailable(reason)
-    if code == 500:
-        return BrokerError(reason)
-    error = MetaqError("put answered %s: %s" % (code, reason))
-    error.code = code
-    return error
 
 
 class Producer:
@@ -473,7 +458,7 @@ class Producer:
             if isinstance(reply, ev.Result) and reply.code == 200:
                 self._succeeded(send, partition, reply)
                 return
-            error = _reply_error(reply)
+            error = reply_error(reply)
             if (error.code == 400 and partition.partition == -1
                     and len({p.broker_id for p in self._discovery.cached(send.put.topic)}) > 1):
                 self._discovery.refuse(send.put.topic, partition.broker_id)  # the broker does not take this topic

@@ -33,7 +33,7 @@ from metaq.errors import ConnectionLost, MetaqError, RequestTimeout, Transaction
 from metaq.protocol import events as ev
 from metaq.protocol import xa
 from metaq.client.message import Partition, SendResult
-from metaq.client.producer import _reply_error
+from metaq.client.replies import reply_error
 
 __all__ = ["Xid", "XaError", "LocalTransaction", "new_session_id", "default_unique_qualifier"]
 
@@ -261,7 +261,7 @@ def _put_error(reply):
     """The error of a failed transactional put: the broker's XA code, or what a plain put's failure means."""
     if getattr(reply, "code", None) == 500 and xa.parse_xa_error(getattr(reply, "body", b"")) is not None:
         return _reply_failure(reply, "transactional put")
-    return _reply_error(reply)
+    return reply_error(reply)
 
 
 def _producer_session(producer):

@@ -63,8 +63,9 @@ class PutPath:
         """Unavailable when this broker takes no puts right now (a slave, a full disk, a failed flush)."""
         if self.slave_refusal is not None:
             raise errors.Unavailable(self.slave_refusal)
-        if self.broker.refusal is not None:
-            raise errors.Unavailable(self.broker.refusal)
+        if self.broker.refusal is not None:  # a failed flush, else the disk (danger mark or ENOSPC): 507
+            failed_flush = self.broker.flusher.failure is not None
+            raise (errors.Unavailable if failed_flush else errors.DiskFull)(self.broker.refusal)
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0):
         """Store one message (after ``check_writable``); returns the store's PutResult.
