@@ -13,7 +13,7 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     ├── NotFound                   nothing at that place (404)
     ├── Moved                      the requested offset is outside [min, max]; carries the right one (301)
     ├── Unavailable                transient refusal, try again later (503)
-    │   ├── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns
+    │   ├── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns (507)
     │   ├── ConnectionLost         (client) the connection to a broker closed or could not be made
     │   └── RequestTimeout         (client) no reply within the request's timeout
     ├── TransactionError           an XA failure (500, body XAException:code=<xa_code>,msg=...)
@@ -94,7 +94,15 @@ class Unavailable(MetaqError):
 
 
 class DiskFull(Unavailable):
-    """Writes are refused because the disk is (nearly) full."""
+    """Writes are refused because the disk is (nearly) full.
+
+    A transient refusal like any ``Unavailable``, but with its own code: HTTP's 507
+    "Insufficient Storage", so a client tells a full disk from other refusals by the
+    code, not by the reply's text. (The RocketMQ remoting port still answers
+    SERVICE_NOT_AVAILABLE, as RocketMQ does.)
+    """
+
+    code = 507
 
 
 class ConnectionLost(Unavailable):

@@ -23,6 +23,7 @@ import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
 from metaq.client.connection import BrokerConnection
+from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
 from metaq.protocol.text import stats_lines
@@ -40,19 +41,18 @@ class ClusterView:
 
     def __init__(self, zk_connect=None, zk_root="/meta", brokers=(), timeout=5.0):
         self.timeout = timeout
-        self.cluster = None
+        self.cluster = None  # the ZkDiscovery (metaq.client.discovery) with ZooKeeper
         self.problems = []
         self._conns = {}
         self.brokers = {}  # id -> url (ids learnt from each broker's `stats` when not from ZooKeeper)
         if zk_connect:
-            from metaq.client.cluster import ZkCluster
-
-            self.cluster = ZkCluster(zk_connect, zk_root, connect_timeout=timeout)
+            self.cluster = ZkDiscovery.connect(zk_connect, zk_root, connect_timeout=timeout)
             self.brokers = dict(self.cluster.broker_urls())
         for url in brokers:
-            summary = self.stats(url)
-            if summary is not None:
-                self.brokers[int(summary.get("broker_id", -1))] = url
+            try:
+                self.brokers[ask_broker_id(self._conn(url), self.timeout)] = url
+            except (errors.MetaqError, KeyError, ValueError) as exc:
+                self.problems.append("%s: %s" % (url, exc))
 
     def close(self):
         for conn in self._conns.values():

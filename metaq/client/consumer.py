@@ -47,9 +47,11 @@ from metaq.protocol import events as ev
 from metaq.protocol.text import stats_lines
 from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
+from metaq.client.discovery import open_discovery
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, records_of
 from metaq.client.message import Message, Partition
-from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore, reply_error
+from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
+from metaq.client.replies import reply_error
 from metaq.client.recover import ParkingLot
 
 __all__ = ["Consumer", "default_consumer_id"]
@@ -161,10 +163,9 @@ class Consumer:
         self._parking = ParkingLot(recover_dir or os.path.join(os.path.expanduser("~"), ".metaq", "recover"),
                                    self.group, self.dead_letter_topic, self._put_dead_letter)
         self._pool = ConnectionPool(request_timeout=10.0)
-        self._cluster = None
+        self._discovery = None  # metaq.client.discovery, made on first use
         self._coordinator = None
         self._store = None
-        self._direct_urls = {}  # broker_id -> url (direct mode)
         self._read_from = {}  # broker_id -> url reads went to last (master, or a slave during a failover)
         self._unwatch = []
         self._threads = []
@@ -241,10 +242,9 @@ class Consumer:
             if self.zk_connect and not self.broadcast:
                 self._start_group()
             else:
-                if self.zk_connect:
-                    cluster = self._get_cluster()
-                    self._unwatch = [cluster.watch_topic(t, self._refresh_wanted.set) for t in self._subs]
-                elif not self._discover_brokers():
+                discovery = self._get_discovery()
+                self._unwatch = [discovery.watch_topic(t, self._refresh_wanted.set) for t in self._subs]
+                if not self.zk_connect and not discovery.broker_urls():
                     raise errors.ConnectionLost("none of the brokers %s answered" % ", ".join(self.brokers))
                 self._refresh_partitions()
             self._spawn(self._maintenance_loop, "maint")
@@ -273,8 +273,8 @@ class Consumer:
             self._guarded(self._store.close, "close the offset store")  # a store object passed in is the caller's
         self._parking.close()
         self._pool.close()
-        if self._cluster is not None:
-            self._cluster.close()
+        if self._discovery is not None:
+            self._discovery.close()
 
     def __enter__(self):
         return self
@@ -345,9 +345,8 @@ class Consumer:
     def _start_group(self):
         from metaq.client.group import GroupCoordinator
 
-        cluster = self._get_cluster()
         self._coordinator = GroupCoordinator(
-            cluster.zk, self.zk_root, self.group, self.member_id,
+            self._get_discovery().zk, self.zk_root, self.group, self.member_id,
             session_timeout=self.session_timeout,  # partitions: read from ZooKeeper by the coordinator itself
             revoke=lambda keys: self._revoke({(t, Partition.parse(p)) for t, p in keys}),
             assign=lambda keys: self._assign({(t, Partition.parse(p)) for t, p in keys}),
@@ -390,67 +389,35 @@ class Consumer:
             wanted.update((topic, part) for part in self._partitions_of(topic))
         with self._lock:
             owned = set(self._fetchers)
-        if self._cluster is not None:
+        if self.zk_connect:
             self._revoke(owned - wanted)
         self._assign(wanted - owned)
 
     def _partitions_of(self, topic):
-        if self._cluster is not None:
-            return self._cluster.subscribe_partitions(topic)
-        parts = []
-        for broker_id in sorted(self._discover_brokers()):
-            try:
-                lines = self._stats(broker_id, topic)
-            except errors.MetaqError as exc:
-                log.info("cannot list partitions of %s on broker %d: %s", topic, broker_id, exc)
-                continue
-            counts = [int(line.split()[1]) for line in lines if line.startswith("partitions ")]
-            parts.extend(Partition(broker_id, p) for p in range(counts[0] if counts else 0))
-        return parts
-
-    def _discover_brokers(self):
-        """Direct mode: ``{broker_id: url}`` of the configured brokers that answered ``stats``."""
-        for url in self.brokers:
-            if url in self._direct_urls.values():
-                continue
-            try:
-                reply = self._pool.get(url).call(ev.Stats(None, 0))
-                ids = [line.split()[1] for line in stats_lines(reply.body) if line.startswith("broker_id ")]
-                self._direct_urls[int(ids[0])] = url
-            except (errors.MetaqError, IndexError, ValueError) as exc:
-                log.warning("broker %s did not tell its id: %s", url, exc)
-        return dict(self._direct_urls)
+        return self._get_discovery().subscribe_partitions(topic)
 
     # -- brokers --------------------------------------------------------------------------------
 
-    def _get_cluster(self):
+    def _get_discovery(self):
         with self._lock:
-            if self._cluster is None:
-                from metaq.client.cluster import ZkCluster
-
-                self._cluster = ZkCluster(self.zk_connect, self.zk_root, self.session_timeout)
-            return self._cluster
+            if self._discovery is None:
+                self._discovery = open_discovery(self.zk_connect or None, None if self.zk_connect else self.brokers,
+                                                 pool=self._pool, zk_root=self.zk_root,
+                                                 zk_session_timeout=self.session_timeout, timeout=10.0)
+            return self._discovery
 
     def _url_of(self, broker_id):
         """The master of ``broker_id`` (offsets kept by brokers and dead letters go there, never to a slave)."""
-        if self.zk_connect:
-            return self._get_cluster().master_url(broker_id)
-        url = self._direct_urls.get(broker_id)
-        if url is None:
-            url = self._discover_brokers().get(broker_id)
-        return url
+        return self._get_discovery().master_url(broker_id)
 
     def _read_url_of(self, broker_id):
         """Where to read ``broker_id``'s partitions: its master, or, while the master is gone (its ZooKeeper
         node absent or its address refusing connections), a registered slave at the same offsets."""
+        discovery = self._get_discovery()
+        url = discovery.read_url(broker_id, lambda u: self._pool.get(u).reachable())
         if not self.zk_connect:
-            return self._url_of(broker_id)
-        cluster = self._get_cluster()
-        master = cluster.master_url(broker_id)
-        url = master
-        if master is None or not self._pool.get(master).reachable():
-            slaves = cluster.slave_urls(broker_id)
-            url = next((u for u in slaves if self._pool.get(u).reachable()), slaves[0] if slaves else master)
+            return url
+        master = discovery.master_url(broker_id)
         previous = self._read_from.get(broker_id)
         if url != previous:
             self._read_from[broker_id] = url
@@ -487,7 +454,7 @@ class Consumer:
         if not isinstance(spec, str):
             return spec
         if spec == "zk":
-            return ZkOffsetStore(self._get_cluster().zk, self.zk_root, self.group)
+            return ZkOffsetStore(self._get_discovery().zk, self.zk_root, self.group)
         if spec == "broker":
             return BrokerOffsetStore(self._pool, self._url_of, self.group)
         return LocalFileOffsetStore(self.offsets_file, self.group)

@@ -14,7 +14,7 @@ import time
 
 from metaq import errors
 from metaq.client.message import Message
-from metaq.client.offsets import reply_error
+from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
 

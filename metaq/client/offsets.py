@@ -31,6 +31,7 @@ import time
 from metaq import errors
 from metaq.limits import validate_group
 from metaq.protocol import events as ev
+from metaq.client.replies import reply_error
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ __all__ = [
     "LocalFileOffsetStore",
     "parse_zk_offset",
     "format_zk_offset",
-    "reply_error",
 ]
 
 
@@ -233,13 +233,6 @@ class BrokerOffsetStore(OffsetStore):
         if failures:
             key, exc = failures[0]
             raise errors.Unavailable("%d offset commit(s) failed, first %s %s: %s" % (len(failures), key[0], key[1], exc))
-
-
-def reply_error(reply, what):
-    """The error a non-200 ``result`` reply stands for (400 ClientError, 404 NotFound, 503 Unavailable, else BrokerError)."""
-    reason = bytes(reply.body).decode("utf-8", "replace")
-    cls = {400: errors.ClientError, 404: errors.NotFound, 503: errors.Unavailable}.get(reply.code, errors.BrokerError)
-    return cls("%s: result %d %s" % (what, reply.code, reason))
 
 
 class LocalFileOffsetStore(OffsetStore):

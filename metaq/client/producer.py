@@ -9,7 +9,7 @@
 
 Every send is pipelined: ``send_async`` returns a future at once and many puts
 are in flight on each broker connection. A send that fails for a transient
-reason (connection lost, timeout, 503) is retried on another partition,
+reason (connection lost, timeout, 503, 507) is retried on another partition,
 preferably on another broker, until ``retry_deadline``; the failing broker is
 avoided for ``suspect_time`` seconds. With an ordered selector (``KeySelector``)
 the message is retried on its own partition only, so per-key order holds.
@@ -26,14 +26,16 @@ import time
 from concurrent.futures import Future
 
 from metaq import limits
-from metaq.errors import (BrokerError, ClientError, ConnectionLost, DiskFull, MetaqError, RequestTimeout,
-                          Unavailable)
+from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unavailable
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.text import stats_dict
-from metaq.client.connection import ConnectionPool, parse_url
+from metaq.protocol import xa
+from metaq.client.connection import ConnectionPool
+from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
+from metaq.client.replies import reply_error
 from metaq.client.selectors import as_selector
+from metaq.client.transaction import LocalTransaction, new_session_id
 
 __all__ = ["Producer"]
 
@@ -41,158 +43,6 @@ log = logging.getLogger(__name__)
 
 _RETRYABLE = (ConnectionLost, RequestTimeout, Unavailable)
 _MAX_BACKOFF_S = 1.0
-
-
-class _ZkDiscovery:
-    """Partitions from ZooKeeper's ``topics-pub`` (via ZkCluster), cached until a watch says they changed.
-
-    A topic no broker lists yet (it is created by its first put) gets
-    ``Partition(id, -1)`` for every registered master: the broker picks the partition.
-    """
-
-    def __init__(self, cluster):
-        self.cluster = cluster
-        self._lock = threading.Lock()
-        self._parts = {}
-        self._last = {}  # survives invalidation, for readers that must not block
-        self._gen = {}
-        self._urls = None
-        self._refusing = set()  # (topic, broker id)
-
-    def partitions(self, topic):
-        parts = self._parts.get(topic)
-        if parts is not None:
-            return parts
-        with self._lock:
-            if topic not in self._gen:
-                self._gen[topic] = 0
-                self.cluster.watch_topic(topic, lambda: self._changed(topic))
-            gen = self._gen[topic]
-        parts = self.cluster.publish_partitions(topic)
-        if not parts:
-            parts = [Partition(bid, -1) for bid in sorted(self.cluster.broker_urls())
-                     if (topic, bid) not in self._refusing]
-        self._last[topic] = parts
-        with self._lock:
-            if self._gen[topic] == gen:
-                self._parts[topic] = parts
-        return parts
-
-    def cached(self, topic):
-        """The partitions last read for ``topic`` ([] if none), without reading ZooKeeper."""
-        return self._last.get(topic, [])
-
-    def _changed(self, topic):
-        with self._lock:
-            self._gen[topic] = self._gen.get(topic, 0) + 1
-            self._parts.pop(topic, None)
-            self._urls = None
-
-    def url(self, broker_id):
-        urls = self._urls
-        if urls is None:
-            urls = self._urls = self.cluster.broker_urls()
-        return urls.get(broker_id)
-
-    def invalidate(self, topic):
-        self._changed(topic)
-
-    def refuse(self, topic, broker_id):
-        self._refusing.add((topic, broker_id))
-        self._changed(topic)
-
-    def close(self):
-        self.cluster.close()
-
-
-class _DirectDiscovery:
-    """Partitions asked from a fixed broker list with ``stats`` (broker id) and ``stats <topic>`` (partition count).
-
-    A broker where the topic does not exist yet contributes ``Partition(id, -1)``:
-    the put lets the broker choose. Answers are cached for ``refresh_interval``
-    seconds, and for only ``retry_interval`` when a broker did not answer.
-    """
-
-    def __init__(self, urls, pool, timeout, refresh_interval, retry_interval):
-        self.urls = list(urls)
-        for url in self.urls:
-            parse_url(url)
-        self.pool = pool
-        self.timeout = timeout
-        self.refresh_interval = refresh_interval
-        self.retry_interval = retry_interval
-        self._lock = threading.Lock()
-        self._ids = {}  # url -> broker id
-        self._by_id = {}  # broker id -> url
-        self._topics = {}  # topic -> (partitions, expires_at)
-        self._refusing = set()  # (topic, broker id): said it does not accept the topic
-
-    def partitions(self, topic):
-        entry = self._topics.get(topic)
-        if entry is not None and entry[1] > time.monotonic():
-            return entry[0]
-        locked = self._lock.acquire(timeout=self.timeout * 2 + 10) if entry is None else self._lock.acquire(False)
-        if not locked:
-            return entry[0] if entry is not None else []  # another thread is refreshing: use what we have
-        try:
-            entry = self._topics.get(topic)
-            if entry is None or entry[1] <= time.monotonic():
-                entry = self._topics[topic] = self._discover(topic)
-            return entry[0]
-        finally:
-            self._lock.release()
-
-    def _discover(self, topic):
-        asked = []
-        for url in self.urls:
-            conn = self.pool.get(url)
-            id_future = None if url in self._ids else conn.request(ev.Stats(None, 0), self.timeout)
-            asked.append((url, id_future, conn.request(ev.Stats(topic, 0), self.timeout)))
-        parts, complete = [], True
-        for url, id_future, topic_future in asked:
-            try:
-                if id_future is not None:
-                    self._learn_id(url, id_future.result(self.timeout + 5))
-                stats = topic_future.result(self.timeout + 5)
-            except (MetaqError, TimeoutError, ValueError, KeyError) as exc:
-                log.info("broker %s did not describe topic %s: %s", url, topic, exc)
-                complete = False
-                continue
-            bid = self._ids[url]
-            count = int(stats_dict(stats.body).get("partitions", "0")) if stats.code == 200 else 0
-            if count > 0:
-                parts.extend(Partition(bid, p) for p in range(count))
-            elif (topic, bid) not in self._refusing:
-                parts.append(Partition(bid, -1))
-        ttl = self.refresh_interval if complete else min(self.refresh_interval, self.retry_interval)
-        return sorted(parts), time.monotonic() + ttl
-
-    def cached(self, topic):
-        """The last partitions found for ``topic`` (never asks the brokers: safe on a reader thread)."""
-        entry = self._topics.get(topic)
-        return entry[0] if entry is not None else []
-
-    def _learn_id(self, url, reply):
-        if reply.code != 200:
-            raise BrokerError("stats answered %d" % reply.code)
-        bid = int(stats_dict(reply.body)["broker_id"])
-        self._ids[url] = bid
-        self._by_id[bid] = url
-
-    def url(self, broker_id):
-        return self._by_id.get(broker_id)
-
-    def invalidate(self, topic):
-        entry = self._topics.get(topic)
-        if entry is not None:
-            self._topics[topic] = (entry[0], 0.0)
-
-    def refuse(self, topic, broker_id):
-        self._refusing.add((topic, broker_id))
-        self.invalidate(topic)
-
-    def close(self):
-        pass
 
 
 class _Send:
@@ -211,21 +61,6 @@ class _Send:
         self.attempts = 0
 
 
-def _reply_error(reply):
-    """The error a non-200 put reply stands for."""
-    reason = reply.body.decode("utf-8", "replace") if isinstance(reply, ev.Result) else "unexpected reply"
-    code = getattr(reply, "code", 500)
-    if code == 400:
-        return ClientError(reason)
-    if code == 503:
-        return DiskFull(reason) if "disk" in reason.lower() else Unavailable(reason)
-    if code == 500:
-        return BrokerError(reason)
-    error = MetaqError("put answered %s: %s" % (code, reason))
-    error.code = code
-    return error
-
-
 class Producer:
     """Sends messages to MetaQ brokers found in ZooKeeper (``zk_connect``) or listed directly (``brokers``).
 
@@ -241,7 +76,7 @@ class Producer:
                  retry_deadline=10.0, connect_timeout=3.0, heartbeat_interval=10.0, suspect_time=3.0,
                  zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES):
         if (zk_connect is None) == (brokers is None):
-            raise ValueError("give exactly one of zk_connect and brokers")
+            raise ValueError("give exactly one of zk_connect and brokers")  # before any connection is made
         self.send_timeout = send_timeout
         self.retry_deadline = retry_deadline
         self.suspect_time = suspect_time
@@ -250,15 +85,9 @@ class Producer:
         self._ordered = bool(getattr(self.selector, "ordered", False))
         self._pool = ConnectionPool(connect_timeout=connect_timeout, request_timeout=send_timeout,
                                     heartbeat_interval=heartbeat_interval)
-        if zk_connect is not None:
-            from metaq.client.cluster import ZkCluster
-
-            self._discovery = _ZkDiscovery(ZkCluster(zk_connect, root=zk_root, session_timeout=zk_session_timeout))
-        else:
-            urls = [u.strip() for u in brokers.split(",")] if isinstance(brokers, str) else list(brokers)
-            if not urls:
-                raise ValueError("brokers is empty")
-            self._discovery = _DirectDiscovery(urls, self._pool, send_timeout, refresh_interval, suspect_time)
+        self.discovery = open_discovery(zk_connect, brokers, pool=self._pool, zk_root=zk_root,
+                                        zk_session_timeout=zk_session_timeout, timeout=send_timeout,
+                                        refresh_interval=refresh_interval, retry_interval=suspect_time)
         self._topics_ok = set()
         self._suspect = {}  # broker id -> monotonic time until which it is avoided
         self._cond = threading.Condition()
@@ -299,19 +128,16 @@ class Producer:
         ``callback(result)`` is called once when the send is over, on a client
         thread: it must return quickly. Bad messages raise as in ``send``.
         """
-        tx = self._transaction()
+        tx = self.current_transaction()
         if tx is not None:
             return tx.send_async(message, callback, timeout)
-        put = self._make_put(message)
+        put = self.make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
-        future = Future()
-        future.set_running_or_notify_cancel()
-        if callback is not None:
-            future.add_done_callback(lambda f: self._run_callback(callback, f))
+        future = self.new_future(callback)
         deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
         send = _Send(message, put, future, deadline)
-        first = self._first_partition(message)  # a selector's error (say, no key) is raised here
+        first = self.choose_partition(message)  # a selector's error (say, no key) is raised here
         with self._count_lock:
             self._started += 1
         if first is None:
@@ -326,25 +152,25 @@ class Producer:
         A broker that cannot be reached is skipped for another; nothing is retried after the write.
         Inside this thread's ``transaction()`` it is a transactional send (waits for the put's reply).
         """
-        tx = self._transaction()
+        tx = self.current_transaction()
         if tx is not None:
             return tx.send(message).success
-        put = self._make_put(message)
+        put = self.make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
         partitions = self.partitions(message.topic)
         tried = set()
-        target = self._first_partition(message)
+        target = self.choose_partition(message)
         while target is not None:
             tried.add(target.broker_id)
-            url = self._discovery.url(target.broker_id)
+            url = self.discovery.url(target.broker_id)
             try:
                 if url is None:
                     raise ConnectionLost("broker %d is not registered" % target.broker_id)
                 self._pool.get(url).send_oneway(put._replace(partition=target.partition))
                 return True
             except ConnectionLost as exc:
-                self._mark_suspect(target.broker_id)
+                self.mark_suspect(target.broker_id)
                 log.info("one-way send to broker %d failed: %s", target.broker_id, exc)
             others = [p for p in partitions if p.broker_id not in tried]
             target = self._random.choice(others) if others and not self._ordered else None
@@ -366,14 +192,7 @@ class Producer:
         ``tx.rollback()`` work too. ``request_timeout`` bounds each
         ``transaction`` command. Sends of other threads are not part of it.
         """
-        from metaq.client.transaction import LocalTransaction
-
         return LocalTransaction.open(self, timeout, request_timeout)
-
-    def _transaction(self):
-        """The calling thread's open local transaction, or None."""
-        tx = getattr(self._tx_local, "tx", None)
-        return tx if tx is not None and tx.is_open else None
 
     def partitions(self, topic):
         """The partitions ``topic`` is sent to now, sorted by (broker_id, partition).
@@ -384,7 +203,7 @@ class Producer:
         the broker picks, and the real partitions are read again.
         """
         limits.validate_topic(topic)
-        return list(self._discovery.partitions(topic))
+        return list(self.discovery.partitions(topic))
 
     def flush(self, timeout=None):
         """Wait until every message sent so far has its result; False if ``timeout`` seconds passed first."""
@@ -410,7 +229,7 @@ class Producer:
             self._cond.notify_all()
         self._worker.join(5)
         self._pool.close()
-        self._discovery.close()
+        self.discovery.close()
 
     def __enter__(self):
         return self
@@ -418,10 +237,19 @@ class Producer:
     def __exit__(self, *exc):
         self.close()
 
-    # -- one send -------------------------------------------------------------------------
+    # -- routing, for transactions (metaq.client.transaction) and XAResource (metaq.client.xa) ----
 
-    def _make_put(self, message):
-        """Validate ``message`` and build its put (partition filled in per attempt)."""
+    @property
+    def closed(self):
+        """True once ``close`` began: nothing more may be sent."""
+        return self._closed
+
+    def make_put(self, message):
+        """Validate ``message`` and build its ``put`` event (partition -1: each attempt fills in its own).
+
+        Raises TypeError for a non-Message, ``errors.InvalidTopic`` and ValueError (over
+        ``max_body_bytes``) for a message that cannot be sent at all.
+        """
         if not isinstance(message, Message):
             raise TypeError("expected a metaq.client.Message, got %s" % type(message).__name__)
         if message.topic not in self._topics_ok:
@@ -435,8 +263,10 @@ class Producer:
             return ev.DelayedPut(message.topic, -1, flag, data, 0, metaq_checksum(data), message.delay_level)
         return ev.Put(message.topic, -1, flag, data, 0, metaq_checksum(data))
 
-    def _first_partition(self, message):
-        partitions = self._discovery.partitions(message.topic)
+    def choose_partition(self, message):
+        """The partition the selector picks for ``message`` (among brokers not suspect, unless the selector is
+        ordered or all are), or None when the topic has no partition anywhere. A selector's error is raised."""
+        partitions = self.discovery.partitions(message.topic)
         if not partitions:
             return None
         if not self._ordered and self._suspect:
@@ -445,12 +275,58 @@ class Producer:
             partitions = healthy or partitions
         return self.selector.select(message.topic, partitions, message)
 
+    def choose_partition_on(self, broker_id, message):
+        """The partition the selector picks for ``message`` among ``broker_id``'s partitions of its topic
+        (``Partition(broker_id, -1)`` when it has none yet): where a transaction on that broker sends."""
+        parts = [p for p in self.partitions(message.topic) if p.broker_id == broker_id]
+        return self.selector.select(message.topic, parts or [Partition(broker_id, -1)], message)
+
+    def broker_connection(self, broker_id):
+        """The producer's connection to ``broker_id`` (its master), or None when the broker is not known."""
+        url = self.discovery.url(broker_id)
+        return self._pool.get(url) if url is not None else None
+
+    def connection(self, url):
+        """The producer's (pooled, shared) connection to the broker at ``url``."""
+        return self._pool.get(url)
+
+    def mark_suspect(self, broker_id):
+        """Avoid ``broker_id`` for ``suspect_time`` seconds (it failed a request)."""
+        self._suspect[broker_id] = time.monotonic() + self.suspect_time
+
+    def new_future(self, callback=None):
+        """A running Future for a ``SendResult``; ``callback(result)`` runs when it is set (errors are logged)."""
+        future = Future()
+        future.set_running_or_notify_cancel()
+        if callback is not None:
+            future.add_done_callback(lambda f: self._run_callback(callback, f))
+        return future
+
+    def current_transaction(self):
+        """The calling thread's open local transaction, or None."""
+        tx = getattr(self._tx_local, "tx", None)
+        return tx if tx is not None and tx.is_open else None
+
+    def bind_transaction(self, tx):
+        """Make ``tx`` the calling thread's transaction: its sends go through ``tx.send_async`` until it ends."""
+        self._tx_local.tx = tx
+
+    def local_tx_key(self):
+        """``(key, session_id)`` of a new local transaction: ``TX:<session>:<n>``, one session per producer."""
+        with self._count_lock:
+            if self._tx_session is None:
+                self._tx_session = new_session_id()
+            session = self._tx_session
+        return xa.LocalTxId(session, next(self._tx_numbers)).key, session
+
+    # -- one send -------------------------------------------------------------------------
+
     def _attempt(self, send, partition):
         """Send one put to ``partition``; the reply arrives in ``_on_reply``."""
         send.attempts += 1
         send.partition = partition
         remaining = send.deadline - time.monotonic()
-        url = self._discovery.url(partition.broker_id)
+        url = self.discovery.url(partition.broker_id)
         if url is None:
             self._retry_later(send, ConnectionLost("broker %d is not registered" % partition.broker_id))
             return
@@ -473,15 +349,15 @@ class Producer:
             if isinstance(reply, ev.Result) and reply.code == 200:
                 self._succeeded(send, partition, reply)
                 return
-            error = _reply_error(reply)
+            error = reply_error(reply)
             if (error.code == 400 and partition.partition == -1
-                    and len({p.broker_id for p in self._discovery.cached(send.put.topic)}) > 1):
-                self._discovery.refuse(send.put.topic, partition.broker_id)  # the broker does not take this topic
+                    and len({p.broker_id for p in self.discovery.cached(send.put.topic)}) > 1):
+                self.discovery.refuse(send.put.topic, partition.broker_id)  # the broker does not take this topic
                 send.failed.add(partition.broker_id)
                 self._retry_later(send, error)
                 return
         if isinstance(error, _RETRYABLE):
-            self._mark_suspect(partition.broker_id)
+            self.mark_suspect(partition.broker_id)
             send.failed.add(partition.broker_id)
             self._retry_later(send, error)
         else:
@@ -495,7 +371,7 @@ class Producer:
             return
         stored = Partition(partition.broker_id, part)
         if partition.partition == -1:
-            self._discovery.invalidate(send.put.topic)  # the topic exists now: learn its partitions
+            self.discovery.invalidate(send.put.topic)  # the topic exists now: learn its partitions
         message = send.message
         if offset < 0:  # a delayed message: its offset is known only when it is delivered
             offset = None
@@ -512,16 +388,14 @@ class Producer:
                 with self._cond:
                     self._cond.notify_all()
 
-    def _run_callback(self, callback, future):
+    @staticmethod
+    def _run_callback(callback, future):
         try:
             callback(future.result())
         except Exception:
             log.exception("send callback %r failed", callback)
 
     # -- retries --------------------------------------------------------------------------
-
-    def _mark_suspect(self, broker_id):
-        self._suspect[broker_id] = time.monotonic() + self.suspect_time
 
     def _retry_later(self, send, error):
         """Queue another attempt (at once if another broker may take it, else after a backoff) or give up."""
@@ -539,7 +413,7 @@ class Producer:
 
     def _fresh_partitions(self, send, now):
         """Partitions on brokers that have not failed this send and are not suspect."""
-        return [p for p in self._discovery.cached(send.put.topic)
+        return [p for p in self.discovery.cached(send.put.topic)
                 if p.broker_id not in send.failed and self._suspect.get(p.broker_id, 0) <= now]
 
     def _retry_partition(self, send):
@@ -547,9 +421,9 @@ class Producer:
         if self._ordered and send.partition is not None:
             return send.partition
         if send.partition is None:
-            return self._first_partition(send.message)
+            return self.choose_partition(send.message)
         now = time.monotonic()
-        partitions = self._discovery.partitions(send.put.topic)
+        partitions = self.discovery.partitions(send.put.topic)
         candidates = (self._fresh_partitions(send, now)
                       or [p for p in partitions if p.broker_id not in send.failed]
                       or [p for p in partitions if self._suspect.get(p.broker_id, 0) <= now]

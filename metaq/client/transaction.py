@@ -26,25 +26,27 @@ import re
 import socket
 import threading
 import time
-from concurrent.futures import Future
 from typing import NamedTuple
 
 from metaq.errors import ConnectionLost, MetaqError, RequestTimeout, TransactionError, Unavailable
 from metaq.protocol import events as ev
 from metaq.protocol import xa
 from metaq.client.message import Partition, SendResult
-from metaq.client.producer import _reply_error
+from metaq.client.replies import reply_error
 
-__all__ = ["Xid", "XaError", "LocalTransaction", "new_session_id", "default_unique_qualifier"]
+__all__ = ["Xid", "XaError", "LocalTransaction", "new_session_id", "default_unique_qualifier",
+           # the branch machinery XAResource (metaq.client.xa) shares
+           "Branch", "ROLLED_BACK", "UNSAFE_IN_IDS", "as_xa_error", "reply_failure", "rollback_code", "timeout_seconds"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds to wait for the reply to a ``transaction`` command (MetaQ: 5 s; commits fsync the journal).
 TX_REQUEST_TIMEOUT = 10.0
 _SESSIONS = itertools.count(1)
-_SESSION_LOCK = threading.Lock()
-_UNSAFE = re.compile(r"[\s:]")
-_ROLLED_BACK = range(xa.XA_RBROLLBACK, xa.XA_RBTIMEOUT + 2)  # XA_RBBASE..XA_RBEND (100..107)
+#: Characters a unique qualifier may not hold (a transaction key is ':'-separated).
+UNSAFE_IN_IDS = re.compile(r"[\s:]")
+#: The XA codes that say "rolled back".
+ROLLED_BACK = range(xa.XA_RBROLLBACK, xa.XA_RBTIMEOUT + 2)  # XA_RBBASE..XA_RBEND (100..107)
 XA_RBCOMMFAIL = xa.XA_RBROLLBACK + 1  # rolled back: the connection to the broker failed
 
 
@@ -121,10 +123,10 @@ def new_session_id():
 
 def default_unique_qualifier():
     """``XAMessageProducer-<hostname>`` (MetaQ's default) with whitespace and ':' replaced by '-'."""
-    return "XAMessageProducer-" + (_UNSAFE.sub("-", socket.gethostname()) or "localhost")
+    return "XAMessageProducer-" + (UNSAFE_IN_IDS.sub("-", socket.gethostname()) or "localhost")
 
 
-def _timeout_seconds(timeout):
+def timeout_seconds(timeout):
     """BEGIN's whole seconds (0: the broker's default)."""
     if timeout is None:
         return 0
@@ -137,7 +139,7 @@ def _ignore(reply, error):
     pass
 
 
-def _reply_failure(reply, what):
+def reply_failure(reply, what):
     """The XaError a non-200 reply stands for: the broker's XA code, else XAER_RMERR."""
     code = getattr(reply, "code", None)
     body = bytes(getattr(reply, "body", b""))
@@ -148,7 +150,7 @@ def _reply_failure(reply, what):
         what, code if code is not None else type(reply).__name__, body[:200].decode("utf-8", "replace")))
 
 
-def _as_xa(error, what, unknown=xa.XAER_RMFAIL):
+def as_xa_error(error, what, unknown=xa.XAER_RMFAIL):
     """``error`` as an XaError: ``unknown`` for a timeout, XAER_RMFAIL when the connection was lost."""
     if isinstance(error, XaError):
         return error
@@ -165,13 +167,13 @@ def _as_xa(error, what, unknown=xa.XAER_RMFAIL):
     return exc
 
 
-def _rollback_code(failure):
+def rollback_code(failure):
     """The XA code a rollback-only transaction's commit raises: the failure's own XA_RB* code, else XA_RBROLLBACK."""
     code = getattr(failure, "xa_code", None)
-    return code if code in _ROLLED_BACK else xa.XA_RBROLLBACK
+    return code if code in ROLLED_BACK else xa.XA_RBROLLBACK
 
 
-class _Branch:
+class Branch:
     """One transaction on one broker connection: its key, its ``transaction`` commands and its puts."""
 
     def __init__(self, conn, broker_id, tx_key, session_id, request_timeout):
@@ -193,10 +195,10 @@ class _Branch:
         try:
             reply = self.conn.call(event, self.request_timeout)
         except (ConnectionLost, RequestTimeout) as exc:
-            raise _as_xa(exc, what, unknown) from exc
+            raise as_xa_error(exc, what, unknown) from exc
         if isinstance(reply, ev.Result) and reply.code == 200:
             return bytes(reply.body)
-        raise _reply_failure(reply, what)
+        raise reply_failure(reply, what)
 
     def begin(self, timeout, qualifier=None):
         """BEGIN; remembers the connection it went on."""
@@ -235,7 +237,7 @@ class _Branch:
                 part = int(bytes(reply.body).split()[1])
                 result = SendResult(True, Partition(self.broker_id, part), -1, -1)
             except (ValueError, IndexError):
-                error = _reply_failure(reply, "transactional put")
+                error = reply_failure(reply, "transactional put")
         elif error is None:
             error = _put_error(reply)
         if error is not None:
@@ -260,15 +262,8 @@ class _Branch:
 def _put_error(reply):
     """The error of a failed transactional put: the broker's XA code, or what a plain put's failure means."""
     if getattr(reply, "code", None) == 500 and xa.parse_xa_error(getattr(reply, "body", b"")) is not None:
-        return _reply_failure(reply, "transactional put")
-    return _reply_error(reply)
-
-
-def _producer_session(producer):
-    with _SESSION_LOCK:
-        if producer._tx_session is None:
-            producer._tx_session = new_session_id()
-        return producer._tx_session
+        return reply_failure(reply, "transactional put")
+    return reply_error(reply)
 
 
 class LocalTransaction:
@@ -292,7 +287,7 @@ class LocalTransaction:
 
     def __init__(self, producer, timeout=None, request_timeout=None):
         self.producer = producer
-        self.timeout = _timeout_seconds(timeout)
+        self.timeout = timeout_seconds(timeout)
         self.request_timeout = TX_REQUEST_TIMEOUT if request_timeout is None else request_timeout
         self.state = "open"  # then "committed", "rolled back" or "failed" (commit raised XAER_RMFAIL or the like)
         self._branch = None
@@ -302,10 +297,10 @@ class LocalTransaction:
     @classmethod
     def open(cls, producer, timeout=None, request_timeout=None):
         """A new transaction for the calling thread (XaError XAER_PROTO if the thread already has one)."""
-        if producer._transaction() is not None:
+        if producer.current_transaction() is not None:
             raise XaError(xa.XAER_PROTO, "this thread already has an open transaction on this producer")
         tx = cls(producer, timeout, request_timeout)
-        producer._tx_local.tx = tx
+        producer.bind_transaction(tx)
         return tx
 
     @property
@@ -341,18 +336,15 @@ class LocalTransaction:
 
         The first send waits for BEGIN's reply. ``timeout`` bounds the put's reply (default ``send_timeout``).
         """
-        put = self.producer._make_put(message)
-        if self.producer._closed:
+        put = self.producer.make_put(message)
+        if self.producer.closed:
             raise RuntimeError("producer is closed")
-        future = Future()
-        future.set_running_or_notify_cancel()
-        if callback is not None:
-            future.add_done_callback(lambda f: self.producer._run_callback(callback, f))
+        future = self.producer.new_future(callback)
         with self._lock:
             self._check_open("send")
             failure = self._failed()
             if failure is not None:
-                failure = XaError(_rollback_code(failure), "transaction is rollback-only: a send failed: %s" % failure)
+                failure = XaError(rollback_code(failure), "transaction is rollback-only: a send failed: %s" % failure)
                 partition = None
             elif self._branch is None:
                 partition = self._begin(message)
@@ -369,27 +361,24 @@ class LocalTransaction:
     def _begin(self, message):
         """Pick the broker with the first message and send BEGIN; the partition for that message."""
         producer = self.producer
-        first = producer._first_partition(message)
-        url = producer._discovery.url(first.broker_id) if first is not None else None
-        if url is None:
+        first = producer.choose_partition(message)
+        conn = producer.broker_connection(first.broker_id) if first is not None else None
+        if conn is None:
             self._failure = Unavailable("no broker is available for topic %s" % message.topic)
             return None
-        key = xa.LocalTxId(_producer_session(producer), next(producer._tx_numbers)).key
-        branch = self._branch = _Branch(producer._pool.get(url), first.broker_id, key, _producer_session(producer),
-                                        self.request_timeout)
+        key, session = producer.local_tx_key()
+        branch = self._branch = Branch(conn, first.broker_id, key, session, self.request_timeout)
         try:
             branch.begin(self.timeout)
         except XaError as exc:
             branch.failure = exc
             if exc.xa_code == xa.XAER_RMFAIL:
-                producer._mark_suspect(first.broker_id)
+                producer.mark_suspect(first.broker_id)
         return first
 
     def _pick(self, message):
         """A partition of the transaction's broker for ``message`` (the producer's selector chooses)."""
-        bid = self._branch.broker_id
-        parts = [p for p in self.producer.partitions(message.topic) if p.broker_id == bid]
-        return self.producer.selector.select(message.topic, parts or [Partition(bid, -1)], message)
+        return self.producer.choose_partition_on(self._branch.broker_id, message)
 
     def _check_open(self, action):
         if self.state != "open":
@@ -405,7 +394,7 @@ class LocalTransaction:
             failure = self._failed()
             if failure is not None:
                 self._finish_rollback()
-                raise XaError(_rollback_code(failure), "transaction %s rolled back: a send in it failed: %s"
+                raise XaError(rollback_code(failure), "transaction %s rolled back: a send in it failed: %s"
                               % (self.tx_key, failure))
             if branch is None:
                 self.state = "committed"
@@ -417,7 +406,7 @@ class LocalTransaction:
             try:
                 branch.command("COMMIT_ONE_PHASE")
             except XaError as exc:
-                self.state = "rolled back" if exc.xa_code in _ROLLED_BACK else "failed"
+                self.state = "rolled back" if exc.xa_code in ROLLED_BACK else "failed"
                 raise
             self.state = "committed"
 
@@ -440,7 +429,7 @@ class LocalTransaction:
         try:
             branch.command("ROLLBACK")
         except XaError as exc:
-            gone = (exc.xa_code in _ROLLED_BACK or exc.xa_code == xa.XAER_NOTA
+            gone = (exc.xa_code in ROLLED_BACK or exc.xa_code == xa.XAER_NOTA
                     or not branch.same_connection())  # a closed connection rolled it back
             if gone or (quiet and exc.xa_code == xa.XAER_RMFAIL):
                 log.info("rollback of %s: %s", branch.tx_key, exc)

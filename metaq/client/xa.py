@@ -13,17 +13,13 @@ Errors, ids and the branch machinery are shared with local transactions
 """
 
 import logging
-from concurrent.futures import Future
 
-from metaq.errors import MetaqError, RequestTimeout, TransactionError
-from metaq.protocol import events as ev
+from metaq.errors import RequestTimeout, TransactionError
 from metaq.protocol import xa
-from metaq.protocol.text import stats_dict
-from metaq.client.message import Partition
 from metaq.client.producer import Producer
-from metaq.client.transaction import (TX_REQUEST_TIMEOUT, _ROLLED_BACK, _UNSAFE, Xid, XaError, _as_xa, _Branch,
-                                      _reply_failure, _rollback_code, _timeout_seconds, default_unique_qualifier,
-                                      new_session_id)
+from metaq.client.transaction import (ROLLED_BACK, TX_REQUEST_TIMEOUT, UNSAFE_IN_IDS, Branch, Xid, XaError,
+                                      as_xa_error, default_unique_qualifier, new_session_id, rollback_code,
+                                      timeout_seconds)
 
 __all__ = ["XAResource", "Xid", "XaError"]
 
@@ -50,16 +46,15 @@ class XAResource:
     def __init__(self, brokers=None, zk_connect=None, *, unique_qualifier=None, timeout=60, zk_root="/meta",
                  selector=None, request_timeout=TX_REQUEST_TIMEOUT, connect_timeout=3.0, zk_session_timeout=10.0):
         qualifier = default_unique_qualifier() if unique_qualifier is None else unique_qualifier
-        if not isinstance(qualifier, str) or not qualifier or _UNSAFE.search(qualifier):
+        if not isinstance(qualifier, str) or not qualifier or UNSAFE_IN_IDS.search(qualifier):
             raise ValueError("unique_qualifier %r must be a non-empty str without whitespace or ':'" % (qualifier,))
         self.unique_qualifier = qualifier
-        self.timeout = _timeout_seconds(timeout)
+        self.timeout = timeout_seconds(timeout)
         self.request_timeout = request_timeout
         self.session_id = new_session_id()
         self._producer = Producer(zk_connect=zk_connect, brokers=brokers, zk_root=zk_root, selector=selector,
                                   send_timeout=request_timeout, connect_timeout=connect_timeout,
                                   zk_session_timeout=zk_session_timeout)
-        self._ids = {}  # url -> broker id (direct mode)
         self._where = {}  # branch key -> url where tpc_recover found it
         self._xid = None
         self._branch = None
@@ -81,37 +76,15 @@ class XAResource:
         """The broker of the current branch, or None."""
         return self._branch.broker_id if self._branch is not None else None
 
-    def _urls(self):
-        """Every broker's url: the direct list, or the registered masters by broker id."""
-        cluster = getattr(self._producer._discovery, "cluster", None)
-        if cluster is not None:
-            return [url for _bid, url in sorted(cluster.broker_urls().items())]
-        return list(self._producer._discovery.urls)
-
-    def _broker_id(self, url):
-        """A directly listed broker's id (``stats``), asked once."""
-        if url not in self._ids:
-            reply = self._producer._pool.get(url).call(ev.Stats(None, 0), self.request_timeout)
-            if not isinstance(reply, ev.Result) or reply.code != 200:
-                raise _reply_failure(reply, "stats")
-            self._ids[url] = int(stats_dict(reply.body)["broker_id"])
-        return self._ids[url]
-
     def _resource_broker(self):
         """``(broker_id, url)`` branches begin on: the lowest broker id that answers (ZooKeeper: registered)."""
-        cluster = getattr(self._producer._discovery, "cluster", None)
-        found, errors = list(cluster.broker_urls().items()) if cluster is not None else [], []
-        for url in self._urls() if cluster is None else ():
-            try:
-                found.append((self._broker_id(url), url))
-            except (MetaqError, KeyError, ValueError) as exc:
-                errors.append("%s: %s" % (url, exc))
+        found, errors = self._producer.discovery.resource_brokers()
         if not found:
             raise XaError(xa.XAER_RMFAIL, "no broker is available: %s" % ("; ".join(errors) or "none registered"))
         return min(found)
 
     def _branch_on(self, xid, url):
-        return _Branch(self._producer._pool.get(url), None, xid.key(self.unique_qualifier), self.session_id,
+        return Branch(self._producer.connection(url), None, xid.key(self.unique_qualifier), self.session_id,
                        self.request_timeout)
 
     # -- the current branch ---------------------------------------------------------------
@@ -143,15 +116,13 @@ class XAResource:
         """
         self._need("send", "active")
         producer, branch = self._producer, self._branch
-        put = producer._make_put(message)
-        parts = [p for p in producer.partitions(message.topic) if p.broker_id == branch.broker_id]
-        partition = producer.selector.select(message.topic, parts or [Partition(branch.broker_id, -1)], message)
-        future = Future()
-        future.set_running_or_notify_cancel()
+        put = producer.make_put(message)
+        partition = producer.choose_partition_on(branch.broker_id, message)
+        future = producer.new_future()
         branch.put(put, partition, self.request_timeout, future, message)
         result = future.result(self.request_timeout + 10.0)
         if not result.success:
-            raise _as_xa(result.error, "put in %s" % branch.tx_key, xa.XA_RBTIMEOUT)
+            raise as_xa_error(result.error, "put in %s" % branch.tx_key, xa.XA_RBTIMEOUT)
         return result
 
     def _abort(self, why):
@@ -162,7 +133,7 @@ class XAResource:
             branch.aborted = True
             branch.quiet("ROLLBACK")
         self._state = "failed"
-        return XaError(_rollback_code(branch.failure), "branch %s rolled back: %s" % (branch.tx_key, why))
+        return XaError(rollback_code(branch.failure), "branch %s rolled back: %s" % (branch.tx_key, why))
 
     def tpc_prepare(self):
         """Phase one: END (fire and forget) then PREPARE; returns the vote, XA_OK (0) or XA_RDONLY (3): a branch
@@ -224,7 +195,7 @@ class XAResource:
         try:
             branch.command("ROLLBACK")
         except XaError as exc:
-            if exc.xa_code in _ROLLED_BACK or (state != "prepared" and exc.xa_code == xa.XAER_NOTA):
+            if exc.xa_code in ROLLED_BACK or (state != "prepared" and exc.xa_code == xa.XAER_NOTA):
                 log.info("%s (counts as rolled back)", exc)
                 return
             raise
@@ -252,8 +223,8 @@ class XAResource:
         """``[Xid]`` of the prepared (and heuristically completed) branches of this ``unique_qualifier``,
         from every broker (RECOVER). XaError XAER_RMFAIL when a broker did not answer: the list would be partial."""
         found, errors, seen = [], [], set()
-        for url in self._urls():
-            branch = _Branch(self._producer._pool.get(url), None, "null", self.session_id, self.request_timeout)
+        for url in self._producer.discovery.every_url():
+            branch = Branch(self._producer.connection(url), None, "null", self.session_id, self.request_timeout)
             try:
                 body = branch.command("RECOVER", qualifier=self.unique_qualifier)
             except XaError as exc:

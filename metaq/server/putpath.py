@@ -54,6 +54,10 @@ class WriteGate:
         else:
             self.refusal = None
 
+    def error(self):
+        """The error a refused put gets: Unavailable (503) after a failed flush, else DiskFull (507)."""
+        return (errors.Unavailable if self.flush_failure is not None else errors.DiskFull)(self.refusal)
+
     def disk_full(self, reason):
         if self.refusal is None:
             log.error("%s", reason)
@@ -96,7 +100,7 @@ class PutPath:
         if self.slave_refusal is not None:
             raise errors.Unavailable(self.slave_refusal)
         if self.gate.refusal is not None:
-            raise errors.Unavailable(self.gate.refusal)
+            raise self.gate.error()
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0):
         """Store one message (after ``check_writable``); returns the store's PutResult.

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
+from metaq.client.discovery import ZkDiscovery
 from metaq.client.connection import BrokerConnection
 from metaq.client.message import Partition
 from metaq.client.offsets import parse_zk_offset
@@ -84,9 +85,7 @@ def collect_snapshot(zk=None, brokers=(), zk_root="/meta", *, clock=time.time, t
     zk_rows, owners = [], {}
     if zk:
         say("reading ZooKeeper %s" % zk)
-        from metaq.client.cluster import ZkCluster
-
-        cluster = ZkCluster(zk, zk_root, connect_timeout=timeout)
+        cluster = ZkDiscovery.connect(zk, zk_root, connect_timeout=timeout)
         try:
             for broker_id, url, registered in _zk_brokers(cluster.zk, cluster.root):
                 found[url] = {"broker_id": broker_id, "registered": registered}

@@ -21,14 +21,15 @@ from typing import NamedTuple
 
 from metaq import errors
 from metaq.client.connection import BrokerConnection
+from metaq.client.discovery import find_brokers
 from metaq.client.fetcher import records_of
 from metaq.client.message import Partition
 from metaq.limits import validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol.message import decode_payload
-from metaq.protocol.text import stats_dict, stats_lines
+from metaq.protocol.text import stats_lines
 
-__all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets", "discover_brokers",
+__all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets",
            "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options"]
 
 #: MetaQ's message-id epoch (ms) and where the timestamp starts in an id:
@@ -111,24 +112,6 @@ def parse_offsets(text, topic, which):
     return out
 
 
-def discover_brokers(brokers=(), zk=None, zk_root="/meta", timeout=10.0):
-    """``{broker_id: url}``: the masters registered in ZooKeeper and/or each listed url's own ``stats`` broker id."""
-    urls = {}
-    if zk:
-        from metaq.client.cluster import ZkCluster
-
-        cluster = ZkCluster(zk, zk_root, connect_timeout=timeout)
-        try:
-            urls.update(cluster.broker_urls())
-        finally:
-            cluster.close()
-    for url in brokers:
-        with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0) as conn:
-            reply = conn.call(ev.Stats(None, 0), timeout=timeout)
-        urls[int(stats_dict(reply.body)["broker_id"])] = url
-    return urls
-
-
 def partition_bounds(urls, topic, timeout=10.0):
     """``{(broker_id, partition): (min_offset, max_offset)}`` of ``topic`` from every broker's ``stats offsets``."""
     bounds = {}
@@ -165,7 +148,7 @@ def plan_ranges(options):
     if not brokers and not opts.get("zk"):
         raise ValueError("the metaq source needs the option 'brokers' (meta://host:port,...) or 'zk'")
     timeout = float(opts.get("timeoutseconds", 10))
-    urls = discover_brokers(brokers, opts.get("zk"), opts.get("zkroot", "/meta"), timeout)
+    urls = find_brokers(brokers, opts.get("zk"), opts.get("zkroot", "/meta"), timeout)
     bounds = partition_bounds(urls, topic, timeout)
     starts = parse_offsets(opts.get("startingoffsets"), topic, "start")
     ends = parse_offsets(opts.get("endingoffsets"), topic, "end")

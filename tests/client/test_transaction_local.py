@@ -263,7 +263,7 @@ def test_the_transaction_dies_with_its_connection(broker):
     with Producer(brokers=[url_of(broker)]) as producer:
         tx = producer.transaction()
         assert producer.send(Message("tconn", b"lost")).success
-        producer._pool.get(url_of(broker)).close()  # the connection the transaction began on
+        producer.connection(url_of(broker)).close()  # the connection the transaction began on
         with pytest.raises(XaError) as info:
             tx.commit()
         assert info.value.xa_code == 101 and "connection" in str(info.value)  # XA_RBCOMMFAIL

@@ -70,10 +70,10 @@ def test_full_disk_refuses_writes_cleanly_and_resumes_after_space_returns(broker
         try:
             with b.client() as c:
                 acked, refusal = fill(c, "t-fill", 8000)
-                assert refusal.code == 503 and b"disk" in refusal.body.lower(), refusal
+                assert refusal.code == 507 and b"disk" in refusal.body.lower(), refusal
                 for p in (0, 1, 0):  # every further put of that size gets the same clear answer, no ack
                     r = c.put("t-fill", b"m" * 8000, p)
-                    assert r.code == 503 and r.body == refusal.body
+                    assert r.code == 507 and r.body == refusal.body
                 assert c.call(ev.Version(1)).code == 200  # the broker stays up and serving
                 assert_all_present(c, "t-fill", acked)
                 leftovers = [f for f in glob.glob(str(mnt / "data" / "commitlog" / "*"))
@@ -99,7 +99,7 @@ def test_danger_mark_refuses_writes_before_the_disk_is_full(broker_factory, tmp_
         try:
             with b.client() as c:
                 acked, refusal = fill(c, "t-mark", 8000)
-                assert refusal.code == 503 and b"danger mark" in refusal.body, refusal
+                assert refusal.code == 507 and b"danger mark" in refusal.body, refusal
                 assert c.stats_dict()["writes_refused"] == "true"
                 remount(mnt, "64m")
                 wait_until_writes_resume(c, "t-mark", 1)

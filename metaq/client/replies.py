@@ -1,0 +1,47 @@
+"""The client's one map from a broker's ``result <code>`` reply to an error (README "Errors").
+
+    400 ClientError     the request was wrong (bad topic, partition, body...)
+    404 NotFound        nothing there
+    500 BrokerError     the broker failed
+    503 Unavailable     try again later (a slave, a failed flush, too many connections...)
+    507 DiskFull        the broker's disk is full (or above its danger mark): writes are refused
+                        until space returns (``errors.DiskFull``; a kind of Unavailable)
+
+Any other code becomes a ``BrokerError`` whose ``code`` is the code the broker sent. A reply
+that is not a ``result`` at all (a ``value`` where a result was expected) is a BrokerError.
+"""
+
+from metaq import errors
+from metaq.protocol import events as ev
+
+__all__ = ["REPLY_ERRORS", "reply_error"]
+
+#: ``result`` code -> the error class it stands for.
+REPLY_ERRORS = {
+    400: errors.ClientError,
+    404: errors.NotFound,
+    500: errors.BrokerError,
+    503: errors.Unavailable,
+    errors.DiskFull.code: errors.DiskFull,
+}
+
+
+def reply_error(reply, what=None):
+    """The error a non-200 reply stands for.
+
+    Its message is the broker's text; with ``what`` (say ``"stats offsets"``) it reads
+    ``"<what>: result <code> <text>"``.
+    """
+    if not isinstance(reply, ev.Result):
+        reason, code = "unexpected reply", 500
+    else:
+        reason, code = bytes(reply.body).decode("utf-8", "replace"), reply.code
+    cls = REPLY_ERRORS.get(code)
+    if what is not None:
+        reason = "%s: result %d %s" % (what, code, reason)
+    elif cls is None:
+        reason = "answered %s: %s" % (code, reason)
+    error = (cls or errors.BrokerError)(reason)
+    if cls is None:
+        error.code = code
+    return error
