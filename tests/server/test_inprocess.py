@@ -136,7 +136,7 @@ def test_a_refused_disk_refuses_puts_until_the_gate_reopens(parts):
     conn = FakeConnection()
     parts.gate.disk_full("disk usage 97% is above the danger mark")
     r = parts.call(put("orders", 0, b"x", 1), conn)
-    assert r.code == 503 and b"danger mark" in r.body
+    assert r.code == 507 and b"danger mark" in r.body  # DiskFull: its own documented code
     assert parts.store.max_offset("orders", 0) == 0
     parts.gate.refresh()  # the next disk check: no disk state, no flush failure
     assert parts.call(put("orders", 0, b"x", 2), conn).code == 200
