@@ -14,7 +14,8 @@ import yaml
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, serialize
+from metaq.protocol.text import TextParser, serialize
+from metaq.protocol.stream import CLOSED, NEED_DATA
 
 READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
 
@@ -214,5 +215,5 @@ def consume_all(client, topic, partition, start=0, max_size=1 << 20):
         offset += len(recs)
 
 
-__all__ = ["BrokerProcess", "TextClient", "small_config", "consume_all", "CLOSED", "free_port", "url_of",
+__all__ = ["BrokerProcess", "TextClient", "small_config", "consume_all", "free_port", "url_of",
            "wait_for"]

@@ -161,7 +161,8 @@ def broker_address(layout):
 def probe(address, timeout=PROBE_TIMEOUT_S):
     """``(version, stats dict)`` from the broker at ``address``; OSError when it does not answer."""
     from metaq.protocol import events as ev
-    from metaq.protocol.text import NEED_DATA, TextParser, serialize, stats_dict
+    from metaq.protocol.stream import NEED_DATA
+    from metaq.protocol.text import TextParser, serialize, stats_dict
 
     with socket.create_connection(address, timeout=timeout) as sock:
         sock.sendall(serialize(ev.Version(1)) + serialize(ev.Stats(None, 2)))

@@ -16,7 +16,8 @@ from metaq.client import Message, Partition, Producer
 from metaq.client.transaction import XaError
 from metaq.protocol import events as ev
 from metaq.protocol import xa
-from metaq.protocol.text import NEED_DATA, CLOSED, TextParser, serialize
+from metaq.protocol.text import TextParser, serialize
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from tests.broker_harness import consume_all, small_config, url_of
 
 HANG = object()  # FakeBroker handler: never answer

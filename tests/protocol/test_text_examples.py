@@ -16,7 +16,8 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol.message import encode_payload, encode_record, iter_records
-from metaq.protocol.text import NEED_DATA, TextParser, encode_result, encode_value_header, serialize
+from metaq.protocol.text import TextParser, encode_result, encode_value_header, serialize
+from metaq.protocol.stream import NEED_DATA
 from tests.protocol.parse_helpers import parse_bytewise, parse_one, parse_whole
 
 # (wire bytes, event): each pair is decoded AND encoded (these are MetaQ encoder outputs).

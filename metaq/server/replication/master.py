@@ -10,6 +10,7 @@ from gevent.server import StreamServer
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
                                            now_ms, send_event)
 from metaq.store.epochs import agreed_position
@@ -135,9 +136,9 @@ class ReplicationServer:
             if isinstance(event, rp.Hello):
                 sock.settimeout(None)
                 return event
-            if event is rp.CLOSED:
+            if event is CLOSED:
                 return None
-            if event is not rp.NEED_DATA:
+            if event is not NEED_DATA:
                 raise errors.RemoteProtocolError("expected HELLO, got %s" % type(event).__name__, fatal=True)
             try:
                 parser.receive_data(sock.recv(65536))
@@ -202,11 +203,11 @@ class ReplicationServer:
     def _read_acks(self, sock, parser, state):
         while True:
             event = parser.next_event()
-            if event is rp.NEED_DATA:
+            if event is NEED_DATA:
                 data = sock.recv(65536)
                 parser.receive_data(data)
                 continue
-            if event is rp.CLOSED:
+            if event is CLOSED:
                 return
             if isinstance(event, rp.Ack):
                 state.written = max(state.written, event.written_position)

@@ -8,6 +8,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, RECV_BYTES, now_ms,
                                            send_event)
 from metaq.store.replica import ReplicationRefused
@@ -127,10 +128,10 @@ class SlaveLink:
     def _next_event(self, sock, parser):
         while True:
             event = parser.next_event()
-            if event is rp.NEED_DATA:
+            if event is NEED_DATA:
                 parser.receive_data(sock.recv(RECV_BYTES))  # socket.timeout (an OSError) when the master is silent
                 continue
-            if event is rp.CLOSED:
+            if event is CLOSED:
                 raise ConnectionError("the master closed the replication link")
             if isinstance(event, rp.ErrorFrame):
                 raise errors.Unavailable("the master refused replication (%d): %s" % (event.code, event.text))
