@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.remoting import (
+from metaq.protocol.rocketmq.remoting import (
     DEFAULT_VERSION,
     RPC_ONEWAY,
     RPC_RESPONSE,
