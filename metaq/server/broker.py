@@ -24,7 +24,7 @@ from metaq.server.replication import roles
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
 from metaq.server.replication.slave import SlaveLink
-from metaq.server.stats import BrokerStats
+from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values
 from metaq.server.text.connection import Connection
 from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
@@ -72,12 +72,26 @@ class Broker:
         self.dispatcher = TextDispatcher(self)
         self.remoting = RemotingServer(self) if config.remoting.port else None
         self.fast_puts = FastPuts(self, self.dispatcher) if config.broker.burst_puts else None
+        self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
+        self.stats_service.add_source("node", self.stats_facts)
+        self.stats_service.add_source("replication", lambda: roles.stats_values(self))
+        self.stats_service.add_source("delay", self.delay.summary_values)
+        self.stats_service.add_source("delay_levels", self.delay.level_rows)
+        self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
+        self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
 
     # -- facts used by handlers and stats ------------------------------------
 
     @property
     def connection_count(self):
         return len(self.connections)
+
+    def stats_facts(self):
+        """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
+        return NodeFacts(self.config.broker.id, self.port, self.slave_link is not None, self.connection_count,
+                         self.config_checksum, self.config.store.flush,
+                         self.disk_state.usage_ratio if self.disk_state else 0.0, bool(self.refusal),
+                         self.registry.state if self.registry is not None else "standalone")
 
     def config_text(self):
         if self.config_path:

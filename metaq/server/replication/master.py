@@ -10,6 +10,7 @@ from gevent.server import StreamServer
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
+from metaq.protocol.stats import ReplicaRow, format_replica
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
                                            now_ms, send_event)
@@ -217,11 +218,12 @@ class ReplicationServer:
                 log.warning("replication: slave %d reports error %d: %s", state.slave_id, event.code, event.text)
                 return
 
-    def stats_lines(self):
-        lines = ["replication_port %d" % (self.port or 0), "replication_mode %s" % self.mode,
-                 "replication_slaves %d" % len(self.slaves)]
+    def stats_values(self):
+        """The master's ``stats`` summary ``(key, value)`` pairs, one ``replication_slave<N>`` per slave."""
+        values = [("replication_port", self.port or 0), ("replication_mode", self.mode),
+                  ("replication_slaves", len(self.slaves))]
         end = self._end()
         for s in sorted(self.slaves.values(), key=lambda s: s.slave_id):
-            lines.append("replication_slave%d %s acked %d durable %d lag_bytes %d"
-                         % (s.slave_id, s.address, s.written, s.durable, max(0, end - s.written)))
-        return lines
+            row = ReplicaRow(str(s.address), s.written, s.durable, max(0, end - s.written))
+            values.append(("replication_slave%d" % s.slave_id, format_replica(row)))
+        return values

@@ -160,3 +160,19 @@ def _promote(broker, link, behind):
 def make_replication_server(broker):
     """The master's ReplicationServer when a replication port is configured, else None."""
     return ReplicationServer(broker) if broker.config.replication.port else None
+
+
+def stats_values(broker):
+    """The ``stats`` summary's replication pairs: role (slave; master with a replication port or after a
+    promotion; none = standalone), epoch, then the link's or the replication server's own figures."""
+    store = broker.store
+    promoted = broker.role == "master" and read_promoted(store) is not None
+    if broker.slave_link is not None:
+        role, more = "slave", broker.slave_link.stats_values()
+    elif broker.replication is not None:
+        role, more = "master", broker.replication.stats_values()
+    else:
+        role, more = ("master" if promoted else "none"), []
+    return [("replication_role", role), ("replication_epoch", store.epochs.epoch),
+            ("replication_epoch_start", store.epochs.latest[1]), ("replication_promoted", promoted),
+            ("replication_reads_refused", bool(broker.read_refusal))] + more

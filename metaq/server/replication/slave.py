@@ -197,12 +197,13 @@ class SlaveLink:
                 broker.registry.topic_created(topic)
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
-    def stats_lines(self):
-        return ["replication_master %s" % self.master,
-                "replication_slave_id %d" % self.slave_id,
-                "replication_link %s" % ("connected" if self.connected else "down"),
-                "replication_lag_bytes %d" % self.lag_bytes,
-                "replication_lag_messages %d" % self.lag_messages,
-                "replication_caught_up %s" % ("true" if self.caught_up() else "false"),
-                "replication_connects %d" % self.connects,
-                "replication_cut_bytes %d" % self.cut_bytes]
+    def stats_values(self):
+        """The link's ``stats`` summary ``(key, value)`` pairs."""
+        return [("replication_master", self.master),
+                ("replication_slave_id", self.slave_id),
+                ("replication_link", "connected" if self.connected else "down"),
+                ("replication_lag_bytes", self.lag_bytes),
+                ("replication_lag_messages", self.lag_messages),
+                ("replication_caught_up", bool(self.caught_up())),
+                ("replication_connects", self.connects),
+                ("replication_cut_bytes", self.cut_bytes)]

@@ -17,7 +17,6 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
-from metaq.server import stats as stats_mod
 from metaq.server.replication import roles
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, PutPath
 
@@ -220,7 +219,7 @@ class TextDispatcher:
         return ok(b"%d" % offset, e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
-        return ok(stats_mod.render(e.item, self.broker), e.opaque), NO_WAIT
+        return ok(self.broker.stats_service.render(e.item), e.opaque), NO_WAIT
 
     def version(self, e, conn):
         return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
