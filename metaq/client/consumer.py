@@ -44,7 +44,7 @@ from typing import Callable, NamedTuple, Optional
 from metaq import errors
 from metaq.limits import MAX_WAIT_MS, validate_group, validate_topic
 from metaq.protocol import events as ev
-from metaq.protocol.text import stats_lines
+from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, records_of
@@ -400,12 +400,11 @@ class Consumer:
         parts = []
         for broker_id in sorted(self._discover_brokers()):
             try:
-                lines = self._stats(broker_id, topic)
+                figures = stats_codec.parse_topic(self._stats(broker_id, topic))
             except errors.MetaqError as exc:
                 log.info("cannot list partitions of %s on broker %d: %s", topic, broker_id, exc)
                 continue
-            counts = [int(line.split()[1]) for line in lines if line.startswith("partitions ")]
-            parts.extend(Partition(broker_id, p) for p in range(counts[0] if counts else 0))
+            parts.extend(Partition(broker_id, p) for p in range(figures.partitions))
         return parts
 
     def _discover_brokers(self):
@@ -415,9 +414,8 @@ class Consumer:
                 continue
             try:
                 reply = self._pool.get(url).call(ev.Stats(None, 0))
-                ids = [line.split()[1] for line in stats_lines(reply.body) if line.startswith("broker_id ")]
-                self._direct_urls[int(ids[0])] = url
-            except (errors.MetaqError, IndexError, ValueError) as exc:
+                self._direct_urls[int(stats_codec.parse_summary(reply.body)["broker_id"])] = url
+            except (errors.MetaqError, KeyError, ValueError) as exc:
                 log.warning("broker %s did not tell its id: %s", url, exc)
         return dict(self._direct_urls)
 
@@ -469,16 +467,12 @@ class Consumer:
         reply = self._connection(broker_id, read=True).call(ev.Stats(item, 0))
         if reply.code != 200:
             raise reply_error(reply, "stats %s" % item)
-        return stats_lines(reply.body)
+        return reply.body
 
     def _offset_table(self, broker_id):
         """``{(topic, partition): (min_offset, max_offset)}`` from ``stats offsets``."""
-        table = {}
-        for line in self._stats(broker_id, "offsets"):
-            fields = line.split()
-            if len(fields) == 7 and fields[1] == "part":
-                table[(fields[0], int(fields[2]))] = (int(fields[4]), int(fields[6]))
-        return table
+        return {(r.topic, r.partition): (r.min_offset, r.max_offset)
+                for r in stats_codec.parse_offsets(self._stats(broker_id, "offsets"))}
 
     # -- offsets --------------------------------------------------------------------------------
 

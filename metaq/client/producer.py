@@ -30,7 +30,7 @@ from metaq.errors import (BrokerError, ClientError, ConnectionLost, DiskFull, Me
                           Unavailable)
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.text import stats_dict
+from metaq.protocol import stats as stats_codec
 from metaq.client.connection import ConnectionPool, parse_url
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.selectors import as_selector
@@ -154,12 +154,12 @@ class _DirectDiscovery:
                 if id_future is not None:
                     self._learn_id(url, id_future.result(self.timeout + 5))
                 stats = topic_future.result(self.timeout + 5)
+                count = stats_codec.parse_topic(stats.body).partitions if stats.code == 200 else 0
             except (MetaqError, TimeoutError, ValueError, KeyError) as exc:
                 log.info("broker %s did not describe topic %s: %s", url, topic, exc)
                 complete = False
                 continue
             bid = self._ids[url]
-            count = int(stats_dict(stats.body).get("partitions", "0")) if stats.code == 200 else 0
             if count > 0:
                 parts.extend(Partition(bid, p) for p in range(count))
             elif (topic, bid) not in self._refusing:
@@ -175,7 +175,7 @@ class _DirectDiscovery:
     def _learn_id(self, url, reply):
         if reply.code != 200:
             raise BrokerError("stats answered %d" % reply.code)
-        bid = int(stats_dict(reply.body)["broker_id"])
+        bid = int(stats_codec.parse_summary(reply.body)["broker_id"])
         self._ids[url] = bid
         self._by_id[bid] = url
 

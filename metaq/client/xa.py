@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from metaq.errors import MetaqError, RequestTimeout, TransactionError
 from metaq.protocol import events as ev
 from metaq.protocol import xa
-from metaq.protocol.text import stats_dict
+from metaq.protocol import stats as stats_codec
 from metaq.client.message import Partition
 from metaq.client.producer import Producer
 from metaq.client.transaction import (TX_REQUEST_TIMEOUT, _ROLLED_BACK, _UNSAFE, Xid, XaError, _as_xa, _Branch,
@@ -94,7 +94,7 @@ class XAResource:
             reply = self._producer._pool.get(url).call(ev.Stats(None, 0), self.request_timeout)
             if not isinstance(reply, ev.Result) or reply.code != 200:
                 raise _reply_failure(reply, "stats")
-            self._ids[url] = int(stats_dict(reply.body)["broker_id"])
+            self._ids[url] = int(stats_codec.parse_summary(reply.body)["broker_id"])
         return self._ids[url]
 
     def _resource_broker(self):

@@ -48,8 +48,6 @@ __all__ = [
     "serialize",
     "encode_result",
     "encode_value_header",
-    "stats_lines",
-    "stats_dict",
 ]
 
 
@@ -567,17 +565,6 @@ def serialize(event):
 def encode_result(code, body, opaque):
     """``result <code> <len> <opaque>\\r\\n<body>`` (body: bytes-like)."""
     return b"".join((b"result %d %d %d\r\n" % (code, len(body), opaque), body))
-
-
-def stats_lines(body):
-    """The ``key value`` lines of a ``stats`` reply body (``STATS\r\n`` lines ``END\r\n``), without the frame."""
-    lines = bytes(body).decode("utf-8", "replace").split("\r\n")
-    return [line for line in lines if line and line not in ("STATS", "END")]
-
-
-def stats_dict(body):
-    """``{key: value}`` of a ``stats`` reply body, split at each line's first space."""
-    return dict(line.split(" ", 1) if " " in line else (line, "") for line in stats_lines(body))
 
 
 def encode_value_header(length, opaque):

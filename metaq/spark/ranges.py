@@ -25,8 +25,8 @@ from metaq.client.fetcher import records_of
 from metaq.client.message import Partition
 from metaq.limits import validate_topic
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
 from metaq.protocol.message import decode_payload
-from metaq.protocol.text import stats_dict, stats_lines
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets", "discover_brokers",
            "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options"]
@@ -125,7 +125,7 @@ def discover_brokers(brokers=(), zk=None, zk_root="/meta", timeout=10.0):
     for url in brokers:
         with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0) as conn:
             reply = conn.call(ev.Stats(None, 0), timeout=timeout)
-        urls[int(stats_dict(reply.body)["broker_id"])] = url
+        urls[int(stats_codec.parse_summary(reply.body)["broker_id"])] = url
     return urls
 
 
@@ -137,10 +137,9 @@ def partition_bounds(urls, topic, timeout=10.0):
             reply = conn.call(ev.Stats("offsets", 0), timeout=timeout)
         if reply.code != 200:
             raise errors.RemoteProtocolError("stats offsets on %s answered %d" % (url, reply.code))
-        for line in stats_lines(reply.body):
-            fields = line.split()
-            if len(fields) == 7 and fields[0] == topic and fields[1] == "part":
-                bounds[(broker_id, int(fields[2]))] = (int(fields[4]), int(fields[6]))
+        for r in stats_codec.parse_offsets(reply.body):
+            if r.topic == topic:
+                bounds[(broker_id, r.partition)] = (r.min_offset, r.max_offset)
     return bounds
 
 
