@@ -26,6 +26,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import MSG, pipelined_puts  # noqa: E402
+from metaq.protocol.stats import parse_replica  # noqa: E402
 from tests.broker_harness import BrokerProcess, free_port, full_size_store, small_config  # noqa: E402
 
 RECORD = MSG + 74  # a 1 KiB put's record in the log (header + topic "bench")
@@ -58,7 +59,7 @@ def wait_caught_up(master, slave, timeout=600):
 
 def lag_bytes(master):
     line = stats(master).get("replication_slave1")
-    return int(line.split()[-1]) if line else None
+    return parse_replica(line).lag_bytes if line else None
 
 
 def pair(root, name, mode):

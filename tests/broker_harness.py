@@ -12,9 +12,11 @@ import time
 import yaml
 
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, serialize
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 
 READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
 
@@ -205,9 +207,8 @@ class TextClient:
         return r.body.decode()
 
     def stats_dict(self, item=None):
-        lines = self.stats(item).split("\r\n")
-        assert lines[0] == "STATS" and lines[-2] == "END" and lines[-1] == "", lines
-        return dict(line.split(" ", 1) for line in lines[1:-2])
+        """``{key: value}`` of any ``stats`` item (metaq.protocol.stats: each line split at its first space)."""
+        return stats_codec.parse_summary(self.stats(item).encode())
 
 
 def consume_all(client, topic, partition, start=0, max_size=1 << 20):
@@ -228,5 +229,5 @@ def consume_all(client, topic, partition, start=0, max_size=1 << 20):
         offset += len(recs)
 
 
-__all__ = ["BrokerProcess", "TextClient", "small_config", "consume_all", "CLOSED", "free_port", "url_of",
+__all__ = ["BrokerProcess", "TextClient", "small_config", "consume_all", "free_port", "url_of",
            "wait_for"]

@@ -26,7 +26,7 @@ from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
-from metaq.protocol.text import stats_lines
+from metaq.protocol import stats as stats_codec
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: Seconds a promotion may take at the broker (it stops its link and fsyncs its new epoch).
@@ -67,8 +67,9 @@ class ClusterView:
                                                        request_timeout=self.timeout, heartbeat_interval=0)
         return conn
 
-    def stats_text(self, url, item=None):
-        """The raw ``stats`` body lines of one broker, or None (the failure is recorded)."""
+    def stats_of(self, url, item=None, parse=stats_codec.parse):
+        """One broker's ``stats <item>`` parsed by ``parse(item, body)`` (by default ``metaq.protocol.stats.parse``:
+        typed rows, or a dict of ``key -> value`` for the summary), or None (the failure is recorded)."""
         try:
             reply = self._conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
         except errors.MetaqError as exc:
@@ -77,23 +78,27 @@ class ClusterView:
         if not isinstance(reply, ev.Result) or reply.code != 200:
             self.problems.append("%s: stats %s answered %r" % (url, item or "", reply))
             return None
-        return stats_lines(reply.body)
+        try:
+            return parse(item, reply.body)
+        except errors.RemoteProtocolError as exc:
+            self.problems.append("%s: stats %s: %s" % (url, item or "", exc))
+            return None
 
     def stats(self, url, item=None):
-        """``stats`` as a dict of ``key -> value`` (first space splits), or None."""
-        lines = self.stats_text(url, item)
-        if lines is None:
-            return None
-        return dict(ln.split(" ", 1) if " " in ln else (ln, "") for ln in lines)
+        """Any ``stats`` item as a dict of ``key -> value`` (first space splits), or None."""
+        return self.stats_of(url, item, _pairs)
 
     def partitions(self):
         """``[(broker_id, topic, partition, min_offset, max_offset)]`` from every broker's ``stats offsets``."""
         rows = []
         for bid, url in sorted(self.brokers.items()):
-            for line in self.stats_text(url, "offsets") or ():
-                topic, _part, p, _mn, mn, _mx, mx = line.split()
-                rows.append((bid, topic, int(p), int(mn), int(mx)))
+            for r in self.stats_of(url, "offsets") or ():
+                rows.append((bid, r.topic, r.partition, r.min_offset, r.max_offset))
         return rows
+
+
+def _pairs(_item, body):
+    return stats_codec.parse_pairs(stats_codec.lines(body))
 
 
 def zk_group_rows(view, only_group=None):
@@ -145,14 +150,12 @@ def cmd_topics(view, args):
         t["partitions"] += 1
         t["messages"] += mx - mn
     for bid, url in sorted(view.brokers.items()):
-        for line in view.stats_text(url, "topics") or ():
-            words = line.split()
-            t = per_topic.setdefault(words[0], {"topic": words[0], "brokers": set(), "partitions": 0, "messages": 0})
+        for r in view.stats_of(url, "topics") or ():
+            t = per_topic.setdefault(r.topic, {"topic": r.topic, "brokers": set(), "partitions": 0, "messages": 0})
             t["brokers"].add(bid)
-            if "partitions" in words:
-                t["configured_partitions"] = t.get("configured_partitions", 0) + int(words[words.index("partitions") + 1])
-            if "message_bytes" in words:
-                t["bytes"] = t.get("bytes", 0) + int(words[words.index("message_bytes") + 1])
+            if r.partitions is not None:  # None: the topic holds no data yet (*Empty*)
+                t["configured_partitions"] = t.get("configured_partitions", 0) + r.partitions
+                t["bytes"] = t.get("bytes", 0) + r.message_bytes
     rows = []
     for topic in sorted(per_topic):
         t = per_topic[topic]
@@ -175,11 +178,9 @@ def cmd_groups(view, args):
     for group, topic, part, offset, owner in zk_group_rows(view, args.group):
         rows.append(_group_row(group, topic, part, offset, owner, "zookeeper", ends))
     for bid, url in sorted(view.brokers.items()):
-        for line in view.stats_text(url, "groups") or ():
-            w = line.split()
-            group, topic, part = w[0], w[1], "%d-%s" % (bid, w[2])
-            if args.group in (None, group):
-                rows.append(_group_row(group, topic, part, int(w[4]), "", "broker", ends))
+        for r in view.stats_of(url, "groups") or ():
+            if args.group in (None, r.group):
+                rows.append(_group_row(r.group, r.topic, "%d-%d" % (bid, r.partition), r.offset, "", "broker", ends))
     rows.sort(key=lambda r: (r["group"], r["topic"], r["partition"], r["store"]))
     return rows, ["group", "topic", "partition", "owner", "committed", "max_offset", "lag", "store"]
 
@@ -214,10 +215,9 @@ def cmd_transactions(view, args):
     """List the transactions brokers hold; with ``commit KEY`` / ``rollback KEY`` decide a prepared one by hand."""
     rows = []
     for bid, url in sorted(view.brokers.items()):
-        for line in view.stats_text(url, "transactions") or ():
-            w = line.split()
-            rows.append({"broker": bid, "key": w[0], "state": w[1], "puts": int(w[3]), "bytes": int(w[5]),
-                         "begun_ms": int(w[7]), "prepared_ms": None if w[9] == "-" else int(w[9])})
+        for r in view.stats_of(url, "transactions") or ():
+            rows.append({"broker": bid, "key": r.key, "state": r.state, "puts": r.puts, "bytes": r.bytes,
+                         "begun_ms": r.begun_ms, "prepared_ms": r.prepared_ms})
     if args.action is None:
         return rows, ["broker", "key", "state", "puts", "bytes", "begun_ms", "prepared_ms"]
     if not args.key:

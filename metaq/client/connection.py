@@ -27,7 +27,8 @@ from concurrent.futures import Future
 from metaq import limits
 from metaq.errors import ConnectionLost, RemoteProtocolError, RequestTimeout
 from metaq.protocol import events as ev
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, serialize
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 
 __all__ = ["parse_url", "BrokerConnection", "ConnectionPool"]
 

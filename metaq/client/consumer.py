@@ -44,7 +44,7 @@ from typing import Callable, NamedTuple, Optional
 from metaq import errors
 from metaq.limits import MAX_WAIT_MS, validate_group, validate_topic
 from metaq.protocol import events as ev
-from metaq.protocol.text import stats_lines
+from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
@@ -436,16 +436,12 @@ class Consumer:
         reply = self._connection(broker_id, read=True).call(ev.Stats(item, 0))
         if reply.code != 200:
             raise reply_error(reply, "stats %s" % item)
-        return stats_lines(reply.body)
+        return reply.body
 
     def _offset_table(self, broker_id):
         """``{(topic, partition): (min_offset, max_offset)}`` from ``stats offsets``."""
-        table = {}
-        for line in self._stats(broker_id, "offsets"):
-            fields = line.split()
-            if len(fields) == 7 and fields[1] == "part":
-                table[(fields[0], int(fields[2]))] = (int(fields[4]), int(fields[6]))
-        return table
+        return {(r.topic, r.partition): (r.min_offset, r.max_offset)
+                for r in stats_codec.parse_offsets(self._stats(broker_id, "offsets"))}
 
     # -- offsets --------------------------------------------------------------------------------
 

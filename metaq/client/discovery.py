@@ -36,7 +36,7 @@ import time
 
 from metaq.errors import BrokerError, MetaqError
 from metaq.protocol import events as ev
-from metaq.protocol.text import stats_dict
+from metaq.protocol import stats as stats_codec
 from metaq.client.connection import BrokerConnection, parse_url
 from metaq.client.message import Partition
 
@@ -53,14 +53,14 @@ def broker_id_from_stats(reply):
     """The ``broker_id`` line of a ``stats`` reply; BrokerError for a non-200 reply, KeyError/ValueError when absent."""
     if not isinstance(reply, ev.Result) or reply.code != 200:
         raise BrokerError("stats answered %s" % getattr(reply, "code", type(reply).__name__))
-    return int(stats_dict(reply.body)["broker_id"])
+    return int(stats_codec.parse_summary(reply.body)["broker_id"])
 
 
 def partition_count_from_stats(reply):
     """The ``partitions`` line of a ``stats <topic>`` reply; 0 when the broker has no such topic (or said no)."""
     if not isinstance(reply, ev.Result) or reply.code != 200:
         return 0
-    return int(stats_dict(reply.body).get("partitions", "0"))
+    return stats_codec.parse_topic(reply.body).partitions
 
 
 def choose_read_url(master, slaves, reachable):

@@ -10,7 +10,7 @@ or when it was fetched (consumer).
 from typing import NamedTuple, Optional
 
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq_mapping import encode_attribute, split_attribute
+from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
 
 __all__ = ["Partition", "Message", "SendResult"]
 

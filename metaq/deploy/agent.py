@@ -164,7 +164,9 @@ def broker_address(layout):
 def probe(address, timeout=PROBE_TIMEOUT_S):
     """``(version, stats dict)`` from the broker at ``address``; OSError when it does not answer."""
     from metaq.protocol import events as ev
-    from metaq.protocol.text import NEED_DATA, TextParser, serialize, stats_dict
+    from metaq.protocol.stream import NEED_DATA
+    from metaq.protocol.stats import parse_summary
+    from metaq.protocol.text import TextParser, serialize
 
     with socket.create_connection(address, timeout=timeout) as sock:
         sock.sendall(serialize(ev.Version(1)) + serialize(ev.Stats(None, 2)))
@@ -180,7 +182,7 @@ def probe(address, timeout=PROBE_TIMEOUT_S):
             if not isinstance(event, ev.Result) or event.code != 200:
                 raise ConnectionError("unexpected reply %r" % (event,))
             replies[event.opaque] = event.body
-    return replies[1].decode().strip(), stats_dict(replies[2])
+    return replies[1].decode().strip(), parse_summary(replies[2])
 
 
 def _config_crc(layout):

@@ -50,10 +50,10 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
-from metaq.protocol.text import CLOSED, NEED_DATA
+from metaq.protocol.stream import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "ReplicationParser", "serialize",
-           "frame_parts", "history_problem", "NEED_DATA", "CLOSED", "MAGIC", "VERSION"]
+           "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
 MAGIC = b"MQRS"
 VERSION = 2
@@ -87,9 +87,6 @@ assert ERROR_HEAD.size == 4
 
 T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS = 1, 2, 3, 4, 5, 6
 INT64_MAX = 2**63 - 1
-
-
-# NEED_DATA and CLOSED are the same markers as the text protocol's: one pair for every parser.
 
 
 def history_problem(entries):

@@ -41,93 +41,15 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
+from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 
 __all__ = [
-    "NEED_DATA",
-    "CLOSED",
-    "StreamParser",
     "TextParser",
     "serialize",
     "encode_result",
     "encode_value_header",
-    "stats_lines",
-    "stats_dict",
 ]
 
-
-class _Sentinel:
-    """A named marker returned by ``TextParser.next_event``."""
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name):
-        self._name = name
-
-    def __repr__(self):
-        return self._name
-
-
-#: ``next_event()``: no whole frame is buffered yet; feed more bytes.
-NEED_DATA = _Sentinel("NEED_DATA")
-#: ``next_event()``: the peer closed the stream cleanly between frames.
-CLOSED = _Sentinel("CLOSED")
-
-
-class StreamParser:
-    """The buffer handling our sans-IO frame parsers share (text, remoting).
-
-    ``receive_data`` appends bytes (``b""`` marks the end of the stream; bytes
-    after it are a fatal error); ``next_event`` runs the subclass's
-    ``_next_event`` and keeps a fatal ``RemoteProtocolError`` sticky, so every
-    later call raises it again. ``_pos`` is the start of the unparsed bytes in
-    ``_buf``; consumed bytes are dropped when more arrive (``_compact``).
-    """
-
-    def __init__(self):
-        self._buf = bytearray()
-        self._pos = 0
-        self._eof = False
-        self._fatal = None
-
-    @property
-    def buffered(self):
-        """Number of received bytes not yet returned as events."""
-        return len(self._buf) - self._pos
-
-    def receive_data(self, data):
-        """Append received bytes; ``b""`` marks the end of the stream."""
-        if self._fatal is not None:
-            return
-        if not data:
-            self._eof = True
-            return
-        if self._eof:
-            self._fatal = RemoteProtocolError("data received after the end of the stream", 0, True)
-            raise self._fatal
-        if self._pos:
-            self._compact()
-        self._accept(data)
-
-    def _compact(self):
-        del self._buf[: self._pos]
-        self._pos = 0
-
-    def _accept(self, data):
-        self._buf += data
-
-    def next_event(self):
-        """Return the next event, ``NEED_DATA`` or ``CLOSED``; raise RemoteProtocolError on a bad frame."""
-        if self._fatal is not None:
-            raise self._fatal
-        try:
-            return self._next_event()
-        except RemoteProtocolError as exc:
-            if exc.fatal:
-                self._fatal = exc
-            raise
-
-    def _next_event(self):
-        raise NotImplementedError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -643,17 +565,6 @@ def serialize(event):
 def encode_result(code, body, opaque):
     """``result <code> <len> <opaque>\\r\\n<body>`` (body: bytes-like)."""
     return b"".join((b"result %d %d %d\r\n" % (code, len(body), opaque), body))
-
-
-def stats_lines(body):
-    """The ``key value`` lines of a ``stats`` reply body (``STATS\r\n`` lines ``END\r\n``), without the frame."""
-    lines = bytes(body).decode("utf-8", "replace").split("\r\n")
-    return [line for line in lines if line and line not in ("STATS", "END")]
-
-
-def stats_dict(body):
-    """``{key: value}`` of a ``stats`` reply body, split at each line's first space."""
-    return dict(line.split(" ", 1) if " " in line else (line, "") for line in stats_lines(body))
 
 
 def encode_value_header(length, opaque):

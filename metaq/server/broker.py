@@ -11,7 +11,6 @@ import yaml
 
 from metaq import speedups
 from metaq.protocol import checksum
-from metaq.server import stats as stats_mod
 from metaq.server.connections import ConnectionCore, Timeouts
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
@@ -20,7 +19,7 @@ from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
 from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats
+from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
@@ -71,14 +70,21 @@ class Broker:
         self.roles.on_change(self.delay.role_changed)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
+        self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx), self.roles,
-                                         self.waiters, config, self.render_stats)
+                                         self.waiters, config, self.stats_service.render)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None
         if config.remoting.port:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
                                            self.roles, self.waiters)
+        self.stats_service.add_source("node", self.stats_facts)
+        self.stats_service.add_source("replication", self.roles.stats_values)
+        self.stats_service.add_source("delay", self.delay.summary_values)
+        self.stats_service.add_source("delay_levels", self.delay.level_rows)
+        self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
+        self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
 
     # -- facts used by stats --------------------------------------------------
 
@@ -95,32 +101,12 @@ class Broker:
         """Connections open on the text port (``curr_connections``; the remoting port has its own line)."""
         return self.text.connection_count()
 
-    @property
-    def role(self):
-        return self.roles.role
-
-    @property
-    def slave_link(self):
-        return self.roles.slave_link
-
-    @property
-    def replication(self):
-        return self.roles.replication
-
-    @property
-    def read_refusal(self):
-        return self.roles.read_refusal
-
-    @property
-    def refusal(self):
-        return self.gate.refusal
-
-    @property
-    def disk_state(self):
-        return self.gate.disk_state
-
-    def render_stats(self, item):
-        return stats_mod.render(item, self)
+    def stats_facts(self):
+        """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
+        disk = self.gate.disk_state
+        return NodeFacts(self.config.broker.id, self.port, self.roles.slave_link is not None, self.connection_count,
+                         self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
+                         bool(self.gate.refusal), self.registry.state if self.registry is not None else "standalone")
 
     def config_text(self):
         if self.config_path:
@@ -168,17 +154,18 @@ class Broker:
         self.roles.start_links()
         if self.registry is not None:
             self.registry.start(self.port)
+        link, replication = self.roles.slave_link, self.roles.replication
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,
                  ", RocketMQ remoting on %s (name server and broker %s)" % (self.remoting.address,
                                                                            self.remoting.broker_name)
                  if self.remoting else "",
-                 ", slave %d of %s" % (self.slave_link.slave_id, self.slave_link.master) if self.slave_link
-                 else ", replication port %d (%s)" % (self.replication.port, self.replication.mode)
-                 if self.replication else "", self.store.epochs.epoch)
-        if self.read_refusal is not None:
-            log.warning("reads refused until the first epoch handshake: %s", self.read_refusal)
+                 ", slave %d of %s" % (link.slave_id, link.master) if link
+                 else ", replication port %d (%s)" % (replication.port, replication.mode)
+                 if replication else "", self.store.epochs.epoch)
+        if self.roles.read_refusal is not None:
+            log.warning("reads refused until the first epoch handshake: %s", self.roles.read_refusal)
         if checksum.IMPLEMENTATION == "python-zlib":
             log.warning("the C helper metaq._speedups is %s: puts and reads take the slower pure-Python path",
                         "turned off (METAQ_PURE_PYTHON)" if speedups.built() else "not built (no compiler?)")

@@ -42,6 +42,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
                                   encode_entry, format_levels, parse_levels)
 from metaq.protocol.message import HEADER
+from metaq.protocol.stats import DelayLevelRow
 
 log = logging.getLogger(__name__)
 
@@ -389,21 +390,20 @@ class DelayScheduler:
     def delivered(self):
         return sum(lv.delivered for lv in self.levels.values())
 
-    def summary_lines(self):
-        return ["delay_levels %d" % len(self.levels_ms),
-                "delay_scheduler %s" % ("running" if self._running else "off" if not self.enabled else "stopped"),
-                "delay_pending %d" % self.pending(),
-                "delay_delivered %d" % self.delivered()]
+    def summary_values(self):
+        """The ``stats`` summary's ``(key, value)`` pairs of delayed delivery."""
+        return [("delay_levels", len(self.levels_ms)),
+                ("delay_scheduler", "running" if self._running else "off" if not self.enabled else "stopped"),
+                ("delay_pending", self.pending()),
+                ("delay_delivered", self.delivered())]
 
-    def level_lines(self):
-        """``level <n> delay <d> pending <n> next_due_ms <ms|-> delivered <n>`` per level, then the totals."""
-        lines = []
+    def level_rows(self):
+        """``stats delay``: ``([DelayLevelRow] per level, the totals as (key, value) pairs)``."""
+        rows = []
         for p, lv in sorted(self.levels.items()):
             delay = format_levels((lv.delay_ms,)) if lv.delay_ms else "removed"
-            due = lv.head_due if lv.head_due is not None and self.pending_of(lv) else "-"
-            lines.append("level %d delay %s pending %d next_due_ms %s delivered %d"
-                         % (p + 1, delay, self.pending_of(lv), due, lv.delivered))
-        lines.append("redeliveries_skipped %d" % self.redeliveries_skipped)
-        lines.append("dropped %d" % self.dropped)
-        lines.append("refused_rounds %d" % self.refusals)
-        return lines
+            due = lv.head_due if lv.head_due is not None and self.pending_of(lv) else None
+            rows.append(DelayLevelRow(p + 1, delay, self.pending_of(lv), due, lv.delivered))
+        totals = [("redeliveries_skipped", self.redeliveries_skipped), ("dropped", self.dropped),
+                  ("refused_rounds", self.refusals)]
+        return rows, totals

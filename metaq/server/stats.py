@@ -1,18 +1,25 @@
-"""Counters and the MetaQ ``stats`` replies (``STATS\\r\\n`` + lines + ``END\\r\\n``).
+"""Counters and the ``stats`` service: the MetaQ ``stats`` replies, rendered from the sources it is given.
 
 Items follow MetaQ's StatsManager (reference §8.3): blank, ``topics``,
-``offsets``, ``realtime``, ``<topic>``, ``config``, ``reset``, ``help``.
+``offsets``, ``realtime``, ``<topic>``, ``config``, ``reset``, ``help``, plus
+ours (``groups``, ``transactions``, ``delay``). Every line is written by the
+codec ``metaq.protocol.stats``; ``StatsService`` never sees the broker: the
+broker gives it, at assembly, the counters, the store, the flusher, the
+long-poll waiters, the configuration text and one source (a callable) per
+section that others own (``add_source``).
 """
 
 import os
 import threading
 import time
 
+from typing import NamedTuple
+
 import metaq
 from metaq.errors import MetaqError
 from metaq.protocol import checksum
+from metaq.protocol import stats as codec
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.server.replication import roles
 
 ITEMS_HELP = (
     "(blank)   broker summary",
@@ -28,7 +35,7 @@ ITEMS_HELP = (
     "help      this list",
 )
 
-REALTIME = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
+REALTIME = codec.REALTIME
 
 
 class RealtimeStat:
@@ -45,12 +52,7 @@ class RealtimeStat:
         self.value += value
 
     def render(self, duration_s):
-        if not self.count:
-            return "null"
-        avg = "%.2f" % (self.value / self.count)
-        rate = "%.2f" % (self.count / duration_s) if duration_s > 0 else "invalid"
-        return "Count=%d,Value=%d,Value/Count=%s,Count/Duration=%s,Duration=%d" % (
-            self.count, self.value, avg, rate, int(duration_s))
+        return codec.format_realtime(self.count, self.value, duration_s)
 
 
 class BrokerStats:
@@ -112,86 +114,120 @@ class BrokerStats:
         self.realtime["offset"].add()
         self.topic(topic)["offset"].add()
 
-
-def _body(lines):
-    out = ["STATS\r\n"]
-    out.extend(line + "\r\n" for line in lines)
-    out.append("END\r\n")
-    return "".join(out).encode("utf-8")
-
-
-def render(item, broker):
-    """The reply body for ``stats <item>`` (item None or "" = the summary)."""
-    item = (item or "").strip()
-    if item == "":
-        return _body(summary_lines(broker))
-    if item == "topics":
-        return _body(topics_lines(broker.store))
-    if item == "offsets":
-        return _body(offsets_lines(broker.store))
-    if item == "transactions":
-        return _body(transactions_lines(broker.tx.manager))
-    if item == "delay":
-        return _body(broker.delay.level_lines())
-    if item == "groups":
-        return _body(groups_lines(broker.store))
-    if item == "realtime":
-        return _body(realtime_lines(broker.stats))
-    if item == "reset":
-        broker.stats.reset_realtime()
-        return _body(["reset ok"])
-    if item == "help":
-        return _body(ITEMS_HELP)
-    if item == "config":
-        return broker.config_text()
-    return _body(topic_lines(item, broker))
+    def command_values(self):
+        """The summary's command counters, as ``(key, value)`` pairs in their order."""
+        return [("cmd_put", self.cmd_put), ("burst_puts", self.burst_puts), ("cmd_get", self.cmd_get),
+                ("cmd_offset", self.cmd_offset), ("tx_begin", self.tx_begin), ("tx_xa_begin", self.tx_xa_begin),
+                ("tx_commit", self.tx_commit), ("tx_rollback", self.tx_rollback), ("get_miss", self.get_miss),
+                ("put_failed", self.put_failed)]
 
 
-def summary_lines(broker):
-    s, store = broker.stats, broker.store
-    disk = broker.disk_state
-    return [
-        "pid %d" % os.getpid(),
-        "broker_id %d" % broker.config.broker.id,
-        "port %d" % broker.port,
-        "uptime %d" % int(time.time() - s.started),
-        "version %s" % metaq.__version__,
-        "slave %s" % ("true" if broker.slave_link is not None else "false"),
-        "curr_connections %d" % broker.connection_count,
-        "threads %d" % threading.active_count(),
-        "cmd_put %d" % s.cmd_put,
-        "burst_puts %d" % s.burst_puts,
-        "cmd_get %d" % s.cmd_get,
-        "cmd_offset %d" % s.cmd_offset,
-        "tx_begin %d" % s.tx_begin,
-        "tx_xa_begin %d" % s.tx_xa_begin,
-        "tx_commit %d" % s.tx_commit,
-        "tx_rollback %d" % s.tx_rollback,
-        "get_miss %d" % s.get_miss,
-        "put_failed %d" % s.put_failed,
-        "total_messages %d" % store.total_messages(),
-        "topics %d" % len(public_topics(store)),
-        "config_checksum %d" % broker.config_checksum,
-        "flush_mode %s" % broker.config.store.flush,
-        "crc32 %s" % checksum.IMPLEMENTATION,
-        "log_end_position %d" % store.written_position,
-        "log_flushed_position %d" % store.flushed_position,
-        "flush_rounds %d" % broker.flusher.rounds,
-    ] + ["flush_time_%s_ms %.3f" % pair for pair in zip(("p50", "p99", "max"), broker.flusher.recent_times())] + [
-        "disk_usage %.4f" % (disk.usage_ratio if disk else 0.0),
-        "writes_refused %s" % ("true" if broker.refusal else "false"),
-        "protocol_errors %d" % s.protocol_errors,
-        "long_poll_waiters %d" % sum(1 for topic, _p in broker.waiters.keys() if topic != SCHEDULE_TOPIC),
-        "zookeeper %s" % (broker.registry.state if broker.registry is not None else "standalone"),
-    ] + replication_lines(broker) + broker.delay.summary_lines() + remoting_lines(broker)
+class NodeFacts(NamedTuple):
+    """What the broker itself knows for the summary (its ``stats_facts()``)."""
+
+    broker_id: int
+    port: int
+    slave: bool
+    connections: int
+    config_checksum: int
+    flush_mode: str
+    disk_usage: float
+    writes_refused: bool
+    zookeeper: str  # the registry's state, or "standalone"
 
 
-def remoting_lines(broker):
-    r = broker.remoting
-    if r is None:
-        return ["remoting_port 0"]
-    return ["remoting_port %d" % r.port, "remoting_connections %d" % len(r.connections),
-            "rocketmq_consumer_groups %d" % len(r.clients.groups())]
+#: The sources ``StatsService`` renders from, each a callable the broker registers (``add_source``).
+SOURCES = {
+    "node": "NodeFacts of the broker",
+    "replication": "the summary's replication (key, value) pairs",
+    "delay": "the summary's delay (key, value) pairs",
+    "remoting": "the summary's remoting (key, value) pairs",
+    "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
+    "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
+}
+
+
+class StatsService:
+    """Renders ``stats <item>`` replies from narrow sources (see the module docstring)."""
+
+    def __init__(self, counters, store, flusher, waiters, config_text):
+        self.counters = counters
+        self.store = store
+        self.flusher = flusher
+        self.waiters = waiters
+        self.config_text = config_text
+        self.sources = {}
+
+    def add_source(self, name, source):
+        """Register ``source`` (a callable without arguments) as the section ``name`` (one of ``SOURCES``)."""
+        if name not in SOURCES:
+            raise ValueError("unknown stats source %r (known: %s)" % (name, ", ".join(SOURCES)))
+        self.sources[name] = source
+
+    def render(self, item):
+        """The reply body for ``stats <item>`` (item None or "" = the summary)."""
+        item = (item or "").strip()
+        store = self.store
+        if item == "":
+            return codec.encode_summary(self.summary_values())
+        if item == "topics":
+            return codec.encode_topics(topic_rows(store))
+        if item == "offsets":
+            return codec.encode_offsets(offset_rows(store))
+        if item == "transactions":
+            return codec.encode_transactions(transaction_rows(self.sources["transactions"]()))
+        if item == "delay":
+            return codec.encode_delay(*self.sources["delay_levels"]())
+        if item == "groups":
+            return codec.encode_groups(group_rows(store))
+        if item == "realtime":
+            return codec.encode_realtime(realtime_values(self.counters))
+        if item == "reset":
+            self.counters.reset_realtime()
+            return codec.encode(["reset ok"])
+        if item == "help":
+            return codec.encode(ITEMS_HELP)
+        if item == "config":
+            return self.config_text()
+        return codec.encode_topic(topic_figures(item, store, self.counters))
+
+    def summary_values(self):
+        """The summary's ``(key, value)`` pairs: MetaQ's first (``pid`` … ``config_checksum``), then ours."""
+        c, store, node = self.counters, self.store, self.sources["node"]()
+        return [
+            ("pid", os.getpid()),
+            ("broker_id", node.broker_id),
+            ("port", node.port),
+            ("uptime", int(time.time() - c.started)),
+            ("version", metaq.__version__),
+            ("slave", node.slave),
+            ("curr_connections", node.connections),
+            ("threads", threading.active_count()),
+        ] + c.command_values() + [
+            ("total_messages", store.total_messages()),
+            ("topics", len(public_topics(store))),
+            ("config_checksum", node.config_checksum),
+            ("flush_mode", node.flush_mode),
+            ("crc32", checksum.IMPLEMENTATION),
+            ("log_end_position", store.written_position),
+            ("log_flushed_position", store.flushed_position),
+            ("flush_rounds", self.flusher.rounds),
+        ] + [("flush_time_%s_ms" % name, float(ms)) for name, ms in zip(("p50", "p99", "max"),
+                                                                         self.flusher.recent_times())] + [
+            ("disk_usage", float(node.disk_usage)),
+            ("writes_refused", node.writes_refused),
+            ("protocol_errors", c.protocol_errors),
+            ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic != SCHEDULE_TOPIC)),
+            ("zookeeper", node.zookeeper),
+        ] + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]()
+
+
+def remoting_values(remoting):
+    """The summary's remoting pairs of the RocketMQ remoting server (None: not configured)."""
+    if remoting is None:
+        return [("remoting_port", 0)]
+    return [("remoting_port", remoting.port), ("remoting_connections", len(remoting.connections)),
+            ("rocketmq_consumer_groups", len(remoting.clients.groups()))]
 
 
 def public_topics(store):
@@ -199,73 +235,49 @@ def public_topics(store):
     return [t for t in store.known_topics() if t != SCHEDULE_TOPIC]
 
 
-def replication_lines(broker):
-    """Role (slave; master with a replication port or after a promotion; none = standalone), epoch, link figures."""
-    epochs = broker.store.epochs
-    promoted = broker.role == "master" and roles.read_promoted(broker.store) is not None
-    if broker.slave_link is not None:
-        role, more = "slave", broker.slave_link.stats_lines()
-    elif broker.replication is not None:
-        role, more = "master", broker.replication.stats_lines()
-    else:
-        role, more = ("master" if promoted else "none"), []
-    return ["replication_role %s" % role, "replication_epoch %d" % epochs.epoch,
-            "replication_epoch_start %d" % epochs.latest[1],
-            "replication_promoted %s" % ("true" if promoted else "false"),
-            "replication_reads_refused %s" % ("true" if broker.read_refusal else "false")] + more
-
-
-def topics_lines(store):
-    lines = []
+def topic_rows(store):
+    rows = []
     with_data = {}
     for topic, partition in store.partition_keys():
         with_data.setdefault(topic, []).append(partition)
     for topic in sorted(public_topics(store)):
         parts = with_data.get(topic)
         if not parts:
-            lines.append("%s *Empty*" % topic)
+            rows.append(codec.TopicRow(topic, None))
             continue
         count = sum(store.max_offset(topic, p) - store.min_offset(topic, p) for p in parts)
-        size = store.topic_bytes(topic)
-        lines.append("%s partitions %d message_count %d message_bytes %d accept_publish true accept_subscribe true"
-                     % (topic, store.partitions_of(topic), count, size))
-    return lines
+        rows.append(codec.TopicRow(topic, store.partitions_of(topic), count, store.topic_bytes(topic)))
+    return rows
 
 
-def offsets_lines(store):
-    return ["%s part %d min_offset %d max_offset %d" % (t, p, store.min_offset(t, p), store.max_offset(t, p))
+def offset_rows(store):
+    return [codec.OffsetRow(t, p, store.min_offset(t, p), store.max_offset(t, p))
             for t, p in sorted(store.partition_keys())]
 
 
-def groups_lines(store):
-    lines = []
+def group_rows(store):
+    rows = []
     for group, topic, partition, offset, commit_ms in store.consumer_offsets.entries():
         try:
             end = store.max_offset(topic, partition)
         except MetaqError:  # the topic is no longer configured
             continue
-        lines.append("%s %s %d offset %d max_offset %d lag %d committed_ms %d"
-                     % (group, topic, partition, offset, end, max(0, end - offset), commit_ms))
-    return lines
+        rows.append(codec.GroupRow(group, topic, partition, offset, end, max(0, end - offset), commit_ms))
+    return rows
 
 
-def transactions_lines(manager):
-    """``<key> <state> puts N bytes N begun_ms T prepared_ms T|- timeout_s N`` per transaction the broker holds."""
-    lines = []
-    for t in manager.in_doubt():
-        lines.append("%s %s puts %d bytes %d begun_ms %d prepared_ms %s timeout_s %d" % (
-            t.key, t.state, t.puts, t.bytes, t.begun_ms, "-" if t.prepared_ms is None else t.prepared_ms,
-            t.timeout_s or 0))
-    return lines
+def transaction_rows(transactions):
+    """One row per transaction the broker holds (``TransactionManager.in_doubt()``)."""
+    return [codec.TransactionRow(t.key, t.state, t.puts, t.bytes, t.begun_ms, t.prepared_ms, t.timeout_s or 0)
+            for t in transactions]
 
 
-def realtime_lines(stats):
+def realtime_values(stats):
     duration = time.time() - stats.realtime_since
-    return ["realtime_%s %s" % (name, stats.realtime[name].render(duration)) for name in REALTIME]
+    return {name: stats.realtime[name].render(duration) for name in REALTIME}
 
 
-def topic_lines(topic, broker):
-    store, stats = broker.store, broker.stats
+def topic_figures(topic, store, stats):
     keys = [p for t, p in store.partition_keys() if t == topic]
     if topic not in store.known_topics() and not keys:
         code, parts, count, size = 1, 0, 0, 0
@@ -275,10 +287,7 @@ def topic_lines(topic, broker):
         code, parts = 0, store.partitions_of(topic)
         count = sum(store.max_offset(topic, p) - store.min_offset(topic, p) for p in keys)
         size = store.topic_bytes(topic)
-    lines = [topic, "resultCode %d" % code, "partitions %d" % parts, "message_count %d" % count, "bytes %d" % size]
     duration = time.time() - stats.realtime_since
-    rt = stats.topic_realtime.get(topic) or {name: None for name in REALTIME}
-    for name in REALTIME:
-        value = rt[name].render(duration) if rt[name] is not None else "null"
-        lines.append("topic_realtime_%s %s" % (name, value))
-    return lines
+    rt = stats.topic_realtime.get(topic)
+    realtime = {name: rt[name].render(duration) if rt is not None else "null" for name in REALTIME}
+    return codec.TopicFigures(topic, code, parts, count, size, realtime)

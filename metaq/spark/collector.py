@@ -31,7 +31,7 @@ from metaq.client.connection import BrokerConnection
 from metaq.client.message import Partition
 from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
-from metaq.protocol.text import stats_lines
+from metaq.protocol import stats as stats_codec
 
 __all__ = ["Snapshot", "collect_snapshot", "write_snapshot", "known_broker_ids", "TABLES", "arrow_schemas"]
 
@@ -115,10 +115,9 @@ def _read_broker(url, info, ts_ms, timeout):
     try:
         with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
                               max_backoff=timeout) as conn:
-            summary = dict(line.split(" ", 1) for line in _stats(conn, None, timeout) if " " in line)
-            broker_id = int(summary["broker_id"])
-            offsets = _stats(conn, "offsets", timeout)
-            groups = _stats(conn, "groups", timeout)
+            broker_id = int(stats_codec.parse_summary(_stats(conn, None, timeout))["broker_id"])
+            offsets = stats_codec.parse_offsets(_stats(conn, "offsets", timeout))
+            groups = stats_codec.parse_groups(_stats(conn, "groups", timeout))
     except (errors.MetaqError, OSError, KeyError, ValueError) as exc:
         row.update(status="DOWN", error=str(exc) or type(exc).__name__)
         return row, [], []
@@ -126,19 +125,15 @@ def _read_broker(url, info, ts_ms, timeout):
         row["error"] = "registered as broker %d but answers as %d" % (info["broker_id"], broker_id)
     row["broker_id"] = broker_id
     parts = []
-    for line in offsets:
-        w = line.split()
-        if len(w) == 7 and w[1] == "part":
-            parts.append({"ts_ms": ts_ms, "broker_id": broker_id, "topic": w[0], "partition": int(w[2]),
-                          "log_start_offset": int(w[4]), "log_end_offset": int(w[6])})
+    for r in offsets:
+        parts.append({"ts_ms": ts_ms, "broker_id": broker_id, "topic": r.topic, "partition": r.partition,
+                      "log_start_offset": r.min_offset, "log_end_offset": r.max_offset})
     stored = []
-    for line in groups:
-        w = line.split()
-        if len(w) == 11 and w[3] == "offset" and w[9] == "committed_ms":
-            stored.append({"ts_ms": ts_ms, "group": w[0], "topic": w[1], "broker_id": broker_id,
-                           "partition": int(w[2]), "store": "broker", "committed_offset": int(w[4]),
-                           "committed_msg_id": None, "commit_ms": int(w[10]), "commit_version": None,
-                           "owner": None, "raw": None})
+    for r in groups:
+        stored.append({"ts_ms": ts_ms, "group": r.group, "topic": r.topic, "broker_id": broker_id,
+                       "partition": r.partition, "store": "broker", "committed_offset": r.offset,
+                       "committed_msg_id": None, "commit_ms": r.committed_ms, "commit_version": None,
+                       "owner": None, "raw": None})
     return row, parts, stored
 
 
@@ -146,7 +141,7 @@ def _stats(conn, item, timeout):
     reply = conn.call(ev.Stats(item, 0), timeout=timeout)
     if not isinstance(reply, ev.Result) or reply.code != 200:
         raise errors.RemoteProtocolError("stats %s answered %r" % (item or "", reply))
-    return stats_lines(reply.body)
+    return reply.body
 
 
 def _zk_brokers(zk, root):

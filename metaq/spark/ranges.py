@@ -26,8 +26,8 @@ from metaq.client.fetcher import records_of
 from metaq.client.message import Partition
 from metaq.limits import validate_topic
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
 from metaq.protocol.message import decode_payload
-from metaq.protocol.text import stats_lines
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets",
            "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options"]
@@ -120,10 +120,9 @@ def partition_bounds(urls, topic, timeout=10.0):
             reply = conn.call(ev.Stats("offsets", 0), timeout=timeout)
         if reply.code != 200:
             raise errors.RemoteProtocolError("stats offsets on %s answered %d" % (url, reply.code))
-        for line in stats_lines(reply.body):
-            fields = line.split()
-            if len(fields) == 7 and fields[0] == topic and fields[1] == "part":
-                bounds[(broker_id, int(fields[2]))] = (int(fields[4]), int(fields[6]))
+        for r in stats_codec.parse_offsets(reply.body):
+            if r.topic == topic:
+                bounds[(broker_id, r.partition)] = (r.min_offset, r.max_offset)
     return bounds
 
 

@@ -11,7 +11,7 @@ from metaq.errors import ConnectionLost, RequestTimeout
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
-from metaq.protocol.text import CLOSED
+from metaq.protocol.stream import CLOSED
 from tests.broker_harness import free_port, small_config, url_of, wait_for
 
 

@@ -7,6 +7,13 @@ from metaq.client.discovery import (DirectDiscovery, broker_id_from_stats, choos
                                     partition_count_from_stats, unknown_topic_partitions)
 from metaq.client.message import Partition
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
+
+
+def topic_figures(result_code, partitions):
+    """A ``stats <topic>`` body as the broker writes it (through the codec)."""
+    realtime = {name: "null" for name in stats_codec.REALTIME}
+    return stats_codec.encode_topic(stats_codec.TopicFigures("t", result_code, partitions, 0, 0, realtime))
 
 
 def stats(body, code=200):
@@ -19,8 +26,10 @@ def test_broker_id_and_partition_count_from_stats():
         broker_id_from_stats(stats(b"boom", 500))
     with pytest.raises(KeyError):
         broker_id_from_stats(stats(b"STATS\r\npid 1\r\nEND\r\n"))
-    assert partition_count_from_stats(stats(b"STATS\r\nt\r\nresultCode 0\r\npartitions 4\r\nEND\r\n")) == 4
-    assert partition_count_from_stats(stats(b"STATS\r\nt\r\nresultCode 1\r\nEND\r\n")) == 0
+    assert partition_count_from_stats(stats(topic_figures(0, 4))) == 4
+    assert partition_count_from_stats(stats(topic_figures(1, 0))) == 0
+    with pytest.raises(errors.RemoteProtocolError, match="malformed stats reply"):
+        partition_count_from_stats(stats(b"STATS\r\nt\r\nresultCode 0\r\nEND\r\n"))
     assert partition_count_from_stats(stats(b"nope", 404)) == 0
 
 
@@ -72,7 +81,7 @@ class FakePool:
 
 def test_direct_discovery_learns_ids_once_and_reports_the_silent():
     a = FakeConn({None: stats(b"STATS\r\nbroker_id 5\r\nEND\r\n"),
-                  "t": stats(b"STATS\r\nt\r\npartitions 2\r\nEND\r\n")})
+                  "t": stats(topic_figures(0, 2))})
     b = FakeConn({None: errors.ConnectionLost("refused")})
     d = DirectDiscovery(["meta://a:1", "meta://b:1"], FakePool({"meta://a:1": a, "meta://b:1": b}))
     found, problems = d.resource_brokers()

@@ -15,8 +15,10 @@ from metaq import errors
 from metaq.client import Message, Partition, Producer
 from metaq.client.transaction import XaError
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
 from metaq.protocol import xa
-from metaq.protocol.text import NEED_DATA, CLOSED, TextParser, serialize
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 from tests.broker_harness import consume_all, small_config, url_of
 
 HANG = object()  # FakeBroker handler: never answer
@@ -81,8 +83,10 @@ class FakeBroker:
 
     def _default(self, event):
         if isinstance(event, ev.Stats):
-            lines = ["broker_id %d" % self.broker_id] if not event.item else ["partitions 2"]
-            return ev.Result(200, ("STATS\r\n%s\r\nEND\r\n" % "\r\n".join(lines)).encode(), 0)
+            if not event.item:
+                return ev.Result(200, stats_codec.encode_summary([("broker_id", self.broker_id)]), 0)
+            null = {name: "null" for name in stats_codec.REALTIME}
+            return ev.Result(200, stats_codec.encode_topic(stats_codec.TopicFigures(event.item, 0, 2, 0, 0, null)), 0)
         if isinstance(event, ev.Transaction) and event.tx_type == "END":
             return None
         if isinstance(event, ev.Transaction) and event.tx_type == "PREPARE":

@@ -17,6 +17,7 @@ import yaml
 from metaq.client import Message, Producer
 from metaq.deploy import agent
 from metaq.deploy.layout import Layout
+from metaq.protocol import stats as stats_codec
 from tests.broker_harness import TextClient, consume_all, wait_for
 from tests.deploy.conftest import run_fab, two_broker_inventory, write_inventory
 
@@ -65,10 +66,9 @@ class Cluster:
         b = self.brokers[name]
         out = {}
         with TextClient(b["host"], b["port"]) as c:
-            for line in c.stats("offsets").split("\r\n"):
-                parts = line.split()
-                if len(parts) == 7 and parts[0] == TOPIC:
-                    p = int(parts[2])
+            for row in stats_codec.parse_offsets(c.stats("offsets").encode()):
+                if row.topic == TOPIC:
+                    p = row.partition
                     for offset, rec in enumerate(consume_all(c, TOPIC, p)):
                         out[p, offset] = rec.payload
         return out

@@ -10,7 +10,8 @@ import pytest
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
-from metaq.protocol.text import NEED_DATA, TextParser, serialize
+from metaq.protocol.stream import NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 from tests.broker_harness import consume_all, small_config
 
 TOPICS = [{"name": "t*", "partitions": 4}]  # any other topic is unknown

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_payload
@@ -45,13 +46,10 @@ def put_delayed_ok(c, topic, payload, level, partition=0, attribute=None):
 
 def delay_stats(c):
     """``{level: {"pending": n, "next_due_ms": v, "delivered": n}}`` and the totals of ``stats delay``."""
-    levels, totals = {}, {}
-    for line in c.stats("delay").split("\r\n")[1:-2]:
-        words = line.split()
-        if words[0] == "level":
-            levels[int(words[1])] = dict(zip(words[2::2], words[3::2]))
-        else:
-            totals[words[0]] = int(words[1])
+    rows, totals = stats_codec.parse_delay(c.stats("delay").encode())
+    levels = {r.level: {"delay": r.delay, "pending": str(r.pending),
+                        "next_due_ms": "-" if r.next_due_ms is None else str(r.next_due_ms),
+                        "delivered": str(r.delivered)} for r in rows}
     return levels, totals
 
 

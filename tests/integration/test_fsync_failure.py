@@ -17,7 +17,8 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, serialize
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 from tests.broker_harness import consume_all, small_config, wait_for
 from tests.fusefault import FaultMount
 

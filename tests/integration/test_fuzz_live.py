@@ -6,7 +6,8 @@ import socket
 import pytest
 
 from metaq.protocol import events as ev
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser
 
 WORDS = [b"put", b"get", b"offset", b"stats", b"version", b"quit", b"transaction", b"sync", b"value", b"result",
          b"test", b"g", b"-1", b"0", b"5", b"99999999999", b"-2147483649", b"TX:a:1", b"XID:1:ab:cd:q", b"\xff\xfe"]

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from metaq.client import Consumer
+from metaq.protocol import stats as stats_codec
 from tests.broker_harness import free_port, small_config, wait_for
 from tests.integration.test_replication import master_config, stats
 
@@ -128,8 +129,8 @@ def test_async_master_killed_mid_load(broker_factory, tmp_path, zk_connect):
     kz.start()
     try:
         with master.client() as c:
-            ends = {int(line.split()[2]): int(line.split()[6])
-                    for line in c.stats("offsets").split("\r\n") if line.startswith(TOPIC + " ")}
+            ends = {r.partition: r.max_offset
+                    for r in stats_codec.parse_offsets(c.stats("offsets").encode()) if r.topic == TOPIC}
         for p, end in ends.items():
             data = kz.get("/meta/consumers/g-fail/offsets/%s/7-%d" % (TOPIC, p))[0].decode()
             assert int(data.rsplit("-", 1)[1]) == end, (p, data, end)

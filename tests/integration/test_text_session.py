@@ -6,7 +6,7 @@ import time
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
-from tests.broker_harness import CLOSED
+from metaq.protocol.stream import CLOSED
 
 
 def read_until(sock, marker, timeout=5.0):

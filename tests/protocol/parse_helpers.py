@@ -3,7 +3,8 @@
 from typing import NamedTuple
 
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser
 
 
 class ErrorOutcome(NamedTuple):

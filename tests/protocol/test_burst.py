@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from metaq.protocol import events as ev
 from metaq.protocol.burst import scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.text import NEED_DATA, TextParser, serialize
+from metaq.protocol.stream import NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 
 try:
     from metaq._speedups import scan_puts as scan_puts_c

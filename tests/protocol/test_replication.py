@@ -10,9 +10,7 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication import (
-    CLOSED,
     FRAME_HEADER,
-    NEED_DATA,
     Ack,
     Data,
     Epochs,
@@ -23,6 +21,7 @@ from metaq.protocol.replication import (
     frame_parts,
     serialize,
 )
+from metaq.protocol.stream import CLOSED, NEED_DATA
 
 pos64 = st.integers(0, 2**63 - 1)
 i32 = st.integers(0, 2**31 - 1)

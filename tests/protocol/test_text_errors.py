@@ -5,7 +5,8 @@ import pytest
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.events import Get, Put, Quit, Stats, Sync, Transaction, Version
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser
 from tests.protocol.parse_helpers import parse_bytewise, parse_chunks, parse_whole
 
 

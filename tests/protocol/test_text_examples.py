@@ -16,7 +16,8 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol.message import encode_payload, encode_record, iter_records
-from metaq.protocol.text import NEED_DATA, TextParser, encode_result, encode_value_header, serialize
+from metaq.protocol.stream import NEED_DATA
+from metaq.protocol.text import TextParser, encode_result, encode_value_header, serialize
 from tests.protocol.parse_helpers import parse_bytewise, parse_one, parse_whole
 
 # (wire bytes, event): each pair is decoded AND encoded (these are MetaQ encoder outputs).
@@ -172,15 +173,6 @@ def test_hot_path_helpers_accept_bytes_like_bodies():
     assert encode_result(500, memoryview(b"boom"), -7) == b"result 500 4 -7\r\nboom"
     assert encode_result(200, b"", 3) == b"result 200 0 3\r\n"
     assert encode_value_header(1048576, -2147483648) == b"value 1048576 -2147483648\r\n"
-
-
-def test_stats_body_helpers():
-    from metaq.protocol.text import stats_dict, stats_lines
-
-    body = b"STATS\r\npid 12\r\nversion 0.1.0\r\norders *Empty*\r\nflag\r\nEND\r\n"
-    assert stats_lines(body) == ["pid 12", "version 0.1.0", "orders *Empty*", "flag"]
-    assert stats_dict(body) == {"pid": "12", "version": "0.1.0", "orders": "*Empty*", "flag": ""}
-    assert stats_lines(b"STATS\r\nEND\r\n") == []
 
 
 @pytest.mark.parametrize("wire, event", [

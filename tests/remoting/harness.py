@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from metaq.protocol.remoting import CLOSED, NEED_DATA, RemotingParser, encode_command, make_request
+from metaq.protocol.rocketmq.remoting import RemotingParser, encode_command, make_request
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from tests.broker_harness import free_port, small_config
 
 PEER = os.path.join(os.path.dirname(__file__), "rmq_peer.py")

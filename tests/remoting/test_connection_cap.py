@@ -4,7 +4,7 @@ import socket
 import time
 
 from metaq.protocol import events as ev
-from tests.broker_harness import CLOSED
+from metaq.protocol.stream import CLOSED
 
 
 def remoting_socket(broker):

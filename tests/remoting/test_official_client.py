@@ -6,7 +6,7 @@ remoting port as its name server.
 
 import pytest
 
-from metaq.protocol.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import RequestCode as R
 from tests.broker_harness import consume_all
 from tests.remoting.harness import RemotingClient, finish_peer, ns_of, received, require_official_client, run_peer, \
     start_peer

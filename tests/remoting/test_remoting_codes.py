@@ -4,9 +4,9 @@ import json
 import time
 
 from metaq.protocol import events as ev
-from metaq.protocol.remoting import RequestCode as R
-from metaq.protocol.remoting import ResponseCode as C
-from metaq.protocol.rocketmq_bodies import (BatchEntry, decode_stored_messages, encode_batch_messages,
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import ResponseCode as C
+from metaq.protocol.rocketmq.bodies import (BatchEntry, decode_stored_messages, encode_batch_messages,
                                             encode_properties, parse_offset_msg_id)
 from tests.broker_harness import wait_for
 from tests.remoting.harness import RemotingClient

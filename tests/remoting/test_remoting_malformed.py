@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from metaq.protocol.remoting import RequestCode as R
-from metaq.protocol.remoting import ResponseCode as C
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from tests.remoting.harness import RemotingClient
 
 

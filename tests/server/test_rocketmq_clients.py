@@ -1,6 +1,6 @@
 """Consumer-group bookkeeping of RocketMQ clients (metaq.server.remoting.clients)."""
 
-from metaq.protocol.rocketmq_bodies import ConsumerData, HeartbeatData
+from metaq.protocol.rocketmq.bodies import ConsumerData, HeartbeatData
 from metaq.server.remoting.clients import ClientRegistry
 
 

@@ -13,15 +13,15 @@ import logging
 import time
 
 from metaq import errors
-from metaq.protocol.remoting import RequestCode, ResponseCode, not_supported, response_for
-from metaq.protocol.rocketmq_bodies import (BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
+from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, not_supported, response_for
+from metaq.protocol.rocketmq.bodies import (BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
                                             encode_consumer_list, encode_topic_route)
-from metaq.protocol.rocketmq_headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
+from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
                                              RouteInfoHeader, SearchOffsetHeader, UnregisterClientHeader,
                                              UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
                                              pull_response_fields)
-from metaq.protocol.rocketmq_mapping import message_of_record, parse_subscription, stored_message_bytes
+from metaq.protocol.rocketmq.mapping import message_of_record, parse_subscription, stored_message_bytes
 from metaq.server.putpath import now_ms
 from metaq.server.remoting.send import RemotingSender
 from metaq.store.record import RecordTooLarge

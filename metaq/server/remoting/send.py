@@ -20,13 +20,13 @@ import random
 
 from metaq import errors
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
-from metaq.protocol.remoting import ResponseCode, response_for
-from metaq.protocol.rocketmq_bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
+from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
+from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)
-from metaq.protocol.rocketmq_headers import (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE,
+from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE,
                                              ConsumerSendMsgBackHeader, EndTransactionHeader, decode_header,
                                              decode_send_header, send_response_fields)
-from metaq.protocol.rocketmq_mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
+from metaq.protocol.rocketmq.mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
                                              record_data_from_send, retry_copy)
 from metaq.protocol.xa import XAER_NOTA, LocalTxId
 from metaq.server.putpath import now_ms

@@ -24,8 +24,8 @@ from gevent.lock import Semaphore
 from gevent.pool import Pool
 
 from metaq import errors, limits
-from metaq.protocol.remoting import (CLOSED, NEED_DATA, RemotingCommand, RemotingParser, RequestCode, encode_command,
-                                     make_request)
+from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, RequestCode, encode_command, make_request
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.server.remoting.clients import ClientRegistry

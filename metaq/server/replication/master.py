@@ -8,6 +8,8 @@ from gevent.event import Event
 
 from metaq import errors, limits
 from metaq.protocol import replication as rp
+from metaq.protocol.stats import ReplicaRow, format_replica
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
                                            send_event)
@@ -137,9 +139,9 @@ class ReplicationServer:
             if isinstance(event, rp.Hello):
                 sock.settimeout(None)
                 return event
-            if event is rp.CLOSED:
+            if event is CLOSED:
                 return None
-            if event is not rp.NEED_DATA:
+            if event is not NEED_DATA:
                 raise errors.RemoteProtocolError("expected HELLO, got %s" % type(event).__name__, fatal=True)
             try:
                 parser.receive_data(sock.recv(65536))
@@ -204,11 +206,11 @@ class ReplicationServer:
     def _read_acks(self, sock, parser, state):
         while True:
             event = parser.next_event()
-            if event is rp.NEED_DATA:
+            if event is NEED_DATA:
                 data = sock.recv(65536)
                 parser.receive_data(data)
                 continue
-            if event is rp.CLOSED:
+            if event is CLOSED:
                 return
             if isinstance(event, rp.Ack):
                 state.written = max(state.written, event.written_position)
@@ -218,14 +220,15 @@ class ReplicationServer:
                 log.warning("replication: slave %d reports error %d: %s", state.slave_id, event.code, event.text)
                 return
 
-    def stats_lines(self):
-        lines = ["replication_port %d" % (self.port or 0), "replication_mode %s" % self.mode,
-                 "replication_slaves %d" % len(self.slaves)]
+    def stats_values(self):
+        """The master's ``stats`` summary ``(key, value)`` pairs, one ``replication_slave<N>`` per slave."""
+        values = [("replication_port", self.port or 0), ("replication_mode", self.mode),
+                  ("replication_slaves", len(self.slaves))]
         end = self._end()
         for s in sorted(self.slaves.values(), key=lambda s: s.slave_id):
-            lines.append("replication_slave%d %s acked %d durable %d lag_bytes %d"
-                         % (s.slave_id, s.address, s.written, s.durable, max(0, end - s.written)))
-        return lines
+            row = ReplicaRow(str(s.address), s.written, s.durable, max(0, end - s.written))
+            values.append(("replication_slave%d" % s.slave_id, format_replica(row)))
+        return values
 
 
 class SlaveConnection(core.Connection):

@@ -279,3 +279,18 @@ class Roles:
             text += "; registering in ZooKeeper as master"
         log.warning("%s", text)
         return text
+
+    def stats_values(self):
+        """The ``stats`` summary's replication pairs: role (slave; master with a replication port or after a
+        promotion; none = standalone), epoch, then the link's or the replication server's own figures."""
+        store = self.store
+        promoted = self.role == "master" and read_promoted(store) is not None
+        if self.slave_link is not None:
+            role, more = "slave", self.slave_link.stats_values()
+        elif self.replication is not None:
+            role, more = "master", self.replication.stats_values()
+        else:
+            role, more = ("master" if promoted else "none"), []
+        return [("replication_role", role), ("replication_epoch", store.epochs.epoch),
+                ("replication_epoch_start", store.epochs.latest[1]), ("replication_promoted", promoted),
+                ("replication_reads_refused", bool(self.read_refusal))] + more

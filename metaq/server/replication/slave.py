@@ -8,6 +8,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
+from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, RECV_BYTES, now_ms,
                                            send_event)
 from metaq.store.replica import ReplicationRefused
@@ -135,10 +136,10 @@ class SlaveLink:
     def _next_event(self, sock, parser):
         while True:
             event = parser.next_event()
-            if event is rp.NEED_DATA:
+            if event is NEED_DATA:
                 parser.receive_data(sock.recv(RECV_BYTES))  # socket.timeout (an OSError) when the master is silent
                 continue
-            if event is rp.CLOSED:
+            if event is CLOSED:
                 raise ConnectionError("the master closed the replication link")
             if isinstance(event, rp.ErrorFrame):
                 raise errors.Unavailable("the master refused replication (%d): %s" % (event.code, event.text))
@@ -202,12 +203,13 @@ class SlaveLink:
             self.on_new_topics(store.known_topics())
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
-    def stats_lines(self):
-        return ["replication_master %s" % self.master,
-                "replication_slave_id %d" % self.slave_id,
-                "replication_link %s" % ("connected" if self.connected else "down"),
-                "replication_lag_bytes %d" % self.lag_bytes,
-                "replication_lag_messages %d" % self.lag_messages,
-                "replication_caught_up %s" % ("true" if self.caught_up() else "false"),
-                "replication_connects %d" % self.connects,
-                "replication_cut_bytes %d" % self.cut_bytes]
+    def stats_values(self):
+        """The link's ``stats`` summary ``(key, value)`` pairs."""
+        return [("replication_master", self.master),
+                ("replication_slave_id", self.slave_id),
+                ("replication_link", "connected" if self.connected else "down"),
+                ("replication_lag_bytes", self.lag_bytes),
+                ("replication_lag_messages", self.lag_messages),
+                ("replication_caught_up", bool(self.caught_up())),
+                ("replication_connects", self.connects),
+                ("replication_cut_bytes", self.cut_bytes)]

@@ -22,7 +22,8 @@ from gevent.queue import Queue
 from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
-from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, encode_result
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.protocol.text import TextParser, encode_result
 from metaq.server import connections as core
 from metaq.server.text.fastput import failed_replies
 

@@ -30,7 +30,7 @@ offset message id), and the born and store times are the record's.
 
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq_bodies import (
+from metaq.protocol.rocketmq.bodies import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     SYSFLAG_COMPRESSED,

@@ -9,10 +9,8 @@ from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.remoting import (
-    CLOSED,
+from metaq.protocol.rocketmq.remoting import (
     DEFAULT_VERSION,
-    NEED_DATA,
     RPC_ONEWAY,
     RPC_RESPONSE,
     SERIALIZE_JSON,
@@ -27,6 +25,7 @@ from metaq.protocol.remoting import (
     not_supported,
     response_for,
 )
+from metaq.protocol.stream import CLOSED, NEED_DATA
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)

@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.text import CLOSED, NEED_DATA, StreamParser
+from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 
 __all__ = [
-    "NEED_DATA",
-    "CLOSED",
     "SERIALIZE_JSON",
     "SERIALIZE_ROCKETMQ",
     "RPC_RESPONSE",
@@ -55,8 +53,6 @@ __all__ = [
     "ext_str",
 ]
 
-
-# NEED_DATA and CLOSED are the same markers as the text protocol's: one pair for every parser.
 
 SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1

@@ -1,11 +1,11 @@
-"""How a RocketMQ message lives in a MetaQ record and back (metaq.protocol.rocketmq_mapping)."""
+"""How a RocketMQ message lives in a MetaQ record and back (metaq.protocol.rocketmq.mapping)."""
 
 import pytest
 
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq_bodies import decode_stored_message, parse_offset_msg_id
-from metaq.protocol.rocketmq_mapping import (message_of_record, parse_subscription, record_data_from_send,
+from metaq.protocol.rocketmq.bodies import decode_stored_message, parse_offset_msg_id
+from metaq.protocol.rocketmq.mapping import (message_of_record, parse_subscription, record_data_from_send,
                                              retry_copy, split_attribute, stored_message_bytes)
 from metaq.store.record import LogRecord
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.rocketmq_bodies import (
+from metaq.protocol.rocketmq.bodies import (
     MAGIC_V1,
     MAGIC_V2,
     MAX_PROPERTIES_BYTES,

@@ -5,8 +5,8 @@ import struct
 import pytest
 
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.remoting import RemotingParser, make_request
-from metaq.protocol.rocketmq_headers import (
+from metaq.protocol.rocketmq.remoting import RemotingParser, make_request
+from metaq.protocol.rocketmq.headers import (
     ConsumerGroupHeader,
     ConsumerSendMsgBackHeader,
     EndTransactionHeader,

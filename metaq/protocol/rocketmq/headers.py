@@ -19,7 +19,7 @@ import re
 from collections import namedtuple
 
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.remoting import RequestCode
+from metaq.protocol.rocketmq.remoting import RequestCode
 
 __all__ = [
     "SendMessageHeader",
@@ -128,7 +128,7 @@ _SEND_V2 = tuple((attr, v2, parse, default) for attr, _, v2, parse, default in _
 SendMessageHeader = namedtuple("SendMessageHeader", [f[0] for f in _SEND_FIELDS])
 SendMessageHeader.__doc__ = """SEND_MESSAGE (10) / SEND_MESSAGE_V2 (310) / SEND_BATCH_MESSAGE (320) header.
 
-``properties`` is the raw ``\\x01``/``\\x02`` string (``rocketmq_bodies.decode_properties``);
+``properties`` is the raw ``\\x01``/``\\x02`` string (``bodies.decode_properties``);
 ``max_reconsume_times`` and ``broker_name`` are None when absent."""
 
 _SPECS = {}

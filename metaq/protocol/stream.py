@@ -1,0 +1,88 @@
+"""The buffer handling our sans-IO frame parsers share, and the markers every parser returns.
+
+``StreamParser`` is the base of ``metaq.protocol.text.TextParser`` and
+``metaq.protocol.rocketmq.remoting.RemotingParser``. ``NEED_DATA`` (feed more
+bytes) and ``CLOSED`` (the peer closed the stream cleanly between frames) are
+returned by their ``next_event()`` and by
+``metaq.protocol.replication.ReplicationParser``'s: one pair of markers for
+every parser, compared with ``is``.
+"""
+
+from metaq.errors import RemoteProtocolError
+
+__all__ = ["NEED_DATA", "CLOSED", "StreamParser"]
+
+
+class _Sentinel:
+    """A named marker returned by a parser's ``next_event`` (``NEED_DATA``, ``CLOSED``)."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return self._name
+
+
+#: ``next_event()``: no whole frame is buffered yet; feed more bytes.
+NEED_DATA = _Sentinel("NEED_DATA")
+#: ``next_event()``: the peer closed the stream cleanly between frames.
+CLOSED = _Sentinel("CLOSED")
+
+
+class StreamParser:
+    """The buffer handling our sans-IO frame parsers share (text, remoting).
+
+    ``receive_data`` appends bytes (``b""`` marks the end of the stream; bytes
+    after it are a fatal error); ``next_event`` runs the subclass's
+    ``_next_event`` and keeps a fatal ``RemoteProtocolError`` sticky, so every
+    later call raises it again. ``_pos`` is the start of the unparsed bytes in
+    ``_buf``; consumed bytes are dropped when more arrive (``_compact``).
+    """
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._pos = 0
+        self._eof = False
+        self._fatal = None
+
+    @property
+    def buffered(self):
+        """Number of received bytes not yet returned as events."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data):
+        """Append received bytes; ``b""`` marks the end of the stream."""
+        if self._fatal is not None:
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._eof:
+            self._fatal = RemoteProtocolError("data received after the end of the stream", 0, True)
+            raise self._fatal
+        if self._pos:
+            self._compact()
+        self._accept(data)
+
+    def _compact(self):
+        del self._buf[: self._pos]
+        self._pos = 0
+
+    def _accept(self, data):
+        self._buf += data
+
+    def next_event(self):
+        """Return the next event, ``NEED_DATA`` or ``CLOSED``; raise RemoteProtocolError on a bad frame."""
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            return self._next_event()
+        except RemoteProtocolError as exc:
+            if exc.fatal:
+                self._fatal = exc
+            raise
+
+    def _next_event(self):
+        raise NotImplementedError
