@@ -44,6 +44,7 @@ class StreamParser:
     def __init__(self):
         self._buf = bytearray()
         self._pos = 0
+        self._dropped = 0  # consumed bytes already cut from the front of _buf
         self._eof = False
         self._fatal = None
 
@@ -66,7 +67,13 @@ class StreamParser:
             self._compact()
         self._accept(data)
 
+    @property
+    def consumed(self):
+        """Bytes returned as events (or skipped) since the start: it grows whenever a frame completes."""
+        return self._dropped + self._pos
+
     def _compact(self):
+        self._dropped += self._pos
         del self._buf[: self._pos]
         self._pos = 0
 

@@ -14,8 +14,8 @@ then applies the same rules to every accepted socket:
 * **Connection ids**, unique across listeners: the owner of a connection's
   local transactions, whichever protocol it speaks.
 * **Deadlines**: a connection with no request for ``idle_timeout_s`` is closed,
-  and a request begun must be complete within ``request_timeout_s``
-  (``Connection.receive``).
+  and a request begun must be complete within ``request_timeout_s`` of its
+  first byte, however slowly its bytes trickle in (``Connection.receive``).
 * **Close hooks** (``on_close``): what must happen when any connection ends
   (the transaction service rolls back its local transactions...).
 * **Orderly close** at shutdown (``shutdown``): stop accepting on every
@@ -95,11 +95,19 @@ class Connection:
         self.closed = False
         self.idle_timeout = timeouts.idle_s
         self.request_timeout = timeouts.request_s
+        self._request_deadline = None  # monotonic time by which the request under way must be complete
+        self._progress_seen = None  # ``progress`` when that deadline was set
 
     @property
     def in_request(self):
         """True while a request has begun but not yet fully arrived."""
         return False
+
+    @property
+    def progress(self):
+        """A number that grows whenever a request completes (a parser's ``consumed``): the request deadline
+        starts again from there, so a client that streams whole requests is never cut off."""
+        return 0
 
     #: True while the connection has a request to finish (a shutdown waits for it); a subclass sets it
     #: or makes it a property.
@@ -111,13 +119,23 @@ class Connection:
     def receive(self, nbytes=RECV_BYTES):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed)."""
         in_request = self.in_request
-        timeout = self.request_timeout if in_request else self.idle_timeout
+        if not in_request:
+            self._request_deadline = None
+            timeout = self.idle_timeout
+        else:
+            now, progress = time.monotonic(), self.progress
+            if self._request_deadline is None or progress != self._progress_seen:
+                self._request_deadline, self._progress_seen = now + self.request_timeout, progress
+            timeout = max(0.001, self._request_deadline - now)
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(nbytes)
         except socket.timeout:
-            log.info("%s %s: %s for %.0f s; closing", self.log_prefix, self.peer,
-                     "a partial request" if in_request else "no request", timeout)
+            if in_request:
+                log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
+                         self.request_timeout)
+            else:
+                log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, timeout)
             return None
         except OSError as exc:
             if exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):

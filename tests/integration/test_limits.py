@@ -83,6 +83,48 @@ def test_partial_request_dropped_after_request_timeout(limited):
         assert c.call(ev.Offset("test", "g", 0, 9, 2)).body == b"0"  # nothing half-stored
 
 
+def test_a_request_trickled_in_byte_by_byte_meets_the_same_deadline(limited):
+    """The request deadline runs from a request's first byte: a byte every 0.3 s does not keep it alive."""
+    with limited.client() as c:
+        c.send(b"put test 0 10 0 -1 1\r\n")
+        started = time.monotonic()
+        closed_after = None
+        for _ in range(20):  # 6 s of trickling, far past the 1 s deadline
+            time.sleep(0.3)
+            try:
+                c.send(b"x")
+            except OSError:
+                closed_after = time.monotonic() - started
+                break
+        assert closed_after is not None and closed_after < 3.0
+    with limited.client() as c:
+        assert c.call(ev.Offset("test", "g", 0, 9, 2)).body == b"0"  # nothing half-stored
+
+
+def test_whole_requests_streamed_past_the_deadline_are_all_served(limited):
+    """Progress restarts the deadline: a producer always mid-frame for longer than request_timeout is served."""
+
+    def frame(n):
+        body = b"m%03d" % n
+        return b"put test 1 %d 0 %d %d\r\n%s" % (len(body), metaq_checksum(body), n, body)
+
+    with limited.client() as c:
+        started = time.monotonic()
+        c.send(frame(0)[:10])
+        n = 0
+        while time.monotonic() - started < 2.5:  # 2.5 s > the 1 s request timeout, never between frames
+            time.sleep(0.1)
+            c.send(frame(n)[10:] + frame(n + 1)[:10])  # the next frame begins before this one is answered
+            r = c.read_event()
+            assert r.code == 200 and r.opaque == n
+            n += 1
+        c.send(frame(n)[10:])
+        assert c.read_event().opaque == n
+        assert n > 10
+    with limited.client() as c:
+        assert c.call(ev.Offset("test", "g", 1, 9999, 2)).body == b"%d" % (n + 1)  # every one stored
+
+
 @pytest.mark.slow
 def test_two_thousand_idle_connections_while_serving(broker):
     idle = []

@@ -120,6 +120,10 @@ class RemotingConnection(core.Connection):
         return self.parser.in_frame
 
     @property
+    def progress(self):
+        return self.parser.consumed
+
+    @property
     def busy(self):
         """Pulls and sends still running (a shutdown lets them answer: parked pulls return at once)."""
         return len(self.pool) > 0

@@ -65,6 +65,10 @@ class Connection(core.Connection):
     def in_request(self):
         return self.parser.in_frame
 
+    @property
+    def progress(self):
+        return self.parser.consumed
+
     # -- writing -----------------------------------------------------------
 
     def send(self, data):
