@@ -27,7 +27,7 @@ FD_RESERVE = 512
 #: Seconds a connection may sit with no complete request before it is closed.
 IDLE_TIMEOUT_S = 600.0
 
-#: Seconds a partly received request (line or body) may take to complete.
+#: Seconds a request (line or body) may take to arrive, from its first byte (a completed request restarts it).
 REQUEST_TIMEOUT_S = 30.0
 
 #: Longest wait a long-polling get may ask for.
