@@ -2,11 +2,13 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Four functions, each the exact twin of a pure-Python reference that is used
+ * Five functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
  *   scan_puts(buf, pos, end, max_body, max_line)   == metaq.protocol.burst.scan_puts_py
+ *   encode_put_acks(frames, start, count, first_id, partition, first_offset)
+ *                                                 == metaq.protocol.burst.encode_put_acks_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
  *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
  *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes)
@@ -41,7 +43,7 @@
 #define HEADER_SIZE 20 /* msgLen, checksum, msgId, flag */
 #define CRC_START 12
 #define UNIT_SIZE 16
-#define REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> <offset>" */
+#define REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> <offset>": at most 89 bytes */
 
 static unsigned long crc_of(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
 #ifdef METAQ_HAVE_ISAL
@@ -215,14 +217,12 @@ static void put64(unsigned char *p, uint64_t v) {
 }
 
 /* The fields of one frame tuple that write_run needs; 0 with an exception set on bad input. */
-static int frame_fields(PyObject *t, long long *flag, long long *opaque, Py_ssize_t *start, Py_ssize_t *n,
-                        unsigned long *crc) {
+static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssize_t *n, unsigned long *crc) {
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
         PyErr_SetString(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
         return 0;
     }
     *flag = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
-    *opaque = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
     *start = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
     *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 5));
     *crc = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 6));
@@ -261,28 +261,22 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    char *replies = NULL;
     if (j > PyList_GET_SIZE(frames))
         j = PyList_GET_SIZE(frames);
     if (i < 0 || rel < 0 || ready > lb.len || unit_at < 0) {
         PyErr_SetString(PyExc_ValueError, "position out of range");
         goto done;
     }
-    replies = PyMem_Malloc((size_t)(j > i ? j - i : 1) * REPLY_MAX);
-    if (replies == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     unsigned char *log = (unsigned char *)lb.buf, *index = (unsigned char *)ib.buf;
     const unsigned char *src = (const unsigned char *)sb.buf;
     const char *topic = PyBytes_AS_STRING(topic_obj);
-    Py_ssize_t hsize = PREFIX_SIZE + tlen + HEADER_SIZE, out = 0, count = 0, op_len = -1;
+    Py_ssize_t hsize = PREFIX_SIZE + tlen + HEADER_SIZE, count = 0, op_len = -1;
     uLong op = 0;
     for (Py_ssize_t k = i; k < j; k++, count++) {
-        long long flag, opaque;
+        long long flag;
         Py_ssize_t start, n;
         unsigned long crc;
-        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &opaque, &start, &n, &crc))
+        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &start, &n, &crc))
             goto done;
         Py_ssize_t total = hsize + n;
         if (rel + total > ready)
@@ -318,13 +312,56 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         put64(u, (uint64_t)(seg_start + rel));
         put32(u + 8, (uint32_t)total);
         put32(u + 12, 0);
+        rel += total;
+    }
+    result = Py_BuildValue("(nn)", count, rel);
+done:
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb);
+    return result;
+}
+
+/* The result 200 replies of a run of stored frames (see encode_put_acks_py): one pass, one bytes object. */
+static PyObject *encode_put_acks(PyObject *self, PyObject *args) {
+    PyObject *frames;
+    Py_ssize_t start, count;
+    long long first_id, first_offset;
+    long partition;
+    if (!PyArg_ParseTuple(args, "OnnLlL", &frames, &start, &count, &first_id, &partition, &first_offset))
+        return NULL;
+    if (!PyList_Check(frames))
+        return PyErr_Format(PyExc_TypeError, "frames must be a list");
+    if (count < 0)
+        count = 0;
+    if (start < 0 || start + count > PyList_GET_SIZE(frames))
+        return PyErr_Format(PyExc_IndexError, "frames %zd..%zd of %zd", start, start + count,
+                            PyList_GET_SIZE(frames));
+    char *replies = PyMem_Malloc((size_t)(count ? count : 1) * REPLY_MAX);
+    if (replies == NULL)
+        return PyErr_NoMemory();
+    char *w = replies;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *t = PyList_GET_ITEM(frames, start + k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+            PyMem_Free(replies);
+            return PyErr_Format(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
+        }
+        long long opaque = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
+        if (opaque == -1 && PyErr_Occurred()) {
+            PyMem_Free(replies);
+            return NULL;
+        }
+        if (opaque < -INT32_MAX_V - 1 || opaque > INT32_MAX_V) { /* keeps a reply within REPLY_MAX */
+            PyMem_Free(replies);
+            return PyErr_Format(PyExc_ValueError, "opaque %lld is not a 32-bit int", opaque);
+        }
         char body[64];
-        int blen = put_decimal(body, msg_id);
+        int blen = put_decimal(body, first_id + k);
         body[blen++] = ' ';
         blen += put_decimal(body + blen, partition);
         body[blen++] = ' ';
-        blen += put_decimal(body + blen, qoff);
-        char *w = replies + out;
+        blen += put_decimal(body + blen, first_offset + k);
         memcpy(w, "result 200 ", 11);
         w += 11;
         w += put_decimal(w, blen);
@@ -333,15 +370,10 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         *w++ = '\r';
         *w++ = '\n';
         memcpy(w, body, (size_t)blen);
-        out = (w + blen) - replies;
-        rel += total;
+        w += blen;
     }
-    result = Py_BuildValue("(nny#)", count, rel, replies, out);
-done:
+    PyObject *result = PyBytes_FromStringAndSize(replies, w - replies);
     PyMem_Free(replies);
-    PyBuffer_Release(&ib);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&lb);
     return result;
 }
 
@@ -588,7 +620,9 @@ static PyMethodDef methods[] = {
     {"scan_puts", scan_puts, METH_VARARGS, "scan_puts(buf, pos, end, max_body, max_line) -> (frames, next_pos)"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
-     "unit_at) -> (count, rel_after, replies)"},
+     "unit_at) -> (count, rel_after)"},
+    {"encode_put_acks", encode_put_acks, METH_VARARGS,
+     "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, data, full)"},
     {NULL, NULL, 0, NULL},
