@@ -62,6 +62,8 @@ class MessageStore:
         self._index_problem = None
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
+        self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
+                                          self.check_disk, config.segment_size)
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
@@ -495,27 +497,23 @@ class MessageStore:
 
     def read_log(self, position, max_bytes, upto="flushed"):
         """Master: ``(memoryview, next_position)``, whole records/blank tails of one segment from ``position``."""
-        return replica.read_log(self._replica_access(), position, max_bytes, upto)
+        return replica.read_log(self._replica, position, max_bytes, upto)
 
     def append_replicated(self, position, data, now_ms, master_segment_size=None):
         """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
-        end, last_id = replica.append_replicated(self._replica_access(), position, data, now_ms,
-                                                 master_segment_size)
+        end, last_id = replica.append_replicated(self._replica, position, data, now_ms, master_segment_size)
         if last_id is not None:
             self._ids.seed(last_id)
         return end
 
     def truncate_log(self, position, now_ms):
         """Cut the log (and index units) back to the record boundary ``position``; returns a TruncateReport."""
-        report = replica.truncate_log(self._replica_access(), position)
+        report = replica.truncate_log(self._replica, position)
         if report.old_end != position:
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
 
-    def _replica_access(self):
-        return replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
-                                 self.check_disk, self.config.segment_size)
 
     # -- record lookups for RocketMQ pulls (see lookup.py) -------------------
 
