@@ -2,11 +2,13 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Four functions, each the exact twin of a pure-Python reference that is used
+ * Five functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
  *   scan_puts(buf, pos, end, max_body, max_line)   == metaq.protocol.burst.scan_puts_py
+ *   encode_put_acks(frames, start, count, first_id, partition, first_offset)
+ *                                                 == metaq.protocol.burst.encode_put_acks_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
  *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
  *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes)
@@ -41,7 +43,7 @@
 #define HEADER_SIZE 20 /* msgLen, checksum, msgId, flag */
 #define CRC_START 12
 #define UNIT_SIZE 16
-#define REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> <offset>" */
+#define REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> <offset>": at most 89 bytes */
 
 static unsigned long crc_of(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
 #ifdef METAQ_HAVE_ISAL
@@ -57,20 +59,31 @@ static unsigned long crc_of(const unsigned char *p, Py_ssize_t n, unsigned long 
 #endif
 }
 
-/* Decimal digits of v (signed) at p; returns how many bytes were written (at most 20). */
+static const char DIGIT_PAIRS[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                      "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                      "8081828384858687888990919293949596979899";
+
+/* Decimal digits of v (signed) at p; returns how many bytes were written (at most 20). Two digits per division. */
 static int put_decimal(char *p, long long v) {
     char tmp[24];
-    int n = 0, len = 0;
+    int n = 24, len = 0;
     unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
+    while (u >= 100) {
+        unsigned d = (unsigned)(u % 100) * 2;
+        u /= 100;
+        tmp[--n] = DIGIT_PAIRS[d + 1];
+        tmp[--n] = DIGIT_PAIRS[d];
+    }
+    if (u >= 10) {
+        tmp[--n] = DIGIT_PAIRS[u * 2 + 1];
+        tmp[--n] = DIGIT_PAIRS[u * 2];
+    } else {
+        tmp[--n] = (char)('0' + u);
+    }
     if (v < 0)
         p[len++] = '-';
-    while (n)
-        p[len++] = tmp[--n];
-    return len;
+    memcpy(p + len, tmp + n, (size_t)(24 - n));
+    return len + 24 - n;
 }
 
 /* 1..10 decimal digits at *p (before lim) followed by `stop`; advances *p past `stop`. */
@@ -215,14 +228,12 @@ static void put64(unsigned char *p, uint64_t v) {
 }
 
 /* The fields of one frame tuple that write_run needs; 0 with an exception set on bad input. */
-static int frame_fields(PyObject *t, long long *flag, long long *opaque, Py_ssize_t *start, Py_ssize_t *n,
-                        unsigned long *crc) {
+static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssize_t *n, unsigned long *crc) {
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
         PyErr_SetString(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
         return 0;
     }
     *flag = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
-    *opaque = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
     *start = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
     *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 5));
     *crc = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 6));
@@ -261,28 +272,22 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    char *replies = NULL;
     if (j > PyList_GET_SIZE(frames))
         j = PyList_GET_SIZE(frames);
     if (i < 0 || rel < 0 || ready > lb.len || unit_at < 0) {
         PyErr_SetString(PyExc_ValueError, "position out of range");
         goto done;
     }
-    replies = PyMem_Malloc((size_t)(j > i ? j - i : 1) * REPLY_MAX);
-    if (replies == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     unsigned char *log = (unsigned char *)lb.buf, *index = (unsigned char *)ib.buf;
     const unsigned char *src = (const unsigned char *)sb.buf;
     const char *topic = PyBytes_AS_STRING(topic_obj);
-    Py_ssize_t hsize = PREFIX_SIZE + tlen + HEADER_SIZE, out = 0, count = 0, op_len = -1;
+    Py_ssize_t hsize = PREFIX_SIZE + tlen + HEADER_SIZE, count = 0, op_len = -1;
     uLong op = 0;
     for (Py_ssize_t k = i; k < j; k++, count++) {
-        long long flag, opaque;
+        long long flag;
         Py_ssize_t start, n;
         unsigned long crc;
-        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &opaque, &start, &n, &crc))
+        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &start, &n, &crc))
             goto done;
         Py_ssize_t total = hsize + n;
         if (rel + total > ready)
@@ -318,13 +323,56 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         put64(u, (uint64_t)(seg_start + rel));
         put32(u + 8, (uint32_t)total);
         put32(u + 12, 0);
+        rel += total;
+    }
+    result = Py_BuildValue("(nn)", count, rel);
+done:
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&lb);
+    return result;
+}
+
+/* The result 200 replies of a run of stored frames (see encode_put_acks_py): one pass, one bytes object. */
+static PyObject *encode_put_acks(PyObject *self, PyObject *args) {
+    PyObject *frames;
+    Py_ssize_t start, count;
+    long long first_id, first_offset;
+    long partition;
+    if (!PyArg_ParseTuple(args, "OnnLlL", &frames, &start, &count, &first_id, &partition, &first_offset))
+        return NULL;
+    if (!PyList_Check(frames))
+        return PyErr_Format(PyExc_TypeError, "frames must be a list");
+    if (count < 0)
+        count = 0;
+    if (start < 0 || start + count > PyList_GET_SIZE(frames))
+        return PyErr_Format(PyExc_IndexError, "frames %zd..%zd of %zd", start, start + count,
+                            PyList_GET_SIZE(frames));
+    PyObject *result = PyBytes_FromStringAndSize(NULL, count * REPLY_MAX);
+    if (result == NULL)
+        return NULL;
+    char *replies = PyBytes_AS_STRING(result), *w = replies;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *t = PyList_GET_ITEM(frames, start + k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+            Py_DECREF(result);
+            return PyErr_Format(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
+        }
+        long long opaque = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
+        if (opaque == -1 && PyErr_Occurred()) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        if (opaque < -INT32_MAX_V - 1 || opaque > INT32_MAX_V) { /* keeps a reply within REPLY_MAX */
+            Py_DECREF(result);
+            return PyErr_Format(PyExc_ValueError, "opaque %lld is not a 32-bit int", opaque);
+        }
         char body[64];
-        int blen = put_decimal(body, msg_id);
+        int blen = put_decimal(body, first_id + k);
         body[blen++] = ' ';
         blen += put_decimal(body + blen, partition);
         body[blen++] = ' ';
-        blen += put_decimal(body + blen, qoff);
-        char *w = replies + out;
+        blen += put_decimal(body + blen, first_offset + k);
         memcpy(w, "result 200 ", 11);
         w += 11;
         w += put_decimal(w, blen);
@@ -333,15 +381,10 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         *w++ = '\r';
         *w++ = '\n';
         memcpy(w, body, (size_t)blen);
-        out = (w + blen) - replies;
-        rel += total;
+        w += blen;
     }
-    result = Py_BuildValue("(nny#)", count, rel, replies, out);
-done:
-    PyMem_Free(replies);
-    PyBuffer_Release(&ib);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&lb);
+    if (_PyBytes_Resize(&result, w - replies) < 0) /* frees it on failure */
+        return NULL;
     return result;
 }
 
@@ -588,7 +631,9 @@ static PyMethodDef methods[] = {
     {"scan_puts", scan_puts, METH_VARARGS, "scan_puts(buf, pos, end, max_body, max_line) -> (frames, next_pos)"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
-     "unit_at) -> (count, rel_after, replies)"},
+     "unit_at) -> (count, rel_after)"},
+    {"encode_put_acks", encode_put_acks, METH_VARARGS,
+     "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, data, full)"},
     {NULL, NULL, 0, NULL},

@@ -2,8 +2,8 @@
 
 The helper is built by ``pip install`` when a compiler and zlib's headers are
 there (``setup.py``: optional, so an install never fails for it). Its functions
-and their twins (tested equal): ``scan_puts`` (protocol/burst.py), ``write_run``
-(store/batch.py), ``gather_records`` (store/gather.py). ``METAQ_PURE_PYTHON=1``
+and their twins (tested equal): ``scan_puts`` and ``encode_put_acks``
+(protocol/burst.py), ``write_run`` (store/batch.py), ``gather_records`` (store/gather.py). ``METAQ_PURE_PYTHON=1``
 in the environment runs the twins even when the helper is built.
 """
 

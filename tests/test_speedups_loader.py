@@ -28,3 +28,20 @@ def test_pure_python_when_asked():
 @pytest.mark.skipif(not speedups.built(), reason="metaq._speedups was not built")
 def test_the_c_helper_when_built():
     assert run("0") == ["False", "False", "False"]
+
+
+ACKS = "from metaq.protocol import burst; print(burst.encode_put_acks is burst.encode_put_acks_py)"
+
+
+def run_acks(env_value):
+    env = {"METAQ_PURE_PYTHON": env_value, "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return subprocess.run([sys.executable, "-c", ACKS], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_burst_acks_follow_the_same_choice():
+    assert run_acks("1") == ["True"]
+    if speedups.built():
+        assert run_acks("0") == ["False"]

@@ -18,8 +18,15 @@ Each taken frame is ``(topic, partition, flag, opaque, body_start, body_len, crc
 ``topic`` as bytes (consecutive frames with the same topic share one object),
 ``crc`` the unsigned CRC-32 of the body (its checksum is ``crc & 0x7FFFFFFF``).
 
-``metaq._speedups.scan_puts`` is the same function in C; this module uses it
-when it was built and ``scan_puts_py`` otherwise (the tests hold the two equal).
+The answers to a burst are encoded here too: ``encode_put_acks`` gives the
+``result 200`` replies of a run of stored frames (from what the store reports
+it wrote: first message id, partition, first offset, count), ``encode_results``
+one reply with the same code and body per opaque (the 500s of puts whose
+flush failed).
+
+``metaq._speedups.scan_puts`` and ``encode_put_acks`` are the same functions in
+C; this module uses them when it was built and ``scan_puts_py`` /
+``encode_put_acks_py`` otherwise (the tests hold each pair equal).
 """
 
 import re
@@ -63,3 +70,28 @@ def scan_puts_py(buf, pos, end, max_body, max_line):
 
 
 scan_puts = speedups.load("scan_puts", scan_puts_py)  # the C twin when built (same results, less CPU)
+
+
+def encode_put_acks_py(frames, start, count, first_id, partition, first_offset):
+    """The ``result 200`` replies, joined, of ``frames[start:start + count]`` stored as messages of ``partition``.
+
+    Frame *k* of the run became message id ``first_id + k`` at offset
+    ``first_offset + k``; its reply is ``result 200 <len> <opaque>\r\n<msgId>
+    <partition> <offset>`` with the frame's opaque, byte for byte what the
+    general path answers (``encode_result``).
+    """
+    out = []
+    append = out.append
+    for k in range(count):
+        body = b"%d %d %d" % (first_id + k, partition, first_offset + k)
+        append(b"result 200 %d %d\r\n%s" % (len(body), frames[start + k][3], body))
+    return b"".join(out)
+
+
+encode_put_acks = speedups.load("encode_put_acks", encode_put_acks_py)  # the C twin when built
+
+
+def encode_results(code, body, opaques):
+    """``result <code> <len> <opaque>\r\n<body>`` for each of ``opaques``, joined (body: bytes)."""
+    head = b"result %d %d " % (code, len(body))
+    return b"".join(b"%s%d\r\n%s" % (head, opaque, body) for opaque in opaques)

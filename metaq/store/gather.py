@@ -49,8 +49,9 @@ def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes):
 gather_records = speedups.load("gather_records", gather_records_py)  # the C twin when built
 
 
-def collect_joined(store, p, n, vis, limit):
-    """``(buffers, nbytes, count)``: records ``n…`` of ``p`` below ``vis`` within ``limit`` (at least one)."""
+def collect_joined(log, p, n, vis, limit):
+    """``(buffers, nbytes, count)``: records ``n…`` of ``p`` (in the commit log ``log``) below ``vis`` within
+    ``limit`` (at least one)."""
     skip = metaq_offset(len(p.topic_bytes))
     buffers = []
     nbytes = count = 0
@@ -61,7 +62,7 @@ def collect_joined(store, p, n, vis, limit):
         hi = min(vis, f.end)
         with f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE] as units:
             phys = UNIT.unpack_from(units, 0)[0]
-            seg = store._log.segment_at(phys)
+            seg = log.segment_at(phys)
             if seg is None:
                 raise _outside(p, phys)
             k, data, full = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes)

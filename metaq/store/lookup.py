@@ -1,10 +1,11 @@
-"""Record-level reads for the RocketMQ remoting protocol (a friend module of ``store.py``).
+"""Record-level reads for the RocketMQ remoting protocol (``MessageStore``'s helpers, given its log and indexes).
 
 A MetaQ ``get`` sends records' MetaQ form straight from the maps; a RocketMQ
 pull needs more of each record (its commit-log position, which is the
 physical offset in RocketMQ's message id, and its store and born times), and
 CONSUMER_SEND_MSG_BACK / VIEW_MESSAGE_BY_ID look a record up by that position.
-``MessageStore.read_records``, ``record_at`` and ``offset_by_time`` delegate here.
+``MessageStore.read_records``, ``record_at`` and ``offset_by_time`` delegate here,
+passing the commit log and the partition's index (or the written position).
 No sockets, threads or clock.
 """
 
@@ -20,21 +21,18 @@ assert _STORE_TS.size == 8
 _STORE_TS_AT = 24
 
 
-def read_records(store, topic, partition, offset, max_count, max_bytes):
-    """``(records, next_offset)``: up to ``max_count`` whole records (``LogRecord`` with ``position``) from
-    ``offset``, at most ``max_bytes`` of them but at least one.
+def read_records(log, p, offset, max_count, max_bytes):
+    """``(records, next_offset)``: up to ``max_count`` whole records (``LogRecord`` with ``position``) of
+    partition ``p`` (None: a legal one without data) of ``log`` from ``offset``, at most ``max_bytes`` of
+    them but at least one.
 
     Same bounds as ``MessageStore.read``: Moved below the minimum or past the
-    visible maximum, NotFound for an unknown partition; ``([], offset)`` at the
-    visible end.
+    visible maximum; ``([], offset)`` at the visible end.
     """
-    p = store._parts.get((topic, partition))
     if p is None:
-        p = store._reader(topic, partition)
-        if p is None:
-            if offset == 0:
-                return [], 0
-            raise _moved(0)
+        if offset == 0:
+            return [], 0
+        raise _moved(0)
     vis = p.visible
     if offset >= vis:
         if offset == vis:
@@ -48,51 +46,52 @@ def read_records(store, topic, partition, offset, max_count, max_bytes):
     for n, phys, size, _tag in p.units(offset, hi):
         if records and nbytes + size > max_bytes:
             break
-        seg = store._log.segment_at(phys)
+        seg = log.segment_at(phys)
         if seg is None or size <= 0:
-            raise StoreError("index unit %d of %s-%d points at %d, outside the log" % (n, topic, partition, phys))
+            raise StoreError("index unit %d of %s-%d points at %d, outside the log" % (n, p.topic, p.partition, phys))
         records.append(decode_record(seg.view, phys - seg.start, position=phys))
         nbytes += size
     return records, offset + len(records)
 
 
-def record_at(store, position):
-    """The ``LogRecord`` starting at commit-log ``position``; NotFound when no valid record starts there."""
-    seg = store._log.segment_at(position) if position >= 0 else None
-    if seg is None or position >= store._written:
+def record_at(log, written, position):
+    """The ``LogRecord`` starting at ``position`` of ``log`` (written up to ``written``); NotFound when no valid
+    record starts there."""
+    seg = log.segment_at(position) if position >= 0 else None
+    if seg is None or position >= written:
         raise NotFound("no message at commit-log offset %d" % position)
     rel = position - seg.start
-    limit = min(seg.end, store._written) - seg.start
+    limit = min(seg.end, written) - seg.start
     if not check_record(seg.view, rel, limit):
         raise NotFound("no message starts at commit-log offset %d" % position)
     return decode_record(seg.view, rel, position=position)
 
 
-def _store_ts(store, p, n):
+def _store_ts(log, p, n):
     f = p.file_for(n)
     if f is None:
         return None
     phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
-    seg = store._log.segment_at(phys)
+    seg = log.segment_at(phys)
     if seg is None:
         return None
     return _STORE_TS.unpack_from(seg.view, phys - seg.start + _STORE_TS_AT)[0]
 
 
-def offset_by_time(store, topic, partition, timestamp_ms, upper=False):
-    """The offset of the first message stored at or after ``timestamp_ms`` (the visible maximum if none);
-    with ``upper``, the last one stored at or before it (the minimum if none).
+def offset_by_time(log, p, timestamp_ms, upper=False):
+    """The offset of partition ``p`` (None: one without data) of ``log`` of the first message stored at or
+    after ``timestamp_ms`` (the visible maximum if none); with ``upper``, the last one stored at or before it
+    (the minimum if none).
 
     Store times grow with offsets within a partition, so this is a binary search over the index.
     """
-    p = store._reader(topic, partition)
     if p is None:
         return 0
     lo, hi = p.min, p.visible
     if upper:
         while lo < hi:  # first offset stored after timestamp_ms
             mid = (lo + hi) // 2
-            ts = _store_ts(store, p, mid)
+            ts = _store_ts(log, p, mid)
             if ts is not None and ts > timestamp_ms:
                 hi = mid
             else:
@@ -100,7 +99,7 @@ def offset_by_time(store, topic, partition, timestamp_ms, upper=False):
         return max(p.min, lo - 1)
     while lo < hi:
         mid = (lo + hi) // 2
-        ts = _store_ts(store, p, mid)
+        ts = _store_ts(log, p, mid)
         if ts is not None and ts >= timestamp_ms:
             hi = mid
         else:

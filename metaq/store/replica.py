@@ -1,11 +1,12 @@
 """Replication primitives: copy a master's commit log byte for byte, at the same positions (DESIGN §8).
 
 ``MessageStore.read_log``, ``append_replicated`` and ``truncate_log`` delegate
-here; the functions work on the store's own state (a friend module of
-``store.py``). No sockets, threads or clock: the server moves the bytes (see
+here, handing over what the functions work on as a ``LogAccess`` (the commit
+log, its ``LogPositions``, the partitions' indexes and the store's append
+steps). No sockets, threads or clock: the server moves the bytes (see
 ``metaq.protocol.replication``) and passes ``now_ms``.
 
-**What a read returns (master side).** ``read_log(store, position, max_bytes)``
+**What a read returns (master side).** ``read_log(acc, position, max_bytes)``
 returns a memoryview of the master's map holding whole *units* from
 ``position``, all inside one segment: records, and, at the end of a segment,
 its blank tail (the 8-byte blank marker and the zeros after it, or the fewer
@@ -46,7 +47,7 @@ after retention); partitions then begin at the first offset seen.
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Callable, Dict, NamedTuple, Tuple
 
 from metaq import limits
 from metaq.errors import DiskFull, InvalidTopic, Moved, StoreError
@@ -76,6 +77,18 @@ class NotABoundary(ReplicationRefused):
     """The position is not the start of a record or blank tail in this log."""
 
 
+class LogAccess(NamedTuple):
+    """What the replication functions work on; ``MessageStore`` builds it from its own state."""
+
+    log: object  # the CommitLog
+    positions: object  # its LogPositions (moved only through their methods)
+    parts: dict  # (topic, partition) -> PartitionIndex, every partition with an index (read only here)
+    partition: Callable  # partition(topic, partition) -> PartitionIndex, created if needed
+    index_tail: Callable  # index_tail(p, offset) -> the index file for unit ``offset``, created if needed
+    check_disk: Callable  # check_disk() -> DiskState
+    segment_size: int
+
+
 @dataclass
 class TruncateReport:
     """What ``truncate_log`` cut: totals and per ``(topic, partition)`` ``[records, bytes]``."""
@@ -92,15 +105,15 @@ class TruncateReport:
 # -- master side --------------------------------------------------------------
 
 
-def read_log(store, position, max_bytes, upto="flushed"):
+def read_log(acc, position, max_bytes, upto="flushed"):
     """``(memoryview, next_position)``: whole units from ``position`` within one segment (see module doc)."""
     if upto not in UPTO_CHOICES:
         raise ValueError("upto must be one of %s, got %r" % ("/".join(UPTO_CHOICES), upto))
-    limit = store._flushed if upto == "flushed" else store._written
-    check_boundary(store, position)
+    limit = acc.positions.flushed if upto == "flushed" else acc.positions.written
+    check_boundary(acc, position)
     if position >= limit:
         return memoryview(b""), position
-    seg = store._log.segment_at(position)
+    seg = acc.log.segment_at(position)
     if seg is None:
         raise StoreError("no commit-log segment holds position %d" % position)
     view, base, end = seg.view, seg.start, min(seg.end, limit)
@@ -123,10 +136,10 @@ def read_log(store, position, max_bytes, upto="flushed"):
     return view[position - base:rel], base + rel
 
 
-def check_boundary(store, position):
+def check_boundary(acc, position):
     """Raise unless ``position`` starts a record or blank tail of this log (or is its end)."""
-    written = store._written
-    start = store._log.start
+    written = acc.positions.written
+    start = acc.log.start
     if position == written or (start is None and position == 0):
         return
     if start is None or position < start:
@@ -134,7 +147,7 @@ def check_boundary(store, position):
                     "position %d is below the log start %s" % (position, start if start is not None else written))
     if position > written:
         raise NotABoundary("position %d is past the end of the log (%d)" % (position, written))
-    seg = store._log.segment_at(position)
+    seg = acc.log.segment_at(position)
     if seg is None:
         raise NotABoundary("no commit-log segment holds position %d" % position)
     rel, left = position - seg.start, seg.end - position
@@ -147,18 +160,18 @@ def check_boundary(store, position):
         total, magic = MARKER.unpack_from(seg.view, rel)
         if magic == BLANK_MAGIC and total == left:
             return
-        if magic == MESSAGE_MAGIC and _indexed_here(store, seg, rel, position):
+        if magic == MESSAGE_MAGIC and _indexed_here(acc, seg, rel, position):
             return
     raise NotABoundary("position %d is not a record boundary of the commit log" % position)
 
 
-def _indexed_here(store, seg, rel, position):
+def _indexed_here(acc, seg, rel, position):
     total = check_record(seg.view, rel, seg.size)
     if not total:
         return False
     _t, _m, _c, part, qoff, _s, _b, tlen = PREFIX.unpack_from(seg.view, rel)
     topic = bytes(seg.view[rel + TOPIC_START:rel + TOPIC_START + tlen]).decode("utf-8", "replace")
-    p = store._parts.get((topic, part))
+    p = acc.parts.get((topic, part))
     unit = p.unit(qoff) if p is not None and p.min <= qoff < p.max else None
     return unit is not None and unit[0] == position and unit[1] == total
 
@@ -174,24 +187,28 @@ class _Plan:
         self.first = {}  # key -> first offset, for partitions that start inside this chunk
 
 
-def append_replicated(store, position, data, now_ms, master_segment_size=None):
-    """Verify then apply a chunk read from the master's ``read_log``; returns the new written end."""
-    if master_segment_size is not None and master_segment_size != store.config.segment_size:
+def append_replicated(acc, position, data, now_ms, master_segment_size=None):
+    """Verify then apply a chunk read from the master's ``read_log``.
+
+    Returns ``(new written end, highest message id applied or None)``: the store seeds its id generator with it.
+    """
+    if master_segment_size is not None and master_segment_size != acc.segment_size:
         raise ReplicationRefused("segment size mismatch: the master uses %d-byte segments, this store %d; "
                                  "a slave must use the master's segment_size"
-                                 % (master_segment_size, store.config.segment_size))
-    if position != store._written and not (store._log.start is None and store._written == 0):
+                                 % (master_segment_size, acc.segment_size))
+    written = acc.positions.written
+    if position != written and not (acc.log.start is None and written == 0):
         raise ReplicationRefused("replicated data starts at position %d but this store's log ends at %d: "
-                                 "resume from %d" % (position, store._written, store._written))
+                                 "resume from %d" % (position, written, written))
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-    plan = _check_chunk(store, position, view)
-    return _apply(store, plan, view, now_ms)
+    plan = _check_chunk(acc, position, view)
+    return _apply(acc, plan, view, now_ms)
 
 
-def _first_segment_end(store, pos):
+def _first_segment_end(acc, pos):
     """The end of the segment the unit at ``pos`` (our written end) goes to, as it is or as a roll makes it."""
-    size = store.config.segment_size
-    seg = store._log.active
+    size = acc.segment_size
+    seg = acc.log.active
     if seg is not None:
         return seg.end  # pos == seg.end: the loop moves on to the next segment
     if pos % size:
@@ -200,14 +217,14 @@ def _first_segment_end(store, pos):
     return pos + size
 
 
-def _check_chunk(store, position, view):
-    size = store.config.segment_size
+def _check_chunk(acc, position, view):
+    size = acc.segment_size
     plan = _Plan()
     expected = {}
     n, pos, at = len(view), position, 0
-    log_start = store._log.start
+    log_start = acc.log.start
     started_mid_log = (log_start if log_start is not None else position) > 0
-    seg_end = _first_segment_end(store, position)
+    seg_end = _first_segment_end(acc, position)
     while at < n:
         if pos == seg_end:
             seg_end += size
@@ -222,7 +239,7 @@ def _check_chunk(store, position, view):
         key, qoff, total, tag, msg_id = _check_record(view, at, pos, left, n)
         exp = expected.get(key)
         if exp is None:
-            p = store._parts.get(key)
+            p = acc.parts.get(key)
             exp = p.max if p is not None else 0
             if exp == 0 and (p is None or not p.files) and started_mid_log:
                 exp = qoff  # a partition whose earlier records lie before where this log starts
@@ -286,42 +303,41 @@ def _check_record(view, at, pos, left, n):
     return (topic, part), qoff, total, tag, msg_id
 
 
-def _apply(store, plan, view, now_ms):
-    lg = store._log
+def _apply(acc, plan, view, now_ms):
+    lg = acc.log
+    positions = acc.positions
     last_id = None
     for kind, pos, at, total, key, qoff, tag, msg_id in plan.units:
         if kind == "tail":
             seg = lg.active
-            new = _roll(store, pos, now_ms)  # writes the same blank marker the master wrote
+            new = _roll(acc, pos, now_ms)  # writes the same blank marker the master wrote
             seg.view[pos - seg.start:seg.size] = view[at:at + total]
-            store._written = new.start
+            positions.skip_to(new.start)
             continue
-        p = store._partition(*key)
+        p = acc.partition(*key)
         if key in plan.first and p.max == 0:
             p.min = p.max = p.visible = plan.first.pop(key)
-        t = store._index_tail(p, qoff)  # before the record, as put does
+        t = acc.index_tail(p, qoff)  # before the record, as put does
         seg = lg.active
         if seg is None or pos == seg.end:
-            seg = _roll(store, pos, now_ms)
+            seg = _roll(acc, pos, now_ms)
         rel = pos - seg.start
         if rel + total > seg.ready:
             seg.advance_ready(rel)
         seg.view[rel:rel + total] = view[at:at + total]
         UNIT.pack_into(t.mm, (qoff - t.start) * UNIT_SIZE, pos, total, tag)
-        store._appended(p, qoff, pos + total, total)
+        positions.advance(p, qoff, pos + total, total)
         if last_id is None or msg_id > last_id:
             last_id = msg_id
-    if last_id is not None:
-        store._ids.seed(last_id)
-    return store._written
+    return positions.written, last_id
 
 
-def _roll(store, pos, now_ms):
+def _roll(acc, pos, now_ms):
     """Start the next segment as the master did at ``pos`` (DiskFull changes nothing)."""
-    state = store.check_disk()
+    state = acc.check_disk()
     if state.refusing_writes:
         raise DiskFull(state.reason)
-    seg = store._log.roll(pos, now_ms)
+    seg = acc.log.roll(pos, now_ms)
     seg.advance_ready(0)
     return seg
 
@@ -329,36 +345,35 @@ def _roll(store, pos, now_ms):
 # -- truncation ------------------------------------------------------------------
 
 
-def truncate_log(store, position, now_ms):
-    """Cut the log back to the record boundary ``position``; returns a TruncateReport (logged)."""
-    check_boundary(store, position)
-    old_end = store._written
+def truncate_log(acc, position):
+    """Cut the log back to the record boundary ``position``; returns a TruncateReport (logged).
+
+    The caller then writes a checkpoint (the flushed and checkpointed positions may have moved back)
+    and cuts the epoch history.
+    """
+    check_boundary(acc, position)
+    old_end = acc.positions.written
     report = TruncateReport(position, old_end)
     if position == old_end:
         return report
     first_cut = {}
-    for key, qoff, total in _records_between(store, position, old_end):
+    for key, qoff, total in _records_between(acc, position, old_end):
         counts = report.partitions.setdefault(key, [0, 0])
         counts[0] += 1
         counts[1] += total
         report.records += 1
         first_cut.setdefault(key, qoff)
     report.bytes = old_end - position
-    report.deleted_segments = tuple(store._log.truncate(position))
+    report.deleted_segments = tuple(acc.log.truncate(position))
     for key, new_max in first_cut.items():
-        p = store._parts[key]
+        p = acc.parts[key]
         p.drop(new_max, p.max)
         p.max = p.visible = new_max
         p.fast_end = 0
         p.log_bytes = None
         p.dirty = True
         report.new_max_offsets[key] = new_max
-    store._written = position
-    store._flushed = min(store._flushed, position)
-    store._pending = type(store._pending)(e for e in store._pending if e[0] <= position)
-    store._checkpoint_pos = min(store._checkpoint_pos, position)
-    store.checkpoint(now_ms)
-    store.epochs.truncate(position)
+    acc.positions.cut(position)
     log.warning("commit log truncated from %d to %d: %d bytes, %d records cut (%s); segments deleted: %s",
                 old_end, position, report.bytes, report.records,
                 ", ".join("%s-%d: %d records, %d bytes" % (k + tuple(v)) for k, v in sorted(report.partitions.items()))
@@ -366,11 +381,11 @@ def truncate_log(store, position, now_ms):
     return report
 
 
-def _records_between(store, start, end):
+def _records_between(acc, start, end):
     """Yield ``(key, offset, total)`` of every record in ``[start, end)`` of this store's log."""
     pos = start
     while pos < end:
-        seg = store._log.segment_at(pos)
+        seg = acc.log.segment_at(pos)
         if seg is None:
             return
         rel = pos - seg.start

@@ -11,6 +11,22 @@ class PutResult(NamedTuple):
     log_end: int  # commit-log position after the record: durable once flushed_position >= log_end
 
 
+class BurstRun(NamedTuple):
+    """One partition run of a burst written by ``MessageStore.put_burst``: what was written, not how to answer it.
+
+    Frames ``first_frame … first_frame + count - 1`` (indexes in the frames given) became messages of
+    ``key`` with offsets ``first_offset…`` and message ids ``first_id…``, one more per message.
+    """
+
+    key: tuple  # (topic, partition)
+    count: int
+    body_bytes: int  # the messages' data bytes (stats)
+    first_id: int
+    first_offset: int
+    first_frame: int
+    log_end: int  # commit-log position after the run: durable once flushed_position >= log_end
+
+
 class ReadResult(NamedTuple):
     views: List[memoryview]  # MetaQ form (20-byte header + data) of whole records, in order
     nbytes: int

@@ -12,7 +12,6 @@ is still running in a worker.
 Time is never read here: it comes in as ``now_ms``.
 """
 
-import collections
 import logging
 import os
 import random
@@ -29,6 +28,7 @@ from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
+from metaq.store.positions import LogPositions
 from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset, tag_hash,
                                 write_record)
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
@@ -53,19 +53,17 @@ class MessageStore:
         self._last_writer = None  # the PartitionIndex of the last put
         self._async = config.flush == "async"
         self._max_record = config.segment_size
-        self._pending = collections.deque()  # sync mode: (log end, partition, visible offset)
-        self._written = 0
-        self._flushed = 0
-        self._checkpoint_pos = 0
+        self._pos = LogPositions(self._async)  # written / flushed / checkpointed (positions.py)
         self._checkpoint_serial = None
-        self._unflushed_msgs = 0
         self._last_flush_ms = 0
         self._last_checkpoint_ms = 0
         self._refusal = None
         self._ids = None
         self._index_problem = None
         self._closed = True
-        self._ahead = AheadWork(self._log, lambda: self._written, self.dirs.root, config.disk_danger_ratio)
+        self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
+        self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
+                                          self.check_disk, config.segment_size)
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
@@ -84,10 +82,9 @@ class MessageStore:
             self._load_partitions()
             self.recovery, last_id = self._recover()
             self._ids = IdGenerator(config.broker_id, last_id)
-            self._flushed = self._checkpoint_pos = self._written
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
-            self.epochs.load(self._written)
+            self.epochs.load(self._pos.written)
             self.checkpoint(now_ms)
         except BaseException:
             self._release()
@@ -103,7 +100,7 @@ class MessageStore:
             self.checkpoint(now_ms)
             if clean:
                 self.dirs.write_state(self.dirs.clean_shutdown, CLEAN_MAGIC,
-                                      {"end": self._written, "last_msg_id": self._last_id(),
+                                      {"end": self._pos.written, "last_msg_id": self._last_id(),
                                        "checkpoint_serial": self._checkpoint_serial})
         finally:
             self._release()
@@ -165,7 +162,8 @@ class MessageStore:
                 last_id = cp.last_msg_id if last_id is None else max(last_id, cp.last_msg_id)
         report.deleted_segments += tuple(self._log.drop_after(end))
         self._log.set_write_position(end)
-        self._written = report.log_end = end
+        report.log_end = end
+        self._pos.start_at(end)  # durable and checkpointed there too: open() writes a checkpoint next
         return report, last_id
 
     # -- topics --------------------------------------------------------------
@@ -229,7 +227,7 @@ class MessageStore:
         else:
             t = self._index_tail(p, off)  # before the record: a full disk never leaves a record without its unit
         seg = self._log.active
-        pos = self._written
+        pos = self._pos.written
         if seg is None or pos - seg.start + total > seg.ready:
             seg = self._make_room(pos, total, now_ms)
             if pos < seg.start:
@@ -243,29 +241,16 @@ class MessageStore:
             seg.file.zero(pos - seg.start, min(seg.size, pos - seg.start + total))
             raise ClientError("cannot store the message: %s" % exc) from None
         UNIT.pack_into(t.mm, (off - t.start) * UNIT_SIZE, pos, total, tag_hash(flag, data) if flag & 1 else 0)
-        end = self._appended(p, off, pos + total, total)
+        end = self._pos.advance(p, off, pos + total, total)
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
-    def _appended(self, p, off, end, total, count=1):
-        """Bookkeeping once records ``off…`` (``count``, ``total`` bytes) of ``p`` end at log position ``end``.
-
-        Puts, bursts of puts (batch.py) and replication.
-        """
-        self._written = end
-        p.max = vis = off + count
-        p.dirty = True
-        if self._async:
-            p.visible = vis
-        else:
-            self._pending.append((end, p, vis))
-        if p.log_bytes is not None:
-            p.log_bytes += total
-        self._unflushed_msgs += count
-        return end
-
     def put_burst(self, frames, src, now_ms):
-        """Append the leading plain puts of a scanned burst in one pass; ``(taken, runs)`` (see batch.py)."""
-        return batch.append_burst(self, frames, src, now_ms)
+        """Append the leading plain puts of a scanned burst in one pass; ``(taken, runs)``, a ``BurstRun`` per
+        partition run written (see batch.py); ``frames[taken:]`` are for ``put``."""
+        seg = self._log.active
+        if seg is None or self._refusal is not None:
+            return 0, []
+        return batch.append_burst(seg, self._writers, self._ids, self._pos, frames, src, now_ms)
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
@@ -328,7 +313,7 @@ class MessageStore:
     def wants_preparation(self):
         """Loop thread, cheap (one comparison in the common case): True when ``prepare_ahead`` has work."""
         ahead = self._ahead
-        if self._written < ahead.check_at and not ahead.hot:
+        if self._pos.written < ahead.check_at and not ahead.hot:
             return False
         return not self._closed and ahead.wanted()
 
@@ -362,7 +347,7 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None or not p.min <= offset < p.visible:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
-        buffers, nbytes, count = gather.collect_joined(self, p, offset, p.visible,
+        buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
                                                        min(max_size, self.config.max_transfer_size))
         return ReadResult(buffers, nbytes, count, offset + count)
 
@@ -415,16 +400,16 @@ class MessageStore:
 
     @property
     def written_position(self):
-        return self._written
+        return self._pos.written
 
     @property
     def flushed_position(self):
-        return self._flushed
+        return self._pos.flushed
 
     def flush_log(self):
         """BLOCKING: make the log durable up to the written position at call start; returns it."""
-        end = self._written
-        start = self._flushed
+        end = self._pos.written
+        start = self._pos.flushed
         if end > start:
             self._log.flush_range(start, end, self._log.segments)
         return end
@@ -432,7 +417,7 @@ class MessageStore:
     def flush_plan(self):
         """``(end, paths)``: fdatasync every path to make the log durable up to ``end`` (then ``mark_flushed``);
         ``(end, [])`` when nothing is to flush; None when ``flush_log`` must do it (a directory fsync is due)."""
-        end, start = self._written, self._flushed
+        end, start = self._pos.written, self._pos.flushed
         if end <= start:
             return end, []
         paths = self._log.files_to_flush(start, end, self._log.segments)
@@ -440,27 +425,18 @@ class MessageStore:
 
     def mark_flushed(self, pos):
         """Record that the log is durable up to ``pos``; returns the partitions whose visible max advanced."""
-        if pos > self._flushed:
-            self._flushed = pos
-        self._unflushed_msgs = 0
-        changed = set()
-        pending = self._pending
-        while pending and pending[0][0] <= pos:
-            _end, p, vis = pending.popleft()
-            if vis > p.visible:
-                p.visible = vis
-                changed.add(p.key)
-        return changed
+        return self._pos.flushed_to(pos)
 
     def should_flush(self, now_ms):
         """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""
-        if self._written <= self._flushed:
+        if self._pos.written <= self._pos.flushed:
             self._last_flush_ms = now_ms
             return False
         if not self._async:
             return True
         cfg = self.config
-        if self._unflushed_msgs >= cfg.flush_every_messages or now_ms - self._last_flush_ms >= cfg.flush_interval_ms:
+        if (self._pos.unflushed_msgs >= cfg.flush_every_messages
+                or now_ms - self._last_flush_ms >= cfg.flush_interval_ms):
             self._last_flush_ms = now_ms
             return True
         return False
@@ -470,7 +446,7 @@ class MessageStore:
 
     def checkpoint(self, now_ms):
         """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index."""
-        pos = self._flushed
+        pos = self._pos.flushed
         floors = []
         for p in list(self._parts.values()):
             floors.append([p.topic, p.partition, p.first_at_or_after(pos, max(p.min, p.first_start), p.max)])
@@ -482,7 +458,7 @@ class MessageStore:
                               {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,
                                "now_ms": now_ms, "serial": serial})
         self._checkpoint_serial = serial
-        self._checkpoint_pos = pos
+        self._pos.checkpointed_at(pos)
         self._last_checkpoint_ms = now_ms
         self.consumer_offsets.save()
         return pos
@@ -500,12 +476,12 @@ class MessageStore:
         """
         found = set()
         first = self._log.start
-        pos = max(position, first if first is not None else self._written)
-        while pos < self._written:
+        pos = max(position, first if first is not None else self._pos.written)
+        while pos < self._pos.written:
             seg = self._log.segment_at(pos)
             if seg is None:
                 break
-            limit = min(seg.end, self._written) - seg.start
+            limit = min(seg.end, self._pos.written) - seg.start
             rel = pos - seg.start
             total = check_record(seg.view, rel, limit)
             if not total:  # a blank tail: continue in the next segment
@@ -521,29 +497,40 @@ class MessageStore:
 
     def read_log(self, position, max_bytes, upto="flushed"):
         """Master: ``(memoryview, next_position)``, whole records/blank tails of one segment from ``position``."""
-        return replica.read_log(self, position, max_bytes, upto)
+        return replica.read_log(self._replica, position, max_bytes, upto)
 
     def append_replicated(self, position, data, now_ms, master_segment_size=None):
         """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
-        return replica.append_replicated(self, position, data, now_ms, master_segment_size)
+        end, last_id = replica.append_replicated(self._replica, position, data, now_ms, master_segment_size)
+        if last_id is not None:
+            self._ids.seed(last_id)
+        return end
 
     def truncate_log(self, position, now_ms):
         """Cut the log (and index units) back to the record boundary ``position``; returns a TruncateReport."""
-        return replica.truncate_log(self, position, now_ms)
+        report = replica.truncate_log(self._replica, position)
+        if report.old_end != position:
+            self.checkpoint(now_ms)
+            self.epochs.truncate(position)
+        return report
+
 
     # -- record lookups for RocketMQ pulls (see lookup.py) -------------------
 
     def read_records(self, topic, partition, offset, max_count, max_bytes):
         """``(LogRecords with positions, next_offset)`` from ``offset``; bounds as ``read``."""
-        return lookup.read_records(self, topic, partition, offset, max_count, max_bytes)
+        p = self._parts.get((topic, partition))
+        if p is None:
+            p = self._reader(topic, partition)
+        return lookup.read_records(self._log, p, offset, max_count, max_bytes)
 
     def record_at(self, position):
         """The record at commit-log ``position``, or NotFound."""
-        return lookup.record_at(self, position)
+        return lookup.record_at(self._log, self._pos.written, position)
 
     def offset_by_time(self, topic, partition, timestamp_ms, upper=False):
         """First offset stored at/after ``timestamp_ms`` (``upper``: last at/before it)."""
-        return lookup.offset_by_time(self, topic, partition, timestamp_ms, upper)
+        return lookup.offset_by_time(self._log, self._reader(topic, partition), timestamp_ms, upper)
 
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 
@@ -564,8 +551,8 @@ class MessageStore:
 
     def retention(self, now_ms, disk_usage_ratio=None):
         """Delete old (or, under disk pressure, the oldest) sealed segments and the index files below them."""
-        return apply_retention(self._log, self._parts.values(), min(self._flushed, self._checkpoint_pos),
-                               self._written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
+        return apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
+                               self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
 
     # -- stats ---------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq.protocol import events as ev
-from metaq.protocol.burst import scan_puts_py
+from metaq.protocol.burst import encode_put_acks, scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
 from metaq.store import batch
@@ -43,7 +43,8 @@ def put_like_the_server(store, buf, frames, now):
     replies, i = [], 0
     while i < len(frames):
         taken, runs = store.put_burst(frames[i:], buf, now)
-        replies.extend(run[3] for run in runs)
+        replies.extend(encode_put_acks(frames[i:], r.first_frame, r.count, r.first_id, r.key[1], r.first_offset)
+                       for r in runs)
         i += taken
         if i < len(frames):
             topic, partition, flag, opaque, start, n, crc = frames[i]

@@ -209,7 +209,7 @@ class Connection(core.Connection):
     def _process(self, data):
         """Handle every complete frame buffered; returns False when the connection must close."""
         out = []
-        durable = []  # indexes in ``out`` of put acks that wait for the flush
+        durable = []  # (index in ``out``, opaques) of put acks that wait for the flush
         wait_pos = 0
         keep_open = True
         parser = self.parser
@@ -250,7 +250,7 @@ class Connection(core.Connection):
             if reply is not None:
                 out.append(reply)
             if pos:
-                durable.append(len(out) - 1)
+                durable.append((len(out) - 1, (event.opaque,)))
                 wait_pos = max(wait_pos, pos)
         self._emit(out, durable, wait_pos)
         return keep_open
@@ -262,5 +262,5 @@ class Connection(core.Connection):
             # Nothing unflushed may be acknowledged: every waiting put gets the flush error.
             log.error("connection %s: %s", self.peer, exc)
             body = str(exc).encode("utf-8", "replace")
-            for i in durable:
-                out[i] = failed_replies(out[i], body)  # one reply, or a burst's run of them
+            for i, opaques in durable:
+                out[i] = failed_replies(opaques, body)  # one reply, or a burst's run of them

@@ -7,6 +7,9 @@ head of the buffer are scanned in one pass (``protocol.burst.scan_puts``,
 checksums verified), appended in one call per partition run
 (``MessageStore.put_burst``), counted once per run and answered with one
 ``result 200`` blob per run, in order, among the other replies of the burst.
+The store reports what it wrote (a ``BurstRun``: partition, first offset,
+first message id, count); the replies are encoded here from that and the
+frames' opaques (``protocol.burst.encode_put_acks``, in C when built).
 
 Anything unusual is left to the general path, which answers it as always: the
 scan stops at the first frame that is not a plain 7-token put with a right
@@ -18,14 +21,10 @@ replication is synchronous. So the replies are byte for byte those of the
 general path (message ids apart, which are clock-based either way).
 """
 
-import re
-
-from metaq.protocol.burst import scan_puts
+from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.text import encode_result
 from metaq.server.flusher import now_ms
 
-_REPLY_HEAD = re.compile(rb"result \d+ (\d+) (-?\d+)\r\n")
 _INTERNAL_TOPIC = SCHEDULE_TOPIC.encode()
 
 
@@ -58,7 +57,7 @@ class FastPuts:
         """Store and answer the plain puts at the head of ``parser``'s buffer; returns the new flush wait position.
 
         Replies go to ``out`` (one entry per partition run); in ``sync`` mode
-        their indexes go to ``durable`` as the general path's do.
+        ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do.
         """
         window = parser.burst_window()
         if window is None:
@@ -81,35 +80,28 @@ class FastPuts:
         parser.consume_to(last[4] + last[5])
         self.stats.burst_puts += taken
         self._account(runs)
-        for _p, _count, _nbytes, replies, log_end in runs:
-            out.append(replies)
-            if self.sync_flush:
-                durable.append(len(out) - 1)
+        sync_flush = self.sync_flush
+        for key, count, _nbytes, first_id, first_offset, first, log_end in runs:
+            out.append(encode_put_acks(frames, first, count, first_id, key[1], first_offset))
+            if sync_flush:
+                durable.append((len(out) - 1, [f[3] for f in frames[first:first + count]]))
                 if log_end > wait_pos:
                     wait_pos = log_end
-        if not self.sync_flush:
-            path.waiters.notify({run[0].key for run in runs})
+        if not sync_flush:
+            path.waiters.notify({run[0] for run in runs})
             if self.store.should_flush(now):
                 path.flusher.wake()
         return wait_pos
 
     def _account(self, runs):
         stats, registry = self.stats, self.put_path.registry
-        for p, count, nbytes, _replies, _end in runs:
-            stats.on_puts(p.topic, count, nbytes)
-            if registry is not None and p.topic not in registry.registered_topics:
-                registry.topic_created(p.topic)
+        for run in runs:
+            topic = run.key[0]
+            stats.on_puts(topic, run.count, run.body_bytes)
+            if registry is not None and topic not in registry.registered_topics:
+                registry.topic_created(topic)
 
 
-def failed_replies(replies, body):
-    """``replies`` (one or more ``result`` replies joined) turned into ``result 500 <body>`` with the same opaques."""
-    out = []
-    pos = 0
-    match = _REPLY_HEAD.match
-    while pos < len(replies):
-        m = match(replies, pos)
-        if m is None:
-            raise ValueError("not a result reply at %d: %r" % (pos, replies[pos:pos + 40]))
-        out.append(encode_result(500, body, int(m.group(2))))
-        pos = m.end() + int(m.group(1))
-    return b"".join(out)
+def failed_replies(opaques, body):
+    """What puts whose flush failed get instead of their acks: ``result 500 <body>`` per opaque, joined."""
+    return encode_results(500, body, opaques)

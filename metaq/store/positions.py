@@ -1,0 +1,87 @@
+"""The commit log's positions: how far it is written, flushed and checkpointed (owned by ``MessageStore``).
+
+One small object holds every position the writers and readers of the log
+share, and the bookkeeping that moves them, so that no module reaches into
+another's state:
+
+* ``written``: the log end; the next record starts here (after a roll: at the next segment's start).
+* ``flushed``: the log is durable up to here (``flush_log`` / ``mark_flushed``).
+* ``checkpointed``: the position the last checkpoint recorded as durable for log and index.
+* ``unflushed_msgs``: records appended since the last ``flushed_to`` (the async flush policy counts them).
+* ``pending`` (``sync`` mode): ``(log end, partition, visible offset)`` per append, in log order:
+  a partition's records become visible once the log is flushed past them.
+
+Who moves them: a put, a burst run (``batch.py``) and a replicated record
+(``replica.py``) call ``advance``; a replicated blank tail ``skip_to``; a
+flush ``flushed_to``; a checkpoint ``checkpointed_at``; a truncation ``cut``.
+``MessageStore`` creates the object and hands it to those helper modules; the
+server only reads ``MessageStore.written_position`` / ``flushed_position``.
+No sockets, threads or clock.
+"""
+
+import collections
+
+
+class LogPositions:
+    """Written, flushed and checkpointed positions of one commit log, and the sync-mode visibility queue."""
+
+    __slots__ = ("written", "flushed", "checkpointed", "unflushed_msgs", "pending", "async_visible")
+
+    def __init__(self, async_visible):
+        self.written = 0
+        self.flushed = 0
+        self.checkpointed = 0
+        self.unflushed_msgs = 0
+        self.pending = collections.deque()
+        #: ``async`` flush mode: a record is visible once written (else once flushed).
+        self.async_visible = async_visible
+
+    def start_at(self, end):
+        """After recovery: the log ends (and is durable and checkpointed) at ``end``."""
+        self.written = self.flushed = self.checkpointed = end
+
+    def advance(self, p, off, end, total, count=1):
+        """Records ``off…`` (``count`` of them, ``total`` bytes) of partition ``p`` were appended, ending at ``end``.
+
+        Moves the written end and ``p``'s maximum; the records are visible now
+        (``async``) or once the log is flushed past ``end`` (``sync``). Returns ``end``.
+        """
+        self.written = end
+        p.max = vis = off + count
+        p.dirty = True
+        if self.async_visible:
+            p.visible = vis
+        else:
+            self.pending.append((end, p, vis))
+        if p.log_bytes is not None:
+            p.log_bytes += total
+        self.unflushed_msgs += count
+        return end
+
+    def skip_to(self, end):
+        """The written end moves to ``end`` with no record (a replicated roll: the next segment's start)."""
+        self.written = end
+
+    def flushed_to(self, pos):
+        """The log is durable up to ``pos``; returns the keys of the partitions whose visible maximum advanced."""
+        if pos > self.flushed:
+            self.flushed = pos
+        self.unflushed_msgs = 0
+        changed = set()
+        pending = self.pending
+        while pending and pending[0][0] <= pos:
+            _end, p, vis = pending.popleft()
+            if vis > p.visible:
+                p.visible = vis
+                changed.add(p.key)
+        return changed
+
+    def checkpointed_at(self, pos):
+        self.checkpointed = pos
+
+    def cut(self, position):
+        """The log was truncated back to ``position``: no position may stay past it."""
+        self.written = position
+        self.flushed = min(self.flushed, position)
+        self.checkpointed = min(self.checkpointed, position)
+        self.pending = collections.deque(e for e in self.pending if e[0] <= position)
