@@ -16,7 +16,7 @@ all: test
 # plain java process), PostgreSQL (its own cluster per test run, started by
 # the tests; the system service is not used), OpenSSH's server (the deploy
 # tests run sshd as a plain process on 127.0.0.1 and 127.0.0.2) and libfuse2 (the
-# fsync-failure tests mount tests/fusefault.py, a FUSE filesystem written with
+# fsync-failure tests mount tests/harness/fusefs.py, a FUSE filesystem written with
 # fusepy; as root libfuse2 mounts and unmounts with mount(2) itself, so neither
 # `fuse` nor `fuse3`, whose fusermount programs conflict on Debian 12, is needed).
 SYSDEPS := zookeeper postgresql openssh-server libfuse2

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.remoting import RequestCode  # noqa: E402
-from tests.broker_harness import BrokerProcess, TextClient  # noqa: E402
-from tests.remoting.harness import RemotingClient, ns_of, rmq_config, run_peer  # noqa: E402
+from tests.harness.broker import BrokerProcess, TextClient  # noqa: E402
+from tests.harness.rocketmq import RemotingClient, ns_of, rmq_config, run_peer  # noqa: E402
 from tests.remoting.test_remoting_codes import pull_fields  # noqa: E402
 
 MSG = 1024

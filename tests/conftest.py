@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tests.broker_harness import BrokerProcess
+from tests.harness.broker import BrokerProcess
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def broker(broker_factory):
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory):
     """One real ZooKeeper for the whole run; tests isolate themselves with a chroot (``zk_connect``)."""
-    from tests.zk_harness import ZooKeeperProcess
+    from tests.harness.zookeeper import ZooKeeperProcess
 
     zk = ZooKeeperProcess(tmp_path_factory.mktemp("zk")).start()
     yield zk
@@ -46,7 +46,7 @@ def zk_connect(zk_server):
 @pytest.fixture
 def own_zk(tmp_path):
     """A ZooKeeper of this test's own, for tests that stop, kill or restart it."""
-    from tests.zk_harness import ZooKeeperProcess
+    from tests.harness.zookeeper import ZooKeeperProcess
 
     zk = ZooKeeperProcess(tmp_path / "zk").start()
     yield zk
@@ -55,8 +55,8 @@ def own_zk(tmp_path):
 
 @pytest.fixture(scope="session")
 def pg_server():
-    """One real PostgreSQL cluster for the whole run (``tests/pg_harness.py``); tests get a database each."""
-    from tests.pg_harness import PostgresProcess
+    """One real PostgreSQL cluster for the whole run (``tests/harness/postgres.py``); tests get a database each."""
+    from tests.harness.postgres import PostgresProcess
 
     pg = PostgresProcess().start()
     yield pg

@@ -9,7 +9,7 @@ from kazoo.client import KazooClient
 
 from metaq.client.cluster import ZkCluster, parse_broker_node, parse_num_parts
 from metaq.client.message import Partition
-from tests.broker_harness import wait_for
+from tests.harness.broker import wait_for
 
 
 class Registrar:

@@ -12,8 +12,8 @@ from metaq.client.message import Partition
 from metaq.client.offsets import LocalFileOffsetStore
 from metaq.client.recover import RecoverStore
 from metaq.protocol import events as ev
-from tests.broker_harness import consume_all
-from tests.broker_harness import wait_for as wait_until, url_of as url
+from tests.harness.broker import consume_all
+from tests.harness.broker import wait_for as wait_until, url_of as url
 
 
 class Collector:

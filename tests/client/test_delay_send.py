@@ -5,7 +5,7 @@ import time
 import pytest
 
 from metaq.client import Consumer, Message, Producer
-from tests.broker_harness import small_config, url_of, wait_for
+from tests.harness.broker import small_config, url_of, wait_for
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from metaq import errors, limits
 from metaq.client import KeySelector, Message, Partition, Producer, RandomSelector, RoundRobinSelector, SendResult
-from tests.broker_harness import consume_all, free_port, url_of
+from tests.harness.broker import consume_all, free_port, url_of
 
 
 def stored(broker, topic, partitions=4):
@@ -157,7 +157,7 @@ def test_bad_messages_raise_and_store_nothing(broker, producer):
 
 
 def test_topic_the_broker_refuses(broker_factory, tmp_path):
-    from tests.broker_harness import small_config
+    from tests.harness.broker import small_config
 
     broker = broker_factory(config=small_config(tmp_path / "d", topics=[{"name": "t*", "partitions": 4}]))
     with Producer(brokers=[url_of(broker)]) as producer:

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from metaq.client import Message, Partition, Producer
-from tests.broker_harness import small_config
+from tests.harness.broker import small_config
 from tests.client.test_cluster import Registrar
-from tests.broker_harness import wait_for
+from tests.harness.broker import wait_for
 
 
 def test_partitions_from_hand_written_nodes_follow_changes(broker_factory, tmp_path, zk_connect):

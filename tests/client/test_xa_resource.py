@@ -15,7 +15,7 @@ from metaq.client.transaction import XaError, Xid, default_unique_qualifier
 from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
 from metaq.protocol import xa
-from tests.broker_harness import consume_all, free_port, small_config, url_of
+from tests.harness.broker import consume_all, free_port, small_config, url_of
 from tests.client.test_transaction_local import CLOSE, HANG, xa_reply
 
 QUALIFIER = "xa-test"
@@ -230,7 +230,7 @@ def test_several_brokers_lowest_id_and_merged_recovery(broker_factory, tmp_path)
 
 def test_zookeeper_mode(broker_factory, tmp_path, zk_connect):
     from metaq.client.cluster import ZkCluster
-    from tests.broker_harness import wait_for
+    from tests.harness.broker import wait_for
 
     broker = broker_factory(config=small_config(tmp_path / "d", zk={"connect": zk_connect}))
     cluster = ZkCluster(zk_connect)

@@ -8,7 +8,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.client import Consumer, Message, Producer
-from tests.broker_harness import small_config, wait_for
+from tests.harness.broker import small_config, wait_for
 
 TOPIC = "orders"
 

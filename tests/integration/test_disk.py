@@ -9,7 +9,7 @@ import time
 import pytest
 
 from metaq.protocol import events as ev
-from tests.broker_harness import consume_all, small_config
+from tests.harness.broker import consume_all, small_config
 
 
 @contextlib.contextmanager

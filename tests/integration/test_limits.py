@@ -8,7 +8,7 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from tests.broker_harness import CLOSED, small_config
+from tests.harness.broker import CLOSED, small_config
 
 
 @pytest.fixture

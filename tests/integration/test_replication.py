@@ -6,7 +6,7 @@ import random
 import pytest
 
 from metaq.protocol import events as ev
-from tests.broker_harness import consume_all, free_port, small_config, wait_for
+from tests.harness.broker import consume_all, free_port, small_config, wait_for
 
 
 def master_config(workdir, rport, **replication):

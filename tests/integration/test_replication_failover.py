@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from metaq.client import Consumer
-from tests.broker_harness import free_port, small_config, wait_for
+from tests.harness.broker import free_port, small_config, wait_for
 from tests.integration.test_replication import master_config, stats
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -51,7 +51,7 @@ class Load:
 
 def held_by(broker):
     """{(partition, offset): body} of every message ``broker`` holds in TOPIC."""
-    from tests.broker_harness import consume_all
+    from tests.harness.broker import consume_all
 
     out = {}
     with broker.client() as c:

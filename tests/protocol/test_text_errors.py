@@ -6,7 +6,7 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.events import Get, Put, Quit, Stats, Sync, Transaction, Version
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser
-from tests.protocol.parse_helpers import parse_bytewise, parse_chunks, parse_whole
+from tests.harness.text_parse import parse_bytewise, parse_chunks, parse_whole
 
 
 def both(data, eof=False, **kw):

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from metaq.protocol.events import (TX_TYPES, Get, Offset, Promote, Put, Quit, Result, Stats, Sync, Transaction, Value,
                                    Version)
 from metaq.protocol.text import CLOSED, serialize
-from tests.protocol.parse_helpers import parse_bytewise, parse_chunks, parse_one, parse_whole
+from tests.harness.text_parse import parse_bytewise, parse_chunks, parse_one, parse_whole
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.remoting.harness import RemotingClient, rmq_config
+from tests.harness.rocketmq import RemotingClient, rmq_config
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from metaq.client import Consumer, Message, Producer
 from metaq.protocol import events as ev
 from metaq.protocol.remoting import RequestCode as R
 from metaq.protocol.rocketmq_bodies import decode_stored_messages
-from tests.broker_harness import consume_all, url_of
-from tests.remoting.harness import ns_of, received, require_official_client, run_peer
+from tests.harness.broker import consume_all, url_of
+from tests.harness.rocketmq import ns_of, received, require_official_client, run_peer
 from tests.remoting.test_remoting_codes import pull, send_v1
 
 

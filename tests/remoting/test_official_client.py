@@ -7,8 +7,8 @@ remoting port as its name server.
 import pytest
 
 from metaq.protocol.remoting import RequestCode as R
-from tests.broker_harness import consume_all
-from tests.remoting.harness import RemotingClient, finish_peer, ns_of, received, require_official_client, run_peer, \
+from tests.harness.broker import consume_all
+from tests.harness.rocketmq import RemotingClient, finish_peer, ns_of, received, require_official_client, run_peer, \
     start_peer
 
 pytestmark = pytest.mark.slow
@@ -115,7 +115,7 @@ def test_the_readme_example_runs_as_written(rmq_factory, tmp_path):
     import subprocess
     import sys
 
-    from tests.remoting.harness import peer_env
+    from tests.harness.rocketmq import peer_env
 
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## RocketMQ clients"):]

@@ -8,8 +8,8 @@ from metaq.protocol.remoting import RequestCode as R
 from metaq.protocol.remoting import ResponseCode as C
 from metaq.protocol.rocketmq_bodies import (BatchEntry, decode_stored_messages, encode_batch_messages,
                                             encode_properties, parse_offset_msg_id)
-from tests.broker_harness import wait_for
-from tests.remoting.harness import RemotingClient
+from tests.harness.broker import wait_for
+from tests.harness.rocketmq import RemotingClient
 
 PULL_FLAGS = 2 | 4  # SUSPEND | SUBSCRIPTION, as the C++ client's first pull
 

@@ -9,7 +9,7 @@ from metaq import errors
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER, encode_payload
 from metaq.store.record import BLANK_MAGIC, FIXED_OVERHEAD, MARKER, RecordTooLarge
-from tests.store.conftest import NOW, open_store, payload_of, read_all
+from tests.harness.store import NOW, open_store, payload_of, read_all
 
 
 def body(i, size=100):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from metaq.protocol.remoting import CLOSED, NEED_DATA, RemotingParser, encode_command, make_request
-from tests.broker_harness import free_port, small_config
+from tests.harness.broker import free_port, small_config
 
 PEER = os.path.join(os.path.dirname(__file__), "rmq_peer.py")
 
