@@ -31,7 +31,7 @@ from bench.run import MSG, pipelined, pipelined_puts  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
-from tests.harness.broker import BrokerProcess, small_config  # noqa: E402
+from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 
 TOPIC = "bench"
 

@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import MSG, pipelined_puts  # noqa: E402
-from tests.harness.broker import BrokerProcess, free_port, small_config  # noqa: E402
+from metaq.client.local import BrokerProcess, free_port, small_config  # noqa: E402
 
 RECORD = MSG + 74  # a 1 KiB put's record in the log (header + topic "bench")
 

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import wire  # noqa: E402
 from bench.redis_streams import RedisBench, redis_available  # noqa: E402
-from tests.harness.broker import BrokerProcess, small_config  # noqa: E402
+from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 
 MSG = 1024
 TOPIC = "bench"

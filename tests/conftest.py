@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from tests.harness.broker import BrokerProcess
+from metaq.client.local import BrokerProcess
 
 
 @pytest.fixture

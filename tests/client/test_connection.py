@@ -12,7 +12,8 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
 from metaq.protocol.text import CLOSED
-from tests.harness.broker import free_port, small_config, url_of, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import url_of, wait_for
 
 
 def put_event(topic, body, partition=0):

@@ -13,7 +13,7 @@ from metaq.client.offsets import LocalFileOffsetStore
 from metaq.client.recover import RecoverStore
 from metaq.protocol import events as ev
 from tests.harness.broker import consume_all
-from tests.harness.broker import wait_for as wait_until, url_of as url
+from tests.harness.broker import url_of as url, wait_for as wait_until
 
 
 class Collector:

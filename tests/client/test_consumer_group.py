@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from metaq.client import Message, Producer
-from tests.harness.broker import small_config
+from metaq.client.local import small_config
 from tests.harness.broker import wait_for as wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,7 +7,7 @@ from kazoo.client import KazooClient
 
 from metaq.client.consumer import Consumer
 from metaq.client.message import Partition
-from tests.harness.broker import small_config
+from metaq.client.local import small_config
 from tests.client.test_consumer import Collector, wait_until
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from metaq import errors, limits
 from metaq.client import KeySelector, Message, Partition, Producer, RandomSelector, RoundRobinSelector, SendResult
-from tests.harness.broker import consume_all, free_port, url_of
+from metaq.client.local import free_port
+from tests.harness.broker import consume_all, url_of
 
 
 def stored(broker, topic, partitions=4):
@@ -157,7 +158,7 @@ def test_bad_messages_raise_and_store_nothing(broker, producer):
 
 
 def test_topic_the_broker_refuses(broker_factory, tmp_path):
-    from tests.harness.broker import small_config
+    from metaq.client.local import small_config
 
     broker = broker_factory(config=small_config(tmp_path / "d", topics=[{"name": "t*", "partitions": 4}]))
     with Producer(brokers=[url_of(broker)]) as producer:

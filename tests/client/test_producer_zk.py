@@ -6,7 +6,7 @@ import time
 import pytest
 
 from metaq.client import Message, Partition, Producer
-from tests.harness.broker import small_config
+from metaq.client.local import small_config
 from tests.client.test_cluster import Registrar
 from tests.harness.broker import wait_for
 

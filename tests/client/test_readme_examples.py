@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.harness.broker import BrokerProcess
+from metaq.client.local import BrokerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

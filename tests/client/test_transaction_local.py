@@ -17,7 +17,8 @@ from metaq.client.transaction import XaError
 from metaq.protocol import events as ev
 from metaq.protocol import xa
 from metaq.protocol.text import NEED_DATA, CLOSED, TextParser, serialize
-from tests.harness.broker import consume_all, small_config, url_of
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all, url_of
 
 HANG = object()  # FakeBroker handler: never answer
 CLOSE = object()  # FakeBroker handler: close the connection

@@ -15,7 +15,8 @@ from metaq.client.transaction import XaError, Xid, default_unique_qualifier
 from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
 from metaq.protocol import xa
-from tests.harness.broker import consume_all, free_port, small_config, url_of
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import consume_all, url_of
 from tests.client.test_transaction_local import CLOSE, HANG, xa_reply
 
 QUALIFIER = "xa-test"

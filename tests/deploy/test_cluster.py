@@ -17,7 +17,8 @@ import yaml
 from metaq.client import Message, Producer
 from metaq.deploy import agent
 from metaq.deploy.layout import Layout
-from tests.harness.broker import TextClient, consume_all, wait_for
+from metaq.client.raw import TextClient
+from tests.harness.broker import consume_all, wait_for
 from tests.harness.fab import run_fab, two_broker_inventory, write_inventory
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 import yaml
 
-from tests.harness.broker import free_port
+from metaq.client.local import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAB = os.path.join(os.path.dirname(sys.executable), "fab")

@@ -270,7 +270,7 @@ class FaultMount:
         return problems
 
     def log_text(self):
-        from tests.harness.broker import read_text
+        from metaq.client.local import read_text
 
         return read_text(self.log_path)
 

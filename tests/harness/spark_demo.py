@@ -17,7 +17,8 @@ import time
 from kazoo.client import KazooClient
 
 from metaq.protocol import events as ev
-from tests.harness.broker import BrokerProcess, small_config, wait_for
+from metaq.client.local import BrokerProcess, small_config
+from tests.harness.broker import wait_for
 from tests.harness.zookeeper import ZooKeeperProcess
 
 STEPS = 10

@@ -11,7 +11,8 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
 from metaq.protocol.text import NEED_DATA, TextParser, serialize
-from tests.harness.broker import consume_all, small_config
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all
 
 TOPICS = [{"name": "t*", "partitions": 4}]  # any other topic is unknown
 PUT_REPLY = re.compile(rb"\d+ (\d+) (\d+)")

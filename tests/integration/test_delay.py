@@ -14,7 +14,8 @@ from metaq.protocol.message import encode_payload
 from metaq.protocol.text import serialize
 from metaq.server.config import load_config
 from metaq.store.store import MessageStore
-from tests.harness.broker import consume_all, free_port, small_config, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import consume_all, wait_for
 from tests.integration.test_disk import tmpfs
 
 LEVELS = "1s 2s 3s"

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from metaq.protocol import events as ev
-from tests.harness.broker import consume_all, small_config
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ import pytest
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import CLOSED, NEED_DATA, TextParser, serialize
-from tests.harness.broker import consume_all, small_config, wait_for
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all, wait_for
 from tests.harness.fusefs import FaultMount
 
 TOPIC, PARTITIONS = "t-eio", 4

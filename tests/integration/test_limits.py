@@ -8,7 +8,8 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from tests.harness.broker import CLOSED, small_config
+from metaq.client.local import small_config
+from metaq.protocol.text import CLOSED
 
 
 @pytest.fixture

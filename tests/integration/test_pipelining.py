@@ -106,7 +106,7 @@ def test_sync_mode_concurrent_puts_share_fsyncs(broker):
 
 
 def test_async_mode_flushes_every_n_messages_or_t_ms(broker_factory, tmp_path):
-    from tests.harness.broker import small_config
+    from metaq.client.local import small_config
 
     by_count = broker_factory(small_config(tmp_path / "a", store={"flush": "async", "flush_every_messages": 50,
                                                                   "flush_interval_ms": 600_000}))

@@ -6,7 +6,8 @@ import random
 import pytest
 
 from metaq.protocol import events as ev
-from tests.harness.broker import consume_all, free_port, small_config, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import consume_all, wait_for
 
 
 def master_config(workdir, rport, **replication):

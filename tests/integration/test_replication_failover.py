@@ -14,7 +14,8 @@ import threading
 import pytest
 
 from metaq.client import Consumer
-from tests.harness.broker import free_port, small_config, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
 from tests.integration.test_replication import master_config, stats
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]

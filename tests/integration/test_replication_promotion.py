@@ -8,7 +8,8 @@ import time
 import pytest
 
 from metaq.client import admin
-from tests.harness.broker import free_port, small_config, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
 from tests.integration.test_replication import assert_identical, caught_up, master_config, mixed_load, stats
 
 pytestmark = pytest.mark.fault

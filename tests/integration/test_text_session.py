@@ -6,7 +6,7 @@ import time
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
-from tests.harness.broker import CLOSED
+from metaq.protocol.text import CLOSED
 
 
 def read_until(sock, marker, timeout=5.0):
@@ -121,7 +121,7 @@ def test_bad_requests_get_clear_errors_and_the_connection_survives(broker):
 
 
 def test_unknown_topic_is_refused_when_no_pattern_matches(broker_factory, tmp_path):
-    from tests.harness.broker import small_config
+    from metaq.client.local import small_config
 
     b = broker_factory(small_config(tmp_path / "d", topics=[{"name": "orders", "partitions": 2}]))
     with b.client() as c:

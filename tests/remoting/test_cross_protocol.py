@@ -11,7 +11,9 @@ from metaq.protocol import events as ev
 from metaq.protocol.remoting import RequestCode as R
 from metaq.protocol.rocketmq_bodies import decode_stored_messages
 from tests.harness.broker import consume_all, url_of
-from tests.harness.rocketmq import ns_of, received, require_official_client, run_peer
+from bench.rocketmq_peer import run_peer
+from metaq.client.local import ns_of
+from tests.harness.rocketmq import received, require_official_client
 from tests.remoting.test_remoting_codes import pull, send_v1
 
 

@@ -13,7 +13,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.protocol import events as ev
-from tests.harness.broker import free_port, small_config, url_of, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import url_of, wait_for
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
