@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip -q --disable-pip-version-check
 CONFIG ?= conf/server.yaml
 PYTEST_ARGS ?=
 
-.PHONY: all setup sysdeps builddeps run test test-fast bench clean
+.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench clean
 
 all: test
 
@@ -49,6 +49,11 @@ run: $(VENV)/.installed
 
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The unit tier: no test that starts a server, spawns a process or opens a network socket
+# (tests/conftest.py marks those `integration` and fails a unit test that binds or connects one).
+test-unit: $(VENV)/.installed
+	$(VENV)/bin/pytest -m "not integration" $(PYTEST_ARGS)
 
 # The fast tier: no slow or fault tests.
 test-fast: setup

@@ -1,4 +1,12 @@
+"""Fixtures that start real servers, and the two test tiers (README "Testing").
+
+A test is ``integration`` when it lives in a folder of server tests or uses a fixture that starts a
+server (``pytest_collection_modifyitems`` marks it); every other test is a unit test, and a unit test
+that binds, listens on or connects a socket other than AF_UNIX fails (``_no_network_in_unit_tests``).
+"""
+
 import os
+import socket
 
 import pytest
 
@@ -69,3 +77,45 @@ def pg_dsn(pg_server):
     name = pg_server.create_database()
     yield pg_server.dsn(name)
     pg_server.drop_database(name)
+
+
+#: Folders whose tests all start servers (brokers, sshd, Spark, the official RocketMQ client).
+INTEGRATION_DIRS = {"integration", "deploy", "remoting", "spark"}
+
+#: Fixtures that start a server or a listening socket (directly or through the fixtures they use).
+SERVER_FIXTURES = {"broker_factory", "broker", "zk_server", "zk_connect", "own_zk", "pg_server", "pg_dsn", "sshd",
+                   "spark", "rmq_factory", "rmq_broker", "rc", "fake"}
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def is_integration(item):
+    rel = os.path.relpath(str(item.path), TESTS_DIR).split(os.sep)
+    return (len(rel) > 1 and rel[0] in INTEGRATION_DIRS) or bool(SERVER_FIXTURES.intersection(item.fixturenames))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_integration(item) and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.integration)
+
+
+def _refuse_network(method_name):
+    original = getattr(socket.socket, method_name)
+
+    def guarded(sock, *args, **kwargs):
+        if sock.family != socket.AF_UNIX:
+            raise AssertionError("a unit test may not %s a %r socket: mark it integration (pytest.mark.integration)"
+                                 % (method_name, socket.AddressFamily(sock.family)))
+        return original(sock, *args, **kwargs)
+
+    return guarded
+
+
+@pytest.fixture(autouse=True)
+def _no_network_in_unit_tests(request, monkeypatch):
+    """Unit tests open no network socket: bind, listen, connect and connect_ex fail unless AF_UNIX."""
+    if request.node.get_closest_marker("integration") is None:
+        for name in ("bind", "listen", "connect", "connect_ex"):
+            monkeypatch.setattr(socket.socket, name, _refuse_network(name))
+    yield

@@ -58,6 +58,7 @@ def test_call_returns_reply_and_errors_are_results(broker):
         assert [r.data for r, _ in iter_records(reply.body)] == [b"oneway"]
 
 
+@pytest.mark.integration
 def test_request_timeout_against_a_silent_server():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -83,6 +84,7 @@ def test_request_timeout_against_a_silent_server():
             sock.close()
 
 
+@pytest.mark.integration
 def test_unreachable_broker_fails_fast_with_connection_lost():
     conn = BrokerConnection("meta://127.0.0.1:%d" % free_port(), connect_timeout=1.0)
     started = time.monotonic()
@@ -281,6 +283,7 @@ class FakeBroker:
             sock.close()
 
 
+@pytest.mark.integration
 def test_reply_with_unknown_opaque_is_ignored(caplog):
     def reply(line):
         opaque = line.split()[-1]
@@ -297,6 +300,7 @@ def test_reply_with_unknown_opaque_is_ignored(caplog):
         fake.close()
 
 
+@pytest.mark.integration
 def test_unanswered_heartbeat_drops_the_connection():
     answer = {"on": True}
 

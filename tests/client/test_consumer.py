@@ -346,6 +346,7 @@ def test_bad_inputs_fail_early(broker, tmp_path):
         consumer.close()
 
 
+@pytest.mark.integration
 def test_unreachable_brokers_fail_start(tmp_path):
     consumer = Consumer("grp", brokers=["meta://127.0.0.1:1"], recover_dir=tmp_path)
     consumer.subscribe("topic1", print)

@@ -167,6 +167,7 @@ def test_topic_the_broker_refuses(broker_factory, tmp_path):
     assert "does not accept topic" in str(result.error)
 
 
+@pytest.mark.integration
 def test_unreachable_brokers_give_a_failed_result():
     with Producer(brokers=["meta://127.0.0.1:%d" % free_port()], retry_deadline=1.0, send_timeout=0.5) as producer:
         started = time.monotonic()

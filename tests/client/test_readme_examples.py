@@ -40,6 +40,7 @@ def make_run_broker(tmp_path):
     b.kill()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
     url = "127.0.0.1:%d" % make_run_broker.port

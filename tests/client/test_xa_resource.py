@@ -77,6 +77,7 @@ def test_default_qualifier_and_errors():
     assert str(e) == "XAER_NOTA: no such branch" and e.code_name == "XAER_NOTA"
 
 
+@pytest.mark.integration
 def test_state_errors_are_raised_before_anything_is_sent():
     with XAResource(brokers=["meta://127.0.0.1:%d" % free_port()], unique_qualifier=QUALIFIER) as rm:
         started = time.monotonic()

@@ -196,6 +196,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.fault
 def test_kill_9_with_a_prepared_segment_then_restart(data_dir):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(data_dir)], cwd=REPO, stdout=subprocess.PIPE)
