@@ -1,6 +1,6 @@
 """XAResource: the DB-API two-phase-commit interface over metaq brokers.
 
-Real brokers for the behaviour; the scripted ``FakeBroker`` of test_transaction_local only
+Real brokers for the behaviour; the scripted ``FakeBroker`` (tests/harness/fake_broker.py) only
 for replies a real broker cannot be made to give on demand (lost, late or malformed).
 """
 
@@ -17,7 +17,7 @@ from metaq.protocol import events as ev
 from metaq.protocol import xa
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import consume_all, url_of
-from tests.client.test_transaction_local import CLOSE, HANG, xa_reply
+from tests.harness.fake_broker import CLOSE, HANG, xa_reply
 
 QUALIFIER = "xa-test"
 
