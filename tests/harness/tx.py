@@ -1,7 +1,9 @@
-"""The transaction tests' broker stand-in: a small real store plus a manager, time injected, crashes simulated."""
+"""The transaction tests' broker stand-in (a small real store plus a manager, time injected, crashes simulated)
+and what they put through it."""
 
 import os
 
+from metaq.protocol.message import HEADER
 from metaq.protocol.xa import LocalTxId, XaTxId
 from metaq.tx.manager import TransactionManager, TxConfig
 from tests.harness.store import NOW, open_store, payload_of, read_all
@@ -59,3 +61,16 @@ class TxBroker:
     @property
     def journal_dir(self):
         return os.path.join(self.data_dir, "transactions")
+
+
+def ids_in(b, topic="test", partitions=4):
+    return [HEADER.unpack_from(m)[2] for p in range(partitions) for m in read_all(b.store, topic, p)]
+
+
+def body(txid, i, size=40):
+    return (b"%s-%03d-" % (txid.key.encode(), i)).ljust(size, b".")
+
+
+def fill(b, txid, owner, n, size=40, partitions=(0, 1)):
+    for i in range(n):
+        b.tx.put(txid, owner, "test", partitions[i % len(partitions)], 0, body(txid, i, size), -1, NOW)

@@ -16,7 +16,7 @@ import pytest
 from metaq.client import Consumer
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
-from tests.integration.test_replication import master_config, stats
+from tests.harness.replication import master_config, stats
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

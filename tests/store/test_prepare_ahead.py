@@ -20,7 +20,7 @@ from metaq.store import ahead, record
 from metaq.store.commitlog import CommitLog
 from metaq.store.recovery import read_log
 from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
-from tests.store.test_append_read import fill_to_leave
+from tests.harness.store import fill_to_leave
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -15,7 +15,7 @@ from metaq.tx.journal import read_snapshot
 from metaq.tx.manager import TxConfig
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
-from tests.tx.test_recovery import body, fill, ids_in
+from tests.harness.tx import body, fill, ids_in
 
 SMALL = TxConfig(journal_file_size=1024)
 

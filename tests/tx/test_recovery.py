@@ -17,15 +17,11 @@ import shutil
 import pytest
 
 from metaq.errors import CorruptLog, DiskFull, TransactionError
-from metaq.protocol.message import HEADER
 from metaq.protocol.xa import XA_HEURCOM, XA_OK, XAER_RMFAIL
 from metaq.tx.journal import scan_records
-from tests.harness.store import NOW, read_all
+from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
-
-
-def ids_in(b, topic="test", partitions=4):
-    return [HEADER.unpack_from(m)[2] for p in range(partitions) for m in read_all(b.store, topic, p)]
+from tests.harness.tx import body, fill, ids_in
 
 
 def journal_files(b):
@@ -34,15 +30,6 @@ def journal_files(b):
 
 def last_journal(b):
     return os.path.join(b.journal_dir, [n for n in journal_files(b) if n.startswith("journal.")][-1])
-
-
-def body(txid, i, size=40):
-    return (b"%s-%03d-" % (txid.key.encode(), i)).ljust(size, b".")
-
-
-def fill(b, txid, owner, n, size=40, partitions=(0, 1)):
-    for i in range(n):
-        b.tx.put(txid, owner, "test", partitions[i % len(partitions)], 0, body(txid, i, size), -1, NOW)
 
 
 def test_crash_rolls_back_unprepared_and_keeps_prepared(tx_broker):
