@@ -1,6 +1,6 @@
 """The official Apache RocketMQ client (PyPI rocketmq==0.4.4, C++ core) against metaq, end to end.
 
-Each client runs in a subprocess (``rmq_peer.py``) pointed at the broker's
+Each client runs in a subprocess (``bench/rocketmq_peer.py``) pointed at the broker's
 remoting port as its name server.
 """
 
