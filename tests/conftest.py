@@ -2,7 +2,7 @@
 
 A test is ``integration`` when it lives in a folder of server tests or uses a fixture that starts a
 server (``pytest_collection_modifyitems`` marks it); every other test is a unit test, and a unit test
-that binds, listens on or connects a socket other than AF_UNIX fails (``_no_network_in_unit_tests``).
+that binds, listens on, connects or sends a datagram from a socket other than AF_UNIX fails (``_no_network_in_unit_tests``).
 """
 
 import os
@@ -100,8 +100,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
-def _refuse_network(method_name):
-    original = getattr(socket.socket, method_name)
+#: The socket classes the guard covers: the stdlib's and gevent's (which does not subclass it).
+GUARDED_SOCKET_CLASSES = [socket.socket]
+try:
+    from gevent._socketcommon import SocketMixin as _GeventSocket
+except ImportError:  # gevent is a server dependency; without it there is nothing more to guard
+    pass
+else:
+    GUARDED_SOCKET_CLASSES.append(_GeventSocket)
+
+GUARDED_METHODS = ("bind", "listen", "connect", "connect_ex", "sendto")
+
+
+def _refuse_network(cls, method_name):
+    original = getattr(cls, method_name)
 
     def guarded(sock, *args, **kwargs):
         if sock.family != socket.AF_UNIX:
@@ -114,8 +126,9 @@ def _refuse_network(method_name):
 
 @pytest.fixture(autouse=True)
 def _no_network_in_unit_tests(request, monkeypatch):
-    """Unit tests open no network socket: bind, listen, connect and connect_ex fail unless AF_UNIX."""
+    """Unit tests open no network socket: bind, listen, connect, connect_ex and sendto fail unless AF_UNIX."""
     if request.node.get_closest_marker("integration") is None:
-        for name in ("bind", "listen", "connect", "connect_ex"):
-            monkeypatch.setattr(socket.socket, name, _refuse_network(name))
+        for cls in GUARDED_SOCKET_CLASSES:
+            for name in GUARDED_METHODS:
+                monkeypatch.setattr(cls, name, _refuse_network(cls, name))
     yield
