@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip -q --disable-pip-version-check
 CONFIG ?= conf/server.yaml
 PYTEST_ARGS ?=
 
-.PHONY: all setup sysdeps builddeps run test test-fast bench clean
+.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench clean
 
 all: test
 
@@ -16,7 +16,7 @@ all: test
 # plain java process), PostgreSQL (its own cluster per test run, started by
 # the tests; the system service is not used), OpenSSH's server (the deploy
 # tests run sshd as a plain process on 127.0.0.1 and 127.0.0.2) and libfuse2 (the
-# fsync-failure tests mount tests/fusefault.py, a FUSE filesystem written with
+# fsync-failure tests mount tests/harness/fusefs.py, a FUSE filesystem written with
 # fusepy; as root libfuse2 mounts and unmounts with mount(2) itself, so neither
 # `fuse` nor `fuse3`, whose fusermount programs conflict on Debian 12, is needed).
 SYSDEPS := zookeeper postgresql openssh-server libfuse2
@@ -49,6 +49,11 @@ run: $(VENV)/.installed
 
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The unit tier: no test that starts a server, spawns a process or opens a network socket
+# (tests/conftest.py marks those `integration` and fails a unit test that binds or connects one).
+test-unit: $(VENV)/.installed
+	$(VENV)/bin/pytest -m "not integration" $(PYTEST_ARGS)
 
 # The fast tier: no slow or fault tests.
 test-fast: setup

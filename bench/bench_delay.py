@@ -28,10 +28,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import MSG, pipelined, pipelined_puts  # noqa: E402
+from bench.configs import full_size_store  # noqa: E402
+from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
-from tests.broker_harness import BrokerProcess, full_size_store, small_config  # noqa: E402
 
 TOPIC = "bench"
 

@@ -28,11 +28,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench.rocketmq_peer import run_peer  # noqa: E402
+from bench.configs import full_size_store  # noqa: E402
+from metaq.client.local import BrokerProcess, ns_of, rmq_config  # noqa: E402
+from metaq.client.raw import RemotingClient, TextClient, pull_fields  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.rocketmq.remoting import RequestCode  # noqa: E402
-from tests.broker_harness import BrokerProcess, TextClient, full_size_store  # noqa: E402
-from tests.remoting.harness import RemotingClient, ns_of, rmq_config, run_peer  # noqa: E402
-from tests.remoting.test_remoting_codes import pull_fields  # noqa: E402
 
 MSG = 1024
 PARTS = 4

@@ -26,8 +26,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench.run import MSG, pipelined_puts  # noqa: E402
+from bench.configs import full_size_store  # noqa: E402
+from metaq.client.local import BrokerProcess, free_port, small_config  # noqa: E402
 from metaq.protocol.stats import parse_replica  # noqa: E402
-from tests.broker_harness import BrokerProcess, free_port, full_size_store, small_config  # noqa: E402
 
 RECORD = MSG + 74  # a 1 KiB put's record in the log (header + topic "bench")
 

@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import wire  # noqa: E402
 from bench.redis_streams import RedisBench, redis_available  # noqa: E402
-from tests.broker_harness import BrokerProcess, full_size_store, small_config  # noqa: E402
+from bench.configs import full_size_store  # noqa: E402
+from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 
 MSG = 1024
 TOPIC = "bench"

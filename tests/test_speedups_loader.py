@@ -21,10 +21,12 @@ def run(env_value):
                           check=True).stdout.split()
 
 
+@pytest.mark.integration
 def test_pure_python_when_asked():
     assert run("1") == ["True", "True", "True"]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not speedups.built(), reason="metaq._speedups was not built")
 def test_the_c_helper_when_built():
     assert run("0") == ["False", "False", "False"]

@@ -50,7 +50,7 @@ class ClusterView:
             self.brokers = dict(self.cluster.broker_urls())
         for url in brokers:
             try:
-                self.brokers[ask_broker_id(self._conn(url), self.timeout)] = url
+                self.brokers[ask_broker_id(self.conn(url), self.timeout)] = url
             except (errors.MetaqError, KeyError, ValueError) as exc:
                 self.problems.append("%s: %s" % (url, exc))
 
@@ -60,7 +60,7 @@ class ClusterView:
         if self.cluster is not None:
             self.cluster.close()
 
-    def _conn(self, url):
+    def conn(self, url):
         conn = self._conns.get(url)
         if conn is None:
             conn = self._conns[url] = BrokerConnection(url, connect_timeout=self.timeout,
@@ -71,7 +71,7 @@ class ClusterView:
         """One broker's ``stats <item>`` parsed by ``parse(item, body)`` (by default ``metaq.protocol.stats.parse``:
         typed rows, or a dict of ``key -> value`` for the summary), or None (the failure is recorded)."""
         try:
-            reply = self._conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
+            reply = self.conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
         except errors.MetaqError as exc:
             self.problems.append("%s: %s" % (url, exc))
             return None
@@ -227,7 +227,7 @@ def cmd_transactions(view, args):
         raise SystemExit("metaq-admin: no broker holds transaction %s" % args.key)
     kind = "HEURISTIC_COMMIT" if args.action == "commit" else "HEURISTIC_ROLLBACK"
     url = view.brokers[holders[0]["broker"]]
-    reply = view._conn(url).call(ev.Transaction(args.key, "metaq-admin", kind, 0), timeout=view.timeout)
+    reply = view.conn(url).call(ev.Transaction(args.key, "metaq-admin", kind, 0), timeout=view.timeout)
     if reply.code != 200:
         raise SystemExit("metaq-admin: broker %d refused: %s" % (holders[0]["broker"], reply.body.decode()))
     return [{"broker": holders[0]["broker"], "key": args.key, "decision": args.action}], ["broker", "key", "decision"]

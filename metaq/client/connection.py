@@ -90,7 +90,7 @@ class _Ticker:
             now = time.monotonic()
             for conn in conns:
                 try:
-                    conn._tick(now)
+                    conn.tick(now)
                 except Exception:  # keep ticking for the other connections
                     log.exception("connection tick failed for %s", conn.url)
 
@@ -477,7 +477,7 @@ class BrokerConnection:
 
     # -- timeouts and heartbeat (called by the ticker thread) -----------------------------
 
-    def _tick(self, now):
+    def tick(self, now):
         expired = []
         with self._lock:
             heap = self._deadlines

@@ -160,7 +160,7 @@ class Consumer:
         self._commit_lock = threading.Lock()
         self._subs = {}
         self._fetchers = {}  # (topic, Partition) -> PartitionFetcher
-        self._parking = ParkingLot(recover_dir or os.path.join(os.path.expanduser("~"), ".metaq", "recover"),
+        self.parking = ParkingLot(recover_dir or os.path.join(os.path.expanduser("~"), ".metaq", "recover"),
                                    self.group, self.dead_letter_topic, self._put_dead_letter)
         self._pool = ConnectionPool(request_timeout=10.0)
         self._discovery = None  # metaq.client.discovery, made on first use
@@ -238,7 +238,7 @@ class Consumer:
             self._state = "started"
         try:
             self._store = self._make_store()
-            self._parking.open_existing(self._subs)
+            self.parking.open_existing(self._subs)
             if self.zk_connect and not self.broadcast:
                 self._start_group()
             else:
@@ -271,7 +271,7 @@ class Consumer:
             thread.join(STOP_TIMEOUT_S)
         if started and self._store is not None and self._store is not self._store_spec:
             self._guarded(self._store.close, "close the offset store")  # a store object passed in is the caller's
-        self._parking.close()
+        self.parking.close()
         self._pool.close()
         if self._discovery is not None:
             self._discovery.close()
@@ -295,7 +295,7 @@ class Consumer:
             raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
         max_size = max_size or self.max_size
         for _ in range(MAX_MOVES + 1):
-            conn = self._connection(part.broker_id, read=True)
+            conn = self.connection(part.broker_id, read=True)
             request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
             reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
             try:
@@ -426,14 +426,14 @@ class Consumer:
                             "the master" if url == master else "slave", url, master or "not registered")
         return url
 
-    def _connection(self, broker_id, read=False):
+    def connection(self, broker_id, read=False):
         url = self._read_url_of(broker_id) if read else self._url_of(broker_id)
         if not url:
             raise errors.ConnectionLost("broker %d is not known (not registered, or not answering)" % broker_id)
         return self._pool.get(url)
 
     def _stats(self, broker_id, item):
-        reply = self._connection(broker_id, read=True).call(ev.Stats(item, 0))
+        reply = self.connection(broker_id, read=True).call(ev.Stats(item, 0))
         if reply.code != 200:
             raise reply_error(reply, "stats %s" % item)
         return reply.body
@@ -455,13 +455,13 @@ class Consumer:
             return BrokerOffsetStore(self._pool, self._url_of, self.group)
         return LocalFileOffsetStore(self.offsets_file, self.group)
 
-    def _initial_offset(self, topic, part):
+    def initial_offset(self, topic, part):
         """``(offset, committed)``: the stored offset, else ``start_from`` (``committed`` None then)."""
         stored = self._store.load(topic, part)
         if stored is not None:
             return stored, stored
         target = 0 if self.start_from == "earliest" else _LATEST
-        reply = self._connection(part.broker_id, read=True).call(ev.Offset(topic, self.group, part.partition, target,
+        reply = self.connection(part.broker_id, read=True).call(ev.Offset(topic, self.group, part.partition, target,
                                                                             0))
         if reply.code != 200:
             raise reply_error(reply, "offset %s %s" % (topic, part))
@@ -482,7 +482,7 @@ class Consumer:
 
     # -- handling, retries, parking ---------------------------------------------------------------
 
-    def _process(self, sub, message, stop):
+    def process(self, sub, message, stop):
         """Run the handler on ``message`` with retries, parking it when they run out.
 
         True when the message is done with (handled, filtered out or parked); False when
@@ -503,7 +503,7 @@ class Consumer:
                 attempt += 1
                 if attempt > self.max_retries:
                     log.warning("handler failed %d times on %s (last: %r); parking it", attempt, message, exc)
-                    return self._parking.park(message, stop)
+                    return self.parking.park(message, stop)
                 delay = min(RETRY_BACKOFF_MAX_S, self.retry_backoff * 2 ** (attempt - 1))
                 log.info("handler failed on %s (attempt %d): %r; retrying in %.2f s", message, attempt, exc, delay)
                 if stop.wait(delay):
@@ -513,7 +513,7 @@ class Consumer:
         """Put ``message`` to ``topic`` (partition -1, same flag and data) on the broker it came from."""
         flag, data = message.encode()
         flag = message.flag if message.flag is not None else flag
-        conn = self._connection(message.partition.broker_id)
+        conn = self.connection(message.partition.broker_id)
         reply = conn.call(ev.Put(topic, -1, flag, data, 0, metaq_checksum(data)))
         if reply.code != 200:
             raise reply_error(reply, "put %s" % topic)
@@ -521,11 +521,11 @@ class Consumer:
 
     def parked(self):
         """``{topic: [Message, ...]}``: messages parked in the local recover store, not yet replayed successfully."""
-        return self._parking.pending()
+        return self.parking.pending()
 
     def replay_parked(self):
         """Hand every parked message to its handler once now; remove those that succeed; their count."""
-        return self._parking.replay({t: s.handler for t, s in self._subs.items()}, self._stopping)
+        return self.parking.replay({t: s.handler for t, s in self._subs.items()}, self._stopping)
 
     # -- background threads -----------------------------------------------------------------------
 

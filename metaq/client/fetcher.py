@@ -81,7 +81,7 @@ class PartitionFetcher:
         while not self._stop.is_set():
             try:
                 if self.offset is None:
-                    self.offset, self.committed = self.consumer._initial_offset(self.topic, self.partition)
+                    self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
                 started = time.monotonic()
                 records = self._fetch()
                 if records is None:  # stopped while waiting
@@ -112,7 +112,7 @@ class PartitionFetcher:
     def _fetch(self):
         """One long-polling get; the records (empty on 404), or None when stopped while waiting."""
         consumer = self.consumer
-        conn = consumer._connection(self.partition.broker_id, read=True)
+        conn = consumer.connection(self.partition.broker_id, read=True)
         wait_ms = consumer.long_poll_ms
         timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
         self._wake.clear()
@@ -133,12 +133,12 @@ class PartitionFetcher:
                 return
             try:
                 message = Message.from_record(self.topic, self.partition, offset, record)
-                done = self.consumer._process(self.sub, message, self._stop)
+                done = self.consumer.process(self.sub, message, self._stop)
             except errors.RemoteProtocolError as exc:  # a malformed attribute block: park the raw data
                 log.error("%s %s offset %d: %s; parking the raw message", self.topic, self.partition, offset, exc)
                 message = Message(self.topic, record.data)
                 message.id, message.partition, message.offset = record.msg_id, self.partition, offset
-                done = self.consumer._parking.park(message, self._stop)
+                done = self.consumer.parking.park(message, self._stop)
             if not done:
                 return  # stopped during retries: the message stays unconsumed
             offset += 1

@@ -98,17 +98,17 @@ class TxPutResult(NamedTuple):
 class CommitPlan:
     """What ``commit`` decided; hand it to ``apply_commit`` once the journal is durable."""
 
-    __slots__ = ("key", "messages", "_branch")
+    __slots__ = ("key", "messages", "branch")
 
     def __init__(self, key, branch):
         self.key = key
-        self._branch = branch
+        self.branch = branch
         self.messages = 0 if branch is None else len(branch.ids) - sum(branch.applied)
 
     @property
     def empty(self):
         """True when nothing is to be appended (no fsync or apply needed; apply_commit returns [])."""
-        return self._branch is None
+        return self.branch is None
 
     def __repr__(self):
         return "CommitPlan(%s, %d messages)" % (self.key, self.messages)
@@ -382,7 +382,7 @@ class TransactionManager:
         is its ``__cause__``) and leaves the branch COMMITTING: a later ``commit`` (or recovery, or the admin's
         ``heuristic``) appends only what is missing. A plan whose branch is already done returns [].
         """
-        b = plan._branch
+        b = plan.branch
         if b is None or self._branches.get(b.key) is not b or b.state != R.COMMITTING:
             return []
         results = self._append_missing(b, now_ms)

@@ -198,13 +198,13 @@ class _Reader:
         n = self._unpack(STR)[0]
         if n > limit:
             raise RecordError("string of %d bytes exceeds its limit %d" % (n, limit))
-        return self._take(n).decode("utf-8")
+        return self.take(n).decode("utf-8")
 
     def blob(self, limit):
         n = self._unpack(BLOB)[0]
         if n > limit:
             raise RecordError("blob of %d bytes exceeds its limit %d" % (n, limit))
-        return self._take(n)
+        return self.take(n)
 
     def fixed(self, st):
         return self._unpack(st)
@@ -216,7 +216,7 @@ class _Reader:
         self.pos += st.size
         return v
 
-    def _take(self, n):
+    def take(self, n):
         if self.pos + n > len(self.buf):
             raise RecordError("record ends inside a field")
         b = bytes(self.buf[self.pos:self.pos + n])
@@ -253,7 +253,7 @@ def _decode(t, r):
         if count > MAX_PUTS_LIMIT:
             raise RecordError("COMMIT declares %d ids, more than %d" % (count, MAX_PUTS_LIMIT))
         key = r.text(MAX_KEY_BYTES)
-        raw = r._take(count * ID.size)
+        raw = r.take(count * ID.size)
         return r.end(Commit(key, now_ms, log_start, bool(flags & 1), struct.unpack(">%dQ" % count, raw)))
     if t == T_DONE:
         _t, now_ms, log_end = r.fixed(DONE_FIXED)

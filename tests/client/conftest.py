@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture
 def fake():
     """``fake(handler)`` starts a scripted FakeBroker (error paths only); all are closed at the end."""
-    from tests.client.test_transaction_local import FakeBroker
+    from tests.harness.fake_broker import FakeBroker
 
     made = []
 

@@ -9,7 +9,7 @@ import time
 from kazoo.client import KazooClient
 
 from metaq.protocol import events as ev
-from tests.broker_harness import small_config
+from metaq.client.local import small_config
 
 ADMIN = [sys.executable, "-m", "metaq.client.admin"]
 

@@ -12,7 +12,8 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
 from metaq.protocol.stream import CLOSED
-from tests.broker_harness import free_port, small_config, url_of, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import url_of, wait_for
 
 
 def put_event(topic, body, partition=0):
@@ -57,6 +58,7 @@ def test_call_returns_reply_and_errors_are_results(broker):
         assert [r.data for r, _ in iter_records(reply.body)] == [b"oneway"]
 
 
+@pytest.mark.integration
 def test_request_timeout_against_a_silent_server():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -82,6 +84,7 @@ def test_request_timeout_against_a_silent_server():
             sock.close()
 
 
+@pytest.mark.integration
 def test_unreachable_broker_fails_fast_with_connection_lost():
     conn = BrokerConnection("meta://127.0.0.1:%d" % free_port(), connect_timeout=1.0)
     started = time.monotonic()
@@ -280,6 +283,7 @@ class FakeBroker:
             sock.close()
 
 
+@pytest.mark.integration
 def test_reply_with_unknown_opaque_is_ignored(caplog):
     def reply(line):
         opaque = line.split()[-1]
@@ -296,6 +300,7 @@ def test_reply_with_unknown_opaque_is_ignored(caplog):
         fake.close()
 
 
+@pytest.mark.integration
 def test_unanswered_heartbeat_drops_the_connection():
     answer = {"on": True}
 

@@ -12,40 +12,9 @@ from metaq.client.message import Partition
 from metaq.client.offsets import LocalFileOffsetStore
 from metaq.client.recover import RecoverStore
 from metaq.protocol import events as ev
-from tests.broker_harness import consume_all
-from tests.broker_harness import wait_for as wait_until, url_of as url
-
-
-class Collector:
-    """A thread-safe handler that records every message it is given."""
-
-    def __init__(self, fail=None):
-        self.messages = []
-        self.calls = {}
-        self.fail = fail  # message -> bool: raise for it
-        self.cond = threading.Condition()
-
-    def __call__(self, message):
-        with self.cond:
-            self.calls[message.body] = self.calls.get(message.body, 0) + 1
-        if self.fail is not None and self.fail(message):
-            raise RuntimeError("cannot process %r" % message.body)
-        with self.cond:
-            self.messages.append(message)
-            self.cond.notify_all()
-
-    def wait_for(self, count, timeout=15.0):
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while len(self.messages) < count:
-                left = deadline - time.monotonic()
-                assert left > 0, "got %d of %d messages" % (len(self.messages), count)
-                self.cond.wait(left)
-        return list(self.messages)
-
-    def bodies(self):
-        with self.cond:
-            return [m.body for m in self.messages]
+from tests.harness.broker import consume_all
+from tests.harness.broker import url_of as url, wait_for as wait_until
+from tests.harness.collector import Collector
 
 
 def direct(broker, group="grp", **kw):
@@ -346,6 +315,7 @@ def test_bad_inputs_fail_early(broker, tmp_path):
         consumer.close()
 
 
+@pytest.mark.integration
 def test_unreachable_brokers_fail_start(tmp_path):
     consumer = Consumer("grp", brokers=["meta://127.0.0.1:1"], recover_dir=tmp_path)
     consumer.subscribe("topic1", print)

@@ -11,7 +11,7 @@ import pytest
 
 from metaq.client.consumer import Consumer
 from metaq.protocol import events as ev
-from tests.client.test_consumer import Collector
+from tests.harness.collector import Collector
 
 SCRIPT = textwrap.dedent("""
     import sys, time

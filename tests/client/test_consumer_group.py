@@ -1,7 +1,7 @@
 """A consumer group end to end: two real brokers registered in ZooKeeper, three consumer processes, a producer.
 
 Topic "orders" has 4 partitions on broker 1 and 4 on broker 2. Each consumer process
-(tests/client/consumer_proc.py) logs "<partition> <offset> <payload>" per handled message.
+(tests/harness/consumer_proc.py) logs "<partition> <offset> <payload>" per handled message.
 """
 
 import collections
@@ -17,8 +17,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from metaq.client import Message, Producer
-from tests.broker_harness import small_config
-from tests.broker_harness import wait_for as wait_until
+from metaq.client.local import small_config
+from tests.harness.broker import wait_for as wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GROUP, TOPIC = "billing", "orders"
@@ -33,7 +33,7 @@ class ConsumerProc:
         self.name, self.member_id = name, "%s_%s" % (GROUP, name)
         self.out = os.path.join(str(workdir), "%s.out" % name)
         self.log = open(os.path.join(str(workdir), "%s.log" % name), "ab")
-        cmd = [sys.executable, "-m", "tests.client.consumer_proc", "--zk", zk_connect, "--group", GROUP,
+        cmd = [sys.executable, "-m", "tests.harness.consumer_proc", "--zk", zk_connect, "--group", GROUP,
                "--topic", TOPIC, "--id", name, "--out", self.out, "--session-timeout", str(SESSION_TIMEOUT),
                "--commit-interval", "1.0", "--handler-delay", "0.002"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
@@ -68,7 +68,7 @@ class ConsumerProc:
 
 
 @pytest.fixture
-def cluster(broker_factory, zk_connect, tmp_path):
+def group_cluster(broker_factory, zk_connect, tmp_path):
     """Two brokers (ids 1 and 2) registered under zk_connect, "orders" with 4 partitions on each."""
     zk = KazooClient(hosts=zk_connect, timeout=10)
     zk.start(timeout=15)
@@ -116,7 +116,8 @@ def shares(zk):
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_three_consumer_processes_split_the_partitions_and_survive_a_kill_9(cluster, zk_connect, tmp_path):
+def test_three_consumer_processes_split_the_partitions_and_survive_a_kill_9(group_cluster, zk_connect, tmp_path):
+    cluster = group_cluster
     zk, _brokers = cluster
     consumers = [ConsumerProc(tmp_path, zk_connect, name) for name in ("c1", "c2", "c3")]
     producer = Producer(zk_connect=zk_connect, zk_session_timeout=SESSION_TIMEOUT)

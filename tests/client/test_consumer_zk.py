@@ -6,9 +6,10 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.client.consumer import Consumer
+from metaq.client.local import small_config
 from metaq.client.message import Partition
-from tests.broker_harness import small_config
-from tests.client.test_consumer import Collector, wait_until
+from tests.harness.broker import wait_for as wait_until
+from tests.harness.collector import Collector
 
 
 @pytest.fixture

@@ -441,7 +441,7 @@ QUALIFIER = "coord-test"
 def order_messages(broker, topic=TOPIC):
     """Every committed message of ``topic`` on ``broker`` (all partitions), as text, sorted."""
     from metaq.protocol.message import decode_payload
-    from tests.broker_harness import consume_all
+    from tests.harness.broker import consume_all
 
     with broker.client() as c:
         return sorted(decode_payload(r.flag, r.data)[1].decode() for p in range(2) for r in consume_all(c, topic, p))
@@ -449,7 +449,7 @@ def order_messages(broker, topic=TOPIC):
 
 def xa_resource(broker):
     from metaq.client.xa import XAResource
-    from tests.broker_harness import url_of
+    from tests.harness.broker import url_of
 
     return XAResource(brokers=[url_of(broker)], unique_qualifier=QUALIFIER)
 
@@ -516,7 +516,7 @@ def test_a_failed_pg_prepare_rolls_back_the_prepared_broker_branch(pg_dsn, broke
 
 
 def shop_specs(dsn, broker):
-    from tests.broker_harness import url_of
+    from tests.harness.broker import url_of
 
     return {"pg": {"pg": dsn}, "mq": {"mq": url_of(broker), "uq": QUALIFIER}}
 
@@ -671,7 +671,7 @@ def test_a_consumer_never_sees_a_message_whose_row_was_rolled_back(pg_dsn, broke
 
 
 def test_the_example_commits_rolls_back_and_recovers(pg_dsn, broker, tmp_path):
-    from tests.broker_harness import url_of
+    from tests.harness.broker import url_of
 
     def example(*extra):
         cmd = [sys.executable, os.path.join(REPO, "examples", "xa_postgres.py"), "--dsn", pg_dsn,

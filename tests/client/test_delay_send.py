@@ -5,7 +5,8 @@ import time
 import pytest
 
 from metaq.client import Consumer, Message, Producer
-from tests.broker_harness import small_config, url_of, wait_for
+from metaq.client.local import small_config
+from tests.harness.broker import url_of, wait_for
 
 
 @pytest.fixture

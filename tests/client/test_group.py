@@ -17,7 +17,7 @@ from metaq import errors
 from metaq.client.balance import range_assignment
 from metaq.client.cluster import ZkCluster
 from metaq.client.group import GroupCoordinator
-from tests.broker_harness import wait_for as wait_until
+from tests.harness.broker import wait_for as wait_until
 
 ROOT = "/meta"
 GROUP = "billing"

@@ -8,7 +8,9 @@ import pytest
 
 from metaq import errors, limits
 from metaq.client import KeySelector, Message, Partition, Producer, RandomSelector, RoundRobinSelector, SendResult
-from tests.broker_harness import consume_all, free_port, url_of
+from metaq.client.local import free_port
+from tests.harness.broker import consume_all, url_of
+from tests.harness.gevent_producer import run_gevent_script
 
 
 def stored(broker, topic, partitions=4):
@@ -157,7 +159,7 @@ def test_bad_messages_raise_and_store_nothing(broker, producer):
 
 
 def test_topic_the_broker_refuses(broker_factory, tmp_path):
-    from tests.broker_harness import small_config
+    from metaq.client.local import small_config
 
     broker = broker_factory(config=small_config(tmp_path / "d", topics=[{"name": "t*", "partitions": 4}]))
     with Producer(brokers=[url_of(broker)]) as producer:
@@ -166,6 +168,7 @@ def test_topic_the_broker_refuses(broker_factory, tmp_path):
     assert "does not accept topic" in str(result.error)
 
 
+@pytest.mark.integration
 def test_unreachable_brokers_give_a_failed_result():
     with Producer(brokers=["meta://127.0.0.1:%d" % free_port()], retry_deadline=1.0, send_timeout=0.5) as producer:
         started = time.monotonic()
@@ -212,32 +215,6 @@ def test_threads_share_one_producer(broker, producer):
         t.join(60)
     assert len(results) == 600 and all(r.success for r in results)
     assert len({(r.partition, r.offset) for r in results}) == 600
-
-
-GEVENT_SCRIPT = r"""
-from gevent import monkey; monkey.patch_all()
-import sys, gevent
-from metaq.client import Message, Producer
-kwargs = {"zk_connect": sys.argv[2]} if len(sys.argv) > 2 else {"brokers": [sys.argv[1]]}
-with Producer(**kwargs) as producer:
-    assert producer.send(Message("tgevent", b"first")).success
-    def worker(n):
-        futures = [producer.send_async(Message("tgevent", b"%d" % n)) for _ in range(100)]
-        sync = [producer.send(Message("tgevent", b"s")) for _ in range(10)]
-        return all(f.result(20).success for f in futures) and all(r.success for r in sync)
-    jobs = [gevent.spawn(worker, n) for n in range(4)]
-    gevent.joinall(jobs, timeout=60)
-    assert all(j.value for j in jobs), [j.value for j in jobs]
-print("OK")
-"""
-
-
-def run_gevent_script(*args):
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", GEVENT_SCRIPT, *args], capture_output=True, text=True, timeout=90)
-    assert out.returncode == 0 and out.stdout.strip() == "OK", out.stderr[-3000:]
 
 
 def test_producer_under_gevent_monkey_patching(broker):

@@ -7,8 +7,9 @@ import pytest
 
 from metaq import errors
 from metaq.client import KeySelector, Message, Producer, SendResult
-from tests.broker_harness import consume_all, small_config
-from tests.broker_harness import free_port
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all
+from metaq.client.local import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

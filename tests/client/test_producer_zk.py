@@ -6,9 +6,9 @@ import time
 import pytest
 
 from metaq.client import Message, Partition, Producer
-from tests.broker_harness import small_config
-from tests.client.test_cluster import Registrar
-from tests.broker_harness import wait_for
+from metaq.client.local import small_config
+from tests.harness.broker import wait_for
+from tests.harness.registrar import Registrar
 
 
 def test_partitions_from_hand_written_nodes_follow_changes(broker_factory, tmp_path, zk_connect):
@@ -73,7 +73,7 @@ def test_self_registered_brokers_and_a_dead_one(broker_factory, tmp_path, zk_con
 
 
 def test_zookeeper_discovery_under_gevent_monkey_patching(broker_factory, tmp_path, zk_connect):
-    from tests.client.test_producer import run_gevent_script
+    from tests.harness.gevent_producer import run_gevent_script
 
     broker = broker_factory(config=small_config(tmp_path / "d", zk={"connect": zk_connect}))
     run_gevent_script("meta://127.0.0.1:%d" % broker.port, zk_connect)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.broker_harness import BrokerProcess
+from metaq.client.local import BrokerProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -40,6 +40,7 @@ def make_run_broker(tmp_path):
     b.kill()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
     url = "127.0.0.1:%d" % make_run_broker.port

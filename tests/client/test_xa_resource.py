@@ -1,6 +1,6 @@
 """XAResource: the DB-API two-phase-commit interface over metaq brokers.
 
-Real brokers for the behaviour; the scripted ``FakeBroker`` of test_transaction_local only
+Real brokers for the behaviour; the scripted ``FakeBroker`` (tests/harness/fake_broker.py) only
 for replies a real broker cannot be made to give on demand (lost, late or malformed).
 """
 
@@ -15,8 +15,9 @@ from metaq.client.transaction import XaError, Xid, default_unique_qualifier
 from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
 from metaq.protocol import xa
-from tests.broker_harness import consume_all, free_port, small_config, url_of
-from tests.client.test_transaction_local import CLOSE, HANG, xa_reply
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import consume_all, url_of
+from tests.harness.fake_broker import CLOSE, HANG, xa_reply
 
 QUALIFIER = "xa-test"
 
@@ -76,6 +77,7 @@ def test_default_qualifier_and_errors():
     assert str(e) == "XAER_NOTA: no such branch" and e.code_name == "XAER_NOTA"
 
 
+@pytest.mark.integration
 def test_state_errors_are_raised_before_anything_is_sent():
     with XAResource(brokers=["meta://127.0.0.1:%d" % free_port()], unique_qualifier=QUALIFIER) as rm:
         started = time.monotonic()
@@ -230,7 +232,7 @@ def test_several_brokers_lowest_id_and_merged_recovery(broker_factory, tmp_path)
 
 def test_zookeeper_mode(broker_factory, tmp_path, zk_connect):
     from metaq.client.cluster import ZkCluster
-    from tests.broker_harness import wait_for
+    from tests.harness.broker import wait_for
 
     broker = broker_factory(config=small_config(tmp_path / "d", zk={"connect": zk_connect}))
     cluster = ZkCluster(zk_connect)

@@ -8,7 +8,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.client import Consumer, Message, Producer
-from tests.broker_harness import small_config, wait_for
+from metaq.client.local import small_config
+from tests.harness.broker import wait_for
 
 TOPIC = "orders"
 

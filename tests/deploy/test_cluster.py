@@ -18,8 +18,9 @@ from metaq.client import Message, Producer
 from metaq.deploy import agent
 from metaq.deploy.layout import Layout
 from metaq.protocol import stats as stats_codec
-from tests.broker_harness import TextClient, consume_all, wait_for
-from tests.deploy.conftest import run_fab, two_broker_inventory, write_inventory
+from metaq.client.raw import TextClient
+from tests.harness.broker import consume_all, wait_for
+from tests.harness.fab import run_fab, two_broker_inventory, write_inventory
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("fabric")
@@ -92,7 +93,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(sshd, zk_server, tmp_path_factory):
+def deployed_cluster(sshd, zk_server, tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("cluster"), sshd, zk_server.chroot())
     yield c
     c.fab("stop")
@@ -124,7 +125,8 @@ def listening(host, port):
         return False
 
 
-def test_deploy_start_write_rolling_restart_stop(cluster):
+def test_deploy_start_write_rolling_restart_stop(deployed_cluster):
+    cluster = deployed_cluster
     r = cluster.deploy()
     assert re.search(r"^package: metaq 0\.1\.0, id [0-9a-f]{12} \(\d+ wheels", r.out, re.M), r
     for name in ("b0", "b1"):
@@ -200,7 +202,8 @@ def test_deploy_start_write_rolling_restart_stop(cluster):
     assert {row["STATE"] for row in status_table(r).values()} == {"down"}, r
 
 
-def test_second_deploy_changes_nothing(cluster):
+def test_second_deploy_changes_nothing(deployed_cluster):
+    cluster = deployed_cluster
     cluster.deploy()
     files = cluster.files()
     time.sleep(0.01)
@@ -211,7 +214,8 @@ def test_second_deploy_changes_nothing(cluster):
     assert cluster.files() == files
 
 
-def test_failing_hosts_are_reported_and_the_others_stay_consistent(cluster, tmp_path):
+def test_failing_hosts_are_reported_and_the_others_stay_consistent(deployed_cluster, tmp_path):
+    cluster = deployed_cluster
     r = cluster.fab("deploy", "start")
     assert r.code == 0, r
     pids = {name: cluster.pid(name) for name in cluster.brokers}
@@ -266,7 +270,8 @@ def test_failing_hosts_are_reported_and_the_others_stay_consistent(cluster, tmp_
     assert {row["STATE"] for row in status_table(r).values()} == {"up"}, r
 
 
-def test_uninstall_removes_the_install_and_keeps_the_data(cluster):
+def test_uninstall_removes_the_install_and_keeps_the_data(deployed_cluster):
+    cluster = deployed_cluster
     cluster.deploy()
     b1 = cluster.brokers["b1"]
     r = cluster.fab("uninstall", "--only", "b1", "uninstall", "--only", "b1", "status", "--only", "b1")

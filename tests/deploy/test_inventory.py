@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from metaq.deploy.inventory import InventoryError, load_inventory, parse_inventory
-from tests.deploy.conftest import REPO, run_fab
+from tests.harness.fab import REPO, run_fab
 
 GOOD = """
 cluster: orders

@@ -12,7 +12,8 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from tests.broker_harness import consume_all, small_config
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all
 
 TOPICS = [{"name": "t*", "partitions": 4}]  # any other topic is unknown
 PUT_REPLY = re.compile(rb"\d+ (\d+) (\d+)")

@@ -1,6 +1,5 @@
 """A small tmpfs filled for real (F4) and retention with injected time, on a real broker."""
 
-import contextlib
 import glob
 import os
 import subprocess
@@ -8,22 +7,10 @@ import time
 
 import pytest
 
+from metaq.client.local import small_config
 from metaq.protocol import events as ev
-from tests.broker_harness import consume_all, small_config
-
-
-@contextlib.contextmanager
-def tmpfs(path, size):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    os.makedirs(path, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", str(path)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount tmpfs: %s" % r.stderr.decode().strip())
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+from tests.harness.broker import consume_all
+from tests.harness.tmpfs import tmpfs
 
 
 def remount(path, size):

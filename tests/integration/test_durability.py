@@ -13,7 +13,8 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from tests.broker_harness import consume_all, small_config
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all
 
 TOPIC_PARTS = [("t-a", p) for p in range(4)] + [("t-b", p) for p in range(4)]
 

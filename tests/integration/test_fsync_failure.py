@@ -1,6 +1,6 @@
 """Flushes that fail under load (fault-catalogue F5): a real FUSE fault filesystem under a real broker.
 
-The data dir is on ``tests/fusefault.py``'s mount. Mid-load a fault flag appears: with ``eio`` data written
+The data dir is on ``tests/harness/fusefs.py``'s mount. Mid-load a fault flag appears: with ``eio`` data written
 back is lost and the next fsync of each file reports EIO, once (Linux's page cache over a failing disk,
 "fsyncgate"); with ``enospc`` every write fails with ENOSPC, which the kernel reports at the next fsync.
 The broker must acknowledge nothing it could not flush, never retry the flush, refuse writes from then on
@@ -19,8 +19,9 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
-from tests.broker_harness import consume_all, small_config, wait_for
-from tests.fusefault import FaultMount
+from metaq.client.local import small_config
+from tests.harness.broker import consume_all, wait_for
+from tests.harness.fusefs import FaultMount
 
 TOPIC, PARTITIONS = "t-eio", 4
 DEPTH = 32  # puts in flight per connection

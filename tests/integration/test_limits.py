@@ -8,8 +8,8 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.client.local import small_config
 from metaq.protocol.stream import CLOSED
-from tests.broker_harness import small_config
 
 
 @pytest.fixture

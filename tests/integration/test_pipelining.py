@@ -7,7 +7,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
 from metaq.protocol.text import serialize
-from tests.broker_harness import wait_for
+from tests.harness.broker import wait_for
 
 TOPICS = ("t-orders", "t-payments", "t-audit")
 
@@ -106,7 +106,7 @@ def test_sync_mode_concurrent_puts_share_fsyncs(broker):
 
 
 def test_async_mode_flushes_every_n_messages_or_t_ms(broker_factory, tmp_path):
-    from tests.broker_harness import small_config
+    from metaq.client.local import small_config
 
     by_count = broker_factory(small_config(tmp_path / "a", store={"flush": "async", "flush_every_messages": 50,
                                                                   "flush_interval_ms": 600_000}))

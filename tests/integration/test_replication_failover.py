@@ -14,9 +14,10 @@ import threading
 import pytest
 
 from metaq.client import Consumer
+from metaq.client.local import free_port, small_config
 from metaq.protocol import stats as stats_codec
-from tests.broker_harness import free_port, small_config, wait_for
-from tests.integration.test_replication import master_config, stats
+from tests.harness.broker import wait_for
+from tests.harness.replication import master_config, stats
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
@@ -52,7 +53,7 @@ class Load:
 
 def held_by(broker):
     """{(partition, offset): body} of every message ``broker`` holds in TOPIC."""
-    from tests.broker_harness import consume_all
+    from tests.harness.broker import consume_all
 
     out = {}
     with broker.client() as c:

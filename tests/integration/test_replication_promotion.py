@@ -8,8 +8,9 @@ import time
 import pytest
 
 from metaq.client import admin
-from tests.broker_harness import free_port, small_config, wait_for
-from tests.integration.test_replication import assert_identical, caught_up, master_config, mixed_load, stats
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
+from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats
 
 pytestmark = pytest.mark.fault
 
@@ -147,7 +148,7 @@ def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tm
 def test_a_promoted_slave_delivers_pending_delayed_messages_once(broker_factory, tmp_path, capsys):
     """The master's delay scheduler stops with it; the promoted slave takes over its schedule, skipping what
     the old master already delivered (found by id in the copied log)."""
-    from tests.integration.test_delay import delay_stats, put_delayed_ok, records
+    from tests.harness.delay import delay_stats, put_delayed_ok, records
 
     rport = free_port()
     levels = {"levels": "1s 4s"}

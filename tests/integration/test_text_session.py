@@ -121,7 +121,7 @@ def test_bad_requests_get_clear_errors_and_the_connection_survives(broker):
 
 
 def test_unknown_topic_is_refused_when_no_pattern_matches(broker_factory, tmp_path):
-    from tests.broker_harness import small_config
+    from metaq.client.local import small_config
 
     b = broker_factory(small_config(tmp_path / "d", topics=[{"name": "orders", "partitions": 2}]))
     with b.client() as c:

@@ -125,7 +125,8 @@ def test_admin_lists_in_doubt_and_decides_by_hand(broker):
 
 @pytest.mark.slow
 def test_the_broker_compacts_its_journal_and_keeps_live_branches(broker_factory, tmp_path):
-    from tests.broker_harness import small_config, wait_for
+    from metaq.client.local import small_config
+    from tests.harness.broker import wait_for
 
     cfg = small_config(tmp_path / "data", transactions={"journal_file_size": 64 * 1024})
     b = broker_factory(config=cfg)

@@ -12,7 +12,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.protocol.checksum import metaq_checksum
-from tests.broker_harness import small_config, wait_for
+from metaq.client.local import small_config
+from tests.harness.broker import wait_for
 
 TOPICS = [{"name": "orders", "partitions": 4}, {"name": "audit", "partitions": 1}, {"name": "*", "partitions": 2}]
 

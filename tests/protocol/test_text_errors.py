@@ -7,7 +7,7 @@ from metaq.errors import RemoteProtocolError
 from metaq.protocol.events import Get, Put, Quit, Stats, Sync, Transaction, Version
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser
-from tests.protocol.parse_helpers import parse_bytewise, parse_chunks, parse_whole
+from tests.harness.text_parse import parse_bytewise, parse_chunks, parse_whole
 
 
 def both(data, eof=False, **kw):

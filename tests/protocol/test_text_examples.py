@@ -18,7 +18,7 @@ from metaq.protocol.events import (
 from metaq.protocol.message import encode_payload, encode_record, iter_records
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, encode_result, encode_value_header, serialize
-from tests.protocol.parse_helpers import parse_bytewise, parse_one, parse_whole
+from tests.harness.text_parse import parse_bytewise, parse_one, parse_whole
 
 # (wire bytes, event): each pair is decoded AND encoded (these are MetaQ encoder outputs).
 ENCODER_EXAMPLES = [

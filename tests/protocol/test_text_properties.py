@@ -7,7 +7,7 @@ from metaq.protocol.events import (TX_TYPES, Get, Offset, Promote, Put, Quit, Re
                                    Version)
 from metaq.protocol.stream import CLOSED
 from metaq.protocol.text import serialize
-from tests.protocol.parse_helpers import parse_bytewise, parse_chunks, parse_one, parse_whole
+from tests.harness.text_parse import parse_bytewise, parse_chunks, parse_one, parse_whole
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)

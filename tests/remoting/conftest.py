@@ -1,6 +1,7 @@
 import pytest
 
-from tests.remoting.harness import RemotingClient, rmq_config
+from metaq.client.local import rmq_config
+from metaq.client.raw import RemotingClient
 
 
 @pytest.fixture

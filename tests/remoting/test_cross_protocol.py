@@ -6,13 +6,15 @@ keys and other properties kept (README "RocketMQ clients").
 
 import pytest
 
+from bench.rocketmq_peer import run_peer
 from metaq.client import Consumer, Message, Producer
+from metaq.client.local import ns_of
 from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
-from tests.broker_harness import consume_all, url_of
-from tests.remoting.harness import ns_of, received, require_official_client, run_peer
-from tests.remoting.test_remoting_codes import pull, send_v1
+from tests.harness.broker import consume_all, url_of
+from tests.harness.rocketmq import pull, send_v1
+from tests.harness.rocketmq import received, require_official_client
 
 
 def test_remoting_send_is_a_text_get_with_tags_as_attribute(rmq_broker, rc):

@@ -1,15 +1,17 @@
 """The official Apache RocketMQ client (PyPI rocketmq==0.4.4, C++ core) against metaq, end to end.
 
-Each client runs in a subprocess (``rmq_peer.py``) pointed at the broker's
+Each client runs in a subprocess (``bench/rocketmq_peer.py``) pointed at the broker's
 remoting port as its name server.
 """
 
 import pytest
 
 from metaq.protocol.rocketmq.remoting import RequestCode as R
-from tests.broker_harness import consume_all
-from tests.remoting.harness import RemotingClient, finish_peer, ns_of, received, require_official_client, run_peer, \
-    start_peer
+from tests.harness.broker import consume_all
+from bench.rocketmq_peer import finish_peer, run_peer, start_peer
+from metaq.client.local import ns_of
+from metaq.client.raw import RemotingClient
+from tests.harness.rocketmq import received, require_official_client
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +117,7 @@ def test_the_readme_example_runs_as_written(rmq_factory, tmp_path):
     import subprocess
     import sys
 
-    from tests.remoting.harness import peer_env
+    from bench.rocketmq_peer import peer_env
 
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## RocketMQ clients"):]

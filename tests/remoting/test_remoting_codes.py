@@ -8,33 +8,14 @@ from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from metaq.protocol.rocketmq.bodies import (BatchEntry, decode_stored_messages, encode_batch_messages,
                                             encode_properties, parse_offset_msg_id)
-from tests.broker_harness import wait_for
-from tests.remoting.harness import RemotingClient
-
-PULL_FLAGS = 2 | 4  # SUSPEND | SUBSCRIPTION, as the C++ client's first pull
-
-
-def send_v1(rc, topic, body, queue=0, props=None, sys_flag=0, flag=0):
-    return rc.call(R.SEND_MESSAGE, {
-        "producerGroup": "PG", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
-        "queueId": queue, "sysFlag": sys_flag, "bornTimestamp": int(time.time() * 1000), "flag": flag,
-        "properties": encode_properties(props or {}), "reconsumeTimes": 0, "unitMode": "false"}, body)
+from metaq.client.raw import PULL_FLAGS, RemotingClient, pull_fields
+from tests.harness.broker import wait_for
+from tests.harness.rocketmq import pull, send_v1
 
 
 def v2_header(topic, queue, props=None, batch=False):
     return {"a": "PG", "b": topic, "c": "TBW102", "d": 4, "e": queue, "f": 0, "g": int(time.time() * 1000),
             "h": 0, "i": encode_properties(props or {}), "j": 0, "k": "false", "m": "true" if batch else "false"}
-
-
-def pull_fields(topic, queue, offset, group="CG", max_nums=32, sys_flag=PULL_FLAGS, suspend_ms=0, sub="*",
-                commit_offset=-1, expression="TAG"):
-    return {"consumerGroup": group, "topic": topic, "queueId": queue, "queueOffset": offset, "maxMsgNums": max_nums,
-            "sysFlag": sys_flag, "commitOffset": commit_offset, "suspendTimeoutMillis": suspend_ms,
-            "subscription": sub, "subVersion": 0, "expressionType": expression}
-
-
-def pull(rc, topic, queue, offset, timeout=10.0, **fields):
-    return rc.call(R.PULL_MESSAGE, pull_fields(topic, queue, offset, **fields), timeout=timeout)
 
 
 def ext_int(cmd, key):

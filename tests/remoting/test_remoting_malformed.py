@@ -7,7 +7,7 @@ import pytest
 
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode as C
-from tests.remoting.harness import RemotingClient
+from metaq.client.raw import RemotingClient
 
 
 def frame(header, body=b"", serialize_type=0, total=None, header_len=None):

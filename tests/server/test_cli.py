@@ -16,6 +16,7 @@ def run_cli(*args, cwd=None):
                           timeout=30, cwd=cwd)
 
 
+@pytest.mark.integration
 def test_help_and_version():
     r = run_cli("--help")
     assert r.returncode == 0 and "--data-dir" in r.stdout and "--flush {sync,async}" in r.stdout
@@ -36,6 +37,7 @@ def test_shipped_config_is_valid_and_equals_the_defaults_it_documents():
     assert shipped.remoting == load_config(None).remoting
 
 
+@pytest.mark.integration
 def test_remoting_port_flag_and_section(tmp_path):
     r = run_cli("--remoting-port", "9876", "--check-config")
     assert r.returncode == 0, r.stderr
@@ -46,6 +48,7 @@ def test_remoting_port_flag_and_section(tmp_path):
     assert r.returncode == 2 and "remoting.send_back_delay_level" in r.stderr
 
 
+@pytest.mark.integration
 def test_flags_override_the_file(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"broker": {"port": 9000, "id": 3}, "store": {"flush": "sync"}}))
@@ -58,6 +61,7 @@ def test_flags_override_the_file(tmp_path):
     assert out["store"]["flush"] == "async"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("content, words", [
     ({"broker": {"id": 1024}}, "broker.id"),
     ({"broker": {"prot": 1}}, "broker.prot"),
@@ -81,6 +85,7 @@ def test_invalid_config_is_refused_naming_the_setting(tmp_path, content, words):
     assert r.returncode == 2 and words in r.stderr
 
 
+@pytest.mark.integration
 def test_unreadable_and_malformed_files(tmp_path):
     r = run_cli("-c", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "cannot read configuration file" in r.stderr

@@ -44,7 +44,7 @@ def test_concurrent_callers_are_serialised():
 def _store_and_flusher(tmp_path):
     from metaq.server.flusher import Flusher
     from metaq.store.store import MessageStore
-    from tests.store.conftest import NOW, small_config
+    from tests.harness.store import NOW, small_config
 
     store = MessageStore.open(small_config(tmp_path / "data", segment_size=1 << 20, flush="sync"), NOW)
     failures = []
@@ -55,7 +55,7 @@ def _store_and_flusher(tmp_path):
 
 def test_group_commit_with_leading_waiters_some_killed_mid_round(tmp_path):
     """Waiters lead rounds themselves; killing some mid-round never leaves a put unflushed or a round stuck."""
-    from tests.store.conftest import NOW
+    from tests.harness.store import NOW
 
     store, flusher, failures = _store_and_flusher(tmp_path)
     acked = []
@@ -91,7 +91,7 @@ def test_a_failed_flush_is_never_retried_by_the_flusher_or_another_waiter(tmp_pa
     import os
 
     from metaq.errors import BrokerError
-    from tests.store.conftest import NOW
+    from tests.harness.store import NOW
 
     store, flusher, failures = _store_and_flusher(tmp_path)
     if flusher._native is None:

@@ -6,7 +6,8 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.text import NEED_DATA, TextParser
+from metaq.protocol.stream import NEED_DATA
+from metaq.protocol.text import TextParser
 from metaq.server.config import ServerConfig
 from metaq.server.connections import ConnectionCore, Timeouts
 from metaq.server.delay import DelayScheduler

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from metaq.client import Message, Producer
-from tests.broker_harness import small_config, url_of
+from metaq.client.local import small_config
+from tests.harness.broker import url_of
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -19,7 +20,7 @@ N = 10_000
 @pytest.fixture(scope="module")
 def two_brokers(tmp_path_factory):
     """Brokers 7 and 8 holding N messages of TOPIC spread over their 8 partitions; what was sent, by (partition, offset)."""
-    from tests.broker_harness import BrokerProcess
+    from metaq.client.local import BrokerProcess
 
     started = []
     try:

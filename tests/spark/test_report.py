@@ -13,7 +13,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.protocol import events as ev
-from tests.broker_harness import free_port, small_config, url_of, wait_for
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import url_of, wait_for
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -62,7 +63,7 @@ def start_zk_broker(broker_factory, zk_connect, broker_id):
 
 
 @pytest.fixture
-def cluster(broker_factory, zk_connect):
+def report_cluster(broker_factory, zk_connect):
     b1 = start_zk_broker(broker_factory, zk_connect, 1)
     b2 = start_zk_broker(broker_factory, zk_connect, 2)
     zk = KazooClient(hosts=zk_connect)
@@ -101,7 +102,8 @@ def play(zk, brokers, clients, i):
     time.sleep(0.005)  # the broker's commit time has ms resolution: every commit gets its own
 
 
-def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, cluster, tmp_path, capsys):
+def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, report_cluster, tmp_path, capsys):
+    cluster = report_cluster
     from metaq.spark.collector import collect_snapshot, write_snapshot
     from metaq.spark.report import main, run_report
 

@@ -11,7 +11,7 @@ from metaq.spark.ranges import (EARLIEST, LATEST, DataLoss, OffsetRange, msg_tim
                                 plan_ranges, read_range, split_ranges)
 from metaq.spark.report import Progress, main
 from metaq.store.msgid import IdGenerator, id_timestamp_ms
-from tests.broker_harness import url_of
+from tests.harness.broker import url_of
 
 
 def window(*entries, step=60):

@@ -1,45 +1,10 @@
-"""Helpers for the store tests: small stores in temporary directories, time injected."""
+"""Fixtures of the store tests (the helpers they use are in ``tests/harness/store.py``)."""
 
 import os
 import shutil
 import tempfile
 
 import pytest
-
-from metaq.store.config import StoreConfig, TopicSpec
-from metaq.store.store import MessageStore
-
-#: A fixed "now" for tests (2021-01-01T00:00:00Z); tests add to it instead of sleeping.
-NOW = 1_609_459_200_000
-HOUR_MS = 3600_000
-
-
-def small_config(data_dir, **overrides):
-    cfg = dict(data_dir=str(data_dir), segment_size=4096, index_file_units=64, flush="async",
-               topics=[TopicSpec("test", 4), TopicSpec("t*", 2), TopicSpec("*", 1)])
-    cfg.update(overrides)
-    return StoreConfig(**cfg)
-
-
-def open_store(data_dir, now=NOW, **overrides):
-    return MessageStore.open(small_config(data_dir, **overrides), now)
-
-
-def read_all(store, topic, partition, start=None, max_size=1 << 20):
-    """Every visible message's MetaQ form (bytes) from ``start`` (default: min offset)."""
-    out = []
-    offset = store.min_offset(topic, partition) if start is None else start
-    while True:
-        r = store.read(topic, partition, offset, max_size)
-        if not r.count:
-            return out
-        out.extend(bytes(v) for v in r.views)
-        offset = r.next_offset
-
-
-def payload_of(metaq_form):
-    """The data of a record's MetaQ form (after the 20-byte header)."""
-    return metaq_form[20:]
 
 
 @pytest.fixture

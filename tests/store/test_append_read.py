@@ -9,7 +9,8 @@ from metaq import errors
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER, encode_payload
 from metaq.store.record import BLANK_MAGIC, FIXED_OVERHEAD, MARKER, RecordTooLarge
-from tests.store.conftest import NOW, open_store, payload_of, read_all
+from tests.harness.store import NOW, open_store, payload_of, read_all
+from tests.harness.store import fill_to_leave
 
 
 def body(i, size=100):
@@ -47,25 +48,6 @@ def test_metaq_form_is_header_plus_data_with_the_metaq_checksum(data_dir):
     got = read_all(s, "test", 0)[0]
     assert got == HEADER.pack(len(data), metaq_checksum(data), r.msg_id, flag) + data
     s.close(NOW)
-
-
-def fill_to_leave(s, left, topic="test"):
-    """Put messages until exactly ``left`` bytes remain in the active segment."""
-    over = FIXED_OVERHEAD + len(topic)
-    s.put(topic, 0, 0, b"f", NOW)
-    while True:
-        need = s._log.active.end - s.written_position - left
-        if need == 0:
-            return
-        if 0 < need < over:
-            size = 1000  # cannot land exactly here: move on to the next segment
-        elif need - over <= 500:
-            size = need - over
-        elif need >= 2 * over + 500:
-            size = 500
-        else:
-            size = (need - 2 * over) // 2
-        s.put(topic, 0, 0, b"x" * size, NOW)
 
 
 def test_record_exactly_filling_the_segment_then_the_next_one_rolls(data_dir):

@@ -12,7 +12,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
 from metaq.store import batch
 from metaq.store.batch import write_run_py
-from tests.store.conftest import NOW, open_store, payload_of, read_all
+from tests.harness.store import NOW, open_store, payload_of, read_all
 
 try:
     from metaq._speedups import write_run as write_run_c

@@ -5,7 +5,7 @@ import pytest
 from metaq.store.epochs import EpochHistory, agreed_position
 from metaq.store.files import DataDir
 
-from .conftest import NOW, open_store
+from tests.harness.store import NOW, open_store
 
 
 def history(tmp_path, log_end=0):

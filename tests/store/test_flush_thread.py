@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from tests.store.conftest import HOUR_MS, NOW, open_store, payload_of
+from tests.harness.store import HOUR_MS, NOW, open_store, payload_of
 
 
 def test_flush_and_checkpoint_in_a_thread_while_appending_and_retaining(data_dir):

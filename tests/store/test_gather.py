@@ -8,7 +8,7 @@ from metaq import errors
 from metaq.store import gather
 from metaq.store.gather import gather_records_py
 from metaq.store.index import UNIT
-from tests.store.conftest import NOW, open_store
+from tests.harness.store import NOW, open_store
 
 try:
     from metaq._speedups import gather_records as gather_records_c

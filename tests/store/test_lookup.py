@@ -4,7 +4,7 @@ import pytest
 
 from metaq import errors
 from metaq.store.record import record_size
-from tests.store.conftest import NOW, open_store
+from tests.harness.store import NOW, open_store
 
 
 def fill(s, n, topic="test", partition=0, step_ms=10):

@@ -19,8 +19,8 @@ from metaq.protocol.message import HEADER
 from metaq.store import ahead, record
 from metaq.store.commitlog import CommitLog
 from metaq.store.recovery import read_log
-from tests.store.conftest import HOUR_MS, NOW, open_store, payload_of, read_all
-from tests.store.test_append_read import fill_to_leave
+from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
+from tests.harness.store import fill_to_leave
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -178,7 +178,7 @@ def test_a_full_segment_at_restart_is_prepared_for_once_and_then_left_alone(data
 CHILD = textwrap.dedent("""
     import sys, threading
     from metaq.store.store import MessageStore
-    from tests.store.conftest import NOW, small_config
+    from tests.harness.store import NOW, small_config
     s = MessageStore.open(small_config(sys.argv[1], segment_size=64 * 1024), NOW)
     s.put("test", 0, 0, b"k%05d" % 0 + b"k" * 200, NOW)
     n = 1
@@ -196,6 +196,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 @pytest.mark.fault
 def test_kill_9_with_a_prepared_segment_then_restart(data_dir):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(data_dir)], cwd=REPO, stdout=subprocess.PIPE)

@@ -11,7 +11,7 @@ from metaq import errors
 from metaq.protocol.message import encode_payload
 from metaq.store.index import UNIT
 from metaq.store.recovery import read_log
-from tests.store.conftest import NOW, open_store, payload_of, read_all
+from tests.harness.store import NOW, open_store, payload_of, read_all
 
 
 def payload(i, size):

@@ -10,7 +10,7 @@ from metaq.errors import Moved
 from metaq.store.record import BLANK_MAGIC, MARKER, encode_record
 from metaq.store.replica import NotABoundary, ReplicationRefused
 
-from .conftest import NOW, open_store, read_all
+from tests.harness.store import NOW, open_store, read_all
 
 SEG = 4096
 TOPICS = [("test", 4), ("tx", 2), ("other", 1), ("a.b-c_d", 1)]

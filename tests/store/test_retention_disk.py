@@ -9,7 +9,7 @@ import pytest
 
 from metaq import errors
 from metaq.store.retention import SegmentInfo, plan_deletion
-from tests.store.conftest import HOUR_MS, NOW, open_store, payload_of, read_all
+from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
 
 MINUTE_MS = 60_000
 

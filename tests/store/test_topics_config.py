@@ -11,7 +11,7 @@ from metaq.store import msgid
 from metaq.store.config import StoreConfig, TopicSpec
 from metaq.store.record import (BLANK_MAGIC, MESSAGE_MAGIC, PREFIX, check_record, decode_record, encode_record,
                                 metaq_offset, tag_hash)
-from tests.store.conftest import NOW, open_store
+from tests.harness.store import NOW, open_store
 
 ILLEGAL = ["../x", "a/b", ".", "..", "", "x" * 201, "a b", "a\0b", "/abs", "t*", "tab\t", "ü"]
 

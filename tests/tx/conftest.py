@@ -1,4 +1,4 @@
-"""Helpers for the transaction tests: a small real store plus a manager, time injected, crashes simulated."""
+"""Fixtures of the transaction tests (the helpers they use are in ``tests/harness/tx.py``)."""
 
 import os
 import shutil
@@ -6,63 +6,7 @@ import tempfile
 
 import pytest
 
-from metaq.protocol.xa import LocalTxId, XaTxId
-from metaq.tx.manager import TransactionManager, TxConfig
-from tests.store.conftest import NOW, open_store, payload_of, read_all
-
-
-def local(n, session="s1"):
-    return LocalTxId(session, n)
-
-
-def xid(n, qualifier="uq1"):
-    return XaTxId(1, b"gtrid-%d" % n, b"b", qualifier)
-
-
-class Broker:
-    """A store and a transaction manager over one data dir, reopened the way a restarted broker would."""
-
-    def __init__(self, data_dir, tx=None, now=NOW, **store_overrides):
-        self.data_dir = str(data_dir)
-        self.tx_config = tx or TxConfig()
-        self.store_overrides = store_overrides
-        self.store = self.tx = None
-        self.open(now)
-
-    def open(self, now=NOW, force=None, **overrides):
-        self.store = open_store(self.data_dir, now, **dict(self.store_overrides, **overrides))
-        self.tx = TransactionManager.open(self.store, self.tx_config, now, force=force)
-        return self.tx.recovery
-
-    def crash(self):
-        """As after a kill -9: nothing flushed or closed on purpose (the page cache survives)."""
-        self.tx.abandon()
-        self.store.abandon()
-
-    def close(self, now=NOW):
-        self.tx.close(now)
-        self.store.close(now)
-
-    def restart(self, now=NOW, crash=True, **kw):
-        self.crash() if crash else self.close(now)
-        return self.open(now, **kw)
-
-    def commit(self, txid, owner=None, one_phase=True, now=NOW):
-        """What the broker does for COMMIT: decide, fsync the journal, append."""
-        plan = self.tx.commit(txid, owner, one_phase, now)
-        if self.tx.needs_flush:
-            self.tx.flush_journal()
-        return self.tx.apply_commit(plan, now)
-
-    def messages(self, topic, partition):
-        return [payload_of(m) for m in read_all(self.store, topic, partition)]
-
-    def all_messages(self, topic="test", partitions=4):
-        return {p: self.messages(topic, p) for p in range(partitions)}
-
-    @property
-    def journal_dir(self):
-        return os.path.join(self.data_dir, "transactions")
+from tests.harness.tx import TxBroker
 
 
 @pytest.fixture
@@ -77,8 +21,9 @@ def fast_root(tmp_path):
 
 
 @pytest.fixture
-def broker(tmp_path):
-    b = Broker(tmp_path / "data")
+def tx_broker(tmp_path):
+    """An in-process TxBroker over ``tmp_path/data`` (not a broker process: that is the top conftest's ``broker``)."""
+    b = TxBroker(tmp_path / "data")
     yield b
     if b.store is not None and not b.store._closed:
         b.crash()

@@ -13,8 +13,9 @@ import shutil
 from metaq.tx import records as R
 from metaq.tx.journal import read_snapshot
 from metaq.tx.manager import TxConfig
-from tests.tx.conftest import NOW, Broker, local, xid
-from tests.tx.test_recovery import body, fill, ids_in
+from tests.harness.store import NOW
+from tests.harness.tx import TxBroker, local, xid
+from tests.harness.tx import body, fill, ids_in
 
 SMALL = TxConfig(journal_file_size=1024)
 
@@ -63,7 +64,7 @@ def check_recovered(b, x1, x3, committed):
 
 
 def test_roll_and_checkpoint_keep_live_branches_and_delete_old_files(tmp_path):
-    b = Broker(tmp_path / "d", SMALL)
+    b = TxBroker(tmp_path / "d", SMALL)
     x1, x2, x3 = build(b)
     files = os.listdir(b.journal_dir)
     assert len([f for f in files if f.startswith("journal.")]) > 3
@@ -89,7 +90,7 @@ def test_roll_and_checkpoint_keep_live_branches_and_delete_old_files(tmp_path):
 
 
 def test_checkpoint_drops_commits_once_the_log_is_flushed(tmp_path):
-    b = Broker(tmp_path / "d", SMALL)
+    b = TxBroker(tmp_path / "d", SMALL)
     build(b)
     b.tx.maintain(NOW)
     b.store.mark_flushed(b.store.flush_log())
@@ -107,7 +108,7 @@ def test_checkpoint_drops_commits_once_the_log_is_flushed(tmp_path):
 
 
 def test_crash_at_every_step_of_a_checkpoint_recovers_the_same_state(fast_root):
-    b = Broker(os.path.join(fast_root, "live"), SMALL)
+    b = TxBroker(os.path.join(fast_root, "live"), SMALL)
     x1, _x2, x3 = build(b)
     committed = expected_ids(b)
     before = os.path.join(fast_root, "A")
@@ -142,7 +143,7 @@ def test_crash_at_every_step_of_a_checkpoint_recovers_the_same_state(fast_root):
         after,
     ]
     for work in works:
-        c = Broker(work, SMALL)
+        c = TxBroker(work, SMALL)
         left = os.listdir(c.journal_dir)
         assert not [f for f in left if f.endswith(".tmp")], work
         if os.path.basename(work) not in ("not-written", "tmp-partial", "tmp-complete"):

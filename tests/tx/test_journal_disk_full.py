@@ -8,7 +8,8 @@ import pytest
 
 from metaq.errors import TransactionError
 from metaq.protocol.xa import XAER_RMFAIL
-from tests.tx.conftest import NOW, Broker, local
+from tests.harness.store import NOW
+from tests.harness.tx import TxBroker, local
 
 pytestmark = [pytest.mark.fault, pytest.mark.root]
 
@@ -43,7 +44,7 @@ def fill_until_refused(b, txid, owner, data):
 
 def test_full_journal_refuses_puts_whole_and_retries_done(small_journal_fs):
     data_dir, jdir = small_journal_fs
-    b = Broker(data_dir)
+    b = TxBroker(data_dir)
     t = local(1, "s" * 40)  # a long key: its DONE record is larger than the smallest put record
     b.tx.begin(t, "c1", 0, NOW)
     b.tx.put(t, "c1", "test", 1, 0, b"committed", -1, NOW)

@@ -8,7 +8,8 @@ from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RD
                                XAER_PROTO, XAER_RMERR)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
 from metaq.tx.manager import REMEMBER_MS, TxConfig
-from tests.tx.conftest import NOW, Broker, local, xid
+from tests.harness.store import NOW
+from tests.harness.tx import TxBroker, local, xid
 
 
 def xa_code(fn, *args):
@@ -24,8 +25,8 @@ def put(b, txid, data, partition=0, owner="c1", topic="test", now=NOW):
 # -- local transactions -------------------------------------------------------------------------------------
 
 
-def test_local_commit_makes_every_message_visible_each_partition_contiguous(broker):
-    b = broker
+def test_local_commit_makes_every_message_visible_each_partition_contiguous(tx_broker):
+    b = tx_broker
     b.store.put("test", 1, 0, b"before", NOW)
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
@@ -50,8 +51,8 @@ def test_local_commit_makes_every_message_visible_each_partition_contiguous(brok
     assert xa_code(b.tx.commit, t, "c1", True, NOW) == XAER_NOTA  # a repeated commit completes nothing
 
 
-def test_local_rollback_shows_nothing_and_later_commit_is_nota(broker):
-    b = broker
+def test_local_rollback_shows_nothing_and_later_commit_is_nota(tx_broker):
+    b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     put(b, t, b"x", 0)
@@ -64,8 +65,8 @@ def test_local_rollback_shows_nothing_and_later_commit_is_nota(broker):
     assert b.tx.stats()["rolled_back"] == 1
 
 
-def test_local_transaction_belongs_to_its_connection(broker):
-    b = broker
+def test_local_transaction_belongs_to_its_connection(tx_broker):
+    b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     assert xa_code(put, b, t, b"x", 0, "c2") == XAER_NOTA
@@ -76,8 +77,8 @@ def test_local_transaction_belongs_to_its_connection(broker):
     assert b.messages("test", 0) == [b"x"]
 
 
-def test_late_commit_of_an_old_key_never_completes_a_newer_transaction(broker):
-    b = broker
+def test_late_commit_of_an_old_key_never_completes_a_newer_transaction(tx_broker):
+    b = tx_broker
     old, new = local(1), local(2)
     b.tx.begin(old, "c1", 0, NOW)
     put(b, old, b"old", 0)
@@ -90,8 +91,8 @@ def test_late_commit_of_an_old_key_never_completes_a_newer_transaction(broker):
     assert b.messages("test", 0) == [b"old"]
 
 
-def test_commit_in_flight_is_applied_once_even_when_commit_is_repeated(broker):
-    b = broker
+def test_commit_in_flight_is_applied_once_even_when_commit_is_repeated(tx_broker):
+    b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     put(b, t, b"x", 0)
@@ -105,8 +106,8 @@ def test_commit_in_flight_is_applied_once_even_when_commit_is_repeated(broker):
     assert b.messages("test", 0) == [b"x"]
 
 
-def test_commit_of_a_branch_without_puts_is_empty(broker):
-    b = broker
+def test_commit_of_a_branch_without_puts_is_empty(tx_broker):
+    b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     plan = b.tx.commit(t, "c1", True, NOW)
@@ -114,8 +115,8 @@ def test_commit_of_a_branch_without_puts_is_empty(broker):
     assert not b.tx.needs_flush
 
 
-def test_prepare_of_a_local_transaction_is_rmerr(broker):
-    b = broker
+def test_prepare_of_a_local_transaction_is_rmerr(tx_broker):
+    b = tx_broker
     b.tx.begin(local(1), "c1", 0, NOW)
     assert xa_code(b.tx.prepare, local(1), "c1", NOW) == XAER_RMERR
     assert xa_code(b.tx.commit, local(1), "c1", False, NOW) == XAER_PROTO  # two-phase of an unprepared branch
@@ -124,8 +125,8 @@ def test_prepare_of_a_local_transaction_is_rmerr(broker):
 # -- XA -------------------------------------------------------------------------------------------------------
 
 
-def test_xa_two_phase_commit(broker):
-    b = broker
+def test_xa_two_phase_commit(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 30, NOW)
     put(b, x, b"one", 0, None)
@@ -145,8 +146,8 @@ def test_xa_two_phase_commit(broker):
     assert xa_code(b.tx.commit, x, None, False, NOW) == XAER_NOTA
 
 
-def test_xa_branch_is_global_and_accepts_one_phase_commit_when_unprepared(broker):
-    b = broker
+def test_xa_branch_is_global_and_accepts_one_phase_commit_when_unprepared(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x.key, "c1", 0, NOW)  # the key text works too
     put(b, x, b"a", 1, "c2")  # another connection may work on an XA branch
@@ -154,8 +155,8 @@ def test_xa_branch_is_global_and_accepts_one_phase_commit_when_unprepared(broker
     assert b.messages("test", 1) == [b"a"]
 
 
-def test_xa_error_codes(broker):
-    b = broker
+def test_xa_error_codes(tx_broker):
+    b = tx_broker
     x = xid(1)
     assert xa_code(put, b, x, b"x") == XAER_NOTA
     assert xa_code(b.tx.prepare, x, None, NOW) == XAER_NOTA
@@ -178,8 +179,8 @@ def test_xa_error_codes(broker):
     assert xa_code(b.tx.rollback, x, None, NOW) == XAER_NOTA
 
 
-def test_prepare_of_an_empty_branch_is_read_only_and_finishes_it(broker):
-    b = broker
+def test_prepare_of_an_empty_branch_is_read_only_and_finishes_it(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 0, NOW)
     assert b.tx.prepare(x, None, NOW) == XA_RDONLY
@@ -190,7 +191,7 @@ def test_prepare_of_an_empty_branch_is_read_only_and_finishes_it(broker):
 
 
 def test_limits_refuse_the_put_and_store_nothing(tmp_path):
-    b = Broker(tmp_path / "d", TxConfig(max_puts_per_tx=2, max_tx_bytes=10))
+    b = TxBroker(tmp_path / "d", TxConfig(max_puts_per_tx=2, max_tx_bytes=10))
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     put(b, t, b"12345")
@@ -221,8 +222,8 @@ def test_config_is_validated():
 # -- timeouts and owners -------------------------------------------------------------------------------------
 
 
-def test_timeout_rolls_back_and_is_answered_rbtimeout(broker):
-    b = broker
+def test_timeout_rolls_back_and_is_answered_rbtimeout(tx_broker):
+    b = tx_broker
     x, y, t = xid(1), xid(2), local(1)
     b.tx.begin(x, None, 5, NOW)
     b.tx.begin(y, None, 5, NOW)
@@ -247,7 +248,7 @@ def test_timeout_rolls_back_and_is_answered_rbtimeout(broker):
 
 
 def test_timeout_is_capped_by_the_configuration(tmp_path):
-    b = Broker(tmp_path / "d", TxConfig(max_timeout_s=10, default_timeout_s=3))
+    b = TxBroker(tmp_path / "d", TxConfig(max_timeout_s=10, default_timeout_s=3))
     b.tx.begin(xid(1), None, 3600, NOW)
     b.tx.begin(xid(2), None, 0, NOW)
     assert {i.key: i.timeout_s for i in b.tx.in_doubt()} == {xid(1).key: 10, xid(2).key: 3}
@@ -256,8 +257,8 @@ def test_timeout_is_capped_by_the_configuration(tmp_path):
     b.crash()
 
 
-def test_owner_close_rolls_back_only_that_connections_local_transactions(broker):
-    b = broker
+def test_owner_close_rolls_back_only_that_connections_local_transactions(tx_broker):
+    b = tx_broker
     a1, a2, c1, x = local(1, "sa"), local(2, "sa"), local(1, "sc"), xid(1)
     b.tx.begin(a1, "A", 0, NOW)
     b.tx.begin(a2, "A", 0, NOW)
@@ -279,8 +280,8 @@ def test_owner_close_rolls_back_only_that_connections_local_transactions(broker)
 # -- heuristics ---------------------------------------------------------------------------------------------
 
 
-def test_heuristic_commit_then_commit_rollback_and_forget(broker):
-    b = broker
+def test_heuristic_commit_then_commit_rollback_and_forget(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 0, NOW)
     put(b, x, b"h", 2, None)
@@ -304,8 +305,8 @@ def test_heuristic_commit_then_commit_rollback_and_forget(broker):
     assert b.messages("test", 2) == [b"h"]
 
 
-def test_heuristic_rollback_survives_a_restart_until_forget(broker):
-    b = broker
+def test_heuristic_rollback_survives_a_restart_until_forget(tx_broker):
+    b = tx_broker
     x, y = xid(1), xid(2)
     for t in (x, y):
         b.tx.begin(t, None, 0, NOW)
@@ -326,8 +327,8 @@ def test_heuristic_rollback_survives_a_restart_until_forget(broker):
     assert b.messages("test", 0) == [y.key.encode()]
 
 
-def test_stats_and_in_doubt(broker):
-    b = broker
+def test_stats_and_in_doubt(tx_broker):
+    b = tx_broker
     b.tx.begin(local(1), "c", 7, NOW)
     put(b, local(1), b"abc", 0, "c")
     b.tx.begin(xid(1), None, 0, NOW)
@@ -341,8 +342,8 @@ def test_stats_and_in_doubt(broker):
     assert info[local(1).key].begun_ms == NOW and info[xid(1).key].prepared_ms == NOW + 5
 
 
-def test_commit_results_name_their_topic(broker):
-    b = broker
+def test_commit_results_name_their_topic(tx_broker):
+    b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     put(b, t, b"a", 1)

@@ -17,14 +17,11 @@ import shutil
 import pytest
 
 from metaq.errors import CorruptLog, DiskFull, TransactionError
-from metaq.protocol.message import HEADER
 from metaq.protocol.xa import XA_HEURCOM, XA_OK, XAER_RMFAIL
 from metaq.tx.journal import scan_records
-from tests.tx.conftest import NOW, Broker, local, read_all, xid
-
-
-def ids_in(b, topic="test", partitions=4):
-    return [HEADER.unpack_from(m)[2] for p in range(partitions) for m in read_all(b.store, topic, p)]
+from tests.harness.store import NOW
+from tests.harness.tx import TxBroker, local, xid
+from tests.harness.tx import body, fill, ids_in
 
 
 def journal_files(b):
@@ -35,17 +32,8 @@ def last_journal(b):
     return os.path.join(b.journal_dir, [n for n in journal_files(b) if n.startswith("journal.")][-1])
 
 
-def body(txid, i, size=40):
-    return (b"%s-%03d-" % (txid.key.encode(), i)).ljust(size, b".")
-
-
-def fill(b, txid, owner, n, size=40, partitions=(0, 1)):
-    for i in range(n):
-        b.tx.put(txid, owner, "test", partitions[i % len(partitions)], 0, body(txid, i, size), -1, NOW)
-
-
-def test_crash_rolls_back_unprepared_and_keeps_prepared(broker):
-    b = broker
+def test_crash_rolls_back_unprepared_and_keeps_prepared(tx_broker):
+    b = tx_broker
     t, x_active, x_prep = local(1), xid(1), xid(2)
     b.tx.begin(t, "c1", 0, NOW)
     b.tx.begin(x_active, None, 0, NOW)
@@ -71,8 +59,8 @@ def test_crash_rolls_back_unprepared_and_keeps_prepared(broker):
     assert b.tx.recover() == [] and len(ids_in(b)) == 3
 
 
-def test_prepared_branch_can_be_rolled_back_after_restart(broker):
-    b = broker
+def test_prepared_branch_can_be_rolled_back_after_restart(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 0, NOW)
     fill(b, x, None, 2)
@@ -84,15 +72,15 @@ def test_prepared_branch_can_be_rolled_back_after_restart(broker):
     assert b.tx.recover() == [] and ids_in(b) == []
 
 
-def test_commit_without_done_is_completed_exactly_once(broker):
-    b = broker
+def test_commit_without_done_is_completed_exactly_once(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 0, NOW)
     fill(b, x, None, 6)
     b.tx.prepare(x, None, NOW)
     plan = b.tx.commit(x, None, False, NOW)
     b.tx.flush_journal()  # COMMIT is durable; the crash comes before apply_commit
-    journaled = list(plan._branch.ids)
+    journaled = list(plan.branch.ids)
     report = b.restart()
     assert (report.commits_completed, report.messages_reappended) == (1, 6)
     assert sorted(ids_in(b)) == sorted(journaled)
@@ -124,11 +112,11 @@ def _partial_commit_by_disk_full(b, n=10, size=400):
     assert info.value.xa_code == XAER_RMFAIL and isinstance(info.value.__cause__, DiskFull)
     stored = len(ids_in(b)) - 1
     assert 0 < stored < n
-    return t, list(plan._branch.ids), stored
+    return t, list(plan.branch.ids), stored
 
 
-def test_commit_interrupted_by_a_full_disk_is_completed_by_a_later_commit(broker):
-    b = broker
+def test_commit_interrupted_by_a_full_disk_is_completed_by_a_later_commit(tx_broker):
+    b = tx_broker
     t, journaled, stored = _partial_commit_by_disk_full(b)
     assert [i.state for i in b.tx.in_doubt()] == ["committing"]
     plan = b.tx.commit(t, "c1", True, NOW)
@@ -140,8 +128,8 @@ def test_commit_interrupted_by_a_full_disk_is_completed_by_a_later_commit(broker
     assert len(ids_in(b)) == 11 and b.tx.recovery.commits_completed == 0
 
 
-def test_commit_interrupted_by_a_full_disk_is_completed_by_recovery(broker):
-    b = broker
+def test_commit_interrupted_by_a_full_disk_is_completed_by_recovery(tx_broker):
+    b = tx_broker
     _t, journaled, stored = _partial_commit_by_disk_full(b)
     report = b.restart()
     assert (report.commits_completed, report.messages_reappended) == (1, 10 - stored)
@@ -151,8 +139,8 @@ def test_commit_interrupted_by_a_full_disk_is_completed_by_recovery(broker):
     assert len(ids_in(b)) == 11
 
 
-def test_done_whose_messages_the_log_lost_is_completed(broker):
-    b = broker
+def test_done_whose_messages_the_log_lost_is_completed(tx_broker):
+    b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
     fill(b, t, "c1", 6)
@@ -174,8 +162,8 @@ def test_done_whose_messages_the_log_lost_is_completed(broker):
     assert sorted(ids_in(b)) == sorted(r.msg_id for r in results)
 
 
-def test_partition_chosen_at_put_is_kept_through_recovery(broker):
-    b = broker
+def test_partition_chosen_at_put_is_kept_through_recovery(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 0, NOW)
     chosen = [b.tx.put(x, None, "test", -1, 0, b"m%d" % i, -1, NOW) for i in range(8)]
@@ -205,14 +193,14 @@ def _prepared_then_crashed(b):
 
 
 def test_torn_journal_tail_at_every_byte_of_the_last_record(fast_root):
-    b = Broker(os.path.join(fast_root, "pristine"))
+    b = TxBroker(os.path.join(fast_root, "pristine"))
     x, path, start, size = _prepared_then_crashed(b)
     rel = os.path.relpath(path, b.data_dir)
     for k in range(size - start + 1):
         work = os.path.join(fast_root, "w%d" % k)
         shutil.copytree(b.data_dir, work)
         os.truncate(os.path.join(work, rel), start + k)
-        c = Broker(work)
+        c = TxBroker(work)
         report = c.tx.recovery
         prepared = k == size - start
         assert report.torn_bytes == (0 if prepared else k), k
@@ -223,7 +211,7 @@ def test_torn_journal_tail_at_every_byte_of_the_last_record(fast_root):
 
 
 def test_zero_filled_journal_tail_is_cut(fast_root):
-    b = Broker(os.path.join(fast_root, "d"))
+    b = TxBroker(os.path.join(fast_root, "d"))
     _x, path, start, size = _prepared_then_crashed(b)
     with open(path, "r+b") as f:
         f.seek(start + 3)
@@ -240,8 +228,8 @@ def test_zero_filled_journal_tail_is_cut(fast_root):
     assert b.restart().torn_bytes == 0 and b.tx.recover() == [xid(2).key]
 
 
-def test_mid_journal_corruption_is_refused_unless_forced(broker):
-    b = broker
+def test_mid_journal_corruption_is_refused_unless_forced(tx_broker):
+    b = tx_broker
     _x, path, _start, size = _prepared_then_crashed(b)
     with open(path, "rb") as f:
         data = f.read()
@@ -260,8 +248,8 @@ def test_mid_journal_corruption_is_refused_unless_forced(broker):
     assert report.rolled_back == 1 and b.tx.recover() == []
 
 
-def test_heuristic_commit_survives_a_crash_and_is_not_applied_twice(broker):
-    b = broker
+def test_heuristic_commit_survives_a_crash_and_is_not_applied_twice(tx_broker):
+    b = tx_broker
     x = xid(1)
     b.tx.begin(x, None, 0, NOW)
     fill(b, x, None, 3)

@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 
-from tests.broker_harness import free_port, read_text
+from metaq.client.local import free_port, read_text
 
 PG_LIB = "/usr/lib/postgresql"
 SYSTEM_USER = "postgres"   # the Debian package's system user, used only when we are root

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 import uuid
-from tests.broker_harness import free_port
+from metaq.client.local import free_port
 
 ZK_JAR = "/usr/share/java/zookeeper.jar"
 ZK_CONF_DIR = "/etc/zookeeper/conf"

@@ -2,7 +2,7 @@
 
 Run as a process of its own (``FaultMount`` below starts and stops it by its PID)::
 
-    python -m tests.fusefault SOURCE MOUNTPOINT --eio-flag PATH [--enospc-flag PATH] [--events PATH]
+    python -m tests.harness.fusefs SOURCE MOUNTPOINT --eio-flag PATH [--enospc-flag PATH] [--events PATH]
 
 Every operation on MOUNTPOINT is done on the same path under SOURCE. Two flag files (kept outside both
 trees) switch faults on for as long as they exist:
@@ -197,7 +197,7 @@ class FaultFS:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tests.fusefault", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.harness.fusefs", description=__doc__.split("\n")[0])
     ap.add_argument("source")
     ap.add_argument("mountpoint")
     ap.add_argument("--eio-flag", required=True, help="while this file exists: fsync fails with EIO, writes are lost")
@@ -241,7 +241,7 @@ class FaultMount:
         assert not problems, "the FUSE fault filesystem cannot run here: " + "; ".join(problems)
         os.makedirs(self.source, exist_ok=True)
         os.makedirs(self.mountpoint, exist_ok=True)
-        cmd = [sys.executable, "-m", "tests.fusefault", self.source, self.mountpoint, "--eio-flag", self.eio_flag,
+        cmd = [sys.executable, "-m", "tests.harness.fusefs", self.source, self.mountpoint, "--eio-flag", self.eio_flag,
                "--enospc-flag", self.enospc_flag, "--events", self.events_path]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -270,7 +270,7 @@ class FaultMount:
         return problems
 
     def log_text(self):
-        from tests.broker_harness import read_text
+        from metaq.client.local import read_text
 
         return read_text(self.log_path)
 

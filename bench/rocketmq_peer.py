@@ -1,5 +1,8 @@
 """The official RocketMQ client (PyPI ``rocketmq==0.4.4``, C++ core) driven from a subprocess.
 
+Used by ``bench.bench_remoting`` and the remoting tests: ``run_peer(home, *args)`` (or
+``start_peer`` + ``finish_peer``) runs this file as a script and returns its JSON lines.
+
 The C++ library keeps threads that stop the interpreter from exiting, so every
 run ends with ``os._exit``; its logs go to ``$HOME/logs/rocketmq-cpp`` (the test
 gives each run a HOME of its own). Output: one JSON object per line.
@@ -11,9 +14,12 @@ gives each run a HOME of its own). Output: one JSON object per line.
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
+
+PEER = os.path.abspath(__file__)
 
 
 def emit(obj, _lock=threading.Lock()):
@@ -91,6 +97,34 @@ def consume(args):
         time.sleep(args.linger)
     c.shutdown()
     emit({"done": True})
+
+
+def peer_env(home):
+    os.makedirs(str(home), exist_ok=True)
+    env = dict(os.environ, HOME=str(home))
+    return env
+
+
+def start_peer(home, *args):
+    """Start this script with ``args`` (HOME: ``home``); returns the Popen (stdout: JSON lines)."""
+    return subprocess.Popen([sys.executable, PEER] + [str(a) for a in args], env=peer_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_peer(proc, timeout=90.0):
+    """Wait for a peer; returns its JSON lines (fails the test, with its stderr, if it did not exit 0)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError("RocketMQ peer did not finish in %.0f s:\n%s\n%s" % (timeout, out[-2000:], err[-2000:]))
+    assert proc.returncode == 0, "RocketMQ peer failed (%s):\n%s" % (proc.returncode, err[-4000:])
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def run_peer(home, *args, timeout=90.0):
+    return finish_peer(start_peer(home, *args), timeout)
 
 
 def main():

@@ -1,6 +1,6 @@
 """A group consumer as its own process, for end-to-end tests.
 
-    python -m tests.client.consumer_proc --zk HOST:PORT/chroot --group G --topic T --id ID --out FILE
+    python -m tests.harness.consumer_proc --zk HOST:PORT/chroot --group G --topic T --id ID --out FILE
 
 Runs ``metaq.client.Consumer`` whose handler appends ``"<partition> <offset> <payload>\\n"`` to
 ``--out`` (flushed line by line, so a kill -9 loses at most a torn last line). Creates

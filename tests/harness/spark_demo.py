@@ -1,6 +1,6 @@
 """Build a small cluster with consumer groups in every state and write the lag report (the README picture).
 
-    .venv/bin/python -m tests.spark.demo_report /tmp/demo-report [--image docs/spark-report.png]
+    .venv/bin/python -m tests.harness.spark_demo /tmp/demo-report [--image docs/spark-report.png]
 
 Starts a ZooKeeper and three brokers on 127.0.0.1 (the test harness), takes eleven snapshots
 one (simulated) minute apart while groups commit in known patterns, kills broker 3 before the
@@ -17,8 +17,9 @@ import time
 from kazoo.client import KazooClient
 
 from metaq.protocol import events as ev
-from tests.broker_harness import BrokerProcess, small_config, wait_for
-from tests.zk_harness import ZooKeeperProcess
+from metaq.client.local import BrokerProcess, small_config
+from tests.harness.broker import wait_for
+from tests.harness.zookeeper import ZooKeeperProcess
 
 STEPS = 10
 

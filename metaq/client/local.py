@@ -1,0 +1,127 @@
+"""A broker as a child process of this one, on 127.0.0.1, with its own config, data dir and log file.
+
+For scripts, benchmarks and tests: ``BrokerProcess(workdir, small_config(data_dir)).start()`` runs
+``python -m metaq.server`` and returns once its log says "ready on"; ``stop()`` / ``kill()`` act
+on its own PID. ``rmq_config`` adds a remoting port.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import yaml
+
+from metaq.client.raw import TextClient
+
+__all__ = ["BrokerProcess", "small_config", "rmq_config", "ns_of", "free_port", "read_text"]
+
+READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
+
+
+def free_port(host="127.0.0.1"):
+    """A port nobody listens on right now (for servers that must keep their port across restarts)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+#: The ``store:`` settings small_config sets (small segments and index files, frequent checkpoints).
+SMALL_STORE = {"segment_size": 1 << 20, "index_file_units": 4096, "flush": "sync", "checkpoint_interval_ms": 200}
+
+
+def small_config(data_dir, **sections):
+    """A broker config with small segments and index files, every topic allowed (tests, benchmarks)."""
+    cfg = {
+        "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
+        "store": dict(SMALL_STORE),
+        "limits": {"max_body_bytes": 256 * 1024},
+        "topics": [{"name": "t*", "partitions": 4}, {"name": "*", "partitions": 2}],
+    }
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            cfg.setdefault(name, {}).update(values)
+        else:
+            cfg[name] = values
+    return cfg
+
+
+def read_text(path, offset=0):
+    """A log file's text from ``offset`` (bytes), decoded leniently; "" if it does not exist yet."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+class BrokerProcess:
+    """``python -m metaq.server`` on 127.0.0.1 with its own config, data dir and log file."""
+
+    def __init__(self, workdir, config=None, extra_args=()):
+        self.workdir = workdir
+        self.config = config or small_config(os.path.join(str(workdir), "data"))
+        self.data_dir = str(self.config["broker"]["data_dir"])
+        self.config_path = os.path.join(str(workdir), "server.yaml")
+        self.log_path = os.path.join(str(workdir), "broker.log")
+        self.extra_args = list(extra_args)
+        self.proc = None
+        self.port = None
+
+    def start(self, timeout=20.0, expect_ready=True):
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(self.config, f)
+        self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        log = open(self.log_path, "ab")
+        cmd = [sys.executable, "-m", "metaq.server", "-c", self.config_path] + self.extra_args
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir))
+        log.close()
+        if expect_ready:
+            self.port = self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = READY_RE.search(self.log_text(since_start=True))
+            if m:
+                return int(m.group(2))
+            if self.proc.poll() is not None:
+                raise RuntimeError("broker exited with %s:\n%s" % (self.proc.returncode, self.log_text()))
+            time.sleep(0.02)
+        raise TimeoutError("broker not ready after %.0f s:\n%s" % (timeout, self.log_text()))
+
+    def log_text(self, since_start=False):
+        return read_text(self.log_path, self._log_offset if since_start else 0)
+
+    def wait_exit(self, timeout=30.0):
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout=30.0):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout)
+        return self.proc.returncode if self.proc else None
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def client(self, timeout=10.0):
+        return TextClient("127.0.0.1", self.port, timeout)
+
+
+def rmq_config(data_dir, remoting=None, **sections):
+    """small_config with a remoting port (a free one, fixed so that it survives restarts)."""
+    values = {"port": free_port()}
+    values.update(remoting or {})
+    return small_config(data_dir, remoting=values, **sections)
+
+
+def ns_of(broker):
+    return "127.0.0.1:%d" % broker.config["remoting"]["port"]

@@ -1,0 +1,66 @@
+"""Master/slave test helpers: a master's config, stats, waiting for a slave to catch up, identical logs, a mixed load."""
+
+import os
+import random
+
+from metaq.client.local import small_config
+from metaq.protocol import events as ev
+from tests.harness.broker import consume_all, wait_for
+
+
+def master_config(workdir, rport, **replication):
+    return small_config(os.path.join(str(workdir), "data"), replication=dict({"port": rport}, **replication))
+
+
+def stats(b):
+    with b.client() as c:
+        return c.stats_dict()
+
+
+def commitlog(b):
+    d = os.path.join(b.data_dir, "commitlog")
+    out = {}
+    for name in sorted(os.listdir(d)):
+        if not (len(name) == 20 and name.isdigit()):
+            continue  # a next segment being prepared ahead (*.prepared) exists on either side at its own time
+        with open(os.path.join(d, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def caught_up(master, slave):
+    def check():
+        m, s = stats(master), stats(slave)
+        return (m["log_end_position"] == m["log_flushed_position"] == s["log_end_position"]
+                == s["log_flushed_position"])
+    wait_for(check, 20, lambda: "slave caught up: master %s slave %s" % (
+        stats(master)["log_end_position"], stats(slave)["log_end_position"]))
+
+
+def assert_identical(master, slave):
+    caught_up(master, slave)
+    m, s = commitlog(master), commitlog(slave)
+    assert sorted(m) == sorted(s)
+    for name in m:
+        assert m[name] == s[name], "segment %s differs" % name
+    with master.client() as mc, slave.client() as sc:
+        assert mc.stats("offsets") == sc.stats("offsets")
+        for line in mc.stats("offsets").split("\r\n")[1:-2]:
+            topic, _p, part = line.split()[:3]
+            part = int(part)
+            assert consume_all(mc, topic, part) == consume_all(sc, topic, part)
+            assert mc.call(ev.Offset(topic, "g", part, 0, mc.opaque())).body == \
+                sc.call(ev.Offset(topic, "g", part, 0, sc.opaque())).body
+        assert mc.stats("topics") == sc.stats("topics")
+
+
+def mixed_load(master, n=300, seed=1):
+    rnd = random.Random(seed)
+    acked = []
+    with master.client() as c:
+        for i in range(n):
+            topic = rnd.choice(["t-a", "t-b", "other"])
+            size = rnd.choice([10, 200, 5000, 60000])
+            body = (b"%d-" % i) * (size // 4 + 1)
+            acked.append((topic,) + c.put_ok(topic, body[:size], attribute="a%d" % i if i % 3 == 0 else None))
+    return acked

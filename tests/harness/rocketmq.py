@@ -1,0 +1,38 @@
+"""Helpers of the RocketMQ remoting tests: SEND v1 and PULL requests, is the official client installed, which
+lines a consume run received.
+
+The raw client is ``metaq.client.raw.RemotingClient``, brokers with a remoting port come from
+``metaq.client.local.rmq_config``, and the official client runs through ``bench/rocketmq_peer.py``.
+"""
+
+import time
+
+import pytest
+
+from metaq.client.raw import pull_fields
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.bodies import encode_properties
+
+
+def require_official_client():
+    try:
+        import rocketmq  # noqa: F401  (only: is it there?)
+    except ImportError:
+        pytest.fail("the official RocketMQ client is not installed: it is in the test extra "
+                    "(make test installs it; by hand: pip install rocketmq==0.4.4)")
+
+
+def received(lines):
+    """The message lines of a consume run."""
+    return [line for line in lines if "body" in line]
+
+
+def send_v1(rc, topic, body, queue=0, props=None, sys_flag=0, flag=0):
+    return rc.call(R.SEND_MESSAGE, {
+        "producerGroup": "PG", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
+        "queueId": queue, "sysFlag": sys_flag, "bornTimestamp": int(time.time() * 1000), "flag": flag,
+        "properties": encode_properties(props or {}), "reconsumeTimes": 0, "unitMode": "false"}, body)
+
+
+def pull(rc, topic, queue, offset, timeout=10.0, **fields):
+    return rc.call(R.PULL_MESSAGE, pull_fields(topic, queue, offset, **fields), timeout=timeout)

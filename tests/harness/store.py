@@ -1,0 +1,56 @@
+"""Small stores in temporary directories for the store, tx and server tests; time is injected, never read."""
+
+from metaq.store.config import StoreConfig, TopicSpec
+from metaq.store.record import FIXED_OVERHEAD
+from metaq.store.store import MessageStore
+
+#: A fixed "now" for tests (2021-01-01T00:00:00Z); tests add to it instead of sleeping.
+NOW = 1_609_459_200_000
+HOUR_MS = 3600_000
+
+
+def small_config(data_dir, **overrides):
+    cfg = dict(data_dir=str(data_dir), segment_size=4096, index_file_units=64, flush="async",
+               topics=[TopicSpec("test", 4), TopicSpec("t*", 2), TopicSpec("*", 1)])
+    cfg.update(overrides)
+    return StoreConfig(**cfg)
+
+
+def open_store(data_dir, now=NOW, **overrides):
+    return MessageStore.open(small_config(data_dir, **overrides), now)
+
+
+def read_all(store, topic, partition, start=None, max_size=1 << 20):
+    """Every visible message's MetaQ form (bytes) from ``start`` (default: min offset)."""
+    out = []
+    offset = store.min_offset(topic, partition) if start is None else start
+    while True:
+        r = store.read(topic, partition, offset, max_size)
+        if not r.count:
+            return out
+        out.extend(bytes(v) for v in r.views)
+        offset = r.next_offset
+
+
+def payload_of(metaq_form):
+    """The data of a record's MetaQ form (after the 20-byte header)."""
+    return metaq_form[20:]
+
+
+def fill_to_leave(s, left, topic="test"):
+    """Put messages until exactly ``left`` bytes remain in the active segment."""
+    over = FIXED_OVERHEAD + len(topic)
+    s.put(topic, 0, 0, b"f", NOW)
+    while True:
+        need = s._log.active.end - s.written_position - left
+        if need == 0:
+            return
+        if 0 < need < over:
+            size = 1000  # cannot land exactly here: move on to the next segment
+        elif need - over <= 500:
+            size = need - over
+        elif need >= 2 * over + 500:
+            size = 500
+        else:
+            size = (need - 2 * over) // 2
+        s.put(topic, 0, 0, b"x" * size, NOW)
