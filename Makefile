@@ -37,7 +37,7 @@ builddeps:
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS="$(BUILD_SYSDEPS)" || \
 	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
 
-$(VENV)/.installed: setup.py metaq/_speedups.c | builddeps
+$(VENV)/.installed: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_speedups.h | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e '.[test,deploy,spark]'
 	touch $@
