@@ -24,17 +24,16 @@ __all__ = ["TextClient", "RemotingClient", "pull_fields", "PULL_FLAGS"]
 PULL_FLAGS = 2 | 4
 
 
-class TextClient:
-    """A raw-socket client that speaks the text protocol through our sans-IO parser, one request at a time.
+def _connect(host, port, timeout):
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
-    ``put_ok`` and ``stats`` raise AssertionError on any reply but 200 (they are for scripts that must stop there).
-    """
 
-    def __init__(self, host, port, timeout=10.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = TextParser(max_body=64 << 20)
-        self._opaque = itertools.count(1)
+class _Blocking:
+    """A raw client's socket: closed by ``close()`` or on leaving a ``with`` block."""
+
+    sock = None
 
     def close(self):
         self.sock.close()
@@ -44,6 +43,18 @@ class TextClient:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class TextClient(_Blocking):
+    """A raw-socket client that speaks the text protocol through our sans-IO parser, one request at a time.
+
+    ``put_ok`` and ``stats`` raise AssertionError on any reply but 200 (they are for scripts that must stop there).
+    """
+
+    def __init__(self, host, port, timeout=10.0):
+        self.sock = _connect(host, port, timeout)
+        self.parser = TextParser(max_body=64 << 20)
+        self._opaque = itertools.count(1)
 
     def opaque(self):
         return next(self._opaque)
@@ -97,24 +108,14 @@ class TextClient:
         return stats_codec.parse_summary(self.stats(item).encode())
 
 
-class RemotingClient:
+class RemotingClient(_Blocking):
     """A raw remoting connection: requests out through ``encode_command``, frames in through ``RemotingParser``."""
 
     def __init__(self, port, timeout=10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = _connect("127.0.0.1", port, timeout)
         self.parser = RemotingParser(max_frame=64 << 20)
         self._opaques = itertools.count(1)
         self.pending = []  # commands read while waiting for another opaque
-
-    def close(self):
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def send_raw(self, data):
         self.sock.sendall(data)

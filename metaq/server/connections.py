@@ -79,10 +79,13 @@ class Timeouts:
 class Connection:
     """What every front-end's connection shares: its socket, peer, id, deadlines, receive and close.
 
-    A subclass implements ``serve()`` (read and answer until the connection ends) and, when it can
-    be in the middle of a request, ``in_request`` (the request deadline applies then) and ``busy``
-    (a shutdown lets it finish).
+    A subclass implements ``serve()`` (read and answer until the connection ends), sets ``parser``
+    (a ``protocol.stream.StreamParser``: the request deadline applies while it is inside a frame) and
+    sets or computes ``busy`` (a shutdown lets it finish).
     """
+
+    #: The connection's sans-IO parser, or None (a connection that reads its own way).
+    parser = None
 
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
@@ -100,14 +103,14 @@ class Connection:
 
     @property
     def in_request(self):
-        """True while a request has begun but not yet fully arrived."""
-        return False
+        """True while a request has begun but not yet fully arrived (the parser is inside a frame)."""
+        return self.parser is not None and self.parser.in_frame
 
     @property
     def progress(self):
-        """A number that grows whenever a request completes (a parser's ``consumed``): the request deadline
+        """A number that grows whenever a request completes (the parser's ``consumed``): the request deadline
         starts again from there, so a client that streams whole requests is never cut off."""
-        return 0
+        return self.parser.consumed if self.parser is not None else 0
 
     #: True while the connection has a request to finish (a shutdown waits for it); a subclass sets it
     #: or makes it a property.

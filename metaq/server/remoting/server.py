@@ -116,14 +116,6 @@ class RemotingConnection(core.Connection):
         self._opaques = itertools.count(1)
 
     @property
-    def in_request(self):
-        return self.parser.in_frame
-
-    @property
-    def progress(self):
-        return self.parser.consumed
-
-    @property
     def busy(self):
         """Pulls and sends still running (a shutdown lets them answer: parked pulls return at once)."""
         return len(self.pool) > 0

@@ -61,14 +61,6 @@ class Connection(core.Connection):
         self.flusher = front.flusher
         self.fast_puts = front.fast_puts.take if front.fast_puts is not None else None
 
-    @property
-    def in_request(self):
-        return self.parser.in_frame
-
-    @property
-    def progress(self):
-        return self.parser.consumed
-
     # -- writing -----------------------------------------------------------
 
     def send(self, data):
