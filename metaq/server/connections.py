@@ -55,8 +55,8 @@ class Listener:
         self.port = None
         self._server = None
 
-    def start(self, handle):
-        self._server = StreamServer((self.host, self.requested_port), functools.partial(handle, self),
+    def start(self, accept):
+        self._server = StreamServer((self.host, self.requested_port), functools.partial(accept, self),
                                     backlog=self.backlog)
         self._server.start()
         self.port = self._server.server_port
@@ -172,7 +172,7 @@ class ConnectionCore:
     def listen(self, name, host, port, make, refuse=None, backlog=1024):
         """Start accepting on ``host:port`` (0: any free port); returns the started Listener."""
         listener = Listener(name, host, port, make, refuse, backlog)
-        listener.start(self._handle)
+        listener.start(self.accept)
         self._listeners.append(listener)
         return listener
 
@@ -197,7 +197,8 @@ class ConnectionCore:
 
     # -- accepting -------------------------------------------------------------
 
-    def _handle(self, listener, sock, address):
+    def accept(self, listener, sock, address):
+        """One accepted socket of ``listener``: refused past the cap, else served until it ends (its greenlet)."""
         if self.closing:
             sock.close()
             return

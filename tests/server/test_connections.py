@@ -1,0 +1,157 @@
+"""The connection core (server/connections.py) with Unix socket pairs: no listening socket, no network."""
+
+import logging
+import time
+
+import gevent
+from gevent import socket
+
+from metaq.protocol.text import TextParser
+from metaq.server.connections import Connection, ConnectionCore, Listener, Timeouts
+
+
+class Echo(Connection):
+    """Answers each complete line with ``ok``; ``busy`` while a line is being answered slowly."""
+
+    def __init__(self, sock, address, conn_id, timeouts, slow=0.0):
+        super().__init__(sock, address, conn_id, timeouts)
+        self.parser = TextParser()
+        self.slow = slow
+        self.busy = False
+        self.ended = None
+
+    def serve(self):
+        while True:
+            data = self.receive()
+            if not data:
+                self.ended = "deadline or close"
+                return
+            self.parser.receive_data(data)
+            while type(self.parser.next_event()).__name__ == "Version":
+                self.busy = True
+                gevent.sleep(self.slow)
+                self.sock.sendall(b"ok\r\n")
+                self.busy = False
+
+
+def listener(core, name, made, slow=0.0, refuse=None):
+    def make(sock, address, conn_id):
+        conn = Echo(sock, address, conn_id, core.timeouts, slow)
+        made.append(conn)
+        return conn
+
+    return Listener(name, "127.0.0.1", 0, make, refuse, 1)
+
+
+def connect(core, lst):
+    """A connected Unix socket pair: the server side served by the core on its own greenlet."""
+    ours, theirs = socket.socketpair()
+    g = gevent.spawn(core.accept, lst, theirs, ("127.0.0.1", 40000))
+    gevent.sleep(0)
+    return ours, g
+
+
+def test_one_cap_across_listeners_refuses_in_each_listeners_words(caplog):
+    core = ConnectionCore(3, Timeouts(60, 60))
+    made = []
+    refusals = []
+    text = listener(core, "text", made, refuse=lambda sock, reason: refusals.append(reason) or sock.sendall(b"503\r\n"))
+    other = listener(core, "remoting", made)
+    clients = [connect(core, text), connect(core, other), connect(core, text)]
+    assert core.count() == 3 and core.count("text") == 2 and core.count("remoting") == 1
+    assert sorted(c.conn_id for c in made) == [1, 2, 3]  # ids unique across listeners
+    with caplog.at_level(logging.WARNING):
+        extra, g = connect(core, text)  # one past the cap, on the text port: its refusal, then closed
+        g.join(5)
+        assert extra.recv(100) == b"503\r\n" and extra.recv(100) == b""
+        extra2, g2 = connect(core, other)  # one past, on a port without words: closed
+        g2.join(5)
+        assert extra2.recv(100) == b""
+    assert refusals == ["too many connections: the limit is 3"]
+    assert "on the remoting port: 3 connections open" in caplog.text
+    assert core.count() == 3 and len(made) == 3
+    ours, g = clients.pop()
+    ours.close()
+    g.join(5)
+    assert core.count() == 2
+    again, _g = connect(core, text)  # a place was freed
+    again.sendall(b"version 1\r\n")
+    assert again.recv(100) == b"ok\r\n"
+    core.shutdown(1.0)
+
+
+def test_close_hooks_run_for_every_connection_even_when_one_fails():
+    core = ConnectionCore(10, Timeouts(60, 60))
+    closed = []
+    core.on_close(lambda conn: 1 / 0)
+    core.on_close(lambda conn: closed.append(conn.conn_id))
+    lst = listener(core, "text", [])
+    ours, g = connect(core, lst)
+    ours.close()
+    g.join(5)
+    assert closed == [1] and core.count() == 0
+
+
+def test_a_request_must_complete_within_the_deadline_from_its_first_byte():
+    core = ConnectionCore(10, Timeouts(idle_s=60, request_s=0.5))
+    made = []
+    ours, g = connect(core, listener(core, "text", made))
+    ours.sendall(b"vers")
+    started = time.monotonic()
+    for _ in range(20):  # a byte every 0.1 s: each recv is quick, the request never completes
+        if g.dead:
+            break
+        gevent.sleep(0.1)
+        try:
+            ours.sendall(b"i")
+        except OSError:
+            break
+    g.join(5)
+    assert made[0].ended == "deadline or close" and time.monotonic() - started < 1.5
+
+
+def test_whole_requests_restart_the_deadline():
+    core = ConnectionCore(10, Timeouts(idle_s=60, request_s=0.5))
+    ours, g = connect(core, listener(core, "text", []))
+    ours.sendall(b"vers")
+    for n in range(12):  # 1.2 s always inside a request, but each one completes within 0.1 s
+        gevent.sleep(0.1)
+        ours.sendall(b"ion %d\r\nvers" % n)
+        assert ours.recv(100) == b"ok\r\n"
+    assert not g.dead
+    ours.close()
+    g.join(5)
+
+
+def test_an_idle_connection_is_closed_after_the_idle_timeout():
+    core = ConnectionCore(10, Timeouts(idle_s=0.3, request_s=60))
+    ours, g = connect(core, listener(core, "text", []))
+    g.join(5)
+    assert g.dead and ours.recv(10) == b"" and core.count() == 0
+
+
+def test_shutdown_closes_idle_at_once_lets_busy_finish_and_keeps_named_listeners():
+    core = ConnectionCore(10, Timeouts(60, 60))
+    made = []
+    text = listener(core, "text", made, slow=0.3)
+    repl = listener(core, "replication", made)
+    idle, g_idle = connect(core, text)
+    busy, g_busy = connect(core, text)
+    kept, g_kept = connect(core, repl)
+    busy.sendall(b"version 1\r\n")
+    gevent.sleep(0.05)
+    assert made[1].busy
+    started = time.monotonic()
+    core.shutdown(5.0, keep=("replication",))
+    assert 0.2 < time.monotonic() - started < 2  # waited for the busy one only
+    assert busy.recv(100) == b"ok\r\n"  # its request was answered before the close
+    g_idle.join(1)
+    g_busy.join(1)
+    assert g_idle.dead and g_busy.dead and not g_kept.dead
+    assert core.closing
+    late, g_late = connect(core, repl)  # no new connection anywhere once closing
+    g_late.join(1)
+    assert late.recv(10) == b""
+    core.close_listener(repl)
+    g_kept.join(1)
+    assert g_kept.dead and core.count() == 0
