@@ -24,6 +24,10 @@ MAX_TRANSFER_BYTES = 1024 * 1024
 #: journals and outgoing connections when computing the connection cap.
 FD_RESERVE = 512
 
+#: Connections the replication port may take past the connection cap (they come out of FD_RESERVE): clients
+#: that fill the cap never lock a slave out of its master.
+REPLICATION_HEADROOM = 16
+
 #: Seconds a connection may sit with no complete request before it is closed.
 IDLE_TIMEOUT_S = 600.0
 

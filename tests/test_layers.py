@@ -275,8 +275,6 @@ def private_access(path, root=ROOT):
     return sorted(found, key=lambda v: (v[1], v[2]))
 
 
-#: Violations being fixed in parallel (store, client, server): "file: what". Emptied after the merge; a new
-#: violation fails the test with its file:line.
 #: Private names of other projects that have no public equivalent, each with its reason.
 ALLOWED_FOREIGN = {
     # pyspark has no public "is a SparkContext running in this JVM" that works from any thread; the report must

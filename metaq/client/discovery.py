@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 
-from metaq.errors import BrokerError, MetaqError
+from metaq.errors import BrokerError, MetaqError, RemoteProtocolError
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.client.connection import BrokerConnection, parse_url
@@ -57,10 +57,15 @@ def broker_id_from_stats(reply):
 
 
 def partition_count_from_stats(reply):
-    """The ``partitions`` line of a ``stats <topic>`` reply; 0 when the broker has no such topic (or said no)."""
+    """The ``partitions`` line of a ``stats <topic>`` reply; 0 when the broker has no such topic, said no, or
+    answered with another item (a topic named like a ``stats`` item, such as ``topics`` or ``delay``, gets
+    that item: its partitions are then unknown here, and a producer lets the broker choose)."""
     if not isinstance(reply, ev.Result) or reply.code != 200:
         return 0
-    return stats_codec.parse_topic(reply.body).partitions
+    try:
+        return stats_codec.parse_topic(reply.body).partitions
+    except RemoteProtocolError:
+        return 0
 
 
 def choose_read_url(master, slaves, reachable):

@@ -44,7 +44,7 @@ class StreamParser:
     def __init__(self):
         self._buf = bytearray()
         self._pos = 0
-        self._dropped = 0  # consumed bytes already cut from the front of _buf
+        self._completed = 0  # frames returned as events or answered with a (non-fatal) error
         self._eof = False
         self._fatal = None
 
@@ -68,12 +68,12 @@ class StreamParser:
         self._accept(data)
 
     @property
-    def consumed(self):
-        """Bytes returned as events (or skipped) since the start: it grows whenever a frame completes."""
-        return self._dropped + self._pos
+    def completed(self):
+        """How many frames have completed so far (events returned, frames refused with a non-fatal error):
+        a server restarts a request's deadline when this grows."""
+        return self._completed
 
     def _compact(self):
-        self._dropped += self._pos
         del self._buf[: self._pos]
         self._pos = 0
 
@@ -85,11 +85,16 @@ class StreamParser:
         if self._fatal is not None:
             raise self._fatal
         try:
-            return self._next_event()
+            event = self._next_event()
         except RemoteProtocolError as exc:
             if exc.fatal:
                 self._fatal = exc
+            else:
+                self._completed += 1
             raise
+        if event is not NEED_DATA and event is not CLOSED:
+            self._completed += 1
+        return event
 
     def _next_event(self):
         raise NotImplementedError

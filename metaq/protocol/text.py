@@ -299,6 +299,7 @@ class TextParser(StreamParser):
     def consume_to(self, pos):
         """The bytes before ``pos`` (whole frames from ``burst_window``) were handled by the caller."""
         self._pos = pos
+        self._completed += 1
         if self._scan < pos:
             self._scan = pos
 

@@ -9,7 +9,9 @@ then applies the same rules to every accepted socket:
   open-files limit leaves after ``limits.FD_RESERVE`` descriptors kept for the
   store's segments, indexes and journals: ``limits.max_connections_for``). The
   connection past the cap is refused in its listener's own words (the text port
-  answers ``result 503``; the others just close) and closed.
+  answers ``result 503``; the others just close) and closed. A listener may
+  have headroom past the cap (the replication port: ``limits.REPLICATION_HEADROOM``),
+  so that clients filling the cap cannot lock a slave out.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
 * **Connection ids**, unique across listeners: the owner of a connection's
   local transactions, whichever protocol it speaks.
@@ -45,8 +47,9 @@ RECV_BYTES = 256 * 1024
 class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
 
-    def __init__(self, name, host, port, make, refuse, backlog):
+    def __init__(self, name, host, port, make, refuse, backlog, headroom=0):
         self.name = name
+        self.headroom = headroom  # connections this listener may still take once the cap is reached
         self.host = host
         self.requested_port = port
         self.make = make  # make(sock, address, conn_id) -> Connection
@@ -108,9 +111,9 @@ class Connection:
 
     @property
     def progress(self):
-        """A number that grows whenever a request completes (the parser's ``consumed``): the request deadline
+        """A number that grows whenever a request completes (the parser's ``completed``): the request deadline
         starts again from there, so a client that streams whole requests is never cut off."""
-        return self.parser.consumed if self.parser is not None else 0
+        return self.parser.completed if self.parser is not None else 0
 
     #: True while the connection has a request to finish (a shutdown waits for it); a subclass sets it
     #: or makes it a property.
@@ -169,9 +172,9 @@ class ConnectionCore:
         self._ids = itertools.count(1)
         self._close_hooks = []
 
-    def listen(self, name, host, port, make, refuse=None, backlog=1024):
+    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0):
         """Start accepting on ``host:port`` (0: any free port); returns the started Listener."""
-        listener = Listener(name, host, port, make, refuse, backlog)
+        listener = Listener(name, host, port, make, refuse, backlog, headroom)
         listener.start(self.accept)
         self._listeners.append(listener)
         return listener
@@ -202,7 +205,7 @@ class ConnectionCore:
         if self.closing:
             sock.close()
             return
-        if len(self._open) >= self.max_connections:
+        if len(self._open) >= self.max_connections + listener.headroom:
             self._refuse(listener, sock, address)
             return
         try:
@@ -226,7 +229,7 @@ class ConnectionCore:
                     log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
 
     def _refuse(self, listener, sock, address):
-        reason = "too many connections: the limit is %d" % self.max_connections
+        reason = "too many connections: the limit is %d" % (self.max_connections + listener.headroom)
         if listener.refuse is not None:
             try:
                 listener.refuse(sock, reason)

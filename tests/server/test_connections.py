@@ -34,13 +34,13 @@ class Echo(Connection):
                 self.busy = False
 
 
-def listener(core, name, made, slow=0.0, refuse=None):
+def listener(core, name, made, slow=0.0, refuse=None, headroom=0):
     def make(sock, address, conn_id):
         conn = Echo(sock, address, conn_id, core.timeouts, slow)
         made.append(conn)
         return conn
 
-    return Listener(name, "127.0.0.1", 0, make, refuse, 1)
+    return Listener(name, "127.0.0.1", 0, make, refuse, 1, headroom)
 
 
 def connect(core, lst):
@@ -80,6 +80,26 @@ def test_one_cap_across_listeners_refuses_in_each_listeners_words(caplog):
     core.shutdown(1.0)
 
 
+def test_a_listener_with_headroom_is_served_past_the_cap_and_refused_past_its_headroom():
+    """Clients that fill the cap do not lock slaves out of the replication port (limits.REPLICATION_HEADROOM)."""
+    core = ConnectionCore(2, Timeouts(60, 60))
+    made = []
+    text = listener(core, "text", made)
+    repl = listener(core, "replication", made, headroom=1)
+    clients = [connect(core, text), connect(core, text)]
+    extra, g = connect(core, text)
+    g.join(5)
+    assert extra.recv(10) == b""  # the cap: 2
+    slave, g_slave = connect(core, repl)  # within the replication port's headroom
+    assert not g_slave.dead and core.count() == 3 and core.count("replication") == 1
+    second, g2 = connect(core, repl)  # past cap + headroom
+    g2.join(5)
+    assert second.recv(10) == b"" and core.count() == 3
+    core.shutdown(1.0)
+    for sock, _g in clients + [(slave, g_slave)]:
+        sock.close()
+
+
 def test_close_hooks_run_for_every_connection_even_when_one_fails():
     core = ConnectionCore(10, Timeouts(60, 60))
     closed = []
@@ -108,6 +128,28 @@ def test_a_request_must_complete_within_the_deadline_from_its_first_byte():
             break
     g.join(5)
     assert made[0].ended == "deadline or close" and time.monotonic() - started < 1.5
+
+
+def test_a_put_whose_line_then_body_trickle_in_meets_one_deadline():
+    """The deadline is the whole request's: a header line that completes does not restart it for the body.
+
+    Pieces 0.15 s apart: the line is complete at 0.3 s, the body would be at 1.05 s. With the clock restarted
+    at the line the request would complete (0.3 + 0.8 > 1.05); from its first byte it is cut at 0.8 s.
+    """
+    core = ConnectionCore(10, Timeouts(idle_s=60, request_s=0.8))
+    made = []
+    ours, g = connect(core, listener(core, "text", made))
+    started = time.monotonic()
+    for piece in [b"put t 0 ", b"10 0 -1 1", b"\r\n", b"ab", b"cd", b"ef", b"gh", b"ij"]:
+        if g.dead:
+            break
+        try:
+            ours.sendall(piece)
+        except OSError:
+            break
+        gevent.sleep(0.15)
+    g.join(5)
+    assert made[0].ended == "deadline or close" and time.monotonic() - started < 1.0
 
 
 def test_whole_requests_restart_the_deadline():

@@ -21,8 +21,8 @@ as its copy reaches them, flushes per its store's flush mode and ACKs. Any
 error or disconnection: it closes and reconnects with a backoff, always
 resuming from its own end.
 
-The cut runs on the event loop (with the store's background work held off by
-``broker.store_lock``), not in a thread: no read may see the cut range while it
-goes, and it happens once per divergence (a rejoining old master), costing one
-checkpoint fsync.
+The cut runs on the event loop (with the store's background work, checkpoints
+and segments built ahead, held off by the store lock), not in a thread: no read
+may see the cut range while it goes, and it happens once per divergence (a
+rejoining old master), costing one checkpoint fsync.
 """

@@ -48,13 +48,18 @@ class ReplicationServer:
         self._data = Event()  # new log bytes may be there
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self.listener = None
+        self._stopping = False
 
     def start(self):
-        self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64)
+        self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
+                                         headroom=limits.REPLICATION_HEADROOM)
         self.port = self.listener.port
         log.info("replication (%s mode) listening on %s:%d", self.mode, self.host, self.port)
 
     def stop(self):
+        """Stop serving slaves. Not at the start of a shutdown: they keep getting what the finishing requests
+        write (the broker stops replication after its connections have closed)."""
+        self._stopping = True
         if self.listener is not None:
             self.core.close_listener(self.listener)
 
@@ -174,7 +179,7 @@ class ReplicationServer:
     def _send_loop(self, sock, state, reader):
         store = self.store
         last_hb = 0.0
-        while not reader.dead and not self.core.closing:
+        while not reader.dead and not self._stopping:
             view, nxt = store.read_log(state.sent, limits.REPLICATION_READ_BYTES, self.upto)
             if len(view):
                 send_event(sock, rp.Data(state.sent, view))

@@ -150,8 +150,8 @@ class Roles:
     # -- life ----------------------------------------------------------------------
 
     def start(self):
-        """At the broker's start (ZooKeeper session open): maybe rejoin a newer master; a master's new epoch;
-        then serve slaves or follow the master."""
+        """At the broker's start (ZooKeeper session open): maybe rejoin a newer master; a master's new epoch.
+        ``start_links`` then serves slaves or follows the master."""
         if self.role == "master" and self.registry is not None and self.registry.zk.connected:
             self.rejoin_if_superseded()
         if self.role == "master":
