@@ -1,9 +1,15 @@
 """Issue 5 points 1-2 with real broker processes: a slave copies its master's commit log byte for byte."""
 
 import os
+import signal
+import time
 
 import pytest
 
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.stream import CLOSED
+from metaq.protocol.text import serialize
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats
@@ -82,6 +88,39 @@ def test_sync_mode_loses_no_acknowledged_message(broker_factory, tmp_path):
             assert isinstance(recs, list) and recs, (topic, part, offset, recs)
     stats_s = stats(slave)
     assert int(stats_s["total_messages"]) == len(acked)
+
+
+@pytest.mark.fault
+def test_sync_mode_sigterm_answers_every_put_in_flight_and_the_slave_holds_them(broker_factory, tmp_path):
+    """A graceful stop lets puts waiting for the slave's ack finish: slaves keep streaming through the grace.
+
+    The slave is frozen (SIGSTOP) while a burst waits for its acks, the master gets SIGTERM, then the slave
+    thaws: every put of the burst is acknowledged and on the slave, none answered 503 or dropped.
+    """
+    master, (slave,), _ = start_pair(broker_factory, tmp_path, mode="sync")
+    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    n = 200
+    bodies = [b"inflight-%04d" % i for i in range(n)]
+    with master.client() as c:
+        c.put_ok("t-a", b"before", 0)
+        slave.proc.send_signal(signal.SIGSTOP)
+        try:
+            c.send(b"".join(serialize(ev.Put("t-a", i % 4, 0, body, i + 1, metaq_checksum(body)))
+                            for i, body in enumerate(bodies)))
+            time.sleep(0.3)  # the master has written the burst; every put waits for the slave
+            master.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        finally:
+            slave.proc.send_signal(signal.SIGCONT)
+        replies = [c.read_event() for _ in range(n)]
+    assert master.proc.wait(30) == 0
+    assert [r if r is CLOSED else r.code for r in replies] == [200] * n  # every put in flight acknowledged
+    with slave.client() as c:
+        for r in replies:
+            _id, part, offset = r.body.split()
+            recs = c.get_records("t-a", int(part), int(offset))
+            assert isinstance(recs, list) and recs, (part, offset, recs)
+    assert int(stats(slave)["total_messages"]) == n + 1
 
 
 def test_sync_mode_without_slave_answers_503(broker_factory, tmp_path):

@@ -43,7 +43,7 @@ class Connection(core.Connection):
     def __init__(self, sock, address, conn_id, front):
         super().__init__(sock, address, conn_id, front.timeouts)
         self.front = front
-        self.busy = False
+        self._reading = False  # a burst is being handled
         self._write_lock = Semaphore()
         self._children = set()
         # Replies that wait for a flush go through a queue and a writer greenlet, in
@@ -60,6 +60,12 @@ class Connection(core.Connection):
         self.stats = front.stats
         self.flusher = front.flusher
         self.fast_puts = front.fast_puts.take if front.fast_puts is not None else None
+
+    @property
+    def busy(self):
+        """A burst being handled, replies waiting for their flush, or requests answering from greenlets of
+        their own (a shutdown lets them finish)."""
+        return self._reading or self._pending > 0 or bool(self._children)
 
     # -- writing -----------------------------------------------------------
 
@@ -132,13 +138,15 @@ class Connection(core.Connection):
                 data = self._receive()
                 if data is None:
                     return
-                self.busy = True
+                self._reading = True
                 keep_open = self._process(data)
-                self.busy = self._pending > 0
+                self._reading = False
                 if not keep_open or self.front.closing:
                     return
         finally:
             self._idle.wait(self.request_timeout)  # every accepted put is answered before the close
+            if self.front.closing and self._children:  # replicated puts, a promotion (long polls answer at once)
+                gevent.joinall(list(self._children), timeout=self.request_timeout)
             for g in list(self._children):
                 g.kill(block=False)
             if self._writer is not None:
@@ -190,7 +198,6 @@ class Connection(core.Connection):
                 self._room.set()
             if not self._pending:
                 self._idle.set()
-                self.busy = False
 
     def _receive(self):
         data = self.receive()
