@@ -209,21 +209,35 @@ class ReplicationServer:
         return rp.Heartbeat(self._end(), store.written_position, store.appended_messages())
 
     def _read_acks(self, sock, parser, state):
-        while True:
-            event = parser.next_event()
-            if event is NEED_DATA:
-                data = sock.recv(65536)
-                parser.receive_data(data)
-                continue
-            if event is CLOSED:
-                return
-            if isinstance(event, rp.Ack):
-                state.written = max(state.written, event.written_position)
-                state.durable = max(state.durable, event.durable_position)
-                self._on_ack()
-            elif isinstance(event, rp.ErrorFrame):
-                log.warning("replication: slave %d reports error %d: %s", state.slave_id, event.code, event.text)
-                return
+        """The slave's ACKs until the link ends. An ACK past what this link has sent, or durable past
+        written, is a lie (it would acknowledge sync puts no replica holds): the link is closed."""
+        try:
+            while True:
+                event = parser.next_event()
+                if event is NEED_DATA:
+                    parser.receive_data(sock.recv(65536))
+                    continue
+                if event is CLOSED:
+                    return
+                if isinstance(event, rp.Ack):
+                    if event.written_position > state.sent or event.durable_position > event.written_position:
+                        log.warning("replication: slave %d (%s) acked written %d, durable %d, but this link has "
+                                    "sent up to %d; closing the link", state.slave_id, state.address,
+                                    event.written_position, event.durable_position, state.sent)
+                        return
+                    state.written = max(state.written, event.written_position)
+                    state.durable = max(state.durable, event.durable_position)
+                    self._on_ack()
+                elif isinstance(event, rp.ErrorFrame):
+                    log.warning("replication: slave %d reports error %d: %s", state.slave_id, event.code,
+                                event.text)
+                    return
+                else:
+                    log.warning("replication: slave %d (%s) sent %s, not an ACK; closing the link",
+                                state.slave_id, state.address, type(event).__name__)
+                    return
+        except (OSError, errors.RemoteProtocolError) as exc:
+            log.info("replication: link to slave %d (%s) ended: %s", state.slave_id, state.address, exc)
 
     def stats_values(self):
         """The master's ``stats`` summary ``(key, value)`` pairs, one ``replication_slave<N>`` per slave."""
