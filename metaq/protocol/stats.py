@@ -184,7 +184,8 @@ class GroupRow(NamedTuple):
 
 
 class TransactionRow(NamedTuple):
-    """``stats transactions``: prepared_ms None until prepared; timeout_s 0 = none."""
+    """``stats transactions``: prepared_ms None until prepared; begun_ms None for a decision by hand (a
+    heuristic outcome outlives its branch); timeout_s 0 = none."""
 
     key: str
     state: str
@@ -222,7 +223,7 @@ _OFFSET = _Template("offsets", OffsetRow, "{topic} part {partition:d} min_offset
 _GROUP = _Template("groups", GroupRow, "{group} {topic} {partition:d} offset {offset:d} max_offset {max_offset:d} "
                                        "lag {lag:d} committed_ms {committed_ms:d}")
 _TRANSACTION = _Template("transactions", TransactionRow,
-                         "{key} {state} puts {puts:d} bytes {bytes:d} begun_ms {begun_ms:d} "
+                         "{key} {state} puts {puts:d} bytes {bytes:d} begun_ms {begun_ms:d-} "
                          "prepared_ms {prepared_ms:d-} timeout_s {timeout_s:d}")
 _DELAY_LEVEL = _Template("delay", DelayLevelRow, "level {level:d} delay {delay} pending {pending:d} "
                                                  "next_due_ms {next_due_ms:d-} delivered {delivered:d}")

@@ -207,3 +207,22 @@ def test_the_async_put_path_makes_a_put_visible_at_once(tmp_path):
         assert p.call(ev.Get("orders", "g", 0, 0, 1 << 16, 2), conn).body.endswith(b"now")
     finally:
         p.close()
+
+
+def test_stats_transactions_lists_a_decision_by_hand(parts):
+    """A heuristic outcome has no begin time: ``stats transactions`` shows ``begun_ms -`` (it answered 500)."""
+    from metaq.protocol import stats as codec
+    from metaq.server.stats import transaction_rows
+    from tests.harness.tx import xid
+
+    manager, x = parts.tx.manager, xid(1)
+    manager.begin(x, None, 0, now_ms())
+    manager.put(x, None, "orders", 0, 0, b"decided", metaq_checksum(b"decided"), now_ms())
+    manager.prepare(x, None, now_ms())
+    parts.tx.complete_commit(parts.tx.decided_by_hand(x.key, True))
+    (info,) = manager.in_doubt()
+    body = codec.encode_transactions(transaction_rows([info]))
+    assert body == (b"STATS\r\n%s heuristic-commit puts 0 bytes 0 begun_ms - prepared_ms %d timeout_s 0\r\nEND\r\n"
+                    % (x.key.encode(), info.prepared_ms))  # prepared_ms: when it was decided
+    (row,) = codec.parse_transactions(body)
+    assert (row.key, row.state, row.begun_ms) == (x.key, "heuristic-commit", None)
