@@ -6,6 +6,7 @@ all puts that arrive while one msync runs share the next one (group commit).
 N messages or T ms, whichever comes first (the store's ``should_flush``).
 """
 
+import errno
 import logging
 import os
 import sys
@@ -18,7 +19,7 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from metaq import speedups
-from metaq.errors import BrokerError
+from metaq.errors import BrokerError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,11 @@ log = logging.getLogger(__name__)
 RECENT_ROUNDS = 1024
 #: Longest a sync-mode put waits for its flush before it is answered with an error.
 FLUSH_WAIT_TIMEOUT_S = 30.0
+#: After a round that could not run for want of file descriptors (EMFILE/ENFILE: no fsync failed), the
+#: pause before the next try; waiters keep waiting (up to FLUSH_WAIT_TIMEOUT_S), nothing is refused for good.
+TRANSIENT_RETRY_S = 0.05
+#: errnos that mean "no descriptor to open", never "the data may be lost".
+FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 
 
 def now_ms():
@@ -93,10 +99,13 @@ class NativeSync:
     and again to report it, and a busy event loop holds the GIL (measured with
     16 producers in ``sync`` mode: 0.6 ms at p90 just to start a sync; the C
     thread starts within 0.08 ms at p90). The C thread reports through a pipe
-    whose watcher has the loop's highest priority. The loop opens the files (a
-    path lookup) and keeps them open until the result is read, even when the
-    waiting greenlet is killed: the next sync, or ``close``, collects that
-    result first. ``create`` gives None when the helper is not built.
+    whose watcher has the loop's highest priority. ``sync_fds`` syncs
+    descriptors the caller keeps open (the store's: a round opens nothing);
+    ``sync_paths`` opens the files (a path lookup) and keeps them open until the
+    result is read. Either way a job's result is read even when the waiting
+    greenlet is killed: the next sync, or ``close``, collects it first (so the
+    caller's fds stay untouched by the thread once a later sync returned).
+    ``create`` gives None when the helper is not built.
     """
 
     @classmethod
@@ -111,23 +120,32 @@ class NativeSync:
         self._watcher = gevent.get_hub().loop.io(self._r, 1)  # 1 = READ
         self._watcher.priority = 2  # EV_MAXPRI: served first among the watchers ready in a loop turn
         self._serial = Semaphore()
-        self._inflight = None  # the fds of a job whose result was not read yet
+        self._inflight = None  # a job whose result was not read yet: the fds we opened for it (maybe [])
 
     def sync_paths(self, paths):
         """fdatasync each of ``paths`` (this greenlet waits, the loop goes on); OSError if one failed."""
+        self._sync(paths, None)
+
+    def sync_fds(self, fds):
+        """fdatasync each of ``fds``, which the caller keeps open (this greenlet waits); OSError if one failed."""
+        self._sync(None, fds)
+
+    def _sync(self, paths, fds):
         with self._serial:
             stale = self._collect()  # a killed waiter's sync: its failure counts like any other
             if stale:
                 raise OSError(stale, "an earlier fdatasync failed: %s" % os.strerror(stale))
-            fds = []
-            try:
-                for path in paths:
-                    fds.append(os.open(path, os.O_RDWR))
-            except OSError:
-                _close_all(fds)
-                raise
+            opened = []
+            if fds is None:
+                try:
+                    for path in paths:
+                        opened.append(os.open(path, os.O_RDWR))
+                except OSError:
+                    _close_all(opened)
+                    raise
+                fds = opened
             self._worker.submit(fds)
-            self._inflight = fds
+            self._inflight = opened
             err = self._collect()
         if err:
             raise OSError(err, "fdatasync failed: %s" % os.strerror(err))
@@ -179,6 +197,8 @@ class Flusher:
         self._running = False
         self._in_round = False  # a flush round is running (on the flusher greenlet or a leading waiter)
         self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
+        self.transient = None  # why the last round could not run (out of descriptors), None once one ran
+        self.transient_rounds = 0  # rounds that could not run for want of descriptors (stats, tests)
         self.rounds = 0
         self.recent_ms = deque(maxlen=RECENT_ROUNDS)  # how long each of the last rounds' fsync took
         self._checkpointer = None
@@ -208,6 +228,8 @@ class Flusher:
                 raise BrokerError("flush failed, the message may not be durable: %s" % self.failure)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if self.transient is not None:
+                    raise Unavailable("flush could not run within %.0f s: %s" % (timeout, self.transient))
                 raise BrokerError("flush did not complete within %.0f s" % timeout)
             if not self._in_round and self._running:
                 self._round()
@@ -229,7 +251,9 @@ class Flusher:
     def _round(self):
         """One flush round on this greenlet (the flusher's or a leading waiter's), never two at once.
 
-        A failed fsync stops all flushing for good (fsyncgate: never retry and carry on).
+        A failed fsync stops all flushing for good (fsyncgate: never retry and carry on). A round that
+        could not open a descriptor (EMFILE/ENFILE: nothing was synced, nothing can be lost) is only
+        transient: logged, retried after ``TRANSIENT_RETRY_S``; waiters keep waiting.
         """
         if self.failure is not None:  # e.g. the flusher greenlet, woken by the round that failed
             return
@@ -237,14 +261,31 @@ class Flusher:
         done = self._round_done
         try:
             self.flush_once()
+            self.transient = None
+        except OSError as exc:
+            if exc.errno not in FD_EXHAUSTED:
+                self._failed(exc)
+            else:
+                self._out_of_fds(exc)
         except Exception as exc:  # noqa: BLE001 - any failure means the log may not be durable
-            self.failure = "%s: %s" % (type(exc).__name__, exc)
-            log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
-            self._on_failure()
+            self._failed(exc)
         finally:
             self._in_round = False
             if self._round_done is done:  # not signalled (failed, or its greenlet was killed): the
                 self._signal_round()      # waiters look again, and one of them leads the next round
+
+    def _failed(self, exc):
+        self.failure = "%s: %s" % (type(exc).__name__, exc)
+        log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
+        self._on_failure()
+
+    def _out_of_fds(self, exc):
+        if self.transient is None:
+            log.warning("flush round could not run (retrying every %.0f ms; nothing was lost): %s",
+                        TRANSIENT_RETRY_S * 1000, exc)
+        self.transient = "out of file descriptors: %s" % (exc.strerror or exc)
+        self.transient_rounds += 1
+        gevent.sleep(TRANSIENT_RETRY_S)  # still in the round: waiters do not spin on it
 
     def _signal_round(self):
         done, self._round_done = self._round_done, Event()
@@ -275,9 +316,9 @@ class Flusher:
         plan = store.flush_plan() if self._native is not None else None
         if plan is None:
             return self._fsync_thread.apply(store.flush_log)
-        end, paths = plan
-        if paths:
-            self._native.sync_paths(paths)
+        end, fds = plan
+        if fds:
+            self._native.sync_fds(fds)
         return end
 
     def _checkpoint_loop(self):

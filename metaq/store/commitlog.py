@@ -15,6 +15,13 @@ a ``.prepared`` file and the worker never creates a final name, so neither can
 meet a half-built file of the other. The worker also prefaults the active
 segment ahead of the writer (``Segment.populated``); the loop only reads that
 mark (``Segment.ready`` is the loop's own).
+
+Descriptors: a flush round opens nothing. The log keeps the commit-log
+directory open from ``load`` to ``close`` and an fd for each segment that may
+still need a flush (the active one, the prepared next one, and those not yet
+flushed); ``release_flushed`` (loop thread, after a flush round, when no flush
+is running) closes the fds of segments wholly flushed and of segments deleted
+meanwhile. So the log holds a handful of descriptors whatever its length.
 """
 
 import bisect
@@ -22,7 +29,7 @@ import logging
 import os
 
 from metaq.errors import StoreError
-from metaq.store.files import fsync_dir, prepared_path, unlink_quietly
+from metaq.store.files import fsync_dir, fsync_fd, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import BLANK_MAGIC, MARKER
 
@@ -78,11 +85,15 @@ class CommitLog:
         self.next = None  # worker thread: a prepared Segment not in the layout yet (None: none)
         self.dir_unsynced = False  # a roll added a segment name: flush_range fsyncs the directory
         self._retry_at = -1  # worker thread: no preparation before the log reaches this position
+        self.dir_fd = None  # the commit-log directory, open from load to close (its fsync after a roll)
+        self._retired = []  # files deleted while a flush may still use their fd: closed by release_flushed
 
     # -- loading -------------------------------------------------------------
 
     def load(self):
         """Map every segment; a gap or overlap between segments refuses to start."""
+        if self.dir_fd is None:
+            self.dir_fd = os.open(self.dirs.commitlog, os.O_RDONLY | os.O_DIRECTORY)
         for path in self.dirs.remove_prepared(self.dirs.commitlog):
             log.info("removed %s: a segment prepared ahead that was never used", path)
         found = self.dirs.list_segments()
@@ -135,6 +146,8 @@ class CommitLog:
         segs = self.layout[1]
         if seg is None and segs and pos == segs[-1].end:
             seg = segs[-1]
+        if seg is not None:
+            seg.file.keep_fd()  # the writer's segment is flushed through it
         self.active = seg
 
     # -- writing -------------------------------------------------------------
@@ -165,7 +178,7 @@ class CommitLog:
         start = old.end if old is not None else pos
         new = self._take_next(start)
         if new is None:
-            new = Segment(start, MappedFile.create(self.dirs.segment_path(start), self.segment_size))
+            new = Segment(start, MappedFile.create(self.dirs.segment_path(start), self.segment_size, keep_fd=True))
             # create's own directory fsync only logs a failure: the flush before the first ack in this
             # segment must fsync the directory again (and fail if it cannot), or the name may not be durable.
             self.dir_unsynced = True
@@ -225,7 +238,7 @@ class CommitLog:
             return self.next
         path = prepared_path(self.dirs.segment_path(start))
         unlink_quietly(path)  # only this (one) worker ever creates prepared files
-        seg = Segment(start, MappedFile.create(path, self.segment_size))
+        seg = Segment(start, MappedFile.create(path, self.segment_size, keep_fd=True))
         seg.file.populate(0, populate_bytes)
         seg.populated = min(seg.size, populate_bytes)
         self.next = seg  # published whole: a roll either sees it complete or not at all
@@ -279,20 +292,40 @@ class CommitLog:
 
     # -- flushing ------------------------------------------------------------
 
-    def files_to_flush(self, start, end, segments=None):
-        """The paths whose fdatasync makes ``[start, end)`` durable, or None while a roll's rename still
-        needs the directory fsynced (then ``flush_range`` must run). Cheap: safe on the event loop."""
+    def fds_to_flush(self, start, end, segments=None):
+        """The kept fds whose fdatasync makes ``[start, end)`` durable, or None while a roll's rename still
+        needs the directory fsynced (then ``flush_range`` must run). Cheap: safe on the event loop (a segment
+        without its fd, which only a bug leaves, gets one here: OSError, EMFILE say, is for the caller)."""
         if self.dir_unsynced:
             return None
-        return [seg.file.path for seg in (segments if segments is not None else self.layout[1])
+        return [seg.file.keep_fd() for seg in (segments if segments is not None else self.layout[1])
                 if seg.end > start and seg.start < end]
+
+    def release_flushed(self, pos):
+        """Loop thread, when no flush is running: close the fds of segments flushed to their end (but the
+        active one) and of segments deleted since the last call."""
+        retired, self._retired = self._retired, []
+        for f in retired:
+            f.release_fd()
+        active = self.active
+        for seg in self.layout[1]:
+            if seg.end > pos:
+                break
+            if seg is not active and seg.file.fd is not None:
+                seg.file.release_fd()
+
+    def _retire(self, files):
+        self._retired.extend(f for f in files if f.fd is not None)
 
     def flush_range(self, start, end, segments=None):
         """Make ``[start, end)`` durable (BLOCKING). Uses a snapshot of the segments."""
         if self.dir_unsynced:  # a roll added a segment name: make it durable first
             self.dir_unsynced = False
             try:
-                fsync_dir(self.dirs.commitlog)
+                if self.dir_fd is not None:
+                    fsync_fd(self.dir_fd)
+                else:
+                    fsync_dir(self.dirs.commitlog)
             except OSError:
                 self.dir_unsynced = True
                 raise
@@ -321,6 +354,7 @@ class CommitLog:
         for seg in segs[keep:]:
             seg.file.delete()
             deleted.append(seg.file.path)
+        self._retire([seg.file for seg in segs[keep:]])
         self._set(segs[:keep])
         self.set_write_position(pos)
         return deleted
@@ -336,6 +370,7 @@ class CommitLog:
         for seg in gone:
             log.info("removing %s: it lies after the end of the log (%d)", seg.file.path, pos)
             seg.file.delete()
+        self._retire([seg.file for seg in gone])
         return [seg.file.path for seg in gone]
 
     def delete_oldest(self, count):
@@ -345,14 +380,21 @@ class CommitLog:
         self._set(segs[count:])
         for seg in gone:
             seg.file.delete()
+        self._retire([seg.file for seg in gone])
         return gone
 
     def close(self, discard_prepared=True):
         """Unmap every segment; a prepared next segment is deleted (or left, as a kill -9 would)."""
         nxt, self.next = self.next, None
         close_files([seg.file for seg in self.layout[1]], nxt and nxt.file, discard_prepared)
+        retired, self._retired = self._retired, []
+        for f in retired:
+            f.release_fd()
         self.layout = ((), ())
         self.active = None
+        fd, self.dir_fd = self.dir_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _populate_span(seg, pos, window):

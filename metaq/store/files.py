@@ -26,7 +26,7 @@ import os
 import struct
 
 from metaq import limits
-from metaq.errors import DiskFull, InvalidTopic, StoreError
+from metaq.errors import DiskFull, InvalidTopic, StoreError, Unavailable
 from metaq.protocol.checksum import crc32
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ CLEAN_MAGIC = b"MQCS"
 MAX_STATE_BYTES = 64 << 20
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: The process (EMFILE) or the system (ENFILE) is out of file descriptors: transient, never a broken store.
+FD_EXHAUSTED_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
 
 def offset_name(value):
@@ -73,10 +75,14 @@ def prepared_path(path):
 
 
 def disk_full_from(exc, what):
-    """Turn an ENOSPC/EDQUOT OSError into DiskFull; re-raise anything else."""
+    """The error for an OSError met doing ``what``: DiskFull (ENOSPC/EDQUOT), Unavailable (out of file
+    descriptors: try again later), else StoreError."""
     if exc.errno in DISK_FULL_ERRNOS:
         return DiskFull("disk full: no space left to %s (%s); writes are refused until space is freed"
                         % (what, exc.strerror))
+    if exc.errno in FD_EXHAUSTED_ERRNOS:
+        return Unavailable("cannot %s now: %s (the broker is out of file descriptors); try again later"
+                           % (what, exc.strerror))
     return StoreError("cannot %s: %s" % (what, exc))
 
 
@@ -264,6 +270,11 @@ def unlink_quietly(path):
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def fsync_fd(fd):
+    """fsync an open descriptor (a directory's, say): the one name tests replace to inject EIO."""
+    os.fsync(fd)
 
 
 def fsync_dir(path):

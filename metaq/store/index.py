@@ -316,10 +316,7 @@ class PartitionIndex:
                 self.dir_unsynced = True
                 raise
         for f in self.layout[1]:
-            try:
-                f.file.flush()
-            except FileNotFoundError:
-                continue
+            f.file.sync_map()  # msync: no descriptor needed (a file deleted meanwhile is still mapped)
 
     def size_on_disk(self):
         return sum(f.file.size for f in self.layout[1])

@@ -6,11 +6,33 @@ failed fallocate is a clean ENOSPC. On failure the partial file is unlinked
 (ext4 leaves a partly allocated file behind) and ``DiskFull`` is raised.
 
 Thread safety: ``flush`` may run in a worker thread while the event-loop
-thread keeps writing into the same map. It syncs through a fresh file
-descriptor with ``fdatasync`` (which releases the GIL; ``mmap.flush`` holds it
-for the whole msync), so it never touches the map object itself, and a map is
-never explicitly unmapped while the store is open: retired files are simply
-dropped and unmapped once nobody holds them.
+thread keeps writing into the same map. It syncs with ``fdatasync`` (which
+releases the GIL; ``mmap.flush`` holds it for the whole msync), so it never
+touches the map object itself, and a map is never explicitly unmapped while the
+store is open: retired files are simply dropped and unmapped once nobody holds
+them.
+
+Descriptors: a map needs no descriptor, but Python's ``mmap.mmap`` keeps a
+``dup`` of the file's fd for the life of the object (for ``size``/``resize``,
+which the store never calls): one descriptor per segment and per index file,
+whatever the limits say. ``_map`` maps without it: ``trackfd=False`` where
+Python has it (3.13+); before that, the dup's number is read from the object
+(found once per process on a private temporary file, and checked on every map:
+the number must name the very file just mapped), set to -1 and closed, as
+``trackfd=False`` does. If that check ever fails the dup is simply kept. So a
+file's fd is closed once it is mapped, unless its owner asks to keep it (``keep_fd``: the commit log keeps one
+for every segment that may still need a flush, so a flush round never opens a
+file and cannot meet EMFILE under descriptor pressure; ``release_fd`` gives it
+back). Index files keep none: ``sync_map`` makes them durable with
+``msync(MS_SYNC)`` called through ctypes (the GIL is released; on Linux that is
+``vfs_fsync_range(datasync=1)`` over the mapped range, the same primitive as
+``fdatasync``).
+
+Growing (index files): ``grown`` extends a file with ``posix_fallocate`` (a
+full disk is a clean DiskFull, never a hole a later write would meet as SIGBUS)
+and maps it again at the new size; the old map stays valid for whoever holds it
+(same page cache). A failed growth leaves the file at least as long as before
+and never shorter, so a map another thread holds is never cut under it.
 
 ``populate`` (BLOCKING, for a worker thread) prefaults pages with libc's
 ``madvise(MADV_POPULATE_READ)`` called through ctypes, which releases the
@@ -34,6 +56,8 @@ import errno
 import logging
 import mmap
 import os
+import sys
+import tempfile
 
 from metaq.errors import StoreError
 from metaq.store.files import disk_full_from, fsync_dir, unlink_quietly
@@ -50,6 +74,88 @@ MADV_WILLNEED = 4  # the same value on every Linux architecture
 #: What ``populate`` asks for.
 POPULATE_ADVICE = MADV_POPULATE_READ
 _POPULATE_CHUNK = 16 << 20  # one call per typical prepare_ahead: fewer GIL hand-offs
+
+
+#: msync flag (asm-generic/mman-common.h; the same on every Linux architecture).
+MS_SYNC = 4
+
+
+class _Libc:
+    """libc ``msync`` through ctypes (loaded on first use); the call releases the GIL."""
+
+    msync = None
+
+    @classmethod
+    def call_msync(cls, addr, length):
+        """0 on success, else the errno."""
+        if cls.msync is None:
+            fn = ctypes.CDLL(None, use_errno=True).msync
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            fn.restype = ctypes.c_int
+            cls.msync = fn
+        if cls.msync(addr, length, MS_SYNC) == 0:
+            return 0
+        return ctypes.get_errno()
+
+
+class _UntrackedMap:
+    """Where ``mmap.mmap`` keeps its dup'd fd (Python < 3.13), found once; None: not found (keep the dup)."""
+
+    offset = None
+    probed = False
+    _MAX_OFFSET = 160
+
+    @classmethod
+    def probe(cls):
+        cls.probed = True
+        try:
+            with tempfile.TemporaryFile() as f:
+                f.truncate(mmap.PAGESIZE)
+                fd = f.fileno()
+                st = os.fstat(fd)
+                mm = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                try:
+                    for off in range(16, cls._MAX_OFFSET, 4):
+                        v = ctypes.c_int.from_address(id(mm) + off).value
+                        if v > 2 and v != fd and _same_file(v, st):
+                            cls.offset = off
+                            break
+                finally:
+                    mm.close()
+        except (OSError, ValueError) as exc:
+            log.debug("cannot find mmap's descriptor field: %s", exc)
+        if cls.offset is None:
+            log.info("mmap objects keep a descriptor each here (their field was not found)")
+
+    @classmethod
+    def drop_fd(cls, mm, fd):
+        """Close ``mm``'s dup of ``fd`` if it is where we expect it and names the same file."""
+        if not cls.probed:
+            cls.probe()
+        if cls.offset is None:
+            return
+        field = ctypes.c_int.from_address(id(mm) + cls.offset)
+        v = field.value
+        if v > 2 and v != fd and _same_file(v, os.fstat(fd)):
+            field.value = -1  # what trackfd=False leaves: close() and the destructor then close nothing
+            os.close(v)
+
+
+def _same_file(fd, st):
+    try:
+        other = os.fstat(fd)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _map(fd, size):
+    """``mmap`` ``fd`` shared read/write over ``size`` bytes, without the descriptor mmap.mmap would keep."""
+    if sys.version_info >= (3, 13):
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, trackfd=False)
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    _UntrackedMap.drop_fd(mm, fd)
+    return mm
 
 
 class _Madvise:
@@ -74,17 +180,18 @@ class _Madvise:
 class MappedFile:
     """One fixed-size file mapped shared read/write; ``view`` is a memoryview of the whole map."""
 
-    __slots__ = ("path", "size", "mm", "view", "__weakref__")
+    __slots__ = ("path", "size", "mm", "view", "fd", "__weakref__")
 
-    def __init__(self, path, size, mm):
+    def __init__(self, path, size, mm, fd=None):
         self.path = path
         self.size = size
         self.mm = mm
         self.view = memoryview(mm)
+        self.fd = fd  # kept open for flushing (``keep_fd``), else None
 
     @classmethod
-    def create(cls, path, size):
-        """Create ``path`` with ``size`` bytes allocated on disk, then map it."""
+    def create(cls, path, size, keep_fd=False):
+        """Create ``path`` with ``size`` bytes allocated on disk, then map it (keeping its fd if ``keep_fd``)."""
         if size <= 0:
             raise StoreError("cannot create %s with size %d" % (path, size))
         try:
@@ -93,32 +200,74 @@ class MappedFile:
             raise disk_full_from(exc, "create %s" % path) from None
         try:
             os.posix_fallocate(fd, 0, size)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = _map(fd, size)
         except (OSError, ValueError) as exc:  # ValueError: mmap found the file shorter than allocated
             os.close(fd)
             unlink_quietly(path)
             if isinstance(exc, OSError):
                 raise disk_full_from(exc, "allocate %d bytes for %s" % (size, path)) from None
             raise StoreError("cannot map %s after allocating %d bytes: %s" % (path, size, exc)) from None
-        os.close(fd)
+        if not keep_fd:
+            os.close(fd)
+            fd = None
         try:
             fsync_dir(os.path.dirname(path))
         except OSError as exc:
             log.warning("could not fsync the directory of %s: %s", path, exc)
-        return cls(path, size, mm)
+        return cls(path, size, mm, fd)
 
     @classmethod
-    def open(cls, path):
+    def open(cls, path, keep_fd=False):
         """Map an existing file at its current size (which must be > 0)."""
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             if size <= 0:
                 raise StoreError("cannot map the empty file %s" % path)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = _map(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not keep_fd:
+            os.close(fd)
+            fd = None
+        return cls(path, size, mm, fd)
+
+    def grown(self, size):
+        """A new MappedFile of this file extended to ``size`` bytes (allocated first); this one stays valid.
+
+        Raises DiskFull (ENOSPC/EDQUOT), Unavailable (EMFILE/ENFILE) or StoreError;
+        the file is then left at least as long as it was (never cut: another
+        thread may hold a map of it).
+        """
+        if size <= self.size:
+            raise StoreError("cannot grow %s from %d to %d bytes" % (self.path, self.size, size))
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError as exc:
+            raise disk_full_from(exc, "open %s to grow it" % self.path) from None
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mm = _map(fd, size)
+        except OSError as exc:
+            raise disk_full_from(exc, "grow %s to %d bytes" % (self.path, size)) from None
+        except ValueError as exc:
+            raise StoreError("cannot map %s after growing it to %d bytes: %s" % (self.path, size, exc)) from None
         finally:
             os.close(fd)
-        return cls(path, size, mm)
+        return MappedFile(self.path, size, mm)
+
+    def keep_fd(self):
+        """Open the descriptor ``flush`` uses, if not open yet (raises OSError)."""
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDWR)
+        return self.fd
+
+    def release_fd(self):
+        """Close the kept descriptor (the caller knows no flush is using it)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
     def prefetch(self, start, end):
         """Ask the kernel to bring ``[start, end)`` in ahead of the writer (MADV_WILLNEED).
@@ -163,17 +312,37 @@ class MappedFile:
         """Make bytes ``[start, end)`` durable (BLOCKING; safe in a worker thread).
 
         The range is page-aligned; the sync is an ``fdatasync`` of the file, which
-        covers every page dirtied through the map.
+        covers every page dirtied through the map. Through the kept fd if there
+        is one, else through a fresh one (which can fail with EMFILE).
         """
         end = self.size if end is None else min(end, self.size)
         start -= start % mmap.PAGESIZE
         if end <= start:
+            return
+        if self.fd is not None:
+            os.fdatasync(self.fd)
             return
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.fdatasync(fd)
         finally:
             os.close(fd)
+
+    def sync_map(self):
+        """Make the whole map durable with ``msync(MS_SYNC)`` (BLOCKING; releases the GIL; needs no descriptor).
+
+        Raises OSError on failure. A map already closed (store closing) is skipped.
+        """
+        try:
+            pin = ctypes.c_char.from_buffer(self.mm)  # an export: close() cannot unmap while we hold it
+        except (ValueError, TypeError):
+            return
+        try:
+            err = _Libc.call_msync(ctypes.addressof(pin), self.size)
+        finally:
+            del pin
+        if err:
+            raise OSError(err, "msync of %s failed: %s" % (self.path, os.strerror(err)))
 
     def zero(self, start, end):
         """Overwrite ``[start, end)`` with zeros."""
@@ -203,7 +372,8 @@ class MappedFile:
         return os.stat(self.path).st_mtime_ns // 1_000_000
 
     def close(self):
-        """Unmap (at store close only); if views are still exported the map is left to the GC."""
+        """Unmap (at store close only) and close a kept fd; if views are still exported the map is left to the GC."""
+        self.release_fd()
         try:
             self.view.release()
         except ValueError:

@@ -415,17 +415,21 @@ class MessageStore:
         return end
 
     def flush_plan(self):
-        """``(end, paths)``: fdatasync every path to make the log durable up to ``end`` (then ``mark_flushed``);
-        ``(end, [])`` when nothing is to flush; None when ``flush_log`` must do it (a directory fsync is due)."""
+        """``(end, fds)``: fdatasync every fd (the store's own: do not close them) to make the log durable up
+        to ``end`` (then ``mark_flushed``); ``(end, [])`` when nothing is to flush; None when ``flush_log``
+        must do it (a directory fsync is due). Loop thread; an OSError (EMFILE) is a transient failure."""
         end, start = self._pos.written, self._pos.flushed
         if end <= start:
             return end, []
-        paths = self._log.files_to_flush(start, end, self._log.segments)
-        return None if paths is None else (end, paths)
+        fds = self._log.fds_to_flush(start, end, self._log.segments)
+        return None if fds is None else (end, fds)
 
     def mark_flushed(self, pos):
-        """Record that the log is durable up to ``pos``; returns the partitions whose visible max advanced."""
-        return self._pos.flushed_to(pos)
+        """Record that the log is durable up to ``pos`` (loop thread, no flush running: the fds of flushed
+        segments are closed here); returns the partitions whose visible max advanced."""
+        changed = self._pos.flushed_to(pos)
+        self._log.release_flushed(self._pos.flushed)
+        return changed
 
     def should_flush(self, now_ms):
         """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""
@@ -452,7 +456,11 @@ class MessageStore:
             floors.append([p.topic, p.partition, p.first_at_or_after(pos, max(p.min, p.first_start), p.max)])
             if p.dirty:
                 p.dirty = False
-                p.flush()
+                try:
+                    p.flush()
+                except BaseException:
+                    p.dirty = True  # the next checkpoint tries again; this one claims nothing
+                    raise
         serial = random.getrandbits(62)
         self.dirs.write_state(self.dirs.checkpoint, CHECKPOINT_MAGIC,
                               {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,

@@ -101,13 +101,14 @@ def test_a_failed_flush_is_never_retried_by_the_flusher_or_another_waiter(tmp_pa
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     real_plan, attempts = store.flush_plan, []
+    fifo_fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
 
     def failing_plan():  # a real fdatasync that fails: on a FIFO it is EINVAL
         attempts.append(1)
         real_plan()  # (None while a directory fsync is due: replaced by the failing file all the same)
         end = store.written_position
         gevent.sleep(0.05)  # the round stays open a while, as a slow disk keeps it
-        return end, [str(fifo)]
+        return end, [fifo_fd]
 
     store.flush_plan = failing_plan
     errors = []
@@ -134,3 +135,4 @@ def test_a_failed_flush_is_never_retried_by_the_flusher_or_another_waiter(tmp_pa
     finally:
         flusher.stop()
         store.close(NOW, clean=False)
+        os.close(fifo_fd)

@@ -64,7 +64,7 @@ def test_a_segment_created_on_the_put_path_gets_its_directory_fsynced_by_the_nex
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(mapped, "fsync_dir", failing_fsync_dir)  # MappedFile.create's
-    monkeypatch.setattr(commitlog, "fsync_dir", failing_fsync_dir)  # flush_range's
+    monkeypatch.setattr(commitlog, "fsync_fd", failing_fsync_dir)  # flush_range's (on the dir fd it keeps)
     first = s._log.active
     while s._log.active is first:  # no prepare_ahead: the put path creates the next segment itself
         s.put("test", 0, 0, b"y" * 100, NOW)
