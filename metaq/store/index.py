@@ -6,13 +6,24 @@ Unit *n* (offset *n*) describes the record with queue offset *n*::
                  tag hash (int32): metaq_checksum of the UTF-8 attribute, 0 without one
 
 A unit with size 0 is empty. Files are named by their first unit's byte
-position (16 x first offset), preallocated and mapped, and follow each other
+position (16 x first offset), allocated and mapped, and follow each other
 without gaps. ``layout`` is a ``(starts, files)`` tuple replaced as a whole, so
 a worker thread can read a consistent snapshot.
 
+Growth: a file covers at most ``units_per_file`` units (its span) but starts
+with ``INITIAL_UNITS`` (one page) and doubles when a unit past its end is
+needed (``MappedFile.grown``: ``posix_fallocate`` first, so a full disk is a
+clean DiskFull, then a new map; the old one stays valid for its holders), up
+to its span or the next file's start. A new topic costs a page of disk, not
+``16 x units_per_file`` bytes. A crash between growing and writing leaves a
+longer file whose new units are empty, as a preallocated file's were; a file of
+any size that is a multiple of 16 loads as it is and grows on from there.
+
 As for the commit log, a worker thread may build the file after the tail
 ahead of time under a ``.prepared`` name (``prepare_next``, BLOCKING) and
-publish it as ``next``; the loop renames it when the tail fills up.
+publish it as ``next``; the loop renames it when the tail fills up. While the
+tail can still grow, ``next`` is instead the tail grown ahead (the same file,
+mapped longer): the loop adopts that map when it needs the units.
 """
 
 import bisect
@@ -20,7 +31,7 @@ import logging
 import os
 import struct
 
-from metaq.store.files import disk_full_from, fsync_dir, prepared_path, unlink_quietly
+from metaq.store.files import PREPARED_SUFFIX, disk_full_from, fsync_dir, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import head_struct
 
@@ -31,6 +42,8 @@ UNIT = struct.Struct(">qii")
 assert UNIT.size == 16
 UNIT_SIZE = 16
 _CHUNK_UNITS = 4096
+#: Units a new index file starts with (one 4 KiB page); it doubles up to ``units_per_file``.
+INITIAL_UNITS = 256
 
 
 class IndexFile:
@@ -116,13 +129,47 @@ class PartitionIndex:
         return None
 
     def reserve(self, n):
-        """Make sure a file holds unit ``n`` and make it the tail (DiskFull leaves nothing behind)."""
+        """Make sure a file holds unit ``n`` (growing or creating one) and make it the tail.
+
+        DiskFull (or Unavailable: no descriptor) leaves the layout unchanged."""
         f = self.file_for(n)
         if f is None:
-            f = self._create_file_for(n)
+            f = self._grow_for(n) or self._create_file_for(n)
         self.tail = f
         self.fast_end = 0
         return f
+
+    def _cap(self, i, layout=None):
+        """The unit file ``i`` may grow to: its span, or the next file's start."""
+        starts, files = layout or self.layout
+        cap = files[i].start + self.units_per_file
+        if i + 1 < len(files):
+            cap = min(cap, files[i + 1].start)
+        return cap
+
+    def _grow_for(self, n):
+        """The file before unit ``n`` grown to hold it, if ``n`` lies in its span; else None."""
+        starts, files = self.layout
+        i = bisect.bisect_right(starts, n) - 1
+        if i < 0:
+            return None
+        f = files[i]
+        cap = self._cap(i)
+        if not f.end <= n < cap:
+            return None
+        g = self._take_grown(f, n)
+        if g is None:
+            g = IndexFile(f.start, f.file.grown(_covering(f.start, n, f.end - f.start, cap) * UNIT_SIZE))
+        self._set(files[:i] + (g,) + files[i + 1:])
+        return g
+
+    def _take_grown(self, f, n):
+        """The worker's grown map of ``f``'s file if it holds unit ``n``; else None."""
+        nxt = self.next
+        if nxt is None or nxt.start != f.start or not n < nxt.end or nxt.file.path != f.file.path:
+            return None
+        self.next = None
+        return nxt
 
     def _span_for(self, n):
         """``(i, start, end)``: the units of the file to create for unit ``n`` and its place in ``files``."""
@@ -140,22 +187,23 @@ class PartitionIndex:
 
     def _create_file_for(self, n):
         i, start, end = self._span_for(n)
-        f = self._take_next(start, end)
+        f = self._take_next(start, end, n)
         if f is None:
             try:
                 os.makedirs(self.dirpath, exist_ok=True)
             except OSError as exc:
                 raise disk_full_from(exc, "create %s" % self.dirpath) from None
+            units = _covering(start, n, INITIAL_UNITS, end)
             f = IndexFile(start, MappedFile.create(self.dirs.index_file_path(self.topic, self.partition, start),
-                                                   (end - start) * UNIT_SIZE))
+                                                   units * UNIT_SIZE))
         files = self.layout[1]
         self._set(files[:i] + (f,) + files[i:])
         return f
 
-    def _take_next(self, start, end):
-        """The prepared file renamed to its final name if it covers exactly ``[start, end)``; else None."""
+    def _take_next(self, start, end, n):
+        """The prepared file renamed to its final name if it starts at ``start``, holds ``n`` and ends by ``end``."""
         nxt = self.next
-        if nxt is None or nxt.start != start or nxt.end != end:
+        if nxt is None or nxt.start != start or not n < nxt.end <= end or not _is_prepared(nxt):
             return None
         self.next = None
         if not adopt_prepared(nxt.file, self.dirs.index_file_path(self.topic, self.partition, start), "index file"):
@@ -171,12 +219,18 @@ class PartitionIndex:
         if t is None or self.max * 2 < t.start + t.end or self.retry_after == t.end:
             return None
         nxt = self.next
-        if nxt is not None and nxt.start == t.end:
+        if nxt is not None and nxt.start <= t.end < nxt.end:
             return None
         if self.file_for(t.end) is not None:
             return None
+        layout = self.layout
+        i = bisect.bisect_right(layout[0], t.start) - 1
+        if i >= 0 and layout[1][i].start == t.start:
+            cap = self._cap(i, layout)
+            if t.end < cap:  # grow the tail: twice as long, within its span
+                return t.start, min(cap, t.start + 2 * (t.end - t.start))
         _i, start, end = self._span_for(t.end)
-        return (start, end) if end > start else None
+        return (start, min(end, start + INITIAL_UNITS)) if end > start else None
 
     def prepare_next(self, span):
         """BLOCKING (worker): build the file for units ``span`` = ``(start, end)`` and publish it as ``next``.
@@ -188,7 +242,16 @@ class PartitionIndex:
         old = self.next
         if old is not None:
             self.next = None  # stale: the loop takes only a file that covers what it needs
-            old.file.discard()
+            _drop(old)
+        f = self.file_for(start)
+        if f is not None and f.start == start:  # the tail, grown ahead (the same file, mapped longer)
+            try:
+                g = IndexFile(start, f.file.grown((end - start) * UNIT_SIZE))
+            except Exception:
+                self.retry_after = f.end
+                raise
+            self.next = g
+            return g
         path = prepared_path(self.dirs.index_file_path(self.topic, self.partition, start))
         unlink_quietly(path)
         try:
@@ -323,10 +386,33 @@ class PartitionIndex:
 
     def close(self, discard_prepared=True):
         nxt, self.next = self.next, None
+        if nxt is not None and not _is_prepared(nxt):  # a grown map of a live file: unmap, never delete
+            nxt.file.close()
+            nxt = None
         close_files([f.file for f in self.layout[1]], nxt and nxt.file, discard_prepared)
         self.layout = ((), ())
         self.tail = None
         self.fast_end = 0
+
+
+def _covering(start, n, units, cap):
+    """``units`` doubled until ``[start, start + units)`` holds unit ``n``, never past ``cap``: how long to make a file."""
+    units = max(1, units)
+    while start + units <= n:
+        units *= 2
+    return min(units, cap - start)
+
+
+def _is_prepared(f):
+    return f.file.path.endswith(PREPARED_SUFFIX)
+
+
+def _drop(f):
+    """Let go of a stale ``next``: a prepared file is deleted, a grown map of a live file only unmapped."""
+    if _is_prepared(f):
+        f.file.discard()
+    else:
+        f.file.close()
 
 
 def check_units_trusted(pidx, floor):
