@@ -60,6 +60,10 @@ class UnknownTopic(ClientError):
     """The topic matches none of the configured topic names or patterns."""
 
 
+class TopicLimit(UnknownTopic):
+    """The topic (or partition) would be created past ``limits.max_topics`` / ``limits.max_partitions``."""
+
+
 class InvalidTopic(ClientError):
     """The topic name is not legal."""
 

@@ -40,6 +40,15 @@ MAX_WAIT_MS = 60_000
 #: Most partitions one topic may have.
 MAX_PARTITIONS = 1024
 
+#: Most topics a broker holds (``limits.max_topics``): a put that would create one more through a pattern
+#: such as the default ``*`` is refused (400 on the text port). Topics named exactly in the config are
+#: counted but always accepted.
+MAX_TOPICS = 1024
+
+#: Most partitions a broker holds across all its topics (``limits.max_partitions``), refused as above. Each
+#: costs an index file (from 4 KiB, growing with use), a map and a checkpoint entry.
+MAX_TOTAL_PARTITIONS = 4096
+
 #: Longest topic or group name, in bytes.
 MAX_NAME_BYTES = 200
 

@@ -86,6 +86,8 @@ class LimitsSection(_Section):
     idle_timeout_s: float = Field(limits.IDLE_TIMEOUT_S, gt=0)
     request_timeout_s: float = Field(limits.REQUEST_TIMEOUT_S, gt=0)
     max_wait_ms: int = Field(limits.MAX_WAIT_MS, ge=0)
+    max_topics: int = Field(limits.MAX_TOPICS, ge=1)
+    max_partitions: int = Field(limits.MAX_TOTAL_PARTITIONS, ge=1)
 
 
 class ZkSection(_Section):
@@ -251,6 +253,8 @@ class ServerConfig(_Section):
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))] + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
+            max_topics=self.limits.max_topics,
+            max_partitions=self.limits.max_partitions,
             **_settings_for(StoreConfig, self.store),
         )
 

@@ -144,6 +144,7 @@ class DelayScheduler:
             partition = random.randrange(count)
         else:
             validate_partition(partition, count)
+        self.store.check_creatable(topic, partition)  # a topic limit refuses it now, not at delivery
         if checksum is None or checksum < 0:
             checksum = metaq_checksum(body)
         data = encode_entry(topic, partition, flag, checksum, now_ms + self.levels_ms[level - 1], now_ms, level,

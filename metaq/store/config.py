@@ -54,6 +54,8 @@ class StoreConfig:
     disk_danger_ratio: float = 0.90
     max_transfer_size: int = limits.MAX_TRANSFER_BYTES
     force_recovery: bool = False
+    max_topics: int = limits.MAX_TOPICS
+    max_partitions: int = limits.MAX_TOTAL_PARTITIONS
 
     def __post_init__(self):
         self.data_dir = os.path.abspath(os.fspath(self.data_dir))
@@ -69,7 +71,8 @@ class StoreConfig:
             raise ConfigError("index_file_units must be at least 1, got %r" % (self.index_file_units,))
         if self.flush not in FLUSH_MODES:
             raise ConfigError("flush must be one of %s, got %r" % ("/".join(FLUSH_MODES), self.flush))
-        for name in ("flush_every_messages", "flush_interval_ms", "checkpoint_interval_ms", "max_transfer_size"):
+        for name in ("flush_every_messages", "flush_interval_ms", "checkpoint_interval_ms", "max_transfer_size",
+                     "max_topics", "max_partitions"):
             if getattr(self, name) < 1:
                 raise ConfigError("%s must be positive, got %r" % (name, getattr(self, name)))
         if not self.retention_hours > 0:

@@ -109,3 +109,25 @@ def offset_by_time(log, p, timestamp_ms, upper=False):
 
 def _moved(offset):
     return Moved(offset, "offset out of range: go to %d" % offset)
+
+
+def msg_ids_since(log, written, position, skip_topic=None, among=None):
+    """Ids of every record from log ``position`` to ``written`` (see ``MessageStore.msg_ids_since``)."""
+    found = set()
+    first = log.start
+    pos = max(position, first if first is not None else written)
+    while pos < written:
+        seg = log.segment_at(pos)
+        if seg is None:
+            break
+        limit = min(seg.end, written) - seg.start
+        rel = pos - seg.start
+        total = check_record(seg.view, rel, limit)
+        if not total:  # a blank tail: continue in the next segment
+            pos = seg.end
+            continue
+        rec = decode_record(seg.view, rel)
+        if rec.topic != skip_topic and (among is None or rec.msg_id in among):
+            found.add(rec.msg_id)
+        pos += total
+    return found

@@ -29,8 +29,8 @@ from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
-from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset, tag_hash,
-                                write_record)
+from metaq.store.quota import TopicQuota
+from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, metaq_offset, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 
@@ -47,6 +47,7 @@ class MessageStore:
         self.config = config
         self.dirs = DataDir(config.data_dir)
         self._topics = TopicTable(config.topics)
+        self._quota = TopicQuota(config.max_topics, config.max_partitions, self._topics.exact_names)
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = {}  # (topic, partition) -> PartitionIndex, every partition with an index
         self._writers = {}  # (topic, partition) -> PartitionIndex, checked against the config for puts
@@ -125,12 +126,14 @@ class MessageStore:
             if problem and self._index_problem is None:
                 self._index_problem = problem
             self._parts[p.key] = p
+            self._quota.added(topic)
 
     def _partition(self, topic, partition):
         p = self._parts.get((topic, partition))
         if p is None:
             p = PartitionIndex(self.dirs, topic, partition, self.config.index_file_units)
             self._parts[p.key] = p
+            self._quota.added(topic)
         return p
 
     # -- recovery ------------------------------------------------------------
@@ -181,9 +184,16 @@ class MessageStore:
         return sorted(k for k, p in self._parts.items() if p.max > 0)
 
     def _writer(self, topic, partition):
-        validate_partition(partition, self._topics.partitions_of(topic))
+        self.check_creatable(topic, partition)
         p = self._writers[(topic, partition)] = self._partition(topic, partition)
         return p
+
+    def check_creatable(self, topic, partition):
+        """Raise what a put to ``topic``-``partition`` would (InvalidTopic, UnknownTopic, InvalidPartition,
+        TopicLimit: see quota.py) before anything is stored."""
+        validate_partition(partition, self._topics.partitions_of(topic))
+        if (topic, partition) not in self._parts:
+            self._quota.check(topic, partition)
 
     def _reader(self, topic, partition):
         """The partition to read, or None for a legal one without data; raises NotFound."""
@@ -205,7 +215,7 @@ class MessageStore:
 
         ``checksum``: ``metaq_checksum(data)`` if the caller verified it (stored as given); None/negative: computed.
         ``msg_id``: an id from ``new_msg_id`` (transaction commits record ids before appending); None: a new one.
-        Raises InvalidTopic, UnknownTopic, InvalidPartition, RecordTooLarge, DiskFull.
+        Raises InvalidTopic, UnknownTopic, InvalidPartition, TopicLimit, RecordTooLarge, DiskFull.
         """
         if self._refusal is not None:
             self._recheck_disk()
@@ -482,24 +492,7 @@ class MessageStore:
         the delay scheduler (with ``skip_topic`` = its own topic, ``among`` = the ids it may have
         delivered) which scheduled messages were delivered before a crash.
         """
-        found = set()
-        first = self._log.start
-        pos = max(position, first if first is not None else self._pos.written)
-        while pos < self._pos.written:
-            seg = self._log.segment_at(pos)
-            if seg is None:
-                break
-            limit = min(seg.end, self._pos.written) - seg.start
-            rel = pos - seg.start
-            total = check_record(seg.view, rel, limit)
-            if not total:  # a blank tail: continue in the next segment
-                pos = seg.end
-                continue
-            rec = decode_record(seg.view, rel)
-            if rec.topic != skip_topic and (among is None or rec.msg_id in among):
-                found.add(rec.msg_id)
-            pos += total
-        return found
+        return lookup.msg_ids_since(self._log, self._pos.written, position, skip_topic, among)
 
     # -- replication (the logic and its contract: replica.py) ---------------
 
@@ -521,7 +514,6 @@ class MessageStore:
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
-
 
     # -- record lookups for RocketMQ pulls (see lookup.py) -------------------
 

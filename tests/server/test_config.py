@@ -8,13 +8,15 @@ import re
 import pytest
 import yaml
 
+from metaq.errors import ConfigError
 from metaq.server.config import ServerConfig, load_config
 from metaq.store.config import StoreConfig
 from metaq.tx.manager import TxConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-#: StoreConfig fields the server fills from other sections (broker.data_dir, broker.id, topics, delay, remoting).
-STORE_FROM_ELSEWHERE = {"data_dir", "broker_id", "topics"}
+#: StoreConfig fields the server fills from other sections (broker.data_dir, broker.id, topics, delay, remoting,
+#: limits.max_topics, limits.max_partitions).
+STORE_FROM_ELSEWHERE = {"data_dir", "broker_id", "topics", "max_topics", "max_partitions"}
 SECTIONS = [name for name in ServerConfig.model_fields if name != "topics"]
 
 
@@ -47,6 +49,18 @@ def test_store_and_tx_configs_carry_every_setting(tmp_path):
     assert {k: getattr(sc, k) for k in store} == store
     assert (sc.broker_id, sc.data_dir) == (9, str(tmp_path / "d"))
     assert c.tx_config() == TxConfig(**tx)
+
+
+def test_topic_limits_reach_the_store(tmp_path):
+    from metaq import limits
+
+    assert (load_config(None).store_config().max_topics, load_config(None).store_config().max_partitions) == (
+        limits.MAX_TOPICS, limits.MAX_TOTAL_PARTITIONS)
+    c = load_config(None, {"broker.data_dir": str(tmp_path), "limits.max_topics": 7, "limits.max_partitions": 9})
+    assert (c.store_config().max_topics, c.store_config().max_partitions) == (7, 9)
+    for key in ("limits.max_topics", "limits.max_partitions"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, {key: 0})
 
 
 @pytest.mark.parametrize("section", SECTIONS)
