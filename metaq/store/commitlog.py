@@ -29,7 +29,7 @@ import logging
 import os
 
 from metaq.errors import StoreError
-from metaq.store.files import fsync_dir, fsync_fd, prepared_path, unlink_quietly
+from metaq.store.files import close_now, fsync_dir, fsync_fd, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import BLANK_MAGIC, MARKER
 
@@ -394,7 +394,7 @@ class CommitLog:
         self.active = None
         fd, self.dir_fd = self.dir_fd, None
         if fd is not None:
-            os.close(fd)
+            close_now(fd)
 
 
 def _populate_span(seg, pos, window):

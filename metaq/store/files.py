@@ -277,9 +277,21 @@ def fsync_fd(fd):
     os.fsync(fd)
 
 
+def close_now(fd):
+    """Close ``fd`` at once, whatever ``os.close`` has been replaced with.
+
+    gevent's monkey-patched ``os.close`` (gevent >= 25.8.1) defers closing anything
+    but a regular file (a directory, say) to the next turn of its loop: a burst of
+    puts that each create a topic (one directory fsync each) would pile up one
+    directory descriptor per put until EMFILE. The store never registers its
+    descriptors with an event loop, so it closes them itself.
+    """
+    os.closerange(fd, fd + 1)
+
+
 def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
-        os.close(fd)
+        close_now(fd)
