@@ -308,11 +308,12 @@ class CommitLog:
         for f in retired:
             f.release_fd()
         active = self.active
-        for seg in self.layout[1]:
-            if seg.end > pos:
+        for seg in reversed(self.layout[1]):  # only the newest few hold one: a round costs O(1), not O(segments)
+            if seg.end > pos or seg is active:
+                continue
+            if seg.file.fd is None:
                 break
-            if seg is not active and seg.file.fd is not None:
-                seg.file.release_fd()
+            seg.file.release_fd()
 
     def _retire(self, files):
         self._retired.extend(f for f in files if f.fd is not None)
