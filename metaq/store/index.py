@@ -75,7 +75,8 @@ class PartitionIndex:
         self.tail = None  # the file holding unit ``max`` (None: not allocated yet)
         self.fast_end = 0  # put: offsets below this are in ``tail`` and need no look at files
         self.next = None  # worker thread: a prepared IndexFile not in the layout yet
-        self.dir_unsynced = False  # a prepared file was renamed: flush fsyncs the directory
+        self.dir_unsynced = False  # a file was created or renamed here: flush fsyncs the directory
+        self.parents_unsynced = False  # the partition's directories were created: flush fsyncs their parents
         self.retry_after = -1  # worker thread: after a failed preparation, no new one for this tail end
         self.min = 0
         self.max = 0  # the offset the next message gets
@@ -189,13 +190,18 @@ class PartitionIndex:
         i, start, end = self._span_for(n)
         f = self._take_next(start, end, n)
         if f is None:
-            try:
-                os.makedirs(self.dirpath, exist_ok=True)
-            except OSError as exc:
-                raise disk_full_from(exc, "create %s" % self.dirpath) from None
+            if not os.path.isdir(self.dirpath):
+                try:
+                    os.makedirs(self.dirpath, exist_ok=True)
+                except OSError as exc:
+                    raise disk_full_from(exc, "create %s" % self.dirpath) from None
+                self.parents_unsynced = True
             units = _covering(start, n, INITIAL_UNITS, end)
+            # the directory fsyncs wait for the next checkpoint (a worker thread): creating a topic on the
+            # event loop costs no journal commit; until then recovery rebuilds what a crash loses, as always
             f = IndexFile(start, MappedFile.create(self.dirs.index_file_path(self.topic, self.partition, start),
-                                                   units * UNIT_SIZE))
+                                                   units * UNIT_SIZE, sync_dir=False))
+            self.dir_unsynced = True
         files = self.layout[1]
         self._set(files[:i] + (f,) + files[i:])
         return f
@@ -371,6 +377,15 @@ class PartitionIndex:
 
     def flush(self):
         """Make every file durable (BLOCKING; a file deleted meanwhile is skipped)."""
+        if self.parents_unsynced:  # the topic's and partition's directory entries
+            self.parents_unsynced = False
+            try:
+                topic_dir = os.path.dirname(self.dirpath)
+                fsync_dir(topic_dir)
+                fsync_dir(os.path.dirname(topic_dir))
+            except OSError:
+                self.parents_unsynced = True
+                raise
         if self.dir_unsynced:  # a prepared file was renamed: make its name durable
             self.dir_unsynced = False
             try:

@@ -190,8 +190,10 @@ class MappedFile:
         self.fd = fd  # kept open for flushing (``keep_fd``), else None
 
     @classmethod
-    def create(cls, path, size, keep_fd=False):
-        """Create ``path`` with ``size`` bytes allocated on disk, then map it (keeping its fd if ``keep_fd``)."""
+    def create(cls, path, size, keep_fd=False, sync_dir=True):
+        """Create ``path`` with ``size`` bytes allocated on disk, then map it (keeping its fd if ``keep_fd``).
+
+        ``sync_dir=False``: the caller makes the new name durable later (its directory fsync)."""
         if size <= 0:
             raise StoreError("cannot create %s with size %d" % (path, size))
         try:
@@ -210,10 +212,11 @@ class MappedFile:
         if not keep_fd:
             os.close(fd)
             fd = None
-        try:
-            fsync_dir(os.path.dirname(path))
-        except OSError as exc:
-            log.warning("could not fsync the directory of %s: %s", path, exc)
+        if sync_dir:
+            try:
+                fsync_dir(os.path.dirname(path))
+            except OSError as exc:
+                log.warning("could not fsync the directory of %s: %s", path, exc)
         return cls(path, size, mm, fd)
 
     @classmethod

@@ -181,3 +181,33 @@ def test_a_full_disk_while_growing_an_index_file_is_the_normal_refusal(tmp_path)
         s.close(NOW)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_new_topic_costs_no_directory_fsync_until_the_checkpoint(data_dir, monkeypatch):
+    """A directory fsync is a journal commit (ms on ext4): creating a topic on the event loop must not pay it;
+    the next checkpoint (a worker thread) makes the new names durable before it claims the units."""
+    from metaq.store import files, index, mapped
+
+    synced = []
+    real = files.fsync_dir
+
+    def counting(path):
+        synced.append(path)
+        real(path)
+
+    for module in (files, index, mapped):
+        monkeypatch.setattr(module, "fsync_dir", counting)
+    s = open_store(data_dir, index_file_units=4096, segment_size=1 << 20, topics=[TopicSpec("*", 1)])
+    synced.clear()
+    for t in range(10):
+        s.put("new-%d" % t, 0, 0, b"x", NOW)
+    assert [p for p in synced if "index" in p] == []  # (the first segment's own is the commit log's)
+    s.mark_flushed(s.flush_log())
+    s.checkpoint(NOW)
+    partition_dirs = {os.path.join(str(data_dir), "index", "new-%d" % t, "0") for t in range(10)}
+    assert partition_dirs <= set(synced)
+    assert os.path.join(str(data_dir), "index") in synced
+    s.abandon()
+    s = open_store(data_dir, index_file_units=4096, segment_size=1 << 20, topics=[TopicSpec("*", 1)])
+    assert [s.max_offset("new-%d" % t, 0) for t in range(10)] == [1] * 10
+    s.close(NOW)
