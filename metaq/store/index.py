@@ -411,7 +411,7 @@ class PartitionIndex:
 
 
 def _covering(start, n, units, cap):
-    """``units`` doubled until ``[start, start + units)`` holds unit ``n``, never past ``cap``: how long to make a file."""
+    """``units`` doubled until ``[start, start + units)`` holds unit ``n``, never past ``cap``: a file's length."""
     units = max(1, units)
     while start + units <= n:
         units *= 2
