@@ -30,7 +30,7 @@ put path adds a partition when it crosses the middle of its tail index file,
 import logging
 import os
 
-from metaq.errors import DiskFull, StoreError
+from metaq.errors import DiskFull, StoreError, Unavailable
 from metaq.store.commitlog import POPULATE_BYTES
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class AheadWork:
             try:
                 p.prepare_next(span)
                 did = True
-            except (DiskFull, StoreError) as exc:
+            except (DiskFull, StoreError, Unavailable) as exc:
                 log.warning("could not prepare the next index file of %s-%d (the put path will create it): %s",
                             p.topic, p.partition, exc)
         return did
@@ -93,7 +93,7 @@ class AheadWork:
             return False
         try:
             clog.prepare_next(start, POPULATE_BYTES)
-        except (DiskFull, StoreError) as exc:
+        except (DiskFull, StoreError, Unavailable) as exc:
             clog.defer(pos)
             log.warning("could not prepare the next segment (a roll will create it): %s", exc)
             return False

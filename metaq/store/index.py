@@ -251,6 +251,8 @@ class PartitionIndex:
             _drop(old)
         f = self.file_for(start)
         if f is not None and f.start == start:  # the tail, grown ahead (the same file, mapped longer)
+            if f.end >= end:  # the loop grew it meanwhile
+                return None
             try:
                 g = IndexFile(start, f.file.grown((end - start) * UNIT_SIZE))
             except Exception:
