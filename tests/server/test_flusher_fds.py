@@ -146,3 +146,22 @@ def test_a_partition_costs_no_descriptor(tmp_path):
     assert len(os.listdir("/proc/self/fd")) - before <= 4  # reopened: still not one per partition
     assert s.max_offset("topic-99", 2) == 1
     s.close(NOW)
+
+
+def test_a_new_topic_at_emfile_is_a_clear_503_for_that_put_only(tmp_path):
+    """Creating a topic needs a descriptor for a moment: at EMFILE that put gets Unavailable (503, "try again
+    later"), existing topics keep taking puts, and the same put succeeds once descriptors are back."""
+    from metaq import errors
+
+    s = _store(tmp_path)
+    s.put("test", 0, 0, b"before", NOW)
+    with no_free_descriptors():
+        with pytest.raises(errors.Unavailable, match="out of file descriptors") as refused:
+            s.put("brand-new", 0, 0, b"x", NOW)
+        assert refused.value.code == 503 and not isinstance(refused.value, errors.DiskFull)
+        s.put("test", 0, 0, b"still fine", NOW)
+        s.mark_flushed(s.flush_log())
+    s.put("brand-new", 0, 0, b"x", NOW)
+    s.mark_flushed(s.flush_log())
+    assert s.max_offset("brand-new", 0) == 1 and s.max_offset("test", 0) == 2
+    s.close(NOW)
