@@ -388,7 +388,7 @@ class PartitionIndex:
             except OSError:
                 self.parents_unsynced = True
                 raise
-        if self.dir_unsynced:  # a prepared file was renamed: make its name durable
+        if self.dir_unsynced:  # a file was created or renamed here: make its name durable
             self.dir_unsynced = False
             try:
                 fsync_dir(self.dirpath)
