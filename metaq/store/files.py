@@ -285,6 +285,11 @@ def close_now(fd):
     puts that each create a topic (one directory fsync each) would pile up one
     directory descriptor per put until EMFILE. The store never registers its
     descriptors with an event loop, so it closes them itself.
+
+    An error from close is ignored (Linux frees the descriptor either way): the
+    store's durability rests on what fsync/fdatasync answer, and a close error
+    (FUSE and NFS report writeback errors there) must not turn a clean DiskFull
+    into an unexpected exception.
     """
     os.closerange(fd, fd + 1)
 

@@ -60,7 +60,7 @@ import sys
 import tempfile
 
 from metaq.errors import StoreError
-from metaq.store.files import disk_full_from, fsync_dir, unlink_quietly
+from metaq.store.files import close_now, disk_full_from, fsync_dir, unlink_quietly
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class _UntrackedMap:
         v = field.value
         if v > 2 and v != fd and _same_file(v, os.fstat(fd)):
             field.value = -1  # what trackfd=False leaves: close() and the destructor then close nothing
-            os.close(v)
+            close_now(v)
 
 
 def _same_file(fd, st):
@@ -204,13 +204,13 @@ class MappedFile:
             os.posix_fallocate(fd, 0, size)
             mm = _map(fd, size)
         except (OSError, ValueError) as exc:  # ValueError: mmap found the file shorter than allocated
-            os.close(fd)
+            close_now(fd)
             unlink_quietly(path)
             if isinstance(exc, OSError):
                 raise disk_full_from(exc, "allocate %d bytes for %s" % (size, path)) from None
             raise StoreError("cannot map %s after allocating %d bytes: %s" % (path, size, exc)) from None
         if not keep_fd:
-            os.close(fd)
+            close_now(fd)
             fd = None
         if sync_dir:
             try:
@@ -229,10 +229,10 @@ class MappedFile:
                 raise StoreError("cannot map the empty file %s" % path)
             mm = _map(fd, size)
         except BaseException:
-            os.close(fd)
+            close_now(fd)
             raise
         if not keep_fd:
-            os.close(fd)
+            close_now(fd)
             fd = None
         return cls(path, size, mm, fd)
 
@@ -257,7 +257,7 @@ class MappedFile:
         except ValueError as exc:
             raise StoreError("cannot map %s after growing it to %d bytes: %s" % (self.path, size, exc)) from None
         finally:
-            os.close(fd)
+            close_now(fd)
         return MappedFile(self.path, size, mm)
 
     def keep_fd(self):
@@ -270,7 +270,7 @@ class MappedFile:
         """Close the kept descriptor (the caller knows no flush is using it)."""
         fd, self.fd = self.fd, None
         if fd is not None:
-            os.close(fd)
+            close_now(fd)
 
     def prefetch(self, start, end):
         """Ask the kernel to bring ``[start, end)`` in ahead of the writer (MADV_WILLNEED).
@@ -329,7 +329,7 @@ class MappedFile:
         try:
             os.fdatasync(fd)
         finally:
-            os.close(fd)
+            close_now(fd)
 
     def sync_map(self):
         """Make the whole map durable with ``msync(MS_SYNC)`` (BLOCKING; releases the GIL; needs no descriptor).
