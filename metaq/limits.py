@@ -54,6 +54,31 @@ def max_connections_for(nofile_limit, reserve=FD_RESERVE):
     return max(1, nofile_limit - reserve)
 
 
+#: Share of the connection cap one peer address may hold by default, so that one host (however many
+#: sockets it opens) never takes every slot; ``limits.max_connections_per_address`` sets it outright.
+PER_ADDRESS_SHARE = 0.5
+
+
+def max_per_address_for(max_connections):
+    """Default per-address connection cap for a broker allowing ``max_connections``, never below 1."""
+    return max(1, int(max_connections * PER_ADDRESS_SHARE))
+
+
+#: Reply bytes one connection may hold, read from the store but not yet taken by the kernel (its
+#: socket's send buffer full: a client that does not read). Past it the connection's reads of the store,
+#: and so the parsing of its requests, wait for the replies to drain (server/connections.ReplyBudget).
+#: One record larger than this is still served whole.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+#: Long-polling gets (``get ... maxWaitMs``) one text connection may have parked at once: one per
+#: partition it consumes is the normal use. Past it the get is answered 503 at once.
+MAX_PARKED_GETS_PER_CONNECTION = 1024
+
+#: Long polls parked at once on the whole broker, text gets and remoting pulls together (each holds a
+#: greenlet, ~10 KB). Past it a get is answered 503 and a pull SYSTEM_BUSY at once.
+MAX_PARKED_GETS = 20_000
+
+
 def validate_topic(topic):
     """Return ``topic`` if it is a legal topic name, else raise InvalidTopic.
 

@@ -11,7 +11,7 @@ import yaml
 
 from metaq import speedups
 from metaq.protocol import checksum
-from metaq.server.connections import ConnectionCore, Timeouts
+from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
@@ -40,7 +40,7 @@ class Broker:
         self.config = config
         self.config_path = config_path
         self.stats = BrokerStats()
-        self.waiters = PartitionWaiters()
+        self.waiters = PartitionWaiters(config.limits.max_parked_gets)
         self.stopping = False
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
@@ -55,7 +55,9 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock)
         lim = config.limits
-        self.core = ConnectionCore(config.max_connections(), Timeouts(lim.idle_timeout_s, lim.request_timeout_s))
+        self.core = ConnectionCore(config.max_connections(),
+                                   ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes),
+                                   config.max_connections_per_address())
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None
         if config.zk.connect:

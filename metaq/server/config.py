@@ -83,6 +83,10 @@ class LimitsSection(_Section):
     max_line_bytes: int = Field(limits.MAX_LINE_BYTES, ge=64)
     max_body_bytes: int = Field(limits.MAX_BODY_BYTES, ge=1)
     max_connections: Optional[int] = Field(None, ge=1)
+    max_connections_per_address: Optional[int] = Field(None, ge=1)
+    max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
+    max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
+    max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
     idle_timeout_s: float = Field(limits.IDLE_TIMEOUT_S, gt=0)
     request_timeout_s: float = Field(limits.REQUEST_TIMEOUT_S, gt=0)
     max_wait_ms: int = Field(limits.MAX_WAIT_MS, ge=0)
@@ -242,6 +246,11 @@ class ServerConfig(_Section):
             return self.limits.max_connections
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         return limits.max_connections_for(soft)
+
+    def max_connections_per_address(self):
+        if self.limits.max_connections_per_address is not None:
+            return self.limits.max_connections_per_address
+        return limits.max_per_address_for(self.max_connections())
 
     def store_config(self):
         """The ``StoreConfig`` of this schema: data dir, broker id, topics and every ``store:`` knob it takes."""

@@ -107,7 +107,7 @@ class RemotingConnection(core.Connection):
     log_prefix = "remoting"
 
     def __init__(self, server, sock, address, conn_id):
-        super().__init__(sock, address, conn_id, server.core.timeouts)
+        super().__init__(sock, address, conn_id, server.core.rules)
         self.server = server
         self.born_host = tuple(address[:2]) if isinstance(address, tuple) else ("127.0.0.1", 0)
         self.parser = RemotingParser(max_frame=server.config.max_frame_bytes)

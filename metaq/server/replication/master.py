@@ -256,7 +256,7 @@ class SlaveConnection(core.Connection):
     log_prefix = "replication"
 
     def __init__(self, server, sock, address, conn_id):
-        super().__init__(sock, address, conn_id, server.core.timeouts)
+        super().__init__(sock, address, conn_id, server.core.rules)
         self.server = server
 
     def serve(self):
