@@ -70,6 +70,13 @@ def max_per_address_for(max_connections):
 #: One record larger than this is still served whole.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 
+#: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops
+#: reading more requests (bounds memory per pipelining producer).
+MAX_PENDING_BURSTS = 8
+
+#: RocketMQ half messages remembered for their END_TRANSACTION (older ones have timed out long before).
+MAX_HALF_OWNERS = 100_000
+
 #: Long-polling gets (``get ... maxWaitMs``) one text connection may have parked at once: one per
 #: partition it consumes is the normal use. Past it the get is answered 503 at once.
 MAX_PARKED_GETS_PER_CONNECTION = 1024

@@ -19,7 +19,7 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -37,9 +37,6 @@ def held_by(reply):
     return sum(map(len, reply)) if type(reply) is list else 0
 
 
-#: Bursts of replies a connection may have waiting for their flush before it
-#: stops reading more requests (bounds memory per pipelining producer).
-MAX_PENDING_BURSTS = 8
 
 
 class Connection(core.Connection):
@@ -208,9 +205,9 @@ class Connection(core.Connection):
         self._bursts.put((out, durable, wait_pos))
         if self._writer is None:
             self._writer = gevent.spawn(self._write_bursts)
-        if self._pending > MAX_PENDING_BURSTS:
+        if self._pending > limits.MAX_PENDING_BURSTS:
             self._room.clear()
-            while self._pending > MAX_PENDING_BURSTS // 2 and not self.closed:
+            while self._pending > limits.MAX_PENDING_BURSTS // 2 and not self.closed:
                 self._room.wait(1.0)
 
     def _client_waits(self):
@@ -230,7 +227,7 @@ class Connection(core.Connection):
             if out:
                 self._send_replies(out)
             self._pending -= 1
-            if self._pending <= MAX_PENDING_BURSTS // 2:
+            if self._pending <= limits.MAX_PENDING_BURSTS // 2:
                 self._room.set()
             if not self._pending:
                 self._idle.set()
