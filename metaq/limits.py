@@ -145,3 +145,11 @@ MAX_REPLICATION_EPOCHS = 4096
 #: Requests one remoting connection may have in progress at once (long-polling
 #: pulls and sends waiting for their flush included); reading pauses at the cap.
 MAX_REMOTING_INFLIGHT = 256
+
+#: Transactions open at once on the broker (active and prepared, local and XA); a BEGIN past it fails
+#: with XAER_RMERR (``transactions.max_open``).
+MAX_OPEN_TRANSACTIONS = 10_000
+
+#: Message bytes all open transactions may hold together in the broker's memory until they end; a
+#: transactional put past it fails with XAER_RMERR (``transactions.max_held_bytes``).
+MAX_TX_HELD_BYTES = 1 << 30

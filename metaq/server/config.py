@@ -127,11 +127,15 @@ class TransactionsSection(_Section):
     journal_file_size: int = Field(_TX["journal_file_size"], ge=64 * 1024)
     max_puts_per_tx: int = Field(_TX["max_puts_per_tx"], ge=1)
     max_tx_bytes: int = Field(_TX["max_tx_bytes"], ge=1024)
+    max_open: int = Field(_TX["max_open"], ge=1)
+    max_held_bytes: int = Field(_TX["max_held_bytes"], ge=1024)
 
     @model_validator(mode="after")
     def _timeouts(self):
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
+        if self.max_tx_bytes > self.max_held_bytes:
+            raise ValueError("max_tx_bytes must not exceed max_held_bytes (what all open transactions may hold)")
         return self
 
 
