@@ -153,3 +153,7 @@ MAX_OPEN_TRANSACTIONS = 10_000
 #: Message bytes all open transactions may hold together in the broker's memory until they end; a
 #: transactional put past it fails with XAER_RMERR (``transactions.max_held_bytes``).
 MAX_TX_HELD_BYTES = 1 << 30
+
+#: Committed consumer offsets the broker keeps, one per (group, topic, partition): a commit that would add
+#: one more is refused (400). All are written at every checkpoint, so they are bounded like any state.
+MAX_CONSUMER_OFFSETS = 100_000
