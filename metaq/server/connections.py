@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 #: Bytes asked of one recv().
 RECV_BYTES = 256 * 1024
 
+#: At most one "refused a connection" line per listener this often (a flood of refusals must not become a
+#: flood of log lines filling the disk); the next line says how many were refused in between.
+REFUSAL_LOG_INTERVAL_S = 1.0
+
 
 class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
@@ -217,6 +221,7 @@ class ConnectionCore:
         self.max_per_address = max_per_address
         self.rules = rules
         self._per_address = {}  # peer host -> connections it holds (on listeners without headroom)
+        self._refusals = {}  # listener name -> [refused since the last log line, when that line was written]
         self.closing = False
         self._listeners = []
         self._open = {}  # conn_id -> Connection
@@ -316,8 +321,14 @@ class ConnectionCore:
             except OSError:
                 pass
         sock.close()
-        log.warning("refused a connection from %s on the %s port: %s (%d connections open)", address[0],
-                    listener.name, reason, len(self._open))
+        seen = self._refusals.setdefault(listener.name, [0, -REFUSAL_LOG_INTERVAL_S])
+        seen[0] += 1
+        now = time.monotonic()
+        if now - seen[1] >= REFUSAL_LOG_INTERVAL_S:
+            more = " and %d more since the last such line" % (seen[0] - 1) if seen[0] > 1 else ""
+            log.warning("refused a connection from %s on the %s port: %s (%d connections open)%s", address[0],
+                        listener.name, reason, len(self._open), more)
+            seen[0], seen[1] = 0, now
 
     # -- shutting down ---------------------------------------------------------
 

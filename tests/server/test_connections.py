@@ -247,3 +247,23 @@ def test_reply_budget_serves_one_reply_larger_than_the_limit_and_gives_up_on_clo
     closed.append(True)
     budget.wake()
     assert waiter.get(timeout=5) is False and budget.held == 500
+
+
+def test_a_flood_of_refusals_writes_one_log_line_a_second(caplog):
+    core = ConnectionCore(1, ConnectionLimits(60, 60))
+    text = listener(core, "text", [])
+    held = connect(core, text)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(50):
+            extra, g = connect(core, text)
+            g.join(5)
+            extra.close()
+        assert caplog.text.count("refused a connection") == 1
+        time.sleep(1.05)
+        extra, g = connect(core, text)
+        g.join(5)
+        extra.close()
+    lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(lines) == 2 and lines[1].endswith("and 49 more since the last such line")  # 49 unlogged + this one
+    core.shutdown(1.0)
+    held[0].close()
