@@ -157,3 +157,10 @@ MAX_TX_HELD_BYTES = 1 << 30
 #: Committed consumer offsets the broker keeps, one per (group, topic, partition): a commit that would add
 #: one more is refused (400). All are written at every checkpoint, so they are bounded like any state.
 MAX_CONSUMER_OFFSETS = 100_000
+
+#: Lines of one template (logger + format string) the broker logs per LOG_WINDOW_S; past it they are
+#: dropped and counted (server/logflood.py), so a client cannot fill the disk with log lines.
+LOG_LINES_PER_TEMPLATE = 100
+LOG_WINDOW_S = 10.0
+#: Distinct templates tracked at once by that filter.
+LOG_TEMPLATES = 10_000

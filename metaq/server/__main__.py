@@ -17,6 +17,7 @@ import gevent  # noqa: E402
 
 import metaq  # noqa: E402
 from metaq.errors import ConfigError, CorruptLog, MetaqError  # noqa: E402
+from metaq.server import logflood  # noqa: E402
 
 log = logging.getLogger("metaq.server")
 
@@ -97,6 +98,8 @@ def main(argv=None):
         return EXIT_OK
     logging.basicConfig(level=config.broker.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        logflood.install(handler)
     return run(config, args.config)
 
 
