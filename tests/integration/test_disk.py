@@ -11,7 +11,7 @@ import pytest
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import consume_all
-from tests.harness.tmpfs import tmpfs
+from tests.harness.tmpfs import ext4_with_reserve, tmpfs
 
 
 def remount(path, size):
@@ -156,11 +156,19 @@ def assert_stats_is_df(c, mnt):
     return usage
 
 
+SMALL_FILESYSTEMS = {
+    "tmpfs": lambda mnt: tmpfs(mnt, "64m"),
+    # half the blocks kept for root: used / size would show half of what df shows
+    "ext4 with a root reserve": lambda mnt: ext4_with_reserve(mnt, 128, 50),
+}
+
+
 @pytest.mark.fault
 @pytest.mark.root
-def test_stats_disk_usage_is_the_figure_df_shows_and_the_write_gate_uses(broker_factory, tmp_path):
+@pytest.mark.parametrize("fs", sorted(SMALL_FILESYSTEMS))
+def test_stats_disk_usage_is_the_figure_df_shows_and_the_write_gate_uses(broker_factory, tmp_path, fs):
     mnt = tmp_path / "mnt"
-    with tmpfs(mnt, "64m"):
+    with SMALL_FILESYSTEMS[fs](mnt):
         # the periodic check is far off: stats must measure, not repeat the figure of the broker's start
         cfg = small_config(mnt / "data", store={"disk_warn_ratio": 0.9, "disk_danger_ratio": 0.9,
                                                  "disk_check_interval_s": 3600,
