@@ -105,6 +105,7 @@ class Broker:
 
     def stats_facts(self):
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
+        self.check_disk()  # stats shows the disk as it is now, the figure the gate decides on (and df shows)
         disk = self.gate.disk_state
         return NodeFacts(self.config.broker.id, self.port, self.roles.slave_link is not None, self.connection_count,
                          self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
@@ -176,22 +177,28 @@ class Broker:
 
     def _disk_loop(self):
         interval = self.config.store.disk_check_interval_s
-        gate = self.gate
         while not self.stopping:
-            before = gate.disk_state.refusing_writes if gate.disk_state else False
-            try:
-                gate.refresh(disk_state=self.store.check_disk())
-            except OSError as exc:
-                log.error("disk check failed: %s", exc)
-                gate.refresh()
-            now_refusing = gate.disk_state.refusing_writes
-            if now_refusing != before:
-                if now_refusing:
-                    log.error("%s", gate.disk_state.reason)
-                else:
-                    log.warning("disk usage %.1f%% is below the danger mark again: writes accepted",
-                                gate.disk_state.usage_ratio * 100)
+            self.check_disk()
             gevent.sleep(interval)
+
+    def check_disk(self):
+        """The disk check (the loop's, and each ``stats``'): measure, give the WriteGate the figure, log a change."""
+        gate = self.gate
+        before = gate.disk_state.refusing_writes if gate.disk_state else False
+        try:
+            gate.refresh(disk_state=self.store.check_disk())
+        except OSError as exc:
+            log.error("disk check failed: %s", exc)
+            gate.refresh()
+        if gate.disk_state is None:
+            return
+        now_refusing = gate.disk_state.refusing_writes
+        if now_refusing != before:
+            if now_refusing:
+                log.error("%s", gate.disk_state.reason)
+            else:
+                log.warning("disk usage %.1f%% is below the danger mark again: writes accepted",
+                            gate.disk_state.usage_ratio * 100)
 
     def _retention_loop(self):
         interval = self.config.store.retention_check_interval_s

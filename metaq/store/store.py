@@ -24,7 +24,7 @@ from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
+from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
@@ -58,6 +58,7 @@ class MessageStore:
         self._last_flush_ms = 0
         self._last_checkpoint_ms = 0
         self._refusal = None
+        self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._ids = None
         self._index_problem = None
         self._closed = True
@@ -279,17 +280,18 @@ class MessageStore:
             raise DiskFull(state.reason)
 
     def check_disk(self):
-        """Disk usage of the data dir's filesystem; above the danger mark puts are refused."""
-        st = os.statvfs(self.dirs.root)
-        used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        free = st.f_bavail * st.f_frsize
-        ratio = used / (used + free) if used + free else 1.0
+        """Measure the data dir's filesystem (``files.disk_usage``: df's fraction); above the danger mark puts are
+        refused. The result is also kept as ``disk_state``, the latest measurement whoever asked for it."""
+        usage = disk_usage(self.dirs.root)
+        ratio = usage.ratio
         danger = self.config.disk_danger_ratio
         refusing = ratio > danger
         reason = ("disk usage %.1f%% is above the danger mark %g%%: writes are refused until space is freed"
                   % (ratio * 100, round(danger * 100, 3)) if refusing else "")
         self._refusal = reason or None
-        return DiskState(ratio, free, refusing, reason, st.f_blocks * st.f_frsize)
+        self.disk_state = DiskState(ratio, usage.available_bytes, refusing, reason,
+                                    usage.used_bytes + usage.available_bytes)
+        return self.disk_state
 
     # -- working ahead -------------------------------------------------------
 

@@ -29,9 +29,18 @@ def quiet_socket(port, host="127.0.0.1", source=None, rcvbuf=4096):
     return s
 
 
+def hang_up(sock):
+    """Close a socket another thread may be blocked sending on (``close`` alone would not wake it)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
 def send_in_background(sock, data):
     """Send ``data`` from a thread (the broker stops reading it: the send may block for good); returns the
-    thread, which ends when the socket is closed."""
+    thread, which ends when the socket is hung up (``hang_up``)."""
 
     def run():
         try:

@@ -15,7 +15,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 from tests.harness.broker import consume_all, wait_for
-from tests.hostile.common import LoopProbe, quiet_socket, rss_bytes, send_in_background
+from tests.hostile.common import LoopProbe, hang_up, quiet_socket, rss_bytes, send_in_background
 
 MiB = 1 << 20
 RECORD = 200 * 1024
@@ -31,7 +31,7 @@ def fill(client, topic, nbytes):
 
 def test_ten_thousand_unread_1mib_gets_do_not_grow_the_broker(broker_factory, tmp_path):
     broker = broker_factory(small_config(tmp_path / "data"))
-    with broker.client() as c:
+    with broker.client(timeout=30) as c:
         payloads = fill(c, "big", 2 * MiB)
         gets_before = int(c.stats_dict()["cmd_get"])
     rss_before = rss_bytes(broker.proc.pid)
@@ -45,13 +45,13 @@ def test_ten_thousand_unread_1mib_gets_do_not_grow_the_broker(broker_factory, tm
         assert grown < 100 * MiB, "the broker grew %.0f MB for one client's unread gets" % (grown / MiB)
         assert not probe.failures
         assert probe.p99() < 0.050, "version p99 %.1f ms while the gets were pending" % (probe.p99() * 1000)
-        with broker.client() as c:
+        with broker.client(timeout=30) as c:
             served = int(c.stats_dict()["cmd_get"]) - gets_before
         assert served < 1000, "the broker answered %d gets nobody read" % served
     finally:
-        attacker.close()
+        hang_up(attacker)
         sender.join(10)
-    with broker.client() as c:  # the broker is normal once the client goes, and the data is intact
+    with broker.client(timeout=30) as c:  # the broker is normal once the client goes, and the data is intact
         assert [r.data for r in consume_all(c, "big", 0)] == payloads
         wait_for(lambda: int(c.stats_dict()["curr_connections"]) == 1, what="the attacker's connection to close")
 
@@ -59,7 +59,7 @@ def test_ten_thousand_unread_1mib_gets_do_not_grow_the_broker(broker_factory, tm
 def test_gets_wait_for_their_replies_to_drain_then_all_answer_in_order(broker_factory, tmp_path):
     """Past the budget (and the kernel's buffers) the broker stops answering; reading lets every get through."""
     broker = broker_factory(small_config(tmp_path / "data", limits={"max_reply_bytes": 256 * 1024}))
-    with broker.client() as c:
+    with broker.client(timeout=30) as c:
         for i in range(8):
             c.put_ok("small", b"%06d" % i + b"x" * (32 * 1024 - 6), partition=0)
         gets_before = int(c.stats_dict()["cmd_get"])
@@ -67,7 +67,7 @@ def test_gets_wait_for_their_replies_to_drain_then_all_answer_in_order(broker_fa
     n = 400  # each reply is one 32 KB record: 12.8 MB in all, far past the socket buffers
     try:
         s.sendall(b"".join(serialize(ev.Get("small", "g", 0, 0, 40000, i)) for i in range(n)))
-        with broker.client() as c:
+        with broker.client(timeout=30) as c:
             answered = lambda: int(c.stats_dict()["cmd_get"]) - gets_before  # noqa: E731
             wait_for(lambda: answered() >= 4, what="the first gets to be answered")
             time.sleep(0.5)
@@ -100,7 +100,7 @@ def pull_frame(topic, opaque):
 def test_unread_remoting_pulls_do_not_grow_the_broker(broker_factory, tmp_path):
     broker = broker_factory(rmq_config(tmp_path / "data"))
     port = broker.config["remoting"]["port"]
-    with broker.client() as c:
+    with broker.client(timeout=30) as c:
         payloads = fill(c, "bigr", 2 * MiB)
     rss_before = rss_bytes(broker.proc.pid)
     attacker = quiet_socket(port)
@@ -113,7 +113,7 @@ def test_unread_remoting_pulls_do_not_grow_the_broker(broker_factory, tmp_path):
         assert not probe.failures
         assert probe.p99() < 0.050
     finally:
-        attacker.close()
+        hang_up(attacker)
         sender.join(10)
     with RemotingClient(port) as rc:  # an honest client still pulls everything, intact
         r = rc.call(RequestCode.PULL_MESSAGE, pull_fields("bigr", 0, 0, sys_flag=0, max_nums=4))
@@ -125,7 +125,7 @@ def test_unread_remoting_pulls_do_not_grow_the_broker(broker_factory, tmp_path):
 def test_a_reader_that_reads_gets_everything_with_a_small_budget(broker_factory, tmp_path, port_name):
     """The budget never loses or reorders a reply: a pipelining consumer that reads gets every record."""
     broker = broker_factory(rmq_config(tmp_path / "data", limits={"max_reply_bytes": 64 * 1024}))
-    with broker.client() as c:
+    with broker.client(timeout=30) as c:
         payloads = [b"%05d" % i * 2000 for i in range(200)]  # 10 KB each
         for p in payloads:
             c.put_ok("flow", p, partition=1)
