@@ -164,3 +164,7 @@ LOG_LINES_PER_TEMPLATE = 100
 LOG_WINDOW_S = 10.0
 #: Distinct templates tracked at once by that filter.
 LOG_TEMPLATES = 10_000
+
+#: (consumer group, client id) entries the remoting port keeps from heartbeats; a heartbeat that would add
+#: more is refused (SYSTEM_ERROR), so clients inventing ids and groups cannot grow the registry.
+MAX_REMOTING_MEMBERS = 100_000

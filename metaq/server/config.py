@@ -202,6 +202,7 @@ class RemotingSection(_Section):
     send_back_delay_level: Optional[int] = Field(None, ge=0, le=MAX_LEVELS)
     client_timeout_s: float = Field(120.0, gt=0)
     max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
+    max_client_entries: int = Field(limits.MAX_REMOTING_MEMBERS, ge=1)
 
     @field_validator("host", "advertised_host", "broker_name", "cluster")
     @classmethod

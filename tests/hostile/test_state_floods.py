@@ -68,3 +68,27 @@ def test_committed_offsets_past_the_broker_limit_are_refused(broker_factory, tmp
         assert c.call(ev.CommitOffset("g7", "oc", 0, 0, n + 1)).code == 200  # an existing one still moves
         assert c.call(ev.QueryOffset("g7", "oc", 0, n + 2)).body == b"0"
     wait_for(lambda: broker.proc.poll() is None, what="the broker to stay up")
+
+
+def test_heartbeats_past_the_registry_limit_are_refused(broker_factory, tmp_path):
+    from metaq.client.local import rmq_config
+    from metaq.client.raw import RemotingClient
+    from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode
+
+    n = 60
+    broker = broker_factory(rmq_config(tmp_path / "data", {"max_client_entries": n}))
+    groups = ",".join('{"groupName":"G%d","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING",'
+                      '"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","subscriptionDataSet":[],"unitMode":false}' % g
+                      for g in range(20))
+
+    def beat(rc, client):
+        body = '{"clientID":"%s","consumerDataSet":[%s],"producerDataSet":[]}' % (client, groups)
+        return rc.call(RequestCode.HEART_BEAT, {}, body.encode())
+
+    with RemotingClient(broker.config["remoting"]["port"]) as rc:
+        for k in range(n // 20):  # 3 clients in 20 groups each: the limit
+            assert beat(rc, "c%d" % k).code == ResponseCode.SUCCESS
+        r = beat(rc, "one-more")  # past it
+        assert r.code == ResponseCode.INVALID_PARAMETER
+        assert r.remark == "too many RocketMQ clients registered: the limit is %d (group, client) entries" % n
+        assert beat(rc, "c1").code == ResponseCode.SUCCESS  # a known client still beats

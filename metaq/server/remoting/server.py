@@ -57,7 +57,7 @@ class RemotingServer:
         self.port = None
         self.broker_name = cfg.broker_name or "metaq-%d" % config.broker.id
         self.store_ip = None  # set at start: the IP in routes and message ids
-        self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed)
+        self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
         self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
         self.stats = stats
         self.listener = None
