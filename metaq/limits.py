@@ -113,3 +113,7 @@ MAX_REPLICATION_EPOCHS = 4096
 #: Requests one remoting connection may have in progress at once (long-polling
 #: pulls and sends waiting for their flush included); reading pauses at the cap.
 MAX_REMOTING_INFLIGHT = 256
+
+#: Corrupt records the store logs (one line each, the first time one is read); past that many a read
+#: of one more is still refused and counted (``stats`` ``corrupt_reads``) but logged no more.
+MAX_CORRUPT_LOGGED = 1024

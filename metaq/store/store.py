@@ -17,8 +17,8 @@ import os
 import random
 import struct
 
-from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
-from metaq.limits import validate_partition
+from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, StoreError, UnknownTopic
+from metaq.limits import MAX_CORRUPT_LOGGED, validate_partition
 from metaq.store import batch, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
@@ -67,6 +67,8 @@ class MessageStore:
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
+        self.corrupt_reads = 0  # reads refused because a record failed its check (stats corrupt_reads)
+        self._corrupt_logged = set()
 
     # -- open / close --------------------------------------------------------
 
@@ -339,7 +341,10 @@ class MessageStore:
             raise _moved(vis)
         if offset < p.min:
             raise _moved(p.min)
-        views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
+        try:
+            views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
         return ReadResult(views, nbytes, len(views), offset + len(views))
 
     def read_joined(self, topic, partition, offset, max_size):
@@ -347,12 +352,26 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None or not p.min <= offset < p.visible:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
-        buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
-                                                       min(max_size, self.config.max_transfer_size))
+        try:
+            buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
+                                                           min(max_size, self.config.max_transfer_size))
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
         return ReadResult(buffers, nbytes, count, offset + count)
+
+    def _corrupt_read(self, exc):
+        """Count (and, the first time, log) a read refused at a corrupt record; returns ``exc``."""
+        self.corrupt_reads += 1
+        key = (exc.topic, exc.partition, exc.offset)
+        if key not in self._corrupt_logged:
+            if len(self._corrupt_logged) < MAX_CORRUPT_LOGGED:
+                self._corrupt_logged.add(key)
+            log.error("%s; `metaq-server --verify` lists every corrupt record", exc)
+        return exc
 
     def _collect(self, p, n, vis, limit):
         skip = metaq_offset(len(p.topic_bytes))
+        first = n
         views = []
         append = views.append
         nbytes = 0
@@ -374,8 +393,12 @@ class MessageStore:
                         raise StoreError("index unit of %s-%d points at %d, outside the log"
                                          % (p.topic, p.partition, phys))
                     seg_start, seg_end, sview = seg.start, seg.end, seg.view
-                a = phys - seg_start + skip
-                append(sview[a:a + ln])
+                rel = phys - seg_start
+                if check_record(sview, rel, rel + size) != size:  # never serve a corrupt record (gather.py)
+                    if views:
+                        return views, nbytes
+                    raise gather.corrupt(p, first, phys)
+                append(sview[rel + skip:rel + size])
                 nbytes += ln
             n = hi
             chunk = min(chunk * 4, 4096)
@@ -522,7 +545,10 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
-        return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+        try:
+            return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
 
     def record_at(self, position):
         """The record at commit-log ``position``, or NotFound."""
