@@ -136,3 +136,44 @@ def test_c_verifying_gather_equals_the_python_reference(payloads, flip_at, limit
     skip = record.metaq_offset(5)
     args = (units, skip, bytes(log), 1000, 1000 + len(log), limit, 0, True)
     assert gather_records_c(*args) == gather_records_py(*args)
+
+
+# -- metaq-server --verify's scan (metaq/store/verify.py) ------------------------------------------------
+
+
+def test_verify_finds_a_flipped_payload_byte_in_an_old_segment_and_nothing_in_a_clean_log(data_dir):
+    from metaq.store.verify import verify_log
+
+    s = open_store(data_dir)
+    for i in range(300):  # 4 KiB segments: many of them
+        s.put("test", i % 2, 0, b"payload %04d " % i * 4, NOW + i)
+    s.close(NOW)
+    clean = verify_log(str(data_dir))
+    assert clean.records == 300 and clean.segments > 5 and not clean.corrupt and clean.torn_tail is None
+
+    s = open_store(data_dir)
+    position = flip_payload_byte(s, "test", 1, 20)  # in the second segment or so: long before the checkpoint
+    s.close(NOW)
+    found = []
+    report = verify_log(str(data_dir), on_finding=found.append)
+    assert [(f.topic, f.partition, f.offset, f.position) for f in report.corrupt] == [("test", 1, 20, position)]
+    assert found == report.corrupt and "CRC mismatch" in found[0].reason
+    assert report.records == 299  # every other record checked and valid
+    assert "topic test partition 1 offset 20" in found[0].line() and "1 corrupt" in report.summary()
+
+
+def test_verify_resyncs_after_a_damaged_header_and_refuses_a_locked_data_dir(data_dir):
+    from metaq.store.verify import verify_log
+
+    s = open_store(data_dir)
+    for i in range(40):
+        s.put("test", 0, 0, b"x%02d" % i * 10, NOW + i)
+    position, size, _t = s._parts[("test", 0)].unit(5)
+    seg = s._log.segment_at(position)
+    seg.view[position - seg.start] ^= 0x7F  # the record's size field: its end is unknown
+    with pytest.raises(errors.StoreError, match="in use"):
+        verify_log(str(data_dir))  # the store holds the lock
+    s.close(NOW)
+    report = verify_log(str(data_dir))
+    assert len(report.corrupt) == 1 and report.corrupt[0].position == position
+    assert report.corrupt[0].length == size and report.records == 39

@@ -123,6 +123,10 @@ class ReplicationServer:
             reader = gevent.spawn(self._read_acks, sock, parser, state)
             try:
                 self._send_loop(sock, state, reader)
+            except errors.CorruptRecord as exc:  # never shipped: the slave holds everything before it
+                log.error("replication: slave %d (%s) cannot copy past commit-log position %s: %s",
+                          state.slave_id, peer, exc.position, exc)
+                send_event(sock, rp.ErrorFrame(exc.code, str(exc)))
             finally:
                 reader.kill(block=False)
                 self.slaves.pop(id(state), None)
