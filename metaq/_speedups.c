@@ -2,7 +2,7 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Six functions, each the exact twin of a pure-Python reference that is used
+ * Seven functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
@@ -14,6 +14,7 @@
  *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False)
  *                                                 == metaq.store.gather.gather_records_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
+ *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -468,6 +469,21 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nNi)", count, data, stop);
 }
 
+/* record_ok(buf, pos, size) == metaq.store.record.record_ok_py: one record checked in one call. */
+static PyObject *py_record_ok(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t pos, size;
+    if (!PyArg_ParseTuple(args, "Onn", &obj, &pos, &size))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int ok = pos >= 0 && size >= 0 && pos <= b.len && size <= b.len - pos &&
+             record_ok((const unsigned char *)b.buf + pos, size);
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(ok);
+}
+
 /* scan_records(buf, pos, end) == metaq.store.record.scan_records_py: where the run of valid records from pos stops. */
 static PyObject *scan_records(PyObject *self, PyObject *args) {
     PyObject *obj;
@@ -519,6 +535,8 @@ static PyMethodDef methods[] = {
      "unit_at) -> (count, rel_after)"},
     {"encode_put_acks", encode_put_acks, METH_VARARGS,
      "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
+    {"record_ok", py_record_ok, METH_VARARGS,
+     "record_ok(buf, pos, size) -> True when a valid record of exactly size bytes starts at pos"},
     {"scan_records", scan_records, METH_VARARGS,
      "scan_records(buf, pos, end) -> where the run of valid records from pos stops (end when all are valid)"},
     {"gather_records", gather_records, METH_VARARGS,

@@ -13,7 +13,7 @@ import struct
 
 from metaq.errors import CorruptRecord, Moved, NotFound, StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import check_record, decode_record
+from metaq.store.record import check_record, decode_record, record_ok
 
 #: store_ts_ms of a record (PREFIX field at byte 24).
 _STORE_TS = struct.Struct(">q")
@@ -52,7 +52,7 @@ def read_records(log, p, offset, max_count, max_bytes):
         if seg is None or size <= 0:
             raise StoreError("index unit %d of %s-%d points at %d, outside the log" % (n, p.topic, p.partition, phys))
         rel = phys - seg.start
-        if check_record(seg.view, rel, min(rel + size, seg.size)) != size:
+        if not record_ok(seg.view, rel, size):
             if records:
                 break
             raise CorruptRecord(p.topic, p.partition, n, n + 1, phys)

@@ -168,6 +168,16 @@ def check_record(buf, pos, limit):
     return total
 
 
+def record_ok_py(buf, pos, size):
+    """True when a valid record (``check_record``) of exactly ``size`` bytes starts at ``pos`` of ``buf``."""
+    if pos < 0 or size <= 0 or pos > len(buf) or size > len(buf) - pos:
+        return False
+    return check_record(buf, pos, pos + size) == size
+
+
+record_ok = speedups.load("record_ok", record_ok_py)  # the C twin when built: one call per record
+
+
 def scan_records_py(buf, pos, end):
     """Where the run of valid records (``check_record``) from ``pos`` stops: ``end`` when every record up to
     it is valid, else the position of the first that is not (or of what follows the last whole one)."""

@@ -29,8 +29,8 @@ from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
-from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset, tag_hash,
-                                write_record)
+from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset,
+                                record_ok, tag_hash, write_record)
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 
@@ -394,7 +394,7 @@ class MessageStore:
                                          % (p.topic, p.partition, phys))
                     seg_start, seg_end, sview = seg.start, seg.end, seg.view
                 rel = phys - seg_start
-                if check_record(sview, rel, rel + size) != size:  # never serve a corrupt record (gather.py)
+                if not record_ok(sview, rel, size):  # never serve a corrupt record (gather.py)
                     if views:
                         return views, nbytes
                     raise gather.corrupt(p, first, phys)

@@ -8,13 +8,14 @@ from metaq import errors
 from metaq.store import gather, record
 from metaq.store.gather import gather_records_py
 from metaq.store.index import UNIT
-from metaq.store.record import encode_record, scan_records_py
+from metaq.store.record import encode_record, record_ok_py, scan_records_py
 from tests.harness.store import NOW, open_store
 
 try:
-    from metaq._speedups import gather_records as gather_records_c, scan_records as scan_records_c
+    from metaq._speedups import gather_records as gather_records_c, record_ok as record_ok_c
+    from metaq._speedups import scan_records as scan_records_c
 except ImportError:
-    gather_records_c = scan_records_c = None
+    gather_records_c = scan_records_c = record_ok_c = None
 
 
 @pytest.fixture(params=["built", "python"])
@@ -119,6 +120,17 @@ def test_c_scan_equals_the_python_reference(payloads, flip_at, junk, pos, end):
     if 0 <= flip_at < len(buf):
         buf[flip_at] ^= 0x41
     assert scan_records_c(buf, pos, end) == scan_records_py(buf, pos, end)
+
+
+@pytest.mark.skipif(record_ok_c is None, reason="metaq._speedups was not built")
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=80), st.integers(-1, 200), st.integers(-3, 200), st.integers(-3, 200), st.integers(0, 8))
+def test_c_record_ok_equals_the_python_reference(payload, flip_at, pos, size, lead):
+    buf = bytearray(bytes(lead) + encode_record("tp", 3, 9, NOW, NOW, 1, 1, payload) + b"\x00\x01")
+    if 0 <= flip_at < len(buf):
+        buf[flip_at] ^= 0x20
+    assert record_ok_c(buf, pos, size) == record_ok_py(buf, pos, size)
+    assert record_ok_c(buf, lead, len(buf) - lead - 2) == record_ok_py(buf, lead, len(buf) - lead - 2)
 
 
 @pytest.mark.skipif(gather_records_c is None, reason="metaq._speedups was not built")
