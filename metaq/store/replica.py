@@ -125,7 +125,9 @@ def read_log(acc, position, max_bytes, upto="flushed"):
         if left < MARKER.size or MARKER.unpack_from(view, rel) == (left, BLANK_MAGIC):
             if taken and taken + left > max_bytes:
                 break
-            _verified(acc, view, base, position - base, rel)
+            ok = _verified(acc, view, base, position - base, rel)
+            if ok < rel:  # a corrupt record before the tail: the chunk ends before it
+                return view[position - base:ok], base + ok
             return view[position - base:seg.size], seg.end
         total, magic = MARKER.unpack_from(view, rel)
         if magic != MESSAGE_MAGIC or total < FIXED_OVERHEAD or total > stop - rel:

@@ -175,3 +175,27 @@ def test_verify_exits_zero_on_a_clean_log(broker):
     assert clean.returncode == 0, clean
     assert "%d records" % COUNT in clean.stdout and "0 corrupt" in clean.stdout
     assert not [line for line in clean.stdout.splitlines() if line.startswith("corrupt:")]
+
+
+def test_the_replication_master_ships_everything_before_it_and_not_it(broker_factory, tmp_path):
+    from metaq.client.local import free_port, small_config
+    from tests.harness.replication import master_config
+
+    rport = free_port()
+    master = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    with master.client() as c:
+        for i in range(COUNT):
+            c.put_ok(TOPIC, payload(i), PARTITION)
+    assert master.stop() == 0
+    flip_payload_byte(master.data_dir, BAD)
+    master.start()
+    wd = tmp_path / "s"
+    slave = broker_factory(small_config(wd / "data"), workdir=wd,
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    wait_for(lambda: "corrupt record: topic test partition 0 offset 5" in slave.log_text(), 20,
+             lambda: "the slave hears why the link ended:\n" + slave.log_text())
+    assert "cannot copy past commit-log position" in master.log_text(since_start=True)
+    with slave.client() as c:
+        got = read_to_end(c, 0)
+        assert [r.data for r in got] == [payload(i) for i in range(BAD)]  # everything before it, intact
+        assert c.stats_dict()["replication_link"] == "down"

@@ -99,6 +99,23 @@ def test_the_replication_master_ships_up_to_a_corrupt_record_and_no_further(data
     s.close(NOW)
 
 
+def test_a_chunk_that_ends_in_a_blank_tail_stops_before_a_corrupt_record_too(data_dir):
+    s = open_store(data_dir)  # 4 KiB segments
+    for i in range(40):
+        s.put("test", 0, 0, b"r%02d" % i * 40, NOW + i)
+    s.flush_log()
+    first = s._log.segments[0]
+    units = [s._parts[("test", 0)].unit(n) for n in range(40)]
+    in_first = [n for n, u in enumerate(units) if u[0] < first.end]
+    bad = in_first[-2]  # the first segment ends in a blank tail after the record following this one
+    position = flip_payload_byte(s, "test", 0, bad)
+    view, nxt = s.read_log(first.start, 1 << 20, upto="written")
+    assert nxt == position and len(view) == position - first.start
+    with pytest.raises(errors.CorruptRecord):
+        s.read_log(position, 1 << 20, upto="written")
+    s.close(NOW)
+
+
 def test_scan_records_finds_the_first_bad_record():
     recs = [encode_record("t", 0, i, NOW, NOW, i, 0, b"payload %d" % i) for i in range(5)]
     buf = bytearray(b"".join(recs))

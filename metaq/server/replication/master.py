@@ -178,6 +178,8 @@ class ReplicationServer:
                 agreed, exc.offset), None
         except ReplicationRefused as exc:
             return "position %d is not a record boundary of this master's log (%s)" % (agreed, exc), None
+        except errors.CorruptRecord:
+            pass  # a boundary all the same: the send loop ends the link there, naming the record
         return None, agreed
 
     def _send_loop(self, sock, state, reader):
