@@ -20,6 +20,13 @@ each, and the medians are printed:
 
 The cost per MiB is (checked − unchecked) / MiB read; the ratio is checked /
 unchecked time, both from the same run.
+
+    python -m bench.bench_verify --ab OLD_TREE [--runs 5] [--messages 200000]
+
+compares, end to end, ``bench/run.py``'s "sequential read, 1 MiB gets" row
+(1 KiB messages, a real broker, a raw client) between this tree and
+``OLD_TREE`` (a checkout without the check, its C helper built in place),
+brokers started alternately, a fresh one per run; medians and their ratio.
 """
 
 import argparse
@@ -150,13 +157,53 @@ def bench_size(base, size, mib, runs):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def ab_reads(old_tree, runs, messages, base):
+    """Median MB/s of sequential 1 MiB gets: (this tree, old_tree), alternating fresh brokers."""
+    from bench import run as table
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"checked (this tree)": here, "unchecked (%s)" % old_tree: os.path.abspath(old_tree)}
+    figures = {name: [] for name in trees}
+    saved = os.environ.get("PYTHONPATH")
+    root = tempfile.mkdtemp(prefix="metaq-bench-ab-", dir=base)
+    try:
+        for r in range(runs):
+            for name, tree in trees.items():
+                os.environ["PYTHONPATH"] = tree  # the broker process runs that tree's metaq
+                b = table.start_broker(root, "async", "ab-%d-%d" % (r, len(figures[name])))
+                try:
+                    table.pipelined_puts(b.port, messages, depth=256)
+                    figures[name].append(statistics.median(
+                        table.sequential_reads(b.port, messages)[0] for _ in range(3)))
+                finally:
+                    b.stop()
+                    shutil.rmtree(b.workdir, ignore_errors=True)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+        shutil.rmtree(root, ignore_errors=True)
+    (a, fa), (b_, fb) = figures.items()
+    ma, mb = statistics.median(fa), statistics.median(fb)
+    print("sequential read, 1 MiB gets, 1 KiB messages, %d runs each (medians of 3 reads per run)" % runs)
+    for name, fig in figures.items():
+        print("  %s: median %.0f MB/s (runs: %s)" % (name, statistics.median(fig), ", ".join("%.0f" % x for x in fig)))
+    print("  ratio checked/unchecked: %.3f; the check's cost per MiB read: %.3f ms" % (
+        ma / mb, (1 / ma - 1 / mb) * 1000 * (1 << 20) / 1e6))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ab", metavar="OLD_TREE", help="compare end-to-end reads with the tree OLD_TREE")
+    ap.add_argument("--messages", type=int, default=200_000, help="--ab: 1 KiB messages read per run")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--mib", type=int, default=64, help="MiB of records per size")
     ap.add_argument("--sizes", default="100,1024,16384", help="message body sizes, bytes")
     ap.add_argument("--dir", default="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     args = ap.parse_args(argv)
+    if args.ab:
+        return ab_reads(args.ab, args.runs, args.messages, None)
     print("crc32: %s; %d runs each, medians; %d MiB per size" % (checksum.IMPLEMENTATION, args.runs, args.mib))
     print("| read | body | checked | unchecked | CRC check per MiB read | time ratio |")
     print("|---|---|---|---|---|---|")

@@ -434,7 +434,7 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
     Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
     int stop = GATHER_END;
-    /* First pass: how many records, how many bytes (and, with verify, each record checked). */
+    /* First pass, over the units only: how many records, how many bytes. */
     for (; count < nunits; count++) {
         const unsigned char *u = units + count * UNIT_SIZE;
         long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
@@ -445,22 +445,29 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
         }
         if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
             break;
-        if (verify && !record_ok(log + (phys - seg_start), size)) {
-            stop = GATHER_CORRUPT;
-            break;
-        }
         total += ln;
     }
+    /* Second pass: each record checked (with verify) then copied while its bytes are still in the cache; the
+     * copy stops before a corrupt record and the buffer is cut to what was copied. */
     PyObject *data = PyBytes_FromStringAndSize(NULL, total);
     if (data != NULL) {
-        char *out = PyBytes_AS_STRING(data);
+        char *out = PyBytes_AS_STRING(data), *begin = out;
         for (Py_ssize_t k = 0; k < count; k++) {
             const unsigned char *u = units + k * UNIT_SIZE;
             long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
-            Py_ssize_t ln = (int32_t)get32(u + 8) - skip;
-            memcpy(out, log + (phys - seg_start) + skip, ln);
+            long long size = (int32_t)get32(u + 8);
+            Py_ssize_t ln = (Py_ssize_t)(size - skip);
+            const unsigned char *rec = log + (phys - seg_start);
+            if (verify && !record_ok(rec, size)) {
+                count = k;
+                stop = GATHER_CORRUPT;
+                break;
+            }
+            memcpy(out, rec + skip, ln);
             out += ln;
         }
+        if (out - begin != total && _PyBytes_Resize(&data, out - begin) < 0)
+            data = NULL;
     }
     PyBuffer_Release(&lb);
     PyBuffer_Release(&ub);
