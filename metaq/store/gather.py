@@ -18,7 +18,7 @@ never served. The records before it are; the read that starts at it raises
 from metaq import speedups
 from metaq.errors import CorruptRecord, StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import check_record, metaq_offset
+from metaq.store.record import check_record, metaq_offset, record_ok
 
 #: The MetaQ form's 20-byte header: a record's form is never shorter.
 MIN_METAQ_FORM = 20
@@ -93,6 +93,44 @@ def collect_joined(log, p, n, vis, limit, verify=True):
         if stop == FULL:
             break
     return buffers, nbytes, count
+
+
+def collect_views(log, p, n, vis, limit):
+    """``(views, nbytes)``: one memoryview per record (its MetaQ form) of records ``n…`` of ``p`` below ``vis``
+    within ``limit`` (at least one), for ``MessageStore.read``; checked as ``collect_joined`` checks them."""
+    skip = metaq_offset(len(p.topic_bytes))
+    first = n
+    views = []
+    append = views.append
+    nbytes = 0
+    seg_start = seg_end = -1
+    sview = None
+    chunk = 32
+    while n < vis:
+        f = p.file_for(n)
+        if f is None:
+            raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
+        hi = min(vis, f.end, n + chunk)
+        for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
+            ln = size - skip
+            if nbytes + ln > limit and views:
+                return views, nbytes
+            if not seg_start <= phys < seg_end:
+                seg = log.segment_at(phys)
+                if seg is None or ln < MIN_METAQ_FORM:
+                    raise StoreError("index unit of %s-%d points at %d, outside the log"
+                                     % (p.topic, p.partition, phys))
+                seg_start, seg_end, sview = seg.start, seg.end, seg.view
+            rel = phys - seg_start
+            if not record_ok(sview, rel, size):  # never serve a corrupt record
+                if views:
+                    return views, nbytes
+                raise corrupt(p, first, phys)
+            append(sview[rel + skip:rel + size])
+            nbytes += ln
+        n = hi
+        chunk = min(chunk * 4, 4096)
+    return views, nbytes
 
 
 def phys_of(p, n):

@@ -30,13 +30,12 @@ from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
 from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset,
-                                record_ok, tag_hash, write_record)
+                                tag_hash, write_record)
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
-_MIN_METAQ_FORM = 20
 _new_tuple = tuple.__new__
 
 
@@ -342,7 +341,8 @@ class MessageStore:
         if offset < p.min:
             raise _moved(p.min)
         try:
-            views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
+            views, nbytes = gather.collect_views(self._log, p, offset, vis,
+                                                 min(max_size, self.config.max_transfer_size))
         except CorruptRecord as exc:
             raise self._corrupt_read(exc) from None
         return ReadResult(views, nbytes, len(views), offset + len(views))
@@ -368,41 +368,6 @@ class MessageStore:
                 self._corrupt_logged.add(key)
             log.error("%s; `metaq-server --verify` lists every corrupt record", exc)
         return exc
-
-    def _collect(self, p, n, vis, limit):
-        skip = metaq_offset(len(p.topic_bytes))
-        first = n
-        views = []
-        append = views.append
-        nbytes = 0
-        seg_start = seg_end = -1
-        sview = None
-        chunk = 32
-        while n < vis:
-            f = p.file_for(n)
-            if f is None:
-                raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
-            hi = min(vis, f.end, n + chunk)
-            for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
-                ln = size - skip
-                if nbytes + ln > limit and views:
-                    return views, nbytes
-                if not seg_start <= phys < seg_end:
-                    seg = self._log.segment_at(phys)
-                    if seg is None or ln < _MIN_METAQ_FORM:
-                        raise StoreError("index unit of %s-%d points at %d, outside the log"
-                                         % (p.topic, p.partition, phys))
-                    seg_start, seg_end, sview = seg.start, seg.end, seg.view
-                rel = phys - seg_start
-                if not record_ok(sview, rel, size):  # never serve a corrupt record (gather.py)
-                    if views:
-                        return views, nbytes
-                    raise gather.corrupt(p, first, phys)
-                append(sview[rel + skip:rel + size])
-                nbytes += ln
-            n = hi
-            chunk = min(chunk * 4, 4096)
-        return views, nbytes
 
     def min_offset(self, topic, partition):
         p = self._reader(topic, partition)
