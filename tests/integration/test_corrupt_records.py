@@ -199,3 +199,47 @@ def test_the_replication_master_ships_everything_before_it_and_not_it(broker_fac
         got = read_to_end(c, 0)
         assert [r.data for r in got] == [payload(i) for i in range(BAD)]  # everything before it, intact
         assert c.stats_dict()["replication_link"] == "down"
+
+
+def test_a_corrupt_delayed_entry_is_dropped_with_a_log_line_and_the_others_are_delivered(broker_factory, tmp_path):
+    from tests.harness.delay import delay_stats, put_delayed_ok
+
+    wd = tmp_path / "d"
+    broker = broker_factory(rmq_config(wd / "data", delay={"levels": "1s 2s 8s"}), workdir=wd)
+    with broker.client() as c:
+        ids = [put_delayed_ok(c, "t-later", b"delayed-%02d-" % i + b"q" * 200, 3)[0] for i in range(3)]
+    assert broker.stop() == 0  # long before they are due
+    flip_payload_byte_of(broker.data_dir, b"delayed-01-")
+    broker.start()
+
+    def delivered():
+        with broker.client() as c:
+            got = read_to_end_of(c, "t-later", 0)
+        return got if len(got) >= 2 else None
+    got = wait_for(delivered, 30, "the two intact delayed messages")
+    assert [r.msg_id for r in got] == [ids[0], ids[2]]
+    assert "level 3 entry 1 is corrupt and is dropped" in broker.log_text(since_start=True)
+    with broker.client() as c:
+        assert delay_stats(c)[1]["dropped"] == 1
+        assert int(c.stats_dict()["corrupt_reads"]) >= 1
+
+
+def flip_payload_byte_of(data_dir, marker):
+    for seg in sorted(glob.glob(os.path.join(data_dir, "commitlog", "*"))):
+        with open(seg, "r+b") as f:
+            data = f.read()
+            at = data.find(marker)
+            if at >= 0:
+                f.seek(at + 100)
+                f.write(bytes([data[at + 100] ^ 0x01]))
+                return
+    raise AssertionError("%r not found" % marker)
+
+
+def read_to_end_of(c, topic, partition):
+    out = []
+    while True:
+        reply = c.get(topic, partition, len(out), 8 << 20)
+        if isinstance(reply, ev.Result):
+            return out
+        out.extend(records(reply))
