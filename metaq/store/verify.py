@@ -122,7 +122,7 @@ def _scan(mm, start, path, size, torn_from, report, on_finding):
             return  # unwritten space
         nxt = _next_valid(mm, rel, size)
         finding = _describe(mm, path, start, rel, nxt)
-        if torn_from is not None and start + rel >= torn_from and nxt >= size:
+        if torn_from is not None and start + rel >= torn_from and not _nonzero_after(mm, nxt, size):
             report.torn_tail = finding  # past the checkpoint, nothing valid after it: what recovery cuts
             return
         _found(report, on_finding, finding)
@@ -143,8 +143,13 @@ def _found(report, on_finding, finding):
         on_finding(finding)
 
 
-def _nonzero_after(mm, rel, size):
-    return bool(mm[rel:size].strip(b"\0"))
+def _nonzero_after(mm, rel, size, chunk=1 << 20):
+    """True when a byte of ``[rel, size)`` is not zero (looked at a MiB at a time: segments are large)."""
+    while rel < size:
+        if mm[rel:min(size, rel + chunk)].strip(b"\0"):
+            return True
+        rel += chunk
+    return False
 
 
 def _next_valid(mm, rel, size):

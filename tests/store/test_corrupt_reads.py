@@ -206,3 +206,22 @@ def test_verify_resyncs_after_a_damaged_header_and_refuses_a_locked_data_dir(dat
     report = verify_log(str(data_dir))
     assert len(report.corrupt) == 1 and report.corrupt[0].position == position
     assert report.corrupt[0].length == size and report.records == 39
+
+
+def test_verify_reports_a_torn_tail_after_the_checkpoint_apart_from_corruption(data_dir):
+    from metaq.store.verify import verify_log
+
+    s = open_store(data_dir)
+    for i in range(10):
+        s.put("test", 0, 0, b"kept %d " % i * 20, NOW + i)
+    s.checkpoint(NOW + 10)
+    s.put("test", 0, 0, b"torn " * 40, NOW + 11)
+    position, size, _t = s._parts[("test", 0)].unit(10)
+    seg = s._log.segment_at(position)
+    rel = position - seg.start
+    seg.view[rel + size - 100:rel + size] = bytes(100)  # its last 100 bytes never reached the disk
+    s.abandon()  # as after kill -9
+    report = verify_log(str(data_dir))
+    assert not report.corrupt and report.records == 10
+    assert report.torn_tail is not None and report.torn_tail.position == position
+    assert "torn tail" in report.summary() and "0 corrupt" in report.summary()
