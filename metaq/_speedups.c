@@ -491,7 +491,8 @@ static PyObject *py_record_ok(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
-/* scan_records(buf, pos, end) == metaq.store.record.scan_records_py: where the run of valid records from pos stops. */
+/* scan_records(buf, pos, end) == metaq.store.record.scan_records_py: (where the run of valid records from pos
+ * stops, how many records it holds). */
 static PyObject *scan_records(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_ssize_t pos, end;
@@ -505,16 +506,18 @@ static PyObject *scan_records(PyObject *self, PyObject *args) {
         end = b.len;
     if (pos < 0)
         pos = end;
+    Py_ssize_t count = 0;
     Py_BEGIN_ALLOW_THREADS /* only the buffer is read: a long scan (--verify, a replication chunk) lets others run */
     while (end - pos >= MIN_RECORD) {
         long long total = (int32_t)get32(buf + pos);
         if (total < MIN_RECORD || total > end - pos || !record_ok(buf + pos, total))
             break;
         pos += total;
+        count++;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
-    return PyLong_FromSsize_t(pos);
+    return Py_BuildValue("(nn)", pos, count);
 }
 
 static PyObject *py_crc32(PyObject *self, PyObject *args) {
@@ -545,7 +548,7 @@ static PyMethodDef methods[] = {
     {"record_ok", py_record_ok, METH_VARARGS,
      "record_ok(buf, pos, size) -> True when a valid record of exactly size bytes starts at pos"},
     {"scan_records", scan_records, METH_VARARGS,
-     "scan_records(buf, pos, end) -> where the run of valid records from pos stops (end when all are valid)"},
+     "scan_records(buf, pos, end) -> (where the run of valid records from pos stops, how many records it holds)"},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False) -> (count, data, stop)"},
     {NULL, NULL, 0, NULL},

@@ -179,17 +179,20 @@ record_ok = speedups.load("record_ok", record_ok_py)  # the C twin when built: o
 
 
 def scan_records_py(buf, pos, end):
-    """Where the run of valid records (``check_record``) from ``pos`` stops: ``end`` when every record up to
-    it is valid, else the position of the first that is not (or of what follows the last whole one)."""
+    """``(stop, count)``: where the run of valid records (``check_record``) from ``pos`` stops — ``end`` when
+    every record up to it is valid, else the position of the first that is not (or of what follows the last
+    whole one) — and how many records the run holds."""
     end = min(end, len(buf))
     if pos < 0:
-        return end
+        return end, 0
+    count = 0
     while end - pos >= MIN_RECORD:
         total = check_record(buf, pos, end)
         if not total:
             break
         pos += total
-    return pos
+        count += 1
+    return pos, count
 
 
 scan_records = speedups.load("scan_records", scan_records_py)  # the C twin when built: the run in one call

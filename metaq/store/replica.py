@@ -145,7 +145,7 @@ def _verified(acc, view, base, rel, stop):
     """Where the chunk's records ``[rel, stop)`` must end so that none is corrupt: ``stop``, or the first corrupt
     record's place. A master never ships a record it knows is corrupt (the slave would refuse it anyway): when
     the chunk starts with one, ``CorruptRecord`` names it, and the link ends there (README "Corrupt records")."""
-    bad = scan_records(view, rel, stop)
+    bad = scan_records(view, rel, stop)[0]
     if bad >= stop:
         return stop
     if bad > rel:

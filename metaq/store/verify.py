@@ -99,16 +99,17 @@ def _verify_segment(start, path, torn_from, report, on_finding):
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return
-        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # the pages mapped at once, not one fault each
+        with mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ) as mm:
             _scan(mm, start, path, size, torn_from, report, on_finding)
 
 
 def _scan(mm, start, path, size, torn_from, report, on_finding):
     rel = 0
     while rel < size:
-        stop = scan_records(mm, rel, size)
+        stop, count = scan_records(mm, rel, size)
         report.bytes += stop - rel
-        report.records += _count(mm, rel, stop)
+        report.records += count
         rel = stop
         left = size - rel
         if left < MARKER.size:
@@ -129,26 +130,23 @@ def _scan(mm, start, path, size, torn_from, report, on_finding):
         rel = nxt
 
 
-def _count(mm, lo, hi):
-    n = 0
-    while lo < hi:
-        lo += MARKER.unpack_from(mm, lo)[0]
-        n += 1
-    return n
-
-
 def _found(report, on_finding, finding):
     report.corrupt.append(finding)
     if on_finding is not None:
         on_finding(finding)
 
 
-def _nonzero_after(mm, rel, size, chunk=1 << 20):
-    """True when a byte of ``[rel, size)`` is not zero (looked at a MiB at a time: segments are large)."""
+_ZEROS = bytes(1 << 20)
+
+
+def _nonzero_after(mm, rel, size):
+    """True when a byte of ``[rel, size)`` is not zero (compared a MiB at a time: segments are large)."""
+    chunk = len(_ZEROS)
     while rel < size:
-        if mm[rel:min(size, rel + chunk)].strip(b"\0"):
+        n = min(size - rel, chunk)
+        if mm[rel:rel + n] != _ZEROS[:n]:
             return True
-        rel += chunk
+        rel += n
     return False
 
 
