@@ -166,5 +166,9 @@ LOG_WINDOW_S = 10.0
 LOG_TEMPLATES = 10_000
 
 #: (consumer group, client id) entries the remoting port keeps from heartbeats; a heartbeat that would add
-#: more is refused (SYSTEM_ERROR), so clients inventing ids and groups cannot grow the registry.
+#: more is refused (INVALID_PARAMETER), so clients inventing ids and groups cannot grow the registry.
 MAX_REMOTING_MEMBERS = 100_000
+
+#: Corrupt records the store logs (one line each, the first time one is read); past that many a read
+#: of one more is still refused and counted (``stats`` ``corrupt_reads``) but logged no more.
+MAX_CORRUPT_LOGGED = 1024

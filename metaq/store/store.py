@@ -13,12 +13,11 @@ Time is never read here: it comes in as ``now_ms``.
 """
 
 import logging
-import os
 import random
 import struct
 
-from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
-from metaq.limits import validate_partition
+from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
+from metaq.limits import MAX_CORRUPT_LOGGED, validate_partition
 from metaq.store import batch, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
@@ -29,14 +28,13 @@ from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
-from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record, metaq_offset, tag_hash,
-                                write_record)
+from metaq.store.record import (FIXED_OVERHEAD, RecordTooLarge, check_record, decode_record,
+                                tag_hash, write_record)
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
-_MIN_METAQ_FORM = 20
 _new_tuple = tuple.__new__
 
 
@@ -68,6 +66,8 @@ class MessageStore:
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
+        self.corrupt_reads = 0  # reads refused because a record failed its check (stats corrupt_reads)
+        self._corrupt_logged = set()
 
     # -- open / close --------------------------------------------------------
 
@@ -341,7 +341,11 @@ class MessageStore:
             raise _moved(vis)
         if offset < p.min:
             raise _moved(p.min)
-        views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
+        try:
+            views, nbytes = gather.collect_views(self._log, p, offset, vis,
+                                                 min(max_size, self.config.max_transfer_size))
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
         return ReadResult(views, nbytes, len(views), offset + len(views))
 
     def read_joined(self, topic, partition, offset, max_size):
@@ -349,39 +353,22 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None or not p.min <= offset < p.visible:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
-        buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
-                                                       min(max_size, self.config.max_transfer_size))
+        try:
+            buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
+                                                           min(max_size, self.config.max_transfer_size))
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
         return ReadResult(buffers, nbytes, count, offset + count)
 
-    def _collect(self, p, n, vis, limit):
-        skip = metaq_offset(len(p.topic_bytes))
-        views = []
-        append = views.append
-        nbytes = 0
-        seg_start = seg_end = -1
-        sview = None
-        chunk = 32
-        while n < vis:
-            f = p.file_for(n)
-            if f is None:
-                raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
-            hi = min(vis, f.end, n + chunk)
-            for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
-                ln = size - skip
-                if nbytes + ln > limit and views:
-                    return views, nbytes
-                if not seg_start <= phys < seg_end:
-                    seg = self._log.segment_at(phys)
-                    if seg is None or ln < _MIN_METAQ_FORM:
-                        raise StoreError("index unit of %s-%d points at %d, outside the log"
-                                         % (p.topic, p.partition, phys))
-                    seg_start, seg_end, sview = seg.start, seg.end, seg.view
-                a = phys - seg_start + skip
-                append(sview[a:a + ln])
-                nbytes += ln
-            n = hi
-            chunk = min(chunk * 4, 4096)
-        return views, nbytes
+    def _corrupt_read(self, exc):
+        """Count (and, the first time, log) a read refused at a corrupt record; returns ``exc``."""
+        self.corrupt_reads += 1
+        key = (exc.topic, exc.partition, exc.offset)
+        if key not in self._corrupt_logged:
+            if len(self._corrupt_logged) < MAX_CORRUPT_LOGGED:
+                self._corrupt_logged.add(key)
+            log.error("%s; `metaq-server --verify` lists every corrupt record", exc)
+        return exc
 
     def min_offset(self, topic, partition):
         p = self._reader(topic, partition)
@@ -524,7 +511,10 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
-        return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+        try:
+            return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
 
     def record_at(self, position):
         """The record at commit-log ``position``, or NotFound."""

@@ -211,6 +211,9 @@ class RemotingDispatcher:
         except errors.Moved as moved:
             return response_for(cmd, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY",
                                 self._pull_fields(h, moved.offset))
+        except errors.CorruptRecord as exc:  # never served: SYSTEM_ERROR naming it; nextBeginOffset skips it
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "CORRUPT_RECORD " + str(exc),
+                                self._pull_fields(h, exc.next_offset))
         if not records:
             return None
         host = (self.server.store_ip, self.server.port)
