@@ -6,6 +6,7 @@ remoting pulls together); past either the poll is answered at once with a clear 
 
 import time
 
+from metaq import limits
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import PULL_FLAGS, RemotingClient, TextClient, pull_fields
 from metaq.protocol import events as ev
@@ -67,18 +68,22 @@ def test_parked_gets_at_each_cap_and_one_past(broker_factory, tmp_path):
 
 
 def test_closing_a_connection_with_the_most_parked_gets_does_not_stall_the_broker(broker_factory, tmp_path):
-    per_conn, conns = 1000, 20  # 20,000 gets parked on one partition (the default caps: 1024 and 20,000)
+    """One connection parks the most it may (1,024), 19 others nearly as many: 19,986 on one partition."""
+    most, others, each = limits.MAX_PARKED_GETS_PER_CONNECTION, 19, 998
+    total = most + others * each
+    assert total <= limits.MAX_PARKED_GETS
     broker = broker_factory(small_config(tmp_path / "data"))
-    clients = [TextClient("127.0.0.1", broker.port) for _ in range(conns)]
+    clients = [TextClient("127.0.0.1", broker.port) for _ in range(others + 1)]
     try:
-        for i, c in enumerate(clients):
-            park(c, per_conn, i * per_conn)
-        wait_for(lambda: parked(broker) == per_conn * conns, timeout=60, what="20,000 parked gets")
+        for i, c in enumerate(clients[:others]):
+            park(c, each, i * each)
+        park(clients[-1], most, others * each)
+        wait_for(lambda: parked(broker) == total, timeout=60, what="%d parked gets" % total)
         wait_for(lambda: settled(broker), timeout=30, what="the parked greenlets to start waiting")
         with LoopProbe(broker.port) as probe:
             time.sleep(0.3)
             clients.pop().close()
-            wait_for(lambda: parked(broker) == per_conn * (conns - 1), what="one connection's gets to leave")
+            wait_for(lambda: parked(broker) == total - most, what="one connection's gets to leave")
             time.sleep(0.3)
         assert not probe.failures
         assert probe.worst() < 0.100, "the broker stalled %.0f ms closing one connection" % (probe.worst() * 1000)
