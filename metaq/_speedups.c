@@ -2,7 +2,7 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Five functions, each the exact twin of a pure-Python reference that is used
+ * Seven functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
@@ -11,8 +11,10 @@
  *                                                 == metaq.protocol.burst.encode_put_acks_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
  *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
- *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes)
+ *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False)
  *                                                 == metaq.store.gather.gather_records_py
+ *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
+ *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -395,11 +397,32 @@ static uint32_t get32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+#define MIN_RECORD (PREFIX_SIZE + HEADER_SIZE + 1)
+#define GATHER_END 0     /* the units ran out, or the next is not a whole record of this segment */
+#define GATHER_FULL 1    /* the next record would pass the limit */
+#define GATHER_CORRUPT 2 /* the next record fails its check (verify) */
+
+/* metaq.store.record.check_record(r, 0, size) == size: the record at r, of the size its index unit says, has the
+ * magic, that total size, a consistent topic length and msgLen, and a matching CRC. */
+static int record_ok(const unsigned char *r, long long size) {
+    if (size < MIN_RECORD || get32(r + 4) != MESSAGE_MAGIC || (long long)(int32_t)get32(r) != size)
+        return 0;
+    long long tlen = (int16_t)(uint16_t)((r[40] << 8) | r[41]);
+    if (tlen < 1 || PREFIX_SIZE + HEADER_SIZE + tlen > size)
+        return 0;
+    long long msg_len = (int32_t)get32(r + PREFIX_SIZE + tlen);
+    if (PREFIX_SIZE + HEADER_SIZE + tlen + msg_len != size)
+        return 0;
+    return (uint32_t)crc_of(r + CRC_START, (Py_ssize_t)(size - CRC_START), 0) == get32(r + 8);
+}
+
 static PyObject *gather_records(PyObject *self, PyObject *args) {
     PyObject *units_obj, *log_obj;
     Py_ssize_t skip, limit, nbytes;
     long long seg_start, seg_end;
-    if (!PyArg_ParseTuple(args, "OnOLLnn", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes))
+    int verify = 0;
+    if (!PyArg_ParseTuple(args, "OnOLLnn|p", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes,
+                          &verify))
         return NULL;
     Py_buffer ub, lb;
     if (PyObject_GetBuffer(units_obj, &ub, PyBUF_SIMPLE) < 0)
@@ -410,36 +433,91 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     }
     const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
     Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
-    int full = 0;
-    /* First pass: how many records, how many bytes. */
+    int stop = GATHER_END;
+    /* First pass, over the units only: how many records, how many bytes. */
     for (; count < nunits; count++) {
         const unsigned char *u = units + count * UNIT_SIZE;
         long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
         long long size = (int32_t)get32(u + 8), ln = size - skip;
         if (nbytes + total + ln > limit && nbytes + total > 0) {
-            full = 1;
+            stop = GATHER_FULL;
             break;
         }
         if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
             break;
         total += ln;
     }
+    /* Second pass: each record checked (with verify) then copied while its bytes are still in the cache; the
+     * copy stops before a corrupt record and the buffer is cut to what was copied. */
     PyObject *data = PyBytes_FromStringAndSize(NULL, total);
     if (data != NULL) {
-        char *out = PyBytes_AS_STRING(data);
+        char *out = PyBytes_AS_STRING(data), *begin = out;
         for (Py_ssize_t k = 0; k < count; k++) {
             const unsigned char *u = units + k * UNIT_SIZE;
             long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
-            Py_ssize_t ln = (int32_t)get32(u + 8) - skip;
-            memcpy(out, log + (phys - seg_start) + skip, ln);
+            long long size = (int32_t)get32(u + 8);
+            Py_ssize_t ln = (Py_ssize_t)(size - skip);
+            const unsigned char *rec = log + (phys - seg_start);
+            if (verify && !record_ok(rec, size)) {
+                count = k;
+                stop = GATHER_CORRUPT;
+                break;
+            }
+            memcpy(out, rec + skip, ln);
             out += ln;
         }
+        if (out - begin != total && _PyBytes_Resize(&data, out - begin) < 0)
+            data = NULL;
     }
     PyBuffer_Release(&lb);
     PyBuffer_Release(&ub);
     if (data == NULL)
         return NULL;
-    return Py_BuildValue("(nNO)", count, data, full ? Py_True : Py_False);
+    return Py_BuildValue("(nNi)", count, data, stop);
+}
+
+/* record_ok(buf, pos, size) == metaq.store.record.record_ok_py: one record checked in one call. */
+static PyObject *py_record_ok(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t pos, size;
+    if (!PyArg_ParseTuple(args, "Onn", &obj, &pos, &size))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int ok = pos >= 0 && size >= 0 && pos <= b.len && size <= b.len - pos &&
+             record_ok((const unsigned char *)b.buf + pos, size);
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(ok);
+}
+
+/* scan_records(buf, pos, end) == metaq.store.record.scan_records_py: (where the run of valid records from pos
+ * stops, how many records it holds). */
+static PyObject *scan_records(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t pos, end;
+    if (!PyArg_ParseTuple(args, "Onn", &obj, &pos, &end))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)b.buf;
+    if (end > b.len)
+        end = b.len;
+    if (pos < 0)
+        pos = end;
+    Py_ssize_t count = 0;
+    Py_BEGIN_ALLOW_THREADS /* only the buffer is read: a long scan (--verify, a replication chunk) lets others run */
+    while (end - pos >= MIN_RECORD) {
+        long long total = (int32_t)get32(buf + pos);
+        if (total < MIN_RECORD || total > end - pos || !record_ok(buf + pos, total))
+            break;
+        pos += total;
+        count++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(nn)", pos, count);
 }
 
 static PyObject *py_crc32(PyObject *self, PyObject *args) {
@@ -467,8 +545,12 @@ static PyMethodDef methods[] = {
      "unit_at) -> (count, rel_after)"},
     {"encode_put_acks", encode_put_acks, METH_VARARGS,
      "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
+    {"record_ok", py_record_ok, METH_VARARGS,
+     "record_ok(buf, pos, size) -> True when a valid record of exactly size bytes starts at pos"},
+    {"scan_records", scan_records, METH_VARARGS,
+     "scan_records(buf, pos, end) -> (where the run of valid records from pos stops, how many records it holds)"},
     {"gather_records", gather_records, METH_VARARGS,
-     "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, data, full)"},
+     "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False) -> (count, data, stop)"},
     {NULL, NULL, 0, NULL},
 };
 

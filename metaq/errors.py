@@ -19,9 +19,12 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     ├── TransactionError           an XA failure (500, body XAException:code=<xa_code>,msg=...)
     ├── BrokerError                our fault (500)
     │   └── StoreError             the store failed
-    │       └── CorruptLog         corruption followed by valid records; refuse to start unless forced
+    │       ├── CorruptLog         corruption followed by valid records; refuse to start unless forced
+    │       └── CorruptRecord      a stored record fails its CRC check on a read; never served (512)
     └── ConfigError                the operator's configuration is invalid (startup)
 """
+
+import re
 
 
 class MetaqError(Exception):
@@ -145,6 +148,49 @@ class CorruptLog(StoreError):
         super().__init__(reason)
         self.path = path
         self.position = position
+
+
+class CorruptRecord(StoreError):
+    """A record asked for fails its structure or CRC check: it is never served (README "Corrupt records").
+
+    Carries what a consumer needs to decide, and to skip it: ``topic``, ``partition``, ``offset``
+    (the record's), ``next_offset`` (where the partition goes on) and ``position`` (its place in the
+    commit log, or None). Its code, 512, is one no MetaQ reply uses (HttpStatus.java defines 200,
+    301, 400, 401, 403, 404, 500, 503 and 504; 507 is our full disk), so a client tells it from
+    every other failure by the code alone.
+    """
+
+    code = 512
+
+    def __init__(self, topic, partition, offset, next_offset=None, position=None, reason=None):
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.next_offset = offset + 1 if next_offset is None else next_offset
+        self.position = position
+        super().__init__(reason or corrupt_record_text(topic, partition, offset, self.next_offset, position))
+
+
+#: The text of a ``CorruptRecord`` (and of a ``result 512`` body), which ``parse_corrupt_record`` reads back.
+CORRUPT_RECORD_FORMAT = ("corrupt record: topic %s partition %d offset %d fails its CRC check and is not served; "
+                         "next offset %d")
+
+
+_CORRUPT_RE = re.compile(r"corrupt record: topic (\S+) partition (-?\d+) offset (-?\d+) .*?; next offset (-?\d+)"
+                         r"(?: \(commit-log position (\d+)\))?")
+
+
+def corrupt_record_text(topic, partition, offset, next_offset, position=None):
+    text = CORRUPT_RECORD_FORMAT % (topic, partition, offset, next_offset)
+    return text if position is None else "%s (commit-log position %d)" % (text, position)
+
+
+def parse_corrupt_record(text):
+    """The ``CorruptRecord`` a ``corrupt_record_text`` stands for, or None when ``text`` is not one."""
+    m = _CORRUPT_RE.match(text)
+    if m is None:
+        return None
+    topic, partition, offset, next_offset, position = m.groups()
+    return CorruptRecord(topic, int(partition), int(offset), int(next_offset),
+                         int(position) if position is not None else None, reason=text)
 
 
 class ConfigError(MetaqError):

@@ -63,6 +63,38 @@ def max_connections_for(nofile_limit, reserve=FD_RESERVE):
     return max(1, nofile_limit - reserve)
 
 
+#: Share of the connection cap one peer address may hold by default, so that one host (however many
+#: sockets it opens) never takes every slot; ``limits.max_connections_per_address`` sets it outright.
+PER_ADDRESS_SHARE = 0.5
+
+
+def max_per_address_for(max_connections):
+    """Default per-address connection cap for a broker allowing ``max_connections``, never below 1."""
+    return max(1, int(max_connections * PER_ADDRESS_SHARE))
+
+
+#: Reply bytes one connection may hold, read from the store but not yet taken by the kernel (its
+#: socket's send buffer full: a client that does not read). Past it the connection's reads of the store,
+#: and so the parsing of its requests, wait for the replies to drain (server/connections.ReplyBudget).
+#: One record larger than this is still served whole.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+#: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops
+#: reading more requests (bounds memory per pipelining producer).
+MAX_PENDING_BURSTS = 8
+
+#: RocketMQ half messages remembered for their END_TRANSACTION (older ones have timed out long before).
+MAX_HALF_OWNERS = 100_000
+
+#: Long-polling gets (``get ... maxWaitMs``) one text connection may have parked at once: one per
+#: partition it consumes is the normal use. Past it the get is answered 503 at once.
+MAX_PARKED_GETS_PER_CONNECTION = 1024
+
+#: Long polls parked at once on the whole broker, text gets and remoting pulls together (each holds a
+#: greenlet, ~10 KB). Past it a get is answered 503 and a pull SYSTEM_BUSY at once.
+MAX_PARKED_GETS = 20_000
+
+
 def validate_topic(topic):
     """Return ``topic`` if it is a legal topic name, else raise InvalidTopic.
 
@@ -122,3 +154,30 @@ MAX_REPLICATION_EPOCHS = 4096
 #: Requests one remoting connection may have in progress at once (long-polling
 #: pulls and sends waiting for their flush included); reading pauses at the cap.
 MAX_REMOTING_INFLIGHT = 256
+
+#: Transactions open at once on the broker (active and prepared, local and XA); a BEGIN past it fails
+#: with XAER_RMERR (``transactions.max_open``).
+MAX_OPEN_TRANSACTIONS = 10_000
+
+#: Message bytes all open transactions may hold together in the broker's memory until they end; a
+#: transactional put past it fails with XAER_RMERR (``transactions.max_held_bytes``).
+MAX_TX_HELD_BYTES = 1 << 30
+
+#: Committed consumer offsets the broker keeps, one per (group, topic, partition): a commit that would add
+#: one more is refused (400). All are written at every checkpoint, so they are bounded like any state.
+MAX_CONSUMER_OFFSETS = 100_000
+
+#: Lines of one template (logger + format string) the broker logs per LOG_WINDOW_S; past it they are
+#: dropped and counted (server/logflood.py), so a client cannot fill the disk with log lines.
+LOG_LINES_PER_TEMPLATE = 100
+LOG_WINDOW_S = 10.0
+#: Distinct templates tracked at once by that filter.
+LOG_TEMPLATES = 10_000
+
+#: (consumer group, client id) entries the remoting port keeps from heartbeats; a heartbeat that would add
+#: more is refused (INVALID_PARAMETER), so clients inventing ids and groups cannot grow the registry.
+MAX_REMOTING_MEMBERS = 100_000
+
+#: Corrupt records the store logs (one line each, the first time one is read); past that many a read
+#: of one more is still refused and counted (``stats`` ``corrupt_reads``) but logged no more.
+MAX_CORRUPT_LOGGED = 1024

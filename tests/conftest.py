@@ -79,8 +79,8 @@ def pg_dsn(pg_server):
     pg_server.drop_database(name)
 
 
-#: Folders whose tests all start servers (brokers, sshd, Spark, the official RocketMQ client).
-INTEGRATION_DIRS = {"integration", "deploy", "remoting", "spark"}
+#: Folders whose tests all start servers (brokers, sshd, Spark, the official RocketMQ client, attacks on a broker).
+INTEGRATION_DIRS = {"integration", "deploy", "remoting", "spark", "hostile"}
 
 #: Fixtures that start a server or a listening socket (directly or through the fixtures they use).
 SERVER_FIXTURES = {"broker_factory", "broker", "zk_server", "zk_connect", "own_zk", "pg_server", "pg_dsn", "sshd",

@@ -48,7 +48,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
-from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, records_of
+from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, log_skipped, records_of
 from metaq.client.message import Message, Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
@@ -124,14 +124,18 @@ class Consumer:
     ``max_size``: bytes asked per get; ``long_poll_ms``: how long a get waits at the broker.
     ``max_retries``, ``retry_backoff``: handler retries; ``dead_letter_topic``,
     ``recover_dir`` (default ``~/.metaq/recover``), ``recover_interval``: where failed messages
-    go and how often parked ones are replayed. Invalid arguments raise ValueError or
+    go and how often parked ones are replayed. ``skip_corrupt``: when the broker reports a stored
+    record corrupt (``errors.CorruptRecord``, ``result 512``: it never serves one), log a WARNING
+    naming topic, partition and offset and go on at the next offset; off by default, so
+    :meth:`fetch` raises ``CorruptRecord`` and a subscription's partition stops there, with an
+    ERROR line, until an operator decides. Invalid arguments raise ValueError or
     ``errors.ClientError`` here, before anything connects.
     """
 
     def __init__(self, group, zk_connect=None, brokers=None, *, zk_root="/meta", consumer_id=None, broadcast=False,
                  offset_store=None, offsets_file=None, start_from="earliest", commit_interval=5.0,
                  max_size=256 * 1024, long_poll_ms=5000, max_retries=5, retry_backoff=0.1, dead_letter_topic=None,
-                 recover_dir=None, recover_interval=60.0, session_timeout=10.0):
+                 recover_dir=None, recover_interval=60.0, session_timeout=10.0, skip_corrupt=False):
         self.group = validate_group(group)
         if zk_connect and brokers:
             raise ValueError("give zk_connect (group mode) or brokers (direct mode), not both")
@@ -151,6 +155,7 @@ class Consumer:
         self.start_from, self.commit_interval, self.max_size = start_from, commit_interval, max_size
         self.long_poll_ms, self.max_retries, self.retry_backoff = long_poll_ms, max_retries, retry_backoff
         self.recover_interval = recover_interval
+        self.skip_corrupt = bool(skip_corrupt)
         self.dead_letter_topic = validate_topic(dead_letter_topic) if dead_letter_topic is not None else None
         self.offsets_file = offsets_file or os.path.join(
             os.path.expanduser("~"), ".metaq", "offsets",
@@ -294,7 +299,8 @@ class Consumer:
         if not 0 <= max_wait_ms <= MAX_WAIT_MS:
             raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
         max_size = max_size or self.max_size
-        for _ in range(MAX_MOVES + 1):
+        moves = 0
+        while moves <= MAX_MOVES:
             conn = self.connection(part.broker_id, read=True)
             request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
             reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
@@ -304,6 +310,13 @@ class Consumer:
                 log.info("fetch %s %s: offset %d is outside the partition; following to %d",
                          topic, part, offset, exc.offset)
                 offset = exc.offset
+                moves += 1
+                continue
+            except errors.CorruptRecord as exc:
+                if not self.skip_corrupt or exc.next_offset <= offset:
+                    raise
+                log_skipped(exc)
+                offset = exc.next_offset
                 continue
             return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
         raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))

@@ -5,7 +5,10 @@ A ``PartitionFetcher`` asks its broker for the next records with a long-polling
 is stored), hands them to the consumer one at a time in offset order, and moves
 its offset past a message only once the consumer has processed it (handled,
 filtered out or parked). Errors back off and retry; a 301 moves to the offset
-the broker names.
+the broker names. A record the broker reports corrupt (``result 512``, never
+served) is skipped with a WARNING line when the consumer has ``skip_corrupt``;
+otherwise the partition stops there, with an ERROR line naming it, retried at
+the longest backoff (the records after it are not delivered out of order).
 """
 
 import logging
@@ -37,6 +40,12 @@ def records_of(reply, what="get"):
     if reply.code == 301:
         raise errors.Moved(int(reply.body), "%s: moved to offset %s" % (what, reply.body.decode()))
     raise reply_error(reply, what)
+
+
+def log_skipped(exc):
+    """The WARNING line of a corrupt record a consumer skips (``skip_corrupt``)."""
+    log.warning("skipping corrupt record: topic %s partition %d offset %d (the broker does not serve it); "
+                "continuing at offset %d", exc.topic, exc.partition, exc.offset, exc.next_offset)
 
 
 class PartitionFetcher:
@@ -95,6 +104,15 @@ class PartitionFetcher:
                 if exc.offset == self.offset:  # should not happen; do not spin on it
                     self._stop.wait(FETCH_BACKOFF_MAX_S)
                 self.offset = exc.offset
+                continue
+            except errors.CorruptRecord as exc:
+                if self.consumer.skip_corrupt and exc.next_offset > self.offset:
+                    log_skipped(exc)
+                    self.offset = exc.next_offset
+                    continue
+                log.error("%s; this partition stops here (consumer option skip_corrupt=True goes past it); "
+                          "retrying in %.0f s", exc, FETCH_BACKOFF_MAX_S)
+                self._stop.wait(FETCH_BACKOFF_MAX_S)
                 continue
             except Exception as exc:  # broker down, timeouts, a failing offset store: back off and retry
                 backoff = min(FETCH_BACKOFF_MAX_S, max(FETCH_BACKOFF_MIN_S, backoff * 2))

@@ -6,6 +6,9 @@
     503 Unavailable     try again later (a slave, a failed flush, too many connections...)
     507 DiskFull        the broker's disk is full (or above its danger mark): writes are refused
                         until space returns (``errors.DiskFull``; a kind of Unavailable)
+    512 CorruptRecord   a get reached a stored record that fails its CRC check; the broker never
+                        serves it. The error carries topic, partition, offset and next_offset
+                        (``errors.CorruptRecord``; the consumer's ``skip_corrupt`` goes past it)
 
 Any other code becomes a ``BrokerError`` whose ``code`` is the code the broker sent. A reply
 that is not a ``result`` at all (a ``value`` where a result was expected) is a BrokerError.
@@ -36,6 +39,10 @@ def reply_error(reply, what=None):
         reason, code = "unexpected reply", 500
     else:
         reason, code = bytes(reply.body).decode("utf-8", "replace"), reply.code
+    if code == errors.CorruptRecord.code:
+        corrupt = errors.parse_corrupt_record(reason)
+        if corrupt is not None:
+            return corrupt
     cls = REPLY_ERRORS.get(code)
     if what is not None:
         reason = "%s: result %d %s" % (what, code, reason)

@@ -225,8 +225,12 @@ def load_inventory(path):
 
 
 def parse_inventory(text, source="<inventory>"):
+    from metaq.server.config import DuplicateKey, UniqueKeyLoader  # a key written twice is refused, as in server.yaml
+
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKey as exc:
+        raise InventoryError("%s, %s" % (source, exc)) from None
     except yaml.YAMLError as exc:
         raise InventoryError("%s is not valid YAML: %s" % (source, exc)) from None
     if not isinstance(data, dict):

@@ -17,6 +17,7 @@ import gevent  # noqa: E402
 
 import metaq  # noqa: E402
 from metaq.errors import ConfigError, CorruptLog, MetaqError  # noqa: E402
+from metaq.server import logflood  # noqa: E402
 
 log = logging.getLogger("metaq.server")
 
@@ -57,6 +58,10 @@ def build_parser():
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
+    p.add_argument("--verify", action="store_true",
+                   help="check every record of the whole commit log (all segments, structure and CRC) offline, "
+                        "print each corrupt one and a summary, and exit: 0 when none is corrupt, 1 when one is, "
+                        "2 when it cannot run (a broker holds the data dir: stop it first)")
     p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="log level (default %s)" % d.broker.log_level)
     p.add_argument("--version", action="version", version="metaq-server %s" % metaq.__version__)
@@ -97,7 +102,24 @@ def main(argv=None):
         return EXIT_OK
     logging.basicConfig(level=config.broker.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verify:
+        return verify(config.broker.data_dir)  # every line it prints matters: no flood filter
+    for handler in logging.getLogger().handlers:
+        logflood.install(handler)
     return run(config, args.config)
+
+
+def verify(data_dir):
+    """``--verify``: the whole log checked offline (metaq/store/verify.py); the exit code says what was found."""
+    from metaq.store.verify import verify_log
+
+    try:
+        report = verify_log(data_dir, on_finding=lambda f: print(f.line(), flush=True))
+    except (MetaqError, OSError) as exc:
+        print("metaq-server --verify: cannot verify %s: %s" % (data_dir, exc), file=sys.stderr)
+        return EXIT_USAGE
+    print(report.summary())
+    return EXIT_ERROR if report.corrupt else EXIT_OK
 
 
 def run(config, config_path):

@@ -11,7 +11,7 @@ import yaml
 
 from metaq import speedups
 from metaq.protocol import checksum
-from metaq.server.connections import ConnectionCore, Timeouts
+from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
@@ -40,7 +40,7 @@ class Broker:
         self.config = config
         self.config_path = config_path
         self.stats = BrokerStats()
-        self.waiters = PartitionWaiters()
+        self.waiters = PartitionWaiters(config.limits.max_parked_gets)
         self.stopping = False
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
@@ -55,7 +55,9 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock)
         lim = config.limits
-        self.core = ConnectionCore(config.max_connections(), Timeouts(lim.idle_timeout_s, lim.request_timeout_s))
+        self.core = ConnectionCore(config.max_connections(),
+                                   ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes),
+                                   config.max_connections_per_address())
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None
         if config.zk.connect:
@@ -103,6 +105,7 @@ class Broker:
 
     def stats_facts(self):
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
+        self.check_disk()  # stats shows the disk as it is now, the figure the gate decides on (and df shows)
         disk = self.gate.disk_state
         return NodeFacts(self.config.broker.id, self.port, self.roles.slave_link is not None, self.connection_count,
                          self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
@@ -174,22 +177,28 @@ class Broker:
 
     def _disk_loop(self):
         interval = self.config.store.disk_check_interval_s
-        gate = self.gate
         while not self.stopping:
-            before = gate.disk_state.refusing_writes if gate.disk_state else False
-            try:
-                gate.refresh(disk_state=self.store.check_disk())
-            except OSError as exc:
-                log.error("disk check failed: %s", exc)
-                gate.refresh()
-            now_refusing = gate.disk_state.refusing_writes
-            if now_refusing != before:
-                if now_refusing:
-                    log.error("%s", gate.disk_state.reason)
-                else:
-                    log.warning("disk usage %.1f%% is below the danger mark again: writes accepted",
-                                gate.disk_state.usage_ratio * 100)
+            self.check_disk()
             gevent.sleep(interval)
+
+    def check_disk(self):
+        """The disk check (the loop's, and each ``stats``'): measure, give the WriteGate the figure, log a change."""
+        gate = self.gate
+        before = gate.disk_state.refusing_writes if gate.disk_state else False
+        try:
+            gate.refresh(disk_state=self.store.check_disk())
+        except OSError as exc:
+            log.error("disk check failed: %s", exc)
+            gate.refresh()
+        if gate.disk_state is None:
+            return
+        now_refusing = gate.disk_state.refusing_writes
+        if now_refusing != before:
+            if now_refusing:
+                log.error("%s", gate.disk_state.reason)
+            else:
+                log.warning("disk usage %.1f%% is below the danger mark again: writes accepted",
+                            gate.disk_state.usage_ratio * 100)
 
     def _retention_loop(self):
         interval = self.config.store.retention_check_interval_s

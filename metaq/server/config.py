@@ -43,7 +43,16 @@ _TX = _defaults(TxConfig)
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: ``id: true`` is not broker 1 and ``port: "8123"`` not a number (YAML said what it is);
+    # no inf or nan: a timeout, a ratio or a retention of ``.inf`` is a typo, not a setting
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _not_blank(value, meaning):
+    """``value`` unless it is an empty (or all-blank) string, which would silently mean ``meaning``."""
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty (an empty value would mean %s)" % meaning)
+    return value
 
 
 class BrokerSection(_Section):
@@ -53,6 +62,16 @@ class BrokerSection(_Section):
     data_dir: str = "./data"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     burst_puts: bool = True
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, host):
+        return _not_blank(host, "every interface; write 0.0.0.0 for that")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, data_dir):
+        return _not_blank(data_dir, "the directory the broker happens to be started in; write . for that")
 
 
 class StoreSection(_Section):
@@ -83,6 +102,10 @@ class LimitsSection(_Section):
     max_line_bytes: int = Field(limits.MAX_LINE_BYTES, ge=64)
     max_body_bytes: int = Field(limits.MAX_BODY_BYTES, ge=1)
     max_connections: Optional[int] = Field(None, ge=1)
+    max_connections_per_address: Optional[int] = Field(None, ge=1)
+    max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
+    max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
+    max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
     idle_timeout_s: float = Field(limits.IDLE_TIMEOUT_S, gt=0)
     request_timeout_s: float = Field(limits.REQUEST_TIMEOUT_S, gt=0)
     max_wait_ms: int = Field(limits.MAX_WAIT_MS, ge=0)
@@ -125,11 +148,15 @@ class TransactionsSection(_Section):
     journal_file_size: int = Field(_TX["journal_file_size"], ge=64 * 1024)
     max_puts_per_tx: int = Field(_TX["max_puts_per_tx"], ge=1)
     max_tx_bytes: int = Field(_TX["max_tx_bytes"], ge=1024)
+    max_open: int = Field(_TX["max_open"], ge=1)
+    max_held_bytes: int = Field(_TX["max_held_bytes"], ge=1024)
 
     @model_validator(mode="after")
     def _timeouts(self):
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("default_timeout_s must not exceed max_timeout_s")
+        if self.max_tx_bytes > self.max_held_bytes:
+            raise ValueError("max_tx_bytes must not exceed max_held_bytes (what all open transactions may hold)")
         return self
 
 
@@ -177,6 +204,12 @@ class RemotingSection(_Section):
     send_back_delay_level: Optional[int] = Field(None, ge=0, le=MAX_LEVELS)
     client_timeout_s: float = Field(120.0, gt=0)
     max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
+    max_client_entries: int = Field(limits.MAX_REMOTING_MEMBERS, ge=1)
+
+    @field_validator("host", "advertised_host", "broker_name", "cluster")
+    @classmethod
+    def _named(cls, value, info):
+        return _not_blank(value, "an unnamed %s; leave it out for the default" % info.field_name.replace("_", " "))
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics (first, so they win over user patterns)."""
@@ -229,6 +262,35 @@ class ServerConfig(_Section):
     delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
 
+    @field_validator("topics")
+    @classmethod
+    def _listed_once(cls, topics):
+        first = {}
+        for i, t in enumerate(topics):
+            if t.name in first:
+                j = first[t.name]
+                raise ValueError("topic %r is listed twice, as topics.%d (partitions %d) and topics.%d (partitions %d); "
+                                 "only the first would count: keep one entry"
+                                 % (t.name, j, topics[j].partitions, i, t.partitions))
+            first[t.name] = i
+        return topics
+
+    @model_validator(mode="after")
+    def _ports_distinct(self):
+        """Two listeners on one address would fail at start (``address in use``) or, with SO_REUSEPORT, share it."""
+        host = self.broker.host
+        listeners = [("broker.port", host, self.broker.port), ("remoting.port", self.remoting.host or host,
+                                                                self.remoting.port),
+                     ("replication.port", host, self.replication.port)]
+        seen = {}
+        for name, bind, port in listeners:
+            if port and (bind, port) in seen:
+                raise ValueError("%s and %s are both %s:%d: each listener needs its own port"
+                                 % (seen[bind, port], name, bind, port))
+            if port:
+                seen[bind, port] = name
+        return self
+
     @model_validator(mode="after")
     def _body_fits(self):
         overhead = 256 + limits.MAX_NAME_BYTES
@@ -244,6 +306,11 @@ class ServerConfig(_Section):
             return self.limits.max_connections
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         return limits.max_connections_for(soft)
+
+    def max_connections_per_address(self):
+        if self.limits.max_connections_per_address is not None:
+            return self.limits.max_connections_per_address
+        return limits.max_per_address_for(self.max_connections())
 
     def store_config(self):
         """The ``StoreConfig`` of this schema: data dir, broker id, topics and every ``store:`` knob it takes."""
@@ -263,29 +330,104 @@ class ServerConfig(_Section):
         return TxConfig(**_settings_for(TxConfig, self.transactions))
 
 def _format_errors(source, exc):
-    lines = ["invalid configuration in %s:" % source]
+    """One line: every problem, by setting name (``broker.port: ...; topics.1.name: ...``)."""
+    problems = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append("  %s: %s" % (where, err["msg"]))
-    return "\n".join(lines)
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].replace("Value error, ", "")
+        problems.append("%s: %s" % (where, msg) if where else msg)
+    return "invalid configuration in %s: %s" % (source, "; ".join(problems))
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's SafeLoader, except that a mapping naming one key twice is an error (PyYAML keeps the last).
+
+    A merge (``<<: *base``) may still override what it brings in: only the keys written in the
+    mapping itself are compared.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _value in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first is not key_node:
+                    raise DuplicateKey(key, key_node.start_mark.line + 1, first.start_mark.line + 1)
+        return super().construct_mapping(node, deep)
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, line, first_line):
+        super().__init__("line %d: key %r is written a second time in the same mapping (first at line %d); "
+                         "YAML would silently keep the last: keep one" % (line, key, first_line))
+
+
+def _yaml_problem(exc):
+    """A YAML error on one line: where (line, column) and what, without PyYAML's multi-line snippet."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    text = "%s %s" % (context, problem) if context else problem
+    if mark is not None:
+        return "line %d, column %d: %s" % (mark.line + 1, mark.column + 1, text)
+    return text
+
+
+def read_yaml(path):
+    """The YAML document of ``path``, refusing a key written twice in a mapping; ConfigError naming file and line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.load(f, Loader=UniqueKeyLoader)
+    except OSError as exc:
+        raise ConfigError("cannot read configuration file %s: %s" % (path, exc.strerror)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("configuration file %s is not UTF-8 text: %s" % (path, exc.reason)) from None
+    except DuplicateKey as exc:
+        raise ConfigError("configuration file %s, %s" % (path, exc)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("configuration file %s is not valid YAML: %s" % (path, _yaml_problem(exc))) from None
+
+
+def check_fd_limit(config, source="(defaults)", nofile=None):
+    """Refuse a ``limits.max_connections`` this process could not hold open (ConfigError naming the limit).
+
+    Checked when a broker loads its file, not by the schema: a deploy host's open-files limit says
+    nothing of the broker host's. ``nofile`` is RLIMIT_NOFILE's soft limit (default: this process's).
+    """
+    wanted = config.limits.max_connections
+    if wanted is None:
+        return
+    if nofile is None:
+        nofile, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    most = limits.max_connections_for(nofile)
+    if wanted > most:
+        raise ConfigError(
+            "invalid configuration in %s: limits.max_connections is %d, more than this broker can hold open: "
+            "the open-files limit "
+            "(ulimit -n) is %d and %d descriptors are kept for the store (limits.FD_RESERVE), so at most %d; "
+            "lower the setting, raise the limit, or leave the setting out (it then follows the limit)"
+            % (source, wanted, nofile, limits.FD_RESERVE, most))
 
 
 def load_config(path=None, overrides=None):
     """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate.
 
     ``overrides`` maps dotted names (``broker.port``) to values. Raises ConfigError
-    with every problem listed by setting name.
+    (one line) with every problem listed by setting name, or the file and line of a
+    key written twice.
     """
     raw = {}
     source = path or "(defaults)"
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f) or {}
-        except OSError as exc:
-            raise ConfigError("cannot read configuration file %s: %s" % (path, exc.strerror)) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError("configuration file %s is not valid YAML: %s" % (path, exc)) from None
+        raw = read_yaml(path)
+        if raw is None:
+            raw = {}
         if not isinstance(raw, dict):
             raise ConfigError("configuration file %s must contain a mapping at the top level" % path)
     for dotted, value in (overrides or {}).items():
@@ -295,8 +437,11 @@ def load_config(path=None, overrides=None):
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = value
+        if isinstance(node, dict):  # else the schema says the section must be a mapping
+            node[leaf] = value
     try:
-        return ServerConfig.model_validate(raw)
+        config = ServerConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_errors(source, exc)) from None
+    check_fd_limit(config, source)
+    return config

@@ -36,12 +36,19 @@ import socket
 import time
 
 import gevent
+from gevent.event import Event
 from gevent.server import StreamServer
+
+from metaq import limits
 
 log = logging.getLogger(__name__)
 
 #: Bytes asked of one recv().
 RECV_BYTES = 256 * 1024
+
+#: At most one "refused a connection" line per listener this often (a flood of refusals must not become a
+#: flood of log lines filling the disk); the next line says how many were refused in between.
+REFUSAL_LOG_INTERVAL_S = 1.0
 
 
 class Listener:
@@ -69,14 +76,58 @@ class Listener:
             self._server.close()
 
 
-class Timeouts:
-    """A connection's deadlines (seconds): with no request under way, and for a request once begun."""
+class ConnectionLimits:
+    """What every connection may take: its deadlines (seconds) with no request under way and for a request
+    once begun, and the reply bytes it may have read from the store but not yet handed to the kernel."""
 
-    __slots__ = ("idle_s", "request_s")
+    __slots__ = ("idle_s", "request_s", "reply_bytes")
 
-    def __init__(self, idle_s, request_s):
+    def __init__(self, idle_s, request_s, reply_bytes=limits.MAX_REPLY_BYTES):
         self.idle_s = idle_s
         self.request_s = request_s
+        self.reply_bytes = reply_bytes
+
+
+class ReplyBudget:
+    """The reply bytes one connection holds: read from the store, not yet taken by the kernel.
+
+    A reader of the store (a get, a pull, a long poll woken by an append) ``reserve``s the most it may
+    read before it reads, ``release``s what it did not use, and the writer ``release``s the rest once the
+    reply is sent. A reservation waits while the connection already holds ``limit`` bytes, so a client
+    that never reads its replies stops the reads (and, as the reader waits, the parsing of its
+    requests) instead of growing the broker's memory. One reservation is always let through when
+    nothing is held: a record larger than the limit is still served whole.
+    """
+
+    __slots__ = ("limit", "held", "_room")
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.held = 0
+        self._room = Event()
+        self._room.set()
+
+    def would_wait(self, nbytes):
+        return self.held > 0 and self.held + nbytes > self.limit
+
+    def reserve(self, nbytes, closed):
+        """Take ``nbytes`` of the budget, waiting for room; False when ``closed()`` became true meanwhile."""
+        while self.would_wait(nbytes):
+            if closed():
+                return False
+            self._room.clear()
+            self._room.wait(1.0)
+        self.held += nbytes
+        return True
+
+    def release(self, nbytes):
+        if nbytes:
+            self.held -= nbytes
+            self._room.set()
+
+    def wake(self):
+        """Wake every waiting reservation (the connection closed: they see ``closed()`` and give up)."""
+        self._room.set()
 
 
 class Connection:
@@ -93,14 +144,15 @@ class Connection:
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
 
-    def __init__(self, sock, address, conn_id, timeouts):
+    def __init__(self, sock, address, conn_id, rules):
         self.sock = sock
         self.address = address
         self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
         self.conn_id = conn_id
         self.closed = False
-        self.idle_timeout = timeouts.idle_s
-        self.request_timeout = timeouts.request_s
+        self.idle_timeout = rules.idle_s
+        self.request_timeout = rules.request_s
+        self.replies = ReplyBudget(rules.reply_bytes)
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
 
@@ -153,6 +205,7 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.replies.wake()
         try:
             self.sock.close()
         except OSError:
@@ -162,9 +215,13 @@ class Connection:
 class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
-    def __init__(self, max_connections, timeouts):
+    def __init__(self, max_connections, rules, max_per_address=None):
         self.max_connections = max_connections
-        self.timeouts = timeouts
+        #: Most connections one peer address may hold (None: no cap but ``max_connections``).
+        self.max_per_address = max_per_address
+        self.rules = rules
+        self._per_address = {}  # peer host -> connections it holds (on listeners without headroom)
+        self._refusals = {}  # listener name -> [refused since the last log line, when that line was written]
         self.closing = False
         self._listeners = []
         self._open = {}  # conn_id -> Connection
@@ -206,19 +263,36 @@ class ConnectionCore:
             sock.close()
             return
         if len(self._open) >= self.max_connections + listener.headroom:
-            self._refuse(listener, sock, address)
+            self._refuse(listener, sock, address, "too many connections: the limit is %d"
+                         % (self.max_connections + listener.headroom))
             return
+        # Listeners with headroom of their own (replication) are not counted per address: their few
+        # connections come from the slaves, which a client on the same host must not lock out.
+        host = address[0] if isinstance(address, tuple) and not listener.headroom else None
+        if host is not None:
+            held = self._per_address.get(host, 0)
+            if self.max_per_address is not None and held >= self.max_per_address:
+                self._refuse(listener, sock, address, "too many connections from %s: the limit is %d per address"
+                             % (host, self.max_per_address))
+                return
+            self._per_address[host] = held + 1
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
         conn_id = next(self._ids)
-        conn = listener.make(sock, address, conn_id)
+        try:
+            conn = listener.make(sock, address, conn_id)
+        except BaseException:
+            self._forget(host)
+            sock.close()
+            raise
         self._open[conn_id] = conn
         self._listener_of[conn_id] = listener
         try:
             conn.serve()
         finally:
+            self._forget(host)
             conn.close()
             self._open.pop(conn_id, None)
             self._listener_of.pop(conn_id, None)
@@ -228,16 +302,33 @@ class ConnectionCore:
                 except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
                     log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
 
-    def _refuse(self, listener, sock, address):
-        reason = "too many connections: the limit is %d" % (self.max_connections + listener.headroom)
+    def _forget(self, host):
+        if host is not None:
+            left = self._per_address[host] - 1
+            if left:
+                self._per_address[host] = left
+            else:
+                del self._per_address[host]
+
+    def count_from(self, host):
+        """Connections the peer address ``host`` holds (those counted against ``max_per_address``)."""
+        return self._per_address.get(host, 0)
+
+    def _refuse(self, listener, sock, address, reason):
         if listener.refuse is not None:
             try:
                 listener.refuse(sock, reason)
             except OSError:
                 pass
         sock.close()
-        log.warning("refused a connection from %s on the %s port: %d connections open", address[0],
-                    listener.name, len(self._open))
+        seen = self._refusals.setdefault(listener.name, [0, -REFUSAL_LOG_INTERVAL_S])
+        seen[0] += 1
+        now = time.monotonic()
+        if now - seen[1] >= REFUSAL_LOG_INTERVAL_S:
+            more = " and %d more since the last such line" % (seen[0] - 1) if seen[0] > 1 else ""
+            log.warning("refused a connection from %s on the %s port: %s (%d connections open)%s", address[0],
+                        listener.name, reason, len(self._open), more)
+            seen[0], seen[1] = 0, now
 
     # -- shutting down ---------------------------------------------------------
 

@@ -257,7 +257,7 @@ class DelayScheduler:
 
     def _read(self, lv, offset):
         try:
-            return self.store.read(SCHEDULE_TOPIC, lv.partition, offset, BATCH_BYTES).views
+            return self._read_verified(lv, offset)
         except errors.Moved as exc:  # retention deleted entries below the offset
             if exc.offset > offset:
                 log.error("delayed delivery: level %d entries %d..%d were deleted by retention before their "
@@ -265,6 +265,19 @@ class DelayScheduler:
                 self.dropped += exc.offset - offset
                 lv.offset = exc.offset
             return []
+
+    def _read_verified(self, lv, offset):
+        """The level's entries from ``offset``; a corrupt entry at the level's head is dropped, with a log line
+        (it cannot be delivered: the store never serves it), and the level goes on past it."""
+        while True:
+            try:
+                return self.store.read(SCHEDULE_TOPIC, lv.partition, offset, BATCH_BYTES).views
+            except errors.CorruptRecord as exc:
+                if offset != lv.offset:
+                    return []  # a recovery scan ahead of the head: stop there
+                log.error("delayed delivery: level %d entry %d is corrupt and is dropped", lv.partition + 1, offset)
+                self.dropped += 1
+                offset = lv.offset = exc.next_offset
 
     def _run_level(self, lv):
         while self._running:

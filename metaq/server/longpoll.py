@@ -1,18 +1,35 @@
 """Long polling: gets parked on a partition until an append makes data visible.
 
 Woken by the store's visibility changes (``notify``), never by a busy loop; every
-wait ends at its deadline.
+wait ends at its deadline. Each parked wait has an Event of its own, so a wait
+that ends early (its connection closed) leaves in constant time however many
+others wait on the same partition. ``admit``/``leave`` count the long polls
+parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``).
 """
 
 from gevent.event import Event
 
+from metaq import limits
+
 
 class PartitionWaiters:
-    """One gevent Event per (topic, partition) that has waiters; replaced after each wake."""
+    """The waits parked per (topic, partition); a wake ends every wait of the partitions it names."""
 
-    def __init__(self):
-        self._events = {}
+    def __init__(self, max_parked=limits.MAX_PARKED_GETS):
+        self._waits = {}  # key -> set of Events, one per parked wait
+        self.max_parked = max_parked
+        self.parked = 0  # long polls admitted and not yet left
         self.closed = False  # the broker is stopping: parked waits answer now
+
+    def admit(self):
+        """Count one more long poll until its ``leave``; False (not counted) when ``max_parked`` are parked."""
+        if self.parked >= self.max_parked:
+            return False
+        self.parked += 1
+        return True
+
+    def leave(self):
+        self.parked -= 1
 
     def close(self):
         """Wake every waiter for good: the broker is stopping."""
@@ -21,29 +38,38 @@ class PartitionWaiters:
 
     def wait(self, key, timeout):
         """Block this greenlet until ``notify`` names ``key`` or ``timeout`` seconds pass."""
-        ev = self._events.get(key)
-        if ev is None:
-            ev = self._events[key] = Event()
-        return ev.wait(timeout)
+        ev = Event()
+        waits = self._waits.get(key)
+        if waits is None:
+            waits = self._waits[key] = set()
+        waits.add(ev)
+        try:
+            return ev.wait(timeout)
+        finally:
+            waits.discard(ev)  # the set may already be out of the map (a notify took it): harmless
+            if not waits and self._waits.get(key) is waits:
+                del self._waits[key]
 
     def notify(self, keys):
         """Wake every greenlet waiting on any of ``keys``."""
-        events = self._events
-        if not events:
+        waits = self._waits
+        if not waits:
             return
         for key in keys:
-            ev = events.pop(key, None)
-            if ev is not None:
-                ev.set()
+            evs = waits.pop(key, None)
+            if evs is not None:
+                for ev in evs:
+                    ev.set()
 
     def notify_all(self):
-        events, self._events = self._events, {}
-        for ev in events.values():
-            ev.set()
+        waits, self._waits = self._waits, {}
+        for evs in waits.values():
+            for ev in evs:
+                ev.set()
 
     def __len__(self):
-        return len(self._events)
+        return len(self._waits)
 
     def keys(self):
         """The (topic, partition) keys that have waiters now."""
-        return list(self._events)
+        return list(self._waits)

@@ -58,10 +58,13 @@ class WriteGate:
         """The error a refused put gets: Unavailable (503) after a failed flush, else DiskFull (507)."""
         return (errors.Unavailable if self.flush_failure is not None else errors.DiskFull)(self.refusal)
 
-    def disk_full(self, reason):
+    def disk_full(self, reason, disk_state=None):
+        """A put met a full disk: refuse at once; ``disk_state`` is the measurement that refused it, if one did."""
         if self.refusal is None:
             log.error("%s", reason)
         self.refusal = reason
+        if disk_state is not None:
+            self.disk_state = disk_state
 
 
 class PutPath:
@@ -133,7 +136,7 @@ class PutPath:
         if counted_only:
             return
         if isinstance(exc, errors.DiskFull):
-            self.gate.disk_full(str(exc))  # until the next disk check finds space again
+            self.gate.disk_full(str(exc), self.store.disk_state)  # until the next disk check finds space again
         elif not isinstance(exc, (errors.ClientError, errors.Unavailable)):
             log.warning("put to %s failed: %s", topic, exc)
 

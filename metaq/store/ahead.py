@@ -28,10 +28,10 @@ put path adds a partition when it crosses the middle of its tail index file,
 """
 
 import logging
-import os
 
 from metaq.errors import DiskFull, StoreError, Unavailable
 from metaq.store.commitlog import POPULATE_BYTES
+from metaq.store.files import disk_usage
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,5 @@ class AheadWork:
 
 def fits_below_danger(root, size, danger_ratio):
     """True if allocating ``size`` more bytes keeps the disk usage at or below ``danger_ratio``."""
-    st = os.statvfs(root)
-    used = (st.f_blocks - st.f_bfree) * st.f_frsize
-    total = used + st.f_bavail * st.f_frsize
-    return total > 0 and (used + size) / total <= danger_ratio
+    usage = disk_usage(root)
+    return usage.used_bytes + usage.available_bytes > 0 and usage.ratio_after(size) <= danger_ratio

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import struct
+from typing import NamedTuple
 
 from metaq import limits
 from metaq.errors import DiskFull, InvalidTopic, StoreError, Unavailable
@@ -55,6 +56,36 @@ MAX_STATE_BYTES = 64 << 20
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 #: The process (EMFILE) or the system (ENFILE) is out of file descriptors: transient, never a broken store.
 FD_EXHAUSTED_ERRNOS = (errno.EMFILE, errno.ENFILE)
+
+
+class DiskUsage(NamedTuple):
+    """``df``'s figures for one filesystem, in bytes: used, and available to a process without root's reserve."""
+
+    used_bytes: int
+    available_bytes: int
+
+    @property
+    def ratio(self):
+        """used / (used + available): ``df``'s Use% before it rounds up (1.0 when the filesystem has no room at all)."""
+        room = self.used_bytes + self.available_bytes
+        return self.used_bytes / room if room else 1.0
+
+    def ratio_after(self, more_bytes):
+        """The ratio once ``more_bytes`` more are used (negative: freed)."""
+        room = self.used_bytes + self.available_bytes
+        return (self.used_bytes + more_bytes) / room if room else 1.0
+
+
+def disk_usage(path):
+    """BLOCKING (one statvfs): the ``DiskUsage`` of the filesystem holding ``path``, as ``df`` computes it.
+
+    The one measurement behind the danger and warn marks, retention's estimate and ``stats``'
+    ``disk_usage``: the blocks root keeps back (``f_bfree - f_bavail``) count neither as used nor as
+    available, exactly as in ``df``, so a filesystem with a large root reserve is not shown emptier
+    than it is to the broker.
+    """
+    st = os.statvfs(path)
+    return DiskUsage((st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bavail * st.f_frsize)
 
 
 def offset_name(value):

@@ -8,50 +8,63 @@ lie in: one memcpy each, in C when ``metaq._speedups`` was built
 (``gather_records_py`` is its exact twin, and the tests hold them equal). The
 copy is made on the loop thread before the reply is sent, so the reply never
 depends on a map staying alive.
+
+Every record is checked as it is gathered (``verify``: ``record.check_record``,
+its CRC included, against the size its index unit gives): a corrupt record is
+never served. The records before it are; the read that starts at it raises
+``CorruptRecord`` naming the partition, the offset and the next offset.
 """
 
 from metaq import speedups
-from metaq.errors import StoreError
+from metaq.errors import CorruptRecord, StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import metaq_offset
+from metaq.store.record import check_record, metaq_offset, record_ok
 
 #: The MetaQ form's 20-byte header: a record's form is never shorter.
 MIN_METAQ_FORM = 20
+#: Why ``gather_records`` stopped: the units ran out (or the next is not a whole record of this segment), the
+#: next record would pass the limit, or the next record fails its check.
+END, FULL, CORRUPT = 0, 1, 2
 
 
-def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes):
+def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False):
     """The MetaQ forms of the records of ``units`` (16-byte index units) that lie in the segment ``log``, joined.
 
     ``log`` covers log positions ``[seg_start, seg_end)``; a record's form is
     its bytes past the first ``skip``. Stops before a record that would take
     the total (``nbytes`` already gathered + these) past ``limit`` unless
-    nothing is gathered yet (``full`` is then True), and before a unit that is
-    not a whole record of this segment. Returns ``(count, data, full)``.
+    nothing is gathered yet (``stop`` is then FULL), before a unit that is
+    not a whole record of this segment (END) and, with ``verify``, before a record
+    that fails ``check_record`` at its unit's size (CORRUPT). Returns ``(count, data, stop)``.
     """
     parts = []
     count = 0
-    full = False
+    stop = END
     with memoryview(log) as seg, memoryview(units) as u:
         for phys, size, _tag in UNIT.iter_unpack(u[:len(u) - len(u) % UNIT_SIZE]):
             ln = size - skip
             if nbytes + ln > limit and nbytes:
-                full = True
+                stop = FULL
                 break
             if not seg_start <= phys < seg_end or ln < MIN_METAQ_FORM or phys - seg_start + size > len(seg):
                 break
-            a = phys - seg_start + skip
+            rel = phys - seg_start
+            if verify and check_record(seg, rel, rel + size) != size:
+                stop = CORRUPT
+                break
+            a = rel + skip
             parts.append(seg[a:a + ln])
             nbytes += ln
             count += 1
-        return count, b"".join(parts), full
+        return count, b"".join(parts), stop
 
 
 gather_records = speedups.load("gather_records", gather_records_py)  # the C twin when built
 
 
-def collect_joined(log, p, n, vis, limit):
+def collect_joined(log, p, n, vis, limit, verify=True):
     """``(buffers, nbytes, count)``: records ``n…`` of ``p`` (in the commit log ``log``) below ``vis`` within
-    ``limit`` (at least one)."""
+    ``limit`` (at least one). Stops before a corrupt record; raises ``CorruptRecord`` when the first is."""
     skip = metaq_offset(len(p.topic_bytes))
     buffers = []
     nbytes = count = 0
@@ -65,17 +78,69 @@ def collect_joined(log, p, n, vis, limit):
             seg = log.segment_at(phys)
             if seg is None:
                 raise _outside(p, phys)
-            k, data, full = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes)
-        if not k and not full:
-            raise _outside(p, phys)
+            k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
         if k:
             buffers.append(data)
             nbytes += len(data)
             count += k
             n += k
-        if full:
+        if stop == CORRUPT:
+            if count:
+                break  # served up to the corrupt record; the next read starts at it and is refused
+            raise corrupt(p, n, phys_of(p, n))
+        if not k and stop == END:
+            raise _outside(p, phys)
+        if stop == FULL:
             break
     return buffers, nbytes, count
+
+
+def collect_views(log, p, n, vis, limit):
+    """``(views, nbytes)``: one memoryview per record (its MetaQ form) of records ``n…`` of ``p`` below ``vis``
+    within ``limit`` (at least one), for ``MessageStore.read``; checked as ``collect_joined`` checks them."""
+    skip = metaq_offset(len(p.topic_bytes))
+    first = n
+    views = []
+    append = views.append
+    nbytes = 0
+    seg_start = seg_end = -1
+    sview = None
+    chunk = 32
+    while n < vis:
+        f = p.file_for(n)
+        if f is None:
+            raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
+        hi = min(vis, f.end, n + chunk)
+        for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
+            ln = size - skip
+            if nbytes + ln > limit and views:
+                return views, nbytes
+            if not seg_start <= phys < seg_end:
+                seg = log.segment_at(phys)
+                if seg is None or ln < MIN_METAQ_FORM:
+                    raise StoreError("index unit of %s-%d points at %d, outside the log"
+                                     % (p.topic, p.partition, phys))
+                seg_start, seg_end, sview = seg.start, seg.end, seg.view
+            rel = phys - seg_start
+            if not record_ok(sview, rel, size):  # never serve a corrupt record
+                if views:
+                    return views, nbytes
+                raise corrupt(p, first, phys)
+            append(sview[rel + skip:rel + size])
+            nbytes += ln
+        n = hi
+        chunk = min(chunk * 4, 4096)
+    return views, nbytes
+
+
+def phys_of(p, n):
+    """The commit-log position index unit ``n`` of ``p`` names (None when no index file holds it)."""
+    unit = p.unit(n)
+    return unit[0] if unit is not None else None
+
+
+def corrupt(p, n, position):
+    return CorruptRecord(p.topic, p.partition, n, n + 1, position)
 
 
 def _outside(p, phys):

@@ -11,9 +11,9 @@ No sockets, threads or clock.
 
 import struct
 
-from metaq.errors import Moved, NotFound, StoreError
+from metaq.errors import CorruptRecord, Moved, NotFound, StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import check_record, decode_record
+from metaq.store.record import check_record, decode_record, record_ok
 
 #: store_ts_ms of a record (PREFIX field at byte 24).
 _STORE_TS = struct.Struct(">q")
@@ -27,7 +27,9 @@ def read_records(log, p, offset, max_count, max_bytes):
     them but at least one.
 
     Same bounds as ``MessageStore.read``: Moved below the minimum or past the
-    visible maximum; ``([], offset)`` at the visible end.
+    visible maximum; ``([], offset)`` at the visible end. Each record is checked (``check_record``, its CRC
+    included) before it is decoded: the records before a corrupt one are returned, and a read that starts at
+    it raises ``CorruptRecord`` (never a corrupt record served).
     """
     if p is None:
         if offset == 0:
@@ -49,7 +51,12 @@ def read_records(log, p, offset, max_count, max_bytes):
         seg = log.segment_at(phys)
         if seg is None or size <= 0:
             raise StoreError("index unit %d of %s-%d points at %d, outside the log" % (n, p.topic, p.partition, phys))
-        records.append(decode_record(seg.view, phys - seg.start, position=phys))
+        rel = phys - seg.start
+        if not record_ok(seg.view, rel, size):
+            if records:
+                break
+            raise CorruptRecord(p.topic, p.partition, n, n + 1, phys)
+        records.append(decode_record(seg.view, rel, position=phys))
         nbytes += size
     return records, offset + len(records)
 

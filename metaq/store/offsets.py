@@ -12,7 +12,7 @@ the same store (DESIGN §8).
 import logging
 
 from metaq.errors import ClientError
-from metaq.limits import validate_group
+from metaq.limits import MAX_CONSUMER_OFFSETS, validate_group
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,9 @@ OFFSETS_MAGIC = b"MQCO"
 class ConsumerOffsets:
     """group/topic/partition → (offset, commit_ms), persisted through ``DataDir`` state files."""
 
-    def __init__(self, dirs):
+    def __init__(self, dirs, max_entries=MAX_CONSUMER_OFFSETS):
         self._dirs = dirs
+        self.max_entries = max_entries
         self._path = dirs.consumer_offsets
         self._entries = {}
         self._version = 0  # bumped by every change; what was last written is _saved
@@ -47,7 +48,11 @@ class ConsumerOffsets:
         if offset < 0 or offset > max_offset:
             raise ClientError("offset %d out of range for %s-%d: committed offsets must be 0..%d (the log end)"
                               % (offset, topic, partition, max_offset))
-        self._entries[(group, topic, partition)] = (offset, now_ms)
+        key = (group, topic, partition)
+        if key not in self._entries and len(self._entries) >= self.max_entries:
+            raise ClientError("too many committed offsets on the broker: the limit is %d (group, topic, partition) "
+                              "entries; %s cannot commit a new one" % (self.max_entries, group))
+        self._entries[key] = (offset, now_ms)
         self._version += 1
 
     def query(self, group, topic, partition):

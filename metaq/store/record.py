@@ -26,6 +26,7 @@ A record never straddles two segments. A blank marker is ``total_size, BLANK_MAG
 import struct
 from dataclasses import dataclass
 
+from metaq import speedups
 from metaq.errors import ClientError
 from metaq.protocol.checksum import crc32, metaq_checksum
 from metaq.protocol.message import HEADER
@@ -165,6 +166,36 @@ def check_record(buf, pos, limit):
     if crc32(memoryview(buf)[pos + CRC_START:pos + total]) != crc:
         return 0
     return total
+
+
+def record_ok_py(buf, pos, size):
+    """True when a valid record (``check_record``) of exactly ``size`` bytes starts at ``pos`` of ``buf``."""
+    if pos < 0 or size <= 0 or pos > len(buf) or size > len(buf) - pos:
+        return False
+    return check_record(buf, pos, pos + size) == size
+
+
+record_ok = speedups.load("record_ok", record_ok_py)  # the C twin when built: one call per record
+
+
+def scan_records_py(buf, pos, end):
+    """``(stop, count)``: where the run of valid records (``check_record``) from ``pos`` stops — ``end`` when
+    every record up to it is valid, else the position of the first that is not (or of what follows the last
+    whole one) — and how many records the run holds."""
+    end = min(end, len(buf))
+    if pos < 0:
+        return end, 0
+    count = 0
+    while end - pos >= MIN_RECORD:
+        total = check_record(buf, pos, end)
+        if not total:
+            break
+        pos += total
+        count += 1
+    return pos, count
+
+
+scan_records = speedups.load("scan_records", scan_records_py)  # the C twin when built: the run in one call
 
 
 def decode_record(buf, pos, position=None):

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, NamedTuple, Tuple
 
 from metaq import limits
-from metaq.errors import DiskFull, InvalidTopic, Moved, StoreError
+from metaq.errors import CorruptRecord, DiskFull, InvalidTopic, Moved, StoreError
 from metaq.protocol.message import HEADER
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import (
@@ -61,6 +61,7 @@ from metaq.store.record import (
     PREFIX,
     TOPIC_START,
     check_record,
+    scan_records,
     tag_hash,
 )
 
@@ -124,6 +125,9 @@ def read_log(acc, position, max_bytes, upto="flushed"):
         if left < MARKER.size or MARKER.unpack_from(view, rel) == (left, BLANK_MAGIC):
             if taken and taken + left > max_bytes:
                 break
+            ok = _verified(acc, view, base, position - base, rel)
+            if ok < rel:  # a corrupt record before the tail: the chunk ends before it
+                return view[position - base:ok], base + ok
             return view[position - base:seg.size], seg.end
         total, magic = MARKER.unpack_from(view, rel)
         if magic != MESSAGE_MAGIC or total < FIXED_OVERHEAD or total > stop - rel:
@@ -133,7 +137,22 @@ def read_log(acc, position, max_bytes, upto="flushed"):
             break
         taken += total
         rel += total
+    rel = _verified(acc, view, base, position - base, rel)
     return view[position - base:rel], base + rel
+
+
+def _verified(acc, view, base, rel, stop):
+    """Where the chunk's records ``[rel, stop)`` must end so that none is corrupt: ``stop``, or the first corrupt
+    record's place. A master never ships a record it knows is corrupt (the slave would refuse it anyway): when
+    the chunk starts with one, ``CorruptRecord`` names it, and the link ends there (README "Corrupt records")."""
+    bad = scan_records(view, rel, stop)[0]
+    if bad >= stop:
+        return stop
+    if bad > rel:
+        return bad
+    _t, _m, _c, part, qoff, _s, _b, tlen = PREFIX.unpack_from(view, bad)
+    topic = bytes(view[bad + TOPIC_START:bad + TOPIC_START + max(0, tlen)]).decode("utf-8", "replace")
+    raise CorruptRecord(topic, part, qoff, qoff + 1, base + bad)
 
 
 def check_boundary(acc, position):
@@ -166,10 +185,13 @@ def check_boundary(acc, position):
 
 
 def _indexed_here(acc, seg, rel, position):
-    total = check_record(seg.view, rel, seg.size)
-    if not total:
+    """True when the record at ``rel`` is the one its partition's index unit names at ``position`` (its CRC is
+    not asked for: a corrupt record the index names is still a boundary, and ``read_log`` refuses to ship it)."""
+    if seg.size - rel < PREFIX.size:
         return False
-    _t, _m, _c, part, qoff, _s, _b, tlen = PREFIX.unpack_from(seg.view, rel)
+    total, _m, _c, part, qoff, _s, _b, tlen = PREFIX.unpack_from(seg.view, rel)
+    if total < FIXED_OVERHEAD or total > seg.size - rel or not 0 < tlen <= total - FIXED_OVERHEAD:
+        return False
     topic = bytes(seg.view[rel + TOPIC_START:rel + TOPIC_START + tlen]).decode("utf-8", "replace")
     p = acc.parts.get((topic, part))
     unit = p.unit(qoff) if p is not None and p.min <= qoff < p.max else None

@@ -7,9 +7,10 @@ while the disk usage stays above the warn mark.
 """
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import List
+
+from metaq.store.files import disk_usage
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def plan_deletion(segments, now_ms, retention_ms, usage_ratio=None, warn_ratio=1
     """How many of the oldest ``segments`` to delete, and why (a short text).
 
     ``usage_ratio`` above ``warn_ratio`` deletes the oldest deletable segments,
-    even young ones, until the ratio (estimated with ``disk_total_bytes``)
+    even young ones, until the ratio (estimated with ``disk_total_bytes``, df's used + available)
     drops to the mark.
     """
     count = 0
@@ -78,9 +79,9 @@ def apply_retention(log_, partitions, limit, written, root, config, now_ms, disk
             break
         infos.append(SegmentInfo(seg.file.path, seg.size, seg.file.mtime_ms(), True))
     total = None
-    if disk_usage_ratio is not None:
-        st = os.statvfs(root)
-        total = st.f_blocks * st.f_frsize
+    if disk_usage_ratio is not None:  # what each deleted segment takes off the ratio: df's denominator, not the size
+        usage = disk_usage(root)
+        total = usage.used_bytes + usage.available_bytes
     count, reason = plan_deletion(infos, now_ms, config.retention_ms, disk_usage_ratio, config.disk_warn_ratio, total)
     report = RetentionReport(reason=reason)
     if count:

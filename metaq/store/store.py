@@ -13,30 +13,28 @@ Time is never read here: it comes in as ``now_ms``.
 """
 
 import logging
-import os
 import random
 import struct
 
-from metaq.errors import ClientError, DiskFull, Moved, NotFound, StoreError, UnknownTopic
-from metaq.limits import validate_partition
+from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
+from metaq.limits import MAX_CORRUPT_LOGGED, validate_partition
 from metaq.store import batch, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir
+from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
-from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, metaq_offset, tag_hash, write_record
+from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
-_MIN_METAQ_FORM = 20
 _new_tuple = tuple.__new__
 
 
@@ -59,6 +57,7 @@ class MessageStore:
         self._last_flush_ms = 0
         self._last_checkpoint_ms = 0
         self._refusal = None
+        self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._ids = None
         self._index_problem = None
         self._closed = True
@@ -68,6 +67,8 @@ class MessageStore:
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
+        self.corrupt_reads = 0  # reads refused because a record failed its check (stats corrupt_reads)
+        self._corrupt_logged = set()
 
     # -- open / close --------------------------------------------------------
 
@@ -289,17 +290,18 @@ class MessageStore:
             raise DiskFull(state.reason)
 
     def check_disk(self):
-        """Disk usage of the data dir's filesystem; above the danger mark puts are refused."""
-        st = os.statvfs(self.dirs.root)
-        used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        free = st.f_bavail * st.f_frsize
-        ratio = used / (used + free) if used + free else 1.0
+        """Measure the data dir's filesystem (``files.disk_usage``: df's fraction); above the danger mark puts are
+        refused. The result is also kept as ``disk_state``, the latest measurement whoever asked for it."""
+        usage = disk_usage(self.dirs.root)
+        ratio = usage.ratio
         danger = self.config.disk_danger_ratio
         refusing = ratio > danger
         reason = ("disk usage %.1f%% is above the danger mark %g%%: writes are refused until space is freed"
                   % (ratio * 100, round(danger * 100, 3)) if refusing else "")
         self._refusal = reason or None
-        return DiskState(ratio, free, refusing, reason, st.f_blocks * st.f_frsize)
+        self.disk_state = DiskState(ratio, usage.available_bytes, refusing, reason,
+                                    usage.used_bytes + usage.available_bytes)
+        return self.disk_state
 
     # -- working ahead -------------------------------------------------------
 
@@ -349,7 +351,11 @@ class MessageStore:
             raise _moved(vis)
         if offset < p.min:
             raise _moved(p.min)
-        views, nbytes = self._collect(p, offset, vis, min(max_size, self.config.max_transfer_size))
+        try:
+            views, nbytes = gather.collect_views(self._log, p, offset, vis,
+                                                 min(max_size, self.config.max_transfer_size))
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
         return ReadResult(views, nbytes, len(views), offset + len(views))
 
     def read_joined(self, topic, partition, offset, max_size):
@@ -357,39 +363,22 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None or not p.min <= offset < p.visible:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
-        buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
-                                                       min(max_size, self.config.max_transfer_size))
+        try:
+            buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
+                                                           min(max_size, self.config.max_transfer_size))
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
         return ReadResult(buffers, nbytes, count, offset + count)
 
-    def _collect(self, p, n, vis, limit):
-        skip = metaq_offset(len(p.topic_bytes))
-        views = []
-        append = views.append
-        nbytes = 0
-        seg_start = seg_end = -1
-        sview = None
-        chunk = 32
-        while n < vis:
-            f = p.file_for(n)
-            if f is None:
-                raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
-            hi = min(vis, f.end, n + chunk)
-            for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
-                ln = size - skip
-                if nbytes + ln > limit and views:
-                    return views, nbytes
-                if not seg_start <= phys < seg_end:
-                    seg = self._log.segment_at(phys)
-                    if seg is None or ln < _MIN_METAQ_FORM:
-                        raise StoreError("index unit of %s-%d points at %d, outside the log"
-                                         % (p.topic, p.partition, phys))
-                    seg_start, seg_end, sview = seg.start, seg.end, seg.view
-                a = phys - seg_start + skip
-                append(sview[a:a + ln])
-                nbytes += ln
-            n = hi
-            chunk = min(chunk * 4, 4096)
-        return views, nbytes
+    def _corrupt_read(self, exc):
+        """Count (and, the first time, log) a read refused at a corrupt record; returns ``exc``."""
+        self.corrupt_reads += 1
+        key = (exc.topic, exc.partition, exc.offset)
+        if key not in self._corrupt_logged:
+            if len(self._corrupt_logged) < MAX_CORRUPT_LOGGED:
+                self._corrupt_logged.add(key)
+            log.error("%s; `metaq-server --verify` lists every corrupt record", exc)
+        return exc
 
     def min_offset(self, topic, partition):
         p = self._reader(topic, partition)
@@ -522,7 +511,10 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
-        return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+        try:
+            return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+        except CorruptRecord as exc:
+            raise self._corrupt_read(exc) from None
 
     def record_at(self, position):
         """The record at commit-log ``position``, or NotFound."""

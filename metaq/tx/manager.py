@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, ConfigError, MetaqError, TransactionError
-from metaq.limits import MAX_BODY_BYTES, validate_partition
+from metaq.limits import MAX_BODY_BYTES, MAX_OPEN_TRANSACTIONS, MAX_TX_HELD_BYTES, validate_partition
 from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
                                XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
@@ -56,12 +56,15 @@ class TxConfig(NamedTuple):
     journal_file_size: int = 64 << 20
     max_puts_per_tx: int = 10000
     max_tx_bytes: int = 64 << 20
+    max_open: int = MAX_OPEN_TRANSACTIONS
+    max_held_bytes: int = MAX_TX_HELD_BYTES
 
     def validate(self):
         """Raise ConfigError naming the first bad setting."""
         checks = (("max_timeout_s", 1, MAX_TIMEOUT_LIMIT_S), ("default_timeout_s", 1, self.max_timeout_s),
                   ("journal_file_size", MIN_JOURNAL_FILE_SIZE, MAX_JOURNAL_FILE_SIZE),
-                  ("max_puts_per_tx", 1, R.MAX_PUTS_LIMIT), ("max_tx_bytes", 1, MAX_TX_BYTES_LIMIT))
+                  ("max_puts_per_tx", 1, R.MAX_PUTS_LIMIT), ("max_tx_bytes", 1, MAX_TX_BYTES_LIMIT),
+                  ("max_open", 1, 10 * MAX_OPEN_TRANSACTIONS), ("max_held_bytes", self.max_tx_bytes, 1 << 40))
         for name, low, high in checks:
             value = getattr(self, name)
             if not isinstance(value, int) or not low <= value <= high:
@@ -147,6 +150,7 @@ class TransactionManager:
         self._journal = journal
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
         self._by_owner = {}  # owner -> set of local keys
+        self._held = 0  # at least the message bytes open branches hold (see _check_held)
         self._heuristic = {}  # key -> records.Heuristic
         self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
@@ -196,6 +200,7 @@ class TransactionManager:
                  "%d heuristic outcomes", report.records, len(jreport.files), jreport.torn_bytes,
                  report.commits_completed, report.messages_reappended, report.messages_dropped,
                  report.commits_incomplete, report.rolled_back, report.prepared_kept, report.heuristic_kept)
+        self._held = sum(b.nbytes for b in self._branches.values())
         return report
 
     def _complete_after_crash(self, branches, report, now_ms):
@@ -293,6 +298,9 @@ class TransactionManager:
             raise _xa(XAER_DUPID, "transaction %s already exists" % key)
         if not isinstance(timeout_s, int) or timeout_s < 0:
             raise _xa(XAER_INVAL, "bad transaction timeout %r" % (timeout_s,))
+        if len(self._branches) >= self.config.max_open:
+            raise _xa(XAER_RMERR, "too many open transactions on the broker: the limit is %d "
+                      "(transactions.max_open)" % self.config.max_open)
         timeout_s = min(timeout_s or self.config.default_timeout_s, self.config.max_timeout_s)
         b = R.Branch(key, xa, qualifier, None if xa else owner, now_ms, timeout_s)
         self._branches[key] = b
@@ -322,11 +330,25 @@ class TransactionManager:
         if b.nbytes + len(data) > self.config.max_tx_bytes:
             raise _xa(XAER_RMERR, "transaction %s would hold %d bytes, more than max_tx_bytes %d"
                       % (key, b.nbytes + len(data), self.config.max_tx_bytes))
+        self._check_held(len(data))
         rec = R.Put(key, topic, partition, flag, -1 if checksum is None or checksum < 0 else checksum, bytes(data))
         self._write(rec)
         b.puts.append(rec)
         b.nbytes += len(rec.data)
+        self._held += len(rec.data)
         return partition
+
+    def _check_held(self, nbytes):
+        """XAER_RMERR when open transactions would hold more than ``max_held_bytes`` with ``nbytes`` more.
+
+        ``_held`` only grows between checks (ended branches do not take theirs back), so it is a bound on
+        what is held; near the limit it is recounted from the open branches before anything is refused."""
+        limit = self.config.max_held_bytes
+        if self._held + nbytes > limit:
+            self._held = sum(b.nbytes for b in self._branches.values())
+            if self._held + nbytes > limit:
+                raise _xa(XAER_RMERR, "open transactions hold %d bytes: %d more would pass the limit %d "
+                          "(transactions.max_held_bytes)" % (self._held, nbytes, limit))
 
     def prepare(self, txid, owner, now_ms):
         """XA_OK (PREPARE journaled: fsync before answering) or XA_RDONLY (no puts: the branch is finished)."""

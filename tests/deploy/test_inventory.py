@@ -149,3 +149,13 @@ def test_fab_reports_an_invalid_inventory_and_exits_2(tmp_path):
     assert r.code == 2 and "s: role 'slave' is accepted in the inventory but not supported yet" in r.err, r
     r = run_fab(path, "check")
     assert r.code == 0 and "slave of m" in r.out and "note: slaves are refused by deploy and start" in r.out, r
+
+
+def test_a_key_written_twice_is_refused_with_its_line():
+    message = problems("""
+        cluster: orders
+        brokers:
+          - {name: b0, host: 10.0.0.11, broker_id: 0}
+        cluster: payments
+    """)
+    assert "line 5" in message and "'cluster'" in message and "first at line 2" in message

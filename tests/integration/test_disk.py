@@ -1,6 +1,7 @@
 """A small tmpfs filled for real (F4) and retention with injected time, on a real broker."""
 
 import glob
+import math
 import os
 import subprocess
 import time
@@ -10,7 +11,7 @@ import pytest
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import consume_all
-from tests.harness.tmpfs import tmpfs
+from tests.harness.tmpfs import ext4_with_reserve, tmpfs
 
 
 def remount(path, size):
@@ -124,3 +125,71 @@ def test_retention_deletes_old_segments_and_moves_the_minimum(broker_factory, tm
     remaining = sorted(glob.glob(os.path.join(b.data_dir, "commitlog", "*")))
     assert remaining == segments[-1:]
     assert "retention deleted" in b.log_text(since_start=True)
+
+
+def df_percent(path):
+    """``df``'s Use% of the filesystem holding ``path`` (what an operator compares ``stats`` with)."""
+    out = subprocess.run(["df", "--output=pcent", str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out.splitlines()[-1].strip().rstrip("%"))
+
+
+def exact_usage(path):
+    """used / (used + available to non-root), from statvfs: df's Use% before it rounds up."""
+    st = os.statvfs(str(path))
+    used = st.f_blocks - st.f_bfree
+    return used / (used + st.f_bavail)
+
+
+def fill_to(path, ratio, name):
+    """Allocate a file so that the filesystem of ``path`` is ``ratio`` full (by df's reckoning)."""
+    st = os.statvfs(str(path))
+    used, room = st.f_blocks - st.f_bfree, st.f_blocks - st.f_bfree + st.f_bavail
+    more = int((ratio * room - used) * st.f_frsize)
+    subprocess.run(["fallocate", "-l", str(more), str(path / name)], check=True)
+
+
+def assert_stats_is_df(c, mnt):
+    usage = float(c.stats_dict()["disk_usage"])
+    exact = exact_usage(mnt)
+    assert abs(usage - exact) < 0.0001, (usage, exact)  # stats' 4 decimals of df's fraction, now
+    assert math.ceil(usage * 100) == df_percent(mnt) == math.ceil(exact * 100)
+    return usage
+
+
+SMALL_FILESYSTEMS = {
+    "tmpfs": lambda mnt: tmpfs(mnt, "64m"),
+    # half the blocks kept for root: used / size would show half of what df shows
+    "ext4 with a root reserve": lambda mnt: ext4_with_reserve(mnt, 128, 50),
+}
+
+
+@pytest.mark.fault
+@pytest.mark.root
+@pytest.mark.parametrize("fs", sorted(SMALL_FILESYSTEMS))
+def test_stats_disk_usage_is_the_figure_df_shows_and_the_write_gate_uses(broker_factory, tmp_path, fs):
+    mnt = tmp_path / "mnt"
+    with SMALL_FILESYSTEMS[fs](mnt):
+        # the periodic check is far off: stats must measure, not repeat the figure of the broker's start
+        cfg = small_config(mnt / "data", store={"disk_warn_ratio": 0.9, "disk_danger_ratio": 0.9,
+                                                 "disk_check_interval_s": 3600,
+                                                 "retention_check_interval_s": 3600})
+        b = broker_factory(cfg)
+        try:
+            with b.client() as c:
+                c.put_ok("t-df", b"before", 0)
+                start = assert_stats_is_df(c, mnt)
+                fill_to(mnt, 0.555, "ballast-1")  # half full: writes still taken
+                assert assert_stats_is_df(c, mnt) > start + 0.5
+                assert c.stats_dict()["writes_refused"] == "false"
+                c.put_ok("t-df", b"at half", 0)
+                fill_to(mnt, 0.925, "ballast-2")  # past the 90% danger mark, as df sees it
+                usage = assert_stats_is_df(c, mnt)
+                assert usage > 0.9 and c.stats_dict()["writes_refused"] == "true"
+                r = c.put("t-df", b"refused", 0)
+                assert r.code == 507 and b"disk usage %.1f%%" % (usage * 100) in r.body, r
+                os.unlink(str(mnt / "ballast-2"))
+                assert assert_stats_is_df(c, mnt) < 0.6
+                assert c.stats_dict()["writes_refused"] == "false"
+                c.put_ok("t-df", b"after", 0)
+        finally:
+            b.kill()

@@ -15,7 +15,8 @@ from metaq.protocol.stream import CLOSED
 @pytest.fixture
 def limited(broker_factory, tmp_path):
     cfg = small_config(tmp_path / "data", limits={"max_line_bytes": 256, "max_body_bytes": 4096,
-                                                   "max_connections": 20, "idle_timeout_s": 1.5,
+                                                   "max_connections": 20, "max_connections_per_address": 20,
+                                                   "idle_timeout_s": 1.5,
                                                    "request_timeout_s": 1.0})
     return broker_factory(cfg)
 

@@ -2,13 +2,11 @@
 
 import os
 import signal
-import socket
 import time
 
 import pytest
 
 from metaq.protocol import events as ev
-from metaq.protocol import replication as rp
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import CLOSED
 from metaq.protocol.text import serialize
@@ -123,68 +121,6 @@ def test_sync_mode_sigterm_answers_every_put_in_flight_and_the_slave_holds_them(
             recs = c.get_records("t-a", int(part), int(offset))
             assert isinstance(recs, list) and recs, (part, offset, recs)
     assert int(stats(slave)["total_messages"]) == n + 1
-
-
-def fake_slave(rport, slave_id=9):
-    """A peer on the replication port that says HELLO like a fresh slave and reads the master's EPOCHS."""
-    sock = socket.create_connection(("127.0.0.1", rport), timeout=5)
-    sock.sendall(rp.serialize(rp.Hello(slave_id, 7, 1 << 20, 0)))  # small_config: broker 7, 1 MiB segments
-    parser = rp.ReplicationParser()
-    while True:
-        event = parser.next_event()
-        if isinstance(event, rp.Epochs):
-            return sock, parser
-        assert event is rp.NEED_DATA, event
-        parser.receive_data(sock.recv(65536))
-
-
-def closed_by_master(sock, timeout=10):
-    """True once the master has closed the link (whatever it sent before); False if it is still open after
-    ``timeout`` seconds (a live link sends a heartbeat every second)."""
-    deadline = time.monotonic() + timeout
-    sock.settimeout(1.5)
-    while time.monotonic() < deadline:
-        try:
-            if not sock.recv(65536):
-                return True
-        except ConnectionResetError:
-            return True
-        except socket.timeout:
-            continue
-    return False
-
-
-def test_an_ack_past_what_the_link_sent_closes_it_and_acknowledges_nothing(broker_factory, tmp_path):
-    """A peer that claims to hold 2^62 bytes is not a replica: sync puts are not acknowledged on its word."""
-    rport = free_port()
-    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=1000),
-                            workdir=tmp_path / "m")
-    sock, _parser = fake_slave(rport)
-    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "fake slave connected")
-    sock.sendall(rp.serialize(rp.Ack(9, 1 << 62, 1 << 62)))
-    assert closed_by_master(sock)
-    wait_for(lambda: stats(master)["replication_slaves"] == "0", 10, "link closed")
-    with master.client() as c:
-        r = c.put("t-a", b"nobody holds this")
-        assert r.code == 503 and b"SLAVE_NOT_AVAILABLE" in r.body, r
-    text = master.log_text()
-    assert "acked written 4611686018427387904, durable 4611686018427387904, but this link has sent up to 0" in text
-    assert "Traceback" not in text
-
-
-def test_garbage_after_hello_closes_the_link_without_a_traceback(broker_factory, tmp_path):
-    rport = free_port()
-    master = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
-    with master.client() as c:
-        c.put_ok("t-a", b"before the garbage", 0)
-    sock, _parser = fake_slave(rport)
-    sock.sendall(os.urandom(4096))
-    assert closed_by_master(sock)
-    wait_for(lambda: stats(master)["replication_slaves"] == "0", 10, "link closed")
-    with master.client() as c:
-        assert c.call(ev.Version(1)).code == 200
-        assert c.get_records("t-a", 0, 0)[0].data == b"before the garbage"  # acknowledged earlier, intact
-    assert "Traceback" not in master.log_text()
 
 
 def test_sync_mode_without_slave_answers_503(broker_factory, tmp_path):

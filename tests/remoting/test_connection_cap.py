@@ -19,7 +19,7 @@ def wait_for(predicate, timeout=5.0):
 
 
 def test_the_cap_counts_both_ports_and_refuses_one_past_it_on_either(rmq_factory):
-    broker = rmq_factory(limits={"max_connections": 4})
+    broker = rmq_factory(limits={"max_connections": 4, "max_connections_per_address": 4})
     texts = [broker.client() for _ in range(3)]
     remote = remoting_socket(broker)
     try:

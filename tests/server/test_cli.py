@@ -93,3 +93,29 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("broker: [unclosed")
     r = run_cli("-c", str(bad))
     assert r.returncode == 2 and "not valid YAML" in r.stderr
+
+
+BAD_FILES = {
+    "duplicate key": ("broker:\n  port: 0\n  data_dir: {data}\n  port: 0\n", "line 4: key 'port'"),
+    "duplicate topic": ("broker: {{port: 0, data_dir: {data}}}\ntopics:\n- {{name: a, partitions: 2}}\n"
+                        "- {{name: a, partitions: 3}}\n", "topic 'a' is listed twice"),
+    "empty data dir": ("broker: {{port: 0, data_dir: ''}}\n", "broker.data_dir: must not be empty"),
+    "max_connections past the fd limit": ("broker: {{port: 0, data_dir: {data}}}\n"
+                                          "limits: {{max_connections: 1000000000}}\n", "ulimit -n"),
+    "two problems": ("broker: {{port: 0, data_dir: {data}, id: 5000, prot: 1}}\n", "broker.prot"),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_metaq_server_with_a_bad_file_prints_one_line_and_exits_2(tmp_path, case):
+    text, words = BAD_FILES[case]
+    data = tmp_path / "data"
+    f = tmp_path / "bad.yaml"
+    f.write_text(text.format(data=data))
+    r = run_cli("-c", str(f), cwd=str(tmp_path))  # a real start, not --check-config
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("metaq-server: ") and str(f) in lines[0] and words in lines[0]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # no broker ran: no data dir, not even ./data

@@ -7,7 +7,7 @@ import gevent
 from gevent import socket
 
 from metaq.protocol.text import TextParser
-from metaq.server.connections import Connection, ConnectionCore, Listener, Timeouts
+from metaq.server.connections import Connection, ConnectionCore, ConnectionLimits, Listener, ReplyBudget
 
 
 class Echo(Connection):
@@ -36,23 +36,23 @@ class Echo(Connection):
 
 def listener(core, name, made, slow=0.0, refuse=None, headroom=0):
     def make(sock, address, conn_id):
-        conn = Echo(sock, address, conn_id, core.timeouts, slow)
+        conn = Echo(sock, address, conn_id, core.rules, slow)
         made.append(conn)
         return conn
 
     return Listener(name, "127.0.0.1", 0, make, refuse, 1, headroom)
 
 
-def connect(core, lst):
-    """A connected Unix socket pair: the server side served by the core on its own greenlet."""
+def connect(core, lst, host="127.0.0.1"):
+    """A connected Unix socket pair: the server side served by the core on its own greenlet, as from ``host``."""
     ours, theirs = socket.socketpair()
-    g = gevent.spawn(core.accept, lst, theirs, ("127.0.0.1", 40000))
+    g = gevent.spawn(core.accept, lst, theirs, (host, 40000))
     gevent.sleep(0)
     return ours, g
 
 
 def test_one_cap_across_listeners_refuses_in_each_listeners_words(caplog):
-    core = ConnectionCore(3, Timeouts(60, 60))
+    core = ConnectionCore(3, ConnectionLimits(60, 60))
     made = []
     refusals = []
     text = listener(core, "text", made, refuse=lambda sock, reason: refusals.append(reason) or sock.sendall(b"503\r\n"))
@@ -68,7 +68,7 @@ def test_one_cap_across_listeners_refuses_in_each_listeners_words(caplog):
         g2.join(5)
         assert extra2.recv(100) == b""
     assert refusals == ["too many connections: the limit is 3"]
-    assert "on the remoting port: 3 connections open" in caplog.text
+    assert "on the remoting port: too many connections: the limit is 3 (3 connections open)" in caplog.text
     assert core.count() == 3 and len(made) == 3
     ours, g = clients.pop()
     ours.close()
@@ -82,7 +82,7 @@ def test_one_cap_across_listeners_refuses_in_each_listeners_words(caplog):
 
 def test_a_listener_with_headroom_is_served_past_the_cap_and_refused_past_its_headroom():
     """Clients that fill the cap do not lock slaves out of the replication port (limits.REPLICATION_HEADROOM)."""
-    core = ConnectionCore(2, Timeouts(60, 60))
+    core = ConnectionCore(2, ConnectionLimits(60, 60))
     made = []
     text = listener(core, "text", made)
     repl = listener(core, "replication", made, headroom=1)
@@ -101,7 +101,7 @@ def test_a_listener_with_headroom_is_served_past_the_cap_and_refused_past_its_he
 
 
 def test_close_hooks_run_for_every_connection_even_when_one_fails():
-    core = ConnectionCore(10, Timeouts(60, 60))
+    core = ConnectionCore(10, ConnectionLimits(60, 60))
     closed = []
     core.on_close(lambda conn: 1 / 0)
     core.on_close(lambda conn: closed.append(conn.conn_id))
@@ -113,7 +113,7 @@ def test_close_hooks_run_for_every_connection_even_when_one_fails():
 
 
 def test_a_request_must_complete_within_the_deadline_from_its_first_byte():
-    core = ConnectionCore(10, Timeouts(idle_s=60, request_s=0.5))
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=0.5))
     made = []
     ours, g = connect(core, listener(core, "text", made))
     ours.sendall(b"vers")
@@ -136,7 +136,7 @@ def test_a_put_whose_line_then_body_trickle_in_meets_one_deadline():
     Pieces 0.15 s apart: the line is complete at 0.3 s, the body would be at 1.05 s. With the clock restarted
     at the line the request would complete (0.3 + 0.8 > 1.05); from its first byte it is cut at 0.8 s.
     """
-    core = ConnectionCore(10, Timeouts(idle_s=60, request_s=0.8))
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=0.8))
     made = []
     ours, g = connect(core, listener(core, "text", made))
     started = time.monotonic()
@@ -153,7 +153,7 @@ def test_a_put_whose_line_then_body_trickle_in_meets_one_deadline():
 
 
 def test_whole_requests_restart_the_deadline():
-    core = ConnectionCore(10, Timeouts(idle_s=60, request_s=0.5))
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=0.5))
     ours, g = connect(core, listener(core, "text", []))
     ours.sendall(b"vers")
     for n in range(12):  # 1.2 s always inside a request, but each one completes within 0.1 s
@@ -166,14 +166,14 @@ def test_whole_requests_restart_the_deadline():
 
 
 def test_an_idle_connection_is_closed_after_the_idle_timeout():
-    core = ConnectionCore(10, Timeouts(idle_s=0.3, request_s=60))
+    core = ConnectionCore(10, ConnectionLimits(idle_s=0.3, request_s=60))
     ours, g = connect(core, listener(core, "text", []))
     g.join(5)
     assert g.dead and ours.recv(10) == b"" and core.count() == 0
 
 
 def test_shutdown_closes_idle_at_once_lets_busy_finish_and_keeps_named_listeners():
-    core = ConnectionCore(10, Timeouts(60, 60))
+    core = ConnectionCore(10, ConnectionLimits(60, 60))
     made = []
     text = listener(core, "text", made, slow=0.3)
     repl = listener(core, "replication", made)
@@ -197,3 +197,73 @@ def test_shutdown_closes_idle_at_once_lets_busy_finish_and_keeps_named_listeners
     core.close_listener(repl)
     g_kept.join(1)
     assert g_kept.dead and core.count() == 0
+
+
+def test_one_address_is_refused_past_its_cap_while_another_is_served():
+    core = ConnectionCore(10, ConnectionLimits(60, 60), max_per_address=2)
+    refusals = []
+    text = listener(core, "text", [], refuse=lambda sock, reason: refusals.append(reason))
+    repl = listener(core, "replication", [], headroom=1)
+    mine = [connect(core, text), connect(core, text)]  # at the limit: 2 from 127.0.0.1
+    extra, g = connect(core, text)  # one past
+    g.join(5)
+    assert extra.recv(10) == b""
+    assert refusals == ["too many connections from 127.0.0.1: the limit is 2 per address"]
+    other, g_other = connect(core, text, host="127.0.0.2")  # another host still gets in
+    slave, g_slave = connect(core, repl)  # a slave on the same host: the replication port is not counted
+    assert not g_other.dead and not g_slave.dead
+    assert core.count_from("127.0.0.1") == 2 and core.count_from("127.0.0.2") == 1
+    ours, g_mine = mine.pop()
+    ours.close()
+    g_mine.join(5)
+    assert core.count_from("127.0.0.1") == 1
+    again, g_again = connect(core, text)  # a place of that address was freed
+    again.sendall(b"version 1\r\n")
+    assert again.recv(100) == b"ok\r\n"
+    core.shutdown(1.0)
+    for sock in [again, other, slave] + [s for s, _g in mine]:
+        sock.close()
+    gevent.joinall([g_again, g_other, g_slave], timeout=5)
+    assert core.count_from("127.0.0.1") == 0  # nothing held once they are gone
+
+
+def test_reply_budget_lets_replies_up_to_the_limit_through_and_holds_one_past():
+    budget = ReplyBudget(100)
+    assert budget.reserve(60, lambda: False) and budget.reserve(40, lambda: False)  # exactly the limit
+    assert budget.would_wait(1)
+    waiter = gevent.spawn(budget.reserve, 1, lambda: False)  # one byte past: waits
+    gevent.sleep(0.05)
+    assert not waiter.ready()
+    budget.release(60)  # a reply was sent
+    assert waiter.get(timeout=5) is True and budget.held == 41
+
+
+def test_reply_budget_serves_one_reply_larger_than_the_limit_and_gives_up_on_close():
+    budget = ReplyBudget(100)
+    assert budget.reserve(500, lambda: False)  # nothing held: a record larger than the limit still goes
+    closed = []
+    waiter = gevent.spawn(budget.reserve, 10, lambda: bool(closed))
+    gevent.sleep(0.05)
+    closed.append(True)
+    budget.wake()
+    assert waiter.get(timeout=5) is False and budget.held == 500
+
+
+def test_a_flood_of_refusals_writes_one_log_line_a_second(caplog):
+    core = ConnectionCore(1, ConnectionLimits(60, 60))
+    text = listener(core, "text", [])
+    held = connect(core, text)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(50):
+            extra, g = connect(core, text)
+            g.join(5)
+            extra.close()
+        assert caplog.text.count("refused a connection") == 1
+        time.sleep(1.05)
+        extra, g = connect(core, text)
+        g.join(5)
+        extra.close()
+    lines = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(lines) == 2 and lines[1].endswith("and 49 more since the last such line")  # 49 unlogged + this one
+    core.shutdown(1.0)
+    held[0].close()

@@ -9,7 +9,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser
 from metaq.server.config import ServerConfig
-from metaq.server.connections import ConnectionCore, Timeouts
+from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import Flusher, now_ms
 from metaq.server.longpoll import PartitionWaiters
@@ -35,19 +35,31 @@ def config(data_dir, flush="sync", **sections):
 
 
 class FakeConnection:
-    """What a dispatcher uses of a connection: an id, ``send`` and ``spawn`` (replies of greenlets)."""
+    """What a dispatcher uses of a connection: an id, ``send``, ``spawn`` (replies of greenlets), the reads of
+    replies (with no reply budget) and the count of parked gets."""
 
     def __init__(self, conn_id=1):
         self.conn_id = conn_id
         self.sent = []
         self.children = []
+        self.closed = False
+        self.parked = 0
 
     def send(self, data):
         if data:
             self.sent.append(b"".join(bytes(b) for b in data) if isinstance(data, list) else data)
 
-    def spawn(self, func, *args):
-        self.children.append(gevent.spawn(lambda: self.send(func(*args))))
+    def read_reply(self, max_size, read):
+        return read()
+
+    def spawn(self, func, *args, on_exit=None):
+        def run():
+            try:
+                self.send(func(*args))
+            finally:
+                if on_exit is not None:
+                    on_exit()
+        self.children.append(gevent.spawn(run))
 
     def join(self):
         gevent.joinall(self.children, timeout=10)
@@ -74,7 +86,7 @@ class Parts:
         self.waiters = PartitionWaiters()
         self.gate = WriteGate()
         self.flusher = Flusher(self.store, self.store.config, self.waiters.notify, lambda: None)
-        self.core = ConnectionCore(10, Timeouts(60, 60))
+        self.core = ConnectionCore(10, ConnectionLimits(60, 60))
         self.roles = Roles(cfg, self.store, self.core, self.flusher, self.waiters, Semaphore())
         self.tx = TxService(self.store, cfg, self.flusher, self.waiters, self.stats)
         self.delay = DelayScheduler(self.store, cfg, self.flusher, self.waiters, self.gate,

@@ -47,3 +47,15 @@ def test_corrupt_file_is_ignored_with_a_warning(tmp_path, caplog):
     again = ConsumerOffsets(d)
     assert again.load() == 0
     assert "consumer_offsets" in caplog.text
+
+
+def test_committed_offsets_at_the_limit_and_one_past(tmp_path):
+    d = DataDir(str(tmp_path))
+    d.create()
+    o = ConsumerOffsets(d, max_entries=3)
+    for g in ("g1", "g2", "g3"):
+        o.commit(g, "t", 0, 1, 1000, max_offset=9)  # at the limit
+    with pytest.raises(ClientError, match="too many committed offsets on the broker: the limit is 3"):
+        o.commit("g4", "t", 0, 1, 1000, max_offset=9)  # one past: a new entry
+    o.commit("g1", "t", 0, 7, 1001, max_offset=9)  # an existing entry still moves
+    assert [e[:4] for e in o.entries()] == [("g1", "t", 0, 7), ("g2", "t", 0, 1), ("g3", "t", 0, 1)]

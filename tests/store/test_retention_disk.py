@@ -10,6 +10,7 @@ import pytest
 from metaq import errors
 from metaq.store.retention import SegmentInfo, plan_deletion
 from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
+from tests.harness.tmpfs import ext4_with_reserve
 
 MINUTE_MS = 60_000
 
@@ -211,3 +212,29 @@ def test_full_tmpfs_refuses_writes_cleanly_and_resumes_after_remount(tmp_path):
         s.close(NOW)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def df_fraction(path):
+    st = os.statvfs(str(path))
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return used / (used + st.f_bavail * st.f_frsize), used + st.f_bavail * st.f_frsize
+
+
+@pytest.mark.fault
+@pytest.mark.root
+def test_disk_pressure_deletes_what_brings_df_below_the_warn_mark_on_a_filesystem_with_a_root_reserve(tmp_path):
+    segment = 1 << 20
+    with ext4_with_reserve(tmp_path / "mnt", 64, 50):  # half the blocks kept for root: size = 2 x (used + available)
+        data_dir = tmp_path / "mnt" / "data"
+        s = open_store(data_dir, segment_size=segment, retention_hours=1000.0)
+        for i in range(12):  # 12 sealed segments of ~1 MiB
+            s.put("test", 0, 0, payload(i, 1000 * 1000), NOW + i)
+        s.mark_flushed(s.flush_log())
+        s.checkpoint(NOW + 100)
+        usage, room = df_fraction(tmp_path / "mnt")
+        s.config.disk_warn_ratio = usage - 2.5 * segment / room  # three segments' worth above the mark
+        report = s.retention(NOW + 100, disk_usage_ratio=usage)
+        after, _room = df_fraction(tmp_path / "mnt")
+        s.close(NOW + 100)
+        assert len(report.deleted_segments) == 3, report  # the old estimate (over the whole size) took 7
+        assert s.config.disk_warn_ratio - segment / room < after < s.config.disk_warn_ratio  # what df shows now

@@ -210,6 +210,58 @@ def test_limits_refuse_the_put_and_store_nothing(tmp_path):
     b.crash()
 
 
+def test_open_transactions_at_the_broker_limit_and_one_past(tmp_path):
+    b = TxBroker(tmp_path / "d", TxConfig(max_open=3))
+    for n in range(1, 4):
+        b.tx.begin(local(n), "c%d" % n, 0, NOW)  # at the limit
+    with pytest.raises(TransactionError, match=r"too many open transactions on the broker: the limit is 3 "
+                                               r"\(transactions.max_open\)") as info:
+        b.tx.begin(xid(4), None, 0, NOW)  # one past
+    assert info.value.xa_code == XAER_RMERR
+    put(b, local(1), b"kept", owner="c1")
+    b.tx.rollback(local(2), "c2", NOW)  # a place is freed
+    b.tx.begin(local(5), "c5", 0, NOW)
+    b.commit(local(1), "c1")
+    assert b.messages("test", 0) == [b"kept"]
+    b.crash()
+
+
+def test_bytes_held_by_all_open_transactions_at_the_limit_and_one_past(tmp_path):
+    b = TxBroker(tmp_path / "d", TxConfig(max_tx_bytes=1024, max_held_bytes=2000))
+    b.tx.begin(local(1), "c1", 0, NOW)
+    b.tx.begin(local(2), "c2", 0, NOW)
+    put(b, local(1), b"a" * 1000, owner="c1")
+    put(b, local(2), b"b" * 1000, owner="c2")  # 2000: exactly the limit, each branch within its own
+    with pytest.raises(TransactionError, match=r"open transactions hold 2000 bytes: 1 more would pass the "
+                                               r"limit 2000 \(transactions.max_held_bytes\)") as info:
+        put(b, local(1), b"c", owner="c1")  # one byte past
+    assert info.value.xa_code == XAER_RMERR
+    b.commit(local(2), "c2")  # what a finished transaction held is free again
+    put(b, local(1), b"c" * 24, owner="c1")
+    b.commit(local(1), "c1")
+    assert b.messages("test", 0) == [b"b" * 1000, b"a" * 1000, b"c" * 24]  # nothing of the refused put
+    b.crash()
+
+
+def test_prepared_transactions_kept_across_a_restart_count_toward_the_held_bytes(tmp_path):
+    b = TxBroker(tmp_path / "d", TxConfig(max_tx_bytes=1500, max_held_bytes=1500))
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    put(b, x, b"p" * 1500, owner=None)
+    assert b.tx.prepare(x, None, NOW) == XA_OK
+    b.restart()
+    b.tx.begin(local(2), "c2", 0, NOW)
+    assert xa_code(put, b, local(2), b"q", 0, "c2") == XAER_RMERR  # the prepared branch still holds 1500
+    b.commit(x, None, one_phase=False)
+    put(b, local(2), b"q", owner="c2")
+    b.crash()
+
+
+def test_held_bytes_limit_must_fit_one_transaction():
+    with pytest.raises(ConfigError, match="max_held_bytes"):
+        TxConfig(max_tx_bytes=4096, max_held_bytes=1024).validate()
+
+
 def test_config_is_validated():
     with pytest.raises(ConfigError, match="journal_flush"):
         TxConfig(journal_flush="always").validate()

@@ -10,6 +10,8 @@ membership changes, so the server can tell the group's clients to rebalance
 
 from typing import NamedTuple
 
+from metaq import errors, limits
+
 
 class Member(NamedTuple):
     conn: object
@@ -17,23 +19,49 @@ class Member(NamedTuple):
 
 
 class ClientRegistry:
-    def __init__(self, timeout_s, on_change=None):
+    """``max_members`` bounds the (group, client) entries: a heartbeat that would add more is refused."""
+
+    def __init__(self, timeout_s, on_change=None, max_members=limits.MAX_REMOTING_MEMBERS):
         self.timeout_s = timeout_s
+        self.max_members = max_members
         self._on_change = on_change or (lambda group: None)
         self._groups = {}  # group -> {client_id: Member}
+        self._by_conn = {}  # connection -> {(group, client_id)} registered through it
+        self.members = 0  # (group, client) entries in _groups
 
     def heartbeat(self, conn, hb, now):
-        """Record a ``HeartbeatData`` that arrived on ``conn``; returns the groups the client newly joined."""
+        """Record a ``HeartbeatData`` that arrived on ``conn``; returns the groups the client newly joined.
+
+        ClientError (nothing recorded) when it would take the registry past ``max_members``."""
+        groups = self._groups
+        new = sum(1 for c in {c.group_name for c in hb.consumers}
+                  if hb.client_id not in groups.get(c, ()))
+        if new and self.members + new > self.max_members:
+            raise errors.ClientError("too many RocketMQ clients registered: the limit is %d (group, client) entries"
+                                     % self.max_members)
         joined = []
         for consumer in hb.consumers:
-            members = self._groups.setdefault(consumer.group_name, {})
+            group = consumer.group_name
+            members = groups.setdefault(group, {})
             old = members.get(hb.client_id)
             members[hb.client_id] = Member(conn, now)
+            if old is None:
+                self.members += 1
+            elif old.conn is not conn:
+                self._unindex(old.conn, group, hb.client_id)
             if old is None or old.conn is not conn:
-                joined.append(consumer.group_name)
+                self._by_conn.setdefault(conn, set()).add((group, hb.client_id))
+                joined.append(group)
         for group in joined:
             self._on_change(group)
         return joined
+
+    def _unindex(self, conn, group, client_id):
+        keys = self._by_conn.get(conn)
+        if keys is not None:
+            keys.discard((group, client_id))
+            if not keys:
+                del self._by_conn[conn]
 
     def unregister(self, client_id, group=None):
         """Remove ``client_id`` from ``group`` (every group when None); returns the groups it left."""
@@ -41,8 +69,22 @@ class ClientRegistry:
         return self._remove(lambda g, cid, m: g in groups and cid == client_id)
 
     def connection_closed(self, conn):
-        """Remove every client registered through ``conn``; returns the groups that changed."""
-        return self._remove(lambda g, cid, m: m.conn is conn)
+        """Remove every client registered through ``conn``; returns the groups that changed (in time that
+        grows with what ``conn`` registered, not with the whole registry)."""
+        changed = []
+        for group, cid in sorted(self._by_conn.pop(conn, ())):
+            members = self._groups.get(group)
+            if members is None or cid not in members or members[cid].conn is not conn:
+                continue
+            del members[cid]
+            self.members -= 1
+            if not members:
+                del self._groups[group]
+            if group not in changed:
+                changed.append(group)
+        for group in changed:
+            self._on_change(group)
+        return changed
 
     def expire(self, now):
         """Remove clients silent for more than ``timeout_s``; returns the groups that changed."""
@@ -54,7 +96,9 @@ class ClientRegistry:
         for group, members in list(self._groups.items()):
             gone = [cid for cid, m in members.items() if doomed(group, cid, m)]
             for cid in gone:
+                self._unindex(members[cid].conn, group, cid)
                 del members[cid]
+                self.members -= 1
             if not members:
                 del self._groups[group]
             if gone:

@@ -147,6 +147,17 @@ class RemotingDispatcher:
     # -- pull ----------------------------------------------------------------
 
     def pull(self, cmd, conn):
+        """A pull, answered here: its response holds its body's bytes of the connection's reply budget
+        (``connections.ReplyBudget``) until sent."""
+        response = self._pull(cmd, conn)
+        try:
+            if not cmd.is_oneway:
+                conn.send(response)
+        finally:
+            conn.replies.release(len(response.body or b"") if response is not None else 0)
+        return None  # sent
+
+    def _pull(self, cmd, conn):
         h = decode_header(PullMessageHeader, cmd)
         if self.roles.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.roles.read_refusal)
@@ -157,20 +168,39 @@ class RemotingDispatcher:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         wanted = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         max_nums = max(1, h.max_msg_nums)
-        response = self._pull_once(cmd, h, wanted, max_nums)
-        if response is not None or not h.sys_flag & PULL_SUSPEND:
+        response = self._pull_held(conn, cmd, h, wanted, max_nums)
+        if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
             return response or self._not_found(cmd, h)
-        wait_s = min(max(h.suspend_timeout_millis, 0), self.max_wait_ms) / 1000.0
-        deadline = time.monotonic() + wait_s
-        key = (h.topic, h.queue_id)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.server.closing or conn.closed:
-                return self._not_found(cmd, h)
-            self.waiters.wait(key, remaining)
+        if not self.waiters.admit():
+            return response_for(cmd, ResponseCode.SYSTEM_BUSY, "too many parked pulls on the broker: the limit is %d"
+                                % self.waiters.max_parked)
+        try:
+            wait_s = min(max(h.suspend_timeout_millis, 0), self.max_wait_ms) / 1000.0
+            deadline = time.monotonic() + wait_s
+            key = (h.topic, h.queue_id)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.server.closing or conn.closed:
+                    return self._not_found(cmd, h)
+                self.waiters.wait(key, remaining)
+                response = self._pull_held(conn, cmd, h, wanted, max_nums)
+                if response is not None:
+                    return response
+        finally:
+            self.waiters.leave()
+
+    def _pull_held(self, conn, cmd, h, wanted, max_nums):
+        """``_pull_once`` once the connection has room for a full read; the response keeps its body's bytes."""
+        budget = conn.replies
+        if not budget.reserve(self.max_transfer, lambda: conn.closed):
+            return None
+        try:
             response = self._pull_once(cmd, h, wanted, max_nums)
-            if response is not None:
-                return response
+        except BaseException:
+            budget.release(self.max_transfer)
+            raise
+        budget.release(self.max_transfer - (len(response.body or b"") if response is not None else 0))
+        return response
 
     def _pull_once(self, cmd, h, wanted, max_nums):
         """The response when there is something to say now, or None when the queue has nothing at the offset."""
@@ -181,6 +211,9 @@ class RemotingDispatcher:
         except errors.Moved as moved:
             return response_for(cmd, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY",
                                 self._pull_fields(h, moved.offset))
+        except errors.CorruptRecord as exc:  # never served: SYSTEM_ERROR naming it; nextBeginOffset skips it
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "CORRUPT_RECORD " + str(exc),
+                                self._pull_fields(h, exc.next_offset))
         if not records:
             return None
         host = (self.server.store_ip, self.server.port)

@@ -18,7 +18,7 @@ import itertools
 import logging
 import random
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 
 #: Half messages' ids name this + their transaction number as the commit-log offset (never a real position).
 HALF_ID_BASE = 1 << 62
-#: Half messages remembered for their END_TRANSACTION (older ones have timed out long before).
-MAX_HALF_OWNERS = 100_000
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -179,7 +177,7 @@ class RemotingSender:
             manager.rollback(txid, conn.conn_id, now)
             raise
         self._half_owners[number] = conn.conn_id
-        while len(self._half_owners) > MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
+        while len(self._half_owners) > limits.MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
             del self._half_owners[next(iter(self._half_owners))]
         self.stats.on_put(topic, len(data))
         msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, HALF_ID_BASE + number)

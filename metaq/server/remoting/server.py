@@ -57,7 +57,7 @@ class RemotingServer:
         self.port = None
         self.broker_name = cfg.broker_name or "metaq-%d" % config.broker.id
         self.store_ip = None  # set at start: the IP in routes and message ids
-        self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed)
+        self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
         self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
         self.stats = stats
         self.listener = None
@@ -107,7 +107,7 @@ class RemotingConnection(core.Connection):
     log_prefix = "remoting"
 
     def __init__(self, server, sock, address, conn_id):
-        super().__init__(sock, address, conn_id, server.core.timeouts)
+        super().__init__(sock, address, conn_id, server.core.rules)
         self.server = server
         self.born_host = tuple(address[:2]) if isinstance(address, tuple) else ("127.0.0.1", 0)
         self.parser = RemotingParser(max_frame=server.config.max_frame_bytes)

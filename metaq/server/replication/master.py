@@ -123,6 +123,10 @@ class ReplicationServer:
             reader = gevent.spawn(self._read_acks, sock, parser, state)
             try:
                 self._send_loop(sock, state, reader)
+            except errors.CorruptRecord as exc:  # never shipped: the slave holds everything before it
+                log.error("replication: slave %d (%s) cannot copy past commit-log position %s: %s",
+                          state.slave_id, peer, exc.position, exc)
+                send_event(sock, rp.ErrorFrame(exc.code, str(exc)))
             finally:
                 reader.kill(block=False)
                 self.slaves.pop(id(state), None)
@@ -174,6 +178,8 @@ class ReplicationServer:
                 agreed, exc.offset), None
         except ReplicationRefused as exc:
             return "position %d is not a record boundary of this master's log (%s)" % (agreed, exc), None
+        except errors.CorruptRecord:
+            pass  # a boundary all the same: the send loop ends the link there, naming the record
         return None, agreed
 
     def _send_loop(self, sock, state, reader):
@@ -256,7 +262,7 @@ class SlaveConnection(core.Connection):
     log_prefix = "replication"
 
     def __init__(self, server, sock, address, conn_id):
-        super().__init__(sock, address, conn_id, server.core.timeouts)
+        super().__init__(sock, address, conn_id, server.core.rules)
         self.server = server
 
     def serve(self):

@@ -130,6 +130,8 @@ class SlaveLink:
             elif isinstance(event, rp.Heartbeat):
                 self.master_end, self.master_written, self.master_count = event
                 send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
+            elif isinstance(event, rp.ErrorFrame):  # e.g. a corrupt record the master will not ship
+                raise errors.Unavailable("the master ended the link (%d): %s" % (event.code, event.text))
             else:
                 raise errors.RemoteProtocolError("unexpected %s from the master" % type(event).__name__, fatal=True)
 

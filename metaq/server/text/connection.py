@@ -19,7 +19,7 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 from gevent.queue import Queue
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -32,16 +32,18 @@ log = logging.getLogger(__name__)
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
 
-#: Bursts of replies a connection may have waiting for their flush before it
-#: stops reading more requests (bounds memory per pipelining producer).
-MAX_PENDING_BURSTS = 8
+def held_by(reply):
+    """The reply-budget bytes a reply holds until sent: a get's data (a list of buffers) holds its size."""
+    return sum(map(len, reply)) if type(reply) is list else 0
+
+
 
 
 class Connection(core.Connection):
     """State of one client connection."""
 
     def __init__(self, sock, address, conn_id, front):
-        super().__init__(sock, address, conn_id, front.timeouts)
+        super().__init__(sock, address, conn_id, front.rules)
         self.front = front
         self._reading = False  # a burst is being handled
         self._write_lock = Semaphore()
@@ -56,6 +58,8 @@ class Connection(core.Connection):
         self._room.set()
         self._writer = None
         self.parser = TextParser(max_line=front.max_line_bytes, max_body=front.max_body_bytes)
+        self.max_transfer = front.dispatcher.max_transfer
+        self.parked = 0  # long-polling gets parked now (text.dispatch caps them)
         self.dispatcher = front.dispatcher
         self.stats = front.stats
         self.flusher = front.flusher
@@ -69,8 +73,15 @@ class Connection(core.Connection):
 
     # -- writing -----------------------------------------------------------
 
-    def send(self, data):
-        """Send one reply: bytes, or a list of buffers (a get's header and record views)."""
+    def send(self, data, held=0):
+        """Send one reply: bytes, or a list of buffers (a get's header and record views); then give back the
+        ``held`` bytes of the reply budget it took."""
+        try:
+            self._send(data)
+        finally:
+            self.replies.release(held)
+
+    def _send(self, data):
         if self.closed or not data:
             return
         with self._write_lock:
@@ -104,24 +115,44 @@ class Connection(core.Connection):
     def _send_replies(self, out):
         """Send a burst's replies with one call: joined bytes, or one buffer list when a get is among them."""
         if len(out) == 1:
-            self.send(out[0])
+            self.send(out[0], held_by(out[0]))
         elif any(type(r) is list for r in out):
             flat = []
+            held = 0
             for r in out:
                 if type(r) is list:
                     flat.extend(r)
+                    held += held_by(r)
                 else:
                     flat.append(r)
-            self.send(flat)
+            self.send(flat, held)
         else:
             self.send(b"".join(out))
 
-    def spawn(self, func, *args):
-        """Run ``func(*args)`` in its own greenlet and send what it returns (long polls)."""
+    # -- the reply budget (connections.ReplyBudget) ------------------------------
+
+    def read_reply(self, max_size, read):
+        """``read()``'s reply to a get, read once the connection holds room for ``max_size`` more reply bytes
+        (a reply with data holds its size until sent); None when the connection closed meanwhile."""
+        replies = self.replies
+        if not replies.reserve(max_size, lambda: self.closed):
+            return None
+        try:
+            reply = read()
+        except BaseException:
+            replies.release(max_size)
+            raise
+        replies.release(max_size - held_by(reply))
+        return reply
+
+    def spawn(self, func, *args, on_exit=None):
+        """Run ``func(*args)`` in its own greenlet and send what it returns (long polls); ``on_exit()`` runs
+        when that greenlet ends, however it ends (killed before it started included)."""
 
         def run():
             try:
-                self.send(func(*args))
+                reply = func(*args)
+                self.send(reply, held_by(reply))
             except errors.MetaqError as exc:
                 log.warning("connection %s: %s", self.peer, exc)
             finally:
@@ -129,6 +160,8 @@ class Connection(core.Connection):
 
         g = gevent.spawn(run)
         self._children.add(g)
+        if on_exit is not None:
+            g.rawlink(lambda _g: on_exit())
 
     # -- reading -----------------------------------------------------------
 
@@ -172,9 +205,9 @@ class Connection(core.Connection):
         self._bursts.put((out, durable, wait_pos))
         if self._writer is None:
             self._writer = gevent.spawn(self._write_bursts)
-        if self._pending > MAX_PENDING_BURSTS:
+        if self._pending > limits.MAX_PENDING_BURSTS:
             self._room.clear()
-            while self._pending > MAX_PENDING_BURSTS // 2 and not self.closed:
+            while self._pending > limits.MAX_PENDING_BURSTS // 2 and not self.closed:
                 self._room.wait(1.0)
 
     def _client_waits(self):
@@ -194,7 +227,7 @@ class Connection(core.Connection):
             if out:
                 self._send_replies(out)
             self._pending -= 1
-            if self._pending <= MAX_PENDING_BURSTS // 2:
+            if self._pending <= limits.MAX_PENDING_BURSTS // 2:
                 self._room.set()
             if not self._pending:
                 self._idle.set()
@@ -239,6 +272,11 @@ class Connection(core.Connection):
             if event is CLOSED or type(event) is ev.Quit:
                 keep_open = False
                 break
+            if type(event) is ev.Get and self.replies.would_wait(min(event.max_size, self.max_transfer)):
+                # This burst's replies hold the connection's reply budget: send them before reading more
+                # (a client that does not read them stops here, in the send, not in the broker's memory).
+                self._emit(out, durable, wait_pos)
+                out, durable, wait_pos = [], [], 0
             try:
                 reply, pos = put(event, self) if type(event) is Put else dispatcher.handle(event, self)
             except Exception:  # noqa: BLE001 - the one place an unexpected error becomes a 500

@@ -71,6 +71,7 @@ class TextDispatcher:
         self.render_stats = render_stats
         self.max_transfer = config.store.max_transfer_size
         self.max_wait_ms = config.limits.max_wait_ms
+        self.max_parked_per_connection = config.limits.max_parked_gets_per_connection
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
@@ -162,15 +163,31 @@ class TextDispatcher:
         if e.max_size <= 0:
             return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque), NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
-        reply = self._read(e, max_size)
+        reply = conn.read_reply(max_size, lambda: self._read(e, max_size))
         if reply is not None:
             return reply, NO_WAIT
-        if e.max_wait_ms:
-            wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
-            conn.spawn(self._long_poll, e, max_size, wait_s)
-            return None, NO_WAIT
+        if e.max_wait_ms and not conn.closed:
+            return self._park(e, conn, max_size), NO_WAIT
         self.stats.on_get(e.topic, True)
         return self._miss(e), NO_WAIT
+
+    def _park(self, e, conn, max_size):
+        """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap."""
+        if conn.parked >= self.max_parked_per_connection:
+            return encode_result(503, b"too many parked gets on this connection: the limit is %d"
+                                 % self.max_parked_per_connection, e.opaque)
+        if not self.waiters.admit():
+            return encode_result(503, b"too many parked gets on the broker: the limit is %d"
+                                 % self.waiters.max_parked, e.opaque)
+        conn.parked += 1
+
+        def unpark():
+            conn.parked -= 1
+            self.waiters.leave()
+
+        wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
+        conn.spawn(self._long_poll, e, conn, max_size, wait_s, on_exit=unpark)
+        return None
 
     def _read(self, e, max_size):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
@@ -185,7 +202,7 @@ class TextDispatcher:
     def _miss(self, e):
         return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)
 
-    def _long_poll(self, e, max_size, wait_s):
+    def _long_poll(self, e, conn, max_size, wait_s):
         deadline = time.monotonic() + wait_s
         key = (e.topic, e.partition)
         waiters = self.waiters
@@ -196,10 +213,10 @@ class TextDispatcher:
                 return self._miss(e)
             waiters.wait(key, remaining)
             try:
-                reply = self._read(e, max_size)
+                reply = conn.read_reply(max_size, lambda: self._read(e, max_size))
             except errors.MetaqError as exc:
                 return error_reply(exc, e.opaque)
-            if reply is not None:
+            if reply is not None or conn.closed:
                 return reply
 
     # -- the rest ----------------------------------------------------------

@@ -13,7 +13,7 @@ class TextFrontEnd:
         self.fast_puts = fast_puts
         self.flusher = flusher
         self.stats = stats
-        self.timeouts = core.timeouts
+        self.rules = core.rules
         self.max_line_bytes = limits_cfg.max_line_bytes
         self.max_body_bytes = limits_cfg.max_body_bytes
         self.listener = None
