@@ -34,10 +34,11 @@ def open_fds(pid):
 
 
 def test_idle_connections_to_the_cap_and_a_new_topic_burst_under_a_low_fd_limit(broker_factory, tmp_path):
-    b = broker_factory(small_config(tmp_path / "data"), start=False)
+    cap = NOFILE - limits.FD_RESERVE
+    # every test connection comes from 127.0.0.1: let one address take the whole cap
+    b = broker_factory(small_config(tmp_path / "data", limits={"max_connections_per_address": cap}), start=False)
     with child_nofile(NOFILE):
         b.start()
-    cap = NOFILE - limits.FD_RESERVE
     conns = []
     try:
         while True:  # idle connections until the broker refuses one
