@@ -189,6 +189,12 @@ class MessageStore:
         p = self._writers[(topic, partition)] = self._partition(topic, partition)
         return p
 
+    def hold_partition(self, topic, partition):
+        """Make ``topic``-``partition`` writable now, raising what a put there would (InvalidTopic, UnknownTopic,
+        InvalidPartition, TopicLimit), so that a later append to it (a transaction's commit) meets no limit."""
+        if (topic, partition) not in self._writers:
+            self._writer(topic, partition)
+
     def check_creatable(self, topic, partition):
         """Raise what a put to ``topic``-``partition`` would (InvalidTopic, UnknownTopic, InvalidPartition,
         TopicLimit: see quota.py) before anything is stored."""

@@ -195,6 +195,7 @@ class TransactionManager:
             elif b.state == R.PREPARED:
                 self._branches[b.key] = b
                 report.prepared_kept += 1
+                self._hold_partitions(b)
         log.info("transaction recovery: %d records from %d files (%d torn bytes cut); %d commits completed "
                  "(%d messages re-appended, %d dropped, %d incomplete), %d rolled back, %d prepared kept, "
                  "%d heuristic outcomes", report.records, len(jreport.files), jreport.torn_bytes,
@@ -202,6 +203,14 @@ class TransactionManager:
                  report.commits_incomplete, report.rolled_back, report.prepared_kept, report.heuristic_kept)
         self._held = sum(b.nbytes for b in self._branches.values())
         return report
+
+    def _hold_partitions(self, b):
+        """The partitions a prepared branch will append to are made writable again after a restart."""
+        for rec in b.puts:
+            try:
+                self.store.hold_partition(rec.topic, rec.partition)
+            except MetaqError as exc:  # the commit will meet it again and say so; the branch stays prepared
+                log.error("transaction recovery: prepared %s puts to %s-%d: %s", b.key, rec.topic, rec.partition, exc)
 
     def _complete_after_crash(self, branches, report, now_ms):
         """Append the messages of journaled commits that the log lacks, in apply order, with their ids."""
@@ -320,6 +329,7 @@ class TransactionManager:
             raise _xa(XAER_PROTO, "transaction %s is %s: no more puts" % (key, b.state))
         count = self.store.partitions_of(topic)
         partition = random.randrange(count) if partition == -1 else validate_partition(partition, count)
+        self.store.hold_partition(topic, partition)  # a topic limit refuses the put now, never the commit
         size = FIXED_OVERHEAD + len(topic.encode("utf-8")) + len(data)
         if len(data) > MAX_BODY_BYTES or size > self.store.config.segment_size:
             raise RecordTooLarge("message of %d bytes cannot be stored (segment size %d)"

@@ -262,6 +262,38 @@ def test_held_bytes_limit_must_fit_one_transaction():
         TxConfig(max_tx_bytes=4096, max_held_bytes=1024).validate()
 
 
+def test_a_topic_limit_refuses_the_transactional_put_never_the_commit(tmp_path):
+    """The partitions a transaction writes are held at its put: topics created meanwhile cannot fail its commit."""
+    from metaq.errors import TopicLimit
+
+    b = TxBroker(tmp_path / "d", max_topics=1)
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    put(b, x, b"held", partition=0, owner=None, topic="new1")  # the first topic: the limit
+    assert b.tx.prepare(x, None, NOW) == XA_OK
+    b.tx.begin(local(2), "c2", 0, NOW)
+    with pytest.raises(TopicLimit, match="limits.max_topics"):
+        put(b, local(2), b"refused", partition=0, owner="c2", topic="new2")  # one past: refused at the put
+    b.commit(x, None, one_phase=False)  # the prepared branch commits: its partition was held
+    assert b.messages("new1", 0) == [b"held"]
+    b.crash()
+
+
+def test_a_prepared_branch_holds_its_new_partition_across_a_restart(tmp_path):
+    b = TxBroker(tmp_path / "d", max_topics=1)
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    put(b, x, b"held", partition=0, owner=None, topic="new1")
+    assert b.tx.prepare(x, None, NOW) == XA_OK
+    b.restart()  # new1 has no data yet: the prepared branch takes its place again at recovery
+    b.store.put("test", 0, 0, b"other traffic", NOW)  # a topic named in the config is never refused
+    with pytest.raises(Exception, match="limits.max_topics"):
+        b.store.put("new2", 0, 0, b"would take the place", NOW)
+    b.commit(x, None, one_phase=False)
+    assert b.messages("new1", 0) == [b"held"]
+    b.crash()
+
+
 def test_config_is_validated():
     with pytest.raises(ConfigError, match="journal_flush"):
         TxConfig(journal_flush="always").validate()
