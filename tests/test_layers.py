@@ -312,3 +312,13 @@ def test_private_checker_catches_each_kind(tmp_path):
         ("store/b.py", 10, "other._theirs"),
         ("store/b.py", 10, "self.x._nested"),
     ]
+
+
+#: A module past this many lines is split (DESIGN: about 600 lines a module at most).
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {str(p.relative_to(ROOT.parent)): n for p in sorted(ROOT.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, "split these modules (at most %d lines each): %s" % (MAX_MODULE_LINES, long)

@@ -5,7 +5,7 @@ Unknown keys are errors (a typo must not silently fall back to a default).
 
 This is the one schema of the broker's settings. Each default is written once:
 the store's knobs (``store:``) take theirs from ``metaq.store.config.StoreConfig``
-and the transaction manager's (``transactions:``) from ``metaq.tx.manager.TxConfig``
+and the transaction manager's (``transactions:``) from ``metaq.tx.config.TxConfig``
 (store/ and tx/ may not import this module); the settings only the server uses
 have theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config``
 build those two from this schema.
@@ -23,7 +23,7 @@ from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
-from metaq.tx.manager import FLUSH_POLICIES, TxConfig
+from metaq.tx.config import FLUSH_POLICIES, TxConfig
 
 
 def _defaults(container):

@@ -25,54 +25,21 @@ import random
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-from metaq.errors import ClientError, ConfigError, MetaqError, TransactionError
-from metaq.limits import MAX_BODY_BYTES, MAX_OPEN_TRANSACTIONS, MAX_TX_HELD_BYTES, validate_partition
+from metaq.errors import ClientError, MetaqError, TransactionError
+from metaq.limits import MAX_BODY_BYTES, validate_partition
 from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
                                XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
 from metaq.tx import records as R
-from metaq.tx.journal import MAX_JOURNAL_FILE_SIZE, MIN_JOURNAL_FILE_SIZE, Journal, JournalReport, journal_dir
+from metaq.tx.journal import Journal, JournalReport, journal_dir
 
 log = logging.getLogger(__name__)
 
-FLUSH_POLICIES = ("commit", "os", "interval")
 #: How long a timed-out or finished key is remembered (for XA_RBTIMEOUT and XAER_DUPID answers), and how many.
 REMEMBER_MS = 600_000
 MAX_REMEMBERED = 100_000
-#: Largest ``max_tx_bytes`` accepted (a branch's messages are held in memory until it ends).
-MAX_TX_BYTES_LIMIT = 1 << 30
-#: Longest BEGIN timeout accepted as ``max_timeout_s`` (a day).
-MAX_TIMEOUT_LIMIT_S = 86_400
 
 _TIMED_OUT, _FINISHED = "timed out", "finished"
-
-
-class TxConfig(NamedTuple):
-    """The broker's ``transactions:`` section; its defaults are the only ones (``metaq.server.config`` takes them)."""
-
-    max_timeout_s: int = 60
-    default_timeout_s: int = 60
-    journal_flush: str = "commit"
-    journal_file_size: int = 64 << 20
-    max_puts_per_tx: int = 10000
-    max_tx_bytes: int = 64 << 20
-    max_open: int = MAX_OPEN_TRANSACTIONS
-    max_held_bytes: int = MAX_TX_HELD_BYTES
-
-    def validate(self):
-        """Raise ConfigError naming the first bad setting."""
-        checks = (("max_timeout_s", 1, MAX_TIMEOUT_LIMIT_S), ("default_timeout_s", 1, self.max_timeout_s),
-                  ("journal_file_size", MIN_JOURNAL_FILE_SIZE, MAX_JOURNAL_FILE_SIZE),
-                  ("max_puts_per_tx", 1, R.MAX_PUTS_LIMIT), ("max_tx_bytes", 1, MAX_TX_BYTES_LIMIT),
-                  ("max_open", 1, 10 * MAX_OPEN_TRANSACTIONS), ("max_held_bytes", self.max_tx_bytes, 1 << 40))
-        for name, low, high in checks:
-            value = getattr(self, name)
-            if not isinstance(value, int) or not low <= value <= high:
-                raise ConfigError("transactions.%s must be an integer in %d..%d, got %r" % (name, low, high, value))
-        if self.journal_flush not in FLUSH_POLICIES:
-            raise ConfigError("transactions.journal_flush must be one of %s, got %r"
-                              % ("/".join(FLUSH_POLICIES), self.journal_flush))
-        return self
 
 
 class TxInfo(NamedTuple):

@@ -5,7 +5,8 @@ import os
 
 from metaq.protocol.message import HEADER
 from metaq.protocol.xa import LocalTxId, XaTxId
-from metaq.tx.manager import TransactionManager, TxConfig
+from metaq.tx.config import TxConfig
+from metaq.tx.manager import TransactionManager
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
 

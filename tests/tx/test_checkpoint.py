@@ -12,7 +12,7 @@ import shutil
 
 from metaq.tx import records as R
 from metaq.tx.journal import read_snapshot
-from metaq.tx.manager import TxConfig
+from metaq.tx.config import TxConfig
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
 from tests.harness.tx import body, fill, ids_in
