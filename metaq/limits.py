@@ -28,6 +28,10 @@ FD_RESERVE = 512
 #: that fill the cap never lock a slave out of its master.
 REPLICATION_HEADROOM = 16
 
+#: Connections one address may hold on a port with headroom of its own (replication: one per slave is the
+#: normal use), so that one host cannot take the whole headroom.
+HEADROOM_PER_ADDRESS = 4
+
 #: Seconds a connection may sit with no complete request before it is closed.
 IDLE_TIMEOUT_S = 600.0
 
@@ -181,3 +185,14 @@ MAX_REMOTING_MEMBERS = 100_000
 #: Corrupt records the store logs (one line each, the first time one is read); past that many a read
 #: of one more is still refused and counted (``stats`` ``corrupt_reads``) but logged no more.
 MAX_CORRUPT_LOGGED = 1024
+
+#: Topic names the broker keeps realtime counters for (``stats topic``); names past it (clients may ask for
+#: any name) share one set of counters.
+MAX_STATS_TOPICS = 4096
+
+#: Consumer groups one RocketMQ heartbeat may name (real clients send a handful); more is INVALID_PARAMETER.
+MAX_HEARTBEAT_GROUPS = 1024
+
+#: Oneway notifications (NOTIFY_CONSUMER_IDS_CHANGED) waiting to be sent to one remoting connection; past it
+#: they are dropped (a client that does not read cannot hold the broker's memory or another client's request).
+MAX_PENDING_NOTIFIES = 16

@@ -266,14 +266,17 @@ class ConnectionCore:
             self._refuse(listener, sock, address, "too many connections: the limit is %d"
                          % (self.max_connections + listener.headroom))
             return
-        # Listeners with headroom of their own (replication) are not counted per address: their few
-        # connections come from the slaves, which a client on the same host must not lock out.
-        host = address[0] if isinstance(address, tuple) and not listener.headroom else None
-        if host is not None:
+        # A listener with headroom of its own (replication) counts its peers apart, against a small cap of
+        # its own: a client filling its address's share elsewhere cannot lock a slave on that host out, and
+        # one host cannot take the headroom.
+        host = None
+        if isinstance(address, tuple):
+            host = (listener.name, address[0]) if listener.headroom else address[0]
+            cap = limits.HEADROOM_PER_ADDRESS if listener.headroom else self.max_per_address
             held = self._per_address.get(host, 0)
-            if self.max_per_address is not None and held >= self.max_per_address:
+            if cap is not None and held >= cap:
                 self._refuse(listener, sock, address, "too many connections from %s: the limit is %d per address"
-                             % (host, self.max_per_address))
+                             % (address[0], cap))
                 return
             self._per_address[host] = held + 1
         try:
@@ -310,9 +313,10 @@ class ConnectionCore:
             else:
                 del self._per_address[host]
 
-    def count_from(self, host):
-        """Connections the peer address ``host`` holds (those counted against ``max_per_address``)."""
-        return self._per_address.get(host, 0)
+    def count_from(self, host, listener=None):
+        """Connections the peer address ``host`` holds against ``max_per_address`` (or, with the name of a listener
+        that has headroom, against that listener's own per-address cap)."""
+        return self._per_address.get((listener, host) if listener else host, 0)
 
     def _refuse(self, listener, sock, address, reason):
         if listener.refuse is not None:

@@ -16,6 +16,7 @@ import time
 from typing import NamedTuple
 
 import metaq
+from metaq import limits
 from metaq.errors import MetaqError
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
@@ -73,9 +74,15 @@ class BrokerStats:
         self.topic_realtime = {}
 
     def topic(self, topic):
+        """The realtime counters of ``topic``. Names come from clients (a get of a topic that does not exist
+        counts too), so past ``limits.MAX_STATS_TOPICS`` names a new one shares the counters of ``OTHER_TOPICS``."""
         stats = self.topic_realtime.get(topic)
         if stats is None:
-            stats = self.topic_realtime[topic] = {name: RealtimeStat() for name in REALTIME}
+            if len(self.topic_realtime) >= limits.MAX_STATS_TOPICS:
+                topic = OTHER_TOPICS
+                stats = self.topic_realtime.get(topic)
+            if stats is None:
+                stats = self.topic_realtime[topic] = {name: RealtimeStat() for name in REALTIME}
         return stats
 
     def on_put(self, topic, size):
@@ -222,6 +229,10 @@ class StatsService:
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
         ] + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]()
+
+
+#: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).
+OTHER_TOPICS = "(other topics)"
 
 
 def remoting_values(remoting):

@@ -115,7 +115,7 @@ class _UntrackedMap:
                 st = os.fstat(fd)
                 mm = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 try:
-                    for off in range(16, cls._MAX_OFFSET, 4):
+                    for off in range(16, min(cls._MAX_OFFSET, sys.getsizeof(mm) - 3), 4):  # inside the object
                         v = ctypes.c_int.from_address(id(mm) + off).value
                         if v > 2 and v != fd and _same_file(v, st):
                             cls.offset = off
@@ -125,7 +125,8 @@ class _UntrackedMap:
         except (OSError, ValueError) as exc:
             log.debug("cannot find mmap's descriptor field: %s", exc)
         if cls.offset is None:
-            log.info("mmap objects keep a descriptor each here (their field was not found)")
+            log.warning("mmap objects keep a descriptor each here (their field was not found): every segment and "
+                        "index file then holds one, which limits.FD_RESERVE does not budget for")
 
     @classmethod
     def drop_fd(cls, mm, fd):

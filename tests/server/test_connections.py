@@ -267,3 +267,21 @@ def test_a_flood_of_refusals_writes_one_log_line_a_second(caplog):
     assert len(lines) == 2 and lines[1].endswith("and 49 more since the last such line")  # 49 unlogged + this one
     core.shutdown(1.0)
     held[0].close()
+
+
+def test_a_port_with_headroom_takes_at_most_a_few_connections_from_one_address():
+    """One host cannot take the replication port's headroom (limits.HEADROOM_PER_ADDRESS)."""
+    from metaq import limits
+
+    core = ConnectionCore(2, ConnectionLimits(60, 60), max_per_address=1)
+    repl = listener(core, "replication", [], headroom=limits.REPLICATION_HEADROOM)
+    held = [connect(core, repl) for _ in range(limits.HEADROOM_PER_ADDRESS)]  # at the limit
+    assert core.count_from("127.0.0.1", "replication") == limits.HEADROOM_PER_ADDRESS
+    extra, g = connect(core, repl)  # one past
+    g.join(5)
+    assert extra.recv(10) == b""
+    slave, g_slave = connect(core, repl, host="127.0.0.2")  # a slave on another host still gets in
+    assert not g_slave.dead
+    core.shutdown(1.0)
+    for sock, _g in held + [(slave, g_slave)]:
+        sock.close()

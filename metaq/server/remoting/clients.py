@@ -34,8 +34,11 @@ class ClientRegistry:
 
         ClientError (nothing recorded) when it would take the registry past ``max_members``."""
         groups = self._groups
-        new = sum(1 for c in {c.group_name for c in hb.consumers}
-                  if hb.client_id not in groups.get(c, ()))
+        names = {c.group_name for c in hb.consumers}
+        if len(names) > limits.MAX_HEARTBEAT_GROUPS:
+            raise errors.ClientError("a heartbeat may name at most %d consumer groups, this one names %d"
+                                     % (limits.MAX_HEARTBEAT_GROUPS, len(names)))
+        new = sum(1 for c in names if hb.client_id not in groups.get(c, ()))
         if new and self.members + new > self.max_members:
             raise errors.ClientError("too many RocketMQ clients registered: the limit is %d (group, client) entries"
                                      % self.max_members)
@@ -71,7 +74,7 @@ class ClientRegistry:
     def connection_closed(self, conn):
         """Remove every client registered through ``conn``; returns the groups that changed (in time that
         grows with what ``conn`` registered, not with the whole registry)."""
-        changed = []
+        changed = {}  # group -> None: the groups in order, each once
         for group, cid in sorted(self._by_conn.pop(conn, ())):
             members = self._groups.get(group)
             if members is None or cid not in members or members[cid].conn is not conn:
@@ -80,11 +83,10 @@ class ClientRegistry:
             self.members -= 1
             if not members:
                 del self._groups[group]
-            if group not in changed:
-                changed.append(group)
+            changed[group] = None
         for group in changed:
             self._on_change(group)
-        return changed
+        return list(changed)
 
     def expire(self, now):
         """Remove clients silent for more than ``timeout_s``; returns the groups that changed."""
@@ -113,11 +115,10 @@ class ClientRegistry:
 
     def connections(self, group):
         """The distinct connections of ``group``'s live clients."""
-        seen = []
+        seen = {}  # id(conn) -> conn, in first-seen order
         for m in self._groups.get(group, {}).values():
-            if all(m.conn is not c for c in seen):
-                seen.append(m.conn)
-        return seen
+            seen.setdefault(id(m.conn), m.conn)
+        return list(seen.values())
 
     def groups(self):
         return sorted(self._groups)

@@ -29,6 +29,10 @@ from metaq.store.record import RecordTooLarge
 log = logging.getLogger(__name__)
 
 
+#: Distinct unsupported request codes logged once each (a client inventing codes gets no more lines or memory).
+UNSUPPORTED_LOGGED = 256
+
+
 def error_response(cmd, exc):
     """The response to ``cmd`` for a MetaqError (the only error→response mapping of the remoting port)."""
     text = str(exc)
@@ -96,7 +100,7 @@ class RemotingDispatcher:
         """Answer ``cmd`` now, or from a greenlet; False when the connection must close."""
         entry = self._handlers.get(cmd.code)
         if entry is None:
-            if cmd.code not in self._unsupported_seen:
+            if cmd.code not in self._unsupported_seen and len(self._unsupported_seen) < UNSUPPORTED_LOGGED:
                 self._unsupported_seen.add(cmd.code)
                 log.info("remoting %s: request code %d is not supported", conn.peer, cmd.code)
             self._reply(conn, cmd, not_supported(cmd))

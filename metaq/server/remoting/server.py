@@ -114,6 +114,7 @@ class RemotingConnection(core.Connection):
         self.pool = Pool(limits.MAX_REMOTING_INFLIGHT)
         self._write_lock = Semaphore()
         self._opaques = itertools.count(1)
+        self._notifying = 0  # our oneway requests waiting to be sent
 
     @property
     def busy(self):
@@ -133,8 +134,20 @@ class RemotingConnection(core.Connection):
                 self.close()
 
     def send_request(self, code, ext_fields):
-        """A oneway request of ours to the client (its answer, if any, is ignored)."""
-        self.send(make_request(code, ext_fields, opaque=next(self._opaques), oneway=True))
+        """A oneway request of ours to the client (its answer, if any, is ignored), sent from a greenlet of its
+        own: whoever caused it (another client's heartbeat) never waits on this client's socket. At most
+        ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the hint is dropped (clients also
+        rebalance on their own every 20 s)."""
+        if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
+            return
+        self._notifying += 1
+        gevent.spawn(self._notify, make_request(code, ext_fields, opaque=next(self._opaques), oneway=True))
+
+    def _notify(self, cmd):
+        try:
+            self.send(cmd)
+        finally:
+            self._notifying -= 1
 
     def spawn(self, func, *args):
         """Run ``func(*args)`` from the connection's bounded pool (blocks while the pool is full)."""

@@ -142,8 +142,10 @@ class ReplicationServer:
                 pass
 
     def _read_hello(self, sock, parser):
-        sock.settimeout(HELLO_TIMEOUT_S)
+        """The slave's HELLO, or None; the whole HELLO must arrive within HELLO_TIMEOUT_S of the connection."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
         while True:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
             event = parser.next_event()
             if isinstance(event, rp.Hello):
                 sock.settimeout(None)

@@ -29,6 +29,10 @@ from metaq.server.text.fastput import failed_replies
 
 log = logging.getLogger(__name__)
 
+#: Replies up to this size (acks, results) are not counted against the reply budget one by one: a burst
+#: holds at most a receive buffer's worth of requests, so their replies are bounded by it.
+SMALL_REPLY = 4096
+
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
 
@@ -243,6 +247,7 @@ class Connection(core.Connection):
         out = []
         durable = []  # (index in ``out``, opaques) of put acks that wait for the flush
         wait_pos = 0
+        out_bytes = 0  # bytes of large non-get replies in ``out``
         keep_open = True
         parser = self.parser
         dispatcher = self.dispatcher
@@ -289,6 +294,13 @@ class Connection(core.Connection):
             if pos:
                 durable.append((len(out) - 1, (event.opaque,)))
                 wait_pos = max(wait_pos, pos)
+            if type(reply) is bytes and len(reply) > SMALL_REPLY:
+                # A large reply that is not a get's (stats, recover...): the burst's replies go out before
+                # more requests are read, so unread replies stay within the budget whatever asked for them.
+                out_bytes += len(reply)
+                if out_bytes >= self.replies.limit:
+                    self._emit(out, durable, wait_pos)
+                    out, durable, wait_pos, out_bytes = [], [], 0, 0
         self._emit(out, durable, wait_pos)
         return keep_open
 
