@@ -150,6 +150,15 @@ class NativeSync:
         if err:
             raise OSError(err, "fdatasync failed: %s" % os.strerror(err))
 
+    def settle(self):
+        """Collect a job left in flight by a killed waiter (this greenlet waits); OSError if it failed. A round
+        that flushes another way (the Python thread) calls this first, so that job's result is never lost and
+        its descriptors are not released while it still uses them."""
+        with self._serial:
+            stale = self._collect()
+        if stale:
+            raise OSError(stale, "an earlier fdatasync failed: %s" % os.strerror(stale))
+
     def _collect(self):
         """Wait for the result of the job in flight (0 if none), then close its files."""
         if self._inflight is None:
@@ -315,6 +324,8 @@ class Flusher:
         store = self._store
         plan = store.flush_plan() if self._native is not None else None
         if plan is None:
+            if self._native is not None:
+                self._native.settle()
             return self._fsync_thread.apply(store.flush_log)
         end, fds = plan
         if fds:

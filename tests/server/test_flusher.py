@@ -136,3 +136,30 @@ def test_a_failed_flush_is_never_retried_by_the_flusher_or_another_waiter(tmp_pa
         flusher.stop()
         store.close(NOW, clean=False)
         os.close(fifo_fd)
+
+
+def test_a_killed_waiters_native_sync_is_settled_before_a_round_flushes_another_way(tmp_path):
+    """A job left in flight by a killed waiter is collected (and its failure raised) by ``settle``, which a round
+    taking the Python thread path calls first: its result is never lost, its descriptors never released early."""
+    import os
+
+    from metaq.server.flusher import NativeSync
+
+    native = NativeSync.create()
+    if native is None:
+        pytest.skip("the C helper's sync thread is not built")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # fdatasync on a FIFO fails with EINVAL: a real failure
+    try:
+        g = gevent.spawn(native.sync_fds, [fd])
+        gevent.sleep(0)  # it submits the job and waits for its result
+        g.kill(block=True)  # the waiter dies with the job in flight
+        with pytest.raises(OSError, match="an earlier fdatasync failed"):
+            native.settle()
+        native.settle()  # collected once: nothing is left in flight
+        with open(tmp_path / "file", "wb") as f:
+            native.sync_fds([f.fileno()])  # and the next sync works
+    finally:
+        native.close()
+        os.close(fd)
