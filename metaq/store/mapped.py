@@ -80,22 +80,27 @@ _POPULATE_CHUNK = 16 << 20  # one call per typical prepare_ahead: fewer GIL hand
 MS_SYNC = 4
 
 
-class _Libc:
-    """libc ``msync`` through ctypes (loaded on first use); the call releases the GIL."""
+class _LibcRangeCall:
+    """A libc ``int name(void *addr, size_t length, int arg)`` (msync, madvise) through ctypes, loaded on first
+    use; the call releases the GIL. Calling it gives 0 on success, else the errno."""
 
-    msync = None
+    def __init__(self, name):
+        self.name = name
+        self.fn = None
 
-    @classmethod
-    def call_msync(cls, addr, length):
-        """0 on success, else the errno."""
-        if cls.msync is None:
-            fn = ctypes.CDLL(None, use_errno=True).msync
+    def __call__(self, addr, length, arg):
+        if self.fn is None:
+            fn = getattr(ctypes.CDLL(None, use_errno=True), self.name)
             fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
             fn.restype = ctypes.c_int
-            cls.msync = fn
-        if cls.msync(addr, length, MS_SYNC) == 0:
+            self.fn = fn
+        if self.fn(addr, length, arg) == 0:
             return 0
         return ctypes.get_errno()
+
+
+_msync = _LibcRangeCall("msync")
+_madvise = _LibcRangeCall("madvise")
 
 
 class _UntrackedMap:
@@ -160,22 +165,9 @@ def _map(fd, size):
 
 
 class _Madvise:
-    """libc ``madvise`` through ctypes (loaded on first use), and whether MADV_POPULATE_* works here."""
+    """Whether MADV_POPULATE_* works here (Linux >= 5.14); found at the first populate."""
 
-    fn = None
     populate_supported = True
-
-    @classmethod
-    def call(cls, addr, length, advice):
-        """0 on success, else the errno."""
-        if cls.fn is None:
-            fn = ctypes.CDLL(None, use_errno=True).madvise
-            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            fn.restype = ctypes.c_int
-            cls.fn = fn
-        if cls.fn(addr, length, advice) == 0:
-            return 0
-        return ctypes.get_errno()
 
 
 class MappedFile:
@@ -342,7 +334,7 @@ class MappedFile:
         except (ValueError, TypeError):
             return
         try:
-            err = _Libc.call_msync(ctypes.addressof(pin), self.size)
+            err = _msync(ctypes.addressof(pin), self.size, MS_SYNC)
         finally:
             del pin
         if err:
@@ -435,13 +427,13 @@ def close_files(files, prepared, discard_prepared):
 
 def _advise(addr, length, path):
     if _Madvise.populate_supported:
-        err = _Madvise.call(addr, length, POPULATE_ADVICE)
+        err = _madvise(addr, length, POPULATE_ADVICE)
         if err != errno.EINVAL:
             if err:
                 log.debug("madvise(%d) on %s failed: %s", POPULATE_ADVICE, path, os.strerror(err))
             return
         _Madvise.populate_supported = False
         log.info("madvise(MADV_POPULATE_*) is not supported here (Linux < 5.14): using MADV_WILLNEED")
-    err = _Madvise.call(addr, length, MADV_WILLNEED)
+    err = _madvise(addr, length, MADV_WILLNEED)
     if err:
         log.debug("madvise(WILLNEED) on %s failed: %s", path, os.strerror(err))
