@@ -4,6 +4,8 @@ import socket
 import statistics
 import threading
 import time
+from contextlib import contextmanager
+from typing import NamedTuple
 
 from metaq.client.raw import TextClient
 from metaq.protocol import events as ev
@@ -89,3 +91,26 @@ class LoopProbe:
 
     def worst(self):
         return max(self.latencies)
+
+
+class Flood(NamedTuple):
+    """What an unread flood did: the broker's RSS growth (bytes) and a probe of its loop meanwhile."""
+
+    grown: int
+    probe: LoopProbe
+
+
+@contextmanager
+def unread_flood(broker, port, data, seconds=4.0):
+    """A client sends ``data`` to ``port`` and never reads a reply; after ``seconds`` (another client probing the
+    loop meanwhile) yields a Flood while the attacker is still connected, then hangs it up."""
+    rss_before = rss_bytes(broker.proc.pid)
+    attacker = quiet_socket(port)
+    sender = send_in_background(attacker, data)
+    try:
+        with LoopProbe(broker.port) as probe:
+            time.sleep(seconds)
+        yield Flood(rss_bytes(broker.proc.pid) - rss_before, probe)
+    finally:
+        hang_up(attacker)
+        sender.join(10)

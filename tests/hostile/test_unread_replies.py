@@ -15,7 +15,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 from tests.harness.broker import consume_all, wait_for
-from tests.hostile.common import LoopProbe, hang_up, quiet_socket, rss_bytes, send_in_background
+from tests.hostile.common import quiet_socket, unread_flood
 
 MiB = 1 << 20
 RECORD = 200 * 1024
@@ -34,23 +34,14 @@ def test_ten_thousand_unread_1mib_gets_do_not_grow_the_broker(broker_factory, tm
     with broker.client(timeout=30) as c:
         payloads = fill(c, "big", 2 * MiB)
         gets_before = int(c.stats_dict()["cmd_get"])
-    rss_before = rss_bytes(broker.proc.pid)
-    attacker = quiet_socket(broker.port)
     lines = b"".join(serialize(ev.Get("big", "g", 0, 0, MiB, i)) for i in range(10_000))
-    sender = send_in_background(attacker, lines)
-    try:
-        with LoopProbe(broker.port) as probe:
-            time.sleep(4)
-        grown = rss_bytes(broker.proc.pid) - rss_before
+    with unread_flood(broker, broker.port, lines) as (grown, probe):
         assert grown < 100 * MiB, "the broker grew %.0f MB for one client's unread gets" % (grown / MiB)
         assert not probe.failures
         assert probe.p99() < 0.050, "version p99 %.1f ms while the gets were pending" % (probe.p99() * 1000)
         with broker.client(timeout=30) as c:
             served = int(c.stats_dict()["cmd_get"]) - gets_before
         assert served < 1000, "the broker answered %d gets nobody read" % served
-    finally:
-        hang_up(attacker)
-        sender.join(10)
     with broker.client(timeout=30) as c:  # the broker is normal once the client goes, and the data is intact
         assert [r.data for r in consume_all(c, "big", 0)] == payloads
         wait_for(lambda: int(c.stats_dict()["curr_connections"]) == 1, what="the attacker's connection to close")
@@ -102,19 +93,10 @@ def test_unread_remoting_pulls_do_not_grow_the_broker(broker_factory, tmp_path):
     port = broker.config["remoting"]["port"]
     with broker.client(timeout=30) as c:
         payloads = fill(c, "bigr", 2 * MiB)
-    rss_before = rss_bytes(broker.proc.pid)
-    attacker = quiet_socket(port)
-    sender = send_in_background(attacker, b"".join(pull_frame("bigr", i) for i in range(1, 5001)))
-    try:
-        with LoopProbe(broker.port) as probe:
-            time.sleep(4)
-        grown = rss_bytes(broker.proc.pid) - rss_before
+    with unread_flood(broker, port, b"".join(pull_frame("bigr", i) for i in range(1, 5001))) as (grown, probe):
         assert grown < 100 * MiB, "the broker grew %.0f MB for one client's unread pulls" % (grown / MiB)
         assert not probe.failures
         assert probe.p99() < 0.050
-    finally:
-        hang_up(attacker)
-        sender.join(10)
     with RemotingClient(port) as rc:  # an honest client still pulls everything, intact
         r = rc.call(RequestCode.PULL_MESSAGE, pull_fields("bigr", 0, 0, sys_flag=0, max_nums=4))
         assert r.code == ResponseCode.SUCCESS
