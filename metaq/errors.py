@@ -9,7 +9,9 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     │   ├── ChecksumMismatch       the put body does not match its checksum
     │   ├── UnknownTopic           topic matches no configured name or pattern
     │   ├── InvalidTopic           topic name is not legal (characters, length, '.' / '..')
-    │   └── InvalidPartition       partition out of range for the topic
+    │   ├── InvalidPartition       partition out of range for the topic
+    │   ├── Unauthenticated        the request needs an authenticated user, or the proof was wrong (401)
+    │   └── Forbidden              the user may not do this (403)
     ├── NotFound                   nothing at that place (404)
     ├── Moved                      the requested offset is outside [min, max]; carries the right one (301)
     ├── Unavailable                transient refusal, try again later (503)
@@ -73,6 +75,19 @@ class InvalidTopic(ClientError):
 
 class InvalidPartition(ClientError):
     """The partition is outside ``[0, partitions)`` for its topic."""
+
+
+class Unauthenticated(ClientError):
+    """The request needs an authenticated user (``auth`` first, a signed request), or the proof offered was
+    wrong: MetaQ's reserved 401. (RocketMQ's remoting port answers its own way: remoting/acl.py.)"""
+
+    code = 401
+
+
+class Forbidden(ClientError):
+    """The authenticated user may not do this: the topic, group or admin operation is not theirs (403)."""
+
+    code = 403
 
 
 class NotFound(MetaqError):

@@ -196,3 +196,33 @@ MAX_HEARTBEAT_GROUPS = 1024
 #: Oneway notifications (NOTIFY_CONSUMER_IDS_CHANGED) waiting to be sent to one remoting connection; past it
 #: they are dropped (a client that does not read cannot hold the broker's memory or another client's request).
 MAX_PENDING_NOTIFIES = 16
+
+# -- security (README "Security") ------------------------------------------------
+
+#: Largest users-and-permissions file (``security.acl_file``) the broker reads; a larger one is refused.
+MAX_ACL_FILE_BYTES = 1024 * 1024
+
+#: Most users (and, apart, roles) one permissions file may define.
+MAX_ACL_USERS = 10_000
+
+#: Most topic or group rules one user or role may list, and entries in one address allow-list.
+MAX_ACL_RULES = 1024
+
+#: Seconds a server nonce of the text ``auth`` handshake stays valid (it is used once, in any case).
+AUTH_NONCE_TTL_S = 30.0
+
+#: Failed authentications one address may make in ``AUTH_FAILURE_WINDOW_S`` before each further one is
+#: answered only after a delay (``AUTH_FAILURE_DELAY_S``): a password guesser is slowed, a typo is not.
+AUTH_FAILURES_BEFORE_DELAY = 5
+AUTH_FAILURE_WINDOW_S = 60.0
+AUTH_FAILURE_DELAY_S = 1.0
+
+#: Addresses whose recent failures are remembered (the oldest is forgotten past it).
+MAX_AUTH_FAILURE_ADDRESSES = 10_000
+
+#: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+
+#: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
+MAX_SECRET_BYTES = 1024
+MIN_REPLICATION_SECRET_BYTES = 16

@@ -22,18 +22,21 @@ RULES = {
     "errors": ({"metaq.errors"}, IO_MODULES | {"logging", "time"}),
     "limits": ({"metaq.errors", "metaq.limits"}, IO_MODULES | {"logging", "time"}),
     "protocol": ({"metaq.errors", "metaq.limits", "metaq.protocol"}, IO_MODULES | {"logging", "time"}),
+    # Users, permissions and proofs of a secret (hmac, ipaddress): pure, like protocol.
+    "auth": ({"metaq.errors", "metaq.limits", "metaq.auth"}, IO_MODULES | {"logging", "time"}),
     "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
     "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"}, IO_MODULES | {"time", "datetime"}),
-    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx",
+    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.store", "metaq.tx",
                 "metaq.server"}, set()),
     # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
-    "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.client"}, {"gevent"}),
-    "spark": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.client", "metaq.spark"},
+    "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client"}, {"gevent"}),
+    "spark": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client", "metaq.spark"},
               {"gevent"}),
     # Driven by fabfile.py over SSH: builds the bundle and the remote commands here, and runs on the hosts
     # as the agent (start/stop/status of the broker process, a probe over the text protocol). It reads the
     # server's config schema to validate an inventory, never the server itself; SSH stays in fabfile.py.
-    "deploy": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.server.config", "metaq.deploy"},
+    "deploy": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.server.config",
+                "metaq.deploy"},
                {"gevent", "kazoo", "fabric", "paramiko", "invoke"}),
     # metaq/__init__.py and the C helper's loader: stdlib only.
     "root": ({"metaq"}, IO_MODULES),

@@ -10,6 +10,7 @@ import itertools
 import socket
 import time
 
+from metaq.auth import proofs
 from metaq.protocol import stats as stats_codec
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
@@ -24,9 +25,11 @@ __all__ = ["TextClient", "RemotingClient", "pull_fields", "PULL_FLAGS"]
 PULL_FLAGS = 2 | 4
 
 
-def _connect(host, port, timeout):
+def _connect(host, port, timeout, ssl_context=None, server_hostname=None):
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if ssl_context is not None:
+        sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname or host)
     return sock
 
 
@@ -51,8 +54,8 @@ class TextClient(_Blocking):
     ``put_ok`` and ``stats`` raise AssertionError on any reply but 200 (they are for scripts that must stop there).
     """
 
-    def __init__(self, host, port, timeout=10.0):
-        self.sock = _connect(host, port, timeout)
+    def __init__(self, host, port, timeout=10.0, ssl_context=None, server_hostname=None):
+        self.sock = _connect(host, port, timeout, ssl_context, server_hostname)
         self.parser = TextParser(max_body=64 << 20)
         self._opaque = itertools.count(1)
 
@@ -96,6 +99,21 @@ class TextClient(_Blocking):
         if not isinstance(r, ev.Value):
             return r
         return [rec for rec, _end in iter_records(r.body)]
+
+    def auth(self, user, secret):
+        """The ``auth`` handshake (README "Security"): the final Result (200: authenticated, and the broker's
+        proof was checked; else the broker's refusal, after which it closes the connection)."""
+        r = self.call(ev.Auth(user, None, None, self.opaque()))
+        if not (isinstance(r, ev.Result) and r.code == 200):
+            return r
+        nonce, client_nonce = r.body.decode("ascii"), proofs.new_nonce()
+        secret = secret.encode("utf-8") if isinstance(secret, str) else secret
+        r = self.call(ev.Auth(user, client_nonce, proofs.text_proof(secret, "client", user, nonce, client_nonce),
+                              self.opaque()))
+        if isinstance(r, ev.Result) and r.code == 200 and not proofs.same(
+                r.body, proofs.text_proof(secret, "server", user, nonce, client_nonce)):
+            raise AssertionError("the broker's proof is wrong: it does not hold %s's secret" % user)
+        return r
 
     def stats(self, item=None):
         r = self.call(ev.Stats(item, self.opaque()))

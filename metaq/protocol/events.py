@@ -160,6 +160,21 @@ class Promote(NamedTuple):
     opaque: int
 
 
+class Auth(NamedTuple):
+    """``auth <user> <opaque>`` then ``auth <user> <client nonce> <proof> <opaque>`` (our extension; README
+    "Security"): the challenge/response that proves a user's secret without sending it.
+
+    Step one (``client_nonce`` None) is answered ``result 200`` with the server nonce as body; step two
+    ``result 200`` with the server's proof (hex HMAC-SHA256, ``metaq.auth.proofs.text_proof``), or
+    ``result 401 <reason>`` and the connection is closed.
+    """
+
+    user: str
+    client_nonce: Optional[str]
+    proof: Optional[str]
+    opaque: int
+
+
 class Value(NamedTuple):
     """``value len opaque\\r\\n<body>``: data reply to get (concatenated MetaQ records)."""
 

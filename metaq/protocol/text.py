@@ -24,6 +24,7 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
+    Auth,
     TX_TYPES,
     UNCHECKED,
     CommitOffset,
@@ -233,6 +234,22 @@ def _parse_promote(t):
     return Promote(bool(force), _int(t[2], "opaque", INT32_MIN, INT32_MAX))
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex_token(token, what):
+    if not 16 <= len(token) <= 128 or not set(token) <= _HEX:
+        raise _LineError("invalid %s %s: expected 16 to 128 lowercase hex digits" % (what, _show(token)))
+    return token
+
+
+def _parse_auth(t):
+    opaque = _int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    if len(t) == 3:
+        return Auth(t[1], None, None, opaque)
+    return Auth(t[1], _hex_token(t[2], "client nonce"), _hex_token(t[3], "proof"), opaque)
+
+
 def _parse_value(t):
     opaque = _int(t[2], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Value(body, opaque)
@@ -258,6 +275,8 @@ _COMMANDS = {
     "transaction": (_parse_transaction, (5, 6, 7), "5, 6 or 7 tokens", None),
     "sync": (_parse_sync, (7, 8), "7 or 8 tokens", 3),
     "promote": (_parse_promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", None),
+    "auth": (_parse_auth, (3, 5), "3 or 5 tokens (auth <user> <opaque>, auth <user> <client nonce> <proof> <opaque>)",
+             None),
     "value": (_parse_value, (3,), "3 tokens", 1),
     "result": (_parse_result, (4,), "4 tokens", 2),
 }
@@ -521,6 +540,12 @@ def _serialize_promote(e):
     return b"promote %d %d\r\n" % (1 if e.force else 0, e.opaque)
 
 
+def _serialize_auth(e):
+    if e.client_nonce is None:
+        return ("auth %s %d\r\n" % (_token(e.user), e.opaque)).encode("utf-8")
+    return ("auth %s %s %s %d\r\n" % (_token(e.user), _token(e.client_nonce), _token(e.proof), e.opaque)).encode()
+
+
 def _serialize_value(e):
     return b"".join((encode_value_header(len(e.body), e.opaque), e.body))
 
@@ -542,6 +567,7 @@ _SERIALIZERS = {
     Transaction: _serialize_transaction,
     Sync: _serialize_sync,
     Promote: _serialize_promote,
+    Auth: _serialize_auth,
     Value: _serialize_value,
     Result: _serialize_result,
 }

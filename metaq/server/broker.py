@@ -11,15 +11,17 @@ import yaml
 
 from metaq import speedups
 from metaq.protocol import checksum
+from metaq.server.config import is_loopback
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
+from metaq.server.guard import Guard
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
 from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values
+from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
@@ -55,9 +57,10 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock)
         lim = config.limits
+        self.guard = Guard(config.security)  # a bad permissions file stops the start here
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes),
-                                   config.max_connections_per_address())
+                                   config.max_connections_per_address(), self.guard)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None
         if config.zk.connect:
@@ -74,7 +77,7 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx), self.roles,
-                                         self.waiters, config, self.stats_service.render)
+                                         self.waiters, config, self.stats_service.render, self.guard)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None
@@ -87,6 +90,7 @@ class Broker:
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
+        self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
 
     # -- facts used by stats --------------------------------------------------
 
@@ -155,8 +159,10 @@ class Broker:
         if self.remoting is not None:
             self.remoting.start()
         self.roles.start_links()
+        self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
+        self._log_exposure()
         link, replication = self.roles.slave_link, self.roles.replication
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
@@ -174,6 +180,20 @@ class Broker:
                         "turned off (METAQ_PURE_PYTHON)" if speedups.built() else "not built (no compiler?)")
         else:
             log.info("C helper loaded; CRC-32 from %s", checksum.IMPLEMENTATION)
+
+    def _log_exposure(self):
+        """Say at every start who can reach this broker and what they must prove (README "Security")."""
+        sec = self.config.security
+        auth, tls = self.guard.status()
+        log.info("security: authentication %s%s, TLS %s, replication secret %s", auth,
+                 " (%s)" % sec.acl_file if sec.auth else "", tls if sec.tls.mode != "permissive" else "permissive",
+                 "set" if (sec.replication_secret or sec.replication_secret_file) else "not set")
+        if sec.insecure:
+            exposed = [host for _name, host in self.config.listen_addresses() if not is_loopback(host)]
+            if exposed and not sec.auth:
+                log.warning("INSECURE: listening on %s with authentication off (security.insecure: true): anyone "
+                            "who reaches this broker can read and write every topic and run admin commands",
+                            ", ".join(sorted(set(exposed))))
 
     def _disk_loop(self):
         interval = self.config.store.disk_check_interval_s
@@ -240,6 +260,7 @@ class Broker:
             self.remoting.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)
         gevent.killall(self._tasks, block=False)
+        self.guard.stop()
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush
         self.roles.stop()
         self.tx.stop()

@@ -12,6 +12,7 @@ build those two from this schema.
 """
 
 import inspect
+import ipaddress
 import os
 import resource
 from typing import List, Literal, Optional
@@ -251,6 +252,74 @@ class TopicSection(_Section):
         return name
 
 
+class TlsSection(_Section):
+    """TLS on every listener (README "Security"): the broker's certificate and key, optionally clients' CA."""
+
+    mode: Literal["off", "on", "permissive"] = "off"  # permissive: TLS and plaintext on the same port (the
+    #                                                     first byte tells them apart: 0x16 opens a TLS hello)
+    cert: Optional[str] = None  # PEM certificate chain of the broker
+    key: Optional[str] = None  # PEM private key of the broker
+    ca: Optional[str] = None  # PEM CAs: clients' certificates are checked against them when verify_clients
+    verify_clients: bool = False  # require a client certificate signed by ``ca``
+    replication: bool = True  # the slave also connects to its master over TLS (when mode is not off)
+
+    @model_validator(mode="after")
+    def _files(self):
+        if self.mode != "off" and (not self.cert or not self.key):
+            raise ValueError("TLS (mode %s) needs cert and key (PEM files)" % self.mode)
+        if self.verify_clients and not self.ca:
+            raise ValueError("verify_clients needs ca: the CAs client certificates are checked against")
+        return self
+
+
+class SecuritySection(_Section):
+    """Who may connect and what they may do (README "Security")."""
+
+    acl_file: Optional[str] = None  # users, roles and permissions (YAML); set = authentication on
+    acl_reload_s: float = Field(2.0, gt=0)  # how often the file is checked for a change
+    replication_secret: Optional[str] = None  # shared by a master and its slaves (or replication_secret_file)
+    replication_secret_file: Optional[str] = None  # a file holding it (kept out of the config, mode 0600)
+    insecure: bool = False  # allow a non-loopback address with authentication off (logged at every start)
+    tls: TlsSection = TlsSection()
+
+    @field_validator("acl_file", "replication_secret_file")
+    @classmethod
+    def _path(cls, value, info):
+        return _not_blank(value, "no %s; leave it out for that" % info.field_name.replace("_", " "))
+
+    @model_validator(mode="after")
+    def _one_secret(self):
+        if self.replication_secret is not None and self.replication_secret_file is not None:
+            raise ValueError("replication_secret and replication_secret_file are both set: keep one")
+        if self.replication_secret is not None and len(self.replication_secret.encode()) < \
+                limits.MIN_REPLICATION_SECRET_BYTES:
+            raise ValueError("replication_secret must be at least %d bytes (a random string: openssl rand -hex 32)"
+                             % limits.MIN_REPLICATION_SECRET_BYTES)
+        return self
+
+    @property
+    def auth(self):
+        return self.acl_file is not None
+
+    def read_replication_secret(self):
+        """The replication secret as bytes (read from its file when given so), or None when not set."""
+        if self.replication_secret is not None:
+            return self.replication_secret.encode("utf-8")
+        if self.replication_secret_file is None:
+            return None
+        try:
+            with open(self.replication_secret_file, "rb") as f:
+                secret = f.read(limits.MAX_SECRET_BYTES + 1).strip()
+        except OSError as exc:
+            raise ConfigError("cannot read security.replication_secret_file %s: %s"
+                              % (self.replication_secret_file, exc.strerror)) from None
+        if not limits.MIN_REPLICATION_SECRET_BYTES <= len(secret) <= limits.MAX_SECRET_BYTES:
+            raise ConfigError("security.replication_secret_file %s must hold %d to %d bytes"
+                              % (self.replication_secret_file, limits.MIN_REPLICATION_SECRET_BYTES,
+                                 limits.MAX_SECRET_BYTES))
+        return secret
+
+
 class ServerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     store: StoreSection = StoreSection()
@@ -261,6 +330,7 @@ class ServerConfig(_Section):
     remoting: RemotingSection = RemotingSection()
     delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
+    security: SecuritySection = SecuritySection()
 
     @field_validator("topics")
     @classmethod
@@ -301,6 +371,43 @@ class ServerConfig(_Section):
             )
         return self
 
+    def listen_addresses(self):
+        """``(setting, bind address)`` of every listener this configuration opens."""
+        host = self.broker.host
+        found = [("broker.host", host)]
+        if self.remoting.port:
+            found.append(("remoting.host" if self.remoting.host else "broker.host", self.remoting.host or host))
+        if self.replication.port:
+            found.append(("broker.host", host))
+        return found
+
+    @model_validator(mode="after")
+    def _protected(self):
+        """Redis's protected mode: no listener on a non-loopback address with authentication off, unless
+        ``security.insecure`` says so explicitly."""
+        sec = self.security
+        if sec.insecure:
+            return self
+        has_secret = sec.replication_secret is not None or sec.replication_secret_file is not None
+        if self.replication.port and not is_loopback(self.broker.host) and not has_secret:
+            raise ValueError("replication.port listens on %s, not a loopback address, with no "
+                             "security.replication_secret: any host could pull the whole log as a slave. Set one "
+                             "(the same on the master and its slaves), or security.insecure: true"
+                             % self.broker.host)
+        if self.replication.slave_of and not is_loopback(self.replication.master_address()[0]) and not has_secret:
+            raise ValueError("replication.slave_of is %s, not a loopback address, with no "
+                             "security.replication_secret: this slave could not tell its master from an impostor. "
+                             "Set the master's secret, or security.insecure: true" % self.replication.slave_of)
+        if sec.auth:
+            return self
+        exposed = sorted({"%s %s" % (name, host) for name, host in self.listen_addresses() if not is_loopback(host)})
+        if exposed:
+            raise ValueError(
+                "%s is not a loopback address and authentication is off: anyone who reaches it could read and "
+                "write every topic. Set security.acl_file (README \"Security\"), bind 127.0.0.1, or set "
+                "security.insecure: true to accept the risk" % ", ".join(exposed))
+        return self
+
     def max_connections(self):
         if self.limits.max_connections is not None:
             return self.limits.max_connections
@@ -328,6 +435,16 @@ class ServerConfig(_Section):
     def tx_config(self):
         """The transaction manager's ``TxConfig``: the ``transactions:`` section."""
         return TxConfig(**_settings_for(TxConfig, self.transactions))
+
+def is_loopback(host):
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
 
 def _format_errors(source, exc):
     """One line: every problem, by setting name (``broker.port: ...; topics.1.name: ...``)."""

@@ -54,8 +54,9 @@ REFUSAL_LOG_INTERVAL_S = 1.0
 class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
 
-    def __init__(self, name, host, port, make, refuse, backlog, headroom=0):
+    def __init__(self, name, host, port, make, refuse, backlog, headroom=0, guarded=True):
         self.name = name
+        self.guarded = guarded  # the guard's address allow-list applies (replication proves a secret instead)
         self.headroom = headroom  # connections this listener may still take once the cap is reached
         self.host = host
         self.requested_port = port
@@ -153,6 +154,7 @@ class Connection:
         self.idle_timeout = rules.idle_s
         self.request_timeout = rules.request_s
         self.replies = ReplyBudget(rules.reply_bytes)
+        self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
 
@@ -215,8 +217,10 @@ class Connection:
 class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
-    def __init__(self, max_connections, rules, max_per_address=None):
+    def __init__(self, max_connections, rules, max_per_address=None, guard=None):
         self.max_connections = max_connections
+        #: The broker's Guard (metaq.server.guard): the address allow-list and each connection's Session.
+        self.guard = guard
         #: Most connections one peer address may hold (None: no cap but ``max_connections``).
         self.max_per_address = max_per_address
         self.rules = rules
@@ -229,9 +233,10 @@ class ConnectionCore:
         self._ids = itertools.count(1)
         self._close_hooks = []
 
-    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0):
-        """Start accepting on ``host:port`` (0: any free port); returns the started Listener."""
-        listener = Listener(name, host, port, make, refuse, backlog, headroom)
+    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True):
+        """Start accepting on ``host:port`` (0: any free port); returns the started Listener. ``guarded``: the
+        guard's address allow-list applies to it (not to replication, whose peers prove a shared secret)."""
+        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded)
         listener.start(self.accept)
         self._listeners.append(listener)
         return listener
@@ -278,6 +283,11 @@ class ConnectionCore:
                 self._refuse(listener, sock, address, "too many connections from %s: the limit is %d per address"
                              % (address[0], cap))
                 return
+            if self.guard is not None and listener.guarded:
+                refusal = self.guard.admit(address[0])
+                if refusal is not None:
+                    self._refuse(listener, sock, address, refusal)
+                    return
             self._per_address[host] = held + 1
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -286,6 +296,8 @@ class ConnectionCore:
         conn_id = next(self._ids)
         try:
             conn = listener.make(sock, address, conn_id)
+            if self.guard is not None:
+                conn.session = self.guard.session(address[0] if isinstance(address, tuple) else str(address))
         except BaseException:
             self._forget(host)
             sock.close()

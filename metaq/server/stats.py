@@ -10,6 +10,7 @@ section that others own (``add_source``).
 """
 
 import os
+import re
 import threading
 import time
 
@@ -149,6 +150,7 @@ SOURCES = {
     "replication": "the summary's replication (key, value) pairs",
     "delay": "the summary's delay (key, value) pairs",
     "remoting": "the summary's remoting (key, value) pairs",
+    "security": "the summary's security (key, value) pairs: auth on|off, tls on|off, ...",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
 }
@@ -195,7 +197,7 @@ class StatsService:
         if item == "help":
             return codec.encode(ITEMS_HELP)
         if item == "config":
-            return self.config_text()
+            return redact_secrets(self.config_text())
         return codec.encode_topic(topic_figures(item, store, self.counters))
 
     def summary_values(self):
@@ -228,11 +230,28 @@ class StatsService:
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic != SCHEDULE_TOPIC)),
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
-        ] + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]()
+        ] + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]() + \
+            self.sources["security"]()
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).
 OTHER_TOPICS = "(other topics)"
+
+
+_SECRET_SETTING = re.compile(rb"^(\s*(?:-\s*)?replication_secret\s*:).*$", re.MULTILINE)
+
+
+def redact_secrets(text):
+    """The configuration text with every secret's value replaced: ``stats config`` never shows one."""
+    return _SECRET_SETTING.sub(rb"\1 <redacted>", text)
+
+
+def security_values(guard, tls_mode):
+    """The summary's security pairs: ``auth on|off``, ``tls on|off|permissive``, reloads of the permissions file."""
+    auth, _tls = guard.status()
+    return [("auth", auth), ("tls", tls_mode if tls_mode != "off" else "off"), ("acl_users", len(guard.acl.users)
+                                                                              if guard.acl is not None else 0),
+            ("acl_reloads", guard.reloads), ("acl_reload_error", guard.reload_error is not None)]
 
 
 def remoting_values(remoting):

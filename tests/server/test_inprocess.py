@@ -16,6 +16,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles, read_promoted
 from metaq.server.stats import BrokerStats
+from metaq.server.guard import Guard
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.transactions import TextTransactions
 from metaq.server.transactions import TxService
@@ -95,7 +96,8 @@ class Parts:
         self.path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate, self.delay,
                             sync_flush=cfg.store.flush == "sync")
         self.dispatcher = TextDispatcher(self.store, self.stats, self.path, TextTransactions(self.tx), self.roles,
-                                         self.waiters, cfg, lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode())
+                                         self.waiters, cfg, lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode(),
+                                         Guard(cfg.security))
         self.flusher.start()
 
     def call(self, event, conn):

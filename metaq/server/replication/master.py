@@ -52,7 +52,7 @@ class ReplicationServer:
 
     def start(self):
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
-                                         headroom=limits.REPLICATION_HEADROOM)
+                                         headroom=limits.REPLICATION_HEADROOM, guarded=False)
         self.port = self.listener.port
         log.info("replication (%s mode) listening on %s:%d", self.mode, self.host, self.port)
 

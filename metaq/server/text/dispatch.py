@@ -9,6 +9,8 @@ position means the reply may be sent only once the log is durable up to it
 import logging
 import time
 
+import gevent
+
 import metaq
 from metaq import errors
 from metaq.protocol import events as ev
@@ -17,6 +19,7 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
+from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 
 log = logging.getLogger(__name__)
@@ -58,10 +61,50 @@ def _verified_checksum(e):
     return checksum
 
 
+#: What each request needs of the connection's user (README "Security"), checked before its handler: a
+#: function of (guard, session, event) that raises Unauthenticated (401) or Forbidden (403). ``auth``,
+#: ``version`` and ``quit`` need nothing; put and get check in their handlers (the hot path).
+def _any_user(guard, session, e):
+    guard.current_user(session)
+
+
+def _subscriber(guard, session, e):
+    guard.require(session, SUB, "topic", e.topic)
+
+
+def _group_member(guard, session, e):
+    guard.require(session, SUB, "group", e.group)
+    guard.require(session, SUB, "topic", e.topic)
+
+
+def _stats_reader(guard, session, e):
+    if (e.item or "").strip() == "reset":
+        guard.require(session, ADMIN)
+    else:
+        guard.current_user(session)
+
+
+def _admin(guard, session, e):
+    guard.require(session, ADMIN)
+
+
+_NEEDS = {
+    ev.DelayedPut: lambda guard, session, e: guard.require(session, PUB, "topic", e.topic),
+    ev.Offset: _subscriber,
+    ev.CommitOffset: _group_member,
+    ev.QueryOffset: _group_member,
+    ev.Stats: _stats_reader,
+    ev.Transaction: _any_user,  # and the branch's owner, or admin for heuristics (text/transactions.py)
+    ev.Sync: _admin,
+    ev.Promote: _admin,
+}
+
+
 class TextDispatcher:
-    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats):
+    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard):
         """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
-        the body of a ``stats`` reply."""
+        the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``)."""
+        self.guard = guard
         self.store = store
         self.stats = stats
         self.put_path = put_path
@@ -84,6 +127,7 @@ class TextDispatcher:
             ev.Transaction: self.transaction,
             ev.Sync: self.sync,
             ev.Promote: self.promote,
+            ev.Auth: self.auth,
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
@@ -91,6 +135,10 @@ class TextDispatcher:
     def handle(self, event, conn):
         handler = self._handlers[type(event)]
         try:
+            if self.guard.enabled:
+                need = _NEEDS.get(type(event))
+                if need is not None:
+                    need(self.guard, conn.session, event)
             return handler(event, conn)
         except errors.MetaqError as exc:
             return error_reply(exc, event.opaque), NO_WAIT
@@ -100,6 +148,8 @@ class TextDispatcher:
     def put(self, e, conn):
         path = self.put_path
         try:
+            if self.guard.enabled:
+                self.guard.require(conn.session, PUB, "topic", e.topic)
             path.check_writable()
             body = e.body
             checksum = _verified_checksum(e)
@@ -158,6 +208,8 @@ class TextDispatcher:
     # -- get ---------------------------------------------------------------
 
     def get(self, e, conn):
+        if self.guard.enabled:
+            self.guard.require(conn.session, SUB, "topic", e.topic)
         if self.roles.read_refusal is not None:
             return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
         if e.max_size <= 0:
@@ -267,6 +319,26 @@ class TextDispatcher:
             log.warning("promote refused: %s", exc)
             return error_reply(exc, e.opaque)
         return ok(text.encode("utf-8"), e.opaque)
+
+    def auth(self, e, conn):
+        """``auth`` (README "Security"): step one gives a nonce, step two checks the proof. A failure is answered
+        401 (after a delay once its address has failed often) and the connection closed."""
+        guard = self.guard
+        if not guard.enabled:
+            return encode_result(400, b"authentication is off on this broker (no security.acl_file)", e.opaque), \
+                NO_WAIT
+        if e.client_nonce is None:
+            return ok(guard.challenge(conn.session, e.user).encode(), e.opaque), NO_WAIT
+        try:
+            server_proof = guard.answer(conn.session, e.user, e.client_nonce, e.proof)
+        except errors.Unauthenticated as exc:
+            delay = guard.failed(conn.session.host)
+            if delay:
+                gevent.sleep(delay)
+            conn.hang_up = True
+            return error_reply(exc, e.opaque), NO_WAIT
+        log.info("connection %s: authenticated as %s", conn.peer, e.user)
+        return ok(server_proof.encode(), e.opaque), NO_WAIT
 
     def reply_from_client(self, e, conn):
         word = "value" if isinstance(e, ev.Value) else "result"

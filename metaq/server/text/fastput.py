@@ -28,13 +28,14 @@ from metaq.server.flusher import now_ms
 _INTERNAL_TOPIC = SCHEDULE_TOPIC.encode()
 
 
-def _before_internal_topic(frames):
-    """The frames before the first put to the delay scheduler's topic (the general path refuses that one)."""
+def _before_refused_topic(frames, may_publish):
+    """The frames before the first put to the delay scheduler's topic, or to a topic the connection's user may
+    not publish to (``may_publish(topic) -> bool``, None: any): the general path answers those."""
     seen = None
     for i, frame in enumerate(frames):
         topic = frame[0]
         if topic is not seen:  # consecutive frames of one topic share the object: one compare per run
-            if topic == _INTERNAL_TOPIC:
+            if topic == _INTERNAL_TOPIC or (may_publish is not None and not may_publish(topic)):
                 return frames[:i]
             seen = topic
     return frames
@@ -53,11 +54,12 @@ class FastPuts:
         self.max_body = lim.max_body_bytes
         self.max_line = lim.max_line_bytes
 
-    def take(self, parser, out, durable, wait_pos):
+    def take(self, parser, out, durable, wait_pos, may_publish=None):
         """Store and answer the plain puts at the head of ``parser``'s buffer; returns the new flush wait position.
 
         Replies go to ``out`` (one entry per partition run); in ``sync`` mode
-        ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do.
+        ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do. ``may_publish``: the
+        connection's topic filter (authentication on), or None.
         """
         window = parser.burst_window()
         if window is None:
@@ -69,7 +71,7 @@ class FastPuts:
         if path.refusal is not None or path.sync_replication:
             return wait_pos
         frames, _stop = scan_puts(buf, pos, end, self.max_body, self.max_line)
-        frames = _before_internal_topic(frames)
+        frames = _before_refused_topic(frames, may_publish)
         if not frames:
             return wait_pos
         now = now_ms()

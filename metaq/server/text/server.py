@@ -10,6 +10,7 @@ class TextFrontEnd:
     def __init__(self, core, dispatcher, fast_puts, flusher, stats, limits_cfg):
         self.core = core
         self.dispatcher = dispatcher
+        self.guard = dispatcher.guard
         self.fast_puts = fast_puts
         self.flusher = flusher
         self.stats = stats

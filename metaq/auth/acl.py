@@ -1,0 +1,255 @@
+"""Users, roles and permissions: the parsed ``security.acl_file`` and the one decision made from it.
+
+Pure logic (no file, no socket, no clock): ``parse_acl(document)`` turns the YAML document into an ``Acl``
+or raises ``ConfigError`` naming every problem; ``Acl.decide(user, action, resource)`` says whether a user
+may do something. The server's guard (``metaq.server.guard``) reads the file, reloads it when it changes
+and asks this module, for every front-end alike.
+
+The file (README "Security")::
+
+    allow: [127.0.0.1, 10.0.0.0/8]   # global address allow-list (RocketMQ's globalWhiteRemoteAddresses);
+                                     # absent: every address may connect (and must still authenticate)
+    roles:                           # optional: named sets of permissions users take on
+      readers:
+        topics: {"*": sub}
+    users:
+      alice:
+        secret: "a long random string"   # the secret key (RocketMQ's secretKey); the name is the access key
+        admin: false                     # admin: every topic and group, and the admin operations
+        roles: [readers]
+        allow: [10.1.0.0/16]             # optional: this user only from these addresses
+        topics:                          # topic (or pattern) -> pub | sub | pub|sub | deny
+          orders: pub|sub
+          "audit-*": sub
+          payroll: deny
+        default_topic: deny              # a topic no rule names (default deny)
+        groups:                          # consumer group (or pattern) -> sub | deny
+          billing: sub
+        default_group: deny
+
+A rule's pattern may use ``*`` (any run of characters) and ``?`` (one character). The most specific rule
+that matches decides: an exact name first, then the pattern with the most literal characters; between
+equals, the user's own rule before a role's, and ``deny`` before a grant. No rule: the user's default, else
+the first of its roles' defaults that is set, else deny.
+"""
+
+import fnmatch
+import ipaddress
+import re
+
+from metaq import limits
+from metaq.errors import ConfigError
+
+__all__ = ["PUB", "SUB", "ADMIN", "Acl", "User", "parse_acl", "parse_addresses"]
+
+PUB = "pub"
+SUB = "sub"
+ADMIN = "admin"
+
+_PERMS = {"pub": frozenset({PUB}), "sub": frozenset({SUB}), "pub|sub": frozenset({PUB, SUB}),
+          "sub|pub": frozenset({PUB, SUB}), "deny": frozenset()}
+_GROUP_PERMS = {"sub": frozenset({SUB}), "pub|sub": frozenset({SUB}), "sub|pub": frozenset({SUB}),
+                "deny": frozenset()}
+_USER_KEYS = {"secret", "admin", "roles", "allow", "topics", "default_topic", "groups", "default_group"}
+_ROLE_KEYS = {"admin", "topics", "default_topic", "groups", "default_group"}
+_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}\Z")
+
+
+class _Rule:
+    __slots__ = ("pattern", "perms", "exact", "literal", "regex")
+
+    def __init__(self, pattern, perms):
+        self.pattern = pattern
+        self.perms = perms
+        self.exact = "*" not in pattern and "?" not in pattern
+        self.literal = len(pattern.replace("*", "").replace("?", ""))
+        self.regex = None if self.exact else re.compile(fnmatch.translate(pattern))
+
+    def matches(self, name):
+        return name == self.pattern if self.exact else self.regex.match(name) is not None
+
+    def rank(self, owner_rank):
+        """Larger wins: exact, then more literal characters, then the user's own rule, then deny."""
+        return (self.exact, self.literal, owner_rank, not self.perms)
+
+
+class _Grants:
+    """One user's or role's rules: topics, groups, the two defaults and the admin flag."""
+
+    __slots__ = ("admin", "topics", "default_topic", "groups", "default_group")
+
+    def __init__(self, admin, topics, default_topic, groups, default_group):
+        self.admin = admin
+        self.topics = topics
+        self.default_topic = default_topic
+        self.groups = groups
+        self.default_group = default_group
+
+
+class User:
+    """One user: the name (access key), the secret, where it may connect from and what it may do."""
+
+    __slots__ = ("name", "secret", "allow", "grants")
+
+    def __init__(self, name, secret, allow, grants):
+        self.name = name
+        self.secret = secret  # bytes
+        self.allow = allow  # tuple of ip networks, or None: any address the global list lets in
+        self.grants = grants  # the user's own _Grants first, then its roles'
+
+    @property
+    def admin(self):
+        return any(g.admin for g in self.grants)
+
+    def __repr__(self):  # never the secret
+        return "User(%r%s)" % (self.name, ", admin" if self.admin else "")
+
+    def allowed_from(self, host):
+        return self.allow is None or _in(host, self.allow)
+
+    def may(self, action, kind, name):
+        """True when this user may ``action`` (PUB or SUB) the ``kind`` (``"topic"``/``"group"``) called ``name``."""
+        if self.admin:
+            return True
+        best, best_rank = None, None
+        for owner_rank, grants in enumerate(reversed(self.grants)):
+            for rule in (grants.topics if kind == "topic" else grants.groups):
+                if rule.matches(name):
+                    rank = rule.rank(owner_rank)
+                    if best_rank is None or rank > best_rank:
+                        best, best_rank = rule, rank
+        if best is not None:
+            return action in best.perms
+        for grants in self.grants:
+            default = grants.default_topic if kind == "topic" else grants.default_group
+            if default is not None:
+                return action in default
+        return False
+
+
+class Acl:
+    """The parsed file: users by name and the global address allow-list (None: any address)."""
+
+    def __init__(self, users, allow):
+        self.users = users
+        self.allow = allow
+
+    def user(self, name):
+        return self.users.get(name)
+
+    def address_allowed(self, host):
+        return self.allow is None or _in(host, self.allow)
+
+
+def _in(host, networks):
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in net for net in networks)
+
+
+def parse_addresses(entries, where):
+    """A list of addresses and CIDR networks -> tuple of ``ip_network``; ConfigError naming the bad entry."""
+    if not isinstance(entries, list):
+        raise ConfigError("%s must be a list of addresses or networks (10.0.0.0/8), got %r" % (where, entries))
+    if len(entries) > limits.MAX_ACL_RULES:
+        raise ConfigError("%s lists %d entries: the limit is %d" % (where, len(entries), limits.MAX_ACL_RULES))
+    nets = []
+    for i, entry in enumerate(entries):
+        try:
+            nets.append(ipaddress.ip_network(str(entry), strict=False))
+        except ValueError:
+            raise ConfigError("%s.%d: %r is not an address or a network such as 10.0.0.0/8" % (where, i, entry)) \
+                from None
+    return tuple(nets)
+
+
+def _perms(value, table, where):
+    text = str(value).replace(" ", "").lower() if isinstance(value, str) else value
+    if text not in table:
+        raise ConfigError("%s: %r is not a permission: use one of %s" % (where, value, ", ".join(sorted(table))))
+    return table[text]
+
+
+def _rules(mapping, table, where):
+    if mapping is None:
+        return ()
+    if not isinstance(mapping, dict):
+        raise ConfigError("%s must map names (or patterns) to permissions, got %r" % (where, mapping))
+    if len(mapping) > limits.MAX_ACL_RULES:
+        raise ConfigError("%s has %d rules: the limit is %d" % (where, len(mapping), limits.MAX_ACL_RULES))
+    rules = []
+    for name, value in mapping.items():
+        if not isinstance(name, str) or not name or len(name) > limits.MAX_NAME_BYTES:
+            raise ConfigError("%s: %r is not a topic or group name or pattern" % (where, name))
+        rules.append(_Rule(name, _perms(value, table, "%s.%s" % (where, name))))
+    return tuple(rules)
+
+
+def _grants(entry, where, keys):
+    unknown = set(entry) - keys
+    if unknown:
+        raise ConfigError("%s: unknown setting%s %s (known: %s)" % (where, "s" if len(unknown) > 1 else "",
+                                                                   ", ".join(sorted(map(str, unknown))),
+                                                                   ", ".join(sorted(keys))))
+    admin = entry.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ConfigError("%s.admin must be true or false, got %r" % (where, admin))
+    default_topic = entry.get("default_topic")
+    default_group = entry.get("default_group")
+    return _Grants(admin, _rules(entry.get("topics"), _PERMS, where + ".topics"),
+                   None if default_topic is None else _perms(default_topic, _PERMS, where + ".default_topic"),
+                   _rules(entry.get("groups"), _GROUP_PERMS, where + ".groups"),
+                   None if default_group is None else _perms(default_group, _GROUP_PERMS, where + ".default_group"))
+
+
+def _named_entries(doc, key, source):
+    entries = doc.get(key) or {}
+    if not isinstance(entries, dict):
+        raise ConfigError("%s: %s must map names to settings" % (source, key))
+    if len(entries) > limits.MAX_ACL_USERS:
+        raise ConfigError("%s: %d %s: the limit is %d" % (source, len(entries), key, limits.MAX_ACL_USERS))
+    for name, entry in entries.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError("%s: %s: %r is not a name (letters, digits, _ . @ -, at most 128)" % (source, key, name))
+        if not isinstance(entry, dict):
+            raise ConfigError("%s: %s.%s must be a mapping of settings" % (source, key, name))
+    return entries
+
+
+def parse_acl(doc, source="the permissions file"):
+    """The ``Acl`` of a loaded YAML document; ConfigError (one line, naming the setting) for anything wrong."""
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError("%s must contain a mapping (allow, roles, users) at the top level" % source)
+    unknown = set(doc) - {"allow", "roles", "users"}
+    if unknown:
+        raise ConfigError("%s: unknown setting %s (known: allow, roles, users)" % (source, ", ".join(map(str, unknown))))
+    allow = parse_addresses(doc["allow"], "%s: allow" % source) if doc.get("allow") is not None else None
+    roles = {name: _grants(entry, "%s: roles.%s" % (source, name), _ROLE_KEYS)
+             for name, entry in _named_entries(doc, "roles", source).items()}
+    users = {}
+    for name, entry in _named_entries(doc, "users", source).items():
+        where = "%s: users.%s" % (source, name)
+        secret = entry.get("secret")
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError("%s.secret must be a non-empty string" % where)
+        secret = secret.encode("utf-8")
+        if len(secret) > limits.MAX_SECRET_BYTES:
+            raise ConfigError("%s.secret is longer than %d bytes" % (where, limits.MAX_SECRET_BYTES))
+        own = _grants(entry, where, _USER_KEYS)
+        taken = entry.get("roles") or []
+        if not isinstance(taken, list) or not all(isinstance(r, str) for r in taken):
+            raise ConfigError("%s.roles must be a list of role names" % where)
+        missing = [r for r in taken if r not in roles]
+        if missing:
+            raise ConfigError("%s.roles: no role called %s (roles: %s)" % (where, ", ".join(missing),
+                                                                         ", ".join(sorted(roles)) or "none"))
+        user_allow = entry.get("allow")
+        users[name] = User(name, secret, None if user_allow is None else parse_addresses(user_allow, where + ".allow"),
+                           (own,) + tuple(roles[r] for r in taken))
+    return Acl(users, allow)

@@ -1,0 +1,63 @@
+"""The proofs of knowing a secret that go on the wire: pure functions, the same on both ends.
+
+* **Text ``auth``** (README "Security"): the server gives a random nonce; the client answers with its own
+  nonce and ``HMAC-SHA256(secret, "metaq-auth-1 client <user> <server nonce> <client nonce>")``; the server
+  answers with the same HMAC over ``"... server ..."``, so the client knows the broker holds the secret too.
+  Nothing reusable crosses the wire: each proof binds both nonces.
+* **Replication** (``protocol.replication`` AUTH frames): the same construction with the shared replication
+  secret and the words ``slave`` / ``master``.
+* **RocketMQ's ACL signature** (``AclClientRPCHook``): Base64 of ``HMAC-SHA1(secret key, the values of the
+  request's extFields sorted by key, the ``Signature`` itself left out, then the body)``.
+
+Every comparison is ``hmac.compare_digest``.
+"""
+
+import base64
+import hashlib
+import hmac
+import os
+
+__all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "same"]
+
+#: Random bytes in a nonce (hex on the wire: twice as many characters).
+NONCE_BYTES = 16
+TEXT_SCHEME = "metaq-auth-1"
+REPLICATION_SCHEME = "metaq-replication-1"
+#: extFields RocketMQ's broker leaves out of the signed content (``PlainAccessValidator``): the signature
+#: itself and the unique-key query flag.
+UNSIGNED_FIELDS = frozenset({"Signature", "_UNIQUE_KEY_QUERY"})
+
+
+def new_nonce():
+    """A fresh random nonce, as hex text."""
+    return os.urandom(NONCE_BYTES).hex()
+
+
+def _hmac_hex(secret, words):
+    return hmac.new(secret, " ".join(words).encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def text_proof(secret, side, user, server_nonce, client_nonce):
+    """The proof of ``side`` (``"client"`` or ``"server"``) for one text ``auth`` exchange, as hex."""
+    return _hmac_hex(secret, (TEXT_SCHEME, side, user, server_nonce, client_nonce))
+
+
+def replication_proof(secret, side, master_nonce, slave_nonce, slave_id):
+    """The proof of ``side`` (``"slave"`` or ``"master"``) for one replication handshake, as hex."""
+    return _hmac_hex(secret, (REPLICATION_SCHEME, side, master_nonce, slave_nonce, str(slave_id)))
+
+
+def rocketmq_signature(secret, ext_fields, body=b""):
+    """RocketMQ's ``Signature`` of a request: ``ext_fields`` a dict of str (the Signature key is left out)."""
+    content = "".join(str(ext_fields[key]) for key in sorted(ext_fields) if key not in UNSIGNED_FIELDS)
+    data = content.encode("utf-8") + (bytes(body) if body else b"")
+    return base64.b64encode(hmac.new(secret, data, hashlib.sha1).digest()).decode("ascii")
+
+
+def same(a, b):
+    """Constant-time equality of two proofs (str or bytes)."""
+    if isinstance(a, str):
+        a = a.encode("utf-8", "replace")
+    if isinstance(b, str):
+        b = b.encode("utf-8", "replace")
+    return hmac.compare_digest(a, b)

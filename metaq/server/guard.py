@@ -1,0 +1,259 @@
+"""The one authorization check of the broker, used by every front-end (README "Security").
+
+``Guard`` holds the parsed permissions file (``metaq.auth.acl``), reloads it when it changes (a bad new
+version is logged and the old one kept, as RocketMQ keeps its last good ``plain_acl.yml``) and answers:
+
+* ``admit(host)``: may this address connect at all (the global allow-list)? The connection core asks it
+  for every accepted socket, on every listener but replication (which proves a secret of its own).
+* ``require(session, action, kind, name)``: may this connection's user publish to / subscribe to a topic,
+  consume as a group, or do an admin operation? ``Unauthenticated`` (401) when no user has proved itself
+  yet, ``Forbidden`` (403) when the user may not. With authentication off it lets everything through.
+
+A ``Session`` is one connection's security state: its peer address, whether it came over TLS, and the
+user it proved (text: the ``auth`` handshake; remoting: each signed request names and proves its user).
+Users are looked up by name at every check, so a reloaded file's revocations apply to open connections at
+once.
+"""
+
+import collections
+import logging
+import os
+import time
+
+import gevent
+
+from metaq import errors, limits
+from metaq.auth import proofs
+from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
+from metaq.server.config import read_yaml
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Guard", "Session", "PUB", "SUB", "ADMIN"]
+
+
+class Session:
+    """One connection's security state (see the module doc)."""
+
+    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at")
+
+    def __init__(self, host, tls=False):
+        self.host = host
+        self.tls = tls
+        self.user = None  # the name of the user this connection proved, or None
+        self.nonce = None  # the text handshake's server nonce, while one is outstanding
+        self.nonce_user = None
+        self.nonce_at = 0.0
+
+
+def _file_state(path):
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_acl(path):
+    """The parsed file at ``path`` (a ConfigError names what is wrong); runs in a worker thread."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise errors.ConfigError("cannot read security.acl_file %s: %s" % (path, exc.strerror)) from None
+    if size > limits.MAX_ACL_FILE_BYTES:
+        raise errors.ConfigError("security.acl_file %s is %d bytes: the limit is %d (limits.MAX_ACL_FILE_BYTES)"
+                                 % (path, size, limits.MAX_ACL_FILE_BYTES))
+    return _file_state(path), parse_acl(read_yaml(path), "security.acl_file %s" % path)
+
+
+class Guard:
+    """See the module doc. ``security``: the configuration's ``security:`` section."""
+
+    def __init__(self, security):
+        self.path = security.acl_file
+        self.reload_s = security.acl_reload_s
+        self.enabled = self.path is not None
+        self.tls = security.tls.mode != "off"
+        self.acl = None
+        self.file_state = None
+        self.reloads = 0
+        self.reload_error = None  # the last failed reload's reason, until a good one
+        self._failures = collections.OrderedDict()  # host -> deque of failure times (monotonic)
+        self._loop = None
+        if self.enabled:
+            self.file_state, self.acl = _read_acl(self.path)  # a bad file stops the broker's start
+            log.info("authentication on: %d users from %s", len(self.acl.users), self.path)
+
+    # -- the file --------------------------------------------------------------
+
+    def start(self):
+        if self.enabled and self._loop is None:
+            self._loop = gevent.spawn(self._watch)
+
+    def stop(self):
+        if self._loop is not None:
+            self._loop.kill(block=False)
+            self._loop = None
+
+    def _watch(self):
+        pool = gevent.get_hub().threadpool
+        while True:
+            gevent.sleep(self.reload_s)
+            try:
+                self.reload(pool.apply(_file_state, (self.path,)), pool)
+            except OSError as exc:
+                self._reload_failed("cannot read it: %s" % exc.strerror)
+
+    def reload(self, state=None, pool=None):
+        """Read the file again if it changed (``state``: its inode, size and mtime); True when reloaded."""
+        if state is not None and state == self.file_state:
+            return False
+        try:
+            state, acl = pool.apply(_read_acl, (self.path,)) if pool is not None else _read_acl(self.path)
+        except errors.ConfigError as exc:
+            self._reload_failed(str(exc))
+            return False
+        self.acl, self.file_state, self.reload_error = acl, state, None
+        self.reloads += 1
+        log.info("security.acl_file %s reloaded: %d users", self.path, len(acl.users))
+        return True
+
+    def _reload_failed(self, reason):
+        if reason != self.reload_error:
+            log.error("security.acl_file %s not reloaded, the previous version stays in force: %s", self.path, reason)
+        self.reload_error = reason
+
+    # -- connections -----------------------------------------------------------
+
+    def session(self, host, tls=False):
+        return Session(host, tls)
+
+    def admit(self, host):
+        """None when ``host`` may connect, else why not (the global allow-list)."""
+        if self.acl is None or self.acl.address_allowed(host):
+            return None
+        return "address %s is not in the allow-list of security.acl_file" % host
+
+    def user(self, name):
+        """The current ``acl.User`` called ``name``, or None."""
+        return self.acl.user(name) if self.acl is not None else None
+
+    def authenticated(self, session, name):
+        """Mark ``session`` as ``name``'s (after a proof); Unauthenticated if that user may not come from there."""
+        user = self.user(name)
+        if user is None or not user.allowed_from(session.host):
+            raise errors.Unauthenticated("authentication failed: user %s may not connect from %s"
+                                         % (name, session.host))
+        session.user = name
+
+    # -- the check -------------------------------------------------------------
+
+    def require(self, session, action, kind=None, name=None):
+        """Raise unless the session's user may ``action`` (PUB, SUB: on ``kind`` "topic"/"group" ``name``;
+        ADMIN: an admin operation). Nothing is checked with authentication off."""
+        if not self.enabled:
+            return
+        user = self.current_user(session)
+        if action == ADMIN:
+            if not user.admin:
+                raise errors.Forbidden("permission denied: user %s is not an admin (the admin role is needed)"
+                                       % user.name)
+            return
+        if not user.may(action, kind, name):
+            raise errors.Forbidden("permission denied: user %s may not %s %s %s" % (
+                user.name, "publish to" if action == PUB else ("consume as" if kind == "group" else "subscribe to"),
+                kind, name))
+
+    def current_user(self, session):
+        """The session's ``acl.User``; Unauthenticated when there is none (or it was removed by a reload)."""
+        name = session.user if session is not None else None
+        if name is None:
+            raise errors.Unauthenticated("authentication required: send auth <user> <opaque> first "
+                                         "(README \"Security\")")
+        user = self.user(name)
+        if user is None or not user.allowed_from(session.host):
+            raise errors.Unauthenticated("user %s is no longer allowed (the permissions file changed): "
+                                         "authenticate again" % name)
+        return user
+
+    def is_admin(self, session):
+        """True with authentication off, or when the session's user has the admin role."""
+        if not self.enabled:
+            return True
+        name = session.user if session is not None else None
+        user = self.user(name) if name is not None else None
+        return user is not None and user.admin
+
+    def owner(self, session):
+        """The name transactions begun on this session belong to (None with authentication off)."""
+        return session.user if self.enabled and session is not None else None
+
+    def publish_filter(self, session):
+        """A ``topic_bytes -> bool`` for the put fast path, or None when every topic passes (auth off)."""
+        if not self.enabled:
+            return None
+        seen = {}
+
+        def may_publish(topic):
+            allowed = seen.get(topic)
+            if allowed is None:
+                try:
+                    self.require(session, PUB, "topic", topic.decode("utf-8", "replace"))
+                    allowed = True
+                except errors.MetaqError:
+                    allowed = False
+                if len(seen) < 64:
+                    seen[topic] = allowed
+            return allowed
+
+        return may_publish
+
+    # -- the text handshake (README "Security": auth) ---------------------------
+
+    def challenge(self, session, name, now=None):
+        """Step one of ``auth``: a fresh server nonce for ``name`` (given even for an unknown user, so that
+        the reply does not tell which names exist)."""
+        session.nonce = proofs.new_nonce()
+        session.nonce_user = name
+        session.nonce_at = time.monotonic() if now is None else now
+        return session.nonce
+
+    def answer(self, session, name, client_nonce, proof, now=None):
+        """Step two: check the client's proof over the outstanding nonce; returns the server's proof.
+
+        Raises Unauthenticated (the connection is then closed) for no outstanding nonce, an expired one, another
+        user's, an unknown user or a wrong proof. The nonce is used up either way."""
+        now = time.monotonic() if now is None else now
+        nonce, nonce_user, issued = session.nonce, session.nonce_user, session.nonce_at
+        session.nonce = session.nonce_user = None
+        if nonce is None:
+            raise errors.Unauthenticated("authentication failed: no nonce outstanding: send auth <user> <opaque> "
+                                         "first, then auth <user> <client nonce> <proof> <opaque>")
+        if now - issued > limits.AUTH_NONCE_TTL_S:
+            raise errors.Unauthenticated("authentication failed: the nonce expired (valid for %.0f s): ask for a "
+                                         "new one" % limits.AUTH_NONCE_TTL_S)
+        if nonce_user != name:
+            raise errors.Unauthenticated("authentication failed: the nonce was given to user %s, not %s"
+                                         % (nonce_user, name))
+        user = self.user(name)
+        if user is None or not proofs.same(proof, proofs.text_proof(user.secret, "client", name, nonce, client_nonce)):
+            log.warning("authentication failed from %s: %s", session.host,
+                        "unknown user %s" % name if user is None else "wrong proof for user %s" % name)
+            raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
+        self.authenticated(session, name)
+        return proofs.text_proof(user.secret, "server", name, nonce, client_nonce)
+
+    # -- slowing guessers --------------------------------------------------------
+
+    def failed(self, host, now=None):
+        """Count one failed authentication from ``host``; returns the seconds to wait before answering it."""
+        now = time.monotonic() if now is None else now
+        times = self._failures.pop(host, None) or collections.deque(maxlen=limits.AUTH_FAILURES_BEFORE_DELAY + 1)
+        while times and now - times[0] > limits.AUTH_FAILURE_WINDOW_S:
+            times.popleft()
+        times.append(now)
+        self._failures[host] = times
+        while len(self._failures) > limits.MAX_AUTH_FAILURE_ADDRESSES:
+            self._failures.popitem(last=False)
+        return limits.AUTH_FAILURE_DELAY_S if len(times) > limits.AUTH_FAILURES_BEFORE_DELAY else 0.0
+
+    def status(self):
+        """What ``stats`` shows: ``(auth on|off, tls on|off)``."""
+        return ("on" if self.enabled else "off"), ("on" if self.tls else "off")

@@ -1,0 +1,33 @@
+"""Permissions files for tests: a few users with known secrets, written where a broker reads them."""
+
+import os
+
+import yaml
+
+#: name -> secret of the users ``write_acl`` writes by default.
+SECRETS = {"admin": "admin-secret-0123456789", "alice": "alice-secret-0123456789",
+           "bob": "bob-secret-0123456789", "reader": "reader-secret-0123456789"}
+
+DEFAULT_USERS = {
+    "admin": {"secret": SECRETS["admin"], "admin": True},
+    # alice: produces and consumes orders*, consumes as group billing (and the RocketMQ retry topics of it)
+    "alice": {"secret": SECRETS["alice"], "topics": {"orders*": "pub|sub", "payroll": "deny", "%RETRY%billing": "pub|sub"},
+              "groups": {"billing": "sub"}},
+    # bob: may publish to orders, nothing else
+    "bob": {"secret": SECRETS["bob"], "topics": {"orders": "pub"}},
+    # reader: through a role, subscribes to every topic but payroll, as any group
+    "reader": {"secret": SECRETS["reader"], "roles": ["readers"], "topics": {"payroll": "deny"}},
+}
+DEFAULT_ROLES = {"readers": {"default_topic": "sub", "default_group": "sub"}}
+
+
+def write_acl(path, users=None, roles=None, allow=None):
+    """Write a permissions file (YAML) at ``path``; returns the path."""
+    doc = {"users": DEFAULT_USERS if users is None else users, "roles": DEFAULT_ROLES if roles is None else roles}
+    if allow is not None:
+        doc["allow"] = allow
+    tmp = str(path) + ".tmp"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(doc, f)
+    os.replace(tmp, str(path))
+    return str(path)
