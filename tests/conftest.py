@@ -80,7 +80,7 @@ def pg_dsn(pg_server):
 
 
 #: Folders whose tests all start servers (brokers, sshd, Spark, the official RocketMQ client, attacks on a broker).
-INTEGRATION_DIRS = {"integration", "deploy", "remoting", "spark", "hostile"}
+INTEGRATION_DIRS = {"integration", "deploy", "remoting", "spark", "hostile", "security"}
 
 #: Fixtures that start a server or a listening socket (directly or through the fixtures they use).
 SERVER_FIXTURES = {"broker_factory", "broker", "zk_server", "zk_connect", "own_zk", "pg_server", "pg_dsn", "sshd",

@@ -112,7 +112,8 @@ class User:
         if self.admin:
             return True
         best, best_rank = None, None
-        for owner_rank, grants in enumerate(reversed(self.grants)):
+        for i, grants in enumerate(self.grants):
+            owner_rank = 1 if i == 0 else 0  # the user's own rules, then any role's alike
             for rule in (grants.topics if kind == "topic" else grants.groups):
                 if rule.matches(name):
                     rank = rule.rank(owner_rank)

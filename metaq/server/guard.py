@@ -254,6 +254,11 @@ class Guard:
             self._failures.popitem(last=False)
         return limits.AUTH_FAILURE_DELAY_S if len(times) > limits.AUTH_FAILURES_BEFORE_DELAY else 0.0
 
+    @property
+    def failing_addresses(self):
+        """Addresses whose recent failures are remembered (at most ``limits.MAX_AUTH_FAILURE_ADDRESSES``)."""
+        return len(self._failures)
+
     def status(self):
         """What ``stats`` shows: ``(auth on|off, tls on|off)``."""
         return ("on" if self.enabled else "off"), ("on" if self.tls else "off")

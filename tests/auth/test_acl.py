@@ -1,0 +1,112 @@
+"""The permissions file model (metaq.auth.acl): parsing with clear errors, and the decision rules."""
+
+import pytest
+
+from metaq import limits
+from metaq.auth.acl import PUB, SUB, parse_acl
+from metaq.errors import ConfigError
+
+
+def acl(users, roles=None, allow=None):
+    doc = {"users": users}
+    if roles is not None:
+        doc["roles"] = roles
+    if allow is not None:
+        doc["allow"] = allow
+    return parse_acl(doc)
+
+
+def test_exact_rule_beats_pattern_and_more_literal_pattern_beats_shorter():
+    a = acl({"u": {"secret": "s", "topics": {"orders*": "pub|sub", "orders-secret": "deny", "o*": "sub"},
+                   "default_topic": "deny"}}).user("u")
+    assert a.may(PUB, "topic", "orders-1") and a.may(SUB, "topic", "orders-1")
+    assert not a.may(PUB, "topic", "orders-secret") and not a.may(SUB, "topic", "orders-secret")
+    assert a.may(SUB, "topic", "other") and not a.may(PUB, "topic", "other")  # "o*" (1 literal) decides
+    assert not a.may(SUB, "topic", "x")  # no rule: the default
+
+
+def test_no_rule_and_no_default_is_deny():
+    u = acl({"u": {"secret": "s"}}).user("u")
+    assert not u.may(PUB, "topic", "t") and not u.may(SUB, "topic", "t") and not u.may(SUB, "group", "g")
+    assert not u.admin
+
+
+def test_user_rule_beats_role_rule_and_role_default_applies():
+    a = acl({"u": {"secret": "s", "roles": ["readers"], "topics": {"payroll": "deny"}}},
+            roles={"readers": {"topics": {"payroll": "sub"}, "default_topic": "sub", "default_group": "sub"}})
+    u = a.user("u")
+    assert not u.may(SUB, "topic", "payroll")  # the user's own deny wins over the role's grant of the same name
+    assert u.may(SUB, "topic", "anything") and not u.may(PUB, "topic", "anything")
+    assert u.may(SUB, "group", "g")
+
+
+def test_deny_wins_between_equal_rules_of_roles():
+    a = acl({"u": {"secret": "s", "roles": ["r1", "r2"]}},
+            roles={"r1": {"topics": {"t": "pub|sub"}}, "r2": {"topics": {"t": "deny"}}})
+    assert not a.user("u").may(SUB, "topic", "t")
+
+
+def test_admin_may_everything_and_a_role_can_make_an_admin():
+    a = acl({"root": {"secret": "s", "admin": True}, "op": {"secret": "s", "roles": ["ops"]}},
+            roles={"ops": {"admin": True}})
+    for name in ("root", "op"):
+        u = a.user(name)
+        assert u.admin and u.may(PUB, "topic", "anything") and u.may(SUB, "group", "any")
+
+
+def test_group_permissions_are_sub_or_deny():
+    u = acl({"u": {"secret": "s", "groups": {"billing": "sub", "bill*": "deny"}}}).user("u")
+    assert u.may(SUB, "group", "billing") and not u.may(SUB, "group", "billing2")
+    with pytest.raises(ConfigError, match=r"users.u.groups.g: 'pub' is not a permission"):
+        acl({"u": {"secret": "s", "groups": {"g": "pub"}}})
+
+
+def test_address_lists_global_and_per_user():
+    a = acl({"u": {"secret": "s", "allow": ["10.1.0.0/16"]}}, allow=["127.0.0.1", "10.0.0.0/8", "::1"])
+    assert a.address_allowed("127.0.0.1") and a.address_allowed("10.200.1.1") and a.address_allowed("::1")
+    assert a.address_allowed("::ffff:10.1.2.3")  # an IPv4 peer on a dual-stack socket
+    assert not a.address_allowed("127.0.0.2") and not a.address_allowed("not-an-address")
+    u = a.user("u")
+    assert u.allowed_from("10.1.2.3") and not u.allowed_from("10.2.0.1")
+    assert parse_acl({"users": {}}).address_allowed("203.0.113.9")  # no list: any address
+
+
+@pytest.mark.parametrize("doc, message", [
+    ([], "must contain a mapping"),
+    ({"user": {}}, "unknown setting user"),
+    ({"users": {"u": {}}}, r"users.u.secret must be a non-empty string"),
+    ({"users": {"u": {"secret": ""}}}, r"users.u.secret must be a non-empty string"),
+    ({"users": {"u": {"secret": "s", "admin": "yes"}}}, r"users.u.admin must be true or false"),
+    ({"users": {"u": {"secret": "s", "topics": {"t": "write"}}}}, r"users.u.topics.t: 'write' is not a permission"),
+    ({"users": {"u": {"secret": "s", "topics": ["t"]}}}, r"users.u.topics must map names"),
+    ({"users": {"u": {"secret": "s", "roles": ["nope"]}}}, r"no role called nope"),
+    ({"users": {"u": {"secret": "s", "colour": "red"}}}, r"users.u: unknown setting colour"),
+    ({"users": {"bad name": {"secret": "s"}}}, r"'bad name' is not a name"),
+    ({"users": {}, "allow": ["10.0.0.300"]}, r"allow.0: '10.0.0.300' is not an address"),
+    ({"users": {}, "allow": "10.0.0.0/8"}, r"allow must be a list"),
+    ({"users": {"u": {"secret": "x" * (limits.MAX_SECRET_BYTES + 1)}}}, r"secret is longer than"),
+])
+def test_bad_files_are_refused_naming_the_setting(doc, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_acl(doc)
+
+
+def test_rule_count_limit_and_one_past():
+    rules = {"t%d" % i: "sub" for i in range(limits.MAX_ACL_RULES)}
+    assert acl({"u": {"secret": "s", "topics": rules}}).user("u").may(SUB, "topic", "t7")
+    rules["one-more"] = "sub"
+    with pytest.raises(ConfigError, match="rules: the limit is %d" % limits.MAX_ACL_RULES):
+        acl({"u": {"secret": "s", "topics": rules}})
+
+
+def test_user_count_limit_and_one_past():
+    users = {"u%d" % i: {"secret": "s"} for i in range(limits.MAX_ACL_USERS)}
+    assert len(parse_acl({"users": users}).users) == limits.MAX_ACL_USERS
+    users["one-more"] = {"secret": "s"}
+    with pytest.raises(ConfigError, match="the limit is %d" % limits.MAX_ACL_USERS):
+        parse_acl({"users": users})
+
+
+def test_repr_never_shows_the_secret():
+    u = acl({"u": {"secret": "hunter2-very-secret"}}).user("u")
+    assert "hunter2" not in repr(u)
