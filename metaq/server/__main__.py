@@ -98,7 +98,7 @@ def main(argv=None):
     if args.check_config:
         import yaml
 
-        print(yaml.safe_dump(config.model_dump(), sort_keys=False), end="")
+        print(yaml.safe_dump(config.redacted_dump(), sort_keys=False), end="")
         return EXIT_OK
     logging.basicConfig(level=config.broker.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

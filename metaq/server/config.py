@@ -408,6 +408,13 @@ class ServerConfig(_Section):
                 "security.insecure: true to accept the risk" % ", ".join(exposed))
         return self
 
+    def redacted_dump(self):
+        """``model_dump()`` with every secret replaced (``--check-config`` prints it; logs never see secrets)."""
+        dump = self.model_dump()
+        if dump["security"]["replication_secret"] is not None:
+            dump["security"]["replication_secret"] = "<redacted>"
+        return dump
+
     def max_connections(self):
         if self.limits.max_connections is not None:
             return self.limits.max_connections

@@ -220,3 +220,19 @@ def test_auth_on_a_broker_without_authentication_is_a_clear_400(broker):
         r = c.auth("alice", "x")
         assert r.code == 400 and b"authentication is off on this broker" in r.body
         assert c.put("t", b"still open").code == 200
+
+
+def test_no_secret_in_stats_config_or_check_config(broker_factory, tmp_path):
+    import subprocess
+    import sys
+
+    secret = "replication-secret-0123456789abcdef"
+    config = secured(tmp_path, replication_secret=secret)
+    b = broker_factory(config)
+    with login(b, "admin") as admin:
+        text = admin.stats("config")
+    assert "replication_secret: <redacted>" in text and secret not in text
+    out = subprocess.run([sys.executable, "-m", "metaq.server", "-c", b.config_path, "--check-config"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "replication_secret: <redacted>" in out.stdout and secret not in out.stdout
+    assert secret not in b.log_text()
