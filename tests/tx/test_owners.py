@@ -10,6 +10,7 @@ from metaq.errors import TransactionError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.xa import XA_HEURCOM, XA_OK, XAER_INVAL
 from metaq.tx import records as R
+from metaq.tx.config import TxConfig
 from metaq.tx.journal import Journal, JournalReport, journal_path, list_files, read_journal_file
 from metaq.tx.manager import EVERYONE
 from tests.harness.store import NOW
@@ -93,7 +94,7 @@ def test_an_old_journal_recovers_its_prepared_branch_without_owner(tmp_path):
         b.crash()
 
 
-def test_owner_survives_restart_checkpoint_and_heuristic(tx_broker):
+def test_owner_survives_restart_and_heuristic(tx_broker):
     b = tx_broker
     mine, theirs, local_one = xid(1), xid(2), local(1)
     b.tx.begin(mine, None, 0, NOW, user="alice")
@@ -111,13 +112,6 @@ def test_owner_survives_restart_checkpoint_and_heuristic(tx_broker):
     assert b.tx.user_of(local_one) == (False, None)  # unprepared: rolled back by the restart
     assert b.tx.recover(user="alice") == [mine.key] and b.tx.recover(user=EVERYONE) == sorted([mine.key, theirs.key])
     assert {i.key: i.user for i in b.tx.in_doubt()} == {mine.key: "alice", theirs.key: "bob"}
-
-    # the checkpoint rewrites live branches from a replay: their owners go into the snapshot too
-    state = R.ReplayState(keep_done_after=b.store.flushed_position)
-    for rec in journal_records(b):
-        state.apply(rec)
-    prepares = {r.key: r.owner for r in state.snapshot_records() if type(r) is R.Prepare}
-    assert prepares == {mine.key: "alice", theirs.key: "bob"}
 
     # an operator's decision keeps the owner: the outcome is still bob's (to forget) after a restart
     plan = b.tx.heuristic(theirs.key, True, NOW)
@@ -148,6 +142,31 @@ def test_a_one_phase_commit_left_incomplete_keeps_its_owner_in_commit(tx_broker)
     assert [(type(r).__name__, r.owner) for r in journal_records(b) if type(r) is not R.Put] == [("Commit", "alice")]
     b.open()
     assert b.tx.recovery.commits_completed == 1 and b.messages("test", 0) == [body(x, 0)]
+
+
+def test_a_checkpoint_keeps_the_owners(tmp_path):
+    """``maintain`` rewrites the live branches into a snapshot from a replay: owners included."""
+    b = TxBroker(tmp_path / "data", tx=TxConfig(journal_file_size=1024))
+    try:
+        kept, decided = xid(1), xid(2)
+        for x, user in ((kept, "alice"), (decided, "bob")):
+            b.tx.begin(x, None, 0, NOW, user=user)
+            fill(b, x, None, 3, 100)
+            b.tx.prepare(x, None, NOW)
+        b.tx.heuristic(decided.key, False, NOW)
+        for n in range(1, 9):  # local commits roll the journal past its first files
+            b.tx.begin(local(n), "c1", 0, NOW, user="carol")
+            fill(b, local(n), "c1", 2, 100)
+            b.commit(local(n), "c1")
+        b.tx.flush_journal()
+        b.store.mark_flushed(b.store.flush_log())
+        assert b.tx.maintain(NOW)  # sealed files replaced by a snapshot
+        assert [n for n in os.listdir(b.journal_dir) if n.startswith("snapshot.")]
+        b.restart()
+        assert b.tx.user_of(kept) == (True, "alice") and b.tx.user_of(decided) == (True, "bob")
+        assert b.tx.recover(user="bob") == [decided.key] and b.tx.recover(user="carol") == []
+    finally:
+        b.crash()
 
 
 def test_begin_refuses_an_owner_name_past_the_limit(tx_broker):
