@@ -226,3 +226,7 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
 MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
+
+#: Longest user name (UTF-8 bytes) a transaction branch records as its owner, in memory and in the transaction
+#: journal (the permissions file's names are at most 128 characters of ``[A-Za-z0-9_.@-]``).
+MAX_TX_OWNER_BYTES = 128

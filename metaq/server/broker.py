@@ -76,8 +76,8 @@ class Broker:
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
-        self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx), self.roles,
-                                         self.waiters, config, self.stats_service.render, self.guard)
+        self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
+                                         self.roles, self.waiters, config, self.stats_service.render, self.guard)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None

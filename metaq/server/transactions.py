@@ -69,11 +69,13 @@ class TxService:
         self.stats.on_put(topic, len(body))
         return partition
 
-    def begin(self, txid, owner, timeout, unique_qualifier=None):
+    def begin(self, txid, owner, timeout, unique_qualifier=None, user=None):
+        """``owner``: the connection (binds a local branch); ``user``: who begins it (``Guard.owner``; None with
+        authentication off), the only one but an admin who may act on it later (``text.transactions``)."""
         if txid.is_xa and unique_qualifier and unique_qualifier != txid.unique_qualifier:
             raise errors.TransactionError(XAER_INVAL, "uniqueQualifier %s does not match the branch %s"
                                           % (unique_qualifier, txid.key))
-        self.manager.begin(txid, None if txid.is_xa else owner, timeout, now_ms())
+        self.manager.begin(txid, None if txid.is_xa else owner, timeout, now_ms(), user)
         if txid.is_xa:
             self.stats.tx_xa_begin += 1
         else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, MetaqError, TransactionError
-from metaq.limits import MAX_BODY_BYTES, validate_partition
+from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
 from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
                                XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
@@ -41,6 +41,9 @@ MAX_REMEMBERED = 100_000
 
 _TIMED_OUT, _FINISHED = "timed out", "finished"
 
+#: ``recover(user=EVERYONE)``: every branch, whoever began it (an admin's view).
+EVERYONE = object()
+
 
 class TxInfo(NamedTuple):
     """One branch as the admin sees it."""
@@ -53,6 +56,7 @@ class TxInfo(NamedTuple):
     prepared_ms: Optional[int]
     qualifier: Optional[str]
     timeout_s: int
+    user: Optional[str] = None  # who began it (None: authentication off, or journaled before owners)
 
 
 class TxPutResult(NamedTuple):
@@ -267,9 +271,14 @@ class TransactionManager:
 
     # -- begin / put / prepare --------------------------------------------------------------------------------
 
-    def begin(self, txid, owner, timeout_s, now_ms):
-        """Start a branch; XAER_DUPID if the key is live, heuristic or recently used; XAER_INVAL for a bad id."""
+    def begin(self, txid, owner, timeout_s, now_ms, user=None):
+        """Start a branch; XAER_DUPID if the key is live, heuristic or recently used; XAER_INVAL for a bad id.
+
+        ``owner``: the connection a local branch is bound to; ``user``: the name of the user beginning it (None
+        with authentication off), journaled with it (``user_of``)."""
         key, xa, qualifier = self._ident(txid)
+        if user is not None and not 0 < len(user.encode("utf-8")) <= MAX_TX_OWNER_BYTES:
+            raise _xa(XAER_INVAL, "a user name of 1 to %d bytes is needed to own a transaction" % MAX_TX_OWNER_BYTES)
         if key in self._branches or key in self._heuristic or key in self._recent:
             raise _xa(XAER_DUPID, "transaction %s already exists" % key)
         if not isinstance(timeout_s, int) or timeout_s < 0:
@@ -278,7 +287,7 @@ class TransactionManager:
             raise _xa(XAER_RMERR, "too many open transactions on the broker: the limit is %d "
                       "(transactions.max_open)" % self.config.max_open)
         timeout_s = min(timeout_s or self.config.default_timeout_s, self.config.max_timeout_s)
-        b = R.Branch(key, xa, qualifier, None if xa else owner, now_ms, timeout_s)
+        b = R.Branch(key, xa, qualifier, None if xa else owner, now_ms, timeout_s, user)
         self._branches[key] = b
         if not xa:
             self._by_owner.setdefault(owner, set()).add(key)
@@ -338,7 +347,7 @@ class TransactionManager:
         if not b.puts:
             self._forget_branch(b, _FINISHED, now_ms)
             return XA_RDONLY
-        self._write(R.Prepare(key, now_ms, b.begun_ms, b.timeout_s))
+        self._write(R.Prepare(key, now_ms, b.begun_ms, b.timeout_s, b.user))
         b.state = R.PREPARED
         b.prepared_ms = now_ms
         b.deadline_ms = None
@@ -369,7 +378,7 @@ class TransactionManager:
 
     def _decide_commit(self, b, one_phase, now_ms):
         ids = [self.store.new_msg_id(now_ms) for _p in b.puts]
-        rec = R.Commit(b.key, now_ms, self.store.written_position, one_phase, tuple(ids))
+        rec = R.Commit(b.key, now_ms, self.store.written_position, one_phase, tuple(ids), b.user)
         self._write(rec)
         b.set_commit(rec.ids, rec.log_start, one_phase)
         b.deadline_ms = None
@@ -454,12 +463,21 @@ class TransactionManager:
         self._write(R.Forget(key, now_ms))
         del self._heuristic[key]
 
-    def recover(self, qualifier=None):
-        """Sorted keys of XA branches that are prepared (or committing) or heuristically completed."""
+    def recover(self, qualifier=None, user=EVERYONE):
+        """Sorted keys of XA branches that are prepared (or committing) or heuristically completed; with ``user``
+        only those that user began."""
         keys = [b.key for b in self._branches.values() if b.xa and b.state != R.ACTIVE
-                and (qualifier is None or b.qualifier == qualifier)]
-        keys += [k for k in self._heuristic if qualifier is None or R.key_qualifier(k)[1] == qualifier]
+                and (qualifier is None or b.qualifier == qualifier) and (user is EVERYONE or b.user == user)]
+        keys += [k for k, h in self._heuristic.items() if (qualifier is None or R.key_qualifier(k)[1] == qualifier)
+                 and (user is EVERYONE or h.owner == user)]
         return sorted(set(keys))
+
+    def user_of(self, txid):
+        """``(found, user)``: whether ``txid`` is a live branch or a heuristic outcome, and who began it."""
+        key = self._ident(txid)[0]
+        b = self._branches.get(key)
+        h = self._heuristic.get(key) if b is None else None
+        return (b is not None or h is not None), (b.user if b is not None else h.owner if h is not None else None)
 
     # -- timers / connections / admin --------------------------------------------------------------------------
 
@@ -492,12 +510,12 @@ class TransactionManager:
 
     def in_doubt(self):
         """TxInfo of every live branch and heuristic outcome, sorted by key."""
-        out = [TxInfo(b.key, b.state, len(b.puts), b.nbytes, b.begun_ms, b.prepared_ms, b.qualifier, b.timeout_s)
-               for b in self._branches.values()]
+        out = [TxInfo(b.key, b.state, len(b.puts), b.nbytes, b.begun_ms, b.prepared_ms, b.qualifier, b.timeout_s,
+                      b.user) for b in self._branches.values()]
         for key, h in self._heuristic.items():
             if key not in self._branches:
                 out.append(TxInfo(key, "heuristic-commit" if h.commit else "heuristic-rollback", 0, 0, None,
-                                  h.now_ms, R.key_qualifier(key)[1], 0))
+                                  h.now_ms, R.key_qualifier(key)[1], 0, h.owner))
         return sorted(out, key=lambda info: info.key)
 
     def heuristic(self, key, commit, now_ms):
@@ -516,7 +534,7 @@ class TransactionManager:
             return CommitPlan(key, b)
         if b.state != R.PREPARED:
             raise _xa(XAER_PROTO, "transaction %s is %s, not prepared" % (key, b.state))
-        h = R.Heuristic(key, now_ms, bool(commit))
+        h = R.Heuristic(key, now_ms, bool(commit), b.user)
         if not commit:
             self._write(h)
             self._heuristic[key] = h

@@ -6,25 +6,31 @@ length-prefixed strings (``STR``: uint16 length + UTF-8) and blobs (``BLOB``:
 uint32 length + bytes)::
 
     PUT        PUT_FIXED       type, partition, flag, checksum (-1: none)   key, topic, data (BLOB)
-    PREPARE    PREPARE_FIXED   type, now_ms, begun_ms, timeout_s            key
-    COMMIT     COMMIT_FIXED    type, now_ms, log_start, flags, id count     key, count x ID (uint64)
+    PREPARE    PREPARE_FIXED   type, now_ms, begun_ms, timeout_s            key [, owner]
+    COMMIT     COMMIT_FIXED    type, now_ms, log_start, flags, id count     key, count x ID (uint64) [, owner]
     DONE       DONE_FIXED      type, now_ms, log_end                        key
     ROLLBACK   ROLLBACK_FIXED  type, now_ms, reason                         key
-    HEURISTIC  HEURISTIC_FIXED type, now_ms, commit (0/1)                   key
+    HEURISTIC  HEURISTIC_FIXED type, now_ms, commit (0/1)                   key [, owner]
     FORGET     FORGET_FIXED    type, now_ms                                 key
     SNAPSHOT   SNAPSHOT_FIXED  type, now_ms, through (journal sequence)     (first record of a snapshot file)
     SNAP_END   SNAP_END_FIXED  type, records (between SNAPSHOT and SNAP_END)
 
 A branch first appears with its first PUT (a branch without puts needs no
-record). COMMIT's ids follow ``apply_order(puts)``: the puts grouped by
-partition, partitions in order of first appearance, puts in order within one.
+record). ``owner`` (a ``STR`` at the very end, at most ``limits.MAX_TX_OWNER_BYTES``) is the user who began
+the branch, written only when there is one (authentication on): a record without it, as every record of a
+journal written before owners existed, decodes with owner None. PREPARE carries it so that a prepared
+branch keeps its owner across a restart, COMMIT for a commit recovery may have to finish, HEURISTIC for the
+outcome its owner forgets (an older broker cannot read a journal holding owners: it refuses to start).
+
+COMMIT's ids follow ``apply_order(puts)``: the puts grouped by partition, partitions in order of first
+appearance, puts in order within one.
 ``ReplayState`` turns a record sequence back into branches; recovery and the
 journal checkpoint (``TransactionManager.maintain``) both use it.
 """
 
 import logging
 import struct
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from metaq import limits
 from metaq.errors import CorruptLog
@@ -105,6 +111,7 @@ class Prepare(NamedTuple):
     now_ms: int
     begun_ms: int
     timeout_s: int
+    owner: Optional[str] = None  # the user who began the branch (None: none, or a journal older than owners)
 
 
 class Commit(NamedTuple):
@@ -113,6 +120,7 @@ class Commit(NamedTuple):
     log_start: int
     one_phase: bool
     ids: tuple
+    owner: Optional[str] = None
 
 
 class Done(NamedTuple):
@@ -131,6 +139,7 @@ class Heuristic(NamedTuple):
     key: str
     now_ms: int
     commit: bool
+    owner: Optional[str] = None
 
 
 class Forget(NamedTuple):
@@ -157,6 +166,16 @@ def _s(text):
     return STR.pack(len(b)) + b
 
 
+def _owner(owner):
+    """The optional trailing owner field: nothing for None."""
+    if owner is None:
+        return b""
+    b = owner.encode("utf-8")
+    if not b or len(b) > limits.MAX_TX_OWNER_BYTES:
+        raise RecordError("an owner of %d bytes cannot be journaled (1 to %d)" % (len(b), limits.MAX_TX_OWNER_BYTES))
+    return STR.pack(len(b)) + b
+
+
 def encode(rec):
     """The payload of ``rec`` as a list of parts (their concatenation is the payload)."""
     t = type(rec)
@@ -164,17 +183,19 @@ def encode(rec):
         return [PUT_FIXED.pack(T_PUT, rec.partition, rec.flag, rec.checksum) + _s(rec.key) + _s(rec.topic)
                 + BLOB.pack(len(rec.data)), rec.data]
     if t is Prepare:
-        return [PREPARE_FIXED.pack(T_PREPARE, rec.now_ms, rec.begun_ms, rec.timeout_s) + _s(rec.key)]
+        return [PREPARE_FIXED.pack(T_PREPARE, rec.now_ms, rec.begun_ms, rec.timeout_s) + _s(rec.key)
+                + _owner(rec.owner)]
     if t is Commit:
         ids = struct.pack(">%dQ" % len(rec.ids), *rec.ids)
         return [COMMIT_FIXED.pack(T_COMMIT, rec.now_ms, rec.log_start, 1 if rec.one_phase else 0, len(rec.ids))
-                + _s(rec.key), ids]
+                + _s(rec.key), ids, _owner(rec.owner)]
     if t is Done:
         return [DONE_FIXED.pack(T_DONE, rec.now_ms, rec.log_end) + _s(rec.key)]
     if t is Rollback:
         return [ROLLBACK_FIXED.pack(T_ROLLBACK, rec.now_ms, rec.reason) + _s(rec.key)]
     if t is Heuristic:
-        return [HEURISTIC_FIXED.pack(T_HEURISTIC, rec.now_ms, 1 if rec.commit else 0) + _s(rec.key)]
+        return [HEURISTIC_FIXED.pack(T_HEURISTIC, rec.now_ms, 1 if rec.commit else 0) + _s(rec.key)
+                + _owner(rec.owner)]
     if t is Forget:
         return [FORGET_FIXED.pack(T_FORGET, rec.now_ms) + _s(rec.key)]
     if t is Snapshot:
@@ -205,6 +226,15 @@ class _Reader:
         if n > limit:
             raise RecordError("blob of %d bytes exceeds its limit %d" % (n, limit))
         return self.take(n)
+
+    def owner(self):
+        """The optional trailing owner: None when the record ends here (older journals)."""
+        if self.pos == len(self.buf):
+            return None
+        owner = self.text(limits.MAX_TX_OWNER_BYTES)
+        if not owner:
+            raise RecordError("an empty owner")
+        return owner
 
     def fixed(self, st):
         return self._unpack(st)
@@ -247,14 +277,14 @@ def _decode(t, r):
         return r.end(Put(key, topic, partition, flag, checksum, r.blob(limits.MAX_BODY_BYTES)))
     if t == T_PREPARE:
         _t, now_ms, begun_ms, timeout_s = r.fixed(PREPARE_FIXED)
-        return r.end(Prepare(r.text(MAX_KEY_BYTES), now_ms, begun_ms, timeout_s))
+        return r.end(Prepare(r.text(MAX_KEY_BYTES), now_ms, begun_ms, timeout_s, r.owner()))
     if t == T_COMMIT:
         _t, now_ms, log_start, flags, count = r.fixed(COMMIT_FIXED)
         if count > MAX_PUTS_LIMIT:
             raise RecordError("COMMIT declares %d ids, more than %d" % (count, MAX_PUTS_LIMIT))
         key = r.text(MAX_KEY_BYTES)
         raw = r.take(count * ID.size)
-        return r.end(Commit(key, now_ms, log_start, bool(flags & 1), struct.unpack(">%dQ" % count, raw)))
+        return r.end(Commit(key, now_ms, log_start, bool(flags & 1), struct.unpack(">%dQ" % count, raw), r.owner()))
     if t == T_DONE:
         _t, now_ms, log_end = r.fixed(DONE_FIXED)
         return r.end(Done(r.text(MAX_KEY_BYTES), now_ms, log_end))
@@ -263,7 +293,7 @@ def _decode(t, r):
         return r.end(Rollback(r.text(MAX_KEY_BYTES), now_ms, reason))
     if t == T_HEURISTIC:
         _t, now_ms, commit = r.fixed(HEURISTIC_FIXED)
-        return r.end(Heuristic(r.text(MAX_KEY_BYTES), now_ms, bool(commit)))
+        return r.end(Heuristic(r.text(MAX_KEY_BYTES), now_ms, bool(commit), r.owner()))
     if t == T_FORGET:
         _t, now_ms = r.fixed(FORGET_FIXED)
         return r.end(Forget(r.text(MAX_KEY_BYTES), now_ms))
@@ -293,15 +323,16 @@ class Branch:
     ``applied[j]`` 1 once that message is in the commit log, ``log_end`` the largest end seen.
     """
 
-    __slots__ = ("key", "xa", "qualifier", "owner", "state", "puts", "nbytes", "begun_ms", "timeout_s",
+    __slots__ = ("key", "xa", "qualifier", "owner", "user", "state", "puts", "nbytes", "begun_ms", "timeout_s",
                  "deadline_ms", "prepared_ms", "order", "ids", "log_start", "one_phase", "applied", "log_end",
                  "done_pending")
 
-    def __init__(self, key, xa, qualifier, owner, begun_ms, timeout_s):
+    def __init__(self, key, xa, qualifier, owner, begun_ms, timeout_s, user=None):
         self.key = key
         self.xa = xa
         self.qualifier = qualifier
-        self.owner = owner
+        self.owner = owner  # the connection of a live local branch (None: XA, or rebuilt by replay)
+        self.user = user  # the user who began it (None: authentication off, or journaled without one)
         self.state = ACTIVE
         self.puts = []
         self.nbytes = 0
@@ -328,10 +359,10 @@ class Branch:
         """The records that rebuild this branch (PUTs, then PREPARE / COMMIT / DONE as it went)."""
         out = list(self.puts)
         if self.prepared_ms is not None:
-            out.append(Prepare(self.key, self.prepared_ms, self.begun_ms or 0, self.timeout_s or 0))
+            out.append(Prepare(self.key, self.prepared_ms, self.begun_ms or 0, self.timeout_s or 0, self.user))
         if self.ids is not None:
             out.append(Commit(self.key, self.prepared_ms or self.begun_ms or 0, self.log_start, self.one_phase,
-                              self.ids))
+                              self.ids, self.user))
         if self.state == DONE:
             out.append(Done(self.key, 0, self.log_end))
         return out
@@ -404,8 +435,10 @@ class ReplayState:
                 del self.branches[b.key]
         elif t is Prepare and b.state == ACTIVE:
             b.state = PREPARED
-            b.prepared_ms, b.begun_ms, b.timeout_s = rec.now_ms, rec.begun_ms, rec.timeout_s
+            b.prepared_ms, b.begun_ms, b.timeout_s, b.user = rec.now_ms, rec.begun_ms, rec.timeout_s, rec.owner
         elif t is Commit and b.state in (ACTIVE, PREPARED):
+            if rec.owner is not None:
+                b.user = rec.owner
             try:
                 b.set_commit(rec.ids, rec.log_start, rec.one_phase)
             except RecordError as exc:

@@ -95,9 +95,10 @@ class Parts:
         self.roles.on_change(self.delay.role_changed)
         self.path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate, self.delay,
                             sync_flush=cfg.store.flush == "sync")
-        self.dispatcher = TextDispatcher(self.store, self.stats, self.path, TextTransactions(self.tx), self.roles,
-                                         self.waiters, cfg, lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode(),
-                                         Guard(cfg.security))
+        guard = Guard(cfg.security)
+        self.dispatcher = TextDispatcher(self.store, self.stats, self.path, TextTransactions(self.tx, guard),
+                                         self.roles, self.waiters, cfg,
+                                         lambda item: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode(), guard)
         self.flusher.start()
 
     def call(self, event, conn):

@@ -77,8 +77,13 @@ def _group_member(guard, session, e):
     guard.require(session, SUB, "topic", e.topic)
 
 
+#: ``stats`` items only an admin may ask for: ``reset`` changes the counters, ``transactions`` lists every
+#: user's transaction ids (a user sees its own in-doubt branches with ``transaction ... RECOVER``).
+ADMIN_STATS_ITEMS = ("reset", "transactions")
+
+
 def _stats_reader(guard, session, e):
-    if (e.item or "").strip() == "reset":
+    if (e.item or "").strip() in ADMIN_STATS_ITEMS:
         guard.require(session, ADMIN)
     else:
         guard.current_user(session)
