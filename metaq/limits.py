@@ -226,3 +226,7 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
 MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
+
+#: Distinct topics and groups one RocketMQ request may need permissions for (a heartbeat names its groups and
+#: their subscriptions; real clients name a handful): past it the request is refused (INVALID_PARAMETER).
+MAX_ACL_RESOURCES_PER_REQUEST = 1024
