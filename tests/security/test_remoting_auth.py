@@ -17,7 +17,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode, encode_command, make_request
 from tests.harness.acl import SECRETS, write_acl
 from tests.harness.broker import consume_all
-from tests.harness.rocketmq import send_v1
+from tests.harness.rocketmq import end_tx, send_v1
 
 ACL = "org.apache.rocketmq.acl.common.AclException: "
 FAST = {"flush": "async", "flush_interval_ms": 50}
@@ -224,3 +224,14 @@ def test_the_same_users_get_the_same_answers_on_both_protocols(secured):
     assert not any(table["reader"]["publish", t] for t in TOPICS)
     assert table["alice"]["group", "billing"] and not table["alice"]["group", "audit"]
     assert table["reader"]["group", "audit"] and not table["bob"]["group", "billing"]
+
+
+def test_a_half_message_is_ended_only_by_a_user_who_may_publish_to_its_topic(secured):
+    with as_user(secured, "alice") as rc, as_user(secured, "reader") as other:
+        sent = send_v1(rc, "orders", b"half", queue=0, sys_flag=4, props={"TRAN_MSG": "true", "PGROUP": "PG"})
+        assert sent.code == ResponseCode.SUCCESS
+        refused(end_tx(other, sent, 8), "No default permission for topic:orders (permission denied: user reader "
+                                         "may not publish to topic orders)")
+        assert stored(secured, "orders") == []  # still waiting
+        assert end_tx(rc, sent, 8).code == ResponseCode.SUCCESS
+    assert stored(secured, "orders") == [b"half"]
