@@ -7,8 +7,11 @@ The C++ library keeps threads that stop the interpreter from exiting, so every
 run ends with ``os._exit``; its logs go to ``$HOME/logs/rocketmq-cpp`` (the test
 gives each run a HOME of its own). Output: one JSON object per line.
 
-    produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B]
+    produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B] [--keep-going]
     consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
+
+Either may sign its requests (RocketMQ's ACL): ``--access-key AK --secret-key SK [--channel C]``. With
+``--keep-going`` a failed send is reported as ``{"i": i, "error": text}`` and the run goes on.
 """
 
 import argparse
@@ -33,6 +36,8 @@ def produce(args):
 
     p = Producer(args.group or "PG_TEST")
     p.set_namesrv_addr(args.ns)
+    if args.access_key is not None:
+        p.set_session_credentials(args.access_key, args.secret_key, args.channel)
     p.start()
     started = time.time()
     for i in range(args.count):
@@ -44,7 +49,13 @@ def produce(args):
             m.set_delay_time_level(args.delay_level)
         m.set_property("seq", str(i))
         m.set_body("%s-%d" % (args.prefix, i) if not args.size else "x" * args.size)
-        r = p.send_sync(m)
+        try:
+            r = p.send_sync(m)
+        except Exception as exc:  # noqa: BLE001 - reported as a line
+            if not args.keep_going:
+                raise
+            emit({"i": i, "error": str(exc)})
+            continue
         if not args.quiet:
             emit({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset, "t": time.time()})
     emit({"done": True, "seconds": time.time() - started})
@@ -78,6 +89,8 @@ def consume(args):
 
     c = PushConsumer(args.group)
     c.set_namesrv_addr(args.ns)
+    if args.access_key is not None:
+        c.set_session_credentials(args.access_key, args.secret_key, args.channel)
     c.subscribe(args.topic, on_message)
     c.start()
     started = time.time()
@@ -144,6 +157,10 @@ def main():
     ap.add_argument("--linger", type=float, default=0.0)
     ap.add_argument("--fail")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--keep-going", action="store_true")
+    ap.add_argument("--access-key")
+    ap.add_argument("--secret-key", default="")
+    ap.add_argument("--channel", default="metaq")
     args = ap.parse_args()
     code = 0
     try:

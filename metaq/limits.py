@@ -230,3 +230,7 @@ MIN_REPLICATION_SECRET_BYTES = 16
 #: Longest user name (UTF-8 bytes) a transaction branch records as its owner, in memory and in the transaction
 #: journal (the permissions file's names are at most 128 characters of ``[A-Za-z0-9_.@-]``).
 MAX_TX_OWNER_BYTES = 128
+
+#: Distinct topics and groups one RocketMQ request may need permissions for (a heartbeat names its groups and
+#: their subscriptions; real clients name a handful): past it the request is refused (INVALID_PARAMETER).
+MAX_ACL_RESOURCES_PER_REQUEST = 1024

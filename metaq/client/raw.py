@@ -15,7 +15,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
-from metaq.protocol.rocketmq.remoting import RemotingParser, encode_command, make_request
+from metaq.protocol.rocketmq.remoting import RemotingParser, encode_command, ext_str, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 
@@ -129,8 +129,11 @@ class TextClient(_Blocking):
 class RemotingClient(_Blocking):
     """A raw remoting connection: requests out through ``encode_command``, frames in through ``RemotingParser``."""
 
-    def __init__(self, port, timeout=10.0):
+    def __init__(self, port, timeout=10.0, credentials=None):
+        """``credentials``: ``(access key, secret key)``: every request is signed as RocketMQ's ACL client hook
+        signs it (``AccessKey`` and ``Signature`` extFields)."""
         self.sock = _connect("127.0.0.1", port, timeout)
+        self.credentials = credentials
         self.parser = RemotingParser(max_frame=64 << 20)
         self._opaques = itertools.count(1)
         self.pending = []  # commands read while waiting for another opaque
@@ -140,6 +143,8 @@ class RemotingClient(_Blocking):
 
     def request(self, code, ext=None, body=b"", oneway=False, version=63):
         opaque = next(self._opaques)
+        if self.credentials is not None:
+            ext = sign_request(ext, body, *self.credentials)
         self.send_raw(encode_command(make_request(code, ext, body, opaque, oneway, "CPP", version)))
         return opaque
 
@@ -177,6 +182,15 @@ class RemotingClient(_Blocking):
     def is_closed(self, timeout=5.0):
         """True once the broker has closed the connection (nothing else may arrive first)."""
         return self.read(timeout) is CLOSED
+
+
+def sign_request(ext, body, access_key, secret_key):
+    """``ext`` (values as they will go on the wire) with RocketMQ's ``AccessKey`` and ``Signature`` added."""
+    fields = {k: v for k, v in ((k, ext_str(v)) for k, v in (ext or {}).items()) if v is not None}
+    fields["AccessKey"] = access_key
+    secret = secret_key.encode("utf-8") if isinstance(secret_key, str) else secret_key
+    fields["Signature"] = proofs.rocketmq_signature(secret, fields, body)
+    return fields
 
 
 def pull_fields(topic, queue, offset, group="CG", max_nums=32, sys_flag=PULL_FLAGS, suspend_ms=0, sub="*",

@@ -11,7 +11,7 @@ import pytest
 
 from metaq.client.raw import pull_fields
 from metaq.protocol.rocketmq.remoting import RequestCode as R
-from metaq.protocol.rocketmq.bodies import encode_properties
+from metaq.protocol.rocketmq.bodies import encode_properties, parse_offset_msg_id
 
 
 def require_official_client():
@@ -36,3 +36,12 @@ def send_v1(rc, topic, body, queue=0, props=None, sys_flag=0, flag=0):
 
 def pull(rc, topic, queue, offset, timeout=10.0, **fields):
     return rc.call(R.PULL_MESSAGE, pull_fields(topic, queue, offset, **fields), timeout=timeout)
+
+
+def end_tx(rc, sent, decision):
+    """END_TRANSACTION of the half message whose send response is ``sent`` (decision: 0 unknown, 8 commit,
+    12 rollback)."""
+    return rc.call(R.END_TRANSACTION, {"producerGroup": "PG", "tranStateTableOffset": sent.ext_fields["queueOffset"],
+                                       "commitLogOffset": parse_offset_msg_id(sent.ext_fields["msgId"])[2],
+                                       "commitOrRollback": decision, "msgId": sent.ext_fields["msgId"],
+                                       "fromTransactionCheck": "false"})

@@ -10,7 +10,7 @@ from metaq.protocol.rocketmq.bodies import (BatchEntry, decode_stored_messages, 
                                             encode_properties, parse_offset_msg_id)
 from metaq.client.raw import PULL_FLAGS, RemotingClient, pull_fields
 from tests.harness.broker import wait_for
-from tests.harness.rocketmq import pull, send_v1
+from tests.harness.rocketmq import end_tx, pull, send_v1
 
 
 def v2_header(topic, queue, props=None, batch=False):
@@ -247,13 +247,6 @@ def test_send_back_goes_to_retry_then_dead_letter(rmq_broker, rc):
     assert rc.call(R.CONSUMER_SEND_MSG_BACK, dict(back, delayLevel=-1)).code == C.SUCCESS
     assert ext_int(rc.call(R.GET_MAX_OFFSET, {"topic": "%DLQ%CGR", "queueId": 0}), "offset") == 2
     assert rc.call(R.CONSUMER_SEND_MSG_BACK, dict(back, offset=physical + 3)).code == C.SYSTEM_ERROR
-
-
-def end_tx(rc, sent, decision):
-    return rc.call(R.END_TRANSACTION, {"producerGroup": "PG", "tranStateTableOffset": sent.ext_fields["queueOffset"],
-                                       "commitLogOffset": parse_offset_msg_id(sent.ext_fields["msgId"])[2],
-                                       "commitOrRollback": decision, "msgId": sent.ext_fields["msgId"],
-                                       "fromTransactionCheck": "false"})
 
 
 def max_of(rc, topic, queue=0):

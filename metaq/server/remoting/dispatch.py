@@ -23,6 +23,7 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
                                              pull_response_fields)
 from metaq.protocol.rocketmq.mapping import message_of_record, parse_subscription, stored_message_bytes
 from metaq.server.putpath import now_ms
+from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender
 from metaq.store.record import RecordTooLarge
 
@@ -36,7 +37,10 @@ UNSUPPORTED_LOGGED = 256
 def error_response(cmd, exc):
     """The response to ``cmd`` for a MetaqError (the only error→response mapping of the remoting port)."""
     text = str(exc)
-    if isinstance(exc, (errors.UnknownTopic, errors.InvalidTopic)):
+    if isinstance(exc, (errors.Unauthenticated, errors.Forbidden)):
+        code = ResponseCode.SYSTEM_ERROR  # RocketMQ's broker: an AclException out of its RPC hook (remoting/acl.py)
+        text = ACL_EXCEPTION + text
+    elif isinstance(exc, (errors.UnknownTopic, errors.InvalidTopic)):
         code = ResponseCode.TOPIC_NOT_EXIST
     elif isinstance(exc, (RecordTooLarge, errors.ChecksumMismatch)):
         code = ResponseCode.MESSAGE_ILLEGAL
@@ -69,6 +73,9 @@ class RemotingDispatcher:
         self.max_wait_ms = config.limits.max_wait_ms
         self.sender = RemotingSender(server, store, stats, config, put_path, tx)
         self.error_response = error_response
+        guard = getattr(server.core, "guard", None)
+        #: The per-request signature and permission check, with authentication on (remoting/acl.py).
+        self.acl = RemotingAcl(guard, store, self.sender.half_topic) if guard is not None and guard.enabled else None
         R = RequestCode
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
         path = self.sender.path
@@ -98,6 +105,8 @@ class RemotingDispatcher:
 
     def handle(self, cmd, conn):
         """Answer ``cmd`` now, or from a greenlet; False when the connection must close."""
+        if self.acl is not None and not self._allowed(cmd, conn):
+            return not conn.closed
         entry = self._handlers.get(cmd.code)
         if entry is None:
             if cmd.code not in self._unsupported_seen and len(self._unsupported_seen) < UNSUPPORTED_LOGGED:
@@ -110,6 +119,19 @@ class RemotingDispatcher:
             conn.spawn(self._run, handler, cmd, conn)
             return True
         return self._run(handler, cmd, conn)
+
+    def _allowed(self, cmd, conn):
+        """Whether ``cmd``'s signature and permissions pass (remoting/acl.py); else it is answered here, and after
+        a failed authentication the connection closed."""
+        try:
+            self.acl.check(cmd, conn)
+            return True
+        except errors.Unauthenticated as exc:
+            self._reply(conn, cmd, error_response(cmd, exc))
+            conn.close()
+        except errors.MetaqError as exc:
+            self._reply(conn, cmd, error_response(cmd, exc))
+        return False
 
     def _run(self, handler, cmd, conn):
         try:

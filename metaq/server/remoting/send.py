@@ -54,7 +54,7 @@ class RemotingSender:
         self.send_back_delay_level = cfg.send_back_delay_level
         self._half_session = "rmq%d" % now_ms()  # a new key space per broker run
         self._half_numbers = itertools.count(1)
-        self._half_owners = {}  # half message number -> owner (connection id) of its transaction
+        self._half_owners = {}  # half message number -> (owner (connection id) of its transaction, topic)
 
     # -- the put itself -------------------------------------------------------
 
@@ -176,7 +176,7 @@ class RemotingSender:
         except errors.MetaqError:
             manager.rollback(txid, conn.conn_id, now)
             raise
-        self._half_owners[number] = conn.conn_id
+        self._half_owners[number] = (conn.conn_id, topic)
         while len(self._half_owners) > limits.MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
             del self._half_owners[next(iter(self._half_owners))]
         self.stats.on_put(topic, len(data))
@@ -185,10 +185,15 @@ class RemotingSender:
         fields["transactionId"] = props.get(PROP_UNIQ_KEY, msg_id)
         return response_for(cmd, ResponseCode.SUCCESS, None, fields)
 
+    def half_topic(self, number):
+        """The topic of half message ``number`` while it waits for its END_TRANSACTION, else None."""
+        entry = self._half_owners.get(number)
+        return entry[1] if entry is not None else None
+
     def end_transaction(self, cmd, conn):
         h = decode_header(EndTransactionHeader, cmd)
         number = h.tran_state_table_offset
-        owner = self._half_owners.get(number)
+        owner, _topic = self._half_owners.get(number, (None, None))
         missing = errors.NotFound("no half message %d (commitLogOffset %d) is waiting for its end: it was ended, "
                                   "rolled back by a timeout or its connection closed, or never sent here"
                                   % (number, h.commit_log_offset))

@@ -1,0 +1,243 @@
+"""RocketMQ 4's plain ACL on the remoting port (README "Security"): every request signed, every resource checked
+by the broker's one ``Guard`` (``metaq.server.guard``), so a user may do the same on both protocols.
+
+With authentication on (``security.acl_file``), every request must carry, as RocketMQ's ``AclClientRPCHook``
+(Java) and ``ClientRPCHook`` (the C++ core of the ``rocketmq`` Python client) put them in ``extFields``:
+
+* ``AccessKey``: the user's name in the permissions file;
+* ``Signature``: Base64 of HMAC-SHA1(the user's secret, the values of every extField sorted by key, minus
+  ``Signature`` and ``_UNIQUE_KEY_QUERY``, followed by the body) (``proofs.rocketmq_signature``). The C++
+  client also sends (and signs) ``OnsChannel``, the Java one may send ``SecurityToken``: both are only signed.
+
+The checks run in RocketMQ's order (``PlainPermissionManager.validate``): no AccessKey, unknown AccessKey,
+wrong Signature, then (ours) the user's address list, then the resources the request code needs
+(``needs``). A refusal is what RocketMQ 4.9's broker answers for an ``AclException`` thrown by its RPC hook:
+``SYSTEM_ERROR`` (1) with the remark ``org.apache.rocketmq.acl.common.AclException: <reason>`` (the mapping is
+``dispatch.error_response``). After a failed authentication (no, unknown or wrong key, or an address the user
+may not come from) the answer is sent and the connection closed, the address's failure counted
+(``guard.failed``: a guesser is slowed); a permission refusal leaves the connection open.
+
+Each request names and proves its user, so one connection may carry requests of several users (the C++
+client shares one connection between a producer and a consumer of one process): the check of a request
+marks the connection's session with that request's user and is made, whole, before the next frame is read.
+
+The name-server requests this port also answers (GET_ROUTEINFO_BY_TOPIC, GET_BROKER_CLUSTER_INFO:
+``NAME_SERVER_CODES``) need no signature, as RocketMQ 4's name server checks none: a client with a wrong or
+no key then gets the broker's clear AclException on its first send or pull instead of a bare "No route info
+of this topic". What a route tells anyone who may connect (the global allow-list still applies): whether the
+topic table accepts a topic name, its queue count, and this port's address.
+
+Where we are stricter than RocketMQ 4.9 (see the notes of ``needs``): batch sends are checked like sends
+(RocketMQ 5 does too), offset and message look-ups need SUB on their topic, a send-back needs SUB on the
+topic of the message it copies, END_TRANSACTION needs PUB on the half message's topic, codes metaq does not
+serve need a valid signature before they are answered REQUEST_CODE_NOT_SUPPORTED, and RocketMQ's bypasses
+are not taken (a global or per-user white address skipping the signature; RMQ_SYS_TRACE_TOPIC open to any
+signed user). A ``%RETRY%<group>`` topic is governed by the group's permission, as in RocketMQ (whose group
+permissions are kept as retry topics).
+"""
+
+import logging
+
+import gevent
+
+from metaq import errors, limits
+from metaq.auth import proofs
+from metaq.auth.acl import ADMIN, PUB, SUB
+from metaq.protocol.rocketmq.bodies import decode_heartbeat
+from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
+                                             PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
+                                             SearchOffsetHeader, UnregisterClientHeader,
+                                             UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
+                                             decode_send_header)
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ACL_EXCEPTION", "ADMIN_CODES", "NAME_SERVER_CODES", "RemotingAcl", "needs", "resource"]
+
+#: What RocketMQ's broker puts before the reason of an ACL refusal (``Throwable.toString`` of AclException).
+ACL_EXCEPTION = "org.apache.rocketmq.acl.common.AclException: "
+ACCESS_KEY = "AccessKey"
+SIGNATURE = "Signature"
+RETRY_PREFIX = "%RETRY%"
+#: The name server's requests: answered without a signature (see the module doc).
+NAME_SERVER_CODES = frozenset({R.GET_ROUTEINFO_BY_TOPIC, R.GET_BROKER_CLUSTER_INFO})
+
+#: Request codes only an admin may send: RocketMQ's ``Permission.ADMIN_CODE`` (UPDATE_AND_CREATE_TOPIC 17,
+#: UPDATE_BROKER_CONFIG 25, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200, DELETE_SUBSCRIPTIONGROUP 207,
+#: DELETE_TOPIC_IN_BROKER 215) and the ACL configuration codes (UPDATE_AND_CREATE_ACL_CONFIG 50,
+#: DELETE_ACL_CONFIG 51, GET_BROKER_CLUSTER_ACL_INFO 52, UPDATE_GLOBAL_WHITE_ADDRS_CONFIG 53), which RocketMQ 4
+#: leaves to any signed user. metaq supports none of them: an admin gets REQUEST_CODE_NOT_SUPPORTED.
+ADMIN_CODES = frozenset({17, 25, 200, 207, 215, 50, 51, 52, 53})
+
+_SEND_CODES = frozenset({R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE})
+_QUEUE_CODES = frozenset({R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.GET_EARLIEST_MSG_STORETIME})
+#: Characters of a client-given name shown in a refusal.
+_SHOWN = 128
+
+
+def _show(name):
+    return name if len(name) <= _SHOWN else name[:_SHOWN] + "..."
+
+
+def resource(action, topic):
+    """The permission a topic needs: ``(action, "topic", topic)``, or for a retry topic ``%RETRY%<group>``
+    ``(SUB, "group", group)`` whatever the action (RocketMQ: ``getRetryTopic(group)`` with ``Permission.SUB``)."""
+    if topic.startswith(RETRY_PREFIX):
+        return (SUB, "group", topic[len(RETRY_PREFIX):])
+    return (action, "topic", topic)
+
+
+def _group(name):
+    return (SUB, "group", name)
+
+
+class _Needs:
+    """Distinct needs in order, at most ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` (past it: ClientError)."""
+
+    __slots__ = ("code", "items")
+
+    def __init__(self, code):
+        self.code = code
+        self.items = {}
+
+    def add(self, *needs):
+        for need in needs:
+            self.items[need] = None
+            if len(self.items) > limits.MAX_ACL_RESOURCES_PER_REQUEST:
+                raise errors.ClientError("request code %d names more than %d topics and groups (the limit "
+                                         "MAX_ACL_RESOURCES_PER_REQUEST)"
+                                         % (self.code, limits.MAX_ACL_RESOURCES_PER_REQUEST))
+
+
+def needs(cmd, record_topic=None, half_topic=None):
+    """What ``cmd`` needs of its (already authenticated) user: a list of distinct ``(action, kind, name)``;
+    ``(ADMIN, None, None)`` for an admin code. Raises ClientError for a
+    request that names more than ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` resources, and the header decoders'
+    RemoteProtocolError for a malformed one.
+
+    ``record_topic(offset)``: the topic of the stored message at a commit-log offset (VIEW_MESSAGE_BY_ID,
+    CONSUMER_SEND_MSG_BACK); ``half_topic(number)``: the topic of a waiting half message, or None.
+
+    RocketMQ 4.9 (``PlainAccessValidator.parse``): SEND_MESSAGE(_V2) topic PUB (a retry topic: the group
+    SUB); CONSUMER_SEND_MSG_BACK group SUB; PULL_MESSAGE topic SUB + group SUB; HEART_BEAT each consumer
+    group SUB + each subscribed topic SUB; UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP group SUB;
+    UPDATE_CONSUMER_OFFSET group SUB + topic SUB; admin codes the admin flag; anything else a signature only.
+    Ours adds: SEND_BATCH_MESSAGE as a send (RocketMQ 5 does), QUERY_CONSUMER_OFFSET group + topic SUB (the
+    text ``query_offset``), SEARCH_OFFSET_BY_TIMESTAMP / GET_MAX_OFFSET / GET_MIN_OFFSET /
+    GET_EARLIEST_MSG_STORETIME topic SUB (the text ``offset``), VIEW_MESSAGE_BY_ID SUB on the message's
+    topic, CONSUMER_SEND_MSG_BACK also SUB on the copied message's topic, END_TRANSACTION PUB on the half
+    message's topic. A retry topic is its group's
+    (``resource``), also where RocketMQ reads the group from another field (a send to ``%RETRY%g`` names its
+    group in the topic, so the topic decides).
+    """
+    code = cmd.code
+    found = _Needs(code)
+    if code in ADMIN_CODES:
+        found.add((ADMIN, None, None))
+    elif code in _SEND_CODES:
+        found.add(resource(PUB, decode_send_header(cmd).topic))
+    elif code == R.PULL_MESSAGE:
+        h = decode_header(PullMessageHeader, cmd)
+        found.add(resource(SUB, h.topic), _group(h.consumer_group))
+    elif code in (R.QUERY_CONSUMER_OFFSET, R.UPDATE_CONSUMER_OFFSET):
+        h = decode_header(QueryConsumerOffsetHeader if code == R.QUERY_CONSUMER_OFFSET else UpdateConsumerOffsetHeader,
+                          cmd)
+        found.add(_group(h.consumer_group), resource(SUB, h.topic))
+    elif code == R.SEARCH_OFFSET_BY_TIMESTAMP:
+        found.add(resource(SUB, decode_header(SearchOffsetHeader, cmd).topic))
+    elif code in _QUEUE_CODES:
+        found.add(resource(SUB, decode_header(QueueHeader, cmd).topic))
+    elif code == R.VIEW_MESSAGE_BY_ID:
+        found.add(resource(SUB, record_topic(decode_header(ViewMessageHeader, cmd).offset)))
+    elif code == R.CONSUMER_SEND_MSG_BACK:
+        h = decode_header(ConsumerSendMsgBackHeader, cmd)
+        found.add(_group(h.group), resource(SUB, record_topic(h.offset)))
+    elif code == R.END_TRANSACTION:
+        topic = half_topic(decode_header(EndTransactionHeader, cmd).tran_state_table_offset)
+        if topic is not None:  # none waiting: the handler says so
+            found.add(resource(PUB, topic))
+    elif code == R.HEART_BEAT:
+        for consumer in decode_heartbeat(cmd.body, cmd.opaque).consumers:
+            found.add(_group(consumer.group_name), *(resource(SUB, s.topic) for s in consumer.subscriptions))
+    elif code == R.UNREGISTER_CLIENT:
+        group = decode_header(UnregisterClientHeader, cmd).consumer_group
+        if group:  # a producer's unregister names no consumer group
+            found.add(_group(group))
+    elif code == R.GET_CONSUMER_LIST_BY_GROUP:
+        found.add(_group(decode_header(ConsumerGroupHeader, cmd).consumer_group))
+    # else: codes metaq does not serve (answered REQUEST_CODE_NOT_SUPPORTED once authenticated)
+    return list(found.items)
+
+
+class RemotingAcl:
+    """The per-request check of the remoting port (see the module doc); only made with authentication on.
+
+    ``store``: where a message's topic is read (``record_at``); ``half_topic(number)``: the sender's half
+    messages."""
+
+    def __init__(self, guard, store, half_topic):
+        self.guard = guard
+        self.store = store
+        self.half_topic = half_topic
+        self.refused = 0  # requests refused (authentication or permission)
+
+    def check(self, cmd, conn):
+        """Return the user's name (None for a name-server request) when ``cmd`` may go on; raise
+        ``Unauthenticated`` (the caller answers and closes the connection) or ``Forbidden`` (answered, the
+        connection goes on), both with RocketMQ's reason, or the header decoders' ClientError."""
+        if cmd.code in NAME_SERVER_CODES:
+            return None
+        try:
+            name = self._authenticate(cmd, conn)
+            self._authorize(cmd, conn, name)
+        except (errors.Unauthenticated, errors.Forbidden):
+            self.refused += 1
+            raise
+        return name
+
+    def _authenticate(self, cmd, conn):
+        guard, session = self.guard, conn.session
+        ext = cmd.ext_fields
+        name = ext.get(ACCESS_KEY)
+        if not name:  # the C++ client without credentials sends an empty one
+            log.info("remoting %s: request code %d without an AccessKey refused", conn.peer, cmd.code)
+            raise errors.Unauthenticated("No accessKey is configured (request code %d: sign requests with an "
+                                         "AccessKey and a Signature; README \"Security\")" % cmd.code)
+        user = guard.user(name)
+        if user is None:
+            self._failed(conn, "unknown accessKey %s" % _show(name))
+            raise errors.Unauthenticated("No acl config for %s" % _show(name))
+        signature = ext.get(SIGNATURE) or ""
+        if not proofs.same(signature, proofs.rocketmq_signature(user.secret, ext, cmd.body)):
+            self._failed(conn, "wrong signature for accessKey %s" % name)
+            raise errors.Unauthenticated("Check signature failed for accessKey=%s" % name)
+        try:
+            guard.authenticated(session, name)
+        except errors.Unauthenticated as exc:
+            self._failed(conn, str(exc))
+            raise
+        return name
+
+    def _failed(self, conn, why):
+        host = conn.session.host
+        log.warning("remoting %s: authentication failed: %s", conn.peer, why)
+        delay = self.guard.failed(host)
+        if delay:
+            gevent.sleep(delay)
+
+    def _record_topic(self, offset):
+        return self.store.record_at(offset).topic
+
+    def _authorize(self, cmd, conn, name):
+        guard, session = self.guard, conn.session
+        for action, kind, what in needs(cmd, self._record_topic, self.half_topic):
+            if action == ADMIN:
+                if not guard.is_admin(session):
+                    raise errors.Forbidden("Need admin permission for request code=%d, but accessKey=%s is not"
+                                           % (cmd.code, name))
+                continue
+            try:
+                guard.require(session, action, kind, what)
+            except errors.Forbidden as exc:
+                raise errors.Forbidden("No default permission for %s:%s (%s)" % (kind, _show(what), exc)) from None
