@@ -226,3 +226,13 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
 MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
+
+#: Largest client credentials file (``--credentials``, ``METAQ_CREDENTIALS``) or secret file a client reads.
+MAX_CREDENTIALS_FILE_BYTES = 64 * 1024
+
+#: Largest reply body a client accepts during the ``auth`` handshake (a nonce, a proof or a refusal's text).
+MAX_AUTH_REPLY_BYTES = 4096
+
+#: Seconds a client connection waits, after a broker refused its credentials (or could not prove it holds
+#: them), before it offers them again; requests made meanwhile fail at once with the same ``Unauthenticated``.
+CLIENT_AUTH_RETRY_S = 10.0
