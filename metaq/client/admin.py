@@ -59,7 +59,7 @@ class ClusterView:
             try:
                 self.brokers[ask_broker_id(self.conn(url), self.timeout)] = url
             except (errors.MetaqError, KeyError, ValueError) as exc:
-                self.problems.append("%s: %s" % (url, exc))
+                self.problems.append("%s: %s%s" % (url, exc, _hint(exc)))
 
     def close(self):
         for conn in self._conns.values():
@@ -80,7 +80,7 @@ class ClusterView:
         try:
             reply = self.conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
         except errors.MetaqError as exc:
-            self.problems.append("%s: %s" % (url, exc))
+            self.problems.append("%s: %s%s" % (url, exc, _hint(exc)))
             return None
         if not isinstance(reply, ev.Result) or reply.code != 200:
             self.problems.append("%s: stats %s answered %s" % (url, item or "", _refusal(reply)))
@@ -108,12 +108,17 @@ def _refusal(reply):
     """A non-200 reply in words, with what to do about a 401/403."""
     if not isinstance(reply, ev.Result):
         return repr(reply)
-    text = "%d %s" % (reply.code, bytes(reply.body).decode("utf-8", "replace"))
-    if reply.code == errors.Unauthenticated.code:
-        text += " (give credentials: --credentials FILE, --user NAME --secret-file FILE, or METAQ_CREDENTIALS)"
-    elif reply.code == errors.Forbidden.code:
-        text += " (this needs a user with the admin role)"
-    return text
+    return "%d %s%s" % (reply.code, bytes(reply.body).decode("utf-8", "replace"), _hint(reply))
+
+
+def _hint(failure):
+    """What to do about a 401 or 403 (a reply or an error), else ""."""
+    code = getattr(failure, "code", None)
+    if code == errors.Unauthenticated.code and "refused the credentials" not in str(failure):
+        return " (give credentials: --credentials FILE, --user NAME --secret-file FILE, or METAQ_CREDENTIALS)"
+    if code == errors.Forbidden.code:
+        return " (this needs a user with the admin role)"
+    return ""
 
 
 def _pairs(_item, body):
@@ -291,7 +296,8 @@ def promote(address, force, timeout, security=None):
         return EXIT_UNREACHABLE
     text = bytes(reply.body).decode("utf-8", "replace")
     if reply.code != 200:
-        print("metaq-admin: %s refused the promotion: %s" % (address, _refusal(reply)), file=sys.stderr)
+        print("metaq-admin: %s refused the promotion (%d): %s%s" % (address, reply.code, text, _hint(reply)),
+              file=sys.stderr)
         return EXIT_REFUSED
     print(text)
     return EXIT_OK

@@ -34,11 +34,12 @@ import logging
 import threading
 import time
 
-from metaq.errors import BrokerError, MetaqError, RemoteProtocolError, Unauthenticated
+from metaq.errors import BrokerError, Forbidden, MetaqError, RemoteProtocolError, Unauthenticated
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.client.connection import BrokerConnection, parse_url
 from metaq.client.message import Partition
+from metaq.client.replies import reply_error
 
 __all__ = ["DirectDiscovery", "ZkDiscovery", "open_discovery", "find_brokers", "broker_id_from_stats",
            "partition_count_from_stats", "ask_broker_id", "choose_read_url", "unknown_topic_partitions"]
@@ -50,7 +51,10 @@ log = logging.getLogger(__name__)
 
 
 def broker_id_from_stats(reply):
-    """The ``broker_id`` line of a ``stats`` reply; BrokerError for a non-200 reply, KeyError/ValueError when absent."""
+    """The ``broker_id`` line of a ``stats`` reply; the reply's error for a non-200 reply (``replies.reply_error``:
+    say Unauthenticated for a 401), KeyError/ValueError when absent."""
+    if isinstance(reply, ev.Result) and reply.code in (Unauthenticated.code, Forbidden.code):
+        raise reply_error(reply, "stats")
     if not isinstance(reply, ev.Result) or reply.code != 200:
         raise BrokerError("stats answered %s" % getattr(reply, "code", type(reply).__name__))
     return int(stats_codec.parse_summary(reply.body)["broker_id"])

@@ -173,7 +173,7 @@ class ClientSecurity:
             secret = _secret_from_file(get("METAQ_SECRET_FILE"), "METAQ_SECRET_FILE")
         tls = _flag(get("METAQ_TLS"), "METAQ_TLS") if get("METAQ_TLS") else None
         optional = _flag(get("METAQ_AUTH_OPTIONAL"), "METAQ_AUTH_OPTIONAL") if get("METAQ_AUTH_OPTIONAL") else None
-        return base._with(get("METAQ_USER"), secret, tls, get("METAQ_TLS_CA"), get("METAQ_TLS_CERT"),
+        return base.overridden(get("METAQ_USER"), secret, tls, get("METAQ_TLS_CA"), get("METAQ_TLS_CERT"),
                           get("METAQ_TLS_KEY"), get("METAQ_TLS_SERVER_NAME"), optional, "environment")
 
     @classmethod
@@ -188,9 +188,9 @@ class ClientSecurity:
             secret = _secret_from_file(secret_file, "secret file")
         if user is not None and secret is None and user != base.user:
             raise errors.ConfigError("user %s was given without its secret (a secret file)" % user)
-        return base._with(user, secret, tls, ca, cert, key, server_hostname, optional, "arguments")
+        return base.overridden(user, secret, tls, ca, cert, key, server_hostname, optional, "arguments")
 
-    def _with(self, user, secret, tls, ca, cert, key, server_hostname, optional, source):
+    def overridden(self, user, secret, tls, ca, cert, key, server_hostname, optional, source):
         """A copy with the values given (not None) replacing this one's."""
         if user is not None and secret is None and user != self.user:
             raise errors.ConfigError("%s: user %s has no secret" % (source, user))
