@@ -236,3 +236,6 @@ MAX_AUTH_REPLY_BYTES = 4096
 #: Seconds a client connection waits, after a broker refused its credentials (or could not prove it holds
 #: them), before it offers them again; requests made meanwhile fail at once with the same ``Unauthenticated``.
 CLIENT_AUTH_RETRY_S = 10.0
+
+#: Plaintext a client encrypts at a time before sending it (a TLS connection's write buffer is at most about this).
+CLIENT_TLS_WRITE_BYTES = 256 * 1024

@@ -34,6 +34,7 @@ import logging
 import os
 import ssl
 import stat
+import threading
 
 import yaml
 
@@ -43,7 +44,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 
-__all__ = ["ClientSecurity", "resolve", "add_arguments", "from_cli", "read_private"]
+__all__ = ["ClientSecurity", "TlsSocket", "resolve", "add_arguments", "from_cli", "read_private"]
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ class ClientSecurity:
             return sock
         name = self.server_hostname or host
         try:
-            return self._context.wrap_socket(sock, server_hostname=name)
+            return TlsSocket(sock, self._context, name)
         except ssl.SSLCertVerificationError as exc:
             sock.close()
             raise errors.ConnectionLost("TLS: %s's certificate is not trusted for %s: %s (the CA to trust: --ca, "
@@ -272,7 +273,7 @@ class ClientSecurity:
         except (ssl.SSLError, OSError) as exc:
             sock.close()
             raise errors.ConnectionLost("TLS handshake with %s failed: %s (does the broker have TLS on?)"
-                                        % (where, exc)) from None
+                                        % (where, exc or type(exc).__name__)) from None
 
     # -- the auth handshake -------------------------------------------------------------------
 
@@ -314,6 +315,95 @@ class ClientSecurity:
         if reply.code == 503:
             raise errors.Unavailable("%s refused the connection: %s" % (where, text))
         raise errors.BrokerError("%s answered auth with %d %s" % (where, reply.code, text))
+
+
+class TlsSocket:
+    """A client TLS connection over a plain socket, through memory BIOs (``SSLContext.wrap_bio``).
+
+    Unlike ``ssl.SSLSocket`` it is safe with a reader thread and writer threads at once, and to close from any
+    thread: OpenSSL's SSL object is not thread-safe, and an SSLSocket's SSL object keeps the descriptor number,
+    so a thread still reading after another closed it reads whatever reuses that number (another connection,
+    a file). Here every socket call goes through the plain socket (closed, it fails cleanly) and the SSL object
+    is only touched under a lock, never held during socket I/O. The handshake runs in the constructor, within
+    the socket's timeout. What a read makes the SSL object send (a TLS 1.3 key update) goes with the next write.
+    """
+
+    def __init__(self, sock, context, server_hostname):
+        self.sock = sock
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._in, self._out, server_side=False, server_hostname=server_hostname)
+        self._lock = threading.Lock()  # the SSL object and its BIOs
+        self._send_lock = threading.Lock()  # records leave in the order they were made
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._send_pending()
+                self._feed()
+        self._send_pending()
+
+    def _send_pending(self):
+        data = self._out.read()
+        if data:
+            self.sock.sendall(data)
+
+    def _feed(self):
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise ssl.SSLEOFError("the peer closed the connection during the TLS handshake")
+        self._in.write(data)
+
+    def recv(self, size):
+        """Up to ``size`` bytes of plaintext; b"" when the peer closed the connection."""
+        while True:
+            with self._lock:
+                try:
+                    return self._tls.read(size)
+                except ssl.SSLWantReadError:
+                    pass
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    return b""
+            data = self.sock.recv(max(size, 1 << 14))
+            if not data:
+                return b""
+            with self._lock:
+                self._in.write(data)
+
+    def sendall(self, data):
+        view = memoryview(data)
+        with self._send_lock:
+            while view:
+                chunk, view = view[:limits.CLIENT_TLS_WRITE_BYTES], view[limits.CLIENT_TLS_WRITE_BYTES:]
+                with self._lock:
+                    while chunk:
+                        chunk = chunk[self._tls.write(chunk):]
+                    out = self._out.read()
+                self.sock.sendall(out)
+
+    def getpeercert(self, binary_form=False):
+        return self._tls.getpeercert(binary_form)
+
+    def version(self):
+        return self._tls.version()
+
+    def settimeout(self, timeout):
+        self.sock.settimeout(timeout)
+
+    def setsockopt(self, *args):
+        self.sock.setsockopt(*args)
+
+    def shutdown(self, how):
+        self.sock.shutdown(how)
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _exchange(sock, parser, request, where):

@@ -5,6 +5,7 @@ it, it forwards the bytes to the broker. For testing clients' TLS before (or wit
 it. ``accepted`` counts completed TLS handshakes, ``refused`` failed ones, ``peer_names`` the client
 certificates' common names seen."""
 
+import select
 import socket
 import ssl
 import threading
@@ -68,6 +69,7 @@ class TlsProxy:
 
     def _serve(self, raw):
         raw.settimeout(10)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             tls = self.ctx.wrap_socket(raw, server_side=True)
         except (ssl.SSLError, OSError):
@@ -80,28 +82,37 @@ class TlsProxy:
             self.peer_names.append(dict(x[0] for x in cert["subject"])["commonName"])
         try:
             upstream = socket.create_connection(self.target, timeout=10)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             tls.close()
             return
-        tls.settimeout(None)
-        upstream.settimeout(None)
         self._socks += [tls, upstream]
-        back = threading.Thread(target=self._pump, args=(upstream, tls), daemon=True)
-        self._threads.append(back)
-        back.start()
-        self._pump(tls, upstream)
+        self._relay(tls, upstream)
 
-    @staticmethod
-    def _pump(src, dst):
+    def _relay(self, tls, upstream):
+        """Both directions in this one thread: an SSLSocket must not be read and written by two threads at once."""
+        tls.settimeout(1.0)
+        upstream.settimeout(1.0)
         try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
+            while not self._stop.is_set():
+                ready = [tls] if tls.pending() else select.select([tls, upstream], [], [], 0.2)[0]
+                if tls in ready:
+                    try:
+                        data = tls.recv(65536)
+                    except (ssl.SSLWantReadError, socket.timeout):
+                        data = None  # a partial record: more to come
+                    if data == b"":
+                        break
+                    if data:
+                        upstream.sendall(data)
+                if upstream in ready:
+                    data = upstream.recv(65536)
+                    if not data:
+                        break
+                    tls.sendall(data)
         except OSError:
             pass
-        for s in (src, dst):
+        for s in (tls, upstream):
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:

@@ -249,3 +249,15 @@ def test_metaq_admin_takes_credentials_from_the_environment(acl_broker, tmp_path
     monkeypatch.setenv("METAQ_CREDENTIALS", credentials_file(tmp_path / "admin.yaml", "admin"))
     assert admin.main(["--brokers", url_of(acl_broker), "topics"]) == admin.EXIT_OK
     assert "orders" in capsys.readouterr().out
+
+
+def test_the_lag_collector_reads_brokers_with_credentials(acl_broker):
+    from metaq.spark.collector import collect_snapshot
+
+    url = url_of(acl_broker)
+    snap = collect_snapshot(brokers=[url], security=ClientSecurity("admin", SECRETS["admin"]))
+    assert [(b["status"], b["broker_id"]) for b in snap.brokers] == [("UP", 7)]
+    snap = collect_snapshot(brokers=[url], security=ClientSecurity())
+    assert [b["status"] for b in snap.brokers] == ["DOWN"] and "401" in snap.brokers[0]["error"]
+    snap = collect_snapshot(brokers=[url], security=ClientSecurity("admin", WRONG))
+    assert "refused the credentials of user admin" in snap.brokers[0]["error"]

@@ -112,3 +112,30 @@ def test_a_client_certificate_is_presented_when_asked_for(acl_broker, pki):
                 with pytest.raises(errors.ConnectionLost):
                     conn.call(ev.Stats(None, 0))
         wait_for(lambda: strict.refused == 2, what="two refused handshakes")
+
+
+def test_tls_connections_opened_and_closed_in_a_loop_never_mix_their_streams(proxy, pki):
+    # An ssl.SSLSocket closed while its reader thread is still inside SSL_read keeps reading the descriptor number
+    # it was given, which the next connection reuses: bad record MACs, stolen replies (TlsSocket avoids it).
+    sec = alice(pki, ca=pki.ca)
+    failures = []
+    for i in range(150):
+        with BrokerConnection(proxy.url, security=sec, heartbeat_interval=0) as conn:
+            futures = [conn.request(ev.Stats(None, 0)) for _ in range(10)]
+            try:
+                codes = [f.result(10).code for f in futures]
+            except errors.MetaqError as exc:
+                failures.append((i, exc))
+                continue
+            if codes != [200] * 10:
+                failures.append((i, codes))
+    assert failures == []
+    assert proxy.refused == 0
+
+
+def test_pipelined_sends_over_one_tls_connection(proxy, pki):
+    with Producer(brokers=[proxy.url], security=alice(pki, ca=pki.ca)) as producer:
+        futures = [producer.send_async(Message("orders-burst", os.urandom(100))) for _ in range(3000)]
+        results = [f.result(60) for f in futures]
+    assert all(r.success for r in results), next(r.error for r in results if not r.success)
+    assert len({(str(r.partition), r.offset) for r in results}) == 3000
