@@ -174,3 +174,18 @@ def test_spark_options_carry_paths_never_a_secret():
     assert security_options(read_options({"topic": "t"})) == {}
     with pytest.raises(ValueError, match="no 'secret' option"):
         security_options(read_options({"secret": SECRET}))
+
+
+def test_the_inventory_takes_a_credentials_path_on_the_host():
+    from metaq.deploy.inventory import InventoryError, parse_inventory
+
+    doc = {"defaults": {"credentials": "/etc/metaq/agent.yaml"},
+           "brokers": [{"name": "b0", "host": "127.0.0.1", "broker_id": 0},
+                       {"name": "b1", "host": "127.0.0.1", "broker_id": 1, "port": 8124,
+                        "install_dir": "/opt/metaq1", "data_dir": "/var/lib/metaq1",
+                        "credentials": "/etc/metaq/b1.yaml"}]}
+    b0, b1 = parse_inventory(yaml.safe_dump(doc)).brokers
+    assert (b0.credentials, b1.credentials) == ("/etc/metaq/agent.yaml", "/etc/metaq/b1.yaml")
+    doc["defaults"]["credentials"] = "agent.yaml"
+    with pytest.raises(InventoryError, match="defaults.credentials: must be an absolute path"):
+        parse_inventory(yaml.safe_dump(doc))
