@@ -234,3 +234,16 @@ MAX_TX_OWNER_BYTES = 128
 #: Distinct topics and groups one RocketMQ request may need permissions for (a heartbeat names its groups and
 #: their subscriptions; real clients name a handful): past it the request is refused (INVALID_PARAMETER).
 MAX_ACL_RESOURCES_PER_REQUEST = 1024
+
+#: Largest client credentials file (``--credentials``, ``METAQ_CREDENTIALS``) or secret file a client reads.
+MAX_CREDENTIALS_FILE_BYTES = 64 * 1024
+
+#: Largest reply body a client accepts during the ``auth`` handshake (a nonce, a proof or a refusal's text).
+MAX_AUTH_REPLY_BYTES = 4096
+
+#: Seconds a client connection waits, after a broker refused its credentials (or could not prove it holds
+#: them), before it offers them again; requests made meanwhile fail at once with the same ``Unauthenticated``.
+CLIENT_AUTH_RETRY_S = 10.0
+
+#: Plaintext a client encrypts at a time before sending it (a TLS connection's write buffer is at most about this).
+CLIENT_TLS_WRITE_BYTES = 256 * 1024

@@ -35,8 +35,9 @@ RULES = {
     # Driven by fabfile.py over SSH: builds the bundle and the remote commands here, and runs on the hosts
     # as the agent (start/stop/status of the broker process, a probe over the text protocol). It reads the
     # server's config schema to validate an inventory, never the server itself; SSH stays in fabfile.py.
+    # The agent's probe authenticates with the client's credentials (client/security.py: stdlib, auth, protocol).
     "deploy": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.server.config",
-                "metaq.deploy"},
+                "metaq.client.security", "metaq.deploy"},
                {"gevent", "kazoo", "fabric", "paramiko", "invoke"}),
     # metaq/__init__.py and the C helper's loader: stdlib only.
     "root": ({"metaq"}, IO_MODULES),

@@ -12,6 +12,11 @@ shown, with the failure on stderr), 2 usage, 3 the broker refused (promote).
 
 ``promote`` talks to the one slave named (its client port) with the text
 extension line ``promote <force 0|1> <opaque>`` and prints its answer.
+
+Brokers with authentication on need credentials: ``--credentials FILE`` (YAML: user, secret_file,
+tls), or ``--user NAME --secret-file FILE``; TLS with ``--tls``, ``--ca``, ``--cert``, ``--key``;
+unset flags come from the environment (``METAQ_CREDENTIALS``, ``METAQ_USER``, ...:
+``metaq.client.security``). Bad credentials settings exit 2.
 """
 
 import argparse
@@ -22,6 +27,7 @@ import sys
 import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
+from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
@@ -39,8 +45,9 @@ PROMOTE_TIMEOUT_S = 30.0
 class ClusterView:
     """The brokers to ask (``{broker_id: url}``) and, with ZooKeeper, its client."""
 
-    def __init__(self, zk_connect=None, zk_root="/meta", brokers=(), timeout=5.0):
+    def __init__(self, zk_connect=None, zk_root="/meta", brokers=(), timeout=5.0, security=None):
         self.timeout = timeout
+        self.security = client_security.resolve(security)
         self.cluster = None  # the ZkDiscovery (metaq.client.discovery) with ZooKeeper
         self.problems = []
         self._conns = {}
@@ -52,7 +59,7 @@ class ClusterView:
             try:
                 self.brokers[ask_broker_id(self.conn(url), self.timeout)] = url
             except (errors.MetaqError, KeyError, ValueError) as exc:
-                self.problems.append("%s: %s" % (url, exc))
+                self.problems.append("%s: %s%s" % (url, exc, _hint(exc)))
 
     def close(self):
         for conn in self._conns.values():
@@ -63,8 +70,8 @@ class ClusterView:
     def conn(self, url):
         conn = self._conns.get(url)
         if conn is None:
-            conn = self._conns[url] = BrokerConnection(url, connect_timeout=self.timeout,
-                                                       request_timeout=self.timeout, heartbeat_interval=0)
+            conn = self._conns[url] = BrokerConnection(url, connect_timeout=self.timeout, request_timeout=self.timeout,
+                                                       heartbeat_interval=0, security=self.security)
         return conn
 
     def stats_of(self, url, item=None, parse=stats_codec.parse):
@@ -73,10 +80,10 @@ class ClusterView:
         try:
             reply = self.conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
         except errors.MetaqError as exc:
-            self.problems.append("%s: %s" % (url, exc))
+            self.problems.append("%s: %s%s" % (url, exc, _hint(exc)))
             return None
         if not isinstance(reply, ev.Result) or reply.code != 200:
-            self.problems.append("%s: stats %s answered %r" % (url, item or "", reply))
+            self.problems.append("%s: stats %s answered %s" % (url, item or "", _refusal(reply)))
             return None
         try:
             return parse(item, reply.body)
@@ -95,6 +102,23 @@ class ClusterView:
             for r in self.stats_of(url, "offsets") or ():
                 rows.append((bid, r.topic, r.partition, r.min_offset, r.max_offset))
         return rows
+
+
+def _refusal(reply):
+    """A non-200 reply in words, with what to do about a 401/403."""
+    if not isinstance(reply, ev.Result):
+        return repr(reply)
+    return "%d %s%s" % (reply.code, bytes(reply.body).decode("utf-8", "replace"), _hint(reply))
+
+
+def _hint(failure):
+    """What to do about a 401 or 403 (a reply or an error), else ""."""
+    code = getattr(failure, "code", None)
+    if code == errors.Unauthenticated.code and "refused the credentials" not in str(failure):
+        return " (give credentials: --credentials FILE, --user NAME --secret-file FILE, or METAQ_CREDENTIALS)"
+    if code == errors.Forbidden.code:
+        return " (this needs a user with the admin role)"
+    return ""
 
 
 def _pairs(_item, body):
@@ -229,7 +253,7 @@ def cmd_transactions(view, args):
     url = view.brokers[holders[0]["broker"]]
     reply = view.conn(url).call(ev.Transaction(args.key, "metaq-admin", kind, 0), timeout=view.timeout)
     if reply.code != 200:
-        raise SystemExit("metaq-admin: broker %d refused: %s" % (holders[0]["broker"], reply.body.decode()))
+        raise SystemExit("metaq-admin: broker %d refused: %s" % (holders[0]["broker"], _refusal(reply)))
     return [{"broker": holders[0]["broker"], "key": args.key, "decision": args.action}], ["broker", "key", "decision"]
 
 
@@ -260,19 +284,20 @@ def _cell(value):
     return str(value)
 
 
-def promote(address, force, timeout):
+def promote(address, force, timeout, security=None):
     """Ask the slave at ``address`` (host:port or meta://host:port) to become master; returns an exit code."""
     url = address if address.startswith("meta://") else "meta://" + address
     try:
         with BrokerConnection(url, connect_timeout=timeout, request_timeout=PROMOTE_TIMEOUT_S,
-                              heartbeat_interval=0) as conn:
+                              heartbeat_interval=0, security=security) as conn:
             reply = conn.call(ev.Promote(force, 0), timeout=max(timeout, PROMOTE_TIMEOUT_S))
     except (errors.MetaqError, ValueError) as exc:
         print("metaq-admin: promote %s: %s" % (address, exc), file=sys.stderr)
         return EXIT_UNREACHABLE
     text = bytes(reply.body).decode("utf-8", "replace")
     if reply.code != 200:
-        print("metaq-admin: %s refused the promotion (%d): %s" % (address, reply.code, text), file=sys.stderr)
+        print("metaq-admin: %s refused the promotion (%d): %s%s" % (address, reply.code, text, _hint(reply)),
+              file=sys.stderr)
         return EXIT_REFUSED
     print(text)
     return EXIT_OK
@@ -289,6 +314,7 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="print JSON (a list of objects) instead of a table")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each broker (default 5)")
     p.add_argument("--version", action="version", version="metaq-admin %s" % metaq.__version__)
+    client_security.add_arguments(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     s = sub.add_parser("stats", help="every broker's stats (or one stats item)")
     s.add_argument("item", nargs="?", help="stats item: topics, offsets, realtime, groups, <topic> ...")
@@ -314,14 +340,19 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    try:
+        security = client_security.from_cli(args)
+    except errors.ConfigError as exc:
+        print("metaq-admin: %s" % exc, file=sys.stderr)
+        return EXIT_USAGE
     if args.command == "promote":
-        return promote(args.address, args.force, args.timeout)
+        return promote(args.address, args.force, args.timeout, security)
     brokers = [u.strip() for u in (args.brokers or "").split(",") if u.strip()]
     if not args.zk and not brokers:
         print("metaq-admin: give --zk HOST:PORT or --brokers meta://host:port[,...]", file=sys.stderr)
         return EXIT_USAGE
     try:
-        view = ClusterView(args.zk, args.zk_root, brokers, args.timeout)
+        view = ClusterView(args.zk, args.zk_root, brokers, args.timeout, security)
     except errors.MetaqError as exc:
         print("metaq-admin: %s" % exc, file=sys.stderr)
         return EXIT_UNREACHABLE

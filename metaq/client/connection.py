@@ -25,7 +25,8 @@ import weakref
 from concurrent.futures import Future
 
 from metaq import limits
-from metaq.errors import ConnectionLost, RemoteProtocolError, RequestTimeout
+from metaq.client.security import resolve as resolve_security
+from metaq.errors import ConnectionLost, MetaqError, RemoteProtocolError, RequestTimeout, Unauthenticated
 from metaq.protocol import events as ev
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
@@ -137,13 +138,18 @@ class BrokerConnection:
     requests made meanwhile fail at once with ``ConnectionLost``.
     ``max_buffered`` bytes of unsent requests make ``request`` wait (at most its
     timeout) for the writer, so a fast producer cannot fill memory.
+    ``security`` (``metaq.client.security``: a ClientSecurity, a credentials file, None for the environment):
+    each new socket is wrapped in TLS when it says so, then authenticated before any request is written. A
+    broker that refuses the credentials (or cannot prove it holds them) fails requests with
+    ``Unauthenticated``, at once and without reconnecting, for ``limits.CLIENT_AUTH_RETRY_S``.
     """
 
     def __init__(self, url, *, connect_timeout=3.0, request_timeout=10.0, heartbeat_interval=10.0,
                  initial_backoff=0.1, max_backoff=2.0, max_reply_bytes=DEFAULT_MAX_REPLY,
-                 max_buffered=8 << 20, io_timeout=30.0):
+                 max_buffered=8 << 20, io_timeout=30.0, security=None):
         self.url = url
         self.address = parse_url(url)
+        self.security = resolve_security(security)
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.heartbeat_interval = heartbeat_interval
@@ -167,6 +173,7 @@ class BrokerConnection:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = None
+        self._auth_error = None  # the broker refused our credentials: raised again until _retry_at
         self._last_write = time.monotonic()
         self._heartbeat = None
         self._timed_out = set()
@@ -201,7 +208,7 @@ class BrokerConnection:
             return False
         try:
             self._ensure_connected()
-        except ConnectionLost:
+        except MetaqError:
             return False
         return True
 
@@ -219,7 +226,7 @@ class BrokerConnection:
         timeout = self.request_timeout if timeout is None else timeout
         try:
             self._submit(event, future, timeout)
-        except (ConnectionLost, RequestTimeout) as exc:
+        except MetaqError as exc:  # unreachable, buffer full, or the credentials refused
             _complete(future, error=exc)
         return future
 
@@ -232,7 +239,7 @@ class BrokerConnection:
         timeout = self.request_timeout if timeout is None else timeout
         try:
             self._submit(event, callback, timeout)
-        except (ConnectionLost, RequestTimeout) as exc:
+        except MetaqError as exc:
             _complete(callback, error=exc)
 
     def call(self, event, timeout=None):
@@ -359,19 +366,27 @@ class BrokerConnection:
     def _connect(self):
         now = time.monotonic()
         if now < self._retry_at:
+            if self._auth_error is not None:
+                raise type(self._auth_error)(str(self._auth_error))
             raise ConnectionLost("cannot connect to %s (%s); next attempt in %.2f s" % (
                 self.url, self._last_error, self._retry_at - now))
         try:
-            sock = socket.create_connection(self.address, timeout=self.connect_timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self.io_timeout)
-        except OSError as exc:
+            sock = self._open_socket()
+        except Unauthenticated as exc:  # not a network trouble: no quick retries, the same answer meanwhile
+            self._auth_error, self._last_error = exc, exc
+            self._retry_at = time.monotonic() + max(self.max_backoff, limits.CLIENT_AUTH_RETRY_S)
+            log.warning("%s (no new attempt for %.0f s)", exc, self._retry_at - time.monotonic())
+            raise
+        except (OSError, MetaqError) as exc:
             self._failures += 1
             delay = min(self.max_backoff, self.initial_backoff * 2 ** (self._failures - 1))
             self._retry_at = time.monotonic() + delay
             self._last_error = exc
             log.info("cannot connect to %s: %s (attempt %d, next in %.2f s)", self.url, exc, self._failures, delay)
+            if isinstance(exc, ConnectionLost):
+                raise
             raise ConnectionLost("cannot connect to %s: %s" % (self.url, exc)) from exc
+        self._auth_error = None
         if self._failures:
             log.info("reconnected to %s after %d failed attempts", self.url, self._failures)
         self._failures = 0
@@ -390,6 +405,19 @@ class BrokerConnection:
             thread = threading.Thread(target=target, args=(sock, gen), daemon=True,
                                       name="metaq-%s-%s:%d" % (name, *self.address))
             thread.start()
+
+    def _open_socket(self):
+        """A connected socket: TCP, then TLS and the ``auth`` handshake when ``security`` asks for them."""
+        sock = socket.create_connection(self.address, timeout=self.connect_timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = self.security.wrap(sock, self.address[0], self.url)
+            self.security.authenticate(sock, self.url, self.connect_timeout + limits.AUTH_FAILURE_DELAY_S)
+            sock.settimeout(self.io_timeout)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def _write_loop(self, sock, gen):
         """The writer thread: takes over the writing when a requesting thread has written enough for others."""
@@ -524,6 +552,7 @@ class ConnectionPool:
     """One ``BrokerConnection`` per broker url, created on first use; keyword args go to every connection."""
 
     def __init__(self, **connection_options):
+        connection_options["security"] = resolve_security(connection_options.get("security"))  # read once
         self.connection_options = connection_options
         self._lock = threading.Lock()
         self._conns = {}

@@ -128,14 +128,16 @@ class Consumer:
     record corrupt (``errors.CorruptRecord``, ``result 512``: it never serves one), log a WARNING
     naming topic, partition and offset and go on at the next offset; off by default, so
     :meth:`fetch` raises ``CorruptRecord`` and a subscription's partition stops there, with an
-    ERROR line, until an operator decides. Invalid arguments raise ValueError or
+    ERROR line, until an operator decides. ``security``: credentials and TLS (``metaq.client.security``;
+    None: from the environment); a broker that refuses them raises ``errors.Unauthenticated`` from
+    :meth:`start` and :meth:`fetch`. Invalid arguments raise ValueError or
     ``errors.ClientError`` here, before anything connects.
     """
 
     def __init__(self, group, zk_connect=None, brokers=None, *, zk_root="/meta", consumer_id=None, broadcast=False,
                  offset_store=None, offsets_file=None, start_from="earliest", commit_interval=5.0,
                  max_size=256 * 1024, long_poll_ms=5000, max_retries=5, retry_backoff=0.1, dead_letter_topic=None,
-                 recover_dir=None, recover_interval=60.0, session_timeout=10.0, skip_corrupt=False):
+                 recover_dir=None, recover_interval=60.0, session_timeout=10.0, skip_corrupt=False, security=None):
         self.group = validate_group(group)
         if zk_connect and brokers:
             raise ValueError("give zk_connect (group mode) or brokers (direct mode), not both")
@@ -167,7 +169,7 @@ class Consumer:
         self._fetchers = {}  # (topic, Partition) -> PartitionFetcher
         self.parking = ParkingLot(recover_dir or os.path.join(os.path.expanduser("~"), ".metaq", "recover"),
                                    self.group, self.dead_letter_topic, self._put_dead_letter)
-        self._pool = ConnectionPool(request_timeout=10.0)
+        self._pool = ConnectionPool(request_timeout=10.0, security=security)
         self._discovery = None  # metaq.client.discovery, made on first use
         self._coordinator = None
         self._store = None

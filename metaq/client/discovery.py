@@ -34,11 +34,12 @@ import logging
 import threading
 import time
 
-from metaq.errors import BrokerError, MetaqError, RemoteProtocolError
+from metaq.errors import BrokerError, Forbidden, MetaqError, RemoteProtocolError, Unauthenticated
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.client.connection import BrokerConnection, parse_url
 from metaq.client.message import Partition
+from metaq.client.replies import reply_error
 
 __all__ = ["DirectDiscovery", "ZkDiscovery", "open_discovery", "find_brokers", "broker_id_from_stats",
            "partition_count_from_stats", "ask_broker_id", "choose_read_url", "unknown_topic_partitions"]
@@ -50,7 +51,10 @@ log = logging.getLogger(__name__)
 
 
 def broker_id_from_stats(reply):
-    """The ``broker_id`` line of a ``stats`` reply; BrokerError for a non-200 reply, KeyError/ValueError when absent."""
+    """The ``broker_id`` line of a ``stats`` reply; the reply's error for a non-200 reply (``replies.reply_error``:
+    say Unauthenticated for a 401), KeyError/ValueError when absent."""
+    if isinstance(reply, ev.Result) and reply.code in (Unauthenticated.code, Forbidden.code):
+        raise reply_error(reply, "stats")
     if not isinstance(reply, ev.Result) or reply.code != 200:
         raise BrokerError("stats answered %s" % getattr(reply, "code", type(reply).__name__))
     return int(stats_codec.parse_summary(reply.body)["broker_id"])
@@ -127,7 +131,11 @@ class DirectDiscovery:
         self._by_id[bid] = url
 
     def broker_urls(self):
-        """``{broker_id: url}`` of the listed brokers that told their id (those not known yet are asked now)."""
+        """``{broker_id: url}`` of the listed brokers that told their id (those not known yet are asked now).
+
+        Raises ``Unauthenticated`` when none is known and a broker refused the credentials (not a network
+        trouble: the caller must hear of it)."""
+        refused = None
         for url in self.urls:
             if url in self._ids:
                 continue
@@ -135,6 +143,9 @@ class DirectDiscovery:
                 self.broker_id(url)
             except (MetaqError, KeyError, ValueError) as exc:
                 log.warning("broker %s did not tell its id: %s", url, exc)
+                refused = exc if isinstance(exc, Unauthenticated) else refused
+        if refused is not None and not self._by_id:
+            raise refused
         return dict(self._by_id)
 
     def url(self, broker_id):
@@ -186,7 +197,7 @@ class DirectDiscovery:
             conn = self.pool.get(url)
             id_future = None if url in self._ids else conn.request(ev.Stats(None, 0), self.timeout)
             asked.append((url, id_future, conn.request(ev.Stats(topic, 0), self.timeout)))
-        parts, complete = [], True
+        parts, complete, refused = [], True, None
         for url, id_future, topic_future in asked:
             try:
                 if id_future is not None:
@@ -195,12 +206,15 @@ class DirectDiscovery:
             except (MetaqError, TimeoutError, ValueError, KeyError) as exc:
                 log.info("broker %s did not describe topic %s: %s", url, topic, exc)
                 complete = False
+                refused = exc if isinstance(exc, Unauthenticated) else refused
                 continue
             bid = self._ids[url]
             if count > 0:
                 parts.extend(Partition(bid, p) for p in range(count))
             else:
                 parts.extend(unknown_topic_partitions(topic, (bid,), self._refusing))
+        if refused is not None and not parts:
+            raise refused  # every broker refused the credentials (or was down): say so, not "no partitions"
         ttl = self.refresh_interval if complete else min(self.refresh_interval, self.retry_interval)
         return sorted(parts), time.monotonic() + ttl
 
@@ -371,11 +385,12 @@ def open_discovery(zk_connect=None, brokers=None, *, pool, zk_root="/meta", zk_s
     return DirectDiscovery(urls, pool, timeout, refresh_interval, retry_interval)
 
 
-def find_brokers(brokers=(), zk_connect=None, zk_root="/meta", timeout=10.0):
+def find_brokers(brokers=(), zk_connect=None, zk_root="/meta", timeout=10.0, security=None):
     """``{broker_id: url}`` once: the masters registered in ZooKeeper and/or each listed url's own id.
 
     For one-shot tools (a short-lived connection per listed broker); raises MetaqError,
-    KeyError or ValueError when a listed broker does not tell its id.
+    KeyError or ValueError when a listed broker does not tell its id. ``security``: see
+    ``metaq.client.security.resolve`` (None: the environment).
     """
     urls = {}
     if zk_connect:
@@ -385,6 +400,7 @@ def find_brokers(brokers=(), zk_connect=None, zk_root="/meta", timeout=10.0):
         finally:
             discovery.close()
     for url in brokers:
-        with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0) as conn:
+        with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
+                              security=security) as conn:
             urls[ask_broker_id(conn, timeout)] = url
     return urls

@@ -114,6 +114,10 @@ class PartitionFetcher:
                           "retrying in %.0f s", exc, FETCH_BACKOFF_MAX_S)
                 self._stop.wait(FETCH_BACKOFF_MAX_S)
                 continue
+            except (errors.Unauthenticated, errors.Forbidden) as exc:  # not transient: said loudly, retried slowly
+                log.error("fetch %s %s: %s; retrying in %.0f s", self.topic, self.partition, exc, FETCH_BACKOFF_MAX_S)
+                self._stop.wait(FETCH_BACKOFF_MAX_S)
+                continue
             except Exception as exc:  # broker down, timeouts, a failing offset store: back off and retry
                 backoff = min(FETCH_BACKOFF_MAX_S, max(FETCH_BACKOFF_MIN_S, backoff * 2))
                 expected = isinstance(exc, (errors.MetaqError, OSError))

@@ -26,7 +26,7 @@ import time
 from concurrent.futures import Future
 
 from metaq import limits
-from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unavailable
+from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unauthenticated, Unavailable
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol import xa
@@ -69,12 +69,14 @@ class Producer:
     ``selector`` picks the partition (default ``RoundRobinSelector``; also
     ``RandomSelector``, ``KeySelector`` or any ``fn(topic, partitions, message)``).
     ``send_timeout`` bounds one attempt, ``retry_deadline`` the whole send with
-    its retries. Thread-safe; close it (or use ``with``) when done.
+    its retries. ``security``: credentials and TLS (``metaq.client.security``; None: from the environment);
+    brokers that refuse them fail sends at once with ``errors.Unauthenticated`` (never retried).
+    Thread-safe; close it (or use ``with``) when done.
     """
 
     def __init__(self, zk_connect=None, brokers=None, *, zk_root="/meta", selector=None, send_timeout=3.0,
                  retry_deadline=10.0, connect_timeout=3.0, heartbeat_interval=10.0, suspect_time=3.0,
-                 zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES):
+                 zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES, security=None):
         if (zk_connect is None) == (brokers is None):
             raise ValueError("give exactly one of zk_connect and brokers")  # before any connection is made
         self.send_timeout = send_timeout
@@ -84,7 +86,7 @@ class Producer:
         self.selector = as_selector(selector)
         self._ordered = bool(getattr(self.selector, "ordered", False))
         self._pool = ConnectionPool(connect_timeout=connect_timeout, request_timeout=send_timeout,
-                                    heartbeat_interval=heartbeat_interval)
+                                    heartbeat_interval=heartbeat_interval, security=security)
         self.discovery = open_discovery(zk_connect, brokers, pool=self._pool, zk_root=zk_root,
                                         zk_session_timeout=zk_session_timeout, timeout=send_timeout,
                                         refresh_interval=refresh_interval, retry_interval=suspect_time)
@@ -137,10 +139,17 @@ class Producer:
         future = self.new_future(callback)
         deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
         send = _Send(message, put, future, deadline)
-        first = self.choose_partition(message)  # a selector's error (say, no key) is raised here
+        try:
+            first = self.choose_partition(message)  # a selector's error (say, no key) is raised here
+        except Unauthenticated as exc:  # every broker refused our credentials: no partition to try
+            first, refused = None, exc
+        else:
+            refused = None
         with self._count_lock:
             self._started += 1
-        if first is None:
+        if refused is not None:
+            self._finish(send, SendResult(False, error=refused))
+        elif first is None:
             self._retry_later(send, Unavailable("no partition is available for topic %s" % message.topic))
         else:
             self._attempt(send, first)

@@ -1,6 +1,8 @@
 """The client's one map from a broker's ``result <code>`` reply to an error (README "Errors").
 
     400 ClientError     the request was wrong (bad topic, partition, body...)
+    401 Unauthenticated no user proved itself on this connection, or the proof was wrong
+    403 Forbidden       the user may not do this (the topic, group or admin operation is not theirs)
     404 NotFound        nothing there
     500 BrokerError     the broker failed
     503 Unavailable     try again later (a slave, a failed flush, too many connections...)
@@ -22,6 +24,8 @@ __all__ = ["REPLY_ERRORS", "reply_error"]
 #: ``result`` code -> the error class it stands for.
 REPLY_ERRORS = {
     400: errors.ClientError,
+    errors.Unauthenticated.code: errors.Unauthenticated,
+    errors.Forbidden.code: errors.Forbidden,
     404: errors.NotFound,
     500: errors.BrokerError,
     503: errors.Unavailable,

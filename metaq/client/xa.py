@@ -44,7 +44,8 @@ class XAResource:
     """
 
     def __init__(self, brokers=None, zk_connect=None, *, unique_qualifier=None, timeout=60, zk_root="/meta",
-                 selector=None, request_timeout=TX_REQUEST_TIMEOUT, connect_timeout=3.0, zk_session_timeout=10.0):
+                 selector=None, request_timeout=TX_REQUEST_TIMEOUT, connect_timeout=3.0, zk_session_timeout=10.0,
+                 security=None):
         qualifier = default_unique_qualifier() if unique_qualifier is None else unique_qualifier
         if not isinstance(qualifier, str) or not qualifier or UNSAFE_IN_IDS.search(qualifier):
             raise ValueError("unique_qualifier %r must be a non-empty str without whitespace or ':'" % (qualifier,))
@@ -54,7 +55,7 @@ class XAResource:
         self.session_id = new_session_id()
         self._producer = Producer(zk_connect=zk_connect, brokers=brokers, zk_root=zk_root, selector=selector,
                                   send_timeout=request_timeout, connect_timeout=connect_timeout,
-                                  zk_session_timeout=zk_session_timeout)
+                                  zk_session_timeout=zk_session_timeout, security=security)
         self._where = {}  # branch key -> url where tpc_recover found it
         self._xid = None
         self._branch = None

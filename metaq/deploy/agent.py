@@ -3,6 +3,7 @@
     <install_dir>/current/venv/bin/python -m metaq.deploy.agent start  --home <install_dir> [--timeout S] [--require-zk]
     <install_dir>/current/venv/bin/python -m metaq.deploy.agent stop   --home <install_dir> [--timeout S] [--force]
     <install_dir>/current/venv/bin/python -m metaq.deploy.agent status --home <install_dir>
+    (each also takes --credentials FILE: how the probe authenticates, below)
 
 Each prints one JSON object as its last line on stdout, and exits 0 when it did what was asked,
 1 when not (the object's ``message`` says why).
@@ -19,6 +20,11 @@ Each prints one JSON object as its last line on stdout, and exits 0 when it did 
 
 A pid file only counts when that pid is a live process whose command line names this
 install's server.yaml: a stale file left by a crash or a reused pid is never signalled.
+
+The probe (``version`` and ``stats`` over the text protocol) authenticates, and connects over TLS,
+as the credentials file named by ``--credentials`` says (the inventory's ``credentials:``, a path
+on the host), else as the host's ``METAQ_CREDENTIALS`` / ``METAQ_USER`` ... environment says
+(``metaq.client.security``). Only the path is ever on a command line; the secret stays in the file.
 """
 
 import argparse
@@ -31,6 +37,7 @@ import sys
 import time
 import zlib
 
+from metaq import errors
 from metaq.deploy.layout import Layout
 
 POLL_S = 0.05
@@ -45,14 +52,21 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the start or the stop")
     p.add_argument("--require-zk", action="store_true", help="start: also wait for the ZooKeeper registration")
     p.add_argument("--force", action="store_true", help="stop: SIGKILL when SIGTERM did not stop it in time")
+    p.add_argument("--credentials", metavar="FILE", help="the probe's credentials file (mode 0600; default: "
+                   "$METAQ_CREDENTIALS and the other METAQ_* variables)")
     args = p.parse_args(argv)
     layout = Layout(os.path.abspath(args.home))
-    if args.command == "start":
-        ok, report = start(layout, args.timeout, args.require_zk)
-    elif args.command == "stop":
-        ok, report = stop(layout, args.timeout, args.force)
+    try:
+        security = probe_security(args.credentials)
+    except errors.ConfigError as exc:
+        ok, report = False, {"state": "error", "message": "the agent's credentials: %s" % exc}
     else:
-        ok, report = status(layout)
+        if args.command == "start":
+            ok, report = start(layout, args.timeout, args.require_zk, security)
+        elif args.command == "stop":
+            ok, report = stop(layout, args.timeout, args.force)
+        else:
+            ok, report = status(layout, security)
     report["ok"] = ok
     print(json.dumps(report, sort_keys=True))
     return 0 if ok else 1
@@ -161,14 +175,33 @@ def broker_address(layout):
     return host, int(broker.get("port", default.port))
 
 
-def probe(address, timeout=PROBE_TIMEOUT_S):
-    """``(version, stats dict)`` from the broker at ``address``; OSError when it does not answer."""
+def probe_security(credentials=None):
+    """The probe's ``ClientSecurity``: the credentials file given, else the environment's; ConfigError."""
+    from metaq.client.security import ClientSecurity
+
+    return ClientSecurity.from_file(credentials) if credentials else ClientSecurity.from_env()
+
+
+#: What to tell an operator whose broker wants credentials the agent was not given (or refused them).
+CREDENTIALS_HINT = ("give the deploy agent credentials: `credentials:` in the inventory (a credentials file on the "
+                    "host, mode 0600), or METAQ_CREDENTIALS in the host's environment")
+
+
+def probe(address, timeout=PROBE_TIMEOUT_S, security=None):
+    """``(version, stats dict)`` from the broker at ``address`` (TLS and ``auth`` as ``security`` says); OSError
+    or ``errors.ConnectionLost`` when it does not answer, ``errors.Unauthenticated`` when it wants credentials
+    it was not given, or refused them."""
     from metaq.protocol import events as ev
     from metaq.protocol.stream import NEED_DATA
     from metaq.protocol.stats import parse_summary
     from metaq.protocol.text import TextParser, serialize
 
-    with socket.create_connection(address, timeout=timeout) as sock:
+    where = "the broker at %s:%d" % address
+    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        if security is not None:
+            sock = security.wrap(sock, address[0], where)
+            security.authenticate(sock, where, timeout)
         sock.sendall(serialize(ev.Version(1)) + serialize(ev.Stats(None, 2)))
         parser, replies = TextParser(max_body=1 << 20), {}
         while len(replies) < 2:
@@ -179,9 +212,14 @@ def probe(address, timeout=PROBE_TIMEOUT_S):
                     raise ConnectionError("the broker closed the connection")
                 parser.receive_data(data)
                 continue
+            if isinstance(event, ev.Result) and event.code == errors.Unauthenticated.code:
+                raise errors.Unauthenticated("%s has authentication on (%s): %s" % (
+                    where, bytes(event.body).decode("utf-8", "replace"), CREDENTIALS_HINT))
             if not isinstance(event, ev.Result) or event.code != 200:
                 raise ConnectionError("unexpected reply %r" % (event,))
             replies[event.opaque] = event.body
+    finally:
+        sock.close()
     return replies[1].decode().strip(), parse_summary(replies[2])
 
 
@@ -206,7 +244,7 @@ def _log_tail(layout, since=0):
 # --- commands ----------------------------------------------------------------------------------
 
 
-def start(layout, timeout, require_zk=False):
+def start(layout, timeout, require_zk=False, security=None):
     pid = running_pid(layout)
     if pid:
         return True, {"state": "up", "pid": pid, "message": "already running (pid %d)" % pid}
@@ -232,8 +270,11 @@ def start(layout, timeout, require_zk=False):
                           % (code, _log_tail(layout, log_start)))
             return False, report
         try:
-            version, stats = probe(address)
-        except (OSError, ValueError):
+            version, stats = probe(address, security=security)
+        except errors.Unauthenticated as exc:  # it is up, but will not tell us more: waiting does not help
+            report.update(state="unauthenticated", message="pid %d answers, but %s" % (proc.pid, exc))
+            return False, report
+        except (OSError, ValueError, errors.MetaqError):
             time.sleep(POLL_S)
             continue
         if stats.get("pid") != str(proc.pid):
@@ -276,14 +317,17 @@ def stop(layout, timeout, force=False):
                   "message": "stopped (pid %d, %s) in %.1f s" % (pid, "+".join(signals), time.monotonic() - started)}
 
 
-def status(layout):
+def status(layout, security=None):
     report = {"current": os.path.basename(os.path.realpath(layout.current)) if os.path.exists(layout.current)
               else None}
     pid = running_pid(layout)
     report["pid"] = pid
     try:
-        version, stats = probe(running_address(layout, pid) if pid else broker_address(layout))
-    except (OSError, ValueError) as exc:
+        version, stats = probe(running_address(layout, pid) if pid else broker_address(layout), security=security)
+    except errors.Unauthenticated as exc:
+        report.update(state="unauthenticated", message=str(exc))
+        return False, report
+    except (OSError, ValueError, errors.MetaqError) as exc:
         report.update(state="down" if pid is None else "unresponsive",
                       message="not running" if pid is None else "pid %d does not answer: %s" % (pid, exc))
         return pid is None, report

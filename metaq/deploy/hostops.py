@@ -183,6 +183,8 @@ def _prune(conn, layout, bundle, found):
 def agent(conn, broker, command, *options):
     """The agent's JSON report; ``{"state": "not deployed"}`` when the host has no installed release."""
     layout = Layout(broker.install_dir)
+    if broker.credentials:  # the path of the probe's credentials file on the host: never the secret itself
+        options = options + ("--credentials", broker.credentials)
     cmd = "if [ -x %s ]; then %s; else echo '{\"ok\": false, \"state\": \"not deployed\"}'; fi" % (
         q(layout.python()), agent_command(broker.install_dir, command, *options))
     r = conn.run(cmd, hide=True, warn=True, in_stream=False, pty=False)

@@ -11,6 +11,10 @@
       - {name: b0, host: 10.0.0.11, broker_id: 0}
       - {name: b1, host: 10.0.0.12, broker_id: 1}
 
+``credentials:`` (a default or per broker) is the path, on the broker's host, of a credentials file
+(``metaq.client.security``: YAML with user, secret_file, tls; mode 0600) the deploy agent's probe
+authenticates with when the broker has authentication on; fab passes only that path.
+
 Every problem is reported at once, each with where it is (``brokers[1] (b1).port: ...``).
 A rendered server.yaml is also validated with the broker's own config model, so
 ``deploy`` never uploads a configuration the broker would refuse.
@@ -58,6 +62,7 @@ BUILTIN_DEFAULTS = {
     "zk_connect": None,
     "start_timeout_s": 60.0,
     "stop_timeout_s": 60.0,
+    "credentials": None,  # a credentials file ON THE HOST for the agent's probe (metaq.client.security)
     "server": {},
 }
 
@@ -84,9 +89,10 @@ class Settings(_Model):
     zk_connect: Optional[str] = None
     start_timeout_s: Optional[float] = Field(None, gt=0)
     stop_timeout_s: Optional[float] = Field(None, gt=0)
+    credentials: Optional[str] = None
     server: Optional[Dict[str, Any]] = None
 
-    @field_validator("install_dir", "data_dir")
+    @field_validator("install_dir", "data_dir", "credentials")
     @classmethod
     def _host_path(cls, value):
         if value is None:
@@ -168,6 +174,7 @@ class Broker:
     zk_connect: Optional[str]
     start_timeout_s: float
     stop_timeout_s: float
+    credentials: Optional[str]
     server: Dict[str, Any] = field(repr=False)
     config_text: str = field(default="", repr=False)
 

@@ -25,6 +25,7 @@ import uuid
 from typing import NamedTuple
 
 from metaq import errors
+from metaq.client import security as client_security
 from metaq.client.cluster import zk_children, zk_data
 from metaq.client.discovery import ZkDiscovery
 from metaq.client.connection import BrokerConnection
@@ -71,14 +72,16 @@ def arrow_schemas():
 
 
 def collect_snapshot(zk=None, brokers=(), zk_root="/meta", *, clock=time.time, timeout=5.0, known_ids=None,
-                     progress=None):
+                     progress=None, security=None):
     """Read one :class:`Snapshot`. ``zk``: ZooKeeper connect string; ``brokers``: urls.
 
     ``clock()`` gives the snapshot time in seconds (tests inject their own); ``known_ids``
     (``{url: broker_id}``, e.g. from :func:`known_broker_ids`) names a listed broker that is
-    down. ``progress(text)`` is told what is being read. A broker that does not answer is a
-    ``DOWN`` row; ZooKeeper that cannot be reached raises ``errors.ConnectionLost``.
+    down. ``progress(text)`` is told what is being read. A broker that does not answer (or refuses
+    the credentials: ``security``, see ``metaq.client.security.resolve``) is a ``DOWN`` row;
+    ZooKeeper that cannot be reached raises ``errors.ConnectionLost``.
     """
+    security = client_security.resolve(security)
     say = progress or (lambda text: None)
     ts_ms = int(round(clock() * 1000))
     found = {}  # url -> {"broker_id", "registered"}
@@ -97,7 +100,7 @@ def collect_snapshot(zk=None, brokers=(), zk_root="/meta", *, clock=time.time, t
     broker_rows, partition_rows, offset_rows = [], [], list(zk_rows)
     for url, info in sorted(found.items()):
         say("asking broker %s" % url)
-        row, parts, groups = _read_broker(url, info, ts_ms, timeout)
+        row, parts, groups = _read_broker(url, info, ts_ms, timeout, security)
         broker_rows.append(row)
         partition_rows.extend(parts)
         offset_rows.extend(groups)
@@ -108,13 +111,13 @@ def collect_snapshot(zk=None, brokers=(), zk_root="/meta", *, clock=time.time, t
     return Snapshot(ts_ms, [snap_row], broker_rows, partition_rows, offset_rows)
 
 
-def _read_broker(url, info, ts_ms, timeout):
+def _read_broker(url, info, ts_ms, timeout, security):
     """``(broker row, partition rows, broker-store offset rows)`` of one broker; a DOWN row if it does not answer."""
     row = {"ts_ms": ts_ms, "broker_id": info["broker_id"], "url": url, "status": "UP",
            "registered": info["registered"], "error": None}
     try:
         with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
-                              max_backoff=timeout) as conn:
+                              max_backoff=timeout, security=security) as conn:
             broker_id = int(stats_codec.parse_summary(_stats(conn, None, timeout))["broker_id"])
             offsets = stats_codec.parse_offsets(_stats(conn, "offsets", timeout))
             groups = stats_codec.parse_groups(_stats(conn, "groups", timeout))

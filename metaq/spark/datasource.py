@@ -8,7 +8,13 @@
           .option("startingOffsets", '{"orders": {"0-0": 100}}')   # default earliest
           .option("endingOffsets", "latest")                      # default latest
           .option("maxOffsetsPerPartition", 10000)                # optional: smaller Spark partitions
+          .option("credentials", "/etc/metaq/spark.yaml")         # brokers with authentication / TLS
           .load())
+
+Credentials: ``credentials`` (a credentials file, ``metaq.client.security``), or ``user`` with
+``secretFile``; TLS: ``tls``, ``ca``, ``cert``, ``key``, ``serverHostname``. Only paths travel in the
+options (never a secret): every executor reads the files at the same paths. Without them the
+``METAQ_*`` environment of each process is used.
 
 Columns: ``topic string, partition string ("<brokerId>-<p>"), offset long, msg_id long,
 attribute string, value binary, timestamp timestamp`` (when the broker stored the message,
@@ -20,7 +26,7 @@ parallel by the executors: exactly the requested offsets, each once.
 Python data sources) or Python workers without pyarrow.
 """
 
-from metaq.spark.ranges import SCHEMA_DDL, plan_ranges, read_options, read_range
+from metaq.spark.ranges import SCHEMA_DDL, plan_ranges, read_options, read_range, security_options
 
 try:  # Spark >= 4.0
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -31,7 +37,8 @@ __all__ = ["register", "read_ranges_rdd", "MetaQDataSource"]
 
 
 def _fetch_options(opts):
-    return {"fetch_bytes": int(opts.get("fetchbytes", 1 << 20)), "timeout": float(opts.get("timeoutseconds", 30))}
+    return {"fetch_bytes": int(opts.get("fetchbytes", 1 << 20)), "timeout": float(opts.get("timeoutseconds", 30)),
+            "security": security_options(opts)}
 
 
 if DataSource is not None:

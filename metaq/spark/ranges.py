@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from metaq import errors
+from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import find_brokers
 from metaq.client.fetcher import records_of
@@ -30,7 +31,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol.message import decode_payload
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets",
-           "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options"]
+           "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options", "security_options"]
 
 #: MetaQ's message-id epoch (ms) and where the timestamp starts in an id:
 #: ``id = ((ts_ms - TWEPOCH) << 22) | (broker_id << 12) | seq`` (the broker's ``metaq.store.msgid``).
@@ -43,6 +44,10 @@ READER_GROUP = "metaq-spark"
 SCHEMA_DDL = ("topic string, partition string, offset long, msg_id long, attribute string, value binary, "
               "timestamp timestamp")
 DEFAULT_FETCH_BYTES = 1 << 20
+#: The source's connection options (lower-case) -> ``ClientSecurity.from_options`` argument. Files only: a
+#: secret itself is never an option (options show in Spark's plans, UI and logs).
+SECURITY_OPTIONS = {"credentials": "credentials", "user": "user", "secretfile": "secret_file", "tls": "tls",
+                    "ca": "ca", "cert": "cert", "key": "key", "serverhostname": "server_hostname"}
 
 
 class DataLoss(errors.ClientError):
@@ -76,6 +81,19 @@ def msg_timestamp_ms(msg_id):
 def read_options(options):
     """Spark's options (any case) as a plain dict with lower-case keys."""
     return {str(k).lower(): v for k, v in dict(options or {}).items()}
+
+
+def security_options(opts):
+    """The connection settings among a read's (lower-case) options, as ``ClientSecurity.from_options``
+    arguments: paths and names only, so they can travel to the executors, which read the files there (an
+    empty dict: the environment's ``METAQ_*``). ValueError for a ``secret`` option."""
+    if opts.get("secret") is not None:
+        raise ValueError("the metaq source takes no 'secret' option (options show in Spark's plans and logs): "
+                         "use 'credentials' (a credentials file) or 'user' with 'secretFile'")
+    out = {arg: opts[name] for name, arg in SECURITY_OPTIONS.items() if opts.get(name) not in (None, "")}
+    if "tls" in out:
+        out["tls"] = str(out["tls"]).strip().lower() in ("1", "true", "yes", "on")
+    return out
 
 
 def parse_offsets(text, topic, which):
@@ -112,11 +130,13 @@ def parse_offsets(text, topic, which):
     return out
 
 
-def partition_bounds(urls, topic, timeout=10.0):
+def partition_bounds(urls, topic, timeout=10.0, security=None):
     """``{(broker_id, partition): (min_offset, max_offset)}`` of ``topic`` from every broker's ``stats offsets``."""
     bounds = {}
+    security = client_security.resolve(security)
     for broker_id, url in sorted(urls.items()):
-        with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0) as conn:
+        with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
+                              security=security) as conn:
             reply = conn.call(ev.Stats("offsets", 0), timeout=timeout)
         if reply.code != 200:
             raise errors.RemoteProtocolError("stats offsets on %s answered %d" % (url, reply.code))
@@ -138,8 +158,10 @@ def plan_ranges(options):
     ``endingOffsets``; ``partitions`` (``"7-0,7-1"``: only these); ``maxOffsetsPerPartition``
     (cut every range into pieces of at most this many offsets: one Spark partition each);
     ``failOnDataLoss`` (default true: a start below the partition's first kept offset is an
-    error; false: start there instead). Raises ValueError for bad options, DataLoss for
-    offsets outside the partitions.
+    error; false: start there instead); ``credentials`` (a credentials file) or ``user`` with
+    ``secretFile``, and ``tls``, ``ca``, ``cert``, ``key``, ``serverHostname`` (default: the
+    environment's ``METAQ_*``; :func:`security_options`). Raises ValueError for bad options,
+    DataLoss for offsets outside the partitions.
     """
     opts = read_options(options)
     topic = validate_topic(opts.get("topic") or "")
@@ -147,8 +169,9 @@ def plan_ranges(options):
     if not brokers and not opts.get("zk"):
         raise ValueError("the metaq source needs the option 'brokers' (meta://host:port,...) or 'zk'")
     timeout = float(opts.get("timeoutseconds", 10))
-    urls = find_brokers(brokers, opts.get("zk"), opts.get("zkroot", "/meta"), timeout)
-    bounds = partition_bounds(urls, topic, timeout)
+    security = client_security.resolve(security_options(opts))
+    urls = find_brokers(brokers, opts.get("zk"), opts.get("zkroot", "/meta"), timeout, security)
+    bounds = partition_bounds(urls, topic, timeout, security)
     starts = parse_offsets(opts.get("startingoffsets"), topic, "start")
     ends = parse_offsets(opts.get("endingoffsets"), topic, "end")
     only = {str(Partition.parse(p)) for p in _split_list(opts.get("partitions"))}
@@ -202,16 +225,18 @@ def split_ranges(ranges, max_per_range=None):
     return out
 
 
-def read_range(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0):
+def read_range(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None):
     """Yield ``(topic, "b-p", offset, msg_id, attribute, value, timestamp)`` for every offset of ``r``, in order.
 
     Exactly ``r.count`` rows or an exception: DataLoss when the broker says an offset of the
-    range no longer exists (301) or does not exist yet (404).
+    range no longer exists (301) or does not exist yet (404). ``security``: what
+    ``metaq.client.security.resolve`` takes (the :func:`security_options` dict on an executor).
     """
     if r.count <= 0:
         return
     key = r.key
-    conn = BrokerConnection(r.url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0)
+    conn = BrokerConnection(r.url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
+                            security=client_security.resolve(security))
     try:
         offset = r.start
         while offset < r.end:

@@ -20,6 +20,7 @@ import time
 
 import metaq
 from metaq import errors
+from metaq.client import security as client_security
 
 __all__ = ["main", "run_report", "Progress", "spark_session"]
 
@@ -82,13 +83,15 @@ def spark_session(master="local[*]"):
 
 
 def run_report(out_dir, zk=None, brokers=(), *, zk_root="/meta", history_dir=None, collect=True, intervals=10,
-               max_age_s=7 * 86400, spark=None, master="local[*]", clock=time.time, timeout=5.0, progress=None):
+               max_age_s=7 * 86400, spark=None, master="local[*]", clock=time.time, timeout=5.0, progress=None,
+               security=None):
     """Collect a snapshot (unless ``collect`` is False), run the lag job, write every output.
 
     Returns ``(report, problems)``: the :class:`metaq.spark.lagjob.LagReport` and the list of
     things that did not answer. ``max_age_s``: evaluate only the snapshots this recent (before
     the latest one). ``spark``: a session to use (default: the running one, or a new local one
-    that is stopped at the end).
+    that is stopped at the end). ``security``: credentials and TLS for the brokers
+    (``metaq.client.security``; None: the environment).
     """
     from metaq.spark.lagjob import run_lag_job
 
@@ -96,7 +99,7 @@ def run_report(out_dir, zk=None, brokers=(), *, zk_root="/meta", history_dir=Non
     os.makedirs(out_dir, exist_ok=True)
     history_dir = history_dir or os.path.join(out_dir, "history")
     if collect:
-        problems = _collect(zk, brokers, zk_root, history_dir, clock, timeout, progress)
+        problems = _collect(zk, brokers, zk_root, history_dir, clock, timeout, progress, security)
     else:
         problems = []
         progress.step("not collecting (--no-collect)")
@@ -117,14 +120,15 @@ def run_report(out_dir, zk=None, brokers=(), *, zk_root="/meta", history_dir=Non
     return report, problems
 
 
-def _collect(zk, brokers, zk_root, history_dir, clock, timeout, progress):
+def _collect(zk, brokers, zk_root, history_dir, clock, timeout, progress, security=None):
     """Take a snapshot and append it to the history; the list of what did not answer."""
     from metaq.spark import collector
 
     progress.step("collecting offsets")
     try:
         snap = collector.collect_snapshot(zk, brokers, zk_root, clock=clock, timeout=timeout,
-                                          known_ids=collector.known_broker_ids(history_dir), progress=progress.note)
+                                          known_ids=collector.known_broker_ids(history_dir), progress=progress.note,
+                                          security=security)
     except errors.MetaqError as exc:
         progress.step("no snapshot taken; using the history in %s" % history_dir)
         return ["ZooKeeper %s: %s" % (zk, exc)]
@@ -167,6 +171,7 @@ def build_parser():
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each broker (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress and no table")
     p.add_argument("--version", action="version", version="metaq-spark-report %s" % metaq.__version__)
+    client_security.add_arguments(p)
     return p
 
 
@@ -180,6 +185,11 @@ def main(argv=None):
     if args.intervals < 2:
         print("metaq-spark-report: --intervals must be >= 2", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        security = client_security.from_cli(args)
+    except errors.ConfigError as exc:
+        print("metaq-spark-report: %s" % exc, file=sys.stderr)
+        return EXIT_USAGE
     try:  # fail early, before collecting, without the spark extra
         import importlib
 
@@ -192,7 +202,7 @@ def main(argv=None):
     report, problems = run_report(args.out, args.zk, brokers, zk_root=args.zk_root, history_dir=args.history,
                                   collect=not args.no_collect, intervals=args.intervals,
                                   max_age_s=args.max_age_hours * 3600, master=args.master,
-                                  timeout=args.timeout, progress=progress)
+                                  timeout=args.timeout, progress=progress, security=security)
     if not args.quiet:
         from metaq.spark.render import console_text
 
