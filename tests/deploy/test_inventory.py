@@ -19,6 +19,7 @@ defaults:
   server:
     store: {flush: async}
     topics: [{name: "*", partitions: 4}]
+    security: {acl_file: /etc/metaq/acl.yaml}
 brokers:
   - {name: b0, host: 10.0.0.11, broker_id: 0}
   - {name: b1, host: 10.0.0.12, broker_id: 1, port: 9123, server: {store: {flush: sync}}}
@@ -33,8 +34,18 @@ def problems(text):
     return message
 
 
+#: Brokers on real (non-loopback) addresses need authentication on, or the broker refuses to start (protected mode).
+SECURED = {"server": {"security": {"acl_file": "/etc/metaq/acl.yaml"}}}
+
+
 def with_brokers(*brokers, defaults=None):
-    return yaml.safe_dump({"defaults": defaults or {}, "brokers": list(brokers)})
+    return yaml.safe_dump({"defaults": SECURED if defaults is None else defaults, "brokers": list(brokers)})
+
+
+def test_a_public_address_with_authentication_off_is_refused_by_check():
+    message = problems(with_brokers({"name": "b0", "host": "10.0.0.11", "broker_id": 0}, defaults={}))
+    assert "brokers[0] (b0).server: broker.host 10.0.0.11 is not a loopback address and authentication is off" \
+        in message
 
 
 def test_a_good_inventory_resolves_defaults_and_renders_each_server_yaml():
