@@ -226,3 +226,11 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
 MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
+
+#: A nonce of the replication handshake (``CHALLENGE`` and ``PROOF`` frames, lowercase hex text): at least
+#: 32 characters (16 random bytes), at most 64.
+MIN_REPLICATION_NONCE_CHARS = 32
+MAX_REPLICATION_NONCE_CHARS = 64
+
+#: Longest proof of the replication secret in a ``PROOF`` frame (hex HMAC-SHA256: 64 characters).
+MAX_REPLICATION_PROOF_CHARS = 64
