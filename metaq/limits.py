@@ -247,3 +247,11 @@ CLIENT_AUTH_RETRY_S = 10.0
 
 #: Plaintext a client encrypts at a time before sending it (a TLS connection's write buffer is at most about this).
 CLIENT_TLS_WRITE_BYTES = 256 * 1024
+
+#: A nonce of the replication handshake (``CHALLENGE`` and ``PROOF`` frames, lowercase hex text): at least
+#: 32 characters (16 random bytes), at most 64.
+MIN_REPLICATION_NONCE_CHARS = 32
+MAX_REPLICATION_NONCE_CHARS = 64
+
+#: Longest proof of the replication secret in a ``PROOF`` frame (hex HMAC-SHA256: 64 characters).
+MAX_REPLICATION_PROOF_CHARS = 64

@@ -1,20 +1,30 @@
 """Our master→slave replication stream, sans-IO (DESIGN §8; not MetaQ's: MetaQ used a consumer).
 
-The slave connects to the master's replication port and sends HELLO (its log
-end and its epoch history); the master answers EPOCHS (where the two logs
-agree, and the master's history: the epoch handshake, ``metaq.store.epochs``),
-then DATA frames carrying its commit log from the agreed position (chunks of
+The slave connects to the master's replication port. The master speaks first:
+CHALLENGE (its fresh nonce, and whether it holds a replication secret). The
+slave answers PROOF (its own fresh nonce and, when it holds the secret, its
+proof over both nonces and its slave id) then HELLO (its log end and its epoch
+history). The master checks the proof before anything else: a missing or
+wrong proof gets an ERROR and the close, before a byte of its log leaves. It
+then answers PROOF (its own proof over the same nonces and slave id, which the
+slave checks before acting on anything: a slave never follows a master that
+cannot prove the secret) and EPOCHS (where the two logs agree, and the
+master's history: the epoch handshake, ``metaq.store.epochs``), then DATA
+frames carrying its commit log from the agreed position (chunks of
 ``MessageStore.read_log``: whole records and blank tails, each chunk inside one
 segment), HEARTBEATs, or an ERROR before closing. The slave cuts its log to
 the agreed position, then appends and answers ACKs as it appends and flushes.
-Both directions use the same framing, so one parser serves both ends.
+Both directions use the same framing, so one parser serves both ends. (Which
+proof a side sends and accepts, and the refusals when only one side holds a
+secret: ``metaq.server.replication.handshake``; the proofs: ``metaq.auth.proofs``.)
 
 Frame (big-endian)::
 
     FRAME_HEADER  >4sBBHII   16 bytes
       0  4  magic      b"MQRS"
-      4  1  version    2 (version 1 had no epochs: a v1 peer gets a clear "unsupported version" error)
-      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6
+      4  1  version    3 (version 2 had no CHALLENGE/PROOF, version 1 no epochs: an older peer gets a clear
+                       "unsupported replication stream version" error, on both ends)
+      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -33,6 +43,15 @@ Payloads::
                         message_count int64 (messages in its log up to the written end: the sum of every
                         partition's max offset, the same figure on a slave holding the same log)
     ERROR      >i       code int32 (a MetaQ-style status), then UTF-8 text (at most ``max_error_text`` bytes)
+    CHALLENGE  >B       flags uint8 (1: this master holds a replication secret and requires the slave's proof;
+                        no other bit may be set), then the master's nonce
+    PROOF      >BB      nonce length uint8, proof length uint8, then the nonce (the slave's; none in the
+                        master's PROOF: its nonce went in the CHALLENGE), then the proof (none: this side holds
+                        no secret)
+
+A nonce is ``MIN_REPLICATION_NONCE_CHARS``..``MAX_REPLICATION_NONCE_CHARS``
+lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
+them (nothing but hex: the proofs join their words with spaces).
 
 A history has 1..``MAX_REPLICATION_EPOCHS`` entries, strictly increasing in
 epoch and in start, all >= 0. Every fixed-size payload must have exactly its
@@ -52,11 +71,12 @@ from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
-__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "ReplicationParser", "serialize",
+__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "ReplicationParser",
+           "serialize",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
 MAGIC = b"MQRS"
-VERSION = 2
+VERSION = 3
 
 #: magic, version, type, reserved, length, crc.
 FRAME_HEADER = struct.Struct(">4sBBHII")
@@ -84,8 +104,16 @@ assert HEARTBEAT.size == 24
 #: error code.
 ERROR_HEAD = struct.Struct(">i")
 assert ERROR_HEAD.size == 4
+#: flags (CHALLENGE_SECRET).
+CHALLENGE_HEAD = struct.Struct(">B")
+assert CHALLENGE_HEAD.size == 1
+CHALLENGE_SECRET = 1
+#: nonce length, proof length.
+PROOF_HEAD = struct.Struct(">BB")
+assert PROOF_HEAD.size == 2
 
-T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS = 1, 2, 3, 4, 5, 6
+T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF = 1, 2, 3, 4, 5, 6, 7, 8
+_HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
 
@@ -145,6 +173,57 @@ class ErrorFrame(NamedTuple):
     text: str
 
 
+class Challenge(NamedTuple):
+    """The master's first frame: ``secret`` True when it holds a replication secret (the slave must prove it)."""
+
+    secret: bool
+    nonce: str
+
+
+class Proof(NamedTuple):
+    """A side's proof of the replication secret (``proof`` "" when it holds none); ``nonce``: the slave's
+    (the master's PROOF has none: its nonce went in the CHALLENGE)."""
+
+    nonce: str
+    proof: str
+
+
+def nonce_problem(nonce, optional=False):
+    """Why ``nonce`` (text) cannot be a handshake nonce, or None. ``optional``: "" is allowed."""
+    if optional and not nonce:
+        return None
+    if not limits.MIN_REPLICATION_NONCE_CHARS <= len(nonce) <= limits.MAX_REPLICATION_NONCE_CHARS:
+        return "a nonce has %d..%d characters, not %d (limits MIN/MAX_REPLICATION_NONCE_CHARS)" % (
+            limits.MIN_REPLICATION_NONCE_CHARS, limits.MAX_REPLICATION_NONCE_CHARS, len(nonce))
+    if not _is_hex(nonce):
+        return "a nonce is lowercase hex text"
+    return None
+
+
+def proof_problem(proof):
+    """Why ``proof`` (text) cannot be a proof ("" is: none), or None."""
+    if len(proof) > limits.MAX_REPLICATION_PROOF_CHARS:
+        return "a proof has at most %d characters, not %d (limit MAX_REPLICATION_PROOF_CHARS)" % (
+            limits.MAX_REPLICATION_PROOF_CHARS, len(proof))
+    if not _is_hex(proof):
+        return "a proof is lowercase hex text"
+    return None
+
+
+def _is_hex(text):
+    if isinstance(text, str):
+        text = text.encode("ascii", "replace")
+    return _HEX.issuperset(text)
+
+
+def _ascii(text, problem):
+    """``text`` as bytes once ``problem(text)`` is None (a ValueError naming it otherwise)."""
+    why = problem(text)
+    if why is not None:
+        raise ValueError(why)
+    return text.encode("ascii")
+
+
 def _frame(ftype, payload_parts):
     length = sum(len(p) for p in payload_parts)
     head = FRAME_HEADER.pack(MAGIC, VERSION, ftype, 0, length, 0)
@@ -171,6 +250,13 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         return _frame(T_ACK, [ACK.pack(*event)])
     if isinstance(event, Heartbeat):
         return _frame(T_HEARTBEAT, [HEARTBEAT.pack(*event)])
+    if isinstance(event, Challenge):
+        return _frame(T_CHALLENGE, [CHALLENGE_HEAD.pack(CHALLENGE_SECRET if event.secret else 0),
+                                    _ascii(event.nonce, nonce_problem)])
+    if isinstance(event, Proof):
+        nonce = _ascii(event.nonce, lambda n: nonce_problem(n, optional=True))
+        proof = _ascii(event.proof, proof_problem)
+        return _frame(T_PROOF, [PROOF_HEAD.pack(len(nonce), len(proof)), nonce, proof])
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -279,6 +365,17 @@ class ReplicationParser:
             if not ERROR_HEAD.size <= length <= ERROR_HEAD.size + self.max_error_text:
                 raise _fail("ERROR frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_ERROR_TEXT)"
                             % (length, ERROR_HEAD.size, ERROR_HEAD.size + self.max_error_text))
+        elif ftype == T_CHALLENGE:
+            low, high = (CHALLENGE_HEAD.size + limits.MIN_REPLICATION_NONCE_CHARS,
+                         CHALLENGE_HEAD.size + limits.MAX_REPLICATION_NONCE_CHARS)
+            if not low <= length <= high:
+                raise _fail("CHALLENGE frame of %d bytes: must be %d..%d (limits MIN/MAX_REPLICATION_NONCE_CHARS)"
+                            % (length, low, high))
+        elif ftype == T_PROOF:
+            high = PROOF_HEAD.size + limits.MAX_REPLICATION_NONCE_CHARS + limits.MAX_REPLICATION_PROOF_CHARS
+            if not PROOF_HEAD.size <= length <= high:
+                raise _fail("PROOF frame of %d bytes: must be %d..%d (limits MAX_REPLICATION_NONCE_CHARS, "
+                            "MAX_REPLICATION_PROOF_CHARS)" % (length, PROOF_HEAD.size, high))
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -309,12 +406,41 @@ class ReplicationParser:
             for value in ev:
                 _check_position(value, _fail)
             return ev
+        if ftype == T_CHALLENGE:
+            return self._challenge(payload)
+        if ftype == T_PROOF:
+            return self._proof(payload)
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")
         except UnicodeDecodeError:
             raise _fail("ERROR frame text is not UTF-8") from None
         return ErrorFrame(code, text)
+
+    @staticmethod
+    def _challenge(payload):
+        (flags,) = CHALLENGE_HEAD.unpack_from(payload)
+        if flags & ~CHALLENGE_SECRET:
+            raise _fail("bad CHALLENGE: unknown flags %#04x" % flags)
+        nonce = bytes(payload[CHALLENGE_HEAD.size:]).decode("ascii", "replace")
+        problem = nonce_problem(nonce)
+        if problem is not None:
+            raise _fail("bad CHALLENGE: %s" % problem)
+        return Challenge(bool(flags), nonce)
+
+    @staticmethod
+    def _proof(payload):
+        nonce_len, proof_len = PROOF_HEAD.unpack_from(payload)
+        if PROOF_HEAD.size + nonce_len + proof_len != len(payload):
+            raise _fail("bad PROOF: a %d-character nonce and a %d-character proof do not fill its %d bytes"
+                        % (nonce_len, proof_len, len(payload) - PROOF_HEAD.size))
+        start = PROOF_HEAD.size
+        nonce = bytes(payload[start:start + nonce_len]).decode("ascii", "replace")
+        proof = bytes(payload[start + nonce_len:]).decode("ascii", "replace")
+        problem = nonce_problem(nonce, optional=True) or proof_problem(proof)
+        if problem is not None:
+            raise _fail("bad PROOF: %s" % problem)
+        return Proof(nonce, proof)
 
     @staticmethod
     def _history(payload, head, count):

@@ -51,7 +51,9 @@ def remoting_frames():
 
 
 REPLICATION_FRAMES = [
-    rp.serialize(rp.Hello(1, 7, 1 << 20, 0)),
+    rp.serialize(rp.Proof("5a" * 16, "")) + rp.serialize(rp.Hello(1, 7, 1 << 20, 0)),
+    rp.serialize(rp.Proof("5a" * 16, "ab" * 32)),
+    rp.serialize(rp.Challenge(True, "5a" * 16)),
     rp.serialize(rp.Ack(1, 0, 0)),
     rp.serialize(rp.Heartbeat(0)),
     rp.serialize(rp.ErrorFrame(1, "no")),

@@ -15,16 +15,22 @@ from tests.harness.replication import master_config, stats
 
 
 def fake_slave(rport, slave_id=9):
-    """A peer on the replication port that says HELLO like a fresh slave and reads the master's EPOCHS."""
+    """A peer on the replication port of a master with no replication secret: reads its CHALLENGE, answers
+    with a nonce and no proof and HELLO like a fresh slave, reads the master's PROOF and EPOCHS."""
     sock = socket.create_connection(("127.0.0.1", rport), timeout=5)
-    sock.sendall(rp.serialize(rp.Hello(slave_id, 7, 1 << 20, 0)))  # small_config: broker 7, 1 MiB segments
     parser = rp.ReplicationParser()
-    while True:
+    expected = [rp.Challenge, rp.Proof, rp.Epochs]
+    while expected:
         event = parser.next_event()
-        if isinstance(event, rp.Epochs):
-            return sock, parser
-        assert event is rp.NEED_DATA, event
-        parser.receive_data(sock.recv(65536))
+        if event is rp.NEED_DATA:
+            parser.receive_data(sock.recv(65536))
+            continue
+        assert isinstance(event, expected.pop(0)), event
+        if isinstance(event, rp.Challenge):
+            assert not event.secret
+            sock.sendall(rp.serialize(rp.Proof("5a" * 16, ""))  # small_config: broker 7, 1 MiB segments
+                         + rp.serialize(rp.Hello(slave_id, 7, 1 << 20, 0)))
+    return sock, parser
 
 
 def closed_by_master(sock, timeout=10):

@@ -11,12 +11,15 @@ from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication import (
     FRAME_HEADER,
+    VERSION,
     Ack,
+    Challenge,
     Data,
     Epochs,
     ErrorFrame,
     Heartbeat,
     Hello,
+    Proof,
     ReplicationParser,
     frame_parts,
     serialize,
@@ -38,7 +41,12 @@ def histories(draw):
     return tuple(out)
 
 
+nonces = st.text("0123456789abcdef", min_size=limits.MIN_REPLICATION_NONCE_CHARS,
+                 max_size=limits.MAX_REPLICATION_NONCE_CHARS)
 events = st.one_of(
+    st.builds(Challenge, st.booleans(), nonces),
+    st.builds(Proof, st.one_of(st.just(""), nonces),
+              st.text("0123456789abcdef", max_size=limits.MAX_REPLICATION_PROOF_CHARS)),
     st.builds(Hello, i32, st.integers(0, limits.MAX_BROKER_ID), st.integers(1, 2**63 - 1), pos64, histories()),
     st.builds(Epochs, pos64, pos64, histories()),
     st.builds(Data, pos64, st.binary(max_size=3000)),
@@ -150,7 +158,7 @@ def test_error_text_limit_at_and_past():
         p.next_event()
 
 
-def frame(ftype, payload, version=2, magic=b"MQRS", reserved=0):
+def frame(ftype, payload, version=VERSION, magic=b"MQRS", reserved=0):
     head = FRAME_HEADER.pack(magic, version, ftype, reserved, len(payload), 0)[:12]
     return head + struct.pack(">I", crc32(payload, crc32(head))) + payload
 
@@ -161,11 +169,12 @@ ENTRY = struct.pack(">qq", 0, 0)
 
 @pytest.mark.parametrize("wire, message", [
     (frame(9, b""), "unknown frame type 9"),
+    (frame(4, b"\0" * 24, version=2), "unsupported replication stream version 2 \\(this side speaks 3\\)"),
     (frame(1, b"\0" * 28), "must be 28 \\+ 16 x"),
     (frame(1, b"\0" * 45), "must be 28 \\+ 16 x"),
     (frame(6, b"\0" * 20), "must be 20 \\+ 16 x"),
     (frame(4, b"\0" * 9), "must carry 24 bytes"),
-    (frame(4, b"\0" * 24, version=1), "version 1 .*speaks 2"),
+    (frame(4, b"\0" * 24, version=1), "version 1 .*speaks 3"),
     (frame(4, b"\0" * 24, reserved=1), "reserved"),
     (frame(4, b"\0" * 24, magic=b"MQRX"), "magic"),
     (b"GET / HTTP/1.1\r\n\r\n", "magic"),
@@ -229,3 +238,76 @@ def test_epoch_history_limit_at_and_past():
     p.receive_data(past[:FRAME_HEADER.size])  # refused from the header alone
     with pytest.raises(RemoteProtocolError, match="MAX_REPLICATION_EPOCHS"):
         p.next_event()
+
+
+# -- the handshake frames (CHALLENGE, PROOF) ----------------------------------------------------------
+
+NONCE = "0123456789abcdef" * 2  # 32 hex characters: the shortest nonce
+PROOF_HEX = "ab" * 32  # 64: an HMAC-SHA256 in hex, the longest proof
+
+
+def challenge_frame(flags, nonce):
+    return frame(7, struct.pack(">B", flags) + nonce)
+
+
+def proof_frame(nonce, proof, nonce_len=None, proof_len=None):
+    return frame(8, struct.pack(">BB", len(nonce) if nonce_len is None else nonce_len,
+                                len(proof) if proof_len is None else proof_len) + nonce + proof)
+
+
+@pytest.mark.parametrize("event", [
+    Challenge(True, NONCE), Challenge(False, "f" * limits.MAX_REPLICATION_NONCE_CHARS),
+    Proof(NONCE, PROOF_HEX), Proof(NONCE, ""), Proof("", PROOF_HEX), Proof("", ""),
+])
+def test_handshake_frames_round_trip(event):
+    p = ReplicationParser()
+    p.receive_data(serialize(event))
+    assert p.next_event() == event
+
+
+@pytest.mark.parametrize("wire, message", [
+    (challenge_frame(1, b"a" * 31), "CHALLENGE frame of 32 bytes: must be 33..65"),
+    (challenge_frame(1, b"a" * 65), "CHALLENGE frame of 66 bytes: must be 33..65"),  # an oversize nonce
+    (challenge_frame(1, b""), "CHALLENGE frame of 1 bytes"),
+    (challenge_frame(2, NONCE.encode()), "unknown flags 0x02"),
+    (challenge_frame(1, b"ABCDEF" + b"0" * 26), "lowercase hex"),
+    (challenge_frame(1, b"a b" + b"0" * 29), "lowercase hex"),  # a space would shift the proof's words
+    (challenge_frame(1, b"\xff" * 32), "lowercase hex"),
+    (proof_frame(b"", b"", nonce_len=1), "do not fill"),
+    (proof_frame(NONCE.encode(), b"ab", proof_len=1), "do not fill"),
+    (proof_frame(b"a" * 31, b""), "a nonce has 32..64 characters, not 31"),
+    (proof_frame(b"a" * 65, b""), "a nonce has 32..64 characters, not 65"),  # an oversize nonce in a short frame
+    (proof_frame(b"a" * 64, b"a" * 65), "PROOF frame of 131 bytes: must be 2..130"),
+    (proof_frame(b"a" * 40, b"b" * 65), "at most 64 characters, not 65"),  # fits the frame, not the proof limit
+    (proof_frame(NONCE.encode(), b"G" * 64), "a proof is lowercase hex"),
+    (proof_frame(b"", b"\x00" * 64), "a proof is lowercase hex"),
+    (frame(8, b"\0"), "PROOF frame of 1 bytes"),
+])
+def test_bad_handshake_frames(wire, message):
+    p = ReplicationParser()
+    p.receive_data(wire)
+    with pytest.raises(RemoteProtocolError, match=message) as info:
+        p.next_event()
+    assert info.value.fatal
+
+
+def test_oversize_handshake_frames_are_refused_from_the_header_alone():
+    for wire in (challenge_frame(1, b"a" * 1000), proof_frame(b"a" * 200, b"b" * 200, 200, 200)):
+        p = ReplicationParser()
+        p.receive_data(wire[:FRAME_HEADER.size])
+        with pytest.raises(RemoteProtocolError, match="MAX_REPLICATION_NONCE_CHARS"):
+            p.next_event()
+
+
+@pytest.mark.parametrize("event, message", [
+    (Challenge(True, "a" * 31), "32..64 characters, not 31"),
+    (Challenge(True, "a" * 65), "32..64 characters, not 65"),
+    (Challenge(True, "Z" * 32), "lowercase hex"),
+    (Proof("a" * 65, ""), "32..64 characters"),
+    (Proof(NONCE, "a" * 65), "at most 64 characters"),
+    (Proof(NONCE, "not hex"), "lowercase hex"),
+    (Proof("é" * 32, ""), "lowercase hex"),
+])
+def test_bad_handshake_frames_are_not_sent(event, message):
+    with pytest.raises(ValueError, match=message):
+        serialize(event)

@@ -3,8 +3,11 @@ moves a broker between the two.
 
 Master→slave replication over our own stream (``metaq.protocol.replication``; DESIGN §8).
 
-Master: ``ReplicationServer`` listens on ``replication.port``; each slave
-connection sends HELLO (its own log end and epoch history); the master answers
+Master: ``ReplicationServer`` listens on ``replication.port``; on each
+connection the two sides first prove the replication secret to each other
+when one is set (``handshake.py``: the slave first, then the master; a peer
+that cannot is refused before a byte of the log moves either way), and the
+slave sends HELLO (its own log end and epoch history); the master answers
 EPOCHS (the position up to which the two logs agree, ``store.epochs.
 agreed_position``, and its own history), then streams its commit log from
 that position in DATA frames (``MessageStore.read_log``: up to the flushed end

@@ -11,6 +11,7 @@ from metaq.protocol import replication as rp
 from metaq.protocol.stats import ReplicaRow, format_replica
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
+from metaq.server.replication import handshake
 from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
                                            send_event)
 from metaq.store.epochs import agreed_position
@@ -34,8 +35,10 @@ class SlaveState:
 class ReplicationServer:
     """The master's side: one greenlet pair (sender, ack reader) per connected slave."""
 
-    def __init__(self, core_, store, config):
+    def __init__(self, core_, store, config, secret=None):
+        """``secret``: the replication secret (bytes) slaves must prove, or None (``handshake``)."""
         self.core = core_
+        self.secret = secret
         self.store = store
         self.config = config
         rcfg = config.replication
@@ -54,7 +57,9 @@ class ReplicationServer:
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
                                          headroom=limits.REPLICATION_HEADROOM, guarded=False)
         self.port = self.listener.port
-        log.info("replication (%s mode) listening on %s:%d", self.mode, self.host, self.port)
+        log.info("replication (%s mode) listening on %s:%d, %s", self.mode, self.host, self.port,
+                 "slaves must prove the replication secret" if self.secret is not None else
+                 "no replication secret (any peer that reaches the port may replicate)")
 
     def stop(self):
         """Stop serving slaves. Not at the start of a shutdown: they keep getting what the finishing requests
@@ -104,14 +109,16 @@ class ReplicationServer:
         peer = "%s:%d" % address[:2]
         parser = rp.ReplicationParser()
         try:
-            hello = self._read_hello(sock, parser)
-            if hello is None:
+            shaken = self._handshake(sock, parser, address, peer)
+            if shaken is None:
                 return
+            hello, slave_nonce, master_nonce = shaken
             refusal, agreed = self._check_hello(hello)
             if refusal is not None:
                 log.warning("replication: refusing slave %d from %s: %s", hello.slave_id, peer, refusal)
                 send_event(sock, rp.ErrorFrame(ERR_REFUSED, refusal))
                 return
+            send_event(sock, handshake.master_proof(self.secret, master_nonce, slave_nonce, hello.slave_id))
             store = self.store
             send_event(sock, rp.Epochs(agreed, store.written_position, tuple(store.epochs.entries)))
             state = SlaveState(hello.slave_id, peer, agreed)
@@ -141,23 +148,63 @@ class ReplicationServer:
             except OSError:
                 pass
 
-    def _read_hello(self, sock, parser):
-        """The slave's HELLO, or None; the whole HELLO must arrive within HELLO_TIMEOUT_S of the connection."""
+    def _handshake(self, sock, parser, address, peer):
+        """CHALLENGE; the slave's PROOF and HELLO, checked (``handshake``): ``(hello, slave nonce, master
+        nonce)``, or None when the connection is to close (the reason logged, and sent in an ERROR when it is the
+        slave's fault). All of it within HELLO_TIMEOUT_S of the connection: nothing of the log leaves before."""
         deadline = time.monotonic() + HELLO_TIMEOUT_S
+        challenge = handshake.challenge(self.secret)
+        try:
+            send_event(sock, challenge)
+            proof = self._expect(sock, parser, deadline, rp.Proof, peer)
+            hello = self._expect(sock, parser, deadline, rp.Hello, peer) if proof is not None else None
+        except errors.RemoteProtocolError as exc:
+            log.warning("replication: refusing %s: bad handshake: %s", peer, exc)
+            send_event(sock, rp.ErrorFrame(ERR_REFUSED, "bad replication handshake: %s" % exc))
+            return None
+        if hello is None:
+            return None
+        refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)
+        if refusal is not None:
+            guard = self.core.guard
+            delay = guard.failed(address[0]) if guard is not None else 0.0
+            log.warning("replication: refusing slave %d from %s before any log byte: %s", hello.slave_id, peer,
+                        refusal)
+            if delay:
+                gevent.sleep(delay)  # a guesser is slowed (the guard counts failures per address)
+            send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
+            return None
+        sock.settimeout(None)
+        return hello, proof.nonce, challenge.nonce
+
+    @staticmethod
+    def _expect(sock, parser, deadline, kind, peer):
+        """The next event, of type ``kind``; None when the peer closed, went silent past ``deadline`` or sent an
+        ERROR (logged); RemoteProtocolError for anything else."""
         while True:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
             event = parser.next_event()
-            if isinstance(event, rp.Hello):
-                sock.settimeout(None)
+            if isinstance(event, kind):
                 return event
             if event is CLOSED:
+                log.info("replication: %s closed the connection during the handshake", peer)
+                return None
+            if isinstance(event, rp.ErrorFrame):
+                log.warning("replication: the slave at %s gave up the handshake (%d): %s", peer, event.code,
+                            event.text)
                 return None
             if event is not NEED_DATA:
-                raise errors.RemoteProtocolError("expected HELLO, got %s" % type(event).__name__, fatal=True)
+                raise errors.RemoteProtocolError("expected %s, got %s" % (kind.__name__.upper(),
+                                                                          type(event).__name__.upper()), fatal=True)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.info("replication: %s did not finish the handshake within %.0f s; closing", peer,
+                         HELLO_TIMEOUT_S)
+                return None
+            sock.settimeout(remaining)
             try:
                 parser.receive_data(sock.recv(65536))
             except TimeoutError:
-                return None
+                continue  # the deadline check above ends it
 
     def _check_hello(self, hello):
         """``(refusal or None, agreed position)`` for a slave's HELLO."""

@@ -74,6 +74,7 @@ class Roles:
         self.waiters = waiters
         self.store_lock = store_lock
         self.registry = None  # set by attach_registry (ZooKeeper is optional)
+        self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         self.role = startup_role(config, store)  # "master" | "slave"
         self.promoting = False
         self.started = False
@@ -120,11 +121,13 @@ class Roles:
     def make_slave_link(self, master=None, slave_id=None):
         on_topics = self._new_topics if self.registry is not None or self.config.zk.connect else None
         return SlaveLink(self.store, self.config, self.flusher, self.waiters, self.store_lock, master, slave_id,
-                         on_handshake=self._handshake_done, on_new_topics=on_topics)
+                         on_handshake=self._handshake_done, on_new_topics=on_topics, secret=self.secret)
 
     def make_replication_server(self):
         """The master's ReplicationServer when a replication port is configured, else None."""
-        return ReplicationServer(self.core, self.store, self.config) if self.config.replication.port else None
+        if not self.config.replication.port:
+            return None
+        return ReplicationServer(self.core, self.store, self.config, secret=self.secret)
 
     def _handshake_done(self):
         """A slave's epoch handshake cut what needed cutting: reads may be served. True if they were refused."""

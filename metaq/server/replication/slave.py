@@ -9,8 +9,9 @@ import gevent
 from metaq import errors
 from metaq.protocol import replication as rp
 from metaq.protocol.stream import CLOSED, NEED_DATA
-from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, RECV_BYTES, now_ms,
-                                           send_event)
+from metaq.server.replication import handshake
+from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, HELLO_TIMEOUT_S, LINK_TIMEOUT_S, RECV_BYTES,
+                                           now_ms, send_event)
 from metaq.store.replica import ReplicationRefused
 
 log = logging.getLogger(__name__)
@@ -20,10 +21,12 @@ class SlaveLink:
     """The slave's side: keep one link to the master, agree on where the logs agree, copy its log, ACK."""
 
     def __init__(self, store, config, flusher, waiters, store_lock, master=None, slave_id=None,
-                 on_handshake=None, on_new_topics=None):
+                 on_handshake=None, on_new_topics=None, secret=None):
         """``on_handshake()``: called after each epoch handshake; ``on_new_topics(topics)``: when copied
-        records bring topics this broker did not know (ZooKeeper registration)."""
+        records bring topics this broker did not know (ZooKeeper registration); ``secret``: the replication
+        secret (bytes) the master must prove and this slave proves, or None (``handshake``)."""
         self.store = store
+        self.secret = secret
         self.config = config
         self.flusher = flusher
         self.waiters = waiters
@@ -86,6 +89,9 @@ class SlaveLink:
             started = time.monotonic()
             try:
                 self._session()
+            except errors.Unauthenticated as exc:  # either side's proof: nothing of the master's was used
+                self.last_error = str(exc)
+                log.warning("replication: not following master %s: %s; retrying in %.1f s", self.master, exc, delay)
             except (OSError, errors.MetaqError) as exc:
                 self.last_error = str(exc)
                 if self.connected:
@@ -111,13 +117,10 @@ class SlaveLink:
         sock = self._sock = socket.create_connection((self.host, self.port), timeout=5.0)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(LINK_TIMEOUT_S)
-        store = self.store
-        cfg = self.config
-        start = store.written_position
-        send_event(sock, rp.Hello(self.slave_id, cfg.broker.id, cfg.store.segment_size, start,
-                                   tuple(store.epochs.entries)))
         parser = rp.ReplicationParser()
-        self._handshake(self._next_event(sock, parser))
+        self._handshake(self._authenticate(sock, parser))
+        sock.settimeout(LINK_TIMEOUT_S)
+        store = self.store
         self.connected = True
         self.connects += 1
         self.last_error = None
@@ -135,16 +138,59 @@ class SlaveLink:
             else:
                 raise errors.RemoteProtocolError("unexpected %s from the master" % type(event).__name__, fatal=True)
 
-    def _next_event(self, sock, parser):
+    def _authenticate(self, sock, parser):
+        """The master's CHALLENGE, our PROOF and HELLO, its PROOF checked (``handshake``), all within
+        HELLO_TIMEOUT_S; returns the event after its PROOF (the EPOCHS). Unauthenticated when either side
+        refuses: nothing the master said has been acted on."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        challenge = self._next_event(sock, parser, deadline, "CHALLENGE")
+        if not isinstance(challenge, rp.Challenge):
+            raise errors.RemoteProtocolError("expected CHALLENGE, got %s" % type(challenge).__name__.upper(),
+                                             fatal=True)
+        ours, refusal = handshake.slave_proof(self.secret, challenge, self.slave_id)
+        if refusal is not None:
+            send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
+            raise errors.Unauthenticated(refusal)
+        store, cfg = self.store, self.config
+        send_event(sock, ours)
+        send_event(sock, rp.Hello(self.slave_id, cfg.broker.id, cfg.store.segment_size, store.written_position,
+                                  tuple(store.epochs.entries)))
+        theirs = self._next_event(sock, parser, deadline, "PROOF")
+        refusal = "%s: it sent %s instead of its PROOF" % (handshake.SLAVE_REQUIRES, type(theirs).__name__.upper())
+        if isinstance(theirs, rp.Proof):
+            refusal = handshake.check_master(self.secret, challenge.nonce, ours.nonce, self.slave_id, theirs)
+        elif self.secret is None:
+            raise errors.RemoteProtocolError("expected PROOF, got %s" % type(theirs).__name__.upper(), fatal=True)
+        if refusal is not None:
+            send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
+            raise errors.Unauthenticated(refusal)
+        return self._next_event(sock, parser, deadline, "EPOCHS")
+
+    def _next_event(self, sock, parser, deadline=None, waiting_for=None):
+        """The next event; during the handshake (``deadline``, absolute) the wait for it ends there."""
         while True:
             event = parser.next_event()
             if event is NEED_DATA:
-                parser.receive_data(sock.recv(RECV_BYTES))  # socket.timeout (an OSError) when the master is silent
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError("no %s from the master within %.0f s of connecting (a master older "
+                                           "than replication stream version %d says nothing first)"
+                                           % (waiting_for, HELLO_TIMEOUT_S, rp.VERSION))
+                    sock.settimeout(remaining)
+                try:
+                    data = sock.recv(RECV_BYTES)
+                except TimeoutError:
+                    if deadline is not None:
+                        continue  # the deadline check above names what was missing
+                    raise  # socket.timeout (an OSError) when the master is silent
+                parser.receive_data(data)
                 continue
             if event is CLOSED:
                 raise ConnectionError("the master closed the replication link")
             if isinstance(event, rp.ErrorFrame):
-                raise errors.Unavailable("the master refused replication (%d): %s" % (event.code, event.text))
+                cls = errors.Unauthenticated if event.code == errors.Unauthenticated.code else errors.Unavailable
+                raise cls("the master refused replication (%d): %s" % (event.code, event.text))
             return event
 
     def _handshake(self, event):
