@@ -223,6 +223,7 @@ def test_failing_hosts_are_reported_and_the_others_stay_consistent(deployed_clus
     # b0 gets a listen address this machine does not have (a valid config, but it cannot bind);
     # b2 has no sshd on its SSH port; b3's Python does not exist.
     inventory["brokers"][0]["listen"] = "192.0.2.1"
+    inventory["brokers"][0]["server"] = {"security": {"insecure": True}}  # a public address: protected mode
     dead_port = cluster.sshd.port + 1 if cluster.sshd.port < 65535 else cluster.sshd.port - 1
     inventory["brokers"].append({"name": "b2", "host": "127.0.0.1", "broker_id": 2, "port": 1,
                                  "ssh_port": dead_port, "install_dir": str(tmp_path / "b2"),
