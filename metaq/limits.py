@@ -226,3 +226,11 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
 MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
+
+#: Largest certificate, key or CA file (``security.tls.cert``/``key``/``ca``) the broker reads (a PEM bundle of
+#: a few hundred CAs fits); a larger one is refused at start.
+MAX_TLS_FILE_BYTES = 1024 * 1024
+
+#: Bytes read (without waiting) from a plaintext client on a port that requires TLS before its refusal is sent
+#: and the connection closed (a close with unread bytes resets the connection, which could lose the refusal).
+TLS_PLAINTEXT_DRAIN_BYTES = 64 * 1024

@@ -129,8 +129,8 @@ class TextClient(_Blocking):
 class RemotingClient(_Blocking):
     """A raw remoting connection: requests out through ``encode_command``, frames in through ``RemotingParser``."""
 
-    def __init__(self, port, timeout=10.0):
-        self.sock = _connect("127.0.0.1", port, timeout)
+    def __init__(self, port, timeout=10.0, ssl_context=None, server_hostname=None):
+        self.sock = _connect("127.0.0.1", port, timeout, ssl_context, server_hostname)
         self.parser = RemotingParser(max_frame=64 << 20)
         self._opaques = itertools.count(1)
         self.pending = []  # commands read while waiting for another opaque
