@@ -208,7 +208,27 @@ class Connection:
             elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
                 log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
             return None
+        if self.tls and data:
+            return self._more_tls(data, nbytes)
         return data
+
+    def _more_tls(self, data, nbytes):
+        """``data`` and the TLS records already arrived after it, up to ``nbytes`` in all, read without waiting:
+        a TLS read returns one record (16 KiB at most), where a plaintext read takes all the kernel holds; a
+        burst of pipelined requests is handled as one, as it is without TLS."""
+        sock = self.sock
+        parts, size = [data], len(data)
+        sock.settimeout(0.0)
+        try:
+            while size < nbytes:
+                chunk = sock.recv(nbytes - size)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+        except OSError:  # ssl.SSLWantReadError: nothing more now; a real failure shows at the next receive
+            pass
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def tls_hello(self, data):
         """True (and one log line) when ``data``, the first bytes of a plaintext connection, open a TLS hello: a

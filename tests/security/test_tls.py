@@ -171,7 +171,7 @@ def test_permissive_mode_takes_tls_and_plaintext_on_the_same_port(broker_factory
 def test_verify_clients_takes_our_certificate_and_refuses_none_and_a_strangers(broker_factory, tmp_path, pki):
     b = tls_broker(broker_factory, tmp_path, pki, verify_clients=True)
     with tls_client(b, pki, cert=pki.client_cert, key=pki.client_key) as c:
-        assert c.put_ok("t1", b"from alice's certificate")
+        assert c.put_ok("t1", b"from alice's certificate", partition=0)
 
     def attempt(**kw):
         c = tls_client(b, pki, **kw)  # TLS 1.3: the client's side completes before the broker checks it

@@ -36,9 +36,9 @@ SMALL_REPLY = 4096
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
 
-#: Over TLS (no sendmsg), buffers smaller than this are joined into writes of about this size; a larger one
-#: (a record's view) is written as it is.
-TLS_JOIN_BYTES = 64 * 1024
+#: Over TLS (no sendmsg), buffers smaller than this are joined into writes of up to about this size (one TLS
+#: record's worth); a larger one is written as it is.
+TLS_JOIN_BYTES = 16 * 1024
 
 def held_by(reply):
     """The reply-budget bytes a reply holds until sent: a get's data (a list of buffers) holds its size."""
@@ -126,15 +126,16 @@ class Connection(core.Connection):
                     sent = 0
 
     def _send_buffers_tls(self, bufs):
-        """Every buffer, in order, over TLS (an SSL socket has no sendmsg): small ones joined into writes of
-        about ``TLS_JOIN_BYTES`` (one TLS record each, not one per buffer), large ones written as they are."""
+        """Every buffer, in order, over TLS (an SSL socket has no sendmsg): runs of small ones (acks, a get's
+        header) joined into one write, a large one (a get's records, gathered per segment) written as it is —
+        copying it again would cost more than its encryption (fresh pages for every copy)."""
         sendall = self.sock.sendall
         run, size = [], 0
         for buf in bufs:
             n = len(buf)
             if n >= TLS_JOIN_BYTES:
                 if run:
-                    sendall(b"".join(run))
+                    sendall(run[0] if len(run) == 1 else b"".join(run))
                     run, size = [], 0
                 sendall(buf)
                 continue
@@ -144,7 +145,7 @@ class Connection(core.Connection):
                 sendall(b"".join(run))
                 run, size = [], 0
         if run:
-            sendall(b"".join(run))
+            sendall(run[0] if len(run) == 1 else b"".join(run))
 
     def _send_replies(self, out):
         """Send a burst's replies with one call: joined bytes, or one buffer list when a get is among them."""
