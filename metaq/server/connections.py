@@ -39,6 +39,8 @@ import itertools
 import logging
 import socket
 import time
+from fcntl import ioctl
+from termios import FIONREAD
 
 import gevent
 from gevent.event import Event
@@ -51,6 +53,10 @@ log = logging.getLogger(__name__)
 
 #: Bytes asked of one recv().
 RECV_BYTES = 256 * 1024
+
+#: Bytes asked of one read of a TLS socket: the most one TLS record carries. A read returns one record at most,
+#: and asking for more costs an allocation of the size asked for (then shrunk) at every read.
+TLS_RECORD_BYTES = 16 * 1024
 
 #: At most one "refused a connection" line per listener this often (a flood of refusals must not become a
 #: flood of log lines filling the disk); the next line says how many were refused in between.
@@ -197,7 +203,7 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
         self.sock.settimeout(timeout)
         try:
-            data = self.sock.recv(nbytes)
+            data = self.sock.recv(nbytes if not self.tls else TLS_RECORD_BYTES)
         except OSError as exc:  # socket.timeout included
             if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
                 if in_request:  # is an SSLError("The read operation timed out")
@@ -221,7 +227,9 @@ class Connection:
         sock.settimeout(0.0)
         try:
             while size < nbytes:
-                chunk = sock.recv(nbytes - size)
+                if not sock.pending() and ioctl(sock.fileno(), FIONREAD, b"\0\0\0\0") == b"\0\0\0\0":
+                    break  # nothing more arrived (cheaper than the SSLWantReadError a read would raise)
+                chunk = sock.recv(min(nbytes - size, TLS_RECORD_BYTES))
                 if not chunk:
                     break
                 parts.append(chunk)
