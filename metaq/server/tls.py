@@ -89,6 +89,9 @@ def server_context(tls):
     """The listeners' context for ``tls`` (the ``security.tls`` section); a ConfigError names a bad file."""
     ctx = gevent_ssl.SSLContext(gevent_ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = gevent_ssl.TLSVersion.TLSv1_2
+    # No TLS 1.2 renegotiation: a client could make the broker redo handshakes at will, and a send would then
+    # have to read (one greenlet writes replies while another reads requests on the same socket).
+    ctx.options |= gevent_ssl.OP_NO_RENEGOTIATION
     _load_chain(ctx, tls)
     if tls.verify_clients:
         _load_ca(ctx, tls.ca)
