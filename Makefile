@@ -66,6 +66,7 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.bench_tx $(BENCH_TX_ARGS)
 	$(PY) -m bench.bench_delay $(BENCH_DELAY_ARGS)
 	$(PY) -m bench.bench_replication $(BENCH_REPL_ARGS)
+	$(PY) -m bench.bench_tls $(BENCH_TLS_ARGS)
 	HOME=$${HOME:-/tmp} $(PY) -m bench.bench_remoting $(BENCH_REMOTING_ARGS)
 
 clean:

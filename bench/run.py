@@ -35,16 +35,17 @@ def put_frames(depth, partition=0):
     return wire.put_block(TOPIC, b"p" * MSG, depth, partition)
 
 
-def pipelined_puts(port, n, depth=64):
-    """Put n messages keeping ``depth`` requests in flight; returns msgs/s."""
-    return pipelined(port, put_frames(depth), depth, n)
+def pipelined_puts(port, n, depth=64, **conn):
+    """Put n messages keeping ``depth`` requests in flight; returns msgs/s. ``conn``: ``wire.connect``'s TLS or
+    authentication."""
+    return pipelined(port, put_frames(depth), depth, n, **conn)
 
 
-def pipelined(port, frames, depth=64, n=None):
+def pipelined(port, frames, depth=64, n=None, **conn):
     """Send ``n`` requests (default: each of ``frames`` once, else cycling through them) keeping ``depth`` in
     flight, expecting ``result 200`` for each; returns requests/s."""
     n = len(frames) if n is None else n
-    sock = wire.connect(port)
+    sock = wire.connect(port, **conn)
     replies = wire.ResultReplies(sock)
     started = time.perf_counter()
     wire.pipeline(sock, replies, frames, n, depth)
@@ -53,9 +54,9 @@ def pipelined(port, frames, depth=64, n=None):
     return n / elapsed
 
 
-def sequential_put_latencies(port, n):
+def sequential_put_latencies(port, n, **conn):
     frame = put_frames(1)[0]
-    sock = wire.connect(port)
+    sock = wire.connect(port, **conn)
     replies = wire.ResultReplies(sock)
     lat = []
     for _ in range(n):
@@ -112,7 +113,7 @@ def concurrent_producers(port, producers, per_producer, depth=1):
     return producers * per_producer / elapsed
 
 
-def sequential_reads(port, count, max_size=1 << 20):
+def sequential_reads(port, count, max_size=1 << 20, **conn):
     """Read ``count`` messages of partition 0 in order with 1 MiB gets; returns (MB/s, msgs/s).
 
     As a fetching consumer does, the next get goes out as soon as the reply's
@@ -121,7 +122,7 @@ def sequential_reads(port, count, max_size=1 << 20):
     buffer and only the ``value`` header is parsed, so the figure is the
     broker's, not a Python parser's.
     """
-    sock = wire.connect(port)
+    sock = wire.connect(port, **conn)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # room for a whole reply
     buf = bytearray(max_size + (64 << 10))
     view = memoryview(buf)

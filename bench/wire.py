@@ -22,9 +22,21 @@ RESP_BULK = re.compile(rb"\$(-?\d+)\r\n|\+[^\r]*\r\n")
 BUFFER = 4 << 20
 
 
-def connect(port, host="127.0.0.1"):
+def connect(port, host="127.0.0.1", ssl_context=None, auth=None):
+    """A connected socket; ``ssl_context``: over TLS; ``auth``: ``(user, secret)`` proved first (the text
+    ``auth`` handshake, through ``TextClient``)."""
+    if auth is not None:
+        from metaq.client.raw import TextClient
+
+        client = TextClient(host, port, ssl_context=ssl_context)
+        r = client.auth(*auth)
+        if r.code != 200:
+            raise RuntimeError("auth refused: %r" % (r,))
+        return client.sock  # nothing past the auth reply is buffered: one request at a time
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if ssl_context is not None:
+        sock = ssl_context.wrap_socket(sock, server_hostname=host)
     return sock
 
 

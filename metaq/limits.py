@@ -255,3 +255,11 @@ MAX_REPLICATION_NONCE_CHARS = 64
 
 #: Longest proof of the replication secret in a ``PROOF`` frame (hex HMAC-SHA256: 64 characters).
 MAX_REPLICATION_PROOF_CHARS = 64
+
+#: Largest certificate, key or CA file (``security.tls.cert``/``key``/``ca``) the broker reads (a PEM bundle of
+#: a few hundred CAs fits); a larger one is refused at start.
+MAX_TLS_FILE_BYTES = 1024 * 1024
+
+#: Bytes read (without waiting) from a plaintext client on a port that requires TLS before its refusal is sent
+#: and the connection closed (a close with unread bytes resets the connection, which could lose the refusal).
+TLS_PLAINTEXT_DRAIN_BYTES = 64 * 1024

@@ -129,10 +129,10 @@ class TextClient(_Blocking):
 class RemotingClient(_Blocking):
     """A raw remoting connection: requests out through ``encode_command``, frames in through ``RemotingParser``."""
 
-    def __init__(self, port, timeout=10.0, credentials=None):
+    def __init__(self, port, timeout=10.0, credentials=None, ssl_context=None, server_hostname=None):
         """``credentials``: ``(access key, secret key)``: every request is signed as RocketMQ's ACL client hook
         signs it (``AccessKey`` and ``Signature`` extFields)."""
-        self.sock = _connect("127.0.0.1", port, timeout)
+        self.sock = _connect("127.0.0.1", port, timeout, ssl_context, server_hostname)
         self.credentials = credentials
         self.parser = RemotingParser(max_frame=64 << 20)
         self._opaques = itertools.count(1)

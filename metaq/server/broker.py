@@ -26,6 +26,7 @@ from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.server.text.transactions import TextTransactions
+from metaq.server.tls import TlsPolicy
 from metaq.server.transactions import TxService
 from metaq.store.store import MessageStore
 
@@ -58,9 +59,10 @@ class Broker:
         self.ahead = AheadWorker(self.store, self.store_lock)
         lim = config.limits
         self.guard = Guard(config.security)  # a bad permissions file stops the start here
+        self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes),
-                                   config.max_connections_per_address(), self.guard)
+                                   config.max_connections_per_address(), self.guard, self.tls)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None
         if config.zk.connect:

@@ -13,6 +13,11 @@ then applies the same rules to every accepted socket:
   have headroom past the cap (the replication port: ``limits.REPLICATION_HEADROOM``),
   so that clients filling the cap cannot lock a slave out.
 * ``TCP_NODELAY`` (replies are small; no Nagle delay).
+* **TLS** (``security.tls``, ``metaq.server.tls``): with mode ``on`` or ``permissive`` the first byte of each
+  accepted socket is peeked at; a TLS hello gets the handshake (within ``limits.TLS_HANDSHAKE_TIMEOUT_S``, or
+  ``request_timeout_s`` when shorter) before the listener makes its connection, so every front-end (and any
+  listener to come) reads and writes through the TLS socket without knowing; plaintext on a TLS-only port
+  is refused. Connections in their handshake count against the cap.
 * **Connection ids**, unique across listeners: the owner of a connection's
   local transactions, whichever protocol it speaks.
 * **Deadlines**: a connection with no request for ``idle_timeout_s`` is closed,
@@ -34,17 +39,24 @@ import itertools
 import logging
 import socket
 import time
+from fcntl import ioctl
+from termios import FIONREAD
 
 import gevent
 from gevent.event import Event
 from gevent.server import StreamServer
 
 from metaq import limits
+from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
 
 log = logging.getLogger(__name__)
 
 #: Bytes asked of one recv().
 RECV_BYTES = 256 * 1024
+
+#: Bytes asked of one read of a TLS socket: the most one TLS record carries. A read returns one record at most,
+#: and asking for more costs an allocation of the size asked for (then shrunk) at every read.
+TLS_RECORD_BYTES = 16 * 1024
 
 #: At most one "refused a connection" line per listener this often (a flood of refusals must not become a
 #: flood of log lines filling the disk); the next line says how many were refused in between.
@@ -63,6 +75,7 @@ class Listener:
         self.make = make  # make(sock, address, conn_id) -> Connection
         self.refuse = refuse  # refuse(sock, reason) sends the listener's refusal, or None: just close
         self.backlog = backlog
+        self.tls = "off"  # off, on or permissive: set by the core (TlsPolicy.mode_for)
         self.port = None
         self._server = None
 
@@ -155,6 +168,7 @@ class Connection:
         self.request_timeout = rules.request_s
         self.replies = ReplyBudget(rules.reply_bytes)
         self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
+        self.tls = isinstance(sock, TLS_SOCKETS)  # the core finished a TLS handshake on it
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
 
@@ -189,19 +203,51 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
         self.sock.settimeout(timeout)
         try:
-            data = self.sock.recv(nbytes)
-        except socket.timeout:
-            if in_request:
-                log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
-                         self.request_timeout)
-            else:
-                log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, timeout)
-            return None
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
+            data = self.sock.recv(nbytes if not self.tls else TLS_RECORD_BYTES)
+        except OSError as exc:  # socket.timeout included
+            if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
+                if in_request:  # is an SSLError("The read operation timed out")
+                    log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
+                             self.request_timeout)
+                else:
+                    log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, timeout)
+            elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
                 log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
             return None
+        if self.tls and data:
+            return self._more_tls(data, nbytes)
         return data
+
+    def _more_tls(self, data, nbytes):
+        """``data`` and the TLS records already arrived after it, up to ``nbytes`` in all, read without waiting:
+        a TLS read returns one record (16 KiB at most), where a plaintext read takes all the kernel holds; a
+        burst of pipelined requests is handled as one, as it is without TLS."""
+        sock = self.sock
+        parts, size = [data], len(data)
+        sock.settimeout(0.0)
+        try:
+            while size < nbytes:
+                if not sock.pending() and ioctl(sock.fileno(), FIONREAD, b"\0\0\0\0") == b"\0\0\0\0":
+                    break  # nothing more arrived (cheaper than the SSLWantReadError a read would raise)
+                chunk = sock.recv(min(nbytes - size, TLS_RECORD_BYTES))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+        except OSError:  # ssl.SSLWantReadError: nothing more now; a real failure shows at the next receive
+            pass
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def tls_hello(self, data):
+        """True (and one log line) when ``data``, the first bytes of a plaintext connection, open a TLS hello: a
+        client configured for TLS reached a port without it. The front-end closes the connection. Called once
+        per connection, on its first bytes; 0x16 can start no text command, and as the first byte of a length
+        it would make a frame far past any frame limit."""
+        if self.tls or data[:1] != TLS_HANDSHAKE_BYTE:
+            return False
+        log.warning("%s %s: a TLS hello on a plaintext port (security.tls.mode is off for it); closing",
+                    self.log_prefix, self.peer)
+        return True
 
     def close(self):
         if self.closed:
@@ -217,15 +263,18 @@ class Connection:
 class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
-    def __init__(self, max_connections, rules, max_per_address=None, guard=None):
+    def __init__(self, max_connections, rules, max_per_address=None, guard=None, tls=None):
         self.max_connections = max_connections
+        #: The broker's TlsPolicy (metaq.server.tls), or None: plaintext on every listener.
+        self.tls = tls
+        self._handshaking = 0  # accepted sockets in their TLS handshake (counted against the cap)
         #: The broker's Guard (metaq.server.guard): the address allow-list and each connection's Session.
         self.guard = guard
         #: Most connections one peer address may hold (None: no cap but ``max_connections``).
         self.max_per_address = max_per_address
         self.rules = rules
         self._per_address = {}  # peer host -> connections it holds (on listeners without headroom)
-        self._refusals = {}  # listener name -> [refused since the last log line, when that line was written]
+        self._refusals = {}  # (listener name, what) -> [refused since the last log line, when that line was written]
         self.closing = False
         self._listeners = []
         self._open = {}  # conn_id -> Connection
@@ -237,6 +286,8 @@ class ConnectionCore:
         """Start accepting on ``host:port`` (0: any free port); returns the started Listener. ``guarded``: the
         guard's address allow-list applies to it (not to replication, whose peers prove a shared secret)."""
         listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded)
+        if self.tls is not None:
+            listener.tls = self.tls.mode_for(name)
         listener.start(self.accept)
         self._listeners.append(listener)
         return listener
@@ -267,7 +318,7 @@ class ConnectionCore:
         if self.closing:
             sock.close()
             return
-        if len(self._open) >= self.max_connections + listener.headroom:
+        if len(self._open) + self._handshaking >= self.max_connections + listener.headroom:
             self._refuse(listener, sock, address, "too many connections: the limit is %d"
                          % (self.max_connections + listener.headroom))
             return
@@ -293,11 +344,17 @@ class ConnectionCore:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        if listener.tls != "off":
+            sock = self._secure(listener, sock, address)
+            if sock is None:
+                self._forget(host)
+                return
         conn_id = next(self._ids)
         try:
             conn = listener.make(sock, address, conn_id)
             if self.guard is not None:
-                conn.session = self.guard.session(address[0] if isinstance(address, tuple) else str(address))
+                conn.session = self.guard.session(address[0] if isinstance(address, tuple) else str(address),
+                                                  conn.tls)
         except BaseException:
             self._forget(host)
             sock.close()
@@ -317,6 +374,25 @@ class ConnectionCore:
                 except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
                     log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
 
+    def _secure(self, listener, sock, address):
+        """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed."""
+        self._handshaking += 1
+        try:
+            secured, why = self.tls.secure(listener.tls, sock, self.rules.idle_s, self.rules.request_s)
+        finally:
+            self._handshaking -= 1
+        if secured is not None and self.closing:
+            secured.close()
+            return None
+        if secured is None:
+            if why == PLAINTEXT_REFUSAL:
+                self._refuse(listener, sock, address, why, code=400)
+            else:
+                sock.close()
+                if why:
+                    self._log_refusal(listener, address, why, "closed")
+        return secured
+
     def _forget(self, host):
         if host is not None:
             left = self._per_address[host] - 1
@@ -330,20 +406,31 @@ class ConnectionCore:
         that has headroom, against that listener's own per-address cap)."""
         return self._per_address.get((listener, host) if listener else host, 0)
 
-    def _refuse(self, listener, sock, address, reason):
-        if listener.refuse is not None:
+    def _refuse(self, listener, sock, address, reason, code=None):
+        """Turn ``sock`` away in the listener's words (``code``: other than its usual one) and close it. On a port
+        that speaks TLS a refusal before the handshake just closes: the peer expects TLS, not plaintext."""
+        if listener.refuse is not None and (listener.tls == "off" or code is not None):
             try:
-                listener.refuse(sock, reason)
+                if code is None:
+                    listener.refuse(sock, reason)
+                else:
+                    listener.refuse(sock, reason, code)
             except OSError:
                 pass
         sock.close()
-        seen = self._refusals.setdefault(listener.name, [0, -REFUSAL_LOG_INTERVAL_S])
+        self._log_refusal(listener, address, reason)
+
+    def _log_refusal(self, listener, address, reason, what="refused"):
+        """One line per listener and ``what`` (refused; closed in its TLS handshake) per ``REFUSAL_LOG_INTERVAL_S``
+        at most, counting those in between."""
+        seen = self._refusals.setdefault((listener.name, what), [0, -REFUSAL_LOG_INTERVAL_S])
         seen[0] += 1
         now = time.monotonic()
         if now - seen[1] >= REFUSAL_LOG_INTERVAL_S:
             more = " and %d more since the last such line" % (seen[0] - 1) if seen[0] > 1 else ""
-            log.warning("refused a connection from %s on the %s port: %s (%d connections open)%s", address[0],
-                        listener.name, reason, len(self._open), more)
+            log.warning("%s a connection from %s on the %s port: %s (%d connections open)%s", what,
+                        address[0] if isinstance(address, tuple) else address, listener.name, reason,
+                        len(self._open), more)
             seen[0], seen[1] = 0, now
 
     # -- shutting down ---------------------------------------------------------

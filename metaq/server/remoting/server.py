@@ -155,10 +155,15 @@ class RemotingConnection(core.Connection):
 
     def serve(self):
         try:
+            first = True
             while not self.closed and not self.server.closing:
                 data = self.receive()
                 if data is None:
                     return
+                if first:
+                    if self.tls_hello(data):
+                        return
+                    first = False
                 try:
                     self.parser.receive_data(data)
                 except errors.RemoteProtocolError:

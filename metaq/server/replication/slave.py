@@ -12,6 +12,7 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication import handshake
 from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, HELLO_TIMEOUT_S, LINK_TIMEOUT_S, RECV_BYTES,
                                            now_ms, send_event)
+from metaq.server.tls import client_context
 from metaq.store.replica import ReplicationRefused
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class SlaveLink:
         self.pending_epochs = []  # the master's entries past our end: recorded as our copy reaches them
         self._pool = gevent.get_hub().threadpool
         self._sock = None
+        tls = config.security.tls  # TLS to the master (a bad certificate file stops the start here)
+        self._tls = client_context(tls) if tls.mode != "off" and tls.replication else None
         self._greenlet = None
         self._stopping = False
 
@@ -117,6 +120,8 @@ class SlaveLink:
         sock = self._sock = socket.create_connection((self.host, self.port), timeout=5.0)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(LINK_TIMEOUT_S)
+        if self._tls is not None:  # the handshake checks the master's certificate against security.tls.ca
+            sock = self._sock = self._tls.wrap_socket(sock, server_hostname=self.host)
         parser = rp.ReplicationParser()
         self._handshake(self._authenticate(sock, parser))
         sock.settimeout(LINK_TIMEOUT_S)

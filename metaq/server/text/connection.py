@@ -36,6 +36,10 @@ SMALL_REPLY = 4096
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
 
+#: Over TLS (no sendmsg), buffers smaller than this are joined into writes of up to about this size (one TLS
+#: record's worth); a larger one is written as it is.
+TLS_JOIN_BYTES = 16 * 1024
+
 def held_by(reply):
     """The reply-budget bytes a reply holds until sent: a get's data (a list of buffers) holds its size."""
     return sum(map(len, reply)) if type(reply) is list else 0
@@ -106,6 +110,9 @@ class Connection(core.Connection):
 
     def _send_buffers(self, bufs):
         """Scatter-gather send of every buffer, in order, without joining them."""
+        if self.tls:
+            self._send_buffers_tls(bufs)
+            return
         i, n = 0, len(bufs)
         while i < n:
             sent = self.sock.sendmsg(bufs[i:i + IOV_BATCH])
@@ -117,6 +124,28 @@ class Connection(core.Connection):
                 else:
                     bufs[i] = memoryview(bufs[i])[sent:]
                     sent = 0
+
+    def _send_buffers_tls(self, bufs):
+        """Every buffer, in order, over TLS (an SSL socket has no sendmsg): runs of small ones (acks, a get's
+        header) joined into one write, a large one (a get's records, gathered per segment) written as it is —
+        copying it again would cost more than its encryption (fresh pages for every copy)."""
+        sendall = self.sock.sendall
+        run, size = [], 0
+        for buf in bufs:
+            n = len(buf)
+            if n >= TLS_JOIN_BYTES:
+                if run:
+                    sendall(run[0] if len(run) == 1 else b"".join(run))
+                    run, size = [], 0
+                sendall(buf)
+                continue
+            run.append(buf)
+            size += n
+            if size >= TLS_JOIN_BYTES:
+                sendall(b"".join(run))
+                run, size = [], 0
+        if run:
+            sendall(run[0] if len(run) == 1 else b"".join(run))
 
     def _send_replies(self, out):
         """Send a burst's replies with one call: joined bytes, or one buffer list when a get is among them."""
@@ -180,15 +209,16 @@ class Connection(core.Connection):
 
     def serve(self):
         try:
-            while not self.closed:
-                data = self._receive()
-                if data is None:
-                    return
+            data = self._receive()
+            if data is not None and self.tls_hello(data):
+                return
+            while data is not None and not self.closed:
                 self._reading = True
                 keep_open = self._process(data)
                 self._reading = False
                 if not keep_open or self.front.closing:
                     return
+                data = self._receive()
         finally:
             self._idle.wait(self.request_timeout)  # every accepted put is answered before the close
             if self.front.closing and self._children:  # replicated puts, a promotion (long polls answer at once)
@@ -226,6 +256,8 @@ class Connection(core.Connection):
     def _client_waits(self):
         """True when nothing more is buffered or waiting in the socket (FIONREAD) after this burst."""
         if self.parser.buffered:
+            return False
+        if self.tls and self.sock.pending():  # decrypted bytes the SSL object holds, not yet read
             return False
         try:
             return ioctl(self.sock.fileno(), FIONREAD, b"\0\0\0\0") == b"\0\0\0\0"

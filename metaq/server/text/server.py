@@ -39,6 +39,7 @@ class TextFrontEnd:
         return self.core.count("text")
 
 
-def refuse(sock, reason):
-    """The text port's refusal of a connection past the cap: ``result 503`` with the reason (then closed)."""
-    sock.sendall(encode_result(503, reason.encode(), 0))
+def refuse(sock, reason, code=503):
+    """The text port's refusal of a connection (past the cap: ``result 503``; plaintext on a port that requires
+    TLS: ``result 400``) with the reason, in plaintext (then closed)."""
+    sock.sendall(encode_result(code, reason.encode(), 0))
