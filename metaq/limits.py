@@ -223,6 +223,10 @@ MAX_AUTH_FAILURE_ADDRESSES = 10_000
 #: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
+#: Seconds a permissive replication port waits for a slave's first byte (a TLS hello) before it takes the slave
+#: for a plaintext one (which says nothing until the master's CHALLENGE).
+TLS_DETECT_WAIT_S = 1.0
+
 #: Longest shared secret or secret key (bytes) the broker accepts, and the shortest replication secret.
 MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16

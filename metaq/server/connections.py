@@ -66,8 +66,9 @@ REFUSAL_LOG_INTERVAL_S = 1.0
 class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
 
-    def __init__(self, name, host, port, make, refuse, backlog, headroom=0, guarded=True):
+    def __init__(self, name, host, port, make, refuse, backlog, headroom=0, guarded=True, server_first=False):
         self.name = name
+        self.server_first = server_first  # the broker speaks first (replication's CHALLENGE): see TlsPolicy.secure
         self.guarded = guarded  # the guard's address allow-list applies (replication proves a secret instead)
         self.headroom = headroom  # connections this listener may still take once the cap is reached
         self.host = host
@@ -282,10 +283,11 @@ class ConnectionCore:
         self._ids = itertools.count(1)
         self._close_hooks = []
 
-    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True):
+    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False):
         """Start accepting on ``host:port`` (0: any free port); returns the started Listener. ``guarded``: the
-        guard's address allow-list applies to it (not to replication, whose peers prove a shared secret)."""
-        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded)
+        guard's address allow-list applies to it (not to replication, whose peers prove a shared secret);
+        ``server_first``: its protocol has the broker speak first (a plaintext peer sends nothing until then)."""
+        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded, server_first)
         if self.tls is not None:
             listener.tls = self.tls.mode_for(name)
         listener.start(self.accept)
@@ -378,7 +380,8 @@ class ConnectionCore:
         """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed."""
         self._handshaking += 1
         try:
-            secured, why = self.tls.secure(listener.tls, sock, self.rules.idle_s, self.rules.request_s)
+            secured, why = self.tls.secure(listener.tls, sock, self.rules.idle_s, self.rules.request_s,
+                                           listener.server_first)
         finally:
             self._handshaking -= 1
         if secured is not None and self.closing:

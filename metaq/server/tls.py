@@ -127,12 +127,31 @@ class TlsPolicy:
             return "off"
         return self.mode
 
-    def secure(self, mode, sock, idle_s, request_s):
+    def secure(self, mode, sock, idle_s, request_s, server_first=False):
         """``(socket to serve, None)``: the TLS socket once its handshake is done, or (permissive) ``sock`` itself
         for a plaintext peer; ``(None, why)`` when the connection must end (``sock`` is then closed, and ``why`` is
-        ``PLAINTEXT_REFUSAL`` for plaintext on a TLS-only port: the caller answers it before closing)."""
+        ``PLAINTEXT_REFUSAL`` for plaintext on a TLS-only port: the caller answers it before closing).
+
+        ``server_first`` (replication: the master's CHALLENGE opens the exchange): a plaintext peer says nothing
+        before the broker does, so mode ``on`` goes straight to the handshake (a plaintext slave then fails it
+        by its deadline), and ``permissive`` takes a peer silent for ``limits.TLS_DETECT_WAIT_S`` as plaintext."""
         deadline_s = min(limits.TLS_HANDSHAKE_TIMEOUT_S, request_s)
         started = time.monotonic()
+        if server_first and mode == "on":
+            return self._handshake(sock, deadline_s, started)
+        if server_first:
+            try:
+                sock.settimeout(limits.TLS_DETECT_WAIT_S)
+                first = sock.recv(1, socket.MSG_PEEK)
+            except socket.timeout:
+                return sock, None  # silent: a plaintext slave waiting for the CHALLENGE
+            except OSError as exc:
+                return None, "closed before its first byte: %s" % exc
+            if not first:
+                return None, ""
+            if first != TLS_HANDSHAKE_BYTE:
+                return sock, None
+            return self._handshake(sock, deadline_s, time.monotonic())
         try:
             # A TLS client speaks first, at once; a plaintext client on a permissive port may open its
             # connection and wait before its first request, as it may on a plaintext port.
@@ -150,6 +169,10 @@ class TlsPolicy:
             return None, PLAINTEXT_REFUSAL  # bytes would reset the connection and could lose the answer
         if mode == "permissive":
             started = time.monotonic()  # the handshake's own deadline starts at its first byte
+        return self._handshake(sock, deadline_s, started)
+
+    def _handshake(self, sock, deadline_s, started):
+        """The server side of the TLS handshake on ``sock``, to be finished ``deadline_s`` after ``started``."""
         try:
             tls_sock = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         except (OSError, ValueError) as exc:

@@ -211,7 +211,7 @@ def test_a_handshake_that_never_finishes_is_closed_by_the_deadline(broker_factor
     for s in (partial, silent, garbage):
         s.close()
     lines = ("on the text port: TLS handshake not finished within 1 s",
-             "on the replication port: no first byte within 1 s",
+             "on the replication port: TLS handshake not finished within 1 s",  # the master speaks first there
              "on the remoting port: TLS handshake failed: WRONG_VERSION_NUMBER")
     wait_for(lambda: all(line in b.log_text() for line in lines), 5, b.log_text)
     log = b.log_text()
@@ -248,7 +248,9 @@ def test_a_slave_replicates_from_its_master_over_tls(broker_factory, tmp_path, p
                            extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "2"])
     wait_for(lambda: "cannot reach master" in plain.log_text(), 10, "the plaintext slave's failure logged")
     assert plain.client().stats_dict()["replication_link"] != "connected"
-    wait_for(lambda: "on the replication port: this port requires TLS" in master.log_text(), 5,
+    # the master speaks first on this port, so it goes straight to the TLS handshake, which a plaintext slave
+    # (waiting for the master's CHALLENGE) never starts: closed at the handshake deadline
+    wait_for(lambda: "on the replication port: TLS handshake not finished" in master.log_text(), 15,
              "the master's refusal logged")
     assert tls_stats(master, pki)["replication_slaves"] == "1"
 
@@ -284,3 +286,23 @@ def test_a_bad_certificate_file_stops_the_start_with_a_clear_message(broker_fact
     log = b.log_text()
     assert "cannot start: " in log and expected[1] in log, log
     assert "Traceback" not in log, log
+
+
+def test_a_permissive_master_takes_a_tls_slave_and_a_plaintext_slave(broker_factory, tmp_path, pki):
+    """The replication port's master speaks first: a plaintext slave says nothing until the CHALLENGE, so a
+    permissive port takes a peer silent for ``limits.TLS_DETECT_WAIT_S`` as plaintext, and a TLS hello as TLS."""
+    rport = free_port()
+    master = tls_broker(broker_factory, tmp_path, pki, mode="permissive", name="m", replication={"port": rport})
+    with tls_client(master, pki) as c:
+        for i in range(50):
+            c.put_ok("t-rep", b"record %d" % i)
+    slaves = []
+    for sid, tls in ((1, {"tls": dict(pki.tls_config("on"), ca=pki.ca)}), (2, {})):
+        wd = tmp_path / ("s%d" % sid)
+        slaves.append(broker_factory(small_config(os.path.join(str(wd), "data"), security=tls), workdir=wd,
+                                     extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", str(sid)]))
+    end = tls_stats(master, pki)["log_end_position"]
+    tls_slave, plain_slave = slaves
+    wait_for(lambda: tls_stats(tls_slave, pki)["log_end_position"] == end, 20, tls_slave.log_text)
+    wait_for(lambda: plain_slave.client().stats_dict()["log_end_position"] == end, 20, plain_slave.log_text)
+    assert tls_stats(master, pki)["replication_slaves"] == "2"
