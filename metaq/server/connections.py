@@ -48,6 +48,7 @@ from gevent.server import StreamServer
 
 from metaq import limits
 from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
+from metaq.server.tlsio import BioTls
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ class Connection:
         self.replies = ReplyBudget(rules.reply_bytes)
         self.session = None  # the guard's Session (metaq.server.guard), set by the core once made
         self.tls = isinstance(sock, TLS_SOCKETS)  # the core finished a TLS handshake on it
+        self.tls_bio = isinstance(sock, BioTls)
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
 
@@ -204,7 +206,7 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
         self.sock.settimeout(timeout)
         try:
-            data = self.sock.recv(nbytes if not self.tls else TLS_RECORD_BYTES)
+            data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
         except OSError as exc:  # socket.timeout included
             if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
                 if in_request:  # is an SSLError("The read operation timed out")
@@ -215,7 +217,7 @@ class Connection:
             elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
                 log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
             return None
-        if self.tls and data:
+        if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             return self._more_tls(data, nbytes)
         return data
 

@@ -11,8 +11,9 @@
 * ``permissive`` (migration): TLS and plaintext on the same port; the first byte tells them apart (0x16, a
   TLS handshake record, can start neither a text command nor a plausible RocketMQ or replication frame).
 
-The server's context comes from gevent's ``ssl`` (the sockets gevent's StreamServer accepts are gevent
-sockets); the slave's from the stdlib's (``socket.create_connection`` there is gevent's once the entry point
+The server's context comes from gevent's ``ssl``; each accepted connection speaks TLS through memory BIOs
+over its plain gevent socket (``tlsio.BioTls``: one recv takes many records, one sendall a whole reply).
+The slave's context is the stdlib's (``socket.create_connection`` there is gevent's once the entry point
 monkey-patched, and the stdlib's ``ssl`` with it). TLS 1.2 is the oldest version either end accepts.
 """
 
@@ -21,10 +22,10 @@ import socket
 import ssl as std_ssl
 import time
 
-import gevent
 from gevent import ssl as gevent_ssl
 
 from metaq import errors, limits
+from metaq.server.tlsio import BioTls, HandshakeTimeout
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ __all__ = ["TlsPolicy", "server_context", "client_context", "TLS_HANDSHAKE_BYTE"
 TLS_HANDSHAKE_BYTE = b"\x16"
 
 #: What a socket wrapped in TLS is, on the server (gevent's) and on the slave (the stdlib's, maybe patched).
-TLS_SOCKETS = (gevent_ssl.SSLSocket, std_ssl.SSLSocket)
+TLS_SOCKETS = (BioTls, gevent_ssl.SSLSocket, std_ssl.SSLSocket)
 
 #: The answer to plaintext on a port that requires TLS (the text port answers it in plaintext, then closes).
 PLAINTEXT_REFUSAL = "this port requires TLS (security.tls.mode on): connect with TLS, or ask for mode permissive"
@@ -174,25 +175,13 @@ class TlsPolicy:
     def _handshake(self, sock, deadline_s, started):
         """The server side of the TLS handshake on ``sock``, to be finished ``deadline_s`` after ``started``."""
         try:
-            tls_sock = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        except (OSError, ValueError) as exc:
-            return None, "TLS failed: %s" % _reason(exc)
-        left = max(0.001, deadline_s - (time.monotonic() - started))
-        try:
-            with gevent.Timeout(left, _HandshakeTimeout):
-                tls_sock.settimeout(left + 1.0)  # the Timeout above ends it first: one message
-                tls_sock.do_handshake()
-        except _HandshakeTimeout:
-            _close(tls_sock)
+            return BioTls.handshake(self.context, sock, deadline_s, started), None
+        except HandshakeTimeout:
+            _close(sock)
             return None, "TLS handshake not finished within %.0f s" % deadline_s
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            _close(tls_sock)
+            _close(sock)
             return None, "TLS handshake failed: %s" % _reason(exc)
-        return tls_sock, None
-
-
-class _HandshakeTimeout(Exception):
-    pass
 
 
 def _drain(sock, timeout_s):

@@ -139,3 +139,38 @@ def test_pipelined_sends_over_one_tls_connection(proxy, pki):
         results = [f.result(60) for f in futures]
     assert all(r.success for r in results), next(r.error for r in results if not r.success)
     assert len({(str(r.partition), r.offset) for r in results}) == 3000
+
+
+def test_producer_consumer_and_admin_over_the_brokers_own_tls(pki, tmp_path, capsys):
+    """No proxy: the broker's own TLS (``security.tls``), a client certificate required, authentication inside."""
+    wd = tmp_path / "b"
+    wd.mkdir()
+    tls = pki.tls_config("on", verify_clients=True)
+    broker = BrokerProcess(wd, small_config(wd / "data", security={"acl_file": write_acl(wd / "acl.yaml"),
+                                                                   "tls": tls})).start()
+    try:
+        url = url_of(broker)
+        sec = alice(pki, ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+        with Producer(brokers=[url], security=sec) as producer:
+            results = [producer.send(Message("orders-tls", b"m%d" % i)) for i in range(20)]
+        assert all(r.success for r in results), [r.error for r in results if not r.success]
+        got = []
+        consumer = Consumer("billing", brokers=[url], security=sec, recover_dir=str(tmp_path / "r"), long_poll_ms=200)
+        consumer.subscribe("orders-tls", lambda m: got.append(bytes(m.body)))
+        with consumer.start():
+            wait_for(lambda: len(got) >= 20, what=lambda: "20 messages over TLS, got %d" % len(got))
+        assert sorted(got) == sorted(b"m%d" % i for i in range(20))
+        path = tmp_path / "admin.yaml"
+        path.write_text(yaml.safe_dump({"user": "admin", "secret": SECRETS["admin"],
+                                        "tls": {"ca": pki.ca, "cert": pki.client_cert, "key": pki.client_key}}))
+        path.chmod(0o600)
+        os.chmod(pki.client_key, 0o600)
+        assert admin.main(["--brokers", url, "--credentials", str(path), "stats"]) == admin.EXIT_OK
+        out = capsys.readouterr().out
+        assert "tls" in out and "on" in out
+        # no client certificate: the broker refuses the handshake, the client says so clearly
+        with pytest.raises(errors.MetaqError):
+            with BrokerConnection(url, security=alice(pki, ca=pki.ca), connect_timeout=3) as conn:
+                conn.call(ev.Version(0), timeout=3)
+    finally:
+        broker.stop()
