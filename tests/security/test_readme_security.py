@@ -42,3 +42,21 @@ def test_the_openssl_line_computes_the_client_proof():
     tokens = words.split()
     user, nonce, client_nonce = tokens[2], " ".join(tokens[3:-1]), tokens[-1]  # the nonce is a placeholder
     assert out == proofs.text_proof(secret.encode(), "client", user, nonce, client_nonce)
+
+
+def test_the_yaml_examples_are_valid_settings():
+    import yaml
+
+    from metaq.auth.acl import parse_acl
+    from metaq.server.config import ServerConfig
+
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section(), re.S)]
+    acls = [b for b in blocks if "users" in b]
+    servers = [b for b in blocks if "security" in b]
+    assert acls and servers
+    for doc in acls:
+        assert parse_acl(doc).users
+    for doc in servers:
+        ServerConfig.model_validate(doc)
+    acl = parse_acl(yaml.safe_load((ROOT / "conf" / "acl.example.yaml").read_text()))
+    assert acl.user("ops").admin and not acl.user("dashboards").admin
