@@ -96,3 +96,48 @@ def test_a_reload_revokes_publishing_on_the_put_fast_path(broker_factory, tmp_pa
     c.send(_burst("orders", 20, 100))
     codes = [c.read_event().code for _ in range(20)]
     assert codes == [401] * 20, codes  # ...the fast path still stores her puts
+
+
+@pytest.mark.xfail(strict=True, reason="stats offsets / groups / <topic> answer any authenticated user about every "
+                   "topic and group: bob, who may only publish to orders, sees payroll's groups, offsets and counts")
+def test_stats_does_not_show_a_user_topics_and_groups_it_may_not_see(broker_factory, tmp_path):
+    b = broker_factory(secured(tmp_path))
+    with login(b, "admin") as admin:
+        for i in range(3):
+            admin.put_ok("payroll", b"pay%d" % i, partition=0)
+        assert admin.call(ev.CommitOffset("hr-secret-group", "payroll", 0, 2, 1)).code == 200
+    with login(b, "bob") as bob:
+        assert bob.call(ev.QueryOffset("hr-secret-group", "payroll", 0, 1)).code == 403  # refused directly
+        seen = "".join(bob.stats(item) for item in ("offsets", "groups", "payroll", "topics"))
+    assert "hr-secret-group" not in seen and "payroll" not in seen, seen
+
+
+def _remoting_broker(broker_factory, tmp_path, users=None):
+    from metaq.client.local import rmq_config
+    wd = tmp_path / "rb"
+    cfg = rmq_config(wd / "data", {}, security={"acl_file": write_acl(tmp_path / "acl.yaml", users=users)},
+                     store={"flush": "async", "flush_interval_ms": 50})
+    return broker_factory(cfg, workdir=wd)
+
+
+@pytest.mark.xfail(strict=True, reason="END_TRANSACTION checks only PUB on the half message's topic, not who sent it: "
+                   "another user (bob) decides alice's half message (numbers and ids are sequential, so guessable)")
+def test_another_user_cannot_end_my_half_message(broker_factory, tmp_path):
+    from metaq.client.raw import RemotingClient
+    from metaq.protocol.rocketmq.remoting import ResponseCode
+    from metaq.protocol.rocketmq.remoting import RequestCode as R
+    from metaq.server.remoting.send import HALF_ID_BASE
+    from tests.harness.rocketmq import send_v1
+
+    b = _remoting_broker(broker_factory, tmp_path)
+    port = b.config["remoting"]["port"]
+    with RemotingClient(port, credentials=("alice", SECRETS["alice"])) as alice, \
+            RemotingClient(port, credentials=("bob", SECRETS["bob"])) as bob:
+        sent = send_v1(alice, "orders", b"only if my local transaction commits", sys_flag=4)
+        assert sent.code == ResponseCode.SUCCESS, sent
+        # bob was told nothing: half numbers count from 1 per broker run, and the commitLogOffset is HALF_ID_BASE
+        # plus the number (the msgId field is not checked)
+        r = bob.call(R.END_TRANSACTION, {"producerGroup": "PG", "tranStateTableOffset": 1,
+                                         "commitLogOffset": HALF_ID_BASE + 1, "commitOrRollback": 12,  # rollback
+                                         "msgId": "0", "fromTransactionCheck": "false"})
+        assert r.code != ResponseCode.SUCCESS, "bob rolled back alice's half message"
