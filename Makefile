@@ -18,8 +18,10 @@ all: test
 # tests run sshd as a plain process on 127.0.0.1 and 127.0.0.2) and libfuse2 (the
 # fsync-failure tests mount tests/harness/fusefs.py, a FUSE filesystem written with
 # fusepy; as root libfuse2 mounts and unmounts with mount(2) itself, so neither
-# `fuse` nor `fuse3`, whose fusermount programs conflict on Debian 12, is needed).
-SYSDEPS := zookeeper postgresql openssh-server libfuse2
+# `fuse` nor `fuse3`, whose fusermount programs conflict on Debian 12, is needed), and
+# openssl (the security tests make a CA and certificates with it and probe TLS ports
+# with `openssl s_client`; a minimal Debian may lack the command).
+SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl
 # The benchmark measures Redis Streams beside metaq when redis-server is there.
 BENCH_SYSDEPS := redis-server
 sysdeps:
