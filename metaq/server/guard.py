@@ -25,6 +25,7 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
+from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.server.config import read_yaml
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,9 @@ class Guard:
                 raise errors.Forbidden("permission denied: user %s is not an admin (the admin role is needed)"
                                        % user.name)
             return
+        if kind == "topic" and name == SCHEDULE_TOPIC and not user.admin:
+            # its entries hold whole messages of every topic with a delay: only an admin may touch it
+            raise errors.Forbidden("permission denied: %s is the broker's internal topic (admin only)" % name)
         if not user.may(action, kind, name):
             raise errors.Forbidden("permission denied: user %s may not %s %s %s" % (
                 user.name, "publish to" if action == PUB else ("consume as" if kind == "group" else "subscribe to"),
@@ -185,13 +189,33 @@ class Guard:
         """The name transactions begun on this session belong to (None with authentication off)."""
         return session.user if self.enabled and session is not None else None
 
+    def visible_to(self, session):
+        """A ``(kind, name) -> bool`` of the topics and groups the session's user may subscribe to or consume as
+        (what ``stats`` tables show it), or None when it may see everything (authentication off, an admin)."""
+        if not self.enabled or self.is_admin(session):
+            return None
+
+        def may_see(kind, name):
+            try:
+                self.require(session, SUB, kind, name)
+                return True
+            except errors.MetaqError:
+                return False
+
+        return may_see
+
     def publish_filter(self, session):
         """A ``topic_bytes -> bool`` for the put fast path, or None when every topic passes (auth off)."""
         if not self.enabled:
             return None
         seen = {}
+        state = [None]  # (reloads, user) the answers in ``seen`` were given for
 
         def may_publish(topic):
+            now = (self.reloads, session.user)
+            if now != state[0]:  # a reloaded file, another user (a second auth): ask again
+                seen.clear()
+                state[0] = now
             allowed = seen.get(topic)
             if allowed is None:
                 try:

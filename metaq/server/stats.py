@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import metaq
 from metaq import limits
-from metaq.errors import MetaqError
+from metaq.errors import Forbidden, MetaqError
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
 from metaq.protocol.delay import SCHEDULE_TOPIC
@@ -173,22 +173,24 @@ class StatsService:
             raise ValueError("unknown stats source %r (known: %s)" % (name, ", ".join(SOURCES)))
         self.sources[name] = source
 
-    def render(self, item):
-        """The reply body for ``stats <item>`` (item None or "" = the summary)."""
+    def render(self, item, may_see=None):
+        """The reply body for ``stats <item>`` (item None or "" = the summary). ``may_see(kind, name)``: whether
+        the asking user may see a topic or a group (None: everything); the tables leave out the rows it may
+        not, and ``stats <topic>`` of such a topic is refused."""
         item = (item or "").strip()
         store = self.store
         if item == "":
             return codec.encode_summary(self.summary_values())
         if item == "topics":
-            return codec.encode_topics(topic_rows(store))
+            return codec.encode_topics(_visible(topic_rows(store), may_see))
         if item == "offsets":
-            return codec.encode_offsets(offset_rows(store))
+            return codec.encode_offsets(_visible(offset_rows(store), may_see))
         if item == "transactions":
             return codec.encode_transactions(transaction_rows(self.sources["transactions"]()))
         if item == "delay":
             return codec.encode_delay(*self.sources["delay_levels"]())
         if item == "groups":
-            return codec.encode_groups(group_rows(store))
+            return codec.encode_groups(_visible(group_rows(store), may_see))
         if item == "realtime":
             return codec.encode_realtime(realtime_values(self.counters))
         if item == "reset":
@@ -198,6 +200,8 @@ class StatsService:
             return codec.encode(ITEMS_HELP)
         if item == "config":
             return redact_secrets(self.config_text())
+        if may_see is not None and not may_see("topic", item):
+            raise Forbidden("permission denied: stats %s: the topic is not one this user may subscribe to" % item)
         return codec.encode_topic(topic_figures(item, store, self.counters))
 
     def summary_values(self):
@@ -296,6 +300,13 @@ def group_rows(store):
             continue
         rows.append(codec.GroupRow(group, topic, partition, offset, end, max(0, end - offset), commit_ms))
     return rows
+
+
+def _visible(rows, may_see):
+    """The rows whose topic (and group, for a group row) ``may_see`` allows; all of them when it is None."""
+    if may_see is None:
+        return rows
+    return [r for r in rows if may_see("topic", r.topic) and (not hasattr(r, "group") or may_see("group", r.group))]
 
 
 def transaction_rows(transactions):

@@ -85,6 +85,8 @@ class BioTls:
                     break
                 if self._eof:
                     break
+                if self._out.pending:  # an alert (a refused renegotiation) the peer waits for
+                    self._flush()
                 data = self.sock.recv(RECV_BYTES)
                 if not data:
                     self._eof = True

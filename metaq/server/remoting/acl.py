@@ -176,10 +176,11 @@ class RemotingAcl:
     ``store``: where a message's topic is read (``record_at``); ``half_topic(number)``: the sender's half
     messages."""
 
-    def __init__(self, guard, store, half_topic):
+    def __init__(self, guard, store, half_topic, half_user=None):
         self.guard = guard
         self.store = store
         self.half_topic = half_topic
+        self.half_user = half_user  # half_user(number): who sent a waiting half message
         self.refused = 0  # requests refused (authentication or permission)
 
     def check(self, cmd, conn):
@@ -231,6 +232,11 @@ class RemotingAcl:
 
     def _authorize(self, cmd, conn, name):
         guard, session = self.guard, conn.session
+        if cmd.code == R.END_TRANSACTION and self.half_user is not None:
+            number = decode_header(EndTransactionHeader, cmd).tran_state_table_offset
+            sender = self.half_user(number)
+            if sender is not None and sender != name and not guard.is_admin(session):
+                raise errors.Forbidden("No permission to end half message %d: another accessKey sent it" % number)
         for action, kind, what in needs(cmd, self._record_topic, self.half_topic):
             if action == ADMIN:
                 if not guard.is_admin(session):

@@ -75,7 +75,7 @@ class RemotingDispatcher:
         self.error_response = error_response
         guard = getattr(server.core, "guard", None)
         #: The per-request signature and permission check, with authentication on (remoting/acl.py).
-        self.acl = RemotingAcl(guard, store, self.sender.half_topic) if guard is not None and guard.enabled else None
+        self.acl = RemotingAcl(guard, store, self.sender.half_topic, self.sender.half_user) if guard is not None and guard.enabled else None
         R = RequestCode
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
         path = self.sender.path

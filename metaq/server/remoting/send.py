@@ -54,7 +54,7 @@ class RemotingSender:
         self.send_back_delay_level = cfg.send_back_delay_level
         self._half_session = "rmq%d" % now_ms()  # a new key space per broker run
         self._half_numbers = itertools.count(1)
-        self._half_owners = {}  # half message number -> (owner (connection id) of its transaction, topic)
+        self._half_owners = {}  # half message number -> (owner (connection id) of its transaction, topic, user)
 
     # -- the put itself -------------------------------------------------------
 
@@ -160,6 +160,9 @@ class RemotingSender:
         """
         if h.batch or cmd.code == 320:
             raise errors.ClientError("a batch cannot hold transactional messages")
+        if topic == SCHEDULE_TOPIC:  # as PutPath.append refuses a plain send there
+            raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a half message "
+                                     "cannot go there" % SCHEDULE_TOPIC)
         props = decode_properties(h.properties)
         props.pop(PROP_TRAN_MSG, None)  # cleared when the message is committed, as RocketMQ does
         flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
@@ -176,7 +179,7 @@ class RemotingSender:
         except errors.MetaqError:
             manager.rollback(txid, conn.conn_id, now)
             raise
-        self._half_owners[number] = (conn.conn_id, topic)
+        self._half_owners[number] = (conn.conn_id, topic, conn.session.user if conn.session is not None else None)
         while len(self._half_owners) > limits.MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
             del self._half_owners[next(iter(self._half_owners))]
         self.stats.on_put(topic, len(data))
@@ -190,10 +193,15 @@ class RemotingSender:
         entry = self._half_owners.get(number)
         return entry[1] if entry is not None else None
 
+    def half_user(self, number):
+        """The user who sent half message ``number`` (None: unknown, or sent with authentication off)."""
+        entry = self._half_owners.get(number)
+        return entry[2] if entry is not None else None
+
     def end_transaction(self, cmd, conn):
         h = decode_header(EndTransactionHeader, cmd)
         number = h.tran_state_table_offset
-        owner, _topic = self._half_owners.get(number, (None, None))
+        owner, _topic, _user = self._half_owners.get(number, (None, None, None))
         missing = errors.NotFound("no half message %d (commitLogOffset %d) is waiting for its end: it was ended, "
                                   "rolled back by a timeout or its connection closed, or never sent here"
                                   % (number, h.commit_log_offset))
