@@ -121,6 +121,8 @@ def test_remoting_connections_past_the_cap_are_refused_and_puts_keep_working(bro
     idle = [RemotingClient(port) for _ in range(9)]
     try:
         with TextClient("127.0.0.1", broker.port) as c:  # the tenth slot
+            # every idle connection accepted before the one past the cap (a loaded machine may lag)
+            wait_for(lambda: c.stats_dict()["remoting_connections"] == "9", 10, "the nine idle connections accepted")
             extra = RemotingClient(port)
             assert extra.is_closed()
             extra.close()

@@ -151,10 +151,24 @@ def test_a_killed_waiters_native_sync_is_settled_before_a_round_flushes_another_
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # fdatasync on a FIFO fails with EINVAL: a real failure
+    big = None
     try:
-        g = gevent.spawn(native.sync_fds, [fd])
-        gevent.sleep(0)  # it submits the job and waits for its result
+        # The job syncs 32 MiB of dirty pages first (tens of ms at least), then the FIFO: it is still in flight
+        # when the waiter is killed, however loaded the machine (a job that failed at once could come back
+        # before the kill: the result watcher has the loop's highest priority).
+        big = os.open(tmp_path / "dirty", os.O_RDWR | os.O_CREAT)
+        os.write(big, os.urandom(1 << 20) * 32)
+        submitted = []
+
+        def waiter():
+            submitted.append(True)  # from here it runs without yielding until it waits for the result
+            native.sync_fds([big, fd])
+
+        g = gevent.spawn(waiter)
+        while not submitted:  # it submits the job and waits for its result (a loaded hub may take a few turns)
+            gevent.sleep(0)
         g.kill(block=True)  # the waiter dies with the job in flight
+        assert isinstance(g.value, gevent.GreenletExit), (g.value, g.exception)
         with pytest.raises(OSError, match="an earlier fdatasync failed"):
             native.settle()
         native.settle()  # collected once: nothing is left in flight
@@ -163,3 +177,5 @@ def test_a_killed_waiters_native_sync_is_settled_before_a_round_flushes_another_
     finally:
         native.close()
         os.close(fd)
+        if big is not None:
+            os.close(big)

@@ -232,11 +232,6 @@ class RemotingAcl:
 
     def _authorize(self, cmd, conn, name):
         guard, session = self.guard, conn.session
-        if cmd.code == R.END_TRANSACTION and self.half_user is not None:
-            number = decode_header(EndTransactionHeader, cmd).tran_state_table_offset
-            sender = self.half_user(number)
-            if sender is not None and sender != name and not guard.is_admin(session):
-                raise errors.Forbidden("No permission to end half message %d: another accessKey sent it" % number)
         for action, kind, what in needs(cmd, self._record_topic, self.half_topic):
             if action == ADMIN:
                 if not guard.is_admin(session):
@@ -247,3 +242,8 @@ class RemotingAcl:
                 guard.require(session, action, kind, what)
             except errors.Forbidden as exc:
                 raise errors.Forbidden("No default permission for %s:%s (%s)" % (kind, _show(what), exc)) from None
+        if cmd.code == R.END_TRANSACTION and self.half_user is not None:  # and only its sender (or an admin)
+            number = decode_header(EndTransactionHeader, cmd).tran_state_table_offset
+            sender = self.half_user(number)
+            if sender is not None and sender != name and not guard.is_admin(session):
+                raise errors.Forbidden("No permission to end half message %d: another accessKey sent it" % number)

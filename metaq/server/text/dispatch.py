@@ -297,7 +297,7 @@ class TextDispatcher:
         return ok(b"%d" % offset, e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
-        return ok(self.render_stats(e.item, self.guard.visible_to(conn.session)), e.opaque), NO_WAIT
+        return ok(self.render_stats(e.item, self.guard.visible_to(getattr(conn, "session", None))), e.opaque), NO_WAIT
 
     def version(self, e, conn):
         return ok(metaq.__version__.encode(), e.opaque), NO_WAIT
