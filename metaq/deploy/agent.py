@@ -215,6 +215,11 @@ def probe(address, timeout=PROBE_TIMEOUT_S, security=None):
             if isinstance(event, ev.Result) and event.code == errors.Unauthenticated.code:
                 raise errors.Unauthenticated("%s has authentication on (%s): %s" % (
                     where, bytes(event.body).decode("utf-8", "replace"), CREDENTIALS_HINT))
+            if isinstance(event, ev.Result) and event.code == 400 and bytes(event.body).startswith(b"this port "
+                                                                                               b"requires TLS"):
+                raise errors.Unauthenticated("%s requires TLS: give the deploy agent a credentials file with `tls:` "
+                                             "(the CA that signed the broker's certificate), `credentials:` in the "
+                                             "inventory, or METAQ_TLS_CA in the host's environment" % where)
             if not isinstance(event, ev.Result) or event.code != 200:
                 raise ConnectionError("unexpected reply %r" % (event,))
             replies[event.opaque] = event.body

@@ -19,6 +19,7 @@ from metaq.deploy import agent, hostops
 from metaq.deploy.inventory import parse_inventory
 from metaq.deploy.layout import Layout
 from tests.harness.acl import SECRETS, write_acl
+from tests.harness.pki import Pki
 
 pytestmark = pytest.mark.integration
 
@@ -41,14 +42,18 @@ def script(path, command):
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """A broker as `fab deploy` leaves it: install dir, server.yaml rendered from the inventory (authentication
-    on), a release whose python and metaq-server run this checkout; and the inventory's broker."""
+    on, TLS on), a release whose python and metaq-server run this checkout; and the inventory's broker. The
+    agent's credentials file names the CA: its probe connects over TLS."""
     for name in list(os.environ):
         if name.startswith("METAQ_"):
             monkeypatch.delenv(name)
     home, data = tmp_path / "inst" / "metaq", tmp_path / "data" / "metaq"
-    creds = private_yaml(tmp_path / "agent.yaml", {"user": "admin", "secret": SECRETS["admin"]})
+    pki = Pki(tmp_path / "pki")
+    tls = {"ca": pki.ca}
+    creds = private_yaml(tmp_path / "agent.yaml", {"user": "admin", "secret": SECRETS["admin"], "tls": tls})
     inventory = {"defaults": {"install_dir": str(home), "data_dir": str(data), "credentials": creds,
-                              "server": {"security": {"acl_file": write_acl(tmp_path / "acl.yaml")},
+                              "server": {"security": {"acl_file": write_acl(tmp_path / "acl.yaml"),
+                                                      "tls": pki.tls_config("on")},
                                          "store": {"segment_size": 1 << 20, "index_file_units": 4096},
                                          "limits": {"max_body_bytes": 256 * 1024}}},
                  "brokers": [{"name": "b0", "host": "127.0.0.1", "broker_id": 0, "port": free_port()}]}
@@ -65,6 +70,15 @@ def installed(tmp_path, monkeypatch):
     agent.stop(layout, 10, force=True)
 
 
+def broker_ca(tmp_path):
+    return Pki(tmp_path / "pki").ca  # the fixture's (made once; Pki reuses the files)
+
+
+def broker_ca_of(creds):
+    with open(creds) as f:
+        return yaml.safe_load(f)["tls"]["ca"]
+
+
 def run_agent(broker, command, *options):
     return hostops.agent(Context(), broker, command, *options)
 
@@ -75,17 +89,20 @@ def test_the_agent_probe_authenticates_with_the_inventory_s_credentials(installe
     started = time.monotonic()
     report = run_agent(without, "start", "--timeout", 30)
     assert not report["ok"] and report["state"] == "unauthenticated", report
-    assert "has authentication on" in report["message"] and "`credentials:` in the inventory" in report["message"]
+    # no credentials file: no TLS either, and this broker speaks TLS only; said at once
+    assert "requires TLS" in report["message"] and "`credentials:` in the" in report["message"], report
     assert time.monotonic() - started < 20  # said at once, not after the 30 s timeout
 
     report = run_agent(broker, "status")
     assert report["ok"] and report["state"] == "up" and report["stats"]["broker_id"] == "0", report
 
-    wrong = private_yaml(tmp_path / "wrong.yaml", {"user": "admin", "secret": "not-the-admin-secret"})
+    wrong = private_yaml(tmp_path / "wrong.yaml", {"user": "admin", "secret": "not-the-admin-secret",
+                                                   "tls": {"ca": broker_ca(tmp_path)}})
     report = run_agent(broker.__class__(**{**broker.__dict__, "credentials": wrong}), "status")
     assert report["state"] == "unauthenticated" and "refused the credentials of user admin" in report["message"]
 
-    loose = private_yaml(tmp_path / "loose.yaml", {"user": "admin", "secret": SECRETS["admin"]}, mode=0o644)
+    loose = private_yaml(tmp_path / "loose.yaml", {"user": "admin", "secret": SECRETS["admin"],
+                                                   "tls": {"ca": broker_ca(tmp_path)}}, mode=0o644)
     report = run_agent(broker.__class__(**{**broker.__dict__, "credentials": loose}), "status")
     assert report["state"] == "error" and "group or others (mode 0644)" in report["message"]
 
@@ -106,6 +123,7 @@ def test_the_agent_takes_credentials_from_the_host_environment(installed, monkey
     assert report["state"] == "up"
     assert agent.main(["status", "--home", layout.home]) == 0
     monkeypatch.delenv("METAQ_CREDENTIALS")
+    monkeypatch.setenv("METAQ_TLS_CA", broker_ca_of(creds))  # TLS, but no user: the broker wants one
     assert agent.main(["status", "--home", layout.home]) == 1
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["state"] == "unauthenticated"

@@ -1,5 +1,5 @@
-"""spark.read.format("metaq") against a broker with authentication on: the credentials file named in the
-options is used by the planner and by every executor (a real local Spark)."""
+"""spark.read.format("metaq") against a broker with authentication and TLS on: the credentials file named in
+the options (user, secret and the CA) is used by the planner and by every executor (a real local Spark)."""
 
 import os
 
@@ -13,6 +13,7 @@ from metaq.client.security import ClientSecurity
 from metaq.spark.ranges import plan_ranges
 from tests.harness.acl import SECRETS, write_acl
 from tests.harness.broker import url_of
+from tests.harness.pki import Pki
 from tests.spark import conftest as spark_conftest
 
 pytest.importorskip("pyspark")
@@ -25,17 +26,18 @@ def test_the_metaq_source_reads_with_credentials(spark, tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith("METAQ_"):
             monkeypatch.delenv(name)
-    broker = BrokerProcess(tmp_path, small_config(tmp_path / "data",
-                                                  security={"acl_file": write_acl(tmp_path / "acl.yaml")})).start()
+    pki = Pki(tmp_path / "pki")
+    security = {"acl_file": write_acl(tmp_path / "acl.yaml"), "tls": pki.tls_config("on")}
+    broker = BrokerProcess(tmp_path, small_config(tmp_path / "data", security=security)).start()
     try:
         url = url_of(broker)
-        with Producer(brokers=[url], security=ClientSecurity("alice", SECRETS["alice"])) as producer:
+        with Producer(brokers=[url], security=ClientSecurity("alice", SECRETS["alice"], ca=pki.ca)) as producer:
             assert all(producer.send(Message("orders-spark", b"row %d" % i)).success for i in range(30))
         creds = tmp_path / "reader.yaml"
-        creds.write_text(yaml.safe_dump({"user": "reader", "secret": SECRETS["reader"]}))
+        creds.write_text(yaml.safe_dump({"user": "reader", "secret": SECRETS["reader"], "tls": {"ca": pki.ca}}))
         creds.chmod(0o600)
-        with pytest.raises(errors.Unauthenticated):  # without credentials the plan cannot even be made
-            plan_ranges({"brokers": url, "topic": "orders-spark"})
+        with pytest.raises(errors.Unauthenticated):  # TLS without credentials: the plan cannot even be made
+            plan_ranges({"brokers": url, "topic": "orders-spark", "ca": pki.ca})
         df = (spark.read.format("metaq").option("brokers", url).option("topic", "orders-spark")
               .option("credentials", str(creds)).option("maxOffsetsPerPartition", 5).load())
         assert df.rdd.getNumPartitions() >= 6  # several executor tasks, each connecting and authenticating
