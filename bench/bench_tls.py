@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import wire  # noqa: E402
 from bench.configs import full_size_store  # noqa: E402
-from bench.run import pipelined_puts, sequential_put_latencies, sequential_reads  # noqa: E402
+from bench.run import fmt, pipelined_puts, sequential_put_latencies, sequential_reads  # noqa: E402
 from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 
 USER, SECRET = "bench", "bench-secret-0123456789"
@@ -122,14 +122,6 @@ def print_table(rows, args):
             line += " %12s %6.2fx" % (fmt(v), ratio)
         print(line)
     print("ratio: against plaintext in the same runs; < 1 means slower (a higher latency or a lower rate)")
-
-
-def fmt(x):
-    if x >= 100:
-        return "{:,.0f}".format(x)
-    if x >= 1:
-        return "%.2f" % x
-    return "%.3f" % x
 
 
 def main():

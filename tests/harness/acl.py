@@ -31,3 +31,20 @@ def write_acl(path, users=None, roles=None, allow=None):
         yaml.safe_dump(doc, f)
     os.replace(tmp, str(path))
     return str(path)
+
+
+def secured_config(tmp_path, users=None, **security):
+    """small_config with authentication on (``write_acl``'s users unless ``users``), reloaded every 0.2 s."""
+    from metaq.client.local import small_config
+
+    values = {"acl_file": write_acl(tmp_path / "acl.yaml", users=users), "acl_reload_s": 0.2}
+    values.update(security)
+    return small_config(tmp_path / "data", security=values)
+
+
+def login(broker, user):
+    """A TextClient of ``broker`` authenticated as ``user`` (one of ``SECRETS``)."""
+    c = broker.client()
+    r = c.auth(user, SECRETS[user])
+    assert r.code == 200, r
+    return c

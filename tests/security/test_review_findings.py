@@ -10,20 +10,10 @@ from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from tests.harness.acl import DEFAULT_USERS, SECRETS, write_acl
+from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
 
 
-def secured(tmp_path, users=None, **security):
-    values = {"acl_file": write_acl(tmp_path / "acl.yaml", users=users), "acl_reload_s": 0.2}
-    values.update(security)
-    return small_config(tmp_path / "data", security=values)
-
-
-def login(broker, user):
-    c = broker.client()
-    r = c.auth(user, SECRETS[user])
-    assert r.code == 200, r
-    return c
+secured = secured_config
 
 
 def test_reader_denied_payroll_cannot_read_payroll_delayed_messages(broker_factory, tmp_path):

@@ -12,21 +12,11 @@ from metaq.client.raw import TextClient
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import TextParser, serialize
-from tests.harness.acl import SECRETS, write_acl
+from tests.harness.acl import SECRETS, login, secured_config, write_acl
 from tests.harness.broker import wait_for
 
 
-def secured(tmp_path, **security):
-    values = {"acl_file": write_acl(tmp_path / "acl.yaml"), "acl_reload_s": 0.2}
-    values.update(security)
-    return small_config(tmp_path / "data", security=values)
-
-
-def login(broker, user):
-    c = broker.client()
-    r = c.auth(user, SECRETS[user])
-    assert r.code == 200, r
-    return c
+secured = secured_config
 
 
 def put_event(topic, body=b"x", opaque=1, tx_key=None):
