@@ -119,6 +119,7 @@ def test_a_caught_up_slave_is_promoted_without_force_once_its_master_is_gone(bro
 @pytest.mark.slow
 def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tmp_path, capsys, zk_connect):
     from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
 
     m, s, srport, agreed = diverge(broker_factory, tmp_path, zk=zk_connect)
     code, out, _err = promote(capsys, s, force=True)
@@ -127,7 +128,12 @@ def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tm
     zk.start()
     try:
         ids = "/meta/brokers/ids/7"
-        master_of = lambda: zk.exists(ids + "/master") and zk.get(ids + "/master")[0].decode()  # noqa: E731
+        def master_of():
+            try:
+                return zk.get(ids + "/master")[0].decode()
+            except NoNodeError:  # not registered yet, or between the old master's node and the new one's
+                return None
+
         wait_for(lambda: master_of() == "meta://127.0.0.1:%d" % s.port, 20, "promoted slave registered as master")
         assert not zk.exists(ids + "/slave1")
         assert b'"epoch":1' in zk.get(ids + "/replication")[0] and (b":%d" % srport) in zk.get(ids + "/replication")[0]
