@@ -14,7 +14,7 @@ trees) switch faults on for as long as they exist:
   got, and a retried fsync "succeeds". ``fsyncdir`` fails with EIO as long as the flag exists. So SOURCE
   holds exactly what reached the "disk" before the flag appeared, and an acknowledgement that escaped a
   failed fsync (or came from a retried one) shows up as a lost message after a restart on SOURCE.
-* **enospc**: ``write`` fails with ENOSPC.
+* **enospc**: ``write`` fails with ENOSPC (only under ``--enospc-prefix`` when given: the tests use the commit log).
 
 Each injected fault is appended to the events file as a JSON line with its ``time.time()``.
 
@@ -48,10 +48,11 @@ class FaultFS:
 
     use_ns = True  # times in integer nanoseconds
 
-    def __init__(self, source, eio_flag, enospc_flag=None, events=None):
+    def __init__(self, source, eio_flag, enospc_flag=None, events=None, enospc_prefix=""):
         self.source = os.path.realpath(source)
         self.eio_flag = eio_flag
         self.enospc_flag = enospc_flag
+        self.enospc_prefix = enospc_prefix  # only writes to paths starting so fail with ENOSPC ("": every write)
         self.events = events
         self._lock = threading.Lock()
         self._lost = set()  # files with lost writes not yet reported by an fsync
@@ -155,7 +156,7 @@ class FaultFS:
         return os.pread(fh, size, offset)
 
     def write(self, path, data, offset, fh):
-        if self.enospc_flag and os.path.exists(self.enospc_flag):
+        if self.enospc_flag and path.startswith(self.enospc_prefix) and os.path.exists(self.enospc_flag):
             self._fault("enospc", "write", path)
             raise OSError(errno.ENOSPC, path)
         if self._eio():  # "written": the failed writeback is reported by the next fsync
@@ -203,10 +204,11 @@ def main(argv=None):
     ap.add_argument("--eio-flag", required=True, help="while this file exists: fsync fails with EIO, writes are lost")
     ap.add_argument("--enospc-flag", help="while this file exists: write fails with ENOSPC")
     ap.add_argument("--events", help="append one JSON line per injected fault here")
+    ap.add_argument("--enospc-prefix", default="", help="only writes to paths starting so fail with ENOSPC")
     args = ap.parse_args(argv)
     import fuse  # fusepy; imported here so that a missing package is reported by this process
 
-    ops = FaultFS(args.source, args.eio_flag, args.enospc_flag, args.events)
+    ops = FaultFS(args.source, args.eio_flag, args.enospc_flag, args.events, args.enospc_prefix)
     fuse.FUSE(ops, args.mountpoint, foreground=True, kernel_cache=True, big_writes=True, max_write=131072,
               fsname="metaq-fusefault")
 
@@ -242,7 +244,10 @@ class FaultMount:
         os.makedirs(self.source, exist_ok=True)
         os.makedirs(self.mountpoint, exist_ok=True)
         cmd = [sys.executable, "-m", "tests.harness.fusefs", self.source, self.mountpoint, "--eio-flag", self.eio_flag,
-               "--enospc-flag", self.enospc_flag, "--events", self.events_path]
+               "--enospc-flag", self.enospc_flag, "--events", self.events_path,
+               # the commit log's writes: an index growing on demand would otherwise meet ENOSPC first, and the
+               # broker refuse writes as a full disk (507) before any flush of the log failed
+               "--enospc-prefix", "/data/commitlog/"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
