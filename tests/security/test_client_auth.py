@@ -27,13 +27,6 @@ pytestmark = pytest.mark.integration
 WRONG = "not-alice-secret-9876543210"
 
 
-@pytest.fixture(autouse=True)
-def _no_env_credentials(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("METAQ_"):
-            monkeypatch.delenv(name)
-
-
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory):
     wd = tmp_path_factory.mktemp("acl-broker")

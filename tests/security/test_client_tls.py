@@ -22,13 +22,6 @@ from tests.harness.tls_proxy import TlsProxy
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(autouse=True)
-def _no_env_credentials(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("METAQ_"):
-            monkeypatch.delenv(name)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return Pki(tmp_path_factory.mktemp("pki"))
