@@ -22,8 +22,9 @@ Frame (big-endian)::
 
     FRAME_HEADER  >4sBBHII   16 bytes
       0  4  magic      b"MQRS"
-      4  1  version    3 (version 2 had no CHALLENGE/PROOF, version 1 no epochs: an older peer gets a clear
-                       "unsupported replication stream version" error, on both ends)
+      4  1  version    4 (version 3 had epoch entries without an origin, version 2 no CHALLENGE/PROOF, version 1
+                       no epochs: an older peer gets a clear "unsupported replication stream version" error, on
+                       both ends)
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
@@ -36,7 +37,9 @@ Payloads::
     EPOCHS     >qqI     agreed_position int64 (the slave cuts its log there and the DATA starts there),
                         master_end int64 (the master's written end), count uint32; then count x EPOCH_ENTRY:
                         the master's epoch history
-    EPOCH_ENTRY >qq     epoch int64, start int64 (log position where that epoch's records begin)
+    EPOCH_ENTRY >qqq    epoch int64, start int64 (log position where that epoch's records begin), origin int64
+                        (the epoch's random identity, drawn when it began; 0 for the root (0, 0) and for entries
+                        from before origins existed: ``metaq.store.epochs``)
     DATA       >q       position int64, then the log bytes (at most ``max_data`` of them)
     ACK        >iqq     slave_id int32, written_position int64 (appended), durable_position int64 (flushed)
     HEARTBEAT  >qqq     position int64 (the master's replicable end), written_position int64 (its written end),
@@ -54,7 +57,7 @@ lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
 them (nothing but hex: the proofs join their words with spaces).
 
 A history has 1..``MAX_REPLICATION_EPOCHS`` entries, strictly increasing in
-epoch and in start, all >= 0. Every fixed-size payload must have exactly its
+epoch and in start, all fields >= 0. Every fixed-size payload must have exactly its
 size; a HELLO or EPOCHS exactly its count of entries. Any violation (magic,
 version, type, reserved bits, length over the limit, CRC, a field out of
 range, EOF inside a frame) raises ``RemoteProtocolError`` with ``fatal=True``:
@@ -76,7 +79,7 @@ __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challen
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
 MAGIC = b"MQRS"
-VERSION = 3
+VERSION = 4
 
 #: magic, version, type, reserved, length, crc.
 FRAME_HEADER = struct.Struct(">4sBBHII")
@@ -89,9 +92,9 @@ assert HELLO.size == 28
 #: agreed_position, master_end, count of epoch entries.
 EPOCHS = struct.Struct(">qqI")
 assert EPOCHS.size == 20
-#: epoch, start.
-EPOCH_ENTRY = struct.Struct(">qq")
-assert EPOCH_ENTRY.size == 16
+#: epoch, start, origin.
+EPOCH_ENTRY = struct.Struct(">qqq")
+assert EPOCH_ENTRY.size == 24
 #: position of the first log byte of a DATA frame.
 DATA_HEAD = struct.Struct(">q")
 assert DATA_HEAD.size == 8
@@ -123,9 +126,12 @@ def history_problem(entries):
         return "an epoch history has 1..%d entries, not %d (limit MAX_REPLICATION_EPOCHS)" % (
             limits.MAX_REPLICATION_EPOCHS, len(entries))
     prev = None
-    for epoch, start in entries:
-        if not (0 <= epoch <= INT64_MAX and 0 <= start <= INT64_MAX):
-            return "epoch entry (%d, %d) out of range" % (epoch, start)
+    for entry in entries:
+        if len(entry) != 3:
+            return "an epoch entry is (epoch, start, origin), not %r" % (entry,)
+        epoch, start, origin = entry
+        if not (0 <= epoch <= INT64_MAX and 0 <= start <= INT64_MAX and 0 <= origin <= INT64_MAX):
+            return "epoch entry (%d, %d, %d) out of range" % (epoch, start, origin)
         if prev is not None and not (epoch > prev[0] and start > prev[1]):
             return "epoch entries must increase in epoch and start: (%d, %d) after (%d, %d)" % (
                 epoch, start, prev[0], prev[1])
@@ -134,7 +140,7 @@ def history_problem(entries):
 
 
 def _entries(epochs):
-    return [EPOCH_ENTRY.pack(e, s) for e, s in epochs]
+    return [EPOCH_ENTRY.pack(e, s, o) for e, s, o in epochs]
 
 
 class Hello(NamedTuple):
@@ -142,7 +148,7 @@ class Hello(NamedTuple):
     broker_id: int
     segment_size: int
     start_position: int
-    epochs: tuple = ((0, 0),)
+    epochs: tuple = ((0, 0, 0),)
 
 
 class Epochs(NamedTuple):
@@ -355,8 +361,9 @@ class ReplicationParser:
             head = HELLO.size if ftype == T_HELLO else EPOCHS.size
             most = head + EPOCH_ENTRY.size * limits.MAX_REPLICATION_EPOCHS
             if not head + EPOCH_ENTRY.size <= length <= most or (length - head) % EPOCH_ENTRY.size:
-                raise _fail("frame type %d of %d bytes: must be %d + 16 x (1..%d epoch entries) "
-                            "(limit MAX_REPLICATION_EPOCHS)" % (ftype, length, head, limits.MAX_REPLICATION_EPOCHS))
+                raise _fail("frame type %d of %d bytes: must be %d + %d x (1..%d epoch entries) "
+                            "(limit MAX_REPLICATION_EPOCHS)" % (ftype, length, head, EPOCH_ENTRY.size,
+                                                                 limits.MAX_REPLICATION_EPOCHS))
         elif ftype == T_DATA:
             if not DATA_HEAD.size <= length <= DATA_HEAD.size + self.max_data:
                 raise _fail("DATA frame of %d bytes: must be %d..%d (limit MAX_REPLICATION_DATA_BYTES)"

@@ -11,7 +11,7 @@ Nodes this broker (a master) writes, all data UTF-8 strings:
 
 A master also writes (ours, not MetaQ's; the ``master`` node stays byte-exact)
 the ephemeral ``ids/<id>/replication`` = ``{"address": "host:port" or null,
-"epoch": N, "epoch_start": P, "url": "meta://host:port"}``: its replication
+"epoch": N, "epoch_start": P, "epoch_origin": O, "url": "meta://host:port"}``: its replication
 port and epoch, which a superseded old master reads to rejoin it as a slave
 (``roles.rejoin_if_superseded``).
 
@@ -307,7 +307,7 @@ class ZkRegistry:
         if port is not None:  # the advertised host (as in our url) with the replication port
             address = "%s:%d" % (self.url[len("meta://"):].rsplit(":", 1)[0], port)
         return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
-                           "url": self.url}, separators=(",", ":"), sort_keys=True)
+                           "epoch_origin": epochs.latest[2], "url": self.url}, separators=(",", ":"), sort_keys=True)
 
     def _unregister_nodes(self, node, slave_id, topics):
         brokers = "%s/brokers" % self.root

@@ -59,13 +59,13 @@ def test_promote_then_the_old_master_rejoins_and_its_tail_is_cut(broker_factory,
     with s.client() as c:
         assert c.put("t-a", b"still a slave").code == 503
     code, out, _err = promote(capsys, s, force=True)
-    assert code == admin.EXIT_OK and "now the master, epoch 1 from log position %d" % agreed in out, out
+    assert code == admin.EXIT_OK and "now the master, epoch 2 from log position %d" % agreed in out, out
     assert "FORCED" in out
     code, _out, err = promote(capsys, s)
     assert code == admin.EXIT_REFUSED and "not a slave" in err
     st = stats(s)
     assert (st["slave"], st["replication_role"], st["replication_epoch"], st["replication_promoted"]) == \
-        ("false", "master", "1", "true")
+        ("false", "master", "2", "true")
     mixed_load(s, 40, seed=23)  # the new master takes writes
 
     # The old master comes back as a slave of an address where nobody listens: it serves no read yet.
@@ -85,7 +85,7 @@ def test_promote_then_the_old_master_rejoins_and_its_tail_is_cut(broker_factory,
     assert cut, m.log_text()
     assert int(cut.group(1)) == agreed and int(cut.group(3)) == 30
     st = stats(m)
-    assert st["replication_reads_refused"] == "false" and st["replication_epoch"] == "1"
+    assert st["replication_reads_refused"] == "false" and st["replication_epoch"] == "2"
     assert int(st["replication_cut_bytes"]) == int(cut.group(2)) > 0
     # The promoted broker stays master across a restart although its command line still says --slave-of.
     s.stop()
@@ -94,6 +94,49 @@ def test_promote_then_the_old_master_rejoins_and_its_tail_is_cut(broker_factory,
     with s.client() as c:
         c.put_ok("t-a", b"after restart")
     assert_identical(s, m)
+
+
+def test_the_readme_sequence_where_two_brokers_began_the_same_epoch_number(broker_factory, tmp_path, capsys):
+    """Issue 17's report, step by step: a slave started with the README's command (no replication port of its
+    own), master killed, slave promoted; the old master restarted as a plain master begins an epoch of the same
+    number at the same position as the promoted slave; one write to each; the old master attached as a slave of
+    the new one must cut its write, not keep it: afterwards the logs are byte-identical."""
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                       extra_args=slave_args(rport, 1))
+    mixed_load(m, 20, seed=31)
+    caught_up(m, s)
+    position = int(stats(m)["log_end_position"])
+    m.kill()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "slave sees the master gone")
+    code, out, _err = promote(capsys, s)
+    assert code == admin.EXIT_OK and "epoch 2 from log position %d" % position in out, out
+    m.start()  # the old master, restarted as a plain master: its own new epoch, the same number at the same place
+    sm, ss = stats(m), stats(s)
+    assert (sm["replication_epoch"], sm["replication_epoch_start"]) == (ss["replication_epoch"],
+                                                                         ss["replication_epoch_start"]) == \
+        ("2", str(position))
+    assert sm["replication_epoch_origin"] != ss["replication_epoch_origin"]
+    with m.client() as c:
+        c.put_ok("t-a", b"written on the old master", partition=0)
+    with s.client() as c:
+        c.put_ok("t-a", b"written on the new master", partition=0)
+    assert stats(m)["log_end_position"] == stats(s)["log_end_position"]  # same length, different bytes
+    m.stop()
+    srport = free_port()  # the promoted broker restarted with a replication port for the old master to attach to
+    s.stop()
+    s.extra_args = slave_args(rport, 1, srport)
+    s.start()
+    assert stats(s)["replication_role"] == "master"
+    m.extra_args = slave_args(srport, 2)
+    m.start()
+    assert_identical(s, m)  # every segment byte-identical, every partition reads the same
+    cut = re.search(r"agree up to position (\d+); CUT our tail of (\d+) bytes, (\d+) messages", m.log_text())
+    assert cut and int(cut.group(1)) == position and int(cut.group(3)) == 1, m.log_text()
+    with m.client() as c:
+        bodies = [r.data for r in c.get_records("t-a", 0, 0)]
+    assert b"written on the new master" in bodies and b"written on the old master" not in bodies
 
 
 def test_a_caught_up_slave_is_promoted_without_force_once_its_master_is_gone(broker_factory, tmp_path, capsys):
@@ -136,7 +179,7 @@ def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tm
 
         wait_for(lambda: master_of() == "meta://127.0.0.1:%d" % s.port, 20, "promoted slave registered as master")
         assert not zk.exists(ids + "/slave1")
-        assert b'"epoch":1' in zk.get(ids + "/replication")[0] and (b":%d" % srport) in zk.get(ids + "/replication")[0]
+        assert b'"epoch":2' in zk.get(ids + "/replication")[0] and (b":%d" % srport) in zk.get(ids + "/replication")[0]
         wait_for(lambda: zk.exists("/meta/brokers/topics-pub/t-a/7-m"), 10, "topics-pub as master")
         mixed_load(s, 20, seed=25)
         m.extra_args = []  # restarted as a plain master: ZooKeeper tells it who the master is now

@@ -33,11 +33,11 @@ i32 = st.integers(0, 2**31 - 1)
 @st.composite
 def histories(draw):
     """Valid epoch histories: strictly increasing epochs and starts."""
-    steps = draw(st.lists(st.tuples(st.integers(1, 2**20), st.integers(1, 2**40)), max_size=6))
-    out, epoch, start = [(0, 0)], 0, 0
-    for de, ds in steps:
+    steps = draw(st.lists(st.tuples(st.integers(1, 2**20), st.integers(1, 2**40), pos64), max_size=6))
+    out, epoch, start = [(0, 0, 0)], 0, 0
+    for de, ds, origin in steps:
         epoch, start = epoch + de, start + ds
-        out.append((epoch, start))
+        out.append((epoch, start, origin))
     return tuple(out)
 
 
@@ -164,17 +164,18 @@ def frame(ftype, payload, version=VERSION, magic=b"MQRS", reserved=0):
 
 
 HELLO_HEAD = ">iiqqI"
-ENTRY = struct.pack(">qq", 0, 0)
+ENTRY = struct.pack(">qqq", 0, 0, 0)
 
 
 @pytest.mark.parametrize("wire, message", [
     (frame(9, b""), "unknown frame type 9"),
-    (frame(4, b"\0" * 24, version=2), "unsupported replication stream version 2 \\(this side speaks 3\\)"),
-    (frame(1, b"\0" * 28), "must be 28 \\+ 16 x"),
-    (frame(1, b"\0" * 45), "must be 28 \\+ 16 x"),
-    (frame(6, b"\0" * 20), "must be 20 \\+ 16 x"),
+    (frame(4, b"\0" * 24, version=2), "unsupported replication stream version 2 \\(this side speaks 4\\)"),
+    (frame(1, b"\0" * 28), "must be 28 \\+ 24 x"),
+    (frame(1, b"\0" * 61), "must be 28 \\+ 24 x"),
+    (frame(6, b"\0" * 20), "must be 20 \\+ 24 x"),
     (frame(4, b"\0" * 9), "must carry 24 bytes"),
-    (frame(4, b"\0" * 24, version=1), "version 1 .*speaks 3"),
+    (frame(4, b"\0" * 24, version=1), "version 1 .*speaks 4"),
+    (frame(4, b"\0" * 24, version=3), "version 3 .*speaks 4"),  # epoch entries without origins
     (frame(4, b"\0" * 24, reserved=1), "reserved"),
     (frame(4, b"\0" * 24, magic=b"MQRX"), "magic"),
     (b"GET / HTTP/1.1\r\n\r\n", "magic"),
@@ -187,10 +188,11 @@ ENTRY = struct.pack(">qq", 0, 0)
     (frame(1, struct.pack(HELLO_HEAD, 1, 1, 0, 0, 1) + ENTRY), "bad HELLO"),
     (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY), "count 2 does not match"),
     (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY + ENTRY), "must increase"),
-    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY + struct.pack(">qq", 1, 0)), "must increase"),
-    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 1) + struct.pack(">qq", -1, 0)), "out of range"),
-    (frame(6, struct.pack(">qqI", 5, 4, 1) + struct.pack(">qq", 0, -2)), "out of range"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 2) + ENTRY + struct.pack(">qqq", 1, 0, 5)), "must increase"),
+    (frame(1, struct.pack(HELLO_HEAD, 1, 1, 4096, 0, 1) + struct.pack(">qqq", -1, 0, 0)), "out of range"),
+    (frame(6, struct.pack(">qqI", 5, 4, 1) + struct.pack(">qqq", 0, -2, 0)), "out of range"),
     (frame(6, struct.pack(">qqI", -5, 4, 1) + ENTRY), "out of range"),
+    (frame(6, struct.pack(">qqI", 5, 4, 1) + struct.pack(">qqq", 0, 0, -7)), "out of range"),  # origin
     (frame(5, struct.pack(">i", 1) + b"\xff"), "UTF-8"),
 ])
 def test_bad_frames(wire, message):
@@ -228,12 +230,12 @@ def test_receive_after_eof_is_a_bug():
 
 
 def test_epoch_history_limit_at_and_past():
-    at = tuple((i, i) for i in range(limits.MAX_REPLICATION_EPOCHS))
+    at = tuple((i, i, i * 7) for i in range(limits.MAX_REPLICATION_EPOCHS))
     p = ReplicationParser()
     p.receive_data(serialize(Hello(1, 2, 4096, 10, at)))
     assert p.next_event().epochs == at
     past = frame(1, struct.pack(HELLO_HEAD, 1, 2, 4096, 10, len(at) + 1)
-                 + b"".join(struct.pack(">qq", i, i) for i in range(len(at) + 1)))
+                 + b"".join(struct.pack(">qqq", i, i, i) for i in range(len(at) + 1)))
     p = ReplicationParser()
     p.receive_data(past[:FRAME_HEADER.size])  # refused from the header alone
     with pytest.raises(RemoteProtocolError, match="MAX_REPLICATION_EPOCHS"):

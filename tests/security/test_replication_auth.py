@@ -219,8 +219,8 @@ def test_an_old_version_peer_gets_a_clear_unsupported_version_error(broker_facto
     peer.sock.sendall(bytes(v2_hello))
     frames = events_of(peer.drain())
     assert [type(f) for f in frames] == [rp.Challenge, rp.ErrorFrame]
-    assert "unsupported replication stream version 2 (this side speaks 3)" in frames[1].text
-    in_log(master, "unsupported replication stream version 2 (this side speaks 3)")
+    assert "unsupported replication stream version 2 (this side speaks 4)" in frames[1].text
+    in_log(master, "unsupported replication stream version 2 (this side speaks 4)")
 
 
 class AckingStranger(threading.Thread):
@@ -333,7 +333,7 @@ def hello_then(reply):
     return script
 
 
-WHOLE_CUT = rp.Epochs(0, 0, ((0, 0),))  # "our logs agree up to 0": a slave that believed it would cut everything
+WHOLE_CUT = rp.Epochs(0, 0, ((0, 0, 0),))  # "our logs agree up to 0": a slave that believed it would cut everything
 
 
 @pytest.mark.parametrize("reply, reason", [

@@ -9,8 +9,8 @@ again). With ZooKeeper, a broker about to start as master first looks at
 ``ids/<id>/replication``, an epoch higher than ours, we were superseded (a
 slave was promoted while we were down): we start as that master's slave
 instead (``Roles.rejoin_if_superseded``). A master then begins a new epoch at its log
-end (``Roles.begin_master_epoch``), except on the first start of a fresh data dir
-(epoch 0 from position 0).
+end (``Roles.begin_master_epoch``; on the first start of a fresh data dir,
+epoch 1 from position 0), with a fresh random origin (``metaq.store.epochs``).
 
 A slave whose latest epoch is one it led itself (an old master rejoining)
 serves no read until its first epoch handshake has cut any tail its new master
@@ -34,6 +34,7 @@ import gevent
 from metaq import errors
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
+from metaq.store.epochs import origin_text
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +195,9 @@ class Roles:
             fn(self.slave_id)
 
     def begin_master_epoch(self):
-        """A master's start: a new epoch at the log end (not on a fresh data dir's first start)."""
-        store, pool = self.store, gevent.get_hub().threadpool
-        if not store.epochs.found and store.written_position == 0:
-            pool.apply(store.epochs.lead)
-            return store.epochs.epoch
-        return pool.apply(store.epochs.begin, (store.written_position,))
+        """A master's start: a new epoch (fresh origin) at the log end."""
+        store = self.store
+        return gevent.get_hub().threadpool.apply(store.epochs.begin, (store.written_position,))
 
 
     def rejoin_if_superseded(self):
@@ -209,7 +207,7 @@ class Roles:
             return False
         store = self.store
         ours = tuple(store.epochs.latest)
-        theirs = (other.get("epoch", -1), other.get("epoch_start", -1))
+        theirs = (other.get("epoch", -1), other.get("epoch_start", -1), other.get("epoch_origin", 0))
         if theirs == ours:  # our own previous incarnation, killed before its session expired
             return False
         if not other.get("address") or theirs[0] <= ours[0]:
@@ -295,5 +293,6 @@ class Roles:
         else:
             role, more = ("master" if promoted else "none"), []
         return [("replication_role", role), ("replication_epoch", store.epochs.epoch),
-                ("replication_epoch_start", store.epochs.latest[1]), ("replication_promoted", promoted),
+                ("replication_epoch_start", store.epochs.latest[1]),
+                ("replication_epoch_origin", origin_text(store.epochs.latest[2])), ("replication_promoted", promoted),
                 ("replication_reads_refused", bool(self.read_refusal))] + more

@@ -243,9 +243,9 @@ class SlaveLink:
         if self.master_written is None or end > self.master_written:
             self.master_written = end
         while self.pending_epochs and self.pending_epochs[0][1] <= end:
-            epoch, start = self.pending_epochs.pop(0)
-            self._pool.apply(store.epochs.learn, (epoch, start))
-            log.info("replication: our copy reached epoch %d of the master (from position %d)", epoch, start)
+            entry = self.pending_epochs.pop(0)
+            self._pool.apply(store.epochs.learn, (entry,))
+            log.info("replication: our copy reached epoch %d of the master (from position %d)", entry[0], entry[1])
         if self.sync_flush:
             self.flusher.wait_flushed(end)
         else:
