@@ -267,3 +267,12 @@ MAX_TLS_FILE_BYTES = 1024 * 1024
 #: Bytes read (without waiting) from a plaintext client on a port that requires TLS before its refusal is sent
 #: and the connection closed (a close with unread bytes resets the connection, which could lose the refusal).
 TLS_PLAINTEXT_DRAIN_BYTES = 64 * 1024
+
+# -- automatic failover (replication.ha: auto; README "Replication") -----------------------------------
+#: Samples of the master's written end kept to judge whether a member is in sync (one per leader tick, 0.1 s):
+#: enough for replication.insync_lag_ms up to 60 s.
+MAX_INSYNC_SAMPLES = 600
+#: Bytes of one ZooKeeper node the election reads (leader, insync, a candidate): a larger one is refused.
+MAX_ELECTION_NODE_BYTES = 4096
+#: Members of one broker id's group an insync node may list.
+MAX_GROUP_MEMBERS = 64

@@ -20,6 +20,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
+from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values
 from metaq.server.text.dispatch import TextDispatcher
@@ -70,10 +71,15 @@ class Broker:
                                        lambda: self.roles.replication_port)
             self.roles.attach_registry(self.registry)
             self.roles.on_change(self.registry.set_role)
+        self.election = None
+        if config.replication.ha == "auto":  # the config requires zk.connect with it
+            self.election = Election(config, self.store, self.roles, self.registry.zk, self.registry.ids_path,
+                                     lambda: self.registry.url)
+            self.roles.attach_election(self.election)
         self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats)  # recovery completes commits
         self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))
         self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
-                                    is_master=self.roles.slave_link is None)  # reads its entries from the store
+                                    is_master=self.roles.is_master)  # reads its entries from the store
         self.roles.on_change(self.delay.role_changed)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
@@ -113,7 +119,7 @@ class Broker:
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
         self.check_disk()  # stats shows the disk as it is now, the figure the gate decides on (and df shows)
         disk = self.gate.disk_state
-        return NodeFacts(self.config.broker.id, self.port, self.roles.slave_link is not None, self.connection_count,
+        return NodeFacts(self.config.broker.id, self.port, not self.roles.is_master, self.connection_count,
                          self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
                          bool(self.gate.refusal), self.registry.state if self.registry is not None else "standalone")
 
@@ -164,6 +170,8 @@ class Broker:
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
+        if self.election is not None:
+            self.election.start()
         self._log_exposure()
         link, replication = self.roles.slave_link, self.roles.replication
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
@@ -255,6 +263,9 @@ class Broker:
         log.info("shutting down: no new connections; finishing in-flight requests")
         keep = ("replication",)  # slaves keep getting what the finishing requests write
         self.core.stop_accepting(keep)
+        if self.election is not None:
+            self.election.step_down()  # stop acknowledging; an in-sync slave catches up; closing the session ends
+            self.election.stop()       # our leadership at once (no session timeout to wait for)
         if self.registry is not None:
             self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.close()  # parked long polls answer now

@@ -170,6 +170,10 @@ class ReplicationSection(_Section):
     slave_id: Optional[int] = Field(None, ge=0, le=limits.MAX_BROKER_ID)
     mode: Literal["async", "sync"] = "async"
     sync_timeout_ms: int = Field(3000, ge=1)
+    ha: Literal["manual", "auto"] = "manual"  # auto: elected through ZooKeeper (slave_id = member id; election.py)
+    lease_ms: Optional[int] = Field(None, ge=100)  # default: half of zk.session_timeout_ms (Config.lease_ms)
+    insync_lag_ms: int = Field(2000, ge=10, le=60000)  # sync mode: a member not caught up for this long leaves the in-sync set
+    election_settle_ms: int = Field(500, ge=0)  # how long candidates wait for each other's positions
 
     @field_validator("slave_of")
     @classmethod
@@ -183,7 +187,14 @@ class ReplicationSection(_Section):
 
     @model_validator(mode="after")
     def _slave_needs(self):
-        if self.role == "slave" and (self.slave_of is None or self.slave_id is None):
+        if self.ha == "auto":
+            if self.role != "master" or self.slave_of is not None:
+                raise ValueError("ha: auto elects the master through ZooKeeper: remove role/slave_of (every member "
+                                 "of the broker id starts the same way)")
+            if not self.port or self.slave_id is None:
+                raise ValueError("ha: auto needs a replication port (any member may become master) and slave_id "
+                                 "(this broker's member id, distinct within its broker id)")
+        elif self.role == "slave" and (self.slave_of is None or self.slave_id is None):
             raise ValueError("a slave needs slave_of (the master's HOST:PORT) and slave_id")
         return self
 
@@ -360,6 +371,23 @@ class ServerConfig(_Section):
             if port:
                 seen[bind, port] = name
         return self
+
+    @model_validator(mode="after")
+    def _ha_needs_zookeeper(self):
+        rep = self.replication
+        if rep.ha != "auto":
+            return self
+        if not self.zk.connect:
+            raise ValueError("replication.ha: auto elects the master through ZooKeeper: set zk.connect")
+        if self.lease_ms() >= self.zk.session_timeout_ms:
+            raise ValueError("replication.lease_ms (%d) must be below zk.session_timeout_ms (%d): a master must stop "
+                             "acknowledging before its session can expire and another be elected"
+                             % (self.lease_ms(), self.zk.session_timeout_ms))
+        return self
+
+    def lease_ms(self):
+        """How long a master acknowledges writes after ZooKeeper last confirmed its leadership (ha: auto)."""
+        return self.replication.lease_ms or self.zk.session_timeout_ms // 2
 
     @model_validator(mode="after")
     def _body_fits(self):

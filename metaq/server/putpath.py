@@ -166,3 +166,6 @@ class PutPath:
             self.made_visible(topic, partition, now)
         if self.sync_replication:
             self.replication.wait_replicated(log_end)
+        refusal = self.roles.slave_refusal  # ha: auto: the lease may have run out while we waited
+        if refusal is not None:
+            raise errors.Unavailable("the message was written but is not acknowledged: %s" % refusal)

@@ -35,9 +35,11 @@ class SlaveState:
 class ReplicationServer:
     """The master's side: one greenlet pair (sender, ack reader) per connected slave."""
 
-    def __init__(self, core_, store, config, secret=None):
-        """``secret``: the replication secret (bytes) slaves must prove, or None (``handshake``)."""
+    def __init__(self, core_, store, config, secret=None, insync=None):
+        """``secret``: the replication secret (bytes) slaves must prove, or None (``handshake``); ``insync``:
+        an elected master's ``InSyncSet`` (ha: auto): sync puts then wait for every member, not any one slave."""
         self.core = core_
+        self.insync = insync
         self.secret = secret
         self.store = store
         self.config = config
@@ -77,8 +79,18 @@ class ReplicationServer:
     def best_acked(self):
         return max((s.written for s in self.slaves.values()), default=-1)
 
+    def positions(self):
+        """Connected slaves' confirmed (written) positions by slave id (the best link of each id)."""
+        out = {}
+        for s in self.slaves.values():
+            out[s.slave_id] = max(out.get(s.slave_id, -1), s.written)
+        return out
+
     def wait_replicated(self, pos):
-        """Block this greenlet until a slave's ACK covers ``pos``; Unavailable otherwise."""
+        """Block this greenlet until a slave's ACK covers ``pos`` (with an in-sync set: every member's);
+        Unavailable otherwise."""
+        if self.insync is not None:
+            return self._wait_insync(pos)
         if not self.slaves:
             raise errors.Unavailable("SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is connected; "
                                      "the message was written on the master but is not confirmed by a slave")
@@ -94,6 +106,29 @@ class ReplicationServer:
                 raise errors.Unavailable("SLAVE_NOT_AVAILABLE: the slave disconnected before confirming the message "
                                          "(replication mode sync); it was written on the master only")
             self._acked.wait(min(remaining, 0.5))
+
+    def _wait_insync(self, pos):
+        insync = self.insync
+        self._data.set()
+        deadline = time.monotonic() + self.sync_timeout_s
+        while not insync.confirmed(pos, self.positions()):
+            if not insync.required():
+                raise errors.Unavailable(
+                    "SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is in sync with this master (ha: "
+                    "auto); the message was written on the master but is not confirmed by a slave")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                behind = sorted(m for m, p in self.positions().items() if m in insync.required() and p < pos)
+                raise errors.Unavailable(
+                    "FLUSH_SLAVE_TIMEOUT: the in-sync slaves %s did not all confirm the message within %d ms "
+                    "(replication mode sync, ha: auto); it was written on the master but is not confirmed"
+                    % (behind or sorted(insync.required()), self.sync_timeout_s * 1000))
+            self._acked.wait(min(remaining, 0.5))
+        insync.acknowledged(pos)
+
+    def changed(self):
+        """The in-sync set changed: sync puts look again at whom they wait for."""
+        self._on_ack()
 
     def _on_ack(self):
         done, self._acked = self._acked, Event()

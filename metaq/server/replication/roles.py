@@ -24,6 +24,12 @@ checks and the reply says how far behind it may be. Then: stop the link, begin
 a new epoch at our log end, persist the ``promoted`` marker, switch to master
 (accept puts and transactions, serve slaves on ``replication.port`` if set),
 register in ZooKeeper as master.
+
+**Automatic** (``replication.ha: auto``, ``election.py``): every member starts as a slave with no master
+(``waiting``: puts refused, reads served unless it led its latest epoch) and the election decides:
+``lead`` (elected: a new epoch whose number ZooKeeper assigned, then master), ``follow`` (another member
+leads: its slave), ``wait_for_master`` (deposed or no leader: acknowledge nothing). The election's lease is
+part of ``slave_refusal``: an elected master whose lease ran out refuses puts like a slave.
 """
 
 import logging
@@ -47,7 +53,10 @@ def read_promoted(store):
 
 
 def startup_role(config, store):
-    """``"master"`` or ``"slave"``: the configured role, unless a promotion marker overrides it."""
+    """``"master"`` or ``"slave"``: the configured role, unless a promotion marker overrides it (ha: auto: a
+    slave until elected)."""
+    if config.replication.ha == "auto":
+        return "slave"
     role = config.replication.role
     promoted = read_promoted(store)
     if promoted is not None and role == "slave":
@@ -77,15 +86,20 @@ class Roles:
         self.registry = None  # set by attach_registry (ZooKeeper is optional)
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
         self.role = startup_role(config, store)  # "master" | "slave"
+        self.auto = config.replication.ha == "auto"
+        self.election = None  # set by attach_election (ha: auto)
         self.promoting = False
         self.started = False
         self._listeners = []
-        self.slave_link = self.make_slave_link() if self.role == "slave" else None
+        self.slave_link = self.make_slave_link() if self.role == "slave" and not self.auto else None
         self.replication = self.make_replication_server() if self.role == "master" else None
         self.read_refusal = self.handshake_refusal()  # why gets are refused (before a rejoin's handshake)
 
     def attach_registry(self, registry):
         self.registry = registry
+
+    def attach_election(self, election):
+        self.election = election
 
     def on_change(self, fn):
         self._listeners.append(fn)
@@ -93,12 +107,24 @@ class Roles:
     # -- what the put path and the dispatchers read --------------------------------
 
     @property
+    def is_master(self):
+        return self.role == "master"
+
+    @property
     def slave_refusal(self):
-        """Why puts are refused on a slave, or None on a master."""
+        """Why puts are refused: a slave, a member waiting for an election, an elected master whose lease ran
+        out; None on a master that may acknowledge."""
         link = self.slave_link
-        if link is None:
-            return None
-        return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
+        if link is not None:
+            return "this broker is a replication slave of %s (read-only): send puts to the master" % link.master
+        if self.role == "slave":
+            return ("broker %d has no elected master yet (replication.ha: auto): an election is under way; retry "
+                    "shortly" % self.config.broker.id)
+        if self.election is not None:
+            refusal = self.election.lease.refusal()
+            if refusal is not None:
+                return "this broker may not acknowledge writes for broker %d: %s" % (self.config.broker.id, refusal)
+        return None
 
     @property
     def sync_replication(self):
@@ -106,7 +132,10 @@ class Roles:
 
     @property
     def slave_id(self):
-        return self.slave_link.slave_id if self.slave_link is not None else None
+        """Our slave (member) id while not master, else None (what the registry registers as)."""
+        if self.role == "master":
+            return None
+        return self.slave_link.slave_id if self.slave_link is not None else self.config.replication.slave_id
 
     @property
     def replication_port(self):
@@ -124,11 +153,11 @@ class Roles:
         return SlaveLink(self.store, self.config, self.flusher, self.waiters, self.store_lock, master, slave_id,
                          on_handshake=self._handshake_done, on_new_topics=on_topics, secret=self.secret)
 
-    def make_replication_server(self):
+    def make_replication_server(self, insync=None):
         """The master's ReplicationServer when a replication port is configured, else None."""
         if not self.config.replication.port:
             return None
-        return ReplicationServer(self.core, self.store, self.config, secret=self.secret)
+        return ReplicationServer(self.core, self.store, self.config, secret=self.secret, insync=insync)
 
     def _handshake_done(self):
         """A slave's epoch handshake cut what needed cutting: reads may be served. True if they were refused."""
@@ -145,17 +174,19 @@ class Roles:
     def handshake_refusal(self):
         """Why reads are refused until the first handshake (a slave that led its latest epoch), or None."""
         epochs = self.store.epochs
-        if self.slave_link is None or not epochs.led:
+        if self.role == "master" or not epochs.led:
             return None
+        master = self.slave_link.master if self.slave_link is not None else "its elected master"
         return ("this broker led epoch %d and now rejoins %s as a slave: it serves no read until the epoch "
-                "handshake with that master has cut any tail the master never had" % (epochs.epoch,
-                                                                                      self.slave_link.master))
+                "handshake with that master has cut any tail the master never had" % (epochs.epoch, master))
 
     # -- life ----------------------------------------------------------------------
 
     def start(self):
         """At the broker's start (ZooKeeper session open): maybe rejoin a newer master; a master's new epoch.
         ``start_links`` then serves slaves or follows the master."""
+        if self.auto:
+            return  # the election decides
         if self.role == "master" and self.registry is not None and self.registry.zk.connected:
             self.rejoin_if_superseded()
         if self.role == "master":
@@ -174,22 +205,23 @@ class Roles:
         if self.replication is not None:
             self.replication.stop()
 
-    def set_role(self, role, slave_link):
-        """Switch to ``"master"`` (slave_link None) or to ``"slave"`` of ``slave_link``'s master."""
+    def set_role(self, role, slave_link, insync=None):
+        """Switch to ``"master"`` (slave_link None) or to ``"slave"`` of ``slave_link``'s master (None: of no
+        master yet, ha: auto)."""
         if self.slave_link is not None and self.slave_link is not slave_link:
             self.slave_link.stop()
         if self.replication is not None and role == "slave":
             self.replication.stop()
         self.role, self.slave_link = role, slave_link
         if role == "master":
-            self.replication = self.make_replication_server()
+            self.replication = self.make_replication_server(insync)
             self.read_refusal = None
             if self.started and self.replication is not None:
                 self.replication.start()
         else:
             self.replication = None
             self.read_refusal = self.handshake_refusal()
-            if self.started:
+            if self.started and slave_link is not None:
                 slave_link.start()
         for fn in self._listeners:
             fn(self.slave_id)
@@ -199,6 +231,35 @@ class Roles:
         store = self.store
         return gevent.get_hub().threadpool.apply(store.epochs.begin, (store.written_position,))
 
+
+    # -- ha: auto (called by the election) ----------------------------------------------
+
+    def lead(self, epoch, insync):
+        """Elected: stop following, begin ``epoch`` (assigned through ZooKeeper) at our log end, become master
+        with ``insync`` as the set sync puts wait for; returns the epoch's start position."""
+        store = self.store
+        if self.slave_link is not None:
+            self.slave_link.stop()
+        self.flusher.wait_flushed(store.written_position)
+        position = store.written_position
+        gevent.get_hub().threadpool.apply(store.epochs.begin, (position, epoch))
+        self.set_role("master", None, insync)
+        return position
+
+    def follow(self, address, member):
+        """Another member leads: be its slave (no change when already following ``address``)."""
+        link = self.slave_link
+        if self.role == "slave" and link is not None and link.master == address:
+            return
+        log.warning("following the elected master of broker %d at %s (as member %d)", self.config.broker.id,
+                    address, member)
+        self.set_role("slave", self.make_slave_link(address, member))
+
+    def wait_for_master(self):
+        """Deposed, or no leader: acknowledge nothing until the election says whom to follow."""
+        if self.role == "slave" and self.slave_link is None:
+            return
+        self.set_role("slave", None)
 
     def rejoin_if_superseded(self):
         """With ZooKeeper, before starting as master: become the slave of a newer live master, if there is one."""
@@ -239,6 +300,10 @@ class Roles:
     def promote(self, force):
         """Make this slave the master of its broker id; returns the reply text (raises MetaqError when refused)."""
         link = self.slave_link
+        if self.auto:
+            raise errors.ClientError("broker %d elects its master through ZooKeeper (replication.ha: auto): stop "
+                                     "the master and the election picks an in-sync member; promote is for "
+                                     "ha: manual" % self.config.broker.id)
         if link is None:
             raise errors.ClientError("not a slave: broker %d is already a master; promote a slave instead"
                                      % self.config.broker.id)
@@ -288,10 +353,13 @@ class Roles:
         promoted = self.role == "master" and read_promoted(store) is not None
         if self.slave_link is not None:
             role, more = "slave", self.slave_link.stats_values()
+        elif self.role == "slave":  # ha: auto, no elected master to follow yet
+            role, more = "slave", [("replication_master", "none"), ("replication_link", "down")]
         elif self.replication is not None:
             role, more = "master", self.replication.stats_values()
         else:
             role, more = ("master" if promoted else "none"), []
+        more = more + (self.election.stats_values() if self.election is not None else [("replication_ha", "manual")])
         return [("replication_role", role), ("replication_epoch", store.epochs.epoch),
                 ("replication_epoch_start", store.epochs.latest[1]),
                 ("replication_epoch_origin", origin_text(store.epochs.latest[2])), ("replication_promoted", promoted),

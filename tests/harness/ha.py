@@ -1,0 +1,93 @@
+"""Groups of brokers with one broker id electing their master through ZooKeeper (``replication.ha: auto``)."""
+
+import os
+import time
+
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
+from tests.harness.replication import stats
+
+SESSION_MS = 4000  # the shortest session ZooKeeper allows with the harness's 2 s tick
+
+
+def member_config(workdir, member, zk, mode="sync", **replication):
+    return small_config(os.path.join(str(workdir), "data"),
+                        replication=dict({"ha": "auto", "port": free_port(), "slave_id": member, "mode": mode,
+                                          "sync_timeout_ms": 3000}, **replication),
+                        zk={"connect": zk, "session_timeout_ms": SESSION_MS, "connection_timeout_ms": 5000})
+
+
+class Group:
+    """``members[i]`` is member id i (a BrokerProcess); all share broker id 7."""
+
+    def __init__(self, broker_factory, tmp_path, zk, n=3, mode="sync", start=True, **replication):
+        self.members = []
+        for i in range(n):
+            wd = tmp_path / ("m%d" % i)
+            self.members.append(broker_factory(member_config(wd, i, zk, mode, **replication), workdir=wd,
+                                               start=False))
+        if start:
+            for b in self.members:
+                b.start()
+
+    def roles(self):
+        out = {}
+        for i, b in enumerate(self.members):
+            try:
+                out[i] = stats(b)["replication_role"]
+            except (OSError, AssertionError, KeyError):
+                out[i] = "down"
+        return out
+
+    def master(self, timeout=20.0, exclude=()):
+        """The one member that reports itself master (and leading), waiting up to ``timeout``."""
+        def find():
+            found = []
+            for i, b in enumerate(self.members):
+                if i in exclude:
+                    continue
+                try:
+                    st = stats(b)
+                except (OSError, AssertionError):
+                    continue
+                if st["replication_role"] == "master" and st["replication_leading"] == "true":
+                    found.append(i)
+            return found[0] if len(found) == 1 else None
+        return wait_for(lambda: (lambda m: None if m is None else (m,))(find()), timeout,
+                        lambda: "one elected master; roles %s" % self.roles())[0]
+
+    def following(self, master, members, timeout=20.0):
+        """Wait until every one of ``members`` follows ``master`` with its link up."""
+        want = "127.0.0.1:%d" % self.replication_port(master)
+
+        def check():
+            for i in members:
+                st = stats(self.members[i])
+                if st["replication_role"] != "slave" or st.get("replication_master") != want or \
+                        st.get("replication_link") != "connected":
+                    return False
+            return True
+        wait_for(check, timeout, lambda: "members %s following %s; roles %s" % (members, want, self.roles()))
+
+    def replication_port(self, i):
+        return self.members[i].config["replication"]["port"]
+
+    def insync(self, i):
+        return stats(self.members[i])["replication_insync"]
+
+
+def put_until_ok(broker, topic, body, timeout=30.0, partition=0):
+    """Put (retrying while the broker refuses: an election under way); (msg_id, partition, offset)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            with broker.client() as c:
+                r = c.put(topic, body, partition)
+                if getattr(r, "code", None) == 200:
+                    return tuple(int(x) for x in r.body.split())
+                last = r
+        except OSError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError("no put accepted within %.0f s: %r" % (timeout, last))

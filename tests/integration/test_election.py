@@ -1,0 +1,118 @@
+"""Issue 17 with real processes: members of one broker id elect their master through a real ZooKeeper
+(``replication.ha: auto``): election at start, after a kill -9, after a clean stop; the old master comes back
+as a slave; a paused master is fenced; sync mode never loses an acknowledged message."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from metaq.client import admin
+from tests.harness.broker import wait_for
+from tests.harness.ha import SESSION_MS, Group, put_until_ok
+from tests.harness.replication import stats
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+IDS = "/meta/brokers/ids/7"
+
+
+def zk_json(zk_connect, path):
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        return json.loads(zk.get(path)[0])
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def acked_load(broker, n, tag):
+    out = []
+    with broker.client() as c:
+        for i in range(n):
+            out.append((b"%s-%d" % (tag, i),) + c.put_ok("t-a", b"%s-%d" % (tag, i), partition=i % 2))
+    return out
+
+
+def test_a_group_elects_one_master_and_a_killed_master_is_replaced(broker_factory, tmp_path, own_zk, capsys):
+    zk = own_zk.connect
+    g = Group(broker_factory, tmp_path, zk, n=3, mode="sync")
+    first = g.master()
+    others = [i for i in range(3) if i != first]
+    g.following(first, others)
+    insync = zk_json(zk, IDS + "/insync")
+    assert insync["master"] == first and insync["epoch"] >= 1
+    wait_for(lambda: sorted(zk_json(zk, IDS + "/insync")["members"]) == [0, 1, 2], 15, "every member in sync")
+    acked = acked_load(g.members[first], 50, b"before")
+    # promote is for manual mode
+    code = admin.main(["promote", "127.0.0.1:%d" % g.members[others[0]].port, "--force"])
+    assert code != admin.EXIT_OK and "ha: auto" in capsys.readouterr().err
+
+    killed_at = time.monotonic()
+    g.members[first].kill()
+    second = g.master(timeout=SESSION_MS / 1000.0 * 3 + 10, exclude=(first,))
+    took = time.monotonic() - killed_at
+    put_until_ok(g.members[second], "t-a", b"after")
+    st = stats(g.members[second])
+    assert int(st["replication_epoch"]) == insync["epoch"] + 1, st
+    assert took >= SESSION_MS / 1000.0 * 0.5  # nobody was elected before the old session could expire
+    with g.members[second].client() as c:  # every acknowledged message is on the new master, at its offset
+        for body, _id, part, offset in acked:
+            recs = c.get_records("t-a", part, offset)
+            assert recs and recs[0].data == body, (body, part, offset)
+    third = [i for i in others if i != second][0]
+    g.following(second, [third])
+    # the old master returns: it follows the new one by itself
+    g.members[first].start()
+    g.following(second, [first, third])
+    assert "is now the master" not in g.members[first].log_text(since_start=True)
+    with g.members[first].client() as c:
+        assert c.put("t-a", b"x").code == 503
+
+
+def test_a_clean_stop_hands_over_within_a_second_or_two(broker_factory, tmp_path, own_zk):
+    g = Group(broker_factory, tmp_path, own_zk.connect, n=2, mode="async")
+    first = g.master()
+    other = 1 - first
+    g.following(first, [other])
+    acked = acked_load(g.members[first], 30, b"x")
+    stopped_at = time.monotonic()
+    g.members[first].stop()
+    second = g.master(timeout=15, exclude=(first,))
+    assert second == other
+    put_until_ok(g.members[second], "t-a", b"after the handover")
+    took = time.monotonic() - stopped_at
+    assert took < SESSION_MS / 1000.0, "a clean stop must not wait for the session timeout (%.1f s)" % took
+    with g.members[second].client() as c:
+        for body, _id, part, offset in acked:
+            assert c.get_records("t-a", part, offset)[0].data == body
+    assert "stepping down as master" in g.members[first].log_text()
+
+
+def test_a_paused_master_is_fenced_and_its_unacknowledged_tail_is_cut(broker_factory, tmp_path, own_zk):
+    """SIGSTOP the master past the session timeout: another member is elected; resumed, the old master
+    acknowledges nothing more and rejoins as a slave; the two logs then agree."""
+    g = Group(broker_factory, tmp_path, own_zk.connect, n=2, mode="async")
+    first = g.master()
+    other = 1 - first
+    g.following(first, [other])
+    acked_load(g.members[first], 20, b"a")
+    old = g.members[first]
+    os.kill(old.proc.pid, signal.SIGSTOP)
+    try:
+        second = g.master(timeout=SESSION_MS / 1000.0 * 3 + 10, exclude=(first,))
+        assert second == other
+        put_until_ok(g.members[second], "t-a", b"new master")
+    finally:
+        os.kill(old.proc.pid, signal.SIGCONT)
+    with old.client() as c:  # resumed: its lease is long gone
+        r = c.put("t-a", b"late", 0)
+        assert r.code == 503, r
+    g.following(second, [first])
+    wait_for(lambda: stats(old)["log_end_position"] == stats(g.members[second])["log_end_position"], 15,
+             "old master caught up")
+    assert "steps down as master" in old.log_text()
