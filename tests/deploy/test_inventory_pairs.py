@@ -1,12 +1,15 @@
 """Replication groups in the inventory: a master and its slaves rendered as pairs, and every refusal."""
 
+import re
+
 import pytest
 import yaml
 
 from metaq.deploy.groups import start_waves, stop_waves
+from metaq.deploy.hostops import STATUS_COLUMNS, status_note, status_row
 from metaq.deploy.inventory import InventoryError, parse_inventory
 from metaq.server.config import ReplicationSection
-from tests.harness.fab import run_fab
+from tests.harness.fab import REPO, run_fab
 
 #: ``ha`` is the lead's (issue 17); until main's config knows it, the broker's own check refuses ``ha: auto``.
 needs_ha = pytest.mark.skipif("ha" not in ReplicationSection.model_fields,
@@ -179,3 +182,47 @@ def test_fab_check_shows_pairs_and_what_a_restart_costs(tmp_path):
     assert ("note: m0 replicates in sync mode with one slave: sends to broker id 0 fail while s1 restarts "
             "(503 SLAVE_NOT_AVAILABLE); a second slave avoids that") in r.out, r
     assert "  slave_of: 10.0.0.11:8124\n" in r.out, r
+
+
+def readme_inventories():
+    with open("%s/README.md" % REPO, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index("## Deploying with Fabric")
+    section = text[start:text.index("\n## ", start + 10)]
+    return [block for block in re.findall(r"```yaml\n(.*?)```", section, re.S) if "brokers:" in block]
+
+
+def test_the_readme_inventories_are_valid_and_render_what_it_says():
+    first, pairs = readme_inventories()
+    assert [b.name for b in parse_inventory(first).brokers] == ["b0", "b1"]
+    m0, s1, m1 = parse_inventory(pairs).brokers
+    assert config(m0)["replication"] == {"port": 8124, "mode": "async"}
+    assert config(s1)["replication"] == {"role": "slave", "slave_of": "10.0.0.11:8124", "slave_id": 1,
+                                         "port": 8124, "mode": "async"}
+    assert "replication" not in config(m1)
+
+
+def test_status_rows_show_the_role_played_the_link_and_the_lag():
+    m0, s1 = parse_inventory(inventory(M0, S1)).brokers
+
+    def row(broker, **stats):
+        report = {"state": "up", "pid": 7, "version": "0.1.0", "stats": dict(stats, uptime="5")}
+        return dict(zip(STATUS_COLUMNS, status_row(broker, report)))
+
+    r = row(m0, replication_role="master", replication_slaves="2")
+    assert (r["ROLE"], r["LINK"], r["REPL_LAG"]) == ("master", "2 slaves", "-")
+    r = row(s1, replication_role="slave", replication_link="connected", replication_caught_up="true",
+            replication_lag_messages="0")
+    assert (r["ROLE"], r["LINK"], r["REPL_LAG"]) == ("slave", "connected", "caught up")
+    r = row(s1, replication_role="slave", replication_link="down", replication_caught_up="false",
+            replication_lag_messages="120")
+    assert (r["LINK"], r["REPL_LAG"]) == ("down", "120 msgs behind")
+    assert row(s1, replication_role="slave", replication_lag_messages="-1")["REPL_LAG"] == "unknown"
+    assert row(s1, replication_role="master")["ROLE"] == "master (inventory: slave)"
+    assert row(m0, replication_role="slave")["ROLE"] == "slave (inventory: master)"
+    down = dict(zip(STATUS_COLUMNS, status_row(s1, {"state": "down", "message": "not running"})))
+    assert (down["ROLE"], down["LINK"], down["REPL_LAG"]) == ("slave", "-", "-")
+    report = {"state": "up", "stats": {"replication_role": "slave", "replication_link": "down",
+                                       "replication_master": "10.0.0.11:8124"}}
+    assert status_note(s1, report) == "s1: replication link to 10.0.0.11:8124 is down (fab logs --only s1)"
+    assert status_note(m0, {"state": "up", "stats": {"replication_role": "master"}}) is None
