@@ -3,8 +3,10 @@
     fab check                          validate the inventory; show each broker's settings (--show-config: server.yaml)
     fab deploy                         build the package once, upload it, install it, render each server.yaml
     fab start | stop | restart         daemonized brokers with a pid file; start waits for `version`
-    fab status                         per broker: up or down, version, uptime, topics, ZooKeeper, replication lag
+                                       (masters start before their slaves; slaves stop before their masters)
+    fab status                         per broker: up or down, role, version, uptime, topics, ZooKeeper, link, lag
     fab rolling-restart                one broker at a time, each healthy before the next; stops at a failure
+                                       (a group's slaves first, each caught up, then its master)
     fab logs [--lines N]               the end of each broker's log
     fab uninstall [--purge-data]       stop and remove the install (the data dir only with --purge-data)
 
@@ -33,9 +35,11 @@ if HERE not in sys.path:  # fab from another environment: use this checkout's me
 
 from metaq.deploy import hostops  # noqa: E402
 from metaq.deploy.bundle import BundleError, build_bundle  # noqa: E402
+from metaq.deploy.groups import start_waves, stop_waves  # noqa: E402
 from metaq.deploy.hostops import HostFailure  # noqa: E402
 from metaq.deploy.inventory import InventoryError, load_inventory  # noqa: E402
 from metaq.deploy.layout import Layout  # noqa: E402
+from metaq.deploy import rolling  # noqa: E402
 
 _print_lock = threading.Lock()
 _connections = {}
@@ -51,7 +55,7 @@ def _inventory_path(inventory):
     return inventory or os.environ.get("METAQ_INVENTORY") or os.path.join(HERE, "conf", "cluster.yaml")
 
 
-def _brokers(c, inventory, only, deployable=False):
+def _brokers(c, inventory, only):
     """(cluster, selected brokers); Exit(2) for an invalid inventory or selection."""
     try:
         cluster = load_inventory(_inventory_path(inventory))
@@ -60,8 +64,6 @@ def _brokers(c, inventory, only, deployable=False):
             brokers = [b for b in brokers if b.host == c.host]
             if not brokers:
                 raise InventoryError("%s: no broker on host %s" % (cluster.source, c.host))
-        if deployable:
-            cluster.refuse_slaves(brokers)
     except InventoryError as exc:
         raise Exit(str(exc), code=2)
     return cluster, brokers
@@ -113,9 +115,8 @@ def _on_hosts(c, brokers, action, parallel=False, stop_at_failure=False, quiet=F
             ok = True
         except Exception as exc:  # every failure becomes a report line; the others go on (or stop, see below)
             report, ok = _explain(exc, broker), False
-        prefix = "[%s]" % broker.name if ok else "[%s] FAILED on %s:" % (broker.name, broker.label)
         if report is not None and not quiet:
-            _say("%s %s" % (prefix, report))
+            _say(hostops.report_line(broker, ok, report))
         return broker, ok, report
 
     if parallel and len(brokers) > 1:
@@ -154,23 +155,48 @@ def check(c, inventory=None, only=None, show_config=False):
     """Validate the inventory and show each broker's settings (--show-config: its rendered server.yaml)."""
     cluster, brokers = _brokers(c, inventory, only)
     _say("%s: cluster %s, %d brokers" % (cluster.source, cluster.name, len(cluster.brokers)))
-    header = ("BROKER", "SSH", "ROLE", "ID", "LISTEN", "PORT", "INSTALL_DIR", "DATA_DIR", "ZOOKEEPER")
-    rows = [(b.name, "%s%s:%d" % (b.ssh_user + "@" if b.ssh_user else "", b.host, b.ssh_port),
-             b.role if b.role == "master" else "slave of %s" % b.master, b.broker_id, b.listen, b.port,
-             b.install_dir, b.data_dir, b.zk_connect or "-") for b in brokers]
+    header = ("BROKER", "SSH", "ROLE", "ID", "LISTEN", "PORT", "REPL_PORT", "INSTALL_DIR", "DATA_DIR", "ZOOKEEPER")
+    rows = [(b.name, "%s%s:%d" % (b.ssh_user + "@" if b.ssh_user else "", b.host, b.ssh_port), b.role_text,
+             b.broker_id, b.listen, b.port, b.replication_port or "-", b.install_dir, b.data_dir, b.zk_connect or "-")
+            for b in brokers]
     _say(hostops.table(rows, header))
-    if any(b.role == "slave" for b in brokers):
-        _say("note: slaves are refused by deploy and start until replication exists")
+    for note in _group_notes(cluster, brokers):
+        _say("note: %s" % note)
     if show_config:
         for b in brokers:
             _say("\n--- %s: %s/conf/server.yaml (config %s)" % (b.name, b.install_dir, b.config_sha256[:12]))
             _say(b.config_text.rstrip("\n"))
 
 
+def _group_notes(cluster, brokers):
+    """What a rolling restart of each selected replication group costs (README "Deploying with Fabric")."""
+    notes, seen = [], set()
+    for b in brokers:
+        members = cluster.members(b)
+        if len(members) < 2 or b.group in seen:
+            continue
+        seen.add(b.group)
+        master, slaves = members[0], members[1:]
+        names = "%s with %s" % (master.name, ", ".join(s.name for s in slaves))
+        if master.ha == "manual":
+            notes.append("%s (ha manual): start runs masters before slaves, stop slaves before masters; "
+                         "rolling-restart restarts the slaves first, then %s, and sends to broker id %d fail "
+                         "while %s is down (ha: auto hands the writes over instead)"
+                         % (names, master.name, master.broker_id, master.name))
+        else:
+            notes.append("%s (ha auto): rolling-restart restarts the slaves first, then stops the master, waits for "
+                         "another member to be elected and brings it back as a slave" % names)
+        if master.replication_mode == "sync" and len(slaves) == 1:
+            notes.append("%s replicates in sync mode with one slave: sends to broker id %d fail while %s restarts "
+                         "(503 SLAVE_NOT_AVAILABLE); a second slave avoids that" % (master.name, master.broker_id,
+                                                                                  slaves[0].name))
+    return notes
+
+
 @task
 def deploy(c, inventory=None, only=None, serial=False):
     """Build the package once, then per host: upload, install into a new virtualenv, render server.yaml."""
-    cluster, brokers = _brokers(c, inventory, only, deployable=True)
+    cluster, brokers = _brokers(c, inventory, only)
     bundle = _get_bundle()
     results = _on_hosts(c, brokers, lambda conn, b: hostops.deploy(conn, b, bundle, cluster.name),
                         parallel=not serial)
@@ -196,80 +222,110 @@ def _stop_action(force=False):
     return _agent_task("stop", options, ("not deployed",))
 
 
+def _statuses(c, brokers):
+    """{name: the agent's status report} of each broker, asked in parallel (an SSH failure: ``unreachable``)."""
+    reports = {}
+
+    def ask(conn, broker):
+        reports[broker.name] = hostops.agent(conn, broker, "status")
+
+    for broker, ok, error in _on_hosts(c, brokers, ask, parallel=True, quiet=True):
+        if not ok:
+            reports[broker.name] = {"state": "unreachable", "message": error}
+    return reports
+
+
+def _start_all(c, brokers):
+    """Masters first (in parallel), then slaves (in parallel): a slave finds its master listening."""
+    return [r for wave in start_waves(brokers) for r in _on_hosts(c, wave, _start_action(), parallel=True)]
+
+
+def _stop_all(c, cluster, brokers, force=False):
+    """Slaves first, then masters (by the role each plays now, asked first when it replicates): no election and
+    no master left without the log its slaves hold."""
+    replicating = [b for b in brokers if len(cluster.members(b)) > 1 or b.ha == "auto"]
+    roles = {name: rolling.live_role(r) for name, r in _statuses(c, replicating).items()} if replicating else {}
+    return [r for wave in stop_waves(brokers, roles) for r in _on_hosts(c, wave, _stop_action(force), parallel=True)]
+
+
 @task
 def start(c, inventory=None, only=None):
-    """Start each broker (a daemon with a pid file) and wait until it answers `version`."""
-    _, brokers = _brokers(c, inventory, only, deployable=True)
-    _finish("start", _on_hosts(c, brokers, _start_action(), parallel=True))
+    """Start each broker (a daemon with a pid file) and wait until it answers `version`; masters before slaves."""
+    _, brokers = _brokers(c, inventory, only)
+    _finish("start", _start_all(c, brokers), len(brokers))
 
 
 @task
 def stop(c, inventory=None, only=None, force=False):
-    """Stop each broker: SIGTERM (graceful), then wait until it has exited (--force: SIGKILL after the timeout)."""
-    _, brokers = _brokers(c, inventory, only)
-    _finish("stop", _on_hosts(c, brokers, _stop_action(force), parallel=True))
+    """Stop each broker: SIGTERM (graceful), then wait until it has exited (--force: SIGKILL after the timeout);
+    slaves before their masters."""
+    cluster, brokers = _brokers(c, inventory, only)
+    _finish("stop", _stop_all(c, cluster, brokers, force), len(brokers))
 
 
 @task
 def restart(c, inventory=None, only=None):
     """Stop every selected broker, then start them all (a full restart; see rolling-restart for no downtime)."""
-    _, brokers = _brokers(c, inventory, only, deployable=True)
-    stopped = _on_hosts(c, brokers, _stop_action(), parallel=True)
-    started = _on_hosts(c, [b for b, ok, _ in stopped if ok], _start_action(), parallel=True)
+    cluster, brokers = _brokers(c, inventory, only)
+    stopped = _stop_all(c, cluster, brokers)
+    started = _start_all(c, [b for b, ok, _ in stopped if ok])
     _finish("restart", [r for r in stopped if not r[1]] + started, len(brokers))
+
+
+class _Ops:
+    """What metaq.deploy.rolling does on the hosts, through Fabric."""
+
+    def __init__(self, c):
+        self.c = c
+        self.start_healthy = _start_action(require_zk=True)
+        self.stop_action = _stop_action()
+
+    def statuses(self, brokers):
+        return _statuses(self.c, brokers)
+
+    def status(self, broker):
+        return hostops.agent(_connection(self.c, broker), broker, "status")
+
+    def stop(self, broker):
+        return self.stop_action(_connection(self.c, broker), broker)
+
+    def start(self, broker):
+        return self.start_healthy(_connection(self.c, broker), broker)
+
+    explain = staticmethod(lambda exc, broker: _explain(exc, broker))
+    say = staticmethod(lambda text: _say(text))
 
 
 @task
 def rolling_restart(c, inventory=None, only=None):
     """Restart one broker at a time, each healthy (and registered) before the next; stop at the first failure.
 
-    First every selected broker must be up (a preflight over all of them): nothing restarts otherwise.
+    First every selected broker must be up (a preflight over all of them): nothing restarts otherwise. Each
+    replication group restarts its slaves first (each waited for until caught up), then its master (ha: manual:
+    its broker id takes no writes meanwhile; ha: auto: another member is elected first). See metaq/deploy/rolling.py.
     """
-    _, brokers = _brokers(c, inventory, only, deployable=True)
-    preflight = _on_hosts(c, brokers, lambda conn, b: _must_be_up(hostops.agent(conn, b, "status")),
-                          parallel=True)
-    if not all(ok for _, ok, _ in preflight):
-        _finish("rolling restart (nothing was restarted)", preflight)
-    start_healthy = _start_action(require_zk=True)
-    results = _on_hosts(c, brokers, lambda conn, b: "%s, then %s" % (
-        _stop_action()(conn, b), start_healthy(conn, b)), stop_at_failure=True)
-    if not results[-1][1]:
-        rest = [b.name for b in brokers[len(results):]]
+    cluster, brokers = _brokers(c, inventory, only)
+    try:
+        rolling.rolling_restart(cluster, brokers, _Ops(c))
+    except rolling.RollingFailed as failed:
+        if failed.preflight:
+            _finish("rolling restart (nothing was restarted)", failed.results, len(brokers))
+        rest = [b.name for b in failed.remaining]
         raise Exit("rolling restart stopped at %s%s" % (
-            results[-1][0].name, "; not restarted: %s" % ", ".join(rest) if rest else ""), code=1)
-
-
-def _must_be_up(report):
-    """Preflight of a rolling restart: every broker up, so restarting one never leaves a host with none."""
-    state = report.get("state")
-    if state == "not deployed":
-        raise HostFailure("not deployed: run fab deploy first")
-    if state != "up":
-        raise HostFailure("%s (%s): start it first (fab start --only NAME); a rolling restart keeps the others up"
-                          % (state, report.get("message") or "-"))
-    return None  # the preflight prints nothing for a host that is fine
+            failed.results[-1][0].name, "; not restarted: %s" % ", ".join(rest) if rest else ""), code=1)
 
 
 @task
 def status(c, inventory=None, only=None):
-    """Show each broker: state, pid, version, uptime, topics, messages, ZooKeeper, replication lag, pending restart."""
-    _, brokers = _brokers(c, inventory, only)
-    reports = {}
-
-    def ask(conn, broker):
-        reports[broker.name] = hostops.agent(conn, broker, "status")
-
-    results = _on_hosts(c, brokers, ask, parallel=True, quiet=True)
-    rows, notes = [], []
-    for broker, ok, error in results:
-        report = reports.get(broker.name) if ok else {"state": "unreachable", "message": error}
-        rows.append(hostops.status_row(broker, report))
-        if report.get("state") != "up" and report.get("message"):
-            notes.append("%s: %s" % (broker.name, report["message"]))
+    """Show each broker: state, role, pid, version, uptime, topics, messages, ZooKeeper, replication link and lag,
+    pending restart."""
+    cluster, brokers = _brokers(c, inventory, only)
+    reports = _statuses(c, brokers)
+    rows = [hostops.status_row(b, reports[b.name]) for b in brokers]
     _say(hostops.table(rows, hostops.STATUS_COLUMNS))
-    for note in notes:
+    for note in filter(None, (hostops.status_note(b, reports[b.name]) for b in brokers)):
         _say(note)
-    down = [r[0] for r in rows if r[4] != "up"]
+    down = [b.name for b in brokers if reports[b.name].get("state") != "up"]
     if down:
         raise Exit("not up: %s" % ", ".join(down), code=1)
 

@@ -14,7 +14,8 @@ import time
 from metaq.deploy.layout import Layout
 from metaq.deploy.remote import agent_command, facts_command, pip_install_command, q
 
-__all__ = ["HostFailure", "deploy", "agent", "logs", "uninstall", "status_row", "STATUS_COLUMNS"]
+__all__ = ["HostFailure", "deploy", "agent", "logs", "uninstall", "status_row", "status_note", "report_line",
+           "STATUS_COLUMNS"]
 
 _TAIL = 12
 _STEP = "@@metaq-deploy-step: "
@@ -225,19 +226,66 @@ def uninstall(conn, broker, purge_data):
 
 
 STATUS_COLUMNS = ("BROKER", "HOST", "PORT", "ROLE", "STATE", "PID", "VERSION", "UPTIME", "TOPICS", "MESSAGES",
-                  "ZOOKEEPER", "REPL_LAG", "PENDING")
+                  "ZOOKEEPER", "LINK", "REPL_LAG", "PENDING")
+
+
+def report_line(broker, ok, report):
+    """How a task reports one broker: ``[b0] <report>``, or ``[b0] FAILED on b0 (root@host:22): <why>``."""
+    return "%s %s" % ("[%s]" % broker.name if ok else "[%s] FAILED on %s:" % (broker.name, broker.label), report)
 
 
 def status_row(broker, report):
     """One status table row (a tuple matching STATUS_COLUMNS) from the agent's status report."""
-    stats = report.get("stats") or {}
+    up = report.get("state") == "up"
+    stats = (report.get("stats") or {}) if up else {}
     pending = report.get("pending") or []
-    return (broker.name, broker.listen, str(broker.port), broker.role, report.get("state", "?"),
+    return (broker.name, broker.listen, str(broker.port), _role(broker, stats), report.get("state", "?"),
             str(report.get("pid") or stats.get("pid") or "-"), report.get("version") or "-",
             format_uptime(stats.get("uptime")), stats.get("topics", "-"), stats.get("total_messages", "-"),
-            stats.get("zookeeper", "-"),
-            "-",  # replication lag: no replication in this version
+            stats.get("zookeeper", "-"), _link(stats), _lag(stats),
             "restart (%s)" % "+".join(pending) if pending else "-")
+
+
+def _role(broker, stats):
+    """The role the broker plays now (from ``stats``; the inventory's when it does not say), and how it differs."""
+    live = stats.get("replication_role")
+    if live not in ("master", "slave"):
+        return broker.role if broker.ha == "manual" else "ha auto"
+    if broker.ha == "auto":
+        return "%s (auto)" % live
+    return live if live == broker.role else "%s (inventory: %s)" % (live, broker.role)
+
+
+def _link(stats):
+    """A slave's link to its master; a master's number of connected slaves."""
+    role = stats.get("replication_role")
+    if role == "slave":
+        return stats.get("replication_link", "-")
+    if role == "master" and stats.get("replication_slaves") is not None:
+        n = stats["replication_slaves"]
+        return "%s slave%s" % (n, "" if n == "1" else "s")
+    return "-"
+
+
+def _lag(stats):
+    """A slave's lag behind its master, from its ``stats`` (README "Replication": up to 100 ms old)."""
+    if stats.get("replication_role") != "slave":
+        return "-"
+    if stats.get("replication_caught_up") == "true":
+        return "caught up"
+    lag = stats.get("replication_lag_messages", "-1")
+    return "unknown" if lag.startswith("-") else "%s msgs behind" % lag
+
+
+def status_note(broker, report):
+    """A line to print under the status table for this broker, or None."""
+    if report.get("state") != "up":
+        return "%s: %s" % (broker.name, report["message"]) if report.get("message") else None
+    stats = report.get("stats") or {}
+    if stats.get("replication_role") == "slave" and stats.get("replication_link") != "connected":
+        return "%s: replication link to %s is down (fab logs --only %s)" % (
+            broker.name, stats.get("replication_master", "its master"), broker.name)
+    return None
 
 
 def format_uptime(seconds):

@@ -11,6 +11,14 @@
       - {name: b0, host: 10.0.0.11, broker_id: 0}
       - {name: b1, host: 10.0.0.12, broker_id: 1}
 
+A master and its slaves (``role: slave`` + ``master: <name>``, same broker id) form a replication group
+rendered as a pair (``replication:`` of server.yaml; README "Deploying with Fabric"):
+
+    defaults: {ha: manual, replication_mode: async}      # ha: auto elects the master through ZooKeeper
+    brokers:
+      - {name: m0, host: 10.0.0.11, broker_id: 0}                      # replication port 8124 (port + 1)
+      - {name: s0, host: 10.0.0.21, role: slave, master: m0}           # slave_id 1, slave_of 10.0.0.11:8124
+
 ``credentials:`` (a default or per broker) is the path, on the broker's host, of a credentials file
 (``metaq.client.security``: YAML with user, secret_file, tls; mode 0600) the deploy agent's probe
 authenticates with when the broker has authentication on; fab passes only that path.
@@ -31,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from metaq import limits
+from metaq.deploy.groups import replication_settings, resolve_groups
 from metaq.errors import ConfigError
 
 __all__ = ["Broker", "Cluster", "InventoryError", "load_inventory", "parse_inventory"]
@@ -48,6 +57,12 @@ _OWNED = {
     ("broker", "port"): "port",
     ("broker", "data_dir"): "data_dir",
     ("zk", "connect"): "zk_connect",
+    ("replication", "role"): "role",
+    ("replication", "slave_of"): "master",
+    ("replication", "slave_id"): "slave_id",
+    ("replication", "port"): "replication_port",
+    ("replication", "mode"): "replication_mode",
+    ("replication", "ha"): "ha",
 }
 
 BUILTIN_DEFAULTS = {
@@ -63,6 +78,11 @@ BUILTIN_DEFAULTS = {
     "start_timeout_s": 60.0,
     "stop_timeout_s": 60.0,
     "credentials": None,  # a credentials file ON THE HOST for the agent's probe (metaq.client.security)
+    "replication_port": None,  # None: port + 1, for a broker of a replication group (or any broker in ha: auto)
+    "replication_mode": "async",
+    "ha": "manual",
+    "catch_up_timeout_s": 300.0,  # rolling-restart: how long a restarted slave may take to catch up
+    "handover_timeout_s": 60.0,  # rolling-restart in ha: auto: how long the election of a new master may take
     "server": {},
 }
 
@@ -90,6 +110,11 @@ class Settings(_Model):
     start_timeout_s: Optional[float] = Field(None, gt=0)
     stop_timeout_s: Optional[float] = Field(None, gt=0)
     credentials: Optional[str] = None
+    replication_port: Optional[int] = Field(None, ge=1, le=65535)
+    replication_mode: Optional[Literal["async", "sync"]] = None
+    ha: Optional[Literal["manual", "auto"]] = None
+    catch_up_timeout_s: Optional[float] = Field(None, gt=0)
+    handover_timeout_s: Optional[float] = Field(None, gt=0)
     server: Optional[Dict[str, Any]] = None
 
     @field_validator("install_dir", "data_dir", "credentials")
@@ -130,6 +155,7 @@ class BrokerEntry(Settings):
     broker_id: Optional[int] = Field(None, ge=0, le=limits.MAX_BROKER_ID)
     role: Literal["master", "slave"] = "master"
     master: Optional[str] = None
+    slave_id: Optional[int] = Field(None, ge=1, le=limits.MAX_BROKER_ID)
 
     @field_validator("name")
     @classmethod
@@ -175,7 +201,15 @@ class Broker:
     start_timeout_s: float
     stop_timeout_s: float
     credentials: Optional[str]
+    replication_port: Optional[int]  # None: no replication listener (a master alone in ha: manual)
+    replication_mode: str
+    ha: str
+    catch_up_timeout_s: float
+    handover_timeout_s: float
     server: Dict[str, Any] = field(repr=False)
+    slave_id: Optional[int] = None  # a slave's id; in ha: auto every member's (the master's is 0)
+    slave_of: Optional[str] = None  # a slave in ha: manual: its master's replication HOST:PORT
+    group: Optional[str] = None  # the name of the group's master (the broker's own for a master)
     config_text: str = field(default="", repr=False)
 
     @property
@@ -191,6 +225,13 @@ class Broker:
     @property
     def url(self):
         return "meta://%s:%d" % (self.listen, self.port)
+
+    @property
+    def role_text(self):
+        """How ``fab check`` shows the role: ``master``, ``slave of m0``, ``ha auto, member 1 of m0``."""
+        if self.ha == "auto":
+            return "ha auto, member %d of %s" % (self.slave_id, self.group)
+        return self.role if self.role == "master" else "slave of %s" % self.master
 
 
 @dataclass(frozen=True)
@@ -211,13 +252,9 @@ class Cluster:
                 self.source, ", ".join(repr(n) for n in unknown), ", ".join(b.name for b in self.brokers)))
         return [b for b in self.brokers if b.name in wanted]
 
-    def refuse_slaves(self, brokers):
-        """Raise for any slave: this version has no replication, so a slave cannot be started."""
-        slaves = [b for b in brokers if b.role == "slave"]
-        if slaves:
-            raise InventoryError("%s: %s: role 'slave' is accepted in the inventory but not supported yet: this "
-                                 "metaq version has no replication. Remove the slave, or run it as a master with a "
-                                 "broker id of its own." % (self.source, ", ".join(b.name for b in slaves)))
+    def members(self, broker):
+        """The brokers of ``broker``'s replication group (its master first, then the slaves in inventory order)."""
+        return sorted((b for b in self.brokers if b.group == broker.group), key=lambda b: b.role != "master")
 
 
 def load_inventory(path):
@@ -303,6 +340,8 @@ def _resolve(parsed):
         if entry.role == "master":
             if entry.master is not None:
                 problems.append("%s.master: only a slave names its master" % where)
+            if entry.slave_id is not None:
+                problems.append("%s.slave_id: only a slave has one (in ha: auto the master's member id is 0)" % where)
             if broker_id is None:
                 problems.append("%s.broker_id: required for a master (0..%d, unique in the cluster)"
                                 % (where, limits.MAX_BROKER_ID))
@@ -318,14 +357,23 @@ def _resolve(parsed):
             broker_id = master.broker_id
             if broker_id is None:
                 continue
-        broker = Broker(index=i, name=name, host=entry.host, listen=entry.listen or entry.host, role=entry.role,
-                        master=entry.master, broker_id=broker_id, **values)
-        try:
-            broker = _with_config(broker, render_server_config(broker, parsed.cluster))
-        except InventoryError as exc:
-            problems.append("%s.server: %s" % (where, exc))
-        brokers.append(broker)  # even with a bad server section: the clash checks still see it
-    return brokers, problems
+        brokers.append(Broker(index=i, name=name, host=entry.host, listen=entry.listen or entry.host,
+                              role=entry.role, master=entry.master, broker_id=broker_id, slave_id=entry.slave_id,
+                              group=name if entry.role == "master" else entry.master, **values))
+    brokers, refused = resolve_groups(brokers, problems)
+    rendered = []
+    for broker in brokers:
+        if broker.index not in refused:  # a group problem is reported once, not again as the broker's refusal
+            try:
+                broker = _with_config(broker, render_server_config(broker, parsed.cluster))
+            except InventoryError as exc:
+                problems.append("%s.server: %s" % (_where(broker), exc))
+        rendered.append(broker)  # even with a bad server section: the clash checks still see it
+    return rendered, problems
+
+
+def _where(broker):
+    return "brokers[%d] (%s)" % (broker.index, broker.name)
 
 
 def _with_config(broker, text):
@@ -351,6 +399,16 @@ def _cross_check(brokers):
     dup(lambda b: b.name, "same name (give each broker a unique `name`)")
     dup(lambda b: b.broker_id if b.role == "master" else None, "same broker_id")
     dup(lambda b: (b.host, b.port), "same host and port")
+    listeners = {}
+    for b in brokers:
+        listeners.setdefault((b.host, b.port), (b, "port"))
+    for b in brokers:
+        if b.replication_port is None:
+            continue
+        other, what = listeners.setdefault((b.host, b.replication_port), (b, "replication_port"))
+        if other is not b:
+            problems.append("brokers[%d] (%s).replication_port: %d on host %s is also the %s of brokers[%d] (%s)"
+                            % (b.index, b.name, b.replication_port, b.host, what, other.index, other.name))
     dup(lambda b: (b.host, b.install_dir), "same host and install_dir")
     dup(lambda b: (b.host, b.data_dir), "same host and data_dir")
     for b in brokers:
@@ -375,6 +433,9 @@ def server_config(broker):
     doc = {"broker": _merge({"id": broker.broker_id, "host": broker.listen, "port": broker.port,
                              "data_dir": broker.data_dir}, server.pop("broker", None) or {})}
     doc["zk"] = _merge({"connect": broker.zk_connect}, server.pop("zk", None) or {})
+    replication = replication_settings(broker)
+    if replication:
+        doc["replication"] = _merge(server.pop("replication", None) or {}, replication)
     doc.update(server)
     return doc
 

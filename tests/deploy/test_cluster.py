@@ -107,7 +107,7 @@ def status_table(r):
     assert at is not None, r
     header = lines[at].split()
     assert header == ["BROKER", "HOST", "PORT", "ROLE", "STATE", "PID", "VERSION", "UPTIME", "TOPICS",
-                      "MESSAGES", "ZOOKEEPER", "REPL_LAG", "PENDING"], r
+                      "MESSAGES", "ZOOKEEPER", "LINK", "REPL_LAG", "PENDING"], r
     rows = {}
     for line in lines[at + 2:]:
         cells = re.split(r"\s{2,}", line.strip())
@@ -142,7 +142,8 @@ def test_deploy_start_write_rolling_restart_stop(deployed_cluster):
     for name, row in rows.items():
         assert row["STATE"] == "up" and row["PID"] == str(before[name]), rows
         assert row["VERSION"] == "0.1.0" and row["ZOOKEEPER"] == "connected", rows
-        assert row["REPL_LAG"] == "-" and row["PENDING"] == "-", rows
+        assert row["ROLE"] == "master" and row["LINK"] == "-" and row["REPL_LAG"] == "-", rows
+        assert row["PENDING"] == "-", rows
 
     # A producer keeps sending to both brokers (failing over) while they restart one at a time.
     results, stop = [], threading.Event()

@@ -112,17 +112,6 @@ def test_a_master_needs_an_id_and_a_slave_needs_its_master():
     assert "brokers[2] (t).master: a slave names its master broker" in message
 
 
-def test_a_slave_is_accepted_in_the_file_but_refused_for_deploy():
-    cluster = parse_inventory(with_brokers({"name": "m", "host": "h1", "broker_id": 4},
-                                           {"name": "s", "host": "h2", "role": "slave", "master": "m"}))
-    slave = cluster.brokers[1]
-    assert (slave.role, slave.master, slave.broker_id) == ("slave", "m", 4)
-    cluster.refuse_slaves(cluster.select("m"))
-    with pytest.raises(InventoryError, match=r"s: role 'slave' is accepted in the inventory but not supported yet: "
-                                             r"this metaq version has no replication"):
-        cluster.refuse_slaves(cluster.brokers)
-
-
 def test_server_settings_are_checked_as_the_broker_checks_them():
     message = problems(with_brokers({"host": "h", "broker_id": 0, "zk_connect": "nohost",
                                      "server": {"store": {"flush": "sometimes"}, "topcs": []}}))
@@ -154,12 +143,6 @@ def test_fab_reports_an_invalid_inventory_and_exits_2(tmp_path):
     r = run_fab(path, "deploy")
     assert r.code == 2, r
     assert r.err.strip() == "%s is invalid:\n  brokers[0] (h).port: Input should be greater than or equal to 1" % path
-    path.write_text(with_brokers({"name": "m", "host": "192.0.2.1", "broker_id": 0},
-                                 {"name": "s", "host": "192.0.2.2", "role": "slave", "master": "m"}))
-    r = run_fab(path, "deploy")  # refused before any connection (these addresses are unreachable)
-    assert r.code == 2 and "s: role 'slave' is accepted in the inventory but not supported yet" in r.err, r
-    r = run_fab(path, "check")
-    assert r.code == 0 and "slave of m" in r.out and "note: slaves are refused by deploy and start" in r.out, r
 
 
 def test_a_key_written_twice_is_refused_with_its_line():

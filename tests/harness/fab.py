@@ -105,3 +105,15 @@ def write_inventory(path, inventory):
     with open(path, "w") as f:
         yaml.safe_dump(inventory, f, sort_keys=False)
     return path
+
+
+def pair_inventory(root, sshd, zk_connect=None, ha="manual"):
+    """An inventory dict: master m0 on 127.0.0.1 and its slave s0 on 127.0.0.2 (broker id 0), each with its
+    own dirs, a free client port and a free replication port."""
+    inventory = two_broker_inventory(root, sshd, zk_connect)
+    m0, s0 = inventory["brokers"]
+    m0.update(name="m0", replication_port=free_port(m0["host"]))
+    s0.update(name="s0", role="slave", master="m0", replication_port=free_port(s0["host"]))
+    del s0["broker_id"]
+    inventory["defaults"]["ha"] = ha
+    return inventory
