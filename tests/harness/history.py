@@ -389,7 +389,7 @@ def _divergent(run):
                 held.setdefault(msg_id, []).append(broker)
         if len(held) > 1:
             words = []
-            for msg_id, brokers in sorted(held.items()):
+            for msg_id, brokers in sorted(held.items(), key=lambda kv: kv[1]):
                 acks = run.acks.get(msg_id, [])
                 acked = run.listed(acks, run.ack_text) if acks else "never acknowledged"
                 verb = "holds" if len(brokers) == 1 else "hold"
