@@ -183,6 +183,25 @@ def test_each_loss_counts_against_the_fault_whose_window_it_was_acknowledged_in(
     assert "fault #2 kill_master of s at t+3.000s: window t+1.200s..t+3.200s, 2 lost, bound 0" in summary
 
 
+def test_a_window_never_reaches_past_the_next_faults_lag_reading():
+    """Two faults 0.1 s apart (less than the slack): what was acknowledged after the second fault's lag reading
+    counts against the second fault, not the first."""
+    h = History()
+    h.ack("p", T, 0, 0, "early", 1.0)
+    h.fault("cut_link", 2.0, lag_messages=0, lag_t=2.0, target="s")
+    h.ack("p", T, 0, 1, "between", 2.04)  # after the cut, before the kill's lag reading (2.05)
+    for i in range(3):
+        h.ack("p", T, 0, 2 + i, "late%d" % i, 2.06 + i / 100)  # after the kill's lag reading
+    h.fault("kill_master", 2.1, lag_messages=1, lag_t=2.05, target="m")
+    for m in ("early", "between", "late0", "late1", "late2"):
+        h.deliver("c", T, 0, 0, m, 3.0)
+    verdict = check(h, {"s": {pos(0): "early"}}, "async")
+    assert verdict == [], verdict.summary()
+    summary = verdict.summary()
+    assert "fault #1 cut_link of s at t+1.000s: window start..t+1.050s, 1 lost, bound 1 (lag 0" in summary
+    assert "fault #2 kill_master of m at t+1.100s: window t+1.050s..t+1.300s, 3 lost, bound 4 (lag 1" in summary
+
+
 def test_a_fault_without_a_lag_reading_bounds_nothing():
     h = History()
     h.ack("p", T, 0, 0, "x", 1.0)

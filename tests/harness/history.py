@@ -23,10 +23,11 @@ reported apart and are not violations (delivery is at least once). The checks:
 (c) every acknowledged msg_id the final master holds was delivered to the group at least once
     (UNDELIVERED); no delivery and no logged message of the history's topics that no producer sent (PHANTOM);
 (d) ``async``: an acknowledged msg_id the final master lacks is lost; it is attributed to the fault
-    whose window it was last acknowledged in (after the previous fault, up to this one, each widened by
-    ``ack_slack`` s: a reply read just after a kill still came from the killed broker); per fault the
-    lost count must not exceed ``lag_messages`` + the msg_ids acknowledged after the lag was read
-    (OVER BOUND; a loss after the last fault: LOST WITHOUT FAULT);
+    whose window it was last acknowledged in (after the previous fault's window, up to ``ack_slack`` s
+    after this fault: a reply read just after a kill still came from the killed broker; but never past
+    the next fault's lag reading); per fault the lost count must not exceed ``lag_messages`` + the
+    msg_ids acknowledged after the lag was read, up to the window's end (OVER BOUND; a loss after the
+    last window: LOST WITHOUT FAULT);
 (e) a msg_id acknowledged at two positions, or held at two positions of the final master's log, is a
     duplicate (``Verdict.duplicates``), marked "after a failed attempt" when a ``fail`` preceded it.
 
@@ -447,20 +448,25 @@ def _phantoms(run):
 def _async_losses(run, lost, slack, lines):
     """(d) losses per fault window, each within the lag read before its fault."""
     out = []
-    by_fault = [[] for _ in run.faults]
+    faults = run.faults
+    # Window i ends ``slack`` after fault i, but never past the next fault's lag reading: acknowledgements after
+    # that reading belong to the next fault (and are counted in its bound).
+    ends = [max(f.t, min(f.t + slack, faults[i + 1].lag_t)) if i + 1 < len(faults) else f.t + slack
+            for i, f in enumerate(faults)]
+    by_fault = [[] for _ in faults]
     orphans = []
     for msg_id, ack in sorted(lost.items(), key=lambda kv: kv[1].t):
-        i = next((i for i, f in enumerate(run.faults) if ack.t <= f.t + slack), None)
+        i = next((i for i, end in enumerate(ends) if ack.t <= end), None)
         (orphans if i is None else by_fault[i]).append(ack)
     last_acks = [acks[-1] for acks in run.acks.values()]
-    for i, f in enumerate(run.faults):
-        after = sum(1 for a in last_acks if f.lag_t < a.t <= f.t + slack)
+    for i, f in enumerate(faults):
+        after = sum(1 for a in last_acks if f.lag_t < a.t <= ends[i])
         bound = (f.lag_messages or 0) + after
-        start = run.faults[i - 1].t + slack if i else None
+        start = ends[i - 1] if i else None
         lag = "lag %s read at %s" % ("not" if f.lag_messages is None else f.lag_messages, run.when(f.lag_t))
         name = "#%d %s%s at %s" % (i + 1, f.kind, " of " + f.target if f.target else "", run.when(f.t))
         lines.append("%s: window %s..%s, %d lost, bound %d (%s + %d acknowledged after it)" % (
-            name, run.when(start) if start is not None else "start", run.when(f.t + slack), len(by_fault[i]), bound,
+            name, run.when(start) if start is not None else "start", run.when(ends[i]), len(by_fault[i]), bound,
             lag, after))
         if len(by_fault[i]) > bound:
             out.append("OVER BOUND (async) fault %s: %d acknowledged msg_ids lost > bound %d (%s + %d acknowledged "

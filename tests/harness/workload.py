@@ -46,7 +46,9 @@ class Workload:
         for name, value in (("producers", producers), ("consumers", consumers)):
             if not isinstance(value, int) or not 0 <= value <= MAX_CLIENTS:
                 raise ValueError("%s must be an int in 0..%d, got %r" % (name, MAX_CLIENTS, value))
-        if not 0 < max_messages <= MAX_MESSAGES_PER_PRODUCER:
+        if not isinstance(pace_s, (int, float)) or pace_s < 0:
+            raise ValueError("pace_s must be a number of seconds >= 0, got %r" % (pace_s,))
+        if not isinstance(max_messages, int) or not 0 < max_messages <= MAX_MESSAGES_PER_PRODUCER:
             raise ValueError("max_messages must be in 1..%d, got %r" % (MAX_MESSAGES_PER_PRODUCER, max_messages))
         self.history, self.zk_connect, self.topic, self.group = history, zk_connect, topic, group
         self.n_producers, self.n_consumers = producers, consumers
@@ -149,9 +151,12 @@ class Workload:
             time.sleep(0.1)
 
     def close(self):
-        """Stop the producers (if still running) and close the consumers (they commit and leave the group)."""
-        if not self._stop.is_set():
+        """Stop the producers (if still running) and close the consumers (they commit and leave the group);
+        what went wrong is in ``errors``."""
+        try:
             self.stop_producers()
+        except AssertionError as exc:
+            self.errors.append(str(exc))
         for consumer in self.consumers:
             try:
                 consumer.close()
@@ -163,7 +168,6 @@ class Workload:
         return self.start()
 
     def __exit__(self, *exc):
-        self._stop.set()
         self.close()
 
     # -- reading the history as it grows -------------------------------------------------------
