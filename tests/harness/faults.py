@@ -340,8 +340,9 @@ class FaultPlan:
         for name, span in spans.items():
             if name != "waits" and name not in KINDS:
                 raise ValueError("durations: unknown kind %r (kinds: %s)" % (name, ", ".join(KINDS)))
-            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(x, (int, float)) for x in span)
-                    or not 0 <= span[0] <= span[1] <= MAX_PAUSE_S):
+            numbers = isinstance(span, (tuple, list)) and len(span) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in span)
+            if not numbers or not 0 <= span[0] <= span[1] <= MAX_PAUSE_S:
                 raise ValueError("%s must be (low, high) seconds with 0 <= low <= high <= %s, got %r"
                                  % (name, MAX_PAUSE_S, span))
         self.seed, self.rounds, self.kinds = seed, rounds, kinds
