@@ -74,7 +74,8 @@ class Broker:
         self.election = None
         if config.replication.ha == "auto":  # the config requires zk.connect with it
             self.election = Election(config, self.store, self.roles, self.registry.zk, self.registry.ids_path,
-                                     lambda: self.registry.url)
+                                     lambda: self.registry.url,
+                                     lambda: self.remoting.address if self.remoting is not None else None)
             self.roles.attach_election(self.election)
         self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats)  # recovery completes commits
         self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))

@@ -220,7 +220,6 @@ def auto_pair(sshd, zk_server, tmp_path_factory):
     p.kill_leftovers()
 
 
-@pytest.mark.skip(reason="needs ha: auto (lead's branch)")
 def test_an_auto_pair_rolling_restart_fails_no_send(auto_pair):
     pair = auto_pair
     r = pair.fab("deploy", "start")

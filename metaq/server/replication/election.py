@@ -2,7 +2,8 @@
 
 Nodes (ours; MetaQ's ``master`` node stays as the registry writes it), under ``<root>/brokers/ids/<id>/``:
 
-    leader              ephemeral   {"member": m, "epoch": E, "replication": "host:port", "url": "meta://..."}
+    leader              ephemeral   {"member": m, "epoch": E, "replication": "host:port", "url": "meta://...",
+                                     "remoting": "host:port" or null (its RocketMQ port)}
     insync              persistent  {"epoch": E, "master": m, "members": [m, ...]}   written with its version
     candidates/<m>      ephemeral   {"position": P}   a member's log end while an election runs
 
@@ -99,9 +100,11 @@ def members_of(insync):
 class Election:
     """One member's side of its broker id's election, and, while it leads, its lease and in-sync set."""
 
-    def __init__(self, config, store, roles, zk, ids_path, url):
+    def __init__(self, config, store, roles, zk, ids_path, url, remoting=lambda: None):
         """``roles``: ``Roles`` (``lead``, ``follow``, ``wait_for_master``); ``zk``: the registry's KazooClient
-        (one session per broker); ``ids_path``: ``<root>/brokers/ids/<id>``; ``url()``: our meta:// URL."""
+        (one session per broker); ``ids_path``: ``<root>/brokers/ids/<id>``; ``url()``: our meta:// URL;
+        ``remoting()``: our RocketMQ remoting address (host:port) or None."""
+        self.remoting = remoting
         rep = config.replication
         self.store = store
         self.roles = roles
@@ -297,8 +300,8 @@ class Election:
         sent = time.monotonic()
         address = "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0], self.replication_port)
         try:
-            self.zk.create(self.leader_path, _dump({"member": self.member, "replication": address,
-                                                    "url": self.url()}), ephemeral=True, makepath=True)
+            self.zk.create(self.leader_path, _dump(self._leader_record(None, address)), ephemeral=True,
+                           makepath=True)
         except NodeExistsError:
             return
         for _attempt in range(3):
@@ -327,10 +330,17 @@ class Election:
         self._quiet.clear()
         self._withdraw()
         position = self.roles.lead(epoch, self.insync)
-        self.zk.set(self.leader_path, _dump({"member": self.member, "epoch": epoch, "replication": address,
-                                             "url": self.url()}))
+        self.zk.set(self.leader_path, _dump(self._leader_record(epoch, address)))
         log.warning("election: member %d is now the master of broker %d, epoch %d from log position %d",
                     self.member, self.broker_id, epoch, position)
+
+    def _leader_record(self, epoch, address):
+        return {"member": self.member, "epoch": epoch, "replication": address, "url": self.url(),
+                "remoting": self.remoting()}
+
+    def current_leader(self):
+        """The leader node as last read (a dict: member, epoch, url, replication, remoting), or None."""
+        return self.last_leader
 
     def _depose(self, reason):
         was = self.leading
