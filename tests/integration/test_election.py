@@ -116,3 +116,37 @@ def test_a_paused_master_is_fenced_and_its_unacknowledged_tail_is_cut(broker_fac
     wait_for(lambda: stats(old)["log_end_position"] == stats(g.members[second])["log_end_position"], 15,
              "old master caught up")
     assert "steps down as master" in old.log_text()
+
+
+def test_in_sync_mode_a_member_that_missed_acknowledged_writes_is_never_elected(broker_factory, tmp_path, own_zk):
+    """Three members; one is killed and leaves the in-sync set; the master acknowledges more with the other's
+    confirmation; then both die. The stale member, started alone, waits: electing it would lose those writes.
+    The in-sync one, started, is elected and the stale one copies what it missed."""
+    zk = own_zk.connect
+    g = Group(broker_factory, tmp_path, zk, n=3, mode="sync")
+    a = g.master()
+    b, c = [i for i in range(3) if i != a]
+    wait_for(lambda: sorted(zk_json(zk, IDS + "/insync")["members"]) == [0, 1, 2], 15, "every member in sync")
+    g.members[c].kill()
+    wait_for(lambda: sorted(zk_json(zk, IDS + "/insync")["members"]) == sorted([a, b]), 15,
+             "the killed member leaves the in-sync set")
+    acked = acked_load(g.members[a], 20, b"only-a-and-b")
+    g.members[a].kill()
+    g.members[b].kill()
+    g.members[c].start()
+    time.sleep(SESSION_MS / 1000.0 * 2 + 2)  # both old sessions expired: an election could have happened
+    st = stats(g.members[c])
+    assert (st["replication_role"], st["replication_leading"]) == ("slave", "false"), st
+    assert "is not in the in-sync set" in g.members[c].log_text()
+    with g.members[c].client() as cl:
+        r = cl.put("t-a", b"nobody may take this", 0)
+        assert r.code == 503 and b"no elected master yet" in r.body, r
+    g.members[b].start()
+    assert g.master(timeout=20) == b
+    g.following(b, [c])
+    wait_for(lambda: stats(g.members[c])["log_end_position"] == stats(g.members[b])["log_end_position"], 15,
+             "the stale member caught up")
+    for member in (b, c):
+        with g.members[member].client() as cl:
+            for body, _id, part, offset in acked:
+                assert cl.get_records("t-a", part, offset)[0].data == body

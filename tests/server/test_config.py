@@ -84,3 +84,33 @@ def test_shipped_topics_end_with_the_default_pattern():
         shipped = yaml.safe_load(f)
     default = [t.model_dump() for t in ServerConfig().topics]
     assert shipped["topics"][-len(default):] == default
+
+
+# -- replication.ha (issue 17) ------------------------------------------------------------------------
+
+HA = {"replication.ha": "auto", "replication.port": 8124, "replication.slave_id": 1, "zk.connect": "127.0.0.1:2181"}
+
+
+def test_ha_auto_with_everything_it_needs_and_its_defaults():
+    c = load_config(None, dict(HA))
+    assert c.replication.ha == "auto" and c.lease_ms() == c.zk.session_timeout_ms // 2
+    assert load_config(None, dict(HA, **{"replication.lease_ms": 1000})).lease_ms() == 1000
+    assert load_config(None).replication.ha == "manual"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"zk.connect": None}, "set zk.connect"),
+    ({"replication.port": None}, "needs a replication port"),
+    ({"replication.slave_id": None}, "slave_id"),
+    ({"replication.role": "slave", "replication.slave_of": "127.0.0.1:9"}, "remove role/slave_of"),
+    ({"replication.lease_ms": 30000}, "lease_ms \\(30000\\) must be below zk.session_timeout_ms \\(30000\\)"),
+    ({"replication.insync_lag_ms": 60001}, "insync_lag_ms"),
+    ({"replication.ha": "magic"}, "replication.ha"),
+])
+def test_ha_auto_refusals(change, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, dict(HA, **change))
+
+
+def test_insync_lag_at_its_limit():
+    assert load_config(None, dict(HA, **{"replication.insync_lag_ms": 60000})).replication.insync_lag_ms == 60000

@@ -233,6 +233,7 @@ class Election:
         if self.roles.is_master:  # a master without the leader node acknowledges nothing from here on
             self._depose("broker %d has no leader node" % self.broker_id)
         insync, stat = self._read(self.insync_path)
+        self.roles.wait_for_master()  # no leader: stop following the one that was (its node is gone)
         if not self._eligible(insync):
             self._once("ineligible", "election: member %d of broker %d is not in the in-sync set %s (sync mode): "
                        "it may not be elected; waiting for a member that is", self.member, self.broker_id,

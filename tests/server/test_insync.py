@@ -1,0 +1,92 @@
+"""The elected master's in-sync set and lease (insync.py, election.Lease): pure logic, no ZooKeeper."""
+
+import time
+
+import pytest
+
+from metaq import limits
+from metaq.server.replication.election import Lease, _load, members_of
+from metaq.server.replication.insync import InSyncSet
+
+
+def test_a_sync_put_needs_every_member_and_at_least_one():
+    s = InSyncSet(me=0, lag_s=2.0)
+    assert not s.confirmed(100, {1: 500})  # nobody required: never confirmed (SLAVE_NOT_AVAILABLE)
+    s.join(1)
+    s.join(2)
+    assert not s.confirmed(100, {1: 500})  # member 2 is not connected
+    assert not s.confirmed(100, {1: 500, 2: 99})
+    assert s.confirmed(100, {1: 500, 2: 100})
+    assert s.required() == {1, 2} and s.required() is not s.waiting_for
+
+
+def test_only_a_slave_holding_everything_acknowledged_may_join():
+    s = InSyncSet(me=0, lag_s=2.0)
+    s.acknowledged(1000)
+    s.acknowledged(400)  # never goes back
+    assert s.acked == 1000
+    assert not s.may_join(1, 999) and s.may_join(1, 1000)
+    assert not s.may_join(0, 5000)  # the master itself
+    s.join(1)
+    assert not s.may_join(1, 2000)  # already a member
+
+
+def test_a_member_behind_for_the_lag_or_gone_is_lagging():
+    s = InSyncSet(me=0, lag_s=2.0)
+    s.join(1)
+    s.join(2)
+    t = 1000.0
+    s.sample(100, now=t)
+    s.sample(300, now=t + 1.0)
+    s.sample(900, now=t + 2.5)
+    # 2 s before t+2.5 the master's end was 100 (the sample at t): a member holding 100 is not lagging yet
+    assert s.end_lag_ago(now=t + 2.5) == 100
+    assert s.lagging({1: 100, 2: 99}, now=t + 2.5) == [2]
+    assert s.lagging({1: 100}, now=t + 2.5) == [2]  # 2 disconnected
+    assert s.end_lag_ago(now=t + 3.1) == 300
+    assert s.lagging({1: 299, 2: 900}, now=t + 3.1) == [1]
+    s.leave(1)
+    assert s.required() == {2}
+
+
+def test_the_samples_are_bounded():
+    s = InSyncSet(me=0, lag_s=1.0)
+    for i in range(limits.MAX_INSYNC_SAMPLES + 50):
+        s.sample(i, now=float(i))
+    assert len(s._ends) == limits.MAX_INSYNC_SAMPLES
+    # the oldest kept sample answers when nothing is old enough: stricter, never laxer
+    assert s.end_lag_ago(now=float(limits.MAX_INSYNC_SAMPLES + 49)) == limits.MAX_INSYNC_SAMPLES + 48
+
+
+def test_a_lease_runs_from_the_sending_time_and_a_revocation_ends_it():
+    lease = Lease(0.2)
+    assert lease.refusal() == "it has not been elected"
+    sent = time.monotonic()
+    lease.renew(sent)
+    assert lease.refusal() is None
+    lease.renew(sent - 10)  # a late answer to an old request never shortens it
+    assert lease.refusal() is None
+    time.sleep(0.25)
+    assert "lease expired" in lease.refusal()
+    lease.renew(time.monotonic())
+    lease.revoke("its ZooKeeper session expired")
+    assert lease.refusal() == "its ZooKeeper session expired"
+
+
+@pytest.mark.parametrize("data, value", [
+    (b'{"members": [0, 1]}', {"members": [0, 1]}),
+    (b"[1, 2]", None),  # not an object
+    (b"\xff", None),
+    (b"{", None),
+    (None, None),
+    (b'{"x": "' + b"a" * limits.MAX_ELECTION_NODE_BYTES + b'"}', None),  # past the limit
+])
+def test_election_nodes_are_read_defensively(data, value):
+    assert _load(data) == value
+
+
+def test_members_of_ignores_what_is_not_a_member_id():
+    assert members_of({"members": [0, "1", True, 2.0, 3]}) == {0, 3}
+    assert members_of({"members": "0,1"}) == set() and members_of(None) == set()
+    many = {"members": list(range(limits.MAX_GROUP_MEMBERS + 10))}
+    assert len(members_of(many)) == limits.MAX_GROUP_MEMBERS
