@@ -150,3 +150,45 @@ def test_in_sync_mode_a_member_that_missed_acknowledged_writes_is_never_elected(
         with g.members[member].client() as cl:
             for body, _id, part, offset in acked:
                 assert cl.get_records("t-a", part, offset)[0].data == body
+
+
+def test_in_async_mode_the_most_advanced_member_is_elected(broker_factory, tmp_path, own_zk):
+    zk = own_zk.connect
+    g = Group(broker_factory, tmp_path, zk, n=3, mode="async")
+    a = g.master()
+    b, c = [i for i in range(3) if i != a]
+    g.following(a, [b, c])
+    acked_load(g.members[a], 10, b"all")
+    g.members[c].kill()  # c misses what follows; b copies it
+    acked = acked_load(g.members[a], 30, b"a-and-b")
+    wait_for(lambda: stats(g.members[b])["log_end_position"] == stats(g.members[a])["log_end_position"], 15,
+             "b caught up")
+    g.members[a].kill()
+    g.members[c].start()  # behind b: both are candidates once a's session expires
+    assert g.master(timeout=SESSION_MS / 1000.0 * 3 + 10, exclude=(a,)) == b
+    assert "defers to member %d" % b in g.members[c].log_text(since_start=True)
+    with g.members[b].client() as cl:
+        for body, _id, part, offset in acked:
+            assert cl.get_records("t-a", part, offset)[0].data == body
+
+
+def test_without_zookeeper_the_master_stops_acknowledging_and_resumes_when_it_returns(broker_factory, tmp_path,
+                                                                                       own_zk):
+    """ZooKeeper down past the lease: puts refused (nothing can confirm this master still leads); back within
+    the session timeout: the same master carries on, nobody else was elected."""
+    g = Group(broker_factory, tmp_path, own_zk.connect, n=2, mode="async")
+    a = g.master()
+    g.following(a, [1 - a])
+    put_until_ok(g.members[a], "t-a", b"before")
+    own_zk.stop()
+    try:
+        def refused():
+            with g.members[a].client() as cl:
+                r = cl.put("t-a", b"while zookeeper is down", 0)
+            return r if r.code == 503 else None
+        r = wait_for(refused, SESSION_MS / 1000.0, "puts refused once the lease ran out")
+        assert b"may not acknowledge writes for broker 7" in r.body, r
+    finally:
+        own_zk.start()
+    put_until_ok(g.members[a], "t-a", b"after", timeout=SESSION_MS / 1000.0 * 4)
+    assert g.master() == a
