@@ -292,6 +292,7 @@ class ReplicationServer:
             now = time.monotonic()
             if now >= state.offsets_due or state.offsets_version is None:  # caught up: the whole table at once
                 self._send_offsets(sock, state, now)
+                continue  # it yielded: look at the log again before waiting for news of it
             if now - last_hb >= (HEARTBEAT_S if state.sent >= store.written_position else HEARTBEAT_BUSY_S):
                 send_event(sock, self._heartbeat())
                 last_hb = now
@@ -307,7 +308,8 @@ class ReplicationServer:
         else:
             rows, version = offsets.changes(state.offsets_version)
         for event in offsets_frames(rows, snapshot=state.offsets_version is None):
-            send_event(sock, event)
+            send_event(sock, event)  # about 5 ms of encoding a full frame: the clients go between frames
+            gevent.sleep(0)
         state.offsets_version = version
 
     def _end(self):
