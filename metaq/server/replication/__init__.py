@@ -14,10 +14,9 @@ that position in DATA frames (``MessageStore.read_log``: up to the flushed end
 in ``async`` mode, the written end in ``sync`` mode), HEARTBEATs its ends and
 message count, sends its committed consumer offsets in OFFSETS frames (the whole
 table once the slave has caught up or a sync interval into the link, then what
-changed, at most every
-``link.OFFSETS_SYNC_S``), and reads the slave's ACKs. In ``sync`` mode a put is
-acknowledged only once some slave's ACK covers the put's log end
-(``wait_replicated``).
+changed, at most every ``link.OFFSETS_SYNC_S``), and reads the slave's ACKs. In
+``sync`` mode a put is acknowledged only once some slave's ACK covers the put's
+log end (``wait_replicated``).
 
 Slave: ``SlaveLink`` connects to ``replication.slave_of``, HELLOs, cuts its log
 to the agreed position if it ends past it (logging what it cut: a tail its
