@@ -147,6 +147,25 @@ def test_a_slave_behind_its_master_never_answers_past_its_own_end(broker_factory
     assert query(s, "g", "t-a", 0) == 1  # the group reads the new message at 0, then from 1 on
 
 
+def test_a_commit_sent_to_a_slave_lasts_until_the_masters_table_replaces_it(broker_factory, tmp_path):
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                       extra_args=slave_args(rport, 1))
+    fill(m, 4)
+    commit(m, "g", "t-a", 0, 2)
+    caught_up(m, s)
+    holds(s, {("g", "t-a", 0): 2})
+    commit(s, "g", "t-a", 0, 1)  # accepted on the slave, as before: the client library never sends it there
+    commit(s, "mine", "t-a", 0, 1)
+    assert offsets_of(s, {("g", "t-a", 0): 0, ("mine", "t-a", 0): 0}) == {("g", "t-a", 0): 1, ("mine", "t-a", 0): 1}
+    commit(m, "g", "t-a", 0, 2)  # the master's next commit of that key replaces the slave's
+    holds(s, {("g", "t-a", 0): 2, ("mine", "t-a", 0): 1})
+    s.stop()
+    s.start()  # a new link brings the master's whole table: the slave's own entry goes
+    holds(s, {("g", "t-a", 0): 2, ("mine", "t-a", 0): None})
+
+
 def committed(broker, group, topic, queues):
     """QUERY_CONSUMER_OFFSET on the broker's remoting port: {queue: offset or None}."""
     with RemotingClient(broker.config["remoting"]["port"]) as rc:
