@@ -30,8 +30,6 @@ from tests.harness.broker import wait_for
 from tests.harness.ha import SESSION_MS, Group, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats
 
-pytestmark = pytest.mark.fault
-
 #: How long a commit on the master may take to reach a slave: one sync interval, with room for a loaded machine.
 REACH_S = OFFSETS_SYNC_S + 9.0
 
@@ -77,6 +75,7 @@ def fill(broker, n):
             c.put_ok("t-b", b"b-%d" % i, 0)
 
 
+@pytest.mark.fault
 def test_offsets_committed_on_the_master_are_answered_by_the_promoted_slave_and_reach_the_old_master(
         broker_factory, tmp_path, capsys):
     rport, srport = free_port(), free_port()
@@ -121,6 +120,7 @@ def test_offsets_committed_on_the_master_are_answered_by_the_promoted_slave_and_
     assert offsets_of(m, promoted) == {**promoted, ("g", "t-a", 0): 6}
 
 
+@pytest.mark.fault
 def test_a_slave_behind_its_master_never_answers_past_its_own_end(broker_factory, tmp_path, capsys):
     """A commit can reach a slave before the messages it covers (async replication ships only what the master
     has flushed; a group may commit what it read before that): the slave answers its partition's end, so a
@@ -147,6 +147,7 @@ def test_a_slave_behind_its_master_never_answers_past_its_own_end(broker_factory
     assert query(s, "g", "t-a", 0) == 1  # the group reads the new message at 0, then from 1 on
 
 
+@pytest.mark.fault
 def test_a_commit_sent_to_a_slave_lasts_until_the_masters_table_replaces_it(broker_factory, tmp_path):
     rport = free_port()
     m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
@@ -177,6 +178,7 @@ def committed(broker, group, topic, queues):
         return out
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_a_rocketmq_group_resumes_on_the_promoted_slave_where_it_committed(broker_factory, tmp_path, capsys):
     """The official client (a subprocess) consumes part of a topic from the master and commits as it stops; the
@@ -214,6 +216,7 @@ def test_a_rocketmq_group_resumes_on_the_promoted_slave_where_it_committed(broke
     assert len(second) == rest
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 def test_ha_auto_the_newly_elected_master_answers_the_groups_offsets(broker_factory, tmp_path, zk_connect):
     g = Group(broker_factory, tmp_path, zk_connect, n=3, mode="sync")
