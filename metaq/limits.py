@@ -276,3 +276,11 @@ MAX_INSYNC_SAMPLES = 600
 MAX_ELECTION_NODE_BYTES = 4096
 #: Members of one broker id's group an insync node may list.
 MAX_GROUP_MEMBERS = 64
+
+# -- consumer offsets on the replication stream (the OFFSETS frame; README "Replication") ----------------
+#: Committed offsets one OFFSETS frame may carry (the master's table, up to MAX_CONSUMER_OFFSETS entries, goes
+#: in as many frames as it needs).
+MAX_REPLICATION_OFFSETS_PER_FRAME = 1000
+#: Bytes of entries one OFFSETS frame may carry (22 bytes and the two names each: 1000 entries with 100-byte
+#: names fit; longer names make more frames).
+MAX_REPLICATION_OFFSETS_BYTES = 256 * 1024

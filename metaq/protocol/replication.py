@@ -12,7 +12,9 @@ cannot prove the secret) and EPOCHS (where the two logs agree, and the
 master's history: the epoch handshake, ``metaq.store.epochs``), then DATA
 frames carrying its commit log from the agreed position (chunks of
 ``MessageStore.read_log``: whole records and blank tails, each chunk inside one
-segment), HEARTBEATs, or an ERROR before closing. The slave cuts its log to
+segment), HEARTBEATs, OFFSETS (its committed consumer offsets: the whole table
+once per link, then what changed; ``metaq.protocol.replication_offsets``), or
+an ERROR before closing. The slave cuts its log to
 the agreed position, then appends and answers ACKs as it appends and flushes.
 Both directions use the same framing, so one parser serves both ends. (Which
 proof a side sends and accepts, and the refusals when only one side holds a
@@ -25,7 +27,7 @@ Frame (big-endian)::
       4  1  version    4 (version 3 had epoch entries without an origin, version 2 no CHALLENGE/PROOF, version 1
                        no epochs: an older peer gets a clear "unsupported replication stream version" error, on
                        both ends)
-      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8
+      5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -51,6 +53,7 @@ Payloads::
     PROOF      >BB      nonce length uint8, proof length uint8, then the nonce (the slave's; none in the
                         master's PROOF: its nonce went in the CHALLENGE), then the proof (none: this side holds
                         no secret)
+    OFFSETS    >BI      flags uint8, count uint32, then the entries: ``metaq.protocol.replication_offsets``
 
 A nonce is ``MIN_REPLICATION_NONCE_CHARS``..``MAX_REPLICATION_NONCE_CHARS``
 lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
@@ -71,10 +74,13 @@ from typing import NamedTuple
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
+from metaq.protocol import replication_offsets as offsets_codec
 from metaq.protocol.checksum import crc32
+from metaq.protocol.replication_offsets import Offsets
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
-__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "ReplicationParser",
+__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets",
+           "ReplicationParser",
            "serialize",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
@@ -115,7 +121,7 @@ CHALLENGE_SECRET = 1
 PROOF_HEAD = struct.Struct(">BB")
 assert PROOF_HEAD.size == 2
 
-T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF = 1, 2, 3, 4, 5, 6, 7, 8
+T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_OFFSETS = 1, 2, 3, 4, 5, 6, 7, 8, 9
 _HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
@@ -263,6 +269,8 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         nonce = _ascii(event.nonce, lambda n: nonce_problem(n, optional=True))
         proof = _ascii(event.proof, proof_problem)
         return _frame(T_PROOF, [PROOF_HEAD.pack(len(nonce), len(proof)), nonce, proof])
+    if isinstance(event, Offsets):
+        return _frame(T_OFFSETS, offsets_codec.payload_parts(event))
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -383,6 +391,8 @@ class ReplicationParser:
             if not PROOF_HEAD.size <= length <= high:
                 raise _fail("PROOF frame of %d bytes: must be %d..%d (limits MAX_REPLICATION_NONCE_CHARS, "
                             "MAX_REPLICATION_PROOF_CHARS)" % (length, PROOF_HEAD.size, high))
+        elif ftype == T_OFFSETS:
+            offsets_codec.check_length(length)
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -417,6 +427,8 @@ class ReplicationParser:
             return self._challenge(payload)
         if ftype == T_PROOF:
             return self._proof(payload)
+        if ftype == T_OFFSETS:
+            return offsets_codec.decode(payload)
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")

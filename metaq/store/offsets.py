@@ -7,9 +7,15 @@ atomically) at every store checkpoint and at close, so a crash loses at most
 one checkpoint interval of commits: the group then re-reads those messages
 (at-least-once, like MetaQ's periodic offset commits). RocketMQ clients use
 the same store (DESIGN §8).
+
+A master's store is copied to its slaves over the replication stream: every change
+bumps a version, so the master's sender asks for what changed since the version it
+last sent (``changes``) after sending the whole table once per link (``snapshot``);
+a slave takes the whole table with ``replace`` and the changes with ``replicate``.
 """
 
 import logging
+from collections import OrderedDict
 
 from metaq.errors import ClientError
 from metaq.limits import MAX_CONSUMER_OFFSETS, validate_group
@@ -29,6 +35,7 @@ class ConsumerOffsets:
         self._entries = {}
         self._version = 0  # bumped by every change; what was last written is _saved
         self._saved = 0
+        self._changed = OrderedDict()  # key -> the version of its last change, oldest change first
 
     def load(self):
         state = self._dirs.read_state(self._path, OFFSETS_MAGIC)
@@ -53,7 +60,59 @@ class ConsumerOffsets:
             raise ClientError("too many committed offsets on the broker: the limit is %d (group, topic, partition) "
                               "entries; %s cannot commit a new one" % (self.max_entries, group))
         self._entries[key] = (offset, now_ms)
+        self._touch(key)
+
+    def _touch(self, key):
         self._version += 1
+        self._changed[key] = self._version
+        self._changed.move_to_end(key)
+
+    @property
+    def version(self):
+        """Bumped by every change (``changes`` takes it)."""
+        return self._version
+
+    def snapshot(self):
+        """``(version, entries)``: every entry as ``entries()`` lists them, and the version they reflect."""
+        return self._version, self.entries()
+
+    def changes(self, since):
+        """``(entries, version)``: the entries changed after version ``since``, oldest change first, each once
+        with its current value; and the version they bring a caller to (pass it next time)."""
+        keys = []
+        for key, version in reversed(self._changed.items()):
+            if version <= since:
+                break
+            keys.append(key)
+        entries = self._entries
+        return [key + entries[key] for key in reversed(keys) if key in entries], self._version
+
+    def replicate(self, rows):
+        """A master's changed entries ``(group, topic, partition, offset, commit_ms)``: each replaces ours (the
+        master's word is final, whatever the slave was told meanwhile); a new one past ``max_entries`` is
+        skipped. Returns how many were skipped."""
+        skipped = 0
+        for group, topic, partition, offset, commit_ms in rows:
+            key = (group, topic, partition)
+            if key not in self._entries and len(self._entries) >= self.max_entries:
+                skipped += 1
+                continue
+            self._entries[key] = (offset, commit_ms)
+            self._touch(key)
+        return skipped
+
+    def replace(self, rows):
+        """A master's whole table: ours becomes exactly ``rows`` (an entry only we held goes: the master's
+        table is the group's truth). ValueError past ``max_entries``."""
+        if len(rows) > self.max_entries:
+            raise ValueError("%d committed offsets exceed the limit of %d (MAX_CONSUMER_OFFSETS)"
+                             % (len(rows), self.max_entries))
+        self._entries = {(g, t, p): (o, ms) for g, t, p, o, ms in rows}
+        self._changed = OrderedDict()
+        for key in self._entries:
+            self._touch(key)
+        if not self._entries:
+            self._version += 1  # an emptied table is a change to save too
 
     def query(self, group, topic, partition):
         """The committed offset, or None when the group never committed one for this partition."""

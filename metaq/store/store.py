@@ -538,9 +538,11 @@ class MessageStore:
         self.consumer_offsets.commit(group, topic, partition, offset, now_ms, self.max_offset(topic, partition))
 
     def query_offset(self, group, topic, partition):
-        """The group's committed offset for the partition, or None."""
+        """The group's committed offset for the partition, or None; never past the partition's end (an offset
+        copied from a master ahead of this log, or kept across a cut: nothing written there later is skipped)."""
         validate_partition(partition, self._topics.partitions_of(topic))
-        return self.consumer_offsets.query(group, topic, partition)
+        offset = self.consumer_offsets.query(group, topic, partition)
+        return offset if offset is None else min(offset, self.max_offset(topic, partition))
 
     def _last_id(self):
         return self._ids.last_id if self._ids is not None else None

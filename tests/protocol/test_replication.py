@@ -19,6 +19,7 @@ from metaq.protocol.replication import (
     ErrorFrame,
     Heartbeat,
     Hello,
+    Offsets,
     Proof,
     ReplicationParser,
     frame_parts,
@@ -41,6 +42,19 @@ def histories(draw):
     return tuple(out)
 
 
+names = st.text("abcXYZ019_.%-", min_size=1, max_size=limits.MAX_NAME_BYTES).filter(lambda n: n not in (".", ".."))
+offset_entries = st.tuples(names, names, st.integers(0, limits.MAX_PARTITIONS - 1), pos64, pos64)
+
+
+@st.composite
+def offsets_events(draw):
+    """Valid OFFSETS: distinct keys; a snapshot's last frame may be empty, any other frame has entries."""
+    snapshot = draw(st.booleans())
+    end = snapshot and draw(st.booleans())
+    rows = draw(st.lists(offset_entries, min_size=0 if end else 1, max_size=8, unique_by=lambda e: e[:3]))
+    return Offsets(tuple(rows), snapshot, end)
+
+
 nonces = st.text("0123456789abcdef", min_size=limits.MIN_REPLICATION_NONCE_CHARS,
                  max_size=limits.MAX_REPLICATION_NONCE_CHARS)
 events = st.one_of(
@@ -53,6 +67,7 @@ events = st.one_of(
     st.builds(lambda s, d, extra: Ack(s, d + extra, d), i32, st.integers(0, 2**62 - 1), st.integers(0, 2**62 - 1)),
     st.builds(Heartbeat, pos64, pos64, pos64),
     st.builds(ErrorFrame, st.integers(-2**31, 2**31 - 1), st.text(max_size=200)),
+    offsets_events(),
 )
 
 
@@ -168,7 +183,7 @@ ENTRY = struct.pack(">qqq", 0, 0, 0)
 
 
 @pytest.mark.parametrize("wire, message", [
-    (frame(9, b""), "unknown frame type 9"),
+    (frame(10, b""), "unknown frame type 10"),
     (frame(4, b"\0" * 24, version=2), "unsupported replication stream version 2 \\(this side speaks 4\\)"),
     (frame(1, b"\0" * 28), "must be 28 \\+ 24 x"),
     (frame(1, b"\0" * 61), "must be 28 \\+ 24 x"),
@@ -313,3 +328,104 @@ def test_oversize_handshake_frames_are_refused_from_the_header_alone():
 def test_bad_handshake_frames_are_not_sent(event, message):
     with pytest.raises(ValueError, match=message):
         serialize(event)
+
+
+# -- OFFSETS: the master's committed consumer offsets (metaq.protocol.replication_offsets) ----------------------------
+
+from metaq.protocol import replication_offsets as ro  # noqa: E402
+
+
+def offsets_frame(flags, entries, count=None):
+    """An OFFSETS frame (type 9) from raw entries ``(group bytes, topic bytes, partition, offset, commit_ms)``."""
+    body = b"".join(struct.pack(">BBiqq", len(g), len(t), p, o, ms) + g + t for g, t, p, o, ms in entries)
+    return frame(9, struct.pack(">BI", flags, len(entries) if count is None else count) + body)
+
+
+GOOD = (b"g", b"t", 0, 5, 1000)
+
+
+@pytest.mark.parametrize("wire, message", [
+    (offsets_frame(4, [GOOD]), "bad OFFSETS: unknown flags 0x04"),
+    (offsets_frame(2, [GOOD]), "END without SNAPSHOT"),
+    (offsets_frame(0, []), "0 entries: a frame carries 1..1000"),
+    (offsets_frame(1, []), "0 entries: a frame carries 1..1000"),  # only a snapshot's last frame may be empty
+    (offsets_frame(0, [GOOD], count=2), "entry 2 of 2 does not fit"),
+    (offsets_frame(0, [GOOD], count=0), "0 entries leave 24 of the frame's 29 bytes unused"),
+    (offsets_frame(0, [GOOD], count=1001), "1001 entries: a frame carries at most 1000"),
+    (offsets_frame(0, [GOOD, GOOD]), "entry 2 of 2 names g/t-0 a second time"),
+    (offsets_frame(0, [(b"", b"t", 0, 5, 1)]), "entry 1 of 1: group name must be 1..200 bytes, got 0"),
+    (offsets_frame(0, [(b"g", b"", 0, 5, 1)]), "topic name must be 1..200 bytes"),
+    (offsets_frame(0, [(b"a b", b"t", 0, 5, 1)]), "illegal group name 'a b'"),
+    (offsets_frame(0, [(b"g", b"..", 0, 5, 1)]), "illegal topic name '..'"),
+    (offsets_frame(0, [(b"g", b"t\xff", 0, 5, 1)]), "illegal topic name"),
+    (offsets_frame(0, [(b"g", b"t", -1, 5, 1)]), "partition -1 of t is out of range 0..1023"),
+    (offsets_frame(0, [(b"g", b"t", limits.MAX_PARTITIONS, 5, 1)]), "out of range 0..1023 \\(limit MAX_PARTITIONS"),
+    (offsets_frame(0, [(b"g", b"t", 0, -5, 1)]), "offset -5 of g/t-0 is out of range"),
+    (offsets_frame(0, [(b"g", b"t", 0, 5, -1)]), "commit time -1 of g/t-0 is out of range"),
+    (frame(9, b"\0" * 4), "bad OFFSETS: a frame of 4 bytes: must be 5..262149"),
+    (frame(9, struct.pack(">BI", 0, 1) + struct.pack(">BBiqq", 200, 200, 0, 0, 0)), "names of entry 1 of 1"),
+])
+def test_bad_offsets_frames(wire, message):
+    p = ReplicationParser()
+    p.receive_data(wire)
+    with pytest.raises(RemoteProtocolError, match=message) as info:
+        p.next_event()
+    assert info.value.fatal
+
+
+def test_an_oversize_offsets_frame_is_refused_from_the_header_alone():
+    head = FRAME_HEADER.pack(b"MQRS", VERSION, 9, 0, 5 + limits.MAX_REPLICATION_OFFSETS_BYTES + 1, 0)
+    p = ReplicationParser()
+    p.receive_data(head)
+    with pytest.raises(RemoteProtocolError, match="MAX_REPLICATION_OFFSETS_BYTES"):
+        p.next_event()
+
+
+@pytest.mark.parametrize("event, message", [
+    (Offsets((), False), "0 entries"),
+    (Offsets((("g", "t", 0, 1, 1),), False, True), "END without SNAPSHOT"),
+    (Offsets((("g", "t", 0, 1, 1),) * 2, False), "twice"),
+    (Offsets((("g g", "t", 0, 1, 1),), False), "illegal group name"),
+    (Offsets((("g", "t", 0, -1, 1),), False), "offset -1"),
+    (Offsets((("g", "t", 0, 1),), False), "an entry is"),
+    (Offsets(tuple(("g%d" % i, "t", 0, 1, 1) for i in range(limits.MAX_REPLICATION_OFFSETS_PER_FRAME + 1)), True),
+     "1001 entries"),
+    (Offsets(tuple(("g%d" % i + "x" * 190, "t" * 200, 0, 1, 1) for i in range(1000)), True),
+     "exceed the 262144-byte limit"),
+])
+def test_bad_offsets_are_not_sent(event, message):
+    with pytest.raises(ValueError, match=message):
+        serialize(event)
+
+
+def test_offsets_at_the_entry_limit_round_trip():
+    rows = tuple(("group-%d" % i, "topic", i % limits.MAX_PARTITIONS, i, 2**63 - 1)
+                 for i in range(limits.MAX_REPLICATION_OFFSETS_PER_FRAME))
+    p = ReplicationParser()
+    p.receive_data(serialize(Offsets(rows, True, True)))
+    assert p.next_event() == Offsets(rows, True, True)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(offset_entries, max_size=2500, unique_by=lambda e: e[:3]), st.booleans())
+def test_frames_split_any_table_within_both_limits(rows, snapshot):
+    events = ro.frames(rows, snapshot)
+    assert [e for ev in events for e in ev.entries] == rows
+    for ev in events:
+        assert len(ev.entries) <= limits.MAX_REPLICATION_OFFSETS_PER_FRAME
+        assert len(serialize(ev)) <= FRAME_HEADER.size + ro.OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+        assert ev.snapshot is snapshot
+    if snapshot:  # a snapshot always ends, even an empty one
+        assert [ev.end for ev in events] == [False] * (len(events) - 1) + [True]
+    else:
+        assert not any(ev.end for ev in events) and (events or not rows)
+    p = ReplicationParser()
+    p.receive_data(b"".join(serialize(ev) for ev in events) + serialize(Heartbeat(1)))
+    assert drain(p) == (events + [Heartbeat(1)], NEED_DATA)
+
+
+def test_long_names_make_more_frames_than_the_entry_limit_alone():
+    rows = [("g%04d" % i + "x" * 195, "t" * 200, 0, i, i) for i in range(1000)]  # 422 bytes each
+    events = ro.frames(rows, snapshot=True)
+    per = limits.MAX_REPLICATION_OFFSETS_BYTES // 422
+    assert per < 1000 and [len(ev.entries) for ev in events] == [per, 1000 - per]

@@ -59,3 +59,89 @@ def test_committed_offsets_at_the_limit_and_one_past(tmp_path):
         o.commit("g4", "t", 0, 1, 1000, max_offset=9)  # one past: a new entry
     o.commit("g1", "t", 0, 7, 1001, max_offset=9)  # an existing entry still moves
     assert [e[:4] for e in o.entries()] == [("g1", "t", 0, 7), ("g2", "t", 0, 1), ("g3", "t", 0, 1)]
+
+
+# -- what the replication stream carries (snapshot/changes on a master, replace/replicate on a slave) ---------------
+
+def test_changes_since_a_version_each_key_once_oldest_first(tmp_path):
+    _d, o = fresh(tmp_path)
+    v0, rows = o.snapshot()
+    assert (v0, rows) == (0, []) and o.changes(v0) == ([], 0)
+    o.commit("g", "t", 0, 1, 1000, max_offset=9)
+    o.commit("g", "t", 1, 2, 1001, max_offset=9)
+    v1, rows = o.snapshot()
+    assert rows == [("g", "t", 0, 1, 1000), ("g", "t", 1, 2, 1001)] and v1 == o.version == 2
+    o.commit("h", "t", 0, 3, 1002, max_offset=9)
+    o.commit("g", "t", 0, 4, 1003, max_offset=9)  # changed again: listed once, with its latest value, last
+    changed, v2 = o.changes(v1)
+    assert changed == [("h", "t", 0, 3, 1002), ("g", "t", 0, 4, 1003)] and v2 == 4
+    assert o.changes(v2) == ([], 4)
+    assert o.changes(0)[0] == [("g", "t", 1, 2, 1001), ("h", "t", 0, 3, 1002), ("g", "t", 0, 4, 1003)]
+    with pytest.raises(ClientError):
+        o.commit("g", "t", 0, 99, 1004, max_offset=9)  # a refused commit is no change
+    assert o.changes(v2) == ([], 4)
+
+
+def test_replace_makes_the_table_exactly_the_masters_and_is_saved(tmp_path):
+    d, o = fresh(tmp_path)
+    o.commit("mine", "t", 0, 7, 1000, max_offset=9)  # committed on this broker only: the master's table wins
+    o.commit("g", "t", 0, 1, 1000, max_offset=9)
+    o.save()
+    o.replace([("g", "t", 0, 12, 2000), ("h", "u", 3, 0, 2001)])  # past our end: kept (a query clamps it)
+    assert o.entries() == [("g", "t", 0, 12, 2000), ("h", "u", 3, 0, 2001)]
+    assert o.query("mine", "t", 0) is None
+    assert o.save() is True
+    again = ConsumerOffsets(d)
+    assert again.load() == 2 and again.entries() == o.entries()
+    version = o.version
+    o.replace([])  # an empty master table empties ours, and that is saved too
+    assert o.entries() == [] and o.version > version and o.save() is True
+    assert ConsumerOffsets(d).load() == 0
+    # a replaced table is what this broker sends on if it becomes a master: its changes list every entry
+    o.replace([("g", "t", 0, 3, 5)])
+    assert o.changes(version)[0] == [("g", "t", 0, 3, 5)]
+
+
+def test_replace_past_the_limit_is_refused_and_changes_nothing(tmp_path):
+    d = DataDir(str(tmp_path))
+    d.create()
+    o = ConsumerOffsets(d, max_entries=2)
+    o.replace([("g1", "t", 0, 1, 1), ("g2", "t", 0, 1, 1)])  # at the limit
+    with pytest.raises(ValueError, match="3 committed offsets exceed the limit of 2"):
+        o.replace([("g%d" % i, "t", 0, 1, 1) for i in range(3)])
+    assert [e[0] for e in o.entries()] == ["g1", "g2"]
+
+
+def test_replicate_takes_the_masters_word_and_skips_new_keys_past_the_limit(tmp_path):
+    d = DataDir(str(tmp_path))
+    d.create()
+    o = ConsumerOffsets(d, max_entries=2)
+    o.commit("g1", "t", 0, 5, 1000, max_offset=9)
+    assert o.replicate([("g1", "t", 0, 2, 900)]) == 0  # the master's value wins, even a lower one
+    assert o.query("g1", "t", 0) == 2
+    assert o.replicate([("g2", "t", 0, 1, 1), ("g3", "t", 0, 1, 1), ("g1", "t", 0, 3, 2)]) == 1  # g3: one past
+    assert o.entries() == [("g1", "t", 0, 3, 2), ("g2", "t", 0, 1, 1)]
+    assert o.save() is True and ConsumerOffsets(d).load() == 2
+
+
+def test_a_query_never_answers_past_the_partition_end(tmp_path):
+    """A slave holds offsets copied from a master ahead of its log, and a cut shortens a log under its offsets:
+    the answer is the partition's end, so nothing written there later is skipped."""
+    from tests.harness.store import NOW, open_store
+
+    s = open_store(tmp_path / "data")
+    try:
+        puts = [s.put("test", 0, 0, b"m%d" % i, NOW) for i in range(5)]
+        s.commit_offset("g", "test", 0, 5, NOW)
+        assert s.query_offset("g", "test", 0) == 5
+        s.consumer_offsets.replicate([("g", "test", 1, 40, NOW), ("g", "test", 2, 0, NOW)])
+        assert s.query_offset("g", "test", 1) == 0 == s.max_offset("test", 1)  # ahead of this log: its end
+        assert s.query_offset("g", "test", 2) == 0
+        s.truncate_log(puts[2].log_end, NOW)  # the last two messages cut (a rejoin's divergent tail)
+        assert s.max_offset("test", 0) == 3 and s.query_offset("g", "test", 0) == 3
+        assert s.consumer_offsets.query("g", "test", 0) == 5  # kept as committed: the store only clamps the answer
+        s.put("test", 0, 0, b"new", NOW)
+        assert s.query_offset("g", "test", 0) == 4
+        assert s.query_offset("nobody", "test", 0) is None
+    finally:
+        s.close(NOW)

@@ -12,15 +12,19 @@ EPOCHS (the position up to which the two logs agree, ``store.epochs.
 agreed_position``, and its own history), then streams its commit log from
 that position in DATA frames (``MessageStore.read_log``: up to the flushed end
 in ``async`` mode, the written end in ``sync`` mode), HEARTBEATs its ends and
-message count, and reads the slave's ACKs. In ``sync`` mode a put is
-acknowledged only once some slave's ACK covers the put's log end
-(``wait_replicated``).
+message count, sends its committed consumer offsets in OFFSETS frames (the whole
+table once the slave has caught up or a sync interval into the link, then what
+changed, at most every ``link.OFFSETS_SYNC_S``), and reads the slave's ACKs. In
+``sync`` mode a put is acknowledged only once some slave's ACK covers the put's
+log end (``wait_replicated``).
 
 Slave: ``SlaveLink`` connects to ``replication.slave_of``, HELLOs, cuts its log
 to the agreed position if it ends past it (logging what it cut: a tail its
 master never had), takes the master's epoch history, appends every DATA with
 ``append_replicated`` at the same positions, records the master's later epochs
-as its copy reaches them, flushes per its store's flush mode and ACKs. Any
+as its copy reaches them, flushes per its store's flush mode and ACKs; it makes its consumer-offset
+table the master's (``ConsumerOffsets.replace``, then ``replicate`` for each
+change) and saves it at its checkpoints like a master. Any
 error or disconnection: it closes and reconnects with a backoff, always
 resuming from its own end.
 

@@ -9,6 +9,9 @@ HEARTBEAT_S = 1.0
 #: are at most this old when the master dies.
 HEARTBEAT_BUSY_S = 0.1
 POLL_S = 0.02
+#: The master sends its consumer offsets that changed at most this often (and its whole table once per link, as soon
+#: as the slave has caught up or this long after the link came up): a slave's copy is about this old.
+OFFSETS_SYNC_S = 1.0
 HELLO_TIMEOUT_S = 10.0
 #: A link that hears nothing (no DATA, no HEARTBEAT) for this long is considered dead.
 LINK_TIMEOUT_S = 10.0

@@ -12,8 +12,9 @@ from metaq.protocol.stats import ReplicaRow, format_replica
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.replication import handshake
-from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S, POLL_S,
-                                           send_event)
+from metaq.protocol.replication_offsets import frames as offsets_frames
+from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S,
+                                           OFFSETS_SYNC_S, POLL_S, send_event)
 from metaq.store.epochs import agreed_position
 from metaq.store.replica import ReplicationRefused
 
@@ -30,6 +31,8 @@ class SlaveState:
         self.written = start
         self.durable = start
         self.connected_at = time.time()
+        self.offsets_version = None  # the consumer-offset version last sent; None: the whole table is still due
+        self.offsets_due = time.monotonic() + OFFSETS_SYNC_S  # the next send, at the latest
 
 
 class ReplicationServer:
@@ -279,17 +282,35 @@ class ReplicationServer:
                 if now - last_hb >= HEARTBEAT_BUSY_S:
                     send_event(sock, self._heartbeat())
                     last_hb = now
+                if now >= state.offsets_due:
+                    self._send_offsets(sock, state, now)
                 gevent.sleep(0)  # a far-behind slave must not starve the clients
                 continue
             if nxt != state.sent:  # an empty blank tail: move on
                 state.sent = nxt
                 continue
             now = time.monotonic()
+            if now >= state.offsets_due or state.offsets_version is None:  # caught up: the whole table at once
+                self._send_offsets(sock, state, now)
+                continue  # it yielded: look at the log again before waiting for news of it
             if now - last_hb >= (HEARTBEAT_S if state.sent >= store.written_position else HEARTBEAT_BUSY_S):
                 send_event(sock, self._heartbeat())
                 last_hb = now
             self._data.clear()
             self._data.wait(POLL_S)
+
+    def _send_offsets(self, sock, state, now):
+        """The consumer offsets this link has not carried: the whole table the first time, then what changed."""
+        state.offsets_due = now + OFFSETS_SYNC_S
+        offsets = self.store.consumer_offsets
+        if state.offsets_version is None:
+            version, rows = offsets.snapshot()
+        else:
+            rows, version = offsets.changes(state.offsets_version)
+        for event in offsets_frames(rows, snapshot=state.offsets_version is None):
+            send_event(sock, event)  # about 5 ms of encoding a full frame: the clients go between frames
+            gevent.sleep(0)
+        state.offsets_version = version
 
     def _end(self):
         return self.store.written_position if self.upto == "written" else self.store.flushed_position

@@ -1,4 +1,5 @@
-"""The slave's side of replication: follow a master, cut a divergent tail, append, flush, ack."""
+"""The slave's side of replication: follow a master, cut a divergent tail, append, flush, ack; hold its
+committed consumer offsets (OFFSETS frames: the whole table once per link, then what changed)."""
 
 import logging
 import socket
@@ -49,6 +50,8 @@ class SlaveLink:
         self.handshakes = 0
         self.cut_bytes = 0
         self.pending_epochs = []  # the master's entries past our end: recorded as our copy reaches them
+        self.offsets_synced = False  # this link brought the master's whole consumer-offset table
+        self._offsets_table = None  # the master's table while its SNAPSHOT frames arrive: key -> entry
         self._pool = gevent.get_hub().threadpool
         self._sock = None
         tls = config.security.tls  # TLS to the master (a bad certificate file stops the start here)
@@ -126,6 +129,7 @@ class SlaveLink:
         self._handshake(self._authenticate(sock, parser))
         sock.settimeout(LINK_TIMEOUT_S)
         store = self.store
+        self.offsets_synced, self._offsets_table = False, None
         self.connected = True
         self.connects += 1
         self.last_error = None
@@ -135,6 +139,8 @@ class SlaveLink:
             event = self._next_event(sock, parser)
             if isinstance(event, rp.Data):
                 self._append(sock, event)
+            elif isinstance(event, rp.Offsets):
+                self._offsets(event)
             elif isinstance(event, rp.Heartbeat):
                 self.master_end, self.master_written, self.master_count = event
                 send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
@@ -256,6 +262,37 @@ class SlaveLink:
             self.on_new_topics(store.known_topics())
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
+    def _offsets(self, event):
+        """The master's committed consumer offsets: its whole table replaces ours once complete (an offset only
+        we held goes); a change replaces our entry. A frame out of that order is a lie: the link ends."""
+        offsets = self.store.consumer_offsets
+        if not event.snapshot:
+            if not self.offsets_synced:
+                raise errors.RemoteProtocolError("the master sent changed consumer offsets before its whole table",
+                                                 fatal=True)
+            skipped = offsets.replicate(event.entries)
+            if skipped:
+                log.warning("replication: %d of the master's committed offsets skipped: this broker holds %d, its "
+                            "limit (MAX_CONSUMER_OFFSETS)", skipped, offsets.max_entries)
+            return
+        if self.offsets_synced:
+            raise errors.RemoteProtocolError("the master sent its whole consumer-offset table twice on one link",
+                                             fatal=True)
+        table = self._offsets_table if self._offsets_table is not None else {}
+        for entry in event.entries:
+            if entry[:3] in table:
+                raise errors.RemoteProtocolError("the master's consumer-offset table names %s/%s-%d twice"
+                                                 % entry[:3], fatal=True)
+            table[entry[:3]] = entry
+        if len(table) > offsets.max_entries:
+            raise errors.RemoteProtocolError("the master's consumer-offset table has more than %d entries "
+                                             "(MAX_CONSUMER_OFFSETS)" % offsets.max_entries, fatal=True)
+        self._offsets_table = table
+        if event.end:
+            offsets.replace(list(table.values()))
+            self.offsets_synced, self._offsets_table = True, None
+            log.info("replication: took the master's %d committed consumer offsets", len(table))
+
     def stats_values(self):
         """The link's ``stats`` summary ``(key, value)`` pairs."""
         return [("replication_master", self.master),
@@ -265,4 +302,5 @@ class SlaveLink:
                 ("replication_lag_messages", self.lag_messages),
                 ("replication_caught_up", bool(self.caught_up())),
                 ("replication_connects", self.connects),
+                ("replication_offsets_synced", bool(self.offsets_synced)),
                 ("replication_cut_bytes", self.cut_bytes)]
