@@ -342,6 +342,17 @@ class Election:
         """The leader node as last read (a dict: member, epoch, url, replication, remoting), or None."""
         return self.last_leader
 
+    def master_remoting(self):
+        """The elected master's RocketMQ address (host:port) as this member knows it, or None: no leader, a
+        leader without a remoting port, or ZooKeeper out of reach (the leader node may be stale then). What
+        every member's RocketMQ routes name as broker 0 (remoting/dispatch.py)."""
+        if not self.zk.connected:
+            return None
+        if self.leading:
+            return self.remoting()
+        address = self.last_leader.get("remoting") if self.last_leader else None
+        return address if isinstance(address, str) and address else None
+
     def _depose(self, reason):
         was = self.leading
         self.leading = False
