@@ -20,7 +20,7 @@ from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode as C
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.ha import SESSION_MS, Group
 from tests.harness.replication import stats
-from tests.harness.rocketmq import require_official_client, send_v1
+from tests.harness.rocketmq import pull, require_official_client, send_v1
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
@@ -98,6 +98,27 @@ def _leading(g, members):
         if st["replication_role"] == "master" and st["replication_leading"] == "true":
             return i
     return None
+
+
+def test_routes_keep_the_last_master_while_zookeeper_is_out_of_reach(broker_factory, tmp_path, own_zk):
+    """As RocketMQ's name servers keep the routes brokers last registered: consumers go on reading from the master,
+    whose lease refuses sends (14) until ZooKeeper confirms it again."""
+    g = Group(broker_factory, tmp_path, own_zk.connect, n=2, mode="async", remoting=True)
+    first = g.master()
+    want = {"0": g.remoting(first)}
+    wait_for(lambda: all(route(rport(b)) == want for b in g.members), 10, "routes name the master")
+    assert send(g.members[first], b"before").code == C.SUCCESS
+    own_zk.stop()
+    wait_for(lambda: send(g.members[first], b"during").code == C.SERVICE_NOT_AVAILABLE, 10, "the lease runs out")
+    assert all(route(rport(b)) == want for b in g.members)
+    with RemotingClient(rport(g.members[first])) as rc:
+        assert any(pull(rc, "tR", q, 0).code == C.SUCCESS for q in range(4))  # reads go on
+    own_zk.start()
+    master = g.master(timeout=30)
+    want = {"0": g.remoting(master)}
+    wait_for(lambda: all(route(rport(b)) == want for b in g.members), 15,
+             lambda: "routes name the master: %s" % [route(rport(b)) for b in g.members])
+    wait_for(lambda: send(g.members[master], b"after").code == C.SUCCESS, 10, "sends taken again")
 
 
 def test_manual_mode_keeps_naming_each_broker_itself(broker_factory, tmp_path):

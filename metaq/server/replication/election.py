@@ -343,11 +343,10 @@ class Election:
         return self.last_leader
 
     def master_remoting(self):
-        """The elected master's RocketMQ address (host:port) as this member knows it, or None: no leader, a
-        leader without a remoting port, or ZooKeeper out of reach (the leader node may be stale then). What
-        every member's RocketMQ routes name as broker 0 (remoting/dispatch.py)."""
-        if not self.zk.connected:
-            return None
+        """The elected master's RocketMQ address (host:port) as this member last knew it, or None (no leader, or
+        one without a remoting port): what every member's RocketMQ routes name as broker 0 (remoting/dispatch.py).
+        While ZooKeeper is out of reach it stays the last one seen, as RocketMQ's name servers keep serving the
+        routes brokers last registered: reads go on there, and its lease refuses writes once it is not sure."""
         if self.leading:
             return self.remoting()
         address = self.last_leader.get("remoting") if self.last_leader else None
