@@ -36,6 +36,17 @@ def emit(obj, _lock=threading.Lock()):
         sys.stdout.flush()
 
 
+#: The C++ client's log ($HOME/logs/rocketmq-cpp): at most this many files of this size (a consumer pulling from a
+#: dead broker retries without pause and logs every attempt: ~1 MB/s).
+LOG_FILES, LOG_FILE_BYTES = 2, 8 << 20
+
+
+def _cap_log(client, setter):
+    from rocketmq import ffi
+
+    getattr(ffi.dll, setter)(client._handle, LOG_FILES, LOG_FILE_BYTES)
+
+
 def m_body(args, i):
     return "%s-%d" % (args.prefix, i) if not args.size else "x" * args.size
 
@@ -44,6 +55,7 @@ def produce(args):
     from rocketmq.client import Message, Producer
 
     p = Producer(args.group or "PG_TEST")
+    _cap_log(p, "SetProducerLogFileNumAndSize")
     p.set_namesrv_addr(args.ns)
     if args.access_key is not None:
         p.set_session_credentials(args.access_key, args.secret_key, args.channel)
@@ -111,6 +123,7 @@ def consume(args):
                 times.extend((now, now))
 
     c = PushConsumer(args.group)
+    _cap_log(c, "SetPushConsumerLogFileNumAndSize")
     c.set_namesrv_addr(args.ns)
     if args.access_key is not None:
         c.set_session_credentials(args.access_key, args.secret_key, args.channel)
