@@ -227,3 +227,38 @@ def test_the_official_producer_follows_a_cleanly_stopped_master(broker_factory, 
     missing = acked - _held(g.members[second])
     assert missing == set(), "%d acknowledged messages are not on the new master: %s" % (len(missing),
                                                                                           sorted(missing)[:10])
+
+
+def test_a_producer_that_found_no_master_follows_without_waiting_for_its_refresh(broker_factory, tmp_path,
+                                                                                 zk_connect):
+    """While no member may be elected (sync mode: the one in-sync member is down), routes name no master. The
+    client then has no writable queue and asks its name server again at every send (C++ ``MQClientFactory::
+    tryToFindTopicPublishInfo``), so it reaches the master as soon as one is elected, not at its next 30 s
+    refresh."""
+    require_official_client()
+    from bench.rocketmq_peer import finish_peer
+    g = Group(broker_factory, tmp_path, zk_connect, n=2, mode="sync", remoting=True)
+    first = g.master()
+    other = 1 - first
+    g.following(first, [other])
+    g.members[other].stop()
+    wait_for(lambda: g.insync(first) == str(first), 15, "the stopped member left the in-sync set")
+    g.members[first].kill()
+    g.members[other].start()  # not in sync: it may not be elected, and nobody else is there
+    wait_for(lambda: route(rport(g.members[other])) == {}, 15, "its routes name no master")
+    launched = time.time()
+    count = 60
+    proc = _producer(tmp_path, g.remoting(other), count)
+    time.sleep(max(0.0, launched + FIRST_REFRESH_S + 3.0 - time.time()))  # far from its next refresh (33 s)
+    assert route(rport(g.members[other])) == {} and proc.poll() is None
+    g.members[first].start()
+    assert g.master(timeout=30) == first
+    elected_at = time.time()
+    assert elected_at < launched + FIRST_REFRESH_S + ROUTE_REFRESH_S - 10
+    lines = finish_peer(proc, timeout=count * 0.1 + 90)
+    acked = [line for line in lines if "msg_id" in line]
+    assert len(acked) == count, [line for line in lines if "error" in line]
+    first_ack = min(line["t"] for line in acked)
+    print("\nRocketMQ C++ producer that found no master: first acknowledged send %.1f s after the election"
+          % (first_ack - elected_at))
+    assert first_ack - elected_at < 8.0  # the next route refresh would only come at launched + 33 s
