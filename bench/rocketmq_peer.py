@@ -8,10 +8,15 @@ run ends with ``os._exit``; its logs go to ``$HOME/logs/rocketmq-cpp`` (the test
 gives each run a HOME of its own). Output: one JSON object per line.
 
     produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B] [--keep-going]
+            [--retry-for S [--retry-pause S]] [--interval S]
     consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
 
 Either may sign its requests (RocketMQ's ACL): ``--access-key AK --secret-key SK [--channel C]``. With
-``--keep-going`` a failed send is reported as ``{"i": i, "error": text}`` and the run goes on.
+``--keep-going`` a failed send is reported as ``{"i": i, "error": text}`` and the run goes on. With
+``--retry-for S`` a failed send is sent again (after ``--retry-pause``) until acknowledged or S seconds have
+passed since its first attempt, as an application retries on top of the client's own policy; its line then
+also gives ``first_t`` (its first attempt), ``failures`` and ``first_error``. ``--interval``: a pause between
+messages.
 """
 
 import argparse
@@ -31,10 +36,26 @@ def emit(obj, _lock=threading.Lock()):
         sys.stdout.flush()
 
 
+#: The C++ client's log ($HOME/logs/rocketmq-cpp): at most this many files of this size (a consumer pulling from a
+#: dead broker retries without pause and logs every attempt: ~1 MB/s).
+LOG_FILES, LOG_FILE_BYTES = 2, 8 << 20
+
+
+def _cap_log(client, setter):
+    from rocketmq import ffi
+
+    getattr(ffi.dll, setter)(client._handle, LOG_FILES, LOG_FILE_BYTES)
+
+
+def m_body(args, i):
+    return "%s-%d" % (args.prefix, i) if not args.size else "x" * args.size
+
+
 def produce(args):
     from rocketmq.client import Message, Producer
 
     p = Producer(args.group or "PG_TEST")
+    _cap_log(p, "SetProducerLogFileNumAndSize")
     p.set_namesrv_addr(args.ns)
     if args.access_key is not None:
         p.set_session_credentials(args.access_key, args.secret_key, args.channel)
@@ -48,16 +69,30 @@ def produce(args):
         if args.delay_level:
             m.set_delay_time_level(args.delay_level)
         m.set_property("seq", str(i))
-        m.set_body("%s-%d" % (args.prefix, i) if not args.size else "x" * args.size)
-        try:
-            r = p.send_sync(m)
-        except Exception as exc:  # noqa: BLE001 - reported as a line
-            if not args.keep_going:
-                raise
-            emit({"i": i, "error": str(exc)})
-            continue
-        if not args.quiet:
-            emit({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset, "t": time.time()})
+        m.set_body(m_body(args, i))
+        first_t, failures, first_error = time.time(), 0, None
+        while True:
+            try:
+                r = p.send_sync(m)
+                break
+            except Exception as exc:  # noqa: BLE001 - retried, or reported as a line
+                failures += 1
+                first_error = first_error or str(exc)
+                if args.retry_for and time.time() - first_t < args.retry_for:
+                    time.sleep(args.retry_pause)
+                    continue
+                if not args.keep_going:
+                    raise
+                emit({"i": i, "error": str(exc), "first_t": first_t, "failures": failures, "t": time.time()})
+                r = None
+                break
+        if r is not None and not args.quiet:
+            line = {"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset, "t": time.time()}
+            if args.retry_for:
+                line.update(body=m_body(args, i), first_t=first_t, failures=failures, first_error=first_error)
+            emit(line)
+        if args.interval:
+            time.sleep(args.interval)
     emit({"done": True, "seconds": time.time() - started})
     p.shutdown()
 
@@ -88,6 +123,7 @@ def consume(args):
                 times.extend((now, now))
 
     c = PushConsumer(args.group)
+    _cap_log(c, "SetPushConsumerLogFileNumAndSize")
     c.set_namesrv_addr(args.ns)
     if args.access_key is not None:
         c.set_session_credentials(args.access_key, args.secret_key, args.channel)
@@ -158,6 +194,9 @@ def main():
     ap.add_argument("--fail")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--keep-going", action="store_true")
+    ap.add_argument("--retry-for", type=float, default=0.0)
+    ap.add_argument("--retry-pause", type=float, default=0.2)
+    ap.add_argument("--interval", type=float, default=0.0)
     ap.add_argument("--access-key")
     ap.add_argument("--secret-key", default="")
     ap.add_argument("--channel", default="metaq")

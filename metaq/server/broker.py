@@ -92,7 +92,8 @@ class Broker:
         self.remoting = None
         if config.remoting.port:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
-                                           self.roles, self.waiters)
+                                           self.roles, self.waiters, elected_master=self.election.master_remoting
+                                           if self.election is not None else None)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", self.delay.summary_values)

@@ -263,7 +263,8 @@ def remoting_values(remoting):
     if remoting is None:
         return [("remoting_port", 0)]
     return [("remoting_port", remoting.port), ("remoting_connections", len(remoting.connections)),
-            ("rocketmq_consumer_groups", len(remoting.clients.groups()))]
+            ("rocketmq_consumer_groups", len(remoting.clients.groups())),
+            ("remoting_route_master", remoting.route_addresses().get(0) or "none")]
 
 
 def public_topics(store):

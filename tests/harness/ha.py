@@ -10,21 +10,29 @@ from tests.harness.replication import stats
 SESSION_MS = 4000  # the shortest session ZooKeeper allows with the harness's 2 s tick
 
 
-def member_config(workdir, member, zk, mode="sync", **replication):
+def member_config(workdir, member, zk, mode="sync", sections=None, **replication):
+    """``sections``: more config sections (e.g. ``{"remoting": {"port": P}}``)."""
     return small_config(os.path.join(str(workdir), "data"),
                         replication=dict({"ha": "auto", "port": free_port(), "slave_id": member, "mode": mode,
                                           "sync_timeout_ms": 3000}, **replication),
-                        zk={"connect": zk, "session_timeout_ms": SESSION_MS, "connection_timeout_ms": 5000})
+                        zk={"connect": zk, "session_timeout_ms": SESSION_MS, "connection_timeout_ms": 5000},
+                        **(sections or {}))
 
 
 class Group:
-    """``members[i]`` is member id i (a BrokerProcess); all share broker id 7."""
+    """``members[i]`` is member id i (a BrokerProcess); all share broker id 7. ``remoting=True`` gives each member
+    a RocketMQ remoting port of its own (fixed: it survives restarts); ``sections``: more config sections for
+    every member."""
 
-    def __init__(self, broker_factory, tmp_path, zk, n=3, mode="sync", start=True, **replication):
+    def __init__(self, broker_factory, tmp_path, zk, n=3, mode="sync", start=True, remoting=False, sections=None,
+                 **replication):
         self.members = []
         for i in range(n):
             wd = tmp_path / ("m%d" % i)
-            self.members.append(broker_factory(member_config(wd, i, zk, mode, **replication), workdir=wd,
+            more = dict(sections or {})
+            if remoting:
+                more["remoting"] = dict(more.get("remoting", {}), port=free_port())
+            self.members.append(broker_factory(member_config(wd, i, zk, mode, more, **replication), workdir=wd,
                                                start=False))
         if start:
             for b in self.members:
@@ -71,6 +79,14 @@ class Group:
 
     def replication_port(self, i):
         return self.members[i].config["replication"]["port"]
+
+    def remoting(self, i):
+        """Member ``i``'s RocketMQ address (``127.0.0.1:port``), as its routes and name server list give it."""
+        return "127.0.0.1:%d" % self.members[i].config["remoting"]["port"]
+
+    def namesrv(self):
+        """Every member as a RocketMQ client's name server list (``a:p;b:p;c:p``)."""
+        return ";".join(self.remoting(i) for i in range(len(self.members)))
 
     def insync(self, i):
         return stats(self.members[i])["replication_insync"]

@@ -216,6 +216,7 @@ def test_heartbeat_consumer_list_unregister_and_close(rmq_broker, rc):
         summary = text.stats_dict()
     assert summary["remoting_port"] == str(port) and summary["rocketmq_consumer_groups"] == "1"
     assert summary["remoting_connections"] == "2"
+    assert summary["remoting_route_master"] == "127.0.0.1:%d" % port  # ha: manual: the broker itself
     assert rc.call(R.UNREGISTER_CLIENT, {"clientID": "10.0.0.1@1", "producerGroup": "",
                                          "consumerGroup": "CGH"}).code == C.SUCCESS
     ids = json.loads(rc.call(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CGH"}).body)["consumerIdList"]

@@ -1,12 +1,17 @@
 """RocketMQ remoting requests: name-server codes, broker codes, and the one error→response mapping.
 
 The broker is its own name server: a route names this broker (``ip:port`` of
-the remoting port) as the master of every topic the topic table accepts, with
-the topic's partition count as its queue count (``%RETRY%<group>`` and
-``%DLQ%<group>``: ``remoting.retry_queues``). Queue id = partition, queue
-offset = our offset; consumer offsets are the broker's consumer-offset store,
-the one the text ``commit_offset`` writes. Sends, send-backs and end-transaction
-live in ``remoting_send``. Any other code gets REQUEST_CODE_NOT_SUPPORTED.
+the remoting port) as the master (broker id 0) of every topic the topic table
+accepts, with the topic's partition count as its queue count (``%RETRY%<group>``
+and ``%DLQ%<group>``: ``remoting.retry_queues``). With ``replication.ha: auto``
+every member names the elected master of its broker id instead, and no master
+while an election has none (``RemotingServer.route_addresses``); a member that
+is not the master refuses sends with SERVICE_NOT_AVAILABLE (14), as RocketMQ's
+slave does, and the client sends again after its next route refresh. Queue id =
+partition, queue offset = our offset; consumer offsets are the broker's
+consumer-offset store, the one the text ``commit_offset`` writes. Sends,
+send-backs and end-transaction live in ``remoting_send``. Any other code gets
+REQUEST_CODE_NOT_SUPPORTED.
 """
 
 import logging
@@ -155,7 +160,7 @@ class RemotingDispatcher:
 
     def _broker_data(self):
         cfg = self.config.remoting
-        return BrokerData(self.server.broker_name, {0: self.server.address}, cfg.cluster)
+        return BrokerData(self.server.broker_name, self.server.route_addresses(), cfg.cluster)
 
     def route(self, cmd, conn):
         h = decode_header(RouteInfoHeader, cmd)

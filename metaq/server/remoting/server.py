@@ -49,8 +49,12 @@ def advertised_ip(host):
 class RemotingServer:
     """The listener, its connections and the consumer-group bookkeeping."""
 
-    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters):
+    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters, elected_master=None):
+        """``elected_master``: with ``replication.ha: auto``, a callable giving the elected master's RocketMQ
+        address (``host:port``) or None while none is known; routes name it as broker 0. Without it (ha:
+        manual, standalone) routes name this broker as the master, whatever its role."""
         cfg = config.remoting
+        self.elected_master = elected_master
         self.core = core_
         self.config = cfg
         self.host = cfg.host or config.broker.host
@@ -67,6 +71,14 @@ class RemotingServer:
     def address(self):
         """``ip:port`` as routes give it to clients."""
         return "%s:%d" % (self.store_ip, self.port)
+
+    def route_addresses(self):
+        """A route's ``brokerAddrs``: ``{0: master}``, or ``{}`` while an election has no master to name
+        (clients then find no writable queue and ask again at their next send)."""
+        if self.elected_master is None:
+            return {0: self.address}
+        master = self.elected_master()
+        return {0: master} if master else {}
 
     @property
     def closing(self):

@@ -343,6 +343,16 @@ class Election:
         """The leader node as last read (a dict: member, epoch, url, replication, remoting), or None."""
         return self.last_leader
 
+    def master_remoting(self):
+        """The elected master's RocketMQ address (host:port) as this member last knew it, or None (no leader, or
+        one without a remoting port): what every member's RocketMQ routes name as broker 0 (remoting/dispatch.py).
+        While ZooKeeper is out of reach it stays the last one seen, as RocketMQ's name servers keep serving the
+        routes brokers last registered: reads go on there, and its lease refuses writes once it is not sure."""
+        if self.leading:
+            return self.remoting()
+        address = self.last_leader.get("remoting") if self.last_leader else None
+        return address if isinstance(address, str) and address else None
+
     def _depose(self, reason):
         was = self.leading
         self.leading = False
