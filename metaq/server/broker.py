@@ -75,7 +75,8 @@ class Broker:
         if config.replication.ha == "auto":  # the config requires zk.connect with it
             self.election = Election(config, self.store, self.roles, self.registry.zk, self.registry.ids_path,
                                      lambda: self.registry.url,
-                                     lambda: self.remoting.address if self.remoting is not None else None)
+                                     lambda: self.remoting.address if self.remoting is not None else None,
+                                     self.registry.granted_timeout_s)
             self.roles.attach_election(self.election)
         self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats)  # recovery completes commits
         self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))
@@ -84,6 +85,7 @@ class Broker:
         self.roles.on_change(self.delay.role_changed)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
+        self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard)

@@ -164,8 +164,14 @@ class PutPath:
             self.flusher.wait_flushed(log_end)
         else:
             self.made_visible(topic, partition, now)
+        self.confirm(log_end)
+
+    def confirm(self, log_end):
+        """What is written up to ``log_end`` (and flushed, per the flush mode) may be acknowledged: wait for the
+        slaves in sync replication, then check this broker still may acknowledge (ha: auto: its lease may have
+        run out meanwhile). Unavailable otherwise: written, not acknowledged."""
         if self.sync_replication:
             self.replication.wait_replicated(log_end)
-        refusal = self.roles.slave_refusal  # ha: auto: the lease may have run out while we waited
+        refusal = self.roles.slave_refusal
         if refusal is not None:
             raise errors.Unavailable("the message was written but is not acknowledged: %s" % refusal)

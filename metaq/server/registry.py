@@ -31,6 +31,7 @@ live broker claims our id: we log it and retry until it goes away.
 
 import json
 import logging
+import re
 import socket
 
 import gevent
@@ -47,6 +48,37 @@ log = logging.getLogger(__name__)
 #: Seconds a clean shutdown spends removing our nodes before giving up (ZooKeeper may be down).
 UNREGISTER_TIMEOUT_S = 5.0
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+
+
+class GrantedTimeout(logging.Filter):
+    """The session timeout ZooKeeper granted (it may cap what we asked for at its ``maxSessionTimeout``): kazoo
+    keeps it nowhere but in a message it logs, at its BLATHER level (5), when a session is created. Our kazoo
+    logger passes its records through this filter, which reads that figure and lets through only what the
+    ``kazoo`` logger's own level would have."""
+
+    PATTERN = re.compile(r"negotiated session timeout: (\d+)")
+
+    def __init__(self):
+        super().__init__()
+        self.ms = None
+
+    def filter(self, record):
+        if record.levelno < logging.DEBUG:
+            found = self.PATTERN.search(record.getMessage())
+            if found:
+                self.ms = int(found.group(1))
+        return record.levelno >= logging.getLogger("kazoo").getEffectiveLevel()
+
+
+def kazoo_logger(granted):
+    """A logger for our KazooClient that sees kazoo's BLATHER records (for ``granted``) and prints as kazoo's."""
+    logger = logging.getLogger("kazoo.client.metaq")
+    logger.setLevel(5)
+    if granted not in logger.filters:
+        for old in list(logger.filters):
+            logger.removeFilter(old)
+        logger.addFilter(granted)
+    return logger
 
 
 class IdClaimedElsewhere(Exception):
@@ -85,7 +117,9 @@ class ZkRegistry:
         self._retired = []  # (node, slave_id, topics) registered under a role we left: removed by the worker
         self._set_names(slave_id)
         self.connection_timeout_s = cfg.connection_timeout_ms / 1000.0
+        self.granted = GrantedTimeout()
         self.zk = KazooClient(
+            logger=kazoo_logger(self.granted),
             hosts=cfg.connect,
             handler=SequentialGeventHandler(),
             timeout=cfg.session_timeout_ms / 1000.0,
@@ -102,6 +136,10 @@ class ZkRegistry:
         self._stopping = False
         self._connecting = False
         self._worker = None
+
+    def granted_timeout_s(self):
+        """The session timeout ZooKeeper granted our session, in seconds, or None before the first session."""
+        return self.granted.ms / 1000.0 if self.granted.ms else None
 
     @property
     def ids_path(self):

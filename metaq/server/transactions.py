@@ -120,10 +120,20 @@ class TxService:
         except errors.MetaqError as exc:
             log.error("%s", exc)
 
+    def attach_writes(self, check_writable, confirm):
+        """The put path's ``check_writable()`` (a slave, a deposed master, a full disk: raises) and
+        ``confirm(log_end)`` (sync replication, the lease), which commits go through like puts."""
+        self._check_writable, self._confirm = check_writable, confirm
+
+    _check_writable = _confirm = None
+
     def complete_commit(self, plan):
-        """Journal durable, appends, published (blocks this greenlet); raises TransactionError."""
+        """Journal durable, appends, published, confirmed (blocks this greenlet); raises TransactionError, or
+        Unavailable when written but not confirmed (sync replication, ha: auto's lease)."""
         try:
             self.flush_journal()
+            if self._check_writable is not None:
+                self._check_writable()  # nothing yields from here to the appends
             results = self.manager.apply_commit(plan, now_ms())
         except errors.MetaqError as exc:
             log.warning("commit of %s not completed: %s", getattr(plan, "key", plan), exc)
@@ -133,6 +143,8 @@ class TxService:
             raise exc from None
         self.stats.tx_commit += 1
         self._publish(results)
+        if results and self._confirm is not None:
+            self._confirm(max(r.log_end for r in results))
 
     # -- for the remoting port's half messages (metaq.server.remoting.send) -------
 

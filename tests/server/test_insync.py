@@ -5,7 +5,8 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.server.replication.election import Lease, _load, members_of
+from metaq.server.replication.election import _load, members_of
+from metaq.server.replication.leadership import Lease
 from metaq.server.replication.insync import InSyncSet
 
 
@@ -31,22 +32,38 @@ def test_only_a_slave_holding_everything_acknowledged_may_join():
     assert not s.may_join(1, 2000)  # already a member
 
 
-def test_a_member_behind_for_the_lag_or_gone_is_lagging():
+def test_a_member_behind_for_the_lag_or_gone_for_the_lag_is_lagging():
     s = InSyncSet(me=0, lag_s=2.0)
-    s.join(1)
-    s.join(2)
     t = 1000.0
+    s.join(1, seen=t)
+    s.join(2, seen=t)
     s.sample(100, now=t)
     s.sample(300, now=t + 1.0)
     s.sample(900, now=t + 2.5)
     # 2 s before t+2.5 the master's end was 100 (the sample at t): a member holding 100 is not lagging yet
     assert s.end_lag_ago(now=t + 2.5) == 100
     assert s.lagging({1: 100, 2: 99}, now=t + 2.5) == [2]
-    assert s.lagging({1: 100}, now=t + 2.5) == [2]  # 2 disconnected
+    s.seen({1: 100}, now=t + 2.5)
+    assert s.lagging({1: 100}, now=t + 1.9) == []  # 2 disconnected, but not for 2 s yet
+    assert s.lagging({1: 100}, now=t + 2.5) == [2]  # disconnected since t
     assert s.end_lag_ago(now=t + 3.1) == 300
     assert s.lagging({1: 299, 2: 900}, now=t + 3.1) == [1]
     s.leave(1)
     assert s.required() == {2}
+
+
+def test_a_member_that_left_comes_back_only_once_clearly_caught_up():
+    """No flapping: a member leaves at the lag bound; coming back needs what the master had lag/4 ago."""
+    s = InSyncSet(me=0, lag_s=2.0)
+    t = 1000.0
+    for i in range(31):  # the master's end grows by 100 every 0.1 s
+        s.sample(100 * i, now=t + i / 10)
+    now = t + 3.0  # the end is 3000 now, was 1000 two seconds ago and 2500 half a second ago
+    s.join(1, seen=now)
+    assert s.lagging({1: 999}, now=now) == [1] and s.lagging({1: 1000}, now=now) == []
+    s.leave(1)
+    assert not s.may_join(1, 1000, now)  # enough to stay, not enough to come back
+    assert not s.may_join(1, 2499, now) and s.may_join(1, 2500, now)
 
 
 def test_the_samples_are_bounded():
@@ -90,3 +107,41 @@ def test_members_of_ignores_what_is_not_a_member_id():
     assert members_of({"members": "0,1"}) == set() and members_of(None) == set()
     many = {"members": list(range(limits.MAX_GROUP_MEMBERS + 10))}
     assert len(members_of(many)) == limits.MAX_GROUP_MEMBERS
+
+
+def test_a_renewal_sent_before_a_revocation_does_not_undo_it():
+    """A clean stop revokes the lease while a renewal is in flight: its late answer must not bring it back."""
+    lease = Lease(5.0)
+    generation = lease.generation
+    sent = time.monotonic()
+    lease.renew(sent, generation)
+    lease.revoke("it is stopping (leadership handed over)")
+    assert not lease.renew(sent + 0.1, generation)
+    assert lease.refusal() == "it is stopping (leadership handed over)"
+    assert lease.renew(time.monotonic(), lease.generation) and lease.refusal() is None
+
+
+def test_the_granted_session_timeout_is_read_from_kazoo_and_its_chatter_stays_quiet():
+    import logging
+
+    from metaq.server.registry import GrantedTimeout, kazoo_logger
+
+    granted = GrantedTimeout()
+    logger = kazoo_logger(granted)
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        logger.log(5, "Session created, session_id: %r session_passwd: %s\n    negotiated session timeout: %s\n"
+                   "    connect timeout: %s", 0x1234, "ab", 4000, 4000.0)
+        logger.log(5, "Sending request(xid=%s): %s", 7, "Ping()")
+        logger.warning("Connection dropped: %s", "socket connection broken")
+    finally:
+        logger.removeHandler(handler)
+    assert granted.ms == 4000
+    assert seen == ["Connection dropped: socket connection broken"]  # BLATHER never reaches a handler

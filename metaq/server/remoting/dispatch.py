@@ -84,7 +84,7 @@ class RemotingDispatcher:
         R = RequestCode
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
         path = self.sender.path
-        waits = path.sync_flush or path.sync_replication
+        waits = path.sync_flush or config.replication.mode == "sync"  # sync: a promotion/election may come
         # code -> (handler, runs in a greenlet of its own)
         self._handlers = {
             R.GET_ROUTEINFO_BY_TOPIC: (self.route, False),

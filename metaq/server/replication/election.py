@@ -5,25 +5,29 @@ Nodes (ours; MetaQ's ``master`` node stays as the registry writes it), under ``<
     leader              ephemeral   {"member": m, "epoch": E, "replication": "host:port", "url": "meta://...",
                                      "remoting": "host:port" or null (its RocketMQ port)}
     insync              persistent  {"epoch": E, "master": m, "members": [m, ...]}   written with its version
-    candidates/<m>      ephemeral   {"position": P}   a member's log end while an election runs
+    candidates/<m>      ephemeral   {"epoch": E, "max_epoch": X, "position": P}   latest epoch, highest seen, log end
 
 **Who may be elected.** In ``sync`` mode, a member listed in ``insync`` (the in-sync set: members holding
-every acknowledged message, ``insync.py``); in ``async`` mode, any member (the most advanced wins; what it
-lacks is the async lag). A group that never elected (no ``insync`` node) lets any member win.
+every acknowledged message, ``insync.py``) that has ever followed or led an elected master (a member restarted
+on an empty data dir has not, whatever the node says); in ``async`` mode, any member. A group with no ``insync`` node
+(never elected, or ZooKeeper lost its data) lets any member win. Among the eligible, the most advanced wins:
+the latest epoch first, then the log end (as Raft compares the last term, then the index).
 
 **An election** starts when ``leader`` is absent (the master's session expired after a kill, or it stepped
 down on a clean stop). Each eligible member posts its log end under ``candidates``, waits until every live
 member (its ``slave<N>`` registration) has posted or ``election_settle_ms`` passed, and the most advanced
 (ties: the lowest member id) creates ``leader``. The winner then writes ``insync`` with the version it read:
 the epoch number is one more than both the node's and its own highest (numbers are unique per broker id), the
-members just itself. A write that finds another version (a racing write) is re-read and re-checked. Then it
-begins that epoch at its log end, switches to master and its registry writes MetaQ's master nodes.
+members itself and, in sync mode, the eligible members that posted (they hold every acknowledged message:
+puts wait for them from the start, and they leave the set like any member that lags). A write that finds
+another version (a racing write) is re-read and re-checked. Then it begins that epoch at its log end, switches
+to master and its registry writes MetaQ's master nodes. Anything failing on the way gives the leadership up.
 
-**Fencing.** A master acknowledges a put only while its **lease** runs: ``lease_ms`` (default half the
-ZooKeeper session timeout) from the *sending* time of the last request that found ``leader`` owned by its own
-session. ZooKeeper expires a session no earlier than the session timeout after the last request it got, and no
-other member can be elected before that, so an old master stops acknowledging before a new one can start:
-never two brokers acknowledging for one broker id. A master that finds ``leader`` gone or owned by another
+**Fencing.** A master acknowledges a put only while its **lease** runs (``leadership.Lease``: ``lease_ms``,
+at most half the session timeout ZooKeeper granted, from the *sending* time of the last synced request that
+found ``leader`` owned by its own session). ZooKeeper expires a session no earlier than that timeout after the
+last request it got, and no other member can be elected before that, so an old master stops acknowledging
+before a new one can start: never two brokers acknowledging for one broker id. A master that finds ``leader`` gone or owned by another
 session, or whose ``insync`` write finds a newer version, steps down at once and follows the new master: its
 epoch handshake cuts the divergent tail and logs it.
 
@@ -44,35 +48,10 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from kazoo.protocol.states import KazooState
 
 from metaq import limits
-from metaq.server.replication.insync import InSyncSet
+from metaq.server.replication import leadership
+from metaq.server.replication.leadership import TICK_S, Lease, Term, dump as _dump
 
 log = logging.getLogger(__name__)
-
-TICK_S = 0.1  # the leader's in-sync checks
-STEP_DOWN_WAIT_S = 5.0  # a clean stop waits this long at most for an in-sync slave to hold the whole log
-
-
-class Lease:
-    """Until when this master may acknowledge (monotonic clock), and why not once it may not."""
-
-    def __init__(self, duration_s):
-        self.duration_s = duration_s
-        self.until = 0.0
-        self.reason = "it has not been elected"
-
-    def renew(self, sent_at):
-        self.until = max(self.until, sent_at + self.duration_s)
-        self.reason = None
-
-    def revoke(self, reason):
-        self.until = 0.0
-        self.reason = reason
-
-    def refusal(self):
-        if self.reason is None and time.monotonic() < self.until:
-            return None
-        return self.reason or ("ZooKeeper has not confirmed its leadership for %.1f s (lease expired)"
-                               % self.duration_s)
 
 
 def _load(data):
@@ -86,10 +65,6 @@ def _load(data):
     return value if isinstance(value, dict) else None
 
 
-def _dump(value):
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
-
-
 def members_of(insync):
     members = insync.get("members") if insync else None
     if not isinstance(members, list):
@@ -97,35 +72,41 @@ def members_of(insync):
     return {m for m in members[:limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
 
 
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class Election:
     """One member's side of its broker id's election, and, while it leads, its lease and in-sync set."""
 
-    def __init__(self, config, store, roles, zk, ids_path, url, remoting=lambda: None):
+    def __init__(self, config, store, roles, zk, ids_path, url, remoting=lambda: None, granted_timeout=lambda: None):
         """``roles``: ``Roles`` (``lead``, ``follow``, ``wait_for_master``); ``zk``: the registry's KazooClient
         (one session per broker); ``ids_path``: ``<root>/brokers/ids/<id>``; ``url()``: our meta:// URL;
-        ``remoting()``: our RocketMQ remoting address (host:port) or None."""
-        self.remoting = remoting
+        ``remoting()``: our RocketMQ remoting address (host:port) or None; ``granted_timeout()``: the session
+        timeout ZooKeeper granted, in seconds, or None before the first session."""
         rep = config.replication
         self.store = store
         self.roles = roles
         self.zk = zk
         self.url = url
+        self.remoting = remoting
+        self.granted_timeout = granted_timeout
         self.broker_id = config.broker.id
         self.member = rep.slave_id
         self.mode = rep.mode
         self.replication_port = rep.port
         self.settle_s = rep.election_settle_ms / 1000.0
-        self.lease = Lease(config.lease_ms() / 1000.0)
-        self.insync = InSyncSet(self.member, rep.insync_lag_ms / 1000.0)
+        self.lag_s = rep.insync_lag_ms / 1000.0
+        self.lease_s = config.lease_ms() / 1000.0
+        self.lease = Lease(self.lease_s)
         self.leader_path = ids_path + "/leader"
         self.insync_path = ids_path + "/insync"
         self.candidates_path = ids_path + "/candidates"
         self.ids_path = ids_path
         self.leading = False
-        self.insync_version = None  # the version of our last insync write while leading
-        self.members = set()  # the insync node's members as we last wrote them
+        self.term = None  # leadership.Term while leading
         self.elections = 0  # won (stats)
-        self.last_leader = None  # the leader node last seen (stats)
+        self.last_leader = None  # the leader node last seen (routes, stats)
         self._wake = Event()
         self._stopping = False
         self._tasks = []
@@ -135,7 +116,8 @@ class Election:
 
     def start(self):
         self.zk.add_listener(self._on_state)
-        self._tasks = [gevent.spawn(self._run), gevent.spawn(self._leader_loop)]
+        self._tasks = [gevent.spawn(self._loop, self._pass_once, "election"),
+                       gevent.spawn(self._loop, self._leader_tick, "leadership")]
         self._wake.set()
 
     def stop(self):
@@ -144,49 +126,48 @@ class Election:
         gevent.killall(self._tasks, block=True, timeout=2.0)
 
     def step_down(self):
-        """A clean stop: stop acknowledging, let an in-sync slave catch up (bounded); the caller then closes the
-        ZooKeeper session, which removes ``leader`` at once."""
+        """A clean stop: stop acknowledging, let a slave that may be elected catch up (bounded); the caller then
+        closes the ZooKeeper session, which removes ``leader`` at once."""
         if not self.leading:
             return
+        self.leading = False  # before the revocation: no renewal in flight can bring the lease back
         self.lease.revoke("it is stopping (leadership handed over)")
-        server = self.roles.replication
-        end = self.store.written_position
-        deadline = time.monotonic() + STEP_DOWN_WAIT_S
-        while server is not None and time.monotonic() < deadline:
-            held = [m for m, p in server.positions().items() if p >= end and m in self.insync.waiting_for]
-            if held or (self.mode == "async" and any(p >= end for p in server.positions().values())):
-                log.warning("stepping down as master of broker %d: member %s holds our whole log (%d)",
-                            self.broker_id, held or sorted(server.positions()), end)
-                break
-            server.notify()
-            gevent.sleep(0.05)
-        else:
-            log.warning("stepping down as master of broker %d: no in-sync slave holds our whole log (%d)",
-                        self.broker_id, end)
         self._stopping = True
-        self.leading = False
+        leadership.step_down(self.term, self.roles.replication, self.store.written_position, self.mode,
+                             self.broker_id)
 
     def _on_state(self, state):
         if state == KazooState.LOST and self.leading:
             self.lease.revoke("its ZooKeeper session expired")
         self._wake.set()
 
-    # -- the loop ------------------------------------------------------------------------
+    def _session(self):
+        client_id = self.zk.client_id  # None while not connected
+        return client_id[0] if client_id else None
 
-    def _run(self):
+    # -- the loops -----------------------------------------------------------------------
+
+    def _loop(self, step, name):
+        """Run ``step`` until stopped; a failure is logged and retried with a backoff, never ends the loop."""
         delay = 0.1
         while not self._stopping:
-            self._wake.clear()
             try:
-                if self.zk.connected:
-                    self._pass()
+                step()
                 delay = 0.1
             except KazooException as exc:
-                log.warning("election: ZooKeeper call failed (%r); retrying in %.1f s", exc, delay)
-                gevent.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                log.warning("%s: ZooKeeper call failed (%r); retrying in %.1f s", name, exc, delay)
+            except Exception:  # noqa: BLE001 - the election must outlive any surprise; the lease protects
+                log.exception("%s: unexpected failure; retrying in %.1f s", name, delay)
+            else:
                 continue
-            self._wake.wait(1.0)
+            gevent.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _pass_once(self):
+        self._wake.clear()
+        if self.zk.connected:
+            self._pass()
+        self._wake.wait(1.0)
 
     def _watch(self, _event):
         self._wake.set()
@@ -203,9 +184,9 @@ class Election:
     def _pass(self):
         leader, stat = self._read(self.leader_path, watch=self._watch)
         self.last_leader = leader
-        if stat is not None and stat.ephemeralOwner == self.zk.client_id[0]:
-            if not self.leading:  # ours from before a crash of this loop: give it up and elect again
-                self.zk.delete(self.leader_path, version=stat.version)
+        if stat is not None and stat.ephemeralOwner == self._session():
+            if not self.leading:  # ours from before a failure of this loop: give it up and elect again
+                self._delete_ours(self.leader_path)
             return
         if self.leading:
             self._depose("the leader node of broker %d is %s" % (self.broker_id, leader or "gone"))
@@ -222,22 +203,34 @@ class Election:
             self._quiet.add(key)
             log.warning(text, *args)
 
+    def _delete_ours(self, path):
+        """Delete ``path`` only while it is an ephemeral node of our session (never another member's)."""
+        stat = self.zk.exists(path)
+        if stat is not None and stat.ephemeralOwner == self._session():
+            try:
+                self.zk.delete(path, version=stat.version)
+            except (NoNodeError, BadVersionError):
+                pass
+
     # -- candidacy -----------------------------------------------------------------------
 
-    def _eligible(self, insync):
+    def _eligible(self, member, insync, epochs_seen=None):
+        """Whether ``member`` may be elected (``epochs_seen``: the highest epoch it has seen, when known)."""
         if insync is None or self.mode == "async":
             return True
-        return self.member in members_of(insync)
+        return member in members_of(insync) and (epochs_seen is None or epochs_seen >= 1)
 
     def _candidacy(self):
         if self.roles.is_master:  # a master without the leader node acknowledges nothing from here on
             self._depose("broker %d has no leader node" % self.broker_id)
         insync, stat = self._read(self.insync_path)
         self.roles.wait_for_master()  # no leader: stop following the one that was (its node is gone)
-        if not self._eligible(insync):
-            self._once("ineligible", "election: member %d of broker %d is not in the in-sync set %s (sync mode): "
-                       "it may not be elected; waiting for a member that is", self.member, self.broker_id,
-                       sorted(members_of(insync)))
+        if not self._eligible(self.member, insync, self.store.epochs.max_epoch):
+            self._once("ineligible", "election: member %d of broker %d may not be elected in sync mode: the in-sync "
+                       "set is %s at epoch %s and this member %s; waiting for a member that may",
+                       self.member, self.broker_id, sorted(members_of(insync)), insync.get("epoch"),
+                       "is not in it" if self.member not in members_of(insync) else
+                       "has an empty data dir that never followed an elected master")
             return
         self._post()
         deadline = time.monotonic() + self.settle_s
@@ -251,27 +244,37 @@ class Election:
             gevent.sleep(0.05)
         best = max(posted.items(), key=lambda kv: (kv[1], -kv[0]))[0] if posted else self.member
         if best == self.member:
-            self._try_lead(insync, stat)
+            self._try_lead(insync, stat, set(posted) - {self.member})
             return
-        log.info("election: member %d (log end %d) defers to member %d (log end %d)", self.member,
-                 posted.get(self.member, -1), best, posted[best])
+        log.info("election: member %d (epoch, log end %s) defers to member %d (%s)", self.member,
+                 posted.get(self.member), best, posted[best])
         self._wake.wait(max(2.0, self.settle_s * 4))  # its leader node wakes us; else we look again
 
     def _post(self):
         path = "%s/%d" % (self.candidates_path, self.member)
-        data = _dump({"position": self.store.written_position})
-        try:
-            self.zk.create(path, data, ephemeral=True, makepath=True)
-        except NodeExistsError:
-            self.zk.set(path, data)
+        epochs = self.store.epochs
+        data = _dump({"epoch": epochs.epoch, "max_epoch": epochs.max_epoch, "position": self.store.written_position})
+        for _attempt in range(3):
+            try:
+                self.zk.create(path, data, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                stat = self.zk.exists(path)
+                if stat is None:
+                    continue
+                if stat.ephemeralOwner == self._session():
+                    self.zk.set(path, data, version=stat.version)
+                    return
+                try:  # left by our previous incarnation, whose session has not expired yet
+                    self.zk.delete(path, version=stat.version)
+                except (NoNodeError, BadVersionError):
+                    pass
 
     def _withdraw(self):
-        try:
-            self.zk.delete("%s/%d" % (self.candidates_path, self.member))
-        except NoNodeError:
-            pass
+        self._delete_ours("%s/%d" % (self.candidates_path, self.member))
 
     def _posted(self, insync):
+        """Eligible candidates: member -> (latest epoch, log end)."""
         out = {}
         try:
             names = self.zk.get_children(self.candidates_path)
@@ -281,59 +284,72 @@ class Election:
             if not name.isdigit():
                 continue
             value, _stat = self._read("%s/%s" % (self.candidates_path, name))
-            position = value.get("position") if value else None
-            if isinstance(position, int) and self._eligible_member(int(name), insync):
-                out[int(name)] = position
+            epoch, seen, position = ((_int(value.get("epoch")), _int(value.get("max_epoch")),
+                                      _int(value.get("position"))) if value else (None, None, None))
+            if None not in (epoch, seen, position) and self._eligible(int(name), insync, seen):
+                out[int(name)] = (epoch, position)
         return out
-
-    def _eligible_member(self, member, insync):
-        return insync is None or self.mode == "async" or member in members_of(insync)
 
     def _live_members(self, insync):
         """Eligible members with a live registration (``slave<N>``): the candidates worth waiting for."""
         live = set()
         for name in self.zk.get_children(self.ids_path):
-            if name.startswith("slave") and name[5:].isdigit() and self._eligible_member(int(name[5:]), insync):
+            if name.startswith("slave") and name[5:].isdigit() and self._eligible(int(name[5:]), insync):
                 live.add(int(name[5:]))
         return live
 
-    def _try_lead(self, insync, stat):
+    def _try_lead(self, insync, stat, others):
         sent = time.monotonic()
+        generation = self.lease.generation
         address = "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0], self.replication_port)
+        epoch = max(_int(insync.get("epoch")) or 0 if insync else 0, self.store.epochs.max_epoch) + 1
         try:
-            self.zk.create(self.leader_path, _dump(self._leader_record(None, address)), ephemeral=True,
+            self.zk.create(self.leader_path, _dump(self._leader_record(epoch, address)), ephemeral=True,
                            makepath=True)
         except NodeExistsError:
             return
+        carried = others if self.mode == "sync" and insync is not None else set()
+        try:
+            written = self._claim_epoch(insync, stat, epoch, carried)
+            if written is None:
+                self._delete_ours(self.leader_path)
+                return
+            epoch, stat, carried = written
+            self.term = Term(self.zk, self.insync_path, self.member, self.broker_id, epoch, self.lag_s,
+                             stat.version, {self.member} | carried, carried)
+            self.term.insync.acked = self.store.written_position
+            self.leading = True
+            self.lease.renew(sent, generation)
+            position = self.roles.lead(epoch, self.term.insync)
+        except BaseException:
+            self.leading = False
+            self.lease.revoke("its election did not complete")
+            self.roles.wait_for_master()
+            self._delete_ours(self.leader_path)
+            raise
+        self.elections += 1
+        self._quiet.clear()
+        self._withdraw()
+        log.warning("election: member %d is now the master of broker %d, epoch %d from log position %d (in-sync "
+                    "set %s)", self.member, self.broker_id, epoch, position, sorted({self.member} | carried))
+
+    def _claim_epoch(self, insync, stat, epoch, carried):
+        """Write the insync node for our term (versioned); ``(epoch, stat, carried)`` or None when we may not."""
         for _attempt in range(3):
-            epoch = max(int(insync.get("epoch", 0)) if insync else 0, self.store.epochs.max_epoch) + 1
-            record = {"epoch": epoch, "master": self.member, "members": [self.member]}
+            record = {"epoch": epoch, "master": self.member, "members": sorted({self.member} | carried)}
             try:
                 if stat is None:
                     _path, stat = self.zk.create(self.insync_path, _dump(record), makepath=True, include_data=True)
                 else:
                     stat = self.zk.set(self.insync_path, _dump(record), version=stat.version)
-                break
+                return epoch, stat, carried
             except (NodeExistsError, BadVersionError):
                 insync, stat = self._read(self.insync_path)
-                if not self._eligible(insync):
-                    self.zk.delete(self.leader_path)
-                    return
-        else:
-            self.zk.delete(self.leader_path)
-            return
-        self.insync_version, self.members = stat.version, {self.member}
-        self.insync.waiting_for = set()
-        self.insync.acked = self.store.written_position
-        self.lease.renew(sent)
-        self.leading = True
-        self.elections += 1
-        self._quiet.clear()
-        self._withdraw()
-        position = self.roles.lead(epoch, self.insync)
-        self.zk.set(self.leader_path, _dump(self._leader_record(epoch, address)))
-        log.warning("election: member %d is now the master of broker %d, epoch %d from log position %d",
-                    self.member, self.broker_id, epoch, position)
+                if not self._eligible(self.member, insync, self.store.epochs.max_epoch):
+                    return None
+                epoch = max(epoch, (_int(insync.get("epoch")) or 0 if insync else 0) + 1)
+                carried = carried & members_of(insync)
+        return None
 
     def _leader_record(self, epoch, address):
         return {"member": self.member, "epoch": epoch, "replication": address, "url": self.url(),
@@ -357,6 +373,7 @@ class Election:
         was = self.leading
         self.leading = False
         self.lease.revoke("it is no longer the elected master: %s" % reason)
+        self._wake.set()
         if was or self.roles.is_master:
             log.warning("election: member %d steps down as master of broker %d: %s; it acknowledges nothing more "
                         "and follows the elected master", self.member, self.broker_id, reason)
@@ -364,68 +381,37 @@ class Election:
 
     # -- while leading: the lease and the in-sync set ------------------------------------
 
-    def _leader_loop(self):
-        renew_every = self.lease.duration_s / 4.0
-        last_renew = 0.0
-        while not self._stopping:
-            gevent.sleep(TICK_S)
-            if not self.leading:
-                continue
-            try:
-                if time.monotonic() - last_renew >= renew_every:
-                    last_renew = time.monotonic()
-                    self._renew(last_renew)
-                self._insync_tick()
-            except KazooException as exc:
-                log.info("election: ZooKeeper call failed while leading (%r); the lease runs out unless renewed",
-                         exc)
+    def _leader_tick(self):
+        gevent.sleep(TICK_S)
+        if not self.leading:
+            return
+        granted = self.granted_timeout()
+        self.lease.duration_s = min(self.lease_s, granted / 2.0) if granted else self.lease_s
+        if time.monotonic() - self._last_renew >= self.lease.duration_s / 4.0:
+            self._last_renew = time.monotonic()
+            self._renew(self._last_renew, self.lease.generation)
+        server = self.roles.replication
+        if self.leading and server is not None:
+            self.term.tick(self.store.written_position, server.positions(), server.changed, self._depose)
 
-    def _renew(self, sent):
+    _last_renew = 0.0
+
+    def _renew(self, sent, generation):
+        """Confirm our leadership: ``sync`` (the server catches up with the ensemble), then the leader node."""
+        self.zk.sync(self.leader_path)
         stat = self.zk.exists(self.leader_path)
         if not self.leading:
             return
-        if stat is not None and stat.ephemeralOwner == self.zk.client_id[0]:
-            self.lease.renew(sent)
+        if stat is not None and stat.ephemeralOwner == self._session():
+            self.lease.renew(sent, generation)
         else:
             self._depose("its leader node is %s" % ("gone" if stat is None else "another session's"))
-            self._wake.set()
-
-    def _insync_tick(self):
-        server = self.roles.replication
-        if server is None:
-            return
-        insync = self.insync
-        insync.sample(self.store.written_position)
-        positions = server.positions()
-        for member in insync.lagging(positions):
-            if self._write_members(self.members - {member}, "member %d left the in-sync set (%s)" % (
-                    member, "disconnected" if member not in positions else "behind for %.1f s" % insync.lag_s)):
-                insync.leave(member)
-                server.changed()
-        for member, written in sorted(positions.items()):
-            if insync.may_join(member, written):
-                insync.join(member)  # puts wait for it from now on; electable once the write below lands
-                server.changed()
-                self._write_members(self.members | {member}, "member %d joined the in-sync set" % member)
-
-    def _write_members(self, members, why):
-        if members == self.members:
-            return True
-        record = {"epoch": self.store.epochs.epoch, "master": self.member, "members": sorted(members)}
-        try:
-            stat = self.zk.set(self.insync_path, _dump(record), version=self.insync_version)
-        except (BadVersionError, NoNodeError):
-            self._depose("the insync node was written by another master")
-            self._wake.set()
-            return False
-        self.insync_version, self.members = stat.version, set(members)
-        log.info("election: %s: in-sync set of broker %d is now %s", why, self.broker_id, sorted(members))
-        return True
 
     def stats_values(self):
+        term = self.term if self.leading else None
         return [("replication_ha", "auto"), ("replication_member", self.member),
                 ("replication_leading", self.leading),
                 ("replication_lease_left_ms", max(0, int((self.lease.until - time.monotonic()) * 1000))
                  if self.leading and self.lease.reason is None else 0),
-                ("replication_insync", ",".join(str(m) for m in sorted(self.members)) if self.leading else ""),
+                ("replication_insync", ",".join(str(m) for m in sorted(term.members)) if term else ""),
                 ("replication_elections_won", self.elections)]

@@ -11,11 +11,14 @@ The set changes in one order that keeps that promise whatever fails in between:
 * **Joining**: a slave whose confirmed position covers everything acknowledged so far (``acked``) joins the
   in-memory set *first* (from then on puts wait for it too), and ZooKeeper's ``insync`` node is written
   *after* (until then it is not electable: only conservative).
-* **Leaving**: a member that disconnected, or holds less than this master had ``insync_lag_ms`` ago, is
-  removed from ZooKeeper's node *first*, and from the in-memory set only once that write succeeded (until
-  then puts keep waiting for it and time out: never acknowledged without it while it is still electable).
+* **Leaving**: a member not connected for ``insync_lag_ms``, or holding less than this master had
+  ``insync_lag_ms`` ago, is removed from ZooKeeper's node *first*, and from the in-memory set only once that
+  write succeeded (until then puts keep waiting for it and time out: never acknowledged without it while it
+  is still electable).
+* **Coming back** takes more than joining first did: the copy must also cover what this master had a quarter
+  of ``insync_lag_ms`` ago, so a member at the edge does not leave and rejoin at every check.
 
-No I/O here: ``election.Leadership`` does the ZooKeeper writes and calls ``join``/``leave``; the replication
+No I/O here: ``leadership.Term`` does the ZooKeeper writes and calls ``join``/``leave``; the replication
 server calls ``required``, ``confirmed`` and ``acknowledged``.
 """
 
@@ -31,6 +34,7 @@ class InSyncSet:
         self.lag_s = lag_s
         self.waiting_for = set()  # slave member ids every sync put waits for
         self.acked = 0  # the highest log position acknowledged to a producer in sync mode
+        self.last_seen = {}  # member -> when it was last connected (monotonic)
         self._ends = collections.deque(maxlen=limits.MAX_INSYNC_SAMPLES)  # (monotonic time, master's written end)
 
     # -- the replication server's questions ----------------------------------------------
@@ -54,28 +58,42 @@ class InSyncSet:
         """Record the master's written end now (one sample per tick of the leader's loop)."""
         self._ends.append((time.monotonic() if now is None else now, written_end))
 
-    def end_lag_ago(self, now=None):
-        """The master's written end ``lag_s`` ago (the oldest sample if none is that old): a member holding less
-        than this has been behind for at least ``lag_s``."""
+    def end_lag_ago(self, now=None, ago=None):
+        """The master's written end ``ago`` (default ``lag_s``) seconds ago (the oldest sample if none is that
+        old): a member holding less than this has been behind for at least that long."""
         now = time.monotonic() if now is None else now
+        ago = self.lag_s if ago is None else ago
         old = None
         for at, end in self._ends:
-            if now - at < self.lag_s:
+            if now - at < ago:
                 break
             old = end
         return old if old is not None else (self._ends[0][1] if self._ends else 0)
 
-    def may_join(self, member, written):
-        """A connected slave not yet required whose copy covers everything acknowledged so far."""
-        return member != self.me and member not in self.waiting_for and written >= self.acked
+    def seen(self, positions, now=None):
+        now = time.monotonic() if now is None else now
+        for m in positions:
+            self.last_seen[m] = now
 
-    def join(self, member):
+    def may_join(self, member, written, now=None):
+        """A connected slave not yet required whose copy covers everything acknowledged so far, and what this
+        master had a quarter of ``lag_s`` ago."""
+        return (member != self.me and member not in self.waiting_for and written >= self.acked
+                and written >= self.end_lag_ago(now, self.lag_s / 4.0))
+
+    def join(self, member, seen=None):
         self.waiting_for.add(member)
+        if seen is not None:
+            self.last_seen[member] = seen
 
     def lagging(self, positions, now=None):
-        """Required members that are gone or behind for ``lag_s`` (``positions``: connected member -> written)."""
+        """Required members gone for ``lag_s`` or behind for ``lag_s`` (``positions``: connected member ->
+        written)."""
+        now = time.monotonic() if now is None else now
         floor = self.end_lag_ago(now)
-        return sorted(m for m in self.waiting_for if m not in positions or positions[m] < floor)
+        return sorted(m for m in self.waiting_for
+                      if (m not in positions and now - self.last_seen.get(m, 0.0) >= self.lag_s)
+                      or (m in positions and positions[m] < floor))
 
     def leave(self, member):
         self.waiting_for.discard(member)
