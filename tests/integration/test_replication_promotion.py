@@ -131,6 +131,8 @@ def test_the_readme_sequence_where_two_brokers_began_the_same_epoch_number(broke
     assert stats(s)["replication_role"] == "master"
     m.extra_args = slave_args(srport, 2)
     m.start()
+    # the two logs have the same length: "caught up" holds before the handshake has cut anything
+    wait_for(lambda: "CUT our tail" in m.log_text(), 15, "the old master's epoch handshake")
     assert_identical(s, m)  # every segment byte-identical, every partition reads the same
     cut = re.search(r"agree up to position (\d+); CUT our tail of (\d+) bytes, (\d+) messages", m.log_text())
     assert cut and int(cut.group(1)) == position and int(cut.group(3)) == 1, m.log_text()
