@@ -174,19 +174,16 @@ class ReplicationSection(_Section):
     lease_ms: Optional[int] = Field(None, ge=100)  # default: half of zk.session_timeout_ms (Config.lease_ms)
     insync_lag_ms: int = Field(2000, ge=10, le=60000)  # sync mode: a member not caught up for this long leaves the in-sync set
     election_settle_ms: int = Field(500, ge=0)  # how long candidates wait for each other's positions
-    # HOST:PORT the other members dial for our replication port (published in ZooKeeper: the leader node in ha: auto,
-    # ids/<id>/replication in manual mode); default broker.host:port. For NAT, a port mapping, a TCP proxy.
-    advertised_address: Optional[str] = None
+    advertised_address: Optional[str] = None  # HOST:PORT the other members dial for our port (NAT, a proxy)
 
     @field_validator("slave_of", "advertised_address")
     @classmethod
     def _hostport(cls, value, info):
-        if value is None:
-            return None
-        name, sep, port = value.rpartition(":")
-        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-            whose = "the master's" if info.field_name == "slave_of" else "this broker's"
-            raise ValueError("expected HOST:PORT of %s replication port, got %r" % (whose, value))
+        name, sep, port = (value or "").rpartition(":")
+        if value is not None and (not sep or not name or not port.isdigit() or not 0 < int(port) < 65536):
+            raise ValueError("expected HOST:PORT of a replication port, got %r" % value)
+        if value is not None and info.field_name == "advertised_address" and not info.data.get("port"):
+            raise ValueError("where other members reach our replication port: set replication.port too")
         return value
 
     @model_validator(mode="after")
@@ -200,13 +197,7 @@ class ReplicationSection(_Section):
                                  "(this broker's member id, distinct within its broker id)")
         elif self.role == "slave" and (self.slave_of is None or self.slave_id is None):
             raise ValueError("a slave needs slave_of (the master's HOST:PORT) and slave_id")
-        if self.advertised_address is not None and not self.port:
-            raise ValueError("advertised_address names where others reach our replication port: set port too")
         return self
-
-    def published_address(self, host, port):
-        """The replication address other members are told (``advertised_address``, else ``host:port``)."""
-        return self.advertised_address or "%s:%d" % (host, port)
 
     def master_address(self):
         host, _sep, port = self.slave_of.rpartition(":")

@@ -116,22 +116,17 @@ def test_the_fd_check_uses_the_limit_it_is_given():
     ({"broker": {"port": 9000}, "remoting": {"port": 9000}}, "broker.port and remoting.port are both 127.0.0.1:9000"),
     ({"replication": {"port": 8123}}, "broker.port and replication.port are both 127.0.0.1:8123"),
     ({"replication": {"port": 8124, "advertised_address": "proxy"}},
-     "replication.advertised_address: expected HOST:PORT of this broker's replication port, got 'proxy'"),
+     "replication.advertised_address: expected HOST:PORT of a replication port, got 'proxy'"),
     ({"replication": {"port": 8124, "advertised_address": "proxy:0"}}, "got 'proxy:0'"),
+    ({"replication": {"slave_of": "m1", "slave_id": 1, "role": "slave"}},
+     "replication.slave_of: expected HOST:PORT of a replication port, got 'm1'"),
     ({"replication": {"advertised_address": "proxy:9000"}},
-     "advertised_address names where others reach our replication port: set port too"),
+     "replication.advertised_address: where other members reach our replication port: set replication.port too"),
 ])
 def test_values_that_used_to_be_taken_silently_are_refused(tmp_path, content, words):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(content))
     assert words in refusal(str(f))
-
-
-def test_the_replication_address_published_is_the_advertised_one_else_the_bind_host_and_port():
-    rep = load_config(None, {"replication.port": 8124}).replication
-    assert rep.published_address("10.0.0.5", 8124) == "10.0.0.5:8124"
-    rep = load_config(None, {"replication.port": 8124, "replication.advertised_address": "gw.example:18124"}).replication
-    assert rep.published_address("10.0.0.5", 8124) == "gw.example:18124"
 
 
 def test_distinct_listeners_and_a_remoting_port_on_another_address_are_taken():

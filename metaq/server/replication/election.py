@@ -114,7 +114,7 @@ class Election:
         self.member = rep.slave_id
         self.mode = rep.mode
         self.replication_port = rep.port
-        self.published_address = rep.published_address
+        self.advertised_address = rep.advertised_address  # what the leader node names, if set
         self.settle_s = rep.election_settle_ms / 1000.0
         self.lease = Lease(config.lease_ms() / 1000.0)
         self.insync = InSyncSet(self.member, rep.insync_lag_ms / 1000.0)
@@ -299,7 +299,8 @@ class Election:
 
     def _try_lead(self, insync, stat):
         sent = time.monotonic()
-        address = self.published_address(self.url()[len("meta://"):].rsplit(":", 1)[0], self.replication_port)
+        address = self.advertised_address or "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0],
+                                                        self.replication_port)
         try:
             self.zk.create(self.leader_path, _dump(self._leader_record(None, address)), ephemeral=True,
                            makepath=True)
