@@ -325,6 +325,10 @@ def run_plan(broker_factory, tmp_path, own_zk, mode, sizes):
     assert verdict.counts["acked msg_ids"] >= PROGRESS_ACKS * (len(plan) + 5), plan.message(verdict.summary())
     if mode == "sync":
         assert not verdict.lost, plan.message(verdict.summary())
+    elif verdict.lost:  # the checker has teeth on this very run: judged as sync, each of them is a violation
+        strict = check(run.history, logs, "sync", master="m%d" % master)
+        assert len([v for v in strict if v.startswith("LOST (sync)")]) == len(verdict.lost), plan.message(
+            strict.summary())
     for kind, took in measured:
         if kind.startswith("kill_master"):  # nobody elected before the killed master's session could expire
             assert took >= SESSION_S / 2, plan.message("kill -9 of the master, first ack after %.2f s" % took)
