@@ -174,15 +174,16 @@ class ReplicationSection(_Section):
     lease_ms: Optional[int] = Field(None, ge=100)  # default: half of zk.session_timeout_ms (Config.lease_ms)
     insync_lag_ms: int = Field(2000, ge=10, le=60000)  # sync mode: a member not caught up for this long leaves the in-sync set
     election_settle_ms: int = Field(500, ge=0)  # how long candidates wait for each other's positions
+    advertised_address: Optional[str] = None  # HOST:PORT the other members dial for our port (NAT, a proxy)
 
-    @field_validator("slave_of")
+    @field_validator("slave_of", "advertised_address")
     @classmethod
-    def _hostport(cls, value):
-        if value is None:
-            return None
-        name, sep, port = value.rpartition(":")
-        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("expected HOST:PORT of the master's replication port, got %r" % value)
+    def _hostport(cls, value, info):
+        name, sep, port = (value or "").rpartition(":")
+        if value is not None and (not sep or not name or not port.isdigit() or not 0 < int(port) < 65536):
+            raise ValueError("expected HOST:PORT of a replication port, got %r" % value)
+        if value is not None and info.field_name == "advertised_address" and not info.data.get("port"):
+            raise ValueError("where other members reach our replication port: set replication.port too")
         return value
 
     @model_validator(mode="after")

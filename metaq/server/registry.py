@@ -342,8 +342,9 @@ class ZkRegistry:
     def _replication_json(self):
         port, epochs = self.replication_port(), self.store.epochs
         address = None
-        if port is not None:  # the advertised host (as in our url) with the replication port
-            address = "%s:%d" % (self.url[len("meta://"):].rsplit(":", 1)[0], port)
+        if port is not None:  # replication.advertised_address, else the advertised host (as in our url) and the port
+            address = self.config.replication.advertised_address or "%s:%d" % (
+                self.url[len("meta://"):].rsplit(":", 1)[0], port)
         return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
                            "epoch_origin": epochs.latest[2], "url": self.url}, separators=(",", ":"), sort_keys=True)
 

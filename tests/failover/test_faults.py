@@ -11,8 +11,8 @@ import pytest
 
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
-from tests.harness.faults import (KINDS, SEED_ENV, FaultPlan, KillBroker, LinkProxy, PauseProcess,
-                                  RestartZooKeeper)
+from tests.harness.faults import (ALL_KINDS, KINDS, SEED_ENV, FaultPlan, KillBroker, LinkProxy, PauseProcess,
+                                  RestartZooKeeper, StopBroker)
 from tests.harness.replication import caught_up, master_config, mixed_load, stats
 from tests.harness.zookeeper import four_letter
 
@@ -46,6 +46,14 @@ def test_kinds_and_durations_are_honoured(monkeypatch):
     assert {s.kind for s in plan} == {"pause_master", "cut_link"}
     assert all(6.0 <= s.seconds <= 7.0 for s in plan if s.kind == "pause_master")
     assert all(s.wait == 0.0 for s in plan)
+
+
+def test_a_clean_stop_is_drawn_only_when_asked_for(monkeypatch):
+    monkeypatch.delenv(SEED_ENV, raising=False)
+    assert "stop_master" not in KINDS and "stop_master" not in {s.kind for s in FaultPlan(seed=5, rounds=50)}
+    plan = FaultPlan(seed=5, rounds=50, kinds=ALL_KINDS)
+    assert {s.kind for s in plan} == set(ALL_KINDS)
+    assert all(0.5 <= s.seconds <= 3.0 for s in plan if s.kind == "stop_master")
 
 
 def test_every_failure_message_carries_the_seed(monkeypatch):
@@ -204,6 +212,23 @@ def test_kill_and_restart_of_a_broker_by_its_pid(broker_factory):
     t = fault.inject()
     assert broker.proc.returncode == -9 and t <= time.monotonic()
     with pytest.raises(RuntimeError, match="is not running"):
+        fault.inject()
+    fault.heal()
+    with broker.client() as c:
+        assert [r.data for r in c.get_records("t-a", 0, 0)] == [b"before"]
+
+
+@pytest.mark.fault
+def test_a_clean_stop_and_restart_of_a_broker_by_its_pid(broker_factory):
+    broker = broker_factory()
+    with broker.client() as c:
+        c.put_ok("t-a", b"before", partition=0)
+    fault = StopBroker(broker)
+    before = time.monotonic()
+    t = fault.inject()
+    assert broker.proc.returncode == 0 and before <= t <= time.monotonic()
+    assert "broker stopped cleanly" in broker.log_text()
+    with pytest.raises(RuntimeError, match="SIGTERM: .* is not running"):
         fault.inject()
     fault.heal()
     with broker.client() as c:

@@ -7,6 +7,8 @@ a proxy's threads and sockets gone):
 
 * ``KillBroker(broker)``: kill -9 of a ``metaq.client.local.BrokerProcess``; ``heal()`` starts it again
   (same config and data dir; set ``broker.extra_args`` first to restart it as someone's slave).
+* ``StopBroker(broker)``: a clean stop (SIGTERM, waiting for the exit; ``inject()`` returns when the signal
+  was sent); ``heal()`` starts it again.
 * ``PauseProcess(target)``: SIGSTOP of anything with a ``proc`` (``BrokerProcess``, ``ZooKeeperProcess``);
   ``inject(seconds)`` sends SIGCONT by itself after that long (a timer), ``heal()`` at once.
 * ``LinkProxy(target)``: a threaded TCP proxy on 127.0.0.1 that a slave's ``slave_of`` points at
@@ -18,7 +20,8 @@ a proxy's threads and sockets gone):
   starts it again on the same port and data dir.
 
 ``FaultPlan(seed, rounds, kinds)`` draws ``rounds`` steps (kind, how long the fault lasts, how long the
-load runs before it) from ``random.Random(seed)``; ``METAQ_CHECKER_SEED`` in the environment overrides
+load runs before it) from ``random.Random(seed)``, of ``KINDS`` (issue 17 point 5's faults) unless ``kinds``
+says otherwise (``ALL_KINDS`` adds ``stop_master``, a clean stop); ``METAQ_CHECKER_SEED`` in the environment overrides
 the seed, and ``plan.message(text)`` / ``with plan.reported():`` put the seed in every failure message.
 """
 
@@ -32,15 +35,17 @@ import threading
 import time
 from typing import NamedTuple
 
-__all__ = ["KillBroker", "PauseProcess", "LinkProxy", "RestartZooKeeper", "FaultPlan", "Step", "KINDS",
-           "SEED_ENV"]
+__all__ = ["KillBroker", "StopBroker", "PauseProcess", "LinkProxy", "RestartZooKeeper", "FaultPlan", "Step",
+           "KINDS", "ALL_KINDS", "SEED_ENV"]
 
 SEED_ENV = "METAQ_CHECKER_SEED"
 #: The faults of issue 17 point 5.
 KINDS = ("kill_master", "pause_master", "cut_link", "kill_slave", "restart_zk")
+#: What a plan may draw besides: a clean stop of the master (issue 17 point 7 times its handover).
+ALL_KINDS = KINDS + ("stop_master",)
 #: How long each kind of fault lasts before it is healed, seconds (low, high); a plan may override them.
 DEFAULT_DURATIONS = {"kill_master": (0.5, 3.0), "pause_master": (1.0, 8.0), "cut_link": (0.5, 4.0),
-                     "kill_slave": (0.5, 3.0), "restart_zk": (0.5, 3.0)}
+                     "kill_slave": (0.5, 3.0), "restart_zk": (0.5, 3.0), "stop_master": (0.5, 3.0)}
 #: How long the load runs before each fault, seconds (low, high).
 DEFAULT_WAITS = (1.0, 3.0)
 #: A plan has at most this many rounds; a pause lasts at most this long.
@@ -72,6 +77,22 @@ class KillBroker:
     def heal(self, timeout=30.0):
         self.broker.start(timeout)
         return time.monotonic()
+
+
+class StopBroker(KillBroker):
+    """A clean stop (SIGTERM to its PID, then its exit awaited); ``heal()`` restarts it."""
+
+    def __init__(self, broker, timeout=60.0):
+        super().__init__(broker)
+        self.timeout = timeout
+
+    def inject(self):
+        """The time SIGTERM was sent (the stop's own work, a handover included, comes after it)."""
+        proc = _alive(self.broker, "SIGTERM")
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(self.timeout)
+        return t
 
 
 class PauseProcess:
@@ -331,15 +352,15 @@ class FaultPlan:
         if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
             raise ValueError("rounds must be an int in 1..%d, got %r" % (MAX_ROUNDS, rounds))
         kinds = tuple(kinds) if not isinstance(kinds, str) else (kinds,)
-        unknown = [k for k in kinds if k not in KINDS]
+        unknown = [k for k in kinds if k not in ALL_KINDS]
         if not kinds or unknown or len(set(kinds)) != len(kinds):
-            raise ValueError("kinds must be distinct names among %s, got %r" % (", ".join(KINDS), kinds))
+            raise ValueError("kinds must be distinct names among %s, got %r" % (", ".join(ALL_KINDS), kinds))
         spans = dict(DEFAULT_DURATIONS)
         spans.update(durations or {})
         spans["waits"] = waits
         for name, span in spans.items():
-            if name != "waits" and name not in KINDS:
-                raise ValueError("durations: unknown kind %r (kinds: %s)" % (name, ", ".join(KINDS)))
+            if name != "waits" and name not in ALL_KINDS:
+                raise ValueError("durations: unknown kind %r (kinds: %s)" % (name, ", ".join(ALL_KINDS)))
             numbers = isinstance(span, (tuple, list)) and len(span) == 2 and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in span)
             if not numbers or not 0 <= span[0] <= span[1] <= MAX_PAUSE_S:

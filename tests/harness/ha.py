@@ -66,7 +66,7 @@ class Group:
 
     def following(self, master, members, timeout=20.0):
         """Wait until every one of ``members`` follows ``master`` with its link up."""
-        want = "127.0.0.1:%d" % self.replication_port(master)
+        want = self.replication_address(master)
 
         def check():
             for i in members:
@@ -87,6 +87,11 @@ class Group:
     def namesrv(self):
         """Every member as a RocketMQ client's name server list (``a:p;b:p;c:p``)."""
         return ";".join(self.remoting(i) for i in range(len(self.members)))
+
+    def replication_address(self, i):
+        """Where the others copy from when member ``i`` leads: its ``advertised_address``, else its own port."""
+        rep = self.members[i].config["replication"]
+        return rep.get("advertised_address") or "127.0.0.1:%d" % rep["port"]
 
     def insync(self, i):
         return stats(self.members[i])["replication_insync"]

@@ -226,3 +226,24 @@ def test_a_promoted_slave_delivers_pending_delayed_messages_once(broker_factory,
         levels_now, totals = delay_stats(c)
     assert sorted(ids) == sorted(early | late), "each delayed message exactly once"
     assert totals["redeliveries_skipped"] == 5, (levels_now, totals)  # the master's level-1 deliveries
+
+
+def test_with_zookeeper_a_master_publishes_its_advertised_replication_address(broker_factory, tmp_path, zk_connect):
+    """``replication.advertised_address`` (NAT, a port mapping, a proxy) is what ids/<id>/replication names: the
+    address a superseded master rejoins by itself."""
+    import json
+
+    from kazoo.client import KazooClient
+
+    cfg = master_config(tmp_path / "m", free_port(), advertised_address="gateway.example:18124")
+    cfg["zk"] = {"connect": zk_connect, "session_timeout_ms": 4000}
+    broker_factory(cfg, workdir=tmp_path / "m")
+    zk = KazooClient(hosts=zk_connect)
+    zk.start()
+    try:
+        path = "/meta/brokers/ids/7/replication"
+        wait_for(lambda: zk.exists(path), 20, "the master's replication node")
+        assert json.loads(zk.get(path)[0])["address"] == "gateway.example:18124"
+    finally:
+        zk.stop()
+        zk.close()

@@ -115,6 +115,13 @@ def test_the_fd_check_uses_the_limit_it_is_given():
     ({"limits": {"request_timeout_s": float("nan")}}, "limits.request_timeout_s"),
     ({"broker": {"port": 9000}, "remoting": {"port": 9000}}, "broker.port and remoting.port are both 127.0.0.1:9000"),
     ({"replication": {"port": 8123}}, "broker.port and replication.port are both 127.0.0.1:8123"),
+    ({"replication": {"port": 8124, "advertised_address": "proxy"}},
+     "replication.advertised_address: expected HOST:PORT of a replication port, got 'proxy'"),
+    ({"replication": {"port": 8124, "advertised_address": "proxy:0"}}, "got 'proxy:0'"),
+    ({"replication": {"slave_of": "m1", "slave_id": 1, "role": "slave"}},
+     "replication.slave_of: expected HOST:PORT of a replication port, got 'm1'"),
+    ({"replication": {"advertised_address": "proxy:9000"}},
+     "replication.advertised_address: where other members reach our replication port: set replication.port too"),
 ])
 def test_values_that_used_to_be_taken_silently_are_refused(tmp_path, content, words):
     f = tmp_path / "bad.yaml"

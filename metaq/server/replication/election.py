@@ -95,6 +95,7 @@ class Election:
         self.member = rep.slave_id
         self.mode = rep.mode
         self.replication_port = rep.port
+        self.advertised_address = rep.advertised_address  # what the leader node names, if set
         self.settle_s = rep.election_settle_ms / 1000.0
         self.lag_s = rep.insync_lag_ms / 1000.0
         self.lease_s = config.lease_ms() / 1000.0
@@ -301,7 +302,8 @@ class Election:
     def _try_lead(self, insync, stat, others):
         sent = time.monotonic()
         generation = self.lease.generation
-        address = "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0], self.replication_port)
+        address = self.advertised_address or "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0],
+                                                        self.replication_port)
         epoch = max(_int(insync.get("epoch")) or 0 if insync else 0, self.store.epochs.max_epoch) + 1
         try:
             self.zk.create(self.leader_path, _dump(self._leader_record(epoch, address)), ephemeral=True,
