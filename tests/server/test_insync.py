@@ -67,12 +67,17 @@ def test_a_member_that_left_comes_back_only_once_clearly_caught_up():
 
 
 def test_the_samples_are_bounded():
-    s = InSyncSet(me=0, lag_s=1.0)
+    s = InSyncSet(me=0, lag_s=10000.0)  # further back than the samples reach
     for i in range(limits.MAX_INSYNC_SAMPLES + 50):
         s.sample(i, now=float(i))
     assert len(s._ends) == limits.MAX_INSYNC_SAMPLES
-    # the oldest kept sample answers when nothing is old enough: stricter, never laxer
-    assert s.end_lag_ago(now=float(limits.MAX_INSYNC_SAMPLES + 49)) == limits.MAX_INSYNC_SAMPLES + 48
+    # the samples do not reach back far enough: the oldest kept answers (stricter, never laxer)
+    assert s.end_lag_ago(now=float(limits.MAX_INSYNC_SAMPLES + 49)) == 50
+    young = InSyncSet(me=0, lag_s=5.0)
+    young.sample(100, now=1.0)
+    young.join(1, seen=1.0)
+    assert young.end_lag_ago(now=2.0) is None  # a term younger than the lag: nobody has lagged that long
+    assert young.lagging({1: 0}, now=2.0) == [] and young.lagging({1: 0}, now=6.5) == [1]
 
 
 def test_a_lease_runs_from_the_sending_time_and_a_revocation_ends_it():

@@ -59,8 +59,9 @@ class InSyncSet:
         self._ends.append((time.monotonic() if now is None else now, written_end))
 
     def end_lag_ago(self, now=None, ago=None):
-        """The master's written end ``ago`` (default ``lag_s``) seconds ago (the oldest sample if none is that
-        old): a member holding less than this has been behind for at least that long."""
+        """The master's written end ``ago`` (default ``lag_s``) seconds ago: a member holding less than this has
+        been behind for at least that long. None while this term is younger than that (nobody has been behind
+        for so long); the oldest sample kept when the samples do not reach that far back (stricter)."""
         now = time.monotonic() if now is None else now
         ago = self.lag_s if ago is None else ago
         old = None
@@ -68,7 +69,9 @@ class InSyncSet:
             if now - at < ago:
                 break
             old = end
-        return old if old is not None else (self._ends[0][1] if self._ends else 0)
+        if old is None and len(self._ends) == self._ends.maxlen:
+            return self._ends[0][1]
+        return old
 
     def seen(self, positions, now=None):
         now = time.monotonic() if now is None else now
@@ -78,8 +81,9 @@ class InSyncSet:
     def may_join(self, member, written, now=None):
         """A connected slave not yet required whose copy covers everything acknowledged so far, and what this
         master had a quarter of ``lag_s`` ago."""
+        recent = self.end_lag_ago(now, self.lag_s / 4.0)
         return (member != self.me and member not in self.waiting_for and written >= self.acked
-                and written >= self.end_lag_ago(now, self.lag_s / 4.0))
+                and (recent is None or written >= recent))
 
     def join(self, member, seen=None):
         self.waiting_for.add(member)
@@ -93,7 +97,7 @@ class InSyncSet:
         floor = self.end_lag_ago(now)
         return sorted(m for m in self.waiting_for
                       if (m not in positions and now - self.last_seen.get(m, 0.0) >= self.lag_s)
-                      or (m in positions and positions[m] < floor))
+                      or (m in positions and floor is not None and positions[m] < floor))
 
     def leave(self, member):
         self.waiting_for.discard(member)
