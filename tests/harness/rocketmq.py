@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from metaq.client.raw import pull_fields
+from metaq.client.raw import RemotingClient, pull_fields
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.bodies import encode_properties, parse_offset_msg_id
 
@@ -45,3 +45,14 @@ def end_tx(rc, sent, decision):
                                        "commitLogOffset": parse_offset_msg_id(sent.ext_fields["msgId"])[2],
                                        "commitOrRollback": decision, "msgId": sent.ext_fields["msgId"],
                                        "fromTransactionCheck": "false"})
+
+
+def committed(broker, group, topic, queues):
+    """QUERY_CONSUMER_OFFSET on the broker's remoting port: {queue: offset or None}."""
+    with RemotingClient(broker.config["remoting"]["port"]) as rc:
+        out = {}
+        for q in range(queues):
+            r = rc.call(R.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": q,
+                                                  "setZeroIfNotFound": "false"})
+            out[q] = int(r.ext_fields["offset"]) if r.code == 0 else None
+        return out

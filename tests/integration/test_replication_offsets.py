@@ -17,18 +17,17 @@ import pytest
 from metaq.auth import proofs
 from metaq.client import admin
 from metaq.client.local import free_port, ns_of, small_config
-from metaq.client.raw import RemotingClient
 from metaq.limits import MAX_CONSUMER_OFFSETS
 from metaq.protocol import events as ev
 from metaq.protocol import replication as rp
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication_offsets import frames
-from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.stream import NEED_DATA
 from metaq.server.replication.link import OFFSETS_SYNC_S
 from tests.harness.broker import wait_for
 from tests.harness.ha import SESSION_MS, Group, put_until_ok
 from tests.harness.replication import caught_up, master_config, stats
+from tests.harness.rocketmq import committed
 
 #: How long a commit on the master may take to reach a slave: one sync interval, with room for a loaded machine.
 REACH_S = OFFSETS_SYNC_S + 9.0
@@ -165,17 +164,6 @@ def test_a_commit_sent_to_a_slave_lasts_until_the_masters_table_replaces_it(brok
     s.stop()
     s.start()  # a new link brings the master's whole table: the slave's own entry goes
     holds(s, {("g", "t-a", 0): 2, ("mine", "t-a", 0): None})
-
-
-def committed(broker, group, topic, queues):
-    """QUERY_CONSUMER_OFFSET on the broker's remoting port: {queue: offset or None}."""
-    with RemotingClient(broker.config["remoting"]["port"]) as rc:
-        out = {}
-        for q in range(queues):
-            r = rc.call(R.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": q,
-                                                  "setZeroIfNotFound": "false"})
-            out[q] = int(r.ext_fields["offset"]) if r.code == 0 else None
-        return out
 
 
 @pytest.mark.fault

@@ -6,12 +6,10 @@ remoting port as its name server.
 
 import pytest
 
-from metaq.protocol.rocketmq.remoting import RequestCode as R
 from tests.harness.broker import consume_all
 from bench.rocketmq_peer import finish_peer, run_peer, start_peer
 from metaq.client.local import ns_of
-from metaq.client.raw import RemotingClient
-from tests.harness.rocketmq import received, require_official_client
+from tests.harness.rocketmq import committed, received, require_official_client
 
 pytestmark = pytest.mark.slow
 
@@ -21,16 +19,6 @@ FAST = {"store": {"flush": "async", "flush_interval_ms": 50}}
 @pytest.fixture(autouse=True)
 def _official_client():
     require_official_client()
-
-
-def committed(broker, group, topic, queues):
-    with RemotingClient(broker.config["remoting"]["port"]) as rc:
-        out = {}
-        for q in range(queues):
-            r = rc.call(R.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": q,
-                                                  "setZeroIfNotFound": "false"})
-            out[q] = int(r.ext_fields["offset"]) if r.code == 0 else None
-        return out
 
 
 def test_thousand_messages_over_several_queues_reach_a_push_consumer(rmq_factory, tmp_path):
