@@ -22,6 +22,7 @@ from gevent.queue import Queue
 from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
+from metaq.protocol.burst import encode_results
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, encode_result
 from metaq.server import connections as core
@@ -357,3 +358,9 @@ class Connection(core.Connection):
             body = str(exc).encode("utf-8", "replace")
             for i, opaques in durable:
                 out[i] = failed_replies(opaques, body)  # one reply, or a burst's run of them
+            return
+        refusal = self.front.dispatcher.ack_refusal()  # ha: auto: the lease may have run out during the flush
+        if refusal is not None:
+            body = ("the message was written but is not acknowledged: %s" % refusal).encode("utf-8", "replace")
+            for i, opaques in durable:
+                out[i] = encode_results(503, body, opaques)

@@ -308,6 +308,10 @@ class TextDispatcher:
             return encode_result(503, refusal.encode(), e.opaque), NO_WAIT
         return self.tx.handle(e, conn), NO_WAIT
 
+    def ack_refusal(self):
+        """Why puts written and flushed may not be acknowledged now (a deposed master, ha: auto), or None."""
+        return self.put_path.slave_refusal
+
     def sync(self, e, conn):
         msg = b"sync is accepted only by a replication slave; this broker is a master"
         return encode_result(503, msg, e.opaque), NO_WAIT
