@@ -10,6 +10,7 @@ gives each run a HOME of its own). Output: one JSON object per line.
     produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B] [--keep-going]
             [--retry-for S [--retry-pause S]] [--interval S]
     consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
+            [--distinct]  (count distinct bodies toward N: redeliveries after a failover do not end it early)
 
 Either may sign its requests (RocketMQ's ACL): ``--access-key AK --secret-key SK [--channel C]``. With
 ``--keep-going`` a failed send is reported as ``{"i": i, "error": text}`` and the run goes on. With
@@ -135,7 +136,7 @@ def consume(args):
     target = stop_after or args.expect
     while time.time() < deadline:
         with lock:
-            if len(got) >= target:
+            if (len(set(got)) if args.distinct else len(got)) >= target:
                 break
         time.sleep(0.02)
     with lock:
@@ -189,6 +190,7 @@ def main():
     ap.add_argument("--delay-level", type=int, default=0)
     ap.add_argument("--expect", type=int, default=0)
     ap.add_argument("--stop-after", type=int, default=0)
+    ap.add_argument("--distinct", action="store_true")
     ap.add_argument("--timeout", type=float, default=30.0)
     ap.add_argument("--linger", type=float, default=0.0)
     ap.add_argument("--fail")

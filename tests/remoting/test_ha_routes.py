@@ -81,7 +81,9 @@ def test_every_member_names_the_elected_master_and_others_refuse_sends(broker_fa
     wait_for(lambda: all(route(rport(g.members[i])) == want for i in others), 10, "the survivors name the new master")
     # never anyone but the old master (until its session expired), nobody, or the new master
     assert seen <= {(("0", g.remoting(first)),), (), (("0", g.remoting(second)),)}, seen
-    g.following(second, [third])  # sync mode: a put waits for a slave
+    g.following(second, [third])  # sync mode: a put waits for a slave in the new master's in-sync set
+    wait_for(lambda: str(third) in stats(g.members[second])["replication_insync"].split(","), 10,
+             "member %d in the new master's in-sync set" % third)
     assert send(g.members[second], b"to-new-master").code == C.SUCCESS
     assert send(g.members[third], b"to-slave").code == C.SERVICE_NOT_AVAILABLE
 
@@ -185,7 +187,7 @@ def test_the_official_producer_follows_a_killed_master(broker_factory, tmp_path,
     count = 150
     launched = time.time()
     consumer = start_peer(tmp_path / "consumer", "consume", "--ns", ns, "--topic", "tF", "--group", "CGF",
-                          "--expect", count, "--timeout", 150)
+                          "--expect", count, "--timeout", 150, "--distinct")  # redeliveries after the kill
     proc = _producer(tmp_path, ns, count)
     _started_sending(g.members[first], launched)
     killed_at = time.time()
