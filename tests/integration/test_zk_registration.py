@@ -49,7 +49,8 @@ def test_broker_writes_metaq_layout(broker_factory, zk_connect):
     b = zk_broker(broker_factory, zk_connect)
     zk = zk_client(zk_connect)
     try:
-        wait_for(lambda: registered(zk, topic="audit"), what="registration")
+        # topics register one after the other, in no set order: wait for both
+        wait_for(lambda: registered(zk, topic="audit") and registered(zk, topic="orders"), what="registration")
         url = "meta://127.0.0.1:%d" % b.port
         assert node(zk, "/meta/brokers/ids/7") == url
         assert node(zk, "/meta/brokers/ids/7/master") == url
