@@ -284,3 +284,9 @@ MAX_REPLICATION_OFFSETS_PER_FRAME = 1000
 #: Bytes of entries one OFFSETS frame may carry (22 bytes and the two names each: 1000 entries with 100-byte
 #: names fit; longer names make more frames).
 MAX_REPLICATION_OFFSETS_BYTES = 256 * 1024
+
+#: Puts one Spark sink task keeps in flight (its ``maxInFlight`` option: 1 .. this).
+MAX_SINK_IN_FLIGHT = 4096
+
+#: Spark tasks one micro-batch of the streaming source is cut into at most (its ``minPartitions`` option).
+MAX_STREAM_TASKS = 10_000

@@ -16,9 +16,13 @@ Credentials: ``credentials`` (a credentials file, ``metaq.client.security``), or
 options (never a secret): every executor reads the files at the same paths. Without them the
 ``METAQ_*`` environment of each process is used.
 
-Columns: ``topic string, partition string ("<brokerId>-<p>"), offset long, msg_id long,
-attribute string, value binary, timestamp timestamp`` (when the broker stored the message,
-from the message id). The ranges are resolved once when the query is planned (``latest`` is
+Columns (``metaq.spark.rows``): ``topic string, partition string ("<brokerId>-<p>"), offset long,
+msg_id long, attribute string, value binary, timestamp timestamp`` (when the broker stored the
+message, from the message id), ``key string`` (the RocketMQ ``KEYS`` property) and
+``properties map<string,string>``. The streaming source (``spark.readStream.format("metaq")``) is :mod:`metaq.spark.stream`; the sink
+(``df.write`` / ``df.writeStream`` ``.format("metaq")``) is :mod:`metaq.spark.sink`.
+
+The ranges are resolved once when the query is planned (``latest`` is
 the log end at that moment), then every range is one Spark input partition, read in
 parallel by the executors: exactly the requested offsets, each once.
 
@@ -72,6 +76,21 @@ if DataSource is not None:
 
         def reader(self, schema):
             return MetaQReader(self.options)
+
+        def streamReader(self, schema):
+            from metaq.spark.stream import MetaQStreamReader
+
+            return MetaQStreamReader(self.options)
+
+        def writer(self, schema, overwrite):
+            from metaq.spark.sink import MetaQDataSourceWriter
+
+            return MetaQDataSourceWriter(self.options, schema)
+
+        def streamWriter(self, schema, overwrite):
+            from metaq.spark.sink import MetaQStreamWriter
+
+            return MetaQStreamWriter(self.options, schema)
 
 else:  # pragma: no cover - Spark 3.5
     MetaQDataSource = None

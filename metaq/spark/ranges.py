@@ -16,42 +16,26 @@ start, latest for the end).
 """
 
 import json
-from datetime import datetime, timezone
 from typing import NamedTuple
 
 from metaq import errors
 from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import find_brokers
-from metaq.client.fetcher import records_of
 from metaq.client.message import Partition
 from metaq.limits import validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
-from metaq.protocol.message import decode_payload
+from metaq.spark.rows import DEFAULT_FETCH_BYTES, SCHEMA_DDL, DataLoss, msg_timestamp_ms, read_rows
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets",
            "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options", "security_options"]
 
-#: MetaQ's message-id epoch (ms) and where the timestamp starts in an id:
-#: ``id = ((ts_ms - TWEPOCH) << 22) | (broker_id << 12) | seq`` (the broker's ``metaq.store.msgid``).
-TWEPOCH = 1303895660503
-TIMESTAMP_SHIFT = 22
 EARLIEST, LATEST = -2, -1
-#: The group name sent in ``get`` requests (a get never commits anything).
-READER_GROUP = "metaq-spark"
-#: Columns of a message DataFrame, as a Spark DDL string.
-SCHEMA_DDL = ("topic string, partition string, offset long, msg_id long, attribute string, value binary, "
-              "timestamp timestamp")
-DEFAULT_FETCH_BYTES = 1 << 20
 #: The source's connection options (lower-case) -> ``ClientSecurity.from_options`` argument. Files only: a
 #: secret itself is never an option (options show in Spark's plans, UI and logs).
 SECURITY_OPTIONS = {"credentials": "credentials", "user": "user", "secretfile": "secret_file", "tls": "tls",
                     "ca": "ca", "cert": "cert", "key": "key", "serverhostname": "server_hostname"}
-
-
-class DataLoss(errors.ClientError):
-    """Requested offsets are no longer (or not yet) in the partition."""
 
 
 class OffsetRange(NamedTuple):
@@ -71,11 +55,6 @@ class OffsetRange(NamedTuple):
     @property
     def count(self):
         return self.end - self.start
-
-
-def msg_timestamp_ms(msg_id):
-    """Milliseconds since the Unix epoch inside a message id (when the broker stored the message)."""
-    return (msg_id >> TIMESTAMP_SHIFT) + TWEPOCH
 
 
 def read_options(options):
@@ -226,33 +205,10 @@ def split_ranges(ranges, max_per_range=None):
 
 
 def read_range(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None):
-    """Yield ``(topic, "b-p", offset, msg_id, attribute, value, timestamp)`` for every offset of ``r``, in order.
+    """Yield the row (``metaq.spark.rows.COLUMNS``) of every offset of ``r``, in order.
 
     Exactly ``r.count`` rows or an exception: DataLoss when the broker says an offset of the
     range no longer exists (301) or does not exist yet (404). ``security``: what
     ``metaq.client.security.resolve`` takes (the :func:`security_options` dict on an executor).
     """
-    if r.count <= 0:
-        return
-    key = r.key
-    conn = BrokerConnection(r.url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
-                            security=client_security.resolve(security))
-    try:
-        offset = r.start
-        while offset < r.end:
-            reply = conn.call(ev.Get(r.topic, READER_GROUP, r.partition, offset, fetch_bytes, 0), timeout=timeout)
-            try:
-                records = records_of(reply, "get %s %s %d" % (r.topic, key, offset))
-            except errors.Moved as exc:
-                raise DataLoss("%s %s: offset %d is not in the partition any more (the broker points to %d)"
-                               % (r.topic, key, offset, exc.offset)) from None
-            if not records:
-                raise DataLoss("%s %s: the partition ends before offset %d (range %d..%d)"
-                               % (r.topic, key, offset, r.start, r.end))
-            for record in records[: r.end - offset]:
-                attribute, payload = decode_payload(record.flag, record.data)
-                ts = datetime.fromtimestamp(msg_timestamp_ms(record.msg_id) / 1000.0, tz=timezone.utc)
-                yield (r.topic, key, offset, record.msg_id, attribute, bytes(payload), ts)
-                offset += 1
-    finally:
-        conn.close()
+    return read_rows(r, fetch_bytes=fetch_bytes, timeout=timeout, security=security, fail_on_data_loss=True)

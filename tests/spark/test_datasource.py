@@ -32,13 +32,14 @@ def two_brokers(tmp_path_factory):
         urls = [url_of(b) for b in started]
         t0 = time.time()
         with Producer(brokers=urls) as producer:
-            messages = [Message(TOPIC, os.urandom(8) + b"payload %05d" % i, attribute="k%d" % (i % 5) if i % 4 else None)
+            messages = [Message(TOPIC, os.urandom(8) + b"payload %05d" % i, attribute="k%d" % (i % 5) if i % 4 else None,
+                                properties={"KEYS": "key%d" % i, "region": "eu"} if i % 3 == 0 else None)
                         for i in range(N)]
             futures = [producer.send_async(m) for m in messages]
             results = [f.result(60) for f in futures]
         t1 = time.time()
         assert all(r.success for r in results)
-        sent = {(str(r.partition), r.offset): (m.body, m.attribute, r.msg_id) for m, r in zip(messages, results)}
+        sent = {(str(r.partition), r.offset): (m.body, m.attribute, r.msg_id, m.properties) for m, r in zip(messages, results)}
         assert len(sent) == N
         yield urls, sent, (t0, t1)
     finally:
@@ -50,7 +51,8 @@ def test_reads_every_message_exactly_once_in_parallel_ranges(spark, two_brokers)
     urls, sent, (t0, t1) = two_brokers
     df = (spark.read.format("metaq").option("brokers", ",".join(urls)).option("topic", TOPIC)
           .option("maxOffsetsPerPartition", 500).load())
-    assert df.columns == ["topic", "partition", "offset", "msg_id", "attribute", "value", "timestamp"]
+    assert df.columns == ["topic", "partition", "offset", "msg_id", "attribute", "value", "timestamp", "key",
+                          "properties"]
     per_partition = {}
     for part, offset in sent:
         per_partition[part] = per_partition.get(part, 0) + 1
@@ -63,8 +65,9 @@ def test_reads_every_message_exactly_once_in_parallel_ranges(spark, two_brokers)
     assert len(rows) == N and len(set(keys)) == N  # no duplicates
     assert set(keys) == set(sent)  # no gaps: every (partition, offset) sent, and nothing else
     for r in rows:
-        body, attribute, msg_id = sent[(r["partition"], r["offset"])]
+        body, attribute, msg_id, properties = sent[(r["partition"], r["offset"])]
         assert (r["topic"], bytes(r["value"]), r["attribute"], r["msg_id"]) == (TOPIC, body, attribute, msg_id)
+        assert (r["key"], r["properties"]) == ((properties or {}).get("KEYS"), properties or {})
         assert t0 - 1 <= r["timestamp"].timestamp() <= t1 + 1
 
 

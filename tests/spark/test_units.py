@@ -104,8 +104,8 @@ def test_read_range_reads_exactly_the_range_across_get_batches(broker):
     url = url_of(broker)
     rows = list(read_range(OffsetRange("tr", 7, 1, 13, 47, url), fetch_bytes=100))  # ~3 records per get
     assert [r[2] for r in rows] == list(range(13, 47))
-    for topic, part, offset, msg_id, attribute, value, ts in rows:
-        assert (topic, part, value) == ("tr", "7-1", b"body-%03d" % offset)
+    for topic, part, offset, msg_id, attribute, value, ts, key, properties in rows:
+        assert (topic, part, value, key, properties) == ("tr", "7-1", b"body-%03d" % offset, None, {})
         assert msg_id == sent[offset][0]
         assert attribute == ("a" if offset % 3 == 0 else None)
         assert ts.timestamp() * 1000 == pytest.approx(id_timestamp_ms(msg_id), abs=1)

@@ -1,0 +1,283 @@
+"""``df.write.format("metaq")`` and ``df.writeStream.format("metaq")``: rows as messages, each stored once.
+
+    (df.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value")
+       .write.format("metaq").option("brokers", "meta://127.0.0.1:8123").option("topic", "orders").save())
+
+Columns (any other column is an error: select the ones to write):
+
+* ``value`` (binary or string, required): the message body; a null value fails the task;
+* ``topic`` (string), or the ``topic`` option for rows without one;
+* ``key`` (string): stored as the RocketMQ ``KEYS`` property and, without a ``partition``, it picks
+  the partition (the same key, the same partition, while the topic's partitions stay the same);
+* ``partition``: ``"<brokerId>-<p>"`` or an int (an index into the topic's partitions, sorted);
+  without it and without a key, a task spreads its rows round-robin;
+* ``attribute`` (string) and ``properties`` (map<string,string>): as ``metaq.client.Message`` has them.
+
+**Exactly once.** Every task writes through an idempotent producer (``metaq.client.Producer(idempotent=True)``)
+whose producer id is derived from what identifies the task's data: for a stream, the query id (kept in the
+checkpoint), the micro-batch id and the task's partition; for a batch write, a random id drawn when the
+write is planned and the task's partition. A retried task, a speculative copy, or a micro-batch replayed
+after the driver restarted from its checkpoint sends the same rows with the same producer id and the same
+sequence numbers, and the broker answers each one it already stored with the original offset instead of
+storing it twice. This holds when the rows of a task arrive in the same order each time it runs (true of
+a query that reads metaq or files and does not shuffle; after a shuffle, sort within partitions) and the
+topic's partitions do not change in between; a row that differs from what was stored under its
+sequence fails the task instead of being taken for a duplicate.
+
+Options: ``brokers`` or ``zk`` (``zkRoot``), ``topic``, ``maxInFlight`` (puts in flight per task, default
+``DEFAULT_IN_FLIGHT``), ``timeoutSeconds`` (per put, with retries, default 30), ``idempotent`` (default true),
+and the connection options of the source (``credentials``, ``tls`` …).
+"""
+
+import hashlib
+import logging
+import os
+from collections import deque
+
+from metaq import errors, limits
+from metaq.client import security as client_security
+from metaq.client.message import Message, Partition
+from metaq.protocol.rocketmq.mapping import PROP_KEYS
+from metaq.spark.ranges import read_options, security_options
+
+__all__ = ["SinkOptions", "SinkError", "check_columns", "producer_id_of", "choose", "write_rows",
+           "MetaQDataSourceWriter", "MetaQStreamWriter", "DEFAULT_IN_FLIGHT"]
+
+log = logging.getLogger(__name__)
+
+#: Puts a sink task keeps in flight (pipelined) before it waits for the oldest answer.
+DEFAULT_IN_FLIGHT = 256
+#: The columns the sink reads.
+SINK_COLUMNS = ("value", "topic", "key", "partition", "attribute", "properties")
+MAX_PRODUCER_ID = 2 ** 63 - 1
+
+
+class SinkError(errors.ClientError):
+    """A row cannot be written (no value, unknown topic or partition, too large, refused)."""
+
+
+class SinkOptions:
+    """The sink's options, checked on the driver (ValueError with the reason)."""
+
+    def __init__(self, options):
+        opts = read_options(options)
+        self.brokers = [b.strip() for b in str(opts.get("brokers") or "").split(",") if b.strip()]
+        self.zk = opts.get("zk") or None
+        self.zk_root = opts.get("zkroot", "/meta")
+        if not self.brokers and not self.zk:
+            raise ValueError("the metaq sink needs the option 'brokers' (meta://host:port,...) or 'zk'")
+        self.topic = limits.validate_topic(opts["topic"]) if opts.get("topic") else None
+        self.in_flight = int(opts.get("maxinflight", DEFAULT_IN_FLIGHT))
+        if not 1 <= self.in_flight <= limits.MAX_SINK_IN_FLIGHT:
+            raise ValueError("maxInFlight must be 1..%d, got %d" % (limits.MAX_SINK_IN_FLIGHT, self.in_flight))
+        self.timeout = float(opts.get("timeoutseconds", 30))
+        self.idempotent = str(opts.get("idempotent", "true")).strip().lower() != "false"
+        self.security = security_options(opts)
+
+
+def check_columns(names, opts):
+    """Refuse a schema the sink cannot write (ValueError naming the problem)."""
+    names = list(names)
+    unknown = [n for n in names if n not in SINK_COLUMNS]
+    if unknown:
+        raise ValueError("the metaq sink writes the columns %s; these are not among them: %s (select the "
+                         "columns to write)" % (", ".join(SINK_COLUMNS), ", ".join(unknown)))
+    if "value" not in names:
+        raise ValueError("the metaq sink needs a 'value' column (binary or string)")
+    if "topic" not in names and opts.topic is None:
+        raise ValueError("the metaq sink needs a 'topic' column or the 'topic' option")
+
+
+def producer_id_of(*parts):
+    """A producer id (1 .. 2**63-1) derived from ``parts``: the same parts, the same id, in any process."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode("utf-8")).digest()
+    return (int.from_bytes(digest[:8], "big") & MAX_PRODUCER_ID) or 1
+
+
+def choose(partitions, row_index, key, partition):
+    """The partition of a row among the topic's ``partitions`` (sorted): the ``partition`` column, else the key's
+    hash, else round-robin by the row's index in the task. SinkError for a partition the topic lacks."""
+    if partition is not None:
+        if isinstance(partition, int):
+            if not 0 <= partition < len(partitions):
+                raise SinkError("partition %d is not an index of the topic's %d partitions" % (partition, len(partitions)))
+            return partitions[partition]
+        try:
+            wanted = Partition.parse(str(partition))
+        except ValueError as exc:
+            raise SinkError(str(exc)) from None
+        if wanted not in partitions:
+            raise SinkError("partition %s is not one of the topic's (%s)" % (wanted, ", ".join(map(str, partitions))))
+        return wanted
+    if key is not None:
+        import zlib
+
+        return partitions[zlib.crc32(key.encode("utf-8")) % len(partitions)]
+    return partitions[row_index % len(partitions)]
+
+
+class _Chosen:
+    """The sink's selector: the partition the sink chose travels in ``Message.key`` (never sent)."""
+
+    ordered = True
+
+    def select(self, topic, partitions, message):
+        return message.key
+
+
+def _field(row, name):
+    try:
+        return row[name]
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
+def write_rows(rows, opts, producer_id, producer_factory=None):
+    """Send every row; ``{"rows": n, "duplicates": d, "producer_id": id}`` once all are stored.
+
+    Raises SinkError naming the row's position in the task for the first row that cannot be written
+    (the task fails: Spark retries it, and the retry's rows already stored are answered as duplicates).
+    """
+    from metaq.client.producer import Producer
+
+    factory = producer_factory or Producer
+    kwargs = {"send_timeout": min(10.0, opts.timeout), "retry_deadline": opts.timeout, "selector": _Chosen(),
+              "security": client_security.resolve(opts.security)}
+    if opts.idempotent:
+        kwargs.update(idempotent=True, producer_id=producer_id)
+    producer = factory(zk_connect=opts.zk, zk_root=opts.zk_root, **kwargs) if opts.zk else \
+        factory(brokers=opts.brokers, **kwargs)
+    parts_of, pending = {}, deque()
+    sent = duplicates = 0
+    try:
+        for index, row in enumerate(rows):
+            message = _message_of(row, index, opts, producer, parts_of)
+            pending.append((index, producer.send_async(message)))
+            while len(pending) >= opts.in_flight:
+                duplicates += _settle(*pending.popleft(), opts)
+            sent += 1
+        while pending:
+            duplicates += _settle(*pending.popleft(), opts)
+    finally:
+        producer.close()
+    return {"rows": sent, "duplicates": duplicates, "producer_id": producer_id}
+
+
+def _message_of(row, index, opts, producer, parts_of):
+    value = _field(row, "value")
+    if value is None:
+        raise SinkError("row %d of this task has no value (a null 'value' column)" % index)
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    topic = _field(row, "topic") or opts.topic
+    if topic is None:
+        raise SinkError("row %d of this task has no topic (a null 'topic' column and no 'topic' option)" % index)
+    parts = parts_of.get(topic)
+    if parts is None:
+        try:
+            limits.validate_topic(topic)
+        except errors.MetaqError as exc:
+            raise SinkError("row %d of this task: %s" % (index, exc)) from None
+        found = producer.partitions(topic)
+        # A topic no broker holds yet (created by its first put) is offered as partition -1 of each broker that
+        # would take it: the sink writes to partition 0 there (an idempotent put names its partition).
+        parts = parts_of[topic] = sorted({p if p.partition >= 0 else Partition(p.broker_id, 0) for p in found})
+        if not parts:
+            raise SinkError("row %d of this task: no broker takes topic %s" % (index, topic))
+    key = _field(row, "key")
+    props = dict(_field(row, "properties") or {})
+    if key is not None:
+        props[PROP_KEYS] = str(key)
+    try:
+        target = choose(parts, index, None if key is None else str(key), _field(row, "partition"))
+    except SinkError as exc:
+        raise SinkError("row %d of this task: %s" % (index, exc)) from None
+    message = Message(topic, bytes(value), _field(row, "attribute"), key=target, properties=props or None)
+    try:
+        producer.make_put(message)  # too large, bad topic: said here, with the row's position
+    except (ValueError, TypeError, errors.MetaqError) as exc:
+        raise SinkError("row %d of this task cannot be sent: %s" % (index, exc)) from None
+    return message
+
+
+def _settle(index, future, opts):
+    result = future.result(opts.timeout + 30.0)
+    if not result.success:
+        raise SinkError("row %d of this task was not stored: %s" % (index, result.error))
+    return 1 if getattr(result, "duplicate", False) else 0
+
+
+def _task_partition():
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx, (ctx.partitionId() if ctx is not None else 0)
+
+
+try:  # Spark >= 4.0
+    from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+except ImportError:  # pragma: no cover - Spark 3.5
+    DataSourceWriter = DataSourceStreamWriter = None
+
+
+if DataSourceWriter is not None:
+
+    class SinkCommit(WriterCommitMessage):
+        """What one task wrote: rows, duplicates answered, its producer id."""
+
+        def __init__(self, stats):
+            self.stats = stats
+
+    class MetaQDataSourceWriter(DataSourceWriter):
+        """``df.write.format("metaq")``: one idempotent producer per task, its id drawn when the write is planned."""
+
+        def __init__(self, options, schema):
+            self.opts = SinkOptions(options)
+            check_columns(schema.fieldNames(), self.opts)
+            self.write_id = os.urandom(16).hex()  # pickled to the tasks: a retried task gets the same id
+            self.totals = None
+
+        def write(self, iterator):
+            _ctx, part = _task_partition()
+            return SinkCommit(write_rows(iterator, self.opts, producer_id_of("batch", self.write_id, part)))
+
+        def commit(self, messages):
+            self.totals = _totals(messages)
+            log.info("metaq sink: %(rows)d rows written (%(duplicates)d duplicates answered)", self.totals)
+
+    class MetaQStreamWriter(DataSourceStreamWriter):
+        """``df.writeStream.format("metaq")``: producer ids from (query id, batch id, task partition)."""
+
+        def __init__(self, options, schema):
+            self.opts = SinkOptions(options)
+            check_columns(schema.fieldNames(), self.opts)
+
+        def write(self, iterator):
+            ctx, part = _task_partition()
+            query = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
+            batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+            if query is None or batch is None:
+                raise SinkError("the metaq stream sink could not read the query id and batch id of this task "
+                                "(Spark local properties sql.streaming.queryId / streaming.sql.batchId)")
+            return SinkCommit(write_rows(iterator, self.opts, producer_id_of("stream", query, batch, part)))
+
+        def commit(self, messages, batchId):
+            log.info("metaq sink: batch %d: %s", batchId, _totals(messages))
+
+        def abort(self, messages, batchId):
+            log.warning("metaq sink: batch %d aborted after %s (its rows stored so far are answered as duplicates "
+                        "when it runs again)", batchId, _totals(messages))
+
+else:  # pragma: no cover - Spark 3.5
+    MetaQDataSourceWriter = MetaQStreamWriter = None
+
+
+def _totals(messages):
+    out = {"rows": 0, "duplicates": 0, "tasks": 0}
+    for m in messages or ():
+        stats = getattr(m, "stats", None)
+        if stats:
+            out["rows"] += stats["rows"]
+            out["duplicates"] += stats["duplicates"]
+            out["tasks"] += 1
+    return out

@@ -1,0 +1,313 @@
+"""spark.readStream.format("metaq") and the streaming sink with real brokers and a real local Spark.
+
+The queries that must survive their driver being killed run in a driver process of their own
+(``tests/spark/stream_driver.py``); the others run on the shared SparkSession.
+"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from metaq.client.local import small_config
+from tests.harness.broker import url_of, wait_for
+
+pytest.importorskip("pyspark")
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def put_many(broker, topic, start, count, partitions=4):
+    """Put ``count`` numbered bodies round-robin over the partitions; ``{(key, offset): body}`` of what was stored."""
+    sent = {}
+    with broker.client() as c:
+        for i in range(start, start + count):
+            body = b"msg-%06d" % i
+            p = i % partitions
+            offset = c.put_ok(topic, body, p)[2]
+            sent[("%d-%d" % (broker.config["broker"]["id"], p), offset)] = body
+    return sent
+
+
+def checkpoint_state(ck):
+    """``(last planned batch, its source offsets, last committed batch)`` of a streaming checkpoint (-1: none)."""
+    def ids(sub):
+        return [int(os.path.basename(p)) for p in glob.glob(os.path.join(ck, sub, "*")) if os.path.basename(p).isdigit()]
+
+    planned, committed = ids("offsets"), ids("commits")
+    last = max(planned, default=-1)
+    offsets = None
+    if last >= 0:
+        with open(os.path.join(ck, "offsets", str(last))) as f:
+            lines = f.read().splitlines()
+        offsets = json.loads(lines[2]) if len(lines) > 2 else None
+    return last, offsets, max(committed, default=-1)
+
+
+class Driver:
+    """``tests/spark/stream_driver.py`` as a child process in its own session (killed by its own PID)."""
+
+    def __init__(self, tmp, *args):
+        self.stop_file = os.path.join(str(tmp), "stop-%d" % time.monotonic_ns())
+        self.log_path = self.stop_file + ".log"
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.spark.stream_driver", "--stop-file", self.stop_file,
+                                      *args], cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stop(self, timeout=120):
+        open(self.stop_file, "w").close()
+        rc = self.proc.wait(timeout)
+        self.log.close()
+        assert rc == 0, self.text()[-3000:]
+
+    def kill(self):
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the driver and its JVM: the whole session, by our child's PID
+        self.proc.wait(30)
+        self.log.close()
+
+
+def batch_offsets(ck, batch_id):
+    """The source offsets (end) of micro-batch ``batch_id`` in the checkpoint."""
+    with open(os.path.join(ck, "offsets", str(batch_id))) as f:
+        return json.loads(f.read().splitlines()[2])
+
+
+def wait_caught_up(ck, ends, driver, timeout=180):
+    """Wait until the checkpoint has committed a batch whose offsets reach ``ends`` ``{topic: {key: end}}``."""
+    def done():
+        assert driver.proc.poll() is None, driver.text()[-3000:]
+        last, offsets, committed = checkpoint_state(ck)
+        return offsets is not None and committed == last and all(
+            offsets.get(t, {}).get(k, -1) >= e for t, parts in ends.items() for k, e in parts.items())
+    wait_for(done, timeout, "the stream to catch up")
+
+
+def ends_of(sent, topic):
+    ends = {}
+    for key, offset in sent:
+        ends[key] = max(ends.get(key, 0), offset + 1)
+    return {topic: ends}
+
+
+def test_stream_into_parquet_exactly_once_across_a_clean_stop_and_a_driver_killed_mid_batch(broker_factory, tmp_path,
+                                                                                          spark):
+    b = broker_factory(small_config(tmp_path / "data"))
+    url, topic = url_of(b), "tstream"
+    out, ck = str(tmp_path / "table"), str(tmp_path / "ck")
+    args = ["--brokers", url, "--subscribe", topic, "--checkpoint", ck, "--parquet", out, "--max-per-trigger", "400",
+            "--row-delay-ms", "4"]
+    sent = put_many(b, topic, 0, 1500)
+
+    driver = Driver(tmp_path, *args)
+    wait_for(lambda: checkpoint_state(ck)[2] >= 1, 180, "two committed batches")
+    sent.update(put_many(b, topic, 1500, 1000))  # while the query runs
+    driver.stop()  # a clean stop, then a restart from the checkpoint
+    sent.update(put_many(b, topic, 2500, 1500))
+
+    driver = Driver(tmp_path, *args)
+    first = checkpoint_state(ck)[0]
+
+    def mid_batch():
+        assert driver.proc.poll() is None, driver.text()[-3000:]
+        last, _offsets, committed = checkpoint_state(ck)
+        return last > first + 1 and committed < last  # a batch planned and not finished
+    wait_for(mid_batch, 180, "a batch in progress", interval=0.01)
+    killed_in = checkpoint_state(ck)[0]
+    driver.kill()
+    assert checkpoint_state(ck)[2] < killed_in  # it really died mid-batch
+
+    driver = Driver(tmp_path, *args)
+    wait_caught_up(ck, ends_of(sent, topic), driver)
+    driver.stop()
+
+    rows = spark.read.parquet(out).select("partition", "offset", "value").collect()
+    got = [(r["partition"], r["offset"]) for r in rows]
+    assert len(got) == len(set(got)) == len(sent) == 4000  # nothing twice ...
+    assert {k: bytes(v) for k, v in zip(got, (r["value"] for r in rows))} == sent  # ... nothing missing, unchanged
+
+
+def test_new_partitions_and_a_new_broker_are_picked_up_mid_stream(broker_factory, tmp_path, zk_connect, spark):
+    def zk_broker(broker_id):
+        cfg = small_config(tmp_path / ("data%d" % broker_id), zk={"connect": zk_connect, "session_timeout_ms": 4000})
+        cfg["broker"]["id"] = broker_id
+        return broker_factory(cfg)
+
+    b7 = zk_broker(7)
+    topic, sent = "tgrow", {}
+    with b7.client() as c:
+        for i in range(50):
+            sent[("7-0", c.put_ok(topic, b"a%d" % i, 0)[2])] = b"a%d" % i
+    wait_for(lambda: _registered(zk_connect, topic, 7), 20, "broker 7's topic in ZooKeeper")
+    stream = (spark.readStream.format("metaq").option("zk", zk_connect).option("subscribe", topic)
+              .option("startingOffsets", "earliest").load())
+    query = (stream.writeStream.format("memory").queryName("grow").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        query.processAllAvailable()
+        assert _rows(spark, "grow") == sent
+        with b7.client() as c:  # a partition of the topic that held nothing so far
+            for i in range(30):
+                sent[("7-3", c.put_ok(topic, b"b%d" % i, 3)[2])] = b"b%d" % i
+        b8 = zk_broker(8)  # and a second broker
+        with b8.client() as c:
+            for i in range(40):
+                sent[("8-%d" % (i % 2), c.put_ok(topic, b"c%d" % i, i % 2)[2])] = b"c%d" % i
+        wait_for(lambda: _registered(zk_connect, topic, 8), 20, "broker 8's topic in ZooKeeper")
+
+        def all_in():
+            query.processAllAvailable()
+            return len(_rows(spark, "grow", check_unique=True)) >= len(sent)
+        wait_for(all_in, 60, "the new partition and broker in the stream")
+        assert _rows(spark, "grow", check_unique=True) == sent
+    finally:
+        query.stop()
+
+
+def _registered(zk_connect, topic, broker_id):
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=zk_connect, timeout=10)
+    zk.start(timeout=15)
+    try:
+        return zk.exists("/meta/brokers/topics-pub/%s/%d-m" % (topic, broker_id)) is not None
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _rows(spark, table, check_unique=True):
+    rows = spark.sql("SELECT partition, offset, value FROM %s" % table).collect()
+    keys = [(r["partition"], r["offset"]) for r in rows]
+    if check_unique:
+        assert len(keys) == len(set(keys)), "a row read twice"
+    return {(r["partition"], r["offset"]): bytes(r["value"]) for r in rows}
+
+
+@pytest.mark.fault
+def test_retention_behind_a_stopped_stream_fails_it_or_is_skipped(broker_factory, tmp_path, spark):
+    cfg = small_config(tmp_path / "data", store={"retention_hours": 24, "retention_check_interval_s": 0.2})
+    b = broker_factory(cfg)
+    topic, ck = "tret", str(tmp_path / "ck")
+    with b.client() as c:
+        for i in range(100):
+            c.put_ok(topic, b"%05d" % i + b"r" * 1200, 0)
+
+    out = str(tmp_path / "table")
+
+    def run(fail_on_data_loss):
+        stream = (spark.readStream.format("metaq").option("brokers", url_of(b)).option("subscribe", topic)
+                  .option("startingOffsets", "earliest").option("failOnDataLoss", fail_on_data_loss).load())
+        return (stream.writeStream.format("parquet").option("path", out).option("checkpointLocation", ck)
+                .trigger(processingTime="100 milliseconds").start())
+
+    def offsets_in_table():
+        rows = spark.read.parquet(out).select("offset").collect()
+        return sorted(r["offset"] for r in rows)
+
+    query = run("true")
+    query.processAllAvailable()
+    query.stop()
+    assert offsets_in_table() == list(range(100))
+    with b.client() as c:  # the stream is stopped; 2,000 more (three 1 MiB segments) ...
+        for i in range(100, 2100):
+            c.put_ok(topic, b"%05d" % i + b"r" * 1200, 0)
+    assert b.stop() == 0
+    segments = sorted(glob.glob(os.path.join(b.data_dir, "commitlog", "*")))
+    old = time.time() - 48 * 3600
+    for seg in segments[:-1]:  # ... and retention deletes all but the last segment, unread offsets included
+        os.utime(seg, (old, old))
+    b.start()
+    with b.client() as c:
+        wait_for(lambda: int(c.call(_offset_request(topic)).body) > 100, 15, "retention to run")
+        low = int(c.call(_offset_request(topic)).body)
+
+    query = run("true")  # restarted from its checkpoint: the next offset to read, 100, is gone
+    with pytest.raises(Exception) as failed:
+        query.processAllAvailable()
+    assert "offsets 100..%d were deleted by retention" % (low - 1) in str(failed.value)
+    assert "failOnDataLoss=false" in str(failed.value)
+    assert offsets_in_table() == list(range(100))  # nothing written by the failed query
+
+    query = run("false")  # the same checkpoint, told to skip what is gone
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert offsets_in_table() == list(range(100)) + list(range(low, 2100))
+    rows = spark.read.parquet(out).where("offset = %d" % low).collect()
+    assert bytes(rows[0]["value"])[:5] == b"%05d" % low
+
+
+def _offset_request(topic):
+    from metaq.protocol import events as ev
+
+    return ev.Offset(topic, "g", 0, 0, 1)
+
+
+def test_starting_timestamp_starts_at_the_second_of_three_bursts(broker, spark, tmp_path):
+    topic, bursts = "tburst", []
+    for n in range(3):
+        if n:
+            time.sleep(1.1)
+        t0 = int(time.time() * 1000)
+        bursts.append((t0, put_many(broker, topic, n * 100, 100)))
+    since = bursts[1][0]
+    expected = dict(bursts[1][1], **bursts[2][1])
+    stream = (spark.readStream.format("metaq").option("brokers", url_of(broker)).option("subscribe", topic)
+              .option("startingTimestamp", str(since)).load())
+    query = stream.writeStream.format("memory").queryName("bursts").trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert _rows(spark, "bursts") == expected
+    batch = (spark.read.format("metaq").option("brokers", url_of(broker)).option("topic", topic)
+             .option("startingTimestamp", str(since)).load().select("partition", "offset").collect())
+    assert {(r["partition"], r["offset"]) for r in batch} == set(expected)
+
+
+@pytest.mark.fault
+def test_topic_to_topic_through_the_streaming_sink_exactly_once_when_the_driver_is_killed_mid_batch(
+        broker_factory, tmp_path, spark):
+    b = broker_factory(small_config(tmp_path / "data"))
+    url, ck = url_of(b), str(tmp_path / "ck")
+    sent = put_many(b, "tin", 0, 3000)
+    args = ["--brokers", url, "--subscribe", "tin", "--checkpoint", ck, "--to-topic", "tout", "--max-per-trigger", "600",
+            "--row-delay-ms", "3"]
+    driver = Driver(tmp_path, *args)
+
+    def writing_mid_batch():
+        assert driver.proc.poll() is None, driver.text()[-3000:]
+        last, _offsets, committed = checkpoint_state(ck)
+        if not (last >= 2 and committed == last - 1):
+            return False
+        done = sum(sum(parts.values()) for parts in batch_offsets(ck, committed).values())
+        with b.client() as c:  # more in "tout" than the committed batches wrote: the batch is half written
+            return sum(int(c.call(_max_request("tout", p)).body) for p in range(4)) > done
+    wait_for(writing_mid_batch, 180, "a batch half written", interval=0.01)
+    driver.kill()
+    driver = Driver(tmp_path, *args)
+    wait_caught_up(ck, ends_of(sent, "tin"), driver)
+    driver.stop()
+
+    rows = (spark.read.format("metaq").option("brokers", url).option("topic", "tout").load()
+            .select("value").collect())
+    values = [bytes(r["value"]).decode() for r in rows]
+    expected = ["%s:%d:%s" % (key, off, body.decode()) for (key, off), body in sent.items()]
+    assert len(values) == len(expected) == 3000
+    assert sorted(values) == sorted(expected)  # each transformed message exactly once
+
+
+def _max_request(topic, partition):
+    from metaq.protocol import events as ev
+
+    return ev.Offset(topic, "g", partition, 2 ** 62, 1)
