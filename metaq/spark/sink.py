@@ -182,6 +182,7 @@ def _message_of(row, index, opts, producer, parts_of):
         # A topic no broker holds yet (created by its first put) is offered as partition -1 of each broker that
         # would take it: the sink writes to partition 0 there (an idempotent put names its partition).
         parts = parts_of[topic] = sorted({p if p.partition >= 0 else Partition(p.broker_id, 0) for p in found})
+        parts_of[(topic, "new")] = any(p.partition < 0 for p in found)
         if not parts:
             raise SinkError("row %d of this task: no broker takes topic %s" % (index, topic))
     key = _field(row, "key")
@@ -191,7 +192,9 @@ def _message_of(row, index, opts, producer, parts_of):
     try:
         target = choose(parts, index, None if key is None else str(key), _field(row, "partition"))
     except SinkError as exc:
-        raise SinkError("row %d of this task: %s" % (index, exc)) from None
+        new = " (topic %s has no data yet: until its first put creates it, the sink sees partition 0 of each broker)" \
+            % topic if parts_of.get((topic, "new")) else ""
+        raise SinkError("row %d of this task: %s%s" % (index, exc, new)) from None
     message = Message(topic, bytes(value), _field(row, "attribute"), key=target, properties=props or None)
     try:
         producer.make_put(message)  # too large, bad topic: said here, with the row's position
