@@ -370,6 +370,7 @@ if DataSourceStreamReader is not None:
             self._target = None  # Trigger.AvailableNow: {(topic, key): high} when the query started
             self._last_end = None  # the last end given, for Spark < 4.2 (latestOffset() without a start)
             self._highs = None
+            self._group_done = None  # the offsets last written for the group
 
         def initialOffset(self):
             urls, bounds = discover(self.opts)
@@ -397,6 +398,7 @@ if DataSourceStreamReader is not None:
             else:
                 max_rows = getattr(limit, "max_rows", None)
             urls, bounds = discover(self.opts)
+            self._commit_group(urls, start)  # Spark asks for the next end once the batch ending at start is done
             self._highs = {topic: {} for topic, _ in bounds}
             for (topic, key), (_low, high) in bounds.items():
                 self._highs[topic][key] = high
@@ -426,11 +428,18 @@ if DataSourceStreamReader is not None:
         def commit(self, end):
             self._last_end = end
             if self.opts.group:
-                urls, _bounds = discover(self.opts)
-                try:
-                    commit_group(self.opts, urls, end)
-                except (OSError, errors.MetaqError) as exc:  # the next batch's commit writes it again
-                    log.warning("metaq stream: committing the offsets of group %s failed: %s", self.opts.group, exc)
+                self._commit_group(discover(self.opts)[0], end)
+
+        def _commit_group(self, urls, done):
+            """Write ``done`` (the end of a finished batch) as the group's offsets, once per new value."""
+            if not self.opts.group or done == self._group_done:
+                return
+            try:
+                commit_group(self.opts, urls, done)
+            except (OSError, errors.MetaqError) as exc:  # written again with the next finished batch
+                log.warning("metaq stream: committing the offsets of group %s failed: %s", self.opts.group, exc)
+            else:
+                self._group_done = done
 
 else:  # pragma: no cover - Spark 3.5
     MetaQStreamReader = None

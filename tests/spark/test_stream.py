@@ -151,7 +151,7 @@ def test_new_partitions_and_a_new_broker_are_picked_up_mid_stream(broker_factory
             sent[("7-0", c.put_ok(topic, b"a%d" % i, 0)[2])] = b"a%d" % i
     wait_for(lambda: _registered(zk_connect, topic, 7), 20, "broker 7's topic in ZooKeeper")
     stream = (spark.readStream.format("metaq").option("zk", zk_connect).option("subscribe", topic)
-              .option("startingOffsets", "earliest").load())
+              .option("startingOffsets", "earliest").option("group", "streamers").load())
     query = (stream.writeStream.format("memory").queryName("grow").option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(processingTime="100 milliseconds").start())
     try:
@@ -171,6 +171,14 @@ def test_new_partitions_and_a_new_broker_are_picked_up_mid_stream(broker_factory
             return len(_rows(spark, "grow", check_unique=True)) >= len(sent)
         wait_for(all_in, 60, "the new partition and broker in the stream")
         assert _rows(spark, "grow", check_unique=True) == sent
+        ends = ends_of(sent, topic)[topic]
+
+        def group_lag():  # what metaq-admin shows for the stream's group
+            out = subprocess.run([sys.executable, "-m", "metaq.client.admin", "--zk", zk_connect, "--json", "groups",
+                                  "streamers"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+            return {r["partition"]: (r["committed"], r["lag"]) for r in json.loads(out.stdout)}
+        want = {k: (e, 0) for k, e in ends.items()}
+        wait_for(lambda: group_lag() == want, 30, lambda: "group offsets %s, not %s" % (group_lag(), want))
     finally:
         query.stop()
 
