@@ -3,6 +3,8 @@
 
 import struct
 
+import pytest
+
 from metaq.store.index import UNIT_SIZE
 from tests.harness.store import HOUR_MS, NOW, open_store
 
@@ -82,3 +84,54 @@ def test_resident_tells_a_page_in_memory(data_dir):
     assert not f.resident(-1) and not f.resident(f.size)  # outside the map
     s.close(NOW + 1)
     assert not f.resident(page[1])  # a closed map is not asked
+
+
+def evict(data_dir):
+    """Drop the data directory's pages from the page cache (posix_fadvise DONTNEED: pages not mapped)."""
+    import glob
+    import os
+
+    for path in glob.glob(os.path.join(str(data_dir), "**"), recursive=True):
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def filesystem_of(path):
+    """The type of the filesystem holding ``path`` (the longest mount point above it in /proc/mounts)."""
+    import os
+
+    path, best, kind = os.path.realpath(str(path)), "", None
+    with open("/proc/mounts") as f:
+        for line in f:
+            point, fs = line.split()[1:3]
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best, kind = point, fs
+    return kind
+
+
+def test_a_cold_page_is_found_cold_and_populate_brings_it_in(data_dir):
+    if filesystem_of(data_dir) == "tmpfs":
+        pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
+    s = open_store(data_dir, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    times = [NOW + i for i in range(20000)]
+    fill(s, times)
+    s.close(NOW + 1)
+    evict(data_dir)
+    s = open_store(data_dir, now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    search = s.time_search("test", 0, NOW + 7000)
+    cold = 0
+    while not search.done:
+        f, start, end = search.need()
+        if not f.resident(start):
+            cold += 1
+            assert f.populate(start, end)
+            assert f.resident(start)  # in memory now: the read that follows takes no disk read
+        search.step()
+    assert search.result == 7000
+    assert cold >= 1  # the first probe's pages at least were out of memory
+    s.close(NOW + 3)
