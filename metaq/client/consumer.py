@@ -310,9 +310,9 @@ class Consumer:
         """Consume ``partition`` (a Partition or ``"b-p"``, owned by this consumer) from ``position`` next: an int
         is an offset, a datetime a time (:meth:`offset_at`). ``topic`` may be left out when the consumer
         subscribes to one topic. Returns the offset. Messages of that partition fetched and not yet handed to
-        the handler are dropped, and a failing message's retries stop there: no handler starts on a message
-        from before the seek once this returned (one already running may finish). The new position is
-        committed as any other. An offset outside the partition is followed to the nearest one, as a fetch
+        the handler are dropped and a failing message's retries stop: only the message being handed over at
+        that moment (its handler running or starting) may still complete. The new position is committed as
+        any other. An offset outside the partition is followed to the nearest one, as a fetch
         does. ``errors.ClientError`` for a partition this consumer does not own (now).
         """
         part = as_partition(partition)

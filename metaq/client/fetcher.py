@@ -13,9 +13,9 @@ the longest backoff (the records after it are not delivered out of order).
 ``seek(offset)`` (the consumer's ``seek``) moves the fetcher: the fetch thread
 drops what it fetched and did not hand over yet (and a long poll in flight),
 interrupts the retries of a message whose handler failed (the message stays
-unconsumed, like at a stop), and fetches from ``offset`` next. A handler that
-started before ``seek`` returned may finish; none starts on a message from
-before the seek after it returned.
+unconsumed, like at a stop), and fetches from ``offset`` next. The one message
+being handed over when ``seek`` is called (its handler running, or about to
+start) may still complete; no other message from before the seek is delivered.
 """
 
 import logging
@@ -69,7 +69,7 @@ class PartitionFetcher:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._interrupt = threading.Event()  # stop or seek: ends a message's retries and parking
-        self._gate = threading.Lock()  # a message is handed over only while no seek is pending
+        self._gate = threading.Lock()  # a seek and the fetch thread taking it
         self._seek_to = None  # the offset a seek asked for, until the fetch thread takes it
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="metaq-fetch-%s-%s" % (self.topic, partition))
@@ -192,9 +192,8 @@ class PartitionFetcher:
     def _deliver(self, records):
         offset = self.offset
         for record in records:
-            with self._gate:  # a seek from now on stops the rest of these records
-                if self._interrupt.is_set():
-                    return
+            if self._interrupt.is_set():  # a stop, or a seek: the rest of these records is dropped
+                return
             try:
                 message = Message.from_record(self.topic, self.partition, offset, record)
                 done = self.consumer.process(self.sub, message, self._interrupt)
