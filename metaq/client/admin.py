@@ -4,11 +4,16 @@
     metaq-admin --brokers meta://127.0.0.1:8123 stats
     metaq-admin --zk 127.0.0.1:2181 groups billing --json
     metaq-admin promote 127.0.0.1:8125 [--force]
+    metaq-admin --brokers meta://127.0.0.1:8123 offset-at orders 2026-11-23T09:00:00Z
 
 Brokers come from ZooKeeper (``--zk``, every registered master) or from
 ``--brokers``. Tables for people, ``--json`` for scripts. Exit codes: 0 ok,
 1 a broker or ZooKeeper could not be reached (what could be read is still
 shown, with the failure on stderr), 2 usage, 3 the broker refused (promote).
+
+``offset-at TOPIC TIME`` asks every broker, per partition of the topic, for the first offset stored at
+or after TIME (ISO 8601, a naive one local time, or ms since the Unix epoch): the text extension
+``offset_at``, where a consumer replays from (``Consumer(start_from=...)``).
 
 ``promote`` talks to the one slave named (its client port) with the text
 extension line ``promote <force 0|1> <opaque>`` and prints its answer.
@@ -23,11 +28,12 @@ import argparse
 import json
 import os
 import sys
+from datetime import datetime
 
 import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import security as client_security
+from metaq.client import replay, security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
@@ -257,7 +263,39 @@ def cmd_transactions(view, args):
     return [{"broker": holders[0]["broker"], "key": args.key, "decision": args.action}], ["broker", "key", "decision"]
 
 
-COMMANDS = {"stats": cmd_stats, "transactions": cmd_transactions, "topics": cmd_topics, "partitions": cmd_partitions, "groups": cmd_groups,
+def parse_time(text):
+    """``offset-at``'s TIME: ms since the Unix epoch, or ISO 8601 (``Z`` or an offset; without one, local time)."""
+    text = text.strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a time: %r (ISO 8601 such as 2026-11-23T09:00:00Z, or ms since "
+                                         "the Unix epoch)" % text) from None
+    try:
+        return replay.to_timestamp_ms(when)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_offset_at(view, args):
+    rows = []
+    for bid, topic, p, mn, mx in view.partitions():
+        if topic != args.topic:
+            continue
+        try:
+            offset = replay.offset_at(view.conn(view.brokers[bid]), topic, p, args.time, view.timeout)
+        except errors.MetaqError as exc:
+            view.problems.append("%s: offset_at %s %d: %s%s" % (view.brokers[bid], topic, p, exc, _hint(exc)))
+            continue
+        rows.append({"topic": topic, "partition": "%d-%d" % (bid, p), "time_ms": args.time, "offset": offset,
+                     "min_offset": mn, "max_offset": mx})
+    rows.sort(key=lambda r: r["partition"])
+    return rows, ["topic", "partition", "time_ms", "offset", "min_offset", "max_offset"]
+
+
+COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics, "partitions": cmd_partitions, "groups": cmd_groups,
             "zk": cmd_zk}
 
 
@@ -327,6 +365,10 @@ def build_parser():
     s.add_argument("action", nargs="?", choices=("commit", "rollback"),
                    help="commit or roll back a PREPARED XA branch by hand (a heuristic decision)")
     s.add_argument("key", nargs="?", help="the transaction key, as listed (XID:...)")
+    s = sub.add_parser("offset-at", help="per partition of a topic, the first offset stored at or after a time")
+    s.add_argument("topic")
+    s.add_argument("time", type=parse_time, help="ISO 8601 (2026-11-23T09:00:00Z; without a zone: local time) "
+                   "or ms since the Unix epoch")
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (README "

@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable, NamedTuple, Optional
+from datetime import datetime
 
 from metaq import errors
 from metaq.limits import MAX_WAIT_MS, validate_group, validate_topic
@@ -53,12 +53,14 @@ from metaq.client.message import Message, Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
 from metaq.client.recover import ParkingLot
+from metaq.client import replay
+from metaq.client.subscription import Subscription, as_partition, make_filter
 
 __all__ = ["Consumer", "default_consumer_id"]
 
 log = logging.getLogger(__name__)
 
-START_FROM = ("earliest", "latest")
+START_FROM = replay.START_WORDS
 #: Handler retries back off from ``retry_backoff``, doubling up to this.
 RETRY_BACKOFF_MAX_S = 5.0
 #: Direct and broadcast mode re-read the partition lists this often (ZooKeeper watches also trigger it).
@@ -77,38 +79,6 @@ def default_consumer_id():
     return "%s-%d-%s" % (ip, os.getpid(), uuid.uuid4().hex)
 
 
-def make_filter(spec):
-    """A ``message -> bool`` from ``spec``: None, a callable, an attribute string, or an iterable of them."""
-    if spec is None or callable(spec):
-        return spec
-    if isinstance(spec, str):
-        return lambda message: message.attribute == spec
-    try:
-        wanted = frozenset(spec)
-    except TypeError:
-        raise errors.ClientError("filter must be a callable, an attribute string or strings, got %r" % (spec,)) from None
-    if not all(isinstance(a, str) for a in wanted):
-        raise errors.ClientError("filter attributes must be strings, got %r" % (spec,))
-    return lambda message: message.attribute in wanted
-
-
-class _Subscription(NamedTuple):
-    topic: str
-    handler: Callable
-    accept: Optional[Callable]
-
-
-def _as_partition(partition):
-    if isinstance(partition, Partition):
-        return partition
-    if isinstance(partition, tuple) and len(partition) == 2:
-        return Partition(int(partition[0]), int(partition[1]))
-    try:
-        return Partition.parse(partition)
-    except ValueError as exc:
-        raise errors.InvalidPartition(str(exc)) from None
-
-
 class Consumer:
     """A consumer of one group; see the module docstring for modes, threads and delivery guarantees.
 
@@ -120,7 +90,11 @@ class Consumer:
     ``"file"`` (default for broadcast; at ``offsets_file``, default
     ``~/.metaq/offsets/<group>-<consumer_id or hostname>.json``) or an object with
     ``load(topic, partition)``, ``commit(dict)`` and ``close()``. ``start_from``: where a
-    partition with no stored offset starts, ``"earliest"`` or ``"latest"``.
+    partition with no stored offset starts, ``"earliest"`` or ``"latest"``; or a time (a datetime, or an int of
+    ms since the Unix epoch; a naive datetime is local time, see :mod:`metaq.client.replay`) to **replay** from:
+    every partition this consumer is given, the first time in its life (at start and at later rebalances),
+    starts at the first offset the broker stored at or after that time, instead of the stored offset; commits
+    then continue from there as usual. :meth:`seek` moves one partition while consuming.
     ``max_size``: bytes asked per get; ``long_poll_ms``: how long a get waits at the broker.
     ``max_retries``, ``retry_backoff``: handler retries; ``dead_letter_topic``,
     ``recover_dir`` (default ``~/.metaq/recover``), ``recover_interval``: where failed messages
@@ -155,6 +129,8 @@ class Consumer:
         self.member_id = "%s_%s" % (self.group, self.consumer_id)
         self.broadcast = bool(broadcast)
         self.start_from, self.commit_interval, self.max_size = start_from, commit_interval, max_size
+        replay_ms = replay.start_from_time(start_from)
+        self._replay = replay.ReplayStart(replay_ms) if replay_ms is not None else None
         self.long_poll_ms, self.max_retries, self.retry_backoff = long_poll_ms, max_retries, retry_backoff
         self.recover_interval = recover_interval
         self.skip_corrupt = bool(skip_corrupt)
@@ -183,8 +159,7 @@ class Consumer:
     @staticmethod
     def _check_numbers(start_from, commit_interval, max_size, long_poll_ms, max_retries, retry_backoff,
                        recover_interval):
-        if start_from not in START_FROM:
-            raise ValueError("start_from must be 'earliest' or 'latest', got %r" % (start_from,))
+        replay.start_from_time(start_from)  # ValueError unless earliest, latest or a time
         if not 0 <= long_poll_ms <= MAX_WAIT_MS:
             raise ValueError("long_poll_ms must be 0..%d, got %r" % (MAX_WAIT_MS, long_poll_ms))
         for name, value, low in (("commit_interval", commit_interval, 0), ("max_size", max_size, 0),
@@ -227,7 +202,7 @@ class Consumer:
                 raise errors.ClientError("subscribe() must be called before start()")
             if topic in self._subs:
                 raise errors.ClientError("topic %r is already subscribed" % topic)
-            self._subs[topic] = _Subscription(topic, handler, accept)
+            self._subs[topic] = Subscription(topic, handler, accept)
         return self
 
     def start(self):
@@ -297,7 +272,7 @@ class Consumer:
         message. Messages carry ``offset``, ``id``, ``partition`` and ``attribute``.
         """
         topic = validate_topic(topic)
-        part = _as_partition(partition)
+        part = as_partition(partition)
         if not 0 <= max_wait_ms <= MAX_WAIT_MS:
             raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
         max_size = max_size or self.max_size
@@ -322,6 +297,39 @@ class Consumer:
                 continue
             return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
         raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
+
+    def offset_at(self, topic, partition, when):
+        """The first offset of ``partition`` (a Partition or ``"b-p"``) of ``topic`` the broker stored at or after
+        ``when`` (a datetime or ms since the Unix epoch; a naive datetime is local time); the partition's end
+        when nothing was stored since, its first kept offset when ``when`` is older. Works without :meth:`start`."""
+        part = as_partition(partition)
+        return replay.offset_at(self.connection(part.broker_id, read=True), validate_topic(topic), part.partition,
+                                replay.to_timestamp_ms(when))
+
+    def seek(self, partition, position, topic=None):
+        """Consume ``partition`` (a Partition or ``"b-p"``, owned by this consumer) from ``position`` next: an int
+        is an offset, a datetime a time (:meth:`offset_at`). ``topic`` may be left out when the consumer
+        subscribes to one topic. Returns the offset. Messages of that partition fetched and not yet handed to
+        the handler are dropped and a failing message's retries stop: only the message being handed over at
+        that moment (its handler running or starting) may still complete. The new position is committed as
+        any other. An offset outside the partition is followed to the nearest one, as a fetch
+        does. ``errors.ClientError`` for a partition this consumer does not own (now).
+        """
+        part = as_partition(partition)
+        if topic is None:
+            if len(self._subs) != 1:
+                raise errors.ClientError("seek: name the topic (this consumer subscribes to %s)"
+                                         % (", ".join(sorted(self._subs)) or "nothing"))
+            topic = next(iter(self._subs))
+        with self._lock:
+            fetcher = self._fetchers.get((topic, part))
+        if fetcher is None:
+            owned = ", ".join("%s/%s" % (t, p) for t, parts in self.assignment().items() for p in parts) or "none"
+            raise errors.ClientError("seek: %s %s is not assigned to this consumer (assigned: %s)" % (topic, part,
+                                                                                                      owned))
+        offset = self.offset_at(topic, part, position) if isinstance(position, datetime) else position
+        fetcher.seek(replay.check_offset(offset))
+        return offset
 
     def commit(self):
         """Commit the current offset of every owned partition now (only the changed ones are written)."""
@@ -471,7 +479,14 @@ class Consumer:
         return LocalFileOffsetStore(self.offsets_file, self.group)
 
     def initial_offset(self, topic, part):
-        """``(offset, committed)``: the stored offset, else ``start_from`` (``committed`` None then)."""
+        """``(offset, committed)``: the stored offset, else ``start_from`` (``committed`` None then); with a
+        ``start_from`` time, the offset at that time the first time this consumer is given the partition."""
+        if self._replay is not None and self._replay.wanted((topic, part)):
+            offset = self.offset_at(topic, part, self._replay.timestamp_ms)
+            self._replay.done((topic, part))
+            log.info("%s %s: replaying from offset %d, the first stored at or after %d ms (start_from)",
+                     topic, part, offset, self._replay.timestamp_ms)
+            return offset, None
         stored = self._store.load(topic, part)
         if stored is not None:
             return stored, stored

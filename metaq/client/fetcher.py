@@ -9,6 +9,13 @@ the broker names. A record the broker reports corrupt (``result 512``, never
 served) is skipped with a WARNING line when the consumer has ``skip_corrupt``;
 otherwise the partition stops there, with an ERROR line naming it, retried at
 the longest backoff (the records after it are not delivered out of order).
+
+``seek(offset)`` (the consumer's ``seek``) moves the fetcher: the fetch thread
+drops what it fetched and did not hand over yet (and a long poll in flight),
+interrupts the retries of a message whose handler failed (the message stays
+unconsumed, like at a stop), and fetches from ``offset`` next. The one message
+being handed over when ``seek`` is called (its handler running, or about to
+start) may still complete; no other message from before the seek is delivered.
 """
 
 import logging
@@ -61,6 +68,9 @@ class PartitionFetcher:
         self.committed = None  # offset last committed (or loaded)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._interrupt = threading.Event()  # stop or seek: ends a message's retries and parking
+        self._gate = threading.Lock()  # a seek and the fetch thread taking it
+        self._seek_to = None  # the offset a seek asked for, until the fetch thread takes it
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="metaq-fetch-%s-%s" % (self.topic, partition))
 
@@ -75,7 +85,27 @@ class PartitionFetcher:
 
     def request_stop(self):
         self._stop.set()
+        self._interrupt.set()
         self._wake.set()
+
+    def seek(self, offset):
+        """Fetch from ``offset`` next (see the module docstring); returns at once."""
+        with self._gate:
+            self._seek_to = offset
+            self._interrupt.set()
+        self._wake.set()
+
+    def _apply_seek(self):
+        """Take a pending seek: the offset moves there (before the next get)."""
+        with self._gate:
+            offset, self._seek_to = self._seek_to, None
+            if offset is None:
+                return
+            self._interrupt.clear()
+            if self._stop.is_set():
+                self._interrupt.set()
+        log.info("%s %s: seek from offset %s to %d", self.topic, self.partition, self.offset, offset)
+        self.offset, self.msg_id = offset, -1
 
     def join(self, timeout=STOP_TIMEOUT_S):
         if self._thread is threading.current_thread() or not self._thread.is_alive():
@@ -89,12 +119,15 @@ class PartitionFetcher:
         backoff, fast_misses = 0.0, 0
         while not self._stop.is_set():
             try:
+                self._apply_seek()
                 if self.offset is None:
                     self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
                 started = time.monotonic()
                 records = self._fetch()
                 if records is None:  # stopped while waiting
                     return
+                if self._seek_to is not None:  # fetched from before a seek: dropped
+                    continue
                 if records:
                     self._deliver(records)
                 backoff = 0.0
@@ -141,9 +174,17 @@ class PartitionFetcher:
         future = conn.request(ev.Get(self.topic, consumer.group, self.partition.partition, self.offset,
                                      consumer.max_size, 0, wait_ms or None), timeout=timeout)
         future.add_done_callback(lambda _f: self._wake.set())
-        self._wake.wait(timeout + 1.0)
+        deadline = time.monotonic() + timeout + 1.0
+        while True:  # the reply, a stop or a seek (the wake of an abandoned get's reply may come any time)
+            self._wake.clear()
+            left = deadline - time.monotonic()
+            if future.done() or self._stop.is_set() or self._seek_to is not None or left <= 0:
+                break
+            self._wake.wait(left)
         if self._stop.is_set():
             return None
+        if self._seek_to is not None:
+            return []
         if not future.done():
             raise errors.RequestTimeout("no reply to a get from %s" % conn.url)
         return records_of(future.result(0), "get %s %s %d" % (self.topic, self.partition, self.offset))
@@ -151,17 +192,17 @@ class PartitionFetcher:
     def _deliver(self, records):
         offset = self.offset
         for record in records:
-            if self._stop.is_set():
+            if self._interrupt.is_set():  # a stop, or a seek: the rest of these records is dropped
                 return
             try:
                 message = Message.from_record(self.topic, self.partition, offset, record)
-                done = self.consumer.process(self.sub, message, self._stop)
+                done = self.consumer.process(self.sub, message, self._interrupt)
             except errors.RemoteProtocolError as exc:  # a malformed attribute block: park the raw data
                 log.error("%s %s offset %d: %s; parking the raw message", self.topic, self.partition, offset, exc)
                 message = Message(self.topic, record.data)
                 message.id, message.partition, message.offset = record.msg_id, self.partition, offset
-                done = self.consumer.parking.park(message, self._stop)
+                done = self.consumer.parking.park(message, self._interrupt)
             if not done:
-                return  # stopped during retries: the message stays unconsumed
+                return  # stopped (or a seek) during retries: the message stays unconsumed
             offset += 1
             self.offset, self.msg_id = offset, record.msg_id

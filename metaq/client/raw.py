@@ -100,6 +100,11 @@ class TextClient(_Blocking):
             return r
         return [rec for rec, _end in iter_records(r.body)]
 
+    def offset_at(self, topic, partition, timestamp_ms):
+        """``offset_at``'s reply: a Result whose body is the first offset stored at or after ``timestamp_ms`` (ms
+        since the Unix epoch), or the broker's refusal."""
+        return self.call(ev.OffsetAt(topic, partition, timestamp_ms, self.opaque()))
+
     def auth(self, user, secret):
         """The ``auth`` handshake (README "Security"): the final Result (200: authenticated, and the broker's
         proof was checked; else the broker's refusal, after which it closes the connection)."""

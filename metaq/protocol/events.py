@@ -148,6 +148,22 @@ class QueryOffset(NamedTuple):
     opaque: int
 
 
+class OffsetAt(NamedTuple):
+    """``offset_at topic partition timestampMs opaque`` (our extension): replay from a time.
+
+    Reply ``result 200 <len> opaque`` with body ``<offset>``: the first offset of the partition whose message
+    was stored at or after ``timestamp_ms`` (ms since the Unix epoch, the broker's clock when it stored the
+    message). A time after the last message answers the partition's end (where the next message will go), a
+    time before the first kept message the first kept offset. 404 for a partition the topic does not have,
+    as ``offset`` answers; 503 while the broker refuses reads (as ``get``).
+    """
+
+    topic: str
+    partition: int
+    timestamp_ms: int
+    opaque: int
+
+
 class Promote(NamedTuple):
     """``promote <force 0|1> <opaque>`` (our extension; ``metaq-admin promote``): make a replication slave the master.
 

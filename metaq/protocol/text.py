@@ -10,7 +10,8 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
 carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
-the delay level before the opaque; ``metaq.protocol.delay``) is ours; integers
+the delay level before the opaque; ``metaq.protocol.delay``) and ``offset_at`` (the first offset stored at or
+after a time) are ours; integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
 skipped) unless the error is ``fatal`` (body length unknown or over the limit,
@@ -31,6 +32,7 @@ from metaq.protocol.events import (
     DelayedPut,
     Get,
     Offset,
+    OffsetAt,
     Promote,
     QueryOffset,
     Put,
@@ -188,6 +190,12 @@ def _parse_query_offset(t):
     return QueryOffset(t[1], t[2], partition, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
 
 
+def _parse_offset_at(t):
+    partition = _int(t[2], "partition", 0, INT32_MAX)
+    timestamp_ms = _int(t[3], "timestamp", 0, INT64_MAX)
+    return OffsetAt(t[1], partition, timestamp_ms, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
+
+
 def _parse_stats(t):
     if len(t) == 1:
         return Stats(None, DEFAULT_OPAQUE)
@@ -270,6 +278,7 @@ _COMMANDS = {
     "offset": (_parse_offset, (6,), "6 tokens", None),
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
     "query_offset": (_parse_query_offset, (5,), "5 tokens", None),
+    "offset_at": (_parse_offset_at, (5,), "5 tokens (offset_at <topic> <partition> <timestampMs> <opaque>)", None),
     "stats": (_parse_stats, (1, 2, 3), "1, 2 or 3 tokens", None),
     "version": (_parse_version, (1, 2), "1 or 2 tokens", None),
     "quit": (_parse_quit, (1,), "1 token", None),

@@ -9,6 +9,7 @@ from metaq.protocol.events import (
     DelayedPut,
     Get,
     Offset,
+    OffsetAt,
     Promote,
     QueryOffset,
     Put,
@@ -59,6 +60,10 @@ def _serialize_offset(e):
     return (
         "offset %s %s %d %d %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset, e.opaque)
     ).encode("utf-8")
+
+
+def _serialize_offset_at(e):
+    return ("offset_at %s %d %d %d\r\n" % (_token(e.topic), e.partition, e.timestamp_ms, e.opaque)).encode("utf-8")
 
 
 def _serialize_commit_offset(e):
@@ -123,6 +128,7 @@ _SERIALIZERS = {
     DelayedPut: _serialize_put_delayed,
     Get: _serialize_get,
     Offset: _serialize_offset,
+    OffsetAt: _serialize_offset_at,
     CommitOffset: _serialize_commit_offset,
     QueryOffset: _serialize_query_offset,
     Stats: _serialize_stats,

@@ -6,6 +6,7 @@
           .option("brokers", "meta://127.0.0.1:8123")  # or .option("zk", "127.0.0.1:2181")
           .option("topic", "orders")
           .option("startingOffsets", '{"orders": {"0-0": 100}}')   # default earliest
+          # or .option("startingTimestamp", 1767225600000): from the first message stored at/after it (ms)
           .option("endingOffsets", "latest")                      # default latest
           .option("maxOffsetsPerPartition", 10000)                # optional: smaller Spark partitions
           .option("credentials", "/etc/metaq/spark.yaml")         # brokers with authentication / TLS

@@ -13,6 +13,13 @@ source: ``{"<topic>": {"<brokerId>-<partition>": <offset>, ...}}`` where the key
 partition as MetaQ names it in ZooKeeper (``"7-0"`` is partition 0 of broker 7); ``-2``
 means earliest and ``-1`` latest. Partitions not named take the default (earliest for the
 start, latest for the end).
+
+``startingTimestamp`` (ms since the Unix epoch), as in Spark's Kafka source: every partition starts at
+the first offset the broker stored at or after that time (:func:`offsets_at_time`, the text extension
+``offset_at``); it takes precedence over ``startingOffsets`` when both are given (as Spark's does). A
+partition with no message stored since fails the read (Spark's default
+``startingOffsetsByTimestampStrategy=error``) or, with ``startingOffsetsByTimestampStrategy=latest``,
+starts at its end (an empty range).
 """
 
 import json
@@ -23,13 +30,14 @@ from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import find_brokers
 from metaq.client.message import Partition
+from metaq.client.replies import reply_error
 from metaq.limits import validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.spark.rows import DEFAULT_FETCH_BYTES, SCHEMA_DDL, DataLoss, msg_timestamp_ms, read_rows
 
-__all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets",
-           "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options", "security_options"]
+__all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets", "parse_timestamp",
+           "partition_bounds", "offsets_at_time", "plan_ranges", "split_ranges", "read_range", "read_options", "security_options"]
 
 EARLIEST, LATEST = -2, -1
 #: The source's connection options (lower-case) -> ``ClientSecurity.from_options`` argument. Files only: a
@@ -125,6 +133,58 @@ def partition_bounds(urls, topic, timeout=10.0, security=None):
     return bounds
 
 
+def offsets_at_time(urls, topic, timestamp_ms, timeout=10.0, security=None):
+    """``{(broker_id, partition): offset}``: for every partition of ``topic`` on the brokers ``urls``
+    (``{broker_id: url}``) that holds messages, the first offset stored at or after ``timestamp_ms`` (ms since
+    the Unix epoch); the partition's end when nothing was stored since, its first kept offset when the time is
+    older. One connection per broker: ``stats offsets`` for its partitions, then one ``offset_at`` each
+    (pipelined). Raises the broker's refusal as its error (``metaq.client.replies``)."""
+    offsets = {}
+    security = client_security.resolve(security)
+    for broker_id, url in sorted(urls.items()):
+        with BrokerConnection(url, connect_timeout=timeout, request_timeout=timeout, heartbeat_interval=0,
+                              security=security) as conn:
+            reply = conn.call(ev.Stats("offsets", 0), timeout=timeout)
+            if reply.code != 200:
+                raise reply_error(reply, "stats offsets on %s" % url)
+            parts = sorted(r.partition for r in stats_codec.parse_offsets(reply.body) if r.topic == topic)
+            futures = [(p, conn.request(ev.OffsetAt(topic, p, timestamp_ms, 0), timeout)) for p in parts]
+            for p, future in futures:
+                reply = future.result(timeout + 1.0)
+                if not isinstance(reply, ev.Result) or reply.code != 200:
+                    raise reply_error(reply, "offset_at %s %d %d on %s" % (topic, p, timestamp_ms, url))
+                offsets[(broker_id, p)] = int(reply.body)
+    return offsets
+
+
+def parse_timestamp(text, name="startingTimestamp"):
+    """A timestamp option: ms since the Unix epoch (a long >= 0, as Spark's Kafka source takes it); ValueError."""
+    text = str(text).strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    raise ValueError("%s must be milliseconds since the Unix epoch (a single long value >= 0), got %r" % (name, text))
+
+
+def _starts_at_time(opts, topic, urls, bounds, timeout, security):
+    """``{key: offset}`` of ``startingTimestamp`` per ``startingOffsetsByTimestampStrategy``, or None without it."""
+    if opts.get("startingtimestamp") in (None, ""):
+        return None
+    timestamp_ms = parse_timestamp(opts["startingtimestamp"])
+    strategy = str(opts.get("startingoffsetsbytimestampstrategy") or "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise ValueError("startingOffsetsByTimestampStrategy must be 'error' or 'latest', got %r" % strategy)
+    starts = {}
+    for (broker_id, p), offset in offsets_at_time(urls, topic, timestamp_ms, timeout, security).items():
+        key = "%d-%d" % (broker_id, p)
+        end = bounds.get((broker_id, p), (offset, offset))[1]
+        if offset >= end and strategy == "error":
+            raise ValueError("startingTimestamp %d: no message of %s %s was stored at or after it (the partition "
+                             "ends at offset %d); set startingOffsetsByTimestampStrategy=latest to start such "
+                             "partitions at their end" % (timestamp_ms, topic, key, end))
+        starts[key] = offset
+    return starts
+
+
 def _split_list(text):
     return [item.strip() for item in str(text or "").split(",") if item.strip()]
 
@@ -134,7 +194,8 @@ def plan_ranges(options):
 
     Options (case-insensitive): ``topic``; ``brokers`` (``meta://h:p[,…]``) and/or ``zk``
     (``host:port[/chroot]``, with ``zkRoot``, default ``/meta``); ``startingOffsets``,
-    ``endingOffsets``; ``partitions`` (``"7-0,7-1"``: only these); ``maxOffsetsPerPartition``
+    ``endingOffsets``; ``startingTimestamp`` (ms since the Unix epoch; before ``startingOffsets``) and
+    ``startingOffsetsByTimestampStrategy`` (``error`` or ``latest``: see the module docstring); ``partitions`` (``"7-0,7-1"``: only these); ``maxOffsetsPerPartition``
     (cut every range into pieces of at most this many offsets: one Spark partition each);
     ``failOnDataLoss`` (default true: a start below the partition's first kept offset is an
     error; false: start there instead); ``credentials`` (a credentials file) or ``user`` with
@@ -151,7 +212,9 @@ def plan_ranges(options):
     security = client_security.resolve(security_options(opts))
     urls = find_brokers(brokers, opts.get("zk"), opts.get("zkroot", "/meta"), timeout, security)
     bounds = partition_bounds(urls, topic, timeout, security)
-    starts = parse_offsets(opts.get("startingoffsets"), topic, "start")
+    starts = _starts_at_time(opts, topic, urls, bounds, timeout, security)
+    if starts is None:
+        starts = parse_offsets(opts.get("startingoffsets"), topic, "start")
     ends = parse_offsets(opts.get("endingoffsets"), topic, "end")
     only = {str(Partition.parse(p)) for p in _split_list(opts.get("partitions"))}
     fail_on_loss = str(opts.get("failondataloss", "true")).lower() != "false"

@@ -6,6 +6,8 @@ physical offset in RocketMQ's message id, and its store and born times), and
 CONSUMER_SEND_MSG_BACK / VIEW_MESSAGE_BY_ID look a record up by that position.
 ``MessageStore.read_records``, ``record_at`` and ``offset_by_time`` delegate here,
 passing the commit log and the partition's index (or the written position).
+``TimeSearch`` is ``offset_by_time`` one map read at a time, so that the text
+port's ``offset_at`` can bring each cold page in off its event loop.
 No sockets, threads or clock.
 """
 
@@ -92,26 +94,86 @@ def offset_by_time(log, p, timestamp_ms, upper=False):
 
     Store times grow with offsets within a partition, so this is a binary search over the index.
     """
+    if not upper:
+        search = TimeSearch(log, p, timestamp_ms)
+        while not search.done:
+            search.step()
+        return search.result
     if p is None:
         return 0
     lo, hi = p.min, p.visible
-    if upper:
-        while lo < hi:  # first offset stored after timestamp_ms
-            mid = (lo + hi) // 2
-            ts = _store_ts(log, p, mid)
-            if ts is not None and ts > timestamp_ms:
-                hi = mid
-            else:
-                lo = mid + 1
-        return max(p.min, lo - 1)
-    while lo < hi:
+    while lo < hi:  # first offset stored after timestamp_ms
         mid = (lo + hi) // 2
         ts = _store_ts(log, p, mid)
-        if ts is not None and ts >= timestamp_ms:
+        if ts is not None and ts > timestamp_ms:
             hi = mid
         else:
             lo = mid + 1
-    return lo
+    return max(p.min, lo - 1)
+
+
+class TimeSearch:
+    """``offset_by_time`` (not ``upper``) one map read at a time.
+
+    Each ``step()`` reads one thing: the index unit of the probe, then the store time of its record.
+    ``need()`` names what the next step reads, ``(MappedFile, start, end)`` (None when it reads no map), so a
+    caller can bring a cold page in first (``MappedFile.populate`` in a worker thread) and keep the disk read
+    off its event loop. Between steps the partition may change (appends, retention, a cut): a unit or record
+    that is gone counts as older than the time, and ``result`` stays within the partition as it is then.
+    """
+
+    def __init__(self, log, p, timestamp_ms):
+        self._log, self._p, self._ts = log, p, timestamp_ms
+        self.lo, self.hi = (0, 0) if p is None else (p.min, p.visible)
+        self._record = None  # (segment, position in it) of the probe's record, once its unit is read
+
+    @property
+    def done(self):
+        return self.lo >= self.hi
+
+    @property
+    def result(self):
+        """The answer once ``done``."""
+        p = self._p
+        return self.lo if p is None else max(p.min, min(self.lo, p.visible))
+
+    def need(self):
+        """``(MappedFile, start, end)``: the bytes the next ``step`` reads; None when it reads no map."""
+        if self.done:
+            return None
+        if self._record is not None:
+            seg, rel = self._record
+            return seg.file, rel + _STORE_TS_AT, rel + _STORE_TS_AT + _STORE_TS.size
+        mid = (self.lo + self.hi) // 2
+        f = self._p.file_for(mid)
+        if f is None:
+            return None
+        at = (mid - f.start) * UNIT_SIZE
+        return f.file, at, at + UNIT_SIZE
+
+    def step(self):
+        """One read: the probe's index unit, or the store time of its record (which decides the probe)."""
+        mid = (self.lo + self.hi) // 2
+        if self._record is None:
+            f = self._p.file_for(mid)
+            seg = None
+            if f is not None:
+                phys = UNIT.unpack_from(f.mm, (mid - f.start) * UNIT_SIZE)[0]
+                seg = self._log.segment_at(phys)
+            if seg is None:
+                self._decide(mid, None)
+            else:
+                self._record = (seg, phys - seg.start)
+            return
+        seg, rel = self._record
+        self._record = None
+        self._decide(mid, _STORE_TS.unpack_from(seg.view, rel + _STORE_TS_AT)[0])
+
+    def _decide(self, mid, ts):
+        if ts is not None and ts >= self._ts:
+            self.hi = mid
+        else:
+            self.lo = mid + 1
 
 
 def _moved(offset):

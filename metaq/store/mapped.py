@@ -103,6 +103,21 @@ _msync = _LibcRangeCall("msync")
 _madvise = _LibcRangeCall("madvise")
 
 
+class _Mincore:
+    """libc ``mincore`` through ctypes, loaded on first use."""
+
+    fn = None
+
+    @classmethod
+    def call(cls, addr, vec):
+        if cls.fn is None:
+            fn = ctypes.CDLL(None, use_errno=True).mincore
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+            fn.restype = ctypes.c_int
+            cls.fn = fn
+        return cls.fn(addr, mmap.PAGESIZE, ctypes.byref(vec))
+
+
 class _UntrackedMap:
     """Where ``mmap.mmap`` keeps its dup'd fd (Python < 3.13), found once; None: not found (keep the dup)."""
 
@@ -303,6 +318,21 @@ class MappedFile:
         finally:
             del pin
         return True
+
+    def resident(self, pos):
+        """True when the page holding byte ``pos`` is in the page cache, so that reading it takes no disk read
+        (``mincore``: a few microseconds, safe on the event loop). False when unknown (a closed map)."""
+        if not 0 <= pos < self.size:
+            return False
+        try:
+            pin = ctypes.c_char.from_buffer(self.mm)  # an export: close() cannot unmap while we hold it
+        except (ValueError, TypeError):
+            return False
+        try:
+            vec = ctypes.c_ubyte(0)
+            return _Mincore.call(ctypes.addressof(pin) + pos - pos % mmap.PAGESIZE, vec) == 0 and bool(vec.value & 1)
+        finally:
+            del pin
 
     def flush(self, start=0, end=None):
         """Make bytes ``[start, end)`` durable (BLOCKING; safe in a worker thread).

@@ -530,6 +530,10 @@ class MessageStore:
         """First offset stored at/after ``timestamp_ms`` (``upper``: last at/before it)."""
         return lookup.offset_by_time(self._log, self._reader(topic, partition), timestamp_ms, upper)
 
+    def time_search(self, topic, partition, timestamp_ms):
+        """``offset_by_time`` one read at a time (``lookup.TimeSearch``); raises NotFound as it does."""
+        return lookup.TimeSearch(self._log, self._reader(topic, partition), timestamp_ms)
+
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 
     def commit_offset(self, group, topic, partition, offset, now_ms):

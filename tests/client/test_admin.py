@@ -111,3 +111,31 @@ def test_admin_promote_bad_targets(broker):
         c.put_ok("t-x", b"still accepted")  # nothing changed on it
     out = admin("promote", expect=2)
     assert "HOST:PORT" in out.stderr
+
+
+def test_admin_offset_at_gives_each_partitions_first_offset_at_a_time(broker):
+    from datetime import datetime, timezone
+
+    from tests.harness.broker import url_of
+
+    with broker.client() as c:
+        for _ in range(3):
+            c.put_ok("t-adm", b"early", 0)
+        c.put_ok("t-adm", b"early", 1)
+        time.sleep(0.05)
+        between = int(time.time() * 1000)
+        time.sleep(0.05)
+        c.put_ok("t-adm", b"late", 0)
+        c.put_ok("t-adm", b"late", 0)
+    url = url_of(broker)
+    iso = datetime.fromtimestamp(between / 1000, timezone.utc).isoformat().replace("+00:00", "Z")
+    for when in (str(between), iso):
+        rows = json.loads(admin("--brokers", url, "--json", "offset-at", "t-adm", when).stdout)
+        assert [(r["partition"], r["offset"], r["min_offset"], r["max_offset"]) for r in rows] == [
+            ("7-0", 3, 0, 5), ("7-1", 1, 0, 1)]  # 7-1 got nothing since: its end
+        assert {r["time_ms"] for r in rows} == {between}
+    table = admin("--brokers", url, "offset-at", "t-adm", "0").stdout
+    assert table.splitlines()[0].split() == ["TOPIC", "PARTITION", "TIME_MS", "OFFSET", "MIN_OFFSET", "MAX_OFFSET"]
+    for bad in ("yesterday", "-5", "2026-13-01T00:00:00Z"):
+        out = admin("--brokers", url, "offset-at", "t-adm", bad, expect=2)
+        assert "not a time" in out.stderr or "Unix epoch" in out.stderr, out.stderr

@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metaq.protocol.events import (TX_TYPES, Get, Offset, Promote, Put, Quit, Result, Stats, Sync, Transaction, Value,
-                                   Version)
+from metaq.protocol.events import (TX_TYPES, Get, Offset, OffsetAt, Promote, Put, Quit, Result, Stats, Sync,
+                                   Transaction, Value, Version)
 from metaq.protocol.stream import CLOSED
 from metaq.protocol.text import serialize
 from tests.harness.text_parse import parse_bytewise, parse_chunks, parse_one, parse_whole
@@ -31,6 +31,7 @@ EVENTS = {
     Put: st.builds(Put, tokens(), PARTITIONS, INT32, BODIES, INT32, CHECKSUMS, st.none() | TX_KEYS),
     Get: st.builds(Get, tokens(), tokens(), PARTITIONS, INT64, INT32, INT32, st.none() | UINT31),
     Offset: st.builds(Offset, tokens(), tokens(), PARTITIONS, INT64, INT32),
+    OffsetAt: st.builds(OffsetAt, tokens(), UINT31, st.integers(0, 2**63 - 1), INT32),
     Stats: st.builds(Stats, st.just("") | tokens(1), INT32),
     Version: st.builds(Version, INT32),
     Quit: st.just(Quit()),
@@ -62,6 +63,12 @@ def test_get_round_trip(event):
 @settings(max_examples=30)
 @given(EVENTS[Offset])
 def test_offset_round_trip(event):
+    check_round_trip(event)
+
+
+@settings(max_examples=30)
+@given(EVENTS[OffsetAt])
+def test_offset_at_round_trip(event):
     check_round_trip(event)
 
 

@@ -29,6 +29,7 @@ EVERY_COMMAND = [
     ev.DelayedPut("orders", -1, 0, b"x", 1, metaq_checksum(b"x"), 1),
     ev.Get("orders", "billing", 0, 0, 1024, 1, None),
     ev.Offset("orders", "billing", 0, 0, 1),
+    ev.OffsetAt("orders", 0, 0, 1),
     ev.CommitOffset("billing", "orders", 0, 5, 1),
     ev.QueryOffset("billing", "orders", 0, 1),
     ev.Stats(None, 1),
@@ -81,6 +82,10 @@ def test_pipelined_puts_stop_at_a_refused_topic_and_answer_each_in_order(broker_
     ("alice", ev.CommitOffset("audit", "orders", 0, 0, 1), 403),  # a group alice may not consume as
     ("alice", ev.QueryOffset("audit", "orders", 0, 1), 403),
     ("alice", ev.Offset("payroll", "billing", 0, 0, 1), 403),
+    ("alice", ev.OffsetAt("orders", 0, 0, 1), 200),  # replay from a time: a read, checked as get is
+    ("alice", ev.OffsetAt("payroll", 0, 0, 1), 403),
+    ("bob", ev.OffsetAt("orders", 0, 0, 1), 403),  # pub only
+    ("reader", ev.OffsetAt("anything", 0, 0, 1), 200),
     ("bob", put_event("orders"), 200),
     ("bob", put_event("orders-eu"), 403),  # bob's rule names orders exactly
     ("bob", ev.Get("orders", "g", 0, 0, 1024, 1, None), 403),  # pub only

@@ -1,0 +1,137 @@
+"""``TimeSearch``: the store's time lookup one map read at a time (the text port's ``offset_at``), and
+``MappedFile.resident``; files only."""
+
+import struct
+
+import pytest
+
+from metaq.store.index import UNIT_SIZE
+from tests.harness.store import HOUR_MS, NOW, open_store
+
+
+def fill(s, times, topic="test", partition=0):
+    for i, t in enumerate(times):
+        s.put(topic, partition, 0, b"m%04d" % i, t)
+
+
+def brute_force(times, t):
+    """The first offset stored at or after ``t``: the answer by looking at every message."""
+    return next((n for n, stored in enumerate(times) if stored >= t), len(times))
+
+
+def run(search, check=None):
+    while not search.done:
+        page = search.need()
+        if check is not None:
+            check(search, page)
+        search.step()
+    return search.result
+
+
+def test_every_time_gets_the_brute_force_answer_across_segments_and_index_files(data_dir):
+    s = open_store(data_dir, flush="async")  # 4 KiB segments, 64-unit index files: many of each
+    times = [NOW + 10 * (i // 3) for i in range(700)]  # three messages per store time
+    fill(s, times)
+    for t in range(NOW - 5, times[-1] + 15, 5):
+        assert run(s.time_search("test", 0, t)) == brute_force(times, t) == s.offset_by_time("test", 0, t)
+    assert run(s.time_search("test", 1, NOW)) == 0  # a partition without messages: its end
+    s.close(NOW + 1)
+
+
+def test_need_names_the_bytes_the_next_step_reads(data_dir):
+    s = open_store(data_dir, flush="async")
+    times = [NOW + i for i in range(300)]
+    fill(s, times)
+    seen = []
+
+    def check(search, page):
+        f, start, end = page
+        assert 0 <= start < end <= f.size
+        if end - start == UNIT_SIZE:  # an index unit: the record's commit-log position comes first
+            seen.append("unit")
+        else:  # the record's store time, 8 bytes: one of the times stored
+            assert end - start == 8 and struct.unpack(">q", f.view[start:end])[0] in times
+            seen.append("time")
+
+    assert run(s.time_search("test", 0, NOW + 123), check) == 123
+    assert seen[:2] == ["unit", "time"] and seen.count("unit") == seen.count("time") >= 8  # log2(300)
+    s.close(NOW + 1)
+
+
+def test_retention_between_steps_keeps_the_answer_within_the_partition(data_dir):
+    s = open_store(data_dir, flush="async", retention_hours=1)
+    times = [NOW + i for i in range(2000)]
+    fill(s, times)
+    search = s.time_search("test", 0, NOW - 1)  # before everything: the first kept offset
+    search.step()
+    search.step()
+    s.mark_flushed(s.flush_log())
+    s.checkpoint(NOW + 3000)
+    assert s.retention(NOW + 2 * HOUR_MS).deleted_segments
+    low = s.min_offset("test", 0)
+    assert 0 < low < 1999
+    assert run(search) == low
+    assert [run(s.time_search("test", 0, t)) for t in (NOW + low - 1, NOW + low + 1)] == [low, low + 1]
+    s.close(NOW + 3 * HOUR_MS)
+
+
+def test_resident_tells_a_page_in_memory(data_dir):
+    s = open_store(data_dir, flush="async")
+    fill(s, [NOW])
+    page = s.time_search("test", 0, NOW).need()
+    f = page[0]
+    assert f.resident(page[1])  # just written: in the page cache
+    assert not f.resident(-1) and not f.resident(f.size)  # outside the map
+    s.close(NOW + 1)
+    assert not f.resident(page[1])  # a closed map is not asked
+
+
+def evict(data_dir):
+    """Drop the data directory's pages from the page cache (posix_fadvise DONTNEED: pages not mapped)."""
+    import glob
+    import os
+
+    for path in glob.glob(os.path.join(str(data_dir), "**"), recursive=True):
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def filesystem_of(path):
+    """The type of the filesystem holding ``path`` (the longest mount point above it in /proc/mounts)."""
+    import os
+
+    path, best, kind = os.path.realpath(str(path)), "", None
+    with open("/proc/mounts") as f:
+        for line in f:
+            point, fs = line.split()[1:3]
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best, kind = point, fs
+    return kind
+
+
+def test_a_cold_page_is_found_cold_and_populate_brings_it_in(data_dir):
+    if filesystem_of(data_dir) == "tmpfs":
+        pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
+    s = open_store(data_dir, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    times = [NOW + i for i in range(20000)]
+    fill(s, times)
+    s.close(NOW + 1)
+    evict(data_dir)
+    s = open_store(data_dir, now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    search = s.time_search("test", 0, NOW + 7000)
+    cold = 0
+    while not search.done:
+        f, start, end = search.need()
+        if not f.resident(start):
+            cold += 1
+            assert f.populate(start, end)
+            assert f.resident(start)  # in memory now: the read that follows takes no disk read
+        search.step()
+    assert search.result == 7000
+    assert cold >= 1  # the first probe's pages at least were out of memory
+    s.close(NOW + 3)
