@@ -416,6 +416,9 @@ if DataSourceStreamReader is not None:
             self._target = {k: high for k, (_low, high) in bounds.items()}
 
         def partitions(self, start, end):
+            # Spark < 4.2 plans every batch it runs here, and on a restart announces the checkpoint's last
+            # offsets as partitions(end, end) (AcceptsLatestSeenOffset): the start of the next latestOffset().
+            self._last_end = end
             urls, bounds = discover(self.opts)
             return [StreamRangePartition(r) for r in plan_stream_ranges(start, end, bounds, urls, self.opts)]
 
@@ -426,7 +429,7 @@ if DataSourceStreamReader is not None:
                              security=self.opts.security, fail_on_data_loss=self.opts.fail_on_data_loss)
 
         def commit(self, end):
-            self._last_end = end
+            # Not a start for latestOffset(): Spark commits batch N-1 after it has asked for batch N's end.
             if self.opts.group:
                 self._commit_group(discover(self.opts)[0], end)
 

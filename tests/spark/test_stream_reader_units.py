@@ -1,0 +1,76 @@
+"""MetaQStreamReader driven as Spark's MicroBatchExecution drives it, brokers replaced by a dict (no network).
+
+The call sequences are Spark's (sql/execution/streaming/runtime/MicroBatchExecution.scala):
+
+* Spark >= 4.2 (admission control): ``latestOffset(start, limit)`` with ``start`` = the last finished batch's
+  end, or ``initialOffset()`` in a new query; batch 0 is then planned from ``initialOffset()`` asked AGAIN.
+* Spark 4.0 / 4.1: ``latestOffset()`` without arguments; after writing batch N's offsets Spark commits batch
+  N-1 (``commit(end of N-1)``), then plans batch N (``partitions(end of N-1, end of N)``). On a restart the
+  last offsets in the checkpoint are announced as ``partitions(E, E)`` (AcceptsLatestSeenOffset).
+"""
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from metaq.spark import stream  # noqa: E402
+
+URLS = {1: "meta://h1:1"}
+
+
+class FakeBrokers:
+    """``discover`` of a dict ``{(topic, key): (low, high)}`` that a test changes between calls."""
+
+    def __init__(self, monkeypatch, bounds):
+        self.bounds = dict(bounds)
+        monkeypatch.setattr(stream, "discover", lambda opts: (dict(URLS), dict(self.bounds)))
+
+
+def reader(**options):
+    if stream.MetaQStreamReader is None:
+        pytest.skip("Spark < 4.0")
+    return stream.MetaQStreamReader(dict({"brokers": "meta://h1:1", "subscribe": "t"}, **options))
+
+
+def covered(ranges):
+    return {(r.key, o) for r in ranges for o in range(r.start, r.end)}
+
+
+def parts(r, start, end):
+    return [p.range for p in r.partitions(start, end)]
+
+
+def never_behind(end, start):
+    return all(end["t"].get(k, -1) >= v for k, v in start["t"].items())
+
+
+def test_spark_40_offsets_never_go_back_when_batch_n_minus_1_is_committed_after_batch_n_is_asked(monkeypatch):
+    brokers = FakeBrokers(monkeypatch, {("t", "1-0"): (0, 1000), ("t", "1-1"): (0, 0)})
+    r = reader(startingOffsets="earliest", maxOffsetsPerTrigger="100")
+    e0 = r.latestOffset()
+    parts(r, r.initialOffset(), e0)  # batch 0 runs
+    e1 = r.latestOffset()
+    r.commit(e0)  # Spark commits batch 0 once batch 1's offsets are in its log
+    parts(r, e0, e1)  # batch 1 runs
+    brokers.bounds[("t", "1-1")] = (0, 1000)  # the other partition fills up meanwhile
+    e2 = r.latestOffset()
+    assert never_behind(e2, e1), (e1, e2)  # else Spark reads the difference again: duplicates
+
+
+def test_spark_40_a_restarted_query_goes_on_from_its_checkpoint_not_from_starting_offsets(monkeypatch):
+    FakeBrokers(monkeypatch, {("t", "1-0"): (0, 1000)})
+    r = reader(startingOffsets="earliest", maxOffsetsPerTrigger="100")
+    checkpoint = {"t": {"1-0": 600}}
+    r.partitions(checkpoint, checkpoint)  # Spark: setLatestSeenOffset(last offsets in the offset log)
+    end = r.latestOffset()
+    assert end == {"t": {"1-0": 700}}
+
+
+def test_spark_40_a_restart_does_not_resolve_starting_offsets_again(monkeypatch):
+    """startingOffsets naming an offset retention deleted since: only a new query may fail on it."""
+    brokers = FakeBrokers(monkeypatch, {("t", "1-0"): (0, 1000)})
+    r = reader(startingOffsets='{"t": {"1-0": 5}}')
+    brokers.bounds[("t", "1-0")] = (500, 1000)
+    checkpoint = {"t": {"1-0": 900}}
+    r.partitions(checkpoint, checkpoint)
+    assert r.latestOffset() == {"t": {"1-0": 1000}}
