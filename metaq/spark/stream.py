@@ -371,8 +371,16 @@ if DataSourceStreamReader is not None:
             self._last_end = None  # the last end given, for Spark < 4.2 (latestOffset() without a start)
             self._highs = None
             self._group_done = None  # the offsets last written for the group
+            self._initial = None  # initialOffset(), resolved once
 
         def initialOffset(self):
+            # Spark asks twice in a new query (for the first latestOffset, then again to plan batch 0):
+            # "latest" must be the same answer both times, or batch 0 misses what came in between.
+            if self._initial is None:
+                self._initial = self._resolve_initial()
+            return self._initial
+
+        def _resolve_initial(self):
             urls, bounds = discover(self.opts)
             at_time = None
             if self.opts.starting_ts is not None:

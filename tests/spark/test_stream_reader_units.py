@@ -74,3 +74,14 @@ def test_spark_40_a_restart_does_not_resolve_starting_offsets_again(monkeypatch)
     checkpoint = {"t": {"1-0": 900}}
     r.partitions(checkpoint, checkpoint)
     assert r.latestOffset() == {"t": {"1-0": 1000}}
+
+
+def test_batch_0_of_a_new_query_from_latest_reads_what_came_in_while_spark_planned_it(monkeypatch):
+    brokers = FakeBrokers(monkeypatch, {("t", "1-0"): (0, 10)})
+    r = reader()  # startingOffsets latest
+    first = r.initialOffset()  # Spark: getStartOffset() for the first latestOffset
+    brokers.bounds[("t", "1-0")] = (0, 20)
+    end = r.latestOffset(first, None)
+    brokers.bounds[("t", "1-0")] = (0, 30)
+    batch0 = parts(r, r.initialOffset(), end)  # Spark: runBatch asks initialOffset() again
+    assert covered(batch0) == {("1-0", o) for o in range(10, 20)}
