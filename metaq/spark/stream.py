@@ -211,7 +211,7 @@ def next_end(start, bounds, max_per_trigger=None):
         if key not in parts:
             parts[key] = low
             continue
-        if high > parts[key]:
+        if high > max(parts[key], low):  # (a Trigger.AvailableNow target can be below a log start that moved)
             backlog[(topic, key)] = high - max(parts[key], low)
     for (topic, key), n in _share(max_per_trigger, backlog).items():
         low = bounds[(topic, key)][0]

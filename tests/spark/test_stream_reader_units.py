@@ -85,3 +85,17 @@ def test_batch_0_of_a_new_query_from_latest_reads_what_came_in_while_spark_plann
     brokers.bounds[("t", "1-0")] = (0, 30)
     batch0 = parts(r, r.initialOffset(), end)  # Spark: runBatch asks initialOffset() again
     assert covered(batch0) == {("1-0", o) for o in range(10, 20)}
+
+
+def test_available_now_target_deleted_by_retention_does_not_break_the_limit(monkeypatch):
+    if stream.ReadMaxRows is None:
+        pytest.skip("Spark < 4.2")
+    brokers = FakeBrokers(monkeypatch, {("t", "1-0"): (0, 30), ("t", "1-1"): (0, 1000)})
+    r = reader(failOnDataLoss="false", maxOffsetsPerTrigger="100")
+    r.prepareForTriggerAvailableNow()
+    brokers.bounds[("t", "1-0")] = (50, 100)  # retention passed the target of 1-0
+    start = {"t": {"1-0": 10, "1-1": 0}}
+    end = r.latestOffset(start, stream.ReadMaxRows(100))
+    assert end["t"]["1-1"] <= 100 and never_behind(end, start)
+    read = covered(parts(r, start, end))
+    assert len(read) <= 100 and all(k == "1-1" for k, _ in read)
