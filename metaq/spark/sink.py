@@ -75,9 +75,20 @@ class SinkOptions:
         self.security = security_options(opts)
 
 
-def check_columns(names, opts):
-    """Refuse a schema the sink cannot write (ValueError naming the problem)."""
+#: The Spark types (``DataType.simpleString()``) each column may have; the key is written as text (``str``).
+COLUMN_TYPES = {"value": ("binary", "string"), "topic": ("string",), "attribute": ("string",),
+                "partition": ("string", "tinyint", "smallint", "int", "bigint"),
+                "properties": ("map<string,string>",)}
+
+
+def check_columns(names, opts, types=None):
+    """Refuse a schema the sink cannot write (ValueError naming the problem); ``types``: ``{name: simpleString}``."""
     names = list(names)
+    for name, kind in sorted((types or {}).items()):
+        allowed = COLUMN_TYPES.get(name)
+        if allowed and kind not in allowed:
+            raise ValueError("the metaq sink's column '%s' must be %s, not %s (cast it)"
+                             % (name, " or ".join(allowed), kind))
     unknown = [n for n in names if n not in SINK_COLUMNS]
     if unknown:
         raise ValueError("the metaq sink writes the columns %s; these are not among them: %s (select the "
@@ -169,6 +180,9 @@ def _message_of(row, index, opts, producer, parts_of):
         raise SinkError("row %d of this task has no value (a null 'value' column)" % index)
     if isinstance(value, str):
         value = value.encode("utf-8")
+    elif not isinstance(value, (bytes, bytearray, memoryview)):  # bytes(5) would be five zero bytes
+        raise SinkError("row %d of this task: 'value' must be binary or a string, got %s"
+                        % (index, type(value).__name__))
     topic = _field(row, "topic") or opts.topic
     if topic is None:
         raise SinkError("row %d of this task has no topic (a null 'topic' column and no 'topic' option)" % index)
@@ -236,7 +250,7 @@ if DataSourceWriter is not None:
 
         def __init__(self, options, schema):
             self.opts = SinkOptions(options)
-            check_columns(schema.fieldNames(), self.opts)
+            check_columns(schema.fieldNames(), self.opts, _types(schema))
             self.write_id = os.urandom(16).hex()  # pickled to the tasks: a retried task gets the same id
             self.totals = None
 
@@ -253,7 +267,7 @@ if DataSourceWriter is not None:
 
         def __init__(self, options, schema):
             self.opts = SinkOptions(options)
-            check_columns(schema.fieldNames(), self.opts)
+            check_columns(schema.fieldNames(), self.opts, _types(schema))
 
         def write(self, iterator):
             ctx, part = _task_partition()
@@ -273,6 +287,10 @@ if DataSourceWriter is not None:
 
 else:  # pragma: no cover - Spark 3.5
     MetaQDataSourceWriter = MetaQStreamWriter = None
+
+
+def _types(schema):
+    return {f.name: f.dataType.simpleString() for f in schema.fields}
 
 
 def _totals(messages):
