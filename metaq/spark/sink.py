@@ -109,6 +109,8 @@ def choose(partitions, row_index, key, partition):
     """The partition of a row among the topic's ``partitions`` (sorted): the ``partition`` column, else the key's
     hash, else round-robin by the row's index in the task. SinkError for a partition the topic lacks."""
     if partition is not None:
+        if isinstance(partition, bool):
+            raise SinkError("partition must be '<brokerId>-<p>' or an index, got %r" % partition)
         if isinstance(partition, int):
             if not 0 <= partition < len(partitions):
                 raise SinkError("partition %d is not an index of the topic's %d partitions" % (partition, len(partitions)))

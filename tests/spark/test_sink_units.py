@@ -59,6 +59,11 @@ def test_a_value_neither_binary_nor_text_fails_naming_the_row(value):
         write([{"value": b"ok"}, {"value": value}])
 
 
+def test_a_boolean_partition_is_not_taken_for_an_index():
+    with pytest.raises(SinkError, match="row 0 of this task: .*partition"):
+        write([{"value": b"x", "partition": True}])
+
+
 @pytest.mark.parametrize("types, problem", [
     ({"value": "bigint"}, "'value' must be binary or string, not bigint"),
     ({"value": "binary", "topic": "int"}, "'topic' must be string, not int"),
