@@ -37,6 +37,7 @@ from collections import deque
 from metaq import errors, limits
 from metaq.client import security as client_security
 from metaq.client.message import Message, Partition
+from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR
 from metaq.protocol.rocketmq.mapping import PROP_KEYS
 from metaq.spark.ranges import read_options, security_options
 
@@ -211,7 +212,11 @@ def _message_of(row, index, opts, producer, parts_of):
         new = " (topic %s has no data yet: until its first put creates it, the sink sees partition 0 of each broker)" \
             % topic if parts_of.get((topic, "new")) else ""
         raise SinkError("row %d of this task: %s%s" % (index, exc, new)) from None
-    message = Message(topic, bytes(value), _field(row, "attribute"), key=target, properties=props or None)
+    attribute = _field(row, "attribute")
+    if attribute is not None and PROPERTY_SEPARATOR in str(attribute):  # read back, it would end at the \x02
+        raise SinkError("row %d of this task: the attribute %r holds \\x02, which marks where properties start"
+                        % (index, attribute))
+    message = Message(topic, bytes(value), attribute, key=target, properties=props or None)
     try:
         producer.make_put(message)  # too large, bad topic: said here, with the row's position
     except (ValueError, TypeError, errors.MetaqError) as exc:

@@ -64,6 +64,14 @@ def test_a_boolean_partition_is_not_taken_for_an_index():
         write([{"value": b"x", "partition": True}])
 
 
+def test_an_attribute_holding_the_property_separator_is_refused_not_stored_cut():
+    """Read back, 'a\\x02b' would be the attribute 'a' (the \\x02 marks properties): refuse the row instead."""
+    with pytest.raises(SinkError, match="row 0 of this task.*attribute"):
+        write([{"value": b"x", "attribute": "a\x02b"}])
+    with pytest.raises(SinkError, match="row 0 of this task"):
+        write([{"value": b"x", "properties": {"p": "a\x01b"}}])
+
+
 @pytest.mark.parametrize("types, problem", [
     ({"value": "bigint"}, "'value' must be binary or string, not bigint"),
     ({"value": "binary", "topic": "int"}, "'topic' must be string, not int"),
