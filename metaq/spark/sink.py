@@ -30,6 +30,7 @@ and the connection options of the source (``credentials``, ``tls`` …).
 """
 
 import hashlib
+import itertools
 import logging
 import os
 from collections import deque
@@ -154,6 +155,10 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
     """
     from metaq.client.producer import Producer
 
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:  # an empty task (most of them after a shuffle): no producer, no connection
+        return {"rows": 0, "duplicates": 0, "producer_id": producer_id}
     factory = producer_factory or Producer
     kwargs = {"send_timeout": min(10.0, opts.timeout), "retry_deadline": opts.timeout, "selector": _Chosen(),
               "security": client_security.resolve(opts.security)}
@@ -164,7 +169,7 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
     parts_of, pending = {}, deque()
     sent = duplicates = 0
     try:
-        for index, row in enumerate(rows):
+        for index, row in enumerate(itertools.chain((first,), rows)):
             message = _message_of(row, index, opts, producer, parts_of)
             pending.append((index, producer.send_async(message)))
             while len(pending) >= opts.in_flight:

@@ -53,6 +53,12 @@ def test_rows_become_messages_in_order_on_the_chosen_partitions():
     assert stats == {"rows": 3, "duplicates": 0, "producer_id": 42}
 
 
+def test_an_empty_task_opens_no_producer():
+    """After a shuffle most of the (default 200) tasks of a micro-batch are empty: no connection for them."""
+    assert write([]) == {"rows": 0, "duplicates": 0, "producer_id": 42}
+    assert RecordingProducer.made == []
+
+
 @pytest.mark.parametrize("value", [5, 3.5, True, ["a"]])
 def test_a_value_neither_binary_nor_text_fails_naming_the_row(value):
     with pytest.raises(SinkError, match="row 1 of this task: 'value' must be binary or a string"):
