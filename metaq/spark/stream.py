@@ -275,10 +275,14 @@ def split_to_at_least(ranges, min_partitions):
     return out
 
 
-def discover(opts):
+def discover(opts, strict=False):
     """``(urls, bounds)`` now: ``{broker_id: url}`` of the brokers that answered and ``{(topic, key): (low, high)}``
     of their partitions of the subscribed topics. A listed broker that cannot be reached is left out with a
-    WARNING line (its partitions wait); ZooKeeper that cannot be reached, or refused credentials, raise."""
+    WARNING line (its partitions wait); ZooKeeper that cannot be reached, or refused credentials, raise.
+
+    ``strict`` (where a new query starts): a listed broker that cannot be reached, or no broker at all, raises
+    Unavailable instead; its partitions would otherwise join later at their first offset, whatever
+    ``startingOffsets`` said."""
     security = client_security.resolve(opts.security)
     urls = dict(find_brokers((), opts.zk, opts.zk_root, opts.timeout, security)) if opts.zk else {}
     for url in opts.brokers:
@@ -286,13 +290,22 @@ def discover(opts):
             with _connect(url, opts, security) as conn:
                 urls[ask_broker_id(conn, opts.timeout)] = url
         except _UNREACHABLE as exc:
+            if strict:
+                raise errors.Unavailable("metaq stream: broker %s cannot be reached (%s): a new query needs every "
+                                         "listed broker to know where it starts" % (url, exc)) from None
             log.warning("metaq stream: broker %s cannot be reached (%s); its partitions wait", url, exc)
+    if strict and not urls:
+        raise errors.Unavailable("metaq stream: no broker is registered in ZooKeeper %s under %s"
+                                 % (opts.zk, opts.zk_root))
     reachable, bounds = {}, {}
     for broker_id, url in sorted(urls.items()):
         try:
             with _connect(url, opts, security) as conn:
                 reply = conn.call(ev.Stats("offsets", 0), timeout=opts.timeout)
         except _UNREACHABLE as exc:
+            if strict:
+                raise errors.Unavailable("metaq stream: broker %d (%s) cannot be reached (%s): a new query needs "
+                                         "every broker to know where it starts" % (broker_id, url, exc)) from None
             log.warning("metaq stream: broker %d (%s) cannot be reached (%s); its partitions wait", broker_id, url, exc)
             continue
         if reply.code != 200:
@@ -381,7 +394,7 @@ if DataSourceStreamReader is not None:
             return self._initial
 
         def _resolve_initial(self):
-            urls, bounds = discover(self.opts)
+            urls, bounds = discover(self.opts, strict=True)
             at_time = None
             if self.opts.starting_ts is not None:
                 from metaq.spark.ranges import offsets_at_time

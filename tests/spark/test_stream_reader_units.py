@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from metaq import errors  # noqa: E402
+from metaq.errors import ConnectionLost  # noqa: E402
 from metaq.spark import stream  # noqa: E402
 
 URLS = {1: "meta://h1:1"}
@@ -23,7 +25,7 @@ class FakeBrokers:
 
     def __init__(self, monkeypatch, bounds):
         self.bounds = dict(bounds)
-        monkeypatch.setattr(stream, "discover", lambda opts: (dict(URLS), dict(self.bounds)))
+        monkeypatch.setattr(stream, "discover", lambda opts, strict=False: (dict(URLS), dict(self.bounds)))
 
 
 def reader(**options):
@@ -99,3 +101,20 @@ def test_available_now_target_deleted_by_retention_does_not_break_the_limit(monk
     assert end["t"]["1-1"] <= 100 and never_behind(end, start)
     read = covered(parts(r, start, end))
     assert len(read) <= 100 and all(k == "1-1" for k, _ in read)
+
+
+class Refused:
+    """A BrokerConnection to a broker that is down."""
+
+    def __init__(self, url, *args, **kwargs):
+        raise ConnectionLost("cannot connect to %s: [Errno 111] Connection refused" % url)
+
+
+def test_a_new_query_with_a_listed_broker_down_fails_instead_of_reading_its_history_later(monkeypatch, caplog):
+    """Started at 'latest' while broker 2 was down, the query read ALL of broker 2's log once it was back."""
+    monkeypatch.setattr(stream, "_connect", Refused)
+    r = reader(brokers="meta://h1:1,meta://h2:1")
+    with pytest.raises(errors.Unavailable, match="broker meta://h1:1 cannot be reached.*a new query needs"):
+        r.initialOffset()
+    assert stream.discover(r.opts) == ({}, {})  # a running query waits for it (a WARNING line)
+    assert "meta://h2:1 cannot be reached" in caplog.text and "its partitions wait" in caplog.text
