@@ -219,6 +219,15 @@ def next_end(start, bounds, max_per_trigger=None):
     return end
 
 
+def cut_logs(start, bounds):
+    """``[(topic, key, high, position)]``: partitions whose log now ends below the stream's position in ``start``.
+
+    Their log was cut (a failover to a slave that lacked its tail, a wiped broker): the next messages stored
+    there take offsets the stream holds for read, and would be skipped without a word."""
+    return [(topic, key, high, start[topic][key]) for (topic, key), (_low, high) in sorted(bounds.items())
+            if key in start.get(topic, {}) and high < start[topic][key]]
+
+
 def offsets_json(offsets):
     """Offsets as the JSON-safe dict Spark keeps in its checkpoint (sorted keys, plain ints)."""
     return {topic: {key: int(off) for key, off in sorted(parts.items())} for topic, parts in sorted(offsets.items())}
@@ -385,6 +394,7 @@ if DataSourceStreamReader is not None:
             self._highs = None
             self._group_done = None  # the offsets last written for the group
             self._initial = None  # initialOffset(), resolved once
+            self._cut_told = set()  # (topic, key, position) of cut logs already told (failOnDataLoss=false)
 
         def initialOffset(self):
             # Spark asks twice in a new query (for the first latestOffset, then again to plan batch 0):
@@ -420,6 +430,7 @@ if DataSourceStreamReader is not None:
                 max_rows = getattr(limit, "max_rows", None)
             urls, bounds = discover(self.opts)
             self._commit_group(urls, start)  # Spark asks for the next end once the batch ending at start is done
+            self._report_cut_logs(start, bounds)
             self._highs = {topic: {} for topic, _ in bounds}
             for (topic, key), (_low, high) in bounds.items():
                 self._highs[topic][key] = high
@@ -428,6 +439,17 @@ if DataSourceStreamReader is not None:
             end = offsets_json(next_end(start, bounds, max_rows))
             self._last_end = end
             return end
+
+        def _report_cut_logs(self, start, bounds):
+            for topic, key, high, position in cut_logs(start, bounds):
+                text = ("%s %s: the partition ends at offset %d, below the stream's position %d: its log was cut "
+                        "(a failover to a slave that lacked its tail?), and messages stored at %d..%d from now on are "
+                        "not read" % (topic, key, high, position, high, position - 1))
+                if self.opts.fail_on_data_loss:
+                    raise DataLoss(text + "; set failOnDataLoss=false to go on from %d" % position)
+                if (topic, key, position) not in self._cut_told:
+                    self._cut_told.add((topic, key, position))
+                    log.warning("%s (failOnDataLoss=false)", text)
 
         def reportLatestOffset(self):
             return offsets_json(self._highs) if self._highs else None

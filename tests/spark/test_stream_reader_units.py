@@ -118,3 +118,15 @@ def test_a_new_query_with_a_listed_broker_down_fails_instead_of_reading_its_hist
         r.initialOffset()
     assert stream.discover(r.opts) == ({}, {})  # a running query waits for it (a WARNING line)
     assert "meta://h2:1 cannot be reached" in caplog.text and "its partitions wait" in caplog.text
+
+
+def test_a_log_cut_below_the_streams_position_is_data_loss_not_a_silent_wait(monkeypatch, caplog):
+    """After a failover to a slave that lacked the tail, new messages take offsets 80..99 again: never read."""
+    FakeBrokers(monkeypatch, {("t", "1-0"): (0, 80)})
+    start = {"t": {"1-0": 100}}
+    with pytest.raises(stream.DataLoss, match=r"t 1-0: the partition ends at offset 80, below the stream's "
+                                              r"position 100.*messages stored at 80\.\.99"):
+        reader().latestOffset(start, None)
+    r = reader(failOnDataLoss="false")
+    assert r.latestOffset(start, None) == start and r.latestOffset(start, None) == start
+    assert caplog.text.count("below the stream's position 100") == 1  # told once, not at every poll
