@@ -473,7 +473,7 @@ if DataSourceStreamReader is not None:
 
         def commit(self, end):
             # Not a start for latestOffset(): Spark commits batch N-1 after it has asked for batch N's end.
-            if self.opts.group:
+            if self.opts.group and end != self._group_done:  # latestOffset() wrote it already, as a rule
                 self._commit_group(discover(self.opts)[0], end)
 
         def _commit_group(self, urls, done):

@@ -130,3 +130,17 @@ def test_a_log_cut_below_the_streams_position_is_data_loss_not_a_silent_wait(mon
     r = reader(failOnDataLoss="false")
     assert r.latestOffset(start, None) == start and r.latestOffset(start, None) == start
     assert caplog.text.count("below the stream's position 100") == 1  # told once, not at every poll
+
+
+def test_the_group_is_committed_once_per_finished_batch_without_asking_the_brokers_again(monkeypatch):
+    brokers = FakeBrokers(monkeypatch, {("t", "1-0"): (0, 10)})
+    calls, written = [], []
+    monkeypatch.setattr(stream, "discover", lambda opts, strict=False: calls.append(1) or (dict(URLS), brokers.bounds))
+    monkeypatch.setattr(stream, "commit_group", lambda opts, urls, end: written.append(end))
+    r = reader(group="g", startingOffsets="earliest")
+    e0 = r.latestOffset(r.initialOffset(), None)
+    brokers.bounds = {("t", "1-0"): (0, 20)}
+    e1 = r.latestOffset(e0, None)  # batch 0 finished: its end is the group's
+    asked = len(calls)
+    r.commit(e0)  # Spark's (late) commit of batch 0
+    assert len(calls) == asked and written == [{"t": {"1-0": 0}}, e0] and e1 == {"t": {"1-0": 20}}
