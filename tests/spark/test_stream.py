@@ -272,7 +272,7 @@ def test_starting_timestamp_starts_at_the_second_of_three_bursts(broker, spark, 
         t0 = int(time.time() * 1000)
         bursts.append((t0, put_many(broker, topic, n * 100, 100)))
     since = bursts[1][0]
-    expected = dict(bursts[1][1], **bursts[2][1])
+    expected = {**bursts[1][1], **bursts[2][1]}
     stream = (spark.readStream.format("metaq").option("brokers", url_of(broker)).option("subscribe", topic)
               .option("startingTimestamp", str(since)).load())
     query = stream.writeStream.format("memory").queryName("bursts").trigger(availableNow=True).start()
