@@ -30,6 +30,7 @@ and the connection options of the source (``credentials``, ``tls`` …).
 """
 
 import hashlib
+import itertools
 import logging
 import os
 from collections import deque
@@ -37,6 +38,7 @@ from collections import deque
 from metaq import errors, limits
 from metaq.client import security as client_security
 from metaq.client.message import Message, Partition
+from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR
 from metaq.protocol.rocketmq.mapping import PROP_KEYS
 from metaq.spark.ranges import read_options, security_options
 
@@ -75,9 +77,20 @@ class SinkOptions:
         self.security = security_options(opts)
 
 
-def check_columns(names, opts):
-    """Refuse a schema the sink cannot write (ValueError naming the problem)."""
+#: The Spark types (``DataType.simpleString()``) each column may have; the key is written as text (``str``).
+COLUMN_TYPES = {"value": ("binary", "string"), "topic": ("string",), "attribute": ("string",),
+                "partition": ("string", "tinyint", "smallint", "int", "bigint"),
+                "properties": ("map<string,string>",)}
+
+
+def check_columns(names, opts, types=None):
+    """Refuse a schema the sink cannot write (ValueError naming the problem); ``types``: ``{name: simpleString}``."""
     names = list(names)
+    for name, kind in sorted((types or {}).items()):
+        allowed = COLUMN_TYPES.get(name)
+        if allowed and kind not in allowed:
+            raise ValueError("the metaq sink's column '%s' must be %s, not %s (cast it)"
+                             % (name, " or ".join(allowed), kind))
     unknown = [n for n in names if n not in SINK_COLUMNS]
     if unknown:
         raise ValueError("the metaq sink writes the columns %s; these are not among them: %s (select the "
@@ -98,6 +111,8 @@ def choose(partitions, row_index, key, partition):
     """The partition of a row among the topic's ``partitions`` (sorted): the ``partition`` column, else the key's
     hash, else round-robin by the row's index in the task. SinkError for a partition the topic lacks."""
     if partition is not None:
+        if isinstance(partition, bool):
+            raise SinkError("partition must be '<brokerId>-<p>' or an index, got %r" % partition)
         if isinstance(partition, int):
             if not 0 <= partition < len(partitions):
                 raise SinkError("partition %d is not an index of the topic's %d partitions" % (partition, len(partitions)))
@@ -140,6 +155,10 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
     """
     from metaq.client.producer import Producer
 
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:  # an empty task (most of them after a shuffle): no producer, no connection
+        return {"rows": 0, "duplicates": 0, "producer_id": producer_id}
     factory = producer_factory or Producer
     kwargs = {"send_timeout": min(10.0, opts.timeout), "retry_deadline": opts.timeout, "selector": _Chosen(),
               "security": client_security.resolve(opts.security)}
@@ -150,7 +169,7 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
     parts_of, pending = {}, deque()
     sent = duplicates = 0
     try:
-        for index, row in enumerate(rows):
+        for index, row in enumerate(itertools.chain((first,), rows)):
             message = _message_of(row, index, opts, producer, parts_of)
             pending.append((index, producer.send_async(message)))
             while len(pending) >= opts.in_flight:
@@ -169,6 +188,9 @@ def _message_of(row, index, opts, producer, parts_of):
         raise SinkError("row %d of this task has no value (a null 'value' column)" % index)
     if isinstance(value, str):
         value = value.encode("utf-8")
+    elif not isinstance(value, (bytes, bytearray, memoryview)):  # bytes(5) would be five zero bytes
+        raise SinkError("row %d of this task: 'value' must be binary or a string, got %s"
+                        % (index, type(value).__name__))
     topic = _field(row, "topic") or opts.topic
     if topic is None:
         raise SinkError("row %d of this task has no topic (a null 'topic' column and no 'topic' option)" % index)
@@ -195,7 +217,11 @@ def _message_of(row, index, opts, producer, parts_of):
         new = " (topic %s has no data yet: until its first put creates it, the sink sees partition 0 of each broker)" \
             % topic if parts_of.get((topic, "new")) else ""
         raise SinkError("row %d of this task: %s%s" % (index, exc, new)) from None
-    message = Message(topic, bytes(value), _field(row, "attribute"), key=target, properties=props or None)
+    attribute = _field(row, "attribute")
+    if attribute is not None and PROPERTY_SEPARATOR in str(attribute):  # read back, it would end at the \x02
+        raise SinkError("row %d of this task: the attribute %r holds \\x02, which marks where properties start"
+                        % (index, attribute))
+    message = Message(topic, bytes(value), attribute, key=target, properties=props or None)
     try:
         producer.make_put(message)  # too large, bad topic: said here, with the row's position
     except (ValueError, TypeError, errors.MetaqError) as exc:
@@ -236,7 +262,7 @@ if DataSourceWriter is not None:
 
         def __init__(self, options, schema):
             self.opts = SinkOptions(options)
-            check_columns(schema.fieldNames(), self.opts)
+            check_columns(schema.fieldNames(), self.opts, _types(schema))
             self.write_id = os.urandom(16).hex()  # pickled to the tasks: a retried task gets the same id
             self.totals = None
 
@@ -253,7 +279,7 @@ if DataSourceWriter is not None:
 
         def __init__(self, options, schema):
             self.opts = SinkOptions(options)
-            check_columns(schema.fieldNames(), self.opts)
+            check_columns(schema.fieldNames(), self.opts, _types(schema))
 
         def write(self, iterator):
             ctx, part = _task_partition()
@@ -273,6 +299,10 @@ if DataSourceWriter is not None:
 
 else:  # pragma: no cover - Spark 3.5
     MetaQDataSourceWriter = MetaQStreamWriter = None
+
+
+def _types(schema):
+    return {f.name: f.dataType.simpleString() for f in schema.fields}
 
 
 def _totals(messages):

@@ -211,12 +211,21 @@ def next_end(start, bounds, max_per_trigger=None):
         if key not in parts:
             parts[key] = low
             continue
-        if high > parts[key]:
+        if high > max(parts[key], low):  # (a Trigger.AvailableNow target can be below a log start that moved)
             backlog[(topic, key)] = high - max(parts[key], low)
     for (topic, key), n in _share(max_per_trigger, backlog).items():
         low = bounds[(topic, key)][0]
         end[topic][key] = max(end[topic][key], low) + n
     return end
+
+
+def cut_logs(start, bounds):
+    """``[(topic, key, high, position)]``: partitions whose log now ends below the stream's position in ``start``.
+
+    Their log was cut (a failover to a slave that lacked its tail, a wiped broker): the next messages stored
+    there take offsets the stream holds for read, and would be skipped without a word."""
+    return [(topic, key, high, start[topic][key]) for (topic, key), (_low, high) in sorted(bounds.items())
+            if key in start.get(topic, {}) and high < start[topic][key]]
 
 
 def offsets_json(offsets):
@@ -275,10 +284,14 @@ def split_to_at_least(ranges, min_partitions):
     return out
 
 
-def discover(opts):
+def discover(opts, strict=False):
     """``(urls, bounds)`` now: ``{broker_id: url}`` of the brokers that answered and ``{(topic, key): (low, high)}``
     of their partitions of the subscribed topics. A listed broker that cannot be reached is left out with a
-    WARNING line (its partitions wait); ZooKeeper that cannot be reached, or refused credentials, raise."""
+    WARNING line (its partitions wait); ZooKeeper that cannot be reached, or refused credentials, raise.
+
+    ``strict`` (where a new query starts): a listed broker that cannot be reached, or no broker at all, raises
+    Unavailable instead; its partitions would otherwise join later at their first offset, whatever
+    ``startingOffsets`` said."""
     security = client_security.resolve(opts.security)
     urls = dict(find_brokers((), opts.zk, opts.zk_root, opts.timeout, security)) if opts.zk else {}
     for url in opts.brokers:
@@ -286,13 +299,22 @@ def discover(opts):
             with _connect(url, opts, security) as conn:
                 urls[ask_broker_id(conn, opts.timeout)] = url
         except _UNREACHABLE as exc:
+            if strict:
+                raise errors.Unavailable("metaq stream: broker %s cannot be reached (%s): a new query needs every "
+                                         "listed broker to know where it starts" % (url, exc)) from None
             log.warning("metaq stream: broker %s cannot be reached (%s); its partitions wait", url, exc)
+    if strict and not urls:
+        raise errors.Unavailable("metaq stream: no broker is registered in ZooKeeper %s under %s"
+                                 % (opts.zk, opts.zk_root))
     reachable, bounds = {}, {}
     for broker_id, url in sorted(urls.items()):
         try:
             with _connect(url, opts, security) as conn:
                 reply = conn.call(ev.Stats("offsets", 0), timeout=opts.timeout)
         except _UNREACHABLE as exc:
+            if strict:
+                raise errors.Unavailable("metaq stream: broker %d (%s) cannot be reached (%s): a new query needs "
+                                         "every broker to know where it starts" % (broker_id, url, exc)) from None
             log.warning("metaq stream: broker %d (%s) cannot be reached (%s); its partitions wait", broker_id, url, exc)
             continue
         if reply.code != 200:
@@ -371,9 +393,18 @@ if DataSourceStreamReader is not None:
             self._last_end = None  # the last end given, for Spark < 4.2 (latestOffset() without a start)
             self._highs = None
             self._group_done = None  # the offsets last written for the group
+            self._initial = None  # initialOffset(), resolved once
+            self._cut_told = set()  # (topic, key, position) of cut logs already told (failOnDataLoss=false)
 
         def initialOffset(self):
-            urls, bounds = discover(self.opts)
+            # Spark asks twice in a new query (for the first latestOffset, then again to plan batch 0):
+            # "latest" must be the same answer both times, or batch 0 misses what came in between.
+            if self._initial is None:
+                self._initial = self._resolve_initial()
+            return self._initial
+
+        def _resolve_initial(self):
+            urls, bounds = discover(self.opts, strict=True)
             at_time = None
             if self.opts.starting_ts is not None:
                 from metaq.spark.ranges import offsets_at_time
@@ -399,6 +430,7 @@ if DataSourceStreamReader is not None:
                 max_rows = getattr(limit, "max_rows", None)
             urls, bounds = discover(self.opts)
             self._commit_group(urls, start)  # Spark asks for the next end once the batch ending at start is done
+            self._report_cut_logs(start, bounds)
             self._highs = {topic: {} for topic, _ in bounds}
             for (topic, key), (_low, high) in bounds.items():
                 self._highs[topic][key] = high
@@ -408,6 +440,17 @@ if DataSourceStreamReader is not None:
             self._last_end = end
             return end
 
+        def _report_cut_logs(self, start, bounds):
+            for topic, key, high, position in cut_logs(start, bounds):
+                text = ("%s %s: the partition ends at offset %d, below the stream's position %d: its log was cut "
+                        "(a failover to a slave that lacked its tail?), and messages stored at %d..%d from now on are "
+                        "not read" % (topic, key, high, position, high, position - 1))
+                if self.opts.fail_on_data_loss:
+                    raise DataLoss(text + "; set failOnDataLoss=false to go on from %d" % position)
+                if (topic, key, position) not in self._cut_told:
+                    self._cut_told.add((topic, key, position))
+                    log.warning("%s (failOnDataLoss=false)", text)
+
         def reportLatestOffset(self):
             return offsets_json(self._highs) if self._highs else None
 
@@ -416,6 +459,9 @@ if DataSourceStreamReader is not None:
             self._target = {k: high for k, (_low, high) in bounds.items()}
 
         def partitions(self, start, end):
+            # Spark < 4.2 plans every batch it runs here, and on a restart announces the checkpoint's last
+            # offsets as partitions(end, end) (AcceptsLatestSeenOffset): the start of the next latestOffset().
+            self._last_end = end
             urls, bounds = discover(self.opts)
             return [StreamRangePartition(r) for r in plan_stream_ranges(start, end, bounds, urls, self.opts)]
 
@@ -426,8 +472,8 @@ if DataSourceStreamReader is not None:
                              security=self.opts.security, fail_on_data_loss=self.opts.fail_on_data_loss)
 
         def commit(self, end):
-            self._last_end = end
-            if self.opts.group:
+            # Not a start for latestOffset(): Spark commits batch N-1 after it has asked for batch N's end.
+            if self.opts.group and end != self._group_done:  # latestOffset() wrote it already, as a rule
                 self._commit_group(discover(self.opts)[0], end)
 
         def _commit_group(self, urls, done):
