@@ -75,6 +75,35 @@ class SinkOptions:
         self.timeout = float(opts.get("timeoutseconds", 30))
         self.idempotent = str(opts.get("idempotent", "true")).strip().lower() != "false"
         self.security = security_options(opts)
+        self.partitions = {}  # {topic: [Partition]} fixed when the write is planned (plan_partitions)
+
+
+def plan_partitions(opts, topic):
+    """``topic``'s partitions, sorted, asked from every broker when the write is planned: the list every task,
+    and every retry of a task, maps its rows onto (so a retry sends a row where its first attempt did).
+
+    A listed broker that cannot be reached fails the write here (its partitions would be missing from the list,
+    and a retry would then map rows elsewhere). A broker without the topic yet offers its partition 0 (the
+    topic is created by its first put)."""
+    from metaq.client.connection import BrokerConnection
+    from metaq.client.discovery import find_brokers, partition_count_from_stats
+    from metaq.protocol import events as ev
+
+    security = client_security.resolve(opts.security)
+    try:
+        urls = find_brokers(opts.brokers, opts.zk, opts.zk_root, min(opts.timeout, 10.0), security)
+    except (OSError, errors.Unavailable) as exc:
+        raise errors.Unavailable("the metaq sink plans where rows go with every broker, and one cannot be reached: "
+                                 "%s" % exc) from None
+    parts = []
+    for broker_id, url in sorted(urls.items()):
+        with BrokerConnection(url, connect_timeout=opts.timeout, request_timeout=opts.timeout, heartbeat_interval=0,
+                              security=security) as conn:
+            count = partition_count_from_stats(conn.call(ev.Stats(topic, 0), timeout=opts.timeout))
+        parts.extend(Partition(broker_id, p) for p in range(max(count, 1)))
+    if not parts:
+        raise errors.Unavailable("the metaq sink found no broker for topic %s" % topic)
+    return sorted(parts)
 
 
 #: The Spark types (``DataType.simpleString()``) each column may have; the key is written as text (``str``).
@@ -171,7 +200,7 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
     try:
         for index, row in enumerate(itertools.chain((first,), rows)):
             message = _message_of(row, index, opts, producer, parts_of)
-            pending.append((index, producer.send_async(message)))
+            pending.append((index, _send(producer, index, message)))
             while len(pending) >= opts.in_flight:
                 duplicates += _settle(*pending.popleft(), opts)
             sent += 1
@@ -194,7 +223,7 @@ def _message_of(row, index, opts, producer, parts_of):
     topic = _field(row, "topic") or opts.topic
     if topic is None:
         raise SinkError("row %d of this task has no topic (a null 'topic' column and no 'topic' option)" % index)
-    parts = parts_of.get(topic)
+    parts = parts_of.get(topic) or opts.partitions.get(topic)
     if parts is None:
         try:
             limits.validate_topic(topic)
@@ -209,7 +238,7 @@ def _message_of(row, index, opts, producer, parts_of):
             raise SinkError("row %d of this task: no broker takes topic %s" % (index, topic))
     key = _field(row, "key")
     props = dict(_field(row, "properties") or {})
-    if key is not None:
+    if key is not None and str(key) != "":  # a property cannot be empty: "" picks a partition, nothing is stored
         props[PROP_KEYS] = str(key)
     try:
         target = choose(parts, index, None if key is None else str(key), _field(row, "partition"))
@@ -221,16 +250,24 @@ def _message_of(row, index, opts, producer, parts_of):
     if attribute is not None and PROPERTY_SEPARATOR in str(attribute):  # read back, it would end at the \x02
         raise SinkError("row %d of this task: the attribute %r holds \\x02, which marks where properties start"
                         % (index, attribute))
-    message = Message(topic, bytes(value), attribute, key=target, properties=props or None)
     try:
-        producer.make_put(message)  # too large, bad topic: said here, with the row's position
-    except (ValueError, TypeError, errors.MetaqError) as exc:
+        return Message(topic, bytes(value), attribute, key=target, properties=props or None)
+    except (ValueError, TypeError) as exc:
         raise SinkError("row %d of this task cannot be sent: %s" % (index, exc)) from None
-    return message
+
+
+def _send(producer, index, message):
+    try:
+        return producer.send_async(message)
+    except (ValueError, TypeError, errors.MetaqError) as exc:  # too large, a property it cannot encode ...
+        raise SinkError("row %d of this task cannot be sent: %s" % (index, exc)) from None
 
 
 def _settle(index, future, opts):
-    result = future.result(opts.timeout + 30.0)
+    try:
+        result = future.result(opts.timeout + 30.0)
+    except TimeoutError:
+        raise SinkError("row %d of this task got no answer in %.0f s" % (index, opts.timeout + 30.0)) from None
     if not result.success:
         raise SinkError("row %d of this task was not stored: %s" % (index, result.error))
     return 1 if getattr(result, "duplicate", False) else 0
@@ -263,6 +300,8 @@ if DataSourceWriter is not None:
         def __init__(self, options, schema):
             self.opts = SinkOptions(options)
             check_columns(schema.fieldNames(), self.opts, _types(schema))
+            if self.opts.topic is not None:
+                self.opts.partitions[self.opts.topic] = plan_partitions(self.opts, self.opts.topic)
             self.write_id = os.urandom(16).hex()  # pickled to the tasks: a retried task gets the same id
             self.totals = None
 
@@ -280,6 +319,8 @@ if DataSourceWriter is not None:
         def __init__(self, options, schema):
             self.opts = SinkOptions(options)
             check_columns(schema.fieldNames(), self.opts, _types(schema))
+            if self.opts.topic is not None:
+                self.opts.partitions[self.opts.topic] = plan_partitions(self.opts, self.opts.topic)
 
         def write(self, iterator):
             ctx, part = _task_partition()

@@ -42,13 +42,12 @@ import re
 
 from metaq import errors
 from metaq.client import security as client_security
-from metaq.client.connection import BrokerConnection
-from metaq.client.discovery import ask_broker_id, find_brokers
 from metaq.client.message import Partition
 from metaq.limits import MAX_STREAM_TASKS, validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.spark.brokers import BrokerView, is_unreachable
 from metaq.spark.ranges import OffsetRange, read_options, security_options, split_ranges
 from metaq.spark.rows import DataLoss
 
@@ -284,34 +283,32 @@ def split_to_at_least(ranges, min_partitions):
     return out
 
 
-def discover(opts, strict=False):
+def discover(view, strict=False):
     """``(urls, bounds)`` now: ``{broker_id: url}`` of the brokers that answered and ``{(topic, key): (low, high)}``
-    of their partitions of the subscribed topics. A listed broker that cannot be reached is left out with a
-    WARNING line (its partitions wait); ZooKeeper that cannot be reached, or refused credentials, raise.
+    of their partitions of the subscribed topics, asked through ``view`` (a ``BrokerView``: connections kept).
+    A broker that cannot be reached is left out with a WARNING line (its partitions wait); ZooKeeper that cannot
+    be reached, refused credentials and TLS failures raise.
 
     ``strict`` (where a new query starts): a listed broker that cannot be reached, or no broker at all, raises
     Unavailable instead; its partitions would otherwise join later at their first offset, whatever
     ``startingOffsets`` said."""
-    security = client_security.resolve(opts.security)
-    urls = dict(find_brokers((), opts.zk, opts.zk_root, opts.timeout, security)) if opts.zk else {}
-    for url in opts.brokers:
-        try:
-            with _connect(url, opts, security) as conn:
-                urls[ask_broker_id(conn, opts.timeout)] = url
-        except _UNREACHABLE as exc:
-            if strict:
-                raise errors.Unavailable("metaq stream: broker %s cannot be reached (%s): a new query needs every "
-                                         "listed broker to know where it starts" % (url, exc)) from None
-            log.warning("metaq stream: broker %s cannot be reached (%s); its partitions wait", url, exc)
+    opts = view.opts
+    urls, failed = view.masters()
+    for url, exc in failed:
+        if strict:
+            raise errors.Unavailable("metaq stream: broker %s cannot be reached (%s): a new query needs every "
+                                     "listed broker to know where it starts" % (url, exc))
+        log.warning("metaq stream: broker %s cannot be reached (%s); its partitions wait", url, exc)
     if strict and not urls:
         raise errors.Unavailable("metaq stream: no broker is registered in ZooKeeper %s under %s"
                                  % (opts.zk, opts.zk_root))
     reachable, bounds = {}, {}
     for broker_id, url in sorted(urls.items()):
         try:
-            with _connect(url, opts, security) as conn:
-                reply = conn.call(ev.Stats("offsets", 0), timeout=opts.timeout)
-        except _UNREACHABLE as exc:
+            reply = view.call(url, ev.Stats("offsets", 0))
+        except Exception as exc:
+            if not is_unreachable(exc):
+                raise
             if strict:
                 raise errors.Unavailable("metaq stream: broker %d (%s) cannot be reached (%s): a new query needs "
                                          "every broker to know where it starts" % (broker_id, url, exc)) from None
@@ -326,38 +323,24 @@ def discover(opts, strict=False):
     return reachable, bounds
 
 
-_UNREACHABLE = (OSError, errors.Unavailable)
+def commit_group(view, urls, end):
+    """Write ``end`` as the consumer group's offsets (ZooKeeper with ``zk``, else each partition's broker)."""
+    from metaq.client.offsets import ZkOffsetStore
+    from metaq.client.replies import reply_error
 
-
-def _connect(url, opts, security):
-    return BrokerConnection(url, connect_timeout=opts.timeout, request_timeout=opts.timeout, heartbeat_interval=0,
-                            security=security)
-
-
-def commit_group(opts, urls, end):
-    """Write ``end`` as the consumer group ``opts.group``'s offsets (ZooKeeper with ``zk``, else the brokers)."""
-    from metaq.client.message import Partition as P
-    from metaq.client.offsets import BrokerOffsetStore, ZkOffsetStore
-
-    entries = {(topic, P.parse(key)): (offset, -1) for topic, parts in end.items() for key, offset in parts.items()}
+    opts = view.opts
     if opts.zk:
-        from metaq.client.discovery import ZkDiscovery
-
-        discovery = ZkDiscovery.connect(opts.zk, opts.zk_root, connect_timeout=opts.timeout)
-        try:
-            ZkOffsetStore(discovery.zk, opts.zk_root, opts.group).commit(entries)
-        finally:
-            discovery.close()
+        entries = {(topic, Partition.parse(key)): (offset, -1)
+                   for topic, parts in end.items() for key, offset in parts.items()}
+        ZkOffsetStore(view.zk_discovery().zk, opts.zk_root, opts.group).commit(entries)
         return
-    from metaq.client.connection import ConnectionPool
-
-    pool = ConnectionPool(connect_timeout=opts.timeout, request_timeout=opts.timeout, heartbeat_interval=0,
-                          security=opts.security)
-    try:
-        BrokerOffsetStore(pool, urls.get, opts.group, opts.timeout).commit(
-            {k: v for k, v in entries.items() if k[1].broker_id in urls})
-    finally:
-        pool.close()
+    for topic, parts in sorted(end.items()):
+        for key, offset in sorted(parts.items()):
+            part = Partition.parse(key)
+            if part.broker_id in urls:
+                reply = view.call(urls[part.broker_id], ev.CommitOffset(opts.group, topic, part.partition, offset, 0))
+                if reply.code != 200:
+                    raise reply_error(reply, "commit_offset %s %s %s" % (opts.group, topic, key))
 
 
 try:  # Spark >= 4.0
@@ -389,12 +372,29 @@ if DataSourceStreamReader is not None:
 
         def __init__(self, options):
             self.opts = StreamOptions(options)
+            self._view = None  # BrokerView: connections kept while the query runs (never pickled)
             self._target = None  # Trigger.AvailableNow: {(topic, key): high} when the query started
             self._last_end = None  # the last end given, for Spark < 4.2 (latestOffset() without a start)
             self._highs = None
             self._group_done = None  # the offsets last written for the group
             self._initial = None  # initialOffset(), resolved once
             self._cut_told = set()  # (topic, key, position) of cut logs already told (failOnDataLoss=false)
+
+        @property
+        def view(self):
+            if self._view is None:
+                self._view = BrokerView(self.opts)
+            return self._view
+
+        def __getstate__(self):  # the copy Spark sends to an executor carries no connection
+            state = dict(self.__dict__)
+            state["_view"] = None
+            return state
+
+        def stop(self):
+            if self._view is not None:
+                self._view.close()
+                self._view = None
 
         def initialOffset(self):
             # Spark asks twice in a new query (for the first latestOffset, then again to plan batch 0):
@@ -404,7 +404,7 @@ if DataSourceStreamReader is not None:
             return self._initial
 
         def _resolve_initial(self):
-            urls, bounds = discover(self.opts, strict=True)
+            urls, bounds = discover(self.view, strict=True)
             at_time = None
             if self.opts.starting_ts is not None:
                 from metaq.spark.ranges import offsets_at_time
@@ -428,7 +428,7 @@ if DataSourceStreamReader is not None:
                     start = self.initialOffset()
             else:
                 max_rows = getattr(limit, "max_rows", None)
-            urls, bounds = discover(self.opts)
+            urls, bounds = discover(self.view)
             self._commit_group(urls, start)  # Spark asks for the next end once the batch ending at start is done
             self._report_cut_logs(start, bounds)
             self._highs = {topic: {} for topic, _ in bounds}
@@ -455,14 +455,14 @@ if DataSourceStreamReader is not None:
             return offsets_json(self._highs) if self._highs else None
 
         def prepareForTriggerAvailableNow(self):
-            _urls, bounds = discover(self.opts)
+            _urls, bounds = discover(self.view)
             self._target = {k: high for k, (_low, high) in bounds.items()}
 
         def partitions(self, start, end):
             # Spark < 4.2 plans every batch it runs here, and on a restart announces the checkpoint's last
             # offsets as partitions(end, end) (AcceptsLatestSeenOffset): the start of the next latestOffset().
             self._last_end = end
-            urls, bounds = discover(self.opts)
+            urls, bounds = discover(self.view)
             return [StreamRangePartition(r) for r in plan_stream_ranges(start, end, bounds, urls, self.opts)]
 
         def read(self, partition):
@@ -474,14 +474,14 @@ if DataSourceStreamReader is not None:
         def commit(self, end):
             # Not a start for latestOffset(): Spark commits batch N-1 after it has asked for batch N's end.
             if self.opts.group and end != self._group_done:  # latestOffset() wrote it already, as a rule
-                self._commit_group(discover(self.opts)[0], end)
+                self._commit_group(discover(self.view)[0], end)
 
         def _commit_group(self, urls, done):
             """Write ``done`` (the end of a finished batch) as the group's offsets, once per new value."""
             if not self.opts.group or done == self._group_done:
                 return
             try:
-                commit_group(self.opts, urls, done)
+                commit_group(self.view, urls, done)
             except (OSError, errors.MetaqError) as exc:  # written again with the next finished batch
                 log.warning("metaq stream: committing the offsets of group %s failed: %s", self.opts.group, exc)
             else:

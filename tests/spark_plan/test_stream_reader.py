@@ -112,11 +112,13 @@ class Refused:
 
 def test_a_new_query_with_a_listed_broker_down_fails_instead_of_reading_its_history_later(monkeypatch, caplog):
     """Started at 'latest' while broker 2 was down, the query read ALL of broker 2's log once it was back."""
-    monkeypatch.setattr(stream, "_connect", Refused)
+    from metaq.spark import brokers
+
+    monkeypatch.setattr(brokers, "BrokerConnection", Refused)
     r = reader(brokers="meta://h1:1,meta://h2:1")
     with pytest.raises(errors.Unavailable, match="broker meta://h1:1 cannot be reached.*a new query needs"):
         r.initialOffset()
-    assert stream.discover(r.opts) == ({}, {})  # a running query waits for it (a WARNING line)
+    assert stream.discover(brokers.BrokerView(r.opts)) == ({}, {})  # a running query waits for it (a WARNING line)
     assert "meta://h2:1 cannot be reached" in caplog.text and "its partitions wait" in caplog.text
 
 

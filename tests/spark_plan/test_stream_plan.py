@@ -1,4 +1,4 @@
-"""The streaming source's and the sink's planning logic, without Spark or a network."""
+"""The Spark source's and sink's planning logic, without Spark or a network (the unit tier; tests/spark starts servers)."""
 
 import pytest
 

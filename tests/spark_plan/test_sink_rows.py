@@ -12,7 +12,7 @@ PARTS = [Partition(7, 0), Partition(7, 1)]
 
 
 class RecordingProducer:
-    """What write_rows needs of a Producer: partitions, make_put, send_async, close; each send succeeds."""
+    """What write_rows needs of a Producer: partitions, send_async, close; each send succeeds."""
 
     made = []
 
@@ -23,10 +23,8 @@ class RecordingProducer:
     def partitions(self, topic):
         return list(PARTS)
 
-    def make_put(self, message):
-        message.encode()  # what the real one refuses (a property with \x01/\x02 ...)
-
     def send_async(self, message):
+        message.encode()  # what the real one refuses at once (a property with \x01/\x02 ...)
         self.sent.append(message)
         future = Future()
         future.set_result(SendResult(True, message.key, len(self.sent) - 1))
