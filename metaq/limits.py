@@ -284,3 +284,15 @@ MAX_REPLICATION_OFFSETS_PER_FRAME = 1000
 #: Bytes of entries one OFFSETS frame may carry (22 bytes and the two names each: 1000 entries with 100-byte
 #: names fit; longer names make more frames).
 MAX_REPLICATION_OFFSETS_BYTES = 256 * 1024
+
+# -- idempotent producers (put_idem; README "Exactly once") -------------------------------------------------
+#: Sequences of one producer-partition the broker remembers (``metaq.store.producers``): a resend of one of
+#: them is answered as a duplicate; an older one is refused. The client never has more than this many
+#: sequences of one partition unanswered, so its resends always fall inside.
+IDEMPOTENCE_WINDOW = 1024
+#: Producer-partitions ``(pid, topic, partition)`` the broker keeps windows for; past it the least recently
+#: written is evicted (its resends are then stored again, as a new producer's). Worst case about 25 KiB each.
+MAX_IDEMPOTENT_PRODUCERS = 4096
+#: Default of ``store.producer_ttl_s`` in ms: a producer-partition with no record for this long (by the
+#: records' store times) is forgotten (Kafka's transactional.id.expiration default: one day).
+IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
