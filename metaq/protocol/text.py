@@ -10,7 +10,8 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
 carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
-the delay level before the opaque; ``metaq.protocol.delay``) is ours; integers
+the delay level before the opaque; ``metaq.protocol.delay``) and ``put_idem``
+(the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours; integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
 skipped) unless the error is ``fatal`` (body length unknown or over the limit,
@@ -30,6 +31,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    IdempotentPut,
     Offset,
     Promote,
     QueryOffset,
@@ -163,6 +165,17 @@ def _parse_put_delayed(t):
     return lambda body: DelayedPut(topic, partition, flag, body, opaque, checksum, level)
 
 
+def _parse_put_idem(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", 0, INT32_MAX)  # explicit: a sequence belongs to one partition
+    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    pid = _int(t[6], "producer id", 1, INT64_MAX)
+    seq = _int(t[7], "sequence", 0, INT64_MAX)
+    opaque = _int(t[8], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)
+
+
 def _parse_get(t):
     partition = _int(t[3], "partition", -1, INT32_MAX)
     offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
@@ -266,6 +279,8 @@ def _parse_result(t):
 _COMMANDS = {
     "put": (_parse_put, (6, 7, 8), "6, 7 or 8 tokens", 3),
     "put_delayed": (_parse_put_delayed, (8,), "8 tokens", 3),
+    "put_idem": (_parse_put_idem, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
+                 "<opaque>)", 3),
     "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),

@@ -8,6 +8,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    IdempotentPut,
     Offset,
     Promote,
     QueryOffset,
@@ -44,6 +45,12 @@ def _serialize_put(e):
 def _serialize_put_delayed(e):
     head = "put_delayed %s %d %d %d %d %d %d\r\n" % (
         _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.level, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_put_idem(e):
+    head = "put_idem %s %d %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
     return b"".join((head.encode("utf-8"), e.body))
 
 
@@ -121,6 +128,7 @@ def _serialize_result(e):
 _SERIALIZERS = {
     Put: _serialize_put,
     DelayedPut: _serialize_put_delayed,
+    IdempotentPut: _serialize_put_idem,
     Get: _serialize_get,
     Offset: _serialize_offset,
     CommitOffset: _serialize_commit_offset,
