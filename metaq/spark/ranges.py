@@ -29,6 +29,7 @@ from metaq.limits import validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.message import decode_payload
+from metaq.protocol.rocketmq.mapping import split_attribute
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets",
            "partition_bounds", "plan_ranges", "split_ranges", "read_range", "read_options", "security_options"]
@@ -251,6 +252,7 @@ def read_range(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None):
                                % (r.topic, key, offset, r.start, r.end))
             for record in records[: r.end - offset]:
                 attribute, payload = decode_payload(record.flag, record.data)
+                attribute = split_attribute(attribute)[0]  # the user's part, before any properties (as the client)
                 ts = datetime.fromtimestamp(msg_timestamp_ms(record.msg_id) / 1000.0, tz=timezone.utc)
                 yield (r.topic, key, offset, record.msg_id, attribute, bytes(payload), ts)
                 offset += 1
