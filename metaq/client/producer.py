@@ -61,7 +61,8 @@ _MAX_BACKOFF_S = 1.0
 class _Send:
     """One message on its way: where it went, what failed, until when it may be retried."""
 
-    __slots__ = ("message", "put", "future", "deadline", "partition", "failed", "error", "attempts", "seq")
+    __slots__ = ("message", "put", "future", "deadline", "partition", "failed", "error", "attempts", "seq",
+                 "new_topic")
 
     def __init__(self, message, put, future, deadline):
         self.message = message
@@ -73,6 +74,7 @@ class _Send:
         self.error = None
         self.attempts = 0
         self.seq = None  # idempotent: the sequence of (topic, partition) given when the partition was chosen
+        self.new_topic = False  # idempotent: sent to partition 0 of a topic the broker did not have yet
 
 
 class _Sequences:
@@ -442,7 +444,7 @@ class Producer:
             self._finish(send, SendResult(False, partition, error=BrokerError("bad put reply %r" % reply.body)))
             return
         stored = Partition(partition.broker_id, part)
-        if partition.partition == -1:
+        if partition.partition == -1 or send.new_topic:
             self.discovery.invalidate(send.put.topic)  # the topic exists now: learn its partitions
         message = send.message
         if offset < 0:  # a delayed message: its offset is known only when it is delivered
@@ -456,6 +458,7 @@ class Producer:
         (``wait``: for room until the send's deadline, then RequestTimeout; else None at once without room)."""
         if partition.partition == -1:
             partition = Partition(partition.broker_id, 0)
+            send.new_topic = True
         key = (send.put.topic, partition)
         with self._window_cond:
             seqs = self._sequences.get(key)
