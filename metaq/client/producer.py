@@ -80,12 +80,13 @@ class _Send:
 class _Sequences:
     """An idempotent producer's sequence numbers of one (topic, partition): the next one, and the unanswered."""
 
-    __slots__ = ("next", "low", "open")
+    __slots__ = ("next", "low", "open", "waiting")
 
     def __init__(self):
         self.next = 0
         self.low = 0  # every sequence below it is answered
         self.open = set()
+        self.waiting = False  # a sender waits for room: woken once half the window is free
 
     def finished(self, seq):
         self.open.discard(seq)
@@ -464,15 +465,18 @@ class Producer:
             seqs = self._sequences.get(key)
             if seqs is None:
                 seqs = self._sequences[key] = _Sequences()
-            while seqs.next - seqs.low >= limits.IDEMPOTENCE_WINDOW:
+            if seqs.next - seqs.low >= limits.IDEMPOTENCE_WINDOW:
                 if not wait:
                     return None
-                left = send.deadline - time.monotonic()
-                if left <= 0 or self._closed:
-                    raise RequestTimeout("%d sends to %s of %s are unanswered (limits.IDEMPOTENCE_WINDOW): no room "
-                                         "for another before the deadline" % (limits.IDEMPOTENCE_WINDOW, partition,
-                                                                             send.put.topic))
-                self._window_cond.wait(min(left, 1.0))
+                # wait until half the window is free, not for one slot: the sends then go out in bursts
+                while seqs.next - seqs.low > limits.IDEMPOTENCE_WINDOW // 2:
+                    left = send.deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        raise RequestTimeout("%d sends to %s of %s are unanswered (limits.IDEMPOTENCE_WINDOW): no "
+                                             "room for another before the deadline"
+                                             % (seqs.next - seqs.low, partition, send.put.topic))
+                    seqs.waiting = True
+                    self._window_cond.wait(min(left, 1.0))
             send.seq = seqs.next
             seqs.next += 1
             seqs.open.add(send.seq)
@@ -482,8 +486,11 @@ class Producer:
     def _finish(self, send, result):
         if send.seq is not None and not send.future.done():
             with self._window_cond:
-                self._sequences[(send.put.topic, send.partition)].finished(send.seq)
-                self._window_cond.notify_all()
+                seqs = self._sequences[(send.put.topic, send.partition)]
+                seqs.finished(send.seq)
+                if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
+                    seqs.waiting = False
+                    self._window_cond.notify_all()
         if not send.future.done():
             send.future.set_result(result)  # runs the callbacks
             with self._count_lock:

@@ -45,9 +45,11 @@ transaction, delayed) whose attribute carries them is refused (``has_identity``)
 so no record outside this path can look like an idempotent one.
 """
 
+import struct
+
 from metaq.errors import ClientError
-from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload, encode_payload
-from metaq.protocol.rocketmq.bodies import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, decode_properties
+from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
+from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR, decode_properties
 
 __all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "MARK", "DUPLICATE_MARK", "MAX_PID", "MAX_SEQ", "check_identity",
            "with_identity", "identity_in_attribute", "has_identity"]
@@ -57,18 +59,21 @@ SEQ_PROPERTY = "METAQ_SEQ"
 #: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding).
 MARK = ("\x02%s\x01" % PID_PROPERTY).encode("ascii")
 _SEQ_MARK = "\x02%s\x01" % SEQ_PROPERTY
+_SEQ_MARK_BYTES = _SEQ_MARK.encode("ascii")
+_SEP = PROPERTY_SEPARATOR.encode("ascii")
+_ATTR_LEN = struct.Struct(">i")
+_COPY_BELOW = 64 * 1024
 #: The fourth token of a ``put_idem`` reply that answers a duplicate.
 DUPLICATE_MARK = b"dup"
 MAX_PID = 2**63 - 1
 MAX_SEQ = 2**63 - 1
-_FLAG = "@FLAG"
 
 
 def check_identity(pid, seq):
     """``(pid, seq)`` as ints, or ClientError naming the one out of range."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 <= pid <= MAX_PID:
+    if type(pid) is not int or not 1 <= pid <= MAX_PID:
         raise ClientError("invalid producer id %r: must be 1..%d" % (pid, MAX_PID))
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
         raise ClientError("invalid sequence %r: must be 0..%d" % (seq, MAX_SEQ))
     return pid, seq
 
@@ -81,25 +86,35 @@ def has_identity(attribute):
 def with_identity(flag, data, pid, seq):
     """``(flag, data)`` of the stored record: the put's data with the identity appended to its attribute.
 
-    ClientError when the attribute block is malformed or already carries the reserved properties.
+    Works on the bytes (one copy of the payload). ClientError when the attribute block is malformed or already
+    carries the reserved properties.
     """
-    attribute, payload = decode_payload(flag, data)
-    if has_identity(attribute):
-        raise ClientError("the attribute already carries %s/%s: these properties are set by the broker"
-                          % (PID_PROPERTY, SEQ_PROPERTY))
-    ident = "%s%s%d%s%s%s%d%s" % (PID_PROPERTY, NAME_VALUE_SEPARATOR, pid, PROPERTY_SEPARATOR,
-                                  SEQ_PROPERTY, NAME_VALUE_SEPARATOR, seq, PROPERTY_SEPARATOR)
-    if attribute is None or PROPERTY_SEPARATOR not in attribute:
-        kept = flag & ~ATTRIBUTE_FLAG
-        if kept:
-            ident = "%s%s%d%s" % (_FLAG, NAME_VALUE_SEPARATOR, kept, PROPERTY_SEPARATOR) + ident
-        attribute = (attribute or "") + PROPERTY_SEPARATOR + ident
-    elif attribute.endswith(PROPERTY_SEPARATOR):
-        attribute += ident
+    ident = b"METAQ_PID\x01%d\x02METAQ_SEQ\x01%d\x02" % (pid, seq)
+    if flag & ATTRIBUTE_FLAG:
+        if len(data) < 4:
+            decode_payload(flag, data)  # raises the reason
+        (alen,) = _ATTR_LEN.unpack_from(data, 0)
+        end = 4 + alen
+        if alen < 0 or end > len(data):
+            decode_payload(flag, data)
+        attr = data[4:end]
+        if MARK in attr or _SEQ_MARK_BYTES in attr:
+            raise ClientError("the attribute already carries %s/%s: these properties are set by the broker"
+                              % (PID_PROPERTY, SEQ_PROPERTY))
+        if _SEP not in attr:
+            ident = _SEP + _flag_prop(flag) + ident
+        elif not attr.endswith(_SEP):
+            ident = _SEP + ident
     else:
-        attribute += PROPERTY_SEPARATOR + ident
-    new_flag, new_data = encode_payload(payload, attribute)
-    return flag | new_flag, new_data
+        attr, end = b"", 0
+        ident = _SEP + _flag_prop(flag) + ident
+    payload = data[end:] if len(data) < _COPY_BELOW else memoryview(data)[end:]  # a big one is copied once only
+    return flag | ATTRIBUTE_FLAG, b"".join((_ATTR_LEN.pack(len(attr) + len(ident)), attr, ident, payload))
+
+
+def _flag_prop(flag):
+    kept = flag & ~ATTRIBUTE_FLAG
+    return b"@FLAG\x01%d\x02" % kept if kept else b""
 
 
 def identity_in_attribute(attribute):

@@ -124,6 +124,7 @@ class ProducerTable:
         self._entries = collections.OrderedDict()  # (pid, topic, partition) -> _Window, least recently written first
         self.generation = 0  # odd while a change is under way (see snapshot)
         self._depth = 0  # nested begin/end: the generation moves at the outermost pair only
+        self._newest = None  # the most recently written window (already last: no move_to_end)
         self.evicted = 0
         self.expired = 0
 
@@ -168,24 +169,33 @@ class ProducerTable:
         w = entries.get(key)
         if w is None:
             w = entries[key] = _Window()
-        else:
+        elif w is not self._newest:
             entries.move_to_end(key)
-        w.add(seq, offset, self.window)
+        self._newest = w
+        runs = w.runs
+        if seq == w.high + 1 and runs and offset == runs[-2] + runs[-1] and runs[0] > seq - self.window:
+            runs[-1] += 1  # the common case: the next sequence at the next offset, the window not full yet
+            w.high = seq
+        else:
+            w.add(seq, offset, self.window)
         w.last_ms = store_ms
         while len(entries) > self.max_producers:
-            entries.popitem(last=False)
+            if entries.popitem(last=False)[1] is self._newest:
+                self._newest = None
             self.evicted += 1
         limit = store_ms - self.ttl_ms
         while entries:
             oldest = next(iter(entries.values()))
             if oldest.last_ms >= limit:
                 break
-            entries.popitem(last=False)
+            if entries.popitem(last=False)[1] is self._newest:
+                self._newest = None
             self.expired += 1
 
     def clear(self):
         self.begin()
         self._entries.clear()
+        self._newest = None
         self.evicted = self.expired = 0
         self.end()
 
@@ -233,6 +243,7 @@ class ProducerTable:
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
             raise SnapshotError(str(exc)) from None
         self.begin()
+        self._newest = None
         for key, high, last_ms, runs in entries:
             w = _Window()
             w.high, w.last_ms, w.runs = high, last_ms, runs

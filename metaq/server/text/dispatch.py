@@ -49,16 +49,17 @@ INTERNAL_TOPIC_REFUSAL = ("%s is the broker's internal topic for delayed deliver
                           "<topic> <partition> <len> <flag> <checksum> <level> <opaque>" % SCHEDULE_TOPIC)
 
 
-def _verified_checksum(e):
-    """The put body's checksum, after checking it against the announced one and the attribute block's shape."""
+def _verified_checksum(e, attribute=True):
+    """The put body's checksum, after checking it against the announced one and (``attribute``) the attribute
+    block's shape and that it holds no put_idem property (a put_idem's is checked as the identity is added)."""
     body = e.body
     checksum = metaq_checksum(body)
     if e.checksum != checksum and e.checksum != ev.UNCHECKED:
         raise errors.ChecksumMismatch(
             "Checksum failure, message may be corrupted when transferring on network "
             "(announced %d, body has %d)" % (e.checksum, checksum))
-    if e.flag & 1:  # a malformed attribute block is refused, not stored; so are the put_idem properties
-        if has_identity(decode_payload(e.flag, body)[0]) and type(e) is not ev.IdempotentPut:
+    if attribute and e.flag & 1:  # a malformed attribute block is refused, not stored; so are the identity's
+        if has_identity(decode_payload(e.flag, body)[0]):
             raise errors.ClientError("%s and %s are reserved properties: send with put_idem instead"
                                      % (PID_PROPERTY, SEQ_PROPERTY))
     return checksum
@@ -202,7 +203,7 @@ class TextDispatcher:
         path = self.put_path
         try:
             path.check_writable()
-            _verified_checksum(e)  # the stored data gets the identity and a new checksum
+            _verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
