@@ -296,3 +296,7 @@ MAX_IDEMPOTENT_PRODUCERS = 4096
 #: Default of ``store.producer_ttl_s`` in ms: a producer-partition with no record for this long (by the
 #: records' store times) is forgotten (Kafka's transactional.id.expiration default: one day).
 IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
+#: A store checkpoint writes the idempotent producers' snapshot when their table changed, or else once the log
+#: grew this much since the last one: a restart replays at most about this much log (``mmap.find`` skips log
+#: without an idempotent record at memory speed) while a broker without idempotent producers writes it rarely.
+IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20

@@ -15,7 +15,8 @@
 * ``save`` (at every store checkpoint, and so at a clean close): the table's
   snapshot with the log position it covers, written to ``producers`` (temp file +
   fsync + rename + directory fsync); the one it replaces is kept as
-  ``producers.prev``.
+  ``producers.prev``. Skipped when the table did not change and the log grew by
+  less than ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one.
 * ``load(end)`` (at open, after recovery): the newest snapshot that passes its
   checks and covers no more than the recovered log (a recovery that cut the log
   below a snapshot's position makes that snapshot unusable), then a replay from
@@ -36,6 +37,7 @@ import logging
 import os
 import struct
 
+from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
 from metaq.protocol.idempotence import MARK, check_identity, identity_in_attribute, with_identity
 from metaq.protocol.message import HEADER
 from metaq.store.files import TEMP_SUFFIX, fsync_dir, unlink_quietly
@@ -70,6 +72,8 @@ class Idempotence:
         self.duplicates = 0  # answered with the original
         self.refused_too_old = 0
         self.rebuilds = 0  # loads or cuts that had to replay the log from its start
+        self._saved_generation = None  # the table's generation and the position of the last snapshot written
+        self._saved_position = 0
 
     # -- the put ---------------------------------------------------------------------------
 
@@ -167,12 +171,18 @@ class Idempotence:
     # -- snapshots -------------------------------------------------------------------------
 
     def save(self):
-        """BLOCKING: write the table's snapshot (keeping the previous one); False when none could be taken."""
+        """BLOCKING: write the table's snapshot (keeping the previous one); False when none was written: nothing
+        changed and the log grew less than ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one (a restart
+        then replays that much), or no quiet moment came (the next checkpoint tries again)."""
+        if (self.table.generation == self._saved_generation
+                and self._written() - self._saved_position < IDEMPOTENCE_SNAPSHOT_BYTES):
+            return False
         snap = self.table.snapshot(self._written)
         if snap is None:
             log.info("idempotent producers: no quiet moment for a snapshot; the next checkpoint tries again")
             return False
-        data, _position = snap
+        data, position = snap
+        generation = self.table.generation
         tmp = self.path + TEMP_SUFFIX
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -189,6 +199,7 @@ class Idempotence:
             unlink_quietly(tmp)
             raise
         fsync_dir(self.root)
+        self._saved_generation, self._saved_position = generation, position
         return True
 
     def _read(self, path):

@@ -205,3 +205,33 @@ def test_slave_learns_from_replicated_records_and_a_cut_forgets(tmp_path):
     assert slave.idempotence.table.highest(PID, "test", 0) == 6
     master.close(NOW)
     slave.close(NOW)
+
+
+def test_a_snapshot_is_written_when_the_table_changed_or_the_log_grew(tmp_path, monkeypatch):
+    import metaq.store.idempotence as idem_module
+
+    monkeypatch.setattr(idem_module, "IDEMPOTENCE_SNAPSHOT_BYTES", 4096)
+    s = open_store(tmp_path / "d", segment_size=1 << 16)
+    assert s.idempotence.save() is False  # open wrote one; nothing changed since
+    put(s, 0)
+    assert s.idempotence.save() is True
+    assert s.idempotence.save() is False
+    s.put("test", 1, 0, b"x" * 2000, NOW)
+    assert s.idempotence.save() is False  # the log grew less than the limit
+    s.put("test", 1, 0, b"x" * 2000, NOW)
+    assert s.idempotence.save() is True  # one past it
+    s.close(NOW)
+
+
+def test_producer_ttl_setting(tmp_path):
+    from metaq.errors import ConfigError
+    from metaq.server.config import load_config
+
+    with pytest.raises(ConfigError, match="producer_ttl_s"):
+        open_store(tmp_path / "d", producer_ttl_s=0)
+    s = open_store(tmp_path / "d", producer_ttl_s=1.5)
+    assert s.idempotence.table.ttl_ms == 1500
+    s.close(NOW)
+    with pytest.raises(ConfigError, match="producer_ttl_s"):
+        load_config(None, {"store": {"producer_ttl_s": -1.0}})
+    assert load_config(None, {"store": {"producer_ttl_s": 60.0}}).store_config().producer_ttl_s == 60.0
