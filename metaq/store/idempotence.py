@@ -74,6 +74,7 @@ class Idempotence:
         self.rebuilds = 0  # loads or cuts that had to replay the log from its start
         self._saved_generation = None  # the table's generation and the position of the last snapshot written
         self._saved_position = 0
+        self._captured = None  # capture's copy for the next save
 
     # -- the put ---------------------------------------------------------------------------
 
@@ -170,19 +171,32 @@ class Idempotence:
 
     # -- snapshots -------------------------------------------------------------------------
 
-    def save(self):
-        """BLOCKING: write the table's snapshot (keeping the previous one); False when none was written: nothing
-        changed and the log grew less than ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one (a restart
-        then replays that much), or no quiet moment came (the next checkpoint tries again)."""
+    def capture(self):
+        """Loop thread, just before a checkpoint runs in a worker: copy the table now, when nothing can change it
+        (``save`` then writes this copy); nothing when no snapshot is due."""
+        self._captured = self._copy_if_due()
+
+    def _copy_if_due(self):
         if (self.table.generation == self._saved_generation
                 and self._written() - self._saved_position < IDEMPOTENCE_SNAPSHOT_BYTES):
-            return False
-        snap = self.table.snapshot(self._written)
-        if snap is None:
+            return None
+        copied = self.table.copy(self._written)
+        if copied is None:
             log.info("idempotent producers: no quiet moment for a snapshot; the next checkpoint tries again")
-            return False
-        data, position = snap
-        generation = self.table.generation
+        return copied
+
+    def save(self):
+        """BLOCKING: write the table's snapshot (keeping the previous one): the copy ``capture`` took, else one
+        taken now. False when none was written: nothing changed and the log grew less than
+        ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one (a restart then replays that much), or no quiet
+        moment came for a copy from this worker thread (the next checkpoint tries again)."""
+        copied, self._captured = self._captured, None
+        if copied is None:
+            copied = self._copy_if_due()
+            if copied is None:
+                return False
+        items, position, counters, generation = copied
+        data = self.table.encode(items, position, counters)
         tmp = self.path + TEMP_SUFFIX
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -201,11 +201,12 @@ class ProducerTable:
 
     # -- snapshots -------------------------------------------------------------------------
 
-    def snapshot(self, position_of):
-        """``(bytes, position)`` of the table as no change touched it, or None after repeated interference.
-
-        ``position_of()`` is the log position the table covers at that moment (read in the same quiet
-        interval). Safe from a worker thread while the loop thread records (see the module docstring).
+    def copy(self, position_of):
+        """``(items, position, counters, generation)``: the table as no change touched it (at ``generation``), or
+        None after repeated interference
+        (``encode`` makes the snapshot's bytes of it). ``position_of()`` is the log position the table covers at
+        that moment (read in the same quiet interval). Safe from a worker thread while the loop thread records
+        (see the module docstring); on the loop thread itself it succeeds at once.
         """
         for _ in range(_SNAPSHOT_TRIES):
             gen = self.generation
@@ -218,8 +219,15 @@ class ProducerTable:
             except RuntimeError:  # the dict changed under us
                 continue
             if self.generation == gen:
-                return self.encode(items, position, counters), position
+                return items, position, counters, gen
         return None
+
+    def snapshot(self, position_of):
+        """``(bytes, position)`` of a ``copy``, or None."""
+        copied = self.copy(position_of)
+        if copied is None:
+            return None
+        return self.encode(*copied[:3]), copied[1]
 
     def encode(self, items, position, counters):
         parts = []

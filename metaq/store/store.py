@@ -438,6 +438,11 @@ class MessageStore:
     def should_checkpoint(self, now_ms):
         return now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms
 
+    def prepare_checkpoint(self):
+        """Loop thread, right before ``checkpoint`` runs in a worker: copy what only the loop changes (the
+        idempotent producers' table: idempotence.py), so that the worker writes a consistent snapshot."""
+        self.idempotence.capture()
+
     def checkpoint(self, now_ms):
         """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index."""
         pos = self._pos.flushed

@@ -235,3 +235,22 @@ def test_producer_ttl_setting(tmp_path):
     with pytest.raises(ConfigError, match="producer_ttl_s"):
         load_config(None, {"store": {"producer_ttl_s": -1.0}})
     assert load_config(None, {"store": {"producer_ttl_s": 60.0}}).store_config().producer_ttl_s == 60.0
+
+
+def test_the_copy_captured_before_a_checkpoint_is_what_it_writes(tmp_path):
+    """The flusher captures the table on the loop, then checkpoints in a worker while puts go on."""
+    s = open_store(tmp_path / "d")
+    for seq in range(3):
+        put(s, seq)
+    s.prepare_checkpoint()
+    captured_at = s.written_position
+    put(s, 3)  # after the capture, before the worker writes
+    flush(s)
+    s.checkpoint(NOW)
+    u = ProducerTable()
+    assert u.load((tmp_path / "d" / SNAPSHOT_FILE).read_bytes()) == captured_at
+    assert u.highest(PID, "test", 0) == 2
+    s.abandon()
+    s = open_store(tmp_path / "d")  # the replay from the snapshot's position brings seq 3 back
+    assert s.idempotence.table.highest(PID, "test", 0) == 3 and put(s, 3)[1] is True
+    s.close(NOW)
