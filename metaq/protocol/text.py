@@ -138,6 +138,26 @@ def _fast_put(raw):
     return (lambda body: Put(topic, partition, flag, body, opaque, checksum, None)), int(length)
 
 
+#: The put_idem line, all ASCII, matched in one step (the general path accepts exactly the same lines).
+_FAST_PUT_IDEM = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
+                            rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})")
+
+
+def _fast_put_idem(raw):
+    """(build, length) for a well-formed put_idem line, or None to use the general path (which explains)."""
+    m = _FAST_PUT_IDEM.fullmatch(raw)
+    if m is None:
+        return None
+    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
+    partition, flag, checksum, pid, seq, opaque = (int(partition), int(flag), int(checksum), int(pid), int(seq),
+                                                   int(opaque))
+    if (partition > INT32_MAX or checksum > INT32_MAX or not 1 <= pid <= INT64_MAX or seq > INT64_MAX
+            or not (INT32_MIN <= flag <= INT32_MAX and INT32_MIN <= opaque <= INT32_MAX)):
+        return None
+    topic = topic.decode("ascii")
+    return (lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)), int(length)
+
+
 def _parse_put(t):
     topic = t[1]
     partition = _int(t[2], "partition", -1, INT32_MAX)
@@ -361,6 +381,11 @@ class TextParser(StreamParser):
             if line:
                 if line[:4] == b"put ":  # the hot path: most frames are plain puts
                     fast = _fast_put(line)
+                    if fast is not None and fast[1] <= self.max_body:
+                        self._pending = fast
+                        return self._finish_body()
+                elif line[:9] == b"put_idem ":
+                    fast = _fast_put_idem(line)
                     if fast is not None and fast[1] <= self.max_body:
                         self._pending = fast
                         return self._finish_body()

@@ -26,10 +26,12 @@
   the snapshots past ``position`` are deleted, and the table is rebuilt from the
   newest one left (or the log start) up to ``position``.
 
-A snapshot taken while the table changes in the loop thread is retried
-(``ProducerTable.snapshot``); the position it covers is the written end read
-while no change was under way, so it may be ahead of the flushed end: a power
-loss that takes the tail makes recovery end below it, and ``load`` falls back.
+The copy a snapshot writes is taken on the loop thread right before the
+checkpoint goes to its worker (``capture``, from ``MessageStore.prepare_checkpoint``);
+a checkpoint without one (open, close, a cut: all on the loop thread) copies
+itself. The position a snapshot covers is the written end at the copy, so it
+may be ahead of the flushed end: a power loss that takes the tail makes
+recovery end below it, and ``load`` falls back to the previous snapshot or the log.
 """
 
 import errno

@@ -32,11 +32,14 @@ also bounds the table: past ``max_producers`` entries the least recently
 written one is evicted (``evicted``), and entries whose last record is more
 than ``ttl_ms`` older than the record being recorded expire (``expired``).
 
-**Snapshots.** ``snapshot()`` gives the table's bytes (binary, CRC-checked:
-``encode`` / ``decode``) for ``metaq.store.idempotence`` to write. It may run
-in a worker thread while the loop thread records: the writer brackets each
-change with ``begin`` / ``end`` (a sequence counter, odd while a change is
-under way) and ``snapshot`` retries until it read a table no change touched.
+**Snapshots.** ``copy()`` takes the table's contents and the log position
+they cover; ``encode`` turns them into bytes (binary, CRC-checked; ``load``
+reads them back) for ``metaq.store.idempotence`` to write. The broker copies
+on the loop thread right before a checkpoint (nothing changes the table
+meanwhile); a copy from a worker thread while the loop thread records is safe
+too: the writer brackets each change with ``begin`` / ``end`` (a sequence
+counter, odd while a change is under way) and ``copy`` retries until it read a
+table no change touched.
 """
 
 import collections

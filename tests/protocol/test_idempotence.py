@@ -85,3 +85,28 @@ def test_reserved_properties_are_refused():
                                        "\x02METAQ_PID\x010\x02METAQ_SEQ\x011\x02", "\x02METAQ_PID\x011\x02"])
 def test_no_identity_in_other_attributes(attribute):
     assert identity_in_attribute(attribute) is None
+
+
+@pytest.mark.parametrize("line", [
+    b"put_idem t 0 2 0 -1 1 0 9",
+    b"put_idem a.b-c 2147483647 2 -2147483648 2147483647 9223372036854775807 9223372036854775807 -2147483648",
+    b"put_idem t 2147483648 2 0 -1 1 0 9",  # out of range: the general path explains
+    b"put_idem t 0 2 2147483648 -1 1 0 9",
+    b"put_idem t 0 2 0 2147483648 1 0 9",
+    b"put_idem t 0 2 0 -1 9223372036854775808 0 9",
+    b"put_idem t 0 2 0 -1 1 9223372036854775808 9",
+    b"put_idem t 0 2 0 -1 1 0 2147483648",
+    b"put_idem t 0 2 0 -1 1 0 -2147483649",
+    b"put_idem t 0 2 0 -1 01 00 9",
+])
+def test_the_fast_path_and_the_general_path_agree(line):
+    from metaq.protocol.text import _fast_put_idem, _parse_put_idem
+
+    fast = _fast_put_idem(line)
+    try:
+        general = _parse_put_idem(line.decode().split(" "))(b"hi")
+    except Exception as exc:  # noqa: BLE001 - the general path refuses it: the fast path must not take it
+        assert fast is None, exc
+        return
+    if fast is not None:
+        assert fast[0](b"hi") == general and fast[1] == 2
