@@ -14,7 +14,9 @@ alternated within a round:
 * client level: ``Producer.send_async`` of ``--messages`` messages, then
   ``flush``: without and with ``idempotent=True``.
 
-The ratios printed are idempotent / plain rate (1.00 = no cost). Not a test: nothing here asserts.
+Each row gives the rate and the broker's CPU time per message (``/proc/<pid>/stat``: less sensitive
+than the rate to other work on the machine). The ratios are idempotent / plain (rate: 1.00 = no cost;
+CPU: 1.00 = no cost). Not a test: nothing here asserts.
 """
 
 import argparse
@@ -58,6 +60,20 @@ def frames(n, kind, pid=1):
     return [serialize(ev.IdempotentPut(TOPIC, 0, flag, data, i, crc, pid, i)) for i in range(n)]
 
 
+def cpu_s(pid):
+    """The process's user + system CPU seconds (``/proc/<pid>/stat``)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(b, n, fn):
+    """``(rate, broker CPU µs per message)`` of ``fn()`` (which returns the rate)."""
+    before = cpu_s(b.proc.pid)
+    rate = fn()
+    return rate, (cpu_s(b.proc.pid) - before) / n * 1e6
+
+
 def client_rate(port, n, idempotent):
     body = b"c" * MSG
     with Producer(brokers=["meta://127.0.0.1:%d" % port], idempotent=idempotent) as p:
@@ -71,32 +87,42 @@ def client_rate(port, n, idempotent):
 
 def run(args):
     root = tempfile.mkdtemp(prefix="metaq-bench-idem-", dir=args.dir)
-    rows = {k: [] for k in ("plain", "attribute", "idem", "client", "client_idem")}
+    kinds = ("plain", "attribute", "idem", "client", "client_idem")
+    rows = {k: [] for k in kinds}
+    cpu = {k: [] for k in kinds}
     n = args.messages
     try:
         for run_no in range(args.runs):
             b = start(root, "r%d" % run_no)
             for rnd in range(3):  # alternated, so that a change of the machine's load hits both sides
-                rows["plain"].append(pipelined(b.port, frames(n, "plain")))
-                rows["attribute"].append(pipelined(b.port, frames(n, "attribute")))
-                rows["idem"].append(pipelined(b.port, frames(n, "idem", pid=3 * run_no + rnd + 1)))
-                rows["client"].append(client_rate(b.port, n, False))
-                rows["client_idem"].append(client_rate(b.port, n, True))
+                work = {"plain": lambda: pipelined(b.port, frames(n, "plain")),
+                        "attribute": lambda: pipelined(b.port, frames(n, "attribute")),
+                        "idem": lambda: pipelined(b.port, frames(n, "idem", pid=3 * run_no + rnd + 1)),
+                        "client": lambda: client_rate(b.port, n, False),
+                        "client_idem": lambda: client_rate(b.port, n, True)}
+                for kind in kinds:
+                    rate, us = measured(b, n, work[kind])
+                    rows[kind].append(rate)
+                    cpu[kind].append(us)
             b.stop()
             shutil.rmtree(b.workdir, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
+    mcpu = {k: statistics.median(v) for k, v in cpu.items()}
     print("idempotent puts, %d x 1 KiB messages, sync flush, one partition, median of %d runs" % (n, args.runs))
-    print("%-52s %12s" % ("measure", "value"))
-    print("%-52s %9.0f/s" % ("wire: plain put, pipelined (burst fast path)", med["plain"]))
-    print("%-52s %9.0f/s" % ("wire: put with an attribute, pipelined (general path)", med["attribute"]))
-    print("%-52s %9.0f/s" % ("wire: put_idem with the same attribute, pipelined", med["idem"]))
-    print("%-52s %12.2f" % ("ratio put_idem / put with an attribute", med["idem"] / med["attribute"]))
-    print("%-52s %12.2f" % ("ratio put_idem / plain put (fast path)", med["idem"] / med["plain"]))
-    print("%-52s %9.0f/s" % ("client: Producer.send_async + flush", med["client"]))
-    print("%-52s %9.0f/s" % ("client: the same, idempotent=True", med["client_idem"]))
-    print("%-52s %12.2f" % ("ratio idempotent / plain Producer", med["client_idem"] / med["client"]))
+    print("%-52s %12s %14s" % ("measure", "rate", "broker CPU"))
+    names = {"plain": "wire: plain put, pipelined (burst fast path)",
+             "attribute": "wire: put with an attribute (general path)",
+             "idem": "wire: put_idem with the same attribute",
+             "client": "client: Producer.send_async + flush",
+             "client_idem": "client: the same, idempotent=True"}
+    for kind in kinds:
+        print("%-52s %10.0f/s %9.1f us/msg" % (names[kind], med[kind], mcpu[kind]))
+    for a, b, what in (("idem", "attribute", "put_idem / put with an attribute"),
+                       ("idem", "plain", "put_idem / plain put (fast path)"),
+                       ("client_idem", "client", "idempotent / plain Producer")):
+        print("%-52s %12.2f %14.2f" % ("ratio " + what + " (rate, CPU)", med[a] / med[b], mcpu[a] / mcpu[b]))
 
 
 def main():

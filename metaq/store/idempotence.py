@@ -40,7 +40,7 @@ import os
 import struct
 
 from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
-from metaq.protocol.idempotence import MARK, check_identity, identity_in_attribute, with_identity
+from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
 from metaq.protocol.message import HEADER
 from metaq.store.files import TEMP_SUFFIX, fsync_dir, unlink_quietly
 from metaq.store.producers import ProducerTable, SequenceTooOld, SnapshotError
@@ -83,7 +83,8 @@ class Idempotence:
     def put(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
         """``(PutResult, record position, duplicate)``; raises what ``MessageStore.put`` raises, ClientError for
         a bad identity or reserved properties, SequenceTooOld."""
-        check_identity(pid, seq)
+        if not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ) or type(pid) is not int or type(seq) is not int:
+            check_identity(pid, seq)  # raises, naming the bad one
         table = self.table
         try:
             offset = table.decide(pid, topic, partition, seq)

@@ -176,9 +176,16 @@ class ProducerTable:
             entries.move_to_end(key)
         self._newest = w
         runs = w.runs
-        if seq == w.high + 1 and runs and offset == runs[-2] + runs[-1] and runs[0] > seq - self.window:
-            runs[-1] += 1  # the common case: the next sequence at the next offset, the window not full yet
+        if seq == w.high + 1 and runs and offset == runs[-2] + runs[-1]:
+            runs[-1] += 1  # the common case: the next sequence at the next offset
             w.high = seq
+            if runs[0] <= seq - self.window:  # the oldest sequence left the window (one at most)
+                if runs[2] == 1:
+                    del runs[0:3]
+                else:
+                    runs[0] += 1
+                    runs[1] += 1
+                    runs[2] -= 1
         else:
             w.add(seq, offset, self.window)
         w.last_ms = store_ms
