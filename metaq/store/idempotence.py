@@ -83,7 +83,7 @@ class Idempotence:
     def put(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
         """``(PutResult, record position, duplicate)``; raises what ``MessageStore.put`` raises, ClientError for
         a bad identity or reserved properties, SequenceTooOld."""
-        if not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ) or type(pid) is not int or type(seq) is not int:
+        if type(pid) is not int or type(seq) is not int or not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ):
             check_identity(pid, seq)  # raises, naming the bad one
         table = self.table
         try:

@@ -62,7 +62,8 @@ def test_too_old_is_refused_and_nothing_stored(tmp_path):
     s.close(NOW)
 
 
-@pytest.mark.parametrize("pid, seq", [(0, 0), (-1, 0), (2**63, 0), (1, -1), (1, 2**63)])
+@pytest.mark.parametrize("pid, seq", [(0, 0), (-1, 0), (2**63, 0), (1, -1), (1, 2**63), ("1", 0), (1, 0.0),
+                                      (True, 0)])
 def test_bad_identity_is_refused(tmp_path, pid, seq):
     s = open_store(tmp_path / "d")
     with pytest.raises(ClientError):
