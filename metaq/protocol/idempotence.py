@@ -45,14 +45,16 @@ transaction, delayed) whose attribute carries them is refused (``has_identity``)
 so no record outside this path can look like an idempotent one.
 """
 
+import re
 import struct
 
 from metaq.errors import ClientError
+from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
 from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR, decode_properties
 
 __all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "MARK", "DUPLICATE_MARK", "MAX_PID", "MAX_SEQ", "check_identity",
-           "with_identity", "identity_in_attribute", "has_identity"]
+           "with_identity", "identity_in_attribute", "has_identity", "scan_put_idem"]
 
 PID_PROPERTY = "METAQ_PID"
 SEQ_PROPERTY = "METAQ_SEQ"
@@ -132,3 +134,30 @@ def identity_in_attribute(attribute):
     if not 1 <= pid <= MAX_PID or not 0 <= seq <= MAX_SEQ:
         return None
     return pid, seq
+
+
+#: A whole put_idem frame header as the broker's burst path takes it (``\r\n`` only; anything else, and any
+#: number out of range, is left to ``TextParser``, which accepts or explains it).
+_FRAME = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
+                    rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})\r\n")
+_I32 = 2**31 - 1
+
+
+def scan_put_idem(buf, pos, end, max_body, max_line):
+    """The put_idem frame at ``buf[pos:end]`` as ``(topic bytes, partition, flag, pid, seq, opaque, body_start,
+    body_len)`` when it is whole, in range and its checksum (unless -1) is right; else None (the parser's turn)."""
+    m = _FRAME.match(buf, pos, end)
+    if m is None or m.end() - pos - 2 > max_line:
+        return None
+    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
+    partition, length, flag, checksum, pid, seq, opaque = (int(partition), int(length), int(flag), int(checksum),
+                                                           int(pid), int(seq), int(opaque))
+    start = m.end()
+    if (partition > _I32 or checksum > _I32 or not 1 <= pid <= MAX_PID or seq > MAX_SEQ or length > max_body
+            or start + length > end or not -_I32 - 1 <= flag <= _I32 or not -_I32 - 1 <= opaque <= _I32):
+        return None
+    if checksum != -1:
+        with memoryview(buf) as view:
+            if checksum != metaq_checksum(view[start:start + length]):
+                return None
+    return topic, partition, flag, pid, seq, opaque, start, length

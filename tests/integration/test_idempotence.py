@@ -12,6 +12,7 @@ from metaq.client import Message, Producer, admin
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute
@@ -198,3 +199,48 @@ def test_idempotent_producer_through_a_kill_and_restart(broker_factory, tmp_path
     assert sorted(seen) == list(range(n)) and set(seen.values()) == {1}
     print("duplicates answered: %d" % sum(1 for r in results if r.duplicate))
 
+
+
+def _scripted_frames():
+    """put_idem frames of every kind (new, duplicate, gap, bad ones) mixed with plain puts, as one pipeline."""
+    out = [serialize(idem("t-fast", 0, b"m%d" % seq, seq, opaque=seq)) for seq in range(5)]
+    out.append(serialize(idem("t-fast", 0, b"m2", 2, opaque=50)))  # a duplicate inside the burst
+    out.append(serialize(idem("t-fast", 0, b"m7", 7, opaque=51)))  # skips 5 and 6
+    out.append(serialize(idem("t-fast", 0, b"m5", 5, opaque=52)))  # the gap: stored
+    out.append(serialize(idem("t-fast", 9, b"x", 0, opaque=53)))  # no such partition: 400
+    out.append(serialize(ev.IdempotentPut("t-fast", 1, 0, b"crc", 54, metaq_checksum(b"crc") ^ 1, PID, 0)))
+    out.append(serialize(idem(SCHEDULE_TOPIC, 0, b"x", 0, opaque=55)))  # the delay scheduler's topic
+    out.append(serialize(ev.Put("t-fast", 1, 0, b"plain", 56, metaq_checksum(b"plain"))))
+    out.append(serialize(idem("t-fast", 1, b"n0", 0, opaque=57)).replace(b"\r\n", b"\n", 1))  # bare LF
+    out.append(serialize(idem("t-fast", 1, b"n0", 0, opaque=58)))
+    return b"".join(out), len(out)
+
+
+def _replies(b, data, count):
+    with b.client() as c:
+        c.send(data)
+        got = []
+        for _ in range(count):
+            r = c.read_event()
+            tokens = r.body.split()
+            got.append((r.code, r.opaque, tokens[1:] if r.code == 200 else r.body))  # message ids are clock-based
+        stored = {p: [(rec.payload, rec.attribute) for rec in consume_all(c, "t-fast", p)] for p in (0, 1)}
+        s = c.stats_dict()
+        counters = {k: v for k, v in s.items() if k.startswith("idempotent_") or k in ("cmd_put", "put_failed")}
+    return got, stored, counters
+
+
+def test_the_burst_path_answers_as_the_general_path(broker_factory, tmp_path):
+    data, count = _scripted_frames()
+    fast = broker_factory(small_config(os.path.join(str(tmp_path / "f"), "data")), workdir=tmp_path / "f")
+    general = broker_factory(small_config(os.path.join(str(tmp_path / "g"), "data"), broker={"burst_puts": False}),
+                             workdir=tmp_path / "g")
+    got_fast, got_general = _replies(fast, data, count), _replies(general, data, count)
+    assert got_fast == got_general
+    replies, stored, counters = got_fast
+    assert [r[0] for r in replies] == [200] * 8 + [400, 400, 400, 200, 200, 200]
+    assert replies[5][2] == [b"0", b"2", b"dup"] and replies[13][2] == [b"1", b"1", b"dup"]
+    assert [p for p, _a in stored[0]] == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m7", b"m5"]
+    assert counters["idempotent_puts"] == "8" and counters["idempotent_duplicates"] == "2"
+    with fast.client() as c:
+        assert int(c.stats_dict()["burst_puts"]) >= 5  # the fast broker did take the put_idem burst
