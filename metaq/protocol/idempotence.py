@@ -37,8 +37,8 @@ two properties in ``properties``; a RocketMQ consumer sees them as properties;
 the Spark reader's ``attribute`` column shows the part before the ``\\x02``. A
 plain MetaQ client (Java's) reading with ``get`` sees the whole attribute
 string, separators included. A user attribute of ``""`` comes back as None.
-A text record's MetaQ flag (other bits than bit 0) is kept as the ``@FLAG``
-internal property, so a RocketMQ consumer still sees it.
+A text put's MetaQ flag is kept as the ``@FLAG`` internal property (when not
+0), so a RocketMQ consumer sees the flag it saw before (``mapping.message_of_record``).
 
 The property names are reserved: a plain put (text or remoting, local
 transaction, delayed) whose attribute carries them is refused (``has_identity``),
@@ -115,8 +115,8 @@ def with_identity(flag, data, pid, seq):
 
 
 def _flag_prop(flag):
-    kept = flag & ~ATTRIBUTE_FLAG
-    return b"@FLAG\x01%d\x02" % kept if kept else b""
+    """A text put's MetaQ flag, kept for RocketMQ consumers (``mapping.message_of_record`` reads ``@FLAG``)."""
+    return b"@FLAG\x01%d\x02" % flag if flag else b""
 
 
 def identity_in_attribute(attribute):

@@ -56,11 +56,12 @@ def test_put_idem_bad_length_is_fatal():
 
 @pytest.mark.parametrize("attribute, flag_bits, seen_tags, props", [
     (None, 0, None, {}),
-    ("color=red", 0, "color=red", {}),
-    ("", 0, None, {}),
-    ("T\x02KEYS\x01k1\x02", 0, "T", {"KEYS": "k1"}),
+    ("color=red", 0, "color=red", {"@FLAG": "1"}),  # RocketMQ consumers see the MetaQ flag, as before
+    ("", 0, None, {"@FLAG": "1"}),
+    ("T\x02KEYS\x01k1\x02", 0, "T", {"KEYS": "k1"}),  # already a remoting record: its own @FLAG, if any
     ("T\x02KEYS\x01k1", 0, "T", {"KEYS": "k1"}),
     (None, 4, None, {"@FLAG": "4"}),
+    ("a", 6, "a", {"@FLAG": "7"}),
 ])
 def test_with_identity_keeps_what_the_user_sent(attribute, flag_bits, seen_tags, props):
     flag, data = encode_payload(b"body", attribute)

@@ -48,3 +48,13 @@ def test_a_half_message_cannot_be_idempotent(rmq_broker, rc):
     r = send_v1(rc, "tI3", b"x", queue=0, props={"METAQ_PID": "5", "METAQ_SEQ": "0", "TRAN_MSG": "true"},
                 sys_flag=4)
     assert r.code != ResponseCode.SUCCESS and "transactional" in r.remark
+
+
+def test_a_text_put_idem_is_pulled_as_a_plain_put_would_be(rmq_broker, rc):
+    with rmq_broker.client() as text:
+        for seq, attribute in enumerate([None, "TagT"]):
+            flag, data = encode_payload(b"text %d" % seq, attribute)
+            assert text.call(ev.IdempotentPut("tI4", 1, flag, data, 1, metaq_checksum(data), 8, seq)).code == 200
+    msgs = decode_stored_messages(pull(rc, "tI4", 1, 0).body)
+    assert [(m.body, m.flag, m.properties.get("TAGS")) for m in msgs] == [(b"text 0", 0, None), (b"text 1", 1, "TagT")]
+    assert [(m.properties["METAQ_PID"], m.properties["METAQ_SEQ"]) for m in msgs] == [("8", "0"), ("8", "1")]
