@@ -23,7 +23,8 @@ the same sequence, and the broker answers a resend of a stored message with
 the original's id and offset (``SendResult.duplicate``) instead of storing it
 again — across broker restarts, kill -9 and failover to a slave. At most
 ``limits.IDEMPOTENCE_WINDOW`` sends of one partition are unanswered at a time
-(``send_async`` waits for room), so every resend falls in the broker's window.
+(``send_async`` waits for room, so never call it from a send callback), so every
+resend falls in the broker's window.
 
     producer = Producer(brokers=["meta://127.0.0.1:8123"], idempotent=True)
     result = producer.send(Message("orders", b"hello"))   # result.duplicate: stored by an earlier attempt
