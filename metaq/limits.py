@@ -290,3 +290,19 @@ MAX_SINK_IN_FLIGHT = 4096
 
 #: Spark tasks one micro-batch of the streaming source is cut into at most (its ``minPartitions`` option).
 MAX_STREAM_TASKS = 10_000
+
+# -- idempotent producers (put_idem; README "Exactly once") -------------------------------------------------
+#: Sequences of one producer-partition the broker remembers (``metaq.store.producers``): a resend of one of
+#: them is answered as a duplicate; an older one is refused. The client never has more than this many
+#: sequences of one partition unanswered, so its resends always fall inside.
+IDEMPOTENCE_WINDOW = 1024
+#: Producer-partitions ``(pid, topic, partition)`` the broker keeps windows for; past it the least recently
+#: written is evicted (its resends are then stored again, as a new producer's). Worst case about 25 KiB each.
+MAX_IDEMPOTENT_PRODUCERS = 4096
+#: Default of ``store.producer_ttl_s`` in ms: a producer-partition with no record for this long (by the
+#: records' store times) is forgotten (Kafka's transactional.id.expiration default: one day).
+IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
+#: A store checkpoint writes the idempotent producers' snapshot when their table changed, or else once the log
+#: grew this much since the last one: a restart replays at most about this much log (``mmap.find`` skips log
+#: without an idempotent record at memory speed) while a broker without idempotent producers writes it rarely.
+IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20

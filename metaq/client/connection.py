@@ -124,6 +124,9 @@ def _with_opaque(event, opaque):
     """``event`` with its opaque replaced (puts, the hot path, without ``_replace``)."""
     if type(event) is ev.Put:
         return ev.Put(event.topic, event.partition, event.flag, event.body, opaque, event.checksum, event.tx_key)
+    if type(event) is ev.IdempotentPut:
+        return ev.IdempotentPut(event.topic, event.partition, event.flag, event.body, opaque, event.checksum,
+                                event.producer_id, event.sequence)
     return event._replace(opaque=opaque)
 
 

@@ -137,7 +137,9 @@ class SendResult(NamedTuple):
 
     ``success`` True: the broker stored the message at ``partition`` / ``offset``
     with id ``msg_id``. ``success`` False: ``error`` says why (the last error
-    seen); ``partition`` is the last partition tried, if any.
+    seen); ``partition`` is the last partition tried, if any. ``duplicate``
+    (idempotent producers): the broker had already stored this send (an earlier
+    attempt's reply was lost); ``offset`` and ``msg_id`` are that original's.
     """
 
     success: bool
@@ -145,3 +147,4 @@ class SendResult(NamedTuple):
     offset: int = -1
     msg_id: int = -1
     error: Optional[Exception] = None
+    duplicate: bool = False

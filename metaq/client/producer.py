@@ -13,8 +13,21 @@ reason (connection lost, timeout, 503, 507) is retried on another partition,
 preferably on another broker, until ``retry_deadline``; the failing broker is
 avoided for ``suspect_time`` seconds. With an ordered selector (``KeySelector``)
 the message is retried on its own partition only, so per-key order holds.
-Delivery is at least once: a put whose reply was lost may have been stored,
-and its retry stores it again.
+
+Delivery is at least once by default: a put whose reply was lost may have
+been stored, and its retry stores it again. With ``idempotent=True`` it is
+exactly once into the broker: every send goes as ``put_idem`` with the
+producer's id and a sequence number of its partition
+(``metaq.protocol.idempotence``), its retries go to the same partition with
+the same sequence, and the broker answers a resend of a stored message with
+the original's id and offset (``SendResult.duplicate``) instead of storing it
+again — across broker restarts, kill -9 and failover to a slave. At most
+``limits.IDEMPOTENCE_WINDOW`` sends of one partition are unanswered at a time
+(``send_async`` waits for room, so never call it from a send callback), so every
+resend falls in the broker's window.
+
+    producer = Producer(brokers=["meta://127.0.0.1:8123"], idempotent=True)
+    result = producer.send(Message("orders", b"hello"))   # result.duplicate: stored by an earlier attempt
 """
 
 import heapq
@@ -29,6 +42,7 @@ from metaq import limits
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unauthenticated, Unavailable
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.idempotence import DUPLICATE_MARK, MAX_PID
 from metaq.protocol import xa
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
@@ -48,7 +62,8 @@ _MAX_BACKOFF_S = 1.0
 class _Send:
     """One message on its way: where it went, what failed, until when it may be retried."""
 
-    __slots__ = ("message", "put", "future", "deadline", "partition", "failed", "error", "attempts")
+    __slots__ = ("message", "put", "future", "deadline", "partition", "failed", "error", "attempts", "seq",
+                 "new_topic")
 
     def __init__(self, message, put, future, deadline):
         self.message = message
@@ -59,6 +74,25 @@ class _Send:
         self.failed = set()  # broker ids that failed this send
         self.error = None
         self.attempts = 0
+        self.seq = None  # idempotent: the sequence of (topic, partition) given when the partition was chosen
+        self.new_topic = False  # idempotent: sent to partition 0 of a topic the broker did not have yet
+
+
+class _Sequences:
+    """An idempotent producer's sequence numbers of one (topic, partition): the next one, and the unanswered."""
+
+    __slots__ = ("next", "low", "open", "waiting")
+
+    def __init__(self):
+        self.next = 0
+        self.low = 0  # every sequence below it is answered
+        self.open = set()
+        self.waiting = False  # a sender waits for room: woken once half the window is free
+
+    def finished(self, seq):
+        self.open.discard(seq)
+        while self.low < self.next and self.low not in self.open:
+            self.low += 1
 
 
 class Producer:
@@ -71,14 +105,28 @@ class Producer:
     ``send_timeout`` bounds one attempt, ``retry_deadline`` the whole send with
     its retries. ``security``: credentials and TLS (``metaq.client.security``; None: from the environment);
     brokers that refuse them fail sends at once with ``errors.Unauthenticated`` (never retried).
+    ``idempotent=True``: exactly once into the broker (see the module docstring): ``producer_id`` (1..2^63-1)
+    names this producer's sequences; None picks a random one. A producer that restarts (a retried Spark task)
+    and must not store again what its previous run stored reuses its id *and* sends the same messages in the
+    same order per partition. Delayed messages, transactions and ``send_oneway`` are refused with it.
     Thread-safe; close it (or use ``with``) when done.
     """
 
     def __init__(self, zk_connect=None, brokers=None, *, zk_root="/meta", selector=None, send_timeout=3.0,
                  retry_deadline=10.0, connect_timeout=3.0, heartbeat_interval=10.0, suspect_time=3.0,
-                 zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES, security=None):
+                 zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES, security=None,
+                 idempotent=False, producer_id=None):
         if (zk_connect is None) == (brokers is None):
             raise ValueError("give exactly one of zk_connect and brokers")  # before any connection is made
+        if producer_id is not None:
+            if not idempotent:
+                raise ValueError("producer_id is for an idempotent producer: give idempotent=True too")
+            if isinstance(producer_id, bool) or not isinstance(producer_id, int) or not 1 <= producer_id <= MAX_PID:
+                raise ValueError("producer_id must be an int in 1..%d, got %r" % (MAX_PID, producer_id))
+        self.idempotent = bool(idempotent)
+        self.producer_id = (producer_id or random.SystemRandom().randint(1, MAX_PID)) if idempotent else None
+        self._sequences = {}  # (topic, Partition) -> _Sequences (idempotent)
+        self._window_cond = threading.Condition()
         self.send_timeout = send_timeout
         self.retry_deadline = retry_deadline
         self.suspect_time = suspect_time
@@ -136,6 +184,9 @@ class Producer:
         put = self.make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
+        if self.idempotent and message.delay_level:
+            raise ValueError("an idempotent producer cannot send delayed messages (delay_level %d): the delay "
+                             "scheduler re-stores the message when it is due" % message.delay_level)
         future = self.new_future(callback)
         deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
         send = _Send(message, put, future, deadline)
@@ -145,6 +196,11 @@ class Producer:
             first, refused = None, exc
         else:
             refused = None
+            if first is not None and self.idempotent:
+                try:
+                    first = self._sequenced(send, first, wait=True)
+                except RequestTimeout as exc:
+                    first, refused = None, exc
         with self._count_lock:
             self._started += 1
         if refused is not None:
@@ -164,6 +220,9 @@ class Producer:
         tx = self.current_transaction()
         if tx is not None:
             return tx.send(message).success
+        if self.idempotent:
+            raise ValueError("send_oneway cannot be idempotent (nothing is retried, no reply is read): "
+                             "use send or send_async")
         put = self.make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
@@ -201,6 +260,9 @@ class Producer:
         ``tx.rollback()`` work too. ``request_timeout`` bounds each
         ``transaction`` command. Sends of other threads are not part of it.
         """
+        if self.idempotent:
+            raise ValueError("an idempotent producer cannot open transactions: use a producer without "
+                             "idempotent=True for them")
         return LocalTransaction.open(self, timeout, request_timeout)
 
     def partitions(self, topic):
@@ -345,7 +407,10 @@ class Producer:
             self._finish(send, SendResult(False, partition, error=exc))
             return
         p = send.put
-        if type(p) is ev.Put:
+        if send.seq is not None:
+            put = ev.IdempotentPut(p.topic, partition.partition, p.flag, p.body, 0, p.checksum, self.producer_id,
+                                   send.seq)
+        elif type(p) is ev.Put:
             put = ev.Put(p.topic, partition.partition, p.flag, p.body, 0, p.checksum)
         else:  # a DelayedPut
             put = p._replace(partition=partition.partition)
@@ -373,21 +438,60 @@ class Producer:
             self._finish(send, SendResult(False, partition, error=error))
 
     def _succeeded(self, send, partition, reply):
+        tokens = reply.body.split()
+        duplicate = len(tokens) == 4 and send.seq is not None and tokens[3] == DUPLICATE_MARK
         try:
-            msg_id, part, offset = (int(x) for x in reply.body.split())
+            msg_id, part, offset = (int(x) for x in (tokens[:3] if duplicate else tokens))
         except ValueError:
             self._finish(send, SendResult(False, partition, error=BrokerError("bad put reply %r" % reply.body)))
             return
         stored = Partition(partition.broker_id, part)
-        if partition.partition == -1:
+        if partition.partition == -1 or send.new_topic:
             self.discovery.invalidate(send.put.topic)  # the topic exists now: learn its partitions
         message = send.message
         if offset < 0:  # a delayed message: its offset is known only when it is delivered
             offset = None
         message.id, message.partition, message.offset = msg_id, stored, offset
-        self._finish(send, SendResult(True, stored, offset, msg_id))
+        self._finish(send, SendResult(True, stored, offset, msg_id, duplicate=duplicate))
+
+    def _sequenced(self, send, partition, wait):
+        """Give an idempotent send its partition for good (-1, a topic not created yet: 0, which every topic
+        has) and that partition's next sequence, once fewer than ``IDEMPOTENCE_WINDOW`` are unanswered there
+        (``wait``: for room until the send's deadline, then RequestTimeout; else None at once without room)."""
+        if partition.partition == -1:
+            partition = Partition(partition.broker_id, 0)
+            send.new_topic = True
+        key = (send.put.topic, partition)
+        with self._window_cond:
+            seqs = self._sequences.get(key)
+            if seqs is None:
+                seqs = self._sequences[key] = _Sequences()
+            if seqs.next - seqs.low >= limits.IDEMPOTENCE_WINDOW:
+                if not wait:
+                    return None
+                # wait until half the window is free, not for one slot: the sends then go out in bursts
+                while seqs.next - seqs.low > limits.IDEMPOTENCE_WINDOW // 2:
+                    left = send.deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        raise RequestTimeout("%d sends to %s of %s are unanswered (limits.IDEMPOTENCE_WINDOW): no "
+                                             "room for another before the deadline"
+                                             % (seqs.next - seqs.low, partition, send.put.topic))
+                    seqs.waiting = True
+                    self._window_cond.wait(min(left, 1.0))
+            send.seq = seqs.next
+            seqs.next += 1
+            seqs.open.add(send.seq)
+        send.partition = partition
+        return partition
 
     def _finish(self, send, result):
+        if send.seq is not None and not send.future.done():
+            with self._window_cond:
+                seqs = self._sequences[(send.put.topic, send.partition)]
+                seqs.finished(send.seq)
+                if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
+                    seqs.waiting = False
+                    self._window_cond.notify_all()
         if not send.future.done():
             send.future.set_result(result)  # runs the callbacks
             with self._count_lock:
@@ -414,7 +518,7 @@ class Producer:
             self._finish(send, SendResult(False, send.partition, error=error))
             return
         delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(send.attempts, 10))
-        if not self._ordered and self._fresh_partitions(send, now):
+        if not self._ordered and send.seq is None and not self.idempotent and self._fresh_partitions(send, now):
             delay = 0.0
         with self._cond:
             heapq.heappush(self._retries, (min(now + delay, send.deadline), next(self._seq), send))
@@ -427,8 +531,8 @@ class Producer:
 
     def _retry_partition(self, send):
         """Where to try next: the same partition when ordered, else preferably a fresh broker."""
-        if self._ordered and send.partition is not None:
-            return send.partition
+        if (self._ordered or send.seq is not None) and send.partition is not None:
+            return send.partition  # an idempotent send keeps its partition: its sequence belongs there
         if send.partition is None:
             return self.choose_partition(send.message)
         now = time.monotonic()
@@ -465,6 +569,8 @@ class Producer:
         except Exception as exc:  # a custom selector failed
             self._finish(send, SendResult(False, send.partition, error=exc))
             return
+        if target is not None and self.idempotent and send.seq is None:  # its first partition, found only now
+            target = self._sequenced(send, target, wait=False)  # never wait here: replies free the room
         if target is None:
             self._retry_later(send, send.error)
         else:

@@ -10,8 +10,9 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
 carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
-the delay level before the opaque; ``metaq.protocol.delay``) and ``offset_at`` (the first offset stored at or
-after a time) are ours; integers
+the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
+after a time) and ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours;
+integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
 skipped) unless the error is ``fatal`` (body length unknown or over the limit,
@@ -31,6 +32,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    IdempotentPut,
     Offset,
     OffsetAt,
     Promote,
@@ -138,6 +140,26 @@ def _fast_put(raw):
     return (lambda body: Put(topic, partition, flag, body, opaque, checksum, None)), int(length)
 
 
+#: The put_idem line, all ASCII, matched in one step (the general path accepts exactly the same lines).
+_FAST_PUT_IDEM = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
+                            rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})")
+
+
+def _fast_put_idem(raw):
+    """(build, length) for a well-formed put_idem line, or None to use the general path (which explains)."""
+    m = _FAST_PUT_IDEM.fullmatch(raw)
+    if m is None:
+        return None
+    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
+    partition, flag, checksum, pid, seq, opaque = (int(partition), int(flag), int(checksum), int(pid), int(seq),
+                                                   int(opaque))
+    if (partition > INT32_MAX or checksum > INT32_MAX or not 1 <= pid <= INT64_MAX or seq > INT64_MAX
+            or not (INT32_MIN <= flag <= INT32_MAX and INT32_MIN <= opaque <= INT32_MAX)):
+        return None
+    topic = topic.decode("ascii")
+    return (lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)), int(length)
+
+
 def _parse_put(t):
     topic = t[1]
     partition = _int(t[2], "partition", -1, INT32_MAX)
@@ -163,6 +185,17 @@ def _parse_put_delayed(t):
     level = _int(t[6], "delay level", INT32_MIN, INT32_MAX)  # the broker answers a negative level
     opaque = _int(t[7], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: DelayedPut(topic, partition, flag, body, opaque, checksum, level)
+
+
+def _parse_put_idem(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", 0, INT32_MAX)  # explicit: a sequence belongs to one partition
+    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    pid = _int(t[6], "producer id", 1, INT64_MAX)
+    seq = _int(t[7], "sequence", 0, INT64_MAX)
+    opaque = _int(t[8], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)
 
 
 def _parse_get(t):
@@ -274,6 +307,8 @@ def _parse_result(t):
 _COMMANDS = {
     "put": (_parse_put, (6, 7, 8), "6, 7 or 8 tokens", 3),
     "put_delayed": (_parse_put_delayed, (8,), "8 tokens", 3),
+    "put_idem": (_parse_put_idem, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
+                 "<opaque>)", 3),
     "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
@@ -355,6 +390,11 @@ class TextParser(StreamParser):
             if line:
                 if line[:4] == b"put ":  # the hot path: most frames are plain puts
                     fast = _fast_put(line)
+                    if fast is not None and fast[1] <= self.max_body:
+                        self._pending = fast
+                        return self._finish_body()
+                elif line[:9] == b"put_idem ":
+                    fast = _fast_put_idem(line)
                     if fast is not None and fast[1] <= self.max_body:
                         self._pending = fast
                         return self._finish_body()

@@ -8,6 +8,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    IdempotentPut,
     Offset,
     OffsetAt,
     Promote,
@@ -45,6 +46,12 @@ def _serialize_put(e):
 def _serialize_put_delayed(e):
     head = "put_delayed %s %d %d %d %d %d %d\r\n" % (
         _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.level, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_put_idem(e):
+    head = "put_idem %s %d %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
     return b"".join((head.encode("utf-8"), e.body))
 
 
@@ -126,6 +133,7 @@ def _serialize_result(e):
 _SERIALIZERS = {
     Put: _serialize_put,
     DelayedPut: _serialize_put_delayed,
+    IdempotentPut: _serialize_put_idem,
     Get: _serialize_get,
     Offset: _serialize_offset,
     OffsetAt: _serialize_offset_at,

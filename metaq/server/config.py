@@ -91,6 +91,7 @@ class StoreSection(_Section):
     disk_check_interval_s: float = Field(1.0, gt=0)
     max_transfer_size: int = Field(_STORE["max_transfer_size"], ge=1024)
     force_recovery: bool = _STORE["force_recovery"]
+    producer_ttl_s: float = Field(_STORE["producer_ttl_s"], gt=0)  # idempotent producers (store/producers.py)
 
     @model_validator(mode="after")
     def _marks_ordered(self):
@@ -463,8 +464,7 @@ class ServerConfig(_Section):
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))] + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
-            max_topics=self.limits.max_topics,
-            max_partitions=self.limits.max_partitions,
+            max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,
             **_settings_for(StoreConfig, self.store),
         )
 

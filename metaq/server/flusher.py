@@ -341,6 +341,7 @@ class Flusher:
                 return
             try:
                 with self._lock:
+                    self._store.prepare_checkpoint()  # on the loop: what the worker must read consistently
                     self._pool.apply(self._store.checkpoint, (now_ms(),))
             except OSError as exc:  # only recovery time suffers; the log itself is durable
                 log.warning("checkpoint failed (recovery will scan further): %s", exc)

@@ -130,6 +130,25 @@ class PutPath:
             self.registry.topic_created(topic)
         return r
 
+    def append_idempotent(self, topic, partition, flag, body, now, pid, seq, born_ms=None):
+        """An idempotent put (``put_idem``, or a remoting send with ``METAQ_PID``/``METAQ_SEQ``):
+        ``(PutResult, record position, duplicate)``; a duplicate's result is the original's, and its reply must
+        wait for the original's durability like any put's (``ack_mode`` / ``durable`` with its ``log_end``).
+        The store decides and appends without yielding (``store/idempotence.py``). Raises MetaqError."""
+        try:
+            self.check_writable()
+            if topic == SCHEDULE_TOPIC:
+                raise errors.ClientError("%s is the broker's internal topic for delayed delivery" % SCHEDULE_TOPIC)
+            r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms)
+        except errors.MetaqError as exc:
+            self.failed(topic, exc)
+            raise
+        if not duplicate:
+            self.stats.on_put(topic, len(body))
+            if self.registry is not None and topic not in self.registry.registered_topics:
+                self.registry.topic_created(topic)
+        return r, position, duplicate
+
     def failed(self, topic, exc, counted_only=False):
         """Account for a put that failed with ``exc`` (``counted_only``: just count it)."""
         self.stats.on_put_failed(topic if topic != SCHEDULE_TOPIC else None)  # no stats for the internal topic

@@ -234,7 +234,7 @@ class StatsService:
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic != SCHEDULE_TOPIC)),
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
-        ] + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]() + \
+        ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]() + \
             self.sources["security"]()
 
 

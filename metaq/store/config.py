@@ -56,6 +56,7 @@ class StoreConfig:
     force_recovery: bool = False
     max_topics: int = limits.MAX_TOPICS
     max_partitions: int = limits.MAX_TOTAL_PARTITIONS
+    producer_ttl_s: float = limits.IDEMPOTENT_PRODUCER_TTL_MS / 1000.0  # idempotent producers (store/producers.py)
 
     def __post_init__(self):
         self.data_dir = os.path.abspath(os.fspath(self.data_dir))
@@ -75,6 +76,8 @@ class StoreConfig:
                      "max_topics", "max_partitions"):
             if getattr(self, name) < 1:
                 raise ConfigError("%s must be positive, got %r" % (name, getattr(self, name)))
+        if not self.producer_ttl_s > 0:
+            raise ConfigError("producer_ttl_s must be positive, got %r" % (self.producer_ttl_s,))
         if not self.retention_hours > 0:
             raise ConfigError("retention_hours must be positive, got %r" % (self.retention_hours,))
         for name in ("disk_warn_ratio", "disk_danger_ratio"):

@@ -13,6 +13,8 @@ Layout of the data dir::
     lock                                                flock'ed while a broker has the dir open
     epochs                                              replication epoch history (CRC; epochs.py)
     promoted                                            present once this broker was promoted to master (CRC)
+    producers, producers.prev                           idempotent producers' windows and the snapshot
+                                                        before (CRC; written by store/idempotence.py)
 
 A topic reaches the filesystem only through ``limits.validate_topic()`` and the
 resolved path is checked to stay inside the data dir.

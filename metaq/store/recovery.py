@@ -24,7 +24,7 @@ from metaq import limits
 from metaq.errors import CorruptLog, InvalidTopic
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
-from metaq.store.files import CHECKPOINT_MAGIC
+from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC
 from metaq.store.index import UNIT, UNIT_SIZE, check_units_trusted
 from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
                                 PREFIX, check_record, decode_record, tag_hash)
@@ -347,6 +347,37 @@ def scan_and_repair(log_, parts, make_partition, report, cp, floors, log_start, 
              "dropped %d", report.scanned_bytes, outcome.records, start, end, outcome.stop_reason,
              report.index_units_rebuilt, report.index_units_dropped)
     return end, outcome.last_msg_id
+
+
+def recover(dirs, log_, parts, make_partition, index_problem, force):
+    """``MessageStore.open``'s recovery: ``(RecoveryReport, last message id or None, log end)``; a clean restart
+    (marker matching the checkpoint, indexes trusted) skips the scan. The segments past the end are dropped."""
+    cp = read_checkpoint(dirs)
+    marker = dirs.read_state(dirs.clean_shutdown, CLEAN_MAGIC)
+    dirs.remove(dirs.clean_shutdown)
+    log_start = log_.start
+    if log_start is None:
+        log_start = cp.position if cp is not None else 0
+    untrusted = index_problem or untrusted_reason(log_, parts, cp, log_start)
+    report = RecoveryReport(untrusted_index=untrusted)
+    floors = cp.floors if cp is not None else {}
+    if (marker is not None and untrusted is None and marker.get("end") == cp.position
+            and marker.get("checkpoint_serial") == cp.serial):
+        report.clean_shutdown = True
+        end = report.scanned_from = cp.position
+        last_id = int_or_none(marker.get("last_msg_id"))
+        report.index_units_dropped = settle_partitions(parts, {}, floors, False, log_start)
+        log.info("clean restart: recovery scan skipped (log end %d)", end)
+    else:
+        if marker is not None:
+            log.warning("clean-shutdown marker ignored: %s", untrusted or "it disagrees with the checkpoint")
+        end, last_id = scan_and_repair(log_, parts, make_partition, report, cp, floors, log_start, force)
+        if cp is not None and cp.last_msg_id is not None:  # ids handed out before the crash stay used
+            last_id = cp.last_msg_id if last_id is None else max(last_id, cp.last_msg_id)
+    report.deleted_segments += tuple(log_.drop_after(end))
+    log_.set_write_position(end)
+    report.log_end = end
+    return report, last_id, end
 
 
 def read_log(data_dir):

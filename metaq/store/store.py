@@ -24,6 +24,7 @@ from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
+from metaq.store.idempotence import Idempotence
 from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
@@ -69,6 +70,8 @@ class MessageStore:
         self.epochs = EpochHistory(self.dirs)
         self.corrupt_reads = 0  # reads refused because a record failed its check (stats corrupt_reads)
         self._corrupt_logged = set()
+        self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
+                                       int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
     # -- open / close --------------------------------------------------------
 
@@ -87,6 +90,7 @@ class MessageStore:
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
+            self.idempotence.load(self._pos.written)
             self.checkpoint(now_ms)
         except BaseException:
             self._release()
@@ -140,33 +144,9 @@ class MessageStore:
     # -- recovery ------------------------------------------------------------
 
     def _recover(self):
-        """Run recovery; returns ``(RecoveryReport, last message id or None)``."""
-        cp = recovery.read_checkpoint(self.dirs)
-        marker = self.dirs.read_state(self.dirs.clean_shutdown, CLEAN_MAGIC)
-        self.dirs.remove(self.dirs.clean_shutdown)
-        log_start = self._log.start
-        if log_start is None:
-            log_start = cp.position if cp is not None else 0
-        untrusted = self._index_problem or recovery.untrusted_reason(self._log, self._parts, cp, log_start)
-        report = recovery.RecoveryReport(untrusted_index=untrusted)
-        floors = cp.floors if cp is not None else {}
-        if (marker is not None and untrusted is None and marker.get("end") == cp.position
-                and marker.get("checkpoint_serial") == cp.serial):
-            report.clean_shutdown = True
-            end = report.scanned_from = cp.position
-            last_id = recovery.int_or_none(marker.get("last_msg_id"))
-            report.index_units_dropped = recovery.settle_partitions(self._parts, {}, floors, False, log_start)
-            log.info("clean restart: recovery scan skipped (log end %d)", end)
-        else:
-            if marker is not None:
-                log.warning("clean-shutdown marker ignored: %s", untrusted or "it disagrees with the checkpoint")
-            end, last_id = recovery.scan_and_repair(self._log, self._parts, self._partition, report, cp, floors,
-                                                    log_start, self.config.force_recovery)
-            if cp is not None and cp.last_msg_id is not None:  # ids handed out before the crash stay used
-                last_id = cp.last_msg_id if last_id is None else max(last_id, cp.last_msg_id)
-        report.deleted_segments += tuple(self._log.drop_after(end))
-        self._log.set_write_position(end)
-        report.log_end = end
+        """Run recovery (``recovery.recover``); returns ``(RecoveryReport, last message id or None)``."""
+        report, last_id, end = recovery.recover(self.dirs, self._log, self._parts, self._partition,
+                                                self._index_problem, self.config.force_recovery)
         self._pos.start_at(end)  # durable and checkpointed there too: open() writes a checkpoint next
         return report, last_id
 
@@ -260,6 +240,11 @@ class MessageStore:
         UNIT.pack_into(t.mm, (off - t.start) * UNIT_SIZE, pos, total, tag_hash(flag, data) if flag & 1 else 0)
         end = self._pos.advance(p, off, pos + total, total)
         return _new_tuple(PutResult, (msg_id, partition, off, end))
+
+    def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
+        """An idempotent put (``put_idem``): ``(PutResult, record position, duplicate)``; a duplicate's result is
+        the original's. Raises as ``put``, and SequenceTooOld (see idempotence.py, producers.py)."""
+        return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
 
     def put_burst(self, frames, src, now_ms):
         """Append the leading plain puts of a scanned burst in one pass; ``(taken, runs)``, a ``BurstRun`` per
@@ -453,6 +438,11 @@ class MessageStore:
     def should_checkpoint(self, now_ms):
         return now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms
 
+    def prepare_checkpoint(self):
+        """Loop thread, right before ``checkpoint`` runs in a worker: copy what only the loop changes (the
+        idempotent producers' table: idempotence.py), so that the worker writes a consistent snapshot."""
+        self.idempotence.capture()
+
     def checkpoint(self, now_ms):
         """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index."""
         pos = self._pos.flushed
@@ -474,6 +464,7 @@ class MessageStore:
         self._pos.checkpointed_at(pos)
         self._last_checkpoint_ms = now_ms
         self.consumer_offsets.save()
+        self.idempotence.save()
         return pos
 
     def new_msg_id(self, now_ms):
@@ -497,7 +488,13 @@ class MessageStore:
 
     def append_replicated(self, position, data, now_ms, master_segment_size=None):
         """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
-        end, last_id = replica.append_replicated(self._replica, position, data, now_ms, master_segment_size)
+        start = self._pos.written
+        self.idempotence.table.begin()  # the records and what they teach it, as one change (idempotence.py)
+        try:
+            end, last_id = replica.append_replicated(self._replica, position, data, now_ms, master_segment_size)
+        finally:
+            self.idempotence.replay(start, self._pos.written)
+            self.idempotence.table.end()
         if last_id is not None:
             self._ids.seed(last_id)
         return end
@@ -506,6 +503,7 @@ class MessageStore:
         """Cut the log (and index units) back to the record boundary ``position``; returns a TruncateReport."""
         report = replica.truncate_log(self._replica, position)
         if report.old_end != position:
+            self.idempotence.cut(position)
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report

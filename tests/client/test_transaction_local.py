@@ -200,7 +200,7 @@ def test_fake_commit_without_reply_is_unknown(fake):
     broker = fake(lambda e: HANG if getattr(e, "tx_type", None) == "COMMIT_ONE_PHASE" else None)
     with _tx_producer(broker) as producer:
         tx = producer.transaction(timeout=5, request_timeout=0.5)
-        assert producer.send(Message("tf", b"x")) == (True, Partition(3, 0), -1, -1, None)
+        assert producer.send(Message("tf", b"x")) == (True, Partition(3, 0), -1, -1, None, False)
         with pytest.raises(XaError) as info:
             tx.commit()
     assert info.value.xa_code == xa.XAER_RMFAIL and "outcome unknown" in str(info.value)

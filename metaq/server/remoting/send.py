@@ -8,6 +8,12 @@ acknowledged (``PutPath.durable``: the flush in ``sync`` mode, a slave in
 consumers compute from each pulled record and what CONSUMER_SEND_MSG_BACK
 sends back as ``offset``.
 
+A send carrying the properties ``METAQ_PID`` and ``METAQ_SEQ`` is an idempotent
+put (``metaq.protocol.idempotence``): stored once per (pid, topic, queue, seq);
+a resend is answered SUCCESS with the original's offset message id and queue
+offset, once the original is durable. It needs an explicit queue id and may
+not be a batch, a delayed or a transactional (half) message.
+
 Delays (a ``DELAY`` property, or a send-back's delay level) go to the delay
 scheduler (``PutPath.delay``, ``DelayScheduler.put_delayed``, levels from
 ``delay.levels``, a level past the last meaning the last); the message becomes
@@ -20,6 +26,7 @@ import random
 
 from metaq import errors, limits
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
+from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)
@@ -93,14 +100,35 @@ class RemotingSender:
             return self._send_batch(cmd, h, topic)
         props = decode_properties(h.properties)
         level = _delay_level(props)
+        identity = _identity(props)
         flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
+        if identity is not None:
+            return self._send_idempotent(cmd, h, topic, flag, data, identity, level)
         partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
+
+    def _send_idempotent(self, cmd, h, topic, flag, data, identity, level):
+        """A send with ``METAQ_PID``/``METAQ_SEQ`` (taken out of ``data``'s properties: the store adds them)."""
+        if level or h.queue_id < 0:
+            raise errors.ClientError("a message with %s/%s needs an explicit queue id and no delay"
+                                     % (PID_PROPERTY, SEQ_PROPERTY))
+        if len(data) > self.max_body:
+            raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
+        now = now_ms()
+        r, position, _dup = self.path.append_idempotent(topic, h.queue_id, flag, data, now, identity[0],
+                                                        identity[1], born_ms=h.born_timestamp)
+        if r.log_end:
+            self.path.durable(topic, r.partition, r.log_end, now)
+        msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, position)
+        return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, r.partition, r.offset))
 
     def _send_batch(self, cmd, h, topic):
         entries = decode_batch_messages(cmd.body, cmd.opaque)
         if not entries:
             raise errors.ClientError("a batch send must hold at least one message")
+        if any(PID_PROPERTY in e.properties or SEQ_PROPERTY in e.properties for e in entries):
+            raise errors.ClientError("a batch cannot hold idempotent messages (%s/%s): send them one by one"
+                                     % (PID_PROPERTY, SEQ_PROPERTY))
         partition = h.queue_id
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
@@ -131,6 +159,8 @@ class RemotingSender:
         host = (self.server.store_ip, self.server.port)
         msg = message_of_record(self.store.record_at(h.offset), host)
         dead, props, times = retry_copy(msg, host, self._max_times(h.max_reconsume_times, cmd.version))
+        props.pop(PID_PROPERTY, None)  # the copy is a new message, not an idempotent put's record
+        props.pop(SEQ_PROPERTY, None)
         if dead or h.delay_level < 0:
             topic, level = DLQ_PREFIX + h.group, 0
             log.info("remoting: message %s of %s goes to %s after %d deliveries", props.get("ORIGIN_MESSAGE_ID"),
@@ -164,6 +194,9 @@ class RemotingSender:
             raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a half message "
                                      "cannot go there" % SCHEDULE_TOPIC)
         props = decode_properties(h.properties)
+        if PID_PROPERTY in props or SEQ_PROPERTY in props:
+            raise errors.ClientError("a transactional message cannot be idempotent (%s/%s)" % (PID_PROPERTY,
+                                                                                                SEQ_PROPERTY))
         props.pop(PROP_TRAN_MSG, None)  # cleared when the message is committed, as RocketMQ does
         flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
         if len(data) > self.max_body:
@@ -229,6 +262,19 @@ def _delay_level(props):
         return max(0, int(text))
     except ValueError:
         raise errors.ClientError("property DELAY=%r is not a delay level" % text[:32]) from None
+
+
+def _identity(props):
+    """``(pid, seq)`` of a send's properties (taken out of ``props``), None without them; ClientError when only
+    one is there or either is not a number in range."""
+    if PID_PROPERTY not in props and SEQ_PROPERTY not in props:
+        return None
+    pid, seq = props.pop(PID_PROPERTY, None), props.pop(SEQ_PROPERTY, None)
+    try:
+        return check_identity(int(pid), int(seq))
+    except (TypeError, ValueError):
+        raise errors.ClientError("an idempotent message needs both %s (1..2^63-1) and %s (0..2^63-1) as numbers, "
+                                 "got %r and %r" % (PID_PROPERTY, SEQ_PROPERTY, pid, seq)) from None
 
 
 def _send_fields(msg_id, partition, offset):

@@ -16,6 +16,7 @@ from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.idempotence import DUPLICATE_MARK, PID_PROPERTY, SEQ_PROPERTY, has_identity
 from metaq.protocol.message import decode_payload
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
@@ -48,16 +49,19 @@ INTERNAL_TOPIC_REFUSAL = ("%s is the broker's internal topic for delayed deliver
                           "<topic> <partition> <len> <flag> <checksum> <level> <opaque>" % SCHEDULE_TOPIC)
 
 
-def _verified_checksum(e):
-    """The put body's checksum, after checking it against the announced one and the attribute block's shape."""
+def _verified_checksum(e, attribute=True):
+    """The put body's checksum, after checking it against the announced one and (``attribute``) the attribute
+    block's shape and that it holds no put_idem property (a put_idem's is checked as the identity is added)."""
     body = e.body
     checksum = metaq_checksum(body)
     if e.checksum != checksum and e.checksum != ev.UNCHECKED:
         raise errors.ChecksumMismatch(
             "Checksum failure, message may be corrupted when transferring on network "
             "(announced %d, body has %d)" % (e.checksum, checksum))
-    if e.flag & 1:
-        decode_payload(e.flag, body)  # a malformed attribute block is refused, not stored
+    if attribute and e.flag & 1:  # a malformed attribute block is refused, not stored; so are the identity's
+        if has_identity(decode_payload(e.flag, body)[0]):
+            raise errors.ClientError("%s and %s are reserved properties: send with put_idem instead"
+                                     % (PID_PROPERTY, SEQ_PROPERTY))
     return checksum
 
 
@@ -95,6 +99,7 @@ def _admin(guard, session, e):
 
 _NEEDS = {
     ev.DelayedPut: lambda guard, session, e: guard.require(session, PUB, "topic", e.topic),
+    ev.IdempotentPut: lambda guard, session, e: guard.require(session, PUB, "topic", e.topic),
     ev.Offset: _subscriber,
     ev.OffsetAt: _subscriber,  # a read, checked as get checks: subscribe on the topic
     ev.CommitOffset: _group_member,
@@ -124,6 +129,7 @@ class TextDispatcher:
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
+            ev.IdempotentPut: self.put_idem,
             ev.Get: self.get,
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
@@ -192,6 +198,29 @@ class TextDispatcher:
         offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
         return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque),
                          conn)
+
+    def put_idem(self, e, conn):
+        """``put_idem`` (``metaq.protocol.idempotence``): stored once per (pid, topic, partition, seq); a duplicate
+        is answered with the original's id and offset and `` dup``, once the original is durable."""
+        path = self.put_path
+        try:
+            path.check_writable()
+            _verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
+        except errors.MetaqError as exc:
+            path.failed(e.topic, exc)
+            return error_reply(exc, e.opaque), NO_WAIT
+        now = now_ms()
+        try:
+            r, _position, duplicate = path.append_idempotent(e.topic, e.partition, e.flag, e.body, now,
+                                                             e.producer_id, e.sequence)
+        except errors.MetaqError as exc:
+            return error_reply(exc, e.opaque), NO_WAIT
+        body = b"%d %d %d" % (r.msg_id, r.partition, r.offset)
+        if duplicate:
+            body += b" " + DUPLICATE_MARK
+            if not r.log_end:  # the original is gone (retention): nothing to wait for
+                return encode_result(200, body, e.opaque), NO_WAIT
+        return self._ack(e, r, now, encode_result(200, body, e.opaque), conn)
 
     def _ack(self, e, r, now, reply, conn):
         """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""

@@ -24,6 +24,7 @@ general path (message ids apart, which are clock-based either way).
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.server.flusher import now_ms
+from metaq.server.text.fastidem import take_put_idem
 
 _INTERNAL_TOPIC = SCHEDULE_TOPIC.encode()
 
@@ -66,6 +67,8 @@ class FastPuts:
             return wait_pos
         buf, pos, end = window
         if not buf.startswith(b"put ", pos):
+            if buf.startswith(b"put_idem ", pos):  # an idempotent producer's pipeline (fastidem.py)
+                return take_put_idem(self, parser, buf, pos, end, out, durable, wait_pos, may_publish)
             return wait_pos
         path = self.put_path  # follows the broker's role (promotion, rejoin)
         if path.refusal is not None or path.sync_replication:

@@ -1,0 +1,163 @@
+"""An idempotent put's identity, as it travels and as it is stored (sans-IO).
+
+A producer that wants each message stored exactly once gives every put an
+identity: its producer id ``pid`` (1..2**63-1, random per producer unless the
+application gives one) and a sequence number ``seq`` (0..2**63-1) that the
+producer assigns in send order per ``(pid, topic, partition)``, starting at 0.
+A resend of the same put (a retry after a timeout, a retried Spark task that
+reuses its pid) carries the same identity, and the broker answers it with the
+original's message id and offset instead of storing it again
+(``metaq.store.producers`` keeps the window of identities it has seen).
+
+**On the wire.**
+
+* Text protocol (our extension, like ``put_delayed``):
+  ``put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> <opaque>\\r\\n<body>``; the partition
+  must be explicit (0..2^31-1). The reply is a put's, ``result 200 <len> <opaque>`` with body
+  ``<msgId> <partition> <offset>``; a duplicate's body has a fourth token, ``dup``, and names the
+  original (``DUPLICATE_MARK``).
+* RocketMQ remoting (SEND_MESSAGE, V2): the message properties ``METAQ_PID`` and ``METAQ_SEQ`` (decimal);
+  the queue id must be explicit; a duplicate is answered SUCCESS with the original's offset message id and
+  queue offset. A batch, a delay or a transactional (half) message cannot carry them.
+
+**In the record.** The identity is stored in the record itself, so the
+broker's window is a function of the log alone: rebuilt from it after a crash,
+identical on a slave that copied the log. The broker appends the two properties
+to the attribute, after the ``\\x02`` of the RocketMQ mapping
+(``metaq.protocol.rocketmq.mapping``: ``attribute = TAGS "\\x02" key "\\x01" value "\\x02" ...``)::
+
+    put_idem with attribute "color=red", pid 7, seq 0
+      -> stored attribute "color=red\\x02METAQ_PID\\x017\\x02METAQ_SEQ\\x010\\x02"
+    put_idem without an attribute (flag bit 0 clear)
+      -> flag bit 0 set, stored attribute "\\x02METAQ_PID\\x017\\x02METAQ_SEQ\\x010\\x02"
+
+and computes the new checksum. The metaq client (``Message.from_record``) shows
+the part before the ``\\x02`` as ``attribute`` (None when it is empty) and the
+two properties in ``properties``; a RocketMQ consumer sees them as properties;
+the Spark reader's ``attribute`` column shows the part before the ``\\x02``. A
+plain MetaQ client (Java's) reading with ``get`` sees the whole attribute
+string, separators included. A user attribute of ``""`` comes back as None.
+A text put's MetaQ flag is kept as the ``@FLAG`` internal property (when not
+0), so a RocketMQ consumer sees the flag it saw before (``mapping.message_of_record``).
+
+The property names are reserved: a plain put (text or remoting, local
+transaction, delayed) whose attribute carries them is refused (``has_identity``),
+so no record outside this path can look like an idempotent one.
+"""
+
+import re
+import struct
+
+from metaq.errors import ClientError
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
+from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR, decode_properties
+
+__all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "MARK", "DUPLICATE_MARK", "MAX_PID", "MAX_SEQ", "check_identity",
+           "with_identity", "identity_in_attribute", "has_identity", "scan_put_idem"]
+
+PID_PROPERTY = "METAQ_PID"
+SEQ_PROPERTY = "METAQ_SEQ"
+#: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding).
+MARK = ("\x02%s\x01" % PID_PROPERTY).encode("ascii")
+_SEQ_MARK = "\x02%s\x01" % SEQ_PROPERTY
+_SEQ_MARK_BYTES = _SEQ_MARK.encode("ascii")
+_SEP = PROPERTY_SEPARATOR.encode("ascii")
+_ATTR_LEN = struct.Struct(">i")
+_COPY_BELOW = 64 * 1024
+#: The fourth token of a ``put_idem`` reply that answers a duplicate.
+DUPLICATE_MARK = b"dup"
+MAX_PID = 2**63 - 1
+MAX_SEQ = 2**63 - 1
+
+
+def check_identity(pid, seq):
+    """``(pid, seq)`` as ints, or ClientError naming the one out of range."""
+    if type(pid) is not int or not 1 <= pid <= MAX_PID:
+        raise ClientError("invalid producer id %r: must be 1..%d" % (pid, MAX_PID))
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+        raise ClientError("invalid sequence %r: must be 0..%d" % (seq, MAX_SEQ))
+    return pid, seq
+
+
+def has_identity(attribute):
+    """True when an attribute string carries a reserved identity property (a plain put must not)."""
+    return attribute is not None and ("\x02%s\x01" % PID_PROPERTY in attribute or _SEQ_MARK in attribute)
+
+
+def with_identity(flag, data, pid, seq):
+    """``(flag, data)`` of the stored record: the put's data with the identity appended to its attribute.
+
+    Works on the bytes (one copy of the payload). ClientError when the attribute block is malformed or already
+    carries the reserved properties.
+    """
+    ident = b"METAQ_PID\x01%d\x02METAQ_SEQ\x01%d\x02" % (pid, seq)
+    if flag & ATTRIBUTE_FLAG:
+        if len(data) < 4:
+            decode_payload(flag, data)  # raises the reason
+        (alen,) = _ATTR_LEN.unpack_from(data, 0)
+        end = 4 + alen
+        if alen < 0 or end > len(data):
+            decode_payload(flag, data)
+        attr = data[4:end]
+        if MARK in attr or _SEQ_MARK_BYTES in attr:
+            raise ClientError("the attribute already carries %s/%s: these properties are set by the broker"
+                              % (PID_PROPERTY, SEQ_PROPERTY))
+        if _SEP not in attr:
+            ident = _SEP + _flag_prop(flag) + ident
+        elif not attr.endswith(_SEP):
+            ident = _SEP + ident
+    else:
+        attr, end = b"", 0
+        ident = _SEP + _flag_prop(flag) + ident
+    payload = data[end:] if len(data) < _COPY_BELOW else memoryview(data)[end:]  # a big one is copied once only
+    return flag | ATTRIBUTE_FLAG, b"".join((_ATTR_LEN.pack(len(attr) + len(ident)), attr, ident, payload))
+
+
+def _flag_prop(flag):
+    """A text put's MetaQ flag, kept for RocketMQ consumers (``mapping.message_of_record`` reads ``@FLAG``)."""
+    return b"@FLAG\x01%d\x02" % flag if flag else b""
+
+
+def identity_in_attribute(attribute):
+    """``(pid, seq)`` stored in an attribute string, or None (no identity, or a malformed one)."""
+    if attribute is None:
+        return None
+    _tags, sep, rest = attribute.partition(PROPERTY_SEPARATOR)
+    if not sep:
+        return None
+    props = decode_properties(rest)
+    try:
+        pid, seq = int(props[PID_PROPERTY]), int(props[SEQ_PROPERTY])
+    except (KeyError, ValueError):
+        return None
+    if not 1 <= pid <= MAX_PID or not 0 <= seq <= MAX_SEQ:
+        return None
+    return pid, seq
+
+
+#: A whole put_idem frame header as the broker's burst path takes it (``\r\n`` only; anything else, and any
+#: number out of range, is left to ``TextParser``, which accepts or explains it).
+_FRAME = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
+                    rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})\r\n")
+_I32 = 2**31 - 1
+
+
+def scan_put_idem(buf, pos, end, max_body, max_line):
+    """The put_idem frame at ``buf[pos:end]`` as ``(topic bytes, partition, flag, pid, seq, opaque, body_start,
+    body_len)`` when it is whole, in range and its checksum (unless -1) is right; else None (the parser's turn)."""
+    m = _FRAME.match(buf, pos, end)
+    if m is None or m.end() - pos - 2 > max_line:
+        return None
+    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
+    partition, length, flag, checksum, pid, seq, opaque = (int(partition), int(length), int(flag), int(checksum),
+                                                           int(pid), int(seq), int(opaque))
+    start = m.end()
+    if (partition > _I32 or checksum > _I32 or not 1 <= pid <= MAX_PID or seq > MAX_SEQ or length > max_body
+            or start + length > end or not -_I32 - 1 <= flag <= _I32 or not -_I32 - 1 <= opaque <= _I32):
+        return None
+    if checksum != -1:
+        with memoryview(buf) as view:
+            if checksum != metaq_checksum(view[start:start + length]):
+                return None
+    return topic, partition, flag, pid, seq, opaque, start, length

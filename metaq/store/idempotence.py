@@ -1,0 +1,281 @@
+"""Idempotent puts in the store: decide and append without a yield, learn from the log, snapshot, rebuild.
+
+``MessageStore`` owns one ``Idempotence`` and delegates to it:
+
+* ``put`` (the master's ``put_idem``): ``ProducerTable.decide``, then either the
+  original's ``PutResult`` (read from its index unit and record header) or the
+  append of the data with the identity added (``metaq.protocol.idempotence.with_identity``)
+  and its ``record``. Nothing in between yields to the event loop (the store
+  never does), so two concurrent resends of one sequence cannot both be stored.
+* ``replay(start, end)``: learn from every idempotent record in ``[start, end)``
+  of the log — a slave's replicated chunk, the records after a snapshot at open.
+  A segment range without the ``MARK`` bytes (``mmap.find``, no copy) is skipped
+  whole; otherwise its records are walked and only those whose attribute holds
+  the mark are decoded.
+* ``save`` (at every store checkpoint, and so at a clean close): the table's
+  snapshot with the log position it covers, written to ``producers`` (temp file +
+  fsync + rename + directory fsync); the one it replaces is kept as
+  ``producers.prev``. Skipped when the table did not change and the log grew by
+  less than ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one.
+* ``load(end)`` (at open, after recovery): the newest snapshot that passes its
+  checks and covers no more than the recovered log (a recovery that cut the log
+  below a snapshot's position makes that snapshot unusable), then a replay from
+  its position to ``end``; with none usable, a rebuild from the start of the
+  log. A corrupt snapshot is logged and skipped, never fatal.
+* ``cut(position)`` (a slave's divergent tail cut, ``MessageStore.truncate_log``):
+  the snapshots past ``position`` are deleted, and the table is rebuilt from the
+  newest one left (or the log start) up to ``position``.
+
+The copy a snapshot writes is taken on the loop thread right before the
+checkpoint goes to its worker (``capture``, from ``MessageStore.prepare_checkpoint``);
+a checkpoint without one (open, close, a cut: all on the loop thread) copies
+itself. The position a snapshot covers is the written end at the copy, so it
+may be ahead of the flushed end: a power loss that takes the tail makes
+recovery end below it, and ``load`` falls back to the previous snapshot or the log.
+"""
+
+import errno
+import logging
+import os
+import struct
+
+from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
+from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
+from metaq.protocol.message import HEADER
+from metaq.store.files import TEMP_SUFFIX, fsync_dir, unlink_quietly
+from metaq.store.producers import ProducerTable, SequenceTooOld, SnapshotError
+from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
+    record_size
+from metaq.store.results import PutResult
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "producers"
+PREVIOUS_SUFFIX = ".prev"
+MAX_SNAPSHOT_BYTES = 256 << 20
+_TOPIC_LEN_AT = 40
+_TOPIC_LEN = struct.Struct(">h")
+
+
+class Idempotence:
+    """The broker's idempotent-put state over one commit log (see the module docstring)."""
+
+    def __init__(self, root, log_, parts, put, written, ttl_ms):
+        """``put``: ``MessageStore.put``; ``written()``: the log's written end; ``parts``: the store's indexes."""
+        self.path = os.path.join(root, SNAPSHOT_FILE)
+        self.previous = self.path + PREVIOUS_SUFFIX
+        self.root = root
+        self._log = log_
+        self._parts = parts
+        self._put = put
+        self._written = written
+        self.table = ProducerTable(ttl_ms=ttl_ms)
+        self.puts = 0  # idempotent puts stored
+        self.duplicates = 0  # answered with the original
+        self.refused_too_old = 0
+        self.rebuilds = 0  # loads or cuts that had to replay the log from its start
+        self._saved_generation = None  # the table's generation and the position of the last snapshot written
+        self._saved_position = 0
+        self._captured = None  # capture's copy for the next save
+
+    # -- the put ---------------------------------------------------------------------------
+
+    def put(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
+        """``(PutResult, record position, duplicate)``; raises what ``MessageStore.put`` raises, ClientError for
+        a bad identity or reserved properties, SequenceTooOld."""
+        if type(pid) is not int or type(seq) is not int or not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ):
+            check_identity(pid, seq)  # raises, naming the bad one
+        table = self.table
+        try:
+            offset = table.decide(pid, topic, partition, seq)
+        except SequenceTooOld:
+            self.refused_too_old += 1
+            raise
+        if offset is not None:
+            found = self.original(topic, partition, offset)
+            if found is not None:
+                self.duplicates += 1
+                return found + (True,)
+            log.warning("producer %d: sequence %d of %s-%d is recorded at offset %d, which this log does not "
+                        "hold: stored again", pid, seq, topic, partition, offset)
+        flag, data = with_identity(flag, data, pid, seq)
+        table.begin()
+        try:
+            r = self._put(topic, partition, flag, data, now_ms, born_ms=born_ms)
+            table.record(pid, topic, partition, seq, r.offset, now_ms)
+        finally:
+            table.end()
+        self.puts += 1
+        return r, r.log_end - record_size(len(topic.encode("utf-8")), len(data)), False
+
+    def original(self, topic, partition, offset):
+        """``(PutResult, position)`` of the stored message at ``offset``, or None when the log does not hold it.
+        A message already deleted by retention answers message id 0 at position 0 (its log end 0: no wait)."""
+        p = self._parts.get((topic, partition))
+        if p is None or offset >= p.max:
+            return None
+        if offset < p.min:
+            return PutResult(0, partition, offset, 0), 0
+        unit = p.unit(offset)
+        seg = self._log.segment_at(unit[0]) if unit is not None else None
+        if seg is None:
+            return PutResult(0, partition, offset, 0), 0
+        rel = unit[0] - seg.start
+        (tlen,) = _TOPIC_LEN.unpack_from(seg.view, rel + _TOPIC_LEN_AT)
+        msg_id = HEADER.unpack_from(seg.view, rel + TOPIC_START + tlen)[2]
+        return PutResult(msg_id, partition, offset, unit[0] + unit[1]), unit[0]
+
+    # -- learning from the log -------------------------------------------------------------
+
+    def replay(self, start, end):
+        """Record every idempotent record in ``[start, end)`` (record boundaries); returns how many."""
+        table = self.table
+        found = 0
+        table.begin()
+        try:
+            for seg in self._log.segments:
+                lo, hi = max(start, seg.start), min(end, seg.end)
+                if lo < hi and seg.file.mm.find(MARK, lo - seg.start, hi - seg.start) >= 0:
+                    found += self._replay_segment(seg, lo - seg.start, hi - seg.start)
+        finally:
+            table.end()
+        return found
+
+    def _replay_segment(self, seg, rel, stop):
+        view, mm = seg.view, seg.file.mm
+        found = 0
+        hit = mm.find(MARK, rel, stop)
+        while 0 <= hit and rel < stop and seg.size - rel >= MARKER.size:
+            total, magic = MARKER.unpack_from(view, rel)
+            if magic == BLANK_MAGIC or magic != MESSAGE_MAGIC or total < FIXED_OVERHEAD or rel + total > seg.size:
+                break
+            if hit < rel + total:
+                found += self._learn(view, rel, total)
+                hit = mm.find(MARK, rel + total, stop)
+            rel += total
+        return found
+
+    def _learn(self, view, rel, total):
+        _t, _m, _c, part, qoff, store_ts, _b, tlen = PREFIX.unpack_from(view, rel)
+        h = rel + TOPIC_START + tlen
+        msg_len, _chk, _id, flag = HEADER.unpack_from(view, h)
+        if not flag & 1 or msg_len < ATTR_LEN.size:
+            return 0
+        (alen,) = ATTR_LEN.unpack_from(view, h + HEADER.size)
+        a = h + HEADER.size + ATTR_LEN.size
+        if alen < 0 or a + alen > rel + total:
+            return 0
+        ident = identity_in_attribute(bytes(view[a:a + alen]).decode("utf-8", "replace"))
+        if ident is None:
+            return 0
+        topic = bytes(view[rel + TOPIC_START:rel + TOPIC_START + tlen]).decode("utf-8", "replace")
+        self.table.record(ident[0], topic, part, ident[1], qoff, store_ts)
+        return 1
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def capture(self):
+        """Loop thread, just before a checkpoint runs in a worker: copy the table now, when nothing can change it
+        (``save`` then writes this copy); nothing when no snapshot is due."""
+        self._captured = self._copy_if_due()
+
+    def _copy_if_due(self):
+        if (self.table.generation == self._saved_generation
+                and self._written() - self._saved_position < IDEMPOTENCE_SNAPSHOT_BYTES):
+            return None
+        copied = self.table.copy(self._written)
+        if copied is None:
+            log.info("idempotent producers: no quiet moment for a snapshot; the next checkpoint tries again")
+        return copied
+
+    def save(self):
+        """BLOCKING: write the table's snapshot (keeping the previous one): the copy ``capture`` took, else one
+        taken now. False when none was written: nothing changed and the log grew less than
+        ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one (a restart then replays that much), or no quiet
+        moment came for a copy from this worker thread (the next checkpoint tries again)."""
+        copied, self._captured = self._captured, None
+        if copied is None:
+            copied = self._copy_if_due()
+            if copied is None:
+                return False
+        items, position, counters, generation = copied
+        data = self.table.encode(items, position, counters)
+        tmp = self.path + TEMP_SUFFIX
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write to %s" % tmp)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if os.path.exists(self.path):
+                os.replace(self.path, self.previous)
+            os.replace(tmp, self.path)
+        except OSError:
+            unlink_quietly(tmp)
+            raise
+        fsync_dir(self.root)
+        self._saved_generation, self._saved_position = generation, position
+        return True
+
+    def _read(self, path):
+        try:
+            with open(path, "rb") as f:
+                return f.read(MAX_SNAPSHOT_BYTES)
+        except FileNotFoundError:
+            return None
+
+    def load(self, end):
+        """At open: the newest usable snapshot, then the records after it up to ``end`` (see the module doc)."""
+        for path in (self.path, self.previous):
+            data = self._read(path)
+            if data is None:
+                continue
+            try:
+                position = self.table.load(data)
+            except SnapshotError as exc:
+                log.error("idempotent producers: %s is unusable (%s): ignored", path, exc)
+                continue
+            if position > end:
+                log.warning("idempotent producers: %s covers the log up to %d but it ends at %d (cut by "
+                            "recovery): ignored", path, position, end)
+                self.table.clear()
+                continue
+            n = self.replay(position, end)
+            log.info("idempotent producers: %d producer-partitions from %s (log position %d), %d records replayed",
+                     len(self.table), os.path.basename(path), position, n)
+            return position
+        return self.rebuild(end)
+
+    def rebuild(self, end):
+        """Forget everything and learn from the whole log up to ``end``; returns the start replayed from."""
+        self.table.clear()
+        start = self._log.start or 0
+        n = self.replay(start, end)
+        self.rebuilds += 1
+        if n:
+            log.warning("idempotent producers: rebuilt from the log (%d idempotent records)", n)
+        return start
+
+    def cut(self, position):
+        """The log was cut back to ``position``: drop the snapshots past it, rebuild the table up to it."""
+        for path in (self.path, self.previous):
+            data = self._read(path)
+            if data is not None and len(data) >= 18:
+                covered = struct.unpack_from(">q", data, 10)[0]
+                if covered > position:
+                    unlink_quietly(path)
+        if os.path.exists(self.previous) and not os.path.exists(self.path):
+            os.replace(self.previous, self.path)
+        fsync_dir(self.root)
+        self.load(position)
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def summary_values(self):
+        """The ``stats`` summary's ``(key, value)`` pairs."""
+        t = self.table
+        return [("idempotent_puts", self.puts), ("idempotent_duplicates", self.duplicates),
+                ("idempotent_refused_too_old", self.refused_too_old), ("idempotent_producers", len(t)),
+                ("idempotent_producers_evicted", t.evicted), ("idempotent_producers_expired", t.expired)]

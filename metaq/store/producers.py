@@ -1,0 +1,317 @@
+"""The idempotent producers' windows: which ``(pid, seq)`` are stored, and where (pure: no file, no clock).
+
+For each producer-partition ``(pid, topic, partition)`` the table keeps the
+highest sequence seen and the offsets of the stored sequences among the last
+``window`` ones (``limits.IDEMPOTENCE_WINDOW``). A put's decision (``decide``):
+
+* an unknown producer-partition, or ``seq`` above the highest: store it;
+* ``seq`` in the window and stored: a DUPLICATE, answered with the original's offset;
+* ``seq`` in the window but not stored (a gap: the retry of a put that never
+  arrived while later ones did): store it;
+* ``seq`` at or below ``highest - window``: refused (``SequenceTooOld``, a
+  ClientError: never retried) — the broker cannot tell whether it was stored.
+
+The client never has more than ``window`` sequences of one partition unanswered
+(``metaq.client.producer``), so a resend always falls in the window.
+
+**Why runs.** A producer that writes alone to its partition gets consecutive
+offsets for consecutive sequences: its window is one run ``(first seq, first
+offset, count)``, three integers in a flat ``array('q')``, however many
+sequences it covers. Producers that interleave in one partition break runs;
+the worst case is one run per sequence, 24 bytes each (``window`` of them).
+Measured (tests/store/test_producers.py, tracemalloc): about 420 bytes per
+producer-partition written by one producer alone, about 25 KiB for one whose
+1024 sequences all interleave with another's.
+
+**A function of the log.** Entries are created and updated only by
+``record`` (called for every stored idempotent record, in log order: the
+master's puts, a slave's replicated appends, a replay after a restart), and
+every time it uses is the record's store time, never a clock. So a rebuild
+from the log, a slave's table and the master's table are equal. ``record``
+also bounds the table: past ``max_producers`` entries the least recently
+written one is evicted (``evicted``), and entries whose last record is more
+than ``ttl_ms`` older than the record being recorded expire (``expired``).
+
+**Snapshots.** ``copy()`` takes the table's contents and the log position
+they cover; ``encode`` turns them into bytes (binary, CRC-checked; ``load``
+reads them back) for ``metaq.store.idempotence`` to write. The broker copies
+on the loop thread right before a checkpoint (nothing changes the table
+meanwhile); a copy from a worker thread while the loop thread records is safe
+too: the writer brackets each change with ``begin`` / ``end`` (a sequence
+counter, odd while a change is under way) and ``copy`` retries until it read a
+table no change touched.
+"""
+
+import collections
+import struct
+import zlib
+from array import array
+from bisect import bisect_right
+
+from metaq import limits
+from metaq.errors import ClientError
+
+__all__ = ["SequenceTooOld", "ProducerTable", "SnapshotError"]
+
+
+class SequenceTooOld(ClientError):
+    """A sequence below the producer's window: the broker cannot tell whether it was stored (never retried)."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot's bytes fail their checks."""
+
+
+#: File header: magic, version, CRC-32 of the rest, log position covered, window, ttl_ms, max_producers,
+#: evicted, expired, entries.
+_HEAD = struct.Struct(">4sHIqIqIqqI")
+_MAGIC = b"MQPW"
+_VERSION = 1
+#: Entry: pid, partition, highest seq, last store time, topic length, runs.
+_ENTRY = struct.Struct(">qiqqHI")
+_SNAPSHOT_TRIES = 8
+
+
+class _Window:
+    __slots__ = ("high", "runs", "last_ms")
+
+    def __init__(self):
+        self.high = -1
+        self.runs = array("q")  # (first seq, first offset, count) triples, ascending, disjoint
+        self.last_ms = 0
+
+    def find(self, seq):
+        """The offset ``seq`` was stored at, or None."""
+        runs = self.runs
+        if not runs:
+            return None
+        i = bisect_right(runs[0::3], seq) - 1
+        if i < 0:
+            return None
+        first, offset, count = runs[3 * i:3 * i + 3]
+        return offset + seq - first if seq < first + count else None
+
+    def add(self, seq, offset, window):
+        runs = self.runs
+        if seq > self.high:
+            if runs and seq == runs[-3] + runs[-1] and offset == runs[-2] + runs[-1]:
+                runs[-1] += 1
+            else:
+                runs.extend((seq, offset, 1))
+            self.high = seq
+            floor = seq - window + 1
+            while runs and runs[0] + runs[2] <= floor:
+                del runs[0:3]
+            if runs and runs[0] < floor:
+                cut = floor - runs[0]
+                runs[0] += cut
+                runs[1] += cut
+                runs[2] -= cut
+            return
+        if seq <= self.high - window or self.find(seq) is not None:
+            return  # out of the window, or already there (a replay): nothing to keep
+        i = bisect_right(runs[0::3], seq)
+        runs[3 * i:3 * i] = array("q", (seq, offset, 1))
+
+
+class ProducerTable:
+    """Every producer-partition's window (see the module docstring)."""
+
+    def __init__(self, window=limits.IDEMPOTENCE_WINDOW, max_producers=limits.MAX_IDEMPOTENT_PRODUCERS,
+                 ttl_ms=limits.IDEMPOTENT_PRODUCER_TTL_MS):
+        if window < 1 or max_producers < 1 or ttl_ms < 1:
+            raise ValueError("window, max_producers and ttl_ms must be positive")
+        self.window = window
+        self.max_producers = max_producers
+        self.ttl_ms = ttl_ms
+        self._entries = collections.OrderedDict()  # (pid, topic, partition) -> _Window, least recently written first
+        self.generation = 0  # odd while a change is under way (see snapshot)
+        self._depth = 0  # nested begin/end: the generation moves at the outermost pair only
+        self._newest = None  # the most recently written window (already last: no move_to_end)
+        self.evicted = 0
+        self.expired = 0
+
+    def __len__(self):
+        return len(self._entries)
+
+    def keys(self):
+        """The producer-partitions kept, least recently written first."""
+        return list(self._entries)
+
+    def highest(self, pid, topic, partition):
+        """The highest sequence recorded for the producer-partition, or None."""
+        w = self._entries.get((pid, topic, partition))
+        return None if w is None else w.high
+
+    def decide(self, pid, topic, partition, seq):
+        """None: store the put; an int: it is a duplicate of the message at that offset. Raises SequenceTooOld."""
+        w = self._entries.get((pid, topic, partition))
+        if w is None or seq > w.high:
+            return None
+        if seq <= w.high - self.window:
+            raise SequenceTooOld(
+                "sequence %d of producer %d (%s-%d) is older than the window (highest %d, window %d): cannot tell "
+                "whether it was stored" % (seq, pid, topic, partition, w.high, self.window))
+        return w.find(seq)
+
+    def begin(self):
+        """A change starts (records, and the log append they describe): a snapshot now waits for ``end``."""
+        self._depth += 1
+        if self._depth == 1:
+            self.generation += 1
+
+    def end(self):
+        self._depth -= 1
+        if self._depth == 0:
+            self.generation += 1
+
+    def record(self, pid, topic, partition, seq, offset, store_ms):
+        """A record of ``(pid, seq)`` was stored at ``offset`` of ``topic``-``partition`` at ``store_ms``."""
+        key = (pid, topic, partition)
+        entries = self._entries
+        w = entries.get(key)
+        if w is None:
+            w = entries[key] = _Window()
+        elif w is not self._newest:
+            entries.move_to_end(key)
+        self._newest = w
+        runs = w.runs
+        if seq == w.high + 1 and runs and offset == runs[-2] + runs[-1]:
+            runs[-1] += 1  # the common case: the next sequence at the next offset
+            w.high = seq
+            if runs[0] <= seq - self.window:  # the oldest sequence left the window (one at most)
+                if runs[2] == 1:
+                    del runs[0:3]
+                else:
+                    runs[0] += 1
+                    runs[1] += 1
+                    runs[2] -= 1
+        else:
+            w.add(seq, offset, self.window)
+        w.last_ms = store_ms
+        while len(entries) > self.max_producers:
+            if entries.popitem(last=False)[1] is self._newest:
+                self._newest = None
+            self.evicted += 1
+        limit = store_ms - self.ttl_ms
+        while entries:
+            oldest = next(iter(entries.values()))
+            if oldest.last_ms >= limit:
+                break
+            if entries.popitem(last=False)[1] is self._newest:
+                self._newest = None
+            self.expired += 1
+
+    def clear(self):
+        self.begin()
+        self._entries.clear()
+        self._newest = None
+        self.evicted = self.expired = 0
+        self.end()
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def copy(self, position_of):
+        """``(items, position, counters, generation)``: the table as no change touched it (at ``generation``), or
+        None after repeated interference
+        (``encode`` makes the snapshot's bytes of it). ``position_of()`` is the log position the table covers at
+        that moment (read in the same quiet interval). Safe from a worker thread while the loop thread records
+        (see the module docstring); on the loop thread itself it succeeds at once.
+        """
+        for _ in range(_SNAPSHOT_TRIES):
+            gen = self.generation
+            if gen & 1:
+                continue
+            try:
+                position = position_of()
+                items = [(k, w.high, w.last_ms, array("q", w.runs)) for k, w in list(self._entries.items())]
+                counters = (self.evicted, self.expired)
+            except RuntimeError:  # the dict changed under us
+                continue
+            if self.generation == gen:
+                return items, position, counters, gen
+        return None
+
+    def snapshot(self, position_of):
+        """``(bytes, position)`` of a ``copy``, or None."""
+        copied = self.copy(position_of)
+        if copied is None:
+            return None
+        return self.encode(*copied[:3]), copied[1]
+
+    def encode(self, items, position, counters):
+        parts = []
+        for (pid, topic, partition), high, last_ms, runs in items:
+            tb = topic.encode("utf-8")
+            parts.append(_ENTRY.pack(pid, partition, high, last_ms, len(tb), len(runs) // 3))
+            parts.append(tb)
+            parts.append(_big_endian(runs))
+        body = b"".join(parts)
+        head_rest = struct.pack(">qIqIqqI", position, self.window, self.ttl_ms, self.max_producers,
+                                counters[0], counters[1], len(items))
+        crc = zlib.crc32(head_rest + body)
+        return _MAGIC + struct.pack(">HI", _VERSION, crc) + head_rest + body
+
+    def load(self, data):
+        """Replace the table with a snapshot's; returns the log position it covers. SnapshotError when the bytes
+        fail their checks (the table is then left empty)."""
+        self.clear()
+        try:
+            position, entries, counters = _decode(data)
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            raise SnapshotError(str(exc)) from None
+        self.begin()
+        self._newest = None
+        for key, high, last_ms, runs in entries:
+            w = _Window()
+            w.high, w.last_ms, w.runs = high, last_ms, runs
+            self._entries[key] = w
+        self.evicted, self.expired = counters
+        self.end()
+        return position
+
+    def contents(self):
+        """``[(key, highest, last store time, runs)]`` in LRU order (a rebuild must give the same list)."""
+        return [(k, w.high, w.last_ms, list(w.runs)) for k, w in self._entries.items()]
+
+    def equal_to(self, other):
+        """True when both tables hold the same entries in the same order (tests: a rebuild equals the original)."""
+        return self.contents() == other.contents()
+
+
+_BIG = array("q", [1]).tobytes()[0] == 0
+
+
+def _big_endian(runs):
+    copy = array("q", runs)
+    if not _BIG:
+        copy.byteswap()
+    return copy.tobytes()
+
+
+def _decode(data):
+    if len(data) < _HEAD.size or data[:4] != _MAGIC:
+        raise ValueError("not a producers snapshot (magic %r)" % bytes(data[:4]))
+    magic, version, crc, position, _window, _ttl, _maxp, evicted, expired, count = _HEAD.unpack_from(data)
+    if version != _VERSION:
+        raise ValueError("snapshot version %d, expected %d" % (version, _VERSION))
+    if zlib.crc32(data[10:]) != crc:
+        raise ValueError("snapshot fails its CRC check")
+    at = _HEAD.size
+    entries = []
+    for _ in range(count):
+        pid, partition, high, last_ms, tlen, nruns = _ENTRY.unpack_from(data, at)
+        at += _ENTRY.size
+        topic = bytes(data[at:at + tlen]).decode("utf-8")
+        at += tlen
+        runs = array("q")
+        runs.frombytes(bytes(data[at:at + 24 * nruns]))
+        if len(runs) != 3 * nruns:
+            raise ValueError("snapshot truncated")
+        if not _BIG:
+            runs.byteswap()
+        at += 24 * nruns
+        entries.append(((pid, topic, partition), high, last_ms, runs))
+    if at != len(data):
+        raise ValueError("snapshot has %d trailing bytes" % (len(data) - at))
+    return position, entries, (evicted, expired)

@@ -1,0 +1,165 @@
+"""The idempotent producers' window (store/producers.py): decisions, bounds, TTL, snapshots, memory."""
+
+import tracemalloc
+
+import pytest
+
+from metaq import limits
+from metaq.errors import ClientError
+from metaq.store.producers import ProducerTable, SequenceTooOld, SnapshotError
+
+NOW = 1_609_459_200_000
+
+
+def test_unknown_producer_and_new_sequences_are_stored():
+    t = ProducerTable(window=8)
+    assert t.decide(1, "t", 0, 0) is None
+    t.record(1, "t", 0, 0, 100, NOW)
+    assert t.decide(1, "t", 0, 1) is None
+    assert t.decide(2, "t", 0, 0) is None  # another producer
+    assert t.decide(1, "t", 1, 0) is None  # another partition: its own sequence
+
+
+def test_duplicate_answers_the_original_offset():
+    t = ProducerTable(window=8)
+    for seq in range(5):
+        t.record(7, "t", 0, seq, 40 + seq, NOW)
+    assert [t.decide(7, "t", 0, s) for s in range(5)] == [40, 41, 42, 43, 44]
+
+
+def test_gap_inside_the_window_is_stored_then_a_duplicate():
+    t = ProducerTable(window=8)
+    t.record(7, "t", 0, 0, 10, NOW)
+    t.record(7, "t", 0, 2, 11, NOW)  # seq 1 never arrived; 2 did
+    assert t.decide(7, "t", 0, 1) is None  # the retry of 1 must be stored
+    t.record(7, "t", 0, 1, 12, NOW)
+    assert [t.decide(7, "t", 0, s) for s in range(3)] == [10, 12, 11]
+    assert t.highest(7, "t", 0) == 2
+
+
+def test_too_old_is_refused_at_the_window_edge():
+    t = ProducerTable(window=4)
+    for seq in range(10):
+        t.record(7, "t", 0, seq, seq, NOW)
+    assert t.decide(7, "t", 0, 6) == 6  # the oldest in the window: highest 9 - window 4 + 1
+    with pytest.raises(SequenceTooOld) as info:
+        t.decide(7, "t", 0, 5)  # one past it
+    assert isinstance(info.value, ClientError)
+    assert "sequence 5 of producer 7" in str(info.value) and "older than the window" in str(info.value)
+
+
+def test_interleaved_producers_keep_every_offset_of_the_window():
+    t = ProducerTable(window=16)
+    for seq in range(40):
+        t.record(1, "t", 0, seq, 2 * seq, NOW)
+        t.record(2, "t", 0, seq, 2 * seq + 1, NOW)
+    assert [t.decide(1, "t", 0, s) for s in range(24, 40)] == [2 * s for s in range(24, 40)]
+    assert [t.decide(2, "t", 0, s) for s in range(24, 40)] == [2 * s + 1 for s in range(24, 40)]
+
+
+def test_eviction_at_the_limit_and_one_past():
+    t = ProducerTable(window=8, max_producers=3)
+    for pid in (1, 2, 3):
+        t.record(pid, "t", 0, 0, pid, NOW + pid)
+    assert len(t) == 3 and t.evicted == 0  # at the limit: all kept
+    t.record(1, "t", 0, 1, 10, NOW + 10)  # 1 is now the most recently written
+    t.record(4, "t", 0, 0, 11, NOW + 11)  # one past: the least recently written (2) goes
+    assert len(t) == 3 and t.evicted == 1
+    assert [k[0] for k in t.keys()] == [3, 1, 4]
+    assert t.decide(2, "t", 0, 0) is None  # forgotten: a resend would be stored again
+
+
+def test_ttl_by_record_time():
+    t = ProducerTable(window=8, ttl_ms=1000)
+    t.record(1, "t", 0, 0, 0, NOW)
+    t.record(2, "t", 0, 0, 1, NOW + 500)
+    t.record(3, "t", 0, 0, 2, NOW + 1000)  # 1 is exactly ttl old: kept
+    assert len(t) == 3 and t.expired == 0
+    t.record(3, "t", 0, 1, 3, NOW + 1001)  # 1 is now older than the ttl
+    assert [k[0] for k in t.keys()] == [2, 3] and t.expired == 1
+    assert t.decide(1, "t", 0, 0) is None
+
+
+def test_snapshot_round_trip():
+    t = ProducerTable(window=8, max_producers=10)
+    for seq in range(20):
+        t.record(1, "tö", 3, seq, 100 + seq, NOW + seq)
+        if seq % 3:
+            t.record(2**63 - 1, "t", 0, seq, 200 + seq, NOW + seq)
+    data, position = t.snapshot(lambda: 12345)
+    assert position == 12345
+    u = ProducerTable(window=8, max_producers=10)
+    assert u.load(data) == 12345
+    assert u.equal_to(t) and u.keys() == t.keys()
+    assert u.decide(1, "tö", 3, 15) == 115
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "magic", "empty", "trailing"])
+def test_corrupt_snapshot_is_refused_and_leaves_the_table_empty(damage):
+    t = ProducerTable(window=8)
+    for seq in range(5):
+        t.record(1, "t", 0, seq, seq, NOW)
+    data = bytearray(t.snapshot(lambda: 99)[0])
+    if damage == "flip":
+        data[-3] ^= 0x40
+    elif damage == "truncate":
+        del data[-5:]
+    elif damage == "magic":
+        data[0:4] = b"XXXX"
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data += b"\0"
+    u = ProducerTable(window=8)
+    u.record(9, "x", 0, 0, 0, NOW)
+    with pytest.raises(SnapshotError):
+        u.load(bytes(data))
+    assert len(u) == 0
+
+
+def test_snapshot_waits_for_a_change_under_way():
+    t = ProducerTable(window=8)
+    t.record(1, "t", 0, 0, 0, NOW)
+    t.begin()
+    assert t.snapshot(lambda: 1) is None  # a change is under way: no snapshot of a half-made table
+    t.begin()
+    t.end()  # nested: still under way
+    assert t.snapshot(lambda: 1) is None
+    t.end()
+    assert t.snapshot(lambda: 1) is not None
+
+
+def _bytes_of(build):
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    keep = build()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    size = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    return size, keep
+
+
+def test_memory_per_producer_partition():
+    """The figures the module docstring and the README give (alone: ~0.5 KiB; interleaved: ~25 KiB)."""
+    n = 100
+
+    def alone():
+        t = ProducerTable()
+        for pid in range(1, n + 1):
+            for seq in range(limits.IDEMPOTENCE_WINDOW + 10):
+                t.record(pid, "topic-%d" % pid, 0, seq, seq, NOW)
+        return t
+
+    def interleaved():
+        t = ProducerTable()
+        for seq in range(limits.IDEMPOTENCE_WINDOW):
+            for pid in range(1, 21):
+                t.record(pid, "topic", 0, seq, 20 * seq + pid, NOW)
+        return t
+
+    size_alone, _t = _bytes_of(alone)
+    size_mixed, _u = _bytes_of(interleaved)
+    per_alone, per_mixed = size_alone / n, size_mixed / 20
+    print("bytes per producer-partition: alone %.0f, interleaved %.0f" % (per_alone, per_mixed))
+    assert per_alone < 1024
+    assert per_mixed < 24 * limits.IDEMPOTENCE_WINDOW * 1.2
