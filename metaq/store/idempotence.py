@@ -43,7 +43,7 @@ from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
 from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
 from metaq.protocol.message import HEADER
 from metaq.store.files import TEMP_SUFFIX, fsync_dir, unlink_quietly
-from metaq.store.producers import ProducerTable, SequenceTooOld, SnapshotError
+from metaq.store.producers import OLDER, ProducerTable, SnapshotError
 from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
     record_size
 from metaq.store.results import PutResult
@@ -72,7 +72,7 @@ class Idempotence:
         self.table = ProducerTable(ttl_ms=ttl_ms)
         self.puts = 0  # idempotent puts stored
         self.duplicates = 0  # answered with the original
-        self.refused_too_old = 0
+        self.older_duplicates = 0
         self.rebuilds = 0  # loads or cuts that had to replay the log from its start
         self._saved_generation = None  # the table's generation and the position of the last snapshot written
         self._saved_position = 0
@@ -82,15 +82,15 @@ class Idempotence:
 
     def put(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
         """``(PutResult, record position, duplicate)``; raises what ``MessageStore.put`` raises, ClientError for
-        a bad identity or reserved properties, SequenceTooOld."""
+        a bad identity or reserved properties."""
         if type(pid) is not int or type(seq) is not int or not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ):
             check_identity(pid, seq)  # raises, naming the bad one
         table = self.table
-        try:
-            offset = table.decide(pid, topic, partition, seq)
-        except SequenceTooOld:
-            self.refused_too_old += 1
-            raise
+        offset = table.decide(pid, topic, partition, seq)
+        if offset == OLDER:  # stored before the window (and flushed: later ones were answered since)
+            self.duplicates += 1
+            self.older_duplicates += 1
+            return PutResult(0, partition, -1, 0), 0, True
         if offset is not None:
             found = self.original(topic, partition, offset)
             if found is not None:
@@ -277,5 +277,5 @@ class Idempotence:
         """The ``stats`` summary's ``(key, value)`` pairs."""
         t = self.table
         return [("idempotent_puts", self.puts), ("idempotent_duplicates", self.duplicates),
-                ("idempotent_refused_too_old", self.refused_too_old), ("idempotent_producers", len(t)),
+                ("idempotent_older_duplicates", self.older_duplicates), ("idempotent_producers", len(t)),
                 ("idempotent_producers_evicted", t.evicted), ("idempotent_producers_expired", t.expired)]

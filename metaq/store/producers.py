@@ -8,11 +8,14 @@ highest sequence seen and the offsets of the stored sequences among the last
 * ``seq`` in the window and stored: a DUPLICATE, answered with the original's offset;
 * ``seq`` in the window but not stored (a gap: the retry of a put that never
   arrived while later ones did): store it;
-* ``seq`` at or below ``highest - window``: refused (``SequenceTooOld``, a
-  ClientError: never retried) — the broker cannot tell whether it was stored.
-
-The client never has more than ``window`` sequences of one partition unanswered
-(``metaq.client.producer``), so a resend always falls in the window.
+* ``seq`` at or below ``highest - window``: a DUPLICATE whose offset is no longer
+  known (``OLDER``). The client never has more than ``window`` sequences of one
+  partition unanswered (``metaq.client.producer``), so a sequence that was never
+  stored is always within ``window`` of the highest: below that, every sequence
+  was stored. This is what a retried Spark task needs: it resends its rows from
+  sequence 0, and all those it stored before are answered, not stored again. A
+  client that skips ahead by more than the window breaks this bargain (the
+  sequences it skipped would be taken for stored ones).
 
 **Why runs.** A producer that writes alone to its partition gets consecutive
 offsets for consecutive sequences: its window is one run ``(first seq, first
@@ -51,7 +54,10 @@ from bisect import bisect_right
 from metaq import limits
 from metaq.errors import ClientError
 
-__all__ = ["SequenceTooOld", "ProducerTable", "SnapshotError"]
+__all__ = ["SequenceTooOld", "ProducerTable", "SnapshotError", "OLDER"]
+
+#: ``decide``'s answer for a sequence below the window: stored, its offset no longer known.
+OLDER = -1
 
 
 class SequenceTooOld(ClientError):
@@ -144,14 +150,13 @@ class ProducerTable:
         return None if w is None else w.high
 
     def decide(self, pid, topic, partition, seq):
-        """None: store the put; an int: it is a duplicate of the message at that offset. Raises SequenceTooOld."""
+        """None: store the put; an offset: a duplicate of the message there; ``OLDER``: a duplicate of a message
+        stored before the window (its offset no longer known)."""
         w = self._entries.get((pid, topic, partition))
         if w is None or seq > w.high:
             return None
         if seq <= w.high - self.window:
-            raise SequenceTooOld(
-                "sequence %d of producer %d (%s-%d) is older than the window (highest %d, window %d): cannot tell "
-                "whether it was stored" % (seq, pid, topic, partition, w.high, self.window))
+            return OLDER
         return w.find(seq)
 
     def begin(self):

@@ -10,7 +10,7 @@ from metaq.protocol.idempotence import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute
 from metaq.store.idempotence import SNAPSHOT_FILE
-from metaq.store.producers import ProducerTable, SequenceTooOld
+from metaq.store.producers import ProducerTable
 
 from tests.harness.store import NOW, open_store, read_all
 
@@ -50,15 +50,16 @@ def test_duplicate_is_not_stored_and_answers_the_original(tmp_path):
     s.close(NOW)
 
 
-def test_too_old_is_refused_and_nothing_stored(tmp_path):
+def test_a_resend_from_sequence_zero_past_the_window_stores_nothing_twice(tmp_path):
+    """A retried Spark task sends its rows again from sequence 0: every one below the window is a duplicate."""
     s = open_store(tmp_path / "d")
     window = s.idempotence.table.window
     for seq in range(window + 1):
         put(s, seq, body=b"")
     end = s.written_position
-    with pytest.raises(SequenceTooOld):
-        put(s, 0)
-    assert s.written_position == end and s.idempotence.refused_too_old == 1
+    results = [put(s, seq, body=b"") for seq in range(window + 1)]
+    assert s.written_position == end and s.idempotence.older_duplicates == 1
+    assert all(r[-1] is True for r in results) and results[0][0].offset == -1 and results[1][0].offset == 1
     s.close(NOW)
 
 

@@ -5,8 +5,7 @@ import tracemalloc
 import pytest
 
 from metaq import limits
-from metaq.errors import ClientError
-from metaq.store.producers import ProducerTable, SequenceTooOld, SnapshotError
+from metaq.store.producers import OLDER, ProducerTable, SnapshotError
 
 NOW = 1_609_459_200_000
 
@@ -37,15 +36,14 @@ def test_gap_inside_the_window_is_stored_then_a_duplicate():
     assert t.highest(7, "t", 0) == 2
 
 
-def test_too_old_is_refused_at_the_window_edge():
+def test_below_the_window_is_a_duplicate_whose_offset_is_no_longer_known():
     t = ProducerTable(window=4)
     for seq in range(10):
         t.record(7, "t", 0, seq, seq, NOW)
     assert t.decide(7, "t", 0, 6) == 6  # the oldest in the window: highest 9 - window 4 + 1
-    with pytest.raises(SequenceTooOld) as info:
-        t.decide(7, "t", 0, 5)  # one past it
-    assert isinstance(info.value, ClientError)
-    assert "sequence 5 of producer 7" in str(info.value) and "older than the window" in str(info.value)
+    assert t.decide(7, "t", 0, 5) == OLDER  # one past it: stored (nothing older can be missing), offset unknown
+    assert t.decide(7, "t", 0, 0) == OLDER
+    assert t.decide(7, "t", 0, 10) is None
 
 
 def test_interleaved_producers_keep_every_offset_of_the_window():
