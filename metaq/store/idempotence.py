@@ -41,6 +41,8 @@ import struct
 
 from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
 from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
+from metaq.errors import ClientError
+from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
 from metaq.store.files import TEMP_SUFFIX, fsync_dir, unlink_quietly
 from metaq.store.producers import OLDER, ProducerTable, SnapshotError
@@ -73,6 +75,7 @@ class Idempotence:
         self.puts = 0  # idempotent puts stored
         self.duplicates = 0  # answered with the original
         self.older_duplicates = 0
+        self.different = 0  # resends refused: another message under a stored sequence
         self.rebuilds = 0  # loads or cuts that had to replay the log from its start
         self._saved_generation = None  # the table's generation and the position of the last snapshot written
         self._saved_position = 0
@@ -91,14 +94,20 @@ class Idempotence:
             self.duplicates += 1
             self.older_duplicates += 1
             return PutResult(0, partition, -1, 0), 0, True
+        flag, data = with_identity(flag, data, pid, seq)
         if offset is not None:
             found = self.original(topic, partition, offset)
             if found is not None:
+                result, position, checksum = found
+                if checksum is not None and checksum != metaq_checksum(data):
+                    self.different += 1
+                    raise ClientError("sequence %d of producer %d (%s-%d) was stored at offset %d with other content: "
+                                      "a resend must be the same message (nothing stored)"
+                                      % (seq, pid, topic, partition, offset))
                 self.duplicates += 1
-                return found + (True,)
+                return result, position, True
             log.warning("producer %d: sequence %d of %s-%d is recorded at offset %d, which this log does not "
                         "hold: stored again", pid, seq, topic, partition, offset)
-        flag, data = with_identity(flag, data, pid, seq)
         table.begin()
         try:
             r = self._put(topic, partition, flag, data, now_ms, born_ms=born_ms)
@@ -109,21 +118,22 @@ class Idempotence:
         return r, r.log_end - record_size(len(topic.encode("utf-8")), len(data)), False
 
     def original(self, topic, partition, offset):
-        """``(PutResult, position)`` of the stored message at ``offset``, or None when the log does not hold it.
-        A message already deleted by retention answers message id 0 at position 0 (its log end 0: no wait)."""
+        """``(PutResult, position, checksum)`` of the stored message at ``offset`` (checksum None when it is gone),
+        or None when the log does not hold it. A message already deleted by retention answers message id 0 at
+        position 0 (its log end 0: no wait)."""
         p = self._parts.get((topic, partition))
         if p is None or offset >= p.max:
             return None
         if offset < p.min:
-            return PutResult(0, partition, offset, 0), 0
+            return PutResult(0, partition, offset, 0), 0, None
         unit = p.unit(offset)
         seg = self._log.segment_at(unit[0]) if unit is not None else None
         if seg is None:
-            return PutResult(0, partition, offset, 0), 0
+            return PutResult(0, partition, offset, 0), 0, None
         rel = unit[0] - seg.start
         (tlen,) = _TOPIC_LEN.unpack_from(seg.view, rel + _TOPIC_LEN_AT)
-        msg_id = HEADER.unpack_from(seg.view, rel + TOPIC_START + tlen)[2]
-        return PutResult(msg_id, partition, offset, unit[0] + unit[1]), unit[0]
+        _len, checksum, msg_id, _flag = HEADER.unpack_from(seg.view, rel + TOPIC_START + tlen)
+        return PutResult(msg_id, partition, offset, unit[0] + unit[1]), unit[0], checksum
 
     # -- learning from the log -------------------------------------------------------------
 
@@ -277,5 +287,6 @@ class Idempotence:
         """The ``stats`` summary's ``(key, value)`` pairs."""
         t = self.table
         return [("idempotent_puts", self.puts), ("idempotent_duplicates", self.duplicates),
-                ("idempotent_older_duplicates", self.older_duplicates), ("idempotent_producers", len(t)),
+                ("idempotent_older_duplicates", self.older_duplicates),
+                ("idempotent_refused_different", self.different), ("idempotent_producers", len(t)),
                 ("idempotent_producers_evicted", t.evicted), ("idempotent_producers_expired", t.expired)]

@@ -243,7 +243,8 @@ class MessageStore:
 
     def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
         """An idempotent put (``put_idem``): ``(PutResult, record position, duplicate)``; a duplicate's result is
-        the original's. Raises as ``put``, and SequenceTooOld (see idempotence.py, producers.py)."""
+        the original's (or a duplicate of a sequence below the window: offset -1). Raises as ``put``, and ClientError
+        for a resend whose content differs from the stored message's (see idempotence.py, producers.py)."""
         return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
 
     def put_burst(self, frames, src, now_ms):

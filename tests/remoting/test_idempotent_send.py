@@ -23,10 +23,12 @@ def test_a_resend_answers_the_original_id_and_offset(rmq_broker, rc):
     msgs = decode_stored_messages(pull(rc, "tI1", 2, 0).body)
     assert [(m.body, m.properties.get("TAGS"), m.properties.get("METAQ_SEQ")) for m in msgs] == \
         [(b"once", "TagI", "0"), (b"twice", "TagI", "1")]
-    with rmq_broker.client() as text:  # the same window as put_idem: a text resend of seq 0 is a duplicate
-        flag, data = encode_payload(b"once", "TagI")
+    with rmq_broker.client() as text:  # the same window as put_idem: seq 0 of producer 99 is known there
+        flag, data = encode_payload(b"once", "TagI")  # not the message stored (that one has KEYS): refused
         r = text.call(ev.IdempotentPut("tI1", 2, flag, data, 1, metaq_checksum(data), 99, 0))
-        assert r.body.endswith(b" dup") and r.body.split()[2] == b"0"
+        assert r.code == 400 and b"was stored at offset 0 with other content" in r.body
+        r = text.call(ev.IdempotentPut("tI1", 2, flag, data, 2, metaq_checksum(data), 99, 1))  # seq 1: "twice"
+        assert r.code == 400 and b"was stored at offset 1 with other content" in r.body
         assert len(consume_all(text, "tI1", 2)) == 2
 
 
