@@ -32,11 +32,11 @@ from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 TOPIC = "tbench"
 
 
-def fill(url, n, size):
+def fill(url, n, size, topic=TOPIC):
     body = os.urandom(size)
     t0 = time.perf_counter()
     with Producer(brokers=[url]) as producer:
-        futures = [producer.send_async(Message(TOPIC, body)) for _ in range(n)]
+        futures = [producer.send_async(Message(topic, body)) for _ in range(n)]
         assert all(f.result(120).success for f in futures)
     return n / (time.perf_counter() - t0)
 
@@ -110,7 +110,7 @@ def main(argv=None):
             rows["sink, idempotent"].append(sink_write(spark, url, args.messages, args.size, True, "tsink%d" % run))
             rows["sink, not idempotent"].append(sink_write(spark, url, args.messages, args.size, False,
                                                            "tplain%d" % run))
-            rows["client Producer (peer)"].append(fill(url, args.messages, args.size))
+            rows["client Producer (peer)"].append(fill(url, args.messages, args.size, "tpeer%d" % run))
         spark.stop()
     finally:
         broker.kill()
