@@ -11,6 +11,7 @@ import pytest
 
 from metaq import errors
 from metaq.client import Message, Partition
+from metaq.client.message import SendResult
 from metaq.client.transaction import XaError, Xid, default_unique_qualifier
 from metaq.client.xa import XAResource
 from metaq.protocol import events as ev
@@ -261,7 +262,7 @@ def test_fake_wire_forms(fake):
         xid = rm.xid(3, "g", "b")
         rm.tpc_begin(xid)
         assert rm.broker_id == 3
-        assert rm.send(Message("tf", b"x")) == (True, Partition(3, 0), -1, -1, None)
+        assert rm.send(Message("tf", b"x")) == SendResult(True, Partition(3, 0), -1, -1, None)
         rm.tpc_prepare()
         rm.tpc_commit()
     tx = [e for e in broker.requests if isinstance(e, ev.Transaction)]
