@@ -250,20 +250,7 @@ class DataDir:
         An OSError (ENOSPC, EIO) propagates as is; the old file stays in place.
         """
         body = json.dumps(state, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        data = STATE_HEADER.pack(magic, len(body), crc32(body)) + body
-        tmp = path + TEMP_SUFFIX
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                if os.write(fd, data) != len(data):
-                    raise OSError(errno.ENOSPC, "short write to %s" % tmp)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError:
-            unlink_quietly(tmp)
-            raise
+        write_atomically(path, STATE_HEADER.pack(magic, len(body), crc32(body)) + body)
         fsync_dir(self.root)
 
     def read_state(self, path, magic):
@@ -296,6 +283,27 @@ class DataDir:
             return False
         fsync_dir(os.path.dirname(path))
         return True
+
+
+def write_atomically(path, data, previous=None):
+    """``data`` to ``path`` through a temp file (written, fsynced, renamed over it); with ``previous``, the file it
+    replaces is renamed there first. The caller fsyncs the directory. An OSError (ENOSPC, EIO) propagates as is,
+    the temp file removed and the old file in place."""
+    tmp = path + TEMP_SUFFIX
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write to %s" % tmp)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if previous is not None and os.path.exists(path):
+            os.replace(path, previous)
+        os.replace(tmp, path)
+    except OSError:
+        unlink_quietly(tmp)
+        raise
 
 
 def unlink_quietly(path):

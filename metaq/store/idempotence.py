@@ -34,7 +34,6 @@ may be ahead of the flushed end: a power loss that takes the tail makes
 recovery end below it, and ``load`` falls back to the previous snapshot or the log.
 """
 
-import errno
 import logging
 import os
 import struct
@@ -44,7 +43,7 @@ from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, i
 from metaq.errors import ClientError
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
-from metaq.store.files import TEMP_SUFFIX, fsync_dir, unlink_quietly
+from metaq.store.files import fsync_dir, unlink_quietly, write_atomically
 from metaq.store.producers import OLDER, ProducerTable, SnapshotError
 from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
     record_size
@@ -210,21 +209,7 @@ class Idempotence:
                 return False
         items, position, counters, generation = copied
         data = self.table.encode(items, position, counters)
-        tmp = self.path + TEMP_SUFFIX
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                if os.write(fd, data) != len(data):
-                    raise OSError(errno.ENOSPC, "short write to %s" % tmp)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if os.path.exists(self.path):
-                os.replace(self.path, self.previous)
-            os.replace(tmp, self.path)
-        except OSError:
-            unlink_quietly(tmp)
-            raise
+        write_atomically(self.path, data, previous=self.previous)
         fsync_dir(self.root)
         self._saved_generation, self._saved_position = generation, position
         return True
