@@ -41,7 +41,7 @@ class Message:
 
     ``body`` is bytes (bytearray/memoryview are copied to bytes). ``attribute``
     is an optional string stored with the message (``""`` is kept as an empty
-    attribute, ``None`` means none). ``key`` is not sent: ``KeySelector`` uses
+    attribute, ``None`` means none; ``\x02`` is refused: it starts the properties). ``key`` is not sent: ``KeySelector`` uses
     it to pick a partition so that messages with the same key stay in order.
     ``delay_level`` > 0 asks the broker to deliver the message only after that
     level's delay (the broker's ``delay.levels``, RocketMQ's ``1s 5s 10s 30s 1m
@@ -69,6 +69,9 @@ class Message:
             raise TypeError("message body must be bytes, got %s" % type(body).__name__)
         if attribute is not None and not isinstance(attribute, str):
             raise TypeError("message attribute must be a str or None, got %s" % type(attribute).__name__)
+        if attribute is not None and "\x02" in attribute:  # it would come back cut there, the rest as properties
+            raise ValueError("a message attribute cannot hold \\x02: it separates the attribute from the message's "
+                             "properties (give those as properties=)")
         if not isinstance(delay_level, int) or isinstance(delay_level, bool) or delay_level < 0:
             raise ValueError("delay_level must be an int >= 0 (0 = no delay), got %r" % (delay_level,))
         self.topic = topic

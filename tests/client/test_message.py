@@ -77,3 +77,12 @@ def test_send_result_defaults():
     assert ok.success and ok.error is None and ok.offset == 3 and ok.msg_id == 4
     failed = SendResult(False, error=RuntimeError("x"))
     assert not failed.success and failed.partition is None and failed.offset == -1
+
+
+def test_an_attribute_holding_the_properties_separator_is_refused():
+    """Read back, an attribute is cut at its first \\x02 (the rest is taken for properties): refused at once."""
+    with pytest.raises(ValueError, match="properties="):
+        Message("t", b"x", attribute="tags\x02KEYS\x01k")
+    m = Message("t", b"x", attribute="tags", properties={"KEYS": "k"})  # what was meant
+    got = roundtrip(m)
+    assert (got.attribute, got.properties) == ("tags", {"KEYS": "k"})
