@@ -21,3 +21,13 @@ def fast_dir(tmp_path):
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["built", "python"])
+def writer(request, monkeypatch):
+    """put_burst with the C writer (when built) and with its pure-Python twin."""
+    from metaq.store import batch
+
+    if request.param == "python":
+        monkeypatch.setattr(batch, "write_run", batch.write_run_py)
+    return request.param

@@ -86,21 +86,6 @@ def test_resident_tells_a_page_in_memory(data_dir):
     assert not f.resident(page[1])  # a closed map is not asked
 
 
-def evict(data_dir):
-    """Drop the data directory's pages from the page cache (posix_fadvise DONTNEED: pages not mapped)."""
-    import glob
-    import os
-
-    for path in glob.glob(os.path.join(str(data_dir), "**"), recursive=True):
-        if os.path.isfile(path):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def filesystem_of(path):
     """The type of the filesystem holding ``path`` (the longest mount point above it in /proc/mounts)."""
     import os
@@ -114,6 +99,19 @@ def filesystem_of(path):
     return kind
 
 
+MADV_PAGEOUT = 21  # Linux >= 5.4 (Python's mmap module may not name it)
+
+
+def page_out(f):
+    """Drop the pages of a mapped file ``f`` from memory now (the store has it open and mapped: evicting the files
+    before opening it is undone by recovery, which reads them back). False when the kernel cannot."""
+    try:
+        f.mm.madvise(MADV_PAGEOUT)
+    except OSError:
+        return False
+    return True
+
+
 def test_a_cold_page_is_found_cold_and_populate_brings_it_in(data_dir):
     if filesystem_of(data_dir) == "tmpfs":
         pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
@@ -121,18 +119,20 @@ def test_a_cold_page_is_found_cold_and_populate_brings_it_in(data_dir):
     times = [NOW + i for i in range(20000)]
     fill(s, times)
     s.close(NOW + 1)
-    evict(data_dir)
     s = open_store(data_dir, now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
     search = s.time_search("test", 0, NOW + 7000)
-    cold = 0
+    seen, cold = set(), 0
     while not search.done:
         f, start, end = search.need()
+        if id(f) not in seen:  # each file the probes read: out of memory before its first probe
+            seen.add(id(f))
+            if not page_out(f):
+                pytest.skip("this kernel has no MADV_PAGEOUT")
+            assert not f.resident(start)
         if not f.resident(start):
             cold += 1
             assert f.populate(start, end)
             assert f.resident(start)  # in memory now: the read that follows takes no disk read
         search.step()
-    assert search.result == 7000
-    if cold == 0:  # the kernel kept (or read back) every page the probes touched: nothing cold to check here
-        pytest.skip("no probed page was out of memory after the eviction (a busy machine reads ahead)")
+    assert search.result == 7000 and cold >= len(seen) >= 1
     s.close(NOW + 3)
