@@ -39,7 +39,7 @@ builddeps:
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS="$(BUILD_SYSDEPS)" || \
 	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
 
-$(VENV)/.installed: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_speedups.h | builddeps
+$(VENV)/.installed: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_speedups.h | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e '.[test,deploy,spark]'
 	touch $@
@@ -54,8 +54,9 @@ test: setup
 
 # The unit tier: no test that starts a server, spawns a process or opens a network socket
 # (tests/conftest.py marks those `integration` and fails a unit test that binds or connects one).
+# Two workers (pytest-xdist): the tier is many small CPU-bound tests.
 test-unit: $(VENV)/.installed
-	$(VENV)/bin/pytest -m "not integration" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not integration" -n 2 $(PYTEST_ARGS)
 
 # The fast tier: no slow or fault tests.
 test-fast: setup

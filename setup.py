@@ -15,7 +15,7 @@ def speedups_extension():
             os.path.exists(os.path.join(d, "isa-l", "crc.h")) for d in ("/usr/include", "/usr/local/include")):
         libraries.append("isal")
         macros.append(("METAQ_HAVE_ISAL", "1"))
-    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c"], depends=["metaq/_speedups.h"],
+    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c"], depends=["metaq/_speedups.h"],
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
 
 
@@ -42,6 +42,7 @@ setup(
             "hypothesis>=6.100",
             "crcmod>=1.7",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",  # make test-unit: the unit tier on both cores
             "psycopg[binary]>=3.1",
             "rocketmq==0.4.4",  # the official RocketMQ client (C++ core bundled): remoting tests and bench
             "fusepy>=3.0.1,<4",  # tests/harness/fusefs.py: the FUSE fault filesystem (needs Debian's libfuse2)

@@ -2,11 +2,14 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Seven functions, each the exact twin of a pure-Python reference that is used
+ * Eight functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
- *   scan_puts(buf, pos, end, max_body, max_line)   == metaq.protocol.burst.scan_puts_py
+ *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
+ *                                                 == metaq.protocol.burst.scan_puts_py
+ *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])
+ *                                                 == metaq.protocol.idemburst.scan_idem_burst_py (_idemscan.c)
  *   encode_put_acks(frames, start, count, first_id, partition, first_offset)
  *                                                 == metaq.protocol.burst.encode_put_acks_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
@@ -148,10 +151,25 @@ static const unsigned char *parse_head(const unsigned char *q, const unsigned ch
     return s + 1;
 }
 
+/* The index unit's tag hash of data with an attribute block (burst.py _attribute_tag), or -1 when the block is
+   malformed or holds the idempotent producer's reserved properties. */
+static long attribute_tag(const unsigned char *data, Py_ssize_t n) {
+    if (n < 4)
+        return -1;
+    int32_t alen = (int32_t)(((uint32_t)data[0] << 24) | ((uint32_t)data[1] << 16) | ((uint32_t)data[2] << 8) |
+                             data[3]);
+    if (alen < 0 || alen > n - 4)
+        return -1;
+    if (alen >= 11 && (memmem(data + 4, (size_t)alen, "\x02METAQ_PID\x01", 11) != NULL ||
+                       memmem(data + 4, (size_t)alen, "\x02METAQ_SEQ\x01", 11) != NULL))
+        return -1;
+    return (long)(crc_of(data + 4, alen, 0) & 0x7FFFFFFFul);
+}
+
 static PyObject *scan_puts(PyObject *self, PyObject *args) {
     PyObject *obj;
-    Py_ssize_t pos, end, max_body, max_line;
-    if (!PyArg_ParseTuple(args, "Onnnn", &obj, &pos, &end, &max_body, &max_line))
+    Py_ssize_t pos, end, max_body, max_line, max_frames = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "Onnnn|n", &obj, &pos, &end, &max_body, &max_line, &max_frames))
         return NULL;
     Py_buffer b;
     if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
@@ -165,7 +183,7 @@ static PyObject *scan_puts(PyObject *self, PyObject *args) {
     const unsigned char *base = (const unsigned char *)b.buf, *lim = base + end;
     if (frames == NULL)
         goto fail;
-    for (;;) {
+    while (PyList_GET_SIZE(frames) < max_frames) {
         const unsigned char *q = base + pos, *topic;
         Py_ssize_t tlen;
         long long partition, length, flag, checksum, opaque;
@@ -173,12 +191,15 @@ static PyObject *scan_puts(PyObject *self, PyObject *args) {
         if (body == NULL)
             break;
         Py_ssize_t head_end = body - base;
-        if (head_end - pos - 2 > max_line || partition > INT32_MAX_V || flag > INT32_MAX_V || (flag & 1) ||
+        if (head_end - pos - 2 > max_line || partition > INT32_MAX_V || flag > INT32_MAX_V ||
             checksum > INT32_MAX_V || opaque < -INT32_MAX_V - 1 || opaque > INT32_MAX_V || length > max_body ||
             length > end - head_end)
             break;
         unsigned long crc = crc_of(body, (Py_ssize_t)length, 0);
         if (checksum != -1 && checksum != (long long)(crc & 0x7FFFFFFFul))
+            break;
+        long tag = (flag & 1) ? attribute_tag(body, (Py_ssize_t)length) : 0;
+        if (tag < 0)
             break;
         if (topic_obj == NULL || PyBytes_GET_SIZE(topic_obj) != tlen ||
             memcmp(PyBytes_AS_STRING(topic_obj), topic, tlen) != 0) {
@@ -188,11 +209,14 @@ static PyObject *scan_puts(PyObject *self, PyObject *args) {
         } else {
             Py_INCREF(topic_obj);
         }
-        PyObject *t = PyTuple_New(7);
+        int size = (flag & 1) ? 8 : 7;
+        PyObject *t = PyTuple_New(size);
         if (t == NULL) {
             Py_DECREF(topic_obj);
             goto fail;
         }
+        if (size == 8)
+            PyTuple_SET_ITEM(t, 7, PyLong_FromLong(tag));
         PyTuple_SET_ITEM(t, 0, topic_obj); /* steals the reference taken above */
         PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(partition));
         PyTuple_SET_ITEM(t, 2, PyLong_FromLongLong(flag));
@@ -200,7 +224,7 @@ static PyObject *scan_puts(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(t, 4, PyLong_FromSsize_t(head_end));
         PyTuple_SET_ITEM(t, 5, PyLong_FromLongLong(length));
         PyTuple_SET_ITEM(t, 6, PyLong_FromUnsignedLong(crc));
-        for (int k = 1; k < 7; k++) {
+        for (int k = 1; k < size; k++) {
             if (PyTuple_GET_ITEM(t, k) == NULL) {
                 Py_DECREF(t);
                 goto fail;
@@ -232,16 +256,19 @@ static void put64(unsigned char *p, uint64_t v) {
     put32(p + 4, (uint32_t)v);
 }
 
-/* The fields of one frame tuple that write_run needs; 0 with an exception set on bad input. */
-static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssize_t *n, unsigned long *crc) {
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
-        PyErr_SetString(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
+/* The fields of one frame tuple that write_run needs (the 8th, when there is one, is the index unit's tag hash:
+   scan_idem_burst's frames); 0 with an exception set on bad input. */
+static int frame_fields(PyObject *t, long long *flag, Py_ssize_t *start, Py_ssize_t *n, unsigned long *crc,
+                        uint32_t *tag) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 7) {
+        PyErr_SetString(PyExc_TypeError, "a frame is a tuple from scan_puts or scan_idem_burst");
         return 0;
     }
     *flag = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
     *start = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 4));
     *n = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 5));
     *crc = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 6));
+    *tag = PyTuple_GET_SIZE(t) > 7 ? (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 7)) : 0;
     if (PyErr_Occurred())
         return 0;
     if (*start < 0 || *n < 0 || *n > INT32_MAX_V || *flag < -INT32_MAX_V - 1 || *flag > INT32_MAX_V) {
@@ -292,7 +319,8 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         long long flag;
         Py_ssize_t start, n;
         unsigned long crc;
-        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &start, &n, &crc))
+        uint32_t tag;
+        if (!frame_fields(PyList_GET_ITEM(frames, k), &flag, &start, &n, &crc, &tag))
             goto done;
         Py_ssize_t total = hsize + n;
         if (rel + total > ready)
@@ -327,7 +355,7 @@ static PyObject *write_run(PyObject *self, PyObject *args) {
         unsigned char *u = index + unit_at + count * UNIT_SIZE;
         put64(u, (uint64_t)(seg_start + rel));
         put32(u + 8, (uint32_t)total);
-        put32(u + 12, 0);
+        put32(u + 12, tag);
         rel += total;
     }
     result = Py_BuildValue("(nn)", count, rel);
@@ -359,9 +387,9 @@ static PyObject *encode_put_acks(PyObject *self, PyObject *args) {
     char *replies = PyBytes_AS_STRING(result), *w = replies;
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *t = PyList_GET_ITEM(frames, start + k);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 7) {
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 7) {
             Py_DECREF(result);
-            return PyErr_Format(PyExc_TypeError, "a frame is a 7-tuple from scan_puts");
+            return PyErr_Format(PyExc_TypeError, "a frame is a tuple from scan_puts or scan_idem_burst");
         }
         long long opaque = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
         if (opaque == -1 && PyErr_Occurred()) {
@@ -537,9 +565,20 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc & 0xFFFFFFFFul);
 }
 
+unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
+    return crc_of(p, n, crc);
+}
+
+int metaq_decimal(char *p, long long v) {
+    return put_decimal(p, v);
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0) -> the unsigned CRC-32 of data (as zlib.crc32)"},
-    {"scan_puts", scan_puts, METH_VARARGS, "scan_puts(buf, pos, end, max_body, max_line) -> (frames, next_pos)"},
+    {"scan_puts", scan_puts, METH_VARARGS,
+     "scan_puts(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, next_pos)"},
+    {"scan_idem_burst", scan_idem_burst, METH_VARARGS,
+     "scan_idem_burst(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, data, next_pos)"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},

@@ -1,4 +1,4 @@
-/* What the two C files of metaq._speedups share. */
+/* What the C files of metaq._speedups share. */
 #ifndef METAQ_SPEEDUPS_H
 #define METAQ_SPEEDUPS_H
 
@@ -6,5 +6,12 @@
 
 /* The SyncWorker type (_syncworker.c), registered by the module's init (_speedups.c). */
 extern PyTypeObject SyncWorkerType;
+
+/* scan_idem_burst (_idemscan.c), in the module's method table (_speedups.c). */
+PyObject *scan_idem_burst(PyObject *self, PyObject *args);
+
+/* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
+unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
+int metaq_decimal(char *p, long long v);
 
 #endif

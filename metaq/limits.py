@@ -306,3 +306,10 @@ IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
 #: grew this much since the last one: a restart replays at most about this much log (``mmap.find`` skips log
 #: without an idempotent record at memory speed) while a broker without idempotent producers writes it rarely.
 IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
+
+# -- the broker's put-burst fast path (server/text/fastput.py) -------------------------------------------------
+#: Frames the fast path scans first at the head of a receive buffer; while every frame scanned is taken it scans
+#: twice as many next. So a pipeline of puts the general path must answer one by one (refused: a partition the
+#: topic does not have, a forbidden topic) costs a scan of at most this many frames each, not of the whole rest
+#: of the buffer (which made such a pipeline quadratic), and a producer's pipeline of 64 is one scan.
+BURST_SCAN_FRAMES = 64

@@ -9,14 +9,19 @@ to ``TextParser``, which answers it exactly as always. So a frame is taken only 
 
 * the line is exactly one of those forms, ASCII, with ``\\r\\n``, no longer than ``max_line``;
 * topic is 1+ printable ASCII bytes without space; partition ``0..2^31-1`` (not ``-1``);
-  ``flag`` ``0..2^31-1`` with bit 0 clear (no attribute block); checksum ``-1`` or
-  ``0..2^31-1``; opaque a signed 32-bit int; each number at most 10 digits;
+  ``flag`` ``0..2^31-1``; checksum ``-1`` or ``0..2^31-1``; opaque a signed 32-bit int;
+  each number at most 10 digits;
 * the announced length is at most ``max_body`` and the whole body is buffered;
-* the checksum is ``-1`` (or absent: 6 tokens) or equals ``metaq_checksum(body)``.
+* the checksum is ``-1`` (or absent: 6 tokens) or equals ``metaq_checksum(body)``;
+* with flag bit 0 (an attribute block), the block is well formed and does not
+  carry the idempotent producer's reserved properties (the general path refuses
+  both, saying why).
 
 Each taken frame is ``(topic, partition, flag, opaque, body_start, body_len, crc)``:
 ``topic`` as bytes (consecutive frames with the same topic share one object),
-``crc`` the unsigned CRC-32 of the body (its checksum is ``crc & 0x7FFFFFFF``).
+``crc`` the unsigned CRC-32 of the body (its checksum is ``crc & 0x7FFFFFFF``);
+a frame with an attribute has an eighth field, the index unit's tag hash
+(``store.record.tag_hash``: the attribute's metaq checksum).
 
 The answers to a burst are encoded here too: ``encode_put_acks`` gives the
 ``result 200`` replies of a run of stored frames (from what the store reports
@@ -33,20 +38,25 @@ import re
 import zlib
 
 from metaq import speedups
+from metaq.protocol.idempotence import MARK, SEQ_PROPERTY
 
 INT32_MAX = 2**31 - 1
+#: The idempotent producer's reserved properties (``protocol.idempotence``) as they appear in an attribute.
+_PID_MARK = MARK
+_SEQ_MARK = ("\x02%s\x01" % SEQ_PROPERTY).encode("ascii")
 
 #: The frame header; the numbers are range-checked after the match.
 _PUT = re.compile(rb"put ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) (?:(-1|[0-9]{1,10}) )?(-?[0-9]{1,10})\r\n")
 
 
-def scan_puts_py(buf, pos, end, max_body, max_line):
-    """``(frames, next_pos)``: the leading plain puts of ``buf[pos:end]`` and where the first one not taken starts."""
+def scan_puts_py(buf, pos, end, max_body, max_line, max_frames=None):
+    """``(frames, next_pos)``: the leading puts of ``buf[pos:end]`` (at most ``max_frames``) and where the first one
+    not taken starts."""
     frames = []
     match = _PUT.match
     topic = None
     with memoryview(buf) as view:
-        while True:
+        while max_frames is None or len(frames) < max_frames:
             m = match(buf, pos, end)
             if m is None:
                 break
@@ -55,18 +65,40 @@ def scan_puts_py(buf, pos, end, max_body, max_line):
             partition, length, flag, checksum, opaque = (int(partition), int(length), int(flag),
                                                          -1 if checksum is None else int(checksum), int(opaque))
             body_end = head_end + length
-            if (head_end - pos - 2 > max_line or partition > INT32_MAX or flag > INT32_MAX or flag & 1
+            if (head_end - pos - 2 > max_line or partition > INT32_MAX or flag > INT32_MAX
                     or checksum > INT32_MAX or not -2**31 <= opaque <= INT32_MAX or length > max_body
                     or body_end > end):
                 break
             crc = zlib.crc32(view[head_end:body_end])
             if checksum != -1 and checksum != crc & 0x7FFFFFFF:
                 break
+            if flag & 1:
+                tag = _attribute_tag(view[head_end:body_end])
+                if tag is None:
+                    break
             if t != topic:
                 topic = t
-            frames.append((topic, partition, flag, opaque, head_end, length, crc))
+            if flag & 1:
+                frames.append((topic, partition, flag, opaque, head_end, length, crc, tag))
+            else:
+                frames.append((topic, partition, flag, opaque, head_end, length, crc))
             pos = body_end
     return frames, pos
+
+
+def _attribute_tag(data):
+    """The index unit's tag hash of a put's data with an attribute block (``store.record.tag_hash``), or None
+    when the block is malformed or carries the idempotent producer's reserved properties (the general path
+    refuses those, saying why)."""
+    if len(data) < 4:
+        return None
+    alen = int.from_bytes(data[:4], "big", signed=True)
+    if alen < 0 or alen > len(data) - 4:
+        return None
+    attr = bytes(data[4:4 + alen])
+    if _PID_MARK in attr or _SEQ_MARK in attr:
+        return None
+    return zlib.crc32(attr) & 0x7FFFFFFF
 
 
 scan_puts = speedups.load("scan_puts", scan_puts_py)  # the C twin when built (same results, less CPU)

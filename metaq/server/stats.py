@@ -67,6 +67,7 @@ class BrokerStats:
         self.tx_begin = self.tx_xa_begin = self.tx_commit = self.tx_rollback = 0
         self.protocol_errors = 0
         self.burst_puts = 0  # puts stored through the burst fast path (server/fastput.py)
+        self.burst_scanned_bytes = 0  # receive-buffer bytes handed to its scanners (bounded per frame: fastput.py)
         self.reset_realtime()
 
     def reset_realtime(self):
@@ -124,7 +125,8 @@ class BrokerStats:
 
     def command_values(self):
         """The summary's command counters, as ``(key, value)`` pairs in their order."""
-        return [("cmd_put", self.cmd_put), ("burst_puts", self.burst_puts), ("cmd_get", self.cmd_get),
+        return [("cmd_put", self.cmd_put), ("burst_puts", self.burst_puts),
+                ("burst_scanned_bytes", self.burst_scanned_bytes), ("cmd_get", self.cmd_get),
                 ("cmd_offset", self.cmd_offset), ("tx_begin", self.tx_begin), ("tx_xa_begin", self.tx_xa_begin),
                 ("tx_commit", self.tx_commit), ("tx_rollback", self.tx_rollback), ("get_miss", self.get_miss),
                 ("put_failed", self.put_failed)]

@@ -38,14 +38,16 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
     ``log`` is the segment starting at log position ``seg_start``. Record *k*
     gets queue offset ``offset + k``, message id ``first_id + k``, store and
     born time ``now_ms``, its body from ``src``, and its index unit at
-    ``index[unit_at + 16k:]``. Returns ``(count, rel_after)``: how many
+    ``index[unit_at + 16k:]`` (with the frame's tag hash when it has one: an
+    idempotent put's, ``protocol.idemburst``; else 0). Returns ``(count, rel_after)``: how many
     records were written (frames ``i … i + count - 1``) and where they end.
     """
     head = head_struct(len(topic))
     hsize = head.size
     count = 0
     with memoryview(src) as body, memoryview(log) as out:
-        for _t, _p, flag, _opaque, start, n, crc in frames[i:j]:
+        for frame in frames[i:j]:
+            flag, start, n, crc = frame[2], frame[4], frame[5], frame[6]
             end = rel + hsize + n
             if end > ready:
                 break
@@ -53,7 +55,8 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
                            len(topic), topic, n, crc & 0x7FFFFFFF, first_id + count, flag)
             out[rel + hsize:end] = body[start:start + n]
             CRC_FIELD.pack_into(out, rel + 8, zlib.crc32(out[rel + CRC_START:end]))
-            UNIT.pack_into(index, unit_at + count * UNIT_SIZE, seg_start + rel, end - rel, 0)
+            UNIT.pack_into(index, unit_at + count * UNIT_SIZE, seg_start + rel, end - rel,
+                           frame[7] if len(frame) > 7 else 0)
             rel = end
             count += 1
     return count, rel

@@ -5,7 +5,10 @@
 * ``put`` (the master's ``put_idem``): ``ProducerTable.decide``, then either the
   original's ``PutResult`` (read from its index unit and record header) or the
   append of the data with the identity added (``metaq.protocol.idempotence.with_identity``)
-  and its ``record``. Nothing in between yields to the event loop (the store
+  and its ``record``. ``put_prepared`` is the same for data that already holds
+  its identity (the broker's burst path: ``metaq.protocol.idemburst``), and
+  ``put_run`` appends a burst's run of one producer's next sequences with the
+  store's plain burst writer and records it in one step. Nothing in between yields to the event loop (the store
   never does), so two concurrent resends of one sequence cannot both be stored.
 * ``replay(start, end)``: learn from every idempotent record in ``[start, end)``
   of the log — a slave's replicated chunk, the records after a snapshot at open.
@@ -87,18 +90,54 @@ class Idempotence:
         a bad identity or reserved properties."""
         if type(pid) is not int or type(seq) is not int or not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ):
             check_identity(pid, seq)  # raises, naming the bad one
-        table = self.table
-        offset = table.decide(pid, topic, partition, seq)
+        offset = self.table.decide(pid, topic, partition, seq)
         if offset == OLDER:  # stored before the window (and flushed: later ones were answered since)
-            self.duplicates += 1
-            self.older_duplicates += 1
-            return PutResult(0, partition, -1, 0), 0, True
+            return self._older(partition)
         flag, data = with_identity(flag, data, pid, seq)
+        return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, None)
+
+    def put_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
+        """``put`` of data that already holds its identity (``protocol.idemburst``: ``flag``/``data`` as stored,
+        ``checksum`` their metaq checksum, the identity checked by the scan)."""
+        offset = self.table.decide(pid, topic, partition, seq)
+        if offset == OLDER:
+            return self._older(partition)
+        return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, None, checksum)
+
+    def put_run(self, frames, src, now_ms, put_burst):
+        """Append ``frames`` (``protocol.idemburst``'s, one producer-partition's consecutive sequences) in one pass
+        when the first is above the producer-partition's highest: ``(taken, runs)`` as ``put_burst(frames, src,
+        now_ms)`` (the store's) gives them, the table recording each run in one step; ``(0, [])`` when the first
+        is not above (a resend or a gap: ``put_prepared`` decides each)."""
+        topic_b, partition, pid, seq = frames[0][0], frames[0][1], frames[0][8], frames[0][9]
+        topic = topic_b.decode("ascii")
+        table = self.table
+        if not table.fresh(pid, topic, partition, seq):
+            return 0, []
+        table.begin()
+        try:
+            taken, runs = put_burst(frames, src, now_ms)
+            for run in runs:
+                table.record_run(pid, topic, partition, seq, run.first_offset, run.count, now_ms)
+                seq += run.count
+        finally:
+            table.end()
+        self.puts += taken
+        return taken, runs
+
+    def _older(self, partition):
+        self.duplicates += 1
+        self.older_duplicates += 1
+        return PutResult(0, partition, -1, 0), 0, True
+
+    def _put_decided(self, topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, checksum):
+        table = self.table
         if offset is not None:
             found = self.original(topic, partition, offset)
             if found is not None:
-                result, position, checksum = found
-                if checksum is not None and checksum != metaq_checksum(data):
+                result, position, stored_checksum = found
+                if stored_checksum is not None and stored_checksum != (checksum if checksum is not None
+                                                                       else metaq_checksum(data)):
                     self.different += 1
                     raise ClientError("sequence %d of producer %d (%s-%d) was stored at offset %d with other content: "
                                       "a resend must be the same message (nothing stored)"
@@ -109,7 +148,7 @@ class Idempotence:
                         "hold: stored again", pid, seq, topic, partition, offset)
         table.begin()
         try:
-            r = self._put(topic, partition, flag, data, now_ms, born_ms=born_ms)
+            r = self._put(topic, partition, flag, data, now_ms, born_ms=born_ms, checksum=checksum)
             table.record(pid, topic, partition, seq, r.offset, now_ms)
         finally:
             table.end()

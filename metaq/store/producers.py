@@ -98,26 +98,32 @@ class _Window:
         return offset + seq - first if seq < first + count else None
 
     def add(self, seq, offset, window):
-        runs = self.runs
         if seq > self.high:
-            if runs and seq == runs[-3] + runs[-1] and offset == runs[-2] + runs[-1]:
-                runs[-1] += 1
-            else:
-                runs.extend((seq, offset, 1))
-            self.high = seq
-            floor = seq - window + 1
-            while runs and runs[0] + runs[2] <= floor:
-                del runs[0:3]
-            if runs and runs[0] < floor:
-                cut = floor - runs[0]
-                runs[0] += cut
-                runs[1] += cut
-                runs[2] -= cut
+            self.extend(seq, offset, 1, window)
             return
+        runs = self.runs
         if seq <= self.high - window or self.find(seq) is not None:
             return  # out of the window, or already there (a replay): nothing to keep
         i = bisect_right(runs[0::3], seq)
         runs[3 * i:3 * i] = array("q", (seq, offset, 1))
+
+    def extend(self, first_seq, first_offset, count, window):
+        """``count`` sequences from ``first_seq`` (above ``high``) at offsets from ``first_offset``; the sequences
+        that leave the window are dropped."""
+        runs = self.runs
+        if runs and first_seq == runs[-3] + runs[-1] and first_offset == runs[-2] + runs[-1]:
+            runs[-1] += count
+        else:
+            runs.extend((first_seq, first_offset, count))
+        self.high = high = first_seq + count - 1
+        floor = high - window + 1
+        while runs and runs[0] + runs[2] <= floor:
+            del runs[0:3]
+        if runs and runs[0] < floor:
+            cut = floor - runs[0]
+            runs[0] += cut
+            runs[1] += cut
+            runs[2] -= cut
 
 
 class ProducerTable:
@@ -193,6 +199,34 @@ class ProducerTable:
                     runs[2] -= 1
         else:
             w.add(seq, offset, self.window)
+        self._touched(w, store_ms)
+
+    def fresh(self, pid, topic, partition, seq):
+        """True when ``seq`` is above every sequence recorded for the producer-partition (``decide`` stores it, and
+        so every later one of a run that starts there)."""
+        w = self._entries.get((pid, topic, partition))
+        return w is None or seq > w.high
+
+    def record_run(self, pid, topic, partition, first_seq, first_offset, count, store_ms):
+        """``count`` records of sequences ``first_seq…`` stored at offsets ``first_offset…``, all above the
+        highest (``fresh``): the table ends as ``count`` calls of ``record`` leave it, in one step."""
+        key = (pid, topic, partition)
+        entries = self._entries
+        w = entries.get(key)
+        if count < 1 or (w is not None and first_seq <= w.high):
+            raise ValueError("record_run takes 1+ sequences above the highest (%s), got %d from %d"
+                             % (None if w is None else w.high, count, first_seq))
+        if w is None:
+            w = entries[key] = _Window()
+        elif w is not self._newest:
+            entries.move_to_end(key)
+        self._newest = w
+        w.extend(first_seq, first_offset, count, self.window)
+        self._touched(w, store_ms)
+
+    def _touched(self, w, store_ms):
+        """``w`` (the newest) was written at ``store_ms``: bound the table (LRU eviction, then expiry)."""
+        entries = self._entries
         w.last_ms = store_ms
         while len(entries) > self.max_producers:
             if entries.popitem(last=False)[1] is self._newest:

@@ -170,14 +170,12 @@ class MessageStore:
         return p
 
     def hold_partition(self, topic, partition):
-        """Make ``topic``-``partition`` writable now, raising what a put there would (InvalidTopic, UnknownTopic,
-        InvalidPartition, TopicLimit), so that a later append to it (a transaction's commit) meets no limit."""
+        """Make ``topic``-``partition`` writable now (raising what a put would), so a later append meets no limit."""
         if (topic, partition) not in self._writers:
             self._writer(topic, partition)
 
     def check_creatable(self, topic, partition):
-        """Raise what a put to ``topic``-``partition`` would (InvalidTopic, UnknownTopic, InvalidPartition,
-        TopicLimit: see quota.py) before anything is stored."""
+        """Raise what a put to ``topic``-``partition`` would (see quota.py) before anything is stored."""
         validate_partition(partition, self._topics.partitions_of(topic))
         if (topic, partition) not in self._parts:
             self._quota.check(topic, partition)
@@ -242,14 +240,19 @@ class MessageStore:
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
     def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
-        """An idempotent put (``put_idem``): ``(PutResult, record position, duplicate)``; a duplicate's result is
-        the original's (or a duplicate of a sequence below the window: offset -1). Raises as ``put``, and ClientError
-        for a resend whose content differs from the stored message's (see idempotence.py, producers.py)."""
+        """``put_idem``: ``(PutResult, record position, duplicate)`` (a duplicate's: the original's)."""
         return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
 
+    def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
+        """``put_idempotent`` of a ``protocol.idemburst`` frame (identity added, checksum known)."""
+        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)
+
+    def put_idempotent_run(self, frames, src, now_ms):
+        """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""
+        return self.idempotence.put_run(frames, src, now_ms, self.put_burst)
+
     def put_burst(self, frames, src, now_ms):
-        """Append the leading plain puts of a scanned burst in one pass; ``(taken, runs)``, a ``BurstRun`` per
-        partition run written (see batch.py); ``frames[taken:]`` are for ``put``."""
+        """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (batch.py); the rest is for ``put``."""
         seg = self._log.active
         if seg is None or self._refusal is not None:
             return 0, []

@@ -1,5 +1,7 @@
 """Small stores in temporary directories for the store, tx and server tests; time is injected, never read."""
 
+import os
+
 from metaq.store.config import StoreConfig, TopicSpec
 from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.store import MessageStore
@@ -54,3 +56,15 @@ def fill_to_leave(s, left, topic="test"):
         else:
             size = (need - 2 * over) // 2
         s.put(topic, 0, 0, b"x" * size, NOW)
+
+
+def files_of(root):
+    """Every file under ``root`` (relative path -> bytes) but those holding random serials or times."""
+    out = {}
+    for d, _dirs, names in os.walk(root):
+        for name in names:
+            if name in ("lock", "clean_shutdown", "checkpoint") or name.endswith(".json"):  # random serials
+                continue
+            with open(os.path.join(d, name), "rb") as f:
+                out[os.path.relpath(os.path.join(d, name), root)] = f.read()
+    return out

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from metaq import limits
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
@@ -48,8 +49,11 @@ def mixed_burst(rng, n, reads=True):
         elif kind < 0.88:
             flag, data = encode_payload(body, "tag%d" % (i % 3))
             frames.append(put("tc", 3, data, i, flag=flag))  # attribute block
-        elif kind < 0.89:
+        elif kind < 0.89 and i % 2:
             frames.append(put("tc", 3, b"\x00\x00\x00\x09ab", i, flag=1))  # malformed attribute block
+        elif kind < 0.89:
+            flag, data = encode_payload(body, "t\x02METAQ_PID\x017\x02")  # put_idem's reserved property
+            frames.append(put("tc", 3, data, i, flag=flag))
         elif kind < 0.91:
             frames.append(put("t-a", 2, body, i, checksum=-1))  # unchecked
         elif kind < 0.94 and reads:
@@ -138,3 +142,71 @@ def test_a_burst_cut_inside_every_frame_is_answered_whole(broker):
         assert [(r.code, r.opaque) for r in replies] == [(200, i) for i in range(len(frames))]
         assert [int(r.body.split()[2]) for r in replies] == list(range(1, 201))
         assert [r.data for r in consume_all(c, "test", 0)] == [b"first"] + bodies
+
+
+def _all_refused(b, data, count):
+    """Send ``data`` in one go and read its ``count`` replies: each a 400, in order."""
+    sock = socket.create_connection(("127.0.0.1", b.port), timeout=120)
+    sock.sendall(data)
+    parser, got = TextParser(max_body=1 << 20), 0
+    while got < count:
+        e = parser.next_event()
+        if e is NEED_DATA:
+            parser.receive_data(sock.recv(1 << 20))
+        else:
+            assert e.code == 400 and e.opaque == got, e
+            got += 1
+    sock.close()
+
+
+@pytest.mark.parametrize("command", ["put", "put_idem"])
+def test_a_pipeline_of_puts_the_store_refuses_is_not_rescanned_for_each(broker_factory, tmp_path, command):
+    """Each refused put (here: a partition the topic does not have) is answered by the general path; the fast
+    path must not scan the whole rest of the receive buffer again for each of them (quadratic: one buffer of such
+    puts stalled the broker's loop for seconds). ``burst_scanned_bytes`` counts what its scanners were given."""
+    n = 5000
+    frames = []
+    for i in range(n):
+        body = b"m%d" % i
+        if command == "put":
+            frames.append(put("t-a", 9, body, i))
+        else:
+            frames.append(serialize(ev.IdempotentPut("t-a", 9, 0, body, i, metaq_checksum(body), 5, i)))
+    data = b"".join(frames)
+    b = broker_factory(small_config(tmp_path / "fast", topics=TOPICS, store={"flush": "async"}))
+    _all_refused(b, data, n)
+    with b.client() as c:
+        s = c.stats_dict()
+    scanned = int(s["burst_scanned_bytes"])
+    assert int(s["put_failed"]) == n and int(s["burst_puts"]) == 0
+    # each refused frame: a scan of at most BURST_SCAN_FRAMES frames (rescanning the rest each time: ~n/2 * len)
+    assert len(data) <= scanned <= limits.BURST_SCAN_FRAMES * len(data), (scanned, len(data))
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+@pytest.mark.parametrize("count", [limits.BURST_SCAN_FRAMES, limits.BURST_SCAN_FRAMES + 1,
+                                   7 * limits.BURST_SCAN_FRAMES + 3])
+def test_pipelines_at_and_past_the_first_scan_cap_take_the_fast_path(broker, idempotent, count):
+    """``limits.BURST_SCAN_FRAMES``: the first scan's cap; a pipeline of that many frames, one more (the scan looks
+    further with twice the cap) and many more are all stored by the fast path, in order."""
+    def frame(k):
+        body = b"m%d" % k
+        if idempotent:
+            return serialize(ev.IdempotentPut("t-a", 1, 0, body, k, metaq_checksum(body), 6, k))
+        return put("t-a", 1, body, k)
+
+    with broker.client() as c:
+        assert c.call(_event_of(frame(0))).code == 200  # the partition's first put (the general path's)
+        before = int(c.stats_dict()["burst_puts"])
+        c.send(b"".join(frame(k) for k in range(1, count + 1)))
+        replies = [c.read_event() for _ in range(count)]
+        assert [(r.code, r.opaque) for r in replies] == [(200, k) for k in range(1, count + 1)]
+        assert [int(r.body.split()[2]) for r in replies] == list(range(1, count + 1))
+        # all but the store's own stops (a put at the middle of a growing index file goes the general way)
+        assert count - 2 <= int(c.stats_dict()["burst_puts"]) - before <= count
+
+
+def _event_of(frame):
+    parser = TextParser()
+    parser.receive_data(frame)
+    return parser.next_event()

@@ -7,6 +7,9 @@ from hypothesis import strategies as st
 from metaq.protocol import events as ev
 from metaq.protocol.burst import scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.idempotence import has_identity
+from metaq.protocol.message import decode_payload, encode_payload
+from metaq.store.record import tag_hash
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 
@@ -27,10 +30,13 @@ int32 = st.integers(-2**31, 2**31 - 1)
 def put_frames(draw):
     """One put frame: mostly plain ones, some with a wrong checksum, flag bit 0, -1 partition or big numbers."""
     body = draw(st.binary(max_size=40))
+    flag = draw(st.one_of(st.just(0), st.integers(0, 2**31 - 1)))
+    if draw(st.booleans()):  # a well-formed attribute block (now and then with put_idem's reserved property)
+        attr_flag, body = encode_payload(body, draw(st.one_of(st.text(max_size=12), st.just("t\x02METAQ_SEQ\x011"))))
+        flag = (flag & ~1) | attr_flag
     good = metaq_checksum(body)
     checksum = draw(st.sampled_from([good, good, good, -1, (good + 1) % 2**31]))
     partition = draw(st.one_of(st.integers(0, 7), st.just(-1), st.just(2**31 - 1)))
-    flag = draw(st.one_of(st.just(0), st.integers(0, 2**31 - 1)))
     opaque = draw(st.one_of(st.integers(-5, 5), int32))
     frame = serialize(ev.Put(draw(topics), partition, flag, body, opaque, checksum))
     if draw(st.integers(0, 3)) == 0:  # MetaQ's 6-token form: no checksum token
@@ -55,11 +61,16 @@ def bursts(draw):
 
 @needs_c
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-@given(bursts(), st.integers(0, 6), st.sampled_from([MAX_BODY, 10, 0]), st.sampled_from([MAX_LINE, 20]))
-def test_c_scanner_equals_the_python_reference(burst, start, max_body, max_line):
+@given(bursts(), st.integers(0, 6), st.sampled_from([MAX_BODY, 10, 0]), st.sampled_from([MAX_LINE, 20]),
+       st.sampled_from([None, None, 0, 1, 2]))
+def test_c_scanner_equals_the_python_reference(burst, start, max_body, max_line, cap):
     buf, end = burst
     pos = min(start, end)
-    assert scan_puts_c(buf, pos, end, max_body, max_line) == scan_puts_py(buf, pos, end, max_body, max_line)
+    if cap is None:
+        assert scan_puts_c(buf, pos, end, max_body, max_line) == scan_puts_py(buf, pos, end, max_body, max_line)
+    else:
+        got = scan_puts_c(buf, pos, end, max_body, max_line, cap)
+        assert got == scan_puts_py(buf, pos, end, max_body, max_line, cap) and len(got[0]) <= cap
 
 
 @needs_c
@@ -79,14 +90,29 @@ def test_taken_frames_are_what_the_parser_reads(burst):
     parser = TextParser(max_line=MAX_LINE, max_body=MAX_BODY)
     if stop:
         parser.receive_data(bytes(buf[:stop]))  # (b"" would mean end of stream)
-    for topic, partition, flag, opaque, start, length, crc in frames:
+    for frame in frames:
+        topic, partition, flag, opaque, start, length, crc = frame[:7]
         e = parser.next_event()
         assert type(e) is ev.Put and e.tx_key is None
         assert (e.topic, e.partition, e.flag, e.opaque, e.body) == (
             topic.decode(), partition, flag, opaque, bytes(buf[start:start + length]))
         assert e.checksum in (-1, crc & 0x7FFFFFFF) and crc & 0x7FFFFFFF == metaq_checksum(e.body)
-        assert e.partition >= 0 and not e.flag & 1
+        assert e.partition >= 0
+        if flag & 1:  # an attribute the general path takes too, and its index unit's tag hash
+            attribute, _payload = decode_payload(flag, e.body)
+            assert len(frame) == 8 and frame[7] == tag_hash(flag, e.body) and not has_identity(attribute)
+        else:
+            assert len(frame) == 7
     assert parser.next_event() is NEED_DATA and not parser.in_frame
+
+
+def test_attribute_puts_the_general_path_refuses_are_left_to_it():
+    good = serialize(ev.Put("t", 1, 0, b"abc", 1, metaq_checksum(b"abc")))
+    for data in (b"\x00\x00\x00\x09ab", b"\x00\x00", encode_payload(b"x", "a\x02METAQ_PID\x019\x02")[1]):
+        buf = bytearray(good + serialize(ev.Put("t", 1, 1, data, 2, metaq_checksum(data))) + good)
+        for scan in (scan_puts_py, scan_puts_c) if scan_puts_c else (scan_puts_py,):
+            frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
+            assert len(frames) == 1 and stop == len(good)
 
 
 def test_six_token_puts_are_taken_unchecked_and_a_seven_token_line_is_never_read_as_six():

@@ -1,7 +1,5 @@
 """Bursts of puts appended in one pass: the same log, index and answers as one put at a time."""
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -9,11 +7,11 @@ from hypothesis import strategies as st
 from metaq.protocol import events as ev
 from metaq.protocol.burst import encode_put_acks, scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import encode_payload
 from metaq.protocol.text import serialize
-from metaq.store import batch
 from metaq.store.batch import write_run_py
 from metaq.store.index import INITIAL_UNITS
-from tests.harness.store import NOW, open_store, payload_of, read_all
+from tests.harness.store import NOW, files_of, open_store, payload_of, read_all
 
 try:
     from metaq._speedups import write_run as write_run_c
@@ -22,9 +20,9 @@ except ImportError:
 
 
 def burst(messages):
-    """``(buffer, frames)`` for ``[(topic, partition, body)]`` sent as plain puts (opaque = index)."""
-    buf = bytearray(b"".join(serialize(ev.Put(t, p, 0, b, i, metaq_checksum(b)))
-                             for i, (t, p, b) in enumerate(messages)))
+    """``(buffer, frames)`` for ``[(topic, partition, data[, flag])]`` sent as plain puts (opaque = index)."""
+    buf = bytearray(b"".join(serialize(ev.Put(m[0], m[1], m[3] if len(m) > 3 else 0, m[2], i, metaq_checksum(m[2])))
+                             for i, m in enumerate(messages)))
     frames, stop = scan_puts_py(buf, 0, len(buf), 1 << 20, 1024)
     assert stop == len(buf)
     return buf, frames
@@ -48,7 +46,7 @@ def put_like_the_server(store, buf, frames, now):
                        for r in runs)
         i += taken
         if i < len(frames):
-            topic, partition, flag, opaque, start, n, crc = frames[i]
+            topic, partition, flag, opaque, start, n, crc = frames[i][:7]
             r = store.put(topic.decode(), partition, flag, bytes(buf[start:start + n]), now,
                           checksum=crc & 0x7FFFFFFF)
             body = b"%d %d %d" % (r.msg_id, r.partition, r.offset)
@@ -57,26 +55,8 @@ def put_like_the_server(store, buf, frames, now):
     return b"".join(replies)
 
 
-def files_of(root):
-    out = {}
-    for d, _dirs, names in os.walk(root):
-        for name in names:
-            if name in ("lock", "clean_shutdown", "checkpoint") or name.endswith(".json"):  # random serials
-                continue
-            with open(os.path.join(d, name), "rb") as f:
-                out[os.path.relpath(os.path.join(d, name), root)] = f.read()
-    return out
-
-
-@pytest.fixture(params=["built", "python"])
-def writer(request, monkeypatch):
-    """put_burst with the C writer (when built) and with its pure-Python twin."""
-    if request.param == "python":
-        monkeypatch.setattr(batch, "write_run", write_run_py)
-    return request.param
-
-
-messages_st = st.lists(st.tuples(st.sampled_from(["test", "tb", "other"]), st.integers(0, 3), st.binary(max_size=700)),
+messages_st = st.lists(st.tuples(st.sampled_from(["test", "tb", "other"]), st.integers(0, 3), st.binary(max_size=700),
+                                 st.one_of(st.none(), st.text(max_size=30))),
                        min_size=1, max_size=120)
 
 
@@ -84,11 +64,12 @@ messages_st = st.lists(st.tuples(st.sampled_from(["test", "tb", "other"]), st.in
                                                                   HealthCheck.function_scoped_fixture])
 @given(messages_st)
 def test_burst_writes_the_same_bytes_as_one_put_at_a_time(tmp_path_factory, writer, messages):
-    messages = [(t, p % {"test": 4, "tb": 2, "other": 1}[t], b) for t, p, b in messages]
+    """Puts with and without an attribute: the same segments and index units (their tag hashes included)."""
+    messages = [(t, p % {"test": 4, "tb": 2, "other": 1}[t]) + encode_payload(b, a)[::-1] for t, p, b, a in messages]
     base = tmp_path_factory.mktemp("burst")
     one, many = open_store(base / "one"), open_store(base / "many")
     buf, frames = burst(messages)
-    expected = replies_of([one.put(t, p, 0, b, NOW, checksum=metaq_checksum(b)) for t, p, b in messages])
+    expected = replies_of([one.put(t, p, f, d, NOW, checksum=metaq_checksum(d)) for t, p, d, f in messages])
     assert put_like_the_server(many, buf, frames, NOW) == expected
     for s in (one, many):
         s.close(NOW)

@@ -3,6 +3,8 @@
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.store.producers import OLDER, ProducerTable, SnapshotError
@@ -161,3 +163,52 @@ def test_memory_per_producer_partition():
     print("bytes per producer-partition: alone %.0f, interleaved %.0f" % (per_alone, per_mixed))
     assert per_alone < 1024
     assert per_mixed < 24 * limits.IDEMPOTENCE_WINDOW * 1.2
+
+
+@st.composite
+def record_histories(draw):
+    """Records of 3 producer-partitions as a log holds them: runs of next sequences (sometimes at a non-adjacent
+    offset), gaps, fills of gaps; each step either one ``record`` per sequence or one ``record_run``."""
+    steps = []
+    high = {}
+    offset = 0
+    for _ in range(draw(st.integers(1, 30))):
+        key = draw(st.sampled_from([(1, "t", 0), (2, "t", 0), (1, "u", 3)]))
+        first = high.get(key, -1) + 1 + draw(st.sampled_from([0, 0, 0, 1, 5, 40]))  # sometimes skips ahead
+        count = draw(st.integers(1, 30))
+        offset += draw(st.sampled_from([0, 0, 1, 7]))  # another writer's records in between, sometimes
+        fill = None
+        if first - high.get(key, -1) > 1 and draw(st.booleans()):
+            fill = first - 1  # the resend of a sequence that never arrived, after later ones
+        steps.append((key, first, offset, count, draw(st.integers(0, 20_000)), fill))
+        offset += count + 1
+        high[key] = first + count - 1
+    return steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(record_histories(), st.sampled_from([1, 4, 16]), st.sampled_from([2, 3, 10]))
+def test_record_run_leaves_the_table_as_one_record_per_sequence(steps, window, max_producers):
+    """The burst path records a run in one step; a rebuild from the log records each message: both must agree."""
+    one, runs = (ProducerTable(window=window, max_producers=max_producers, ttl_ms=10_000) for _ in range(2))
+    for (pid, topic, partition), first, offset, count, ms, fill in steps:
+        t = NOW + ms
+        for k in range(count):
+            one.record(pid, topic, partition, first + k, offset + k, t)
+        runs.record_run(pid, topic, partition, first, offset, count, t)
+        if fill is not None:
+            for table in (one, runs):
+                table.record(pid, topic, partition, fill, offset + count, t)
+        assert runs.contents() == one.contents()
+        assert (runs.evicted, runs.expired) == (one.evicted, one.expired)
+
+
+def test_record_run_takes_only_sequences_above_the_highest():
+    t = ProducerTable(window=8)
+    t.record_run(1, "t", 0, 0, 100, 5, NOW)
+    assert [t.decide(1, "t", 0, s) for s in range(5)] == [100, 101, 102, 103, 104] and t.fresh(1, "t", 0, 5)
+    assert not t.fresh(1, "t", 0, 4)
+    for first, count in ((4, 1), (5, 0)):
+        with pytest.raises(ValueError):
+            t.record_run(1, "t", 0, first, 200, count, NOW)
+    assert t.contents() == [((1, "t", 0), 4, NOW, [0, 100, 5])]  # a refused run changes nothing

@@ -1,14 +1,20 @@
 """The put_idem burst path: pipelined ``put_idem`` frames stored and answered without the parser's events.
 
 An idempotent producer's pipeline fills the receive buffer with ``put_idem``
-frames; the general path (parser event → dispatcher → put path) costs several
-times what the store's work does. Here the frames at the head of the buffer are
-taken one by one (``protocol.idempotence.scan_put_idem``: whole, in range,
-checksum right), each stored with ``MessageStore.put_idempotent`` (which
-decides and appends without a yield) and answered as the general path would:
-``result 200`` with ``msgId partition offset`` (`` dup`` for a duplicate,
-naming the original), waiting for the flush of the original's record in
-``sync`` mode (``durable`` / ``wait_pos``, as the connection does for any put).
+frames. They are scanned in one pass (``protocol.idemburst.scan_idem_burst``, in
+C when built: whole, in range, checksum right, the identity already added to
+each frame's data), then taken run by run: frames of one producer-partition
+with consecutive sequences, the first above the producer-partition's highest,
+are appended with the plain burst writer and recorded in the producer's window
+in one step (``MessageStore.put_idempotent_run``) and answered with one blob of
+``result 200`` replies per run (``encode_put_acks``), as plain puts are
+(``fastput.py``). A frame that is not the start of such a run (a resend, a gap),
+or one the run writer does not take (a partition's first put, a segment roll,
+the next index file), is decided and stored alone
+(``MessageStore.put_idempotent_prepared``) and answered as the general path
+would: ``msgId partition offset``, with `` dup`` for a duplicate, naming the
+original. In ``sync`` mode every reply waits for the flush of its record (or
+of the original's: ``durable`` / ``wait_pos``, as the connection does for any put).
 
 A MetaqError of the store (a sequence too old, a bad partition, a full
 disk...) is answered as the general path answers it (``PutPath.failed`` counts
@@ -20,66 +26,133 @@ Nothing is taken while puts are refused or replication is synchronous.
 """
 
 from metaq import errors
+from metaq.protocol.burst import encode_put_acks
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.idempotence import DUPLICATE_MARK, scan_put_idem
+from metaq.protocol.idemburst import scan_idem_burst
+from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.textwrite import encode_result
 from metaq.server.flusher import now_ms
 from metaq.server.text.dispatch import error_reply
 
 _INTERNAL_TOPIC = SCHEDULE_TOPIC.encode()
 _DUP_TAIL = b" " + DUPLICATE_MARK
+#: What one pass of the fast path did: MORE, it took every frame it scanned and stopped at its frame cap (there
+#: may be more: ``FastPuts.take`` scans again with twice the cap), else DONE.
+DONE, MORE = 0, 1
 
 
-def take_put_idem(fast, parser, buf, pos, end, out, durable, wait_pos, may_publish):
-    """Store and answer the put_idem frames at ``buf[pos:end]`` (``parser``'s burst window); returns the new
-    flush wait position. ``fast``: the broker's ``FastPuts`` (store, put path, stats, limits)."""
+def before_refused_topic(frames, may_publish):
+    """The frames before the first put to the delay scheduler's topic, or to a topic the connection's user may
+    not publish to (``may_publish(topic) -> bool``, None: any): the general path answers those."""
+    seen = None
+    for i, frame in enumerate(frames):
+        topic = frame[0]
+        if topic is not seen:  # consecutive frames of one topic share the object: one compare per run
+            if topic == _INTERNAL_TOPIC or (may_publish is not None and not may_publish(topic)):
+                return frames[:i]
+            seen = topic
+    return frames
+
+
+def _run_end(frames, i, n):
+    """The end of the run of ``frames`` from ``i``: one producer-partition's consecutive sequences."""
+    first = frames[i]
+    topic, partition, pid, seq = first[0], first[1], first[8], first[9]
+    j = i + 1
+    while j < n:
+        f = frames[j]
+        if f[0] is not topic or f[1] != partition or f[8] != pid or f[9] != seq + (j - i):
+            break
+        j += 1
+    return j
+
+
+class _Burst:
+    """The answers of one burst, in order: replies, flush waits, the partitions to wake."""
+
+    __slots__ = ("fast", "out", "durable", "wait_pos", "touched")
+
+    def __init__(self, fast, out, durable, wait_pos):
+        self.fast, self.out, self.durable, self.wait_pos = fast, out, durable, wait_pos
+        self.touched = set()
+
+    def answered(self, reply, opaques, key, log_end):
+        """``reply`` (for ``opaques``) once the log is durable up to ``log_end`` (0: nothing to wait for)."""
+        out = self.out
+        out.append(reply)
+        if self.fast.sync_flush:
+            if log_end:
+                self.durable.append((len(out) - 1, opaques))
+                if log_end > self.wait_pos:
+                    self.wait_pos = log_end
+        else:
+            self.touched.add(key)
+
+    def stored(self, topic, count, nbytes):
+        fast = self.fast
+        fast.stats.on_puts(topic, count, nbytes)
+        registry = fast.put_path.registry
+        if registry is not None and topic not in registry.registered_topics:
+            registry.topic_created(topic)
+
+
+def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish):
+    """Store and answer the put_idem frames at ``buf[pos:end]`` (in ``parser``'s burst window; ``cap`` of them at
+    most): ``(the new flush wait position, the position after the frames taken, MORE / DONE)``.
+    ``fast``: the broker's ``FastPuts`` (store, put path, stats, limits)."""
     path = fast.put_path
     if path.refusal is not None or path.sync_replication:
-        return wait_pos
-    store, stats, registry = fast.store, fast.stats, path.registry
-    sync_flush = fast.sync_flush
+        return wait_pos, pos, DONE
+    frames, data, stop = scan_idem_burst(buf, pos, end, fast.max_body, fast.max_line, cap)
+    fast.stats.burst_scanned_bytes += stop - pos
+    scanned = len(frames)
+    frames = before_refused_topic(frames, may_publish)
+    if not frames:
+        return wait_pos, pos, DONE
+    store = fast.store
     now = now_ms()
-    taken = stored = 0
-    touched = set()
-    while pos < end:
-        frame = scan_put_idem(buf, pos, end, fast.max_body, fast.max_line)
-        if frame is None:
-            break
-        topic_b, partition, flag, pid, seq, opaque, start, length = frame
-        if topic_b == _INTERNAL_TOPIC or (may_publish is not None and not may_publish(topic_b)):
-            break
-        topic = topic_b.decode("ascii")
-        body = bytes(buf[start:start + length])
-        pos = start + length
-        taken += 1
+    burst = _Burst(fast, out, durable, wait_pos)
+    n = len(frames)
+    i = stored = 0
+    status = MORE if n == scanned == cap else DONE
+    while i < n:
+        j = _run_end(frames, i, n)
+        run_frames = frames[i:j] if i or j < n else frames
+        taken, runs = store.put_idempotent_run(run_frames, data, now)
+        if taken:
+            for run in runs:
+                first = run.first_frame
+                topic, partition = run.key
+                burst.stored(topic, run.count, sum(f[10] for f in run_frames[first:first + run.count]))
+                burst.answered(encode_put_acks(run_frames, first, run.count, run.first_id, partition,
+                                               run.first_offset),
+                               [f[3] for f in run_frames[first:first + run.count]], run.key, run.log_end)
+            stored += taken
+            i += taken
+            continue
+        f = frames[i]
+        i += 1
+        topic = f[0].decode("ascii")
         try:
-            r, _position, duplicate = store.put_idempotent(topic, partition, flag, body, now, pid, seq)
+            r, _position, duplicate = store.put_idempotent_prepared(topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
+                                                                    f[8], f[9], f[6] & 0x7FFFFFFF)
         except errors.MetaqError as exc:  # answered as the general path does; the next frames after a new look
             path.failed(topic, exc)
-            out.append(error_reply(exc, opaque))
+            out.append(error_reply(exc, f[3]))
+            status = DONE
             break
         reply = b"%d %d %d" % (r.msg_id, r.partition, r.offset)
         if duplicate:
             reply += _DUP_TAIL
         else:
             stored += 1
-            stats.on_put(topic, length)
-            if registry is not None and topic not in registry.registered_topics:
-                registry.topic_created(topic)
-        out.append(encode_result(200, reply, opaque))
-        if sync_flush:
-            if r.log_end:
-                durable.append((len(out) - 1, (opaque,)))
-                if r.log_end > wait_pos:
-                    wait_pos = r.log_end
-        else:
-            touched.add((topic, r.partition))
-    if not taken:
-        return wait_pos
+            burst.stored(topic, 1, f[10])
+        burst.answered(encode_result(200, reply, f[3]), (f[3],), (topic, r.partition), r.log_end)
+    pos = frames[i - 1][11]
     parser.consume_to(pos)
-    stats.burst_puts += stored
-    if touched:
-        path.waiters.notify(touched)
+    fast.stats.burst_puts += stored
+    if burst.touched:
+        path.waiters.notify(burst.touched)
         if store.should_flush(now):
             path.flusher.wake()
-    return wait_pos
+    return burst.wait_pos, pos, status

@@ -12,34 +12,19 @@ first message id, count); the replies are encoded here from that and the
 frames' opaques (``protocol.burst.encode_put_acks``, in C when built).
 
 Anything unusual is left to the general path, which answers it as always: the
-scan stops at the first frame that is not a plain 7-token put with a right
-checksum and no attribute flag (transactional puts, ``-1`` partitions, bad
-checksums, errors of any kind), the store stops at the first frame that needs
+scan stops at the first frame that is not a plain put with a right checksum
+and, if it has an attribute, a well-formed one (transactional puts, ``-1``
+partitions, bad checksums, errors of any kind), the store stops at the first frame that needs
 more than a plain append (new partition, next index file, segment roll), and
 nothing is taken at all while puts are refused (slave, disk, failed flush) or
 replication is synchronous. So the replies are byte for byte those of the
 general path (message ids apart, which are clock-based either way).
 """
 
+from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
-from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.server.flusher import now_ms
-from metaq.server.text.fastidem import take_put_idem
-
-_INTERNAL_TOPIC = SCHEDULE_TOPIC.encode()
-
-
-def _before_refused_topic(frames, may_publish):
-    """The frames before the first put to the delay scheduler's topic, or to a topic the connection's user may
-    not publish to (``may_publish(topic) -> bool``, None: any): the general path answers those."""
-    seen = None
-    for i, frame in enumerate(frames):
-        topic = frame[0]
-        if topic is not seen:  # consecutive frames of one topic share the object: one compare per run
-            if topic == _INTERNAL_TOPIC or (may_publish is not None and not may_publish(topic)):
-                return frames[:i]
-            seen = topic
-    return frames
+from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem
 
 
 class FastPuts:
@@ -56,55 +41,78 @@ class FastPuts:
         self.max_line = lim.max_line_bytes
 
     def take(self, parser, out, durable, wait_pos, may_publish=None):
-        """Store and answer the plain puts at the head of ``parser``'s buffer; returns the new flush wait position.
+        """Store and answer the puts (and put_idems) at the head of ``parser``'s buffer; returns the new flush wait
+        position.
 
         Replies go to ``out`` (one entry per partition run); in ``sync`` mode
         ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do. ``may_publish``: the
         connection's topic filter (authentication on), or None.
+
+        At most ``limits.BURST_SCAN_FRAMES`` frames are scanned first, then twice as many each time every
+        frame scanned was taken: a frame the general path must answer costs a scan of that many, never one of
+        the whole rest of the buffer (which made a pipeline of refused puts quadratic).
         """
         window = parser.burst_window()
         if window is None:
             return wait_pos
         buf, pos, end = window
-        if not buf.startswith(b"put ", pos):
-            if buf.startswith(b"put_idem ", pos):  # an idempotent producer's pipeline (fastidem.py)
-                return take_put_idem(self, parser, buf, pos, end, out, durable, wait_pos, may_publish)
-            return wait_pos
-        path = self.put_path  # follows the broker's role (promotion, rejoin)
-        if path.refusal is not None or path.sync_replication:
-            return wait_pos
-        frames, _stop = scan_puts(buf, pos, end, self.max_body, self.max_line)
-        frames = _before_refused_topic(frames, may_publish)
-        if not frames:
-            return wait_pos
-        now = now_ms()
-        taken, runs = self.store.put_burst(frames, buf, now)
-        if not taken:
-            return wait_pos
-        last = frames[taken - 1]
-        parser.consume_to(last[4] + last[5])
-        self.stats.burst_puts += taken
-        self._account(runs)
-        sync_flush = self.sync_flush
-        for key, count, _nbytes, first_id, first_offset, first, log_end in runs:
-            out.append(encode_put_acks(frames, first, count, first_id, key[1], first_offset))
-            if sync_flush:
-                durable.append((len(out) - 1, [f[3] for f in frames[first:first + count]]))
-                if log_end > wait_pos:
-                    wait_pos = log_end
-        if not sync_flush:
-            path.waiters.notify({run[0] for run in runs})
-            if self.store.should_flush(now):
-                path.flusher.wake()
+        cap = BURST_SCAN_FRAMES
+        while pos < end:
+            if buf.startswith(b"put ", pos):
+                take_once = take_plain_puts
+            elif buf.startswith(b"put_idem ", pos):  # an idempotent producer's pipeline (fastidem.py)
+                take_once = take_put_idem
+            else:
+                break
+            wait_pos, pos, status = take_once(self, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish)
+            if status is not MORE:
+                break
+            cap *= 2
         return wait_pos
 
-    def _account(self, runs):
+    def account(self, runs):
+        """Count the stored runs and register their topics."""
         stats, registry = self.stats, self.put_path.registry
         for run in runs:
             topic = run.key[0]
             stats.on_puts(topic, run.count, run.body_bytes)
             if registry is not None and topic not in registry.registered_topics:
                 registry.topic_created(topic)
+
+
+def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish):
+    """The puts of ``buf[pos:end]``, ``cap`` at most (``fast``: the ``FastPuts``): ``(wait_pos, pos after the
+    frames taken, MORE / DONE)``."""
+    path = fast.put_path  # follows the broker's role (promotion, rejoin)
+    if path.refusal is not None or path.sync_replication:
+        return wait_pos, pos, DONE
+    frames, stop = scan_puts(buf, pos, end, fast.max_body, fast.max_line, cap)
+    fast.stats.burst_scanned_bytes += stop - pos
+    scanned = len(frames)
+    frames = before_refused_topic(frames, may_publish)
+    if not frames:
+        return wait_pos, pos, DONE
+    now = now_ms()
+    taken, runs = fast.store.put_burst(frames, buf, now)
+    if not taken:
+        return wait_pos, pos, DONE
+    last = frames[taken - 1]
+    pos = last[4] + last[5]
+    parser.consume_to(pos)
+    fast.stats.burst_puts += taken
+    fast.account(runs)
+    sync_flush = fast.sync_flush
+    for key, count, _nbytes, first_id, first_offset, first, log_end in runs:
+        out.append(encode_put_acks(frames, first, count, first_id, key[1], first_offset))
+        if sync_flush:
+            durable.append((len(out) - 1, [f[3] for f in frames[first:first + count]]))
+            if log_end > wait_pos:
+                wait_pos = log_end
+    if not sync_flush:
+        path.waiters.notify({run[0] for run in runs})
+        if fast.store.should_flush(now):
+            path.flusher.wake()
+    return wait_pos, pos, MORE if taken == scanned == cap else DONE
 
 
 def failed_replies(opaques, body):

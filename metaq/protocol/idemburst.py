@@ -1,0 +1,64 @@
+"""Bursts of ``put_idem`` frames in one pass: scanned, checked and given their identity (the broker's fast path; sans-IO).
+
+An idempotent producer's pipeline fills the receive buffer with whole
+``put_idem`` frames. ``scan_idem_burst`` takes the leading run of them that
+``protocol.idempotence.scan_put_idem`` takes (whole, every number in range,
+checksum right) and whose data ``with_identity`` accepts (a well-formed
+attribute block without the reserved properties), and stops at the first frame
+that is not such a one, leaving it (and everything after it) to ``TextParser``,
+which accepts or explains it.
+
+For each frame taken it writes the data the record will hold (the put's data
+with the identity in its attribute: ``with_identity``) into one new buffer and
+gives ``(topic, partition, flag, opaque, start, length, crc, tag, pid, seq, put_length, frame_end)``:
+``topic`` as bytes (consecutive frames with the same topic share one object),
+``flag`` the stored flag (bit 0 set), ``start``/``length`` the stored data in the
+returned buffer, ``crc`` its unsigned CRC-32 (its checksum is
+``crc & 0x7FFFFFFF``) and ``tag`` the index unit's tag hash
+(``store.record.tag_hash`` of it); ``put_length`` is the length of the put's
+own data (the frame's ``<len>``, what the broker's stats count) and ``frame_end``
+where the frame ends in ``buf``. The first seven fields are what a plain
+put's burst frame holds (``protocol.burst``), so the store appends them with the
+same ``write_run``, which writes ``tag`` in the index unit.
+
+``metaq._speedups.scan_idem_burst`` is the same function in C; this module uses
+it when it was built and ``scan_idem_burst_py`` otherwise (the tests hold the
+two equal).
+"""
+
+import zlib
+
+from metaq import speedups
+from metaq.errors import ClientError
+from metaq.protocol.idempotence import scan_put_idem, with_identity
+
+__all__ = ["scan_idem_burst", "scan_idem_burst_py"]
+
+
+def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None):
+    """``(frames, data, next_pos)``: the leading put_idem frames of ``buf[pos:end]`` (at most ``max_frames``; see the
+    module docstring), the buffer their stored data is in, and where the first frame not taken starts."""
+    frames = []
+    out = bytearray()
+    topic = None
+    while max_frames is None or len(frames) < max_frames:
+        frame = scan_put_idem(buf, pos, end, max_body, max_line)
+        if frame is None:
+            break
+        t, partition, flag, pid, seq, opaque, start, length = frame
+        try:
+            stored_flag, data = with_identity(flag, bytes(buf[start:start + length]), pid, seq)
+        except ClientError:
+            break
+        if t != topic:
+            topic = t
+        alen = int.from_bytes(data[:4], "big")
+        at = len(out)
+        out += data
+        frames.append((topic, partition, stored_flag, opaque, at, len(data), zlib.crc32(data),
+                       zlib.crc32(data[4:4 + alen]) & 0x7FFFFFFF, pid, seq, length, start + length))
+        pos = start + length
+    return frames, bytes(out), pos
+
+
+scan_idem_burst = speedups.load("scan_idem_burst", scan_idem_burst_py)  # the C twin when built
