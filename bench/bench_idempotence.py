@@ -7,10 +7,10 @@ one partition, medians of ``--runs`` runs (a fresh broker each run) of three rou
 alternated within a round:
 
 * wire level, ``--messages`` pipelined requests on one connection (64 in flight):
-  plain ``put`` (the broker's put-burst fast path, C), plain ``put`` with an
-  attribute (the general path: what every put with an attribute costs), and
-  ``put_idem`` (the general path plus the window's decision and the identity
-  added to the record);
+  plain ``put`` without and with an attribute, and ``put_idem`` with the same
+  attribute (all three on the broker's put-burst fast path, C: for ``put_idem``
+  the identity is added by the scan, and a run of one producer's next sequences
+  is decided and recorded in one step);
 * client level: ``Producer.send_async`` of ``--messages`` messages, then
   ``flush``: without and with ``idempotent=True``.
 
@@ -112,15 +112,15 @@ def run(args):
     mcpu = {k: statistics.median(v) for k, v in cpu.items()}
     print("idempotent puts, %d x 1 KiB messages, sync flush, one partition, median of %d runs" % (n, args.runs))
     print("%-52s %12s %14s" % ("measure", "rate", "broker CPU"))
-    names = {"plain": "wire: plain put, pipelined (burst fast path)",
-             "attribute": "wire: put with an attribute (general path)",
+    names = {"plain": "wire: plain put, pipelined",
+             "attribute": "wire: put with an attribute",
              "idem": "wire: put_idem with the same attribute",
              "client": "client: Producer.send_async + flush",
              "client_idem": "client: the same, idempotent=True"}
     for kind in kinds:
         print("%-52s %10.0f/s %9.1f us/msg" % (names[kind], med[kind], mcpu[kind]))
     for a, b, what in (("idem", "attribute", "put_idem / put with an attribute"),
-                       ("idem", "plain", "put_idem / plain put (fast path)"),
+                       ("idem", "plain", "put_idem / plain put"),
                        ("client_idem", "client", "idempotent / plain Producer")):
         print("%-52s %12.2f %14.2f" % ("ratio " + what + " (rate, CPU)", med[a] / med[b], mcpu[a] / mcpu[b]))
 

@@ -63,7 +63,7 @@ class _Send:
     """One message on its way: where it went, what failed, until when it may be retried."""
 
     __slots__ = ("message", "put", "future", "deadline", "partition", "failed", "error", "attempts", "seq",
-                 "new_topic")
+                 "sequences", "new_topic")
 
     def __init__(self, message, put, future, deadline):
         self.message = message
@@ -75,24 +75,32 @@ class _Send:
         self.error = None
         self.attempts = 0
         self.seq = None  # idempotent: the sequence of (topic, partition) given when the partition was chosen
+        self.sequences = None  # idempotent: that (topic, partition)'s _Sequences
         self.new_topic = False  # idempotent: sent to partition 0 of a topic the broker did not have yet
 
 
 class _Sequences:
-    """An idempotent producer's sequence numbers of one (topic, partition): the next one, and the unanswered."""
+    """An idempotent producer's sequence numbers of one (topic, partition): the next one, and the oldest unanswered."""
 
-    __slots__ = ("next", "low", "open", "waiting")
+    __slots__ = ("next", "low", "ahead", "waiting")
 
     def __init__(self):
         self.next = 0
-        self.low = 0  # every sequence below it is answered
-        self.open = set()
+        self.low = 0  # every sequence below it is answered; it is not (unless it is next)
+        self.ahead = set()  # sequences above low answered before it (replies out of order)
         self.waiting = False  # a sender waits for room: woken once half the window is free
 
     def finished(self, seq):
-        self.open.discard(seq)
-        while self.low < self.next and self.low not in self.open:
-            self.low += 1
+        """``seq`` was answered (again: nothing changes)."""
+        if seq != self.low:
+            if seq > self.low:
+                self.ahead.add(seq)
+            return
+        low, ahead = seq + 1, self.ahead
+        while ahead and low in ahead:
+            ahead.discard(low)
+            low += 1
+        self.low = low
 
 
 class Producer:
@@ -126,7 +134,8 @@ class Producer:
         self.idempotent = bool(idempotent)
         self.producer_id = (producer_id or random.SystemRandom().randint(1, MAX_PID)) if idempotent else None
         self._sequences = {}  # (topic, Partition) -> _Sequences (idempotent)
-        self._window_cond = threading.Condition()
+        self._window_lock = threading.Lock()  # taken directly on the hot path (a Condition's enter is Python code)
+        self._window_cond = threading.Condition(self._window_lock)
         self.send_timeout = send_timeout
         self.retry_deadline = retry_deadline
         self.suspect_time = suspect_time
@@ -462,7 +471,7 @@ class Producer:
             partition = Partition(partition.broker_id, 0)
             send.new_topic = True
         key = (send.put.topic, partition)
-        with self._window_cond:
+        with self._window_lock:
             seqs = self._sequences.get(key)
             if seqs is None:
                 seqs = self._sequences[key] = _Sequences()
@@ -479,27 +488,28 @@ class Producer:
                     seqs.waiting = True
                     self._window_cond.wait(min(left, 1.0))
             send.seq = seqs.next
+            send.sequences = seqs
             seqs.next += 1
-            seqs.open.add(send.seq)
         send.partition = partition
         return partition
 
     def _finish(self, send, result):
-        if send.seq is not None and not send.future.done():
-            with self._window_cond:
-                seqs = self._sequences[(send.put.topic, send.partition)]
+        if send.future.done():
+            return
+        if send.seq is not None:
+            seqs = send.sequences
+            with self._window_lock:
                 seqs.finished(send.seq)
                 if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
                     seqs.waiting = False
                     self._window_cond.notify_all()
-        if not send.future.done():
-            send.future.set_result(result)  # runs the callbacks
-            with self._count_lock:
-                self._finished += 1
-                idle = self._finished == self._started
-            if idle:
-                with self._cond:
-                    self._cond.notify_all()
+        send.future.set_result(result)  # runs the callbacks
+        with self._count_lock:
+            self._finished += 1
+            idle = self._finished == self._started
+        if idle:
+            with self._cond:
+                self._cond.notify_all()
 
     @staticmethod
     def _run_callback(callback, future):

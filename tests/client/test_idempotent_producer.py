@@ -1,9 +1,12 @@
 """The idempotent Producer (idempotent=True) against a real broker: sequences, duplicates, refusals."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.client import Consumer, KeySelector, Message, Producer
+from metaq.client.producer import _Sequences
 from metaq.protocol.idempotence import identity_in_attribute
 from metaq.protocol.message import decode_payload
 from tests.harness.broker import consume_all, url_of
@@ -71,3 +74,16 @@ def test_what_idempotence_refuses(broker):
             p.send_oneway(Message("t-ref", b"x"))
     with broker.client() as c:
         assert all(consume_all(c, "t-ref", part) == [] for part in range(4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40).flatmap(lambda n: st.permutations(range(n))))
+def test_the_window_low_is_the_oldest_unanswered_sequence_whatever_the_reply_order(order):
+    """The client's count of a partition's unanswered sequences (what holds a send back at IDEMPOTENCE_WINDOW)."""
+    seqs = _Sequences()
+    seqs.next = len(order)
+    answered = set()
+    for seq in order + order[:3]:  # and a few answered twice (a reply after a timeout's)
+        seqs.finished(seq)
+        answered.add(seq)
+        assert seqs.low == min(set(range(seqs.next)) - answered, default=seqs.next)
