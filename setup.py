@@ -35,6 +35,8 @@ setup(
         "PyYAML>=6.0",
         "pydantic>=2.6,<3",
         "kazoo>=2.10",
+        "zstandard>=0.22",  # RocketMQ 5 producers' zstd bodies, decompressed on arrival (protocol/compression.py)
+        "lz4>=4.3",  # RocketMQ 5 producers' LZ4 frame bodies, likewise
     ],
     extras_require={
         "test": [

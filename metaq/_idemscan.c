@@ -22,6 +22,7 @@
 
 static const char PID_MARK[] = "\x02METAQ_PID\x01";
 static const char SEQ_MARK[] = "\x02METAQ_SEQ\x01";
+static const char SYSFLAG_MARK[] = "\x02@SYSFLAG\x01"; /* may mark a compressed body: the general path's */
 
 /* min..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). */
 static int digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
@@ -177,7 +178,7 @@ PyObject *scan_idem_burst(PyObject *self, PyObject *args) {
             alen = (Py_ssize_t)(int32_t)(((uint32_t)body[0] << 24) | ((uint32_t)body[1] << 16) |
                                          ((uint32_t)body[2] << 8) | body[3]);
             if (alen < 0 || alen > h.length - 4 || contains(body + 4, alen, PID_MARK) ||
-                contains(body + 4, alen, SEQ_MARK))
+                contains(body + 4, alen, SEQ_MARK) || contains(body + 4, alen, SYSFLAG_MARK))
                 break;
             skip = 4 + alen;
         }

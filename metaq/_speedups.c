@@ -152,7 +152,8 @@ static const unsigned char *parse_head(const unsigned char *q, const unsigned ch
 }
 
 /* The index unit's tag hash of data with an attribute block (burst.py _attribute_tag), or -1 when the block is
-   malformed or holds the idempotent producer's reserved properties. */
+   malformed, holds the idempotent producer's reserved properties or a @SYSFLAG (a compressed body, left to the
+   general path, which decompresses it). */
 static long attribute_tag(const unsigned char *data, Py_ssize_t n) {
     if (n < 4)
         return -1;
@@ -160,8 +161,9 @@ static long attribute_tag(const unsigned char *data, Py_ssize_t n) {
                              data[3]);
     if (alen < 0 || alen > n - 4)
         return -1;
-    if (alen >= 11 && (memmem(data + 4, (size_t)alen, "\x02METAQ_PID\x01", 11) != NULL ||
-                       memmem(data + 4, (size_t)alen, "\x02METAQ_SEQ\x01", 11) != NULL))
+    if (alen >= 10 && (memmem(data + 4, (size_t)alen, "\x02METAQ_PID\x01", 11) != NULL ||
+                       memmem(data + 4, (size_t)alen, "\x02METAQ_SEQ\x01", 11) != NULL ||
+                       memmem(data + 4, (size_t)alen, "\x02@SYSFLAG\x01", 10) != NULL))
         return -1;
     return (long)(crc_of(data + 4, alen, 0) & 0x7FFFFFFFul);
 }

@@ -7,6 +7,7 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     ├── ClientError                the peer sent something wrong; code 400
     │   ├── RemoteProtocolError    a frame we cannot parse (raised by protocol parsers)
     │   ├── ChecksumMismatch       the put body does not match its checksum
+    │   ├── BadCompressedBody      a compressed body that does not decompress, or past the body limit
     │   ├── UnknownTopic           topic matches no configured name or pattern
     │   ├── InvalidTopic           topic name is not legal (characters, length, '.' / '..')
     │   ├── InvalidPartition       partition out of range for the topic
@@ -59,6 +60,11 @@ class RemoteProtocolError(ClientError):
 
 class ChecksumMismatch(ClientError):
     """The put body's CRC-32 does not equal the announced checksum."""
+
+
+class BadCompressedBody(ClientError):
+    """A body marked compressed (RocketMQ's sysFlag, or ``@SYSFLAG`` in a put's attribute) that does not
+    decompress with its codec, names an unknown codec, or decompresses past the body limit. Nothing is stored."""
 
 
 class UnknownTopic(ClientError):

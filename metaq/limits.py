@@ -313,3 +313,9 @@ IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
 #: topic does not have, a forbidden topic) costs a scan of at most this many frames each, not of the whole rest
 #: of the buffer (which made such a pipeline quadratic), and a producer's pipeline of 64 is one scan.
 BURST_SCAN_FRAMES = 64
+
+# -- compressed bodies (protocol/compression.py, server/inflate.py) ----------------------------------------------
+#: A compressed body arriving at the broker is decompressed this many bytes at a time, other clients served
+#: between two steps (zlib: about 0.5 ms a step here), never past ``limits.max_body_bytes`` in all: a zip bomb
+#: costs the broker at most that much output before it is refused. zstd decompresses a frame in one step.
+INFLATE_STEP_BYTES = 256 * 1024

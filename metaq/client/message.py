@@ -9,8 +9,9 @@ or when it was fetched (consumer).
 
 from typing import NamedTuple, Optional
 
+from metaq.protocol.compression import compress
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
+from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
 
 __all__ = ["Partition", "Message", "SendResult"]
 
@@ -85,14 +86,25 @@ class Message:
         self.flag = None  # the record's flag when the message was fetched
         self.properties = dict(properties or {})
 
-    def encode(self):
+    def encode(self, compress_over=None, compression="zlib"):
         """``(flag, data)`` as sent in a ``put``: the attribute block (if any) followed by the body.
 
-        ValueError when a property cannot be encoded (empty, or holding \\x01 or \\x02).
+        With ``compress_over`` (bytes), a longer body is sent compressed with ``compression`` (``zlib``,
+        ``zstd`` or ``lz4``) when that makes it smaller, marked by the internal property ``@SYSFLAG``; the
+        broker decompresses it on arrival and stores the original bytes (README "Compressed bodies"). A
+        message whose attribute is ``""`` with no properties is never compressed (stored, it would come back
+        without an attribute). ValueError when a property cannot be encoded (empty, or holding \\x01 or
+        \\x02).
         """
-        if self.properties:
-            return encode_payload(self.body, encode_attribute(self.attribute, self.properties))
-        return encode_payload(self.body, self.attribute)
+        body, properties = self.body, self.properties
+        if (compress_over is not None and len(body) > compress_over
+                and (self.attribute is None or self.attribute or properties)):
+            bits, packed = compress(body, compression)
+            if len(packed) < len(body):
+                body, properties = packed, dict(properties, **{"@SYSFLAG": str(bits)})
+        if properties:
+            return encode_payload(body, encode_attribute(self.attribute, properties))
+        return encode_payload(body, self.attribute)
 
     def key_bytes(self):
         """The key as bytes (str as UTF-8, other objects through ``str``), or None without a key."""
@@ -107,12 +119,14 @@ class Message:
     def from_record(cls, topic, partition, offset, record):
         """A received message built from a ``metaq.protocol.message.Record`` found at ``offset`` of ``partition``.
 
-        Raises ``errors.RemoteProtocolError`` when the record's attribute block is malformed.
+        Raises ``errors.RemoteProtocolError`` when the record's attribute block is malformed, or when it is a
+        record an older broker stored compressed and its body does not decompress.
         """
         attribute, payload = decode_payload(record.flag, record.data)
         tags, properties, from_remoting = split_attribute(attribute)
         if from_remoting:
             attribute = tags
+            payload = stored_payload(properties, payload)
             properties = {k: v for k, v in properties.items() if not k.startswith("@")}
         msg = cls(topic, payload, attribute, properties=properties)
         msg.id = record.msg_id

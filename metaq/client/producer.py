@@ -42,6 +42,7 @@ from metaq import limits
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unauthenticated, Unavailable
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.compression import sys_flag_of
 from metaq.protocol.idempotence import DUPLICATE_MARK, MAX_PID
 from metaq.protocol import xa
 from metaq.client.connection import ConnectionPool
@@ -117,15 +118,22 @@ class Producer:
     names this producer's sequences; None picks a random one. A producer that restarts (a retried Spark task)
     and must not store again what its previous run stored reuses its id *and* sends the same messages in the
     same order per partition. Delayed messages, transactions and ``send_oneway`` are refused with it.
+    ``compress_over`` (bytes, None: never): longer bodies are sent compressed with ``compression`` (``zlib``,
+    ``zstd``, ``lz4``); the broker stores them decompressed, so every reader gets the original bytes.
     Thread-safe; close it (or use ``with``) when done.
     """
 
     def __init__(self, zk_connect=None, brokers=None, *, zk_root="/meta", selector=None, send_timeout=3.0,
                  retry_deadline=10.0, connect_timeout=3.0, heartbeat_interval=10.0, suspect_time=3.0,
                  zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES, security=None,
-                 idempotent=False, producer_id=None):
+                 idempotent=False, producer_id=None, compress_over=None, compression="zlib"):
         if (zk_connect is None) == (brokers is None):
             raise ValueError("give exactly one of zk_connect and brokers")  # before any connection is made
+        sys_flag_of(compression)  # ValueError for an unknown codec, before any connection is made
+        if compress_over is not None and (isinstance(compress_over, bool) or not isinstance(compress_over, int)
+                                          or compress_over < 0):
+            raise ValueError("compress_over must be an int >= 0 (bytes) or None, got %r" % (compress_over,))
+        self.compress_over, self.compression = compress_over, compression
         if producer_id is not None:
             if not idempotent:
                 raise ValueError("producer_id is for an idempotent producer: give idempotent=True too")
@@ -335,7 +343,10 @@ class Producer:
         if message.topic not in self._topics_ok:
             limits.validate_topic(message.topic)
             self._topics_ok.add(message.topic)
-        flag, data = message.encode()
+        if len(message.body) > self.max_body_bytes:  # compressed or not, it is stored whole
+            raise ValueError("message for topic %s has a body of %d bytes: over the limit of %d bytes"
+                             % (message.topic, len(message.body), self.max_body_bytes))
+        flag, data = message.encode(self.compress_over, self.compression)
         if len(data) > self.max_body_bytes:
             raise ValueError("message for topic %s is %d bytes (body and attribute): over the limit of %d bytes"
                              % (message.topic, len(data), self.max_body_bytes))

@@ -15,7 +15,8 @@ to ``TextParser``, which answers it exactly as always. So a frame is taken only 
 * the checksum is ``-1`` (or absent: 6 tokens) or equals ``metaq_checksum(body)``;
 * with flag bit 0 (an attribute block), the block is well formed and does not
   carry the idempotent producer's reserved properties (the general path refuses
-  both, saying why).
+  both, saying why) nor a ``@SYSFLAG`` (which may mark a compressed body: the
+  general path decompresses it).
 
 Each taken frame is ``(topic, partition, flag, opaque, body_start, body_len, crc)``:
 ``topic`` as bytes (consecutive frames with the same topic share one object),
@@ -39,6 +40,7 @@ import zlib
 
 from metaq import speedups
 from metaq.protocol.idempotence import MARK, SEQ_PROPERTY
+from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
 
 INT32_MAX = 2**31 - 1
 #: The idempotent producer's reserved properties (``protocol.idempotence``) as they appear in an attribute.
@@ -88,15 +90,15 @@ def scan_puts_py(buf, pos, end, max_body, max_line, max_frames=None):
 
 def _attribute_tag(data):
     """The index unit's tag hash of a put's data with an attribute block (``store.record.tag_hash``), or None
-    when the block is malformed or carries the idempotent producer's reserved properties (the general path
-    refuses those, saying why)."""
+    when the block is malformed, carries the idempotent producer's reserved properties (the general path
+    refuses those, saying why) or a ``@SYSFLAG`` (a compressed body, which the general path decompresses)."""
     if len(data) < 4:
         return None
     alen = int.from_bytes(data[:4], "big", signed=True)
     if alen < 0 or alen > len(data) - 4:
         return None
     attr = bytes(data[4:4 + alen])
-    if _PID_MARK in attr or _SEQ_MARK in attr:
+    if _PID_MARK in attr or _SEQ_MARK in attr or SYSFLAG_MARK in attr:
         return None
     return zlib.crc32(attr) & 0x7FFFFFFF
 

@@ -4,7 +4,8 @@ An idempotent producer's pipeline fills the receive buffer with whole
 ``put_idem`` frames. ``scan_idem_burst`` takes the leading run of them that
 ``protocol.idempotence.scan_put_idem`` takes (whole, every number in range,
 checksum right) and whose data ``with_identity`` accepts (a well-formed
-attribute block without the reserved properties), and stops at the first frame
+attribute block without the reserved properties, and without a ``@SYSFLAG``,
+which may mark a compressed body the general path decompresses), and stops at the first frame
 that is not such a one, leaving it (and everything after it) to ``TextParser``,
 which accepts or explains it.
 
@@ -31,6 +32,7 @@ import zlib
 from metaq import speedups
 from metaq.errors import ClientError
 from metaq.protocol.idempotence import scan_put_idem, with_identity
+from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
 
 __all__ = ["scan_idem_burst", "scan_idem_burst_py"]
 
@@ -50,9 +52,11 @@ def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None):
             stored_flag, data = with_identity(flag, bytes(buf[start:start + length]), pid, seq)
         except ClientError:
             break
+        alen = int.from_bytes(data[:4], "big")
+        if SYSFLAG_MARK in data[4:4 + alen]:  # the identity added holds none: it was in the put's attribute
+            break
         if t != topic:
             topic = t
-        alen = int.from_bytes(data[:4], "big")
         at = len(out)
         out += data
         frames.append((topic, partition, stored_flag, opaque, at, len(data), zlib.crc32(data),

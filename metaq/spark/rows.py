@@ -22,7 +22,7 @@ from metaq.client.connection import BrokerConnection
 from metaq.client.fetcher import records_of
 from metaq.protocol import events as ev
 from metaq.protocol.message import decode_payload
-from metaq.protocol.rocketmq.mapping import PROP_KEYS, split_attribute
+from metaq.protocol.rocketmq.mapping import PROP_KEYS, split_attribute, stored_payload
 
 __all__ = ["SCHEMA_DDL", "COLUMNS", "DataLoss", "msg_timestamp_ms", "row_of", "read_rows"]
 
@@ -56,6 +56,7 @@ def row_of(topic, key, offset, record):
     tags, properties, from_remoting = split_attribute(attribute)
     if from_remoting:
         attribute = tags
+        payload = stored_payload(properties, payload)  # a record an older broker stored compressed
         properties = {k: v for k, v in properties.items() if not k.startswith("@")}
     ts = datetime.fromtimestamp(msg_timestamp_ms(record.msg_id) / 1000.0, tz=timezone.utc)
     return (topic, key, offset, record.msg_id, attribute, bytes(payload), ts, properties.get(PROP_KEYS),

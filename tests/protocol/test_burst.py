@@ -32,7 +32,8 @@ def put_frames(draw):
     body = draw(st.binary(max_size=40))
     flag = draw(st.one_of(st.just(0), st.integers(0, 2**31 - 1)))
     if draw(st.booleans()):  # a well-formed attribute block (now and then with put_idem's reserved property)
-        attr_flag, body = encode_payload(body, draw(st.one_of(st.text(max_size=12), st.just("t\x02METAQ_SEQ\x011"))))
+        attr_flag, body = encode_payload(body, draw(st.one_of(st.text(max_size=12), st.just("t\x02METAQ_SEQ\x011"),
+                                                              st.just("t\x02@SYSFLAG\x01769\x02"))))
         flag = (flag & ~1) | attr_flag
     good = metaq_checksum(body)
     checksum = draw(st.sampled_from([good, good, good, -1, (good + 1) % 2**31]))
@@ -106,9 +107,11 @@ def test_taken_frames_are_what_the_parser_reads(burst):
     assert parser.next_event() is NEED_DATA and not parser.in_frame
 
 
-def test_attribute_puts_the_general_path_refuses_are_left_to_it():
+def test_attribute_puts_the_general_path_refuses_or_decompresses_are_left_to_it():
     good = serialize(ev.Put("t", 1, 0, b"abc", 1, metaq_checksum(b"abc")))
-    for data in (b"\x00\x00\x00\x09ab", b"\x00\x00", encode_payload(b"x", "a\x02METAQ_PID\x019\x02")[1]):
+    for data in (b"\x00\x00\x00\x09ab", b"\x00\x00", encode_payload(b"x", "a\x02METAQ_PID\x019\x02")[1],
+                 encode_payload(b"x", "a\x02@SYSFLAG\x01769\x02")[1],  # a compressed body (zlib)
+                 encode_payload(b"x", "\x02K\x01v\x02@SYSFLAG\x012\x02")[1]):  # any @SYSFLAG
         buf = bytearray(good + serialize(ev.Put("t", 1, 1, data, 2, metaq_checksum(data))) + good)
         for scan in (scan_puts_py, scan_puts_c) if scan_puts_c else (scan_puts_py,):
             frames, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)

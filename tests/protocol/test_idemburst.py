@@ -27,7 +27,8 @@ MAX_BODY, MAX_LINE = 300, 160
 topics = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12)
 int32 = st.integers(-2**31, 2**31 - 1)
 attributes = st.one_of(st.none(), st.just(""), st.text(max_size=20), st.sampled_from(
-    ["color=red", "tags\x02k\x01v\x02", "tags\x02k\x01v", "\x02", "x\x02METAQ_PID\x011\x02", "\x02METAQ_SEQ\x010\x02"]))
+    ["color=red", "tags\x02k\x01v\x02", "tags\x02k\x01v", "\x02", "x\x02METAQ_PID\x011\x02", "\x02METAQ_SEQ\x010\x02",
+     "x\x02@SYSFLAG\x01769\x02"]))
 
 
 @st.composite
@@ -125,6 +126,7 @@ def test_each_frame_taken_holds_what_the_general_path_would_store(scan):
     (1, b"\x00\x00"),  # shorter than the block's length field
     (1, encode_payload(b"x", "a\x02METAQ_PID\x019\x02")[1]),  # the broker's own property
     (1, encode_payload(b"x", "a\x02METAQ_SEQ\x019\x02")[1]),
+    (1, encode_payload(b"x", "a\x02@SYSFLAG\x01769\x02")[1]),  # a compressed body: the general path inflates it
 ])
 def test_a_frame_the_general_path_refuses_stops_the_scan_there(scan, bad):
     flag, data = bad
@@ -134,7 +136,8 @@ def test_a_frame_the_general_path_refuses_stops_the_scan_there(scan, bad):
     assert len(frames) == 1 and stop == len(good)  # the parser answers the bad one, with its reason
 
 
-_ATOMS = st.sampled_from([b"\x02", b"\x01", b"METAQ_PID", b"METAQ_SEQ", b"@FLAG", b"\x00", b"\xff", b"\xc3", b"a",
+_ATOMS = st.sampled_from([b"\x02", b"\x01", b"METAQ_PID", b"METAQ_SEQ", b"@FLAG", b"@SYSFLAG", b"\x00", b"\xff", b"\xc3",
+                          b"a",
                           b"\x02METAQ_PI", b"D\x01"])
 
 

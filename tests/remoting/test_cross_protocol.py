@@ -23,7 +23,8 @@ def test_remoting_send_is_a_text_get_with_tags_as_attribute(rmq_broker, rc):
     with rmq_broker.client() as text:
         [rec] = consume_all(text, "tX1", 3)
     assert rec.payload == b"payload"  # the user's body, untouched
-    assert rec.attribute == "TagA\x02KEYS\x01k1\x02UNIQ_KEY\x01U\x02"  # tags first; properties after \x02
+    # tags first; properties after \x02; then the sender's address (RocketMQ's born host), an internal property
+    assert rec.attribute == "TagA\x02KEYS\x01k1\x02UNIQ_KEY\x01U\x02@BORNHOST\x01%s:%d\x02" % rc.sock.getsockname()[:2]
     assert offset == 0
 
 

@@ -14,8 +14,16 @@ RocketMQ message travels in the attribute after a ``\\x02``::
   is served by the scheduler, as RocketMQ clears it when the message is due).
 * Fields of a RocketMQ message that a MetaQ record has no place for are
   internal properties, written only when not zero and never shown to
-  consumers: ``@FLAG`` (the RocketMQ user flag), ``@SYSFLAG`` (compression
-  bits) and ``@RECONSUME`` (reconsume times).
+  consumers: ``@FLAG`` (the RocketMQ user flag), ``@SYSFLAG`` (the multi-tags
+  bit), ``@RECONSUME`` (reconsume times) and ``@BORNHOST`` (the producer's
+  ``ip:port``, RocketMQ's born host).
+* Bodies are stored decompressed (``metaq.protocol.compression``): the sender
+  inflates a compressed body before it builds the record, so no stored
+  ``@SYSFLAG`` carries a compression bit -- except in records written by a
+  metaq older than that rule, which readers decode (``stored_payload``). A
+  text ``put`` may carry ``@SYSFLAG`` with compression bits (the metaq
+  ``Producer``'s ``compress_over``): the broker inflates it on arrival and
+  takes the bits out (``compression_bits``, ``without_compression``).
 * The MetaQ flag of such a record is 1 (attribute present).
 
 The metaq client (``metaq.client.Message``) shows the part before the
@@ -28,7 +36,9 @@ our offset, the physical offset the record's commit-log position (it is in the
 offset message id), and the born and store times are the record's.
 """
 
-from metaq.errors import RemoteProtocolError
+from metaq import limits
+from metaq.errors import BadCompressedBody, RemoteProtocolError
+from metaq.protocol.compression import COMPRESSION_BITS, codec_of, inflate
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.bodies import (
     NAME_VALUE_SEPARATOR,
@@ -53,6 +63,12 @@ __all__ = [
     "PROP_REAL_TOPIC",
     "PROP_REAL_QID",
     "KEPT_SYSFLAG_BITS",
+    "STORED_SYSFLAG_BITS",
+    "SYSFLAG_MARK",
+    "compression_bits",
+    "without_compression",
+    "stored_payload",
+    "born_host_property",
     "encode_attribute",
     "split_attribute",
     "record_data_from_send",
@@ -75,11 +91,18 @@ PROP_REAL_QID = "REAL_QID"
 _FLAG = "@FLAG"
 _SYSFLAG = "@SYSFLAG"
 _RECONSUME = "@RECONSUME"
-_INTERNAL = (_FLAG, _SYSFLAG, _RECONSUME)
+_BORNHOST = "@BORNHOST"
+_INTERNAL = (_FLAG, _SYSFLAG, _RECONSUME, _BORNHOST)
 
-#: sysFlag bits a stored message keeps: compressed, multi-tags, compression type (bits 8-10).
+#: sysFlag bits read back from a stored message: multi-tags, and the compression bits that records written
+#: before bodies were stored decompressed may hold (their consumers must still decompress them).
 #: Transaction bits are not kept (a stored message is a committed one); host-family bits are recomputed.
 KEPT_SYSFLAG_BITS = SYSFLAG_COMPRESSED | SYSFLAG_MULTI_TAGS | (7 << 8)
+#: sysFlag bits written into a record now: bodies are stored decompressed.
+STORED_SYSFLAG_BITS = SYSFLAG_MULTI_TAGS
+#: How ``@SYSFLAG`` starts in an attribute (the put-burst scanners leave such puts to the general path, which
+#: decompresses a body it marks compressed).
+SYSFLAG_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, _SYSFLAG, NAME_VALUE_SEPARATOR)).encode("ascii")
 
 
 def encode_attribute(tags, properties):
@@ -109,12 +132,33 @@ def _int_prop(props, key):
         return 0
 
 
-def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=0):
-    """``(metaq_flag, data)`` of a message sent over remoting.
+def born_host_property(host):
+    """``{"@BORNHOST": host}`` for a producer's address ``"ip:port"`` (empty when unknown)."""
+    if not host:
+        return {}
+    return {_BORNHOST: host}
 
-    ``properties`` is a dict (TAGS and DELAY are taken out of a copy).
-    RemoteProtocolError when a property cannot be stored (a separator in it).
+
+def _born_host(props):
+    text = props.pop(_BORNHOST, None)
+    if text:
+        ip, _sep, port = text.rpartition(":")
+        try:
+            return ip.strip("[]"), int(port)
+        except ValueError:
+            return None
+    return None
+
+
+def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=0, born_host=None):
+    """``(metaq_flag, data)`` of a message sent over remoting (``body`` already decompressed: ValueError when
+    ``sys_flag`` still says it is compressed).
+
+    ``properties`` is a dict (TAGS and DELAY are taken out of a copy); ``born_host`` the producer's
+    ``"ip:port"``, kept as ``@BORNHOST``. RemoteProtocolError when a property cannot be stored (a separator in it).
     """
+    if sys_flag & COMPRESSION_BITS:
+        raise ValueError("record_data_from_send takes a decompressed body (sysFlag %d)" % sys_flag)
     props = {k: v for k, v in properties.items() if not k.startswith("@")}
     tags = props.pop(PROP_TAGS, None)
     props.pop(PROP_DELAY, None)
@@ -122,10 +166,11 @@ def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=
         raise RemoteProtocolError("tags %r hold the separator \\x02" % tags[:64])
     if flag:
         props[_FLAG] = str(flag)
-    if sys_flag & KEPT_SYSFLAG_BITS:
-        props[_SYSFLAG] = str(sys_flag & KEPT_SYSFLAG_BITS)
+    if sys_flag & STORED_SYSFLAG_BITS:
+        props[_SYSFLAG] = str(sys_flag & STORED_SYSFLAG_BITS)
     if reconsume_times:
         props[_RECONSUME] = str(reconsume_times)
+    props.update(born_host_property(born_host))
     try:
         attribute = encode_attribute(tags, props)
     except ValueError as exc:
@@ -146,17 +191,61 @@ def message_of_record(rec, store_host):
     except RemoteProtocolError:  # a malformed attribute block: hand over the raw data
         attribute, body = None, rec.data
     tags, props, from_remoting = split_attribute(attribute)
+    born = None
     if from_remoting:
         flag = _int_prop(props, _FLAG)
         sys_flag = _int_prop(props, _SYSFLAG) & KEPT_SYSFLAG_BITS
         reconsume = _int_prop(props, _RECONSUME)
+        born = _born_host(props)
     else:
         flag, sys_flag, reconsume = rec.flag, 0, 0
     tags = _clean_tags(tags)
     if tags is not None:
         props[PROP_TAGS] = tags
     return StoredMessage(rec.topic, rec.partition, rec.queue_offset, rec.position, body, flag, sys_flag,
-                         rec.born_ts_ms, store_host, rec.store_ts_ms, store_host, reconsume, 0, props)
+                         rec.born_ts_ms, born or store_host, rec.store_ts_ms, store_host, reconsume, 0, props)
+
+
+def compression_bits(attribute):
+    """The compression bits of the ``@SYSFLAG`` an attribute carries (0 without one, or for a value that is not
+    a number: such a property is kept as it is)."""
+    if attribute is None or _SYSFLAG not in attribute:
+        return 0
+    _tags, props, from_remoting = split_attribute(attribute)
+    if not from_remoting:
+        return 0
+    return _int_prop(props, _SYSFLAG) & COMPRESSION_BITS
+
+
+def without_compression(attribute):
+    """``attribute`` with the compression bits taken out of its ``@SYSFLAG`` (what is stored once the body is
+    decompressed). A property part left empty goes too: the attribute is then its tags, or None when those
+    are empty (so an unattributed message that was compressed is stored unattributed)."""
+    tags, props, _from_remoting = split_attribute(attribute)
+    rest = _int_prop(props, _SYSFLAG) & ~COMPRESSION_BITS
+    if rest:
+        props[_SYSFLAG] = str(rest)
+    if props:
+        return encode_attribute(tags, props)
+    return tags or None
+
+
+def stored_payload(properties, payload, max_bytes=limits.MAX_BODY_BYTES):
+    """A record's payload as its producer meant it: decompressed when the record's (raw) ``properties`` say it
+    is compressed, which only a record written by a metaq older than the decompress-on-arrival rule can.
+    RemoteProtocolError when it does not decompress."""
+    text = properties.get(_SYSFLAG)
+    if not text:
+        return payload
+    try:
+        bits = int(text) & COMPRESSION_BITS
+        if not bits or codec_of(bits) is None:
+            return payload
+        return inflate(bits, payload, max_bytes)
+    except ValueError:
+        return payload
+    except BadCompressedBody as exc:
+        raise RemoteProtocolError(str(exc)) from None
 
 
 def stored_message_bytes(msg):

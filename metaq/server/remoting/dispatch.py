@@ -47,7 +47,7 @@ def error_response(cmd, exc):
         text = ACL_EXCEPTION + text
     elif isinstance(exc, (errors.UnknownTopic, errors.InvalidTopic)):
         code = ResponseCode.TOPIC_NOT_EXIST
-    elif isinstance(exc, (RecordTooLarge, errors.ChecksumMismatch)):
+    elif isinstance(exc, (RecordTooLarge, errors.ChecksumMismatch, errors.BadCompressedBody)):
         code = ResponseCode.MESSAGE_ILLEGAL
     elif isinstance(exc, errors.InvalidPartition):
         code = ResponseCode.SYSTEM_ERROR  # Java's answer to a queue id past the topic's queues
@@ -285,9 +285,13 @@ class RemotingDispatcher:
         return _ok(cmd, {"offset": offset})
 
     def update_offset(self, cmd, conn):
+        """RocketMQ's broker stores any offset and answers SUCCESS; a pull from past the queue's end is then
+        told PULL_OFFSET_MOVED to the end. We answer SUCCESS too but store at most the queue's end now, so what
+        is written after this commit is never skipped (the text ``commit_offset`` refuses such an offset: 400)."""
         h = decode_header(UpdateConsumerOffsetHeader, cmd)
         if h.commit_offset >= 0:  # a negative offset is ignored, never stored
-            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset, now_ms())
+            end = self.store.max_offset(h.topic, h.queue_id)
+            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, min(h.commit_offset, end), now_ms())
         return _ok(cmd)
 
     def search_offset(self, cmd, conn):

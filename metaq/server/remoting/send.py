@@ -25,6 +25,7 @@ import logging
 import random
 
 from metaq import errors, limits
+from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
@@ -36,6 +37,7 @@ from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTIO
 from metaq.protocol.rocketmq.mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
                                              record_data_from_send, retry_copy)
 from metaq.protocol.xa import XAER_NOTA, LocalTxId
+from metaq.server.inflate import inflate_body
 from metaq.server.putpath import now_ms
 from metaq.store.record import RecordTooLarge, record_size
 
@@ -97,15 +99,20 @@ class RemotingSender:
         if topic.startswith(RETRY_PREFIX):
             topic = self._retry_or_dlq(topic, h.reconsume_times, h.max_reconsume_times, cmd.version)
         if h.batch or cmd.code == 320:
-            return self._send_batch(cmd, h, topic)
+            return self._send_batch(cmd, h, topic, conn)
         props = decode_properties(h.properties)
         level = _delay_level(props)
         identity = _identity(props)
-        flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
+        flag, data = record_data_from_send(self._body(h.sys_flag, cmd.body), props, h.flag,
+                                           h.sys_flag & ~COMPRESSION_BITS, h.reconsume_times, conn.peer)
         if identity is not None:
             return self._send_idempotent(cmd, h, topic, flag, data, identity, level)
         partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
+
+    def _body(self, sys_flag, body):
+        """The body as stored: decompressed when ``sys_flag`` says it is compressed (README "Compressed bodies")."""
+        return inflate_body(sys_flag, body, self.max_body)
 
     def _send_idempotent(self, cmd, h, topic, flag, data, identity, level):
         """A send with ``METAQ_PID``/``METAQ_SEQ`` (taken out of ``data``'s properties: the store adds them)."""
@@ -122,7 +129,7 @@ class RemotingSender:
         msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, position)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, r.partition, r.offset))
 
-    def _send_batch(self, cmd, h, topic):
+    def _send_batch(self, cmd, h, topic, conn):
         entries = decode_batch_messages(cmd.body, cmd.opaque)
         if not entries:
             raise errors.ClientError("a batch send must hold at least one message")
@@ -132,9 +139,11 @@ class RemotingSender:
         partition = h.queue_id
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
+        # a batch's sysFlag is each of its messages' (RocketMQ stores it on every one): each body is inflated
+        datas = [record_data_from_send(self._body(h.sys_flag, e.body), e.properties, e.flag,
+                                       h.sys_flag & ~COMPRESSION_BITS, 0, conn.peer) for e in entries]
         now = now_ms()
-        results = [self._append(topic, partition, *record_data_from_send(e.body, e.properties, e.flag, h.sys_flag),
-                                h.born_timestamp, now) for e in entries]
+        results = [self._append(topic, partition, flag, data, h.born_timestamp, now) for flag, data in datas]
         last = results[-1][0]
         self.path.durable(topic, last.partition, last.log_end, now)  # one wait covers the whole batch
         return response_for(cmd, ResponseCode.SUCCESS, None,
@@ -167,7 +176,10 @@ class RemotingSender:
                      msg.topic, topic, times)
         else:
             topic, level = RETRY_PREFIX + h.group, self._retry_level(h.delay_level, msg.reconsume_times)
-        flag, data = record_data_from_send(msg.body, props, msg.flag, msg.sys_flag, times)
+        # a record stored compressed by an older metaq is copied decompressed, like every body stored now
+        body = self._body(msg.sys_flag, msg.body)
+        born = "%s:%d" % msg.born_host if msg.born_host != host else None
+        flag, data = record_data_from_send(body, props, msg.flag, msg.sys_flag & ~COMPRESSION_BITS, times, born)
         self._store(topic, -1, flag, data, msg.born_timestamp, level)
         return response_for(cmd, ResponseCode.SUCCESS)
 
@@ -198,7 +210,8 @@ class RemotingSender:
             raise errors.ClientError("a transactional message cannot be idempotent (%s/%s)" % (PID_PROPERTY,
                                                                                                 SEQ_PROPERTY))
         props.pop(PROP_TRAN_MSG, None)  # cleared when the message is committed, as RocketMQ does
-        flag, data = record_data_from_send(cmd.body, props, h.flag, h.sys_flag, h.reconsume_times)
+        flag, data = record_data_from_send(self._body(h.sys_flag, cmd.body), props, h.flag,
+                                           h.sys_flag & ~COMPRESSION_BITS, h.reconsume_times, conn.peer)
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         self.path.check_writable()

@@ -17,10 +17,12 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import DUPLICATE_MARK, PID_PROPERTY, SEQ_PROPERTY, has_identity
-from metaq.protocol.message import decode_payload
+from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK, compression_bits, without_compression
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
 from metaq.server.guard import ADMIN, PUB, SUB
+from metaq.server.inflate import inflate_body
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,24 @@ def _verified_checksum(e, attribute=True):
             raise errors.ClientError("%s and %s are reserved properties: send with put_idem instead"
                                      % (PID_PROPERTY, SEQ_PROPERTY))
     return checksum
+
+
+def _uncompressed(e, max_body):
+    """``e`` with its body decompressed when its attribute's ``@SYSFLAG`` marks it compressed (the metaq
+    Producer's ``compress_over``), those bits taken out of the attribute; ``e`` itself otherwise. Called once
+    the checksum of what was sent is verified; the new body gets its own checksum. BadCompressedBody (400)."""
+    body = e.body
+    if not e.flag & 1 or len(body) < 4:
+        return e
+    alen = int.from_bytes(body[:4], "big", signed=True)
+    if alen <= 0 or SYSFLAG_MARK not in body[4:4 + alen]:
+        return e
+    attribute, payload = decode_payload(e.flag, body)
+    bits = compression_bits(attribute)
+    if not bits:
+        return e
+    flag, data = encode_payload(inflate_body(bits, payload, max_body), without_compression(attribute))
+    return e._replace(flag=(e.flag & ~1) | flag, body=data, checksum=metaq_checksum(data))
 
 
 #: What each request needs of the connection's user (README "Security"), checked before its handler: a
@@ -124,6 +144,7 @@ class TextDispatcher:
         self.waiters = waiters
         self.render_stats = render_stats
         self.max_transfer = config.store.max_transfer_size
+        self.max_body = config.limits.max_body_bytes
         self.max_wait_ms = config.limits.max_wait_ms
         self.max_parked_per_connection = config.limits.max_parked_gets_per_connection
         self._handlers = {
@@ -164,12 +185,13 @@ class TextDispatcher:
             if self.guard.enabled:
                 self.guard.require(conn.session, PUB, "topic", e.topic)
             path.check_writable()
-            body = e.body
             checksum = _verified_checksum(e)
             if e.topic == SCHEDULE_TOPIC:
                 raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
+            e = _uncompressed(e._replace(checksum=checksum), self.max_body)
+            body, checksum = e.body, e.checksum
             if e.tx_key is not None and e.tx_key != "null":
-                return self.tx.put(e._replace(checksum=checksum), conn), NO_WAIT
+                return self.tx.put(e, conn), NO_WAIT
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
@@ -187,12 +209,12 @@ class TextDispatcher:
         now = now_ms()
         try:
             path.check_writable()
-            checksum = _verified_checksum(e)
+            e = _uncompressed(e._replace(checksum=_verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
         try:
-            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=checksum, delay_level=e.level)
+            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=e.checksum, delay_level=e.level)
         except errors.MetaqError as exc:
             return error_reply(exc, e.opaque), NO_WAIT
         offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
@@ -206,6 +228,7 @@ class TextDispatcher:
         try:
             path.check_writable()
             _verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
+            e = _uncompressed(e, self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT

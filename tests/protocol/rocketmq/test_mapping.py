@@ -25,13 +25,43 @@ def test_send_keeps_body_as_payload_and_tags_first_in_the_attribute():
 
 
 def test_round_trip_through_a_record_with_internal_fields():
-    flag, data = record_data_from_send(b"z", {"u": "v"}, flag=9, sys_flag=1 | 4 | (3 << 8), reconsume_times=2)
+    flag, data = record_data_from_send(b"z", {"u": "v"}, flag=9, sys_flag=2 | 4, reconsume_times=2,
+                                       born_host="10.1.2.3:51234")
     msg = message_of_record(record(flag, data), HOST)
-    assert (msg.body, msg.flag, msg.sys_flag, msg.reconsume_times) == (b"z", 9, 1 | (3 << 8), 2)
+    # multi-tags kept, the transaction bits not (a stored message is a committed one)
+    assert (msg.body, msg.flag, msg.sys_flag, msg.reconsume_times) == (b"z", 9, 2, 2)
     assert msg.properties == {"u": "v"}  # no TAGS (none sent), no @internal keys
     assert (msg.queue_id, msg.queue_offset, msg.physical_offset, msg.store_host) == (2, 7, 4096, HOST)
+    assert msg.born_host == ("10.1.2.3", 51234)  # the producer's address, not the broker's
     decoded, end = decode_stored_message(stored_message_bytes(msg), check_crc=True)
     assert decoded.properties == {"u": "v"} and decoded.born_timestamp == 1700000000100
+    assert decoded.born_host == ("10.1.2.3", 51234)
+
+
+def test_a_body_still_compressed_is_never_stored():
+    with pytest.raises(ValueError, match="decompressed body"):
+        record_data_from_send(b"x\x9c...", {}, sys_flag=1)
+    with pytest.raises(ValueError, match="decompressed body"):
+        record_data_from_send(b"...", {}, sys_flag=2 << 8 | 1)
+
+
+def test_a_record_an_older_broker_stored_compressed_still_tells_consumers_so():
+    """Before bodies were stored decompressed, @SYSFLAG kept the compression bits: RocketMQ consumers must
+    still get them (they decompress), and the metaq client's reader decompresses (stored_payload)."""
+    import zlib
+
+    from metaq.protocol.rocketmq.mapping import stored_payload
+
+    packed = zlib.compress(b"original " * 1000)
+    flag, data = encode_payload(packed, "Tg\x02@SYSFLAG\x01769\x02KEYS\x01k\x02")  # 769 = 1 | 3 << 8: zlib
+    msg = message_of_record(record(flag, data), HOST)
+    assert (msg.body, msg.sys_flag, msg.properties) == (packed, 769, {"KEYS": "k", "TAGS": "Tg"})
+    _tags, props, _remoting = split_attribute(decode_payload(flag, data)[0])
+    assert stored_payload(props, packed) == b"original " * 1000
+    assert stored_payload({"KEYS": "k"}, packed) == packed  # not marked: as stored
+    assert stored_payload({"@SYSFLAG": "2"}, packed) == packed  # multi-tags only
+    with pytest.raises(RemoteProtocolError, match="does not decompress"):
+        stored_payload(props, packed[:-9])
 
 
 def test_text_records_become_messages_with_their_attribute_as_tags():
