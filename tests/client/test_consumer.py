@@ -206,6 +206,24 @@ def test_orderly_a_failing_message_holds_its_partition_retried_with_backoff_neve
         consumer.close()
 
 
+def test_orderly_a_consumer_closed_while_a_message_fails_begins_with_it_after_a_restart(broker, tmp_path):
+    failing = Collector(fail=lambda m: m.body == b"bad")
+    with broker.client() as c:
+        for body in (b"ok1", b"bad", b"ok2"):
+            c.put_ok("topic1", body, 0)
+    consumer = direct(broker, max_retries=0, retry_backoff=0.01, recover_dir=tmp_path)
+    consumer.subscribe("topic1", failing, orderly=True).start()
+    wait_until(lambda: failing.calls.get(b"bad", 0) >= 3, what="the failing message retried")
+    consumer.close()  # commits the offset of the message that held the partition, not past it
+    working = Collector()
+    consumer = direct(broker, recover_dir=tmp_path)
+    consumer.subscribe("topic1", working, orderly=True).start()
+    try:
+        assert [m.body for m in working.wait_for(2)] == [b"bad", b"ok2"]
+    finally:
+        consumer.close()
+
+
 def test_without_orderly_the_same_failure_is_parked_and_the_partition_goes_on(broker, tmp_path):
     """The contrast (the default): after 1 + max_retries calls the message is parked and ok2 is delivered."""
     handler = Collector(fail=lambda m: m.body == b"bad")
