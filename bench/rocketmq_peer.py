@@ -8,9 +8,10 @@ run ends with ``os._exit``; its logs go to ``$HOME/logs/rocketmq-cpp`` (the test
 gives each run a HOME of its own). Output: one JSON object per line.
 
     produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B] [--keep-going]
-            [--retry-for S [--retry-pause S]] [--interval S]
+            [--retry-for S [--retry-pause S]] [--interval S] [--orderly-keys K]
     consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
             [--distinct]  (count distinct bodies toward N: redeliveries after a failover do not end it early)
+            [--orderly [--work S] [--log FILE] [--stop-file PATH]]
 
 Either may sign its requests (RocketMQ's ACL): ``--access-key AK --secret-key SK [--channel C]``. With
 ``--keep-going`` a failed send is reported as ``{"i": i, "error": text}`` and the run goes on. With
@@ -18,6 +19,14 @@ Either may sign its requests (RocketMQ's ACL): ``--access-key AK --secret-key SK
 passed since its first attempt, as an application retries on top of the client's own policy; its line then
 also gives ``first_t`` (its first attempt), ``failures`` and ``first_error``. ``--interval``: a pause between
 messages.
+
+``--orderly-keys K``: message i goes with ``send_orderly`` under key ``i % K`` (the client's hashing selector:
+queue = key % queues), its body ``k<key>-<n>`` (n counts that key's messages), in order per key. ``--orderly``: an
+orderly push consumer (``PushConsumer(orderly=True)``); each message gets a line when its handler begins (with
+``"ev": "begin"`` and the pid) and one when it ends (``"ev": "end"``), the handler taking ``--work`` seconds, so
+the test can check that no queue was processed by two consumers at once. ``--log FILE`` also appends every line
+to FILE instead of stdout (a test reads it while the consumer runs, and after a kill -9: a pipe nobody reads
+would block the handler); ``--stop-file PATH`` ends the run when PATH exists.
 """
 
 import argparse
@@ -32,10 +41,18 @@ import time
 PEER = os.path.abspath(__file__)
 
 
-def emit(obj, _lock=threading.Lock()):
+_COPY = []  # the --log file, when given
+
+
+def emit(obj, to_stdout=True, _lock=threading.Lock()):
     with _lock:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
+        line = json.dumps(obj) + "\n"
+        if to_stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        for f in _COPY:
+            f.write(line)
+            f.flush()
 
 
 #: The C++ client's log ($HOME/logs/rocketmq-cpp): at most this many files of this size (a consumer pulling from a
@@ -74,17 +91,18 @@ def produce(args):
     started = time.time()
     for i in range(args.count):
         m = Message(args.topic)
-        m.set_keys("%s-key-%d" % (args.prefix, i))
+        key = i % args.orderly_keys if args.orderly_keys else None
+        m.set_keys("%s-key-%d" % (args.prefix, i) if key is None else "k%d" % key)
         if args.tags:
             m.set_tags(args.tags)
         if args.delay_level:
             m.set_delay_time_level(args.delay_level)
         m.set_property("seq", str(i))
-        m.set_body(m_body(args, i))
+        m.set_body(m_body(args, i) if key is None else "k%d-%d" % (key, i // args.orderly_keys))
         first_t, failures, first_error = time.time(), 0, None
         while True:
             try:
-                r = p.send_sync(m)
+                r = p.send_sync(m) if key is None else p.send_orderly(m, key)
                 break
             except Exception as exc:  # noqa: BLE001 - retried, or reported as a line
                 failures += 1
@@ -121,10 +139,18 @@ def consume(args):
         if args.digest:  # large bodies: their length and SHA-256 instead of the bytes
             body = "%d:%s" % (len(msg.body), hashlib.sha256(msg.body).hexdigest())
         if not args.quiet:
-            emit({"body": body, "tags": msg.tags.decode(), "keys": msg.keys.decode(), "id": msg.id,
-                  "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
-                  "reconsume_times": msg.reconsume_times, "seq": msg.get_property("seq").decode(),
-                  "t": time.time()})
+            line = {"body": body, "tags": msg.tags.decode(), "keys": msg.keys.decode(), "id": msg.id,
+                    "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
+                    "reconsume_times": msg.reconsume_times, "seq": msg.get_property("seq").decode(),
+                    "t": time.time()}
+            if args.orderly:
+                line.update(ev="begin", pid=os.getpid())
+            emit(line, not args.log)
+        if args.work:
+            time.sleep(args.work)
+        if args.orderly:
+            emit({"ev": "end", "queue_id": msg.queue_id, "queue_offset": msg.queue_offset, "pid": os.getpid(),
+                  "t": time.time()}, not args.log)
         if args.fail and body == args.fail:
             raise RuntimeError("handler refuses %s" % body)
         with lock:
@@ -135,7 +161,7 @@ def consume(args):
             else:
                 times.extend((now, now))
 
-    c = PushConsumer(args.group)
+    c = PushConsumer(args.group, orderly=args.orderly)
     _cap_log(c, "SetPushConsumerLogFileNumAndSize")
     c.set_namesrv_addr(args.ns)
     if args.access_key is not None:
@@ -147,6 +173,8 @@ def consume(args):
     deadline = started + args.timeout
     target = stop_after or args.expect
     while time.time() < deadline:
+        if args.stop_file and os.path.exists(args.stop_file):
+            break
         with lock:
             if (len(set(got)) if args.distinct else len(got)) >= target:
                 break
@@ -212,10 +240,17 @@ def main():
     ap.add_argument("--retry-for", type=float, default=0.0)
     ap.add_argument("--retry-pause", type=float, default=0.2)
     ap.add_argument("--interval", type=float, default=0.0)
+    ap.add_argument("--orderly-keys", type=int, default=0)
+    ap.add_argument("--orderly", action="store_true")
+    ap.add_argument("--work", type=float, default=0.0)
+    ap.add_argument("--log")
+    ap.add_argument("--stop-file")
     ap.add_argument("--access-key")
     ap.add_argument("--secret-key", default="")
     ap.add_argument("--channel", default="metaq")
     args = ap.parse_args()
+    if args.log:
+        _COPY.append(open(args.log, "a"))
     code = 0
     try:
         (produce if args.mode == "produce" else consume)(args)

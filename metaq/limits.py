@@ -197,6 +197,14 @@ MAX_HEARTBEAT_GROUPS = 1024
 #: they are dropped (a client that does not read cannot hold the broker's memory or another client's request).
 MAX_PENDING_NOTIFIES = 16
 
+#: Queues one LOCK_BATCH_MQ / UNLOCK_BATCH_MQ body may name (a real client names the queues of one topic on one
+#: broker, at most MAX_PARTITIONS, plus its retry queue); more is INVALID_PARAMETER, the request is not applied.
+MAX_LOCK_BATCH_QUEUES = MAX_PARTITIONS + 64
+
+#: Queue locks of orderly consumers the broker keeps, one per (group, topic, queue) (``remoting.max_locks``);
+#: past it a lock on one more queue is refused (not in ``lockOKMQSet``) until locks are released or expire.
+MAX_REMOTING_LOCKS = 100_000
+
 # -- security (README "Security") ------------------------------------------------
 
 #: Largest users-and-permissions file (``security.acl_file``) the broker reads; a larger one is refused.

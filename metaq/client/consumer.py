@@ -31,6 +31,9 @@ message whose handler keeps failing is retried ``max_retries`` times (the handle
 most ``1 + max_retries`` times, with a growing backoff), then parked: put to
 ``dead_letter_topic`` if set, else (or when that put fails) appended to the local recover store
 (:mod:`metaq.client.recover`), which is replayed to the handler every ``recover_interval``.
+A topic subscribed with ``orderly=True`` never parks: its failing message is retried with the same
+growing backoff (capped at ``RETRY_BACKOFF_MAX_S``) until the handler takes it, and the later
+messages of its partition wait behind it, so each partition is handled strictly in offset order.
 """
 
 import logging
@@ -186,12 +189,14 @@ class Consumer:
 
     # -- public API -----------------------------------------------------------------------------
 
-    def subscribe(self, topic, handler, filter=None):
+    def subscribe(self, topic, handler, filter=None, orderly=False):
         """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
 
         ``filter`` (client side): a callable ``message -> bool``, an attribute string (messages whose
         attribute equals it) or an iterable of attribute strings. Messages filtered out are skipped
-        (their offsets still advance). Call before :meth:`start`.
+        (their offsets still advance). ``orderly``: a message whose handler fails holds its partition,
+        retried with backoff until it succeeds (or the consumer closes), instead of being parked after
+        ``max_retries`` while the partition's later messages go on. Call before :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):
@@ -202,7 +207,7 @@ class Consumer:
                 raise errors.ClientError("subscribe() must be called before start()")
             if topic in self._subs:
                 raise errors.ClientError("topic %r is already subscribed" % topic)
-            self._subs[topic] = Subscription(topic, handler, accept)
+            self._subs[topic] = Subscription(topic, handler, accept, bool(orderly))
         return self
 
     def start(self):
@@ -513,7 +518,7 @@ class Consumer:
     # -- handling, retries, parking ---------------------------------------------------------------
 
     def process(self, sub, message, stop):
-        """Run the handler on ``message`` with retries, parking it when they run out.
+        """Run the handler on ``message`` with retries, parking it when they run out (never, if orderly).
 
         True when the message is done with (handled, filtered out or parked); False when
         ``stop`` was set during the retries (the message stays unconsumed).
@@ -531,11 +536,12 @@ class Consumer:
                 return True
             except Exception as exc:
                 attempt += 1
-                if attempt > self.max_retries:
+                if attempt > self.max_retries and not sub.orderly:
                     log.warning("handler failed %d times on %s (last: %r); parking it", attempt, message, exc)
                     return self.parking.park(message, stop)
-                delay = min(RETRY_BACKOFF_MAX_S, self.retry_backoff * 2 ** (attempt - 1))
-                log.info("handler failed on %s (attempt %d): %r; retrying in %.2f s", message, attempt, exc, delay)
+                delay = min(RETRY_BACKOFF_MAX_S, self.retry_backoff * 2 ** min(attempt - 1, 62))
+                log.log(logging.WARNING if attempt > self.max_retries else logging.INFO, "handler failed on %s "
+                        "(attempt %d): %r; retrying in %.2f s", message, attempt, exc, delay)  # orderly: it waits
                 if stop.wait(delay):
                     return False
 

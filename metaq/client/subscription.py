@@ -24,11 +24,13 @@ def make_filter(spec):
 
 
 class Subscription(NamedTuple):
-    """A topic a consumer subscribed: its handler and filter (``make_filter``)."""
+    """A topic a consumer subscribed: its handler and filter (``make_filter``); ``orderly``: a failing message
+    holds its partition (retried until it succeeds) instead of being parked."""
 
     topic: str
     handler: Callable
     accept: Optional[Callable]
+    orderly: bool = False
 
 
 def as_partition(partition):

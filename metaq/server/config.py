@@ -3,12 +3,10 @@
 The file layout is documented setting by setting in ``conf/server.yaml``.
 Unknown keys are errors (a typo must not silently fall back to a default).
 
-This is the one schema of the broker's settings. Each default is written once:
-the store's knobs (``store:``) take theirs from ``metaq.store.config.StoreConfig``
-and the transaction manager's (``transactions:``) from ``metaq.tx.config.TxConfig``
-(store/ and tx/ may not import this module); the settings only the server uses
-have theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config``
-build those two from this schema.
+This is the one schema of the broker's settings. Each default is written once: the store's knobs
+(``store:``) take theirs from ``metaq.store.config.StoreConfig`` and the transaction manager's
+(``transactions:``) from ``metaq.tx.config.TxConfig`` (store/ and tx/ may not import this module); the
+settings only the server uses have theirs here; ``ServerConfig.store_config`` and ``tx_config`` build those.
 """
 
 import inspect
@@ -219,6 +217,8 @@ class RemotingSection(_Section):
     client_timeout_s: float = Field(120.0, gt=0)
     max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
     max_client_entries: int = Field(limits.MAX_REMOTING_MEMBERS, ge=1)
+    lock_expiry_s: float = Field(60.0, gt=0)  # orderly consumers' queue locks (conf/server.yaml)
+    max_locks: int = Field(limits.MAX_REMOTING_LOCKS, ge=1)
 
     @field_validator("host", "advertised_host", "broker_name", "cluster")
     @classmethod

@@ -266,6 +266,7 @@ def remoting_values(remoting):
         return [("remoting_port", 0)]
     return [("remoting_port", remoting.port), ("remoting_connections", len(remoting.connections)),
             ("rocketmq_consumer_groups", len(remoting.clients.groups())),
+            ("rocketmq_queue_locks", len(remoting.locks)),
             ("remoting_route_master", remoting.route_addresses().get(0) or "none")]
 
 

@@ -173,6 +173,72 @@ def test_failing_message_is_retried_then_parked_and_replayed(broker, tmp_path):
         consumer.close()
 
 
+def test_orderly_a_failing_message_holds_its_partition_retried_with_backoff_never_parked(broker, tmp_path):
+    """subscribe(..., orderly=True): the failing message is retried past max_retries with a growing backoff, the
+    later messages of its partition wait behind it, other partitions go on, and nothing is parked."""
+    broken = {"on": True}
+    bad_calls = []
+
+    def fail(message):
+        if message.body == b"bad":
+            bad_calls.append(time.monotonic())
+            return broken["on"]
+        return False
+
+    handler = Collector(fail=fail)
+    with broker.client() as c:
+        for body in (b"ok1", b"bad", b"ok2"):
+            c.put_ok("topic1", body, 0)
+        c.put_ok("topic1", b"other", 1)
+    consumer = direct(broker, max_retries=1, retry_backoff=0.05, recover_dir=tmp_path, recover_interval=0.2)
+    consumer.subscribe("topic1", handler, orderly=True).start()
+    try:
+        wait_until(lambda: len(bad_calls) >= 5, what="five attempts at the failing message")
+        assert sorted(handler.bodies()) == [b"ok1", b"other"]  # ok2 waits behind bad; partition 1 went on
+        assert consumer.parked() in ({}, {"topic1": []})
+        gaps = [b - a for a, b in zip(bad_calls, bad_calls[1:])]
+        assert all(gap >= 0.05 * 2 ** i * 0.9 for i, gap in enumerate(gaps[:4])), gaps  # 0.05, 0.1, 0.2, 0.4 s
+        broken["on"] = False
+        handler.wait_for(4)
+        assert [m.body for m in handler.messages if m.partition.partition == 0] == [b"ok1", b"bad", b"ok2"]
+        assert consumer.parked() in ({}, {"topic1": []})
+    finally:
+        consumer.close()
+
+
+def test_orderly_a_consumer_closed_while_a_message_fails_begins_with_it_after_a_restart(broker, tmp_path):
+    failing = Collector(fail=lambda m: m.body == b"bad")
+    with broker.client() as c:
+        for body in (b"ok1", b"bad", b"ok2"):
+            c.put_ok("topic1", body, 0)
+    consumer = direct(broker, max_retries=0, retry_backoff=0.01, recover_dir=tmp_path)
+    consumer.subscribe("topic1", failing, orderly=True).start()
+    wait_until(lambda: failing.calls.get(b"bad", 0) >= 3, what="the failing message retried")
+    consumer.close()  # commits the offset of the message that held the partition, not past it
+    working = Collector()
+    consumer = direct(broker, recover_dir=tmp_path)
+    consumer.subscribe("topic1", working, orderly=True).start()
+    try:
+        assert [m.body for m in working.wait_for(2)] == [b"bad", b"ok2"]
+    finally:
+        consumer.close()
+
+
+def test_without_orderly_the_same_failure_is_parked_and_the_partition_goes_on(broker, tmp_path):
+    """The contrast (the default): after 1 + max_retries calls the message is parked and ok2 is delivered."""
+    handler = Collector(fail=lambda m: m.body == b"bad")
+    with broker.client() as c:
+        for body in (b"ok1", b"bad", b"ok2"):
+            c.put_ok("topic1", body, 0)
+    consumer = direct(broker, max_retries=1, retry_backoff=0.01, recover_dir=tmp_path, recover_interval=60)
+    consumer.subscribe("topic1", handler).start()
+    try:
+        assert [m.body for m in handler.wait_for(2)] == [b"ok1", b"ok2"]
+        assert [m.body for m in consumer.parked()["topic1"]] == [b"bad"] and handler.calls[b"bad"] == 2
+    finally:
+        consumer.close()
+
+
 def test_parked_message_survives_a_restart(broker, tmp_path):
     with broker.client() as c:
         c.put_ok("topic1", b"poison", 0)

@@ -59,6 +59,8 @@ def heartbeat(*consumers):
 SEND_V1 = {"producerGroup": "PG", "topic": "orders", "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
            "queueId": 0, "sysFlag": 0, "bornTimestamp": 1, "flag": 0, "properties": ""}
 SEND_V2 = {"a": "PG", "b": "orders", "c": "TBW102", "d": 4, "e": 0, "f": 0, "g": 1, "h": 0, "i": ""}
+LOCK = (b'{"clientId":"c1","consumerGroup":"billing","mqSet":[{"brokerName":"b","queueId":0,"topic":"orders"},'
+        b'{"brokerName":"b","queueId":1,"topic":"orders"},{"brokerName":"b","queueId":0,"topic":"%RETRY%billing"}]}')
 PULL = {"consumerGroup": "billing", "topic": "orders", "queueId": 0, "queueOffset": 0, "maxMsgNums": 1, "sysFlag": 0,
         "commitOffset": 0, "suspendTimeoutMillis": 0}
 
@@ -94,7 +96,9 @@ PULL = {"consumerGroup": "billing", "topic": "orders", "queueId": 0, "queueOffse
     (req(R.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "billing"}), [(SUB, "group", "billing")]),
     (req(17, {"topic": "x"}), [(ADMIN, None, None)]),  # UPDATE_AND_CREATE_TOPIC
     (req(215, {"topic": "x"}), [(ADMIN, None, None)]),  # DELETE_TOPIC_IN_BROKER
-    (req(R.LOCK_BATCH_MQ), []),  # served by nobody: signature only, then REQUEST_CODE_NOT_SUPPORTED
+    (req(R.LOCK_BATCH_MQ, body=LOCK), [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
+    (req(R.UNLOCK_BATCH_MQ, body=LOCK), [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
+    (req(219), []),  # GET_KV_LIST_BY_NAMESPACE, served by nobody: signature only, then REQUEST_CODE_NOT_SUPPORTED
 ])
 def test_each_request_code_needs_its_permissions(cmd, expected):
     got = needs(cmd, record_topic=lambda offset: {4096: "payroll"}[offset], half_topic={7: "orders"}.get)

@@ -44,6 +44,7 @@ from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB
 from metaq.protocol.rocketmq.bodies import decode_heartbeat
+from metaq.protocol.rocketmq.lockbodies import decode_lock_batch
 from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
                                              SearchOffsetHeader, UnregisterClientHeader,
@@ -127,7 +128,8 @@ def needs(cmd, record_topic=None, half_topic=None):
     text ``query_offset``), SEARCH_OFFSET_BY_TIMESTAMP / GET_MAX_OFFSET / GET_MIN_OFFSET /
     GET_EARLIEST_MSG_STORETIME topic SUB (the text ``offset``), VIEW_MESSAGE_BY_ID SUB on the message's
     topic, CONSUMER_SEND_MSG_BACK also SUB on the copied message's topic, END_TRANSACTION PUB on the half
-    message's topic. A retry topic is its group's
+    message's topic, LOCK_BATCH_MQ / UNLOCK_BATCH_MQ the body's group SUB and SUB on each queue's topic
+    (RocketMQ: a signature only). A retry topic is its group's
     (``resource``), also where RocketMQ reads the group from another field (a send to ``%RETRY%g`` names its
     group in the topic, so the topic decides).
     """
@@ -166,6 +168,9 @@ def needs(cmd, record_topic=None, half_topic=None):
             found.add(_group(group))
     elif code == R.GET_CONSUMER_LIST_BY_GROUP:
         found.add(_group(decode_header(ConsumerGroupHeader, cmd).consumer_group))
+    elif code in (R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ):
+        body = decode_lock_batch(cmd.body, cmd.opaque)
+        found.add(_group(body.consumer_group), *(resource(SUB, mq.topic) for mq in body.mq_set))
     # else: codes metaq does not serve (answered REQUEST_CODE_NOT_SUPPORTED once authenticated)
     return list(found.items)
 

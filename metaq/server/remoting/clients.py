@@ -109,6 +109,11 @@ class ClientRegistry:
             self._on_change(group)
         return changed
 
+    def registered_through(self, group, client_id, conn):
+        """Whether ``client_id`` is a live member of ``group`` whose last heartbeat came through ``conn``."""
+        member = self._groups.get(group, {}).get(client_id)
+        return member is not None and member.conn is conn
+
     def consumers(self, group):
         """The live client ids of ``group``, sorted."""
         return sorted(self._groups.get(group, ()))

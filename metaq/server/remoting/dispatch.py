@@ -26,6 +26,7 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
                                              RouteInfoHeader, SearchOffsetHeader, UnregisterClientHeader,
                                              UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
                                              pull_response_fields)
+from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import message_of_record, parse_subscription, stored_message_bytes
 from metaq.server.putpath import now_ms
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
@@ -105,6 +106,8 @@ class RemotingDispatcher:
             R.HEART_BEAT: (self.heartbeat, False),
             R.UNREGISTER_CLIENT: (self.unregister, False),
             R.GET_CONSUMER_LIST_BY_GROUP: (self.consumer_list, False),
+            R.LOCK_BATCH_MQ: (self.lock_batch, False),
+            R.UNLOCK_BATCH_MQ: (self.unlock_batch, False),
         }
         self._unsupported_seen = set()
 
@@ -330,6 +333,7 @@ class RemotingDispatcher:
         h = decode_header(UnregisterClientHeader, cmd)
         if h.consumer_group:
             self.server.clients.unregister(h.client_id, h.consumer_group)
+            self.server.locks.release_client(h.consumer_group, h.client_id, conn)
         return _ok(cmd)
 
     def consumer_list(self, cmd, conn):
@@ -338,3 +342,40 @@ class RemotingDispatcher:
         if not ids:
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "no consumer for this group, %s" % h.consumer_group)
         return _ok(cmd, body=encode_consumer_list(ids))
+
+    # -- orderly consumers: queue locks (remoting/locks.py) ----------------------------------------
+
+    def lock_batch(self, cmd, conn):
+        """LOCK_BATCH_MQ: lock or renew the queues of ``mqSet`` for the client; the answer lists those it holds.
+
+        Only a client registered in the group (its last heartbeat) through this very connection may lock, so a
+        connection cannot lock, or renew, in another client's name unless it heartbeats as that client; a queue
+        of another broker, of a topic the broker does not have or past the topic's queues is never locked."""
+        body = decode_lock_batch(cmd.body, cmd.opaque)
+        if not self.server.clients.registered_through(body.consumer_group, body.client_id, conn):
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "client %s is not registered in consumer group %s "
+                                "on this connection: a heartbeat comes first" % (body.client_id, body.consumer_group))
+        queues = [mq for mq in dict.fromkeys(body.mq_set) if self._lockable(mq)]
+        table = self.server.locks
+        full = table.full_refusals
+        got = set(table.lock(body.consumer_group, body.client_id, conn, [(mq.topic, mq.queue_id) for mq in queues],
+                             time.monotonic()))
+        if table.full_refusals != full:
+            log.warning("remoting %s: %d queue locks refused: the lock table is full (%d locks, remoting.max_locks)",
+                        conn.peer, table.full_refusals - full, table.max_locks)
+        return _ok(cmd, body=encode_lock_ok([mq for mq in queues if (mq.topic, mq.queue_id) in got]))
+
+    def _lockable(self, mq):
+        if mq.broker_name != self.server.broker_name:
+            return False
+        try:
+            return 0 <= mq.queue_id < self.store.partitions_of(mq.topic)
+        except (errors.UnknownTopic, errors.InvalidTopic):
+            return False
+
+    def unlock_batch(self, cmd, conn):
+        """UNLOCK_BATCH_MQ: release the queues of ``mqSet`` this client holds through this connection."""
+        body = decode_lock_batch(cmd.body, cmd.opaque, "unlock batch body")
+        self.server.locks.unlock(body.consumer_group, body.client_id, conn, [(mq.topic, mq.queue_id)
+                                                                            for mq in body.mq_set])
+        return _ok(cmd)

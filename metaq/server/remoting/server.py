@@ -29,6 +29,7 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.server.remoting.clients import ClientRegistry
+from metaq.server.remoting.locks import LockTable
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class RemotingServer:
         self.broker_name = cfg.broker_name or "metaq-%d" % config.broker.id
         self.store_ip = None  # set at start: the IP in routes and message ids
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
+        self.locks = LockTable(cfg.lock_expiry_s, cfg.max_locks)  # orderly consumers' queue locks
         self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
         self.stats = stats
         self.listener = None
@@ -105,9 +107,19 @@ class RemotingServer:
     def _expiry_loop(self):
         while True:
             gevent.sleep(EXPIRY_INTERVAL_S)
-            for group in self.clients.expire(time.monotonic()):
+            now = time.monotonic()
+            for group in self.clients.expire(now):
                 log.info("remoting: clients of group %s expired (no heartbeat for %.0f s)", group,
                          self.config.client_timeout_s)
+            expired = self.locks.expire(now)
+            if expired:
+                log.info("remoting: %d queue locks expired (not renewed for %.0f s)", expired,
+                         self.config.lock_expiry_s)
+
+    def connection_closed(self, conn):
+        """A remoting connection ended: its clients leave their groups and give up the queues they locked."""
+        self.clients.connection_closed(conn)
+        self.locks.connection_closed(conn)
 
     def _group_changed(self, group):
         """Tell the group's clients to rebalance now (oneway NOTIFY_CONSUMER_IDS_CHANGED)."""
@@ -185,7 +197,7 @@ class RemotingConnection(core.Connection):
         finally:
             self.pool.kill(block=False)
             self.close()
-            self.server.clients.connection_closed(self)
+            self.server.connection_closed(self)
 
     def _process(self):
         """Handle every complete frame buffered; False when the connection must close."""
