@@ -87,9 +87,6 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8
 
-#: RocketMQ half messages remembered for their END_TRANSACTION (older ones have timed out long before).
-MAX_HALF_OWNERS = 100_000
-
 #: RocketMQ half messages waiting for their END_TRANSACTION or check-back at once (``remoting.max_half_messages``);
 #: a half message past it is refused (TRANSACTION_FAILED). They also count as open transactions
 #: (``transactions.max_open``), so the default leaves half of those to the text protocol's transactions.

@@ -3,12 +3,10 @@
 The file layout is documented setting by setting in ``conf/server.yaml``.
 Unknown keys are errors (a typo must not silently fall back to a default).
 
-This is the one schema of the broker's settings. Each default is written once:
-the store's knobs (``store:``) take theirs from ``metaq.store.config.StoreConfig``
-and the transaction manager's (``transactions:``) from ``metaq.tx.config.TxConfig``
-(store/ and tx/ may not import this module); the settings only the server uses
-have theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config``
-build those two from this schema.
+This is the one schema of the broker's settings. Each default is written once: the store's knobs (``store:``)
+take theirs from ``metaq.store.config.StoreConfig`` and the transaction manager's (``transactions:``) from
+``metaq.tx.config.TxConfig`` (store/ and tx/ may not import this module); the settings only the server uses have
+theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config`` build those two from this schema.
 """
 
 import inspect
@@ -206,7 +204,7 @@ class ReplicationSection(_Section):
 
 
 class RemotingSection(_Section):
-    """The RocketMQ remoting port (DESIGN §6; README "RocketMQ clients")."""
+    """The RocketMQ remoting port (DESIGN §6; README "RocketMQ clients"; check-back defaults: RocketMQ 4's)."""
 
     port: int = Field(0, ge=0, le=65535)  # 0 = off
     host: Optional[str] = None  # bind address; default broker.host
@@ -219,6 +217,10 @@ class RemotingSection(_Section):
     client_timeout_s: float = Field(120.0, gt=0)
     max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)
     max_client_entries: int = Field(limits.MAX_REMOTING_MEMBERS, ge=1)
+    transaction_check_interval_ms: int = Field(60_000, ge=10, le=86_400_000)
+    transaction_timeout_ms: int = Field(6_000, ge=0, le=86_400_000)
+    transaction_check_max: int = Field(15, ge=0, le=1_000_000)
+    max_half_messages: int = Field(limits.MAX_HALF_MESSAGES, ge=1, le=10 * limits.MAX_OPEN_TRANSACTIONS)
 
     @field_validator("host", "advertised_host", "broker_name", "cluster")
     @classmethod
@@ -227,9 +229,7 @@ class RemotingSection(_Section):
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics (first, so they win over user patterns)."""
-        if not self.port:
-            return []
-        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)]
+        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)] if self.port else []
 
 
 class DelaySection(_Section):

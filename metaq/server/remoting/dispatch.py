@@ -319,6 +319,7 @@ class RemotingDispatcher:
 
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
+        self.server.producers.heartbeat(conn, hb.producer_groups, time.monotonic())  # the check-back's channels
         self.server.clients.heartbeat(conn, hb, time.monotonic())
         return _ok(cmd)
 
@@ -326,6 +327,8 @@ class RemotingDispatcher:
         h = decode_header(UnregisterClientHeader, cmd)
         if h.consumer_group:
             self.server.clients.unregister(h.client_id, h.consumer_group)
+        if h.producer_group:
+            self.server.producers.unregister(conn, h.producer_group)
         return _ok(cmd)
 
     def consumer_list(self, cmd, conn):

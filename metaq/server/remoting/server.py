@@ -28,7 +28,8 @@ from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, Re
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
-from metaq.server.remoting.clients import ClientRegistry
+from metaq.server.remoting.checkback import CheckBack
+from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class RemotingServer:
         self.broker_name = cfg.broker_name or "metaq-%d" % config.broker.id
         self.store_ip = None  # set at start: the IP in routes and message ids
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
+        self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
+        self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
+                                   limits.MAX_CHECKS_PER_ROUND)
         self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
         self.stats = stats
         self.listener = None
@@ -94,10 +98,12 @@ class RemotingServer:
         self.port = self.listener.port
         self.store_ip = advertised_ip(self.config.advertised_host or self.host)
         self._tasks = [gevent.spawn(self._expiry_loop)]
+        self.checkback.start()
 
     def stop(self):
         """Stop the background tasks (the connection core closes the connections)."""
         gevent.killall(self._tasks, block=False)
+        self.checkback.stop()
 
     def _connection(self, sock, address, conn_id):
         return RemotingConnection(self, sock, address, conn_id)
@@ -105,6 +111,7 @@ class RemotingServer:
     def _expiry_loop(self):
         while True:
             gevent.sleep(EXPIRY_INTERVAL_S)
+            self.producers.expire(time.monotonic())
             for group in self.clients.expire(time.monotonic()):
                 log.info("remoting: clients of group %s expired (no heartbeat for %.0f s)", group,
                          self.config.client_timeout_s)
@@ -145,15 +152,17 @@ class RemotingConnection(core.Connection):
                 log.info("remoting %s: send failed (%s); closing", self.peer, exc)
                 self.close()
 
-    def send_request(self, code, ext_fields):
+    def send_request(self, code, ext_fields, body=b""):
         """A oneway request of ours to the client (its answer, if any, is ignored), sent from a greenlet of its
-        own: whoever caused it (another client's heartbeat) never waits on this client's socket. At most
-        ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the hint is dropped (clients also
-        rebalance on their own every 20 s)."""
+        own: whoever caused it (another client's heartbeat, the check-back) never waits on this client's
+        socket. At most ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped
+        (clients also rebalance on their own every 20 s; a check-back comes again next round). Returns
+        whether it was queued."""
         if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
-            return
+            return False
         self._notifying += 1
-        gevent.spawn(self._notify, make_request(code, ext_fields, opaque=next(self._opaques), oneway=True))
+        gevent.spawn(self._notify, make_request(code, ext_fields, body, opaque=next(self._opaques), oneway=True))
+        return True
 
     def _notify(self, cmd):
         try:
@@ -186,6 +195,7 @@ class RemotingConnection(core.Connection):
             self.pool.kill(block=False)
             self.close()
             self.server.clients.connection_closed(self)
+            self.server.producers.connection_closed(self)
 
     def _process(self):
         """Handle every complete frame buffered; False when the connection must close."""
