@@ -207,3 +207,19 @@ def test_a_half_message_survives_a_kill_9_and_its_answer_commits_it_exactly_once
     with RemotingClient(rport(b)) as rc:
         assert [m.body for m in visible(rc, "tK")] == [b"across a crash"]  # once, after a second crash too
         assert answer(rc, check, 8).code == C.SYSTEM_ERROR
+
+
+def test_due_by_the_brokers_clock_and_the_check_immunity_property_not_the_born_timestamp(rmq_factory):
+    b = rmq_factory(remoting=dict(FAST, transaction_timeout_ms=3_600_000))  # due an hour after it is stored
+    with RemotingClient(rport(b)) as rc:
+        heartbeat(rc)
+        old = rc.call(R.SEND_MESSAGE, {  # born in 1970: RocketMQ's rule would check it at once
+            "producerGroup": "PG", "topic": "tI", "defaultTopic": "TBW102", "defaultTopicQueueNums": 4,
+            "queueId": 0, "sysFlag": 4, "bornTimestamp": 1, "flag": 0,
+            "properties": "TRAN_MSG\x01true\x02PGROUP\x01PG\x02UNIQ_KEY\x01OLD\x02"}, b"born long ago")
+        assert old.code == C.SUCCESS
+        send_v1(rc, "tI", b"immune for 0 s", sys_flag=4,
+                props=dict(HALF, UNIQ_KEY="NOW", CHECK_IMMUNITY_TIME_IN_SECONDS="0"))
+        h, msg = next_check(rc)  # stored after the other: a round that checked both would ask about it first
+        assert (h.transaction_id, msg.body) == ("NOW", b"immune for 0 s")
+        assert answer(rc, (h, msg), 12).code == C.SUCCESS

@@ -117,3 +117,14 @@ def test_a_checkpoint_keeps_half_messages_with_their_count(tmp_path):
     b.open()
     [h] = b.tx.halves()
     assert (h.number, h.checks, h.data) == (21, 1, b"h" * 100)
+
+
+def test_half_messages_count_as_open_transactions(tmp_path):
+    b = TxBroker(tmp_path / "d", TxConfig(max_open=2))
+    b.tx.begin(local(1), 5, 0, NOW)
+    put_half(b, 1)
+    with pytest.raises(TransactionError) as err:
+        put_half(b, 2)
+    assert err.value.xa_code == XAER_RMERR and "transactions.max_open" in str(err.value)
+    assert b.tx.half_count == 1
+    b.crash()
