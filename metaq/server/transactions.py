@@ -1,7 +1,8 @@
 """The protocol-neutral transaction service over ``metaq.tx.TransactionManager``.
 
 Front-ends (the text ``transaction`` command: ``metaq.server.text.transactions``; RocketMQ half messages:
-``metaq.server.remoting.send``, whose check-back is ``metaq.server.remoting.checkback``) turn their requests into these calls and format their own replies.
+``metaq.server.remoting.send``, whose check-back is ``metaq.server.remoting.checkback``) turn their requests
+into these calls and format their own replies.
 The manager is pure (files and state); this module adds what needs the event
 loop: journal fsyncs in gevent's thread pool before a prepare, commit or
 rollback is answered (policy ``transactions.journal_flush``), the commit's

@@ -113,7 +113,7 @@ def _xa(code, msg):
 
 
 class TransactionManager(HalfMessages):
-    """See the module docstring (RocketMQ half messages: ``metaq.tx.halves``); open with ``TransactionManager.open(store, config, now_ms)``."""
+    """See the module docstring (half messages: ``metaq.tx.halves``); open with ``TransactionManager.open``."""
 
     def __init__(self, store, config, journal):
         self.store = store
