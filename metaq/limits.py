@@ -87,8 +87,17 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8
 
-#: RocketMQ half messages remembered for their END_TRANSACTION (older ones have timed out long before).
-MAX_HALF_OWNERS = 100_000
+#: RocketMQ half messages waiting for their END_TRANSACTION or check-back at once (``remoting.max_half_messages``);
+#: a half message past it is refused (TRANSACTION_FAILED). They also count as open transactions
+#: (``transactions.max_open``), so the default leaves half of those to the text protocol's transactions.
+MAX_HALF_MESSAGES = 5_000
+
+#: Half messages one check-back round acts on (checks sent and rollbacks after the last check together),
+#: oldest first; the others due wait for the next round (``metaq.tx.checkback``).
+MAX_CHECKS_PER_ROUND = 1_000
+
+#: Longest ``CHECK_IMMUNITY_TIME_IN_SECONDS`` a half message may ask for before its first check-back (a day).
+MAX_CHECK_IMMUNITY_S = 86_400
 
 #: Long-polling gets (``get ... maxWaitMs``) one text connection may have parked at once: one per
 #: partition it consumes is the normal use. Past it the get is answered 503 at once.

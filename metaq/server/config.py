@@ -3,10 +3,10 @@
 The file layout is documented setting by setting in ``conf/server.yaml``.
 Unknown keys are errors (a typo must not silently fall back to a default).
 
-This is the one schema of the broker's settings. Each default is written once: the store's knobs
-(``store:``) take theirs from ``metaq.store.config.StoreConfig`` and the transaction manager's
-(``transactions:``) from ``metaq.tx.config.TxConfig`` (store/ and tx/ may not import this module); the
-settings only the server uses have theirs here; ``ServerConfig.store_config`` and ``tx_config`` build those.
+This is the one schema of the broker's settings. Each default is written once: the store's knobs (``store:``)
+take theirs from ``metaq.store.config.StoreConfig`` and the transaction manager's (``transactions:``) from
+``metaq.tx.config.TxConfig`` (store/ and tx/ may not import this module); the settings only the server uses have
+theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config`` build those two from this schema.
 """
 
 import inspect
@@ -15,7 +15,6 @@ import os
 import resource
 from typing import List, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from metaq import limits
@@ -23,6 +22,9 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.tx.config import FLUSH_POLICIES, TxConfig
+# the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
+# import this module alone of the server) still take these names from here
+from metaq.server.yamlfile import DuplicateKey, UniqueKeyLoader, read_yaml  # noqa: F401
 
 
 def _defaults(container):
@@ -204,7 +206,7 @@ class ReplicationSection(_Section):
 
 
 class RemotingSection(_Section):
-    """The RocketMQ remoting port (DESIGN §6; README "RocketMQ clients")."""
+    """The RocketMQ remoting port (DESIGN §6; README "RocketMQ clients"; check-back defaults: RocketMQ 4's)."""
 
     port: int = Field(0, ge=0, le=65535)  # 0 = off
     host: Optional[str] = None  # bind address; default broker.host
@@ -219,6 +221,10 @@ class RemotingSection(_Section):
     max_client_entries: int = Field(limits.MAX_REMOTING_MEMBERS, ge=1)
     lock_expiry_s: float = Field(60.0, gt=0)  # orderly consumers' queue locks (conf/server.yaml)
     max_locks: int = Field(limits.MAX_REMOTING_LOCKS, ge=1)
+    transaction_check_interval_ms: int = Field(60_000, ge=10, le=86_400_000)
+    transaction_timeout_ms: int = Field(6_000, ge=0, le=86_400_000)
+    transaction_check_max: int = Field(15, ge=0, le=1_000_000)
+    max_half_messages: int = Field(limits.MAX_HALF_MESSAGES, ge=1, le=10 * limits.MAX_OPEN_TRANSACTIONS)
 
     @field_validator("host", "advertised_host", "broker_name", "cluster")
     @classmethod
@@ -227,9 +233,7 @@ class RemotingSection(_Section):
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics (first, so they win over user patterns)."""
-        if not self.port:
-            return []
-        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)]
+        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)] if self.port else []
 
 
 class DelaySection(_Section):
@@ -490,61 +494,6 @@ def _format_errors(source, exc):
         msg = err["msg"].replace("Value error, ", "")
         problems.append("%s: %s" % (where, msg) if where else msg)
     return "invalid configuration in %s: %s" % (source, "; ".join(problems))
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's SafeLoader, except that a mapping naming one key twice is an error (PyYAML keeps the last).
-
-    A merge (``<<: *base``) may still override what it brings in: only the keys written in the
-    mapping itself are compared.
-    """
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = {}
-            for key_node, _value in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node)
-                except TypeError:  # an unhashable key: SafeLoader's own error follows
-                    continue
-                if first is not key_node:
-                    raise DuplicateKey(key, key_node.start_mark.line + 1, first.start_mark.line + 1)
-        return super().construct_mapping(node, deep)
-
-
-class DuplicateKey(yaml.YAMLError):
-    def __init__(self, key, line, first_line):
-        super().__init__("line %d: key %r is written a second time in the same mapping (first at line %d); "
-                         "YAML would silently keep the last: keep one" % (line, key, first_line))
-
-
-def _yaml_problem(exc):
-    """A YAML error on one line: where (line, column) and what, without PyYAML's multi-line snippet."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    context = getattr(exc, "context", None)
-    text = "%s %s" % (context, problem) if context else problem
-    if mark is not None:
-        return "line %d, column %d: %s" % (mark.line + 1, mark.column + 1, text)
-    return text
-
-
-def read_yaml(path):
-    """The YAML document of ``path``, refusing a key written twice in a mapping; ConfigError naming file and line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.load(f, Loader=UniqueKeyLoader)
-    except OSError as exc:
-        raise ConfigError("cannot read configuration file %s: %s" % (path, exc.strerror)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("configuration file %s is not UTF-8 text: %s" % (path, exc.reason)) from None
-    except DuplicateKey as exc:
-        raise ConfigError("configuration file %s, %s" % (path, exc)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("configuration file %s is not valid YAML: %s" % (path, _yaml_problem(exc))) from None
 
 
 def check_fd_limit(config, source="(defaults)", nofile=None):

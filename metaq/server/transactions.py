@@ -1,7 +1,8 @@
 """The protocol-neutral transaction service over ``metaq.tx.TransactionManager``.
 
 Front-ends (the text ``transaction`` command: ``metaq.server.text.transactions``; RocketMQ half messages:
-``metaq.server.remoting.send``) turn their requests into these calls and format their own replies.
+``metaq.server.remoting.send``, whose check-back is ``metaq.server.remoting.checkback``) turn their requests
+into these calls and format their own replies.
 The manager is pure (files and state); this module adds what needs the event
 loop: journal fsyncs in gevent's thread pool before a prepare, commit or
 rollback is answered (policy ``transactions.journal_flush``), the commit's
@@ -148,14 +149,24 @@ class TxService:
 
     # -- for the remoting port's half messages (metaq.server.remoting.send) -------
 
-    def commit_now(self, txid, owner):
-        """One-phase commit of a local transaction from the caller's greenlet (blocks until published)."""
-        self.complete_commit(self.manager.commit(txid, owner, True, now_ms()))
+    def commit_now(self, txid, owner, one_phase=True):
+        """Commit a local transaction (one phase) or a half message (``one_phase=False``: it is prepared) from
+        the caller's greenlet (blocks until published)."""
+        self.complete_commit(self.manager.commit(txid, owner, one_phase, now_ms()))
 
     def rollback_now(self, txid, owner):
         """Roll back a local transaction from the caller's greenlet (blocks until the journal is durable)."""
         self.rollback(txid, owner)
         self.flush_journal()
+
+    def rollback_quietly(self, txid, owner):
+        """Roll back now if it is still there (its journal made durable later); never raises."""
+        try:
+            self.rollback(txid, owner)
+        except errors.TransactionError as exc:
+            log.warning("rolling back %s: %s", txid.key, exc)
+            return
+        self._flush_later()
 
     def _publish(self, results):
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""

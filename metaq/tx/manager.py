@@ -7,17 +7,16 @@ State machine of a branch::
     ACTIVE / PREPARED --rollback, timeout (ACTIVE only), owner closed (local only)--> (rolled back)
     PREPARED --heuristic--> HEURISTIC_COMMIT (via COMMITTING) / HEURISTIC_ROLLBACK --forget--> (gone)
 
-Durability (the caller, the broker, fsyncs with ``flush_journal`` in a worker):
-PUT records are not fsynced; PREPARE must be durable before PREPARE is
-answered, COMMIT before ``apply_commit`` appends anything (policy
-``journal_flush``). DONE needs no fsync: recovery checks a commit whose DONE
-survived against the commit log (DONE carries the log end) and completes
-what is missing, exactly once: message ids are fixed in COMMIT and a message
-is re-appended only when its id is not in the log after COMMIT's position.
+A RocketMQ half message (``metaq.tx.halves``) is born PREPARED (PUT, HALF) and owned by no connection.
 
-Threads: everything runs on the loop except ``flush_journal`` and
-``maintain`` (BLOCKING, in a worker, one call of each at a time, never during
-``close``); ``open`` blocks too (broker start). No clock: time is ``now_ms``.
+Durability (the caller, the broker, fsyncs with ``flush_journal`` in a worker): PUT records are not fsynced;
+PREPARE (and HALF) must be durable before PREPARE (the send) is answered, COMMIT before ``apply_commit`` appends
+anything (policy ``journal_flush``). DONE needs no fsync: recovery checks a commit whose DONE survived against
+the commit log (DONE carries the log end) and completes what is missing, exactly once: message ids are fixed in
+COMMIT and a message is re-appended only when its id is not in the log after COMMIT's position.
+
+Threads: everything runs on the loop except ``flush_journal`` and ``maintain`` (BLOCKING, in a worker, one call
+of each at a time, never during ``close``); ``open`` blocks too (broker start). No clock: time is ``now_ms``.
 """
 
 import logging
@@ -31,6 +30,7 @@ from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RD
                                XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
 from metaq.tx import records as R
+from metaq.tx.halves import HalfMessages
 from metaq.tx.journal import Journal, JournalReport, journal_dir
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,8 @@ def _xa(code, msg):
     return TransactionError(code, msg)
 
 
-class TransactionManager:
-    """See the module docstring; open with ``TransactionManager.open(store, config, now_ms)``."""
+class TransactionManager(HalfMessages):
+    """See the module docstring (half messages: ``metaq.tx.halves``); open with ``TransactionManager.open``."""
 
     def __init__(self, store, config, journal):
         self.store = store
@@ -121,6 +121,7 @@ class TransactionManager:
         self._journal = journal
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
         self._by_owner = {}  # owner -> set of local keys
+        self._halves = {}  # key -> Branch: the pending RocketMQ half messages (metaq.tx.halves)
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
         self._heuristic = {}  # key -> records.Heuristic
         self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
@@ -167,6 +168,7 @@ class TransactionManager:
                 self._branches[b.key] = b
                 report.prepared_kept += 1
                 self._hold_partitions(b)
+                self._keep_half(b)
         log.info("transaction recovery: %d records from %d files (%d torn bytes cut); %d commits completed "
                  "(%d messages re-appended, %d dropped, %d incomplete), %d rolled back, %d prepared kept, "
                  "%d heuristic outcomes", report.records, len(jreport.files), jreport.torn_bytes,
@@ -261,6 +263,7 @@ class TransactionManager:
 
     def _forget_branch(self, b, outcome, now_ms):
         del self._branches[b.key]
+        self._halves.pop(b.key, None)
         if not b.xa:
             keys = self._by_owner.get(b.owner)
             if keys is not None:

@@ -14,6 +14,7 @@ uint32 length + bytes)::
     FORGET     FORGET_FIXED    type, now_ms                                 key
     SNAPSHOT   SNAPSHOT_FIXED  type, now_ms, through (journal sequence)     (first record of a snapshot file)
     SNAP_END   SNAP_END_FIXED  type, records (between SNAPSHOT and SNAP_END)
+    HALF       HALF_FIXED      type, now_ms, stored_ms, checks, immunity_ms key, group, transaction id [, owner]
 
 A branch first appears with its first PUT (a branch without puts needs no
 record). ``owner`` (a ``STR`` at the very end, at most ``limits.MAX_TX_OWNER_BYTES``) is the user who began
@@ -21,6 +22,10 @@ the branch, written only when there is one (authentication on): a record without
 journal written before owners existed, decodes with owner None. PREPARE carries it so that a prepared
 branch keeps its owner across a restart, COMMIT for a commit recovery may have to finish, HEURISTIC for the
 outcome its owner forgets (an older broker cannot read a journal holding owners: it refuses to start).
+
+HALF makes a branch of one PUT a RocketMQ half message (``metaq.tx.halves``): prepared, owned by no
+connection, kept across restarts until its producer (or the check-back) ends it. It is written again at each
+check with the count so far (``checks``); replay keeps the last.
 
 COMMIT's ids follow ``apply_order(puts)``: the puts grouped by partition, partitions in order of first
 appearance, puts in order within one.
@@ -74,7 +79,11 @@ assert SNAPSHOT_FIXED.size == 17
 SNAP_END_FIXED = struct.Struct(">BI")
 assert SNAP_END_FIXED.size == 5
 
-T_PUT, T_PREPARE, T_COMMIT, T_DONE, T_ROLLBACK, T_HEURISTIC, T_FORGET, T_SNAPSHOT, T_SNAP_END = range(1, 10)
+#: type, now_ms, stored_ms, checks, immunity_ms (-1: the broker's transaction timeout).
+HALF_FIXED = struct.Struct(">BqqIq")
+assert HALF_FIXED.size == 29
+
+T_PUT, T_PREPARE, T_COMMIT, T_DONE, T_ROLLBACK, T_HEURISTIC, T_FORGET, T_SNAPSHOT, T_SNAP_END, T_HALF = range(1, 11)
 
 #: Longest transaction key (XID keys are bounded by the command line).
 MAX_KEY_BYTES = limits.MAX_LINE_BYTES
@@ -147,6 +156,19 @@ class Forget(NamedTuple):
     now_ms: int
 
 
+class Half(NamedTuple):
+    """A RocketMQ half message: written once when it is stored (checks 0), then at each check-back."""
+
+    key: str
+    now_ms: int
+    stored_ms: int  # when the broker stored it (the check-back's clock starts here)
+    checks: int  # check-backs sent so far
+    immunity_ms: int  # CHECK_IMMUNITY_TIME_IN_SECONDS in ms, -1 when the message had none
+    group: str  # the producer group of its send
+    transaction_id: str
+    owner: Optional[str] = None
+
+
 class Snapshot(NamedTuple):
     now_ms: int
     through: int
@@ -198,6 +220,9 @@ def encode(rec):
                 + _owner(rec.owner)]
     if t is Forget:
         return [FORGET_FIXED.pack(T_FORGET, rec.now_ms) + _s(rec.key)]
+    if t is Half:
+        return [HALF_FIXED.pack(T_HALF, rec.now_ms, rec.stored_ms, rec.checks, rec.immunity_ms) + _s(rec.key)
+                + _s(rec.group) + _s(rec.transaction_id) + _owner(rec.owner)]
     if t is Snapshot:
         return [SNAPSHOT_FIXED.pack(T_SNAPSHOT, rec.now_ms, rec.through)]
     if t is SnapEnd:
@@ -297,6 +322,11 @@ def _decode(t, r):
     if t == T_FORGET:
         _t, now_ms = r.fixed(FORGET_FIXED)
         return r.end(Forget(r.text(MAX_KEY_BYTES), now_ms))
+    if t == T_HALF:
+        _t, now_ms, stored_ms, checks, immunity_ms = r.fixed(HALF_FIXED)
+        key, group = r.text(MAX_KEY_BYTES), r.text(limits.MAX_NAME_BYTES)
+        return r.end(Half(key, now_ms, stored_ms, checks, immunity_ms, group, r.text(limits.MAX_NAME_BYTES),
+                          r.owner()))
     if t == T_SNAPSHOT:
         _t, now_ms, through = r.fixed(SNAPSHOT_FIXED)
         return r.end(Snapshot(now_ms, through))
@@ -325,7 +355,7 @@ class Branch:
 
     __slots__ = ("key", "xa", "qualifier", "owner", "user", "state", "puts", "nbytes", "begun_ms", "timeout_s",
                  "deadline_ms", "prepared_ms", "order", "ids", "log_start", "one_phase", "applied", "log_end",
-                 "done_pending")
+                 "done_pending", "half")
 
     def __init__(self, key, xa, qualifier, owner, begun_ms, timeout_s, user=None):
         self.key = key
@@ -344,6 +374,7 @@ class Branch:
         self.log_start = self.log_end = 0
         self.one_phase = False
         self.done_pending = False
+        self.half = None  # a RocketMQ half message: its last Half record
 
     def set_commit(self, ids, log_start, one_phase):
         self.order = apply_order(self.puts)
@@ -358,7 +389,9 @@ class Branch:
     def records(self):
         """The records that rebuild this branch (PUTs, then PREPARE / COMMIT / DONE as it went)."""
         out = list(self.puts)
-        if self.prepared_ms is not None:
+        if self.half is not None:
+            out.append(self.half)
+        elif self.prepared_ms is not None:
             out.append(Prepare(self.key, self.prepared_ms, self.begun_ms or 0, self.timeout_s or 0, self.user))
         if self.ids is not None:
             out.append(Commit(self.key, self.prepared_ms or self.begun_ms or 0, self.log_start, self.one_phase,
@@ -404,7 +437,7 @@ class ReplayState:
         elif t is Forget:
             if self.heuristic.pop(rec.key, None) is None:
                 self._anomaly(rec, "no heuristic outcome")
-        elif t in (Prepare, Commit, Done, Rollback):
+        elif t in (Prepare, Commit, Done, Rollback, Half):
             b = self.branches.get(rec.key)
             if b is None and t is Done and rec.key in self.done:
                 self._done_again(rec)
@@ -433,6 +466,10 @@ class ReplayState:
                 self._anomaly(rec, "branch is committing")
             else:
                 del self.branches[b.key]
+        elif t is Half and (b.state == ACTIVE or b.half is not None and b.state == PREPARED):
+            b.state = PREPARED
+            b.half, b.user, b.begun_ms = rec, rec.owner, rec.stored_ms
+            b.prepared_ms, b.timeout_s, b.deadline_ms = rec.stored_ms, 0, None
         elif t is Prepare and b.state == ACTIVE:
             b.state = PREPARED
             b.prepared_ms, b.begun_ms, b.timeout_s, b.user = rec.now_ms, rec.begun_ms, rec.timeout_s, rec.owner

@@ -235,3 +235,32 @@ def test_a_half_message_is_ended_only_by_a_user_who_may_publish_to_its_topic(sec
         assert stored(secured, "orders") == []  # still waiting
         assert end_tx(rc, sent, 8).code == ResponseCode.SUCCESS
     assert stored(secured, "orders") == [b"half"]
+
+
+def test_a_check_back_goes_only_to_a_connection_of_the_user_who_sent_the_half_message(broker_factory, tmp_path):
+    wd = tmp_path / "rb"
+    cfg = rmq_config(wd / "data", {"transaction_check_interval_ms": 200, "transaction_timeout_ms": 0,
+                                   "transaction_check_max": 1000},
+                     security={"acl_file": write_acl(tmp_path / "acl.yaml")}, store=FAST)
+    b = broker_factory(cfg, workdir=wd)
+    body = b'{"clientID": "%s", "producerDataSet": [{"groupName": "PG"}], "consumerDataSet": []}'
+    with as_user(b, "bob") as bob, as_user(b, "alice") as alice:
+        assert bob.call(R.HEART_BEAT, {}, body % b"bob").code == ResponseCode.SUCCESS  # same group, may publish
+        sent = send_v1(alice, "orders", b"alice's half", queue=0, sys_flag=4,
+                       props={"TRAN_MSG": "true", "PGROUP": "PG", "UNIQ_KEY": "A1"})
+        assert sent.code == ResponseCode.SUCCESS
+        deadline = time.monotonic() + 20
+        while "no producer of group PG to ask" not in b.log_text():  # a round found bob only: not asked
+            assert time.monotonic() < deadline, "no check-back round ran"
+            time.sleep(0.05)
+        assert alice.call(R.HEART_BEAT, {}, body % b"alice").code == ResponseCode.SUCCESS
+        while True:
+            cmd = alice.read(20)
+            if not cmd.is_response and cmd.code == R.CHECK_TRANSACTION_STATE:
+                break
+        assert cmd.ext_fields["transactionId"] == "A1"
+        assert end_tx(alice, sent, 8).code == ResponseCode.SUCCESS
+        bob.sock.settimeout(0.5)
+        with pytest.raises(OSError):  # nothing came to bob: no check, no response (a timeout)
+            bob.read(0.5)
+    assert stored(b, "orders") == [b"alice's half"]

@@ -1,7 +1,11 @@
-"""Consumer-group bookkeeping of RocketMQ clients (metaq.server.remoting.clients)."""
+"""Consumer- and producer-group bookkeeping of RocketMQ clients (metaq.server.remoting.clients)."""
 
+import pytest
+
+from metaq import limits
+from metaq.errors import ClientError
 from metaq.protocol.rocketmq.bodies import ConsumerData, HeartbeatData
-from metaq.server.remoting.clients import ClientRegistry
+from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
 
 
 def hb(client, *groups):
@@ -58,3 +62,48 @@ def test_closing_one_connection_removes_only_what_it_registered():
         reg.heartbeat(c, hb("c%d" % i, "G%d" % (i % 10)), 0.0)
     assert reg.connection_closed(conns[5]) == ["G5"]
     assert reg.members == 1999 and "c5" not in reg.consumers("G5")
+
+
+# -- producer groups (the transaction check-back's channels) ----------------------------------------
+
+
+class Conn:
+    def __init__(self, closed=False):
+        self.closed = closed
+
+
+def test_producers_join_by_heartbeat_and_leave_by_unregister_close_and_expiry():
+    reg = ProducerRegistry(120.0)
+    a, b = Conn(), Conn()
+    reg.heartbeat(a, ["PG", "CLIENT_INNER_PRODUCER"], 0.0)
+    reg.heartbeat(a, ["PG"], 50.0)  # a repeat refreshes, adds nothing
+    reg.heartbeat(b, ["PG"], 10.0)
+    assert reg.members == 3 and reg.groups() == ["CLIENT_INNER_PRODUCER", "PG"]
+    assert {reg.pick("PG") for _ in range(4)} == {a, b}  # in turn
+    reg.unregister(b, "PG")
+    assert [reg.pick("PG") for _ in range(3)] == [a, a, a]
+    assert reg.expire(140.0) == 1 and reg.groups() == ["PG"]  # a's inner group was last seen at 0
+    reg.connection_closed(a)
+    assert reg.pick("PG") is None and reg.members == 0 and reg.groups() == []
+
+
+def test_pick_skips_closed_and_unusable_connections():
+    reg = ProducerRegistry(120.0)
+    gone, other, mine = Conn(closed=True), Conn(), Conn()
+    for conn in (gone, other, mine):
+        reg.heartbeat(conn, ["PG"], 0.0)
+    assert {reg.pick("PG", lambda c: c is not other) for _ in range(4)} == {mine}
+    assert reg.pick("PG", lambda c: False) is None and reg.pick("NOBODY") is None
+
+
+def test_producer_entries_are_bounded_at_the_limit_and_refused_one_past_it():
+    reg = ProducerRegistry(120.0, max_members=3)
+    a, b = Conn(), Conn()
+    reg.heartbeat(a, ["G1", "G2"], 0.0)
+    reg.heartbeat(b, ["G1"], 0.0)  # the limit: 3 entries
+    with pytest.raises(ClientError):
+        reg.heartbeat(b, ["G2"], 0.0)
+    assert reg.members == 3 and reg.pick("G2") is a
+    reg.heartbeat(b, ["G1"], 1.0)  # a known entry is refreshed at the limit
+    with pytest.raises(ClientError):
+        reg.heartbeat(Conn(), ["G%d" % n for n in range(limits.MAX_HEARTBEAT_GROUPS + 1)], 0.0)

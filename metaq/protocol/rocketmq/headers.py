@@ -30,6 +30,8 @@ __all__ = [
     "QueueHeader",
     "ConsumerSendMsgBackHeader",
     "EndTransactionHeader",
+    "CheckTransactionStateHeader",
+    "check_transaction_fields",
     "UnregisterClientHeader",
     "ConsumerGroupHeader",
     "RouteInfoHeader",
@@ -210,6 +212,17 @@ EndTransactionHeader = _header_type(
         ("topic", "topic", _STR, None),
     ))
 
+CheckTransactionStateHeader = _header_type(
+    "CheckTransactionStateHeader",
+    "CHECK_TRANSACTION_STATE (39) header, broker to producer; msg_id and transaction_id are the client's id.", (
+        ("tran_state_table_offset", "tranStateTableOffset", _LONG, REQUIRED),
+        ("commit_log_offset", "commitLogOffset", _LONG, REQUIRED),
+        ("msg_id", "msgId", _STR, None),
+        ("transaction_id", "transactionId", _STR, None),
+        ("offset_msg_id", "offsetMsgId", _STR, None),
+        ("topic", "topic", _STR, None),
+    ))
+
 UnregisterClientHeader = _header_type("UnregisterClientHeader", "UNREGISTER_CLIENT (35) header.", (
     ("client_id", "clientID", _STR, REQUIRED),
     ("producer_group", "producerGroup", _STR, None),
@@ -266,6 +279,12 @@ def send_response_fields(msg_id, queue_id, queue_offset, transaction_id=None):
     if transaction_id is not None:
         fields["transactionId"] = transaction_id
     return fields
+
+
+def check_transaction_fields(tran_state_table_offset, commit_log_offset, transaction_id, offset_msg_id, topic):
+    """extFields of a CHECK_TRANSACTION_STATE request: what the producer's END_TRANSACTION sends back."""
+    return {"tranStateTableOffset": str(tran_state_table_offset), "commitLogOffset": str(commit_log_offset),
+            "msgId": transaction_id, "transactionId": transaction_id, "offsetMsgId": offset_msg_id, "topic": topic}
 
 
 def pull_response_fields(next_begin_offset, min_offset, max_offset, suggest_which_broker_id=0):

@@ -36,6 +36,8 @@ our offset, the physical offset the record's commit-log position (it is in the
 offset message id), and the born and store times are the record's.
 """
 
+from typing import NamedTuple
+
 from metaq import limits
 from metaq.errors import BadCompressedBody, RemoteProtocolError
 from metaq.protocol.compression import COMPRESSION_BITS, codec_of, inflate
@@ -45,6 +47,7 @@ from metaq.protocol.rocketmq.bodies import (
     PROPERTY_SEPARATOR,
     SYSFLAG_COMPRESSED,
     SYSFLAG_MULTI_TAGS,
+    SYSFLAG_TRANSACTION_PREPARED,
     StoredMessage,
     create_offset_msg_id,
     decode_properties,
@@ -62,6 +65,8 @@ __all__ = [
     "PROP_TRAN_MSG",
     "PROP_REAL_TOPIC",
     "PROP_REAL_QID",
+    "PROP_PRODUCER_GROUP",
+    "PROP_CHECK_IMMUNITY",
     "KEPT_SYSFLAG_BITS",
     "STORED_SYSFLAG_BITS",
     "SYSFLAG_MARK",
@@ -76,6 +81,7 @@ __all__ = [
     "stored_message_bytes",
     "parse_subscription",
     "retry_copy",
+    "half_message",
 ]
 
 PROP_TAGS = "TAGS"
@@ -87,6 +93,8 @@ PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROP_TRAN_MSG = "TRAN_MSG"
 PROP_REAL_TOPIC = "REAL_TOPIC"
 PROP_REAL_QID = "REAL_QID"
+PROP_PRODUCER_GROUP = "PGROUP"
+PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 _FLAG = "@FLAG"
 _SYSFLAG = "@SYSFLAG"
@@ -278,3 +286,29 @@ def retry_copy(msg, store_host, max_reconsume_times):
     props.setdefault(PROP_ORIGIN_MESSAGE_ID, origin)
     dead = msg.reconsume_times >= max_reconsume_times
     return dead, props, msg.reconsume_times + 1
+
+
+def half_message(topic, queue_id, number, physical_offset, flag, data, stored_ms, store_host, group):
+    """The ``StoredMessage`` a CHECK_TRANSACTION_STATE carries for a pending half message: the record its send
+    stored (``flag``, ``data``), flagged PREPARED with ``TRAN_MSG`` and ``PGROUP`` (the client finds its
+    producer by that group), the half message's number as queue offset and ``physical_offset`` (both come
+    back in END_TRANSACTION)."""
+    rec = _HalfRecord(topic, queue_id, number, physical_offset, flag, data, stored_ms, stored_ms)
+    msg = message_of_record(rec, store_host)
+    props = dict(msg.properties)
+    props[PROP_TRAN_MSG] = "true"
+    props[PROP_PRODUCER_GROUP] = group
+    return msg._replace(sys_flag=msg.sys_flag | SYSFLAG_TRANSACTION_PREPARED, properties=props)
+
+
+class _HalfRecord(NamedTuple):
+    """The fields of a log record ``message_of_record`` reads."""
+
+    topic: str
+    partition: int
+    queue_offset: int
+    position: int
+    flag: int
+    data: bytes
+    born_ts_ms: int
+    store_ts_ms: int

@@ -1,4 +1,5 @@
-"""Which RocketMQ clients are alive in which consumer group (HEART_BEAT bookkeeping).
+"""Which RocketMQ clients are alive in which consumer group, and which connections are producers of which
+producer group (``ProducerRegistry``) (HEART_BEAT bookkeeping).
 
 A client joins each consumer group of its heartbeat, on the connection the
 heartbeat came over. It leaves a group on UNREGISTER_CLIENT, when that
@@ -124,6 +125,80 @@ class ClientRegistry:
         for m in self._groups.get(group, {}).values():
             seen.setdefault(id(m.conn), m.conn)
         return list(seen.values())
+
+    def groups(self):
+        return sorted(self._groups)
+
+
+class ProducerRegistry:
+    """Which connections are producers of which producer group (HEART_BEAT's ``producerDataSet``), for the
+    transaction check-back (``checkback``): RocketMQ's ProducerManager, keyed by connection as its is by channel.
+
+    A connection leaves a group on UNREGISTER_CLIENT naming it, when it closes, or after ``timeout_s`` without
+    a heartbeat. ``max_members`` bounds the (group, connection) entries: a heartbeat that would add more is
+    refused. ``pick`` takes the group's connections in turn."""
+
+    def __init__(self, timeout_s, max_members=limits.MAX_REMOTING_MEMBERS):
+        self.timeout_s = timeout_s
+        self.max_members = max_members
+        self._groups = {}  # group -> {conn: last seen}
+        self._by_conn = {}  # conn -> {group}
+        self._turn = 0
+        self.members = 0
+
+    def heartbeat(self, conn, groups, now):
+        """Record that ``conn`` is a producer of each of ``groups`` (ClientError, nothing recorded, past a bound)."""
+        groups = set(groups)
+        if len(groups) > limits.MAX_HEARTBEAT_GROUPS:
+            raise errors.ClientError("a heartbeat may name at most %d producer groups, this one names %d"
+                                     % (limits.MAX_HEARTBEAT_GROUPS, len(groups)))
+        new = sum(1 for g in groups if conn not in self._groups.get(g, ()))
+        if new and self.members + new > self.max_members:
+            raise errors.ClientError("too many RocketMQ producers registered: the limit is %d (group, connection) "
+                                     "entries" % self.max_members)
+        for group in groups:
+            members = self._groups.setdefault(group, {})
+            if conn not in members:
+                self.members += 1
+                self._by_conn.setdefault(conn, set()).add(group)
+            members[conn] = now
+
+    def unregister(self, conn, group):
+        self._leave(conn, group)
+
+    def connection_closed(self, conn):
+        for group in sorted(self._by_conn.get(conn, ())):
+            self._leave(conn, group)
+
+    def expire(self, now):
+        """Forget producers silent for more than ``timeout_s``; returns how many entries went."""
+        limit = now - self.timeout_s
+        gone = [(conn, group) for group, members in self._groups.items() for conn, seen in members.items()
+                if seen < limit]
+        for conn, group in gone:
+            self._leave(conn, group)
+        return len(gone)
+
+    def _leave(self, conn, group):
+        members = self._groups.get(group)
+        if members is None or members.pop(conn, None) is None:
+            return
+        self.members -= 1
+        if not members:
+            del self._groups[group]
+        groups = self._by_conn.get(conn)
+        if groups is not None:
+            groups.discard(group)
+            if not groups:
+                del self._by_conn[conn]
+
+    def pick(self, group, usable=lambda conn: True):
+        """A connection of ``group`` that is open and ``usable`` (the next in turn), or None."""
+        conns = [c for c in self._groups.get(group, ()) if not getattr(c, "closed", False) and usable(c)]
+        if not conns:
+            return None
+        self._turn += 1
+        return conns[self._turn % len(conns)]
 
     def groups(self):
         return sorted(self._groups)

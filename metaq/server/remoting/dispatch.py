@@ -326,6 +326,7 @@ class RemotingDispatcher:
 
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
+        self.server.producers.heartbeat(conn, hb.producer_groups, time.monotonic())  # the check-back's channels
         self.server.clients.heartbeat(conn, hb, time.monotonic())
         return _ok(cmd)
 
@@ -334,6 +335,8 @@ class RemotingDispatcher:
         if h.consumer_group:
             self.server.clients.unregister(h.client_id, h.consumer_group)
             self.server.locks.release_client(h.consumer_group, h.client_id, conn)
+        if h.producer_group:
+            self.server.producers.unregister(conn, h.producer_group)
         return _ok(cmd)
 
     def consumer_list(self, cmd, conn):

@@ -1,5 +1,6 @@
 """RocketMQ sends over the shared put path: SEND_MESSAGE (v1, v2, batch), CONSUMER_SEND_MSG_BACK, and
-half messages with END_TRANSACTION over metaq's transactions (``metaq.server.transactions``).
+half messages with END_TRANSACTION over metaq's transactions (``metaq.server.transactions``,
+``metaq.tx.halves``; their check-back: ``checkback``).
 
 Every handler runs in a greenlet of its own and answers once the put may be
 acknowledged (``PutPath.durable``: the flush in ``sync`` mode, a slave in
@@ -34,9 +35,10 @@ from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create
 from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE,
                                              ConsumerSendMsgBackHeader, EndTransactionHeader, decode_header,
                                              decode_send_header, send_response_fields)
-from metaq.protocol.rocketmq.mapping import (PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY, message_of_record,
-                                             record_data_from_send, retry_copy)
-from metaq.protocol.xa import XAER_NOTA, LocalTxId
+from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY,
+                                             message_of_record, record_data_from_send, retry_copy)
+from metaq.tx.checkback import immunity_ms
+from metaq.tx.halves import HALF_OWNER, half_txid
 from metaq.server.inflate import inflate_body
 from metaq.server.putpath import now_ms
 from metaq.store.record import RecordTooLarge, record_size
@@ -61,9 +63,8 @@ class RemotingSender:
         cfg = config.remoting
         self.max_reconsume_times = cfg.max_reconsume_times
         self.send_back_delay_level = cfg.send_back_delay_level
-        self._half_session = "rmq%d" % now_ms()  # a new key space per broker run
-        self._half_numbers = itertools.count(1)
-        self._half_owners = {}  # half message number -> (owner (connection id) of its transaction, topic, user)
+        self.max_half = cfg.max_half_messages
+        self._half_numbers = itertools.count(first_half_number((h.number for h in tx.manager.halves()), now_ms()))
 
     # -- the put itself -------------------------------------------------------
 
@@ -193,18 +194,21 @@ class RemotingSender:
     # -- half messages and END_TRANSACTION ------------------------------------------
 
     def _send_half(self, cmd, h, topic, conn):
-        """A half message: one local transaction of our own (journaled, invisible) until END_TRANSACTION.
+        """A half message: a local transaction of its own (``metaq.tx.halves``: journaled, invisible) until its end.
 
-        The response's queue offset is the transaction's number and its message id names
-        ``HALF_ID_BASE + number`` (never a log position): the producer's END_TRANSACTION
-        brings both back. The transaction belongs to the connection: it is rolled back when
-        the connection closes or after ``transactions.default_timeout_s`` without an end.
+        The response's queue offset is the half message's number and its message id names
+        ``HALF_ID_BASE + number`` (never a log position): END_TRANSACTION and the check-back bring both back.
+        It belongs to its producer group, not to its connection: it survives the connection and a restart,
+        and is ended by an END_TRANSACTION from any connection naming the group, or by the check-back
+        (``checkback.CheckBack``) after ``remoting.transaction_check_max`` unanswered checks. The journal is
+        durable (``transactions.journal_flush``) before the send is answered.
         """
         if h.batch or cmd.code == 320:
             raise errors.ClientError("a batch cannot hold transactional messages")
         if topic == SCHEDULE_TOPIC:  # as PutPath.append refuses a plain send there
             raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a half message "
                                      "cannot go there" % SCHEDULE_TOPIC)
+        group = _group_of(h.producer_group)
         props = decode_properties(h.properties)
         if PID_PROPERTY in props or SEQ_PROPERTY in props:
             raise errors.ClientError("a transactional message cannot be idempotent (%s/%s)" % (PID_PROPERTY,
@@ -215,56 +219,77 @@ class RemotingSender:
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         self.path.check_writable()
-        manager, now = self.tx.manager, now_ms()
         number = next(self._half_numbers)
-        txid = LocalTxId(self._half_session, number)
-        manager.begin(txid, conn.conn_id, 0, now)
-        try:
-            partition = manager.put(txid, conn.conn_id, topic, h.queue_id if h.queue_id >= 0 else -1, flag, data,
-                                    None, now)
-        except errors.MetaqError:
-            manager.rollback(txid, conn.conn_id, now)
-            raise
-        self._half_owners[number] = (conn.conn_id, topic, conn.session.user if conn.session is not None else None)
-        while len(self._half_owners) > limits.MAX_HALF_OWNERS:  # ends that never came: their transactions timed out
-            del self._half_owners[next(iter(self._half_owners))]
-        self.stats.on_put(topic, len(data))
         msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, HALF_ID_BASE + number)
+        transaction_id = props.get(PROP_UNIQ_KEY) or msg_id
+        if len(transaction_id.encode("utf-8")) > limits.MAX_NAME_BYTES:
+            raise errors.ClientError("a half message's %s may hold at most %d bytes" % (PROP_UNIQ_KEY,
+                                                                                         limits.MAX_NAME_BYTES))
+        manager, now = self.tx.manager, now_ms()
+        immunity = immunity_ms(props.get(PROP_CHECK_IMMUNITY))
+        user = conn.session.user if conn.session is not None else None
+        partition = manager.put_half(number, topic, h.queue_id if h.queue_id >= 0 else -1, flag, data, group,
+                                     transaction_id, immunity, self.max_half, now, user)
+        try:
+            self.tx.flush_journal()  # in a pool thread: the send is acknowledged once the half message is durable
+        except errors.TransactionError:
+            self.tx.rollback_quietly(half_txid(number), HALF_OWNER)
+            raise
+        self.stats.on_put(topic, len(data))
         fields = _send_fields(msg_id, partition, number)
-        fields["transactionId"] = props.get(PROP_UNIQ_KEY, msg_id)
+        fields["transactionId"] = transaction_id
         return response_for(cmd, ResponseCode.SUCCESS, None, fields)
 
     def half_topic(self, number):
-        """The topic of half message ``number`` while it waits for its END_TRANSACTION, else None."""
-        entry = self._half_owners.get(number)
-        return entry[1] if entry is not None else None
+        """The topic of half message ``number`` while it waits for its end, else None."""
+        half = self.tx.manager.half(number) if number >= 0 else None
+        return half.topic if half is not None else None
 
     def half_user(self, number):
         """The user who sent half message ``number`` (None: unknown, or sent with authentication off)."""
-        entry = self._half_owners.get(number)
-        return entry[2] if entry is not None else None
+        half = self.tx.manager.half(number) if number >= 0 else None
+        return half.user if half is not None else None
 
     def end_transaction(self, cmd, conn):
+        """END_TRANSACTION, after the send or in answer to a check-back (``fromTransactionCheck``), from any
+        connection: the group must be the half message's (RocketMQ's "producer group wrong" check), and so
+        must the transactionId when one is given."""
         h = decode_header(EndTransactionHeader, cmd)
         number = h.tran_state_table_offset
-        owner, _topic, _user = self._half_owners.get(number, (None, None, None))
-        missing = errors.NotFound("no half message %d (commitLogOffset %d) is waiting for its end: it was ended, "
-                                  "rolled back by a timeout or its connection closed, or never sent here"
-                                  % (number, h.commit_log_offset))
-        if owner is None or h.commit_log_offset != HALF_ID_BASE + number:
-            raise missing
-        end = {TRANSACTION_COMMIT_TYPE: self.tx.commit_now,
-               TRANSACTION_ROLLBACK_TYPE: self.tx.rollback_now}.get(h.commit_or_rollback)
-        if end is None:  # TRANSACTION_NOT_TYPE (unknown): it waits for a later end or its timeout
-            return response_for(cmd, ResponseCode.SUCCESS)
-        del self._half_owners[number]
-        try:
-            end(LocalTxId(self._half_session, number), owner)
-        except errors.TransactionError as exc:
-            if exc.xa_code == XAER_NOTA:  # rolled back meanwhile (timeout, closed connection)
-                raise missing from None
-            raise
+        half = self.tx.manager.half(number) if number >= 0 else None
+        if half is None or h.commit_log_offset != HALF_ID_BASE + number or h.producer_group != half.group:
+            raise errors.NotFound("no half message %d (commitLogOffset %d) of producer group %s is waiting for its "
+                                  "end: it was ended, rolled back after its last check-back, or never sent here"
+                                  % (number, h.commit_log_offset, _show(h.producer_group)))
+        if h.transaction_id and h.transaction_id != half.transaction_id:
+            raise errors.ClientError("transactionId %s is not the one of half message %d"
+                                     % (_show(h.transaction_id), number))
+        if h.commit_or_rollback == TRANSACTION_COMMIT_TYPE:
+            self.tx.commit_now(half_txid(number), HALF_OWNER, one_phase=False)
+        elif h.commit_or_rollback == TRANSACTION_ROLLBACK_TYPE:
+            self.tx.rollback_now(half_txid(number), HALF_OWNER)
+        elif h.from_transaction_check:  # unknown: it waits for a later end or the next check
+            log.info("remoting %s: producer of %s still does not know half message %d", conn.peer, half.group,
+                     number)
         return response_for(cmd, ResponseCode.SUCCESS)
+
+
+def first_half_number(pending, now):
+    """Where half-message numbers start in this run: past the pending ones and past any number an earlier run
+    can have given (a thousand per millisecond of uptime), so a late END_TRANSACTION never finds a newer
+    message under an old number."""
+    return max(now * 1000, max(pending, default=0) + 1)
+
+
+def _group_of(group):
+    try:
+        return limits.validate_group(group)
+    except errors.InvalidTopic as exc:
+        raise errors.ClientError("producerGroup: %s" % exc) from None
+
+
+def _show(text):
+    return repr(text[:64]) if len(text) > 64 else repr(text)
 
 
 def _delay_level(props):

@@ -28,7 +28,8 @@ from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, Re
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
-from metaq.server.remoting.clients import ClientRegistry
+from metaq.server.remoting.checkback import CheckBack
+from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
 from metaq.server.remoting.locks import LockTable
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ class RemotingServer:
         self.store_ip = None  # set at start: the IP in routes and message ids
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
         self.locks = LockTable(cfg.lock_expiry_s, cfg.max_locks)  # orderly consumers' queue locks
+        self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
+        self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
+                                   limits.MAX_CHECKS_PER_ROUND)
         self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
         self.stats = stats
         self.listener = None
@@ -96,10 +100,12 @@ class RemotingServer:
         self.port = self.listener.port
         self.store_ip = advertised_ip(self.config.advertised_host or self.host)
         self._tasks = [gevent.spawn(self._expiry_loop)]
+        self.checkback.start()
 
     def stop(self):
         """Stop the background tasks (the connection core closes the connections)."""
         gevent.killall(self._tasks, block=False)
+        self.checkback.stop()
 
     def _connection(self, sock, address, conn_id):
         return RemotingConnection(self, sock, address, conn_id)
@@ -108,6 +114,7 @@ class RemotingServer:
         while True:
             gevent.sleep(EXPIRY_INTERVAL_S)
             now = time.monotonic()
+            self.producers.expire(now)
             for group in self.clients.expire(now):
                 log.info("remoting: clients of group %s expired (no heartbeat for %.0f s)", group,
                          self.config.client_timeout_s)
@@ -117,8 +124,10 @@ class RemotingServer:
                          self.config.lock_expiry_s)
 
     def connection_closed(self, conn):
-        """A remoting connection ended: its clients leave their groups and give up the queues they locked."""
+        """A remoting connection ended: its clients leave their groups (consumers and producers) and give up the
+        queues they locked."""
         self.clients.connection_closed(conn)
+        self.producers.connection_closed(conn)
         self.locks.connection_closed(conn)
 
     def _group_changed(self, group):
@@ -157,15 +166,17 @@ class RemotingConnection(core.Connection):
                 log.info("remoting %s: send failed (%s); closing", self.peer, exc)
                 self.close()
 
-    def send_request(self, code, ext_fields):
+    def send_request(self, code, ext_fields, body=b""):
         """A oneway request of ours to the client (its answer, if any, is ignored), sent from a greenlet of its
-        own: whoever caused it (another client's heartbeat) never waits on this client's socket. At most
-        ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the hint is dropped (clients also
-        rebalance on their own every 20 s)."""
+        own: whoever caused it (another client's heartbeat, the check-back) never waits on this client's
+        socket. At most ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped
+        (clients also rebalance on their own every 20 s; a check-back comes again next round). Returns
+        whether it was queued."""
         if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
-            return
+            return False
         self._notifying += 1
-        gevent.spawn(self._notify, make_request(code, ext_fields, opaque=next(self._opaques), oneway=True))
+        gevent.spawn(self._notify, make_request(code, ext_fields, body, opaque=next(self._opaques), oneway=True))
+        return True
 
     def _notify(self, cmd):
         try:
