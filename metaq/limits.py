@@ -313,3 +313,14 @@ IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
 #: topic does not have, a forbidden topic) costs a scan of at most this many frames each, not of the whole rest
 #: of the buffer (which made such a pipeline quadratic), and a producer's pipeline of 64 is one scan.
 BURST_SCAN_FRAMES = 64
+
+# -- tag filtering in the broker (README "Tag filtering") ---------------------------------------------------
+#: Index units one filtered read (a remoting pull with a TAG subscription, a text ``get_tags``) looks at past its
+#: offset, matching or not (256 KiB of index). A read that meets no wanted record within them answers with the
+#: offset after them (PULL_RETRY_IMMEDIATELY / an empty ``get_tags`` reply), so a long run of unwanted records
+#: costs a bounded scan per request and never looks like the partition's end.
+MAX_FILTER_SCAN_UNITS = 16384
+#: Longest tag expression (UTF-8 bytes) a filtered read accepts; it fits a text line with the longest names.
+MAX_TAG_EXPRESSION_BYTES = 1024
+#: Most distinct tags one expression may name.
+MAX_FILTER_TAGS = 64

@@ -232,7 +232,7 @@ class StatsService:
             ("disk_usage", float(node.disk_usage)),
             ("writes_refused", node.writes_refused),
             ("protocol_errors", c.protocol_errors),
-            ("corrupt_reads", store.corrupt_reads),
+            ("corrupt_reads", store.reads.corrupt_reads),
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic != SCHEDULE_TOPIC)),
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
