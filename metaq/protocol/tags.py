@@ -24,19 +24,23 @@ compared (two tags may share a hash), so a collision never serves a wrong
 tag.
 """
 
+import struct
 from typing import FrozenSet, NamedTuple
 
 from metaq import limits
-from metaq.errors import ClientError
+from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import HEADER, Record
 
-__all__ = ["SEPARATOR", "TAG_SEPARATOR", "TagFilter", "tags_of_attribute", "tag_code", "parse_tag_expression",
-           "tag_token"]
+__all__ = ["SEPARATOR", "TAG_SEPARATOR", "OFFSET_FIELD", "TagFilter", "tags_of_attribute", "tag_code",
+           "parse_tag_expression", "tag_token", "decode_tagged_body"]
 
 #: What ends the tags inside an attribute (the RocketMQ mapping's property separator).
 SEPARATOR = b"\x02"
 #: What separates the names of a tag expression.
 TAG_SEPARATOR = "||"
+#: A queue offset in a ``get_tags`` reply body: the next offset first, then one before each record.
+OFFSET_FIELD = struct.Struct(">q")
 
 
 def tags_of_attribute(attribute):
@@ -98,3 +102,37 @@ def tag_token(tags):
                 or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in t)):
             return None
     return TAG_SEPARATOR.join(names)
+
+
+def decode_tagged_body(body, verify=True):
+    """``(next_offset, [(offset, Record)])`` of a ``get_tags`` reply body (``events.GetTags``).
+
+    RemoteProtocolError when the body is shorter than its next offset, a record is cut off or negative, an
+    offset goes backwards or reaches the next offset, or (``verify``) a record's checksum is wrong.
+    """
+    size = len(body)
+    if size < OFFSET_FIELD.size:
+        raise RemoteProtocolError("get_tags reply of %d bytes has no next offset" % size)
+    (nxt,) = OFFSET_FIELD.unpack_from(body, 0)
+    out = []
+    pos = OFFSET_FIELD.size
+    last = None
+    with memoryview(body) as view:
+        while pos < size:
+            if size - pos < OFFSET_FIELD.size + HEADER.size:
+                raise RemoteProtocolError("get_tags reply cut off at byte %d of %d" % (pos, size))
+            (offset,) = OFFSET_FIELD.unpack_from(view, pos)
+            msg_len, checksum, msg_id, flag = HEADER.unpack_from(view, pos + OFFSET_FIELD.size)
+            start = pos + OFFSET_FIELD.size + HEADER.size
+            end = start + msg_len
+            if msg_len < 0 or end > size:
+                raise RemoteProtocolError("get_tags reply: record at byte %d is cut off or negative" % pos)
+            if (last is not None and offset <= last) or offset >= nxt:
+                raise RemoteProtocolError("get_tags reply: offset %d out of order (next %d)" % (offset, nxt))
+            data = bytes(view[start:end])
+            if verify and metaq_checksum(data) != checksum:
+                raise RemoteProtocolError("get_tags reply: checksum mismatch in the record at offset %d" % offset)
+            out.append((offset, Record(msg_id, flag, data, checksum)))
+            last = offset
+            pos = end
+    return nxt, out

@@ -19,11 +19,10 @@ import struct
 from typing import List, NamedTuple
 
 from metaq.errors import CorruptRecord, Moved, StoreError
+from metaq.protocol.tags import OFFSET_FIELD
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_ok, record_tags
 
-#: The queue offset put before each record's MetaQ form in a ``get_tags`` reply body (protocol.text).
-OFFSET_FIELD = struct.Struct(">q")
 _TLEN = struct.Struct(">h")
 _FLAG = struct.Struct(">i")
 _FLAG_AT = 16  # in the MetaQ form: msgLen, checksum, msgId, then flag

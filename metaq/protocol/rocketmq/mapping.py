@@ -30,6 +30,7 @@ offset message id), and the born and store times are the record's.
 
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.rocketmq.bodies import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
@@ -165,13 +166,9 @@ def stored_message_bytes(msg):
 
 
 def parse_subscription(expression):
-    """The tags a ``TAG`` subscription wants (``"A || B"``), or None for every message (``*`` or empty)."""
-    if expression is None:
-        return None
-    wanted = frozenset(t.strip() for t in expression.split("||") if t.strip())
-    if not wanted or "*" in wanted:
-        return None
-    return wanted
+    """The ``protocol.tags.TagFilter`` of a ``TAG`` subscription (``"A || B"``), or None for every message (``*`` or
+    empty); ClientError for an expression too long or naming a tag no record can carry."""
+    return parse_tag_expression(expression)
 
 
 def retry_copy(msg, store_host, max_reconsume_times):
