@@ -7,7 +7,6 @@ on open before anything reads it.
 """
 
 import os
-import random
 import struct
 
 import pytest
