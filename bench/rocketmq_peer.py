@@ -9,7 +9,7 @@ gives each run a HOME of its own). Output: one JSON object per line.
 
     produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B] [--keep-going]
             [--retry-for S [--retry-pause S]] [--interval S] [--orderly-keys K]
-    consume --ns ADDR --topic T --group G --expect N [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
+    consume --ns ADDR --topic T --group G --expect N [--subscription EXPR] [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
             [--distinct]  (count distinct bodies toward N: redeliveries after a failover do not end it early)
             [--orderly [--work S] [--log FILE] [--stop-file PATH]]
 
@@ -166,7 +166,7 @@ def consume(args):
     c.set_namesrv_addr(args.ns)
     if args.access_key is not None:
         c.set_session_credentials(args.access_key, args.secret_key, args.channel)
-    c.subscribe(args.topic, on_message)
+    c.subscribe(args.topic, on_message, args.subscription)
     c.start()
     started = time.time()
     emit({"started": True})
@@ -225,6 +225,7 @@ def main():
     ap.add_argument("--group")
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--tags")
+    ap.add_argument("--subscription", default="*", help="consume: the TAG expression (\"A || B\")")
     ap.add_argument("--prefix", default="m")
     ap.add_argument("--size", type=int, default=0, help="bodies of this many bytes instead of '<prefix>-<i>'")
     ap.add_argument("--delay-level", type=int, default=0)

@@ -198,7 +198,9 @@ PyObject *scan_idem_burst(PyObject *self, PyObject *args) {
             memcpy(w + 4, attr, (size_t)alen);
         memcpy(w + 4 + alen, ident, (size_t)ilen);
         memcpy(w + 4 + alen + ilen, body + skip, (size_t)(h.length - skip));
-        unsigned long tag = metaq_crc(w + 4, alen + ilen, 0) & 0x7FFFFFFFul;
+        /* the tags (tags.py): the put's attribute up to its first \x02; the identity starts with one when it has none */
+        const unsigned char *sep = alen ? memchr(attr, 2, (size_t)alen) : NULL;
+        unsigned long tag = metaq_crc(w + 4, sep != NULL ? (Py_ssize_t)(sep - attr) : alen, 0) & 0x7FFFFFFFul;
         unsigned long data_crc = metaq_crc(w, n, 0);
         if (topic_obj == NULL || PyBytes_GET_SIZE(topic_obj) != h.tlen ||
             memcmp(PyBytes_AS_STRING(topic_obj), h.topic, (size_t)h.tlen) != 0) {

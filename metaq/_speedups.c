@@ -151,9 +151,9 @@ static const unsigned char *parse_head(const unsigned char *q, const unsigned ch
     return s + 1;
 }
 
-/* The index unit's tag hash of data with an attribute block (burst.py _attribute_tag), or -1 when the block is
-   malformed, holds the idempotent producer's reserved properties or a @SYSFLAG (a compressed body, left to the
-   general path, which decompresses it). */
+/* The index unit's tag hash of data with an attribute block (burst.py _attribute_tag: the CRC of its tags, the
+   attribute before its first \x02), or -1 when the block is malformed, holds the idempotent producer's reserved
+   properties or a @SYSFLAG (a compressed body, left to the general path, which decompresses it). */
 static long attribute_tag(const unsigned char *data, Py_ssize_t n) {
     if (n < 4)
         return -1;
@@ -165,7 +165,8 @@ static long attribute_tag(const unsigned char *data, Py_ssize_t n) {
                        memmem(data + 4, (size_t)alen, "\x02METAQ_SEQ\x01", 11) != NULL ||
                        memmem(data + 4, (size_t)alen, "\x02@SYSFLAG\x01", 10) != NULL))
         return -1;
-    return (long)(crc_of(data + 4, alen, 0) & 0x7FFFFFFFul);
+    const unsigned char *sep = memchr(data + 4, 2, (size_t)alen); /* the tags end at the first \x02 (tags.py) */
+    return (long)(crc_of(data + 4, sep != NULL ? (Py_ssize_t)(sep - (data + 4)) : alen, 0) & 0x7FFFFFFFul);
 }
 
 static PyObject *scan_puts(PyObject *self, PyObject *args) {

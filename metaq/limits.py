@@ -336,3 +336,14 @@ BURST_SCAN_FRAMES = 64
 #: between two steps (zlib: about 0.5 ms a step here), never past ``limits.max_body_bytes`` in all: a zip bomb
 #: costs the broker at most that much output before it is refused. zstd decompresses a frame in one step.
 INFLATE_STEP_BYTES = 256 * 1024
+
+# -- tag filtering in the broker (README "Tag filtering") ---------------------------------------------------
+#: Index units one filtered read (a remoting pull with a TAG subscription, a text ``get_tags``) looks at past its
+#: offset, matching or not (256 KiB of index). A read that meets no wanted record within them answers with the
+#: offset after them (PULL_RETRY_IMMEDIATELY / an empty ``get_tags`` reply), so a long run of unwanted records
+#: costs a bounded scan per request and never looks like the partition's end.
+MAX_FILTER_SCAN_UNITS = 16384
+#: Longest tag expression (UTF-8 bytes) a filtered read accepts; it fits a text line with the longest names.
+MAX_TAG_EXPRESSION_BYTES = 1024
+#: Most distinct tags one expression may name.
+MAX_FILTER_TAGS = 64

@@ -57,7 +57,7 @@ from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffs
 from metaq.client.replies import reply_error
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
-from metaq.client.subscription import Subscription, as_partition, make_filter
+from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter
 
 __all__ = ["Consumer", "default_consumer_id"]
 
@@ -192,11 +192,13 @@ class Consumer:
     def subscribe(self, topic, handler, filter=None, orderly=False):
         """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
 
-        ``filter`` (client side): a callable ``message -> bool``, an attribute string (messages whose
+        ``filter``: a callable ``message -> bool``, an attribute string (messages whose
         attribute equals it) or an iterable of attribute strings. Messages filtered out are skipped
-        (their offsets still advance). ``orderly``: a message whose handler fails holds its partition,
-        retried with backoff until it succeeds (or the consumer closes), instead of being parked after
-        ``max_retries`` while the partition's later messages go on. Call before :meth:`start`.
+        (their offsets still advance). An attribute filter is applied by the broker (``get_tags``: the
+        records of other attributes are never read nor sent; README "Tag filtering"), and again here.
+        ``orderly``: a message whose handler fails holds its partition, retried with backoff until it succeeds
+        (or the consumer closes), instead of being parked after ``max_retries`` while the partition's later
+        messages go on. Call before :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):
@@ -207,7 +209,7 @@ class Consumer:
                 raise errors.ClientError("subscribe() must be called before start()")
             if topic in self._subs:
                 raise errors.ClientError("topic %r is already subscribed" % topic)
-            self._subs[topic] = Subscription(topic, handler, accept, bool(orderly))
+            self._subs[topic] = Subscription(topic, handler, accept, bool(orderly), broker_tags(filter))
         return self
 
     def start(self):

@@ -27,6 +27,7 @@ from metaq.client.message import Message
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
+from metaq.protocol.tags import decode_tagged_body
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,16 @@ def records_of(reply, what="get"):
     if reply.code == 301:
         raise errors.Moved(int(reply.body), "%s: moved to offset %s" % (what, reply.body.decode()))
     raise reply_error(reply, what)
+
+
+def tagged_records_of(reply, offset, what="get_tags"):
+    """``([(offset, record)], next offset)`` of a ``get_tags`` reply (``protocol.tags.decode_tagged_body``): none and
+    ``offset`` for 404; raises Moved for 301, the mapped error otherwise."""
+    if isinstance(reply, ev.Value):
+        next_offset, records = decode_tagged_body(reply.body)
+        return records, next_offset
+    records_of(reply, what)  # 404: nothing; else raises
+    return [], offset
 
 
 def log_skipped(exc):
@@ -71,6 +82,7 @@ class PartitionFetcher:
         self._interrupt = threading.Event()  # stop or seek: ends a message's retries and parking
         self._gate = threading.Lock()  # a seek and the fetch thread taking it
         self._seek_to = None  # the offset a seek asked for, until the fetch thread takes it
+        self._client_filters = False  # True once the broker turned get_tags down as unknown: plain gets
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="metaq-fetch-%s-%s" % (self.topic, partition))
 
@@ -122,14 +134,14 @@ class PartitionFetcher:
                 self._apply_seek()
                 if self.offset is None:
                     self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
-                started = time.monotonic()
-                records = self._fetch()
-                if records is None:  # stopped while waiting
+                started, asked = time.monotonic(), self.offset
+                fetched = self._fetch()
+                if fetched is None:  # stopped while waiting
                     return
                 if self._seek_to is not None:  # fetched from before a seek: dropped
                     continue
-                if records:
-                    self._deliver(records)
+                records, next_offset = fetched
+                self._deliver(records, next_offset)
                 backoff = 0.0
             except errors.Moved as exc:
                 log.warning("%s %s: offset %s is outside the partition; continuing at %d",
@@ -159,20 +171,27 @@ class PartitionFetcher:
                 self._stop.wait(backoff)
                 continue
             # a 404 ends a long poll that saw nothing; guard against a broker that answers 404 at once
-            quick = not records and time.monotonic() - started < self.consumer.long_poll_ms / 2000.0
+            quick = self.offset == asked and time.monotonic() - started < self.consumer.long_poll_ms / 2000.0
             fast_misses = fast_misses + 1 if quick else 0
             if fast_misses > 1:
                 self._stop.wait(min(1.0, 0.05 * 2 ** min(fast_misses, 5)))
 
     def _fetch(self):
-        """One long-polling get; the records (empty on 404), or None when stopped while waiting."""
+        """One long-polling get (``get_tags`` when the broker filters for the subscription); ``([(offset, record)],
+        next offset)`` (none on 404), or None when stopped while waiting."""
         consumer = self.consumer
         conn = consumer.connection(self.partition.broker_id, read=True)
         wait_ms = consumer.long_poll_ms
         timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
         self._wake.clear()
-        future = conn.request(ev.Get(self.topic, consumer.group, self.partition.partition, self.offset,
-                                     consumer.max_size, 0, wait_ms or None), timeout=timeout)
+        tags, offset = (None if self._client_filters else self.sub.tags), self.offset
+        if tags is None:
+            request = ev.Get(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size, 0,
+                             wait_ms or None)
+        else:
+            request = ev.GetTags(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size,
+                                 tags, 0, wait_ms or None)
+        future = conn.request(request, timeout=timeout)
         future.add_done_callback(lambda _f: self._wake.set())
         deadline = time.monotonic() + timeout + 1.0
         while True:  # the reply, a stop or a seek (the wake of an abandoned get's reply may come any time)
@@ -184,14 +203,25 @@ class PartitionFetcher:
         if self._stop.is_set():
             return None
         if self._seek_to is not None:
-            return []
+            return [], offset
         if not future.done():
             raise errors.RequestTimeout("no reply to a get from %s" % conn.url)
-        return records_of(future.result(0), "get %s %s %d" % (self.topic, self.partition, self.offset))
+        what = "get %s %s %d" % (self.topic, self.partition, offset)
+        if tags is None:
+            records = records_of(future.result(0), what)
+            return [(offset + k, r) for k, r in enumerate(records)], offset + len(records)
+        reply = future.result(0)
+        if isinstance(reply, ev.Result) and reply.code == 400 and reply.body.startswith(b"unknown command"):
+            log.warning("%s %s: the broker at %s does not filter by tags (no get_tags): filtering here",
+                        self.topic, self.partition, conn.url)
+            self._client_filters = True  # a broker older than the extension: every record read, filtered here
+            return [], offset
+        return tagged_records_of(reply, offset, what)
 
-    def _deliver(self, records):
-        offset = self.offset
-        for record in records:
+    def _deliver(self, records, next_offset):
+        """Hand ``records`` (``(offset, record)``) over in order; once all are done, move on to ``next_offset``
+        (past the records the broker passed over for a ``get_tags``)."""
+        for offset, record in records:
             if self._interrupt.is_set():  # a stop, or a seek: the rest of these records is dropped
                 return
             try:
@@ -204,5 +234,6 @@ class PartitionFetcher:
                 done = self.consumer.parking.park(message, self._interrupt)
             if not done:
                 return  # stopped (or a seek) during retries: the message stays unconsumed
-            offset += 1
-            self.offset, self.msg_id = offset, record.msg_id
+            self.offset, self.msg_id = offset + 1, record.msg_id
+        if not self._interrupt.is_set() and next_offset > self.offset:
+            self.offset = next_offset

@@ -94,6 +94,10 @@ class TextClient(_Blocking):
     def get(self, topic, partition, offset, max_size=1 << 20, group="g", max_wait_ms=None):
         return self.call(ev.Get(topic, group, partition, offset, max_size, self.opaque(), max_wait_ms))
 
+    def get_tags(self, topic, partition, offset, tags, max_size=1 << 20, group="g", max_wait_ms=None):
+        """``get_tags`` (README "Tag filtering"): the reply; ``decode_tagged_body(reply.body)`` reads a Value's."""
+        return self.call(ev.GetTags(topic, group, partition, offset, max_size, tags, self.opaque(), max_wait_ms))
+
     def get_records(self, topic, partition, offset, max_size=1 << 20):
         r = self.get(topic, partition, offset, max_size)
         if not isinstance(r, ev.Value):

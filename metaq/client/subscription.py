@@ -4,8 +4,10 @@ from typing import Callable, NamedTuple, Optional
 
 from metaq import errors
 from metaq.client.message import Partition
+from metaq.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
+from metaq.protocol.tags import tag_token
 
-__all__ = ["Subscription", "make_filter", "as_partition"]
+__all__ = ["Subscription", "make_filter", "broker_tags", "as_partition"]
 
 
 def make_filter(spec):
@@ -23,14 +25,29 @@ def make_filter(spec):
     return lambda message: message.attribute in wanted
 
 
+def broker_tags(spec):
+    """The ``get_tags`` token that asks the broker to filter for ``spec`` (an attribute string or strings), or None
+    when the broker cannot (a callable, no filter, an attribute a token cannot say: ``protocol.tags.tag_token``,
+    or a token past ``limits.MAX_TAG_EXPRESSION_BYTES`` or ``MAX_FILTER_TAGS`` tags): the client filters alone."""
+    if spec is None or callable(spec):
+        return None
+    tags = [spec] if isinstance(spec, str) else list(spec)
+    token = tag_token(tags)
+    if token is None or len(token.encode("utf-8")) > MAX_TAG_EXPRESSION_BYTES or len(set(tags)) > MAX_FILTER_TAGS:
+        return None
+    return token
+
+
 class Subscription(NamedTuple):
-    """A topic a consumer subscribed: its handler and filter (``make_filter``); ``orderly``: a failing message
-    holds its partition (retried until it succeeds) instead of being parked."""
+    """A topic a consumer subscribed: its handler, filter (``make_filter``) and the broker's share of it
+    (``broker_tags``: the fetcher asks with ``get_tags``, README "Tag filtering"; the filter still runs);
+    ``orderly``: a failing message holds its partition (retried until it succeeds) instead of being parked."""
 
     topic: str
     handler: Callable
     accept: Optional[Callable]
     orderly: bool = False
+    tags: Optional[str] = None
 
 
 def as_partition(partition):

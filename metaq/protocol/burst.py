@@ -22,7 +22,7 @@ Each taken frame is ``(topic, partition, flag, opaque, body_start, body_len, crc
 ``topic`` as bytes (consecutive frames with the same topic share one object),
 ``crc`` the unsigned CRC-32 of the body (its checksum is ``crc & 0x7FFFFFFF``);
 a frame with an attribute has an eighth field, the index unit's tag hash
-(``store.record.tag_hash``: the attribute's metaq checksum).
+(``protocol.tags.tag_code`` of the attribute's part before its first ``\\x02``).
 
 The answers to a burst are encoded here too: ``encode_put_acks`` gives the
 ``result 200`` replies of a run of stored frames (from what the store reports
@@ -41,6 +41,7 @@ import zlib
 from metaq import speedups
 from metaq.protocol.idempotence import MARK, SEQ_PROPERTY
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
+from metaq.protocol.tags import tag_code, tags_of_attribute
 
 INT32_MAX = 2**31 - 1
 #: The idempotent producer's reserved properties (``protocol.idempotence``) as they appear in an attribute.
@@ -100,7 +101,7 @@ def _attribute_tag(data):
     attr = bytes(data[4:4 + alen])
     if _PID_MARK in attr or _SEQ_MARK in attr or SYSFLAG_MARK in attr:
         return None
-    return zlib.crc32(attr) & 0x7FFFFFFF
+    return tag_code(tags_of_attribute(attr))
 
 
 scan_puts = speedups.load("scan_puts", scan_puts_py)  # the C twin when built (same results, less CPU)

@@ -88,6 +88,28 @@ class Get(NamedTuple):
     max_wait_ms: Optional[int] = None
 
 
+class GetTags(NamedTuple):
+    """``get_tags topic group partition offset maxSize tags [maxWaitMs] opaque`` (our extension; README "Tag
+    filtering"): a get of the records whose tags (the attribute before ``\\x02``) are among ``tags``
+    (``A||B``: ``protocol.tags``), found by the broker from its index units without reading the others.
+
+    Reply ``value <len> opaque`` with body ``<next offset: int64>`` then, per record, ``<its offset: int64>`` and
+    its MetaQ form: the client asks for ``next offset`` next, past the records it passed over. A body of the
+    8 bytes alone says that nothing wanted lay between ``offset`` and ``next offset``. 404 as a get's when
+    nothing is past ``offset`` (after ``maxWaitMs``). ``filter`` is the parsed ``tags`` (a ``TagFilter``).
+    """
+
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    max_size: int
+    tags: str
+    opaque: int
+    max_wait_ms: Optional[int] = None
+    filter: object = None
+
+
 class Offset(NamedTuple):
     """``offset topic group partition offset opaque``: ask for the nearest valid offset."""
 

@@ -16,7 +16,8 @@ gives ``(topic, partition, flag, opaque, start, length, crc, tag, pid, seq, put_
 ``flag`` the stored flag (bit 0 set), ``start``/``length`` the stored data in the
 returned buffer, ``crc`` its unsigned CRC-32 (its checksum is
 ``crc & 0x7FFFFFFF``) and ``tag`` the index unit's tag hash
-(``store.record.tag_hash`` of it); ``put_length`` is the length of the put's
+(``protocol.tags.tag_code`` of the stored attribute's part before its first
+``\\x02``: the put's own tags); ``put_length`` is the length of the put's
 own data (the frame's ``<len>``, what the broker's stats count) and ``frame_end``
 where the frame ends in ``buf``. The first seven fields are what a plain
 put's burst frame holds (``protocol.burst``), so the store appends them with the
@@ -33,6 +34,7 @@ from metaq import speedups
 from metaq.errors import ClientError
 from metaq.protocol.idempotence import scan_put_idem, with_identity
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
+from metaq.protocol.tags import tag_code, tags_of_attribute
 
 __all__ = ["scan_idem_burst", "scan_idem_burst_py"]
 
@@ -60,7 +62,7 @@ def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None):
         at = len(out)
         out += data
         frames.append((topic, partition, stored_flag, opaque, at, len(data), zlib.crc32(data),
-                       zlib.crc32(data[4:4 + alen]) & 0x7FFFFFFF, pid, seq, length, start + length))
+                       tag_code(tags_of_attribute(data[4:4 + alen])), pid, seq, length, start + length))
         pos = start + length
     return frames, bytes(out), pos
 

@@ -11,7 +11,7 @@ Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
 carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
 the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
-after a time) and ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours;
+after a time), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``) and ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours;
 integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
@@ -23,7 +23,7 @@ raises the same error again.
 import re
 
 from metaq import limits
-from metaq.errors import RemoteProtocolError
+from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
     Auth,
@@ -32,6 +32,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    GetTags,
     IdempotentPut,
     Offset,
     OffsetAt,
@@ -47,6 +48,7 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
+from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.textwrite import encode_result, encode_value_header, serialize
 
 __all__ = [
@@ -206,6 +208,21 @@ def _parse_get(t):
     return Get(t[1], t[2], partition, offset, max_size, _int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms)
 
 
+def _parse_get_tags(t):
+    partition = _int(t[3], "partition", -1, INT32_MAX)
+    offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
+    max_size = _int(t[5], "maxSize", INT32_MIN, INT32_MAX)
+    try:
+        filt = parse_tag_expression(t[6])
+    except ClientError as exc:
+        raise _LineError("invalid tags %s: %s" % (_show(t[6]), exc)) from None
+    if filt is None:
+        raise _LineError("invalid tags %s: name at least one tag (get reads every message)" % _show(t[6]))
+    max_wait_ms = _int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) == 9 else None
+    return GetTags(t[1], t[2], partition, offset, max_size, t[6], _int(t[-1], "opaque", INT32_MIN, INT32_MAX),
+                   max_wait_ms, filt)
+
+
 def _parse_offset(t):
     partition = _int(t[3], "partition", -1, INT32_MAX)
     offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
@@ -310,6 +327,8 @@ _COMMANDS = {
     "put_idem": (_parse_put_idem, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
                  "<opaque>)", 3),
     "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
+    "get_tags": (_parse_get_tags, (8, 9), "8 or 9 tokens (get_tags <topic> <group> <partition> <offset> <maxSize> "
+                 "<tags> [<maxWaitMs>] <opaque>)", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
     "query_offset": (_parse_query_offset, (5,), "5 tokens", None),

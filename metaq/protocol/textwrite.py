@@ -8,6 +8,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    GetTags,
     IdempotentPut,
     Offset,
     OffsetAt,
@@ -61,6 +62,12 @@ def _serialize_get(e):
         "get %s %s %d %d %d%s %d\r\n"
         % (_token(e.topic), _token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
     ).encode("utf-8")
+
+
+def _serialize_get_tags(e):
+    wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+    return ("get_tags %s %s %d %d %d %s%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset,
+                                                      e.max_size, _token(e.tags), wait, e.opaque)).encode("utf-8")
 
 
 def _serialize_offset(e):
@@ -135,6 +142,7 @@ _SERIALIZERS = {
     DelayedPut: _serialize_put_delayed,
     IdempotentPut: _serialize_put_idem,
     Get: _serialize_get,
+    GetTags: _serialize_get_tags,
     Offset: _serialize_offset,
     OffsetAt: _serialize_offset_at,
     CommitOffset: _serialize_commit_offset,

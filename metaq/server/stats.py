@@ -67,6 +67,7 @@ class BrokerStats:
         self.tx_begin = self.tx_xa_begin = self.tx_commit = self.tx_rollback = 0
         self.protocol_errors = 0
         self.burst_puts = 0  # puts stored through the burst fast path (server/fastput.py)
+        self.filter_skipped_units = 0  # index units a filtered read passed over without reading their record
         self.burst_scanned_bytes = 0  # receive-buffer bytes handed to its scanners (bounded per frame: fastput.py)
         self.reset_realtime()
 
@@ -232,7 +233,9 @@ class StatsService:
             ("disk_usage", float(node.disk_usage)),
             ("writes_refused", node.writes_refused),
             ("protocol_errors", c.protocol_errors),
-            ("corrupt_reads", store.corrupt_reads),
+            ("corrupt_reads", store.reads.corrupt_reads),
+            ("log_read_bytes", store.reads.log_read_bytes),
+            ("filter_skipped_units", c.filter_skipped_units),
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic != SCHEDULE_TOPIC)),
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),

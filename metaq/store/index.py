@@ -3,7 +3,8 @@
 Unit *n* (offset *n*) describes the record with queue offset *n*::
 
     UNIT  >qii   commit-log position of the record (int64), record total size (int32),
-                 tag hash (int32): metaq_checksum of the UTF-8 attribute, 0 without one
+                 tag hash (int32): protocol.tags.tag_code of the record's tags (its attribute
+                 before the first \x02), 0 without; TAG_FORMAT names this definition
 
 A unit with size 0 is empty. Files are named by their first unit's byte
 position (16 x first offset), allocated and mapped, and follow each other
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 UNIT = struct.Struct(">qii")
 assert UNIT.size == 16
 UNIT_SIZE = 16
+#: The definition of the units' tag hash, recorded in every checkpoint (``tag_format``). 2: ``tag_code`` of the
+#: tags alone; before it (no ``tag_format``), the checksum of the whole attribute, properties included. Recovery
+#: rebuilds every unit from the log when the checkpoint names another format (recovery.untrusted_reason).
+TAG_FORMAT = 2
 _CHUNK_UNITS = 4096
 #: Units a new index file starts with (one 4 KiB page); it doubles up to ``units_per_file``.
 INITIAL_UNITS = 256

@@ -30,6 +30,7 @@ from metaq import speedups
 from metaq.errors import ClientError
 from metaq.protocol.checksum import crc32, metaq_checksum
 from metaq.protocol.message import HEADER
+from metaq.protocol.tags import SEPARATOR, tag_code
 
 #: total_size, magic, crc, partition, queue_offset, store_ts_ms, born_ts_ms, topic_len.
 PREFIX = struct.Struct(">iIIiqqqh")
@@ -74,14 +75,23 @@ def metaq_offset(topic_len):
     return PREFIX.size + topic_len
 
 
-def tag_hash(flag, data):
-    """metaq_checksum of the attribute's UTF-8 bytes; 0 when there is no (well-formed) attribute."""
+def record_tags(flag, data):
+    """The tags of a record's data (``protocol.tags``: its attribute before the first ``\\x02``) as bytes;
+    ``b""`` when there is no (well-formed) attribute."""
     if not flag & ATTRIBUTE_FLAG or len(data) < 4:
-        return 0
+        return b""
     (n,) = ATTR_LEN.unpack_from(data, 0)
     if n < 0 or n + 4 > len(data):
-        return 0
-    return metaq_checksum(data[4:4 + n])
+        return b""
+    if not isinstance(data, bytes):
+        data = bytes(data[:4 + n])
+    i = data.find(SEPARATOR, 4, 4 + n)
+    return data[4:4 + n if i < 0 else i]
+
+
+def tag_hash(flag, data):
+    """The index unit's tag hash of a record's data: ``protocol.tags.tag_code`` of its tags (0 without)."""
+    return tag_code(record_tags(flag, data))
 
 
 _HEADS = {}

@@ -11,6 +11,9 @@
 
 Before all that, ``read_checkpoint`` and ``untrusted_reason`` say where the
 scan may start (the checkpoint) and whether the index can be trusted up to it.
+A checkpoint that does not name the current ``index.TAG_FORMAT`` (one an older
+broker wrote) makes the index untrusted: the full scan rewrites every unit's tag
+hash before the broker serves a filtered read (README "Tag filtering").
 
 ``read_log`` reads a stopped broker's log offline (for checkers and tools).
 """
@@ -25,7 +28,7 @@ from metaq.errors import CorruptLog, InvalidTopic
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC
-from metaq.store.index import UNIT, UNIT_SIZE, check_units_trusted
+from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, check_units_trusted
 from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
                                 PREFIX, check_record, decode_record, tag_hash)
 from metaq.store.results import Checkpoint
@@ -89,7 +92,7 @@ def read_checkpoint(dirs):
     try:
         floors = {(str(t), int(p)): int(n) for t, p, n in state["partitions"]}
         return Checkpoint(int(state["position"]), int_or_none(state.get("last_msg_id")), floors,
-                          state.get("serial"))
+                          state.get("serial"), state.get("tag_format"))
     except (KeyError, TypeError, ValueError):
         log.warning("checkpoint %s has an unexpected content: ignored", dirs.checkpoint)
         return None
@@ -99,6 +102,9 @@ def untrusted_reason(log_, parts, cp, log_start):
     """Why the index (``parts``: key -> PartitionIndex) cannot be trusted up to the checkpoint (None if it can)."""
     if cp is None:
         return "no valid checkpoint"
+    if cp.tag_format != TAG_FORMAT:  # units of an older broker: their tag hash is rebuilt before any filtered read
+        return ("the index units hold the tag hash of an older format (%s, now %d): every unit is rebuilt from the "
+                "log" % (cp.tag_format, TAG_FORMAT))
     c = cp.position
     segs = log_.segments
     if c < log_start or (segs and c > segs[-1].end):

@@ -60,3 +60,4 @@ class Checkpoint:
     last_msg_id: object
     floors: dict  # (topic, partition) -> offsets whose records lie below position
     serial: object  # random per checkpoint; a clean-shutdown marker names the checkpoint it goes with
+    tag_format: object = None  # index.TAG_FORMAT of the units it vouches for (None: written before there was one)

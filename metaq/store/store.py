@@ -12,29 +12,27 @@ is still running in a worker.
 Time is never read here: it comes in as ``now_ms``.
 """
 
-import logging
 import random
 import struct
 
 from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
-from metaq.limits import MAX_CORRUPT_LOGGED, validate_partition
-from metaq.store import batch, gather, lookup, recovery, replica
+from metaq.limits import MAX_FILTER_SCAN_UNITS, validate_partition
+from metaq.store import batch, filtered, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
-from metaq.store.index import UNIT, UNIT_SIZE, PartitionIndex
+from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
-from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, tag_hash, write_record
+from metaq.store.readcount import ReadCounts
+from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
-
-log = logging.getLogger(__name__)
 
 _new_tuple = tuple.__new__
 
@@ -68,8 +66,7 @@ class MessageStore:
         self.recovery = None
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
-        self.corrupt_reads = 0  # reads refused because a record failed its check (stats corrupt_reads)
-        self._corrupt_logged = set()
+        self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
@@ -350,7 +347,8 @@ class MessageStore:
             views, nbytes = gather.collect_views(self._log, p, offset, vis,
                                                  min(max_size, self.config.max_transfer_size))
         except CorruptRecord as exc:
-            raise self._corrupt_read(exc) from None
+            raise self.reads.corrupt(exc) from None
+        self.reads.log_read_bytes += nbytes + len(views) * (len(p.topic_bytes) + TOPIC_START)
         return ReadResult(views, nbytes, len(views), offset + len(views))
 
     def read_joined(self, topic, partition, offset, max_size):
@@ -362,33 +360,20 @@ class MessageStore:
             buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
                                                            min(max_size, self.config.max_transfer_size))
         except CorruptRecord as exc:
-            raise self._corrupt_read(exc) from None
+            raise self.reads.corrupt(exc) from None
+        self.reads.log_read_bytes += nbytes + count * (len(p.topic_bytes) + TOPIC_START)  # whole records
         return ReadResult(buffers, nbytes, count, offset + count)
 
-    def _corrupt_read(self, exc):
-        """Count (and, the first time, log) a read refused at a corrupt record; returns ``exc``."""
-        self.corrupt_reads += 1
-        key = (exc.topic, exc.partition, exc.offset)
-        if key not in self._corrupt_logged:
-            if len(self._corrupt_logged) < MAX_CORRUPT_LOGGED:
-                self._corrupt_logged.add(key)
-            log.error("%s; `metaq-server --verify` lists every corrupt record", exc)
-        return exc
-
     def min_offset(self, topic, partition):
-        p = self._reader(topic, partition)
-        return p.min if p is not None else 0
+        return getattr(self._reader(topic, partition), "min", 0)
 
     def max_offset(self, topic, partition):
         """The visible maximum: the offset the next visible message gets."""
-        p = self._reader(topic, partition)
-        return p.visible if p is not None else 0
+        return getattr(self._reader(topic, partition), "visible", 0)
 
     def nearest_offset(self, topic, partition, offset):
         p = self._reader(topic, partition)
-        if p is None:
-            return 0
-        return max(p.min, min(offset, p.visible))
+        return 0 if p is None else max(p.min, min(offset, p.visible))
 
     # -- flushing ------------------------------------------------------------
 
@@ -463,7 +448,7 @@ class MessageStore:
         serial = random.getrandbits(62)
         self.dirs.write_state(self.dirs.checkpoint, CHECKPOINT_MAGIC,
                               {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,
-                               "now_ms": now_ms, "serial": serial})
+                               "now_ms": now_ms, "serial": serial, "tag_format": TAG_FORMAT})
         self._checkpoint_serial = serial
         self._pos.checkpointed_at(pos)
         self._last_checkpoint_ms = now_ms
@@ -476,12 +461,9 @@ class MessageStore:
         return self._ids.next_id(now_ms)
 
     def msg_ids_since(self, position, skip_topic=None, among=None):
-        """Ids of every record from log ``position`` to the written end (BLOCKING: reads the maps).
-
-        Transaction recovery uses it to learn which messages of an interrupted commit reached the log;
-        the delay scheduler (with ``skip_topic`` = its own topic, ``among`` = the ids it may have
-        delivered) which scheduled messages were delivered before a crash.
-        """
+        """Ids of every record from log ``position`` to the written end (BLOCKING: reads the maps): transaction
+        recovery's (which commits reached the log), the delay scheduler's (``skip_topic`` its own, ``among`` the
+        ids it may have delivered: which were delivered before a crash)."""
         return lookup.msg_ids_since(self._log, self._pos.written, position, skip_topic, among)
 
     # -- replication (the logic and its contract: replica.py) ---------------
@@ -520,9 +502,25 @@ class MessageStore:
         if p is None:
             p = self._reader(topic, partition)
         try:
-            return lookup.read_records(self._log, p, offset, max_count, max_bytes)
+            records, nxt = lookup.read_records(self._log, p, offset, max_count, max_bytes)
         except CorruptRecord as exc:
-            raise self._corrupt_read(exc) from None
+            raise self.reads.corrupt(exc) from None
+        self.reads.log_read_bytes += sum(r.total_size for r in records)
+        return records, nxt
+
+    def read_tagged(self, topic, partition, offset, filt, max_count, max_bytes):
+        """A ``filtered.TaggedRead``: the records ``filt`` (a TagFilter) wants from ``offset``; as ``read_records``."""
+        try:
+            r = filtered.read_tagged(self._log, self._parts.get((topic, partition)) or self._reader(topic, partition),
+                                     offset, filt, max_count, max_bytes, MAX_FILTER_SCAN_UNITS)
+        except CorruptRecord as exc:
+            raise self.reads.corrupt(exc) from None
+        self.reads.log_read_bytes += r.log_bytes
+        return r
+
+    def tagged_index_ranges(self, topic, partition, offset):
+        """``[(MappedFile, start, end)]``: the index bytes ``read_tagged`` from ``offset`` reads (filtered.py)."""
+        return filtered.index_ranges(self._parts.get((topic, partition)), offset, MAX_FILTER_SCAN_UNITS)
 
     def record_at(self, position):
         """The record at commit-log ``position``, or NotFound."""

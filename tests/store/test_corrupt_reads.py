@@ -50,7 +50,7 @@ def test_a_get_serves_the_records_before_a_corrupt_one_then_names_it(data_dir, g
     assert (exc.topic, exc.partition, exc.offset, exc.next_offset, exc.position) == ("test", 0, 4, 5, position)
     assert exc.code == 512 and "topic test partition 0 offset 4" in str(exc) and "next offset 5" in str(exc)
     assert s.read_joined("test", 0, 5, 1 << 20).count == 5  # past it, everything reads
-    assert s.corrupt_reads == 1
+    assert s.reads.corrupt_reads == 1
     s.close(NOW)
 
 
@@ -69,7 +69,7 @@ def test_plain_reads_and_record_reads_refuse_it_too(data_dir):
     records, nxt = s.read_records("test", 0, 2, 32, 1 << 20)
     assert [r.queue_offset for r in records] == [2, 3, 4, 5, 6] and nxt == 7
     assert s.read("test", 0, 2, 1 << 20).count == 5
-    assert s.corrupt_reads == 2
+    assert s.reads.corrupt_reads == 2
     s.close(NOW)
 
 

@@ -42,6 +42,7 @@ from metaq import limits
 from metaq.errors import BadCompressedBody, RemoteProtocolError
 from metaq.protocol.compression import COMPRESSION_BITS, codec_of, inflate
 from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.rocketmq.bodies import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
@@ -262,13 +263,9 @@ def stored_message_bytes(msg):
 
 
 def parse_subscription(expression):
-    """The tags a ``TAG`` subscription wants (``"A || B"``), or None for every message (``*`` or empty)."""
-    if expression is None:
-        return None
-    wanted = frozenset(t.strip() for t in expression.split("||") if t.strip())
-    if not wanted or "*" in wanted:
-        return None
-    return wanted
+    """The ``protocol.tags.TagFilter`` of a ``TAG`` subscription (``"A || B"``), or None for every message (``*`` or
+    empty); ClientError for an expression too long or naming a tag no record can carry."""
+    return parse_tag_expression(expression)
 
 
 def retry_copy(msg, store_host, max_reconsume_times):

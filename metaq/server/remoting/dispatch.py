@@ -28,6 +28,7 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
                                              pull_response_fields)
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import message_of_record, parse_subscription, stored_message_bytes
+from metaq.server.coldpages import bring_in
 from metaq.server.putpath import now_ms
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender
@@ -200,11 +201,11 @@ class RemotingDispatcher:
                                 "message by %s (only TAG subscriptions)" % h.expression_type)
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
-        wanted = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
+        filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         max_nums = max(1, h.max_msg_nums)
-        response = self._pull_held(conn, cmd, h, wanted, max_nums)
+        response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset)
         if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
-            return response or self._not_found(cmd, h)
+            return response or self._not_found(cmd, h, offset)
         if not self.waiters.admit():
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, "too many parked pulls on the broker: the limit is %d"
                                 % self.waiters.max_parked)
@@ -215,55 +216,60 @@ class RemotingDispatcher:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.server.closing or conn.closed:
-                    return self._not_found(cmd, h)
+                    return self._not_found(cmd, h, offset)
                 self.waiters.wait(key, remaining)
-                response = self._pull_held(conn, cmd, h, wanted, max_nums)
+                response, offset = self._pull_held(conn, cmd, h, filt, max_nums, offset)
                 if response is not None:
                     return response
         finally:
             self.waiters.leave()
 
-    def _pull_held(self, conn, cmd, h, wanted, max_nums):
+    def _pull_held(self, conn, cmd, h, filt, max_nums, offset):
         """``_pull_once`` once the connection has room for a full read; the response keeps its body's bytes."""
         budget = conn.replies
         if not budget.reserve(self.max_transfer, lambda: conn.closed):
-            return None
+            return None, offset
         try:
-            response = self._pull_once(cmd, h, wanted, max_nums)
+            response, offset = self._pull_once(cmd, h, filt, max_nums, offset)
         except BaseException:
             budget.release(self.max_transfer)
             raise
         budget.release(self.max_transfer - (len(response.body or b"") if response is not None else 0))
-        return response
+        return response, offset
 
-    def _pull_once(self, cmd, h, wanted, max_nums):
-        """The response when there is something to say now, or None when the queue has nothing at the offset."""
+    def _pull_once(self, cmd, h, filt, max_nums, offset):
+        """``(response, offset)``: the response when there is something to say now, else None and the offset to
+        read from when woken (past the units a filtered read passed over: README "Tag filtering")."""
         store = self.store
         try:
-            records, next_offset = store.read_records(h.topic, h.queue_id, h.queue_offset, max_nums,
-                                                      self.max_transfer)
+            if filt is None:
+                records, next_offset = store.read_records(h.topic, h.queue_id, offset, max_nums, self.max_transfer)
+            else:  # the index units' tag hashes first (their cold pages brought in off the loop), then the records
+                bring_in(store.tagged_index_ranges(h.topic, h.queue_id, offset))
+                r = store.read_tagged(h.topic, h.queue_id, offset, filt, max_nums, self.max_transfer)
+                self.stats.filter_skipped_units += r.skipped
+                records, next_offset = r.records(), r.next_offset
         except errors.Moved as moved:
             return response_for(cmd, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY",
-                                self._pull_fields(h, moved.offset))
+                                self._pull_fields(h, moved.offset)), offset
         except errors.CorruptRecord as exc:  # never served: SYSTEM_ERROR naming it; nextBeginOffset skips it
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "CORRUPT_RECORD " + str(exc),
-                                self._pull_fields(h, exc.next_offset))
+                                self._pull_fields(h, exc.next_offset)), offset
         if not records:
-            return None
-        host = (self.server.store_ip, self.server.port)
-        messages = [message_of_record(rec, host) for rec in records]
-        if wanted is not None:
-            messages = [m for m in messages if m.properties.get("TAGS") in wanted]
-            if not messages:
+            if next_offset > offset and next_offset < store.max_offset(h.topic, h.queue_id):
+                # a full scan of unwanted units with more after them: pull again from past them at once (RocketMQ)
                 return response_for(cmd, ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE",
-                                    self._pull_fields(h, next_offset))
+                                    self._pull_fields(h, next_offset)), next_offset
+            return None, next_offset
+        host = (self.server.store_ip, self.server.port)
         self.stats.on_get(h.topic, False)
-        body = b"".join(stored_message_bytes(m) for m in messages)
-        return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body)
+        body = b"".join(stored_message_bytes(message_of_record(rec, host)) for rec in records)
+        return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body), next_offset
 
-    def _not_found(self, cmd, h):
+    def _not_found(self, cmd, h, offset):
+        """PULL_NOT_FOUND; ``offset`` is past the units a filtered read passed over (the queue's offset otherwise)."""
         self.stats.on_get(h.topic, True)
-        return response_for(cmd, ResponseCode.PULL_NOT_FOUND, "NO_NEW_MESSAGE", self._pull_fields(h, h.queue_offset))
+        return response_for(cmd, ResponseCode.PULL_NOT_FOUND, "NO_NEW_MESSAGE", self._pull_fields(h, offset))
 
     def _pull_fields(self, h, next_offset):
         return pull_response_fields(next_offset, self.store.min_offset(h.topic, h.queue_id),

@@ -30,6 +30,9 @@ from metaq.server.text.fastput import failed_replies
 
 log = logging.getLogger(__name__)
 
+#: Requests whose reply holds the connection's reply budget (a burst's replies are sent before one of them).
+_GETS = (ev.Get, ev.GetTags)
+
 #: Replies up to this size (acks, results) are not counted against the reply budget one by one: a burst
 #: holds at most a receive buffer's worth of requests, so their replies are bounded by it.
 SMALL_REPLY = 4096
@@ -319,7 +322,7 @@ class Connection(core.Connection):
             if event is CLOSED or type(event) is ev.Quit:
                 keep_open = False
                 break
-            if type(event) is ev.Get and self.replies.would_wait(min(event.max_size, self.max_transfer)):
+            if type(event) in _GETS and self.replies.would_wait(min(event.max_size, self.max_transfer)):
                 # This burst's replies hold the connection's reply budget: send them before reading more
                 # (a client that does not read them stops here, in the send, not in the broker's memory).
                 self._emit(out, durable, wait_pos)

@@ -24,6 +24,7 @@ from metaq.protocol.xa import xa_error_body
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.inflate import inflate_body
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
+from metaq.server.text.tagscan import TagScan
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ class TextDispatcher:
             ev.DelayedPut: self.put_delayed,
             ev.IdempotentPut: self.put_idem,
             ev.Get: self.get,
+            ev.GetTags: self.get_tags,
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
             ev.CommitOffset: self.commit_offset,
@@ -266,13 +268,20 @@ class TextDispatcher:
 
     # -- get ---------------------------------------------------------------
 
-    def get(self, e, conn):
+    def _get_refusal(self, e, conn):
+        """The reply refusing a get or get_tags before it reads (None: it may read)."""
         if self.guard.enabled:
             self.guard.require(conn.session, SUB, "topic", e.topic)
         if self.roles.read_refusal is not None:
-            return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
+            return encode_result(503, self.roles.read_refusal.encode(), e.opaque)
         if e.max_size <= 0:
-            return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque), NO_WAIT
+            return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque)
+        return None
+
+    def get(self, e, conn):
+        refusal = self._get_refusal(e, conn)
+        if refusal is not None:
+            return refusal, NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
         reply = conn.read_reply(max_size, lambda: self._read(e, max_size))
         if reply is not None:
@@ -282,7 +291,23 @@ class TextDispatcher:
         self.stats.on_get(e.topic, True)
         return self._miss(e), NO_WAIT
 
-    def _park(self, e, conn, max_size):
+    def get_tags(self, e, conn):
+        """``get_tags`` (our extension, events.GetTags): the records whose tags are wanted, found by the index
+        units' tag hashes (``MessageStore.read_tagged``: the others are never read); README "Tag filtering"."""
+        refusal = self._get_refusal(e, conn)
+        if refusal is not None:
+            return refusal, NO_WAIT
+        max_size = min(e.max_size, self.max_transfer)
+        scan = TagScan(self, e, max_size)
+        reply = conn.read_reply(max_size, scan.read)
+        if reply is not None:
+            return reply, NO_WAIT
+        if e.max_wait_ms and not conn.closed:
+            return self._park(e, conn, max_size, scan.read, scan.miss), NO_WAIT
+        self.stats.on_get(e.topic, True)
+        return scan.miss(), NO_WAIT
+
+    def _park(self, e, conn, max_size, read=None, miss=None):
         """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap."""
         if conn.parked >= self.max_parked_per_connection:
             return encode_result(503, b"too many parked gets on this connection: the limit is %d"
@@ -297,7 +322,8 @@ class TextDispatcher:
             self.waiters.leave()
 
         wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
-        conn.spawn(self._long_poll, e, conn, max_size, wait_s, on_exit=unpark)
+        read = read or (lambda: self._read(e, max_size))
+        conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), on_exit=unpark)
         return None
 
     def _read(self, e, max_size):
@@ -313,7 +339,7 @@ class TextDispatcher:
     def _miss(self, e):
         return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)
 
-    def _long_poll(self, e, conn, max_size, wait_s):
+    def _long_poll(self, e, conn, max_size, wait_s, read, miss):
         deadline = time.monotonic() + wait_s
         key = (e.topic, e.partition)
         waiters = self.waiters
@@ -321,10 +347,10 @@ class TextDispatcher:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or waiters.closed:
                 self.stats.on_get(e.topic, True)
-                return self._miss(e)
+                return miss()
             waiters.wait(key, remaining)
             try:
-                reply = conn.read_reply(max_size, lambda: self._read(e, max_size))
+                reply = conn.read_reply(max_size, read)
             except errors.MetaqError as exc:
                 return error_reply(exc, e.opaque)
             if reply is not None or conn.closed:

@@ -85,7 +85,7 @@ def test_properties_that_cannot_be_stored_are_refused():
 
 def test_subscriptions():
     assert parse_subscription("*") is None and parse_subscription("") is None and parse_subscription(None) is None
-    assert parse_subscription("A || B ||C") == {"A", "B", "C"}
+    assert parse_subscription("A || B ||C").tags == {b"A", b"B", b"C"}
     assert parse_subscription("A || *") is None
 
 

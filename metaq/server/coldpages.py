@@ -1,0 +1,22 @@
+"""Cold pages of a map brought into memory off the event loop (gevent's thread pool), before the loop reads them.
+
+A read of a map page that is not in the page cache stalls the thread on a disk read while it holds the GIL, so a
+worker thread reading the map would not help: each page is checked first (``MappedFile.resident``, mincore: a few
+microseconds) and a range holding a cold one is brought in by ``MappedFile.populate`` in the pool, which releases
+the GIL; the loop then reads it from memory. ``offset_at`` does the same one page at a time (text/dispatch.py).
+"""
+
+import mmap
+
+import gevent
+
+
+def bring_in(ranges):
+    """Make the bytes of ``ranges`` (``[(MappedFile, start, end)]``) resident, populating cold ones in the pool."""
+    pool = None
+    for mf, start, end in ranges:
+        for pos in range(start - start % mmap.PAGESIZE, end, mmap.PAGESIZE):
+            if not mf.resident(pos):
+                pool = pool or gevent.get_hub().threadpool
+                pool.apply(mf.populate, (pos, end))
+                break

@@ -1,0 +1,50 @@
+"""``get_tags`` (events.GetTags): one request's filtered reads, from the index units first (README "Tag filtering").
+
+A read looks at the partition's index units from the request's offset (at most ``limits.MAX_FILTER_SCAN_UNITS``,
+their cold pages brought in off the loop: ``coldpages.bring_in``) and reads only the records whose unit's tag
+hash is wanted (``MessageStore.read_tagged``). Its reply's body starts with the offset to ask for next, past the
+units it passed over; then, per record, its offset and its MetaQ form. When a read passes over units and finds
+nothing wanted, the request's offset moves past them: with more units after them the reply is that next offset
+alone (the client asks again from there at once); at the partition's end a long poll waits from there, and its
+timeout answers that offset alone too (a 404 only when the request's offset never moved).
+"""
+
+from metaq.protocol.tags import OFFSET_FIELD
+from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.coldpages import bring_in
+
+
+class TagScan:
+    """The reads of one ``get_tags``: ``read`` (the reply buffers, or None: nothing yet) and ``miss``."""
+
+    def __init__(self, dispatcher, e, max_size):
+        self.store = dispatcher.store
+        self.stats = dispatcher.stats
+        self.e = e
+        self.max_size = max_size
+        self.offset = e.offset  # moves past the units a read passed over
+
+    def read(self):
+        e, store = self.e, self.store
+        bring_in(store.tagged_index_ranges(e.topic, e.partition, self.offset))
+        r = store.read_tagged(e.topic, e.partition, self.offset, e.filter, self.max_size, self.max_size)
+        self.stats.filter_skipped_units += r.skipped
+        if r.hits:
+            self.stats.on_get(e.topic, False)
+            body, nbytes = r.joined()
+            return [encode_value_header(OFFSET_FIELD.size + nbytes, e.opaque), OFFSET_FIELD.pack(r.next_offset), body]
+        moved = r.next_offset > self.offset
+        self.offset = r.next_offset
+        if moved and r.next_offset < store.max_offset(e.topic, e.partition):
+            return [self.skipped_reply()]  # nothing wanted in a full scan, more units after it: go on from there
+        return None
+
+    def skipped_reply(self):
+        """``value 8 <opaque>`` and the offset to ask for next: nothing wanted before it."""
+        return encode_value_header(OFFSET_FIELD.size, self.e.opaque) + OFFSET_FIELD.pack(self.offset)
+
+    def miss(self):
+        """The reply when nothing wanted came: the offset moved past passed-over units, or a get's 404."""
+        if self.offset > self.e.offset:
+            return self.skipped_reply()
+        return encode_result(404, b"Could not find message at position %d" % self.e.offset, self.e.opaque)

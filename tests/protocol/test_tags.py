@@ -1,0 +1,92 @@
+"""Tags, their hash and tag expressions (protocol/tags.py), and the get_tags request and reply body."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from metaq import limits
+from metaq.errors import ClientError, RemoteProtocolError
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import HEADER
+from metaq.protocol.tags import (OFFSET_FIELD, decode_tagged_body, parse_tag_expression, tag_code, tag_token,
+                                 tags_of_attribute)
+from metaq.protocol.text import TextParser, serialize
+
+
+def test_tags_are_the_attribute_before_the_separator():
+    assert tags_of_attribute(b"TagA\x02KEYS\x01k") == b"TagA"
+    assert tags_of_attribute(b"color=red") == b"color=red"
+    assert tags_of_attribute(b"\x02METAQ_PID\x017") == b""
+    assert tag_code(b"") == 0 and tag_code(b"TagA") == metaq_checksum(b"TagA")
+
+
+def test_expressions():
+    f = parse_tag_expression("A || B ||C")
+    assert f.tags == {b"A", b"B", b"C"} and f.codes == {tag_code(t) for t in f.tags}
+    assert f.matches(b"A") and not f.matches(b"AB") and not f.matches(b"")
+    assert parse_tag_expression("*") is None and parse_tag_expression(" ") is None
+    assert parse_tag_expression(None) is None and parse_tag_expression("A||*") is None
+    with pytest.raises(ClientError, match="separator"):
+        parse_tag_expression("A||B\x02C")
+
+
+def test_expression_length_limit_at_and_past():
+    at = "A" * limits.MAX_TAG_EXPRESSION_BYTES
+    assert parse_tag_expression(at).tags == {at.encode()}
+    with pytest.raises(ClientError, match="too long"):
+        parse_tag_expression(at + "B")
+
+
+def test_expression_tag_count_limit_at_and_past():
+    names = ["t%d" % i for i in range(limits.MAX_FILTER_TAGS)]
+    assert len(parse_tag_expression("||".join(names)).tags) == limits.MAX_FILTER_TAGS
+    with pytest.raises(ClientError, match="names %d tags" % (limits.MAX_FILTER_TAGS + 1)):
+        parse_tag_expression("||".join(names + ["one-more"]))
+
+
+def test_tag_token_only_for_what_a_token_can_say():
+    assert tag_token(["B", "A"]) == "A||B"
+    for bad in ([""], ["a b"], ["a||b"], ["a|"], ["*"], ["x\ty"], []):
+        assert tag_token(bad) is None, bad
+
+
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs", "Zs", "Cc")), min_size=1, max_size=8),
+                min_size=1, max_size=5))
+def test_a_token_parses_back_to_its_tags(names):
+    token = tag_token(names)
+    if token is not None:
+        assert parse_tag_expression(token).tags == {n.encode() for n in names}
+
+
+def parse_one(line):
+    p = TextParser()
+    p.receive_data(line)
+    return p.next_event()
+
+
+def test_get_tags_line_round_trips_and_bad_tags_are_400_lines():
+    e = ev.GetTags("t", "g", 1, 5, 1000, "A||B", 7, 200, parse_tag_expression("A||B"))
+    assert serialize(e) == b"get_tags t g 1 5 1000 A||B 200 7\r\n" and parse_one(serialize(e)) == e
+    assert parse_one(b"get_tags t g 1 5 1000 A 7\r\n").max_wait_ms is None
+    for line, why in ((b"get_tags t g 1 5 1000 * 7\r\n", "name at least one tag"),
+                      (b"get_tags t g 1 5 1000 %s 7\r\n" % (b"x" * 1025), "too long"),
+                      (b"get_tags t g 1 5 1000 7\r\n", "8 or 9 tokens")):
+        with pytest.raises(RemoteProtocolError, match=why) as exc:
+            parse_one(line)
+        assert not exc.value.fatal  # the line is refused, the connection goes on
+
+
+def form(data, msg_id=1, flag=0):
+    return HEADER.pack(len(data), metaq_checksum(data), msg_id, flag) + data
+
+
+def test_decode_tagged_body():
+    body = OFFSET_FIELD.pack(9) + OFFSET_FIELD.pack(2) + form(b"x") + OFFSET_FIELD.pack(5) + form(b"yy", 2)
+    nxt, records = decode_tagged_body(body)
+    assert nxt == 9 and [(o, r.data) for o, r in records] == [(2, b"x"), (5, b"yy")]
+    assert decode_tagged_body(OFFSET_FIELD.pack(4)) == (4, [])
+    for bad in (b"", body[:-1], OFFSET_FIELD.pack(2) + OFFSET_FIELD.pack(2) + form(b"x"),
+                OFFSET_FIELD.pack(9) + OFFSET_FIELD.pack(5) + form(b"x") + OFFSET_FIELD.pack(5) + form(b"x")):
+        with pytest.raises(RemoteProtocolError):
+            decode_tagged_body(bad)
