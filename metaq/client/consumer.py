@@ -192,13 +192,11 @@ class Consumer:
     def subscribe(self, topic, handler, filter=None, orderly=False):
         """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
 
-        ``filter``: a callable ``message -> bool``, an attribute string (messages whose
-        attribute equals it) or an iterable of attribute strings. Messages filtered out are skipped
-        (their offsets still advance). An attribute filter is applied by the broker (``get_tags``: the
-        records of other attributes are never read nor sent; README "Tag filtering"), and again here.
-        ``orderly``: a message whose handler fails holds its partition, retried with backoff until it succeeds
-        (or the consumer closes), instead of being parked after ``max_retries`` while the partition's later
-        messages go on. Call before :meth:`start`.
+        ``filter``: a callable ``message -> bool``, an attribute string (messages whose attribute equals it) or
+        an iterable of attribute strings; messages filtered out are skipped (their offsets advance). An attribute filter is applied by the broker (``get_tags``, README "Tag
+        filtering"), and again here. ``orderly``: a failing message holds its partition, retried with backoff
+        until it succeeds (or the consumer closes), instead of being parked after ``max_retries`` while the
+        partition's later messages go on. Call before :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):

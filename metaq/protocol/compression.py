@@ -107,7 +107,7 @@ def _lz4_steps(data, max_bytes, step):
                 raise _too_big("lz4", len(data), max_bytes)
             if chunk:
                 yield chunk
-            elif d.needs_input:
+            elif d.needs_input and not d.eof:
                 raise _corrupt("lz4", len(data), "the frame ends early")
     except RuntimeError as exc:  # lz4.frame's error for a damaged frame
         raise _corrupt("lz4", len(data), exc) from None
