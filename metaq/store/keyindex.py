@@ -100,7 +100,8 @@ class KeyIndex:
             if not self.files or bad_at is None:
                 self.close()
             self.rebuilt_from = position
-            log.warning("key index: %s; rebuilt from the log from position %d", problem, position)
+            (log.warning if state or bad_at is not None else log.info)(
+                "key index: %s; rebuilt from the log from position %d", problem, position)
         self.indexed_to = max(position, log_start)
         self.cut(log_end)
 
@@ -184,15 +185,19 @@ class KeyIndex:
         if i < 0:
             return 0
         keys = keys_of_properties(mm[i + 1:a + n])
-        if not keys:
-            return 0
-        f = self.files[-1] if self.files else None
-        if f is None or f.count + len(keys) > f.capacity:
-            f = self._new_file(position)
-        tb = mm[rel + 42:h]
-        for k in keys:
-            f.append(key_hash(tb, k), position, total, sts)
+        if keys:
+            tb = mm[rel + 42:h]
+            self.append_entries([key_hash(tb, k) for k in keys], position, total, sts)
         return len(keys)
+
+    def append_entries(self, hashes, position, size, ts):
+        """Add one record's entries (``len(hashes)`` <= ``limits.MAX_KEYS_PER_MESSAGE``), all in one file: a new one
+        named by ``position`` when the last one has no room for them all."""
+        f = self.files[-1] if self.files else None
+        if f is None or f.count + len(hashes) > f.capacity:
+            f = self._new_file(position)
+        for h in hashes:
+            f.append(h, position, size, ts)
 
     def _new_file(self, first):
         f = KeyFile.create(self._dirs.key_file_path(first), first, self.slots, self.capacity)
