@@ -47,7 +47,7 @@ def one_run(keys, lookups):
         pos = s.written_position
         t0 = time.perf_counter()
         for i in range(keys - 2):
-            s.keys.append_entries(((i * 2654435761 + 12345) & 0xFFFFFFFF,), pos, 100, NOW)
+            s.keys.append_entries(((i * 2654435761 + 12345) & 0xFFFFFFFF,), pos + i, 100, NOW)  # never read
         fill_s = time.perf_counter() - t0
         s.put("bench", 0, flag, data, NOW + 1)
         s.mark_flushed(s.flush_log())
