@@ -52,6 +52,20 @@ def parse_cursor(text):
     return int(a), int(b)
 
 
+#: How a key property starts in a record's attribute (``keyfile.keys_of_properties`` reads KEYS and UNIQ_KEY).
+_MARKS = (b"\x02KEYS\x01", b"\x02UNIQ_KEY\x01")
+
+
+def _next_mark(mm, start, end):
+    """Where the first key property mark at or after ``start`` is (``end`` when there is none before it)."""
+    best = end
+    for mark in _MARKS:
+        i = mm.find(mark, start, best)
+        if i >= 0:
+            best = i
+    return best
+
+
 class KeyIndex:
     """The key index of one store: its files (oldest first) and ``indexed_to``."""
 
@@ -154,11 +168,21 @@ class KeyIndex:
                 break
             mm, base = seg.file.mm, seg.start
             rel, end = pos - base, min(seg.end, limit) - base
+            # Most records hold no key: the key properties' marks are searched at memory speed (mmap.find) and
+            # only a record holding one is parsed; past the last mark, a region that ends on a record boundary
+            # (the flushed end, or the segment's end) is skipped whole.
+            whole = limit == upto or seg.end <= limit
+            hit = _next_mark(mm, rel, end)
             while end - rel >= MARKER.size:
+                if hit >= end and whole:
+                    rel = end
+                    break
                 total, magic = MARKER.unpack_from(mm, rel)
                 if magic != MESSAGE_MAGIC or total <= 0 or rel + total > end:
                     break
-                added += self._index_record(mm, rel, base + rel, total)
+                if hit < rel + total:
+                    added += self._index_record(mm, rel, base + rel, total)
+                    hit = _next_mark(mm, rel + total, end)
                 rel += total
             pos = base + rel
             if pos >= limit:
