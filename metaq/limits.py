@@ -347,3 +347,24 @@ MAX_FILTER_SCAN_UNITS = 16384
 MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
+
+# -- the key index (store/keyindex.py; README "Key index") --------------------------------------------------
+#: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
+#: ones past it are stored with the message but not indexed, so a message with 10,000 keys costs 32 entries.
+MAX_KEYS_PER_MESSAGE = 32
+#: Longest key (UTF-8 bytes) the key index takes; a longer one is not indexed, and a lookup of one is refused.
+MAX_KEY_BYTES = 128
+#: Messages one key lookup returns at most (a page: QUERY_MESSAGE's maxNum and a text ``lookup``'s count are
+#: cut to it); the rest comes with the cursor the page ends with.
+MAX_KEY_QUERY_RESULTS = 64
+#: Record bytes one lookup page returns at most (at least one record): a page of 64 large messages stays bounded.
+MAX_KEY_QUERY_BYTES = 4 << 20
+#: Index entries one lookup page walks at most, matching or not (hash collisions, other times, gone records):
+#: a page that meets no more within them ends with a cursor, so a popular key in a narrow time window costs a
+#: bounded walk per request.
+MAX_KEY_SCAN_ENTRIES = 8192
+#: Commit-log bytes the key index catches up at a time after a flush (``MessageStore.mark_flushed``): a flush of
+#: a large burst costs the event loop a bounded step; the rest is indexed after the next flush.
+KEY_INDEX_STEP_BYTES = 8 << 20
+#: Longest lookup cursor (``<file>:<entry>``, two decimal numbers) a request may carry.
+MAX_KEY_CURSOR_BYTES = 48

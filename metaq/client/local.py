@@ -30,7 +30,8 @@ def free_port(host="127.0.0.1"):
 
 
 #: The ``store:`` settings small_config sets (small segments and index files, frequent checkpoints).
-SMALL_STORE = {"segment_size": 1 << 20, "index_file_units": 4096, "flush": "sync", "checkpoint_interval_ms": 200}
+SMALL_STORE = {"segment_size": 1 << 20, "index_file_units": 4096, "key_index_slots": 4096,
+               "key_index_entries": 16384, "flush": "sync", "checkpoint_interval_ms": 200}
 
 
 def small_config(data_dir, **sections):

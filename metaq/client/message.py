@@ -42,8 +42,9 @@ class Message:
 
     ``body`` is bytes (bytearray/memoryview are copied to bytes). ``attribute``
     is an optional string stored with the message (``""`` is kept as an empty
-    attribute, ``None`` means none; ``\x02`` is refused: it starts the properties). ``key`` is not sent: ``KeySelector`` uses
-    it to pick a partition so that messages with the same key stay in order.
+    attribute, ``None`` means none; ``\x02`` is refused: it starts the properties). ``key``: ``KeySelector`` uses
+    it to pick a partition so that messages with the same key stay in order, and it is sent as the ``KEYS``
+    property (unless ``properties`` has one), so the broker's key index finds it (``metaq.client.keys.lookup``).
     ``delay_level`` > 0 asks the broker to deliver the message only after that
     level's delay (the broker's ``delay.levels``, RocketMQ's ``1s 5s 10s 30s 1m
     …`` by default; above the last level = the last level); its ``offset`` is
@@ -97,6 +98,8 @@ class Message:
         \\x02).
         """
         body, properties = self.body, self.properties
+        if self.key is not None and "KEYS" not in properties:
+            properties = dict(properties, KEYS=self.key_bytes().decode("utf-8", "replace"))
         if (compress_over is not None and len(body) > compress_over
                 and (self.attribute is None or self.attribute or properties)):
             bits, packed = compress(body, compression)

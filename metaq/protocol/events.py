@@ -204,6 +204,26 @@ class OffsetAt(NamedTuple):
     opaque: int
 
 
+class Lookup(NamedTuple):
+    """``lookup topic key sinceMs untilMs max cursor opaque`` (our extension; README "Key index"): one page of the
+    messages of ``topic`` with ``key`` (a ``KEYS`` word, a ``UNIQ_KEY``, the metaq client's key) stored within
+    ``[sinceMs, untilMs]``, newest first, at most ``max`` (cut to ``limits.MAX_KEY_QUERY_RESULTS``); ``cursor`` is
+    ``-`` for the first page, then what the previous page returned.
+
+    Reply ``result 200 <len> opaque`` with a ``protocol.keylookup`` body (the next cursor, how far the index
+    reaches, the messages with their partition, offset and position); 400 for a bad key or cursor; 503 while the
+    broker refuses reads.
+    """
+
+    topic: str
+    key: str
+    since_ms: int
+    until_ms: int
+    max_count: int
+    cursor: str
+    opaque: int
+
+
 class Promote(NamedTuple):
     """``promote <force 0|1> <opaque>`` (our extension; ``metaq-admin promote``): make a replication slave the master.
 

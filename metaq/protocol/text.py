@@ -11,7 +11,7 @@ Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
 carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
 the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
-after a time), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``) and ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours;
+after a time), ``lookup`` (a key's messages; ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``) and ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours;
 integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
@@ -36,6 +36,7 @@ from metaq.protocol.events import (
     IdempotentPut,
     Offset,
     OffsetAt,
+    Lookup,
     Promote,
     QueryOffset,
     Put,
@@ -246,6 +247,15 @@ def _parse_offset_at(t):
     return OffsetAt(t[1], partition, timestamp_ms, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
 
 
+def _parse_lookup(t):
+    if len(t[2].encode("utf-8")) > limits.MAX_KEY_BYTES or len(t[6]) > limits.MAX_KEY_CURSOR_BYTES:
+        raise _LineError("lookup: a key is 1..%d bytes, a cursor at most %d" % (limits.MAX_KEY_BYTES,
+                                                                               limits.MAX_KEY_CURSOR_BYTES))
+    return Lookup(t[1], t[2], _int(t[3], "since", 0, 2**63 - 1), _int(t[4], "until", 0, 2**63 - 1),
+                  _int(t[5], "max", 1, INT32_MAX), "" if t[6] == "-" else t[6],
+                  _int(t[7], "opaque", INT32_MIN, INT32_MAX))
+
+
 def _parse_stats(t):
     if len(t) == 1:
         return Stats(None, DEFAULT_OPAQUE)
@@ -333,6 +343,8 @@ _COMMANDS = {
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
     "query_offset": (_parse_query_offset, (5,), "5 tokens", None),
     "offset_at": (_parse_offset_at, (5,), "5 tokens (offset_at <topic> <partition> <timestampMs> <opaque>)", None),
+    "lookup": (_parse_lookup, (8,), "8 tokens (lookup <topic> <key> <sinceMs> <untilMs> <max> <cursor|-> <opaque>)",
+               None),
     "stats": (_parse_stats, (1, 2, 3), "1, 2 or 3 tokens", None),
     "version": (_parse_version, (1, 2), "1 or 2 tokens", None),
     "quit": (_parse_quit, (1,), "1 token", None),

@@ -12,6 +12,7 @@ from metaq.protocol.events import (
     IdempotentPut,
     Offset,
     OffsetAt,
+    Lookup,
     Promote,
     QueryOffset,
     Put,
@@ -74,6 +75,11 @@ def _serialize_offset(e):
     return (
         "offset %s %s %d %d %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset, e.opaque)
     ).encode("utf-8")
+
+
+def _serialize_lookup(e):
+    return ("lookup %s %s %d %d %d %s %d\r\n" % (_token(e.topic), _token(e.key), e.since_ms, e.until_ms, e.max_count,
+                                                 _token(e.cursor or "-"), e.opaque)).encode("utf-8")
 
 
 def _serialize_offset_at(e):
@@ -145,6 +151,7 @@ _SERIALIZERS = {
     GetTags: _serialize_get_tags,
     Offset: _serialize_offset,
     OffsetAt: _serialize_offset_at,
+    Lookup: _serialize_lookup,
     CommitOffset: _serialize_commit_offset,
     QueryOffset: _serialize_query_offset,
     Stats: _serialize_stats,

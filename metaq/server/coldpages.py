@@ -11,6 +11,17 @@ import mmap
 import gevent
 
 
+def walk(search):
+    """Step a stepwise read (``store.keyindex.KeySearch``: ``done``, ``need()``, ``step()``) to its end, each map
+    range it names brought in first; returns the search."""
+    while not search.done:
+        need = search.need()
+        if need is not None:
+            bring_in((need,))
+        search.step()
+    return search
+
+
 def bring_in(ranges):
     """Make the bytes of ``ranges`` (``[(MappedFile, start, end)]``) resident, populating cold ones in the pool."""
     pool = None

@@ -45,6 +45,8 @@ class StoreConfig:
     topics: List[TopicSpec] = field(default_factory=_default_topics)
     segment_size: int = 1 << 30
     index_file_units: int = 1 << 20
+    key_index_slots: int = 1 << 20  # hash slots of one key index file (keyfile.py): 4 MiB
+    key_index_entries: int = 2 << 20  # entries of one key index file: 56 MiB
     flush: str = "sync"
     flush_every_messages: int = 1000
     flush_interval_ms: int = 1000
@@ -70,6 +72,9 @@ class StoreConfig:
             raise ConfigError("segment_size must be at least %d bytes, got %r" % (MIN_SEGMENT_SIZE, self.segment_size))
         if self.index_file_units < 1:
             raise ConfigError("index_file_units must be at least 1, got %r" % (self.index_file_units,))
+        if self.key_index_slots < 1 or self.key_index_entries < limits.MAX_KEYS_PER_MESSAGE:
+            raise ConfigError("key_index_slots must be at least 1 and key_index_entries at least %d"
+                              % limits.MAX_KEYS_PER_MESSAGE)
         if self.flush not in FLUSH_MODES:
             raise ConfigError("flush must be one of %s, got %r" % ("/".join(FLUSH_MODES), self.flush))
         for name in ("flush_every_messages", "flush_interval_ms", "checkpoint_interval_ms", "max_transfer_size",

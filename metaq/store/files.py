@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 COMMITLOG_DIR = "commitlog"
 INDEX_DIR = "index"
+KEY_INDEX_DIR = "keyindex"  # the key index's files (keyindex.py), named by their first log position
+KEY_CHECKPOINT_FILE = "key_checkpoint"
 CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
@@ -53,6 +55,7 @@ STATE_HEADER = struct.Struct(">4sII")
 assert STATE_HEADER.size == 12
 CHECKPOINT_MAGIC = b"MQCP"
 CLEAN_MAGIC = b"MQCS"
+KEY_CHECKPOINT_MAGIC = b"MQKC"
 MAX_STATE_BYTES = 64 << 20
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -126,6 +129,8 @@ class DataDir:
         self.root = os.path.realpath(root)
         self.commitlog = os.path.join(self.root, COMMITLOG_DIR)
         self.index = os.path.join(self.root, INDEX_DIR)
+        self.keys = os.path.join(self.root, KEY_INDEX_DIR)
+        self.key_checkpoint = os.path.join(self.root, KEY_CHECKPOINT_FILE)
         self.checkpoint = os.path.join(self.root, CHECKPOINT_FILE)
         self.clean_shutdown = os.path.join(self.root, CLEAN_SHUTDOWN_FILE)
         self.lock = os.path.join(self.root, LOCK_FILE)
@@ -137,7 +142,7 @@ class DataDir:
 
     def create(self):
         try:
-            for path in (self.root, self.commitlog, self.index):
+            for path in (self.root, self.commitlog, self.index, self.keys):
                 os.makedirs(path, exist_ok=True)
         except OSError as exc:
             raise disk_full_from(exc, "create the data dir %s" % self.root) from None
@@ -182,6 +187,15 @@ class DataDir:
     def list_segments(self):
         """Sorted ``[(start, path)]``; stray files are logged and left alone."""
         return self._list_numbered(self.commitlog)
+
+    # -- key index -----------------------------------------------------------
+
+    def key_file_path(self, first_position):
+        return os.path.join(self.keys, offset_name(first_position))
+
+    def list_key_files(self):
+        """Sorted ``[(first log position, path)]`` of the key index's files."""
+        return self._list_numbered(self.keys)
 
     # -- index ---------------------------------------------------------------
 

@@ -1,22 +1,18 @@
 """``MessageStore``: the facade the server uses (commit log + indexes + recovery + retention).
 
-Threading: every method runs on the event-loop thread except the ones marked
-BLOCKING (``flush_log``, ``checkpoint``, ``prepare_ahead``), which the server
-runs in a worker thread while the loop keeps appending. They work on snapshots
-(``layout`` tuples, ints) and never close a map; retention only deletes
-segments that are flushed and covered by a checkpoint, so a running flush never
-meets them. ``prepare_ahead`` publishes what it builds with single attribute
-assignments (see ``ahead.py``). ``close`` must not run while a BLOCKING call
-is still running in a worker.
-
-Time is never read here: it comes in as ``now_ms``.
+Threading: every method runs on the event-loop thread except the ones marked BLOCKING (``flush_log``,
+``checkpoint``, ``prepare_ahead``), which the server runs in a worker thread while the loop keeps appending. They
+work on snapshots (``layout`` tuples, ints) and never close a map; retention only deletes segments that are flushed
+and covered by a checkpoint, so a running flush never meets them. ``prepare_ahead`` publishes what it builds with
+single attribute assignments (see ``ahead.py``). ``close`` must not run while a BLOCKING call is still running in a
+worker. The key index (keyindex.py) is fed at one point, ``mark_flushed``. Time comes in as ``now_ms``.
 """
 
 import random
 import struct
 
 from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
-from metaq.limits import MAX_FILTER_SCAN_UNITS, validate_partition
+from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
 from metaq.store import batch, filtered, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
@@ -25,6 +21,7 @@ from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
+from metaq.store.keyindex import KeyIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
@@ -67,6 +64,7 @@ class MessageStore:
         self.consumer_offsets = ConsumerOffsets(self.dirs)
         self.epochs = EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
+        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
@@ -84,6 +82,7 @@ class MessageStore:
             self._load_partitions()
             self.recovery, last_id = self._recover()
             self._ids = IdGenerator(config.broker_id, last_id)
+            self.keys.open(self._log, self._pos.written)
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
@@ -117,6 +116,7 @@ class MessageStore:
         for p in self._parts.values():
             p.close(discard_prepared)
         self._log.close(discard_prepared)
+        self.keys.close()
         self._ahead.hot.clear()
         self._last_writer = None
         self.dirs.release_lock()
@@ -298,13 +298,9 @@ class MessageStore:
     # -- working ahead -------------------------------------------------------
 
     def prepare_ahead(self):
-        """BLOCKING (run it in a worker thread, one call at a time): work ahead of the writer.
-
-        Prefaults the active segment ahead of the write position, builds the next
-        segment once the active one is more than half full, and the next index
-        file of partitions past the middle of theirs. Safe while the loop thread
-        keeps calling put and read. Returns True if it did any work.
-        """
+        """BLOCKING (in a worker thread, one call at a time): prefault the active segment ahead of the write
+        position, build the next segment once the active one is half full and the next index file of partitions past
+        the middle of theirs. Safe while the loop keeps calling put and read. True if it did any work."""
         if self._closed:
             return False
         did = self._ahead.run()
@@ -324,11 +320,8 @@ class MessageStore:
     # -- read ----------------------------------------------------------------
 
     def read(self, topic, partition, offset, max_size):
-        """Whole records from ``offset`` totalling at most ``max_size`` bytes (at least one record).
-
-        Raises Moved(min) below the minimum, Moved(max) past the visible maximum,
-        NotFound for an unknown topic or partition.
-        """
+        """Whole records from ``offset`` totalling at most ``max_size`` bytes (at least one record). Raises Moved(min)
+        below the minimum, Moved(max) past the visible maximum, NotFound for an unknown topic or partition."""
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
@@ -408,6 +401,7 @@ class MessageStore:
         segments are closed here); returns the partitions whose visible max advanced."""
         changed = self._pos.flushed_to(pos)
         self._log.release_flushed(self._pos.flushed)
+        self.keys.catch_up(self._log, self._pos.flushed, KEY_INDEX_STEP_BYTES)  # every writer's records, once durable
         return changed
 
     def should_flush(self, now_ms):
@@ -454,6 +448,7 @@ class MessageStore:
         self._last_checkpoint_ms = now_ms
         self.consumer_offsets.save()
         self.idempotence.save()
+        self.keys.checkpoint()
         return pos
 
     def new_msg_id(self, now_ms):
@@ -490,6 +485,7 @@ class MessageStore:
         report = replica.truncate_log(self._replica, position)
         if report.old_end != position:
             self.idempotence.cut(position)
+            self.keys.cut(position)
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
@@ -534,6 +530,10 @@ class MessageStore:
         """``offset_by_time`` one read at a time (``lookup.TimeSearch``); raises NotFound as it does."""
         return lookup.TimeSearch(self._log, self._reader(topic, partition), timestamp_ms)
 
+    def key_search(self, topic, key, since_ms, until_ms, max_count, cursor=None):
+        """A ``keyindex.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
+        return self.keys.search(self._log, self._pos.written, topic, key, since_ms, until_ms, max_count, cursor)
+
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 
     def commit_offset(self, group, topic, partition, offset, now_ms):
@@ -555,8 +555,10 @@ class MessageStore:
 
     def retention(self, now_ms, disk_usage_ratio=None):
         """Delete old (or, under disk pressure, the oldest) sealed segments and the index files below them."""
-        return apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
-                               self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
+        report = apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
+                                 self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
+        report.deleted_index_files.extend(self.keys.drop_below(self._log.start or self._pos.written))
+        return report
 
     # -- stats ---------------------------------------------------------------
 

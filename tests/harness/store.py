@@ -12,7 +12,8 @@ HOUR_MS = 3600_000
 
 
 def small_config(data_dir, **overrides):
-    cfg = dict(data_dir=str(data_dir), segment_size=4096, index_file_units=64, flush="async",
+    cfg = dict(data_dir=str(data_dir), segment_size=4096, index_file_units=64, flush="async", key_index_slots=64,
+               key_index_entries=256,
                topics=[TopicSpec("test", 4), TopicSpec("t*", 2), TopicSpec("*", 1)])
     cfg.update(overrides)
     return StoreConfig(**cfg)

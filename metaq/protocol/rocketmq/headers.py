@@ -22,6 +22,8 @@ from metaq.errors import RemoteProtocolError
 from metaq.protocol.rocketmq.remoting import RequestCode
 
 __all__ = [
+    "QueryMessageHeader",
+    "UNIQUE_KEY_QUERY",
     "SendMessageHeader",
     "PullMessageHeader",
     "QueryConsumerOffsetHeader",
@@ -238,6 +240,16 @@ RouteInfoHeader = _header_type("RouteInfoHeader", "GET_ROUTEINFO_BY_TOPIC (105) 
     ("topic", "topic", _STR, REQUIRED),
     ("accept_standard_json_only", "acceptStandardJsonOnly", _BOOL, False),
 ))
+
+QueryMessageHeader = _header_type("QueryMessageHeader", "QUERY_MESSAGE (12) header: a key's messages in a time window.", (
+    ("topic", "topic", _STR, REQUIRED),
+    ("key", "key", _STR, REQUIRED),
+    ("max_num", "maxNum", _INT, REQUIRED),
+    ("begin_timestamp", "beginTimestamp", _LONG, REQUIRED),
+    ("end_timestamp", "endTimestamp", _LONG, REQUIRED),
+))
+#: QUERY_MESSAGE's ext field saying the key is a message's unique id (MixAll.UNIQUE_MSG_QUERY_FLAG): a view by id.
+UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
 ViewMessageHeader = _header_type("ViewMessageHeader", "VIEW_MESSAGE_BY_ID (33) header; offset is physical.", (
     ("offset", "offset", _LONG, REQUIRED),

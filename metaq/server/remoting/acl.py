@@ -46,8 +46,8 @@ from metaq.auth.acl import ADMIN, PUB, SUB
 from metaq.protocol.rocketmq.bodies import decode_heartbeat
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch
 from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
-                                             PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
-                                             SearchOffsetHeader, UnregisterClientHeader,
+                                             PullMessageHeader, QueryConsumerOffsetHeader, QueryMessageHeader,
+                                             QueueHeader, SearchOffsetHeader, UnregisterClientHeader,
                                              UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
                                              decode_send_header)
 from metaq.protocol.rocketmq.remoting import RequestCode as R
@@ -126,9 +126,9 @@ def needs(cmd, record_topic=None, half_topic=None):
     UPDATE_CONSUMER_OFFSET group SUB + topic SUB; admin codes the admin flag; anything else a signature only.
     Ours adds: SEND_BATCH_MESSAGE as a send (RocketMQ 5 does), QUERY_CONSUMER_OFFSET group + topic SUB (the
     text ``query_offset``), SEARCH_OFFSET_BY_TIMESTAMP / GET_MAX_OFFSET / GET_MIN_OFFSET /
-    GET_EARLIEST_MSG_STORETIME topic SUB (the text ``offset``), VIEW_MESSAGE_BY_ID SUB on the message's
-    topic, CONSUMER_SEND_MSG_BACK also SUB on the copied message's topic, END_TRANSACTION PUB on the half
-    message's topic, LOCK_BATCH_MQ / UNLOCK_BATCH_MQ the body's group SUB and SUB on each queue's topic
+    GET_EARLIEST_MSG_STORETIME topic SUB (the text ``offset``), QUERY_MESSAGE topic SUB (the text ``lookup``),
+    VIEW_MESSAGE_BY_ID SUB on the message's topic, CONSUMER_SEND_MSG_BACK also SUB on the copied message's
+    topic, END_TRANSACTION PUB on the half message's topic, LOCK_BATCH_MQ / UNLOCK_BATCH_MQ the body's group SUB and SUB on each queue's topic
     (RocketMQ: a signature only). A retry topic is its group's
     (``resource``), also where RocketMQ reads the group from another field (a send to ``%RETRY%g`` names its
     group in the topic, so the topic decides).
@@ -150,6 +150,8 @@ def needs(cmd, record_topic=None, half_topic=None):
         found.add(resource(SUB, decode_header(SearchOffsetHeader, cmd).topic))
     elif code in _QUEUE_CODES:
         found.add(resource(SUB, decode_header(QueueHeader, cmd).topic))
+    elif code == R.QUERY_MESSAGE:
+        found.add(resource(SUB, decode_header(QueryMessageHeader, cmd).topic))
     elif code == R.VIEW_MESSAGE_BY_ID:
         found.add(resource(SUB, record_topic(decode_header(ViewMessageHeader, cmd).offset)))
     elif code == R.CONSUMER_SEND_MSG_BACK:

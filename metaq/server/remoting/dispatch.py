@@ -30,6 +30,7 @@ from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import message_of_record, parse_subscription, stored_message_bytes
 from metaq.server.coldpages import bring_in
 from metaq.server.putpath import now_ms
+from metaq.server.remoting import keys
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender
 from metaq.store.record import RecordTooLarge
@@ -104,6 +105,7 @@ class RemotingDispatcher:
             R.GET_MIN_OFFSET: (self.min_offset, False),
             R.GET_EARLIEST_MSG_STORETIME: (self.earliest_time, False),
             R.VIEW_MESSAGE_BY_ID: (self.view_message, False),
+            R.QUERY_MESSAGE: (self.query_message, True),
             R.HEART_BEAT: (self.heartbeat, False),
             R.UNREGISTER_CLIENT: (self.unregister, False),
             R.GET_CONSUMER_LIST_BY_GROUP: (self.consumer_list, False),
@@ -327,6 +329,9 @@ class RemotingDispatcher:
         rec = self.store.record_at(h.offset)
         host = (self.server.store_ip, self.server.port)
         return _ok(cmd, body=stored_message_bytes(message_of_record(rec, host)))
+
+    def query_message(self, cmd, conn):
+        return keys.query_message(self.store, cmd, (self.server.store_ip, self.server.port))
 
     # -- clients -------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import time
 import gevent
 
 import metaq
-from metaq import errors
+from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
@@ -21,6 +21,8 @@ from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK, compression_bits, without_compression
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
+from metaq.protocol.keylookup import encode_lookup_body
+from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.inflate import inflate_body
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
@@ -123,6 +125,7 @@ _NEEDS = {
     ev.IdempotentPut: lambda guard, session, e: guard.require(session, PUB, "topic", e.topic),
     ev.Offset: _subscriber,
     ev.OffsetAt: _subscriber,  # a read, checked as get checks: subscribe on the topic
+    ev.Lookup: _subscriber,
     ev.CommitOffset: _group_member,
     ev.QueryOffset: _group_member,
     ev.Stats: _stats_reader,
@@ -156,6 +159,7 @@ class TextDispatcher:
             ev.GetTags: self.get_tags,
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
+            ev.Lookup: self.lookup,
             ev.CommitOffset: self.commit_offset,
             ev.QueryOffset: self.query_offset,
             ev.Stats: self.stats_cmd,
@@ -390,6 +394,18 @@ class TextDispatcher:
                 pool.apply(page[0].populate, page[1:])
             search.step()
         return ok(b"%d" % search.result, e.opaque), NO_WAIT
+
+    def lookup(self, e, conn):
+        """``lookup`` (our extension, events.Lookup): one page of a key's messages from the key index, its cold
+        pages brought in off the loop (``coldpages.walk``), as ``offset_at`` does."""
+        if self.roles.read_refusal is not None:
+            return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
+        limits.validate_topic(e.topic)
+        page = walk(self.store.key_search(e.topic, e.key, e.since_ms, e.until_ms, e.max_count, e.cursor)).page()
+        body = encode_lookup_body(page.cursor, page.indexed_to, [
+            (r.partition, r.queue_offset, r.position, r.store_ts_ms, r.msg_id, r.flag, r.data, metaq_checksum(r.data))
+            for r in page.records])
+        return ok(body, e.opaque), NO_WAIT
 
     def commit_offset(self, e, conn):
         self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms())

@@ -1,0 +1,85 @@
+"""QUERY_MESSAGE (12) and the view by unique id over a real broker's key index (README "Key index")."""
+
+import time
+
+import pytest
+
+from bench.rocketmq_peer import run_peer
+from metaq import limits
+from metaq.client.local import ns_of
+from metaq.client.raw import RemotingClient
+from metaq.protocol.rocketmq.bodies import decode_stored_messages
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import ResponseCode as C
+from tests.harness.rocketmq import require_official_client, send_v1
+
+FAST = {"store": {"flush": "async", "flush_interval_ms": 50}}
+
+
+def rport(broker):
+    return broker.config["remoting"]["port"]
+
+
+def query(rc, topic, key, max_num=32, begin=0, end=None, unique=False):
+    fields = {"topic": topic, "key": key, "maxNum": max_num, "beginTimestamp": begin,
+              "endTimestamp": int(time.time() * 1000) + 60_000 if end is None else end}
+    if unique:
+        fields["_UNIQUE_KEY_QUERY"] = "true"
+    return rc.call(R.QUERY_MESSAGE, fields)
+
+
+def found(rc, topic, key, **kw):
+    """The stored messages a query returns once the index has caught up (it follows the flushes)."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = query(rc, topic, key, **kw)
+        if r.code == C.SUCCESS or time.monotonic() > deadline:
+            return decode_stored_messages(r.body) if r.code == C.SUCCESS else []
+        time.sleep(0.05)
+
+
+def test_keys_and_unique_keys_found_and_unknown_keys_not(rmq_factory):
+    b = rmq_factory(**FAST)
+    with RemotingClient(rport(b)) as rc:
+        for i in range(5):
+            assert send_v1(rc, "tQ", b"m%d" % i, props={"KEYS": "order-%d shared" % i, "UNIQ_KEY": "U%d" % i}).code == 0
+        assert [m.body for m in found(rc, "tQ", "order-3")] == [b"m3"]
+        assert [m.body for m in found(rc, "tQ", "shared")] == [b"m4", b"m3", b"m2", b"m1", b"m0"]  # newest first
+        assert [m.body for m in found(rc, "tQ", "U2", unique=True)] == [b"m2"]
+        r = query(rc, "tQ", "nothing")
+        assert r.code == C.QUERY_NOT_FOUND and int(r.ext_fields["indexLastUpdatePhyoffset"]) > 0
+        assert query(rc, "other", "shared").code == C.QUERY_NOT_FOUND  # keys belong to their topic
+        assert query(rc, "tQ", "shared", end=1).code == C.QUERY_NOT_FOUND  # outside the time window
+        assert len(found(rc, "tQ", "shared", max_num=2)) == 2
+
+
+def test_max_num_and_key_length_are_bounded(rmq_factory):
+    b = rmq_factory(**FAST)
+    with RemotingClient(rport(b)) as rc:
+        for i in range(limits.MAX_KEY_QUERY_RESULTS + 1):
+            send_v1(rc, "tB", b"x", props={"KEYS": "hot"})
+        time.sleep(0.5)
+        assert len(found(rc, "tB", "hot", max_num=10 ** 9)) == limits.MAX_KEY_QUERY_RESULTS
+        assert query(rc, "tB", "k" * (limits.MAX_KEY_BYTES + 1)).code != C.SUCCESS
+        assert query(rc, "tB", "hot").code == C.SUCCESS  # the connection still serves
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_keys_sent_by_the_official_client_are_found_after_a_kill_9(rmq_factory, tmp_path):
+    require_official_client()
+    b = rmq_factory(**FAST)
+    sent = [s for s in run_peer(tmp_path / "p", "produce", "--ns", ns_of(b), "--topic", "tOK", "--count", 50)
+            if "msg_id" in s]
+    assert len(sent) == 50
+    with RemotingClient(rport(b)) as rc:
+        assert [m.body for m in found(rc, "tOK", "m-key-7")] == [b"m-7"]
+    time.sleep(0.3)  # past a flush: durable (a kill -9 keeps the page cache; the index is rebuilt from the log)
+    b.kill()
+    b.start()
+    with RemotingClient(rport(b)) as rc:
+        for s in (sent[0], sent[31], sent[-1]):
+            [m] = found(rc, "tOK", "m-key-%d" % s["i"])
+            assert m.body == b"m-%d" % s["i"]
+            [v] = found(rc, "tOK", s["msg_id"], unique=True)
+            assert v.body == m.body

@@ -1,0 +1,307 @@
+"""The key index (store/keyindex.py, keyfile.py): lookups equal a brute-force scan, rebuilds, retention, limits."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metaq import limits
+from metaq.errors import ClientError
+from metaq.protocol.message import encode_payload
+from metaq.protocol.rocketmq.mapping import encode_attribute
+from metaq.store import keyindex
+from metaq.store.keyfile import HEADER_SIZE, data_keys
+from tests.harness.store import NOW, open_store
+
+BIG = 1 << 62
+
+
+def keyed(keys=None, uniq=None, tags=None, body=b"body"):
+    props = {}
+    if keys is not None:
+        props["KEYS"] = " ".join(keys)
+    if uniq is not None:
+        props["UNIQ_KEY"] = uniq
+    return encode_payload(body, encode_attribute(tags, props))
+
+
+def put(s, topic, keys=None, uniq=None, now=NOW, partition=0, body=b"body"):
+    flag, data = keyed(keys, uniq, body=body)
+    return s.put(topic, partition, flag, data, now)
+
+
+def flush(s):
+    s.mark_flushed(s.flush_log())
+
+
+def lookup_all(s, topic, key, since=0, until=BIG, page=limits.MAX_KEY_QUERY_RESULTS):
+    """Every page of a lookup: ``(positions newest first, pages)``."""
+    out, cursor, pages = [], None, 0
+    while True:
+        p = keyindex.run(s.key_search(topic, key, since, until, page, cursor))
+        pages += 1
+        out.extend(r.position for r in p.records)
+        if p.cursor is None:
+            return out, pages
+        assert pages < 10_000
+        cursor = p.cursor
+
+
+def brute(puts, topic, key, since=0, until=BIG):
+    return [pos for pos, t, keys, ts in reversed(puts) if t == topic and key in keys and since <= ts <= until]
+
+
+def test_keys_and_uniq_key_found_newest_first(data_dir):
+    s = open_store(data_dir)
+    a = put(s, "test", ["k1", "k2"], uniq="U1")
+    b = put(s, "test", ["k1"])
+    put(s, "other", ["k1"])
+    flush(s)
+    page = keyindex.run(s.key_search("test", "k1", 0, BIG, 10))
+    assert [r.queue_offset for r in page.records] == [b.offset, a.offset]
+    assert [r.queue_offset for r in keyindex.run(s.key_search("test", "U1", 0, BIG, 10)).records] == [a.offset]
+    assert keyindex.run(s.key_search("test", "nope", 0, BIG, 10)).records == []
+    assert page.cursor is None and page.indexed_to == s.flushed_position
+    s.close(NOW)
+
+
+def test_unflushed_records_are_indexed_after_their_flush(data_dir):
+    s = open_store(data_dir)
+    put(s, "test", ["k"])
+    assert keyindex.run(s.key_search("test", "k", 0, BIG, 10)).records == []
+    flush(s)
+    assert len(keyindex.run(s.key_search("test", "k", 0, BIG, 10)).records) == 1
+    s.close(NOW)
+
+
+def test_plain_attributes_and_no_attribute_are_not_indexed(data_dir):
+    s = open_store(data_dir)
+    s.put("test", 0, *encode_payload(b"x", "KEYS\x01k"), NOW)  # no \x02: a plain MetaQ attribute
+    s.put("test", 0, 0, b"KEYS\x01k", NOW)
+    flush(s)
+    assert s.keys.files == []
+    s.close(NOW)
+
+
+def test_keys_per_message_at_the_limit_and_one_past(data_dir):
+    s = open_store(data_dir)
+    keys = ["k%d" % i for i in range(limits.MAX_KEYS_PER_MESSAGE + 1)]
+    put(s, "test", keys)
+    flush(s)
+    found = [k for k in keys if keyindex.run(s.key_search("test", k, 0, BIG, 1)).records]
+    assert found == keys[:limits.MAX_KEYS_PER_MESSAGE]
+    s.close(NOW)
+
+
+def test_key_length_at_the_limit_and_one_past(data_dir):
+    s = open_store(data_dir)
+    at, past = "a" * limits.MAX_KEY_BYTES, "b" * (limits.MAX_KEY_BYTES + 1)
+    put(s, "test", [at, past])
+    flush(s)
+    assert len(keyindex.run(s.key_search("test", at, 0, BIG, 1)).records) == 1
+    with pytest.raises(ClientError):
+        s.key_search("test", past, 0, BIG, 1)
+    assert data_keys(*keyed([at, past])) == [at.encode()]
+    s.close(NOW)
+
+
+def test_ten_thousand_keys_in_one_message_cost_the_limit(data_dir):
+    s = open_store(data_dir, segment_size=1 << 20)
+    put(s, "test", ["k%d" % i for i in range(10_000)])
+    flush(s)
+    assert sum(f.count for f in s.keys.files) == limits.MAX_KEYS_PER_MESSAGE
+    s.close(NOW)
+
+
+def test_a_page_is_bounded_and_the_cursor_returns_the_rest(data_dir):
+    s = open_store(data_dir, segment_size=1 << 20, key_index_entries=64)
+    puts = [put(s, "test", ["hot"]) for _ in range(300)]
+    flush(s)
+    first = keyindex.run(s.key_search("test", "hot", 0, BIG, 10 ** 9))
+    assert len(first.records) == limits.MAX_KEY_QUERY_RESULTS and first.cursor
+    got, pages = lookup_all(s, "test", "hot", page=7)
+    assert len(got) == 300 and len(set(got)) == 300 and pages >= 300 // 7
+    assert [r.offset for r in puts] == sorted(r.offset for r in puts)
+    s.close(NOW)
+
+
+def test_the_scan_limit_ends_a_page_with_a_cursor(data_dir, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_KEY_SCAN_ENTRIES", 5)
+    s = open_store(data_dir, segment_size=1 << 20)
+    for i in range(20):
+        put(s, "test", ["hot"], now=NOW + i)
+    flush(s)
+    p = keyindex.run(s.key_search("test", "hot", 0, NOW + 2, 10))  # the 17 newest: walked, not taken
+    assert p.records == [] and p.cursor is not None
+    got, pages = lookup_all(s, "test", "hot", until=NOW + 9)
+    assert len(got) == 10 and pages == 4
+    s.close(NOW)
+
+
+def test_bad_cursors_are_refused():
+    for bad in ("x", "1:", ":1", "1:2:3", "9" * (limits.MAX_KEY_CURSOR_BYTES + 1)):
+        with pytest.raises(ClientError):
+            keyindex.parse_cursor(bad)
+    assert keyindex.parse_cursor("12:3") == (12, 3)
+    assert keyindex.parse_cursor("1:" + "0" * (limits.MAX_KEY_CURSOR_BYTES - 2)) == (1, 0)
+
+
+def test_time_bounds(data_dir):
+    s = open_store(data_dir)
+    for i in range(10):
+        put(s, "test", ["k"], now=NOW + 1000 * i)
+    flush(s)
+    got, _ = lookup_all(s, "test", "k", since=NOW + 3000, until=NOW + 5000)
+    assert len(got) == 3
+    s.close(NOW)
+
+
+def test_kill_between_the_log_and_the_index_rebuilds_the_tail(data_dir):
+    s = open_store(data_dir)
+    put(s, "test", ["a"])
+    flush(s)
+    s.checkpoint(NOW)
+    put(s, "test", ["a"])
+    s.flush_log()  # durable in the log, never indexed: as a kill -9 before mark_flushed
+    s.abandon()
+    s = open_store(data_dir)
+    assert len(lookup_all(s, "test", "a")[0]) == 2
+    s.close(NOW)
+
+
+def test_entries_past_the_checkpoint_are_taken_out_and_rebuilt(data_dir):
+    s = open_store(data_dir)
+    put(s, "test", ["a"])
+    flush(s)
+    s.checkpoint(NOW)
+    put(s, "test", ["b"])
+    flush(s)  # indexed, not checkpointed
+    s.abandon()
+    s = open_store(data_dir)
+    assert len(lookup_all(s, "test", "a")[0]) == 1
+    assert len(lookup_all(s, "test", "b")[0]) == 1
+    assert sum(f.count for f in s.keys.files) == 2
+    s.close(NOW)
+
+
+def test_a_torn_key_file_is_rebuilt_from_the_log(data_dir):
+    s = open_store(data_dir)
+    for i in range(5):
+        put(s, "test", ["k%d" % i])
+    flush(s)
+    s.close(NOW)
+    (path,) = [os.path.join(data_dir, "keyindex", n) for n in os.listdir(os.path.join(data_dir, "keyindex"))]
+    with open(path, "r+b") as f:  # every slot points far past the entries
+        f.seek(HEADER_SIZE)
+        f.write(b"\xff" * 64 * 4)
+    s = open_store(data_dir)
+    assert s.keys.rebuilt_from is not None
+    assert all(len(lookup_all(s, "test", "k%d" % i)[0]) == 1 for i in range(5))
+    s.close(NOW)
+
+
+def test_a_missing_checkpoint_rebuilds_everything(data_dir):
+    s = open_store(data_dir)
+    put(s, "test", ["k"])
+    flush(s)
+    s.close(NOW)
+    os.unlink(os.path.join(data_dir, "key_checkpoint"))
+    s = open_store(data_dir)
+    assert len(lookup_all(s, "test", "k")[0]) == 1
+    s.close(NOW)
+
+
+def test_a_cut_log_takes_its_entries_out(data_dir):
+    s = open_store(data_dir)
+    put(s, "test", ["k"])
+    flush(s)
+    end = s.written_position
+    put(s, "test", ["k"])
+    flush(s)
+    s.truncate_log(end, NOW)
+    assert len(lookup_all(s, "test", "k")[0]) == 1
+    put(s, "test", ["j"])
+    flush(s)
+    assert len(lookup_all(s, "test", "j")[0]) == 1 and len(lookup_all(s, "test", "k")[0]) == 1
+    s.close(NOW)
+
+
+def test_retention_drops_whole_files_and_skips_gone_records(data_dir):
+    s = open_store(data_dir, key_index_entries=limits.MAX_KEYS_PER_MESSAGE)
+    for i in range(200):
+        put(s, "test", ["k"], body=b"x" * 200)
+    flush(s)
+    s.checkpoint(NOW)
+    files_before = len(s.keys.files)
+    r = s.retention(NOW + 1000 * 3600_000 * 1000)
+    assert r.deleted_segments
+    assert len(s.keys.files) < files_before
+    assert s.keys.files[0].first <= s._log.start
+    got, _ = lookup_all(s, "test", "k")
+    assert got and all(p >= s._log.start for p in got)
+    assert len(got) == sum(1 for _ in range(s.min_offset("test", 0), s.max_offset("test", 0)))
+    s.close(NOW)
+
+
+def test_a_search_survives_retention_during_its_walk(data_dir):
+    s = open_store(data_dir, key_index_entries=limits.MAX_KEYS_PER_MESSAGE)
+    for i in range(200):
+        put(s, "test", ["k"], body=b"x" * 200)
+    flush(s)
+    s.checkpoint(NOW)
+    search = s.key_search("test", "k", 0, BIG, 64)
+    for _ in range(3):
+        search.step()
+    s.retention(NOW + 1000 * 3600_000 * 1000)
+    page = keyindex.run(search)
+    assert all(r.position >= s._log.start for r in page.records)
+    s.close(NOW)
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["test", "tx"]), st.lists(st.sampled_from("abcdef"), max_size=4),
+                          st.integers(0, 5), st.integers(0, 300)), min_size=1, max_size=60)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_ops, cut=st.sampled_from(["none", "checkpoint", "nocheckpoint", "torn"]))
+def test_lookups_equal_a_brute_force_scan_and_survive_a_rebuild(fast_dir, ops, cut):
+    d = os.path.join(fast_dir, "d%d" % abs(hash((tuple(map(str, ops)), cut))))
+    sizes = dict(key_index_entries=limits.MAX_KEYS_PER_MESSAGE, key_index_slots=3)
+    s = open_store(d, **sizes)
+    puts = []
+    for i, (topic, keys, dt, size) in enumerate(ops):
+        ts = NOW + dt * 1000
+        r = put(s, topic, keys or None, now=ts, body=b"y" * size)
+        puts.append((None, topic, set(keys), ts, r))
+        if i % 7 == 3:
+            flush(s)
+        if i % 11 == 5:
+            s.checkpoint(NOW)
+    flush(s)
+    recs = {(t, r.queue_offset): r.position for t in ("test", "tx") if s.max_offset(t, 0)
+            for r in s.read_records(t, 0, 0, 10 ** 6, 1 << 30)[0]}
+    puts = [(recs[(t, r.offset)], t, keys, ts) for _p, t, keys, ts, r in puts]
+
+    def check():
+        for topic in ("test", "tx"):
+            for key in "abcdef":
+                assert lookup_all(s, topic, key, page=3)[0] == brute(puts, topic, key)
+                assert lookup_all(s, topic, key, since=NOW + 2000, until=NOW + 4000)[0] == \
+                    brute(puts, topic, key, NOW + 2000, NOW + 4000)
+
+    check()
+    if cut == "checkpoint":
+        s.close(NOW)
+    else:
+        s.abandon()
+        if cut == "nocheckpoint":
+            os.unlink(os.path.join(d, "key_checkpoint"))
+        elif cut == "torn":
+            for n in os.listdir(os.path.join(d, "keyindex")):
+                with open(os.path.join(d, "keyindex", n), "r+b") as f:
+                    f.seek(HEADER_SIZE + 4)
+                    f.write(b"\xff\xff\xff\x7f")
+    s = open_store(d, **sizes)
+    check()
+    s.close(NOW)
