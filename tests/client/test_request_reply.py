@@ -3,6 +3,7 @@
 requester that went away, and the pending-request limits at and one past."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -197,3 +198,15 @@ def test_pending_request_limits_at_and_one_past(broker_factory, tmp_path, where)
         t.send(serialize(_request_frame("tLim", b"fits again", 300, 7)))
         late = t.read_event()
         assert isinstance(late, ev.Result) and (late.code, late.opaque) == (504, 7)
+
+
+def test_the_readme_example_runs_and_ends(broker, tmp_path):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    start = readme.index("## Request-reply")
+    section = readme[start:readme.index("\n## ", start + 10)]
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)[:1]
+    code = code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "b'price of ACME: 42'"
