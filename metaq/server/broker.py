@@ -278,6 +278,7 @@ class Broker:
         if self.registry is not None:
             self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.close()  # parked long polls answer now
+        self.replies.close()  # and requests waiting for replies
         if self.remoting is not None:
             self.remoting.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)

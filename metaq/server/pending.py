@@ -69,6 +69,13 @@ class PendingRequests:
         ids = self._by_conn.pop(conn, ())
         return [self._by_id.pop(cid) for cid in ids if cid in self._by_id]
 
+    def drain(self):
+        """Take out every entry (the broker is stopping); returns them."""
+        entries = list(self._by_id.values())
+        self._by_id.clear()
+        self._by_conn.clear()
+        return entries
+
     def expire(self, now):
         """Take out the entries whose deadline has passed; returns ``[(correlation id, entry)]``."""
         gone = [(cid, e) for cid, e in self._by_id.items() if e.deadline <= now]

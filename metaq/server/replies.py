@@ -36,6 +36,10 @@ class ReplyMessage(NamedTuple):
     born_ms: int
 
 
+#: What ``wait`` returns when the broker stops before the reply came.
+STOPPING = "stopping"
+
+
 class ReplyRouter:
     def __init__(self, broker_id, cluster, max_total, per_connection):
         self.broker_id = broker_id
@@ -62,8 +66,8 @@ class ReplyRouter:
         self.table.remove(correlation_id)
 
     def wait(self, correlation_id, waiter, timeout_s):
-        """The ReplyMessage for the request, or None when none came within ``timeout_s`` (or its connection
-        closed); the request leaves the table either way."""
+        """The ReplyMessage for the request, None when none came within ``timeout_s`` (or its connection
+        closed), ``STOPPING`` when the broker stops first; the request leaves the table either way."""
         try:
             return waiter.get(timeout=timeout_s)
         except gevent.Timeout:
@@ -93,3 +97,8 @@ class ReplyRouter:
         """A connection ended: its waiting requests leave the table (their greenlets end with it)."""
         for entry in self.table.connection_closed(conn):
             entry.waiter.set(None)
+
+    def close(self):
+        """The broker is stopping: every waiting request is answered now (``STOPPING``), none holds the shutdown."""
+        for entry in self.table.drain():
+            entry.waiter.set(STOPPING)

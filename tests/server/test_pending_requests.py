@@ -72,3 +72,12 @@ def test_producers_are_found_by_client_id_while_connected():
     r.heartbeat(a, ["PG"], 3.0, "client-2")
     r.expire(100.0)
     assert r.client("client-2") is None
+
+
+def test_drain_takes_every_entry_out():
+    t = PendingRequests(10, 10)
+    a = Conn()
+    t.add("1", a, "w1", 1.0)
+    t.add("2", Conn(), "w2", 1.0)
+    assert sorted(e.waiter for e in t.drain()) == ["w1", "w2"]
+    assert len(t) == 0 and t.waiting_on(a) == 0 and t.take("1") is None

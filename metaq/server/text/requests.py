@@ -19,7 +19,7 @@ from metaq.protocol.reqreply import properties_of, reply_topic, request_properti
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.guard import PUB
 from metaq.server.putpath import now_ms
-from metaq.server.replies import ReplyMessage
+from metaq.server.replies import STOPPING, ReplyMessage
 
 
 def _checked(e):
@@ -70,6 +70,9 @@ class TextRequests:
             self.router.cancel(correlation_id)
             return self.error_reply(exc, e.opaque)
         reply = self.router.wait(correlation_id, waiter, timeout_ms / 1000.0)
+        if reply is STOPPING:
+            return encode_result(503, b"the broker is stopping: no reply will come (correlation id %s)"
+                                 % correlation_id.encode(), e.opaque)
         if reply is None:
             return encode_result(504, b"no reply within %d ms (correlation id %s): the request was stored, "
                                  b"no consumer answered it in time" % (timeout_ms, correlation_id.encode()),
