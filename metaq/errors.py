@@ -19,6 +19,8 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     │   ├── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns (507)
     │   ├── ConnectionLost         (client) the connection to a broker closed or could not be made
     │   └── RequestTimeout         (client) no reply within the request's timeout
+    │       └── NoReply            a request-reply ``request`` got no reply within its timeout (504)
+    ├── ReplyError                 (client) the replier's handler raised; the reply says what
     ├── TransactionError           an XA failure (500, body XAException:code=<xa_code>,msg=...)
     ├── BrokerError                our fault (500)
     │   └── StoreError             the store failed
@@ -139,6 +141,20 @@ class ConnectionLost(Unavailable):
 
 class RequestTimeout(Unavailable):
     """Client side: no reply arrived within the request's timeout (the request may still have been served)."""
+
+
+class NoReply(RequestTimeout):
+    """A request-reply ``request`` got no reply within its timeout (the broker's ``result 504``; README
+    "Request-reply"). The request itself was stored: a consumer may still handle it later."""
+
+    code = 504
+
+
+class ReplyError(MetaqError):
+    """Client side: the reply to a request says its replier's handler raised (``METAQ_REPLY_ERROR``); the text
+    is what it raised. The replier's fault, not the broker's."""
+
+    code = 500
 
 
 class TransactionError(MetaqError):

@@ -14,26 +14,24 @@ Three ways to find partitions:
 * **direct** (``brokers=["meta://h:p", ...]``, no ZooKeeper): this consumer owns every
   partition of those brokers (``stats`` gives each broker's id and the topic's partition
   count); offsets in the brokers' own offset store by default.
-* **broadcast** (``broadcast=True``): no group coordination; every broadcast consumer reads
-  every partition and keeps its own offsets in a local JSON file.
+* **broadcast** (``broadcast=True``): no group coordination; every broadcast consumer reads every partition
+  and keeps its own offsets in a local JSON file.
 
-Threads: one fetch thread per owned partition (simple, and a partition's messages reach the
-handler one at a time in offset order); it sends long-polling ``get``s, so an idle consumer
-burns no CPU and sees a new message as soon as the broker stores it. The handler therefore runs
-on several threads at once (one per partition, plus the recover thread) and must be
-thread-safe. One maintenance thread commits offsets every ``commit_interval`` and refreshes
-the partition list in direct and broadcast mode; one recover thread replays parked messages.
+Threads: one fetch thread per owned partition (a partition's messages reach the handler one at a time in offset
+order); it sends long-polling ``get``s, so an idle consumer burns no CPU and sees a new message as soon as the
+broker stores it. The handler therefore runs on several threads at once (one per partition, plus the recover
+thread) and must be thread-safe. One maintenance thread commits offsets every ``commit_interval`` and
+refreshes the partition list in direct and broadcast mode; one recover thread replays parked messages.
 
-Delivery is at least once: the in-memory offset moves past a message only after the handler
-returned (or the filter skipped it, or it was parked), and offsets are committed periodically,
-on a rebalance and on close, so a crash redelivers at most what came after the last commit. A
-message whose handler keeps failing is retried ``max_retries`` times (the handler is called at
-most ``1 + max_retries`` times, with a growing backoff), then parked: put to
-``dead_letter_topic`` if set, else (or when that put fails) appended to the local recover store
+Delivery is at least once: the in-memory offset moves past a message only after the handler returned (or the
+filter skipped it, or it was parked), and offsets are committed periodically, on a rebalance and on close, so
+a crash redelivers at most what came after the last commit. A message whose handler keeps failing is retried
+``max_retries`` times (the handler is called at most ``1 + max_retries`` times, with a growing backoff), then
+parked: put to ``dead_letter_topic`` if set, else (or when that put fails) appended to the local recover store
 (:mod:`metaq.client.recover`), which is replayed to the handler every ``recover_interval``.
-A topic subscribed with ``orderly=True`` never parks: its failing message is retried with the same
-growing backoff (capped at ``RETRY_BACKOFF_MAX_S``) until the handler takes it, and the later
-messages of its partition wait behind it, so each partition is handled strictly in offset order.
+A topic subscribed with ``orderly=True`` never parks: its failing message is retried with the same growing
+backoff (capped at ``RETRY_BACKOFF_MAX_S``) until the handler takes it, and the later messages of its
+partition wait behind it, so each partition is handled strictly in offset order.
 """
 
 import logging
@@ -55,6 +53,7 @@ from metaq.client.fetcher import STOP_TIMEOUT_S, PartitionFetcher
 from metaq.client.message import Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
+from metaq.client.request import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
 from metaq.client.reads import ConsumerReads
@@ -188,19 +187,20 @@ class Consumer(ConsumerReads):
 
     # -- public API -----------------------------------------------------------------------------
 
-    def subscribe(self, topic, handler, filter=None, orderly=False):
+    def subscribe(self, topic, handler, filter=None, orderly=False, reply=False):
         """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
 
         ``filter``: a callable ``message -> bool``, an attribute string (messages whose attribute equals it) or
-        an iterable of attribute strings; messages filtered out are skipped (their offsets advance). An attribute filter is applied by the broker (``get_tags``, README "Tag
-        filtering"), and again here. ``orderly``: a failing message holds its partition, retried with backoff
-        until it succeeds (or the consumer closes), instead of being parked after ``max_retries`` while the
-        partition's later messages go on. Call before :meth:`start`.
+        an iterable of attribute strings; messages filtered out are skipped (their offsets advance). An attribute
+        filter is applied by the broker (``get_tags``, README "Tag filtering"), and again here. ``orderly``: a
+        failing message holds its partition, retried with backoff until it succeeds (or the consumer closes),
+        instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
+        (``client.request.replying``: README "Request-reply"). Call before :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):
             raise errors.ClientError("handler must be callable, got %r" % (handler,))
-        accept = make_filter(filter)
+        handler, accept = replying(handler, self.connection) if reply else handler, make_filter(filter)
         with self._lock:
             if self._state != "new":
                 raise errors.ClientError("subscribe() must be called before start()")

@@ -49,6 +49,7 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
+from metaq.client.request import request as send_request
 from metaq.client.selectors import as_selector
 from metaq.client.transaction import LocalTransaction, new_session_id
 
@@ -269,18 +270,19 @@ class Producer:
                 producer.send(Message("orders", b"a"))
                 producer.send(Message("orders", b"b"))
 
-        Nothing is sent yet: the thread's first send picks a broker as usual
-        and begins the transaction there (``timeout`` seconds, None: the
-        broker's default), later sends go to partitions of that broker and are
-        never retried elsewhere. Leaving the block commits (all messages become
-        visible at once), an exception rolls back; ``tx.commit()`` and
-        ``tx.rollback()`` work too. ``request_timeout`` bounds each
+        Nothing is sent yet: the thread's first send picks a broker as usual and begins the transaction there
+        (``timeout`` seconds, None: the broker's default), later sends go to partitions of that broker and are
+        never retried elsewhere. Leaving the block commits (all messages become visible at once), an exception
+        rolls back; ``tx.commit()`` and ``tx.rollback()`` work too. ``request_timeout`` bounds each
         ``transaction`` command. Sends of other threads are not part of it.
         """
         if self.idempotent:
-            raise ValueError("an idempotent producer cannot open transactions: use a producer without "
-                             "idempotent=True for them")
+            raise ValueError("an idempotent producer cannot open transactions: use one without idempotent=True")
         return LocalTransaction.open(self, timeout, request_timeout)
+
+    def request(self, message, timeout=3.0):
+        """Send ``message`` as a request and wait up to ``timeout`` s for its reply (a Message): ``client.request``."""
+        return send_request(self, message, timeout)
 
     def partitions(self, topic):
         """The partitions ``topic`` is sent to now, sorted by (broker_id, partition).

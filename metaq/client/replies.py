@@ -6,6 +6,7 @@
     404 NotFound        nothing there
     500 BrokerError     the broker failed
     503 Unavailable     try again later (a slave, a failed flush, too many connections...)
+    504 NoReply         a ``request`` got no reply within its timeout (README "Request-reply")
     507 DiskFull        the broker's disk is full (or above its danger mark): writes are refused
                         until space returns (``errors.DiskFull``; a kind of Unavailable)
     512 CorruptRecord   a get reached a stored record that fails its CRC check; the broker never
@@ -30,6 +31,7 @@ REPLY_ERRORS = {
     500: errors.BrokerError,
     503: errors.Unavailable,
     errors.DiskFull.code: errors.DiskFull,
+    errors.NoReply.code: errors.NoReply,
 }
 
 

@@ -76,6 +76,36 @@ class IdempotentPut(NamedTuple):
     sequence: int
 
 
+class Request(NamedTuple):
+    """``request topic partition len flag checksum timeoutMs opaque\r\n<body>`` (our extension; README
+    "Request-reply", ``metaq.protocol.reqreply``): a put whose answer is its reply.
+
+    The broker stores the message with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added to
+    its properties, then answers ``value <len> <opaque>`` with the reply as one record (msgId 0) once a
+    ``reply`` (or a RocketMQ SEND_REPLY_MESSAGE) names its correlation id, or ``result 504`` after
+    ``timeout_ms`` (1..2^31-1; the broker cuts it to ``limits.max_request_timeout_ms``).
+    """
+
+    topic: str
+    partition: int
+    flag: int
+    body: bytes
+    opaque: int
+    checksum: int
+    timeout_ms: int
+
+
+class Reply(NamedTuple):
+    """``reply len flag checksum opaque\r\n<body>`` (our extension): a reply message, its properties naming
+    the request's ``CORRELATION_ID`` and ``REPLY_TO_CLIENT``. Answered ``result 200`` once handed to the
+    requester, ``result 404`` when no requester waits for it (timed out, or its connection closed)."""
+
+    flag: int
+    body: bytes
+    opaque: int
+    checksum: int
+
+
 class Get(NamedTuple):
     """``get topic group partition offset maxSize [maxWaitMs] opaque``; max_wait_ms None = no long poll."""
 

@@ -11,7 +11,9 @@ Differences from MetaQ's decoder, all deliberate: the command word must match
 exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
 carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
 the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
-after a time), ``lookup`` (a key's messages; ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``) and ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``) are ours;
+after a time), ``lookup`` (a key's messages; ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker;
+``metaq.protocol.tags``), ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``),
+``request`` and ``reply`` (request-reply; ``metaq.protocol.reqreply``) are ours;
 integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
@@ -41,6 +43,8 @@ from metaq.protocol.events import (
     QueryOffset,
     Put,
     Quit,
+    Reply,
+    Request,
     Result,
     Stats,
     Sync,
@@ -201,6 +205,23 @@ def _parse_put_idem(t):
     return lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)
 
 
+def _parse_request(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", -1, INT32_MAX)
+    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    timeout_ms = _int(t[6], "timeoutMs", 1, INT32_MAX)
+    opaque = _int(t[7], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: Request(topic, partition, flag, body, opaque, checksum, timeout_ms)
+
+
+def _parse_reply(t):
+    flag = _int(t[2], "flag", INT32_MIN, INT32_MAX)
+    checksum = _int(t[3], "checksum", UNCHECKED, INT32_MAX)
+    opaque = _int(t[4], "opaque", INT32_MIN, INT32_MAX)
+    return lambda body: Reply(flag, body, opaque, checksum)
+
+
 def _parse_get(t):
     partition = _int(t[3], "partition", -1, INT32_MAX)
     offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
@@ -337,6 +358,9 @@ _COMMANDS = {
     "put_idem": (_parse_put_idem, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
                  "<opaque>)", 3),
     "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
+    "request": (_parse_request, (8,), "8 tokens (request <topic> <partition> <len> <flag> <checksum> <timeoutMs> "
+                "<opaque>)", 3),
+    "reply": (_parse_reply, (5,), "5 tokens (reply <len> <flag> <checksum> <opaque>)", 1),
     "get_tags": (_parse_get_tags, (8, 9), "8 or 9 tokens (get_tags <topic> <group> <partition> <offset> <maxSize> "
                  "<tags> [<maxWaitMs>] <opaque>)", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),

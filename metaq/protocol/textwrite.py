@@ -17,6 +17,8 @@ from metaq.protocol.events import (
     QueryOffset,
     Put,
     Quit,
+    Reply,
+    Request,
     Result,
     Stats,
     Sync,
@@ -55,6 +57,16 @@ def _serialize_put_idem(e):
     head = "put_idem %s %d %d %d %d %d %d %d\r\n" % (
         _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
     return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_request(e):
+    head = "request %s %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.timeout_ms, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_reply(e):
+    return b"".join((b"reply %d %d %d %d\r\n" % (len(e.body), e.flag, e.checksum, e.opaque), e.body))
 
 
 def _serialize_get(e):
@@ -147,6 +159,8 @@ _SERIALIZERS = {
     Put: _serialize_put,
     DelayedPut: _serialize_put_delayed,
     IdempotentPut: _serialize_put_idem,
+    Request: _serialize_request,
+    Reply: _serialize_reply,
     Get: _serialize_get,
     GetTags: _serialize_get_tags,
     Offset: _serialize_offset,

@@ -20,6 +20,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
+from metaq.server.replies import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values
@@ -87,15 +88,19 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
+        self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
+                                   lim.max_pending_requests_per_connection)  # request-reply, both protocols
+        self.core.on_close(self.replies.connection_closed)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
-                                         self.roles, self.waiters, config, self.stats_service.render, self.guard)
+                                         self.roles, self.waiters, config, self.stats_service.render, self.guard,
+                                         self.replies)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None
         if config.remoting.port:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
                                            self.roles, self.waiters, elected_master=self.election.master_remoting
-                                           if self.election is not None else None)
+                                           if self.election is not None else None, replies=self.replies)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", self.delay.summary_values)
@@ -273,6 +278,7 @@ class Broker:
         if self.registry is not None:
             self.registry.stop()  # first, so producers and consumers move away while we finish
         self.waiters.close()  # parked long polls answer now
+        self.replies.close()  # and requests waiting for replies
         if self.remoting is not None:
             self.remoting.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)

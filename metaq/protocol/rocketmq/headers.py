@@ -34,6 +34,7 @@ __all__ = [
     "EndTransactionHeader",
     "CheckTransactionStateHeader",
     "check_transaction_fields",
+    "push_reply_fields",
     "UnregisterClientHeader",
     "ConsumerGroupHeader",
     "RouteInfoHeader",
@@ -277,10 +278,11 @@ def decode_header(cls, cmd):
 
 
 def decode_send_header(cmd):
-    """The ``SendMessageHeader`` of a send request: full names for code 10, one-letter keys for 310/320."""
-    if cmd.code == RequestCode.SEND_MESSAGE:
+    """The ``SendMessageHeader`` of a send request: full names for codes 10 and 324 (SEND_REPLY_MESSAGE), one-letter
+    keys for 310/320/325."""
+    if cmd.code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_REPLY_MESSAGE):
         return SendMessageHeader(*_decode(cmd, _SEND_V1, "SendMessageRequestHeader"))
-    if cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
+    if cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE, RequestCode.SEND_REPLY_MESSAGE_V2):
         return SendMessageHeader(*_decode(cmd, _SEND_V2, "SendMessageRequestHeaderV2"))
     raise ValueError("code %d is not a send request" % cmd.code)
 
@@ -297,6 +299,16 @@ def check_transaction_fields(tran_state_table_offset, commit_log_offset, transac
     """extFields of a CHECK_TRANSACTION_STATE request: what the producer's END_TRANSACTION sends back."""
     return {"tranStateTableOffset": str(tran_state_table_offset), "commitLogOffset": str(commit_log_offset),
             "msgId": transaction_id, "transactionId": transaction_id, "offsetMsgId": offset_msg_id, "topic": topic}
+
+
+def push_reply_fields(producer_group, topic, queue_id, sys_flag, born_ms, flag, properties, reconsume_times,
+                      born_host, store_host, store_ms):
+    """extFields of a PUSH_REPLY_MESSAGE_TO_CLIENT (326) request (RocketMQ's ReplyMessageRequestHeader): the
+    reply's send header, ``bornHost``/``storeHost`` as ``ip:port`` and ``storeTimestamp``."""
+    return {"producerGroup": producer_group, "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+            "queueId": str(queue_id), "sysFlag": str(sys_flag), "bornTimestamp": str(born_ms), "flag": str(flag),
+            "properties": properties, "reconsumeTimes": str(reconsume_times), "unitMode": "false",
+            "bornHost": born_host, "storeHost": store_host, "storeTimestamp": str(store_ms)}
 
 
 def pull_response_fields(next_begin_offset, min_offset, max_offset, suggest_which_broker_id=0):

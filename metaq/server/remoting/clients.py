@@ -143,11 +143,15 @@ class ProducerRegistry:
         self.max_members = max_members
         self._groups = {}  # group -> {conn: last seen}
         self._by_conn = {}  # conn -> {group}
+        self._clients = {}  # client id -> conn: where replies to that client go (request-reply)
+        self._client_of = {}  # conn -> client id
         self._turn = 0
         self.members = 0
 
-    def heartbeat(self, conn, groups, now):
-        """Record that ``conn`` is a producer of each of ``groups`` (ClientError, nothing recorded, past a bound)."""
+    def heartbeat(self, conn, groups, now, client_id=None):
+        """Record that ``conn`` is a producer of each of ``groups`` (ClientError, nothing recorded, past a bound),
+        and that producer ``client_id`` is reached through ``conn`` (RocketMQ's ``findChannel(clientId)``: replies
+        to it are pushed there) while ``conn`` is a producer of some group."""
         groups = set(groups)
         if len(groups) > limits.MAX_HEARTBEAT_GROUPS:
             raise errors.ClientError("a heartbeat may name at most %d producer groups, this one names %d"
@@ -162,6 +166,23 @@ class ProducerRegistry:
                 self.members += 1
                 self._by_conn.setdefault(conn, set()).add(group)
             members[conn] = now
+        if client_id and groups:
+            if self._client_of.get(conn) != client_id:
+                self._forget_client(conn)
+            self._clients[client_id] = conn
+            self._client_of[conn] = client_id
+
+    def client(self, client_id):
+        """The open connection producer ``client_id``'s last heartbeat came over, or None."""
+        conn = self._clients.get(client_id)
+        if conn is None or getattr(conn, "closed", False) or conn not in self._by_conn:
+            return None
+        return conn
+
+    def _forget_client(self, conn):
+        old = self._client_of.pop(conn, None)
+        if old is not None and self._clients.get(old) is conn:
+            del self._clients[old]
 
     def unregister(self, conn, group):
         self._leave(conn, group)
@@ -191,6 +212,7 @@ class ProducerRegistry:
             groups.discard(group)
             if not groups:
                 del self._by_conn[conn]
+                self._forget_client(conn)
 
     def pick(self, group, usable=lambda conn: True):
         """A connection of ``group`` that is open and ``usable`` (the next in turn), or None."""

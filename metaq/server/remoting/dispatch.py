@@ -112,6 +112,9 @@ class RemotingDispatcher:
             R.LOCK_BATCH_MQ: (self.lock_batch, False),
             R.UNLOCK_BATCH_MQ: (self.unlock_batch, False),
         }
+        if server.replies is not None:  # request-reply (remoting/reply.py)
+            self._handlers[R.SEND_REPLY_MESSAGE] = self._handlers[R.SEND_REPLY_MESSAGE_V2] = \
+                (server.replies.send_reply, True)
         self._unsupported_seen = set()
 
     def handle(self, cmd, conn):
@@ -337,7 +340,7 @@ class RemotingDispatcher:
 
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
-        self.server.producers.heartbeat(conn, hb.producer_groups, time.monotonic())  # the check-back's channels
+        self.server.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
         self.server.clients.heartbeat(conn, hb, time.monotonic())
         return _ok(cmd)
 

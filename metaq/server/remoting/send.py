@@ -29,6 +29,7 @@ from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
+from metaq.protocol.reqreply import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)
@@ -64,6 +65,7 @@ class RemotingSender:
         self.max_reconsume_times = cfg.max_reconsume_times
         self.send_back_delay_level = cfg.send_back_delay_level
         self.max_half = cfg.max_half_messages
+        self.cluster = cfg.cluster
         self._half_numbers = itertools.count(first_half_number((h.number for h in tx.manager.halves()), now_ms()))
 
     # -- the put itself -------------------------------------------------------
@@ -102,6 +104,8 @@ class RemotingSender:
         if h.batch or cmd.code == 320:
             return self._send_batch(cmd, h, topic, conn)
         props = decode_properties(h.properties)
+        if is_request(props):  # a request-reply request: the replier's reply topic names our cluster (RocketMQ)
+            props[CLUSTER] = self.cluster
         level = _delay_level(props)
         identity = _identity(props)
         flag, data = record_data_from_send(self._body(h.sys_flag, cmd.body), props, h.flag,

@@ -31,6 +31,7 @@ from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.server.remoting.checkback import CheckBack
 from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
 from metaq.server.remoting.locks import LockTable
+from metaq.server.remoting.reply import RemotingReplies
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,11 @@ def advertised_ip(host):
 class RemotingServer:
     """The listener, its connections and the consumer-group bookkeeping."""
 
-    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters, elected_master=None):
+    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters, elected_master=None, replies=None):
         """``elected_master``: with ``replication.ha: auto``, a callable giving the elected master's RocketMQ
         address (``host:port``) or None while none is known; routes name it as broker 0. Without it (ha:
-        manual, standalone) routes name this broker as the master, whatever its role."""
+        manual, standalone) routes name this broker as the master, whatever its role. ``replies``: the
+        request-reply router (``server.replies``; None: SEND_REPLY_MESSAGE is not supported)."""
         cfg = config.remoting
         self.elected_master = elected_master
         self.core = core_
@@ -68,6 +70,7 @@ class RemotingServer:
         self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
         self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
                                    limits.MAX_CHECKS_PER_ROUND)
+        self.replies = RemotingReplies(self, replies, config.limits.max_body_bytes) if replies is not None else None
         self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
         self.stats = stats
         self.listener = None
@@ -166,16 +169,16 @@ class RemotingConnection(core.Connection):
                 log.info("remoting %s: send failed (%s); closing", self.peer, exc)
                 self.close()
 
-    def send_request(self, code, ext_fields, body=b""):
-        """A oneway request of ours to the client (its answer, if any, is ignored), sent from a greenlet of its
-        own: whoever caused it (another client's heartbeat, the check-back) never waits on this client's
+    def send_request(self, code, ext_fields, body=b"", oneway=True):
+        """A request of ours to the client, oneway unless ``oneway`` is False (its answer is ignored then: a
+        PUSH_REPLY_MESSAGE_TO_CLIENT, as RocketMQ sends it), sent from a greenlet of its own: whoever caused it (another client's heartbeat, the check-back) never waits on this client's
         socket. At most ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped
         (clients also rebalance on their own every 20 s; a check-back comes again next round). Returns
         whether it was queued."""
         if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
             return False
         self._notifying += 1
-        gevent.spawn(self._notify, make_request(code, ext_fields, body, opaque=next(self._opaques), oneway=True))
+        gevent.spawn(self._notify, make_request(code, ext_fields, body, opaque=next(self._opaques), oneway=oneway))
         return True
 
     def _notify(self, cmd):

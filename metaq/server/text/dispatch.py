@@ -26,6 +26,7 @@ from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.inflate import inflate_body
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
+from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
 
 log = logging.getLogger(__name__)
@@ -136,9 +137,10 @@ _NEEDS = {
 
 
 class TextDispatcher:
-    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard):
+    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None):
         """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
-        the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``)."""
+        the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
+        ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400)."""
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -151,6 +153,8 @@ class TextDispatcher:
         self.max_body = config.limits.max_body_bytes
         self.max_wait_ms = config.limits.max_wait_ms
         self.max_parked_per_connection = config.limits.max_parked_gets_per_connection
+        if replies is not None:
+            self.requests = TextRequests(replies, put_path, guard, config.limits.max_request_timeout_ms, error_reply)
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
@@ -168,9 +172,14 @@ class TextDispatcher:
             ev.Sync: self.sync,
             ev.Promote: self.promote,
             ev.Auth: self.auth,
+            ev.Request: self.reply_from_client,
+            ev.Reply: self.reply_from_client,
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
+        if replies is not None:
+            self._handlers[ev.Request] = lambda e, conn: (self.requests.request(e, conn), NO_WAIT)
+            self._handlers[ev.Reply] = lambda e, conn: (self.requests.reply(e, conn), NO_WAIT)
 
     def handle(self, event, conn):
         handler = self._handlers[type(event)]
@@ -472,6 +481,8 @@ class TextDispatcher:
         return ok(server_proof.encode(), e.opaque), NO_WAIT
 
     def reply_from_client(self, e, conn):
+        if isinstance(e, (ev.Request, ev.Reply)):
+            return encode_result(400, b"request-reply is not served by this dispatcher", e.opaque), NO_WAIT
         word = "value" if isinstance(e, ev.Value) else "result"
         msg = "'%s' is a reply, not a request" % word
         return encode_result(400, msg.encode(), e.opaque), NO_WAIT

@@ -1,0 +1,92 @@
+"""The text protocol's request-reply commands, ``request`` and ``reply`` (our extension; README "Request-reply",
+``metaq.protocol.reqreply``, ``metaq.server.replies``).
+
+``request``: the request is entered in the pending table (503 past its bounds, nothing stored), its message
+stored with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added, and, from a greenlet of
+its own, answered with the reply (``value``: one record, msgId 0) or ``result 504`` when none came within its
+timeout. An error storing it is answered as a put's would be.
+
+``reply``: the reply is routed to its requester's connection (text or RocketMQ): ``result 200`` once handed
+over, 404 when nobody waits for it. It is not stored.
+"""
+
+from metaq import errors
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.message import encode_record
+from metaq.protocol.reqreply import properties_of, reply_topic, request_properties, with_properties
+from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.guard import PUB
+from metaq.server.putpath import now_ms
+from metaq.server.replies import STOPPING, ReplyMessage
+
+
+def _checked(e):
+    checksum = metaq_checksum(e.body)
+    if e.checksum != checksum and e.checksum != ev.UNCHECKED:
+        raise errors.ChecksumMismatch("Checksum failure, message may be corrupted when transferring on network "
+                                      "(announced %d, body has %d)" % (e.checksum, checksum))
+
+
+class TextRequests:
+    """``error_reply(exc, opaque)``: the dispatcher's one error→reply mapping."""
+
+    def __init__(self, router, put_path, guard, max_timeout_ms, error_reply):
+        self.router = router
+        self.path = put_path
+        self.guard = guard
+        self.max_timeout_ms = max_timeout_ms
+        self.error_reply = error_reply
+
+    def request(self, e, conn):
+        """``request``: None (answered from its greenlet) or the refusal now."""
+        if self.guard.enabled:
+            self.guard.require(conn.session, PUB, "topic", e.topic)
+        self.path.check_writable()
+        _checked(e)
+        if e.topic == SCHEDULE_TOPIC:
+            raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a request cannot go "
+                                     "there" % SCHEDULE_TOPIC)
+        timeout_ms = min(e.timeout_ms, self.max_timeout_ms)
+        router = self.router
+        correlation_id, waiter = router.open(conn, timeout_ms / 1000.0)
+        try:
+            flag, data = with_properties(e.flag, e.body, request_properties(
+                correlation_id, router.requester_name(conn), timeout_ms, router.cluster))
+        except errors.MetaqError:
+            router.cancel(correlation_id)
+            raise
+        conn.spawn(self._serve, e, conn, flag, data, correlation_id, waiter, timeout_ms)
+        return None
+
+    def _serve(self, e, conn, flag, data, correlation_id, waiter, timeout_ms):
+        path = self.path
+        now = now_ms()
+        try:
+            r = path.append(e.topic, e.partition, flag, data, now, checksum=metaq_checksum(data))
+            path.durable(e.topic, r.partition, r.log_end, now)
+        except errors.MetaqError as exc:
+            self.router.cancel(correlation_id)
+            return self.error_reply(exc, e.opaque)
+        reply = self.router.wait(correlation_id, waiter, timeout_ms / 1000.0)
+        if reply is STOPPING:
+            return encode_result(503, b"the broker is stopping: no reply will come (correlation id %s)"
+                                 % correlation_id.encode(), e.opaque)
+        if reply is None:
+            return encode_result(504, b"no reply within %d ms (correlation id %s): the request was stored, "
+                                 b"no consumer answered it in time" % (timeout_ms, correlation_id.encode()),
+                                 e.opaque)
+        record = encode_record(0, reply.flag, reply.data)
+        return [encode_value_header(len(record), e.opaque), record]
+
+    def reply(self, e, conn):
+        """``reply``: the reply bytes now (200, or an error raised for the dispatcher to answer)."""
+        topic = reply_topic(self.router.cluster)
+        if self.guard.enabled:
+            self.guard.require(conn.session, PUB, "topic", topic)
+        _checked(e)
+        _tags, props = properties_of(e.flag, e.body)
+        host = conn.address if isinstance(conn.address, tuple) else None
+        self.router.route(ReplyMessage(topic, e.flag, e.body, props, host[:2] if host else None, now_ms()))
+        return encode_result(200, b"delivered", e.opaque)
