@@ -9,6 +9,7 @@ or when it was fetched (consumer).
 
 from typing import NamedTuple, Optional
 
+from metaq import limits
 from metaq.protocol.compression import compress
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
@@ -99,7 +100,9 @@ class Message:
         """
         body, properties = self.body, self.properties
         if self.key is not None and "KEYS" not in properties:
-            properties = dict(properties, KEYS=self.key_bytes().decode("utf-8", "replace"))
+            key = self.key_bytes()  # sent to be indexed (README "Key index") when the index could take it
+            if key and len(key) <= limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:
+                properties = dict(properties, KEYS=key.decode("utf-8", "replace"))
         if (compress_over is not None and len(body) > compress_over
                 and (self.attribute is None or self.attribute or properties)):
             bits, packed = compress(body, compression)

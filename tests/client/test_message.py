@@ -86,3 +86,18 @@ def test_an_attribute_holding_the_properties_separator_is_refused():
     m = Message("t", b"x", attribute="tags", properties={"KEYS": "k"})  # what was meant
     got = roundtrip(m)
     assert (got.attribute, got.properties) == ("tags", {"KEYS": "k"})
+
+
+def test_a_key_is_sent_as_keys_only_when_the_index_could_take_it():
+    """The key picks the partition (KeySelector) whatever it is; it is also sent as KEYS (README "Key index")
+    when it is at most MAX_KEY_BYTES and holds no separator, so no key ever makes a send fail."""
+    from metaq import limits
+
+    def keys_of(m):
+        return roundtrip(m).properties.get("KEYS")
+
+    assert keys_of(Message("t", b"x", key="order-1")) == "order-1"
+    assert keys_of(Message("t", b"x", key=b"k" * limits.MAX_KEY_BYTES)) == "k" * limits.MAX_KEY_BYTES
+    assert keys_of(Message("t", b"x", key=b"k" * (limits.MAX_KEY_BYTES + 1))) is None
+    assert keys_of(Message("t", b"x", key=b"a\x02b")) is None and keys_of(Message("t", b"x", key=b"a\x01b")) is None
+    assert keys_of(Message("t", b"x", key=7)) == "7"

@@ -177,6 +177,29 @@ def test_text_request_and_reply_by_hand(broker):
         assert other.call(_reply_frame(request.properties, b"5")).code == 404
 
 
+def test_a_text_request_and_reply_get_a_puts_checks_and_compressed_bodies_are_decompressed(broker):
+    """``request`` and ``reply`` are checked as a put is: the broker's reserved properties refused (nothing
+    stored), a body marked compressed (the Producer's compress_over) decompressed on arrival, a bad one refused."""
+    body = b"a question asked at length " * 2000
+    with TextClient("127.0.0.1", broker.port) as requester, TextClient("127.0.0.1", broker.port) as other:
+        flag, data = M("tChk", b"x", properties={"METAQ_PID": "1", "METAQ_SEQ": "0"}).encode()
+        refused = requester.call(ev.Request("tChk", 0, flag, data, 3, metaq_checksum(data), 5_000))
+        assert refused.code == 400 and b"reserved" in refused.body
+        flag, data = M("tChk", body, properties={"q": "1"}).encode(1024, "zlib")
+        assert len(data) < len(body) // 20
+        bad = data[:-40]
+        refused = requester.call(ev.Request("tChk", 0, flag, bad, 4, metaq_checksum(bad), 5_000))
+        assert refused.code == 400 and b"does not decompress" in refused.body
+        requester.send(serialize(ev.Request("tChk", 0, flag, data, 5, metaq_checksum(data), 60_000)))
+        request = _stored_request(other, "tChk")  # the first stored: the refused ones were not
+        assert request.body == body and "@SYSFLAG" not in request.properties
+        rflag, rdata = M("r", body, properties=reply_properties(request.properties)).encode(1024, "lz4")
+        assert other.call(ev.Reply(rflag, rdata, 1, metaq_checksum(rdata))).code == 200
+        answer = requester.read_event()
+        [(rec, _)] = list(iter_records(answer.body))
+        assert M.from_record("x", None, None, rec).body == body  # the reply too, as sent before compression
+
+
 @pytest.mark.parametrize("where", ["connection", "broker"])
 def test_pending_request_limits_at_and_one_past(broker_factory, tmp_path, where):
     limit = 3

@@ -16,15 +16,13 @@ from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.idempotence import DUPLICATE_MARK, PID_PROPERTY, SEQ_PROPERTY, has_identity
-from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK, compression_bits, without_compression
+from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
 from metaq.protocol.keylookup import encode_lookup_body
 from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
-from metaq.server.inflate import inflate_body
+from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
@@ -53,40 +51,6 @@ def now_ms():
 
 INTERNAL_TOPIC_REFUSAL = ("%s is the broker's internal topic for delayed delivery: use put_delayed "
                           "<topic> <partition> <len> <flag> <checksum> <level> <opaque>" % SCHEDULE_TOPIC)
-
-
-def _verified_checksum(e, attribute=True):
-    """The put body's checksum, after checking it against the announced one and (``attribute``) the attribute
-    block's shape and that it holds no put_idem property (a put_idem's is checked as the identity is added)."""
-    body = e.body
-    checksum = metaq_checksum(body)
-    if e.checksum != checksum and e.checksum != ev.UNCHECKED:
-        raise errors.ChecksumMismatch(
-            "Checksum failure, message may be corrupted when transferring on network "
-            "(announced %d, body has %d)" % (e.checksum, checksum))
-    if attribute and e.flag & 1:  # a malformed attribute block is refused, not stored; so are the identity's
-        if has_identity(decode_payload(e.flag, body)[0]):
-            raise errors.ClientError("%s and %s are reserved properties: send with put_idem instead"
-                                     % (PID_PROPERTY, SEQ_PROPERTY))
-    return checksum
-
-
-def _uncompressed(e, max_body):
-    """``e`` with its body decompressed when its attribute's ``@SYSFLAG`` marks it compressed (the metaq
-    Producer's ``compress_over``), those bits taken out of the attribute; ``e`` itself otherwise. Called once
-    the checksum of what was sent is verified; the new body gets its own checksum. BadCompressedBody (400)."""
-    body = e.body
-    if not e.flag & 1 or len(body) < 4:
-        return e
-    alen = int.from_bytes(body[:4], "big", signed=True)
-    if alen <= 0 or SYSFLAG_MARK not in body[4:4 + alen]:
-        return e
-    attribute, payload = decode_payload(e.flag, body)
-    bits = compression_bits(attribute)
-    if not bits:
-        return e
-    flag, data = encode_payload(inflate_body(bits, payload, max_body), without_compression(attribute))
-    return e._replace(flag=(e.flag & ~1) | flag, body=data, checksum=metaq_checksum(data))
 
 
 #: What each request needs of the connection's user (README "Security"), checked before its handler: a
@@ -154,7 +118,8 @@ class TextDispatcher:
         self.max_wait_ms = config.limits.max_wait_ms
         self.max_parked_per_connection = config.limits.max_parked_gets_per_connection
         if replies is not None:
-            self.requests = TextRequests(replies, put_path, guard, config.limits.max_request_timeout_ms, error_reply)
+            self.requests = TextRequests(replies, put_path, guard, config.limits.max_request_timeout_ms, error_reply,
+                                         config.limits.max_body_bytes)
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
@@ -200,10 +165,10 @@ class TextDispatcher:
             if self.guard.enabled:
                 self.guard.require(conn.session, PUB, "topic", e.topic)
             path.check_writable()
-            checksum = _verified_checksum(e)
+            checksum = verified_checksum(e)
             if e.topic == SCHEDULE_TOPIC:
                 raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
-            e = _uncompressed(e._replace(checksum=checksum), self.max_body)
+            e = uncompressed(e._replace(checksum=checksum), self.max_body)
             body, checksum = e.body, e.checksum
             if e.tx_key is not None and e.tx_key != "null":
                 return self.tx.put(e, conn), NO_WAIT
@@ -224,7 +189,7 @@ class TextDispatcher:
         now = now_ms()
         try:
             path.check_writable()
-            e = _uncompressed(e._replace(checksum=_verified_checksum(e)), self.max_body)
+            e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT
@@ -242,8 +207,8 @@ class TextDispatcher:
         path = self.put_path
         try:
             path.check_writable()
-            _verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
-            e = _uncompressed(e, self.max_body)
+            verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
+            e = uncompressed(e, self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return error_reply(exc, e.opaque), NO_WAIT

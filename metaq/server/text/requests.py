@@ -11,7 +11,6 @@ over, 404 when nobody waits for it. It is not stored.
 """
 
 from metaq import errors
-from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_record
@@ -19,20 +18,15 @@ from metaq.protocol.reqreply import properties_of, reply_topic, request_properti
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.guard import PUB
 from metaq.server.putpath import now_ms
+from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.replies import STOPPING, ReplyMessage
-
-
-def _checked(e):
-    checksum = metaq_checksum(e.body)
-    if e.checksum != checksum and e.checksum != ev.UNCHECKED:
-        raise errors.ChecksumMismatch("Checksum failure, message may be corrupted when transferring on network "
-                                      "(announced %d, body has %d)" % (e.checksum, checksum))
 
 
 class TextRequests:
     """``error_reply(exc, opaque)``: the dispatcher's one error→reply mapping."""
 
-    def __init__(self, router, put_path, guard, max_timeout_ms, error_reply):
+    def __init__(self, router, put_path, guard, max_timeout_ms, error_reply, max_body):
+        self.max_body = max_body
         self.router = router
         self.path = put_path
         self.guard = guard
@@ -44,7 +38,8 @@ class TextRequests:
         if self.guard.enabled:
             self.guard.require(conn.session, PUB, "topic", e.topic)
         self.path.check_writable()
-        _checked(e)
+        # the checks of a put: checksum, attribute block, no put_idem identity; a compressed body decompressed
+        e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         if e.topic == SCHEDULE_TOPIC:
             raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a request cannot go "
                                      "there" % SCHEDULE_TOPIC)
@@ -85,7 +80,7 @@ class TextRequests:
         topic = reply_topic(self.router.cluster)
         if self.guard.enabled:
             self.guard.require(conn.session, PUB, "topic", topic)
-        _checked(e)
+        e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         _tags, props = properties_of(e.flag, e.body)
         host = conn.address if isinstance(conn.address, tuple) else None
         self.router.route(ReplyMessage(topic, e.flag, e.body, props, host[:2] if host else None, now_ms()))
