@@ -36,6 +36,49 @@ from metaq.store.store import MessageStore  # noqa: E402
 NOW = 1_700_000_000_000
 
 
+def flushed_and_indexed(s):
+    """Flush, then index as the broker's flusher does: ``index_keys`` steps until it says it is done."""
+    s.mark_flushed(s.flush_log())
+    while s.index_keys():
+        pass
+
+
+#: The kinds of 1 KiB records the indexing rows measure: (name, attribute).
+KINDS = (("no key (a text put, half with a tag)", None), ("a UNIQ_KEY (every official RocketMQ send)", "uniq"),
+         ("KEYS and a UNIQ_KEY", "keys"))
+
+
+def indexing_run(kind, n):
+    """``(us per record, longest step in ms)`` to index ``n`` flushed 1 KiB records of ``kind``."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    d = tempfile.mkdtemp(prefix="metaq-bench-keys-", dir=base)
+    try:
+        s = MessageStore.open(StoreConfig(data_dir=d, segment_size=256 << 20, topics=[TopicSpec("bench", 1)],
+                                          key_index_slots=1 << 16, key_index_entries=1 << 19), NOW)
+        body = b"x" * 1000
+        for i in range(n):
+            if kind == "uniq":
+                flag, data = encode_payload(body, encode_attribute("t", {"UNIQ_KEY": "0A0B%028d" % i}))
+            elif kind == "keys":
+                flag, data = encode_payload(body, encode_attribute("t", {"KEYS": "k%d" % i, "UNIQ_KEY": "U%d" % i}))
+            else:
+                flag, data = encode_payload(body, "tag") if i % 2 else (0, body)
+            s.put("bench", 0, flag, data, NOW)
+        s.mark_flushed(s.flush_log())
+        started, longest = time.perf_counter(), 0.0
+        while True:
+            t = time.perf_counter()
+            more = s.index_keys()
+            longest = max(longest, time.perf_counter() - t)
+            if not more:
+                break
+        total = time.perf_counter() - started
+        s.close(NOW)
+        return total / n * 1e6, longest * 1e3
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def one_run(keys, lookups):
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     d = tempfile.mkdtemp(prefix="metaq-bench-keys-", dir=base)
@@ -43,14 +86,14 @@ def one_run(keys, lookups):
         s = MessageStore.open(StoreConfig(data_dir=d, segment_size=64 << 20, topics=[TopicSpec("bench", 1)]), NOW)
         flag, data = encode_payload(b"probe body", encode_attribute(None, {"KEYS": "probe"}))
         s.put("bench", 0, flag, data, NOW)
-        s.mark_flushed(s.flush_log())
+        flushed_and_indexed(s)
         pos = s.written_position
         t0 = time.perf_counter()
         for i in range(keys - 2):
             s.keys.append_entries(((i * 2654435761 + 12345) & 0xFFFFFFFF,), pos + i, 100, NOW)  # never read
         fill_s = time.perf_counter() - t0
         s.put("bench", 0, flag, data, NOW + 1)
-        s.mark_flushed(s.flush_log())
+        flushed_and_indexed(s)
         entries = sum(f.count for f in s.keys.files)
         look, peer = [], []
         for _ in range(lookups):
@@ -72,6 +115,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--keys", type=int, default=10_000_000)
     ap.add_argument("--lookups", type=int, default=2000)
+    ap.add_argument("--records", type=int, default=50_000, help="records of each kind for the indexing rows")
     args = ap.parse_args(argv)
     results = [one_run(args.keys, args.lookups) for _ in range(args.runs)]
     entries = results[0][2]
@@ -83,6 +127,16 @@ def main(argv=None):
                       ("peer: read one message by offset (index unit + record)", 1)):
         xs = [r[col] for r in results]
         print("| %s | %.1f [%.1f-%.1f] |" % (name, statistics.median(xs), min(xs), max(xs)))
+    print()
+    print("indexing %d flushed records of 1 KiB per kind, steps of KEY_INDEX_STEP_BYTES (median [min-max] over "
+          "runs)" % args.records)
+    print("| records | µs per record | longest step (ms) |")
+    print("|---|---|---|")
+    for name, kind in KINDS:
+        rows = [indexing_run(kind, args.records) for _ in range(args.runs)]
+        per, step = [r[0] for r in rows], [r[1] for r in rows]
+        print("| %s | %.2f [%.2f-%.2f] | %.1f [%.1f-%.1f] |" % (name, statistics.median(per), min(per), max(per),
+                                                                statistics.median(step), min(step), max(step)))
     return 0
 
 

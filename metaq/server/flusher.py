@@ -212,11 +212,14 @@ class Flusher:
         self.recent_ms = deque(maxlen=RECENT_ROUNDS)  # how long each of the last rounds' fsync took
         self._checkpointer = None
         self._stopping = Event()
+        self._indexer = None
+        self._index_wanted = Event()  # set after each flush round: the key index follows the flushed log
 
     def start(self):
         self._running = True
         self._greenlet = gevent.spawn(self._run)
         self._checkpointer = gevent.spawn(self._checkpoint_loop)
+        self._indexer = gevent.spawn(self._index_loop)
 
     def wake(self):
         self._wake.set()
@@ -310,7 +313,20 @@ class Flusher:
             self.rounds += 1
             if changed:
                 self._on_visible(changed)
+            self._index_wanted.set()
         self._signal_round()
+
+    def _index_loop(self):
+        """The key index follows the flushed log (README "Key index"): after a round's waiters are answered, in
+        steps of ``limits.KEY_INDEX_STEP_BYTES``, other greenlets running between two steps, until it is there."""
+        while self._running:
+            self._index_wanted.wait()
+            self._index_wanted.clear()
+            try:
+                while self._running and self._store.index_keys():
+                    gevent.sleep(0)
+            except Exception:  # noqa: BLE001 - derived data: logged, tried again after the next round
+                log.exception("key index: a step failed; trying again after the next flush")
 
     def recent_times(self):
         """``(p50, p99, max)`` in ms of the fsync time of the last ``RECENT_ROUNDS`` rounds (zeros before any)."""
@@ -351,7 +367,8 @@ class Flusher:
         self._running = False
         self._wake.set()
         self._stopping.set()
-        for g in (self._greenlet, self._checkpointer):
+        self._index_wanted.set()
+        for g in (self._greenlet, self._checkpointer, self._indexer):
             if g is not None:
                 g.join(timeout=FLUSH_WAIT_TIMEOUT_S)
         if self.failure is None:

@@ -53,6 +53,10 @@ class PendingRequests:
         self._by_id[correlation_id] = Pending(conn, waiter, deadline)
         self._by_conn.setdefault(conn, set()).add(correlation_id)
 
+    def peek(self, correlation_id):
+        """The entry of ``correlation_id`` (left in the table), or None when none waits."""
+        return self._by_id.get(correlation_id)
+
     def take(self, correlation_id):
         """The entry of ``correlation_id``, taken out (a reply arrived), or None when none waits."""
         entry = self._by_id.pop(correlation_id, None)

@@ -48,7 +48,8 @@ class ReplyRouter:
         #: ``remote(client_id, ReplyMessage)`` -> whether a RocketMQ client of that id was found (and the push
         #: queued); None without a remoting port. Unavailable when it was found but cannot take more now.
         self.remote = None
-        self.counts = {"requests": 0, "replies_routed": 0, "replies_unrouted": 0, "request_timeouts": 0}
+        self.counts = {"requests": 0, "replies_routed": 0, "replies_unrouted": 0, "replies_refused": 0,
+                       "request_timeouts": 0}
 
     def requester_name(self, conn):
         """``REPLY_TO_CLIENT`` of a text requester: ``metaq-text@<broker id>/<connection id>``."""
@@ -81,11 +82,23 @@ class ReplyRouter:
         waits for it, Unavailable when its RocketMQ requester's connection cannot take more now."""
         correlation_id, to = routing(reply.properties)
         if to.startswith(TEXT_REQUESTER):
-            entry = self.table.take(correlation_id)
+            entry = self.table.peek(correlation_id)
             if entry is None or getattr(entry.conn, "closed", False):
                 self.counts["replies_unrouted"] += 1
                 raise errors.NotFound("no request with correlation id %s waits for a reply: it timed out, its "
                                       "requester's connection closed, or it was answered already" % correlation_id)
+            # A reply is held until the requester's socket takes it: it counts in that connection's reply budget
+            # (``limits.max_reply_bytes``, as a get's data does), so a requester that does not read its replies
+            # gets no more of them (the replier is told to try again; the request waits on, or times out).
+            budget = getattr(entry.conn, "replies", None)
+            if budget is not None:
+                if budget.would_wait(len(reply.data)):
+                    self.counts["replies_refused"] += 1
+                    raise errors.Unavailable("the requester of correlation id %s does not read its replies (its "
+                                             "connection holds %d bytes of them): try again" % (correlation_id,
+                                                                                              budget.held))
+                budget.reserve(len(reply.data), lambda: False)  # does not wait: there is room
+            self.table.take(correlation_id)
             entry.waiter.set(reply)
         elif self.remote is None or not self.remote(to, reply):
             self.counts["replies_unrouted"] += 1

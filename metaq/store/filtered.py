@@ -9,7 +9,10 @@ every read checks) and its real tags compared with the filter's
 
 A scan looks at most ``max_units`` units past its offset (``limits.MAX_FILTER_SCAN_UNITS``),
 up to the visible end, and stops early once it holds ``max_count`` records or the
-next wanted record would take it past ``max_bytes`` (one record is always taken).
+next record it would read would take what it read past ``max_bytes`` -- every record
+read counts, one whose hash matched but whose tags did not too (CRC-32 collisions
+can be forged: a producer could otherwise make one read cover gigabytes); one record
+is always read.
 ``next_offset`` is the offset after the last unit it looked at and decided on,
 wanted or not: the next read starts there, so skipped units are never looked
 at again and a wanted one is never passed over. No sockets, threads or clock.
@@ -111,7 +114,7 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
         raise _moved(p.min)
     codes, matches = filt.codes, filt.matches
     hits = []
-    nbytes = read = skipped = 0
+    read = skipped = 0
     nxt = offset
     hi = min(vis, offset + max(1, max_units))
     want = max(1, max_count)
@@ -120,7 +123,7 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
             skipped += 1
             nxt = n + 1
             continue
-        if hits and nbytes + size > max_bytes:
+        if read and read + size > max_bytes:  # every record read counts, a hash collision's too (forgeable)
             break
         seg = log.segment_at(phys)
         if seg is None or size <= 0:
@@ -135,7 +138,6 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
         nxt = n + 1
         if matches(tags_at(view, rel)):
             hits.append(Hit(n, view, rel, size, phys))
-            nbytes += size
             if len(hits) >= want:
                 break
     return TaggedRead(hits, nxt, skipped, read)

@@ -116,7 +116,9 @@ class KeyFile:
 
     @classmethod
     def create(cls, path, first, slots, capacity):
-        mf = MappedFile.create(path, cls.file_size(slots, capacity))
+        # no directory fsync here (the event loop creates it): KeyIndex.checkpoint makes the name durable
+        # before a checkpoint names the file, and a file a checkpoint names but a power cut lost is rebuilt
+        mf = MappedFile.create(path, cls.file_size(slots, capacity), sync_dir=False)
         HEADER.pack_into(mf.mm, 0, MAGIC, slots, capacity, 0, first, NO_TIME, -NO_TIME)
         return cls(mf, first, slots, capacity, 0)
 

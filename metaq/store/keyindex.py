@@ -1,8 +1,9 @@
 """The key index: message keys → commit-log positions, with time bounds (README "Key index"; files: keyfile.py).
 
 Derived data, fed at one point: ``catch_up`` reads the commit log from ``indexed_to`` (the position up to which
-every record's keys are in the index) to a position the store gives — the flushed end, after every flush
-(``MessageStore.mark_flushed``, at most ``limits.KEY_INDEX_STEP_BYTES`` at a time) and the whole tail at open.
+every record's keys are in the index) to a position the store gives: the flushed end, in steps of
+``limits.KEY_INDEX_STEP_BYTES`` (``MessageStore.index_keys``, which the server's flusher calls after each flush
+round until the index is there), and the whole tail at open and at close.
 So every writer (a put, the C burst writer, put_idem, a transaction's commit, delayed delivery, a slave's
 apply of the master's log) is indexed without knowing of it, and only durable records are.
 
@@ -23,7 +24,7 @@ from typing import NamedTuple, Optional
 
 from metaq import limits
 from metaq.errors import ClientError, StoreError
-from metaq.store.files import KEY_CHECKPOINT_MAGIC, unlink_quietly
+from metaq.store.files import KEY_CHECKPOINT_MAGIC, fsync_dir, unlink_quietly
 from metaq.store.keyfile import KeyFile, check_key, data_keys, key_hash, keys_of_properties
 from metaq.store.record import BLANK_MAGIC, MARKER, MESSAGE_MAGIC, PREFIX, check_record, decode_record
 
@@ -50,20 +51,6 @@ def parse_cursor(text):
     if not sep or not a.isdigit() or not b.isdigit():
         raise ClientError("bad cursor %r" % (text[:limits.MAX_KEY_CURSOR_BYTES],))
     return int(a), int(b)
-
-
-#: How a key property starts in a record's attribute (``keyfile.keys_of_properties`` reads KEYS and UNIQ_KEY).
-_MARKS = (b"\x02KEYS\x01", b"\x02UNIQ_KEY\x01")
-
-
-def _next_mark(mm, start, end):
-    """Where the first key property mark at or after ``start`` is (``end`` when there is none before it)."""
-    best = end
-    for mark in _MARKS:
-        i = mm.find(mark, start, best)
-        if i >= 0:
-            best = i
-    return best
 
 
 class KeyIndex:
@@ -142,6 +129,7 @@ class KeyIndex:
         position, counts = self.mark
         for f in list(self.files):
             f.flush()
+        fsync_dir(self._dirs.keys)  # the names of the files created since (KeyFile.create does not)
         self._dirs.write_state(self._dirs.key_checkpoint, KEY_CHECKPOINT_MAGIC,
                                {"position": position, "files": [list(c) for c in counts]})
 
@@ -156,41 +144,33 @@ class KeyIndex:
     # -- feeding -------------------------------------------------------------
 
     def catch_up(self, log_, upto, max_bytes=None):
-        """Index the records from ``indexed_to`` up to log position ``upto`` (at most ``max_bytes`` of log);
-        returns the entries added."""
+        """Index the records from ``indexed_to`` up to log position ``upto`` (a record boundary: the flushed or
+        written end); with ``max_bytes``, only the records that start within that many bytes (the event loop's
+        step, ``limits.KEY_INDEX_STEP_BYTES``: one record at least, however large). Returns the entries added."""
         start = log_.start
         pos = self.indexed_to if start is None else max(self.indexed_to, start)
-        limit = upto if max_bytes is None else min(upto, pos + max_bytes)
+        budget = None if max_bytes is None else pos + max_bytes
         added = 0
-        while pos < limit:
+        while pos < upto:
             seg = log_.segment_at(pos)
             if seg is None:
                 break
             mm, base = seg.file.mm, seg.start
-            rel, end = pos - base, min(seg.end, limit) - base
-            # Most records hold no key: the key properties' marks are searched at memory speed (mmap.find) and
-            # only a record holding one is parsed; past the last mark, a region that ends on a record boundary
-            # (the flushed end, or the segment's end) is skipped whole.
-            whole = limit == upto or seg.end <= limit
-            hit = _next_mark(mm, rel, end)
-            while end - rel >= MARKER.size:
-                if hit >= end and whole:
-                    rel = end
-                    break
+            rel, end = pos - base, min(seg.end, upto) - base
+            stop = end if budget is None else min(end, budget - base)
+            while rel < stop and end - rel >= MARKER.size:
                 total, magic = MARKER.unpack_from(mm, rel)
                 if magic != MESSAGE_MAGIC or total <= 0 or rel + total > end:
                     break
-                if hit < rel + total:
-                    added += self._index_record(mm, rel, base + rel, total)
-                    hit = _next_mark(mm, rel + total, end)
+                added += self._index_record(mm, rel, base + rel, total)
                 rel += total
             pos = base + rel
-            if pos >= limit:
+            if pos >= upto or (budget is not None and pos >= budget):
                 break
             if seg.size - rel < MARKER.size or MARKER.unpack_from(mm, rel)[1] == BLANK_MAGIC:
                 pos = seg.end  # the segment's blank tail: the next record starts the next segment
                 continue
-            break  # a record crossing ``max_bytes``: the next call goes on from it
+            break  # not a record where one should be: the next call tries again from here
         self.indexed_to = max(self.indexed_to, pos)
         self._set_mark()
         return added

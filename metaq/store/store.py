@@ -5,7 +5,7 @@ Threading: every method runs on the event-loop thread except the ones marked BLO
 work on snapshots (``layout`` tuples, ints) and never close a map; retention only deletes segments that are flushed
 and covered by a checkpoint, so a running flush never meets them. ``prepare_ahead`` publishes what it builds with
 single attribute assignments (see ``ahead.py``). ``close`` must not run while a BLOCKING call is still running in a
-worker. The key index (keyindex.py) is fed at one point, ``mark_flushed``. Time comes in as ``now_ms``.
+worker. The key index (keyindex.py) is fed at one point, ``index_keys`` (the flushed log). Time comes as ``now_ms``.
 """
 
 import random
@@ -49,20 +49,15 @@ class MessageStore:
         self._async = config.flush == "async"
         self._max_record = config.segment_size
         self._pos = LogPositions(self._async)  # written / flushed / checkpointed (positions.py)
-        self._checkpoint_serial = None
-        self._last_flush_ms = 0
-        self._last_checkpoint_ms = 0
-        self._refusal = None
+        self._checkpoint_serial = self._refusal = self._ids = self._index_problem = None
+        self._last_flush_ms = self._last_checkpoint_ms = 0
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
-        self._ids = None
-        self._index_problem = None
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
         self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
                                           self.check_disk, config.segment_size)
         self.recovery = None
-        self.consumer_offsets = ConsumerOffsets(self.dirs)
-        self.epochs = EpochHistory(self.dirs)
+        self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
@@ -99,6 +94,7 @@ class MessageStore:
             return
         try:
             self.mark_flushed(self.flush_log())
+            self.keys.catch_up(self._log, self._pos.flushed)  # the whole tail: the checkpoint covers it
             self.checkpoint(now_ms)
             if clean:
                 self.dirs.write_state(self.dirs.clean_shutdown, CLEAN_MAGIC,
@@ -241,8 +237,7 @@ class MessageStore:
         return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
 
     def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        """``put_idempotent`` of a ``protocol.idemburst`` frame (identity added, checksum known)."""
-        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)
+        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # idemburst
 
     def put_idempotent_run(self, frames, src, now_ms):
         """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""
@@ -401,8 +396,13 @@ class MessageStore:
         segments are closed here); returns the partitions whose visible max advanced."""
         changed = self._pos.flushed_to(pos)
         self._log.release_flushed(self._pos.flushed)
-        self.keys.catch_up(self._log, self._pos.flushed, KEY_INDEX_STEP_BYTES)  # every writer's records, once durable
         return changed
+
+    def index_keys(self, max_bytes=KEY_INDEX_STEP_BYTES):
+        """A step of the key index behind the flushed log (loop thread); True while more is left and it moves."""
+        before = self.keys.indexed_to
+        self.keys.catch_up(self._log, self._pos.flushed, max_bytes)
+        return before < self.keys.indexed_to < self._pos.flushed
 
     def should_flush(self, now_ms):
         """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""

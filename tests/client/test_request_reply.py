@@ -4,6 +4,7 @@ requester that went away, and the pending-request limits at and one past."""
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -248,3 +249,30 @@ def test_a_stopping_broker_answers_waiting_requests_503(broker):
         answer = t.read_event()
         assert isinstance(answer, ev.Result) and (answer.code, answer.opaque) == (503, 3)
         assert b"the broker is stopping" in answer.body
+
+
+def test_replies_to_a_requester_that_never_reads_stop_at_its_reply_budget(broker_factory, tmp_path):
+    """A delivered reply is held until the requester's socket takes it, counted in that connection's reply budget
+    (limits.max_reply_bytes) as a get's data is: past it the replier is told 503 (try again) and the broker does
+    not grow. Before, 120 replies of 900 KiB were all taken and the broker grew by 200 MB."""
+    b = broker_factory(small_config(tmp_path / "data", limits=dict(max_body_bytes=1 << 20),
+                                    store=dict(segment_size=8 << 20)))
+    lazy = socket.socket()
+    lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    lazy.connect(("127.0.0.1", b.port))  # the requester: a tiny receive buffer, never reads
+    big = b"x" * (900 * 1024)
+    outcomes = []
+    try:
+        with TextClient("127.0.0.1", b.port, timeout=60) as other:
+            for i in range(40):
+                lazy.sendall(serialize(_request_frame("tPile", b"r%d" % i, 120_000, 100 + i)))
+                request = _stored_request(other, "tPile", i)
+                outcomes.append(other.call(_reply_frame(request.properties, big)).code)
+            rss = int([line.split()[1] for line in open("/proc/%d/status" % b.proc.pid)
+                       if line.startswith("VmRSS")][0])
+    finally:
+        lazy.close()
+    # the budget (4 MiB) plus what the kernel took: a handful delivered, every later one refused with 503
+    delivered = outcomes.count(200)
+    assert 1 <= delivered <= 12 and set(outcomes[delivered:]) == {503}, outcomes
+    assert rss < 200_000, rss  # KiB: 40 replies of 900 KiB would be 36 MB held on top of the broker's own

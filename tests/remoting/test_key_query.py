@@ -83,3 +83,26 @@ def test_keys_sent_by_the_official_client_are_found_after_a_kill_9(rmq_factory, 
             assert m.body == b"m-%d" % s["i"]
             [v] = found(rc, "tOK", s["msg_id"], unique=True)
             assert v.body == m.body
+
+
+def test_pipelined_queries_never_read_are_held_by_the_reply_budget(rmq_factory):
+    """QUERY_MESSAGE pages hold their bytes of the connection's reply budget until sent, as pulls do: a client
+    that pipelines 40 queries of a ~3 MB page and reads nothing stops its own queries instead of growing the
+    broker by 120 MB; once it reads, every answer comes, each whole."""
+    b = rmq_factory(limits={"max_body_bytes": 128 << 10}, store={"flush": "async", "flush_interval_ms": 50,
+                                                                 "segment_size": 8 << 20})
+    body = b"p" * (48 << 10)
+    with RemotingClient(rport(b)) as rc:
+        for i in range(limits.MAX_KEY_QUERY_RESULTS):
+            assert send_v1(rc, "tQB", body, props={"KEYS": "popular"}).code == 0
+        assert len(found(rc, "tQB", "popular", max_num=64)) == limits.MAX_KEY_QUERY_RESULTS
+        rss = [int(line.split()[1]) for line in open("/proc/%d/status" % b.proc.pid) if line.startswith("VmRSS")][0]
+        fields = {"topic": "tQB", "key": "popular", "maxNum": 64, "beginTimestamp": 0, "endTimestamp": 2**62}
+        sent = [rc.request(R.QUERY_MESSAGE, fields) for _ in range(40)]
+        time.sleep(2.0)  # the broker answers what the budget lets it and holds the rest unread
+        grown = [int(line.split()[1]) for line in open("/proc/%d/status" % b.proc.pid)
+                 if line.startswith("VmRSS")][0] - rss
+        answers = [rc.response(opaque) for opaque in sent]
+    assert grown < 40_000, grown  # KiB: a few pages held, not 40 (about 120 MB)
+    assert all(a.code == C.SUCCESS and len(decode_stored_messages(a.body)) == limits.MAX_KEY_QUERY_RESULTS
+               for a in answers)

@@ -81,3 +81,25 @@ def test_drain_takes_every_entry_out():
     t.add("2", Conn(), "w2", 1.0)
     assert sorted(e.waiter for e in t.drain()) == ["w1", "w2"]
     assert len(t) == 0 and t.waiting_on(a) == 0 and t.take("1") is None
+
+
+def test_with_authentication_a_client_id_is_never_taken_over_by_another_user():
+    """A subscriber of a request topic reads REPLY_TO_CLIENT: with authentication on, a heartbeat naming another
+    user's live client id does not take its replies; the same user's reconnection does; a closed one frees it."""
+    from types import SimpleNamespace
+
+    def conn_of(user):
+        c = Conn()
+        c.session = SimpleNamespace(user=user)
+        return c
+
+    r = ProducerRegistry(timeout_s=10)
+    alice, mallory, alice_again = conn_of("alice"), conn_of("mallory"), conn_of("alice")
+    r.heartbeat(alice, ["PG"], 0.0, "client-1")
+    r.heartbeat(mallory, ["PG"], 1.0, "client-1")
+    assert r.client("client-1") is alice
+    r.heartbeat(alice_again, ["PG"], 2.0, "client-1")
+    assert r.client("client-1") is alice_again
+    alice_again.closed = True
+    r.heartbeat(mallory, ["PG"], 3.0, "client-1")  # the id's holder is gone: anyone may register it
+    assert r.client("client-1") is mallory

@@ -99,9 +99,13 @@ PULL = {"consumerGroup": "billing", "topic": "orders", "queueId": 0, "queueOffse
     (req(R.LOCK_BATCH_MQ, body=LOCK), [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
     (req(R.UNLOCK_BATCH_MQ, body=LOCK), [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
     (req(219), []),  # GET_KV_LIST_BY_NAMESPACE, served by nobody: signature only, then REQUEST_CODE_NOT_SUPPORTED
+    # a reply: PUB on the cluster's reply topic, as the text ``reply`` (RocketMQ: a signature only)
+    (req(R.SEND_REPLY_MESSAGE, SEND_V1), [(PUB, "topic", "DefaultCluster_REPLY_TOPIC")]),
+    (req(R.SEND_REPLY_MESSAGE_V2, SEND_V2), [(PUB, "topic", "DefaultCluster_REPLY_TOPIC")]),
 ])
 def test_each_request_code_needs_its_permissions(cmd, expected):
-    got = needs(cmd, record_topic=lambda offset: {4096: "payroll"}[offset], half_topic={7: "orders"}.get)
+    got = needs(cmd, record_topic=lambda offset: {4096: "payroll"}[offset], half_topic={7: "orders"}.get,
+                reply_topic="DefaultCluster_REPLY_TOPIC")
     assert got == expected
 
 

@@ -32,7 +32,10 @@ def put(s, topic, keys=None, uniq=None, now=NOW, partition=0, body=b"body"):
 
 
 def flush(s):
+    """Flush and index, as the server's flusher does (its indexer steps until the index reaches the flushed end)."""
     s.mark_flushed(s.flush_log())
+    while s.index_keys():
+        pass
 
 
 def lookup_all(s, topic, key, since=0, until=BIG, page=limits.MAX_KEY_QUERY_RESULTS):
@@ -163,7 +166,7 @@ def test_kill_between_the_log_and_the_index_rebuilds_the_tail(data_dir):
     flush(s)
     s.checkpoint(NOW)
     put(s, "test", ["a"])
-    s.flush_log()  # durable in the log, never indexed: as a kill -9 before mark_flushed
+    s.flush_log()  # durable in the log, never indexed: as a kill -9 before the index caught up
     s.abandon()
     s = open_store(data_dir)
     assert len(lookup_all(s, "test", "a")[0]) == 2
@@ -304,4 +307,23 @@ def test_lookups_equal_a_brute_force_scan_and_survive_a_rebuild(fast_dir, ops, c
                     f.write(b"\xff\xff\xff\x7f")
     s = open_store(d, **sizes)
     check()
+    s.close(NOW)
+
+
+def test_indexing_goes_in_bounded_steps_and_a_record_larger_than_a_step_is_not_stuck(data_dir):
+    """The flusher's indexer calls ``index_keys`` until it says it is done: each step walks the records that start
+    within ``max_bytes`` (one at least), so a record larger than a step is indexed, never stuck behind."""
+    s = open_store(data_dir, segment_size=1 << 20)
+    step = 4096
+    for i in range(40):
+        body = b"x" * (10_000 if i % 10 == 3 else 100)  # every tenth a record larger than a step
+        put(s, "tStep", [f"k{i}"], uniq=f"U{i}", body=body)
+    s.mark_flushed(s.flush_log())
+    steps = 0
+    while s.index_keys(step):
+        steps += 1
+        assert steps < 1000
+    assert s.keys.indexed_to == s.flushed_position and steps >= 4  # each large record a step of its own
+    for i in range(40):
+        assert len(keyindex.run(s.key_search("tStep", f"k{i}", 0, BIG, 10)).records) == 1, i
     s.close(NOW)

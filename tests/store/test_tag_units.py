@@ -267,6 +267,33 @@ def test_a_hash_collision_is_never_served(tmp_path):
     s.close(NOW)
 
 
+@pytest.mark.parametrize("budget_records", [1, 2, 3])
+def test_colliding_records_count_toward_the_byte_bound(tmp_path, budget_records):
+    """CRC-32 collisions can be forged: records whose units collide with the wanted tag are read and compared,
+    and what they read counts toward ``max_bytes`` as a hit does. With room for k records a read reads k (one
+    at least) and ends before the next, which the following read starts at: nothing wanted is skipped."""
+    s = tagged_store(tmp_path, ["B", "B", "B", "A"])
+    p = s._parts[("test", 0)]
+    f = p.file_for(0)
+    for n in range(3):  # units 0..2 now collide with A
+        phys, size, _tag = p.unit(n)
+        UNIT.pack_into(f.mm, n * UNIT_SIZE, phys, size, tag_code(b"A"))
+    size = p.unit(0)[1]
+    filt = parse_tag_expression("A")
+    r = s.read_tagged("test", 0, 0, filt, 100, budget_records * size)
+    assert r.log_bytes == budget_records * size and r.next_offset == budget_records
+    assert r.hits == []
+    seen, offset = [], r.next_offset
+    while True:  # the following reads go on from there and find A
+        r = s.read_tagged("test", 0, offset, filt, 100, budget_records * size)
+        seen += [h.offset for h in r.hits]
+        if r.next_offset == offset or r.next_offset >= 4:
+            break
+        offset = r.next_offset
+    assert seen == [3]
+    s.close(NOW)
+
+
 @pytest.mark.parametrize("extra", [0, 1])
 def test_a_scan_stops_at_the_unit_limit(tmp_path, monkeypatch, extra):
     """At most MAX_FILTER_SCAN_UNITS units per read: exactly that many unwanted ones end the read there; one more

@@ -36,6 +36,7 @@ our offset, the physical offset the record's commit-log position (it is in the
 offset message id), and the born and store times are the record's.
 """
 
+import ipaddress
 from typing import NamedTuple
 
 from metaq import limits
@@ -134,11 +135,13 @@ def split_attribute(attribute):
 
 
 def _int_prop(props, key):
+    """An internal property's int32 (0 when absent, not a number or out of range: see ``_born_host``)."""
     text = props.pop(key, None)
     try:
-        return int(text) if text is not None else 0
+        value = int(text) if text is not None else 0
     except ValueError:
         return 0
+    return value if -2**31 <= value < 2**31 else 0
 
 
 def born_host_property(host):
@@ -149,14 +152,17 @@ def born_host_property(host):
 
 
 def _born_host(props):
+    """The ``(ip, port)`` of ``@BORNHOST``, or None unless it is one (a text put may carry any property: a forged
+    one must never make a record unencodable, which would stop every pull of its queue there)."""
     text = props.pop(_BORNHOST, None)
-    if text:
-        ip, _sep, port = text.rpartition(":")
-        try:
-            return ip.strip("[]"), int(port)
-        except ValueError:
-            return None
-    return None
+    if not text:
+        return None
+    ip, _sep, port = text.rpartition(":")
+    try:
+        ip, port = str(ipaddress.ip_address(ip.strip("[]"))), int(port)
+    except ValueError:
+        return None
+    return (ip, port) if 0 <= port <= 65535 else None
 
 
 def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=0, born_host=None):

@@ -111,14 +111,16 @@ class _Needs:
                                          % (self.code, limits.MAX_ACL_RESOURCES_PER_REQUEST))
 
 
-def needs(cmd, record_topic=None, half_topic=None):
+def needs(cmd, record_topic=None, half_topic=None, reply_topic=None):
     """What ``cmd`` needs of its (already authenticated) user: a list of distinct ``(action, kind, name)``;
     ``(ADMIN, None, None)`` for an admin code. Raises ClientError for a
     request that names more than ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` resources, and the header decoders'
     RemoteProtocolError for a malformed one.
 
     ``record_topic(offset)``: the topic of the stored message at a commit-log offset (VIEW_MESSAGE_BY_ID,
-    CONSUMER_SEND_MSG_BACK); ``half_topic(number)``: the topic of a waiting half message, or None.
+    CONSUMER_SEND_MSG_BACK); ``half_topic(number)``: the topic of a waiting half message, or None;
+    ``reply_topic``: the cluster's ``<cluster>_REPLY_TOPIC``, which a reply (SEND_REPLY_MESSAGE 324/325) needs PUB
+    on, as the text ``reply`` does (RocketMQ: a signature only).
 
     RocketMQ 4.9 (``PlainAccessValidator.parse``): SEND_MESSAGE(_V2) topic PUB (a retry topic: the group
     SUB); CONSUMER_SEND_MSG_BACK group SUB; PULL_MESSAGE topic SUB + group SUB; HEART_BEAT each consumer
@@ -170,6 +172,8 @@ def needs(cmd, record_topic=None, half_topic=None):
             found.add(_group(group))
     elif code == R.GET_CONSUMER_LIST_BY_GROUP:
         found.add(_group(decode_header(ConsumerGroupHeader, cmd).consumer_group))
+    elif code in (R.SEND_REPLY_MESSAGE, R.SEND_REPLY_MESSAGE_V2):
+        found.add(resource(PUB, reply_topic))
     elif code in (R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ):
         body = decode_lock_batch(cmd.body, cmd.opaque)
         found.add(_group(body.consumer_group), *(resource(SUB, mq.topic) for mq in body.mq_set))
@@ -183,8 +187,9 @@ class RemotingAcl:
     ``store``: where a message's topic is read (``record_at``); ``half_topic(number)``: the sender's half
     messages."""
 
-    def __init__(self, guard, store, half_topic, half_user=None):
+    def __init__(self, guard, store, half_topic, half_user=None, reply_topic=None):
         self.guard = guard
+        self.reply_topic = reply_topic
         self.store = store
         self.half_topic = half_topic
         self.half_user = half_user  # half_user(number): who sent a waiting half message
@@ -239,7 +244,7 @@ class RemotingAcl:
 
     def _authorize(self, cmd, conn, name):
         guard, session = self.guard, conn.session
-        for action, kind, what in needs(cmd, self._record_topic, self.half_topic):
+        for action, kind, what in needs(cmd, self._record_topic, self.half_topic, self.reply_topic):
             if action == ADMIN:
                 if not guard.is_admin(session):
                     raise errors.Forbidden("Need admin permission for request code=%d, but accessKey=%s is not"

@@ -130,6 +130,11 @@ class ClientRegistry:
         return sorted(self._groups)
 
 
+def _user_of(conn):
+    session = getattr(conn, "session", None)
+    return session.user if session is not None else None
+
+
 class ProducerRegistry:
     """Which connections are producers of which producer group (HEART_BEAT's ``producerDataSet``), for the
     transaction check-back (``checkback``): RocketMQ's ProducerManager, keyed by connection as its is by channel.
@@ -166,11 +171,20 @@ class ProducerRegistry:
                 self.members += 1
                 self._by_conn.setdefault(conn, set()).add(group)
             members[conn] = now
-        if client_id and groups:
+        if client_id and groups and not self._held_by_another_user(client_id, conn):
             if self._client_of.get(conn) != client_id:
                 self._forget_client(conn)
             self._clients[client_id] = conn
             self._client_of[conn] = client_id
+
+    def _held_by_another_user(self, client_id, conn):
+        """Whether ``client_id`` is a live client of another authenticated user than ``conn``'s: its replies must
+        never be taken over by a heartbeat naming it (a subscriber of a request topic reads REPLY_TO_CLIENT). With
+        authentication off every user is None: a reconnecting client takes its id back, as in RocketMQ."""
+        held = self._clients.get(client_id)
+        if held is None or held is conn or getattr(held, "closed", False):
+            return False
+        return _user_of(held) != _user_of(conn)
 
     def client(self, client_id):
         """The open connection producer ``client_id``'s last heartbeat came over, or None."""

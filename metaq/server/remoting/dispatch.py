@@ -17,7 +17,8 @@ REQUEST_CODE_NOT_SUPPORTED.
 import logging
 import time
 
-from metaq import errors
+from metaq import errors, limits
+from metaq.protocol.reqreply import reply_topic
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, not_supported, response_for
 from metaq.protocol.rocketmq.bodies import (BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
                                             encode_consumer_list, encode_topic_route)
@@ -83,7 +84,9 @@ class RemotingDispatcher:
         self.error_response = error_response
         guard = getattr(server.core, "guard", None)
         #: The per-request signature and permission check, with authentication on (remoting/acl.py).
-        self.acl = RemotingAcl(guard, store, self.sender.half_topic, self.sender.half_user) if guard is not None and guard.enabled else None
+        self.acl = (RemotingAcl(guard, store, self.sender.half_topic, self.sender.half_user,
+                                reply_topic(config.remoting.cluster))
+                    if guard is not None and guard.enabled else None)
         R = RequestCode
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
         path = self.sender.path
@@ -334,7 +337,25 @@ class RemotingDispatcher:
         return _ok(cmd, body=stored_message_bytes(message_of_record(rec, host)))
 
     def query_message(self, cmd, conn):
-        return keys.query_message(self.store, cmd, (self.server.store_ip, self.server.port))
+        """QUERY_MESSAGE, answered here like a pull: the page reserves its most (``MAX_KEY_QUERY_BYTES``) of the
+        connection's reply budget before it reads and holds its body's bytes until sent, so a client that
+        pipelines queries and never reads stops its own queries instead of growing the broker."""
+        budget, held = conn.replies, limits.MAX_KEY_QUERY_BYTES
+        if not budget.reserve(held, lambda: conn.closed):
+            return None
+        try:
+            try:
+                response = keys.query_message(self.store, cmd, (self.server.store_ip, self.server.port))
+            except errors.MetaqError as exc:
+                response = error_response(cmd, exc)
+            used = len(response.body or b"")
+            budget.release(held - used)
+            held = used
+            if not cmd.is_oneway:
+                conn.send(response)
+        finally:
+            budget.release(held)
+        return None  # sent
 
     # -- clients -------------------------------------------------------------
 

@@ -73,7 +73,11 @@ class TextRequests:
                                  b"no consumer answered it in time" % (timeout_ms, correlation_id.encode()),
                                  e.opaque)
         record = encode_record(0, reply.flag, reply.data)
-        return [encode_value_header(len(record), e.opaque), record]
+        out = [encode_value_header(len(record), e.opaque), record]
+        # the router reserved the reply's data in this connection's budget; the send releases what ``out`` holds
+        conn.replies.release(len(reply.data))
+        conn.replies.reserve(len(out[0]) + len(record), lambda: conn.closed)  # connection.held_by(out)
+        return out
 
     def reply(self, e, conn):
         """``reply``: the reply bytes now (200, or an error raised for the dispatcher to answer)."""

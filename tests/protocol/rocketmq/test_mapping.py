@@ -102,3 +102,22 @@ def test_retry_copy_counts_deliveries_and_marks_the_origin():
     plain = message_of_record(record(0, b"text", position=777), HOST)
     origin = retry_copy(plain, HOST, 16)[1]["ORIGIN_MESSAGE_ID"]
     assert parse_offset_msg_id(origin) == ("127.0.0.1", 10911, 777)  # no client id: the offset id
+
+
+@pytest.mark.parametrize("internal", [
+    "@BORNHOST\x01evil:80", "@BORNHOST\x011.2.3.4:99999999999", "@BORNHOST\x01::1:-4", "@BORNHOST\x01:",
+    "@FLAG\x0199999999999", "@RECONSUME\x01-99999999999", "@SYSFLAG\x0199999999999999"])
+def test_forged_internal_properties_never_make_a_record_unencodable(internal):
+    """A text put may carry any property: a record whose internal ones lie is still served to RocketMQ consumers
+    (with those fields at their defaults), never an error that stops every pull of its queue there."""
+    flag, data = encode_payload(b"body", "T\x02" + internal + "\x02")
+    msg = message_of_record(record(flag, data), HOST)
+    decoded, _end = decode_stored_message(stored_message_bytes(msg), check_crc=True)
+    assert decoded.body == b"body" and decoded.properties == {"TAGS": "T"}
+    assert decoded.born_host == HOST
+
+
+def test_a_real_born_host_is_kept_v4_and_v6():
+    for host, want in (("10.0.0.9:5", ("10.0.0.9", 5)), ("::1:7", ("::1", 7)), ("[fe80::1]:9", ("fe80::1", 9))):
+        flag, data = record_data_from_send(b"b", {}, born_host=host)
+        assert message_of_record(record(flag, data), HOST).born_host == want
