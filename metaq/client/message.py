@@ -99,8 +99,10 @@ class Message:
         \\x02).
         """
         body, properties = self.body, self.properties
-        if self.key is not None and "KEYS" not in properties:
-            key = self.key_bytes()  # sent to be indexed (README "Key index") when the index could take it
+        if isinstance(self.key, (str, bytes, int)) and "KEYS" not in properties:
+            # sent to be indexed (README "Key index") when the index could take it; a key of another kind only
+            # picks the partition (the Spark sink passes the partition it chose that way)
+            key = self.key_bytes()
             if key and len(key) <= limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:
                 properties = dict(properties, KEYS=key.decode("utf-8", "replace"))
         if (compress_over is not None and len(body) > compress_over

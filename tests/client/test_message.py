@@ -101,3 +101,4 @@ def test_a_key_is_sent_as_keys_only_when_the_index_could_take_it():
     assert keys_of(Message("t", b"x", key=b"k" * (limits.MAX_KEY_BYTES + 1))) is None
     assert keys_of(Message("t", b"x", key=b"a\x02b")) is None and keys_of(Message("t", b"x", key=b"a\x01b")) is None
     assert keys_of(Message("t", b"x", key=7)) == "7"
+    assert keys_of(Message("t", b"x", key=Partition(7, 0))) is None  # a key of another kind: the partition only
