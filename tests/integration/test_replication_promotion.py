@@ -179,9 +179,16 @@ def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tm
             except NoNodeError:  # not registered yet, or between the old master's node and the new one's
                 return None
 
+        def replication_of():
+            try:
+                return zk.get(ids + "/replication")[0]
+            except NoNodeError:  # the new master writes it after its master node (CI saw the gap once)
+                return b""
+
         wait_for(lambda: master_of() == "meta://127.0.0.1:%d" % s.port, 20, "promoted slave registered as master")
         assert not zk.exists(ids + "/slave1")
-        assert b'"epoch":2' in zk.get(ids + "/replication")[0] and (b":%d" % srport) in zk.get(ids + "/replication")[0]
+        wait_for(lambda: b'"epoch":2' in replication_of() and (b":%d" % srport) in replication_of(), 10,
+                 "the new master's replication node (epoch 2, its replication port)")
         wait_for(lambda: zk.exists("/meta/brokers/topics-pub/t-a/7-m"), 10, "topics-pub as master")
         mixed_load(s, 20, seed=25)
         m.extra_args = []  # restarted as a plain master: ZooKeeper tells it who the master is now
