@@ -137,6 +137,18 @@ def test_a_rocketmq_requester_answered_by_a_metaq_consumer_with_reply(rmq_factor
         c.close()
 
 
+def pulled_request(replier, topic):
+    """The one request stored in ``topic`` (4 queues), pulled through our codec once it is there (30 s at most)."""
+    for _ in range(600):
+        for q in range(4):
+            r = pull(replier, topic, q, 0)
+            if r.code == C.SUCCESS:
+                [request] = decode_stored_messages(r.body)
+                return request
+        time.sleep(0.05)
+    raise AssertionError("no request stored in %s" % topic)
+
+
 def test_a_metaq_requester_answered_by_a_rocketmq_replier(rmq_factory):
     b = rmq_factory()
     out = {}
@@ -144,15 +156,7 @@ def test_a_metaq_requester_answered_by_a_rocketmq_replier(rmq_factory):
         t = threading.Thread(target=lambda: out.setdefault("reply", p.request(Message("tBack", b"ping"), 30)))
         t.start()
         with RemotingClient(rport(b)) as replier:
-            request = None
-            for _ in range(600):
-                for q in range(4):
-                    r = pull(replier, "tBack", q, 0)
-                    if r.code == C.SUCCESS:
-                        [request] = decode_stored_messages(r.body)
-                if request is not None:
-                    break
-                time.sleep(0.05)
+            request = pulled_request(replier, "tBack")
             assert request.properties["REPLY_TO_CLIENT"].startswith("metaq-text@")
             assert send_reply(replier, request.properties, b"pong").code == C.SUCCESS
             t.join(30)
@@ -173,15 +177,7 @@ def test_a_metaq_requester_gets_a_rocketmq_error_reply_as_reply_error(rmq_factor
         t = threading.Thread(target=ask)
         t.start()
         with RemotingClient(rport(b)) as replier:
-            request = None
-            for _ in range(600):
-                for q in range(4):
-                    r = pull(replier, "tBackErr", q, 0)
-                    if r.code == C.SUCCESS:
-                        [request] = decode_stored_messages(r.body)
-                if request is not None:
-                    break
-                time.sleep(0.05)
+            request = pulled_request(replier, "tBackErr")
             assert send_reply(replier, request.properties, b"", extra={REPLY_ERROR: "it broke"}).code == C.SUCCESS
             t.join(30)
     assert str(out["error"]) == "it broke"

@@ -76,6 +76,7 @@ __all__ = [
     "without_compression",
     "stored_payload",
     "born_host_property",
+    "RecordFields",
     "encode_attribute",
     "split_attribute",
     "record_data_from_send",
@@ -296,7 +297,7 @@ def half_message(topic, queue_id, number, physical_offset, flag, data, stored_ms
     stored (``flag``, ``data``), flagged PREPARED with ``TRAN_MSG`` and ``PGROUP`` (the client finds its
     producer by that group), the half message's number as queue offset and ``physical_offset`` (both come
     back in END_TRANSACTION)."""
-    rec = _HalfRecord(topic, queue_id, number, physical_offset, flag, data, stored_ms, stored_ms)
+    rec = RecordFields(topic, queue_id, number, physical_offset, flag, data, stored_ms, stored_ms)
     msg = message_of_record(rec, store_host)
     props = dict(msg.properties)
     props[PROP_TRAN_MSG] = "true"
@@ -304,8 +305,9 @@ def half_message(topic, queue_id, number, physical_offset, flag, data, stored_ms
     return msg._replace(sys_flag=msg.sys_flag | SYSFLAG_TRANSACTION_PREPARED, properties=props)
 
 
-class _HalfRecord(NamedTuple):
-    """The fields of a log record ``message_of_record`` reads."""
+class RecordFields(NamedTuple):
+    """The fields of a log record ``message_of_record`` reads: for a message that is not (or not yet) a record
+    of the log (a half message's check-back body, a reply on its way)."""
 
     topic: str
     partition: int

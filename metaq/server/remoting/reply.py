@@ -10,31 +10,17 @@ stored (RocketMQ also stores them in ``<cluster>_REPLY_TOPIC`` by default): a re
 answered and dropped at once.
 """
 
-from typing import NamedTuple
 
 from metaq import errors
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.reqreply import PUSH_REPLY_TIME
 from metaq.protocol.rocketmq.bodies import decode_properties, encode_properties
 from metaq.protocol.rocketmq.headers import decode_send_header, push_reply_fields, send_response_fields
-from metaq.protocol.rocketmq.mapping import message_of_record, record_data_from_send
+from metaq.protocol.rocketmq.mapping import RecordFields, message_of_record, record_data_from_send
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, response_for
 from metaq.server.inflate import inflate_body
 from metaq.server.putpath import now_ms
 from metaq.server.replies import ReplyMessage
-
-
-class _ReplyRecord(NamedTuple):
-    """The fields of a log record ``message_of_record`` reads, for a reply that is never stored."""
-
-    topic: str
-    partition: int
-    queue_offset: int
-    position: int
-    flag: int
-    data: bytes
-    born_ts_ms: int
-    store_ts_ms: int
 
 
 class RemotingReplies:
@@ -73,7 +59,7 @@ class RemotingReplies:
             return False
         now = now_ms()
         host = (self.server.store_ip, self.server.port)
-        msg = message_of_record(_ReplyRecord(reply.topic, 0, 0, 0, reply.flag, reply.data, reply.born_ms, now), host)
+        msg = message_of_record(RecordFields(reply.topic, 0, 0, 0, reply.flag, reply.data, reply.born_ms, now), host)
         props = dict(msg.properties)
         props[PUSH_REPLY_TIME] = str(now)
         born = reply.born_host or host
