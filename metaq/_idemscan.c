@@ -147,17 +147,10 @@ static int grow(PyObject **out, Py_ssize_t *cap, Py_ssize_t need) {
 }
 
 PyObject *scan_idem_burst(PyObject *self, PyObject *args) {
-    PyObject *obj;
-    Py_ssize_t pos, end, max_body, max_line, max_frames = PY_SSIZE_T_MAX;
-    if (!PyArg_ParseTuple(args, "Onnnn|n", &obj, &pos, &end, &max_body, &max_line, &max_frames))
-        return NULL;
+    Py_ssize_t pos, end, max_body, max_line, max_frames;
     Py_buffer b;
-    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+    if (metaq_scan_args(args, &b, &pos, &end, &max_body, &max_line, &max_frames) < 0)
         return NULL;
-    if (pos < 0 || pos > end || end > b.len) {
-        PyBuffer_Release(&b);
-        return PyErr_Format(PyExc_ValueError, "need 0 <= pos <= end <= %zd", b.len);
-    }
     Py_ssize_t cap = 4096, used = 0;
     PyObject *frames = PyList_New(0), *out = PyBytes_FromStringAndSize(NULL, cap), *topic_obj = NULL;
     const unsigned char *base = (const unsigned char *)b.buf;

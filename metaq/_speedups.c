@@ -169,18 +169,29 @@ static long attribute_tag(const unsigned char *data, Py_ssize_t n) {
     return (long)(crc_of(data + 4, sep != NULL ? (Py_ssize_t)(sep - (data + 4)) : alen, 0) & 0x7FFFFFFFul);
 }
 
-static PyObject *scan_puts(PyObject *self, PyObject *args) {
+/* The arguments both burst scanners take, ``(buf, pos, end, max_body, max_line[, max_frames])``: the buffer
+   held in *b (released by the caller), the positions checked; -1 with a Python error set otherwise. */
+int metaq_scan_args(PyObject *args, Py_buffer *b, Py_ssize_t *pos, Py_ssize_t *end, Py_ssize_t *max_body,
+                    Py_ssize_t *max_line, Py_ssize_t *max_frames) {
     PyObject *obj;
-    Py_ssize_t pos, end, max_body, max_line, max_frames = PY_SSIZE_T_MAX;
-    if (!PyArg_ParseTuple(args, "Onnnn|n", &obj, &pos, &end, &max_body, &max_line, &max_frames))
-        return NULL;
-    Py_buffer b;
-    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (pos < 0 || pos > end || end > b.len) {
-        PyBuffer_Release(&b);
-        return PyErr_Format(PyExc_ValueError, "need 0 <= pos <= end <= %zd", b.len);
+    *max_frames = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "Onnnn|n", &obj, pos, end, max_body, max_line, max_frames))
+        return -1;
+    if (PyObject_GetBuffer(obj, b, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (*pos < 0 || *pos > *end || *end > b->len) {
+        PyErr_Format(PyExc_ValueError, "need 0 <= pos <= end <= %zd", b->len);
+        PyBuffer_Release(b);
+        return -1;
     }
+    return 0;
+}
+
+static PyObject *scan_puts(PyObject *self, PyObject *args) {
+    Py_ssize_t pos, end, max_body, max_line, max_frames;
+    Py_buffer b;
+    if (metaq_scan_args(args, &b, &pos, &end, &max_body, &max_line, &max_frames) < 0)
+        return NULL;
     PyObject *frames = PyList_New(0);
     PyObject *topic_obj = NULL; /* borrowed from the last frame appended */
     const unsigned char *base = (const unsigned char *)b.buf, *lim = base + end;
