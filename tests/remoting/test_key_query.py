@@ -95,6 +95,10 @@ def test_pipelined_queries_never_read_are_held_by_the_reply_budget(rmq_factory):
     with RemotingClient(rport(b)) as rc:
         for i in range(limits.MAX_KEY_QUERY_RESULTS):
             assert send_v1(rc, "tQB", body, props={"KEYS": "popular"}).code == 0
+        deadline = time.monotonic() + 10  # async flush: the index follows the flushes, so wait for all 64
+        while len(found(rc, "tQB", "popular", max_num=64)) < limits.MAX_KEY_QUERY_RESULTS and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(found(rc, "tQB", "popular", max_num=64)) == limits.MAX_KEY_QUERY_RESULTS
         rss = [int(line.split()[1]) for line in open("/proc/%d/status" % b.proc.pid) if line.startswith("VmRSS")][0]
         fields = {"topic": "tQB", "key": "popular", "maxNum": 64, "beginTimestamp": 0, "endTimestamp": 2**62}
