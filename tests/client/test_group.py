@@ -62,13 +62,13 @@ class Member:
     def _revoke(self, keys):
         seen = {k: self._owner_data(k) for k in keys} if self.zk.connected else {}
         self.g.record(self, "revoke", keys, seen)
-        assert keys <= self.holding, "revoked partitions that were never assigned"
+        self.g.check(keys <= self.holding, "%s revoked %s, never assigned" % (self.id, sorted(keys - self.holding)))
         self.holding -= keys
 
     def _assign(self, keys):
         seen = {k: self._owner_data(k) for k in keys}
         self.g.record(self, "assign", keys, seen)
-        assert not keys & self.holding, "assigned twice without a revoke"
+        self.g.check(not keys & self.holding, "%s assigned %s twice without a revoke" % (self.id, sorted(keys & self.holding)))
         self.holding |= keys
 
     def parts(self):
@@ -82,7 +82,13 @@ class Group:
         self.admin.start(timeout=15)
         self.members = []
         self.events = []
-        self.lock = threading.Lock()
+        self.violations = []  # callback checks that failed: the coordinator catches and logs what a callback raises,
+        self.lock = threading.Lock()  # so they are kept here and fail the test at teardown
+
+    def check(self, ok, what):
+        if not ok:
+            with self.lock:
+                self.violations.append(what)
 
     def publish(self, broker_id, num_parts):
         self.admin.create("%s/%d-m" % (SUB, broker_id), json.dumps({"numParts": num_parts, "broker": "%d-m" % broker_id})
@@ -141,6 +147,7 @@ class Group:
                 m.zk.close()
         self.admin.stop()
         self.admin.close()
+        assert not self.violations, "callback checks failed: %s" % self.violations
 
 
 EIGHT = ["%d-%d" % (b, p) for b in (1, 2) for p in range(4)]
