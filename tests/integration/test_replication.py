@@ -186,3 +186,24 @@ def test_slave_registers_in_zookeeper(broker_factory, tmp_path, zk_connect):
     finally:
         zk.stop()
         zk.close()
+
+
+def test_a_slave_refuses_transactions_of_every_kind_and_keeps_nothing_of_them(broker_factory, tmp_path):
+    """README "What a slave does": puts and transactions answer 503 naming the master; nothing is stored."""
+    master, (slave,), rport = start_pair(broker_factory, tmp_path)
+    mixed_load(master, 10)
+    caught_up(master, slave)
+    before = stats(slave)["log_end_position"]
+    refusal = b"this broker is a replication slave of 127.0.0.1:%d (read-only): send puts to the master" % rport
+    with slave.client() as c:
+        for key, kind, timeout in (("TX:1:1", "BEGIN", 0), ("XID:1:0a01:b1:rm", "BEGIN", 30),
+                                   ("XID:1:0a01:b1:rm", "PREPARE", 0), ("XID:1:0a01:b1:rm", "COMMIT_TWO_PHASE", 0),
+                                   ("TX:1:1", "COMMIT_ONE_PHASE", 0),
+                                   ("XID:1:0a01:b1:rm", "ROLLBACK", 0), ("null", "RECOVER", 0)):
+            r = c.call(ev.Transaction(key, "s1", kind, c.opaque(), timeout))
+            assert (r.code, r.body) == (503, refusal), (key, kind, r)
+        body = b"inside a transaction"
+        r = c.call(ev.Put("t-a", 0, 0, body, c.opaque(), metaq_checksum(body), "TX:1:1"))
+        assert (r.code, r.body) == (503, refusal), r
+    assert stats(slave)["log_end_position"] == before
+    assert stats(slave)["replication_link"] == "connected"  # and it keeps copying its master
