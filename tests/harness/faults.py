@@ -162,7 +162,10 @@ class LinkProxy:
     """A TCP proxy in this process (threads): ``127.0.0.1:<port>`` → ``target`` (host, port), with ``cut``/``heal``.
 
     ``relayed`` counts connections forwarded, ``refused`` those accepted and closed (cut, or past
-    ``MAX_PROXY_CONNECTIONS``), ``held`` those kept open and silent (blackhole)."""
+    ``MAX_PROXY_CONNECTIONS``), ``held`` those kept open and silent (blackhole). ``rate`` (bytes a second, None =
+    as fast as it goes; may be changed at any time) throttles what is forwarded: a slow link."""
+
+    rate = None
 
     def __init__(self, target, port=0):
         self.target = tuple(target)
@@ -311,6 +314,9 @@ class LinkProxy:
                         peer[s].sendall(data)
                     except OSError:
                         return
+                    rate = self.rate
+                    if rate:
+                        time.sleep(len(data) / rate)
 
 
 class Step(NamedTuple):

@@ -207,3 +207,35 @@ def test_a_slave_refuses_transactions_of_every_kind_and_keeps_nothing_of_them(br
         assert (r.code, r.body) == (503, refusal), r
     assert stats(slave)["log_end_position"] == before
     assert stats(slave)["replication_link"] == "connected"  # and it keeps copying its master
+
+
+@pytest.mark.fault
+def test_sync_mode_a_slave_far_behind_makes_puts_time_out_until_it_has_caught_up(broker_factory, tmp_path):
+    """README "Modes": a slave far behind (catching up) makes sync puts time out until it has caught up."""
+    from tests.harness.faults import LinkProxy
+
+    rport = free_port()
+    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=300),
+                            workdir=tmp_path / "m")
+    with LinkProxy(("127.0.0.1", rport)) as link:
+        slave_cfg = small_config(os.path.join(str(tmp_path / "s"), "data"))
+        slave = broker_factory(slave_cfg, workdir=tmp_path / "s",
+                               extra_args=["--slave-of", link.address, "--slave-id", "1"])
+        wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+        with master.client() as c:
+            c.put_ok("t-a", b"confirmed by the slave")
+            slave.stop()
+            wait_for(lambda: stats(master)["replication_slaves"] == "0", 10, "slave gone")
+            body = b"x" * 60_000
+            for i in range(100):  # 6 MB the slave does not have: each is in the master's log, unconfirmed
+                r = c.put("t-b", body, partition=i % 4)
+                assert r.code == 503 and b"SLAVE_NOT_AVAILABLE" in r.body, r
+            link.rate = 1 << 20  # 1 MiB/s: catching up takes about six seconds
+            slave.start()
+            wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected again")
+            r = c.put("t-a", b"while the slave catches up")
+            assert r.code == 503 and b"FLUSH_SLAVE_TIMEOUT" in r.body, r
+            link.rate = None
+            caught_up(master, slave)
+            c.put_ok("t-a", b"after the catch-up")  # confirmed again
+        assert_identical(master, slave)
