@@ -127,6 +127,16 @@ class Roles:
         return None
 
     @property
+    def end_unknown(self):
+        """True while this broker's partition ends may be short of the master's: a slave not linked, or linked and
+        not caught up (a member waiting for an election too). A read past our end is then "not here yet", never
+        "out of range": the master may hold it, and a consumer sent back to our end would read twice."""
+        if self.role == "master":
+            return False
+        link = self.slave_link
+        return link is None or not (link.connected and link.caught_up())
+
+    @property
     def sync_replication(self):
         return self.replication is not None and self.replication.mode == "sync"
 

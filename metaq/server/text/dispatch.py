@@ -306,7 +306,12 @@ class TextDispatcher:
 
     def _read(self, e, max_size):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
-        r = self.store.read_joined(e.topic, e.partition, e.offset, max_size)
+        try:
+            r = self.store.read_joined(e.topic, e.partition, e.offset, max_size)
+        except errors.Moved as exc:
+            if exc.offset < e.offset and self.roles.end_unknown:
+                return None  # past our end on a slave behind its master: not here yet (a miss, long-pollable)
+            raise
         if not r.count:
             return None
         self.stats.on_get(e.topic, False)
