@@ -13,8 +13,10 @@ import threading
 
 import pytest
 
+from metaq import errors
 from metaq.client import Consumer
 from metaq.client.local import free_port, small_config
+from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from tests.harness.broker import wait_for
 from tests.harness.replication import master_config, stats
@@ -143,3 +145,59 @@ def test_async_master_killed_mid_load(broker_factory, tmp_path, zk_connect):
     finally:
         kz.stop()
         kz.close()
+
+
+def test_broker_kept_offsets_go_to_the_master_only_and_are_retried_while_it_is_away(broker_factory, tmp_path,
+                                                                                   zk_connect):
+    """README "Failover: reads": offsets kept in the brokers always go to the master; commits fail (and are
+    retried) while it is gone. A consumer reads half a partition, the master is killed, the consumer reads the rest
+    from the slave: the slave never takes its commits (it answers the master's last table), and once the master is
+    back the retried commit lands there: nothing re-read, nothing skipped."""
+    rport = free_port()
+    zk = {"connect": zk_connect, "session_timeout_ms": 4000}
+    mcfg = master_config(tmp_path / "m", rport)
+    mcfg["zk"] = zk
+    master = broker_factory(mcfg, workdir=tmp_path / "m")
+    slave = broker_factory(small_config(str(tmp_path / "s" / "data"), zk=zk), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    with master.client() as c:
+        for i in range(100):
+            c.put_ok(TOPIC, b"o%03d" % i, partition=0)
+    wait_for(lambda: stats(slave)["total_messages"] == "100", 20, "the slave holds the 100 messages")
+
+    got, lock, half, resume = [], threading.Lock(), threading.Event(), threading.Event()
+
+    def handle(message):
+        if message.partition.partition != 0:
+            return
+        with lock:
+            got.append(message.offset)
+        if message.offset == 49:
+            half.set()
+            resume.wait(60)  # hold the fetcher while the master is killed
+
+    def committed_on(broker):
+        with broker.client() as c:
+            r = c.call(ev.QueryOffset("g-bo", TOPIC, 0, c.opaque()))
+            return int(r.body) if r.code == 200 else None
+
+    consumer = Consumer("g-bo", zk_connect=zk_connect, offset_store="broker", long_poll_ms=300,
+                        commit_interval=0.3)
+    consumer.subscribe(TOPIC, handle)
+    try:
+        consumer.start()
+        assert half.wait(30), "the consumer read 50 messages"
+        wait_for(lambda: committed_on(master) == 49, 20, lambda: "offset 49 committed on the master: %s" % committed_on(master))
+        wait_for(lambda: committed_on(slave) == 49, 20, "the master's offsets table to reach the slave")
+        master.kill()
+        resume.set()
+        wait_for(lambda: len(got) == 100, 30, lambda: "the rest read from the slave: %d of 100" % len(got))
+        assert got == list(range(100))  # none skipped, none twice
+        with pytest.raises(errors.MetaqError):  # a commit now has nowhere to go: it fails, and is kept
+            consumer.commit()
+        assert committed_on(slave) == 49  # the master's table, never the consumer's 100: commits go to the master
+        master.start()
+        wait_for(lambda: committed_on(master) == 100, 30, "the retried commit to land on the master")
+    finally:
+        consumer.close()
+    assert got == list(range(100))
