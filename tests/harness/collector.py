@@ -34,3 +34,13 @@ class Collector:
     def bodies(self):
         with self.cond:
             return [m.body for m in self.messages]
+
+    def received_once(self, expected, timeout=15.0):
+        """Wait for ``len(expected)`` messages and check they are exactly ``expected`` (bodies, any order), each
+        handled once: a count alone would pass with a duplicate in place of a loss."""
+        got = sorted(m.body for m in self.wait_for(len(expected), timeout))
+        assert got == sorted(expected), "got %s, expected %s" % (got, sorted(expected))
+        with self.cond:
+            twice = {body: n for body, n in self.calls.items() if n > 1}
+        assert not twice, "handled more than once: %s" % twice
+        return got
