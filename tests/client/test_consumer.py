@@ -53,8 +53,8 @@ def test_fetch_long_poll_waits_for_a_message(broker):
         timer = threading.Timer(0.3, lambda: broker.client().put_ok("topic1", b"late", 2))
         timer.start()
         started = time.monotonic()
-        msgs = consumer.fetch("topic1", "7-2", 1, max_wait_ms=10000)
-        assert [m.body for m in msgs] == [b"late"] and time.monotonic() - started < 5
+        msgs = consumer.fetch("topic1", "7-2", 1, max_wait_ms=60000)  # answered by the put, not the wait's end
+        assert [m.body for m in msgs] == [b"late"] and time.monotonic() - started < 30
         timer.join()
 
 
@@ -82,27 +82,29 @@ def test_push_delivers_every_message_once_in_partition_order(broker):
 
 @pytest.mark.slow
 def test_idle_consumer_sleeps_and_wakes_at_once(broker):
+    """Idle, a consumer's gets are parked on the broker (no polling loop); a put wakes its get: it is delivered
+    long before the 60 s long poll would have ended. Counted on the broker, not timed."""
     with broker.client() as c:
         c.put_ok("topic1", b"warm-up", 0)
     handler = Collector()
-    consumer = direct(broker, long_poll_ms=5000)
+    consumer = direct(broker, long_poll_ms=60000)
     consumer.subscribe("topic1", handler).start()
+
+    def broker_stats():
+        with broker.client() as c:
+            return c.stats_dict()
+
     try:
         handler.wait_for(1)
-        time.sleep(0.3)
-        cpu, wall = time.process_time(), time.monotonic()
-        time.sleep(3.0)
-        idle_cpu = time.process_time() - cpu
-        assert idle_cpu < 0.3, "idle consumer used %.3f s of CPU in %.1f s" % (idle_cpu, time.monotonic() - wall)
-        latencies = []
+        wait_until(lambda: broker_stats()["parked_gets"] == "4", what="one parked get per partition")
+        before = broker_stats()["cmd_get"]
+        time.sleep(2.0)  # a window of idleness: a polling consumer would send gets in it
+        after = broker_stats()
+        assert (after["cmd_get"], after["parked_gets"]) == (before, "4"), "the idle consumer sent gets"
         with broker.client() as c:
             for i in range(5):
-                sent = time.monotonic()
                 c.put_ok("topic1", b"ping%d" % i, i % 4)
-                handler.wait_for(2 + i)
-                latencies.append(time.monotonic() - sent)
-        assert max(latencies) < 1.0, latencies
-        assert sorted(latencies)[2] < 0.25, latencies  # median well under the long-poll time
+                assert handler.wait_for(2 + i, timeout=30)[-1].body == b"ping%d" % i  # woken, not timed out
     finally:
         consumer.close()
 

@@ -79,7 +79,7 @@ def test_partial_request_dropped_after_request_timeout(limited):
         c.send(b"put test 0 10 0 -1 1\r\nhal")  # body never completes
         started = time.monotonic()
         assert c.read_event() is CLOSED
-        assert 0.8 < time.monotonic() - started < 5
+        assert time.monotonic() - started > 0.8  # not before the request timeout
     with limited.client() as c:
         assert c.call(ev.Offset("test", "g", 0, 9, 2)).body == b"0"  # nothing half-stored
 

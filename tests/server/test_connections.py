@@ -117,7 +117,7 @@ def test_a_request_must_complete_within_the_deadline_from_its_first_byte():
     made = []
     ours, g = connect(core, listener(core, "text", made))
     ours.sendall(b"vers")
-    started = time.monotonic()
+    sent = 0
     for _ in range(20):  # a byte every 0.1 s: each recv is quick, the request never completes
         if g.dead:
             break
@@ -126,8 +126,10 @@ def test_a_request_must_complete_within_the_deadline_from_its_first_byte():
             ours.sendall(b"i")
         except OSError:
             break
+        sent += 1
     g.join(5)
-    assert made[0].ended == "deadline or close" and time.monotonic() - started < 1.5
+    assert made[0].ended == "deadline or close"
+    assert sent < 20, "the trickle went on for 2 s: the 0.5 s deadline did not cut it"
 
 
 def test_a_put_whose_line_then_body_trickle_in_meets_one_deadline():
@@ -139,17 +141,20 @@ def test_a_put_whose_line_then_body_trickle_in_meets_one_deadline():
     core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=0.8))
     made = []
     ours, g = connect(core, listener(core, "text", made))
-    started = time.monotonic()
-    for piece in [b"put t 0 ", b"10 0 -1 1", b"\r\n", b"ab", b"cd", b"ef", b"gh", b"ij"]:
+    pieces = [b"put t 0 ", b"10 0 -1 1", b"\r\n", b"ab", b"cd", b"ef", b"gh", b"ij"]
+    sent = 0
+    for piece in pieces:
         if g.dead:
             break
         try:
             ours.sendall(piece)
         except OSError:
             break
+        sent += 1
         gevent.sleep(0.15)
     g.join(5)
-    assert made[0].ended == "deadline or close" and time.monotonic() - started < 1.0
+    assert made[0].ended == "deadline or close"  # never answered: the request was cut
+    assert sent < len(pieces), "the whole request went in: the deadline restarted at the line"
 
 
 def test_whole_requests_restart_the_deadline():
@@ -184,8 +189,8 @@ def test_shutdown_closes_idle_at_once_lets_busy_finish_and_keeps_named_listeners
     gevent.sleep(0.05)
     assert made[1].busy
     started = time.monotonic()
-    core.shutdown(5.0, keep=("replication",))
-    assert 0.2 < time.monotonic() - started < 2  # waited for the busy one only
+    core.shutdown(30.0, keep=("replication",))
+    assert 0.2 < time.monotonic() - started < 30.0  # waited for the busy one (0.3 s), not the whole grace
     assert busy.recv(100) == b"ok\r\n"  # its request was answered before the close
     g_idle.join(1)
     g_busy.join(1)
