@@ -81,13 +81,11 @@ def test_default_qualifier_and_errors():
 @pytest.mark.integration
 def test_state_errors_are_raised_before_anything_is_sent():
     with XAResource(brokers=["meta://127.0.0.1:%d" % free_port()], unique_qualifier=QUALIFIER) as rm:
-        started = time.monotonic()
         for call in (rm.tpc_prepare, rm.tpc_commit, rm.tpc_rollback):
             assert code_of(call) == xa.XAER_PROTO
         assert code_of(rm.send, Message("t", b"x")) == xa.XAER_PROTO
         assert code_of(rm.tpc_begin, Xid(1, b"g", b"b")) == xa.XAER_RMFAIL  # nobody listens there
         assert rm.current_xid is None
-        assert time.monotonic() - started < 10
 
 
 # -- against real brokers ------------------------------------------------------------------
