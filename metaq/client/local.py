@@ -6,6 +6,7 @@ on its own PID. ``rmq_config`` adds a remoting port.
 """
 
 import os
+import random
 import re
 import signal
 import socket
@@ -22,11 +23,40 @@ __all__ = ["BrokerProcess", "small_config", "rmq_config", "ns_of", "free_port", 
 READY_RE = re.compile(r"ready on ([0-9.]+):(\d+)")
 
 
+#: Where ``free_port`` looks when the kernel's ephemeral range cannot be read (Linux's default starts at 32768).
+FIXED_PORTS = (20000, 32768)
+_handed_out = set()
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return FIXED_PORTS[1]
+
+
 def free_port(host="127.0.0.1"):
-    """A port nobody listens on right now (for servers that must keep their port across restarts)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on right now, for a server that must keep its port across restarts.
+
+    Not one the kernel picks: a port from its ephemeral range (what binding port 0 gives) may be handed to any
+    outgoing connection or port-0 server between our check and the server's bind, or while the server is down
+    between a kill and a restart. So the port comes from below that range (``FIXED_PORTS``), is checked bindable,
+    and is never handed out twice by this process."""
+    low, high = FIXED_PORTS[0], min(FIXED_PORTS[1], _ephemeral_low())
+    rnd = random.Random()
+    for _ in range(200):
+        port = rnd.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port in %d..%d after 200 tries" % (low, high))
 
 
 #: The ``store:`` settings small_config sets (small segments and index files, frequent checkpoints).

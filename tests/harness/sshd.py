@@ -12,6 +12,8 @@ import socket
 import subprocess
 import time
 
+from metaq.client.local import free_port
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 ADDRESSES = ("127.0.0.1", "127.0.0.2")
@@ -29,9 +31,7 @@ def sshd_missing_reason():
 def _free_on_all(addresses):
     """A port free on every address right now."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind((addresses[0], 0))
-            port = s.getsockname()[1]
+        port = free_port(addresses[0])  # below the kernel's ephemeral range (metaq.client.local.free_port)
         try:
             for address in addresses[1:]:
                 with socket.socket() as s:
