@@ -9,8 +9,13 @@ import os
 import socket
 
 import pytest
+from hypothesis import settings
 
 from metaq.client.local import BrokerProcess
+
+# No clock in assertions: Hypothesis's per-example deadline (200 ms) fails a correct test on a busy machine.
+settings.register_profile("metaq", deadline=None)
+settings.load_profile("metaq")
 
 
 @pytest.fixture
