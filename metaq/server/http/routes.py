@@ -138,6 +138,8 @@ class Router:
         done = environ.get("metaq.request_done")
         if done is not None:
             done()
+        if ("Connection", "close") in resp.headers and environ.get("metaq.stop_reading") is not None:
+            environ["metaq.stop_reading"]()  # the body is not read: the connection closes after the answer
         headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))),
                    ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")] + resp.headers
         start_response("%d %s" % (resp.status, _REASONS.get(resp.status, "Error")), headers)

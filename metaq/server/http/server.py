@@ -55,6 +55,7 @@ class ConnReader:
         self.max_head = max_head
         self.buf = bytearray()
         self.eof = False
+        self.stopped = False
         self.closed = False
         self.in_head = False
         self.head_bytes = 0
@@ -72,6 +73,13 @@ class ConnReader:
         """The request has been read whole (its body included): the request deadline restarts."""
         self.state.completed += 1
         self.state.in_frame = False
+
+    def stop(self):
+        """Read nothing more (a refused request whose body is not to be read: the connection closes after the
+        answer; pywsgi's discard of the unread body then ends at once)."""
+        self.eof = self.stopped = True
+        self.state.in_frame = False
+        self.buf.clear()
 
     def _fill(self):
         if self.eof:
@@ -94,7 +102,7 @@ class ConnReader:
         return out
 
     def _ended(self):
-        if self.state.in_frame or self.buf:
+        if self.state.in_frame or self.buf or self.stopped:
             raise Dropped("the connection ended inside a request")
         return b""
 
@@ -144,6 +152,7 @@ class Handler(pywsgi.WSGIHandler):
         env["wsgi.url_scheme"] = "https" if conn.tls else "http"
         env["metaq.session"] = conn.session
         env["metaq.request_done"] = self.rfile.request_done
+        env["metaq.stop_reading"] = self.rfile.stop
         return env
 
     def _handle_client_error(self, ex):
