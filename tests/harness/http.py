@@ -10,6 +10,7 @@ import signal
 import ssl
 import subprocess
 import time
+from urllib.parse import urlencode
 
 from metaq.client.local import free_port
 
@@ -79,7 +80,7 @@ class PrometheusProcess:
         self.port = free_port()
         self.config = os.path.join(self.workdir, "prometheus.yml")
         with open(self.config, "w") as f:
-            f.write("global:\n  scrape_interval: %ds\n  evaluation_interval: %ds\nscrape_configs:\n"
+            f.write("global:\n  scrape_interval: %ds\n  scrape_timeout: %ds\nscrape_configs:\n"
                     "  - job_name: metaq\n    static_configs:\n      - targets: [%s]\n"
                     % (interval_s, interval_s, ", ".join("'%s'" % t for t in targets)))
         self.proc = None
@@ -94,19 +95,29 @@ class PrometheusProcess:
         log.close()
         return self
 
-    def query(self, expr):
-        """The ``/api/v1/query`` result list for ``expr`` ([] when Prometheus is not up yet)."""
+    def _get(self, path):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
         try:
-            from urllib.parse import urlencode
-            conn.request("GET", "/api/v1/query?" + urlencode({"query": expr}))
-            r = conn.getresponse()
-            doc = json.loads(r.read())
+            conn.request("GET", path)
+            doc = json.loads(conn.getresponse().read())
         except (OSError, ValueError):
-            return []
+            return {}
         finally:
             conn.close()
-        return doc.get("data", {}).get("result", []) if doc.get("status") == "success" else []
+        return doc.get("data", {}) if doc.get("status") == "success" else {}
+
+    def query(self, expr):
+        """The ``/api/v1/query`` result list for ``expr`` ([] when Prometheus is not up yet)."""
+        return self._get("/api/v1/query?" + urlencode({"query": expr})).get("result", [])
+
+    def targets(self):
+        """What Prometheus says of its targets (health, last error): for failure messages."""
+        return [(t.get("scrapeUrl"), t.get("health"), t.get("lastError"))
+                for t in self._get("/api/v1/targets").get("activeTargets", [])]
+
+    def log_tail(self, nbytes=3000):
+        with open(os.path.join(self.workdir, "prometheus.log"), "rb") as f:
+            return f.read()[-nbytes:].decode("utf-8", "replace")
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:

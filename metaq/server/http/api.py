@@ -122,7 +122,7 @@ class BrokerViews:
             if may_see is not None and not (may_see("topic", r.topic) and may_see("group", r.group)):
                 continue
             out.append({"group": r.group, "topic": r.topic, "partition": r.partition, "offset": r.offset,
-                        "max_offset": r.max_offset, "lag": r.lag, "commit_ms": r.commit_ms})
+                        "max_offset": r.max_offset, "lag": r.lag, "commit_ms": r.committed_ms})
         return out
 
     def broker(self, request):
