@@ -173,3 +173,38 @@ def test_readyz_waits_for_a_slave_to_handshake_with_its_master(broker_factory, t
     wait_for(lambda: request(slave, "GET", "/readyz").status == 200,
              what=lambda: "slave ready: %s" % request(slave, "GET", "/readyz").text)
     assert request(slave, "GET", "/api/replication").json()["replication_role"] == "slave"
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(broker_factory, tmp_path):
+    b = broker_factory(with_http(small_config(tmp_path / "data", limits={"idle_timeout_s": 1.0})))
+    s = _raw(b)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.settimeout(30)
+    assert _read_all(s).startswith(b"HTTP/1.1 200 ")  # the answer, then the close once idle: _read_all ends
+    assert "no request for" in b.log_text()
+
+
+def test_the_key_picks_the_partition_when_none_is_given(hbroker):
+    import zlib
+    r = request(hbroker, "POST", "/api/topics/t-keyed/messages?key=order-42", body=b"k")
+    assert r.status == 200 and r.json()["partition"] == zlib.crc32(b"order-42") % 4  # t* topics have 4
+    assert request(hbroker, "POST", "/api/topics/t-keyed/messages", body=b"k").json()["partition"] == 0
+
+
+def test_a_corrupt_record_is_answered_512_never_served(broker_factory, tmp_path):
+    from tests.integration.test_corrupt_records import flip_payload_byte
+
+    wd = tmp_path / "b"
+    b = broker_factory(with_http(small_config(wd / "data")), workdir=wd)
+    for i in range(3):
+        body = b"rec-%02d-" % i + b"x" * 4000
+        assert request(b, "POST", "/api/topics/t-bad/messages?partition=0", body=body).status == 200
+    assert b.stop() == 0
+    flip_payload_byte(b.data_dir, 1)
+    b.start()
+    r = request(b, "GET", "/api/topics/t-bad/partitions/0/messages?offset=1")
+    assert r.status == 500 and r.json()["code"] == 512 and "corrupt" in r.json()["error"], r
+    r = request(b, "GET", "/api/topics/t-bad/partitions/0/messages?offset=0")  # the read stops before it
+    assert r.status == 200 and [m["offset"] for m in r.json()["messages"]] == [0]
+    with b.client() as c:
+        assert c.get("t-bad", 0, 1).code == 512  # the text port's answer
