@@ -18,6 +18,8 @@ import logging
 import re
 from urllib.parse import parse_qs
 
+import gevent
+
 from metaq import errors, limits
 from metaq.auth import proofs
 
@@ -181,7 +183,9 @@ class Router:
             raise errors.Unauthenticated("authentication required: send HTTP Basic credentials (user and secret)")
         user = guard.user(name)
         if user is None or not proofs.same(secret, user.secret):
-            guard.failed(session.host)
+            delay = guard.failed(session.host)  # a guesser's answers slow down, as on the text port
+            if delay:
+                gevent.sleep(delay)
             log.warning("http authentication failed from %s: %s", session.host,
                         "unknown user %s" % name if user is None else "wrong secret for user %s" % name)
             raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
