@@ -20,8 +20,12 @@ all: test
 # fusepy; as root libfuse2 mounts and unmounts with mount(2) itself, so neither
 # `fuse` nor `fuse3`, whose fusermount programs conflict on Debian 12, is needed), and
 # openssl (the security tests make a CA and certificates with it and probe TLS ports
-# with `openssl s_client`; a minimal Debian may lack the command).
-SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl
+# with `openssl s_client`; a minimal Debian may lack the command), prometheus (the HTTP
+# port's tests run a real Prometheus, as a plain process with its own data dir, that scrapes
+# a broker's /metrics, and check that output with its `promtool check metrics`) and chromium
+# (the dashboard is loaded in headless Chromium: its DOM after the page's script ran, and
+# the screenshot docs/dashboard.png).
+SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium
 # The benchmark measures Redis Streams beside metaq when redis-server is there.
 BENCH_SYSDEPS := redis-server
 sysdeps:

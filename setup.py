@@ -29,6 +29,7 @@ setup(
     # The put-burst fast path in C. Optional: if it cannot be built (no compiler,
     # no zlib headers) the install goes on and the exact pure-Python twins run.
     ext_modules=[speedups_extension()],
+    package_data={"metaq.server.http": ["static/*"]},  # the dashboard's script and style
     python_requires=">=3.11",
     install_requires=[
         "gevent>=24.2",
@@ -37,6 +38,7 @@ setup(
         "kazoo>=2.10",
         "zstandard>=0.22",  # RocketMQ 5 producers' zstd bodies, decompressed on arrival (protocol/compression.py)
         "lz4>=4.3",  # RocketMQ 5 producers' LZ4 frame bodies, likewise
+        "prometheus_client>=0.17",  # the HTTP port's /metrics (metaq/server/http/metrics.py)
     ],
     extras_require={
         "test": [

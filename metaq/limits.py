@@ -386,3 +386,19 @@ MAX_KEY_SCAN_ENTRIES = 8192
 KEY_INDEX_STEP_BYTES = 256 << 10
 #: Longest lookup cursor (``<file>:<entry>``, two decimal numbers) a request may carry.
 MAX_KEY_CURSOR_BYTES = 48
+
+# -- the HTTP port (metaq/server/http/, README "The HTTP port") -------------------------------------------------
+
+#: Bytes of an HTTP request line, its CRLF included: past it the port answers 414 and closes. gevent.pywsgi's
+#: ``MAX_REQUEST_LINE`` is the same figure (its handler answers the 414; tests/server/test_http_unit.py checks).
+HTTP_MAX_REQUEST_LINE = 8192
+
+#: Bytes of an HTTP request's header lines together: past it the port answers 431 and closes.
+HTTP_MAX_HEADER_BYTES = 16 * 1024
+
+#: Bytes of an HTTP request body (an HTTP put's payload and attribute): a larger Content-Length is answered
+#: 413 without reading the body, and the connection closed. The text port's default ``max_body_bytes``.
+HTTP_MAX_BODY_BYTES = MAX_BODY_BYTES
+
+#: Most messages one HTTP get returns (its ``max_bytes`` is also held to ``store.max_transfer_size``).
+HTTP_MAX_GET_MESSAGES = 1000

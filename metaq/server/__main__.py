@@ -53,6 +53,8 @@ def build_parser():
     p.add_argument("--slave-id", type=int, metavar="N", help="this slave's number (registers as slave<N>)")
     p.add_argument("--replication-port", type=int, metavar="P",
                    help="master: serve slaves on this port (0 or absent = off)")
+    p.add_argument("--http-port", type=int, metavar="P",
+                   help="serve metrics, health, the JSON API and the dashboard over HTTP on this port (0 = off)")
     p.add_argument("--remoting-port", type=int, metavar="P",
                    help="serve RocketMQ clients (name server and broker codes) on this port (0 or absent = off)")
     p.add_argument("--force-recovery", action="store_true", default=None,
@@ -83,6 +85,7 @@ def overrides_from(args):
         "replication.slave_id": args.slave_id,
         "replication.port": args.replication_port,
         "remoting.port": args.remoting_port,
+        "http.port": args.http_port,
     }
 
 

@@ -16,6 +16,8 @@ from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.guard import Guard
+from metaq.server.http.api import BrokerViews
+from metaq.server.http.port import HttpPort
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
@@ -108,6 +110,12 @@ class Broker:
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
+        self.http = None
+        if config.http.port:  # README "The HTTP port"
+            views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
+                                self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
+            self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
+                                 config.http.open_metrics)
 
     # -- facts used by stats --------------------------------------------------
 
@@ -176,6 +184,8 @@ class Broker:
         if self.remoting is not None:
             self.remoting.start()
         self.roles.start_links()
+        if self.http is not None:
+            self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
@@ -192,6 +202,9 @@ class Broker:
                  ", slave %d of %s" % (link.slave_id, link.master) if link
                  else ", replication port %d (%s)" % (replication.port, replication.mode)
                  if replication else "", self.store.epochs.epoch)
+        if self.http is not None:
+            log.info("HTTP port on %s:%d: /metrics, /healthz, /readyz, /api/..., the dashboard at /",
+                     self.config.http.host or cfg.host, self.http.port)
         if self.roles.read_refusal is not None:
             log.warning("reads refused until the first epoch handshake: %s", self.roles.read_refusal)
         if checksum.IMPLEMENTATION == "python-zlib":

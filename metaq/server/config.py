@@ -24,6 +24,7 @@ from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.tx.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
+from metaq.server.httpconfig import HttpSection
 from metaq.server.yamlfile import DuplicateKey, UniqueKeyLoader, read_yaml  # noqa: F401
 
 
@@ -353,6 +354,7 @@ class ServerConfig(_Section):
     delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
     security: SecuritySection = SecuritySection()
+    http: HttpSection = HttpSection()  # the HTTP port (server/httpconfig.py)
 
     @field_validator("topics")
     @classmethod
@@ -373,7 +375,8 @@ class ServerConfig(_Section):
         host = self.broker.host
         listeners = [("broker.port", host, self.broker.port), ("remoting.port", self.remoting.host or host,
                                                                 self.remoting.port),
-                     ("replication.port", host, self.replication.port)]
+                     ("replication.port", host, self.replication.port),
+                     ("http.port", self.http.host or host, self.http.port)]
         seen = {}
         for name, bind, port in listeners:
             if port and (bind, port) in seen:
@@ -418,6 +421,8 @@ class ServerConfig(_Section):
             found.append(("remoting.host" if self.remoting.host else "broker.host", self.remoting.host or host))
         if self.replication.port:
             found.append(("broker.host", host))
+        if self.http.port:
+            found.append(("http.host" if self.http.host else "broker.host", self.http.host or host))
         return found
 
     @model_validator(mode="after")

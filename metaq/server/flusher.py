@@ -210,6 +210,7 @@ class Flusher:
         self.transient_rounds = 0  # rounds that could not run for want of descriptors (stats, tests)
         self.rounds = 0
         self.recent_ms = deque(maxlen=RECENT_ROUNDS)  # how long each of the last rounds' fsync took
+        self._flush_observers = []  # callables given each round's fsync time in seconds (observe_flushes)
         self._checkpointer = None
         self._stopping = Event()
         self._indexer = None
@@ -308,7 +309,10 @@ class Flusher:
         if store.written_position > store.flushed_position:
             started = time.perf_counter()
             pos = self._flush_log()
-            self.recent_ms.append((time.perf_counter() - started) * 1000.0)
+            seconds = time.perf_counter() - started
+            self.recent_ms.append(seconds * 1000.0)
+            for observe in self._flush_observers:
+                observe(seconds)
             changed = store.mark_flushed(pos)
             self.rounds += 1
             if changed:
@@ -327,6 +331,11 @@ class Flusher:
                     gevent.sleep(0)
             except Exception:  # noqa: BLE001 - derived data: logged, tried again after the next round
                 log.exception("key index: a step failed; trying again after the next flush")
+
+    def observe_flushes(self, observe):
+        """Call ``observe(seconds)`` with the fsync time of every flush round from now on (the HTTP port's
+        ``metaq_flush_duration_seconds`` histogram); it must not block nor raise."""
+        self._flush_observers.append(observe)
 
     def recent_times(self):
         """``(p50, p99, max)`` in ms of the fsync time of the last ``RECENT_ROUNDS`` rounds (zeros before any)."""

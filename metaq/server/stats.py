@@ -70,6 +70,9 @@ class BrokerStats:
         self.filter_skipped_units = 0  # index units a filtered read passed over without reading their record
         self.burst_scanned_bytes = 0  # receive-buffer bytes handed to its scanners (bounded per frame: fastput.py)
         self.reset_realtime()
+        #: topic -> [puts, put body bytes, gets that returned messages], never reset (the HTTP port's
+        #: ``metaq_topic_*_total`` counters; ``stats reset`` resets only the realtime figures)
+        self.topic_totals = {}
 
     def reset_realtime(self):
         self.realtime_since = time.time()
@@ -96,12 +99,26 @@ class BrokerStats:
         """Count ``count`` stored puts of ``size`` body bytes in all (a burst's run: as ``count`` on_put calls)."""
         self.cmd_put += count
         t = self.topic_realtime.get(topic) or self.topic(topic)
+        totals = self.topic_totals.get(topic) or self.totals(topic)
+        totals[0] += count
+        totals[1] += size
         for stats in (self.realtime, t):
             put, msize = stats["put"], stats["message_size"]
             put.count += count
             put.value += count
             msize.count += count
             msize.value += size
+
+    def totals(self, topic):
+        """The never-reset ``[puts, bytes, gets]`` of ``topic`` (folded into ``OTHER_TOPICS`` past the limit)."""
+        totals = self.topic_totals.get(topic)
+        if totals is None:
+            if len(self.topic_totals) >= limits.MAX_STATS_TOPICS:
+                topic = OTHER_TOPICS
+                totals = self.topic_totals.get(topic)
+            if totals is None:
+                totals = self.topic_totals[topic] = [0, 0, 0]
+        return totals
 
     def on_put_failed(self, topic):
         self.put_failed += 1
@@ -114,6 +131,8 @@ class BrokerStats:
         self.realtime["get"].add()
         t = self.topic(topic)
         t["get"].add()
+        if not miss:
+            self.totals(topic)[2] += 1
         if miss:
             self.get_miss += 1
             self.realtime["get_miss"].add()

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from metaq.client.local import BrokerProcess
+from metaq.client.local import BrokerProcess, free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -35,6 +35,8 @@ def make_run_broker(tmp_path):
         cfg = yaml.safe_load(f)
     cfg["broker"]["port"] = 0
     cfg["broker"]["data_dir"] = str(tmp_path / "data")
+    if (cfg.get("http") or {}).get("port"):
+        cfg["http"]["port"] = free_port()  # conf/server.yaml's 8180 may be taken (make run, another test)
     b = BrokerProcess(tmp_path, cfg).start()
     yield b
     b.kill()

@@ -63,11 +63,20 @@ def test_topic_limits_reach_the_store(tmp_path):
             load_config(None, {key: 0})
 
 
+#: What conf/server.yaml sets on purpose to other than the default: the HTTP port, off by default, is on for the
+#: loopback broker `make run` starts (README "The HTTP port").
+SHIPPED_ON_PURPOSE = {("http", "port"): 8180}
+
+
 @pytest.mark.parametrize("section", SECTIONS)
 def test_shipped_config_documents_every_setting_with_its_default(section):
     with open(ROOT / "conf" / "server.yaml") as f:
         shipped = yaml.safe_load(f)
     defaults = getattr(ServerConfig(), section).model_dump()
+    for (name, key), value in SHIPPED_ON_PURPOSE.items():
+        if name == section:
+            assert defaults[key] != value
+            defaults[key] = value
     assert shipped.get(section) == defaults
 
 
@@ -77,6 +86,17 @@ def test_settings_named_in_the_readme_exist():
     assert named
     for section, key in named:
         assert key in ServerConfig.model_fields[section].annotation.model_fields, "README names %s.%s" % (section, key)
+
+
+def test_the_http_port_is_off_by_default_and_checked_like_the_others():
+    assert load_config(None).http.port is None
+    c = load_config(None, {"http.port": 8180})
+    assert (c.http.port, c.http.host) == (8180, None)
+    with pytest.raises(ConfigError, match="http.port"):
+        load_config(None, {"http.port": 8123})  # broker.port's
+    with pytest.raises(ConfigError, match="http.host 0.0.0.0"):
+        load_config(None, {"http.port": 8180, "http.host": "0.0.0.0"})  # authentication off: loopback only
+    assert load_config(None, {"http.port": 8180, "http.host": "0.0.0.0", "security.insecure": True}).http.port == 8180
 
 
 def test_shipped_topics_end_with_the_default_pattern():

@@ -1,0 +1,1 @@
+"""The HTTP port: metrics, health, the JSON API, HTTP put/get and the dashboard (README "Operating metaq")."""

@@ -1,0 +1,38 @@
+"""The HTTP port assembled: the route table (API, metrics, dashboard) on a listener of the connection core.
+
+``HttpPort`` is given what it reads and does (``api.BrokerViews`` and a few callables), never the Broker.
+Other parts of the broker add their routes with ``HttpPort.router.add`` (``routes.Router``): the seam for
+admin operations (offset resets, topic changes, dead letters).
+"""
+
+from metaq.server.http import api, dashboard
+from metaq.server.http.metrics import BrokerCollector, Metrics
+from metaq.server.http.routes import OPEN, READ, Router
+from metaq.server.http.server import HttpFrontEnd
+
+#: The names of the broker's listeners, as ``metaq_connections{listener=...}`` labels them.
+LISTENERS = ("text", "remoting", "replication", "http")
+
+
+class HttpPort:
+    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True):
+        """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``observe_flushes(callback)``: the
+        flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication."""
+        self.views = views
+        self.router = Router(views.guard)
+        api.add_routes(self.router, views)
+        collector = BrokerCollector(views.counters, views.summary, views.topic_list, views.group_list,
+                                    views.roles.stats_values,
+                                    lambda: {name: core.count(name) for name in LISTENERS}, transactions)
+        self.metrics = Metrics(collector)
+        observe_flushes(self.metrics.observe_flush)
+        self.router.add("GET", "/metrics", OPEN if open_metrics else READ, self.metrics.scrape)
+        dashboard.add_routes(self.router, dashboard.Dashboard(views))
+        self.front = HttpFrontEnd(core, self.router)
+
+    @property
+    def port(self):
+        return self.front.port
+
+    def listen(self, host, port):
+        return self.front.listen(host, port)

@@ -1,0 +1,215 @@
+"""The HTTP port's WSGI application: a route table, HTTP Basic authentication, JSON errors, bounded bodies.
+
+A route is ``(method, pattern, needs, handler)``: ``pattern`` a path whose ``{name}`` parts are captured
+(one path segment each), ``needs`` what the request's user must be allowed (``OPEN``: nothing, ``READ``:
+what ``stats`` needs, i.e. any authenticated user; or a callable ``needs(guard, session, params)`` that calls
+``guard.require``), ``handler(request)`` returns a ``Response``. Other parts of the broker (admin
+operations) add routes with ``Router.add``: the seam for them.
+
+Errors are JSON, ``{"code": <the text protocol's code>, "error": "<message>"}``, with the same code as the
+HTTP status, except ``301`` (an offset out of range; the JSON also has ``"offset"``: where to read from),
+answered with HTTP 416, and ``512`` (a corrupt record), answered with HTTP 500.
+"""
+
+import base64
+import binascii
+import json
+import logging
+import re
+from urllib.parse import parse_qs
+
+import gevent
+
+from metaq import errors, limits
+from metaq.auth import proofs
+
+log = logging.getLogger(__name__)
+
+OPEN = "open"
+READ = "read"
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 411: "Length Required", 413: "Content Too Large",
+            416: "Range Not Satisfiable", 500: "Internal Server Error", 503: "Service Unavailable",
+            504: "Gateway Timeout", 507: "Insufficient Storage"}
+
+
+class Response:
+    __slots__ = ("status", "body", "content_type", "headers")
+
+    def __init__(self, status, body, content_type="application/json", headers=()):
+        self.status = status
+        self.body = body if isinstance(body, bytes) else body.encode("utf-8")
+        self.content_type = content_type
+        self.headers = list(headers)
+
+
+def json_response(value, status=200):
+    return Response(status, json.dumps(value, sort_keys=False) + "\n")
+
+
+def error_response(code, message, status=None, **more):
+    doc = {"code": code, "error": message}
+    doc.update(more)
+    resp = json_response(doc, status or code)
+    if code == 401:
+        resp.headers.append(("WWW-Authenticate", 'Basic realm="metaq", charset="UTF-8"'))
+    return resp
+
+
+def error_for(exc):
+    """The JSON reply of a MetaqError, with its text-protocol code (see the module doc)."""
+    if isinstance(exc, errors.Moved):
+        return error_response(301, str(exc) or "offset out of range", status=416, offset=exc.offset)
+    code = exc.code
+    return error_response(code, str(exc), status=code if code in _REASONS else 500)
+
+
+class Request:
+    """One request: its method, path parameters, query, session, and its body read on demand (bounded)."""
+
+    def __init__(self, environ, params):
+        self.environ = environ
+        self.method = environ["REQUEST_METHOD"]
+        self.params = params
+        self.query = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).items()}
+        self.session = environ.get("metaq.session")
+        self._body = None
+
+    def arg(self, name, default=None, kind=str):
+        """The query parameter ``name`` as ``kind`` (default when absent); ClientError for a bad value."""
+        value = self.query.get(name)
+        if value is None or value == "":
+            return default
+        try:
+            return kind(value)
+        except ValueError:
+            raise errors.ClientError("query parameter %s: %r is not a valid %s" % (name, value, kind.__name__)) \
+                from None
+
+    def body(self):
+        """The request body (already checked against ``limits.HTTP_MAX_BODY_BYTES`` by its Content-Length)."""
+        if self._body is None:
+            stream = self.environ["wsgi.input"]
+            data = stream.read(limits.HTTP_MAX_BODY_BYTES + 1)  # chunked: no length was announced
+            if len(data) > limits.HTTP_MAX_BODY_BYTES:
+                raise BodyTooLarge()
+            self._body = data
+        return self._body
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def _compile(pattern):
+    regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
+    return re.compile("^%s$" % regex)
+
+
+class Router:
+    """The route table and the WSGI application over it (see the module doc)."""
+
+    def __init__(self, guard, open_metrics=True):
+        self.guard = guard
+        self.open_metrics = open_metrics
+        self.routes = []
+
+    def add(self, method, pattern, needs, handler):
+        self.routes.append((method, pattern, _compile(pattern), needs, handler))
+
+    def match(self, method, path):
+        """``(handler, needs, params)``, or a Response (404 no such path, 405 not that method)."""
+        allowed = []
+        for m, _pattern, regex, needs, handler in self.routes:
+            found = regex.match(path)
+            if found is None:
+                continue
+            if m != method and not (method == "HEAD" and m == "GET"):
+                allowed.append(m)
+                continue
+            return handler, needs, found.groupdict()  # PATH_INFO is already unquoted
+        if allowed:
+            resp = error_response(405, "%s is not allowed on %s (allowed: %s)" % (method, path, ", ".join(allowed)))
+            resp.headers.append(("Allow", ", ".join(allowed)))
+            return resp
+        return error_response(404, "no such path: %s" % path)
+
+    def __call__(self, environ, start_response):
+        resp = self.respond(environ)
+        done = environ.get("metaq.request_done")
+        if done is not None:
+            done()
+        if ("Connection", "close") in resp.headers and environ.get("metaq.stop_reading") is not None:
+            environ["metaq.stop_reading"]()  # the body is not read: the connection closes after the answer
+        headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))),
+                   ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")] + resp.headers
+        start_response("%d %s" % (resp.status, _REASONS.get(resp.status, "Error")), headers)
+        return [resp.body] if environ["REQUEST_METHOD"] != "HEAD" else [b""]
+
+    def respond(self, environ):
+        length = environ.get("CONTENT_LENGTH")
+        if length:
+            try:
+                n = int(length)
+            except ValueError:
+                return _closing(error_response(400, "Content-Length %r is not a number" % length))
+            if n > limits.HTTP_MAX_BODY_BYTES:
+                return _closing(error_response(413, "the body is %d bytes: the limit is %d (limits.HTTP_MAX_BODY_BYTES)"
+                                               % (n, limits.HTTP_MAX_BODY_BYTES)))
+        found = self.match(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/"))
+        if isinstance(found, Response):
+            return found
+        handler, needs, params = found
+        request = Request(environ, params)
+        try:
+            self.authorize(request, needs)
+            return handler(request)
+        except BodyTooLarge:
+            return _closing(error_response(413, "the body passes %d bytes (limits.HTTP_MAX_BODY_BYTES)"
+                                           % limits.HTTP_MAX_BODY_BYTES))
+        except errors.MetaqError as exc:
+            return error_for(exc)
+
+    def authorize(self, request, needs):
+        """Check HTTP Basic credentials (when authentication is on) and what the route needs."""
+        guard = self.guard
+        if not guard.enabled or needs == OPEN:
+            return
+        session = request.session
+        session.user = None  # HTTP is stateless: each request proves its user
+        name, secret = _basic(request.environ.get("HTTP_AUTHORIZATION"))
+        if name is None:
+            raise errors.Unauthenticated("authentication required: send HTTP Basic credentials (user and secret)")
+        user = guard.user(name)
+        if user is None or not proofs.same(secret, user.secret):
+            delay = guard.failed(session.host)  # a guesser's answers slow down, as on the text port
+            if delay:
+                gevent.sleep(delay)
+            log.warning("http authentication failed from %s: %s", session.host,
+                        "unknown user %s" % name if user is None else "wrong secret for user %s" % name)
+            raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
+        guard.authenticated(session, name)
+        if needs == READ:
+            guard.current_user(session)
+        else:
+            needs(guard, session, request.params)
+
+
+def _basic(header):
+    """``(user, secret bytes)`` from an ``Authorization: Basic`` header, or ``(None, None)``."""
+    if not header or not header.lower().startswith("basic "):
+        return None, None
+    try:
+        raw = base64.b64decode(header[6:].strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None, None
+    name, sep, secret = raw.partition(b":")
+    if not sep:
+        return None, None
+    return name.decode("utf-8", "replace"), secret
+
+
+def _closing(resp):
+    resp.headers.append(("Connection", "close"))
+    return resp

@@ -1,0 +1,23 @@
+"""The ``http:`` section of the configuration (README "The HTTP port"): its own module, so that
+``server/config.py`` stays under the line cap. Pydantic only: ``metaq.deploy`` checks inventories against it."""
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class HttpSection(BaseModel):
+    """``http:``: the HTTP port (metrics, health, JSON API, HTTP put/get, the dashboard)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # as every section's
+
+    port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off
+    host: Optional[str] = None  # bind address; default broker.host
+    open_metrics: bool = True  # /metrics without authentication when security.acl_file is set (a scraper's view)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, host):
+        if host is not None and not host.strip():
+            raise ValueError("http.host must not be blank (leave it out to use broker.host)")
+        return host

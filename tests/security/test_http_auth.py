@@ -1,0 +1,70 @@
+"""The HTTP port with authentication (HTTP Basic through the Guard) and TLS (README "The HTTP port")."""
+
+import socket
+import ssl
+
+from tests.harness.acl import SECRETS, secured_config
+from tests.harness.http import http_port, request, with_http
+from tests.harness.pki import Pki
+
+
+def _as(user):
+    return {"user": user, "secret": SECRETS[user]}
+
+
+def test_http_basic_auth_maps_requests_to_the_guards_permissions(broker_factory, tmp_path):
+    b = broker_factory(with_http(secured_config(tmp_path)))
+    # open: liveness, readiness and the metrics a scraper reads
+    assert request(b, "GET", "/healthz").status == 200
+    assert request(b, "GET", "/readyz").status == 200
+    assert request(b, "GET", "/metrics").status == 200
+    # everything else needs a user
+    r = request(b, "GET", "/api/broker")
+    assert r.status == 401 and r.json()["code"] == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
+    assert request(b, "GET", "/", user="alice", secret="wrong").status == 401
+    assert request(b, "GET", "/api/broker", user="nobody", secret="x").status == 401
+    assert request(b, "GET", "/api/broker", **_as("bob")).status == 200  # what stats needs: any user
+    # put needs publish on the topic, get needs subscribe
+    r = request(b, "POST", "/api/topics/orders/messages?partition=0", body=b"o1", **_as("bob"))
+    assert r.status == 200, r
+    r = request(b, "GET", "/api/topics/orders/partitions/0/messages?offset=0", **_as("bob"))
+    assert r.status == 403 and r.json()["code"] == 403 and "subscribe" in r.json()["error"]
+    r = request(b, "POST", "/api/topics/payroll/messages?partition=0", body=b"p", **_as("alice"))
+    assert r.status == 403
+    r = request(b, "GET", "/api/topics/orders/partitions/0/messages?offset=0", **_as("alice"))
+    assert r.status == 200 and len(r.json()["messages"]) == 1
+    # the tables show a user only what it may subscribe to, as stats does
+    request(b, "POST", "/api/topics/payroll/messages?partition=0", body=b"p", **_as("admin"))
+    seen = {t["topic"] for t in request(b, "GET", "/api/topics", **_as("reader")).json()["topics"]}
+    assert "orders" in seen and "payroll" not in seen
+    seen = {t["topic"] for t in request(b, "GET", "/api/topics", **_as("admin")).json()["topics"]}
+    assert {"orders", "payroll"} <= seen
+    assert "payroll" not in request(b, "GET", "/", **_as("reader")).text
+
+
+def test_metrics_may_require_a_user(broker_factory, tmp_path):
+    b = broker_factory(with_http(secured_config(tmp_path), open_metrics=False))
+    assert request(b, "GET", "/metrics").status == 401
+    assert request(b, "GET", "/metrics", **_as("reader")).status == 200
+
+
+def test_the_http_port_speaks_tls_when_tls_mode_is_on(broker_factory, tmp_path):
+    pki = Pki(tmp_path / "pki")
+    cfg = with_http(secured_config(tmp_path, tls=pki.tls_config("on")))
+    b = broker_factory(cfg)
+    r = request(b, "POST", "/api/topics/orders/messages?partition=0", body=b"over tls", ca=pki.ca, **_as("alice"))
+    assert r.status == 200, r
+    r = request(b, "GET", "/api/topics/orders/partitions/0/messages?offset=0&format=raw", ca=pki.ca, **_as("alice"))
+    assert r.status == 200 and r.body == b"over tls"
+    # plaintext on the TLS-only port: refused (400), never served
+    s = socket.create_connection(("127.0.0.1", http_port(b)), timeout=10)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = s.recv(1000)
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"TLS" in reply
+    s.close()
+    # a client that does not trust the broker's CA does not get through
+    try:
+        request(b, "GET", "/healthz", ca=pki.rogue_ca)
+        raise AssertionError("an untrusted certificate was accepted")
+    except ssl.SSLError:
+        pass
