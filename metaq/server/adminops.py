@@ -147,12 +147,13 @@ class AdminOps:
         topic = DLQ_PREFIX + group
         try:
             limits.validate_topic(RESENT_PREFIX + group)
-            return topic, self.store.partitions_of(topic)
+            if topic in self.store.known_topics():  # a topic with data (or configured by its exact name)
+                return topic, self.store.partitions_of(topic)
         except errors.InvalidTopic:
             raise errors.ClientError("group name %r is too long for a dead-letter journal" % group) from None
         except errors.UnknownTopic:
-            raise errors.NotFound("group %s has no dead letters on this broker (no topic %s)" % (group, topic)) \
-                from None
+            pass
+        raise errors.NotFound("group %s has no dead letters on this broker (no topic %s)" % (group, topic))
 
     def _records(self, topic, partition):
         """The records of one partition from its first kept offset, at most ``MAX_DLQ_SCAN``; and whether more."""
