@@ -217,8 +217,20 @@ class _PartitionReader(threading.Thread):
             self.conn.close()
 
 
+def topic_partitions(view, topic):
+    """``[(broker id, partition, min, max)]`` of every partition of ``topic``, those without data yet included
+    (``stats offsets`` lists those with data, ``stats topics`` the configured count)."""
+    rows = {(bid, p): (bid, p, mn, mx) for bid, t, p, mn, mx in view.partitions() if t == topic}
+    for bid, url in sorted(view.brokers.items()):
+        for r in view.stats_of(url, "topics") or ():
+            if r.topic == topic and r.partitions:
+                for p in range(r.partitions):
+                    rows.setdefault((bid, p), (bid, p, 0, 0))
+    return sorted(rows.values())
+
+
 def run_tail(view, args):
-    rows = [(bid, p, mn, mx) for bid, topic, p, mn, mx in view.partitions() if topic == args.topic]
+    rows = topic_partitions(view, args.topic)
     if args.partition is not None:
         wanted = choose_partition(view, args.partition)
         rows = [r for r in rows if (r[0], r[1]) == (wanted.broker_id, wanted.partition)]
