@@ -232,3 +232,10 @@ def parse_corrupt_record(text):
 
 class ConfigError(MetaqError):
     """The configuration is invalid; raised at startup with a message naming the setting."""
+
+
+class GroupActive(ClientError):
+    """An admin change of a consumer group's offsets refused while the group has live members (they would
+    overwrite it with their own position): stop them, or force it (README "Admin commands")."""
+
+    code = 409

@@ -402,3 +402,16 @@ HTTP_MAX_BODY_BYTES = MAX_BODY_BYTES
 
 #: Most messages one HTTP get returns (its ``max_bytes`` is also held to ``store.max_transfer_size``).
 HTTP_MAX_GET_MESSAGES = 1000
+
+# -- admin operations (README "Admin commands"; server/adminops.py) ----------------
+
+#: Dead letters one ``dlq_list`` answers at most (``metaq-admin dlq list --max``); ``"more": true`` says there are more.
+MAX_DLQ_LIST = 1_000
+#: Dead letters (and entries of the group's resent journal) one ``dlq_list`` or ``dlq_resend`` reads at most
+#: per partition of the dead-letter topic: bounds the work of one admin request on the broker's loop.
+MAX_DLQ_SCAN = 10_000
+#: Bytes of a dead letter's body a listing shows (the rest is counted in ``body_bytes``).
+DLQ_BODY_PREVIEW_BYTES = 64
+#: Text connections remembered as members of a group (they committed or queried its offsets and are still open):
+#: past it the oldest is forgotten, so clients inventing group names cannot grow the table.
+MAX_TEXT_GROUP_MEMBERS = 10_000

@@ -33,7 +33,7 @@ from datetime import datetime
 import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import replay, security as client_security
+from metaq.client import admindlq, adminoffsets, admintools, replay, security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
@@ -369,6 +369,9 @@ def build_parser():
     s.add_argument("topic")
     s.add_argument("time", type=parse_time, help="ISO 8601 (2026-11-23T09:00:00Z; without a zone: local time) "
                    "or ms since the Unix epoch")
+    admintools.add_parsers(sub, parse_time)  # put, tail
+    adminoffsets.add_parser(sub, parse_time)  # reset-offsets
+    admindlq.add_parser(sub)  # dlq list|resend
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (README "
@@ -398,6 +401,8 @@ def main(argv=None):
     except errors.MetaqError as exc:
         print("metaq-admin: %s" % exc, file=sys.stderr)
         return EXIT_UNREACHABLE
+    if args.command in RUNNERS:
+        return _run(RUNNERS[args.command], view, args, brokers)
     try:
         rows, columns = COMMANDS[args.command](view, args)
     finally:
@@ -409,6 +414,34 @@ def main(argv=None):
     for problem in view.problems:
         print("metaq-admin: could not read %s" % problem, file=sys.stderr)
     return EXIT_UNREACHABLE if view.problems else EXIT_OK
+
+
+#: Commands that print as they go (admintools, adminoffsets, admindlq): ``run(view, args, brokers, render)``.
+RUNNERS = {
+    "put": lambda view, args, brokers, render: admintools.run_put(view, args, brokers, args.zk),
+    "tail": lambda view, args, brokers, render: admintools.run_tail(view, args),
+    "reset-offsets": lambda view, args, brokers, render: adminoffsets.run(view, args, render),
+    "dlq": lambda view, args, brokers, render: admindlq.run(view, args, render),
+}
+
+
+def _run(runner, view, args, brokers):
+    def render(rows, columns):
+        print(json.dumps(rows, indent=2) if args.json else render_table(rows, columns), flush=True)
+
+    try:
+        code = runner(view, args, brokers, render)
+    except admintools.AdminExit as exc:
+        print("metaq-admin: %s" % exc, file=sys.stderr)
+        code = exc.code
+    except errors.MetaqError as exc:
+        print("metaq-admin: %s%s" % (exc, _hint(exc)), file=sys.stderr)
+        code = EXIT_REFUSED if isinstance(exc, errors.ClientError) else EXIT_UNREACHABLE
+    finally:
+        view.close()
+    for problem in view.problems:
+        print("metaq-admin: could not read %s" % problem, file=sys.stderr)
+    return code if code or not view.problems else EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ REPLY_ERRORS = {
     503: errors.Unavailable,
     errors.DiskFull.code: errors.DiskFull,
     errors.NoReply.code: errors.NoReply,
+    errors.GroupActive.code: errors.GroupActive,
 }
 
 

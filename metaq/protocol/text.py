@@ -13,7 +13,8 @@ carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
 the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
 after a time), ``lookup`` (a key's messages; ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker;
 ``metaq.protocol.tags``), ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``),
-``request`` and ``reply`` (request-reply; ``metaq.protocol.reqreply``) are ours;
+``request`` and ``reply`` (request-reply; ``metaq.protocol.reqreply``), the admin commands
+(``metaq.protocol.adminwire``) are ours;
 integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
 stays usable (the line is consumed and its body, if its length is known,
@@ -52,6 +53,7 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
+from metaq.protocol import adminwire
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.textwrite import encode_result, encode_value_header, serialize
@@ -380,6 +382,19 @@ _COMMANDS = {
     "value": (_parse_value, (3,), "3 tokens", 1),
     "result": (_parse_result, (4,), "4 tokens", 2),
 }
+
+
+def _admin_parser(parse):
+    def handler(t):
+        try:
+            return parse(t)
+        except ValueError as exc:
+            raise _LineError(str(exc)) from None
+    return handler
+
+
+# the admin extensions (``protocol.adminwire``: group_info, reset_offset, dlq_list, dlq_resend)
+_COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in adminwire.COMMANDS.items()})
 
 
 class TextParser(StreamParser):

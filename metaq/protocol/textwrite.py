@@ -3,6 +3,7 @@
 Split from ``metaq.protocol.text`` (which re-exports these names); the grammar is described there.
 """
 
+from metaq.protocol import adminwire
 from metaq.protocol.events import (
     Auth,
     CommitOffset,
@@ -178,6 +179,7 @@ _SERIALIZERS = {
     Value: _serialize_value,
     Result: _serialize_result,
 }
+_SERIALIZERS.update(adminwire.SERIALIZERS)  # the admin extensions (group_info, reset_offset, dlq_list, dlq_resend)
 
 
 def serialize(event):

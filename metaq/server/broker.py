@@ -15,6 +15,7 @@ from metaq.server.config import is_loopback
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
+from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
@@ -93,9 +94,13 @@ class Broker:
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
                                    lim.max_pending_requests_per_connection)  # request-reply, both protocols
         self.core.on_close(self.replies.connection_closed)
+        self.group_members = TextGroupMembers()  # text connections using broker-kept offsets (adminops.py)
+        self.core.on_close(self.group_members.connection_closed)
+        self.admin = AdminOps(self.store, self.put_path, self.group_members,
+                              lambda group: self.remoting.group_members(group) if self.remoting is not None else [])
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
-                                         self.replies)
+                                         self.replies, self.admin, self.group_members)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None

@@ -238,8 +238,10 @@ class RemotingSection(_Section):
         return _not_blank(value, "an unnamed %s; leave it out for the default" % info.field_name.replace("_", " "))
 
     def retry_topic_specs(self):
-        """Topic patterns of the retry and dead-letter topics (first, so they win over user patterns)."""
-        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues)] if self.port else []
+        """Topic patterns of the retry and dead-letter topics, and of the dead letters' resent journals
+        (``server/adminops.py``): first, so they win over user patterns."""
+        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues),
+                TopicSpec("%RESENT%*", 1)] if self.port else []
 
 
 class DelaySection(_Section):

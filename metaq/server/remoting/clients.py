@@ -119,6 +119,11 @@ class ClientRegistry:
         """The live client ids of ``group``, sorted."""
         return sorted(self._groups.get(group, ()))
 
+    def live_members(self, group, now):
+        """``[(client id, peer address, idle seconds)]`` of ``group``'s live clients, sorted by id."""
+        return [(cid, getattr(m.conn, "peer", ""), max(0.0, now - m.last_seen))
+                for cid, m in sorted(self._groups.get(group, {}).items())]
+
     def connections(self, group):
         """The distinct connections of ``group``'s live clients."""
         seen = {}  # id(conn) -> conn, in first-seen order

@@ -126,6 +126,10 @@ class RemotingServer:
                 log.info("remoting: %d queue locks expired (not renewed for %.0f s)", expired,
                          self.config.lock_expiry_s)
 
+    def group_members(self, group):
+        """``[(client id, address, idle seconds)]``: the RocketMQ clients live in consumer ``group`` (admin ops)."""
+        return self.clients.live_members(group, time.monotonic())
+
     def connection_closed(self, conn):
         """A remoting connection ended: its clients leave their groups (consumers and producers) and give up the
         queues they locked."""

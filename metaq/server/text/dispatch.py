@@ -13,7 +13,7 @@ import gevent
 
 import metaq
 from metaq import errors, limits
-from metaq.protocol import events as ev
+from metaq.protocol import adminwire, events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import DUPLICATE_MARK
@@ -24,6 +24,7 @@ from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
+from metaq.server.text.admin import TextAdmin
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
 
@@ -101,10 +102,14 @@ _NEEDS = {
 
 
 class TextDispatcher:
-    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None):
+    def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None,
+                 admin=None, group_members=None):
         """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
-        ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400)."""
+        ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
+        ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
+        ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``)."""
+        self.group_members = group_members
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -142,6 +147,9 @@ class TextDispatcher:
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
+        self.admin = TextAdmin(admin, guard, error_reply) if admin is not None else None
+        for event_type in adminwire.SERIALIZERS:
+            self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin
         if replies is not None:
             self._handlers[ev.Request] = lambda e, conn: (self.requests.request(e, conn), NO_WAIT)
             self._handlers[ev.Reply] = lambda e, conn: (self.requests.reply(e, conn), NO_WAIT)
@@ -386,11 +394,21 @@ class TextDispatcher:
             for r in page.records])
         return ok(body, e.opaque), NO_WAIT
 
+    def _member(self, e, conn):
+        if self.group_members is not None:
+            self.group_members.seen(e.group, getattr(conn, "conn_id", None), getattr(conn, "peer", ""),
+                                    time.monotonic())
+
+    def _no_admin(self, e, conn):
+        return encode_result(400, b"the admin commands are not served by this dispatcher", e.opaque), NO_WAIT
+
     def commit_offset(self, e, conn):
+        self._member(e, conn)
         self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms())
         return ok(b"", e.opaque), NO_WAIT
 
     def query_offset(self, e, conn):
+        self._member(e, conn)
         offset = self.store.query_offset(e.group, e.topic, e.partition)
         if offset is None:
             msg = "group %s has committed no offset for %s-%d" % (e.group, e.topic, e.partition)

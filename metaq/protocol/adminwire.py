@@ -1,0 +1,140 @@
+"""The text protocol's admin extensions (``metaq-admin reset-offsets`` and ``dlq``), sans-IO.
+
+Each needs the ``admin`` permission (README "Security"). Replies to a good request are ``result 200`` with a JSON
+body (UTF-8), whose shape each event's docstring gives; errors are ``result <code>`` with the reason as text::
+
+    group_info <group> <opaque>                                  the group's live members and broker-kept offsets
+    reset_offset <group> <topic> <partition> <offset> <force 0|1> <opaque>
+    dlq_list <group> <max> <opaque>                              the group's dead letters, oldest first
+    dlq_resend <group> <ids> <opaque>                            ``*`` (all) or ids/positions separated by ``,``
+
+The parsers here are plugged into ``protocol.text``'s command table; they raise ``ValueError`` with the reason
+for a bad field (the text parser turns it into its protocol error).
+"""
+
+import json
+from typing import NamedTuple, Optional, Tuple
+
+from metaq import limits
+
+__all__ = ["GroupInfo", "ResetOffset", "DlqList", "DlqResend", "COMMANDS", "encode_body", "decode_body",
+           "ALL_DEAD_LETTERS", "SERIALIZERS"]
+
+#: ``dlq_resend``'s word for every dead letter not resent yet.
+ALL_DEAD_LETTERS = "*"
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64_MAX = 2**63 - 1
+
+
+class GroupInfo(NamedTuple):
+    """``group_info <group> <opaque>``. Body: ``{"group", "members": [{"kind": "remoting"|"text", "id", "address",
+    "idle_s"}], "offsets": [{"topic", "partition", "offset", "commit_ms", "min_offset", "max_offset"}]}``."""
+
+    group: str
+    opaque: int
+
+
+class ResetOffset(NamedTuple):
+    """``reset_offset <group> <topic> <partition> <offset> <force 0|1> <opaque>``: set a broker-kept offset.
+    Body: ``{"old": <offset or null>, "new": <offset>}``. 409 with the live members named while the group has any
+    and ``force`` is 0; 400 for an offset outside the partition's ``[min, max]``."""
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    force: bool
+    opaque: int
+
+
+class DlqList(NamedTuple):
+    """``dlq_list <group> <max> <opaque>``. Body: ``{"group", "topic", "dead_letters": [{"position": "p-o",
+    "id", "topic", "tags", "keys", "reconsume_times", "stored_ms", "body_bytes", "body" (a preview, text),
+    "resent": bool}], "more": bool}``; 404 when the broker has no dead-letter topic for the group."""
+
+    group: str
+    max_count: int
+    opaque: int
+
+
+class DlqResend(NamedTuple):
+    """``dlq_resend <group> <ids> <opaque>``: ``ids`` None for every dead letter not resent yet, else the ids
+    (``ORIGIN_MESSAGE_ID``) or positions (``p-o``) to resend. Body: ``{"resent": [{"position", "id", "topic",
+    "partition", "offset"}], "skipped": [{"position", "id", "reason"}]}``."""
+
+    group: str
+    ids: Optional[Tuple[str, ...]]
+    opaque: int
+
+
+def _int(token, what, low, high):
+    if not (token.isascii() and (token.isdigit() or (token[:1] == "-" and token[1:].isdigit()))):
+        raise ValueError("invalid %s %r: not an integer" % (what, token[:64]))
+    value = int(token)
+    if not low <= value <= high:
+        raise ValueError("invalid %s %r: must be %d..%d" % (what, token[:64], low, high))
+    return value
+
+
+def _opaque(token):
+    return _int(token, "opaque", *_INT32)
+
+
+def _parse_group_info(t):
+    return GroupInfo(t[1], _opaque(t[2]))
+
+
+def _parse_reset_offset(t):
+    return ResetOffset(t[1], t[2], _int(t[3], "partition", 0, _INT32[1]), _int(t[4], "offset", 0, _INT64_MAX),
+                       bool(_int(t[5], "force", 0, 1)), _opaque(t[6]))
+
+
+def _parse_dlq_list(t):
+    return DlqList(t[1], _int(t[2], "max", 1, limits.MAX_DLQ_LIST), _opaque(t[3]))
+
+
+def _parse_dlq_resend(t):
+    if t[2] == ALL_DEAD_LETTERS:
+        return DlqResend(t[1], None, _opaque(t[3]))
+    ids = tuple(i for i in t[2].split(",") if i)
+    if not ids:
+        raise ValueError("dlq_resend: give * or ids separated by ','")
+    return DlqResend(t[1], ids, _opaque(t[3]))
+
+
+#: command word -> (parser, token counts, how to say them, None: no body): entries of ``protocol.text``'s table
+COMMANDS = {
+    "group_info": (_parse_group_info, (3,), "3 tokens (group_info <group> <opaque>)", None),
+    "reset_offset": (_parse_reset_offset, (7,), "7 tokens (reset_offset <group> <topic> <partition> <offset> "
+                     "<force 0|1> <opaque>)", None),
+    "dlq_list": (_parse_dlq_list, (4,), "4 tokens (dlq_list <group> <max> <opaque>)", None),
+    "dlq_resend": (_parse_dlq_resend, (4,), "4 tokens (dlq_resend <group> <*|id,id,...> <opaque>)", None),
+}
+
+
+def _token(text):
+    """A text field as a token: ValueError for an empty one or one holding a space, CR or LF."""
+    if not text or any(c in text for c in " \r\n"):
+        raise ValueError("a text-protocol field must be non-empty without spaces or line ends: %r" % (text,))
+    return text.encode("utf-8")
+
+
+#: event type -> its wire bytes (``protocol.textwrite.serialize`` takes these)
+SERIALIZERS = {
+    GroupInfo: lambda e: b"group_info %s %d\r\n" % (_token(e.group), e.opaque),
+    ResetOffset: lambda e: b"reset_offset %s %s %d %d %d %d\r\n" % (
+        _token(e.group), _token(e.topic), e.partition, e.offset, 1 if e.force else 0, e.opaque),
+    DlqList: lambda e: b"dlq_list %s %d %d\r\n" % (_token(e.group), e.max_count, e.opaque),
+    DlqResend: lambda e: b"dlq_resend %s %s %d\r\n" % (
+        _token(e.group), _token(ALL_DEAD_LETTERS if e.ids is None else ",".join(e.ids)), e.opaque),
+}
+
+
+def encode_body(value):
+    """A reply body: ``value`` as compact JSON in UTF-8."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def decode_body(body):
+    """The JSON of a reply body; ValueError when it is not JSON."""
+    return json.loads(bytes(body).decode("utf-8"))

@@ -1,0 +1,68 @@
+"""The text protocol's admin extensions (``protocol/adminwire.py``): each asks the Guard for ``admin``, calls
+``server.adminops.AdminOps`` and answers its value as a JSON body."""
+
+import logging
+import time
+
+from metaq import errors
+from metaq.protocol import adminwire
+from metaq.protocol.text import encode_result
+from metaq.server.guard import ADMIN
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms():
+    return int(time.time() * 1000)
+
+
+class TextAdmin:
+    """``ops``: the AdminOps; ``guard``: the broker's Guard; ``error_reply(exc, opaque)``: the dispatcher's one
+    error→reply mapping. ``handlers`` maps each admin event type to ``handle(e, conn) -> (reply, 0)``."""
+
+    def __init__(self, ops, guard, error_reply):
+        self.ops = ops
+        self.guard = guard
+        self.error_reply = error_reply
+        self.handlers = {
+            adminwire.GroupInfo: self.group_info,
+            adminwire.ResetOffset: self.reset_offset,
+            adminwire.DlqList: self.dlq_list,
+            adminwire.DlqResend: self.dlq_resend,
+        }
+
+    def _check(self, conn):
+        if self.guard.enabled:
+            self.guard.require(conn.session, ADMIN)
+
+    def group_info(self, e, conn):
+        self._check(conn)
+        return _ok(self.ops.group_info(e.group, time.monotonic()), e.opaque), 0
+
+    def reset_offset(self, e, conn):
+        self._check(conn)
+        value = self.ops.reset_offset(e.group, e.topic, e.partition, e.offset, e.force, _now_ms(), time.monotonic())
+        return _ok(value, e.opaque), 0
+
+    def dlq_list(self, e, conn):
+        self._check(conn)
+        return _ok(self.ops.dlq_list(e.group, e.max_count), e.opaque), 0
+
+    def dlq_resend(self, e, conn):
+        """Answered from a greenlet of its own: each copy waits until it may be acknowledged."""
+        self._check(conn)
+        conn.spawn(self._resend, e)
+        return None, 0
+
+    def _resend(self, e):
+        try:
+            return _ok(self.ops.dlq_resend(e.group, e.ids, _now_ms()), e.opaque)
+        except errors.MetaqError as exc:
+            return self.error_reply(exc, e.opaque)
+        except Exception as exc:  # noqa: BLE001 - answered (500) and logged, never a silent hang of the client
+            log.exception("dlq_resend %s failed", e.group)
+            return self.error_reply(errors.BrokerError("dlq_resend failed: %s" % exc), e.opaque)
+
+
+def _ok(value, opaque):
+    return encode_result(200, adminwire.encode_body(value), opaque)
