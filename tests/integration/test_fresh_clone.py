@@ -55,7 +55,7 @@ def test_make_run_in_a_fresh_clone_answers_version_with_only_the_core_packages(t
     names = {line.split("==")[0] for line in pip.splitlines()}
     assert {"metaq", "gevent", "kazoo", "pydantic"} <= names, names
     assert not names & {"pyspark", "pytest", "pandas", "pyarrow", "fabric", "psycopg", "rocketmq"}, names
-    assert list((clone / ".venv").glob("lib/python*/site-packages/metaq*")) or (clone / "metaq").exists()
+    assert "C helper loaded" in log.read_text()  # built by the core install
 
 
 def stats(port):
