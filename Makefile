@@ -1,14 +1,23 @@
 # metaq: `make run` starts a standalone broker, `make test` runs the whole suite.
-# Both set up what they need (idempotently) on a fresh Debian machine as root.
+# Both set up what they need (idempotently) on a fresh Debian machine as root:
+# `make run` only the broker's own packages (and libisal-dev for the C helper), `make test`
+# the test, deploy and Spark extras and the servers the tests start as well.
 
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 CONFIG ?= conf/server.yaml
+# Extra metaq-server flags for `make run`, e.g. make run ARGS="--port 8124 --data-dir /tmp/d"
+ARGS ?=
 PYTEST_ARGS ?=
+# `make zookeeper` / `make postgres`: where their data, logs and PID files go, and their ports.
+DEVDATA ?= devdata
+ZK_PORT ?= 2181
+PG_PORT ?= 5432
 
-.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench clean
+.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench clean \
+	zookeeper stop-zookeeper postgres stop-postgres
 
 all: test
 
@@ -43,15 +52,34 @@ builddeps:
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS="$(BUILD_SYSDEPS)" || \
 	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
 
-$(VENV)/.installed: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_speedups.h | builddeps
+# The broker alone (`make run`): metaq and its install_requires, the C helper built; no extras.
+$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_speedups.h | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -e .
+	touch $@
+
+# Everything the tests, the deploy tasks, Spark and the benchmarks use: the extras on top.
+$(VENV)/.installed: $(VENV)/.core
 	$(PIP) install -e '.[test,deploy,spark]'
 	touch $@
 
 setup: sysdeps $(VENV)/.installed
 
-run: $(VENV)/.installed
-	$(VENV)/bin/metaq-server -c $(CONFIG)
+run: $(VENV)/.core
+	$(VENV)/bin/metaq-server -c $(CONFIG) $(ARGS)
+
+# ZooKeeper and PostgreSQL for the README's examples, as plain processes on 127.0.0.1
+# (tools/devservices.py; each installs its Debian package first when it is missing).
+zookeeper:
+	@$(MAKE) --no-print-directory sysdeps SYSDEPS=zookeeper
+	@$(PYTHON) tools/devservices.py zookeeper start --port $(ZK_PORT) --dir $(DEVDATA)
+stop-zookeeper:
+	@$(PYTHON) tools/devservices.py zookeeper stop --port $(ZK_PORT) --dir $(DEVDATA)
+postgres:
+	@$(MAKE) --no-print-directory sysdeps SYSDEPS=postgresql
+	@$(PYTHON) tools/devservices.py postgres start --port $(PG_PORT) --dir $(DEVDATA)
+stop-postgres:
+	@$(PYTHON) tools/devservices.py postgres stop --port $(PG_PORT) --dir $(DEVDATA)
 
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

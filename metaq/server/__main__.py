@@ -64,10 +64,38 @@ def build_parser():
                    help="check every record of the whole commit log (all segments, structure and CRC) offline, "
                         "print each corrupt one and a summary, and exit: 0 when none is corrupt, 1 when one is, "
                         "2 when it cannot run (a broker holds the data dir: stop it first)")
-    p.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="log level (default %s)" % d.broker.log_level)
+    p.add_argument("--log-level", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="log level, in any case (default %s)" % d.broker.log_level)
     p.add_argument("--version", action="version", version="metaq-server %s" % metaq.__version__)
     return p
+
+
+#: The flag behind each setting a flag overrides (a bad value is blamed on the flag).
+FLAGS = {"broker.host": "--host", "broker.port": "--port", "broker.data_dir": "--data-dir",
+         "broker.id": "--broker-id", "broker.log_level": "--log-level", "store.flush": "--flush",
+         "store.force_recovery": "--force-recovery", "zk.connect": "--zk", "replication.slave_of": "--slave-of",
+         "replication.role": "--slave-of", "replication.slave_id": "--slave-id",
+         "replication.port": "--replication-port", "remoting.port": "--remoting-port"}
+
+
+def flags_from(overrides):
+    """Dotted setting -> ``--flag value`` for every setting the command line gave."""
+    return {dotted: "%s %s" % (FLAGS[dotted], value) for dotted, value in overrides.items()
+            if value is not None and dotted in FLAGS}
+
+
+def check_data_dir(path):
+    """ConfigError when ``path``, or a directory above it, exists and is not a directory."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return
+        probe = parent
+    if not os.path.isdir(probe):
+        what = path if probe == os.path.abspath(path) else "%s: %s" % (path, probe)
+        raise ConfigError("data_dir %s is a file, not a directory: give broker.data_dir (--data-dir) a directory"
+                          % what)
 
 
 def overrides_from(args):
@@ -94,7 +122,9 @@ def main(argv=None):
     from metaq.server.config import load_config
 
     try:
-        config = load_config(args.config, overrides_from(args))
+        overrides = overrides_from(args)
+        config = load_config(args.config, overrides, flags_from(overrides))
+        check_data_dir(config.broker.data_dir)
     except ConfigError as exc:
         print("metaq-server: %s" % exc, file=sys.stderr)
         return EXIT_USAGE
@@ -131,6 +161,9 @@ def run(config, config_path):
     try:
         broker = Broker(config, config_path)
         broker.start()
+    except ConfigError as exc:  # a port in use...: the user's to fix, as a bad setting is
+        log.error("cannot start: %s", exc)
+        return EXIT_USAGE
     except CorruptLog as exc:
         log.error("refusing to start: %s (run with --force-recovery to cut the log there)", exc)
         return EXIT_ERROR

@@ -24,6 +24,7 @@ from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.tx.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
+from metaq.server.configerrors import format_errors
 from metaq.server.httpconfig import HttpSection
 from metaq.server.yamlfile import DuplicateKey, UniqueKeyLoader, read_yaml  # noqa: F401
 
@@ -64,6 +65,11 @@ class BrokerSection(_Section):
     data_dir: str = "./data"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     burst_puts: bool = True
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, level):
+        return level.upper() if isinstance(level, str) else level  # debug, Debug and DEBUG alike
 
     @field_validator("host")
     @classmethod
@@ -498,16 +504,6 @@ def is_loopback(host):
         return False
 
 
-def _format_errors(source, exc):
-    """One line: every problem, by setting name (``broker.port: ...; topics.1.name: ...``)."""
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].replace("Value error, ", "")
-        problems.append("%s: %s" % (where, msg) if where else msg)
-    return "invalid configuration in %s: %s" % (source, "; ".join(problems))
-
-
 def check_fd_limit(config, source="(defaults)", nofile=None):
     """Refuse a ``limits.max_connections`` this process could not hold open (ConfigError naming the limit).
 
@@ -529,11 +525,12 @@ def check_fd_limit(config, source="(defaults)", nofile=None):
             % (source, wanted, nofile, limits.FD_RESERVE, most))
 
 
-def load_config(path=None, overrides=None):
+def load_config(path=None, overrides=None, flags=None):
     """Read ``path`` (YAML; None = built-in defaults), apply ``overrides`` and validate.
 
-    ``overrides`` maps dotted names (``broker.port``) to values. Raises ConfigError
-    (one line) with every problem listed by setting name, or the file and line of a
+    ``overrides`` maps dotted names (``broker.port``) to values; ``flags`` maps the same names to the
+    command-line flag that gave the value (``--port 70000``), which a problem with it then names.
+    Raises ConfigError (one line) with every problem listed by setting name, or the file and line of a
     key written twice.
     """
     raw = {}
@@ -556,6 +553,6 @@ def load_config(path=None, overrides=None):
     try:
         config = ServerConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(source, exc)) from None
+        raise ConfigError(format_errors(ServerConfig, source, exc, flags)) from None
     check_fd_limit(config, source)
     return config

@@ -47,6 +47,7 @@ from gevent.event import Event
 from gevent.server import StreamServer
 
 from metaq import limits
+from metaq.errors import ConfigError
 from metaq.server.tls import PLAINTEXT_REFUSAL, TLS_HANDSHAKE_BYTE, TLS_SOCKETS
 from metaq.server.tlsio import BioTls
 
@@ -84,12 +85,35 @@ class Listener:
     def start(self, accept):
         self._server = StreamServer((self.host, self.requested_port), functools.partial(accept, self),
                                     backlog=self.backlog)
-        self._server.start()
+        try:
+            self._server.start()
+        except OSError as exc:
+            raise bind_error(self.name, self.host, self.requested_port, exc) from None
         self.port = self._server.server_port
 
     def close(self):
         if self._server is not None:
             self._server.close()
+
+
+#: The setting each listener's port comes from, for the message when it cannot bind.
+PORT_SETTINGS = {"text": "broker.port (--port)", "remoting": "remoting.port (--remoting-port)",
+                 "replication": "replication.port (--replication-port)"}
+
+
+def bind_error(name, host, port, exc):
+    """A ConfigError in the user's terms for an OSError binding ``host:port`` (else ``exc`` itself)."""
+    setting = PORT_SETTINGS.get(name, "%s.port" % name)
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError("%s:%d is already in use (another metaq-server, or another program: `ss -ltnp` "
+                           "shows which); choose another %s, or 0 for any free port" % (host, port, setting))
+    if exc.errno == errno.EACCES:
+        return ConfigError("cannot listen on %s:%d: permission denied (ports below 1024 need root); "
+                           "choose another %s" % (host, port, setting))
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError("cannot listen on %s:%d: %s is not an address of this machine (broker.host, --host)"
+                           % (host, port, host))
+    return exc
 
 
 class ConnectionLimits:

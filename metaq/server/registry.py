@@ -57,16 +57,25 @@ class GrantedTimeout(logging.Filter):
     ``kazoo`` logger's own level would have."""
 
     PATTERN = re.compile(r"negotiated session timeout: (\d+)")
+    #: kazoo's lines for each connection attempt and each failed one: kept at DEBUG, since the registry says
+    #: once, in its own words, that ZooKeeper does not answer (``last_error`` keeps the latest reason)
+    RETRY_CHATTER = ("Connecting to ", "Connection dropped: ", "Connection time-out: ", "Transition to CONNECTING",
+                     "Closing connection to ")
 
     def __init__(self):
         super().__init__()
         self.ms = None
+        self.last_error = None
 
     def filter(self, record):
         if record.levelno < logging.DEBUG:
             found = self.PATTERN.search(record.getMessage())
             if found:
                 self.ms = int(found.group(1))
+        elif record.levelno > logging.DEBUG and record.msg.startswith(self.RETRY_CHATTER):
+            if record.msg.startswith(("Connection dropped: ", "Connection time-out: ")):
+                self.last_error = record.getMessage()
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return record.levelno >= logging.getLogger("kazoo").getEffectiveLevel()
 
 
@@ -160,8 +169,9 @@ class ZkRegistry:
         connected = self.zk.start_async()
         connected.wait(self.connection_timeout_s)
         if not self.zk.connected:
-            log.warning("ZooKeeper at %s is not reachable yet; serving anyway and registering once it answers",
-                        self.connect)
+            log.warning("ZooKeeper at %s not reachable after %g s (%s); serving without it, registering as soon as "
+                        "it answers", self.connect, self.connection_timeout_s,
+                        self.granted.last_error or "no answer")
 
     def start(self, port):
         """Connect (if not yet) and register in the background."""

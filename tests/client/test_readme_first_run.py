@@ -1,0 +1,164 @@
+"""README examples beyond the Python client guide run as written and end (README "First run").
+
+* every ```sh block of the README runs with bash against a broker configured like `make run`;
+* the RocketMQ example (producer and push consumer, the official client) ends on its own;
+* the Spark example works without PYSPARK_PYTHON set and without the virtualenv on PATH;
+* the XA example's command line runs against PostgreSQL as `make postgres` sets it up;
+* no link in the README or docs/ points outside the repository.
+
+Timeouts here are safety nets against an example that never ends, not speed checks.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from metaq.client import Message, Producer
+from metaq.client.local import BrokerProcess, free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+VENV_BIN = os.path.dirname(sys.executable)
+NEVER_ENDS_S = 300
+
+
+def section(title):
+    start = README.index("\n%s\n" % title)
+    level = title.split()[0]
+    end = README.find("\n%s " % level, start + len(title) + 2)
+    return README[start:end if end > 0 else len(README)]
+
+
+def blocks(lang, text=README):
+    return re.findall(r"```%s\n(.*?)```" % lang, text, re.S)
+
+
+def make_run_broker(tmp_path, **extra):
+    with open(ROOT / "conf" / "server.yaml") as f:
+        cfg = yaml.safe_load(f)
+    cfg["broker"]["port"] = 0
+    cfg["broker"]["data_dir"] = str(tmp_path / "data")
+    for name, values in extra.items():
+        cfg[name].update(values)
+    return BrokerProcess(tmp_path, cfg).start()
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = make_run_broker(tmp_path)
+    yield b
+    b.kill()
+
+
+def run(cmd, tmp_path, env_extra=None, **kw):
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    env.update(env_extra or {})
+    return subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True, errors="replace",
+                          timeout=NEVER_ENDS_S, **kw)
+
+
+# -- unit ------------------------------------------------------------------------------------------------
+
+def test_no_link_points_outside_the_repository():
+    for doc in [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md")):
+        text = doc.read_text()
+        assert "shared/reference" not in text, doc
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if re.match(r"[a-z]+://", target):
+                continue  # a web address
+            path = (doc.parent / target).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), (doc.name, target)
+
+
+def test_first_run_has_runnable_shell_blocks_and_names_the_make_targets():
+    first = section("## First run")
+    assert blocks("sh", first), "the First run section lost its runnable example"
+    for target in ("make zookeeper", "make stop-zookeeper", "make postgres", "make stop-postgres",
+                   ". .venv/bin/activate", "make run ARGS="):
+        assert target in first
+
+
+# -- against real parts ----------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
+    """A ```sh block is one the README means to run (others are plain ``` blocks): each runs and ends."""
+    outputs = {}
+    for code in blocks("sh"):
+        out = run(["bash", "-euo", "pipefail", "-c", code.replace("8123", str(broker.port))], tmp_path,
+                  {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
+        assert out.returncode == 0, (code, out.stderr)
+        outputs[code] = out.stdout
+    text = outputs[blocks("sh", section("## First run"))[0]]  # version, put, get
+    assert text.startswith("result 200 5 ") and "\n0.1.0" in text, text  # text mode: \r\n read as \n
+    assert re.search(r"result 200 \d+ 1\n\d+ 0 0", text), text
+    assert re.search(r"\nvalue 25 2\n.+hello$", text.rstrip("\n"), re.S), text  # the get: header and body
+
+
+@pytest.mark.integration
+def test_the_shell_one_liner_needs_no_activated_virtualenv(broker, tmp_path):
+    code = blocks("sh", section("## First run"))[0]
+    out = run(["bash", "-c", code.replace("8123", str(broker.port))], tmp_path,
+              {"PATH": "/usr/bin:/bin", "VIRTUAL_ENV": ""})
+    assert out.returncode == 0 and "result 200" in out.stdout, out.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_rocketmq_example_runs_and_ends(tmp_path):
+    pytest.importorskip("rocketmq.client")
+    ns_port = free_port()
+    b = make_run_broker(tmp_path, remoting={"port": ns_port})
+    try:
+        code = blocks("python", section("## RocketMQ clients"))[0]
+        assert "127.0.0.1:9876" in code and "consumer.shutdown()" in code
+        out = run([sys.executable, "-c", code.replace("127.0.0.1:9876", "127.0.0.1:%d" % ns_port)], tmp_path)
+    finally:
+        b.kill()
+    assert out.returncode == 0, out.stderr
+    assert "SendStatus.OK" in out.stdout, out.stdout
+    assert "orders b'created' b'order-17' b'order 17 created' 0" in out.stdout, out.stdout
+    assert out.stdout.rstrip().endswith("received order 17: True"), out.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_spark_example_runs_without_pyspark_python_set(broker, tmp_path):
+    pytest.importorskip("pyspark")
+    url = "meta://127.0.0.1:%d" % broker.port
+    with Producer(brokers=[url]) as producer:
+        for i in range(5):
+            assert producer.send(Message("orders", b"order %d" % i)).success
+    code = blocks("python", section("### Messages as DataFrames"))[0]
+    assert "PYSPARK_PYTHON" in code
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "VIRTUAL_ENV"))}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT), PATH="/usr/bin:/bin", SPARK_LOCAL_IP="127.0.0.1")
+    out = subprocess.run([sys.executable, "-c", code.replace("meta://127.0.0.1:8123", url)], cwd=str(tmp_path),
+                         env=env, capture_output=True, text=True, timeout=NEVER_ENDS_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(r"\|\s*0-0\|\s*5\|", out.stdout), out.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_xa_example_command_runs_against_postgres_set_up_like_make_postgres(broker, pg_server, tmp_path):
+    with pg_server.admin() as conn:
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'shop'").fetchone():
+            conn.execute("CREATE ROLE shop LOGIN")
+            conn.execute("CREATE DATABASE shop OWNER shop")
+    line = next(line for line in section("## The Python client").splitlines()
+                if line.startswith("$ python examples/xa_postgres.py --dsn"))
+    args = line[2:].split(" ", 2)[2]
+    args = args.replace('"host=127.0.0.1 dbname=shop user=shop"',
+                        '"host=127.0.0.1 port=%d dbname=shop user=shop"' % pg_server.port)
+    args = args.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)
+    out = run(["bash", "-c", "%s examples/xa_postgres.py %s --log %s" % (sys.executable, args, tmp_path / "xa.log")],
+              tmp_path)
+    assert out.returncode == 0, out.stderr
+    with pg_server.admin("shop") as conn:
+        assert conn.execute("SELECT item FROM orders").fetchall()[-1] == ("book",)
