@@ -96,6 +96,13 @@ class AdminOps:
 
     # -- consumer groups -----------------------------------------------------
 
+    def require_topic(self, topic):
+        """NotFound unless the broker holds ``topic`` (configured by its exact name, or with messages): an offset
+        of a topic that is not there is a typo, not a reset."""
+        limits.validate_topic(topic)
+        if topic not in self.store.known_topics():
+            raise errors.NotFound("no topic %s on this broker" % topic)
+
     def live_members(self, group, now_s):
         """``[{"kind", "id", "address", "idle_s"}]``: the group's live members (module docstring)."""
         limits.validate_group(group)
@@ -131,7 +138,7 @@ class AdminOps:
                                      % (group, len(members), ", ".join("%s %s (%s)" % (m["kind"], m["id"],
                                                                                        m["address"])
                                                                          for m in members)))
-        self.store.partitions_of(topic)  # UnknownTopic for a topic the broker does not have
+        self.require_topic(topic)
         low, high = self.store.min_offset(topic, partition), self.store.max_offset(topic, partition)
         if not low <= offset <= high:
             raise errors.ClientError("offset %d is outside %s-%d: it holds offsets %d..%d" % (offset, topic,

@@ -17,6 +17,7 @@ from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
+from metaq.server.http.adminapi import AdminViews, add_admin_routes
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.longpoll import PartitionWaiters
@@ -121,6 +122,7 @@ class Broker:
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics)
+            add_admin_routes(self.http.router, AdminViews(self.admin, self.store))  # offsets, dead letters
 
     # -- facts used by stats --------------------------------------------------
 

@@ -1,0 +1,85 @@
+"""The HTTP port's admin routes: what ``metaq-admin reset-offsets`` and ``dlq`` do, over the same
+``server/adminops.py`` (README "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
+
+=========================================================  ======================================================
+``GET /api/groups/{group}``                                the group's live members and broker-kept offsets
+``POST /api/groups/{group}/offsets/{topic}/{partition}``   reset one offset: ``to=earliest|latest|<offset>``; a
+                                                           dry run unless ``execute=1``; refused (409) while the
+                                                           group has live members unless ``force=1``
+``GET /api/dlq/{group}``                                   the group's dead letters (``max``)
+``POST /api/dlq/{group}/resend``                           resend them all, or ``ids=<id or p-o>,...``
+=========================================================  ======================================================
+
+A dry run answers what ``--execute`` would do (the current offset, the new one, the partition's bounds, and
+whether the value was clamped into them), exactly as the command line's table; nothing is changed.
+"""
+
+import time
+
+from metaq import errors
+from metaq.auth.acl import ADMIN
+from metaq.server.http.routes import json_response
+from metaq.server.putpath import now_ms
+
+
+def _admin(guard, session, params):
+    guard.require(session, ADMIN)
+
+
+class AdminViews:
+    """``admin``: the broker's ``AdminOps``; ``store``: for a partition's bounds."""
+
+    def __init__(self, admin, store):
+        self.admin = admin
+        self.store = store
+
+    def group(self, request):
+        return json_response(self.admin.group_info(request.params["group"], time.monotonic()))
+
+    def reset(self, request):
+        group, topic = request.params["group"], request.params["topic"]
+        try:
+            partition = int(request.params["partition"])
+        except ValueError:
+            raise errors.ClientError("partition %r is not a number" % request.params["partition"]) from None
+        to = request.arg("to")
+        if to is None:
+            raise errors.ClientError("say where to: to=earliest, to=latest or to=<offset>")
+        self.admin.require_topic(topic)
+        low, high = self.store.min_offset(topic, partition), self.store.max_offset(topic, partition)
+        if to == "earliest":
+            wanted = low
+        elif to == "latest":
+            wanted = high
+        else:
+            try:
+                wanted = int(to)
+            except ValueError:
+                raise errors.ClientError("to=%r: expected earliest, latest or an offset" % to) from None
+        new = min(max(wanted, low), high)
+        plan = {"group": group, "topic": topic, "partition": partition, "min_offset": low, "max_offset": high,
+                "current": self.store.query_offset(group, topic, partition), "new": new,
+                "clamped_from": wanted if wanted != new else None,
+                "live_members": self.admin.live_members(group, time.monotonic())}
+        if request.arg("execute", "0") not in ("1", "true"):
+            plan["executed"] = False
+            return json_response(plan)
+        force = request.arg("force", "0") in ("1", "true")
+        done = self.admin.reset_offset(group, topic, partition, new, force, now_ms(), time.monotonic())
+        plan.update(current=done["old"], executed=True)
+        return json_response(plan)
+
+    def dlq(self, request):
+        return json_response(self.admin.dlq_list(request.params["group"], request.arg("max", kind=int) or 1000))
+
+    def resend(self, request):
+        ids = request.arg("ids")
+        wanted = None if ids is None else [i for i in ids.split(",") if i]
+        return json_response(self.admin.dlq_resend(request.params["group"], wanted, now_ms()))
+
+
+def add_admin_routes(router, views):
+    router.add("GET", "/api/groups/{group}", _admin, views.group)
+    router.add("POST", "/api/groups/{group}/offsets/{topic}/{partition}", _admin, views.reset)
+    router.add("GET", "/api/dlq/{group}", _admin, views.dlq)
+    router.add("POST", "/api/dlq/{group}/resend", _admin, views.resend)

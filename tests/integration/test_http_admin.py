@@ -1,0 +1,57 @@
+"""The admin operations over the HTTP port (README "JSON API and HTTP put/get"): the same ``AdminOps`` as
+``metaq-admin reset-offsets`` and ``dlq``, with a real broker and a RocketMQ dead letter made by send-back."""
+
+from metaq.client.local import rmq_config
+from metaq.client.raw import RemotingClient
+from metaq.protocol import events as ev
+from metaq.protocol.rocketmq.bodies import decode_stored_messages, parse_offset_msg_id
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import ResponseCode as C
+from tests.harness.http import request, with_http
+from tests.harness.rocketmq import pull, send_v1
+
+
+def test_reset_offset_over_http_dry_run_then_execute_refused_while_live(broker_factory, tmp_path):
+    b = broker_factory(with_http(rmq_config(tmp_path / "data")))
+    with b.client() as c:
+        for i in range(10):
+            c.put_ok("t-reset", b"m%d" % i, partition=0)
+        assert c.call(ev.CommitOffset("g", "t-reset", 0, 8, c.opaque())).code == 200  # c is now a live member
+        path = "/api/groups/g/offsets/t-reset/0"
+        dry = request(b, "POST", path + "?to=3")
+        assert dry.status == 200, dry
+        plan = dry.json()
+        assert (plan["current"], plan["new"], plan["executed"], plan["clamped_from"]) == (8, 3, False, None)
+        assert [m["kind"] for m in plan["live_members"]] == ["text"]
+        assert c.call(ev.QueryOffset("g", "t-reset", 0, c.opaque())).body == b"8"  # a dry run changes nothing
+        refused = request(b, "POST", path + "?to=3&execute=1")
+        assert refused.status == 409 and "live member" in refused.json()["error"], refused
+        done = request(b, "POST", path + "?to=99&execute=1&force=1")  # clamped to the end
+        assert done.status == 200 and done.json()["new"] == 10 and done.json()["clamped_from"] == 99, done
+        assert c.call(ev.QueryOffset("g", "t-reset", 0, c.opaque())).body == b"10"
+    assert request(b, "POST", "/api/groups/g/offsets/t-reset/0?to=soon").status == 400
+    assert request(b, "POST", "/api/groups/g/offsets/no-such-topic/0?to=0").status == 404
+    group = request(b, "GET", "/api/groups/g").json()
+    assert [(o["topic"], o["offset"]) for o in group["offsets"]] == [("t-reset", 10)]
+
+
+def test_dead_letters_listed_and_resent_once_over_http(broker_factory, tmp_path):
+    b = broker_factory(with_http(rmq_config(tmp_path / "data", remoting={"max_reconsume_times": 1,
+                                                                           "send_back_delay_level": 0})))
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        sent = send_v1(rc, "tD", b"poison", props={"TAGS": "P", "UNIQ_KEY": "U1"})
+        physical = parse_offset_msg_id(sent.ext_fields["msgId"])[2]
+        back = {"offset": physical, "group": "CGD", "delayLevel": -1, "originMsgId": "U1", "originTopic": "tD"}
+        assert rc.call(R.CONSUMER_SEND_MSG_BACK, back).code == C.SUCCESS  # straight to the dead letters
+        listed = request(b, "GET", "/api/dlq/CGD")
+        assert listed.status == 200, listed
+        [letter] = listed.json()["dead_letters"]
+        assert (letter["id"], letter["topic"], letter["body"], letter["resent"]) == ("U1", "tD", "poison", False)
+        first = request(b, "POST", "/api/dlq/CGD/resend").json()
+        assert [(r["id"], r["topic"]) for r in first["resent"]] == [("U1", "tD")]
+        again = request(b, "POST", "/api/dlq/CGD/resend").json()
+        assert again["resent"] == [] and again["skipped"][0]["reason"] == "already resent"
+        resent = first["resent"][0]
+        [msg] = decode_stored_messages(pull(rc, "tD", resent["partition"], resent["offset"]).body)
+        assert msg.body == b"poison" and msg.properties["TAGS"] == "P"
+    assert request(b, "GET", "/api/dlq/nobody").status == 404
