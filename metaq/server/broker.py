@@ -30,6 +30,7 @@ from metaq.server.text.server import TextFrontEnd
 from metaq.server.text.transactions import TextTransactions
 from metaq.server.tls import TlsPolicy
 from metaq.server.transactions import TxService
+from metaq.server.topictable import TopicAdmin
 from metaq.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,11 @@ class Broker:
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
                                    lim.max_pending_requests_per_connection)  # request-reply, both protocols
         self.core.on_close(self.replies.connection_closed)
+        self.topic_admin = TopicAdmin(self.store, self.store_lock, self.registry,
+                                      lambda: self.put_path.slave_refusal)  # the topic table (topictable.py)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
-                                         self.replies)
+                                         self.replies, self.topic_admin)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None

@@ -250,6 +250,12 @@ class ZkRegistry:
             self._pending_topics.add(topic)
             self._wake.set()
 
+    def topic_changed(self, topic):
+        """A topic was created, altered or deleted (server/topictable.py): register it again (its count may have
+        changed; a deleted topic is refused by ``partitions_of`` and not registered)."""
+        self.registered_topics.discard(topic)
+        self.topic_created(topic)
+
     # -- the worker ------------------------------------------------------------
 
     def _run(self):

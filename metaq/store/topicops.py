@@ -24,6 +24,15 @@ from metaq.store.topics import check_name, parse_settings
 log = logging.getLogger(__name__)
 
 
+def _call(fn):
+    return fn()
+
+
+def _remove_tree(path):
+    shutil.rmtree(path)
+    fsync_dir(os.path.dirname(path))
+
+
 class TopicOps:
     def __init__(self, dirs, catalog, parts, writers, quota, units_per_file, forget_writer):
         """``parts``/``writers``: the store's partition dicts; ``forget_writer(name)``: drop the store's caches of the topic."""
@@ -36,6 +45,9 @@ class TopicOps:
         self.units_per_file = units_per_file
         self.forget_writer = forget_writer
         self.guarded = set()  # names whose reads must ask the catalog: read-protected or deleted
+        #: runs a BLOCKING step (the table's fsync, removing a deleted topic's files); the server gives one that
+        #: runs it in a worker thread while the event loop goes on. In-memory changes stay on the caller's thread.
+        self.run_blocking = _call
 
     # -- open ----------------------------------------------------------------
 
@@ -146,7 +158,7 @@ class TopicOps:
         version = self.table.version
         try:
             self.table.version -= 1
-            self.table.save()  # back to the master's version
+            self.run_blocking(self.table.save)  # back to the master's version
         except BaseException:
             self.table.apply_json(old)
             raise
@@ -180,7 +192,7 @@ class TopicOps:
 
     def _save(self, undo):
         try:
-            self.table.save()
+            self.run_blocking(self.table.save)
         except BaseException:
             undo()
             raise
@@ -225,8 +237,7 @@ class TopicOps:
         self.quota.forget(name)
         topic_dir = os.path.dirname(self.dirs.partition_dir(name, 0))
         if os.path.isdir(topic_dir):
-            shutil.rmtree(topic_dir)
-            fsync_dir(os.path.dirname(topic_dir))
+            self.run_blocking(lambda: _remove_tree(topic_dir))
 
     def _refresh_guarded(self):
         self.guarded.clear()

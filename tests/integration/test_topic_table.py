@@ -1,0 +1,144 @@
+"""The topic table with real brokers: metaq-admin topics create|alter|delete, permissions, precedence."""
+
+import json
+import os
+import subprocess
+import sys
+
+from metaq.client.local import small_config
+from metaq.protocol import events as ev
+from tests.harness.broker import url_of
+
+ADMIN = [sys.executable, "-m", "metaq.client.admin"]
+
+
+def admin(broker, *args, expect=0):
+    out = subprocess.run(ADMIN + ["--brokers", url_of(broker)] + list(args), capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == expect, (out.returncode, out.stdout, out.stderr)
+    return out
+
+
+def listed(broker):
+    return {r["topic"]: r for r in json.loads(admin(broker, "--json", "topics").stdout)}
+
+
+def table_bytes(broker):
+    with open(os.path.join(broker.data_dir, "topics.json"), "rb") as f:
+        return f.read()
+
+
+def test_create_alter_delete_and_recreate(broker_factory):
+    b = broker_factory()
+    admin(b, "topics", "create", "orders", "--partitions", "3", "--retention-hours", "2.5", "--ordered")
+    row = listed(b)["orders"]
+    assert (row["partitions"], row["perm"], row["ordered"], row["retention_hours"], row["source"]) == \
+        (3, "rw", True, 2.5, "table")
+    with b.client() as c:
+        c.put_ok("orders", b"m0", 2)
+        assert c.put("orders", b"m", 3).code == 400  # past the table's 3 partitions
+
+    # fewer partitions: refused, the table unchanged
+    before = table_bytes(b)
+    out = admin(b, "topics", "alter", "orders", "--partitions", "2", expect=3)
+    assert "partitions can only grow" in out.stderr and "strand" in out.stderr
+    assert table_bytes(b) == before
+
+    admin(b, "topics", "alter", "orders", "--perm", "r")
+    with b.client() as c:
+        r = c.put("orders", b"refused", 2)
+        assert r.code == 403 and b"not writable" in r.body
+        got = c.get("orders", 2, 0)
+        assert isinstance(got, ev.Value)
+    admin(b, "topics", "alter", "orders", "--perm", "w")
+    with b.client() as c:
+        r = c.get("orders", 2, 0)
+        assert r.code == 403 and b"not readable" in r.body
+        c.put_ok("orders", b"m1", 2)
+    admin(b, "topics", "alter", "orders", "--perm", "rw", "--partitions", "4")
+    assert listed(b)["orders"]["partitions"] == 4
+
+    # delete: asks first (no terminal: refused), then with --yes
+    out = admin(b, "topics", "delete", "orders", expect=2)
+    assert "--yes" in out.stderr
+    admin(b, "topics", "delete", "orders", "--yes")
+    assert not os.path.exists(os.path.join(b.data_dir, "index", "orders"))
+    with b.client() as c:
+        r = c.put("orders", b"gone", 2)
+        assert r.code == 400 and b"no such topic orders" in r.body
+        r = c.get("orders", 2, 0)
+        assert r.code == 400 and b"no such topic orders" in r.body
+    assert "orders" not in listed(b)
+
+    # a restart keeps it deleted; re-created, it starts past the deleted offsets
+    b.stop()
+    b.start()
+    with b.client() as c:
+        assert c.put("orders", b"gone", 2).code == 400
+    admin(b, "topics", "create", "orders", "--partitions", "3")
+    with b.client() as c:
+        assert c.put_ok("orders", b"new", 2)[2] == 2  # offsets 0 and 1 belonged to the deleted topic
+        assert c.put_ok("orders", b"new0", 0)[2] == 0
+        got = c.get("orders", 2, 0)
+        assert got.code == 301 and int(got.body) == 2
+
+
+def test_bad_input_changes_nothing(broker_factory):
+    b = broker_factory()
+    admin(b, "topics", "create", "kept", "--partitions", "2")
+    before = table_bytes(b)
+    cases = [
+        (["create", "bad/name"], "illegal topic name"),
+        (["create", "zero", "--partitions", "0"], "partitions must be 1..1024"),
+        (["create", "many", "--partitions", "1025"], "partitions must be 1..1024"),
+        (["create", "neg", "--retention-hours", "-1"], "retention_hours must be above 0"),
+        (["create", "negb", "--retention-bytes", "-5"], "retention_bytes must be at least 1"),
+        (["create", "kept"], "exists"),
+        (["delete", "unknown", "--yes"], "no such topic unknown"),
+        (["delete", "SCHEDULE_TOPIC_XXXX", "--yes"], "system topic"),
+        (["delete", "%RETRY%group", "--yes"], "system topic"),
+        (["create", "%DLQ%group"], "system topic"),
+        (["alter", "nothing", "--perm", "r"], "no such topic"),
+    ]
+    for args, message in cases:
+        out = admin(b, "topics", *args, expect=3 if args[1] != "bad/name" else 3)
+        assert message in out.stderr, (args, out.stderr)
+        assert table_bytes(b) == before, args
+    assert listed(b)["kept"]["partitions"] == 2
+
+
+def test_table_respects_topic_and_partition_limits(broker_factory):
+    b = broker_factory(small_config("/nonexistent", limits={"max_topics": 3, "max_partitions": 6}), start=False)
+    b.config["broker"]["data_dir"] = b.data_dir = os.path.join(str(b.workdir), "data")
+    b.start()
+    admin(b, "topics", "create", "a", "--partitions", "2")
+    admin(b, "topics", "create", "b", "--partitions", "3")
+    out = admin(b, "topics", "create", "c", "--partitions", "2", expect=3)  # 7 partitions: one past
+    assert "limits.max_partitions" in out.stderr
+    admin(b, "topics", "create", "c", "--partitions", "1")  # 6: at the limit
+    out = admin(b, "topics", "create", "d", "--partitions", "1", expect=3)  # a 4th topic
+    assert "limits.max_topics" in out.stderr
+    out = admin(b, "topics", "alter", "a", "--partitions", "3", expect=3)
+    assert "limits.max_partitions" in out.stderr
+    assert sorted(t for t in listed(b) if len(t) == 1) == ["a", "b", "c"]
+
+
+def test_broker_without_topics_config_keeps_the_data_dirs_partitions(broker_factory):
+    """Reproduces issue 19: a restart without the topics config dropped `test` from 4 partitions to 1."""
+    cfg = small_config("/nonexistent", topics=[{"name": "test", "partitions": 4}, {"name": "*", "partitions": 1}])
+    b = broker_factory(cfg, start=False)
+    b.config["broker"]["data_dir"] = b.data_dir = os.path.join(str(b.workdir), "data")
+    b.start()
+    with b.client() as c:
+        for p in range(4):
+            c.put_ok("test", b"m%d" % p, p)
+    b.stop()
+    del b.config["topics"]  # the built-in default: `*` with 1 partition
+    b.start()
+    assert "topic test: 4 partitions from the data directory" in b.log_text(since_start=True)
+    with b.client() as c:
+        got = c.get("test", 3, 0)
+        assert isinstance(got, ev.Value) and b"m3" in got.body
+        c.put_ok("test", b"again", 3)
+    assert listed(b)["test"]["partitions"] == 4
+    assert listed(b)["test"]["source"] == "data dir"
