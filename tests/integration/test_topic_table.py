@@ -142,3 +142,46 @@ def test_broker_without_topics_config_keeps_the_data_dirs_partitions(broker_fact
         c.put_ok("test", b"again", 3)
     assert listed(b)["test"]["partitions"] == 4
     assert listed(b)["test"]["source"] == "data dir"
+
+
+def first_offset(c, topic, partition):
+    """Where a get from offset 0 is sent: the partition's first served offset (0 when nothing moved it)."""
+    r = c.get(topic, partition, 0)
+    return int(r.body) if isinstance(r, ev.Result) and r.code == 301 else 0
+
+
+def test_per_topic_retention_by_age_and_size(broker_factory):
+    from metaq.protocol.message import iter_records
+    from metaq.store.record import FIXED_OVERHEAD
+    from tests.harness.broker import wait_for
+
+    cfg = small_config("/nonexistent", store={"retention_check_interval_s": 0.2})
+    b = broker_factory(cfg, start=False)
+    b.config["broker"]["data_dir"] = b.data_dir = os.path.join(str(b.workdir), "data")
+    b.start()
+    admin(b, "topics", "create", "short", "--retention-hours", "0.0003")  # about a second
+    admin(b, "topics", "create", "sized", "--retention-bytes", "600")
+    with b.client() as c:
+        for i in range(5):
+            c.put_ok("short", b"old%d" % i, 0)
+            c.put_ok("long", b"keep%d" % i, 0)  # a pattern's topic: the broker's retention only
+        for i in range(10):
+            c.put_ok("sized", b"%03d" % i + b"x" * 97, 0)
+        wait_for(lambda: first_offset(c, "short", 0) == 5, what="short's old messages to go")
+        wait_for(lambda: first_offset(c, "sized", 0) > 0, what="sized to keep its newest bytes")
+        kept = first_offset(c, "sized", 0)
+        body = c.get("sized", 0, kept).body
+        records = [rec for rec, _ in iter_records(body)]
+        assert [r.data[:3] for r in records] == [b"%03d" % i for i in range(kept, 10)]  # the newest, in order
+        record_size = FIXED_OVERHEAD + len("sized") + 100  # a message's bytes in the commit log
+        assert len(records) == 600 // record_size  # the most of the newest that fit in 600 bytes
+        got = c.get("long", 0, 0)
+        assert [r.data for r, _ in iter_records(got.body)] == [b"keep%d" % i for i in range(5)]
+        c.put_ok("short", b"young", 0)
+        assert [r.data for r, _ in iter_records(c.get("short", 0, 5).body)] == [b"young"]
+    b.stop()
+    b.start()  # applied again at open: what went stays gone
+    with b.client() as c:
+        assert first_offset(c, "short", 0) >= 5
+        assert first_offset(c, "sized", 0) == kept
+        assert first_offset(c, "long", 0) == 0
