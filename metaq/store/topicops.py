@@ -172,6 +172,10 @@ class TopicOps:
                 self._evict_writers(s.name)
         self._refresh_guarded()
 
+    def settings_of(self, topic):
+        """The table's TopicSettings of ``topic``, or None (a topic the config or the data dir gives)."""
+        return self.table.entries.get(topic)
+
     def describe(self):
         """Every known topic: ``{name, partitions, perm, ordered, retention_hours, retention_bytes, source}``."""
         rows = {}

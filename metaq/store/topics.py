@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, field
 
 from metaq import limits
-from metaq.errors import ClientError, Forbidden, InvalidTopic, StoreError, UnknownTopic
+from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.store.files import fsync_dir, write_atomically
 
@@ -243,7 +243,7 @@ class TopicCatalog:
     def check_writable(self, topic):
         s = self.table.entries.get(topic)
         if s is not None and not s.writable:
-            raise Forbidden("topic %s is not writable (perm %s): puts are refused" % (topic, s.perm))
+            raise TopicForbidden("topic %s is not writable (perm %s): puts are refused" % (topic, s.perm))
         if topic in self.table.deleted and s is None:
             raise UnknownTopic("no such topic %s: it was deleted" % topic)
 
@@ -254,7 +254,7 @@ class TopicCatalog:
                 raise UnknownTopic("no such topic %s: it was deleted" % topic)
             return
         if not s.readable:
-            raise Forbidden("topic %s is not readable (perm %s): gets and pulls are refused" % (topic, s.perm))
+            raise TopicForbidden("topic %s is not readable (perm %s): gets and pulls are refused" % (topic, s.perm))
 
     def ordered(self, topic):
         s = self.table.entries.get(topic)

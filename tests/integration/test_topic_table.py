@@ -185,3 +185,33 @@ def test_per_topic_retention_by_age_and_size(broker_factory):
         assert first_offset(c, "short", 0) >= 5
         assert first_offset(c, "sized", 0) == kept
         assert first_offset(c, "long", 0) == 0
+
+
+def test_rocketmq_route_reports_perm_and_order_and_refuses_with_no_permission(broker_factory):
+    from metaq.client.local import rmq_config
+    from metaq.client.raw import RemotingClient
+    from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode as C
+    from tests.harness.rocketmq import pull, send_v1
+
+    cfg = rmq_config("/nonexistent")
+    b = broker_factory(cfg, start=False)
+    b.config["broker"]["data_dir"] = b.data_dir = os.path.join(str(b.workdir), "data")
+    b.start()
+    admin(b, "topics", "create", "fifo", "--partitions", "2", "--ordered")
+    with RemotingClient(cfg["remoting"]["port"]) as rc:
+        route = json.loads(rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "fifo"}).body)
+        [queues] = route["queueDatas"]
+        assert (queues["perm"], queues["writeQueueNums"]) == (6, 2)
+        assert route["orderTopicConf"] == "%s:2" % queues["brokerName"]
+        assert send_v1(rc, "fifo", b"one").code == C.SUCCESS
+    admin(b, "topics", "alter", "fifo", "--perm", "r")
+    with RemotingClient(cfg["remoting"]["port"]) as rc:
+        route = json.loads(rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "fifo"}).body)
+        assert route["queueDatas"][0]["perm"] == 4  # READ only
+        refused = send_v1(rc, "fifo", b"two")
+        assert refused.code == C.NO_PERMISSION == 16 and "not writable" in refused.remark
+        assert pull(rc, "fifo", 0, 0).code == C.SUCCESS
+    admin(b, "topics", "alter", "fifo", "--perm", "w")
+    with RemotingClient(cfg["remoting"]["port"]) as rc:
+        refused = pull(rc, "fifo", 0, 0)
+        assert refused.code == C.NO_PERMISSION and "not readable" in refused.remark
