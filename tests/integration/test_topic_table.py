@@ -215,3 +215,39 @@ def test_rocketmq_route_reports_perm_and_order_and_refuses_with_no_permission(br
     with RemotingClient(cfg["remoting"]["port"]) as rc:
         refused = pull(rc, "fifo", 0, 0)
         assert refused.code == C.NO_PERMISSION and "not readable" in refused.remark
+
+
+def test_slaves_take_the_masters_table_and_a_promoted_slave_keeps_it(broker_factory, tmp_path, capsys):
+    from metaq.client import admin as admin_main
+    from metaq.client.local import free_port
+    from tests.harness.broker import wait_for
+    from tests.harness.replication import caught_up, master_config
+
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    admin(m, "topics", "create", "orders", "--partitions", "3", "--retention-bytes", "5000")
+    with m.client() as c:
+        c.put_ok("orders", b"one", 2)
+    caught_up(m, s)
+    wait_for(lambda: listed(s).get("orders", {}).get("source") == "table", what="the slave to take the table")
+    assert listed(s)["orders"]["retention_bytes"] == 5000
+    out = admin(s, "topics", "create", "other", expect=3)  # a slave's table is its master's
+    assert "changed on the master" in out.stderr
+    admin(m, "topics", "alter", "orders", "--perm", "r")
+    wait_for(lambda: listed(s)["orders"]["perm"] == "r", what="the slave to take the altered table")
+    with open(os.path.join(s.data_dir, "topics.json")) as f:
+        assert json.load(f)["topics"]["orders"]["perm"] == "r"
+
+    m.kill()
+    wait_for(lambda: admin_main.main(["promote", "127.0.0.1:%d" % s.port, "--force"]) == 0, what="promotion")
+    capsys.readouterr()
+    with s.client() as c:
+        r = c.put("orders", b"two", 2)
+        assert r.code == 403 and b"not writable" in r.body  # the table came along
+        got = c.get("orders", 2, 0)
+        assert isinstance(got, ev.Value) and b"one" in got.body
+    admin(s, "topics", "alter", "orders", "--perm", "rw")
+    with s.client() as c:
+        assert c.put_ok("orders", b"two", 2)[2] == 1
