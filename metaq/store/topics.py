@@ -77,9 +77,9 @@ class TopicSettings:
 
 def check_name(name, what="create"):
     """Raise ClientError/InvalidTopic unless an operator may ``what`` topic ``name``."""
-    limits.validate_topic(name)
-    if "*" in name:
+    if isinstance(name, str) and "*" in name:
         raise InvalidTopic("topic %r: patterns belong in the configuration file, not the table" % name)
+    limits.validate_topic(name)
     if name == SCHEDULE_TOPIC or name.startswith(SYSTEM_PREFIXES):
         raise ClientError("topic %s is a system topic (delayed delivery, RocketMQ retry/dead-letter or system "
                           "queues): it cannot be %sd by an operator" % (name, what.rstrip("e")))
