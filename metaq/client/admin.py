@@ -193,7 +193,7 @@ def cmd_topics(view, args):
         s = table.get(topic, {})
         rows.append(dict({k: s.get(k) for k in admintopics.SETTING_COLUMNS}, topic=topic,
                          brokers=",".join(str(b) for b in sorted(t["brokers"])),
-                         partitions=s.get("partitions", t.get("configured_partitions", t["partitions"])),
+                         partitions=t.get("configured_partitions", t["partitions"] or s.get("partitions")),
                          messages=t["messages"], bytes=t.get("bytes", 0)))
     return rows, ["topic", "brokers", "partitions", "messages", "bytes"] + admintopics.SETTING_COLUMNS
 
