@@ -28,6 +28,7 @@ Frame (big-endian)::
                        no epochs: an older peer gets a clear "unsupported replication stream version" error, on
                        both ends)
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
+                          TOPICS=10 (the topic table: T_TOPICS below)
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
