@@ -251,3 +251,54 @@ def test_slaves_take_the_masters_table_and_a_promoted_slave_keeps_it(broker_fact
     admin(s, "topics", "alter", "orders", "--perm", "rw")
     with s.client() as c:
         assert c.put_ok("orders", b"two", 2)[2] == 1
+
+
+def test_zookeeper_nodes_follow_create_alter_delete(broker_factory, zk_connect):
+    from kazoo.client import KazooClient
+
+    from tests.harness.broker import wait_for
+
+    cfg = small_config("/nonexistent", zk={"connect": zk_connect})
+    b = broker_factory(cfg, start=False)
+    b.config["broker"]["data_dir"] = b.data_dir = os.path.join(str(b.workdir), "data")
+    b.start()
+    zk = KazooClient(hosts=zk_connect)
+    zk.start(15)
+    node = "/meta/brokers/topics-pub/orders/7-m"
+
+    def num_parts():
+        return json.loads(zk.get(node)[0])["numParts"] if zk.exists(node) else None
+    try:
+        admin(b, "topics", "create", "orders", "--partitions", "3")
+        wait_for(lambda: num_parts() == 3, what="orders registered with 3 partitions")
+        admin(b, "topics", "alter", "orders", "--partitions", "5")
+        wait_for(lambda: num_parts() == 5, what="orders registered again with 5 partitions")
+        admin(b, "topics", "delete", "orders", "--yes")
+        wait_for(lambda: not zk.exists(node) and not zk.exists("/meta/brokers/topics/orders/7-m"),
+                 what="orders' nodes removed")
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_changes_need_admin_permission_and_listing_any_user(broker_factory, tmp_path):
+    from tests.harness.acl import SECRETS, secured_config
+
+    cfg = secured_config(tmp_path)
+    b = broker_factory(cfg, workdir=tmp_path)
+    secrets = {}
+    for user in ("admin", "alice"):
+        secrets[user] = tmp_path / ("%s.secret" % user)
+        secrets[user].write_text(SECRETS[user])
+        secrets[user].chmod(0o600)
+
+    def as_user(user, *args, expect=0):
+        return admin(b, "--user", user, "--secret-file", str(secrets[user]), *args, expect=expect)
+    out = as_user("alice", "topics", "create", "orders", "--partitions", "2", expect=3)
+    assert "(403)" in out.stderr
+    assert not os.path.exists(os.path.join(b.data_dir, "topics.json"))
+    as_user("admin", "topics", "create", "orders", "--partitions", "2")
+    rows = {r["topic"]: r for r in json.loads(as_user("alice", "--json", "topics").stdout)}
+    assert rows["orders"]["partitions"] == 2 and rows["orders"]["source"] == "table"
+    out = as_user("alice", "topics", "delete", "orders", "--yes", expect=3)
+    assert "(403)" in out.stderr

@@ -141,3 +141,19 @@ def test_retention_by_size_keeps_the_newest_bytes_per_partition(tmp_path):
     s.retention(NOW)
     assert s.min_offset("sized", 0) == 4
     s.close(NOW)
+
+
+def test_retention_deletes_the_index_files_wholly_below_the_new_first_offset(tmp_path):
+    s = open_store(tmp_path, segment_size=1 << 20)  # index files of 64 units (the harness's index_file_units)
+    s.topics.create("short", {"retention_hours": "1"})
+    for i in range(200):
+        s.put("short", 0, 0, b"m", NOW)
+    s.put("short", 0, 0, b"young", NOW + 2 * HOUR_MS)
+    s.mark_flushed(s.flush_log())
+    pdir = os.path.join(str(tmp_path), "index", "short", "0")
+    assert len(os.listdir(pdir)) == 4  # units 0..63, 64..127, 128..191, 192..255
+    report = s.retention(NOW + 2 * HOUR_MS)
+    assert s.min_offset("short", 0) == 200
+    assert sorted(os.listdir(pdir)) == ["%020d" % (16 * 192)]  # the three files wholly below 200 went
+    assert len(report.deleted_index_files) == 3
+    s.close(NOW)
