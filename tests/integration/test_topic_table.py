@@ -302,3 +302,23 @@ def test_changes_need_admin_permission_and_listing_any_user(broker_factory, tmp_
     assert rows["orders"]["partitions"] == 2 and rows["orders"]["source"] == "table"
     out = as_user("alice", "topics", "delete", "orders", "--yes", expect=3)
     assert "(403)" in out.stderr
+
+
+def test_readme_topic_commands_run_as_written(broker_factory):
+    import pathlib
+    import re
+    import shlex
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Topics: the table, create, alter, delete"):]
+    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
+    b = broker_factory()
+    lines = [line for line in block.splitlines() if line.startswith("metaq-admin ")]
+    assert len(lines) == 4
+    for line in lines:
+        args = shlex.split(line.replace("meta://127.0.0.1:8123", url_of(b)))[1:]
+        out = subprocess.run(ADMIN + args, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, (line, out.stdout, out.stderr)
+    assert not os.path.exists(os.path.join(b.data_dir, "index", "orders"))
+    with b.client() as c:
+        assert c.put("orders", b"x", 0).code == 400  # the last command deleted it

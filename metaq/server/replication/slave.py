@@ -269,7 +269,8 @@ class SlaveLink:
         """The master's topic table becomes ours (store/topicops.py ``replace_table``)."""
         try:
             state = json.loads(event.table.decode("utf-8"))
-            self.store.topics.replace_table(state)
+            with self.store_lock:  # a deleted topic's partitions go: no checkpoint or work ahead meets them
+                self.store.topics.replace_table(state)
         except (ValueError, TypeError, KeyError, AttributeError, errors.ClientError) as exc:
             raise errors.RemoteProtocolError("bad TOPICS from the master: %s" % exc, fatal=True) from None
         log.info("replication: the master's topic table (version %d, %d topics) taken", self.store.topics.table.version,
