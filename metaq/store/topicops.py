@@ -127,7 +127,7 @@ class TopicOps:
         """Delete ``name``: no longer served or written, its index files removed; returns the tombstone offsets."""
         check_name(name, "delete")
         held = {p: ix.max for (t, p), ix in self.parts.items() if t == name}
-        if name not in self.table.entries and not held:
+        if name not in self.table.entries and not held and name not in self.catalog.config.exact_names:
             raise UnknownTopic("no such topic %s: nothing to delete" % name)
         old = self.table.entries.pop(name, None)
         base = dict(old.base_offsets) if old else {}

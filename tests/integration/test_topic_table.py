@@ -322,3 +322,24 @@ def test_readme_topic_commands_run_as_written(broker_factory):
     assert not os.path.exists(os.path.join(b.data_dir, "index", "orders"))
     with b.client() as c:
         assert c.put("orders", b"x", 0).code == 400  # the last command deleted it
+
+
+def test_a_broker_finishes_a_delete_a_kill_interrupted(broker_factory):
+    """The table's tombstone written, the broker killed before it removed the files (hand-made: the same files)."""
+    b = broker_factory()
+    with b.client() as c:
+        for i in range(3):
+            c.put_ok("doomed", b"m%d" % i, 0)
+        c.put_ok("kept", b"k", 0)
+    b.kill()
+    assert os.path.isdir(os.path.join(b.data_dir, "index", "doomed"))
+    with open(os.path.join(b.data_dir, "topics.json"), "w") as f:
+        json.dump({"format": 1, "version": 1, "topics": {}, "deleted": {"doomed": {"0": 3}}}, f)
+    b.start()
+    assert not os.path.exists(os.path.join(b.data_dir, "index", "doomed"))
+    with b.client() as c:
+        assert c.get("doomed", 0, 0).code == 400
+        assert b"k" in c.get("kept", 0, 0).body
+    admin(b, "topics", "create", "doomed")
+    with b.client() as c:
+        assert c.put_ok("doomed", b"new", 0)[2] == 3
