@@ -98,6 +98,11 @@ class Forbidden(ClientError):
     code = 403
 
 
+class TopicForbidden(Forbidden):
+    """The topic's permission (the topic table's ``perm``: store/topics.py) refuses this put or read: 403 on the
+    text port, NO_PERMISSION (16) on the remoting port, as RocketMQ's broker answers a topic without the permission."""
+
+
 class NotFound(MetaqError):
     """Nothing there (unknown topic/partition, or no message at that offset yet)."""
 

@@ -33,7 +33,7 @@ from datetime import datetime
 import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import admindlq, adminoffsets, admintools, replay, security as client_security
+from metaq.client import admindlq, adminoffsets, admintools, admintopics, replay, security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
@@ -187,12 +187,15 @@ def cmd_topics(view, args):
                 t["configured_partitions"] = t.get("configured_partitions", 0) + r.partitions
                 t["bytes"] = t.get("bytes", 0) + r.message_bytes
     rows = []
-    for topic in sorted(per_topic):
-        t = per_topic[topic]
-        rows.append({"topic": topic, "brokers": ",".join(str(b) for b in sorted(t["brokers"])),
-                     "partitions": t.get("configured_partitions", t["partitions"]),
-                     "messages": t["messages"], "bytes": t.get("bytes", 0)})
-    return rows, ["topic", "brokers", "partitions", "messages", "bytes"]
+    table = admintopics.table_rows(view)  # each topic's settings (the topic table)
+    for topic in sorted(set(per_topic) | set(table)):
+        t = per_topic.get(topic, {"brokers": set(), "partitions": 0, "messages": 0})
+        s = table.get(topic, {})
+        rows.append(dict({k: s.get(k) for k in admintopics.SETTING_COLUMNS}, topic=topic,
+                         brokers=",".join(str(b) for b in sorted(t["brokers"])),
+                         partitions=t.get("configured_partitions", t["partitions"] or s.get("partitions")),
+                         messages=t["messages"], bytes=t.get("bytes", 0)))
+    return rows, ["topic", "brokers", "partitions", "messages", "bytes"] + admintopics.SETTING_COLUMNS
 
 
 def cmd_partitions(view, args):
@@ -356,7 +359,7 @@ def build_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     s = sub.add_parser("stats", help="every broker's stats (or one stats item)")
     s.add_argument("item", nargs="?", help="stats item: topics, offsets, realtime, groups, <topic> ...")
-    sub.add_parser("topics", help="topics: brokers, partitions, messages, bytes")
+    admintopics.add_parser(sub)  # topics [list|create|alter|delete] (admintopics.py)
     s = sub.add_parser("partitions", help="each partition's min and max offsets")
     s.add_argument("topic", nargs="?", help="only this topic")
     s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
@@ -404,6 +407,8 @@ def main(argv=None):
     if args.command in RUNNERS:
         return _run(RUNNERS[args.command], view, args, brokers)
     try:
+        if args.command == "topics" and args.action != "list":
+            return admintopics.run(view, args)
         rows, columns = COMMANDS[args.command](view, args)
     finally:
         view.close()

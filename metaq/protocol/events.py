@@ -8,6 +8,7 @@ Every event knows how to serialize itself (see ``metaq.protocol.text.serialize``
 """
 
 from typing import NamedTuple, Optional
+from metaq.protocol import topicadmin
 
 #: opaque used by MetaQ when ``version``/``stats`` carry none.
 DEFAULT_OPAQUE = 2147483647
@@ -252,6 +253,9 @@ class Lookup(NamedTuple):
     max_count: int
     cursor: str
     opaque: int
+
+
+TopicCommand = topicadmin.TopicCommand  # ``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py)
 
 
 class Promote(NamedTuple):

@@ -28,6 +28,7 @@ Frame (big-endian)::
                        no epochs: an older peer gets a clear "unsupported replication stream version" error, on
                        both ends)
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
+                          TOPICS=10 (the topic table: T_TOPICS below)
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -79,7 +80,7 @@ from metaq.protocol.checksum import crc32
 from metaq.protocol.replication_offsets import Offsets
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
-__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets",
+__all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets", "Topics",
            "ReplicationParser",
            "serialize",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
@@ -122,6 +123,15 @@ PROOF_HEAD = struct.Struct(">BB")
 assert PROOF_HEAD.size == 2
 
 T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_OFFSETS = 1, 2, 3, 4, 5, 6, 7, 8, 9
+#: TOPICS: the master's topic table (store/topics.py) as its JSON file, at most MAX_TOPIC_TABLE_BYTES; sent once per
+#: link and again when it changes. A slave from before the table ends the link at it ("unknown frame type 10").
+T_TOPICS = 10
+
+
+class Topics(NamedTuple):
+    """The master's topic table: the UTF-8 JSON of ``<data_dir>/topics.json``."""
+
+    table: bytes
 _HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
@@ -271,6 +281,10 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         return _frame(T_PROOF, [PROOF_HEAD.pack(len(nonce), len(proof)), nonce, proof])
     if isinstance(event, Offsets):
         return _frame(T_OFFSETS, offsets_codec.payload_parts(event))
+    if isinstance(event, Topics):
+        if not 0 < len(event.table) <= limits.MAX_TOPIC_TABLE_BYTES:
+            raise ValueError("a topic table is 1..%d bytes" % limits.MAX_TOPIC_TABLE_BYTES)
+        return _frame(T_TOPICS, [event.table])
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -393,6 +407,10 @@ class ReplicationParser:
                             "MAX_REPLICATION_PROOF_CHARS)" % (length, PROOF_HEAD.size, high))
         elif ftype == T_OFFSETS:
             offsets_codec.check_length(length)
+        elif ftype == T_TOPICS:
+            if not 0 < length <= limits.MAX_TOPIC_TABLE_BYTES:
+                raise _fail("TOPICS frame of %d bytes: must be 1..%d (limit MAX_TOPIC_TABLE_BYTES)"
+                            % (length, limits.MAX_TOPIC_TABLE_BYTES))
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -429,6 +447,8 @@ class ReplicationParser:
             return self._proof(payload)
         if ftype == T_OFFSETS:
             return offsets_codec.decode(payload)
+        if ftype == T_TOPICS:
+            return Topics(bytes(payload))
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")

@@ -26,7 +26,7 @@ raises the same error again.
 import re
 
 from metaq import limits
-from metaq.errors import ClientError, RemoteProtocolError
+from metaq.errors import ClientError, InvalidTopic, RemoteProtocolError
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
     Auth,
@@ -54,6 +54,8 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol import adminwire
+from metaq.protocol import topicadmin
+from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.textwrite import encode_result, encode_value_header, serialize
@@ -321,6 +323,14 @@ def _parse_sync(t):
     return lambda body: Sync(topic, partition, flag, msg_id, body, opaque, checksum)
 
 
+def _parse_topic(t):
+    try:
+        action, name, settings = topicadmin.parse(t)
+    except (ValueError, InvalidTopic) as exc:
+        raise _LineError(str(exc)) from None
+    return TopicCommand(action, name, settings, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
+
+
 def _parse_promote(t):
     force = _int(t[1], "force", 0, 1)
     return Promote(bool(force), _int(t[2], "opaque", INT32_MIN, INT32_MAX))
@@ -376,6 +386,8 @@ _COMMANDS = {
     "quit": (_parse_quit, (1,), "1 token", None),
     "transaction": (_parse_transaction, (5, 6, 7), "5, 6 or 7 tokens", None),
     "sync": (_parse_sync, (7, 8), "7 or 8 tokens", 3),
+    "topic": (_parse_topic, (5,), "5 tokens (topic <create|alter|delete|list> <name|-> <settings|-> <opaque>)",
+              None),
     "promote": (_parse_promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", None),
     "auth": (_parse_auth, (3, 5), "3 or 5 tokens (auth <user> <opaque>, auth <user> <client nonce> <proof> <opaque>)",
              None),

@@ -4,6 +4,7 @@ Split from ``metaq.protocol.text`` (which re-exports these names); the grammar i
 """
 
 from metaq.protocol import adminwire
+from metaq.protocol import topicadmin
 from metaq.protocol.events import (
     Auth,
     CommitOffset,
@@ -23,6 +24,7 @@ from metaq.protocol.events import (
     Result,
     Stats,
     Sync,
+    TopicCommand,
     Transaction,
     Value,
     Version,
@@ -175,6 +177,7 @@ _SERIALIZERS = {
     Transaction: _serialize_transaction,
     Sync: _serialize_sync,
     Promote: _serialize_promote,
+    TopicCommand: topicadmin.serialize,
     Auth: _serialize_auth,
     Value: _serialize_value,
     Result: _serialize_result,

@@ -34,6 +34,7 @@ from metaq.server.text.server import TextFrontEnd
 from metaq.server.text.transactions import TextTransactions
 from metaq.server.tls import TlsPolicy
 from metaq.server.transactions import TxService
+from metaq.server.topictable import TopicAdmin
 from metaq.store.store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -99,9 +100,11 @@ class Broker:
         self.core.on_close(self.group_members.connection_closed)
         self.admin = AdminOps(self.store, self.put_path, self.group_members,
                               lambda group: self.remoting.group_members(group) if self.remoting is not None else [])
+        self.topic_admin = TopicAdmin(self.store, self.store_lock, self.registry,
+                                      lambda: self.put_path.slave_refusal)  # the topic table (topictable.py)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
-                                         self.replies, self.admin, self.group_members)
+                                         self.replies, self.admin, self.group_members, self.topic_admin)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
         self.remoting = None

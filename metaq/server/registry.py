@@ -141,6 +141,7 @@ class ZkRegistry:
         self.registrations = 0  # completed full passes (stats, tests)
         self._full_pass = True
         self._pending_topics = set()
+        self._gone_topics = set()  # deleted topics whose nodes are still to remove (topic_changed)
         self._wake = Event()
         self._stopping = False
         self._connecting = False
@@ -260,6 +261,20 @@ class ZkRegistry:
             self._pending_topics.add(topic)
             self._wake.set()
 
+    def topic_changed(self, topic):
+        """A topic was created, altered or deleted (server/topictable.py): register it again (its count may have
+        changed); a deleted one's nodes are removed (``partitions_of`` refuses it)."""
+        try:
+            self.store.partitions_of(topic)
+        except MetaqError:
+            self._gone_topics.add(topic)
+            self.registered_topics.discard(topic)
+            self._wake.set()
+            return
+        self._gone_topics.discard(topic)
+        self.registered_topics.discard(topic)
+        self.topic_created(topic)
+
     # -- the worker ------------------------------------------------------------
 
     def _run(self):
@@ -281,6 +296,10 @@ class ZkRegistry:
                 while self._pending_topics:
                     topic = self._pending_topics.pop()
                     self._register_topic(topic)
+                while self._gone_topics:
+                    topic = next(iter(self._gone_topics))
+                    self._unregister_nodes(self.node, None, [topic], topics_only=True)
+                    self._gone_topics.discard(topic)
                 delay = RETRY_MIN_S
             except (KazooException, IdClaimedElsewhere) as exc:
                 self._full_pass = True
@@ -358,11 +377,13 @@ class ZkRegistry:
         return json.dumps({"address": address, "epoch": epochs.epoch, "epoch_start": epochs.latest[1],
                            "epoch_origin": epochs.latest[2], "url": self.url}, separators=(",", ":"), sort_keys=True)
 
-    def _unregister_nodes(self, node, slave_id, topics):
+    def _unregister_nodes(self, node, slave_id, topics, topics_only=False):
         brokers = "%s/brokers" % self.root
         for topic in sorted(topics):
             for kind in ("topics", "topics-pub", "topics-sub"):
                 self._delete_ours("%s/%s/%s/%s" % (brokers, kind, topic, node))
+        if topics_only:
+            return
         if slave_id is not None:
             self._delete_ours(self.ids_path + "/slave%d" % slave_id)
             return

@@ -33,6 +33,10 @@ class TopicQuota:
         self._topics[topic] = self._topics.get(topic, 0) + 1
         self.partitions += 1
 
+    def forget(self, topic):
+        """The store no longer holds any partition of ``topic`` (deleted: store/topicops.py)."""
+        self.partitions -= self._topics.pop(topic, 0)
+
     def check(self, topic, partition):
         """Raise TopicLimit if creating ``topic``-``partition`` (not held yet) would pass a limit."""
         if topic in self._exempt:

@@ -18,6 +18,7 @@ from metaq.store.ahead import AheadWork
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
+from metaq.store.figures import StoreFigures
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
@@ -28,20 +29,24 @@ from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
-from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
+from metaq.store.results import DiskState, PutResult, ReadResult
 from metaq.store.retention import apply_retention
+from metaq.store.topicops import TopicOps
+from metaq.store.topicretention import apply_topic_retention
+from metaq.store.topics import TopicCatalog, TopicTableFile
 
 _new_tuple = tuple.__new__
 
 
-class MessageStore:
+class MessageStore(StoreFigures):
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
     def __init__(self, config):
         self.config = config
         self.dirs = DataDir(config.data_dir)
-        self._topics = TopicTable(config.topics)
-        self._quota = TopicQuota(config.max_topics, config.max_partitions, self._topics.exact_names)
+        configured = TopicTable(config.topics)  # the config file's names; the table wins (topics.py)
+        self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
+        self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = {}  # (topic, partition) -> PartitionIndex, every partition with an index
         self._writers = {}  # (topic, partition) -> PartitionIndex, checked against the config for puts
@@ -57,6 +62,8 @@ class MessageStore:
         self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
                                           self.check_disk, config.segment_size)
         self.recovery = None
+        self.topics = TopicOps(self.dirs, self._topics, self._parts, self._writers, self._quota,
+                               config.index_file_units, self._forget_writers)  # create/alter/delete (topicops.py)
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
@@ -73,9 +80,12 @@ class MessageStore:
         self.dirs.acquire_lock()
         self._closed = False
         try:
+            self._topics.table.load()
             self._log.load()
             self._load_partitions()
             self.recovery, last_id = self._recover()
+            self.topics.finish_open()
+            self._topic_retention(now_ms, {})
             self._ids = IdGenerator(config.broker_id, last_id)
             self.keys.open(self._log, self._pos.written)
             self._last_flush_ms = now_ms
@@ -126,6 +136,11 @@ class MessageStore:
             self._parts[p.key] = p
             self._quota.added(topic)
 
+    def _forget_writers(self, topic):
+        self._last_writer = None
+        for key in [k for k in self._ahead.hot if k[0] == topic]:
+            del self._ahead.hot[key]
+
     def _partition(self, topic, partition):
         p = self._parts.get((topic, partition))
         if p is None:
@@ -150,8 +165,9 @@ class MessageStore:
         return self._topics.partitions_of(topic)
 
     def known_topics(self):
-        """Configured exact names and every topic that has data."""
-        return sorted(set(self._topics.exact_names) | {t for t, _p in self.partition_keys()})
+        """Configured exact names, the table's and every topic that has data."""
+        names = set(self._topics.config.exact_names) - set(self._topics.table.deleted) | set(self._topics.table.entries)
+        return sorted(names | {t for t, _p in self.partition_keys()})
 
     def partition_keys(self):
         """``[(topic, partition)]`` that have received messages."""
@@ -170,6 +186,7 @@ class MessageStore:
     def check_creatable(self, topic, partition):
         """Raise what a put to ``topic``-``partition`` would (see quota.py) before anything is stored."""
         validate_partition(partition, self._topics.partitions_of(topic))
+        self._topics.check_writable(topic)
         if (topic, partition) not in self._parts:
             self._quota.check(topic, partition)
 
@@ -317,6 +334,8 @@ class MessageStore:
     def read(self, topic, partition, offset, max_size):
         """Whole records from ``offset`` totalling at most ``max_size`` bytes (at least one record). Raises Moved(min)
         below the minimum, Moved(max) past the visible maximum, NotFound for an unknown topic or partition."""
+        if topic in self.topics.guarded:  # read-protected or deleted (topics.py)
+            self._topics.check_readable(topic)
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
@@ -342,7 +361,7 @@ class MessageStore:
     def read_joined(self, topic, partition, offset, max_size):
         """As ``read``, but ``views`` holds the records' MetaQ forms joined (one bytes per segment): for the wire."""
         p = self._parts.get((topic, partition))
-        if p is None or not p.min <= offset < p.visible:
+        if p is None or not p.min <= offset < p.visible or topic in self.topics.guarded:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
         try:
             buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
@@ -494,6 +513,8 @@ class MessageStore:
 
     def read_records(self, topic, partition, offset, max_count, max_bytes):
         """``(LogRecords with positions, next_offset)`` from ``offset``; bounds as ``read``."""
+        if topic in self.topics.guarded:
+            self._topics.check_readable(topic)
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
@@ -506,6 +527,8 @@ class MessageStore:
 
     def read_tagged(self, topic, partition, offset, filt, max_count, max_bytes):
         """A ``filtered.TaggedRead``: the records ``filt`` (a TagFilter) wants from ``offset``; as ``read_records``."""
+        if topic in self.topics.guarded:
+            self._topics.check_readable(topic)
         try:
             r = filtered.read_tagged(self._log, self._parts.get((topic, partition)) or self._reader(topic, partition),
                                      offset, filt, max_count, max_bytes, MAX_FILTER_SCAN_UNITS)
@@ -558,36 +581,12 @@ class MessageStore:
         report = apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
                                  self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
         report.deleted_index_files.extend(self.keys.drop_below(self._log.start or self._pos.written))
+        report.deleted_index_files.extend(self._topic_retention(now_ms, report.raised_min_offsets))
         return report
 
-    # -- stats ---------------------------------------------------------------
-
-    def partition_stats(self, topic, partition):
-        p = self._reader(topic, partition)
-        if p is None:
-            return PartitionStats(topic, partition, 0, 0, 0, 0, 0)
-        return PartitionStats(topic, partition, p.min, p.visible, p.visible - p.min, self._log_bytes(p),
-                              p.size_on_disk())
-
-    def _log_bytes(self, p):
-        if p.log_bytes is None:
-            p.log_bytes = sum(u[2] for u in p.units(p.min, p.max))
-        return p.log_bytes
-
-    def topic_bytes(self, topic):
-        """Bytes of the topic's records in the commit log."""
-        return sum(self._log_bytes(p) for (t, _n), p in self._parts.items() if t == topic)
-
-    def total_messages(self):
-        return sum(p.visible - p.min for p in self._parts.values())
-
-    def appended_messages(self):
-        """Messages ever appended up to the written end (the sum of the partitions' max offsets; unlike
-        ``total_messages`` it ignores retention, so a slave holding the same log has the same figure)."""
-        return sum(p.max for p in self._parts.values())
-
-    def log_bytes_on_disk(self):
-        return sum(s.size for s in self._log.segments)
+    def _topic_retention(self, now_ms, raised):
+        """Per-topic retention (topicretention.py): the first offsets of topics with their own retention."""
+        return apply_topic_retention(self._log, self._parts, self._topics.table.entries, now_ms, raised)
 
 
 def _too_large(total, limit):

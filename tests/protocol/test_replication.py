@@ -183,7 +183,8 @@ ENTRY = struct.pack(">qqq", 0, 0, 0)
 
 
 @pytest.mark.parametrize("wire, message", [
-    (frame(10, b""), "unknown frame type 10"),
+    (frame(11, b""), "unknown frame type 11"),
+    (frame(10, b""), "TOPICS frame of 0 bytes"),  # the topic table (store/topics.py): 1..MAX_TOPIC_TABLE_BYTES
     (frame(4, b"\0" * 24, version=2), "unsupported replication stream version 2 \\(this side speaks 4\\)"),
     (frame(1, b"\0" * 28), "must be 28 \\+ 24 x"),
     (frame(1, b"\0" * 61), "must be 28 \\+ 24 x"),
@@ -429,3 +430,14 @@ def test_long_names_make_more_frames_than_the_entry_limit_alone():
     events = ro.frames(rows, snapshot=True)
     per = limits.MAX_REPLICATION_OFFSETS_BYTES // 422
     assert per < 1000 and [len(ev.entries) for ev in events] == [per, 1000 - per]
+
+
+def test_topics_frame_round_trip_and_bound():
+    from metaq.protocol import replication as rp
+
+    table = b'{"format": 1, "topics": {}, "deleted": {}, "version": 3}'
+    p = ReplicationParser()
+    p.receive_data(serialize(rp.Topics(table)))
+    assert p.next_event() == rp.Topics(table)
+    with pytest.raises(ValueError, match="1..%d bytes" % limits.MAX_TOPIC_TABLE_BYTES):
+        serialize(rp.Topics(b"x" * (limits.MAX_TOPIC_TABLE_BYTES + 1)))

@@ -20,7 +20,7 @@ import time
 from metaq import errors, limits
 from metaq.protocol.reqreply import reply_topic
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, not_supported, response_for
-from metaq.protocol.rocketmq.bodies import (BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
+from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
                                             encode_consumer_list, encode_topic_route)
 from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
@@ -46,7 +46,9 @@ UNSUPPORTED_LOGGED = 256
 def error_response(cmd, exc):
     """The response to ``cmd`` for a MetaqError (the only error→response mapping of the remoting port)."""
     text = str(exc)
-    if isinstance(exc, (errors.Unauthenticated, errors.Forbidden)):
+    if isinstance(exc, errors.TopicForbidden):
+        code = ResponseCode.NO_PERMISSION
+    elif isinstance(exc, (errors.Unauthenticated, errors.Forbidden)):
         code = ResponseCode.SYSTEM_ERROR  # RocketMQ's broker: an AclException out of its RPC hook (remoting/acl.py)
         text = ACL_EXCEPTION + text
     elif isinstance(exc, (errors.UnknownTopic, errors.InvalidTopic)):
@@ -182,7 +184,11 @@ class RemotingDispatcher:
             return response_for(cmd, ResponseCode.TOPIC_NOT_EXIST,
                                 "No topic route info in name server for the topic: %s" % h.topic)
         name = self.server.broker_name
-        return _ok(cmd, body=encode_topic_route([self._broker_data()], [QueueData(name, queues, queues)]))
+        s = self.store.topics.settings_of(h.topic)  # the topic table (store/topics.py): perm, ordered
+        perm = PERM_READ | PERM_WRITE if s is None else (PERM_READ if s.readable else 0) | (PERM_WRITE if s.writable
+                                                                                          else 0)
+        order = "%s:%d" % (name, queues) if s is not None and s.ordered else None
+        return _ok(cmd, body=encode_topic_route([self._broker_data()], [QueueData(name, queues, queues, perm)], order))
 
     def cluster_info(self, cmd, conn):
         return _ok(cmd, body=encode_cluster_info([self._broker_data()]))

@@ -32,6 +32,7 @@ class SlaveState:
         self.durable = start
         self.connected_at = time.time()
         self.offsets_version = None  # the consumer-offset version last sent; None: the whole table is still due
+        self.topics_version = None  # the topic table's version last sent (store/topics.py)
         self.offsets_due = time.monotonic() + OFFSETS_SYNC_S  # the next send, at the latest
 
 
@@ -290,6 +291,11 @@ class ReplicationServer:
                 state.sent = nxt
                 continue
             now = time.monotonic()
+            table = store.topics.table
+            if state.topics_version != table.version and (table.entries or table.deleted):
+                state.topics_version = table.version  # the topic table: when it changed (and not while empty)
+                send_event(sock, rp.Topics(table.encode()))
+                continue
             if now >= state.offsets_due or state.offsets_version is None:  # caught up: the whole table at once
                 self._send_offsets(sock, state, now)
                 continue  # it yielded: look at the log again before waiting for news of it

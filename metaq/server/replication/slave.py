@@ -1,6 +1,7 @@
 """The slave's side of replication: follow a master, cut a divergent tail, append, flush, ack; hold its
 committed consumer offsets (OFFSETS frames: the whole table once per link, then what changed)."""
 
+import json
 import logging
 import socket
 import time
@@ -141,6 +142,8 @@ class SlaveLink:
                 self._append(sock, event)
             elif isinstance(event, rp.Offsets):
                 self._offsets(event)
+            elif isinstance(event, rp.Topics):
+                self._topics(event)
             elif isinstance(event, rp.Heartbeat):
                 self.master_end, self.master_written, self.master_count = event
                 send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
@@ -261,6 +264,19 @@ class SlaveLink:
         if self.on_new_topics is not None and len(store.known_topics()) != before:
             self.on_new_topics(store.known_topics())
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
+
+    def _topics(self, event):
+        """The master's topic table becomes ours (store/topicops.py ``replace_table``)."""
+        try:
+            state = json.loads(event.table.decode("utf-8"))
+            with self.store_lock:  # a deleted topic's partitions go: no checkpoint or work ahead meets them
+                self.store.topics.replace_table(state)
+        except (ValueError, TypeError, KeyError, AttributeError, errors.ClientError) as exc:
+            raise errors.RemoteProtocolError("bad TOPICS from the master: %s" % exc, fatal=True) from None
+        log.info("replication: the master's topic table (version %d, %d topics) taken", self.store.topics.table.version,
+                 len(self.store.topics.table.entries))
+        if self.on_new_topics is not None:
+            self.on_new_topics(self.store.known_topics())
 
     def _offsets(self, event):
         """The master's committed consumer offsets: its whole table replaces ours once complete (an offset only

@@ -6,6 +6,7 @@ position means the reply may be sent only once the log is durable up to it
 (``sync`` flush mode).
 """
 
+import json
 import logging
 import time
 
@@ -98,18 +99,21 @@ _NEEDS = {
     ev.Transaction: _any_user,  # and the branch's owner, or admin for heuristics (text/transactions.py)
     ev.Sync: _admin,
     ev.Promote: _admin,
+    ev.TopicCommand: lambda guard, session, e: (_any_user if e.action == "list" else _admin)(guard, session, e),
 }
 
 
 class TextDispatcher:
     def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None,
-                 admin=None, group_members=None):
+                 admin=None, group_members=None, topics=None):
         """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
-        ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``)."""
+        ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
+        ``topics``: the topic table's service (``server.topictable.TopicAdmin``; None: ``topic`` answered 400)."""
         self.group_members = group_members
+        self.topics = topics
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -141,6 +145,7 @@ class TextDispatcher:
             ev.Transaction: self.transaction,
             ev.Sync: self.sync,
             ev.Promote: self.promote,
+            ev.TopicCommand: self.topic,
             ev.Auth: self.auth,
             ev.Request: self.reply_from_client,
             ev.Reply: self.reply_from_client,
@@ -447,6 +452,21 @@ class TextDispatcher:
             log.warning("promote refused: %s", exc)
             return error_reply(exc, e.opaque)
         return ok(text.encode("utf-8"), e.opaque)
+
+    def topic(self, e, conn):
+        """``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py): the topic table."""
+        if self.topics is None:
+            return encode_result(400, b"the topic table is not served here", e.opaque), NO_WAIT
+        conn.spawn(self._topic, e)
+        return None, NO_WAIT
+
+    def _topic(self, e):
+        try:
+            result = self.topics.handle(e.action, e.name, dict(e.settings))
+        except errors.MetaqError as exc:
+            log.warning("topic %s %s refused: %s", e.action, e.name or "", exc)
+            return error_reply(exc, e.opaque)
+        return ok(json.dumps(result, sort_keys=True).encode("utf-8"), e.opaque)
 
     def auth(self, e, conn):
         """``auth`` (README "Security"): step one gives a nonce, step two checks the proof. A failure is answered
