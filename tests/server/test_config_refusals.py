@@ -134,6 +134,14 @@ def test_distinct_listeners_and_a_remoting_port_on_another_address_are_taken():
     assert (c.broker.port, c.remoting.port, c.replication.port) == (8123, 8123, 8124)
 
 
+def test_two_listeners_on_one_address_and_port_are_refused():
+    """README "Configuration": two listeners on one address and port are refused (not left to fail at bind)."""
+    for overrides in ({"remoting.port": 8123}, {"replication.port": 8123},
+                      {"remoting.port": 9876, "replication.port": 9876}):
+        with pytest.raises(ConfigError, match="each listener needs its own port"):
+            load_config(None, overrides)
+
+
 def test_a_yaml_error_is_one_line_with_line_and_column(tmp_path):
     message = refusal(write(tmp_path, "broker: [unclosed\n"))
     assert message.startswith("configuration file %s is not valid YAML: line 2, column 1:" % (tmp_path / "server.yaml"))

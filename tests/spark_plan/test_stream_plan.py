@@ -1,5 +1,8 @@
 """The Spark source's and sink's planning logic, without Spark or a network (the unit tier; tests/spark starts servers)."""
 
+import subprocess
+import sys
+
 import pytest
 
 from metaq import limits
@@ -217,3 +220,12 @@ def test_producer_ids_are_stable_and_distinct():
     a = producer_id_of("stream", "q1", 4, 0)
     assert a == producer_id_of("stream", "q1", 4, 0) and 1 <= a < 2 ** 63
     assert len({producer_id_of("stream", "q1", b, p) for b in range(50) for p in range(8)}) == 400
+
+
+@pytest.mark.integration  # spawns a Python (a fresh interpreter is the only honest sys.modules)
+def test_importing_metaq_spark_alone_imports_no_spark_dependency():
+    """README "Spark": importing ``metaq.spark`` alone imports none of PySpark, pyarrow, pandas, matplotlib."""
+    code = ("import sys, metaq.spark\n"
+            "print(sorted(m for m in ('pyspark', 'pyarrow', 'pandas', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
