@@ -122,7 +122,7 @@ def _hint(failure):
     code = getattr(failure, "code", None)
     if code == errors.Unauthenticated.code and "refused the credentials" not in str(failure):
         return " (give credentials: --credentials FILE, --user NAME --secret-file FILE, or METAQ_CREDENTIALS)"
-    if code == errors.Forbidden.code:
+    if code == errors.Forbidden.code and "admin" not in str(failure) and " may not " not in str(failure):
         return " (this needs a user with the admin role)"
     return ""
 

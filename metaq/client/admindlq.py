@@ -60,7 +60,8 @@ def _call(view, bid, event):
     if reply.code == 404:
         return None
     if reply.code != 200:
-        hint = " (this needs a user with the admin role)" if reply.code == errors.Forbidden.code else ""
+        hint = " (this needs a user with the admin role)" if reply.code == errors.Forbidden.code \
+            and b"admin" not in reply.body else ""
         raise AdminExit("broker %d refused: %s%s" % (bid, reply_error(reply), hint), EXIT_REFUSED)
     return adminwire.decode_body(reply.body)
 

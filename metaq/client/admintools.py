@@ -211,7 +211,7 @@ class _PartitionReader(threading.Thread):
                 if not records and not at_end:  # the end moved back (a cut): take what the broker says
                     self.end = self.offset
         except errors.MetaqError as exc:
-            self.out.put(("error", "%s %s: %s" % (self.topic, self.part, exc)))
+            self.out.put(("error", ("%s %s: %s" % (self.topic, self.part, exc), isinstance(exc, errors.ClientError))))
         finally:
             self.out.put(("done", self.part))
             self.conn.close()
@@ -229,14 +229,29 @@ def topic_partitions(view, topic):
     return sorted(rows.values())
 
 
+def _refusal_of(view, topic, partition=0):
+    """Raise the broker's refusal of a get of ``topic`` (403 when the user may not subscribe to it, which ``stats``
+    hides by leaving the topic out): called when ``stats`` shows nothing, so that tail says why."""
+    for bid, url in sorted(view.brokers.items()):
+        try:
+            reply = view.conn(url).call(ev.Get(topic, TAIL_GROUP, partition, 0, 1, 0, None), timeout=view.timeout)
+            records_of(reply, "get %s %d-%d" % (topic, bid, partition))
+        except (errors.Forbidden, errors.Unauthenticated):
+            raise
+        except errors.MetaqError:
+            continue
+
+
 def run_tail(view, args):
     rows = topic_partitions(view, args.topic)
     if args.partition is not None:
         wanted = choose_partition(view, args.partition)
         rows = [r for r in rows if (r[0], r[1]) == (wanted.broker_id, wanted.partition)]
         if not rows:
+            _refusal_of(view, args.topic, wanted.partition)
             raise AdminExit("topic %s has no partition %s on the brokers asked" % (args.topic, wanted))
     if not rows:
+        _refusal_of(view, args.topic)
         raise AdminExit("no broker has messages of topic %s (see `metaq-admin topics`)" % args.topic)
     out, stop = queue.Queue(), threading.Event()
     readers = []
@@ -269,6 +284,8 @@ def run_tail(view, args):
         pass
     finally:
         stop.set()
-    for problem in failed:
+    for problem, _refused in failed:
         print("metaq-admin: %s" % problem, file=sys.stderr)
+    if any(refused for _problem, refused in failed):
+        return EXIT_REFUSED
     return EXIT_UNREACHABLE if failed else EXIT_OK

@@ -174,3 +174,11 @@ def test_reset_offsets_forms_and_force(broker_factory, tmp_path):
         assert b"text conn-" in out.stderr
         admin(*(base + ["--to-offset", "7", "--execute", "--force"]))
         assert c.call(ev.QueryOffset("g", "orders", 0, c.opaque())).body == b"7"
+
+
+def test_tail_of_a_topic_the_broker_refuses_to_read_exits_3_with_its_reason(broker):
+    url = url_of(broker)
+    admin("--brokers", url, "topics", "create", "wonly", "--partitions", "1", "--perm", "w")
+    admin("--brokers", url, "put", "wonly", stdin=b"kept\n")
+    out = admin("--brokers", url, "tail", "wonly", expect=3)  # a refusal, not "unreachable" (1)
+    assert b"topic wonly is not readable (perm w)" in out.stderr, out.stderr
