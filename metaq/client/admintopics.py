@@ -17,6 +17,8 @@ from metaq import errors
 from metaq.protocol import events as ev
 
 ACTIONS = ("list", "create", "alter", "delete")
+#: What each change printed says was done.
+DONE = {"create": "created", "alter": "altered", "delete": "deleted"}
 #: Seconds a change may take at the broker (an fsync of the table; a delete removes the topic's files).
 CHANGE_TIMEOUT_S = 30.0
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
@@ -108,8 +110,7 @@ def run(view, args):
                   file=sys.stderr)
             status = EXIT_REFUSED
             continue
-        print("broker %s: topic %s %s: %s" % (bid, args.name, "deleted" if args.action == "delete" else
-                                                args.action + "d", json.dumps(answer, sort_keys=True)))
+        print("broker %s: topic %s %s: %s" % (bid, args.name, DONE[args.action], json.dumps(answer, sort_keys=True)))
     return status
 
 

@@ -311,7 +311,7 @@ def test_readme_topic_commands_run_as_written(broker_factory):
 
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("### Topics: the table, create, alter, delete"):]
-    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)  # also run by test_readme_first_run
     b = broker_factory()
     lines = [line for line in block.splitlines() if line.startswith("metaq-admin ")]
     assert len(lines) == 4
