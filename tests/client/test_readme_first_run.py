@@ -52,7 +52,7 @@ def make_run_broker(tmp_path, **extra):
 
 @pytest.fixture
 def broker(tmp_path):
-    b = make_run_broker(tmp_path)
+    b = make_run_broker(tmp_path, http={"port": 0})  # no ```sh block uses HTTP (test_readme_http runs those)
     yield b
     b.kill()
 
