@@ -45,6 +45,8 @@ def make_run_broker(tmp_path, **extra):
         cfg = yaml.safe_load(f)
     cfg["broker"]["port"] = 0
     cfg["broker"]["data_dir"] = str(tmp_path / "data")
+    if cfg.get("http", {}).get("port"):
+        cfg["http"]["port"] = free_port()  # conf/server.yaml's 8180 may be taken (a make run of the reader's)
     for name, values in extra.items():
         cfg[name].update(values)
     return BrokerProcess(tmp_path, cfg).start()
@@ -92,8 +94,9 @@ def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
     """A ```sh block is one the README means to run (others are plain ``` blocks): each runs and ends."""
     outputs = {}
     for code in blocks("sh"):
-        out = run(["bash", "-euo", "pipefail", "-c", code.replace("8123", str(broker.port))], tmp_path,
-                  {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
+        script = re.sub(r"^\$ ", "", code, flags=re.M)  # a "$ " prompt shown before a command
+        script = script.replace("8123", str(broker.port)).replace("8180", str(broker.config["http"]["port"]))
+        out = run(["bash", "-euo", "pipefail", "-c", script], tmp_path, {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
         assert out.returncode == 0, (code, out.stderr)
         outputs[code] = out.stdout
     text = outputs[blocks("sh", section("## First run"))[0]]  # version, put, get

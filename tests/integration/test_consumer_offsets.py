@@ -1,8 +1,12 @@
 """The broker's consumer-offset store over the text extension ``commit_offset`` / ``query_offset``."""
 
+import json
+import os
 import time
 
 from metaq.protocol import events as ev
+from metaq.store.files import CONSUMER_OFFSETS_FILE, STATE_HEADER
+from tests.harness.broker import wait_for
 
 
 def commit(c, group, topic, partition, offset):
@@ -71,8 +75,18 @@ def test_offsets_survive_clean_restart_and_kill_after_a_checkpoint(broker):
     with broker.client() as c:
         assert query(c, "g", "t1", 0).body == b"7"
         assert commit(c, "g", "t1", 0, 9).code == 200
-    time.sleep(0.2 * 3)  # checkpoint_interval_ms is 200 in tests: the commit reaches the file
+    wait_for(lambda: ["g", "t1", 0, 9] in [row[:4] for row in saved_offsets(broker)], what="the commit in the file")
     broker.kill()
     broker.start()
     with broker.client() as c:
         assert query(c, "g", "t1", 0).body == b"9"
+
+
+def saved_offsets(broker):
+    """The rows of the broker's consumer-offsets file as it is on disk now (after the checkpoint that wrote it)."""
+    try:
+        with open(os.path.join(broker.data_dir, CONSUMER_OFFSETS_FILE), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    return json.loads(data[STATE_HEADER.size:])["offsets"] if len(data) > STATE_HEADER.size else []

@@ -208,3 +208,32 @@ def test_a_corrupt_record_is_answered_512_never_served(broker_factory, tmp_path)
     assert r.status == 200 and [m["offset"] for m in r.json()["messages"]] == [0]
     with b.client() as c:
         assert c.get("t-bad", 0, 1).code == 512  # the text port's answer
+
+
+def test_a_get_returns_at_most_max_count_and_max_bytes_but_at_least_one(hbroker):
+    from metaq import limits as lim
+
+    with hbroker.client() as c:
+        for i in range(lim.HTTP_MAX_GET_MESSAGES + 1):
+            c.put_ok("t-many", b"m%04d" % i, 0)
+    path = "/api/topics/t-many/partitions/0/messages?offset=0"
+    doc = request(hbroker, "GET", path).json()  # the default: HTTP_MAX_GET_MESSAGES
+    assert len(doc["messages"]) == lim.HTTP_MAX_GET_MESSAGES == doc["next_offset"]
+    doc = request(hbroker, "GET", path + "&max_count=%d" % (lim.HTTP_MAX_GET_MESSAGES + 1)).json()  # and the most
+    assert len(doc["messages"]) == lim.HTTP_MAX_GET_MESSAGES
+    doc = request(hbroker, "GET", path + "&max_count=2").json()
+    assert [m["offset"] for m in doc["messages"]] == [0, 1] and doc["next_offset"] == 2
+    doc = request(hbroker, "GET", path + "&max_bytes=1").json()  # smaller than one message: still one
+    assert [base64.b64decode(m["body"]) for m in doc["messages"]] == [b"m0000"] and doc["next_offset"] == 1
+    assert request(hbroker, "GET", path + "&max_count=0").status == 400
+
+
+def test_the_put_counter_survives_stats_reset(hbroker):
+    with hbroker.client() as c:
+        for i in range(3):
+            c.put_ok("t-count", b"m%d" % i, 0)
+        assert "reset ok" in c.stats("reset")
+    text = request(hbroker, "GET", "/metrics").text
+    assert 'metaq_topic_puts_total{topic="t-count"} 3.0' in text, text
+    topics = {t["topic"]: t for t in request(hbroker, "GET", "/api/topics").json()["topics"]}
+    assert topics["t-count"]["puts_total"] == 3

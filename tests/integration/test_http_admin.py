@@ -55,3 +55,28 @@ def test_dead_letters_listed_and_resent_once_over_http(broker_factory, tmp_path)
         [msg] = decode_stored_messages(pull(rc, "tD", resent["partition"], resent["offset"]).body)
         assert msg.body == b"poison" and msg.properties["TAGS"] == "P"
     assert request(b, "GET", "/api/dlq/nobody").status == 404
+
+
+def test_topics_created_altered_and_deleted_over_http(broker_factory, tmp_path):
+    b = broker_factory(with_http(rmq_config(tmp_path / "data")))
+    made = request(b, "PUT", "/api/topics/orders?partitions=3&retention_hours=24")
+    assert made.status == 201, made
+    table = {t["name"]: t for t in request(b, "GET", "/api/topic-table").json()["topics"]}
+    assert table["orders"]["partitions"] == 3 and table["orders"]["retention_hours"] == 24
+    with b.client() as c:
+        c.put_ok("orders", b"o", partition=2)  # the third partition exists
+    assert request(b, "PATCH", "/api/topics/orders?partitions=2").status == 400  # never fewer: refused
+    altered = request(b, "PATCH", "/api/topics/orders?perm=r")
+    assert altered.status == 200, altered
+    with b.client() as c:
+        r = c.put("orders", b"refused", partition=0)
+        assert r.code == 403 and b"not writable" in r.body, r
+    assert request(b, "PUT", "/api/topics/orders?partitions=3").status == 400  # exists already
+    assert request(b, "PATCH", "/api/topics/orders?color=blue").status == 400  # unknown setting
+    gone = request(b, "DELETE", "/api/topics/orders")
+    assert gone.status == 200 and gone.json()["deleted"] is True, gone
+    with b.client() as c:
+        r = c.put("orders", b"after", partition=0)
+        assert r.code == 400 and b"deleted" in r.body, r
+    assert request(b, "DELETE", "/api/topics/orders").status in (400, 404)
+    assert request(b, "DELETE", "/api/topics/SCHEDULE_TOPIC_XXXX").status == 400

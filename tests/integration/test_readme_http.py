@@ -46,4 +46,10 @@ def test_the_readmes_curl_examples_run_against_make_runs_broker(tmp_path):
     assert b'"attribute": "greeting"' in out[1]
     assert out[2] == b"hello over http"
     assert b'"topic": "demo"' in out[3]
-    assert out[-1] == b"ready\n"
+    said = dict(zip(examples, out))
+    assert said["curl -s http://127.0.0.1:8180/readyz"] == b"ready\n"
+    admin = [(line, said[line]) for line in examples if "-X PUT" in line or "offsets" in line or "-X DELETE" in line]
+    assert [line.split("'")[0].split()[-1] for line, _ in admin] == ["PUT", "POST", "DELETE"]
+    assert b'"name": "http-demo"' in admin[0][1] and b'"partitions": 2' in admin[0][1]
+    assert b'"executed": false' in admin[1][1] and b'"new": 0' in admin[1][1]  # a dry run
+    assert b'"deleted": true' in admin[2][1]

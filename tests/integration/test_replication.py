@@ -2,7 +2,6 @@
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -111,9 +110,10 @@ def test_sync_mode_sigterm_answers_every_put_in_flight_and_the_slave_holds_them(
         try:
             c.send(b"".join(serialize(ev.Put("t-a", i % 4, 0, body, i + 1, metaq_checksum(body)))
                             for i, body in enumerate(bodies)))
-            time.sleep(0.3)  # the master has written the burst; every put waits for the slave
+            wait_for(lambda: stats(master)["total_messages"] == str(n + 1), 20,
+                     "the master to write the burst (every put then waits for the slave)")
             master.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
+            wait_for(lambda: "shutting down" in master.log_text(), 20, "the master to begin its graceful stop")
         finally:
             slave.proc.send_signal(signal.SIGCONT)
         replies = [c.read_event() for _ in range(n)]

@@ -3,7 +3,6 @@ divergent tail that the epoch handshake cuts (F8), without and with ZooKeeper.""
 
 import os
 import re
-import time
 
 import pytest
 
@@ -228,7 +227,9 @@ def test_a_promoted_slave_delivers_pending_delayed_messages_once(broker_factory,
     assert stats(s)["delay_scheduler"] == "running"
     with s.client() as c:
         wait_for(lambda: len(records(c, "t-a", [0])) >= 10, 15, "level 2 delivered by the promoted slave")
-        time.sleep(1.5)  # a duplicate of a level-1 message would show up by now
+        # the schedule worked through: both levels empty and the master's five level-1 deliveries recognised
+        wait_for(lambda: (lambda lv, tot: tot["redeliveries_skipped"] == 5 and all(
+            level["pending"] == "0" for level in lv.values()))(*delay_stats(c)), 15, "the schedule worked through")
         ids = [r.msg_id for r in records(c, "t-a", [0])]
         levels_now, totals = delay_stats(c)
     assert sorted(ids) == sorted(early | late), "each delayed message exactly once"

@@ -132,6 +132,7 @@ def test_broker_without_topics_config_keeps_the_data_dirs_partitions(broker_fact
     with b.client() as c:
         for p in range(4):
             c.put_ok("test", b"m%d" % p, p)
+    assert listed(b)["test"]["source"] == "config"
     b.stop()
     del b.config["topics"]  # the built-in default: `*` with 1 partition
     b.start()
@@ -213,6 +214,8 @@ def test_rocketmq_route_reports_perm_and_order_and_refuses_with_no_permission(br
         assert pull(rc, "fifo", 0, 0).code == C.SUCCESS
     admin(b, "topics", "alter", "fifo", "--perm", "w")
     with RemotingClient(cfg["remoting"]["port"]) as rc:
+        route = json.loads(rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "fifo"}).body)
+        assert route["queueDatas"][0]["perm"] == 2  # WRITE only
         refused = pull(rc, "fifo", 0, 0)
         assert refused.code == C.NO_PERMISSION and "not readable" in refused.remark
 

@@ -157,3 +157,43 @@ def test_retention_deletes_the_index_files_wholly_below_the_new_first_offset(tmp
     assert sorted(os.listdir(pdir)) == ["%020d" % (16 * 192)]  # the three files wholly below 200 went
     assert len(report.deleted_index_files) == 3
     s.close(NOW)
+
+
+def test_perm_none_refuses_puts_and_reads(tmp_path):
+    s = open_store(tmp_path)
+    s.topics.create("sealed", {"partitions": "1"})
+    s.put("sealed", 0, 0, b"before", NOW)
+    s.topics.alter("sealed", {"perm": "-"})
+    with pytest.raises(TopicForbidden, match="not writable"):
+        s.put("sealed", 0, 0, b"x", NOW)
+    with pytest.raises(TopicForbidden, match="not readable"):
+        s.read("sealed", 0, 0, 1000)
+    s.topics.alter("sealed", {"perm": "rw"})
+    assert len(read_all(s, "sealed", 0)) == 1  # nothing was lost meanwhile
+    s.close(NOW)
+
+
+def test_rocketmq_system_topics_cannot_be_created(tmp_path):
+    s = open_store(tmp_path)
+    for name in ("RMQ_SYS_TRANS_HALF_TOPIC", "%RETRY%g"):
+        with pytest.raises(ClientError, match="system topic"):
+            s.topics.create(name, {})
+    assert not os.path.exists(os.path.join(str(tmp_path), TOPICS_FILE)) or table_of(tmp_path)["topics"] == {}
+    s.close(NOW)
+
+
+def test_a_topics_retention_deletes_no_segment(tmp_path):
+    """Per-topic retention moves the first offset; only the broker's retention deletes commit-log segments."""
+    s = open_store(tmp_path)  # 4 KiB segments
+    s.topics.create("short", {"retention_hours": "1"})
+    for i in range(100):
+        s.put("short", 0, 0, b"%03d" % i + b"x" * 100, NOW)
+    s.mark_flushed(s.flush_log())
+    log_dir = os.path.join(str(tmp_path), "commitlog")
+    segments = sorted(os.listdir(log_dir))
+    assert len(segments) > 2
+    report = s.retention(NOW + 2 * HOUR_MS)
+    assert s.min_offset("short", 0) == 100  # every message older than the hour: none is served
+    assert report.deleted_segments == [] and report.freed_bytes == 0
+    assert sorted(os.listdir(log_dir)) == segments
+    s.close(NOW)

@@ -8,6 +8,11 @@
                                                            group has live members unless ``force=1``
 ``GET /api/dlq/{group}``                                   the group's dead letters (``max``)
 ``POST /api/dlq/{group}/resend``                           resend them all, or ``ids=<id or p-o>,...``
+``GET /api/topic-table``                                   every topic with its settings and their source
+``PUT /api/topics/{topic}``                                create it: ``partitions``, ``perm``, ``ordered``,
+                                                           ``retention_hours``, ``retention_bytes`` in the query
+``PATCH /api/topics/{topic}``                              change those settings
+``DELETE /api/topics/{topic}``                             delete it (README "Topics: the table, ...")
 =========================================================  ======================================================
 
 A dry run answers what ``--execute`` would do (the current offset, the new one, the partition's bounds, and
@@ -18,7 +23,8 @@ import time
 
 from metaq import errors
 from metaq.auth.acl import ADMIN
-from metaq.server.http.routes import json_response
+from metaq.protocol.topicadmin import MAX_SETTINGS
+from metaq.server.http.routes import READ, json_response
 from metaq.server.putpath import now_ms
 
 
@@ -27,11 +33,13 @@ def _admin(guard, session, params):
 
 
 class AdminViews:
-    """``admin``: the broker's ``AdminOps``; ``store``: for a partition's bounds."""
+    """``admin``: the broker's ``AdminOps``; ``store``: for a partition's bounds; ``topics``: the topic table's
+    service (``server.topictable.TopicAdmin``)."""
 
-    def __init__(self, admin, store):
+    def __init__(self, admin, store, topics):
         self.admin = admin
         self.store = store
+        self.topics = topics
 
     def group(self, request):
         return json_response(self.admin.group_info(request.params["group"], time.monotonic()))
@@ -78,8 +86,32 @@ class AdminViews:
         return json_response(self.admin.dlq_resend(request.params["group"], wanted, now_ms()))
 
 
+    def topic_table(self, request):
+        return json_response({"topics": self.topics.list()})
+
+    def create_topic(self, request):
+        return json_response(self.topics.create(request.params["topic"], _settings(request)), status=201)
+
+    def alter_topic(self, request):
+        return json_response(self.topics.alter(request.params["topic"], _settings(request)))
+
+    def delete_topic(self, request):
+        return json_response(self.topics.delete(request.params["topic"]))
+
+
+def _settings(request):
+    """The topic settings of the query (the store checks names and values; at most MAX_SETTINGS of them)."""
+    if len(request.query) > MAX_SETTINGS:
+        raise errors.ClientError("at most %d settings, got %d" % (MAX_SETTINGS, len(request.query)))
+    return dict(request.query)
+
+
 def add_admin_routes(router, views):
     router.add("GET", "/api/groups/{group}", _admin, views.group)
     router.add("POST", "/api/groups/{group}/offsets/{topic}/{partition}", _admin, views.reset)
     router.add("GET", "/api/dlq/{group}", _admin, views.dlq)
     router.add("POST", "/api/dlq/{group}/resend", _admin, views.resend)
+    router.add("GET", "/api/topic-table", READ, views.topic_table)
+    router.add("PUT", "/api/topics/{topic}", _admin, views.create_topic)
+    router.add("PATCH", "/api/topics/{topic}", _admin, views.alter_topic)
+    router.add("DELETE", "/api/topics/{topic}", _admin, views.delete_topic)

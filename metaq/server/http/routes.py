@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 OPEN = "open"
 READ = "read"
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Content Too Large",
             416: "Range Not Satisfiable", 500: "Internal Server Error", 503: "Service Unavailable",
             504: "Gateway Timeout", 507: "Insufficient Storage"}
