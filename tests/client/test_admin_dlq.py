@@ -2,13 +2,17 @@
 README "Admin commands" block run as written (README "Operating metaq › Admin commands")."""
 
 import json
+import os
 import pathlib
 import re
-import shlex
 import subprocess
 import sys
 
-from metaq.client.local import rmq_config
+import pytest
+import yaml
+
+from metaq.client.local import BrokerProcess, rmq_config
+from metaq.protocol import events as ev
 from metaq.client.raw import RemotingClient
 from metaq.protocol.rocketmq.bodies import decode_stored_messages, parse_offset_msg_id
 from metaq.protocol.rocketmq.remoting import RequestCode as R
@@ -54,20 +58,32 @@ def test_dlq_list_then_resend_puts_it_back_once(broker_factory, tmp_path):
     assert listed["resent"] is True
 
 
-def test_readme_admin_commands_run_as_written(broker):
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Admin commands"):]
-    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
-    lines = [line for line in block.splitlines() if line.strip()]
-    assert len(lines) == 3 and "put test" in lines[0] and "--follow" not in block
-    outs = []
-    for line in lines:
-        line = line.replace("meta://127.0.0.1:8123", url_of(broker)).replace(".venv/bin/metaq-admin",
-                                                                             shlex.join(ADMIN))
-        r = subprocess.run(["bash", "-euo", "pipefail", "-c", line], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, (line, r.stdout, r.stderr)
-        outs.append(r.stdout)
-    assert [row.split()[2] for row in outs[0].splitlines()] == ["0", "1"]  # <id> <partition> <offset>
-    assert [row.split(" ", 4)[-1] for row in outs[1].splitlines()] == ["hello", "world"]
-    [first] = [json.loads(row) for row in outs[2].splitlines()]
-    assert first["offset"] == 0 and first["body"] == "hello"
+@pytest.mark.integration
+def test_readme_admin_commands_run_as_written(tmp_path):
+    """The README's ```sh block, on a fresh broker configured like `make run`'s: put, tail, reset-offsets (refused,
+    then a dry run after a commit), dlq list (refused: no dead letters)."""
+    with open(ROOT / "conf" / "server.yaml") as f:
+        cfg = yaml.safe_load(f)
+    cfg["broker"].update(port=0, data_dir=str(tmp_path / "data"))
+    cfg["http"]["port"] = 0
+    b = BrokerProcess(tmp_path, cfg).start()
+    try:
+        text = (ROOT / "README.md").read_text()
+        [code] = re.findall(r"```sh\n(.*?)```", text[text.index("### Admin commands"):].split("\n## ")[0], re.S)
+        env = dict(os.environ, PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", code.replace("8123", str(b.port))], cwd=str(ROOT),
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        lines = out.stdout.splitlines()
+        assert re.fullmatch(r"\d+ 0-0 0", lines[0]) and re.fullmatch(r"\d+ 0-0 1", lines[1]), lines  # put
+        assert lines[2:4] == ["0-0 0 - - hello", "0-0 1 - - world"]  # tail
+        assert json.loads(lines[4])["body"] == "hello"  # tail --json --from a time before it
+        assert lines[5] == "exit 3" and "billing has no committed offsets for topic test" in out.stderr
+        assert lines[6] == "result 200 0 1"  # the commit
+        assert lines[9].split() == ["test", "0-0", "2", "0", "0", "2", "broker"], lines  # the dry run's row
+        assert "dry run: nothing changed" in out.stderr
+        assert lines[10:] == ["exit 3"] and "no broker has dead letters of group billing" in out.stderr
+        with b.client() as c:
+            assert c.call(ev.QueryOffset("billing", "test", 0, c.opaque())).body == b"2"  # a dry run
+    finally:
+        b.kill()

@@ -9,7 +9,6 @@
 Timeouts here are safety nets against an example that never ends, not speed checks.
 """
 
-import json
 import os
 import pathlib
 import re
@@ -21,7 +20,6 @@ import yaml
 
 from metaq.client import Message, Producer
 from metaq.client.local import BrokerProcess, free_port
-from metaq.protocol import events as ev
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -54,7 +52,7 @@ def make_run_broker(tmp_path, **extra):
 
 @pytest.fixture
 def broker(tmp_path):
-    b = make_run_broker(tmp_path, http={"port": 0})  # no ```sh block uses HTTP (test_readme_http runs those)
+    b = make_run_broker(tmp_path)
     yield b
     b.kill()
 
@@ -103,30 +101,6 @@ def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
     assert text.startswith("result 200 5 ") and "\n0.1.0" in text, text  # text mode: \r\n read as \n
     assert re.search(r"result 200 \d+ 1\n\d+ 0 0", text), text
     assert re.search(r"\nvalue 25 2\n.+hello$", text.rstrip("\n"), re.S), text  # the get: header and body
-
-
-@pytest.mark.integration
-def test_admin_command_examples_run_on_a_fresh_make_run_broker_and_say_what_they_say(tmp_path):
-    """README "Admin commands": put, tail, reset-offsets (refused, then a dry run after a commit), dlq list."""
-    b = make_run_broker(tmp_path, http={"port": 0})
-    try:
-        [code] = blocks("sh", section("### Admin commands"))
-        out = run(["bash", "-euo", "pipefail", "-c", code.replace("8123", str(b.port))], tmp_path,
-                  {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
-        assert out.returncode == 0, (out.stdout, out.stderr)
-        lines = out.stdout.splitlines()
-        assert re.fullmatch(r"\d+ 0-0 0", lines[0]) and re.fullmatch(r"\d+ 0-0 1", lines[1]), lines  # put
-        assert lines[2:4] == ["0-0 0 - - hello", "0-0 1 - - world"]  # tail
-        assert json.loads(lines[4])["body"] == "hello"  # tail --json --from a time before it
-        assert lines[5] == "exit 3" and "billing has no committed offsets for topic test" in out.stderr
-        assert lines[6] == "result 200 0 1"  # the commit
-        assert lines[9].split() == ["test", "0-0", "2", "0", "0", "2", "broker"], lines  # the dry run's row
-        assert "dry run: nothing changed" in out.stderr
-        assert lines[10:] == ["exit 3"] and "no broker has dead letters of group billing" in out.stderr
-        with b.client() as c:
-            assert c.call(ev.QueryOffset("billing", "test", 0, c.opaque())).body == b"2"  # a dry run
-    finally:
-        b.kill()
 
 
 @pytest.mark.integration

@@ -5,7 +5,7 @@ need publish and subscribe on the topic.
 
 The dead letter is made with raw remoting (CONSUMER_SEND_MSG_BACK, as tests/remoting/test_remoting_codes.py) while
 the broker runs without authentication; the broker then restarts on the same data with a permissions file.
-tests/remoting/test_admin_dlq.py makes one with the official client."""
+tests/remoting/test_admin_dlq_official.py makes one with the official client."""
 
 import json
 import os
