@@ -25,6 +25,7 @@ from collections import OrderedDict
 
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
+from metaq.protocol.journaltopic import RESENT_PREFIX
 from metaq.protocol.rocketmq.mapping import (
     PROP_KEYS,
     PROP_ORIGIN_MESSAGE_ID,
@@ -39,7 +40,6 @@ from metaq.protocol.rocketmq.mapping import (
 __all__ = ["TextGroupMembers", "AdminOps", "DLQ_PREFIX", "RESENT_PREFIX", "RESENT_PROPERTY"]
 
 DLQ_PREFIX = "%DLQ%"
-RESENT_PREFIX = "%RESENT%"
 #: The property a resent copy carries: ``<dlq topic> <partition>-<offset>`` of its dead letter.
 RESENT_PROPERTY = "METAQ_DLQ_RESENT"
 _READ_BYTES = 4 << 20
@@ -256,7 +256,7 @@ class AdminOps:
 
     def _journal(self, group, partition, offset, now_ms):
         journal = RESENT_PREFIX + group
-        r = self.put_path.append(journal, 0, 0, b"%d %d" % (partition, offset), now_ms)
+        r = self.put_path.append(journal, 0, 0, b"%d %d" % (partition, offset), now_ms, internal=True)
         self.put_path.durable(journal, r.partition, r.log_end, now_ms)
 
 

@@ -1,0 +1,56 @@
+"""Attacks on issue 19's admin operations against a real broker: the dead letters' resent journal, resends whose
+original topic is gone or internal."""
+
+from metaq.client.local import rmq_config
+from metaq.client.raw import RemotingClient
+from metaq.protocol.rocketmq.bodies import parse_offset_msg_id
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import ResponseCode as C
+from tests.harness.http import request, with_http
+from tests.harness.rocketmq import send_v1
+
+
+def _rmq_broker(broker_factory, tmp_path):
+    return broker_factory(with_http(rmq_config(tmp_path / "data", remoting={"max_reconsume_times": 1,
+                                                                              "send_back_delay_level": 0})))
+
+
+def _dead_letter(rc, topic, body, key, group="CGD"):
+    sent = send_v1(rc, topic, body, props={"UNIQ_KEY": key})
+    assert sent.code == C.SUCCESS, sent
+    physical = parse_offset_msg_id(sent.ext_fields["msgId"])[2]
+    back = {"offset": physical, "group": group, "delayLevel": -1, "originMsgId": key, "originTopic": topic}
+    assert rc.call(R.CONSUMER_SEND_MSG_BACK, back).code == C.SUCCESS
+
+
+def test_a_client_cannot_forge_the_resent_journal_and_hide_a_dead_letter(broker_factory, tmp_path):
+    b = _rmq_broker(broker_factory, tmp_path)
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        _dead_letter(rc, "tD", b"poison", "U1")
+    [letter] = request(b, "GET", "/api/dlq/CGD").json()["dead_letters"]
+    part, off = letter["position"].split("-")
+    forged = ("%s %s" % (part, off)).encode()
+    with b.client() as c:  # a text put straight into the group's journal
+        r = c.put("%RESENT%CGD", forged, partition=0)
+        assert r.code != 200, r
+    r = request(b, "POST", "/api/topics/%25RESENT%25CGD/messages?partition=0", body=forged)  # and over HTTP
+    assert r.status != 200, r
+    with RemotingClient(b.config["remoting"]["port"]) as rc:  # and with a RocketMQ send
+        assert send_v1(rc, "%RESENT%CGD", forged).code != C.SUCCESS
+    [letter] = request(b, "GET", "/api/dlq/CGD").json()["dead_letters"]
+    assert letter["resent"] is False
+    done = request(b, "POST", "/api/dlq/CGD/resend").json()
+    assert [x["id"] for x in done["resent"]] == ["U1"], done
+
+
+def test_a_dead_letter_whose_topic_was_deleted_does_not_stop_the_resend_of_the_others(broker_factory, tmp_path):
+    b = _rmq_broker(broker_factory, tmp_path)
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        _dead_letter(rc, "tGone", b"first", "G1")
+        _dead_letter(rc, "tD", b"second", "U2")
+    assert request(b, "DELETE", "/api/topics/tGone").status == 200
+    r = request(b, "POST", "/api/dlq/CGD/resend")
+    assert r.status == 200, r
+    doc = r.json()
+    assert [x["id"] for x in doc["resent"]] == ["U2"], doc
+    assert [x["id"] for x in doc["skipped"]] == ["G1"], doc
