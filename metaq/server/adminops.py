@@ -234,7 +234,11 @@ class AdminOps:
             if not target:
                 skipped.append({"position": position, "id": msg_id, "reason": "no RETRY_TOPIC: original topic unknown"})
                 continue
-            r = self._resend(topic, p, offset, msg, target, now_ms)
+            try:
+                r = self._resend(topic, p, offset, msg, target, now_ms)
+            except errors.ClientError as exc:  # its topic deleted, read-only or internal: the others still go
+                skipped.append({"position": position, "id": msg_id, "reason": "not resent to %s: %s" % (target, exc)})
+                continue
             self._journal(group, p, offset, now_ms)
             resent.append({"position": position, "id": msg_id, "topic": target, "partition": r.partition,
                            "offset": r.offset})
