@@ -1,6 +1,8 @@
 """Attacks on issue 19's admin operations against a real broker: the dead letters' resent journal, resends whose
 original topic is gone or internal."""
 
+import pytest
+
 from metaq.client.local import rmq_config
 from metaq.client.raw import RemotingClient
 from metaq.protocol.rocketmq.bodies import parse_offset_msg_id
@@ -54,3 +56,39 @@ def test_a_dead_letter_whose_topic_was_deleted_does_not_stop_the_resend_of_the_o
     doc = r.json()
     assert [x["id"] for x in doc["resent"]] == ["U2"], doc
     assert [x["id"] for x in doc["skipped"]] == ["G1"], doc
+
+
+def _fill_dlq(b, count, group="CGD"):
+    """``count`` records on the group's dead-letter topic, pipelined over the text port (what a storm of poison
+    messages leaves there)."""
+    from metaq.protocol import events as ev
+    from metaq.protocol.message import encode_payload
+    from metaq.protocol.checksum import metaq_checksum
+    from metaq.protocol.text import serialize
+    with b.client() as c:
+        flag, data = encode_payload(b"old letter", None)
+        frames = [ev.Put("%DLQ%" + group, 0, flag, data, i + 1, metaq_checksum(data)) for i in range(count)]
+        for start in range(0, count, 500):  # pipelined in runs of 500
+            run = frames[start:start + 500]
+            c.send(b"".join(serialize(f) for f in run))
+            assert all(c.read_event().code == 200 for _ in run)
+
+
+@pytest.mark.xfail(strict=True, reason="defect, not fixed: AdminOps scans the OLDEST limits.MAX_DLQ_SCAN records of each "
+                   "dead-letter partition (and of the resent journal), so once that many letters are kept the newer "
+                   "ones can be neither listed nor resent until retention deletes the old")
+def test_the_newest_dead_letter_can_be_resent_however_many_older_ones_there_are(broker_factory, tmp_path):
+    from metaq import limits
+    from tests.hostile.common import LoopProbe
+    b = _rmq_broker(broker_factory, tmp_path)
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        _dead_letter(rc, "tD", b"first", "U0")  # makes the DLQ topic a RocketMQ one
+    _fill_dlq(b, limits.MAX_DLQ_SCAN)
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        _dead_letter(rc, "tD", b"newest", "UNEW")
+    with LoopProbe(b.port) as probe:
+        listed = request(b, "GET", "/api/dlq/CGD?max=5", timeout=60).json()
+        done = request(b, "POST", "/api/dlq/CGD/resend?ids=UNEW", timeout=60).json()
+    print("loop worst %.3f s over %d probes" % (probe.worst(), len(probe.latencies)))
+    assert listed["more"] is True
+    assert [x["id"] for x in done["resent"]] == ["UNEW"], done["skipped"]
