@@ -413,6 +413,9 @@ MAX_DLQ_LIST = 1_000
 #: Dead letters (and entries of the group's resent journal) one ``dlq_list`` or ``dlq_resend`` reads at most
 #: per partition of the dead-letter topic: bounds the work of one admin request on the broker's loop.
 MAX_DLQ_SCAN = 10_000
+#: Records a dead-letter scan reads and decodes before it lets the broker's other greenlets run (a scan of
+#: ``MAX_DLQ_SCAN`` held the loop ~200 ms in one go; tests/hostile/test_i19_admin_attacks.py).
+DLQ_SCAN_STEP = 256
 #: Bytes of a dead letter's body a listing shows (the rest is counted in ``body_bytes``).
 DLQ_BODY_PREVIEW_BYTES = 64
 #: Text connections remembered as members of a group (they committed or queried its offsets and are still open):

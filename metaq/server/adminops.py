@@ -23,8 +23,11 @@ A crash between the copy and its journal record resends that one message again (
 import random
 from collections import OrderedDict
 
+import gevent
+
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
+from metaq.protocol.journaltopic import RESENT_PREFIX
 from metaq.protocol.rocketmq.mapping import (
     PROP_KEYS,
     PROP_ORIGIN_MESSAGE_ID,
@@ -39,7 +42,6 @@ from metaq.protocol.rocketmq.mapping import (
 __all__ = ["TextGroupMembers", "AdminOps", "DLQ_PREFIX", "RESENT_PREFIX", "RESENT_PROPERTY"]
 
 DLQ_PREFIX = "%DLQ%"
-RESENT_PREFIX = "%RESENT%"
 #: The property a resent copy carries: ``<dlq topic> <partition>-<offset>`` of its dead letter.
 RESENT_PROPERTY = "METAQ_DLQ_RESENT"
 _READ_BYTES = 4 << 20
@@ -86,9 +88,11 @@ class TextGroupMembers:
 class AdminOps:
     """``store``: the MessageStore; ``put_path``: where resent dead letters go (its refusals, durability);
     ``text_members``: a TextGroupMembers; ``remoting_members(group)``: ``[(client id, address, idle seconds)]`` of
-    the RocketMQ clients in the group (empty without a remoting port)."""
+    the RocketMQ clients in the group (empty without a remoting port); ``pause()`` lets the broker's other
+    greenlets run between the steps of a dead-letter scan (``limits.DLQ_SCAN_STEP``)."""
 
-    def __init__(self, store, put_path, text_members, remoting_members=lambda group: []):
+    def __init__(self, store, put_path, text_members, remoting_members=lambda group: [], pause=lambda: gevent.sleep(0.001)):
+        self.pause = pause  # lets the loop's other greenlets run (a long scan's steps)
         self.store = store
         self.put_path = put_path
         self.text_members = text_members
@@ -168,12 +172,20 @@ class AdminOps:
         offset, end = store.min_offset(topic, partition), store.max_offset(topic, partition)
         found = []
         while offset < end and len(found) < limits.MAX_DLQ_SCAN:
-            records, nxt = store.read_records(topic, partition, offset, limits.MAX_DLQ_SCAN - len(found),
-                                              _READ_BYTES)
+            try:
+                records, nxt = store.read_records(topic, partition, offset,
+                                                  min(limits.DLQ_SCAN_STEP, limits.MAX_DLQ_SCAN - len(found)),
+                                                  _READ_BYTES)
+            except errors.Moved as exc:  # retention moved the partition's start while this scan let others run
+                if exc.offset <= offset:
+                    break
+                offset = exc.offset
+                continue
             if not records:
                 break
             found.extend((offset + i, rec) for i, rec in enumerate(records))
             offset = nxt
+            self.pause()  # the loop serves the others between steps (limits.DLQ_SCAN_STEP)
         return found, offset < end
 
     def resent(self, group):
@@ -200,8 +212,10 @@ class AdminOps:
         for p in range(count):
             records, truncated = self._records(topic, p)
             more = more or truncated
-            for offset, rec in records:
+            for i, (offset, rec) in enumerate(records):
                 letters.append((p, offset, message_of_record(rec, _HOST), (p, offset) in resent))
+                if i % limits.DLQ_SCAN_STEP == limits.DLQ_SCAN_STEP - 1:
+                    self.pause()
         return topic, letters, more
 
     def dlq_list(self, group, max_count=limits.MAX_DLQ_LIST):
@@ -234,7 +248,11 @@ class AdminOps:
             if not target:
                 skipped.append({"position": position, "id": msg_id, "reason": "no RETRY_TOPIC: original topic unknown"})
                 continue
-            r = self._resend(topic, p, offset, msg, target, now_ms)
+            try:
+                r = self._resend(topic, p, offset, msg, target, now_ms)
+            except errors.ClientError as exc:  # its topic deleted, read-only or internal: the others still go
+                skipped.append({"position": position, "id": msg_id, "reason": "not resent to %s: %s" % (target, exc)})
+                continue
             self._journal(group, p, offset, now_ms)
             resent.append({"position": position, "id": msg_id, "topic": target, "partition": r.partition,
                            "offset": r.offset})
@@ -256,7 +274,7 @@ class AdminOps:
 
     def _journal(self, group, partition, offset, now_ms):
         journal = RESENT_PREFIX + group
-        r = self.put_path.append(journal, 0, 0, b"%d %d" % (partition, offset), now_ms)
+        r = self.put_path.append(journal, 0, 0, b"%d %d" % (partition, offset), now_ms, internal=True)
         self.put_path.durable(journal, r.partition, r.log_end, now_ms)
 
 

@@ -19,6 +19,7 @@ import time
 
 from metaq import errors
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.journaltopic import is_journal, journal_refusal
 
 log = logging.getLogger(__name__)
 
@@ -105,19 +106,22 @@ class PutPath:
         if self.gate.refusal is not None:
             raise self.gate.error()
 
-    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0):
+    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False):
         """Store one message (after ``check_writable``); returns the store's PutResult.
 
         ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
         result names its schedule entry). Counts the put (or its failure), turns a full disk into the
         broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError; the delay
-        scheduler's internal topic is refused.
+        scheduler's internal topic is refused, and so is a dead-letter resent journal unless ``internal`` (the
+        broker's own write: server/adminops.py).
         """
         try:
             self.check_writable()
             if topic == SCHEDULE_TOPIC:
                 raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
                                          "topic with a delay level instead" % SCHEDULE_TOPIC)
+            if not internal and is_journal(topic):
+                raise errors.ClientError(journal_refusal(topic))
             if delay_level:
                 r = self.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
             else:
@@ -139,6 +143,8 @@ class PutPath:
             self.check_writable()
             if topic == SCHEDULE_TOPIC:
                 raise errors.ClientError("%s is the broker's internal topic for delayed delivery" % SCHEDULE_TOPIC)
+            if is_journal(topic):
+                raise errors.ClientError(journal_refusal(topic))
             r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms)
         except errors.MetaqError as exc:
             self.failed(topic, exc)

@@ -143,6 +143,10 @@ class TopicOps:
                 self.table.deleted.pop(name)
             else:
                 self.table.deleted[name] = before
+        # No put may land while the table is saved (the server's run_blocking yields to other greenlets): with its
+        # writers gone the next put asks the catalog, which already says deleted. A put let through here would be
+        # acknowledged at an offset past the tombstone, which the re-created topic would then use again.
+        self._evict_writers(name)
         self._save(undo)
         self.catalog.from_data_dir.pop(name, None)
         self._drop(name)

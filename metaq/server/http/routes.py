@@ -149,6 +149,13 @@ class Router:
 
     def respond(self, environ):
         length = environ.get("CONTENT_LENGTH")
+        coding = environ.get("HTTP_TRANSFER_ENCODING")
+        twice = bool(length) or environ.get("metaq.framed_twice", False)
+        if coding is not None and (twice or coding.strip().lower() != "chunked"):
+            # RFC 9112 6.1: both framings at once may be request smuggling (a proxy trusting the other one sees
+            # another request boundary): refused, the body unread, the connection closed after the answer
+            return _closing(error_response(400, "Transfer-Encoding %r%s: refused (only chunked, and never with a "
+                                                "Content-Length)" % (coding, " with a Content-Length" if twice else "")))
         if length:
             try:
                 n = int(length)

@@ -145,6 +145,13 @@ class Handler(pywsgi.WSGIHandler):
         self.rfile.start_request()
         return super().read_requestline()
 
+    def MessageClass(self, *args):  # noqa: N802 - pywsgi's name
+        """The request's headers, as pywsgi parses them; notes a request framed twice (Transfer-Encoding and
+        Content-Length: pywsgi silently drops the latter) before pywsgi sees it, for routes.Router to refuse."""
+        headers = super().MessageClass(*args)
+        self.metaq_framed_twice = "transfer-encoding" in headers and "content-length" in headers
+        return headers
+
     def get_environ(self):
         self.rfile.head_done()
         env = super().get_environ()
@@ -153,6 +160,7 @@ class Handler(pywsgi.WSGIHandler):
         env["metaq.session"] = conn.session
         env["metaq.request_done"] = self.rfile.request_done
         env["metaq.stop_reading"] = self.rfile.stop
+        env["metaq.framed_twice"] = getattr(self, "metaq_framed_twice", False)
         return env
 
     def _handle_client_error(self, ex):
