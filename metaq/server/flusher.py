@@ -308,6 +308,7 @@ class Flusher:
         store = self._store
         if store.written_position > store.flushed_position:
             started = time.perf_counter()
+            store.flush_begins()  # puts acknowledged while the fdatasync runs count toward the next round
             pos = self._flush_log()
             seconds = time.perf_counter() - started
             self.recent_ms.append(seconds * 1000.0)

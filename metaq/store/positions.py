@@ -7,7 +7,9 @@ another's state:
 * ``written``: the log end; the next record starts here (after a roll: at the next segment's start).
 * ``flushed``: the log is durable up to here (``flush_log`` / ``mark_flushed``).
 * ``checkpointed``: the position the last checkpoint recorded as durable for log and index.
-* ``unflushed_msgs``: records appended since the last ``flushed_to`` (the async flush policy counts them).
+* ``unflushed_msgs``: records appended past the flushed position (the async flush policy counts them): a
+  flush covers what was written when it began (``flush_begins``), the records appended while its fdatasync
+  runs stay counted for the next one.
 * ``pending`` (``sync`` mode): ``(log end, partition, visible offset)`` per append, in log order:
   a partition's records become visible once the log is flushed past them.
 
@@ -25,13 +27,16 @@ import collections
 class LogPositions:
     """Written, flushed and checkpointed positions of one commit log, and the sync-mode visibility queue."""
 
-    __slots__ = ("written", "flushed", "checkpointed", "unflushed_msgs", "pending", "async_visible")
+    __slots__ = ("written", "flushed", "checkpointed", "unflushed_msgs", "pending", "async_visible", "appended",
+                 "flush_mark")
 
     def __init__(self, async_visible):
         self.written = 0
         self.flushed = 0
         self.checkpointed = 0
         self.unflushed_msgs = 0
+        self.appended = 0  # records appended so far (counts, with ``flush_mark``, what a flush covered)
+        self.flush_mark = None  # (written, appended) when the flush in progress began
         self.pending = collections.deque()
         #: ``async`` flush mode: a record is visible once written (else once flushed).
         self.async_visible = async_visible
@@ -56,17 +61,29 @@ class LogPositions:
         if p.log_bytes is not None:
             p.log_bytes += total
         self.unflushed_msgs += count
+        self.appended += count
         return end
 
     def skip_to(self, end):
         """The written end moves to ``end`` with no record (a replicated roll: the next segment's start)."""
         self.written = end
 
+    def flush_begins(self):
+        """A flush begins: it covers at least what is written now (loop thread, before its fdatasync starts)."""
+        self.flush_mark = (self.written, self.appended)
+
     def flushed_to(self, pos):
-        """The log is durable up to ``pos``; returns the keys of the partitions whose visible maximum advanced."""
+        """The log is durable up to ``pos``; returns the keys of the partitions whose visible maximum advanced.
+
+        Records appended while that flush ran are still unflushed (counted for the next one); without a mark
+        at or below ``pos`` the count stays as it is (too high at worst: the next flush comes sooner)."""
         if pos > self.flushed:
             self.flushed = pos
-        self.unflushed_msgs = 0
+        mark, self.flush_mark = self.flush_mark, None
+        if pos >= self.written:
+            self.unflushed_msgs = 0
+        elif mark is not None and mark[0] <= pos:
+            self.unflushed_msgs = min(self.unflushed_msgs, self.appended - mark[1])
         changed = set()
         pending = self.pending
         while pending and pending[0][0] <= pos:

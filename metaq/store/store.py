@@ -400,6 +400,11 @@ class MessageStore(StoreFigures):
             self._log.flush_range(start, end, self._log.segments)
         return end
 
+    def flush_begins(self):
+        """Loop thread, as a flush round begins (before ``flush_plan`` / ``flush_log``): what is appended from
+        now on stays counted as unflushed by the async policy after that round (``should_flush``)."""
+        self._pos.flush_begins()
+
     def flush_plan(self):
         """``(end, fds)``: fdatasync every fd (the store's own: do not close them) to make the log durable up
         to ``end`` (then ``mark_flushed``); ``(end, [])`` when nothing is to flush; None when ``flush_log``
