@@ -3,8 +3,9 @@
 Run as a process of its own (``FaultMount`` below starts and stops it by its PID)::
 
     python -m tests.harness.fusefs SOURCE MOUNTPOINT --eio-flag PATH [--enospc-flag PATH] [--events PATH]
+        [--power-flag PATH] [--stall-flag PATH --stall-prefix PREFIX]
 
-Every operation on MOUNTPOINT is done on the same path under SOURCE. Two flag files (kept outside both
+Every operation on MOUNTPOINT is done on the same path under SOURCE. Flag files (kept outside both
 trees) switch faults on for as long as they exist:
 
 * **eio**: data written back is reported written but *not stored* (a write past the end still grows the
@@ -15,6 +16,20 @@ trees) switch faults on for as long as they exist:
   holds exactly what reached the "disk" before the flag appeared, and an acknowledgement that escaped a
   failed fsync (or came from a retried one) shows up as a lost message after a restart on SOURCE.
 * **enospc**: ``write`` fails with ENOSPC (only under ``--enospc-prefix`` when given: the tests use the commit log).
+* **power** (a power cut, for good once the flag appears; ``FaultMount(power=True)``): every file under SOURCE
+  goes back to its state at its last completed fsync/fdatasync, names never made durable disappear, and from
+  then on no write reaches SOURCE (writes are dropped, fsyncs fail with EIO, name operations fail with EIO).
+  The model, and what it leaves out, is ``tests/harness/powercut.py``'s docstring. A thread notices the flag
+  within ``POWER_POLL_S`` and appends a ``power-cut`` event (what was undone) when it is done; with the model
+  on, every fsync is an event as it starts (``sync-start``) and completes (``sync``, with its start ``t0``),
+  and so is the first write to a file after its last fsync (``dirty``: for a broker's fdatasync of an mmap,
+  the kernel's writeback of its pages, which comes before the fsync operation), so a test knows what each
+  acknowledgement could rest on. The bookkeeping serialises writes and fsyncs under one lock: slower, exact.
+* **stall** (``--stall-flag``, under ``--stall-prefix``): writes, truncates and fsyncs of those paths block
+  until the flag goes (or the power is cut: then they are dropped / fail). A blocked operation is reported once
+  as a ``stall`` event. A broker's mmap writes land in the page cache and are not blocked; its flush is (the
+  kernel writes the dirty pages back through ``write`` before the fsync): so "written, not yet on the disk"
+  can be held for as long as a test needs, and then cut (power) or let through.
 
 Each injected fault is appended to the events file as a JSON line with its ``time.time()``.
 
@@ -35,6 +50,11 @@ import sys
 import threading
 import time
 
+from tests.harness.powercut import PowerModel
+
+#: How often the FUSE process looks for the power flag.
+POWER_POLL_S = 0.002
+
 _STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_blksize",
               "st_rdev")
 _STATVFS_KEYS = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
@@ -48,7 +68,8 @@ class FaultFS:
 
     use_ns = True  # times in integer nanoseconds
 
-    def __init__(self, source, eio_flag, enospc_flag=None, events=None, enospc_prefix=""):
+    def __init__(self, source, eio_flag, enospc_flag=None, events=None, enospc_prefix="", power_flag=None,
+                 stall_flag=None, stall_prefix=""):
         self.source = os.path.realpath(source)
         self.eio_flag = eio_flag
         self.enospc_flag = enospc_flag
@@ -56,6 +77,11 @@ class FaultFS:
         self.events = events
         self._lock = threading.Lock()
         self._lost = set()  # files with lost writes not yet reported by an fsync
+        self.power_flag = power_flag
+        self.power = PowerModel(self.source) if power_flag else None
+        self._plock = threading.RLock()  # the power model's bookkeeping, held across the operation it records
+        self.stall_flag = stall_flag
+        self.stall_prefix = stall_prefix
 
     def __call__(self, op, *args):
         method = getattr(self, op, None)
@@ -66,11 +92,39 @@ class FaultFS:
     def _src(self, path):
         return self.source + path
 
-    def _fault(self, kind, op, path):
+    def _fault(self, kind, op, path, **extra):
         if self.events:
-            line = json.dumps({"t": time.time(), "fault": kind, "op": op, "path": path})
+            line = json.dumps(dict({"t": time.time(), "fault": kind, "op": op, "path": path}, **extra))
             with self._lock, open(self.events, "a") as f:
                 f.write(line + "\n")
+
+    # -- power cut and stall (off unless their flags are given) -----------------
+
+    def watch_power(self):
+        """The power flag's watcher (a thread of the FUSE process): cuts once, as soon as the flag appears."""
+        while not os.path.exists(self.power_flag):
+            time.sleep(POWER_POLL_S)
+        with self._plock:
+            summary = self.power.cut()
+        self._fault("power-cut", "cut", "/", **summary)
+
+    def _tracked(self):
+        """The power model's lock when it is on (a no-op context otherwise)."""
+        return self._plock if self.power is not None else _NO_LOCK
+
+    def _cut(self):
+        return self.power is not None and self.power.is_cut
+
+    def _name_op(self, op, path):
+        if self._cut():
+            raise OSError(errno.EIO, "%s %s: the power is off" % (op, path))
+
+    def _stall(self, op, path):
+        if not self.stall_flag or not path.startswith(self.stall_prefix) or not os.path.exists(self.stall_flag):
+            return
+        self._fault("stall", op, path)
+        while os.path.exists(self.stall_flag) and not self._cut():
+            time.sleep(0.005)
 
     def _eio(self):
         return os.path.exists(self.eio_flag)
@@ -110,42 +164,79 @@ class FaultFS:
             os.utime(self._src(path), ns=(int(times[0]), int(times[1])))
 
     def truncate(self, path, length, fh=None):
-        if fh:
-            os.ftruncate(fh, length)
-        else:
-            os.truncate(self._src(path), length)
+        self._stall("truncate", path)
+        with self._tracked():
+            self._name_op("truncate", path)
+            if self.power is not None:
+                self.power.before_truncate(path, length, fh)
+            if fh:
+                os.ftruncate(fh, length)
+            else:
+                os.truncate(self._src(path), length)
 
     # -- names ---------------------------------------------------------------
 
     def mkdir(self, path, mode):
-        os.mkdir(self._src(path), mode)
+        with self._tracked():
+            self._name_op("mkdir", path)
+            os.mkdir(self._src(path), mode)
+            if self.power is not None:
+                self.power.created(path)
 
     def rmdir(self, path):
-        os.rmdir(self._src(path))
+        with self._tracked():
+            self._name_op("rmdir", path)
+            os.rmdir(self._src(path))
+            if self.power is not None:
+                self.power.unlinked(path)
 
     def mknod(self, path, mode, dev):
-        os.mknod(self._src(path), mode, dev)
+        with self._tracked():
+            self._name_op("mknod", path)
+            os.mknod(self._src(path), mode, dev)
+            if self.power is not None:
+                self.power.created(path)
 
     def unlink(self, path):
-        os.unlink(self._src(path))
+        with self._tracked():
+            self._name_op("unlink", path)
+            os.unlink(self._src(path))
+            if self.power is not None:
+                self.power.unlinked(path)
 
     def rename(self, old, new):
-        os.rename(self._src(old), self._src(new))
+        with self._tracked():
+            self._name_op("rename", old)
+            os.rename(self._src(old), self._src(new))
+            if self.power is not None:
+                self.power.renamed(old, new)
         with self._lock:
             if old in self._lost:
                 self._lost.discard(old)
                 self._lost.add(new)
 
     def symlink(self, target, source):  # fusepy's names: the link ``target`` points at ``source``
-        os.symlink(source, self._src(target))
+        with self._tracked():
+            self._name_op("symlink", target)
+            os.symlink(source, self._src(target))
+            if self.power is not None:
+                self.power.created(target)
 
     def link(self, target, source):
-        os.link(self._src(source), self._src(target))
+        with self._tracked():
+            self._name_op("link", target)
+            os.link(self._src(source), self._src(target))
 
     # -- open files ----------------------------------------------------------
 
     def create(self, path, mode, fi=None):
-        return os.open(self._src(path), os.O_RDWR | os.O_CREAT, mode)
+        with self._tracked():
+            self._name_op("create", path)
+            existed = self.power is not None and os.path.lexists(self._src(path))
+            fd = os.open(self._src(path), os.O_RDWR | os.O_CREAT, mode)
+            if self.power is not None and not existed:
+                self.power.created(path)
+            return fd
 
     def open(self, path, flags):
         # Writeback of a shared mapping may read pages through any writable handle: make those read/write.
@@ -156,6 +247,15 @@ class FaultFS:
         return os.pread(fh, size, offset)
 
     def write(self, path, data, offset, fh):
+        self._stall("write", path)
+        with self._tracked():
+            if self._cut():  # the machine is off: the kernel's writeback goes nowhere
+                return len(data)
+            if self.power is not None and self.power.before_write(path, fh, offset, len(data)):
+                self._fault("dirty", "write", path)  # the first write since the file's last fsync
+            return self._write(path, data, offset, fh)
+
+    def _write(self, path, data, offset, fh):
         if self.enospc_flag and path.startswith(self.enospc_prefix) and os.path.exists(self.enospc_flag):
             self._fault("enospc", "write", path)
             raise OSError(errno.ENOSPC, path)
@@ -175,6 +275,19 @@ class FaultFS:
         os.close(fh)
 
     def fsync(self, path, datasync, fh):
+        self._stall("fsync", path)
+        with self._tracked():
+            if self._cut():
+                raise OSError(errno.EIO, "fsync %s: the power is off" % path)
+            t0 = time.time()
+            if self.power is not None:
+                self._fault("sync-start", "fdatasync" if datasync else "fsync", path)
+            self._fsync(path, datasync, fh)
+            if self.power is not None:
+                self.power.synced(path)
+                self._fault("sync", "fdatasync" if datasync else "fsync", path, t0=t0)
+
+    def _fsync(self, path, datasync, fh):
         with self._lock:
             lost = path in self._lost
             self._lost.discard(path)  # reported once
@@ -190,11 +303,16 @@ class FaultFS:
         if self._eio():
             self._fault("eio", "fsyncdir", path)
             raise OSError(errno.EIO, path)
-        fd = os.open(self._src(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with self._tracked():
+            if self._cut():
+                raise OSError(errno.EIO, "fsyncdir %s: the power is off" % path)
+            fd = os.open(self._src(path), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if self.power is not None:
+                self.power.dir_synced(path)
 
 
 def main(argv=None):
@@ -205,12 +323,29 @@ def main(argv=None):
     ap.add_argument("--enospc-flag", help="while this file exists: write fails with ENOSPC")
     ap.add_argument("--events", help="append one JSON line per injected fault here")
     ap.add_argument("--enospc-prefix", default="", help="only writes to paths starting so fail with ENOSPC")
+    ap.add_argument("--power-flag", help="when this file appears: the power is cut (see tests/harness/powercut.py)")
+    ap.add_argument("--stall-flag", help="while this file exists: writes and fsyncs under --stall-prefix block")
+    ap.add_argument("--stall-prefix", default="", help="the paths --stall-flag blocks")
     args = ap.parse_args(argv)
     import fuse  # fusepy; imported here so that a missing package is reported by this process
 
-    ops = FaultFS(args.source, args.eio_flag, args.enospc_flag, args.events, args.enospc_prefix)
+    ops = FaultFS(args.source, args.eio_flag, args.enospc_flag, args.events, args.enospc_prefix, args.power_flag,
+                  args.stall_flag, args.stall_prefix)
+    if ops.power is not None:
+        threading.Thread(target=ops.watch_power, name="power-flag", daemon=True).start()
     fuse.FUSE(ops, args.mountpoint, foreground=True, kernel_cache=True, big_writes=True, max_write=131072,
               fsname="metaq-fusefault")
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_LOCK = _NoLock()
 
 
 # -- the test side: run the filesystem as a process ---------------------------
@@ -228,14 +363,19 @@ class FaultMount:
     ``start`` raises AssertionError (so the test FAILS, with the reason) when FUSE cannot be mounted here.
     """
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, name="", power=False, stall_prefix=None):
+        """``power``: keep the power-cut model (``power_cut``); ``stall_prefix``: a path under the mount
+        (e.g. ``/data/commitlog/``) that ``set_fault("stall")`` blocks; ``name`` tells two mounts apart."""
         workdir = str(workdir)
-        self.source = os.path.join(workdir, "fuse-source")
-        self.mountpoint = os.path.join(workdir, "fuse-mnt")
-        self.eio_flag = os.path.join(workdir, "fault-eio")
-        self.enospc_flag = os.path.join(workdir, "fault-enospc")
-        self.events_path = os.path.join(workdir, "fault-events.jsonl")
-        self.log_path = os.path.join(workdir, "fusefault.log")
+        self.source = os.path.join(workdir, name + "fuse-source")
+        self.mountpoint = os.path.join(workdir, name + "fuse-mnt")
+        self.eio_flag = os.path.join(workdir, name + "fault-eio")
+        self.enospc_flag = os.path.join(workdir, name + "fault-enospc")
+        self.power_flag = os.path.join(workdir, name + "fault-power") if power else None
+        self.stall_flag = os.path.join(workdir, name + "fault-stall") if stall_prefix is not None else None
+        self.stall_prefix = stall_prefix
+        self.events_path = os.path.join(workdir, name + "fault-events.jsonl")
+        self.log_path = os.path.join(workdir, name + "fusefault.log")
         self.proc = None
 
     def start(self, timeout=15.0):
@@ -248,6 +388,10 @@ class FaultMount:
                # the commit log's writes: an index growing on demand would otherwise meet ENOSPC first, and the
                # broker refuse writes as a full disk (507) before any flush of the log failed
                "--enospc-prefix", "/data/commitlog/"]
+        if self.power_flag:
+            cmd += ["--power-flag", self.power_flag]
+        if self.stall_flag:
+            cmd += ["--stall-flag", self.stall_flag, "--stall-prefix", self.stall_prefix]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -280,14 +424,41 @@ class FaultMount:
         return read_text(self.log_path)
 
     def set_fault(self, kind, on=True):
-        """Switch ``kind`` ("eio" or "enospc") on or off; returns the time.time() of the switch."""
-        flag = self.eio_flag if kind == "eio" else self.enospc_flag
+        """Switch ``kind`` ("eio", "enospc" or "stall") on or off; returns the time.time() of the switch."""
+        flag = {"eio": self.eio_flag, "enospc": self.enospc_flag, "stall": self.stall_flag}[kind]
         if on:
             with open(flag, "w"):
                 pass
         elif os.path.exists(flag):
             os.unlink(flag)
         return time.time()
+
+    def power_cut(self, timeout=10.0):
+        """Cut the power (for good) and wait until the filesystem has done it; returns the ``power-cut`` event
+        (its ``t``: when the disk stopped taking writes; what was undone)."""
+        assert self.power_flag, "FaultMount(power=True) keeps the power-cut model"
+        with open(self.power_flag, "w"):
+            pass
+        deadline = time.monotonic() + timeout
+        while True:
+            cuts = [e for e in self.events() if e["fault"] == "power-cut"]
+            if cuts:
+                return cuts[0]
+            assert time.monotonic() < deadline, "the power cut was not done within %.0f s:\n%s" % (
+                timeout, self.log_text())
+            time.sleep(0.005)
+
+    def syncs(self, prefix=""):
+        """The fsyncs completed before the cut (power model on), of paths starting with ``prefix``."""
+        return [e for e in self.events() if e["fault"] == "sync" and e["path"].startswith(prefix)]
+
+    def stalls(self, prefix=""):
+        return [e for e in self.events() if e["fault"] == "stall" and e["path"].startswith(prefix)]
+
+    def syncfs(self):
+        """Write back what the kernel holds for the mount (a killed process's dirty pages): after kill -9
+        without a power cut, the page cache reaches the disk (syncfs(2), via coreutils ``sync -f``)."""
+        subprocess.run(["sync", "-f", self.mountpoint], check=True, timeout=60)
 
     def events(self):
         """The injected faults so far (dicts with t, fault, op, path), in order."""

@@ -3,6 +3,7 @@ there afterwards with its payload (durability and replication tests)."""
 
 import socket
 import threading
+import time
 
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
@@ -20,6 +21,7 @@ class LoadProducer(threading.Thread):
         super().__init__(daemon=True)
         self.port, self.pid, self.sizes = port, pid, sizes
         self.acked = {}  # (topic, partition, offset) -> payload
+        self.ack_order = []  # (time.time() the ack was read, (topic, partition, offset)), in the order acked
         self.error = None  # what stopped it other than the broker going away (a failed test)
         self.refused = []  # replies other than 200: none is expected
 
@@ -57,6 +59,7 @@ class LoadProducer(threading.Thread):
                     if event.code == 200:
                         _mid, p, offset = (int(x) for x in event.body.split())
                         self.acked[(topic, p, offset)] = body
+                        self.ack_order.append((time.time(), (topic, p, offset)))
                     else:
                         self.refused.append(event)
         except OSError:
