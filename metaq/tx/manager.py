@@ -144,6 +144,8 @@ class TransactionManager(HalfMessages):
         self = cls(store, config, journal)
         try:
             self.recovery = self._recover(records, jreport, now_ms)
+            if self.recovery.messages_reappended:  # durable (and visible) before the DONE records are
+                store.mark_flushed(store.flush_log())
             journal.flush()
         except BaseException:
             journal.abandon()

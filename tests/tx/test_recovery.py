@@ -83,6 +83,8 @@ def test_commit_without_done_is_completed_exactly_once(tx_broker):
     journaled = list(plan.branch.ids)
     report = b.restart()
     assert (report.commits_completed, report.messages_reappended) == (1, 6)
+    # the re-appended messages are flushed before the journal's DONE is made durable (and so visible at once)
+    assert b.store.flushed_position == b.store.written_position
     assert sorted(ids_in(b)) == sorted(journaled)
     assert b.tx.recover() == []
     # lose the DONE that recovery wrote: the next recovery finds every message in the log and appends none
