@@ -156,3 +156,85 @@ def test_crash_between_the_journals_commit_and_the_log_completes_the_commit_exac
           % ("power cut" if power_cut else "kill -9", len(on_disk), sum(len(g) - 1 for g in got.values()),
              len(journal_syncs)))
     assert "recovery" in log
+
+
+def decide(c):
+    """A prepared XA branch (2 messages), a committed local transaction (2) and a rolled-back XA branch (1);
+    returns [(what, time the request was sent, time the answer was read)]."""
+    import time
+
+    steps = []
+
+    def step(what, key, kind, timeout=0, qualifier=None):
+        sent = time.time()
+        ok(tx(c, key, kind, timeout, qualifier))
+        steps.append((what, sent, time.time()))
+
+    for key, n in ((XID, 2), (XID3, 1)):
+        ok(tx(c, key, "BEGIN", 30, "test-rm"))
+        for i in range(n):
+            tput(c, key, i % 2, b"%s-%d" % (key.encode(), i))
+        c.send(b"transaction %s s1 END 0\r\n" % key.encode())  # no reply
+        step("prepare", key, "PREPARE")
+    ok(tx(c, KEY, "BEGIN"))
+    for i in range(2):
+        tput(c, KEY, i, b"local-%d" % i)
+    step("commit", KEY, "COMMIT_ONE_PHASE")
+    step("rollback", XID3, "ROLLBACK")
+    return steps
+
+
+XID3 = "XID:1:0a03:b1:test-rm"
+
+
+@pytest.mark.fault
+@pytest.mark.root
+@pytest.mark.parametrize("policy", ["commit", "interval", "os"])
+def test_journal_flush_policies_under_a_power_cut(broker_factory, tmp_path, policy):
+    """``commit``: the journal is fsynced before each PREPARE, COMMIT and ROLLBACK is answered (the disk's fsync
+    of the journal completes between the request and its answer) and every decision survives a power cut right
+    after the last answer. ``interval``: fsynced within ``SWEEP_INTERVAL_S`` (waited for), then the decisions
+    survive the cut. ``os``: no fsync before the answers; a cut right after them loses the decisions the kernel
+    had not written back, and what the restarted broker holds is still whole (a commit is all or nothing)."""
+    fs = FaultMount(tmp_path, power=True).start()
+    b = None
+    try:
+        b = broker_factory(small_config(os.path.join(fs.mountpoint, "data"), store={"flush": "sync"},
+                                        transactions={"journal_flush": policy}))
+        with b.client() as c:
+            steps = decide(c)
+        journal_syncs = fs.syncs(JOURNAL)
+        if policy == "commit":
+            for what, sent, answered in steps:
+                assert any(sent <= e["t0"] and e["t"] <= answered for e in journal_syncs), (what, journal_syncs)
+        elif policy == "interval":
+            wait_for(lambda: any(e["t0"] >= steps[-1][2] for e in fs.syncs(JOURNAL)), 10,
+                     "the journal fsynced by the interval sweep after the last answer")
+        else:
+            assert not any(e["t0"] >= steps[0][1] for e in journal_syncs), journal_syncs
+        fs.power_cut()
+        b.kill()
+    finally:
+        if b is not None:
+            b.kill()
+        fs.stop()
+    b.config["broker"]["data_dir"] = os.path.join(fs.source, "data")
+    b.start()
+    with b.client() as c:
+        in_doubt = [k for k in ok(tx(c, "null", "RECOVER", 0, "test-rm")).decode().split("\r\n") if k]
+        got = served(b)
+    payloads = sorted(p for part in got.values() for _, p in part)
+    local = [p for p in payloads if p.startswith(b"local-")]
+    assert not any(p.startswith(XID.encode()) or p.startswith(XID3.encode()) for p in payloads)
+    print("\njournal_flush %s: after a power cut right after the answers: in doubt %s, committed messages %d of 2"
+          % (policy, in_doubt, len(local)))
+    if policy in ("commit", "interval"):
+        assert in_doubt == [XID]  # prepared, kept; the rolled-back branch is gone
+        assert local == [b"local-0", b"local-1"]
+        with b.client() as c:  # and the prepared branch can still be decided
+            ok(tx(c, XID, "COMMIT_TWO_PHASE"))
+            assert sorted(p for part in served(b).values() for _, p in part) == sorted(
+                local + [b"%s-%d" % (XID.encode(), i) for i in range(2)])
+    else:
+        assert set(in_doubt) <= {XID, XID3}
+        assert len(local) in (0, 2)  # all or nothing
