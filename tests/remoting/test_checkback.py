@@ -223,3 +223,30 @@ def test_due_by_the_brokers_clock_and_the_check_immunity_property_not_the_born_t
         h, msg = next_check(rc)  # stored after the other: a round that checked both would ask about it first
         assert (h.transaction_id, msg.body) == ("NOW", b"immune for 0 s")
         assert answer(rc, (h, msg), 12).code == C.SUCCESS
+
+
+def test_a_producer_that_never_answers_is_checked_the_maximum_then_rolled_back_never_delivered(rmq_factory):
+    """README "half messages": the producer stays online (and keeps its heartbeat) but answers no check at all.
+    After ``transaction_check_max`` checks the half message is rolled back: never visible, not even after a
+    restart, and asked about no more."""
+    b = rmq_factory(remoting=dict(FAST, transaction_check_max=2))
+    with RemotingClient(rport(b)) as rc:
+        heartbeat(rc)
+        send_half(rc, "tS", b"never answered", "UNIQ-S")
+        send_v1(rc, "tS", b"a plain message after it")  # the queue moves on past the half message
+        wait_for(lambda: tx_rollbacks(b) == 1, 20, "rolled back after its last unanswered check")
+        checks = checks_until_quiet(rc)
+        assert len(checks) == 2 and all(c[1].body == b"never answered" for c in checks)
+        assert [m.body for m in visible(rc, "tS")] == [b"a plain message after it"]
+        assert "rolled back: no answer after 2 check-backs" in b.log_text()
+        heartbeat(rc)
+        assert checks_until_quiet(rc, 0.6) == []  # rolled back for good: no further check
+    b.kill()
+    b.start()
+    with RemotingClient(rport(b)) as rc:
+        heartbeat(rc, client_id="after-restart")
+        assert checks_until_quiet(rc, 0.6) == []
+        assert [m.body for m in visible(rc, "tS")] == [b"a plain message after it"]
+        late = answer(rc, checks[0], 8)  # a commit arriving after the rollback finds nothing to commit
+        assert late.code == C.SYSTEM_ERROR and "no half message" in late.remark
+        assert [m.body for m in visible(rc, "tS")] == [b"a plain message after it"]
