@@ -308,7 +308,6 @@ class Flusher:
         store = self._store
         if store.written_position > store.flushed_position:
             started = time.perf_counter()
-            store.flush_begins()  # puts acknowledged while the fdatasync runs count toward the next round
             pos = self._flush_log()
             seconds = time.perf_counter() - started
             self.recent_ms.append(seconds * 1000.0)
@@ -348,8 +347,8 @@ class Flusher:
     def _flush_log(self):
         """Make the log durable up to its written end (this greenlet waits); returns that position."""
         store = self._store
-        plan = store.flush_plan() if self._native is not None else None
-        if plan is None:
+        plan = store.flush_plan()  # on the loop, always: it also marks what this round covers (async policy)
+        if plan is None or self._native is None:
             if self._native is not None:
                 self._native.settle()
             return self._fsync_thread.apply(store.flush_log)

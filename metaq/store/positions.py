@@ -69,8 +69,10 @@ class LogPositions:
         self.written = end
 
     def flush_begins(self):
-        """A flush begins: it covers at least what is written now (loop thread, before its fdatasync starts)."""
+        """A flush begins: it covers at least what is written now (loop thread, before its fdatasync starts).
+        Returns ``(written, flushed)``."""
         self.flush_mark = (self.written, self.appended)
+        return self.written, self.flushed
 
     def flushed_to(self, pos):
         """The log is durable up to ``pos``; returns the keys of the partitions whose visible maximum advanced.

@@ -400,16 +400,11 @@ class MessageStore(StoreFigures):
             self._log.flush_range(start, end, self._log.segments)
         return end
 
-    def flush_begins(self):
-        """Loop thread, as a flush round begins (before ``flush_plan`` / ``flush_log``): what is appended from
-        now on stays counted as unflushed by the async policy after that round (``should_flush``)."""
-        self._pos.flush_begins()
-
     def flush_plan(self):
         """``(end, fds)``: fdatasync every fd (the store's own: do not close them) to make the log durable up
         to ``end`` (then ``mark_flushed``); ``(end, [])`` when nothing is to flush; None when ``flush_log``
         must do it (a directory fsync is due). Loop thread; an OSError (EMFILE) is a transient failure."""
-        end, start = self._pos.written, self._pos.flushed
+        end, start = self._pos.flush_begins()  # a round begins: later appends stay counted as unflushed
         if end <= start:
             return end, []
         fds = self._log.fds_to_flush(start, end, self._log.segments)

@@ -132,11 +132,9 @@ class TransactionManager(HalfMessages):
 
     @classmethod
     def open(cls, store, config, now_ms, force=None):
-        """BLOCKING: open the journal under ``<data dir>/transactions`` and recover (see module docstring).
-
-        ``force`` (default: the store's ``force_recovery``) cuts mid-journal corruption instead of raising
-        CorruptLog. The store must be open; recovery appends the missing messages of interrupted commits.
-        """
+        """BLOCKING: open the journal under ``<data dir>/transactions`` and recover (see module docstring). ``force``
+        (default: the store's ``force_recovery``) cuts mid-journal corruption instead of raising CorruptLog. The
+        store must be open; recovery appends the missing messages of interrupted commits and flushes them."""
         config = config.validate()
         if force is None:
             force = bool(getattr(store.config, "force_recovery", False))

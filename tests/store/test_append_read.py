@@ -221,7 +221,7 @@ def test_async_policy_counts_puts_written_while_a_flush_ran(data_dir):
     for body in (b"a", b"b", b"c"):
         s.put("test", 0, 0, body, NOW)
     assert s.should_flush(NOW)
-    s.flush_begins()
+    s.flush_plan()  # a round begins (the flusher calls it on the loop)
     pos = s.flush_log()
     for body in (b"d", b"e"):  # acknowledged while the fdatasync runs
         s.put("test", 0, 0, body, NOW)
@@ -229,7 +229,7 @@ def test_async_policy_counts_puts_written_while_a_flush_ran(data_dir):
     assert not s.should_flush(NOW)  # 2 unflushed
     s.put("test", 0, 0, b"f", NOW)
     assert s.should_flush(NOW)  # 3 unflushed: d, e, f (was: only f counted)
-    s.flush_begins()
+    s.flush_plan()  # a round begins (the flusher calls it on the loop)
     s.mark_flushed(s.flush_log())
     assert not s.should_flush(NOW) and s.flushed_position == s.written_position
     s.put("test", 0, 0, b"g", NOW)
