@@ -97,7 +97,7 @@ class CommitLog:
         for path in self.dirs.remove_prepared(self.dirs.commitlog):
             log.info("removed %s: a segment prepared ahead that was never used", path)
         found = self.dirs.list_segments()
-        if found and os.path.getsize(found[-1][1]) == 0:
+        while found and os.path.getsize(found[-1][1]) == 0:  # after a power cut: each one never fsynced
             log.warning("removing the empty segment file %s (interrupted creation)", found[-1][1])
             os.unlink(found[-1][1])
             found.pop()

@@ -389,3 +389,18 @@ def test_an_empty_segment_after_the_end_is_removed_and_the_log_rolls_normally(fa
         s.put("test", 0, 0, payload(i, 100), NOW)
     assert s.max_offset("test", 0) == 65 and s.written_position > 8192
     s.close(NOW)
+
+
+def test_every_empty_segment_at_the_end_is_removed_even_the_first(fast_dir):
+    """A power cut can leave a segment created and preallocated but never fsynced at size 0, and the next one
+    prepared ahead at size 0 too (tests/integration/test_power_cut.py found it on an async slave): the broker
+    refused to start ("cannot map the empty file"). Every empty segment at the end goes; the log starts over."""
+    data = os.path.join(fast_dir, "d")
+    os.makedirs(os.path.join(data, "commitlog"))
+    for start in (0, 4096):
+        open(os.path.join(data, "commitlog", "%020d" % start), "wb").close()
+    s = open_store(data)
+    assert s.written_position == 0 and os.listdir(os.path.join(data, "commitlog")) == []
+    s.put("test", 0, 0, payload(0, 100), NOW)
+    assert s.max_offset("test", 0) == 1
+    s.close(NOW)
