@@ -87,11 +87,11 @@ def test_the_agent_probe_authenticates_with_the_inventory_s_credentials(installe
     broker, creds = installed
     without = broker.__class__(**{**broker.__dict__, "credentials": None})
     started = time.monotonic()
-    report = run_agent(without, "start", "--timeout", 30)
+    report = run_agent(without, "start", "--timeout", 120)
     assert not report["ok"] and report["state"] == "unauthenticated", report
     # no credentials file: no TLS either, and this broker speaks TLS only; said at once
     assert "requires TLS" in report["message"] and "`credentials:` in the" in report["message"], report
-    assert time.monotonic() - started < 20  # said at once, not after the 30 s timeout
+    assert time.monotonic() - started < 60  # said at once, not after the 120 s timeout
 
     report = run_agent(broker, "status")
     assert report["ok"] and report["state"] == "up" and report["stats"]["broker_id"] == "0", report

@@ -208,7 +208,7 @@ def test_a_handshake_that_never_finishes_is_closed_by_the_deadline(broker_factor
     assert closed_by_broker(garbage)
     assert closed_by_broker(partial) and closed_by_broker(silent)
     elapsed = time.monotonic() - started
-    assert 0.8 <= elapsed < 4.0, elapsed
+    assert 0.8 <= elapsed < 30.0, elapsed  # by the 1 s request deadline, not the 600 s idle timeout
     for s in (partial, silent, garbage):
         s.close()
     lines = ("on the text port: TLS handshake not finished within 1 s",
@@ -284,7 +284,7 @@ def test_a_bad_certificate_file_stops_the_start_with_a_clear_message(broker_fact
     wd = tmp_path / "b"
     b = broker_factory(small_config(os.path.join(str(wd), "data"), security={"tls": tls}), workdir=wd, start=False)
     b.start(expect_ready=False)
-    assert b.wait_exit(30) == 1
+    assert b.wait_exit(30) == 2  # a configuration error, like every other bad setting
     log = b.log_text()
     assert "cannot start: " in log and expected[1] in log, log
     assert "Traceback" not in log, log
