@@ -223,4 +223,4 @@ def test_bad_zk_connect_string_is_a_clear_config_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "metaq.server", "--zk", "localhost", "--data-dir", str(tmp_path),
                           "--check-config"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert "zk.connect" in out.stderr and "HOST:PORT" in out.stderr
+    assert "invalid --zk localhost" in out.stderr and "HOST:PORT" in out.stderr  # blamed on the flag given
