@@ -103,3 +103,26 @@ def test_replication_slaves_and_lag(broker_factory, tmp_path):
     assert value(slave, "metaq_replication_slaves") == 0
     slave.stop()
     wait_for(lambda: value(master, "metaq_replication_slaves") == 0, what="the master to see its slave gone")
+
+
+def test_a_slave_held_behind_reports_its_lag_in_bytes(broker_factory, tmp_path):
+    """The master never ships a corrupt record: a slave started against a master whose log holds one copies what
+    comes before it and stays behind by what follows; `metaq_replication_lag_bytes` says by how much, as `stats`
+    does (the master ends the link before a heartbeat tells the slave its message count: that lag stays -1)."""
+    from tests.integration.test_corrupt_records import flip_payload_byte
+
+    rport = free_port()
+    master = broker_factory(with_http(master_config(tmp_path / "m", rport)), workdir=tmp_path / "m")
+    with master.client() as c:
+        for i in range(3):
+            c.put_ok("t-rep", b"rec-%02d-" % i + b"x" * 4000, 0)
+    assert master.stop() == 0
+    flip_payload_byte(master.data_dir, 1)  # records 1 and 2 never reach a slave
+    master.start()
+    slave = broker_factory(with_http(small_config(tmp_path / "s" / "data", replication={
+        "role": "slave", "slave_of": "127.0.0.1:%d" % rport, "slave_id": 1})), workdir=tmp_path / "s")
+    wait_for(lambda: int(stats(slave)["total_messages"]) == 1, what="the slave to copy the record before it")
+    wait_for(lambda: value(slave, "metaq_replication_lag_bytes") > 0, what="the slave's lag in bytes")
+    m, s = stats(master), stats(slave)
+    behind = int(m["log_end_position"]) - int(s["log_end_position"])
+    assert behind > 0 and value(slave, "metaq_replication_lag_bytes") == int(s["replication_lag_bytes"]) == behind
