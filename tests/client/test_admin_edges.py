@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
@@ -22,6 +24,7 @@ def admin(*args, expect=0, stdin=None):
     return out
 
 
+@pytest.mark.integration  # the admin process tries a TCP connection (to a port nobody listens on)
 def test_put_to_an_unreachable_broker_exits_1_and_says_so():
     out = admin("--brokers", "meta://127.0.0.1:1", "--timeout", "1", "put", "orders", stdin=b"lost\n", expect=1)
     assert b"cannot connect to meta://127.0.0.1:1" in out.stderr, out.stderr
