@@ -49,3 +49,38 @@ def test_the_pages_burrow_status_equals_burrow_py_for_each_status(tmp_path):
     want = [partition_status([Commit(ts, o, lag) for ts, o, lag in w], lag, NOW) for _n, w, lag in CASES]
     assert got == want, list(zip([c[0] for c in CASES], got, want))
     assert {"NOTFOUND", "OK", "WARN", "STALL", "STOP", "REWIND"} <= set(want), want  # every status is covered
+
+
+def test_the_pages_put_rate_moves_for_a_topic_being_written_and_is_zero_for_an_idle_one(broker_factory, tmp_path):
+    """The topic table's put and get rates are computed by the page between two refreshes: a topic written
+    meanwhile shows a positive put rate, an idle one 0.0, and nothing read shows a get rate of 0.0."""
+    import threading
+
+    from metaq.client.local import small_config
+    from tests.harness.http import http_port, with_http
+
+    b = broker_factory(with_http(small_config(tmp_path / "data")))
+    stop = threading.Event()
+    with b.client() as c:
+        c.put_ok("t-idle", b"once", 0)
+        c.put_ok("t-busy", b"first", 0)
+
+    def write():
+        with b.client() as c:
+            while not stop.is_set():
+                c.put_ok("t-busy", b"more", 0)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        dom = chromium("http://127.0.0.1:%d/" % http_port(b), "--dump-dom", "--user-data-dir=%s" %
+                       (tmp_path / "chromium"), budget_ms=8000)
+    finally:
+        stop.set()
+        writer.join(30)
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"<tr><td>(t-\w+)</td><td>\d+</td><td>\d+</td><td>\d+</td><td>([^<]*)</td><td>([^<]*)</td></tr>", dom)}
+    assert set(rows) >= {"t-idle", "t-busy"}, dom
+    assert rows["t-idle"] == ("0.0", "0.0"), rows  # a second refresh ran: the first shows "…"
+    busy_puts, busy_gets = rows["t-busy"]
+    assert float(busy_puts) > 0 and busy_gets == "0.0", rows
