@@ -22,8 +22,7 @@ class ReadCounts:
         """Count (and, the first time, log) a read refused at a corrupt record; returns ``exc``."""
         self.corrupt_reads += 1
         key = (exc.topic, exc.partition, exc.offset)
-        if key not in self._logged:
-            if len(self._logged) < MAX_CORRUPT_LOGGED:
-                self._logged.add(key)
+        if key not in self._logged and len(self._logged) < MAX_CORRUPT_LOGGED:
+            self._logged.add(key)
             log.error("%s; `metaq-server --verify` lists every corrupt record", exc)
         return exc

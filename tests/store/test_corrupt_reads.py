@@ -225,3 +225,33 @@ def test_verify_reports_a_torn_tail_after_the_checkpoint_apart_from_corruption(d
     assert not report.corrupt and report.records == 10
     assert report.torn_tail is not None and report.torn_tail.position == position
     assert "torn tail" in report.summary() and "0 corrupt" in report.summary()
+
+
+def test_the_first_max_corrupt_logged_corrupt_records_are_logged_once_each_and_no_more(data_dir, caplog):
+    """README "Operations", corrupt records: one ERROR line per corrupt record, the first time it is read, for
+    the first ``MAX_CORRUPT_LOGGED`` of them; past that a read is still refused and counted, never logged."""
+    import logging
+
+    from metaq.limits import MAX_CORRUPT_LOGGED
+
+    s = open_store(data_dir)
+    n = MAX_CORRUPT_LOGGED + 2  # the limit and past it
+    for i in range(n):
+        s.put("test", 0, 0, b"record-%05d" % i, NOW + i)
+    for i in range(n):
+        flip_payload_byte(s, "test", 0, i)
+
+    def read_every_one():
+        for i in range(n):
+            with pytest.raises(errors.CorruptRecord):
+                s.read_joined("test", 0, i, 1 << 20)
+
+    with caplog.at_level(logging.ERROR, logger="metaq.store.store"):
+        read_every_one()
+        read_every_one()  # the same records again: nothing more logged
+    lines = [r for r in caplog.records if r.name == "metaq.store.store" and r.levelno == logging.ERROR]
+    assert len(lines) == MAX_CORRUPT_LOGGED
+    assert [r.getMessage().split(" offset ")[1].split()[0] for r in lines] == [str(i)
+                                                                                 for i in range(MAX_CORRUPT_LOGGED)]
+    assert s.reads.corrupt_reads == 2 * n  # every refused read is counted
+    s.close(NOW)
