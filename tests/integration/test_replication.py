@@ -269,3 +269,32 @@ def test_a_slave_that_may_be_behind_answers_past_its_end_as_not_yet_there(broker
     wait_for(lambda: stats(slave)["replication_link"] == "connected", 15, "slave relinked")
     with slave.client() as c:
         assert c.get("t-a", 0, 9, 1 << 16).code == 301
+
+
+def test_a_slave_that_may_be_behind_answers_a_rocketmq_pull_past_its_end_as_not_found(broker_factory, tmp_path):
+    """The same for RocketMQ consumers (RocketMQ's own slave does not correct the offset either): PULL_NOT_FOUND
+    keeping the consumer's offset while the link is down, PULL_OFFSET_MOVED once linked and caught up."""
+    from metaq.client.local import rmq_config
+    from metaq.client.raw import RemotingClient
+    from metaq.protocol.rocketmq.remoting import ResponseCode
+    from tests.harness.rocketmq import pull
+
+    rport = free_port()
+    mcfg = rmq_config(os.path.join(str(tmp_path / "m"), "data"), replication={"port": rport})
+    master = broker_factory(mcfg, workdir=tmp_path / "m")
+    slave = broker_factory(rmq_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    with master.client() as c:
+        for i in range(5):
+            c.put_ok("t-a", b"m%d" % i, partition=0)
+    caught_up(master, slave)
+    with RemotingClient(slave.config["remoting"]["port"]) as rc:
+        r = pull(rc, "t-a", 0, 9)
+        assert r.code == ResponseCode.PULL_OFFSET_MOVED and r.ext_fields["nextBeginOffset"] == "5", r
+    master.kill()
+    wait_for(lambda: stats(slave)["replication_link"] == "down", 15, "slave sees the link down")
+    with RemotingClient(slave.config["remoting"]["port"]) as rc:
+        r = pull(rc, "t-a", 0, 9)
+        assert r.code == ResponseCode.PULL_NOT_FOUND and r.ext_fields["nextBeginOffset"] == "9", r
+        r = pull(rc, "t-a", 0, 3)
+        assert r.code == ResponseCode.SUCCESS, r

@@ -264,6 +264,10 @@ class RemotingDispatcher:
                 self.stats.filter_skipped_units += r.skipped
                 records, next_offset = r.records(), r.next_offset
         except errors.Moved as moved:
+            if moved.offset < offset and self.roles.end_unknown:
+                # past our end on a slave behind its master: not here yet (RocketMQ's slave does not correct the
+                # offset either); moving the consumer back to our end would make it read again
+                return None, offset
             return response_for(cmd, ResponseCode.PULL_OFFSET_MOVED, "OFFSET_OVERFLOW_BADLY",
                                 self._pull_fields(h, moved.offset)), offset
         except errors.CorruptRecord as exc:  # never served: SYSTEM_ERROR naming it; nextBeginOffset skips it
