@@ -166,7 +166,10 @@ def test_in_async_mode_the_most_advanced_member_is_elected(broker_factory, tmp_p
     g.members[a].kill()
     g.members[c].start()  # behind b: both are candidates once a's session expires
     assert g.master(timeout=SESSION_MS / 1000.0 * 3 + 10, exclude=(a,)) == b
-    assert "defers to member %d" % b in g.members[c].log_text(since_start=True)
+    # c, behind, was not elected: it either deferred to b or was not yet a candidate (it rejoins while its old
+    # session is still registered, so it may miss the settle window); either way it ends up following b
+    g.following(b, [c])
+    assert "is now the master" not in g.members[c].log_text(since_start=True)
     with g.members[b].client() as cl:
         for body, _id, part, offset in acked:
             assert cl.get_records("t-a", part, offset)[0].data == body
