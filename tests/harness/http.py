@@ -23,6 +23,16 @@ def with_http(config, **http):
     return config
 
 
+def read_until_closed(sock):
+    """Every byte the peer sends until it closes the connection."""
+    out = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return out
+        out += chunk
+
+
 def http_port(broker):
     return broker.config["http"]["port"]
 

@@ -3,6 +3,7 @@ and what they put through it."""
 
 import os
 
+from metaq.protocol import events as ev
 from metaq.protocol.message import HEADER
 from metaq.protocol.xa import LocalTxId, XaTxId
 from metaq.tx.config import TxConfig
@@ -75,3 +76,14 @@ def body(txid, i, size=40):
 def fill(b, txid, owner, n, size=40, partitions=(0, 1)):
     for i in range(n):
         b.tx.put(txid, owner, "test", partitions[i % len(partitions)], 0, body(txid, i, size), -1, NOW)
+
+
+def tx(c, key, kind, timeout=0, qualifier=None):
+    """One ``transaction`` request of session s1 on the text client ``c``; the reply."""
+    return c.call(ev.Transaction(key, "s1", kind, c.opaque(), timeout, qualifier))
+
+
+def ok(reply):
+    """The body of a ``result 200``; fails the test on anything else."""
+    assert isinstance(reply, ev.Result) and reply.code == 200, reply
+    return reply.body

@@ -9,21 +9,12 @@ from metaq import limits
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import wait_for
-from tests.harness.http import http_port, request, with_http
+from tests.harness.http import http_port, read_until_closed, request, with_http
 
 
 def _raw(broker):
     s = socket.create_connection(("127.0.0.1", http_port(broker)), timeout=10)
     return s
-
-
-def _read_all(sock):
-    out = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return out
-        out += chunk
 
 
 @pytest.fixture
@@ -85,7 +76,7 @@ def test_a_huge_content_length_is_refused_413_without_reading_the_body(hbroker):
     s = _raw(hbroker)
     s.sendall(b"POST /api/topics/t-big/messages HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
               % (limits.HTTP_MAX_BODY_BYTES + 1))  # and no body: the answer comes without it
-    reply = _read_all(s)
+    reply = read_until_closed(s)
     assert reply.startswith(b"HTTP/1.1 413 ") and b"HTTP_MAX_BODY_BYTES" in reply
     s.close()
     r = request(hbroker, "POST", "/api/topics/t-big/messages?partition=0", body=b"b" * 1000)
@@ -99,18 +90,18 @@ def test_request_line_and_headers_are_bounded(hbroker):
     room = limits.HTTP_MAX_REQUEST_LINE - len(b"GET /healthz? HTTP/1.1\r\n") - 1
     s = _raw(hbroker)
     s.sendall(b"GET /healthz?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (b"a" * room))
-    assert _read_all(s).startswith(b"HTTP/1.1 200 ")  # just under the limit
+    assert read_until_closed(s).startswith(b"HTTP/1.1 200 ")  # just under the limit
     s = _raw(hbroker)
     s.sendall(b"GET /healthz?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % (b"a" * (room + 1)))
-    assert _read_all(s).startswith(b"HTTP/1.1 414 ")
+    assert read_until_closed(s).startswith(b"HTTP/1.1 414 ")
     header = b"X-Pad: %s\r\n" % (b"p" * 1000)
     fits = limits.HTTP_MAX_HEADER_BYTES // len(header) - 1
     s = _raw(hbroker)
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + header * fits + b"\r\n")
-    assert _read_all(s).startswith(b"HTTP/1.1 200 ")
+    assert read_until_closed(s).startswith(b"HTTP/1.1 200 ")
     s = _raw(hbroker)
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + header * (fits + 12) + b"\r\n")
-    assert _read_all(s).startswith(b"HTTP/1.1 431 ")
+    assert read_until_closed(s).startswith(b"HTTP/1.1 431 ")
 
 
 def test_a_slow_loris_client_is_dropped_by_the_request_deadline(broker_factory, tmp_path):
@@ -126,7 +117,7 @@ def test_a_slow_loris_client_is_dropped_by_the_request_deadline(broker_factory, 
 def test_keep_alive_serves_several_requests_on_one_connection(hbroker):
     s = _raw(hbroker)
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    out = _read_all(s)
+    out = read_until_closed(s)
     assert out.count(b"HTTP/1.1 200 OK") == 2 and out.endswith(b"ready\n")
 
 
@@ -143,7 +134,7 @@ def test_the_connection_cap_counts_http_connections(broker_factory, tmp_path):
         r = c.read_event()
         assert isinstance(r, ev.Result) and r.code == 503 and b"too many connections" in r.body
     s = _raw(b)
-    reply = _read_all(s)
+    reply = read_until_closed(s)
     assert reply.startswith(b"HTTP/1.1 503 ") and b"too many connections" in reply
     held.pop().close()
     wait_for(lambda: request(b, "GET", "/healthz").status == 200, what="a slot freed")
@@ -180,7 +171,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(broker_f
     s = _raw(b)
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     s.settimeout(30)
-    assert _read_all(s).startswith(b"HTTP/1.1 200 ")  # the answer, then the close once idle: _read_all ends
+    assert read_until_closed(s).startswith(b"HTTP/1.1 200 ")  # the answer, then the close once idle: _read_all ends
     assert "no request for" in b.log_text()
 
 

@@ -6,7 +6,7 @@ import socket
 from metaq.client.local import small_config
 from tests.harness.acl import secured_config, write_acl
 from tests.harness.broker import wait_for
-from tests.harness.http import http_port, request, with_http
+from tests.harness.http import http_port, read_until_closed, request, with_http
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -17,15 +17,6 @@ def connect_from(source, port):
     sock.bind((source, 0))
     sock.connect(("127.0.0.1", port))
     return sock
-
-
-def read_all(sock):
-    out = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return out
-        out += chunk
 
 
 def held_from(source, port):
@@ -42,7 +33,7 @@ def test_http_connections_count_against_the_per_address_share(broker_factory, tm
     port = http_port(b)
     held = [held_from("127.0.0.1", port) for _ in range(2)]
     try:
-        third = read_all(connect_from("127.0.0.1", port))  # the share of 127.0.0.1 is used up, the cap is not
+        third = read_until_closed(connect_from("127.0.0.1", port))  # the share of 127.0.0.1 is used up, the cap is not
         assert third.startswith(b"HTTP/1.1 503 ") and b"too many connections from 127.0.0.1" in third, third
         with b.client() as c:  # the text port's connections from the same address count against the same share
             r = c.read_event()
@@ -62,12 +53,12 @@ def test_the_allow_list_applies_to_the_http_port(broker_factory, tmp_path):
     config = with_http(secured_config(tmp_path))
     write_acl(config["security"]["acl_file"], allow=["127.0.0.1"])
     b = broker_factory(config)
-    reply = read_all(connect_from("127.0.0.2", http_port(b)))  # refused before a request is even sent
+    reply = read_until_closed(connect_from("127.0.0.2", http_port(b)))  # refused before a request is even sent
     assert reply.startswith(b"HTTP/1.1 503 ") and b"127.0.0.2 is not in the allow-list" in reply, reply
     s = connect_from("127.0.0.2", http_port(b))
     try:
         s.sendall(HEALTHZ)  # even the open /healthz: closed unanswered (a reset, as the request was never read)
-        assert not read_all(s).startswith(b"HTTP/1.1 200 ")
+        assert not read_until_closed(s).startswith(b"HTTP/1.1 200 ")
     except ConnectionResetError:
         pass
     finally:

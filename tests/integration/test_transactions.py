@@ -10,19 +10,11 @@ import pytest
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
 from metaq.protocol.xa import XA_HEURCOM, XAER_NOTA, parse_xa_error
+from tests.harness.tx import ok, tx
 
 XID1 = "XID:1:0a01:b1:test-rm"
 XID2 = "XID:1:0a02:b1:test-rm"
 OTHER = "XID:1:0a03:b1:other-rm"
-
-
-def tx(c, key, kind, timeout=0, qualifier=None):
-    return c.call(ev.Transaction(key, "s1", kind, c.opaque(), timeout, qualifier))
-
-
-def ok(reply):
-    assert isinstance(reply, ev.Result) and reply.code == 200, reply
-    return reply.body
 
 
 def xa_code(reply):

@@ -23,24 +23,15 @@ import pytest
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.message import iter_records
 from metaq.protocol.text import serialize
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.fusefs import FaultMount
+from tests.harness.tx import ok, tx
 
 LOG = "/data/commitlog/"
 JOURNAL = "/data/transactions/"
 KEY = "TX:s1:1"
 XID = "XID:1:0a01:b1:test-rm"
-
-
-def tx(c, key, kind, timeout=0, qualifier=None):
-    return c.call(ev.Transaction(key, "s1", kind, c.opaque(), timeout, qualifier))
-
-
-def ok(reply):
-    assert isinstance(reply, ev.Result) and reply.code == 200, reply
-    return reply.body
 
 
 def tput(c, key, partition, body):
