@@ -39,6 +39,23 @@ def _number(value, default=0.0):
         return default
 
 
+#: The metrics read from one ``stats`` summary item each: (family, name, help, stats item).
+SUMMARY_METRICS = (
+    (GaugeMetricFamily, "metaq_uptime_seconds", "Seconds since the broker started.", "uptime"),
+    (GaugeMetricFamily, "metaq_disk_usage_ratio", "Used fraction of the data directory's filesystem (0 to 1), as "
+     "the write gate measured it.", "disk_usage"),
+    (GaugeMetricFamily, "metaq_writes_refused", "1 while puts are refused (a full disk, a failed flush).",
+     "writes_refused"),
+    (CounterMetricFamily, "metaq_put_failures", "Puts refused or failed since the broker started.", "put_failed"),
+    (CounterMetricFamily, "metaq_corrupt_reads", "Reads that met a corrupt record.", "corrupt_reads"),
+    (GaugeMetricFamily, "metaq_long_poll_waiters", "Partitions with a long-polling get or pull waiting.",
+     "long_poll_waiters"),
+    (GaugeMetricFamily, "metaq_parked_gets", "Gets and pulls parked waiting for a message.", "parked_gets"),
+    (GaugeMetricFamily, "metaq_delay_pending_messages", "Delayed messages not yet due.", "delay_pending"),
+    (GaugeMetricFamily, "metaq_log_end_position_bytes", "The commit log's written end.", "log_end_position"),
+)
+
+
 class BrokerCollector:
     """Reads every metric but the flush histogram at scrape time (``collect``)."""
 
@@ -94,24 +111,8 @@ class BrokerCollector:
         info = GaugeMetricFamily("metaq_info", "Always 1; the labels name the broker.", labels=["version", "broker_id"])
         info.add_metric([str(s.get("version", "")), str(s.get("broker_id", ""))], 1)
         yield info
-        yield GaugeMetricFamily("metaq_uptime_seconds", "Seconds since the broker started.",
-                                value=_number(s.get("uptime")))
-        yield GaugeMetricFamily("metaq_disk_usage_ratio", "Used fraction of the data directory's filesystem "
-                                "(0 to 1), as the write gate measured it.", value=_number(s.get("disk_usage")))
-        yield GaugeMetricFamily("metaq_writes_refused", "1 while puts are refused (a full disk, a failed flush).",
-                                value=_number(s.get("writes_refused")))
-        yield CounterMetricFamily("metaq_put_failures", "Puts refused or failed since the broker started.",
-                                  value=_number(s.get("put_failed")))
-        yield CounterMetricFamily("metaq_corrupt_reads", "Reads that met a corrupt record.",
-                                  value=_number(s.get("corrupt_reads")))
-        yield GaugeMetricFamily("metaq_long_poll_waiters", "Partitions with a long-polling get or pull waiting.",
-                                value=_number(s.get("long_poll_waiters")))
-        yield GaugeMetricFamily("metaq_parked_gets", "Gets and pulls parked waiting for a message.",
-                                value=_number(s.get("parked_gets")))
-        yield GaugeMetricFamily("metaq_delay_pending_messages", "Delayed messages not yet due.",
-                                value=_number(s.get("delay_pending")))
-        yield GaugeMetricFamily("metaq_log_end_position_bytes", "The commit log's written end.",
-                                value=_number(s.get("log_end_position")))
+        for family, name, text, key in SUMMARY_METRICS:
+            yield family(name, text, value=_number(s.get(key)))
         conns = GaugeMetricFamily("metaq_connections", "Open connections, by listener.", labels=["listener"])
         for name, n in sorted(self.connections().items()):
             conns.add_metric([name], n)
