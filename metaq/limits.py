@@ -410,8 +410,9 @@ HTTP_MAX_GET_MESSAGES = 1000
 
 #: Dead letters one ``dlq_list`` answers at most (``metaq-admin dlq list --max``); ``"more": true`` says there are more.
 MAX_DLQ_LIST = 1_000
-#: Dead letters (and entries of the group's resent journal) one ``dlq_list`` or ``dlq_resend`` reads at most
-#: per partition of the dead-letter topic: bounds the work of one admin request on the broker's loop.
+#: Dead letters one ``dlq_list`` or ``dlq_resend`` sees per partition of the dead-letter topic: the newest this
+#: many (older ones are reported by ``more``). Bounds what one admin request holds; the group's resent journal is
+#: read whole, in ``DLQ_SCAN_STEP`` steps, keeping only the positions of those dead letters.
 MAX_DLQ_SCAN = 10_000
 #: Records a dead-letter scan reads and decodes before it lets the broker's other greenlets run (a scan of
 #: ``MAX_DLQ_SCAN`` held the loop ~200 ms in one go; tests/hostile/test_i19_admin_attacks.py).

@@ -166,10 +166,13 @@ class AdminOps:
             pass
         raise errors.NotFound("group %s has no dead letters on this broker (no topic %s)" % (group, topic))
 
-    def _records(self, topic, partition):
-        """The records of one partition from its first kept offset, at most ``MAX_DLQ_SCAN``; and whether more."""
+    def _records(self, topic, partition, first=None, keep=None):
+        """``([(offset, record)], more)``: one partition's records from ``first`` (default: its first kept
+        offset) to its end, at most ``limits.MAX_DLQ_SCAN`` of them; ``more``: some were not scanned. ``keep(rec)``
+        (optional) says which records to hold: the others are read and dropped (the count bounds what is held)."""
         store = self.store
         offset, end = store.min_offset(topic, partition), store.max_offset(topic, partition)
+        offset = max(offset, first or 0)
         found = []
         while offset < end and len(found) < limits.MAX_DLQ_SCAN:
             try:
@@ -183,35 +186,55 @@ class AdminOps:
                 continue
             if not records:
                 break
-            found.extend((offset + i, rec) for i, rec in enumerate(records))
+            found.extend((offset + i, rec) for i, rec in enumerate(records) if keep is None or keep(rec))
             offset = nxt
             self.pause()  # the loop serves the others between steps (limits.DLQ_SCAN_STEP)
         return found, offset < end
 
-    def resent(self, group):
-        """The positions ``(partition, offset)`` of the group's dead letters already resent (its journal)."""
+    def _window(self, topic, partition):
+        """The first offset of the dead letters a list or resend sees: the newest ``limits.MAX_DLQ_SCAN`` of the
+        partition (the newest are the ones an operator is after; older ones are named by ``more``)."""
+        return max(self.store.min_offset(topic, partition), self.store.max_offset(topic, partition) - limits.MAX_DLQ_SCAN)
+
+    def resent(self, group, windows=None):
+        """The positions ``(partition, offset)`` of the group's dead letters already resent (its journal), only
+        those at or after ``windows[partition]`` when given. The whole journal is read, in steps that let the loop
+        serve others; what is held is bounded by the windows."""
         journal = RESENT_PREFIX + group
         try:
             count = self.store.partitions_of(journal)
         except errors.UnknownTopic:
             return set()
         done = set()
+
+        def position(rec):
+            try:
+                part, off = bytes(rec.data).split()
+                return int(part), int(off)
+            except ValueError:
+                return None
+
+        def wanted(rec):
+            pos = position(rec)
+            return pos is not None and (windows is None or (pos[0] in windows and pos[1] >= windows[pos[0]]))
+
         for p in range(count):
-            for _offset, rec in self._records(journal, p)[0]:
-                try:
-                    part, off = bytes(rec.data).split()
-                    done.add((int(part), int(off)))
-                except ValueError:
-                    continue
+            first, more = None, True
+            while more:
+                found, more = self._records(journal, p, first, keep=wanted)
+                done.update(position(rec) for _offset, rec in found)
+                if more:  # held a full bound: go on past the last one held
+                    first = found[-1][0] + 1
         return done
 
     def _letters(self, group):
         topic, count = self._dead_letter_topic(group)
-        resent = self.resent(group)
+        windows = {p: self._window(topic, p) for p in range(count)}
+        resent = self.resent(group, windows)
         letters, more = [], False
         for p in range(count):
-            records, truncated = self._records(topic, p)
-            more = more or truncated
+            records, _ = self._records(topic, p, windows[p])
+            more = more or windows[p] > self.store.min_offset(topic, p)
             for i, (offset, rec) in enumerate(records):
                 letters.append((p, offset, message_of_record(rec, _HOST), (p, offset) in resent))
                 if i % limits.DLQ_SCAN_STEP == limits.DLQ_SCAN_STEP - 1:

@@ -74,9 +74,6 @@ def _fill_dlq(b, count, group="CGD"):
             assert all(c.read_event().code == 200 for _ in run)
 
 
-@pytest.mark.xfail(strict=True, reason="defect, not fixed: AdminOps scans the OLDEST limits.MAX_DLQ_SCAN records of each "
-                   "dead-letter partition (and of the resent journal), so once that many letters are kept the newer "
-                   "ones can be neither listed nor resent until retention deletes the old")
 def test_the_newest_dead_letter_can_be_resent_however_many_older_ones_there_are(broker_factory, tmp_path):
     from metaq import limits
     from tests.hostile.common import LoopProbe
