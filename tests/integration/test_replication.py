@@ -239,6 +239,9 @@ def test_sync_mode_a_slave_far_behind_makes_puts_time_out_until_it_has_caught_up
             wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected again")
             r = c.put("t-a", b"while the slave catches up")
             assert r.code == 503 and b"FLUSH_SLAVE_TIMEOUT" in r.body, r
+            # the master's heartbeats reach it between the chunks: it knows how far behind it is (the value of
+            # metaq_replication_lag_messages), more than 0 and at most what it missed
+            wait_for(lambda: 0 < int(stats(slave)["replication_lag_messages"]) <= 101, 10, "a lag the slave knows")
             link.rate = None
             caught_up(master, slave)
             c.put_ok("t-a", b"after the catch-up")  # confirmed again
