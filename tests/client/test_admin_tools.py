@@ -60,7 +60,7 @@ def test_tail_follow_sees_a_message_put_after_it_started_and_exits_0_on_sigint(b
     with broker.client() as c:
         c.put_ok("news", b"old", 0)
     proc = subprocess.Popen(ADMIN + ["--brokers", url, "tail", "news", "--follow"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     try:
         assert proc.stdout.readline().split()[-1] == b"old"
         assert b"following news" in proc.stderr.readline()
@@ -68,7 +68,13 @@ def test_tail_follow_sees_a_message_put_after_it_started_and_exits_0_on_sigint(b
             c.put_ok("news", b"fresh news", 1)
         assert proc.stdout.readline().decode().split(" ", 4)[-1].strip() == "fresh news"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:  # once seen in a full run: say where it hangs (faulthandler's dump)
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(10)
+            pytest.fail("tail --follow did not exit on SIGINT; its threads:\n%s" % proc.stderr.read().decode())
+        assert code == 0
     finally:
         if proc.poll() is None:
             proc.kill()
