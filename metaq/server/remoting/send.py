@@ -30,6 +30,7 @@ from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import is_journal, journal_refusal
+from metaq.protocol.priority import is_level_topic, level_refusal
 from metaq.protocol.reqreply import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
@@ -215,6 +216,8 @@ class RemotingSender:
                                      "cannot go there" % SCHEDULE_TOPIC)
         if is_journal(topic):
             raise errors.ClientError(journal_refusal(topic))
+        if is_level_topic(topic):
+            raise errors.ClientError(level_refusal(topic))
         group = _group_of(h.producer_group)
         props = decode_properties(h.properties)
         if PID_PROPERTY in props or SEQ_PROPERTY in props:
