@@ -258,7 +258,8 @@ class TopicCatalog:
         """``counts``: topic -> partitions the data dir holds. Keep those the config would drop; returns log lines."""
         lines = []
         for topic, held in sorted(counts.items()):
-            if topic in self.table.entries or topic in self.table.deleted or topic in self.config.exact_names:
+            if (topic in self.table.entries or topic in self.table.deleted or topic in self.config.exact_names
+                    or self.level_owner(topic) is not None):
                 continue
             try:
                 configured = self.config.partitions_of(topic)
