@@ -8,6 +8,8 @@ import random
 import threading
 import time
 
+import pytest
+
 from metaq import limits
 from metaq.client.consumer import Consumer
 from metaq.client.local import rmq_config
@@ -16,9 +18,10 @@ from metaq.client.producer import Producer
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
 from metaq.protocol.priority import PriorityGet, decode_get_prio_body
+from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from metaq.protocol.topicadmin import TopicCommand
 from tests.harness.broker import url_of as url, wait_for
-from tests.harness.rocketmq import send_v1
+from tests.harness.rocketmq import pull, send_v1
 
 LEVELS = 3
 
@@ -78,6 +81,7 @@ def test_raw_get_prio_drains_a_mixed_backlog_highest_first(broker):
         assert_highest_first(levels, bodies, sent)
         assert offsets == [len(sent[k]) for k in range(LEVELS)]
         assert [rec.data for rec in c.get_records("jobs", 0, 0)][:3] == sent[0][:3]  # plain get: level 0
+        assert c.get_records("jobs%P2", 0, 0)[0].data == sent[2][0]  # a level read by its internal name
 
 
 def test_the_consumer_drains_highest_first_and_keeps_offsets_per_level(broker):
@@ -97,6 +101,8 @@ def test_the_consumer_drains_highest_first_and_keeps_offsets_per_level(broker):
         wait_for(lambda: len(got) >= total, what=lambda: "%d of %d delivered" % (len(got), total))
     bodies = {k: [b for lv, b in got if lv == k] for k in range(LEVELS)}
     assert_highest_first([lv for lv, _b in got], bodies, sent)
+    broker.stop()
+    broker.start()  # the broker-kept offsets of every level survive its restart
     with broker.client() as c:  # each level's offset is committed under its own name
         for k in range(LEVELS):
             name = "jobs" if k == 0 else "jobs%%P%d" % k
@@ -181,6 +187,14 @@ def test_the_producer_sends_priorities(broker):
         assert r.success and r.offset == 0
         r = producer.send(Message("jobs", b"too high", priority=LEVELS))
         assert not r.success and "out of range" in str(r.error)
+        with pytest.raises(ValueError, match="transaction"):
+            with producer.transaction():
+                producer.send(Message("jobs", b"x", priority=1))
+    with Producer(brokers=[url(broker)], idempotent=True) as producer:
+        with pytest.raises(ValueError, match="idempotently"):
+            producer.send(Message("jobs", b"x", priority=1))
+    with pytest.raises(ValueError, match="both a delay level and a priority"):
+        Message("jobs", b"x", priority=1, delay_level=2)
     with broker.client() as c:
         level, records = c.get_prio("jobs", 0, [0, 0, 0])
         assert (level, [x.data for x in records]) == (2, [b"urgent"])
@@ -198,6 +212,10 @@ def test_remoting_priority_property(broker_factory, tmp_path):
         assert r.code != 0 and "out of range" in (r.remark or "")
         r = send_v1(rc, "jobs", b"x", props={"PRIORITY": "high"})
         assert r.code != 0 and "not a priority level" in (r.remark or "")
+        r = send_v1(rc, "jobs", b"x", props={"PRIORITY": "1", "DELAY": "1"})
+        assert r.code != 0 and "both a delay level and a priority" in (r.remark or "")
+        pulled = decode_stored_messages(pull(rc, "jobs", 0, 0).body)  # a RocketMQ pull of the topic: level 0
+        assert [m.body for m in pulled] == [b"rmq-low"]
     with b.client() as c:
         assert ends(c, "jobs") == [1, 0, 1]
         r = c.call(PriorityGet("jobs", "g", 0, (0, 0, 0), 1 << 20, c.opaque()))
