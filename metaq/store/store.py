@@ -165,9 +165,10 @@ class MessageStore(StoreFigures):
         return self._topics.partitions_of(topic)
 
     def known_topics(self):
-        """Configured exact names, the table's and every topic that has data."""
+        """Configured exact names, the table's and every topic that has data (a priority topic's levels are its own,
+        not topics: README "Priorities")."""
         names = set(self._topics.config.exact_names) - set(self._topics.table.deleted) | set(self._topics.table.entries)
-        return sorted(names | {t for t, _p in self.partition_keys()})
+        return sorted(names | {t for t, _p in self.partition_keys() if self._topics.level_owner(t) is None})
 
     def partition_keys(self):
         """``[(topic, partition)]`` that have received messages."""

@@ -5,6 +5,8 @@ or duplicated; the starvation bound; the bad inputs; per-level offsets across a 
 
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -21,6 +23,7 @@ from metaq.protocol.priority import PriorityGet, decode_get_prio_body
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from metaq.protocol.topicadmin import TopicCommand
 from tests.harness.broker import url_of as url, wait_for
+from tests.harness.http import request, with_http
 from tests.harness.rocketmq import pull, send_v1
 
 LEVELS = 3
@@ -222,3 +225,20 @@ def test_remoting_priority_property(broker_factory, tmp_path):
         level, body = decode_get_prio_body(r.body)
         assert level == 2 and b"rmq-high" in body
 
+
+
+def test_priorities_set_by_metaq_admin_and_over_http(broker_factory, tmp_path):
+    b = broker_factory(with_http(rmq_config(tmp_path / "data")))
+    out = subprocess.run([sys.executable, "-m", "metaq.client.admin", "--brokers", url(b), "topics", "create", "cli",
+                          "--priorities", "3", "--priority-max-wait-ms", "500"], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out
+    made = request(b, "PUT", "/api/topics/web?priorities=2")
+    assert made.status == 201, made
+    table = {t["name"]: t for t in request(b, "GET", "/api/topic-table").json()["topics"]}
+    assert (table["cli"]["priorities"], table["cli"]["priority_max_wait_ms"]) == (3, 500)
+    assert (table["web"]["priorities"], table["web"]["priority_max_wait_ms"]) == (2, None)
+    assert request(b, "PATCH", "/api/topics/cli?priorities=2").status == 400  # never fewer levels
+    with b.client() as c:
+        assert c.put_prio("web", b"x", 1, partition=0).code == 200
+        assert c.put_prio("web", b"x", 2, partition=0).code == 400

@@ -39,6 +39,7 @@ def test_levels_are_partitions_of_their_own_that_survive_a_restart(tmp_path, cap
     assert [r[-4:] for r in read_all(s, "jobs%P2", 1)] == [b"high"]
     assert [r[-3:] for r in read_all(s, "jobs", 1)] == [b"low"]
     assert not [r for r in s.topics.describe() if "%P" in r["name"]]  # the levels are not topics of their own
+    assert "jobs%P2" not in s.known_topics() and "jobs" in s.known_topics()
     assert [r["priorities"] for r in s.topics.describe() if r["name"] == "jobs"] == [3]
     assert "from the data directory" not in caplog.text  # a level is its topic's, not a topic of its own
     s.close(NOW)
