@@ -183,6 +183,10 @@ class TopicOps:
                     self._evict_writers(level_topic(s.name, level))
         self._refresh_guarded()
 
+    def level_owner(self, topic):
+        """The TopicSettings of the priority topic whose level ``topic`` is (``<t>%P<k>``), or None."""
+        return self.catalog.level_owner(topic)
+
     def settings_of(self, topic):
         """The table's TopicSettings of ``topic``, or None (a topic the config or the data dir gives)."""
         return self.table.entries.get(topic)

@@ -19,6 +19,7 @@ from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
+from metaq.protocol.adminwire import ResetOffset
 from metaq.protocol.priority import PriorityGet, decode_get_prio_body
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from metaq.protocol.topicadmin import TopicCommand
@@ -111,6 +112,9 @@ def test_the_consumer_drains_highest_first_and_keeps_offsets_per_level(broker):
             name = "jobs" if k == 0 else "jobs%%P%d" % k
             r = c.call(ev.QueryOffset("workers", name, 0, c.opaque()))
             assert (r.code, int(r.body)) == (200, len(sent[k]))
+        r = c.call(ResetOffset("workers", "jobs%P1", 0, 1, True, c.opaque()))  # metaq-admin reset-offsets, per level
+        assert r.code == 200 and json.loads(r.body) == {"old": len(sent[1]), "new": 1}, r
+        assert c.call(ResetOffset("workers", "jobs%P1", 0, len(sent[1]), True, c.opaque())).code == 200
         for k in range(LEVELS):
             assert c.put_prio("jobs", b"after-%d" % k, k, partition=0).code == 200
     got.clear()

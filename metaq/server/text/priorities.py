@@ -103,8 +103,13 @@ class PriorityRead:
                 backlog.append(level)
         if not backlog:
             return None
-        level = backlog[0] if len(backlog) == 1 else choose_level(
-            {k: self.head_ms(k) for k in backlog}, now_ms(), self.max_wait_ms)
+        if len(backlog) == 1:
+            level = backlog[0]
+        else:
+            heads = {k: self.head_ms(k) for k in backlog}
+            level = choose_level({k: t for k, t in heads.items() if t is not None}, now_ms(), self.max_wait_ms)
+            if level is None:
+                return None
         r = store.read_joined(level_topic(e.topic, level), e.partition, e.offsets[level], self.max_size)
         if not r.count:
             return None
@@ -116,4 +121,4 @@ class PriorityRead:
         """The store time of the head record of ``level`` (the next one the consumer reads)."""
         records, _next = self.store.read_records(level_topic(self.e.topic, level), self.e.partition,
                                                  self.e.offsets[level], 1, self.max_size)
-        return records[0].store_ts_ms
+        return records[0].store_ts_ms if records else None
