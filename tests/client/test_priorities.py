@@ -14,7 +14,7 @@ import pytest
 
 from metaq import limits
 from metaq.client.consumer import Consumer
-from metaq.client.local import rmq_config
+from metaq.client.local import free_port, rmq_config, small_config
 from metaq.client.message import Message
 from metaq.client.producer import Producer
 from metaq.client.raw import RemotingClient
@@ -25,6 +25,7 @@ from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from metaq.protocol.topicadmin import TopicCommand
 from tests.harness.broker import url_of as url, wait_for
 from tests.harness.http import request, with_http
+from tests.harness.replication import caught_up, master_config
 from tests.harness.rocketmq import pull, send_v1
 
 LEVELS = 3
@@ -246,3 +247,30 @@ def test_priorities_set_by_metaq_admin_and_over_http(broker_factory, tmp_path):
     with b.client() as c:
         assert c.put_prio("web", b"x", 1, partition=0).code == 200
         assert c.put_prio("web", b"x", 2, partition=0).code == 400
+
+
+def test_a_slave_serves_the_levels_as_its_master(broker_factory, tmp_path):
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    s = broker_factory(small_config(str(tmp_path / "s" / "data")), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    with m.client() as c:
+        create(c, "jobs", partitions=1, priorities=LEVELS, priority_max_wait_ms=limits.MAX_PRIORITY_MAX_WAIT_MS)
+        sent = backlog(c, "jobs", count=60)
+    caught_up(m, s)
+
+    def drained(b):
+        with b.client() as c:
+            offsets, out = [0] * LEVELS, []
+            while True:
+                r = c.get_prio("jobs", 0, offsets)
+                if isinstance(r, ev.Result):
+                    if r.code == 400 and b"has no priorities" in r.body:
+                        return None  # a slave that has not taken the master's table yet
+                    assert r.code == 404, r
+                    return out
+                out.extend((r[0], rec.data) for rec in r[1])
+                offsets[r[0]] += len(r[1])
+
+    wait_for(lambda: drained(s), what="the slave to take the table")
+    assert drained(s) == drained(m) == [(k, b) for k in reversed(range(LEVELS)) for b in sent[k]]
