@@ -210,7 +210,7 @@ class Consumer(ConsumerReads):
             if topic in self._subs:
                 raise errors.ClientError("topic %r is already subscribed" % topic)
             self._subs[topic] = Subscription(topic, handler, accept, bool(orderly), broker_tags(filter),
-                                             check_levels(priorities, filter))
+                                             check_levels(priorities, self._replay))
         return self
 
     def start(self):

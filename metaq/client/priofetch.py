@@ -10,8 +10,8 @@ or broker-kept offsets, ``metaq-admin reset-offsets`` and a restart work per lev
 messages carry their level in ``message.priority``.
 
 Not supported for a priority subscription: a broker-side tag filter (a callable or attribute filter still
-runs here, on every message), ``seek`` (ClientError), and a ``start_from`` time (each level starts at its
-stored offset, else at ``start_from``'s earliest/latest).
+runs here, on every message), ``seek`` (ClientError) and a ``start_from`` time (ClientError at ``subscribe``:
+each level starts at its stored offset, else at ``start_from``'s earliest or latest).
 """
 
 import logging
@@ -29,10 +29,14 @@ log = logging.getLogger(__name__)
 __all__ = ["PriorityFetcher", "check_levels"]
 
 
-def check_levels(priorities, filter=None):
-    """``subscribe``'s ``priorities``: 0 (none) or 2..MAX_PRIORITY_LEVELS; ClientError otherwise."""
+def check_levels(priorities, replay=None):
+    """``subscribe``'s ``priorities``: 0 (none) or 2..MAX_PRIORITY_LEVELS; ClientError otherwise, and with a
+    ``start_from`` time (``replay``: the consumer's ReplayStart, or None)."""
     if priorities in (0, None):
         return 0
+    if replay is not None:
+        raise errors.ClientError("a priority subscription cannot start_from a time: its levels start at their stored "
+                                 "offsets, else at earliest or latest")
     if not isinstance(priorities, int) or isinstance(priorities, bool) or not (
             2 <= priorities <= limits.MAX_PRIORITY_LEVELS):
         raise errors.ClientError("priorities must be 0 (none) or 2..%d levels, got %r"

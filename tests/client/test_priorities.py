@@ -274,3 +274,18 @@ def test_a_slave_serves_the_levels_as_its_master(broker_factory, tmp_path):
 
     wait_for(lambda: drained(s), what="the slave to take the table")
     assert drained(s) == drained(m) == [(k, b) for k in reversed(range(LEVELS)) for b in sent[k]]
+
+
+def test_a_priority_subscription_refuses_what_it_cannot_do(broker):
+    from datetime import datetime, timezone
+
+    from metaq import errors
+
+    with Consumer("g", brokers=[url(broker)], start_from=datetime.now(timezone.utc)) as consumer:
+        with pytest.raises(errors.ClientError, match="start_from a time"):
+            consumer.subscribe("jobs", print, priorities=LEVELS)
+    with Consumer("g", brokers=[url(broker)]) as consumer:
+        for bad in (1, limits.MAX_PRIORITY_LEVELS + 1, "3"):
+            with pytest.raises(errors.ClientError, match="priorities must be"):
+                consumer.subscribe("jobs", print, priorities=bad)
+        consumer.subscribe("jobs", print, priorities=limits.MAX_PRIORITY_LEVELS)
