@@ -587,7 +587,7 @@ class MessageStore(StoreFigures):
 
     def _topic_retention(self, now_ms, raised):
         """Per-topic retention (topicretention.py): the first offsets of topics with their own retention."""
-        return apply_topic_retention(self._log, self._parts, self._topics.table.entries, now_ms, raised)
+        return apply_topic_retention(self._log, self._parts, self._topics.with_levels(), now_ms, raised)
 
 
 def _too_large(total, limit):

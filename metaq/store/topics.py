@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from metaq import limits
 from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.priority import is_level_topic, split_level
+from metaq.protocol.priority import is_level_topic, level_topic, split_level
 from metaq.store.files import fsync_dir, write_atomically
 
 TOPICS_FILE = "topics.json"
@@ -280,6 +280,14 @@ class TopicCatalog:
             return None
         s = self.table.entries.get(split[0])
         return s if s is not None and split[1] < s.priorities else None
+
+    def with_levels(self):
+        """The table's entries plus each priority level's name with its topic's settings (per-topic retention
+        applies to every level: each level's partitions are bounded as the topic's are)."""
+        out = dict(self.table.entries)
+        for name, s in self.table.entries.items():
+            out.update((level_topic(name, k), s) for k in range(1, s.priorities))
+        return out
 
     def priority_settings(self, topic):
         """``topic``'s TopicSettings if it has priorities, else None."""

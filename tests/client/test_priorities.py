@@ -21,7 +21,8 @@ from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
 from metaq.protocol.adminwire import ResetOffset
 from metaq.protocol.priority import PriorityGet, decode_get_prio_body
-from metaq.protocol.rocketmq.bodies import decode_stored_messages
+from metaq.protocol.rocketmq.bodies import BatchEntry, decode_stored_messages, encode_batch_messages
+from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.topicadmin import TopicCommand
 from tests.harness.broker import url_of as url, wait_for
 from tests.harness.http import request, with_http
@@ -29,6 +30,8 @@ from tests.harness.replication import caught_up, master_config
 from tests.harness.rocketmq import pull, send_v1
 
 LEVELS = 3
+#: SEND_BATCH_MESSAGE's header (SendMessageRequestHeaderV2's one-letter keys: group, topic, ..., batch).
+BATCH_FIELDS = {"a": "PG", "b": "jobs", "c": "TBW102", "d": 4, "e": 0, "f": 0, "h": 0, "i": "", "m": "true"}
 
 
 def create(client, name, **settings):
@@ -222,6 +225,9 @@ def test_remoting_priority_property(broker_factory, tmp_path):
         assert r.code != 0 and "not a priority level" in (r.remark or "")
         r = send_v1(rc, "jobs", b"x", props={"PRIORITY": "1", "DELAY": "1"})
         assert r.code != 0 and "both a delay level and a priority" in (r.remark or "")
+        batch = dict(BATCH_FIELDS, g=int(time.time() * 1000))
+        r = rc.call(R.SEND_BATCH_MESSAGE, batch, encode_batch_messages([BatchEntry(b"b", 0, {"PRIORITY": "1"})]))
+        assert r.code != 0 and "batch cannot hold messages with a PRIORITY" in (r.remark or "")
         pulled = decode_stored_messages(pull(rc, "jobs", 0, 0).body)  # a RocketMQ pull of the topic: level 0
         assert [m.body for m in pulled] == [b"rmq-low"]
     with b.client() as c:

@@ -4,9 +4,9 @@ with its partitions and permissions, and the refusals. Files and time only."""
 import pytest
 
 from metaq import limits
-from metaq.errors import ClientError, TopicForbidden
+from metaq.errors import ClientError, TopicForbidden, TopicLimit
 from metaq.store.topics import parse_settings
-from tests.harness.store import NOW, open_store, read_all
+from tests.harness.store import HOUR_MS, NOW, open_store, read_all
 
 
 @pytest.mark.parametrize("values, message", [
@@ -70,4 +70,26 @@ def test_refusals(tmp_path):
             call()
     assert s.topics.alter("jobs", {"priorities": "4"}).priorities == 4
     assert s.partitions_of("jobs%P3") == 1
+    s.close(NOW)
+
+
+def test_the_topics_retention_bounds_every_level(tmp_path):
+    s = open_store(tmp_path)
+    s.topics.create("short", {"retention_hours": "1", "priorities": "3"})
+    for i in range(4):
+        for name in ("short", "short%P2"):
+            s.put(name, 0, 0, b"m%d" % i, NOW + i * HOUR_MS)
+    s.mark_flushed(s.flush_log())
+    report = s.retention(NOW + 3 * HOUR_MS + HOUR_MS // 2)
+    assert report.raised_min_offsets[("short", 0)] == report.raised_min_offsets[("short%P2", 0)] == 3
+    s.close(NOW + 4 * HOUR_MS)
+
+
+def test_each_level_counts_against_the_topic_and_partition_limits(tmp_path):
+    s = open_store(tmp_path, max_topics=2, max_partitions=3)
+    s.topics.create("jobs", {"partitions": "1", "priorities": "4"})
+    s.put("jobs%P1", 0, 0, b"x", NOW)  # a second topic, a second partition
+    with pytest.raises(TopicLimit, match="limits.max_topics"):
+        s.put("jobs%P2", 0, 0, b"x", NOW)  # a third topic: past max_topics, refused and nothing stored
+    assert s.max_offset("jobs%P2", 0) == 0
     s.close(NOW)

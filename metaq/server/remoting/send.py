@@ -150,6 +150,8 @@ class RemotingSender:
         if any(PID_PROPERTY in e.properties or SEQ_PROPERTY in e.properties for e in entries):
             raise errors.ClientError("a batch cannot hold idempotent messages (%s/%s): send them one by one"
                                      % (PID_PROPERTY, SEQ_PROPERTY))
+        if any(PRIORITY_PROPERTY in e.properties for e in entries):
+            raise errors.ClientError("a batch cannot hold messages with a %s: send them one by one" % PRIORITY_PROPERTY)
         partition = h.queue_id
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
