@@ -422,3 +422,15 @@ DLQ_BODY_PREVIEW_BYTES = 64
 #: Text connections remembered as members of a group (they committed or queried its offsets and are still open):
 #: past it the oldest is forgotten, so clients inventing group names cannot grow the table.
 MAX_TEXT_GROUP_MEMBERS = 10_000
+
+# -- consumer priorities (README "Priorities"; protocol/priority.py) ----------------
+
+#: Most priority levels a topic may have (``metaq-admin topics create --priorities L``: 2..this). Each level past
+#: 0 is a partition of its own behind every partition of the topic (an index file, a map), and a ``get_prio``
+#: carries one offset per level.
+MAX_PRIORITY_LEVELS = 8
+#: A priority topic's default ``priority_max_wait_ms``: a message at the head of its level that has waited longer
+#: competes by age with the other levels (the starvation bound, README "Priorities").
+DEFAULT_PRIORITY_MAX_WAIT_MS = 10_000
+#: The largest ``priority_max_wait_ms`` a topic may set (one day); the smallest is 1.
+MAX_PRIORITY_MAX_WAIT_MS = 86_400_000

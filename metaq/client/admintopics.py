@@ -23,7 +23,7 @@ DONE = {"create": "created", "alter": "altered", "delete": "deleted"}
 CHANGE_TIMEOUT_S = 30.0
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: Columns the table adds to the ``topics`` view.
-SETTING_COLUMNS = ["perm", "ordered", "retention_hours", "retention_bytes", "source"]
+SETTING_COLUMNS = ["perm", "ordered", "retention_hours", "retention_bytes", "priorities", "source"]
 
 
 def add_parser(sub):
@@ -40,6 +40,10 @@ def add_parser(sub):
     s.add_argument("--retention-hours", metavar="H", help="keep messages H hours (fractions allowed; none: the "
                    "broker's store.retention_hours alone)")
     s.add_argument("--retention-bytes", metavar="B", help="keep the newest B bytes of the topic (none: no bound)")
+    s.add_argument("--priorities", type=int, metavar="L", help="consumer priorities: L levels 2..8, 0..L-1 with L-1 "
+                   "the highest (README 'Priorities'; alter: only more)")
+    s.add_argument("--priority-max-wait-ms", metavar="MS", help="a priority topic's starvation bound (none: the "
+                   "default, limits.DEFAULT_PRIORITY_MAX_WAIT_MS)")
     s.add_argument("--yes", action="store_true", help="delete without asking")
     return s
 
@@ -47,7 +51,8 @@ def add_parser(sub):
 def settings_of(args):
     """The settings the command line gives, as the wire takes them."""
     out = {}
-    for key in ("partitions", "perm", "ordered", "retention_hours", "retention_bytes"):
+    for key in ("partitions", "perm", "ordered", "retention_hours", "retention_bytes", "priorities",
+                "priority_max_wait_ms"):
         value = getattr(args, key)
         if value is not None:
             out[key] = value

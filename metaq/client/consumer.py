@@ -50,6 +50,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.fetcher import STOP_TIMEOUT_S, PartitionFetcher
+from metaq.client.priofetch import PriorityFetcher, check_levels
 from metaq.client.message import Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
@@ -187,7 +188,7 @@ class Consumer(ConsumerReads):
 
     # -- public API -----------------------------------------------------------------------------
 
-    def subscribe(self, topic, handler, filter=None, orderly=False, reply=False):
+    def subscribe(self, topic, handler, filter=None, orderly=False, reply=False, priorities=0):
         """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
 
         ``filter``: a callable ``message -> bool``, an attribute string (messages whose attribute equals it) or
@@ -195,7 +196,9 @@ class Consumer(ConsumerReads):
         filter is applied by the broker (``get_tags``, README "Tag filtering"), and again here. ``orderly``: a
         failing message holds its partition, retried with backoff until it succeeds (or the consumer closes),
         instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
-        (``client.request.replying``: README "Request-reply"). Call before :meth:`start`.
+        (``client.request.replying``: README "Request-reply"). ``priorities``: the topic's levels, for a priority
+        topic (README "Priorities": higher levels are fetched first; the broker refuses a wrong count). Call
+        before :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):
@@ -206,7 +209,8 @@ class Consumer(ConsumerReads):
                 raise errors.ClientError("subscribe() must be called before start()")
             if topic in self._subs:
                 raise errors.ClientError("topic %r is already subscribed" % topic)
-            self._subs[topic] = Subscription(topic, handler, accept, bool(orderly), broker_tags(filter))
+            self._subs[topic] = Subscription(topic, handler, accept, bool(orderly), broker_tags(filter),
+                                             check_levels(priorities, self._replay))
         return self
 
     def start(self):
@@ -347,7 +351,9 @@ class Consumer(ConsumerReads):
                 return
             for topic, part in sorted(keys):
                 if (topic, part) not in self._fetchers and topic in self._subs:
-                    fetcher = self._fetchers[(topic, part)] = PartitionFetcher(self, self._subs[topic], part)
+                    sub = self._subs[topic]
+                    fetcher = self._fetchers[(topic, part)] = (PriorityFetcher if sub.priorities else
+                                                               PartitionFetcher)(self, sub, part)
                     fetcher.start()
         log.info("consumer %s now fetching %s", self.member_id, ", ".join("%s/%s" % k for k in sorted(keys)))
 
@@ -465,12 +471,15 @@ class Consumer(ConsumerReads):
     def _commit_fetchers(self, fetchers):
         """Commit the positions of ``fetchers``; one commit at a time, so a stale position never overwrites a newer one."""
         with self._commit_lock:
-            positions = {key: f.position for key, f in fetchers.items() if f.position is not None}
+            positions = {}
+            for key, f in fetchers.items():
+                positions.update(f.positions(key))  # a priority topic's fetcher: one per level
             if not positions or self._store is None:
                 return
             self._store.commit(positions)
             for key, (offset, _msg_id) in positions.items():
-                fetchers[key].committed = offset
+                if key in fetchers:
+                    fetchers[key].committed = offset
 
     # -- handling, retries, parking ---------------------------------------------------------------
 

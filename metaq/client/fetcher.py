@@ -92,6 +92,22 @@ class PartitionFetcher:
         offset, msg_id = self.offset, self.msg_id
         return None if offset is None else (offset, msg_id)
 
+    def positions(self, key):
+        """``{offset store key: (offset, msg_id)}`` to commit for this fetcher's ``key`` (a priority topic's fetcher
+        has one per level: client/priofetch.py)."""
+        position = self.position
+        return {} if position is None else {key: position}
+
+    @property
+    def progress(self):
+        """What moves when a fetch delivered something (the fast-miss guard compares it)."""
+        return self.offset
+
+    def resolve(self):
+        """Load the starting offset, once."""
+        if self.offset is None:
+            self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
+
     def start(self):
         self._thread.start()
 
@@ -132,9 +148,8 @@ class PartitionFetcher:
         while not self._stop.is_set():
             try:
                 self._apply_seek()
-                if self.offset is None:
-                    self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
-                started, asked = time.monotonic(), self.offset
+                self.resolve()
+                started, asked = time.monotonic(), self.progress
                 fetched = self._fetch()
                 if fetched is None:  # stopped while waiting
                     return
@@ -171,7 +186,7 @@ class PartitionFetcher:
                 self._stop.wait(backoff)
                 continue
             # a 404 ends a long poll that saw nothing; guard against a broker that answers 404 at once
-            quick = self.offset == asked and time.monotonic() - started < self.consumer.long_poll_ms / 2000.0
+            quick = self.progress == asked and time.monotonic() - started < self.consumer.long_poll_ms / 2000.0
             fast_misses = fast_misses + 1 if quick else 0
             if fast_misses > 1:
                 self._stop.wait(min(1.0, 0.05 * 2 ** min(fast_misses, 5)))

@@ -11,7 +11,9 @@ from typing import NamedTuple, Optional
 
 from metaq import limits
 from metaq.protocol.compression import compress
+from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.priority import PriorityPut
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
 
 __all__ = ["Partition", "Message", "SendResult"]
@@ -57,15 +59,19 @@ class Message:
     them, and messages sent by RocketMQ producers arrive with their tags as
     ``attribute`` and their other properties here.
 
+    ``priority`` (None by default): the level of a priority topic the message goes to, 0 the lowest (README
+    "Priorities"); the broker refuses it for a topic without priorities or past its levels. A fetched message
+    of a priority topic has the level it came from here.
+
     Filled in by the library: ``id`` (the broker's message id), ``partition``
     (a ``Partition``) and ``offset`` (the message's sequence number in its
     partition); all None until then.
     """
 
     __slots__ = ("topic", "body", "attribute", "key", "delay_level", "id", "partition", "offset", "flag",
-                 "properties")
+                 "properties", "priority")
 
-    def __init__(self, topic, body, attribute=None, key=None, properties=None, delay_level=0):
+    def __init__(self, topic, body, attribute=None, key=None, properties=None, delay_level=0, priority=None):
         if isinstance(body, (bytearray, memoryview)):
             body = bytes(body)
         elif not isinstance(body, bytes):
@@ -77,6 +83,11 @@ class Message:
                              "properties (give those as properties=)")
         if not isinstance(delay_level, int) or isinstance(delay_level, bool) or delay_level < 0:
             raise ValueError("delay_level must be an int >= 0 (0 = no delay), got %r" % (delay_level,))
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool) or priority < 0):
+            raise ValueError("priority must be None or an int >= 0 (a level of a priority topic), got %r" % (priority,))
+        if priority is not None and delay_level:
+            raise ValueError("a message cannot have both a delay level and a priority")
+        self.priority = priority
         self.topic = topic
         self.body = body
         self.attribute = attribute
@@ -113,6 +124,14 @@ class Message:
         if properties:
             return encode_payload(body, encode_attribute(self.attribute, properties))
         return encode_payload(body, self.attribute)
+
+    def put_event(self, flag, data, checksum):
+        """The request that stores the encoded message (partition -1): put, put_delayed or put_prio."""
+        if self.priority is not None:
+            return PriorityPut(self.topic, -1, flag, data, 0, checksum, self.priority)
+        if self.delay_level:
+            return DelayedPut(self.topic, -1, flag, data, 0, checksum, self.delay_level)
+        return Put(self.topic, -1, flag, data, 0, checksum)
 
     def key_bytes(self):
         """The key as bytes (str as UTF-8, other objects through ``str``), or None without a key."""

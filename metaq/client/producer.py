@@ -197,6 +197,8 @@ class Producer:
         thread: it must return quickly. Bad messages raise as in ``send``.
         """
         tx = self.current_transaction()
+        if (self.idempotent or tx is not None) and message.priority is not None:
+            raise ValueError("a message with a priority cannot be sent idempotently or in a transaction")
         if tx is not None:
             return tx.send_async(message, callback, timeout)
         put = self.make_put(message)
@@ -352,9 +354,7 @@ class Producer:
         if len(data) > self.max_body_bytes:
             raise ValueError("message for topic %s is %d bytes (body and attribute): over the limit of %d bytes"
                              % (message.topic, len(data), self.max_body_bytes))
-        if message.delay_level:
-            return ev.DelayedPut(message.topic, -1, flag, data, 0, metaq_checksum(data), message.delay_level)
-        return ev.Put(message.topic, -1, flag, data, 0, metaq_checksum(data))
+        return message.put_event(flag, data, metaq_checksum(data))
 
     def choose_partition(self, message):
         """The partition the selector picks for ``message`` (among brokers not suspect, unless the selector is
@@ -434,7 +434,7 @@ class Producer:
                                    send.seq)
         elif type(p) is ev.Put:
             put = ev.Put(p.topic, partition.partition, p.flag, p.body, 0, p.checksum)
-        else:  # a DelayedPut
+        else:  # a DelayedPut or a PriorityPut
             put = p._replace(partition=partition.partition)
         conn.request_callback(put, lambda reply, error: self._on_reply(send, partition, reply, error),
                               timeout=max(0.001, min(self.send_timeout, remaining)))

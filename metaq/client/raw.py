@@ -15,6 +15,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
+from metaq.protocol.priority import PriorityGet, PriorityPut, decode_get_prio_body
 from metaq.protocol.rocketmq.remoting import RemotingParser, encode_command, ext_str, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
@@ -97,6 +98,19 @@ class TextClient(_Blocking):
     def get_tags(self, topic, partition, offset, tags, max_size=1 << 20, group="g", max_wait_ms=None):
         """``get_tags`` (README "Tag filtering"): the reply; ``decode_tagged_body(reply.body)`` reads a Value's."""
         return self.call(ev.GetTags(topic, group, partition, offset, max_size, tags, self.opaque(), max_wait_ms))
+
+    def put_prio(self, topic, payload, priority, partition=-1, attribute=None):
+        """``put_prio`` (README "Priorities"): the reply, as a put's."""
+        flag, data = encode_payload(payload, attribute)
+        return self.call(PriorityPut(topic, partition, flag, data, self.opaque(), metaq_checksum(data), priority))
+
+    def get_prio(self, topic, partition, offsets, max_size=1 << 20, group="g", max_wait_ms=None):
+        """``get_prio`` with one offset per level: ``(level, [Record])`` for a Value, else the reply (404, 301 ...)."""
+        r = self.call(PriorityGet(topic, group, partition, tuple(offsets), max_size, self.opaque(), max_wait_ms))
+        if not isinstance(r, ev.Value):
+            return r
+        level, records = decode_get_prio_body(r.body)
+        return level, [rec for rec, _end in iter_records(records)]
 
     def get_records(self, topic, partition, offset, max_size=1 << 20):
         r = self.get(topic, partition, offset, max_size)

@@ -13,7 +13,8 @@ carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
 the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
 after a time), ``lookup`` (a key's messages; ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker;
 ``metaq.protocol.tags``), ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``),
-``request`` and ``reply`` (request-reply; ``metaq.protocol.reqreply``), the admin commands
+``request`` and ``reply`` (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio``
+(consumer priorities; ``metaq.protocol.priority``), the admin commands
 (``metaq.protocol.adminwire``) are ours;
 integers
 are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
@@ -54,6 +55,7 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol import adminwire
+from metaq.protocol import priority
 from metaq.protocol import topicadmin
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
@@ -407,6 +409,8 @@ def _admin_parser(parse):
 
 # the admin extensions (``protocol.adminwire``: group_info, reset_offset, dlq_list, dlq_resend)
 _COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in adminwire.COMMANDS.items()})
+# consumer priorities (``protocol.priority``: put_prio, get_prio)
+_COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in priority.COMMANDS.items()})
 
 
 class TextParser(StreamParser):

@@ -4,6 +4,7 @@ Split from ``metaq.protocol.text`` (which re-exports these names); the grammar i
 """
 
 from metaq.protocol import adminwire
+from metaq.protocol import priority
 from metaq.protocol import topicadmin
 from metaq.protocol.events import (
     Auth,
@@ -183,6 +184,7 @@ _SERIALIZERS = {
     Result: _serialize_result,
 }
 _SERIALIZERS.update(adminwire.SERIALIZERS)  # the admin extensions (group_info, reset_offset, dlq_list, dlq_resend)
+_SERIALIZERS.update(priority.SERIALIZERS)  # put_prio, get_prio
 
 
 def serialize(event):

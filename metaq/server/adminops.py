@@ -104,8 +104,8 @@ class AdminOps:
         """NotFound unless the broker holds ``topic`` (configured by its exact name, or with messages): an offset
         of a topic that is not there is a typo, not a reset."""
         limits.validate_topic(topic)
-        if topic not in self.store.known_topics():
-            raise errors.NotFound("no topic %s on this broker" % topic)
+        if topic not in self.store.known_topics() and self.store.topics.level_owner(topic) is None:
+            raise errors.NotFound("no topic %s on this broker" % topic)  # a priority level's name is its topic's
 
     def live_members(self, group, now_s):
         """``[{"kind", "id", "address", "idle_s"}]``: the group's live members (module docstring)."""

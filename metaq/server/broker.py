@@ -11,6 +11,7 @@ import yaml
 
 from metaq import speedups
 from metaq.protocol import checksum
+from metaq.protocol.priority import with_owner_keys
 from metaq.server.config import is_loopback
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
@@ -160,7 +161,7 @@ class Broker:
         self.gate.refresh(flush_failure=self.flusher.failure)
 
     def on_visible(self, keys):
-        self.waiters.notify(keys)
+        self.waiters.notify(with_owner_keys(keys))  # a priority level's append wakes its topic's get_prio
         self.roles.notify()
 
     # -- lifecycle -----------------------------------------------------------

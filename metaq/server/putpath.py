@@ -20,6 +20,7 @@ import time
 from metaq import errors
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
+from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +107,39 @@ class PutPath:
         if self.gate.refusal is not None:
             raise self.gate.error()
 
-    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False):
+    def stored_topic(self, topic, priority):
+        """The topic a put to ``topic`` with ``priority`` is stored in (README "Priorities": level k >= 1 of a priority
+        topic is ``<topic>%P<k>``); ClientError, nothing stored, for a priority the topic does not have."""
+        s = self.store.topics.settings_of(topic)
+        levels = s.priorities if s is not None else 0
+        if not levels:
+            raise errors.ClientError("topic %s has no priorities (a priority %d was given): create or alter it with "
+                                     "metaq-admin topics ... --priorities L" % (topic, priority))
+        if not 0 <= priority < levels:
+            raise errors.ClientError("priority %d is out of range for topic %s: it has %d levels, 0..%d (%d the highest)"
+                                     % (priority, topic, levels, levels - 1, levels - 1))
+        return level_topic(topic, priority)
+
+    def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False,
+               priority=None):
         """Store one message (after ``check_writable``); returns the store's PutResult.
 
         ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
         result names its schedule entry). Counts the put (or its failure), turns a full disk into the
         broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError; the delay
         scheduler's internal topic is refused, and so is a dead-letter resent journal unless ``internal`` (the
-        broker's own write: server/adminops.py).
+        broker's own write: server/adminops.py), and a priority level's name. ``priority`` (not None): the message
+        goes to that level of ``topic`` (``stored_topic``); no delay level with it.
         """
+        stored = topic
         try:
             self.check_writable()
+            if is_level_topic(topic):
+                raise errors.ClientError(level_refusal(topic))
+            if priority is not None:
+                if delay_level:
+                    raise errors.ClientError("a message cannot have both a delay level and a priority")
+                stored = self.stored_topic(topic, priority)
             if topic == SCHEDULE_TOPIC:
                 raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
                                          "topic with a delay level instead" % SCHEDULE_TOPIC)
@@ -125,11 +148,11 @@ class PutPath:
             if delay_level:
                 r = self.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
             else:
-                r = self.store.put(topic, partition, flag, body, now, born_ms=born_ms, checksum=checksum)
+                r = self.store.put(stored, partition, flag, body, now, born_ms=born_ms, checksum=checksum)
         except errors.MetaqError as exc:
             self.failed(topic, exc)
             raise
-        self.stats.on_put(topic, len(body))
+        self.stats.on_put(topic, len(body))  # a level's put counts as its topic's (and registers only the topic)
         if self.registry is not None and topic not in self.registry.registered_topics:
             self.registry.topic_created(topic)
         return r
@@ -145,6 +168,8 @@ class PutPath:
                 raise errors.ClientError("%s is the broker's internal topic for delayed delivery" % SCHEDULE_TOPIC)
             if is_journal(topic):
                 raise errors.ClientError(journal_refusal(topic))
+            if is_level_topic(topic):
+                raise errors.ClientError(level_refusal(topic))
             r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms)
         except errors.MetaqError as exc:
             self.failed(topic, exc)

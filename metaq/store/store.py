@@ -165,9 +165,10 @@ class MessageStore(StoreFigures):
         return self._topics.partitions_of(topic)
 
     def known_topics(self):
-        """Configured exact names, the table's and every topic that has data."""
+        """Configured exact names, the table's and every topic that has data (a priority topic's levels are its own,
+        not topics: README "Priorities")."""
         names = set(self._topics.config.exact_names) - set(self._topics.table.deleted) | set(self._topics.table.entries)
-        return sorted(names | {t for t, _p in self.partition_keys()})
+        return sorted(names | {t for t, _p in self.partition_keys() if self._topics.level_owner(t) is None})
 
     def partition_keys(self):
         """``[(topic, partition)]`` that have received messages."""
@@ -586,7 +587,7 @@ class MessageStore(StoreFigures):
 
     def _topic_retention(self, now_ms, raised):
         """Per-topic retention (topicretention.py): the first offsets of topics with their own retention."""
-        return apply_topic_retention(self._log, self._parts, self._topics.table.entries, now_ms, raised)
+        return apply_topic_retention(self._log, self._parts, self._topics.with_levels(), now_ms, raised)
 
 
 def _too_large(total, limit):

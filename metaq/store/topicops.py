@@ -17,6 +17,7 @@ import os
 import shutil
 
 from metaq.errors import ClientError, TopicLimit, UnknownTopic
+from metaq.protocol.priority import level_topic
 from metaq.store.files import fsync_dir
 from metaq.store.index import PartitionIndex
 from metaq.store.topics import check_name, parse_settings
@@ -118,7 +119,8 @@ class TopicOps:
         self._save(lambda: self.table.entries.__setitem__(name, old) if old else self.table.entries.pop(name))
         self._hold(s)
         if not s.writable:
-            self._evict_writers(name)
+            for level in range(s.priorities or 1):
+                self._evict_writers(level_topic(name, level))
         self._refresh_guarded()
         log.info("topic %s altered: %s", name, s.describe())
         return s
@@ -126,6 +128,10 @@ class TopicOps:
     def delete(self, name):
         """Delete ``name``: no longer served or written, its index files removed; returns the tombstone offsets."""
         check_name(name, "delete")
+        if self.catalog.priority_settings(name) is not None:
+            raise ClientError("topic %s has priorities: deleting a priority topic is not supported yet (its levels' "
+                              "offsets would start again at 0 when it is re-created); alter it to perm=- to retire "
+                              "it" % name)
         held = {p: ix.max for (t, p), ix in self.parts.items() if t == name}
         if name not in self.table.entries and not held and name not in self.catalog.config.exact_names:
             raise UnknownTopic("no such topic %s: nothing to delete" % name)
@@ -173,8 +179,13 @@ class TopicOps:
         for s in self.table.entries.values():
             self._hold(s)
             if not s.writable:
-                self._evict_writers(s.name)
+                for level in range(s.priorities or 1):
+                    self._evict_writers(level_topic(s.name, level))
         self._refresh_guarded()
+
+    def level_owner(self, topic):
+        """The TopicSettings of the priority topic whose level ``topic`` is (``<t>%P<k>``), or None."""
+        return self.catalog.level_owner(topic)
 
     def settings_of(self, topic):
         """The table's TopicSettings of ``topic``, or None (a topic the config or the data dir gives)."""
@@ -187,13 +198,16 @@ class TopicOps:
             rows[name] = dict(s.describe(), source="table")
         names = set(self.catalog.config.exact_names) | {t for t, _p in self.parts}
         for name in sorted(names - set(rows) - set(self.table.deleted)):
+            if self.catalog.level_owner(name) is not None:
+                continue  # a priority level: shown as its topic's "priorities"
             try:
                 count = self.catalog.partitions_of(name)
             except (UnknownTopic, ClientError):
                 continue
             source = "data dir" if name in self.catalog.from_data_dir else "config"
             rows[name] = {"name": name, "partitions": count, "perm": "rw", "ordered": False,
-                          "retention_hours": None, "retention_bytes": None, "source": source}
+                          "retention_hours": None, "retention_bytes": None, "priorities": 0,
+                          "priority_max_wait_ms": None, "source": source}
         return [rows[n] for n in sorted(rows)]
 
     # -- helpers -------------------------------------------------------------
@@ -250,4 +264,6 @@ class TopicOps:
     def _refresh_guarded(self):
         self.guarded.clear()
         self.guarded.update(n for n, s in self.table.entries.items() if not s.readable)
+        self.guarded.update(level_topic(n, k) for n, s in self.table.entries.items() if not s.readable
+                            for k in range(1, s.priorities))
         self.guarded.update(n for n in self.table.deleted if n not in self.table.entries)

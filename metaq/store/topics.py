@@ -14,7 +14,10 @@ Which partition count a topic has, first match wins:
 
 Per topic (table entries only): ``perm`` (``rw``, ``r``: puts refused, ``w``: reads refused, ``-``: both),
 ``ordered`` (reported to RocketMQ clients as an orderly topic; a keyed producer keeps a key on one partition),
-``retention_hours`` and ``retention_bytes`` (store/topicretention.py). ``base_offsets``: where a re-created
+``retention_hours`` and ``retention_bytes`` (store/topicretention.py), ``priorities`` (0: none; 2..
+``limits.MAX_PRIORITY_LEVELS`` levels, README "Priorities") and ``priority_max_wait_ms`` (its starvation bound).
+A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``protocol/priority.py``): the catalog
+answers for it with its topic's partitions and permissions. ``base_offsets``: where a re-created
 topic's partitions start (the offsets of the deleted incarnation are never used again).
 
 File: JSON written through a temp file, fsynced and renamed (``files.write_atomically``), then the directory
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from metaq import limits
 from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.priority import is_level_topic, level_topic, split_level
 from metaq.store.files import fsync_dir, write_atomically
 
 TOPICS_FILE = "topics.json"
@@ -39,7 +43,8 @@ TABLE_VERSION = 1
 PERMS = {"rw": (True, True), "r": (True, False), "w": (False, True), "-": (False, False)}
 #: Names no operator may create, alter or delete: the broker's own and RocketMQ's system topics.
 SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%", "RMQ_SYS_")
-SETTING_NAMES = ("partitions", "perm", "ordered", "retention_hours", "retention_bytes")
+SETTING_NAMES = ("partitions", "perm", "ordered", "retention_hours", "retention_bytes", "priorities",
+                 "priority_max_wait_ms")
 #: The largest retention by age, in hours (100 years); the smallest is any positive number (fractions allowed).
 MAX_RETENTION_HOURS = 876000.0
 
@@ -53,6 +58,13 @@ class TopicSettings:
     retention_hours: float = None  # None: the broker's store.retention_hours alone
     retention_bytes: int = None  # None: no bound by size
     base_offsets: dict = field(default_factory=dict)  # partition -> first offset (a re-created topic)
+    priorities: int = 0  # 0: no priorities; else the number of levels (README "Priorities")
+    priority_max_wait_ms: int = None  # None: limits.DEFAULT_PRIORITY_MAX_WAIT_MS
+
+    @property
+    def max_wait_ms(self):
+        """The starvation bound a priority topic's gets apply."""
+        return self.priority_max_wait_ms or limits.DEFAULT_PRIORITY_MAX_WAIT_MS
 
     @property
     def readable(self):
@@ -65,6 +77,7 @@ class TopicSettings:
     def to_json(self):
         return {"partitions": self.partitions, "perm": self.perm, "ordered": self.ordered,
                 "retention_hours": self.retention_hours, "retention_bytes": self.retention_bytes,
+                "priorities": self.priorities, "priority_max_wait_ms": self.priority_max_wait_ms,
                 "base_offsets": {str(k): v for k, v in sorted(self.base_offsets.items())}}
 
     def describe(self):
@@ -80,6 +93,9 @@ def check_name(name, what="create"):
     if isinstance(name, str) and "*" in name:
         raise InvalidTopic("topic %r: patterns belong in the configuration file, not the table" % name)
     limits.validate_topic(name)
+    if is_level_topic(name):
+        raise ClientError("topic %s is a priority level's internal name (<topic>%%P<level>): it cannot be %sd by "
+                          "an operator" % (name, what.rstrip("e")))
     if name == SCHEDULE_TOPIC or name.startswith(SYSTEM_PREFIXES):
         raise ClientError("topic %s is a system topic (delayed delivery, RocketMQ retry/dead-letter or system "
                           "queues): it cannot be %sd by an operator" % (name, what.rstrip("e")))
@@ -93,7 +109,8 @@ def parse_settings(values, base=None):
     if unknown:
         raise ClientError("unknown topic setting %s (known: %s)" % (", ".join(unknown), ", ".join(SETTING_NAMES)))
     s = TopicSettings(base.name, base.partitions, base.perm, base.ordered, base.retention_hours,
-                      base.retention_bytes, dict(base.base_offsets)) if base else TopicSettings("", 0)
+                      base.retention_bytes, dict(base.base_offsets), base.priorities,
+                      base.priority_max_wait_ms) if base else TopicSettings("", 0)
     if "partitions" in values:
         s.partitions = _number(values["partitions"], "partitions", int)
     if "perm" in values:
@@ -112,6 +129,19 @@ def parse_settings(values, base=None):
         s.retention_bytes = _optional(values["retention_bytes"], "retention_bytes", int)
         if s.retention_bytes is not None and s.retention_bytes < 1:
             raise ClientError("retention_bytes must be at least 1, got %r" % s.retention_bytes)
+    if "priorities" in values:
+        s.priorities = _number(values["priorities"], "priorities", int)
+        if base is not None and base.priorities and s.priorities < base.priorities:
+            raise ClientError("priorities can only grow (%d now, %d asked): the messages of the levels dropped would "
+                              "be stranded" % (base.priorities, s.priorities))
+        if s.priorities != 0 and not 2 <= s.priorities <= limits.MAX_PRIORITY_LEVELS:
+            raise ClientError("priorities must be 0 (none) or 2..%d levels (limits.MAX_PRIORITY_LEVELS), got %r"
+                              % (limits.MAX_PRIORITY_LEVELS, s.priorities))
+    if "priority_max_wait_ms" in values:
+        s.priority_max_wait_ms = _optional(values["priority_max_wait_ms"], "priority_max_wait_ms", int)
+        if s.priority_max_wait_ms is not None and not 1 <= s.priority_max_wait_ms <= limits.MAX_PRIORITY_MAX_WAIT_MS:
+            raise ClientError("priority_max_wait_ms must be 1..%d (limits.MAX_PRIORITY_MAX_WAIT_MS), got %r"
+                              % (limits.MAX_PRIORITY_MAX_WAIT_MS, s.priority_max_wait_ms))
     if not 1 <= s.partitions <= limits.MAX_PARTITIONS:
         raise ClientError("partitions must be 1..%d (limits.MAX_PARTITIONS), got %r"
                           % (limits.MAX_PARTITIONS, s.partitions))
@@ -214,7 +244,7 @@ class TopicCatalog:
 
     def partitions_of(self, topic):
         """Partition count of ``topic``; raises InvalidTopic or UnknownTopic."""
-        s = self.table.entries.get(topic)
+        s = self.table.entries.get(topic) or self.level_owner(topic)
         if s is not None:
             return s.partitions
         if topic in self.table.deleted:
@@ -228,7 +258,8 @@ class TopicCatalog:
         """``counts``: topic -> partitions the data dir holds. Keep those the config would drop; returns log lines."""
         lines = []
         for topic, held in sorted(counts.items()):
-            if topic in self.table.entries or topic in self.table.deleted or topic in self.config.exact_names:
+            if (topic in self.table.entries or topic in self.table.deleted or topic in self.config.exact_names
+                    or self.level_owner(topic) is not None):
                 continue
             try:
                 configured = self.config.partitions_of(topic)
@@ -240,15 +271,38 @@ class TopicCatalog:
                              % (topic, held, configured or "none: it matches no topics entry"))
         return lines
 
-    def check_writable(self, topic):
+    def level_owner(self, topic):
+        """The settings of the priority topic whose level ``topic`` is (``<t>%P<k>``, k < its levels), or None."""
+        if "%P" not in topic:
+            return None
+        split = split_level(topic)
+        if split is None:
+            return None
+        s = self.table.entries.get(split[0])
+        return s if s is not None and split[1] < s.priorities else None
+
+    def with_levels(self):
+        """The table's entries plus each priority level's name with its topic's settings (per-topic retention
+        applies to every level: each level's partitions are bounded as the topic's are)."""
+        out = dict(self.table.entries)
+        for name, s in self.table.entries.items():
+            out.update((level_topic(name, k), s) for k in range(1, s.priorities))
+        return out
+
+    def priority_settings(self, topic):
+        """``topic``'s TopicSettings if it has priorities, else None."""
         s = self.table.entries.get(topic)
+        return s if s is not None and s.priorities else None
+
+    def check_writable(self, topic):
+        s = self.table.entries.get(topic) or self.level_owner(topic)
         if s is not None and not s.writable:
             raise TopicForbidden("topic %s is not writable (perm %s): puts are refused" % (topic, s.perm))
         if topic in self.table.deleted and s is None:
             raise UnknownTopic("no such topic %s: it was deleted" % topic)
 
     def check_readable(self, topic):
-        s = self.table.entries.get(topic)
+        s = self.table.entries.get(topic) or self.level_owner(topic)
         if s is None:
             if topic in self.table.deleted:
                 raise UnknownTopic("no such topic %s: it was deleted" % topic)

@@ -62,7 +62,7 @@ def test_admin_reports_topics_partitions_groups_and_zk(broker_factory, zk_connec
         orders = [t for t in topics if t["topic"] == "orders"][0]
         assert orders == {"topic": "orders", "brokers": "1,2", "partitions": 4, "messages": 9, "bytes": orders["bytes"],
                           "perm": "rw", "ordered": False, "retention_hours": None, "retention_bytes": None,
-                          "source": "config"}  # the topic table's columns: a config file's topic
+                          "priorities": 0, "source": "config"}  # the topic table's columns: a config file's topic
         assert orders["bytes"] > 9
 
         parts = json.loads(admin("--zk", zk_connect, "--json", "partitions", "orders").stdout)

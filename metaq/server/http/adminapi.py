@@ -10,7 +10,8 @@
 ``POST /api/dlq/{group}/resend``                           resend them all, or ``ids=<id or p-o>,...``
 ``GET /api/topic-table``                                   every topic with its settings and their source
 ``PUT /api/topics/{topic}``                                create it: ``partitions``, ``perm``, ``ordered``,
-                                                           ``retention_hours``, ``retention_bytes`` in the query
+                                                           ``retention_hours``, ``retention_bytes``, ``priorities``,
+                                                           ``priority_max_wait_ms`` in the query
 ``PATCH /api/topics/{topic}``                              change those settings
 ``DELETE /api/topics/{topic}``                             delete it (README "Topics: the table, ...")
 =========================================================  ======================================================

@@ -30,6 +30,7 @@ from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import is_journal, journal_refusal
+from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
 from metaq.protocol.reqreply import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
@@ -71,13 +72,17 @@ class RemotingSender:
 
     # -- the put itself -------------------------------------------------------
 
-    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0):
-        """Append (or schedule) one message; returns ``(PutResult, offset message id)``."""
+    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0, priority=None):
+        """Append (or schedule) one message (``priority``: to that level, README "Priorities"); returns
+        ``(PutResult, offset message id)``."""
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
-        r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms, delay_level=delay_level)
+        r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms, delay_level=delay_level,
+                             priority=priority)
+        if priority:
+            topic = level_topic(topic, priority)  # the record's topic: where the message is stored
         if delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
             stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         else:
@@ -85,10 +90,10 @@ class RemotingSender:
         position = r.log_end - record_size(len(stored[0].encode("utf-8")), stored[1])
         return r, create_offset_msg_id(self.server.store_ip, self.server.port, position)
 
-    def _store(self, topic, partition, flag, data, born_ms, delay_level=0):
+    def _store(self, topic, partition, flag, data, born_ms, delay_level=0, priority=None):
         """``_append`` one message and wait until it may be acknowledged; returns ``(partition, offset, msg_id)``."""
         now = now_ms()
-        r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level)
+        r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level, priority)
         self.path.durable(topic, r.partition, r.log_end, now)
         return r.partition, r.offset, msg_id
 
@@ -109,11 +114,14 @@ class RemotingSender:
             props[CLUSTER] = self.cluster
         level = _delay_level(props)
         identity = _identity(props)
+        priority = _priority(props)
+        if priority is not None and identity is not None:
+            raise errors.ClientError("a message with a %s cannot be idempotent" % PRIORITY_PROPERTY)
         flag, data = record_data_from_send(self._body(h.sys_flag, cmd.body), props, h.flag,
                                            h.sys_flag & ~COMPRESSION_BITS, h.reconsume_times, conn.peer)
         if identity is not None:
             return self._send_idempotent(cmd, h, topic, flag, data, identity, level)
-        partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level)
+        partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level, priority)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
 
     def _body(self, sys_flag, body):
@@ -142,6 +150,8 @@ class RemotingSender:
         if any(PID_PROPERTY in e.properties or SEQ_PROPERTY in e.properties for e in entries):
             raise errors.ClientError("a batch cannot hold idempotent messages (%s/%s): send them one by one"
                                      % (PID_PROPERTY, SEQ_PROPERTY))
+        if any(PRIORITY_PROPERTY in e.properties for e in entries):
+            raise errors.ClientError("a batch cannot hold messages with a %s: send them one by one" % PRIORITY_PROPERTY)
         partition = h.queue_id
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
@@ -215,6 +225,8 @@ class RemotingSender:
                                      "cannot go there" % SCHEDULE_TOPIC)
         if is_journal(topic):
             raise errors.ClientError(journal_refusal(topic))
+        if is_level_topic(topic):
+            raise errors.ClientError(level_refusal(topic))
         group = _group_of(h.producer_group)
         props = decode_properties(h.properties)
         if PID_PROPERTY in props or SEQ_PROPERTY in props:
@@ -307,6 +319,22 @@ def _delay_level(props):
         return max(0, int(text))
     except ValueError:
         raise errors.ClientError("property DELAY=%r is not a delay level" % text[:32]) from None
+
+
+#: The user property of a SEND_MESSAGE that puts the message in a level of a priority topic (README "Priorities").
+PRIORITY_PROPERTY = "PRIORITY"
+
+
+def _priority(props):
+    """The ``PRIORITY`` property as a level, or None without it; ClientError when it is not an integer."""
+    text = props.get(PRIORITY_PROPERTY)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise errors.ClientError("property %s=%r is not a priority level (0..levels-1)" % (PRIORITY_PROPERTY,
+                                                                                        text[:32])) from None
 
 
 def _identity(props):

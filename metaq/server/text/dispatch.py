@@ -16,6 +16,7 @@ import metaq
 from metaq import errors, limits
 from metaq.protocol import adminwire, events as ev
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.priority import PriorityGet, PriorityPut
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
@@ -26,6 +27,7 @@ from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
+from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
 
@@ -152,6 +154,9 @@ class TextDispatcher:
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
+        priorities = TextPriorities(self, error_reply)  # put_prio, get_prio (README "Priorities")
+        self._handlers[PriorityPut] = priorities.put_prio
+        self._handlers[PriorityGet] = priorities.get_prio
         self.admin = TextAdmin(admin, guard, error_reply) if admin is not None else None
         for event_type in adminwire.SERIALIZERS:
             self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin
@@ -248,6 +253,8 @@ class TextDispatcher:
             return reply, r.log_end
         return reply, NO_WAIT
 
+    ack_put = _ack  # for the other put handlers (text/priorities.py)
+
     def _put_replicated(self, e, reply, partition, log_end, now):
         """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put."""
         try:
@@ -268,6 +275,8 @@ class TextDispatcher:
         if e.max_size <= 0:
             return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque)
         return None
+
+    get_refusal = _get_refusal  # for the other get handlers (text/priorities.py)
 
     def get(self, e, conn):
         refusal = self._get_refusal(e, conn)
@@ -316,6 +325,8 @@ class TextDispatcher:
         read = read or (lambda: self._read(e, max_size))
         conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), on_exit=unpark)
         return None
+
+    park = _park  # for the other get handlers (text/priorities.py)
 
     def _read(self, e, max_size):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""

@@ -31,6 +31,7 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.journaltopic import is_journal
+from metaq.protocol.priority import is_level_topic
 from metaq.protocol.textwrite import encode_result
 from metaq.server.flusher import now_ms
 from metaq.server.text.dispatch import error_reply
@@ -43,13 +44,13 @@ DONE, MORE = 0, 1
 
 
 def before_refused_topic(frames, may_publish):
-    """The frames before the first put to the delay scheduler's topic or a resent journal, or to a topic the connection's user may
+    """The frames before the first put to the delay scheduler's topic, a resent journal or a priority level, or to a topic the connection's user may
     not publish to (``may_publish(topic) -> bool``, None: any): the general path answers those."""
     seen = None
     for i, frame in enumerate(frames):
         topic = frame[0]
         if topic is not seen:  # consecutive frames of one topic share the object: one compare per run
-            if topic == _INTERNAL_TOPIC or is_journal(topic) or (may_publish is not None and not may_publish(topic)):
+            if topic == _INTERNAL_TOPIC or is_journal(topic) or is_level_topic(topic) or (may_publish is not None and not may_publish(topic)):
                 return frames[:i]
             seen = topic
     return frames

@@ -1,0 +1,138 @@
+"""A priority topic's partition fetcher (README "Priorities"): one offset per level, ``get_prio`` requests.
+
+``consumer.subscribe(topic, handler, priorities=L)`` says the topic has L levels (the broker answers a wrong
+count 400, logged and retried slowly: fix the subscription). The fetcher keeps the next offset of every level
+and asks ``get_prio`` with all of them; the broker answers with the records of the one level it chose (the
+highest with a backlog, unless a lower level's head waited past the topic's ``priority_max_wait_ms``), and the
+fetcher delivers them in order, moving that level's offset. Level k's offset is kept in the consumer's offset
+store under the level's internal topic ``<topic>%P<k>`` (level 0 under the topic itself), so commits, ZooKeeper
+or broker-kept offsets, ``metaq-admin reset-offsets`` and a restart work per level unchanged. Delivered
+messages carry their level in ``message.priority``.
+
+Not supported for a priority subscription: a broker-side tag filter (a callable or attribute filter still
+runs here, on every message), ``seek`` (ClientError) and a ``start_from`` time (ClientError at ``subscribe``:
+each level starts at its stored offset, else at ``start_from``'s earliest or latest).
+"""
+
+import logging
+
+from metaq import errors, limits
+from metaq.client.fetcher import LONG_POLL_MARGIN_S, PartitionFetcher, records_of
+from metaq.client.message import Message
+from metaq.client.replies import reply_error
+from metaq.protocol import events as ev
+from metaq.protocol.message import iter_records
+from metaq.protocol.priority import PriorityGet, decode_get_prio_body, level_topic
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PriorityFetcher", "check_levels"]
+
+
+def check_levels(priorities, replay=None):
+    """``subscribe``'s ``priorities``: 0 (none) or 2..MAX_PRIORITY_LEVELS; ClientError otherwise, and with a
+    ``start_from`` time (``replay``: the consumer's ReplayStart, or None)."""
+    if priorities in (0, None):
+        return 0
+    if replay is not None:
+        raise errors.ClientError("a priority subscription cannot start_from a time: its levels start at their stored "
+                                 "offsets, else at earliest or latest")
+    if not isinstance(priorities, int) or isinstance(priorities, bool) or not (
+            2 <= priorities <= limits.MAX_PRIORITY_LEVELS):
+        raise errors.ClientError("priorities must be 0 (none) or 2..%d levels, got %r"
+                                 % (limits.MAX_PRIORITY_LEVELS, priorities))
+    return priorities
+
+
+class PriorityFetcher(PartitionFetcher):
+    def __init__(self, consumer, sub, partition):
+        super().__init__(consumer, sub, partition)
+        self.levels = sub.priorities
+        self.offsets = None  # the next offset of each level, once loaded
+        self.msg_ids = [-1] * self.levels
+
+    @property
+    def progress(self):
+        return None if self.offsets is None else tuple(self.offsets)
+
+    def positions(self, key):
+        if self.offsets is None:
+            return {}
+        topic, part = key
+        return {(level_topic(topic, k), part): (self.offsets[k], self.msg_ids[k]) for k in range(self.levels)}
+
+    def resolve(self):
+        if self.offsets is not None:
+            return
+        offsets = []
+        for k in range(self.levels):
+            offset, committed = self.consumer.initial_offset(level_topic(self.topic, k), self.partition)
+            offsets.append(offset)
+            if k == 0:
+                self.committed = committed
+        self.offsets = offsets
+        self.offset = offsets[0]  # level 0's, for lag() and the position of the topic itself
+
+    def seek(self, offset):
+        raise errors.ClientError("seek is not supported for a priority topic (%s): its levels have offsets of their "
+                                 "own; reset them with metaq-admin reset-offsets on <topic>%%P<level>" % self.topic)
+
+    def _fetch(self):
+        """One long-polling ``get_prio``: ``(level, [(offset, record)])``, or None when stopped while waiting."""
+        consumer = self.consumer
+        conn = consumer.connection(self.partition.broker_id, read=True)
+        wait_ms = consumer.long_poll_ms
+        timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
+        self._wake.clear()
+        request = PriorityGet(self.topic, consumer.group, self.partition.partition, tuple(self.offsets),
+                              consumer.max_size, 0, wait_ms or None)
+        future = conn.request(request, timeout=timeout)
+        future.add_done_callback(lambda _f: self._wake.set())
+        while not future.done() and not self._stop.is_set():
+            self._wake.wait(timeout + 1.0)
+            self._wake.clear()
+            if not future.done() and not self._stop.is_set():
+                raise errors.RequestTimeout("no reply to a get_prio from %s" % conn.url)
+        if self._stop.is_set():
+            return None
+        reply = future.result(0)
+        what = "get_prio %s %s %s" % (self.topic, self.partition, ",".join(map(str, self.offsets)))
+        if isinstance(reply, ev.Value):
+            level, body = decode_get_prio_body(reply.body)
+            if not 0 <= level < self.levels:
+                raise errors.RemoteProtocolError("%s: the broker answered level %d" % (what, level))
+            start = self.offsets[level]
+            return level, [(start + i, rec) for i, (rec, _end) in enumerate(iter_records(body))]
+        if reply.code == 301:
+            level, to = (int(x) for x in reply.body.split())
+            log.warning("%s: level %d's offset %d is outside its partition; continuing at %d", what, level,
+                        self.offsets[level], to)
+            self.offsets[level] = to
+            return 0, []
+        if reply.code == 404:
+            return 0, []
+        try:
+            records_of(reply, what)  # raises the mapped error
+        except errors.CorruptRecord as exc:  # a level stops there (retried with backoff): not skipped here
+            raise errors.BrokerError("%s: %s (a priority level is not skipped past a corrupt record)" % (what, exc))
+        raise reply_error(reply, what)
+
+    def _deliver(self, level, records):
+        for offset, record in records:
+            if self._interrupt.is_set():
+                return
+            try:
+                message = Message.from_record(self.topic, self.partition, offset, record)
+                message.priority = level
+                done = self.consumer.process(self.sub, message, self._interrupt)
+            except errors.RemoteProtocolError as exc:
+                log.error("%s %s level %d offset %d: %s; parking the raw message", self.topic, self.partition,
+                          level, offset, exc)
+                message = Message(self.topic, record.data)
+                message.id, message.partition, message.offset = record.msg_id, self.partition, offset
+                done = self.consumer.parking.park(message, self._interrupt)
+            if not done:
+                return
+            self.offsets[level], self.msg_ids[level] = offset + 1, record.msg_id
+            if level == 0:
+                self.offset, self.msg_id = offset + 1, record.msg_id

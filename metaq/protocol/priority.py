@@ -1,0 +1,191 @@
+"""Consumer priorities (README "Priorities"), sans-IO: the level sub-queues' names, ``put_prio`` and ``get_prio``,
+and the broker's choice of the level a ``get_prio`` serves.
+
+A priority topic (``metaq-admin topics create <t> --priorities L``) has levels 0..L-1, L-1 the highest. Level 0
+is the topic itself (plain ``get``\\ s and RocketMQ pulls see it); level k >= 1 is stored as the internal topic
+``<topic>%P<k>`` with the same partition numbers (``level_topic``). Clients may read those names but never put to
+them (``is_level_topic``: every put path refuses them), and an operator cannot create them.
+
+Text extensions::
+
+    put_prio <topic> <partition> <len> <flag> <checksum> <priority> <opaque>\\r\\n<body>   answered like put
+    get_prio <topic> <group> <partition> <o_0,o_1,...,o_{L-1}> <maxSize> [<maxWaitMs>] <opaque>
+
+``get_prio`` carries the consumer's next offset of every level (exactly L of them) and is answered with the
+records of ONE level: ``value <len> <opaque>\\r\\n<level>\\n<records as a get's>`` (``decode_get_prio_body``), so
+the consumer advances that level's offset; ``result 404`` when no level has anything (after the long poll);
+``result 301`` with body ``<level> <offset>`` when a level's offset is outside its partition.
+
+Which level (``choose_level``): the highest level with a backlog, except that a level whose head message has
+waited longer than the topic's ``priority_max_wait_ms`` competes by age: among such starved levels the one with
+the oldest head goes first (ties: the higher level).
+"""
+
+import re
+from typing import NamedTuple, Optional, Tuple
+
+from metaq import limits
+
+__all__ = ["LEVEL_MARK", "level_topic", "split_level", "is_level_topic", "level_refusal", "PriorityPut",
+           "PriorityGet", "COMMANDS", "SERIALIZERS", "choose_level", "encode_get_prio_prefix",
+           "decode_get_prio_body"]
+
+LEVEL_MARK = "%P"
+_LEVEL_RE = re.compile(r"(.+)%P([1-9][0-9]?)")
+_LEVEL_BYTES_RE = re.compile(rb".+%P[1-9][0-9]?")
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def level_topic(topic, level):
+    """The name level ``level`` of ``topic`` is stored under (``topic`` itself for level 0)."""
+    return topic if level == 0 else "%s%s%d" % (topic, LEVEL_MARK, level)
+
+
+def split_level(name):
+    """``(topic, level)`` of a level's internal name, or None for any other name."""
+    m = _LEVEL_RE.fullmatch(name)
+    return None if m is None else (m.group(1), int(m.group(2)))
+
+
+def is_level_topic(name):
+    """True for a level's internal name (``str`` or ``bytes``, as the fast put paths hold it)."""
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        name = bytes(name)
+        return b"%P" in name and _LEVEL_BYTES_RE.fullmatch(name) is not None
+    return "%P" in name and _LEVEL_RE.fullmatch(name) is not None
+
+
+def level_refusal(name):
+    return ("%s is a priority level's internal topic: put to %s with a priority (put_prio, Message(priority=N))"
+            % (name, split_level(name)[0] if split_level(name) else name))
+
+
+class PriorityPut(NamedTuple):
+    """``put_prio <topic> <partition> <len> <flag> <checksum> <priority> <opaque>`` + body."""
+
+    topic: str
+    partition: int
+    flag: int
+    body: bytes
+    opaque: int
+    checksum: int
+    priority: int
+
+
+class PriorityGet(NamedTuple):
+    """``get_prio <topic> <group> <partition> <o_0,...> <maxSize> [<maxWaitMs>] <opaque>``; ``offsets`` a tuple."""
+
+    topic: str
+    group: str
+    partition: int
+    offsets: Tuple[int, ...]
+    max_size: int
+    opaque: int
+    max_wait_ms: Optional[int] = None
+
+
+def _int(token, what, low, high):
+    if not (token.isascii() and (token.isdigit() or (token[:1] == "-" and token[1:].isdigit()))):
+        raise ValueError("invalid %s %r: not an integer" % (what, token[:64]))
+    value = int(token)
+    if not low <= value <= high:
+        raise ValueError("invalid %s %r: must be %d..%d" % (what, token[:64], low, high))
+    return value
+
+
+def parse_offsets(token):
+    """The ``o_0,o_1,...`` token: 1..MAX_PRIORITY_LEVELS offsets >= 0; ValueError with the reason."""
+    parts = token.split(",")
+    if len(parts) > limits.MAX_PRIORITY_LEVELS:
+        raise ValueError("get_prio: at most %d offsets (limits.MAX_PRIORITY_LEVELS), got %d"
+                         % (limits.MAX_PRIORITY_LEVELS, len(parts)))
+    return tuple(_int(p, "offset", 0, _INT64[1]) for p in parts)
+
+
+def _parse_put_prio(t):
+    topic = t[1]
+    partition = _int(t[2], "partition", -1, _INT32[1])
+    flag = _int(t[4], "flag", *_INT32)
+    checksum = _int(t[5], "checksum", -1, _INT32[1])
+    priority = _int(t[6], "priority", *_INT32)  # the broker answers a priority out of the topic's range
+    opaque = _int(t[7], "opaque", *_INT32)
+    return lambda body: PriorityPut(topic, partition, flag, body, opaque, checksum, priority)
+
+
+def _parse_get_prio(t):
+    partition = _int(t[3], "partition", 0, _INT32[1])
+    offsets = parse_offsets(t[4])
+    max_size = _int(t[5], "maxSize", *_INT32)  # <= 0 is answered by the broker, as for get
+    max_wait_ms = _int(t[6], "maxWaitMs", 0, _INT32[1]) if len(t) == 8 else None
+    return PriorityGet(t[1], t[2], partition, offsets, max_size, _int(t[-1], "opaque", *_INT32), max_wait_ms)
+
+
+#: Plugged into ``protocol.text``'s command table (parsers raise ValueError with the reason).
+COMMANDS = {
+    "put_prio": (_parse_put_prio, (8,), "8 tokens (put_prio <topic> <partition> <len> <flag> <checksum> <priority> "
+                 "<opaque>)", 3),
+    "get_prio": (_parse_get_prio, (7, 8), "7 or 8 tokens (get_prio <topic> <group> <partition> <o_0,o_1,...> "
+                 "<maxSize> [<maxWaitMs>] <opaque>)", None),
+}
+
+
+def _token(text):
+    if not text or any(c in text for c in " \r\n"):
+        raise ValueError("%r cannot be sent as a protocol token" % (text,))
+    return text
+
+
+def _serialize_put_prio(e):
+    head = "put_prio %s %d %d %d %d %d %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum,
+                                                  e.priority, e.opaque)
+    return head.encode("utf-8") + e.body
+
+
+def _serialize_get_prio(e):
+    wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+    return ("get_prio %s %s %d %s %d%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition,
+                                                  ",".join("%d" % o for o in e.offsets), e.max_size, wait,
+                                                  e.opaque)).encode("utf-8")
+
+
+SERIALIZERS = {PriorityPut: _serialize_put_prio, PriorityGet: _serialize_get_prio}
+
+
+def encode_get_prio_prefix(level):
+    """What a ``get_prio`` reply's body starts with, before the records: the level they belong to."""
+    return b"%d\n" % level
+
+
+def decode_get_prio_body(body):
+    """``(level, records bytes)`` of a ``get_prio`` reply's body; ValueError if it does not start with a level."""
+    head, sep, rest = bytes(body[:4]).partition(b"\n")
+    if not sep or not head.isdigit():
+        raise ValueError("a get_prio reply starts with '<level>\\n', got %r" % bytes(body[:16]))
+    return int(head), body[len(head) + 1:]
+
+
+def choose_level(heads, now_ms, max_wait_ms):
+    """The level a ``get_prio`` serves: ``heads`` maps each level that has a backlog to the store time (ms) of its
+    head message (the next one the consumer reads). None when no level has a backlog.
+
+    The highest level wins, unless some levels' heads have waited more than ``max_wait_ms`` (``now_ms - head >
+    max_wait_ms``): then the starved level with the oldest head wins (equal heads: the higher level). So a message
+    that has waited more than ``max_wait_ms`` is served before every message stored after it."""
+    if not heads:
+        return None
+    starved = [(head, -level) for level, head in heads.items() if now_ms - head > max_wait_ms]
+    if starved:
+        return -min(starved)[1]
+    return max(heads)
+
+
+def with_owner_keys(keys):
+    """``(topic, partition)`` keys plus, for each priority level's, its topic's key: a ``get_prio`` parks on its topic's
+    key (``(topic, partition)``), and an append to any level must wake it."""
+    out = list(keys)
+    for topic, partition in keys:
+        split = split_level(topic) if "%P" in topic else None
+        if split is not None:
+            out.append((split[0], partition))
+    return out

@@ -1,0 +1,124 @@
+"""``put_prio`` and ``get_prio`` (consumer priorities, ``protocol/priority.py``; README "Priorities").
+
+``put_prio`` is a put with a priority: ``PutPath.append(priority=)`` stores it in its level's sub-queue
+(``<topic>%P<k>``, level 0 the topic itself) and it is answered as a put is. ``get_prio`` carries the consumer's
+offset of every level; one read (``PriorityRead.read``) looks at each level's end (no record read), and when
+more than one level has a backlog, at the store time of each such level's head record (one record per level),
+then ``choose_level`` picks the level and its records are served as a get's, after ``<level>\\n``. Nothing to
+read: the get parks on the topic's partition like a ``get`` (an append to any level wakes it: the broker's
+``on_visible`` adds the topic's key to a level's).
+"""
+
+import time
+
+from metaq import errors
+from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
+from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.guard import PUB
+from metaq.server.text.putchecks import uncompressed, verified_checksum
+
+NO_WAIT = 0
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class TextPriorities:
+    """The two handlers, given the dispatcher they belong to (its put path, store, waits and replies)."""
+
+    def __init__(self, dispatcher, error_reply):
+        self.d = dispatcher
+        self.error_reply = error_reply
+
+    def put_prio(self, e, conn):
+        d = self.d
+        path = d.put_path
+        try:
+            if d.guard.enabled:
+                d.guard.require(conn.session, PUB, "topic", e.topic)
+            path.check_writable()
+            e = uncompressed(e._replace(checksum=verified_checksum(e)), d.max_body)
+        except errors.MetaqError as exc:
+            path.failed(e.topic, exc)
+            return self.error_reply(exc, e.opaque), NO_WAIT
+        now = now_ms()
+        try:
+            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=e.checksum, priority=e.priority)
+        except errors.MetaqError as exc:
+            return self.error_reply(exc, e.opaque), NO_WAIT
+        return d.ack_put(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque),
+                         conn)
+
+    def get_prio(self, e, conn):
+        d = self.d
+        refusal = d.get_refusal(e, conn)
+        if refusal is not None:
+            return refusal, NO_WAIT
+        settings = d.store.topics.settings_of(e.topic)
+        if settings is None or not settings.priorities:
+            raise errors.ClientError("topic %s has no priorities: use get (get_prio reads a topic created or altered "
+                                     "with --priorities)" % e.topic)
+        if len(e.offsets) != settings.priorities:
+            raise errors.ClientError("get_prio %s: give one offset per level, %d of them (o_0,...,o_%d); got %d"
+                                     % (e.topic, settings.priorities, settings.priorities - 1, len(e.offsets)))
+        max_size = min(e.max_size, d.max_transfer)
+        read = PriorityRead(d, e, max_size, settings.max_wait_ms).read
+        reply = conn.read_reply(max_size, read)
+        if reply is not None:
+            return reply, NO_WAIT
+        if e.max_wait_ms and not conn.closed:
+            return d.park(e, conn, max_size, read, lambda: self.miss(e)), NO_WAIT
+        d.stats.on_get(e.topic, True)
+        return self.miss(e), NO_WAIT
+
+    def miss(self, e):
+        return encode_result(404, b"Could not find a message at any level from offsets %s"
+                             % ",".join("%d" % o for o in e.offsets).encode(), e.opaque)
+
+
+class PriorityRead:
+    """One ``get_prio``'s read: the reply buffers, or None when no level has anything."""
+
+    def __init__(self, dispatcher, e, max_size, max_wait_ms):
+        self.store = dispatcher.store
+        self.stats = dispatcher.stats
+        self.roles = dispatcher.roles
+        self.e = e
+        self.max_size = max_size
+        self.max_wait_ms = max_wait_ms
+
+    def read(self):
+        e, store = self.e, self.store
+        backlog = []
+        for level, offset in enumerate(e.offsets):
+            name = level_topic(e.topic, level)
+            low, high = store.min_offset(name, e.partition), store.max_offset(name, e.partition)
+            if offset > high and self.roles.end_unknown:
+                continue  # past our end on a slave behind its master: not here yet
+            if not low <= offset <= high:
+                to = low if offset < low else high
+                return [encode_result(301, b"%d %d" % (level, to), e.opaque)]
+            if offset < high:
+                backlog.append(level)
+        if not backlog:
+            return None
+        if len(backlog) == 1:
+            level = backlog[0]
+        else:
+            heads = {k: self.head_ms(k) for k in backlog}
+            level = choose_level({k: t for k, t in heads.items() if t is not None}, now_ms(), self.max_wait_ms)
+            if level is None:
+                return None
+        r = store.read_joined(level_topic(e.topic, level), e.partition, e.offsets[level], self.max_size)
+        if not r.count:
+            return None
+        self.stats.on_get(e.topic, False)
+        prefix = encode_get_prio_prefix(level)
+        return [encode_value_header(len(prefix) + r.nbytes, e.opaque), prefix] + list(r.views)
+
+    def head_ms(self, level):
+        """The store time of the head record of ``level`` (the next one the consumer reads)."""
+        records, _next = self.store.read_records(level_topic(self.e.topic, level), self.e.partition,
+                                                 self.e.offsets[level], 1, self.max_size)
+        return records[0].store_ts_ms if records else None
