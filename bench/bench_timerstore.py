@@ -1,0 +1,262 @@
+"""Timer-store design choice, measured: an embedded SQLite index vs an in-memory heap vs a timer wheel.
+
+    python -m bench.bench_timerstore [--n 1000000] [--runs 3]
+
+Each candidate holds ``--n`` pending entries (100-byte payloads, due at uniformly random times within 30 days),
+measured in a fresh subprocess so that its resident memory is its own:
+
+* **sqlite**: stdlib ``sqlite3``, WAL, ``synchronous=FULL``; a table keyed by msg id with the payload and an
+  index on the due time; inserts in transactions of 1,000 rows (how an indexer applies a batch of log records);
+* **heap**: ``heapq`` of ``(due, id)`` plus a dict id -> payload for cancels (the naive in-memory design, which
+  must rebuild everything from the log after a restart);
+* **wheel**: RocketMQ 5's shape: per-second slots holding ``(id, log position)`` pairs in arrays, the payloads
+  in an append-only log file (a restart rebuilds the slots by scanning that log).
+
+Measured: inserts per second (and the same for delays of 1 s, 30 days and 1 year: does the cost depend on the
+delay?), RSS growth, reopen time after the process is gone (sqlite: open + the first due query; heap and wheel:
+rebuilding from the log file), taking the next 100,000 due entries in order and deleting them, and 10,000
+cancels by id.
+
+Result and the choice (README "Any delivery time"): see ``/work/notes`` or the README table. Not a test.
+"""
+
+import argparse
+import array
+import heapq
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+DAY_MS = 86_400_000
+PAYLOAD = b"x" * 100
+REC = struct.Struct(">qqi")  # id, due, length
+
+
+def rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def entries(n, span_ms, seed=1):
+    rnd = random.Random(seed)
+    now = 1_700_000_000_000
+    return [(i + 1, now + rnd.randrange(1, span_ms)) for i in range(n)]
+
+
+# -- sqlite ---------------------------------------------------------------------------------------------
+
+
+def sqlite_open(path):
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA cache_size=-16000")
+    db.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, due INTEGER NOT NULL, data BLOB)")
+    db.execute("CREATE INDEX IF NOT EXISTS t_due ON t (due)")
+    return db
+
+
+def sqlite_insert(db, rows):
+    for start in range(0, len(rows), 1000):
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO t VALUES (?, ?, ?)", ((i, d, PAYLOAD) for i, d in rows[start:start + 1000]))
+        db.execute("COMMIT")
+
+
+def sqlite_case(work, n, span):
+    path = os.path.join(work, "timers.db")
+    rows = entries(n, span)
+    base = rss_mb()
+    db = sqlite_open(path)
+    t = time.perf_counter()
+    sqlite_insert(db, rows)
+    ins = n / (time.perf_counter() - t)
+    grow = rss_mb() - base
+    db.close()
+    t = time.perf_counter()
+    db = sqlite_open(path)
+    db.execute("SELECT id, due, data FROM t ORDER BY due LIMIT 1").fetchall()
+    reopen = time.perf_counter() - t
+    t = time.perf_counter()
+    taken = 0
+    want = min(100_000, n // 2)
+    while taken < want:
+        batch = db.execute("SELECT id, due, data FROM t ORDER BY due LIMIT 1000").fetchall()
+        db.execute("BEGIN")
+        db.executemany("DELETE FROM t WHERE id = ?", ((r[0],) for r in batch))
+        db.execute("COMMIT")
+        taken += len(batch)
+    pop = taken / (time.perf_counter() - t)
+    ids = random.Random(2).sample(range(1, n + 1), min(10_000, n // 4))
+    t = time.perf_counter()
+    db.execute("BEGIN")
+    for i in ids:
+        db.execute("DELETE FROM t WHERE id = ?", (i,))
+    db.execute("COMMIT")
+    cancel = len(ids) / (time.perf_counter() - t)
+    db.close()
+    return {"insert": ins, "rss": grow, "reopen": reopen, "pop": pop, "cancel": cancel}
+
+
+# -- a log file for heap and wheel ---------------------------------------------------------------------
+
+
+def log_append(f, rows):
+    positions = []
+    pos = f.tell()
+    for i, d in rows:
+        f.write(REC.pack(i, d, len(PAYLOAD)))
+        f.write(PAYLOAD)
+        positions.append(pos)
+        pos += REC.size + len(PAYLOAD)
+    return positions
+
+
+def log_scan(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    pos, out = 0, []
+    while pos < len(data):
+        i, d, ln = REC.unpack_from(data, pos)
+        out.append((i, d, pos))
+        pos += REC.size + ln
+    return out
+
+
+def heap_case(work, n, span):
+    rows = entries(n, span)
+    base = rss_mb()
+    t = time.perf_counter()
+    heap, data = [], {}
+    for i, d in rows:
+        heapq.heappush(heap, (d, i))
+        data[i] = bytes(bytearray(PAYLOAD))  # each payload its own object, as records read from a log are
+    ins = n / (time.perf_counter() - t)
+    grow = rss_mb() - base
+    path = os.path.join(work, "log")
+    with open(path, "wb") as f:
+        log_append(f, rows)
+    t = time.perf_counter()
+    rebuilt = [(d, i) for i, d, _pos in log_scan(path)]
+    heapq.heapify(rebuilt)
+    reopen = time.perf_counter() - t
+    t = time.perf_counter()
+    want = min(100_000, n // 2)
+    for _ in range(want):
+        _d, i = heapq.heappop(heap)
+        data.pop(i, None)
+    pop = want / (time.perf_counter() - t)
+    ids = random.Random(2).sample(range(1, n + 1), min(10_000, n // 4))
+    t = time.perf_counter()
+    cancelled = set()
+    for i in ids:  # lazy: dropped from the dict, skipped when popped
+        if data.pop(i, None) is not None:
+            cancelled.add(i)
+    cancel = len(ids) / (time.perf_counter() - t)
+    return {"insert": ins, "rss": grow, "reopen": reopen, "pop": pop, "cancel": cancel}
+
+
+def wheel_case(work, n, span):
+    rows = entries(n, span)
+    path = os.path.join(work, "log")
+    base = rss_mb()
+    t = time.perf_counter()
+    slots = {}
+    with open(path, "wb") as f:
+        positions = log_append(f, rows)
+        for (i, d), pos in zip(rows, positions):
+            slot = slots.get(d // 1000)
+            if slot is None:
+                slot = slots[d // 1000] = array.array("q")
+            slot.append(i)
+            slot.append(pos)
+    ins = n / (time.perf_counter() - t)
+    grow = rss_mb() - base
+    t = time.perf_counter()
+    rebuilt = {}
+    for i, d, pos in log_scan(path):
+        slot = rebuilt.get(d // 1000)
+        if slot is None:
+            slot = rebuilt[d // 1000] = array.array("q")
+        slot.append(i)
+        slot.append(pos)
+    reopen = time.perf_counter() - t
+    t = time.perf_counter()
+    taken = 0
+    with open(path, "rb") as f:
+        for sec in sorted(slots):
+            slot = slots.pop(sec)
+            for k in range(0, len(slot), 2):
+                f.seek(slot[k + 1])
+                f.read(REC.size + len(PAYLOAD))
+            taken += len(slot) // 2
+            if taken >= min(100_000, n // 2):
+                break
+    pop = taken / (time.perf_counter() - t)
+    return {"insert": ins, "rss": grow, "reopen": reopen, "pop": pop, "cancel": float("nan")}
+
+
+CASES = {"sqlite": sqlite_case, "heap": heap_case, "wheel": wheel_case}
+
+
+def child(name, n, span):
+    work = tempfile.mkdtemp(prefix="metaq-bench-timerstore-")
+    try:
+        print(json.dumps(CASES[name](work, n, span)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(name, n, span):
+    out = subprocess.run([sys.executable, "-m", "bench.bench_timerstore", "--child", name, "--n", str(n),
+                          "--span-ms", str(span)], capture_output=True, check=True,
+                         cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    return json.loads(out.stdout)
+
+
+def run(args):
+    res = {}
+    for name in CASES:
+        runs = [measure(name, args.n, 30 * DAY_MS) for _ in range(args.runs)]
+        res[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        res[name]["by_delay"] = [statistics.median(measure(name, args.n // 10, span)["insert"]
+                                                   for _ in range(args.runs))
+                                 for span in (1000, 30 * DAY_MS, 365 * DAY_MS)]
+    print("timer-store candidates, %d pending over 30 days, 100-byte payloads, median of %d runs"
+          % (args.n, args.runs))
+    print()
+    print("| candidate | inserts/s | inserts/s at delays 1 s / 30 d / 1 y (%d entries) | RSS growth | "
+          "reopen after a kill | next 100k due, in order | cancels/s |" % (args.n // 10))
+    print("|---|---|---|---|---|---|---|")
+    for name, r in res.items():
+        print("| %s | %.0f | %s | %.0f MB | %.2f s | %.0f/s | %s |" % (
+            name, r["insert"], " / ".join("%.0f" % x for x in r["by_delay"]), r["rss"], r["reopen"], r["pop"],
+            "—" if r["cancel"] != r["cancel"] else "%.0f" % r["cancel"]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--span-ms", type=int, default=30 * DAY_MS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.n, args.span_ms)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
