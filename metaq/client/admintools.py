@@ -7,7 +7,9 @@ one object per line); stops at the first failure, saying the broker's error and 
 
 ``tail TOPIC``: prints the messages of every partition (or ``--partition``) from ``--from`` (``earliest``, the
 default; ``latest``; an offset; or an ISO 8601 time, found with ``offset_at``) to the end of the log; with
-``--follow`` it goes on printing messages as they arrive (long polls) until Ctrl-C (exit 0) or ``--max``. A line
+``--follow`` it goes on printing messages as they arrive (long polls) until Ctrl-C or SIGTERM (exit 0; both are
+handled explicitly, so a tail started where SIGINT is ignored, as ``nohup … &`` leaves it, still stops on it) or
+``--max``. A line
 is ``<partition> <offset> <attribute|-> <keys|-> <body>``, the body as text with every byte that is not
 printable UTF-8 escaped (``\\xff``, ``\\n``); ``--json`` gives one object per line with the body also in base64.
 It never commits an offset.
@@ -16,6 +18,7 @@ It never commits an offset.
 import base64
 import json
 import queue
+import signal
 import sys
 import threading
 
@@ -242,6 +245,16 @@ def _refusal_of(view, topic, partition=0):
             continue
 
 
+def _stop_on_signals():
+    """SIGINT and SIGTERM end a following tail (KeyboardInterrupt in the main thread), whatever their disposition
+    was at start: a process started in the background without job control inherits SIGINT ignored."""
+    def stop(_signum, _frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 def run_tail(view, args):
     rows = topic_partitions(view, args.topic)
     if args.partition is not None:
@@ -259,6 +272,8 @@ def run_tail(view, args):
         start = _start_offset(view, args.topic, bid, p, mn, mx, args.start)
         readers.append(_PartitionReader(view.brokers[bid], view.security, view.timeout, args.topic,
                                         Partition(bid, p), start, mx, args.follow, out, stop))
+    if args.follow and threading.current_thread() is threading.main_thread():
+        _stop_on_signals()
     for r in readers:
         r.start()
     printed, running, waiting, failed = 0, len(readers), len(readers), []

@@ -72,5 +72,6 @@ def test_a_dead_but_registered_master_is_probed_once_per_backoff_not_per_fetch(b
           % (fetches, took, len(probes), ["%.2f" % g for g in gaps]))
     assert probes, "the dead master was never probed: the consumer would never return to it"
     assert len(probes) < fetches / 4, (len(probes), fetches)  # not one per fetch
-    assert all(g >= 0.09 for g in gaps), gaps  # each after a backoff (the first is 0.1 s, doubling to 2 s)
-    assert all(b >= a * 0.9 for a, b in zip(gaps, gaps[1:])), gaps  # the backoff never shrinks while it is dead
+    # each after its backoff, which doubles while the master stays dead (0.1 s, 0.2 s, ... up to 2 s); a probe rides
+    # on the next fetch once its backoff has passed, so a gap may be longer (a busy machine), never shorter
+    assert all(g >= min(0.1 * 2 ** k, 2.0) * 0.9 for k, g in enumerate(gaps)), gaps
