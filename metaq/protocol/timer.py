@@ -32,13 +32,13 @@ from typing import NamedTuple
 
 from metaq.errors import ClientError, StoreError
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES, MAX_TIMER_DONE_IDS
+from metaq.protocol.journaltopic import TIMER_TOPIC
 
 __all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "HEAD", "ENTRY", "TimerEntry", "TimerCancel",
            "TimerDone", "BadTimerRecord", "parse_when", "due_from", "encode_entry", "encode_cancel", "encode_done",
            "decode"]
 
-#: The internal topic of the timer store (one partition). Producers may not put to it.
-TIMER_TOPIC = "%TIMER%"
+# TIMER_TOPIC: the internal topic of the timer store (one partition; journaltopic.py). Producers may not put to it.
 
 MAGIC = b"MQTM"
 VERSION = 1
