@@ -35,7 +35,7 @@ from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES, MAX_TIMER_DONE_ID
 from metaq.protocol.journaltopic import TIMER_TOPIC
 
 __all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "HEAD", "ENTRY", "TimerEntry", "TimerCancel",
-           "TimerDone", "BadTimerRecord", "parse_when", "due_from", "encode_entry", "encode_cancel", "encode_done",
+           "TimerDone", "BadTimerRecord", "TIMER_PROPERTIES", "timer_property", "timer_due", "parse_when", "due_from", "encode_entry", "encode_cancel", "encode_done",
            "decode"]
 
 # TIMER_TOPIC: the internal topic of the timer store (one partition; journaltopic.py). Producers may not put to it.
@@ -107,6 +107,34 @@ def parse_when(token, now_ms):
     if token[0] == "@":
         return due_from(deliver_at_ms=value, now_ms=now_ms)
     return due_from(delay_ms=value, now_ms=now_ms)
+
+
+#: RocketMQ 5's message properties asking for a delivery time (absolute ms; a delay in seconds; in ms).
+TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
+
+
+def timer_property(props):
+    """``(name, value)`` of the one RocketMQ 5 timer property in ``props`` (a dict), or None; ClientError for two
+    of them or a value that is not a whole number >= 0."""
+    given = [(k, props[k]) for k in TIMER_PROPERTIES if props.get(k) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ClientError("a message may have one of %s, not %s" % (", ".join(TIMER_PROPERTIES),
+                                                                   " and ".join(k for k, _v in given)))
+    name, text = given[0]
+    text = text.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 19):
+        raise ClientError("property %s=%r is not a whole number >= 0" % (name, text[:32]))
+    return name, int(text)
+
+
+def timer_due(prop, now_ms):
+    """The due time a ``timer_property`` result asks for; ClientError as ``due_from``."""
+    name, value = prop
+    if name == "TIMER_DELIVER_MS":
+        return due_from(deliver_at_ms=value, now_ms=now_ms)
+    return due_from(delay_ms=value * 1000 if name == "TIMER_DELAY_SEC" else value, now_ms=now_ms)
 
 
 def encode_entry(topic, partition, flag, checksum, due_ms, born_ms, data):
