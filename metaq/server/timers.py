@@ -50,6 +50,8 @@ IDLE_WAIT_S = 5.0
 #: Bytes of TIMER_TOPIC records the indexer reads at once.
 READ_BYTES = 1 << 20
 UNKNOWN = "unknown"
+#: Longest wait of a cancel for the indexer to reach the log's end (an id put just before must not be "unknown").
+CANCEL_INDEX_WAIT_S = 5.0
 
 
 def now_ms():
@@ -124,6 +126,9 @@ class TimerService:
             return done, None
         if self._in_window(msg_id) is None:
             row = self._call(self.index.get, msg_id)
+            if row is None and self._call(self.index.outcome, msg_id) is None and self._ended.get(msg_id) is None:
+                self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))  # a put just answered may not be indexed
+                row = self._call(self.index.get, msg_id) if self._in_window(msg_id) is None else True
             if row is None:
                 done = self._ended.get(msg_id) or self._call(self.index.outcome, msg_id)
                 return (done or UNKNOWN), None
@@ -131,6 +136,13 @@ class TimerService:
             if done is not None:
                 return done, None
         return CANCELLED, self._append_cancel(msg_id, now)
+
+    def _wait_indexed(self, offset, timeout=CANCEL_INDEX_WAIT_S):
+        """Wait (bounded) until the indexer has indexed the timer topic up to ``offset``."""
+        deadline = time.monotonic() + timeout
+        while self.index.indexed_offset < offset and time.monotonic() < deadline and self._running:
+            self.waiters.notify((KEY,))
+            self._indexed.wait(max(0.0, min(1.0, deadline - time.monotonic())))
 
     def _in_window(self, msg_id):
         for i, item in enumerate(self._window):
@@ -210,7 +222,9 @@ class TimerService:
             self._wake.set()
             log.info("timers: delivery stopped (this broker is now a replication slave)")
         elif self._running:
-            self._window_until = None
+            if self._deliverer is not None:
+                self._deliverer.kill(block=False)  # an old loop (demoted, then promoted again) never runs beside
+            self._window, self._window_until = [], None
             self._start_delivery()
 
     # -- the indexer ---------------------------------------------------------------
@@ -284,8 +298,7 @@ class TimerService:
     def catch_up(self):
         """Wait for the indexer to index the log up to its end (start, promotion)."""
         while self._running and self.store.max_offset(TIMER_TOPIC, 0) > self.index.indexed_offset:
-            self.waiters.notify((KEY,))
-            self._indexed.wait(1.0)
+            self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))
 
     # -- delivery ------------------------------------------------------------------
 
