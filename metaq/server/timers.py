@@ -286,9 +286,11 @@ class TimerService:
         woke = False
         for msg_id, e in entries:
             if e.due_ms < self._window_until and msg_id not in self._ended:
-                if len(self._window) >= MAX_TIMER_WINDOW_ROWS:
-                    self._window_until = min(self._window_until, e.due_ms)
-                    continue
+                if len(self._window) >= MAX_TIMER_WINDOW_ROWS:  # full: the latest row goes back to the index
+                    if e.due_ms >= self._window[-1][0]:
+                        self._window_until = e.due_ms  # loaded with the rest when the window is next loaded
+                        continue
+                    self._window_until = self._window.pop()[0]
                 row = (msg_id, e.due_ms, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data)
                 insort(self._window, (e.due_ms, msg_id, row))
                 woke = True
