@@ -7,7 +7,9 @@ import pytest
 
 from metaq.protocol.rocketmq.remoting import ResponseCode
 from tests.harness.broker import consume_all, wait_for
-from tests.harness.rocketmq import send_v1
+from bench.rocketmq_peer import run_peer
+from metaq.client.local import ns_of
+from tests.harness.rocketmq import require_official_client, send_v1
 from tests.harness.timers import timers
 
 
@@ -46,3 +48,20 @@ def test_bad_timer_properties_are_refused_and_nothing_stored(rmq_broker, rc, pro
     with rmq_broker.client() as text:
         assert timers(text) == []
         assert all(consume_all(text, "tT2", p) == [] for p in range(4))
+
+
+def test_the_official_client_sets_a_delivery_delay(rmq_factory, tmp_path):
+    require_official_client()
+    b = rmq_factory()
+    sent = [s for s in run_peer(tmp_path / "p", "produce", "--ns", ns_of(b), "--topic", "tT3", "--count", 5,
+                                "--property", "TIMER_DELAY_MS=1500") if "msg_id" in s]
+    assert len(sent) == 5, sent
+    with b.client() as text:
+        got = wait_for(lambda: (lambda g: g if len(g) == 5 else None)(
+            [(p, o, r) for p in range(4) for o, r in enumerate(consume_all(text, "tT3", p))]), 20, "five deliveries",
+            interval=0.1)
+        earliest_due = int(min(s["t"] for s in sent) * 1000) - 1000 + 1500  # sends answered within 1 s of the put
+        for p, o, rec in got:
+            r = text.offset_at("tT3", p, earliest_due)
+            assert int(r.body) <= o, ("delivered early", rec.payload)
+    assert sorted(r.payload for _p, _o, r in got) == sorted(b"m-%d" % i for i in range(5))
