@@ -81,6 +81,7 @@ class TimerService:
         self._window = []  # [(due_ms, msg_id, row)] sorted: rows due before _window_until
         self._window_until = None  # None: load the window before delivering
         self._loading = None  # entries indexed while a window load runs
+        self._all_ended = False
         self._ended = OrderedDict()  # msg_id -> DELIVERED | CANCELLED, ended by this process (bounded)
         self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
         self._done_end = 0  # end position of the last DONE record appended
@@ -346,9 +347,10 @@ class TimerService:
             added, self._loading = self._loading, None
         if len(rows) >= MAX_TIMER_WINDOW_ROWS:
             until = rows[-1][1]  # the rows due at that time may go on past the limit: load them next time
-            rows = [r for r in rows if r[1] < until]
+            rows = [r for r in rows if r[1] < until] or rows  # (all due at one time: these now, the rest later)
         self._window = sorted((r[1], r[0], r) for r in rows if r[0] not in self._ended)
         self._window_until = until
+        self._all_ended = bool(rows) and not self._window  # delivered, their DONE not indexed yet
         loaded = {r[0] for r in rows}
         self._add_to_window([(i, e) for i, e in added if i not in loaded])
 
@@ -360,6 +362,11 @@ class TimerService:
         if self._window_until is None or (not self._window and now >= self._window_until - TIMER_WINDOW_MS // 2):
             self._load_window(now)
         self._record_scan_from()
+        if not self._window and self._all_ended:  # wait for the index to learn what was delivered, not spin
+            self._all_ended = False
+            self._wait_indexed(self.index.indexed_offset + 1, timeout=1.0)
+            self._window_until = None
+            return
         if not self._window:
             self._wake.clear()
             self._wake.wait(max(0.0, (self._window_until - now) / 1000.0 / 2))

@@ -156,3 +156,25 @@ def test_a_slave_promoted_with_timers_pending_delivers_each_once(broker_factory,
     wait_count(s, "t-prom", 40)
     time.sleep(0.5)
     assert_exactly_once_not_early(s, "t-prom", sent)
+
+
+@pytest.mark.slow
+def test_more_messages_due_at_one_time_than_the_window_holds_each_delivered_once(broker_factory, tmp_path):
+    from bench.run import pipelined
+    from metaq.limits import MAX_TIMER_WINDOW_ROWS
+    from metaq.protocol.checksum import metaq_checksum
+    from metaq.protocol.text import serialize
+    from metaq.protocol.timerwire import TimerPut
+    b = start(broker_factory, tmp_path)
+    n = MAX_TIMER_WINDOW_ROWS + 1  # the limit and one past
+    due = now_ms() + 3000
+    frames = [serialize(TimerPut("t-many", 0, 0, b"%d" % i, i, metaq_checksum(b"%d" % i), "@%d" % due))
+              for i in range(n)]
+    pipelined(b.port, frames, depth=64)
+    got = wait_count(b, "t-many", n, partitions=(0,), timeout=120)
+    assert sorted(int(r.payload) for r in got) == list(range(n))
+    time.sleep(0.5)
+    assert len(delivered(b, "t-many", (0,))) == n
+    with b.client() as c:
+        assert c.offset_at("t-many", 0, due).body == b"0"  # none before the due time
+        wait_for(lambda: c.stats_dict()["timers_pending"] == "0", 10, "index emptied")
