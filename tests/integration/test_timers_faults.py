@@ -69,7 +69,9 @@ def test_random_due_times_over_10_s_across_a_kill_9_exactly_once(broker_factory,
     assert_exactly_once_not_early(b, "t-rand", sent)
     # the index rebuilt from the log (timers.db lost): the DONE records say what was delivered
     b.kill()
-    for f in glob.glob(os.path.join(b.data_dir, "timers.db*")):
+    files = glob.glob(os.path.join(b.data_dir, "timers.db*"))
+    assert os.path.join(b.data_dir, "timers.db") in files
+    for f in files:
         os.unlink(f)
     b.start()
     with b.client() as c:
