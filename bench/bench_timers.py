@@ -1,192 +1,117 @@
-"""Timer-store benchmark: 1,000,000 messages pending over 30 days, and lateness at 10,000 due messages a second.
+"""Timer benchmark: put_at's rate beside put_delayed and plain puts, the backlog drain, lateness beside a level.
 
-    python -m bench.bench_timers [--runs 3] [--pending 1000000] [--due-rate 10000] [--due-seconds 10]
+    python -m bench.bench_timers [--runs 3] [--messages 10000]
 
-Against a real broker process on 127.0.0.1 (``sync`` flush, the real segment
-sizes), 100-byte messages, medians of ``--runs`` runs, each on a fresh data dir:
+Against a real broker process on 127.0.0.1 (``sync`` flush, delay levels ``"1s"``), 1 KiB messages, medians of
+``--runs`` runs, every row of one run against the same broker:
 
-* put rate: ``--pending`` pipelined ``put_at`` frames (depth 64, one connection),
-  each due at a random time within the next 30 days; the peer row is the same
-  number of plain ``put`` frames of the same size in the same run;
-* RSS growth: the broker's resident memory once every timer is indexed
-  (``stats``: ``timers_pending``) minus its resident memory after the plain puts
-  (so the growth is what the pending timers cost, not the log's own maps);
-* start-up after kill -9: SIGKILL with every timer pending, then the time from
-  the new process's start until it answers and reports all of them pending;
-* lateness: ``--due-rate`` × ``--due-seconds`` messages, put first (due 5 s and
-  more after the last put), each carrying its due time; four long-polling
-  readers (one per partition) note when each arrives: arrival − due, p50, p99
-  and max. It includes the get's wake-up and round trip, as a consumer sees it.
+* put rate: ``--messages`` pipelined ``put_at +1000`` on one connection; the peers are the same number of
+  ``put_delayed`` level 1 and of plain ``put`` frames;
+* backlog drain: the broker is stopped before the ``put_at`` messages are due and started again after; messages
+  delivered per second from "ready" until the last is readable (the index is caught up first, then the window
+  loads, then batches of at most ``MAX_TIMER_DONE_IDS`` with one DONE record each);
+* lateness: 20 single ``put_at +1000`` and, as the peer, 20 ``put_delayed`` level 1, each read by a long-polling
+  get: arrival minus (acknowledgement + 1 s). It includes the get's round trip.
 
-Not a test: nothing here asserts. Targets (issue 21): RSS growth < 200 MB,
-start-up < 5 s, put_at ≥ 0.5× put, lateness p99 < 50 ms.
+Not a test: nothing here asserts.
 """
 
 import argparse
 import os
-import random
 import shutil
 import statistics
-import struct
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench import wire  # noqa: E402
-from bench.configs import full_size_store  # noqa: E402
-from bench.run import pipelined  # noqa: E402
-from metaq.client.local import BrokerProcess, small_config  # noqa: E402
+from bench.bench_delay import delayed_puts, start  # noqa: E402
+from bench.run import MSG, pipelined, pipelined_puts  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
-from metaq.protocol.message import iter_records  # noqa: E402
+from metaq.protocol.text import serialize  # noqa: E402
+from metaq.protocol.timerwire import TimerPut  # noqa: E402
 
-SIZE = 100
-PARTITIONS = 4
-DAY_MS = 86_400_000
-DUE = struct.Struct(">q")
+TOPIC = "bench"
 
 
-def start(workdir):
-    os.makedirs(workdir, exist_ok=True)
-    cfg = small_config(os.path.join(workdir, "data"), store=full_size_store(),
-                       topics=[{"name": "*", "partitions": PARTITIONS}])
-    return BrokerProcess(workdir, cfg).start(timeout=120)
+def timer_puts(port, n, depth=64):
+    payload = b"t" * MSG
+    crc = metaq_checksum(payload)
+    return pipelined(port, [serialize(TimerPut(TOPIC, 0, 0, payload, i, crc, "+1000")) for i in range(n)], depth)
 
 
-def put_at_frame(topic, partition, payload, when, opaque):
-    return b"put_at %s %d %d 0 %d %s %d\r\n%s" % (topic.encode(), partition, len(payload), metaq_checksum(payload),
-                                                   when.encode(), opaque, payload)
+def readable(b, topic=TOPIC):
+    with b.client() as c:
+        return int(c.call(ev.Offset(topic, "g", 0, 1 << 62, c.opaque())).body)
 
 
-def rss_mb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def stat(b, name):
-    with b.client(timeout=60) as c:
-        return int(c.stats_dict()[name])
-
-
-def wait_pending(b, n, timeout=600):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if stat(b, "timers_pending") >= n:
-            return
-        time.sleep(0.05)
-    raise TimeoutError("timers_pending stayed below %d" % n)
-
-
-def fill(b, n):
-    """Plain puts then ``put_at`` puts of the same size; (plain/s, put_at/s, rss growth MB)."""
-    payload = b"p" * SIZE
-    plain = wire.put_block("plain", payload, 1000)
-    plain_rate = pipelined(b.port, plain, n=n)
-    time.sleep(1.0)
-    before = rss_mb(b.proc.pid)
-    now = int(time.time() * 1000)
-    frames = [put_at_frame("later", i % PARTITIONS, payload, "@%d" % (now + random.randrange(1000, 30 * DAY_MS)), i)
-              for i in range(n)]
-    timed_rate = pipelined(b.port, frames)
-    del frames
-    wait_pending(b, n)
-    time.sleep(1.0)
-    return plain_rate, timed_rate, rss_mb(b.proc.pid) - before
-
-
-def restart_after_kill(b, n):
-    b.kill()
+def drain(b, target):
+    b.stop()
+    time.sleep(1.2)  # every timer is now overdue
+    b.start()
     t = time.perf_counter()
-    b.start(timeout=300)
-    wait_pending(b, n)
-    return time.perf_counter() - t
+    before = readable(b)
+    while readable(b) < target:
+        time.sleep(0.005)
+    return (target - before) / (time.perf_counter() - t)
 
 
-def lateness(b, rate, seconds):
-    count = rate * seconds
-    first_due = int(time.time() * 1000) + 5000 + count * 1000 // 50_000  # puts of them all end before the first is due
-    arrivals = []
-    lock = threading.Lock()
-
-    def reader(partition, expect):
-        got = []
-        offset = 0
-        with b.client(timeout=60) as c:
-            while len(got) < expect:
-                r = c.get("due", partition, offset, max_size=1 << 20, max_wait_ms=10_000)
-                if not isinstance(r, ev.Value):
-                    continue
-                now = time.time() * 1000
-                for rec, _end in iter_records(r.body):
-                    got.append(now - DUE.unpack_from(rec.data, 0)[0])
-                    offset += 1
-        with lock:
-            arrivals.extend(got)
-
-    dues = [first_due + i * 1000 // rate for i in range(count)]
-    frames = [put_at_frame("due", i % PARTITIONS, DUE.pack(due) + b"l" * (SIZE - DUE.size), "@%d" % due, i)
-              for i, due in enumerate(dues)]
-    per = [len(range(p, count, PARTITIONS)) for p in range(PARTITIONS)]
-    threads = [threading.Thread(target=reader, args=(p, per[p])) for p in range(PARTITIONS)]
-    for t in threads:
-        t.start()
-    pipelined(b.port, frames)
-    for t in threads:
-        t.join()
-    arrivals.sort()
-    return arrivals[len(arrivals) // 2], arrivals[int(len(arrivals) * 0.99)], arrivals[-1]
+def lateness(b, make, topic, count=20):
+    out = []
+    with b.client() as c:
+        for i in range(count):
+            r = c.call(make(topic, c.opaque()))
+            acked = time.perf_counter()
+            assert r.code == 200, r
+            while not isinstance(c.get(topic, 0, i, max_wait_ms=5000), ev.Value):
+                pass
+            out.append((time.perf_counter() - acked - 1.0) * 1000)
+            time.sleep(0.02)
+    return sorted(out)
 
 
 def run(args):
     root = tempfile.mkdtemp(prefix="metaq-bench-timers-", dir=args.dir)
-    rows = {k: [] for k in ("plain", "timed", "rss", "restart", "p50", "p99", "max")}
+    rows = {k: [] for k in ("plain", "delayed", "timer", "drain", "t50", "tmax", "d50", "dmax")}
     try:
         for run_no in range(args.runs):
-            b = start(os.path.join(root, "r%d" % run_no))
-            try:
-                plain, timed, rss = fill(b, args.pending)
-                rows["plain"].append(plain)
-                rows["timed"].append(timed)
-                rows["rss"].append(rss)
-                rows["restart"].append(restart_after_kill(b, args.pending))
-                p50, p99, worst = lateness(b, args.due_rate, args.due_seconds)
-                rows["p50"].append(p50)
-                rows["p99"].append(p99)
-                rows["max"].append(worst)
-            finally:
-                b.stop()
-                shutil.rmtree(b.workdir, ignore_errors=True)
+            b = start(root, "r%d" % run_no)
+            n = args.messages
+            rows["plain"].append(pipelined_puts(b.port, n))
+            rows["delayed"].append(delayed_puts(b.port, n))
+            while readable(b) < 2 * n:  # the level's deliveries are over before the timers go in
+                time.sleep(0.05)
+            rows["timer"].append(timer_puts(b.port, n))
+            rows["drain"].append(drain(b, 3 * n))
+            late = lateness(b, lambda t, o: TimerPut(t, 0, 0, b"late", o, -1, "+1000"), "late-t")
+            rows["t50"].append(late[len(late) // 2])
+            rows["tmax"].append(late[-1])
+            late = lateness(b, lambda t, o: ev.DelayedPut(t, 0, 0, b"late", o, -1, 1), "late-d")
+            rows["d50"].append(late[len(late) // 2])
+            rows["dmax"].append(late[-1])
+            b.stop()
+            shutil.rmtree(b.workdir, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
-    print("timer store: %d pending over 30 days, %d-byte messages, sync flush, median of %d runs"
-          % (args.pending, SIZE, args.runs))
-    print()
-    print("| measure | value | target |")
-    print("|---|---|---|")
-    print("| plain put, pipelined depth 64 (peer) | %.0f/s | |" % med["plain"])
-    print("| put_at (due within 30 days), pipelined depth 64 | %.0f/s (%.2f×) | ≥ 0.5× |"
-          % (med["timed"], med["timed"] / med["plain"]))
-    print("| broker RSS growth, %d pending | %.0f MB | < 200 MB |" % (args.pending, med["rss"]))
-    print("| start-up after kill -9 until all pending | %.2f s | < 5 s |" % med["restart"])
-    print("| lateness p50 / p99 / max at %d due/s | %.1f / %.1f / %.1f ms | p99 < 50 ms |"
-          % (args.due_rate, med["p50"], med["p99"], med["max"]))
-    for k in ("timed", "rss", "restart", "p99"):
-        print("  runs %s: %s" % (k, ", ".join("%.2f" % x for x in rows[k])))
+    print("timers, %d x 1 KiB messages, sync flush, median of %d runs" % (args.messages, args.runs))
+    print("%-48s %14s" % ("measure", "value"))
+    print("%-48s %11.0f/s" % ("plain put, pipelined (peer)", med["plain"]))
+    print("%-48s %11.0f/s" % ("put_delayed level 1, pipelined (peer)", med["delayed"]))
+    print("%-48s %11.0f/s" % ("put_at +1000, pipelined", med["timer"]))
+    print("%-48s %11.0f/s" % ("put_at backlog drain after a restart", med["drain"]))
+    print("%-48s %11.1f ms" % ("put_at lateness p50 (arrival - ack - 1 s)", med["t50"]))
+    print("%-48s %11.1f ms" % ("put_at lateness max of 20", med["tmax"]))
+    print("%-48s %11.1f ms" % ("put_delayed level 1 lateness p50 (peer)", med["d50"]))
+    print("%-48s %11.1f ms" % ("put_delayed level 1 lateness max of 20 (peer)", med["dmax"]))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--pending", type=int, default=1_000_000)
-    ap.add_argument("--due-rate", type=int, default=10_000)
-    ap.add_argument("--due-seconds", type=int, default=10)
+    ap.add_argument("--messages", type=int, default=10000)
     ap.add_argument("--dir", default=None, help="where the data dirs go (default: the temp dir)")
     run(ap.parse_args())
 

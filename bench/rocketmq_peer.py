@@ -98,6 +98,9 @@ def produce(args):
         if args.delay_level:
             m.set_delay_time_level(args.delay_level)
         m.set_property("seq", str(i))
+        for item in args.property or ():  # e.g. TIMER_DELAY_MS=1500 (README "Any delivery time")
+            name, _eq, value = item.partition("=")
+            m.set_property(name, value)
         m.set_body(m_body(args, i) if key is None else "k%d-%d" % (key, i // args.orderly_keys))
         first_t, failures, first_error = time.time(), 0, None
         while True:
@@ -229,6 +232,7 @@ def main():
     ap.add_argument("--prefix", default="m")
     ap.add_argument("--size", type=int, default=0, help="bodies of this many bytes instead of '<prefix>-<i>'")
     ap.add_argument("--delay-level", type=int, default=0)
+    ap.add_argument("--property", action="append", help="produce: NAME=VALUE set on every message (repeatable)")
     ap.add_argument("--expect", type=int, default=0)
     ap.add_argument("--stop-after", type=int, default=0)
     ap.add_argument("--distinct", action="store_true")

@@ -434,3 +434,26 @@ MAX_PRIORITY_LEVELS = 8
 DEFAULT_PRIORITY_MAX_WAIT_MS = 10_000
 #: The largest ``priority_max_wait_ms`` a topic may set (one day); the smallest is 1.
 MAX_PRIORITY_MAX_WAIT_MS = 86_400_000
+
+# -- timers: any delivery time (README "Delayed delivery", "Any delivery time") --------------------------------
+
+#: Furthest ahead a message may be scheduled (about 10 years): due times stay far inside int64, and a typo is caught.
+MAX_DELIVER_AHEAD_MS = 10 * 366 * 86_400_000
+
+#: The delivery greenlet keeps in memory the pending messages due within this many milliseconds of now.
+TIMER_WINDOW_MS = 60_000
+
+#: Most rows the in-memory delivery window holds (the rest wait in timers.db for the next load).
+MAX_TIMER_WINDOW_ROWS = 10_000
+
+#: Most ids one DONE record lists (a larger delivered batch writes several).
+MAX_TIMER_DONE_IDS = 1_000
+
+#: Rows of recent outcomes (delivered / cancelled) kept so a cancel can say which one happened.
+MAX_TIMER_OUTCOMES = 100_000
+
+#: Most pending timers one ``timers`` listing returns.
+MAX_TIMER_LIST = 1_000
+
+#: TIMER_TOPIC records the indexer applies per SQLite transaction.
+TIMER_INDEX_BATCH = 1_000

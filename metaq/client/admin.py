@@ -33,7 +33,7 @@ from datetime import datetime
 import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import admindlq, adminoffsets, admintools, admintopics, replay, security as client_security
+from metaq.client import admindlq, adminoffsets, admintimers, admintools, admintopics, replay, security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
@@ -375,6 +375,7 @@ def build_parser():
     admintools.add_parsers(sub, parse_time)  # put, tail
     adminoffsets.add_parser(sub, parse_time)  # reset-offsets
     admindlq.add_parser(sub)  # dlq list|resend
+    admintimers.add_parser(sub)  # timers list|cancel
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (README "
@@ -427,6 +428,7 @@ RUNNERS = {
     "tail": lambda view, args, brokers, render: admintools.run_tail(view, args),
     "reset-offsets": lambda view, args, brokers, render: adminoffsets.run(view, args, render),
     "dlq": lambda view, args, brokers, render: admindlq.run(view, args, render),
+    "timers": lambda view, args, brokers, render: admintimers.run(view, args, render),
 }
 
 

@@ -15,6 +15,8 @@ from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.priority import PriorityPut
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
+from metaq.protocol.timerwire import TimerPut
+from metaq.client.timers import when_of
 
 __all__ = ["Partition", "Message", "SendResult"]
 
@@ -59,6 +61,10 @@ class Message:
     them, and messages sent by RocketMQ producers arrive with their tags as
     ``attribute`` and their other properties here.
 
+    ``deliver_at`` (a datetime, naive = local time, or epoch milliseconds) or ``delay`` (a timedelta or seconds):
+    delivered then, to the millisecond, up to 10 years ahead; a time in the past is delivered at once (README "Any
+    delivery time"); ``offset`` stays None as for a delay level; ``Producer.cancel(message.id)`` cancels it.
+
     ``priority`` (None by default): the level of a priority topic the message goes to, 0 the lowest (README
     "Priorities"); the broker refuses it for a topic without priorities or past its levels. A fetched message
     of a priority topic has the level it came from here.
@@ -69,9 +75,10 @@ class Message:
     """
 
     __slots__ = ("topic", "body", "attribute", "key", "delay_level", "id", "partition", "offset", "flag",
-                 "properties", "priority")
+                 "properties", "priority", "when")
 
-    def __init__(self, topic, body, attribute=None, key=None, properties=None, delay_level=0, priority=None):
+    def __init__(self, topic, body, attribute=None, key=None, properties=None, delay_level=0, priority=None,
+                 deliver_at=None, delay=None):
         if isinstance(body, (bytearray, memoryview)):
             body = bytes(body)
         elif not isinstance(body, bytes):
@@ -87,6 +94,10 @@ class Message:
             raise ValueError("priority must be None or an int >= 0 (a level of a priority topic), got %r" % (priority,))
         if priority is not None and delay_level:
             raise ValueError("a message cannot have both a delay level and a priority")
+        self.when = when_of(deliver_at, delay)  # put_at's @<ms> / +<ms>, or None
+        if self.when is not None and (delay_level or priority is not None):
+            raise ValueError("a message cannot have both a delivery time (deliver_at, delay) and a delay level or a "
+                             "priority")
         self.priority = priority
         self.topic = topic
         self.body = body
@@ -129,6 +140,8 @@ class Message:
         """The request that stores the encoded message (partition -1): put, put_delayed or put_prio."""
         if self.priority is not None:
             return PriorityPut(self.topic, -1, flag, data, 0, checksum, self.priority)
+        if self.when is not None:
+            return TimerPut(self.topic, -1, flag, data, 0, checksum, self.when)
         if self.delay_level:
             return DelayedPut(self.topic, -1, flag, data, 0, checksum, self.delay_level)
         return Put(self.topic, -1, flag, data, 0, checksum)

@@ -50,6 +50,8 @@ from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.client.request import request as send_request
+from metaq.client.sequences import Sequences as _Sequences
+from metaq.client.timers import cancel as cancel_timer
 from metaq.client.selectors import as_selector
 from metaq.client.transaction import LocalTransaction, new_session_id
 
@@ -79,30 +81,6 @@ class _Send:
         self.seq = None  # idempotent: the sequence of (topic, partition) given when the partition was chosen
         self.sequences = None  # idempotent: that (topic, partition)'s _Sequences
         self.new_topic = False  # idempotent: sent to partition 0 of a topic the broker did not have yet
-
-
-class _Sequences:
-    """An idempotent producer's sequence numbers of one (topic, partition): the next one, and the oldest unanswered."""
-
-    __slots__ = ("next", "low", "ahead", "waiting")
-
-    def __init__(self):
-        self.next = 0
-        self.low = 0  # every sequence below it is answered; it is not (unless it is next)
-        self.ahead = set()  # sequences above low answered before it (replies out of order)
-        self.waiting = False  # a sender waits for room: woken once half the window is free
-
-    def finished(self, seq):
-        """``seq`` was answered (again: nothing changes)."""
-        if seq != self.low:
-            if seq > self.low:
-                self.ahead.add(seq)
-            return
-        low, ahead = seq + 1, self.ahead
-        while ahead and low in ahead:
-            ahead.discard(low)
-            low += 1
-        self.low = low
 
 
 class Producer:
@@ -204,9 +182,9 @@ class Producer:
         put = self.make_put(message)
         if self._closed:
             raise RuntimeError("producer is closed")
-        if self.idempotent and message.delay_level:
-            raise ValueError("an idempotent producer cannot send delayed messages (delay_level %d): the delay "
-                             "scheduler re-stores the message when it is due" % message.delay_level)
+        if self.idempotent and (message.delay_level or message.when):
+            raise ValueError("an idempotent producer cannot send delayed messages (delay_level %d, when %s): the "
+                             "broker re-stores the message when it is due" % (message.delay_level, message.when))
         future = self.new_future(callback)
         deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
         send = _Send(message, put, future, deadline)
@@ -281,6 +259,11 @@ class Producer:
         if self.idempotent:
             raise ValueError("an idempotent producer cannot open transactions: use one without idempotent=True")
         return LocalTransaction.open(self, timeout, request_timeout)
+
+    def cancel(self, msg_id, timeout=3.0):
+        """Cancel a message sent with ``deliver_at`` or ``delay`` before it is due (README "Cancel"): ``"cancelled"``;
+        ``"delivered"`` or ``"cancelled"`` (before): too late; ``"unknown"``. Raises MetaqError (client/timers.py)."""
+        return cancel_timer(self, msg_id, timeout)
 
     def request(self, message, timeout=3.0):
         """Send ``message`` as a request and wait up to ``timeout`` s for its reply (a Message): ``client.request``."""

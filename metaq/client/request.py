@@ -38,8 +38,8 @@ def request(producer, message, timeout):
         raise ValueError("timeout must be a number of seconds > 0, got %r" % (timeout,))
     if producer.current_transaction() is not None:
         raise ValueError("a request cannot be part of a transaction: send it outside transaction()")
-    if getattr(message, "delay_level", 0):
-        raise ValueError("a request cannot be delayed (delay_level %d)" % message.delay_level)
+    if getattr(message, "delay_level", 0) or getattr(message, "when", None):
+        raise ValueError("a request cannot be delayed (delay_level %d, when %s)" % (message.delay_level, message.when))
     producer.make_put(message)  # validates the topic and the size
     flag, data = message.encode()
     partition = producer.choose_partition(message)

@@ -1,18 +1,26 @@
-"""The dead letters' resent journals (``%RESENT%<group>``, server/adminops.py): internal topics, written by the
-broker alone. A client's put there would make ``dlq resend`` skip a dead letter it never resent (the journal
-says which were), so every put path refuses these names, as it refuses the delay scheduler's topic."""
+"""The broker's internal topics written by the broker alone: the dead letters' resent journals (``%RESENT%<group>``,
+server/adminops.py) and the timer store's log (``%TIMER%``, server/timers.py). A client's put to a journal would make
+``dlq resend`` skip a dead letter it never resent (the journal says which were); one to the timer topic would
+schedule, cancel or mark delivered messages behind the broker's back. So every put path refuses these names (``is_journal``
+is the one check they all ask), as it refuses the delay scheduler's topic."""
 
 RESENT_PREFIX = "%RESENT%"
 _RESENT_BYTES = RESENT_PREFIX.encode()
+TIMER_TOPIC = "%TIMER%"  # metaq.protocol.timer.TIMER_TOPIC (that module imports limits; this one stays bare)
+_TIMER_BYTES = TIMER_TOPIC.encode()
 
 
 def is_journal(topic):
-    """True for a resent journal's name (``str`` or ``bytes``, as the fast put paths hold it)."""
+    """True for a resent journal's name or the timer topic (``str`` or ``bytes``, as the fast put paths hold it)."""
     if isinstance(topic, (bytes, bytearray, memoryview)):
-        return bytes(topic[:len(_RESENT_BYTES)]) == _RESENT_BYTES
-    return topic.startswith(RESENT_PREFIX)
+        topic = bytes(topic)
+        return topic[:len(_RESENT_BYTES)] == _RESENT_BYTES or topic == _TIMER_BYTES
+    return topic.startswith(RESENT_PREFIX) or topic == TIMER_TOPIC
 
 
 def journal_refusal(topic):
+    if topic in (TIMER_TOPIC, _TIMER_BYTES):
+        return ("%s is the broker's internal topic for timers: put to your topic with put_at "
+                "<topic> <partition> <len> <flag> <checksum> @<epoch ms>|+<delay ms> <opaque> instead" % TIMER_TOPIC)
     return ("%s is a broker's internal topic: the resent journal of a consumer group's dead letters "
             "(metaq-admin dlq resend writes it)" % topic)

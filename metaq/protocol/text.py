@@ -55,7 +55,7 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol import adminwire
-from metaq.protocol import priority
+from metaq.protocol import priority, timerwire
 from metaq.protocol import topicadmin
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
@@ -411,6 +411,8 @@ def _admin_parser(parse):
 _COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in adminwire.COMMANDS.items()})
 # consumer priorities (``protocol.priority``: put_prio, get_prio)
 _COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in priority.COMMANDS.items()})
+# any delivery time and cancel (``protocol.timerwire``: put_at, cancel, timers)
+_COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in timerwire.COMMANDS.items()})
 
 
 class TextParser(StreamParser):

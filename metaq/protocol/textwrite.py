@@ -4,7 +4,7 @@ Split from ``metaq.protocol.text`` (which re-exports these names); the grammar i
 """
 
 from metaq.protocol import adminwire
-from metaq.protocol import priority
+from metaq.protocol import priority, timerwire
 from metaq.protocol import topicadmin
 from metaq.protocol.events import (
     Auth,
@@ -185,6 +185,7 @@ _SERIALIZERS = {
 }
 _SERIALIZERS.update(adminwire.SERIALIZERS)  # the admin extensions (group_info, reset_offset, dlq_list, dlq_resend)
 _SERIALIZERS.update(priority.SERIALIZERS)  # put_prio, get_prio
+_SERIALIZERS.update(timerwire.SERIALIZERS)  # put_at, cancel, timers
 
 
 def serialize(event):

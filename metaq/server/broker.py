@@ -15,6 +15,7 @@ from metaq.protocol.priority import with_owner_keys
 from metaq.server.config import is_loopback
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
+from metaq.server.timers import TimerService
 from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
@@ -90,8 +91,12 @@ class Broker:
         self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
                                     is_master=self.roles.is_master)  # reads its entries from the store
         self.roles.on_change(self.delay.role_changed)
+        self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
+                                   async_flush=config.store.flush == "async")  # any delivery time; its index
+        self.roles.on_change(self.timers.role_changed)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
+        self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
@@ -115,7 +120,7 @@ class Broker:
                                            if self.election is not None else None, replies=self.replies)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
-        self.stats_service.add_source("delay", self.delay.summary_values)
+        self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
@@ -192,6 +197,7 @@ class Broker:
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
         self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
+        self.timers.start()
         if self.remoting is not None:
             self.remoting.start()
         self.roles.start_links()
@@ -272,7 +278,7 @@ class Broker:
     def run_retention(self):
         usage = self.gate.disk_state.usage_ratio if self.gate.disk_state else None
         try:
-            report = self.store.retention(now_ms(), usage)
+            report = self.store.retention(now_ms(), usage, floor=self.timers.retention_floor())
         except OSError as exc:
             log.error("retention failed: %s", exc)
             return None
@@ -309,6 +315,7 @@ class Broker:
         gevent.killall(self._tasks, block=False)
         self.guard.stop()
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush
+        self.timers.stop()
         self.roles.stop()
         self.tx.stop()
         self.ahead.stop()

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
+from metaq.protocol.timer import TIMER_TOPIC
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.tx.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
@@ -484,7 +485,8 @@ class ServerConfig(_Section):
             data_dir=os.path.abspath(self.broker.data_dir),
             broker_id=self.broker.id,
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
-            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms()))] + self.remoting.retry_topic_specs()
+            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1)]
+            + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,
             **_settings_for(StoreConfig, self.store),

@@ -26,6 +26,7 @@ from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.timer import TIMER_TOPIC
 from metaq.server.config import read_yaml
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,8 @@ class Guard:
                 raise errors.Forbidden("permission denied: user %s is not an admin (the admin role is needed)"
                                        % user.name)
             return
-        if kind == "topic" and name == SCHEDULE_TOPIC and not user.admin:
-            # its entries hold whole messages of every topic with a delay: only an admin may touch it
+        if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC) and not user.admin:
+            # their entries hold whole messages of every topic with a delay: only an admin may touch them
             raise errors.Forbidden("permission denied: %s is the broker's internal topic (admin only)" % name)
         if not user.may(action, kind, name):
             raise errors.Forbidden("permission denied: user %s may not %s %s %s" % (

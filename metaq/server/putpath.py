@@ -78,6 +78,7 @@ class PutPath:
         self.roles = roles  # the replication role changes while the broker runs (promotion, rejoin)
         self.gate = gate
         self.delay = delay
+        self.timers = None  # the TimerService (server/timers.py), set at assembly
         self.registry = registry
         self.sync_flush = sync_flush
 
@@ -121,7 +122,7 @@ class PutPath:
         return level_topic(topic, priority)
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False,
-               priority=None):
+               priority=None, due_ms=None):
         """Store one message (after ``check_writable``); returns the store's PutResult.
 
         ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
@@ -129,7 +130,8 @@ class PutPath:
         broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError; the delay
         scheduler's internal topic is refused, and so is a dead-letter resent journal unless ``internal`` (the
         broker's own write: server/adminops.py), and a priority level's name. ``priority`` (not None): the message
-        goes to that level of ``topic`` (``stored_topic``); no delay level with it.
+        goes to that level of ``topic`` (``stored_topic``); no delay level with it. ``due_ms`` (not None, already
+        checked by ``protocol.timer``): the timer service stores it for delivery then (``TimerService.put_at``).
         """
         stored = topic
         try:
@@ -140,12 +142,16 @@ class PutPath:
                 if delay_level:
                     raise errors.ClientError("a message cannot have both a delay level and a priority")
                 stored = self.stored_topic(topic, priority)
+            if due_ms is not None and (delay_level or priority is not None):
+                raise errors.ClientError("a message cannot have both a delivery time and a delay level or a priority")
             if topic == SCHEDULE_TOPIC:
                 raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
                                          "topic with a delay level instead" % SCHEDULE_TOPIC)
             if not internal and is_journal(topic):
                 raise errors.ClientError(journal_refusal(topic))
-            if delay_level:
+            if due_ms is not None:
+                r = self.timers.put_at(topic, partition, flag, body, due_ms, now, checksum)
+            elif delay_level:
                 r = self.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
             else:
                 r = self.store.put(stored, partition, flag, body, now, born_ms=born_ms, checksum=checksum)

@@ -22,6 +22,7 @@ from metaq.errors import Forbidden, MetaqError
 from metaq.protocol import checksum
 from metaq.protocol import stats as codec
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.timer import TIMER_TOPIC
 
 ITEMS_HELP = (
     "(blank)   broker summary",
@@ -166,6 +167,9 @@ class NodeFacts(NamedTuple):
     zookeeper: str  # the registry's state, or "standalone"
 
 
+#: The broker's own topics: no long polls of theirs counted, not listed (delay levels, timers).
+INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC)
+
 #: The sources ``StatsService`` renders from, each a callable the broker registers (``add_source``).
 SOURCES = {
     "node": "NodeFacts of the broker",
@@ -255,7 +259,7 @@ class StatsService:
             ("corrupt_reads", store.reads.corrupt_reads),
             ("log_read_bytes", store.reads.log_read_bytes),
             ("filter_skipped_units", c.filter_skipped_units),
-            ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic != SCHEDULE_TOPIC)),
+            ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic not in INTERNAL)),
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]() + \
@@ -294,7 +298,7 @@ def remoting_values(remoting):
 
 def public_topics(store):
     """Topics for listings: every known topic but the internal one of delayed delivery (see ``stats delay``)."""
-    return [t for t in store.known_topics() if t != SCHEDULE_TOPIC]
+    return [t for t in store.known_topics() if t not in INTERNAL]
 
 
 def topic_rows(store):

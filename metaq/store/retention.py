@@ -70,9 +70,12 @@ def first_kept_offset(pidx, log_start):
     return pidx.first_at_or_after(log_start, max(pidx.min, pidx.first_start), pidx.max)
 
 
-def apply_retention(log_, partitions, limit, written, root, config, now_ms, disk_usage_ratio=None):
+def apply_retention(log_, partitions, limit, written, root, config, now_ms, disk_usage_ratio=None, floor=None):
     """Delete the sealed segments ``plan_deletion`` picks among those wholly below ``limit`` (flushed and
-    checkpointed), raise each partition's first offset past them and drop its index files below it."""
+    checkpointed) and ``floor`` (None, or the timer index's: records it has not indexed yet stay; README "Any
+    delivery time"), raise each partition's first offset past them and drop its index files below it."""
+    if floor is not None:
+        limit = min(limit, floor)
     infos = []
     for seg in log_.segments[:-1]:
         if seg.end > limit:

@@ -577,10 +577,10 @@ class MessageStore(StoreFigures):
 
     # -- retention -----------------------------------------------------------
 
-    def retention(self, now_ms, disk_usage_ratio=None):
-        """Delete old (or, under disk pressure, the oldest) sealed segments and the index files below them."""
+    def retention(self, now_ms, disk_usage_ratio=None, floor=None):
+        """Delete old (or, under disk pressure, the oldest) sealed segments below ``floor`` and their index files."""
         report = apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
-                                 self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio)
+                                 self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio, floor)
         report.deleted_index_files.extend(self.keys.drop_below(self._log.start or self._pos.written))
         report.deleted_index_files.extend(self._topic_retention(now_ms, report.raised_min_offsets))
         return report

@@ -32,6 +32,24 @@ def test_reader_denied_payroll_cannot_read_payroll_delayed_messages(broker_facto
     assert b"salary of the CEO" not in leaked
 
 
+def test_reader_denied_payroll_cannot_read_payroll_timed_messages(broker_factory, tmp_path):
+    from metaq.protocol.timer import TIMER_TOPIC
+    from metaq.protocol.timerwire import TimerCancelCommand, TimerList, TimerPut
+    b = broker_factory(secured(tmp_path))
+    with login(b, "admin") as admin:
+        body = b"salary of the CEO: 1,000,000"
+        r = admin.call(TimerPut("payroll", 0, 0, body, 1, metaq_checksum(body), "+600000"))
+        assert r.code == 200, r
+        msg_id = int(r.body.split()[0])
+    with login(b, "reader") as reader:
+        r = reader.call(ev.Get(TIMER_TOPIC, "g", 0, 0, 1 << 16, 2, None))  # the timer topic holds the body
+        assert isinstance(r, ev.Result) and r.code == 403, r
+        assert reader.call(TimerList("*", 10, 3)).code == 403  # listing and cancelling are the admin's
+        assert reader.call(TimerCancelCommand(msg_id, 4)).code == 403
+        r = reader.call(TimerPut("payroll", 0, 0, b"x", 5, metaq_checksum(b"x"), "+1000"))
+        assert r.code == 403, r
+
+
 WRITER = dict(DEFAULT_USERS, writer={"secret": "writer-secret-0123456789", "default_topic": "pub",
                                      "topics": {"payroll": "deny"}})
 WRITER_SECRETS = dict(SECRETS, writer="writer-secret-0123456789")

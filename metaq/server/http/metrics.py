@@ -52,6 +52,8 @@ SUMMARY_METRICS = (
      "long_poll_waiters"),
     (GaugeMetricFamily, "metaq_parked_gets", "Gets and pulls parked waiting for a message.", "parked_gets"),
     (GaugeMetricFamily, "metaq_delay_pending_messages", "Delayed messages not yet due.", "delay_pending"),
+    (GaugeMetricFamily, "metaq_timers_pending_messages", "Messages with a delivery time not yet delivered or "
+     "cancelled.", "timers_pending"),
     (GaugeMetricFamily, "metaq_log_end_position_bytes", "The commit log's written end.", "log_end_position"),
 )
 

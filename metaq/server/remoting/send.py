@@ -28,6 +28,7 @@ import random
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
+from metaq.protocol.timer import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import is_journal, journal_refusal
 from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
@@ -72,7 +73,7 @@ class RemotingSender:
 
     # -- the put itself -------------------------------------------------------
 
-    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0, priority=None):
+    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0, priority=None, due_ms=None):
         """Append (or schedule) one message (``priority``: to that level, README "Priorities"); returns
         ``(PutResult, offset message id)``."""
         if len(data) > self.max_body:
@@ -80,20 +81,23 @@ class RemotingSender:
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
         r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms, delay_level=delay_level,
-                             priority=priority)
+                             priority=priority, due_ms=due_ms)
         if priority:
             topic = level_topic(topic, priority)  # the record's topic: where the message is stored
-        if delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
+        if due_ms is not None:  # the id names the timer entry (README "Any delivery time")
+            stored = (TIMER_TOPIC, TIMER_ENTRY.size + len(topic.encode("utf-8")) + len(data))
+        elif delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
             stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         else:
             stored = (topic, len(data))
         position = r.log_end - record_size(len(stored[0].encode("utf-8")), stored[1])
         return r, create_offset_msg_id(self.server.store_ip, self.server.port, position)
 
-    def _store(self, topic, partition, flag, data, born_ms, delay_level=0, priority=None):
+    def _store(self, topic, partition, flag, data, born_ms, delay_level=0, priority=None, timer=None):
         """``_append`` one message and wait until it may be acknowledged; returns ``(partition, offset, msg_id)``."""
         now = now_ms()
-        r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level, priority)
+        r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level, priority,
+                                 None if timer is None else timer_due(timer, now))
         self.path.durable(topic, r.partition, r.log_end, now)
         return r.partition, r.offset, msg_id
 
@@ -113,6 +117,9 @@ class RemotingSender:
         if is_request(props):  # a request-reply request: the replier's reply topic names our cluster (RocketMQ)
             props[CLUSTER] = self.cluster
         level = _delay_level(props)
+        timer = timer_property(props)  # RocketMQ 5's TIMER_DELIVER_MS / TIMER_DELAY_SEC / TIMER_DELAY_MS
+        if timer is not None and level:
+            raise errors.ClientError("a message cannot have both %s and a DELAY level" % timer[0])
         identity = _identity(props)
         priority = _priority(props)
         if priority is not None and identity is not None:
@@ -120,8 +127,9 @@ class RemotingSender:
         flag, data = record_data_from_send(self._body(h.sys_flag, cmd.body), props, h.flag,
                                            h.sys_flag & ~COMPRESSION_BITS, h.reconsume_times, conn.peer)
         if identity is not None:
-            return self._send_idempotent(cmd, h, topic, flag, data, identity, level)
-        partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level, priority)
+            return self._send_idempotent(cmd, h, topic, flag, data, identity, level or timer)
+        partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level, priority,
+                                                timer)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
 
     def _body(self, sys_flag, body):
@@ -150,6 +158,8 @@ class RemotingSender:
         if any(PID_PROPERTY in e.properties or SEQ_PROPERTY in e.properties for e in entries):
             raise errors.ClientError("a batch cannot hold idempotent messages (%s/%s): send them one by one"
                                      % (PID_PROPERTY, SEQ_PROPERTY))
+        if any(timer_property(e.properties) for e in entries):
+            raise errors.ClientError("a batch cannot hold messages with a delivery time: send them one by one")
         if any(PRIORITY_PROPERTY in e.properties for e in entries):
             raise errors.ClientError("a batch cannot hold messages with a %s: send them one by one" % PRIORITY_PROPERTY)
         partition = h.queue_id

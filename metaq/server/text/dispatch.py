@@ -30,6 +30,8 @@ from metaq.server.text.admin import TextAdmin
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
+from metaq.server.text.timers import TextTimers
+from metaq.protocol.timerwire import TimerCancelCommand, TimerList, TimerPut
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,8 @@ class TextDispatcher:
         priorities = TextPriorities(self, error_reply)  # put_prio, get_prio (README "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
+        timers = TextTimers(self, put_path.timers, error_reply)  # put_at, cancel, timers (README "Any delivery time")
+        self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
         self.admin = TextAdmin(admin, guard, error_reply) if admin is not None else None
         for event_type in adminwire.SERIALIZERS:
             self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin

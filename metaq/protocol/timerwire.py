@@ -1,0 +1,108 @@
+"""The text protocol's timer commands (README "Any delivery time", "Cancel"), sans-IO::
+
+    put_at <topic> <partition> <len> <flag> <checksum> <when> <opaque>\\r\\n<body>
+        when: @<epoch ms> (absolute) or +<ms> (after a delay, from the broker's clock);
+        answered like put_delayed: 200 "<msgId> <partition> -1" (the offset is known at delivery)
+    cancel <msgId> <opaque>
+        200 "cancelled"; 404 "delivered", "cancelled" (before) or "unknown"
+    timers <topic|*> <limit> <opaque>
+        200, a line per pending timer: "<msgId> <topic> <partition> <due ms> <size>" (at most MAX_TIMER_LIST)
+
+``when`` is kept as text here: the broker reads it with its clock (``metaq.protocol.timer.parse_when``).
+"""
+
+from typing import NamedTuple
+
+from metaq.limits import MAX_TIMER_LIST
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class TimerPut(NamedTuple):
+    topic: str
+    partition: int
+    flag: int
+    body: bytes
+    opaque: int
+    checksum: int
+    when: str
+
+
+class TimerCancelCommand(NamedTuple):
+    msg_id: int
+    opaque: int
+
+
+class TimerList(NamedTuple):
+    topic: str  # "*": every topic
+    limit: int
+    opaque: int
+
+
+def _int(token, what, low, high):
+    if not (token.isascii() and (token.isdigit() or (token[:1] == "-" and token[1:].isdigit()))):
+        raise ValueError("invalid %s %r: not an integer" % (what, token[:64]))
+    value = int(token)
+    if not low <= value <= high:
+        raise ValueError("invalid %s %r: must be %d..%d" % (what, token[:64], low, high))
+    return value
+
+
+def _parse_put_at(t):
+    topic, when = t[1], t[6]
+    partition = _int(t[2], "partition", -1, _INT32[1])
+    flag = _int(t[4], "flag", *_INT32)
+    checksum = _int(t[5], "checksum", -1, _INT32[1])
+    opaque = _int(t[7], "opaque", *_INT32)
+    return lambda body: TimerPut(topic, partition, flag, body, opaque, checksum, when)
+
+
+def _parse_cancel(t):
+    return TimerCancelCommand(_int(t[1], "message id", *_INT64), _int(t[2], "opaque", *_INT32))
+
+
+def _parse_timers(t):
+    return TimerList(t[1], _int(t[2], "limit", 1, MAX_TIMER_LIST), _int(t[3], "opaque", *_INT32))
+
+
+#: Plugged into ``protocol.text``'s command table (parsers raise ValueError with the reason).
+COMMANDS = {
+    "put_at": (_parse_put_at, (8,), "8 tokens (put_at <topic> <partition> <len> <flag> <checksum> "
+               "@<epoch ms>|+<delay ms> <opaque>)", 3),
+    "cancel": (_parse_cancel, (3,), "3 tokens (cancel <msgId> <opaque>)", None),
+    "timers": (_parse_timers, (4,), "4 tokens (timers <topic|*> <limit 1..%d> <opaque>)" % MAX_TIMER_LIST, None),
+}
+
+
+def _token(text):
+    if not text or any(c in text for c in " \r\n"):
+        raise ValueError("%r cannot be sent as a protocol token" % (text,))
+    return text
+
+
+def _serialize_put_at(e):
+    head = "put_at %s %d %d %d %d %s %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum,
+                                                _token(e.when), e.opaque)
+    return head.encode("utf-8") + e.body
+
+
+SERIALIZERS = {
+    TimerPut: _serialize_put_at,
+    TimerCancelCommand: lambda e: b"cancel %d %d\r\n" % (e.msg_id, e.opaque),
+    TimerList: lambda e: ("timers %s %d %d\r\n" % (_token(e.topic), e.limit, e.opaque)).encode("utf-8"),
+}
+
+
+def format_rows(rows):
+    """The ``timers`` reply body from ``(msg_id, due_ms, topic, partition, size)`` rows."""
+    return "".join("%d %s %d %d %d\n" % (i, topic, p, due, size) for i, due, topic, p, size in rows).encode("utf-8")
+
+
+def parse_rows(body):
+    """The inverse of ``format_rows``: ``[(msg_id, topic, partition, due_ms, size)]``."""
+    out = []
+    for line in body.decode("utf-8").splitlines():
+        i, topic, p, due, size = line.split(" ")
+        out.append((int(i), topic, int(p), int(due), int(size)))
+    return out

@@ -1,0 +1,429 @@
+"""Any delivery time: the timer store's service (README "Delayed delivery", "Any delivery time", "Cancel").
+
+* ``put_at`` stores an ENTRY record (``metaq.protocol.timer``: real topic, partition, flag, checksum, due and
+  born times, the original data) in the internal topic ``TIMER_TOPIC``, partition 0, through the normal store
+  put (durability, flushes and replication are a put's). Its record id is the message's id: the producer is
+  answered with it and the delivered message carries it.
+* The **indexer** (master and slave) reads TIMER_TOPIC from the index's ``indexed_offset`` up to the flushed
+  log position and applies the records to ``timers.db`` (``metaq.store.timerindex``), one SQLite transaction
+  per batch. It is woken by puts and flushes (the partition waiters), never polls busily.
+* The **delivery** greenlet (master only) keeps a window of the rows due within ``TIMER_WINDOW_MS`` (at most
+  ``MAX_TIMER_WINDOW_ROWS``), sleeps until the head is due, then puts the due messages into their topics with
+  their ids and, in the same loop turn (no yield), appends one DONE record listing them. The ids it ended
+  (delivered or cancelled) stay in memory (``_ended``) until long after the index knows them, so a window
+  load never delivers one twice.
+* **Exactly once after kill -9**: at start and at promotion the indexer first catches up; the due rows are
+  the candidates, and those whose id is in the log after ``scan_from`` (a position before which every
+  delivery's DONE is durable) were delivered before the crash: they get a DONE record, not a second delivery.
+* **Cancel** is decided in the loop, against the same state the delivery reads: exactly one of them wins.
+* **Retention** keeps every segment from the first TIMER_TOPIC record not yet indexed (``retention_floor``);
+  once indexed, a message lives in timers.db, so a message due in a year does not pin the log.
+
+Every SQLite call goes through one dedicated thread (``ThreadPool(1)``): never on the event loop.
+"""
+
+import logging
+import random
+import time
+from bisect import insort
+from collections import OrderedDict
+
+import gevent
+from gevent.event import Event
+from gevent.threadpool import ThreadPool
+
+from metaq import errors
+from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES, MAX_TIMER_WINDOW_ROWS,
+                          TIMER_INDEX_BATCH, TIMER_WINDOW_MS, validate_partition)
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.timer import TIMER_TOPIC, BadTimerRecord, TimerEntry, decode, encode_cancel, encode_done, \
+    encode_entry
+from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
+
+log = logging.getLogger(__name__)
+
+KEY = (TIMER_TOPIC, 0)
+#: Seconds the delivery waits after a refused put (disk full, failed flush) before trying again.
+RETRY_S = 1.0
+#: Longest wait of the indexer for a new record (puts and flushes wake it at once; this bounds every wait).
+IDLE_WAIT_S = 5.0
+#: Bytes of TIMER_TOPIC records the indexer reads at once.
+READ_BYTES = 1 << 20
+UNKNOWN = "unknown"
+#: Longest wait of a cancel for the indexer to reach the log's end (an id put just before must not be "unknown").
+CANCEL_INDEX_WAIT_S = 5.0
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+class TimerService:
+    """See the module docstring."""
+
+    def __init__(self, store, flusher, waiters, gate, is_master, async_flush):
+        self.store = store
+        self.flusher = flusher
+        self.waiters = waiters
+        self.gate = gate
+        self.enabled = is_master
+        self.async_flush = async_flush
+        self.started = False
+        self._pool = ThreadPool(1)
+        self.index = self._call(TimerIndex, store.dirs.root)
+        self.pending = self._call(self.index.count)  # kept up to date by the indexer
+        self._running = False
+        self._delivering = False
+        self._stop = Event()
+        self._wake = Event()  # the delivery loop: a put or an index batch landed in its window, a stop
+        self._indexed = Event()  # set after each index batch
+        self._indexer = self._deliverer = None
+        self._window = []  # [(due_ms, msg_id, row)] sorted: rows due before _window_until
+        self._window_until = None  # None: load the window before delivering
+        self._loading = None  # entries indexed while a window load runs
+        self._all_ended = False
+        self._ended = OrderedDict()  # msg_id -> DELIVERED | CANCELLED, ended by this process (bounded)
+        self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
+        self._done_end = 0  # end position of the last DONE record appended
+        self.delivered = 0
+        self.cancelled = 0
+        self.redeliveries_skipped = 0
+        self.dropped = 0
+
+    def _call(self, fn, *args):
+        """``fn(*args)`` in the timer thread (every SQLite call goes there)."""
+        return self._pool.apply(fn, args)
+
+    # -- producers ---------------------------------------------------------------
+
+    def put_at(self, topic, partition, flag, body, due_ms, now, checksum=None):
+        """Schedule ``body`` for ``topic``/``partition`` at ``due_ms`` (already validated: ``parse_when``); returns
+        the ENTRY's PutResult with the real partition. Raises ClientError / the store's errors; nothing stored."""
+        if not self.enabled:
+            raise errors.Unavailable("this broker is a replication slave: timer puts go to the master")
+        count = self.store.partitions_of(topic)
+        if partition == -1:
+            partition = random.randrange(count)
+        else:
+            validate_partition(partition, count)
+        self.store.check_creatable(topic, partition)
+        if checksum is None or checksum < 0:
+            checksum = metaq_checksum(body)
+        data = encode_entry(topic, partition, flag, checksum, due_ms, now, body)
+        r = self.store.put(TIMER_TOPIC, 0, 0, data, now)
+        if self.async_flush:
+            self.waiters.notify((KEY,))
+        else:
+            self.flusher.wake()
+        return r._replace(partition=partition)
+
+    def cancel(self, msg_id, now):
+        """``(outcome, PutResult or None)``: ``"cancelled"`` with the CANCEL record's result (answer once it is
+        durable), or ``"delivered"``, ``"cancelled"`` (before) or ``"unknown"`` with None."""
+        if not self.enabled:
+            raise errors.Unavailable("this broker is a replication slave: cancel on the master")
+        done = self._ended.get(msg_id)
+        if done is not None:
+            return done, None
+        if self._in_window(msg_id) is None:
+            row = self._call(self.index.get, msg_id)
+            if row is None and self._call(self.index.outcome, msg_id) is None and self._ended.get(msg_id) is None:
+                self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))  # a put just answered may not be indexed
+                row = self._call(self.index.get, msg_id) if self._in_window(msg_id) is None else True
+            if row is None:
+                done = self._ended.get(msg_id) or self._call(self.index.outcome, msg_id)
+                return (done or UNKNOWN), None
+            done = self._ended.get(msg_id)  # the pool call yielded: look again
+            if done is not None:
+                return done, None
+        return CANCELLED, self._append_cancel(msg_id, now)
+
+    def _wait_indexed(self, offset, timeout=CANCEL_INDEX_WAIT_S):
+        """Wait (bounded) until the indexer has indexed the timer topic up to ``offset``."""
+        deadline = time.monotonic() + timeout
+        while self.index.indexed_offset < offset and time.monotonic() < deadline and self._running:
+            self.waiters.notify((KEY,))
+            self._indexed.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+
+    def _in_window(self, msg_id):
+        for i, item in enumerate(self._window):
+            if item[1] == msg_id:
+                return i
+        return None
+
+    def _append_cancel(self, msg_id, now):
+        """No yield from the caller's last check to here: the cancel wins."""
+        i = self._in_window(msg_id)
+        if i is not None:
+            del self._window[i]
+        r = self.store.put(TIMER_TOPIC, 0, 0, encode_cancel(msg_id), now)
+        self._end(msg_id, CANCELLED)
+        self.cancelled += 1
+        if self.async_flush:
+            self.waiters.notify((KEY,))
+        return r
+
+    def _end(self, msg_id, outcome):
+        self._ended[msg_id] = outcome
+        while len(self._ended) > MAX_TIMER_OUTCOMES:
+            self._ended.popitem(last=False)
+
+    def list(self, topic=None, limit=MAX_TIMER_LIST):
+        """Pending timers ``[(msg_id, due_ms, topic, partition, size)]`` by due time, at most MAX_TIMER_LIST."""
+        rows = self._call(self.index.list, topic, min(limit, MAX_TIMER_LIST) + len(self._ended))
+        return [r for r in rows if r[0] not in self._ended][:min(limit, MAX_TIMER_LIST)]
+
+    # -- retention -----------------------------------------------------------------
+
+    def retention_floor(self):
+        """The lowest log position retention must keep: records not yet indexed stay; None when all are."""
+        if self.store.max_offset(TIMER_TOPIC, 0) <= self.index.indexed_offset:
+            return None
+        return self._last_end
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self):
+        self.started = True
+        if self._running:
+            return
+        self._running = True
+        self._stop = Event()
+        self._indexer = gevent.spawn(self._index_loop)
+        if self.enabled:
+            self._start_delivery()
+
+    def _start_delivery(self):
+        self._delivering = True
+        self._deliverer = gevent.spawn(self._delivery_loop)
+
+    def stop(self):
+        if not self._running:
+            return
+        self._running = False
+        self._delivering = False
+        self._stop.set()
+        self._wake.set()
+        self.waiters.notify((KEY,))
+        greenlets = [g for g in (self._indexer, self._deliverer) if g is not None]
+        gevent.joinall(greenlets, timeout=5.0)
+        gevent.killall(greenlets, block=True, timeout=1.0)
+        self._deliverer = None
+        self._call(self.index.close)
+        self._pool.kill()
+
+    def role_changed(self, slave_id):
+        """A promoted slave starts delivering (after the recovery check), a master turned slave stops."""
+        master = slave_id is None
+        if master == self.enabled:
+            return
+        self.enabled = master
+        if not master:
+            self._delivering = False
+            self._wake.set()
+            log.info("timers: delivery stopped (this broker is now a replication slave)")
+        elif self._running:
+            if self._deliverer is not None:
+                self._deliverer.kill(block=False)  # an old loop (demoted, then promoted again) never runs beside
+            self._window, self._window_until = [], None
+            self._start_delivery()
+
+    # -- the indexer ---------------------------------------------------------------
+
+    def _index_loop(self):
+        while self._running:
+            try:
+                if not self._index_step():
+                    self.waiters.wait(KEY, IDLE_WAIT_S)
+            except Exception:  # noqa: BLE001 - the indexer must never stop silently
+                log.exception("timers: indexing failed; retrying in %.0f s", RETRY_S)
+                self._stop.wait(RETRY_S)
+
+    def _index_step(self):
+        """Index the next flushed batch; False when there is nothing to index (now)."""
+        offset = self.index.indexed_offset
+        try:
+            records, _nxt = self.store.read_records(TIMER_TOPIC, 0, offset, TIMER_INDEX_BATCH, READ_BYTES)
+        except errors.Moved as exc:
+            if exc.offset <= offset:
+                return False
+            log.error("timers: records %d..%d were deleted before they were indexed", offset, exc.offset - 1)
+            self.dropped += exc.offset - offset
+            self._call(self.index.apply, [], exc.offset, now_ms())
+            return True
+        flushed = self.store.flushed_position
+        durable = [r for r in records if r.position + r.total_size <= flushed]
+        if not durable:
+            if records and self._running:
+                self.flusher.wait_flushed(records[0].position + records[0].total_size)
+                return True
+            return False
+        batch, entries = [], []
+        for r in durable:
+            try:
+                rec = decode(r.data)
+            except BadTimerRecord as exc:
+                log.error("timers: record %d of %s is skipped: %s", r.queue_offset, TIMER_TOPIC, exc)
+                self.dropped += 1
+                continue
+            batch.append((r.msg_id, rec))
+            if isinstance(rec, TimerEntry):
+                entries.append((r.msg_id, rec))
+        last = durable[-1]
+        added, ended = self._call(self.index.apply, batch, last.queue_offset + 1, now_ms())
+        self.pending += added - len(ended)
+        self._last_end = last.position + last.total_size
+        self._add_to_window(entries)
+        self._indexed.set()
+        self._indexed = Event()
+        return True
+
+    def _add_to_window(self, entries):
+        """Newly indexed entries due within the loaded window join it (the window loader sees the rest)."""
+        if self._loading is not None:
+            self._loading.extend(entries)  # a window load is under way: merged when it ends
+        if self._window_until is None:
+            return
+        woke = False
+        for msg_id, e in entries:
+            if e.due_ms < self._window_until and msg_id not in self._ended:
+                if len(self._window) >= MAX_TIMER_WINDOW_ROWS:  # full: the latest row goes back to the index
+                    if e.due_ms >= self._window[-1][0]:
+                        self._window_until = e.due_ms  # loaded with the rest when the window is next loaded
+                        continue
+                    self._window_until = self._window.pop()[0]
+                row = (msg_id, e.due_ms, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data)
+                insort(self._window, (e.due_ms, msg_id, row))
+                woke = True
+        if woke:
+            self._wake.set()
+
+    def catch_up(self):
+        """Wait for the indexer to index the log up to its end (start, promotion)."""
+        while self._running and self.store.max_offset(TIMER_TOPIC, 0) > self.index.indexed_offset:
+            self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))
+
+    # -- delivery ------------------------------------------------------------------
+
+    def _delivery_loop(self):
+        try:
+            self.catch_up()
+            self._recover(now_ms())
+        except Exception:  # noqa: BLE001
+            log.exception("timers: recovery failed; delivery does not run")
+            return
+        while self._running and self._delivering:
+            try:
+                self._delivery_step()
+            except Exception:  # noqa: BLE001 - delivery must never stop silently
+                log.exception("timers: delivery failed; retrying in %.0f s", RETRY_S)
+                self._window_until = None
+                self._stop.wait(RETRY_S)
+
+    def _recover(self, now):
+        """The due rows whose id is in the log after ``scan_from`` were delivered before a crash: DONE, not again."""
+        candidates = {row[0] for row in self._call(self.index.due, now, MAX_TIMER_WINDOW_ROWS)}
+        if not candidates:
+            return
+        found = self.store.msg_ids_since(self.index.scan_from, skip_topic=TIMER_TOPIC, among=candidates)
+        if found:
+            ids = sorted(found)
+            for i in range(0, len(ids), MAX_TIMER_DONE_IDS):
+                r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids[i:i + MAX_TIMER_DONE_IDS]), now)
+                self._done_end = r.log_end
+            for i in ids:
+                self._end(i, DELIVERED)
+            self.redeliveries_skipped += len(ids)
+            self.flusher.wake()
+        log.info("timers recovery: %d due messages; %d of them were delivered before the restart and will not be "
+                 "delivered again", len(candidates), len(found))
+
+    def _load_window(self, now):
+        until = now + TIMER_WINDOW_MS
+        self._loading = []
+        try:
+            rows = self._call(self.index.due, until, MAX_TIMER_WINDOW_ROWS)
+        finally:
+            added, self._loading = self._loading, None
+        if len(rows) >= MAX_TIMER_WINDOW_ROWS:
+            until = rows[-1][1]  # the rows due at that time may go on past the limit: load them next time
+            rows = [r for r in rows if r[1] < until] or rows  # (all due at one time: these now, the rest later)
+        self._window = sorted((r[1], r[0], r) for r in rows if r[0] not in self._ended)
+        self._window_until = until
+        self._all_ended = bool(rows) and not self._window  # delivered, their DONE not indexed yet
+        loaded = {r[0] for r in rows}
+        self._add_to_window([(i, e) for i, e in added if i not in loaded])
+
+    def _delivery_step(self):
+        if self.gate.refusal is not None:
+            self._stop.wait(RETRY_S)
+            return
+        now = now_ms()
+        if self._window_until is None or (not self._window and now >= self._window_until - TIMER_WINDOW_MS // 2):
+            self._load_window(now)
+        self._record_scan_from()
+        if not self._window and self._all_ended:  # wait for the index to learn what was delivered, not spin
+            self._all_ended = False
+            self._wait_indexed(self.index.indexed_offset + 1, timeout=1.0)
+            self._window_until = None
+            return
+        if not self._window:
+            self._wake.clear()
+            self._wake.wait(max(0.0, (self._window_until - now) / 1000.0 / 2))
+            return
+        due = self._window[0][0]
+        if due > now:
+            self._wake.clear()
+            self._wake.wait((due - now) / 1000.0)
+            return
+        self._deliver(now)
+        gevent.sleep(0)
+
+    def _deliver(self, now):
+        """Put the due rows (at most MAX_TIMER_DONE_IDS) into their topics and append their DONE: no yield."""
+        ids, keys, refused = [], set(), False
+        while self._window and self._window[0][0] <= now and len(ids) < MAX_TIMER_DONE_IDS:
+            _due, msg_id, row = self._window[0]
+            _id, _due, topic, partition, flag, checksum, born_ms, data = row
+            try:
+                r = self.store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum,
+                                   msg_id=msg_id)
+            except errors.ClientError as exc:  # the topic or partition is gone: it will never be deliverable
+                log.error("timers: dropped message %d for %s-%d: %s", msg_id, topic, partition, exc)
+                self.dropped += 1
+            except errors.MetaqError as exc:  # a full disk, a store error: stay on it and try later
+                log.warning("timers: delivery waits: %s", exc)
+                refused = True
+                break
+            else:
+                keys.add((topic, r.partition))
+                self.delivered += 1
+            self._window.pop(0)
+            ids.append(msg_id)
+            self._end(msg_id, DELIVERED)
+        if ids:
+            r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids), now)
+            self._done_end = r.log_end
+            keys.add(KEY)
+            if self.async_flush:
+                self.waiters.notify(keys)
+                if self.store.should_flush(now):
+                    self.flusher.wake()
+            else:
+                self.flusher.wake()
+        if refused:
+            self._stop.wait(RETRY_S)
+
+    def _record_scan_from(self):
+        """Every delivery before the flushed position has its DONE durable once the last DONE is: record it."""
+        flushed = self.store.flushed_position
+        if flushed >= self._done_end and flushed > self.index.scan_from:
+            self._call(self.index.set_scan_from, flushed)
+
+    # -- stats ---------------------------------------------------------------------
+
+    def summary_values(self):
+        """The ``stats`` summary's ``(key, value)`` pairs of the timers."""
+        return [("timers_pending", self.pending), ("timers_delivered", self.delivered),
+                ("timers_cancelled", self.cancelled), ("timers_redeliveries_skipped", self.redeliveries_skipped),
+                ("timers_dropped", self.dropped)]

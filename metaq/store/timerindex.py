@@ -1,0 +1,155 @@
+"""The timer store's index: ``<data_dir>/timers.db`` (SQLite, WAL), derived from the TIMER_TOPIC records.
+
+The commit log is the source of truth (README "Any delivery time"); this index is what the broker reads
+to find the messages due next, and it keeps each pending message's data, so retention may delete the log
+records once they are indexed. It holds:
+
+* ``pending``: one row per scheduled message not yet delivered or cancelled (msg_id, due_ms indexed,
+  topic, partition, flag, checksum, born_ms, data);
+* ``outcomes``: the recent ends (msg_id → delivered | cancelled, at_ms), at most ``MAX_TIMER_OUTCOMES``
+  rows (the oldest go first), so a cancel can say which happened;
+* ``meta``: ``indexed_offset`` (the next TIMER_TOPIC offset to index) and ``scan_from`` (a log position:
+  every delivery made before it has its DONE record in the log).
+
+Each ``apply`` is one transaction, with its new ``indexed_offset``: after a crash the index restarts
+exactly where its last commit left it. ``synchronous=FULL``: a commit is on disk when ``apply`` returns.
+NORMAL (with WAL) could lose the last commits in a power cut, and the log records they came from may
+already be deleted by retention (whose floor is ``indexed_offset``); FULL costs one fsync per batch, in
+the timer service's own thread, never on the event loop.
+
+Blocking calls (file I/O, fsync): the server calls every method from one dedicated thread. Time is
+passed in; no clock here.
+"""
+
+import os
+import sqlite3
+
+from metaq.limits import MAX_TIMER_OUTCOMES
+from metaq.protocol.timer import TimerCancel, TimerDone, TimerEntry
+
+FILE_NAME = "timers.db"
+DELIVERED, CANCELLED = "delivered", "cancelled"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pending (
+    msg_id INTEGER PRIMARY KEY, due_ms INTEGER NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    flag INTEGER NOT NULL, checksum INTEGER NOT NULL, born_ms INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS pending_due ON pending (due_ms, msg_id);
+CREATE TABLE IF NOT EXISTS outcomes (msg_id INTEGER PRIMARY KEY, outcome TEXT NOT NULL, at_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS outcomes_at ON outcomes (at_ms);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+_COLUMNS = "msg_id, due_ms, topic, partition, flag, checksum, born_ms"
+
+
+class TimerIndex:
+    """The index file, opened; see the module docstring. Not thread-safe: one thread uses it."""
+
+    def __init__(self, data_dir, max_outcomes=MAX_TIMER_OUTCOMES):
+        self.path = os.path.join(data_dir, FILE_NAME)
+        self.max_outcomes = max_outcomes
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self.indexed_offset = self._meta("indexed_offset")
+        self.scan_from = self._meta("scan_from")
+
+    def close(self):
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _meta(self, key):
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else 0
+
+    def apply(self, records, indexed_offset, now_ms):
+        """Apply ``records`` — ``(msg_id, TimerEntry | TimerCancel | TimerDone)`` in log order — and set
+        ``indexed_offset``, in one transaction. Returns ``(entries added, ids ended)``."""
+        added, ended = 0, []
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for msg_id, rec in records:
+                if isinstance(rec, TimerEntry):
+                    if db.execute("SELECT 1 FROM outcomes WHERE msg_id = ?", (msg_id,)).fetchone():
+                        continue  # ended before (a re-applied record)
+                    db.execute("INSERT OR IGNORE INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               (msg_id, rec.due_ms, rec.topic, rec.partition, rec.flag, rec.checksum, rec.born_ms,
+                                rec.data))
+                    added += 1
+                elif isinstance(rec, TimerCancel):
+                    if self._end(rec.msg_id, CANCELLED, now_ms):
+                        ended.append(rec.msg_id)
+                elif isinstance(rec, TimerDone):
+                    for i in rec.msg_ids:
+                        if self._end(i, DELIVERED, now_ms):
+                            ended.append(i)
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (indexed_offset,))
+            self._prune()
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self.indexed_offset = indexed_offset
+        return added, ended
+
+    def _end(self, msg_id, outcome, now_ms):
+        """A pending entry delivered or cancelled: moved to the outcomes. The first end wins (a CANCEL after a
+        DONE changes nothing: the service never writes one, and a replayed log must not either)."""
+        if self._db.execute("SELECT 1 FROM outcomes WHERE msg_id = ?", (msg_id,)).fetchone():
+            return False
+        cur = self._db.execute("DELETE FROM pending WHERE msg_id = ?", (msg_id,))
+        if outcome == CANCELLED and cur.rowcount == 0:
+            return False  # nothing pending to cancel
+        self._db.execute("INSERT INTO outcomes VALUES (?, ?, ?)", (msg_id, outcome, now_ms))
+        return True
+
+    def _prune(self):
+        (n,) = self._db.execute("SELECT COUNT(*) FROM outcomes").fetchone()
+        if n > self.max_outcomes:
+            self._db.execute("DELETE FROM outcomes WHERE msg_id IN (SELECT msg_id FROM outcomes "
+                             "ORDER BY at_ms, msg_id LIMIT ?)", (n - self.max_outcomes,))
+
+    def set_scan_from(self, position):
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (position,))
+        self.scan_from = position
+
+    def due(self, until_ms, limit):
+        """Pending rows due at or before ``until_ms``, earliest first, at most ``limit``: tuples
+        ``(msg_id, due_ms, topic, partition, flag, checksum, born_ms, data)``."""
+        return self._db.execute("SELECT %s, data FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id LIMIT ?"
+                                % _COLUMNS, (until_ms, limit)).fetchall()
+
+    def next_due(self):
+        """The earliest pending due time, or None."""
+        row = self._db.execute("SELECT MIN(due_ms) FROM pending").fetchone()
+        return row[0]
+
+    def get(self, msg_id):
+        return self._db.execute("SELECT %s, data FROM pending WHERE msg_id = ?" % _COLUMNS, (msg_id,)).fetchone()
+
+    def outcome(self, msg_id):
+        """``"delivered"``, ``"cancelled"`` or None (pending, unknown, or pruned)."""
+        row = self._db.execute("SELECT outcome FROM outcomes WHERE msg_id = ?", (msg_id,)).fetchone()
+        return row[0] if row else None
+
+    def list(self, topic=None, limit=100, after=None):
+        """Pending rows ``(msg_id, due_ms, topic, partition, size)`` by due time; ``after``: a ``(due_ms, msg_id)``
+        to continue past; ``topic``: only that topic's."""
+        sql = "SELECT msg_id, due_ms, topic, partition, LENGTH(data) FROM pending WHERE 1"
+        args = []
+        if topic is not None:
+            sql += " AND topic = ?"
+            args.append(topic)
+        if after is not None:
+            sql += " AND (due_ms > ? OR (due_ms = ? AND msg_id > ?))"
+            args.extend((after[0], after[0], after[1]))
+        sql += " ORDER BY due_ms, msg_id LIMIT ?"
+        args.append(limit)
+        return self._db.execute(sql, args).fetchall()
+
+    def count(self):
+        return self._db.execute("SELECT COUNT(*) FROM pending").fetchone()[0]

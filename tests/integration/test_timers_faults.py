@@ -1,0 +1,182 @@
+"""Timers across kill -9, restarts, retention, cancel racing delivery and a promoted slave (README "Any delivery
+time", "Cancel")."""
+
+import glob
+import os
+import random
+import time
+
+import pytest
+
+from metaq.client import admin
+from metaq.client.local import free_port, small_config
+from tests.harness.broker import wait_for
+from tests.harness.delay import records
+from tests.harness.replication import caught_up, master_config, stats
+from tests.harness.timers import cancel, put_at_ok, timers
+
+pytestmark = pytest.mark.fault
+YEAR_MS = 365 * 86_400_000
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def start(broker_factory, tmp_path, name="b", **sections):
+    return broker_factory(small_config(tmp_path / name / "data", **sections), workdir=tmp_path / name)
+
+
+def delivered(b, topic, partitions=(0, 1)):
+    with b.client() as c:
+        return records(c, topic, partitions)
+
+
+def wait_count(b, topic, count, partitions=(0, 1), timeout=40):
+    return wait_for(lambda: (lambda got: got if len(got) >= count else None)(delivered(b, topic, partitions)),
+                    timeout, "%d messages delivered to %s" % (count, topic), interval=0.2)
+
+
+def assert_exactly_once_not_early(b, topic, sent, partitions=(0, 1)):
+    """Each sent id delivered once, with its payload, stored no earlier than its due time."""
+    with b.client() as c:
+        for p in partitions:
+            for offset, rec in enumerate(records(c, topic, (p,))):
+                payload, due = sent[rec.msg_id]
+                assert rec.payload == payload
+                r = c.offset_at(topic, p, due)
+                assert r.code == 200 and int(r.body) <= offset, ("delivered before due", rec.msg_id, due, r)
+    got = delivered(b, topic, partitions)
+    assert sorted(r.msg_id for r in got) == sorted(sent), "not exactly once"
+
+
+@pytest.mark.slow
+def test_random_due_times_over_10_s_across_a_kill_9_exactly_once(broker_factory, tmp_path):
+    b = start(broker_factory, tmp_path)
+    rnd = random.Random(7)
+    sent = {}
+    with b.client() as c:
+        for n in range(120):
+            payload = b"m-%d" % n
+            t = now_ms()
+            delay = rnd.randrange(0, 10_000)
+            msg_id, _ = put_at_ok(c, "t-rand", payload, "+%d" % delay, partition=n % 2)
+            sent[msg_id] = (payload, t + delay)
+    wait_count(b, "t-rand", 40)  # some delivered, most pending
+    b.kill()
+    b.start()
+    wait_count(b, "t-rand", len(sent))
+    assert_exactly_once_not_early(b, "t-rand", sent)
+    # the index rebuilt from the log (timers.db lost): the DONE records say what was delivered
+    b.kill()
+    files = glob.glob(os.path.join(b.data_dir, "timers.db*"))
+    assert os.path.join(b.data_dir, "timers.db") in files
+    for f in files:
+        os.unlink(f)
+    b.start()
+    with b.client() as c:
+        wait_for(lambda: c.stats_dict()["timers_pending"] == "0", 10, "index rebuilt")
+        assert timers(c) == []
+    time.sleep(0.5)
+    assert_exactly_once_not_early(b, "t-rand", sent)
+
+
+def test_a_message_due_in_a_year_survives_restarts_and_retention(broker_factory, tmp_path, capsys):
+    b = start(broker_factory, tmp_path, store={"segment_size": 65536, "retention_hours": 0.0001,
+                                               "retention_check_interval_s": 0.2},
+              limits={"max_body_bytes": 32 * 1024})
+    with b.client() as c:
+        due = now_ms() + YEAR_MS
+        far, _ = put_at_ok(c, "t-year", b"next year", "@%d" % due)
+        for n in range(12):  # fill segments so retention deletes the one holding the entry
+            c.put_ok("t-fill", b"x" * 20_000)
+    first = sorted(os.listdir(os.path.join(b.data_dir, "commitlog")))[0]
+    wait_for(lambda: first not in os.listdir(os.path.join(b.data_dir, "commitlog")), 20,
+             "retention deleted the first segment")
+    b.kill()
+    b.start()
+    assert b.stop() == 0
+    b.start()
+    with b.client() as c:
+        rows = timers(c, "t-year")
+        assert [(r[0], r[1], r[3]) for r in rows] == [(far, "t-year", due)]
+        assert c.stats_dict()["timers_pending"] == "1"
+    code = admin.main(["--brokers", "meta://127.0.0.1:%d" % b.port, "timers", "list"])
+    out = capsys.readouterr().out
+    assert code == 0 and str(far) in out and "t-year" in out, out
+    code = admin.main(["--brokers", "meta://127.0.0.1:%d" % b.port, "timers", "cancel", str(far)])
+    out = capsys.readouterr().out
+    assert code == 0 and "cancelled" in out, out
+    with b.client() as c:
+        assert timers(c) == []
+
+
+@pytest.mark.slow
+def test_cancel_races_delivery_exactly_one_wins_and_the_caller_is_told(broker_factory, tmp_path):
+    b = start(broker_factory, tmp_path)
+    ids = []
+    with b.client() as c:
+        due = now_ms() + 2000
+        for n in range(200):
+            msg_id, _ = put_at_ok(c, "t-race", b"r-%d" % n, "@%d" % (due + n % 20), partition=n % 2)
+            ids.append(msg_id)
+        wait_for(lambda: now_ms() >= due - 5, 5, "due time")
+        answers = {i: cancel(c, i) for i in ids}
+    assert set(answers.values()) <= {(200, "cancelled"), (404, "delivered")}, set(answers.values())
+    time.sleep(0.5)
+    got = {r.msg_id for r in delivered(b, "t-race")}
+    told_delivered = {i for i, a in answers.items() if a == (404, "delivered")}
+    assert got == told_delivered
+    assert len(delivered(b, "t-race")) == len(got)  # none twice
+    with b.client() as c:
+        for i in ids:  # asked again, the same answer
+            assert cancel(c, i)[1] == answers[i][1]
+
+
+@pytest.mark.slow
+def test_a_slave_promoted_with_timers_pending_delivers_each_once(broker_factory, tmp_path, capsys):
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    sent = {}
+    with m.client() as c:
+        for n in range(40):
+            t = now_ms()
+            delay = 300 if n < 10 else 6000 + n * 50
+            msg_id, _ = put_at_ok(c, "t-prom", b"p-%d" % n, "+%d" % delay, partition=n % 2)
+            sent[msg_id] = (b"p-%d" % n, t + delay)
+    wait_count(m, "t-prom", 10)
+    caught_up(m, s)
+    with s.client() as c:
+        wait_for(lambda: c.stats_dict()["timers_pending"] == "30", 10, "the slave indexed the pending timers")
+        assert cancel(c, next(iter(sent)))[0] == 503  # a slave refuses cancel like a put
+    m.kill()
+    wait_for(lambda: stats(s)["replication_link"] == "down", 10, "slave sees the master gone")
+    code = admin.main(["promote", "127.0.0.1:%d" % s.port])
+    assert code == admin.EXIT_OK, capsys.readouterr()
+    wait_count(s, "t-prom", 40)
+    time.sleep(0.5)
+    assert_exactly_once_not_early(s, "t-prom", sent)
+
+
+@pytest.mark.slow
+def test_more_messages_due_at_one_time_than_the_window_holds_each_delivered_once(broker_factory, tmp_path):
+    from bench.run import pipelined
+    from metaq.limits import MAX_TIMER_WINDOW_ROWS
+    from metaq.protocol.checksum import metaq_checksum
+    from metaq.protocol.text import serialize
+    from metaq.protocol.timerwire import TimerPut
+    b = start(broker_factory, tmp_path)
+    n = MAX_TIMER_WINDOW_ROWS + 1  # the limit and one past
+    due = now_ms() + 3000
+    frames = [serialize(TimerPut("t-many", 0, 0, b"%d" % i, i, metaq_checksum(b"%d" % i), "@%d" % due))
+              for i in range(n)]
+    pipelined(b.port, frames, depth=64)
+    got = wait_count(b, "t-many", n, partitions=(0,), timeout=120)
+    assert sorted(int(r.payload) for r in got) == list(range(n))
+    time.sleep(0.5)
+    assert len(delivered(b, "t-many", (0,))) == n
+    with b.client() as c:
+        assert c.offset_at("t-many", 0, due).body == b"0"  # none before the due time
+        wait_for(lambda: c.stats_dict()["timers_pending"] == "0", 10, "index emptied")

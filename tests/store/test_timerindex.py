@@ -1,0 +1,63 @@
+"""The timer store's index (metaq.store.timerindex): pure, a tmp dir, no network."""
+
+from metaq.protocol.timer import TimerCancel, TimerDone, TimerEntry
+from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
+
+NOW = 1_700_000_000_000
+
+
+def entry(due, topic="t", data=b"x"):
+    return TimerEntry(topic, 0, 0, 1, due, NOW, data)
+
+
+def test_apply_due_and_reopen(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    assert (ix.indexed_offset, ix.scan_from, ix.count()) == (0, 0, 0)
+    ix.apply([(1, entry(NOW + 30)), (2, entry(NOW + 10)), (3, entry(NOW + 20, topic="u"))], 3, NOW)
+    assert [r[0] for r in ix.due(NOW + 20, 10)] == [2, 3]
+    assert [r[0] for r in ix.due(NOW + 100, 1)] == [2]
+    assert ix.next_due() == NOW + 10
+    assert ix.get(1)[1:] == (NOW + 30, "t", 0, 0, 1, NOW, b"x")
+    assert [r[0] for r in ix.list("u")] == [3]
+    assert [r[0] for r in ix.list(after=(NOW + 10, 2))] == [3, 1]
+    ix.set_scan_from(4096)
+    ix.close()
+    ix = TimerIndex(str(tmp_path))
+    assert (ix.indexed_offset, ix.scan_from, ix.count()) == (3, 4096, 3)
+    ix.close()
+
+
+def test_done_and_cancel_move_to_outcomes(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    ix.apply([(1, entry(NOW)), (2, entry(NOW)), (3, entry(NOW))], 3, NOW)
+    added, ended = ix.apply([(9, TimerDone((1, 2))), (10, TimerCancel(3)), (11, TimerCancel(1)),
+                             (12, TimerCancel(77))], 7, NOW)
+    assert (added, ended) == (0, [1, 2, 3])
+    assert ix.count() == 0
+    assert [ix.outcome(i) for i in (1, 2, 3, 77)] == [DELIVERED, DELIVERED, CANCELLED, None]
+    # a replayed entry after its end stays ended
+    ix.apply([(1, entry(NOW))], 8, NOW)
+    assert ix.count() == 0 and ix.indexed_offset == 8
+    ix.close()
+
+
+def test_outcomes_limit_and_one_past(tmp_path):
+    ix = TimerIndex(str(tmp_path), max_outcomes=3)
+    ix.apply([(i, entry(NOW)) for i in range(1, 5)], 4, NOW)
+    ix.apply([(10, TimerDone((1, 2, 3)))], 5, NOW)
+    assert [ix.outcome(i) for i in (1, 2, 3)] == [DELIVERED] * 3
+    ix.apply([(11, TimerDone((4,)))], 6, NOW + 1)
+    assert ix.outcome(1) is None  # the oldest pruned
+    assert [ix.outcome(i) for i in (2, 3, 4)] == [DELIVERED] * 3
+    ix.close()
+
+
+def test_failed_apply_changes_nothing(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    ix.apply([(1, entry(NOW))], 1, NOW)
+    try:
+        ix.apply([(2, entry(NOW)), (3, TimerEntry("t", 0, 0, 0, NOW, NOW, object()))], 3, NOW)
+    except Exception:  # noqa: BLE001 - data sqlite cannot store
+        pass
+    assert ix.count() == 1 and ix.indexed_offset == 1
+    ix.close()
