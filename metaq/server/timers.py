@@ -74,6 +74,7 @@ class TimerService:
         self.pending = self._call(self.index.count)  # kept up to date by the indexer
         self._running = False
         self._delivering = False
+        self._recovered = Event()  # this master's recovery check is done: a cancel may be decided
         self._stop = Event()
         self._wake = Event()  # the delivery loop: a put or an index batch landed in its window, a stop
         self._indexed = Event()  # set after each index batch
@@ -122,6 +123,9 @@ class TimerService:
         durable), or ``"delivered"``, ``"cancelled"`` (before) or ``"unknown"`` with None."""
         if not self.enabled:
             raise errors.Unavailable("this broker is a replication slave: cancel on the master")
+        if not self._recovered.wait(CANCEL_INDEX_WAIT_S):  # a delivery a crash left without its DONE is known first
+            raise errors.Unavailable("the timer store is still checking the log after a start or a promotion; try "
+                                     "again")
         done = self._ended.get(msg_id)
         if done is not None:
             return done, None
@@ -195,6 +199,7 @@ class TimerService:
 
     def _start_delivery(self):
         self._delivering = True
+        self._recovered.clear()
         self._deliverer = gevent.spawn(self._delivery_loop)
 
     def stop(self):
@@ -312,6 +317,7 @@ class TimerService:
         except Exception:  # noqa: BLE001
             log.exception("timers: recovery failed; delivery does not run")
             return
+        self._recovered.set()
         while self._running and self._delivering:
             try:
                 self._delivery_step()

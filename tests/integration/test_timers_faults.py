@@ -180,3 +180,38 @@ def test_more_messages_due_at_one_time_than_the_window_holds_each_delivered_once
     with b.client() as c:
         assert c.offset_at("t-many", 0, due).body == b"0"  # none before the due time
         wait_for(lambda: c.stats_dict()["timers_pending"] == "0", 10, "index emptied")
+
+
+def test_a_cancel_right_after_a_restart_waits_for_the_recovery_check(broker_factory, tmp_path):
+    """A delivery a crash left without its DONE record (written offline here, so certain), and a cancel of it sent
+    as soon as the restarted broker answers, while its index still catches up with 20,000 entries: the cancel
+    says "delivered" (the recovery check finds the delivery first), never "cancelled" for a message consumers
+    already have."""
+    from metaq.protocol.message import encode_payload
+    from metaq.protocol.timer import TIMER_TOPIC, encode_entry
+    from metaq.server.config import load_config
+    from metaq.store.store import MessageStore
+
+    b = start(broker_factory, tmp_path)
+    due = now_ms() + 1500
+    with b.client() as c:
+        msg_id, _ = put_at_ok(c, "t-early", b"once", "@%d" % due, partition=0)
+        wait_for(lambda: len(timers(c)) == 1 or None, 10, "indexed")
+    assert b.stop() == 0
+    store = MessageStore.open(load_config(b.config_path).store_config(), now_ms())
+    try:
+        flag, data = encode_payload(b"once", None)
+        store.put("t-early", 0, flag, data, now_ms(), msg_id=msg_id)  # delivered; its DONE never written
+        far = now_ms() + YEAR_MS
+        for i in range(20_000):  # entries the restarted index must catch up with first
+            store.put(TIMER_TOPIC, 0, 0, encode_entry("t-far", 0, 0, 1, far + i, now_ms(), b"x"), now_ms())
+    finally:
+        store.close(now_ms())
+    while now_ms() <= due:  # due (and delivered) before the restart
+        time.sleep(0.05)
+    b.start()
+    with b.client() as c:
+        code, word = cancel(c, msg_id)
+        got = [r.msg_id for r in records(c, "t-early", (0,))]
+        assert (code, word) == (404, "delivered") and got == [msg_id], (code, word, got)
+        wait_for(lambda: int(c.stats_dict()["timers_redeliveries_skipped"]) == 1, 10, "the recovery check")
