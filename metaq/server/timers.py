@@ -311,12 +311,16 @@ class TimerService:
     # -- delivery ------------------------------------------------------------------
 
     def _delivery_loop(self):
-        try:
-            self.catch_up()
-            self._recover(now_ms())
-        except Exception:  # noqa: BLE001
-            log.exception("timers: recovery failed; delivery does not run")
-            return
+        while True:
+            if not (self._running and self._delivering):
+                return
+            try:
+                self.catch_up()
+                self._recover(now_ms())
+                break
+            except Exception:  # noqa: BLE001 - delivery must never stop silently
+                log.exception("timers: the recovery check failed; retrying in %.0f s", RETRY_S)
+                self._stop.wait(RETRY_S)
         self._recovered.set()
         while self._running and self._delivering:
             try:
