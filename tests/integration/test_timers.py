@@ -86,3 +86,17 @@ def test_cancel_before_due_and_answers(broker_factory, tmp_path):
     with b.client() as c:
         got = records(c, "orders", (0,))
     assert [r.msg_id for r in got] == [keep]
+
+
+def test_async_flush_mode_delivers_each_once_and_cancels(broker_factory, tmp_path):
+    """The timers under ``flush: async`` (the indexer follows the flushed log position; a flush round wakes it)."""
+    b = broker_factory(small_config(tmp_path / "b" / "data", store={"flush": "async", "flush_interval_ms": 50}),
+                       workdir=tmp_path / "b")
+    with b.client() as c:
+        sent = {put_at_ok(c, "t-async", b"a%d" % i, "+%d" % (200 + i), partition=0)[0]: b"a%d" % i for i in range(50)}
+        later, _ = put_at_ok(c, "t-async", b"never", "+60000", partition=0)
+        assert cancel(c, later) == (200, "cancelled")
+        wait_for(lambda: len(records(c, "t-async", (0,))) >= 50 or None, 20, "the fifty delivered")
+        wait_for(lambda: int(c.stats_dict()["timers_pending"]) == 0 or None, 10, "nothing pending")
+        got = records(c, "t-async", (0,))
+    assert sorted((r.msg_id, r.payload) for r in got) == sorted(sent.items())

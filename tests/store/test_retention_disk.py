@@ -238,3 +238,20 @@ def test_disk_pressure_deletes_what_brings_df_below_the_warn_mark_on_a_filesyste
         s.close(NOW + 100)
         assert len(report.deleted_segments) == 3, report  # the old estimate (over the whole size) took 7
         assert s.config.disk_warn_ratio - segment / room < after < s.config.disk_warn_ratio  # what df shows now
+
+
+def test_retention_keeps_every_segment_from_the_floor(data_dir):
+    """The timer service's floor (README "Any delivery time"): records not indexed yet keep their segments."""
+    s = open_store(data_dir, retention_hours=1.0)
+    last = put_minutely(s, 300)
+    s.mark_flushed(s.flush_log())
+    s.checkpoint(last)
+    segs = segment_files(data_dir)
+    old = [p for p in segs[:-1] if last - mtime_ms(p) > HOUR_MS]
+    assert len(old) > 3
+    floor = int(os.path.basename(old[2]))  # the third old segment holds the first record not indexed
+    report = s.retention(last, floor=floor)
+    assert report.deleted_segments == old[:2]  # never a segment reaching past the floor
+    assert s.retention(last, floor=floor).deleted_segments == []
+    assert s.retention(last, floor=None).deleted_segments == old[2:]  # no floor: the rest of the old ones
+    s.close(last)
