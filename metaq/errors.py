@@ -244,3 +244,12 @@ class GroupActive(ClientError):
     overwrite it with their own position): stop them, or force it (README "Admin commands")."""
 
     code = 409
+
+
+class Diverged(ClientError):
+    """A get's ``expect`` (events.Get) failed: this broker's record at that offset is not the one the client read
+    before. Its log and the one the client read diverge there (a failover: the new master never had the old one's
+    tail, or a slave's tail was cut and rewritten). The client looks for the last record both hold and reads on
+    from there (client/divergence.py): the messages written since in this log are read, none skipped."""
+
+    code = 412

@@ -457,3 +457,14 @@ MAX_TIMER_LIST = 1_000
 
 #: TIMER_TOPIC records the indexer applies per SQLite transaction.
 TIMER_INDEX_BATCH = 1_000
+
+#: Records a consumer's fetcher remembers per partition (offset and id) to find where a broker's log and the
+#: one it read diverge after a failover (client/divergence.py): per bit of a 64-bit offset, the first record read
+#: in the current and in the previous block of that size, and the last one; the newest densely, older ones ever
+#: sparser, back to where the fetcher began. Each is one probe at most, once per divergence.
+MAX_FETCH_CHECKPOINTS = 129
+
+#: When none of those records is held by the broker as read, a consumer goes back to the first message stored
+#: this long before the oldest of them (client/divergence.py): longer than any election takes, so a new
+#: master's first messages are not skipped (they are read again rather than lost).
+DIVERGENCE_REWIND_MS = 120_000

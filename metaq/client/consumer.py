@@ -446,6 +446,14 @@ class Consumer(ConsumerReads):
             return BrokerOffsetStore(self._pool, self._url_of, self.group)
         return LocalFileOffsetStore(self.offsets_file, self.group)
 
+    def stored_entry(self, topic, part):
+        """``(offset, msg_id)`` the group committed (msg_id -1 when the store keeps none), or None."""
+        load_entry = getattr(self._store, "load_entry", None)
+        if load_entry is not None:
+            return load_entry(topic, part)
+        offset = self._store.load(topic, part)
+        return None if offset is None else (offset, -1)
+
     def initial_offset(self, topic, part):
         """``(offset, committed)``: the stored offset, else ``start_from`` (``committed`` None then); with a
         ``start_from`` time, the offset at that time the first time this consumer is given the partition."""
@@ -455,9 +463,9 @@ class Consumer(ConsumerReads):
             log.info("%s %s: replaying from offset %d, the first stored at or after %d ms (start_from)",
                      topic, part, offset, self._replay.timestamp_ms)
             return offset, None
-        stored = self._store.load(topic, part)
+        stored = self.stored_entry(topic, part)
         if stored is not None:
-            return stored, stored
+            return stored[0], stored[0]
         target = 0 if self.start_from == "earliest" else _LATEST
         reply = self.connection(part.broker_id, read=True).call(ev.Offset(topic, self.group, part.partition, target,
                                                                             0))

@@ -22,7 +22,8 @@ import logging
 import threading
 import time
 
-from metaq import errors
+from metaq import errors, limits
+from metaq.client.divergence import MATCH, MISMATCH, Checkpoints, probe_verdict, rewind_time_ms
 from metaq.client.message import Message
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
@@ -83,6 +84,7 @@ class PartitionFetcher:
         self._gate = threading.Lock()  # a seek and the fetch thread taking it
         self._seek_to = None  # the offset a seek asked for, until the fetch thread takes it
         self._client_filters = False  # True once the broker turned get_tags down as unknown: plain gets
+        self._read = Checkpoints()  # records read, for a get's expect and a divergence (client/divergence.py)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="metaq-fetch-%s-%s" % (self.topic, partition))
 
@@ -104,9 +106,14 @@ class PartitionFetcher:
         return self.offset
 
     def resolve(self):
-        """Load the starting offset, once."""
+        """Load the starting offset, once (with the id of the record before it, when the group committed one)."""
         if self.offset is None:
             self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
+            stored = self.consumer.stored_entry(self.topic, self.partition) if self.committed is not None else None
+            if stored is not None and stored[0] == self.offset and stored[1] > 0 and self.offset > 0 \
+                    and self.sub.tags is None:  # a plain get's commit: the id is the record's at offset - 1
+                self._read.add(self.offset - 1, stored[1])
+                self.msg_id = stored[1]  # committed again as it was (a revoke before any delivery keeps it)
 
     def start(self):
         self._thread.start()
@@ -134,6 +141,7 @@ class PartitionFetcher:
                 self._interrupt.set()
         log.info("%s %s: seek from offset %s to %d", self.topic, self.partition, self.offset, offset)
         self.offset, self.msg_id = offset, -1
+        self._read.clear()
 
     def join(self, timeout=STOP_TIMEOUT_S):
         if self._thread is threading.current_thread() or not self._thread.is_alive():
@@ -163,12 +171,16 @@ class PartitionFetcher:
                             self.topic, self.partition, self.offset, exc.offset)
                 if exc.offset == self.offset:  # should not happen; do not spin on it
                     self._stop.wait(FETCH_BACKOFF_MAX_S)
-                self.offset = exc.offset
+                self.offset, self.msg_id = exc.offset, -1
+                self._read.cut(exc.offset)  # back below a broker's end: what was read past it is checked no more
+                continue
+            except errors.Diverged as exc:
+                self._rewind(exc)
                 continue
             except errors.CorruptRecord as exc:
                 if self.consumer.skip_corrupt and exc.next_offset > self.offset:
                     log_skipped(exc)
-                    self.offset = exc.next_offset
+                    self.offset, self.msg_id = exc.next_offset, -1
                     continue
                 log.error("%s; this partition stops here (consumer option skip_corrupt=True goes past it); "
                           "retrying in %.0f s", exc, FETCH_BACKOFF_MAX_S)
@@ -200,12 +212,13 @@ class PartitionFetcher:
         timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
         self._wake.clear()
         tags, offset = (None if self._client_filters else self.sub.tags), self.offset
+        expect = self._read.last()
         if tags is None:
             request = ev.Get(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size, 0,
-                             wait_ms or None)
+                             wait_ms or None, expect)
         else:
             request = ev.GetTags(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size,
-                                 tags, 0, wait_ms or None)
+                                 tags, 0, wait_ms or None, expect=expect)
         future = conn.request(request, timeout=timeout)
         future.add_done_callback(lambda _f: self._wake.set())
         deadline = time.monotonic() + timeout + 1.0
@@ -235,7 +248,9 @@ class PartitionFetcher:
 
     def _deliver(self, records, next_offset):
         """Hand ``records`` (``(offset, record)``) over in order; once all are done, move on to ``next_offset``
-        (past the records the broker passed over for a ``get_tags``)."""
+        (past the records the broker passed over for a ``get_tags``). Each one handed over is remembered
+        (client/divergence.py)."""
+        remember = self._read.add
         for offset, record in records:
             if self._interrupt.is_set():  # a stop, or a seek: the rest of these records is dropped
                 return
@@ -250,5 +265,49 @@ class PartitionFetcher:
             if not done:
                 return  # stopped (or a seek) during retries: the message stays unconsumed
             self.offset, self.msg_id = offset + 1, record.msg_id
+            remember(offset, record.msg_id)
         if not self._interrupt.is_set() and next_offset > self.offset:
             self.offset = next_offset
+
+    def _rewind(self, exc):
+        """A get's expect failed (``errors.Diverged``): the broker's log differs from the one read. Read on after
+        the newest record read that it holds as read (client/divergence.py); the messages after it are read
+        (again, for those both logs hold)."""
+        conn = self.consumer.connection(self.partition.broker_id, read=True)
+        tried = []
+        for cp_offset, cp_id in self._read.newest_first():
+            if self._stop.is_set() or self._seek_to is not None:
+                return
+            verdict, moved_to = self._probe(conn, cp_offset, cp_id)
+            if verdict == MATCH:
+                resume = cp_offset + 1 if moved_to is None else moved_to
+                log.warning("%s %s: the log at %s differs from the one read before (%s); reading again from offset "
+                            "%d, after the last record both hold (was at %d)", self.topic, self.partition, conn.url,
+                            exc, resume, self.offset)
+                self._read.cut(cp_offset + 1)
+                self.offset, self.msg_id = resume, cp_id if moved_to is None else -1
+                return
+            if verdict == MISMATCH:
+                tried.append(cp_id)
+        since_ms = rewind_time_ms(tried) if tried else int(time.time() * 1000) - limits.DIVERGENCE_REWIND_MS
+        resume = min(self.consumer.offset_at(self.topic, self.partition, since_ms), self.offset)
+        log.warning("%s %s: the log at %s differs from every record read before (%s); reading again from offset %d, "
+                    "the first stored since %d ms (was at %d)", self.topic, self.partition, conn.url, exc, resume,
+                    since_ms, self.offset)
+        self._read.clear()
+        self.offset, self.msg_id = resume, -1
+
+    def _probe(self, conn, cp_offset, cp_id):
+        """``(verdict, moved_to)`` for the record read at ``cp_offset`` (``divergence.probe_verdict``)."""
+        request = ev.Get(self.topic, self.consumer.group, self.partition.partition, cp_offset + 1, 1, 0, 0,
+                         (cp_offset, cp_id))
+        reply = conn.call(request)
+        if isinstance(reply, ev.Value):
+            return probe_verdict(cp_offset, "value"), None
+        if reply.code in (404, 412):
+            return probe_verdict(cp_offset, str(reply.code)), None
+        if reply.code == 301:
+            moved_to = int(reply.body)
+            verdict = probe_verdict(cp_offset, "301", moved_to)
+            return verdict, (moved_to if verdict == MATCH else None)
+        raise reply_error(reply, "get %s %s %d (a divergence probe)" % (self.topic, self.partition, cp_offset + 1))

@@ -92,8 +92,9 @@ class TextClient(_Blocking):
         msg_id, part, offset = (int(x) for x in r.body.split())
         return msg_id, part, offset
 
-    def get(self, topic, partition, offset, max_size=1 << 20, group="g", max_wait_ms=None):
-        return self.call(ev.Get(topic, group, partition, offset, max_size, self.opaque(), max_wait_ms))
+    def get(self, topic, partition, offset, max_size=1 << 20, group="g", max_wait_ms=None, expect=None):
+        """``expect``: ``(offset, msg_id)`` of the record read last (events.Get): a 412 when this log differs."""
+        return self.call(ev.Get(topic, group, partition, offset, max_size, self.opaque(), max_wait_ms, expect))
 
     def get_tags(self, topic, partition, offset, tags, max_size=1 << 20, group="g", max_wait_ms=None):
         """``get_tags`` (README "Tag filtering"): the reply; ``decode_tagged_body(reply.body)`` reads a Value's."""

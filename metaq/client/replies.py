@@ -9,6 +9,8 @@
     504 NoReply         a ``request`` got no reply within its timeout (README "Request-reply")
     507 DiskFull        the broker's disk is full (or above its danger mark): writes are refused
                         until space returns (``errors.DiskFull``; a kind of Unavailable)
+    412 Diverged        a get's ``expect`` failed: the broker's record at that offset is not the one
+                        the client read before (its log diverged there after a failover)
     512 CorruptRecord   a get reached a stored record that fails its CRC check; the broker never
                         serves it. The error carries topic, partition, offset and next_offset
                         (``errors.CorruptRecord``; the consumer's ``skip_corrupt`` goes past it)
@@ -33,6 +35,7 @@ REPLY_ERRORS = {
     errors.DiskFull.code: errors.DiskFull,
     errors.NoReply.code: errors.NoReply,
     errors.GroupActive.code: errors.GroupActive,
+    errors.Diverged.code: errors.Diverged,
 }
 
 

@@ -108,7 +108,13 @@ class Reply(NamedTuple):
 
 
 class Get(NamedTuple):
-    """``get topic group partition offset maxSize [maxWaitMs] opaque``; max_wait_ms None = no long poll."""
+    """``get topic group partition offset maxSize [maxWaitMs [expect]] opaque``; max_wait_ms None = no long poll.
+
+    ``expect`` (our extension, README "Replication"): ``(offset, msg_id)``, written ``<offset>:<msgId>``, the
+    record the client last read (normally ``offset - 1``) and its id. A broker whose record at that offset has
+    another id answers ``result 412`` (``errors.Diverged``) instead of reading: its log is not the one the
+    client read before (a failover cut or rewrote it there). An offset outside the partition is not checked.
+    """
 
     topic: str
     group: str
@@ -117,10 +123,11 @@ class Get(NamedTuple):
     max_size: int
     opaque: int
     max_wait_ms: Optional[int] = None
+    expect: Optional[tuple] = None
 
 
 class GetTags(NamedTuple):
-    """``get_tags topic group partition offset maxSize tags [maxWaitMs] opaque`` (our extension; README "Tag
+    """``get_tags topic group partition offset maxSize tags [maxWaitMs [expect]] opaque`` (our extension; README "Tag
     filtering"): a get of the records whose tags (the attribute before ``\\x02``) are among ``tags``
     (``A||B``: ``protocol.tags``), found by the broker from its index units without reading the others.
 
@@ -139,6 +146,7 @@ class GetTags(NamedTuple):
     opaque: int
     max_wait_ms: Optional[int] = None
     filter: object = None
+    expect: Optional[tuple] = None  # as a Get's: ``get_tags ... <tags> <maxWaitMs> <offset>:<msgId> <opaque>``
 
 
 class Offset(NamedTuple):

@@ -7,21 +7,18 @@ and ``result`` are followed directly by a body of the announced length, with
 nothing after it. The grammar is symmetric, so one parser reads requests
 (broker side) and replies (client side).
 
-Differences from MetaQ's decoder, all deliberate: the command word must match
-exactly (``verison`` is not ``version``); empty lines are ignored; ``get`` may
-carry ``maxWaitMs`` before the opaque; ``put_delayed`` (a put's 7 tokens with
-the delay level before the opaque; ``metaq.protocol.delay``), ``offset_at`` (the first offset stored at or
-after a time), ``lookup`` (a key's messages; ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker;
-``metaq.protocol.tags``), ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``),
-``request`` and ``reply`` (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio``
-(consumer priorities; ``metaq.protocol.priority``), the admin commands
-(``metaq.protocol.adminwire``) are ours;
-integers
-are strict (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser
-stays usable (the line is consumed and its body, if its length is known,
-skipped) unless the error is ``fatal`` (body length unknown or over the limit,
-line over the limit, EOF inside a frame): then every later ``next_event()``
-raises the same error again.
+Differences from MetaQ's decoder, all deliberate: the command word must match exactly (``verison`` is not
+``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
+the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
+``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
+``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
+``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
+(request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
+``metaq.protocol.priority``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
+(``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
+line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown
+or over the limit, line over the limit, EOF inside a frame): then every later ``next_event()`` raises the same
+error again.
 """
 
 import re
@@ -54,20 +51,13 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire
-from metaq.protocol import priority, timerwire
-from metaq.protocol import topicadmin
+from metaq.protocol import adminwire, priority, timerwire, topicadmin
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.textwrite import encode_result, encode_value_header, serialize
 
-__all__ = [
-    "TextParser",
-    "serialize",
-    "encode_result",
-    "encode_value_header",
-]
+__all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -232,8 +222,18 @@ def _parse_get(t):
     partition = _int(t[3], "partition", -1, INT32_MAX)
     offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
     max_size = _int(t[5], "maxSize", INT32_MIN, INT32_MAX)  # <= 0 is answered by the broker, as in MetaQ
-    max_wait_ms = _int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) == 8 else None
-    return Get(t[1], t[2], partition, offset, max_size, _int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms)
+    max_wait_ms = _int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) >= 8 else None
+    expect = _expect(t[7]) if len(t) == 9 else None
+    return Get(t[1], t[2], partition, offset, max_size, _int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms,
+               expect)
+
+
+def _expect(token):
+    """``<offset>:<msgId>`` of a get's ``expect`` (events.Get): the record the client last read, and its id."""
+    offset, sep, msg_id = token.partition(":")
+    if not sep:
+        raise _LineError("invalid expect %s: <offset>:<msgId> of the record last read" % _show(token))
+    return _int(offset, "expect offset", 0, INT64_MAX), _int(msg_id, "expect msgId", INT64_MIN, INT64_MAX)
 
 
 def _parse_get_tags(t):
@@ -246,9 +246,10 @@ def _parse_get_tags(t):
         raise _LineError("invalid tags %s: %s" % (_show(t[6]), exc)) from None
     if filt is None:
         raise _LineError("invalid tags %s: name at least one tag (get reads every message)" % _show(t[6]))
-    max_wait_ms = _int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) == 9 else None
+    max_wait_ms = _int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
+    expect = _expect(t[8]) if len(t) == 10 else None
     return GetTags(t[1], t[2], partition, offset, max_size, t[6], _int(t[-1], "opaque", INT32_MIN, INT32_MAX),
-                   max_wait_ms, filt)
+                   max_wait_ms, filt, expect)
 
 
 def _parse_offset(t):
@@ -371,12 +372,13 @@ _COMMANDS = {
     "put_delayed": (_parse_put_delayed, (8,), "8 tokens", 3),
     "put_idem": (_parse_put_idem, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
                  "<opaque>)", 3),
-    "get": (_parse_get, (7, 8), "7 or 8 tokens", None),
+    "get": (_parse_get, (7, 8, 9), "7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> "
+            "[<maxWaitMs> [<offset>:<msgId>]] <opaque>)", None),
     "request": (_parse_request, (8,), "8 tokens (request <topic> <partition> <len> <flag> <checksum> <timeoutMs> "
                 "<opaque>)", 3),
     "reply": (_parse_reply, (5,), "5 tokens (reply <len> <flag> <checksum> <opaque>)", 1),
-    "get_tags": (_parse_get_tags, (8, 9), "8 or 9 tokens (get_tags <topic> <group> <partition> <offset> <maxSize> "
-                 "<tags> [<maxWaitMs>] <opaque>)", None),
+    "get_tags": (_parse_get_tags, (8, 9, 10), "8, 9 or 10 tokens (get_tags <topic> <group> <partition> <offset> "
+                 "<maxSize> <tags> [<maxWaitMs> [<offset>:<msgId>]] <opaque>)", None),
     "offset": (_parse_offset, (6,), "6 tokens", None),
     "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
     "query_offset": (_parse_query_offset, (5,), "5 tokens", None),

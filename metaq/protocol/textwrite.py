@@ -73,8 +73,15 @@ def _serialize_reply(e):
     return b"".join((b"reply %d %d %d %d\r\n" % (len(e.body), e.flag, e.checksum, e.opaque), e.body))
 
 
+def _wait_and_expect(e):
+    """`` <maxWaitMs>[ <offset>:<msgId>]`` of a get (an ``expect`` needs a wait: 0 is none), or ``""``."""
+    if e.expect is not None:
+        return " %d %d:%d" % (e.max_wait_ms or 0, e.expect[0], e.expect[1])
+    return "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+
+
 def _serialize_get(e):
-    wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+    wait = _wait_and_expect(e)
     return (
         "get %s %s %d %d %d%s %d\r\n"
         % (_token(e.topic), _token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
@@ -82,7 +89,7 @@ def _serialize_get(e):
 
 
 def _serialize_get_tags(e):
-    wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+    wait = _wait_and_expect(e)
     return ("get_tags %s %s %d %d %d %s%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset,
                                                       e.max_size, _token(e.tags), wait, e.opaque)).encode("utf-8")
 

@@ -15,12 +15,15 @@ import struct
 
 from metaq.errors import CorruptRecord, Moved, NotFound, StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import check_record, decode_record, record_ok
+from metaq.store.record import TOPIC_START, check_record, decode_record, record_ok
 
 #: store_ts_ms of a record (PREFIX field at byte 24).
 _STORE_TS = struct.Struct(">q")
 assert _STORE_TS.size == 8
 _STORE_TS_AT = 24
+#: topic_len (PREFIX field at byte 40) and the msgId's place in MetaQ's HEADER (msgLen, checksum, msgId, flag).
+_TOPIC_LEN, _TOPIC_LEN_AT = struct.Struct(">h"), 40
+_MSG_ID, _MSG_ID_IN_HEADER = struct.Struct(">q"), 8
 
 
 def read_records(log, p, offset, max_count, max_bytes):
@@ -74,6 +77,27 @@ def record_at(log, written, position):
     if not check_record(seg.view, rel, limit):
         raise NotFound("no message starts at commit-log offset %d" % position)
     return decode_record(seg.view, rel, position=position)
+
+
+def msg_id_at(log, p, n):
+    """The message id of partition ``p``'s (None: one without data) visible record ``n``, read from its header
+    alone (no CRC check: a get's ``expect`` compares it, events.Get); None when ``n`` is not held."""
+    if p is None or not p.min <= n < p.visible:
+        return None
+    f = p.file_for(n)
+    if f is None:
+        return None
+    phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
+    seg = log.segment_at(phys)
+    if seg is None:
+        return None
+    rel = phys - seg.start
+    if rel + TOPIC_START > len(seg.view):
+        return None
+    at = rel + TOPIC_START + _TOPIC_LEN.unpack_from(seg.view, rel + _TOPIC_LEN_AT)[0] + _MSG_ID_IN_HEADER
+    if at + 8 > len(seg.view):
+        return None
+    return _MSG_ID.unpack_from(seg.view, at)[0]
 
 
 def _store_ts(log, p, n):

@@ -383,15 +383,14 @@ class MessageStore(StoreFigures):
         p = self._reader(topic, partition)
         return 0 if p is None else max(p.min, min(offset, p.visible))
 
+    def msg_id_at(self, topic, partition, offset):
+        """The id of the visible message at ``offset`` (None when none is held there): ``lookup.msg_id_at``."""
+        return lookup.msg_id_at(self._log, self._parts.get((topic, partition)), offset)
+
     # -- flushing ------------------------------------------------------------
 
-    @property
-    def written_position(self):
-        return self._pos.written
-
-    @property
-    def flushed_position(self):
-        return self._pos.flushed
+    written_position = property(lambda self: self._pos.written)
+    flushed_position = property(lambda self: self._pos.flushed)
 
     def flush_log(self):
         """BLOCKING: make the log durable up to the written position at call start; returns it."""

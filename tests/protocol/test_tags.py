@@ -71,7 +71,7 @@ def test_get_tags_line_round_trips_and_bad_tags_are_400_lines():
     assert parse_one(b"get_tags t g 1 5 1000 A 7\r\n").max_wait_ms is None
     for line, why in ((b"get_tags t g 1 5 1000 * 7\r\n", "name at least one tag"),
                       (b"get_tags t g 1 5 1000 %s 7\r\n" % (b"x" * 1025), "too long"),
-                      (b"get_tags t g 1 5 1000 7\r\n", "8 or 9 tokens")):
+                      (b"get_tags t g 1 5 1000 7\r\n", "8, 9 or 10 tokens")):
         with pytest.raises(RemoteProtocolError, match=why) as exc:
             parse_one(line)
         assert not exc.value.fatal  # the line is refused, the connection goes on

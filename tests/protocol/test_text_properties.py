@@ -29,7 +29,9 @@ QUALIFIERS = st.none() | tokens(1).filter(lambda s: not (s.isascii() and s.isdig
 
 EVENTS = {
     Put: st.builds(Put, tokens(), PARTITIONS, INT32, BODIES, INT32, CHECKSUMS, st.none() | TX_KEYS),
-    Get: st.builds(Get, tokens(), tokens(), PARTITIONS, INT64, INT32, INT32, st.none() | UINT31),
+    Get: st.builds(Get, tokens(), tokens(), PARTITIONS, INT64, INT32, INT32, st.none() | UINT31, st.none())
+    | st.builds(Get, tokens(), tokens(), PARTITIONS, INT64, INT32, INT32, UINT31,  # with an expect
+                st.tuples(st.integers(0, 2**63 - 1), INT64)),
     Offset: st.builds(Offset, tokens(), tokens(), PARTITIONS, INT64, INT32),
     OffsetAt: st.builds(OffsetAt, tokens(), UINT31, st.integers(0, 2**63 - 1), INT32),
     Stats: st.builds(Stats, st.just("") | tokens(1), INT32),

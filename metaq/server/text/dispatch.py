@@ -27,6 +27,7 @@ from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
+from metaq.server.text.expect import check_expected
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
@@ -105,6 +106,7 @@ _NEEDS = {
     ev.Promote: _admin,
     ev.TopicCommand: lambda guard, session, e: (_any_user if e.action == "list" else _admin)(guard, session, e),
 }
+
 
 
 class TextDispatcher:
@@ -334,6 +336,7 @@ class TextDispatcher:
 
     def _read(self, e, max_size):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
+        check_expected(self.store, e)
         try:
             r = self.store.read_joined(e.topic, e.partition, e.offset, max_size)
         except errors.Moved as exc:

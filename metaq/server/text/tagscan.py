@@ -12,6 +12,7 @@ timeout answers that offset alone too (a 404 only when the request's offset neve
 from metaq.protocol.tags import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.coldpages import bring_in
+from metaq.server.text.expect import check_expected
 
 
 class TagScan:
@@ -26,6 +27,7 @@ class TagScan:
 
     def read(self):
         e, store = self.e, self.store
+        check_expected(store, e)
         bring_in(store.tagged_index_ranges(e.topic, e.partition, self.offset))
         r = store.read_tagged(e.topic, e.partition, self.offset, e.filter, self.max_size, self.max_size)
         self.stats.filter_skipped_units += r.skipped

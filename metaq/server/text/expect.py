@@ -1,0 +1,20 @@
+"""A get's ``expect`` (events.Get): the client names the record it read last and its id; a broker whose record at
+that offset has another id answers 412 (``errors.Diverged``) instead of reading on, so that a consumer that read a
+log a failover later cut or rewrote goes back to the last record both logs hold (client/divergence.py) rather than
+skip the messages written at those offsets since (README "Replication", "Read failover")."""
+
+from metaq import errors
+
+
+def check_expected(store, e):
+    """Raise Diverged when a get's ``expect`` (events.Get) names a record held here with another id; an offset
+    not held (below the minimum, past the end: a slave still behind) is not checked, and is again at each read
+    of a long poll."""
+    if e.expect is None:
+        return
+    offset, msg_id = e.expect
+    held = store.msg_id_at(e.topic, e.partition, offset)
+    if held is not None and held != msg_id:
+        raise errors.Diverged("diverged: %s-%d offset %d holds message %d here, not %d as read before (this log "
+                              "differs there from the one read: a failover); read on from the last record both "
+                              "hold" % (e.topic, e.partition, offset, held, msg_id))
