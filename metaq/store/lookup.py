@@ -79,36 +79,39 @@ def record_at(log, written, position):
     return decode_record(seg.view, rel, position=position)
 
 
+def _record_view(log, p, n):
+    """``(segment view, position in it)`` of partition ``p``'s record ``n`` by its index unit, or None."""
+    f = p.file_for(n)
+    if f is None:
+        return None
+    phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
+    seg = log.segment_at(phys)
+    if seg is None:
+        return None
+    return seg.view, phys - seg.start
+
+
 def msg_id_at(log, p, n):
     """The message id of partition ``p``'s (None: one without data) visible record ``n``, read from its header
     alone (no CRC check: a get's ``expect`` compares it, events.Get); None when ``n`` is not held."""
     if p is None or not p.min <= n < p.visible:
         return None
-    f = p.file_for(n)
-    if f is None:
+    found = _record_view(log, p, n)
+    if found is None:
         return None
-    phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
-    seg = log.segment_at(phys)
-    if seg is None:
+    view, rel = found
+    if rel + TOPIC_START > len(view):
         return None
-    rel = phys - seg.start
-    if rel + TOPIC_START > len(seg.view):
-        return None
-    at = rel + TOPIC_START + _TOPIC_LEN.unpack_from(seg.view, rel + _TOPIC_LEN_AT)[0] + _MSG_ID_IN_HEADER
-    if at + 8 > len(seg.view):
-        return None
-    return _MSG_ID.unpack_from(seg.view, at)[0]
+    at = rel + TOPIC_START + _TOPIC_LEN.unpack_from(view, rel + _TOPIC_LEN_AT)[0] + _MSG_ID_IN_HEADER
+    return _MSG_ID.unpack_from(view, at)[0] if at + _MSG_ID.size <= len(view) else None
 
 
 def _store_ts(log, p, n):
-    f = p.file_for(n)
-    if f is None:
+    found = _record_view(log, p, n)
+    if found is None:
         return None
-    phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
-    seg = log.segment_at(phys)
-    if seg is None:
-        return None
-    return _STORE_TS.unpack_from(seg.view, phys - seg.start + _STORE_TS_AT)[0]
+    view, rel = found
+    return _STORE_TS.unpack_from(view, rel + _STORE_TS_AT)[0]
 
 
 def offset_by_time(log, p, timestamp_ms, upper=False):
