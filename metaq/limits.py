@@ -468,3 +468,8 @@ MAX_FETCH_CHECKPOINTS = 129
 #: this long before the oldest of them (client/divergence.py): longer than any election takes, so a new
 #: master's first messages are not skipped (they are read again rather than lost).
 DIVERGENCE_REWIND_MS = 120_000
+
+#: Log bytes one step of a recovery's id scan reads (store/lookup.py ``IdScan``: which due timers were delivered
+#: before a crash, at a start or a promotion): the event loop yields between steps, and each step's cold pages
+#: are brought in off it first.
+ID_SCAN_STEP_BYTES = 1 << 20

@@ -36,8 +36,9 @@ from metaq import errors
 from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES, MAX_TIMER_WINDOW_ROWS,
                           TIMER_INDEX_BATCH, TIMER_WINDOW_MS, validate_partition)
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.timer import TIMER_TOPIC, BadTimerRecord, TimerEntry, decode, encode_cancel, encode_done, \
-    encode_entry
+from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerDone, TimerEntry, decode, encode_cancel,
+                                  encode_done, encode_entry)
+from metaq.server.coldpages import bring_in
 from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ class TimerService:
                 self.flusher.wait_flushed(records[0].position + records[0].total_size)
                 return True
             return False
-        batch, entries = [], []
+        batch, entries, done_end = [], [], None
         for r in durable:
             try:
                 rec = decode(r.data)
@@ -274,8 +275,10 @@ class TimerService:
             batch.append((r.msg_id, rec))
             if isinstance(rec, TimerEntry):
                 entries.append((r.msg_id, rec))
+            elif isinstance(rec, TimerDone):  # a delivery step's messages all lie before its DONE: scan_from
+                done_end = r.position + r.total_size
         last = durable[-1]
-        added, ended = self._call(self.index.apply, batch, last.queue_offset + 1, now_ms())
+        added, ended = self._call(self.index.apply, batch, last.queue_offset + 1, now_ms(), done_end)
         self.pending += added - len(ended)
         self._last_end = last.position + last.total_size
         self._add_to_window(entries)
@@ -335,7 +338,15 @@ class TimerService:
         candidates = {row[0] for row in self._call(self.index.due, now, MAX_TIMER_WINDOW_ROWS)}
         if not candidates:
             return
-        found = self.store.msg_ids_since(self.index.scan_from, skip_topic=TIMER_TOPIC, among=candidates)
+        scan = self.store.msg_ids_since(self.index.scan_from, skip_topic=TIMER_TOPIC, among=candidates,
+                                        stepwise=True)
+        while not scan.done:  # a step (ID_SCAN_STEP_BYTES) at a time, its cold pages brought in off the loop
+            need = scan.need()
+            if need is not None:
+                bring_in((need,))
+            scan.step()
+            gevent.sleep(0)
+        found = scan.found
         if found:
             ids = sorted(found)
             for i in range(0, len(ids), MAX_TIMER_DONE_IDS):

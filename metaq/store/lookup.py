@@ -14,6 +14,7 @@ No sockets, threads or clock.
 import struct
 
 from metaq.errors import CorruptRecord, Moved, NotFound, StoreError
+from metaq.limits import ID_SCAN_STEP_BYTES
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import TOPIC_START, check_record, decode_record, record_ok
 
@@ -209,21 +210,54 @@ def _moved(offset):
 
 def msg_ids_since(log, written, position, skip_topic=None, among=None):
     """Ids of every record from log ``position`` to ``written`` (see ``MessageStore.msg_ids_since``)."""
-    found = set()
-    first = log.start
-    pos = max(position, first if first is not None else written)
-    while pos < written:
-        seg = log.segment_at(pos)
+    return IdScan(log, written, position, skip_topic, among).run()
+
+
+class IdScan:
+    """``msg_ids_since`` a step at a time (at most ``limits.ID_SCAN_STEP_BYTES`` of log a step), so that a caller on
+    an event loop can yield between steps and bring each step's cold pages in off it first (``need``, as
+    ``TimeSearch``). ``found``: the ids so far (all of them once ``done``)."""
+
+    def __init__(self, log, written, position, skip_topic=None, among=None):
+        self._log, self._written, self._skip, self._among = log, written, skip_topic, among
+        first = log.start
+        self.pos = max(position, first if first is not None else written)
+        self.found = set()
+
+    @property
+    def done(self):
+        return self.pos >= self._written or self._log.segment_at(self.pos) is None
+
+    def need(self):
+        """``(MappedFile, start, end)``: the bytes the next ``step`` reads; None when done."""
+        seg = None if self.done else self._log.segment_at(self.pos)
         if seg is None:
-            break
-        limit = min(seg.end, written) - seg.start
-        rel = pos - seg.start
-        total = check_record(seg.view, rel, limit)
-        if not total:  # a blank tail: continue in the next segment
-            pos = seg.end
-            continue
-        rec = decode_record(seg.view, rel)
-        if rec.topic != skip_topic and (among is None or rec.msg_id in among):
-            found.add(rec.msg_id)
-        pos += total
-    return found
+            return None
+        rel = self.pos - seg.start
+        return seg.file, rel, min(seg.end, self._written, self.pos + ID_SCAN_STEP_BYTES) - seg.start
+
+    def run(self):
+        """Every step at once: the ids."""
+        while not self.done:
+            self.step()
+        return self.found
+
+    def step(self):
+        """Scan on from ``pos`` up to ``ID_SCAN_STEP_BYTES`` further (or the segment's end)."""
+        seg = self._log.segment_at(self.pos)
+        if seg is None:
+            return
+        limit = min(seg.end, self._written) - seg.start
+        stop = min(limit, self.pos - seg.start + ID_SCAN_STEP_BYTES)
+        rel = self.pos - seg.start
+        skip, among, found = self._skip, self._among, self.found
+        while rel < stop:
+            total = check_record(seg.view, rel, limit)
+            if not total:  # a blank tail: continue in the next segment
+                rel = seg.end - seg.start
+                break
+            rec = decode_record(seg.view, rel)
+            if rec.topic != skip and (among is None or rec.msg_id in among):
+                found.add(rec.msg_id)
+            rel += total
+        self.pos = seg.start + rel

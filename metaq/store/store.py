@@ -474,11 +474,12 @@ class MessageStore(StoreFigures):
         """A fresh message id, for a caller that must know it before the append (see ``put``)."""
         return self._ids.next_id(now_ms)
 
-    def msg_ids_since(self, position, skip_topic=None, among=None):
+    def msg_ids_since(self, position, skip_topic=None, among=None, stepwise=False):
         """Ids of every record from log ``position`` to the written end (BLOCKING: reads the maps): transaction
         recovery's (which commits reached the log), the delay scheduler's (``skip_topic`` its own, ``among`` the
-        ids it may have delivered: which were delivered before a crash)."""
-        return lookup.msg_ids_since(self._log, self._pos.written, position, skip_topic, among)
+        ids it may have delivered: which were delivered before a crash). ``stepwise``: a ``lookup.IdScan``."""
+        scan = lookup.IdScan(self._log, self._pos.written, position, skip_topic, among)
+        return scan if stepwise else scan.run()
 
     # -- replication (the logic and its contract: replica.py) ---------------
 

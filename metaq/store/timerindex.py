@@ -65,9 +65,12 @@ class TimerIndex:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else 0
 
-    def apply(self, records, indexed_offset, now_ms):
+    def apply(self, records, indexed_offset, now_ms, scan_from=None):
         """Apply ``records`` — ``(msg_id, TimerEntry | TimerCancel | TimerDone)`` in log order — and set
-        ``indexed_offset``, in one transaction. Returns ``(entries added, ids ended)``."""
+        ``indexed_offset`` (and ``scan_from``, when given and further on: the end of the last DONE record among
+        them, before which every delivery has its DONE), in one transaction. Returns ``(entries added, ids
+        ended)``."""
+        scan_from = scan_from if scan_from is not None and scan_from > self.scan_from else None
         added, ended = 0, []
         db = self._db
         db.execute("BEGIN")
@@ -88,12 +91,16 @@ class TimerIndex:
                         if self._end(i, DELIVERED, now_ms):
                             ended.append(i)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (indexed_offset,))
+            if scan_from is not None:
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (scan_from,))
             self._prune()
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         self.indexed_offset = indexed_offset
+        if scan_from is not None:
+            self.scan_from = scan_from
         return added, ended
 
     def _end(self, msg_id, outcome, now_ms):

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER, encode_payload
 from metaq.store.record import BLANK_MAGIC, FIXED_OVERHEAD, MARKER, RecordTooLarge
@@ -293,6 +293,18 @@ def test_preassigned_ids_and_ids_since_a_position_across_segments(data_dir):
     assert store.msg_ids_since(mark) == set(ids)
     assert store.msg_ids_since(0) == set(early) | set(ids)
     assert store.msg_ids_since(store.written_position) == set()
+    # stepwise (an event loop yields between steps): the same ids, each step within ID_SCAN_STEP_BYTES and
+    # naming the bytes it reads first
+    for position, among in ((0, None), (mark, None), (0, set(early[5:9]) | {ids[1], 12345})):
+        scan, steps = store.msg_ids_since(position, among=among, stepwise=True), 0
+        while not scan.done:
+            mf, start, end = scan.need()
+            before = scan.pos
+            scan.step()
+            steps += 1
+            assert 0 < scan.pos - before <= max(end - start, limits.ID_SCAN_STEP_BYTES)
+        assert scan.need() is None and scan.found == store.msg_ids_since(position, among=among)
+        assert steps >= 2 if position == 0 else steps >= 1  # several segments: a step each at least
     store.close(NOW + 200)
     reopened = open_store(data_dir)
     assert reopened.msg_ids_since(mark) == set(ids)

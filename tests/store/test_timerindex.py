@@ -61,3 +61,16 @@ def test_failed_apply_changes_nothing(tmp_path):
         pass
     assert ix.count() == 1 and ix.indexed_offset == 1
     ix.close()
+
+
+def test_a_done_moves_scan_from_forward_in_the_same_transaction_never_back(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    ix.apply([(1, entry(NOW)), (2, entry(NOW))], 2, NOW)
+    ix.apply([(9, TimerDone((1,)))], 3, NOW, scan_from=8192)  # the end of that DONE record in the log
+    assert ix.scan_from == 8192
+    ix.apply([(10, TimerDone((2,)))], 4, NOW, scan_from=4096)  # never back (a master's later position stays)
+    assert ix.scan_from == 8192
+    ix.close()
+    ix = TimerIndex(str(tmp_path))
+    assert (ix.indexed_offset, ix.scan_from) == (4, 8192)
+    ix.close()
