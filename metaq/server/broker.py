@@ -94,6 +94,7 @@ class Broker:
         self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
                                    async_flush=config.store.flush == "async")  # any delivery time; its index
         self.roles.on_change(self.timers.role_changed)
+        self.roles.on_cut(self.timers.log_cut)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
         self.put_path.timers = self.timers

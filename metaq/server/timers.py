@@ -87,6 +87,7 @@ class TimerService:
         self._ended = OrderedDict()  # msg_id -> DELIVERED | CANCELLED, ended by this process (bounded)
         self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
         self._done_end = 0  # end position of the last DONE record appended
+        self._rewind_to = None  # a handshake cut %TIMER% there: the indexer indexes again from it (log_cut)
         self.delivered = 0
         self.cancelled = 0
         self.redeliveries_skipped = 0
@@ -234,6 +235,18 @@ class TimerService:
             self._window, self._window_until = [], None
             self._start_delivery()
 
+    def log_cut(self, report):
+        """A slave's handshake cut the log's tail (``store.replica.TruncateReport``). If it cut %TIMER% records
+        this slave had indexed, the indexer indexes again from the cut (else the new master's records written at
+        those offsets would never be). What the cut records did stays in the index: an entry of the lost tail
+        stays pending (an acknowledged put_at the async failover lost: delivered if this broker is promoted,
+        rather than lost) and a DONE or CANCEL of it stays an outcome."""
+        offset = report.new_max_offsets.get(KEY)
+        if offset is not None and offset < self.index.indexed_offset:
+            self._rewind_to = offset if self._rewind_to is None else min(self._rewind_to, offset)
+            log.warning("timers: the handshake cut %s at offset %d, past which this slave had indexed up to %d: "
+                        "indexing again from %d", TIMER_TOPIC, offset, self.index.indexed_offset, offset)
+
     # -- the indexer ---------------------------------------------------------------
 
     def _index_loop(self):
@@ -247,6 +260,9 @@ class TimerService:
 
     def _index_step(self):
         """Index the next flushed batch; False when there is nothing to index (now)."""
+        if self._rewind_to is not None:  # taken here, after any batch read before the cut was applied
+            to, self._rewind_to = self._rewind_to, None
+            self._call(self.index.rewind, to)
         offset = self.index.indexed_offset
         try:
             records, _nxt = self.store.read_records(TIMER_TOPIC, 0, offset, TIMER_INDEX_BATCH, READ_BYTES)

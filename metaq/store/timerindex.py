@@ -120,6 +120,13 @@ class TimerIndex:
             self._db.execute("DELETE FROM outcomes WHERE msg_id IN (SELECT msg_id FROM outcomes "
                              "ORDER BY at_ms, msg_id LIMIT ?)", (n - self.max_outcomes,))
 
+    def rewind(self, offset):
+        """Index again from TIMER_TOPIC ``offset`` (the log was cut there: a slave's handshake); no-op if at or past
+        ``indexed_offset``. What the cut records had done stays (see server/timers.py ``log_cut``)."""
+        if offset < self.indexed_offset:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (offset,))
+            self.indexed_offset = offset
+
     def set_scan_from(self, position):
         self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (position,))
         self.scan_from = position

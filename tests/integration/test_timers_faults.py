@@ -230,3 +230,46 @@ def test_a_cancel_right_after_a_restart_waits_for_the_recovery_check(broker_fact
         got = [r.msg_id for r in records(c, "t-early", (0,))]
         assert (code, word) == (404, "delivered") and got == [msg_id], (code, word, got)
         wait_for(lambda: int(c.stats_dict()["timers_redeliveries_skipped"]) == 1, 10, "the recovery check")
+
+
+@pytest.mark.slow
+def test_a_rejoining_master_whose_timer_tail_is_cut_indexes_what_the_new_master_wrote_there(broker_factory, tmp_path,
+                                                                                             capsys):
+    """m indexed %TIMER% records its slave s never copied (the link cut); s promoted writes its own timers at those
+    offsets; m back as s's slave has its tail cut by the handshake: its index must index s's records from the cut
+    (before the fix it went on from its old offset: s's first timers were never indexed there)."""
+    from tests.harness.faults import LinkProxy
+    rport, srport = free_port(), free_port()
+    proxy = LinkProxy(("127.0.0.1", rport)).start()
+    try:
+        m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+        s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", proxy.address, "--slave-id", "1", "--replication-port",
+                                       str(srport)])
+        far = "+%d" % 3_600_000
+        with m.client() as c:
+            common = [put_at_ok(c, "t-cut", b"c-%d" % n, far)[0] for n in range(5)]
+        caught_up(m, s)
+        with s.client() as c:
+            wait_for(lambda: c.stats_dict()["timers_pending"] == "5", 10, "the slave indexed the 5")
+        proxy.cut()
+        wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave's link is cut")
+        with m.client() as c:
+            lost = [put_at_ok(c, "t-cut", b"l-%d" % n, far)[0] for n in range(3)]
+            wait_for(lambda: c.stats_dict()["timers_pending"] == "8", 10, "m indexed its 3 uncopied timers")
+        m.kill()
+        assert admin.main(["promote", "127.0.0.1:%d" % s.port, "--force"]) == admin.EXIT_OK, capsys.readouterr()
+        with s.client() as c:
+            new = [put_at_ok(c, "t-cut", b"n-%d" % n, far)[0] for n in range(4)]  # %TIMER% offsets 5..8
+        m.extra_args = ["--slave-of", "127.0.0.1:%d" % srport, "--slave-id", "2"]
+        m.start()
+        caught_up(s, m)
+        with m.client() as c:
+            wait_for(lambda: set(new) <= {r[0] for r in timers(c)}, 20,
+                     lambda: "the new master's timers indexed on m: %r" % sorted(set(new) - {r[0] for r in timers(c)}))
+            listed = {r[0] for r in timers(c)}
+        # what both logs hold and what s wrote are there; m's lost tail stays pending there (acknowledged put_ats
+        # the async failover lost: delivered, not lost, should m be promoted again)
+        assert set(common) | set(new) | set(lost) == listed
+    finally:
+        proxy.close()

@@ -74,3 +74,16 @@ def test_a_done_moves_scan_from_forward_in_the_same_transaction_never_back(tmp_p
     ix = TimerIndex(str(tmp_path))
     assert (ix.indexed_offset, ix.scan_from) == (4, 8192)
     ix.close()
+
+
+def test_rewind_goes_back_only_and_keeps_what_was_applied(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    ix.apply([(1, entry(NOW)), (2, entry(NOW)), (3, entry(NOW))], 3, NOW)
+    ix.rewind(5)  # past indexed_offset: nothing
+    assert ix.indexed_offset == 3
+    ix.rewind(1)  # a cut at %TIMER% offset 1: indexed again from there, the entries stay
+    assert (ix.indexed_offset, ix.count()) == (1, 3)
+    ix.close()
+    ix = TimerIndex(str(tmp_path))
+    assert ix.indexed_offset == 1
+    ix.close()

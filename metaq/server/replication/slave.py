@@ -24,8 +24,9 @@ class SlaveLink:
     """The slave's side: keep one link to the master, agree on where the logs agree, copy its log, ACK."""
 
     def __init__(self, store, config, flusher, waiters, store_lock, master=None, slave_id=None,
-                 on_handshake=None, on_new_topics=None, secret=None):
-        """``on_handshake()``: called after each epoch handshake; ``on_new_topics(topics)``: when copied
+                 on_handshake=None, on_new_topics=None, secret=None, on_cut=None):
+        """``on_handshake()``: called after each epoch handshake; ``on_cut(report)``: after a handshake cut our
+        tail (``store.replica.TruncateReport``); ``on_new_topics(topics)``: when copied
         records bring topics this broker did not know (ZooKeeper registration); ``secret``: the replication
         secret (bytes) the master must prove and this slave proves, or None (``handshake``)."""
         self.store = store
@@ -36,6 +37,7 @@ class SlaveLink:
         self.store_lock = store_lock
         self.on_handshake = on_handshake
         self.on_new_topics = on_new_topics
+        self.on_cut = on_cut
         rcfg = config.replication
         self.master = master or rcfg.slave_of
         host, _sep, port = self.master.rpartition(":")
@@ -237,6 +239,8 @@ class SlaveLink:
         log.warning("replication: epoch handshake with master %s: the logs agree up to position %d; CUT our tail "
                     "of %d bytes, %d messages (%s) that the master never had (our epochs %s, the master's %s)",
                     self.master, position, report.bytes, report.records, per_partition, ours, list(event.epochs))
+        if self.on_cut is not None:
+            self.on_cut(report)
         self.waiters.notify_all()
 
     def _append(self, sock, event):
