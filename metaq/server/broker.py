@@ -9,7 +9,7 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 import yaml
 
-from metaq import speedups
+from metaq import errors, speedups
 from metaq.protocol import checksum
 from metaq.protocol.priority import with_owner_keys
 from metaq.server.config import is_loopback
@@ -95,6 +95,7 @@ class Broker:
                                    async_flush=config.store.flush == "async")  # any delivery time; its index
         self.roles.on_change(self.timers.role_changed)
         self.roles.on_cut(self.timers.log_cut)
+        self.roles.on_change(self._clamp_offsets)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
         self.put_path.timers = self.timers
@@ -171,6 +172,25 @@ class Broker:
         self.roles.notify()
 
     # -- lifecycle -----------------------------------------------------------
+
+    def _clamp_offsets(self, slave_id):
+        """Now master (promoted or elected): committed offsets past a partition's end go back to it, before this
+        broker writes there (store/offsets.py ``clamp``); saved at once, off the loop."""
+        if slave_id is not None:
+            return
+        store = self.store
+
+        def end_of(topic, partition):
+            try:
+                return store.max_offset(topic, partition)
+            except errors.NotFound:
+                return None
+
+        moved = store.consumer_offsets.clamp(end_of)
+        if moved:
+            log.warning("now master: %d committed consumer offsets were past their partition's end (a lost tail "
+                        "of the old master); moved back to it, so that no group skips what is written there", moved)
+            gevent.get_hub().threadpool.spawn(store.consumer_offsets.save)
 
     def _log_recovery(self):
         r = self.store.recovery

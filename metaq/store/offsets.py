@@ -114,6 +114,20 @@ class ConsumerOffsets:
         if not self._entries:
             self._version += 1  # an emptied table is a change to save too
 
+    def clamp(self, end_of):
+        """Bring every offset past its partition's end (``end_of(topic, partition)``, None: not held) back to
+        it; returns how many moved. A promoted slave's table may hold positions in its old master's lost tail
+        (the table is copied apart from the log), and the new master writes new messages there: a group
+        resuming from such an offset would skip them (README "Modes and failover: what is lost")."""
+        moved = 0
+        for key, (offset, commit_ms) in list(self._entries.items()):
+            end = end_of(key[1], key[2])
+            if end is not None and offset > end:
+                self._entries[key] = (end, commit_ms)
+                self._touch(key)
+                moved += 1
+        return moved
+
     def query(self, group, topic, partition):
         """The committed offset, or None when the group never committed one for this partition."""
         entry = self._entries.get((group, topic, partition))

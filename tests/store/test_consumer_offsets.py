@@ -145,3 +145,20 @@ def test_a_query_never_answers_past_the_partition_end(tmp_path):
         assert s.query_offset("nobody", "test", 0) is None
     finally:
         s.close(NOW)
+
+
+def test_clamp_moves_only_offsets_past_their_end_and_the_change_is_saved_and_replicated(tmp_path):
+    d, o = fresh(tmp_path)
+    o.replace([("g", "t", 0, 15, 1000), ("g", "t", 1, 3, 1001), ("h", "gone", 0, 7, 1002)])
+    o.save()
+    version = o.version
+    ends = {("t", 0): 10, ("t", 1): 10}
+    assert o.clamp(lambda topic, p: ends.get((topic, p))) == 1  # a topic not held (None) is left alone
+    assert o.entries() == [("g", "t", 0, 10, 1000), ("g", "t", 1, 3, 1001), ("h", "gone", 0, 7, 1002)]
+    changed, _v = o.changes(version)
+    assert changed == [("g", "t", 0, 10, 1000)]  # a slave of the new master is told
+    assert o.save() is True
+    again = ConsumerOffsets(d)
+    again.load()
+    assert again.query("g", "t", 0) == 10
+    assert o.clamp(lambda topic, p: ends.get((topic, p))) == 0  # nothing past its end any more
