@@ -70,7 +70,7 @@ _ZERO_CHUNK = bytes(1 << 20)
 MADV_POPULATE_READ = 22
 #: ... as a write would (dirties every page of a file mapping: see above).
 MADV_POPULATE_WRITE = 23
-MADV_WILLNEED = 4  # the same value on every Linux architecture
+MADV_WILLNEED = mmap.MADV_WILLNEED  # 3 (4 is MADV_DONTNEED: it drops the range's page tables instead)
 #: What ``populate`` asks for.
 POPULATE_ADVICE = MADV_POPULATE_READ
 _POPULATE_CHUNK = 16 << 20  # one call per typical prepare_ahead: fewer GIL hand-offs

@@ -136,3 +136,32 @@ def test_a_cold_page_is_found_cold_and_populate_brings_it_in(data_dir):
         search.step()
     assert search.result == 7000 and cold >= len(seen) >= 1
     s.close(NOW + 3)
+
+
+def test_without_madv_populate_populate_falls_back_to_willneed_and_still_brings_pages_in(data_dir, monkeypatch):
+    """Kernels before 5.14 lack MADV_POPULATE_*: ``populate`` then advises MADV_WILLNEED. It advised 4 — which is
+    MADV_DONTNEED — so on those kernels a cold page was never brought in off the loop (the loop then took the disk
+    read itself)."""
+    import mmap
+    import time
+
+    from metaq.store import mapped
+
+    assert mapped.MADV_WILLNEED == mmap.MADV_WILLNEED
+    if filesystem_of(data_dir) == "tmpfs":
+        pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
+    monkeypatch.setattr(mapped._Madvise, "populate_supported", False)
+    s = open_store(data_dir, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    fill(s, [NOW + i for i in range(20000)])
+    s.close(NOW + 1)
+    s = open_store(data_dir, now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    f, start, end = s.time_search("test", 0, NOW + 7000).need()
+    if not page_out(f):
+        pytest.skip("this kernel has no MADV_PAGEOUT")
+    assert not f.resident(start)
+    assert f.populate(start, end)
+    deadline = time.monotonic() + 10  # WILLNEED starts the read and returns: wait for the page to arrive
+    while not f.resident(start) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert f.resident(start)
+    s.close(NOW + 3)
