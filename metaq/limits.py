@@ -473,3 +473,8 @@ DIVERGENCE_REWIND_MS = 120_000
 #: before a crash, at a start or a promotion): the event loop yields between steps, and each step's cold pages
 #: are brought in off it first.
 ID_SCAN_STEP_BYTES = 1 << 20
+
+#: Bytes of the log below the flushed position whose maps stay as they are at a checkpoint (the writer, the flusher
+#: and readers at the tail work there); the log before them gives its page tables back (store/coldmaps.py), so the
+#: broker's resident memory does not grow with its log.
+HOT_MAP_BYTES = 64 << 20

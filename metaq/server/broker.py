@@ -267,8 +267,10 @@ class Broker:
 
     def _disk_loop(self):
         interval = self.config.store.disk_check_interval_s
+        pool = gevent.get_hub().threadpool
         while not self.stopping:
             self.check_disk()
+            pool.apply(self.store.drop_cold_pages)  # reads of a cold backlog map pages while nothing is written
             gevent.sleep(interval)
 
     def check_disk(self):

@@ -319,6 +319,28 @@ class MappedFile:
             del pin
         return True
 
+    def drop_pages(self, start=0, end=None):
+        """BLOCKING (a worker thread; releases the GIL): drop the page tables of ``[start, end)`` of this map (whole
+        pages within it; MADV_DONTNEED), so that those pages stop counting in the process's resident memory. A
+        shared file map loses nothing: its pages stay in the page cache (dirty ones are written back as ever) and a
+        later read maps them again. False if closed or nothing to drop."""
+        end = self.size if end is None else min(end, self.size)
+        start += -start % mmap.PAGESIZE
+        end -= end % mmap.PAGESIZE
+        if end <= start:
+            return False
+        try:
+            pin = ctypes.c_char.from_buffer(self.mm)  # an export: close() cannot unmap while we hold it
+        except (ValueError, TypeError):
+            return False
+        try:
+            err = _madvise(ctypes.addressof(pin) + start, end - start, mmap.MADV_DONTNEED)
+            if err:
+                log.debug("madvise(DONTNEED) on %s failed: %s", self.path, os.strerror(err))
+            return not err
+        finally:
+            del pin
+
     def resident(self, pos):
         """True when the page holding byte ``pos`` is in the page cache, so that reading it takes no disk read
         (``mincore``: a few microseconds, safe on the event loop). False when unknown (a closed map)."""

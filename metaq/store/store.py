@@ -1,12 +1,11 @@
 """``MessageStore``: the facade the server uses (commit log + indexes + recovery + retention).
 
-Threading: every method runs on the event-loop thread except the ones marked BLOCKING (``flush_log``,
-``checkpoint``, ``prepare_ahead``), which the server runs in a worker thread while the loop keeps appending. They
-work on snapshots (``layout`` tuples, ints) and never close a map; retention only deletes segments that are flushed
-and covered by a checkpoint, so a running flush never meets them. ``prepare_ahead`` publishes what it builds with
-single attribute assignments (see ``ahead.py``). ``close`` must not run while a BLOCKING call is still running in a
-worker. The key index (keyindex.py) is fed at one point, ``index_keys`` (the flushed log). Time comes as ``now_ms``.
-"""
+Threading: every method runs on the event-loop thread except the ones marked BLOCKING (``flush_log``, ``checkpoint``
+(which also gives cold maps' pages back: coldmaps.py), ``prepare_ahead``), which the server runs in a worker thread
+while the loop keeps appending. They work on snapshots (``layout`` tuples, ints) and never close a map; retention
+only deletes segments that are flushed and covered by a checkpoint, so a running flush never meets them.
+``prepare_ahead`` publishes with single attribute assignments (``ahead.py``). ``close`` must not run while a BLOCKING
+call runs in a worker. The key index (keyindex.py) is fed at one point, ``index_keys``. Time comes as ``now_ms``."""
 
 import random
 import struct
@@ -15,6 +14,7 @@ from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, 
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
 from metaq.store import batch, filtered, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
+from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
@@ -38,7 +38,7 @@ from metaq.store.topics import TopicCatalog, TopicTableFile
 _new_tuple = tuple.__new__
 
 
-class MessageStore(StoreFigures):
+class MessageStore(StoreFigures, ColdMaps):
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
     def __init__(self, config):
@@ -207,12 +207,10 @@ class MessageStore(StoreFigures):
     # -- put -----------------------------------------------------------------
 
     def put(self, topic, partition, flag, data, now_ms, born_ms=None, checksum=None, msg_id=None):
-        """Append one message; returns PutResult. partition -1 lets the store pick one at random.
-
-        ``checksum``: ``metaq_checksum(data)`` if the caller verified it (stored as given); None/negative: computed.
-        ``msg_id``: an id from ``new_msg_id`` (transaction commits record ids before appending); None: a new one.
-        Raises InvalidTopic, UnknownTopic, InvalidPartition, TopicLimit, RecordTooLarge, DiskFull.
-        """
+        """Append one message; returns PutResult. partition -1 lets the store pick one at random. ``checksum``:
+        ``metaq_checksum(data)`` if the caller verified it (stored as given); None/negative: computed. ``msg_id``: an
+        id from ``new_msg_id`` (transaction commits record ids before appending); None: a new one. Raises
+        InvalidTopic, UnknownTopic, InvalidPartition, TopicLimit, RecordTooLarge, DiskFull."""
         if self._refusal is not None:
             self._recheck_disk()
         if partition == -1:
@@ -468,6 +466,7 @@ class MessageStore(StoreFigures):
         self.consumer_offsets.save()
         self.idempotence.save()
         self.keys.checkpoint()
+        self.drop_cold_pages()
         return pos
 
     def new_msg_id(self, now_ms):
