@@ -51,6 +51,7 @@ brings the (zero) pages into the page cache clean and the writer only takes
 the cheap write-protect fault.
 """
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -305,18 +306,13 @@ class MappedFile:
         end = min(end, self.size)
         if end <= start:
             return True
-        try:
-            pin = ctypes.c_char.from_buffer(self.mm)  # an export: close() cannot unmap while we hold it
-        except (ValueError, TypeError):
-            return False
-        try:
-            base = ctypes.addressof(pin)
+        with self._pinned() as base:
+            if base is None:
+                return False
             while start < end:
                 n = min(end - start, _POPULATE_CHUNK)
                 _advise(base + start, n, self.path)
                 start += n
-        finally:
-            del pin
         return True
 
     def drop_pages(self, start=0, end=None):
@@ -329,15 +325,24 @@ class MappedFile:
         end -= end % mmap.PAGESIZE
         if end <= start:
             return False
+        with self._pinned() as base:
+            if base is None:
+                return False
+            err = _madvise(base + start, end - start, mmap.MADV_DONTNEED)
+        if err:
+            log.debug("madvise(DONTNEED) on %s failed: %s", self.path, os.strerror(err))
+        return not err
+
+    @contextlib.contextmanager
+    def _pinned(self):
+        """The map's address, pinned (an export: close() cannot unmap it) while the block runs; None if closed."""
         try:
-            pin = ctypes.c_char.from_buffer(self.mm)  # an export: close() cannot unmap while we hold it
+            pin = ctypes.c_char.from_buffer(self.mm)
         except (ValueError, TypeError):
-            return False
+            yield None
+            return
         try:
-            err = _madvise(ctypes.addressof(pin) + start, end - start, mmap.MADV_DONTNEED)
-            if err:
-                log.debug("madvise(DONTNEED) on %s failed: %s", self.path, os.strerror(err))
-            return not err
+            yield ctypes.addressof(pin)
         finally:
             del pin
 
