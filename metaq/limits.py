@@ -458,6 +458,14 @@ MAX_TIMER_LIST = 1_000
 #: TIMER_TOPIC records the indexer applies per SQLite transaction.
 TIMER_INDEX_BATCH = 1_000
 
+#: Least milliseconds between two of the indexer's transactions (each one fsyncs timers.db): a pipeline of put_at
+#: is indexed in a few large batches, not one per flush round, and its fsyncs do not crowd the log's. A message
+#: due sooner than this after its put may be delivered up to this much later than due.
+TIMER_INDEX_INTERVAL_MS = 20
+
+#: Least seconds between two records of the timer store's ``scan_from`` by the delivery (an SQLite transaction each).
+TIMER_SCAN_FROM_INTERVAL_S = 1.0
+
 #: Records a consumer's fetcher remembers per partition (offset and id) to find where a broker's log and the
 #: one it read diverge after a failover (client/divergence.py): per bit of a 64-bit offset, the first record read
 #: in the current and in the previous block of that size, and the last one; the newest densely, older ones ever

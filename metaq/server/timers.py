@@ -34,7 +34,8 @@ from gevent.threadpool import ThreadPool
 
 from metaq import errors
 from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES, MAX_TIMER_WINDOW_ROWS,
-                          TIMER_INDEX_BATCH, TIMER_WINDOW_MS, validate_partition)
+                          TIMER_INDEX_BATCH, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
+                          validate_partition)
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerDone, TimerEntry, decode, encode_cancel,
                                   encode_done, encode_entry)
@@ -88,6 +89,7 @@ class TimerService:
         self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
         self._done_end = 0  # end position of the last DONE record appended
         self._rewind_to = None  # a handshake cut %TIMER% there: the indexer indexes again from it (log_cut)
+        self._scan_from_next = 0.0  # monotonic time before which scan_from is not recorded again
         self.delivered = 0
         self.cancelled = 0
         self.redeliveries_skipped = 0
@@ -252,8 +254,13 @@ class TimerService:
     def _index_loop(self):
         while self._running:
             try:
+                started = time.monotonic()
                 if not self._index_step():
                     self.waiters.wait(KEY, IDLE_WAIT_S)
+                else:  # at most one transaction (one fsync) per TIMER_INDEX_INTERVAL_MS: a burst is one batch
+                    rest = TIMER_INDEX_INTERVAL_MS / 1000.0 - (time.monotonic() - started)
+                    if rest > 0:
+                        self._stop.wait(rest)
             except Exception:  # noqa: BLE001 - the indexer must never stop silently
                 log.exception("timers: indexing failed; retrying in %.0f s", RETRY_S)
                 self._stop.wait(RETRY_S)
@@ -452,9 +459,13 @@ class TimerService:
             self._stop.wait(RETRY_S)
 
     def _record_scan_from(self):
-        """Every delivery before the flushed position has its DONE durable once the last DONE is: record it."""
+        """Every delivery before the flushed position has its DONE durable once the last DONE is: record it (at
+        most once a TIMER_SCAN_FROM_INTERVAL_S: each is an SQLite transaction, an fsync; indexing a DONE moves it
+        too)."""
         flushed = self.store.flushed_position
-        if flushed >= self._done_end and flushed > self.index.scan_from:
+        now = time.monotonic()
+        if flushed >= self._done_end and flushed > self.index.scan_from and now >= self._scan_from_next:
+            self._scan_from_next = now + TIMER_SCAN_FROM_INTERVAL_S
             self._call(self.index.set_scan_from, flushed)
 
     # -- stats ---------------------------------------------------------------------

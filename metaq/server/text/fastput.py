@@ -25,6 +25,7 @@ from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.server.flusher import now_ms
 from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem
+from metaq.server.text.fasttimer import take_put_ats
 
 
 class FastPuts:
@@ -62,6 +63,8 @@ class FastPuts:
                 take_once = take_plain_puts
             elif buf.startswith(b"put_idem ", pos):  # an idempotent producer's pipeline (fastidem.py)
                 take_once = take_put_idem
+            elif buf.startswith(b"put_at ", pos):  # a pipeline of delivery times (fasttimer.py)
+                take_once = take_put_ats
             else:
                 break
             wait_pos, pos, status = take_once(self, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish)
