@@ -83,7 +83,7 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_p
     def check_topic(topic, partition):
         if topic in _INTERNAL or is_journal(topic) or is_level_topic(topic):
             raise errors.ClientError("internal topic")
-        if may_publish is not None and not may_publish(topic):
+        if may_publish is not None and not may_publish(topic.encode("ascii")):  # the plain burst's filter: bytes
             raise errors.Forbidden(topic)
         validate_partition(partition, store.partitions_of(topic))
         store.check_creatable(topic, partition)
