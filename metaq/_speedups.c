@@ -2,7 +2,7 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Eight functions, each the exact twin of a pure-Python reference that is used
+ * Ten functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
@@ -16,6 +16,9 @@
  *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
  *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False)
  *                                                 == metaq.store.gather.gather_records_py
+ *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes)
+ *                                                 == metaq.store.gather.check_ranges_py
+ *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *
@@ -34,7 +37,10 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <zlib.h>
 
 #include "_speedups.h"
@@ -518,6 +524,132 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nNi)", count, data, stop);
 }
 
+/* check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes) == metaq.store.gather.check_ranges_py: as
+ * gather_records with verify, every record checked in place, but nothing copied: the MetaQ forms' byte ranges in
+ * ``log`` come back as native int64 (start, end) pairs (for send_ranges), with their total length. */
+static PyObject *check_ranges(PyObject *self, PyObject *args) {
+    PyObject *units_obj, *log_obj;
+    Py_ssize_t skip, limit, nbytes;
+    long long seg_start, seg_end;
+    if (!PyArg_ParseTuple(args, "OnOLLnn", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes))
+        return NULL;
+    Py_buffer ub, lb;
+    if (PyObject_GetBuffer(units_obj, &ub, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(log_obj, &lb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&ub);
+        return NULL;
+    }
+    const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
+    Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
+    int stop = GATHER_END;
+    PyObject *ranges = PyBytes_FromStringAndSize(NULL, nunits * 2 * (Py_ssize_t)sizeof(int64_t));
+    if (ranges != NULL) {
+        int64_t *r = (int64_t *)PyBytes_AS_STRING(ranges);
+        for (; count < nunits; count++) {
+            const unsigned char *u = units + count * UNIT_SIZE;
+            long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+            long long size = (int32_t)get32(u + 8), ln = size - skip;
+            if (nbytes + total + ln > limit && nbytes + total > 0) {
+                stop = GATHER_FULL;
+                break;
+            }
+            if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
+                break;
+            long long rel = phys - seg_start;
+            if (!record_ok(log + rel, size)) {
+                stop = GATHER_CORRUPT;
+                break;
+            }
+            r[2 * count] = rel + skip;
+            r[2 * count + 1] = rel + size;
+            total += ln;
+        }
+        Py_ssize_t used = count * 2 * (Py_ssize_t)sizeof(int64_t);
+        if (used != PyBytes_GET_SIZE(ranges) && _PyBytes_Resize(&ranges, used) < 0)
+            ranges = NULL;
+    }
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&ub);
+    if (ranges == NULL)
+        return NULL;
+    return Py_BuildValue("(nNni)", count, ranges, total, stop);
+}
+
+#define SEND_IOV_MAX 1024 /* Linux's IOV_MAX */
+
+/* send_ranges(fd, head, log, ranges, pos) == metaq.server.zerocopy.send_ranges_py: one non-blocking sendmsg (MSG_DONTWAIT,
+ * MSG_NOSIGNAL) of ``head`` then the ranges of ``log`` (check_ranges' pairs), from byte ``pos`` of that whole, at
+ * most SEND_IOV_MAX pieces; returns the bytes the kernel took. Raises OSError (BlockingIOError when the socket is
+ * full). The GIL is released for the call; the buffers are held (exported) until it returns. */
+static PyObject *send_ranges(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *log_obj;
+    Py_buffer hb, rb, lb;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "iy*Oy*n", &fd, &hb, &log_obj, &rb, &pos))
+        return NULL;
+    if (PyObject_GetBuffer(log_obj, &lb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&hb);
+        PyBuffer_Release(&rb);
+        return NULL;
+    }
+    struct iovec iov[SEND_IOV_MAX];
+    int n = 0;
+    const int64_t *r = (const int64_t *)rb.buf;
+    Py_ssize_t nr = rb.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    PyObject *err = NULL;
+    if (pos < 0)
+        pos = 0;
+    if (pos < hb.len) {
+        iov[n].iov_base = (char *)hb.buf + pos;
+        iov[n].iov_len = (size_t)(hb.len - pos);
+        n++;
+        pos = 0;
+    } else {
+        pos -= hb.len;
+    }
+    for (Py_ssize_t k = 0; k < nr && n < SEND_IOV_MAX; k++) {
+        int64_t a = r[2 * k], b = r[2 * k + 1];
+        if (a < 0 || b < a || b > lb.len) {
+            err = PyExc_ValueError;
+            break;
+        }
+        if (pos >= b - a) {
+            pos -= b - a;
+            continue;
+        }
+        iov[n].iov_base = (char *)lb.buf + a + pos;
+        iov[n].iov_len = (size_t)(b - a - pos);
+        pos = 0;
+        n++;
+    }
+    ssize_t sent = 0;
+    int saved = 0;
+    if (err == NULL && n > 0) {
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)n;
+        Py_BEGIN_ALLOW_THREADS
+        do {
+            sent = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } while (sent < 0 && errno == EINTR);
+        saved = errno;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&hb);
+    if (err != NULL)
+        return PyErr_Format(err, "a range lies outside the buffer");
+    if (sent < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromSsize_t(sent);
+}
+
 /* record_ok(buf, pos, size) == metaq.store.record.record_ok_py: one record checked in one call. */
 static PyObject *py_record_ok(PyObject *self, PyObject *args) {
     PyObject *obj;
@@ -604,6 +736,10 @@ static PyMethodDef methods[] = {
      "scan_records(buf, pos, end) -> (where the run of valid records from pos stops, how many records it holds)"},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False) -> (count, data, stop)"},
+    {"check_ranges", check_ranges, METH_VARARGS,
+     "check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, ranges, their bytes, stop)"},
+    {"send_ranges", send_ranges, METH_VARARGS,
+     "send_ranges(fd, head, log, ranges, pos) -> bytes sent by one non-blocking sendmsg"},
     {NULL, NULL, 0, NULL},
 };
 

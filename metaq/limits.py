@@ -86,6 +86,11 @@ def max_per_address_for(max_connections):
 #: One record larger than this is still served whole.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 
+#: Seconds one send of a zero-copy reply (a get's records sent straight from the segment maps: server/zerocopy.py)
+#: may wait on a socket that takes no more bytes while it holds those maps (a segment retention deleted keeps its
+#: disk space while held). Past it the unsent rest is copied out of the maps and sent as an ordinary buffer.
+MAX_PINNED_SEND_S = 2.0
+
 #: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8

@@ -114,7 +114,8 @@ class Broker:
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
                                          self.replies, self.admin, self.group_members, self.topic_admin)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
-        self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim)
+        self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim,
+                                 zero_copy=config.broker.zero_copy_reads)
         self.remoting = None
         if config.remoting.port:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,

@@ -13,7 +13,15 @@ Every record is checked as it is gathered (``verify``: ``record.check_record``,
 its CRC included, against the size its index unit gives): a corrupt record is
 never served. The records before it are; the read that starts at it raises
 ``CorruptRecord`` naming the partition, the offset and the next offset.
+
+The zero-copy read (``read_joined(..., mapped=True)``) checks the same records the same way, in place, and copies
+nothing: ``check_ranges`` (C, with its twin ``check_ranges_py``) gives each record's MetaQ form as a byte range of
+its segment's map, and ``MappedRecords`` holds those ranges with a view of the map (an export: the map cannot be
+unmapped while it is held; a segment retention deletes stays readable). The server sends them from the map
+(server/zerocopy.py) and bounds how long a reply may hold a map.
 """
+
+from array import array
 
 from metaq import speedups
 from metaq.errors import CorruptRecord, StoreError
@@ -62,9 +70,67 @@ def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verif
 gather_records = speedups.load("gather_records", gather_records_py)  # the C twin when built
 
 
-def collect_joined(log, p, n, vis, limit, verify=True):
+def check_ranges_py(units, skip, log, seg_start, seg_end, limit, nbytes):
+    """As ``gather_records_py`` with ``verify``, but nothing copied: ``(count, ranges, their bytes, stop)`` where
+    ``ranges`` holds each record's MetaQ form as a (start, end) pair of native int64 byte positions in ``log``."""
+    pairs = array("q")
+    count = total = 0
+    stop = END
+    with memoryview(log) as seg, memoryview(units) as u:
+        for phys, size, _tag in UNIT.iter_unpack(u[:len(u) - len(u) % UNIT_SIZE]):
+            ln = size - skip
+            if nbytes + total + ln > limit and nbytes + total:
+                stop = FULL
+                break
+            if not seg_start <= phys < seg_end or ln < MIN_METAQ_FORM or phys - seg_start + size > len(seg):
+                break
+            rel = phys - seg_start
+            if check_record(seg, rel, rel + size) != size:
+                stop = CORRUPT
+                break
+            pairs.extend((rel + skip, rel + size))
+            total += ln
+            count += 1
+    return count, pairs.tobytes(), total, stop
+
+
+check_ranges = speedups.load("check_ranges", check_ranges_py)  # the C twin when built
+
+
+class MappedRecords:
+    """Checked records left in a segment's map: ``ranges`` (native int64 start/end pairs) of ``view``, ``nbytes``
+    in all. ``view`` is this object's own view of the map (an export that keeps it mapped) until ``release``."""
+
+    __slots__ = ("view", "ranges", "nbytes")
+
+    def __init__(self, view, ranges, nbytes):
+        self.view = memoryview(view)
+        self.ranges = ranges
+        self.nbytes = nbytes
+
+    def __len__(self):
+        return self.nbytes
+
+    def pairs(self):
+        r = array("q")
+        r.frombytes(self.ranges)
+        return zip(r[::2], r[1::2])
+
+    def joined(self, skip=0):
+        """The records' bytes past the first ``skip``, copied into one ``bytes``."""
+        view = self.view
+        data = b"".join([view[a:b] for a, b in self.pairs()])
+        return data[skip:] if skip else data
+
+    def release(self):
+        """Let the map go (a later ``joined`` or send fails)."""
+        self.view.release()
+
+
+def collect_joined(log, p, n, vis, limit, verify=True, mapped=False):
     """``(buffers, nbytes, count)``: records ``n…`` of ``p`` (in the commit log ``log``) below ``vis`` within
-    ``limit`` (at least one). Stops before a corrupt record; raises ``CorruptRecord`` when the first is."""
+    ``limit`` (at least one). Stops before a corrupt record; raises ``CorruptRecord`` when the first is.
+    ``mapped``: each buffer a ``MappedRecords`` (checked in place, nothing copied) instead of a ``bytes``."""
     skip = metaq_offset(len(p.topic_bytes))
     buffers = []
     nbytes = count = 0
@@ -78,7 +144,11 @@ def collect_joined(log, p, n, vis, limit, verify=True):
             seg = log.segment_at(phys)
             if seg is None:
                 raise _outside(p, phys)
-            k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
+            if mapped:
+                k, ranges, size, stop = check_ranges(units, skip, seg.view, seg.start, seg.end, limit, nbytes)
+                data = MappedRecords(seg.view, ranges, size) if k else None
+            else:
+                k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
         if k:
             buffers.append(data)
             nbytes += len(data)

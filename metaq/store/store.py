@@ -357,14 +357,15 @@ class MessageStore(StoreFigures, ColdMaps):
         self.reads.log_read_bytes += nbytes + len(views) * (len(p.topic_bytes) + TOPIC_START)
         return ReadResult(views, nbytes, len(views), offset + len(views))
 
-    def read_joined(self, topic, partition, offset, max_size):
-        """As ``read``, but ``views`` holds the records' MetaQ forms joined (one bytes per segment): for the wire."""
+    def read_joined(self, topic, partition, offset, max_size, mapped=False):
+        """As ``read``, but ``views`` holds the records' MetaQ forms joined (one bytes per segment): for the wire.
+        ``mapped``: one ``gather.MappedRecords`` per segment instead (checked in place, sent from the map)."""
         p = self._parts.get((topic, partition))
         if p is None or not p.min <= offset < p.visible or topic in self.topics.guarded:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
         try:
-            buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible,
-                                                           min(max_size, self.config.max_transfer_size))
+            buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible, min(
+                max_size, self.config.max_transfer_size), mapped=mapped)
         except CorruptRecord as exc:
             raise self.reads.corrupt(exc) from None
         self.reads.log_read_bytes += nbytes + count * (len(p.topic_bytes) + TOPIC_START)  # whole records

@@ -42,15 +42,16 @@ def test_a_get_serves_the_records_before_a_corrupt_one_then_names_it(data_dir, g
     s = open_store(data_dir)
     put_ten(s)
     position = flip_payload_byte(s, "test", 0, 4)
-    r = s.read_joined("test", 0, 0, 1 << 20)
-    assert r.count == 4 and r.next_offset == 4  # offsets 0..3 served, nothing of 4 on
-    with pytest.raises(errors.CorruptRecord) as info:
-        s.read_joined("test", 0, 4, 1 << 20)
-    exc = info.value
-    assert (exc.topic, exc.partition, exc.offset, exc.next_offset, exc.position) == ("test", 0, 4, 5, position)
-    assert exc.code == 512 and "topic test partition 0 offset 4" in str(exc) and "next offset 5" in str(exc)
-    assert s.read_joined("test", 0, 5, 1 << 20).count == 5  # past it, everything reads
-    assert s.reads.corrupt_reads == 1
+    for mapped in (False, True):  # gathered into buffers, and checked in place for a zero-copy send
+        r = s.read_joined("test", 0, 0, 1 << 20, mapped=mapped)
+        assert r.count == 4 and r.next_offset == 4  # offsets 0..3 served, nothing of 4 on
+        with pytest.raises(errors.CorruptRecord) as info:
+            s.read_joined("test", 0, 4, 1 << 20, mapped=mapped)
+        exc = info.value
+        assert (exc.topic, exc.partition, exc.offset, exc.next_offset, exc.position) == ("test", 0, 4, 5, position)
+        assert exc.code == 512 and "topic test partition 0 offset 4" in str(exc) and "next offset 5" in str(exc)
+        assert s.read_joined("test", 0, 5, 1 << 20, mapped=mapped).count == 5  # past it, everything reads
+    assert s.reads.corrupt_reads == 2
     s.close(NOW)
 
 

@@ -6,14 +6,14 @@ from hypothesis import strategies as st
 
 from metaq import errors
 from metaq.store import gather
-from metaq.store.gather import gather_records_py
+from metaq.store.gather import MappedRecords, check_ranges_py, gather_records_py
 from metaq.store.index import UNIT
 from tests.harness.store import NOW, open_store
 
 try:
-    from metaq._speedups import gather_records as gather_records_c
+    from metaq._speedups import check_ranges as check_ranges_c, gather_records as gather_records_c
 except ImportError:
-    gather_records_c = None
+    gather_records_c = check_ranges_c = None
 
 
 @pytest.fixture(params=["built", "python"])
@@ -21,14 +21,23 @@ def gatherer(request, monkeypatch):
     """read_joined with the C gather (when built) and with its pure-Python twin."""
     if request.param == "python":
         monkeypatch.setattr(gather, "gather_records", gather_records_py)
+        monkeypatch.setattr(gather, "check_ranges", check_ranges_py)
     return request.param
 
 
+def wire_bytes(buffers):
+    return b"".join(b.joined() if isinstance(b, MappedRecords) else bytes(b) for b in buffers)
+
+
 def same_read(s, topic, partition, offset, max_size):
+    """``read_joined``, copied and mapped (checked in place), gives the bytes of ``read``'s views."""
     plain = s.read(topic, partition, offset, max_size)
     joined = s.read_joined(topic, partition, offset, max_size)
-    assert b"".join(joined.views) == b"".join(bytes(v) for v in plain.views)
+    mapped = s.read_joined(topic, partition, offset, max_size, mapped=True)
+    assert b"".join(joined.views) == b"".join(bytes(v) for v in plain.views) == wire_bytes(mapped.views)
     assert (joined.nbytes, joined.count, joined.next_offset) == (plain.nbytes, plain.count, plain.next_offset)
+    assert (mapped.nbytes, mapped.count, mapped.next_offset) == (plain.nbytes, plain.count, plain.next_offset)
+    assert len(mapped.views) == len(joined.views)
     return joined
 
 
@@ -66,3 +75,42 @@ def test_c_gather_equals_the_python_reference(units, skip, limit, nbytes):
     raw = b"".join(UNIT.pack(1000 + phys, size, 0) for phys, size in units) + b"\x01\x02"  # and a partial unit
     args = (raw, skip, log, 1000, 1000 + len(log), limit, nbytes)
     assert gather_records_c(*args) == gather_records_py(*args)
+
+
+@pytest.mark.skipif(check_ranges_c is None, reason="metaq._speedups was not built")
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(-50, 5000), st.integers(-5, 400)), max_size=30), st.integers(0, 60),
+       st.integers(0, 3000), st.integers(0, 400))
+def test_c_range_check_equals_the_python_reference(units, skip, limit, nbytes):
+    log = bytes(range(256)) * 16
+    raw = b"".join(UNIT.pack(1000 + phys, size, 0) for phys, size in units) + b"\x01\x02"  # and a partial unit
+    args = (raw, skip, log, 1000, 1000 + len(log), limit, nbytes)
+    assert check_ranges_c(*args) == check_ranges_py(*args)
+
+
+def test_c_range_check_equals_the_python_reference_on_real_records(data_dir):
+    """Real records (the generated ones above never pass the record check): the same ranges, and a corrupt one
+    stops both at the same place."""
+    s = open_store(data_dir)
+    for i in range(30):
+        s.put("test", 0, 0, b"r%03d" % i * (1 + i), NOW + i)
+    p = s._parts[("test", 0)]
+    seg = s._log.segment_at(p.unit(0)[0])
+    units = bytes(p.files[0].view[:30 * 16])
+    skip = gather.metaq_offset(len(p.topic_bytes))
+    for limit, nbytes in ((1 << 20, 0), (500, 0), (500, 400), (10, 0)):
+        args = (units, skip, seg.view, seg.start, seg.end, limit, nbytes)
+        count, ranges, size, stop = check_ranges_py(*args)
+        assert count > 0 or nbytes
+        if check_ranges_c is not None:
+            assert check_ranges_c(*args) == (count, ranges, size, stop)
+        gathered = gather_records_py(units, skip, seg.view, seg.start, seg.end, limit, nbytes, True)
+        assert gathered[0] == count and gathered[2] == stop
+        assert MappedRecords(seg.view, ranges, size).joined() == gathered[1] and len(gathered[1]) == size
+    phys, size, _t = p.unit(7)
+    seg.view[phys - seg.start + size - 1] ^= 0x01  # the last payload byte of record 7
+    args = (units, skip, seg.view, seg.start, seg.end, 1 << 20, 0)
+    assert check_ranges_py(*args)[0] == 7 and check_ranges_py(*args)[3] == gather.CORRUPT
+    if check_ranges_c is not None:
+        assert check_ranges_c(*args) == check_ranges_py(*args)
+    s.close(NOW)

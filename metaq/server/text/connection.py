@@ -1,8 +1,8 @@
 """The MetaQ text-protocol server: one greenlet per connection on a gevent StreamServer.
 
 Each burst of received bytes is parsed into as many frames as it holds; the
-replies of that burst are written together with one send (``sendmsg`` of the record
-views straight from the maps when a get is among them; after one
+replies of that burst are written together with one send (``sendmsg`` of the records
+straight from the maps when a get is among them: server/zerocopy.py; after one
 shared flush wait in ``sync`` mode). Long-polling gets reply from their own
 greenlet; every write holds the connection's write lock so replies never
 interleave. Limits: line and body length (parser), connection count, idle
@@ -27,6 +27,7 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, encode_result
 from metaq.server import connections as core
 from metaq.server.text.fastput import failed_replies
+from metaq.store.gather import MappedRecords
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class Connection(core.Connection):
         self._writer = None
         self.parser = TextParser(max_line=front.max_line_bytes, max_body=front.max_body_bytes)
         self.max_transfer = front.dispatcher.max_transfer
+        #: The zero-copy sender (server/zerocopy.py), or None: gets are gathered into buffers (TLS, or turned off).
+        self.zero_copy = front.zero_copy if not self.tls else None
         self.parked = 0  # long-polling gets parked now (text.dispatch caps them)
         self.hang_up = False  # set by a handler whose reply must be the last (a failed auth)
         self._may_publish = None  # the guard's topic filter for the put fast path, made with the session
@@ -116,6 +119,12 @@ class Connection(core.Connection):
         """Scatter-gather send of every buffer, in order, without joining them."""
         if self.tls:
             self._send_buffers_tls(bufs)
+            return
+        if self.zero_copy is not None and any(type(b) is MappedRecords for b in bufs):
+            try:
+                self.zero_copy.send(self.sock, bufs)
+            except ValueError as exc:  # a map let go under the reply (the store closed): as a failed send
+                raise OSError(str(exc)) from None
             return
         i, n = 0, len(bufs)
         while i < n:

@@ -289,7 +289,7 @@ class TextDispatcher:
         if refusal is not None:
             return refusal, NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
-        reply = conn.read_reply(max_size, lambda: self._read(e, max_size))
+        reply = conn.read_reply(max_size, lambda: self._read(e, max_size, conn))
         if reply is not None:
             return reply, NO_WAIT
         if e.max_wait_ms and not conn.closed:
@@ -328,17 +328,17 @@ class TextDispatcher:
             self.waiters.leave()
 
         wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
-        read = read or (lambda: self._read(e, max_size))
+        read = read or (lambda: self._read(e, max_size, conn))
         conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), on_exit=unpark)
         return None
 
     park = _park  # for the other get handlers (text/priorities.py)
 
-    def _read(self, e, max_size):
+    def _read(self, e, max_size, conn):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
         check_expected(self.store, e)
         try:
-            r = self.store.read_joined(e.topic, e.partition, e.offset, max_size)
+            r = self.store.read_joined(e.topic, e.partition, e.offset, max_size, mapped=conn.zero_copy is not None)
         except errors.Moved as exc:
             if exc.offset < e.offset and self.roles.end_unknown:
                 return None  # past our end on a slave behind its master: not here yet (a miss, long-pollable)

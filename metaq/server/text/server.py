@@ -4,11 +4,17 @@ from metaq.protocol.text import encode_result
 from metaq.server.text.connection import Connection
 
 
+from metaq.server import zerocopy
+from metaq.server.zerocopy import ZeroCopySender
+
+
 class TextFrontEnd:
     """What every text connection shares: the dispatcher, the put-burst fast path, the flusher, stats, limits."""
 
-    def __init__(self, core, dispatcher, fast_puts, flusher, stats, limits_cfg):
+    def __init__(self, core, dispatcher, fast_puts, flusher, stats, limits_cfg, zero_copy=False):
         self.core = core
+        #: Plaintext gets send their records from the maps (server/zerocopy.py), when the C helper is built.
+        self.zero_copy = ZeroCopySender() if zero_copy and zerocopy.AVAILABLE else None
         self.dispatcher = dispatcher
         self.guard = dispatcher.guard
         self.fast_puts = fast_puts

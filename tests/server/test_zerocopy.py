@@ -1,0 +1,190 @@
+"""The zero-copy send (server/zerocopy.py): records go from a map to the socket, in order, whatever the socket takes
+per call; a send held up past ``limits.MAX_PINNED_SEND_S`` copies its rest out and lets the maps go."""
+
+import mmap
+import socket
+import threading
+
+import pytest
+
+from metaq import limits
+from metaq.server import zerocopy
+from metaq.server.zerocopy import ZeroCopySender, send_ranges_py
+from metaq.store.gather import MappedRecords
+
+try:
+    from metaq._speedups import send_ranges as send_ranges_c
+except ImportError:
+    send_ranges_c = None
+
+SENDERS = [pytest.param(send_ranges_py, id="python")] + (
+    [pytest.param(send_ranges_c, id="built")] if send_ranges_c is not None else [])
+
+
+def a_map(size=1 << 16):
+    """An anonymous map filled with a pattern, and ranges over it (native int64 pairs) that skip bits of it."""
+    mm = mmap.mmap(-1, size)
+    mm[:] = bytes(i * 7 % 251 for i in range(size))
+    pairs = []
+    pos = 3
+    while pos + 40 < size:
+        ln = 20 + pos % 300
+        pairs.append((pos + 5, min(pos + ln, size)))
+        pos += ln
+    return mm, pairs
+
+
+def packed(pairs):
+    from array import array
+
+    return array("q", [x for p in pairs for x in p]).tobytes()
+
+
+def expected(head, mm, pairs):
+    return head + b"".join(mm[a:b] for a, b in pairs)
+
+
+def pair(sndbuf=None):
+    a, b = socket.socketpair()
+    if sndbuf:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    a.setblocking(False)
+    return a, b
+
+
+def drain(sock, timeout=0.0):
+    out = bytearray()
+    sock.settimeout(timeout)
+    try:
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            out += chunk
+    except (BlockingIOError, socket.timeout):
+        pass
+    return bytes(out)
+
+
+@pytest.mark.parametrize("send", SENDERS)
+def test_send_ranges_sends_from_any_position_and_says_how_much(send):
+    mm, pairs = a_map()
+    ranges = packed(pairs)
+    head = b"value 123 7\r\n"
+    whole = expected(head, mm, pairs[:1024 - 1])  # one call: at most IOV_MAX pieces (the head is one)
+    for pos in (0, 5, len(head), len(head) + 3, len(head) + 700):
+        a, b = pair()
+        n = send(a.fileno(), head, mm, ranges, pos)
+        assert 0 < n and drain(b) == whole[pos:pos + n]
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(send_ranges_c is None, reason="metaq._speedups was not built")
+def test_the_built_send_equals_the_python_reference_on_a_full_socket_and_bad_ranges():
+    mm, pairs = a_map()
+    for send in (send_ranges_py, send_ranges_c):
+        a, b = pair(sndbuf=4096)
+        sent = 0
+        with pytest.raises(BlockingIOError):
+            while True:
+                sent += send(a.fileno(), b"h", mm, packed(pairs), sent)
+        assert drain(b, 0.2) == expected(b"h", mm, pairs)[:sent]
+        with pytest.raises(ValueError):
+            send(a.fileno(), b"", mm, packed([(0, 10), (10, len(mm) + 1)]), 0)
+        assert send(a.fileno(), b"", mm, packed([]), 0) == 0
+        a.close()
+        b.close()
+
+
+def test_a_reply_larger_than_the_socket_buffer_arrives_whole_for_a_slow_reader():
+    """Partial sends (a tiny SO_SNDBUF, a reader taking small bites with pauses) continue where they stopped;
+    acks before and after the records keep their order."""
+    mm, pairs = a_map(1 << 18)
+    records = MappedRecords(mm, packed(pairs), sum(b - a for a, b in pairs))
+    bufs = [b"result 200 1 1\r\nx", b"value %d 2\r\n" % len(records), records, b"result 200 1 3\r\ny"]
+    want = b"".join(bytes(x) if not isinstance(x, MappedRecords) else x.joined() for x in bufs)
+    a, b = pair(sndbuf=4096)
+    got = bytearray()
+
+    def reader():
+        b.settimeout(10)
+        while len(got) < len(want):
+            chunk = b.recv(3000)
+            if not chunk:
+                break
+            got.extend(chunk)
+            threading.Event().wait(0.0005)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    sender = ZeroCopySender()
+    sender.send(a, bufs)
+    t.join(10)
+    assert bytes(got) == want and sender.copied_out == 0
+    a.close()
+    b.close()
+
+
+class Stalled:
+    """A reader that reads nothing until the sender waits, then lets the clock reach ``now`` and reads what is
+    there (the test's ``wait``)."""
+
+    def __init__(self, sock, jump):
+        self.sock = sock
+        self.jump = jump
+        self.now = 100.0
+        self.got = bytearray()
+        self.waits = 0
+
+    def clock(self):
+        return self.now
+
+    def wait(self, fd, timeout):
+        self.waits += 1
+        if self.waits == 1:
+            self.now += self.jump  # the first wait lasts that long
+        self.got += drain(self.sock)
+
+
+class Sock:
+    """The sender's socket, whose ``sendall`` (the copied rest's way out) is kept aside to check its bytes."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.rest = bytearray()
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def sendall(self, data):
+        self.rest += data
+
+
+@pytest.mark.parametrize("jump, copied", [(limits.MAX_PINNED_SEND_S, 0), (limits.MAX_PINNED_SEND_S + 0.001, 1)])
+def test_a_send_holds_the_maps_up_to_the_limit_and_copies_out_past_it(jump, copied):
+    mm, pairs = a_map(1 << 18)
+    first = MappedRecords(mm, packed(pairs), sum(b - a for a, b in pairs))
+    second = MappedRecords(mm, packed(pairs[:50]), sum(b - a for a, b in pairs[:50]))
+    bufs = [b"value %d 1\r\n" % len(first), first, b"value %d 2\r\n" % len(second), second]
+    want = b"".join(bytes(x) if not isinstance(x, MappedRecords) else x.joined() for x in bufs)
+    a, b = pair(sndbuf=4096)
+    stalled = Stalled(b, jump)
+    sender = ZeroCopySender(clock=stalled.clock, wait=stalled.wait)
+    sock = Sock(a)
+    sender.send(sock, bufs)
+    stalled.got += drain(b, 0.2)  # what the socket still held, then what went the copying way
+    assert bytes(stalled.got + sock.rest) == want
+    assert sender.copied_out == copied and (len(sock.rest) > 0) == bool(copied)
+    # Past the limit every map the send held was let go (the map can be unmapped); at it they are still held.
+    if copied:
+        mm.close()
+    else:
+        with pytest.raises(BufferError):
+            mm.close()
+    a.close()
+    b.close()
+
+
+def test_the_zero_copy_path_is_taken_only_with_the_built_helper():
+    assert zerocopy.AVAILABLE == (send_ranges_c is not None and zerocopy.send_ranges is send_ranges_c)
