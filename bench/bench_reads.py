@@ -36,10 +36,16 @@ CHUNK = 1 << 20
 
 
 def cpu_seconds(pid):
-    """User + system CPU seconds of process ``pid`` (its threads included) so far."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds process ``pid`` has run so far, its threads together (``/proc/<pid>/task/*/schedstat``:
+    nanoseconds, where ``/proc/<pid>/stat`` counts 10 ms ticks)."""
+    total = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def loopback_ceiling(total_bytes):

@@ -543,27 +543,36 @@ static PyObject *check_ranges(PyObject *self, PyObject *args) {
     const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
     Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
     int stop = GATHER_END;
-    PyObject *ranges = PyBytes_FromStringAndSize(NULL, nunits * 2 * (Py_ssize_t)sizeof(int64_t));
+    /* First pass, over the units only (they may run far past the limit): how many records. */
+    for (; count < nunits; count++) {
+        const unsigned char *u = units + count * UNIT_SIZE;
+        long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+        long long size = (int32_t)get32(u + 8), ln = size - skip;
+        if (nbytes + total + ln > limit && nbytes + total > 0) {
+            stop = GATHER_FULL;
+            break;
+        }
+        if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
+            break;
+        total += ln;
+    }
+    /* Second pass: each record checked in place; the ranges stop before a corrupt one. */
+    PyObject *ranges = PyBytes_FromStringAndSize(NULL, count * 2 * (Py_ssize_t)sizeof(int64_t));
     if (ranges != NULL) {
         int64_t *r = (int64_t *)PyBytes_AS_STRING(ranges);
-        for (; count < nunits; count++) {
-            const unsigned char *u = units + count * UNIT_SIZE;
+        total = 0;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            const unsigned char *u = units + k * UNIT_SIZE;
             long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
-            long long size = (int32_t)get32(u + 8), ln = size - skip;
-            if (nbytes + total + ln > limit && nbytes + total > 0) {
-                stop = GATHER_FULL;
-                break;
-            }
-            if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
-                break;
-            long long rel = phys - seg_start;
+            long long size = (int32_t)get32(u + 8), rel = phys - seg_start;
             if (!record_ok(log + rel, size)) {
+                count = k;
                 stop = GATHER_CORRUPT;
                 break;
             }
-            r[2 * count] = rel + skip;
-            r[2 * count + 1] = rel + size;
-            total += ln;
+            r[2 * k] = rel + skip;
+            r[2 * k + 1] = rel + size;
+            total += size - skip;
         }
         Py_ssize_t used = count * 2 * (Py_ssize_t)sizeof(int64_t);
         if (used != PyBytes_GET_SIZE(ranges) && _PyBytes_Resize(&ranges, used) < 0)

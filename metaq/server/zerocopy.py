@@ -19,6 +19,7 @@ gets read with ``mapped=False`` (text/dispatch.py), the copying path. Without th
 copy it saves.
 """
 
+import errno
 import os
 import socket
 import time
@@ -113,6 +114,8 @@ class ZeroCopySender:
                         sock.sendall(part)
                     return
                 self.wait(fd, deadline - now)
+                if sock.fileno() != fd:  # closed by another greenlet meanwhile: the number may name another socket
+                    raise OSError(errno.EBADF, "the connection was closed during a send")
         if head:
             sock.sendall(head[0] if len(head) == 1 else b"".join(head))
 

@@ -186,5 +186,57 @@ def test_a_send_holds_the_maps_up_to_the_limit_and_copies_out_past_it(jump, copi
     b.close()
 
 
+def test_a_connection_closed_during_a_send_sends_nothing_to_the_socket_that_takes_its_number():
+    mm, pairs = a_map(1 << 18)
+    records = MappedRecords(mm, packed(pairs), sum(b - a for a, b in pairs))
+    a, b = pair(sndbuf=4096)
+    fd = a.fileno()
+    others = []
+
+    def wait(_fd, _timeout):  # meanwhile another greenlet closes the connection and a new one is accepted
+        a.close()
+        others.append(socket.socketpair())
+
+    with pytest.raises(OSError):
+        ZeroCopySender(wait=wait).send(a, [b"value 1 1\r\n", records])
+    c, d = others[0]
+    assert fd in (c.fileno(), d.fileno())  # the number was taken again
+    assert drain(c, 0.2) == b"" and drain(d, 0.2) == b""
+    for s in (b, c, d):
+        s.close()
+
+
+def test_records_held_for_a_send_survive_retention_dropped_page_tables_and_the_store_closing(tmp_path):
+    from tests.harness.store import HOUR_MS, NOW, open_store
+
+    s = open_store(tmp_path / "data", segment_size=4096, retention_hours=1)
+    for i in range(300):
+        s.put("test", 0, 0, b"r%04d-" % i * (1 + i % 9), NOW)
+    want = b"".join(s.read_joined("test", 0, 0, 1 << 20).views)
+    held = s.read_joined("test", 0, 0, 1 << 20, mapped=True).views  # one MappedRecords per 4 KiB segment
+    held_again = s.read_joined("test", 0, 0, 1 << 20, mapped=True).views
+    maps = [seg.file for seg in s._log.segments]
+    s.mark_flushed(s.flush_log())
+    s.checkpoint(NOW)
+    assert len(s.retention(NOW + 2 * HOUR_MS).deleted_segments) > 3  # segments these replies hold, deleted
+    assert all([f.drop_pages() for f in maps])  # and their page tables released (MADV_DONTNEED) under them
+
+    def sent(views):
+        a, b = pair()
+        a.setblocking(True)
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(drain(b, 2.0)))
+        reader.start()
+        ZeroCopySender().send(a, [b"value %d 1\r\n" % len(want)] + views)
+        a.close()
+        reader.join(10)
+        b.close()
+        return bytes(got)
+
+    assert sent(held) == b"value %d 1\r\n" % len(want) + want
+    s.close(NOW)  # the maps these still hold stay mapped until they let go
+    assert sent(held_again) == b"value %d 1\r\n" % len(want) + want
+
+
 def test_the_zero_copy_path_is_taken_only_with_the_built_helper():
     assert zerocopy.AVAILABLE == (send_ranges_c is not None and zerocopy.send_ranges is send_ranges_c)
