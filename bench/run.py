@@ -1,6 +1,6 @@
 """metaq benchmark: prints a table for 1 KiB messages (medians of several runs).
 
-    python bench/run.py [--runs 3] [--messages 100000] [--quick]
+    python bench/run.py [--runs 3] [--messages 100000] [--quick] [--reads-only]
 
 Every figure is measured against a real broker process on 127.0.0.1 started by
 this script (data in a temporary directory). Where ``redis-server`` is
@@ -152,10 +152,10 @@ def sequential_reads(port, count, max_size=1 << 20, **conn):
     return nbytes / elapsed / 1e6, offset / elapsed
 
 
-def start_broker(root, flush, name):
+def start_broker(root, flush, name, **broker):
     wd = os.path.join(root, name)
     os.makedirs(wd, exist_ok=True)
-    cfg = small_config(os.path.join(wd, "data"), store=full_size_store(flush=flush),
+    cfg = small_config(os.path.join(wd, "data"), broker=broker, store=full_size_store(flush=flush),
                        limits={"max_body_bytes": 1 << 20},
                        topics=[{"name": "*", "partitions": 4}])
     return BrokerProcess(wd, cfg).start()
@@ -189,6 +189,9 @@ def run(args):
     results = []  # (name, ours, unit, redis or None)
     redis = RedisBench(root) if redis_available() else None
     try:
+        if args.reads_only:
+            read_rows(root, args, redis, results)
+            return
         for flush in ("async", "sync"):
             runs = []
             for r in range(args.runs):
@@ -226,13 +229,7 @@ def run(args):
                 redis.set_fsync("everysec")
             results.append(("durable puts, 16 producers x depth %d, flush=sync" % depth, median(runs),
                             "msgs/s", peer))
-        b = start_broker(root, "async", "read")
-        pipelined_puts(b.port, args.messages, depth=256)
-        mbs, msgs = zip(*[sequential_reads(b.port, args.messages) for _ in range(args.runs)])
-        b.stop()
-        peer = [redis.sequential_xrange(args.messages) for _ in range(args.runs)] if redis else None
-        results.append(("sequential read, 1 MiB gets", median(mbs), "MB/s", median([p[0] for p in peer]) if peer else None))
-        results.append(("sequential read, 1 MiB gets", median(msgs), "msgs/s", median([p[1] for p in peer]) if peer else None))
+        read_rows(root, args, redis, results)
         if not args.quick:
             secs = [measure_recovery(root, args.recovery_gib) for _ in range(args.runs)]
             results.append(("recovery after kill -9, full scan", median(secs), "s/GiB", None))
@@ -240,7 +237,35 @@ def run(args):
         if redis:
             redis.close()
         shutil.rmtree(root, ignore_errors=True)
-    print_table(results, args, redis is not None)
+        print_table(results, args, redis is not None)
+
+
+def read_rows(root, args, redis, results):
+    """The sequential read rows, and the loopback ceiling measured in the same minutes (a Python sender process
+    writing 1 MiB buffers to a receiver that reads as the read row does: bench/bench_reads.py); with
+    ``--reads-only`` also a broker with ``broker.zero_copy_reads: false`` (the copying path)."""
+    from bench.bench_reads import loopback_ceiling
+
+    brokers = [("sequential read, 1 MiB gets", start_broker(root, "async", "read"))]
+    if args.reads_only:
+        brokers.append(("sequential read, copying (zero_copy_reads off)",
+                        start_broker(root, "async", "read-copy", zero_copy_reads=False)))
+    for _name, b in brokers:
+        pipelined_puts(b.port, args.messages, depth=256)
+    runs = {name: [] for name, _b in brokers}
+    ceiling = []
+    for _ in range(args.runs):  # interleaved: a slow minute on a shared machine slows every row alike
+        ceiling.append(loopback_ceiling(args.messages * (MSG + 20))[0])
+        for name, b in brokers:
+            runs[name].append(sequential_reads(b.port, args.messages))
+    for _name, b in brokers:
+        b.stop()
+    peer = [redis.sequential_xrange(args.messages) for _ in range(args.runs)] if redis else None
+    for name, _b in brokers:
+        mbs, msgs = zip(*runs[name])
+        results.append((name, median(mbs), "MB/s", median([p[0] for p in peer]) if peer else None))
+        results.append((name, median(msgs), "msgs/s", median([p[1] for p in peer]) if peer else None))
+    results.append(("loopback ceiling: Python socket pair, 1 MiB sends", median(ceiling), "MB/s", None))
 
 
 def print_table(results, args, with_redis):
@@ -282,6 +307,8 @@ def main():
     p.add_argument("--recovery-gib", type=float, default=0.5)
     p.add_argument("--dir", default=None, help="where to put the data (default: $TMPDIR)")
     p.add_argument("--quick", action="store_true", help="skip the recovery measurement")
+    p.add_argument("--reads-only", action="store_true",
+                   help="only the sequential read rows, with the copying path and the loopback ceiling beside them")
     run(p.parse_args())
 
 

@@ -37,7 +37,10 @@ def config(data_dir, flush="sync", **sections):
 
 class FakeConnection:
     """What a dispatcher uses of a connection: an id, ``send``, ``spawn`` (replies of greenlets), the reads of
-    replies (with no reply budget) and the count of parked gets."""
+    replies (with no reply budget), the count of parked gets and its zero-copy sender (None: gets gathered into
+    buffers, which the fake joins)."""
+
+    zero_copy = None
 
     def __init__(self, conn_id=1):
         self.conn_id = conn_id
