@@ -7,7 +7,9 @@ head of its ``sendmsg`` (``send_ranges``, in C: one iovec per record, the GIL re
 kernel copies the records straight from the page cache's mapped pages into the socket.
 
 The socket is non-blocking (gevent): a call that cannot send everything sends what the socket takes and the rest
-goes when it is writable again. While it waits, the reply holds its maps (a segment retention deleted keeps its
+goes when it is writable again, its records checked again first (the loop ran meanwhile: a slave cutting its log
+rewrites bytes in place; a record that no longer passes closes the connection, its reply unfinished, rather than
+send unchecked bytes). While it waits, the reply holds its maps (a segment retention deleted keeps its
 disk space until then): a send that has waited ``limits.MAX_PINNED_SEND_S`` since the socket first refused bytes
 copies what it has not sent yet of every ``MappedRecords`` it holds (the bytes checked when they were read) into
 ordinary buffers, lets the maps go and finishes through the socket's ``sendall`` like any reply. A slow reader
@@ -85,7 +87,7 @@ class ZeroCopySender:
     def send(self, sock, bufs):
         """Send every buffer of ``bufs`` in order; raises OSError / socket.timeout as ``sendall`` does."""
         fd = sock.fileno()
-        deadline = None
+        deadline = None  # set at the first wait: the maps are let go past it
         head = []
         i, n = 0, len(bufs)
         while i < n:
@@ -96,14 +98,18 @@ class ZeroCopySender:
                 continue
             h = head[0] if len(head) == 1 else b"".join(head)
             head = []
+            if deadline is not None:  # this send waited: the loop ran since these were checked
+                _check(buf, 0)
             total = len(h) + buf.nbytes
             pos = 0
             while pos < total:
                 try:
-                    pos += send_ranges(fd, h, buf.view, buf.ranges, pos)
-                    continue
+                    sent = send_ranges(fd, h, buf.view, buf.ranges, pos)
                 except BlockingIOError:
-                    pass
+                    sent = 0
+                if sent:
+                    pos += sent
+                    continue
                 now = self.clock()
                 if deadline is None:
                     deadline = now + self.hold_s
@@ -116,12 +122,21 @@ class ZeroCopySender:
                 self.wait(fd, deadline - now)
                 if sock.fileno() != fd:  # closed by another greenlet meanwhile: the number may name another socket
                     raise OSError(errno.EBADF, "the connection was closed during a send")
+                _check(buf, max(0, pos - len(h)))
         if head:
             sock.sendall(head[0] if len(head) == 1 else b"".join(head))
 
 
+def _check(records, pos):
+    """Raise when a record of ``records`` with bytes from ``pos`` on no longer passes its check (the loop ran since
+    it was read): the connection closes with its reply unfinished rather than send unchecked bytes."""
+    if not records.intact(pos):
+        raise OSError(errno.EIO, "records changed in the log during their send; closing the connection")
+
+
 def _rest(head, records, pos):
-    """The bytes of ``head`` + ``records`` from ``pos`` on, copied; the records' map let go."""
+    """The bytes of ``head`` + ``records`` from ``pos`` on, copied (checked first); the records' map let go."""
+    _check(records, max(0, pos - len(head)))
     if pos < len(head):
         data = bytes(memoryview(head)[pos:]) + records.joined()
     else:

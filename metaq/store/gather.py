@@ -99,14 +99,29 @@ check_ranges = speedups.load("check_ranges", check_ranges_py)  # the C twin when
 
 class MappedRecords:
     """Checked records left in a segment's map: ``ranges`` (native int64 start/end pairs) of ``view``, ``nbytes``
-    in all. ``view`` is this object's own view of the map (an export that keeps it mapped) until ``release``."""
+    in all, each a record's bytes past its first ``skip``. ``view`` is this object's own view of the map (an
+    export that keeps it mapped) until ``release``."""
 
-    __slots__ = ("view", "ranges", "nbytes")
+    __slots__ = ("view", "ranges", "nbytes", "skip")
 
-    def __init__(self, view, ranges, nbytes):
+    def __init__(self, view, ranges, nbytes, skip=0):
         self.view = memoryview(view)
         self.ranges = ranges
         self.nbytes = nbytes
+        self.skip = skip
+
+    def intact(self, pos=0):
+        """True when every record with bytes from ``pos`` on (of these ``nbytes``) still passes its check: for a send
+        that waited (the loop ran meanwhile; a slave's log cut rewrites bytes in place) before it sends more."""
+        skip, view = self.skip, self.view
+        for a, b in self.pairs():
+            if pos >= b - a:
+                pos -= b - a
+                continue
+            pos = 0
+            if not record_ok(view, a - skip, b - a + skip):
+                return False
+        return True
 
     def __len__(self):
         return self.nbytes
@@ -146,7 +161,7 @@ def collect_joined(log, p, n, vis, limit, verify=True, mapped=False):
                 raise _outside(p, phys)
             if mapped:
                 k, ranges, size, stop = check_ranges(units, skip, seg.view, seg.start, seg.end, limit, nbytes)
-                data = MappedRecords(seg.view, ranges, size) if k else None
+                data = MappedRecords(seg.view, ranges, size, skip) if k else None
             else:
                 k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
         if k:

@@ -6,6 +6,7 @@ import socket
 import threading
 
 import pytest
+from gevent import socket as gsocket
 
 from metaq import limits
 from metaq.server import zerocopy
@@ -34,6 +35,23 @@ def a_map(size=1 << 16):
     return mm, pairs
 
 
+def stored(path, count=400):
+    """A store holding ``count`` records of test-0 (about 300 KiB; one segment) and a function reading them checked
+    in place: ``read(offset, max_size)`` gives one ``MappedRecords``."""
+    from tests.harness.store import NOW, open_store
+
+    s = open_store(path, segment_size=4 << 20, index_file_units=4096)
+    for i in range(count):
+        s.put("test", 0, 0, b"r%04d-" % i * (1 + i % 200), NOW)
+
+    def read(offset=0, max_size=1 << 20):
+        views = s.read_joined("test", 0, offset, max_size, mapped=True).views
+        assert len(views) == 1
+        return views[0]
+
+    return s, read
+
+
 def packed(pairs):
     from array import array
 
@@ -44,11 +62,15 @@ def expected(head, mm, pairs):
     return head + b"".join(mm[a:b] for a, b in pairs)
 
 
-def pair(sndbuf=None):
+def pair(sndbuf=None, green=False):
+    """A connected pair; ``green``: the sending end a gevent socket, as the broker's are."""
     a, b = socket.socketpair()
     if sndbuf:
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-    a.setblocking(False)
+    if green:
+        a = gsocket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=a.detach())
+    else:
+        a.setblocking(False)
     return a, b
 
 
@@ -97,14 +119,15 @@ def test_the_built_send_equals_the_python_reference_on_a_full_socket_and_bad_ran
         b.close()
 
 
-def test_a_reply_larger_than_the_socket_buffer_arrives_whole_for_a_slow_reader():
+def test_a_reply_larger_than_the_socket_buffer_arrives_whole_for_a_slow_reader(tmp_path):
     """Partial sends (a tiny SO_SNDBUF, a reader taking small bites with pauses) continue where they stopped;
     acks before and after the records keep their order."""
-    mm, pairs = a_map(1 << 18)
-    records = MappedRecords(mm, packed(pairs), sum(b - a for a, b in pairs))
+    _store, read = stored(tmp_path)
+    records = read()
+    assert len(records) > 200_000
     bufs = [b"result 200 1 1\r\nx", b"value %d 2\r\n" % len(records), records, b"result 200 1 3\r\ny"]
     want = b"".join(bytes(x) if not isinstance(x, MappedRecords) else x.joined() for x in bufs)
-    a, b = pair(sndbuf=4096)
+    a, b = pair(sndbuf=4096, green=True)
     got = bytearray()
 
     def reader():
@@ -162,10 +185,11 @@ class Sock:
 
 
 @pytest.mark.parametrize("jump, copied", [(limits.MAX_PINNED_SEND_S, 0), (limits.MAX_PINNED_SEND_S + 0.001, 1)])
-def test_a_send_holds_the_maps_up_to_the_limit_and_copies_out_past_it(jump, copied):
-    mm, pairs = a_map(1 << 18)
-    first = MappedRecords(mm, packed(pairs), sum(b - a for a, b in pairs))
-    second = MappedRecords(mm, packed(pairs[:50]), sum(b - a for a, b in pairs[:50]))
+def test_a_send_holds_the_maps_up_to_the_limit_and_copies_out_past_it(tmp_path, jump, copied):
+    s, read = stored(tmp_path)
+    first, second = read(), read(300, 20_000)
+    s.close(0)  # the store lets its maps go: only these replies hold them now
+    mm = first.view.obj
     bufs = [b"value %d 1\r\n" % len(first), first, b"value %d 2\r\n" % len(second), second]
     want = b"".join(bytes(x) if not isinstance(x, MappedRecords) else x.joined() for x in bufs)
     a, b = pair(sndbuf=4096)
@@ -186,9 +210,9 @@ def test_a_send_holds_the_maps_up_to_the_limit_and_copies_out_past_it(jump, copi
     b.close()
 
 
-def test_a_connection_closed_during_a_send_sends_nothing_to_the_socket_that_takes_its_number():
-    mm, pairs = a_map(1 << 18)
-    records = MappedRecords(mm, packed(pairs), sum(b - a for a, b in pairs))
+def test_a_connection_closed_during_a_send_sends_nothing_to_the_socket_that_takes_its_number(tmp_path):
+    _store, read = stored(tmp_path)
+    records = read()
     a, b = pair(sndbuf=4096)
     fd = a.fileno()
     others = []
@@ -204,6 +228,29 @@ def test_a_connection_closed_during_a_send_sends_nothing_to_the_socket_that_take
     assert drain(c, 0.2) == b"" and drain(d, 0.2) == b""
     for s in (b, c, d):
         s.close()
+
+
+def test_records_changed_during_a_send_are_not_sent_and_the_connection_fails(tmp_path):
+    """A send that waited checks its records again: bytes rewritten in the map meanwhile (a slave cutting its log)
+    are never sent; the send fails (the connection closes with the reply unfinished)."""
+    _store, read = stored(tmp_path)
+    records = read()
+    want = records.joined()
+    a, b = pair(sndbuf=4096)
+    got = bytearray()
+
+    def wait(_fd, _timeout):
+        got.extend(drain(b))
+        if len(got) > 50_000 and not records.view.readonly:  # a record not sent yet changes
+            last_a, last_b = list(records.pairs())[-1]
+            records.view.obj[last_b - 1] ^= 0x01
+
+    with pytest.raises(OSError, match="changed"):
+        ZeroCopySender(wait=wait).send(a, [records])
+    got.extend(drain(b, 0.2))
+    assert len(got) < len(want) and want.startswith(bytes(got))
+    a.close()
+    b.close()
 
 
 def test_records_held_for_a_send_survive_retention_dropped_page_tables_and_the_store_closing(tmp_path):
