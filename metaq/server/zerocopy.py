@@ -7,9 +7,9 @@ head of its ``sendmsg`` (``send_ranges``, in C: one iovec per record, the GIL re
 kernel copies the records straight from the page cache's mapped pages into the socket.
 
 The socket is non-blocking (gevent): a call that cannot send everything sends what the socket takes and the rest
-goes when it is writable again, its records checked again first (the loop ran meanwhile: a slave cutting its log
-rewrites bytes in place; a record that no longer passes closes the connection, its reply unfinished, rather than
-send unchecked bytes). While it waits, the reply holds its maps (a segment retention deleted keeps its
+goes when it is writable again. The loop ran meanwhile: if the log was cut since the records were read (a slave
+cutting its log rewrites bytes in place: ``CommitLog.cuts``), the unsent ones are checked again first, and one
+that no longer passes closes the connection, its reply unfinished, rather than be sent. While it waits, the reply holds its maps (a segment retention deleted keeps its
 disk space until then): a send that has waited ``limits.MAX_PINNED_SEND_S`` since the socket first refused bytes
 copies what it has not sent yet of every ``MappedRecords`` it holds (the bytes checked when they were read) into
 ordinary buffers, lets the maps go and finishes through the socket's ``sendall`` like any reply. A slow reader

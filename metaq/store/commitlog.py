@@ -87,6 +87,7 @@ class CommitLog:
         self._retry_at = -1  # worker thread: no preparation before the log reaches this position
         self.dir_fd = None  # the commit-log directory, open from load to close (its fsync after a roll)
         self._retired = []  # files deleted while a flush may still use their fd: closed by release_flushed
+        self.cuts = 0  # how many times ``truncate`` rewrote bytes in place (gather.MappedRecords checks again then)
 
     # -- loading -------------------------------------------------------------
 
@@ -344,6 +345,7 @@ class CommitLog:
         i = self.index_of(pos)
         segs = list(self.layout[1])
         deleted = []
+        self.cuts += 1
         if i < len(segs):
             seg = segs[i]
             rel = pos - seg.start

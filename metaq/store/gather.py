@@ -102,17 +102,22 @@ class MappedRecords:
     in all, each a record's bytes past its first ``skip``. ``view`` is this object's own view of the map (an
     export that keeps it mapped) until ``release``."""
 
-    __slots__ = ("view", "ranges", "nbytes", "skip")
+    __slots__ = ("view", "ranges", "nbytes", "skip", "log", "cuts")
 
-    def __init__(self, view, ranges, nbytes, skip=0):
+    def __init__(self, view, ranges, nbytes, skip=0, log=None):
         self.view = memoryview(view)
         self.ranges = ranges
         self.nbytes = nbytes
         self.skip = skip
+        self.log = log  # the commit log (its ``cuts``), or None: always check again
+        self.cuts = log.cuts if log is not None else None
 
     def intact(self, pos=0):
         """True when every record with bytes from ``pos`` on (of these ``nbytes``) still passes its check: for a send
-        that waited (the loop ran meanwhile; a slave's log cut rewrites bytes in place) before it sends more."""
+        that waited (the loop ran meanwhile). Records are written once; only a cut of the log (a slave's, before its
+        epoch handshake) rewrites bytes in place, so with no cut since the read there is nothing to check."""
+        if self.log is not None and self.log.cuts == self.cuts:
+            return True
         skip, view = self.skip, self.view
         for a, b in self.pairs():
             if pos >= b - a:
@@ -161,7 +166,7 @@ def collect_joined(log, p, n, vis, limit, verify=True, mapped=False):
                 raise _outside(p, phys)
             if mapped:
                 k, ranges, size, stop = check_ranges(units, skip, seg.view, seg.start, seg.end, limit, nbytes)
-                data = MappedRecords(seg.view, ranges, size, skip) if k else None
+                data = MappedRecords(seg.view, ranges, size, skip, log) if k else None
             else:
                 k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
         if k:
