@@ -126,6 +126,8 @@ class MappedRecords:
             pos = 0
             if not record_ok(view, a - skip, b - a + skip):
                 return False
+        if self.log is not None:
+            self.cuts = self.log.cuts  # checked since that cut
         return True
 
     def __len__(self):
