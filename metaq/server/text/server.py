@@ -1,10 +1,8 @@
 """The text port: a listener on the connection core whose connections speak MetaQ's text protocol."""
 
 from metaq.protocol.text import encode_result
-from metaq.server.text.connection import Connection
-
-
 from metaq.server import zerocopy
+from metaq.server.text.connection import Connection
 from metaq.server.zerocopy import ZeroCopySender
 
 
