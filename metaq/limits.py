@@ -91,6 +91,11 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 #: disk space while held). Past it the unsent rest is copied out of the maps and sent as an ordinary buffer.
 MAX_PINNED_SEND_S = 2.0
 
+#: Cuts of the commit log (a slave's, before its epoch handshake) whose positions the log remembers: a zero-copy
+#: reply read before that many cuts ago cannot tell which of its records they reached and is never sent (its
+#: connection closes). Replies hold their records for ``MAX_PINNED_SEND_S`` at most; cuts are rare.
+MAX_CUTS_REMEMBERED = 64
+
 #: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8

@@ -128,6 +128,7 @@ class Broker:
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
+        self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
         self.http = None
         if config.http.port:  # README "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,

@@ -177,6 +177,7 @@ SOURCES = {
     "delay": "the summary's delay (key, value) pairs",
     "remoting": "the summary's remoting (key, value) pairs",
     "security": "the summary's security (key, value) pairs: auth on|off, tls on|off, ...",
+    "zero_copy": "the summary's zero-copy read (key, value) pairs: replies sent from the maps, copied out",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
 }
@@ -263,7 +264,7 @@ class StatsService:
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]() + \
-            self.sources["security"]()
+            self.sources["security"]() + self.sources.get("zero_copy", list)()
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).

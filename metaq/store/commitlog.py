@@ -27,8 +27,10 @@ meanwhile. So the log holds a handful of descriptors whatever its length.
 import bisect
 import logging
 import os
+from collections import deque
 
 from metaq.errors import StoreError
+from metaq.limits import MAX_CUTS_REMEMBERED
 from metaq.store.files import close_now, fsync_dir, fsync_fd, prepared_path, unlink_quietly
 from metaq.store.mapped import MappedFile, adopt_prepared, close_files
 from metaq.store.record import BLANK_MAGIC, MARKER
@@ -88,6 +90,7 @@ class CommitLog:
         self.dir_fd = None  # the commit-log directory, open from load to close (its fsync after a roll)
         self._retired = []  # files deleted while a flush may still use their fd: closed by release_flushed
         self.cuts = 0  # how many times ``truncate`` rewrote bytes in place (gather.MappedRecords checks again then)
+        self._cut_at = deque(maxlen=MAX_CUTS_REMEMBERED)  # the positions of the latest cuts, oldest first
 
     # -- loading -------------------------------------------------------------
 
@@ -346,6 +349,7 @@ class CommitLog:
         segs = list(self.layout[1])
         deleted = []
         self.cuts += 1
+        self._cut_at.append(pos)
         if i < len(segs):
             seg = segs[i]
             rel = pos - seg.start
@@ -361,6 +365,17 @@ class CommitLog:
         self._set(segs[:keep])
         self.set_write_position(pos)
         return deleted
+
+    def lowest_cut_since(self, cuts):
+        """The lowest position cut since ``cuts`` was this log's ``cuts`` (None: no cut since): every byte at or past
+        it may have been zeroed, deleted or written again since. A ``cuts`` older than the
+        ``limits.MAX_CUTS_REMEMBERED`` latest cuts gives 0 (nothing can be trusted)."""
+        since = self.cuts - cuts
+        if since <= 0:
+            return None
+        if since > len(self._cut_at):
+            return 0
+        return min(self._cut_at[i] for i in range(len(self._cut_at) - since, len(self._cut_at)))
 
     def drop_after(self, pos):
         """Delete the (empty) segments after the one holding ``pos``; returns their paths."""

@@ -21,6 +21,7 @@ unmapped while it is held; a segment retention deletes stays readable). The serv
 (server/zerocopy.py) and bounds how long a reply may hold a map.
 """
 
+import sys
 from array import array
 
 from metaq import speedups
@@ -99,25 +100,44 @@ check_ranges = speedups.load("check_ranges", check_ranges_py)  # the C twin when
 
 class MappedRecords:
     """Checked records left in a segment's map: ``ranges`` (native int64 start/end pairs) of ``view``, ``nbytes``
-    in all, each a record's bytes past its first ``skip``. ``view`` is this object's own view of the map (an
-    export that keeps it mapped) until ``release``."""
+    in all, each a record's bytes past its first ``skip``; the map starts at position ``base`` of the commit log
+    ``log``. ``view`` is this object's own view of the map (an export that keeps it mapped) until ``release``.
+    ``born``: when the reply was read, on the clock of whoever sends it (the server stamps it; None: not stamped)."""
 
-    __slots__ = ("view", "ranges", "nbytes", "skip", "log", "cuts")
+    __slots__ = ("view", "ranges", "nbytes", "skip", "log", "cuts", "base", "born")
 
-    def __init__(self, view, ranges, nbytes, skip=0, log=None):
+    def __init__(self, view, ranges, nbytes, skip=0, log=None, base=0):
         self.view = memoryview(view)
         self.ranges = ranges
         self.nbytes = nbytes
         self.skip = skip
-        self.log = log  # the commit log (its ``cuts``), or None: always check again
+        self.log = log  # the commit log (its ``cuts`` and where they were), or None: check the records' CRCs again
         self.cuts = log.cuts if log is not None else None
+        self.base = base
+        self.born = None
 
     def intact(self, pos=0):
-        """True when every record with bytes from ``pos`` on (of these ``nbytes``) still passes its check: for a send
-        that waited (the loop ran meanwhile). Records are written once; only a cut of the log (a slave's, before its
-        epoch handshake) rewrites bytes in place, so with no cut since the read there is nothing to check."""
-        if self.log is not None and self.log.cuts == self.cuts:
+        """True when the records with bytes from ``pos`` on (of these ``nbytes``) are still what was checked at the
+        read: for a send, whenever the loop may have run since. Records are written once; only a cut of the log (a
+        slave's, before its epoch handshake) changes bytes: it zeroes the log from its position on, deletes the
+        later segments, and the slave then writes other records there, maybe of the same sizes (a CRC check could
+        pass on them, or on an old record's head sent before the cut spliced to a new tail). So it is decided by
+        position: False when a cut made since the read reached below the end of these records (their last unsent
+        one included), whatever the bytes hold now; with no cut since the read, nothing to do."""
+        if pos >= self.nbytes:
             return True
+        if self.log is None:
+            return self._crc_ok(pos)
+        low = self.log.lowest_cut_since(self.cuts)
+        if low is None:
+            return True
+        end = self.base + int.from_bytes(self.ranges[-8:], sys.byteorder, signed=True)  # the last record's end
+        if end > low:
+            return False
+        self.cuts = self.log.cuts  # those cuts all lie past these records: only later ones matter now
+        return True
+
+    def _crc_ok(self, pos):
         skip, view = self.skip, self.view
         for a, b in self.pairs():
             if pos >= b - a:
@@ -126,8 +146,6 @@ class MappedRecords:
             pos = 0
             if not record_ok(view, a - skip, b - a + skip):
                 return False
-        if self.log is not None:
-            self.cuts = self.log.cuts  # checked since that cut
         return True
 
     def __len__(self):
@@ -168,7 +186,7 @@ def collect_joined(log, p, n, vis, limit, verify=True, mapped=False):
                 raise _outside(p, phys)
             if mapped:
                 k, ranges, size, stop = check_ranges(units, skip, seg.view, seg.start, seg.end, limit, nbytes)
-                data = MappedRecords(seg.view, ranges, size, skip, log) if k else None
+                data = MappedRecords(seg.view, ranges, size, skip, log, seg.start) if k else None
             else:
                 k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
         if k:

@@ -18,7 +18,12 @@ from metaq.client.local import small_config
 from metaq.client.raw import TextClient
 from metaq.protocol import events as ev
 from metaq.protocol.text import serialize
+from metaq.server import zerocopy
+from tests.harness.broker import wait_for
 from tests.harness.pki import Pki
+
+pytestmark = pytest.mark.skipif(not zerocopy.AVAILABLE, reason="metaq._speedups (send_ranges) was not built, or "
+                                "METAQ_PURE_PYTHON is set: the broker takes the copying path only")
 
 TOPIC = "zc"
 HEADER = re.compile(rb"(?:value|result (\d+)) (\d+) (-?\d+)\r\n")
@@ -107,6 +112,12 @@ def exchange(port, frames, tls=None, rcvbuf=None, bite=1 << 20, pause=0.0, burst
         return out
 
 
+def zero_copy_stats(port):
+    with TextClient("127.0.0.1", port) as c:
+        s = c.stats_dict()
+    return s["zero_copy_reads"], int(s.get("zero_copy_sent", 0)), int(s.get("zero_copy_copied_out", 0))
+
+
 def codes(replies):
     return [int(HEADER.match(r).group(1) or 0) for r in replies]  # 0: a value
 
@@ -121,7 +132,10 @@ def test_gets_answer_byte_for_byte_as_the_copying_path_plain_and_tls(broker_fact
         assert exchange(zc.port, frames, tls=tls, burst=burst) == want
         assert exchange(copy.port, frames, tls=tls, burst=burst) == want
     kinds = codes(want)
-    assert kinds.count(0) == 50 and 404 in kinds  # partitions 0 and 1 from 5 offsets each, misses past the ends
+    assert kinds.count(0) == 50 and 404 in kinds
+    # The zero-copy broker sent records from its maps (both passes, plaintext); the copying one never did.
+    on, sent, copied = zero_copy_stats(zc.port)
+    assert on == "on" and sent + copied >= 2 * 50 and zero_copy_stats(copy.port)[0] == "off"  # partitions 0 and 1 from 5 offsets each, misses past the ends
     assert sum(len(r) for r in want) > 10 << 20  # replies of up to 1 MiB, over several segments
 
 
@@ -132,6 +146,8 @@ def test_a_slow_reader_with_a_tiny_window_gets_the_same_bytes(broker_factory, tm
     want = exchange(copy.port, frames)
     got = exchange(zc.port, frames, rcvbuf=4096, bite=4096, pause=0.0005)
     assert got == want and sum(map(len, got)) > 2 << 20
+    on, sent, copied = zero_copy_stats(zc.port)
+    assert on == "on" and sent + copied >= 4  # every reply went the zero-copy way (copied out past the limit or not)
 
 
 def test_a_long_poll_woken_by_a_put_gets_the_same_bytes(broker_factory, tmp_path, pki):
@@ -139,11 +155,12 @@ def test_a_long_poll_woken_by_a_put_gets_the_same_bytes(broker_factory, tmp_path
     get = serialize(ev.Get(TOPIC, "g", 2, 0, 1 << 20, 9, max_wait_ms=20000))
     with connect(zc.port) as sock:
         sock.sendall(get)
-        time.sleep(0.3)
         with TextClient("127.0.0.1", zc.port) as c:
+            wait_for(lambda: c.stats_dict()["parked_gets"] == "1", 30, "the get parked")
             assert c.put_ok(TOPIC, b"woken" * 3000, 2)[2] == 0
         woken = read_replies(sock, 1)
     assert codes(woken) == [0] and b"woken" * 3000 in woken[0]
+    assert zero_copy_stats(zc.port)[:2] == ("on", 1)  # the woken get's reply went from the map
     # The same record read again over TLS (the copying path; the message id is the same only on this broker):
     assert exchange(zc.port, [get], tls=ssl.create_default_context(cafile=pki.ca)) == woken
 
@@ -173,5 +190,6 @@ def test_a_corrupt_record_is_refused_exactly_as_before(broker_factory, tmp_path,
     assert exchange(zc.port, frames) == want
     assert exchange(zc.port, frames, burst=False) == want
     assert codes(want) == [0, 0, 0, 512, 0]
+    assert zero_copy_stats(zc.port)[1] > 0
     assert want[0].count(b"zc-") == 10 and b"zc-0020-" not in want[0]  # offsets 0..9, never the corrupt one
     assert b"offset 10" in want[3]

@@ -101,6 +101,11 @@ class Connection(core.Connection):
     def _send(self, data):
         if self.closed or not data:
             return
+        if self.zero_copy is not None and type(data) is list and self._write_lock.locked():
+            # Queued behind another reply's send (which may wait on the socket up to the idle timeout): this one
+            # must not hold its maps meanwhile, nor be sent unchecked after a cut of the log.
+            if not self._unpin(data):
+                return
         with self._write_lock:
             try:
                 if isinstance(data, list):
@@ -114,6 +119,24 @@ class Connection(core.Connection):
             except (OSError, socket.timeout) as exc:
                 log.info("connection %s: send failed (%s); closing", self.peer, exc)
                 self.close()
+
+    def _unpin(self, bufs):
+        """Copy a reply's records out of the maps (checked) before it waits; False when a cut of the log reached
+        them since the read (the connection closes: they are never sent)."""
+        try:
+            self.zero_copy.unpin(bufs)
+            return True
+        except OSError as exc:
+            log.info("connection %s: %s", self.peer, exc)
+            self.close()
+            return False
+
+    def _unpin_burst(self, out):
+        """``_unpin`` of every get's reply of a burst that waits (for a flush, or behind earlier bursts)."""
+        if self.zero_copy is not None:
+            for r in out:
+                if type(r) is list and not self._unpin(r):
+                    return
 
     def _send_buffers(self, bufs):
         """Scatter-gather send of every buffer, in order, without joining them."""
@@ -248,6 +271,7 @@ class Connection(core.Connection):
             if out:
                 self._send_replies(out)
             return
+        self._unpin_burst(out)  # it waits for a flush or behind earlier bursts: its gets hold no maps meanwhile
         if not self._pending and self._client_waits():
             # The client sent nothing more: it waits for these replies. Wait for the flush here
             # rather than hand the burst to the writer greenlet (one greenlet hop less per put);

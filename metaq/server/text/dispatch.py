@@ -346,6 +346,8 @@ class TextDispatcher:
         if not r.count:
             return None
         self.stats.on_get(e.topic, False)
+        if conn.zero_copy is not None:
+            conn.zero_copy.stamp(r.views)  # held from now: server/zerocopy.py bounds how long
         parts = [encode_value_header(r.nbytes, e.opaque)]
         parts.extend(r.views)  # the records gathered into one buffer per segment (store/gather.py), sent by sendmsg
         return parts

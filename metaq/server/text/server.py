@@ -42,6 +42,16 @@ class TextFrontEnd:
     def connection_count(self):
         return self.core.count("text")
 
+    def zero_copy_values(self):
+        """The summary's zero-copy pairs: records sent from the maps (per segment of a reply), sends that held them
+        ``limits.MAX_PINNED_SEND_S`` and copied their rest, replies copied before a wait (behind another send or a
+        flush); off: the path is not taken (turned off, or the C helper not built)."""
+        z = self.zero_copy
+        if z is None:
+            return [("zero_copy_reads", "off")]
+        return [("zero_copy_reads", "on"), ("zero_copy_sent", z.sent_mapped), ("zero_copy_copied_out", z.copied_out),
+                ("zero_copy_unpinned", z.unpinned)]
+
 
 def refuse(sock, reason, code=503):
     """The text port's refusal of a connection (past the cap: ``result 503``; plaintext on a port that requires
