@@ -593,3 +593,36 @@ def test_a_reply_queued_while_a_send_waits_past_the_hold_limit_lets_every_map_go
     assert bytes(got) == want and not conn.closed
     conn.close()
     peer.close()
+
+
+def test_a_burst_that_waits_for_a_flush_holds_no_map_meanwhile(tmp_path):
+    """A get answered in a burst with puts (sync mode) waits for their flush before its send: its records are copied
+    out before that wait (checked), and the reply is the same."""
+    import types
+
+    import gevent
+
+    _s, read = stored(tmp_path)
+    records = read(0, 20_000)
+    want = records.joined()
+    sender = ZeroCopySender(clock=lambda: 0.0)
+    conn, peer = text_connection(sender)
+    seen = []
+    reply = [b"value %d 1\r\n" % len(records), records]
+    conn.front.flusher = types.SimpleNamespace(wait_flushed=lambda pos: seen.append([type(b) for b in reply]))
+    conn.flusher = conn.front.flusher
+    conn.front.dispatcher.ack_refusal = lambda: None
+    g = gevent.spawn(conn._emit, [reply, b"result 200 1 2\r\n"], [(1, (2,))], 123)
+    total = b"value %d 1\r\n" % len(want) + want + b"result 200 1 2\r\n"
+    got = bytearray()
+    peer.settimeout(10)
+    while len(got) < len(total):
+        chunk = peer.recv(1 << 16)
+        if not chunk:
+            break
+        got += chunk
+    g.join(10)
+    assert seen == [[bytes, bytes]] and sender.unpinned == 1
+    assert bytes(got) == total
+    conn.close()
+    peer.close()
