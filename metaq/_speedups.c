@@ -2,10 +2,11 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Eight functions, each the exact twin of a pure-Python reference that is used
+ * Nine functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
+ *   scan_put_ats(...)                              == metaq.protocol.timerburst.scan_put_ats_py (_timerscan.c)
  *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
  *                                                 == metaq.protocol.burst.scan_puts_py
  *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])
@@ -593,6 +594,9 @@ static PyMethodDef methods[] = {
      "scan_puts(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, next_pos)"},
     {"scan_idem_burst", scan_idem_burst, METH_VARARGS,
      "scan_idem_burst(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, data, next_pos)"},
+    {"scan_put_ats", scan_put_ats, METH_VARARGS,
+     "scan_put_ats(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, max_name, max_ahead_ms)"
+     " -> (items, src, next_pos)"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},

@@ -458,6 +458,11 @@ MAX_TIMER_LIST = 1_000
 #: TIMER_TOPIC records the indexer applies per SQLite transaction.
 TIMER_INDEX_BATCH = 1_000
 
+#: TIMER_TOPIC records a master's timer service keeps, decoded, as it writes them, so that its indexer applies them
+#: without reading them back from the log and decoding them (server/timers.py ``written``). Past this many not yet
+#: indexed, the newest are not kept and the indexer reads those from the log, as a slave's always does.
+MAX_TIMER_FRESH = 20_000
+
 #: Least milliseconds between two of the indexer's transactions (each one fsyncs timers.db): a pipeline of put_at
 #: is indexed in a few large batches, not one per flush round, and its fsyncs do not crowd the log's. A message
 #: due sooner than this after its put may be delivered up to this much later than due.

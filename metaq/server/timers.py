@@ -6,7 +6,11 @@
   answered with it and the delivered message carries it.
 * The **indexer** (master and slave) reads TIMER_TOPIC from the index's ``indexed_offset`` up to the flushed
   log position and applies the records to ``timers.db`` (``metaq.store.timerindex``), one SQLite transaction
-  per batch. It is woken by puts and flushes (the partition waiters), never polls busily.
+  per batch. It is woken by puts and flushes (the partition waiters), never polls busily. On a master, what
+  this broker itself appends to TIMER_TOPIC (entries, cancels, DONE records; ``written``) is kept decoded, at
+  most ``MAX_TIMER_FRESH``, and applied from there, not read back and decoded: the same records, the same
+  durability rule (applied once flushed). A gap, a full hand-off or a record kept for another offset falls back
+  to the log; a cut or a demotion drops what is kept.
 * The **delivery** greenlet (master only) keeps a window of the rows due within ``TIMER_WINDOW_MS`` (at most
   ``MAX_TIMER_WINDOW_ROWS``), sleeps until the head is due, then puts the due messages into their topics with
   their ids and, in the same loop turn (no yield), appends one DONE record listing them. The ids it ended
@@ -37,14 +41,16 @@ from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES
                           TIMER_INDEX_BATCH, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerDone, TimerEntry, decode, encode_cancel,
-                                  encode_done, encode_entry)
+from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
+                                  encode_cancel, encode_done, encode_entry)
 from metaq.server.coldpages import bring_in
+from metaq.server.timerhandoff import Handoff
 from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
 
 log = logging.getLogger(__name__)
 
 KEY = (TIMER_TOPIC, 0)
+_TOPIC_LEN = len(TIMER_TOPIC.encode("utf-8"))
 #: Seconds the delivery waits after a refused put (disk full, failed flush) before trying again.
 RETRY_S = 1.0
 #: Longest wait of the indexer for a new record (puts and flushes wake it at once; this bounds every wait).
@@ -90,6 +96,7 @@ class TimerService:
         self._done_end = 0  # end position of the last DONE record appended
         self._rewind_to = None  # a handshake cut %TIMER% there: the indexer indexes again from it (log_cut)
         self._scan_from_next = 0.0  # monotonic time before which scan_from is not recorded again
+        self._fresh = Handoff(len(TIMER_TOPIC.encode("utf-8")))  # what this master appended, not indexed yet
         self.delivered = 0
         self.cancelled = 0
         self.redeliveries_skipped = 0
@@ -116,6 +123,8 @@ class TimerService:
             checksum = metaq_checksum(body)
         data = encode_entry(topic, partition, flag, checksum, due_ms, now, body)
         r = self.store.put(TIMER_TOPIC, 0, 0, data, now)
+        self.written(r.offset, r.msg_id, TimerEntry(topic, partition, flag, checksum, due_ms, now, bytes(body)),
+                     r.log_end)
         if self.async_flush:
             self.waiters.notify((KEY,))
         else:
@@ -165,6 +174,7 @@ class TimerService:
         if i is not None:
             del self._window[i]
         r = self.store.put(TIMER_TOPIC, 0, 0, encode_cancel(msg_id), now)
+        self.written(r.offset, r.msg_id, TimerCancel(msg_id), r.log_end)
         self._end(msg_id, CANCELLED)
         self.cancelled += 1
         if self.async_flush:
@@ -175,6 +185,16 @@ class TimerService:
         self._ended[msg_id] = outcome
         while len(self._ended) > MAX_TIMER_OUTCOMES:
             self._ended.popitem(last=False)
+
+    def written(self, offset, msg_id, rec, log_end):
+        """This master appended ``rec`` (a TimerEntry, TimerCancel or TimerDone) to TIMER_TOPIC at ``offset`` as
+        message ``msg_id``, its record ending at ``log_end``: handed to the indexer. The caller has not yielded
+        since the append, so what is handed over is in log order."""
+        self._fresh.add(offset, msg_id, rec, log_end)
+
+    def written_run(self, first_offset, first_id, recs, sizes, log_end):
+        """``written`` for a burst's run (``Handoff.add_run``)."""
+        self._fresh.add_run(first_offset, first_id, recs, sizes, log_end)
 
     def list(self, topic=None, limit=MAX_TIMER_LIST):
         """Pending timers ``[(msg_id, due_ms, topic, partition, size)]`` by due time, at most MAX_TIMER_LIST."""
@@ -228,6 +248,7 @@ class TimerService:
             return
         self.enabled = master
         if not master:
+            self._fresh.clear()  # a slave's log follows its master's: what this one wrote may be cut
             self._delivering = False
             self._wake.set()
             log.info("timers: delivery stopped (this broker is now a replication slave)")
@@ -244,6 +265,7 @@ class TimerService:
         stays pending (an acknowledged put_at the async failover lost: delivered if this broker is promoted,
         rather than lost) and a DONE or CANCEL of it stays an outcome."""
         offset = report.new_max_offsets.get(KEY)
+        self._fresh.clear()
         if offset is not None and offset < self.index.indexed_offset:
             self._rewind_to = offset if self._rewind_to is None else min(self._rewind_to, offset)
             log.warning("timers: the handshake cut %s at offset %d, past which this slave had indexed up to %d: "
@@ -271,6 +293,9 @@ class TimerService:
             to, self._rewind_to = self._rewind_to, None
             self._call(self.index.rewind, to)
         offset = self.index.indexed_offset
+        head = self._fresh.head(offset)
+        if head is not None:
+            return self._index_fresh(offset, head)
         try:
             records, _nxt = self.store.read_records(TIMER_TOPIC, 0, offset, TIMER_INDEX_BATCH, READ_BYTES)
         except errors.Moved as exc:
@@ -301,13 +326,39 @@ class TimerService:
             elif isinstance(rec, TimerDone):  # a delivery step's messages all lie before its DONE: scan_from
                 done_end = r.position + r.total_size
         last = durable[-1]
-        added, ended = self._call(self.index.apply, batch, last.queue_offset + 1, now_ms(), done_end)
+        self._apply(batch, entries, last.queue_offset + 1, last.position + last.total_size, done_end)
+        return True
+
+    def _index_fresh(self, offset, head):
+        """Index the run of handed-over records from ``offset`` (its first: ``head``) that is durable."""
+        run = self._fresh.take(offset, self.store.flushed_position, TIMER_INDEX_BATCH)
+        if not run:
+            if self._running:
+                self.flusher.wait_flushed(head[3])
+            return True
+        last = run[-1]
+        if self.store.msg_id_at(TIMER_TOPIC, 0, last[0]) != last[1]:  # never expected: the log is the truth
+            log.error("timers: the record handed over for %s offset %d is not the log's; indexing from the log",
+                      TIMER_TOPIC, last[0])
+            self._fresh.clear()
+            return True
+        batch, entries, done_end = [], [], None
+        for _off, msg_id, rec, end in run:
+            batch.append((msg_id, rec))
+            if isinstance(rec, TimerEntry):
+                entries.append((msg_id, rec))
+            elif isinstance(rec, TimerDone):
+                done_end = end
+        self._apply(batch, entries, last[0] + 1, last[3], done_end)
+        return True
+
+    def _apply(self, batch, entries, next_offset, last_end, done_end):
+        added, ended = self._call(self.index.apply, batch, next_offset, now_ms(), done_end)
         self.pending += added - len(ended)
-        self._last_end = last.position + last.total_size
+        self._last_end = last_end
         self._add_to_window(entries)
         self._indexed.set()
         self._indexed = Event()
-        return True
 
     def _add_to_window(self, entries):
         """Newly indexed entries due within the loaded window join it (the window loader sees the rest)."""
@@ -374,6 +425,7 @@ class TimerService:
             ids = sorted(found)
             for i in range(0, len(ids), MAX_TIMER_DONE_IDS):
                 r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids[i:i + MAX_TIMER_DONE_IDS]), now)
+                self.written(r.offset, r.msg_id, TimerDone(tuple(ids[i:i + MAX_TIMER_DONE_IDS])), r.log_end)
                 self._done_end = r.log_end
             for i in ids:
                 self._end(i, DELIVERED)
@@ -447,6 +499,7 @@ class TimerService:
             self._end(msg_id, DELIVERED)
         if ids:
             r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids), now)
+            self.written(r.offset, r.msg_id, TimerDone(tuple(ids)), r.log_end)
             self._done_end = r.log_end
             keys.add(KEY)
             if self.async_flush:
@@ -474,4 +527,4 @@ class TimerService:
         """The ``stats`` summary's ``(key, value)`` pairs of the timers."""
         return [("timers_pending", self.pending), ("timers_delivered", self.delivered),
                 ("timers_cancelled", self.cancelled), ("timers_redeliveries_skipped", self.redeliveries_skipped),
-                ("timers_dropped", self.dropped)]
+                ("timers_dropped", self.dropped), ("timers_indexed_direct", self._fresh.taken)]

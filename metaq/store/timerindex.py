@@ -75,21 +75,24 @@ class TimerIndex:
         db = self._db
         db.execute("BEGIN")
         try:
+            run = []  # consecutive entries: one executemany (the thread takes the GIL back once per row, not twice)
             for msg_id, rec in records:
                 if isinstance(rec, TimerEntry):
-                    if db.execute("SELECT 1 FROM outcomes WHERE msg_id = ?", (msg_id,)).fetchone():
-                        continue  # ended before (a re-applied record)
-                    db.execute("INSERT OR IGNORE INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                               (msg_id, rec.due_ms, rec.topic, rec.partition, rec.flag, rec.checksum, rec.born_ms,
-                                rec.data))
-                    added += 1
-                elif isinstance(rec, TimerCancel):
+                    run.append((msg_id, rec.due_ms, rec.topic, rec.partition, rec.flag, rec.checksum, rec.born_ms,
+                                rec.data, msg_id))
+                    continue
+                if run:
+                    added += self._insert(run)
+                    run = []
+                if isinstance(rec, TimerCancel):
                     if self._end(rec.msg_id, CANCELLED, now_ms):
                         ended.append(rec.msg_id)
                 elif isinstance(rec, TimerDone):
                     for i in rec.msg_ids:
                         if self._end(i, DELIVERED, now_ms):
                             ended.append(i)
+            if run:
+                added += self._insert(run)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (indexed_offset,))
             if scan_from is not None:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (scan_from,))
@@ -102,6 +105,13 @@ class TimerIndex:
         if scan_from is not None:
             self.scan_from = scan_from
         return added, ended
+
+    def _insert(self, rows):
+        """Pending rows for entries not ended before (a re-applied record) nor pending already; how many were new."""
+        before = self._db.total_changes
+        self._db.executemany("INSERT OR IGNORE INTO pending SELECT ?, ?, ?, ?, ?, ?, ?, ? "
+                             "WHERE NOT EXISTS (SELECT 1 FROM outcomes WHERE msg_id = ?)", rows)
+        return self._db.total_changes - before
 
     def _end(self, msg_id, outcome, now_ms):
         """A pending entry delivered or cancelled: moved to the outcomes. The first end wins (a CANCEL after a
