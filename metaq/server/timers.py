@@ -90,6 +90,9 @@ class TimerService:
         self._window = []  # [(due_ms, msg_id, row)] sorted: rows due before _window_until
         self._window_until = None  # None: load the window before delivering
         self._loading = None  # entries indexed while a window load runs
+        self._truncated = False  # the window ends before TIMER_WINDOW_MS for MAX_TIMER_WINDOW_ROWS: extended ahead
+        self._extending = None  # the greenlet loading the window's next rows while delivery goes on
+        self._extension = None  # entries indexed while it runs
         self._all_ended = False
         self._ended = OrderedDict()  # msg_id -> DELIVERED | CANCELLED, ended by this process (bounded)
         self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
@@ -101,6 +104,8 @@ class TimerService:
         self.cancelled = 0
         self.redeliveries_skipped = 0
         self.dropped = 0
+        self.window_loads = 0
+        self.window_extensions = 0
 
     def _call(self, fn, *args):
         """``fn(*args)`` in the timer thread (every SQLite call goes there)."""
@@ -234,7 +239,7 @@ class TimerService:
         self._stop.set()
         self._wake.set()
         self.waiters.notify((KEY,))
-        greenlets = [g for g in (self._indexer, self._deliverer) if g is not None]
+        greenlets = [g for g in (self._indexer, self._deliverer, self._extending) if g is not None]
         gevent.joinall(greenlets, timeout=5.0)
         gevent.killall(greenlets, block=True, timeout=1.0)
         self._deliverer = None
@@ -364,6 +369,8 @@ class TimerService:
         """Newly indexed entries due within the loaded window join it (the window loader sees the rest)."""
         if self._loading is not None:
             self._loading.extend(entries)  # a window load is under way: merged when it ends
+        if self._extension is not None:
+            self._extension.extend(entries)
         if self._window_until is None:
             return
         woke = False
@@ -446,9 +453,51 @@ class TimerService:
             rows = [r for r in rows if r[1] < until] or rows  # (all due at one time: these now, the rest later)
         self._window = sorted((r[1], r[0], r) for r in rows if r[0] not in self._ended)
         self._window_until = until
+        self.window_loads += 1
+        self._truncated = until < now + TIMER_WINDOW_MS
         self._all_ended = bool(rows) and not self._window  # delivered, their DONE not indexed yet
         loaded = {r[0] for r in rows}
         self._add_to_window([(i, e) for i, e in added if i not in loaded])
+
+    def _extend_window(self, start, now):
+        """Load the rows due from ``start`` (the window's end: it was cut at MAX_TIMER_WINDOW_ROWS) while delivery
+        goes on from the rows loaded, and append them: a busy window is never left empty for a load (a load of
+        10,000 rows takes tens of ms, every message due meanwhile would be late). Dropped if the window changed
+        its end meanwhile (a reload, a full window giving rows back)."""
+        until = now + TIMER_WINDOW_MS
+        room = MAX_TIMER_WINDOW_ROWS - len(self._window)
+        self._extension = []
+        try:
+            rows = self._call(self.index.due_between, start, until, room)
+        finally:
+            added, self._extension = self._extension, None
+            self._extending = None
+        if self._window_until != start or not self._truncated or not rows:
+            return
+        full = len(rows) >= room
+        room = MAX_TIMER_WINDOW_ROWS - len(self._window)  # rows may have joined it meanwhile
+        if len(rows) > room:
+            rows, full = rows[:max(room, 0)], True
+        if full:
+            if not rows:
+                return
+            until = rows[-1][1]
+            rows = [r for r in rows if r[1] < until]
+            if not rows:  # all due at one time: left to the next load
+                return
+        window = self._window
+        held = set()  # rows due at the old end may be held already (a full window gave back its latest)
+        for item in reversed(window):
+            if item[0] < start:
+                break
+            held.add(item[1])
+        window.extend((r[1], r[0], r) for r in rows if r[0] not in self._ended and r[0] not in held)
+        self._window_until = until
+        self._truncated = until < now + TIMER_WINDOW_MS
+        self.window_extensions += 1
+        loaded = {r[0] for r in rows}
+        self._add_to_window([(i, e) for i, e in added if i not in loaded and e.due_ms >= start])
+        self._wake.set()
 
     def _delivery_step(self):
         if self.gate.refusal is not None:
@@ -457,6 +506,8 @@ class TimerService:
         now = now_ms()
         if self._window_until is None or (not self._window and now >= self._window_until - TIMER_WINDOW_MS // 2):
             self._load_window(now)
+        elif self._truncated and self._extending is None and len(self._window) < MAX_TIMER_WINDOW_ROWS // 2:
+            self._extending = gevent.spawn(self._extend_window, self._window_until, now)
         self._record_scan_from()
         if not self._window and self._all_ended:  # wait for the index to learn what was delivered, not spin
             self._all_ended = False
@@ -527,4 +578,5 @@ class TimerService:
         """The ``stats`` summary's ``(key, value)`` pairs of the timers."""
         return [("timers_pending", self.pending), ("timers_delivered", self.delivered),
                 ("timers_cancelled", self.cancelled), ("timers_redeliveries_skipped", self.redeliveries_skipped),
-                ("timers_dropped", self.dropped), ("timers_indexed_direct", self._fresh.taken)]
+                ("timers_dropped", self.dropped), ("timers_indexed_direct", self._fresh.taken),
+                ("timers_window_loads", self.window_loads), ("timers_window_extensions", self.window_extensions)]

@@ -147,6 +147,11 @@ class TimerIndex:
         return self._db.execute("SELECT %s, data FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id LIMIT ?"
                                 % _COLUMNS, (until_ms, limit)).fetchall()
 
+    def due_between(self, from_ms, until_ms, limit):
+        """As ``due``, for the rows due at or after ``from_ms`` (the delivery window's extension)."""
+        return self._db.execute("SELECT %s, data FROM pending WHERE due_ms >= ? AND due_ms <= ? ORDER BY due_ms, msg_id "
+                                "LIMIT ?" % _COLUMNS, (from_ms, until_ms, limit)).fetchall()
+
     def next_due(self):
         """The earliest pending due time, or None."""
         row = self._db.execute("SELECT MIN(due_ms) FROM pending").fetchone()
