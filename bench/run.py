@@ -295,7 +295,8 @@ def print_table(results, args, peers):
                 marked = True
             if peer:
                 ratio = (peer / ours) if unit in ("ms", "s/GiB") else (ours / peer)
-                line += " %15s %8.2fx" % (fmt(peer) + mark, ratio)
+                shown = ("(%.2fx)" if mark else "%.2fx ") % ratio  # not like for like: in brackets
+                line += " %15s %9s" % (fmt(peer) + mark, shown)
             else:
                 line += " %15s %9s" % ("-", "")
         print(line)
@@ -306,8 +307,9 @@ def print_table(results, args, peers):
     if columns:
         print("ratio > 1 means metaq is better (higher rate or lower latency)")
     if marked:
-        print("%s NATS JetStream 2.9 acknowledges before any fsync (it has no per-write sync option); "
-              "metaq and Redis (appendfsync always) fsync each write in these rows" % NO_FSYNC)
+        print("%s NATS JetStream 2.9 acknowledges before any fsync (it has no per-write sync option), while "
+              "metaq and Redis (appendfsync always) fsync each write in these rows: not like for like, "
+              "the ratio in brackets" % NO_FSYNC)
 
 
 def fmt(x):
