@@ -45,8 +45,13 @@ MSG_HEAD = re.compile(rb"MSG [^ \r\n]+ +\d+ +(?:[^ \r\n]+ +)?(\d+)\r\n")
 HMSG_HEAD = re.compile(rb"HMSG [^ \r\n]+ +\d+ +(?:[^ \r\n]+ +)?(\d+) +(\d+)\r\n")
 
 
+def nats_server():
+    """The ``nats-server`` program, or None. Debian installs it in /usr/sbin, which a user's PATH may lack."""
+    return shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/sbin")
+
+
 def nats_available():
-    return shutil.which("nats-server") is not None
+    return nats_server() is not None
 
 
 def pub(subject, payload, reply=None):
@@ -156,10 +161,10 @@ class NatsBench:
     def __init__(self, root):
         self.dir = os.path.join(root, "nats")
         os.makedirs(self.dir)
-        self.port = wire_free_port()
+        self.port = free_port()
         self.log = open(os.path.join(self.dir, "nats-server.log"), "wb")
         self.proc = subprocess.Popen(
-            ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", os.path.join(self.dir, "js")],
+            [nats_server(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", os.path.join(self.dir, "js")],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while True:
@@ -172,13 +177,13 @@ class NatsBench:
                 time.sleep(0.05)
         self.api = NatsReplies(self.sock, keep=True)
         self.frame = pub_acked(self.inbox)
-        info = self.request("$JS.API.INFO")
-        if "error" in info:  # JetStream starts a moment after the port opens
-            raise RuntimeError("jetstream: %r" % info)
-        self.request("$JS.API.STREAM.CREATE." + STREAM, {
+        # the server enables JetStream before it opens the client port: no wait for it here
+        created = self.request("$JS.API.STREAM.CREATE." + STREAM, {
             "name": STREAM, "subjects": [SUBJECT.decode()], "storage": "file", "retention": "limits",
             "discard": "old", "num_replicas": 1, "max_msgs": -1, "max_bytes": -1, "max_age": 0,
             "max_msg_size": -1, "max_consumers": -1})
+        if "error" in created:
+            raise RuntimeError("stream: %r" % created)
 
     def request(self, subject, body=None):
         """One JetStream API request on the main connection; returns the decoded answer."""
@@ -283,7 +288,7 @@ class NatsBench:
             self.log.close()
 
 
-def wire_free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
