@@ -35,8 +35,9 @@ all: test
 # (the dashboard is loaded in headless Chromium: its DOM after the page's script ran, and
 # the screenshot docs/dashboard.png).
 SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium
-# The benchmark measures Redis Streams beside metaq when redis-server is there.
-BENCH_SYSDEPS := redis-server
+# The benchmark measures Redis Streams and NATS JetStream beside metaq when redis-server and
+# nats-server are there (Debian's nats-server runs as a plain process with its own store dir).
+BENCH_SYSDEPS := redis-server nats-server
 sysdeps:
 	@missing=""; for p in $(SYSDEPS) $(EXTRA_SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
