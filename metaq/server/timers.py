@@ -415,10 +415,26 @@ class TimerService:
                 self._stop.wait(RETRY_S)
 
     def _recover(self, now):
-        """The due rows whose id is in the log after ``scan_from`` were delivered before a crash: DONE, not again."""
-        candidates = {row[0] for row in self._call(self.index.due, now, MAX_TIMER_WINDOW_ROWS)}
-        if not candidates:
-            return
+        """The due rows whose id is in the log after ``scan_from`` were delivered before a crash: DONE, not again.
+        Every due row is checked, a page of MAX_TIMER_WINDOW_ROWS at a time (a crash may leave more deliveries
+        without their DONE than one window holds)."""
+        checked = skipped = 0
+        after = None
+        while True:
+            page = self._call(self.index.due_ids, now, MAX_TIMER_WINDOW_ROWS, after)
+            if not page:
+                break
+            checked += len(page)
+            skipped += self._skip_delivered({row[1] for row in page}, now)
+            if len(page) < MAX_TIMER_WINDOW_ROWS:
+                break
+            after = page[-1]
+        if checked:
+            log.info("timers recovery: %d due messages; %d of them were delivered before the restart and will not "
+                     "be delivered again", checked, skipped)
+
+    def _skip_delivered(self, candidates, now):
+        """Those of ``candidates`` (ids) found in the log after ``scan_from`` get a DONE record; how many."""
         scan = self.store.msg_ids_since(self.index.scan_from, skip_topic=TIMER_TOPIC, among=candidates,
                                         stepwise=True)
         while not scan.done:  # a step (ID_SCAN_STEP_BYTES) at a time, its cold pages brought in off the loop
@@ -438,8 +454,7 @@ class TimerService:
                 self._end(i, DELIVERED)
             self.redeliveries_skipped += len(ids)
             self.flusher.wake()
-        log.info("timers recovery: %d due messages; %d of them were delivered before the restart and will not be "
-                 "delivered again", len(candidates), len(found))
+        return len(found)
 
     def _load_window(self, now):
         until = now + TIMER_WINDOW_MS

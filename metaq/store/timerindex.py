@@ -160,6 +160,16 @@ class TimerIndex:
         return self._db.execute("SELECT %s, data FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id LIMIT ?"
                                 % _COLUMNS, (until_ms, limit)).fetchall()
 
+    def due_ids(self, until_ms, limit, after=None):
+        """``(due_ms, msg_id)`` of the pending rows due at or before ``until_ms``, earliest first, at most ``limit``,
+        past ``after`` (a ``(due_ms, msg_id)``: the last of the previous page)."""
+        if after is None:
+            return self._db.execute("SELECT due_ms, msg_id FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id "
+                                    "LIMIT ?", (until_ms, limit)).fetchall()
+        return self._db.execute("SELECT due_ms, msg_id FROM pending WHERE due_ms <= ? AND (due_ms > ? OR "
+                                "(due_ms = ? AND msg_id > ?)) ORDER BY due_ms, msg_id LIMIT ?",
+                                (until_ms, after[0], after[0], after[1], limit)).fetchall()
+
     def due_between(self, from_ms, until_ms, limit):
         """As ``due``, for the rows due at or after ``from_ms`` (the delivery window's extension)."""
         return self._db.execute("SELECT %s, data FROM pending WHERE due_ms >= ? AND due_ms <= ? ORDER BY due_ms, msg_id "

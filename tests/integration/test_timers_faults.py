@@ -308,3 +308,39 @@ def test_more_messages_due_within_seconds_than_the_window_holds_arrive_once_in_d
         s = c.stats_dict()
         assert int(s["timers_window_extensions"]) >= 1, s
         wait_for(lambda: c.stats_dict()["timers_pending"] == "0", 10, "index emptied")
+
+
+@pytest.mark.slow
+def test_more_deliveries_left_without_their_done_than_the_window_holds_are_not_delivered_again(broker_factory,
+                                                                                             tmp_path):
+    """A crash that left more deliveries without their DONE record than MAX_TIMER_WINDOW_ROWS (written offline
+    here, so certain): the restarted broker's recovery check finds every one of them, not only the first window's,
+    and delivers none a second time."""
+    from metaq.limits import MAX_TIMER_WINDOW_ROWS
+    from metaq.protocol.checksum import metaq_checksum
+    from metaq.protocol.message import encode_payload
+    from metaq.protocol.timer import TIMER_TOPIC, encode_entry
+    from metaq.server.config import load_config
+    from metaq.store.store import MessageStore
+
+    b = start(broker_factory, tmp_path)
+    assert b.stop() == 0
+    n = MAX_TIMER_WINDOW_ROWS + 50  # the limit and past it
+    store = MessageStore.open(load_config(b.config_path).store_config(), now_ms())
+    try:
+        due = now_ms() - 60_000
+        for i in range(n):
+            flag, data = encode_payload(b"m%d" % i, None)
+            r = store.put(TIMER_TOPIC, 0, 0, encode_entry("t-left", 0, flag, metaq_checksum(data), due + i, due,
+                                                          data), now_ms())
+            store.put("t-left", 0, flag, data, now_ms(), msg_id=r.msg_id)  # delivered; its DONE never written
+    finally:
+        store.close(now_ms())
+    b.start()
+    with b.client() as c:
+        wait_for(lambda: int(c.stats_dict()["timers_redeliveries_skipped"]) == n, 60,
+                 lambda: "the recovery check: %s" % c.stats_dict()["timers_redeliveries_skipped"])
+        wait_for(lambda: c.stats_dict()["timers_pending"] == "0", 30, "index emptied")
+        assert int(c.stats_dict()["timers_delivered"]) == 0
+        got = records(c, "t-left", (0,))
+    assert [r.payload for r in got] == [b"m%d" % i for i in range(n)]  # once each: none delivered again
