@@ -323,3 +323,41 @@ PyObject *write_units(PyObject *self, PyObject *args) {
     PyBuffer_Release(&d);
     return changed < 0 ? NULL : PyLong_FromSsize_t(changed);
 }
+
+/* nonzero_end(buf, start, end) == metaq.store.mapped.nonzero_end_py: one past the last non-zero byte of
+ * buf[start:end], or start when they are all zero. Reads the map in place (recovery's look at what lies after
+ * its stop point: often the zero rest of a 1 GiB segment), without the GIL. */
+PyObject *nonzero_end(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "Onn", &obj, &start, &end))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (start < 0 || end > b.len) {
+        PyErr_Format(PyExc_ValueError, "need 0 <= start and end <= %zd", b.len);
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)b.buf;
+    Py_ssize_t hi = end;
+    Py_BEGIN_ALLOW_THREADS
+    while (hi > start && (hi & 63) != 0 && p[hi - 1] == 0)
+        hi--;
+    while (hi - 64 >= start && hi > start && p[hi - 1] == 0) { /* 64 zero bytes at a time, aligned */
+        uint64_t acc = 0, w;
+        for (int i = 1; i <= 8; i++) {
+            memcpy(&w, p + hi - 8 * i, 8);
+            acc |= w;
+        }
+        if (acc != 0)
+            break;
+        hi -= 64;
+    }
+    while (hi > start && p[hi - 1] == 0)
+        hi--;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(hi > start ? hi : start);
+}

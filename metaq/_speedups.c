@@ -21,6 +21,7 @@
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
  *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
+ *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -614,6 +615,8 @@ static PyMethodDef methods[] = {
      "scan_log(buf, rel, size, base, max_records) -> (stop, count, max_msg_id, units, runs): recovery's scan"},
     {"write_units", write_units, METH_VARARGS,
      "write_units(dst, at, src, src_at, n) -> how many of the n index units at dst[at:] differed (rewritten)"},
+    {"nonzero_end", nonzero_end, METH_VARARGS,
+     "nonzero_end(buf, start, end) -> one past the last non-zero byte of buf[start:end], or start if none"},
     {NULL, NULL, 0, NULL},
 };
 

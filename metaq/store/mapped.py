@@ -60,12 +60,31 @@ import os
 import sys
 import tempfile
 
+from metaq import speedups
 from metaq.errors import StoreError
 from metaq.store.files import close_now, disk_full_from, fsync_dir, unlink_quietly
 
 log = logging.getLogger(__name__)
 
 _ZERO_CHUNK = bytes(1 << 20)
+
+
+def nonzero_end_py(buf, start, end):
+    """One past the last non-zero byte of ``buf[start:end]``, or ``start`` if all are zero (or ``end <= start``).
+    The C helper's ``nonzero_end`` is its twin, reading the map in place."""
+    if start < 0 or end > len(buf):
+        raise ValueError("need 0 <= start and end <= %d" % len(buf))
+    hi = end
+    while hi > start:
+        lo = max(start, hi - len(_ZERO_CHUNK))
+        chunk = buf[lo:hi]
+        if chunk != _ZERO_CHUNK[:hi - lo]:
+            return lo + len(chunk.rstrip(b"\0"))
+        hi = lo
+    return start
+
+
+nonzero_end = speedups.load("nonzero_end", nonzero_end_py)
 
 #: Linux >= 5.14 (include/uapi/asm-generic/mman-common.h): prefault page tables as a read would.
 MADV_POPULATE_READ = 22
@@ -407,15 +426,7 @@ class MappedFile:
 
     def nonzero_end(self, start, end=None):
         """One past the last non-zero byte in ``[start, end)``, or ``start`` if all are zero."""
-        end = self.size if end is None else end
-        hi = end
-        while hi > start:
-            lo = max(start, hi - len(_ZERO_CHUNK))
-            chunk = self.mm[lo:hi]
-            if chunk != _ZERO_CHUNK[:hi - lo]:
-                return lo + len(chunk.rstrip(b"\0"))
-            hi = lo
-        return start
+        return nonzero_end(self.mm, start, self.size if end is None else end)
 
     def set_mtime_ms(self, ms):
         ns = int(ms) * 1_000_000

@@ -286,3 +286,28 @@ def test_c_and_twin_recover_a_damaged_store_alike(fast_dir, monkeypatch, seed):
     built = recover_with(base, os.path.join(fast_dir, "c"), False, monkeypatch, force)
     python = recover_with(base, os.path.join(fast_dir, "py"), True, monkeypatch, force)
     assert built == python
+
+
+@needs_c
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 3000), st.lists(st.tuples(st.integers(0, 2999), st.integers(1, 255)), max_size=3),
+       st.integers(-2, 3002), st.integers(-2, 3002))
+def test_c_nonzero_end_equals_the_twin(n, marks, start, end):
+    """What recovery's examine measures after its stop point: long zero runs with a few non-zero bytes."""
+    from metaq._speedups import nonzero_end as nonzero_end_c
+    from metaq.store.mapped import nonzero_end_py
+
+    buf = bytearray(n)
+    for at, value in marks:
+        if at < n:
+            buf[at] = value
+    buf = bytes(buf)
+    try:
+        want = nonzero_end_py(buf, start, end)
+    except ValueError:
+        with pytest.raises(ValueError):
+            nonzero_end_c(buf, start, end)
+        return
+    assert nonzero_end_c(buf, start, end) == want
+    assert want == (start if end <= start or not buf[start:end].strip(b"\0") else
+                    max(start, end - (len(buf[start:end]) - len(buf[start:end].rstrip(b"\0")))))
