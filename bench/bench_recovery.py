@@ -53,8 +53,13 @@ def restart(root, pristine, name, code, pure):
     wd = os.path.join(root, name)
     shutil.rmtree(wd, ignore_errors=True)
     os.makedirs(wd)
-    # sparse, as the crashed broker's preallocated segment tail is; its pages written back before the restart
+    # the written pages written back before the restart
     subprocess.run(["cp", "-a", "--sparse=always", pristine, os.path.join(wd, "data")], check=True)
+    logdir = os.path.join(wd, "data", "commitlog")
+    for name in os.listdir(logdir):  # preallocated as the broker's segments are (the holes: unwritten extents)
+        fd = os.open(os.path.join(logdir, name), os.O_RDWR)
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        os.close(fd)
     os.sync()
     env = {"PYTHONPATH": os.environ.get("PYTHONPATH"), "METAQ_PURE_PYTHON": os.environ.get("METAQ_PURE_PYTHON")}
     os.environ["PYTHONPATH"] = code

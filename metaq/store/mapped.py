@@ -425,8 +425,42 @@ class MappedFile:
             pos += n
 
     def nonzero_end(self, start, end=None):
-        """One past the last non-zero byte in ``[start, end)``, or ``start`` if all are zero."""
-        return nonzero_end(self.mm, start, self.size if end is None else end)
+        """One past the last non-zero byte in ``[start, end)``, or ``start`` if all are zero.
+
+        Only the file's data extents are read: the holes the kernel reports (``SEEK_HOLE``: the preallocated,
+        never written rest of a segment) read as zeros by definition, and reading them through the map would
+        fault in a zero-filled page for each 4 KiB (about half of a recovery's time after a crash halfway
+        through a 1 GiB segment)."""
+        end = self.size if end is None else end
+        return nonzero_end(self.mm, start, self.data_end(start, end))
+
+    def data_end(self, start, end):
+        """One past the last byte of ``[start, end)`` that is not in a hole of the file (at most ``end``); ``end``
+        when the file system cannot say (no ``SEEK_DATA``), ``start`` when all of it is hole."""
+        if end <= start or not hasattr(os, "SEEK_DATA"):
+            return end
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return end
+        try:
+            last, pos = start, start
+            while pos < end:
+                try:
+                    data = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # no data from pos to the end of the file
+                        break
+                    return end
+                if data >= end:
+                    break
+                pos = os.lseek(fd, data, os.SEEK_HOLE)
+                last = min(pos, end)
+            return last
+        except OSError:
+            return end
+        finally:
+            os.close(fd)
 
     def set_mtime_ms(self, ms):
         ns = int(ms) * 1_000_000

@@ -311,3 +311,29 @@ def test_c_nonzero_end_equals_the_twin(n, marks, start, end):
     assert nonzero_end_c(buf, start, end) == want
     assert want == (start if end <= start or not buf[start:end].strip(b"\0") else
                     max(start, end - (len(buf[start:end]) - len(buf[start:end].rstrip(b"\0")))))
+
+
+@pytest.mark.parametrize("marks", [[], [0], [5000], [5000, 3 << 20], [(4 << 20) - 1], [4096, 8191, 1 << 20]])
+@pytest.mark.parametrize("prealloc", [False, True])
+def test_nonzero_end_of_a_file_with_holes_reads_only_its_data(tmp_path, marks, prealloc):
+    """Holes (a sparse file; or preallocated, never written: a segment's tail) count as zeros, and a non-zero
+    byte after a hole is still found, from any start."""
+    from metaq.store.mapped import MappedFile
+
+    path = str(tmp_path / "seg")
+    with open(path, "wb") as f:
+        f.truncate(4 << 20)
+    if prealloc:
+        fd = os.open(path, os.O_RDWR)
+        os.posix_fallocate(fd, 0, 4 << 20)
+        os.close(fd)
+    f = MappedFile.open(path)
+    for at in marks:
+        f.mm[at] = 7
+    data = bytes(f.mm)
+    for start in (0, 1, 4095, 4096, 5001, 1 << 20, (4 << 20) - 1, 4 << 20):
+        for end in (None, 6000, 3 << 20):
+            e = f.size if end is None else end
+            want = start + len(data[start:e].rstrip(b"\0")) if e > start else start
+            assert f.nonzero_end(start, end) == want, (start, end)
+    f.close()
