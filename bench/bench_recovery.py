@@ -5,10 +5,11 @@
 One broker (this checkout) writes ``--gib`` GiB of 1 KiB messages (``run.py``'s pipelined puts) and is killed
 with SIGKILL; its checkpoint is removed so the restart scans the whole log. Each run then restarts a fresh copy
 of that data directory once with each checkout (``PYTHONPATH``; the order alternates), and takes two figures:
-the store's open (the broker's "recovery scanned ... in X s" line: the scan, the index rebuild, the idempotent producers' replay) and the restart until "ready" (which includes the broker's fixed start, measured on an empty data directory in
-each run too). Prints GiB/s,
-medians of ``--runs`` runs, and the ratio to the peer. ``--pure`` runs this checkout's pure-Python twins
-(METAQ_PURE_PYTHON=1) as a third column. Not a test: nothing here asserts.
+the store's open (the broker's "recovery scanned ... in X s" line: the scan, the index rebuild, the idempotent
+producers' replay) and the restart until "ready" (which includes the broker's fixed start, measured on an empty
+data directory in each run too). Prints GiB/s, medians of ``--runs`` runs, and the ratio to the peer.
+``--pure`` runs this checkout's pure-Python twins (METAQ_PURE_PYTHON=1) as a third column.
+Not a test: nothing here asserts.
 """
 
 import argparse

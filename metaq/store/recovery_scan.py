@@ -4,7 +4,9 @@
 (each as ``record.check_record`` does: magic, sizes, CRC) and stops at the first that fails, at ``size``, or
 after ``max_records`` records. It returns ``(stop, count, max_msg_id, units, runs)``:
 
-* ``stop``: where it stopped (relative to the segment), ``count``: how many valid records lie before it;
+* ``stop``: where it stopped, relative to the segment (the first record not valid, or the one after the
+  ``max_records``-th, or what is left before ``size`` when too short for a record);
+* ``count``: how many valid records lie before it (from ``rel``);
 * ``max_msg_id``: the largest msgId among them (None without records);
 * ``units``: their index units (``index.UNIT``: log position = ``base`` + relative position, size, tag hash),
   run after run;
@@ -24,8 +26,9 @@ Both are in the C helper (``_recoveryscan.c``); these are their exact pure-Pytho
 
 from metaq import speedups
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import MIN_RECORD, PREFIX, check_record, tag_hash
+from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
+from metaq.store.record import CRC_START, FIXED_OVERHEAD, MESSAGE_MAGIC, MIN_RECORD, PREFIX, TOPIC_START, tag_hash
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -34,28 +37,33 @@ def scan_log_py(buf, rel, size, base, max_records):
     if not (0 <= rel <= size <= len(buf)) or max_records < 1:
         raise ValueError("need 0 <= rel <= size <= %d and max_records >= 1" % len(buf))
     unpack_prefix, unpack_header, pack_unit = PREFIX.unpack_from, HEADER.unpack_from, UNIT.pack
+    view = memoryview(buf)
     current = {}  # (topic bytes, partition) -> its open run: [topic, partition, first, last, [units]]
     runs = []
     count, max_id = 0, None
     while count < max_records and size - rel >= MIN_RECORD:
-        total = check_record(buf, rel, size)
-        if not total:
+        # record.check_record, inlined (this runs once per record)
+        total, magic, crc, part, qoff, _s, _b, tlen = unpack_prefix(buf, rel)
+        if magic != MESSAGE_MAGIC or total < MIN_RECORD or total > size - rel or tlen < 1 \
+                or FIXED_OVERHEAD + tlen > total:
             break
-        _t, _m, _c, part, qoff, _s, _b, tlen = unpack_prefix(buf, rel)
-        h = rel + 42 + tlen
+        h = rel + TOPIC_START + tlen
         msg_len, _chk, msg_id, flag = unpack_header(buf, h)
+        if FIXED_OVERHEAD + tlen + msg_len != total or crc32(view[rel + CRC_START:rel + total]) != crc:
+            break
         if max_id is None or msg_id > max_id:
             max_id = msg_id
-        topic = bytes(buf[rel + 42:h])
+        topic = bytes(buf[rel + TOPIC_START:h])
         key = (topic, part)
         run = current.get(key)
         if run is None or run[3] == _INT64_MAX or qoff != run[3] + 1:
             run = current[key] = [topic, part, qoff, qoff, []]
             runs.append(run)
         run[3] = qoff
-        run[4].append(pack_unit(base + rel, total, tag_hash(flag, buf[h + 20:h + 20 + msg_len]) if flag & 1 else 0))
+        run[4].append(pack_unit(base + rel, total, tag_hash(flag, buf[h + 20:rel + total]) if flag & 1 else 0))
         count += 1
         rel += total
+    view.release()
     out, units = [], []
     for topic, part, first, _last, us in runs:
         out.append((topic, part, first, len(units), len(us)))
