@@ -345,7 +345,7 @@ IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
 
 # -- recovery (store/recovery.py, store/recovery_scan.py) ------------------------------------------------------
 #: Records recovery's scan checks in one call (``recovery_scan.scan_log``, in C when built) before it hands their
-#: index units to the rebuilder: the call's arrays (~100 bytes a record, ~6 MiB) and the batch of units it returns
+#: index units to the rebuilder: the call's arrays (~120 bytes a record, ~8 MiB) and the batch of units it returns
 #: (16 bytes a record) stay bounded however large a segment is.
 RECOVERY_SCAN_RECORDS = 65536
 
