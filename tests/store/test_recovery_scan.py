@@ -16,7 +16,7 @@ from metaq.store import recovery, recovery_scan
 from metaq.store.index import UNIT
 from metaq.store.record import BLANK_MAGIC, MARKER, check_record, decode_record, encode_record
 from metaq.store.recovery_scan import scan_log_py, write_units_py
-from tests.harness.store import NOW, open_store, read_all
+from tests.harness.store import NOW, open_store, payload_of, read_all
 
 try:
     from metaq._speedups import scan_log as scan_log_c, write_units as write_units_c
@@ -202,8 +202,8 @@ def twin(request, monkeypatch):
 def test_batches_of_a_store_give_the_same_recovery_as_one_batch(fast_dir, monkeypatch, twin):
     base = os.path.join(fast_dir, "base")
     s = open_store(base, segment_size=1 << 16)
-    for i in range(300):
-        s.put(*PARTITIONS[i * 7 % len(PARTITIONS)], 0, b"m%d" % i, NOW + i)
+    for i in range(1000):  # ~140 a partition: runs across index files of 64 units, and across two segments
+        s.put(*PARTITIONS[i * 3 % len(PARTITIONS)], 0, b"m%d" % i, NOW + i)
     s.abandon()
     seen = []
     for batch in (limits.RECOVERY_SCAN_RECORDS, 7, 1):
@@ -215,9 +215,11 @@ def test_batches_of_a_store_give_the_same_recovery_as_one_batch(fast_dir, monkey
         monkeypatch.setattr(limits, "RECOVERY_SCAN_RECORDS", batch)
         s = open_store(work, segment_size=1 << 16)
         r = s.recovery
-        assert (r.records_scanned, r.index_units_rebuilt, r.stop_reason) == (300, 300, "zero header")
+        assert (r.records_scanned, r.index_units_rebuilt, r.stop_reason) == (1000, 1000, "zero header")
         seen.append([read_all(s, t, p) for t, p in PARTITIONS])
         s.abandon()
+    written = [[b"m%d" % i for i in range(1000) if PARTITIONS[i * 3 % len(PARTITIONS)] == key] for key in PARTITIONS]
+    assert [[payload_of(m) for m in msgs] for msgs in seen[0]] == written
     assert seen[0] == seen[1] == seen[2]
 
 
