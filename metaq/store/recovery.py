@@ -29,8 +29,8 @@ from metaq.errors import CorruptLog, InvalidTopic
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC
-from metaq.store.index import TAG_FORMAT, UNIT_SIZE, check_units_trusted
 from metaq.store import recovery_scan
+from metaq.store.index import TAG_FORMAT, UNIT_SIZE, check_units_trusted
 from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
                                 PREFIX, check_record, decode_record)
 from metaq.store.results import Checkpoint

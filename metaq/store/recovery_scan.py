@@ -25,9 +25,9 @@ Both are in the C helper (``_recoveryscan.c``); these are their exact pure-Pytho
 """
 
 from metaq import speedups
-from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
+from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import CRC_START, FIXED_OVERHEAD, MESSAGE_MAGIC, MIN_RECORD, PREFIX, TOPIC_START, tag_hash
 
 _INT64_MAX = (1 << 63) - 1
