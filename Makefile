@@ -54,7 +54,7 @@ builddeps:
 	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
 
 # The broker alone (`make run`): metaq and its install_requires, the C helper built; no extras.
-$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_timerscan.c metaq/_speedups.h | builddeps
+$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_timerscan.c metaq/_recoveryscan.c metaq/_speedups.h | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e .
 	touch $@

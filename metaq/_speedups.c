@@ -2,7 +2,7 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Nine functions, each the exact twin of a pure-Python reference that is used
+ * Twelve functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
@@ -19,6 +19,9 @@
  *                                                 == metaq.store.gather.gather_records_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
+ *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
+ *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
+ *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -608,6 +611,12 @@ static PyMethodDef methods[] = {
      "scan_records(buf, pos, end) -> (where the run of valid records from pos stops, how many records it holds)"},
     {"gather_records", gather_records, METH_VARARGS,
      "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False) -> (count, data, stop)"},
+    {"scan_log", scan_log, METH_VARARGS,
+     "scan_log(buf, rel, size, base, max_records) -> (stop, count, max_msg_id, units, runs): recovery's scan"},
+    {"write_units", write_units, METH_VARARGS,
+     "write_units(dst, at, src, src_at, n) -> how many of the n index units at dst[at:] differed (rewritten)"},
+    {"nonzero_end", nonzero_end, METH_VARARGS,
+     "nonzero_end(buf, start, end) -> one past the last non-zero byte of buf[start:end], or start if none"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,11 @@ PyObject *scan_idem_burst(PyObject *self, PyObject *args);
 /* scan_put_ats (_timerscan.c), in the module's method table (_speedups.c). */
 PyObject *scan_put_ats(PyObject *self, PyObject *args);
 
+/* scan_log, write_units and nonzero_end (_recoveryscan.c), in the module's method table (_speedups.c). */
+PyObject *scan_log(PyObject *self, PyObject *args);
+PyObject *write_units(PyObject *self, PyObject *args);
+PyObject *nonzero_end(PyObject *self, PyObject *args);
+
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);

@@ -343,6 +343,12 @@ IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
 #: without an idempotent record at memory speed) while a broker without idempotent producers writes it rarely.
 IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
 
+# -- recovery (store/recovery.py, store/recovery_scan.py) ------------------------------------------------------
+#: Records recovery's scan checks in one call (``recovery_scan.scan_log``, in C when built) before it hands their
+#: index units to the rebuilder: the call's arrays (~120 bytes a record, ~8 MiB) and the batch of units it returns
+#: (16 bytes a record) stay bounded however large a segment is.
+RECOVERY_SCAN_RECORDS = 65536
+
 # -- the broker's put-burst fast path (server/text/fastput.py) -------------------------------------------------
 #: Frames the fast path scans first at the head of a receive buffer; while every frame scanned is taken it scans
 #: twice as many next. So a pipeline of puts the general path must answer one by one (refused: a partition the
