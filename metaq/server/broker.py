@@ -20,6 +20,7 @@ from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
 from metaq.server.http.adminapi import AdminViews, add_admin_routes
+from metaq.server.http.timerapi import TimerViews, add_timer_routes
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.longpoll import PartitionWaiters
@@ -134,6 +135,7 @@ class Broker:
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics)
             add_admin_routes(self.http.router, AdminViews(self.admin, self.store, self.topic_admin))  # offsets, dead letters
+            add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
 
     # -- facts used by stats --------------------------------------------------
 
