@@ -486,3 +486,12 @@ ID_SCAN_STEP_BYTES = 1 << 20
 #: and readers at the tail work there); the log before them gives its page tables back (store/coldmaps.py), so the
 #: broker's resident memory does not grow with its log.
 HOT_MAP_BYTES = 64 << 20
+
+#: A sync-mode flush round led by the only open connection's put, with nothing else ready on the event loop, runs
+#: its fdatasync on the loop itself (server/flusher.py: no hand-off to the sync thread and no wake-up back). One such
+#: fdatasync slower than this many milliseconds turns that off for ``INLINE_SYNC_PAUSE_S``: a disk that stalls
+#: blocks the loop once, then its syncs go back to the thread.
+INLINE_SYNC_SLOW_MS = 10.0
+
+#: Seconds every fdatasync goes through the sync thread after an inline one was slower than ``INLINE_SYNC_SLOW_MS``.
+INLINE_SYNC_PAUSE_S = 10.0

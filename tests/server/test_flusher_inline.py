@@ -1,0 +1,148 @@
+"""A lone producer's flush round fdatasyncs on the event loop (``Flusher._may_sync_here``): when, how a failure
+reads, and how a slow disk sends the syncs back to the thread (``limits.INLINE_SYNC_SLOW_MS``)."""
+
+import os
+
+import gevent
+import pytest
+
+from metaq import limits
+from metaq.errors import BrokerError
+from metaq.server import flusher as flusher_module
+from metaq.server.flusher import Flusher
+from metaq.store.store import MessageStore
+from tests.harness.store import NOW, small_config
+
+
+def _flusher(tmp_path, name="data"):
+    store = MessageStore.open(small_config(tmp_path / name, segment_size=1 << 20, flush="sync"), NOW)
+    failures = []
+    flusher = Flusher(store, store.config, on_visible=lambda changed: None, on_failure=lambda: failures.append(1))
+    if flusher._native is None:
+        store.close(NOW)
+        pytest.skip("the C helper's sync thread is not in use (METAQ_PURE_PYTHON or not built)")
+    flusher.start()
+    return store, flusher, failures
+
+
+def _put_and_wait(store, flusher, body=b"m"):
+    gevent.sleep(0.001)  # as a connection waits for its next request: what the last round woke has run
+    store.put("test", 0, 0, body, NOW)
+    end = store.written_position
+    flusher.wait_flushed(end)
+    return end
+
+
+def _close(store, flusher, clean=True):
+    flusher.stop()
+    store.close(NOW, clean=clean)
+
+
+def test_only_a_round_a_lone_producers_put_leads_syncs_on_the_loop(tmp_path):
+    store, flusher, failures = _flusher(tmp_path)
+    try:
+        _put_and_wait(store, flusher)  # a directory fsync may be due first: that round takes the thread either way
+        flusher.alone = lambda: True
+        before = flusher.here_rounds
+        end = _put_and_wait(store, flusher)
+        assert store.flushed_position >= end and flusher.here_rounds == before + 1
+
+        store.put("test", 0, 0, b"m", NOW)  # a greenlet is ready to run: the thread, the loop goes on to it
+        ready = gevent.spawn(lambda: None)
+        flusher.wait_flushed(store.written_position)
+        assert ready.ready() and flusher.here_rounds == before + 1
+
+        flusher.alone = lambda: False  # another connection is open: the thread
+        rounds = flusher.rounds
+        end = _put_and_wait(store, flusher)
+        assert store.flushed_position >= end and flusher.rounds == rounds + 1 and flusher.here_rounds == before + 1
+
+        flusher.alone = lambda: True  # the flusher greenlet's own rounds never block the loop
+        store.put("test", 0, 0, b"background", NOW)
+        flusher.wake()
+        while store.flushed_position < store.written_position:
+            gevent.sleep(0.001)
+        assert flusher.here_rounds == before + 1 and failures == []
+    finally:
+        _close(store, flusher)
+
+
+def test_a_failed_sync_on_the_loop_reads_exactly_as_a_failed_sync_in_the_thread(tmp_path):
+    """The same real failure (fdatasync on a FIFO: EINVAL) through both paths: the same refusal, the same sticky
+    failure, one attempt, no retry."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fifo_fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    outcomes = {}
+    try:
+        for here in (True, False):
+            store, flusher, failures = _flusher(tmp_path, "data-%s" % here)
+            try:
+                _put_and_wait(store, flusher)
+                real_plan, attempts = store.flush_plan, []
+
+                def failing_plan(real_plan=real_plan, attempts=attempts, store=store):
+                    attempts.append(1)
+                    real_plan()
+                    return store.written_position, [fifo_fd]
+
+                store.flush_plan = failing_plan
+                flusher.alone = lambda here=here: here
+                rounds_here = flusher.here_rounds
+                with pytest.raises(BrokerError) as raised:
+                    _put_and_wait(store, flusher, b"lost")
+                with pytest.raises(BrokerError):
+                    _put_and_wait(store, flusher, b"refused")
+                assert attempts == [1] and failures == [1]
+                assert flusher.here_rounds == rounds_here + (1 if here else 0)
+                outcomes[here] = (str(raised.value), flusher.failure)
+            finally:
+                _close(store, flusher, clean=False)
+    finally:
+        os.close(fifo_fd)
+    assert outcomes[True] == outcomes[False]
+    assert "flush failed" in outcomes[True][0] and "fdatasync failed: Invalid argument" in outcomes[True][1]
+
+
+class _Clock:
+    """The flusher module's ``time``, with a monotonic clock that moves only when a sync says so."""
+
+    def __init__(self, real):
+        self.now = 1000.0
+        self.real = real
+
+    def monotonic(self):
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("took_ms, paused", [(limits.INLINE_SYNC_SLOW_MS, False),
+                                             (limits.INLINE_SYNC_SLOW_MS + 0.001, True)])
+def test_an_inline_sync_slower_than_the_limit_sends_syncs_to_the_thread_for_a_while(tmp_path, monkeypatch,
+                                                                                    took_ms, paused):
+    clock = _Clock(flusher_module.time)
+    monkeypatch.setattr(flusher_module, "time", clock)
+    store, flusher, failures = _flusher(tmp_path)
+    try:
+        _put_and_wait(store, flusher)
+        native = flusher._native
+        real_here = native.sync_fds_here
+
+        def slow_here(fds):
+            real_here(fds)
+            clock.now += took_ms / 1000.0
+
+        native.sync_fds_here = slow_here
+        flusher.alone = lambda: True
+        _put_and_wait(store, flusher)
+        assert flusher.here_rounds == 1 and flusher.here_paused == (1 if paused else 0)
+        _put_and_wait(store, flusher)  # the next round: on the thread while paused
+        assert flusher.here_rounds == (1 if paused else 2)
+        clock.now += limits.INLINE_SYNC_PAUSE_S  # the pause is over
+        native.sync_fds_here = real_here
+        _put_and_wait(store, flusher)
+        assert flusher.here_rounds == (2 if paused else 3) and failures == []
+    finally:
+        _close(store, flusher)
