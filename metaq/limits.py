@@ -487,7 +487,7 @@ ID_SCAN_STEP_BYTES = 1 << 20
 #: broker's resident memory does not grow with its log.
 HOT_MAP_BYTES = 64 << 20
 
-#: A sync-mode flush round led by the only open connection's put, with nothing else ready on the event loop, runs
+#: A sync-mode flush round led by the only open connection's put, with no other event pending on the loop, runs
 #: its fdatasync on the loop itself (server/flusher.py: no hand-off to the sync thread and no wake-up back). One such
 #: fdatasync slower than this many milliseconds turns that off for ``INLINE_SYNC_PAUSE_S``: a disk that stalls
 #: blocks the loop once, then its syncs go back to the thread.
