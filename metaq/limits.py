@@ -488,10 +488,7 @@ ID_SCAN_STEP_BYTES = 1 << 20
 HOT_MAP_BYTES = 64 << 20
 
 #: A sync-mode flush round led by the only open connection's put, with no other event pending on the loop, runs
-#: its fdatasync on the loop itself (server/flusher.py: no hand-off to the sync thread and no wake-up back). One such
-#: fdatasync slower than this many milliseconds turns that off for ``INLINE_SYNC_PAUSE_S``: a disk that stalls
-#: blocks the loop once, then its syncs go back to the thread.
-INLINE_SYNC_SLOW_MS = 10.0
-
-#: Seconds every fdatasync goes through the sync thread after an inline one was slower than ``INLINE_SYNC_SLOW_MS``.
-INLINE_SYNC_PAUSE_S = 10.0
+#: its fdatasync on the loop itself (server/flusher.py: no hand-off to the sync thread and no wake-up back), but only
+#: when the round before took at most this many milliseconds to fsync: a slow or stalling disk's syncs go through the
+#: thread (a disk that starts to stall blocks the loop once), and there the hand-off is small beside the sync anyway.
+INLINE_SYNC_SLOW_MS = 2.0

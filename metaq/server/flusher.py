@@ -1,8 +1,8 @@
 """Group commit and background flushing; blocking fsyncs run off the event loop.
 
 One exception: a round led by the put of the only open connection, with no other event pending on the loop, runs
-its fdatasync on the loop (``Flusher._may_sync_here``), bounded: one slower than ``limits.INLINE_SYNC_SLOW_MS``
-sends every sync back to the thread for ``limits.INLINE_SYNC_PAUSE_S``.
+its fdatasync on the loop (``Flusher._may_sync_here``), bounded: only after a round whose fsync took at most
+``limits.INLINE_SYNC_SLOW_MS`` (a slow or stalling disk's syncs go to the thread).
 
 ``sync`` mode: a put is acknowledged only after ``wait_flushed(pos)`` returns;
 all puts that arrive while one msync runs share the next one (group commit).
@@ -237,9 +237,8 @@ class Flusher:
         #: Set at assembly: a callable, True when exactly one client connection is open (then a round its put
         #: leads may fdatasync on the loop: ``_may_sync_here``); None: never on the loop.
         self.alone = None
-        self._here_off_until = 0.0  # monotonic time before which no fdatasync runs on the loop (a slow one did)
-        self.here_rounds = 0  # rounds whose fdatasync ran on the loop (stats, tests)
-        self.here_paused = 0  # times a slow one sent the syncs back to the thread
+        self._last_flush_ms = 0.0  # the fsync time of the last round (either path)
+        self.here_rounds = 0  # rounds whose fdatasync ran on the loop (tests)
 
     def start(self):
         self._running = True
@@ -336,6 +335,7 @@ class Flusher:
             started = time.perf_counter()
             pos = self._flush_log(led)
             seconds = time.perf_counter() - started
+            self._last_flush_ms = seconds * 1000.0
             self.recent_ms.append(seconds * 1000.0)
             for observe in self._flush_observers:
                 observe(seconds)
@@ -389,28 +389,19 @@ class Flusher:
     def _may_sync_here(self):
         """True when this round may fdatasync on the event loop: a put leads it, its connection is the only one
         open, no event is pending on the loop (another socket readable, a connection to accept, a timer due), the
-        sync thread is idle and no inline sync was slow in the last ``limits.INLINE_SYNC_PAUSE_S``. Then the
+        sync thread is idle and the last round's fsync took at most ``limits.INLINE_SYNC_SLOW_MS``. Then the
         hand-off to the thread and the wake-up back cost more than the loop would lose: with tmpfs under the
         log (no disk time), a lone `sync` put's p50 went from 87 to 41 us. Greenlets ready to run (the key
         index's step that the last round woke, a checkpoint) wait for the sync: only background work."""
         alone = self.alone
-        if alone is None or not self._native.idle or time.monotonic() < self._here_off_until:
+        if alone is None or not self._native.idle or self._last_flush_ms > limits.INLINE_SYNC_SLOW_MS:
             return False
         loop = gevent.get_hub().loop
         return loop.pendingcnt == 0 and alone()
 
     def _sync_here(self, fds):
-        started = time.monotonic()
-        try:
-            self._native.sync_fds_here(fds)
-        finally:
-            self.here_rounds += 1
-            took = time.monotonic() - started
-            if took * 1000.0 > limits.INLINE_SYNC_SLOW_MS:
-                self._here_off_until = time.monotonic() + limits.INLINE_SYNC_PAUSE_S
-                self.here_paused += 1
-                log.info("an fdatasync on the event loop took %.1f ms; the next %.0f s of syncs go through the "
-                         "sync thread", took * 1000.0, limits.INLINE_SYNC_PAUSE_S)
+        self.here_rounds += 1
+        self._native.sync_fds_here(fds)
 
     def _checkpoint_loop(self):
         """Checkpoints run beside the flushes (another pool thread), so they never delay an ack."""
