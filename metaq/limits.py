@@ -486,9 +486,3 @@ ID_SCAN_STEP_BYTES = 1 << 20
 #: and readers at the tail work there); the log before them gives its page tables back (store/coldmaps.py), so the
 #: broker's resident memory does not grow with its log.
 HOT_MAP_BYTES = 64 << 20
-
-#: A sync-mode flush round led by the only open connection's put, with no other event pending on the loop, runs
-#: its fdatasync on the loop itself (server/flusher.py: no hand-off to the sync thread and no wake-up back), but only
-#: when the round before took at most this many milliseconds to fsync: a slow or stalling disk's syncs go through the
-#: thread (a disk that starts to stall blocks the loop once), and there the hand-off is small beside the sync anyway.
-INLINE_SYNC_SLOW_MS = 2.0

@@ -66,7 +66,6 @@ class Broker:
         self.gate = WriteGate()
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock)
-        self.flusher.alone = lambda: self.core.count() == 1  # a lone producer's syncs may run on the loop
         lim = config.limits
         self.guard = Guard(config.security)  # a bad permissions file stops the start here
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here

@@ -1,8 +1,4 @@
-"""Group commit and background flushing; blocking fsyncs run off the event loop.
-
-One exception: a round led by the put of the only open connection, with no other event pending on the loop, runs
-its fdatasync on the loop (``Flusher._may_sync_here``), bounded: only after a round whose fsync took at most
-``limits.INLINE_SYNC_SLOW_MS`` (a slow or stalling disk's syncs go to the thread).
+"""Group commit and background flushing; every blocking fsync runs off the event loop.
 
 ``sync`` mode: a put is acknowledged only after ``wait_flushed(pos)`` returns;
 all puts that arrive while one msync runs share the next one (group commit).
@@ -22,7 +18,7 @@ from gevent import monkey
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import limits, speedups
+from metaq import speedups
 from metaq.errors import BrokerError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -154,21 +150,6 @@ class NativeSync:
         if err:
             raise OSError(err, "fdatasync failed: %s" % os.strerror(err))
 
-    @property
-    def idle(self):
-        """No sync in progress, none waiting to start, no result left unread."""
-        return self._inflight is None and not self._serial.locked()
-
-    def sync_fds_here(self, fds):
-        """fdatasync each of ``fds`` on the calling thread: the event loop waits (only when ``idle``); the same
-        OSError as ``sync_fds`` if one failed."""
-        for fd in fds:
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                err = exc.errno or errno.EIO
-                raise OSError(err, "fdatasync failed: %s" % os.strerror(err)) from None
-
     def settle(self):
         """Collect a job left in flight by a killed waiter (this greenlet waits); OSError if it failed. A round
         that flushes another way (the Python thread) calls this first, so that job's result is never lost and
@@ -234,11 +215,6 @@ class Flusher:
         self._stopping = Event()
         self._indexer = None
         self._index_wanted = Event()  # set after each flush round: the key index follows the flushed log
-        #: Set at assembly: a callable, True when exactly one client connection is open (then a round its put
-        #: leads may fdatasync on the loop: ``_may_sync_here``); None: never on the loop.
-        self.alone = None
-        self._last_flush_ms = 0.0  # the fsync time of the last round (either path)
-        self.here_rounds = 0  # rounds whose fdatasync ran on the loop (tests)
 
     def start(self):
         self._running = True
@@ -269,7 +245,7 @@ class Flusher:
                     raise Unavailable("flush could not run within %.0f s: %s" % (timeout, self.transient))
                 raise BrokerError("flush did not complete within %.0f s" % timeout)
             if not self._in_round and self._running:
-                self._round(led=True)
+                self._round()
                 continue
             done = self._round_done
             self._wake.set()
@@ -285,7 +261,7 @@ class Flusher:
             if self._running:
                 self._round()
 
-    def _round(self, led=False):
+    def _round(self):
         """One flush round on this greenlet (the flusher's or a leading waiter's), never two at once.
 
         A failed fsync stops all flushing for good (fsyncgate: never retry and carry on). A round that
@@ -297,7 +273,7 @@ class Flusher:
         self._in_round = True
         done = self._round_done
         try:
-            self.flush_once(led)
+            self.flush_once()
             self.transient = None
         except OSError as exc:
             if exc.errno not in FD_EXHAUSTED:
@@ -328,14 +304,12 @@ class Flusher:
         done, self._round_done = self._round_done, Event()
         done.set()
 
-    def flush_once(self, led=False):
-        """Flush what is written (``led``: a waiting put's greenlet runs this round)."""
+    def flush_once(self):
         store = self._store
         if store.written_position > store.flushed_position:
             started = time.perf_counter()
-            pos = self._flush_log(led)
+            pos = self._flush_log()
             seconds = time.perf_counter() - started
-            self._last_flush_ms = seconds * 1000.0
             self.recent_ms.append(seconds * 1000.0)
             for observe in self._flush_observers:
                 observe(seconds)
@@ -370,7 +344,7 @@ class Flusher:
             return 0.0, 0.0, 0.0
         return times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))], times[-1]
 
-    def _flush_log(self, led=False):
+    def _flush_log(self):
         """Make the log durable up to its written end (this greenlet waits); returns that position."""
         store = self._store
         plan = store.flush_plan()  # on the loop, always: it also marks what this round covers (async policy)
@@ -380,28 +354,8 @@ class Flusher:
             return self._fsync_thread.apply(store.flush_log)
         end, fds = plan
         if fds:
-            if led and self._may_sync_here():
-                self._sync_here(fds)
-            else:
-                self._native.sync_fds(fds)
+            self._native.sync_fds(fds)
         return end
-
-    def _may_sync_here(self):
-        """True when this round may fdatasync on the event loop: a put leads it, its connection is the only one
-        open, no event is pending on the loop (another socket readable, a connection to accept, a timer due), the
-        sync thread is idle and the last round's fsync took at most ``limits.INLINE_SYNC_SLOW_MS``. Then the
-        hand-off to the thread and the wake-up back cost more than the loop would lose: with tmpfs under the
-        log (no disk time), a lone `sync` put's p50 went from 87 to 41 us. Greenlets ready to run (the key
-        index's step that the last round woke, a checkpoint) wait for the sync: only background work."""
-        alone = self.alone
-        if alone is None or not self._native.idle or self._last_flush_ms > limits.INLINE_SYNC_SLOW_MS:
-            return False
-        loop = gevent.get_hub().loop
-        return loop.pendingcnt == 0 and alone()
-
-    def _sync_here(self, fds):
-        self.here_rounds += 1
-        self._native.sync_fds_here(fds)
 
     def _checkpoint_loop(self):
         """Checkpoints run beside the flushes (another pool thread), so they never delay an ack."""
