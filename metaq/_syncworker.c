@@ -128,10 +128,8 @@ static PyObject *sync_worker_submit(SyncWorker *w, PyObject *arg) {
     memcpy(w->fds, fds, sizeof(int) * (size_t)n);
     w->nfds = (int)n;
     w->pending = 1;
-    pthread_mutex_unlock(&w->mu);
-    /* Signalled after the unlock: a worker woken while we still held the mutex would block on it at once and
-     * need a second wake-up (two more futex calls and a context switch per sync, seen with strace). */
     pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
     Py_RETURN_NONE;
 }
 
