@@ -83,9 +83,14 @@ def percentile(sorted_xs, q):
 
 
 def one_run(args, root, run):
-    targets = {"metaq": MetaqTarget(root, args.flush, "metaq-%d" % run)}
-    if args.baseline:
-        targets["baseline"] = MetaqTarget(root, args.flush, "baseline-%d" % run, args.baseline)
+    targets = {}
+    # The brokers start in turn too (this tree's first in even runs): the first one started was seen to be
+    # slower in some runs on a busy machine.
+    for name in (("metaq", "baseline") if run % 2 == 0 else ("baseline", "metaq")):
+        if name == "metaq":
+            targets[name] = MetaqTarget(root, args.flush, "metaq-%d" % run)
+        elif args.baseline:
+            targets[name] = MetaqTarget(root, args.flush, "baseline-%d" % run, args.baseline)
     if redis_available():
         targets["redis"] = RedisTarget(os.path.join(root, "redis-%d" % run), args.flush)
     try:
@@ -123,7 +128,8 @@ def main():
             "%s %.3f/%.3f/%.3f" % (name, *figs) for name, figs in runs[-1].items()), os.getloadavg()[0]), flush=True)
     print("\n%-9s %9s %9s %9s %12s %12s" % ("flush=" + args.flush, "p50 ms", "p90 ms", "p99 ms", "p50 vs redis",
                                            "p99 vs redis"))
-    medians = {name: [statistics.median(r[name][k] for r in runs) for k in range(3)] for name in runs[0]}
+    names = [n for n in ("metaq", "baseline", "redis") if n in runs[0]]
+    medians = {name: [statistics.median(r[name][k] for r in runs) for k in range(3)] for name in names}
     red = medians.get("redis")
     for name, (p50, p90, p99) in medians.items():
         ratios = ("%11.2fx %11.2fx" % (red[0] / p50, red[2] / p99)) if red else ""
