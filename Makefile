@@ -16,7 +16,7 @@ DEVDATA ?= devdata
 ZK_PORT ?= 2181
 PG_PORT ?= 5432
 
-.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench clean \
+.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean \
 	zookeeper stop-zookeeper postgres stop-postgres
 
 all: test
@@ -104,6 +104,14 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.bench_replication $(BENCH_REPL_ARGS)
 	$(PY) -m bench.bench_tls $(BENCH_TLS_ARGS)
 	HOME=$${HOME:-/tmp} $(PY) -m bench.bench_remoting $(BENCH_REMOTING_ARGS)
+
+# The scale benchmarks (long: tens of minutes, and bench_backlog needs ~20 GB of disk at its default 100 M
+# messages): 1,000,000 pending timers, 19,000 idle connections beside a load, a 100-million-message backlog.
+# Each prints its table; e.g. make bench-scale BACKLOG_ARGS="--messages 2000000" for a quick look.
+bench-scale: $(VENV)/.installed
+	$(PY) -m bench.bench_timer_scale $(TIMER_SCALE_ARGS)
+	$(PY) -m bench.bench_connections $(CONNECTIONS_ARGS)
+	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info metaq/*.so
