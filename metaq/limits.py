@@ -497,3 +497,10 @@ ID_SCAN_STEP_BYTES = 1 << 20
 #: and readers at the tail work there); the log before them gives its page tables back (store/coldmaps.py), so the
 #: broker's resident memory does not grow with its log.
 HOT_MAP_BYTES = 64 << 20
+
+#: Record bytes read from the log after which the cold maps give their page tables back again, without waiting for
+#: the disk check's second (store/coldmaps.py ``cold_reads_due``). Reading a partition touches every page of the
+#: shared log its records lie on (16 partitions: about 16× the bytes read), so a consumer reading a cold backlog
+#: at full speed mapped ~3 GB of file pages within one second; checked every ``COLD_READ_CHECK_S``.
+COLD_READ_DROP_BYTES = 16 << 20
+COLD_READ_CHECK_S = 0.1

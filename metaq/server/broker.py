@@ -10,6 +10,7 @@ from gevent.lock import Semaphore
 import yaml
 
 from metaq import errors, speedups
+from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
 from metaq.protocol.priority import with_owner_keys
 from metaq.server.config import is_loopback
@@ -273,7 +274,13 @@ class Broker:
         while not self.stopping:
             self.check_disk()
             pool.apply(self.store.drop_cold_pages)  # reads of a cold backlog map pages while nothing is written
-            gevent.sleep(interval)
+            waited = 0.0
+            while waited < interval and not self.stopping:  # and a fast reader's, sooner (COLD_READ_DROP_BYTES)
+                step = min(COLD_READ_CHECK_S, interval - waited)
+                gevent.sleep(step)
+                waited += step
+                if self.store.cold_reads_due():
+                    pool.apply(self.store.drop_cold_pages)
 
     def check_disk(self):
         """The disk check (the loop's, and each ``stats``'): measure, give the WriteGate the figure, log a change."""
