@@ -114,4 +114,8 @@ def test_timers_listed_and_cancelled_over_http(broker_factory, tmp_path):
             again = request(b, "DELETE", "/api/timers/%d" % msg_id)
             assert (again.status, again.json()["outcome"]) == (404, word), again
         assert request(b, "DELETE", "/api/timers/soon").status == 400
+        assert request(b, "DELETE", "/api/timers/%d" % (2**63 - 1)).json()["outcome"] == "unknown"  # the limit
+        assert request(b, "DELETE", "/api/timers/%d" % 2**63).status == 400  # one past: a clear 400, not a 500
+        assert request(b, "DELETE", "/api/timers/%d" % -2**63).json()["outcome"] == "unknown"
+        assert request(b, "DELETE", "/api/timers/%d" % (-2**63 - 1)).status == 400
         assert [r[0] for r in timers(c)] == [far[0], far[2], other]  # only that one cancelled

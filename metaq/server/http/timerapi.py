@@ -13,6 +13,7 @@ service (``server/timers.py``). Both need the ``admin`` permission, as the text 
 from metaq import errors
 from metaq.auth.acl import ADMIN
 from metaq.limits import MAX_TIMER_LIST
+from metaq.protocol.text import INT64_MAX, INT64_MIN
 from metaq.protocol.timer import TIMER_TOPIC
 from metaq.server.http.routes import json_response
 from metaq.server.putpath import now_ms
@@ -42,7 +43,10 @@ class TimerViews:
         try:
             msg_id = int(request.params["id"])
         except ValueError:
-            raise errors.ClientError("message id %r is not a number" % request.params["id"]) from None
+            raise errors.ClientError("message id %r is not a number" % request.params["id"][:64]) from None
+        if not INT64_MIN <= msg_id <= INT64_MAX:
+            raise errors.ClientError("message id %s: must be %d..%d" % (request.params["id"][:64], INT64_MIN,
+                                                                         INT64_MAX))
         path = self.put_path
         path.check_writable()
         now = now_ms()
