@@ -452,6 +452,10 @@ TIMER_WINDOW_MS = 60_000
 #: Most rows the in-memory delivery window holds (the rest wait in timers.db for the next load).
 MAX_TIMER_WINDOW_ROWS = 10_000
 
+#: ... and at most this many bytes of their messages' data (10,000 messages of ``MAX_BODY_BYTES`` due at once would
+#: be 40 GB); a single message is always taken.
+MAX_TIMER_WINDOW_BYTES = 64 << 20
+
 #: Most ids one DONE record lists (a larger delivered batch writes several).
 MAX_TIMER_DONE_IDS = 1_000
 
@@ -468,6 +472,8 @@ TIMER_INDEX_BATCH = 1_000
 #: without reading them back from the log and decoding them (server/timers.py ``written``). Past this many not yet
 #: indexed, the newest are not kept and the indexer reads those from the log, as a slave's always does.
 MAX_TIMER_FRESH = 20_000
+#: ... and at most this many bytes of their messages' data (a put_at body may be up to ``max_body_bytes``).
+MAX_TIMER_FRESH_BYTES = 32 << 20
 
 #: Least milliseconds between two of the indexer's transactions (each one fsyncs timers.db): a pipeline of put_at
 #: is indexed in a few large batches, not one per flush round, and its fsyncs do not crowd the log's. A message

@@ -29,7 +29,6 @@ Every SQLite call goes through one dedicated thread (``ThreadPool(1)``): never o
 import logging
 import random
 import time
-from bisect import insort
 from collections import OrderedDict
 
 import gevent
@@ -45,6 +44,7 @@ from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerCancel, Time
                                   encode_cancel, encode_done, encode_entry)
 from metaq.server.coldpages import bring_in
 from metaq.server.timerhandoff import Handoff
+from metaq.server.timerwindow import DeliveryWindow
 from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,8 @@ class TimerService:
         self._wake = Event()  # the delivery loop: a put or an index batch landed in its window, a stop
         self._indexed = Event()  # set after each index batch
         self._indexer = self._deliverer = None
-        self._window = []  # [(due_ms, msg_id, row)] sorted: rows due before _window_until
-        self._window_until = None  # None: load the window before delivering
+        self._win = DeliveryWindow()  # the rows due soonest (server/timerwindow.py)
         self._loading = None  # entries indexed while a window load runs
-        self._truncated = False  # the window ends before TIMER_WINDOW_MS for MAX_TIMER_WINDOW_ROWS: extended ahead
         self._extending = None  # the greenlet loading the window's next rows while delivery goes on
         self._extension = None  # entries indexed while it runs
         self._all_ended = False
@@ -147,11 +145,11 @@ class TimerService:
         done = self._ended.get(msg_id)
         if done is not None:
             return done, None
-        if self._in_window(msg_id) is None:
+        if self._win.index_of(msg_id) is None:
             row = self._call(self.index.get, msg_id)
             if row is None and self._call(self.index.outcome, msg_id) is None and self._ended.get(msg_id) is None:
                 self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))  # a put just answered may not be indexed
-                row = self._call(self.index.get, msg_id) if self._in_window(msg_id) is None else True
+                row = self._call(self.index.get, msg_id) if self._win.index_of(msg_id) is None else True
             if row is None:
                 done = self._ended.get(msg_id) or self._call(self.index.outcome, msg_id)
                 return (done or UNKNOWN), None
@@ -167,17 +165,11 @@ class TimerService:
             self.waiters.notify((KEY,))
             self._indexed.wait(max(0.0, min(1.0, deadline - time.monotonic())))
 
-    def _in_window(self, msg_id):
-        for i, item in enumerate(self._window):
-            if item[1] == msg_id:
-                return i
-        return None
-
     def _append_cancel(self, msg_id, now):
         """No yield from the caller's last check to here: the cancel wins."""
-        i = self._in_window(msg_id)
+        i = self._win.index_of(msg_id)
         if i is not None:
-            del self._window[i]
+            self._win.remove_at(i)
         r = self.store.put(TIMER_TOPIC, 0, 0, encode_cancel(msg_id), now)
         self.written(r.offset, r.msg_id, TimerCancel(msg_id), r.log_end)
         self._end(msg_id, CANCELLED)
@@ -260,7 +252,7 @@ class TimerService:
         elif self._running:
             if self._deliverer is not None:
                 self._deliverer.kill(block=False)  # an old loop (demoted, then promoted again) never runs beside
-            self._window, self._window_until = [], None
+            self._win.reset()
             self._start_delivery()
 
     def log_cut(self, report):
@@ -371,20 +363,7 @@ class TimerService:
             self._loading.extend(entries)  # a window load is under way: merged when it ends
         if self._extension is not None:
             self._extension.extend(entries)
-        if self._window_until is None:
-            return
-        woke = False
-        for msg_id, e in entries:
-            if e.due_ms < self._window_until and msg_id not in self._ended:
-                if len(self._window) >= MAX_TIMER_WINDOW_ROWS:  # full: the latest row goes back to the index
-                    if e.due_ms >= self._window[-1][0]:
-                        self._window_until = e.due_ms  # loaded with the rest when the window is next loaded
-                        continue
-                    self._window_until = self._window.pop()[0]
-                row = (msg_id, e.due_ms, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data)
-                insort(self._window, (e.due_ms, msg_id, row))
-                woke = True
-        if woke:
+        if self._win.add(entries, self._ended):
             self._wake.set()
 
     def catch_up(self):
@@ -411,7 +390,7 @@ class TimerService:
                 self._delivery_step()
             except Exception:  # noqa: BLE001 - delivery must never stop silently
                 log.exception("timers: delivery failed; retrying in %.0f s", RETRY_S)
-                self._window_until = None
+                self._win.until = None
                 self._stop.wait(RETRY_S)
 
     def _recover(self, now):
@@ -460,57 +439,29 @@ class TimerService:
         until = now + TIMER_WINDOW_MS
         self._loading = []
         try:
-            rows = self._call(self.index.due, until, MAX_TIMER_WINDOW_ROWS)
+            rows, cut_due = self._call(self.index.window_rows, None, until, self._win.max_rows, self._win.max_bytes)
         finally:
             added, self._loading = self._loading, None
-        if len(rows) >= MAX_TIMER_WINDOW_ROWS:
-            until = rows[-1][1]  # the rows due at that time may go on past the limit: load them next time
-            rows = [r for r in rows if r[1] < until] or rows  # (all due at one time: these now, the rest later)
-        self._window = sorted((r[1], r[0], r) for r in rows if r[0] not in self._ended)
-        self._window_until = until
+        self._all_ended, loaded = self._win.load(rows, cut_due, until, now, self._ended)
         self.window_loads += 1
-        self._truncated = until < now + TIMER_WINDOW_MS
-        self._all_ended = bool(rows) and not self._window  # delivered, their DONE not indexed yet
-        loaded = {r[0] for r in rows}
         self._add_to_window([(i, e) for i, e in added if i not in loaded])
 
     def _extend_window(self, start, now):
-        """Load the rows due from ``start`` (the window's end: it was cut at MAX_TIMER_WINDOW_ROWS) while delivery
-        goes on from the rows loaded, and append them: a busy window is never left empty for a load (a load of
-        10,000 rows takes tens of ms, every message due meanwhile would be late). Dropped if the window changed
-        its end meanwhile (a reload, a full window giving rows back)."""
+        """Load the rows due from ``start`` (the window's end: it was cut by a bound) while delivery goes on from the
+        rows loaded, and append them: a busy window is never left empty for a load (a load of 10,000 rows takes tens
+        of ms, every message due meanwhile would be late). Dropped if the window changed its end meanwhile."""
         until = now + TIMER_WINDOW_MS
-        room = MAX_TIMER_WINDOW_ROWS - len(self._window)
+        rows_room, bytes_room = self._win.room()
         self._extension = []
         try:
-            rows = self._call(self.index.due_between, start, until, room)
+            rows, cut_due = self._call(self.index.window_rows, start, until, rows_room, bytes_room)
         finally:
             added, self._extension = self._extension, None
             self._extending = None
-        if self._window_until != start or not self._truncated or not rows:
+        loaded = self._win.extend(start, rows, cut_due, until, now, self._ended)
+        if loaded is None:
             return
-        full = len(rows) >= room
-        room = MAX_TIMER_WINDOW_ROWS - len(self._window)  # rows may have joined it meanwhile
-        if len(rows) > room:
-            rows, full = rows[:max(room, 0)], True
-        if full:
-            if not rows:
-                return
-            until = rows[-1][1]
-            rows = [r for r in rows if r[1] < until]
-            if not rows:  # all due at one time: left to the next load
-                return
-        window = self._window
-        held = set()  # rows due at the old end may be held already (a full window gave back its latest)
-        for item in reversed(window):
-            if item[0] < start:
-                break
-            held.add(item[1])
-        window.extend((r[1], r[0], r) for r in rows if r[0] not in self._ended and r[0] not in held)
-        self._window_until = until
-        self._truncated = until < now + TIMER_WINDOW_MS
         self.window_extensions += 1
-        loaded = {r[0] for r in rows}
         self._add_to_window([(i, e) for i, e in added if i not in loaded and e.due_ms >= start])
         self._wake.set()
 
@@ -519,21 +470,22 @@ class TimerService:
             self._stop.wait(RETRY_S)
             return
         now = now_ms()
-        if self._window_until is None or (not self._window and now >= self._window_until - TIMER_WINDOW_MS // 2):
+        win = self._win
+        if win.until is None or (not win.items and now >= win.until - TIMER_WINDOW_MS // 2):
             self._load_window(now)
-        elif self._truncated and self._extending is None and len(self._window) < MAX_TIMER_WINDOW_ROWS // 2:
-            self._extending = gevent.spawn(self._extend_window, self._window_until, now)
+        elif win.cut and self._extending is None and len(win) < win.max_rows // 2 and win.nbytes < win.max_bytes // 2:
+            self._extending = gevent.spawn(self._extend_window, win.until, now)
         self._record_scan_from()
-        if not self._window and self._all_ended:  # wait for the index to learn what was delivered, not spin
+        if not win.items and self._all_ended:  # wait for the index to learn what was delivered, not spin
             self._all_ended = False
             self._wait_indexed(self.index.indexed_offset + 1, timeout=1.0)
-            self._window_until = None
+            win.until = None
             return
-        if not self._window:
+        if not win.items:
             self._wake.clear()
-            self._wake.wait(max(0.0, (self._window_until - now) / 1000.0 / 2))
+            self._wake.wait(max(0.0, (win.until - now) / 1000.0 / 2))
             return
-        due = self._window[0][0]
+        due = win.items[0][0]
         if due > now:
             self._wake.clear()
             self._wake.wait((due - now) / 1000.0)
@@ -544,8 +496,9 @@ class TimerService:
     def _deliver(self, now):
         """Put the due rows (at most MAX_TIMER_DONE_IDS) into their topics and append their DONE: no yield."""
         ids, keys, refused = [], set(), False
-        while self._window and self._window[0][0] <= now and len(ids) < MAX_TIMER_DONE_IDS:
-            _due, msg_id, row = self._window[0]
+        items = self._win.items
+        while items and items[0][0] <= now and len(ids) < MAX_TIMER_DONE_IDS:
+            _due, msg_id, row = items[0]
             _id, _due, topic, partition, flag, checksum, born_ms, data = row
             try:
                 r = self.store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum,
@@ -560,7 +513,7 @@ class TimerService:
             else:
                 keys.add((topic, r.partition))
                 self.delivered += 1
-            self._window.pop(0)
+            self._win.remove_at(0)
             ids.append(msg_id)
             self._end(msg_id, DELIVERED)
         if ids:

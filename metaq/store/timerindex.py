@@ -170,10 +170,24 @@ class TimerIndex:
                                 "(due_ms = ? AND msg_id > ?)) ORDER BY due_ms, msg_id LIMIT ?",
                                 (until_ms, after[0], after[0], after[1], limit)).fetchall()
 
-    def due_between(self, from_ms, until_ms, limit):
-        """As ``due``, for the rows due at or after ``from_ms`` (the delivery window's extension)."""
-        return self._db.execute("SELECT %s, data FROM pending WHERE due_ms >= ? AND due_ms <= ? ORDER BY due_ms, msg_id "
-                                "LIMIT ?" % _COLUMNS, (from_ms, until_ms, limit)).fetchall()
+    def window_rows(self, from_ms, until_ms, limit, max_bytes):
+        """The delivery window's rows: as ``due``, due from ``from_ms`` (None: any time) to ``until_ms``, at most
+        ``limit`` of them and ``max_bytes`` of their data (at least one row); ``(rows, cut_due)``: ``cut_due`` the due
+        time of the first row a bound left out (None when none was)."""
+        if from_ms is None:
+            cur = self._db.execute("SELECT %s, data FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id LIMIT ?"
+                                   % _COLUMNS, (until_ms, limit + 1))
+        else:
+            cur = self._db.execute("SELECT %s, data FROM pending WHERE due_ms >= ? AND due_ms <= ? ORDER BY due_ms, "
+                                   "msg_id LIMIT ?" % _COLUMNS, (from_ms, until_ms, limit + 1))
+        rows, nbytes = [], 0
+        for row in cur:
+            nbytes += len(row[7])
+            if len(rows) >= limit or (rows and nbytes > max_bytes):
+                cur.close()
+                return rows, row[1]
+            rows.append(row)
+        return rows, None
 
     def next_due(self):
         """The earliest pending due time, or None."""

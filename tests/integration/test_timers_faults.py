@@ -344,3 +344,26 @@ def test_more_deliveries_left_without_their_done_than_the_window_holds_are_not_d
         assert int(c.stats_dict()["timers_delivered"]) == 0
         got = records(c, "t-left", (0,))
     assert [r.payload for r in got] == [b"m%d" % i for i in range(n)]  # once each: none delivered again
+
+
+@pytest.mark.slow
+def test_more_message_data_due_at_once_than_the_window_holds_is_delivered_once_each(broker_factory, tmp_path):
+    """20 messages of 4 MiB due at the same moment: 80 MiB, past MAX_TIMER_WINDOW_BYTES (64 MiB). The window takes
+    what fits, the rest waits in timers.db, and each is delivered once, none early (the broker does not hold them
+    all in memory for it)."""
+    from metaq.limits import MAX_BODY_BYTES, MAX_TIMER_WINDOW_BYTES
+
+    b = start(broker_factory, tmp_path, limits={"max_body_bytes": MAX_BODY_BYTES}, store={"segment_size": 64 << 20})
+    n = MAX_TIMER_WINDOW_BYTES // MAX_BODY_BYTES + 4
+    sent = {}
+    due = now_ms() + 4000
+    with b.client(timeout=60) as c:
+        for i in range(n):
+            payload = bytes([65 + i]) * (MAX_BODY_BYTES - 64)
+            msg_id, _ = put_at_ok(c, "t-big", payload, "@%d" % due, partition=i % 2)
+            sent[msg_id] = (payload, due)
+    wait_count(b, "t-big", n, timeout=120)
+    assert_exactly_once_not_early(b, "t-big", sent)
+    with b.client() as c:
+        s = c.stats_dict()
+        assert int(s["timers_window_loads"]) + int(s["timers_window_extensions"]) >= 2, s  # it took more than one

@@ -45,3 +45,21 @@ def test_a_gap_or_an_offset_already_indexed_is_not_taken():
     assert h.take(6, 10**6, 0) == []  # at most none
     h.clear()
     assert len(h) == 0 and h.head(6) is None
+
+
+def test_at_the_byte_limit_the_data_is_kept_and_one_byte_past_it_is_left_to_the_log():
+    from metaq.limits import MAX_TIMER_FRESH_BYTES
+    from metaq.protocol.timer import TimerEntry
+
+    def entry(n):
+        return TimerEntry("t", 0, 0, 1, 5, 5, b"x" * n)
+
+    h = Handoff(TLEN)
+    half = MAX_TIMER_FRESH_BYTES // 2
+    h.add(0, 0, entry(half), 10)
+    h.add_run(1, 1, [entry(MAX_TIMER_FRESH_BYTES - half), entry(1)], [10, 10], 100)  # the limit, then one past
+    assert len(h) == 2 and h.nbytes == MAX_TIMER_FRESH_BYTES
+    h.add(3, 3, entry(1), 200)  # one byte past
+    h.add(3, 3, TimerCancel(7), 200)  # a cancel holds no message data: kept
+    assert [r[0] for r in h.take(0, 10**6, 10)] == [0, 1]
+    assert h.nbytes == 0 and h.head(3)[2] == TimerCancel(7)
