@@ -20,6 +20,9 @@ PyObject *nonzero_end(PyObject *self, PyObject *args);
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);
+/* From _idemscan.c: 1..max decimal digits at *p, then `stop`; the value in *out, *p moved past `stop`; 0 if not. */
+int metaq_digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
+                 unsigned long long *out);
 /* From _speedups.c: the burst scanners' arguments parsed, the buffer held in *b; -1 with an error set. */
 int metaq_scan_args(PyObject *args, Py_buffer *b, Py_ssize_t *pos, Py_ssize_t *end, Py_ssize_t *max_body,
                     Py_ssize_t *max_line, Py_ssize_t *max_frames);

@@ -19,25 +19,6 @@
 #define I32_MAX 2147483647LL
 #define ENTRY_HEAD 36 /* ">4sBBHiiiqq" */
 
-/* min..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). */
-static int tdigits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
-                   unsigned long long *out) {
-    const unsigned char *s = *p;
-    unsigned long long v = 0;
-    int n = 0;
-    while (s < lim && *s >= '0' && *s <= '9') {
-        if (++n > max)
-            return 0;
-        v = v * 10 + (unsigned)(*s - '0');
-        s++;
-    }
-    if (n == 0 || s >= lim || *s != stop)
-        return 0;
-    *p = s + 1;
-    *out = v;
-    return 1;
-}
-
 static void be32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24);
     p[1] = (unsigned char)(v >> 16);
@@ -71,7 +52,7 @@ static int parse_put_at(const unsigned char *s, const unsigned char *lim, Py_ssi
     if (f->tlen == 0 || f->tlen > 255 || s >= lim || *s != ' ')
         return 0;
     s++;
-    if (!tdigits(&s, lim, 10, ' ', &partition) || !tdigits(&s, lim, 10, ' ', &length))
+    if (!metaq_digits(&s, lim, 10, ' ', &partition) || !metaq_digits(&s, lim, 10, ' ', &length))
         return 0;
     if (lim - s < 2 || s[0] != '0' || s[1] != ' ')
         return 0;
@@ -79,19 +60,19 @@ static int parse_put_at(const unsigned char *s, const unsigned char *lim, Py_ssi
     if (lim - s >= 3 && s[0] == '-' && s[1] == '1' && s[2] == ' ') {
         checksum = (unsigned long long)-1;
         s += 3;
-    } else if (!tdigits(&s, lim, 10, ' ', &checksum)) {
+    } else if (!metaq_digits(&s, lim, 10, ' ', &checksum)) {
         return 0;
     }
     if (s >= lim || (*s != '@' && *s != '+'))
         return 0;
     int absolute = *s == '@';
     s++;
-    if (!tdigits(&s, lim, 19, ' ', &when))
+    if (!metaq_digits(&s, lim, 19, ' ', &when))
         return 0;
     int negative = s < lim && *s == '-';
     if (negative)
         s++;
-    if (!tdigits(&s, lim, 10, '\r', &opaque) || s >= lim || *s != '\n')
+    if (!metaq_digits(&s, lim, 10, '\r', &opaque) || s >= lim || *s != '\n')
         return 0;
     s++;
     f->partition = (long long)partition;
