@@ -16,7 +16,7 @@ DEVDATA ?= devdata
 ZK_PORT ?= 2181
 PG_PORT ?= 5432
 
-.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench clean \
+.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean \
 	zookeeper stop-zookeeper postgres stop-postgres
 
 all: test
@@ -35,8 +35,9 @@ all: test
 # (the dashboard is loaded in headless Chromium: its DOM after the page's script ran, and
 # the screenshot docs/dashboard.png).
 SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium
-# The benchmark measures Redis Streams beside metaq when redis-server is there.
-BENCH_SYSDEPS := redis-server
+# The benchmark measures Redis Streams and NATS JetStream beside metaq when redis-server and
+# nats-server are there (Debian's nats-server runs as a plain process with its own store dir).
+BENCH_SYSDEPS := redis-server nats-server
 sysdeps:
 	@missing=""; for p in $(SYSDEPS) $(EXTRA_SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -53,7 +54,7 @@ builddeps:
 	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
 
 # The broker alone (`make run`): metaq and its install_requires, the C helper built; no extras.
-$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_speedups.h | builddeps
+$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_timerscan.c metaq/_recoveryscan.c metaq/_speedups.h | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -e .
 	touch $@
@@ -103,6 +104,14 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.bench_replication $(BENCH_REPL_ARGS)
 	$(PY) -m bench.bench_tls $(BENCH_TLS_ARGS)
 	HOME=$${HOME:-/tmp} $(PY) -m bench.bench_remoting $(BENCH_REMOTING_ARGS)
+
+# The scale benchmarks (long: tens of minutes, and bench_backlog needs ~20 GB of disk at its default 100 M
+# messages): 1,000,000 pending timers, 19,000 idle connections beside a load, a 100-million-message backlog.
+# Each prints its table; e.g. make bench-scale BACKLOG_ARGS="--messages 2000000" for a quick look.
+bench-scale: $(VENV)/.installed
+	$(PY) -m bench.bench_timer_scale $(TIMER_SCALE_ARGS)
+	$(PY) -m bench.bench_connections $(CONNECTIONS_ARGS)
+	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info metaq/*.so

@@ -15,7 +15,8 @@ def speedups_extension():
             os.path.exists(os.path.join(d, "isa-l", "crc.h")) for d in ("/usr/include", "/usr/local/include")):
         libraries.append("isal")
         macros.append(("METAQ_HAVE_ISAL", "1"))
-    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c"], depends=["metaq/_speedups.h"],
+    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c", "metaq/_timerscan.c",
+                      "metaq/_recoveryscan.c"], depends=["metaq/_speedups.h"],
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
 
 

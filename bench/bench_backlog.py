@@ -73,8 +73,8 @@ class RssSampler:
         while not self._stop.wait(0.5):
             try:
                 anon, files = rss(self.pid)
-            except (OSError, ValueError):
-                continue  # between a kill and the next start
+            except (OSError, ValueError, TypeError):
+                continue  # between a kill and the next start (no pid yet)
             peak = self.peaks.get(self.phase, (0.0, 0.0))
             self.peaks[self.phase] = (max(peak[0], anon), max(peak[1], files))
 

@@ -212,8 +212,18 @@ def finish_peer(proc, timeout=90.0):
         proc.kill()
         out, err = proc.communicate()
         raise AssertionError("RocketMQ peer did not finish in %.0f s:\n%s\n%s" % (timeout, out[-2000:], err[-2000:]))
-    assert proc.returncode == 0, "RocketMQ peer failed (%s):\n%s" % (proc.returncode, err[-4000:])
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 and not _aborted_in_its_own_shutdown(proc.returncode, err, lines):
+        raise AssertionError("RocketMQ peer failed (%s):\n%s" % (proc.returncode, err[-4000:]))
+    return lines
+
+
+def _aborted_in_its_own_shutdown(code, err, lines):
+    """The C++ client (rocketmq-client-cpp under PyPI's rocketmq 0.4.4) now and then aborts in a producer's
+    ``shutdown``, its thread pool interrupted (``terminate called after throwing an instance of
+    'boost::thread_interrupted'``, SIGABRT): a known defect of that library, after every send was made and reported
+    (the producer emits ``done`` before it shuts down; a consumer only after, so its crash still fails)."""
+    return code == -6 and "boost::thread_interrupted" in err and bool(lines) and lines[-1].get("done") is True
 
 
 def run_peer(home, *args, timeout=90.0):

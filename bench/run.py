@@ -3,9 +3,12 @@
     python bench/run.py [--runs 3] [--messages 100000] [--quick] [--reads-only]
 
 Every figure is measured against a real broker process on 127.0.0.1 started by
-this script (data in a temporary directory). Where ``redis-server`` is
-installed, Redis Streams (XADD / XRANGE, AOF with ``appendfsync everysec``) is
-measured in the same run and printed beside ours with the ratio.
+this script (data in a temporary directory). Two peers are measured in the same
+run and printed beside ours, each with the ratio: where ``redis-server`` is
+installed, Redis Streams (XADD / XRANGE, AOF with ``appendfsync everysec``;
+``always`` in the rows where metaq fsyncs each put), and where ``nats-server``
+is installed, NATS JetStream (file storage; publishes with acks, a pull
+consumer; 2.9 cannot fsync before its ack, see ``bench/nats_jetstream.py``).
 Not a test: nothing here asserts.
 """
 
@@ -22,6 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench import wire  # noqa: E402
+from bench.nats_jetstream import NatsBench, nats_available  # noqa: E402
 from bench.redis_streams import RedisBench, redis_available  # noqa: E402
 from bench.configs import full_size_store  # noqa: E402
 from metaq.client.local import BrokerProcess, small_config  # noqa: E402
@@ -184,13 +188,21 @@ def median(xs):
     return statistics.median(xs)
 
 
+#: The peers' columns: (key, heading).
+PEERS = (("redis", "redis streams"), ("nats", "nats jetstream"))
+#: A NATS figure marked so was acknowledged before any fsync where metaq and Redis fsync each write.
+NO_FSYNC = "*"
+
+
 def run(args):
     root = tempfile.mkdtemp(prefix="metaq-bench-", dir=args.dir)
-    results = []  # (name, ours, unit, redis or None)
-    redis = RedisBench(root) if redis_available() else None
+    results = []  # (name, ours, unit, {peer key: figure, or (figure, NO_FSYNC)})
+    redis = nats = None
     try:
+        redis = RedisBench(root) if redis_available() else None
+        nats = NatsBench(root) if nats_available() else None
         if args.reads_only:
-            read_rows(root, args, redis, results)
+            read_rows(root, args, redis, nats, results)
             return
         for flush in ("async", "sync"):
             runs = []
@@ -199,22 +211,32 @@ def run(args):
                 runs.append(pipelined_puts(b.port, args.messages))
                 b.stop()
                 shutil.rmtree(b.workdir, ignore_errors=True)
-            peer = median([redis.pipelined_xadd(args.messages) for _ in range(args.runs)]) if redis else None
-            results.append(("pipelined put, depth 64, flush=%s" % flush, median(runs), "msgs/s", peer))
+            peers = {}
+            if redis:
+                peers["redis"] = median([redis.pipelined_xadd(args.messages) for _ in range(args.runs)])
+            if nats:
+                peers["nats"] = median([nats.pipelined_publish(args.messages) for _ in range(args.runs)])
+            results.append(("pipelined put, depth 64, flush=%s" % flush, median(runs), "msgs/s", peers))
         for flush, label in (("async", "without fsync"), ("sync", "with fsync")):
             b = start_broker(root, flush, "lat-%s" % flush)
             p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
             b.stop()
-            peer = None
+            p50, p99 = {}, {}
             if redis:  # with fsync, the peer fsyncs each write too (appendfsync always)
                 redis.set_fsync("always" if flush == "sync" else "everysec")
                 peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)]
                 redis.set_fsync("everysec")
-            results.append(("single put p50, %s" % label, median(p50s), "ms", median([p[0] for p in peer]) if peer else None))
-            results.append(("single put p99, %s" % label, median(p99s), "ms", median([p[1] for p in peer]) if peer else None))
+                p50["redis"], p99["redis"] = median([p[0] for p in peer]), median([p[1] for p in peer])
+            if nats:
+                peer = [nats.sequential_publish(args.latency_n) for _ in range(args.runs)]
+                p50["nats"], p99["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
+                if flush == "sync":
+                    p50["nats"], p99["nats"] = (p50["nats"], NO_FSYNC), (p99["nats"], NO_FSYNC)
+            results.append(("single put p50, %s" % label, median(p50s), "ms", p50))
+            results.append(("single put p99, %s" % label, median(p99s), "ms", p99))
         floor = [fdatasync_latencies(root, args.latency_n) for _ in range(args.runs)]
-        results.append(("disk alone: 1 KiB append + fdatasync, p50", median([f[0] for f in floor]), "ms", None))
-        results.append(("disk alone: 1 KiB append + fdatasync, p99", median([f[1] for f in floor]), "ms", None))
+        results.append(("disk alone: 1 KiB append + fdatasync, p50", median([f[0] for f in floor]), "ms", {}))
+        results.append(("disk alone: 1 KiB append + fdatasync, p99", median([f[1] for f in floor]), "ms", {}))
         for depth, per in ((1, args.messages // 16 // 4), (8, args.messages // 16), (64, args.messages // 16)):
             runs = []
             for r in range(args.runs):
@@ -222,25 +244,29 @@ def run(args):
                 runs.append(concurrent_producers(b.port, 16, per, depth=depth))
                 b.stop()
                 shutil.rmtree(b.workdir, ignore_errors=True)
-            peer = None
+            peers = {}
             if redis:  # the durable peer: AOF with appendfsync always
                 redis.set_fsync("always")
-                peer = median([redis.concurrent_xadd(16, per, depth) for _ in range(args.runs)])
+                peers["redis"] = median([redis.concurrent_xadd(16, per, depth) for _ in range(args.runs)])
                 redis.set_fsync("everysec")
+            if nats:
+                peers["nats"] = (median([nats.concurrent_publish(16, per, depth) for _ in range(args.runs)]),
+                                 NO_FSYNC)
             results.append(("durable puts, 16 producers x depth %d, flush=sync" % depth, median(runs),
-                            "msgs/s", peer))
-        read_rows(root, args, redis, results)
+                            "msgs/s", peers))
+        read_rows(root, args, redis, nats, results)
         if not args.quick:
             secs = [measure_recovery(root, args.recovery_gib) for _ in range(args.runs)]
-            results.append(("recovery after kill -9, full scan", median(secs), "s/GiB", None))
+            results.append(("recovery after kill -9, full scan", median(secs), "s/GiB", {}))
     finally:
-        if redis:
-            redis.close()
+        for peer in (redis, nats):
+            if peer:
+                peer.close()
         shutil.rmtree(root, ignore_errors=True)
-        print_table(results, args, redis is not None)
+        print_table(results, args, [key for key, peer in (("redis", redis), ("nats", nats)) if peer])
 
 
-def read_rows(root, args, redis, results):
+def read_rows(root, args, redis, nats, results):
     """The sequential read rows, and the loopback ceiling measured in the same minutes (a Python sender process
     writing 1 MiB buffers to a receiver that reads as the read row does: bench/bench_reads.py); with
     ``--reads-only`` also a broker with ``broker.zero_copy_reads: false`` (the copying path)."""
@@ -260,35 +286,55 @@ def read_rows(root, args, redis, results):
             runs[name].append(sequential_reads(b.port, args.messages))
     for _name, b in brokers:
         b.stop()
-    peer = [redis.sequential_xrange(args.messages) for _ in range(args.runs)] if redis else None
+    by_bytes, by_msgs = {}, {}
+    if redis:
+        peer = [redis.sequential_xrange(args.messages) for _ in range(args.runs)]
+        by_bytes["redis"], by_msgs["redis"] = median([p[0] for p in peer]), median([p[1] for p in peer])
+    if nats:  # a pull consumer, 1000 messages a request
+        peer = [nats.sequential_pull(args.messages) for _ in range(args.runs)]
+        by_bytes["nats"], by_msgs["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
     for name, _b in brokers:
         mbs, msgs = zip(*runs[name])
-        results.append((name, median(mbs), "MB/s", median([p[0] for p in peer]) if peer else None))
-        results.append((name, median(msgs), "msgs/s", median([p[1] for p in peer]) if peer else None))
-    results.append(("loopback ceiling: Python socket pair, 1 MiB sends", median(ceiling), "MB/s", None))
+        results.append((name, median(mbs), "MB/s", by_bytes))
+        results.append((name, median(msgs), "msgs/s", by_msgs))
+    results.append(("loopback ceiling: Python socket pair, 1 MiB sends", median(ceiling), "MB/s", {}))
 
 
-def print_table(results, args, with_redis):
+def print_table(results, args, peers):
+    """``peers``: the keys of the peers measured (columns for each, in ``PEERS`` order)."""
+    columns = [(key, heading) for key, heading in PEERS if key in peers]
     print()
     print("metaq benchmark: 1 KiB messages, median of %d runs, broker and client on 127.0.0.1" % args.runs)
     head = "%-52s %14s  %-7s" % ("measurement", "metaq", "unit")
-    if with_redis:
-        head += " %14s %9s" % ("redis streams", "ratio")
+    for _key, heading in columns:
+        head += " %15s %9s" % (heading, "ratio")
     print(head)
     print("-" * len(head))
-    for name, ours, unit, peer in results:
+    marked = False
+    for name, ours, unit, figures in results:
         line = "%-52s %14s  %-7s" % (name, fmt(ours), unit)
-        if with_redis:
+        for key, _heading in columns:
+            peer, mark = figures.get(key), ""
+            if isinstance(peer, tuple):
+                peer, mark = peer
+                marked = True
             if peer:
                 ratio = (peer / ours) if unit in ("ms", "s/GiB") else (ours / peer)
-                line += " %14s %8.2fx" % (fmt(peer), ratio)
+                shown = ("(%.2fx)" if mark else "%.2fx ") % ratio  # not like for like: in brackets
+                line += " %15s %9s" % (fmt(peer) + mark, shown)
             else:
-                line += " %14s %9s" % ("-", "")
+                line += " %15s %9s" % ("-", "")
         print(line)
-    if not with_redis:
-        print("(redis-server not installed: no Redis Streams figures)")
-    else:
+    for key, missing in (("redis", "(redis-server not installed: no Redis Streams figures)"),
+                         ("nats", "(nats-server not installed: no NATS JetStream figures)")):
+        if key not in peers:
+            print(missing)
+    if columns:
         print("ratio > 1 means metaq is better (higher rate or lower latency)")
+    if marked:
+        print("%s NATS JetStream 2.9 acknowledges before any fsync (it has no per-write sync option), while "
+              "metaq and Redis (appendfsync always) fsync each write in these rows: not like for like, "
+              "the ratio in brackets" % NO_FSYNC)
 
 
 def fmt(x):

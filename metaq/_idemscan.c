@@ -24,8 +24,8 @@ static const char PID_MARK[] = "\x02METAQ_PID\x01";
 static const char SEQ_MARK[] = "\x02METAQ_SEQ\x01";
 static const char SYSFLAG_MARK[] = "\x02@SYSFLAG\x01"; /* may mark a compressed body: the general path's */
 
-/* min..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). */
-static int digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
+/* 1..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). Shared: _speedups.h. */
+int metaq_digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
                   unsigned long long *out) {
     const unsigned char *s = *p;
     unsigned long long v = 0;
@@ -49,7 +49,7 @@ static int signed_digits(const unsigned char **p, const unsigned char *lim, int 
     int negative = *p < lim && **p == '-';
     const unsigned char *s = *p + negative;
     unsigned long long v;
-    if (!digits(&s, lim, max, stop, &v))
+    if (!metaq_digits(&s, lim, max, stop, &v))
         return 0;
     *p = s;
     *out = negative ? -(long long)v : (long long)v;
@@ -78,10 +78,10 @@ static Py_ssize_t parse_idem_head(const unsigned char *base, Py_ssize_t pos, Py_
     if (h->tlen == 0 || s >= lim || *s != ' ')
         return -1;
     s++;
-    if (!digits(&s, lim, 10, ' ', &v))
+    if (!metaq_digits(&s, lim, 10, ' ', &v))
         return -1;
     h->partition = (long long)v;
-    if (!digits(&s, lim, 10, ' ', &v))
+    if (!metaq_digits(&s, lim, 10, ' ', &v))
         return -1;
     h->length = (Py_ssize_t)v;
     if (!signed_digits(&s, lim, 10, ' ', &h->flag))
@@ -89,12 +89,12 @@ static Py_ssize_t parse_idem_head(const unsigned char *base, Py_ssize_t pos, Py_
     if (lim - s >= 3 && s[0] == '-' && s[1] == '1' && s[2] == ' ') {
         h->checksum = -1;
         s += 3;
-    } else if (digits(&s, lim, 10, ' ', &v)) {
+    } else if (metaq_digits(&s, lim, 10, ' ', &v)) {
         h->checksum = (long long)v;
     } else {
         return -1;
     }
-    if (!digits(&s, lim, 19, ' ', &h->pid) || !digits(&s, lim, 19, ' ', &h->seq) ||
+    if (!metaq_digits(&s, lim, 19, ' ', &h->pid) || !metaq_digits(&s, lim, 19, ' ', &h->seq) ||
         !signed_digits(&s, lim, 11, '\r', &h->opaque) || s >= lim || *s != '\n')
         return -1;
     Py_ssize_t body = (s + 1) - base;

@@ -2,10 +2,11 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Ten functions, each the exact twin of a pure-Python reference that is used
+ * Fourteen functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
+ *   scan_put_ats(...)                              == metaq.protocol.timerburst.scan_put_ats_py (_timerscan.c)
  *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
  *                                                 == metaq.protocol.burst.scan_puts_py
  *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])
@@ -21,6 +22,9 @@
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
+ *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
+ *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
+ *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -734,6 +738,9 @@ static PyMethodDef methods[] = {
      "scan_puts(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, next_pos)"},
     {"scan_idem_burst", scan_idem_burst, METH_VARARGS,
      "scan_idem_burst(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, data, next_pos)"},
+    {"scan_put_ats", scan_put_ats, METH_VARARGS,
+     "scan_put_ats(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, max_name, max_ahead_ms)"
+     " -> (items, src, next_pos)"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},
@@ -749,6 +756,12 @@ static PyMethodDef methods[] = {
      "check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, ranges, their bytes, stop)"},
     {"send_ranges", send_ranges, METH_VARARGS,
      "send_ranges(fd, head, log, ranges, pos) -> bytes sent by one non-blocking sendmsg"},
+    {"scan_log", scan_log, METH_VARARGS,
+     "scan_log(buf, rel, size, base, max_records) -> (stop, count, max_msg_id, units, runs): recovery's scan"},
+    {"write_units", write_units, METH_VARARGS,
+     "write_units(dst, at, src, src_at, n) -> how many of the n index units at dst[at:] differed (rewritten)"},
+    {"nonzero_end", nonzero_end, METH_VARARGS,
+     "nonzero_end(buf, start, end) -> one past the last non-zero byte of buf[start:end], or start if none"},
     {NULL, NULL, 0, NULL},
 };
 

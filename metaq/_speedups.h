@@ -9,10 +9,20 @@ extern PyTypeObject SyncWorkerType;
 
 /* scan_idem_burst (_idemscan.c), in the module's method table (_speedups.c). */
 PyObject *scan_idem_burst(PyObject *self, PyObject *args);
+/* scan_put_ats (_timerscan.c), in the module's method table (_speedups.c). */
+PyObject *scan_put_ats(PyObject *self, PyObject *args);
+
+/* scan_log, write_units and nonzero_end (_recoveryscan.c), in the module's method table (_speedups.c). */
+PyObject *scan_log(PyObject *self, PyObject *args);
+PyObject *write_units(PyObject *self, PyObject *args);
+PyObject *nonzero_end(PyObject *self, PyObject *args);
 
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);
 int metaq_decimal(char *p, long long v);
+/* From _idemscan.c: 1..max decimal digits at *p, then `stop`; the value in *out, *p moved past `stop`; 0 if not. */
+int metaq_digits(const unsigned char **p, const unsigned char *lim, int max, unsigned char stop,
+                 unsigned long long *out);
 /* From _speedups.c: the burst scanners' arguments parsed, the buffer held in *b; -1 with an error set. */
 int metaq_scan_args(PyObject *args, Py_buffer *b, Py_ssize_t *pos, Py_ssize_t *end, Py_ssize_t *max_body,
                     Py_ssize_t *max_line, Py_ssize_t *max_frames);

@@ -353,6 +353,12 @@ IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
 #: without an idempotent record at memory speed) while a broker without idempotent producers writes it rarely.
 IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
 
+# -- recovery (store/recovery.py, store/recovery_scan.py) ------------------------------------------------------
+#: Records recovery's scan checks in one call (``recovery_scan.scan_log``, in C when built) before it hands their
+#: index units to the rebuilder: the call's arrays (~120 bytes a record, ~8 MiB) and the batch of units it returns
+#: (16 bytes a record) stay bounded however large a segment is.
+RECOVERY_SCAN_RECORDS = 65536
+
 # -- the broker's put-burst fast path (server/text/fastput.py) -------------------------------------------------
 #: Frames the fast path scans first at the head of a receive buffer; while every frame scanned is taken it scans
 #: twice as many next. So a pipeline of puts the general path must answer one by one (refused: a partition the
@@ -456,6 +462,10 @@ TIMER_WINDOW_MS = 60_000
 #: Most rows the in-memory delivery window holds (the rest wait in timers.db for the next load).
 MAX_TIMER_WINDOW_ROWS = 10_000
 
+#: ... and at most this many bytes of their messages' data (10,000 messages of ``MAX_BODY_BYTES`` due at once would
+#: be 40 GB); a single message is always taken.
+MAX_TIMER_WINDOW_BYTES = 64 << 20
+
 #: Most ids one DONE record lists (a larger delivered batch writes several).
 MAX_TIMER_DONE_IDS = 1_000
 
@@ -467,6 +477,13 @@ MAX_TIMER_LIST = 1_000
 
 #: TIMER_TOPIC records the indexer applies per SQLite transaction.
 TIMER_INDEX_BATCH = 1_000
+
+#: TIMER_TOPIC records a master's timer service keeps, decoded, as it writes them, so that its indexer applies them
+#: without reading them back from the log and decoding them (server/timers.py ``written``). Past this many not yet
+#: indexed, the newest are not kept and the indexer reads those from the log, as a slave's always does.
+MAX_TIMER_FRESH = 20_000
+#: ... and at most this many bytes of their messages' data (a put_at body may be up to ``max_body_bytes``).
+MAX_TIMER_FRESH_BYTES = 32 << 20
 
 #: Least milliseconds between two of the indexer's transactions (each one fsyncs timers.db): a pipeline of put_at
 #: is indexed in a few large batches, not one per flush round, and its fsyncs do not crowd the log's. A message
@@ -496,3 +513,10 @@ ID_SCAN_STEP_BYTES = 1 << 20
 #: and readers at the tail work there); the log before them gives its page tables back (store/coldmaps.py), so the
 #: broker's resident memory does not grow with its log.
 HOT_MAP_BYTES = 64 << 20
+
+#: Record bytes read from the log after which the cold maps give their page tables back again, without waiting for
+#: the disk check's second (store/coldmaps.py ``cold_reads_due``). Reading a partition touches every page of the
+#: shared log its records lie on (16 partitions: about 16× the bytes read), so a consumer reading a cold backlog
+#: at full speed mapped ~3 GB of file pages within one second; checked every ``COLD_READ_CHECK_S``.
+COLD_READ_DROP_BYTES = 16 << 20
+COLD_READ_CHECK_S = 0.1

@@ -3,8 +3,9 @@
 The helper is built by ``pip install`` when a compiler and zlib's headers are
 there (``setup.py``: optional, so an install never fails for it). Its functions
 and their twins (tested equal): ``scan_puts`` and ``encode_put_acks``
-(protocol/burst.py), ``write_run`` (store/batch.py), ``gather_records`` (store/gather.py). ``METAQ_PURE_PYTHON=1``
-in the environment runs the twins even when the helper is built.
+(protocol/burst.py), ``write_run`` (store/batch.py), ``gather_records`` (store/gather.py), ``scan_log`` and
+``write_units`` (store/recovery_scan.py: recovery's scan), ``nonzero_end`` (store/mapped.py) and the others
+named in ``_speedups.c``. ``METAQ_PURE_PYTHON=1`` in the environment runs the twins even when the helper is built.
 """
 
 import importlib.util

@@ -47,3 +47,22 @@ def test_burst_acks_follow_the_same_choice():
     assert run_acks("1") == ["True"]
     if speedups.built():
         assert run_acks("0") == ["False"]
+
+
+RECOVERY = ("from metaq.store import mapped, recovery_scan as r; "
+            "print(r.scan_log is r.scan_log_py, r.write_units is r.write_units_py, "
+            "mapped.nonzero_end is mapped.nonzero_end_py)")
+
+
+def test_recovery_scan_follows_the_same_choice():
+    env = {"PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+
+    def chosen(value):
+        return subprocess.run([sys.executable, "-c", RECOVERY], env=dict(env, METAQ_PURE_PYTHON=value),
+                              capture_output=True, text=True, check=True).stdout.split()
+
+    assert chosen("1") == ["True", "True", "True"]
+    if speedups.built():
+        assert chosen("0") == ["False", "False", "False"]

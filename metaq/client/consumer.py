@@ -315,19 +315,15 @@ class Consumer(ConsumerReads):
         """``{(topic, Partition): max_offset - committed}`` for every owned partition (asks the brokers).
 
         ``committed`` is the last committed (or loaded) offset; before the first commit, the current
-        position; before that is known, the partition's min offset.
+        position; before that is known, the partition's min offset. A priority topic's partition: the sum over
+        its levels.
         """
         with self._lock:
             fetchers = dict(self._fetchers)
         tables = {}
         for broker_id in {part.broker_id for _topic, part in fetchers}:
             tables[broker_id] = self._offset_table(broker_id)
-        out = {}
-        for (topic, part), fetcher in fetchers.items():
-            low, high = tables[part.broker_id].get((topic, part.partition), (0, 0))
-            base = next((v for v in (fetcher.committed, fetcher.offset) if v is not None), low)
-            out[(topic, part)] = high - base
-        return out
+        return {key: fetcher.lag(key, tables[key[1].broker_id]) for key, fetcher in fetchers.items()}
 
     # -- partitions and ownership ---------------------------------------------------------------
 
@@ -485,9 +481,8 @@ class Consumer(ConsumerReads):
             if not positions or self._store is None:
                 return
             self._store.commit(positions)
-            for key, (offset, _msg_id) in positions.items():
-                if key in fetchers:
-                    fetchers[key].committed = offset
+            for key, f in fetchers.items():
+                f.committed_at(key, positions)
 
     # -- handling, retries, parking ---------------------------------------------------------------
 

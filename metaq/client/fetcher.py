@@ -101,6 +101,19 @@ class PartitionFetcher:
         position = self.position
         return {} if position is None else {key: position}
 
+    def committed_at(self, key, positions):
+        """``positions`` (``positions``' form) were committed: note this fetcher's."""
+        entry = positions.get(key)
+        if entry is not None:
+            self.committed = entry[0]
+
+    def lag(self, key, table):
+        """Messages not yet consumed by the group: ``table``'s max offset less the committed offset (before the first
+        commit, the position; before that is known, the min offset). ``table``: ``{(topic, partition number): (min,
+        max)}`` of this fetcher's broker."""
+        low, high = table.get((key[0], key[1].partition), (0, 0))
+        return high - next((v for v in (self.committed, self.offset) if v is not None), low)
+
     @property
     def progress(self):
         """What moves when a fetch delivered something (the fast-miss guard compares it)."""

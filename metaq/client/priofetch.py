@@ -9,7 +9,7 @@ store under the level's internal topic ``<topic>%P<k>`` (level 0 under the topic
 or broker-kept offsets, ``metaq-admin reset-offsets`` and a restart work per level unchanged. Delivered
 messages carry their level in ``message.priority``.
 
-Not supported for a priority subscription: a broker-side tag filter (a callable or attribute filter still
+``lag()`` counts every level. Not supported for a priority subscription: a broker-side tag filter (a callable or attribute filter still
 runs here, on every message), ``seek`` (ClientError) and a ``start_from`` time (ClientError at ``subscribe``:
 each level starts at its stored offset, else at ``start_from``'s earliest or latest).
 """
@@ -49,6 +49,7 @@ class PriorityFetcher(PartitionFetcher):
         super().__init__(consumer, sub, partition)
         self.levels = sub.priorities
         self.offsets = None  # the next offset of each level, once loaded
+        self.committed_levels = [None] * self.levels  # each level's offset last committed (or loaded)
         self.msg_ids = [-1] * self.levels
 
     @property
@@ -68,10 +69,28 @@ class PriorityFetcher(PartitionFetcher):
         for k in range(self.levels):
             offset, committed = self.consumer.initial_offset(level_topic(self.topic, k), self.partition)
             offsets.append(offset)
-            if k == 0:
-                self.committed = committed
+            self.committed_levels[k] = committed
+        self.committed = self.committed_levels[0]
         self.offsets = offsets
-        self.offset = offsets[0]  # level 0's, for lag() and the position of the topic itself
+        self.offset = offsets[0]  # level 0's: the position of the topic itself
+
+    def committed_at(self, key, positions):
+        topic, part = key
+        for k in range(self.levels):
+            entry = positions.get((level_topic(topic, k), part))
+            if entry is not None:
+                self.committed_levels[k] = entry[0]
+        self.committed = self.committed_levels[0]
+
+    def lag(self, key, table):
+        """The sum over the levels (each stored as its own topic ``<topic>%P<k>``) of max offset less committed."""
+        topic, part = key
+        total = 0
+        for k in range(self.levels):
+            low, high = table.get((level_topic(topic, k), part.partition), (0, 0))
+            mine = self.offsets[k] if self.offsets is not None else None
+            total += high - next((v for v in (self.committed_levels[k], mine) if v is not None), low)
+        return total
 
     def seek(self, offset):
         raise errors.ClientError("seek is not supported for a priority topic (%s): its levels have offsets of their "

@@ -12,7 +12,8 @@ its identity after a ``\\x02``) are each the tags, and nothing else is.
 31 bits) of the tags' bytes; 0 for empty tags (CRC-32 of nothing is 0). Every
 writer computes it the same way: ``store.record.tag_hash`` (a put, recovery,
 a slave's apply), ``protocol.burst`` and ``protocol.idemburst`` (the fast
-paths, and their C twins in ``_speedups.c`` / ``_idemscan.c``).
+paths, and their C twins in ``_speedups.c`` / ``_idemscan.c``), and recovery's
+scan in C (``_recoveryscan.c``, twin ``store.recovery_scan``).
 
 **A tag expression** (a RocketMQ ``TAG`` subscription, a text ``get_tags``)
 names the tags wanted: ``A || B`` (RocketMQ's form) or ``A||B`` (the text

@@ -10,6 +10,7 @@ from gevent.lock import Semaphore
 import yaml
 
 from metaq import errors, speedups
+from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
 from metaq.protocol.priority import with_owner_keys
 from metaq.server.config import is_loopback
@@ -20,6 +21,7 @@ from metaq.server.flusher import AheadWorker, Flusher, now_ms
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
 from metaq.server.http.adminapi import AdminViews, add_admin_routes
+from metaq.server.http.timerapi import TimerViews, add_timer_routes
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.longpoll import PartitionWaiters
@@ -136,6 +138,7 @@ class Broker:
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics)
             add_admin_routes(self.http.router, AdminViews(self.admin, self.store, self.topic_admin))  # offsets, dead letters
+            add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
 
     # -- facts used by stats --------------------------------------------------
 
@@ -273,7 +276,13 @@ class Broker:
         while not self.stopping:
             self.check_disk()
             pool.apply(self.store.drop_cold_pages)  # reads of a cold backlog map pages while nothing is written
-            gevent.sleep(interval)
+            waited = 0.0
+            while waited < interval and not self.stopping:  # and a fast reader's, sooner (COLD_READ_DROP_BYTES)
+                step = min(COLD_READ_CHECK_S, interval - waited)
+                gevent.sleep(step)
+                waited += step
+                if self.store.cold_reads_due():
+                    pool.apply(self.store.drop_cold_pages)
 
     def check_disk(self):
         """The disk check (the loop's, and each ``stats``'): measure, give the WriteGate the figure, log a change."""

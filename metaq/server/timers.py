@@ -6,7 +6,11 @@
   answered with it and the delivered message carries it.
 * The **indexer** (master and slave) reads TIMER_TOPIC from the index's ``indexed_offset`` up to the flushed
   log position and applies the records to ``timers.db`` (``metaq.store.timerindex``), one SQLite transaction
-  per batch. It is woken by puts and flushes (the partition waiters), never polls busily.
+  per batch. It is woken by puts and flushes (the partition waiters), never polls busily. On a master, what
+  this broker itself appends to TIMER_TOPIC (entries, cancels, DONE records; ``written``) is kept decoded, at
+  most ``MAX_TIMER_FRESH``, and applied from there, not read back and decoded: the same records, the same
+  durability rule (applied once flushed). A gap, a full hand-off or a record kept for another offset falls back
+  to the log; a cut or a demotion drops what is kept.
 * The **delivery** greenlet (master only) keeps a window of the rows due within ``TIMER_WINDOW_MS`` (at most
   ``MAX_TIMER_WINDOW_ROWS``), sleeps until the head is due, then puts the due messages into their topics with
   their ids and, in the same loop turn (no yield), appends one DONE record listing them. The ids it ended
@@ -25,7 +29,6 @@ Every SQLite call goes through one dedicated thread (``ThreadPool(1)``): never o
 import logging
 import random
 import time
-from bisect import insort
 from collections import OrderedDict
 
 import gevent
@@ -37,14 +40,17 @@ from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES
                           TIMER_INDEX_BATCH, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerDone, TimerEntry, decode, encode_cancel,
-                                  encode_done, encode_entry)
+from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
+                                  encode_cancel, encode_done, encode_entry)
 from metaq.server.coldpages import bring_in
+from metaq.server.timerhandoff import Handoff
+from metaq.server.timerwindow import DeliveryWindow
 from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
 
 log = logging.getLogger(__name__)
 
 KEY = (TIMER_TOPIC, 0)
+_TOPIC_LEN = len(TIMER_TOPIC.encode("utf-8"))
 #: Seconds the delivery waits after a refused put (disk full, failed flush) before trying again.
 RETRY_S = 1.0
 #: Longest wait of the indexer for a new record (puts and flushes wake it at once; this bounds every wait).
@@ -81,19 +87,23 @@ class TimerService:
         self._wake = Event()  # the delivery loop: a put or an index batch landed in its window, a stop
         self._indexed = Event()  # set after each index batch
         self._indexer = self._deliverer = None
-        self._window = []  # [(due_ms, msg_id, row)] sorted: rows due before _window_until
-        self._window_until = None  # None: load the window before delivering
+        self._win = DeliveryWindow()  # the rows due soonest (server/timerwindow.py)
         self._loading = None  # entries indexed while a window load runs
+        self._extending = None  # the greenlet loading the window's next rows while delivery goes on
+        self._extension = None  # entries indexed while it runs
         self._all_ended = False
         self._ended = OrderedDict()  # msg_id -> DELIVERED | CANCELLED, ended by this process (bounded)
         self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
         self._done_end = 0  # end position of the last DONE record appended
         self._rewind_to = None  # a handshake cut %TIMER% there: the indexer indexes again from it (log_cut)
         self._scan_from_next = 0.0  # monotonic time before which scan_from is not recorded again
+        self._fresh = Handoff(len(TIMER_TOPIC.encode("utf-8")))  # what this master appended, not indexed yet
         self.delivered = 0
         self.cancelled = 0
         self.redeliveries_skipped = 0
         self.dropped = 0
+        self.window_loads = 0
+        self.window_extensions = 0
 
     def _call(self, fn, *args):
         """``fn(*args)`` in the timer thread (every SQLite call goes there)."""
@@ -116,6 +126,8 @@ class TimerService:
             checksum = metaq_checksum(body)
         data = encode_entry(topic, partition, flag, checksum, due_ms, now, body)
         r = self.store.put(TIMER_TOPIC, 0, 0, data, now)
+        self.written(r.offset, r.msg_id, TimerEntry(topic, partition, flag, checksum, due_ms, now, bytes(body)),
+                     r.log_end)
         if self.async_flush:
             self.waiters.notify((KEY,))
         else:
@@ -133,11 +145,11 @@ class TimerService:
         done = self._ended.get(msg_id)
         if done is not None:
             return done, None
-        if self._in_window(msg_id) is None:
+        if self._win.index_of(msg_id) is None:
             row = self._call(self.index.get, msg_id)
             if row is None and self._call(self.index.outcome, msg_id) is None and self._ended.get(msg_id) is None:
                 self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))  # a put just answered may not be indexed
-                row = self._call(self.index.get, msg_id) if self._in_window(msg_id) is None else True
+                row = self._call(self.index.get, msg_id) if self._win.index_of(msg_id) is None else True
             if row is None:
                 done = self._ended.get(msg_id) or self._call(self.index.outcome, msg_id)
                 return (done or UNKNOWN), None
@@ -153,18 +165,13 @@ class TimerService:
             self.waiters.notify((KEY,))
             self._indexed.wait(max(0.0, min(1.0, deadline - time.monotonic())))
 
-    def _in_window(self, msg_id):
-        for i, item in enumerate(self._window):
-            if item[1] == msg_id:
-                return i
-        return None
-
     def _append_cancel(self, msg_id, now):
         """No yield from the caller's last check to here: the cancel wins."""
-        i = self._in_window(msg_id)
+        i = self._win.index_of(msg_id)
         if i is not None:
-            del self._window[i]
+            self._win.remove_at(i)
         r = self.store.put(TIMER_TOPIC, 0, 0, encode_cancel(msg_id), now)
+        self.written(r.offset, r.msg_id, TimerCancel(msg_id), r.log_end)
         self._end(msg_id, CANCELLED)
         self.cancelled += 1
         if self.async_flush:
@@ -175,6 +182,16 @@ class TimerService:
         self._ended[msg_id] = outcome
         while len(self._ended) > MAX_TIMER_OUTCOMES:
             self._ended.popitem(last=False)
+
+    def written(self, offset, msg_id, rec, log_end):
+        """This master appended ``rec`` (a TimerEntry, TimerCancel or TimerDone) to TIMER_TOPIC at ``offset`` as
+        message ``msg_id``, its record ending at ``log_end``: handed to the indexer. The caller has not yielded
+        since the append, so what is handed over is in log order."""
+        self._fresh.add(offset, msg_id, rec, log_end)
+
+    def written_run(self, first_offset, first_id, recs, sizes, log_end):
+        """``written`` for a burst's run (``Handoff.add_run``)."""
+        self._fresh.add_run(first_offset, first_id, recs, sizes, log_end)
 
     def list(self, topic=None, limit=MAX_TIMER_LIST):
         """Pending timers ``[(msg_id, due_ms, topic, partition, size)]`` by due time, at most MAX_TIMER_LIST."""
@@ -214,7 +231,7 @@ class TimerService:
         self._stop.set()
         self._wake.set()
         self.waiters.notify((KEY,))
-        greenlets = [g for g in (self._indexer, self._deliverer) if g is not None]
+        greenlets = [g for g in (self._indexer, self._deliverer, self._extending) if g is not None]
         gevent.joinall(greenlets, timeout=5.0)
         gevent.killall(greenlets, block=True, timeout=1.0)
         self._deliverer = None
@@ -228,13 +245,14 @@ class TimerService:
             return
         self.enabled = master
         if not master:
+            self._fresh.clear()  # a slave's log follows its master's: what this one wrote may be cut
             self._delivering = False
             self._wake.set()
             log.info("timers: delivery stopped (this broker is now a replication slave)")
         elif self._running:
             if self._deliverer is not None:
                 self._deliverer.kill(block=False)  # an old loop (demoted, then promoted again) never runs beside
-            self._window, self._window_until = [], None
+            self._win.reset()
             self._start_delivery()
 
     def log_cut(self, report):
@@ -244,6 +262,7 @@ class TimerService:
         stays pending (an acknowledged put_at the async failover lost: delivered if this broker is promoted,
         rather than lost) and a DONE or CANCEL of it stays an outcome."""
         offset = report.new_max_offsets.get(KEY)
+        self._fresh.clear()
         if offset is not None and offset < self.index.indexed_offset:
             self._rewind_to = offset if self._rewind_to is None else min(self._rewind_to, offset)
             log.warning("timers: the handshake cut %s at offset %d, past which this slave had indexed up to %d: "
@@ -271,6 +290,9 @@ class TimerService:
             to, self._rewind_to = self._rewind_to, None
             self._call(self.index.rewind, to)
         offset = self.index.indexed_offset
+        head = self._fresh.head(offset)
+        if head is not None:
+            return self._index_fresh(offset, head)
         try:
             records, _nxt = self.store.read_records(TIMER_TOPIC, 0, offset, TIMER_INDEX_BATCH, READ_BYTES)
         except errors.Moved as exc:
@@ -301,32 +323,47 @@ class TimerService:
             elif isinstance(rec, TimerDone):  # a delivery step's messages all lie before its DONE: scan_from
                 done_end = r.position + r.total_size
         last = durable[-1]
-        added, ended = self._call(self.index.apply, batch, last.queue_offset + 1, now_ms(), done_end)
+        self._apply(batch, entries, last.queue_offset + 1, last.position + last.total_size, done_end)
+        return True
+
+    def _index_fresh(self, offset, head):
+        """Index the run of handed-over records from ``offset`` (its first: ``head``) that is durable."""
+        run = self._fresh.take(offset, self.store.flushed_position, TIMER_INDEX_BATCH)
+        if not run:
+            if self._running:
+                self.flusher.wait_flushed(head[3])
+            return True
+        last = run[-1]
+        if self.store.msg_id_at(TIMER_TOPIC, 0, last[0]) != last[1]:  # never expected: the log is the truth
+            log.error("timers: the record handed over for %s offset %d is not the log's; indexing from the log",
+                      TIMER_TOPIC, last[0])
+            self._fresh.clear()
+            return True
+        batch, entries, done_end = [], [], None
+        for _off, msg_id, rec, end in run:
+            batch.append((msg_id, rec))
+            if isinstance(rec, TimerEntry):
+                entries.append((msg_id, rec))
+            elif isinstance(rec, TimerDone):
+                done_end = end
+        self._apply(batch, entries, last[0] + 1, last[3], done_end)
+        return True
+
+    def _apply(self, batch, entries, next_offset, last_end, done_end):
+        added, ended = self._call(self.index.apply, batch, next_offset, now_ms(), done_end)
         self.pending += added - len(ended)
-        self._last_end = last.position + last.total_size
+        self._last_end = last_end
         self._add_to_window(entries)
         self._indexed.set()
         self._indexed = Event()
-        return True
 
     def _add_to_window(self, entries):
         """Newly indexed entries due within the loaded window join it (the window loader sees the rest)."""
         if self._loading is not None:
             self._loading.extend(entries)  # a window load is under way: merged when it ends
-        if self._window_until is None:
-            return
-        woke = False
-        for msg_id, e in entries:
-            if e.due_ms < self._window_until and msg_id not in self._ended:
-                if len(self._window) >= MAX_TIMER_WINDOW_ROWS:  # full: the latest row goes back to the index
-                    if e.due_ms >= self._window[-1][0]:
-                        self._window_until = e.due_ms  # loaded with the rest when the window is next loaded
-                        continue
-                    self._window_until = self._window.pop()[0]
-                row = (msg_id, e.due_ms, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data)
-                insort(self._window, (e.due_ms, msg_id, row))
-                woke = True
-        if woke:
+        if self._extension is not None:
+            self._extension.extend(entries)
+        if self._win.add(entries, self._ended):
             self._wake.set()
 
     def catch_up(self):
@@ -353,14 +390,30 @@ class TimerService:
                 self._delivery_step()
             except Exception:  # noqa: BLE001 - delivery must never stop silently
                 log.exception("timers: delivery failed; retrying in %.0f s", RETRY_S)
-                self._window_until = None
+                self._win.until = None
                 self._stop.wait(RETRY_S)
 
     def _recover(self, now):
-        """The due rows whose id is in the log after ``scan_from`` were delivered before a crash: DONE, not again."""
-        candidates = {row[0] for row in self._call(self.index.due, now, MAX_TIMER_WINDOW_ROWS)}
-        if not candidates:
-            return
+        """The due rows whose id is in the log after ``scan_from`` were delivered before a crash: DONE, not again.
+        Every due row is checked, a page of MAX_TIMER_WINDOW_ROWS at a time (a crash may leave more deliveries
+        without their DONE than one window holds)."""
+        checked = skipped = 0
+        after = None
+        while True:
+            page = self._call(self.index.due_ids, now, MAX_TIMER_WINDOW_ROWS, after)
+            if not page:
+                break
+            checked += len(page)
+            skipped += self._skip_delivered({row[1] for row in page}, now)
+            if len(page) < MAX_TIMER_WINDOW_ROWS:
+                break
+            after = page[-1]
+        if checked:
+            log.info("timers recovery: %d due messages; %d of them were delivered before the restart and will not "
+                     "be delivered again", checked, skipped)
+
+    def _skip_delivered(self, candidates, now):
+        """Those of ``candidates`` (ids) found in the log after ``scan_from`` get a DONE record; how many."""
         scan = self.store.msg_ids_since(self.index.scan_from, skip_topic=TIMER_TOPIC, among=candidates,
                                         stepwise=True)
         while not scan.done:  # a step (ID_SCAN_STEP_BYTES) at a time, its cold pages brought in off the loop
@@ -374,48 +427,65 @@ class TimerService:
             ids = sorted(found)
             for i in range(0, len(ids), MAX_TIMER_DONE_IDS):
                 r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids[i:i + MAX_TIMER_DONE_IDS]), now)
+                self.written(r.offset, r.msg_id, TimerDone(tuple(ids[i:i + MAX_TIMER_DONE_IDS])), r.log_end)
                 self._done_end = r.log_end
             for i in ids:
                 self._end(i, DELIVERED)
             self.redeliveries_skipped += len(ids)
             self.flusher.wake()
-        log.info("timers recovery: %d due messages; %d of them were delivered before the restart and will not be "
-                 "delivered again", len(candidates), len(found))
+        return len(found)
 
     def _load_window(self, now):
         until = now + TIMER_WINDOW_MS
         self._loading = []
         try:
-            rows = self._call(self.index.due, until, MAX_TIMER_WINDOW_ROWS)
+            rows, cut_due = self._call(self.index.window_rows, None, until, self._win.max_rows, self._win.max_bytes)
         finally:
             added, self._loading = self._loading, None
-        if len(rows) >= MAX_TIMER_WINDOW_ROWS:
-            until = rows[-1][1]  # the rows due at that time may go on past the limit: load them next time
-            rows = [r for r in rows if r[1] < until] or rows  # (all due at one time: these now, the rest later)
-        self._window = sorted((r[1], r[0], r) for r in rows if r[0] not in self._ended)
-        self._window_until = until
-        self._all_ended = bool(rows) and not self._window  # delivered, their DONE not indexed yet
-        loaded = {r[0] for r in rows}
+        self._all_ended, loaded = self._win.load(rows, cut_due, until, now, self._ended)
+        self.window_loads += 1
         self._add_to_window([(i, e) for i, e in added if i not in loaded])
+
+    def _extend_window(self, start, now):
+        """Load the rows due from ``start`` (the window's end: it was cut by a bound) while delivery goes on from the
+        rows loaded, and append them: a busy window is never left empty for a load (a load of 10,000 rows takes tens
+        of ms, every message due meanwhile would be late). Dropped if the window changed its end meanwhile."""
+        until = now + TIMER_WINDOW_MS
+        rows_room, bytes_room = self._win.room()
+        self._extension = []
+        try:
+            rows, cut_due = self._call(self.index.window_rows, start, until, rows_room, bytes_room)
+        finally:
+            added, self._extension = self._extension, None
+            self._extending = None
+        loaded = self._win.extend(start, rows, cut_due, until, now, self._ended)
+        if loaded is None:
+            return
+        self.window_extensions += 1
+        self._add_to_window([(i, e) for i, e in added if i not in loaded and e.due_ms >= start])
+        self._wake.set()
 
     def _delivery_step(self):
         if self.gate.refusal is not None:
             self._stop.wait(RETRY_S)
             return
         now = now_ms()
-        if self._window_until is None or (not self._window and now >= self._window_until - TIMER_WINDOW_MS // 2):
+        win = self._win
+        if win.until is None or (not win.items and now >= win.until - TIMER_WINDOW_MS // 2):
             self._load_window(now)
+        elif win.cut and self._extending is None and len(win) < win.max_rows // 2 and win.nbytes < win.max_bytes // 2:
+            self._extending = gevent.spawn(self._extend_window, win.until, now)
         self._record_scan_from()
-        if not self._window and self._all_ended:  # wait for the index to learn what was delivered, not spin
+        if not win.items and self._all_ended:  # wait for the index to learn what was delivered, not spin
             self._all_ended = False
             self._wait_indexed(self.index.indexed_offset + 1, timeout=1.0)
-            self._window_until = None
+            win.until = None
             return
-        if not self._window:
+        if not win.items:
             self._wake.clear()
-            self._wake.wait(max(0.0, (self._window_until - now) / 1000.0 / 2))
+            self._wake.wait(max(0.0, (win.until - now) / 1000.0 / 2))
             return
-        due = self._window[0][0]
+        due = win.items[0][0]
         if due > now:
             self._wake.clear()
             self._wake.wait((due - now) / 1000.0)
@@ -426,8 +496,9 @@ class TimerService:
     def _deliver(self, now):
         """Put the due rows (at most MAX_TIMER_DONE_IDS) into their topics and append their DONE: no yield."""
         ids, keys, refused = [], set(), False
-        while self._window and self._window[0][0] <= now and len(ids) < MAX_TIMER_DONE_IDS:
-            _due, msg_id, row = self._window[0]
+        items = self._win.items
+        while items and items[0][0] <= now and len(ids) < MAX_TIMER_DONE_IDS:
+            _due, msg_id, row = items[0]
             _id, _due, topic, partition, flag, checksum, born_ms, data = row
             try:
                 r = self.store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum,
@@ -442,11 +513,12 @@ class TimerService:
             else:
                 keys.add((topic, r.partition))
                 self.delivered += 1
-            self._window.pop(0)
+            self._win.remove_at(0)
             ids.append(msg_id)
             self._end(msg_id, DELIVERED)
         if ids:
             r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids), now)
+            self.written(r.offset, r.msg_id, TimerDone(tuple(ids)), r.log_end)
             self._done_end = r.log_end
             keys.add(KEY)
             if self.async_flush:
@@ -474,4 +546,5 @@ class TimerService:
         """The ``stats`` summary's ``(key, value)`` pairs of the timers."""
         return [("timers_pending", self.pending), ("timers_delivered", self.delivered),
                 ("timers_cancelled", self.cancelled), ("timers_redeliveries_skipped", self.redeliveries_skipped),
-                ("timers_dropped", self.dropped)]
+                ("timers_dropped", self.dropped), ("timers_indexed_direct", self._fresh.taken),
+                ("timers_window_loads", self.window_loads), ("timers_window_extensions", self.window_extensions)]

@@ -9,7 +9,7 @@ before its last drop their page tables (``MappedFile.drop_pages``, MADV_DONTNEED
 stay in the page cache and a read maps them again (a minor fault per 64 KiB or so).
 """
 
-from metaq.limits import HOT_MAP_BYTES
+from metaq.limits import COLD_READ_DROP_BYTES, HOT_MAP_BYTES
 
 
 def drop_cold_pages(segments, partitions, flushed):
@@ -31,9 +31,18 @@ def drop_cold_pages(segments, partitions, flushed):
 
 
 class ColdMaps:
-    """Mixed into ``MessageStore``: reads its log (``_log``), partitions (``_parts``) and flushed position."""
+    """Mixed into ``MessageStore``: reads its log (``_log``), partitions (``_parts``), flushed position and read
+    counts (``reads``)."""
+
+    _read_at_drop = 0  # reads.log_read_bytes when the cold maps last gave their pages back
 
     def drop_cold_pages(self):
-        """BLOCKING (a worker thread): ``drop_cold_pages`` of this store, at each checkpoint and every few seconds
-        from the broker's disk loop (reads of a cold backlog map pages while nothing is written)."""
+        """BLOCKING (a worker thread): ``drop_cold_pages`` of this store, at each checkpoint, every disk check and
+        whenever ``cold_reads_due`` (reads of a cold backlog map pages while nothing is written)."""
+        self._read_at_drop = self.reads.log_read_bytes
         return drop_cold_pages(self._log.segments, list(self._parts.values()), self._pos.flushed)
+
+    def cold_reads_due(self):
+        """True once reads took ``COLD_READ_DROP_BYTES`` of records from the log since the cold maps last gave their
+        pages back (a cheap comparison: the broker asks every ``COLD_READ_CHECK_S``)."""
+        return self.reads.log_read_bytes - self._read_at_drop >= COLD_READ_DROP_BYTES

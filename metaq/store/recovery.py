@@ -1,7 +1,8 @@
 """Recovery: a scan that reports what it found, then a separate, logged decision to cut.
 
 1. ``scan`` walks the commit log from a position, checks every record (magic,
-   size, CRC) and hands each valid one to a visitor; where it stops it
+   size, CRC) and hands the valid ones' index units, in batches
+   (``recovery_scan.scan_log``: in C when built), to the rebuilder; where it stops it
    ``examine``s the rest of the log: all zeros is a clean end; otherwise it
    measures the damage and looks for any valid record further on.
 2. ``decide`` turns that into nothing, a cut of a torn tail, or ``CorruptLog``
@@ -28,9 +29,10 @@ from metaq.errors import CorruptLog, InvalidTopic
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC
-from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, check_units_trusted
+from metaq.store import recovery_scan
+from metaq.store.index import TAG_FORMAT, UNIT_SIZE, check_units_trusted
 from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
-                                PREFIX, check_record, decode_record, tag_hash)
+                                PREFIX, check_record, decode_record)
 from metaq.store.results import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -131,8 +133,9 @@ def untrusted_reason(log_, parts, cp, log_start):
     return None
 
 
-def scan(log_, start, visit):
-    """Scan the commit log from ``start``; ``visit(topic_bytes, partition, offset, position, size, tag)``."""
+def scan(log_, start, apply):
+    """Scan the commit log from ``start``; ``apply(units, runs)`` takes each batch of valid records' index units
+    (``recovery_scan.scan_log``: runs of one topic-partition with consecutive offsets)."""
     segs = log_.segments
     i = log_.index_of(start)
     out = ScanOutcome(start, start)
@@ -142,7 +145,7 @@ def scan(log_, start, visit):
     pos = start
     while i < len(segs):
         seg = segs[i]
-        rel, stop = _scan_segment(seg, pos - seg.start, visit, out)
+        rel, stop = _scan_segment(seg, pos - seg.start, apply, out)
         out.end = seg.start + rel
         if stop is not None:
             out.stop_reason = stop
@@ -156,43 +159,46 @@ def scan(log_, start, visit):
     return out
 
 
-def _scan_segment(seg, rel, visit, out):
-    """Scan one segment from ``rel``; returns ``(rel, stop)`` where stop says why it ended."""
-    mm, buf, size, base = seg.file.mm, seg.view, seg.size, seg.start
+def _scan_segment(seg, rel, apply, out):
+    """Scan one segment from ``rel`` in batches of at most ``limits.RECOVERY_SCAN_RECORDS`` records; returns
+    ``(rel, stop)`` where stop says why it ended."""
+    mm, size = seg.file.mm, seg.size
     seg.file.prefetch(rel, size)  # page faults would otherwise dominate the scan
-    unpack_prefix, unpack_header, unpack_marker = PREFIX.unpack_from, HEADER.unpack_from, MARKER.unpack_from
-    topics = {}
-    records, last_id = 0, out.last_msg_id
-    try:
-        while True:
-            left = size - rel
-            if left < MARKER.size:
-                return rel, "segment end" if not mm[rel:size].strip(b"\0") else "partial record header"
-            if left < MIN_RECORD:
-                total, magic = unpack_marker(mm, rel)
-                return rel, _marker_stop(total, magic, left)
-            total, magic, crc, part, qoff, _sts, _bts, tlen = unpack_prefix(mm, rel)
-            if magic != MESSAGE_MAGIC:
-                return rel, _marker_stop(total, magic, left)
-            if total < MIN_RECORD or total > left or tlen < 1 or FIXED_OVERHEAD + tlen > total:
-                return rel, "bad record size %d (topic length %d, %d bytes left)" % (total, tlen, left)
-            h = rel + 42 + tlen
-            msg_len, _chk, msg_id, flag = unpack_header(mm, h)
-            end = rel + total
-            if FIXED_OVERHEAD + tlen + msg_len != total:
-                return rel, "record size %d does not match its data length %d" % (total, msg_len)
-            if crc32(buf[rel + 12:end]) != crc:
-                return rel, "CRC mismatch"
-            tb = mm[rel + 42:h]
-            tb = topics.setdefault(tb, tb)
-            visit(tb, part, qoff, base + rel, total, tag_hash(flag, buf[h + 20:end]) if flag & 1 else 0)
-            records += 1
-            if last_id is None or msg_id > last_id:
-                last_id = msg_id  # the largest, not the last: transaction commits append ids out of order
-            rel = end
-    finally:
-        out.records += records
-        out.last_msg_id = last_id
+    while True:
+        rel, count, max_id, units, runs = recovery_scan.scan_log(mm, rel, size, seg.start,
+                                                                 limits.RECOVERY_SCAN_RECORDS)
+        if count:
+            apply(units, runs)
+            out.records += count
+            if out.last_msg_id is None or max_id > out.last_msg_id:
+                out.last_msg_id = max_id  # the largest, not the last: transaction commits append ids out of order
+        stop = stop_reason(mm, seg.view, rel, size)
+        if stop is not None:
+            return rel, stop
+        if not count:
+            raise AssertionError("recovery scan stopped at a valid record (relative position %d)" % rel)
+
+
+def stop_reason(mm, buf, rel, size):
+    """Why a scan stops at ``rel`` of a segment (``mm``/``buf``: its map and a view of it); None when a valid
+    record starts there. "segment end" is a clean end of the segment."""
+    left = size - rel
+    if left < MARKER.size:
+        return "segment end" if not mm[rel:size].strip(b"\0") else "partial record header"
+    if left < MIN_RECORD:
+        total, magic = MARKER.unpack_from(mm, rel)
+        return _marker_stop(total, magic, left)
+    total, magic, crc, _part, _qoff, _sts, _bts, tlen = PREFIX.unpack_from(mm, rel)
+    if magic != MESSAGE_MAGIC:
+        return _marker_stop(total, magic, left)
+    if total < MIN_RECORD or total > left or tlen < 1 or FIXED_OVERHEAD + tlen > total:
+        return "bad record size %d (topic length %d, %d bytes left)" % (total, tlen, left)
+    msg_len = HEADER.unpack_from(mm, rel + 42 + tlen)[0]
+    if FIXED_OVERHEAD + tlen + msg_len != total:
+        return "record size %d does not match its data length %d" % (total, msg_len)
+    if crc32(buf[rel + 12:rel + total]) != crc:
+        return "CRC mismatch"
+    return None
 
 
 def _marker_stop(total, magic, left):
@@ -255,7 +261,7 @@ def decide(damage, force):
 
 
 class IndexRebuilder:
-    """The scan visitor: makes unit ``offset`` of each record's partition equal what the log says."""
+    """The scan's sink: makes unit ``offset`` of each record's partition equal what the log says."""
 
     def __init__(self, partition_for):
         self._partition_for = partition_for  # (topic, partition) -> PartitionIndex
@@ -264,23 +270,31 @@ class IndexRebuilder:
         self.rebuilt = 0
         self.skipped = 0
 
-    def visit(self, topic_bytes, partition, offset, position, size, tag):
-        key = (topic_bytes, partition)
-        pidx = self._cache.get(key)
-        if pidx is None:
-            pidx = self._cache[key] = self._resolve(topic_bytes, partition)
-        if pidx is False:
-            self.skipped += 1
-            return
-        f = pidx.tail  # set_unit, inlined: this runs once per record
-        if f is None or not f.start <= offset < f.end:
-            f = pidx.reserve(offset)
-        at = (offset - f.start) * UNIT_SIZE
-        if UNIT.unpack_from(f.mm, at) != (position, size, tag):
-            UNIT.pack_into(f.mm, at, position, size, tag)
-            pidx.dirty = True
-            self.rebuilt += 1
-        self.seen[pidx] = offset
+    def apply(self, units, runs):
+        """Write each run of ``units`` (``recovery_scan.scan_log``'s batch) into its partition's index files."""
+        write = recovery_scan.write_units
+        for topic_bytes, partition, offset, at, n in runs:
+            key = (topic_bytes, partition)
+            pidx = self._cache.get(key)
+            if pidx is None:
+                pidx = self._cache[key] = self._resolve(topic_bytes, partition)
+            if pidx is False:
+                self.skipped += n
+                continue
+            self.seen[pidx] = offset + n - 1
+            at *= UNIT_SIZE
+            while n:
+                f = pidx.tail
+                if f is None or not f.start <= offset < f.end:
+                    f = pidx.reserve(offset)
+                k = min(n, f.end - offset)
+                changed = write(f.mm, (offset - f.start) * UNIT_SIZE, units, at, k)
+                if changed:
+                    pidx.dirty = True
+                    self.rebuilt += changed
+                offset += k
+                at += k * UNIT_SIZE
+                n -= k
 
     def _resolve(self, topic_bytes, partition):
         try:
@@ -337,7 +351,7 @@ def scan_and_repair(log_, parts, make_partition, report, cp, floors, log_start, 
         log.warning("recovery: index not trusted (%s): full scan", report.untrusted_index)
     start = log_start if full else cp.position
     rebuilder = IndexRebuilder(make_partition)
-    outcome = scan(log_, start, rebuilder.visit)
+    outcome = scan(log_, start, rebuilder.apply)
     cut = decide(outcome.damage, force)
     end = outcome.end
     if cut is not None:

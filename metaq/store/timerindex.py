@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 
 _COLUMNS = "msg_id, due_ms, topic, partition, flag, checksum, born_ms"
+#: Ids per ``IN (...)`` query (SQLite allows 32,766 parameters since 3.32; Debian 12 has 3.40).
+_IN_CHUNK = 500
 
 
 class TimerIndex:
@@ -75,21 +77,22 @@ class TimerIndex:
         db = self._db
         db.execute("BEGIN")
         try:
+            run = []  # consecutive entries: one executemany (the thread takes the GIL back once per row, not twice)
             for msg_id, rec in records:
                 if isinstance(rec, TimerEntry):
-                    if db.execute("SELECT 1 FROM outcomes WHERE msg_id = ?", (msg_id,)).fetchone():
-                        continue  # ended before (a re-applied record)
-                    db.execute("INSERT OR IGNORE INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                               (msg_id, rec.due_ms, rec.topic, rec.partition, rec.flag, rec.checksum, rec.born_ms,
-                                rec.data))
-                    added += 1
-                elif isinstance(rec, TimerCancel):
+                    run.append((msg_id, rec.due_ms, rec.topic, rec.partition, rec.flag, rec.checksum, rec.born_ms,
+                                rec.data, msg_id))
+                    continue
+                if run:
+                    added += self._insert(run)
+                    run = []
+                if isinstance(rec, TimerCancel):
                     if self._end(rec.msg_id, CANCELLED, now_ms):
                         ended.append(rec.msg_id)
                 elif isinstance(rec, TimerDone):
-                    for i in rec.msg_ids:
-                        if self._end(i, DELIVERED, now_ms):
-                            ended.append(i)
+                    ended.extend(self._delivered(rec.msg_ids, now_ms))
+            if run:
+                added += self._insert(run)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (indexed_offset,))
             if scan_from is not None:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (scan_from,))
@@ -102,6 +105,26 @@ class TimerIndex:
         if scan_from is not None:
             self.scan_from = scan_from
         return added, ended
+
+    def _insert(self, rows):
+        """Pending rows for entries not ended before (a re-applied record) nor pending already; how many were new."""
+        before = self._db.total_changes
+        self._db.executemany("INSERT OR IGNORE INTO pending SELECT ?, ?, ?, ?, ?, ?, ?, ? "
+                             "WHERE NOT EXISTS (SELECT 1 FROM outcomes WHERE msg_id = ?)", rows)
+        return self._db.total_changes - before
+
+    def _delivered(self, msg_ids, now_ms):
+        """A DONE record's ids: each not ended before (the first end wins) moves from pending to the outcomes as
+        delivered, as ``_end`` does one at a time, in a few statements; returns those."""
+        db, before = self._db, set()
+        for i in range(0, len(msg_ids), _IN_CHUNK):
+            chunk = msg_ids[i:i + _IN_CHUNK]
+            before.update(row[0] for row in db.execute("SELECT msg_id FROM outcomes WHERE msg_id IN (%s)"
+                                                       % ",".join("?" * len(chunk)), chunk))
+        new = [i for i in dict.fromkeys(msg_ids) if i not in before]
+        db.executemany("DELETE FROM pending WHERE msg_id = ?", [(i,) for i in new])
+        db.executemany("INSERT INTO outcomes VALUES (?, ?, ?)", [(i, DELIVERED, now_ms) for i in new])
+        return new
 
     def _end(self, msg_id, outcome, now_ms):
         """A pending entry delivered or cancelled: moved to the outcomes. The first end wins (a CANCEL after a
@@ -136,6 +159,35 @@ class TimerIndex:
         ``(msg_id, due_ms, topic, partition, flag, checksum, born_ms, data)``."""
         return self._db.execute("SELECT %s, data FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id LIMIT ?"
                                 % _COLUMNS, (until_ms, limit)).fetchall()
+
+    def due_ids(self, until_ms, limit, after=None):
+        """``(due_ms, msg_id)`` of the pending rows due at or before ``until_ms``, earliest first, at most ``limit``,
+        past ``after`` (a ``(due_ms, msg_id)``: the last of the previous page)."""
+        if after is None:
+            return self._db.execute("SELECT due_ms, msg_id FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id "
+                                    "LIMIT ?", (until_ms, limit)).fetchall()
+        return self._db.execute("SELECT due_ms, msg_id FROM pending WHERE due_ms <= ? AND (due_ms > ? OR "
+                                "(due_ms = ? AND msg_id > ?)) ORDER BY due_ms, msg_id LIMIT ?",
+                                (until_ms, after[0], after[0], after[1], limit)).fetchall()
+
+    def window_rows(self, from_ms, until_ms, limit, max_bytes):
+        """The delivery window's rows: as ``due``, due from ``from_ms`` (None: any time) to ``until_ms``, at most
+        ``limit`` of them and ``max_bytes`` of their data (at least one row); ``(rows, cut_due)``: ``cut_due`` the due
+        time of the first row a bound left out (None when none was)."""
+        if from_ms is None:
+            cur = self._db.execute("SELECT %s, data FROM pending WHERE due_ms <= ? ORDER BY due_ms, msg_id LIMIT ?"
+                                   % _COLUMNS, (until_ms, limit + 1))
+        else:
+            cur = self._db.execute("SELECT %s, data FROM pending WHERE due_ms >= ? AND due_ms <= ? ORDER BY due_ms, "
+                                   "msg_id LIMIT ?" % _COLUMNS, (from_ms, until_ms, limit + 1))
+        rows, nbytes = [], 0
+        for row in cur:
+            nbytes += len(row[7])
+            if len(rows) >= limit or (rows and nbytes > max_bytes):
+                cur.close()
+                return rows, row[1]
+            rows.append(row)
+        return rows, None
 
     def next_due(self):
         """The earliest pending due time, or None."""

@@ -96,17 +96,23 @@ def test_the_consumer_drains_highest_first_and_keeps_offsets_per_level(broker):
     with broker.client() as c:
         create(c, "jobs", partitions=1, priorities=LEVELS, priority_max_wait_ms=limits.MAX_PRIORITY_MAX_WAIT_MS)
         sent = backlog(c, "jobs")
-    got, lock = [], threading.Lock()
+    got, lock, first, go_on = [], threading.Lock(), threading.Event(), threading.Event()
 
     def handler(m):
         with lock:
             got.append((m.priority, m.body))
+        first.set()
+        go_on.wait(30)  # the first message is held until the lag was read
 
     total = sum(len(v) for v in sent.values())
     consumer = Consumer("workers", brokers=[url(broker)], long_poll_ms=500, max_size=300, commit_interval=0.2)
     with consumer.subscribe("jobs", handler, priorities=LEVELS):
         consumer.start()
+        assert first.wait(30)
+        assert sum(consumer.lag().values()) == total  # every level's backlog: the first message is not done yet
+        go_on.set()
         wait_for(lambda: len(got) >= total, what=lambda: "%d of %d delivered" % (len(got), total))
+        wait_for(lambda: sum(consumer.lag().values()) == 0, 10, lambda: "lag %s" % consumer.lag())
     bodies = {k: [b for lv, b in got if lv == k] for k in range(LEVELS)}
     assert_highest_first([lv for lv, _b in got], bodies, sent)
     broker.stop()

@@ -143,3 +143,60 @@ def test_put_at_pipelines_at_and_past_the_first_scan_cap_take_the_fast_path(brok
         assert ids == sorted(ids) and len(set(ids)) == count
         assert count - 2 <= int(c.stats_dict()["burst_puts"]) - before <= count
         wait_for(lambda: set(ids) <= {r[0] for r in timers(c, "t-a")}, 30, "every one indexed")
+
+
+def _index_rows(path):
+    """What a timers.db holds: pending rows, outcomes (without their time) and the indexed offset."""
+    import sqlite3
+    db = sqlite3.connect(str(path))
+    try:
+        return (db.execute("SELECT * FROM pending ORDER BY msg_id").fetchall(),
+                db.execute("SELECT msg_id, outcome FROM outcomes ORDER BY msg_id").fetchall(),
+                db.execute("SELECT value FROM meta WHERE key = 'indexed_offset'").fetchone())
+    finally:
+        db.close()
+
+
+def test_the_index_built_from_the_puts_hand_off_equals_the_one_the_log_rebuilds(broker_factory, tmp_path):
+    """The master's indexer applies what its own puts, cancels and deliveries wrote as they handed it over
+    (``timers_indexed_direct``), not read back from the log. Deleting timers.db makes a restart rebuild it from
+    the log alone: the two must be the same, row for row (pending data, outcomes, indexed offset)."""
+    import os
+
+    from tests.harness.timers import cancel
+    rng = random.Random(5)
+    base = int(time.time() * 1000)
+    frames, soon = mixed_timer_burst(rng, 600, base)
+    data_dir = tmp_path / "d"
+    cfg = small_config(data_dir, topics=TOPICS)
+    b = broker_factory(cfg, workdir=tmp_path / "w")
+    with b.client() as c:
+        c.call(TimerPut("t-a", 0, 0, b"first", 0, metaq_checksum(b"first"), "@%d" % (base + 3_600_000)))
+        replies = send_in_pieces(b.port, b"".join(frames), sorted(rng.sample(range(1, 10_000), 20)), len(frames))
+        soon_at = b" @%d " % (base + 1500)
+        ids = [int(e.body.split()[0]) for e in replies
+               if e.code == 200 and e.body.endswith(b" -1") and soon_at not in frames[e.opaque]]
+        assert len(ids) > 300
+        for msg_id in ids[::7]:  # cancels (of ones due in hours): CANCEL records, handed over too
+            assert cancel(c, msg_id) == (200, "cancelled")
+        plain = sum(1 for e in replies if normalized(e, set())[0] == "put")
+        wait_for(lambda: sum(1 for t in ("t-a", "t-b") for p in range(4) for _r in consume_all(c, t, p))
+                 >= len(soon) + plain, 30, "the soon ones delivered (DONE records)")
+        wait_for(lambda: int(c.stats_dict()["timers_pending"]) == len(timers(c, limit=1000)), 30, "indexed")
+        stats = c.stats_dict()
+        assert int(stats["timers_indexed_direct"]) > 300, stats["timers_indexed_direct"]
+        assert int(stats["timers_delivered"]) >= len(soon)
+    b.stop()
+    handed = _index_rows(data_dir / "timers.db")
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(str(data_dir / "timers.db") + suffix):
+            os.remove(str(data_dir / "timers.db") + suffix)
+    b.start()
+    with b.client() as c:
+        wait_for(lambda: int(c.stats_dict()["timers_pending"]) == len(handed[0]), 30, "rebuilt from the log")
+        assert int(c.stats_dict()["timers_indexed_direct"]) == 0
+    b.stop()
+    rebuilt = _index_rows(data_dir / "timers.db")
+    assert rebuilt[2] == handed[2]
+    assert rebuilt[1] == handed[1]
+    assert rebuilt[0] == handed[0]

@@ -80,3 +80,42 @@ def test_topics_created_altered_and_deleted_over_http(broker_factory, tmp_path):
         assert r.code == 400 and b"deleted" in r.body, r
     assert request(b, "DELETE", "/api/topics/orders").status in (400, 404)
     assert request(b, "DELETE", "/api/topics/SCHEDULE_TOPIC_XXXX").status == 400
+
+
+def test_timers_listed_and_cancelled_over_http(broker_factory, tmp_path):
+    """``GET /api/timers`` lists what ``metaq-admin timers list`` lists; ``DELETE /api/timers/{id}`` cancels as the
+    text ``cancel`` does, and says what happened to a delivered, cancelled or unknown id; nothing else changes."""
+    import time
+
+    from metaq.client.local import small_config
+    from metaq.limits import MAX_TIMER_LIST
+    from tests.harness.broker import consume_all, wait_for
+    from tests.harness.timers import put_at_ok, timers
+
+    b = broker_factory(with_http(small_config(tmp_path / "data")))
+    year = int(time.time() * 1000) + 365 * 86_400_000
+    with b.client() as c:
+        far = [put_at_ok(c, "t-later", b"far-%d" % i, "@%d" % (year + i))[0] for i in range(3)]
+        other = put_at_ok(c, "t-other", b"other", "@%d" % (year + 9))[0]
+        soon = put_at_ok(c, "t-later", b"soon", "+10")[0]
+        wait_for(lambda: len(consume_all(c, "t-later", 0)) == 1, 20, "the soon one delivered")
+        wait_for(lambda: len(timers(c)) == 4, 20, "indexed")
+        listed = request(b, "GET", "/api/timers?topic=t-later")
+        assert listed.status == 200, listed
+        assert [(t["id"], t["due_ms"], t["topic"]) for t in listed.json()["timers"]] == [
+            (far[i], year + i, "t-later") for i in range(3)]
+        assert [t["id"] for t in request(b, "GET", "/api/timers?max=2").json()["timers"]] == far[:2]
+        assert request(b, "GET", "/api/timers?max=%d" % MAX_TIMER_LIST).status == 200  # the limit
+        assert request(b, "GET", "/api/timers?max=%d" % (MAX_TIMER_LIST + 1)).status == 400  # one past
+        assert request(b, "GET", "/api/timers?max=0").status == 400
+        done = request(b, "DELETE", "/api/timers/%d" % far[1])
+        assert (done.status, done.json()) == (200, {"id": far[1], "outcome": "cancelled"})
+        for msg_id, word in ((far[1], "cancelled"), (soon, "delivered"), (12345, "unknown")):
+            again = request(b, "DELETE", "/api/timers/%d" % msg_id)
+            assert (again.status, again.json()["outcome"]) == (404, word), again
+        assert request(b, "DELETE", "/api/timers/soon").status == 400
+        assert request(b, "DELETE", "/api/timers/%d" % (2**63 - 1)).json()["outcome"] == "unknown"  # the limit
+        assert request(b, "DELETE", "/api/timers/%d" % 2**63).status == 400  # one past: a clear 400, not a 500
+        assert request(b, "DELETE", "/api/timers/%d" % -2**63).json()["outcome"] == "unknown"
+        assert request(b, "DELETE", "/api/timers/%d" % (-2**63 - 1)).status == 400
+        assert [r[0] for r in timers(c)] == [far[0], far[2], other]  # only that one cancelled

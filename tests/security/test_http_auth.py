@@ -68,3 +68,13 @@ def test_the_http_port_speaks_tls_when_tls_mode_is_on(broker_factory, tmp_path):
         raise AssertionError("an untrusted certificate was accepted")
     except ssl.SSLError:
         pass
+
+
+def test_the_timer_routes_need_admin(broker_factory, tmp_path):
+    b = broker_factory(with_http(secured_config(tmp_path)))
+    assert request(b, "GET", "/api/timers").status == 401
+    for user in ("alice", "bob", "reader"):
+        assert request(b, "GET", "/api/timers", **_as(user)).status == 403
+        assert request(b, "DELETE", "/api/timers/1", **_as(user)).status == 403
+    assert request(b, "GET", "/api/timers", **_as("admin")).json() == {"timers": []}
+    assert request(b, "DELETE", "/api/timers/1", **_as("admin")).json()["outcome"] == "unknown"

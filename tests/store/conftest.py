@@ -31,3 +31,14 @@ def writer(request, monkeypatch):
     if request.param == "python":
         monkeypatch.setattr(batch, "write_run", batch.write_run_py)
     return request.param
+
+
+@pytest.fixture(params=["built", "python"])
+def scanner(request, monkeypatch):
+    """Recovery's scan with the C helper (when built) and with its pure-Python twins (store/recovery_scan.py)."""
+    from metaq.store import recovery_scan
+
+    if request.param == "python":
+        monkeypatch.setattr(recovery_scan, "scan_log", recovery_scan.scan_log_py)
+        monkeypatch.setattr(recovery_scan, "write_units", recovery_scan.write_units_py)
+    return request.param

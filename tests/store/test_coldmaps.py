@@ -55,3 +55,29 @@ def test_a_checkpoint_drops_the_pages_of_cold_maps_and_every_record_reads_back(t
     s = open_store(tmp_path, segment_size=1 << 16, index_file_units=256, flush="async")
     assert [payload_of(m) for m in read_all(s, "test", 0)] == bodies
     s.close(NOW + 3000)
+
+
+def test_reads_past_the_limit_ask_for_the_cold_maps_to_give_their_pages_back(tmp_path, monkeypatch):
+    """``cold_reads_due``: false until reads took ``COLD_READ_DROP_BYTES`` of records since the last drop, true at
+    the limit, false again once the maps gave their pages back; what is read is unchanged."""
+    s = open_store(tmp_path, segment_size=1 << 16, index_file_units=256, flush="async")
+    bodies = [b"%05d" % i + b"r" * 1000 for i in range(200)]
+    for i, body in enumerate(bodies):
+        s.put("test", 0, 0, body, NOW + i)
+    s.mark_flushed(s.flush_log())
+    s.drop_cold_pages()
+    s.read("test", 0, 0, 1)  # one record: learn what a record counts
+    one = s.reads.log_read_bytes - s._read_at_drop
+    monkeypatch.setattr(coldmaps, "COLD_READ_DROP_BYTES", one * 10)
+    s.drop_cold_pages()
+    for k in range(9):
+        s.read("test", 0, k, 1)
+        assert not s.cold_reads_due()  # below the limit
+    s.read("test", 0, 9, 1)
+    assert s.cold_reads_due()  # at the limit
+    s.read("test", 0, 10, 1)
+    assert s.cold_reads_due()  # past it
+    s.drop_cold_pages()
+    assert not s.cold_reads_due()
+    assert [payload_of(m) for m in read_all(s, "test", 0)] == bodies
+    s.close(NOW + 1000)

@@ -107,7 +107,7 @@ def test_prepare_ahead_builds_the_next_index_file(data_dir, monkeypatch):
     s.close(NOW)
 
 
-def test_recovery_removes_a_prepared_segment_left_by_a_crash(data_dir):
+def test_recovery_removes_a_prepared_segment_left_by_a_crash(data_dir, scanner):
     s = open_store(data_dir)
     sent = put_until_past_half(s)
     assert s.prepare_ahead()
@@ -126,7 +126,7 @@ def test_recovery_removes_a_prepared_segment_left_by_a_crash(data_dir):
     s.close(NOW)
 
 
-def test_recovery_tolerates_an_all_zero_segment_renamed_just_before_a_crash(data_dir):
+def test_recovery_tolerates_an_all_zero_segment_renamed_just_before_a_crash(data_dir, scanner):
     s = open_store(data_dir)
     sent = put_until_past_half(s)
     assert s.prepare_ahead()
@@ -198,7 +198,7 @@ CHILD = textwrap.dedent("""
 
 @pytest.mark.integration
 @pytest.mark.fault
-def test_kill_9_with_a_prepared_segment_then_restart(data_dir):
+def test_kill_9_with_a_prepared_segment_then_restart(data_dir, scanner):
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(data_dir)], cwd=REPO, stdout=subprocess.PIPE)
     try:
         n = int(child.stdout.readline())

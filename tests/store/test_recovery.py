@@ -14,6 +14,8 @@ from metaq.store.record import MAGIC_BYTES
 from metaq.store.recovery import read_log
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
+pytestmark = pytest.mark.usefixtures("scanner")  # each test with the C scan and with its Python twin
+
 
 def payload(i, size):
     head = b"p%04d-" % i

@@ -18,7 +18,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
 from metaq.protocol.tags import parse_tag_expression, tag_code
 from metaq.protocol.text import serialize
-from metaq.store import batch
+from metaq.store import batch, recovery_scan
 from metaq.store.files import CHECKPOINT_MAGIC
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE
 from tests.harness.store import NOW, open_store
@@ -57,9 +57,11 @@ def idem_frames(messages, pid, first_seq):
 
 @pytest.fixture(params=["built", "python"])
 def twin(request, monkeypatch):
-    """The C scanners and writer (when built), or their pure-Python twins."""
+    """The C scanners and writer and recovery's scan (when built), or their pure-Python twins."""
     if request.param == "python":
         monkeypatch.setattr(batch, "write_run", batch.write_run_py)
+        monkeypatch.setattr(recovery_scan, "scan_log", recovery_scan.scan_log_py)
+        monkeypatch.setattr(recovery_scan, "write_units", recovery_scan.write_units_py)
         return burst.scan_puts_py, idemburst.scan_idem_burst_py
     if burst.scan_puts is burst.scan_puts_py:
         pytest.skip("the C helper is not built")

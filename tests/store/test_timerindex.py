@@ -87,3 +87,56 @@ def test_rewind_goes_back_only_and_keeps_what_was_applied(tmp_path):
     ix = TimerIndex(str(tmp_path))
     assert ix.indexed_offset == 1
     ix.close()
+
+
+_IDS = [1, 2, 3, 4, 5, 600, 601]
+
+
+def _records():
+    from hypothesis import strategies as st
+    ent = st.tuples(st.sampled_from(_IDS), st.integers(0, 50)).map(lambda t: (t[0], entry(NOW + t[1], data=b"%d" % t[1])))
+    done = st.lists(st.sampled_from(_IDS + [999]), min_size=1, max_size=8).map(lambda ids: (0, TimerDone(tuple(ids))))
+    cancel = st.sampled_from(_IDS + [999]).map(lambda i: (0, TimerCancel(i)))
+    return st.lists(st.lists(st.one_of(ent, ent, done, cancel), max_size=12), max_size=6)
+
+
+def _model_apply(pending, outcomes, batch):
+    """What apply must do, one record at a time (the first end wins; a cancel needs something pending)."""
+    added, ended = 0, []
+    for msg_id, rec in batch:
+        if isinstance(rec, TimerEntry):
+            if msg_id not in outcomes and msg_id not in pending:
+                pending[msg_id] = rec
+                added += 1
+        elif isinstance(rec, TimerCancel):
+            if rec.msg_id not in outcomes and rec.msg_id in pending:
+                del pending[rec.msg_id]
+                outcomes[rec.msg_id] = CANCELLED
+                ended.append(rec.msg_id)
+        else:
+            for i in rec.msg_ids:
+                if i not in outcomes:
+                    pending.pop(i, None)
+                    outcomes[i] = DELIVERED
+                    ended.append(i)
+    return added, ended
+
+
+def test_apply_does_what_one_record_at_a_time_would(tmp_path_factory):
+    """Batched inserts (one executemany per run of entries) and a DONE's ids ended in a few statements: the same
+    pending rows, outcomes and (added, ended) counts as applying each record alone, for any mix, repeated ids and
+    re-applied records included."""
+    from hypothesis import given, settings
+
+    @settings(max_examples=150, deadline=None)
+    @given(_records())
+    def check(batches):
+        ix = TimerIndex(str(tmp_path_factory.mktemp("ix")))
+        pending, outcomes = {}, {}
+        for n, batch in enumerate(batches, 1):
+            assert ix.apply(batch, n, NOW) == _model_apply(pending, outcomes, batch)
+        assert {r[0]: r[1:] for r in ix.due(NOW + 100, 100)} == {
+            i: (e.due_ms, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data) for i, e in pending.items()}
+        assert {i: ix.outcome(i) for i in _IDS + [999]} == {i: outcomes.get(i) for i in _IDS + [999]}
+        ix.close()
+    check()

@@ -16,59 +16,33 @@ anything else, and everything after it, is left to the general path, which answe
 while puts are refused, replication is synchronous, or this broker does not deliver timers (a slave).
 """
 
-import re
-
 from metaq import errors
 from metaq.limits import validate_partition
-from metaq.protocol.checksum import crc32
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal
 from metaq.protocol.priority import is_level_topic
-from metaq.protocol.text import encode_result
-from metaq.protocol.timer import TIMER_TOPIC, encode_entry, parse_when
+from metaq.protocol.timer import TIMER_TOPIC, TimerEntry
+from metaq.protocol.timerburst import scan_put_ats
 from metaq.server.flusher import now_ms
 from metaq.server.text.fastidem import DONE, MORE
 
-#: One plain ``put_at`` line: topic, partition, length, flag 0, checksum, when, opaque.
-_LINE = re.compile(rb"put_at ([\x21-\x7e]{1,255}) (\d{1,10}) (\d{1,10}) 0 (-1|\d{1,10}) ([@+]\d{1,19}) "
-                   rb"(-?\d{1,10})\r\n")
 _TIMER = TIMER_TOPIC.encode()
 _INTERNAL = (TIMER_TOPIC, SCHEDULE_TOPIC)
-_INT32 = 2 ** 31
 
 
-def scan_put_ats(buf, pos, end, cap, max_body, now, check_topic):
-    """The plain ``put_at`` frames at ``buf[pos:end]`` (at most ``cap``), checked: ``[(topic, partition, opaque,
-    entry, frame end, body length)]``. ``check_topic(topic, partition)`` raises what the general path would answer."""
-    taken = []
-    checked = set()
-    while pos < end and len(taken) < cap:
-        m = _LINE.match(buf, pos, end)
-        if m is None:
-            break
-        topic_b, part_b, len_b, checksum_b, when_b, opaque_b = m.groups()
-        partition, length, checksum, opaque = int(part_b), int(len_b), int(checksum_b), int(opaque_b)
-        body_start = m.end()
-        body_end = body_start + length
-        if partition >= _INT32 or checksum >= _INT32 or not -_INT32 <= opaque < _INT32 or length > max_body \
-                or body_end > end:
-            break
-        body = bytes(buf[body_start:body_end])
-        computed = crc32(body) & 0x7FFFFFFF
-        if checksum != -1 and checksum != computed:
-            break
-        try:
-            topic = topic_b.decode("ascii")
-            if (topic, partition) not in checked:
-                check_topic(topic, partition)
-                checked.add((topic, partition))
-            due = parse_when(when_b, now)
-            entry = encode_entry(topic, partition, 0, computed, due, now, body)
-        except (errors.MetaqError, UnicodeDecodeError):
-            break
-        taken.append((topic, partition, opaque, entry, body_end, length))
-        pos = body_end
-    return taken
+def checked(items, check_topic):
+    """``items`` (``scan_put_ats``'s) up to the first whose topic and partition ``check_topic`` refuses (it raises
+    what the general path would answer)."""
+    seen = set()
+    for k, item in enumerate(items):
+        key = (item[0], item[1])
+        if key not in seen:
+            try:
+                check_topic(*key)
+            except errors.MetaqError:
+                return items[:k]
+            seen.add(key)
+    return items
 
 
 def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish):
@@ -89,32 +63,36 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_p
         store.check_creatable(topic, partition)
 
     now = now_ms()
-    scanned = scan_put_ats(buf, pos, end, cap, fast.max_body, now, check_topic)
+    items, src, _nxt = scan_put_ats(buf, pos, end, fast.max_body, cap, now, _TIMER, TimerEntry)
+    scanned = checked(items, check_topic)
     if not scanned:
         return wait_pos, pos, DONE
-    fast.stats.burst_scanned_bytes += scanned[-1][4] - pos
-    src, frames, at = [], [], 0
-    for _topic, _partition, opaque, entry, _end, _length in scanned:
-        frames.append((_TIMER, 0, 0, opaque, at, len(entry), crc32(entry)))
-        src.append(entry)
-        at += len(entry)
-    taken, runs = store.put_burst(frames, b"".join(src), now)
+    fast.stats.burst_scanned_bytes += scanned[-1][3] - pos
+    taken, runs = store.put_burst([item[5] for item in scanned], src, now)
     if not taken:
         return wait_pos, pos, DONE
-    pos = scanned[taken - 1][4]
+    pos = scanned[taken - 1][3]
     parser.consume_to(pos)
     fast.stats.burst_puts += taken
     stats = fast.stats
     registry = path.registry
-    for topic, _partition, _opaque, _entry, _end, length in scanned[:taken]:
-        stats.on_put(topic, length)
+    counts = {}
+    for item in scanned[:taken]:
+        c = counts.get(item[0])
+        counts[item[0]] = (1, item[4]) if c is None else (c[0] + 1, c[1] + item[4])
+    for topic, (count, size) in counts.items():
+        stats.on_puts(topic, count, size)
         if registry is not None and topic not in registry.registered_topics:
             registry.topic_created(topic)
     sync_flush = fast.sync_flush
-    for _key, count, _nbytes, first_id, _first_offset, first, log_end in runs:
+    for _key, count, _nbytes, first_id, first_offset, first, log_end in runs:
         run = scanned[first:first + count]
-        out.append(b"".join(encode_result(200, b"%d %d -1" % (first_id + k, f[1]), f[2])
-                            for k, f in enumerate(run)))
+        timers.written_run(first_offset, first_id, [f[6] for f in run], [f[5][5] for f in run], log_end)
+        replies = []
+        for k, f in enumerate(run):
+            body = b"%d %d -1" % (first_id + k, f[1])
+            replies.append(b"result 200 %d %d\r\n%s" % (len(body), f[2], body))
+        out.append(b"".join(replies))
         if sync_flush:
             durable.append((len(out) - 1, [f[2] for f in run]))
             if log_end > wait_pos:

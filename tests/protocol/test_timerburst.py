@@ -1,0 +1,130 @@
+"""The put_at burst scanner: the C helper equals the Python reference, frame for frame and byte for byte; what it
+takes is what the general path stores (``encode_entry`` of ``parse_when``'s due time), and it stops at every frame
+the general path must answer."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
+from metaq.protocol.checksum import crc32, metaq_checksum
+from metaq.protocol.timer import TIMER_TOPIC, TimerEntry, decode, encode_entry, parse_when
+from metaq.protocol.timerburst import scan_put_ats_py
+
+try:
+    from metaq._speedups import scan_put_ats as _c
+except ImportError:  # not built: the Python reference is what runs
+    _c = None
+
+needs_c = pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+
+NOW = 1_790_000_000_000
+MAX_BODY = 300
+TIMER = TIMER_TOPIC.encode()
+
+
+def scan_c(buf, pos, end, max_body, max_frames, now_ms, timer_topic=TIMER, entry_type=TimerEntry):
+    return _c(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, MAX_NAME_BYTES,
+              MAX_DELIVER_AHEAD_MS)
+
+
+def frame(topic=b"t", partition=0, body=b"hello", flag=b"0", checksum=None, when=b"+1000", opaque=7):
+    checksum = metaq_checksum(body) if checksum is None else checksum
+    return b"put_at %s %d %d %s %d %s %d\r\n%s" % (topic, partition, len(body), flag, checksum, when, opaque, body)
+
+
+topics = st.one_of(st.binary(min_size=1, max_size=12).map(lambda b: bytes(0x21 + x % 94 for x in b)),
+                   st.sampled_from([b"x" * MAX_NAME_BYTES, b"x" * (MAX_NAME_BYTES + 1), b"x" * 255, b"x" * 256]))
+whens = st.one_of(
+    st.integers(0, 10**6).map(lambda v: b"+%d" % v),
+    st.integers(0, NOW * 2).map(lambda v: b"@%d" % v),
+    st.sampled_from([b"+%d" % MAX_DELIVER_AHEAD_MS, b"+%d" % (MAX_DELIVER_AHEAD_MS + 1),
+                     b"@%d" % (NOW + MAX_DELIVER_AHEAD_MS), b"@%d" % (NOW + MAX_DELIVER_AHEAD_MS + 1),
+                     b"@" + b"9" * 19, b"+" + b"9" * 19, b"@" + b"1" * 20, b"@-5", b"+", b"5", b"@0"]))
+
+
+@st.composite
+def put_at_frames(draw):
+    body = draw(st.binary(max_size=40))
+    good = metaq_checksum(body)
+    checksum = draw(st.sampled_from([good] * 6 + [-1, (good + 1) % 2**31, 2**31, -2]))
+    rare = draw(st.integers(0, 5)) == 0
+    partition = draw(st.sampled_from([2**31 - 1, 2**31, 10**10 - 1]) if rare else st.integers(0, 7))
+    opaque = draw(st.one_of(st.integers(-5, 5), st.integers(-2**31 - 1, 2**31)))
+    flag = draw(st.sampled_from([b"0"] * 8 + [b"1", b"00", b"-0"]))
+    return frame(draw(topics), partition, body, flag, checksum, draw(whens), opaque)
+
+
+@st.composite
+def bursts(draw):
+    parts = draw(st.lists(st.one_of(put_at_frames(), put_at_frames(), put_at_frames(), put_at_frames(),
+                                    st.sampled_from([b"version 3\r\n", b"put t 0 1 0 -1 1\r\nX", b"\r\n",
+                                                     b"put_at t 0 1 0 -1 +1 1\nX", b"put_at t 0 99 0 -1 +1 1\r\nX"])),
+                          max_size=8))
+    buf = b"".join(parts)
+    end = draw(st.integers(0, len(buf)))
+    pos = draw(st.integers(0, end)) if draw(st.booleans()) else 0
+    return buf, pos, end
+
+
+def test_a_plain_frame_is_taken_as_the_general_path_stores_it():
+    buf = frame(b"orders", 3, b"body!", when=b"+2500", opaque=-9) + b"version\r\n"
+    items, src, nxt = scan_put_ats_py(buf, 0, len(buf), MAX_BODY, 10, NOW, TIMER, TimerEntry)
+    assert nxt == buf.index(b"version")
+    ((topic, partition, opaque, end, length, burst, entry),) = items
+    assert (topic, partition, opaque, end, length) == ("orders", 3, -9, nxt, 5)
+    expected = encode_entry("orders", 3, 0, metaq_checksum(b"body!"), parse_when(b"+2500", NOW), NOW, b"body!")
+    assert src == expected
+    assert burst == (TIMER, 0, 0, -9, 0, len(expected), crc32(expected))
+    assert entry == decode(expected) == TimerEntry("orders", 3, 0, metaq_checksum(b"body!"), NOW + 2500, NOW, b"body!")
+
+
+@pytest.mark.parametrize("bad", [
+    frame(flag=b"1"),  # an attribute: the general path's
+    frame(checksum=metaq_checksum(b"hello") + 1),  # a wrong checksum: answered 4xx there
+    frame(when=b"+%d" % (MAX_DELIVER_AHEAD_MS + 1)),  # too far ahead: 400 there
+    frame(when=b"@%d" % (NOW + MAX_DELIVER_AHEAD_MS + 1)),
+    frame(when=b"@-1"), frame(when=b"soon"),
+    frame(topic=b"x" * (MAX_NAME_BYTES + 1)),
+    frame(partition=2**31), frame(opaque=2**31),
+    frame(body=b"x" * (MAX_BODY + 1)),
+    frame()[:-1],  # the body not whole yet
+])
+def test_the_scan_stops_at_a_frame_the_general_path_answers(bad):
+    scan = [scan_put_ats_py] + ([scan_c] if _c is not None else [])
+    buf = frame(opaque=1) + bad + frame(opaque=2)
+    for fn in scan:
+        items, _src, nxt = fn(buf, 0, len(buf), MAX_BODY, 10, NOW, TIMER, TimerEntry)
+        assert [i[2] for i in items] == [1] and nxt == len(frame(opaque=1))
+
+
+def test_at_the_limits_and_one_past():
+    scan = [scan_put_ats_py] + ([scan_c] if _c is not None else [])
+    for fn in scan:
+        at = frame(when=b"+%d" % MAX_DELIVER_AHEAD_MS) + frame(topic=b"x" * MAX_NAME_BYTES) + \
+            frame(body=b"x" * MAX_BODY)
+        assert len(fn(at, 0, len(at), MAX_BODY, 10, NOW, TIMER, TimerEntry)[0]) == 3
+        assert len(fn(at, 0, len(at), MAX_BODY, 2, NOW, TIMER, TimerEntry)[0]) == 2  # max_frames
+        past = frame(when=b"@1") + frame(when=b"+0")  # a past time is now
+        items = fn(past, 0, len(past), MAX_BODY, 10, NOW, TIMER, TimerEntry)[0]
+        assert [i[6].due_ms for i in items] == [NOW, NOW]
+
+
+@needs_c
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bursts(), st.integers(1, 9))
+def test_the_c_twin_equals_the_reference(burst, max_frames):
+    buf, pos, end = burst
+    assert scan_c(buf, pos, end, MAX_BODY, max_frames, NOW) == \
+        scan_put_ats_py(buf, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry)
+    mv = memoryview(bytearray(buf))  # the connection's receive buffer is a bytearray
+    assert scan_c(mv, pos, end, MAX_BODY, max_frames, NOW) == \
+        scan_put_ats_py(mv, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry)
+
+
+@needs_c
+def test_the_c_twin_refuses_positions_outside_the_buffer():
+    with pytest.raises(ValueError):
+        scan_c(b"abc", 0, 4, MAX_BODY, 1, NOW)
+    with pytest.raises(ValueError):
+        scan_c(b"abc", 2, 1, MAX_BODY, 1, NOW)
