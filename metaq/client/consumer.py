@@ -413,6 +413,10 @@ class Consumer(ConsumerReads):
                             "the master" if url == master else "slave", url, master or "not registered")
         return url
 
+    def is_slave_read(self, broker_id, url):
+        """True when ``url`` (where a read went) is not ``broker_id``'s master: reads failed over to a slave."""
+        return bool(self.zk_connect) and url != self._url_of(broker_id)
+
     def connection(self, broker_id, read=False):
         url = self._read_url_of(broker_id) if read else self._url_of(broker_id)
         if not url:

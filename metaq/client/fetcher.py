@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 LONG_POLL_MARGIN_S = 5.0
 #: Fetch errors back off from this delay, doubling up to FETCH_BACKOFF_MAX_S.
 FETCH_BACKOFF_MIN_S, FETCH_BACKOFF_MAX_S = 0.05, 5.0
+#: Seconds between two gets to a slave that ends before the offset already read from its master.
+SLAVE_BEHIND_WAIT_S = 0.3
 #: Seconds close()/revoke wait for a fetch thread whose handler is still running.
 STOP_TIMEOUT_S = 30.0
 
@@ -86,6 +88,7 @@ class PartitionFetcher:
         self._client_filters = False  # True once the broker turned get_tags down as unknown: plain gets
         self._no_expect = False  # True once the broker turned a get's expect down (older than it): gets without
         self._read = Checkpoints()  # records read, for a get's expect and a divergence (client/divergence.py)
+        self._behind = None  # (slave url, offset) while a slave behind this fetcher's offset is waited for
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="metaq-fetch-%s-%s" % (self.topic, partition))
 
@@ -250,6 +253,10 @@ class PartitionFetcher:
             raise errors.RequestTimeout("no reply to a get from %s" % conn.url)
         what = "get %s %s %d" % (self.topic, self.partition, offset)
         reply = future.result(0)
+        if isinstance(reply, ev.Result) and reply.code == 301 and reply.body.isdigit() \
+                and int(reply.body) < offset and consumer.is_slave_read(self.partition.broker_id, conn.url):
+            self._wait_for_slave(conn.url, offset, int(reply.body))
+            return [], offset
         if expect is not None and isinstance(reply, ev.Result) and reply.code == 400 and b" needs " in reply.body:
             log.warning("%s %s: the broker at %s does not check a get's last record (no expect: it is older): a "
                         "failover that rewrites what was read goes unnoticed there", self.topic, self.partition,
@@ -265,6 +272,17 @@ class PartitionFetcher:
             self._client_filters = True  # a broker older than the extension: every record read, filtered here
             return [], offset
         return tagged_records_of(reply, offset, what)
+
+    def _wait_for_slave(self, url, offset, end):
+        """Reads failed over to a slave that has not copied what this fetcher read from the master (async
+        replication lags): the offset stays, and the slave is asked again (it catches up, the master returns, or
+        it is promoted: then a master's own "outside the partition" moves the offset). Going back to the slave's end
+        would deliver again, once the master is back, every message read past it."""
+        if self._behind != (url, offset):
+            self._behind = (url, offset)
+            log.warning("%s %s: the slave %s ends at offset %d, before %d already read from the master: waiting for "
+                        "it to catch up or for the master", self.topic, self.partition, url, end, offset)
+        self._stop.wait(SLAVE_BEHIND_WAIT_S)
 
     def _deliver(self, records, next_offset):
         """Hand ``records`` (``(offset, record)``) over in order; once all are done, move on to ``next_offset``

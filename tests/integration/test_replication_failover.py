@@ -201,3 +201,62 @@ def test_broker_kept_offsets_go_to_the_master_only_and_are_retried_while_it_is_a
     finally:
         consumer.close()
     assert got == list(range(100))
+
+
+def test_a_consumer_ahead_of_the_slave_it_fails_over_to_waits_and_reads_nothing_twice(broker_factory, tmp_path,
+                                                                                        zk_connect):
+    """The slave's link is cut, the master takes 300 more messages a partition and the consumer reads them all;
+    the master is killed: the slave it fails over to ends 300 messages before what was read. The consumer waits
+    there (it does not go back to the slave's end, which once the master returns would deliver those 300 again),
+    and when the master is back it reads on: every message once."""
+    from tests.harness.faults import LinkProxy
+
+    rport = free_port()
+    proxy = LinkProxy(("127.0.0.1", rport)).start()
+    zk = {"connect": zk_connect, "session_timeout_ms": 4000}
+    try:
+        mcfg = master_config(tmp_path / "m", rport)
+        mcfg["zk"] = zk
+        master = broker_factory(mcfg, workdir=tmp_path / "m")
+        slave = broker_factory(small_config(str(tmp_path / "s" / "data"), zk=zk), workdir=tmp_path / "s",
+                               extra_args=["--slave-of", proxy.address, "--slave-id", "1"])
+        sent = {}
+        with master.client() as c:
+            for i in range(400):
+                if i == 100:
+                    wait_for(lambda: int(stats(slave)["total_messages"]) >= 100, 30, "the slave has the first 100")
+                    proxy.cut()
+                body = b"m%05d" % i
+                _id, part, offset = c.put_ok(TOPIC, body, partition=i % 4)
+                sent[(part, offset)] = body
+        got, twice, lock = {}, [], threading.Lock()
+
+        def handle(message):
+            key = (message.partition.partition, message.offset)
+            with lock:
+                if key in got:
+                    twice.append(key)
+                got[key] = message.body
+
+        consumer = Consumer("g-ahead", zk_connect=zk_connect, long_poll_ms=300, commit_interval=0.3)
+        consumer.subscribe(TOPIC, handle)
+        try:
+            consumer.start()
+            wait_for(lambda: len(got) >= 400, 30, lambda: "read from the master: %d of 400" % len(got))
+            assert int(stats(slave)["total_messages"]) == 100  # the slave is 300 behind
+            master.kill()
+            wait_for(lambda: int(stats(slave)["cmd_get"]) >= 8, 30, "the consumer asks the slave")
+            master.start()
+            proxy.heal()
+            with master.client() as c:
+                for i in range(40):
+                    _id, part, offset = c.put_ok(TOPIC, b"after%03d" % i, partition=i % 4)
+                    sent[(part, offset)] = b"after%03d" % i
+            wait_for(lambda: set(sent) <= set(got), 60, lambda: "%d of %d read" % (len(set(sent) & set(got)),
+                                                                               len(sent)))
+            assert all(got[k] == sent[k] for k in sent)
+            assert not twice, "read twice: %s" % sorted(twice)[:20]
+        finally:
+            consumer.close()
+    finally:
+        proxy.close()
