@@ -66,7 +66,7 @@ class BrokerSection(_Section):
     data_dir: str = "./data"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     burst_puts: bool = True
-    zero_copy_reads: bool = True
+    zero_copy_reads: bool = False
 
     @field_validator("log_level", mode="before")
     @classmethod

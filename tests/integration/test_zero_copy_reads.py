@@ -1,5 +1,5 @@
 """Issue 22 point 2: gets whose records go from the segment maps to the socket answer byte for byte as gets whose
-records are gathered into a buffer first. Two brokers, one with ``broker.zero_copy_reads`` (the default) and one
+records are gathered into a buffer first. Two brokers, one with ``broker.zero_copy_reads`` (opt-in) and one
 without, are given the same puts; the same requests then get the same bytes back: plaintext and TLS (TLS always
 takes the copying path), pipelined bursts, a long poll woken by a put, a reader with a tiny receive buffer that
 reads slowly (the broker's sends stop part way and go on), and a corrupt record (served up to it, then 512)."""
