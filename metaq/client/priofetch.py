@@ -124,6 +124,10 @@ class PriorityFetcher(PartitionFetcher):
             return level, [(start + i, rec) for i, (rec, _end) in enumerate(iter_records(body))]
         if reply.code == 301:
             level, to = (int(x) for x in reply.body.split())
+            if 0 <= level < self.levels and to < self.offsets[level] \
+                    and consumer.is_slave_read(self.partition.broker_id, conn.url):
+                self._wait_for_slave(conn.url, self.offsets[level], to)  # as a plain fetcher (fetcher.py)
+                return 0, []
             log.warning("%s: level %d's offset %d is outside its partition; continuing at %d", what, level,
                         self.offsets[level], to)
             self.offsets[level] = to

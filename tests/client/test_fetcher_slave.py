@@ -68,3 +68,19 @@ def test_a_slave_past_a_retention_cut_moves_the_offset_forward():
     with pytest.raises(errors.Moved) as moved:
         f._fetch()
     assert moved.value.offset == 900
+
+
+def test_a_priority_fetcher_waits_for_a_slave_behind_one_of_its_levels_too():
+    from metaq.client.priofetch import PriorityFetcher
+
+    conn = Conn("meta://slave", ev.Result(301, b"2 10", 0))
+    f = PriorityFetcher(Consumer(conn, True), SimpleNamespace(topic="t", tags=None, priorities=3), Partition(7, 0))
+    f.offsets = [5, 6, 40]
+    assert f._fetch() == (0, [])
+    assert f.offsets == [5, 6, 40]  # level 2 stays at 40, not back to the slave's 10
+    conn.reply = ev.Result(301, b"2 10", 0)
+    f2 = PriorityFetcher(Consumer(conn, False), SimpleNamespace(topic="t", tags=None, priorities=3),
+                         Partition(7, 0))
+    f2.offsets = [5, 6, 40]
+    f2._fetch()
+    assert f2.offsets == [5, 6, 10]  # a master's answer moves it
