@@ -57,7 +57,7 @@ def test_flags_override_the_file(tmp_path):
     assert r.returncode == 0, r.stderr
     out = yaml.safe_load(r.stdout)
     assert out["broker"] == {"id": 5, "host": "127.0.0.2", "port": 9100, "data_dir": "/tmp/x",
-                             "log_level": "INFO", "burst_puts": True}
+                             "log_level": "INFO", "burst_puts": True, "zero_copy_reads": False}
     assert out["store"]["flush"] == "async"
 
 
