@@ -468,6 +468,28 @@ static int record_ok(const unsigned char *r, long long size) {
     return (uint32_t)crc_of(r + CRC_START, (Py_ssize_t)(size - CRC_START), 0) == get32(r + 8);
 }
 
+/* gather_records' and check_ranges' first pass, over the units only (they may run far past the limit): how many
+ * records fit ``limit`` (at least one) within the segment, their MetaQ forms' bytes in *total; *stop GATHER_FULL when
+ * the limit stopped them (else left as it is). */
+static Py_ssize_t count_units(const unsigned char *units, Py_ssize_t nunits, Py_ssize_t skip, Py_ssize_t log_len,
+                              long long seg_start, long long seg_end, Py_ssize_t limit, Py_ssize_t nbytes,
+                              Py_ssize_t *total, int *stop) {
+    Py_ssize_t count = 0;
+    for (; count < nunits; count++) {
+        const unsigned char *u = units + count * UNIT_SIZE;
+        long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
+        long long size = (int32_t)get32(u + 8), ln = size - skip;
+        if (nbytes + *total + ln > limit && nbytes + *total > 0) {
+            *stop = GATHER_FULL;
+            break;
+        }
+        if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > log_len)
+            break;
+        *total += ln;
+    }
+    return count;
+}
+
 static PyObject *gather_records(PyObject *self, PyObject *args) {
     PyObject *units_obj, *log_obj;
     Py_ssize_t skip, limit, nbytes;
@@ -487,18 +509,7 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
     int stop = GATHER_END;
     /* First pass, over the units only: how many records, how many bytes. */
-    for (; count < nunits; count++) {
-        const unsigned char *u = units + count * UNIT_SIZE;
-        long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
-        long long size = (int32_t)get32(u + 8), ln = size - skip;
-        if (nbytes + total + ln > limit && nbytes + total > 0) {
-            stop = GATHER_FULL;
-            break;
-        }
-        if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
-            break;
-        total += ln;
-    }
+    count = count_units(units, nunits, skip, lb.len, seg_start, seg_end, limit, nbytes, &total, &stop);
     /* Second pass: each record checked (with verify) then copied while its bytes are still in the cache; the
      * copy stops before a corrupt record and the buffer is cut to what was copied. */
     PyObject *data = PyBytes_FromStringAndSize(NULL, total);
@@ -547,19 +558,8 @@ static PyObject *check_ranges(PyObject *self, PyObject *args) {
     const unsigned char *units = (const unsigned char *)ub.buf, *log = (const unsigned char *)lb.buf;
     Py_ssize_t nunits = ub.len / UNIT_SIZE, count = 0, total = 0;
     int stop = GATHER_END;
-    /* First pass, over the units only (they may run far past the limit): how many records. */
-    for (; count < nunits; count++) {
-        const unsigned char *u = units + count * UNIT_SIZE;
-        long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
-        long long size = (int32_t)get32(u + 8), ln = size - skip;
-        if (nbytes + total + ln > limit && nbytes + total > 0) {
-            stop = GATHER_FULL;
-            break;
-        }
-        if (phys < seg_start || phys >= seg_end || ln < HEADER_SIZE || phys - seg_start + size > lb.len)
-            break;
-        total += ln;
-    }
+    /* First pass, over the units only: how many records, how many bytes. */
+    count = count_units(units, nunits, skip, lb.len, seg_start, seg_end, limit, nbytes, &total, &stop);
     /* Second pass: each record checked in place; the ranges stop before a corrupt one. */
     PyObject *ranges = PyBytes_FromStringAndSize(NULL, count * 2 * (Py_ssize_t)sizeof(int64_t));
     if (ranges != NULL) {
