@@ -7,6 +7,7 @@
  * tests/store hold them equal), and a thread for the flusher:
  *
  *   scan_put_ats(...)                              == metaq.protocol.timerburst.scan_put_ats_py (_timerscan.c)
+ *   encode_timer_acks(items, start, count, first_id) == metaq.protocol.timerburst.encode_timer_acks_py (same)
  *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
  *                                                 == metaq.protocol.burst.scan_puts_py
  *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])
@@ -741,6 +742,8 @@ static PyMethodDef methods[] = {
     {"scan_put_ats", scan_put_ats, METH_VARARGS,
      "scan_put_ats(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, max_name, max_ahead_ms)"
      " -> (items, src, next_pos)"},
+    {"encode_timer_acks", encode_timer_acks, METH_VARARGS,
+     "encode_timer_acks(items, start, count, first_id) -> the result 200 replies of taken put_ats, joined"},
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},

@@ -11,6 +11,7 @@ extern PyTypeObject SyncWorkerType;
 PyObject *scan_idem_burst(PyObject *self, PyObject *args);
 /* scan_put_ats (_timerscan.c), in the module's method table (_speedups.c). */
 PyObject *scan_put_ats(PyObject *self, PyObject *args);
+PyObject *encode_timer_acks(PyObject *self, PyObject *args);
 
 /* scan_log, write_units and nonzero_end (_recoveryscan.c), in the module's method table (_speedups.c). */
 PyObject *scan_log(PyObject *self, PyObject *args);

@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "_speedups.h"
@@ -116,6 +117,30 @@ static void entry_head(unsigned char *r, const struct put_at *f, long long now) 
     be64(r + 28, (uint64_t)now);
 }
 
+/* entry_type(topic, partition, 0, checksum, due, now, body). A NamedTuple's __new__ is tuple.__new__ with its
+ * fields: the tuple is built here as tuple.__new__ builds a subclass's (tp_alloc, then the items), without the
+ * call through the generated Python __new__ (a Python frame per message). Any other type is called. */
+static PyObject *new_entry(PyObject *entry_type, PyObject *topic, long long partition, long long checksum,
+                           long long due, long long now, PyObject *body) {
+    if (!PyType_Check(entry_type) || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type))
+        return PyObject_CallFunction(entry_type, "OLiLLLO", topic, partition, 0, checksum, due, now, body);
+    PyObject *v[7] = {topic, PyLong_FromLongLong(partition), PyLong_FromLong(0), PyLong_FromLongLong(checksum),
+                      PyLong_FromLongLong(due), PyLong_FromLongLong(now), body};
+    PyObject *entry = NULL;
+    if (v[1] != NULL && v[2] != NULL && v[3] != NULL && v[4] != NULL && v[5] != NULL)
+        entry = ((PyTypeObject *)entry_type)->tp_alloc((PyTypeObject *)entry_type, 7);
+    if (entry != NULL) {
+        Py_INCREF(topic);
+        Py_INCREF(body);
+        for (int k = 0; k < 7; k++)
+            PyTuple_SET_ITEM(entry, k, v[k]); /* steals: the new ints, and the two references just taken */
+        return entry;
+    }
+    for (int k = 1; k < 6; k++)
+        Py_XDECREF(v[k]);
+    return NULL;
+}
+
 PyObject *scan_put_ats(PyObject *self, PyObject *args) {
     PyObject *obj, *timer_topic, *entry_type;
     Py_ssize_t pos, end, max_body, max_frames, max_name;
@@ -152,8 +177,7 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
         PyObject *body = PyBytes_FromStringAndSize((const char *)f.body, f.length);
         PyObject *entry = NULL, *item = NULL;
         if (topic != NULL && body != NULL)
-            entry = PyObject_CallFunction(entry_type, "OLiLLLO", topic, f.partition, 0,
-                                          (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body);
+            entry = new_entry(entry_type, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body);
         Py_XDECREF(body);
         if (entry != NULL) /* N: the item takes these references, also when it cannot be built */
             item = Py_BuildValue("(NLLnn(OiiLnnk)N)", topic, f.partition, f.opaque,
@@ -192,5 +216,45 @@ done:
     Py_XDECREF(items);
     Py_XDECREF(src);
     PyBuffer_Release(&b);
+    return result;
+}
+
+/* The result 200 replies of a run of taken put_ats (see encode_timer_acks_py): one pass, one bytes object. */
+#define TIMER_REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> -1": at most 85 bytes */
+
+PyObject *encode_timer_acks(PyObject *self, PyObject *args) {
+    PyObject *items;
+    Py_ssize_t start, count;
+    long long first_id;
+    if (!PyArg_ParseTuple(args, "OnnL", &items, &start, &count, &first_id))
+        return NULL;
+    if (!PyList_Check(items))
+        return PyErr_Format(PyExc_TypeError, "items must be a list");
+    if (count < 0)
+        count = 0;
+    if (start < 0 || start + count > PyList_GET_SIZE(items))
+        return PyErr_Format(PyExc_IndexError, "items %zd..%zd of %zd", start, start + count, PyList_GET_SIZE(items));
+    PyObject *result = PyBytes_FromStringAndSize(NULL, count * TIMER_REPLY_MAX);
+    if (result == NULL)
+        return NULL;
+    char *replies = PyBytes_AS_STRING(result), *w = replies;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *t = PyList_GET_ITEM(items, start + k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 3) {
+            Py_DECREF(result);
+            return PyErr_Format(PyExc_TypeError, "an item is a tuple from scan_put_ats");
+        }
+        long long partition = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
+        long long opaque = partition == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+        if (PyErr_Occurred()) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        char body[64];
+        int blen = snprintf(body, sizeof body, "%lld %lld -1", first_id + (long long)k, partition);
+        w += snprintf(w, TIMER_REPLY_MAX, "result 200 %d %lld\r\n%s", blen, opaque, body);
+    }
+    if (_PyBytes_Resize(&result, w - replies) < 0)
+        return NULL;
     return result;
 }

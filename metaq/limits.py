@@ -478,6 +478,17 @@ MAX_TIMER_LIST = 1_000
 #: TIMER_TOPIC records the indexer applies per SQLite transaction.
 TIMER_INDEX_BATCH = 1_000
 
+#: Bytes of timers.db pages SQLite keeps in memory (``PRAGMA cache_size``). Each entry adds a row to the due-time
+#: index at a random place; with SQLite's default 2 MiB a million pending meant a pread of an index page per insert.
+TIMER_INDEX_CACHE_BYTES = 32 << 20
+#: Pages of timers.db's write-ahead log before SQLite copies them into the file (``PRAGMA wal_autocheckpoint``;
+#: its default is 1,000). One batch of 1,000 entries dirties hundreds of index pages: with the default, every
+#: batch was checkpointed, writing each page twice; with more, a page changed by many batches is copied once.
+TIMER_INDEX_CHECKPOINT_PAGES = 16_384
+#: Bytes the write-ahead log file is cut back to after a checkpoint (``PRAGMA journal_size_limit``): without it
+#: the file keeps its largest size for good.
+TIMER_INDEX_WAL_BYTES = 64 << 20
+
 #: TIMER_TOPIC records a master's timer service keeps, decoded, as it writes them, so that its indexer applies them
 #: without reading them back from the log and decoding them (server/timers.py ``written``). Past this many not yet
 #: indexed, the newest are not kept and the indexer reads those from the log, as a slave's always does.

@@ -77,3 +77,18 @@ def _c_twin():
 
 
 scan_put_ats = _c_twin()  # the C twin when built
+
+
+def encode_timer_acks_py(items, start, count, first_id):
+    """The ``result 200`` replies, joined, of ``items[start:start + count]`` (``scan_put_ats``'s) stored as
+    consecutive messages from ``first_id`` on: ``result 200 <len> <opaque>\\r\\n<msgId> <partition> -1`` each, byte
+    for byte the general path's answer to a put_at."""
+    out = []
+    for k in range(count):
+        item = items[start + k]
+        body = b"%d %d -1" % (first_id + k, item[1])
+        out.append(b"result 200 %d %d\r\n%s" % (len(body), item[2], body))
+    return b"".join(out)
+
+
+encode_timer_acks = speedups.load("encode_timer_acks", encode_timer_acks_py)  # the C twin when built

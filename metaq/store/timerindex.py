@@ -24,7 +24,8 @@ passed in; no clock here.
 import os
 import sqlite3
 
-from metaq.limits import MAX_TIMER_OUTCOMES
+from metaq.limits import (MAX_TIMER_OUTCOMES, TIMER_INDEX_CACHE_BYTES, TIMER_INDEX_CHECKPOINT_PAGES,
+                          TIMER_INDEX_WAL_BYTES)
 from metaq.protocol.timer import TimerCancel, TimerDone, TimerEntry
 
 FILE_NAME = "timers.db"
@@ -54,9 +55,17 @@ class TimerIndex:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA cache_size=-%d" % (TIMER_INDEX_CACHE_BYTES // 1024))  # negative: KiB
+        self._db.execute("PRAGMA wal_autocheckpoint=%d" % TIMER_INDEX_CHECKPOINT_PAGES)
+        self._db.execute("PRAGMA journal_size_limit=%d" % TIMER_INDEX_WAL_BYTES)
         self._db.executescript(_SCHEMA)
         self.indexed_offset = self._meta("indexed_offset")
         self.scan_from = self._meta("scan_from")
+
+    def settings(self):
+        """SQLite's settings in effect: ``{pragma: value}`` for the cache, checkpoint and log-size bounds."""
+        return {name: self._db.execute("PRAGMA %s" % name).fetchone()[0]
+                for name in ("cache_size", "wal_autocheckpoint", "journal_size_limit")}
 
     def close(self):
         if self._db is not None:

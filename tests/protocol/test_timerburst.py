@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
 from metaq.protocol.checksum import crc32, metaq_checksum
 from metaq.protocol.timer import TIMER_TOPIC, TimerEntry, decode, encode_entry, parse_when
-from metaq.protocol.timerburst import scan_put_ats_py
+from metaq.protocol.textwrite import encode_result
+from metaq.protocol.timerburst import encode_timer_acks_py, scan_put_ats_py
 
 try:
+    from metaq._speedups import encode_timer_acks as _acks_c
     from metaq._speedups import scan_put_ats as _c
 except ImportError:  # not built: the Python reference is what runs
-    _c = None
+    _c = _acks_c = None
 
 needs_c = pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
 
@@ -115,8 +117,10 @@ def test_at_the_limits_and_one_past():
 @given(bursts(), st.integers(1, 9))
 def test_the_c_twin_equals_the_reference(burst, max_frames):
     buf, pos, end = burst
-    assert scan_c(buf, pos, end, MAX_BODY, max_frames, NOW) == \
-        scan_put_ats_py(buf, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry)
+    items_c = scan_c(buf, pos, end, MAX_BODY, max_frames, NOW)
+    assert items_c == scan_put_ats_py(buf, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry)
+    for item in items_c[0]:  # built by the C without calling the class: still the class, fields and all
+        assert type(item[6]) is TimerEntry and item[6].data == item[6][6] and item[6]._replace(flag=1).flag == 1
     mv = memoryview(bytearray(buf))  # the connection's receive buffer is a bytearray
     assert scan_c(mv, pos, end, MAX_BODY, max_frames, NOW) == \
         scan_put_ats_py(mv, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry)
@@ -128,3 +132,40 @@ def test_the_c_twin_refuses_positions_outside_the_buffer():
         scan_c(b"abc", 0, 4, MAX_BODY, 1, NOW)
     with pytest.raises(ValueError):
         scan_c(b"abc", 2, 1, MAX_BODY, 1, NOW)
+
+
+class _NotATuple:
+    def __init__(self, *fields):
+        self.fields = fields
+
+    def __eq__(self, other):
+        return isinstance(other, _NotATuple) and self.fields == other.fields
+
+
+@needs_c
+def test_an_entry_type_that_is_not_a_tuple_is_called():
+    buf = frame(body=b"abc")
+    items, _src, _nxt = scan_c(buf, 0, len(buf), MAX_BODY, 5, NOW, entry_type=_NotATuple)
+    assert items[0][6].fields[0] == "t" and items[0][6].fields[6] == b"abc"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(-2**31, 2**31 - 1)), max_size=20),
+       st.integers(0, 2**62), st.data())
+def test_timer_acks_are_the_general_path_replies_and_the_c_twin_equals_them(parts, first_id, data):
+    items = [("t", p, o, 0, 0, None, None) for p, o in parts]
+    start = data.draw(st.integers(0, len(items)))
+    count = data.draw(st.integers(0, len(items) - start))
+    want = b"".join(encode_result(200, b"%d %d -1" % (first_id + k, items[start + k][1]), items[start + k][2])
+                    for k in range(count))
+    assert encode_timer_acks_py(items, start, count, first_id) == want
+    if _acks_c is not None:
+        assert _acks_c(items, start, count, first_id) == want
+
+
+@needs_c
+def test_the_acks_c_twin_refuses_a_run_outside_the_items():
+    with pytest.raises(IndexError):
+        _acks_c([("t", 0, 1)], 0, 2, 5)
+    with pytest.raises(TypeError):
+        _acks_c([("t", 0)], 0, 1, 5)

@@ -140,3 +140,40 @@ def test_apply_does_what_one_record_at_a_time_would(tmp_path_factory):
         assert {i: ix.outcome(i) for i in _IDS + [999]} == {i: outcomes.get(i) for i in _IDS + [999]}
         ix.close()
     check()
+
+
+def _fill_in_batches(ix, batches, per, first_id=1):
+    """``batches`` applies of ``per`` entries due at scattered times (each dirties index pages all over)."""
+    msg_id = first_id
+    for b in range(batches):
+        recs = []
+        for _ in range(per):
+            recs.append((msg_id, entry(NOW + (msg_id * 7919) % 1_000_003, data=b"d" * 100)))
+            msg_id += 1
+        ix.apply(recs, msg_id, NOW)
+    return msg_id
+
+
+def test_the_write_ahead_log_is_cut_back_to_its_limit_after_each_checkpoint(tmp_path, monkeypatch):
+    """TIMER_INDEX_CHECKPOINT_PAGES and TIMER_INDEX_WAL_BYTES: the -wal file never stays past its limit by more
+    than the one batch written since the last checkpoint; without the limit (one past: none) it keeps its peak."""
+    import os
+
+    from metaq.store import timerindex
+    monkeypatch.setattr(timerindex, "TIMER_INDEX_CHECKPOINT_PAGES", 64)  # a checkpoint every ~256 KiB of log
+    limit = 256 << 10
+    sizes = {}
+    for name, wal_bytes in (("limited", limit), ("unlimited", -1)):
+        monkeypatch.setattr(timerindex, "TIMER_INDEX_WAL_BYTES", wal_bytes)
+        d = tmp_path / name
+        d.mkdir()
+        ix = timerindex.TimerIndex(str(d))
+        assert ix.settings() == {"cache_size": -(timerindex.TIMER_INDEX_CACHE_BYTES // 1024),
+                                 "wal_autocheckpoint": 64, "journal_size_limit": wal_bytes}
+        _fill_in_batches(ix, 1, 20_000)  # one large batch: a log far past the checkpoint size
+        _fill_in_batches(ix, 3, 50, first_id=100_000)  # small ones after it: each checkpoints, then the cut
+        sizes[name] = os.path.getsize(str(d / "timers.db-wal"))
+        assert ix.count() == 20_150
+        ix.close()
+    assert sizes["limited"] <= limit + (64 << 10), sizes
+    assert sizes["unlimited"] > 4 * limit, sizes

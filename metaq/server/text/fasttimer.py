@@ -22,7 +22,7 @@ from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal
 from metaq.protocol.priority import is_level_topic
 from metaq.protocol.timer import TIMER_TOPIC, TimerEntry
-from metaq.protocol.timerburst import scan_put_ats
+from metaq.protocol.timerburst import encode_timer_acks, scan_put_ats
 from metaq.server.flusher import now_ms
 from metaq.server.text.fastidem import DONE, MORE
 
@@ -88,11 +88,7 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_p
     for _key, count, _nbytes, first_id, first_offset, first, log_end in runs:
         run = scanned[first:first + count]
         timers.written_run(first_offset, first_id, [f[6] for f in run], [f[5][5] for f in run], log_end)
-        replies = []
-        for k, f in enumerate(run):
-            body = b"%d %d -1" % (first_id + k, f[1])
-            replies.append(b"result 200 %d %d\r\n%s" % (len(body), f[2], body))
-        out.append(b"".join(replies))
+        out.append(encode_timer_acks(scanned, first, count, first_id))
         if sync_flush:
             durable.append((len(out) - 1, [f[2] for f in run]))
             if log_end > wait_pos:
