@@ -13,6 +13,7 @@ Not a test: nothing here asserts.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -71,6 +72,37 @@ def sequential_put_latencies(port, n, **conn):
     sock.close()
     lat.sort()
     return lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
+
+
+def pin(pid, cpus):
+    """Every thread of process ``pid`` on ``cpus`` only (``sched_setaffinity`` on each of /proc/<pid>/task)."""
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
+@contextlib.contextmanager
+def placed(server_pid):
+    """The latency rows' placement, the same for metaq and each peer: this client on the first CPU, the server on
+    the others, as a client on another host would be. Left to the scheduler, a request-reply loop lands either on
+    one CPU (~10 µs a round trip here) or across two (~80 µs: waking the idle one), by luck, so an unplaced
+    row compares luck, not servers. With one CPU, nothing is placed."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        yield
+        return
+    pin(server_pid, set(cpus[1:]))
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+        try:
+            pin(server_pid, set(cpus))
+        except FileNotFoundError:  # the server is gone
+            pass
 
 
 def fdatasync_latencies(root, n):
@@ -212,23 +244,30 @@ def run(args):
                 b.stop()
                 shutil.rmtree(b.workdir, ignore_errors=True)
             peers = {}
-            if redis:
+            if redis:  # with fsync, the peer fsyncs too (appendfsync always: once per loop turn, before answering)
+                redis.set_fsync("always" if flush == "sync" else "everysec")
                 peers["redis"] = median([redis.pipelined_xadd(args.messages) for _ in range(args.runs)])
+                redis.set_fsync("everysec")
             if nats:
                 peers["nats"] = median([nats.pipelined_publish(args.messages) for _ in range(args.runs)])
+                if flush == "sync":  # NATS 2.9 cannot fsync before it acks
+                    peers["nats"] = (peers["nats"], NO_FSYNC)
             results.append(("pipelined put, depth 64, flush=%s" % flush, median(runs), "msgs/s", peers))
         for flush, label in (("async", "without fsync"), ("sync", "with fsync")):
             b = start_broker(root, flush, "lat-%s" % flush)
-            p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
+            with placed(b.proc.pid):
+                p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
             b.stop()
             p50, p99 = {}, {}
             if redis:  # with fsync, the peer fsyncs each write too (appendfsync always)
                 redis.set_fsync("always" if flush == "sync" else "everysec")
-                peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)]
+                with placed(redis.proc.pid):
+                    peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)]
                 redis.set_fsync("everysec")
                 p50["redis"], p99["redis"] = median([p[0] for p in peer]), median([p[1] for p in peer])
             if nats:
-                peer = [nats.sequential_publish(args.latency_n) for _ in range(args.runs)]
+                with placed(nats.proc.pid):
+                    peer = [nats.sequential_publish(args.latency_n) for _ in range(args.runs)]
                 p50["nats"], p99["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
                 if flush == "sync":
                     p50["nats"], p99["nats"] = (p50["nats"], NO_FSYNC), (p99["nats"], NO_FSYNC)

@@ -1,0 +1,43 @@
+"""bench/run.py's placement of the latency rows: the client on one CPU, the server on the others, then undone."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.run import placed
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="placement needs two CPUs")
+def test_the_server_and_the_client_are_placed_apart_and_put_back():
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+                              "time.sleep(30)"])
+    try:
+        tids = lambda: [int(t) for t in os.listdir("/proc/%d/task" % child.pid)]  # noqa: E731
+        for _ in range(500):  # its second thread started (a broker has several)
+            if len(tids()) == 2:
+                break
+            time.sleep(0.01)
+        assert len(tids()) == 2
+        with placed(child.pid):
+            assert os.sched_getaffinity(0) == {CPUS[0]}
+            assert all(os.sched_getaffinity(t) == set(CPUS[1:]) for t in tids())  # every thread, not the first
+        assert os.sched_getaffinity(0) == set(CPUS)
+        assert all(os.sched_getaffinity(t) == set(CPUS) for t in tids())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_with_one_cpu_nothing_is_placed(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    calls = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append((pid, cpus)))
+    with placed(12345):
+        pass
+    assert calls == []
