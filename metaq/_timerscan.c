@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -117,28 +118,39 @@ static void entry_head(unsigned char *r, const struct put_at *f, long long now) 
     be64(r + 28, (uint64_t)now);
 }
 
-/* entry_type(topic, partition, 0, checksum, due, now, body). A NamedTuple's __new__ is tuple.__new__ with its
- * fields: the tuple is built here as tuple.__new__ builds a subclass's (tp_alloc, then the items), without the
- * call through the generated Python __new__ (a Python frame per message). Any other type is called. */
-static PyObject *new_entry(PyObject *entry_type, PyObject *topic, long long partition, long long checksum,
-                           long long due, long long now, PyObject *body) {
+/* 1 when entry_type is a tuple subclass with seven _fields (a NamedTuple such as TimerEntry): its entries are
+ * then made by tuple.__new__ from C (new_entry), 0 when it is to be called, -1 on an error. */
+static int seven_field_tuple(PyObject *entry_type) {
     if (!PyType_Check(entry_type) || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type))
-        return PyObject_CallFunction(entry_type, "OLiLLLO", topic, partition, 0, checksum, due, now, body);
-    PyObject *v[7] = {topic, PyLong_FromLongLong(partition), PyLong_FromLong(0), PyLong_FromLongLong(checksum),
-                      PyLong_FromLongLong(due), PyLong_FromLongLong(now), body};
-    PyObject *entry = NULL;
-    if (v[1] != NULL && v[2] != NULL && v[3] != NULL && v[4] != NULL && v[5] != NULL)
-        entry = ((PyTypeObject *)entry_type)->tp_alloc((PyTypeObject *)entry_type, 7);
-    if (entry != NULL) {
-        Py_INCREF(topic);
-        Py_INCREF(body);
-        for (int k = 0; k < 7; k++)
-            PyTuple_SET_ITEM(entry, k, v[k]); /* steals: the new ints, and the two references just taken */
-        return entry;
+        return 0;
+    PyObject *fields = PyObject_GetAttrString(entry_type, "_fields");
+    if (fields == NULL) {
+        PyErr_Clear();
+        return 0;
     }
-    for (int k = 1; k < 6; k++)
-        Py_XDECREF(v[k]);
-    return NULL;
+    int seven = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == 7;
+    Py_DECREF(fields);
+    return seven;
+}
+
+/* entry_type(topic, partition, 0, checksum, due, now, body). A NamedTuple's generated __new__ is
+ * tuple.__new__(cls, fields): called here directly (tuple's tp_new builds the subclass's instance, whatever the
+ * Python version needs of it, such as 3.14's hash cache), without the Python frame of the generated __new__ per
+ * message. Any other type (fast == 0) is called. */
+static PyObject *new_entry(PyObject *entry_type, int fast, PyObject *topic, long long partition,
+                           long long checksum, long long due, long long now, PyObject *body) {
+    if (!fast)
+        return PyObject_CallFunction(entry_type, "OLiLLLO", topic, partition, 0, checksum, due, now, body);
+    PyObject *fields = Py_BuildValue("(OLiLLLO)", topic, partition, 0, checksum, due, now, body);
+    if (fields == NULL)
+        return NULL;
+    PyObject *args = PyTuple_Pack(1, fields);
+    Py_DECREF(fields);
+    if (args == NULL)
+        return NULL;
+    PyObject *entry = PyTuple_Type.tp_new((PyTypeObject *)entry_type, args, NULL);
+    Py_DECREF(args);
+    return entry;
 }
 
 PyObject *scan_put_ats(PyObject *self, PyObject *args) {
@@ -150,6 +162,7 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
         return NULL;
     if (now < 0 || max_ahead < 0 || max_name < 0)
         return PyErr_Format(PyExc_ValueError, "now_ms, max_ahead and max_name must not be negative");
+    int fast = seven_field_tuple(entry_type);
     Py_buffer b;
     if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -177,7 +190,7 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
         PyObject *body = PyBytes_FromStringAndSize((const char *)f.body, f.length);
         PyObject *entry = NULL, *item = NULL;
         if (topic != NULL && body != NULL)
-            entry = new_entry(entry_type, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body);
+            entry = new_entry(entry_type, fast, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body);
         Py_XDECREF(body);
         if (entry != NULL) /* N: the item takes these references, also when it cannot be built */
             item = Py_BuildValue("(NLLnn(OiiLnnk)N)", topic, f.partition, f.opaque,
@@ -220,7 +233,7 @@ done:
 }
 
 /* The result 200 replies of a run of taken put_ats (see encode_timer_acks_py): one pass, one bytes object. */
-#define TIMER_REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> -1": at most 85 bytes */
+#define TIMER_REPLY_MAX 96 /* "result 200 <len> <opaque>\r\n<msgId> <partition> -1": at most 80 bytes */
 
 PyObject *encode_timer_acks(PyObject *self, PyObject *args) {
     PyObject *items;
@@ -232,8 +245,12 @@ PyObject *encode_timer_acks(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_TypeError, "items must be a list");
     if (count < 0)
         count = 0;
-    if (start < 0 || start + count > PyList_GET_SIZE(items))
-        return PyErr_Format(PyExc_IndexError, "items %zd..%zd of %zd", start, start + count, PyList_GET_SIZE(items));
+    if (start < 0 || start > PyList_GET_SIZE(items) || count > PyList_GET_SIZE(items) - start)
+        return PyErr_Format(PyExc_IndexError, "items from %zd, %zd of them, of %zd", start, count,
+                            PyList_GET_SIZE(items));
+    if (first_id < 0 || (count > 0 && first_id > LLONG_MAX - ((long long)count - 1)))
+        return PyErr_Format(PyExc_OverflowError, "message ids from %lld, %zd of them, are not all int64", first_id,
+                            count);
     PyObject *result = PyBytes_FromStringAndSize(NULL, count * TIMER_REPLY_MAX);
     if (result == NULL)
         return NULL;
@@ -244,8 +261,13 @@ PyObject *encode_timer_acks(PyObject *self, PyObject *args) {
             Py_DECREF(result);
             return PyErr_Format(PyExc_TypeError, "an item is a tuple from scan_put_ats");
         }
-        long long partition = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 1));
-        long long opaque = partition == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+        PyObject *p = PyTuple_GET_ITEM(t, 1), *o = PyTuple_GET_ITEM(t, 2);
+        if (!PyLong_CheckExact(p) || !PyLong_CheckExact(o)) { /* no __index__: no Python runs while t is borrowed */
+            Py_DECREF(result);
+            return PyErr_Format(PyExc_TypeError, "an item's partition and opaque are ints");
+        }
+        long long partition = PyLong_AsLongLong(p);
+        long long opaque = partition == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(o);
         if (PyErr_Occurred()) {
             Py_DECREF(result);
             return NULL;

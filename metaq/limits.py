@@ -486,8 +486,10 @@ TIMER_INDEX_CACHE_BYTES = 32 << 20
 #: batch was checkpointed, writing each page twice; with more, a page changed by many batches is copied once.
 TIMER_INDEX_CHECKPOINT_PAGES = 16_384
 #: Bytes the write-ahead log file is cut back to after a checkpoint (``PRAGMA journal_size_limit``): without it
-#: the file keeps its largest size for good.
-TIMER_INDEX_WAL_BYTES = 64 << 20
+#: the file keeps its largest size for good (a batch far larger than usual). Above a full log at the checkpoint
+#: (16,384 pages of 4,120 bytes: 64.4 MiB, and the batch that crossed it), so the file is not cut and grown again
+#: every cycle.
+TIMER_INDEX_WAL_BYTES = 80 << 20
 
 #: TIMER_TOPIC records a master's timer service keeps, decoded, as it writes them, so that its indexer applies them
 #: without reading them back from the log and decoding them (server/timers.py ``written``). Past this many not yet

@@ -82,7 +82,8 @@ scan_put_ats = _c_twin()  # the C twin when built
 def encode_timer_acks_py(items, start, count, first_id):
     """The ``result 200`` replies, joined, of ``items[start:start + count]`` (``scan_put_ats``'s) stored as
     consecutive messages from ``first_id`` on: ``result 200 <len> <opaque>\\r\\n<msgId> <partition> -1`` each, byte
-    for byte the general path's answer to a put_at."""
+    for byte the general path's answer to a put_at. Its domain is ``scan_put_ats``'s items (partition and opaque
+    ints) and ids within int64; the C twin refuses anything else (TypeError, IndexError, OverflowError)."""
     out = []
     for k in range(count):
         item = items[start + k]
