@@ -8,7 +8,8 @@ minute slows every row alike):
 * ``loopback ceiling``: a plain Python sender process writing 1 MiB buffers to a TCP socket on 127.0.0.1 with
   ``sendall``, received as the read row receives (``recv_into`` into one buffer, 4 MiB SO_RCVBUF): what this
   machine's loopback moves between two processes when neither does anything else;
-* ``sequential read, 1 MiB gets``: ``bench/run.py``'s read row (one connection reads partition 0 from offset 0);
+* ``sequential read, 1 MiB gets, zero-copy``: ``bench/run.py``'s read row (one connection reads partition 0 from
+  offset 0) against a broker with ``broker.zero_copy_reads: true``, set (the default is ``false``);
 * with ``--copying``, the same against a second broker with ``broker.zero_copy_reads: false`` (every reply
   gathered into one buffer per segment, as before the zero-copy path).
 
@@ -111,7 +112,7 @@ def main():
     root = tempfile.mkdtemp(prefix="metaq-bench-reads-", dir=args.dir)
     brokers = {}
     try:
-        brokers["sequential read, 1 MiB gets"] = start(root, "zc", None)
+        brokers["sequential read, 1 MiB gets, zero-copy"] = start(root, "zc", True)  # named and set, whatever the default
         if args.copying:
             brokers["sequential read, 1 MiB gets, copying"] = start(root, "copy", False)
         for b in brokers.values():
