@@ -7,13 +7,15 @@ On a shared machine the load changes from one minute to the next, and a row meas
 its peer compares two different machines. Here every target is up at once (this tree's broker, the
 ``--baseline`` tree's broker when given, Redis Streams with ``appendfsync always`` for ``sync`` and
 ``everysec`` for ``async``) and each takes ``CHUNK`` sequential puts in turn, the first of a turn
-rotating, so all of them see the same minutes. ``--dir /dev/shm`` puts the logs on tmpfs: fdatasync then costs next to nothing and
+rotating, so all of them see the same minutes. Every server runs on the CPUs other than the client's
+(``run.placed``: a round trip within one CPU and one across two differ eightfold here). ``--dir /dev/shm`` puts the logs on tmpfs: fdatasync then costs next to nothing and
 what is left is the broker's own time above the disk (the hand-offs, wake-ups and Python of a put).
 Prints p50 / p90 / p99 per target and the ratio to Redis, per run and the medians of the runs.
 Not a test: nothing here asserts.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import socket
@@ -44,6 +46,7 @@ class MetaqTarget:
         finally:
             if source is not None:
                 os.environ.pop("PYTHONPATH") if saved is None else os.environ.__setitem__("PYTHONPATH", saved)
+        self.pid = self.broker.proc.pid
         self.frame = bench_run.put_frames(1)[0]
         self.sock = wire.connect(self.broker.port)
         self.replies = wire.ResultReplies(self.sock)
@@ -63,6 +66,7 @@ class RedisTarget:
     def __init__(self, root, flush):
         self.redis = RedisBench(root)
         self.redis.set_fsync("always" if flush == "sync" else "everysec")
+        self.pid = self.redis.proc.pid
         self.sock = socket.create_connection(("127.0.0.1", self.redis.port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = Reader(self.sock)
@@ -93,7 +97,10 @@ def one_run(args, root, run):
             targets[name] = MetaqTarget(root, args.flush, "baseline-%d" % run, args.baseline)
     if redis_available():
         targets["redis"] = RedisTarget(os.path.join(root, "redis-%d" % run), args.flush)
+    placement = contextlib.ExitStack()  # this client on the first CPU, every server on the others (run.placed)
     try:
+        for target in targets.values():
+            placement.enter_context(bench_run.placed(target.pid))
         for target in targets.values():
             for _ in range(WARM_UP):
                 target.put()
@@ -104,6 +111,7 @@ def one_run(args, root, run):
             for name, target in order[k:] + order[:k]:
                 lat[name].extend(target.put() for _ in range(CHUNK))
     finally:
+        placement.close()
         for target in targets.values():
             target.close()
     return {name: [percentile(sorted(xs), q) for q in (0.5, 0.9, 0.99)] for name, xs in lat.items()}
