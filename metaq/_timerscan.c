@@ -119,7 +119,7 @@ static void entry_head(unsigned char *r, const struct put_at *f, long long now) 
 }
 
 /* 1 when entry_type is a tuple subclass with seven _fields (a NamedTuple such as TimerEntry): its entries are
- * then made by tuple.__new__ from C (new_entry), 0 when it is to be called, -1 on an error. */
+ * then made by tuple.__new__ from C (new_entry), else 0: it is called (an error finding _fields counts as 0). */
 static int seven_field_tuple(PyObject *entry_type) {
     if (!PyType_Check(entry_type) || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type))
         return 0;
