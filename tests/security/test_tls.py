@@ -247,7 +247,9 @@ def test_a_slave_replicates_from_its_master_over_tls(broker_factory, tmp_path, p
     pwd = tmp_path / "p"
     plain = broker_factory(small_config(os.path.join(str(pwd), "data")), workdir=pwd,
                            extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "2"])
-    wait_for(lambda: "cannot reach master" in plain.log_text(), 10, "the plaintext slave's failure logged")
+    from metaq.server.replication.link import HELLO_TIMEOUT_S  # the slave gives up waiting for a CHALLENGE then
+    wait_for(lambda: "cannot reach master" in plain.log_text(), HELLO_TIMEOUT_S + 20,
+             "the plaintext slave's failure logged")
     assert plain.client().stats_dict()["replication_link"] != "connected"
     # the master speaks first on this port, so it goes straight to the TLS handshake, which a plaintext slave
     # (waiting for the master's CHALLENGE) never starts: closed at the handshake deadline (10 s), or failed
