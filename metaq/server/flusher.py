@@ -32,6 +32,9 @@ FLUSH_WAIT_TIMEOUT_S = 30.0
 TRANSIENT_RETRY_S = 0.05
 #: errnos that mean "no descriptor to open", never "the data may be lost".
 FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+#: How often the waiters of a flush are woken to check their deadline (``FLUSH_WAIT_TIMEOUT_S``, or the caller's):
+#: a wait has no timer of its own (one per wait was ~4% of a sync-mode put's loop time), so it ends this late at most.
+DEADLINE_CHECK_S = 1.0
 
 
 def now_ms():
@@ -204,6 +207,8 @@ class Flusher:
         self._native = NativeSync.create()
         self._greenlet = None
         self._running = False
+        self._waiting = 0  # greenlets waiting in wait_flushed for a round to end
+        self._deadlines = None
         self._in_round = False  # a flush round is running (on the flusher greenlet or a leading waiter)
         self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
         self.transient = None  # why the last round could not run (out of descriptors), None once one ran
@@ -229,27 +234,32 @@ class Flusher:
         """Block this greenlet until the log is durable up to ``pos``.
 
         When no round is running, this greenlet runs the next one itself (it
-        leads the group commit: every put written by then shares that fsync),
-        which spares the hop to the flusher greenlet; otherwise it waits for the
-        round in progress and, if that did not cover ``pos``, leads or waits again.
-        A round once started is not cut short by ``timeout``.
+        leads the group commit: every put written by then shares that fsync), which
+        spares the hop to the flusher greenlet. Otherwise it waits for
+        the round in progress and, if that did not cover ``pos``, leads or waits
+        again. A round once started is not cut short by ``timeout``, which is
+        checked each time the waiter wakes: at each round's end, and at least
+        every ``DEADLINE_CHECK_S`` (the wait itself has no timer of its own).
         """
         deadline = time.monotonic() + timeout
         store = self._store
         while store.flushed_position < pos:
             if self.failure is not None:
                 raise BrokerError("flush failed, the message may not be durable: %s" % self.failure)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if time.monotonic() >= deadline:
                 if self.transient is not None:
                     raise Unavailable("flush could not run within %.0f s: %s" % (timeout, self.transient))
                 raise BrokerError("flush did not complete within %.0f s" % timeout)
             if not self._in_round and self._running:
                 self._round()
                 continue
-            done = self._round_done
-            self._wake.set()
-            done.wait(remaining)
+            self._waiting += 1
+            if self._deadlines is None or self._deadlines.dead:  # the first waiter since the loop last ended
+                self._deadlines = gevent.spawn(self._deadline_loop)
+            try:
+                self._round_done.wait()
+            finally:
+                self._waiting -= 1
 
     def _run(self):
         interval = self._cfg.flush_interval_ms / 1000.0
@@ -271,9 +281,10 @@ class Flusher:
         if self.failure is not None:  # e.g. the flusher greenlet, woken by the round that failed
             return
         self._in_round = True
-        done = self._round_done
+        completed = False
         try:
             self.flush_once()
+            completed = True
             self.transient = None
         except OSError as exc:
             if exc.errno not in FD_EXHAUSTED:
@@ -284,8 +295,17 @@ class Flusher:
             self._failed(exc)
         finally:
             self._in_round = False
-            if self._round_done is done:  # not signalled (failed, or its greenlet was killed): the
-                self._signal_round()      # waiters look again, and one of them leads the next round
+            if not completed:  # failed, or its greenlet was killed: the waiters look again,
+                self._signal_round()  # and one of them leads the next round
+
+    def _deadline_loop(self):
+        """Wake the waiters every ``DEADLINE_CHECK_S`` while any wait, so each checks its own deadline (a round
+        stuck in an fsync must not keep them past ``FLUSH_WAIT_TIMEOUT_S``) without a timer per wait. Started by
+        a waiter when not running; ends at the first check that finds no waiter."""
+        while self._waiting:  # started by the first waiter; ends a check after the last has gone
+            gevent.sleep(DEADLINE_CHECK_S)
+            if self._waiting:
+                self._signal_round()
 
     def _failed(self, exc):
         self.failure = "%s: %s" % (type(exc).__name__, exc)
@@ -318,6 +338,10 @@ class Flusher:
             if changed:
                 self._on_visible(changed)
             self._index_wanted.set()
+            if self._waiting and store.written_position > pos:
+                # Puts written during this fsync wait for the next: the flusher greenlet, woken before the waiters
+                # (who answer their clients first), starts it at once (16 producers x 8: 48k -> 54k puts/s).
+                self._wake.set()
         self._signal_round()
 
     def _index_loop(self):

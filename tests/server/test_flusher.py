@@ -3,6 +3,7 @@
 import time
 
 import gevent
+import gevent.event
 import pytest
 
 from metaq.server.flusher import DedicatedThread
@@ -179,3 +180,65 @@ def test_a_killed_waiters_native_sync_is_settled_before_a_round_flushes_another_
         os.close(fd)
         if big is not None:
             os.close(big)
+
+
+def test_a_waiter_gives_up_at_its_deadline_while_a_round_is_stuck(tmp_path):
+    """A flush wait has no timer of its own: the deadline loop wakes the waiters every ``DEADLINE_CHECK_S``,
+    so one whose deadline passed while the round in progress hangs (a stuck disk) gets a clear error, and
+    the put it waited for is still flushed once the round ends: nothing written is lost."""
+    from metaq.errors import BrokerError
+    from metaq.server import flusher as flusher_module
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    real_flush_log, release = flusher._flush_log, gevent.event.Event()
+
+    def stuck_flush_log():
+        release.wait()  # the disk hangs until the test lets it go
+        return real_flush_log()
+
+    flusher._flush_log = stuck_flush_log
+    errors = []
+
+    def waiter(timeout):
+        store.put("test", 0, 0, b"x", NOW)
+        try:
+            flusher.wait_flushed(store.written_position, timeout=timeout)
+        except BrokerError as exc:
+            errors.append(str(exc))
+
+    try:
+        leader = gevent.spawn(waiter, 60)  # leads the round, which hangs
+        gevent.sleep(0.01)
+        assert flusher._in_round
+        with gevent.Timeout(flusher_module.DEADLINE_CHECK_S * 10):  # a waiter without the deadline loop hangs here
+            waiter(0.1)
+        assert errors == ["flush did not complete within 0 s"]
+        assert not leader.dead  # the stuck round is not cut short
+        release.set()
+        leader.join(timeout=10)
+        assert errors == ["flush did not complete within 0 s"] and failures == []
+        assert store.flushed_position == store.written_position  # the given-up put is durable all the same
+    finally:
+        release.set()
+        flusher.stop()
+        store.close(NOW)
+
+
+def test_a_waiter_left_after_stop_gives_up_at_its_deadline(tmp_path):
+    """After ``stop`` no round runs; a put written after the final flush is answered with the timeout error
+    (the deadline loop lives on while a waiter does), never left waiting for ever."""
+    from metaq.errors import BrokerError
+    from metaq.server import flusher as flusher_module
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    try:
+        flusher.stop()
+        store.put("test", 0, 0, b"late", NOW)
+        with gevent.Timeout(flusher_module.DEADLINE_CHECK_S * 10):
+            with pytest.raises(BrokerError, match="did not complete within"):
+                flusher.wait_flushed(store.written_position, timeout=0.1)
+        assert failures == []
+    finally:
+        store.close(NOW)
