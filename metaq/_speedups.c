@@ -26,6 +26,7 @@
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
  *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
  *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
+ *   keyed_records(buf, rel, stop, end)            == metaq.store.keyindex.keyed_records_py (_recoveryscan.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -765,6 +766,8 @@ static PyMethodDef methods[] = {
      "write_units(dst, at, src, src_at, n) -> how many of the n index units at dst[at:] differed (rewritten)"},
     {"nonzero_end", nonzero_end, METH_VARARGS,
      "nonzero_end(buf, start, end) -> one past the last non-zero byte of buf[start:end], or start if none"},
+    {"keyed_records", keyed_records, METH_VARARGS,
+     "keyed_records(buf, rel, stop, end) -> (where the walk stopped, [rel of each record with attributes])"},
     {NULL, NULL, 0, NULL},
 };
 

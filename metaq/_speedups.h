@@ -17,6 +17,8 @@ PyObject *encode_timer_acks(PyObject *self, PyObject *args);
 PyObject *scan_log(PyObject *self, PyObject *args);
 PyObject *write_units(PyObject *self, PyObject *args);
 PyObject *nonzero_end(PyObject *self, PyObject *args);
+/* keyed_records (_recoveryscan.c): the key index's walk over the flushed log. */
+PyObject *keyed_records(PyObject *self, PyObject *args);
 
 /* From _speedups.c: the CRC-32 of p[0:n] continued from crc (ISA-L or zlib); v in decimal at p, its length. */
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc);

@@ -22,7 +22,7 @@ names each read in ``need`` so the server brings cold pages in off its event loo
 import logging
 from typing import NamedTuple, Optional
 
-from metaq import limits
+from metaq import limits, speedups
 from metaq.errors import ClientError, StoreError
 from metaq.store.files import KEY_CHECKPOINT_MAGIC, fsync_dir, unlink_quietly
 from metaq.store.keyfile import KeyFile, check_key, data_keys, key_hash, keys_of_properties
@@ -30,6 +30,31 @@ from metaq.store.record import BLANK_MAGIC, MARKER, MESSAGE_MAGIC, PREFIX, check
 
 log = logging.getLogger(__name__)
 
+
+
+def keyed_records_py(buf, rel, stop, end):
+    """Walk the records of ``buf`` from ``rel`` while ``rel < stop`` and a marker fits before ``end`` (a marker not a
+    message's, or a size not positive or running past ``end``, stops it): ``(where the walk stopped, [rel of each
+    record whose header flag has the attribute bit])``. A record too short to hold its flag has none. The C
+    helper's ``keyed_records`` is its twin (one Python call per record here was a fifth of the loop's time under
+    a pipelined load)."""
+    if rel < 0 or end > len(buf):
+        raise ValueError("need 0 <= rel and end <= %d" % len(buf))
+    keyed = []
+    while rel < stop and end - rel >= MARKER.size:
+        total, magic = MARKER.unpack_from(buf, rel)
+        if magic != MESSAGE_MAGIC or total <= 0 or total > end - rel:
+            break
+        if total >= PREFIX.size:
+            tlen = int.from_bytes(buf[rel + 40:rel + 42], "big", signed=True)
+            flag_at = PREFIX.size + tlen + 16
+            if tlen >= 0 and flag_at + 4 <= total and buf[rel + flag_at + 3] & 1:
+                keyed.append(rel)
+        rel += total
+    return rel, keyed
+
+
+keyed_records = speedups.load("keyed_records", keyed_records_py)
 
 class KeyPage(NamedTuple):
     """One page of a lookup: ``records`` (LogRecords, newest first), the ``cursor`` to pass for the next page
@@ -158,12 +183,9 @@ class KeyIndex:
             mm, base = seg.file.mm, seg.start
             rel, end = pos - base, min(seg.end, upto) - base
             stop = end if budget is None else min(end, budget - base)
-            while rel < stop and end - rel >= MARKER.size:
-                total, magic = MARKER.unpack_from(mm, rel)
-                if magic != MESSAGE_MAGIC or total <= 0 or rel + total > end:
-                    break
-                added += self._index_record(mm, rel, base + rel, total)
-                rel += total
+            rel, keyed = keyed_records(mm, rel, stop, end)
+            for at in keyed:  # the records with attributes: only they can hold keys
+                added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
             pos = base + rel
             if pos >= upto or (budget is not None and pos >= budget):
                 break

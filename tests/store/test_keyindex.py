@@ -327,3 +327,93 @@ def test_indexing_goes_in_bounded_steps_and_a_record_larger_than_a_step_is_not_s
     for i in range(40):
         assert len(keyindex.run(s.key_search("tStep", f"k{i}", 0, BIG, 10)).records) == 1, i
     s.close(NOW)
+
+
+try:
+    from metaq._speedups import keyed_records as keyed_records_c
+except ImportError:
+    keyed_records_c = None
+
+
+@st.composite
+def walked_logs(draw):
+    """A run of records (with and without attributes, a topic of any length), then maybe damage: a blank
+    marker, a size running past the end, a record too short to hold its flag, garbage, or nothing."""
+    import struct
+
+    from metaq.store.record import BLANK_MAGIC, MESSAGE_MAGIC, encode_record
+
+    out = []
+    for i in range(draw(st.integers(0, 8))):
+        flag = draw(st.sampled_from([0, 1, 2, 3, -(1 << 31) + 1]))  # the last: the sign bit and the attribute bit
+        topic = draw(st.sampled_from(["t", "topic-b", "\u00e9t\u00e9" * 9]))
+        out.append(encode_record(topic, 0, i, NOW, NOW, i, flag, draw(st.binary(max_size=30))))
+    buf = bytearray(b"".join(out))
+    tail = draw(st.sampled_from(["none", "blank", "past end", "short", "negative topic", "garbage", "zero size"]))
+    if tail == "blank":
+        buf += struct.pack(">iI", 64, BLANK_MAGIC) + bytes(56)
+    elif tail == "past end":
+        buf += struct.pack(">iI", 10_000, MESSAGE_MAGIC) + bytes(50)
+    elif tail == "short":  # a message marker whose size leaves no room for the header, then a record
+        buf += struct.pack(">iI", 12, MESSAGE_MAGIC) + b"\xff" * 4 + encode_record("t", 0, 9, NOW, NOW, 9, 1, b"x")
+    elif tail == "negative topic":
+        rec = bytearray(encode_record("t", 0, 9, NOW, NOW, 9, 1, b"xyz"))
+        rec[40:42] = struct.pack(">h", -3)
+        buf += rec
+    elif tail == "garbage":
+        buf += draw(st.binary(min_size=1, max_size=40))
+    elif tail == "zero size":
+        buf += struct.pack(">iI", 0, MESSAGE_MAGIC) + bytes(8)
+    return bytes(buf)
+
+
+@pytest.mark.skipif(keyed_records_c is None, reason="metaq._speedups was not built")
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(walked_logs(), st.integers(-2, 50), st.integers(-5, 2000), st.integers(-5, 2000))
+def test_c_keyed_records_equals_the_twin(buf, rel, stop, end):
+    """The key index's walk in C returns what its pure-Python twin returns (or refuses what it refuses), and
+    the twin picks exactly the records whose flag has the attribute bit (what ``_index_record`` looks at)."""
+    from metaq.store.keyindex import keyed_records_py
+    from metaq.store.record import MARKER
+
+    end = min(end, len(buf)) if end >= 0 else end
+    try:
+        want = keyed_records_py(buf, rel, stop, end)
+    except ValueError:
+        with pytest.raises(ValueError):
+            keyed_records_c(buf, rel, stop, end)
+        return
+    assert keyed_records_c(buf, rel, stop, end) == want
+    walked_to, keyed_at = want
+    if rel == 0 and stop >= len(buf) and end == len(buf):  # the whole log: brute force over its records
+        brute, at = [], 0
+        while at < walked_to:
+            total = MARKER.unpack_from(buf, at)[0]
+            tlen = int.from_bytes(buf[at + 40:at + 42], "big", signed=True) if total >= 42 else -1
+            if tlen >= 0 and 42 + tlen + 20 <= total and int.from_bytes(buf[at + 58 + tlen:at + 62 + tlen], "big") & 1:
+                brute.append(at)
+            at += total
+        assert keyed_at == brute
+
+
+def test_records_without_attributes_cost_no_python_call_each(data_dir, monkeypatch):
+    """The catch-up looks at the records with attributes only (``_index_record`` once each): 1,000 plain puts and
+    3 keyed ones cost 3 calls, and the keys are all found."""
+    s = open_store(data_dir)
+    try:
+        calls = []
+        real = keyindex.KeyIndex._index_record
+        monkeypatch.setattr(keyindex.KeyIndex, "_index_record",
+                            lambda self, *a: calls.append(a[2]) or real(self, *a))  # (map, rel, position, size)
+        keyed_at = []
+        for i in range(1000):
+            s.put("test", i % 4, 0, b"plain-%d" % i, NOW)
+            if i % 400 == 7:
+                keyed_at.append(s.written_position)  # where the keyed record starts
+                put(s, "test", keys=["k%d" % i])
+        flush(s)
+        assert sorted(calls) == sorted(keyed_at)
+        for i, pos in zip((7, 407, 807), keyed_at):
+            assert lookup_all(s, "test", "k%d" % i)[0] == [pos]
+    finally:
+        s.close(NOW)
