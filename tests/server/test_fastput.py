@@ -1,4 +1,7 @@
-"""What a flush failure makes of a burst's replies (server/text/fastput.py)."""
+"""What a flush failure makes of a burst's replies, and which frames a burst may take (server/text/fastput.py)."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metaq.server.text.fastput import failed_replies
 
@@ -12,3 +15,26 @@ def test_every_reply_of_a_run_becomes_the_flush_error_with_its_opaque():
 
 def test_a_single_reply_too():
     assert failed_replies((1,), b"x") == b"result 500 1 1\r\nx"
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from([b"t", b"u", b"SCHEDULE_TOPIC_XXXX", b"t%P3", b"%RESENT%-x", b"secret", b"v"]),
+                max_size=40),
+       st.booleans(), st.booleans())
+def test_the_frames_before_a_refused_topic_are_those_a_walk_frame_by_frame_finds(topics, shared, filtered):
+    """``before_refused_topic`` (one check per distinct topic for a burst with none refused) keeps exactly the
+    frames before the first that the general path must answer: the delay scheduler's topic, a priority level, a
+    resent journal, or a topic the user may not publish to."""
+    from metaq.protocol.delay import SCHEDULE_TOPIC
+    from metaq.protocol.journaltopic import is_journal
+    from metaq.protocol.priority import is_level_topic
+    from metaq.server.text.fastidem import before_refused_topic
+
+    interned = {}
+    frames = [((interned.setdefault(t, t) if shared else bytes(bytearray(t))), 0, 0, i, 0, 0, 0)
+              for i, t in enumerate(topics)]
+    may_publish = (lambda topic: topic != b"secret") if filtered else None
+    first = next((i for i, t in enumerate(topics)
+                  if t == SCHEDULE_TOPIC.encode() or is_level_topic(t) or is_journal(t)
+                  or (filtered and t == b"secret")), len(topics))
+    assert before_refused_topic(frames, may_publish) == frames[:first]
