@@ -403,6 +403,10 @@ MAX_KEY_SCAN_ENTRIES = 8192
 #: reaches the flushed end). Records without a key are passed over at memory speed whatever the step; a step of
 #: 1 KiB RocketMQ messages (each holds a UNIQ_KEY, about 5 us of Python each) holds the event loop about 1.5 ms.
 KEY_INDEX_STEP_BYTES = 256 << 10
+#: Most log bytes one call of the key index's C walk (``keyed_records``) covers: it returns the offsets of the
+#: records with attributes in one list, so an open that indexes a whole 1 GiB segment of small keyed records
+#: holds at most this many bytes' worth of them (~2 MB of Python ints for 73-byte records), not the segment's.
+KEY_INDEX_WALK_BYTES = 4 << 20
 #: Longest lookup cursor (``<file>:<entry>``, two decimal numbers) a request may carry.
 MAX_KEY_CURSOR_BYTES = 48
 

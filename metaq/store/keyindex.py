@@ -183,9 +183,14 @@ class KeyIndex:
             mm, base = seg.file.mm, seg.start
             rel, end = pos - base, min(seg.end, upto) - base
             stop = end if budget is None else min(end, budget - base)
-            rel, keyed = keyed_records(mm, rel, stop, end)
-            for at in keyed:  # the records with attributes: only they can hold keys
-                added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
+            while True:  # in walks of KEY_INDEX_WALK_BYTES at most: the list of keyed records stays bounded
+                walk_stop = min(stop, rel + limits.KEY_INDEX_WALK_BYTES)
+                after, keyed = keyed_records(mm, rel, walk_stop, end)
+                for at in keyed:  # the records with attributes: only they can hold keys
+                    added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
+                walked, rel = after > rel, after
+                if not walked or rel < walk_stop or rel >= stop:  # stopped short, or the range is done
+                    break
             pos = base + rel
             if pos >= upto or (budget is not None and pos >= budget):
                 break

@@ -405,15 +405,53 @@ def test_records_without_attributes_cost_no_python_call_each(data_dir, monkeypat
         real = keyindex.KeyIndex._index_record
         monkeypatch.setattr(keyindex.KeyIndex, "_index_record",
                             lambda self, *a: calls.append(a[2]) or real(self, *a))  # (map, rel, position, size)
-        keyed_at = []
+        offsets = {}
         for i in range(1000):
-            s.put("test", i % 4, 0, b"plain-%d" % i, NOW)
+            s.put("test", 1, 0, b"plain-%d" % i, NOW)
             if i % 400 == 7:
-                keyed_at.append(s.written_position)  # where the keyed record starts
-                put(s, "test", keys=["k%d" % i])
+                offsets["k%d" % i] = put(s, "test", keys=["k%d" % i]).offset
         flush(s)
-        assert sorted(calls) == sorted(keyed_at)
-        for i, pos in zip((7, 407, 807), keyed_at):
-            assert lookup_all(s, "test", "k%d" % i)[0] == [pos]
+        assert len(calls) == 3
+        found = []
+        for key, offset in offsets.items():
+            page = keyindex.run(s.key_search("test", key, 0, BIG, 10))
+            assert [r.queue_offset for r in page.records] == [offset]
+            found.extend(r.position for r in page.records)
+        assert sorted(found) == sorted(calls)  # the records looked at are the keyed ones
+    finally:
+        s.close(NOW)
+
+
+@pytest.mark.parametrize("walk", [1, 200, 4096, None])
+def test_the_c_walk_goes_in_bounded_pieces_and_finds_every_key(data_dir, monkeypatch, walk):
+    """``catch_up`` asks the C walk for ``KEY_INDEX_WALK_BYTES`` of log at most per call (its list of keyed
+    records stays bounded however long the range: the whole tail at open), and finds the same keys whether a
+    piece ends inside a record (1, 200 bytes), past a few records, or the default."""
+    spans = []
+    real = keyindex.keyed_records
+    limit = limits.KEY_INDEX_WALK_BYTES if walk is None else walk
+    if walk is not None:
+        monkeypatch.setattr(limits, "KEY_INDEX_WALK_BYTES", walk)
+
+    def watched(buf, rel, stop, end):
+        spans.append(stop - rel)
+        return real(buf, rel, stop, end)
+
+    monkeypatch.setattr(keyindex, "keyed_records", watched)
+    s = open_store(data_dir)
+    try:
+        offsets = {}
+        for i in range(60):
+            s.put("test", i % 4, 0, b"p" * (i * 7), NOW)
+            if i % 3 == 0:
+                offsets["k%d" % i] = put(s, "test", keys=["k%d" % i], body=b"b" * i).offset
+        s.mark_flushed(s.flush_log())
+        s.keys.catch_up(s._log, s.flushed_position)  # one call over the whole range, as the open's catch-up
+        assert spans and max(spans) <= limit
+        if walk == 1:
+            assert len(spans) >= 80  # one record per piece
+        for key, offset in offsets.items():
+            page = keyindex.run(s.key_search("test", key, 0, BIG, 10))
+            assert [r.queue_offset for r in page.records] == [offset]
     finally:
         s.close(NOW)
