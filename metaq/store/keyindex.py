@@ -31,7 +31,6 @@ from metaq.store.record import BLANK_MAGIC, MARKER, MESSAGE_MAGIC, PREFIX, check
 log = logging.getLogger(__name__)
 
 
-
 def keyed_records_py(buf, rel, stop, end):
     """Walk the records of ``buf`` from ``rel`` while ``rel < stop`` and a marker fits before ``end`` (a marker not a
     message's, or a size not positive or running past ``end``, stops it): ``(where the walk stopped, [rel of each
@@ -188,8 +187,9 @@ class KeyIndex:
                 after, keyed = keyed_records(mm, rel, walk_stop, end)
                 for at in keyed:  # the records with attributes: only they can hold keys
                     added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
-                walked, rel = after > rel, after
-                if not walked or rel < walk_stop or rel >= stop:  # stopped short, or the range is done
+                stopped_short = after < walk_stop  # a marker that is not a record's, or the end (no move at all)
+                rel = after
+                if stopped_short or rel >= stop:
                     break
             pos = base + rel
             if pos >= upto or (budget is not None and pos >= budget):
