@@ -516,6 +516,13 @@ TIMER_SCAN_FROM_INTERVAL_S = 1.0
 #: sparser, back to where the fetcher began. Each is one probe at most, once per divergence.
 MAX_FETCH_CHECKPOINTS = 129
 
+#: Partitions whose fetchers' records read (``MAX_FETCH_CHECKPOINTS`` each) a consumer keeps after a rebalance
+#: took them away, for the next fetcher of the same partition and offset (client/divergence.py ``ReadsKept``): a
+#: failover unregisters a broker's partitions and registers them again, and without them a divergence found then
+#: would go back by time (``DIVERGENCE_REWIND_MS``) instead of to the last record both logs hold. The oldest kept
+#: is dropped past this many.
+MAX_KEPT_FETCH_READS = 1024
+
 #: When none of those records is held by the broker as read, a consumer goes back to the first message stored
 #: this long before the oldest of them (client/divergence.py): longer than any election takes, so a new
 #: master's first messages are not skipped (they are read again rather than lost).

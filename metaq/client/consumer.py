@@ -49,6 +49,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
+from metaq.client.divergence import ReadsKept
 from metaq.client.fetcher import STOP_TIMEOUT_S, PartitionFetcher
 from metaq.client.priofetch import PriorityFetcher, check_levels
 from metaq.client.message import Partition
@@ -145,6 +146,7 @@ class Consumer(ConsumerReads):
         self._commit_lock = threading.Lock()
         self._subs = {}
         self._fetchers = {}  # (topic, Partition) -> PartitionFetcher
+        self.reads_kept = ReadsKept()  # what revoked fetchers had read, for the next ones (a failover's rebalance)
         self.parking = ParkingLot(recover_dir or os.path.join(os.path.expanduser("~"), ".metaq", "recover"),
                                    self.group, self.dead_letter_topic, self._put_dead_letter)
         self._pool = ConnectionPool(request_timeout=10.0, security=security)
@@ -359,8 +361,11 @@ class Consumer(ConsumerReads):
             fetchers = {key: self._fetchers.pop(key) for key in keys if key in self._fetchers}
         for fetcher in fetchers.values():
             fetcher.request_stop()
-        for fetcher in fetchers.values():
+        for key, fetcher in fetchers.items():
             fetcher.join()
+            handed = fetcher.handover()
+            if handed is not None:
+                self.reads_kept.keep(key, *handed)
         if fetchers and self._store is not None:
             self._guarded(lambda: self._commit_fetchers(fetchers), "commit offsets of revoked partitions")
 

@@ -17,6 +17,9 @@ is at most about three times the depth of the divergence. If none matches, the f
 ``limits.DIVERGENCE_REWIND_MS`` before the oldest of them (``rewind_time_ms``), saying so in a WARNING line.
 """
 
+import threading
+from collections import OrderedDict
+
 from metaq import errors, limits
 from metaq.store.msgid import TIMESTAMP_SHIFT, TWEPOCH
 
@@ -85,6 +88,48 @@ class Checkpoints:
         self._cur = [None] * self.LEVELS
         self._prev = [None] * self.LEVELS
         self._last = None
+
+
+class ReadsKept:
+    """What the fetchers a rebalance stopped had read (``Checkpoints``), per ``(topic, Partition)``, for this
+    consumer's next fetcher of that partition. A failover unregisters a broker's partitions and registers them
+    again; a new fetcher would otherwise know only the committed record, and a divergence found then would send it
+    back by time (``limits.DIVERGENCE_REWIND_MS``: minutes of messages read again) rather than to the last record
+    both logs hold. At most ``limit`` partitions, the oldest dropped; taken once, and only by a fetcher starting
+    where the stopped one was (the same offset, and the same last id when the commit holds one)."""
+
+    def __init__(self, limit=limits.MAX_KEPT_FETCH_READS):
+        if limit < 0:
+            raise ValueError("a limit of kept reads must be 0 or more, not %r" % (limit,))
+        self.limit = limit
+        self._kept = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        with self._lock:
+            return len(self._kept)
+
+    def keep(self, key, offset, checkpoints):
+        """A fetcher of ``key`` stopped at ``offset`` having read ``checkpoints`` (empty ones are not kept)."""
+        with self._lock:
+            self._kept.pop(key, None)
+            if checkpoints.last() is None or self.limit == 0:
+                return
+            self._kept[key] = (offset, checkpoints)
+            while len(self._kept) > self.limit:
+                self._kept.popitem(last=False)
+
+    def take(self, key, offset, msg_id=-1):
+        """The checkpoints kept for ``key`` when they end where a fetcher starts (``offset``; ``msg_id``, when
+        above 0, the id of the last record read), else None; either way they are kept no more."""
+        with self._lock:
+            kept = self._kept.pop(key, None)
+        if kept is None or kept[0] != offset:
+            return None
+        checkpoints = kept[1]
+        if msg_id > 0 and checkpoints.last()[1] != msg_id:
+            return None
+        return checkpoints
 
 
 def probe_verdict(offset, reply_kind, moved_to=None):

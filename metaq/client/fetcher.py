@@ -127,10 +127,22 @@ class PartitionFetcher:
         if self.offset is None:
             self.offset, self.committed = self.consumer.initial_offset(self.topic, self.partition)
             stored = self.consumer.stored_entry(self.topic, self.partition) if self.committed is not None else None
-            if stored is not None and stored[0] == self.offset and stored[1] > 0 and self.offset > 0 \
-                    and self.sub.tags is None:  # a plain get's commit: the id is the record's at offset - 1
-                self._read.add(self.offset - 1, stored[1])
-                self.msg_id = stored[1]  # committed again as it was (a revoke before any delivery keeps it)
+            stored_id = stored[1] if stored is not None and stored[0] == self.offset else -1
+            kept = self.consumer.reads_kept.take((self.topic, self.partition), self.offset, stored_id)
+            if kept is not None:  # this consumer read up to here before a rebalance: all it remembered, again
+                self._read = kept
+            elif stored_id > 0 and self.offset > 0 and self.sub.tags is None:
+                self._read.add(self.offset - 1, stored_id)  # a plain get's commit: the id of the record before
+            if stored_id > 0:
+                self.msg_id = stored_id  # committed again as it was (a revoke before any delivery keeps it)
+
+    def handover(self):
+        """``(offset, Checkpoints)`` this fetcher stopped at and had read (consumer ``_revoke``: for the next
+        fetcher of this partition, ``divergence.ReadsKept``), or None before its offset is known or while its thread
+        still runs (a handler that outlived the stop)."""
+        if self.offset is None or self._thread.is_alive():
+            return None
+        return self.offset, self._read
 
     def start(self):
         self._thread.start()
@@ -188,8 +200,7 @@ class PartitionFetcher:
                             self.topic, self.partition, self.offset, exc.offset)
                 if exc.offset == self.offset:  # should not happen; do not spin on it
                     self._stop.wait(FETCH_BACKOFF_MAX_S)
-                self.offset, self.msg_id = exc.offset, -1
-                self._read.cut(exc.offset)  # back below a broker's end: what was read past it is checked no more
+                self._moved(exc)
                 continue
             except errors.Diverged as exc:
                 self._rewind(exc)
@@ -307,10 +318,26 @@ class PartitionFetcher:
         if not self._interrupt.is_set() and next_offset > self.offset:
             self.offset = next_offset
 
-    def _rewind(self, exc):
-        """A get's expect failed (``errors.Diverged``): the broker's log differs from the one read. Read on after
-        the newest record read that it holds as read (client/divergence.py); the messages after it are read
-        (again, for those both logs hold)."""
+    def _moved(self, exc):
+        """A 301 (``errors.Moved``): the offset is outside the partition. Below its minimum: on from there. Past
+        the end of a log that no longer holds what was read there (an async master died with it, and the promoted
+        slave may since have written new messages below that end): reading on from the end would skip those, so
+        the fetcher goes back to the newest record read that this log holds as read, as after a 412 (``_rewind``,
+        by time when it holds none of them). With no record read known (an offset committed without its id), on
+        from the end."""
+        read_past = [cp_id for cp_offset, cp_id in self._read.newest_first() if cp_offset >= exc.offset]
+        back = exc.offset < self.offset and read_past and not self._no_expect
+        self.offset, self.msg_id = exc.offset, -1
+        self._read.cut(exc.offset)  # what was read past the end is checked no more
+        if back:
+            self._rewind(exc, lost=read_past)
+
+    def _rewind(self, exc, lost=()):
+        """A get's expect failed (``errors.Diverged``), or the broker's log ends before records read (``lost``,
+        their ids): the broker's log differs from the one read. Read on after the newest record read that it
+        holds as read (client/divergence.py); the messages after it are read (again, for those both logs hold).
+        When it holds none, from the first message stored ``limits.DIVERGENCE_REWIND_MS`` before the oldest of
+        the records read that it does not hold as read."""
         conn = self.consumer.connection(self.partition.broker_id, read=True)
         tried = []
         for cp_offset, cp_id in self._read.newest_first():
@@ -327,6 +354,7 @@ class PartitionFetcher:
                 return
             if verdict == MISMATCH:
                 tried.append(cp_id)
+        tried.extend(lost)
         since_ms = rewind_time_ms(tried) if tried else int(time.time() * 1000) - limits.DIVERGENCE_REWIND_MS
         resume = min(self.consumer.offset_at(self.topic, self.partition, since_ms), self.offset)
         log.warning("%s %s: the log at %s differs from every record read before (%s); reading again from offset %d, "

@@ -84,3 +84,78 @@ def test_a_priority_fetcher_waits_for_a_slave_behind_one_of_its_levels_too():
     f2.offsets = [5, 6, 40]
     f2._fetch()
     assert f2.offsets == [5, 6, 10]  # a master's answer moves it
+
+
+class Log:
+    """A broker's partition for a divergence probe: ``ids`` ``{offset: msg_id}`` below ``end``; a get's expect
+    is checked as the broker does (server/text/expect.py), then 301 past the end, else 404 (both logs hold it)."""
+
+    url = "meta://new-master"
+
+    def __init__(self, ids):
+        self.ids, self.end, self.asked = ids, len(ids), []
+
+    def call(self, request, timeout=None):
+        self.asked.append(request)
+        if request.expect is not None:
+            held = self.ids.get(request.expect[0])
+            if held is not None and held != request.expect[1]:
+                return ev.Result(412, b"diverged", 0)
+        if request.offset > self.end:
+            return ev.Result(301, b"%d" % self.end, 0)
+        return ev.Result(404, b"", 0)
+
+
+class Rewinding(Consumer):
+    def __init__(self, conn):
+        super().__init__(conn, slave=False)
+        self.asked_at = []
+
+    def offset_at(self, topic, partition, since_ms):
+        self.asked_at.append(since_ms)
+        return 150
+
+
+def read_up_to(conn, last, first=0):
+    f = PartitionFetcher(Rewinding(conn), SimpleNamespace(topic="t", tags=None), Partition(7, 0))
+    for offset in range(first, last + 1):
+        f._read.add(offset, 1000 + offset)
+    f.offset = last + 1
+    return f
+
+
+def test_a_master_ending_before_what_was_read_is_probed_below_its_end_not_followed_to_it():
+    # read 0..403 from the old master; the new one holds 0..196 as read and wrote 197..201 anew: its end is 202.
+    # The newest record remembered below 202 is far back (older ones are sparse): reading on at 202 with that
+    # as the expect would skip 197..201 (the random-fault run's 12 undelivered messages)
+    ids = {o: 1000 + o for o in range(197)}
+    ids.update({o: 5000 + o for o in range(197, 202)})
+    conn = Log(ids)
+    f = read_up_to(conn, 403)
+    f._moved(errors.Moved(202))
+    depth = 404 - 197
+    assert 404 - 3 * depth <= f.offset <= 197  # nothing new skipped; at most 3x the depth read again
+    assert all(r.offset <= 202 for r in conn.asked)  # probes only
+    assert f._read.last()[0] == f.offset - 1 and ids[f.offset - 1] == f._read.last()[1]  # the record before: held
+
+
+def test_a_master_holding_the_records_below_its_end_as_read_continues_at_its_end():
+    conn = Log({o: 1000 + o for o in range(202)})  # only the tail lost, nothing new written (yet)
+    f = read_up_to(conn, 403)
+    f._moved(errors.Moved(202))
+    assert f.offset >= 202 - 3 * (404 - 202) and f.offset <= 202
+    assert f._read.last() == (f.offset - 1, 1000 + f.offset - 1)
+
+
+def test_with_nothing_remembered_below_the_end_the_fetcher_goes_back_by_time():
+    conn = Log({o: 5000 + o for o in range(202)})
+    f = read_up_to(conn, 403, first=403)  # a new fetcher knows only the committed record (no rebalance kept it)
+    f._moved(errors.Moved(202))
+    assert f.offset == 150 and len(f.consumer.asked_at) == 1  # the first message stored before the lost record
+
+
+def test_a_move_forward_past_a_retention_cut_is_not_probed():
+    conn = Log({o: 1000 + o for o in range(1000)})
+    f = read_up_to(conn, 403)
+    f._moved(errors.Moved(900))
+    assert f.offset == 900 and conn.asked == []
