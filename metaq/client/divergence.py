@@ -109,27 +109,26 @@ class ReadsKept:
         with self._lock:
             return len(self._kept)
 
-    def keep(self, key, offset, checkpoints):
-        """A fetcher of ``key`` stopped at ``offset`` having read ``checkpoints`` (empty ones are not kept)."""
+    def keep(self, key, offset, msg_id, checkpoints):
+        """A fetcher of ``key`` stopped at ``offset`` (``msg_id``: the id it commits with it, -1 for none) having
+        read ``checkpoints`` (empty ones are not kept)."""
         with self._lock:
             self._kept.pop(key, None)
             if checkpoints.last() is None or self.limit == 0:
                 return
-            self._kept[key] = (offset, checkpoints)
+            self._kept[key] = (offset, msg_id, checkpoints)
             while len(self._kept) > self.limit:
                 self._kept.popitem(last=False)
 
     def take(self, key, offset, msg_id=-1):
-        """The checkpoints kept for ``key`` when they end where a fetcher starts (``offset``; ``msg_id``, when
-        above 0, the id of the last record read), else None; either way they are kept no more."""
+        """The checkpoints kept for ``key`` when they end where a fetcher starts (``offset``, and ``msg_id`` the
+        group committed with it, when both that and the kept one are above 0), else None; either way they are
+        kept no more."""
         with self._lock:
             kept = self._kept.pop(key, None)
-        if kept is None or kept[0] != offset:
+        if kept is None or kept[0] != offset or (msg_id > 0 and kept[1] > 0 and kept[1] != msg_id):
             return None
-        checkpoints = kept[1]
-        if msg_id > 0 and checkpoints.last()[1] != msg_id:
-            return None
-        return checkpoints
+        return kept[2]
 
 
 def probe_verdict(offset, reply_kind, moved_to=None):

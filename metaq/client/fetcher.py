@@ -28,7 +28,7 @@ from metaq.client.message import Message
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.protocol.tags import decode_tagged_body
+from metaq.protocol.tags import decode_tagged_reply
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,15 @@ def records_of(reply, what="get"):
     raise reply_error(reply, what)
 
 
-def tagged_records_of(reply, offset, what="get_tags"):
-    """``([(offset, record)], next offset)`` of a ``get_tags`` reply (``protocol.tags.decode_tagged_body``): none and
-    ``offset`` for 404; raises Moved for 301, the mapped error otherwise."""
+def tagged_records_of(reply, offset, what="get_tags", passed=False):
+    """``([(offset, record)], next offset, passed id)`` of a ``get_tags`` reply (``protocol.tags.decode_tagged_reply``;
+    ``passed``: the request asked for the id of the record before the next offset, else it is None): none,
+    ``offset`` and None for 404; raises Moved for 301, the mapped error otherwise."""
     if isinstance(reply, ev.Value):
-        next_offset, records = decode_tagged_body(reply.body)
-        return records, next_offset
+        next_offset, passed_id, records = decode_tagged_reply(reply.body, passed)
+        return records, next_offset, passed_id
     records_of(reply, what)  # 404: nothing; else raises
-    return [], offset
+    return [], offset, None
 
 
 def log_skipped(exc):
@@ -87,6 +88,9 @@ class PartitionFetcher:
         self._seek_to = None  # the offset a seek asked for, until the fetch thread takes it
         self._client_filters = False  # True once the broker turned get_tags down as unknown: plain gets
         self._no_expect = False  # True once the broker turned a get's expect down (older than it): gets without
+        self._no_passed = False  # True once the broker turned a get_tags' ":passed" down (older than it)
+        self._passed_over = None  # (offset, msg_id) of the last record a get_tags reply passed over, until handed
+        self._differs = None  # (error, end or None): a 412, or a 301 below what was read, until its probes decide
         self._read = Checkpoints()  # records read, for a get's expect and a divergence (client/divergence.py)
         self._behind = None  # (slave url, offset) while a slave behind this fetcher's offset is waited for
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -137,12 +141,12 @@ class PartitionFetcher:
                 self.msg_id = stored_id  # committed again as it was (a revoke before any delivery keeps it)
 
     def handover(self):
-        """``(offset, Checkpoints)`` this fetcher stopped at and had read (consumer ``_revoke``: for the next
+        """``(offset, msg_id, Checkpoints)`` this fetcher stopped at and had read (consumer ``_revoke``: for the next
         fetcher of this partition, ``divergence.ReadsKept``), or None before its offset is known or while its thread
         still runs (a handler that outlived the stop)."""
-        if self.offset is None or self._thread.is_alive():
-            return None
-        return self.offset, self._read
+        if self.offset is None or self._thread.is_alive() or not self._stop.is_set():
+            return None  # not a clean stop: what it read may not match its position
+        return self.offset, self.msg_id, self._read
 
     def start(self):
         self._thread.start()
@@ -170,6 +174,7 @@ class PartitionFetcher:
                 self._interrupt.set()
         log.info("%s %s: seek from offset %s to %d", self.topic, self.partition, self.offset, offset)
         self.offset, self.msg_id = offset, -1
+        self._differs = None
         self._read.clear()
 
     def join(self, timeout=STOP_TIMEOUT_S):
@@ -186,6 +191,9 @@ class PartitionFetcher:
             try:
                 self._apply_seek()
                 self.resolve()
+                if self._differs is not None:  # probes that failed (a connection lost mid-failover): again
+                    self._settle()
+                    continue
                 started, asked = time.monotonic(), self.progress
                 fetched = self._fetch()
                 if fetched is None:  # stopped while waiting
@@ -196,14 +204,12 @@ class PartitionFetcher:
                 self._deliver(records, next_offset)
                 backoff = 0.0
             except errors.Moved as exc:
-                log.warning("%s %s: offset %s is outside the partition; continuing at %d",
-                            self.topic, self.partition, self.offset, exc.offset)
                 if exc.offset == self.offset:  # should not happen; do not spin on it
                     self._stop.wait(FETCH_BACKOFF_MAX_S)
                 self._moved(exc)
                 continue
             except errors.Diverged as exc:
-                self._rewind(exc)
+                self._differs = (exc, None)  # settled at the top of the loop, where an error backs off
                 continue
             except errors.CorruptRecord as exc:
                 if self.consumer.skip_corrupt and exc.next_offset > self.offset:
@@ -241,12 +247,14 @@ class PartitionFetcher:
         self._wake.clear()
         tags, offset = (None if self._client_filters else self.sub.tags), self.offset
         expect = None if self._no_expect else self._read.last()
+        passed = tags is not None and not self._no_expect and not self._no_passed
+        self._passed_over = None
         if tags is None:
             request = ev.Get(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size, 0,
                              wait_ms or None, expect)
-        else:
+        else:  # passed: the reply names the last record passed over, the next expect names it (tagscan.py)
             request = ev.GetTags(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size,
-                                 tags, 0, wait_ms or None, expect=expect)
+                                 tags, 0, wait_ms or None, expect=expect, passed=passed)
         future = conn.request(request, timeout=timeout)
         future.add_done_callback(lambda _f: self._wake.set())
         deadline = time.monotonic() + timeout + 1.0
@@ -268,7 +276,13 @@ class PartitionFetcher:
                 and int(reply.body) < offset and consumer.is_slave_read(self.partition.broker_id, conn.url):
             self._wait_for_slave(conn.url, offset, int(reply.body))
             return [], offset
-        if expect is not None and isinstance(reply, ev.Result) and reply.code == 400 and b" needs " in reply.body:
+        if passed and isinstance(reply, ev.Result) and reply.code == 400 and b"invalid expect" in reply.body:
+            log.warning("%s %s: the broker at %s does not name the records a get_tags passed over (it is older): a "
+                        "failover that rewrites those goes unnoticed there", self.topic, self.partition, conn.url)
+            self._no_passed = True  # asked again with the plain expect
+            return [], offset
+        if (expect is not None or passed) and isinstance(reply, ev.Result) and reply.code == 400 \
+                and b" needs " in reply.body:
             log.warning("%s %s: the broker at %s does not check a get's last record (no expect: it is older): a "
                         "failover that rewrites what was read goes unnoticed there", self.topic, self.partition,
                         conn.url)
@@ -282,7 +296,10 @@ class PartitionFetcher:
                         self.topic, self.partition, conn.url)
             self._client_filters = True  # a broker older than the extension: every record read, filtered here
             return [], offset
-        return tagged_records_of(reply, offset, what)
+        records, next_offset, passed_id = tagged_records_of(reply, offset, what, passed)
+        if passed_id is not None and passed_id != -1 and next_offset > offset:
+            self._passed_over = (next_offset - 1, passed_id)
+        return records, next_offset
 
     def _wait_for_slave(self, url, offset, end):
         """Reads failed over to a slave that has not copied what this fetcher read from the master (async
@@ -317,6 +334,8 @@ class PartitionFetcher:
             remember(offset, record.msg_id)
         if not self._interrupt.is_set() and next_offset > self.offset:
             self.offset = next_offset
+        if not self._interrupt.is_set() and self._passed_over is not None and self._passed_over[0] == self.offset - 1:
+            remember(*self._passed_over)  # get_tags: the last record passed over, named by the next expect
 
     def _moved(self, exc):
         """A 301 (``errors.Moved``): the offset is outside the partition. Below its minimum: on from there. Past
@@ -325,24 +344,40 @@ class PartitionFetcher:
         the fetcher goes back to the newest record read that this log holds as read, as after a 412 (``_rewind``,
         by time when it holds none of them). With no record read known (an offset committed without its id), on
         from the end."""
-        read_past = [cp_id for cp_offset, cp_id in self._read.newest_first() if cp_offset >= exc.offset]
-        back = exc.offset < self.offset and read_past and not self._no_expect
+        if exc.offset < self.offset and self._read.last() is not None and not self._no_expect:
+            log.warning("%s %s: offset %s is past the partition's end %d: checking the records read below it",
+                        self.topic, self.partition, self.offset, exc.offset)
+            self._differs = (exc, exc.offset)  # the position stays until the probes decide (_settle)
+            return
+        log.warning("%s %s: offset %s is outside the partition; continuing at %d",
+                    self.topic, self.partition, self.offset, exc.offset)
         self.offset, self.msg_id = exc.offset, -1
         self._read.cut(exc.offset)  # what was read past the end is checked no more
-        if back:
-            self._rewind(exc, lost=read_past)
 
-    def _rewind(self, exc, lost=()):
-        """A get's expect failed (``errors.Diverged``), or the broker's log ends before records read (``lost``,
-        their ids): the broker's log differs from the one read. Read on after the newest record read that it
+    def _settle(self):
+        """Decide where to read on after a 412 or a 301 below what was read (``_rewind``). Until it has, the
+        position stays where it was: a commit meanwhile, or a stop, keeps it, and the next get meets the same
+        answer; an error (the probes' connection lost) backs off in ``_run`` and the probes run again."""
+        exc, end = self._differs
+        if self._rewind(exc, end):
+            self._differs = None
+
+    def _rewind(self, exc, end=None):
+        """A get's expect failed (``errors.Diverged``), or the broker's log ends at ``end``, before records read:
+        the broker's log differs from the one read. Read on after the newest record read (below ``end``) that it
         holds as read (client/divergence.py); the messages after it are read (again, for those both logs hold).
         When it holds none, from the first message stored ``limits.DIVERGENCE_REWIND_MS`` before the oldest of
-        the records read that it does not hold as read."""
+        the records read that it does not hold as read. False when a stop or a seek came first (nothing moved)."""
         conn = self.consumer.connection(self.partition.broker_id, read=True)
-        tried = []
+        tried, candidates = [], []
         for cp_offset, cp_id in self._read.newest_first():
+            if end is None or cp_offset < end:
+                candidates.append((cp_offset, cp_id))
+            else:
+                tried.append(cp_id)  # read past the end: not held
+        for cp_offset, cp_id in candidates:
             if self._stop.is_set() or self._seek_to is not None:
-                return
+                return False
             verdict, moved_to = self._probe(conn, cp_offset, cp_id)
             if verdict == MATCH:
                 resume = cp_offset + 1 if moved_to is None else moved_to
@@ -351,17 +386,20 @@ class PartitionFetcher:
                             exc, resume, self.offset)
                 self._read.cut(cp_offset + 1)
                 self.offset, self.msg_id = resume, cp_id if moved_to is None else -1
-                return
+                return True
             if verdict == MISMATCH:
                 tried.append(cp_id)
-        tried.extend(lost)
+        if self._stop.is_set() or self._seek_to is not None:
+            return False
         since_ms = rewind_time_ms(tried) if tried else int(time.time() * 1000) - limits.DIVERGENCE_REWIND_MS
-        resume = min(self.consumer.offset_at(self.topic, self.partition, since_ms), self.offset)
+        resume = min(self.consumer.offset_at(self.topic, self.partition, since_ms),
+                     self.offset if end is None else end)
         log.warning("%s %s: the log at %s differs from every record read before (%s); reading again from offset %d, "
                     "the first stored since %d ms (was at %d)", self.topic, self.partition, conn.url, exc, resume,
                     since_ms, self.offset)
         self._read.clear()
         self.offset, self.msg_id = resume, -1
+        return True
 
     def _probe(self, conn, cp_offset, cp_id):
         """``(verdict, moved_to)`` for the record read at ``cp_offset`` (``divergence.probe_verdict``)."""

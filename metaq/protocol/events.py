@@ -135,6 +135,10 @@ class GetTags(NamedTuple):
     its MetaQ form: the client asks for ``next offset`` next, past the records it passed over. A body of the
     8 bytes alone says that nothing wanted lay between ``offset`` and ``next offset``. 404 as a get's when
     nothing is past ``offset`` (after ``maxWaitMs``). ``filter`` is the parsed ``tags`` (a ``TagFilter``).
+
+    ``passed`` (the expect written ``<offset>:<msgId>:passed``, or ``:passed`` alone): the body's next offset is followed by the id of
+    the record just before it (``<int64>``; -1 when none is held), so that a client that passed over records
+    names the last of them in its next expect: a failover that rewrote them is found (client/divergence.py).
     """
 
     topic: str
@@ -147,6 +151,7 @@ class GetTags(NamedTuple):
     max_wait_ms: Optional[int] = None
     filter: object = None
     expect: Optional[tuple] = None  # as a Get's: ``get_tags ... <tags> <maxWaitMs> <offset>:<msgId> <opaque>``
+    passed: bool = False  # ``[<offset>:<msgId>]:passed``: the reply names the id of the record before next offset
 
 
 class Offset(NamedTuple):

@@ -34,7 +34,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER, Record
 
 __all__ = ["SEPARATOR", "TAG_SEPARATOR", "OFFSET_FIELD", "TagFilter", "tags_of_attribute", "tag_code",
-           "parse_tag_expression", "tag_token", "decode_tagged_body"]
+           "parse_tag_expression", "tag_token", "decode_tagged_body", "decode_tagged_reply", "PASSED_SUFFIX"]
 
 #: What ends the tags inside an attribute (the RocketMQ mapping's property separator).
 SEPARATOR = b"\x02"
@@ -42,6 +42,11 @@ SEPARATOR = b"\x02"
 TAG_SEPARATOR = "||"
 #: A queue offset in a ``get_tags`` reply body: the next offset first, then one before each record.
 OFFSET_FIELD = struct.Struct(">q")
+
+#: A get_tags expect's suffix (``<offset>:<msgId>:passed``, or ``:passed`` alone before any record was read;
+#: events.GetTags ``passed``): the reply's next offset is followed by the id of the record before it (an
+#: ``OFFSET_FIELD``-sized int64, -1 when none is held).
+PASSED_SUFFIX = ":passed"
 
 
 def tags_of_attribute(attribute):
@@ -111,12 +116,23 @@ def decode_tagged_body(body, verify=True):
     RemoteProtocolError when the body is shorter than its next offset, a record is cut off or negative, an
     offset goes backwards or reaches the next offset, or (``verify``) a record's checksum is wrong.
     """
+    nxt, _passed_id, out = decode_tagged_reply(body, False, verify)
+    return nxt, out
+
+
+def decode_tagged_reply(body, passed, verify=True):
+    """``(next_offset, passed_id, [(offset, Record)])`` of a ``get_tags`` reply body; ``passed``: the request
+    asked for the id of the record before the next offset (``PASSED_SUFFIX``), None otherwise. Errors as
+    ``decode_tagged_body``'s, and a body too short for that id."""
     size = len(body)
-    if size < OFFSET_FIELD.size:
-        raise RemoteProtocolError("get_tags reply of %d bytes has no next offset" % size)
+    head = OFFSET_FIELD.size * (2 if passed else 1)
+    if size < head:
+        raise RemoteProtocolError("get_tags reply of %d bytes has no next offset%s"
+                                  % (size, " and id before it" if passed else ""))
     (nxt,) = OFFSET_FIELD.unpack_from(body, 0)
+    passed_id = OFFSET_FIELD.unpack_from(body, OFFSET_FIELD.size)[0] if passed else None
     out = []
-    pos = OFFSET_FIELD.size
+    pos = head
     last = None
     with memoryview(body) as view:
         while pos < size:
@@ -136,4 +152,4 @@ def decode_tagged_body(body, verify=True):
             out.append((offset, Record(msg_id, flag, data, checksum)))
             last = offset
             pos = end
-    return nxt, out
+    return nxt, passed_id, out

@@ -54,7 +54,7 @@ from metaq.protocol.events import (
 from metaq.protocol import adminwire, priority, timerwire, topicadmin
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
-from metaq.protocol.tags import parse_tag_expression
+from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
 from metaq.protocol.textwrite import encode_result, encode_value_header, serialize
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
@@ -247,9 +247,12 @@ def _parse_get_tags(t):
     if filt is None:
         raise _LineError("invalid tags %s: name at least one tag (get reads every message)" % _show(t[6]))
     max_wait_ms = _int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
-    expect = _expect(t[8]) if len(t) == 10 else None
+    token = t[8] if len(t) == 10 else ""
+    passed = token.endswith(PASSED_SUFFIX)  # the reply names the id of the record before its next offset
+    token = token[:-len(PASSED_SUFFIX)] if passed else token
+    expect = _expect(token) if token else None  # ":passed" alone: no record read yet
     return GetTags(t[1], t[2], partition, offset, max_size, t[6], _int(t[-1], "opaque", INT32_MIN, INT32_MAX),
-                   max_wait_ms, filt, expect)
+                   max_wait_ms, filt, expect, passed)
 
 
 def _parse_offset(t):

@@ -6,6 +6,7 @@ Split from ``metaq.protocol.text`` (which re-exports these names); the grammar i
 from metaq.protocol import adminwire
 from metaq.protocol import priority, timerwire
 from metaq.protocol import topicadmin
+from metaq.protocol.tags import PASSED_SUFFIX
 from metaq.protocol.events import (
     Auth,
     CommitOffset,
@@ -75,8 +76,10 @@ def _serialize_reply(e):
 
 def _wait_and_expect(e):
     """`` <maxWaitMs>[ <offset>:<msgId>]`` of a get (an ``expect`` needs a wait: 0 is none), or ``""``."""
-    if e.expect is not None:
-        return " %d %d:%d" % (e.max_wait_ms or 0, e.expect[0], e.expect[1])
+    passed = PASSED_SUFFIX if getattr(e, "passed", False) else ""  # get_tags only (events.GetTags)
+    if e.expect is not None or passed:
+        expect = "" if e.expect is None else "%d:%d" % e.expect
+        return " %d %s%s" % (e.max_wait_ms or 0, expect, passed)
     return "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
 
 

@@ -89,30 +89,32 @@ def read(first, last):
 def test_reads_kept_are_taken_once_by_a_fetcher_starting_where_the_stopped_one_was():
     kept = ReadsKept(limit=4)
     cps = read(0, 99)
-    kept.keep(("t", 0), 100, cps)
+    kept.keep(("t", 0), 100, 1099, cps)
     assert kept.take(("t", 0), 100, 1099) is cps
     assert kept.take(("t", 0), 100, 1099) is None  # once
-    kept.keep(("t", 0), 100, cps)
+    kept.keep(("t", 0), 100, 1099, cps)
     assert kept.take(("t", 0), 100) is cps  # a commit without an id: the offset alone
+    kept.keep(("t", 0), 100, -1, cps)  # a fetcher that knew no id (a seek, a 301)
+    assert kept.take(("t", 0), 100, 1099) is cps
     for offset, msg_id in ((101, 1099), (100, 7)):  # another consumer moved it, or it is another record
-        kept.keep(("t", 0), 100, cps)
+        kept.keep(("t", 0), 100, 1099, cps)
         assert kept.take(("t", 0), offset, msg_id) is None
         assert len(kept) == 0  # dropped either way
-    kept.keep(("t", 1), 5, Checkpoints())  # nothing read: nothing kept
+    kept.keep(("t", 1), 5, -1, Checkpoints())  # nothing read: nothing kept
     assert len(kept) == 0
 
 
 def test_reads_kept_hold_the_limit_and_drop_the_oldest_one_past_it():
     kept = ReadsKept(limit=limits.MAX_KEPT_FETCH_READS)
     for p in range(limits.MAX_KEPT_FETCH_READS):
-        kept.keep(("t", p), 10, read(0, 9))
+        kept.keep(("t", p), 10, 1009, read(0, 9))
     assert len(kept) == limits.MAX_KEPT_FETCH_READS
-    kept.keep(("t", "one past"), 10, read(0, 9))
+    kept.keep(("t", "one past"), 10, 1009, read(0, 9))
     assert len(kept) == limits.MAX_KEPT_FETCH_READS
     assert kept.take(("t", 0), 10) is None  # the oldest went
     assert kept.take(("t", 1), 10) is not None and kept.take(("t", "one past"), 10) is not None
     with pytest.raises(ValueError):
         ReadsKept(limit=-1)
     none = ReadsKept(limit=0)
-    none.keep(("t", 0), 10, read(0, 9))
+    none.keep(("t", 0), 10, 1009, read(0, 9))
     assert len(none) == 0

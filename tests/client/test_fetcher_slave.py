@@ -133,6 +133,8 @@ def test_a_master_ending_before_what_was_read_is_probed_below_its_end_not_follow
     conn = Log(ids)
     f = read_up_to(conn, 403)
     f._moved(errors.Moved(202))
+    assert f.position == (404, -1) and conn.asked == []  # nothing moves before the probes decide
+    f._settle()
     depth = 404 - 197
     assert 404 - 3 * depth <= f.offset <= 197  # nothing new skipped; at most 3x the depth read again
     assert all(r.offset <= 202 for r in conn.asked)  # probes only
@@ -143,6 +145,7 @@ def test_a_master_holding_the_records_below_its_end_as_read_continues_at_its_end
     conn = Log({o: 1000 + o for o in range(202)})  # only the tail lost, nothing new written (yet)
     f = read_up_to(conn, 403)
     f._moved(errors.Moved(202))
+    f._settle()
     assert f.offset >= 202 - 3 * (404 - 202) and f.offset <= 202
     assert f._read.last() == (f.offset - 1, 1000 + f.offset - 1)
 
@@ -151,6 +154,7 @@ def test_with_nothing_remembered_below_the_end_the_fetcher_goes_back_by_time():
     conn = Log({o: 5000 + o for o in range(202)})
     f = read_up_to(conn, 403, first=403)  # a new fetcher knows only the committed record (no rebalance kept it)
     f._moved(errors.Moved(202))
+    f._settle()
     assert f.offset == 150 and len(f.consumer.asked_at) == 1  # the first message stored before the lost record
 
 
@@ -159,3 +163,50 @@ def test_a_move_forward_past_a_retention_cut_is_not_probed():
     f = read_up_to(conn, 403)
     f._moved(errors.Moved(900))
     assert f.offset == 900 and conn.asked == []
+
+
+def test_a_probe_that_fails_leaves_the_position_and_is_tried_again():
+    # the new master's connection drops during the probes (a failover is when that happens): the error backs off
+    # in _run and the probes run again; meanwhile a commit or a stop sees the old position, never the end
+    ids = {o: 1000 + o for o in range(197)}
+    ids.update({o: 5000 + o for o in range(197, 202)})
+    conn = Log(ids)
+    real_call, calls = conn.call, []
+
+    def flaky(request, timeout=None):
+        calls.append(request)
+        if len(calls) == 1:
+            raise errors.ConnectionLost("lost during the probe")
+        return real_call(request, timeout)
+
+    conn.call = flaky
+    f = read_up_to(conn, 403)
+    f._moved(errors.Moved(202))
+    with pytest.raises(errors.ConnectionLost):
+        f._settle()
+    assert f.position == (404, -1) and f._differs is not None and f._read.last() == (403, 1403)
+    f._settle()
+    assert f.offset <= 197 and f._differs is None
+
+
+def test_a_stop_during_the_probes_keeps_the_position():
+    conn = Log({o: 5000 + o for o in range(202)})
+    f = read_up_to(conn, 403)
+    f._moved(errors.Moved(202))
+    f.request_stop()
+    f._settle()
+    assert f.position == (404, -1) and f._read.last() == (403, 1403)  # the next fetcher meets the 301 again
+
+
+def test_a_tag_filtered_fetcher_that_delivered_nothing_past_the_end_probes_too():
+    # it delivered up to 100, then the broker passed over 101..403 (no wanted tags): nothing remembered at or
+    # past the end, but reading on from the end would skip new wanted messages at 197..201
+    ids = {o: 1000 + o for o in range(197)}
+    ids.update({o: 5000 + o for o in range(197, 202)})
+    conn = Log(ids)
+    f = read_up_to(conn, 100)
+    f.offset = 404
+    f._moved(errors.Moved(202))
+    assert f._differs is not None
+    f._settle()
+    assert f.offset <= 101

@@ -59,38 +59,38 @@ class Deliveries:
             return [body for part, _off, body in self.got if part == 0]
 
 
-def diverged_pair(broker_factory, tmp_path, own_zk):
+def diverged_pair(broker_factory, tmp_path, own_zk, tag=None, tail_tag=None):
     """m (async master) and s (its slave, copying through a proxy): COPIED messages on both, then UNCOPIED on m
-    alone (the link cut). Returns ``(m, s, proxy)``."""
+    alone (the link cut); ``tag`` and ``tail_tag``: their attributes. Returns ``(m, s, proxy)``."""
     rport = free_port()
     proxy = LinkProxy(("127.0.0.1", rport)).start()
     m, s, _rport, _srport = pair(broker_factory, tmp_path, own_zk.connect, "async", rport, proxy.address)
     with m.client() as c:
         for k in range(COPIED):
-            c.put_ok(TOPIC, b"m-%d" % k, partition=0)
+            c.put_ok(TOPIC, b"m-%d" % k, partition=0, attribute=tag)
     caught_up(m, s)
     proxy.cut()
     wait_for(lambda: stats(s)["replication_link"] == "down", 10, "the slave's link is cut")
     with m.client() as c:
         for k in range(COPIED, COPIED + UNCOPIED):
-            c.put_ok(TOPIC, b"m-%d" % k, partition=0)
+            c.put_ok(TOPIC, b"m-%d" % k, partition=0, attribute=tail_tag)
     return m, s, proxy
 
 
-def fail_over(m, s, capsys, new=NEW):
+def fail_over(m, s, capsys, new=NEW, tag=None):
     """kill -9 of m, s promoted by force, ``new`` messages put to s at the offsets of m's uncopied tail and on."""
     KillBroker(m).inject()
     code, out = promote(capsys, s, force=True)
     assert "now the master" in out, (code, out)
-    put_new(s, 0, new)
+    put_new(s, 0, new, tag)
     if new >= UNCOPIED:
         assert int(log_bodies(s)[-1][0]) >= COPIED + UNCOPIED  # written past the consumer's offset
 
 
-def put_new(s, first, count):
+def put_new(s, first, count, tag=None):
     with s.client() as c:
         for k in range(first, first + count):
-            _id, _part, offset = c.put_ok(TOPIC, b"s-%d" % k, partition=0)
+            _id, _part, offset = c.put_ok(TOPIC, b"s-%d" % k, partition=0, attribute=tag)
             assert offset == COPIED + k  # the very offsets the consumer read m's tail at, and on
 
 
@@ -189,3 +189,32 @@ def test_a_consumer_restarted_on_an_offset_committed_in_the_lost_tail_reads_the_
     # s: the consumer goes back by time, limits.DIVERGENCE_REWIND_MS, and says so)
     assert again.bodies()[-NEW:] == [b"s-%d" % k for k in range(NEW)]
     assert any("differs from every record read before" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tag_filtered_consumer_that_passed_over_the_lost_tail_reads_what_the_new_master_wrote_there(
+        broker_factory, tmp_path, own_zk, capsys, caplog):
+    # the consumer wants tag "a"; m's uncopied tail is all "b": the broker passed over it, so the last record
+    # the consumer was given (m-9) is one both logs hold, and a get's expect naming it would let the new master
+    # read on from offset COPIED + UNCOPIED, past its new "a" messages at 10..14. A get_tags reply names the
+    # last record it passed over (":passed", events.GetTags) and the next expect names that one: a 412
+    m, s, proxy = diverged_pair(broker_factory, tmp_path, own_zk, tag="a", tail_tag="b")
+    got = Deliveries()
+    consumer = Consumer("g-div4", zk_connect=own_zk.connect, long_poll_ms=300, session_timeout=4.0)
+    consumer.subscribe(TOPIC, got, filter="a")
+    try:
+        consumer.start()
+        wait_for(lambda: len(got.bodies()) == COPIED, 60, lambda: "m's 'a' messages delivered: %r" % got.bodies())
+        wait_for(lambda: any(k[0] == TOPIC and k[1].partition == 0 and lag == 0
+                             for k, lag in consumer.lag().items()), 60, "the consumer passed over m's tail")
+        fail_over(m, s, capsys, tag="a")
+        want = [b"s-%d" % k for k in range(NEW)]
+        wait_for(lambda: set(want) <= set(got.bodies()), 60,
+                 lambda: "every message of the new master delivered: missing %r" % sorted(set(want) - set(got.bodies())))
+    finally:
+        consumer.close()
+        proxy.close()
+    bodies = got.bodies()
+    assert bodies[:COPIED] == [b"m-%d" % k for k in range(COPIED)], bodies
+    assert bodies[-NEW:] == [b"s-%d" % k for k in range(NEW)], bodies
+    assert set(bodies[COPIED:-NEW]) <= {b"m-%d" % k for k in range(COPIED)}, bodies  # read again: held by both
+    assert any("differs from the one read before" in r.getMessage() for r in caplog.records)

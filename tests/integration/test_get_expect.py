@@ -71,3 +71,28 @@ def test_a_bad_expect_token_is_a_clear_400_and_the_connection_goes_on(broker):
             r = c.read_event()
             assert isinstance(r, ev.Result) and r.code == 400 and why in r.body, (token, r)
         assert [rec.payload for rec in c.get_records("t-exp", 0, 0)] == [b"m-%d" % k for k in range(5)]
+
+
+def test_get_tags_passed_names_the_record_before_the_next_offset_and_a_plain_one_is_unchanged(broker):
+    from metaq.protocol.tags import decode_tagged_body, decode_tagged_reply, parse_tag_expression
+
+    want = parse_tag_expression("a")
+    with broker.client() as c:
+        ids = [c.put_ok("t-pass", b"m-%d" % k, 0, attribute=tag)[0] for k, tag in enumerate("abbab")]
+
+        def get_tags(offset, expect, passed):
+            return c.call(ev.GetTags("t-pass", "g", 0, offset, 1 << 20, "a", c.opaque(), 0, want, expect, passed))
+
+        r = get_tags(0, None, True)  # ":passed" alone: nothing read yet
+        nxt, passed_id, records = decode_tagged_reply(r.body, True)
+        assert nxt == 5 and passed_id == ids[4] and [o for o, _rec in records] == [0, 3]  # m-4 passed over
+        plain = get_tags(0, (0, ids[0]), False)  # the form older clients read: no id after the next offset
+        assert decode_tagged_body(plain.body) == (nxt, records)
+        for k in range(3):
+            c.put_ok("t-pass", b"n-%d" % k, 0, attribute="b")
+        r = get_tags(5, (4, ids[4]), True)  # nothing wanted: the next offset alone, and the id before it
+        assert isinstance(r, ev.Value) and len(r.body) == 16
+        nxt, passed_id, records = decode_tagged_reply(r.body, True)
+        assert nxt == 8 and records == [] and passed_id == c.get_records("t-pass", 0, 7)[0].msg_id
+        r = get_tags(8, (4, ids[4] + 1), True)  # the expect is still checked: another id there is a 412
+        assert isinstance(r, ev.Result) and r.code == 412

@@ -9,8 +9,8 @@ from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
-from metaq.protocol.tags import (OFFSET_FIELD, decode_tagged_body, parse_tag_expression, tag_code, tag_token,
-                                 tags_of_attribute)
+from metaq.protocol.tags import (OFFSET_FIELD, decode_tagged_body, decode_tagged_reply, parse_tag_expression,
+                                 tag_code, tag_token, tags_of_attribute)
 from metaq.protocol.text import TextParser, serialize
 
 
@@ -90,3 +90,29 @@ def test_decode_tagged_body():
                 OFFSET_FIELD.pack(9) + OFFSET_FIELD.pack(5) + form(b"x") + OFFSET_FIELD.pack(5) + form(b"x")):
         with pytest.raises(RemoteProtocolError):
             decode_tagged_body(bad)
+
+
+def test_get_tags_passed_round_trips_with_and_without_an_expect_and_a_get_refuses_it():
+    filt = parse_tag_expression("A")
+    for expect, token in (((4, 99), b"4:99:passed"), (None, b":passed")):
+        e = ev.GetTags("t", "g", 1, 5, 1000, "A", 7, 200, filt, expect, True)
+        line = b"get_tags t g 1 5 1000 A 200 " + token + b" 7\r\n"
+        assert serialize(e) == line and parse_one(line) == e
+    plain = ev.GetTags("t", "g", 1, 5, 1000, "A", 7, 200, filt, (4, 99))
+    assert serialize(plain) == b"get_tags t g 1 5 1000 A 200 4:99 7\r\n" and not parse_one(serialize(plain)).passed
+    # a get passes nothing over: the suffix is an invalid expect there (and what an older broker says to it)
+    for line in (b"get t g 1 5 1000 200 4:99:passed 7\r\n", b"get_tags t g 1 5 1000 A 200 4:99:passedx 7\r\n",
+                 b"get_tags t g 1 5 1000 A 200 passed 7\r\n"):
+        with pytest.raises(RemoteProtocolError, match="invalid expect") as exc:
+            parse_one(line)
+        assert not exc.value.fatal
+
+
+def test_decode_tagged_reply_with_the_passed_id():
+    body = OFFSET_FIELD.pack(9) + OFFSET_FIELD.pack(77) + OFFSET_FIELD.pack(2) + form(b"x")
+    nxt, passed_id, records = decode_tagged_reply(body, True)
+    assert (nxt, passed_id) == (9, 77) and [(o, r.data) for o, r in records] == [(2, b"x")]
+    assert decode_tagged_reply(OFFSET_FIELD.pack(4) + OFFSET_FIELD.pack(-1), True) == (4, -1, [])
+    assert decode_tagged_reply(OFFSET_FIELD.pack(4), False) == (4, None, [])
+    with pytest.raises(RemoteProtocolError, match="id before it"):
+        decode_tagged_reply(OFFSET_FIELD.pack(4), True)  # an older broker's reply read as a new one's
