@@ -135,8 +135,8 @@ class PartitionFetcher:
             kept = self.consumer.reads_kept.take((self.topic, self.partition), self.offset, stored_id)
             if kept is not None:  # this consumer read up to here before a rebalance: all it remembered, again
                 self._read = kept
-            elif stored_id > 0 and self.offset > 0 and self.sub.tags is None:
-                self._read.add(self.offset - 1, stored_id)  # a plain get's commit: the id of the record before
+            elif stored_id > 0 and self.offset > 0:
+                self._read.add(self.offset - 1, stored_id)  # the id of the record before the offset (_deliver)
             if stored_id > 0:
                 self.msg_id = stored_id  # committed again as it was (a revoke before any delivery keeps it)
 
@@ -332,10 +332,16 @@ class PartitionFetcher:
                 return  # stopped (or a seek) during retries: the message stays unconsumed
             self.offset, self.msg_id = offset + 1, record.msg_id
             remember(offset, record.msg_id)
-        if not self._interrupt.is_set() and next_offset > self.offset:
-            self.offset = next_offset
-        if not self._interrupt.is_set() and self._passed_over is not None and self._passed_over[0] == self.offset - 1:
-            remember(*self._passed_over)  # get_tags: the last record passed over, named by the next expect
+        if self._interrupt.is_set():
+            return
+        passed = self._passed_over
+        if passed is not None and passed[0] == max(self.offset, next_offset) - 1:
+            # get_tags: the last record passed over, named by the next expect, and committed with the offset (so a
+            # restart checks it as a plain get's commit is checked: the id of the record before the offset)
+            remember(*passed)
+            self.offset, self.msg_id = passed[0] + 1, passed[1]
+        elif next_offset > self.offset:  # passed over records it cannot name (a broker before ":passed")
+            self.offset, self.msg_id = next_offset, -1
 
     def _moved(self, exc):
         """A 301 (``errors.Moved``): the offset is outside the partition. Below its minimum: on from there. Past
@@ -407,6 +413,8 @@ class PartitionFetcher:
                          (cp_offset, cp_id))
         reply = conn.call(request)
         if isinstance(reply, ev.Value):
+            return probe_verdict(cp_offset, "value"), None
+        if reply.code == 512:  # the record after it is corrupt: the expect was checked first, so it is held
             return probe_verdict(cp_offset, "value"), None
         if reply.code in (404, 412):
             return probe_verdict(cp_offset, str(reply.code)), None

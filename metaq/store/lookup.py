@@ -14,7 +14,7 @@ No sockets, threads or clock.
 import struct
 
 from metaq.errors import CorruptRecord, Moved, NotFound, StoreError
-from metaq.limits import ID_SCAN_STEP_BYTES
+from metaq.limits import ID_SCAN_STEP_BYTES, MAX_NAME_BYTES
 from metaq.store.index import UNIT, UNIT_SIZE
 from metaq.store.record import TOPIC_START, check_record, decode_record, record_ok
 
@@ -90,6 +90,23 @@ def _record_view(log, p, n):
     if seg is None:
         return None
     return seg.view, phys - seg.start
+
+
+def head_ranges(log, p, n):
+    """``[(MappedFile, start, end)]``: the bytes of the log ``msg_id_at`` reads for partition ``p``'s record ``n``
+    (its header up to the message id, a topic of the longest name assumed), to bring in first when cold; [] when
+    ``n`` is not held. Reads ``n``'s index unit: the caller has it resident (a scan that just passed it)."""
+    if p is None or not p.min <= n < p.visible:
+        return []
+    f = p.file_for(n)
+    if f is None:
+        return []
+    phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
+    seg = log.segment_at(phys)
+    if seg is None:
+        return []
+    rel = phys - seg.start
+    return [(seg.file, rel, min(seg.size, rel + TOPIC_START + MAX_NAME_BYTES + _MSG_ID_IN_HEADER + _MSG_ID.size))]
 
 
 def msg_id_at(log, p, n):

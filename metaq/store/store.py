@@ -382,9 +382,10 @@ class MessageStore(StoreFigures, ColdMaps):
         p = self._reader(topic, partition)
         return 0 if p is None else max(p.min, min(offset, p.visible))
 
-    def msg_id_at(self, topic, partition, offset):
-        """The id of the visible message at ``offset`` (None when none is held there): ``lookup.msg_id_at``."""
-        return lookup.msg_id_at(self._log, self._parts.get((topic, partition)), offset)
+    def msg_id_at(self, topic, partition, offset, ranges=False):
+        """``lookup.msg_id_at``: the id of the message at ``offset`` or None; ``ranges``: ``lookup.head_ranges``."""
+        p = self._parts.get((topic, partition))
+        return lookup.head_ranges(self._log, p, offset) if ranges else lookup.msg_id_at(self._log, p, offset)
 
     # -- flushing ------------------------------------------------------------
 
@@ -591,8 +592,7 @@ class MessageStore(StoreFigures, ColdMaps):
 
 
 def _too_large(total, limit):
-    return RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment"
-                          % (total, limit))
+    return RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment" % (total, limit))
 
 
 def _moved(offset):

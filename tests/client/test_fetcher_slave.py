@@ -210,3 +210,40 @@ def test_a_tag_filtered_fetcher_that_delivered_nothing_past_the_end_probes_too()
     assert f._differs is not None
     f._settle()
     assert f.offset <= 101
+
+
+def test_a_probe_meeting_a_corrupt_record_after_the_checkpoint_holds_it_as_read():
+    class Corrupt(Log):
+        def call(self, request, timeout=None):
+            reply = super().call(request, timeout)
+            return ev.Result(512, b"corrupt", 0) if reply.code == 404 else reply  # the record after it is bad
+
+    conn = Corrupt({o: 1000 + o for o in range(202)})
+    f = read_up_to(conn, 403)
+    f._moved(errors.Moved(202))
+    f._settle()
+    assert f._differs is None and f.offset <= 202 and f._read.last()[0] == f.offset - 1
+
+
+def tag_fetcher():
+    f = PartitionFetcher(Rewinding(Log({})), SimpleNamespace(topic="t", tags="a"), Partition(7, 0))
+    f.offset = 10
+    return f
+
+
+def test_a_get_tags_reply_that_passed_records_over_remembers_and_commits_the_last_of_them():
+    f = tag_fetcher()
+    f._passed_over = (14, 7014)  # the reply: records up to 12 given, 13..14 passed over, next offset 15
+    f._deliver([], 15)
+    assert f.position == (15, 7014) and f._read.last() == (14, 7014)  # what a restart checks (resolve)
+    f._passed_over = None  # a broker before ":passed": the offset moves, no id is claimed for it
+    f._deliver([], 20)
+    assert f.position == (20, -1) and f._read.last() == (14, 7014)
+
+
+def test_an_interrupted_delivery_moves_neither_the_offset_nor_the_passed_record():
+    f = tag_fetcher()
+    f._passed_over = (14, 7014)
+    f._interrupt.set()  # a stop or a seek
+    f._deliver([], 15)
+    assert f.position == (10, -1) and f._read.last() is None

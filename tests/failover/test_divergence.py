@@ -218,3 +218,33 @@ def test_a_tag_filtered_consumer_that_passed_over_the_lost_tail_reads_what_the_n
     assert bodies[-NEW:] == [b"s-%d" % k for k in range(NEW)], bodies
     assert set(bodies[COPIED:-NEW]) <= {b"m-%d" % k for k in range(COPIED)}, bodies  # read again: held by both
     assert any("differs from the one read before" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tag_filtered_consumer_restarted_after_passing_over_the_lost_tail_reads_the_new_messages(
+        broker_factory, tmp_path, own_zk, capsys, caplog):
+    # as above, but the consumer is closed before the failover: it committed the offset past m's tail with the id of
+    # the last record passed over (not of the last one given), and a new consumer checks that one
+    m, s, proxy = diverged_pair(broker_factory, tmp_path, own_zk, tag="a", tail_tag="b")
+    try:
+        got = Deliveries()
+        first = Consumer("g-div5", zk_connect=own_zk.connect, long_poll_ms=300, session_timeout=4.0)
+        first.subscribe(TOPIC, got, filter="a")
+        first.start()
+        wait_for(lambda: len(got.bodies()) == COPIED, 60, lambda: "m's 'a' messages delivered: %r" % got.bodies())
+        wait_for(lambda: any(k[0] == TOPIC and k[1].partition == 0 and lag == 0
+                             for k, lag in first.lag().items()), 60, "the consumer passed over m's tail")
+        first.close()
+        fail_over(m, s, capsys, tag="a")
+        again = Deliveries()
+        second = Consumer("g-div5", zk_connect=own_zk.connect, long_poll_ms=300, session_timeout=4.0)
+        second.subscribe(TOPIC, again, filter="a")
+        second.start()
+        try:
+            wait_for(lambda: set(b"s-%d" % k for k in range(NEW)) <= set(again.bodies()), 60,
+                     lambda: "the new master's messages delivered after the restart: got %r" % again.bodies())
+        finally:
+            second.close()
+    finally:
+        proxy.close()
+    assert again.bodies()[-NEW:] == [b"s-%d" % k for k in range(NEW)]
+    assert set(again.bodies()[:-NEW]) <= {b"m-%d" % k for k in range(COPIED)}  # read again: held by both

@@ -11,9 +11,10 @@ asks for it (``:passed``, events.GetTags) gets after that offset the id of the r
 names that record in its next expect, so a failover that rewrote the records it passed over is found (412).
 """
 
+from metaq import errors
 from metaq.protocol.tags import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.server.coldpages import bring_in
+from metaq.server.coldpages import bring_in, cold
 from metaq.server.text.expect import check_expected
 
 
@@ -26,39 +27,72 @@ class TagScan:
         self.e = e
         self.max_size = max_size
         self.offset = e.offset  # moves past the units a read passed over
+        self.before = None  # once it moved: the id of the record before it then (-1: none held), checked again
 
     def read(self):
+        """The reply buffers, or None. Every page it reads is brought in before its checks (cold ones in the pool:
+        other greenlets run), none after: what is checked is what is read, a slave's cut happening only between
+        yields. The record before the next offset was passed over, so its page may be cold: then it is brought
+        in and the read done again (once; the second reads it where it is)."""
         e, store = self.e, self.store
-        check_expected(store, e)
-        bring_in(store.tagged_index_ranges(e.topic, e.partition, self.offset))
-        r = store.read_tagged(e.topic, e.partition, self.offset, e.filter, self.max_size, self.max_size)
+        for final in (False, True):
+            bring_in(store.tagged_index_ranges(e.topic, e.partition, self.offset))
+            if self.before is not None:
+                bring_in(store.msg_id_at(e.topic, e.partition, self.offset - 1, ranges=True))
+            check_expected(store, e)
+            if self.before is not None and self.held_before(self.offset) != self.before:
+                raise errors.Diverged("diverged: %s-%d offset %d changed while this get_tags waited (a failover cut "
+                                      "the log); read on from the last record both hold"
+                                      % (e.topic, e.partition, self.offset - 1))
+            r = store.read_tagged(e.topic, e.partition, self.offset, e.filter, self.max_size, self.max_size)
+            need_before = r.next_offset > self.offset and (e.passed or not r.hits)
+            if need_before and not final and r.next_offset > 0 and cold(
+                    store.msg_id_at(e.topic, e.partition, r.next_offset - 1, ranges=True)):
+                bring_in(store.msg_id_at(e.topic, e.partition, r.next_offset - 1, ranges=True))
+                continue  # read again, that page resident
+            break
         self.stats.filter_skipped_units += r.skipped
         if r.hits:
             self.stats.on_get(e.topic, False)
             body, nbytes = r.joined()
-            head = self.head(r.next_offset)
+            head = self.head(r.next_offset, self.held_before(r.next_offset) if e.passed else None)
             return [encode_value_header(len(head) + nbytes, e.opaque), head, body]
         moved = r.next_offset > self.offset
         self.offset = r.next_offset
+        if moved:  # read now, with the scan: a reply after a wait names this record, and each read checks it
+            self.before = self.held_before(self.offset)
         if moved and r.next_offset < store.max_offset(e.topic, e.partition):
             return [self.skipped_reply()]  # nothing wanted in a full scan, more units after it: go on from there
         return None
 
-    def head(self, next_offset):
-        """The body's start: ``next_offset``, and the id of the record before it when the request asked."""
-        e = self.e
-        if not e.passed:
+    def held_before(self, offset):
+        """The id of the record before ``offset`` (-1 when none is held); read where it is (``read`` brought its
+        page in)."""
+        if offset <= 0:
+            return -1
+        held = self.store.msg_id_at(self.e.topic, self.e.partition, offset - 1)
+        return -1 if held is None else held
+
+    def head(self, next_offset, before):
+        """The body's start: ``next_offset``, and ``before`` (the id of the record before it) when asked."""
+        if not self.e.passed:
             return OFFSET_FIELD.pack(next_offset)
-        held = self.store.msg_id_at(e.topic, e.partition, next_offset - 1) if next_offset > 0 else None
-        return OFFSET_FIELD.pack(next_offset) + OFFSET_FIELD.pack(-1 if held is None else held)
+        return OFFSET_FIELD.pack(next_offset) + OFFSET_FIELD.pack(before)
 
     def skipped_reply(self):
         """``value 8 <opaque>`` (16 with ``passed``) and the offset to ask for next: nothing wanted before it."""
-        head = self.head(self.offset)
+        head = self.head(self.offset, self.before)
         return encode_value_header(len(head), self.e.opaque) + head
 
     def miss(self):
-        """The reply when nothing wanted came: the offset moved past passed-over units, or a get's 404."""
-        if self.offset > self.e.offset:
+        """The reply when nothing wanted came: the offset moved past passed-over units (a 412 instead when the
+        record before it changed since: a failover's cut), or a get's 404."""
+        e = self.e
+        if self.offset > e.offset:
+            bring_in(self.store.msg_id_at(e.topic, e.partition, self.offset - 1, ranges=True))
+            if self.held_before(self.offset) != self.before:
+                return encode_result(errors.Diverged.code, b"diverged: %s-%d offset %d changed while this get_tags "
+                                     b"waited (a failover cut the log); read on from the last record both hold"
+                                     % (e.topic.encode(), e.partition, self.offset - 1), e.opaque)
             return self.skipped_reply()
         return encode_result(404, b"Could not find message at position %d" % self.e.offset, self.e.opaque)
