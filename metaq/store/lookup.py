@@ -93,20 +93,24 @@ def _record_view(log, p, n):
 
 
 def head_ranges(log, p, n):
-    """``[(MappedFile, start, end)]``: the bytes of the log ``msg_id_at`` reads for partition ``p``'s record ``n``
-    (its header up to the message id, a topic of the longest name assumed), to bring in first when cold; [] when
-    ``n`` is not held. Reads ``n``'s index unit: the caller has it resident (a scan that just passed it)."""
+    """``[(MappedFile, start, end)]``: what ``msg_id_at`` reads for partition ``p``'s record ``n``, to bring in
+    first when cold: its index unit, and, once that is resident, its header in the log up to the message id (a
+    topic of the longest name assumed); [] when ``n`` is not held. So two rounds of bringing in cover both."""
     if p is None or not p.min <= n < p.visible:
         return []
     f = p.file_for(n)
     if f is None:
         return []
-    phys = UNIT.unpack_from(f.mm, (n - f.start) * UNIT_SIZE)[0]
+    unit = (n - f.start) * UNIT_SIZE
+    if not f.file.resident(unit):
+        return [(f.file, unit, unit + UNIT_SIZE)]
+    phys = UNIT.unpack_from(f.mm, unit)[0]
     seg = log.segment_at(phys)
     if seg is None:
         return []
     rel = phys - seg.start
-    return [(seg.file, rel, min(seg.size, rel + TOPIC_START + MAX_NAME_BYTES + _MSG_ID_IN_HEADER + _MSG_ID.size))]
+    return [(f.file, unit, unit + UNIT_SIZE),
+            (seg.file, rel, min(seg.size, rel + TOPIC_START + MAX_NAME_BYTES + _MSG_ID_IN_HEADER + _MSG_ID.size))]
 
 
 def msg_id_at(log, p, n):

@@ -11,11 +11,10 @@ asks for it (``:passed``, events.GetTags) gets after that offset the id of the r
 names that record in its next expect, so a failover that rewrote the records it passed over is found (412).
 """
 
-from metaq import errors
 from metaq.protocol.tags import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.coldpages import bring_in, cold
-from metaq.server.text.expect import check_expected
+from metaq.server.text.expect import bring_in_head, check_expected
 
 
 class TagScan:
@@ -32,23 +31,25 @@ class TagScan:
     def read(self):
         """The reply buffers, or None. Every page it reads is brought in before its checks (cold ones in the pool:
         other greenlets run), none after: what is checked is what is read, a slave's cut happening only between
-        yields. The record before the next offset was passed over, so its page may be cold: then it is brought
-        in and the read done again (once; the second reads it where it is)."""
+        yields. When such a cut changed the record before the offset an earlier read of this request moved to,
+        what that read passed over is scanned again (the client never saw it). The record before the next offset
+        was passed over, so its page may be cold: then it is brought in and the read done again (once)."""
         e, store = self.e, self.store
-        for final in (False, True):
+        redo = True
+        while True:  # at most three times: one scan again after a cut, one read again after a cold page
             bring_in(store.tagged_index_ranges(e.topic, e.partition, self.offset))
             if self.before is not None:
-                bring_in(store.msg_id_at(e.topic, e.partition, self.offset - 1, ranges=True))
+                self.bring_in_before(self.offset)
             check_expected(store, e)
             if self.before is not None and self.held_before(self.offset) != self.before:
-                raise errors.Diverged("diverged: %s-%d offset %d changed while this get_tags waited (a failover cut "
-                                      "the log); read on from the last record both hold"
-                                      % (e.topic, e.partition, self.offset - 1))
+                self.offset, self.before = e.offset, None  # cut since it was passed over: scan it again
+                continue
             r = store.read_tagged(e.topic, e.partition, self.offset, e.filter, self.max_size, self.max_size)
             need_before = r.next_offset > self.offset and (e.passed or not r.hits)
-            if need_before and not final and r.next_offset > 0 and cold(
+            if need_before and redo and r.next_offset > 0 and cold(
                     store.msg_id_at(e.topic, e.partition, r.next_offset - 1, ranges=True)):
-                bring_in(store.msg_id_at(e.topic, e.partition, r.next_offset - 1, ranges=True))
+                self.bring_in_before(r.next_offset)
+                redo = False
                 continue  # read again, that page resident
             break
         self.stats.filter_skipped_units += r.skipped
@@ -64,6 +65,11 @@ class TagScan:
         if moved and r.next_offset < store.max_offset(e.topic, e.partition):
             return [self.skipped_reply()]  # nothing wanted in a full scan, more units after it: go on from there
         return None
+
+    def bring_in_before(self, offset):
+        """The pages ``held_before(offset)`` reads, brought in (``expect.bring_in_head``)."""
+        if offset > 0:
+            bring_in_head(self.store, self.e.topic, self.e.partition, offset - 1)
 
     def held_before(self, offset):
         """The id of the record before ``offset`` (-1 when none is held); read where it is (``read`` brought its
@@ -85,14 +91,12 @@ class TagScan:
         return encode_value_header(len(head), self.e.opaque) + head
 
     def miss(self):
-        """The reply when nothing wanted came: the offset moved past passed-over units (a 412 instead when the
-        record before it changed since: a failover's cut), or a get's 404."""
+        """The reply when nothing wanted came: the offset moved past passed-over units, or a get's 404 (also
+        when a cut changed the record before that offset since it was passed over: the client asks again)."""
         e = self.e
         if self.offset > e.offset:
-            bring_in(self.store.msg_id_at(e.topic, e.partition, self.offset - 1, ranges=True))
-            if self.held_before(self.offset) != self.before:
-                return encode_result(errors.Diverged.code, b"diverged: %s-%d offset %d changed while this get_tags "
-                                     b"waited (a failover cut the log); read on from the last record both hold"
-                                     % (e.topic.encode(), e.partition, self.offset - 1), e.opaque)
-            return self.skipped_reply()
-        return encode_result(404, b"Could not find message at position %d" % self.e.offset, self.e.opaque)
+            self.bring_in_before(self.offset)
+            if self.held_before(self.offset) == self.before:
+                return self.skipped_reply()
+            self.offset, self.before = e.offset, None
+        return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)
