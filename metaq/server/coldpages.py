@@ -29,7 +29,8 @@ def cold(ranges):
 
 
 def bring_in(ranges):
-    """Make the bytes of ``ranges`` (``[(MappedFile, start, end)]``) resident, populating cold ones in the pool."""
+    """Make the bytes of ``ranges`` (``[(MappedFile, start, end)]``) resident, populating cold ones in the pool;
+    True when one was cold."""
     pool = None
     for mf, start, end in ranges:
         for pos in range(start - start % mmap.PAGESIZE, end, mmap.PAGESIZE):
@@ -37,3 +38,4 @@ def bring_in(ranges):
                 pool = pool or gevent.get_hub().threadpool
                 pool.apply(mf.populate, (pos, end))
                 break
+    return pool is not None

@@ -94,7 +94,7 @@ def _record_view(log, p, n):
 
 def head_ranges(log, p, n):
     """``[(MappedFile, start, end)]``: what ``msg_id_at`` reads for partition ``p``'s record ``n``, to bring in
-    first when cold: its index unit, and, once that is resident, its header in the log up to the message id (a
+    first when cold: its index unit when that is not resident, else its header in the log up to the message id (a
     topic of the longest name assumed); [] when ``n`` is not held. So two rounds of bringing in cover both."""
     if p is None or not p.min <= n < p.visible:
         return []
@@ -109,8 +109,7 @@ def head_ranges(log, p, n):
     if seg is None:
         return []
     rel = phys - seg.start
-    return [(f.file, unit, unit + UNIT_SIZE),
-            (seg.file, rel, min(seg.size, rel + TOPIC_START + MAX_NAME_BYTES + _MSG_ID_IN_HEADER + _MSG_ID.size))]
+    return [(seg.file, rel, min(seg.size, rel + TOPIC_START + MAX_NAME_BYTES + _MSG_ID_IN_HEADER + _MSG_ID.size))]
 
 
 def msg_id_at(log, p, n):

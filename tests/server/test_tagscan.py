@@ -7,6 +7,8 @@ again from its own offset (the client never saw what was passed over) rather tha
 
 from types import SimpleNamespace
 
+import pytest
+
 from metaq.protocol import events as ev
 from metaq.protocol.tags import decode_tagged_reply, parse_tag_expression
 from metaq.server.text.tagscan import TagScan
@@ -62,3 +64,30 @@ def test_a_timeout_after_a_cut_answers_a_404_at_the_requests_offset():
     assert body_of(s.miss()) == (10).to_bytes(8, "big")
     store.ids[9] = 999  # cut and rewritten, no read since: the timeout's reply
     assert s.miss().startswith(b"result 404 ") and b"position 0" in s.miss()  # the client asks again from 0
+
+
+def test_bring_in_head_brings_a_cold_index_unit_in_then_the_header_it_points_to(tmp_path):
+    # the record before a get_tags' next offset was passed over: its index unit and log page may both be cold
+    from metaq.server.coldpages import cold
+    from metaq.server.text.expect import bring_in_head
+    from tests.harness.store import NOW, open_store
+    from tests.store.test_time_search import filesystem_of, fill, page_out
+
+    if filesystem_of(tmp_path / "data") == "tmpfs":
+        pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
+    s = open_store(tmp_path / "data", flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    fill(s, [NOW + i for i in range(20000)])
+    s.close(NOW + 1)
+    s = open_store(tmp_path / "data", now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    n = 7000
+    want = s.msg_id_at("test", 0, n)
+    [(segment, _start, _end)] = s.msg_id_at("test", 0, n, ranges=True)
+    index = s.tagged_index_ranges("test", 0, n)[0][0]
+    if not (page_out(segment) and page_out(index)):
+        pytest.skip("this kernel has no MADV_PAGEOUT")
+    [(first, unit, _end)] = s.msg_id_at("test", 0, n, ranges=True)
+    assert first is index and not index.resident(unit)  # the unit alone: the header is not known yet
+    bring_in_head(s, "test", 0, n)
+    assert index.resident(unit) and not cold(s.msg_id_at("test", 0, n, ranges=True))  # then the header's page
+    assert s.msg_id_at("test", 0, n) == want
+    s.close(NOW + 3)

@@ -14,7 +14,6 @@ def check_expected(store, e):
     if e.expect is None:
         return
     offset, msg_id = e.expect
-    bring_in_head(store, e.topic, e.partition, offset)  # no yield after this: what is checked is what is read
     held = store.msg_id_at(e.topic, e.partition, offset)
     if held is not None and held != msg_id:
         raise errors.Diverged("diverged: %s-%d offset %d holds message %d here, not %d as read before (this log "
@@ -25,7 +24,5 @@ def check_expected(store, e):
 def bring_in_head(store, topic, partition, offset):
     """The pages ``store.msg_id_at`` reads for ``offset``, brought in off the loop when cold (``coldpages``): its
     index unit, and then, named once that is resident, the record's header."""
-    ranges = store.msg_id_at(topic, partition, offset, ranges=True)
-    bring_in(ranges)
-    if len(ranges) == 1:  # only the unit was named (it was cold): now the header it points to
+    if bring_in(store.msg_id_at(topic, partition, offset, ranges=True)):  # a cold page: maybe the unit alone
         bring_in(store.msg_id_at(topic, partition, offset, ranges=True))

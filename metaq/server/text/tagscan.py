@@ -29,8 +29,9 @@ class TagScan:
         self.before = None  # once it moved: the id of the record before it then (-1: none held), checked again
 
     def read(self):
-        """The reply buffers, or None. Every page it reads is brought in before its checks (cold ones in the pool:
-        other greenlets run), none after: what is checked is what is read, a slave's cut happening only between
+        """The reply buffers, or None. The index pages it scans and the record before its offset are brought in
+        before its checks (cold ones in the pool: other greenlets run; the records it sends are read where they
+        are, as a get's), nothing after: what is checked is what is read, a slave's cut happening only between
         yields. When such a cut changed the record before the offset an earlier read of this request moved to,
         what that read passed over is scanned again (the client never saw it). The record before the next offset
         was passed over, so its page may be cold: then it is brought in and the read done again (once)."""
