@@ -242,3 +242,71 @@ def test_a_waiter_left_after_stop_gives_up_at_its_deadline(tmp_path):
         assert failures == []
     finally:
         store.close(NOW)
+
+
+def test_flush_callbacks_are_called_once_their_round_made_the_log_durable(tmp_path):
+    """``on_flushed``: no greenlet waits; the round that covers a position calls its callback, after the fsync,
+    and one round serves many; a callback that raises does not keep the others from theirs."""
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    called = []
+
+    def callback(i, end):
+        def cb(error):
+            called.append((i, error, store.flushed_position >= end))
+            if i == 3:
+                raise RuntimeError("a broken callback")
+        return cb
+
+    try:
+        rounds = flusher.rounds
+        for i in range(10):
+            store.put("test", i % 4, 0, b"m-%d" % i, NOW)
+            end = store.written_position
+            flusher.on_flushed(end, callback(i, end))
+        assert called == []  # nothing durable yet: nothing called, nothing blocked
+        with gevent.Timeout(10):
+            while len(called) < 10:
+                gevent.sleep(0.001)
+        assert sorted(called) == [(i, None, True) for i in range(10)]
+        assert flusher.rounds - rounds < 10 and failures == []
+    finally:
+        flusher.stop()
+        store.close(NOW)
+
+
+def test_flush_callbacks_get_the_error_of_a_failed_round_a_stuck_one_or_a_stopped_flusher(tmp_path):
+    from metaq.errors import BrokerError
+    from metaq.server import flusher as flusher_module
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    real_flush_log, release = flusher._flush_log, gevent.event.Event()
+
+    def stuck_flush_log():
+        release.wait()
+        return real_flush_log()
+
+    flusher._flush_log = stuck_flush_log
+    got = []
+    try:
+        store.put("test", 0, 0, b"x", NOW)
+        flusher.on_flushed(store.written_position, got.append, timeout=0.1)  # the round it starts hangs
+        with gevent.Timeout(flusher_module.DEADLINE_CHECK_S * 10):
+            while not got:
+                gevent.sleep(0.01)
+        assert isinstance(got[0], BrokerError) and "did not complete within 0 s" in str(got[0])
+        release.set()
+        with gevent.Timeout(10):
+            while store.flushed_position < store.written_position:
+                gevent.sleep(0.01)  # the given-up put is flushed all the same
+        flusher._failed(OSError(5, "an fsync failed"))  # as a round's failure does
+        flusher.on_flushed(store.written_position + 1, got.append)  # after a failure: at once
+        assert len(got) == 2 and "flush failed" in str(got[1])
+    finally:
+        release.set()
+        flusher.stop()
+        store.close(NOW, clean=False)
+    flusher.on_flushed(store.written_position, got.append)  # after stop: at once, never left waiting
+    assert len(got) == 3 and isinstance(got[2], BrokerError)
