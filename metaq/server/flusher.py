@@ -238,9 +238,6 @@ class Flusher:
         (so it must not block), or ``callback(error)`` as ``wait_flushed`` would raise it (the flush failed, could
         not run or did not end within ``timeout``; or the flusher stopped). A producer that waits for its one put's
         ack needs no greenlet blocked meanwhile: its connection reads on (text/connection.py ``_defer``)."""
-        if pos <= self._store.flushed_position:  # durable already (a duplicate's retry: the original's end)
-            callback(None)
-            return
         if self._stopped or self.failure is not None:  # (while stop runs, its last flush answers it)
             callback(BrokerError("flush failed, the message may not be durable: %s" % self.failure)
                      if self.failure is not None else BrokerError("the broker is stopping: the flush did not run"))
@@ -347,8 +344,6 @@ class Flusher:
             self._in_round = False
             if not completed:  # failed, or its greenlet was killed: the waiters look again,
                 self._signal_round()  # and one of them leads the next round
-                if self._callbacks:
-                    self._wake.set()  # or, for the callbacks, the flusher greenlet at once
 
     def _watch_deadlines(self):
         if self._deadlines is None or self._deadlines.dead:  # the first waiter since the loop last ended
@@ -396,11 +391,11 @@ class Flusher:
             if changed:
                 self._on_visible(changed)
             self._index_wanted.set()
+            self._fire(store.flushed_position)
             if (self._waiting or self._callbacks) and store.written_position > pos:
                 # Puts written during this fsync wait for the next: the flusher greenlet, woken before the waiters
                 # (who answer their clients first), starts it at once (16 producers x 8: 48k -> 54k puts/s).
                 self._wake.set()
-        self._fire(store.flushed_position)  # also when this round had nothing to flush
         self._signal_round()
 
     def _index_loop(self):
@@ -463,12 +458,10 @@ class Flusher:
         for g in (self._greenlet, self._checkpointer, self._indexer):
             if g is not None:
                 g.join(timeout=FLUSH_WAIT_TIMEOUT_S)
-        try:
-            if self.failure is None:
-                self.flush_once()
-        finally:
-            self._fire(error=BrokerError("the broker is stopping: the flush did not run"))  # none after a flush
-            self._stopped = True
+        if self.failure is None:
+            self.flush_once()
+        self._fire(error=BrokerError("the broker is stopping: the flush did not run"))  # none left after a flush
+        self._stopped = True
         if self._native is not None:
             native, self._native = self._native, None  # any later flush goes through the Python thread
             native.close()

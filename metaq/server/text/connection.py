@@ -324,13 +324,8 @@ class Connection(core.Connection):
         """On the greenlet that ended the round: never blocks. What the socket takes at once is written now (a
         non-blocking write of the socket's descriptor, with the write lock free); the rest, or all while another
         reply is being sent, from a greenlet of its own."""
-        try:
-            self._settle_acks(out, durable, error)
-            data = b"".join(out)
-        except Exception:  # noqa: BLE001 - never leave later replies waiting behind this burst for ever
-            log.exception("connection %s: the replies of a flushed burst failed; closing", self.peer)
-            self.close()
-            data = b""
+        self._settle_acks(out, durable, error)
+        data = b"".join(out)
         if self.closed or not data:
             self._deferred_sent()
             return
