@@ -72,27 +72,3 @@ def test_while_another_reply_is_being_sent_the_acks_wait_their_turn_in_a_greenle
     with gevent.Timeout(10):
         deferred.wait()
     assert b.recv(100) == b"result 200 1 0 0 1\r\n"
-
-
-def test_the_rest_of_a_partly_written_ack_burst_keeps_the_write_lock_so_nothing_comes_between():
-    sender, receiver = full_pair()
-    c = connection_over(sender)
-    deferred = c._deferred
-    acks = [b"result 200 %d 0 %d %d\r\n" % (k, k, k) for k in range(2000)]
-    with gevent.Timeout(1):
-        c._deferred_flushed(acks, [], None)
-    assert c._write_lock.locked()  # held for the rest: a long poll's reply waits for it
-    other = gevent.spawn(c._send, b"value 3 9\r\nabc")  # a parked get's reply, ready meanwhile
-    tail, got = b"".join(acks) + b"value 3 9\r\nabc", bytearray()
-
-    def read():
-        while not got.endswith(tail):
-            got.extend(receiver.recv(1 << 20))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    with gevent.Timeout(10):
-        deferred.wait()
-        other.join()
-    reader.join(10)
-    assert bytes(got).lstrip(b"f") == tail  # the acks whole, then the other reply

@@ -109,22 +109,18 @@ class Connection(core.Connection):
             if not self._unpin(data):
                 return
         with self._write_lock:
-            self._write(data)
-
-    def _write(self, data):
-        """Write ``data`` whole, the write lock held (a failure closes the connection)."""
-        try:
-            if isinstance(data, list):
-                self._send_buffers(data)
-            else:
-                # One send() mostly takes it all; gevent's sendall costs a Timeout object and a
-                # getsockopt per call (~10% of a sync-mode put's loop time), so it only takes the rest.
-                sent = self.sock.send(data)
-                if sent < len(data):
-                    self.sock.sendall(memoryview(data)[sent:])
-        except (OSError, socket.timeout) as exc:
-            log.info("connection %s: send failed (%s); closing", self.peer, exc)
-            self.close()
+            try:
+                if isinstance(data, list):
+                    self._send_buffers(data)
+                else:
+                    # One send() mostly takes it all; gevent's sendall costs a Timeout object and a
+                    # getsockopt per call (~10% of a sync-mode put's loop time), so it only takes the rest.
+                    sent = self.sock.send(data)
+                    if sent < len(data):
+                        self.sock.sendall(memoryview(data)[sent:])
+            except (OSError, socket.timeout) as exc:
+                log.info("connection %s: send failed (%s); closing", self.peer, exc)
+                self.close()
 
     def _unpin(self, bufs):
         """Copy a reply's records out of the maps (checked) before it waits; False when a cut of the log reached
@@ -326,37 +322,26 @@ class Connection(core.Connection):
         reply is being sent, from a greenlet of its own."""
         self._settle_acks(out, durable, error)
         data = b"".join(out)
-        if self.closed or not data:
-            self._deferred_sent()
-            return
-        if not self._write_lock.acquire(blocking=False):
-            gevent.spawn(self._send_deferred_rest, data, False)  # after the reply being written, whole
-            return
-        try:
-            sent = os.write(self.sock.fileno(), data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:
-            log.info("connection %s: send failed (%s); closing", self.peer, exc)
-            self.close()
-            sent = len(data)
-        if sent < len(data):  # the lock stays held: no other reply's bytes may come between
-            gevent.spawn(self._send_deferred_rest, data[sent:], True)
-            return
-        self._write_lock.release()
-        self._deferred_sent()
-
-    def _send_deferred_rest(self, data, locked):
-        """The deferred replies the socket did not take at once: with the write lock the round took (``locked``:
-        part of them is written), or taking it in turn (none is)."""
-        try:
-            if locked:
-                self._write(data)
-            else:
-                self._send(data)
-        finally:
-            if locked:
+        sent = 0
+        if not self.closed and self._write_lock.acquire(blocking=False):
+            try:
+                sent = os.write(self.sock.fileno(), data)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                log.info("connection %s: send failed (%s); closing", self.peer, exc)
+                self.close()
+            finally:
                 self._write_lock.release()
+        if sent < len(data) and not self.closed:
+            gevent.spawn(self._send_deferred_rest, data[sent:])
+        else:
+            self._deferred_sent()
+
+    def _send_deferred_rest(self, data):
+        try:
+            self._send(data)
+        finally:
             self._deferred_sent()
 
     def _deferred_sent(self):
