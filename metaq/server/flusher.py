@@ -209,8 +209,6 @@ class Flusher:
         self._greenlet = None
         self._running = False
         self._waiting = 0  # greenlets waiting in wait_flushed for a round to end
-        self._callbacks = []  # [(pos, deadline, timeout, callback)] of on_flushed, until their round ends
-        self._stopped = False  # stop's last flush is done
         self._deadlines = None
         self._in_round = False  # a flush round is running (on the flusher greenlet or a leading waiter)
         self.failure = None  # set after a failed msync: writes are refused from then on (fsyncgate)
@@ -232,51 +230,6 @@ class Flusher:
 
     def wake(self):
         self._wake.set()
-
-    def on_flushed(self, pos, callback, timeout=FLUSH_WAIT_TIMEOUT_S):
-        """Call ``callback(None)`` once the log is durable up to ``pos``, from the greenlet that ends that round
-        (so it must not block), or ``callback(error)`` as ``wait_flushed`` would raise it (the flush failed, could
-        not run or did not end within ``timeout``; or the flusher stopped). A producer that waits for its one put's
-        ack needs no greenlet blocked meanwhile: its connection reads on (text/connection.py ``_defer``)."""
-        if self._stopped or self.failure is not None:  # (while stop runs, its last flush answers it)
-            callback(BrokerError("flush failed, the message may not be durable: %s" % self.failure)
-                     if self.failure is not None else BrokerError("the broker is stopping: the flush did not run"))
-            return
-        self._callbacks.append((pos, time.monotonic() + timeout, timeout, callback))
-        if not self._in_round:
-            self._wake.set()  # the flusher greenlet runs the round (nobody leads it from a wait)
-        self._watch_deadlines()
-
-    def _fire(self, flushed=None, error=None):
-        """Call the ``on_flushed`` callbacks whose position is durable (``flushed``), or all of them with ``error``;
-        a callback's own failure is logged, never the round's."""
-        if not self._callbacks:
-            return
-        if error is None:
-            due = [c for c in self._callbacks if c[0] <= flushed]
-            self._callbacks = [c for c in self._callbacks if c[0] > flushed]
-        else:
-            due, self._callbacks = self._callbacks, []
-        for _pos, _deadline, _timeout, callback in due:
-            try:
-                callback(error)
-            except Exception:  # noqa: BLE001 - one connection's reply must not stop the others'
-                log.exception("a flush callback failed")
-
-    def _expire(self):
-        """Answer the ``on_flushed`` callbacks past their deadline with wait_flushed's timeout error."""
-        now = time.monotonic()
-        late = [c for c in self._callbacks if c[1] <= now]
-        if not late:
-            return
-        self._callbacks = [c for c in self._callbacks if c[1] > now]
-        for _pos, _deadline, timeout, callback in late:
-            error = (Unavailable("flush could not run within %.0f s: %s" % (timeout, self.transient))
-                     if self.transient is not None else BrokerError("flush did not complete within %.0f s" % timeout))
-            try:
-                callback(error)
-            except Exception:  # noqa: BLE001 - as in _fire
-                log.exception("a flush callback failed")
 
     def wait_flushed(self, pos, timeout=FLUSH_WAIT_TIMEOUT_S):
         """Block this greenlet until the log is durable up to ``pos``.
@@ -302,7 +255,8 @@ class Flusher:
                 self._round()
                 continue
             self._waiting += 1
-            self._watch_deadlines()
+            if self._deadlines is None or self._deadlines.dead:  # the first waiter since the loop last ended
+                self._deadlines = gevent.spawn(self._deadline_loop)
             try:
                 self._round_done.wait()
             finally:
@@ -345,25 +299,19 @@ class Flusher:
             if not completed:  # failed, or its greenlet was killed: the waiters look again,
                 self._signal_round()  # and one of them leads the next round
 
-    def _watch_deadlines(self):
-        if self._deadlines is None or self._deadlines.dead:  # the first waiter since the loop last ended
-            self._deadlines = gevent.spawn(self._deadline_loop)
-
     def _deadline_loop(self):
         """Wake the waiters every ``DEADLINE_CHECK_S`` while any wait, so each checks its own deadline (a round
-        stuck in an fsync must not keep them past ``FLUSH_WAIT_TIMEOUT_S``) without a timer per wait, and answer
-        the callbacks past theirs. Started by a waiter when not running; ends at the first check that finds none."""
-        while self._waiting or self._callbacks:  # ends a check after the last has gone
+        stuck in an fsync must not keep them past ``FLUSH_WAIT_TIMEOUT_S``) without a timer per wait. Started by
+        a waiter when not running; ends at the first check that finds no waiter."""
+        while self._waiting:  # started by the first waiter; ends a check after the last has gone
             gevent.sleep(DEADLINE_CHECK_S)
             if self._waiting:
                 self._signal_round()
-            self._expire()
 
     def _failed(self, exc):
         self.failure = "%s: %s" % (type(exc).__name__, exc)
         log.critical("flush failed; refusing further writes: %s", self.failure, exc_info=True)
         self._on_failure()
-        self._fire(error=BrokerError("flush failed, the message may not be durable: %s" % self.failure))
 
     def _out_of_fds(self, exc):
         if self.transient is None:
@@ -391,8 +339,7 @@ class Flusher:
             if changed:
                 self._on_visible(changed)
             self._index_wanted.set()
-            self._fire(store.flushed_position)
-            if (self._waiting or self._callbacks) and store.written_position > pos:
+            if self._waiting and store.written_position > pos:
                 # Puts written during this fsync wait for the next: the flusher greenlet, woken before the waiters
                 # (who answer their clients first), starts it at once (16 producers x 8: 48k -> 54k puts/s).
                 self._wake.set()
@@ -460,8 +407,6 @@ class Flusher:
                 g.join(timeout=FLUSH_WAIT_TIMEOUT_S)
         if self.failure is None:
             self.flush_once()
-        self._fire(error=BrokerError("the broker is stopping: the flush did not run"))  # none left after a flush
-        self._stopped = True
         if self._native is not None:
             native, self._native = self._native, None  # any later flush goes through the Python thread
             native.close()

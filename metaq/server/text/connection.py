@@ -10,7 +10,6 @@ time and partial-request time.
 """
 
 import logging
-import os
 import socket
 from fcntl import ioctl
 from termios import FIONREAD
@@ -71,7 +70,6 @@ class Connection(core.Connection):
         self._room = Event()  # set while the backlog is small enough to read more requests
         self._room.set()
         self._writer = None
-        self._deferred = None  # an Event while a burst's replies wait for their flush round to send them (_defer)
         self.parser = TextParser(max_line=front.max_line_bytes, max_body=front.max_body_bytes)
         self.max_transfer = front.dispatcher.max_transfer
         #: The zero-copy sender (server/zerocopy.py), or None: gets are gathered into buffers (TLS, or turned off).
@@ -275,9 +273,6 @@ class Connection(core.Connection):
             return
         self._unpin_burst(out)  # it waits for a flush or behind earlier bursts: its gets hold no maps meanwhile
         if not self._pending and self._client_waits():
-            if not self.tls and all(type(r) is bytes for r in out):
-                self._defer(out, durable, wait_pos)
-                return
             # The client sent nothing more: it waits for these replies. Wait for the flush here
             # rather than hand the burst to the writer greenlet (one greenlet hop less per put);
             # whatever it sends meanwhile stays in the socket until the replies are out.
@@ -306,67 +301,18 @@ class Connection(core.Connection):
         except OSError:
             return False
 
-    def _defer(self, out, durable, wait_pos):
-        """The client sent nothing more and waits for these replies (acks and small answers): the greenlet that
-        ends their flush round sends them (``Flusher.on_flushed``) while this one reads on, so no greenlet is
-        blocked and woken per put (16 producers x 1: the loop's CPU per put 85 -> 71 us). Bursts read meanwhile
-        queue behind them (``_pending``; the writer waits for ``_deferred``)."""
-        self._pending += 1
-        self._idle.clear()
-        self._deferred = Event()
-        self.flusher.on_flushed(wait_pos, lambda error: self._deferred_flushed(out, durable, error))
-
-    def _deferred_flushed(self, out, durable, error):
-        """On the greenlet that ended the round: never blocks. What the socket takes at once is written now (a
-        non-blocking write of the socket's descriptor, with the write lock free); the rest, or all while another
-        reply is being sent, from a greenlet of its own."""
-        self._settle_acks(out, durable, error)
-        data = b"".join(out)
-        sent = 0
-        if not self.closed and self._write_lock.acquire(blocking=False):
-            try:
-                sent = os.write(self.sock.fileno(), data)
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                log.info("connection %s: send failed (%s); closing", self.peer, exc)
-                self.close()
-            finally:
-                self._write_lock.release()
-        if sent < len(data) and not self.closed:
-            gevent.spawn(self._send_deferred_rest, data[sent:])
-        else:
-            self._deferred_sent()
-
-    def _send_deferred_rest(self, data):
-        try:
-            self._send(data)
-        finally:
-            self._deferred_sent()
-
-    def _deferred_sent(self):
-        deferred, self._deferred = self._deferred, None
-        deferred.set()
-        self._pending -= 1
-        self._burst_done()
-
-    def _burst_done(self):
-        if self._pending <= limits.MAX_PENDING_BURSTS // 2:
-            self._room.set()
-        if not self._pending:
-            self._idle.set()
-
     def _write_bursts(self):
         while True:
             out, durable, wait_pos = self._bursts.get()
-            if self._deferred is not None:  # replies before these wait for their flush round to send them
-                self._deferred.wait()
             if wait_pos:
                 self._after_flush(out, durable, wait_pos)
             if out:
                 self._send_replies(out)
             self._pending -= 1
-            self._burst_done()
+            if self._pending <= limits.MAX_PENDING_BURSTS // 2:
+                self._room.set()
+            if not self._pending:
+                self._idle.set()
 
     def _receive(self):
         data = self.receive()
@@ -440,19 +386,12 @@ class Connection(core.Connection):
         return keep_open
 
     def _after_flush(self, out, durable, wait_pos):
-        error = None
         try:
             self.flusher.wait_flushed(wait_pos)
         except errors.MetaqError as exc:
-            error = exc
-        self._settle_acks(out, durable, error)
-
-    def _settle_acks(self, out, durable, error):
-        """The acks of a burst whose flush ended (``error``: how it failed, or None) as they may go out."""
-        if error is not None:
             # Nothing unflushed may be acknowledged: every waiting put gets the flush error.
-            log.error("connection %s: %s", self.peer, error)
-            body = str(error).encode("utf-8", "replace")
+            log.error("connection %s: %s", self.peer, exc)
+            body = str(exc).encode("utf-8", "replace")
             for i, opaques in durable:
                 out[i] = failed_replies(opaques, body)  # one reply, or a burst's run of them
             return
