@@ -22,12 +22,6 @@ def walk(search):
     return search
 
 
-def cold(ranges):
-    """True when a page of ``ranges`` (``[(MappedFile, start, end)]``) is not resident (mincore, no I/O)."""
-    return any(not mf.resident(pos) for mf, start, end in ranges
-               for pos in range(start - start % mmap.PAGESIZE, end, mmap.PAGESIZE))
-
-
 def bring_in(ranges):
     """Make the bytes of ``ranges`` (``[(MappedFile, start, end)]``) resident, populating cold ones in the pool;
     True when one was cold."""

@@ -34,8 +34,8 @@ class Store:
         return max(self.ids) + 1
 
 
-def scan(store, passed=True, expect=None):
-    e = ev.GetTags("t", "g", 0, 0, 1 << 20, "a", 5, 1000, parse_tag_expression("a"), expect, passed)
+def scan(store, passed=True, expect=None, topic="t"):
+    e = ev.GetTags(topic, "g", 0, 0, 1 << 20, "a", 5, 1000, parse_tag_expression("a"), expect, passed)
     stats = SimpleNamespace(filter_skipped_units=0, on_get=lambda topic, missed: None)
     return TagScan(SimpleNamespace(store=store, stats=stats), e, 1 << 20)
 
@@ -66,10 +66,8 @@ def test_a_timeout_after_a_cut_answers_a_404_at_the_requests_offset():
     assert s.miss().startswith(b"result 404 ") and b"position 0" in s.miss()  # the client asks again from 0
 
 
-def test_bring_in_head_brings_a_cold_index_unit_in_then_the_header_it_points_to(tmp_path):
+def test_a_cold_index_unit_is_brought_in_then_the_header_it_points_to(tmp_path):
     # the record before a get_tags' next offset was passed over: its index unit and log page may both be cold
-    from metaq.server.coldpages import cold
-    from metaq.server.text.expect import bring_in_head
     from tests.harness.store import NOW, open_store
     from tests.store.test_time_search import filesystem_of, fill, page_out
 
@@ -87,7 +85,8 @@ def test_bring_in_head_brings_a_cold_index_unit_in_then_the_header_it_points_to(
         pytest.skip("this kernel has no MADV_PAGEOUT")
     [(first, unit, _end)] = s.msg_id_at("test", 0, n, ranges=True)
     assert first is index and not index.resident(unit)  # the unit alone: the header is not known yet
-    bring_in_head(s, "test", 0, n)
-    assert index.resident(unit) and not cold(s.msg_id_at("test", 0, n, ranges=True))  # then the header's page
+    assert scan(s, topic="test").bring_in_before(n + 1)  # the record before offset n + 1: cold pages, brought in
+    [(header_file, start, end)] = s.msg_id_at("test", 0, n, ranges=True)  # named once the unit is resident
+    assert index.resident(unit) and all(header_file.resident(pos) for pos in range(start - start % 4096, end, 4096))
     assert s.msg_id_at("test", 0, n) == want
     s.close(NOW + 3)

@@ -4,7 +4,6 @@ log a failover later cut or rewrote goes back to the last record both logs hold 
 skip the messages written at those offsets since (README "Replication", "Read failover")."""
 
 from metaq import errors
-from metaq.server.coldpages import bring_in
 
 
 def check_expected(store, e):
@@ -20,9 +19,3 @@ def check_expected(store, e):
                               "differs there from the one read: a failover); read on from the last record both "
                               "hold" % (e.topic, e.partition, offset, held, msg_id))
 
-
-def bring_in_head(store, topic, partition, offset):
-    """The pages ``store.msg_id_at`` reads for ``offset``, brought in off the loop when cold (``coldpages``): its
-    index unit, and then, named once that is resident, the record's header."""
-    if bring_in(store.msg_id_at(topic, partition, offset, ranges=True)):  # a cold page: maybe the unit alone
-        bring_in(store.msg_id_at(topic, partition, offset, ranges=True))

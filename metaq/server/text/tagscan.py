@@ -13,8 +13,8 @@ names that record in its next expect, so a failover that rewrote the records it 
 
 from metaq.protocol.tags import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.server.coldpages import bring_in, cold
-from metaq.server.text.expect import bring_in_head, check_expected
+from metaq.server.coldpages import bring_in
+from metaq.server.text.expect import check_expected
 
 
 class TagScan:
@@ -47,11 +47,9 @@ class TagScan:
                 continue
             r = store.read_tagged(e.topic, e.partition, self.offset, e.filter, self.max_size, self.max_size)
             need_before = r.next_offset > self.offset and (e.passed or not r.hits)
-            if need_before and redo and r.next_offset > 0 and cold(
-                    store.msg_id_at(e.topic, e.partition, r.next_offset - 1, ranges=True)):
-                self.bring_in_before(r.next_offset)
+            if need_before and redo and self.bring_in_before(r.next_offset):
                 redo = False
-                continue  # read again, that page resident
+                continue  # a page was cold, and other greenlets ran meanwhile: read again, that page resident
             break
         self.stats.filter_skipped_units += r.skipped
         if r.hits:
@@ -68,9 +66,16 @@ class TagScan:
         return None
 
     def bring_in_before(self, offset):
-        """The pages ``held_before(offset)`` reads, brought in (``expect.bring_in_head``)."""
-        if offset > 0:
-            bring_in_head(self.store, self.e.topic, self.e.partition, offset - 1)
+        """The pages ``held_before(offset)`` reads, brought in off the loop when cold: the record's index unit, and
+        then, named once that is resident, its header (``store.msg_id_at(..., ranges=True)``). True when one was
+        cold (other greenlets ran meanwhile)."""
+        if offset <= 0:
+            return False
+        e = self.e
+        if not bring_in(self.store.msg_id_at(e.topic, e.partition, offset - 1, ranges=True)):
+            return False
+        bring_in(self.store.msg_id_at(e.topic, e.partition, offset - 1, ranges=True))  # the unit was maybe alone
+        return True
 
     def held_before(self, offset):
         """The id of the record before ``offset`` (-1 when none is held); read where it is (``read`` brought its
