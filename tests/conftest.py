@@ -7,6 +7,7 @@ that binds, listens on, connects or sends a datagram from a socket other than AF
 
 import os
 import socket
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -97,6 +98,47 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 def is_integration(item):
     rel = os.path.relpath(str(item.path), TESTS_DIR).split(os.sep)
     return (len(rel) > 1 and rel[0] in INTEGRATION_DIRS) or bool(SERVER_FIXTURES.intersection(item.fixturenames))
+
+
+#: What a full run holds on disk at its peak, measured (README "Testing"): segments are preallocated whole.
+SUITE_PEAK_BYTES = 6 << 30
+
+
+def disk_verdict(usage, danger_ratio, peak_bytes=SUITE_PEAK_BYTES):
+    """``(refuse, message)`` for the disk the tests write to: brokers refuse puts above ``danger_ratio``, so a run
+    that starts there fails hundreds of tests for one reason; one that would cross it on the way is warned about."""
+    if usage.ratio >= danger_ratio:
+        return True, ("the disk holding %s is %.1f%% full, above the brokers' danger mark %.0f%%: every put would be "
+                      "refused (507). Free %.1f GiB or point TMPDIR at another disk."
+                      % (tempfile.gettempdir(), usage.ratio * 100, danger_ratio * 100,
+                         _bytes_to_free(usage, danger_ratio, peak_bytes) / (1 << 30)))
+    if usage.ratio_after(peak_bytes) >= danger_ratio:
+        return False, ("the disk holding %s is %.1f%% full; a full run adds up to %.0f GiB and may cross the brokers' "
+                       "danger mark %.0f%%" % (tempfile.gettempdir(), usage.ratio * 100, peak_bytes / (1 << 30),
+                                               danger_ratio * 100))
+    return False, None
+
+
+def _bytes_to_free(usage, danger_ratio, peak_bytes):
+    room = usage.used_bytes + usage.available_bytes
+    return max(0, usage.used_bytes + peak_bytes - danger_ratio * room)
+
+
+def _disk_verdict_here():
+    from metaq.store.config import StoreConfig
+    from metaq.store.files import disk_usage
+
+    return disk_verdict(disk_usage(tempfile.gettempdir()), StoreConfig(tempfile.gettempdir()).disk_danger_ratio)
+
+
+def pytest_sessionstart(session):
+    refuse, message = _disk_verdict_here()
+    if refuse:
+        pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def pytest_report_header(config):
+    return "disk: " + (_disk_verdict_here()[1] or "room for a full run")
 
 
 def pytest_collection_modifyitems(config, items):
