@@ -83,22 +83,33 @@ def pin(pid, cpus):
             pass
 
 
+#: The CPUs the outermost ``placed`` split (None: nothing placed now): a nested placement puts its server beside the
+#: others, not on what is left of this client's own (one CPU, which would leave the server unplaced).
+_placing = {"cpus": None}
+
+
 @contextlib.contextmanager
 def placed(server_pid):
     """The latency rows' placement, the same for metaq and each peer: this client on the first CPU, the server on
     the others, as a client on another host would be. Left to the scheduler, a request-reply loop lands either on
     one CPU (~10 µs a round trip here) or across two (~80 µs: waking the idle one), by luck, so an unplaced
-    row compares luck, not servers. With one CPU, nothing is placed."""
-    cpus = sorted(os.sched_getaffinity(0))
+    row compares luck, not servers. Placements nest (``bench_latency`` places every target at once). With one
+    CPU, nothing is placed."""
+    outer = _placing["cpus"] is None
+    cpus = sorted(os.sched_getaffinity(0)) if outer else _placing["cpus"]
     if len(cpus) < 2:
         yield
         return
     pin(server_pid, set(cpus[1:]))
-    os.sched_setaffinity(0, {cpus[0]})
+    if outer:
+        _placing["cpus"] = cpus
+        os.sched_setaffinity(0, {cpus[0]})
     try:
         yield
     finally:
-        os.sched_setaffinity(0, set(cpus))
+        if outer:
+            os.sched_setaffinity(0, set(cpus))
+            _placing["cpus"] = None
         try:
             pin(server_pid, set(cpus))
         except FileNotFoundError:  # the server is gone

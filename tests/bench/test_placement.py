@@ -34,6 +34,29 @@ def test_the_server_and_the_client_are_placed_apart_and_put_back():
         child.wait()
 
 
+def _sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="placement needs two CPUs")
+def test_placements_nest_every_server_on_the_other_cpus():
+    """bench_latency places all its targets at once: the second must not find the client's one CPU and stay
+    unplaced (it did: that target shared the client's CPU and its round trips looked 4x faster)."""
+    children = [_sleeper(), _sleeper()]
+    try:
+        with placed(children[0].pid):
+            with placed(children[1].pid):
+                assert os.sched_getaffinity(0) == {CPUS[0]}
+                assert [os.sched_getaffinity(c.pid) for c in children] == [set(CPUS[1:])] * 2
+            assert os.sched_getaffinity(0) == {CPUS[0]}  # the outer placement still holds
+        assert os.sched_getaffinity(0) == set(CPUS)
+        assert [os.sched_getaffinity(c.pid) for c in children] == [set(CPUS)] * 2
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
 def test_with_one_cpu_nothing_is_placed(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     calls = []
