@@ -392,7 +392,7 @@ class Flusher:
             try:
                 with self._lock:
                     self._store.prepare_checkpoint()  # on the loop: what the worker must read consistently
-                    self._pool.apply(self._store.checkpoint, (now_ms(),))
+                    self._pool.apply(self._store.checkpoint, (now_ms(), True))  # an idle broker writes nothing
             except OSError as exc:  # only recovery time suffers; the log itself is durable
                 log.warning("checkpoint failed (recovery will scan further): %s", exc)
 

@@ -88,6 +88,7 @@ class KeyIndex:
         self.files = []
         self.indexed_to = 0
         self.mark = (0, ())  # (indexed_to, ((first, count), ...)): one assignment, read by a checkpoint's worker
+        self._marks = self._saved = 0  # marks set / the count a checkpoint last saved (KeyIndex.checkpoint)
         self.rebuilt_from = None  # where load had to rebuild from the log (None: nothing)
 
     # -- open / checkpoint ---------------------------------------------------
@@ -147,15 +148,20 @@ class KeyIndex:
         self.load(log_end if start is None else start, log_end)
         return self.catch_up(log_, log_end)
 
-    def checkpoint(self):
+    def checkpoint(self, if_changed=False):
         """BLOCKING: msync every file, then record ``mark`` as read first (the loop assigns it whole, after the
-        entries it counts are written) as trusted. A cut meanwhile makes load rebuild the cut file, never trust it."""
+        entries it counts are written) as trusted. A cut meanwhile makes load rebuild the cut file, never trust it.
+        ``if_changed``: nothing when no mark was set since the last one saved (no entry added, nothing cut)."""
+        marks = self._marks  # before the mark: a mark set between the two is saved again next time
+        if if_changed and marks == self._saved:
+            return
         position, counts = self.mark
         for f in list(self.files):
             f.flush()
         fsync_dir(self._dirs.keys)  # the names of the files created since (KeyFile.create does not)
         self._dirs.write_state(self._dirs.key_checkpoint, KEY_CHECKPOINT_MAGIC,
                                {"position": position, "files": [list(c) for c in counts]})
+        self._saved = marks
 
     def close(self):
         for f in self.files:
@@ -164,6 +170,7 @@ class KeyIndex:
 
     def _set_mark(self):
         self.mark = (self.indexed_to, tuple((f.first, f.count) for f in self.files))
+        self._marks += 1
 
     # -- feeding -------------------------------------------------------------
 

@@ -54,8 +54,8 @@ class MessageStore(StoreFigures, ColdMaps):
         self._async = config.flush == "async"
         self._max_record = config.segment_size
         self._pos = LogPositions(self._async)  # written / flushed / checkpointed (positions.py)
-        self._checkpoint_serial = self._refusal = self._ids = self._index_problem = None
-        self._last_flush_ms = self._last_checkpoint_ms = 0
+        self._checkpoint_serial = self._checkpointed = self._refusal = self._ids = self._index_problem = None
+        self._last_flush_ms = 0
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
@@ -437,37 +437,35 @@ class MessageStore(StoreFigures, ColdMaps):
             return True
         return False
 
-    def should_checkpoint(self, now_ms):
-        return now_ms - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms
-
     def prepare_checkpoint(self):
         """Loop thread, right before ``checkpoint`` runs in a worker: copy what only the loop changes (the
         idempotent producers' table: idempotence.py), so that the worker writes a consistent snapshot."""
         self.idempotence.capture()
 
-    def checkpoint(self, now_ms):
-        """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index."""
+    def checkpoint(self, now_ms, if_changed=False):
+        """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index.
+        ``if_changed`` (the periodic one): no file rewritten to say what it says already (an idle broker writes none)."""
         pos = self._pos.flushed
-        floors = []
+        floors, dirty = [], False
         for p in list(self._parts.values()):
             floors.append([p.topic, p.partition, p.first_at_or_after(pos, max(p.min, p.first_start), p.max)])
             if p.dirty:
-                p.dirty = False
+                p.dirty, dirty = False, True
                 try:
                     p.flush()
                 except BaseException:
                     p.dirty = True  # the next checkpoint tries again; this one claims nothing
                     raise
-        serial = random.getrandbits(62)
-        self.dirs.write_state(self.dirs.checkpoint, CHECKPOINT_MAGIC,
-                              {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,
-                               "now_ms": now_ms, "serial": serial, "tag_format": TAG_FORMAT})
-        self._checkpoint_serial = serial
+        if not if_changed or dirty or self._checkpointed != (pos, floors):
+            serial = random.getrandbits(62)
+            self.dirs.write_state(self.dirs.checkpoint, CHECKPOINT_MAGIC,
+                                  {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,
+                                   "now_ms": now_ms, "serial": serial, "tag_format": TAG_FORMAT})
+            self._checkpoint_serial, self._checkpointed = serial, (pos, floors)
         self._pos.checkpointed_at(pos)
-        self._last_checkpoint_ms = now_ms
         self.consumer_offsets.save()
         self.idempotence.save()
-        self.keys.checkpoint()
+        self.keys.checkpoint(if_changed)
         self.drop_cold_pages()
         return pos
 
