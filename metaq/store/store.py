@@ -456,12 +456,13 @@ class MessageStore(StoreFigures, ColdMaps):
                 except BaseException:
                     p.dirty = True  # the next checkpoint tries again; this one claims nothing
                     raise
-        if not if_changed or dirty or self._checkpointed != (pos, floors):
+        last_id = self._last_id()  # ids handed out without an append yet (a commit refused) move it too
+        if not if_changed or dirty or self._checkpointed != (pos, last_id, floors):
             serial = random.getrandbits(62)
             self.dirs.write_state(self.dirs.checkpoint, CHECKPOINT_MAGIC,
-                                  {"position": pos, "last_msg_id": self._last_id(), "partitions": floors,
+                                  {"position": pos, "last_msg_id": last_id, "partitions": floors,
                                    "now_ms": now_ms, "serial": serial, "tag_format": TAG_FORMAT})
-            self._checkpoint_serial, self._checkpointed = serial, (pos, floors)
+            self._checkpoint_serial, self._checkpointed = serial, (pos, last_id, floors)
         self._pos.checkpointed_at(pos)
         self.consumer_offsets.save()
         self.idempotence.save()
