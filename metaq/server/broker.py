@@ -67,7 +67,7 @@ class Broker:
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
         self.gate = WriteGate()
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
-        self.ahead = AheadWorker(self.store, self.store_lock)
+        self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
         self.guard = Guard(config.security)  # a bad permissions file stops the start here
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
