@@ -137,8 +137,9 @@ class GetTags(NamedTuple):
     nothing is past ``offset`` (after ``maxWaitMs``). ``filter`` is the parsed ``tags`` (a ``TagFilter``).
 
     ``passed`` (the expect written ``<offset>:<msgId>:passed``, or ``:passed`` alone): the body's next offset is
-    followed by the id of the record just before it (``<int64>``; -1 when none is held), so that a client that passed over records
-    names the last of them in its next expect: a failover that rewrote them is found (client/divergence.py).
+    followed by the id of the record just before it (``<int64>``; -1 when none is held), so that a client that
+    passed over records names the last of them in its next expect: a failover that rewrote them is found
+    (client/divergence.py).
     """
 
     topic: str
