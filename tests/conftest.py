@@ -121,8 +121,8 @@ def disk_verdict(usage, danger_ratio, peak_bytes=SUITE_PEAK_BYTES):
 
 
 def _bytes_to_free(usage, danger_ratio, peak_bytes):
-    room = usage.used_bytes + usage.available_bytes
-    return max(0, usage.used_bytes + peak_bytes - danger_ratio * room)
+    """How much must go for a full run to stay below ``danger_ratio`` (``DiskUsage.ratio_after`` solved for it)."""
+    return max(0, (usage.ratio_after(peak_bytes) - danger_ratio) * (usage.used_bytes + usage.available_bytes))
 
 
 def _disk_verdict_here():

@@ -461,9 +461,9 @@ class AheadWorker:
                     log.exception("working ahead of the writer failed; puts will allocate on their own")
                     gevent.sleep(1.0)
                 continue
-            now = time.monotonic()
-            if store.written_position != last:
-                last, still_since = store.written_position, now
+            now, pos = time.monotonic(), store.written_position
+            if pos != last:
+                last, still_since = pos, now
             if now - still_since < self.IDLE_AFTER_S:
                 gevent.sleep(self.POLL_S)
                 continue
