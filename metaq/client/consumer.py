@@ -361,11 +361,10 @@ class Consumer(ConsumerReads):
             fetchers = {key: self._fetchers.pop(key) for key in keys if key in self._fetchers}
         for fetcher in fetchers.values():
             fetcher.request_stop()
-        for key, fetcher in fetchers.items():
+        for fetcher in fetchers.values():
             fetcher.join()
-            handed = fetcher.handover()
-            if handed is not None:
-                self.reads_kept.keep(key, *handed)
+            for kept in fetcher.handover():
+                self.reads_kept.keep(*kept)
         if fetchers and self._store is not None:
             self._guarded(lambda: self._commit_fetchers(fetchers), "commit offsets of revoked partitions")
 

@@ -141,12 +141,13 @@ class PartitionFetcher:
                 self.msg_id = stored_id  # committed again as it was (a revoke before any delivery keeps it)
 
     def handover(self):
-        """``(offset, msg_id, Checkpoints)`` this fetcher stopped at and had read (consumer ``_revoke``: for the next
-        fetcher of this partition, ``divergence.ReadsKept``), or None before its offset is known or while its thread
-        still runs (a handler that outlived the stop)."""
+        """``[(offset store key, offset, msg_id, Checkpoints)]``: where this fetcher stopped and what it had read
+        (consumer ``_revoke``: for the next fetcher of this partition, ``divergence.ReadsKept``; a priority topic's
+        has one per level), empty before its offset is known or while its thread still runs (a handler that
+        outlived the stop)."""
         if self.offset is None or self._thread.is_alive() or not self._stop.is_set():
-            return None  # not a clean stop: what it read may not match its position
-        return self.offset, self.msg_id, self._read
+            return []  # not a clean stop: what it read may not match its position
+        return [((self.topic, self.partition), self.offset, self.msg_id, self._read)]
 
     def start(self):
         self._thread.start()
@@ -370,46 +371,53 @@ class PartitionFetcher:
 
     def _rewind(self, exc, end=None):
         """A get's expect failed (``errors.Diverged``), or the broker's log ends at ``end``, before records read:
-        the broker's log differs from the one read. Read on after the newest record read (below ``end``) that it
-        holds as read (client/divergence.py); the messages after it are read (again, for those both logs hold).
-        When it holds none, from the first message stored ``limits.DIVERGENCE_REWIND_MS`` before the oldest of
-        the records read that it does not hold as read. False when a stop or a seek came first (nothing moved)."""
+        move to where ``_go_back`` says. False when a stop or a seek came first (nothing moved)."""
+        back = self._go_back(self.topic, self._read, self.offset, exc, end)
+        if back is None:
+            return False
+        self.offset, self.msg_id = back
+        return True
+
+    def _go_back(self, topic, read, offset, exc, end=None):
+        """The broker's log of ``topic`` (this fetcher's partition; a priority level's own name) differs from the
+        one read (``read``: its Checkpoints; ``offset``: the next offset there). ``(offset, msg_id)`` to read on
+        from: after the newest record read (below ``end``) that it holds as read (client/divergence.py); the
+        messages after it are read (again, for those both logs hold). When it holds none, from the first message
+        stored ``limits.DIVERGENCE_REWIND_MS`` before the oldest of the records read that it does not hold as
+        read. ``read`` is cut to match. None when a stop or a seek came first (nothing moved)."""
         conn = self.consumer.connection(self.partition.broker_id, read=True)
         tried, candidates = [], []
-        for cp_offset, cp_id in self._read.newest_first():
+        for cp_offset, cp_id in read.newest_first():
             if end is None or cp_offset < end:
                 candidates.append((cp_offset, cp_id))
             else:
                 tried.append(cp_id)  # read past the end: not held
         for cp_offset, cp_id in candidates:
             if self._stop.is_set() or self._seek_to is not None:
-                return False
-            verdict, moved_to = self._probe(conn, cp_offset, cp_id)
+                return None
+            verdict, moved_to = self._probe(conn, topic, cp_offset, cp_id)
             if verdict == MATCH:
                 resume = cp_offset + 1 if moved_to is None else moved_to
                 log.warning("%s %s: the log at %s differs from the one read before (%s); reading again from offset "
-                            "%d, after the last record both hold (was at %d)", self.topic, self.partition, conn.url,
-                            exc, resume, self.offset)
-                self._read.cut(cp_offset + 1)
-                self.offset, self.msg_id = resume, cp_id if moved_to is None else -1
-                return True
+                            "%d, after the last record both hold (was at %d)", topic, self.partition, conn.url,
+                            exc, resume, offset)
+                read.cut(cp_offset + 1)
+                return resume, cp_id if moved_to is None else -1
             if verdict == MISMATCH:
                 tried.append(cp_id)
         if self._stop.is_set() or self._seek_to is not None:
-            return False
+            return None
         since_ms = rewind_time_ms(tried) if tried else int(time.time() * 1000) - limits.DIVERGENCE_REWIND_MS
-        resume = min(self.consumer.offset_at(self.topic, self.partition, since_ms),
-                     self.offset if end is None else end)
+        resume = min(self.consumer.offset_at(topic, self.partition, since_ms), offset if end is None else end)
         log.warning("%s %s: the log at %s differs from every record read before (%s); reading again from offset %d, "
-                    "the first stored since %d ms (was at %d)", self.topic, self.partition, conn.url, exc, resume,
-                    since_ms, self.offset)
-        self._read.clear()
-        self.offset, self.msg_id = resume, -1
-        return True
+                    "the first stored since %d ms (was at %d)", topic, self.partition, conn.url, exc, resume,
+                    since_ms, offset)
+        read.clear()
+        return resume, -1
 
-    def _probe(self, conn, cp_offset, cp_id):
-        """``(verdict, moved_to)`` for the record read at ``cp_offset`` (``divergence.probe_verdict``)."""
-        request = ev.Get(self.topic, self.consumer.group, self.partition.partition, cp_offset + 1, 1, 0, 0,
+    def _probe(self, conn, topic, cp_offset, cp_id):
+        """``(verdict, moved_to)`` for the record of ``topic`` read at ``cp_offset`` (``divergence.probe_verdict``)."""
+        request = ev.Get(topic, self.consumer.group, self.partition.partition, cp_offset + 1, 1, 0, 0,
                          (cp_offset, cp_id))
         reply = conn.call(request)
         if isinstance(reply, ev.Value):
@@ -422,4 +430,4 @@ class PartitionFetcher:
             moved_to = int(reply.body)
             verdict = probe_verdict(cp_offset, "301", moved_to)
             return verdict, (moved_to if verdict == MATCH else None)
-        raise reply_error(reply, "get %s %s %d (a divergence probe)" % (self.topic, self.partition, cp_offset + 1))
+        raise reply_error(reply, "get %s %s %d (a divergence probe)" % (topic, self.partition, cp_offset + 1))

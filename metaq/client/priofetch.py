@@ -9,6 +9,12 @@ store under the level's internal topic ``<topic>%P<k>`` (level 0 under the topic
 or broker-kept offsets, ``metaq-admin reset-offsets`` and a restart work per level unchanged. Delivered
 messages carry their level in ``message.priority``.
 
+Each level remembers the records it read (``divergence.Checkpoints``) and every ``get_prio`` names the last one of
+each (its expects, as a plain get's ``expect``): a broker holding another record there (a failover rewrote that
+level's log) answers 412 naming the level, and the fetcher takes that level back to the last record both logs hold
+(``PartitionFetcher._go_back``), as it does after a 301 below what the level read. A broker older than the expects
+answers 400: the fetcher says so once and asks without them.
+
 ``lag()`` counts every level. Not supported for a priority subscription: a broker-side tag filter (a callable or attribute filter still
 runs here, on every message), ``seek`` (ClientError) and a ``start_from`` time (ClientError at ``subscribe``:
 each level starts at its stored offset, else at ``start_from``'s earliest or latest).
@@ -17,6 +23,7 @@ each level starts at its stored offset, else at ``start_from``'s earliest or lat
 import logging
 
 from metaq import errors, limits
+from metaq.client.divergence import Checkpoints
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, PartitionFetcher, records_of
 from metaq.client.message import Message
 from metaq.client.replies import reply_error
@@ -51,6 +58,7 @@ class PriorityFetcher(PartitionFetcher):
         self.offsets = None  # the next offset of each level, once loaded
         self.committed_levels = [None] * self.levels  # each level's offset last committed (or loaded)
         self.msg_ids = [-1] * self.levels
+        self.reads = [Checkpoints() for _ in range(self.levels)]  # each level's records read (a get's expect)
 
     @property
     def progress(self):
@@ -67,12 +75,29 @@ class PriorityFetcher(PartitionFetcher):
             return
         offsets = []
         for k in range(self.levels):
-            offset, committed = self.consumer.initial_offset(level_topic(self.topic, k), self.partition)
+            name = level_topic(self.topic, k)
+            offset, committed = self.consumer.initial_offset(name, self.partition)
             offsets.append(offset)
             self.committed_levels[k] = committed
+            stored = self.consumer.stored_entry(name, self.partition) if committed is not None else None
+            stored_id = stored[1] if stored is not None and stored[0] == offset else -1
+            kept = self.consumer.reads_kept.take((name, self.partition), offset, stored_id)
+            if kept is not None:  # this consumer read the level up to here before a rebalance
+                self.reads[k] = kept
+            elif stored_id > 0 and offset > 0:
+                self.reads[k].add(offset - 1, stored_id)  # the id committed with the offset: its record's
+            if stored_id > 0:
+                self.msg_ids[k] = stored_id
         self.committed = self.committed_levels[0]
         self.offsets = offsets
-        self.offset = offsets[0]  # level 0's: the position of the topic itself
+        self.offset, self.msg_id = offsets[0], self.msg_ids[0]  # level 0's: the position of the topic itself
+
+    def handover(self):
+        """Each level's ``(offset store key, offset, msg_id, Checkpoints)``, as ``PartitionFetcher.handover``."""
+        if self.offsets is None or self._thread.is_alive() or not self._stop.is_set():
+            return []
+        return [((level_topic(self.topic, k), self.partition), self.offsets[k], self.msg_ids[k], self.reads[k])
+                for k in range(self.levels)]
 
     def committed_at(self, key, positions):
         topic, part = key
@@ -103,8 +128,11 @@ class PriorityFetcher(PartitionFetcher):
         wait_ms = consumer.long_poll_ms
         timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
         self._wake.clear()
+        expects = None if self._no_expect else tuple(read.last() for read in self.reads)
+        if expects is not None and not any(expects):
+            expects = None  # nothing read yet: the line an older broker knows
         request = PriorityGet(self.topic, consumer.group, self.partition.partition, tuple(self.offsets),
-                              consumer.max_size, 0, wait_ms or None)
+                              consumer.max_size, 0, wait_ms or None, expects)
         future = conn.request(request, timeout=timeout)
         future.add_done_callback(lambda _f: self._wake.set())
         while not future.done() and not self._stop.is_set():
@@ -123,22 +151,65 @@ class PriorityFetcher(PartitionFetcher):
             start = self.offsets[level]
             return level, [(start + i, rec) for i, (rec, _end) in enumerate(iter_records(body))]
         if reply.code == 301:
-            level, to = (int(x) for x in reply.body.split())
-            if 0 <= level < self.levels and to < self.offsets[level] \
-                    and consumer.is_slave_read(self.partition.broker_id, conn.url):
+            level, to = self._level_of(reply, what, int)
+            if to < self.offsets[level] and consumer.is_slave_read(self.partition.broker_id, conn.url):
                 self._wait_for_slave(conn.url, self.offsets[level], to)  # as a plain fetcher (fetcher.py)
+                return 0, []
+            if to < self.offsets[level] and self.reads[level].last() is not None and not self._no_expect:
+                log.warning("%s: level %d's offset %d is past its partition's end %d: checking the records read "
+                            "below it", what, level, self.offsets[level], to)
+                self._differs = (_at_level(errors.Moved(to, "%s: level %d ends at %d" % (what, level, to)), level),
+                                 to)  # the position stays until the probes decide (_settle)
                 return 0, []
             log.warning("%s: level %d's offset %d is outside its partition; continuing at %d", what, level,
                         self.offsets[level], to)
-            self.offsets[level] = to
+            self._move(level, to, -1)
+            self.reads[level].cut(to)
             return 0, []
         if reply.code == 404:
+            return 0, []
+        if reply.code == 412:
+            level, why = self._level_of(reply, what, lambda text: text)
+            raise _at_level(errors.Diverged("%s: level %d %s" % (what, level, why)), level)
+        if expects is not None and reply.code == 400 and b" tokens" in reply.body:
+            log.warning("%s %s: the broker at %s does not check a get_prio's last records (no expects: it is older): "
+                        "a failover that rewrites what was read goes unnoticed there", self.topic, self.partition,
+                        conn.url)
+            self._no_expect = True  # "get_prio needs 7 or 8 tokens": asked again without them
             return 0, []
         try:
             records_of(reply, what)  # raises the mapped error
         except errors.CorruptRecord as exc:  # a level stops there (retried with backoff): not skipped here
             raise errors.BrokerError("%s: %s (a priority level is not skipped past a corrupt record)" % (what, exc))
         raise reply_error(reply, what)
+
+    def _level_of(self, reply, what, rest):
+        """``(level, rest(the body after it))`` of a 301 or 412 reply (``<level> <...>``)."""
+        level, _sep, tail = bytes(reply.body).decode("utf-8", "replace").partition(" ")
+        try:
+            level, tail = int(level), rest(tail)
+        except ValueError:
+            level = -1
+        if not 0 <= level < self.levels:
+            raise errors.RemoteProtocolError("%s: result %d %r names no level of %d" % (what, reply.code,
+                                                                                      bytes(reply.body[:64]),
+                                                                                      self.levels))
+        return level, tail
+
+    def _move(self, level, offset, msg_id):
+        self.offsets[level], self.msg_ids[level] = offset, msg_id
+        if level == 0:
+            self.offset, self.msg_id = offset, msg_id
+
+    def _settle(self):
+        """A level's 412, or its 301 below what it read (``_differs``, the error naming the level): that level goes
+        back to the last record both logs hold (``_go_back``); the other levels stay."""
+        exc, end = self._differs
+        level = exc.level
+        back = self._go_back(level_topic(self.topic, level), self.reads[level], self.offsets[level], exc, end)
+        if back is not None:
+            self._move(level, *back)
+            self._differs = None
 
     def _deliver(self, level, records):
         for offset, record in records:
@@ -156,6 +227,11 @@ class PriorityFetcher(PartitionFetcher):
                 done = self.consumer.parking.park(message, self._interrupt)
             if not done:
                 return
-            self.offsets[level], self.msg_ids[level] = offset + 1, record.msg_id
-            if level == 0:
-                self.offset, self.msg_id = offset + 1, record.msg_id
+            self._move(level, offset + 1, record.msg_id)
+            self.reads[level].add(offset, record.msg_id)
+
+
+def _at_level(exc, level):
+    """``exc``, marked with the priority level it concerns (``PriorityFetcher._settle`` reads it)."""
+    exc.level = level
+    return exc

@@ -105,9 +105,11 @@ class TextClient(_Blocking):
         flag, data = encode_payload(payload, attribute)
         return self.call(PriorityPut(topic, partition, flag, data, self.opaque(), metaq_checksum(data), priority))
 
-    def get_prio(self, topic, partition, offsets, max_size=1 << 20, group="g", max_wait_ms=None):
-        """``get_prio`` with one offset per level: ``(level, [Record])`` for a Value, else the reply (404, 301 ...)."""
-        r = self.call(PriorityGet(topic, group, partition, tuple(offsets), max_size, self.opaque(), max_wait_ms))
+    def get_prio(self, topic, partition, offsets, max_size=1 << 20, group="g", max_wait_ms=None, expects=None):
+        """``get_prio`` with one offset per level (``expects``: one ``(offset, msg_id)`` or None per level):
+        ``(level, [Record])`` for a Value, else the reply (404, 301, 412 ...)."""
+        r = self.call(PriorityGet(topic, group, partition, tuple(offsets), max_size, self.opaque(), max_wait_ms,
+                                  None if expects is None else tuple(expects)))
         if not isinstance(r, ev.Value):
             return r
         level, records = decode_get_prio_body(r.body)

@@ -9,12 +9,15 @@ them (``is_level_topic``: every put path refuses them), and an operator cannot c
 Text extensions::
 
     put_prio <topic> <partition> <len> <flag> <checksum> <priority> <opaque>\\r\\n<body>   answered like put
-    get_prio <topic> <group> <partition> <o_0,o_1,...,o_{L-1}> <maxSize> [<maxWaitMs>] <opaque>
+    get_prio <topic> <group> <partition> <o_0,o_1,...,o_{L-1}> <maxSize> [<maxWaitMs> [<e_0,...,e_{L-1}>]] <opaque>
 
 ``get_prio`` carries the consumer's next offset of every level (exactly L of them) and is answered with the
 records of ONE level: ``value <len> <opaque>\\r\\n<level>\\n<records as a get's>`` (``decode_get_prio_body``), so
 the consumer advances that level's offset; ``result 404`` when no level has anything (after the long poll);
-``result 301`` with body ``<level> <offset>`` when a level's offset is outside its partition.
+``result 301`` with body ``<level> <offset>`` when a level's offset is outside its partition. The optional
+expects (``e_k``: ``<offset>:<msgId>`` of the record level k read last, or ``-`` for none; a get's ``expect``,
+events.Get, per level) are checked before anything is read: ``result 412`` with body ``<level> <reason>`` when
+this broker holds another record at a level's expected offset (a failover rewrote it; client/priofetch.py).
 
 Which level (``choose_level``): the highest level with a backlog, except that a level whose head message has
 waited longer than the topic's ``priority_max_wait_ms`` competes by age: among such starved levels the one with
@@ -83,6 +86,7 @@ class PriorityGet(NamedTuple):
     max_size: int
     opaque: int
     max_wait_ms: Optional[int] = None
+    expects: Optional[Tuple[Optional[Tuple[int, int]], ...]] = None  # per level (offset, msg_id) or None; needs a wait
 
 
 def _int(token, what, low, high):
@@ -103,6 +107,24 @@ def parse_offsets(token):
     return tuple(_int(p, "offset", 0, _INT64[1]) for p in parts)
 
 
+def parse_expects(token, levels):
+    """The ``e_0,...`` token: one ``<offset>:<msgId>`` or ``-`` per level (``levels`` of them); ValueError with the
+    reason."""
+    parts = token.split(",")
+    if len(parts) != levels:
+        raise ValueError("get_prio: give one expect per offset (%d), got %d" % (levels, len(parts)))
+    out = []
+    for part in parts:
+        if part == "-":
+            out.append(None)
+            continue
+        offset, sep, msg_id = part.partition(":")
+        if not sep:
+            raise ValueError("invalid expect %r: <offset>:<msgId> of the record a level read last, or -" % part[:64])
+        out.append((_int(offset, "expect offset", 0, _INT64[1]), _int(msg_id, "expect msgId", *_INT64)))
+    return tuple(out)
+
+
 def _parse_put_prio(t):
     topic = t[1]
     partition = _int(t[2], "partition", -1, _INT32[1])
@@ -117,16 +139,18 @@ def _parse_get_prio(t):
     partition = _int(t[3], "partition", 0, _INT32[1])
     offsets = parse_offsets(t[4])
     max_size = _int(t[5], "maxSize", *_INT32)  # <= 0 is answered by the broker, as for get
-    max_wait_ms = _int(t[6], "maxWaitMs", 0, _INT32[1]) if len(t) == 8 else None
-    return PriorityGet(t[1], t[2], partition, offsets, max_size, _int(t[-1], "opaque", *_INT32), max_wait_ms)
+    max_wait_ms = _int(t[6], "maxWaitMs", 0, _INT32[1]) if len(t) >= 8 else None
+    expects = parse_expects(t[7], len(offsets)) if len(t) == 9 else None
+    return PriorityGet(t[1], t[2], partition, offsets, max_size, _int(t[-1], "opaque", *_INT32), max_wait_ms,
+                       expects)
 
 
 #: Plugged into ``protocol.text``'s command table (parsers raise ValueError with the reason).
 COMMANDS = {
     "put_prio": (_parse_put_prio, (8,), "8 tokens (put_prio <topic> <partition> <len> <flag> <checksum> <priority> "
                  "<opaque>)", 3),
-    "get_prio": (_parse_get_prio, (7, 8), "7 or 8 tokens (get_prio <topic> <group> <partition> <o_0,o_1,...> "
-                 "<maxSize> [<maxWaitMs>] <opaque>)", None),
+    "get_prio": (_parse_get_prio, (7, 8, 9), "7 to 9 tokens (get_prio <topic> <group> <partition> <o_0,o_1,...> "
+                 "<maxSize> [<maxWaitMs> [<e_0,e_1,...>]] <opaque>)", None),
 }
 
 
@@ -144,6 +168,10 @@ def _serialize_put_prio(e):
 
 def _serialize_get_prio(e):
     wait = "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+    if e.expects is not None:
+        if len(e.expects) != len(e.offsets):
+            raise ValueError("get_prio: one expect per offset, %d of them, not %d" % (len(e.offsets), len(e.expects)))
+        wait = " %d %s" % (e.max_wait_ms or 0, ",".join("-" if x is None else "%d:%d" % x for x in e.expects))
     return ("get_prio %s %s %d %s %d%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition,
                                                   ",".join("%d" % o for o in e.offsets), e.max_size, wait,
                                                   e.opaque)).encode("utf-8")

@@ -21,6 +21,8 @@ from tests.harness.broker import wait_for
 BEFORE_EXPECT = "5e47742"
 #: The last commit whose broker knows ``expect`` but not get_tags' ``:passed`` (events.GetTags).
 BEFORE_PASSED = "0128d57"
+#: The last commit whose broker knows ``get_prio`` but not its expects (protocol/priority.py).
+BEFORE_PRIO_EXPECTS = "83bad7a"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -32,6 +34,11 @@ def older_broker(tmp_path):
 @pytest.fixture
 def broker_before_passed(tmp_path):
     yield from broker_at(tmp_path, BEFORE_PASSED)
+
+
+@pytest.fixture
+def broker_before_prio_expects(tmp_path):
+    yield from broker_at(tmp_path, BEFORE_PRIO_EXPECTS)
 
 
 def broker_at(tmp_path, commit):
@@ -114,3 +121,37 @@ def test_a_tag_filtered_consumer_reads_on_from_a_broker_that_names_no_passed_rec
     assert got == [b"o-%d" % k for k in range(0, 40, 2)]
     warned = [r for r in caplog.records if "does not name the records a get_tags passed over" in r.getMessage()]
     assert warned and not any("does not check a get's last record" in r.getMessage() for r in caplog.records)
+
+
+def test_a_priority_consumer_reads_on_from_a_broker_that_checks_no_get_prio_expects(broker_before_prio_expects,
+                                                                                   caplog):
+    from tests.client.test_priorities import create
+
+    b = broker_before_prio_expects
+    with b.client() as c:
+        create(c, "t-old", partitions=1, priorities=2)
+        c.send(b"get_prio t-old g 0 0,0 1000 0 -,- 7\r\n")  # its grammar: not a get_prio it knows
+        r = c.read_event()
+        assert r.code == 400 and b"get_prio needs 7 or 8 tokens" in r.body, r
+        for k in range(20):
+            assert c.put_prio("t-old", b"o-%d" % k, k % 2, partition=0).code == 200
+    got, lock = [], threading.Lock()
+
+    def handle(message):
+        with lock:
+            got.append(message.body)
+
+    consumer = Consumer("g-old", brokers=["meta://127.0.0.1:%d" % b.port], long_poll_ms=200)
+    consumer.subscribe("t-old", handle, priorities=2)
+    consumer.start()
+    try:
+        wait_for(lambda: len(got) >= 20, 30, lambda: "20 messages from the older broker: %r" % got)
+        with b.client() as c:
+            for k in range(20, 30):  # and on: get_prios after the first refusal carry no expects
+                assert c.put_prio("t-old", b"o-%d" % k, k % 2, partition=0).code == 200
+        wait_for(lambda: len(got) >= 30, 30, lambda: "30 messages: %r" % got)
+    finally:
+        consumer.close()
+    assert sorted(got[:20]) == sorted(b"o-%d" % k for k in range(20)) and len(set(got)) == len(got) == 30
+    warned = [r for r in caplog.records if "does not check a get_prio's last records" in r.getMessage()]
+    assert len(warned) == 1  # once for the fetcher of partition 0

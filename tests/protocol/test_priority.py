@@ -36,12 +36,29 @@ def test_put_prio_and_get_prio_round_trip():
     assert serialize(PriorityGet("t", "g", 0, (1, 2), 10, 5, 7)) == b"get_prio t g 0 1,2 10 7 5\r\n"
 
 
+def test_get_prio_expects_round_trip_one_per_level():
+    get = PriorityGet("jobs", "grp", 1, (0, 17, 3), 4096, 11, 500, (None, (16, -5), (2, 1 << 62)))
+    assert serialize(get) == b"get_prio jobs grp 1 0,17,3 4096 500 -,16:-5,2:4611686018427387904 11\r\n"
+    assert parse(serialize(get)) == get
+    # no long poll: the expects need the maxWaitMs token before them, written 0 (no wait, as a missing one)
+    line = serialize(PriorityGet("t", "g", 0, (1, 2), 10, 5, None, ((0, 9), None)))
+    assert line == b"get_prio t g 0 1,2 10 0 0:9,- 5\r\n" and parse(line).expects == ((0, 9), None)
+    with pytest.raises(ValueError, match="one expect per offset"):
+        serialize(PriorityGet("t", "g", 0, (1, 2), 10, 5, None, ((0, 9),)))
+
+
 @pytest.mark.parametrize("line, why", [
     (b"get_prio t g 0 0,x 100 5\r\n", "not an integer"),
     (b"get_prio t g 0 0,,1 100 5\r\n", "not an integer"),
     (b"get_prio t g 0 0,-1 100 5\r\n", "must be 0.."),
     (b"get_prio t g -1 0,0 100 5\r\n", "partition"),
-    (b"get_prio t g 0 0,0 5\r\n", "7 or 8 tokens"),
+    (b"get_prio t g 0 0,0 5\r\n", "7 to 9 tokens"),
+    (b"get_prio t g 0 0,0 100 0 3:4 5\r\n", "one expect per offset \\(2\\), got 1"),
+    (b"get_prio t g 0 0,0 100 0 3:4,-,- 5\r\n", "one expect per offset \\(2\\), got 3"),
+    (b"get_prio t g 0 0,0 100 0 3-4,- 5\r\n", "invalid expect '3-4'"),
+    (b"get_prio t g 0 0,0 100 0 -1:4,- 5\r\n", "expect offset"),
+    (b"get_prio t g 0 0,0 100 0 3:x,- 5\r\n", "expect msgId"),
+    (b"get_prio t g 0 0,0 100 0 ,- 5\r\n", "invalid expect ''"),
     (b"get_prio t g 0 " + b",".join([b"0"] * (limits.MAX_PRIORITY_LEVELS + 1)) + b" 100 5\r\n", "at most 8"),
     (b"put_prio t 0 1 0 -1 x 5\r\nb", "priority"),
 ])

@@ -10,12 +10,17 @@ def check_expected(store, e):
     """Raise Diverged when a get's ``expect`` (events.Get) names a record held here with another id; an offset
     not held (below the minimum, past the end: a slave still behind) is not checked, and is again at each read
     of a long poll."""
-    if e.expect is None:
-        return
-    offset, msg_id = e.expect
-    held = store.msg_id_at(e.topic, e.partition, offset)
+    if e.expect is not None:
+        check_record(store, e.topic, e.partition, e.expect)
+
+
+def check_record(store, topic, partition, expect):
+    """Raise Diverged when this broker holds ``expect``'s offset (``(offset, msg_id)``) of ``topic``-``partition``
+    with another id (``check_expected``; a ``get_prio`` checks one per level, text/priorities.py)."""
+    offset, msg_id = expect
+    held = store.msg_id_at(topic, partition, offset)
     if held is not None and held != msg_id:
         raise errors.Diverged("diverged: %s-%d offset %d holds message %d here, not %d as read before (this log "
                               "differs there from the one read: a failover); read on from the last record both "
-                              "hold" % (e.topic, e.partition, offset, held, msg_id))
+                              "hold" % (topic, partition, offset, held, msg_id))
 

@@ -6,7 +6,8 @@ offset of every level; one read (``PriorityRead.read``) looks at each level's en
 more than one level has a backlog, at the store time of each such level's head record (one record per level),
 then ``choose_level`` picks the level and its records are served as a get's, after ``<level>\\n``. Nothing to
 read: the get parks on the topic's partition like a ``get`` (an append to any level wakes it: the broker's
-``on_visible`` adds the topic's key to a level's).
+``on_visible`` adds the topic's key to a level's). A level's expect (the record it read last, ``PriorityGet``) is
+checked at every read, before anything is read, as a get's is (text/expect.py): a 412 names the level.
 """
 
 import time
@@ -15,6 +16,7 @@ from metaq import errors
 from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.guard import PUB
+from metaq.server.text.expect import check_record
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
@@ -90,6 +92,12 @@ class PriorityRead:
 
     def read(self):
         e, store = self.e, self.store
+        for level, expect in enumerate(e.expects or ()):
+            if expect is not None:
+                try:
+                    check_record(store, level_topic(e.topic, level), e.partition, expect)
+                except errors.Diverged as exc:
+                    return [encode_result(exc.code, b"%d %s" % (level, str(exc).encode("utf-8", "replace")), e.opaque)]
         backlog = []
         for level, offset in enumerate(e.offsets):
             name = level_topic(e.topic, level)
