@@ -171,7 +171,7 @@ class PriorityFetcher(PartitionFetcher):
         if reply.code == 412:
             level, why = self._level_of(reply, what, lambda text: text)
             raise _at_level(errors.Diverged("%s: level %d %s" % (what, level, why)), level)
-        if expects is not None and reply.code == 400 and b" tokens" in reply.body:
+        if expects is not None and reply.code == 400 and reply.body.startswith(b"get_prio needs 7 or 8 tokens"):
             log.warning("%s %s: the broker at %s does not check a get_prio's last records (no expects: it is older): "
                         "a failover that rewrites what was read goes unnoticed there", self.topic, self.partition,
                         conn.url)
@@ -185,16 +185,17 @@ class PriorityFetcher(PartitionFetcher):
 
     def _level_of(self, reply, what, rest):
         """``(level, rest(the body after it))`` of a 301 or 412 reply (``<level> <...>``)."""
-        level, _sep, tail = bytes(reply.body).decode("utf-8", "replace").partition(" ")
-        try:
-            level, tail = int(level), rest(tail)
-        except ValueError:
-            level = -1
+        head, _sep, tail = bytes(reply.body).decode("utf-8", "replace").partition(" ")
+        level = int(head) if head.isascii() and head.isdigit() else -1
         if not 0 <= level < self.levels:
             raise errors.RemoteProtocolError("%s: result %d %r names no level of %d" % (what, reply.code,
                                                                                       bytes(reply.body[:64]),
                                                                                       self.levels))
-        return level, tail
+        try:
+            return level, rest(tail)
+        except ValueError:
+            raise errors.RemoteProtocolError("%s: result %d %r: not <level> <offset>" % (
+                what, reply.code, bytes(reply.body[:64]))) from None
 
     def _move(self, level, offset, msg_id):
         self.offsets[level], self.msg_ids[level] = offset, msg_id
@@ -205,7 +206,7 @@ class PriorityFetcher(PartitionFetcher):
         """A level's 412, or its 301 below what it read (``_differs``, the error naming the level): that level goes
         back to the last record both logs hold (``_go_back``); the other levels stay."""
         exc, end = self._differs
-        level = exc.level
+        level = getattr(exc, "level", 0)  # every error of a level is marked (_at_level); the topic's own if not
         back = self._go_back(level_topic(self.topic, level), self.reads[level], self.offsets[level], exc, end)
         if back is not None:
             self._move(level, *back)

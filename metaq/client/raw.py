@@ -109,7 +109,8 @@ class TextClient(_Blocking):
         """``get_prio`` with one offset per level (``expects``: one ``(offset, msg_id)`` or None per level):
         ``(level, [Record])`` for a Value, else the reply (404, 301, 412 ...)."""
         r = self.call(PriorityGet(topic, group, partition, tuple(offsets), max_size, self.opaque(), max_wait_ms,
-                                  None if expects is None else tuple(expects)))
+                                  None if expects is None else tuple(None if x is None else tuple(x)
+                                                                     for x in expects)))
         if not isinstance(r, ev.Value):
             return r
         level, records = decode_get_prio_body(r.body)

@@ -33,3 +33,13 @@ def bring_in(ranges):
                 pool.apply(mf.populate, (pos, end))
                 break
     return pool is not None
+
+
+def bring_in_record_head(store, topic, partition, offset):
+    """The pages ``store.msg_id_at(topic, partition, offset)`` reads, brought in off the loop when cold: the
+    record's index unit, and then, named once that is resident, its header (``msg_id_at(..., ranges=True)``). True
+    when one was cold (other greenlets ran meanwhile)."""
+    if not bring_in(store.msg_id_at(topic, partition, offset, ranges=True)):
+        return False
+    bring_in(store.msg_id_at(topic, partition, offset, ranges=True))  # the unit was maybe alone
+    return True

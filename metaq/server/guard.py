@@ -26,6 +26,7 @@ from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.priority import is_level_topic, split_level
 from metaq.protocol.timer import TIMER_TOPIC
 from metaq.server.config import read_yaml
 
@@ -158,10 +159,13 @@ class Guard:
                 raise errors.Forbidden("permission denied: user %s is not an admin (the admin role is needed)"
                                        % user.name)
             return
+        ruled = name
+        if kind == "topic" and name is not None and is_level_topic(name):
+            ruled = split_level(name)[0]  # a priority level is its topic's: granted or denied with it
         if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC) and not user.admin:
             # their entries hold whole messages of every topic with a delay: only an admin may touch them
             raise errors.Forbidden("permission denied: %s is the broker's internal topic (admin only)" % name)
-        if not user.may(action, kind, name):
+        if not user.may(action, kind, ruled):
             raise errors.Forbidden("permission denied: user %s may not %s %s %s" % (
                 user.name, "publish to" if action == PUB else ("consume as" if kind == "group" else "subscribe to"),
                 kind, name))

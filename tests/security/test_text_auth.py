@@ -91,6 +91,8 @@ def test_pipelined_puts_stop_at_a_refused_topic_and_answer_each_in_order(broker_
     ("bob", ev.Get("orders", "g", 0, 0, 1024, 1, None), 403),  # pub only
     ("reader", ev.Get("anything", "any-group", 0, 0, 1024, 1, None), 404),  # the role's default sub
     ("reader", ev.Get("payroll", "g", 0, 0, 1024, 1, None), 403),  # the user's own deny beats the role
+    ("reader", ev.Get("payroll%P1", "g", 0, 0, 1024, 1, None), 403),  # and covers the topic's priority levels
+    ("bob", ev.OffsetAt("orders%P2", 0, 0, 1), 403),  # a level is its topic's: pub only there
     ("reader", put_event("anything"), 403),
     ("reader", ev.Stats(None, 1), 200),  # any user may read stats
 ])
@@ -231,3 +233,26 @@ def test_no_secret_in_stats_config_or_check_config(broker_factory, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "replication_secret: <redacted>" in out.stdout and secret not in out.stdout
     assert secret not in b.log_text()
+
+
+def test_a_grant_on_a_topic_covers_its_priority_levels(broker_factory, tmp_path):
+    # a priority consumer's divergence probes and offsets name the levels' own topics (<topic>%P<k>): a user granted
+    # the topic exactly must be able to read them, or its fetcher would stop at the first failover
+    users = {"admin": {"secret": SECRETS["admin"], "admin": True},
+             "alice": {"secret": SECRETS["alice"], "topics": {"jobs": "sub"}, "groups": {"g": "sub"}}}
+    b = broker_factory(secured(tmp_path, users=users))
+    with login(b, "admin") as c:
+        from tests.client.test_priorities import create
+
+        create(c, "jobs", partitions=1, priorities=3)
+        assert c.put_prio("jobs", b"urgent", 2, partition=0).code == 200
+    with login(b, "alice") as c:
+        records = c.get_records("jobs%P2", 0, 0)
+        assert [r.data for r in records] == [b"urgent"]
+        assert c.call(ev.OffsetAt("jobs%P1", 0, 0, 1)).code == 200
+        r = c.get_prio("jobs", 0, [0, 0, 1], group="g", expects=[None, None, (0, records[0].msg_id)])
+        assert isinstance(r, ev.Result) and r.code == 404, r  # read past it, checked: nothing new
+        r = c.get_prio("jobs", 0, [0, 0, 1], group="g", expects=[None, None, (0, records[0].msg_id + 1)])
+        assert r.code == 412 and r.body.startswith(b"2 diverged: "), r
+        r = c.call(ev.Get("jobsx%P1", "g", 0, 0, 1024, 1, None))  # another topic's level: not granted
+        assert r.code == 403 and b"may not subscribe to topic jobsx%P1" in r.body, r

@@ -4,6 +4,7 @@ log a failover later cut or rewrote goes back to the last record both logs hold 
 skip the messages written at those offsets since (README "Replication", "Read failover")."""
 
 from metaq import errors
+from metaq.server.coldpages import bring_in_record_head
 
 
 def check_expected(store, e):
@@ -11,13 +12,16 @@ def check_expected(store, e):
     not held (below the minimum, past the end: a slave still behind) is not checked, and is again at each read
     of a long poll."""
     if e.expect is not None:
-        check_record(store, e.topic, e.partition, e.expect)
+        check_held(store, e.topic, e.partition, e.expect)
 
 
-def check_record(store, topic, partition, expect):
+def check_held(store, topic, partition, expect):
     """Raise Diverged when this broker holds ``expect``'s offset (``(offset, msg_id)``) of ``topic``-``partition``
-    with another id (``check_expected``; a ``get_prio`` checks one per level, text/priorities.py)."""
+    with another id (``check_expected``; a ``get_prio`` checks one per level, text/priorities.py). The record's
+    index unit and header are brought in off the loop first when cold (any offset the broker holds may be named:
+    a client could otherwise make the loop wait on the disk, per level of a ``get_prio``)."""
     offset, msg_id = expect
+    bring_in_record_head(store, topic, partition, offset)
     held = store.msg_id_at(topic, partition, offset)
     if held is not None and held != msg_id:
         raise errors.Diverged("diverged: %s-%d offset %d holds message %d here, not %d as read before (this log "

@@ -16,7 +16,7 @@ from metaq import errors
 from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.guard import PUB
-from metaq.server.text.expect import check_record
+from metaq.server.text.expect import check_held
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
@@ -95,7 +95,7 @@ class PriorityRead:
         for level, expect in enumerate(e.expects or ()):
             if expect is not None:
                 try:
-                    check_record(store, level_topic(e.topic, level), e.partition, expect)
+                    check_held(store, level_topic(e.topic, level), e.partition, expect)
                 except errors.Diverged as exc:
                     return [encode_result(exc.code, b"%d %s" % (level, str(exc).encode("utf-8", "replace")), e.opaque)]
         backlog = []

@@ -13,7 +13,7 @@ names that record in its next expect, so a failover that rewrote the records it 
 
 from metaq.protocol.tags import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.server.coldpages import bring_in
+from metaq.server.coldpages import bring_in, bring_in_record_head
 from metaq.server.text.expect import check_expected
 
 
@@ -71,11 +71,7 @@ class TagScan:
         cold (other greenlets ran meanwhile)."""
         if offset <= 0:
             return False
-        e = self.e
-        if not bring_in(self.store.msg_id_at(e.topic, e.partition, offset - 1, ranges=True)):
-            return False
-        bring_in(self.store.msg_id_at(e.topic, e.partition, offset - 1, ranges=True))  # the unit was maybe alone
-        return True
+        return bring_in_record_head(self.store, self.e.topic, self.e.partition, offset - 1)
 
     def held_before(self, offset):
         """The id of the record before ``offset`` (-1 when none is held); read where it is (``read`` brought its

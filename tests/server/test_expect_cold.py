@@ -1,0 +1,47 @@
+"""A get's expect, and each of a get_prio's (server/text/expect.py), names any offset the broker holds: its index
+unit and record header may be cold, and are brought in off the event loop before they are compared (no network)."""
+
+from types import SimpleNamespace
+
+import gevent
+import pytest
+
+from metaq import errors
+from metaq.server import coldpages
+from metaq.server.text.expect import check_held
+
+
+def test_a_cold_expect_is_brought_in_off_the_loop_then_compared(tmp_path, monkeypatch):
+    from tests.harness.store import NOW, open_store
+    from tests.store.test_time_search import filesystem_of, fill, page_out
+
+    if filesystem_of(tmp_path / "data") == "tmpfs":
+        pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
+    s = open_store(tmp_path / "data", flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    fill(s, [NOW + i for i in range(20000)])
+    s.close(NOW + 1)
+    s = open_store(tmp_path / "data", now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    try:
+        n = 7000
+        want = s.msg_id_at("test", 0, n)
+        [(segment, _start, _end)] = s.msg_id_at("test", 0, n, ranges=True)
+        index = s.tagged_index_ranges("test", 0, n)[0][0]
+        if not (page_out(segment) and page_out(index)):
+            pytest.skip("this kernel has no MADV_PAGEOUT")
+        pool, applied = gevent.get_hub().threadpool, []
+
+        def apply(f, args=()):  # the pool's own, noted: a populate run off the loop
+            applied.append(f)
+            return pool.apply(f, args)
+
+        hub = SimpleNamespace(threadpool=SimpleNamespace(apply=apply))
+        monkeypatch.setattr(coldpages, "gevent", SimpleNamespace(get_hub=lambda: hub))
+        with pytest.raises(errors.Diverged, match="offset %d holds message %d here, not %d" % (n, want, want + 1)):
+            check_held(s, "test", 0, (n, want + 1))
+        assert [f.__name__ for f in applied] == ["populate", "populate"]  # the unit, then the header it points to: both populated in the pool
+        [(header_file, start, end)] = s.msg_id_at("test", 0, n, ranges=True)
+        assert all(header_file.resident(pos) for pos in range(start - start % 4096, end, 4096))
+        check_held(s, "test", 0, (n, want))  # the same id: no error, and nothing cold any more
+        assert len(applied) == 2
+    finally:
+        s.close(NOW + 3)
