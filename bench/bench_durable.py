@@ -1,6 +1,6 @@
 """What bounds the durable rows: 16 producers that each wait for their fsynced ack (issue 22 point 1).
 
-    python -m bench.bench_durable [--depths 1 8] [--runs 3] [--per N] [--baseline /path/to/another/tree]
+    python -m bench.bench_durable [--depths 1 8] [--runs 3] [--per N] [--baseline /path/to/another/tree] [--floor]
 
 The durable rows of ``bench/run.py`` give a rate; this says why it is what it is. For each depth, in turns
 (this tree's broker in ``sync`` mode, the ``--baseline`` tree's when given, Redis Streams with ``appendfsync
@@ -12,6 +12,9 @@ always``), 16 producer processes put 1 KiB messages with ``depth`` in flight eac
 * metaq's flush rounds (``stats``: ``flush_rounds``) and the puts that shared each fsync;
 * ``machine``: how busy both CPUs were over the run (``/proc/stat``), so a row bound by the machine itself
   (every CPU busy, clients included) shows as one.
+
+``--floor`` adds ``bench/gevent_floor.py``, the smallest gevent server that does what a durable put needs
+(read, copy into a map, a group fdatasync off the loop, ack) and nothing else: the cost of the runtime itself.
 
 Medians of the runs per target. Not a test: nothing here asserts.
 """
@@ -27,6 +30,8 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench import run as bench_run  # noqa: E402
+from bench.gevent_floor import FloorServer  # noqa: E402
+from metaq.client.local import free_port  # noqa: E402
 from bench.redis_streams import RedisBench, redis_available  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -109,6 +114,16 @@ def metaq_run(root, name, depth, per, source=None):
         shutil.rmtree(broker.workdir, ignore_errors=True)
 
 
+def floor_run(root, depth, per):
+    floor = FloorServer(free_port(), root)
+    try:
+        bench_run.concurrent_producers(floor.port, 16, 200, depth=depth)
+        return Measured(floor.proc.pid, lambda: bench_run.concurrent_producers(floor.port, 16, per, depth=depth),
+                        16 * per)
+    finally:
+        floor.stop()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--depths", type=int, nargs="+", default=[1, 8])
@@ -117,6 +132,7 @@ def main():
                         help="puts per producer and run (default: 2000 at depth 1, 1000 x depth past it)")
     parser.add_argument("--baseline", help="another metaq source tree (its C helper built) measured in turns")
     parser.add_argument("--dir", default=None, help="where the data goes (default: $TMPDIR)")
+    parser.add_argument("--floor", action="store_true", help="measure bench/gevent_floor.py too (the runtime's cost)")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="metaq-durable-", dir=args.dir)
     redis = RedisBench(root) if redis_available() else None
@@ -132,6 +148,8 @@ def main():
                 if args.baseline:
                     results.setdefault("baseline", []).append(
                         metaq_run(root, name + "-base", depth, per, args.baseline))
+                if args.floor:
+                    results.setdefault("floor", []).append(floor_run(root, depth, per))
                 if redis:
                     results.setdefault("redis", []).append(Measured(
                         redis.proc.pid, lambda: redis.concurrent_xadd(16, per, depth), 16 * per))
