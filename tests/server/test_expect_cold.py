@@ -12,22 +12,11 @@ from metaq.server.text.expect import check_held
 
 
 def test_a_cold_expect_is_brought_in_off_the_loop_then_compared(tmp_path, monkeypatch):
-    from tests.harness.store import NOW, open_store
-    from tests.store.test_time_search import filesystem_of, fill, page_out
+    from tests.harness.store import NOW
+    from tests.server.test_tagscan import cold_record_head
 
-    if filesystem_of(tmp_path / "data") == "tmpfs":
-        pytest.skip("tmpfs pages are the files themselves: they cannot be evicted")
-    s = open_store(tmp_path / "data", flush="async", segment_size=1 << 20, index_file_units=1 << 16)
-    fill(s, [NOW + i for i in range(20000)])
-    s.close(NOW + 1)
-    s = open_store(tmp_path / "data", now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
+    s, n, want, _index = cold_record_head(tmp_path)
     try:
-        n = 7000
-        want = s.msg_id_at("test", 0, n)
-        [(segment, _start, _end)] = s.msg_id_at("test", 0, n, ranges=True)
-        index = s.tagged_index_ranges("test", 0, n)[0][0]
-        if not (page_out(segment) and page_out(index)):
-            pytest.skip("this kernel has no MADV_PAGEOUT")
         pool, applied = gevent.get_hub().threadpool, []
 
         def apply(f, args=()):  # the pool's own, noted: a populate run off the loop

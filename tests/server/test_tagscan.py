@@ -66,8 +66,9 @@ def test_a_timeout_after_a_cut_answers_a_404_at_the_requests_offset():
     assert s.miss().startswith(b"result 404 ") and b"position 0" in s.miss()  # the client asks again from 0
 
 
-def test_a_cold_index_unit_is_brought_in_then_the_header_it_points_to(tmp_path):
-    # the record before a get_tags' next offset was passed over: its index unit and log page may both be cold
+def cold_record_head(tmp_path, n=7000):
+    """A store of 20,000 records of "test"-0 reopened, record ``n``'s index unit and header paged out (skips where
+    pages cannot be evicted); ``(store, n, its msg id, the index MappedFile)``. The caller closes the store."""
     from tests.harness.store import NOW, open_store
     from tests.store.test_time_search import filesystem_of, fill, page_out
 
@@ -77,12 +78,20 @@ def test_a_cold_index_unit_is_brought_in_then_the_header_it_points_to(tmp_path):
     fill(s, [NOW + i for i in range(20000)])
     s.close(NOW + 1)
     s = open_store(tmp_path / "data", now=NOW + 2, flush="async", segment_size=1 << 20, index_file_units=1 << 16)
-    n = 7000
     want = s.msg_id_at("test", 0, n)
     [(segment, _start, _end)] = s.msg_id_at("test", 0, n, ranges=True)
     index = s.tagged_index_ranges("test", 0, n)[0][0]
     if not (page_out(segment) and page_out(index)):
+        s.close(NOW + 3)
         pytest.skip("this kernel has no MADV_PAGEOUT")
+    return s, n, want, index
+
+
+def test_a_cold_index_unit_is_brought_in_then_the_header_it_points_to(tmp_path):
+    # the record before a get_tags' next offset was passed over: its index unit and log page may both be cold
+    from tests.harness.store import NOW
+
+    s, n, want, index = cold_record_head(tmp_path)
     [(first, unit, _end)] = s.msg_id_at("test", 0, n, ranges=True)
     assert first is index and not index.resident(unit)  # the unit alone: the header is not known yet
     assert scan(s, topic="test").bring_in_before(n + 1)  # the record before offset n + 1: cold pages, brought in
