@@ -5,6 +5,10 @@ schedule, cancel or mark delivered messages behind the broker's back. So every p
 is the one check they all ask), as it refuses the delay scheduler's topic."""
 
 RESENT_PREFIX = "%RESENT%"
+RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"  # a consumer group's retry and dead-letter topics (RocketMQ's names)
+#: Topics that hold copies of the messages of every topic a group consumed, or which of them were resent
+#: (``server/guard.py``: an admin's, except a group's own retry topic pulled on the remoting port).
+GROUP_COPY_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, RESENT_PREFIX)
 _RESENT_BYTES = RESENT_PREFIX.encode()
 TIMER_TOPIC = "%TIMER%"  # metaq.protocol.timer.TIMER_TOPIC (that module imports limits; this one stays bare)
 _TIMER_BYTES = TIMER_TOPIC.encode()

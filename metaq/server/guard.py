@@ -26,6 +26,7 @@ from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
 from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.protocol.priority import is_level_topic, split_level
 from metaq.protocol.timer import TIMER_TOPIC
 from metaq.server.config import read_yaml
@@ -165,6 +166,12 @@ class Guard:
         if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC) and not user.admin:
             # their entries hold whole messages of every topic with a delay: only an admin may touch them
             raise errors.Forbidden("permission denied: %s is the broker's internal topic (admin only)" % name)
+        if kind == "topic" and name is not None and name.startswith(GROUP_COPY_PREFIXES) and not user.admin:
+            # copies of the messages of every topic the group consumed, whatever this user may read: a RocketMQ
+            # consumer pulls its group's retry topic on the remoting port (remoting/acl.py: checked as the group,
+            # each message as its own topic), everything else is an admin's
+            raise errors.Forbidden("permission denied: %s holds copies of messages of the topics its group consumed "
+                                   "(admin only; a group's RocketMQ consumers pull its %%RETRY%% topic)" % name)
         if not user.may(action, kind, ruled):
             raise errors.Forbidden("permission denied: user %s may not %s %s %s" % (
                 user.name, "publish to" if action == PUB else ("consume as" if kind == "group" else "subscribe to"),

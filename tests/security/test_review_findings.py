@@ -143,9 +143,6 @@ def test_another_user_cannot_end_my_half_message(broker_factory, tmp_path):
         assert r.code != ResponseCode.SUCCESS, "bob rolled back alice's half message"
 
 
-@pytest.mark.xfail(strict=True, reason="documented in README Security, 'What is not covered': retry and dead-letter topics (%RETRY%<group>, %DLQ%<group>) hold copies of "
-                   "the messages a group consumed, but are governed by their own name (text) or the group "
-                   "(remoting), never by the original topic: a reader denied payroll reads payroll's dead letters")
 def test_reader_denied_payroll_cannot_read_payroll_dead_letters(broker_factory, tmp_path):
     from metaq.client.raw import RemotingClient
     from metaq.protocol.rocketmq.bodies import parse_offset_msg_id

@@ -281,11 +281,14 @@ def retry_copy(msg, store_host, max_reconsume_times):
     Returns ``(dead, properties, reconsume_times)``: ``dead`` when the copy
     goes to the dead-letter topic (the message was already consumed
     ``max_reconsume_times`` times); the properties get ``RETRY_TOPIC`` (the
-    original topic, if not set yet) and ``ORIGIN_MESSAGE_ID`` (the client id,
+    original topic: the message's own, unless it is a retry already) and ``ORIGIN_MESSAGE_ID`` (the client id,
     else the offset id, if not set yet); reconsume times grows by one.
     """
     props = dict(msg.properties)
-    props.setdefault(PROP_RETRY_TOPIC, msg.topic)
+    if msg.topic.startswith("%RETRY%"):  # a retry again: its RETRY_TOPIC was set here, or checked at its send
+        props.setdefault(PROP_RETRY_TOPIC, msg.topic)
+    else:  # the topic it was read from, whatever the sender wrote there (dlq resend puts it back to that topic)
+        props[PROP_RETRY_TOPIC] = msg.topic
     origin = props.get(PROP_UNIQ_KEY) or create_offset_msg_id(store_host[0], store_host[1], msg.physical_offset)
     props.setdefault(PROP_ORIGIN_MESSAGE_ID, origin)
     dead = msg.reconsume_times >= max_reconsume_times

@@ -43,7 +43,7 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB
-from metaq.protocol.rocketmq.bodies import decode_heartbeat
+from metaq.protocol.rocketmq.bodies import decode_heartbeat, decode_properties
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch
 from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueryMessageHeader,
@@ -61,6 +61,7 @@ ACL_EXCEPTION = "org.apache.rocketmq.acl.common.AclException: "
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 RETRY_PREFIX = "%RETRY%"
+RETRY_TOPIC_PROPERTY = "RETRY_TOPIC"
 #: The name server's requests: answered without a signature (see the module doc).
 NAME_SERVER_CODES = frozenset({R.GET_ROUTEINFO_BY_TOPIC, R.GET_BROKER_CLUSTER_INFO})
 
@@ -91,6 +92,17 @@ def resource(action, topic):
 
 def _group(name):
     return (SUB, "group", name)
+
+
+def _retry_send_needs(code, h):
+    """A send to ``%RETRY%<group>`` (RocketMQ's consumer re-sending a failed message when its send-back failed)
+    carries the topic it was read from in ``RETRY_TOPIC``, where ``dlq resend`` puts it back and where a consumer
+    of the group delivers it from: the sender must be allowed to read that topic, as a send-back needs SUB on the
+    copied message's topic. A batch there (which no RocketMQ client sends) is an admin's."""
+    if code == R.SEND_BATCH_MESSAGE or h.batch:
+        return [(ADMIN, None, None)]
+    origin = decode_properties(h.properties).get(RETRY_TOPIC_PROPERTY)
+    return [resource(SUB, origin)] if origin else []
 
 
 class _Needs:
@@ -140,7 +152,10 @@ def needs(cmd, record_topic=None, half_topic=None, reply_topic=None):
     if code in ADMIN_CODES:
         found.add((ADMIN, None, None))
     elif code in _SEND_CODES:
-        found.add(resource(PUB, decode_send_header(cmd).topic))
+        h = decode_send_header(cmd)
+        found.add(resource(PUB, h.topic))
+        if h.topic.startswith(RETRY_PREFIX):  # a consumer re-sending a message itself: see _retry_send_needs
+            found.add(*_retry_send_needs(code, h))
     elif code == R.PULL_MESSAGE:
         h = decode_header(PullMessageHeader, cmd)
         found.add(resource(SUB, h.topic), _group(h.consumer_group))
@@ -238,6 +253,29 @@ class RemotingAcl:
         delay = self.guard.failed(host)
         if delay:
             gevent.sleep(delay)
+
+    def copies_readable(self, conn, topic):
+        """For a pull of a group's retry topic by a user not an admin: ``readable(RETRY_TOPIC)``, True for a copy
+        of a topic that user may read (or one without RETRY_TOPIC: sent there as it is, checked at its send).
+        The group grants the pull (RocketMQ's rule), but the topic holds copies of every topic the group consumed,
+        and the others are not served (``dispatch._pull_once``). None for any other pull."""
+        session = conn.session
+        if not topic.startswith(RETRY_PREFIX) or self.guard.is_admin(session):
+            return None
+        seen = {}
+
+        def readable(origin):
+            if not origin:
+                return True
+            if origin not in seen:
+                try:
+                    self.guard.require(session, *resource(SUB, origin))
+                    seen[origin] = True
+                except errors.Forbidden:
+                    seen[origin] = False
+            return seen[origin]
+
+        return readable
 
     def _record_topic(self, offset):
         return self.store.record_at(offset).topic

@@ -28,7 +28,8 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
                                              UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
                                              pull_response_fields)
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
-from metaq.protocol.rocketmq.mapping import message_of_record, parse_subscription, stored_message_bytes
+from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record, parse_subscription,
+                                             stored_message_bytes)
 from metaq.server.coldpages import bring_in
 from metaq.server.putpath import now_ms
 from metaq.server.remoting import keys
@@ -244,16 +245,18 @@ class RemotingDispatcher:
         if not budget.reserve(self.max_transfer, lambda: conn.closed):
             return None, offset
         try:
-            response, offset = self._pull_once(cmd, h, filt, max_nums, offset)
+            readable = self.acl.copies_readable(conn, h.topic) if self.acl is not None else None
+            response, offset = self._pull_once(cmd, h, filt, max_nums, offset, readable)
         except BaseException:
             budget.release(self.max_transfer)
             raise
         budget.release(self.max_transfer - (len(response.body or b"") if response is not None else 0))
         return response, offset
 
-    def _pull_once(self, cmd, h, filt, max_nums, offset):
+    def _pull_once(self, cmd, h, filt, max_nums, offset, readable=None):
         """``(response, offset)``: the response when there is something to say now, else None and the offset to
-        read from when woken (past the units a filtered read passed over: README "Tag filtering")."""
+        read from when woken (past the units a filtered read passed over: README "Tag filtering"). ``readable``:
+        for a group's retry topic, which copies this user may be served (``RemotingAcl.copies_readable``)."""
         store = self.store
         try:
             if filt is None:
@@ -273,15 +276,18 @@ class RemotingDispatcher:
         except errors.CorruptRecord as exc:  # never served: SYSTEM_ERROR naming it; nextBeginOffset skips it
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "CORRUPT_RECORD " + str(exc),
                                 self._pull_fields(h, exc.next_offset)), offset
-        if not records:
+        host = (self.server.store_ip, self.server.port)
+        messages = [message_of_record(rec, host) for rec in records]
+        if readable is not None:  # passed over like a tag filter's unwanted records
+            messages = [m for m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
+        if not messages:
             if next_offset > offset and next_offset < store.max_offset(h.topic, h.queue_id):
                 # a full scan of unwanted units with more after them: pull again from past them at once (RocketMQ)
                 return response_for(cmd, ResponseCode.PULL_RETRY_IMMEDIATELY, "NO_MATCHED_MESSAGE",
                                     self._pull_fields(h, next_offset)), next_offset
             return None, next_offset
-        host = (self.server.store_ip, self.server.port)
         self.stats.on_get(h.topic, False)
-        body = b"".join(stored_message_bytes(message_of_record(rec, host)) for rec in records)
+        body = b"".join(stored_message_bytes(m) for m in messages)
         return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body), next_offset
 
     def _not_found(self, cmd, h, offset):
