@@ -127,7 +127,10 @@ def msg_id_at(log, p, n):
     return _MSG_ID.unpack_from(view, at)[0] if at + _MSG_ID.size <= len(view) else None
 
 
-def _store_ts(log, p, n):
+def store_ts_at(log, p, n):
+    """The store time (ms) of partition ``p``'s visible record ``n``, read from its header alone (no CRC check, no
+    copy: a ``get_prio`` compares its levels' heads by it), or None when ``n`` is not held; ``head_ranges`` names
+    what it reads."""
     found = _record_view(log, p, n)
     if found is None:
         return None
@@ -152,7 +155,7 @@ def offset_by_time(log, p, timestamp_ms, upper=False):
     lo, hi = p.min, p.visible
     while lo < hi:  # first offset stored after timestamp_ms
         mid = (lo + hi) // 2
-        ts = _store_ts(log, p, mid)
+        ts = store_ts_at(log, p, mid)
         if ts is not None and ts > timestamp_ms:
             hi = mid
         else:

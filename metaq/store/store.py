@@ -382,10 +382,11 @@ class MessageStore(StoreFigures, ColdMaps):
         p = self._reader(topic, partition)
         return 0 if p is None else max(p.min, min(offset, p.visible))
 
-    def msg_id_at(self, topic, partition, offset, ranges=False):
-        """``lookup.msg_id_at``: the id of the message at ``offset`` or None; ``ranges``: ``lookup.head_ranges``."""
+    def msg_id_at(self, topic, partition, offset, ranges=False, stored_at=False):
+        """``lookup.msg_id_at`` at ``offset`` (``stored_at``: ``lookup.store_ts_at``; ``ranges``: ``head_ranges``)."""
         p = self._parts.get((topic, partition))
-        return lookup.head_ranges(self._log, p, offset) if ranges else lookup.msg_id_at(self._log, p, offset)
+        return lookup.head_ranges(self._log, p, offset) if ranges else (
+            lookup.store_ts_at if stored_at else lookup.msg_id_at)(self._log, p, offset)
 
     # -- flushing ------------------------------------------------------------
 

@@ -220,7 +220,9 @@ class RemotingConnection(core.Connection):
     def _process(self):
         """Handle every complete frame buffered; False when the connection must close."""
         dispatcher = self.server.dispatcher
+        turn = time.monotonic()
         while not self.closed:
+            turn = core.share_loop(turn)
             try:
                 cmd = self.parser.next_event()
             except errors.RemoteProtocolError as exc:

@@ -11,6 +11,7 @@ time and partial-request time.
 
 import logging
 import socket
+import time
 from fcntl import ioctl
 from termios import FIONREAD
 
@@ -22,6 +23,7 @@ from gevent.queue import Queue
 from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
+from metaq.protocol.priority import PriorityGet
 from metaq.protocol.burst import encode_results
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, encode_result
@@ -32,7 +34,7 @@ from metaq.store.gather import MappedRecords
 log = logging.getLogger(__name__)
 
 #: Requests whose reply holds the connection's reply budget (a burst's replies are sent before one of them).
-_GETS = (ev.Get, ev.GetTags)
+_GETS = (ev.Get, ev.GetTags, PriorityGet)  # each waits for the reply budget (read_reply)
 
 #: Replies up to this size (acks, results) are not counted against the reply budget one by one: a burst
 #: holds at most a receive buffer's worth of requests, so their replies are bounded by it.
@@ -331,7 +333,9 @@ class Connection(core.Connection):
         dispatcher = self.dispatcher
         put = dispatcher.put  # the hot path: puts skip the generic dispatch
         fast_puts = self.fast_puts  # hotter still: whole bursts of plain puts (fastput.py)
+        turn = time.monotonic()
         while True:
+            turn = core.share_loop(turn)  # a pipeline of costly requests lets the others run every MAX_TURN_MS
             if fast_puts is not None:
                 try:
                     wait_pos = fast_puts(parser, out, durable, wait_pos, self._publish_filter())
