@@ -216,6 +216,23 @@ class Guard:
 
         return may_see
 
+    def known_to(self, session):
+        """A ``topic -> bool`` of the topics the session's user may publish to or subscribe to (what a topic list
+        shows it), or None when it may know them all (authentication off, an admin)."""
+        if not self.enabled or self.is_admin(session):
+            return None
+
+        def may_know(name):
+            for action in (SUB, PUB):
+                try:
+                    self.require(session, action, "topic", name)
+                    return True
+                except errors.MetaqError:
+                    pass
+            return False
+
+        return may_know
+
     def publish_filter(self, session):
         """A ``topic_bytes -> bool`` for the put fast path, or None when every topic passes (auth off)."""
         if not self.enabled:

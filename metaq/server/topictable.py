@@ -33,10 +33,11 @@ class TopicAdmin:
         self.on_change = []  # callables, run after each change
         self._one = Semaphore()
 
-    def handle(self, action, name, settings):
-        """``action`` one of create/alter/delete/list (protocol/topicadmin.py); ``settings``: ``{key: text}``."""
+    def handle(self, action, name, settings, known=None):
+        """``action`` one of create/alter/delete/list (protocol/topicadmin.py); ``settings``: ``{key: text}``;
+        ``known``: ``list``'s filter."""
         if action == "list":
-            return self.list()
+            return self.list(known)
         if action == "create":
             return self.create(name, settings)
         if action == "alter":
@@ -45,8 +46,11 @@ class TopicAdmin:
             return self.delete(name)
         raise ClientError("unknown topic action %r" % (action,))
 
-    def list(self):
-        return self.ops.describe()
+    def list(self, known=None):
+        """Every topic's settings; ``known(name)``: only those (``Guard.known_to``: a user sees the topics it may
+        publish to or read, not every name on the broker)."""
+        topics = self.ops.describe()
+        return topics if known is None else [t for t in topics if known(t["name"])]
 
     def create(self, name, settings):
         return self._change(name, lambda: self.ops.create(name, dict(settings)).describe())

@@ -110,3 +110,24 @@ def test_a_planted_dead_letter_cannot_be_resent_into_a_topic_its_sender_may_not_
     with login(b, "alice") as alice:
         r = alice.call(ev.Put("%RETRY%billing", 0, 0, b"x", 1, -1, None))
         assert r.code == 403 and b"holds copies" in r.body, r
+
+
+def test_a_topic_list_names_only_the_topics_its_user_may_publish_to_or_read(broker_factory, tmp_path):
+    from metaq.protocol.topicadmin import TopicCommand
+
+    b = start(broker_factory, tmp_path)
+    with remoting(b, "admin") as admin:
+        sent_back(admin, "payroll", SECRET, "payclerks", -1)
+        assert send_v1(admin, "orders", b"o").code == ResponseCode.SUCCESS
+        assert send_v1(admin, "weather", b"w").code == ResponseCode.SUCCESS
+    for user, sees, hidden in (("admin", {"payroll", "orders", "weather", "%DLQ%payclerks"}, set()),
+                               ("bob", {"orders"}, {"payroll", "weather", "%DLQ%payclerks"}),  # pub orders only
+                               ("reader", {"orders", "weather"}, {"payroll", "%DLQ%payclerks"})):
+        with login(b, user) as c:
+            r = c.call(TopicCommand("list", None, (), c.opaque()))
+            assert r.code == 200, r
+            names = {t["name"] for t in json.loads(r.body)}
+        r = request(b, "GET", "/api/topic-table", user=user, secret=SECRETS[user])
+        assert r.status == 200, r.text
+        assert {t["name"] for t in r.json()["topics"]} == names, user  # the same on both ports
+        assert sees <= names and not hidden & names, (user, sorted(names))

@@ -37,10 +37,11 @@ class AdminViews:
     """``admin``: the broker's ``AdminOps``; ``store``: for a partition's bounds; ``topics``: the topic table's
     service (``server.topictable.TopicAdmin``)."""
 
-    def __init__(self, admin, store, topics):
+    def __init__(self, admin, store, topics, guard):
         self.admin = admin
         self.store = store
         self.topics = topics
+        self.guard = guard  # the topic table lists what a user may know (Guard.known_to)
 
     def group(self, request):
         return json_response(self.admin.group_info(request.params["group"], time.monotonic()))
@@ -88,7 +89,7 @@ class AdminViews:
 
 
     def topic_table(self, request):
-        return json_response({"topics": self.topics.list()})
+        return json_response({"topics": self.topics.list(self.guard.known_to(request.session))})
 
     def create_topic(self, request):
         return json_response(self.topics.create(request.params["topic"], _settings(request)), status=201)

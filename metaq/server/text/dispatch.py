@@ -477,12 +477,12 @@ class TextDispatcher:
         """``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py): the topic table."""
         if self.topics is None:
             return encode_result(400, b"the topic table is not served here", e.opaque), NO_WAIT
-        conn.spawn(self._topic, e)
+        conn.spawn(self._topic, e, self.guard.known_to(conn.session))
         return None, NO_WAIT
 
-    def _topic(self, e):
+    def _topic(self, e, known):
         try:
-            result = self.topics.handle(e.action, e.name, dict(e.settings))
+            result = self.topics.handle(e.action, e.name, dict(e.settings), known)
         except errors.MetaqError as exc:
             log.warning("topic %s %s refused: %s", e.action, e.name or "", exc)
             return error_reply(exc, e.opaque)
