@@ -131,6 +131,8 @@ def store_ts_at(log, p, n):
     """The store time (ms) of partition ``p``'s visible record ``n``, read from its header alone (no CRC check, no
     copy: a ``get_prio`` compares its levels' heads by it), or None when ``n`` is not held; ``head_ranges`` names
     what it reads."""
+    if p is None or not p.min <= n < p.visible:  # deleted, cut or retained while its pages were brought in
+        return None
     found = _record_view(log, p, n)
     if found is None:
         return None

@@ -8,11 +8,11 @@ import json
 import time
 
 from metaq.client.local import rmq_config
-from metaq.client.raw import RemotingClient
+from metaq.client.raw import RemotingClient, pull_fields, sign_request
 from metaq.protocol import events as ev
 from metaq.protocol.adminwire import DlqResend
-from metaq.protocol.rocketmq.bodies import decode_stored_messages, parse_offset_msg_id
-from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode
+from metaq.protocol.rocketmq.bodies import decode_stored_messages, encode_properties, parse_offset_msg_id
+from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode, encode_command, make_request
 from tests.harness.acl import SECRETS, login, write_acl
 from tests.harness.http import request, with_http
 from tests.harness.rocketmq import pull, send_v1
@@ -87,6 +87,27 @@ def test_a_groups_copies_of_a_denied_topic_are_not_served_to_who_may_not_read_it
         # read are served: order 7, not payroll's
         bodies = pulled(rc, "%RETRY%payclerks", "payclerks")
         assert bodies == [b"order 7 (retried)"], bodies
+        # by key or by position the copies are an admin's (nothing there passes them over)
+        r = rc.call(R.QUERY_MESSAGE, {"topic": "%RETRY%payclerks", "key": "k", "maxNum": 32, "beginTimestamp": 0,
+                                      "endTimestamp": 2 ** 62})
+        assert r.code == ResponseCode.SYSTEM_ERROR and "Need admin permission" in r.remark, (r.code, r.remark)
+    with remoting(b, "admin") as admin:
+        r = pull(admin, "%RETRY%payclerks", 0, 0, group="payclerks")
+        retried = decode_stored_messages(r.body)[0]
+    with remoting(b, "reader") as rc:
+        r = rc.call(R.VIEW_MESSAGE_BY_ID, {"offset": retried.physical_offset})
+        assert r.code == ResponseCode.SYSTEM_ERROR and "Need admin permission" in r.remark, (r.code, r.remark)
+        # a pull is filtered as the user who signed it, even when another user's request follows it on the
+        # connection before it runs (a pull runs in a greenlet of its own)
+        frames = b""
+        for user, code, fields in (("reader", R.PULL_MESSAGE, pull_fields("%RETRY%payclerks", 0, 0, group="payclerks")),
+                                   ("admin", R.GET_MAX_OFFSET, {"topic": "orders", "queueId": 0})):
+            fields = sign_request(fields, b"", user, SECRETS[user])
+            frames += encode_command(make_request(code, fields, b"", 900 + len(frames), False, "CPP", 63))
+        rc.send_raw(frames)
+        first = rc.response(900)
+        assert first.code == ResponseCode.SUCCESS, (first.code, first.remark)
+        assert [m.body for m in decode_stored_messages(first.body)] == [b"order 7 (retried)"]
 
 
 def test_a_planted_dead_letter_cannot_be_resent_into_a_topic_its_sender_may_not_write(broker_factory, tmp_path):
@@ -97,6 +118,13 @@ def test_a_planted_dead_letter_cannot_be_resent_into_a_topic_its_sender_may_not_
         assert refused(r, "topic:payroll"), (r.code, r.remark)  # reader may not read payroll
         r = send_v1(rc, "%DLQ%payclerks", b"FORGED: pay mallory", props={"RETRY_TOPIC": "payroll"})
         assert refused(r, "topic:%DLQ%payclerks"), (r.code, r.remark)
+        # nor through a topic it may read but not write: its own reconsumeTimes would send it to the dead letters
+        forged = {"producerGroup": "PG", "topic": "%RETRY%payclerks", "defaultTopic": "TBW102",
+                  "defaultTopicQueueNums": 1, "queueId": 0, "sysFlag": 0, "bornTimestamp": int(time.time() * 1000),
+                  "flag": 0, "properties": encode_properties({"RETRY_TOPIC": "weather"}), "reconsumeTimes": 16,
+                  "maxReconsumeTimes": 16, "unitMode": "false"}
+        r = rc.call(R.SEND_MESSAGE, forged, b"FORGED: storm warning")
+        assert refused(r, "topic:weather"), (r.code, r.remark)
     with remoting(b, "alice") as rc:
         # alice writes to orders a message claiming it came from payroll, then sends it back: the dead letter's
         # RETRY_TOPIC is the topic it was read from, orders

@@ -165,3 +165,16 @@ def test_without_madv_populate_populate_falls_back_to_willneed_and_still_brings_
         time.sleep(0.01)
     assert f.resident(start)
     s.close(NOW + 3)
+
+
+def test_a_records_store_time_from_its_header_and_none_where_nothing_is_held(data_dir):
+    # a get_prio compares its levels' heads by it (server/text/priorities.py); the level may be deleted, cut or
+    # retained while its cold pages are brought in: then nothing is held there, and the answer is None
+    s = open_store(data_dir, flush="async")
+    times = [NOW + 7 * i for i in range(300)]
+    fill(s, times)
+    assert [s.msg_id_at("test", 0, n, stored_at=True) for n in (0, 150, 299)] == [times[0], times[150], times[299]]
+    assert s.msg_id_at("test", 0, 300, stored_at=True) is None  # the end: not held yet
+    assert s.msg_id_at("test", 3, 0, stored_at=True) is None  # a partition without messages
+    assert s.msg_id_at("gone", 0, 5, stored_at=True) is None  # no such topic (deleted meanwhile)
+    s.close(NOW + 1)

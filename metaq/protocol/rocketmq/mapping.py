@@ -285,7 +285,7 @@ def retry_copy(msg, store_host, max_reconsume_times):
     else the offset id, if not set yet); reconsume times grows by one.
     """
     props = dict(msg.properties)
-    if msg.topic.startswith("%RETRY%"):  # a retry again: its RETRY_TOPIC was set here, or checked at its send
+    if msg.topic.startswith(("%RETRY%", "%DLQ%")):  # a retry again: RETRY_TOPIC set here, or checked at its send
         props.setdefault(PROP_RETRY_TOPIC, msg.topic)
     else:  # the topic it was read from, whatever the sender wrote there (dlq resend puts it back to that topic)
         props[PROP_RETRY_TOPIC] = msg.topic

@@ -37,6 +37,7 @@ permissions are kept as retry topics).
 """
 
 import logging
+from types import SimpleNamespace
 
 import gevent
 
@@ -94,15 +95,24 @@ def _group(name):
     return (SUB, "group", name)
 
 
+def _read_whole(topic):
+    """What reading ``topic``'s messages by key or position needs (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID): SUB on it;
+    a group's retry topic is an admin's there (its copies of topics the user may not read are passed over only
+    in a pull: ``RemotingAcl.copies_readable``)."""
+    return (ADMIN, None, None) if topic.startswith(RETRY_PREFIX) else resource(SUB, topic)
+
+
 def _retry_send_needs(code, h):
     """A send to ``%RETRY%<group>`` (RocketMQ's consumer re-sending a failed message when its send-back failed)
-    carries the topic it was read from in ``RETRY_TOPIC``, where ``dlq resend`` puts it back and where a consumer
-    of the group delivers it from: the sender must be allowed to read that topic, as a send-back needs SUB on the
-    copied message's topic. A batch there (which no RocketMQ client sends) is an admin's."""
+    carries the topic it was read from in ``RETRY_TOPIC``, where a consumer of the group delivers it from and
+    where ``dlq resend`` puts it back (the sender's own ``reconsumeTimes`` may send it straight to the dead
+    letters): the sender must be allowed to publish to that topic, or it could plant a message there through an
+    admin's resend. Without ``RETRY_TOPIC`` it is delivered, and resent, as a message of the retry topic itself.
+    A batch there (which no RocketMQ client sends) is an admin's."""
     if code == R.SEND_BATCH_MESSAGE or h.batch:
         return [(ADMIN, None, None)]
     origin = decode_properties(h.properties).get(RETRY_TOPIC_PROPERTY)
-    return [resource(SUB, origin)] if origin else []
+    return [resource(PUB, origin)] if origin else []
 
 
 class _Needs:
@@ -168,9 +178,9 @@ def needs(cmd, record_topic=None, half_topic=None, reply_topic=None):
     elif code in _QUEUE_CODES:
         found.add(resource(SUB, decode_header(QueueHeader, cmd).topic))
     elif code == R.QUERY_MESSAGE:
-        found.add(resource(SUB, decode_header(QueryMessageHeader, cmd).topic))
+        found.add(_read_whole(decode_header(QueryMessageHeader, cmd).topic))
     elif code == R.VIEW_MESSAGE_BY_ID:
-        found.add(resource(SUB, record_topic(decode_header(ViewMessageHeader, cmd).offset)))
+        found.add(_read_whole(record_topic(decode_header(ViewMessageHeader, cmd).offset)))
     elif code == R.CONSUMER_SEND_MSG_BACK:
         h = decode_header(ConsumerSendMsgBackHeader, cmd)
         found.add(_group(h.group), resource(SUB, record_topic(h.offset)))
@@ -254,13 +264,16 @@ class RemotingAcl:
         if delay:
             gevent.sleep(delay)
 
-    def copies_readable(self, conn, topic):
-        """For a pull of a group's retry topic by a user not an admin: ``readable(RETRY_TOPIC)``, True for a copy
-        of a topic that user may read (or one without RETRY_TOPIC: sent there as it is, checked at its send).
-        The group grants the pull (RocketMQ's rule), but the topic holds copies of every topic the group consumed,
-        and the others are not served (``dispatch._pull_once``). None for any other pull."""
-        session = conn.session
-        if not topic.startswith(RETRY_PREFIX) or self.guard.is_admin(session):
+    def copies_readable(self, conn, topic, signer):
+        """For a pull of a group's retry topic by ``signer`` (the user who signed it: a connection may carry the
+        requests of several) not an admin: ``readable(RETRY_TOPIC)``, True for a copy of a topic that user may
+        read (or one without RETRY_TOPIC: sent there as it is, checked at its send). The group grants the pull
+        (RocketMQ's rule), but the topic holds copies of every topic the group consumed, and the others are not
+        served (``dispatch._pull_once``). None for any other pull."""
+        if not topic.startswith(RETRY_PREFIX):
+            return None
+        session = SimpleNamespace(user=signer, host=conn.session.host)
+        if self.guard.is_admin(session):
             return None
         seen = {}
 

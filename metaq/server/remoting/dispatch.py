@@ -14,6 +14,7 @@ send-backs and end-transaction live in ``remoting_send``. Any other code gets
 REQUEST_CODE_NOT_SUPPORTED.
 """
 
+import functools
 import logging
 import time
 
@@ -125,8 +126,11 @@ class RemotingDispatcher:
 
     def handle(self, cmd, conn):
         """Answer ``cmd`` now, or from a greenlet; False when the connection must close."""
-        if self.acl is not None and not self._allowed(cmd, conn):
-            return not conn.closed
+        signer = None
+        if self.acl is not None:
+            signer = self._allowed(cmd, conn)
+            if signer is False:
+                return not conn.closed
         entry = self._handlers.get(cmd.code)
         if entry is None:
             if cmd.code not in self._unsupported_seen and len(self._unsupported_seen) < UNSUPPORTED_LOGGED:
@@ -135,17 +139,19 @@ class RemotingDispatcher:
             self._reply(conn, cmd, not_supported(cmd))
             return True
         handler, spawn = entry
+        if cmd.code == RequestCode.PULL_MESSAGE and signer is not None:  # filtered as its signer (acl.py)
+            handler = functools.partial(handler, signer=signer)
         if spawn:
             conn.spawn(self._run, handler, cmd, conn)
             return True
         return self._run(handler, cmd, conn)
 
     def _allowed(self, cmd, conn):
-        """Whether ``cmd``'s signature and permissions pass (remoting/acl.py); else it is answered here, and after
-        a failed authentication the connection closed."""
+        """The user who signed ``cmd`` (None for a name-server request) when its signature and permissions pass
+        (remoting/acl.py); else False, ``cmd`` answered here, and after a failed authentication the connection
+        closed."""
         try:
-            self.acl.check(cmd, conn)
-            return True
+            return self.acl.check(cmd, conn)
         except errors.Unauthenticated as exc:
             self._reply(conn, cmd, error_response(cmd, exc))
             conn.close()
@@ -196,10 +202,10 @@ class RemotingDispatcher:
 
     # -- pull ----------------------------------------------------------------
 
-    def pull(self, cmd, conn):
+    def pull(self, cmd, conn, signer=None):
         """A pull, answered here: its response holds its body's bytes of the connection's reply budget
         (``connections.ReplyBudget``) until sent."""
-        response = self._pull(cmd, conn)
+        response = self._pull(cmd, conn, signer)
         try:
             if not cmd.is_oneway:
                 conn.send(response)
@@ -207,7 +213,7 @@ class RemotingDispatcher:
             conn.replies.release(len(response.body or b"") if response is not None else 0)
         return None  # sent
 
-    def _pull(self, cmd, conn):
+    def _pull(self, cmd, conn, signer=None):
         h = decode_header(PullMessageHeader, cmd)
         if self.roles.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.roles.read_refusal)
@@ -218,7 +224,7 @@ class RemotingDispatcher:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
         filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         max_nums = max(1, h.max_msg_nums)
-        response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset)
+        response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset, signer)
         if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
             return response or self._not_found(cmd, h, offset)
         if not self.waiters.admit():
@@ -233,19 +239,19 @@ class RemotingDispatcher:
                 if remaining <= 0 or self.server.closing or conn.closed:
                     return self._not_found(cmd, h, offset)
                 self.waiters.wait(key, remaining)
-                response, offset = self._pull_held(conn, cmd, h, filt, max_nums, offset)
+                response, offset = self._pull_held(conn, cmd, h, filt, max_nums, offset, signer)
                 if response is not None:
                     return response
         finally:
             self.waiters.leave()
 
-    def _pull_held(self, conn, cmd, h, filt, max_nums, offset):
+    def _pull_held(self, conn, cmd, h, filt, max_nums, offset, signer=None):
         """``_pull_once`` once the connection has room for a full read; the response keeps its body's bytes."""
         budget = conn.replies
         if not budget.reserve(self.max_transfer, lambda: conn.closed):
             return None, offset
         try:
-            readable = self.acl.copies_readable(conn, h.topic) if self.acl is not None else None
+            readable = self.acl.copies_readable(conn, h.topic, signer) if self.acl is not None else None
             response, offset = self._pull_once(cmd, h, filt, max_nums, offset, readable)
         except BaseException:
             budget.release(self.max_transfer)

@@ -223,6 +223,8 @@ class RemotingConnection(core.Connection):
         turn = time.monotonic()
         while not self.closed:
             turn = core.share_loop(turn)
+            if self.closed:  # closed meanwhile: nothing more is taken from this buffer
+                return False
             try:
                 cmd = self.parser.next_event()
             except errors.RemoteProtocolError as exc:

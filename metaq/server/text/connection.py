@@ -336,6 +336,9 @@ class Connection(core.Connection):
         turn = time.monotonic()
         while True:
             turn = core.share_loop(turn)  # a pipeline of costly requests lets the others run every MAX_TURN_MS
+            if self.closed:  # meanwhile (a shutdown, the peer gone): nothing more is taken from this buffer
+                keep_open = False
+                break
             if fast_puts is not None:
                 try:
                     wait_pos = fast_puts(parser, out, durable, wait_pos, self._publish_filter())
