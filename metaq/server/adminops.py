@@ -27,7 +27,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
-from metaq.protocol.journaltopic import RESENT_PREFIX
+from metaq.protocol.journaltopic import DLQ_PREFIX, RESENT_PREFIX
 from metaq.protocol.rocketmq.mapping import (
     PROP_KEYS,
     PROP_ORIGIN_MESSAGE_ID,
@@ -41,7 +41,6 @@ from metaq.protocol.rocketmq.mapping import (
 
 __all__ = ["TextGroupMembers", "AdminOps", "DLQ_PREFIX", "RESENT_PREFIX", "RESENT_PROPERTY"]
 
-DLQ_PREFIX = "%DLQ%"
 #: The property a resent copy carries: ``<dlq topic> <partition>-<offset>`` of its dead letter.
 RESENT_PROPERTY = "METAQ_DLQ_RESENT"
 _READ_BYTES = 4 << 20

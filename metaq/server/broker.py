@@ -137,8 +137,8 @@ class Broker:
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics)
-            add_admin_routes(self.http.router, AdminViews(self.admin, self.store, self.topic_admin,
-                                                                  self.guard))  # offsets, dead letters
+            admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
+            add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
 
     # -- facts used by stats --------------------------------------------------

@@ -206,32 +206,22 @@ class Guard:
         (what ``stats`` tables show it), or None when it may see everything (authentication off, an admin)."""
         if not self.enabled or self.is_admin(session):
             return None
+        return lambda kind, name: self.allows(session, SUB, kind, name)
 
-        def may_see(kind, name):
-            try:
-                self.require(session, SUB, kind, name)
-                return True
-            except errors.MetaqError:
-                return False
-
-        return may_see
+    def allows(self, session, action, kind, name):
+        """``require``'s answer as a bool (listings and filters: nothing refused, just not shown or served)."""
+        try:
+            self.require(session, action, kind, name)
+            return True
+        except errors.MetaqError:
+            return False
 
     def known_to(self, session):
         """A ``topic -> bool`` of the topics the session's user may publish to or subscribe to (what a topic list
         shows it), or None when it may know them all (authentication off, an admin)."""
         if not self.enabled or self.is_admin(session):
             return None
-
-        def may_know(name):
-            for action in (SUB, PUB):
-                try:
-                    self.require(session, action, "topic", name)
-                    return True
-                except errors.MetaqError:
-                    pass
-            return False
-
-        return may_know
+        return lambda name: self.allows(session, SUB, "topic", name) or self.allows(session, PUB, "topic", name)
 
     def publish_filter(self, session):
         """A ``topic_bytes -> bool`` for the put fast path, or None when every topic passes (auth off)."""

@@ -42,6 +42,7 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import BadCompressedBody, RemoteProtocolError
 from metaq.protocol.compression import COMPRESSION_BITS, codec_of, inflate
+from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.rocketmq.bodies import (
@@ -285,7 +286,7 @@ def retry_copy(msg, store_host, max_reconsume_times):
     else the offset id, if not set yet); reconsume times grows by one.
     """
     props = dict(msg.properties)
-    if msg.topic.startswith(("%RETRY%", "%DLQ%")):  # a retry again: RETRY_TOPIC set here, or checked at its send
+    if msg.topic.startswith((RETRY_PREFIX, DLQ_PREFIX)):  # a retry again: RETRY_TOPIC set here, or checked at its send
         props.setdefault(PROP_RETRY_TOPIC, msg.topic)
     else:  # the topic it was read from, whatever the sender wrote there (dlq resend puts it back to that topic)
         props[PROP_RETRY_TOPIC] = msg.topic

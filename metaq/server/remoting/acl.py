@@ -44,6 +44,8 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB
+from metaq.protocol.journaltopic import RETRY_PREFIX
+from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC
 from metaq.protocol.rocketmq.bodies import decode_heartbeat, decode_properties
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch
 from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
@@ -61,8 +63,6 @@ __all__ = ["ACL_EXCEPTION", "ADMIN_CODES", "NAME_SERVER_CODES", "RemotingAcl", "
 ACL_EXCEPTION = "org.apache.rocketmq.acl.common.AclException: "
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
-RETRY_PREFIX = "%RETRY%"
-RETRY_TOPIC_PROPERTY = "RETRY_TOPIC"
 #: The name server's requests: answered without a signature (see the module doc).
 NAME_SERVER_CODES = frozenset({R.GET_ROUTEINFO_BY_TOPIC, R.GET_BROKER_CLUSTER_INFO})
 
@@ -111,7 +111,7 @@ def _retry_send_needs(code, h):
     A batch there (which no RocketMQ client sends) is an admin's."""
     if code == R.SEND_BATCH_MESSAGE or h.batch:
         return [(ADMIN, None, None)]
-    origin = decode_properties(h.properties).get(RETRY_TOPIC_PROPERTY)
+    origin = decode_properties(h.properties).get(PROP_RETRY_TOPIC)
     return [resource(PUB, origin)] if origin else []
 
 
@@ -281,11 +281,7 @@ class RemotingAcl:
             if not origin:
                 return True
             if origin not in seen:
-                try:
-                    self.guard.require(session, *resource(SUB, origin))
-                    seen[origin] = True
-                except errors.Forbidden:
-                    seen[origin] = False
+                seen[origin] = self.guard.allows(session, *resource(SUB, origin))
             return seen[origin]
 
         return readable

@@ -30,7 +30,7 @@ from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.timer import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
-from metaq.protocol.journaltopic import is_journal, journal_refusal
+from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX, is_journal, journal_refusal
 from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
 from metaq.protocol.reqreply import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
@@ -52,8 +52,6 @@ log = logging.getLogger(__name__)
 #: Half messages' ids name this + their transaction number as the commit-log offset (never a real position).
 HALF_ID_BASE = 1 << 62
 
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
 
 
 class RemotingSender:
