@@ -260,6 +260,9 @@ MAX_ACL_USERS = 10_000
 #: Most topic or group rules one user or role may list, and entries in one address allow-list.
 MAX_ACL_RULES = 1024
 
+#: Names (topics, groups) whose permission one user's table remembers; past it the oldest answer is forgotten.
+MAX_ACL_DECISIONS_CACHED = 4096
+
 #: Seconds a server nonce of the text ``auth`` handshake stays valid (it is used once, in any case).
 AUTH_NONCE_TTL_S = 30.0
 

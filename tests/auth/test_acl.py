@@ -110,3 +110,62 @@ def test_user_count_limit_and_one_past():
 def test_repr_never_shows_the_secret():
     u = acl({"u": {"secret": "hunter2-very-secret"}}).user("u")
     assert "hunter2" not in repr(u)
+
+
+# -- the decision table: the same answers as deciding rule by rule, fast, and bounded --------------------------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+_names = st.text(alphabet="ab-*?", min_size=1, max_size=5)
+_perm = st.sampled_from(["pub", "sub", "pub|sub", "deny"])
+_grant = st.fixed_dictionaries({}, optional={
+    "topics": st.dictionaries(_names, _perm, max_size=6),
+    "default_topic": _perm,
+    "groups": st.dictionaries(_names, st.sampled_from(["sub", "deny"]), max_size=4),
+    "default_group": st.sampled_from(["sub", "deny"]),
+})
+
+
+@given(own=_grant, roles=st.lists(_grant, max_size=3),
+       asked=st.lists(st.text(alphabet="ab-", min_size=1, max_size=5), min_size=1, max_size=12))
+def test_the_decision_table_answers_as_the_rules_do_one_by_one(own, roles, asked):
+    doc = {"roles": {"r%d" % i: dict(r) for i, r in enumerate(roles)},
+           "users": {"u": dict(own, secret="s", roles=["r%d" % i for i in range(len(roles))])}}
+    user = parse_acl(doc).user("u")
+    for _twice in range(2):  # the second time from the remembered answers
+        for name in asked:
+            for action, kind in ((PUB, "topic"), (SUB, "topic"), (SUB, "group")):
+                assert user.may(action, kind, name) == user.may_slowly(action, kind, name), (action, kind, name)
+
+
+def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_again():
+    rules = {"t%d-*" % i: "sub" for i in range(limits.MAX_ACL_RULES - 1)}
+    rules["orders-*"] = "pub|sub"
+    user = parse_acl({"users": {"u": {"secret": "s", "topics": rules}}}).user("u")
+    calls = []
+    for rule in user._decisions["topic"].patterns:  # count the regular expressions tried
+        real = rule.regex
+
+        class Counted:
+            def match(self, name, real=real):
+                calls.append(name)
+                return real.match(name)
+        rule.regex = Counted()
+    assert user.may(PUB, "topic", "orders-eu") and user.may(SUB, "topic", "t7-x")
+    first = len(calls)
+    assert first <= 2 * limits.MAX_ACL_RULES
+    for _ in range(100):
+        assert user.may(PUB, "topic", "orders-eu") and not user.may(PUB, "topic", "t7-x")
+    assert len(calls) == first  # remembered: no rule tried again
+
+
+def test_the_remembered_answers_stop_at_their_limit_and_the_oldest_goes_first():
+    user = parse_acl({"users": {"u": {"secret": "s", "topics": {"a*": "pub"}}}}).user("u")
+    table = user._decisions["topic"]
+    for i in range(limits.MAX_ACL_DECISIONS_CACHED):
+        assert user.may(PUB, "topic", "a%d" % i)
+    assert len(table.answers) == limits.MAX_ACL_DECISIONS_CACHED and "a0" in table.answers
+    assert not user.may(PUB, "topic", "b")  # one past: the oldest answer is forgotten
+    assert len(table.answers) == limits.MAX_ACL_DECISIONS_CACHED
+    assert "a0" not in table.answers and "b" in table.answers
+    assert user.may(PUB, "topic", "a0")  # decided again, the same
