@@ -14,7 +14,8 @@ always``), 16 producer processes put 1 KiB messages with ``depth`` in flight eac
   (every CPU busy, clients included) shows as one.
 
 ``--floor`` adds ``bench/gevent_floor.py``, the smallest gevent server that does what a durable put needs
-(read, copy into a map, a group fdatasync off the loop, ack) and nothing else: the cost of the runtime itself.
+(read, copy into a map, a group fdatasync off the loop, ack) and nothing else: the cost of the runtime itself;
+and ``floor-inline``, the same server fdatasyncing on its event loop as Redis does (which metaq must not).
 
 Medians of the runs per target. Not a test: nothing here asserts.
 """
@@ -114,8 +115,8 @@ def metaq_run(root, name, depth, per, source=None):
         shutil.rmtree(broker.workdir, ignore_errors=True)
 
 
-def floor_run(root, depth, per):
-    floor = FloorServer(free_port(), root)
+def floor_run(root, depth, per, inline=False):
+    floor = FloorServer(free_port(), root, inline=inline)
     try:
         bench_run.concurrent_producers(floor.port, 16, 200, depth=depth)
         return Measured(floor.proc.pid, lambda: bench_run.concurrent_producers(floor.port, 16, per, depth=depth),
@@ -150,6 +151,7 @@ def main():
                         metaq_run(root, name + "-base", depth, per, args.baseline))
                 if args.floor:
                     results.setdefault("floor", []).append(floor_run(root, depth, per))
+                    results.setdefault("floor-inline", []).append(floor_run(root, depth, per, inline=True))
                 if redis:
                     results.setdefault("redis", []).append(Measured(
                         redis.proc.pid, lambda: redis.concurrent_xadd(16, per, depth), 16 * per))
@@ -166,12 +168,12 @@ def print_depth(depth, results, runs):
     med = statistics.median
     peer = med([m.rate for m in results["redis"]]) if "redis" in results else None
     print("\n16 producers x depth %d (medians of %d runs)" % (depth, runs))
-    print("%-9s %10s %8s %12s %7s %9s %11s %8s" % ("target", "puts/s", "vs redis", "cpu us/put", "loop",
+    print("%-12s %10s %8s %12s %7s %9s %11s %8s" % ("target", "puts/s", "vs redis", "cpu us/put", "loop",
                                                   "machine", "fsyncs", "puts/fsync"))
     for key, ms in results.items():
         rate = med([m.rate for m in ms])
         with_rounds = [m for m in ms if m.rounds]
-        print("%-9s %10.0f %8s %12.1f %6.0f%% %8.0f%% %11s %8s" % (
+        print("%-12s %10.0f %8s %12.1f %6.0f%% %8.0f%% %11s %8s" % (
             key, rate, "%.2fx" % (rate / peer) if peer else "-", med([m.cpu_us for m in ms]),
             100 * med([m.loop for m in ms]), 100 * med([m.machine for m in ms]),
             "%d" % med([m.rounds for m in with_rounds]) if with_rounds else "-",

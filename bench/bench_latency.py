@@ -1,7 +1,7 @@
 """Single-put latency, interleaved: brokers and Redis side by side, measured in turns (issue 22 point 1).
 
     python bench/bench_latency.py [--flush sync] [--puts 3000] [--runs 3] [--dir /dev/shm]
-                                  [--baseline /path/to/another/metaq/tree]
+                                  [--baseline /path/to/another/metaq/tree] [--floor]
 
 On a shared machine the load changes from one minute to the next, and a row measured a minute after
 its peer compares two different machines. Here every target is up at once (this tree's broker, the
@@ -10,6 +10,9 @@ its peer compares two different machines. Here every target is up at once (this 
 rotating, so all of them see the same minutes. Every server runs on the CPUs other than the client's
 (``run.placed``: a round trip within one CPU and one across two differ eightfold here). ``--dir /dev/shm`` puts the logs on tmpfs: fdatasync then costs next to nothing and
 what is left is the broker's own time above the disk (the hand-offs, wake-ups and Python of a put).
+``--floor`` adds the two floor servers of ``bench/gevent_floor.py`` (``sync`` only): the smallest gevent server
+that writes a put into a map and acks it after an fdatasync in gevent's thread pool (``floor``), and the same
+fdatasyncing on its event loop as Redis does (``floor-inline``): what any broker written on gevent pays.
 Prints p50 / p90 / p99 per target and the ratio to Redis, per run and the medians of the runs.
 Not a test: nothing here asserts.
 """
@@ -28,6 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import run as bench_run  # noqa: E402
 from bench import wire  # noqa: E402
+from bench.gevent_floor import FloorServer  # noqa: E402
+from metaq.client.local import free_port  # noqa: E402
 from bench.redis_streams import XADD, Reader, RedisBench, redis_available  # noqa: E402
 
 #: Sequential puts a target takes before the next one has its turn.
@@ -60,6 +65,17 @@ class MetaqTarget:
     def close(self):
         self.sock.close()
         self.broker.stop()
+
+
+class FloorTarget(MetaqTarget):
+    def __init__(self, root, inline):  # noqa: super().__init__ starts a broker: this starts a floor server instead
+        directory = os.path.join(root, "floor-inline" if inline else "floor")
+        os.makedirs(directory, exist_ok=True)
+        self.broker = FloorServer(free_port(), directory, inline=inline)
+        self.pid = self.broker.proc.pid
+        self.frame = bench_run.put_frames(1)[0]
+        self.sock = wire.connect(self.broker.port)
+        self.replies = wire.ResultReplies(self.sock)
 
 
 class RedisTarget:
@@ -95,6 +111,9 @@ def one_run(args, root, run):
             targets[name] = MetaqTarget(root, args.flush, "metaq-%d" % run)
         elif args.baseline:
             targets[name] = MetaqTarget(root, args.flush, "baseline-%d" % run, args.baseline)
+    if args.floor:
+        targets["floor"] = FloorTarget(root, inline=False)
+        targets["floor-inline"] = FloorTarget(root, inline=True)
     if redis_available():
         targets["redis"] = RedisTarget(os.path.join(root, "redis-%d" % run), args.flush)
     placement = contextlib.ExitStack()  # this client on the first CPU, every server on the others (run.placed)
@@ -124,7 +143,10 @@ def main():
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--dir", default=None, help="where the logs go (default: $TMPDIR; /dev/shm: tmpfs)")
     p.add_argument("--baseline", default=None, help="another metaq source tree (its C helper built) to run beside")
+    p.add_argument("--floor", action="store_true", help="the gevent floor servers beside (bench/gevent_floor.py)")
     args = p.parse_args()
+    if args.floor and args.flush != "sync":
+        p.error("--floor measures durable puts: use it with --flush sync")
     runs = []
     for run in range(args.runs):
         root = tempfile.mkdtemp(prefix="metaq-latency-", dir=args.dir)
@@ -134,14 +156,14 @@ def main():
             shutil.rmtree(root, ignore_errors=True)
         print("run %d: %s  (load %.1f)" % (run + 1, "  ".join(
             "%s %.3f/%.3f/%.3f" % (name, *figs) for name, figs in runs[-1].items()), os.getloadavg()[0]), flush=True)
-    print("\n%-9s %9s %9s %9s %12s %12s" % ("flush=" + args.flush, "p50 ms", "p90 ms", "p99 ms", "p50 vs redis",
+    print("\n%-12s %9s %9s %9s %12s %12s" % ("flush=" + args.flush, "p50 ms", "p90 ms", "p99 ms", "p50 vs redis",
                                            "p99 vs redis"))
-    names = [n for n in ("metaq", "baseline", "redis") if n in runs[0]]
+    names = [n for n in ("metaq", "baseline", "floor", "floor-inline", "redis") if n in runs[0]]
     medians = {name: [statistics.median(r[name][k] for r in runs) for k in range(3)] for name in names}
     red = medians.get("redis")
     for name, (p50, p90, p99) in medians.items():
         ratios = ("%11.2fx %11.2fx" % (red[0] / p50, red[2] / p99)) if red else ""
-        print("%-9s %9.3f %9.3f %9.3f %s" % (name, p50, p90, p99, ratios))
+        print("%-12s %9.3f %9.3f %9.3f %s" % (name, p50, p90, p99, ratios))
     if red:
         print("ratio > 1: metaq lower (better); medians of %d runs, each target %d puts per run" % (args.runs, args.puts))
 

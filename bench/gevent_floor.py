@@ -1,6 +1,6 @@
 """The floor under a durable put in a gevent server: what one costs with nothing but the work itself.
 
-    python -m bench.gevent_floor PORT DIR      (a server; ``FloorServer`` starts and stops one by its PID)
+    python -m bench.gevent_floor PORT DIR [inline]   (a server; ``FloorServer`` starts and stops one by its PID)
 
 A greenlet per connection (gevent's ``StreamServer``), as the broker has: it reads what arrived, splits the
 ``put`` frames by their length field, copies their bodies into a preallocated 1 GiB map (wrapping at its end),
@@ -10,6 +10,10 @@ per put. No checksum, index, message id, statistics, limits or error handling: i
 not a broker. ``bench/bench_durable.py --floor`` measures it beside metaq and Redis in the same runs, so the
 table says how much of metaq's cost per put is the runtime (greenlets, gevent's sockets, the thread hop) that
 any broker written this way pays, and how much is metaq's own.
+
+``inline`` makes the floor call ``fdatasync`` on the event loop itself, after ``gevent.idle()`` lets every
+greenlet with input run first (what Redis does with ``appendfsync always``, and what metaq must not: a disk that
+stalls would stall every connection). It shows what is left of the runtime's cost without the thread hop.
 """
 
 import mmap
@@ -24,7 +28,7 @@ MAP_BYTES = 1 << 30
 ACK = b"result 200 24 0\r\n2062055335790660000 0 -1"
 
 
-def serve(port, directory):
+def serve(port, directory, inline=False):
     from gevent import monkey
 
     monkey.patch_all()
@@ -45,8 +49,13 @@ def serve(port, directory):
                 state["done"].wait()
                 continue
             state["leading"] = True
+            if inline:
+                gevent.idle()  # every greenlet with a put to write writes it first: they share this fdatasync
             end = state["written"]
-            pool.apply(os.fdatasync, (fd,))
+            if inline:
+                os.fdatasync(fd)
+            else:
+                pool.apply(os.fdatasync, (fd,))
             state["durable"], state["leading"] = end, False
             done, state["done"] = state["done"], Event()
             done.set()
@@ -85,9 +94,10 @@ def serve(port, directory):
 class FloorServer:
     """The floor server as a child process on ``port`` (stopped by its PID)."""
 
-    def __init__(self, port, directory):
+    def __init__(self, port, directory, inline=False):
         self.port, self.directory = port, directory
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.gevent_floor", str(port), directory],
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.gevent_floor", str(port), directory]
+                                     + (["inline"] if inline else []),
                                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         deadline = time.monotonic() + 30
         while True:
@@ -111,4 +121,4 @@ class FloorServer:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2])
+    serve(int(sys.argv[1]), sys.argv[2], inline=sys.argv[3:] == ["inline"])
