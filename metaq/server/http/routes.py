@@ -65,6 +65,10 @@ def error_for(exc):
     return error_response(code, str(exc), status=code if code in _REASONS else 500)
 
 
+class Dropped(OSError):
+    """The connection ended (a deadline passed, the peer went) in the middle of a request: no reply."""
+
+
 class Request:
     """One request: its method, path parameters, query, session, and its body read on demand (bounded)."""
 
@@ -91,10 +95,14 @@ class Request:
         """The request body (already checked against ``limits.HTTP_MAX_BODY_BYTES`` by its Content-Length)."""
         if self._body is None:
             stream = self.environ["wsgi.input"]
-            data = stream.read(limits.HTTP_MAX_BODY_BYTES + 1)  # chunked: no length was announced
+            try:
+                data = stream.read(limits.HTTP_MAX_BODY_BYTES + 1)  # chunked: no length was announced
+            except OSError as exc:  # the body stopped arriving (pywsgi: "unexpected end of file"): no answer
+                raise Dropped(str(exc)) from None
             if len(data) > limits.HTTP_MAX_BODY_BYTES:
                 raise BodyTooLarge()
             self._body = data
+            self.environ["metaq.body_read"] = True
         return self._body
 
 
@@ -140,6 +148,10 @@ class Router:
         done = environ.get("metaq.request_done")
         if done is not None:
             done()
+        if environ.get("metaq.body_read") is None and _has_body(environ) and ("Connection", "close") not in resp.headers:
+            # answered without reading the body (refused, no such path): the connection closes after the answer
+            # rather than read and throw away a body that may never end (a chunked one has no length)
+            resp.headers.append(("Connection", "close"))
         if ("Connection", "close") in resp.headers and environ.get("metaq.stop_reading") is not None:
             environ["metaq.stop_reading"]()  # the body is not read: the connection closes after the answer
         headers = [("Content-Type", resp.content_type), ("Content-Length", str(len(resp.body))),
@@ -150,17 +162,14 @@ class Router:
     def respond(self, environ):
         length = environ.get("CONTENT_LENGTH")
         coding = environ.get("HTTP_TRANSFER_ENCODING")
-        twice = bool(length) or environ.get("metaq.framed_twice", False)
-        if coding is not None and (twice or coding.strip().lower() != "chunked"):
-            # RFC 9112 6.1: both framings at once may be request smuggling (a proxy trusting the other one sees
-            # another request boundary): refused, the body unread, the connection closed after the answer
-            return _closing(error_response(400, "Transfer-Encoding %r%s: refused (only chunked, and never with a "
-                                                "Content-Length)" % (coding, " with a Content-Length" if twice else "")))
+        if coding is not None and (length or coding.strip().lower() != "chunked"):
+            # RFC 9112 6.1: a coding pywsgi does not frame by may be request smuggling (a proxy that reads it
+            # otherwise sees another request boundary): refused, the body unread, the connection closed after the
+            # answer (the server's handler refuses a Content-Length beside it, or either given twice, earlier)
+            return _closing(error_response(400, "Transfer-Encoding %r: refused (only chunked, and never with a "
+                                                "Content-Length)" % coding))
         if length:
-            try:
-                n = int(length)
-            except ValueError:
-                return _closing(error_response(400, "Content-Length %r is not a number" % length))
+            n = int(length)  # plain digits: the server's handler refused anything else
             if n > limits.HTTP_MAX_BODY_BYTES:
                 return _closing(error_response(413, "the body is %d bytes: the limit is %d (limits.HTTP_MAX_BODY_BYTES)"
                                                % (n, limits.HTTP_MAX_BODY_BYTES)))
@@ -215,6 +224,11 @@ def _basic(header):
     if not sep:
         return None, None
     return name.decode("utf-8", "replace"), secret
+
+
+def _has_body(environ):
+    length = environ.get("CONTENT_LENGTH")
+    return environ.get("HTTP_TRANSFER_ENCODING") is not None or (length is not None and length.strip("0 ") != "")
 
 
 def _closing(resp):

@@ -13,17 +13,20 @@ connection, and a request begun must be complete (request line, headers and body
 
 import json
 import logging
+import re
+import time
 
 from gevent import pywsgi
 
 from metaq import limits
-from metaq.server.connections import Connection
+from metaq.server.connections import Connection, share_loop
+from metaq.server.http.routes import Dropped
 
 log = logging.getLogger(__name__)
 
 
-class Dropped(OSError):
-    """The connection ended (a deadline passed, the peer went) in the middle of a request: no reply."""
+class BadFraming(ValueError):
+    """The request's body is framed in a way a proxy could read otherwise (``framing_error``)."""
 
 
 class HeadTooLarge(Exception):
@@ -59,9 +62,12 @@ class ConnReader:
         self.closed = False
         self.in_head = False
         self.head_bytes = 0
+        self.turn = time.monotonic()  # when this connection's turn of the event loop began (share_loop)
 
     def start_request(self):
-        """A request's head begins (pywsgi reads its request line next)."""
+        """A request's head begins (pywsgi reads its request line next): where a pipeline of requests already
+        received lets the other connections run every MAX_TURN_MS (as ``_fill`` does within one request)."""
+        self.turn = share_loop(self.turn)
         self.in_head = True
         self.head_bytes = 0
         self.state.in_frame = bool(self.buf)
@@ -84,7 +90,14 @@ class ConnReader:
     def _fill(self):
         if self.eof:
             return False
+        # A client that keeps the socket full (pipelined requests, an endless chunked body) never makes a receive
+        # wait, and a greenlet that never waits never lets the others run: every MAX_TURN_MS it lets them.
+        self.turn = share_loop(self.turn)
+        asked = time.monotonic()
         data = self.conn.receive()
+        now = time.monotonic()
+        if now - asked > WAITED_S:  # the receive waited for the peer (the others ran): a new turn begins
+            self.turn = now
         if not data:
             self.eof = True
             return False
@@ -134,6 +147,35 @@ class ConnReader:
         self.closed = True
 
 
+_400 = (b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n")
+_DIGITS = re.compile(r"[0-9]{1,19}\Z")
+
+
+def framing_error(headers):
+    """Why a request's framing is refused (RFC 9112), or None: Transfer-Encoding with Content-Length (pywsgi would
+    silently drop the latter), either one twice, a Content-Length that is not plain digits (``int()`` takes
+    ``+10`` and ``1_0``), or a header name with white space (``Content-Length : 5`` would be ignored): a proxy in
+    front that reads such a request otherwise sees another request boundary (request smuggling)."""
+    if headers.defects or headers.get_payload():  # a line that is no header ("Content-Length : 5") ends the
+        return "a malformed header line"            # headers for the parser: the rest would be read as the body
+    names = headers.keys()
+    if any(name != name.strip() or " " in name or "\t" in name for name in names):
+        return "a header name with white space"
+    lengths = headers.get_all("content-length") or []
+    codings = headers.get_all("transfer-encoding") or []
+    if len(lengths) > 1 or len(codings) > 1:
+        return "the body's framing given twice"
+    if lengths and codings:
+        return "Transfer-Encoding with a Content-Length"
+    if lengths and not _DIGITS.match(lengths[0].strip()):
+        return "Content-Length %r is not a number" % lengths[0][:40]
+    return None
+
+
+#: A receive that took longer than this waited for its bytes (the loop ran other greenlets meanwhile).
+WAITED_S = 0.0005
+
 _431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n")
 
@@ -146,10 +188,12 @@ class Handler(pywsgi.WSGIHandler):
         return super().read_requestline()
 
     def MessageClass(self, *args):  # noqa: N802 - pywsgi's name
-        """The request's headers, as pywsgi parses them; notes a request framed twice (Transfer-Encoding and
-        Content-Length: pywsgi silently drops the latter) before pywsgi sees it, for routes.Router to refuse."""
+        """The request's headers, as pywsgi parses them; a request whose framing a proxy in front could read
+        otherwise than pywsgi does (``framing_error``) is refused with a 400 before its body is read."""
         headers = super().MessageClass(*args)
-        self.metaq_framed_twice = "transfer-encoding" in headers and "content-length" in headers
+        reason = framing_error(headers)
+        if reason is not None:
+            raise BadFraming("%s: refused (RFC 9112: a proxy could frame it otherwise)" % reason)
         return headers
 
     def get_environ(self):
@@ -160,17 +204,31 @@ class Handler(pywsgi.WSGIHandler):
         env["metaq.session"] = conn.session
         env["metaq.request_done"] = self.rfile.request_done
         env["metaq.stop_reading"] = self.rfile.stop
-        env["metaq.framed_twice"] = getattr(self, "metaq_framed_twice", False)
         return env
 
     def _handle_client_error(self, ex):
+        """A request pywsgi could not parse: one log line (through the log's flood filter; pywsgi would print a
+        traceback to stderr for some) and a 400 or 431; the connection closes."""
         if isinstance(ex, Dropped):
             return None
         if isinstance(ex, HeadTooLarge):
             body = (b'{"code": 431, "error": "the request headers pass %d bytes '
                     b'(limits.HTTP_MAX_HEADER_BYTES)"}' % limits.HTTP_MAX_HEADER_BYTES)
             return "431", (_431 % len(body)) + body
-        return super()._handle_client_error(ex)
+        reason = getattr(ex, "formatted_message", None) or str(ex) or type(ex).__name__
+        log.info("http %s: a malformed request: %s", self.metaq_conn.peer, reason[:200])
+        body = json.dumps({"code": 400, "error": "malformed request: %s" % reason[:200]}).encode("utf-8")
+        return "400", (_400 % len(body)) + body
+
+    def handle_error(self, t, v, tb):
+        """An exception out of the application: a connection that ended inside the request's body (``Dropped``)
+        is closed without an answer; anything else is one log line with its traceback and a 500."""
+        if t is not None and issubclass(t, Dropped):
+            self.close_connection = True
+            return
+        log.error("http %s: internal error answering %r", self.metaq_conn.peer, getattr(self, "requestline", ""),
+                  exc_info=(t, v, tb))
+        self._send_error_response_if_possible(500)
 
 
 class HttpConnection(Connection):
