@@ -1,6 +1,7 @@
 """Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
 
 import logging
+import socket
 import time
 import zlib
 
@@ -136,7 +137,7 @@ class Broker:
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
-                                 config.http.open_metrics)
+                                 config.http.open_metrics, [socket.gethostname()] + config.http.allowed_hosts)
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers

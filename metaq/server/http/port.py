@@ -7,6 +7,7 @@ admin operations (offset resets, topic changes, dead letters).
 
 from metaq.server.http import api, dashboard
 from metaq.server.http.metrics import BrokerCollector, Metrics
+from metaq.server.http.origin import BrowserCheck
 from metaq.server.http.routes import OPEN, READ, Router
 from metaq.server.http.server import HttpFrontEnd
 
@@ -15,11 +16,12 @@ LISTENERS = ("text", "remoting", "replication", "http")
 
 
 class HttpPort:
-    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True):
+    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, host_names=()):
         """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``observe_flushes(callback)``: the
-        flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication."""
+        flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication;
+        ``host_names``: the names a browser may reach the port by beside addresses and localhost (origin.py)."""
         self.views = views
-        self.router = Router(views.guard)
+        self.router = Router(views.guard, browser_check=BrowserCheck(host_names))
         api.add_routes(self.router, views)
         collector = BrokerCollector(views.counters, views.summary, views.topic_list, views.group_list,
                                     views.roles.stats_values,

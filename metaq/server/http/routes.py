@@ -22,6 +22,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.auth import proofs
+from metaq.server.http.origin import BrowserCheck
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,10 @@ def _compile(pattern):
 class Router:
     """The route table and the WSGI application over it (see the module doc)."""
 
-    def __init__(self, guard, open_metrics=True):
+    def __init__(self, guard, open_metrics=True, browser_check=None):
         self.guard = guard
         self.open_metrics = open_metrics
+        self.browser_check = browser_check or BrowserCheck()  # cross-site writes, DNS rebinding (origin.py)
         self.routes = []
 
     def add(self, method, pattern, needs, handler):
@@ -173,6 +175,10 @@ class Router:
             if n > limits.HTTP_MAX_BODY_BYTES:
                 return _closing(error_response(413, "the body is %d bytes: the limit is %d (limits.HTTP_MAX_BODY_BYTES)"
                                                % (n, limits.HTTP_MAX_BODY_BYTES)))
+        refused = self.browser_check(environ)
+        if refused is not None:
+            log.info("http %s: %s", environ.get("REMOTE_ADDR"), refused)
+            return error_response(403, refused)
         found = self.match(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/"))
         if isinstance(found, Response):
             return found

@@ -1,0 +1,88 @@
+"""Requests a browser was made to send: cross-site writes (CSRF) and DNS rebinding (README "The HTTP port").
+
+A page on another site can make a visitor's browser send requests to the broker: a form or a ``no-cors`` fetch
+``POST`` goes out without a preflight, with the credentials the browser holds for the broker (HTTP Basic it
+cached for the dashboard); and a name the attacker controls can be made to resolve to the broker's address (DNS
+rebinding), so that its page reads the broker's answers as its own. Neither needs the broker to trust anything.
+
+``BrowserCheck(names)(environ)`` returns why a request is refused, or None:
+
+* a write (any method but GET and HEAD) whose ``Sec-Fetch-Site`` says another site sent it, or whose ``Origin``
+  is not the address the request was sent to (``Host``), or is ``null`` (a sandboxed or local page);
+* a request a browser sent (it carries ``Sec-Fetch-*`` or ``Origin`` headers, which scripts cannot set) to a
+  ``Host`` that is not an IP address, ``localhost`` or one of ``names`` (this machine's host name and
+  ``http.allowed_hosts``): a name the broker does not go by is what a rebinding page uses.
+
+Clients other than browsers (curl, the Python client, Prometheus) send neither header and are not concerned.
+Pure logic: no socket, no DNS.
+"""
+
+import ipaddress
+from urllib.parse import urlsplit
+
+_SAFE_METHODS = ("GET", "HEAD")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def split_host(value, scheme="http"):
+    """``(name lowercased without a trailing dot, port)`` of a Host header or an origin's netloc; None when it
+    cannot be read."""
+    value = (value or "").strip().lower()
+    if not value or any(c in value for c in " /@\\"):
+        return None
+    if value.startswith("["):  # an IPv6 literal: [::1]:8180
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[1:end], value[end + 1:]
+        if rest and not rest.startswith(":"):
+            return None
+        port = rest[1:] if rest else ""
+    else:
+        name, _, port = value.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name.rstrip("."), int(port) if port else _DEFAULT_PORTS.get(scheme, 80)
+
+
+def _is_address(name):
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+class BrowserCheck:
+    def __init__(self, names=()):
+        names = {n.lower().rstrip(".") for n in names if n}
+        self.any_name = "*" in names
+        self.names = names | {"localhost"}
+
+    def known_name(self, name):
+        return self.any_name or name in self.names or name.endswith(".localhost") or _is_address(name)
+
+    def __call__(self, environ):
+        """Why this request is refused (a sentence for the 403), or None."""
+        scheme = environ.get("wsgi.url_scheme", "http")
+        host = split_host(environ.get("HTTP_HOST"), scheme)
+        site = (environ.get("HTTP_SEC_FETCH_SITE") or "").strip().lower()
+        origin = environ.get("HTTP_ORIGIN")
+        from_browser = bool(site or origin is not None or environ.get("HTTP_SEC_FETCH_MODE"))
+        if not from_browser:
+            return None
+        if host is None or not self.known_name(host[0]):
+            return ("a browser's request for host %r, which is not a name of this broker: add the name to "
+                    "http.allowed_hosts (a page reaching the broker under a name of its own is DNS rebinding)"
+                    % (environ.get("HTTP_HOST") or "")[:100])
+        if environ.get("REQUEST_METHOD") in _SAFE_METHODS:
+            return None
+        if site in ("cross-site", "same-site"):
+            return "a write sent by a page of another site (Sec-Fetch-Site: %s): refused (cross-site request)" % site
+        if origin is not None:
+            parsed = urlsplit(origin.strip()) if origin.strip() != "null" else None
+            theirs = split_host(parsed.netloc, parsed.scheme) if parsed and parsed.scheme in _DEFAULT_PORTS else None
+            if theirs is None or theirs != host:
+                return ("a write from origin %r to %s://%s: refused (cross-site request; the dashboard's own "
+                        "pages are of the same origin)" % (origin[:100], scheme, environ.get("HTTP_HOST", "")[:100]))
+        return None
