@@ -332,6 +332,10 @@ MAX_ELECTION_NODE_BYTES = 4096
 #: Members of one broker id's group an insync node may list.
 MAX_GROUP_MEMBERS = 64
 
+#: Longest RocketMQ client id (``ip@instance``) a heartbeat may carry (UTF-8 bytes); the registry keeps it, and a
+#: longer one is refused with the heartbeat (its group names: ``MAX_NAME_BYTES``).
+MAX_CLIENT_ID_BYTES = 255
+
 # -- consumer offsets on the replication stream (the OFFSETS frame; README "Replication") ----------------
 #: Committed offsets one OFFSETS frame may carry (the master's table, up to MAX_CONSUMER_OFFSETS entries, goes
 #: in as many frames as it needs).

@@ -110,3 +110,41 @@ def test_with_authentication_only_the_senders_connections_are_asked(broker):
     producers.heartbeat(alice, ["PG"], 0.0)
     cb.run_round(NOW)
     assert len(alice.sent) == 1 and bob.sent == []
+
+
+class Failing(Producer):
+    """A producer connection whose first request fails (a bug, a message that cannot be encoded)."""
+
+    def send_request(self, code, fields, body=b""):
+        if not self.sent and not getattr(self, "failed", False):
+            self.failed = True
+            raise RuntimeError("boom")
+        return super().send_request(code, fields, body)
+
+
+def test_a_check_that_fails_stops_no_other_check_and_no_later_round(broker):
+    cb, tx, producers = make(broker)
+    conn = Failing()
+    producers.heartbeat(conn, ["PG"], 0.0)
+    half(broker, 1)
+    half(broker, 2)
+    cb.run_round(NOW)  # the first check raises: counted, logged, the second is still sent
+    assert cb.counts["checks_failed"] == 1 and len(conn.sent) == 1
+    cb.run_round(NOW + 10_000)
+    assert len(conn.sent) == 3  # both asked again in the next round
+
+
+def test_a_half_message_stored_with_more_properties_than_rocketmq_carries_is_still_asked_about(tmp_path):
+    from metaq.protocol.message import encode_payload
+    broker = TxBroker(tmp_path / "big", segment_size=1 << 20)
+    cb, tx, producers = make(broker)
+    conn = Producer()
+    producers.heartbeat(conn, ["PG"], 0.0)
+    flag, data = encode_payload(b"big", "t" * 40_000)  # an attribute no send may store now: an older record's
+    broker.tx.put_half(9, "test", 1, flag, data, "PG", "T9", -1, 100, NOW, None)
+    cb.run_round(NOW)
+    [(_code, _fields, body)] = conn.sent
+    msg, _end = decode_stored_message(body)
+    assert msg.body == b"big" and msg.properties["METAQ_TRIMMED_PROPERTIES"] == "1" and "TAGS" not in msg.properties
+    assert msg.properties["PGROUP"] == "PG" and cb.counts["checks_failed"] == 0
+    broker.crash()

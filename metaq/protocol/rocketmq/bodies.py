@@ -19,6 +19,7 @@ import re
 import struct
 from typing import NamedTuple
 
+from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import metaq_checksum
 
@@ -493,10 +494,12 @@ def decode_heartbeat(data, opaque=0):
         raise RemoteProtocolError("heartbeat body is not JSON: %s" % exc, opaque, False) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("clientID"), str):
         raise RemoteProtocolError("heartbeat body has no clientID", opaque, False)
+    _bounded("clientID", obj["clientID"], limits.MAX_CLIENT_ID_BYTES, opaque)
     consumers = []
     for c in _objects(obj.get("consumerDataSet")):
         if not isinstance(c.get("groupName"), str):
             continue
+        _bounded("consumer group name", c["groupName"], limits.MAX_NAME_BYTES, opaque)
         subs = tuple(
             SubscriptionData(s["topic"], str(s.get("subString") or "*"),
                              _strings(s.get("tagsSet")),
@@ -508,4 +511,14 @@ def decode_heartbeat(data, opaque=0):
             _enum(c.get("consumeFromWhere"), _CONSUME_FROM, "CONSUME_FROM_LAST_OFFSET"),
             _as_bool(c.get("unitMode")), subs))
     producers = tuple(p["groupName"] for p in _objects(obj.get("producerDataSet")) if isinstance(p.get("groupName"), str))
+    for name in producers:
+        _bounded("producer group name", name, limits.MAX_NAME_BYTES, opaque)
     return HeartbeatData(obj["clientID"], tuple(consumers), producers)
+
+
+def _bounded(what, value, most, opaque):
+    """A heartbeat's names are kept (the client registry, the check-back's producers) and sent back (group change
+    notices): one past ``most`` UTF-8 bytes refuses the heartbeat, nothing of it recorded."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not value or size > most:
+        raise RemoteProtocolError("heartbeat %s of %d bytes: it must be 1..%d" % (what, size, most), opaque, False)

@@ -46,6 +46,7 @@ from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.rocketmq.bodies import (
+    MAX_PROPERTIES_BYTES,
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     SYSFLAG_COMPRESSED,
@@ -192,6 +193,11 @@ def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=
         attribute = encode_attribute(tags, props)
     except ValueError as exc:
         raise RemoteProtocolError(str(exc)) from None
+    size = len(attribute.encode("utf-8", "surrogatepass")) if attribute is not None else 0
+    if size > MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM:
+        raise RemoteProtocolError("the message's properties and tags take %d bytes: at most %d may be stored (RocketMQ "
+                                  "carries %d, less what the broker adds)" % (size, MAX_PROPERTIES_BYTES
+                                                                             - PROPERTIES_HEADROOM, MAX_PROPERTIES_BYTES))
     return encode_payload(body, attribute)
 
 
@@ -219,8 +225,37 @@ def message_of_record(rec, store_host):
     tags = _clean_tags(tags)
     if tags is not None:
         props[PROP_TAGS] = tags
+    _fit_properties(props)
     return StoredMessage(rec.topic, rec.partition, rec.queue_offset, rec.position, body, flag, sys_flag,
                          rec.born_ts_ms, born or store_host, rec.store_ts_ms, store_host, reconsume, 0, props)
+
+
+#: Room kept under RocketMQ's 32,767 bytes of properties for those the broker adds to a served message (a
+#: check-back's TRAN_MSG and PGROUP, a send-back's RETRY_TOPIC...).
+PROPERTIES_HEADROOM = 1024
+#: The property that says how many of a stored message's properties were left out of the served copy.
+PROP_TRIMMED = "METAQ_TRIMMED_PROPERTIES"
+
+
+def _fit_properties(props):
+    """Leave out of ``props`` its largest properties (tags included) until they encode within
+    ``MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM``, saying how many in ``PROP_TRIMMED``: a message stored with
+    more (a text put's attribute of 40,000 characters) is still served, where its encoding would fail and
+    every pull of its queue with it."""
+    sizes = {k: len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) + 2
+             for k, v in props.items() if v is not None}
+    room = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
+    total = sum(sizes.values())
+    if total <= room:
+        return
+    left_out = 0
+    for key in sorted(sizes, key=sizes.get, reverse=True):
+        del props[key]
+        total -= sizes[key]
+        left_out += 1
+        if total <= room - 64:  # and room for PROP_TRIMMED itself
+            break
+    props[PROP_TRIMMED] = str(left_out)
 
 
 def compression_bits(attribute):

@@ -40,7 +40,7 @@ class CheckBack:
         self.timeout_ms = remoting_config.transaction_timeout_ms
         self.check_max = remoting_config.transaction_check_max
         self.limit = limit
-        self.counts = {"checks_sent": 0, "checks_unsent": 0, "given_up": 0, "rounds": 0}
+        self.counts = {"checks_sent": 0, "checks_unsent": 0, "checks_failed": 0, "given_up": 0, "rounds": 0}
         self._task = None
 
     def start(self):
@@ -57,6 +57,8 @@ class CheckBack:
                 self.run_round(now_ms())
             except errors.MetaqError as exc:  # the journal cannot be written: the next round tries again
                 log.error("transaction check-back round stopped: %s", exc)
+            except Exception:  # noqa: BLE001 - a round's bug must not end every later round
+                log.exception("transaction check-back round failed; the next round tries again")
 
     def run_round(self, now):
         """One round (blocks this greenlet for one journal flush when it rolled something back)."""
@@ -68,7 +70,13 @@ class CheckBack:
             self.counts["given_up"] += 1
             log.info("half message %d rolled back: no answer after %d check-backs", number, self.check_max)
         for number in plan.check:
-            self._check(manager.half_checked(number, now))
+            half = manager.half_checked(number, now)
+            try:
+                self._check(half)
+            except Exception as exc:  # noqa: BLE001 - one half message that cannot be asked about stops no other
+                self.counts["checks_failed"] += 1
+                log.error("half message %d: its check-back could not be sent (%s: %s); it is asked again next round",
+                          number, type(exc).__name__, exc)
         if plan.deferred:
             log.info("transaction check-back: %d due half messages left for the next round (the limit is %d a "
                      "round)", plan.deferred, self.limit)

@@ -324,3 +324,31 @@ def test_heartbeat_any_json_gives_data_or_protocol_error(value):
         decode_heartbeat(json.dumps(value).encode())
     except RemoteProtocolError:
         pass
+
+
+# -- a heartbeat's names are kept and sent back: bounded (an attack review grew the broker 350 MB with 40
+# heartbeats of 8 MiB client ids) --------------------------------------------------------------------------------
+
+from metaq import limits  # noqa: E402
+
+
+@pytest.mark.parametrize("field, most", [("clientID", limits.MAX_CLIENT_ID_BYTES),
+                                         ("consumer", limits.MAX_NAME_BYTES), ("producer", limits.MAX_NAME_BYTES)])
+def test_a_heartbeat_name_at_its_limit_is_taken_and_one_byte_past_is_refused(field, most):
+    def body(size):
+        obj = {"clientID": "c", "consumerDataSet": [{"groupName": "g"}], "producerDataSet": [{"groupName": "p"}]}
+        if field == "clientID":
+            obj["clientID"] = "i" * size
+        else:
+            obj["%sDataSet" % field][0]["groupName"] = "n" * size
+        return json.dumps(obj).encode()
+    hb = decode_heartbeat(body(most))
+    assert most in (len(hb.client_id), len(hb.consumers[0].group_name), len(hb.producer_groups[0]))
+    with pytest.raises(RemoteProtocolError, match="of %d bytes: it must be 1..%d" % (most + 1, most)) as info:
+        decode_heartbeat(body(most + 1), opaque=5)
+    assert info.value.opaque == 5 and not info.value.fatal  # answered, the connection kept
+
+
+def test_an_empty_client_id_is_refused():
+    with pytest.raises(RemoteProtocolError, match="clientID of 0 bytes"):
+        decode_heartbeat(b'{"clientID": ""}')

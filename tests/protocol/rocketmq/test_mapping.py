@@ -121,3 +121,41 @@ def test_a_real_born_host_is_kept_v4_and_v6():
     for host, want in (("10.0.0.9:5", ("10.0.0.9", 5)), ("::1:7", ("::1", 7)), ("[fe80::1]:9", ("fe80::1", 9))):
         flag, data = record_data_from_send(b"b", {}, born_host=host)
         assert message_of_record(record(flag, data), HOST).born_host == want
+
+
+# -- properties past what RocketMQ carries (found by an attack review: one such message failed every pull of its
+# queue with SYSTEM_ERROR, and ended the transaction check-back for good) --------------------------------------
+
+from metaq.protocol.rocketmq.bodies import MAX_PROPERTIES_BYTES, encode_stored_message  # noqa: E402
+from metaq.protocol.rocketmq.mapping import PROPERTIES_HEADROOM  # noqa: E402
+
+ROOM = MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM
+
+
+def test_a_send_with_properties_up_to_the_room_is_stored_and_one_byte_past_is_refused():
+    def send(value_bytes):
+        # "KEYS\x01<value>\x02" is the whole attribute: 7 bytes beside the value
+        return record_data_from_send(b"b", {"KEYS": "k" * value_bytes})
+    flag, data = send(ROOM - 7)
+    assert len(decode_payload(flag, data)[0].encode()) == ROOM
+    with pytest.raises(RemoteProtocolError, match="properties and tags take %d bytes: at most %d" % (ROOM + 1, ROOM)):
+        send(ROOM - 6)
+
+
+@pytest.mark.parametrize("attribute", ["t" * 40_000, "tag\x02K\x01" + "v" * 40_000 + "\x02small\x01x",
+                                       "x" * (MAX_PROPERTIES_BYTES + 1)])
+def test_a_stored_message_with_more_properties_is_served_without_its_largest_ones(attribute):
+    flag, data = encode_payload(b"the body", attribute)  # a text put's attribute, or an older record's
+    msg = message_of_record(record(flag, data), ("127.0.0.1", 10911))
+    encoded = encode_stored_message(msg)  # raised ValueError before: every pull of the queue failed
+    back, _end = decode_stored_message(encoded)
+    assert back.body == b"the body" and back.properties["METAQ_TRIMMED_PROPERTIES"] == "1"
+    assert sum(len(k) + len(v) + 2 for k, v in back.properties.items()) <= ROOM
+    if "small" in attribute:
+        assert back.properties["small"] == "x"  # only the largest went
+
+
+def test_properties_within_the_room_are_served_whole():
+    flag, data = encode_payload(b"b", "tag\x02K\x01" + "v" * (ROOM - 100))
+    back, _end = decode_stored_message(encode_stored_message(message_of_record(record(flag, data), ("1.2.3.4", 1))))
+    assert back.properties["K"] == "v" * (ROOM - 100) and "METAQ_TRIMMED_PROPERTIES" not in back.properties
