@@ -281,3 +281,20 @@ def record_at(b, topic, offset):
         r = text.get(topic, 0, offset, 1 << 16)
     rec, _ = next(iter_records(r.body))
     return rec
+
+
+def test_a_batch_of_zip_bombs_is_bounded_in_all_not_each(rmq_factory):
+    # small_config's body limit is 256 KiB: each bomb inflates to 200 KiB (within it alone), three of them past it
+    # (an attack review: 150 bombs of 4 MiB each in one 616 KB batch held 1.2 GB and stored 600 MB)
+    from metaq.client.raw import RemotingClient
+
+    b = rmq_factory()
+    limit = b.config["limits"]["max_body_bytes"]
+    bomb = zlib.compress(b"\0" * (200 << 10))
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        r = rc.call(R.SEND_BATCH_MESSAGE, batch_header("tBomb", 0), encode_batch_messages([ev_entry(bomb)] * 3))
+        assert r.code == 13 and "decompress to more than limits.max_body_bytes (%d) in all" % limit in r.remark, r
+        one = rc.call(R.SEND_BATCH_MESSAGE, batch_header("tBomb", 0), encode_batch_messages([ev_entry(bomb)]))
+        assert one.code == 0 and one.ext_fields["queueOffset"] == "0", one  # nothing of the refused batch stored
+    with b.client() as text:
+        assert [len(r.payload) for r in consume_all(text, "tBomb", 0)] == [200 << 10]

@@ -64,6 +64,28 @@ def test_closing_one_connection_removes_only_what_it_registered():
     assert reg.members == 1999 and "c5" not in reg.consumers("G5")
 
 
+def test_an_unregister_touches_the_named_group_only_and_without_one_every_group_of_the_client():
+    reg = ClientRegistry(120.0)
+    conns = [object() for _ in range(200)]
+    for i, c in enumerate(conns):
+        reg.heartbeat(c, hb("c%d" % i, *["G%d" % g for g in range(50)]), 0.0)  # 10,000 entries
+
+    class Counting(dict):
+        items_calls = 0
+
+        def items(self):
+            Counting.items_calls += 1
+            return super().items()
+    for name in list(reg._groups):
+        reg._groups[name] = Counting(reg._groups[name])
+    assert reg.unregister("c7", "G3") == ["G3"] and Counting.items_calls == 0  # no member was walked
+    assert "c7" not in reg.consumers("G3") and "c7" in reg.consumers("G4") and reg.members == 9_999
+    assert reg.unregister("c7") == ["G%d" % g for g in range(50) if g != 3] and reg.members == 9_950
+    assert Counting.items_calls == 0
+    assert reg.unregister("c7") == [] and reg.unregister("nobody", "G1") == [] and reg.unregister("c8", "G99") == []
+    assert reg.connection_closed(conns[7]) == []  # its index entries went with the unregisters
+
+
 # -- producer groups (the transaction check-back's channels) ----------------------------------------
 
 

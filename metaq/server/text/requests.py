@@ -52,28 +52,34 @@ class TextRequests:
         except errors.MetaqError:
             router.cancel(correlation_id)
             raise
-        conn.spawn(self._serve, e, conn, flag, data, correlation_id, waiter, timeout_ms)
+        # the request's bytes are the greenlet's to drop once stored: its arguments live as long as it waits
+        conn.spawn(self._serve, [e, flag, data], conn, correlation_id, waiter, timeout_ms)
         return None
 
-    def _serve(self, e, conn, flag, data, correlation_id, waiter, timeout_ms):
+    def _serve(self, job, conn, correlation_id, waiter, timeout_ms):
+        e, flag, data = job
+        job.clear()
+        opaque = e.opaque
         path = self.path
         now = now_ms()
         try:
             r = path.append(e.topic, e.partition, flag, data, now, checksum=metaq_checksum(data))
+            del data  # stored: the wait for the reply holds none of the request (150 waiting 4 MiB requests: 1.3 GB)
             path.durable(e.topic, r.partition, r.log_end, now)
         except errors.MetaqError as exc:
             self.router.cancel(correlation_id)
-            return self.error_reply(exc, e.opaque)
+            return self.error_reply(exc, opaque)
+        del e
         reply = self.router.wait(correlation_id, waiter, timeout_ms / 1000.0)
         if reply is STOPPING:
             return encode_result(503, b"the broker is stopping: no reply will come (correlation id %s)"
-                                 % correlation_id.encode(), e.opaque)
+                                 % correlation_id.encode(), opaque)
         if reply is None:
             return encode_result(504, b"no reply within %d ms (correlation id %s): the request was stored, "
                                  b"no consumer answered it in time" % (timeout_ms, correlation_id.encode()),
-                                 e.opaque)
+                                 opaque)
         record = encode_record(0, reply.flag, reply.data)
-        out = [encode_value_header(len(record), e.opaque), record]
+        out = [encode_value_header(len(record), opaque), record]
         # the router reserved the reply's data in this connection's budget; the send releases what ``out`` holds
         conn.replies.release(len(reply.data))
         conn.replies.reserve(len(out[0]) + len(record), lambda: conn.closed)  # connection.held_by(out)
