@@ -16,9 +16,10 @@
  *                                                 == metaq.protocol.burst.encode_put_acks_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,
  *             offset, now_ms, first_id, index, unit_at) == metaq.store.batch.write_run_py
- *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False)
+ *   gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False, topic=None, partition=0,
+ *                  first=0)
  *                                                 == metaq.store.gather.gather_records_py
- *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes)
+ *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0)
  *                                                 == metaq.store.gather.check_ranges_py
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
@@ -470,6 +471,38 @@ static int record_ok(const unsigned char *r, long long size) {
     return (uint32_t)crc_of(r + CRC_START, (Py_ssize_t)(size - CRC_START), 0) == get32(r + 8);
 }
 
+/* The record at r (of ``size`` bytes, checked by record_ok) is record ``offset`` of partition ``partition`` of
+ * ``topic``: what its index unit says it is. A damaged unit that points at another whole record (another topic's,
+ * another offset's) passes record_ok; this refuses it. No topic: nothing to compare. */
+static int record_is(const unsigned char *r, long long size, const char *topic, Py_ssize_t tlen, int partition,
+                     long long offset) {
+    if (topic == NULL)
+        return 1;
+    if (PREFIX_SIZE + tlen > size || (int32_t)get32(r + 12) != partition)
+        return 0;
+    if ((long long)(((uint64_t)get32(r + 16) << 32) | get32(r + 20)) != offset)
+        return 0;
+    if ((Py_ssize_t)(int16_t)(uint16_t)((r[40] << 8) | r[41]) != tlen)
+        return 0;
+    return memcmp(r + PREFIX_SIZE, topic, (size_t)tlen) == 0;
+}
+
+/* The owner arguments of gather_records and check_ranges: ``topic`` (bytes or None), the partition and the offset
+ * of the first unit. 0 and a Python error when topic is neither bytes nor None. */
+static int owner_of(PyObject *topic_obj, const char **topic, Py_ssize_t *tlen) {
+    *topic = NULL;
+    *tlen = 0;
+    if (topic_obj == NULL || topic_obj == Py_None)
+        return 1;
+    if (!PyBytes_Check(topic_obj)) {
+        PyErr_SetString(PyExc_TypeError, "topic must be bytes or None");
+        return 0;
+    }
+    *topic = PyBytes_AS_STRING(topic_obj);
+    *tlen = PyBytes_GET_SIZE(topic_obj);
+    return 1;
+}
+
 /* gather_records' and check_ranges' first pass, over the units only (they may run far past the limit): how many
  * records fit ``limit`` (at least one) within the segment, their MetaQ forms' bytes in *total; *stop GATHER_FULL when
  * the limit stopped them (else left as it is). */
@@ -496,9 +529,13 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
     PyObject *units_obj, *log_obj;
     Py_ssize_t skip, limit, nbytes;
     long long seg_start, seg_end;
-    int verify = 0;
-    if (!PyArg_ParseTuple(args, "OnOLLnn|p", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes,
-                          &verify))
+    int verify = 0, partition = 0;
+    PyObject *topic_obj = NULL;
+    long long first = 0;
+    const char *topic;
+    Py_ssize_t tlen;
+    if (!PyArg_ParseTuple(args, "OnOLLnn|pOiL", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes,
+                          &verify, &topic_obj, &partition, &first) || !owner_of(topic_obj, &topic, &tlen))
         return NULL;
     Py_buffer ub, lb;
     if (PyObject_GetBuffer(units_obj, &ub, PyBUF_SIMPLE) < 0)
@@ -523,7 +560,7 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
             long long size = (int32_t)get32(u + 8);
             Py_ssize_t ln = (Py_ssize_t)(size - skip);
             const unsigned char *rec = log + (phys - seg_start);
-            if (verify && !record_ok(rec, size)) {
+            if (verify && (!record_ok(rec, size) || !record_is(rec, size, topic, tlen, partition, first + k))) {
                 count = k;
                 stop = GATHER_CORRUPT;
                 break;
@@ -547,8 +584,13 @@ static PyObject *gather_records(PyObject *self, PyObject *args) {
 static PyObject *check_ranges(PyObject *self, PyObject *args) {
     PyObject *units_obj, *log_obj;
     Py_ssize_t skip, limit, nbytes;
-    long long seg_start, seg_end;
-    if (!PyArg_ParseTuple(args, "OnOLLnn", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes))
+    long long seg_start, seg_end, first = 0;
+    int partition = 0;
+    PyObject *topic_obj = NULL;
+    const char *topic;
+    Py_ssize_t tlen;
+    if (!PyArg_ParseTuple(args, "OnOLLnn|OiL", &units_obj, &skip, &log_obj, &seg_start, &seg_end, &limit, &nbytes,
+                          &topic_obj, &partition, &first) || !owner_of(topic_obj, &topic, &tlen))
         return NULL;
     Py_buffer ub, lb;
     if (PyObject_GetBuffer(units_obj, &ub, PyBUF_SIMPLE) < 0)
@@ -571,7 +613,7 @@ static PyObject *check_ranges(PyObject *self, PyObject *args) {
             const unsigned char *u = units + k * UNIT_SIZE;
             long long phys = (long long)(((uint64_t)get32(u) << 32) | get32(u + 4));
             long long size = (int32_t)get32(u + 8), rel = phys - seg_start;
-            if (!record_ok(log + rel, size)) {
+            if (!record_ok(log + rel, size) || !record_is(log + rel, size, topic, tlen, partition, first + k)) {
                 count = k;
                 stop = GATHER_CORRUPT;
                 break;
@@ -755,9 +797,11 @@ static PyMethodDef methods[] = {
     {"scan_records", scan_records, METH_VARARGS,
      "scan_records(buf, pos, end) -> (where the run of valid records from pos stops, how many records it holds)"},
     {"gather_records", gather_records, METH_VARARGS,
-     "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False) -> (count, data, stop)"},
+     "gather_records(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False, topic=None, partition=0, "
+     "first=0) -> (count, data, stop)"},
     {"check_ranges", check_ranges, METH_VARARGS,
-     "check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes) -> (count, ranges, their bytes, stop)"},
+     "check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0) -> "
+     "(count, ranges, their bytes, stop)"},
     {"send_ranges", send_ranges, METH_VARARGS,
      "send_ranges(fd, head, log, ranges, pos) -> bytes sent by one non-blocking sendmsg"},
     {"scan_log", scan_log, METH_VARARGS,

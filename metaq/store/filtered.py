@@ -21,10 +21,10 @@ at again and a wanted one is never passed over. No sockets, threads or clock.
 import struct
 from typing import List, NamedTuple
 
-from metaq.errors import CorruptRecord, Moved, StoreError
+from metaq.errors import CorruptRecord, Moved
 from metaq.protocol.tags import OFFSET_FIELD
 from metaq.store.index import UNIT_SIZE
-from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_ok, record_tags
+from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_is, record_ok, record_tags
 
 _TLEN = struct.Struct(">h")
 _FLAG = struct.Struct(">i")
@@ -126,13 +126,12 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
         if read and read + size > max_bytes:  # every record read counts, a hash collision's too (forgeable)
             break
         seg = log.segment_at(phys)
-        if seg is None or size <= 0:
-            raise StoreError("index unit %d of %s-%d points at %d, outside the log" % (n, p.topic, p.partition, phys))
-        rel = phys - seg.start
-        view = seg.view
+        rel = phys - seg.start if seg is not None else 0
+        view = seg.view if seg is not None else None
         read += size
-        if not record_ok(view, rel, size):
-            if hits:
+        if (seg is None or size <= 0 or not record_ok(view, rel, size)
+                or not record_is(view, rel, size, p.topic_bytes, p.partition, n)):
+            if hits:  # never a corrupt record, nor one its (damaged) unit does not name
                 break
             raise CorruptRecord(p.topic, p.partition, n, n + 1, phys)
         nxt = n + 1

@@ -27,7 +27,7 @@ from array import array
 from metaq import speedups
 from metaq.errors import CorruptRecord, StoreError
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import check_record, metaq_offset, record_ok
+from metaq.store.record import check_record, metaq_offset, record_is, record_ok
 
 #: The MetaQ form's 20-byte header: a record's form is never shorter.
 MIN_METAQ_FORM = 20
@@ -36,7 +36,8 @@ MIN_METAQ_FORM = 20
 END, FULL, CORRUPT = 0, 1, 2
 
 
-def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False):
+def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verify=False, topic=None, partition=0,
+                      first=0):
     """The MetaQ forms of the records of ``units`` (16-byte index units) that lie in the segment ``log``, joined.
 
     ``log`` covers log positions ``[seg_start, seg_end)``; a record's form is
@@ -44,7 +45,8 @@ def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verif
     the total (``nbytes`` already gathered + these) past ``limit`` unless
     nothing is gathered yet (``stop`` is then FULL), before a unit that is
     not a whole record of this segment (END) and, with ``verify``, before a record
-    that fails ``check_record`` at its unit's size (CORRUPT). Returns ``(count, data, stop)``.
+    that fails ``check_record`` at its unit's size or, given ``topic`` (bytes), is not record ``first + k`` of
+    that topic's ``partition`` (``record_is``) (CORRUPT). Returns ``(count, data, stop)``.
     """
     parts = []
     count = 0
@@ -58,7 +60,8 @@ def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verif
             if not seg_start <= phys < seg_end or ln < MIN_METAQ_FORM or phys - seg_start + size > len(seg):
                 break
             rel = phys - seg_start
-            if verify and check_record(seg, rel, rel + size) != size:
+            if verify and (check_record(seg, rel, rel + size) != size
+                           or topic is not None and not record_is(seg, rel, size, topic, partition, first + count)):
                 stop = CORRUPT
                 break
             a = rel + skip
@@ -71,7 +74,7 @@ def gather_records_py(units, skip, log, seg_start, seg_end, limit, nbytes, verif
 gather_records = speedups.load("gather_records", gather_records_py)  # the C twin when built
 
 
-def check_ranges_py(units, skip, log, seg_start, seg_end, limit, nbytes):
+def check_ranges_py(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0):
     """As ``gather_records_py`` with ``verify``, but nothing copied: ``(count, ranges, their bytes, stop)`` where
     ``ranges`` holds each record's MetaQ form as a (start, end) pair of native int64 byte positions in ``log``."""
     pairs = array("q")
@@ -86,7 +89,8 @@ def check_ranges_py(units, skip, log, seg_start, seg_end, limit, nbytes):
             if not seg_start <= phys < seg_end or ln < MIN_METAQ_FORM or phys - seg_start + size > len(seg):
                 break
             rel = phys - seg_start
-            if check_record(seg, rel, rel + size) != size:
+            if (check_record(seg, rel, rel + size) != size
+                    or topic is not None and not record_is(seg, rel, size, topic, partition, first + count)):
                 stop = CORRUPT
                 break
             pairs.extend((rel + skip, rel + size))
@@ -182,24 +186,26 @@ def collect_joined(log, p, n, vis, limit, verify=True, mapped=False):
         with f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE] as units:
             phys = UNIT.unpack_from(units, 0)[0]
             seg = log.segment_at(phys)
-            if seg is None:
-                raise _outside(p, phys)
+            if seg is None:  # a damaged unit: served up to it, then refused as a corrupt record is
+                if count:
+                    break
+                raise corrupt(p, n, phys)
+            owner = (p.topic_bytes, p.partition, n) if verify else ()
             if mapped:
-                k, ranges, size, stop = check_ranges(units, skip, seg.view, seg.start, seg.end, limit, nbytes)
+                k, ranges, size, stop = check_ranges(units, skip, seg.view, seg.start, seg.end, limit, nbytes, *owner)
                 data = MappedRecords(seg.view, ranges, size, skip, log, seg.start) if k else None
             else:
-                k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify)
+                k, data, stop = gather_records(units, skip, seg.view, seg.start, seg.end, limit, nbytes, verify,
+                                               *owner)
         if k:
             buffers.append(data)
             nbytes += len(data)
             count += k
             n += k
-        if stop == CORRUPT:
+        if stop == CORRUPT or (not k and stop == END):  # END with nothing: the unit points at no whole record
             if count:
                 break  # served up to the corrupt record; the next read starts at it and is refused
             raise corrupt(p, n, phys_of(p, n))
-        if not k and stop == END:
-            raise _outside(p, phys)
         if stop == FULL:
             break
     return buffers, nbytes, count
@@ -208,8 +214,8 @@ def collect_joined(log, p, n, vis, limit, verify=True, mapped=False):
 def collect_views(log, p, n, vis, limit):
     """``(views, nbytes)``: one memoryview per record (its MetaQ form) of records ``n…`` of ``p`` below ``vis``
     within ``limit`` (at least one), for ``MessageStore.read``; checked as ``collect_joined`` checks them."""
-    skip = metaq_offset(len(p.topic_bytes))
-    first = n
+    topic = p.topic_bytes
+    skip = metaq_offset(len(topic))
     views = []
     append = views.append
     nbytes = 0
@@ -221,21 +227,23 @@ def collect_views(log, p, n, vis, limit):
         if f is None:
             raise StoreError("no index file holds offset %d of %s-%d" % (n, p.topic, p.partition))
         hi = min(vis, f.end, n + chunk)
-        for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
+        units = UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE])
+        for k, (phys, size, _tag) in enumerate(units, n):
             ln = size - skip
             if nbytes + ln > limit and views:
                 return views, nbytes
             if not seg_start <= phys < seg_end:
                 seg = log.segment_at(phys)
-                if seg is None or ln < MIN_METAQ_FORM:
-                    raise StoreError("index unit of %s-%d points at %d, outside the log"
-                                     % (p.topic, p.partition, phys))
+                if seg is None or ln < MIN_METAQ_FORM:  # a damaged unit: refused as a corrupt record is
+                    if views:
+                        return views, nbytes
+                    raise corrupt(p, k, phys)
                 seg_start, seg_end, sview = seg.start, seg.end, seg.view
             rel = phys - seg_start
-            if not record_ok(sview, rel, size):  # never serve a corrupt record
-                if views:
+            if not record_ok(sview, rel, size) or not record_is(sview, rel, size, topic, p.partition, k):
+                if views:  # never serve a corrupt record, nor one its unit does not name
                     return views, nbytes
-                raise corrupt(p, first, phys)
+                raise corrupt(p, k, phys)
             append(sview[rel + skip:rel + size])
             nbytes += ln
         n = hi
@@ -251,7 +259,3 @@ def phys_of(p, n):
 
 def corrupt(p, n, position):
     return CorruptRecord(p.topic, p.partition, n, n + 1, position)
-
-
-def _outside(p, phys):
-    return StoreError("index unit of %s-%d points at %d, outside the log" % (p.topic, p.partition, phys))

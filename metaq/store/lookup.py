@@ -13,10 +13,10 @@ No sockets, threads or clock.
 
 import struct
 
-from metaq.errors import CorruptRecord, Moved, NotFound, StoreError
+from metaq.errors import CorruptRecord, Moved, NotFound
 from metaq.limits import ID_SCAN_STEP_BYTES, MAX_NAME_BYTES
 from metaq.store.index import UNIT, UNIT_SIZE
-from metaq.store.record import TOPIC_START, check_record, decode_record, record_ok
+from metaq.store.record import TOPIC_START, check_record, decode_record, record_is, record_ok
 
 #: store_ts_ms of a record (PREFIX field at byte 24).
 _STORE_TS = struct.Struct(">q")
@@ -55,11 +55,10 @@ def read_records(log, p, offset, max_count, max_bytes):
         if records and nbytes + size > max_bytes:
             break
         seg = log.segment_at(phys)
-        if seg is None or size <= 0:
-            raise StoreError("index unit %d of %s-%d points at %d, outside the log" % (n, p.topic, p.partition, phys))
-        rel = phys - seg.start
-        if not record_ok(seg.view, rel, size):
-            if records:
+        rel = phys - seg.start if seg is not None else 0
+        if (seg is None or size <= 0 or not record_ok(seg.view, rel, size)
+                or not record_is(seg.view, rel, size, p.topic_bytes, p.partition, n)):
+            if records:  # never a corrupt record, nor one its (damaged) unit does not name
                 break
             raise CorruptRecord(p.topic, p.partition, n, n + 1, phys)
         records.append(decode_record(seg.view, rel, position=phys))

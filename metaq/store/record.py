@@ -187,6 +187,21 @@ def record_ok_py(buf, pos, size):
 
 record_ok = speedups.load("record_ok", record_ok_py)  # the C twin when built: one call per record
 
+_OWNER = struct.Struct(">iq")  # partition, queue_offset at byte 12 of a record
+
+
+def record_is(buf, pos, size, topic_bytes, partition, offset):
+    """True when the record at ``pos`` (``size`` bytes, checked by ``record_ok``) is record ``offset`` of
+    ``partition`` of the topic ``topic_bytes``: what the index unit that led there says. A damaged unit that points
+    at another whole record (another topic's, another offset's) passes ``record_ok``; this refuses it."""
+    tlen = len(topic_bytes)
+    if TOPIC_START + tlen > size:
+        return False
+    if _OWNER.unpack_from(buf, pos + 12) != (partition, offset):
+        return False
+    (have,) = struct.unpack_from(">h", buf, pos + 40)
+    return have == tlen and buf[pos + TOPIC_START:pos + TOPIC_START + tlen] == topic_bytes
+
 
 def scan_records_py(buf, pos, end):
     """``(stop, count)``: where the run of valid records (``check_record``) from ``pos`` stops — ``end`` when

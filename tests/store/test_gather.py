@@ -114,3 +114,38 @@ def test_c_range_check_equals_the_python_reference_on_real_records(data_dir):
     if check_ranges_c is not None:
         assert check_ranges_c(*args) == check_ranges_py(*args)
     s.close(NOW)
+
+
+def test_a_unit_that_points_at_another_whole_record_stops_both_twins_there(data_dir):
+    """A damaged index unit naming another topic's record, or another offset's of the same partition, passes the
+    record check (the record is whole): the owner check (topic, partition, offset) stops the C helper and its
+    Python twin at the same place."""
+    s = open_store(data_dir)
+    for i in range(20):
+        s.put("test", 0, 0, b"a%03d" % i, NOW + i)
+        s.put("test", 1, 0, b"b%03d" % i, NOW + i)
+    p, other = s._parts[("test", 0)], s._parts[("test", 1)]
+    seg = s._log.segment_at(p.unit(0)[0])
+    skip = gather.metaq_offset(len(p.topic_bytes))
+    good = bytes(p.files[0].view[:20 * 16])
+    for swap, stopped_at in (
+            (lambda u: u[:5 * 16] + bytes(other.files[0].view[5 * 16:6 * 16]) + u[6 * 16:], 5),  # partition 1's
+            (lambda u: u[:9 * 16] + u[3 * 16:4 * 16] + u[10 * 16:], 9),  # its own record 3 again
+            (lambda u: u, 20)):
+        units = swap(good)
+        for first, expect in ((0, stopped_at), (1, 0)):  # named as offsets 1..: the very first is not record 1
+            args = (units, skip, seg.view, seg.start, seg.end, 1 << 20, 0, p.topic_bytes, 0, first)
+            count, _ranges, _size, stop = check_ranges_py(*args)
+            assert count == expect and stop == (gather.CORRUPT if expect < 20 else gather.END), (first, count)
+            assert gather_records_py(units, skip, seg.view, seg.start, seg.end, 1 << 20, 0, True, p.topic_bytes, 0,
+                                     first)[0] == expect
+            if check_ranges_c is not None:
+                assert check_ranges_c(*args) == check_ranges_py(*args)
+                assert gather_records_c(units, skip, seg.view, seg.start, seg.end, 1 << 20, 0, True,
+                                        p.topic_bytes, 0, first) == gather_records_py(
+                    units, skip, seg.view, seg.start, seg.end, 1 << 20, 0, True, p.topic_bytes, 0, first)
+        other_topic = (units, skip, seg.view, seg.start, seg.end, 1 << 20, 0, b"tesu", 0, 0)
+        assert check_ranges_py(*other_topic)[0] == 0
+        if check_ranges_c is not None:
+            assert check_ranges_c(*other_topic) == check_ranges_py(*other_topic)
+    s.close(NOW)
