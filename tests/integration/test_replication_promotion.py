@@ -160,6 +160,34 @@ def test_a_caught_up_slave_is_promoted_without_force_once_its_master_is_gone(bro
         c.put_ok("t-a", b"on the new master")
 
 
+def test_a_slave_whose_link_went_silent_before_it_dropped_is_not_caught_up(broker_factory, tmp_path, capsys):
+    """Its master's last word is old: the master may have gone on acknowledging puts (async, or confirmed by
+    another slave in sync mode) that this slave never heard of, so an unforced promotion is refused."""
+    from tests.harness.faults import LinkProxy
+
+    rport = free_port()
+    m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
+    with LinkProxy(("127.0.0.1", rport)) as proxy:
+        s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", proxy.address, "--slave-id", "1"])
+        mixed_load(m, 20, seed=7)
+        caught_up(m, s)
+        proxy.cut(blackhole=True)  # the path goes silent; the connection stays open
+        with m.client() as c:
+            for i in range(10):
+                c.put_ok("t-a", b"never heard of %d" % i)
+        wait_for(lambda: stats(s)["replication_caught_up"] == "false", 10, "the silence noticed")
+        m.kill()
+        wait_for(lambda: stats(s)["replication_link"] == "down", 30, "the slave sees the link gone")
+        st = stats(s)
+        assert st["replication_lag_bytes"] == "0" and st["replication_caught_up"] == "false", st
+        assert float(st["replication_master_silence_s"]) >= 3, st
+        code, _out, err = promote(capsys, s)
+        assert code == admin.EXIT_REFUSED and "said nothing for" in err and "log_end_position" in err, err
+        code, out, _err = promote(capsys, s, force=True)
+        assert code == admin.EXIT_OK and "FORCED" in out, out
+
+
 @pytest.mark.slow
 def test_with_zookeeper_a_superseded_master_rejoins_by_itself(broker_factory, tmp_path, capsys, zk_connect):
     from kazoo.client import KazooClient

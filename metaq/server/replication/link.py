@@ -15,6 +15,10 @@ OFFSETS_SYNC_S = 1.0
 HELLO_TIMEOUT_S = 10.0
 #: A link that hears nothing (no DATA, no HEARTBEAT) for this long is considered dead.
 LINK_TIMEOUT_S = 10.0
+#: A slave whose master was silent longer than this before the link went down does not know the master's end: the
+#: master may have gone on acknowledging (another slave confirming a ``sync`` put, or ``async``), so it is not
+#: "caught up" whatever it last heard (three heartbeats: a master that dies is heard of within one).
+CAUGHT_UP_SILENCE_S = 3 * HEARTBEAT_S
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
 RECV_BYTES = 1 << 20
 

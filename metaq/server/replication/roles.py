@@ -38,6 +38,7 @@ import time
 import gevent
 
 from metaq import errors
+from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
 from metaq.store.epochs import origin_text
@@ -309,6 +310,12 @@ class Roles:
     def _lag_text(link):
         if link.master_written is None:
             return "it has never heard from its master %s" % link.master
+        silence = link.silence_s()
+        if link.lag_bytes == 0 and silence is not None and silence > CAUGHT_UP_SILENCE_S:
+            return ("its master %s said nothing for %.0f s before the link went down: it may have acknowledged puts "
+                    "this slave never heard of (another slave confirming them, or async); compare the slaves' log "
+                    "ends (stats: log_end_position) and promote the most advanced with --force"
+                    % (link.master, silence))
         return "%d bytes, %d messages behind the last known end of its master %s (%d)" % (
             link.lag_bytes, max(0, link.lag_messages), link.master, link.master_written)
 

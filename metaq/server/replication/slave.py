@@ -12,8 +12,8 @@ from metaq import errors
 from metaq.protocol import replication as rp
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication import handshake
-from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, HELLO_TIMEOUT_S, LINK_TIMEOUT_S, RECV_BYTES,
-                                           now_ms, send_event)
+from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, CAUGHT_UP_SILENCE_S, HELLO_TIMEOUT_S,
+                                          LINK_TIMEOUT_S, RECV_BYTES, now_ms, send_event)
 from metaq.server.tls import client_context
 from metaq.store.replica import ReplicationRefused
 
@@ -48,6 +48,8 @@ class SlaveLink:
         self.master_end = None  # the master's replicable end, last heard
         self.master_written = None  # its written end, last heard (what "caught up" means)
         self.master_count = None  # messages in its log up to that end
+        self.heard_at = None  # monotonic time the master last said anything (DATA, HEARTBEAT)
+        self.lost_at = None  # monotonic time the link last went down
         self.last_error = None
         self.connects = 0
         self.handshakes = 0
@@ -77,7 +79,19 @@ class SlaveLink:
         return max(0, self.master_count - self.store.appended_messages())
 
     def caught_up(self):
-        return self.master_written is not None and self.store.written_position >= self.master_written
+        """Our log holds the master's end as last heard, and that end is the master's last: the master spoke
+        within CAUGHT_UP_SILENCE_S of now (link up) or of the link's end. A link that went silent before it dropped
+        (cut, blackholed) leaves a master that may have gone on acknowledging puts this slave never heard of."""
+        if self.master_written is None or self.store.written_position < self.master_written or self.heard_at is None:
+            return False
+        until = time.monotonic() if self.connected else (self.lost_at or self.heard_at)
+        return until - self.heard_at <= CAUGHT_UP_SILENCE_S
+
+    def silence_s(self):
+        """Seconds the master was silent before the link went down (or until now while it is up); None: never heard."""
+        if self.heard_at is None:
+            return None
+        return (time.monotonic() if self.connected else (self.lost_at or self.heard_at)) - self.heard_at
 
     def start(self):
         self._greenlet = gevent.spawn(self._run)
@@ -108,6 +122,8 @@ class SlaveLink:
                 else:
                     log.info("replication: cannot reach master %s: %s; retrying in %.1f s", self.master, exc, delay)
             finally:
+                if self.connected:
+                    self.lost_at = time.monotonic()
                 self.connected = False
                 if self._sock is not None:
                     try:
@@ -140,6 +156,7 @@ class SlaveLink:
                  self.slave_id, store.written_position, store.epochs.epoch)
         while not self._stopping:
             event = self._next_event(sock, parser)
+            self.heard_at = time.monotonic()
             if isinstance(event, rp.Data):
                 self._append(sock, event)
             elif isinstance(event, rp.Offsets):
@@ -321,6 +338,7 @@ class SlaveLink:
                 ("replication_lag_bytes", self.lag_bytes),
                 ("replication_lag_messages", self.lag_messages),
                 ("replication_caught_up", bool(self.caught_up())),
+                ("replication_master_silence_s", -1 if self.heard_at is None else round(self.silence_s(), 1)),
                 ("replication_connects", self.connects),
                 ("replication_offsets_synced", bool(self.offsets_synced)),
                 ("replication_cut_bytes", self.cut_bytes)]
