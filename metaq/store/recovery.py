@@ -240,18 +240,23 @@ class Cut:
     corruption: Optional[str]
 
 
-def decide(damage, force):
-    """Nothing to do (None), a cut, or CorruptLog when valid records follow the damage."""
+def decide(damage, force, durable_end=0):
+    """Nothing to do (None), a cut, or CorruptLog when valid records follow the damage or it lies below
+    ``durable_end`` (the checkpoint's position: everything below it was fsynced before, so no crash tore it)."""
     if damage is None:
         return None
     records = max(1, damage.magic_count)
     where = "%s at byte %d (log position %d)" % (damage.path, damage.file_offset, damage.position)
-    if damage.valid_after is None:
+    if damage.valid_after is None and damage.position >= durable_end:
         log.warning("recovery: torn tail in %s: %s; cutting %d bytes (%d records) there",
                     where, damage.reason, damage.nonzero_bytes, records)
         return Cut(damage.position, damage.nonzero_bytes, records, None)
-    msg = ("corrupt commit log: %s: %s, but a valid record follows at log position %d (%s)"
-           % (where, damage.reason, damage.valid_after, os.path.basename(damage.valid_after_path)))
+    if damage.valid_after is None:
+        msg = ("corrupt commit log: %s: %s, below the checkpoint position %d (on disk before the last run ended: "
+               "not a torn tail)" % (where, damage.reason, durable_end))
+    else:
+        msg = ("corrupt commit log: %s: %s, but a valid record follows at log position %d (%s)"
+               % (where, damage.reason, damage.valid_after, os.path.basename(damage.valid_after_path)))
     if not force:
         raise CorruptLog("refusing to start: %s. Repair or restore the data, or start with force_recovery "
                          "(--force-recovery) to cut the log there, discarding %d bytes"
@@ -319,6 +324,8 @@ def settle_partitions(partitions, seen, floors, full, log_start):
         else:
             used = p.last_used(last + 1 if last is not None else None)
             new_max = last + 1 if last is not None else _kept_max(p, used, log_start, floor)
+            if floor is not None and floor > new_max:  # a forced recovery lost records the checkpoint counted:
+                new_max = floor  # their offsets are never given out again (reads of them: corrupt records)
             if used is not None and used >= new_max:
                 dropped += p.drop(new_max, used + 1)
         p.max = p.visible = new_max
@@ -352,8 +359,18 @@ def scan_and_repair(log_, parts, make_partition, report, cp, floors, log_start, 
     start = log_start if full else cp.position
     rebuilder = IndexRebuilder(make_partition)
     outcome = scan(log_, start, rebuilder.apply)
-    cut = decide(outcome.damage, force)
+    durable = cp.position if cp is not None else 0
+    cut = decide(outcome.damage, force, durable)
     end = outcome.end
+    if cut is None and end < durable:  # the log stops early, cleanly: a segment lost or emptied
+        lost = ("the commit log ends at position %d, below the checkpoint position %d: data that was on disk is "
+                "missing (a segment file lost, emptied or cut)" % (end, durable))
+        if not force:
+            raise CorruptLog("refusing to start: %s. Restore the data, or start with force_recovery "
+                             "(--force-recovery) to go on from %d; the offsets the checkpoint counted are not "
+                             "given out again" % (lost, end), log_.dirs.commitlog, end)
+        log.error("recovery forced: %s; going on from %d", lost, end)
+        report.corruption = lost
     if cut is not None:
         report.deleted_segments = tuple(log_.truncate(cut.position))
         report.truncated_bytes, report.truncated_records = cut.bytes, cut.records

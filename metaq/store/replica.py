@@ -378,6 +378,7 @@ def truncate_log(acc, position):
     report = TruncateReport(position, old_end)
     if position == old_end:
         return report
+    acc.log.dirs.remove(acc.log.dirs.checkpoint)  # a crash mid-cut leaves no checkpoint claiming what is cut
     first_cut = {}
     for key, qoff, total in _records_between(acc, position, old_end):
         counts = report.partitions.setdefault(key, [0, 0])

@@ -5,6 +5,8 @@ import random
 
 import pytest
 
+from metaq import errors
+
 from metaq.errors import ClientError
 from metaq.protocol.idempotence import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
@@ -140,10 +142,12 @@ def test_snapshot_past_the_recovered_end_is_not_used(tmp_path):
     s.checkpoint(NOW)  # this snapshot covers seq 3 ...
     s.abandon()
     seg = sorted(os.listdir(tmp_path / "d" / "commitlog"))[-1]
-    with open(tmp_path / "d" / "commitlog" / seg, "r+b") as f:  # ... whose record a power loss then took
+    with open(tmp_path / "d" / "commitlog" / seg, "r+b") as f:  # ... whose record a disk then lost
         f.seek(good_end % 4096)
         f.write(b"\0" * 64)
-    s = open_store(tmp_path / "d")
+    with pytest.raises(errors.CorruptLog, match="below the checkpoint position"):
+        open_store(tmp_path / "d")  # it was on disk before: not a torn tail, refused unless forced
+    s = open_store(tmp_path / "d", force_recovery=True)
     assert s.written_position == good_end
     assert put(s, 3)[1] is False  # stored (again): the log no longer holds it
     assert put(s, 2)[1] is True
