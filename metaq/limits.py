@@ -234,6 +234,16 @@ MAX_CORRUPT_LOGGED = 1024
 #: any name) share one set of counters.
 MAX_STATS_TOPICS = 4096
 
+#: Group rows (group, topic, partition) one ``/metrics`` scrape shows (two series each); past it the rest are left
+#: out and ``metaq_group_rows_left_out`` says how many (100,000 committed offsets made a 15 MB scrape of 2.9 s).
+MAX_METRICS_GROUP_ROWS = 10_000
+
+#: An unfiltered ``/metrics`` answer that took more than METRICS_COSTLY_S to build is reused for ten times that, at
+#: most METRICS_REUSE_S: a flood of costly scrapes spends at most a tenth of the event loop on them, and a cheap
+#: answer is always fresh.
+METRICS_COSTLY_S = 0.05
+METRICS_REUSE_S = 1.0
+
 #: Consumer groups one RocketMQ heartbeat may name (real clients send a handful); more is INVALID_PARAMETER.
 MAX_HEARTBEAT_GROUPS = 1024
 

@@ -3,6 +3,7 @@
 import socket
 import ssl
 
+from metaq.protocol import events as ev
 from tests.harness.acl import SECRETS, secured_config
 from tests.harness.http import http_port, request, with_http
 from tests.harness.pki import Pki
@@ -46,6 +47,26 @@ def test_metrics_may_require_a_user(broker_factory, tmp_path):
     b = broker_factory(with_http(secured_config(tmp_path), open_metrics=False))
     assert request(b, "GET", "/metrics").status == 401
     assert request(b, "GET", "/metrics", **_as("reader")).status == 200
+
+
+def test_closed_metrics_show_a_user_only_what_it_may_subscribe_to(broker_factory, tmp_path):
+    # an attack review: bob, who may only publish to orders, read payroll's puts, bytes and messages in /metrics
+    b = broker_factory(with_http(secured_config(tmp_path), open_metrics=False))
+    for topic in ("payroll", "orders"):
+        assert request(b, "POST", "/api/topics/%s/messages?partition=0" % topic, body=b"x", **_as("admin")).status == 200
+    with b.client() as c:
+        assert c.auth("admin", SECRETS["admin"]).code == 200
+        assert c.call(ev.CommitOffset("payroll-audit", "payroll", 0, 1, c.opaque())).code == 200
+
+    def names(user):
+        text = request(b, "GET", "/metrics", **_as(user)).text
+        return {line.split("{")[0] + ":" + line for line in text.splitlines() if not line.startswith("#")}
+    for user in ("bob", "reader"):
+        shown = "\n".join(names(user))
+        assert "payroll" not in shown, (user, [line for line in shown.splitlines() if "payroll" in line])
+    assert 'metaq_topic_messages{topic="orders"}' in "\n".join(names("reader"))  # what it may read: shown
+    everything = "\n".join(names("admin"))
+    assert 'topic="payroll"' in everything and 'group="payroll-audit"' in everything
 
 
 def test_the_http_port_speaks_tls_when_tls_mode_is_on(broker_factory, tmp_path):

@@ -4,6 +4,7 @@ authentication, the metrics collector, and the dashboard's escaping of names (us
 import base64
 import io
 import re
+import types
 
 import pytest
 from gevent import pywsgi
@@ -193,6 +194,52 @@ def test_the_collector_reads_the_figures_at_scrape_time():
     assert 'metaq_topic_puts_total{topic="orders"} 13.0' in generate_latest(metrics.registry).decode()
     for name in re.findall(r"^# TYPE (\S+) ", text, re.M):
         assert name.startswith("metaq_")
+
+
+def _group_collector(rows):
+    return BrokerCollector(None, lambda: [], lambda: [], lambda: rows, lambda: [], lambda: {}, lambda: [])
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_scrape_shows_the_most_group_rows_allowed_the_most_behind_first_and_says_how_many_it_left_out(extra):
+    n = limits.MAX_METRICS_GROUP_ROWS + extra
+    rows = [{"group": "g%d" % i, "topic": "t", "partition": 0, "offset": 0, "lag": i} for i in range(n)]
+    text = generate_latest(Metrics(_group_collector(rows)).registry).decode()
+    assert text.count("metaq_group_lag_messages{") == limits.MAX_METRICS_GROUP_ROWS
+    assert "metaq_group_rows_left_out %d.0" % extra in text
+    if extra:
+        assert 'group="g0"' not in text and 'group="g%d"' % (n - 1) in text  # the least behind went
+
+
+class Counted(BrokerCollector):
+    calls = 0
+
+    def collect(self):
+        Counted.calls += 1
+        return super().collect()
+
+
+@pytest.mark.parametrize("build_s, reused_s", [(0.3, limits.METRICS_REUSE_S), (0.06, 0.6), (0.002, 0.0)])
+def test_a_costly_answer_is_reused_for_ten_times_its_cost_at_most_a_second(monkeypatch, build_s, reused_s):
+    import metaq.server.http.metrics as metrics_module
+    clock = [100.0]
+    monkeypatch.setattr(metrics_module.time, "monotonic", lambda: clock[0])
+    rows = [{"group": "g", "topic": "t", "partition": 0, "offset": 0, "lag": 1}]
+
+    def costly():
+        clock[0] += build_s  # what building the answer takes
+        return rows
+    Counted.calls = 0
+    metrics = Metrics(Counted(None, lambda: [], lambda: [], costly, lambda: [], lambda: {}, lambda: []))
+    request = types.SimpleNamespace(session=None)
+    first = metrics.scrape(request).body
+    rows[0]["lag"] = 7
+    if reused_s:
+        clock[0] += reused_s - 0.001
+        assert metrics.scrape(request).body is first and Counted.calls == 1  # a flood of costly scrapes: one built
+        clock[0] += 0.002
+    assert b'metaq_group_lag_messages{group="g",partition="0",topic="t"} 7.0' in metrics.scrape(request).body
+    assert Counted.calls == 2
 
 
 # -- the dashboard ---------------------------------------------------------------------------------------------

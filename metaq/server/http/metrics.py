@@ -7,6 +7,8 @@ in the README's "Metrics" table. The registry is this port's own (never the proc
 ``_created`` series are off.
 """
 
+import time
+
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -15,6 +17,8 @@ try:  # prometheus_client >= 0.18
 except ImportError:  # pragma: no cover - older clients always write them
     disable_created_metrics = None
 
+from metaq import limits
+from metaq.server.connections import share_loop
 from metaq.server.http.routes import Response
 
 if disable_created_metrics is not None:
@@ -141,24 +145,54 @@ class BrokerCollector:
                                 "this broker) and the partition's end.", labels=["group", "topic", "partition"])
         offset = GaugeMetricFamily("metaq_group_committed_offset", "The offset a group committed to this broker.",
                                    labels=["group", "topic", "partition"])
-        for g in self.groups():
+        rows = self.groups()
+        shown = sorted(rows, key=lambda g: -g["lag"])[:limits.MAX_METRICS_GROUP_ROWS] \
+            if len(rows) > limits.MAX_METRICS_GROUP_ROWS else rows  # the most behind first: what an alert needs
+        turn = time.monotonic()
+        for i, g in enumerate(shown):
             labels = [g["group"], g["topic"], str(g["partition"])]
             lag.add_metric(labels, g["lag"])
             offset.add_metric(labels, g["offset"])
-        return lag, offset
+            if i % 1000 == 999:
+                turn = share_loop(turn)  # the other connections run meanwhile
+        left_out = GaugeMetricFamily("metaq_group_rows_left_out", "Group rows (group, topic, partition) not shown: "
+                                     "past limits.MAX_METRICS_GROUP_ROWS, the least behind.",
+                                     value=len(rows) - len(shown))
+        return lag, offset, left_out
 
 
 class Metrics:
-    """The port's registry: the collector and the flush histogram; ``scrape`` is the ``/metrics`` route."""
+    """The port's registry: the collector and the flush histogram; ``scrape`` is the ``/metrics`` route.
 
-    def __init__(self, collector):
+    ``filtered(may_see)`` makes the collector of what one user may see (``guard.visible_to``); given a ``guard``
+    (the port does when ``http.open_metrics`` is false: the scrape needs credentials), a user who is not an admin
+    sees only the topics and groups it may subscribe to, as in ``stats``. An unfiltered answer that was costly to
+    build is reused for ten times what it took, at most ``limits.METRICS_REUSE_S``."""
+
+    def __init__(self, collector, guard=None, filtered=None):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.flush_seconds = Histogram("metaq_flush_duration_seconds", "Time of each flush round's fsync of the "
                                        "commit log.", buckets=FLUSH_BUCKETS, registry=self.registry)
+        self.guard = guard
+        self.filtered = filtered
+        self._last = (None, b"")  # (monotonic time it may be reused until, the unfiltered answer)
 
     def observe_flush(self, seconds):
         self.flush_seconds.observe(seconds)
 
     def scrape(self, request):
-        return Response(200, generate_latest(self.registry), CONTENT_TYPE)
+        may_see = self.guard.visible_to(request.session) if self.guard is not None and request.session else None
+        if may_see is not None and self.filtered is not None:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(self.filtered(may_see))
+            return Response(200, generate_latest(registry), CONTENT_TYPE)
+        fresh_until, body = self._last
+        now = time.monotonic()
+        if fresh_until is None or now >= fresh_until:
+            body = generate_latest(self.registry)
+            done = time.monotonic()
+            cost = done - now
+            self._last = (done + min(limits.METRICS_REUSE_S, 10 * cost) if cost > limits.METRICS_COSTLY_S else done,
+                          body)
+        return Response(200, body, CONTENT_TYPE)

@@ -23,10 +23,13 @@ class HttpPort:
         self.views = views
         self.router = Router(views.guard, browser_check=BrowserCheck(host_names))
         api.add_routes(self.router, views)
-        collector = BrokerCollector(views.counters, views.summary, views.topic_list, views.group_list,
-                                    views.roles.stats_values,
-                                    lambda: {name: core.count(name) for name in LISTENERS}, transactions)
-        self.metrics = Metrics(collector)
+        def collector(may_see=None):
+            return BrokerCollector(views.counters, views.summary, lambda: views.topic_list(may_see),
+                                   lambda: views.group_list(may_see), views.roles.stats_values,
+                                   lambda: {name: core.count(name) for name in LISTENERS}, transactions)
+
+        # closed: each user's scrape shows what it may subscribe to (open: a scraper's view of every name)
+        self.metrics = Metrics(collector(), None if open_metrics else views.guard, collector)
         observe_flushes(self.metrics.observe_flush)
         self.router.add("GET", "/metrics", OPEN if open_metrics else READ, self.metrics.scrape)
         dashboard.add_routes(self.router, dashboard.Dashboard(views))
