@@ -171,6 +171,19 @@ class CommitLog:
         seg.advance_ready(0)
         return seg
 
+    def bytes_to_allocate(self, pos, nbytes):
+        """The segment bytes to allocate before ``nbytes`` of records fit from ``pos`` (each record at most a
+        segment; one never straddles two, so a segment more is counted): 0 when they fit, or the next is prepared."""
+        seg = self.active
+        left = seg.size - (pos - seg.start) if seg is not None else 0
+        if nbytes <= left:
+            return 0
+        count = (nbytes - left) // self.segment_size + 1
+        nxt = self.next
+        if nxt is not None and nxt.start == (seg.end if seg is not None else pos):
+            count -= 1
+        return count * self.segment_size
+
     def roll(self, pos, now_ms):
         """Start a new segment because a record does not fit at ``pos`` (returns it).
 

@@ -277,6 +277,15 @@ class PartitionIndex:
 
     # -- units ---------------------------------------------------------------
 
+    def bytes_to_hold(self, more):
+        """At most the bytes of index file to allocate before ``more`` units past ``max`` fit (a file grows by
+        doubling, or a new one starts at INITIAL_UNITS): what a transaction's commit checks the disk for first."""
+        t, end = self.tail, self.max + more
+        if t is not None and end <= t.end:
+            return 0
+        size = (end - t.start) * 2 if t is not None else max(INITIAL_UNITS, more * 2)
+        return min(max(size, INITIAL_UNITS), self.units_per_file) * UNIT_SIZE
+
     def unit(self, n):
         """``(position, size, tag)`` of unit ``n``, or None if no file holds it."""
         f = self.file_for(n)

@@ -42,6 +42,16 @@ class DiskState:
     reason: str
     total_bytes: int = 0
 
+    @classmethod
+    def of(cls, usage, danger):
+        """The state of a filesystem measured as ``usage`` (``files.DiskUsage``) against the danger mark ``danger``
+        (a fraction): above it, writes are refused."""
+        ratio = usage.ratio
+        refusing = ratio > danger
+        reason = ("disk usage %.1f%% is above the danger mark %g%%: writes are refused until space is freed"
+                  % (ratio * 100, round(danger * 100, 3)) if refusing else "")
+        return cls(ratio, usage.available_bytes, refusing, reason, usage.used_bytes + usage.available_bytes)
+
 
 @dataclass
 class PartitionStats:

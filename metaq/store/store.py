@@ -287,6 +287,15 @@ class MessageStore(StoreFigures, ColdMaps):
                 raise DiskFull(state.reason)
         return self._log.make_room(pos, total, now_ms)
 
+    def check_room(self, nbytes, units):
+        """DiskFull unless ``nbytes`` of records (``units``: partition key -> how many) fit now, new segments and index
+        files included: a transaction's commit asks before its first append, so a full disk refuses it whole."""
+        need = self._log.bytes_to_allocate(self._pos.written, nbytes)
+        need += sum(self._parts[k].bytes_to_hold(n) for k, n in units.items() if k in self._parts)
+        state = self.check_disk() if need else None
+        if state is not None and (state.refusing_writes or state.free_bytes < need):
+            raise DiskFull(state.reason or "%d bytes of disk are needed, %d free" % (need, state.free_bytes))
+
     def _recheck_disk(self):
         state = self.check_disk()
         if state.refusing_writes:
@@ -295,18 +304,9 @@ class MessageStore(StoreFigures, ColdMaps):
     def check_disk(self):
         """Measure the data dir's filesystem (``files.disk_usage``: df's fraction); above the danger mark puts are
         refused. The result is also kept as ``disk_state``, the latest measurement whoever asked for it."""
-        usage = disk_usage(self.dirs.root)
-        ratio = usage.ratio
-        danger = self.config.disk_danger_ratio
-        refusing = ratio > danger
-        reason = ("disk usage %.1f%% is above the danger mark %g%%: writes are refused until space is freed"
-                  % (ratio * 100, round(danger * 100, 3)) if refusing else "")
-        self._refusal = reason or None
-        self.disk_state = DiskState(ratio, usage.available_bytes, refusing, reason,
-                                    usage.used_bytes + usage.available_bytes)
+        self.disk_state = DiskState.of(disk_usage(self.dirs.root), self.config.disk_danger_ratio)
+        self._refusal = self.disk_state.reason or None
         return self.disk_state
-
-    # -- working ahead -------------------------------------------------------
 
     def prepare_ahead(self):
         """BLOCKING (in a worker thread, one call at a time): prefault the active segment ahead of the write
@@ -388,10 +388,10 @@ class MessageStore(StoreFigures, ColdMaps):
         return lookup.head_ranges(self._log, p, offset) if ranges else (
             lookup.store_ts_at if stored_at else lookup.msg_id_at)(self._log, p, offset)
 
-    # -- flushing ------------------------------------------------------------
-
     written_position = property(lambda self: self._pos.written)
     flushed_position = property(lambda self: self._pos.flushed)
+
+    # -- flushing ------------------------------------------------------------
 
     def flush_log(self):
         """BLOCKING: make the log durable up to the written position at call start; returns it."""

@@ -32,6 +32,7 @@ from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
 from metaq.tx import records as R
 from metaq.tx.halves import HalfMessages
 from metaq.tx.journal import Journal, JournalReport, journal_dir
+from metaq.tx.room import check_commit_room
 
 log = logging.getLogger(__name__)
 
@@ -387,15 +388,14 @@ class TransactionManager(HalfMessages):
         b.deadline_ms = None
 
     def apply_commit(self, plan, now_ms):
-        """Append the plan's messages (each partition's run contiguous) and journal DONE; returns TxPutResults.
-
-        Runs in one go on the loop. A store failure raises TransactionError(XAER_RMFAIL) (the store's error
-        is its ``__cause__``) and leaves the branch COMMITTING: a later ``commit`` (or recovery, or the admin's
-        ``heuristic``) appends only what is missing. A plan whose branch is already done returns [].
-        """
+        """Append the plan's messages (each partition's run contiguous), in one go on the loop once the disk holds them
+        all (room.py), and journal DONE; returns TxPutResults. A store failure raises TransactionError(XAER_RMFAIL) (its
+        ``__cause__``), the branch left COMMITTING: a later ``commit`` (or recovery, or the admin's ``heuristic``)
+        appends only what is missing. A plan whose branch is already done returns []."""
         b = plan.branch
         if b is None or self._branches.get(b.key) is not b or b.state != R.COMMITTING:
             return []
+        check_commit_room(self.store, b)
         results = self._append_missing(b, now_ms)
         self._finish_commit(b, now_ms)
         return results
