@@ -48,6 +48,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
 from metaq.store.files import fsync_dir, unlink_quietly, write_atomically
 from metaq.store.producers import OLDER, ProducerTable, SnapshotError
+from metaq.store.recovery import refuse_unreadable
 from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
     record_size
 from metaq.store.results import PutResult
@@ -183,6 +184,8 @@ class Idempotence:
         try:
             for seg in self._log.segments:
                 lo, hi = max(start, seg.start), min(end, seg.end)
+                if lo < hi:
+                    refuse_unreadable(seg, lo - seg.start, hi - seg.start)  # never a SIGBUS at every start
                 if lo < hi and seg.file.mm.find(MARK, lo - seg.start, hi - seg.start) >= 0:
                     found += self._replay_segment(seg, lo - seg.start, hi - seg.start)
         finally:

@@ -94,6 +94,8 @@ MADV_WILLNEED = mmap.MADV_WILLNEED  # 3 (4 is MADV_DONTNEED: it drops the range'
 #: What ``populate`` asks for.
 POPULATE_ADVICE = MADV_POPULATE_READ
 _POPULATE_CHUNK = 16 << 20  # one call per typical prepare_ahead: fewer GIL hand-offs
+#: What MADV_POPULATE_READ answers for a page whose read fails (an I/O error, past the file's end, poisoned memory).
+_UNREADABLE = (errno.EFAULT, errno.EIO, getattr(errno, "EHWPOISON", 133))
 
 
 #: msync flag (asm-generic/mman-common.h; the same on every Linux architecture).
@@ -333,6 +335,26 @@ class MappedFile:
                 _advise(base + start, n, self.path)
                 start += n
         return True
+
+    def unreadable(self, start, end):
+        """BLOCKING: the offset of the first page of ``[start, end)`` the disk cannot read, or None. A read of such a
+        page through the map kills the process (SIGBUS, whatever thread reads it); MADV_POPULATE_READ reads it and
+        says EFAULT instead. None where the kernel lacks it (< 5.14: not checked) or the map is closed."""
+        start -= start % mmap.PAGESIZE
+        end = min(end, self.size)
+        with self._pinned() as base:
+            while base is not None and start < end:
+                n = min(end - start, _POPULATE_CHUNK)
+                err = _madvise(base + start, n, MADV_POPULATE_READ)
+                if err == errno.EINVAL:  # not supported here
+                    return None
+                if err in _UNREADABLE:
+                    for page in range(start, start + n, mmap.PAGESIZE):  # which page of the chunk
+                        if _madvise(base + page, mmap.PAGESIZE, MADV_POPULATE_READ) in _UNREADABLE:
+                            return page
+                    return start
+                start += n
+        return None
 
     def drop_pages(self, start=0, end=None):
         """BLOCKING (a worker thread; releases the GIL): drop the page tables of ``[start, end)`` of this map (whole

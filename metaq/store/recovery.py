@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from metaq import limits
-from metaq.errors import CorruptLog, InvalidTopic
+from metaq.errors import CorruptLog, InvalidTopic, StoreError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC
@@ -164,6 +164,7 @@ def _scan_segment(seg, rel, apply, out):
     ``(rel, stop)`` where stop says why it ended."""
     mm, size = seg.file.mm, seg.size
     seg.file.prefetch(rel, size)  # page faults would otherwise dominate the scan
+    refuse_unreadable(seg, rel, seg.file.nonzero_end(rel))
     while True:
         rel, count, max_id, units, runs = recovery_scan.scan_log(mm, rel, size, seg.start,
                                                                  limits.RECOVERY_SCAN_RECORDS)
@@ -177,6 +178,16 @@ def _scan_segment(seg, rel, apply, out):
             return rel, stop
         if not count:
             raise AssertionError("recovery scan stopped at a valid record (relative position %d)" % rel)
+
+
+def refuse_unreadable(seg, rel, end):
+    """StoreError naming the file and place when a page of ``seg``'s ``[rel, end)`` cannot be read from the disk:
+    the scan would read it through the map, and die of SIGBUS at every start with nothing said."""
+    bad = seg.file.unreadable(rel, end)
+    if bad is not None:
+        raise StoreError("cannot read %s at byte %d (log position %d): the disk answers an I/O error there. Restore "
+                         "the file from a copy or a slave; reading it would kill the broker (SIGBUS)"
+                         % (seg.file.path, bad, seg.start + bad))
 
 
 def stop_reason(mm, buf, rel, size):

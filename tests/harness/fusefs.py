@@ -25,6 +25,9 @@ trees) switch faults on for as long as they exist:
   and so is the first write to a file after its last fsync (``dirty``: for a broker's fdatasync of an mmap,
   the kernel's writeback of its pages, which comes before the fsync operation), so a test knows what each
   acknowledgement could rest on. The bookkeeping serialises writes and fsyncs under one lock: slower, exact.
+* **read-eio** (``--read-eio-flag``): the flag file holds ``<path under the mount> <start> <end>``; a read of that
+  file overlapping bytes ``[start, end)`` fails with EIO, as an unreadable sector does (``FaultMount.fail_reads``;
+  the page cache must not hold those pages: ``remount``).
 * **stall** (``--stall-flag``, under ``--stall-prefix``): writes, truncates and fsyncs of those paths block
   until the flag goes (or the power is cut: then they are dropped / fail). A blocked operation is reported once
   as a ``stall`` event. A broker's mmap writes land in the page cache and are not blocked; its flush is (the
@@ -82,6 +85,7 @@ class FaultFS:
         self._plock = threading.RLock()  # the power model's bookkeeping, held across the operation it records
         self.stall_flag = stall_flag
         self.stall_prefix = stall_prefix
+        self.read_eio_flag = None  # set by main (--read-eio-flag)
 
     def __call__(self, op, *args):
         method = getattr(self, op, None)
@@ -244,6 +248,12 @@ class FaultFS:
         return os.open(self._src(path), (flags & ~_OPEN_STRIP) | access)
 
     def read(self, path, size, offset, fh):
+        if self.read_eio_flag and os.path.exists(self.read_eio_flag):
+            with open(self.read_eio_flag) as f:
+                bad, start, end = f.read().split()
+            if path == bad and offset < int(end) and offset + size > int(start):
+                self._fault("read-eio", "read", path, offset=offset, size=size)
+                raise OSError(errno.EIO, path)
         return os.pread(fh, size, offset)
 
     def write(self, path, data, offset, fh):
@@ -326,11 +336,13 @@ def main(argv=None):
     ap.add_argument("--power-flag", help="when this file appears: the power is cut (see tests/harness/powercut.py)")
     ap.add_argument("--stall-flag", help="while this file exists: writes and fsyncs under --stall-prefix block")
     ap.add_argument("--stall-prefix", default="", help="the paths --stall-flag blocks")
+    ap.add_argument("--read-eio-flag", help="holds '<path> <start> <end>': reads of those bytes fail with EIO")
     args = ap.parse_args(argv)
     import fuse  # fusepy; imported here so that a missing package is reported by this process
 
     ops = FaultFS(args.source, args.eio_flag, args.enospc_flag, args.events, args.enospc_prefix, args.power_flag,
                   args.stall_flag, args.stall_prefix)
+    ops.read_eio_flag = args.read_eio_flag
     if ops.power is not None:
         threading.Thread(target=ops.watch_power, name="power-flag", daemon=True).start()
     fuse.FUSE(ops, args.mountpoint, foreground=True, kernel_cache=True, big_writes=True, max_write=131072,
@@ -374,6 +386,7 @@ class FaultMount:
         self.power_flag = os.path.join(workdir, name + "fault-power") if power else None
         self.stall_flag = os.path.join(workdir, name + "fault-stall") if stall_prefix is not None else None
         self.stall_prefix = stall_prefix
+        self.read_eio_flag = os.path.join(workdir, name + "fault-read-eio")
         self.events_path = os.path.join(workdir, name + "fault-events.jsonl")
         self.log_path = os.path.join(workdir, name + "fusefault.log")
         self.proc = None
@@ -387,7 +400,7 @@ class FaultMount:
                "--enospc-flag", self.enospc_flag, "--events", self.events_path,
                # the commit log's writes: an index growing on demand would otherwise meet ENOSPC first, and the
                # broker refuse writes as a full disk (507) before any flush of the log failed
-               "--enospc-prefix", "/data/commitlog/"]
+               "--enospc-prefix", "/data/commitlog/", "--read-eio-flag", self.read_eio_flag]
         if self.power_flag:
             cmd += ["--power-flag", self.power_flag]
         if self.stall_flag:
@@ -432,6 +445,17 @@ class FaultMount:
         elif os.path.exists(flag):
             os.unlink(flag)
         return time.time()
+
+    def fail_reads(self, path, start, end):
+        """From now on, reads of bytes ``[start, end)`` of ``path`` (a path on the mount) fail with EIO."""
+        rel = "/" + os.path.relpath(path, self.mountpoint)
+        with open(self.read_eio_flag, "w") as f:
+            f.write("%s %d %d" % (rel, start, end))
+
+    def remount(self):
+        """Unmount and mount again (the page cache of the mount's files goes with it)."""
+        self.stop()
+        return self.start()
 
     def power_cut(self, timeout=10.0):
         """Cut the power (for good) and wait until the filesystem has done it; returns the ``power-cut`` event
