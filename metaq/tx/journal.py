@@ -25,6 +25,7 @@ files not yet fdatasynced: the loop appends, ``flush`` removes) and counters
 that each have one writer.
 """
 
+import json
 import logging
 import os
 import re
@@ -33,7 +34,7 @@ from typing import List, Optional
 
 from metaq.errors import CorruptLog, DiskFull
 from metaq.protocol.checksum import crc32
-from metaq.store.files import disk_full_from, fsync_dir, offset_name, unlink_quietly
+from metaq.store.files import disk_full_from, fsync_dir, offset_name, unlink_quietly, write_atomically
 from metaq.tx import records as R
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ JOURNAL_PREFIX = "journal."
 SNAPSHOT_PREFIX = "snapshot."
 TMP_SUFFIX = ".tmp"
 _NAME = re.compile(r"(journal|snapshot)\.(\d{20})(\.tmp)?")
+#: Written by a clean close, removed by the next open: every journal file's length then. With it, damage is not a
+#: torn tail (nothing was being written), and a file shorter, longer or missing is corruption, not a crash's doing.
+CLEAN_NAME = "clean-close"
 #: Smallest and largest ``journal_file_size`` accepted.
 MIN_JOURNAL_FILE_SIZE = 1024
 MAX_JOURNAL_FILE_SIZE = 1 << 30
@@ -71,6 +75,8 @@ def list_files(directory):
     for name in sorted(os.listdir(directory)):
         m = _NAME.fullmatch(name)
         path = os.path.join(directory, name)
+        if name == CLEAN_NAME:
+            continue
         if m is None:
             log.warning("ignoring stray file %s in %s", name, directory)
         elif m.group(3):
@@ -166,14 +172,20 @@ def read_snapshot(path, seq):
     return recs[1:-1], None
 
 
-def read_journal_file(path, force, report):
-    """Decoded records of one journal file; cuts a torn tail (or forced corruption) and notes it in ``report``."""
+def read_journal_file(path, force, report, clean_size=None):
+    """Decoded records of one journal file; cuts a torn tail (or forced corruption) and notes it in ``report``.
+    ``clean_size``: its length at a clean close (the last run ended so): then no tail is torn, any damage is
+    corruption, and so is another length."""
     data = _read(path)
     found, end, reason = scan_records(data)
     cut = None
-    if reason is not None:
+    if clean_size is not None and clean_size != len(data):
+        cut = _corrupt(path, min(clean_size, len(data)), None, "%d bytes where a clean close left %d"
+                       % (len(data), clean_size), abs(len(data) - clean_size), force, report)
+        found = [(offset, payload) for offset, payload in found if offset < cut]
+    elif reason is not None:
         after = valid_record_after(data, end)
-        if after is not None:
+        if after is not None or clean_size is not None:
             cut = _corrupt(path, end, after, reason, len(data) - end, force, report)
         else:
             cut = end
@@ -209,6 +221,23 @@ def _corrupt(path, position, after, reason, nbytes, force, report):
     return position
 
 
+def _read_clean(directory):
+    """The clean-close marker's ``{journal file name: length}`` (None without one, or unreadable: logged). ``open``
+    removes it once the journal is open: the run that opens it writes to it (a refused open leaves it)."""
+    path = os.path.join(directory, CLEAN_NAME)
+    try:
+        with open(path, "rb") as f:
+            lengths = json.loads(f.read().decode("utf-8"))
+        if not isinstance(lengths, dict) or not all(isinstance(v, int) for v in lengths.values()):
+            raise ValueError("not a map of lengths")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("transaction journal: the clean-close marker %s is unreadable (%s): ignored", path, exc)
+        lengths = None
+    return lengths
+
+
 # -- the journal -----------------------------------------------------------------------------------------
 
 
@@ -242,20 +271,27 @@ class Journal:
         self = cls(directory, file_size)
         report = JournalReport()
         journals, snapshots, temps = list_files(directory)
+        clean = _read_clean(directory)  # {name: length} of a clean close, or None
         for path in temps:
             unlink_quietly(path)
             report.removed.append(path)
         records = self._load_snapshot(snapshots, force, report)
+        missing = sorted(set(clean or ()) - {os.path.basename(p) for p in journals.values()})
+        if missing:
+            _corrupt(os.path.join(directory, missing[0]), 0, None, "missing (a clean close left it with %d bytes)"
+                     % clean[missing[0]], clean[missing[0]], force, report)
         for seq, path in sorted(journals.items()):
             if self._snapshot_seq is not None and seq <= self._snapshot_seq:
                 unlink_quietly(path)  # a crash between a checkpoint's rename and its deletes
                 report.removed.append(path)
                 continue
-            records.extend(read_journal_file(path, force, report))
+            size = clean.get(os.path.basename(path), -1) if clean is not None else None
+            records.extend(read_journal_file(path, force, report, size))
             report.files.append(path)
             self._active_seq = seq
         report.records = len(records)
         self._open_active()
+        unlink_quietly(os.path.join(directory, CLEAN_NAME))  # this run writes: its end is a crash's until close
         self._oldest_seq = int(os.path.basename(report.files[0])[len(JOURNAL_PREFIX):]) if report.files \
             else self._active_seq
         fsync_dir(directory)
@@ -461,13 +497,20 @@ class Journal:
         return self._base_bytes + self._appended + self._added_bytes - self._removed_bytes
 
     def close(self):
-        """Flush and close (no worker may be running ``flush`` or a checkpoint)."""
+        """Flush, close and write the clean-close marker (no worker may be running ``flush`` or a checkpoint)."""
         if self._fd is None:
             return
         try:
             self.flush()
         finally:
             self.abandon()
+        journals, _snapshots, _temps = list_files(self.directory)
+        try:
+            write_atomically(os.path.join(self.directory, CLEAN_NAME),
+                             json.dumps({os.path.basename(p): _size(p) for p in journals.values()}).encode("utf-8"))
+            fsync_dir(self.directory)
+        except OSError as exc:  # the next open takes the end for a crash's: torn tails cut, as ever
+            log.warning("transaction journal: no clean-close marker written: %s", exc)
 
     def abandon(self):
         """Close the files without flushing (tests: as after a kill -9)."""
