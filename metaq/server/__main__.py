@@ -139,6 +139,7 @@ def main(argv=None):
         return verify(config.broker.data_dir)  # every line it prints matters: no flood filter
     for handler in logging.getLogger().handlers:
         logflood.install(handler)
+    logflood.route_hub_errors(gevent.get_hub())
     return run(config, args.config)
 
 

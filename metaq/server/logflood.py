@@ -52,3 +52,21 @@ class LogFlood(logging.Filter):
 def install(handler):
     """Put a LogFlood on ``handler`` (the broker's stderr handler)."""
     handler.addFilter(LogFlood())
+
+
+def route_hub_errors(hub):
+    """Report what the gevent ``hub`` would print to stderr (a greenlet that died of an exception, a thread-pool
+    task that raised) through the logging module instead, so that the flood filter bounds it too: a full disk made
+    each periodic checkpoint print a traceback straight to stderr, often the very disk that is full. A pool task's
+    exception is raised again in the greenlet that waits for it, which reports it: logged at DEBUG here."""
+    log = logging.getLogger("metaq.server.hub")
+
+    def report(context, kind, value, tb):
+        name = getattr(kind, "__name__", str(kind))
+        if isinstance(context, tuple):  # (ThreadPoolWorker, function): its caller gets the exception
+            log.debug("a thread-pool task failed with %s: %s", name, value)
+        else:
+            log.error("%.200s died of %s: %s", context, name, value, exc_info=(kind, value, tb))
+
+    hub.print_exception = report
+

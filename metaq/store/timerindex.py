@@ -24,6 +24,8 @@ passed in; no clock here.
 import os
 import sqlite3
 
+from metaq.errors import StoreError
+
 from metaq.limits import (MAX_TIMER_OUTCOMES, TIMER_INDEX_CACHE_BYTES, TIMER_INDEX_CHECKPOINT_PAGES,
                           TIMER_INDEX_WAL_BYTES)
 from metaq.protocol.timer import TimerCancel, TimerDone, TimerEntry
@@ -52,15 +54,22 @@ class TimerIndex:
     def __init__(self, data_dir, max_outcomes=MAX_TIMER_OUTCOMES):
         self.path = os.path.join(data_dir, FILE_NAME)
         self.max_outcomes = max_outcomes
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA cache_size=-%d" % (TIMER_INDEX_CACHE_BYTES // 1024))  # negative: KiB
-        self._db.execute("PRAGMA wal_autocheckpoint=%d" % TIMER_INDEX_CHECKPOINT_PAGES)
-        self._db.execute("PRAGMA journal_size_limit=%d" % TIMER_INDEX_WAL_BYTES)
-        self._db.executescript(_SCHEMA)
-        self.indexed_offset = self._meta("indexed_offset")
-        self.scan_from = self._meta("scan_from")
+        self._db = None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA cache_size=-%d" % (TIMER_INDEX_CACHE_BYTES // 1024))  # negative: KiB
+            self._db.execute("PRAGMA wal_autocheckpoint=%d" % TIMER_INDEX_CHECKPOINT_PAGES)
+            self._db.execute("PRAGMA journal_size_limit=%d" % TIMER_INDEX_WAL_BYTES)
+            self._db.executescript(_SCHEMA)
+            self.indexed_offset = self._meta("indexed_offset")
+            self.scan_from = self._meta("scan_from")
+        except sqlite3.Error as exc:  # a damaged file, a directory in its place: one line naming it, not a traceback
+            self.close()
+            raise StoreError("cannot open the timer index %s (or its -wal file): %s. It holds which timed messages "
+                             "were delivered or cancelled: restore it from a copy (deleting it would deliver "
+                             "them again)" % (self.path, exc)) from None
 
     def settings(self):
         """SQLite's settings in effect: ``{pragma: value}`` for the cache, checkpoint and log-size bounds."""

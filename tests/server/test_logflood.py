@@ -49,3 +49,40 @@ def test_the_templates_tracked_are_bounded():
     for i in range(10):
         log.info("template %d" % i)  # each its own template (a pathological logger)
     assert len(records) == 10 and flt.templates <= 3
+
+
+def test_what_the_hub_would_print_goes_through_the_flood_filter(caplog):
+    # a disk review: on a full disk each periodic checkpoint printed a traceback straight to stderr
+    import logging
+
+    import gevent
+
+    from metaq import limits
+    from metaq.server import logflood
+
+    hub = gevent.get_hub()
+    saved = hub.__dict__.get("print_exception")
+    logflood.route_hub_errors(hub)
+    flood = logflood.LogFlood()
+    caplog.handler.addFilter(flood)
+    try:
+        def boom():
+            raise OSError(28, "No space left on device")
+        with caplog.at_level(logging.DEBUG, logger="metaq.server.hub"):
+            for _ in range(3 * limits.LOG_LINES_PER_TEMPLATE):
+                gevent.spawn(boom).join()
+            try:
+                hub.threadpool.apply(boom)
+            except OSError:
+                pass  # its caller reports it
+        died = [r for r in caplog.records if "died of OSError" in r.getMessage()]
+        assert 0 < len(died) <= limits.LOG_LINES_PER_TEMPLATE and died[0].levelno == logging.ERROR
+        assert died[0].exc_info is not None  # the traceback, in the log
+        pool = [r for r in caplog.records if "thread-pool task failed with OSError" in r.getMessage()]
+        assert len(pool) == 1 and pool[0].levelno == logging.DEBUG
+    finally:
+        caplog.handler.removeFilter(flood)
+        if saved is None:
+            del hub.print_exception
+        else:
+            hub.print_exception = saved

@@ -184,3 +184,22 @@ def test_the_write_ahead_log_is_cut_back_to_its_limit_after_each_checkpoint(tmp_
         ix.close()
     assert peaks["limited"] <= bound, peaks
     assert peaks["unlimited"] > 2 * bound, peaks
+
+
+def test_a_damaged_index_refuses_in_one_line_naming_the_file(tmp_path):
+    # a disk review: one changed byte in SQLite's header ended the start with a thread pool's raw traceback
+    import pytest
+
+    from metaq.errors import StoreError
+    TimerIndex(str(tmp_path)).close()
+    path = tmp_path / "timers.db"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF  # "SQLite format 3" no more
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="cannot open the timer index %s .*file is not a database.*restore it"
+                       % path):
+        TimerIndex(str(tmp_path))
+    path.unlink()
+    path.mkdir()  # a directory in its place
+    with pytest.raises(StoreError, match="cannot open the timer index"):
+        TimerIndex(str(tmp_path))
