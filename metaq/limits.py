@@ -202,6 +202,9 @@ MAX_REPLICATION_EPOCHS = 4096
 #: Requests one remoting connection may have in progress at once (long-polling
 #: pulls and sends waiting for their flush included); reading pauses at the cap.
 MAX_REMOTING_INFLIGHT = 256
+#: Request bytes (bodies) one remoting connection's requests in progress may hold; reading pauses past it (one
+#: request is always let in). A producer that pipelined sends of 4 MiB and never read the answers held 1.2 GB.
+MAX_REMOTING_INFLIGHT_BYTES = 32 << 20
 
 #: Transactions open at once on the broker (active and prepared, local and XA); a BEGIN past it fails
 #: with XAER_RMERR (``transactions.max_open``).

@@ -15,6 +15,7 @@ from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
 from metaq.protocol.priority import with_owner_keys
 from metaq.server.config import is_loopback
+from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.timers import TimerService
@@ -136,8 +137,12 @@ class Broker:
         if config.http.port:  # README "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
+            http_host = config.http.host or config.broker.host
+            names = [socket.gethostname(), config.broker.host, http_host] + config.http.allowed_hosts
+            check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),
+                                 configured=config.http.allowed_hosts)  # README "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
-                                 config.http.open_metrics, [socket.gethostname()] + config.http.allowed_hosts)
+                                 config.http.open_metrics, check)
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers

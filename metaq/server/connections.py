@@ -245,7 +245,7 @@ class Connection:
             if self._request_deadline is None or progress != self._progress_seen:
                 self._request_deadline, self._progress_seen = now + self.request_timeout, progress
             elif now >= self._request_deadline:  # a peer that never lets the socket empty never meets the timeout
-                log.info("%s %s: a request still arriving after %.0f s; closing", self.log_prefix, self.peer,
+                log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                          self.request_timeout)
                 return None
             timeout = max(0.001, self._request_deadline - now)

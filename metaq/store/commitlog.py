@@ -171,14 +171,16 @@ class CommitLog:
         seg.advance_ready(0)
         return seg
 
-    def bytes_to_allocate(self, pos, nbytes):
-        """The segment bytes to allocate before ``nbytes`` of records fit from ``pos`` (each record at most a
-        segment; one never straddles two, so a segment more is counted): 0 when they fit, or the next is prepared."""
+    def bytes_to_allocate(self, pos, nbytes, largest):
+        """The segment bytes to allocate before ``nbytes`` of records, none over ``largest``, fit from ``pos``: 0
+        when they fit, or the next is prepared. A record never straddles two segments, so each may end up to a
+        record short of full: counted as holding ``segment_size - largest``."""
         seg = self.active
         left = seg.size - (pos - seg.start) if seg is not None else 0
         if nbytes <= left:
             return 0
-        count = (nbytes - left) // self.segment_size + 1
+        room = max(1, self.segment_size - largest)
+        count = -(-(nbytes - max(0, left - largest)) // room)
         nxt = self.next
         if nxt is not None and nxt.start == (seg.end if seg is not None else pos):
             count -= 1

@@ -287,10 +287,10 @@ class MessageStore(StoreFigures, ColdMaps):
                 raise DiskFull(state.reason)
         return self._log.make_room(pos, total, now_ms)
 
-    def check_room(self, nbytes, units):
-        """DiskFull unless ``nbytes`` of records (``units``: partition key -> how many) fit now, new segments and index
-        files included: a transaction's commit asks before its first append, so a full disk refuses it whole."""
-        need = self._log.bytes_to_allocate(self._pos.written, nbytes)
+    def check_room(self, nbytes, units, largest):
+        """DiskFull unless ``nbytes`` of records (``units``: partition key -> how many; none over ``largest``) fit now,
+        segments and index files included: a transaction's commit asks before its first append (refused whole)."""
+        need = self._log.bytes_to_allocate(self._pos.written, nbytes, largest)
         need += sum(self._parts[k].bytes_to_hold(n) for k, n in units.items() if k in self._parts)
         state = self.check_disk() if need else None
         if state is not None and (state.refusing_writes or state.free_bytes < need):

@@ -14,16 +14,17 @@ from metaq.store.record import record_size
 
 def check_commit_room(store, branch):
     """TransactionError(XAER_RMFAIL) unless ``store`` has room for ``branch``'s messages not yet appended."""
-    units, nbytes = {}, 0
+    units, nbytes, largest = {}, 0, 0
     for j, i in enumerate(branch.order):
         if not branch.applied[j]:
             p = branch.puts[i]
             units[(p.topic, p.partition)] = units.get((p.topic, p.partition), 0) + 1
-            nbytes += record_size(len(p.topic.encode("utf-8")), len(p.data))
+            size = record_size(len(p.topic.encode("utf-8")), len(p.data))
+            nbytes, largest = nbytes + size, max(largest, size)
     if not units:
         return
     try:
-        store.check_room(nbytes, units)
+        store.check_room(nbytes, units, largest)
     except MetaqError as exc:
         raise TransactionError(XAER_RMFAIL, "commit of %s refused before storing any of its %d messages: %s; "
                                             "commit again" % (branch.key, sum(units.values()), exc)) from exc

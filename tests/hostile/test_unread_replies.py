@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from metaq import limits
+
 from metaq.client.local import rmq_config, small_config
 from metaq.client.raw import RemotingClient, pull_fields
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, encode_command, make_request
@@ -101,6 +103,35 @@ def test_unread_remoting_pulls_do_not_grow_the_broker(broker_factory, tmp_path):
         r = rc.call(RequestCode.PULL_MESSAGE, pull_fields("bigr", 0, 0, sys_flag=0, max_nums=4))
         assert r.code == ResponseCode.SUCCESS
         assert payloads[0] in r.body
+
+
+def send_frame(topic, body, opaque):
+    return encode_command(make_request(RequestCode.SEND_MESSAGE, {
+        "producerGroup": "PG", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4", "queueId": "0",
+        "sysFlag": "0", "bornTimestamp": "1", "flag": "0", "properties": "", "reconsumeTimes": "0"}, body, opaque,
+        False, "CPP", 63))
+
+
+def test_unread_remoting_sends_hold_at_most_the_request_budget(broker_factory, tmp_path):
+    # an attack review: sends whose answers are never read each held their 4 MiB body, 1.2 GB for one connection
+    broker = broker_factory(rmq_config(tmp_path / "data", limits={"max_body_bytes": 4 * MiB},
+                                       store={"flush": "sync", "segment_size": 256 * MiB}))
+    port = broker.config["remoting"]["port"]
+    with broker.client(timeout=30) as c:
+        fill(c, "bigs", 12 * MiB)  # pulls of it fill the attacker's socket: the sends' answers cannot go
+    body = b"s" * (4 * MiB - 4096)
+    flood = b"".join(pull_frame("bigs", i) for i in range(1, 13)) + b"".join(
+        send_frame("sendflood", body, 1000 + i) for i in range(100))
+    with unread_flood(broker, port, flood, seconds=8) as (grown, probe):
+        assert grown < 2 * limits.MAX_REMOTING_INFLIGHT_BYTES + 64 * MiB, \
+            "the broker grew %.0f MB for one client's unread sends" % (grown / MiB)
+        assert not probe.failures and probe.p99() < 0.050
+    with RemotingClient(port) as rc:  # what was stored is whole, and the broker takes sends as before
+        r = rc.call(RequestCode.SEND_MESSAGE, {"producerGroup": "PG", "topic": "sendflood", "defaultTopic": "TBW102",
+                                               "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0",
+                                               "bornTimestamp": "1", "flag": "0", "properties": "",
+                                               "reconsumeTimes": "0"}, b"after")
+        assert r.code == ResponseCode.SUCCESS, r
 
 
 @pytest.mark.parametrize("port_name", ["text", "remoting"])

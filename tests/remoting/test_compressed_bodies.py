@@ -284,17 +284,32 @@ def record_at(b, topic, offset):
 
 
 def test_a_batch_of_zip_bombs_is_bounded_in_all_not_each(rmq_factory):
-    # small_config's body limit is 256 KiB: each bomb inflates to 200 KiB (within it alone), three of them past it
-    # (an attack review: 150 bombs of 4 MiB each in one 616 KB batch held 1.2 GB and stored 600 MB)
+    # each bomb inflates to 200 KiB, within the 256 KiB body limit; together they may hold what the same batch sent
+    # uncompressed may: one frame (512 KiB here). An attack review: 150 bombs of 4 MiB each in one 616 KB batch held
+    # 1.2 GB and stored 600 MB when only each was bounded
     from metaq.client.raw import RemotingClient
 
-    b = rmq_factory()
-    limit = b.config["limits"]["max_body_bytes"]
+    b = rmq_factory(remoting={"max_frame_bytes": 512 << 10})
     bomb = zlib.compress(b"\0" * (200 << 10))
     with RemotingClient(b.config["remoting"]["port"]) as rc:
         r = rc.call(R.SEND_BATCH_MESSAGE, batch_header("tBomb", 0), encode_batch_messages([ev_entry(bomb)] * 3))
-        assert r.code == 13 and "decompress to more than limits.max_body_bytes (%d) in all" % limit in r.remark, r
-        one = rc.call(R.SEND_BATCH_MESSAGE, batch_header("tBomb", 0), encode_batch_messages([ev_entry(bomb)]))
-        assert one.code == 0 and one.ext_fields["queueOffset"] == "0", one  # nothing of the refused batch stored
+        assert r.code == 13 and "decompress to more than remoting.max_frame_bytes (524288) in all" in r.remark, r
+        two = rc.call(R.SEND_BATCH_MESSAGE, batch_header("tBomb", 0), encode_batch_messages([ev_entry(bomb)] * 2))
+        assert two.code == 0 and two.ext_fields["queueOffset"] == "0", two  # nothing of the refused batch stored
     with b.client() as text:
-        assert [len(r.payload) for r in consume_all(text, "tBomb", 0)] == [200 << 10]
+        assert [len(r.payload) for r in consume_all(text, "tBomb", 0)] == [200 << 10] * 2
+
+
+def test_a_compressed_batch_is_taken_as_the_same_batch_uncompressed_is(rmq_factory):
+    from metaq.client.raw import RemotingClient
+
+    b = rmq_factory()  # the body limit 256 KiB, the frame the default
+    bodies = [bytes([65 + i]) * (200 << 10) for i in range(3)]
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        plain = rc.call(R.SEND_BATCH_MESSAGE, dict(batch_header("tSame", 0), f=0),
+                        encode_batch_messages([ev_entry(x) for x in bodies]))
+        packed = rc.call(R.SEND_BATCH_MESSAGE, batch_header("tSame", 0),
+                         encode_batch_messages([ev_entry(zlib.compress(x)) for x in bodies]))
+        assert plain.code == 0 and packed.code == 0, (plain.remark, packed.remark)
+    with b.client() as text:
+        assert [r.payload for r in consume_all(text, "tSame", 0)] == bodies * 2

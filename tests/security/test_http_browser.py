@@ -68,6 +68,25 @@ def test_a_page_of_another_site_can_neither_write_nor_reset_offsets_through_the_
     assert "refused (cross-site request)" in log  # the browser did send them: they were refused
 
 
+def test_a_rebinding_page_in_a_real_browser_reads_nothing_from_make_runs_broker(broker_factory, tmp_path):
+    # a review: Chromium sends no Sec-Fetch-* and no Origin with a plain-http page's own GET, so a check of browser
+    # requests alone let a rebinding page read every message of a broker without authentication
+    import base64
+
+    b = broker_factory(with_http(small_config(tmp_path / "data")))  # no authentication, loopback: make run's
+    with b.client() as c:
+        c.put_ok("orders", b"top-secret-payload", partition=0)
+    path = "/api/topics/orders/partitions/0/messages?offset=0"
+    secret = base64.b64encode(b"top-secret-payload").decode()
+    # the attacker's name, resolved to the broker's address as a rebinding DNS answer would
+    dom = chromium("http://evil.example:%d%s" % (http_port(b), path), "--user-data-dir=%s" % (tmp_path / "c1"),
+                   "--host-resolver-rules=MAP evil.example 127.0.0.1", "--dump-dom")
+    assert secret not in dom and "DNS rebinding" in dom, dom[:500]
+    dom = chromium("http://127.0.0.1:%d%s" % (http_port(b), path), "--user-data-dir=%s" % (tmp_path / "c2"),
+                   "--dump-dom")
+    assert secret in dom  # by its address: served
+
+
 def test_a_browser_reaching_the_port_under_a_foreign_name_is_refused_and_other_clients_are_not(
         broker_factory, tmp_path):
     b = broker_factory(with_http(small_config(tmp_path / "data"), allowed_hosts=["metaq.internal"]))
@@ -82,8 +101,22 @@ def test_a_browser_reaching_the_port_under_a_foreign_name_is_refused_and_other_c
     for host in ("metaq.internal:%d" % http_port(b), "127.0.0.1:%d" % http_port(b), "localhost"):
         ok = request(b, "GET", path, headers={"Host": host, "Sec-Fetch-Site": "same-origin"})
         assert ok.status == 200 and len(ok.json()["messages"]) == 1, (host, ok)
-    # curl, scripts, scrapers send no browser headers: any name still works for them
-    assert request(b, "GET", path, headers={"Host": "broker.example"}).status == 200
+    # with authentication off on a loopback port every request is checked (a browser's own GET looks like curl's)
+    assert request(b, "GET", path, headers={"Host": "broker.example"}).status == 403
+
+
+def test_with_authentication_on_clients_that_are_not_browsers_may_use_any_name(broker_factory, tmp_path):
+    from tests.harness.acl import SECRETS, secured_config
+
+    b = broker_factory(with_http(secured_config(tmp_path)))
+    ok = request(b, "GET", "/api/broker", user="admin", secret=SECRETS["admin"], headers={"Host": "broker.example"})
+    assert ok.status == 200, ok  # a service calling the broker by its DNS name (Node's fetch: Sec-Fetch-Mode too)
+    node = request(b, "GET", "/api/broker", user="admin", secret=SECRETS["admin"],
+                   headers={"Host": "metaq:9", "Sec-Fetch-Mode": "cors"})
+    assert node.status == 200, node
+    browser = request(b, "GET", "/api/broker", user="admin", secret=SECRETS["admin"],
+                      headers={"Host": "evil.example", "Sec-Fetch-Site": "same-origin"})
+    assert browser.status == 403
 
 
 def test_a_name_that_is_not_a_host_name_in_allowed_hosts_is_refused_at_start(broker_factory, tmp_path):

@@ -21,10 +21,33 @@ def test_host_values_are_read_or_refused(value, parsed):
     assert split_host(value) == parsed
 
 
-def test_clients_that_are_not_browsers_are_not_concerned():
+def test_clients_that_are_not_browsers_are_not_concerned_when_authentication_is_on():
     check = BrowserCheck()
     assert check(env(host="evil.example:8180")) is None  # curl, the Python client, a scraper: no browser headers
     assert check(env(method="GET", host="anything")) is None
+    # Node's fetch (undici) sends Sec-Fetch-Mode on every request, and no Origin: not a browser (a review found
+    # Node services calling the broker by a service name refused)
+    assert check(env(method="GET", host="metaq:8180", sec_fetch_mode="cors")) is None
+
+
+def test_with_authentication_off_on_loopback_every_request_names_a_known_host():
+    # a real Chromium sends no Sec-Fetch-* and no Origin with a plain-http page's own GET: a rebinding page's reads
+    # look like curl's, so make run's broker (everything readable) checks the Host of every request
+    check = BrowserCheck(["broker-1"], every_request=True)
+    why = check(env(method="GET", host="evil.example:8180"))
+    assert why is not None and "DNS rebinding" in why
+    for host in ("127.0.0.1:8180", "localhost:8180", "broker-1:8180", "[::1]:8180"):
+        assert check(env(method="GET", host=host)) is None, host
+    assert check(env(host="127.0.0.1:8180")) is None  # a POST from curl: no Origin, nothing cross-site
+
+
+def test_a_configured_name_behind_a_tls_terminating_proxy_is_the_same_site_whatever_the_port():
+    check = BrowserCheck(["mq.example.com"], configured=["mq.example.com"])
+    assert check(env(host="mq.example.com", scheme="http", origin="https://mq.example.com",
+                     sec_fetch_site="same-origin")) is None
+    assert check(env(host="mq.example.com", scheme="http", origin="https://evil.example")) is not None
+    unconfigured = BrowserCheck(["mq.example.com"])  # the machine's own name: ports still compared
+    assert unconfigured(env(host="mq.example.com", origin="https://mq.example.com")) is not None
 
 
 @pytest.mark.parametrize("headers", [
@@ -73,3 +96,14 @@ def test_a_star_lets_every_name_in_but_still_refuses_cross_site_writes():
     check = BrowserCheck(["*"])
     assert check(env(method="GET", host="whatever.example", sec_fetch_site="same-origin")) is None
     assert check(env(host="whatever.example", sec_fetch_site="cross-site")) is not None
+
+
+def test_probes_answer_under_any_name():
+    check = BrowserCheck(every_request=True)
+    for path in ("/healthz", "/readyz"):
+        e = env(method="GET", host="10-0-0-7.pod:8180")
+        e["PATH_INFO"] = path
+        assert check(e) is None  # a kubelet's or a load balancer's probe
+    e = env(method="GET", host="10-0-0-7.pod:8180")
+    e["PATH_INFO"] = "/metrics"
+    assert check(e) is not None  # names of every topic: not for a rebinding page

@@ -108,7 +108,7 @@ def _partial_commit_by_disk_full(b, n=10, size=400):
     fill(b, t, "c1", n, size)
     plan = b.tx.commit(t, "c1", True, NOW)
     b.tx.flush_journal()
-    b.store.check_room = lambda nbytes, units: None
+    b.store.check_room = lambda nbytes, units, largest: None
     b.store.config.disk_danger_ratio = 1e-9
     with pytest.raises(TransactionError) as info:
         b.tx.apply_commit(plan, NOW)

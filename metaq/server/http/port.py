@@ -16,12 +16,13 @@ LISTENERS = ("text", "remoting", "replication", "http")
 
 
 class HttpPort:
-    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, host_names=()):
+    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, browser_check=None):
         """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``observe_flushes(callback)``: the
         flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication;
-        ``host_names``: the names a browser may reach the port by beside addresses and localhost (origin.py)."""
+        ``browser_check``: an ``origin.BrowserCheck`` (cross-site writes, DNS rebinding; default: the machine's
+        names only)."""
         self.views = views
-        self.router = Router(views.guard, browser_check=BrowserCheck(host_names))
+        self.router = Router(views.guard, browser_check=browser_check or BrowserCheck())
         api.add_routes(self.router, views)
         def collector(may_see=None):
             return BrokerCollector(views.counters, views.summary, lambda: views.topic_list(may_see),

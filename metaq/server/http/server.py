@@ -11,6 +11,7 @@ connection, and a request begun must be complete (request line, headers and body
 (``limits.HTTP_MAX_BODY_BYTES``: 413 from the Content-Length, before reading it; routes.py) are bounded.
 """
 
+import email.errors
 import json
 import logging
 import re
@@ -150,6 +151,9 @@ class ConnReader:
 _400 = (b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n")
 _DIGITS = re.compile(r"[0-9]{1,19}\Z")
+#: The e-mail parser's defects that mean a header line was not one (not those of a multipart Content-Type with no
+#: body: a form's POST is well formed).
+_BROKEN_LINES = (email.errors.MissingHeaderBodySeparatorDefect, email.errors.FirstHeaderLineIsContinuationDefect)
 
 
 def framing_error(headers):
@@ -157,8 +161,8 @@ def framing_error(headers):
     silently drop the latter), either one twice, a Content-Length that is not plain digits (``int()`` takes
     ``+10`` and ``1_0``), or a header name with white space (``Content-Length : 5`` would be ignored): a proxy in
     front that reads such a request otherwise sees another request boundary (request smuggling)."""
-    if headers.defects or headers.get_payload():  # a line that is no header ("Content-Length : 5") ends the
-        return "a malformed header line"            # headers for the parser: the rest would be read as the body
+    if any(isinstance(d, _BROKEN_LINES) for d in headers.defects):  # a line that is no header ("Content-Length :
+        return "a malformed header line"  # 5") ends the headers for the parser: the rest would be read as the body
     names = headers.keys()
     if any(name != name.strip() or " " in name or "\t" in name for name in names):
         return "a header name with white space"

@@ -142,9 +142,18 @@ class RemotingDispatcher:
         if cmd.code == RequestCode.PULL_MESSAGE and signer is not None:  # filtered as its signer (acl.py)
             handler = functools.partial(handler, signer=signer)
         if spawn:
-            conn.spawn(self._run, handler, cmd, conn)
+            held = len(cmd.body) if cmd.body else 0
+            if not conn.requests.reserve(held, lambda: conn.closed):  # the reader waits while the bodies of
+                return False  # this connection's requests in progress (unanswered sends) reach the budget
+            conn.spawn(self._run_holding, handler, cmd, conn, held)
             return True
         return self._run(handler, cmd, conn)
+
+    def _run_holding(self, handler, cmd, conn, held):
+        try:
+            return self._run(handler, cmd, conn)
+        finally:
+            conn.requests.release(held)
 
     def _allowed(self, cmd, conn):
         """The user who signed ``cmd`` (None for a name-server request) when its signature and permissions pass

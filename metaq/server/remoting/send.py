@@ -63,6 +63,7 @@ class RemotingSender:
         self.path = put_path
         self.max_body = config.limits.max_body_bytes
         cfg = config.remoting
+        self.max_batch = max(cfg.max_frame_bytes, self.max_body)  # what an uncompressed batch may hold: one frame
         self.max_reconsume_times = cfg.max_reconsume_times
         self.send_back_delay_level = cfg.send_back_delay_level
         self.max_half = cfg.max_half_messages
@@ -163,18 +164,18 @@ class RemotingSender:
         partition = h.queue_id
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
-        # a batch's sysFlag is each of its messages' (RocketMQ stores it on every one): each body is inflated, all
-        # of them together within limits.max_body_bytes (one request's worth: 150 zip bombs of 4 MiB each were
-        # 1.2 GB of memory when each had the limit to itself)
-        datas, left = [], self.max_body
+        # a batch's sysFlag is each of its messages' (RocketMQ stores it on every one): each body is inflated within
+        # limits.max_body_bytes, and all of them together within what the same batch sent uncompressed may hold,
+        # one frame (remoting.max_frame_bytes): 150 zip bombs of 4 MiB each were 1.2 GB when only each was bounded
+        datas, left = [], self.max_batch
         for e in entries:
             try:
-                body = inflate_body(h.sys_flag, e.body, left)
+                body = inflate_body(h.sys_flag, e.body, min(left, self.max_body))
             except errors.BadCompressedBody as exc:
-                if left == self.max_body:  # the first compressed message: its own fault, whatever the others
+                if left >= self.max_body:  # past the message's own limit: its own fault, whatever the others
                     raise
-                raise errors.BadCompressedBody("the batch's messages decompress to more than limits.max_body_bytes "
-                                               "(%d) in all (%s)" % (self.max_body, exc)) from None
+                raise errors.BadCompressedBody("the batch's messages decompress to more than remoting.max_frame_bytes "
+                                               "(%d) in all (%s)" % (self.max_batch, exc)) from None
             if h.sys_flag & COMPRESSION_BITS:
                 left -= len(body)
             datas.append(record_data_from_send(body, e.properties, e.flag, h.sys_flag & ~COMPRESSION_BITS, 0,

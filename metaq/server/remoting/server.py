@@ -152,6 +152,7 @@ class RemotingConnection(core.Connection):
         self.born_host = tuple(address[:2]) if isinstance(address, tuple) else ("127.0.0.1", 0)
         self.parser = RemotingParser(max_frame=server.config.max_frame_bytes)
         self.pool = Pool(limits.MAX_REMOTING_INFLIGHT)
+        self.requests = core.ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES)  # bodies of requests in progress
         self._write_lock = Semaphore()
         self._opaques = itertools.count(1)
         self._notifying = 0  # our oneway requests waiting to be sent
@@ -194,6 +195,10 @@ class RemotingConnection(core.Connection):
     def spawn(self, func, *args):
         """Run ``func(*args)`` from the connection's bounded pool (blocks while the pool is full)."""
         self.pool.spawn(func, *args)
+
+    def close(self):
+        super().close()
+        self.requests.wake()
 
     def serve(self):
         try:
