@@ -206,6 +206,11 @@ MAX_REMOTING_INFLIGHT = 256
 #: request is always let in). A producer that pipelined sends of 4 MiB and never read the answers held 1.2 GB.
 MAX_REMOTING_INFLIGHT_BYTES = 32 << 20
 
+#: Bytes of requests begun but not yet whole (a frame or a put's body still arriving) the broker holds in all, over
+#: every connection; past it a connection that would hold more stops reading until there is room, or its request
+#: deadline passes (100 connections each sending 15 MiB of a 16 MiB frame and stopping held 1.5 GB before).
+MAX_PARTIAL_REQUEST_BYTES = 1 << 30
+
 #: Transactions open at once on the broker (active and prepared, local and XA); a BEGIN past it fails
 #: with XAER_RMERR (``transactions.max_open``).
 MAX_OPEN_TRANSACTIONS = 10_000

@@ -74,7 +74,8 @@ class Broker:
         self.guard = Guard(config.security)  # a bad permissions file stops the start here
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
         self.core = ConnectionCore(config.max_connections(),
-                                   ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes),
+                                   ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
+                                                    lim.max_partial_request_bytes),
                                    config.max_connections_per_address(), self.guard, self.tls)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None

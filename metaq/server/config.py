@@ -117,6 +117,7 @@ class LimitsSection(_Section):
     max_connections: Optional[int] = Field(None, ge=1)
     max_connections_per_address: Optional[int] = Field(None, ge=1)
     max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
+    max_partial_request_bytes: int = Field(limits.MAX_PARTIAL_REQUEST_BYTES, ge=1 << 20)
     max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
     max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
     max_pending_requests: int = Field(limits.MAX_PENDING_REQUESTS, ge=0)

@@ -133,16 +133,23 @@ def bind_error(name, host, port, exc):
     return exc
 
 
+#: How often a connection waiting for room in the partial-request budget looks again.
+PARTIAL_WAIT_S = 0.05
+
+
 class ConnectionLimits:
     """What every connection may take: its deadlines (seconds) with no request under way and for a request
     once begun, and the reply bytes it may have read from the store but not yet handed to the kernel."""
 
-    __slots__ = ("idle_s", "request_s", "reply_bytes")
+    __slots__ = ("idle_s", "request_s", "reply_bytes", "partial_limit", "partial_bytes")
 
-    def __init__(self, idle_s, request_s, reply_bytes=limits.MAX_REPLY_BYTES):
+    def __init__(self, idle_s, request_s, reply_bytes=limits.MAX_REPLY_BYTES,
+                 partial_limit=limits.MAX_PARTIAL_REQUEST_BYTES):
         self.idle_s = idle_s
         self.request_s = request_s
         self.reply_bytes = reply_bytes
+        self.partial_limit = partial_limit  # the bytes of unfinished requests every connection holds, in all
+        self.partial_bytes = 0  # what they hold now (Connection.receive keeps it)
 
 
 class ReplyBudget:
@@ -215,6 +222,8 @@ class Connection:
         self.tls_bio = isinstance(sock, BioTls)
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
+        self._rules = rules
+        self._partial = 0  # this connection's share of rules.partial_bytes
 
     @property
     def in_request(self):
@@ -240,6 +249,9 @@ class Connection:
         if not in_request:
             self._request_deadline = None
             timeout = self.idle_timeout
+            if self._partial:  # the request it held is whole now
+                self._rules.partial_bytes -= self._partial
+                self._partial = 0
         else:
             now, progress = time.monotonic(), self.progress
             if self._request_deadline is None or progress != self._progress_seen:
@@ -247,6 +259,8 @@ class Connection:
             elif now >= self._request_deadline:  # a peer that never lets the socket empty never meets the timeout
                 log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                          self.request_timeout)
+                return None
+            if not self._hold_partial():
                 return None
             timeout = max(0.001, self._request_deadline - now)
         self.sock.settimeout(timeout)
@@ -297,10 +311,30 @@ class Connection:
                     self.log_prefix, self.peer)
         return True
 
+    def _hold_partial(self):
+        """Account the bytes of this connection's unfinished request in the broker-wide budget; while that is past
+        ``partial_limit``, read nothing more (wait) until there is room: False when the request deadline passed
+        (or the connection closed) meanwhile."""
+        rules = self._rules
+        held = getattr(self.parser, "buffered", 0)
+        rules.partial_bytes += held - self._partial
+        self._partial = held
+        if rules.partial_bytes <= rules.partial_limit or not held:
+            return True
+        log.warning("%s %s: unfinished requests hold %d bytes on the broker (MAX_PARTIAL_REQUEST_BYTES %d): this "
+                    "one waits", self.log_prefix, self.peer, rules.partial_bytes, rules.partial_limit)
+        while rules.partial_bytes > rules.partial_limit:
+            if self.closed or time.monotonic() >= self._request_deadline:
+                return False
+            gevent.sleep(PARTIAL_WAIT_S)
+        return True
+
     def close(self):
         if self.closed:
             return
         self.closed = True
+        self._rules.partial_bytes -= self._partial
+        self._partial = 0
         self.replies.wake()
         try:
             self.sock.close()

@@ -133,3 +133,38 @@ def test_remoting_connections_past_the_cap_are_refused_and_puts_keep_working(bro
     finally:
         for rc in idle:
             rc.close()
+
+
+def test_unfinished_requests_hold_at_most_the_broker_wide_budget_and_others_still_put(broker_factory, tmp_path):
+    # an attack review: 100 connections each sending 15 MiB of a 16 MiB remoting frame and stopping held 1.5 GB
+    import socket as _socket
+
+    from metaq.client.local import rmq_config
+    from tests.hostile.common import hang_up, rss_bytes
+
+    budget = 8 << 20
+    b = broker_factory(rmq_config(tmp_path / "data", limits={"max_partial_request_bytes": budget,
+                                                             "request_timeout_s": 20}))
+    port = b.config["remoting"]["port"]
+    before = rss_bytes(b.proc.pid)
+    frame_len = 4 << 20
+    attackers = []
+    for _ in range(16):  # 16 x 3 MiB of 4 MiB frames: six times the budget, if nothing held them back
+        s = _socket.create_connection(("127.0.0.1", port))
+        s.sendall(frame_len.to_bytes(4, "big") + (60).to_bytes(4, "big"))
+        s.setblocking(False)
+        sent = 0
+        try:
+            while sent < 3 << 20:
+                sent += s.send(b"\0" * min(1 << 20, (3 << 20) - sent))
+        except BlockingIOError:
+            pass  # the broker stopped reading this one: it waits for room
+        attackers.append(s)
+    time.sleep(2)
+    grown = rss_bytes(b.proc.pid) - before
+    assert grown < budget + (16 << 20), grown  # the budget and the sockets' buffers, not 48 MiB of frames
+    assert "unfinished requests hold" in b.log_text() and "this one waits" in b.log_text()
+    with b.client() as c:  # a text client's small puts do not wait (they hold nothing unfinished long)
+        c.put_ok("after", b"fine")
+    for s in attackers:
+        hang_up(s)
