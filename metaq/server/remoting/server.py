@@ -67,6 +67,7 @@ class RemotingServer:
         self.store_ip = None  # set at start: the IP in routes and message ids
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
         self.locks = LockTable(cfg.lock_expiry_s, cfg.max_locks)  # orderly consumers' queue locks
+        self.notify_bytes = 0  # bodies of our own requests waiting to be sent, every connection's (send_request)
         self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
         self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
                                    limits.MAX_CHECKS_PER_ROUND)
@@ -156,6 +157,7 @@ class RemotingConnection(core.Connection):
         self._write_lock = Semaphore()
         self._opaques = itertools.count(1)
         self._notifying = 0  # our oneway requests waiting to be sent
+        self._notify_bytes = 0  # the bodies they carry
 
     @property
     def busy(self):
@@ -180,17 +182,26 @@ class RemotingConnection(core.Connection):
         socket. At most ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped
         (clients also rebalance on their own every 20 s; a check-back comes again next round). Returns
         whether it was queued."""
+        size = len(body) if body else 0
         if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
             return False
+        if self._notifying and (self._notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES
+                                or self.server.notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES_TOTAL):
+            return False  # bounded in bytes too: a pushed reply or a check-back carries a whole message
         self._notifying += 1
-        gevent.spawn(self._notify, make_request(code, ext_fields, body, opaque=next(self._opaques), oneway=oneway))
+        self._notify_bytes += size
+        self.server.notify_bytes += size
+        gevent.spawn(self._notify, make_request(code, ext_fields, body, opaque=next(self._opaques), oneway=oneway),
+                     size)
         return True
 
-    def _notify(self, cmd):
+    def _notify(self, cmd, size):
         try:
             self.send(cmd)
         finally:
             self._notifying -= 1
+            self._notify_bytes -= size
+            self.server.notify_bytes -= size
 
     def spawn(self, func, *args):
         """Run ``func(*args)`` from the connection's bounded pool (blocks while the pool is full)."""

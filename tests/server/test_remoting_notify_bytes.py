@@ -1,0 +1,40 @@
+"""The broker's own requests waiting on a remoting connection (pushed replies, check-backs) are bounded in bytes,
+per connection and in all (an attack review: 20 requester connections that never read held 2.6 GB of pushed
+4 MiB replies, each connection only counted). Over a socket pair: no network."""
+
+import socket
+import types
+
+from metaq import limits
+from metaq.protocol.rocketmq.remoting import RequestCode
+from metaq.server.connections import ConnectionLimits
+from metaq.server.remoting.server import RemotingConnection
+
+MiB = 1 << 20
+
+
+def connection(server):
+    ours, theirs = socket.socketpair()
+    return RemotingConnection(server, ours, ("127.0.0.1", 1), 1), theirs
+
+
+def test_pushes_wait_within_the_connection_and_broker_byte_budgets():
+    server = types.SimpleNamespace(core=types.SimpleNamespace(rules=ConnectionLimits(600, 30)),
+                                   config=types.SimpleNamespace(max_frame_bytes=16 * MiB), notify_bytes=0)
+    conn, peer = connection(server)
+    push = RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT
+    body = b"r" * (4 * MiB)
+    per_conn = limits.MAX_PENDING_NOTIFY_BYTES // len(body)
+    # queued (their greenlets have not run: nothing sent yet), up to the connection's bytes; one past is refused
+    assert all(conn.send_request(push, {}, body, oneway=False) for _ in range(per_conn))
+    assert not conn.send_request(push, {}, body, oneway=False)
+    assert conn.send_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "g"})  # no body: fits
+    assert server.notify_bytes == per_conn * len(body)
+    # the broker's total: other connections stop queueing at it, each still lets one through when it holds none
+    server.notify_bytes = limits.MAX_PENDING_NOTIFY_BYTES_TOTAL - len(body) // 2
+    other, other_peer = connection(server)
+    assert other.send_request(push, {}, body, oneway=False)  # it held none
+    assert not other.send_request(push, {}, body, oneway=False)
+    for c, p in ((conn, peer), (other, other_peer)):
+        c.close()
+        p.close()
