@@ -38,3 +38,34 @@ def test_pushes_wait_within_the_connection_and_broker_byte_budgets():
     for c, p in ((conn, peer), (other, other_peer)):
         c.close()
         p.close()
+
+
+def test_a_groups_changes_within_the_window_are_told_once():
+    # an attack review: each of 20,000 joins told every member of the group (quadratic: 18 s of the loop)
+    import gevent
+
+    from metaq.server.remoting import server as remoting_server
+
+    told = []
+
+    class Member:
+        closed = False
+
+        def __init__(self, name):
+            self.name = name
+
+        def send_request(self, code, fields, body=b"", oneway=True):
+            told.append((self.name, fields["consumerGroup"]))
+            return True
+
+    members = [Member("m%d" % i) for i in range(50)]
+    fake = types.SimpleNamespace(_changed=set(), _notifier=None,
+                                 clients=types.SimpleNamespace(connections=lambda group: members))
+    fake._notify_changed = lambda: remoting_server.RemotingServer._notify_changed(fake)
+    for _ in range(1000):
+        remoting_server.RemotingServer._group_changed(fake, "g")
+    remoting_server.RemotingServer._group_changed(fake, "h")
+    assert told == []  # not yet: the window
+    gevent.sleep(remoting_server.NOTIFY_COALESCE_S * 3)
+    assert len(told) == 2 * len(members)  # each member once per group, not once per change
+    assert sorted({g for _m, g in told}) == ["g", "h"] and fake._notifier is None
