@@ -30,24 +30,19 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def split_host(value, scheme="http"):
-    """``(name lowercased without a trailing dot, port)`` of a Host header or an origin's netloc; None when it
-    cannot be read."""
-    value = (value or "").strip().lower()
-    if not value or any(c in value for c in " /@\\"):
+    """``(name lowercased without a trailing dot, port)`` of a Host header or an origin's netloc (read by
+    ``urllib.parse``); None when it cannot be read."""
+    value = (value or "").strip()
+    if not value or any(c in value for c in " /@\\?#"):
         return None
-    if value.startswith("["):  # an IPv6 literal: [::1]:8180
-        end = value.find("]")
-        if end < 0:
-            return None
-        name, rest = value[1:end], value[end + 1:]
-        if rest and not rest.startswith(":"):
-            return None
-        port = rest[1:] if rest else ""
-    else:
-        name, _, port = value.partition(":")
-    if port and not port.isdigit():
+    try:
+        parts = urlsplit("//" + value)
+        name, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number, a bracket not closed
         return None
-    return name.rstrip("."), int(port) if port else _DEFAULT_PORTS.get(scheme, 80)
+    if not name:
+        return None
+    return name.rstrip("."), port if port is not None else _DEFAULT_PORTS.get(scheme, 80)
 
 
 def _is_address(name):
@@ -84,7 +79,7 @@ class BrowserCheck:
         if not from_browser and (not self.every_request or environ.get("PATH_INFO") in PROBES):
             return None
         if host is None or not self.known_name(host[0]):
-            return ("a browser's request for host %r, which is not a name of this broker: add the name to "
+            return ("a request for host %r, which is not a name of this broker: add the name to "
                     "http.allowed_hosts (a page reaching the broker under a name of its own is DNS rebinding)"
                     % (environ.get("HTTP_HOST") or "")[:100])
         if environ.get("REQUEST_METHOD") in _SAFE_METHODS or not from_browser:
