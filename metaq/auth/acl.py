@@ -153,26 +153,6 @@ class User:
         """True when this user may ``action`` (PUB or SUB) the ``kind`` (``"topic"``/``"group"``) called ``name``."""
         return self.admin or action in self._decisions[kind].perms(name)
 
-    def may_slowly(self, action, kind, name):
-        """``may`` decided rule by rule, as the module's docstring says: the reference the tests hold it to."""
-        if self.admin:
-            return True
-        best, best_rank = None, None
-        for i, grants in enumerate(self.grants):
-            owner_rank = 1 if i == 0 else 0
-            for rule in (grants.topics if kind == "topic" else grants.groups):
-                if rule.matches(name):
-                    rank = rule.rank(owner_rank)
-                    if best_rank is None or rank > best_rank:
-                        best, best_rank = rule, rank
-        if best is not None:
-            return action in best.perms
-        for grants in self.grants:
-            default = grants.default_topic if kind == "topic" else grants.default_group
-            if default is not None:
-                return action in default
-        return False
-
 
 class Acl:
     """The parsed file: users by name and the global address allow-list (None: any address)."""

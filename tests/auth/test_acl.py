@@ -126,6 +126,27 @@ _grant = st.fixed_dictionaries({}, optional={
 })
 
 
+def may_slowly(user, action, kind, name):
+    """``User.may`` decided rule by rule, as acl.py's docstring says: the reference the decision table is held to."""
+    if user.admin:
+        return True
+    best, best_rank = None, None
+    for i, grants in enumerate(user.grants):
+        owner_rank = 1 if i == 0 else 0
+        for rule in (grants.topics if kind == "topic" else grants.groups):
+            if rule.matches(name):
+                rank = rule.rank(owner_rank)
+                if best_rank is None or rank > best_rank:
+                    best, best_rank = rule, rank
+    if best is not None:
+        return action in best.perms
+    for grants in user.grants:
+        default = grants.default_topic if kind == "topic" else grants.default_group
+        if default is not None:
+            return action in default
+    return False
+
+
 @given(own=_grant, roles=st.lists(_grant, max_size=3),
        asked=st.lists(st.text(alphabet="ab-", min_size=1, max_size=5), min_size=1, max_size=12))
 def test_the_decision_table_answers_as_the_rules_do_one_by_one(own, roles, asked):
@@ -135,7 +156,7 @@ def test_the_decision_table_answers_as_the_rules_do_one_by_one(own, roles, asked
     for _twice in range(2):  # the second time from the remembered answers
         for name in asked:
             for action, kind in ((PUB, "topic"), (SUB, "topic"), (SUB, "group")):
-                assert user.may(action, kind, name) == user.may_slowly(action, kind, name), (action, kind, name)
+                assert user.may(action, kind, name) == may_slowly(user, action, kind, name), (action, kind, name)
 
 
 def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_again():
