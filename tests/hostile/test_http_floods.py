@@ -166,3 +166,34 @@ def test_well_formed_headers_of_any_content_type_are_taken(hbroker, content_type
     reply = read_until_closed(s)
     s.close()
     assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]
+
+
+def test_unfinished_http_bodies_count_in_the_broker_wide_budget(broker_factory, tmp_path):
+    # HTTP bodies wait in the connection's reader: counted with the other ports' unfinished requests
+    from tests.hostile.common import hang_up, rss_bytes
+
+    budget = 8 << 20
+    b = broker_factory(with_http(small_config(tmp_path / "data", limits={"max_partial_request_bytes": budget,
+                                                                         "request_timeout_s": 20,
+                                                                         "max_body_bytes": 4 << 20},
+                                                  store={"segment_size": 16 << 20})))
+    before = rss_bytes(b.proc.pid)
+    attackers = []
+    for _ in range(16):  # 16 x 3 MiB of 4 MiB bodies: six times the budget, if nothing held them back
+        s = socket.create_connection(("127.0.0.1", http_port(b)))
+        s.sendall(b"POST /api/topics/big/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (4 << 20))
+        s.setblocking(False)
+        sent = 0
+        try:
+            while sent < 3 << 20:
+                sent += s.send(b"\0" * min(1 << 20, (3 << 20) - sent))
+        except BlockingIOError:
+            pass
+        attackers.append(s)
+    time.sleep(2)
+    grown = rss_bytes(b.proc.pid) - before
+    assert grown < budget + (16 << 20), grown
+    assert "unfinished requests hold" in b.log_text()
+    for s in attackers:
+        hang_up(s)

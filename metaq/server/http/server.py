@@ -35,14 +35,20 @@ class HeadTooLarge(Exception):
 
 
 class RequestState:
-    """What ``Connection.receive`` asks of a parser: inside a request (its deadline applies) and how many
-    requests completed (each restarts that deadline)."""
+    """What ``Connection.receive`` asks of a parser: inside a request (its deadline applies), how many requests
+    completed (each restarts that deadline) and the bytes received not yet read (the broker-wide budget of
+    unfinished requests counts them)."""
 
-    __slots__ = ("in_frame", "completed")
+    __slots__ = ("in_frame", "completed", "reader")
 
     def __init__(self):
         self.in_frame = False
         self.completed = 0
+        self.reader = None  # the ConnReader: its buffer
+
+    @property
+    def buffered(self):
+        return len(self.reader.buf) if self.reader is not None else 0
 
 
 class ConnReader:
@@ -250,7 +256,7 @@ class HttpConnection(Connection):
         return self.parser.in_frame
 
     def serve(self):
-        reader = ConnReader(self, self.parser)
+        reader = self.parser.reader = ConnReader(self, self.parser)
         handler = Handler(self.sock, self.address, self.wsgi, rfile=reader)
         handler.metaq_conn = self
         try:
