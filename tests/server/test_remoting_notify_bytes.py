@@ -30,12 +30,16 @@ def test_pushes_wait_within_the_connection_and_broker_byte_budgets():
     assert not conn.send_request(push, {}, body, oneway=False)
     assert conn.send_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "g"})  # no body: fits
     assert server.notify_bytes == per_conn * len(body)
-    # the broker's total: other connections stop queueing at it, each still lets one through when it holds none
+    # the broker's total: every connection stops queueing at it, one that holds none too (thousands of
+    # connections holding one each would pass any per-connection bound)
     server.notify_bytes = limits.MAX_PENDING_NOTIFY_BYTES_TOTAL - len(body) // 2
     other, other_peer = connection(server)
-    assert other.send_request(push, {}, body, oneway=False)  # it held none
     assert not other.send_request(push, {}, body, oneway=False)
-    for c, p in ((conn, peer), (other, other_peer)):
+    assert other.send_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": "g"})  # no body: fits
+    server.notify_bytes = 0  # nothing waiting anywhere: one larger than the total still goes
+    third, third_peer = connection(server)
+    assert third.send_request(push, {}, b"x" * (limits.MAX_PENDING_NOTIFY_BYTES_TOTAL + 1), oneway=False)
+    for c, p in ((conn, peer), (other, other_peer), (third, third_peer)):
         c.close()
         p.close()
 

@@ -203,9 +203,10 @@ class RemotingConnection(core.Connection):
         size = len(body) if body else 0
         if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
             return False
-        if self._notifying and (self._notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES
-                                or self.server.notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES_TOTAL):
-            return False  # bounded in bytes too: a pushed reply or a check-back carries a whole message
+        if (self._notifying and self._notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES) or (
+                self.server.notify_bytes and self.server.notify_bytes + size > limits.MAX_PENDING_NOTIFY_BYTES_TOTAL):
+            return False  # bounded in bytes too (a pushed reply or a check-back carries a whole message): one
+            # connection's, and every connection's together (thousands of connections holding one each)
         self._notifying += 1
         self._notify_bytes += size
         self.server.notify_bytes += size
