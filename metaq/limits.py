@@ -205,6 +205,8 @@ MAX_REMOTING_INFLIGHT = 256
 #: Request bytes (bodies) one remoting connection's requests in progress may hold; reading pauses past it (one
 #: request is always let in). A producer that pipelined sends of 4 MiB and never read the answers held 1.2 GB.
 MAX_REMOTING_INFLIGHT_BYTES = 32 << 20
+#: The same over every remoting connection together (thousands of connections holding 32 MiB each).
+MAX_REMOTING_INFLIGHT_BYTES_TOTAL = 512 << 20
 
 #: Bytes of requests begun but not yet whole (a frame or a put's body still arriving) the broker holds in all, over
 #: every connection; past it a connection that would hold more stops reading until there is room, or its request

@@ -73,3 +73,20 @@ def test_a_groups_changes_within_the_window_are_told_once():
     gevent.sleep(remoting_server.NOTIFY_COALESCE_S * 3)
     assert len(told) == 2 * len(members)  # each member once per group, not once per change
     assert sorted({g for _m, g in told}) == ["g", "h"] and fake._notifier is None
+
+
+def test_requests_in_progress_are_bounded_per_connection_and_over_every_connection():
+    # a send's body stays held until its answer is sent: one connection's, and every connection's together
+    from metaq.server.connections import ReplyBudget
+
+    per_conn = ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES)
+    total = ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)
+    body = 4 * MiB
+    never = lambda: False  # noqa: E731
+    assert all(per_conn.reserve(body, never) for _ in range(limits.MAX_REMOTING_INFLIGHT_BYTES // body))
+    assert per_conn.would_wait(body)  # one past: the connection's reader waits
+    many = limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL // body
+    assert all(total.reserve(body, never) for _ in range(many))
+    assert total.would_wait(body)  # thousands of connections holding a little each: the reader waits too
+    total.release(body)
+    assert not total.would_wait(body)

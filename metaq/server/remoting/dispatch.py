@@ -143,8 +143,14 @@ class RemotingDispatcher:
             handler = functools.partial(handler, signer=signer)
         if spawn:
             held = len(cmd.body) if cmd.body else 0
-            if not conn.requests.reserve(held, lambda: conn.closed):  # the reader waits while the bodies of
-                return False  # this connection's requests in progress (unanswered sends) reach the budget
+            closed = lambda: conn.closed  # noqa: E731
+            # the reader waits while the bodies of this connection's requests in progress (unanswered sends), or
+            # of every connection's, reach their budget
+            if not conn.requests.reserve(held, closed):
+                return False
+            if not self.server.requests.reserve(held, closed):
+                conn.requests.release(held)
+                return False
             conn.spawn(self._run_holding, handler, cmd, conn, held)
             return True
         return self._run(handler, cmd, conn)
@@ -154,6 +160,7 @@ class RemotingDispatcher:
             return self._run(handler, cmd, conn)
         finally:
             conn.requests.release(held)
+            self.server.requests.release(held)
 
     def _allowed(self, cmd, conn):
         """The user who signed ``cmd`` (None for a name-server request) when its signature and permissions pass

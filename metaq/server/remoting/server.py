@@ -68,6 +68,7 @@ class RemotingServer:
         self.clients = ClientRegistry(cfg.client_timeout_s, self._group_changed, cfg.max_client_entries)
         self.locks = LockTable(cfg.lock_expiry_s, cfg.max_locks)  # orderly consumers' queue locks
         self.notify_bytes = 0  # bodies of our own requests waiting to be sent, every connection's (send_request)
+        self.requests = core.ReplyBudget(limits.MAX_REMOTING_INFLIGHT_BYTES_TOTAL)  # every connection's requests
         self._changed, self._notifier = set(), None  # groups whose members changed, told after NOTIFY_COALESCE_S
         self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
         self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
