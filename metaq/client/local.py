@@ -99,6 +99,7 @@ class BrokerProcess:
     def __init__(self, workdir, config=None, extra_args=()):
         self.workdir = workdir
         self.config = config or small_config(os.path.join(str(workdir), "data"))
+        self.config_text = None  # the file's text as written when set (a YAML form safe_dump would not write)
         self.data_dir = str(self.config["broker"]["data_dir"])
         self.config_path = os.path.join(str(workdir), "server.yaml")
         self.log_path = os.path.join(str(workdir), "broker.log")
@@ -108,7 +109,7 @@ class BrokerProcess:
 
     def start(self, timeout=20.0, expect_ready=True):
         with open(self.config_path, "w") as f:
-            yaml.safe_dump(self.config, f)
+            f.write(self.config_text if self.config_text is not None else yaml.safe_dump(self.config))
         self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         log = open(self.log_path, "ab")
         cmd = [sys.executable, "-m", "metaq.server", "-c", self.config_path] + self.extra_args

@@ -35,7 +35,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 
 from metaq import errors
 from metaq.deploy.layout import Layout
@@ -229,11 +228,16 @@ def probe(address, timeout=PROBE_TIMEOUT_S, security=None):
 
 
 def _config_crc(layout):
-    try:
-        with open(layout.config, "rb") as f:
-            return zlib.crc32(f.read())
-    except OSError:
+    """The ``config_checksum`` the broker would show for server.yaml as it is now; None without a file, -1 (no
+    broker's) for a file the broker could not have started with."""
+    from metaq.server.config import load_config
+
+    if not os.path.exists(layout.config):
         return None
+    try:
+        return load_config(layout.config).checksum()
+    except (OSError, errors.ConfigError):
+        return -1
 
 
 def _log_tail(layout, since=0):

@@ -129,9 +129,7 @@ def main(argv=None):
         print("metaq-server: %s" % exc, file=sys.stderr)
         return EXIT_USAGE
     if args.check_config:
-        import yaml
-
-        print(yaml.safe_dump(config.redacted_dump(), sort_keys=False), end="")
+        print(config.redacted_text().decode("utf-8"), end="")
         return EXIT_OK
     logging.basicConfig(level=config.broker.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -140,7 +138,7 @@ def main(argv=None):
     for handler in logging.getLogger().handlers:
         logflood.install(handler)
     logflood.route_hub_errors(gevent.get_hub())
-    return run(config, args.config)
+    return run(config)
 
 
 def verify(data_dir):
@@ -156,11 +154,11 @@ def verify(data_dir):
     return EXIT_ERROR if report.corrupt else EXIT_OK
 
 
-def run(config, config_path):
+def run(config):
     from metaq.server.broker import Broker
 
     try:
-        broker = Broker(config, config_path)
+        broker = Broker(config)
         broker.start()
     except ConfigError as exc:  # a port in use...: the user's to fix, as a bad setting is
         log.error("cannot start: %s", exc)

@@ -3,12 +3,10 @@
 import logging
 import socket
 import time
-import zlib
 
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
-import yaml
 
 from metaq import errors, speedups
 from metaq.limits import COLD_READ_CHECK_S
@@ -52,16 +50,15 @@ SHUTDOWN_GRACE_S = 10.0
 class Broker:
     """Builds every component from the configuration, gives each the collaborators it uses, runs and stops them."""
 
-    def __init__(self, config, config_path=None):
+    def __init__(self, config):
         self.config = config
-        self.config_path = config_path
         self.stats = BrokerStats()
         self.waiters = PartitionWaiters(config.limits.max_parked_gets)
         self.stopping = False
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
         self._tasks = []
-        self.config_checksum = zlib.crc32(self.config_text())
+        self.config_checksum = config.checksum()
         started = time.monotonic()
         self.store = MessageStore.open(config.store_config(), now_ms())
         self.recovery_seconds = time.monotonic() - started
@@ -105,7 +102,7 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync")
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
-        self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, self.config_text)
+        self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
                                    lim.max_pending_requests_per_connection)  # request-reply, both protocols
         self.core.on_close(self.replies.connection_closed)
@@ -170,12 +167,6 @@ class Broker:
         return NodeFacts(self.config.broker.id, self.port, not self.roles.is_master, self.connection_count,
                          self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
                          bool(self.gate.refusal), self.registry.state if self.registry is not None else "standalone")
-
-    def config_text(self):
-        if self.config_path:
-            with open(self.config_path, "rb") as f:
-                return f.read()
-        return yaml.safe_dump(self.config.model_dump(), sort_keys=False).encode()
 
     def _flush_failed(self):
         self.gate.refresh(flush_failure=self.flusher.failure)

@@ -13,8 +13,10 @@ import inspect
 import ipaddress
 import os
 import resource
+import zlib
 from typing import List, Literal, Optional
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from metaq import limits
@@ -44,6 +46,35 @@ def _settings_for(container, section):
 
 _STORE = _defaults(StoreConfig)
 _TX = _defaults(TxConfig)
+
+
+#: A setting's mark (``Field(json_schema_extra=SECRET)``) that its value is a secret: every view of the
+#: configuration (``stats config``, ``--check-config``, the checksum others see) shows ``REDACTED`` instead.
+SECRET = {"secret": True}
+REDACTED = "<redacted>"
+
+
+def _is_secret(field):
+    return bool((field.json_schema_extra or {}).get("secret"))
+
+
+def redact(model, dump):
+    """``dump`` (``model.model_dump()``) with the value of every setting marked ``SECRET`` replaced, at any depth.
+
+    It works on the parsed configuration, never on the file's text: whatever YAML form gave a secret (block,
+    flow, block scalar, anchor and alias, quoted), the value is one field of the model and is replaced here."""
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if _is_secret(field):
+            if value is not None:
+                dump[name] = REDACTED
+        elif isinstance(value, BaseModel):
+            redact(value, dump[name])
+        elif isinstance(value, (list, tuple)):
+            for item, item_dump in zip(value, dump[name]):
+                if isinstance(item, BaseModel):
+                    redact(item, item_dump)
+    return dump
 
 
 class _Section(BaseModel):
@@ -311,7 +342,8 @@ class SecuritySection(_Section):
 
     acl_file: Optional[str] = None  # users, roles and permissions (YAML); set = authentication on
     acl_reload_s: float = Field(2.0, gt=0)  # how often the file is checked for a change
-    replication_secret: Optional[str] = None  # shared by a master and its slaves (or replication_secret_file)
+    # shared by a master and its slaves (or replication_secret_file)
+    replication_secret: Optional[str] = Field(None, json_schema_extra=SECRET)
     replication_secret_file: Optional[str] = None  # a file holding it (kept out of the config, mode 0600)
     insecure: bool = False  # allow a non-loopback address with authentication off (logged at every start)
     tls: TlsSection = TlsSection()
@@ -464,11 +496,17 @@ class ServerConfig(_Section):
         return self
 
     def redacted_dump(self):
-        """``model_dump()`` with every secret replaced (``--check-config`` prints it; logs never see secrets)."""
-        dump = self.model_dump()
-        if dump["security"]["replication_secret"] is not None:
-            dump["security"]["replication_secret"] = "<redacted>"
-        return dump
+        """``model_dump()`` with every secret replaced: the only form of the configuration anyone is shown."""
+        return redact(self, self.model_dump())
+
+    def redacted_text(self):
+        """The parsed configuration, secrets redacted, as YAML bytes (``stats config``, ``--check-config``)."""
+        return yaml.safe_dump(self.redacted_dump(), sort_keys=False).encode("utf-8")
+
+    def checksum(self):
+        """``config_checksum`` (stats, ZooKeeper, the deploy agent): the CRC-32 of ``redacted_text``. Of the
+        redacted view, not the file: a checksum any user sees must not be a test of guesses at a secret."""
+        return zlib.crc32(self.redacted_text())
 
     def max_connections(self):
         if self.limits.max_connections is not None:

@@ -2,8 +2,10 @@
 for every command, each command checked against the user's permissions, the address allow-list, reloads of the
 permissions file, and the protected mode of a broker with authentication off."""
 
+import json
 import socket
 import time
+import zlib
 
 import pytest
 
@@ -219,20 +221,46 @@ def test_auth_on_a_broker_without_authentication_is_a_clear_400(broker):
         assert c.put("t", b"still open").code == 200
 
 
-def test_no_secret_in_stats_config_or_check_config(broker_factory, tmp_path):
+def _security_section(form, security):
+    """The ``security:`` section in one YAML form: each was once shown by ``stats config``, which edited the
+    file's text line by line (only the block form was caught)."""
+    if form == "flow":
+        return "security: {%s}\n" % ", ".join("%s: %s" % (k, json.dumps(v)) for k, v in security.items())
+    lines = []
+    for k, v in security.items():
+        if k == "replication_secret" and form == "block scalar":
+            lines.append("  %s: >-\n    %s\n" % (k, v))
+        else:
+            lines.append("  %s: %s\n" % (k, json.dumps(v)))
+    return "security:\n" + "".join(lines)
+
+
+@pytest.mark.parametrize("form", ["block", "flow", "block scalar"])
+def test_no_secret_in_stats_config_or_check_config(broker_factory, tmp_path, form):
     import subprocess
     import sys
 
+    import yaml
+
     secret = "replication-secret-0123456789abcdef"
     config = secured(tmp_path, replication_secret=secret)
-    b = broker_factory(config)
-    with login(b, "admin") as admin:
-        text = admin.stats("config")
-    assert "replication_secret: <redacted>" in text and secret not in text
+    security = config.pop("security")
+    text = yaml.safe_dump(config) + _security_section(form, security)
+    b = broker_factory(dict(config, security=security), start=False)
+    b.config_text = text
+    b.start()
+    for user in ("admin", "bob"):  # any logged-in user may ask for stats config
+        with login(b, user) as c:
+            shown = c.stats("config")
+        assert "replication_secret: <redacted>" in shown and secret not in shown and secret[:16] not in shown
+        assert yaml.safe_load(shown)["security"]["acl_file"] == security["acl_file"]
     out = subprocess.run([sys.executable, "-m", "metaq.server", "-c", b.config_path, "--check-config"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "replication_secret: <redacted>" in out.stdout and secret not in out.stdout
     assert secret not in b.log_text()
+    with login(b, "bob") as c:  # the summary's checksum is of the redacted view: no oracle for the secret
+        summary = c.stats_dict()
+    assert int(summary["config_checksum"]) == zlib.crc32(shown.encode("utf-8"))
 
 
 def test_a_grant_on_a_topic_covers_its_priority_levels(broker_factory, tmp_path):
