@@ -192,8 +192,14 @@ class KeyIndex:
             while True:  # in walks of KEY_INDEX_WALK_BYTES at most: the list of keyed records stays bounded
                 walk_stop = min(stop, rel + limits.KEY_INDEX_WALK_BYTES)
                 after, keyed = keyed_records(mm, rel, walk_stop, end)
-                for at in keyed:  # the records with attributes: only they can hold keys
-                    added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
+                at = rel
+                try:
+                    for at in keyed:  # the records with attributes: only they can hold keys
+                        added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
+                except BaseException:  # a full disk (a new file): what is indexed stays so, the next call resumes
+                    self.indexed_to = max(self.indexed_to, base + at)  # a record's entries go in all or none
+                    self._set_mark()
+                    raise
                 stopped_short = after < walk_stop  # a marker that is not a record's, or the end (no move at all)
                 rel = after
                 if stopped_short or rel >= stop:
