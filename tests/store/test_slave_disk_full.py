@@ -116,7 +116,7 @@ def _catch_up(master_store, slave_dir, mount, left, rnd):
             failures.append(str(exc))
             if len(failures) >= 3 and not freed:
                 if left % 2:  # killed while the disk is full, started again (still full, then with space)
-                    slave.close(NOW, clean=False)
+                    slave.abandon()
                     try:
                         slave = open_store(slave_dir, **CONFIG)
                     except (DiskFull, StoreError) as exc2:
@@ -169,7 +169,7 @@ def test_a_slave_filled_at_each_step_of_its_catch_up_holds_the_masters_log(maste
             caplog.clear()
             met.update(_step_of(f) for f in failures + logged)
             _assert_same(slave, expected, keys, "live, %d pages left" % left)
-            slave.close(NOW, clean=False)  # as kill -9 leaves it
+            slave.abandon()  # as kill -9 leaves it
             slave = open_store(slave_dir, **CONFIG)
             _assert_same(slave, expected, keys, "reopened, %d pages left" % left)
             slave.close(NOW)
