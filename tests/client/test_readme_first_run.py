@@ -205,3 +205,24 @@ def test_the_readme_python_producer_and_consumer_print_what_they_say(broker, tmp
     sent, got = out.stdout.splitlines()
     assert re.fullmatch(r"True 0-0 (\d+)", sent), out.stdout
     assert got == "%s b'order 1'" % sent.split()[-1], out.stdout
+
+
+@pytest.mark.integration
+def test_the_delayed_delivery_example_runs_and_waits_its_level(broker, tmp_path):
+    [code] = blocks("python", section("messaging.md", "Delayed delivery"))
+    out = run([sys.executable, "-c", code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True None", "b'remind me' True"], out.stdout
+
+
+@pytest.mark.integration
+def test_the_priorities_example_runs_after_its_topics_create(broker, tmp_path):
+    text = section("messaging.md", "Priorities")
+    [create] = blocks("sh", text)
+    out = run(["bash", "-euo", "pipefail", "-c", create.replace("8123", str(broker.port))], tmp_path,
+              {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    [code] = blocks("python", text)
+    out = run([sys.executable, "-c", code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(0, b'send the newsletter'), (2, b'rebuild the index')]", out.stdout
