@@ -16,7 +16,7 @@ DEVDATA ?= devdata
 ZK_PORT ?= 2181
 PG_PORT ?= 5432
 
-.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean \
+.PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean docs \
 	zookeeper stop-zookeeper postgres stop-postgres
 
 all: test
@@ -85,6 +85,11 @@ stop-postgres:
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
+# make test checks the same (tests/test_docs.py).
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict
+
 # The unit tier: no test that starts a server, spawns a process or opens a network socket
 # (tests/conftest.py marks those `integration` and fails a unit test that binds or connects one).
 # Two workers (pytest-xdist): the tier is many small CPU-bound tests.
@@ -114,4 +119,4 @@ bench-scale: $(VENV)/.installed
 	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info metaq/*.so
+	rm -rf $(VENV) .pytest_cache build site *.egg-info metaq/*.so

@@ -51,6 +51,7 @@ setup(
             "psycopg[binary]>=3.1",
             "rocketmq==0.4.4",  # the official RocketMQ client (C++ core bundled): remoting tests and bench
             "fusepy>=3.0.1,<4",  # tests/harness/fusefs.py: the FUSE fault filesystem (needs Debian's libfuse2)
+            "mkdocs>=1.6,<2",  # the documentation site: tests/test_docs.py builds it --strict (links and anchors)
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],

@@ -60,7 +60,7 @@ def test_dlq_list_then_resend_puts_it_back_once(broker_factory, tmp_path):
 
 @pytest.mark.integration
 def test_readme_admin_commands_run_as_written(tmp_path):
-    """The README's ```sh block, on a fresh broker configured like `make run`'s: put, tail, reset-offsets (refused,
+    """docs/operating.md's "Admin commands" ```sh block, on a fresh broker configured like `make run`'s: put, tail, reset-offsets (refused,
     then a dry run after a commit), dlq list (refused: no dead letters)."""
     with open(ROOT / "conf" / "server.yaml") as f:
         cfg = yaml.safe_load(f)
@@ -68,8 +68,9 @@ def test_readme_admin_commands_run_as_written(tmp_path):
     cfg["http"]["port"] = 0
     b = BrokerProcess(tmp_path, cfg).start()
     try:
-        text = (ROOT / "README.md").read_text()
-        [code] = re.findall(r"```sh\n(.*?)```", text[text.index("### Admin commands"):].split("\n## ")[0], re.S)
+        from tests.harness.docs import section as doc_section
+
+        [code] = re.findall(r"```sh\n(.*?)```", doc_section("operating.md", "Admin commands"), re.S)
         env = dict(os.environ, PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", code.replace("8123", str(b.port))], cwd=str(ROOT),
                              env=env, capture_output=True, text=True, timeout=120)

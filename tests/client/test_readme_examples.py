@@ -1,4 +1,4 @@
-"""The README's client examples run as written against a broker configured like `make run`."""
+"""The examples of docs/python-client.md run as written against a broker configured like `make run`."""
 
 import os
 import pathlib
@@ -10,14 +10,13 @@ import pytest
 import yaml
 
 from metaq.client.local import BrokerProcess, free_port
+from tests.harness.docs import read
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
 
 
 def client_section():
-    start = README.index("## The Python client")
-    return README[start:README.index("\n## ", start + 10)]
+    return read("python-client.md")
 
 
 def python_blocks():
@@ -54,7 +53,7 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
         assert "127.0.0.1:8123" in code
         out = subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:8123", url)], cwd=str(tmp_path),
                              env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, "README example failed:\n%s\n%s" % (code, out.stderr)
+        assert out.returncode == 0, "example failed:\n%s\n%s" % (code, out.stderr)
         outputs.append(out.stdout)
     produce, group, pull, broadcast, local_tx, xa_branch = outputs[:6]
     first = produce.splitlines()[0].split()

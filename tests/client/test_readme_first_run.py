@@ -1,6 +1,7 @@
-"""README examples beyond the Python client guide run as written and end (README "First run").
+"""The README's quickstart and the examples of docs/ beyond the Python client page run as written and end.
 
-* every ```sh block of the README runs with bash against a broker configured like `make run`;
+* every ```sh block of the README and of the docs/ pages runs with bash against a broker configured like
+  `make run`, and the README's Python producer and consumer prints what it says;
 * the RocketMQ example (producer and push consumer, the official client) ends on its own;
 * the Spark example works without PYSPARK_PYTHON set and without the virtualenv on PATH;
 * the XA example's command line runs against PostgreSQL as `make postgres` sets it up;
@@ -20,22 +21,12 @@ import yaml
 
 from metaq.client import Message, Producer
 from metaq.client.local import BrokerProcess, free_port
+from tests.harness.docs import blocks, nav_pages, read, section
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+README = read("README.md")
 VENV_BIN = os.path.dirname(sys.executable)
 NEVER_ENDS_S = 300
-
-
-def section(title):
-    start = README.index("\n%s\n" % title)
-    level = title.split()[0]
-    end = README.find("\n%s " % level, start + len(title) + 2)
-    return README[start:end if end > 0 else len(README)]
-
-
-def blocks(lang, text=README):
-    return re.findall(r"```%s\n(.*?)```" % lang, text, re.S)
 
 
 def make_run_broker(tmp_path, **extra):
@@ -78,26 +69,41 @@ def test_no_link_points_outside_the_repository():
 
 
 def test_first_run_has_runnable_shell_blocks_and_names_the_make_targets():
-    first = section("## First run")
+    first = section("quickstart.md", "First run")
     assert blocks("sh", first), "the First run section lost its runnable example"
     for target in ("make zookeeper", "make stop-zookeeper", "make postgres", "make stop-postgres",
                    ". .venv/bin/activate", "make run ARGS="):
         assert target in first
 
 
+def test_the_readme_quickstart_is_short_and_its_say_helper_gives_up():
+    """README: at most ~250 lines; the two commands; `say` has a timeout so a broker that never answers
+    cannot hang the reader's terminal; the quickstart shows put/tail, a Python client, curl and how to stop."""
+    assert README.count("\n") <= 260, "README.md grew past ~250 lines: move the detail to a page of docs/"
+    assert "make run" in README and "make test" in README
+    say = blocks("sh", README)[0]
+    assert "say()" in say and re.search(r"create_connection\(\(\"127.0.0.1\", 8123\), timeout=\d+\)", say), say
+    for needed in ("metaq-admin --brokers meta://127.0.0.1:8123 put", "tail test", "curl -s", "Ctrl-C",
+                   "store.segment_size", "store.key_index_slots"):
+        assert needed in README, needed
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", README))
+    assert {"quickstart.md", "security.md", "configuration.md", "limits.md"} <= linked, linked
+
+
 # -- against real parts ----------------------------------------------------------------------------------
 
 @pytest.mark.integration
 def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
-    """A ```sh block is one the README means to run (others are plain ``` blocks): each runs and ends."""
-    outputs = {}
-    for code in blocks("sh"):
+    """A ```sh block is one the documentation means to run (others are plain ``` blocks): each runs and ends,
+    the README's first, then the pages' in the order of the navigation."""
+    outputs = []
+    for code in blocks("sh", README) + [c for page in nav_pages() for c in blocks("sh", read(page))]:
         script = re.sub(r"^\$ ", "", code, flags=re.M)  # a "$ " prompt shown before a command
         script = script.replace("8123", str(broker.port)).replace("8180", str(broker.config["http"]["port"]))
         out = run(["bash", "-euo", "pipefail", "-c", script], tmp_path, {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
         assert out.returncode == 0, (code, out.stderr)
-        outputs[code] = out.stdout
-    text = outputs[blocks("sh", section("## First run"))[0]]  # version, put, get
+        outputs.append(out.stdout)
+    text = outputs[0]  # the README's first block: version, put, get
     assert text.startswith("result 200 5 ") and "\n0.1.0" in text, text  # text mode: \r\n read as \n
     assert re.search(r"result 200 \d+ 1\n\d+ 0 0", text), text
     assert re.search(r"\nvalue 25 2\n.+hello$", text.rstrip("\n"), re.S), text  # the get: header and body
@@ -105,10 +111,10 @@ def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
 
 @pytest.mark.integration
 def test_topics_examples_run_on_a_make_run_broker(tmp_path):
-    """README "Topics": create, alter, list, delete as written, on a broker configured like `make run`'s."""
+    """docs/concepts.md "Topics": create, alter, list, delete as written, on a broker configured like `make run`'s."""
     b = make_run_broker(tmp_path, http={"port": 0})
     try:
-        [code] = blocks("sh", section("### Topics: the table, create, alter, delete"))
+        [code] = blocks("sh", section("concepts.md", "Topics: the table, create, alter, delete"))
         out = run(["bash", "-euo", "pipefail", "-c", code.replace("8123", str(b.port))], tmp_path,
                   {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
         assert out.returncode == 0, (out.stdout, out.stderr)
@@ -129,7 +135,7 @@ def test_topics_examples_run_on_a_make_run_broker(tmp_path):
 
 @pytest.mark.integration
 def test_the_shell_one_liner_needs_no_activated_virtualenv(broker, tmp_path):
-    code = blocks("sh", section("## First run"))[0]
+    code = blocks("sh", README)[0]
     out = run(["bash", "-c", code.replace("8123", str(broker.port))], tmp_path,
               {"PATH": "/usr/bin:/bin", "VIRTUAL_ENV": ""})
     assert out.returncode == 0 and "result 200" in out.stdout, out.stderr
@@ -142,7 +148,7 @@ def test_rocketmq_example_runs_and_ends(tmp_path):
     ns_port = free_port()
     b = make_run_broker(tmp_path, remoting={"port": ns_port})
     try:
-        code = blocks("python", section("## RocketMQ clients"))[0]
+        code = blocks("python", read("rocketmq.md"))[0]
         assert "127.0.0.1:9876" in code and "consumer.shutdown()" in code
         out = run([sys.executable, "-c", code.replace("127.0.0.1:9876", "127.0.0.1:%d" % ns_port)], tmp_path)
     finally:
@@ -161,7 +167,7 @@ def test_spark_example_runs_without_pyspark_python_set(broker, tmp_path):
     with Producer(brokers=[url]) as producer:
         for i in range(5):
             assert producer.send(Message("orders", b"order %d" % i)).success
-    code = blocks("python", section("### Messages as DataFrames"))[0]
+    code = blocks("python", section("spark.md", "Messages as DataFrames"))[0]
     assert "PYSPARK_PYTHON" in code
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "VIRTUAL_ENV"))}
     env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT), PATH="/usr/bin:/bin", SPARK_LOCAL_IP="127.0.0.1")
@@ -178,7 +184,7 @@ def test_xa_example_command_runs_against_postgres_set_up_like_make_postgres(brok
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'shop'").fetchone():
             conn.execute("CREATE ROLE shop LOGIN")
             conn.execute("CREATE DATABASE shop OWNER shop")
-    line = next(line for line in section("## The Python client").splitlines()
+    line = next(line for line in read("python-client.md").splitlines()
                 if line.startswith("$ python examples/xa_postgres.py --dsn"))
     args = line[2:].split(" ", 2)[2]
     args = args.replace('"host=127.0.0.1 dbname=shop user=shop"',
@@ -189,3 +195,34 @@ def test_xa_example_command_runs_against_postgres_set_up_like_make_postgres(brok
     assert out.returncode == 0, out.stderr
     with pg_server.admin("shop") as conn:
         assert conn.execute("SELECT item FROM orders").fetchall()[-1] == ("book",)
+
+
+@pytest.mark.integration
+def test_the_readme_python_producer_and_consumer_print_what_they_say(broker, tmp_path):
+    [code] = blocks("python", README)
+    out = run([sys.executable, "-c", code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    sent, got = out.stdout.splitlines()
+    assert re.fullmatch(r"True 0-0 (\d+)", sent), out.stdout
+    assert got == "%s b'order 1'" % sent.split()[-1], out.stdout
+
+
+@pytest.mark.integration
+def test_the_delayed_delivery_example_runs_and_waits_its_level(broker, tmp_path):
+    [code] = blocks("python", section("messaging.md", "Delayed delivery"))
+    out = run([sys.executable, "-c", code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["True None", "b'remind me' True"], out.stdout
+
+
+@pytest.mark.integration
+def test_the_priorities_example_runs_after_its_topics_create(broker, tmp_path):
+    text = section("messaging.md", "Priorities")
+    [create] = blocks("sh", text)
+    out = run(["bash", "-euo", "pipefail", "-c", create.replace("8123", str(broker.port))], tmp_path,
+              {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    [code] = blocks("python", text)
+    out = run([sys.executable, "-c", code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(0, b'send the newsletter'), (2, b'rebuild the index')]", out.stdout

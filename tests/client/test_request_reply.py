@@ -230,9 +230,9 @@ def test_pending_request_limits_at_and_one_past(broker_factory, tmp_path, where)
 
 
 def test_the_readme_example_runs_and_ends(broker, tmp_path):
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    start = readme.index("## Request-reply")
-    section = readme[start:readme.index("\n## ", start + 10)]
+    from tests.harness.docs import section as doc_section
+
+    section = doc_section("messaging.md", "Request-reply")
     [code] = re.findall(r"```python\n(.*?)```", section, re.S)[:1]
     code = code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)
     out = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=ROOT),

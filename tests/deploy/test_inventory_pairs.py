@@ -180,10 +180,8 @@ def test_fab_check_shows_pairs_and_what_a_restart_costs(tmp_path):
 
 
 def readme_inventories():
-    with open("%s/README.md" % REPO, encoding="utf-8") as f:
-        text = f.read()
-    start = text.index("## Deploying with Fabric")
-    section = text[start:text.index("\n## ", start + 10)]
+    with open("%s/docs/deploy.md" % REPO, encoding="utf-8") as f:
+        section = f.read()
     return [block for block in re.findall(r"```yaml\n(.*?)```", section, re.S) if "brokers:" in block]
 
 

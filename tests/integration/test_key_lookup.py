@@ -105,7 +105,7 @@ def test_consumer_lookup_finds_a_keys_messages_on_every_partition_within_the_tim
 
 
 def test_the_readme_key_index_example_runs_as_written(tmp_path):
-    """The README's "Key index" example against a broker configured like `make run`."""
+    """docs/messaging.md's "Key index" example against a broker configured like `make run`."""
     import pathlib
     import re
     import subprocess
@@ -116,9 +116,9 @@ def test_the_readme_key_index_example_runs_as_written(tmp_path):
     from metaq.client.local import BrokerProcess
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("## Key index"):]
-    [code] = re.findall(r"```python\n(.*?)```", section[:section.index("\n## ", 10)], re.S)
+    from tests.harness.docs import section as doc_section
+
+    [code] = re.findall(r"```python\n(.*?)```", doc_section("messaging.md", "Key index"), re.S)
     with open(root / "conf" / "server.yaml") as f:
         cfg = yaml.safe_load(f)
     cfg["broker"]["port"] = 0

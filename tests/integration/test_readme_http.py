@@ -1,4 +1,4 @@
-"""README "JSON API and HTTP put/get": every curl example runs as written against make run's broker (conf/server.yaml,
+"""docs/operating.md "JSON API and HTTP put/get": every curl example runs as written against make run's broker (conf/server.yaml,
 its HTTP port moved to a free one) and ends."""
 
 import pathlib
@@ -9,14 +9,13 @@ import subprocess
 import yaml
 
 from metaq.client.local import BrokerProcess, free_port
+from tests.harness.docs import section as doc_section
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def curl_examples():
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### JSON API and HTTP put/get"):]
-    section = section[:section.index("\n### ", 5)]
+    section = doc_section("operating.md", "JSON API and HTTP put/get")
     return [line[2:] for line in re.findall(r"^\$ curl [^\n]*", section, re.M)]
 
 

@@ -308,12 +308,12 @@ def test_changes_need_admin_permission_and_listing_any_user(broker_factory, tmp_
 
 
 def test_readme_topic_commands_run_as_written(broker_factory):
-    import pathlib
     import re
     import shlex
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### Topics: the table, create, alter, delete"):]
+    from tests.harness.docs import section as doc_section
+
+    section = doc_section("concepts.md", "Topics: the table, create, alter, delete")
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)  # also run by test_readme_first_run
     b = broker_factory()
     lines = [line for line in block.splitlines() if line.startswith("metaq-admin ")]

@@ -1,4 +1,4 @@
-"""The README's Security section: its Python example runs as written and prints what the text says, and the
+"""docs/security.md: its Python example runs as written and prints what the text says, and the
 ``openssl dgst`` line computes the same proof as ``metaq.auth.proofs``."""
 
 import os
@@ -8,20 +8,19 @@ import subprocess
 import sys
 
 from metaq.auth import proofs
+from tests.harness.docs import read
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
 
 
 def section():
-    start = README.index("## Security")
-    return README[start:README.index("\n## ", start + 10)]
+    return read("security.md")
 
 
 def test_the_security_example_runs_as_written(tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", section(), re.S)
     runnable = [b for b in blocks if "BrokerProcess" in b]
-    assert len(runnable) == 1, "the Security section lost its runnable example"
+    assert len(runnable) == 1, "docs/security.md lost its runnable example"
     env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     for name in list(env):
         if name.startswith("METAQ_"):

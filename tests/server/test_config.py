@@ -80,12 +80,13 @@ def test_shipped_config_documents_every_setting_with_its_default(section):
     assert shipped.get(section) == defaults
 
 
-def test_settings_named_in_the_readme_exist():
-    text = (ROOT / "README.md").read_text()
+def test_settings_named_in_the_documentation_exist():
+    pages = [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "architecture.md"]  # that one names modules
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md"] + pages)
     named = set(re.findall(r"`(%s)\.(?!py`)(\w+)`" % "|".join(SECTIONS), text))  # not a file such as `store.py`
     assert named
     for section, key in named:
-        assert key in ServerConfig.model_fields[section].annotation.model_fields, "README names %s.%s" % (section, key)
+        assert key in ServerConfig.model_fields[section].annotation.model_fields, "the documentation names %s.%s" % (section, key)
 
 
 def test_the_http_port_is_off_by_default_and_checked_like_the_others():

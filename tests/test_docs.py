@@ -1,0 +1,86 @@
+"""The documentation site: it builds with ``mkdocs build --strict`` (every link and anchor found), its configuration
+reference is the page generated from the schema, and the README's disk figures are the broker's."""
+
+import importlib.util
+import logging
+import os
+import re
+import time
+
+import pytest
+
+from metaq.client import Message, Producer
+from metaq.client.local import small_config
+from metaq.server.config import ServerConfig
+from tests.harness.docs import ROOT, read
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / ("%s.py" % name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_configuration_reference_is_the_generated_one():
+    tool = _tool("config_reference")
+    assert read("configuration-reference.md") == tool.render(), \
+        "docs/configuration-reference.md is out of date: run python tools/config_reference.py"
+    page = read("configuration-reference.md")
+    for section in ServerConfig.model_fields:  # every setting of every section is on the page
+        value = getattr(ServerConfig(), section)
+        for name in getattr(type(value), "model_fields", {}):
+            if not hasattr(type(getattr(value, name)), "model_fields"):
+                assert "`%s.%s`" % (section, name) in page, (section, name)
+
+
+def test_the_site_builds_strict_with_every_link_and_anchor_found(tmp_path, caplog):
+    """mkdocs build --strict, in this process: a broken link, a missing anchor or a page left out of the
+    navigation is a warning, and strict makes any warning fail the build."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    config = load_config(config_file=str(ROOT / "mkdocs.yml"), strict=True, site_dir=str(tmp_path / "site"))
+    with caplog.at_level(logging.INFO, logger="mkdocs"):
+        build(config)  # raises mkdocs.exceptions.Abort on the first build with a warning
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not warnings, warnings
+    assert (tmp_path / "site" / "quickstart" / "index.html").exists()
+    links = config["validation"]["links"]
+    assert links["anchors"] >= logging.WARNING and links["not_found"] >= logging.WARNING  # checked, not just logged
+
+
+def test_a_new_data_directory_costs_what_the_readme_says(broker_factory, tmp_path):
+    """The first segment is allocated whole when the broker starts; the key index file (slots × 4 bytes and
+    entries × 28 bytes) when the first message with a key is flushed; the README's figures are the defaults'."""
+    segment, slots, entries = 8 << 20, 1024, 4096
+    b = broker_factory(small_config(tmp_path / "data", store=dict(segment_size=segment, key_index_slots=slots,
+                                                                     key_index_entries=entries)))
+    data = tmp_path / "data"
+
+    def allocated(directory):
+        return {f: os.stat(os.path.join(directory, f)).st_blocks * 512 for f in os.listdir(directory)}
+
+    [first] = allocated(data / "commitlog").values()
+    assert first >= segment
+    assert not os.listdir(data / "keyindex")
+    with Producer(brokers=["meta://127.0.0.1:%d" % b.port]) as producer:
+        assert producer.send(Message("tDisk", b"order 42", key="order-42")).success
+    wanted = slots * 4 + entries * 28
+
+    def key_index_sizes():  # the file appears, then gets its length
+        return [os.path.getsize(data / "keyindex" / f) for f in os.listdir(data / "keyindex")]
+
+    deadline = time.monotonic() + 30
+    while not any(size >= wanted for size in key_index_sizes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [size] = key_index_sizes()
+    assert wanted <= size < wanted + 4096
+
+    defaults = ServerConfig().store
+    assert defaults.segment_size == 1 << 30
+    assert (defaults.key_index_slots * 4 + defaults.key_index_entries * 28) >> 20 == 60
+    for page in ("README.md", "quickstart.md"):
+        text = read(page)
+        assert re.search(r"first commit-log segment \| 1 GiB", text) and re.search(r"key index \| 60 MiB", text), page
+        assert "about 1.1 GB" in text, page
