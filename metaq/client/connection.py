@@ -61,6 +61,16 @@ def parse_url(url):
     return host, int(port)
 
 
+def _why_not(exc):
+    """Why a connect failed, in words: an OS error as its lower-case reason (``connection refused``, ``timed
+    out``), anything else as its text."""
+    if isinstance(exc, socket.timeout):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc)
+
+
 class _Ticker:
     """One daemon thread for all connections: request timeouts and heartbeats."""
 
@@ -372,7 +382,7 @@ class BrokerConnection:
             if self._auth_error is not None:
                 raise type(self._auth_error)(str(self._auth_error))
             raise ConnectionLost("cannot connect to %s (%s); next attempt in %.2f s" % (
-                self.url, self._last_error, self._retry_at - now))
+                self.url, _why_not(self._last_error), self._retry_at - now))
         try:
             sock = self._open_socket()
         except Unauthenticated as exc:  # not a network trouble: no quick retries, the same answer meanwhile
@@ -388,7 +398,7 @@ class BrokerConnection:
             log.info("cannot connect to %s: %s (attempt %d, next in %.2f s)", self.url, exc, self._failures, delay)
             if isinstance(exc, ConnectionLost):
                 raise
-            raise ConnectionLost("cannot connect to %s: %s" % (self.url, exc)) from exc
+            raise ConnectionLost("cannot connect to %s: %s" % (self.url, _why_not(exc))) from exc
         self._auth_error = None
         if self._failures:
             log.info("reconnected to %s after %d failed attempts", self.url, self._failures)
