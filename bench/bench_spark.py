@@ -42,16 +42,9 @@ def fill(url, n, size, topic=TOPIC):
 
 
 def session():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from metaq.spark import local_session, register
 
-    from metaq.spark import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("metaq-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("metaq-bench", "local[2]", {"spark.sql.shuffle.partitions": "2"})  # loopback only
     register(spark)
     return spark
 

@@ -1,6 +1,6 @@
 """A streaming pipeline on metaq: orders -> revenue per minute -> a Parquet table and a summary topic.
 
-    python examples/orders_pipeline.py --brokers meta://127.0.0.1:8123 --demo 5000 --work /tmp/orders-demo
+    python examples/orders_pipeline.py --brokers meta://127.0.0.1:8123 --demo 5000
 
 The topic ``orders`` holds JSON orders, ``{"order_id": "o-17", "amount": 12.5, "ts": 1767225600.25}``
 (``ts``: when the order was placed, seconds since the epoch). Two streaming queries read it with
@@ -14,16 +14,20 @@ The topic ``orders`` holds JSON orders, ``{"order_id": "o-17", "amount": 12.5, "
 
 ``--demo N`` first puts N orders spread over ten minutes of order time (starting at
 2026-01-01 00:00 UTC, amounts from a fixed seed). The pipeline processes what the topic holds
-(Spark's ``availableNow`` trigger), prints the table and stops; run it again and it goes on
-from its checkpoints (``--forever`` keeps it running). The last minute stays open until an
-order more than a minute later arrives: that is what the watermark means.
+(Spark's ``availableNow`` trigger), prints the table and stops, within ``--timeout`` seconds (600;
+past them it stops its queries and exits 1); run it again and it goes on from its checkpoints
+(``--forever`` keeps it running until Ctrl-C). The last minute stays open until an order more than
+a minute later arrives: that is what the watermark means. ``<work>`` is ``metaq-orders-pipeline`` in
+the temporary directory unless ``--work`` names another. Spark listens on 127.0.0.1 only, its web UI
+off (``metaq.spark.local_session``).
 """
 
 import argparse
 import json
 import os
 import random
-import sys
+import tempfile
+import time
 
 ORDERS, REVENUE = "orders", "revenue"
 DEMO_START = 1767225600  # 2026-01-01 00:00:00 UTC
@@ -72,29 +76,35 @@ def build(spark, brokers, work):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--brokers", default="meta://127.0.0.1:8123")
-    ap.add_argument("--work", default="orders-pipeline", help="where the table and the checkpoints go")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "metaq-orders-pipeline"),
+                    help="where the table and the checkpoints go (default: under the temporary directory)")
     ap.add_argument("--demo", type=int, default=0, metavar="N", help="first put N demo orders")
     ap.add_argument("--forever", action="store_true", help="keep running (Ctrl-C stops)")
+    ap.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                    help="without --forever: the most seconds the queries may take (then they are stopped)")
     args = ap.parse_args(argv)
     if args.demo:
         put_demo(args.brokers, args.demo)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers run this Python (with metaq)
-    from pyspark.sql import SparkSession
+    from metaq.spark import local_session, register
 
-    from metaq.spark import register
-
-    spark = (SparkSession.builder.master("local[2]").appName("orders-pipeline")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    # On 127.0.0.1 only, no web UI; the workers run this Python (with metaq): PYSPARK_PYTHON.
+    spark = local_session("orders-pipeline", "local[2]", {"spark.sql.shuffle.partitions": "2",
+                                                           "spark.sql.session.timeZone": "UTC"})
     register(spark)
     table, summary = build(spark, args.brokers, args.work)
     trigger = {"processingTime": "5 seconds"} if args.forever else {"availableNow": True}
     queries = [table.trigger(**trigger).start(), summary.trigger(**trigger).start()]
+    deadline = None if args.forever else time.monotonic() + args.timeout
     try:
         for q in queries:
-            q.awaitTermination()
+            if deadline is None:
+                q.awaitTermination()
+            elif not q.awaitTermination(max(0.001, deadline - time.monotonic())):
+                for other in queries:
+                    other.stop()
+                spark.stop()
+                raise SystemExit("the queries did not finish within %.0f s (--timeout): stopped" % args.timeout)
     except KeyboardInterrupt:
         for q in queries:
             q.stop()

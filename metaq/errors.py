@@ -220,6 +220,14 @@ _CORRUPT_RE = re.compile(r"corrupt record: topic (\S+) partition (-?\d+) offset 
                          r"(?: \(commit-log position (\d+)\))?")
 
 
+def os_reason(exc):
+    """An exception in words for a message: an OS error as its lower-case reason (``connection refused``,
+    ``no route to host``), anything else as its text (``timed out``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc)
+
+
 def corrupt_record_text(topic, partition, offset, next_offset, position=None):
     text = CORRUPT_RECORD_FORMAT % (topic, partition, offset, next_offset)
     return text if position is None else "%s (commit-log position %d)" % (text, position)

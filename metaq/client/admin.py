@@ -38,6 +38,7 @@ from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
 from metaq.protocol import events as ev
+from metaq.protocol import internaltopics
 from metaq.protocol import stats as stats_codec
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
@@ -56,6 +57,7 @@ class ClusterView:
         self.security = client_security.resolve(security)
         self.cluster = None  # the ZkDiscovery (metaq.client.discovery) with ZooKeeper
         self.problems = []
+        self.hidden = 0  # rows a listing left out (internal topics, `topics` without --all)
         self._conns = {}
         self.brokers = {}  # id -> url (ids learnt from each broker's `stats` when not from ZooKeeper)
         if zk_connect:
@@ -173,6 +175,27 @@ def cmd_stats(view, args):
 
 
 def cmd_topics(view, args):
+    """One row per topic. Without ``--all`` the broker's internal topics (``internaltopics.is_internal``) are left
+    out, a priority level's messages and bytes counted in its topic's row, and ``view.hidden`` says how many were
+    left out."""
+    rows, columns = _topic_rows(view)
+    if args.all:
+        return rows, columns
+    by_name = {r["topic"]: r for r in rows}
+    shown = []
+    for row in rows:
+        if not internaltopics.is_internal(row["topic"]):
+            shown.append(row)
+            continue
+        owner = by_name.get(internaltopics.level_owner(row["topic"]))
+        if owner is not None:
+            owner["messages"] += row["messages"]
+            owner["bytes"] += row["bytes"]
+    view.hidden = len(rows) - len(shown)
+    return shown, columns
+
+
+def _topic_rows(view):
     per_topic = {}
     for bid, topic, p, mn, mx in view.partitions():
         t = per_topic.setdefault(topic, {"topic": topic, "brokers": set(), "partitions": 0, "messages": 0})
@@ -417,6 +440,9 @@ def main(argv=None):
         print(json.dumps(rows, indent=2, sort_keys=False))
     else:
         print(render_table(rows, columns))
+    if view.hidden and not args.json:
+        print("metaq-admin: %d internal topic%s not shown (--all shows them)" % (view.hidden, "s" * (view.hidden > 1)),
+              file=sys.stderr)
     for problem in view.problems:
         print("metaq-admin: could not read %s" % problem, file=sys.stderr)
     return EXIT_UNREACHABLE if view.problems else EXIT_OK

@@ -45,6 +45,8 @@ def add_parser(sub):
     s.add_argument("--priority-max-wait-ms", metavar="MS", help="a priority topic's starvation bound (none: the "
                    "default, limits.DEFAULT_PRIORITY_MAX_WAIT_MS)")
     s.add_argument("--yes", action="store_true", help="delete without asking")
+    s.add_argument("--all", action="store_true", help="list: the broker's internal topics too (delayed delivery, "
+                   "timers, groups' retry, dead-letter and resent topics, priority levels)")
     return s
 
 

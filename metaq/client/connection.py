@@ -26,7 +26,7 @@ from concurrent.futures import Future
 
 from metaq import limits
 from metaq.client.security import resolve as resolve_security
-from metaq.errors import ConnectionLost, MetaqError, RemoteProtocolError, RequestTimeout, Unauthenticated
+from metaq.errors import ConnectionLost, MetaqError, RemoteProtocolError, RequestTimeout, Unauthenticated, os_reason
 from metaq.protocol import events as ev
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
@@ -372,7 +372,7 @@ class BrokerConnection:
             if self._auth_error is not None:
                 raise type(self._auth_error)(str(self._auth_error))
             raise ConnectionLost("cannot connect to %s (%s); next attempt in %.2f s" % (
-                self.url, self._last_error, self._retry_at - now))
+                self.url, os_reason(self._last_error), self._retry_at - now))
         try:
             sock = self._open_socket()
         except Unauthenticated as exc:  # not a network trouble: no quick retries, the same answer meanwhile
@@ -388,7 +388,7 @@ class BrokerConnection:
             log.info("cannot connect to %s: %s (attempt %d, next in %.2f s)", self.url, exc, self._failures, delay)
             if isinstance(exc, ConnectionLost):
                 raise
-            raise ConnectionLost("cannot connect to %s: %s" % (self.url, exc)) from exc
+            raise ConnectionLost("cannot connect to %s: %s" % (self.url, os_reason(exc))) from exc
         self._auth_error = None
         if self._failures:
             log.info("reconnected to %s after %d failed attempts", self.url, self._failures)

@@ -116,6 +116,7 @@ class DirectDiscovery:
         self._by_id = {}  # broker id -> url
         self._topics = {}  # topic -> (partitions, expires_at)
         self._refusing = set()  # (topic, broker id): said it does not accept the topic
+        self._unanswered = {}  # url -> why it did not answer its last ask (one entry per listed url at most)
 
     # -- brokers --------------------------------------------------------------------------
 
@@ -205,9 +206,11 @@ class DirectDiscovery:
                 count = partition_count_from_stats(topic_future.result(self.timeout + 5))
             except (MetaqError, TimeoutError, ValueError, KeyError) as exc:
                 log.info("broker %s did not describe topic %s: %s", url, topic, exc)
+                self._unanswered[url] = str(exc) or type(exc).__name__
                 complete = False
                 refused = exc if isinstance(exc, Unauthenticated) else refused
                 continue
+            self._unanswered.pop(url, None)
             bid = self._ids[url]
             if count > 0:
                 parts.extend(Partition(bid, p) for p in range(count))
@@ -222,6 +225,16 @@ class DirectDiscovery:
         """The last partitions found for ``topic`` (never asks the brokers: safe on a reader thread)."""
         entry = self._topics.get(topic)
         return entry[0] if entry is not None else []
+
+    def why_none(self, topic):
+        """Why ``partitions(topic)`` found none, in words naming each listed broker that did not answer its last
+        ask (``meta://127.0.0.1:8123: cannot connect to ...: connection refused``), or "" when every one did."""
+        problems = []
+        for url in self.urls:
+            why = self._unanswered.get(url)
+            if why is not None:
+                problems.append(why if url in why else "%s: %s" % (url, why))  # most errors name the url already
+        return "; ".join(problems)
 
     def invalidate(self, topic):
         """Ask the brokers again on the next ``partitions(topic)``."""
@@ -341,6 +354,12 @@ class ZkDiscovery:
     def cached(self, topic):
         """The partitions last read for ``topic`` ([] if none), without reading ZooKeeper."""
         return self._last.get(topic, [])
+
+    def why_none(self, topic):
+        """Why ``partitions(topic)`` found none: no broker has registered a master in ZooKeeper, or ""."""
+        if self.cluster.broker_urls():
+            return ""
+        return "no broker is registered in ZooKeeper under %s" % self.cluster.root
 
     def _changed(self, topic):
         with self._lock:

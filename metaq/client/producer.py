@@ -204,7 +204,7 @@ class Producer:
         if refused is not None:
             self._finish(send, SendResult(False, error=refused))
         elif first is None:
-            self._retry_later(send, Unavailable("no partition is available for topic %s" % message.topic))
+            self._retry_later(send, self._no_partition(message.topic))
         else:
             self._attempt(send, first)
         return future
@@ -350,6 +350,12 @@ class Producer:
             healthy = [p for p in partitions if self._suspect.get(p.broker_id, 0) <= now]
             partitions = healthy or partitions
         return self.selector.select(message.topic, partitions, message)
+
+    def _no_partition(self, topic):
+        """The error of a send that found no partition of ``topic``, saying why when discovery knows
+        (``... for topic t: meta://127.0.0.1:8123: cannot connect to ...: connection refused``)."""
+        why = self.discovery.why_none(topic)
+        return Unavailable("no partition is available for topic %s%s" % (topic, ": " + why if why else ""))
 
     def choose_partition_on(self, broker_id, message):
         """The partition the selector picks for ``message`` among ``broker_id``'s partitions of its topic
@@ -578,6 +584,6 @@ class Producer:
         if target is not None and self.idempotent and send.seq is None:  # its first partition, found only now
             target = self._sequenced(send, target, wait=False)  # never wait here: replies free the room
         if target is None:
-            self._retry_later(send, send.error)
+            self._retry_later(send, self._no_partition(send.put.topic) if send.partition is None else send.error)
         else:
             self._attempt(send, target)

@@ -116,8 +116,10 @@ class Broker:
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
                                          self.replies, self.admin, self.group_members, self.topic_admin)
         self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
+        http = (("https" if config.security.tls.mode == "on" else "http", config.http.host or config.broker.host,
+                 config.http.port) if config.http.port else None)  # named to an HTTP client on the text port
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim,
-                                 zero_copy=config.broker.zero_copy_reads)
+                                 zero_copy=config.broker.zero_copy_reads, http=http)
         self.remoting = None
         if config.remoting.port:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,

@@ -19,10 +19,8 @@ from typing import NamedTuple
 import metaq
 from metaq import limits
 from metaq.errors import Forbidden, MetaqError
-from metaq.protocol import checksum
+from metaq.protocol import checksum, internaltopics
 from metaq.protocol import stats as codec
-from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.timer import TIMER_TOPIC
 
 ITEMS_HELP = (
     "(blank)   broker summary",
@@ -167,8 +165,9 @@ class NodeFacts(NamedTuple):
     zookeeper: str  # the registry's state, or "standalone"
 
 
-#: The broker's own topics: no long polls of theirs counted, not listed (delay levels, timers).
-INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC)
+#: The broker's own topics (metaq.protocol.internaltopics): no long polls of theirs counted, not listed (delay levels,
+#: timers).
+INTERNAL = internaltopics.INTERNAL
 
 #: The sources ``StatsService`` renders from, each a callable the broker registers (``add_source``).
 SOURCES = {

@@ -9,6 +9,7 @@
 Importing this package is cheap: pyspark, pyarrow and matplotlib are imported only by the
 functions that need them (install them with the ``spark`` extra: ``pip install 'metaq[spark]'``).
 
+* :mod:`metaq.spark.session` — ``local_session``: a local SparkSession on loopback only, its web UI off;
 * :mod:`metaq.spark.ranges` — offset ranges and the plain-Python range reader (no Spark);
 * :mod:`metaq.spark.datasource` — ``format("metaq")`` and the RDD-of-ranges fallback;
 * :mod:`metaq.spark.collector` — offsets snapshots to a Parquet history;
@@ -19,6 +20,7 @@ functions that need them (install them with the ``spark`` extra: ``pip install '
 from metaq import lazy_exports
 
 _EXPORTS = {
+    "local_session": "metaq.spark.session",
     "register": "metaq.spark.datasource",
     "read_ranges_rdd": "metaq.spark.datasource",
     "OffsetRange": "metaq.spark.ranges",

@@ -21,6 +21,7 @@ import time
 import metaq
 from metaq import errors
 from metaq.client import security as client_security
+from metaq.spark.session import local_session
 
 __all__ = ["main", "run_report", "Progress", "spark_session"]
 
@@ -67,18 +68,14 @@ class Progress:
 
 
 def spark_session(master="local[*]"):
-    """``(spark, created)``: the running SparkSession if there is one, else a new local one (UI off, quiet)."""
+    """``(spark, created)``: the running SparkSession if there is one, else a new local one (``local_session``:
+    on loopback only, UI off, quiet)."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     if SparkContext._active_spark_context is not None:
         return SparkSession.builder.getOrCreate(), False
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(master).appName("metaq-spark-report")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("metaq-spark-report", master, {"spark.sql.shuffle.partitions": "4"})  # loopback only
     return spark, True
 
 

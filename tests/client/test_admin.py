@@ -141,3 +141,32 @@ def test_admin_offset_at_gives_each_partitions_first_offset_at_a_time(broker):
     for bad in ("yesterday", "-5", "2026-13-01T00:00:00Z"):
         out = admin("--brokers", url, "offset-at", "t-adm", bad, expect=2)
         assert "not a time" in out.stderr or "Unix epoch" in out.stderr, out.stderr
+
+
+def test_topics_hides_the_brokers_internal_topics_unless_all(broker):
+    from metaq.client import Message, Producer
+
+    url = "meta://127.0.0.1:%d" % broker.port
+    admin("--brokers", url, "topics", "create", "urgent", "--priorities", "3")
+    with broker.client() as c:
+        c.put_ok("orders", b"x")
+        assert c.put_prio("urgent", b"y", 2).code == 200  # stored in the level's topic urgent%P2
+    with Producer(brokers=[url]) as p:
+        assert p.send(Message("orders", b"later", delay_level=3)).success  # SCHEDULE_TOPIC_XXXX
+        assert p.send(Message("orders", b"timed", delay=3600)).success  # %TIMER%
+    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "urgent%P2"}
+
+    out = admin("--brokers", url, "topics")
+    names = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]
+    assert names == ["orders", "urgent"]
+    assert out.stderr == "metaq-admin: 3 internal topics not shown (--all shows them)\n"
+    rows = {r["topic"]: r for r in json.loads(admin("--brokers", url, "--json", "topics").stdout)}
+    assert set(rows) == {"orders", "urgent"}
+    assert rows["urgent"]["messages"] == 1  # its level's message counts in its row
+
+    out = admin("--brokers", url, "topics", "--all")
+    names = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]
+    assert names == sorted(internal | {"orders", "urgent"}) and out.stderr == ""
+    rows = {r["topic"]: r for r in json.loads(admin("--brokers", url, "--json", "topics", "--all").stdout)}
+    assert set(rows) == internal | {"orders", "urgent"}
+    assert (rows["urgent"]["messages"], rows["urgent%P2"]["messages"]) == (0, 1)  # each as it is

@@ -90,3 +90,19 @@ def test_direct_discovery_learns_ids_once_and_reports_the_silent():
     assert d.broker_urls() == {5: "meta://a:1"} and d.master_url(5) == "meta://a:1"
     assert d.read_url(5, lambda url: False) == "meta://a:1"  # no slaves in a direct list
     assert d.subscribe_partitions("t") == [Partition(5, 0), Partition(5, 1)]
+
+
+def test_zk_discovery_says_when_no_broker_is_registered():
+    from metaq.client.discovery import ZkDiscovery
+
+    class Cluster:
+        root, urls = "/meta", {}
+
+        def broker_urls(self):
+            return dict(self.urls)
+
+    cluster = Cluster()
+    zk = ZkDiscovery(cluster)
+    assert zk.why_none("orders") == "no broker is registered in ZooKeeper under /meta"
+    cluster.urls = {0: "meta://127.0.0.1:8123"}
+    assert zk.why_none("orders") == ""

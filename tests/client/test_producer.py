@@ -180,6 +180,25 @@ def test_unreachable_brokers_give_a_failed_result():
         assert producer.send_oneway(Message("tdown", b"x")) is False
 
 
+@pytest.mark.integration
+def test_a_closed_port_is_named_with_connection_refused():
+    url = "meta://127.0.0.1:%d" % free_port()  # nobody listens there
+    with Producer(brokers=[url], retry_deadline=1.0, send_timeout=0.5) as producer:
+        result = producer.send(Message("tdown", b"x"))
+    assert not result.success and isinstance(result.error, errors.Unavailable)
+    assert str(result.error) == "no partition is available for topic tdown: cannot connect to %s: connection refused" % url
+
+
+@pytest.mark.integration
+def test_a_broker_that_stopped_is_named_with_connection_refused(broker):
+    with Producer(brokers=[url_of(broker)], retry_deadline=1.0, send_timeout=0.5, refresh_interval=0.0) as producer:
+        assert producer.send(Message("tgone", b"x")).success
+        broker.stop()
+        result = producer.send(Message("tgone", b"y"))
+    assert not result.success and "cannot connect to %s" % url_of(broker) in str(result.error)
+    assert "connection refused" in str(result.error)
+
+
 def test_close_waits_for_sends_in_progress(broker):
     producer = Producer(brokers=url_of(broker))  # a comma-separated string works too
     futures = [producer.send_async(Message("tclose", b"%d" % i)) for i in range(500)]

@@ -151,4 +151,50 @@ def test_every_problem_of_a_file_is_listed_on_one_line(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump({"broker": {"id": 5000, "prot": 1}}))
     message = refusal(str(f))
-    assert "broker.id:" in message and "; broker.prot: Extra inputs are not permitted" in message
+    assert "broker.id:" in message and "; broker.prot: unknown setting; did you mean `port`?" in message
+
+
+def test_a_misspelt_setting_names_the_nearest_valid_one(tmp_path):
+    message = refusal(write(tmp_path, """
+        store:
+          flsuh: async
+        security:
+          tls:
+            mdoe: "on"
+        topics:
+          - name: a
+            partitons: 2
+    """))
+    assert "store.flsuh: unknown setting; did you mean `flush`?" in message
+    assert "security.tls.mdoe: unknown setting; did you mean `mode`?" in message
+    assert "topics.0.partitons: unknown setting; did you mean `partitions`?" in message
+
+
+def test_a_misspelt_section_names_the_nearest_valid_one(tmp_path):
+    message = refusal(write(tmp_path, """
+        brokr:
+          port: 9001
+        replicaton:
+          port: 9002
+    """))
+    assert "brokr: unknown section; did you mean `broker`?" in message
+    assert "replicaton: unknown section; did you mean `replication`?" in message
+
+
+def test_a_setting_in_the_wrong_place_names_the_sections_that_have_it(tmp_path):
+    message = refusal(write(tmp_path, """
+        data_dir: /srv/metaq
+        store:
+          log_level: DEBUG
+    """))
+    assert "data_dir: unknown section; `data_dir` is a setting of `broker:`" in message
+    assert "store.log_level: unknown setting; `log_level` is a setting of `broker:`" in message
+
+
+def test_an_unknown_key_like_no_setting_is_named_alone(tmp_path):
+    message = refusal(write(tmp_path, """
+        store:
+          zzzzzz: 1
+        qqqqqq: 2
+    """))
+    assert message.endswith("store.zzzzzz: unknown setting; qqqqqq: unknown section"), message

@@ -68,6 +68,16 @@ def test_port_out_of_range_names_the_flag(tmp_path):
 
 
 @pytest.mark.integration
+def test_a_misspelt_key_names_the_nearest_setting(tmp_path):
+    f = tmp_path / "server.yaml"
+    f.write_text("brokr:\n  port: 0\nstore:\n  flsuh: async\n")
+    line = one_line(run_cli("-c", str(f), cwd=str(tmp_path)))
+    assert line == ("metaq-server: invalid configuration in %s: store.flsuh: unknown setting; did you mean `flush`?; "
+                    "brokr: unknown section; did you mean `broker`?" % f)
+    assert os.listdir(tmp_path) == ["server.yaml"]  # nothing started, no ./data
+
+
+@pytest.mark.integration
 def test_a_data_dir_that_is_a_file(tmp_path):
     (tmp_path / "data").write_text("my notes\n")
     line = one_line(run_cli("--port", "0", "--data-dir", "data", cwd=str(tmp_path)))

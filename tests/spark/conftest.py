@@ -14,20 +14,12 @@ def spark():
     pytest.importorskip("pyarrow")  # the Python data source's workers need it
     if shutil.which("java") is None:
         pytest.skip("Spark needs a Java runtime")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must run this venv's Python
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds to loopback only
-    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)  # workers must run this venv's Python too
+    from metaq.spark import local_session, register
 
-    from metaq.spark import register
-
-    session = (SparkSession.builder.master("local[2]").appName("metaq-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").config("spark.default.parallelism", "2")
-               .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("metaq-tests", "local[2]", {  # loopback only, UI off (metaq/spark/session.py)
+        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"})
     register(session)
     yield session
     session.stop()

@@ -29,19 +29,13 @@ def main(argv=None):
     ap.add_argument("--option", action="append", default=[], help="extra source option name=value")
     args = ap.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from metaq.spark import register
+    from metaq.spark import local_session, register
 
-    spark = (SparkSession.builder.master("local[2]").appName("metaq-stream-driver")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("metaq-stream-driver", "local[2]", {  # loopback only, UI off
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"})
     register(spark)
     reader = (spark.readStream.format("metaq").option("brokers", args.brokers).option("subscribe", args.subscribe)
               .option("startingOffsets", "earliest"))

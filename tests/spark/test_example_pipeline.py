@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -10,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.harness.broker import url_of
+from tests.harness.listeners import is_loopback, run_watching
 
 pytest.importorskip("pyspark")
 pytestmark = pytest.mark.slow
@@ -19,11 +19,15 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import orders_pipeline  # noqa: E402
 
 
-def run_example(*args):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "orders_pipeline.py"), *args], cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
+def run_example(*args, listeners=None):
+    """Run the example to its end (it ends by itself); ``listeners``: a set given every (address, port) that the
+    example's process tree (PySpark's JVM among it) listened on, sampled through the run."""
+    code, stdout, stderr, seen = run_watching([sys.executable, os.path.join(ROOT, "examples", "orders_pipeline.py"),
+                                               *args], 600, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert code == 0, stdout[-3000:] + stderr[-3000:]
+    if listeners is not None:
+        listeners |= seen
+    return stdout
 
 
 def expected_minutes(n):
@@ -42,8 +46,11 @@ def expected_minutes(n):
 
 def test_the_example_pipeline_writes_each_closed_minute_once_to_the_table_and_the_topic(broker, spark, tmp_path):
     url, work = url_of(broker), str(tmp_path / "work")
-    stdout = run_example("--brokers", url, "--demo", "3000", "--work", work)
+    listened = set()
+    stdout = run_example("--brokers", url, "--demo", "3000", "--work", work, listeners=listened)
     assert "put 3000 demo orders" in stdout
+    assert listened, "no listening socket of the example's Spark driver was seen"
+    assert all(is_loopback(address) for address, _port in listened), listened  # Spark on 127.0.0.1 only, no UI
     expected = expected_minutes(3000)
 
     def table():

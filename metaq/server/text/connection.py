@@ -23,6 +23,7 @@ from gevent.queue import Queue
 from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
+from metaq.protocol.httpline import is_http_request, refusal as http_refusal
 from metaq.protocol.priority import PriorityGet
 from metaq.protocol.burst import encode_results
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -39,6 +40,10 @@ _GETS = (ev.Get, ev.GetTags, PriorityGet)  # each waits for the reply budget (re
 #: Replies up to this size (acks, results) are not counted against the reply budget one by one: a burst
 #: holds at most a receive buffer's worth of requests, so their replies are bounded by it.
 SMALL_REPLY = 4096
+
+#: After answering an HTTP request on the text port: the most bytes, and seconds, read and dropped before the close.
+HTTP_DRAIN_BYTES = 256 * 1024
+HTTP_DRAIN_S = 1.0
 
 #: Buffers per sendmsg call (below IOV_MAX, 1024 on Linux).
 IOV_BATCH = 1000
@@ -248,7 +253,7 @@ class Connection(core.Connection):
     def serve(self):
         try:
             data = self._receive()
-            if data is not None and self.tls_hello(data):
+            if data is not None and (self.tls_hello(data) or self._http_request(data)):
                 return
             while data is not None and not self.closed:
                 self._reading = True
@@ -266,6 +271,38 @@ class Connection(core.Connection):
             if self._writer is not None:
                 self._writer.kill(block=False)
             self.close()
+
+    def _http_request(self, data):
+        """True when ``data``, the connection's first bytes, begin with an HTTP request line (an HTTP client reached
+        the text port): it is answered once, in HTTP (400, naming the broker's HTTP port), what the client still
+        sends is read and dropped (``_drain``), and the connection closes. Called once per connection."""
+        if not is_http_request(data):
+            return False
+        self.stats.protocol_errors += 1
+        log.info("connection %s: an HTTP request on the text port; answered with the HTTP port's address, closing",
+                 self.peer)
+        try:
+            local_host = self.sock.getsockname()[0]
+        except OSError:
+            return True
+        self.send(http_refusal(self.front.http_refusal(local_host)))
+        self._drain()
+        return True
+
+    def _drain(self):
+        """Shut our side and read what the peer still sends, at most ``HTTP_DRAIN_BYTES`` within ``HTTP_DRAIN_S``:
+        closing with bytes unread would reset the connection, and the peer could lose the reply."""
+        left = HTTP_DRAIN_BYTES
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            with gevent.Timeout(HTTP_DRAIN_S, False):
+                while left > 0:
+                    chunk = self.sock.recv(min(left, 64 * 1024))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+        except OSError:
+            pass
 
     def _emit(self, out, durable, wait_pos):
         """Send a burst's replies now, or queue them behind earlier bursts / their flush."""

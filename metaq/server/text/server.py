@@ -1,5 +1,6 @@
 """The text port: a listener on the connection core whose connections speak MetaQ's text protocol."""
 
+from metaq.protocol.httpline import http_url
 from metaq.protocol.text import encode_result
 from metaq.server import zerocopy
 from metaq.server.text.connection import Connection
@@ -9,8 +10,10 @@ from metaq.server.zerocopy import ZeroCopySender
 class TextFrontEnd:
     """What every text connection shares: the dispatcher, the put-burst fast path, the flusher, stats, limits."""
 
-    def __init__(self, core, dispatcher, fast_puts, flusher, stats, limits_cfg, zero_copy=False):
+    def __init__(self, core, dispatcher, fast_puts, flusher, stats, limits_cfg, zero_copy=False, http=None):
         self.core = core
+        #: The broker's HTTP port as ``(scheme, host, port)``, or None: named to an HTTP client that reached this port.
+        self.http = http
         #: Plaintext gets send their records from the maps (server/zerocopy.py), when the C helper is built.
         self.zero_copy = ZeroCopySender() if zero_copy and zerocopy.AVAILABLE else None
         self.dispatcher = dispatcher
@@ -35,6 +38,16 @@ class TextFrontEnd:
     def listen(self, host, port):
         self.listener = self.core.listen("text", host, port, self._connection, refuse=refuse)
         return self.listener
+
+    def http_refusal(self, local_host):
+        """What an HTTP request on this port is told: the HTTP port's URL (a wildcard bind named by ``local_host``,
+        the address the client reached), or that the broker has none."""
+        if self.http is None:
+            return ("this is metaq's text protocol port, not HTTP; this broker's HTTP port is off (set http.port in "
+                    "its configuration, or --http-port)")
+        scheme, host, port = self.http
+        return "this is metaq's text protocol port, not HTTP: the HTTP port is %s" % http_url(
+            scheme, local_host if host in ("0.0.0.0", "::") else host, port)
 
     def _connection(self, sock, address, conn_id):
         return Connection(sock, address, conn_id, self)

@@ -1,0 +1,29 @@
+"""Which topics are the broker's own rather than a user's: what listings hide unless asked (``metaq-admin topics
+--all``).
+
+``INTERNAL`` names the broker's exact topics: delayed delivery's (``SCHEDULE_TOPIC_XXXX``) and the timer store's
+log (``%TIMER%``). ``is_internal`` also covers the topics the broker names after a consumer group (``%RETRY%<group>``,
+``%DLQ%<group>``, ``%RESENT%<group>``) and a priority topic's levels (``<topic>%P<k>``, whose messages belong to
+``<topic>``: ``level_owner``). Pure: names in, answers out.
+"""
+
+from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, TIMER_TOPIC
+from metaq.protocol.priority import split_level
+
+__all__ = ["INTERNAL", "is_internal", "level_owner"]
+
+#: The broker's own topics by exact name: delayed delivery's levels and the timer store's log.
+INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC)
+
+
+def level_owner(topic):
+    """The priority topic whose level ``topic`` stores (``orders`` for ``orders%P2``), or None for any other name."""
+    split = split_level(topic)
+    return split[0] if split is not None else None
+
+
+def is_internal(topic):
+    """True for a name in ``INTERNAL``, a consumer group's retry, dead-letter or resent-journal topic, or a
+    priority level's topic."""
+    return topic in INTERNAL or topic.startswith(GROUP_COPY_PREFIXES) or level_owner(topic) is not None
