@@ -8,6 +8,7 @@ import re
 import time
 
 import pytest
+import yaml
 
 from metaq.client import Message, Producer
 from metaq.client.local import small_config
@@ -80,7 +81,12 @@ def test_a_new_data_directory_costs_what_the_readme_says(broker_factory, tmp_pat
     defaults = ServerConfig().store
     assert defaults.segment_size == 1 << 30
     assert (defaults.key_index_slots * 4 + defaults.key_index_entries * 28) >> 20 == 60
+    shipped = yaml.safe_load(open(os.path.join(ROOT, "conf", "server.yaml")))["store"]
+    assert shipped["segment_size"] == 64 << 20
+    assert (shipped["key_index_slots"] * 4 + shipped["key_index_entries"] * 28) / (1 << 20) == 3.75
+    quick = read("quickstart.md")
+    assert re.search(r"first commit-log segment \| 64 MiB \| 1 GiB", quick)
+    assert re.search(r"key index \| 3.75 MiB \| 60 MiB", quick)
     for page in ("README.md", "quickstart.md"):
         text = read(page)
-        assert re.search(r"first commit-log segment \| 1 GiB", text) and re.search(r"key index \| 60 MiB", text), page
-        assert "about 1.1 GB" in text, page
+        assert "about 70 MB" in text and "about 1.1 GB" in text, page
