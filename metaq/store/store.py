@@ -18,7 +18,6 @@ from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.figures import StoreFigures
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
@@ -29,7 +28,7 @@ from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
-from metaq.store.results import DiskState, PutResult, ReadResult
+from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 from metaq.store.topicops import TopicOps
 from metaq.store.topicretention import apply_topic_retention
@@ -38,7 +37,7 @@ from metaq.store.topics import TopicCatalog, TopicTableFile
 _new_tuple = tuple.__new__
 
 
-class MessageStore(StoreFigures, ColdMaps):
+class MessageStore:
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
     def __init__(self, config):
@@ -66,6 +65,7 @@ class MessageStore(StoreFigures, ColdMaps):
                                config.index_file_units, self._forget_writers)  # create/alter/delete (topicops.py)
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
+        self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
@@ -471,6 +471,17 @@ class MessageStore(StoreFigures, ColdMaps):
         self.drop_cold_pages()
         return pos
 
+    def drop_cold_pages(self):
+        """BLOCKING (a worker thread): the maps of the cold log and of each partition's older index files give their
+        pages back (coldmaps.py), at each checkpoint, every disk check and whenever ``cold_reads_due``; returns how
+        many maps had pages dropped."""
+        return self.cold_maps.drop(self._log.segments, list(self._parts.values()), self._pos.flushed)
+
+    def cold_reads_due(self):
+        """True once reads took ``COLD_READ_DROP_BYTES`` of records from the log since the cold maps last gave their
+        pages back."""
+        return self.cold_maps.due()
+
     def new_msg_id(self, now_ms):
         """A fresh message id, for a caller that must know it before the append (see ``put``)."""
         return self._ids.next_id(now_ms)
@@ -558,6 +569,35 @@ class MessageStore(StoreFigures, ColdMaps):
     def key_search(self, topic, key, since_ms, until_ms, max_count, cursor=None):
         """A ``keyindex.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
         return self.keys.search(self._log, self._pos.written, topic, key, since_ms, until_ms, max_count, cursor)
+
+    # -- figures (stats and the admin views) -----------------------------------
+
+    def partition_stats(self, topic, partition):
+        p = self._reader(topic, partition)
+        if p is None:
+            return PartitionStats(topic, partition, 0, 0, 0, 0, 0)
+        return PartitionStats(topic, partition, p.min, p.visible, p.visible - p.min, self._log_bytes(p),
+                              p.size_on_disk())
+
+    def _log_bytes(self, p):
+        if p.log_bytes is None:
+            p.log_bytes = sum(u[2] for u in p.units(p.min, p.max))
+        return p.log_bytes
+
+    def topic_bytes(self, topic):
+        """Bytes of the topic's records in the commit log."""
+        return sum(self._log_bytes(p) for (t, _n), p in self._parts.items() if t == topic)
+
+    def total_messages(self):
+        return sum(p.visible - p.min for p in self._parts.values())
+
+    def appended_messages(self):
+        """Messages ever appended up to the written end (the sum of the partitions' max offsets; unlike
+        ``total_messages`` it ignores retention, so a slave holding the same log has the same figure)."""
+        return sum(p.max for p in self._parts.values())
+
+    def log_bytes_on_disk(self):
+        return sum(s.size for s in self._log.segments)
 
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 
