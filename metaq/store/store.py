@@ -21,6 +21,7 @@ from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
+from metaq.store.partitions import Partitions
 from metaq.store.keyindex import KeyIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
@@ -47,8 +48,7 @@ class MessageStore:
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
         self._log = CommitLog(self.dirs, config.segment_size)
-        self._parts = {}  # (topic, partition) -> PartitionIndex, every partition with an index
-        self._writers = {}  # (topic, partition) -> PartitionIndex, checked against the config for puts
+        self._parts = Partitions(self.dirs, config.index_file_units, self._quota)  # every index, and which take puts
         self._last_writer = None  # the PartitionIndex of the last put
         self._async = config.flush == "async"
         self._max_record = config.segment_size
@@ -58,16 +58,16 @@ class MessageStore:
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
-        self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
+        self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._index_tail,
                                           self.check_disk, config.segment_size)
         self.recovery = None
-        self.topics = TopicOps(self.dirs, self._topics, self._parts, self._writers, self._quota,
-                               config.index_file_units, self._forget_writers)  # create/alter/delete (topicops.py)
+        self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
+                               self._forget_writers)  # create/alter/delete (topicops.py)
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
-        self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
+        self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
     # -- open / close --------------------------------------------------------
@@ -119,8 +119,7 @@ class MessageStore:
 
     def _release(self, discard_prepared=True):
         self._closed = True
-        for p in self._parts.values():
-            p.close(discard_prepared)
+        self._parts.close_all(discard_prepared)
         self._log.close(discard_prepared)
         self.keys.close()
         self._ahead.hot.clear()
@@ -133,27 +132,18 @@ class MessageStore:
             problem = p.load()
             if problem and self._index_problem is None:
                 self._index_problem = problem
-            self._parts[p.key] = p
-            self._quota.added(topic)
+            self._parts.add(p)
 
     def _forget_writers(self, topic):
         self._last_writer = None
         for key in [k for k in self._ahead.hot if k[0] == topic]:
             del self._ahead.hot[key]
 
-    def _partition(self, topic, partition):
-        p = self._parts.get((topic, partition))
-        if p is None:
-            p = PartitionIndex(self.dirs, topic, partition, self.config.index_file_units)
-            self._parts[p.key] = p
-            self._quota.added(topic)
-        return p
-
     # -- recovery ------------------------------------------------------------
 
     def _recover(self):
         """Run recovery (``recovery.recover``); returns ``(RecoveryReport, last message id or None)``."""
-        report, last_id, end = recovery.recover(self.dirs, self._log, self._parts, self._partition,
+        report, last_id, end = recovery.recover(self.dirs, self._log, self._parts, self._parts.make,
                                                 self._index_problem, self.config.force_recovery)
         self._pos.start_at(end)  # durable and checkpointed there too: open() writes a checkpoint next
         return report, last_id
@@ -176,12 +166,11 @@ class MessageStore:
 
     def _writer(self, topic, partition):
         self.check_creatable(topic, partition)
-        p = self._writers[(topic, partition)] = self._partition(topic, partition)
-        return p
+        return self._parts.hold_writer(topic, partition)
 
     def hold_partition(self, topic, partition):
         """Make ``topic``-``partition`` writable now (raising what a put would), so a later append meets no limit."""
-        if (topic, partition) not in self._writers:
+        if self._parts.writer((topic, partition)) is None:
             self._writer(topic, partition)
 
     def check_creatable(self, topic, partition):
@@ -217,7 +206,7 @@ class MessageStore:
             partition = random.randrange(self._topics.partitions_of(topic))
         p = self._last_writer  # most puts go where the previous one went: no tuple, no hashing
         if p is None or partition != p.partition or topic != p.topic:
-            p = self._writers.get((topic, partition))
+            p = self._parts.writer((topic, partition))
             if p is None:
                 p = self._writer(topic, partition)
             self._last_writer = p
@@ -264,7 +253,7 @@ class MessageStore:
         seg = self._log.active
         if seg is None or self._refusal is not None:
             return 0, []
-        return batch.append_burst(seg, self._writers, self._ids, self._pos, frames, src, now_ms)
+        return batch.append_burst(seg, self._parts.writer, self._ids, self._pos, frames, src, now_ms)
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
@@ -317,8 +306,7 @@ class MessageStore:
         did = self._ahead.run()
         if self._closed:  # close() did not wait for us (it should): do not leave what we built
             self._log.close()
-            for p in list(self._parts.values()):
-                p.close()
+            self._parts.close_all()
         return did
 
     def wants_preparation(self):
@@ -586,7 +574,7 @@ class MessageStore:
 
     def topic_bytes(self, topic):
         """Bytes of the topic's records in the commit log."""
-        return sum(self._log_bytes(p) for (t, _n), p in self._parts.items() if t == topic)
+        return sum(self._log_bytes(p) for p in self._parts.of(topic).values())
 
     def total_messages(self):
         return sum(p.visible - p.min for p in self._parts.values())
