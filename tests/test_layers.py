@@ -480,11 +480,6 @@ FRONT_END_HANDED = {
     "server/remoting/server.py: RemotingConnection(server)",
     "server/replication/master.py: SlaveConnection(server)",
     "server/text/connection.py: Connection(front)",
-    "server/text/fastput.py: FastPuts(dispatcher)",
-    "server/text/priorities.py: PriorityRead(dispatcher)",
-    "server/text/priorities.py: TextPriorities(dispatcher)",
-    "server/text/tagscan.py: TagScan(dispatcher)",
-    "server/text/timers.py: TextTimers(dispatcher)",
 }
 
 #: Not a component handed a front-end: the front-end itself, assembled from the parts that make it.

@@ -158,10 +158,13 @@ class TextDispatcher:
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
-        priorities = TextPriorities(self, error_reply)  # put_prio, get_prio (README "Priorities")
+        priorities = TextPriorities(store, stats, roles, put_path, guard, self.max_body, self.max_transfer,
+                                    ack_put=self.ack_put, get_refusal=self.get_refusal, park=self.park,
+                                    error_reply=error_reply)  # put_prio, get_prio (README "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
-        timers = TextTimers(self, put_path.timers, error_reply)  # put_at, cancel, timers (README "Any delivery time")
+        timers = TextTimers(put_path, guard, put_path.timers, self.max_body, ack_put=self.ack_put,
+                            error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
         self.admin = TextAdmin(admin, guard, error_reply) if admin is not None else None
         for event_type in adminwire.SERIALIZERS:
@@ -300,7 +303,7 @@ class TextDispatcher:
         if refusal is not None:
             return refusal, NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
-        scan = TagScan(self, e, max_size)
+        scan = TagScan(self.store, self.stats, e, max_size)
         reply = conn.read_reply(max_size, scan.read)
         if reply is not None:
             return reply, NO_WAIT
