@@ -474,9 +474,6 @@ FRONT_END_PARAMETERS = {"broker", "server", "front", "frontend", "front_end", "d
 
 #: Constructors still handed a front-end whole, to be given what they use instead. This list may only shrink.
 FRONT_END_HANDED = {
-    "server/remoting/dispatch.py: RemotingDispatcher(server)",
-    "server/remoting/reply.py: RemotingReplies(server)",
-    "server/remoting/send.py: RemotingSender(server)",
     "server/remoting/server.py: RemotingConnection(server)",
     "server/replication/master.py: SlaveConnection(server)",
     "server/text/connection.py: Connection(front)",
