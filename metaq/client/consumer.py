@@ -50,15 +50,15 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.divergence import ReadsKept
-from metaq.client.fetcher import STOP_TIMEOUT_S, PartitionFetcher
+from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, log_skipped, records_of
 from metaq.client.priofetch import PriorityFetcher, check_levels
-from metaq.client.message import Partition
+from metaq.client.message import Message, Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
 from metaq.client.request import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
-from metaq.client.reads import ConsumerReads
+from metaq.client.keys import lookup as key_lookup
 from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter
 
 __all__ = ["Consumer", "default_consumer_id"]
@@ -70,6 +70,8 @@ START_FROM = replay.START_WORDS
 RETRY_BACKOFF_MAX_S = 5.0
 #: Direct and broadcast mode re-read the partition lists this often (ZooKeeper watches also trigger it).
 REFRESH_INTERVAL_S = 5.0
+#: 301 replies one ``fetch`` follows before it gives up.
+MAX_MOVES = 3
 _LATEST = 2**62  # an ``offset`` request for this is clamped to the partition's max offset
 
 
@@ -82,7 +84,7 @@ def default_consumer_id():
     return "%s-%d-%s" % (ip, os.getpid(), uuid.uuid4().hex)
 
 
-class Consumer(ConsumerReads):
+class Consumer:
     """A consumer of one group; see the module docstring for modes, threads and delivery guarantees.
 
     ``group``: the consumer group (letters, digits, ``_ - . %``). ``zk_connect``: ZooKeeper
@@ -326,6 +328,64 @@ class Consumer(ConsumerReads):
         for broker_id in {part.broker_id for _topic, part in fetchers}:
             tables[broker_id] = self._offset_table(broker_id)
         return {key: fetcher.lag(key, tables[key[1].broker_id]) for key, fetcher in fetchers.items()}
+
+    # -- reads on demand: fetch (a pull), offset_at (a time's offset), lookup (a key's messages) --------------
+
+    def fetch(self, topic, partition, offset, max_size=None, max_wait_ms=0):
+        """Pull: the messages of ``partition`` (a Partition or ``"b-p"``) from ``offset`` on, ``[]`` if none.
+
+        Works without :meth:`start`. A 301 reply (offset outside the partition) is followed to the
+        offset the broker names (logged). ``max_wait_ms`` > 0 makes the broker wait that long for a
+        message. Messages carry ``offset``, ``id``, ``partition`` and ``attribute``.
+        """
+        topic = validate_topic(topic)
+        part = as_partition(partition)
+        if not 0 <= max_wait_ms <= MAX_WAIT_MS:
+            raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
+        max_size = max_size or self.max_size
+        moves = 0
+        while moves <= MAX_MOVES:
+            conn = self.connection(part.broker_id, read=True)
+            request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
+            reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
+            try:
+                records = records_of(reply, "get %s %s %d" % (topic, part, offset))
+            except errors.Moved as exc:
+                log.info("fetch %s %s: offset %d is outside the partition; following to %d",
+                         topic, part, offset, exc.offset)
+                offset = exc.offset
+                moves += 1
+                continue
+            except errors.CorruptRecord as exc:
+                if not self.skip_corrupt or exc.next_offset <= offset:
+                    raise
+                log_skipped(exc)
+                offset = exc.next_offset
+                continue
+            return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
+        raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
+
+    def offset_at(self, topic, partition, when):
+        """The first offset of ``partition`` (a Partition or ``"b-p"``) of ``topic`` the broker stored at or after
+        ``when`` (a datetime or ms since the Unix epoch; a naive datetime is local time); the partition's end
+        when nothing was stored since, its first kept offset when ``when`` is older. Works without :meth:`start`."""
+        part = as_partition(partition)
+        return replay.offset_at(self.connection(part.broker_id, read=True), validate_topic(topic), part.partition,
+                                replay.to_timestamp_ms(when))
+
+    def lookup(self, topic, key, since=None, until=None):
+        """Every message of ``topic`` whose keys hold ``key`` (the RocketMQ ``KEYS`` words, ``UNIQ_KEY``, or a
+        metaq ``Message(key=...)``), stored within ``[since, until]`` (datetimes or ms since the Unix epoch; None:
+        no bound), from every broker of the topic, newest first; each page of the broker's answer is bounded
+        (``limits.MAX_KEY_QUERY_RESULTS``). Works without :meth:`start`."""
+        topic = validate_topic(topic)
+        found = []
+        for broker_id in sorted({p.broker_id for p in self._partitions_of(topic)}):
+            for m in key_lookup(self.connection(broker_id, read=True), topic, key, since, until):
+                m.partition = Partition(broker_id, m.partition)
+                found.append(m)
+        found.sort(key=lambda m: m.id, reverse=True)  # a message id starts with its store time
+        return found
 
     # -- partitions and ownership ---------------------------------------------------------------
 

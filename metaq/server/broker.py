@@ -115,7 +115,7 @@ class Broker:
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
                                          self.replies, self.admin, self.group_members, self.topic_admin)
-        self.fast_puts = FastPuts(self.dispatcher, lim) if config.broker.burst_puts else None
+        self.fast_puts = FastPuts(self.put_path, lim) if config.broker.burst_puts else None
         http = (("https" if config.security.tls.mode == "on" else "http", config.http.host or config.broker.host,
                  config.http.port) if config.http.port else None)  # named to an HTTP client on the text port
         self.text = TextFrontEnd(self.core, self.dispatcher, self.fast_puts, self.flusher, self.stats, lim,

@@ -28,7 +28,6 @@ from metaq.tx.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
 from metaq.server.configerrors import format_errors
-from metaq.server.httpconfig import HttpSection
 from metaq.server.yamlfile import DuplicateKey, UniqueKeyLoader, read_yaml  # noqa: F401
 
 
@@ -386,6 +385,32 @@ class SecuritySection(_Section):
         return secret
 
 
+class HttpSection(_Section):
+    """``http:``: the HTTP port (metrics, health, JSON API, HTTP put/get, the dashboard)."""
+
+    port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off
+    host: Optional[str] = None  # bind address; default broker.host
+    open_metrics: bool = True  # /metrics without authentication when security.acl_file is set (a scraper's view)
+    # names a browser may reach the port by, beside IP addresses, localhost and this machine's host name (a
+    # browser's request under another name may be DNS rebinding: routes.BrowserCheck); "*": any name
+    allowed_hosts: List[str] = []
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, host):
+        if host is not None and not host.strip():
+            raise ValueError("http.host must not be blank (leave it out to use broker.host)")
+        return host
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _names(cls, names):
+        for name in names:
+            if not name.strip() or any(c in name for c in " /:@"):
+                raise ValueError("http.allowed_hosts: %r is not a host name (a name without port, or \"*\")" % name)
+        return [name.strip().lower().rstrip(".") for name in names]
+
+
 class ServerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     store: StoreSection = StoreSection()
@@ -397,7 +422,7 @@ class ServerConfig(_Section):
     delay: DelaySection = DelaySection()
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
     security: SecuritySection = SecuritySection()
-    http: HttpSection = HttpSection()  # the HTTP port (server/httpconfig.py)
+    http: HttpSection = HttpSection()  # the HTTP port
 
     @field_validator("topics")
     @classmethod

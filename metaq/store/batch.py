@@ -65,11 +65,11 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
 write_run = speedups.load("write_run", write_run_py)  # the C twin when built (same results, less CPU)
 
 
-def append_burst(seg, writers, ids, positions, frames, src, now_ms):
+def append_burst(seg, writer, ids, positions, frames, src, now_ms):
     """Append the leading frames that take the plain path to the active segment ``seg``; ``(taken, runs)``.
 
-    ``writers``: the store's ``(topic, partition) -> PartitionIndex`` of
-    partitions already put to; ``ids``: its IdGenerator; ``positions``: its
+    ``writer((topic, partition))``: the store's PartitionIndex of a partition
+    already put to, else None; ``ids``: its IdGenerator; ``positions``: its
     LogPositions. ``runs``: a ``BurstRun`` per run written, in order;
     ``frames[taken:]`` are for the general path.
     """
@@ -82,7 +82,7 @@ def append_burst(seg, writers, ids, positions, frames, src, now_ms):
         j = i + 1
         while j < n and frames[j][1] == partition and frames[j][0] is topic:
             j += 1
-        p = writers.get((topic.decode("ascii"), partition))
+        p = writer((topic.decode("ascii"), partition))
         if p is None:
             break
         overhead = FIXED_OVERHEAD + len(topic)

@@ -31,18 +31,21 @@ def drop_cold_pages(segments, partitions, flushed):
 
 
 class ColdMaps:
-    """Mixed into ``MessageStore``: reads its log (``_log``), partitions (``_parts``), flushed position and read
-    counts (``reads``)."""
+    """When the store's cold maps give their pages back: at each checkpoint (``drop``), and whenever ``due`` says
+    reads took ``COLD_READ_DROP_BYTES`` of records from the log since the last time. ``reads``: the store's
+    ReadCounts."""
 
-    _read_at_drop = 0  # reads.log_read_bytes when the cold maps last gave their pages back
+    def __init__(self, reads):
+        self._reads = reads
+        self.read_at_drop = 0  # reads.log_read_bytes when the maps last gave their pages back
 
-    def drop_cold_pages(self):
-        """BLOCKING (a worker thread): ``drop_cold_pages`` of this store, at each checkpoint, every disk check and
-        whenever ``cold_reads_due`` (reads of a cold backlog map pages while nothing is written)."""
-        self._read_at_drop = self.reads.log_read_bytes
-        return drop_cold_pages(self._log.segments, list(self._parts.values()), self._pos.flushed)
+    def drop(self, segments, partitions, flushed):
+        """BLOCKING (a worker thread): ``drop_cold_pages(segments, partitions, flushed)``, the reads counted so far
+        taken as its starting point."""
+        self.read_at_drop = self._reads.log_read_bytes
+        return drop_cold_pages(segments, partitions, flushed)
 
-    def cold_reads_due(self):
-        """True once reads took ``COLD_READ_DROP_BYTES`` of records from the log since the cold maps last gave their
-        pages back (a cheap comparison: the broker asks every ``COLD_READ_CHECK_S``)."""
-        return self.reads.log_read_bytes - self._read_at_drop >= COLD_READ_DROP_BYTES
+    def due(self):
+        """True once reads took ``COLD_READ_DROP_BYTES`` of records from the log since the last ``drop`` (a cheap
+        comparison: the broker asks every ``COLD_READ_CHECK_S``)."""
+        return self._reads.log_read_bytes - self.read_at_drop >= COLD_READ_DROP_BYTES

@@ -65,13 +65,14 @@ _TOPIC_LEN = struct.Struct(">h")
 class Idempotence:
     """The broker's idempotent-put state over one commit log (see the module docstring)."""
 
-    def __init__(self, root, log_, parts, put, written, ttl_ms):
-        """``put``: ``MessageStore.put``; ``written()``: the log's written end; ``parts``: the store's indexes."""
+    def __init__(self, root, log_, partition_of, put, written, ttl_ms):
+        """``put``: ``MessageStore.put``; ``written()``: the log's written end; ``partition_of((topic, partition))``:
+        the store's PartitionIndex of a partition, or None."""
         self.path = os.path.join(root, SNAPSHOT_FILE)
         self.previous = self.path + PREVIOUS_SUFFIX
         self.root = root
         self._log = log_
-        self._parts = parts
+        self._partition_of = partition_of
         self._put = put
         self._written = written
         self.table = ProducerTable(ttl_ms=ttl_ms)
@@ -160,7 +161,7 @@ class Idempotence:
         """``(PutResult, position, checksum)`` of the stored message at ``offset`` (checksum None when it is gone),
         or None when the log does not hold it. A message already deleted by retention answers message id 0 at
         position 0 (its log end 0: no wait)."""
-        p = self._parts.get((topic, partition))
+        p = self._partition_of((topic, partition))
         if p is None or offset >= p.max:
             return None
         if offset < p.min:

@@ -83,8 +83,7 @@ class LogAccess(NamedTuple):
 
     log: object  # the CommitLog
     positions: object  # its LogPositions (moved only through their methods)
-    parts: dict  # (topic, partition) -> PartitionIndex, every partition with an index (read only here)
-    partition: Callable  # partition(topic, partition) -> PartitionIndex, created if needed
+    parts: object  # the store's Partitions (partitions.py): read, and ``make`` a partition a record needs
     index_tail: Callable  # index_tail(p, offset) -> the index file for unit ``offset``, created if needed
     check_disk: Callable  # check_disk() -> DiskState
     segment_size: int
@@ -336,7 +335,7 @@ def _apply(acc, plan, view, now_ms):
             seg.view[pos - seg.start:seg.size] = view[at:at + total]
             positions.skip_to(new.start)
             continue
-        p = acc.partition(*key)
+        p = acc.parts.make(*key)
         if key in plan.first and p.max == 0:
             p.min = p.max = p.visible = plan.first.pop(key)
         t = acc.index_tail(p, qoff)  # before the record, as put does

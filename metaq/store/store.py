@@ -18,10 +18,10 @@ from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.figures import StoreFigures
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
+from metaq.store.partitions import Partitions
 from metaq.store.keyindex import KeyIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
@@ -29,7 +29,7 @@ from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
-from metaq.store.results import DiskState, PutResult, ReadResult
+from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
 from metaq.store.topicops import TopicOps
 from metaq.store.topicretention import apply_topic_retention
@@ -38,7 +38,7 @@ from metaq.store.topics import TopicCatalog, TopicTableFile
 _new_tuple = tuple.__new__
 
 
-class MessageStore(StoreFigures, ColdMaps):
+class MessageStore:
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
     def __init__(self, config):
@@ -48,8 +48,7 @@ class MessageStore(StoreFigures, ColdMaps):
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
         self._log = CommitLog(self.dirs, config.segment_size)
-        self._parts = {}  # (topic, partition) -> PartitionIndex, every partition with an index
-        self._writers = {}  # (topic, partition) -> PartitionIndex, checked against the config for puts
+        self._parts = Partitions(self.dirs, config.index_file_units, self._quota)  # every index, and which take puts
         self._last_writer = None  # the PartitionIndex of the last put
         self._async = config.flush == "async"
         self._max_record = config.segment_size
@@ -59,15 +58,16 @@ class MessageStore(StoreFigures, ColdMaps):
         self.disk_state = None  # the latest check_disk() result (a roll's check or the broker's loop)
         self._closed = True
         self._ahead = AheadWork(self._log, lambda: self._pos.written, self.dirs.root, config.disk_danger_ratio)
-        self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._partition, self._index_tail,
+        self._replica = replica.LogAccess(self._log, self._pos, self._parts, self._index_tail,
                                           self.check_disk, config.segment_size)
         self.recovery = None
-        self.topics = TopicOps(self.dirs, self._topics, self._parts, self._writers, self._quota,
-                               config.index_file_units, self._forget_writers)  # create/alter/delete (topicops.py)
+        self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
+                               self._forget_writers)  # create/alter/delete (topicops.py)
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
+        self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
-        self.idempotence = Idempotence(self.dirs.root, self._log, self._parts, self.put, lambda: self._pos.written,
+        self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
     # -- open / close --------------------------------------------------------
@@ -119,8 +119,7 @@ class MessageStore(StoreFigures, ColdMaps):
 
     def _release(self, discard_prepared=True):
         self._closed = True
-        for p in self._parts.values():
-            p.close(discard_prepared)
+        self._parts.close_all(discard_prepared)
         self._log.close(discard_prepared)
         self.keys.close()
         self._ahead.hot.clear()
@@ -133,27 +132,18 @@ class MessageStore(StoreFigures, ColdMaps):
             problem = p.load()
             if problem and self._index_problem is None:
                 self._index_problem = problem
-            self._parts[p.key] = p
-            self._quota.added(topic)
+            self._parts.add(p)
 
     def _forget_writers(self, topic):
         self._last_writer = None
         for key in [k for k in self._ahead.hot if k[0] == topic]:
             del self._ahead.hot[key]
 
-    def _partition(self, topic, partition):
-        p = self._parts.get((topic, partition))
-        if p is None:
-            p = PartitionIndex(self.dirs, topic, partition, self.config.index_file_units)
-            self._parts[p.key] = p
-            self._quota.added(topic)
-        return p
-
     # -- recovery ------------------------------------------------------------
 
     def _recover(self):
         """Run recovery (``recovery.recover``); returns ``(RecoveryReport, last message id or None)``."""
-        report, last_id, end = recovery.recover(self.dirs, self._log, self._parts, self._partition,
+        report, last_id, end = recovery.recover(self.dirs, self._log, self._parts, self._parts.make,
                                                 self._index_problem, self.config.force_recovery)
         self._pos.start_at(end)  # durable and checkpointed there too: open() writes a checkpoint next
         return report, last_id
@@ -176,12 +166,11 @@ class MessageStore(StoreFigures, ColdMaps):
 
     def _writer(self, topic, partition):
         self.check_creatable(topic, partition)
-        p = self._writers[(topic, partition)] = self._partition(topic, partition)
-        return p
+        return self._parts.hold_writer(topic, partition)
 
     def hold_partition(self, topic, partition):
         """Make ``topic``-``partition`` writable now (raising what a put would), so a later append meets no limit."""
-        if (topic, partition) not in self._writers:
+        if self._parts.writer((topic, partition)) is None:
             self._writer(topic, partition)
 
     def check_creatable(self, topic, partition):
@@ -217,7 +206,7 @@ class MessageStore(StoreFigures, ColdMaps):
             partition = random.randrange(self._topics.partitions_of(topic))
         p = self._last_writer  # most puts go where the previous one went: no tuple, no hashing
         if p is None or partition != p.partition or topic != p.topic:
-            p = self._writers.get((topic, partition))
+            p = self._parts.writer((topic, partition))
             if p is None:
                 p = self._writer(topic, partition)
             self._last_writer = p
@@ -264,7 +253,7 @@ class MessageStore(StoreFigures, ColdMaps):
         seg = self._log.active
         if seg is None or self._refusal is not None:
             return 0, []
-        return batch.append_burst(seg, self._writers, self._ids, self._pos, frames, src, now_ms)
+        return batch.append_burst(seg, self._parts.writer, self._ids, self._pos, frames, src, now_ms)
 
     def _index_tail(self, p, off):
         """The index file for unit ``off`` (creating it if needed); sets ``p.fast_end`` for the next puts."""
@@ -317,8 +306,7 @@ class MessageStore(StoreFigures, ColdMaps):
         did = self._ahead.run()
         if self._closed:  # close() did not wait for us (it should): do not leave what we built
             self._log.close()
-            for p in list(self._parts.values()):
-                p.close()
+            self._parts.close_all()
         return did
 
     def wants_preparation(self):
@@ -471,6 +459,17 @@ class MessageStore(StoreFigures, ColdMaps):
         self.drop_cold_pages()
         return pos
 
+    def drop_cold_pages(self):
+        """BLOCKING (a worker thread): the maps of the cold log and of each partition's older index files give their
+        pages back (coldmaps.py), at each checkpoint, every disk check and whenever ``cold_reads_due``; returns how
+        many maps had pages dropped."""
+        return self.cold_maps.drop(self._log.segments, list(self._parts.values()), self._pos.flushed)
+
+    def cold_reads_due(self):
+        """True once reads took ``COLD_READ_DROP_BYTES`` of records from the log since the cold maps last gave their
+        pages back."""
+        return self.cold_maps.due()
+
     def new_msg_id(self, now_ms):
         """A fresh message id, for a caller that must know it before the append (see ``put``)."""
         return self._ids.next_id(now_ms)
@@ -558,6 +557,35 @@ class MessageStore(StoreFigures, ColdMaps):
     def key_search(self, topic, key, since_ms, until_ms, max_count, cursor=None):
         """A ``keyindex.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
         return self.keys.search(self._log, self._pos.written, topic, key, since_ms, until_ms, max_count, cursor)
+
+    # -- figures (stats and the admin views) -----------------------------------
+
+    def partition_stats(self, topic, partition):
+        p = self._reader(topic, partition)
+        if p is None:
+            return PartitionStats(topic, partition, 0, 0, 0, 0, 0)
+        return PartitionStats(topic, partition, p.min, p.visible, p.visible - p.min, self._log_bytes(p),
+                              p.size_on_disk())
+
+    def _log_bytes(self, p):
+        if p.log_bytes is None:
+            p.log_bytes = sum(u[2] for u in p.units(p.min, p.max))
+        return p.log_bytes
+
+    def topic_bytes(self, topic):
+        """Bytes of the topic's records in the commit log."""
+        return sum(self._log_bytes(p) for p in self._parts.of(topic).values())
+
+    def total_messages(self):
+        return sum(p.visible - p.min for p in self._parts.values())
+
+    def appended_messages(self):
+        """Messages ever appended up to the written end (the sum of the partitions' max offsets; unlike
+        ``total_messages`` it ignores retention, so a slave holding the same log has the same figure)."""
+        return sum(p.max for p in self._parts.values())
+
+    def log_bytes_on_disk(self):
+        return sum(s.size for s in self._log.segments)
 
     # -- consumer offsets (the broker-side store; see offsets.py) ------------
 

@@ -19,7 +19,6 @@ import shutil
 from metaq.errors import ClientError, TopicLimit, UnknownTopic
 from metaq.protocol.priority import level_topic
 from metaq.store.files import fsync_dir
-from metaq.store.index import PartitionIndex
 from metaq.store.topics import check_name, parse_settings
 
 log = logging.getLogger(__name__)
@@ -35,15 +34,14 @@ def _remove_tree(path):
 
 
 class TopicOps:
-    def __init__(self, dirs, catalog, parts, writers, quota, units_per_file, forget_writer):
-        """``parts``/``writers``: the store's partition dicts; ``forget_writer(name)``: drop the store's caches of the topic."""
+    def __init__(self, dirs, catalog, partitions, quota, forget_writer):
+        """``partitions``: the store's Partitions (partitions.py); ``forget_writer(name)``: drop the store's caches of
+        the topic."""
         self.dirs = dirs
         self.catalog = catalog
         self.table = catalog.table
-        self.parts = parts
-        self.writers = writers
+        self.partitions = partitions
         self.quota = quota
-        self.units_per_file = units_per_file
         self.forget_writer = forget_writer
         self.guarded = set()  # names whose reads must ask the catalog: read-protected or deleted
         #: runs a BLOCKING step (the table's fsync, removing a deleted topic's files); the server gives one that
@@ -60,7 +58,7 @@ class TopicOps:
         for s in self.table.entries.values():
             self._hold(s)
         counts = {}
-        for topic, partition in self.parts:
+        for topic, partition in self.partitions.keys():
             counts[topic] = max(counts.get(topic, 0), partition + 1)
         for line in self.catalog.adopt_data_dir(counts):
             log.warning("%s", line)
@@ -76,7 +74,7 @@ class TopicOps:
                               "alter)" % name)
         s = parse_settings(dict({"partitions": 1}, **values))
         s.name = name
-        held = {p for (t, p) in self.parts if t == name}
+        held = self.partitions.of(name)
         if held and name not in self.table.deleted:
             raise ClientError("topic %s already holds messages (%d partitions): use topics alter to put it in the "
                               "table" % (name, len(held)))
@@ -102,7 +100,7 @@ class TopicOps:
         old = self.table.entries.get(name)
         if old is None:
             count = self.catalog.partitions_of(name)  # UnknownTopic for a deleted name or one nothing accepts
-            held = max([p + 1 for (t, p) in self.parts if t == name] or [0])
+            held = max([p + 1 for p in self.partitions.of(name)] or [0])
             if not held and name not in self.catalog.config.exact_names and name not in self.catalog.from_data_dir:
                 raise UnknownTopic("no such topic %s: create it with metaq-admin topics create" % name)
             base = parse_settings({"partitions": max(count, held)})
@@ -132,7 +130,7 @@ class TopicOps:
             raise ClientError("topic %s has priorities: deleting a priority topic is not supported yet (its levels' "
                               "offsets would start again at 0 when it is re-created); alter it to perm=- to retire "
                               "it" % name)
-        held = {p: ix.max for (t, p), ix in self.parts.items() if t == name}
+        held = {p: ix.max for p, ix in self.partitions.of(name).items()}
         if name not in self.table.entries and not held and name not in self.catalog.config.exact_names:
             raise UnknownTopic("no such topic %s: nothing to delete" % name)
         old = self.table.entries.pop(name, None)
@@ -196,7 +194,7 @@ class TopicOps:
         rows = {}
         for name, s in self.table.entries.items():
             rows[name] = dict(s.describe(), source="table")
-        names = set(self.catalog.config.exact_names) | {t for t, _p in self.parts}
+        names = set(self.catalog.config.exact_names) | self.partitions.topics()
         for name in sorted(names - set(rows) - set(self.table.deleted)):
             if self.catalog.level_owner(name) is not None:
                 continue  # a priority level: shown as its topic's "priorities"
@@ -220,7 +218,7 @@ class TopicOps:
             raise
 
     def _check_quota(self, name, partitions):
-        held = {p for (t, p) in self.parts if t == name}
+        held = self.partitions.of(name)
         new = sum(1 for p in range(partitions) if p not in held)
         if not new:
             return
@@ -234,11 +232,7 @@ class TopicOps:
 
     def _hold(self, s):
         for n in range(s.partitions):
-            if (s.name, n) in self.parts:
-                p = self.parts[(s.name, n)]
-            else:
-                p = self.parts[(s.name, n)] = PartitionIndex(self.dirs, s.name, n, self.units_per_file)
-                self.quota.added(s.name)
+            p = self.partitions.make(s.name, n)
             base = s.base_offsets.get(n, 0)
             if p.max < base:  # a re-created topic starts past the deleted one's offsets
                 p.min = p.max = p.visible = base
@@ -246,17 +240,13 @@ class TopicOps:
                 p.min = base
 
     def _evict_writers(self, name):
-        for key in [k for k in self.writers if k[0] == name]:
-            del self.writers[key]
+        self.partitions.evict_writers(name)
         self.forget_writer(name)
 
     def _drop(self, name):
         """Close and remove every partition of ``name`` (BLOCKING: unlinks and directory fsyncs)."""
         self._evict_writers(name)
-        keys = [k for k in self.parts if k[0] == name]
-        for key in keys:
-            self.parts.pop(key).close()
-        self.quota.forget(name)
+        self.partitions.drop(name)
         topic_dir = os.path.dirname(self.dirs.partition_dir(name, 0))
         if os.path.isdir(topic_dir):
             self.run_blocking(lambda: _remove_tree(topic_dir))

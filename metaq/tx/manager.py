@@ -30,7 +30,7 @@ from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RD
                                XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
 from metaq.tx import records as R
-from metaq.tx.halves import HalfMessages
+from metaq.tx.halves import HALF_OWNER, half_txid, half_view
 from metaq.tx.journal import Journal, JournalReport, journal_dir
 from metaq.tx.room import check_commit_room
 
@@ -113,7 +113,7 @@ def _xa(code, msg):
     return TransactionError(code, msg)
 
 
-class TransactionManager(HalfMessages):
+class TransactionManager:
     """See the module docstring (half messages: ``metaq.tx.halves``); open with ``TransactionManager.open``."""
 
     def __init__(self, store, config, journal):
@@ -122,7 +122,7 @@ class TransactionManager(HalfMessages):
         self._journal = journal
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
         self._by_owner = {}  # owner -> set of local keys
-        self._halves = {}  # key -> Branch: the pending RocketMQ half messages (metaq.tx.halves)
+        self._halves = {}  # key -> Branch: the pending RocketMQ half messages (halves.py)
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
         self._heuristic = {}  # key -> records.Heuristic
         self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
@@ -548,6 +548,64 @@ class TransactionManager(HalfMessages):
         self._write(h)
         self._heuristic[key] = h
         return CommitPlan(key, b)
+
+    # -- RocketMQ half messages (halves.py) ---------------------------------------------------------------------
+
+    def put_half(self, number, topic, partition, flag, data, group, transaction_id, immunity_ms, limit, now_ms,
+                 user=None):
+        """Journal half message ``number`` (PUT, HALF); returns its partition (chosen now when -1).
+
+        XAER_RMERR when ``limit`` half messages are pending already; the errors of ``begin`` and ``put``
+        otherwise. The caller makes the journal durable (``flush_journal``) before acknowledging the send."""
+        if len(self._halves) >= limit:
+            raise TransactionError(XAER_RMERR, "too many half messages waiting for their end: the limit is %d "
+                                   "(remoting.max_half_messages)" % limit)
+        txid = half_txid(number)
+        self.begin(txid, HALF_OWNER, 0, now_ms, user)
+        try:
+            partition = self.put(txid, HALF_OWNER, topic, partition, flag, data, None, now_ms)
+            rec = R.Half(txid.key, now_ms, now_ms, 0, immunity_ms, group, transaction_id, user)
+            self._write(rec)
+        except BaseException:
+            if txid.key in self._branches:
+                self.rollback(txid, HALF_OWNER, now_ms)
+            raise
+        b = self._branches[txid.key]
+        self._by_owner.pop(HALF_OWNER, None)  # a half branch is no connection's (begin indexed it)
+        b.state, b.half, b.prepared_ms, b.deadline_ms, b.timeout_s = R.PREPARED, rec, now_ms, None, 0
+        self._halves[b.key] = b
+        return partition
+
+    def half(self, number):
+        """The pending half message ``number`` (a HalfMessage), or None."""
+        b = self._halves.get(half_txid(number).key)
+        return half_view(b) if b is not None else None
+
+    def halves(self):
+        """Every half message waiting for its end (HalfMessage; not one being committed), oldest first."""
+        return [half_view(b) for b in self._halves.values() if b.state == R.PREPARED]
+
+    @property
+    def half_count(self):
+        return len(self._halves)
+
+    def half_checked(self, number, now_ms):
+        """Journal one more check-back of half message ``number`` (no fsync needed: a crash that loses it
+        only allows one more check); returns the HalfMessage after it. XAER_NOTA when it is not pending."""
+        b = self._halves.get(half_txid(number).key)
+        if b is None:
+            raise TransactionError(XAER_NOTA, "no half message %d is pending" % number)
+        rec = b.half._replace(now_ms=now_ms, checks=b.half.checks + 1)
+        self._write(rec)
+        b.half = rec
+        return half_view(b)
+
+    def _keep_half(self, b):
+        """Recovery: a prepared branch rebuilt with a HALF record is a pending half message again."""
+        if b.half is None:
+            return
+        b.owner = HALF_OWNER
+        self._halves[b.key] = b
 
     # -- journal upkeep -----------------------------------------------------------------------------------------
 

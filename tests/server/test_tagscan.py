@@ -37,7 +37,7 @@ class Store:
 def scan(store, passed=True, expect=None, topic="t"):
     e = ev.GetTags(topic, "g", 0, 0, 1 << 20, "a", 5, 1000, parse_tag_expression("a"), expect, passed)
     stats = SimpleNamespace(filter_skipped_units=0, on_get=lambda topic, missed: None)
-    return TagScan(SimpleNamespace(store=store, stats=stats), e, 1 << 20)
+    return TagScan(store, stats, e, 1 << 20)
 
 
 def body_of(reply):

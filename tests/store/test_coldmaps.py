@@ -67,7 +67,7 @@ def test_reads_past_the_limit_ask_for_the_cold_maps_to_give_their_pages_back(tmp
     s.mark_flushed(s.flush_log())
     s.drop_cold_pages()
     s.read("test", 0, 0, 1)  # one record: learn what a record counts
-    one = s.reads.log_read_bytes - s._read_at_drop
+    one = s.reads.log_read_bytes - s.cold_maps.read_at_drop
     monkeypatch.setattr(coldmaps, "COLD_READ_DROP_BYTES", one * 10)
     s.drop_cold_pages()
     for k in range(9):

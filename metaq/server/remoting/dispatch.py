@@ -75,18 +75,30 @@ def _ok(cmd, ext_fields=None, body=b""):
 
 
 class RemotingDispatcher:
-    def __init__(self, server, store, stats, config, put_path, tx, roles, waiters):
+    def __init__(self, store, stats, config, put_path, tx, roles, waiters, *, broker_name, host, route_addresses,
+                 clients, producers, locks, replies, guard, requests, closing):
+        """The remoting port's: ``broker_name``; ``host()``, our ``(ip, port)`` as routes give it;
+        ``route_addresses()``, a route's ``brokerAddrs``; its client tables (``clients``: ClientRegistry,
+        ``producers``: ProducerRegistry, ``locks``: LockTable); ``replies``: its RemotingReplies (None:
+        request-reply off). ``guard``: the broker's Guard (None: no authentication); ``requests``: the ReplyBudget
+        of every connection's requests in progress; ``closing()``: True once the broker shuts down."""
         self.config = config
         self.roles = roles
         self.waiters = waiters
-        self.server = server
+        self.broker_name = broker_name
+        self.host = host
+        self.route_addresses = route_addresses
+        self.clients = clients
+        self.producers = producers
+        self.locks = locks
+        self.requests = requests
+        self.closing = closing
         self.store = store
         self.stats = stats
         self.max_transfer = config.store.max_transfer_size
         self.max_wait_ms = config.limits.max_wait_ms
-        self.sender = RemotingSender(server, store, stats, config, put_path, tx)
+        self.sender = RemotingSender(host, store, stats, config, put_path, tx)
         self.error_response = error_response
-        guard = getattr(server.core, "guard", None)
         #: The per-request signature and permission check, with authentication on (remoting/acl.py).
         self.acl = (RemotingAcl(guard, store, self.sender.half_topic, self.sender.half_user,
                                 reply_topic(config.remoting.cluster))
@@ -119,9 +131,9 @@ class RemotingDispatcher:
             R.LOCK_BATCH_MQ: (self.lock_batch, False),
             R.UNLOCK_BATCH_MQ: (self.unlock_batch, False),
         }
-        if server.replies is not None:  # request-reply (remoting/reply.py)
+        if replies is not None:  # request-reply (remoting/reply.py)
             self._handlers[R.SEND_REPLY_MESSAGE] = self._handlers[R.SEND_REPLY_MESSAGE_V2] = \
-                (server.replies.send_reply, True)
+                (replies.send_reply, True)
         self._unsupported_seen = set()
 
     def handle(self, cmd, conn):
@@ -148,7 +160,7 @@ class RemotingDispatcher:
             # of every connection's, reach their budget
             if not conn.requests.reserve(held, closed):
                 return False
-            if not self.server.requests.reserve(held, closed):
+            if not self.requests.reserve(held, closed):
                 conn.requests.release(held)
                 return False
             conn.spawn(self._run_holding, handler, cmd, conn, held)
@@ -160,7 +172,7 @@ class RemotingDispatcher:
             return self._run(handler, cmd, conn)
         finally:
             conn.requests.release(held)
-            self.server.requests.release(held)
+            self.requests.release(held)
 
     def _allowed(self, cmd, conn):
         """The user who signed ``cmd`` (None for a name-server request) when its signature and permissions pass
@@ -197,7 +209,7 @@ class RemotingDispatcher:
 
     def _broker_data(self):
         cfg = self.config.remoting
-        return BrokerData(self.server.broker_name, self.server.route_addresses(), cfg.cluster)
+        return BrokerData(self.broker_name, self.route_addresses(), cfg.cluster)
 
     def route(self, cmd, conn):
         h = decode_header(RouteInfoHeader, cmd)
@@ -206,7 +218,7 @@ class RemotingDispatcher:
         except (errors.UnknownTopic, errors.InvalidTopic):
             return response_for(cmd, ResponseCode.TOPIC_NOT_EXIST,
                                 "No topic route info in name server for the topic: %s" % h.topic)
-        name = self.server.broker_name
+        name = self.broker_name
         s = self.store.topics.settings_of(h.topic)  # the topic table (store/topics.py): perm, ordered
         perm = PERM_READ | PERM_WRITE if s is None else (PERM_READ if s.readable else 0) | (PERM_WRITE if s.writable
                                                                                           else 0)
@@ -252,7 +264,7 @@ class RemotingDispatcher:
             key = (h.topic, h.queue_id)
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.server.closing or conn.closed:
+                if remaining <= 0 or self.closing() or conn.closed:
                     return self._not_found(cmd, h, offset)
                 self.waiters.wait(key, remaining)
                 response, offset = self._pull_held(conn, cmd, h, filt, max_nums, offset, signer)
@@ -298,7 +310,7 @@ class RemotingDispatcher:
         except errors.CorruptRecord as exc:  # never served: SYSTEM_ERROR naming it; nextBeginOffset skips it
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "CORRUPT_RECORD " + str(exc),
                                 self._pull_fields(h, exc.next_offset)), offset
-        host = (self.server.store_ip, self.server.port)
+        host = self.host()
         messages = [message_of_record(rec, host) for rec in records]
         if readable is not None:  # passed over like a tag filter's unwanted records
             messages = [m for m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
@@ -371,7 +383,7 @@ class RemotingDispatcher:
     def view_message(self, cmd, conn):
         h = decode_header(ViewMessageHeader, cmd)
         rec = self.store.record_at(h.offset)
-        host = (self.server.store_ip, self.server.port)
+        host = self.host()
         return _ok(cmd, body=stored_message_bytes(message_of_record(rec, host)))
 
     def query_message(self, cmd, conn):
@@ -383,7 +395,7 @@ class RemotingDispatcher:
             return None
         try:
             try:
-                response = keys.query_message(self.store, cmd, (self.server.store_ip, self.server.port))
+                response = keys.query_message(self.store, cmd, self.host())
             except errors.MetaqError as exc:
                 response = error_response(cmd, exc)
             used = len(response.body or b"")
@@ -399,22 +411,22 @@ class RemotingDispatcher:
 
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
-        self.server.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
-        self.server.clients.heartbeat(conn, hb, time.monotonic())
+        self.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
+        self.clients.heartbeat(conn, hb, time.monotonic())
         return _ok(cmd)
 
     def unregister(self, cmd, conn):
         h = decode_header(UnregisterClientHeader, cmd)
         if h.consumer_group:
-            self.server.clients.unregister(h.client_id, h.consumer_group)
-            self.server.locks.release_client(h.consumer_group, h.client_id, conn)
+            self.clients.unregister(h.client_id, h.consumer_group)
+            self.locks.release_client(h.consumer_group, h.client_id, conn)
         if h.producer_group:
-            self.server.producers.unregister(conn, h.producer_group)
+            self.producers.unregister(conn, h.producer_group)
         return _ok(cmd)
 
     def consumer_list(self, cmd, conn):
         h = decode_header(ConsumerGroupHeader, cmd)
-        ids = self.server.clients.consumers(h.consumer_group)
+        ids = self.clients.consumers(h.consumer_group)
         if not ids:
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "no consumer for this group, %s" % h.consumer_group)
         return _ok(cmd, body=encode_consumer_list(ids))
@@ -428,11 +440,11 @@ class RemotingDispatcher:
         connection cannot lock, or renew, in another client's name unless it heartbeats as that client; a queue
         of another broker, of a topic the broker does not have or past the topic's queues is never locked."""
         body = decode_lock_batch(cmd.body, cmd.opaque)
-        if not self.server.clients.registered_through(body.consumer_group, body.client_id, conn):
+        if not self.clients.registered_through(body.consumer_group, body.client_id, conn):
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "client %s is not registered in consumer group %s "
                                 "on this connection: a heartbeat comes first" % (body.client_id, body.consumer_group))
         queues = [mq for mq in dict.fromkeys(body.mq_set) if self._lockable(mq)]
-        table = self.server.locks
+        table = self.locks
         full = table.full_refusals
         got = set(table.lock(body.consumer_group, body.client_id, conn, [(mq.topic, mq.queue_id) for mq in queues],
                              time.monotonic()))
@@ -442,7 +454,7 @@ class RemotingDispatcher:
         return _ok(cmd, body=encode_lock_ok([mq for mq in queues if (mq.topic, mq.queue_id) in got]))
 
     def _lockable(self, mq):
-        if mq.broker_name != self.server.broker_name:
+        if mq.broker_name != self.broker_name:
             return False
         try:
             return 0 <= mq.queue_id < self.store.partitions_of(mq.topic)
@@ -452,6 +464,6 @@ class RemotingDispatcher:
     def unlock_batch(self, cmd, conn):
         """UNLOCK_BATCH_MQ: release the queues of ``mqSet`` this client holds through this connection."""
         body = decode_lock_batch(cmd.body, cmd.opaque, "unlock batch body")
-        self.server.locks.unlock(body.consumer_group, body.client_id, conn, [(mq.topic, mq.queue_id)
+        self.locks.unlock(body.consumer_group, body.client_id, conn, [(mq.topic, mq.queue_id)
                                                                             for mq in body.mq_set])
         return _ok(cmd)

@@ -24,10 +24,12 @@ from metaq.server.replies import ReplyMessage
 
 
 class RemotingReplies:
-    """``server``: the RemotingServer (its producer registry and address); ``router``: the ReplyRouter."""
+    """``host()``: our ``(ip, port)`` as routes give it; ``producers``: the port's ProducerRegistry (whose
+    connections a reply is pushed to); ``router``: the ReplyRouter."""
 
-    def __init__(self, server, router, max_body):
-        self.server = server
+    def __init__(self, host, producers, router, max_body):
+        self.host = host
+        self.producers = producers
         self.router = router
         self.max_body = max_body
         router.remote = self.push
@@ -54,11 +56,11 @@ class RemotingReplies:
     def push(self, client_id, reply):
         """PUSH_REPLY_MESSAGE_TO_CLIENT to ``client_id``'s connection: False when no such producer is connected,
         Unavailable when its queue of our requests is full (``limits.MAX_PENDING_NOTIFIES``)."""
-        conn = self.server.producers.client(client_id)
+        conn = self.producers.client(client_id)
         if conn is None:
             return False
         now = now_ms()
-        host = (self.server.store_ip, self.server.port)
+        host = self.host()
         msg = message_of_record(RecordFields(reply.topic, 0, 0, 0, reply.flag, reply.data, reply.born_ms, now), host)
         props = dict(msg.properties)
         props[PUSH_REPLY_TIME] = str(now)

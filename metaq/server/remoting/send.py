@@ -55,10 +55,11 @@ HALF_ID_BASE = 1 << 62
 
 
 class RemotingSender:
-    def __init__(self, server, store, stats, config, put_path, tx):
+    def __init__(self, host, store, stats, config, put_path, tx):
+        """``host()``: our ``(ip, port)`` as routes give it (in message ids)."""
         self.stats = stats
         self.tx = tx
-        self.server = server
+        self.host = host
         self.store = store
         self.path = put_path
         self.max_body = config.limits.max_body_bytes
@@ -90,7 +91,7 @@ class RemotingSender:
         else:
             stored = (topic, len(data))
         position = r.log_end - record_size(len(stored[0].encode("utf-8")), stored[1])
-        return r, create_offset_msg_id(self.server.store_ip, self.server.port, position)
+        return r, create_offset_msg_id(*self.host(), position)
 
     def _store(self, topic, partition, flag, data, born_ms, delay_level=0, priority=None, timer=None):
         """``_append`` one message and wait until it may be acknowledged; returns ``(partition, offset, msg_id)``."""
@@ -147,7 +148,7 @@ class RemotingSender:
                                                         identity[1], born_ms=h.born_timestamp)
         if r.log_end:
             self.path.durable(topic, r.partition, r.log_end, now)
-        msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, position)
+        msg_id = create_offset_msg_id(*self.host(), position)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, r.partition, r.offset))
 
     def _send_batch(self, cmd, h, topic, conn):
@@ -203,7 +204,7 @@ class RemotingSender:
     def send_back(self, cmd, conn):
         h = decode_header(ConsumerSendMsgBackHeader, cmd)
         self.path.check_writable()
-        host = (self.server.store_ip, self.server.port)
+        host = self.host()
         msg = message_of_record(self.store.record_at(h.offset), host)
         dead, props, times = retry_copy(msg, host, self._max_times(h.max_reconsume_times, cmd.version))
         props.pop(PID_PROPERTY, None)  # the copy is a new message, not an idempotent put's record
@@ -261,7 +262,7 @@ class RemotingSender:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         self.path.check_writable()
         number = next(self._half_numbers)
-        msg_id = create_offset_msg_id(self.server.store_ip, self.server.port, HALF_ID_BASE + number)
+        msg_id = create_offset_msg_id(*self.host(), HALF_ID_BASE + number)
         transaction_id = props.get(PROP_UNIQ_KEY) or msg_id
         if len(transaction_id.encode("utf-8")) > limits.MAX_NAME_BYTES:
             raise errors.ClientError("a half message's %s may hold at most %d bytes" % (PROP_UNIQ_KEY,

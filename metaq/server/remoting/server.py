@@ -73,8 +73,14 @@ class RemotingServer:
         self.producers = ProducerRegistry(cfg.client_timeout_s, cfg.max_client_entries)
         self.checkback = CheckBack(tx, self.producers, cfg, lambda: (self.store_ip, self.port),
                                    limits.MAX_CHECKS_PER_ROUND)
-        self.replies = RemotingReplies(self, replies, config.limits.max_body_bytes) if replies is not None else None
-        self.dispatcher = RemotingDispatcher(self, store, stats, config, put_path, tx, roles, waiters)
+        host = lambda: (self.store_ip, self.port)  # noqa: E731
+        self.replies = (RemotingReplies(host, self.producers, replies, config.limits.max_body_bytes)
+                        if replies is not None else None)
+        self.dispatcher = RemotingDispatcher(
+            store, stats, config, put_path, tx, roles, waiters, broker_name=self.broker_name, host=host,
+            route_addresses=self.route_addresses, clients=self.clients, producers=self.producers, locks=self.locks,
+            replies=self.replies, guard=getattr(core_, "guard", None), requests=self.requests,
+            closing=lambda: core_.closing)
         self.stats = stats
         self.listener = None
         self._tasks = []

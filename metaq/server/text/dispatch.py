@@ -158,10 +158,13 @@ class TextDispatcher:
             ev.Value: self.reply_from_client,
             ev.Result: self.reply_from_client,
         }
-        priorities = TextPriorities(self, error_reply)  # put_prio, get_prio (README "Priorities")
+        priorities = TextPriorities(store, stats, roles, put_path, guard, self.max_body, self.max_transfer,
+                                    ack_put=self.ack_put, get_refusal=self.get_refusal, park=self.park,
+                                    error_reply=error_reply)  # put_prio, get_prio (README "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
-        timers = TextTimers(self, put_path.timers, error_reply)  # put_at, cancel, timers (README "Any delivery time")
+        timers = TextTimers(put_path, guard, put_path.timers, self.max_body, ack_put=self.ack_put,
+                            error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
         self.admin = TextAdmin(admin, guard, error_reply) if admin is not None else None
         for event_type in adminwire.SERIALIZERS:
@@ -204,7 +207,7 @@ class TextDispatcher:
             r = path.append(e.topic, e.partition, e.flag, body, now, checksum=checksum)
         except errors.MetaqError as exc:
             return error_reply(exc, e.opaque), NO_WAIT
-        return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque),
+        return self.ack_put(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque),
                          conn)
 
     def put_delayed(self, e, conn):
@@ -222,7 +225,7 @@ class TextDispatcher:
         except errors.MetaqError as exc:
             return error_reply(exc, e.opaque), NO_WAIT
         offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
-        return self._ack(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque),
+        return self.ack_put(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque),
                          conn)
 
     def put_idem(self, e, conn):
@@ -247,9 +250,9 @@ class TextDispatcher:
             body += b" " + DUPLICATE_MARK
             if not r.log_end:  # the original is gone (retention): nothing to wait for
                 return encode_result(200, body, e.opaque), NO_WAIT
-        return self._ack(e, r, now, encode_result(200, body, e.opaque), conn)
+        return self.ack_put(e, r, now, encode_result(200, body, e.opaque), conn)
 
-    def _ack(self, e, r, now, reply, conn):
+    def ack_put(self, e, r, now, reply, conn):
         """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""
         mode = self.put_path.ack_mode(e.topic, r, now)
         if mode == ACK_AFTER_REPLICATION:
@@ -258,8 +261,6 @@ class TextDispatcher:
         if mode == ACK_AFTER_FLUSH:
             return reply, r.log_end
         return reply, NO_WAIT
-
-    ack_put = _ack  # for the other put handlers (text/priorities.py)
 
     def _put_replicated(self, e, reply, partition, log_end, now):
         """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put."""
@@ -272,7 +273,7 @@ class TextDispatcher:
 
     # -- get ---------------------------------------------------------------
 
-    def _get_refusal(self, e, conn):
+    def get_refusal(self, e, conn):
         """The reply refusing a get or get_tags before it reads (None: it may read)."""
         if self.guard.enabled:
             self.guard.require(conn.session, SUB, "topic", e.topic)
@@ -282,10 +283,8 @@ class TextDispatcher:
             return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque)
         return None
 
-    get_refusal = _get_refusal  # for the other get handlers (text/priorities.py)
-
     def get(self, e, conn):
-        refusal = self._get_refusal(e, conn)
+        refusal = self.get_refusal(e, conn)
         if refusal is not None:
             return refusal, NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
@@ -293,27 +292,27 @@ class TextDispatcher:
         if reply is not None:
             return reply, NO_WAIT
         if e.max_wait_ms and not conn.closed:
-            return self._park(e, conn, max_size), NO_WAIT
+            return self.park(e, conn, max_size), NO_WAIT
         self.stats.on_get(e.topic, True)
         return self._miss(e), NO_WAIT
 
     def get_tags(self, e, conn):
         """``get_tags`` (our extension, events.GetTags): the records whose tags are wanted, found by the index
         units' tag hashes (``MessageStore.read_tagged``: the others are never read); README "Tag filtering"."""
-        refusal = self._get_refusal(e, conn)
+        refusal = self.get_refusal(e, conn)
         if refusal is not None:
             return refusal, NO_WAIT
         max_size = min(e.max_size, self.max_transfer)
-        scan = TagScan(self, e, max_size)
+        scan = TagScan(self.store, self.stats, e, max_size)
         reply = conn.read_reply(max_size, scan.read)
         if reply is not None:
             return reply, NO_WAIT
         if e.max_wait_ms and not conn.closed:
-            return self._park(e, conn, max_size, scan.read, scan.miss), NO_WAIT
+            return self.park(e, conn, max_size, scan.read, scan.miss), NO_WAIT
         self.stats.on_get(e.topic, True)
         return scan.miss(), NO_WAIT
 
-    def _park(self, e, conn, max_size, read=None, miss=None):
+    def park(self, e, conn, max_size, read=None, miss=None):
         """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap."""
         if conn.parked >= self.max_parked_per_connection:
             return encode_result(503, b"too many parked gets on this connection: the limit is %d"
@@ -331,8 +330,6 @@ class TextDispatcher:
         read = read or (lambda: self._read(e, max_size, conn))
         conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), on_exit=unpark)
         return None
-
-    park = _park  # for the other get handlers (text/priorities.py)
 
     def _read(self, e, max_size, conn):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""

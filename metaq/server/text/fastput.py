@@ -31,10 +31,10 @@ from metaq.server.text.fasttimer import take_put_ats
 class FastPuts:
     """One per broker; ``take`` is called by each connection before each frame of a burst."""
 
-    def __init__(self, dispatcher, lim):
-        """``lim``: the broker's ``limits`` settings (body and line lengths)."""
-        self.dispatcher = dispatcher
-        self.put_path = path = dispatcher.put_path
+    def __init__(self, put_path, lim):
+        """``put_path``: the put path the text dispatcher stores with; ``lim``: the broker's ``limits`` settings (body
+        and line lengths)."""
+        self.put_path = path = put_path
         self.store = path.store
         self.stats = path.stats
         self.sync_flush = path.sync_flush

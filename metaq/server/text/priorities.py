@@ -28,20 +28,32 @@ def now_ms():
 
 
 class TextPriorities:
-    """The two handlers, given the dispatcher they belong to (its put path, store, waits and replies)."""
+    """The two handlers, over the store, the put path and the guard, answering as the dispatcher answers."""
 
-    def __init__(self, dispatcher, error_reply):
-        self.d = dispatcher
+    def __init__(self, store, stats, roles, put_path, guard, max_body, max_transfer, *, ack_put, get_refusal, park,
+                 error_reply):
+        """The dispatcher's answers: ``ack_put(e, r, now, reply, conn)`` a stored put's, ``get_refusal(e, conn)`` a
+        get's refusal before it reads (None: it may read), ``park(e, conn, max_size, read, miss)`` a get parked;
+        ``error_reply(exc, opaque)``: its one error→reply mapping."""
+        self.store = store
+        self.stats = stats
+        self.roles = roles
+        self.put_path = put_path
+        self.guard = guard
+        self.max_body = max_body
+        self.max_transfer = max_transfer
+        self.ack_put = ack_put
+        self.get_refusal = get_refusal
+        self.park = park
         self.error_reply = error_reply
 
     def put_prio(self, e, conn):
-        d = self.d
-        path = d.put_path
+        path = self.put_path
         try:
-            if d.guard.enabled:
-                d.guard.require(conn.session, PUB, "topic", e.topic)
+            if self.guard.enabled:
+                self.guard.require(conn.session, PUB, "topic", e.topic)
             path.check_writable()
-            e = uncompressed(e._replace(checksum=verified_checksum(e)), d.max_body)
+            e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return self.error_reply(exc, e.opaque), NO_WAIT
@@ -50,29 +62,28 @@ class TextPriorities:
             r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=e.checksum, priority=e.priority)
         except errors.MetaqError as exc:
             return self.error_reply(exc, e.opaque), NO_WAIT
-        return d.ack_put(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset), e.opaque),
-                         conn)
+        return self.ack_put(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, r.offset),
+                                                     e.opaque), conn)
 
     def get_prio(self, e, conn):
-        d = self.d
-        refusal = d.get_refusal(e, conn)
+        refusal = self.get_refusal(e, conn)
         if refusal is not None:
             return refusal, NO_WAIT
-        settings = d.store.topics.settings_of(e.topic)
+        settings = self.store.topics.settings_of(e.topic)
         if settings is None or not settings.priorities:
             raise errors.ClientError("topic %s has no priorities: use get (get_prio reads a topic created or altered "
                                      "with --priorities)" % e.topic)
         if len(e.offsets) != settings.priorities:
             raise errors.ClientError("get_prio %s: give one offset per level, %d of them (o_0,...,o_%d); got %d"
                                      % (e.topic, settings.priorities, settings.priorities - 1, len(e.offsets)))
-        max_size = min(e.max_size, d.max_transfer)
-        read = PriorityRead(d, e, max_size, settings.max_wait_ms).read
+        max_size = min(e.max_size, self.max_transfer)
+        read = PriorityRead(self.store, self.stats, self.roles, e, max_size, settings.max_wait_ms).read
         reply = conn.read_reply(max_size, read)
         if reply is not None:
             return reply, NO_WAIT
         if e.max_wait_ms and not conn.closed:
-            return d.park(e, conn, max_size, read, lambda: self.miss(e)), NO_WAIT
-        d.stats.on_get(e.topic, True)
+            return self.park(e, conn, max_size, read, lambda: self.miss(e)), NO_WAIT
+        self.stats.on_get(e.topic, True)
         return self.miss(e), NO_WAIT
 
     def miss(self, e):
@@ -83,10 +94,10 @@ class TextPriorities:
 class PriorityRead:
     """One ``get_prio``'s read: the reply buffers, or None when no level has anything."""
 
-    def __init__(self, dispatcher, e, max_size, max_wait_ms):
-        self.store = dispatcher.store
-        self.stats = dispatcher.stats
-        self.roles = dispatcher.roles
+    def __init__(self, store, stats, roles, e, max_size, max_wait_ms):
+        self.store = store
+        self.stats = stats
+        self.roles = roles
         self.e = e
         self.max_size = max_size
         self.max_wait_ms = max_wait_ms

@@ -20,9 +20,9 @@ from metaq.server.text.expect import check_expected
 class TagScan:
     """The reads of one ``get_tags``: ``read`` (the reply buffers, or None: nothing yet) and ``miss``."""
 
-    def __init__(self, dispatcher, e, max_size):
-        self.store = dispatcher.store
-        self.stats = dispatcher.stats
+    def __init__(self, store, stats, e, max_size):
+        self.store = store
+        self.stats = stats
         self.e = e
         self.max_size = max_size
         self.offset = e.offset  # moves past the units a read passed over

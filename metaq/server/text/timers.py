@@ -23,23 +23,27 @@ def now_ms():
 
 
 class TextTimers:
-    """The three handlers, given the dispatcher they belong to (its put path and replies) and the timer service."""
+    """The three handlers, over the put path, the guard and the timer service (None: no timer store)."""
 
-    def __init__(self, dispatcher, timers, error_reply):
-        self.d = dispatcher
+    def __init__(self, put_path, guard, timers, max_body, *, ack_put, error_reply):
+        """``ack_put(e, r, now, reply, conn)``: how a stored put is answered (the dispatcher's, per the flush and
+        replication modes); ``error_reply(exc, opaque)``: the dispatcher's one error→reply mapping."""
+        self.put_path = put_path
+        self.guard = guard
         self.timers = timers
+        self.max_body = max_body
+        self.ack_put = ack_put
         self.error_reply = error_reply
 
     def put_at(self, e, conn):
-        d = self.d
-        path = d.put_path
+        path = self.put_path
         now = now_ms()
         try:
-            if d.guard.enabled:
-                d.guard.require(conn.session, PUB, "topic", e.topic)
+            if self.guard.enabled:
+                self.guard.require(conn.session, PUB, "topic", e.topic)
             path.check_writable()
             due = parse_when(e.when, now)
-            e = uncompressed(e._replace(checksum=verified_checksum(e)), d.max_body)
+            e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return self.error_reply(exc, e.opaque), NO_WAIT
@@ -47,27 +51,26 @@ class TextTimers:
             r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=e.checksum, due_ms=due)
         except errors.MetaqError as exc:
             return self.error_reply(exc, e.opaque), NO_WAIT
-        return d.ack_put(e, r, now, encode_result(200, b"%d %d -1" % (r.msg_id, r.partition), e.opaque), conn)
+        return self.ack_put(e, r, now, encode_result(200, b"%d %d -1" % (r.msg_id, r.partition), e.opaque), conn)
 
     def cancel(self, e, conn):
-        d = self.d
         now = now_ms()
         if self.timers is None:
             raise errors.ClientError("this broker has no timer store")
-        if d.guard.enabled:
-            d.guard.require(conn.session, ADMIN)  # any message's id: an operator's (or the admin tool's) request
-        d.put_path.check_writable()
+        if self.guard.enabled:
+            self.guard.require(conn.session, ADMIN)  # any message's id: an operator's (or the admin tool's) request
+        self.put_path.check_writable()
         outcome, r = self.timers.cancel(e.msg_id, now)
         if r is None:
             return encode_result(404, outcome.encode(), e.opaque), NO_WAIT
-        return d.ack_put(_Cancelled(TIMER_TOPIC, e.opaque), r, now, encode_result(200, outcome.encode(), e.opaque),
-                         conn)
+        return self.ack_put(_Cancelled(TIMER_TOPIC, e.opaque), r, now, encode_result(200, outcome.encode(), e.opaque),
+                            conn)
 
     def list(self, e, conn):
         if self.timers is None:
             raise errors.ClientError("this broker has no timer store")
-        if self.d.guard.enabled:
-            self.d.guard.require(conn.session, ADMIN)
+        if self.guard.enabled:
+            self.guard.require(conn.session, ADMIN)
         rows = self.timers.list(None if e.topic == "*" else e.topic, e.limit)
         return encode_result(200, format_rows(rows), e.opaque), NO_WAIT
 
