@@ -99,7 +99,7 @@ class Broker:
         self.roles.on_cut(self.timers.log_cut)
         self.roles.on_change(self._clamp_offsets)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
-                                self.delay, self.registry, sync_flush=config.store.flush == "sync")
+                                self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)

@@ -41,6 +41,7 @@ class FakeConnection:
     buffers, which the fake joins)."""
 
     zero_copy = None
+    session = None  # the connection core's Session; authentication is off here
 
     def __init__(self, conn_id=1):
         self.conn_id = conn_id

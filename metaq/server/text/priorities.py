@@ -16,7 +16,6 @@ from metaq import errors
 from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.coldpages import bring_in_record_head
-from metaq.server.guard import PUB
 from metaq.server.text.expect import check_held
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
@@ -38,9 +37,7 @@ class TextPriorities:
         d = self.d
         path = d.put_path
         try:
-            if d.guard.enabled:
-                d.guard.require(conn.session, PUB, "topic", e.topic)
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             e = uncompressed(e._replace(checksum=verified_checksum(e)), d.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)

@@ -12,7 +12,7 @@ from metaq import errors
 from metaq.protocol.text import encode_result
 from metaq.protocol.timer import TIMER_TOPIC, parse_when
 from metaq.protocol.timerwire import format_rows
-from metaq.server.guard import ADMIN, PUB
+from metaq.server.guard import ADMIN
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
@@ -35,9 +35,7 @@ class TextTimers:
         path = d.put_path
         now = now_ms()
         try:
-            if d.guard.enabled:
-                d.guard.require(conn.session, PUB, "topic", e.topic)
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             due = parse_when(e.when, now)
             e = uncompressed(e._replace(checksum=verified_checksum(e)), d.max_body)
         except errors.MetaqError as exc:
