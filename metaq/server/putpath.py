@@ -15,7 +15,6 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
-import time
 
 from metaq import errors
 from metaq.auth.acl import PUB
@@ -34,10 +33,6 @@ AUTHORIZED = object()
 
 SCHEDULE_REFUSAL = ("%s is the broker's internal topic for delayed delivery: send to your topic with a delay level "
                     "instead (put_delayed, RocketMQ's DELAY property)" % SCHEDULE_TOPIC)
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class WriteGate:

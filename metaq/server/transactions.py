@@ -14,22 +14,18 @@ transactions.
 """
 
 import logging
-import time
 
 import gevent
 
 from metaq import errors
 from metaq.protocol.xa import XAER_INVAL, XAER_RMERR, parse_tx_key
 from metaq.tx.manager import TransactionManager
+from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
 MAINTAIN_INTERVAL_S = 5.0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TxService:

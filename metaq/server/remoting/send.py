@@ -43,8 +43,9 @@ from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PR
                                              message_of_record, record_data_from_send, retry_copy)
 from metaq.tx.checkback import immunity_ms
 from metaq.tx.halves import HALF_OWNER, half_txid
+from metaq.server.clock import now_ms
 from metaq.server.inflate import inflate_body
-from metaq.server.putpath import AUTHORIZED, now_ms
+from metaq.server.putpath import AUTHORIZED
 from metaq.store.record import RecordTooLarge, record_size
 
 log = logging.getLogger(__name__)

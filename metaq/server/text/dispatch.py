@@ -21,6 +21,7 @@ from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
 from metaq.protocol.keylookup import encode_lookup_body
+from metaq.server.clock import now_ms
 from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
@@ -49,10 +50,6 @@ def error_reply(exc, opaque):
 
 def ok(body, opaque):
     return encode_result(200, body, opaque)
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 #: What each request needs of the connection's user (README "Security"), checked before its handler: a
@@ -100,7 +97,6 @@ _NEEDS = {
     ev.Promote: _admin,
     ev.TopicCommand: lambda guard, session, e: (_any_user if e.action == "list" else _admin)(guard, session, e),
 }
-
 
 
 class TextDispatcher:

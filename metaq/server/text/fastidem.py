@@ -30,7 +30,7 @@ from metaq.protocol.burst import encode_put_acks
 from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.textwrite import encode_result
-from metaq.server.flusher import now_ms
+from metaq.server.clock import now_ms
 from metaq.server.text.dispatch import error_reply
 
 _DUP_TAIL = b" " + DUPLICATE_MARK

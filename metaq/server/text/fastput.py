@@ -23,7 +23,7 @@ general path (message ids apart, which are clock-based either way).
 
 from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
-from metaq.server.flusher import now_ms
+from metaq.server.clock import now_ms
 from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem, writable_topics
 from metaq.server.text.fasttimer import take_put_ats
 

@@ -20,7 +20,7 @@ from metaq import errors
 from metaq.limits import validate_partition
 from metaq.protocol.timer import TIMER_TOPIC, TimerEntry
 from metaq.protocol.timerburst import encode_timer_acks, scan_put_ats
-from metaq.server.flusher import now_ms
+from metaq.server.clock import now_ms
 from metaq.server.text.fastidem import DONE, MORE
 
 _TIMER = TIMER_TOPIC.encode()

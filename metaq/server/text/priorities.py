@@ -10,20 +10,15 @@ read: the get parks on the topic's partition like a ``get`` (an append to any le
 checked at every read, before anything is read, as a get's is (text/expect.py): a 412 names the level.
 """
 
-import time
-
 from metaq import errors
 from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in_record_head
 from metaq.server.text.expect import check_held
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TextPriorities:

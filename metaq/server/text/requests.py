@@ -15,8 +15,8 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_record
 from metaq.protocol.reqreply import properties_of, reply_topic, request_properties, with_properties
 from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.clock import now_ms
 from metaq.server.guard import PUB
-from metaq.server.putpath import now_ms
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.replies import STOPPING, ReplyMessage
 

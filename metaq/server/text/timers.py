@@ -5,21 +5,17 @@
 CANCEL record is durable (as a put), or at once when the message was delivered, cancelled before or is unknown.
 """
 
-import time
 from typing import NamedTuple
 
 from metaq import errors
 from metaq.protocol.text import encode_result
 from metaq.protocol.timer import TIMER_TOPIC, parse_when
 from metaq.protocol.timerwire import format_rows
+from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TextTimers:
