@@ -10,6 +10,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "metaq"
 ONE_HOME = {
     "now_ms": "server/clock.py",  # the broker's wall clock, in milliseconds
     "_now_ms": None,  # no private variant either
+    "parse_int": "protocol/integers.py",  # a command's integer field: strict decimal, range-checked
+    "_int": None,
+    "is_integer": "protocol/integers.py",
+    "_is_integer": None,
 }
 
 
