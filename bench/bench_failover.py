@@ -40,7 +40,7 @@ from kazoo.client import KazooClient  # noqa: E402
 
 from metaq.client import Message, Producer  # noqa: E402
 from metaq.client.local import BrokerProcess, free_port, small_config  # noqa: E402
-from metaq.store.msgid import TIMESTAMP_SHIFT, TWEPOCH  # noqa: E402
+from metaq.protocol.msgid import TIMESTAMP_SHIFT, TWEPOCH  # noqa: E402
 from tests.harness.zookeeper import ZooKeeperProcess  # noqa: E402
 
 TOPIC = "t-failover"

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 
 from metaq import errors, limits
-from metaq.store.msgid import TIMESTAMP_SHIFT, TWEPOCH
+from metaq.protocol.msgid import id_timestamp_ms
 
 #: probe_verdict's answers.
 MATCH, MISMATCH, UNKNOWN = "match", "mismatch", "unknown"
@@ -147,14 +147,9 @@ def probe_verdict(offset, reply_kind, moved_to=None):
     raise ValueError("unknown probe reply %r" % (reply_kind,))
 
 
-def msg_id_time_ms(msg_id):
-    """The millisecond a message id was made in (store/msgid.py's layout)."""
-    return (msg_id >> TIMESTAMP_SHIFT) + TWEPOCH
-
-
 def rewind_time_ms(msg_ids):
     """When none of the checkpoints matched: the store time to read again from (``offset_at``), the oldest id's
     time less ``limits.DIVERGENCE_REWIND_MS``."""
     if not msg_ids:
         raise errors.ClientError("no message id to rewind from")
-    return max(0, min(msg_id_time_ms(m) for m in msg_ids) - limits.DIVERGENCE_REWIND_MS)
+    return max(0, min(id_timestamp_ms(m) for m in msg_ids) - limits.DIVERGENCE_REWIND_MS)

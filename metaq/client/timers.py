@@ -6,7 +6,7 @@ import datetime
 from metaq.client.replies import reply_error
 from metaq.errors import NotFound
 from metaq.protocol.timerwire import TimerCancelCommand
-from metaq.store.msgid import BROKER_BITS, SEQUENCE_BITS
+from metaq.protocol.msgid import id_broker
 
 __all__ = ["when_of", "cancel"]
 
@@ -39,19 +39,14 @@ def when_of(deliver_at=None, delay=None):
     return None
 
 
-def broker_of(msg_id):
-    """The broker id inside a message id (store/msgid.py's layout)."""
-    return (msg_id >> SEQUENCE_BITS) & ((1 << BROKER_BITS) - 1)
-
-
 def cancel(producer, msg_id, timeout):
     """``"cancelled"``, ``"delivered"``, ``"cancelled"`` (before) or ``"unknown"``: the broker that made ``msg_id``
     decides (exactly one of delivery and cancel wins). Raises MetaqError for a refusal or a broker not reached."""
     if isinstance(msg_id, bool) or not isinstance(msg_id, int):
         raise ValueError("a message id is an int, got %r" % (msg_id,))
-    conn = producer.broker_connection(broker_of(msg_id))
+    conn = producer.broker_connection(id_broker(msg_id))
     if conn is None:
-        raise NotFound("broker %d (of message id %d) is not known to this producer" % (broker_of(msg_id), msg_id))
+        raise NotFound("broker %d (of message id %d) is not known to this producer" % (id_broker(msg_id), msg_id))
     reply = conn.call(TimerCancelCommand(msg_id, 0), timeout=timeout)
     if reply.code in (200, 404):
         return reply.body.decode("utf-8", "replace")

@@ -16,6 +16,7 @@ import json
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
+from metaq.protocol.integers import parse_int
 
 __all__ = ["GroupInfo", "ResetOffset", "DlqList", "DlqResend", "COMMANDS", "encode_body", "decode_body",
            "ALL_DEAD_LETTERS", "SERIALIZERS"]
@@ -67,17 +68,8 @@ class DlqResend(NamedTuple):
     opaque: int
 
 
-def _int(token, what, low, high):
-    if not (token.isascii() and (token.isdigit() or (token[:1] == "-" and token[1:].isdigit()))):
-        raise ValueError("invalid %s %r: not an integer" % (what, token[:64]))
-    value = int(token)
-    if not low <= value <= high:
-        raise ValueError("invalid %s %r: must be %d..%d" % (what, token[:64], low, high))
-    return value
-
-
 def _opaque(token):
-    return _int(token, "opaque", *_INT32)
+    return parse_int(token, "opaque", *_INT32)
 
 
 def _parse_group_info(t):
@@ -85,12 +77,12 @@ def _parse_group_info(t):
 
 
 def _parse_reset_offset(t):
-    return ResetOffset(t[1], t[2], _int(t[3], "partition", 0, _INT32[1]), _int(t[4], "offset", 0, _INT64_MAX),
-                       bool(_int(t[5], "force", 0, 1)), _opaque(t[6]))
+    return ResetOffset(t[1], t[2], parse_int(t[3], "partition", 0, _INT32[1]),
+                       parse_int(t[4], "offset", 0, _INT64_MAX), bool(parse_int(t[5], "force", 0, 1)), _opaque(t[6]))
 
 
 def _parse_dlq_list(t):
-    return DlqList(t[1], _int(t[2], "max", 1, limits.MAX_DLQ_LIST), _opaque(t[3]))
+    return DlqList(t[1], parse_int(t[2], "max", 1, limits.MAX_DLQ_LIST), _opaque(t[3]))
 
 
 def _parse_dlq_resend(t):

@@ -28,6 +28,7 @@ import re
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
+from metaq.protocol.integers import parse_int
 
 __all__ = ["LEVEL_MARK", "level_topic", "split_level", "is_level_topic", "level_refusal", "PriorityPut",
            "PriorityGet", "COMMANDS", "SERIALIZERS", "choose_level", "encode_get_prio_prefix",
@@ -89,22 +90,13 @@ class PriorityGet(NamedTuple):
     expects: Optional[Tuple[Optional[Tuple[int, int]], ...]] = None  # per level (offset, msg_id) or None; needs a wait
 
 
-def _int(token, what, low, high):
-    if not (token.isascii() and (token.isdigit() or (token[:1] == "-" and token[1:].isdigit()))):
-        raise ValueError("invalid %s %r: not an integer" % (what, token[:64]))
-    value = int(token)
-    if not low <= value <= high:
-        raise ValueError("invalid %s %r: must be %d..%d" % (what, token[:64], low, high))
-    return value
-
-
 def parse_offsets(token):
     """The ``o_0,o_1,...`` token: 1..MAX_PRIORITY_LEVELS offsets >= 0; ValueError with the reason."""
     parts = token.split(",")
     if len(parts) > limits.MAX_PRIORITY_LEVELS:
         raise ValueError("get_prio: at most %d offsets (limits.MAX_PRIORITY_LEVELS), got %d"
                          % (limits.MAX_PRIORITY_LEVELS, len(parts)))
-    return tuple(_int(p, "offset", 0, _INT64[1]) for p in parts)
+    return tuple(parse_int(p, "offset", 0, _INT64[1]) for p in parts)
 
 
 def parse_expects(token, levels):
@@ -121,27 +113,27 @@ def parse_expects(token, levels):
         offset, sep, msg_id = part.partition(":")
         if not sep:
             raise ValueError("invalid expect %r: <offset>:<msgId> of the record a level read last, or -" % part[:64])
-        out.append((_int(offset, "expect offset", 0, _INT64[1]), _int(msg_id, "expect msgId", *_INT64)))
+        out.append((parse_int(offset, "expect offset", 0, _INT64[1]), parse_int(msg_id, "expect msgId", *_INT64)))
     return tuple(out)
 
 
 def _parse_put_prio(t):
     topic = t[1]
-    partition = _int(t[2], "partition", -1, _INT32[1])
-    flag = _int(t[4], "flag", *_INT32)
-    checksum = _int(t[5], "checksum", -1, _INT32[1])
-    priority = _int(t[6], "priority", *_INT32)  # the broker answers a priority out of the topic's range
-    opaque = _int(t[7], "opaque", *_INT32)
+    partition = parse_int(t[2], "partition", -1, _INT32[1])
+    flag = parse_int(t[4], "flag", *_INT32)
+    checksum = parse_int(t[5], "checksum", -1, _INT32[1])
+    priority = parse_int(t[6], "priority", *_INT32)  # the broker answers a priority out of the topic's range
+    opaque = parse_int(t[7], "opaque", *_INT32)
     return lambda body: PriorityPut(topic, partition, flag, body, opaque, checksum, priority)
 
 
 def _parse_get_prio(t):
-    partition = _int(t[3], "partition", 0, _INT32[1])
+    partition = parse_int(t[3], "partition", 0, _INT32[1])
     offsets = parse_offsets(t[4])
-    max_size = _int(t[5], "maxSize", *_INT32)  # <= 0 is answered by the broker, as for get
-    max_wait_ms = _int(t[6], "maxWaitMs", 0, _INT32[1]) if len(t) >= 8 else None
+    max_size = parse_int(t[5], "maxSize", *_INT32)  # <= 0 is answered by the broker, as for get
+    max_wait_ms = parse_int(t[6], "maxWaitMs", 0, _INT32[1]) if len(t) >= 8 else None
     expects = parse_expects(t[7], len(offsets)) if len(t) == 9 else None
-    return PriorityGet(t[1], t[2], partition, offsets, max_size, _int(t[-1], "opaque", *_INT32), max_wait_ms,
+    return PriorityGet(t[1], t[2], partition, offsets, max_size, parse_int(t[-1], "opaque", *_INT32), max_wait_ms,
                        expects)
 
 

@@ -25,6 +25,7 @@ import re
 from typing import NamedTuple, Optional
 
 from metaq.errors import RemoteProtocolError
+from metaq.protocol.integers import is_integer
 
 __all__ = [
     "HEAD", "TAIL", "REALTIME", "encode", "lines", "parse", "parse_pairs",
@@ -42,7 +43,6 @@ TAIL = "END"
 REALTIME = ("put", "get", "offset", "get_miss", "put_failed", "message_size")
 #: Decimals of the float summary values; any other float is written with 3.
 DECIMALS = {"disk_usage": 4}
-_INT = re.compile(r"-?[0-9]+\Z")
 _SHOWN_CHARS = 120
 
 
@@ -51,8 +51,9 @@ def _bad(what, line):
     return RemoteProtocolError("malformed stats reply: %s: %r" % (what, text))
 
 
-def _int(text, what, line):
-    if not _INT.match(text):
+def _integer(text, what, line):
+    """``text`` as an int (``integers.is_integer``), else the reply's RemoteProtocolError naming ``what``."""
+    if not is_integer(text):
         raise _bad("%s is not an integer" % what, line)
     return int(text)
 
@@ -153,7 +154,7 @@ class _Template:
             elif kind == "d-" and word == "-":
                 values.append(None)
             else:
-                values.append(_int(word, "%s %s" % (self.item, name), line))
+                values.append(_integer(word, "%s %s" % (self.item, name), line))
         return self.row_type(*values)
 
 
@@ -289,7 +290,7 @@ def parse_delay(body):
             levels.append(_DELAY_LEVEL.parse(line))
             continue
         key, _, value = line.partition(" ")
-        totals[key] = _int(value, "delay %s" % key, line)
+        totals[key] = _integer(value, "delay %s" % key, line)
     return levels, totals
 
 
@@ -383,7 +384,7 @@ def parse_topic(body):
     values = {}
     for key, field in _TOPIC_KEYS:
         text = _need(pairs, key, item)
-        values[field] = _int(text, key, "%s %s" % (key, text))
+        values[field] = _integer(text, key, "%s %s" % (key, text))
     rt = {name: parse_realtime_value(_need(pairs, "topic_realtime_" + name, item)) for name in REALTIME}
     return TopicFigures(body_lines[0], realtime=rt, **values)
 

@@ -52,6 +52,7 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol import adminwire, priority, timerwire, topicadmin
+from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
@@ -64,55 +65,19 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _CHECKSUM_START = frozenset("-0123456789")
 _MAX_CODE = 999
-_SHOWN_CHARS = 64
 _COPY_ONCE_FROM = 64 * 1024  # bodies this large are copied through a memoryview (one copy, not two)
-
-
-class _LineError(Exception):
-    """A field of the line is invalid; turned into a RemoteProtocolError by the parser."""
-
-    def __init__(self, reason):
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _show(token):
-    """The token quoted for an error message, shortened if very long."""
-    if len(token) > _SHOWN_CHARS:
-        return repr(token[:_SHOWN_CHARS]) + "..."
-    return repr(token)
-
-
-def _is_integer(token):
-    """True for strict ``-?[0-9]+`` (no '+', spaces, '_' or non-ASCII digits)."""
-    if token.isdigit():
-        return token.isascii()
-    return token[:1] == "-" and token[1:].isdigit() and token.isascii()
-
-
-def _int(token, what, low, high):
-    """Parse a strict decimal integer within ``low..high`` or raise _LineError."""
-    if token.isdigit() and token.isascii():
-        value = int(token)
-    elif token[:1] == "-" and token[1:].isdigit() and token.isascii():
-        value = int(token)
-    else:
-        raise _LineError("invalid %s %s: not an integer" % (what, _show(token)))
-    if low <= value <= high:
-        return value
-    raise _LineError("invalid %s %s: must be %d..%d" % (what, _show(token), low, high))
 
 
 def _tx_key(token):
     """A transaction key as MetaQ's TransactionId.valueOf accepts it."""
     if token == "null" or token.startswith(("TX:", "XID:")):
         return token
-    raise _LineError("invalid transaction key %s: expected null, TX:... or XID:..." % _show(token))
+    raise TokenError("invalid transaction key %s: expected null, TX:... or XID:..." % show(token))
 
 
 def _error_opaque(tokens):
     """The opaque to answer an unparseable line with: its last token if it is an int32, else 0."""
-    if tokens and _is_integer(tokens[-1]):
+    if tokens and is_integer(tokens[-1]):
         value = int(tokens[-1])
         if INT32_MIN <= value <= INT32_MAX:
             return value
@@ -165,66 +130,66 @@ def _fast_put_idem(raw):
 
 def _parse_put(t):
     topic = t[1]
-    partition = _int(t[2], "partition", -1, INT32_MAX)
-    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
+    partition = parse_int(t[2], "partition", -1, INT32_MAX)
+    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
     checksum, tx_key = UNCHECKED, None
     if len(t) == 7:
         if t[5][:1] in _CHECKSUM_START:
-            checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+            checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
         else:
             tx_key = _tx_key(t[5])
     elif len(t) == 8:
-        checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
+        checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
         tx_key = _tx_key(t[6])
-    opaque = _int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Put(topic, partition, flag, body, opaque, checksum, tx_key)
 
 
 def _parse_put_delayed(t):
     topic = t[1]
-    partition = _int(t[2], "partition", -1, INT32_MAX)
-    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
-    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
-    level = _int(t[6], "delay level", INT32_MIN, INT32_MAX)  # the broker answers a negative level
-    opaque = _int(t[7], "opaque", INT32_MIN, INT32_MAX)
+    partition = parse_int(t[2], "partition", -1, INT32_MAX)
+    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    level = parse_int(t[6], "delay level", INT32_MIN, INT32_MAX)  # the broker answers a negative level
+    opaque = parse_int(t[7], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: DelayedPut(topic, partition, flag, body, opaque, checksum, level)
 
 
 def _parse_put_idem(t):
     topic = t[1]
-    partition = _int(t[2], "partition", 0, INT32_MAX)  # explicit: a sequence belongs to one partition
-    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
-    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
-    pid = _int(t[6], "producer id", 1, INT64_MAX)
-    seq = _int(t[7], "sequence", 0, INT64_MAX)
-    opaque = _int(t[8], "opaque", INT32_MIN, INT32_MAX)
+    partition = parse_int(t[2], "partition", 0, INT32_MAX)  # explicit: a sequence belongs to one partition
+    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    pid = parse_int(t[6], "producer id", 1, INT64_MAX)
+    seq = parse_int(t[7], "sequence", 0, INT64_MAX)
+    opaque = parse_int(t[8], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)
 
 
 def _parse_request(t):
     topic = t[1]
-    partition = _int(t[2], "partition", -1, INT32_MAX)
-    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
-    checksum = _int(t[5], "checksum", UNCHECKED, INT32_MAX)
-    timeout_ms = _int(t[6], "timeoutMs", 1, INT32_MAX)
-    opaque = _int(t[7], "opaque", INT32_MIN, INT32_MAX)
+    partition = parse_int(t[2], "partition", -1, INT32_MAX)
+    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
+    checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
+    timeout_ms = parse_int(t[6], "timeoutMs", 1, INT32_MAX)
+    opaque = parse_int(t[7], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Request(topic, partition, flag, body, opaque, checksum, timeout_ms)
 
 
 def _parse_reply(t):
-    flag = _int(t[2], "flag", INT32_MIN, INT32_MAX)
-    checksum = _int(t[3], "checksum", UNCHECKED, INT32_MAX)
-    opaque = _int(t[4], "opaque", INT32_MIN, INT32_MAX)
+    flag = parse_int(t[2], "flag", INT32_MIN, INT32_MAX)
+    checksum = parse_int(t[3], "checksum", UNCHECKED, INT32_MAX)
+    opaque = parse_int(t[4], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Reply(flag, body, opaque, checksum)
 
 
 def _parse_get(t):
-    partition = _int(t[3], "partition", -1, INT32_MAX)
-    offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
-    max_size = _int(t[5], "maxSize", INT32_MIN, INT32_MAX)  # <= 0 is answered by the broker, as in MetaQ
-    max_wait_ms = _int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) >= 8 else None
+    partition = parse_int(t[3], "partition", -1, INT32_MAX)
+    offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
+    max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)  # <= 0 is answered by the broker, as in MetaQ
+    max_wait_ms = parse_int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) >= 8 else None
     expect = _expect(t[7]) if len(t) == 9 else None
-    return Get(t[1], t[2], partition, offset, max_size, _int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms,
+    return Get(t[1], t[2], partition, offset, max_size, parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX), max_wait_ms,
                expect)
 
 
@@ -232,59 +197,59 @@ def _expect(token):
     """``<offset>:<msgId>`` of a get's ``expect`` (events.Get): the record the client last read, and its id."""
     offset, sep, msg_id = token.partition(":")
     if not sep:
-        raise _LineError("invalid expect %s: <offset>:<msgId> of the record last read" % _show(token))
-    return _int(offset, "expect offset", 0, INT64_MAX), _int(msg_id, "expect msgId", INT64_MIN, INT64_MAX)
+        raise TokenError("invalid expect %s: <offset>:<msgId> of the record last read" % show(token))
+    return parse_int(offset, "expect offset", 0, INT64_MAX), parse_int(msg_id, "expect msgId", INT64_MIN, INT64_MAX)
 
 
 def _parse_get_tags(t):
-    partition = _int(t[3], "partition", -1, INT32_MAX)
-    offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
-    max_size = _int(t[5], "maxSize", INT32_MIN, INT32_MAX)
+    partition = parse_int(t[3], "partition", -1, INT32_MAX)
+    offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
+    max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)
     try:
         filt = parse_tag_expression(t[6])
     except ClientError as exc:
-        raise _LineError("invalid tags %s: %s" % (_show(t[6]), exc)) from None
+        raise TokenError("invalid tags %s: %s" % (show(t[6]), exc)) from None
     if filt is None:
-        raise _LineError("invalid tags %s: name at least one tag (get reads every message)" % _show(t[6]))
-    max_wait_ms = _int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
+        raise TokenError("invalid tags %s: name at least one tag (get reads every message)" % show(t[6]))
+    max_wait_ms = parse_int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
     token = t[8] if len(t) == 10 else ""
     passed = token.endswith(PASSED_SUFFIX)  # the reply names the id of the record before its next offset
     token = token[:-len(PASSED_SUFFIX)] if passed else token
     expect = _expect(token) if token else None  # ":passed" alone: no record read yet
-    return GetTags(t[1], t[2], partition, offset, max_size, t[6], _int(t[-1], "opaque", INT32_MIN, INT32_MAX),
+    return GetTags(t[1], t[2], partition, offset, max_size, t[6], parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX),
                    max_wait_ms, filt, expect, passed)
 
 
 def _parse_offset(t):
-    partition = _int(t[3], "partition", -1, INT32_MAX)
-    offset = _int(t[4], "offset", INT64_MIN, INT64_MAX)
-    return Offset(t[1], t[2], partition, offset, _int(t[5], "opaque", INT32_MIN, INT32_MAX))
+    partition = parse_int(t[3], "partition", -1, INT32_MAX)
+    offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
+    return Offset(t[1], t[2], partition, offset, parse_int(t[5], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_commit_offset(t):
-    partition = _int(t[3], "partition", 0, INT32_MAX)
-    offset = _int(t[4], "offset", 0, INT64_MAX)
-    return CommitOffset(t[1], t[2], partition, offset, _int(t[5], "opaque", INT32_MIN, INT32_MAX))
+    partition = parse_int(t[3], "partition", 0, INT32_MAX)
+    offset = parse_int(t[4], "offset", 0, INT64_MAX)
+    return CommitOffset(t[1], t[2], partition, offset, parse_int(t[5], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_query_offset(t):
-    partition = _int(t[3], "partition", 0, INT32_MAX)
-    return QueryOffset(t[1], t[2], partition, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
+    partition = parse_int(t[3], "partition", 0, INT32_MAX)
+    return QueryOffset(t[1], t[2], partition, parse_int(t[4], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_offset_at(t):
-    partition = _int(t[2], "partition", 0, INT32_MAX)
-    timestamp_ms = _int(t[3], "timestamp", 0, INT64_MAX)
-    return OffsetAt(t[1], partition, timestamp_ms, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
+    partition = parse_int(t[2], "partition", 0, INT32_MAX)
+    timestamp_ms = parse_int(t[3], "timestamp", 0, INT64_MAX)
+    return OffsetAt(t[1], partition, timestamp_ms, parse_int(t[4], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_lookup(t):
     if len(t[2].encode("utf-8")) > limits.MAX_KEY_BYTES or len(t[6]) > limits.MAX_KEY_CURSOR_BYTES:
-        raise _LineError("lookup: a key is 1..%d bytes, a cursor at most %d" % (limits.MAX_KEY_BYTES,
+        raise TokenError("lookup: a key is 1..%d bytes, a cursor at most %d" % (limits.MAX_KEY_BYTES,
                                                                                limits.MAX_KEY_CURSOR_BYTES))
-    return Lookup(t[1], t[2], _int(t[3], "since", 0, 2**63 - 1), _int(t[4], "until", 0, 2**63 - 1),
-                  _int(t[5], "max", 1, INT32_MAX), "" if t[6] == "-" else t[6],
-                  _int(t[7], "opaque", INT32_MIN, INT32_MAX))
+    return Lookup(t[1], t[2], parse_int(t[3], "since", 0, 2**63 - 1), parse_int(t[4], "until", 0, 2**63 - 1),
+                  parse_int(t[5], "max", 1, INT32_MAX), "" if t[6] == "-" else t[6],
+                  parse_int(t[7], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_stats(t):
@@ -292,11 +257,11 @@ def _parse_stats(t):
         return Stats(None, DEFAULT_OPAQUE)
     if len(t) == 2:
         return Stats(t[1], DEFAULT_OPAQUE)
-    return Stats(t[1], _int(t[2], "opaque", INT32_MIN, INT32_MAX))
+    return Stats(t[1], parse_int(t[2], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_version(t):
-    return Version(_int(t[1], "opaque", INT32_MIN, INT32_MAX)) if len(t) == 2 else Version(DEFAULT_OPAQUE)
+    return Version(parse_int(t[1], "opaque", INT32_MIN, INT32_MAX)) if len(t) == 2 else Version(DEFAULT_OPAQUE)
 
 
 def _parse_quit(t):
@@ -306,26 +271,26 @@ def _parse_quit(t):
 def _parse_transaction(t):
     tx_key = _tx_key(t[1])
     if t[3] not in TX_TYPES:
-        raise _LineError("invalid transaction type %s: expected one of %s" % (_show(t[3]), " ".join(TX_TYPES)))
+        raise TokenError("invalid transaction type %s: expected one of %s" % (show(t[3]), " ".join(TX_TYPES)))
     timeout, qualifier = 0, None
     if len(t) == 6:
         if t[4].isascii() and t[4].isdigit():
-            timeout = _int(t[4], "timeout", 0, INT32_MAX)
+            timeout = parse_int(t[4], "timeout", 0, INT32_MAX)
         else:
             qualifier = t[4]
     elif len(t) == 7:
-        timeout = _int(t[4], "timeout", 0, INT32_MAX)
+        timeout = parse_int(t[4], "timeout", 0, INT32_MAX)
         qualifier = t[5]
-    return Transaction(tx_key, t[2], t[3], _int(t[-1], "opaque", INT32_MIN, INT32_MAX), timeout, qualifier)
+    return Transaction(tx_key, t[2], t[3], parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX), timeout, qualifier)
 
 
 def _parse_sync(t):
     topic = t[1]
-    partition = _int(t[2], "partition", -1, INT32_MAX)
-    flag = _int(t[4], "flag", INT32_MIN, INT32_MAX)
-    msg_id = _int(t[5], "msgId", INT64_MIN, INT64_MAX)
-    checksum = _int(t[6], "checksum", UNCHECKED, INT32_MAX) if len(t) == 8 else UNCHECKED
-    opaque = _int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    partition = parse_int(t[2], "partition", -1, INT32_MAX)
+    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
+    msg_id = parse_int(t[5], "msgId", INT64_MIN, INT64_MAX)
+    checksum = parse_int(t[6], "checksum", UNCHECKED, INT32_MAX) if len(t) == 8 else UNCHECKED
+    opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Sync(topic, partition, flag, msg_id, body, opaque, checksum)
 
 
@@ -333,13 +298,13 @@ def _parse_topic(t):
     try:
         action, name, settings = topicadmin.parse(t)
     except (ValueError, InvalidTopic) as exc:
-        raise _LineError(str(exc)) from None
-    return TopicCommand(action, name, settings, _int(t[4], "opaque", INT32_MIN, INT32_MAX))
+        raise TokenError(str(exc)) from None
+    return TopicCommand(action, name, settings, parse_int(t[4], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_promote(t):
-    force = _int(t[1], "force", 0, 1)
-    return Promote(bool(force), _int(t[2], "opaque", INT32_MIN, INT32_MAX))
+    force = parse_int(t[1], "force", 0, 1)
+    return Promote(bool(force), parse_int(t[2], "opaque", INT32_MIN, INT32_MAX))
 
 
 _HEX = frozenset("0123456789abcdef")
@@ -347,25 +312,25 @@ _HEX = frozenset("0123456789abcdef")
 
 def _hex_token(token, what):
     if not 16 <= len(token) <= 128 or not set(token) <= _HEX:
-        raise _LineError("invalid %s %s: expected 16 to 128 lowercase hex digits" % (what, _show(token)))
+        raise TokenError("invalid %s %s: expected 16 to 128 lowercase hex digits" % (what, show(token)))
     return token
 
 
 def _parse_auth(t):
-    opaque = _int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
     if len(t) == 3:
         return Auth(t[1], None, None, opaque)
     return Auth(t[1], _hex_token(t[2], "client nonce"), _hex_token(t[3], "proof"), opaque)
 
 
 def _parse_value(t):
-    opaque = _int(t[2], "opaque", INT32_MIN, INT32_MAX)
+    opaque = parse_int(t[2], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Value(body, opaque)
 
 
 def _parse_result(t):
-    code = _int(t[1], "code", 0, _MAX_CODE)
-    opaque = _int(t[3], "opaque", INT32_MIN, INT32_MAX)
+    code = parse_int(t[1], "code", 0, _MAX_CODE)
+    opaque = parse_int(t[3], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: Result(code, body, opaque)
 
 
@@ -408,7 +373,7 @@ def _admin_parser(parse):
         try:
             return parse(t)
         except ValueError as exc:
-            raise _LineError(str(exc)) from None
+            raise TokenError(str(exc)) from None
     return handler
 
 
@@ -563,7 +528,7 @@ class TextParser(StreamParser):
                 return None
         spec = _COMMANDS.get(tokens[0])
         if spec is None:
-            raise RemoteProtocolError(problem or "unknown command %s" % _show(tokens[0]), _error_opaque(tokens))
+            raise RemoteProtocolError(problem or "unknown command %s" % show(tokens[0]), _error_opaque(tokens))
         handler, counts, counts_text, length_index = spec
         if problem is None and len(tokens) not in counts:
             problem = "%s needs %s, got %d" % (tokens[0], counts_text, len(tokens))
@@ -571,8 +536,8 @@ class TextParser(StreamParser):
         if problem is None:
             try:
                 result = handler(tokens)
-            except _LineError as exc:
-                problem = exc.reason
+            except TokenError as exc:
+                problem = str(exc)
         if problem is not None:
             self._skip = length
             raise RemoteProtocolError(problem, _error_opaque(tokens))
@@ -591,10 +556,10 @@ class TextParser(StreamParser):
             reason = "body length %d exceeds the limit of %d bytes" % (length, self.max_body)
         elif token is None:
             reason = "no body length"
-        elif _is_integer(token):
+        elif is_integer(token):
             reason = "invalid body length %s: negative" % token
         else:
-            reason = "invalid body length %s: not an integer" % _show(token)
+            reason = "invalid body length %s: not an integer" % show(token)
         if problem is not None:
             reason = "%s; %s" % (problem, reason)
         raise RemoteProtocolError(reason, _error_opaque(tokens), True)

@@ -14,6 +14,7 @@
 from typing import NamedTuple
 
 from metaq.limits import MAX_TIMER_LIST
+from metaq.protocol.integers import parse_int
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -40,30 +41,21 @@ class TimerList(NamedTuple):
     opaque: int
 
 
-def _int(token, what, low, high):
-    if not (token.isascii() and (token.isdigit() or (token[:1] == "-" and token[1:].isdigit()))):
-        raise ValueError("invalid %s %r: not an integer" % (what, token[:64]))
-    value = int(token)
-    if not low <= value <= high:
-        raise ValueError("invalid %s %r: must be %d..%d" % (what, token[:64], low, high))
-    return value
-
-
 def _parse_put_at(t):
     topic, when = t[1], t[6]
-    partition = _int(t[2], "partition", -1, _INT32[1])
-    flag = _int(t[4], "flag", *_INT32)
-    checksum = _int(t[5], "checksum", -1, _INT32[1])
-    opaque = _int(t[7], "opaque", *_INT32)
+    partition = parse_int(t[2], "partition", -1, _INT32[1])
+    flag = parse_int(t[4], "flag", *_INT32)
+    checksum = parse_int(t[5], "checksum", -1, _INT32[1])
+    opaque = parse_int(t[7], "opaque", *_INT32)
     return lambda body: TimerPut(topic, partition, flag, body, opaque, checksum, when)
 
 
 def _parse_cancel(t):
-    return TimerCancelCommand(_int(t[1], "message id", *_INT64), _int(t[2], "opaque", *_INT32))
+    return TimerCancelCommand(parse_int(t[1], "message id", *_INT64), parse_int(t[2], "opaque", *_INT32))
 
 
 def _parse_timers(t):
-    return TimerList(t[1], _int(t[2], "limit", 1, MAX_TIMER_LIST), _int(t[3], "opaque", *_INT32))
+    return TimerList(t[1], parse_int(t[2], "limit", 1, MAX_TIMER_LIST), parse_int(t[3], "opaque", *_INT32))
 
 
 #: Plugged into ``protocol.text``'s command table (parsers raise ValueError with the reason).

@@ -12,12 +12,13 @@ from metaq import errors, speedups
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
 from metaq.protocol.priority import with_owner_keys
+from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
 from metaq.server.timers import TimerService
-from metaq.server.flusher import AheadWorker, Flusher, now_ms
+from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
 from metaq.server.http.adminapi import AdminViews, add_admin_routes
@@ -99,7 +100,7 @@ class Broker:
         self.roles.on_cut(self.timers.log_cut)
         self.roles.on_change(self._clamp_offsets)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
-                                self.delay, self.registry, sync_flush=config.store.flush == "sync")
+                                self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)

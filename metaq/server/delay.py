@@ -31,7 +31,6 @@ already holds the delivered messages; a slave refuses delayed puts like any put.
 
 import logging
 import random
-import time
 
 import gevent
 from gevent.event import Event
@@ -43,6 +42,7 @@ from metaq.protocol.delay import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEnt
                                   encode_entry, format_levels, parse_levels)
 from metaq.protocol.message import HEADER
 from metaq.protocol.stats import DelayLevelRow
+from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,6 @@ IDLE_WAIT_S = 5.0
 MAX_SLEEP_S = 60.0
 #: Bytes of entries read per batch; a batch is delivered without yielding, then saved.
 BATCH_BYTES = 256 * 1024
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 def _entries(views):

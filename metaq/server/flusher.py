@@ -20,6 +20,7 @@ from gevent.lock import Semaphore
 
 from metaq import speedups
 from metaq.errors import BrokerError, Unavailable
+from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,6 @@ FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 #: a wait has no timer of its own (gevent built a Timeout per wait: 1.8 per put with 16 producers), so it ends this late
 #: at most.
 DEADLINE_CHECK_S = 1.0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class DedicatedThread:

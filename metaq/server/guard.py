@@ -223,31 +223,6 @@ class Guard:
             return None
         return lambda name: self.allows(session, SUB, "topic", name) or self.allows(session, PUB, "topic", name)
 
-    def publish_filter(self, session):
-        """A ``topic_bytes -> bool`` for the put fast path, or None when every topic passes (auth off)."""
-        if not self.enabled:
-            return None
-        seen = {}
-        state = [None]  # (reloads, user) the answers in ``seen`` were given for
-
-        def may_publish(topic):
-            now = (self.reloads, session.user)
-            if now != state[0]:  # a reloaded file, another user (a second auth): ask again
-                seen.clear()
-                state[0] = now
-            allowed = seen.get(topic)
-            if allowed is None:
-                try:
-                    self.require(session, PUB, "topic", topic.decode("utf-8", "replace"))
-                    allowed = True
-                except errors.MetaqError:
-                    allowed = False
-                if len(seen) < 64:
-                    seen[topic] = allowed
-            return allowed
-
-        return may_publish
-
     # -- the text handshake (README "Security": auth) ---------------------------
 
     def challenge(self, session, name, now=None):

@@ -15,9 +15,9 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
-import time
 
 from metaq import errors
+from metaq.auth.acl import PUB
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
 from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 #: ack_mode results: reply now / reply once flushed up to log_end / reply from a greenlet after ``durable``.
 ACK_NOW, ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION = 0, 1, 2
 
+#: ``write_refusal``'s session for a request its front-end authorized itself (the remoting port's ACL, RocketMQ's
+#: rules), or a write the broker makes on a client's behalf after that client's own check.
+AUTHORIZED = object()
 
-def now_ms():
-    return int(time.time() * 1000)
+SCHEDULE_REFUSAL = ("%s is the broker's internal topic for delayed delivery: send to your topic with a delay level "
+                    "instead (put_delayed, RocketMQ's DELAY property)" % SCHEDULE_TOPIC)
 
 
 class WriteGate:
@@ -70,7 +73,10 @@ class WriteGate:
 
 
 class PutPath:
-    def __init__(self, store, stats, flusher, waiters, roles, gate, delay=None, registry=None, sync_flush=False):
+    def __init__(self, store, stats, flusher, waiters, roles, gate, delay=None, registry=None, sync_flush=False,
+                 guard=None):
+        """``guard``: the broker's one authorization check (``server.guard``; None: authentication off)."""
+        self.guard = guard
         self.store = store
         self.stats = stats
         self.flusher = flusher
@@ -101,12 +107,52 @@ class PutPath:
         """Why this broker takes no puts right now, or None."""
         return self.roles.slave_refusal or self.gate.refusal
 
-    def check_writable(self):
-        """Unavailable when this broker takes no puts right now (a slave, a full disk, a failed flush)."""
-        if self.slave_refusal is not None:
-            raise errors.Unavailable(self.slave_refusal)
+    def writable_refusal(self):
+        """Why this broker takes no puts right now, as the error a put gets, or None: Unavailable (503) on a slave
+        or after a failed flush, DiskFull (507) on a full disk."""
+        refusal = self.roles.slave_refusal
+        if refusal is not None:
+            return errors.Unavailable(refusal)
         if self.gate.refusal is not None:
-            raise self.gate.error()
+            return self.gate.error()
+        return None
+
+    def check_writable(self):
+        """Raise ``writable_refusal``'s error, if any (a write that names no client topic: a commit, a cancel)."""
+        exc = self.writable_refusal()
+        if exc is not None:
+            raise exc
+
+    def write_refusal(self, topic, session, internal=False):
+        """May this writer put to ``topic`` now? None, or the MetaqError its front-end answers. Every put path asks.
+
+        In order: the writer's permission to publish to the topic (``Guard.require``: Unauthenticated 401,
+        Forbidden 403; ``session`` AUTHORIZED: the front-end decided it), the broker's (``writable_refusal``),
+        then the topic's name (ClientError 400): the delay scheduler's topic, the timer topic and the resent
+        journals (unless ``internal``: the broker's own write), a priority level's name. Whether the topic and
+        partition exist and take writes is the store's to say at the append.
+        """
+        if session is not AUTHORIZED and self.guard is not None and self.guard.enabled:
+            try:
+                self.guard.require(session, PUB, "topic", topic)
+            except errors.MetaqError as exc:
+                return exc
+        exc = self.writable_refusal()
+        if exc is not None:
+            return exc
+        if topic == SCHEDULE_TOPIC:
+            return errors.ClientError(SCHEDULE_REFUSAL)
+        if not internal and is_journal(topic):
+            return errors.ClientError(journal_refusal(topic))
+        if is_level_topic(topic):
+            return errors.ClientError(level_refusal(topic))
+        return None
+
+    def check_write(self, topic, session, internal=False):
+        """Raise ``write_refusal``'s error, if any."""
+        exc = self.write_refusal(topic, session, internal)
+        if exc is not None:
+            raise exc
 
     def stored_topic(self, topic, priority):
         """The topic a put to ``topic`` with ``priority`` is stored in (README "Priorities": level k >= 1 of a priority
@@ -123,32 +169,25 @@ class PutPath:
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False,
                priority=None, due_ms=None):
-        """Store one message (after ``check_writable``); returns the store's PutResult.
+        """Store one message whose writer ``check_write`` let through; returns the store's PutResult.
 
         ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
         result names its schedule entry). Counts the put (or its failure), turns a full disk into the
-        broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError; the delay
-        scheduler's internal topic is refused, and so is a dead-letter resent journal unless ``internal`` (the
-        broker's own write: server/adminops.py), and a priority level's name. ``priority`` (not None): the message
+        broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError, ``write_refusal``'s among
+        them (asked again: the broker may have stopped taking puts since; ``internal``: the broker's own write to
+        a journal, server/adminops.py). ``priority`` (not None): the message
         goes to that level of ``topic`` (``stored_topic``); no delay level with it. ``due_ms`` (not None, already
         checked by ``protocol.timer``): the timer service stores it for delivery then (``TimerService.put_at``).
         """
         stored = topic
         try:
-            self.check_writable()
-            if is_level_topic(topic):
-                raise errors.ClientError(level_refusal(topic))
+            self.check_write(topic, AUTHORIZED, internal)
             if priority is not None:
                 if delay_level:
                     raise errors.ClientError("a message cannot have both a delay level and a priority")
                 stored = self.stored_topic(topic, priority)
             if due_ms is not None and (delay_level or priority is not None):
                 raise errors.ClientError("a message cannot have both a delivery time and a delay level or a priority")
-            if topic == SCHEDULE_TOPIC:
-                raise errors.ClientError("%s is the broker's internal topic for delayed delivery: send to your "
-                                         "topic with a delay level instead" % SCHEDULE_TOPIC)
-            if not internal and is_journal(topic):
-                raise errors.ClientError(journal_refusal(topic))
             if due_ms is not None:
                 r = self.timers.put_at(topic, partition, flag, body, due_ms, now, checksum)
             elif delay_level:
@@ -167,15 +206,10 @@ class PutPath:
         """An idempotent put (``put_idem``, or a remoting send with ``METAQ_PID``/``METAQ_SEQ``):
         ``(PutResult, record position, duplicate)``; a duplicate's result is the original's, and its reply must
         wait for the original's durability like any put's (``ack_mode`` / ``durable`` with its ``log_end``).
-        The store decides and appends without yielding (``store/idempotence.py``). Raises MetaqError."""
+        The store decides and appends without yielding (``store/idempotence.py``). Raises MetaqError,
+        ``write_refusal``'s among them (asked again, as ``append`` does)."""
         try:
-            self.check_writable()
-            if topic == SCHEDULE_TOPIC:
-                raise errors.ClientError("%s is the broker's internal topic for delayed delivery" % SCHEDULE_TOPIC)
-            if is_journal(topic):
-                raise errors.ClientError(journal_refusal(topic))
-            if is_level_topic(topic):
-                raise errors.ClientError(level_refusal(topic))
+            self.check_write(topic, AUTHORIZED)
             r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms)
         except errors.MetaqError as exc:
             self.failed(topic, exc)

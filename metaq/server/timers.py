@@ -42,6 +42,7 @@ from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
                                   encode_cancel, encode_done, encode_entry)
+from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 from metaq.server.timerhandoff import Handoff
 from metaq.server.timerwindow import DeliveryWindow
@@ -60,10 +61,6 @@ READ_BYTES = 1 << 20
 UNKNOWN = "unknown"
 #: Longest wait of a cancel for the indexer to reach the log's end (an id put just before must not be "unknown").
 CANCEL_INDEX_WAIT_S = 5.0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TimerService:

@@ -14,24 +14,18 @@ transactions.
 """
 
 import logging
-import time
 
 import gevent
 
 from metaq import errors
 from metaq.protocol.xa import XAER_INVAL, XAER_RMERR, parse_tx_key
-from metaq.protocol.journaltopic import is_journal, journal_refusal
-from metaq.protocol.priority import is_level_topic, level_refusal
 from metaq.tx.manager import TransactionManager
+from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
 MAINTAIN_INTERVAL_S = 5.0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TxService:
@@ -67,11 +61,8 @@ class TxService:
         return txid
 
     def put(self, tx_key, owner, topic, partition, flag, body, checksum):
-        """A transactional put: journaled now, appended at commit; returns the partition chosen."""
-        if is_journal(topic):
-            raise errors.ClientError(journal_refusal(topic))
-        if is_level_topic(topic):
-            raise errors.ClientError(level_refusal(topic))
+        """A transactional put, after its front-end's ``PutPath.check_write``: journaled now, appended at commit;
+        returns the partition chosen."""
         partition = self.manager.put(self.txid(tx_key), owner, topic, partition, flag, body, checksum, now_ms())
         self.stats.on_put(topic, len(body))
         return partition

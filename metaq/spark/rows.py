@@ -22,16 +22,13 @@ from metaq.client.connection import BrokerConnection
 from metaq.client.fetcher import records_of
 from metaq.protocol import events as ev
 from metaq.protocol.message import decode_payload
+from metaq.protocol.msgid import id_timestamp_ms
 from metaq.protocol.rocketmq.mapping import PROP_KEYS, split_attribute, stored_payload
 
 __all__ = ["SCHEMA_DDL", "COLUMNS", "DataLoss", "msg_timestamp_ms", "row_of", "read_rows"]
 
 log = logging.getLogger(__name__)
 
-#: MetaQ's message-id epoch (ms) and where the timestamp starts in an id:
-#: ``id = ((ts_ms - TWEPOCH) << 22) | (broker_id << 12) | seq`` (the broker's ``metaq.store.msgid``).
-TWEPOCH = 1303895660503
-TIMESTAMP_SHIFT = 22
 #: The group name sent in ``get`` requests (a get never commits anything).
 READER_GROUP = "metaq-spark"
 DEFAULT_FETCH_BYTES = 1 << 20
@@ -45,9 +42,8 @@ class DataLoss(errors.ClientError):
     """Requested offsets are no longer (or not yet) in the partition."""
 
 
-def msg_timestamp_ms(msg_id):
-    """Milliseconds since the Unix epoch inside a message id (when the broker stored the message)."""
-    return (msg_id >> TIMESTAMP_SHIFT) + TWEPOCH
+#: Milliseconds since the Unix epoch inside a message id (when the broker stored the message).
+msg_timestamp_ms = id_timestamp_ms
 
 
 def row_of(topic, key, offset, record):

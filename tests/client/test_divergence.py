@@ -3,8 +3,9 @@
 import pytest
 
 from metaq import errors, limits
-from metaq.client.divergence import (MATCH, MISMATCH, UNKNOWN, Checkpoints, ReadsKept, msg_id_time_ms, probe_verdict,
+from metaq.client.divergence import (MATCH, MISMATCH, UNKNOWN, Checkpoints, ReadsKept, probe_verdict,
                                      rewind_time_ms)
+from metaq.protocol.msgid import id_timestamp_ms
 from metaq.store.msgid import IdGenerator
 
 
@@ -73,7 +74,7 @@ def test_an_unknown_probe_reply_is_refused():
 def test_the_time_fallback_goes_back_from_the_oldest_id():
     gen = IdGenerator(7)
     old, new = gen.next_id(1_700_000_000_000), gen.next_id(1_700_000_050_000)
-    assert msg_id_time_ms(old) == 1_700_000_000_000
+    assert id_timestamp_ms(old) == 1_700_000_000_000
     assert rewind_time_ms([new, old]) == 1_700_000_000_000 - limits.DIVERGENCE_REWIND_MS
     with pytest.raises(errors.ClientError):
         rewind_time_ms([])

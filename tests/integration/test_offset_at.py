@@ -8,7 +8,7 @@ import pytest
 
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
-from metaq.store.msgid import id_timestamp_ms
+from metaq.protocol.msgid import id_timestamp_ms
 from tests.harness.broker import wait_for
 from tests.harness.replication import caught_up, master_config
 

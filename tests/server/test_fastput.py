@@ -22,19 +22,30 @@ def test_a_single_reply_too():
                 max_size=40),
        st.booleans(), st.booleans())
 def test_the_frames_before_a_refused_topic_are_those_a_walk_frame_by_frame_finds(topics, shared, filtered):
-    """``before_refused_topic`` (one check per distinct topic for a burst with none refused) keeps exactly the
-    frames before the first that the general path must answer: the delay scheduler's topic, a priority level, a
-    resent journal, or a topic the user may not publish to."""
+    """``before_refused_topic`` with ``writable_topics`` (one decision per distinct topic of a burst) keeps exactly
+    the frames before the first that the general path must answer: the delay scheduler's topic, a priority level,
+    a resent journal, or a topic the user may not publish to."""
+    from types import SimpleNamespace
+
+    from metaq import errors
     from metaq.protocol.delay import SCHEDULE_TOPIC
     from metaq.protocol.journaltopic import is_journal
     from metaq.protocol.priority import is_level_topic
-    from metaq.server.text.fastidem import before_refused_topic
+    from metaq.server.putpath import PutPath, WriteGate
+    from metaq.server.text.fastidem import before_refused_topic, writable_topics
 
+    class Guard:
+        enabled = filtered
+
+        def require(self, session, action, kind, name):
+            if name == "secret":
+                raise errors.Forbidden("no")
+
+    path = PutPath(None, None, None, None, SimpleNamespace(slave_refusal=None), WriteGate(), guard=Guard())
     interned = {}
     frames = [((interned.setdefault(t, t) if shared else bytes(bytearray(t))), 0, 0, i, 0, 0, 0)
               for i, t in enumerate(topics)]
-    may_publish = (lambda topic: topic != b"secret") if filtered else None
     first = next((i for i, t in enumerate(topics)
                   if t == SCHEDULE_TOPIC.encode() or is_level_topic(t) or is_journal(t)
                   or (filtered and t == b"secret")), len(topics))
-    assert before_refused_topic(frames, may_publish) == frames[:first]
+    assert before_refused_topic(frames, writable_topics(path, None)) == frames[:first]

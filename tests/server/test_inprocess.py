@@ -8,10 +8,11 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser
+from metaq.server.clock import now_ms
 from metaq.server.config import ServerConfig
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
-from metaq.server.flusher import Flusher, now_ms
+from metaq.server.flusher import Flusher
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.replication.roles import Roles, read_promoted
@@ -41,6 +42,7 @@ class FakeConnection:
     buffers, which the fake joins)."""
 
     zero_copy = None
+    session = None  # the connection core's Session; authentication is off here
 
     def __init__(self, conn_id=1):
         self.conn_id = conn_id

@@ -10,7 +10,8 @@ from metaq.spark.burrow import Commit, burrow_group_status, group_status, partit
 from metaq.spark.ranges import (EARLIEST, LATEST, DataLoss, OffsetRange, msg_timestamp_ms, parse_offsets,
                                 plan_ranges, read_range, split_ranges)
 from metaq.spark.report import Progress, main
-from metaq.store.msgid import IdGenerator, id_timestamp_ms
+from metaq.protocol.msgid import id_timestamp_ms
+from metaq.store.msgid import IdGenerator
 from tests.harness.broker import url_of
 
 

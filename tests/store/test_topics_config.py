@@ -7,6 +7,7 @@ import pytest
 from metaq import errors
 from metaq.protocol.checksum import crc32, metaq_checksum
 from metaq.protocol.message import HEADER, encode_payload
+from metaq.protocol.msgid import id_timestamp_ms
 from metaq.store import msgid
 from metaq.store.config import StoreConfig, TopicSpec
 from metaq.store.record import (BLANK_MAGIC, MESSAGE_MAGIC, PREFIX, check_record, decode_record, encode_record,
@@ -98,7 +99,7 @@ def test_id_layout_and_monotonicity():
     gen = msgid.IdGenerator(5)
     a = gen.next_id(1303895660503 + 1000)
     assert a == (1000 << 22) | (5 << 12)
-    assert msgid.id_timestamp_ms(a) == 1303895660503 + 1000
+    assert id_timestamp_ms(a) == 1303895660503 + 1000
     ids = [gen.next_id(1303895660503 + 1000) for _ in range(5000)]  # sequence overflow borrows a ms
     assert all(x < y for x, y in zip([a] + ids, ids))
     assert gen.next_id(0) > ids[-1]  # the clock going back keeps the max

@@ -25,8 +25,8 @@ import time
 from metaq import errors
 from metaq.auth.acl import ADMIN
 from metaq.protocol.topicadmin import MAX_SETTINGS
+from metaq.server.clock import now_ms
 from metaq.server.http.routes import READ, json_response
-from metaq.server.putpath import now_ms
 
 
 def _admin(guard, session, params):

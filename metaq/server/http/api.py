@@ -26,11 +26,11 @@ import base64
 import zlib
 
 from metaq import errors, limits
-from metaq.auth.acl import PUB, SUB
+from metaq.auth.acl import SUB
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
+from metaq.server.clock import now_ms
 from metaq.server.http.routes import OPEN, READ, Response, error_response, json_response
-from metaq.server.putpath import now_ms
 from metaq.server.stats import group_rows, public_topics
 
 
@@ -162,9 +162,7 @@ class BrokerViews:
         key = request.arg("key")
         attribute = request.arg("attribute")
         try:
-            path.check_writable()
-            if topic == SCHEDULE_TOPIC:
-                raise errors.ClientError("%s is the broker's internal topic for delayed delivery" % SCHEDULE_TOPIC)
+            path.check_write(topic, request.session)
             partition = request.arg("partition", kind=int)
             if partition is None:
                 count = self.store.partitions_of(topic)
@@ -229,10 +227,6 @@ class BrokerViews:
                                            for rec, attribute, payload in messages]})
 
 
-def _publisher(guard, session, params):
-    guard.require(session, PUB, "topic", params["topic"])
-
-
 def _subscriber(guard, session, params):
     guard.require(session, SUB, "topic", params["topic"])
 
@@ -246,5 +240,5 @@ def add_routes(router, views):
     router.add("GET", "/api/topics/{topic}", _subscriber, views.topic)
     router.add("GET", "/api/groups", READ, views.groups)
     router.add("GET", "/api/replication", READ, views.replication)
-    router.add("POST", "/api/topics/{topic}/messages", _publisher, views.put)
+    router.add("POST", "/api/topics/{topic}/messages", READ, views.put)  # who may write: PutPath.check_write
     router.add("GET", "/api/topics/{topic}/partitions/{partition}/messages", _subscriber, views.get)

@@ -15,8 +15,8 @@ from metaq.auth.acl import ADMIN
 from metaq.limits import MAX_TIMER_LIST
 from metaq.protocol.text import INT64_MAX, INT64_MIN
 from metaq.protocol.timer import TIMER_TOPIC
+from metaq.server.clock import now_ms
 from metaq.server.http.routes import json_response
-from metaq.server.putpath import now_ms
 
 
 def admin_only(guard, session, params):

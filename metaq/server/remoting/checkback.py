@@ -21,7 +21,7 @@ from metaq.protocol.rocketmq.bodies import create_offset_msg_id
 from metaq.protocol.rocketmq.headers import check_transaction_fields
 from metaq.protocol.rocketmq.mapping import half_message, stored_message_bytes
 from metaq.protocol.rocketmq.remoting import RequestCode
-from metaq.server.putpath import now_ms
+from metaq.server.clock import now_ms
 from metaq.server.remoting.send import HALF_ID_BASE
 from metaq.tx.checkback import plan_round
 from metaq.tx.halves import HALF_OWNER, half_txid

@@ -31,8 +31,8 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record, parse_subscription,
                                              stored_message_bytes)
+from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
-from metaq.server.putpath import now_ms
 from metaq.server.remoting import keys
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender

@@ -30,8 +30,8 @@ from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.timer import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
-from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX, is_journal, journal_refusal
-from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
+from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
+from metaq.protocol.priority import level_topic
 from metaq.protocol.reqreply import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
@@ -43,8 +43,9 @@ from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PR
                                              message_of_record, record_data_from_send, retry_copy)
 from metaq.tx.checkback import immunity_ms
 from metaq.tx.halves import HALF_OWNER, half_txid
+from metaq.server.clock import now_ms
 from metaq.server.inflate import inflate_body
-from metaq.server.putpath import now_ms
+from metaq.server.putpath import AUTHORIZED
 from metaq.store.record import RecordTooLarge, record_size
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,8 @@ class RemotingSender:
 
     def send(self, cmd, conn):
         h = decode_send_header(cmd)
-        self.path.check_writable()
         topic = h.topic
+        self.path.check_write(topic, AUTHORIZED)  # the user's permission: the port's ACL (remoting/acl.py)
         if h.sys_flag & SYSFLAG_TRANSACTION_PREPARED:
             return self._send_half(cmd, h, topic, conn)
         if topic.startswith(RETRY_PREFIX):
@@ -243,13 +244,6 @@ class RemotingSender:
         """
         if h.batch or cmd.code == 320:
             raise errors.ClientError("a batch cannot hold transactional messages")
-        if topic == SCHEDULE_TOPIC:  # as PutPath.append refuses a plain send there
-            raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a half message "
-                                     "cannot go there" % SCHEDULE_TOPIC)
-        if is_journal(topic):
-            raise errors.ClientError(journal_refusal(topic))
-        if is_level_topic(topic):
-            raise errors.ClientError(level_refusal(topic))
         group = _group_of(h.producer_group)
         props = decode_properties(h.properties)
         if PID_PROPERTY in props or SEQ_PROPERTY in props:
@@ -260,7 +254,7 @@ class RemotingSender:
                                            h.sys_flag & ~COMPRESSION_BITS, h.reconsume_times, conn.peer)
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
-        self.path.check_writable()
+        self.path.check_write(topic, AUTHORIZED)  # again: the body's inflation may have yielded
         number = next(self._half_numbers)
         msg_id = create_offset_msg_id(*self.host(), HALF_ID_BASE + number)
         transaction_id = props.get(PROP_UNIQ_KEY) or msg_id

@@ -72,7 +72,8 @@ def members_of(insync):
     return {m for m in members[:limits.MAX_GROUP_MEMBERS] if isinstance(m, int) and not isinstance(m, bool)}
 
 
-def _int(value):
+def _json_int(value):
+    """A JSON value read from ZooKeeper when it is an integer (not a bool), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -285,8 +286,8 @@ class Election:
             if not name.isdigit():
                 continue
             value, _stat = self._read("%s/%s" % (self.candidates_path, name))
-            epoch, seen, position = ((_int(value.get("epoch")), _int(value.get("max_epoch")),
-                                      _int(value.get("position"))) if value else (None, None, None))
+            epoch, seen, position = ((_json_int(value.get("epoch")), _json_int(value.get("max_epoch")),
+                                      _json_int(value.get("position"))) if value else (None, None, None))
             if None not in (epoch, seen, position) and self._eligible(int(name), insync, seen):
                 out[int(name)] = (epoch, position)
         return out
@@ -304,7 +305,7 @@ class Election:
         generation = self.lease.generation
         address = self.advertised_address or "%s:%d" % (self.url()[len("meta://"):].rsplit(":", 1)[0],
                                                         self.replication_port)
-        epoch = max(_int(insync.get("epoch")) or 0 if insync else 0, self.store.epochs.max_epoch) + 1
+        epoch = max(_json_int(insync.get("epoch")) or 0 if insync else 0, self.store.epochs.max_epoch) + 1
         try:
             self.zk.create(self.leader_path, _dump(self._leader_record(epoch, address)), ephemeral=True,
                            makepath=True)
@@ -349,7 +350,7 @@ class Election:
                 insync, stat = self._read(self.insync_path)
                 if not self._eligible(self.member, insync, self.store.epochs.max_epoch):
                     return None
-                epoch = max(epoch, (_int(insync.get("epoch")) or 0 if insync else 0) + 1)
+                epoch = max(epoch, (_json_int(insync.get("epoch")) or 0 if insync else 0) + 1)
                 carried = carried & members_of(insync)
         return None
 

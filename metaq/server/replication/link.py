@@ -1,7 +1,5 @@
 """What the two ends of replication share: timing constants, the status code of a refusal, framing."""
 
-import time
-
 from metaq.protocol import replication as rp
 
 HEARTBEAT_S = 1.0
@@ -24,10 +22,6 @@ RECV_BYTES = 1 << 20
 
 #: MetaQ-style status codes sent in ERROR frames.
 ERR_REFUSED = 409
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 def send_event(sock, event):

@@ -38,6 +38,7 @@ import time
 import gevent
 
 from metaq import errors
+from metaq.server.clock import now_ms
 from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
@@ -356,7 +357,7 @@ class Roles:
         position = store.written_position
         epoch = pool.apply(store.epochs.begin, (position,))
         pool.apply(store.dirs.write_state, (store.dirs.promoted, PROMOTED_MAGIC, {
-            "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": int(time.time() * 1000)}))
+            "epoch": epoch, "position": position, "former_master": link.master, "promoted_ms": now_ms()}))
         self.set_role("master", None)
         text = "promoted: broker %d is now the master, epoch %d from log position %d (former master %s)" % (
             self.config.broker.id, epoch, position, link.master)

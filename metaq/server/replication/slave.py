@@ -11,9 +11,10 @@ import gevent
 from metaq import errors
 from metaq.protocol import replication as rp
 from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server.clock import now_ms
 from metaq.server.replication import handshake
 from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, CAUGHT_UP_SILENCE_S, HELLO_TIMEOUT_S,
-                                          LINK_TIMEOUT_S, RECV_BYTES, now_ms, send_event)
+                                          LINK_TIMEOUT_S, RECV_BYTES, send_event)
 from metaq.server.tls import client_context
 from metaq.store.replica import ReplicationRefused
 

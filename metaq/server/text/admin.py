@@ -7,13 +7,10 @@ import time
 from metaq import errors
 from metaq.protocol import adminwire
 from metaq.protocol.text import encode_result
+from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN
 
 log = logging.getLogger(__name__)
-
-
-def _now_ms():
-    return int(time.time() * 1000)
 
 
 class TextAdmin:
@@ -41,7 +38,7 @@ class TextAdmin:
 
     def reset_offset(self, e, conn):
         self._check(conn)
-        value = self.ops.reset_offset(e.group, e.topic, e.partition, e.offset, e.force, _now_ms(), time.monotonic())
+        value = self.ops.reset_offset(e.group, e.topic, e.partition, e.offset, e.force, now_ms(), time.monotonic())
         return _ok(value, e.opaque), 0
 
     def dlq_list(self, e, conn):
@@ -56,7 +53,7 @@ class TextAdmin:
 
     def _resend(self, e):
         try:
-            return _ok(self.ops.dlq_resend(e.group, e.ids, _now_ms()), e.opaque)
+            return _ok(self.ops.dlq_resend(e.group, e.ids, now_ms()), e.opaque)
         except errors.MetaqError as exc:
             return self.error_reply(exc, e.opaque)
         except Exception as exc:  # noqa: BLE001 - answered (500) and logged, never a silent hang of the client

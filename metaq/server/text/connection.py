@@ -83,7 +83,6 @@ class Connection(core.Connection):
         self.zero_copy = front.zero_copy if not self.tls else None
         self.parked = 0  # long-polling gets parked now (text.dispatch caps them)
         self.hang_up = False  # set by a handler whose reply must be the last (a failed auth)
-        self._may_publish = None  # the guard's topic filter for the put fast path, made with the session
         self.dispatcher = front.dispatcher
         self.stats = front.stats
         self.flusher = front.flusher
@@ -241,13 +240,6 @@ class Connection(core.Connection):
         if on_exit is not None:
             g.rawlink(lambda _g: on_exit())
 
-    def _publish_filter(self):
-        """The topics the fast path may take puts for (None: all, authentication off); the general path answers
-        the others (401, 403)."""
-        if self._may_publish is None and self.session is not None:
-            self._may_publish = self.front.guard.publish_filter(self.session) or False
-        return self._may_publish or None
-
     # -- reading -----------------------------------------------------------
 
     def serve(self):
@@ -378,7 +370,7 @@ class Connection(core.Connection):
                 break
             if fast_puts is not None:
                 try:
-                    wait_pos = fast_puts(parser, out, durable, wait_pos, self._publish_filter())
+                    wait_pos = fast_puts(parser, out, durable, wait_pos, self.session)
                 except Exception:  # noqa: BLE001 - as below
                     log.exception("connection %s: unexpected error in a burst of puts", self.peer)
                     out.append(encode_result(500, b"internal error; see the broker log", 0))

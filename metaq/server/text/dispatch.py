@@ -17,13 +17,13 @@ from metaq import errors, limits
 from metaq.protocol import adminwire, events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.priority import PriorityGet, PriorityPut
-from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
 from metaq.protocol.keylookup import encode_lookup_body
+from metaq.server.clock import now_ms
 from metaq.server.coldpages import walk
-from metaq.server.guard import ADMIN, PUB, SUB
+from metaq.server.guard import ADMIN, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
@@ -52,17 +52,10 @@ def ok(body, opaque):
     return encode_result(200, body, opaque)
 
 
-def now_ms():
-    return int(time.time() * 1000)
-
-
-INTERNAL_TOPIC_REFUSAL = ("%s is the broker's internal topic for delayed delivery: use put_delayed "
-                          "<topic> <partition> <len> <flag> <checksum> <level> <opaque>" % SCHEDULE_TOPIC)
-
-
 #: What each request needs of the connection's user (README "Security"), checked before its handler: a
 #: function of (guard, session, event) that raises Unauthenticated (401) or Forbidden (403). ``auth``,
-#: ``version`` and ``quit`` need nothing; put and get check in their handlers (the hot path).
+#: ``version`` and ``quit`` need nothing; get checks in its handler (the hot path), and every put in its
+#: handler too, through ``PutPath.check_write`` (the one write decision: permission, broker, topic).
 def _any_user(guard, session, e):
     guard.current_user(session)
 
@@ -93,8 +86,6 @@ def _admin(guard, session, e):
 
 
 _NEEDS = {
-    ev.DelayedPut: lambda guard, session, e: guard.require(session, PUB, "topic", e.topic),
-    ev.IdempotentPut: lambda guard, session, e: guard.require(session, PUB, "topic", e.topic),
     ev.Offset: _subscriber,
     ev.OffsetAt: _subscriber,  # a read, checked as get checks: subscribe on the topic
     ev.Lookup: _subscriber,
@@ -106,7 +97,6 @@ _NEEDS = {
     ev.Promote: _admin,
     ev.TopicCommand: lambda guard, session, e: (_any_user if e.action == "list" else _admin)(guard, session, e),
 }
-
 
 
 class TextDispatcher:
@@ -189,12 +179,8 @@ class TextDispatcher:
     def put(self, e, conn):
         path = self.put_path
         try:
-            if self.guard.enabled:
-                self.guard.require(conn.session, PUB, "topic", e.topic)
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             checksum = verified_checksum(e)
-            if e.topic == SCHEDULE_TOPIC:
-                raise errors.ClientError(INTERNAL_TOPIC_REFUSAL)
             e = uncompressed(e._replace(checksum=checksum), self.max_body)
             body, checksum = e.body, e.checksum
             if e.tx_key is not None and e.tx_key != "null":
@@ -215,7 +201,7 @@ class TextDispatcher:
         path = self.put_path
         now = now_ms()
         try:
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
@@ -233,7 +219,7 @@ class TextDispatcher:
         is answered with the original's id and offset and `` dup``, once the original is durable."""
         path = self.put_path
         try:
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
             e = uncompressed(e, self.max_body)
         except errors.MetaqError as exc:

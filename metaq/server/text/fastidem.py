@@ -21,36 +21,45 @@ disk...) is answered as the general path answers it (``PutPath.failed`` counts
 it and turns a full disk into the broker's refusal, ``dispatch.error_reply``
 makes the reply) and ends the burst. Anything else stops the burst at that
 frame, which the general path then answers as always: a frame the scan does
-not take, a topic the connection may not publish to or the delay scheduler's.
-Nothing is taken while puts are refused or replication is synchronous.
+not take, a topic ``PutPath.write_refusal`` refuses (asked once per topic of a
+burst). Nothing is taken while puts are refused or replication is synchronous.
 """
 
 from metaq import errors
 from metaq.protocol.burst import encode_put_acks
-from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.idempotence import DUPLICATE_MARK
-from metaq.protocol.journaltopic import is_journal
-from metaq.protocol.priority import is_level_topic
 from metaq.protocol.textwrite import encode_result
-from metaq.server.flusher import now_ms
+from metaq.server.clock import now_ms
 from metaq.server.text.dispatch import error_reply
 
-_INTERNAL_TOPIC = SCHEDULE_TOPIC.encode()
 _DUP_TAIL = b" " + DUPLICATE_MARK
 #: What one pass of the fast path did: MORE, it took every frame it scanned and stopped at its frame cap (there
 #: may be more: ``FastPuts.take`` scans again with twice the cap), else DONE.
 DONE, MORE = 0, 1
 
 
-def before_refused_topic(frames, may_publish):
-    """The frames before the first put to the delay scheduler's topic, a resent journal or a priority level, or to a topic the connection's user may
-    not publish to (``may_publish(topic) -> bool``, None: any): the general path answers those."""
+def writable_topics(path, session):
+    """A ``topic bytes -> bool`` for one burst: True when ``path.write_refusal`` lets ``session``'s user put to
+    the topic, asked once per topic of the burst (the general path answers the others, as it always does)."""
+    answers = {}
+
+    def may_write(topic):
+        allowed = answers.get(topic)
+        if allowed is None:
+            allowed = answers[topic] = path.write_refusal(topic.decode("utf-8", "replace"), session) is None
+        return allowed
+
+    return may_write
+
+
+def before_refused_topic(frames, may_write):
+    """The frames before the first whose topic ``may_write(topic bytes) -> bool`` refuses (``writable_topics``)."""
     seen = None
     for i, frame in enumerate(frames):
         topic = frame[0]
-        if topic is not seen:  # consecutive frames of one topic share the object: one compare per run
-            if topic == _INTERNAL_TOPIC or is_journal(topic) or is_level_topic(topic) or (may_publish is not None and not may_publish(topic)):
+        if topic is not seen:  # consecutive frames of one topic share the object: one call per run
+            if not may_write(topic):
                 return frames[:i]
             seen = topic
     return frames
@@ -98,17 +107,17 @@ class _Burst:
             registry.topic_created(topic)
 
 
-def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish):
+def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
     """Store and answer the put_idem frames at ``buf[pos:end]`` (in ``parser``'s burst window; ``cap`` of them at
     most): ``(the new flush wait position, the position after the frames taken, MORE / DONE)``.
-    ``fast``: the broker's ``FastPuts`` (store, put path, stats, limits)."""
+    ``fast``: the broker's ``FastPuts`` (store, put path, stats, limits); ``session``: the connection's."""
     path = fast.put_path
     if path.refusal is not None or path.sync_replication:
         return wait_pos, pos, DONE
     frames, data, stop = scan_idem_burst(buf, pos, end, fast.max_body, fast.max_line, cap)
     fast.stats.burst_scanned_bytes += stop - pos
     scanned = len(frames)
-    frames = before_refused_topic(frames, may_publish)
+    frames = before_refused_topic(frames, writable_topics(path, session))
     if not frames:
         return wait_pos, pos, DONE
     store = fast.store

@@ -23,8 +23,8 @@ general path (message ids apart, which are clock-based either way).
 
 from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
-from metaq.server.flusher import now_ms
-from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem
+from metaq.server.clock import now_ms
+from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem, writable_topics
 from metaq.server.text.fasttimer import take_put_ats
 
 
@@ -41,13 +41,13 @@ class FastPuts:
         self.max_body = lim.max_body_bytes
         self.max_line = lim.max_line_bytes
 
-    def take(self, parser, out, durable, wait_pos, may_publish=None):
+    def take(self, parser, out, durable, wait_pos, session=None):
         """Store and answer the puts (and put_idems) at the head of ``parser``'s buffer; returns the new flush wait
         position.
 
         Replies go to ``out`` (one entry per partition run); in ``sync`` mode
-        ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do. ``may_publish``: the
-        connection's topic filter (authentication on), or None.
+        ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do. ``session``: the
+        connection's (whose user ``PutPath.write_refusal`` asks about, once per topic of a burst).
 
         At most ``limits.BURST_SCAN_FRAMES`` frames are scanned first, then twice as many each time every
         frame scanned was taken: a frame the general path must answer costs a scan of that many, never one of
@@ -67,7 +67,7 @@ class FastPuts:
                 take_once = take_put_ats
             else:
                 break
-            wait_pos, pos, status = take_once(self, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish)
+            wait_pos, pos, status = take_once(self, parser, buf, pos, end, cap, out, durable, wait_pos, session)
             if status is not MORE:
                 break
             cap *= 2
@@ -83,7 +83,7 @@ class FastPuts:
                 registry.topic_created(topic)
 
 
-def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish):
+def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
     """The puts of ``buf[pos:end]``, ``cap`` at most (``fast``: the ``FastPuts``): ``(wait_pos, pos after the
     frames taken, MORE / DONE)``."""
     path = fast.put_path  # follows the broker's role (promotion, rejoin)
@@ -92,7 +92,7 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, ma
     frames, stop = scan_puts(buf, pos, end, fast.max_body, fast.max_line, cap)
     fast.stats.burst_scanned_bytes += stop - pos
     scanned = len(frames)
-    frames = before_refused_topic(frames, may_publish)
+    frames = before_refused_topic(frames, writable_topics(path, session))
     if not frames:
         return wait_pos, pos, DONE
     now = now_ms()

@@ -11,23 +11,19 @@ byte for byte the general path's replies.
 
 Only the plain form is taken: ``put_at <topic> <partition> <len> 0 <checksum> @<ms>|+<ms> <opaque>`` with an
 explicit partition that exists, no attribute (flag 0), a checksum that is ``-1`` or right, a delivery time the
-general path accepts, a topic the connection may publish to and that is not internal. The first frame that is
+general path accepts, a topic ``PutPath.write_refusal`` lets the connection's user write. The first frame that is
 anything else, and everything after it, is left to the general path, which answers it as always; nothing is taken
 while puts are refused, replication is synchronous, or this broker does not deliver timers (a slave).
 """
 
 from metaq import errors
 from metaq.limits import validate_partition
-from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.journaltopic import is_journal
-from metaq.protocol.priority import is_level_topic
 from metaq.protocol.timer import TIMER_TOPIC, TimerEntry
 from metaq.protocol.timerburst import encode_timer_acks, scan_put_ats
-from metaq.server.flusher import now_ms
+from metaq.server.clock import now_ms
 from metaq.server.text.fastidem import DONE, MORE
 
 _TIMER = TIMER_TOPIC.encode()
-_INTERNAL = (TIMER_TOPIC, SCHEDULE_TOPIC)
 
 
 def checked(items, check_topic):
@@ -45,7 +41,7 @@ def checked(items, check_topic):
     return items
 
 
-def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_publish):
+def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
     """The ``put_at`` frames of ``buf[pos:end]``, ``cap`` at most (``fast``: the ``FastPuts``): ``(wait_pos, pos
     after the frames taken, MORE / DONE)``, as ``fastput.take_plain_puts``."""
     path = fast.put_path
@@ -54,11 +50,8 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, may_p
         return wait_pos, pos, DONE
     store = fast.store
 
-    def check_topic(topic, partition):
-        if topic in _INTERNAL or is_journal(topic) or is_level_topic(topic):
-            raise errors.ClientError("internal topic")
-        if may_publish is not None and not may_publish(topic.encode("ascii")):  # the plain burst's filter: bytes
-            raise errors.Forbidden(topic)
+    def check_topic(topic, partition):  # once per topic and partition of a burst
+        path.check_write(topic, session)
         validate_partition(partition, store.partitions_of(topic))
         store.check_creatable(topic, partition)
 

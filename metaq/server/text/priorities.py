@@ -10,21 +10,15 @@ read: the get parks on the topic's partition like a ``get`` (an append to any le
 checked at every read, before anything is read, as a get's is (text/expect.py): a 412 names the level.
 """
 
-import time
-
 from metaq import errors
 from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in_record_head
-from metaq.server.guard import PUB
 from metaq.server.text.expect import check_held
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TextPriorities:
@@ -50,9 +44,7 @@ class TextPriorities:
     def put_prio(self, e, conn):
         path = self.put_path
         try:
-            if self.guard.enabled:
-                self.guard.require(conn.session, PUB, "topic", e.topic)
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)

@@ -12,12 +12,11 @@ over, 404 when nobody waits for it. It is not stored.
 
 from metaq import errors
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_record
 from metaq.protocol.reqreply import properties_of, reply_topic, request_properties, with_properties
 from metaq.protocol.text import encode_result, encode_value_header
+from metaq.server.clock import now_ms
 from metaq.server.guard import PUB
-from metaq.server.putpath import now_ms
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.replies import STOPPING, ReplyMessage
 
@@ -35,14 +34,9 @@ class TextRequests:
 
     def request(self, e, conn):
         """``request``: None (answered from its greenlet) or the refusal now."""
-        if self.guard.enabled:
-            self.guard.require(conn.session, PUB, "topic", e.topic)
-        self.path.check_writable()
+        self.path.check_write(e.topic, conn.session)
         # the checks of a put: checksum, attribute block, no put_idem identity; a compressed body decompressed
         e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
-        if e.topic == SCHEDULE_TOPIC:
-            raise errors.ClientError("%s is the broker's internal topic for delayed delivery: a request cannot go "
-                                     "there" % SCHEDULE_TOPIC)
         timeout_ms = min(e.timeout_ms, self.max_timeout_ms)
         router = self.router
         correlation_id, waiter = router.open(conn, timeout_ms / 1000.0)

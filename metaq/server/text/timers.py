@@ -5,21 +5,17 @@
 CANCEL record is durable (as a put), or at once when the message was delivered, cancelled before or is unknown.
 """
 
-import time
 from typing import NamedTuple
 
 from metaq import errors
 from metaq.protocol.text import encode_result
 from metaq.protocol.timer import TIMER_TOPIC, parse_when
 from metaq.protocol.timerwire import format_rows
-from metaq.server.guard import ADMIN, PUB
+from metaq.server.clock import now_ms
+from metaq.server.guard import ADMIN
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
-
-
-def now_ms():
-    return int(time.time() * 1000)
 
 
 class TextTimers:
@@ -39,9 +35,7 @@ class TextTimers:
         path = self.put_path
         now = now_ms()
         try:
-            if self.guard.enabled:
-                self.guard.require(conn.session, PUB, "topic", e.topic)
-            path.check_writable()
+            path.check_write(e.topic, conn.session)
             due = parse_when(e.when, now)
             e = uncompressed(e._replace(checksum=verified_checksum(e)), self.max_body)
         except errors.MetaqError as exc:

@@ -1,0 +1,89 @@
+"""The one topic-write decision (``PutPath.write_refusal``), without a network: its order, its answers, and the
+burst paths' filter giving the same answers."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from metaq import errors
+from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.protocol.timer import TIMER_TOPIC
+from metaq.server.config import load_config
+from metaq.server.guard import Guard
+from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
+from metaq.server.text.fastidem import before_refused_topic, writable_topics
+from tests.harness.acl import write_acl
+from tests.server.test_guard import login
+
+REFUSED_NAMES = (SCHEDULE_TOPIC, TIMER_TOPIC, "%RESENT%billing", "orders%P1")
+
+
+def path_with(guard=None, slave=None, gate=None):
+    roles = SimpleNamespace(slave_refusal=slave)
+    return PutPath(None, None, None, None, roles, gate or WriteGate(), guard=guard)
+
+
+@pytest.fixture
+def guard(tmp_path):
+    return Guard(load_config(None, {"security.acl_file": write_acl(tmp_path / "acl.yaml")}).security)
+
+
+def test_auth_off_refuses_only_the_broker_s_own_topics():
+    path = path_with()
+    assert path.write_refusal("orders", None) is None
+    for name in REFUSED_NAMES:
+        exc = path.write_refusal(name, None)
+        assert isinstance(exc, errors.ClientError) and exc.code == 400, name
+    assert "internal topic for delayed delivery" in str(path.write_refusal(SCHEDULE_TOPIC, None))
+    assert "internal topic for timers" in str(path.write_refusal(TIMER_TOPIC, None))
+    assert "priority level's internal topic" in str(path.write_refusal("orders%P1", None))
+    assert path.write_refusal("%RESENT%billing", AUTHORIZED, internal=True) is None  # the broker's own journal write
+
+
+def test_permission_comes_first_then_the_broker_then_the_name(guard):
+    gate = WriteGate()
+    gate.disk_full("disk full")
+    alice = login(guard, guard.session("127.0.0.1"), "alice")
+    slave = path_with(guard, slave="this broker is a slave")
+    full = path_with(guard, gate=gate)
+    assert isinstance(slave.write_refusal("payroll", alice), errors.Forbidden)
+    assert isinstance(slave.write_refusal("payroll", guard.session("127.0.0.1")), errors.Unauthenticated)
+    assert isinstance(slave.write_refusal("orders", alice), errors.Unavailable)
+    assert isinstance(full.write_refusal("orders", alice), errors.DiskFull)
+    assert isinstance(slave.write_refusal(SCHEDULE_TOPIC, AUTHORIZED), errors.Unavailable)
+    # the internal topics are an admin's at the guard (403) and nobody's at the name (400)
+    assert isinstance(path_with(guard).write_refusal(SCHEDULE_TOPIC, alice), errors.Forbidden)
+    admin = login(guard, guard.session("127.0.0.1"), "admin")
+    exc = path_with(guard).write_refusal(SCHEDULE_TOPIC, admin)
+    assert type(exc) is errors.ClientError and exc.code == 400
+
+
+def test_check_write_raises_the_refusal(guard):
+    alice = login(guard, guard.session("127.0.0.1"), "alice")
+    path = path_with(guard)
+    path.check_write("orders", alice)
+    with pytest.raises(errors.Forbidden, match="alice may not publish to topic payroll"):
+        path.check_write("payroll", alice)
+
+
+def test_the_burst_filter_answers_as_the_decision(guard):
+    alice = login(guard, guard.session("127.0.0.1"), "alice")
+    path = path_with(guard)
+    may = writable_topics(path, alice)
+    for name in ("orders", "orders-eu", "payroll", "x") + REFUSED_NAMES:
+        assert may(name.encode()) is (path.write_refusal(name, alice) is None), name
+    frames = [(t, 0) for t in (b"orders", b"orders", b"orders-eu", b"payroll", b"orders")]
+    assert before_refused_topic(frames, writable_topics(path, alice)) == frames[:3]
+
+
+def test_the_burst_filter_asks_once_per_topic():
+    asked = []
+
+    class Counting:
+        def write_refusal(self, topic, session):
+            asked.append(topic)
+            return None
+
+    may = writable_topics(Counting(), None)
+    assert all(may(t) for t in (b"a", b"b", b"a", b"a", b"b"))
+    assert asked == ["a", "b"]
