@@ -82,8 +82,11 @@ postgres:
 stop-postgres:
 	@$(PYTHON) tools/devservices.py postgres stop --port $(PG_PORT) --dir $(DEVDATA)
 
+# The whole suite, then the unit tier again with the C helper's pure-Python twins (METAQ_PURE_PYTHON=1), so
+# that a machine without a compiler runs what the tests hold equal.
 test: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
 # make test checks the same (tests/test_docs.py).

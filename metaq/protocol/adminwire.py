@@ -8,18 +8,19 @@ body (UTF-8), whose shape each event's docstring gives; errors are ``result <cod
     dlq_list <group> <max> <opaque>                              the group's dead letters, oldest first
     dlq_resend <group> <ids> <opaque>                            ``*`` (all) or ids/positions separated by ``,``
 
-The parsers here are plugged into ``protocol.text``'s command table; they raise ``ValueError`` with the reason
-for a bad field (the text parser turns it into its protocol error).
+Each command is declared here once (``protocol.commands``); a parser raises ``ValueError`` with the reason for a
+bad field (the text parser answers it as its protocol error).
 """
 
 import json
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
+from metaq.protocol.commands import NEEDS_ADMIN, TextCommand, register
 from metaq.protocol.integers import parse_int
 
-__all__ = ["GroupInfo", "ResetOffset", "DlqList", "DlqResend", "COMMANDS", "encode_body", "decode_body",
-           "ALL_DEAD_LETTERS", "SERIALIZERS"]
+__all__ = ["GroupInfo", "ResetOffset", "DlqList", "DlqResend", "EVENTS", "encode_body", "decode_body",
+           "ALL_DEAD_LETTERS"]
 
 #: ``dlq_resend``'s word for every dead letter not resent yet.
 ALL_DEAD_LETTERS = "*"
@@ -94,16 +95,6 @@ def _parse_dlq_resend(t):
     return DlqResend(t[1], ids, _opaque(t[3]))
 
 
-#: command word -> (parser, token counts, how to say them, None: no body): entries of ``protocol.text``'s table
-COMMANDS = {
-    "group_info": (_parse_group_info, (3,), "3 tokens (group_info <group> <opaque>)", None),
-    "reset_offset": (_parse_reset_offset, (7,), "7 tokens (reset_offset <group> <topic> <partition> <offset> "
-                     "<force 0|1> <opaque>)", None),
-    "dlq_list": (_parse_dlq_list, (4,), "4 tokens (dlq_list <group> <max> <opaque>)", None),
-    "dlq_resend": (_parse_dlq_resend, (4,), "4 tokens (dlq_resend <group> <*|id,id,...> <opaque>)", None),
-}
-
-
 def _token(text):
     """A text field as a token: ValueError for an empty one or one holding a space, CR or LF."""
     if not text or any(c in text for c in " \r\n"):
@@ -111,15 +102,28 @@ def _token(text):
     return text.encode("utf-8")
 
 
-#: event type -> its wire bytes (``protocol.textwrite.serialize`` takes these)
-SERIALIZERS = {
-    GroupInfo: lambda e: b"group_info %s %d\r\n" % (_token(e.group), e.opaque),
-    ResetOffset: lambda e: b"reset_offset %s %s %d %d %d %d\r\n" % (
-        _token(e.group), _token(e.topic), e.partition, e.offset, 1 if e.force else 0, e.opaque),
-    DlqList: lambda e: b"dlq_list %s %d %d\r\n" % (_token(e.group), e.max_count, e.opaque),
-    DlqResend: lambda e: b"dlq_resend %s %s %d\r\n" % (
-        _token(e.group), _token(ALL_DEAD_LETTERS if e.ids is None else ",".join(e.ids)), e.opaque),
-}
+#: The admin extensions' events, each declared below with its parser and bytes (``protocol.commands``).
+EVENTS = (GroupInfo, ResetOffset, DlqList, DlqResend)
+
+register(TextCommand(
+    "group_info", GroupInfo, (3,), "3 tokens (group_info <group> <opaque>)", _parse_group_info,
+    lambda e: b"group_info %s %d\r\n" % (_token(e.group), e.opaque), NEEDS_ADMIN,
+    examples=(b"group_info g 1\r\n",)))
+register(TextCommand(
+    "reset_offset", ResetOffset, (7,), "7 tokens (reset_offset <group> <topic> <partition> <offset> <force 0|1> "
+    "<opaque>)", _parse_reset_offset,
+    lambda e: b"reset_offset %s %s %d %d %d %d\r\n" % (
+        _token(e.group), _token(e.topic), e.partition, e.offset, 1 if e.force else 0, e.opaque), NEEDS_ADMIN,
+    examples=(b"reset_offset g t 0 5 1 1\r\n",)))
+register(TextCommand(
+    "dlq_list", DlqList, (4,), "4 tokens (dlq_list <group> <max> <opaque>)", _parse_dlq_list,
+    lambda e: b"dlq_list %s %d %d\r\n" % (_token(e.group), e.max_count, e.opaque), NEEDS_ADMIN,
+    examples=(b"dlq_list g 10 1\r\n",)))
+register(TextCommand(
+    "dlq_resend", DlqResend, (4,), "4 tokens (dlq_resend <group> <*|id,id,...> <opaque>)", _parse_dlq_resend,
+    lambda e: b"dlq_resend %s %s %d\r\n" % (
+        _token(e.group), _token(ALL_DEAD_LETTERS if e.ids is None else ",".join(e.ids)), e.opaque), NEEDS_ADMIN,
+    examples=(b"dlq_resend g * 1\r\n", b"dlq_resend g 0-5,ABC 2\r\n")))
 
 
 def encode_body(value):

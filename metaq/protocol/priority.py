@@ -28,10 +28,11 @@ import re
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
+from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register
 from metaq.protocol.integers import parse_int
 
 __all__ = ["LEVEL_MARK", "level_topic", "split_level", "is_level_topic", "level_refusal", "PriorityPut",
-           "PriorityGet", "COMMANDS", "SERIALIZERS", "choose_level", "encode_get_prio_prefix",
+           "PriorityGet", "choose_level", "encode_get_prio_prefix",
            "decode_get_prio_body"]
 
 LEVEL_MARK = "%P"
@@ -137,15 +138,6 @@ def _parse_get_prio(t):
                        expects)
 
 
-#: Plugged into ``protocol.text``'s command table (parsers raise ValueError with the reason).
-COMMANDS = {
-    "put_prio": (_parse_put_prio, (8,), "8 tokens (put_prio <topic> <partition> <len> <flag> <checksum> <priority> "
-                 "<opaque>)", 3),
-    "get_prio": (_parse_get_prio, (7, 8, 9), "7 to 9 tokens (get_prio <topic> <group> <partition> <o_0,o_1,...> "
-                 "<maxSize> [<maxWaitMs> [<e_0,e_1,...>]] <opaque>)", None),
-}
-
-
 def _token(text):
     if not text or any(c in text for c in " \r\n"):
         raise ValueError("%r cannot be sent as a protocol token" % (text,))
@@ -169,7 +161,14 @@ def _serialize_get_prio(e):
                                                   e.opaque)).encode("utf-8")
 
 
-SERIALIZERS = {PriorityPut: _serialize_put_prio, PriorityGet: _serialize_get_prio}
+register(TextCommand(
+    "put_prio", PriorityPut, (8,), "8 tokens (put_prio <topic> <partition> <len> <flag> <checksum> <priority> "
+    "<opaque>)", _parse_put_prio, _serialize_put_prio, NEEDS_HANDLER, body=3,
+    examples=(b"put_prio t 0 2 0 -1 1 5\r\nhi",)))
+register(TextCommand(
+    "get_prio", PriorityGet, (7, 8, 9), "7 to 9 tokens (get_prio <topic> <group> <partition> <o_0,o_1,...> "
+    "<maxSize> [<maxWaitMs> [<e_0,e_1,...>]] <opaque>)", _parse_get_prio, _serialize_get_prio, NEEDS_HANDLER,
+    examples=(b"get_prio t g 0 0,0 1024 1\r\n", b"get_prio t g 0 3,4 1024 100 2:7,- 2\r\n")))
 
 
 def encode_get_prio_prefix(level):

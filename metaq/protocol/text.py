@@ -51,12 +51,27 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire, priority, timerwire, topicadmin
+from metaq.protocol import adminwire, priority, timerwire, topicadmin  # noqa: F401 - they declare their commands
+from metaq.protocol.burst import scan_puts
+from metaq.protocol.commands import (
+    NEEDS_ADMIN,
+    NEEDS_GROUP_MEMBER,
+    NEEDS_HANDLER,
+    NEEDS_NOTHING,
+    NEEDS_SUBSCRIBER,
+    NEEDS_USER,
+    TextCommand,
+    by_event,
+    by_word,
+    depends,
+    register,
+    table,
+)
+from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
-from metaq.protocol.textwrite import encode_result, encode_value_header, serialize
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 
@@ -334,55 +349,219 @@ def _parse_result(t):
     return lambda body: Result(code, body, opaque)
 
 
-#: command word -> (handler, allowed token counts, how to say them, index of the body length or None)
-_COMMANDS = {
-    "put": (_parse_put, (6, 7, 8), "6, 7 or 8 tokens", 3),
-    "put_delayed": (_parse_put_delayed, (8,), "8 tokens", 3),
-    "put_idem": (_parse_put_idem, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
-                 "<opaque>)", 3),
-    "get": (_parse_get, (7, 8, 9), "7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> "
-            "[<maxWaitMs> [<offset>:<msgId>]] <opaque>)", None),
-    "request": (_parse_request, (8,), "8 tokens (request <topic> <partition> <len> <flag> <checksum> <timeoutMs> "
-                "<opaque>)", 3),
-    "reply": (_parse_reply, (5,), "5 tokens (reply <len> <flag> <checksum> <opaque>)", 1),
-    "get_tags": (_parse_get_tags, (8, 9, 10), "8, 9 or 10 tokens (get_tags <topic> <group> <partition> <offset> "
-                 "<maxSize> <tags> [<maxWaitMs> [<offset>:<msgId>]] <opaque>)", None),
-    "offset": (_parse_offset, (6,), "6 tokens", None),
-    "commit_offset": (_parse_commit_offset, (6,), "6 tokens", None),
-    "query_offset": (_parse_query_offset, (5,), "5 tokens", None),
-    "offset_at": (_parse_offset_at, (5,), "5 tokens (offset_at <topic> <partition> <timestampMs> <opaque>)", None),
-    "lookup": (_parse_lookup, (8,), "8 tokens (lookup <topic> <key> <sinceMs> <untilMs> <max> <cursor|-> <opaque>)",
-               None),
-    "stats": (_parse_stats, (1, 2, 3), "1, 2 or 3 tokens", None),
-    "version": (_parse_version, (1, 2), "1 or 2 tokens", None),
-    "quit": (_parse_quit, (1,), "1 token", None),
-    "transaction": (_parse_transaction, (5, 6, 7), "5, 6 or 7 tokens", None),
-    "sync": (_parse_sync, (7, 8), "7 or 8 tokens", 3),
-    "topic": (_parse_topic, (5,), "5 tokens (topic <create|alter|delete|list> <name|-> <settings|-> <opaque>)",
-              None),
-    "promote": (_parse_promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", None),
-    "auth": (_parse_auth, (3, 5), "3 or 5 tokens (auth <user> <opaque>, auth <user> <client nonce> <proof> <opaque>)",
-             None),
-    "value": (_parse_value, (3,), "3 tokens", 1),
-    "result": (_parse_result, (4,), "4 tokens", 2),
-}
+
+#: ``stats`` items only an admin may ask for: ``reset`` changes the counters, ``transactions`` lists every
+#: user's transaction ids (a user sees its own in-doubt branches with ``transaction ... RECOVER``).
+ADMIN_STATS_ITEMS = ("reset", "transactions")
 
 
-def _admin_parser(parse):
-    def handler(t):
-        try:
-            return parse(t)
-        except ValueError as exc:
-            raise TokenError(str(exc)) from None
-    return handler
+def _stats_need(e):
+    return NEEDS_ADMIN if (e.item or "").strip() in ADMIN_STATS_ITEMS else NEEDS_USER
 
 
-# the admin extensions (``protocol.adminwire``: group_info, reset_offset, dlq_list, dlq_resend)
-_COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in adminwire.COMMANDS.items()})
-# consumer priorities (``protocol.priority``: put_prio, get_prio)
-_COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in priority.COMMANDS.items()})
-# any delivery time and cancel (``protocol.timerwire``: put_at, cancel, timers)
-_COMMANDS.update({word: (_admin_parser(spec[0]),) + spec[1:] for word, spec in timerwire.COMMANDS.items()})
+def _topic_need(e):
+    return NEEDS_USER if e.action == "list" else NEEDS_ADMIN
+
+
+def _token(text):
+    """``text`` if it can be sent as one token (no space, CR or LF), else ValueError."""
+    if " " in text or "\n" in text or "\r" in text:
+        raise ValueError("%r cannot be sent as a protocol token" % (text,))
+    return text
+
+
+def _serialize_put(e):
+    if e.tx_key is None:
+        head = "put %s %d %d %d %d %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.opaque)
+    else:
+        head = "put %s %d %d %d %d %s %d\r\n" % (
+            _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, _token(e.tx_key), e.opaque,
+        )
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_put_delayed(e):
+    head = "put_delayed %s %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.level, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_put_idem(e):
+    head = "put_idem %s %d %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_request(e):
+    head = "request %s %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.timeout_ms, e.opaque)
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_reply(e):
+    return b"".join((b"reply %d %d %d %d\r\n" % (len(e.body), e.flag, e.checksum, e.opaque), e.body))
+
+
+def _wait_and_expect(e):
+    """`` <maxWaitMs>[ <offset>:<msgId>]`` of a get (an ``expect`` needs a wait: 0 is none), or ``""``."""
+    passed = PASSED_SUFFIX if getattr(e, "passed", False) else ""  # get_tags only (events.GetTags)
+    if e.expect is not None or passed:
+        expect = "" if e.expect is None else "%d:%d" % e.expect
+        return " %d %s%s" % (e.max_wait_ms or 0, expect, passed)
+    return "" if e.max_wait_ms is None else " %d" % e.max_wait_ms
+
+
+def _serialize_get(e):
+    wait = _wait_and_expect(e)
+    return (
+        "get %s %s %d %d %d%s %d\r\n"
+        % (_token(e.topic), _token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
+    ).encode("utf-8")
+
+
+def _serialize_get_tags(e):
+    wait = _wait_and_expect(e)
+    return ("get_tags %s %s %d %d %d %s%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset,
+                                                      e.max_size, _token(e.tags), wait, e.opaque)).encode("utf-8")
+
+
+def _serialize_offset(e):
+    return (
+        "offset %s %s %d %d %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset, e.opaque)
+    ).encode("utf-8")
+
+
+def _serialize_lookup(e):
+    return ("lookup %s %s %d %d %d %s %d\r\n" % (_token(e.topic), _token(e.key), e.since_ms, e.until_ms, e.max_count,
+                                                 _token(e.cursor or "-"), e.opaque)).encode("utf-8")
+
+
+def _serialize_offset_at(e):
+    return ("offset_at %s %d %d %d\r\n" % (_token(e.topic), e.partition, e.timestamp_ms, e.opaque)).encode("utf-8")
+
+
+def _serialize_commit_offset(e):
+    return ("commit_offset %s %s %d %d %d\r\n" % (
+        _token(e.group), _token(e.topic), e.partition, e.offset, e.opaque)).encode("utf-8")
+
+
+def _serialize_query_offset(e):
+    return ("query_offset %s %s %d %d\r\n" % (_token(e.group), _token(e.topic), e.partition, e.opaque)).encode("utf-8")
+
+
+def _serialize_stats(e):
+    # Like MetaQ's encoder, a blank item is written as an empty token: "stats  <opaque>".
+    return ("stats %s %d\r\n" % (_token(e.item or ""), e.opaque)).encode("utf-8")
+
+
+def _serialize_version(e):
+    return b"version %d\r\n" % e.opaque
+
+
+def _serialize_quit(e):
+    return b"quit\r\n"
+
+
+def _serialize_transaction(e):
+    parts = ["transaction", _token(e.tx_key), _token(e.session_id), _token(e.tx_type)]
+    if e.timeout > 0:
+        parts.append(str(e.timeout))
+    if e.unique_qualifier:
+        parts.append(_token(e.unique_qualifier))
+    parts.append(str(e.opaque))
+    return (" ".join(parts) + "\r\n").encode("utf-8")
+
+
+def _serialize_sync(e):
+    head = "sync %s %d %d %d %d %d %d\r\n" % (
+        _token(e.topic), e.partition, len(e.body), e.flag, e.msg_id, e.checksum, e.opaque,
+    )
+    return b"".join((head.encode("utf-8"), e.body))
+
+
+def _serialize_promote(e):
+    return b"promote %d %d\r\n" % (1 if e.force else 0, e.opaque)
+
+
+def _serialize_auth(e):
+    if e.client_nonce is None:
+        return ("auth %s %d\r\n" % (_token(e.user), e.opaque)).encode("utf-8")
+    return ("auth %s %s %s %d\r\n" % (_token(e.user), _token(e.client_nonce), _token(e.proof), e.opaque)).encode()
+
+
+def _serialize_value(e):
+    return b"".join((encode_value_header(len(e.body), e.opaque), e.body))
+
+
+def _serialize_result(e):
+    return encode_result(e.code, e.body, e.opaque)
+
+
+
+
+# -- the declarations: MetaQ's commands and our core extensions (the features' own: adminwire, priority,
+# timerwire, each in its module). The usage text is what a wrong token count is answered with.
+
+_REQUESTS = (
+    ("put", Put, (6, 7, 8), "6, 7 or 8 tokens", _parse_put, _serialize_put, NEEDS_HANDLER, 3, _fast_put, scan_puts,
+     (b"put t 0 5 0 1\r\nhello", b"put t -1 2 1 -1 7\r\nhi", b"put t 1 2 0 123 TX:1:2 9\r\nhi",
+      b"put t 1 2 0 TX:1:2 9\r\nhi", b"put t 0 9 1 -1 3\r\n\x00\x00\x00\x01ahello")),
+    ("put_delayed", DelayedPut, (8,), "8 tokens", _parse_put_delayed, _serialize_put_delayed, NEEDS_HANDLER, 3, None,
+     None, (b"put_delayed t 0 2 0 -1 3 5\r\nhi",)),
+    ("put_idem", IdempotentPut, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
+     "<opaque>)", _parse_put_idem, _serialize_put_idem, NEEDS_HANDLER, 3, _fast_put_idem, scan_idem_burst,
+     (b"put_idem t 0 2 0 -1 7 0 1\r\nhi", b"put_idem t 1 2 0 5 9223372036854775807 12 -4\r\nhi")),
+    ("get", Get, (7, 8, 9), "7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> "
+     "[<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get, _serialize_get, NEEDS_HANDLER, None, None, None,
+     (b"get t g 0 0 1024 1\r\n", b"get t g 0 5 1024 100 2\r\n", b"get t g 0 5 1024 0 4:77 3\r\n")),
+    ("request", Request, (8,), "8 tokens (request <topic> <partition> <len> <flag> <checksum> <timeoutMs> "
+     "<opaque>)", _parse_request, _serialize_request, NEEDS_HANDLER, 3, None, None,
+     (b"request t 0 2 0 -1 1000 5\r\nhi",)),
+    ("reply", Reply, (5,), "5 tokens (reply <len> <flag> <checksum> <opaque>)", _parse_reply, _serialize_reply,
+     NEEDS_HANDLER, 1, None, None, (b"reply 2 0 -1 5\r\nhi",)),
+    ("get_tags", GetTags, (8, 9, 10), "8, 9 or 10 tokens (get_tags <topic> <group> <partition> <offset> "
+     "<maxSize> <tags> [<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get_tags, _serialize_get_tags,
+     NEEDS_HANDLER, None, None, None,
+     (b"get_tags t g 0 0 1024 a||b 1\r\n", b"get_tags t g 0 3 1024 a 10 2:9:passed 2\r\n")),
+    ("offset", Offset, (6,), "6 tokens", _parse_offset, _serialize_offset, NEEDS_SUBSCRIBER, None, None, None,
+     (b"offset t g 0 5 1\r\n",)),
+    ("commit_offset", CommitOffset, (6,), "6 tokens", _parse_commit_offset, _serialize_commit_offset,
+     NEEDS_GROUP_MEMBER, None, None, None, (b"commit_offset g t 0 5 1\r\n",)),
+    ("query_offset", QueryOffset, (5,), "5 tokens", _parse_query_offset, _serialize_query_offset, NEEDS_GROUP_MEMBER,
+     None, None, None, (b"query_offset g t 0 1\r\n",)),
+    ("offset_at", OffsetAt, (5,), "5 tokens (offset_at <topic> <partition> <timestampMs> <opaque>)",
+     _parse_offset_at, _serialize_offset_at, NEEDS_SUBSCRIBER, None, None, None, (b"offset_at t 0 1700000000000 1\r\n",)),
+    ("lookup", Lookup, (8,), "8 tokens (lookup <topic> <key> <sinceMs> <untilMs> <max> <cursor|-> <opaque>)",
+     _parse_lookup, _serialize_lookup, NEEDS_SUBSCRIBER, None, None, None,
+     (b"lookup t k1 0 99 10 - 1\r\n", b"lookup t k1 0 99 10 3:4 1\r\n")),
+    ("stats", Stats, (1, 2, 3), "1, 2 or 3 tokens", _parse_stats, _serialize_stats, depends(_stats_need), None,
+     None, None, (b"stats  1\r\n", b"stats topics 2\r\n", b"stats reset 3\r\n")),
+    ("version", Version, (1, 2), "1 or 2 tokens", _parse_version, _serialize_version, NEEDS_NOTHING, None, None,
+     None, (b"version 1\r\n",)),
+    ("quit", Quit, (1,), "1 token", _parse_quit, _serialize_quit, NEEDS_NOTHING, None, None, None, (b"quit\r\n",)),
+    ("transaction", Transaction, (5, 6, 7), "5, 6 or 7 tokens", _parse_transaction, _serialize_transaction,
+     NEEDS_USER, None, None, None,
+     (b"transaction TX:1:2 s BEGIN 1\r\n", b"transaction TX:1:2 s BEGIN 30 1\r\n",
+      b"transaction XID:a:b:1 s PREPARE 30 q 1\r\n")),
+    ("sync", Sync, (7, 8), "7 or 8 tokens", _parse_sync, _serialize_sync, NEEDS_ADMIN, 3, None, None,
+     (b"sync t 0 2 0 12345 -1 5\r\nhi",)),
+    ("topic", TopicCommand, (5,), "5 tokens (topic <create|alter|delete|list> <name|-> <settings|-> <opaque>)",
+     _parse_topic, topicadmin.serialize, depends(_topic_need), None, None, None,
+     (b"topic list - - 1\r\n", b"topic create orders partitions=4 2\r\n")),
+    ("promote", Promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", _parse_promote, _serialize_promote,
+     NEEDS_ADMIN, None, None, None, (b"promote 0 1\r\n",)),
+    ("auth", Auth, (3, 5), "3 or 5 tokens (auth <user> <opaque>, auth <user> <client nonce> <proof> <opaque>)",
+     _parse_auth, _serialize_auth, NEEDS_NOTHING, None, None, None,
+     (b"auth alice 1\r\n", b"auth alice 0123456789abcdef 0123456789abcdef0123 2\r\n")),
+)
+
+for (_word, _event, _counts, _usage, _parse, _serialize, _need, _body, _fast, _burst, _examples) in _REQUESTS:
+    register(TextCommand(_word, _event, _counts, _usage, _parse, _serialize, _need, _body, fast_line=_fast,
+                         burst=_burst, examples=_examples))
+register(TextCommand("value", Value, (3,), "3 tokens", _parse_value, _serialize_value, NEEDS_NOTHING, 1, reply=True,
+                     examples=(b"value 2 1\r\nhi",)))
+register(TextCommand("result", Result, (4,), "4 tokens", _parse_result, _serialize_result, NEEDS_NOTHING, 2,
+                     reply=True, examples=(b"result 200 2 1\r\nok", b"result 404 0 -1\r\n")))
 
 
 class TextParser(StreamParser):
@@ -446,13 +625,9 @@ class TextParser(StreamParser):
             if line is None:
                 return self._need_data()
             if line:
-                if line[:4] == b"put ":  # the hot path: most frames are plain puts
-                    fast = _fast_put(line)
-                    if fast is not None and fast[1] <= self.max_body:
-                        self._pending = fast
-                        return self._finish_body()
-                elif line[:9] == b"put_idem ":
-                    fast = _fast_put_idem(line)
+                fast_line = _FAST_LINES.get(bytes(line[:line.find(b" ")]))  # the hot path: most frames are puts
+                if fast_line is not None:
+                    fast = fast_line(line)
                     if fast is not None and fast[1] <= self.max_body:
                         self._pending = fast
                         return self._finish_body()
@@ -526,17 +701,17 @@ class TextParser(StreamParser):
                 tokens.pop()
             if not tokens:
                 return None
-        spec = _COMMANDS.get(tokens[0])
-        if spec is None:
+        command = by_word(tokens[0])
+        if command is None:
             raise RemoteProtocolError(problem or "unknown command %s" % show(tokens[0]), _error_opaque(tokens))
-        handler, counts, counts_text, length_index = spec
-        if problem is None and len(tokens) not in counts:
-            problem = "%s needs %s, got %d" % (tokens[0], counts_text, len(tokens))
+        length_index = command.body
+        if problem is None and len(tokens) not in command.counts:
+            problem = "%s needs %s, got %d" % (tokens[0], command.usage, len(tokens))
         length = 0 if length_index is None else self._body_length(tokens, length_index, problem)
         if problem is None:
             try:
-                result = handler(tokens)
-            except TokenError as exc:
+                result = command.parse(tokens)
+            except ValueError as exc:  # TokenError, or a feature parser's reason
                 problem = str(exc)
         if problem is not None:
             self._skip = length
@@ -563,3 +738,32 @@ class TextParser(StreamParser):
         if problem is not None:
             reason = "%s; %s" % (problem, reason)
         raise RemoteProtocolError(reason, _error_opaque(tokens), True)
+
+
+#: word -> its one-step line parser, for the commands that declare one (``TextCommand.fast_line``).
+_FAST_LINES = {c.word.encode("ascii"): c.fast_line for c in table().values() if c.fast_line is not None}
+
+
+def serialize(event):
+    """The canonical wire bytes of ``event``.
+
+    Put: 7 tokens (checksum always written), 8 with a tx_key. Get: 7 tokens, 8
+    with max_wait_ms. Stats: ``stats <item> <opaque>``, a blank item (None or
+    "") as ``stats  <opaque>``. Transaction: timeout only when > 0, qualifier
+    only when not empty. Sync: 8 tokens. Raises ValueError when a text field
+    holds a space, CR or LF, TypeError for a non-event.
+    """
+    command = by_event(type(event))
+    if command is None:
+        raise TypeError("not a text-protocol event: %r" % (event,))
+    return command.serialize(event)
+
+
+def encode_result(code, body, opaque):
+    """``result <code> <len> <opaque>\\r\\n<body>`` (body: bytes-like)."""
+    return b"".join((b"result %d %d %d\r\n" % (code, len(body), opaque), body))
+
+
+def encode_value_header(length, opaque):
+    """``value <length> <opaque>\\r\\n``; the caller sends ``length`` bytes of records after it."""
+    return b"value %d %d\r\n" % (length, opaque)

@@ -14,7 +14,9 @@
 from typing import NamedTuple
 
 from metaq.limits import MAX_TIMER_LIST
+from metaq.protocol.commands import NEEDS_ADMIN, NEEDS_HANDLER, TextCommand, register
 from metaq.protocol.integers import parse_int
+from metaq.protocol.timerburst import scan_put_ats
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -58,15 +60,6 @@ def _parse_timers(t):
     return TimerList(t[1], parse_int(t[2], "limit", 1, MAX_TIMER_LIST), parse_int(t[3], "opaque", *_INT32))
 
 
-#: Plugged into ``protocol.text``'s command table (parsers raise ValueError with the reason).
-COMMANDS = {
-    "put_at": (_parse_put_at, (8,), "8 tokens (put_at <topic> <partition> <len> <flag> <checksum> "
-               "@<epoch ms>|+<delay ms> <opaque>)", 3),
-    "cancel": (_parse_cancel, (3,), "3 tokens (cancel <msgId> <opaque>)", None),
-    "timers": (_parse_timers, (4,), "4 tokens (timers <topic|*> <limit 1..%d> <opaque>)" % MAX_TIMER_LIST, None),
-}
-
-
 def _token(text):
     if not text or any(c in text for c in " \r\n"):
         raise ValueError("%r cannot be sent as a protocol token" % (text,))
@@ -79,11 +72,17 @@ def _serialize_put_at(e):
     return head.encode("utf-8") + e.body
 
 
-SERIALIZERS = {
-    TimerPut: _serialize_put_at,
-    TimerCancelCommand: lambda e: b"cancel %d %d\r\n" % (e.msg_id, e.opaque),
-    TimerList: lambda e: ("timers %s %d %d\r\n" % (_token(e.topic), e.limit, e.opaque)).encode("utf-8"),
-}
+register(TextCommand(
+    "put_at", TimerPut, (8,), "8 tokens (put_at <topic> <partition> <len> <flag> <checksum> @<epoch ms>|+<delay ms> "
+    "<opaque>)", _parse_put_at, _serialize_put_at, NEEDS_HANDLER, body=3, burst=scan_put_ats,
+    examples=(b"put_at t 0 2 0 -1 +1000 1\r\nhi", b"put_at t -1 2 0 -1 @1800000000000 2\r\nhi")))
+register(TextCommand(
+    "cancel", TimerCancelCommand, (3,), "3 tokens (cancel <msgId> <opaque>)", _parse_cancel,
+    lambda e: b"cancel %d %d\r\n" % (e.msg_id, e.opaque), NEEDS_ADMIN, examples=(b"cancel 12345 1\r\n",)))
+register(TextCommand(
+    "timers", TimerList, (4,), "4 tokens (timers <topic|*> <limit 1..%d> <opaque>)" % MAX_TIMER_LIST, _parse_timers,
+    lambda e: ("timers %s %d %d\r\n" % (_token(e.topic), e.limit, e.opaque)).encode("utf-8"), NEEDS_ADMIN,
+    examples=(b"timers * 10 1\r\n", b"timers orders 5 2\r\n")))
 
 
 def format_rows(rows):

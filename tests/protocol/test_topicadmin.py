@@ -5,7 +5,7 @@ import pytest
 from metaq.errors import RemoteProtocolError
 from metaq.protocol import events as ev
 from metaq.protocol.text import TextParser
-from metaq.protocol.textwrite import serialize
+from metaq.protocol.text import serialize
 
 
 def parse(line):

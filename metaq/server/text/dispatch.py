@@ -14,7 +14,7 @@ import gevent
 
 import metaq
 from metaq import errors, limits
-from metaq.protocol import adminwire, events as ev
+from metaq.protocol import adminwire, commands, events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.priority import PriorityGet, PriorityPut
 from metaq.protocol.idempotence import DUPLICATE_MARK
@@ -23,7 +23,7 @@ from metaq.protocol.xa import xa_error_body
 from metaq.protocol.keylookup import encode_lookup_body
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import walk
-from metaq.server.guard import ADMIN, SUB
+from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
@@ -52,51 +52,36 @@ def ok(body, opaque):
     return encode_result(200, body, opaque)
 
 
-#: What each request needs of the connection's user (README "Security"), checked before its handler: a
-#: function of (guard, session, event) that raises Unauthenticated (401) or Forbidden (403). ``auth``,
-#: ``version`` and ``quit`` need nothing; get checks in its handler (the hot path), and every put in its
-#: handler too, through ``PutPath.check_write`` (the one write decision: permission, broker, topic).
-def _any_user(guard, session, e):
-    guard.current_user(session)
-
-
-def _subscriber(guard, session, e):
-    guard.require(session, SUB, "topic", e.topic)
-
-
-def _group_member(guard, session, e):
-    guard.require(session, SUB, "group", e.group)
-    guard.require(session, SUB, "topic", e.topic)
-
-
-#: ``stats`` items only an admin may ask for: ``reset`` changes the counters, ``transactions`` lists every
-#: user's transaction ids (a user sees its own in-doubt branches with ``transaction ... RECOVER``).
-ADMIN_STATS_ITEMS = ("reset", "transactions")
-
-
-def _stats_reader(guard, session, e):
-    if (e.item or "").strip() in ADMIN_STATS_ITEMS:
-        guard.require(session, ADMIN)
-    else:
+def check_need(guard, session, need, event):
+    """Enforce what a request's declaration says it needs of its user (``protocol.commands.Need``): raises
+    Unauthenticated (401) or Forbidden (403). ``HANDLER`` needs are the handler's own (the hot paths, and the one
+    topic-write decision every put asks)."""
+    need = need.of(event)
+    rule = need.rule
+    if rule == commands.NOTHING or rule == commands.HANDLER:
+        return
+    if rule == commands.USER:
         guard.current_user(session)
+    elif rule == commands.ADMIN:
+        guard.require(session, ADMIN)
+    elif rule == commands.PUBLISH:
+        guard.require(session, PUB, "topic", need.subject(event))
+    elif rule == commands.SUBSCRIBE:
+        guard.require(session, SUB, "topic", need.subject(event))
+    elif rule == commands.GROUP:
+        guard.require(session, SUB, "group", event.group)
+        guard.require(session, SUB, "topic", need.subject(event))
+    else:
+        raise TypeError("unknown need %r" % (rule,))
 
 
-def _admin(guard, session, e):
-    guard.require(session, ADMIN)
+def _needs():
+    """``{event type: Need}`` of every request, from the registry."""
+    return {c.event: c.need for c in commands.requests()}
 
 
-_NEEDS = {
-    ev.Offset: _subscriber,
-    ev.OffsetAt: _subscriber,  # a read, checked as get checks: subscribe on the topic
-    ev.Lookup: _subscriber,
-    ev.CommitOffset: _group_member,
-    ev.QueryOffset: _group_member,
-    ev.Stats: _stats_reader,
-    ev.Transaction: _any_user,  # and the branch's owner, or admin for heuristics (text/transactions.py)
-    ev.Sync: _admin,
-    ev.Promote: _admin,
-    ev.TopicCommand: lambda guard, session, e: (_any_user if e.action == "list" else _admin)(guard, session, e),
-}
+#: Requests the connection answers itself, never dispatched (``quit`` closes it).
+CONNECTION_OWN = (ev.Quit,)
 
 
 class TextDispatcher:
@@ -153,23 +138,26 @@ class TextDispatcher:
                                     error_reply=error_reply)  # put_prio, get_prio (README "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
-        timers = TextTimers(put_path, guard, put_path.timers, self.max_body, ack_put=self.ack_put,
+        timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
-        self.admin = TextAdmin(admin, guard, error_reply) if admin is not None else None
-        for event_type in adminwire.SERIALIZERS:
+        self.admin = TextAdmin(admin, error_reply) if admin is not None else None
+        for event_type in adminwire.EVENTS:
             self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin
         if replies is not None:
             self._handlers[ev.Request] = lambda e, conn: (self.requests.request(e, conn), NO_WAIT)
             self._handlers[ev.Reply] = lambda e, conn: (self.requests.reply(e, conn), NO_WAIT)
+        self._needs = _needs()
+        missing = set(self._needs) - set(self._handlers) - set(CONNECTION_OWN)
+        if missing:  # a declared command nobody answers: refuse to start, never a KeyError on its first use
+            raise TypeError("text commands without a handler: %s" % ", ".join(sorted(
+                commands.by_event(t).word for t in missing)))
 
     def handle(self, event, conn):
         handler = self._handlers[type(event)]
         try:
             if self.guard.enabled:
-                need = _NEEDS.get(type(event))
-                if need is not None:
-                    need(self.guard, conn.session, event)
+                check_need(self.guard, conn.session, self._needs[type(event)], event)
             return handler(event, conn)
         except errors.MetaqError as exc:
             return error_reply(exc, event.opaque), NO_WAIT

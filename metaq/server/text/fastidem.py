@@ -29,7 +29,7 @@ from metaq import errors
 from metaq.protocol.burst import encode_put_acks
 from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.idempotence import DUPLICATE_MARK
-from metaq.protocol.textwrite import encode_result
+from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
 from metaq.server.text.dispatch import error_reply
 

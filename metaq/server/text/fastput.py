@@ -22,6 +22,7 @@ general path (message ids apart, which are clock-based either way).
 """
 
 from metaq.limits import BURST_SCAN_FRAMES
+from metaq.protocol import commands
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.server.clock import now_ms
 from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem, writable_topics
@@ -59,13 +60,9 @@ class FastPuts:
         buf, pos, end = window
         cap = BURST_SCAN_FRAMES
         while pos < end:
-            if buf.startswith(b"put ", pos):
-                take_once = take_plain_puts
-            elif buf.startswith(b"put_idem ", pos):  # an idempotent producer's pipeline (fastidem.py)
-                take_once = take_put_idem
-            elif buf.startswith(b"put_at ", pos):  # a pipeline of delivery times (fasttimer.py)
-                take_once = take_put_ats
-            else:
+            space = buf.find(b" ", pos, pos + _LONGEST_WORD + 1)
+            take_once = _TAKERS.get(bytes(buf[pos:space])) if space > 0 else None
+            if take_once is None:
                 break
             wait_pos, pos, status = take_once(self, parser, buf, pos, end, cap, out, durable, wait_pos, session)
             if status is not MORE:
@@ -116,6 +113,16 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
         if fast.store.should_flush(now):
             path.flusher.wake()
     return wait_pos, pos, MORE if taken == scanned == cap else DONE
+
+
+#: The fast path's taker of each command the registry gives a burst scanner (``protocol.commands.bursts``):
+#: plain puts here, an idempotent producer's pipeline (fastidem.py), a pipeline of delivery times (fasttimer.py).
+_TAKER_OF = {"put": take_plain_puts, "put_idem": take_put_idem, "put_at": take_put_ats}
+if set(_TAKER_OF) != set(commands.bursts()):  # a burst scanner without a taker, or a taker of no scanner
+    raise TypeError("the fast path takes %s, the registry's burst commands are %s"
+                    % (sorted(_TAKER_OF), sorted(commands.bursts())))
+_TAKERS = {word.encode("ascii"): take for word, take in _TAKER_OF.items()}
+_LONGEST_WORD = max(len(word) for word in _TAKERS)
 
 
 def failed_replies(opaques, body):

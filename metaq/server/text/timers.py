@@ -12,20 +12,19 @@ from metaq.protocol.text import encode_result
 from metaq.protocol.timer import TIMER_TOPIC, parse_when
 from metaq.protocol.timerwire import format_rows
 from metaq.server.clock import now_ms
-from metaq.server.guard import ADMIN
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
 NO_WAIT = 0
 
 
 class TextTimers:
-    """The three handlers, over the put path, the guard and the timer service (None: no timer store)."""
+    """The three handlers, over the put path and the timer service (None: no timer store). ``cancel`` and
+    ``timers`` need the admin permission, ``put_at`` the topic-write decision (``protocol.timerwire``)."""
 
-    def __init__(self, put_path, guard, timers, max_body, *, ack_put, error_reply):
+    def __init__(self, put_path, timers, max_body, *, ack_put, error_reply):
         """``ack_put(e, r, now, reply, conn)``: how a stored put is answered (the dispatcher's, per the flush and
         replication modes); ``error_reply(exc, opaque)``: the dispatcher's one error→reply mapping."""
         self.put_path = put_path
-        self.guard = guard
         self.timers = timers
         self.max_body = max_body
         self.ack_put = ack_put
@@ -51,8 +50,6 @@ class TextTimers:
         now = now_ms()
         if self.timers is None:
             raise errors.ClientError("this broker has no timer store")
-        if self.guard.enabled:
-            self.guard.require(conn.session, ADMIN)  # any message's id: an operator's (or the admin tool's) request
         self.put_path.check_writable()
         outcome, r = self.timers.cancel(e.msg_id, now)
         if r is None:
@@ -63,8 +60,6 @@ class TextTimers:
     def list(self, e, conn):
         if self.timers is None:
             raise errors.ClientError("this broker has no timer store")
-        if self.guard.enabled:
-            self.guard.require(conn.session, ADMIN)
         rows = self.timers.list(None if e.topic == "*" else e.topic, e.limit)
         return encode_result(200, format_rows(rows), e.opaque), NO_WAIT
 
