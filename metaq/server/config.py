@@ -516,7 +516,7 @@ class ServerConfig(_Section):
         if exposed:
             raise ValueError(
                 "%s is not a loopback address and authentication is off: anyone who reaches it could read and "
-                "write every topic. Set security.acl_file (README \"Security\"), bind 127.0.0.1, or set "
+                "write every topic. Set security.acl_file (docs/security.md), bind 127.0.0.1, or set "
                 "security.insecure: true to accept the risk" % ", ".join(exposed))
         return self
 

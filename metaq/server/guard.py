@@ -182,7 +182,7 @@ class Guard:
         name = session.user if session is not None else None
         if name is None:
             raise errors.Unauthenticated("authentication required: send auth <user> <opaque> first "
-                                         "(README \"Security\")")
+                                         "(docs/security.md)")
         user = self.user(name)
         if user is None or not user.allowed_from(session.host):
             raise errors.Unauthenticated("user %s is no longer allowed (the permissions file changed): "
