@@ -99,7 +99,7 @@ MAX_CUTS_REMEMBERED = 64
 #: Milliseconds a connection's greenlet handles the requests of one receive buffer (up to 256 KiB of pipelined
 #: requests) before it lets the other connections run (``connections.share_loop``): a pipeline of requests that
 #: each cost milliseconds (``get_tags`` scanning ``MAX_FILTER_SCAN_UNITS`` units, a ``get_prio`` over eight
-#: backlogged levels) stalled every other client for the whole buffer, 8-25 s measured; now for about this long.
+#: backlogged levels) would otherwise stall every other client for the whole buffer; it stalls them about this long.
 MAX_TURN_MS = 20
 
 #: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops

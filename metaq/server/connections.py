@@ -66,8 +66,8 @@ REFUSAL_LOG_INTERVAL_S = 1.0
 
 
 #: How long ``share_loop`` sleeps: a timer, so that the loop polls the sockets before this greenlet goes on
-#: (``gevent.sleep(0)`` runs the greenlets already ready and comes back without polling: a measured probe waited
-#: 1 s, for the loop's next periodic timer).
+#: (``gevent.sleep(0)`` runs the greenlets already ready and comes back without polling: a connection that keeps
+#: its socket full would keep the others waiting until the loop's next periodic timer).
 TURN_PAUSE_S = 0.0001
 
 

@@ -97,9 +97,8 @@ class NativeSync:
     """fdatasync in ``metaq._speedups.SyncWorker``, a C thread that never takes the GIL.
 
     A Python thread (``DedicatedThread``) must take the GIL to start the sync
-    and again to report it, and a busy event loop holds the GIL (measured with
-    16 producers in ``sync`` mode: 0.6 ms at p90 just to start a sync; the C
-    thread starts within 0.08 ms at p90). The C thread reports through a pipe
+    and again to report it, and a busy event loop holds the GIL, which delays
+    the start of every sync; the C thread starts at once. It reports through a pipe
     whose watcher has the loop's highest priority. ``sync_fds`` syncs
     descriptors the caller keeps open (the store's: a round opens nothing);
     ``sync_paths`` opens the files (a path lookup) and keeps them open until the
@@ -417,7 +416,7 @@ class AheadWorker:
     ``store.prepare_ahead`` in a pool thread: ``posix_fallocate`` and page
     faults then never stall the event loop in the normal case. Once the log has
     stood still for ``IDLE_AFTER_S`` it asks every ``IDLE_POLL_S`` instead (an idle
-    broker's loop woke 100 times a second for it: 1.7% of a core), until the next
+    broker costs next to nothing), until the next
     flush round (``observe_flushes``: a put's) or a poll finds the log moved.
     """
 

@@ -42,11 +42,10 @@ cannot unmap the range under it (the close then leaves the map to the GC).
 
 Why READ and not WRITE: on tmpfs both leave writable page-table entries (a
 shared mapping without dirty tracking is mapped writable on a read fault), so
-a later write costs the same (measured 0.25-0.4 us per 1 KiB record either
-way, 0.9 without). On a disk filesystem POPULATE_WRITE marks every page dirty
-ahead of the data: the next fdatasync writes those zeros (measured on ext4:
-128 MiB dirtied by a 128 MiB populate, 76 ms of extra fdatasync), doubling the
-log's write volume and lengthening sync-mode group commits; POPULATE_READ
+a later write costs the same either way. On a disk filesystem POPULATE_WRITE
+marks every page dirty ahead of the data: the next fdatasync writes those
+zeros, doubling the log's write volume and lengthening sync-mode group
+commits (figures: bench/README.md, "Prefaulting the log"); POPULATE_READ
 brings the (zero) pages into the page cache clean and the writer only takes
 the cheap write-protect fault.
 """
@@ -305,8 +304,7 @@ class MappedFile:
     def prefetch(self, start, end):
         """Ask the kernel to bring ``[start, end)`` in ahead of the writer (MADV_WILLNEED).
 
-        Writing into pages that are not resident yet costs a page fault each
-        (measured 2-3 us per KiB of 1 KiB records, 0.5 us after the advice).
+        Writing into pages that are not resident yet costs a page fault each; the advice brings them in ahead.
         """
         start -= start % mmap.PAGESIZE
         end = min(end, self.size)

@@ -1,7 +1,7 @@
 """A commit's room on disk, checked before its first append (``TransactionManager.apply_commit``).
 
 A full disk met half way through a commit would leave its first messages visible and the rest missing, with other
-puts stored in between (an attack review's finding: 34 of 60 visible, an unrelated put at offset 39). So the
+puts stored in between. So the
 commit asks the store first whether every message still to append fits, new segments and index files included
 (``MessageStore.check_room``), and is refused whole, nothing stored, when they do not: the branch stays
 committing, and a later ``commit`` (once there is room) stores it all.

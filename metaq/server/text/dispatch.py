@@ -358,12 +358,10 @@ class TextDispatcher:
         A binary search over the partition's index (store times grow with offsets, ``lookup.TimeSearch``): each
         probe reads a 16-byte index unit, then the 8-byte store time of its record, ~2*log2(n) scattered reads.
         Done naively on the loop, a partition out of the page cache costs a major fault per cold page, and the
-        loop waits for each (measured with 2 million messages evicted by posix_fadvise DONTNEED on this
-        project's VM disk: 10-110 ms, 2-7 faults; a cold 1 MiB get of the same partition: 11-17 ms). A worker
-        thread alone would not help (a fault holds the GIL), so each read's page is checked first
-        (``MappedFile.resident``, mincore) and a cold one brought in by ``MappedFile.populate`` in gevent's
-        pool (the GIL released); the loop then reads it from memory. Measured the same way: ~1 ms of loop time
-        per cold lookup (worst single step 0.1-3 ms) while the disk reads take their 5-110 ms off it; a warm
+        loop would wait for each. A worker thread alone would not help (a fault holds the GIL), so each read's
+        page is checked first (``MappedFile.resident``, mincore) and a cold one brought in by
+        ``MappedFile.populate`` in gevent's pool (the GIL released); the loop then reads it from memory, and the
+        disk reads happen off it (figures: bench/README.md, "Cold reads off the loop"); a warm
         lookup 0.45 ms, no pool hop. This connection waits meanwhile (its next requests after it).
         """
         if self.roles.read_refusal is not None:
