@@ -68,7 +68,7 @@ class MetaqTarget:
 
 
 class FloorTarget(MetaqTarget):
-    def __init__(self, root, inline):  # noqa: super().__init__ starts a broker: this starts a floor server instead
+    def __init__(self, root, inline):  # no super().__init__(): it starts a broker, this starts a floor server instead
         directory = os.path.join(root, "floor-inline" if inline else "floor")
         os.makedirs(directory, exist_ok=True)
         self.broker = FloorServer(free_port(), directory, inline=inline)

@@ -10,7 +10,6 @@ section that others own (``add_source``).
 """
 
 import os
-import re
 import threading
 import time
 

@@ -13,7 +13,6 @@ that is asserted, and the window's size is measured (printed). ``sync``: not one
 """
 
 import os
-import time
 
 import pytest
 
