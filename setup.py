@@ -15,8 +15,8 @@ def speedups_extension():
             os.path.exists(os.path.join(d, "isa-l", "crc.h")) for d in ("/usr/include", "/usr/local/include")):
         libraries.append("isal")
         macros.append(("METAQ_HAVE_ISAL", "1"))
-    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c", "metaq/_timerscan.c",
-                      "metaq/_recoveryscan.c"], depends=["metaq/_speedups.h"],
+    return Extension("metaq._speedups", ["metaq/_speedups.c", "metaq/_syncworker.c", "metaq/_idemscan.c",
+                                         "metaq/_timerscan.c", "metaq/_recoveryscan.c"], depends=["metaq/_speedups.h"],
                      include_dirs=["metaq"], libraries=libraries, define_macros=macros, optional=True)
 
 
@@ -52,6 +52,7 @@ setup(
             "rocketmq==0.4.4",  # the official RocketMQ client (C++ core bundled): remoting tests and bench
             "fusepy>=3.0.1,<4",  # tests/harness/fusefs.py: the FUSE fault filesystem (needs Debian's libfuse2)
             "mkdocs>=1.6,<2",  # the documentation site: tests/test_docs.py builds it --strict (links and anchors)
+            "ruff>=0.17,<0.18",  # the linter make test runs (tests/test_lint.py; rules in ruff.toml)
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],

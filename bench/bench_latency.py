@@ -8,7 +8,8 @@ its peer compares two different machines. Here every target is up at once (this 
 ``--baseline`` tree's broker when given, Redis Streams with ``appendfsync always`` for ``sync`` and
 ``everysec`` for ``async``) and each takes ``CHUNK`` sequential puts in turn, the first of a turn
 rotating, so all of them see the same minutes. Every server runs on the CPUs other than the client's
-(``run.placed``: a round trip within one CPU and one across two differ eightfold here). ``--dir /dev/shm`` puts the logs on tmpfs: fdatasync then costs next to nothing and
+(``run.placed``: a round trip within one CPU and one across two differ eightfold here). ``--dir /dev/shm`` puts
+the logs on tmpfs: fdatasync then costs next to nothing and
 what is left is the broker's own time above the disk (the hand-offs, wake-ups and Python of a put).
 ``--floor`` adds the two floor servers of ``bench/gevent_floor.py`` (``sync`` only): the smallest gevent server
 that writes a put into a map and acks it after an fdatasync in gevent's thread pool (``floor``), and the same
@@ -68,7 +69,7 @@ class MetaqTarget:
 
 
 class FloorTarget(MetaqTarget):
-    def __init__(self, root, inline):  # noqa: super().__init__ starts a broker: this starts a floor server instead
+    def __init__(self, root, inline):  # no super().__init__(): it starts a broker, this starts a floor server instead
         directory = os.path.join(root, "floor-inline" if inline else "floor")
         os.makedirs(directory, exist_ok=True)
         self.broker = FloorServer(free_port(), directory, inline=inline)
@@ -165,7 +166,8 @@ def main():
         ratios = ("%11.2fx %11.2fx" % (red[0] / p50, red[2] / p99)) if red else ""
         print("%-12s %9.3f %9.3f %9.3f %s" % (name, p50, p90, p99, ratios))
     if red:
-        print("ratio > 1: metaq lower (better); medians of %d runs, each target %d puts per run" % (args.runs, args.puts))
+        print("ratio > 1: metaq lower (better); medians of %d runs, each target %d puts per run"
+              % (args.runs, args.puts))
 
 
 if __name__ == "__main__":

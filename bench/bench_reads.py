@@ -112,7 +112,8 @@ def main():
     root = tempfile.mkdtemp(prefix="metaq-bench-reads-", dir=args.dir)
     brokers = {}
     try:
-        brokers["sequential read, 1 MiB gets, zero-copy"] = start(root, "zc", True)  # named and set, whatever the default
+        # named and set, whatever the default
+        brokers["sequential read, 1 MiB gets, zero-copy"] = start(root, "zc", True)
         if args.copying:
             brokers["sequential read, 1 MiB gets, copying"] = start(root, "copy", False)
         for b in brokers.values():

@@ -91,7 +91,8 @@ def fill(b, n):
     time.sleep(1.0)
     before = rss_mb(b.proc.pid)
     now = int(time.time() * 1000)
-    frames = [put_at_frame("later", i % PARTITIONS, payload, "@%d" % (now + random.randrange(3_600_000, 30 * DAY_MS)), i)
+    frames = [put_at_frame("later", i % PARTITIONS, payload,
+                           "@%d" % (now + random.randrange(3_600_000, 30 * DAY_MS)), i)
               for i in range(n)]
     timed_rate = pipelined(b.port, frames)
     del frames

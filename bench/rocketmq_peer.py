@@ -9,7 +9,8 @@ gives each run a HOME of its own). Output: one JSON object per line.
 
     produce --ns ADDR --topic T --count N [--tags X] [--delay-level L] [--prefix P] [--size B] [--keep-going]
             [--retry-for S [--retry-pause S]] [--interval S] [--orderly-keys K]
-    consume --ns ADDR --topic T --group G --expect N [--subscription EXPR] [--timeout S] [--linger S] [--fail BODY] [--stop-after K]
+    consume --ns ADDR --topic T --group G --expect N [--subscription EXPR] [--timeout S] [--linger S] [--fail BODY]
+            [--stop-after K]
             [--distinct]  (count distinct bodies toward N: redeliveries after a failover do not end it early)
             [--orderly [--work S] [--log FILE] [--stop-file PATH]]
 

@@ -57,7 +57,8 @@ def build(spark, brokers, work):
 
     orders = (spark.readStream.format("metaq").option("brokers", brokers).option("subscribe", ORDERS)
               .option("startingOffsets", "earliest").load()
-              .select(F.from_json(F.col("value").cast("string"), "order_id string, amount double, ts double").alias("o"))
+              .select(F.from_json(F.col("value").cast("string"), "order_id string, amount double, ts double")
+                      .alias("o"))
               .select("o.*").withColumn("ordered_at", F.col("ts").cast("timestamp")))
     per_minute = (orders.withWatermark("ordered_at", "1 minute")
                   .groupBy(F.window("ordered_at", "1 minute").alias("w"))

@@ -2,7 +2,8 @@
 
 A test is ``integration`` when it lives in a folder of server tests or uses a fixture that starts a
 server (``pytest_collection_modifyitems`` marks it); every other test is a unit test, and a unit test
-that binds, listens on, connects or sends a datagram from a socket other than AF_UNIX fails (``_no_network_in_unit_tests``).
+that binds, listens on, connects or sends a datagram from a socket other than AF_UNIX fails
+(``_no_network_in_unit_tests``).
 """
 
 import os

@@ -7,7 +7,6 @@ import os
 import re
 import time
 
-import pytest
 import yaml
 
 from metaq.client import Message, Producer

@@ -16,8 +16,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "metaq"
 
-IO_MODULES = {"socket", "socketserver", "select", "selectors", "asyncio", "ssl", "gevent", "kazoo", "threading", "_thread", "signal",
-              "multiprocessing", "subprocess", "concurrent"}
+IO_MODULES = {"socket", "socketserver", "select", "selectors", "asyncio", "ssl", "gevent", "kazoo", "threading",
+              "_thread", "signal", "multiprocessing", "subprocess", "concurrent"}
 
 # layer -> (metaq packages it may import, other top-level modules it must not import)
 RULES = {
@@ -27,7 +27,8 @@ RULES = {
     # Users, permissions and proofs of a secret (hmac, ipaddress): pure, like protocol.
     "auth": ({"metaq.errors", "metaq.limits", "metaq.auth"}, IO_MODULES | {"logging", "time"}),
     "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
-    "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"}, IO_MODULES | {"time", "datetime"}),
+    "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"},
+           IO_MODULES | {"time", "datetime"}),
     "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.store", "metaq.tx",
                 "metaq.server"}, set()),
     # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
@@ -242,7 +243,8 @@ PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults
 
 
 def is_private(name):
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and name not in PUBLIC_UNDERSCORE
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__")) and \
+        name not in PUBLIC_UNDERSCORE
 
 
 def private_access(path, root=ROOT):

@@ -28,8 +28,8 @@ GAPS = "Promises without a test"
 NOTHING = "Sections that promise nothing"
 README_SECTION = "The README's quickstart"
 SPECIAL = (GAPS, NOTHING, README_SECTION)
-#: Pages whose headings need no section here: the home page (the README's overview again), this index, a page generated from the schema, the code's layout
-#: and a reference table of RocketMQ's request codes.
+#: Pages whose headings need no section here: the home page (the README's overview again), this index, a page
+#: generated from the schema, the code's layout and a reference table of RocketMQ's request codes.
 NOT_INDEXED = ("index.md", "promises.md", "configuration-reference.md", "architecture.md", "rocketmq-codes.md")
 
 FENCE = re.compile(r"^\s*(```|~~~)")

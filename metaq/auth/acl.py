@@ -255,7 +255,8 @@ def parse_acl(doc, source="the permissions file"):
         raise ConfigError("%s must contain a mapping (allow, roles, users) at the top level" % source)
     unknown = set(doc) - {"allow", "roles", "users"}
     if unknown:
-        raise ConfigError("%s: unknown setting %s (known: allow, roles, users)" % (source, ", ".join(map(str, unknown))))
+        raise ConfigError("%s: unknown setting %s (known: allow, roles, users)"
+                          % (source, ", ".join(map(str, unknown))))
     allow = parse_addresses(doc["allow"], "%s: allow" % source) if doc.get("allow") is not None else None
     roles = {name: _grants(entry, "%s: roles.%s" % (source, name), _ROLE_KEYS)
              for name, entry in _named_entries(doc, "roles", source).items()}

@@ -33,7 +33,8 @@ from datetime import datetime
 import metaq
 from metaq import errors
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import admindlq, adminoffsets, admintimers, admintools, admintopics, replay, security as client_security
+from metaq.client import admindlq, adminoffsets, admintimers, admintools, admintopics, replay
+from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
 from metaq.client.offsets import parse_zk_offset
@@ -141,7 +142,8 @@ def zk_group_rows(view, only_group=None):
     rows = []
     groups = [only_group] if only_group else sorted(zk_children(zk, base))
     for group in groups:
-        topics = set(zk_children(zk, "%s/%s/offsets" % (base, group))) | set(zk_children(zk, "%s/%s/owners" % (base, group)))
+        topics = set(zk_children(zk, "%s/%s/offsets" % (base, group)))
+        topics |= set(zk_children(zk, "%s/%s/owners" % (base, group)))
         for topic in sorted(topics):
             parts = set(zk_children(zk, "%s/%s/offsets/%s" % (base, group, topic)))
             parts |= set(zk_children(zk, "%s/%s/owners/%s" % (base, group, topic)))
@@ -321,7 +323,8 @@ def cmd_offset_at(view, args):
     return rows, ["topic", "partition", "time_ms", "offset", "min_offset", "max_offset"]
 
 
-COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics, "partitions": cmd_partitions, "groups": cmd_groups,
+COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics,
+            "partitions": cmd_partitions, "groups": cmd_groups,
             "zk": cmd_zk}
 
 

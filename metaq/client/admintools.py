@@ -31,7 +31,8 @@ from metaq.client import replay
 from metaq.client.selectors import KeySelector
 from metaq.protocol import events as ev
 
-__all__ = ["AdminExit", "add_parsers", "run_put", "run_tail", "safe_text", "parse_start", "split_lines", "choose_partition"]
+__all__ = ["AdminExit", "add_parsers", "run_put", "run_tail", "safe_text", "parse_start", "split_lines",
+           "choose_partition"]
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: The group name ``tail``'s gets carry (a get names one; tail never commits an offset).
@@ -55,7 +56,8 @@ def add_parsers(sub, time_type):
     s.add_argument("topic")
     s.add_argument("--partition", metavar="P", help="this partition (b-p, or a number: that partition of the "
                    "lowest broker id); default: round robin, or by key with --key")
-    s.add_argument("--key", dest="msg_key", help="the messages' key (KEYS property; picks the partition unless --partition)")
+    s.add_argument("--key", dest="msg_key",
+                   help="the messages' key (KEYS property; picks the partition unless --partition)")
     s.add_argument("--attribute", help="the messages' attribute (a MetaQ attribute: RocketMQ consumers see tags)")
     s.add_argument("--file", metavar="F", help="read this file instead of stdin")
     s.add_argument("--raw", action="store_true", help="send the whole input as one message")

@@ -323,7 +323,8 @@ class BrokerConnection:
         self._flush(sock, gen, _CALLER_ROUNDS)
 
     def _flush(self, sock, gen, rounds):
-        """Write queued bytes (this thread owns ``_writing``); after ``rounds`` writes hand over to the writer thread."""
+        """Write queued bytes (this thread owns ``_writing``); after ``rounds`` writes hand over to the writer
+        thread."""
         for _ in range(rounds):
             with self._lock:
                 if self._gen != gen:

@@ -541,7 +541,8 @@ class Consumer:
         return offset, None
 
     def _commit_fetchers(self, fetchers):
-        """Commit the positions of ``fetchers``; one commit at a time, so a stale position never overwrites a newer one."""
+        """Commit the positions of ``fetchers``; one commit at a time, so a stale position never overwrites a
+        newer one."""
         with self._commit_lock:
             positions = {}
             for key, f in fetchers.items():

@@ -167,7 +167,8 @@ class DecisionLog:
                 if len(line) > MAX_LOG_LINE:
                     raise ValueError("line of %d bytes" % len(line))
                 rec = json.loads(line)
-                if not isinstance(rec, dict) or rec.get("decision") != "commit" or not isinstance(rec.get("gtrid"), str):
+                if not isinstance(rec, dict) or rec.get("decision") != "commit" or \
+                        not isinstance(rec.get("gtrid"), str):
                     raise ValueError("not a decision")
             except ValueError as exc:
                 raise CoordinatorError("%s: corrupt decision at byte %d: %s" % (self.path, good_end, exc)) from exc

@@ -9,11 +9,13 @@ on from the consumer's offset would skip the new messages written there, so the 
 ``Checkpoints`` keeps, per partition, ``(offset, msg_id)`` of records the fetcher read, at most
 ``limits.MAX_FETCH_CHECKPOINTS``: the newest densely, older ones ever sparser (per power of two, the first record
 of the current and of the previous block of that size), so that a divergence ``d`` records back is found with
-at most ``3d`` records read again, and the first record read (where the fetcher began) is kept. After a 412 the fetcher probes them newest first (a get of one record
+at most ``3d`` records read again, and the first record read (where the fetcher began) is kept. After a 412 the
+fetcher probes them newest first (a get of one record
 after each, ``expect`` that record: ``probe_verdict``) and reads on after the newest one the broker holds as it
 was read. Logs only ever diverge as a common prefix and different tails (the epoch handshake cuts a slave to the
 agreed position), so everything before a matching record matches too: nothing is skipped, and what is read again
-is at most about three times the depth of the divergence. If none matches, the fetcher goes back to the first message stored
+is at most about three times the depth of the divergence. If none matches, the fetcher goes back to the first
+message stored
 ``limits.DIVERGENCE_REWIND_MS`` before the oldest of them (``rewind_time_ms``), saying so in a WARNING line.
 """
 

@@ -232,7 +232,8 @@ class BrokerOffsetStore(OffsetStore):
                 self._written[(topic, _partition_key(partition))] = value
         if failures:
             key, exc = failures[0]
-            raise errors.Unavailable("%d offset commit(s) failed, first %s %s: %s" % (len(failures), key[0], key[1], exc))
+            raise errors.Unavailable("%d offset commit(s) failed, first %s %s: %s"
+                                     % (len(failures), key[0], key[1], exc))
 
 
 class LocalFileOffsetStore(OffsetStore):

@@ -15,7 +15,8 @@ level's log) answers 412 naming the level, and the fetcher takes that level back
 (``PartitionFetcher._go_back``), as it does after a 301 below what the level read. A broker older than the expects
 answers 400: the fetcher says so once and asks without them.
 
-``lag()`` counts every level. Not supported for a priority subscription: a broker-side tag filter (a callable or attribute filter still
+``lag()`` counts every level. Not supported for a priority subscription: a broker-side tag filter (a callable or
+attribute filter still
 runs here, on every message), ``seek`` (ClientError) and a ``start_from`` time (ClientError at ``subscribe``:
 each level starts at its stored offset, else at ``start_from``'s earliest or latest).
 """

@@ -19,7 +19,8 @@ def make_filter(spec):
     try:
         wanted = frozenset(spec)
     except TypeError:
-        raise errors.ClientError("filter must be a callable, an attribute string or strings, got %r" % (spec,)) from None
+        raise errors.ClientError("filter must be a callable, an attribute string or strings, got %r"
+                                 % (spec,)) from None
     if not all(isinstance(a, str) for a in wanted):
         raise errors.ClientError("filter attributes must be strings, got %r" % (spec,))
     return lambda message: message.attribute in wanted

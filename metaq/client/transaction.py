@@ -224,7 +224,8 @@ class Branch:
     def put(self, put, partition, timeout, future, message=None):
         """Send ``put`` to ``partition`` inside the transaction; ``future`` gets its SendResult."""
         if type(put) is not ev.Put:
-            raise ValueError("a delayed message (delay_level > 0, deliver_at or delay) cannot be sent inside a transaction")
+            raise ValueError("a delayed message (delay_level > 0, deliver_at or delay) cannot be sent inside a "
+                             "transaction")
         with self._lock:
             self._pending.add(future)
         event = ev.Put(put.topic, partition.partition, put.flag, put.body, 0, put.checksum, self.tx_key)

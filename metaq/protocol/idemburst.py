@@ -1,4 +1,5 @@
-"""Bursts of ``put_idem`` frames in one pass: scanned, checked and given their identity (the broker's fast path; sans-IO).
+"""Bursts of ``put_idem`` frames in one pass: scanned, checked and given their identity (the broker's fast path;
+sans-IO).
 
 An idempotent producer's pipeline fills the receive buffer with whole
 ``put_idem`` frames. ``scan_idem_burst`` takes the leading run of them that

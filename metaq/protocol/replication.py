@@ -422,7 +422,8 @@ class ReplicationParser:
         if ftype == T_HELLO:
             slave_id, broker_id, segment_size, start, count = HELLO.unpack_from(payload)
             if slave_id < 0 or not 0 <= broker_id <= limits.MAX_BROKER_ID or segment_size <= 0:
-                raise _fail("bad HELLO: slave id %d, broker id %d, segment size %d" % (slave_id, broker_id, segment_size))
+                raise _fail("bad HELLO: slave id %d, broker id %d, segment size %d"
+                            % (slave_id, broker_id, segment_size))
             _check_position(start, _fail)
             return Hello(slave_id, broker_id, segment_size, start, self._history(payload, HELLO.size, count))
         if ftype == T_EPOCHS:

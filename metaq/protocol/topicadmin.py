@@ -6,7 +6,8 @@ Actions: ``create`` and ``alter`` take settings, ``delete`` none (``-``), ``list
     topic create orders partitions=4,perm=rw,ordered=1,retention_hours=2.5,retention_bytes=1000000 7
 
 Keys: ``partitions``, ``perm`` (rw, r, w, -), ``ordered`` (0/1), ``retention_hours``, ``retention_bytes``
-(``none`` removes a retention setting), ``priorities`` and ``priority_max_wait_ms`` (README "Priorities"); their meaning and checks are the store's (``metaq.store.topics``).
+(``none`` removes a retention setting), ``priorities`` and ``priority_max_wait_ms`` (README "Priorities"); their
+meaning and checks are the store's (``metaq.store.topics``).
 The broker answers ``result 200`` with a JSON body (the topic's settings; for ``list`` a list of them), or
 ``result 400/403/404`` with the reason. Admin permission is needed (README "Security").
 """

@@ -90,7 +90,8 @@ class AdminOps:
     the RocketMQ clients in the group (empty without a remoting port); ``pause()`` lets the broker's other
     greenlets run between the steps of a dead-letter scan (``limits.DLQ_SCAN_STEP``)."""
 
-    def __init__(self, store, put_path, text_members, remoting_members=lambda group: [], pause=lambda: gevent.sleep(0.001)):
+    def __init__(self, store, put_path, text_members, remoting_members=lambda group: [],
+                 pause=lambda: gevent.sleep(0.001)):
         self.pause = pause  # lets the loop's other greenlets run (a long scan's steps)
         self.store = store
         self.put_path = put_path
@@ -193,7 +194,8 @@ class AdminOps:
     def _window(self, topic, partition):
         """The first offset of the dead letters a list or resend sees: the newest ``limits.MAX_DLQ_SCAN`` of the
         partition (the newest are the ones an operator is after; older ones are named by ``more``)."""
-        return max(self.store.min_offset(topic, partition), self.store.max_offset(topic, partition) - limits.MAX_DLQ_SCAN)
+        return max(self.store.min_offset(topic, partition),
+                   self.store.max_offset(topic, partition) - limits.MAX_DLQ_SCAN)
 
     def resent(self, group, windows=None):
         """The positions ``(partition, offset)`` of the group's dead letters already resent (its journal), only

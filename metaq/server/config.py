@@ -218,7 +218,7 @@ class ReplicationSection(_Section):
     sync_timeout_ms: int = Field(3000, ge=1)
     ha: Literal["manual", "auto"] = "manual"  # auto: elected through ZooKeeper (slave_id = member id; election.py)
     lease_ms: Optional[int] = Field(None, ge=100)  # default: half of zk.session_timeout_ms (Config.lease_ms)
-    insync_lag_ms: int = Field(2000, ge=10, le=60000)  # sync mode: a member not caught up for this long leaves the in-sync set
+    insync_lag_ms: int = Field(2000, ge=10, le=60000)  # sync mode: a member behind for this long leaves the in-sync set
     election_settle_ms: int = Field(500, ge=0)  # how long candidates wait for each other's positions
     advertised_address: Optional[str] = None  # HOST:PORT the other members dial for our port (NAT, a proxy)
 
@@ -431,8 +431,8 @@ class ServerConfig(_Section):
         for i, t in enumerate(topics):
             if t.name in first:
                 j = first[t.name]
-                raise ValueError("topic %r is listed twice, as topics.%d (partitions %d) and topics.%d (partitions %d); "
-                                 "only the first would count: keep one entry"
+                raise ValueError("topic %r is listed twice, as topics.%d (partitions %d) and topics.%d "
+                                 "(partitions %d); only the first would count: keep one entry"
                                  % (t.name, j, topics[j].partitions, i, t.partitions))
             first[t.name] = i
         return topics

@@ -49,7 +49,8 @@ def _unknown_key(root, loc):
 
     The suggestion is the valid key of the same mapping nearest to the unknown one (difflib), if any is near
     enough (``SUGGEST_CUTOFF``); failing that, at the top level or in a section, the sections that have a
-    setting of exactly that name (a key written in the wrong place). Without either, the message is the first part alone."""
+    setting of exactly that name (a key written in the wrong place). Without either, the message is the first part
+    alone."""
     what = "unknown section" if len(loc) == 1 else "unknown setting"
     key = loc[-1]
     if not isinstance(key, str) or len(key) > SUGGEST_MAX_KEY:

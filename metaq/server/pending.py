@@ -21,7 +21,8 @@ class Pending(NamedTuple):
 
 
 class PendingRequests:
-    def __init__(self, max_total=limits.MAX_PENDING_REQUESTS, per_connection=limits.MAX_PENDING_REQUESTS_PER_CONNECTION):
+    def __init__(self, max_total=limits.MAX_PENDING_REQUESTS,
+                 per_connection=limits.MAX_PENDING_REQUESTS_PER_CONNECTION):
         self.max_total = max_total
         self.per_connection = per_connection
         self._by_id = {}  # correlation id -> Pending

@@ -163,7 +163,8 @@ class PutPath:
             raise errors.ClientError("topic %s has no priorities (a priority %d was given): create or alter it with "
                                      "metaq-admin topics ... --priorities L" % (topic, priority))
         if not 0 <= priority < levels:
-            raise errors.ClientError("priority %d is out of range for topic %s: it has %d levels, 0..%d (%d the highest)"
+            raise errors.ClientError("priority %d is out of range for topic %s: it has %d levels, 0..%d "
+                                     "(%d the highest)"
                                      % (priority, topic, levels, levels - 1, levels - 1))
         return level_topic(topic, priority)
 

@@ -4,7 +4,8 @@ Nodes this broker (a master) writes, all data UTF-8 strings:
 
     <root>/brokers/ids/<id>                         persistent  meta://host:port (for clients older than MetaQ 1.4)
     <root>/brokers/ids/<id>/master                  ephemeral   meta://host:port
-    <root>/brokers/ids/<id>/master_config_checksum  ephemeral   decimal CRC-32 of the parsed configuration, secrets redacted
+    <root>/brokers/ids/<id>/master_config_checksum  ephemeral   decimal CRC-32 of the parsed configuration,
+                                                                secrets redacted
     <root>/brokers/topics/<topic>/<id>-m            ephemeral   partition count (legacy, read by contrib producers)
     <root>/brokers/topics-pub/<topic>/<id>-m        ephemeral   {"numParts":N,"broker":"<id>-m"}
     <root>/brokers/topics-sub/<topic>/<id>-m        ephemeral   the same JSON

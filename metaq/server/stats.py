@@ -10,7 +10,6 @@ section that others own (``add_source``).
 """
 
 import os
-import re
 import threading
 import time
 
@@ -262,8 +261,8 @@ class StatsService:
             ("long_poll_waiters", sum(1 for topic, _p in self.waiters.keys() if topic not in INTERNAL)),
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
-        ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + self.sources["remoting"]() + \
-            self.sources["security"]() + self.sources.get("zero_copy", list)()
+        ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
+            self.sources["remoting"]() + self.sources["security"]() + self.sources.get("zero_copy", list)()
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).

@@ -76,6 +76,7 @@ def group_status(statuses):
 
 
 def burrow_group_status(statuses):
-    """A group's status as Burrow reports it: NOTFOUND, OK, WARN or ERR (STOP, STALL, REWIND, BROKER_DOWN fold into ERR)."""
+    """A group's status as Burrow reports it: NOTFOUND, OK, WARN or ERR (STOP, STALL, REWIND, BROKER_DOWN fold into
+    ERR)."""
     worst = group_status(statuses)
     return "ERR" if _RANK[worst] >= _RANK["ERR"] else worst

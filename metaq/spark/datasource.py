@@ -20,7 +20,8 @@ options (never a secret): every executor reads the files at the same paths. With
 Columns (``metaq.spark.rows``): ``topic string, partition string ("<brokerId>-<p>"), offset long,
 msg_id long, attribute string, value binary, timestamp timestamp`` (when the broker stored the
 message, from the message id), ``key string`` (the RocketMQ ``KEYS`` property) and
-``properties map<string,string>``. The streaming source (``spark.readStream.format("metaq")``) is :mod:`metaq.spark.stream`; the sink
+``properties map<string,string>``. The streaming source (``spark.readStream.format("metaq")``) is
+:mod:`metaq.spark.stream`; the sink
 (``df.write`` / ``df.writeStream`` ``.format("metaq")``) is :mod:`metaq.spark.sink`.
 
 The ranges are resolved once when the query is planned (``latest`` is

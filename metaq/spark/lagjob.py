@@ -84,8 +84,8 @@ def run_lag_job(spark, history_dir, intervals=10, max_age_s=None):
     for table, df in tables.items():
         df.createOrReplaceTempView("mq_" + table)
     sql = spark.sql
-    info = sql("SELECT count(*) AS n, max(ts_ms) AS now, slice(sort_array(collect_list(ts_ms), false), 1, %d) AS recent "
-               "FROM mq_snapshots" % intervals).first()
+    info = sql("SELECT count(*) AS n, max(ts_ms) AS now, slice(sort_array(collect_list(ts_ms), false), 1, %d) "
+               "AS recent FROM mq_snapshots" % intervals).first()
     if info["now"] is None:
         return LagReport(None, 0, [], [], [], [])
     now, rate_from = int(info["now"]), int(min(info["recent"]))

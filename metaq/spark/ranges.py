@@ -37,7 +37,8 @@ from metaq.protocol import stats as stats_codec
 from metaq.spark.rows import DEFAULT_FETCH_BYTES, SCHEMA_DDL, DataLoss, msg_timestamp_ms, read_rows
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets", "parse_timestamp",
-           "partition_bounds", "offsets_at_time", "plan_ranges", "split_ranges", "read_range", "read_options", "security_options"]
+           "partition_bounds", "offsets_at_time", "plan_ranges", "split_ranges", "read_range", "read_options",
+           "security_options"]
 
 EARLIEST, LATEST = -2, -1
 #: The source's connection options (lower-case) -> ``ClientSecurity.from_options`` argument. Files only: a
@@ -84,7 +85,8 @@ def security_options(opts):
 
 
 def parse_offsets(text, topic, which):
-    """An offsets option: ``"earliest"``, ``"latest"`` or the JSON form -> ``EARLIEST``, ``LATEST`` or ``{key: offset}``.
+    """An offsets option: ``"earliest"``, ``"latest"`` or the JSON form -> ``EARLIEST``, ``LATEST`` or
+    ``{key: offset}``.
 
     ``which`` is ``"start"`` or ``"end"``; as in Spark's Kafka batch source a start cannot be
     latest and an end cannot be earliest. Raises ValueError with the reason.
@@ -195,7 +197,8 @@ def plan_ranges(options):
     Options (case-insensitive): ``topic``; ``brokers`` (``meta://h:p[,…]``) and/or ``zk``
     (``host:port[/chroot]``, with ``zkRoot``, default ``/meta``); ``startingOffsets``,
     ``endingOffsets``; ``startingTimestamp`` (ms since the Unix epoch; before ``startingOffsets``) and
-    ``startingOffsetsByTimestampStrategy`` (``error`` or ``latest``: see the module docstring); ``partitions`` (``"7-0,7-1"``: only these); ``maxOffsetsPerPartition``
+    ``startingOffsetsByTimestampStrategy`` (``error`` or ``latest``: see the module docstring); ``partitions``
+    (``"7-0,7-1"``: only these); ``maxOffsetsPerPartition``
     (cut every range into pieces of at most this many offsets: one Spark partition each);
     ``failOnDataLoss`` (default true: a start below the partition's first kept offset is an
     error; false: start there instead); ``credentials`` (a credentials file) or ``user`` with
@@ -225,7 +228,8 @@ def plan_ranges(options):
             named_parts.update(spec)
     for named in sorted(named_parts):
         if named not in known:
-            raise ValueError("partition %s of %s is not on any broker (known: %s)" % (named, topic, ", ".join(sorted(known)) or "none"))
+            raise ValueError("partition %s of %s is not on any broker (known: %s)"
+                             % (named, topic, ", ".join(sorted(known)) or "none"))
     ranges = []
     for (broker_id, p), (low, high) in sorted(bounds.items()):
         key = "%d-%d" % (broker_id, p)

@@ -139,7 +139,8 @@ def _write_outputs(report, out_dir, progress):
     from metaq.spark.lagjob import BROKER_COLUMNS, GROUP_COLUMNS, PARTITION_COLUMNS
 
     progress.step("writing CSV and Parquet")
-    for name, rows, columns in (("lag", report.partitions, PARTITION_COLUMNS), ("groups", report.groups, GROUP_COLUMNS)):
+    for name, rows, columns in (("lag", report.partitions, PARTITION_COLUMNS),
+                                ("groups", report.groups, GROUP_COLUMNS)):
         render.write_csv(rows, columns, os.path.join(out_dir, name + ".csv"))
         render.write_parquet(rows, columns, os.path.join(out_dir, name + ".parquet"))
     render.write_csv(report.brokers, BROKER_COLUMNS, os.path.join(out_dir, "brokers.csv"))

@@ -144,7 +144,8 @@ def choose(partitions, row_index, key, partition):
             raise SinkError("partition must be '<brokerId>-<p>' or an index, got %r" % partition)
         if isinstance(partition, int):
             if not 0 <= partition < len(partitions):
-                raise SinkError("partition %d is not an index of the topic's %d partitions" % (partition, len(partitions)))
+                raise SinkError("partition %d is not an index of the topic's %d partitions"
+                                % (partition, len(partitions)))
             return partitions[partition]
         try:
             wanted = Partition.parse(str(partition))

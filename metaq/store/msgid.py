@@ -54,7 +54,8 @@ class IdGenerator:
         return (self._ts << TIMESTAMP_SHIFT) | self._bits | self._seq  # compose(), inlined: once per put
 
     def take(self, now_ms, count):
-        """``(first_id, n)``: ``n`` (1..count) consecutive ids ``first_id…``, as ``n`` calls of ``next_id`` give them."""
+        """``(first_id, n)``: ``n`` (1..count) consecutive ids ``first_id…``, as ``n`` calls of ``next_id`` give
+        them."""
         first = self.next_id(now_ms)
         n = min(count, SEQUENCE_MASK - self._seq + 1)
         self._seq += n - 1

@@ -138,7 +138,8 @@ class ConsumerOffsets:
         return sorted(k + v for k, v in self._entries.copy().items())
 
     def save(self):
-        """BLOCKING (runs beside checkpoints in a pool thread): write the file if anything changed since the last save."""
+        """BLOCKING (runs beside checkpoints in a pool thread): write the file if anything changed since the last
+        save."""
         version = self._version
         if version == self._saved:
             return False

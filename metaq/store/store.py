@@ -433,7 +433,8 @@ class MessageStore:
 
     def checkpoint(self, now_ms, if_changed=False):
         """BLOCKING: msync dirty index files, then record the flushed position as durable for log and index.
-        ``if_changed`` (the periodic one): no file rewritten to say what it says already (an idle broker writes none)."""
+        ``if_changed`` (the periodic one): no file rewritten to say what it says already (an idle broker writes
+        none)."""
         pos = self._pos.flushed
         floors, dirty = [], False
         for p in list(self._parts.values()):
@@ -620,7 +621,8 @@ class MessageStore:
 
 
 def _too_large(total, limit):
-    return RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment" % (total, limit))
+    return RecordTooLarge("message of %d bytes cannot be stored: a record must fit in a %d-byte segment"
+                          % (total, limit))
 
 
 def _moved(offset):

@@ -10,8 +10,10 @@ from metaq.auth import proofs
 def test_text_proof_binds_side_user_and_both_nonces():
     base = proofs.text_proof(b"k", "client", "alice", "n1", "c1")
     assert base == proofs.text_proof(b"k", "client", "alice", "n1", "c1")
-    others = {proofs.text_proof(b"k", "server", "alice", "n1", "c1"), proofs.text_proof(b"k", "client", "bob", "n1", "c1"),
-              proofs.text_proof(b"k", "client", "alice", "n2", "c1"), proofs.text_proof(b"k", "client", "alice", "n1", "c2"),
+    others = {proofs.text_proof(b"k", "server", "alice", "n1", "c1"),
+              proofs.text_proof(b"k", "client", "bob", "n1", "c1"),
+              proofs.text_proof(b"k", "client", "alice", "n2", "c1"),
+              proofs.text_proof(b"k", "client", "alice", "n1", "c2"),
               proofs.text_proof(b"k2", "client", "alice", "n1", "c1")}
     assert base not in others and len(others) == 5
     assert len(base) == 64 and int(base, 16) >= 0

@@ -32,7 +32,8 @@ def start_zk_broker(broker_factory, zk_connect, broker_id):
 def wait_registered(zk, n, timeout=15):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if zk.exists("/meta/brokers/topics-pub/orders") and len(zk.get_children("/meta/brokers/topics-pub/orders")) == n:
+        if zk.exists("/meta/brokers/topics-pub/orders") and \
+                len(zk.get_children("/meta/brokers/topics-pub/orders")) == n:
             return
         time.sleep(0.05)
     raise AssertionError("brokers did not register")

@@ -60,8 +60,8 @@ def test_dlq_list_then_resend_puts_it_back_once(broker_factory, tmp_path):
 
 @pytest.mark.integration
 def test_readme_admin_commands_run_as_written(tmp_path):
-    """docs/operating.md's "Admin commands" ```sh block, on a fresh broker configured like `make run`'s: put, tail, reset-offsets (refused,
-    then a dry run after a commit), dlq list (refused: no dead letters)."""
+    """docs/operating.md's "Admin commands" ```sh block, on a fresh broker configured like `make run`'s: put, tail,
+    reset-offsets (refused, then a dry run after a commit), dlq list (refused: no dead letters)."""
     with open(ROOT / "conf" / "server.yaml") as f:
         cfg = yaml.safe_load(f)
     cfg["broker"].update(port=0, data_dir=str(tmp_path / "data"))

@@ -68,7 +68,8 @@ class Member:
     def _assign(self, keys):
         seen = {k: self._owner_data(k) for k in keys}
         self.g.record(self, "assign", keys, seen)
-        self.g.check(not keys & self.holding, "%s assigned %s twice without a revoke" % (self.id, sorted(keys & self.holding)))
+        self.g.check(not keys & self.holding,
+                     "%s assigned %s twice without a revoke" % (self.id, sorted(keys & self.holding)))
         self.holding |= keys
 
     def parts(self):
@@ -91,8 +92,8 @@ class Group:
                 self.violations.append(what)
 
     def publish(self, broker_id, num_parts):
-        self.admin.create("%s/%d-m" % (SUB, broker_id), json.dumps({"numParts": num_parts, "broker": "%d-m" % broker_id})
-                          .encode(), makepath=True)
+        self.admin.create("%s/%d-m" % (SUB, broker_id),
+                          json.dumps({"numParts": num_parts, "broker": "%d-m" % broker_id}).encode(), makepath=True)
 
     def record(self, member, kind, keys, seen):
         with self.lock:

@@ -186,7 +186,8 @@ def test_a_closed_port_is_named_with_connection_refused():
     with Producer(brokers=[url], retry_deadline=1.0, send_timeout=0.5) as producer:
         result = producer.send(Message("tdown", b"x"))
     assert not result.success and isinstance(result.error, errors.Unavailable)
-    assert str(result.error) == "no partition is available for topic tdown: cannot connect to %s: connection refused" % url
+    assert str(result.error) == ("no partition is available for topic tdown: cannot connect to %s: "
+                                 "connection refused" % url)
 
 
 @pytest.mark.integration

@@ -6,7 +6,8 @@ at random, a bounded number of rounds of: kill -9 of the master, SIGSTOP of the 
 timeout, a cut (or blackholed) replication link, kill -9 of a slave, a ZooKeeper restart, a clean stop
 (SIGTERM) of the master. A round's own draws (``Choice``) keep some kills of the master down until another
 member is elected, and follow some cuts with a kill -9 of the master while its slaves are cut off (where
-``async`` loses what it acknowledged since; ``sync`` has nobody else to elect). Each round is healed (killed and stopped members restarted: they rejoin by
+``async`` loses what it acknowledged since; ``sync`` has nobody else to elect). Each round is healed (killed and
+stopped members restarted: they rejoin by
 themselves) and the group must elect one master, be followed by every member and acknowledge again
 before the next round. The replication lag is read just before each fault. Then the load stops, every
 member catches up, the logs of all members are read and ``check()`` judges the history:

@@ -11,7 +11,8 @@ SECRETS = {"admin": "admin-secret-0123456789", "alice": "alice-secret-0123456789
 DEFAULT_USERS = {
     "admin": {"secret": SECRETS["admin"], "admin": True},
     # alice: produces and consumes orders*, consumes as group billing (and the RocketMQ retry topics of it)
-    "alice": {"secret": SECRETS["alice"], "topics": {"orders*": "pub|sub", "payroll": "deny", "%RETRY%billing": "pub|sub"},
+    "alice": {"secret": SECRETS["alice"],
+              "topics": {"orders*": "pub|sub", "payroll": "deny", "%RETRY%billing": "pub|sub"},
               "groups": {"billing": "sub"}},
     # bob: may publish to orders, nothing else
     "bob": {"secret": SECRETS["bob"], "topics": {"orders": "pub"}},

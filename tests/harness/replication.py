@@ -1,4 +1,5 @@
-"""Master/slave test helpers: a master's config, stats, waiting for a slave to catch up, identical logs, a mixed load."""
+"""Master/slave test helpers: a master's config, stats, waiting for a slave to catch up, identical logs, a mixed
+load."""
 
 import os
 import random

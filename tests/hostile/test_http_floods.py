@@ -62,7 +62,8 @@ def _keep_sending(port, head, unit, seconds):
 
 
 def test_pipelined_requests_that_keep_the_socket_full_let_the_other_clients_in(hbroker):
-    thread, outcome = _keep_sending(http_port(hbroker), b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 50, 4)
+    thread, outcome = _keep_sending(http_port(hbroker), b"",
+                                    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 50, 4)
     time.sleep(0.3)
     with LoopProbe(hbroker.port) as probe:
         thread.join(30)
@@ -99,14 +100,16 @@ def test_a_refused_request_with_an_unread_body_closes_the_connection_after_its_a
     assert reply.count(b"HTTP/1.1 ") == 1
     # a request without a body keeps its connection
     s = socket.create_connection(("127.0.0.1", http_port(abroker)), timeout=10)
-    s.sendall(b"GET /api/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    s.sendall(b"GET /api/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+              b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     reply = read_until_closed(s)
     s.close()
     assert reply.startswith(b"HTTP/1.1 401 ") and reply.count(b"HTTP/1.1 ") == 2, reply[:500]
 
 
 def test_mangled_headers_are_one_log_line_each_and_never_a_traceback(hbroker):
-    many = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(101))
+    many = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + \
+        b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(101))
     before = len(hbroker.log_text())
     for _ in range(200):
         s = socket.create_connection(("127.0.0.1", http_port(hbroker)), timeout=10)
@@ -124,7 +127,8 @@ def test_mangled_headers_are_one_log_line_each_and_never_a_traceback(hbroker):
 
 def test_a_body_that_stops_arriving_gets_no_answer_no_traceback_and_stores_nothing(hbroker):
     s = socket.create_connection(("127.0.0.1", http_port(hbroker)), timeout=20)
-    s.sendall(b"POST /api/topics/half/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\nabc")
+    s.sendall(b"POST /api/topics/half/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              b"Content-Length: 100\r\n\r\nabc")
     assert read_until_closed(s) == b""  # closed at the request deadline, nothing answered (was a 500)
     s.close()
     log = hbroker.log_text()
@@ -142,7 +146,8 @@ def test_a_body_that_stops_arriving_gets_no_answer_no_traceback_and_stores_nothi
     b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
 ])
 def test_an_ambiguously_framed_body_is_refused_whole_and_nothing_after_it_is_served(hbroker, framing):
-    smuggled = b"POST /api/topics/smuggled/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n\r\nz"
+    smuggled = (b"POST /api/topics/smuggled/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Length: 1\r\n\r\nz")
     s = socket.create_connection(("127.0.0.1", http_port(hbroker)), timeout=10)
     s.sendall(b"POST /api/topics/framed/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n" + framing + b"\r\nabcdefg"
               + smuggled)
@@ -161,8 +166,8 @@ def test_an_ambiguously_framed_body_is_refused_whole_and_nothing_after_it_is_ser
 def test_well_formed_headers_of_any_content_type_are_taken(hbroker, content_type):
     # a review: the e-mail parser's defects of a multipart type with no body were taken for a broken header line
     s = socket.create_connection(("127.0.0.1", http_port(hbroker)), timeout=10)
-    s.sendall(b"POST /api/topics/ctype/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: " + content_type
-              + b"\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+    s.sendall(b"POST /api/topics/ctype/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              b"Content-Type: " + content_type + b"\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
     reply = read_until_closed(s)
     s.close()
     assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]

@@ -1,7 +1,6 @@
 """Attacks on issue 19's admin operations against a real broker: the dead letters' resent journal, resends whose
 original topic is gone or internal."""
 
-import pytest
 
 from metaq.client.local import rmq_config
 from metaq.client.raw import RemotingClient

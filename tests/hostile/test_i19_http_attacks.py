@@ -31,12 +31,14 @@ def test_content_length_and_chunked_together_are_refused_and_the_connection_clos
     # Content-Length sees another request boundary): refuse it or close the connection after the answer. The
     # request the proxy would not see must never be served.
     smuggled = b"GET /api/topics/t-smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    reply = _exchange(hbroker, b"POST /api/topics/t-cl/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4\r\n"
+    reply = _exchange(hbroker, b"POST /api/topics/t-cl/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Content-Length: 4\r\n"
                                b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + smuggled)
     assert reply.startswith(b"HTTP/1.1 400 "), reply[:300]
     assert reply.count(b"HTTP/1.1 ") == 1, reply  # one answer: the connection closed after it
     assert request(hbroker, "GET", "/api/topics/t-cl/partitions/0/messages?offset=0").json()["messages"] == []
     # plain chunked bodies are still taken
-    reply = _exchange(hbroker, b"POST /api/topics/t-cl/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    reply = _exchange(hbroker, b"POST /api/topics/t-cl/messages?partition=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Connection: close\r\n"
                                b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]

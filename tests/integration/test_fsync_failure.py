@@ -2,7 +2,8 @@
 
 The data dir is on ``tests/harness/fusefs.py``'s mount. Mid-load a fault flag appears: with ``eio`` data written
 back is lost and the next fsync of each file reports EIO, once (Linux's page cache over a failing disk,
-"fsyncgate"); with ``enospc`` every write to the commit log fails with ENOSPC, which the kernel reports at the next fsync.
+"fsyncgate"); with ``enospc`` every write to the commit log fails with ENOSPC, which the kernel reports at the next
+fsync.
 The broker must acknowledge nothing it could not flush, never retry the flush, refuse writes from then on
 without dying, keep serving what it acknowledged, and after a restart on what the filesystem really holds
 (SOURCE, without the mount) have every acknowledged message and take writes again.

@@ -35,10 +35,12 @@ CACHE = os.path.join(os.path.dirname(sys.executable), os.pardir, "thirdparty")
 EDITS = [
     ("        self.socket.sendall(msg)\n", "        self.socket.sendall(msg.encode('latin-1'))\n"),
     ("        self.fd=s.makefile()\n", "        self.fd=s.makefile('r', encoding='latin-1', newline='')\n"),
-    ("partition_list.sort(cmp = Partition.partition_comp)", "partition_list.sort(key=lambda p: (p.broker_id, p.partition))"),
+    ("partition_list.sort(cmp = Partition.partition_comp)",
+     "partition_list.sort(key=lambda p: (p.broker_id, p.partition))"),
 ]
 
-ZKCLIENT = '''"""zkclient.py's interface over kazoo (zkpython, which the original wraps, does not build for Python 3)."""
+ZKCLIENT = '''"""zkclient.py's interface over kazoo (zkpython, which the original wraps, does not build for
+Python 3)."""
 from collections import namedtuple
 
 from kazoo.client import KazooClient

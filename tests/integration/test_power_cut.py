@@ -13,7 +13,6 @@ that is asserted, and the window's size is measured (printed). ``sync``: not one
 """
 
 import os
-import time
 
 import pytest
 
@@ -118,7 +117,8 @@ def test_async_power_cut_loses_only_the_flush_window_a_tail(broker_factory, tmp_
     for p, tail in zip(producers, lost):
         before_c = [k for t, k in p.ack_order if t < C]
         assert [k for _, k in tail] == before_c[len(before_c) - len(tail):], p.pid
-    # (2) the window: everything acknowledged before the last completed flush began is there. A flush is the kernel writing
+    # (2) the window: everything acknowledged before the last completed flush began is there. A flush is the kernel
+    # writing
     # the segment's dirty pages back (through ``write``, the first one after the previous fsync is a ``dirty``
     # event), then the fsync: a put acknowledged before that writeback began had its page dirty by then.
     events = fs.events()

@@ -1,5 +1,5 @@
-"""docs/operating.md "JSON API and HTTP put/get": every curl example runs as written against make run's broker (conf/server.yaml,
-its HTTP port moved to a free one) and ends."""
+"""docs/operating.md "JSON API and HTTP put/get": every curl example runs as written against make run's broker
+(conf/server.yaml, its HTTP port moved to a free one) and ends."""
 
 import pathlib
 import re

@@ -6,7 +6,6 @@ import os
 import pytest
 
 from metaq.client.local import small_config
-from tests.harness.broker import wait_for
 from tests.harness.fusefs import FaultMount
 from tests.harness.http import request, with_http
 

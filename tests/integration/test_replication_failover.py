@@ -187,7 +187,8 @@ def test_broker_kept_offsets_go_to_the_master_only_and_are_retried_while_it_is_a
     try:
         consumer.start()
         assert half.wait(30), "the consumer read 50 messages"
-        wait_for(lambda: committed_on(master) == 49, 20, lambda: "offset 49 committed on the master: %s" % committed_on(master))
+        wait_for(lambda: committed_on(master) == 49, 20,
+                 lambda: "offset 49 committed on the master: %s" % committed_on(master))
         wait_for(lambda: committed_on(slave) == 49, 20, "the master's offsets table to reach the slave")
         master.kill()
         resume.set()

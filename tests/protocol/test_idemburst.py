@@ -61,7 +61,8 @@ def bursts(draw):
                                                      b"put_idem a 0 1 -0 -1 01 00 -0\r\nX",
                                                      b"put_idem a 0 1 0 -10 1 0 1\r\nX",
                                                      b"put_idem a 0 1 0 -1 1 0 123456789012\r\nX",
-                                                     b"put a 0 1 0 -1 1\r\nX", b"put_idem \xc3\xa9 0 1 0 -1 1 1 5\r\nz"]),
+                                                     b"put a 0 1 0 -1 1\r\nX",
+                                                     b"put_idem \xc3\xa9 0 1 0 -1 1 1 5\r\nz"]),
                                     st.binary(max_size=20)), max_size=10))
     data = b"".join(parts)
     end = len(data) if draw(st.booleans()) else draw(st.integers(0, len(data)))
@@ -136,8 +137,8 @@ def test_a_frame_the_general_path_refuses_stops_the_scan_there(scan, bad):
     assert len(frames) == 1 and stop == len(good)  # the parser answers the bad one, with its reason
 
 
-_ATOMS = st.sampled_from([b"\x02", b"\x01", b"METAQ_PID", b"METAQ_SEQ", b"@FLAG", b"@SYSFLAG", b"\x00", b"\xff", b"\xc3",
-                          b"a",
+_ATOMS = st.sampled_from([b"\x02", b"\x01", b"METAQ_PID", b"METAQ_SEQ", b"@FLAG", b"@SYSFLAG", b"\x00", b"\xff",
+                          b"\xc3", b"a",
                           b"\x02METAQ_PI", b"D\x01"])
 
 

@@ -59,7 +59,8 @@ def test_command_word_must_match_exactly(line, shown, opaque):
 @pytest.mark.parametrize(
     "line, reason, opaque",
     [
-        (b"get test g 1 0 100", "get needs 7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> [<maxWaitMs> [<offset>:<msgId>]] <opaque>), got 6", 100),
+        (b"get test g 1 0 100", "get needs 7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> "
+                                "[<maxWaitMs> [<offset>:<msgId>]] <opaque>), got 6", 100),
         (b"offset t g 0 0", "offset needs 6 tokens, got 5", 0),
         (b"stats a b c", "stats needs 1, 2 or 3 tokens, got 4", 0),
         (b"version 1 2", "version needs 1 or 2 tokens, got 3", 2),

@@ -53,7 +53,8 @@ def test_closed_metrics_show_a_user_only_what_it_may_subscribe_to(broker_factory
     # an attack review: bob, who may only publish to orders, read payroll's puts, bytes and messages in /metrics
     b = broker_factory(with_http(secured_config(tmp_path), open_metrics=False))
     for topic in ("payroll", "orders"):
-        assert request(b, "POST", "/api/topics/%s/messages?partition=0" % topic, body=b"x", **_as("admin")).status == 200
+        assert request(b, "POST", "/api/topics/%s/messages?partition=0" % topic, body=b"x",
+                       **_as("admin")).status == 200
     with b.client() as c:
         assert c.auth("admin", SECRETS["admin"]).code == 200
         assert c.call(ev.CommitOffset("payroll-audit", "payroll", 0, 1, c.opaque())).code == 200

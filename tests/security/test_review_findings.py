@@ -4,7 +4,6 @@ found against a real broker. A test marked ``xfail(strict=True)`` shows a hole t
 
 import time
 
-import pytest
 
 from metaq.client.local import small_config
 from metaq.protocol import events as ev

@@ -277,7 +277,8 @@ def test_a_bad_certificate_file_stops_the_start_with_a_clear_message(broker_fact
     junk.write_text("this is not a certificate\n")
     tls = pki.tls_config("on", verify_clients=case == "missing ca")
     expected = {
-        "missing cert": (dict(cert=str(tmp_path / "nope.pem")), "cannot read security.tls.cert %s" % (tmp_path / "nope.pem")),
+        "missing cert": (dict(cert=str(tmp_path / "nope.pem")),
+                         "cannot read security.tls.cert %s" % (tmp_path / "nope.pem")),
         "not PEM": (dict(cert=str(junk)), "security.tls.cert %s holds no PEM block" % junk),
         "key of another certificate": (dict(key=pki.rogue_key), "are not a usable certificate"),
         "missing ca": (dict(ca=str(tmp_path / "no-ca.pem")), "cannot read security.tls.ca"),

@@ -88,7 +88,8 @@ def test_settings_named_in_the_documentation_exist():
     named = set(re.findall(r"`(%s)\.(?!py`)(\w+)`" % "|".join(SECTIONS), text))  # not a file such as `store.py`
     assert named
     for section, key in named:
-        assert key in ServerConfig.model_fields[section].annotation.model_fields, "the documentation names %s.%s" % (section, key)
+        assert key in ServerConfig.model_fields[section].annotation.model_fields, \
+            "the documentation names %s.%s" % (section, key)
 
 
 def test_the_http_port_is_off_by_default_and_checked_like_the_others():

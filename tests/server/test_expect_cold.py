@@ -27,7 +27,8 @@ def test_a_cold_expect_is_brought_in_off_the_loop_then_compared(tmp_path, monkey
         monkeypatch.setattr(coldpages, "gevent", SimpleNamespace(get_hub=lambda: hub))
         with pytest.raises(errors.Diverged, match="offset %d holds message %d here, not %d" % (n, want, want + 1)):
             check_held(s, "test", 0, (n, want + 1))
-        assert [f.__name__ for f in applied] == ["populate", "populate"]  # the unit, then the header it points to: both populated in the pool
+        # the unit, then the header it points to: both populated in the pool
+        assert [f.__name__ for f in applied] == ["populate", "populate"]
         [(header_file, start, end)] = s.msg_id_at("test", 0, n, ranges=True)
         assert all(header_file.resident(pos) for pos in range(start - start % 4096, end, 4096))
         check_held(s, "test", 0, (n, want))  # the same id: no error, and nothing cold any more

@@ -187,7 +187,8 @@ def test_the_collector_reads_the_figures_at_scrape_time():
                  'metaq_replication_role{role="slave"} 1.0', "metaq_replication_epoch 4.0",
                  "metaq_writes_refused 1.0", "metaq_disk_usage_ratio 0.5", 'metaq_connections{listener="http"} 1.0',
                  'metaq_transactions{state="prepared"} 2.0', "metaq_delay_pending_messages 7.0",
-                 "metaq_timers_pending_messages 3.0", 'metaq_flush_duration_seconds_bucket{le="0.005"} 1.0', "metaq_flush_duration_seconds_count 1.0"):
+                 "metaq_timers_pending_messages 3.0", 'metaq_flush_duration_seconds_bucket{le="0.005"} 1.0',
+                 "metaq_flush_duration_seconds_count 1.0"):
         assert line in text, line
     assert "_created" not in text
     topics[0]["puts_total"] = 13  # read again at the next scrape

@@ -103,7 +103,8 @@ class Parts:
         guard = Guard(cfg.security)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.path, TextTransactions(self.tx, guard),
                                          self.roles, self.waiters, cfg,
-                                         lambda item, may_see=None: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode(), guard)
+                                         lambda item, may_see=None: b"STATS\r\nitem %s\r\nEND\r\n" % item.encode(),
+                                         guard)
         self.flusher.start()
 
     def call(self, event, conn):

@@ -464,8 +464,6 @@ def test_records_of_segments_a_cut_deletes_are_not_sent_from_the_map_still_held(
 
 def test_a_cut_past_the_records_of_a_reply_lets_it_go_whole(tmp_path):
     """Records below every cut since their read are what was read: the reply is sent, from the maps."""
-    from tests.harness.store import NOW
-
     s, read = stored(tmp_path)
     records = read(0, 170_000)
     want = records.joined()

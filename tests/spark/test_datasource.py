@@ -19,7 +19,8 @@ N = 10_000
 
 @pytest.fixture(scope="module")
 def two_brokers(tmp_path_factory):
-    """Brokers 7 and 8 holding N messages of TOPIC spread over their 8 partitions; what was sent, by (partition, offset)."""
+    """Brokers 7 and 8 holding N messages of TOPIC spread over their 8 partitions; what was sent, by
+    (partition, offset)."""
     from metaq.client.local import BrokerProcess
 
     started = []
@@ -32,14 +33,16 @@ def two_brokers(tmp_path_factory):
         urls = [url_of(b) for b in started]
         t0 = time.time()
         with Producer(brokers=urls) as producer:
-            messages = [Message(TOPIC, os.urandom(8) + b"payload %05d" % i, attribute="k%d" % (i % 5) if i % 4 else None,
+            messages = [Message(TOPIC, os.urandom(8) + b"payload %05d" % i,
+                                attribute="k%d" % (i % 5) if i % 4 else None,
                                 properties={"KEYS": "key%d" % i, "region": "eu"} if i % 3 == 0 else None)
                         for i in range(N)]
             futures = [producer.send_async(m) for m in messages]
             results = [f.result(60) for f in futures]
         t1 = time.time()
         assert all(r.success for r in results)
-        sent = {(str(r.partition), r.offset): (m.body, m.attribute, r.msg_id, m.properties) for m, r in zip(messages, results)}
+        sent = {(str(r.partition), r.offset): (m.body, m.attribute, r.msg_id, m.properties)
+                for m, r in zip(messages, results)}
         assert len(sent) == N
         yield urls, sent, (t0, t1)
     finally:
@@ -102,7 +105,8 @@ def test_rdd_fallback_gives_the_same_rows(spark, two_brokers):
     rdd_df = read_ranges_rdd(spark, **options)
     assert rdd_df.rdd.getNumPartitions() == 4
     ds_df = spark.read.format("metaq").options(**options).load()
-    got = sorted((r["partition"], r["offset"], bytes(r["value"]), r["msg_id"], r["attribute"]) for r in rdd_df.collect())
+    got = sorted((r["partition"], r["offset"], bytes(r["value"]), r["msg_id"], r["attribute"])
+                 for r in rdd_df.collect())
     assert got == sorted((r["partition"], r["offset"], bytes(r["value"]), r["msg_id"], r["attribute"])
                          for r in ds_df.collect())
     assert [g[1] for g in got] == list(range(1000, 1100))

@@ -161,7 +161,8 @@ def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, 
     assert groups["lagging"]["total_lag"] == (end_at(last) - lagging_slow(last)) + (end_at(last) - lagging_fast(last))
     assert groups["lagging"]["max_lag_partition"] == "orders/1-1" and groups["stalled"]["burrow_status"] == "ERR"
     lag_history = [(h["ts_ms"], h["lag"]) for h in report.lag_history if h["group"] == "lagging"]
-    assert [lag for _ts, lag in lag_history] == [2 * end_at(i) - lagging_slow(i) - lagging_fast(i) for i in range(STEPS)]
+    assert [lag for _ts, lag in lag_history] == [2 * end_at(i) - lagging_slow(i) - lagging_fast(i)
+                                                 for i in range(STEPS)]
 
     from metaq.spark.lagjob import run_lag_job
 
@@ -174,8 +175,8 @@ def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, 
         table = list(csv.reader(f))
     assert table[0][:6] == ["group", "topic", "partition", "committed_offset", "log_end_offset", "lag"]
     assert len(table) == 1 + len(report.partitions)
-    assert ["lagging", TOPIC, "1-1", str(lagging_slow(last)), str(end_at(last)), str(end_at(last) - lagging_slow(last))] \
-        == table[1 + sorted(rows).index(("lagging", "1-1"))][:6]
+    assert ["lagging", TOPIC, "1-1", str(lagging_slow(last)), str(end_at(last)),
+            str(end_at(last) - lagging_slow(last))] == table[1 + sorted(rows).index(("lagging", "1-1"))][:6]
     import pyarrow.parquet as pq
 
     assert pq.read_table(os.path.join(out, "lag.parquet")).num_rows == len(report.partitions)

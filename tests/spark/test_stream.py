@@ -38,7 +38,8 @@ def put_many(broker, topic, start, count, partitions=4):
 def checkpoint_state(ck):
     """``(last planned batch, its source offsets, last committed batch)`` of a streaming checkpoint (-1: none)."""
     def ids(sub):
-        return [int(os.path.basename(p)) for p in glob.glob(os.path.join(ck, sub, "*")) if os.path.basename(p).isdigit()]
+        return [int(os.path.basename(p)) for p in glob.glob(os.path.join(ck, sub, "*"))
+                if os.path.basename(p).isdigit()]
 
     planned, committed = ids("offsets"), ids("commits")
     last = max(planned, default=-1)
@@ -287,8 +288,8 @@ def test_topic_to_topic_through_the_streaming_sink_exactly_once_when_the_driver_
     b = broker_factory(small_config(tmp_path / "data"))
     url, ck = url_of(b), str(tmp_path / "ck")
     sent = put_many(b, "tin", 0, 3000)
-    args = ["--brokers", url, "--subscribe", "tin", "--checkpoint", ck, "--to-topic", "tout", "--max-per-trigger", "600",
-            "--row-delay-ms", "3"]
+    args = ["--brokers", url, "--subscribe", "tin", "--checkpoint", ck, "--to-topic", "tout",
+            "--max-per-trigger", "600", "--row-delay-ms", "3"]
     driver = Driver(tmp_path, *args)
 
     def writing_mid_batch():

@@ -1,4 +1,5 @@
-"""The Spark source's and sink's planning logic, without Spark or a network (the unit tier; tests/spark starts servers)."""
+"""The Spark source's and sink's planning logic, without Spark or a network (the unit tier; tests/spark starts
+servers)."""
 
 import subprocess
 import sys
@@ -180,7 +181,8 @@ def test_too_many_tasks_in_one_batch_is_refused():
     with pytest.raises(ValueError, match="cuts this micro-batch into 10001 tasks"):
         plan_stream_ranges(start, end, bounds, URLS, opts(maxOffsetsPerPartition="1"))
     end = {"orders": {"7-0": 10 + limits.MAX_STREAM_TASKS}}
-    assert len(plan_stream_ranges(start, end, bounds, URLS, opts(maxOffsetsPerPartition="1"))) == limits.MAX_STREAM_TASKS
+    assert len(plan_stream_ranges(start, end, bounds, URLS, opts(maxOffsetsPerPartition="1"))) == \
+        limits.MAX_STREAM_TASKS
 
 
 # -- the sink -------------------------------------------------------------------------------------

@@ -150,7 +150,8 @@ class Router:
         done = environ.get("metaq.request_done")
         if done is not None:
             done()
-        if environ.get("metaq.body_read") is None and _has_body(environ) and ("Connection", "close") not in resp.headers:
+        if environ.get("metaq.body_read") is None and _has_body(environ) and \
+                ("Connection", "close") not in resp.headers:
             # answered without reading the body (refused, no such path): the connection closes after the answer
             # rather than read and throw away a body that may never end (a chunked one has no length)
             resp.headers.append(("Connection", "close"))

@@ -27,7 +27,8 @@ to master and its registry writes MetaQ's master nodes. Anything failing on the 
 at most half the session timeout ZooKeeper granted, from the *sending* time of the last synced request that
 found ``leader`` owned by its own session). ZooKeeper expires a session no earlier than that timeout after the
 last request it got, and no other member can be elected before that, so an old master stops acknowledging
-before a new one can start: never two brokers acknowledging for one broker id. A master that finds ``leader`` gone or owned by another
+before a new one can start: never two brokers acknowledging for one broker id. A master that finds ``leader``
+gone or owned by another
 session, or whose ``insync`` write finds a newer version, steps down at once and follows the new master: its
 epoch handshake cuts the divergent tail and logs it.
 

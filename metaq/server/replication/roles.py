@@ -340,7 +340,8 @@ class Roles:
                                          % link.master)
             if not link.caught_up():
                 raise errors.Unavailable("this slave is not caught up: %s; promoting it would lose those "
-                                         "messages. Wait for the master to return, or use --force" % self._lag_text(link))
+                                         "messages. Wait for the master to return, or use --force"
+                                         % self._lag_text(link))
         behind = None if link.caught_up() else self._lag_text(link)
         self.promoting = True
         try:

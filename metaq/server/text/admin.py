@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 class TextAdmin:
     """``ops``: the AdminOps; ``error_reply(exc, opaque)``: the dispatcher's one error→reply mapping. Each command
-    needs the admin permission, declared with it (``protocol.adminwire``) and checked by the dispatcher. ``handlers`` maps each admin event type to ``handle(e, conn) -> (reply, 0)``."""
+    needs the admin permission, declared with it (``protocol.adminwire``) and checked by the dispatcher.
+    ``handlers`` maps each admin event type to ``handle(e, conn) -> (reply, 0)``."""
 
     def __init__(self, ops, error_reply):
         self.ops = ops

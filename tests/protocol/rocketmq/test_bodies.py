@@ -118,7 +118,8 @@ def test_known_record_bytes():
     msg = StoredMessage("T", 1, 5, 1000, b"hi", flag=0, sys_flag=0, born_timestamp=7, born_host=("10.0.0.2", 5555),
                         store_timestamp=8, store_host=("127.0.0.1", 10911), properties={"TAGS": "A"})
     record = encode_stored_message(msg)
-    expected = (struct.pack(">iiiiiqqiq", 91 + 2 + 1 + 7, -626843481, zlib.crc32(b"hi") & 0x7FFFFFFF, 1, 0, 5, 1000, 0, 7)
+    expected = (struct.pack(">iiiiiqqiq", 91 + 2 + 1 + 7, -626843481, zlib.crc32(b"hi") & 0x7FFFFFFF,
+                            1, 0, 5, 1000, 0, 7)
                 + bytes([10, 0, 0, 2]) + struct.pack(">iq", 5555, 8) + bytes([127, 0, 0, 1])
                 + struct.pack(">iiqi", 10911, 0, 0, 2) + b"hi" + b"\x01T" + struct.pack(">h", 7) + b"TAGS\x01A\x02")
     assert record == expected
