@@ -51,9 +51,9 @@ from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.client.request import request as send_request
 from metaq.client.sequences import Sequences as _Sequences
-from metaq.timers.client import cancel as cancel_timer
 from metaq.client.selectors import as_selector
 from metaq.client.transaction import LocalTransaction, new_session_id
+from metaq.timers.client import cancel as cancel_timer
 
 __all__ = ["Producer"]
 

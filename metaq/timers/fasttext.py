@@ -18,10 +18,10 @@ while puts are refused, replication is synchronous, or this broker does not deli
 
 from metaq import errors
 from metaq.limits import validate_partition
-from metaq.timers.records import TIMER_TOPIC, TimerEntry
-from metaq.timers.burst import encode_timer_acks, scan_put_ats
 from metaq.server.clock import now_ms
 from metaq.server.text.fastidem import DONE, MORE
+from metaq.timers.burst import encode_timer_acks, scan_put_ats
+from metaq.timers.records import TIMER_TOPIC, TimerEntry
 
 _TIMER = TIMER_TOPIC.encode()
 

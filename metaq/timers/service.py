@@ -40,13 +40,13 @@ from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES
                           TIMER_INDEX_BATCH, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
-from metaq.timers.records import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
-                                  encode_cancel, encode_done, encode_entry)
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 from metaq.timers.handoff import Handoff
-from metaq.timers.window import DeliveryWindow
 from metaq.timers.index import CANCELLED, DELIVERED, TimerIndex
+from metaq.timers.records import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
+                                  encode_cancel, encode_done, encode_entry)
+from metaq.timers.window import DeliveryWindow
 
 log = logging.getLogger(__name__)
 
