@@ -187,7 +187,8 @@ def test_feature_modules_get_their_roles_layer(tmp_path):
         "timers/window.py": "import time\nfrom metaq.timers.records import X\n",
         "timers/index.py": "import sqlite3\nfrom metaq.timers import records, wire, window, handoff\n"
                            "import metaq.timers.service\nfrom metaq.timers.client import when_of\n",
-        "timers/service.py": "import gevent\nfrom metaq.timers import index, records, text\nimport metaq.timers.client\n",
+        "timers/service.py": "import gevent\nfrom metaq.timers import index, records, text\n"
+                             "import metaq.timers.client\n",
         "timers/client.py": "from metaq.timers import wire\nfrom metaq.timers.index import TimerIndex\n",
         "timers/helpers.py": "",
         "timers/sub/records.py": "",
