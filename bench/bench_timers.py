@@ -31,7 +31,7 @@ from bench.run import MSG, pipelined, pipelined_puts  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
-from metaq.protocol.timerwire import TimerPut  # noqa: E402
+from metaq.timers.wire import TimerPut  # noqa: E402
 
 TOPIC = "bench"
 

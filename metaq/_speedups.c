@@ -6,8 +6,8 @@
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
- *   scan_put_ats(...)                              == metaq.protocol.timerburst.scan_put_ats_py (_timerscan.c)
- *   encode_timer_acks(items, start, count, first_id) == metaq.protocol.timerburst.encode_timer_acks_py (same)
+ *   scan_put_ats(...)                              == metaq.timers.burst.scan_put_ats_py (_timerscan.c)
+ *   encode_timer_acks(items, start, count, first_id) == metaq.timers.burst.encode_timer_acks_py (same)
  *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
  *                                                 == metaq.protocol.burst.scan_puts_py
  *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])

@@ -1,13 +1,13 @@
 /*
- * metaq._speedups.scan_put_ats: the twin of metaq.protocol.timerburst.scan_put_ats_py (see its docstring;
+ * metaq._speedups.scan_put_ats: the twin of metaq.timers.burst.scan_put_ats_py (see its docstring;
  * tests/protocol/test_timerburst.py holds the two equal).
  *
  * A put_at frame is taken when its header is exactly
  *   put_at <topic> <partition> <len> 0 <checksum> @<epoch ms>|+<delay ms> <opaque>\r\n
- * as timerburst._LINE matches it (topic [!-~]{1,255}; partition and len 1-10 digits; flag the one digit 0;
+ * as timers.burst._LINE matches it (topic [!-~]{1,255}; partition and len 1-10 digits; flag the one digit 0;
  * checksum -1 or 1-10 digits; when @ or + and 1-19 digits; opaque -?1-10 digits), its numbers are in range, its
  * topic at most max_name bytes, its body whole and its checksum right, and its delivery time at most max_ahead ms
- * after now. Each is encoded as its ENTRY record (protocol.timer.ENTRY ">4sBBHiiiqq", the topic, the body).
+ * after now. Each is encoded as its ENTRY record (timers.records.ENTRY ">4sBBHiiiqq", the topic, the body).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -103,7 +103,7 @@ static int parse_put_at(const unsigned char *s, const unsigned char *lim, Py_ssi
     return 1;
 }
 
-/* The ENTRY record's 36-byte head (protocol.timer.ENTRY: magic, version, kind, topic length, partition, flag 0,
+/* The ENTRY record's 36-byte head (timers.records.ENTRY: magic, version, kind, topic length, partition, flag 0,
    checksum, due, born) at r. */
 static void entry_head(unsigned char *r, const struct put_at *f, long long now) {
     memcpy(r, "MQTM", 4);

@@ -534,7 +534,7 @@ TIMER_INDEX_CHECKPOINT_PAGES = 16_384
 TIMER_INDEX_WAL_BYTES = 80 << 20
 
 #: TIMER_TOPIC records a master's timer service keeps, decoded, as it writes them, so that its indexer applies them
-#: without reading them back from the log and decoding them (server/timers.py ``written``). Past this many not yet
+#: without reading them back from the log and decoding them (timers/service.py ``written``). Past this many not yet
 #: indexed, the newest are not kept and the indexer reads those from the log, as a slave's always does.
 MAX_TIMER_FRESH = 20_000
 #: ... and at most this many bytes of their messages' data (a put_at body may be up to ``max_body_bytes``).

@@ -1,6 +1,7 @@
 """DESIGN §2: imports go one way, no import cycles, no private names taken across modules; the structure rules.
 
-Walk every module of metaq/ with ast and fail on a forbidden import (by layer), on a strongly connected
+Walk every module of metaq/ with ast and fail on a forbidden import (by layer; a feature package's module by its
+role's layer, and on a feature module whose name is no role), on a strongly connected
 component of more than one module in the module-level import graph, on another module's private
 name (``from x import _y``, ``module._y``, ``obj._y`` where obj is not self/cls), on a class split into mixins,
 on a private re-exported under a public name, on a constructor parameter named after a front-end or the broker,
@@ -48,11 +49,49 @@ RULES = {
 }
 
 
+# -- feature packages -----------------------------------------------------------------------------------------
+#
+# A feature package (metaq/timers/) holds every module of one feature, each named by its role; the role says the
+# layer whose rules the module gets. A feature module imports what its layer may, and of its own feature only the
+# modules whose role's layer its layer may import (records never imports service). A layer imports a feature's
+# module as it would a module of that module's role's layer (protocol may import metaq.timers.records, never
+# metaq.timers.index; the server anything but the client's). A feature module whose name is not a known role has
+# no layer, and fails.
+
+#: The feature packages: metaq/<name>/, flat, a module per role.
+FEATURES = {"timers"}
+
+#: A feature module's name -> its role.
+FEATURE_ROLES = {
+    "records": "codec", "wire": "codec", "burst": "codec",  # bytes in, values out
+    "window": "logic",  # pure decisions, the time passed in
+    "index": "state", "handoff": "state",  # files and in-memory state: no socket, gevent or clock
+    "service": "service",  # the gevent service
+    "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
+    "client": "client",
+}
+
+#: A role -> the layer whose rules its modules get.
+ROLE_LAYERS = {"codec": "protocol", "logic": "protocol", "state": "store", "service": "server",
+               "front-end": "server", "client": "client"}
+
+
+def feature_module_layer(parts):
+    """The layer of the feature module ``parts`` (``["timers", "records"]``); None for a name that is no role."""
+    if len(parts) != 2:
+        return None  # a feature package is flat
+    if parts[1] == "__init__":
+        return "root"  # a docstring: the feature and its modules by role
+    return ROLE_LAYERS.get(FEATURE_ROLES.get(parts[1]))
+
+
 def layer_of(path, root=ROOT):
     rel = path.relative_to(root)
     if len(rel.parts) == 1:
         return {"errors.py": "errors", "limits.py": "limits", "__init__.py": "root",
                 "speedups.py": "speedups"}.get(rel.parts[0])
+    if rel.parts[0] in FEATURES:
+        return feature_module_layer(list(rel.with_suffix("").parts))
     return rel.parts[0]
 
 
@@ -63,9 +102,9 @@ def imported_names(tree):
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
-            if node.module == "metaq":
+            if node.module == "metaq" or node.module in {"metaq." + f for f in FEATURES}:
                 for alias in node.names:
-                    yield node.lineno, "metaq." + alias.name
+                    yield node.lineno, node.module + "." + alias.name
 
 
 #: The optional C helper and its loader (stdlib only, no metaq imports): any layer may use them.
@@ -73,7 +112,21 @@ LEAVES = {"metaq._speedups", "metaq.speedups"}
 
 
 def allowed(name, metaq_ok):
-    return any(name == ok or name.startswith(ok + ".") for ok in metaq_ok) or name == "metaq" or name in LEAVES
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in FEATURES:
+        if len(parts) == 2:
+            return True  # the feature package itself: a docstring
+        layer = feature_module_layer(parts[1:3])
+        return layer is not None and allowed("metaq." + layer, metaq_ok)
+    return (any(name == ok or name.startswith(ok + ".") for ok in metaq_ok - {"metaq"}) or name == "metaq"
+            or name in LEAVES or ("metaq" in metaq_ok and metaq_attribute(name)))
+
+
+def metaq_attribute(name):
+    """True if ``name`` is one of metaq/__init__.py's own names (``from metaq import lazy_exports``), not one of its
+    layers or feature packages: "metaq" in a layer's set is that file, not every module under it."""
+    parts = name.split(".")
+    return len(parts) == 2 and parts[1] not in set(RULES) | FEATURES
 
 
 def violations(path, root=ROOT):
@@ -112,6 +165,75 @@ def test_only_the_server_entry_point_monkey_patches():
 
 def test_every_module_has_a_layer():
     assert [str(p.relative_to(ROOT)) for p in MODULES if layer_of(p) not in RULES] == []
+
+
+def test_every_feature_module_has_a_role():
+    assert [str(p.relative_to(ROOT)) for p in MODULES
+            if p.relative_to(ROOT).parts[0] in FEATURES and layer_of(p) is None] == []
+
+
+def _fake_feature(tmp_path, modules):
+    """A fake metaq/ with a feature package and a few layer modules: ``{relative path: source}``."""
+    fake_root = tmp_path / "metaq"
+    for rel, text in modules.items():
+        (fake_root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fake_root / rel).write_text(text)
+    return fake_root
+
+
+def test_feature_modules_get_their_roles_layer(tmp_path):
+    fake_root = _fake_feature(tmp_path, {
+        "timers/__init__.py": '"""A feature."""\n',
+        "timers/records.py": "from metaq.protocol import checksum\nfrom metaq.timers import service\n",
+        "timers/window.py": "import time\nfrom metaq.timers.records import X\n",
+        "timers/index.py": "import sqlite3\nfrom metaq.timers import records, wire, window, handoff\n"
+                           "import metaq.timers.service\nfrom metaq.timers.client import when_of\n",
+        "timers/service.py": "import gevent\nfrom metaq.timers import index, records, text\n"
+                             "import metaq.timers.client\n",
+        "timers/client.py": "from metaq.timers import wire\nfrom metaq.timers.index import TimerIndex\n",
+        "timers/helpers.py": "",
+        "timers/sub/records.py": "",
+    })
+    layers = {p.relative_to(fake_root).as_posix(): layer_of(p, fake_root) for p in sorted(fake_root.rglob("*.py"))}
+    assert layers == {"timers/__init__.py": "root", "timers/records.py": "protocol", "timers/window.py": "protocol",
+                      "timers/index.py": "store", "timers/service.py": "server", "timers/client.py": "client",
+                      "timers/helpers.py": None, "timers/sub/records.py": None}
+    found = {rel: violations(fake_root / rel, fake_root) for rel in layers}
+    assert found == {
+        "timers/__init__.py": [],
+        "timers/records.py": ["records.py:2 imports metaq.timers.service (layer protocol)"],
+        "timers/window.py": ["window.py:1 imports time (layer protocol)"],
+        "timers/index.py": ["index.py:3 imports metaq.timers.service (layer store)",
+                            "index.py:4 imports metaq.timers.client (layer store)"],
+        "timers/service.py": ["service.py:3 imports metaq.timers.client (layer server)"],
+        "timers/client.py": ["client.py:2 imports metaq.timers.index (layer client)"],
+        "timers/helpers.py": [], "timers/sub/records.py": [],  # no layer: test_every_feature_module_has_a_role
+    }
+
+
+def test_layers_import_a_features_modules_by_role(tmp_path):
+    fake_root = _fake_feature(tmp_path, {
+        "protocol/text.py": "from metaq.timers import wire\nimport metaq.timers.records\nimport metaq.timers\n"
+                            "from metaq.timers import index\nfrom metaq.timers.window import DeliveryWindow\n",
+        "store/store.py": "from metaq.timers import records, index\nfrom metaq.timers.service import TimerService\n",
+        "server/broker.py": "from metaq.timers import service, http, text, index, records\n"
+                            "from metaq.timers.client import when_of\n",
+        "client/producer.py": "from metaq.timers.client import cancel\nfrom metaq.timers import wire, handoff\n",
+        "deploy/agent.py": "from metaq.timers import records\nfrom metaq.timers import text\n",
+        "protocol/other.py": "from metaq.timers import nosuch\nimport metaq.timers.nosuch.deeper\n",
+        "server/other.py": "from metaq import lazy_exports, errors\nfrom metaq.client import producer\n",
+    })
+    found = {p.relative_to(fake_root).as_posix(): violations(p, fake_root) for p in sorted(fake_root.rglob("*.py"))}
+    assert found == {
+        "protocol/text.py": ["text.py:4 imports metaq.timers.index (layer protocol)"],
+        "store/store.py": ["store.py:2 imports metaq.timers.service (layer store)"],
+        "server/broker.py": ["broker.py:2 imports metaq.timers.client (layer server)"],
+        "client/producer.py": ["producer.py:2 imports metaq.timers.handoff (layer client)"],
+        "deploy/agent.py": ["agent.py:2 imports metaq.timers.text (layer deploy)"],
+        "protocol/other.py": ["other.py:1 imports metaq.timers.nosuch (layer protocol)",
+                              "other.py:2 imports metaq.timers.nosuch.deeper (layer protocol)"],
+        "server/other.py": ["other.py:2 imports metaq.client (layer server)"],
+    }
 
 
 def test_checker_catches_a_forbidden_import(tmp_path):

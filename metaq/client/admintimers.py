@@ -1,5 +1,5 @@
 """``metaq-admin timers list [--topic T] [--max N]`` and ``timers cancel ID``: the timer store's pending messages
-(README "Any delivery time", "Cancel"; the broker's side is ``server/timers.py``).
+(README "Any delivery time", "Cancel"; the broker's side is ``timers/service.py``).
 
 ``list`` asks every broker (text ``timers``) for its pending timers, earliest first: id, topic, partition, due
 time and size. ``cancel`` asks every broker to cancel the id (text ``cancel``): the one that has it answers
@@ -9,7 +9,7 @@ time and size. ``cancel`` asks every broker to cancel the id (text ``cancel``): 
 from metaq import errors, limits
 from metaq.client.admintools import EXIT_OK, EXIT_REFUSED, AdminExit
 from metaq.client.replies import reply_error
-from metaq.protocol.timerwire import TimerCancelCommand, TimerList, parse_rows
+from metaq.timers.wire import TimerCancelCommand, TimerList, parse_rows
 
 __all__ = ["add_parser", "run"]
 

@@ -15,8 +15,8 @@ from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.priority import PriorityPut
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
-from metaq.protocol.timerwire import TimerPut
-from metaq.client.timers import when_of
+from metaq.timers.client import when_of
+from metaq.timers.wire import TimerPut
 
 __all__ = ["Partition", "Message", "SendResult"]
 

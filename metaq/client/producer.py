@@ -51,9 +51,9 @@ from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.client.request import request as send_request
 from metaq.client.sequences import Sequences as _Sequences
-from metaq.client.timers import cancel as cancel_timer
 from metaq.client.selectors import as_selector
 from metaq.client.transaction import LocalTransaction, new_session_id
+from metaq.timers.client import cancel as cancel_timer
 
 __all__ = ["Producer"]
 
@@ -262,7 +262,7 @@ class Producer:
 
     def cancel(self, msg_id, timeout=3.0):
         """Cancel a message sent with ``deliver_at`` or ``delay`` before it is due (README "Cancel"): ``"cancelled"``;
-        ``"delivered"`` or ``"cancelled"`` (before): too late; ``"unknown"``. Raises MetaqError (client/timers.py)."""
+        ``"delivered"`` or ``"cancelled"`` (before): too late; ``"unknown"``. Raises MetaqError (timers/client.py)."""
         return cancel_timer(self, msg_id, timeout)
 
     def request(self, message, timeout=3.0):

@@ -1,5 +1,5 @@
 """The broker's internal topics written by the broker alone: the dead letters' resent journals (``%RESENT%<group>``,
-server/adminops.py) and the timer store's log (``%TIMER%``, server/timers.py). A client's put to a journal would make
+server/adminops.py) and the timer store's log (``%TIMER%``, timers/service.py). A client's put to a journal would make
 ``dlq resend`` skip a dead letter it never resent (the journal says which were); one to the timer topic would
 schedule, cancel or mark delivered messages behind the broker's back. So every put path refuses these names
 (``is_journal`` is the one check they all ask), as it refuses the delay scheduler's topic."""
@@ -10,7 +10,7 @@ RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"  # a consumer group's retry and de
 #: (``server/guard.py``: an admin's, except a group's own retry topic pulled on the remoting port).
 GROUP_COPY_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, RESENT_PREFIX)
 _RESENT_BYTES = RESENT_PREFIX.encode()
-TIMER_TOPIC = "%TIMER%"  # metaq.protocol.timer.TIMER_TOPIC (that module imports limits; this one stays bare)
+TIMER_TOPIC = "%TIMER%"  # metaq.timers.records.TIMER_TOPIC (that module imports limits; this one stays bare)
 _TIMER_BYTES = TIMER_TOPIC.encode()
 
 

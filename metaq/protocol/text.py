@@ -51,7 +51,8 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire, priority, timerwire, topicadmin  # noqa: F401 - they declare their commands
+from metaq.protocol import adminwire, priority, topicadmin  # noqa: F401 - they declare their commands
+from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.protocol.burst import scan_puts
 from metaq.protocol.commands import (
     NEEDS_ADMIN,
@@ -500,7 +501,7 @@ def _serialize_result(e):
 
 
 # -- the declarations: MetaQ's commands and our core extensions (the features' own: adminwire, priority,
-# timerwire, each in its module). The usage text is what a wrong token count is answered with.
+# timers.wire, each in its module). The usage text is what a wrong token count is answered with.
 
 _REQUESTS = (
     ("put", Put, (6, 7, 8), "6, 7 or 8 tokens", _parse_put, _serialize_put, NEEDS_HANDLER, 3, _fast_put, scan_puts,

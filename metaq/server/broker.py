@@ -17,12 +17,10 @@ from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.delay import DelayScheduler
-from metaq.server.timers import TimerService
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
 from metaq.server.http.adminapi import AdminViews, add_admin_routes
-from metaq.server.http.timerapi import TimerViews, add_timer_routes
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.longpoll import PartitionWaiters
@@ -41,6 +39,8 @@ from metaq.server.tls import TlsPolicy
 from metaq.server.transactions import TxService
 from metaq.server.topictable import TopicAdmin
 from metaq.store.store import MessageStore
+from metaq.timers.http import TimerViews, add_timer_routes
+from metaq.timers.service import TimerService
 
 log = logging.getLogger(__name__)
 

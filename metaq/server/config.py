@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
-from metaq.protocol.timer import TIMER_TOPIC
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
+from metaq.timers.records import TIMER_TOPIC
 from metaq.tx.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here

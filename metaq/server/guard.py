@@ -28,8 +28,8 @@ from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.protocol.priority import is_level_topic, split_level
-from metaq.protocol.timer import TIMER_TOPIC
 from metaq.server.config import read_yaml
+from metaq.timers.records import TIMER_TOPIC
 
 log = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ class PutPath:
         self.roles = roles  # the replication role changes while the broker runs (promotion, rejoin)
         self.gate = gate
         self.delay = delay
-        self.timers = None  # the TimerService (server/timers.py), set at assembly
+        self.timers = None  # the TimerService (timers/service.py), set at assembly
         self.registry = registry
         self.sync_flush = sync_flush
 
@@ -178,7 +178,7 @@ class PutPath:
         them (asked again: the broker may have stopped taking puts since; ``internal``: the broker's own write to
         a journal, server/adminops.py). ``priority`` (not None): the message
         goes to that level of ``topic`` (``stored_topic``); no delay level with it. ``due_ms`` (not None, already
-        checked by ``protocol.timer``): the timer service stores it for delivery then (``TimerService.put_at``).
+        checked by ``timers.records``): the timer service stores it for delivery then (``TimerService.put_at``).
         """
         stored = topic
         try:

@@ -3,7 +3,7 @@
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
-from metaq.protocol.timerwire import TimerCancelCommand, TimerList, TimerPut, parse_rows
+from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut, parse_rows
 
 
 def put_at(c, topic, payload, when, partition=0):

@@ -1,4 +1,4 @@
-"""The ``put_at`` burst path (server/text/fasttimer.py) answers and stores exactly what the general path does.
+"""The ``put_at`` burst path (timers/fasttext.py) answers and stores exactly what the general path does.
 
 The same mixed pipeline — mostly plain ``put_at`` frames over two topics and four partitions, with every kind of
 frame the fast path must leave to the general one (bad checksums, unknown topics and partitions, ``-1``
@@ -18,7 +18,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
 from metaq.protocol.text import serialize
-from metaq.protocol.timerwire import TimerPut
+from metaq.timers.wire import TimerPut
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.timers import timers
 from tests.integration.test_burst_puts import send_in_pieces

@@ -181,7 +181,7 @@ def test_more_messages_due_at_one_time_than_the_window_holds_each_delivered_once
     from metaq.limits import MAX_TIMER_WINDOW_ROWS
     from metaq.protocol.checksum import metaq_checksum
     from metaq.protocol.text import serialize
-    from metaq.protocol.timerwire import TimerPut
+    from metaq.timers.wire import TimerPut
     b = start(broker_factory, tmp_path)
     n = MAX_TIMER_WINDOW_ROWS + 1  # the limit and one past
     due = now_ms() + 3000
@@ -203,7 +203,7 @@ def test_a_cancel_right_after_a_restart_waits_for_the_recovery_check(broker_fact
     says "delivered" (the recovery check finds the delivery first), never "cancelled" for a message consumers
     already have."""
     from metaq.protocol.message import encode_payload
-    from metaq.protocol.timer import TIMER_TOPIC, encode_entry
+    from metaq.timers.records import TIMER_TOPIC, encode_entry
     from metaq.server.config import load_config
     from metaq.store.store import MessageStore
 
@@ -286,7 +286,7 @@ def test_more_messages_due_within_seconds_than_the_window_holds_arrive_once_in_d
     from metaq.limits import MAX_TIMER_WINDOW_ROWS
     from metaq.protocol.checksum import metaq_checksum
     from metaq.protocol.text import serialize
-    from metaq.protocol.timerwire import TimerPut
+    from metaq.timers.wire import TimerPut
     b = start(broker_factory, tmp_path)
     n = MAX_TIMER_WINDOW_ROWS * 5 // 2
     first = now_ms() + 8000
@@ -319,7 +319,7 @@ def test_more_deliveries_left_without_their_done_than_the_window_holds_are_not_d
     from metaq.limits import MAX_TIMER_WINDOW_ROWS
     from metaq.protocol.checksum import metaq_checksum
     from metaq.protocol.message import encode_payload
-    from metaq.protocol.timer import TIMER_TOPIC, encode_entry
+    from metaq.timers.records import TIMER_TOPIC, encode_entry
     from metaq.server.config import load_config
     from metaq.store.store import MessageStore
 

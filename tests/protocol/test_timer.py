@@ -1,11 +1,11 @@
-"""The timer topic's records and put_at's ``when`` (metaq.protocol.timer)."""
+"""The timer topic's records and put_at's ``when`` (metaq.timers.records)."""
 
 import pytest
 
 from metaq.errors import ClientError
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_TIMER_DONE_IDS
-from metaq.protocol import timer
-from metaq.protocol.timer import BadTimerRecord, TimerCancel, TimerDone, TimerEntry
+from metaq.timers import records as timer
+from metaq.timers.records import BadTimerRecord, TimerCancel, TimerDone, TimerEntry
 
 NOW = 1_700_000_000_000
 

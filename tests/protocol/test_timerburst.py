@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
 from metaq.protocol.checksum import crc32, metaq_checksum
-from metaq.protocol.timer import TIMER_TOPIC, TimerEntry, decode, encode_entry, parse_when
+from metaq.timers.records import TIMER_TOPIC, TimerEntry, decode, encode_entry, parse_when
 from metaq.protocol.text import encode_result
-from metaq.protocol.timerburst import encode_timer_acks_py, scan_put_ats_py
+from metaq.timers.burst import encode_timer_acks_py, scan_put_ats_py
 
 try:
     from metaq._speedups import scan_put_ats as _c

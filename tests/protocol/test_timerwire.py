@@ -1,11 +1,11 @@
-"""The text protocol's put_at, cancel and timers frames (metaq.protocol.timerwire)."""
+"""The text protocol's put_at, cancel and timers frames (metaq.timers.wire)."""
 
 import pytest
 
 from metaq.errors import RemoteProtocolError
 from metaq.limits import MAX_TIMER_LIST
 from metaq.protocol.text import TextParser, serialize
-from metaq.protocol.timerwire import TimerCancelCommand, TimerList, TimerPut, format_rows, parse_rows
+from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut, format_rows, parse_rows
 
 
 def test_round_trips():

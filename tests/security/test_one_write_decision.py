@@ -14,8 +14,8 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.rocketmq.remoting import ResponseCode
 from metaq.protocol.text import serialize
-from metaq.protocol.timer import TIMER_TOPIC
-from metaq.protocol.timerwire import TimerPut
+from metaq.timers.records import TIMER_TOPIC
+from metaq.timers.wire import TimerPut
 from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
 from tests.harness.acl import SECRETS, login, write_acl
 from tests.harness.http import request, with_http

@@ -32,8 +32,8 @@ def test_reader_denied_payroll_cannot_read_payroll_delayed_messages(broker_facto
 
 
 def test_reader_denied_payroll_cannot_read_payroll_timed_messages(broker_factory, tmp_path):
-    from metaq.protocol.timer import TIMER_TOPIC
-    from metaq.protocol.timerwire import TimerCancelCommand, TimerList, TimerPut
+    from metaq.timers.records import TIMER_TOPIC
+    from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
     b = broker_factory(secured(tmp_path))
     with login(b, "admin") as admin:
         body = b"salary of the CEO: 1,000,000"

@@ -2,8 +2,8 @@
 anything else leaves the indexer to read the log."""
 
 from metaq.limits import MAX_TIMER_FRESH
-from metaq.protocol.timer import TIMER_TOPIC, TimerCancel
-from metaq.server.timerhandoff import Handoff
+from metaq.timers.records import TIMER_TOPIC, TimerCancel
+from metaq.timers.handoff import Handoff
 from metaq.store.record import record_size
 
 TLEN = len(TIMER_TOPIC.encode())
@@ -49,7 +49,7 @@ def test_a_gap_or_an_offset_already_indexed_is_not_taken():
 
 def test_at_the_byte_limit_the_data_is_kept_and_one_byte_past_it_is_left_to_the_log():
     from metaq.limits import MAX_TIMER_FRESH_BYTES
-    from metaq.protocol.timer import TimerEntry
+    from metaq.timers.records import TimerEntry
 
     def entry(n):
         return TimerEntry("t", 0, 0, 1, 5, 5, b"x" * n)

@@ -1,10 +1,10 @@
-"""The timer service's delivery window (server/timerwindow.py): bounded by rows and by bytes (at and one past each),
+"""The timer service's delivery window (timers/window.py): bounded by rows and by bytes (at and one past each),
 in due order, every pending row due before its end and none twice, with a real timers.db giving the rows."""
 
 from metaq.limits import MAX_TIMER_WINDOW_BYTES, MAX_TIMER_WINDOW_ROWS, TIMER_WINDOW_MS
-from metaq.protocol.timer import TimerEntry
-from metaq.server.timerwindow import DeliveryWindow
-from metaq.store.timerindex import TimerIndex
+from metaq.timers.records import TimerEntry
+from metaq.timers.window import DeliveryWindow
+from metaq.timers.index import TimerIndex
 
 NOW = 1_790_000_000_000
 

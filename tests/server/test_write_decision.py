@@ -7,7 +7,7 @@ import pytest
 
 from metaq import errors
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.timer import TIMER_TOPIC
+from metaq.timers.records import TIMER_TOPIC
 from metaq.server.config import load_config
 from metaq.server.guard import Guard
 from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate

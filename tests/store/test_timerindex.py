@@ -1,7 +1,7 @@
-"""The timer store's index (metaq.store.timerindex): pure, a tmp dir, no network."""
+"""The timer store's index (metaq.timers.index): pure, a tmp dir, no network."""
 
-from metaq.protocol.timer import TimerCancel, TimerDone, TimerEntry
-from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
+from metaq.timers.records import TimerCancel, TimerDone, TimerEntry
+from metaq.timers.index import CANCELLED, DELIVERED, TimerIndex
 
 NOW = 1_700_000_000_000
 
@@ -160,7 +160,7 @@ def test_the_write_ahead_log_is_cut_back_to_its_limit_after_each_checkpoint(tmp_
     batch's; without the limit (one past: none) it keeps its peak."""
     import os
 
-    from metaq.store import timerindex
+    from metaq.timers import index as timerindex
     checkpoint = 64
     monkeypatch.setattr(timerindex, "TIMER_INDEX_CHECKPOINT_PAGES", checkpoint)
     limit = 256 << 10

@@ -28,7 +28,6 @@ import random
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
-from metaq.protocol.timer import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.priority import level_topic
@@ -41,6 +40,7 @@ from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTIO
                                              decode_send_header, send_response_fields)
 from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY,
                                              message_of_record, record_data_from_send, retry_copy)
+from metaq.timers.records import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
 from metaq.tx.checkback import immunity_ms
 from metaq.tx.halves import HALF_OWNER, half_txid
 from metaq.server.clock import now_ms

@@ -31,8 +31,8 @@ from metaq.server.text.expect import check_expected
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
-from metaq.server.text.timers import TextTimers
-from metaq.protocol.timerwire import TimerCancelCommand, TimerList, TimerPut
+from metaq.timers.text import TextTimers
+from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ import datetime
 
 from metaq.client.replies import reply_error
 from metaq.errors import NotFound
-from metaq.protocol.timerwire import TimerCancelCommand
 from metaq.protocol.msgid import id_broker
+from metaq.timers.wire import TimerCancelCommand
 
 __all__ = ["when_of", "cancel"]
 

@@ -4,7 +4,7 @@ delivery time").
 The general path handles a ``put_at`` in tens of µs of Python (parser event, dispatcher, checks, the ENTRY's
 encoding, one store put, one reply); a producer scheduling many messages pipelines them. Here the ``put_at``
 frames at the head of the receive buffer are taken in one pass: each is checked as the general path checks it,
-its ENTRY record (``protocol.timer.encode_entry``: real topic, partition, flag, checksum, due and born times, the
+its ENTRY record (``timers.records.encode_entry``: real topic, partition, flag, checksum, due and born times, the
 body) is encoded, and all of them are appended to the timer topic with one ``MessageStore.put_burst`` call (the
 plain burst's writer), then answered ``result 200 <len> <opaque>\\r\\n<msgId> <partition> -1`` each, in order —
 byte for byte the general path's replies.
@@ -18,10 +18,10 @@ while puts are refused, replication is synchronous, or this broker does not deli
 
 from metaq import errors
 from metaq.limits import validate_partition
-from metaq.protocol.timer import TIMER_TOPIC, TimerEntry
-from metaq.protocol.timerburst import encode_timer_acks, scan_put_ats
 from metaq.server.clock import now_ms
 from metaq.server.text.fastidem import DONE, MORE
+from metaq.timers.burst import encode_timer_acks, scan_put_ats
+from metaq.timers.records import TIMER_TOPIC, TimerEntry
 
 _TIMER = TIMER_TOPIC.encode()
 

@@ -8,7 +8,7 @@
     timers <topic|*> <limit> <opaque>
         200, a line per pending timer: "<msgId> <topic> <partition> <due ms> <size>" (at most MAX_TIMER_LIST)
 
-``when`` is kept as text here: the broker reads it with its clock (``metaq.protocol.timer.parse_when``).
+``when`` is kept as text here: the broker reads it with its clock (``metaq.timers.records.parse_when``).
 """
 
 from typing import NamedTuple
@@ -16,7 +16,7 @@ from typing import NamedTuple
 from metaq.limits import MAX_TIMER_LIST
 from metaq.protocol.commands import NEEDS_ADMIN, NEEDS_HANDLER, TextCommand, register
 from metaq.protocol.integers import parse_int
-from metaq.protocol.timerburst import scan_put_ats
+from metaq.timers.burst import scan_put_ats
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)

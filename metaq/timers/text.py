@@ -1,7 +1,7 @@
-"""``put_at``, ``cancel`` and ``timers`` (``protocol/timerwire.py``; README "Any delivery time", "Cancel").
+"""``put_at``, ``cancel`` and ``timers`` (``timers/wire.py``; README "Any delivery time", "Cancel").
 
 ``put_at`` is a put with a delivery time: ``PutPath.append(due_ms=)`` stores its ENTRY in the timer topic
-(``server/timers.py``) and it is answered as ``put_delayed`` is, once durable. ``cancel`` is answered once its
+(``timers/service.py``) and it is answered as ``put_delayed`` is, once durable. ``cancel`` is answered once its
 CANCEL record is durable (as a put), or at once when the message was delivered, cancelled before or is unknown.
 """
 
@@ -9,17 +9,17 @@ from typing import NamedTuple
 
 from metaq import errors
 from metaq.protocol.text import encode_result
-from metaq.protocol.timer import TIMER_TOPIC, parse_when
-from metaq.protocol.timerwire import format_rows
 from metaq.server.clock import now_ms
 from metaq.server.text.putchecks import uncompressed, verified_checksum
+from metaq.timers.records import TIMER_TOPIC, parse_when
+from metaq.timers.wire import format_rows
 
 NO_WAIT = 0
 
 
 class TextTimers:
     """The three handlers, over the put path and the timer service (None: no timer store). ``cancel`` and
-    ``timers`` need the admin permission, ``put_at`` the topic-write decision (``protocol.timerwire``)."""
+    ``timers`` need the admin permission, ``put_at`` the topic-write decision (``timers.wire``)."""
 
     def __init__(self, put_path, timers, max_body, *, ack_put, error_reply):
         """``ack_put(e, r, now, reply, conn)``: how a stored put is answered (the dispatcher's, per the flush and

@@ -7,7 +7,7 @@ a due time; a negative, unparseable or too distant one (beyond
 
 **Records.** A timer message first goes to the internal topic ``TIMER_TOPIC``,
 partition 0. The topic's records are the timer store's log (the SQLite index,
-``metaq.store.timerindex``, is derived from them); each record's data starts
+``metaq.timers.index``, is derived from them); each record's data starts
 with ``HEAD`` (magic ``b"MQTM"``, version 1, kind)::
 
     ENTRY  (kind 1), a message scheduled; its record's msg_id is the message's id

@@ -1,10 +1,10 @@
 """A receive buffer's run of plain ``put_at`` frames found, checked and encoded in one pass (the burst path of
-README "Any delivery time"; the server's part is ``metaq.server.text.fasttimer``).
+README "Any delivery time"; the server's part is ``metaq.timers.fasttext``).
 
 ``scan_put_ats`` takes the ``put_at`` frames at the head of a buffer that the burst path may store without the
 general path: ``put_at <topic> <partition> <len> 0 <checksum> @<epoch ms>|+<delay ms> <opaque>\\r\\n<body>`` with
 flag 0, a checksum that is ``-1`` or the body's, a topic of at most ``MAX_NAME_BYTES`` and a delivery time the general
-path accepts (``protocol.timer.due_from``: at most ``MAX_DELIVER_AHEAD_MS`` ahead; a past time is now). It stops at
+path accepts (``timers.records.due_from``: at most ``MAX_DELIVER_AHEAD_MS`` ahead; a past time is now). It stops at
 the first frame that is anything else (that frame and the rest go to the general path, which answers them as always)
 and encodes each frame taken as its ENTRY record (``encode_entry``), all of them end to end in one buffer, with the
 frame ``MessageStore.put_burst`` takes for it. The C helper's ``scan_put_ats`` is its twin (tested equal); pure:
@@ -16,7 +16,7 @@ import re
 from metaq import speedups
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
 from metaq.protocol.checksum import crc32
-from metaq.protocol.timer import ENTRY, KIND_ENTRY, MAGIC, VERSION
+from metaq.timers.records import ENTRY, KIND_ENTRY, MAGIC, VERSION
 
 #: One plain ``put_at`` line: topic, partition, length, flag 0, checksum, when, opaque.
 _LINE = re.compile(rb"put_at ([\x21-\x7e]{1,255}) (\d{1,10}) (\d{1,10}) 0 (-1|\d{1,10}) ([@+]\d{1,19}) "

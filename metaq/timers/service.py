@@ -1,11 +1,11 @@
 """Any delivery time: the timer store's service (README "Delayed delivery", "Any delivery time", "Cancel").
 
-* ``put_at`` stores an ENTRY record (``metaq.protocol.timer``: real topic, partition, flag, checksum, due and
+* ``put_at`` stores an ENTRY record (``metaq.timers.records``: real topic, partition, flag, checksum, due and
   born times, the original data) in the internal topic ``TIMER_TOPIC``, partition 0, through the normal store
   put (durability, flushes and replication are a put's). Its record id is the message's id: the producer is
   answered with it and the delivered message carries it.
 * The **indexer** (master and slave) reads TIMER_TOPIC from the index's ``indexed_offset`` up to the flushed
-  log position and applies the records to ``timers.db`` (``metaq.store.timerindex``), one SQLite transaction
+  log position and applies the records to ``timers.db`` (``metaq.timers.index``), one SQLite transaction
   per batch. It is woken by puts and flushes (the partition waiters), never polls busily. On a master, what
   this broker itself appends to TIMER_TOPIC (entries, cancels, DONE records; ``written``) is kept decoded, at
   most ``MAX_TIMER_FRESH``, and applied from there, not read back and decoded: the same records, the same
@@ -40,13 +40,13 @@ from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES
                           TIMER_INDEX_BATCH, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.timer import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
-                                  encode_cancel, encode_done, encode_entry)
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
-from metaq.server.timerhandoff import Handoff
-from metaq.server.timerwindow import DeliveryWindow
-from metaq.store.timerindex import CANCELLED, DELIVERED, TimerIndex
+from metaq.timers.handoff import Handoff
+from metaq.timers.index import CANCELLED, DELIVERED, TimerIndex
+from metaq.timers.records import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
+                                  encode_cancel, encode_done, encode_entry)
+from metaq.timers.window import DeliveryWindow
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class TimerService:
         self._wake = Event()  # the delivery loop: a put or an index batch landed in its window, a stop
         self._indexed = Event()  # set after each index batch
         self._indexer = self._deliverer = None
-        self._win = DeliveryWindow()  # the rows due soonest (server/timerwindow.py)
+        self._win = DeliveryWindow()  # the rows due soonest (timers/window.py)
         self._loading = None  # entries indexed while a window load runs
         self._extending = None  # the greenlet loading the window's next rows while delivery goes on
         self._extension = None  # entries indexed while it runs

@@ -1,5 +1,5 @@
 """The HTTP port's timer routes: what ``metaq-admin timers list|cancel`` does (README "Cancel"), over the timer
-service (``server/timers.py``). Both need the ``admin`` permission, as the text commands ``timers`` and ``cancel``.
+service (``timers/service.py``). Both need the ``admin`` permission, as the text commands ``timers`` and ``cancel``.
 
 ==================================  ================================================================================
 ``GET /api/timers``                 pending messages by due time: ``topic`` (else all), ``max`` (at most
@@ -14,9 +14,9 @@ from metaq import errors
 from metaq.auth.acl import ADMIN
 from metaq.limits import MAX_TIMER_LIST
 from metaq.protocol.text import INT64_MAX, INT64_MIN
-from metaq.protocol.timer import TIMER_TOPIC
 from metaq.server.clock import now_ms
 from metaq.server.http.routes import json_response
+from metaq.timers.records import TIMER_TOPIC
 
 
 def admin_only(guard, session, params):

@@ -28,7 +28,7 @@ from metaq.errors import StoreError
 
 from metaq.limits import (MAX_TIMER_OUTCOMES, TIMER_INDEX_CACHE_BYTES, TIMER_INDEX_CHECKPOINT_PAGES,
                           TIMER_INDEX_WAL_BYTES)
-from metaq.protocol.timer import TimerCancel, TimerDone, TimerEntry
+from metaq.timers.records import TimerCancel, TimerDone, TimerEntry
 
 FILE_NAME = "timers.db"
 DELIVERED, CANCELLED = "delivered", "cancelled"
@@ -163,7 +163,7 @@ class TimerIndex:
 
     def rewind(self, offset):
         """Index again from TIMER_TOPIC ``offset`` (the log was cut there: a slave's handshake); no-op if at or past
-        ``indexed_offset``. What the cut records had done stays (see server/timers.py ``log_cut``)."""
+        ``indexed_offset``. What the cut records had done stays (see timers/service.py ``log_cut``)."""
         if offset < self.indexed_offset:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (offset,))
             self.indexed_offset = offset

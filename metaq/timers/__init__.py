@@ -1,0 +1,30 @@
+"""Any delivery time: ``put_at`` (a message delivered at a time the producer names), ``cancel`` and ``timers``
+(docs/messaging.md "Any delivery time", "Cancel").
+
+A feature package: every module of the feature is here, named by its role, and each role is a layer's
+(``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
+layer may, and of this package only modules of its own role's layer or a lower one.
+
+codec (the protocol layer: bytes in, values out; no socket, log or clock)
+    records.py   the %TIMER% topic's records (ENTRY, CANCEL, DONE), put_at's ``when``, RocketMQ 5's TIMER_*
+                 properties
+    wire.py      the put_at / cancel / timers text commands: parsers, serializers, their registration in
+                 ``protocol.commands`` (``protocol.text`` imports it, so the registry is complete)
+    burst.py     a receive buffer's run of plain put_at frames checked and encoded as ENTRY records (C twin:
+                 ``_timerscan.c``)
+logic (the protocol layer: pure decisions, the time passed in)
+    window.py    the delivery window: the pending rows due soonest, bounded by rows and bytes
+state (the store layer: files and in-memory state; no socket, gevent or clock)
+    index.py     timers.db (SQLite): pending rows by due time, recent outcomes, indexed_offset, scan_from
+    handoff.py   what the master's own %TIMER% writes hand the indexer, decoded and bounded
+service (the server layer: gevent)
+    service.py   TimerService: the indexer, the delivery window's loop, exactly once after a crash
+front-end (the server layer: a front-end's handlers)
+    text.py      the text handlers of put_at, cancel and timers
+    fasttext.py  the text port's put_at burst path: pipelined put_at frames stored and answered in one pass
+    http.py      the HTTP port's timer routes: pending timers listed, one cancelled (admin)
+client (the client layer)
+    client.py    the producer's side: a ``when`` checked and encoded, a cancel sent and its reply read
+
+The admin CLI's ``timers`` command stays with the CLI's other commands (``client/admintimers.py``).
+"""
