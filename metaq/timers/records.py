@@ -35,8 +35,8 @@ from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES, MAX_TIMER_DONE_ID
 from metaq.protocol.journaltopic import TIMER_TOPIC
 
 __all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "HEAD", "ENTRY", "TimerEntry", "TimerCancel",
-           "TimerDone", "BadTimerRecord", "TIMER_PROPERTIES", "timer_property", "timer_due", "parse_when", "due_from", "encode_entry", "encode_cancel", "encode_done",
-           "decode"]
+           "TimerDone", "BadTimerRecord", "TIMER_PROPERTIES", "timer_property", "timer_due", "parse_when", "due_from",
+           "encode_entry", "encode_cancel", "encode_done", "decode"]
 
 # TIMER_TOPIC: the internal topic of the timer store (one partition; journaltopic.py). Producers may not put to it.
 

@@ -30,7 +30,8 @@ def test_done_limit_and_one_past():
 
 
 @pytest.mark.parametrize("data", [b"", b"MQTM", b"XXXX\x01\x01" + bytes(40), b"MQTM\x02\x01" + bytes(40),
-                                  b"MQTM\x01\x09", b"MQTM\x01\x02" + bytes(7), b"MQTM\x01\x03\x00\x00\x00\x02" + bytes(8),
+                                  b"MQTM\x01\x09", b"MQTM\x01\x02" + bytes(7),
+                                  b"MQTM\x01\x03\x00\x00\x00\x02" + bytes(8),
                                   timer.encode_entry("t", 0, 0, 0, 1, 1, b"")[:36]])
 def test_bad_records(data):
     with pytest.raises(BadTimerRecord):

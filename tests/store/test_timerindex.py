@@ -94,7 +94,8 @@ _IDS = [1, 2, 3, 4, 5, 600, 601]
 
 def _records():
     from hypothesis import strategies as st
-    ent = st.tuples(st.sampled_from(_IDS), st.integers(0, 50)).map(lambda t: (t[0], entry(NOW + t[1], data=b"%d" % t[1])))
+    ent = st.tuples(st.sampled_from(_IDS), st.integers(0, 50)).map(
+        lambda t: (t[0], entry(NOW + t[1], data=b"%d" % t[1])))
     done = st.lists(st.sampled_from(_IDS + [999]), min_size=1, max_size=8).map(lambda ids: (0, TimerDone(tuple(ids))))
     cancel = st.sampled_from(_IDS + [999]).map(lambda i: (0, TimerCancel(i)))
     return st.lists(st.lists(st.one_of(ent, ent, done, cancel), max_size=12), max_size=6)
