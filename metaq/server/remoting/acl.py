@@ -27,12 +27,12 @@ no key then gets the broker's clear AclException on its first send or pull inste
 of this topic". What a route tells anyone who may connect (the global allow-list still applies): whether the
 topic table accepts a topic name, its queue count, and this port's address.
 
-Where we are stricter than RocketMQ 4.9 (the registry of served codes lists it: ``protocol.rocketmq.requests``): batch sends are checked like sends
-(RocketMQ 5 does too), offset and message look-ups need SUB on their topic, a send-back needs SUB on the
-topic of the message it copies, END_TRANSACTION needs PUB on the half message's topic, codes metaq does not
-serve need a valid signature before they are answered REQUEST_CODE_NOT_SUPPORTED, and RocketMQ's bypasses
-are not taken (a global or per-user white address skipping the signature; RMQ_SYS_TRACE_TOPIC open to any
-signed user). A ``%RETRY%<group>`` topic is governed by the group's permission, as in RocketMQ (whose group
+Where we are stricter than RocketMQ 4.9 (the registry of served codes, ``protocol.rocketmq.requests``, lists
+each code's needs): batch sends are checked like sends (RocketMQ 5 does too), offset and message look-ups need
+SUB on their topic, a send-back needs SUB on the topic of the message it copies, END_TRANSACTION needs PUB on
+the half message's topic, codes metaq does not serve need a valid signature before they are answered
+REQUEST_CODE_NOT_SUPPORTED, and RocketMQ's bypasses are not taken (a global or per-user white address skipping
+the signature; RMQ_SYS_TRACE_TOPIC open to any signed user). A ``%RETRY%<group>`` topic is governed by the group's permission, as in RocketMQ (whose group
 permissions are kept as retry topics).
 """
 
