@@ -27,12 +27,12 @@ no key then gets the broker's clear AclException on its first send or pull inste
 of this topic". What a route tells anyone who may connect (the global allow-list still applies): whether the
 topic table accepts a topic name, its queue count, and this port's address.
 
-Where we are stricter than RocketMQ 4.9 (see the notes of ``needs``): batch sends are checked like sends
-(RocketMQ 5 does too), offset and message look-ups need SUB on their topic, a send-back needs SUB on the
-topic of the message it copies, END_TRANSACTION needs PUB on the half message's topic, codes metaq does not
-serve need a valid signature before they are answered REQUEST_CODE_NOT_SUPPORTED, and RocketMQ's bypasses
-are not taken (a global or per-user white address skipping the signature; RMQ_SYS_TRACE_TOPIC open to any
-signed user). A ``%RETRY%<group>`` topic is governed by the group's permission, as in RocketMQ (whose group
+Where we are stricter than RocketMQ 4.9 (the registry of served codes, ``protocol.rocketmq.requests``, lists
+each code's needs): batch sends are checked like sends (RocketMQ 5 does too), offset and message look-ups need
+SUB on their topic, a send-back needs SUB on the topic of the message it copies, END_TRANSACTION needs PUB on
+the half message's topic, codes metaq does not serve need a valid signature before they are answered
+REQUEST_CODE_NOT_SUPPORTED, and RocketMQ's bypasses are not taken (a global or per-user white address skipping
+the signature; RMQ_SYS_TRACE_TOPIC open to any signed user). A ``%RETRY%<group>`` topic is governed by the group's permission, as in RocketMQ (whose group
 permissions are kept as retry topics).
 """
 
@@ -41,19 +41,14 @@ from types import SimpleNamespace
 
 import gevent
 
-from metaq import errors, limits
+from metaq import errors
 from metaq.auth import proofs
-from metaq.auth.acl import ADMIN, PUB, SUB
+from metaq.auth.acl import ADMIN, SUB
 from metaq.protocol.journaltopic import RETRY_PREFIX
-from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC
-from metaq.protocol.rocketmq.bodies import decode_heartbeat, decode_properties
-from metaq.protocol.rocketmq.lockbodies import decode_lock_batch
-from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
-                                             PullMessageHeader, QueryConsumerOffsetHeader, QueryMessageHeader,
-                                             QueueHeader, SearchOffsetHeader, UnregisterClientHeader,
-                                             UpdateConsumerOffsetHeader, ViewMessageHeader, decode_header,
-                                             decode_send_header)
+from metaq.protocol.rocketmq import requests
+from metaq.protocol.rocketmq.headers import EndTransactionHeader, decode_header
 from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.requests import ADMIN_CODES, NeedsContext, resource
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +58,8 @@ __all__ = ["ACL_EXCEPTION", "ADMIN_CODES", "NAME_SERVER_CODES", "RemotingAcl", "
 ACL_EXCEPTION = "org.apache.rocketmq.acl.common.AclException: "
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
-#: The name server's requests: answered without a signature (see the module doc).
-NAME_SERVER_CODES = frozenset({R.GET_ROUTEINFO_BY_TOPIC, R.GET_BROKER_CLUSTER_INFO})
-
-#: Request codes only an admin may send: RocketMQ's ``Permission.ADMIN_CODE`` (UPDATE_AND_CREATE_TOPIC 17,
-#: UPDATE_BROKER_CONFIG 25, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP 200, DELETE_SUBSCRIPTIONGROUP 207,
-#: DELETE_TOPIC_IN_BROKER 215) and the ACL configuration codes (UPDATE_AND_CREATE_ACL_CONFIG 50,
-#: DELETE_ACL_CONFIG 51, GET_BROKER_CLUSTER_ACL_INFO 52, UPDATE_GLOBAL_WHITE_ADDRS_CONFIG 53), which RocketMQ 4
-#: leaves to any signed user. metaq supports none of them: an admin gets REQUEST_CODE_NOT_SUPPORTED.
-ADMIN_CODES = frozenset({17, 25, 200, 207, 215, 50, 51, 52, 53})
-
-_SEND_CODES = frozenset({R.SEND_MESSAGE, R.SEND_MESSAGE_V2, R.SEND_BATCH_MESSAGE})
-_QUEUE_CODES = frozenset({R.GET_MAX_OFFSET, R.GET_MIN_OFFSET, R.GET_EARLIEST_MSG_STORETIME})
+#: The name server's requests: answered without a signature (see the module doc; their declarations say so).
+NAME_SERVER_CODES = requests.unsigned_codes()
 #: Characters of a client-given name shown in a refusal.
 _SHOWN = 128
 
@@ -83,127 +68,18 @@ def _show(name):
     return name if len(name) <= _SHOWN else name[:_SHOWN] + "..."
 
 
-def resource(action, topic):
-    """The permission a topic needs: ``(action, "topic", topic)``, or for a retry topic ``%RETRY%<group>``
-    ``(SUB, "group", group)`` whatever the action (RocketMQ: ``getRetryTopic(group)`` with ``Permission.SUB``)."""
-    if topic.startswith(RETRY_PREFIX):
-        return (SUB, "group", topic[len(RETRY_PREFIX):])
-    return (action, "topic", topic)
-
-
-def _group(name):
-    return (SUB, "group", name)
-
-
-def _read_whole(topic):
-    """What reading ``topic``'s messages by key or position needs (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID): SUB on it;
-    a group's retry topic is an admin's there (its copies of topics the user may not read are passed over only
-    in a pull: ``RemotingAcl.copies_readable``)."""
-    return (ADMIN, None, None) if topic.startswith(RETRY_PREFIX) else resource(SUB, topic)
-
-
-def _retry_send_needs(code, h):
-    """A send to ``%RETRY%<group>`` (RocketMQ's consumer re-sending a failed message when its send-back failed)
-    carries the topic it was read from in ``RETRY_TOPIC``, where a consumer of the group delivers it from and
-    where ``dlq resend`` puts it back (the sender's own ``reconsumeTimes`` may send it straight to the dead
-    letters): the sender must be allowed to publish to that topic, or it could plant a message there through an
-    admin's resend. Without ``RETRY_TOPIC`` it is delivered, and resent, as a message of the retry topic itself.
-    A batch there (which no RocketMQ client sends) is an admin's."""
-    if code == R.SEND_BATCH_MESSAGE or h.batch:
-        return [(ADMIN, None, None)]
-    origin = decode_properties(h.properties).get(PROP_RETRY_TOPIC)
-    return [resource(PUB, origin)] if origin else []
-
-
-class _Needs:
-    """Distinct needs in order, at most ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` (past it: ClientError)."""
-
-    __slots__ = ("code", "items")
-
-    def __init__(self, code):
-        self.code = code
-        self.items = {}
-
-    def add(self, *needs):
-        for need in needs:
-            self.items[need] = None
-            if len(self.items) > limits.MAX_ACL_RESOURCES_PER_REQUEST:
-                raise errors.ClientError("request code %d names more than %d topics and groups (the limit "
-                                         "MAX_ACL_RESOURCES_PER_REQUEST)"
-                                         % (self.code, limits.MAX_ACL_RESOURCES_PER_REQUEST))
-
-
 def needs(cmd, record_topic=None, half_topic=None, reply_topic=None):
-    """What ``cmd`` needs of its (already authenticated) user: a list of distinct ``(action, kind, name)``;
-    ``(ADMIN, None, None)`` for an admin code. Raises ClientError for a
-    request that names more than ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` resources, and the header decoders'
-    RemoteProtocolError for a malformed one.
+    """What ``cmd`` needs of its (already authenticated) user, as its declaration says
+    (``protocol.rocketmq.requests.needs_of``, where the rules are listed): a list of distinct
+    ``(action, kind, name)``; ``(ADMIN, None, None)`` for an admin code, nothing for a code not served. Raises
+    ClientError for a request that names more than ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` resources, and the
+    decoders' RemoteProtocolError for a malformed one.
 
     ``record_topic(offset)``: the topic of the stored message at a commit-log offset (VIEW_MESSAGE_BY_ID,
     CONSUMER_SEND_MSG_BACK); ``half_topic(number)``: the topic of a waiting half message, or None;
     ``reply_topic``: the cluster's ``<cluster>_REPLY_TOPIC``, which a reply (SEND_REPLY_MESSAGE 324/325) needs PUB
-    on, as the text ``reply`` does (RocketMQ: a signature only).
-
-    RocketMQ 4.9 (``PlainAccessValidator.parse``): SEND_MESSAGE(_V2) topic PUB (a retry topic: the group
-    SUB); CONSUMER_SEND_MSG_BACK group SUB; PULL_MESSAGE topic SUB + group SUB; HEART_BEAT each consumer
-    group SUB + each subscribed topic SUB; UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP group SUB;
-    UPDATE_CONSUMER_OFFSET group SUB + topic SUB; admin codes the admin flag; anything else a signature only.
-    Ours adds: SEND_BATCH_MESSAGE as a send (RocketMQ 5 does), QUERY_CONSUMER_OFFSET group + topic SUB (the
-    text ``query_offset``), SEARCH_OFFSET_BY_TIMESTAMP / GET_MAX_OFFSET / GET_MIN_OFFSET /
-    GET_EARLIEST_MSG_STORETIME topic SUB (the text ``offset``), QUERY_MESSAGE topic SUB (the text ``lookup``),
-    VIEW_MESSAGE_BY_ID SUB on the message's topic, CONSUMER_SEND_MSG_BACK also SUB on the copied message's
-    topic, END_TRANSACTION PUB on the half message's topic, LOCK_BATCH_MQ / UNLOCK_BATCH_MQ the body's group SUB and SUB on each queue's topic
-    (RocketMQ: a signature only). A retry topic is its group's
-    (``resource``), also where RocketMQ reads the group from another field (a send to ``%RETRY%g`` names its
-    group in the topic, so the topic decides).
-    """
-    code = cmd.code
-    found = _Needs(code)
-    if code in ADMIN_CODES:
-        found.add((ADMIN, None, None))
-    elif code in _SEND_CODES:
-        h = decode_send_header(cmd)
-        found.add(resource(PUB, h.topic))
-        if h.topic.startswith(RETRY_PREFIX):  # a consumer re-sending a message itself: see _retry_send_needs
-            found.add(*_retry_send_needs(code, h))
-    elif code == R.PULL_MESSAGE:
-        h = decode_header(PullMessageHeader, cmd)
-        found.add(resource(SUB, h.topic), _group(h.consumer_group))
-    elif code in (R.QUERY_CONSUMER_OFFSET, R.UPDATE_CONSUMER_OFFSET):
-        h = decode_header(QueryConsumerOffsetHeader if code == R.QUERY_CONSUMER_OFFSET else UpdateConsumerOffsetHeader,
-                          cmd)
-        found.add(_group(h.consumer_group), resource(SUB, h.topic))
-    elif code == R.SEARCH_OFFSET_BY_TIMESTAMP:
-        found.add(resource(SUB, decode_header(SearchOffsetHeader, cmd).topic))
-    elif code in _QUEUE_CODES:
-        found.add(resource(SUB, decode_header(QueueHeader, cmd).topic))
-    elif code == R.QUERY_MESSAGE:
-        found.add(_read_whole(decode_header(QueryMessageHeader, cmd).topic))
-    elif code == R.VIEW_MESSAGE_BY_ID:
-        found.add(_read_whole(record_topic(decode_header(ViewMessageHeader, cmd).offset)))
-    elif code == R.CONSUMER_SEND_MSG_BACK:
-        h = decode_header(ConsumerSendMsgBackHeader, cmd)
-        found.add(_group(h.group), resource(SUB, record_topic(h.offset)))
-    elif code == R.END_TRANSACTION:
-        topic = half_topic(decode_header(EndTransactionHeader, cmd).tran_state_table_offset)
-        if topic is not None:  # none waiting: the handler says so
-            found.add(resource(PUB, topic))
-    elif code == R.HEART_BEAT:
-        for consumer in decode_heartbeat(cmd.body, cmd.opaque).consumers:
-            found.add(_group(consumer.group_name), *(resource(SUB, s.topic) for s in consumer.subscriptions))
-    elif code == R.UNREGISTER_CLIENT:
-        group = decode_header(UnregisterClientHeader, cmd).consumer_group
-        if group:  # a producer's unregister names no consumer group
-            found.add(_group(group))
-    elif code == R.GET_CONSUMER_LIST_BY_GROUP:
-        found.add(_group(decode_header(ConsumerGroupHeader, cmd).consumer_group))
-    elif code in (R.SEND_REPLY_MESSAGE, R.SEND_REPLY_MESSAGE_V2):
-        found.add(resource(PUB, reply_topic))
-    elif code in (R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ):
-        body = decode_lock_batch(cmd.body, cmd.opaque)
-        found.add(_group(body.consumer_group), *(resource(SUB, mq.topic) for mq in body.mq_set))
-    # else: codes metaq does not serve (answered REQUEST_CODE_NOT_SUPPORTED once authenticated)
-    return list(found.items)
+    on, as the text ``reply`` does."""
+    return requests.needs_of(cmd, NeedsContext(record_topic, half_topic, reply_topic))
 
 
 class RemotingAcl:
@@ -218,6 +94,7 @@ class RemotingAcl:
         self.store = store
         self.half_topic = half_topic
         self.half_user = half_user  # half_user(number): who sent a waiting half message
+        self.context = NeedsContext(self._record_topic, half_topic, reply_topic)  # what the needs look up
         self.refused = 0  # requests refused (authentication or permission)
 
     def check(self, cmd, conn):
@@ -291,7 +168,7 @@ class RemotingAcl:
 
     def _authorize(self, cmd, conn, name):
         guard, session = self.guard, conn.session
-        for action, kind, what in needs(cmd, self._record_topic, self.half_topic, self.reply_topic):
+        for action, kind, what in requests.needs_of(cmd, self.context):
             if action == ADMIN:
                 if not guard.is_admin(session):
                     raise errors.Forbidden("Need admin permission for request code=%d, but accessKey=%s is not"

@@ -10,8 +10,11 @@ is not the master refuses sends with SERVICE_NOT_AVAILABLE (14), as RocketMQ's
 slave does, and the client sends again after its next route refresh. Queue id =
 partition, queue offset = our offset; consumer offsets are the broker's
 consumer-offset store, the one the text ``commit_offset`` writes. Sends,
-send-backs and end-transaction live in ``remoting_send``. Any other code gets
+send-backs and end-transaction live in ``remoting.send``. Any other code gets
 REQUEST_CODE_NOT_SUPPORTED.
+
+Which codes are served, by which handler, in a greenlet or not, is declared once per code in
+``protocol.rocketmq.requests``; the route table is built from there (``route_table``).
 """
 
 import functools
@@ -20,7 +23,8 @@ import time
 
 from metaq import errors, limits
 from metaq.protocol.reqreply import reply_topic
-from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, not_supported, response_for
+from metaq.protocol.rocketmq import requests
+from metaq.protocol.rocketmq.remoting import ResponseCode, not_supported, response_for
 from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
                                             encode_consumer_list, encode_topic_route)
 from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
@@ -70,6 +74,28 @@ def error_response(cmd, exc):
     return response_for(cmd, code, text)
 
 
+def route_table(owners, sends_wait):
+    """``{code: (handler, spawn, takes_signer)}`` of every code the registry declares
+    (``protocol.rocketmq.requests``), each handler ``"owner.method"`` found among ``owners`` (``{name: object}``);
+    an owner given as None is a feature turned off (request-reply), whose codes are then not served. Raises
+    TypeError when a declared code has no handler: the port refuses to start rather than fail on first use.
+    ``sends_wait``: whether a send waits (a flush, sync replication), which decides the ``SENDS_WAIT`` policy."""
+    table, missing = {}, []
+    for code, declared in sorted(requests.table().items()):
+        owner_name, _, method = declared.handler.partition(".")
+        if owner_name in owners and owners[owner_name] is None:
+            continue
+        handler = getattr(owners.get(owner_name), method, None)
+        if not callable(handler):
+            missing.append("%s (%d) -> %s" % (declared.name, code, declared.handler))
+            continue
+        spawn = sends_wait if declared.spawn == requests.SENDS_WAIT else declared.spawn
+        table[code] = (handler, bool(spawn), declared.takes_signer)
+    if missing:
+        raise TypeError("remoting request codes without a handler: %s" % ", ".join(missing))
+    return table
+
+
 def _ok(cmd, ext_fields=None, body=b""):
     return response_for(cmd, ResponseCode.SUCCESS, None, ext_fields, body)
 
@@ -103,37 +129,11 @@ class RemotingDispatcher:
         self.acl = (RemotingAcl(guard, store, self.sender.half_topic, self.sender.half_user,
                                 reply_topic(config.remoting.cluster))
                     if guard is not None and guard.enabled else None)
-        R = RequestCode
         # Sends wait for their flush or a slave in a greenlet of their own; with neither they answer at once.
         path = self.sender.path
         waits = path.sync_flush or config.replication.mode == "sync"  # sync: a promotion/election may come
-        # code -> (handler, runs in a greenlet of its own)
-        self._handlers = {
-            R.GET_ROUTEINFO_BY_TOPIC: (self.route, False),
-            R.GET_BROKER_CLUSTER_INFO: (self.cluster_info, False),
-            R.SEND_MESSAGE: (self.sender.send, waits),
-            R.SEND_MESSAGE_V2: (self.sender.send, waits),
-            R.SEND_BATCH_MESSAGE: (self.sender.send, waits),
-            R.CONSUMER_SEND_MSG_BACK: (self.sender.send_back, waits),
-            R.END_TRANSACTION: (self.sender.end_transaction, True),
-            R.PULL_MESSAGE: (self.pull, True),
-            R.QUERY_CONSUMER_OFFSET: (self.query_offset, False),
-            R.UPDATE_CONSUMER_OFFSET: (self.update_offset, False),
-            R.SEARCH_OFFSET_BY_TIMESTAMP: (self.search_offset, False),
-            R.GET_MAX_OFFSET: (self.max_offset, False),
-            R.GET_MIN_OFFSET: (self.min_offset, False),
-            R.GET_EARLIEST_MSG_STORETIME: (self.earliest_time, False),
-            R.VIEW_MESSAGE_BY_ID: (self.view_message, False),
-            R.QUERY_MESSAGE: (self.query_message, True),
-            R.HEART_BEAT: (self.heartbeat, False),
-            R.UNREGISTER_CLIENT: (self.unregister, False),
-            R.GET_CONSUMER_LIST_BY_GROUP: (self.consumer_list, False),
-            R.LOCK_BATCH_MQ: (self.lock_batch, False),
-            R.UNLOCK_BATCH_MQ: (self.unlock_batch, False),
-        }
-        if replies is not None:  # request-reply (remoting/reply.py)
-            self._handlers[R.SEND_REPLY_MESSAGE] = self._handlers[R.SEND_REPLY_MESSAGE_V2] = \
-                (replies.send_reply, True)
+        # code -> (handler, runs in a greenlet of its own, is given the signer), from the registry
+        self._handlers = route_table({"dispatcher": self, "sender": self.sender, "replies": replies}, waits)
         self._unsupported_seen = set()
 
     def handle(self, cmd, conn):
@@ -150,8 +150,8 @@ class RemotingDispatcher:
                 log.info("remoting %s: request code %d is not supported", conn.peer, cmd.code)
             self._reply(conn, cmd, not_supported(cmd))
             return True
-        handler, spawn = entry
-        if cmd.code == RequestCode.PULL_MESSAGE and signer is not None:  # filtered as its signer (acl.py)
+        handler, spawn, takes_signer = entry
+        if takes_signer and signer is not None:  # a pull: a group's retry topic filtered as its signer (acl.py)
             handler = functools.partial(handler, signer=signer)
         if spawn:
             held = len(cmd.body) if cmd.body else 0
