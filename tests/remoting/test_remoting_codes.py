@@ -61,7 +61,8 @@ def test_route_of_a_topic_the_broker_refuses_is_topic_not_exist(rmq_factory):
 def test_cluster_info(rmq_broker, rc):
     info = json.loads(rc.call(R.GET_BROKER_CLUSTER_INFO).body)
     assert info["clusterAddrTable"] == {"DefaultCluster": ["metaq-7"]}
-    assert info["brokerAddrTable"]["metaq-7"]["brokerAddrs"]["0"].endswith(":%d" % rmq_broker.config["remoting"]["port"])
+    port = rmq_broker.config["remoting"]["port"]
+    assert info["brokerAddrTable"]["metaq-7"]["brokerAddrs"]["0"].endswith(":%d" % port)
 
 
 # -- send and pull ----------------------------------------------------------------

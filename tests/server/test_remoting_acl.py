@@ -31,8 +31,8 @@ def test_signature_is_hmac_sha1_of_the_sorted_values_then_the_body():
 
 def test_a_signed_request_survives_the_wire_and_any_change_breaks_it():
     """What the raw client signs is what the broker's parser hands the check: ints and booleans as their text."""
-    ext = sign_request({"topic": "orders", "queueId": 3, "unitMode": False, "properties": encode_properties({"K": "v"})},
-                       b"body", "alice", SECRETS["alice"])
+    fields = {"topic": "orders", "queueId": 3, "unitMode": False, "properties": encode_properties({"K": "v"})}
+    ext = sign_request(fields, b"body", "alice", SECRETS["alice"])
     parser = RemotingParser()
     parser.receive_data(encode_command(make_request(R.SEND_MESSAGE, ext, b"body", opaque=9)))
     got = parser.next_event()

@@ -201,7 +201,8 @@ def encode_stored_message(msg):
     born_ip, born_port = _packed_host(msg.born_host, "born host")
     store_ip, store_port = _packed_host(msg.store_host, "store host")
     sys_flag = msg.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-    sys_flag |= (SYSFLAG_BORNHOST_V6 if len(born_ip) == 16 else 0) | (SYSFLAG_STOREHOST_V6 if len(store_ip) == 16 else 0)
+    sys_flag |= SYSFLAG_BORNHOST_V6 if len(born_ip) == 16 else 0
+    sys_flag |= SYSFLAG_STOREHOST_V6 if len(store_ip) == 16 else 0
     body = bytes(msg.body)
     if len(topic) <= 127:
         magic, topic_len = MAGIC_V1, _I8.pack(len(topic))
@@ -510,7 +511,8 @@ def decode_heartbeat(data, opaque=0):
             _enum(c.get("messageModel"), _MESSAGE_MODELS, "CLUSTERING"),
             _enum(c.get("consumeFromWhere"), _CONSUME_FROM, "CONSUME_FROM_LAST_OFFSET"),
             _as_bool(c.get("unitMode")), subs))
-    producers = tuple(p["groupName"] for p in _objects(obj.get("producerDataSet")) if isinstance(p.get("groupName"), str))
+    producers = tuple(p["groupName"] for p in _objects(obj.get("producerDataSet"))
+                      if isinstance(p.get("groupName"), str))
     for name in producers:
         _bounded("producer group name", name, limits.MAX_NAME_BYTES, opaque)
     return HeartbeatData(obj["clientID"], tuple(consumers), producers)

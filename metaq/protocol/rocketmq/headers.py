@@ -242,7 +242,8 @@ RouteInfoHeader = _header_type("RouteInfoHeader", "GET_ROUTEINFO_BY_TOPIC (105) 
     ("accept_standard_json_only", "acceptStandardJsonOnly", _BOOL, False),
 ))
 
-QueryMessageHeader = _header_type("QueryMessageHeader", "QUERY_MESSAGE (12) header: a key's messages in a time window.", (
+QueryMessageHeader = _header_type(
+    "QueryMessageHeader", "QUERY_MESSAGE (12) header: a key's messages in a time window.", (
     ("topic", "topic", _STR, REQUIRED),
     ("key", "key", _STR, REQUIRED),
     ("max_num", "maxNum", _INT, REQUIRED),

@@ -196,8 +196,8 @@ def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=
     size = len(attribute.encode("utf-8", "surrogatepass")) if attribute is not None else 0
     if size > MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM:
         raise RemoteProtocolError("the message's properties and tags take %d bytes: at most %d may be stored (RocketMQ "
-                                  "carries %d, less what the broker adds)" % (size, MAX_PROPERTIES_BYTES
-                                                                             - PROPERTIES_HEADROOM, MAX_PROPERTIES_BYTES))
+                                  "carries %d, less what the broker adds)"
+                                  % (size, MAX_PROPERTIES_BYTES - PROPERTIES_HEADROOM, MAX_PROPERTIES_BYTES))
     return encode_payload(body, attribute)
 
 

@@ -434,8 +434,8 @@ class RemotingParser(StreamParser):
             raise RemoteProtocolError("header length %d exceeds the frame's %d bytes" % (header_len, total - 4),
                                       0, True)
         if header_len > self.max_header:
-            raise RemoteProtocolError("header of %d bytes exceeds the limit of %d bytes" % (header_len, self.max_header),
-                                      0, True)
+            raise RemoteProtocolError("header of %d bytes exceeds the limit of %d bytes"
+                                      % (header_len, self.max_header), 0, True)
         if available < 4 + total:
             return self._need_data(available)
         start = pos + 8

@@ -32,8 +32,8 @@ each code's needs): batch sends are checked like sends (RocketMQ 5 does too), of
 SUB on their topic, a send-back needs SUB on the topic of the message it copies, END_TRANSACTION needs PUB on
 the half message's topic, codes metaq does not serve need a valid signature before they are answered
 REQUEST_CODE_NOT_SUPPORTED, and RocketMQ's bypasses are not taken (a global or per-user white address skipping
-the signature; RMQ_SYS_TRACE_TOPIC open to any signed user). A ``%RETRY%<group>`` topic is governed by the group's permission, as in RocketMQ (whose group
-permissions are kept as retry topics).
+the signature; RMQ_SYS_TRACE_TOPIC open to any signed user). A ``%RETRY%<group>`` topic is governed by the
+group's permission, as in RocketMQ (whose group permissions are kept as retry topics).
 """
 
 import logging

@@ -25,8 +25,8 @@ from metaq import errors, limits
 from metaq.protocol.reqreply import reply_topic
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.remoting import ResponseCode, not_supported, response_for
-from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat, encode_cluster_info,
-                                            encode_consumer_list, encode_topic_route)
+from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat,
+                                            encode_cluster_info, encode_consumer_list, encode_topic_route)
 from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
                                              RouteInfoHeader, SearchOffsetHeader, UnregisterClientHeader,

@@ -203,10 +203,10 @@ class RemotingConnection(core.Connection):
 
     def send_request(self, code, ext_fields, body=b"", oneway=True):
         """A request of ours to the client, oneway unless ``oneway`` is False (its answer is ignored then: a
-        PUSH_REPLY_MESSAGE_TO_CLIENT, as RocketMQ sends it), sent from a greenlet of its own: whoever caused it (another client's heartbeat, the check-back) never waits on this client's
-        socket. At most ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped
-        (clients also rebalance on their own every 20 s; a check-back comes again next round). Returns
-        whether it was queued."""
+        PUSH_REPLY_MESSAGE_TO_CLIENT, as RocketMQ sends it), sent from a greenlet of its own: whoever caused it
+        (another client's heartbeat, the check-back) never waits on this client's socket. At most
+        ``limits.MAX_PENDING_NOTIFIES`` wait per connection; past that the request is dropped (clients also
+        rebalance on their own every 20 s; a check-back comes again next round). Returns whether it was queued."""
         size = len(body) if body else 0
         if self.closed or self._notifying >= limits.MAX_PENDING_NOTIFIES:
             return False
