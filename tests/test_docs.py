@@ -12,6 +12,7 @@ import yaml
 from metaq.client import Message, Producer
 from metaq.client.local import small_config
 from metaq.server.config import ServerConfig
+from tests.harness.broker import wait_for
 from tests.harness.docs import ROOT, read
 
 
@@ -61,6 +62,7 @@ def test_a_new_data_directory_costs_what_the_readme_says(broker_factory, tmp_pat
     def allocated(directory):
         return {f: os.stat(os.path.join(directory, f)).st_blocks * 512 for f in os.listdir(directory)}
 
+    wait_for(lambda: allocated(data / "commitlog"), 10, "the first segment")  # made as the broker starts
     [first] = allocated(data / "commitlog").values()
     assert first >= segment
     assert not os.listdir(data / "keyindex")

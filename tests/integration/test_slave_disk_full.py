@@ -57,13 +57,19 @@ class Toggler(threading.Thread):
             time.sleep(self.rnd.uniform(0.0, 0.3))
 
 
+#: Most messages a load puts: the master's log stays well within the slave's tmpfs, so that once space returns
+#: the slave can hold all of it (``small_config`` never frees segments early: its warn mark is 1.0).
+MAX_LOAD_MESSAGES = 200_000
+
+
 def pipelined_load(port, seconds, seed):
-    """Put numbered messages, 64 in flight, for ``seconds``; ``{(topic, partition, offset): body}`` acknowledged."""
+    """Put numbered messages, 64 in flight, for ``seconds`` (``MAX_LOAD_MESSAGES`` at most);
+    ``{(topic, partition, offset): body}`` acknowledged."""
     rnd, acked, seq = random.Random(seed), {}, 0
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     parser, end = TextParser(max_body=1 << 20), time.monotonic() + seconds
     try:
-        while time.monotonic() < end:
+        while time.monotonic() < end and seq < MAX_LOAD_MESSAGES:
             pending = {}
             for _ in range(64):
                 topic, part = PARTS[seq % len(PARTS)]
@@ -95,7 +101,7 @@ def pipelined_load(port, seconds, seed):
 @pytest.mark.parametrize("kill_master", [False, True])
 def test_a_sync_slave_whose_disk_fills_and_empties_reads_as_its_master(broker_factory, tmp_path, kill_master):
     mount = tmp_path / "slave"
-    with tmpfs(mount, "48m"):
+    with tmpfs(mount, "256m"):  # far more than the master's log (MAX_LOAD_MESSAGES): the filler makes it full
         rport = free_port()
         master = broker_factory(small_config(tmp_path / "m" / "data", replication={"port": rport, "mode": "sync"}),
                                 workdir=tmp_path / "m")
@@ -114,7 +120,7 @@ def test_a_sync_slave_whose_disk_fills_and_empties_reads_as_its_master(broker_fa
         assert acked, "nothing was acknowledged"
 
         wait_for(lambda: stats(slave)["log_end_position"] == stats(master)["log_end_position"], 60,
-                 "the slave catches up once space returns")
+                 lambda: "the slave catches up once space returns: %s" % slave.log_text()[-2000:])
         with master.client(timeout=30) as mc, slave.client(timeout=30) as sc:
             for topic, part in PARTS:
                 theirs = consume_all(mc, topic, part)
