@@ -51,9 +51,8 @@ class DedicatedThread:
     def __init__(self, name):
         self._cond = monkey.get_original("threading", "Condition")(monkey.get_original("threading", "Lock")())
         self._job = None
-        self._outcome = None
-        self._done = None
-        self._serial = Semaphore()
+        self._completed = None  # the finished job's Event, handed from the thread to the loop's watcher
+        self._serial = Semaphore()  # held from a job's submission to its outcome: one job in the thread at a time
         self._watcher = gevent.get_hub().loop.async_()
         self._watcher.start(self._finished)
         thread_class = monkey.get_original("threading", "Thread")
@@ -65,29 +64,33 @@ class DedicatedThread:
             with self._cond:
                 while self._job is None:
                     self._cond.wait()
-                func, args = self._job
+                func, args, outcome, done = self._job
                 self._job = None
             try:
-                self._outcome = (True, func(*args))
+                outcome.append((True, func(*args)))
             except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                self._outcome = (False, exc)
+                outcome.append((False, exc))
+            self._completed = done
             self._watcher.send()
 
     def _finished(self):
-        done, self._done = self._done, None
+        done, self._completed = self._completed, None
         if done is not None:
             done.set()
+            self._serial.release()
 
     def apply(self, func, args=()):
-        """Run ``func(*args)`` in the thread; this greenlet waits, the loop goes on."""
-        with self._serial:
-            done = self._done = Event()
-            with self._cond:
-                self._job = (func, args)
-                self._cond.notify()
-            done.wait()
-            ok, value = self._outcome
-            self._outcome = None
+        """Run ``func(*args)`` in the thread; this greenlet waits, the loop goes on.
+
+        A caller killed while it waits leaves its job running: the next call starts only once that job is done,
+        and reads its own outcome, never the killed caller's."""
+        self._serial.acquire()  # released by _finished once this job's outcome is in
+        done, outcome = Event(), []
+        with self._cond:
+            self._job = (func, args, outcome, done)
+            self._cond.notify()
+        done.wait()
+        ok, value = outcome[0]
         if not ok:
             raise value
         return value

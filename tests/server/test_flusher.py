@@ -242,3 +242,30 @@ def test_a_waiter_left_after_stop_gives_up_at_its_deadline(tmp_path):
         assert failures == []
     finally:
         store.close(NOW)
+
+
+def test_a_dedicated_thread_answers_each_caller_its_own_outcome_when_one_is_killed_waiting():
+    """A caller killed while its job runs (a connection leading a flush round, closed mid-round) must not hand
+    its outcome to the next caller, nor leave it none: the next job starts once the killed one is done."""
+    worker = DedicatedThread("test-dedicated")
+    started = []
+
+    def slow():
+        started.append(1)
+        time.sleep(0.2)
+        return "slow"
+
+    first = gevent.spawn(worker.apply, slow)
+    while not started:
+        gevent.sleep(0.01)
+    first.kill(block=True)  # killed while its job runs in the thread
+
+    def second():
+        time.sleep(0.1)  # still running when the killed caller's job has finished and been reported
+        return "second"
+
+    assert worker.apply(second) == "second"
+    assert worker.apply(lambda x: x * 2, (21,)) == 42
+    with pytest.raises(ZeroDivisionError):
+        worker.apply(lambda: 1 // 0)
+    assert worker.apply(lambda: "after") == "after"
