@@ -297,8 +297,19 @@ AUTH_FAILURES_BEFORE_DELAY = 5
 AUTH_FAILURE_WINDOW_S = 60.0
 AUTH_FAILURE_DELAY_S = 1.0
 
-#: Addresses whose recent failures are remembered (the oldest is forgotten past it).
+#: Failed authentications one address prefix (an IPv4 /24, an IPv6 /64: ``AUTH_PREFIX_V4``, ``AUTH_PREFIX_V6``)
+#: may make in ``AUTH_FAILURE_WINDOW_S`` before each further one from it is delayed: a guesser rotating its
+#: source address within its network is slowed like one that keeps it.
+AUTH_PREFIX_FAILURES_BEFORE_DELAY = 20
+AUTH_PREFIX_V4 = 24
+AUTH_PREFIX_V6 = 64
+
+#: Addresses and prefixes whose recent failures are remembered (the oldest is forgotten past it).
 MAX_AUTH_FAILURE_ADDRESSES = 10_000
+
+#: Fewest bytes of a user's secret in the permissions file: shorter is refused when the file is read (a
+#: guesser's work doubles with each random bit; RocketMQ refuses a secretKey of 6 characters or fewer).
+MIN_USER_SECRET_BYTES = 12
 
 #: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
