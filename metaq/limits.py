@@ -311,6 +311,29 @@ MAX_AUTH_FAILURE_ADDRESSES = 10_000
 #: guesser's work doubles with each random bit; RocketMQ refuses a secretKey of 6 characters or fewer).
 MIN_USER_SECRET_BYTES = 12
 
+#: Seconds a connection to a port with authentication on has to log in (text ``auth``, a signed RocketMQ request,
+#: an HTTP request with a user's credentials) before it is closed: a stranger holds a connection only that long.
+LOGIN_TIMEOUT_S = 10.0
+
+#: Connections not yet logged in that one address may hold, and the share of the connection cap all of them
+#: may (``max_unauthenticated_for``): counted apart from logged-in connections, so strangers never fill the cap.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 16
+UNAUTHENTICATED_SHARE = 0.25
+
+#: A text request's body before its connection has logged in (``auth``, ``version`` and ``quit`` have none; a
+#: pipelined small put after ``auth`` fits): a larger one closes the connection before a byte of it is held.
+MAX_PRELOGIN_BODY_BYTES = 64 * 1024
+
+#: Bytes of unfinished requests all connections not yet logged in may hold, in all: their own budget, apart from
+#: logged-in users' ``MAX_PARTIAL_REQUEST_BYTES``, so strangers never make a user's request wait.
+MAX_PRELOGIN_PARTIAL_BYTES = 16 << 20
+
+
+def max_unauthenticated_for(max_connections):
+    """Connections not yet logged in the whole broker may hold: ``UNAUTHENTICATED_SHARE`` of the cap (at least 16)."""
+    return max(16, int(max_connections * UNAUTHENTICATED_SHARE))
+
+
 #: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 

@@ -15,7 +15,7 @@ from metaq.protocol.priority import with_owner_keys
 from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
-from metaq.server.connections import ConnectionCore, ConnectionLimits
+from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.adminops import AdminOps, TextGroupMembers
@@ -73,7 +73,9 @@ class Broker:
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
-                                                    lim.max_partial_request_bytes),
+                                                    lim.max_partial_request_bytes,
+                                                    Strangers(lim.login_timeout_s, config.max_unauthenticated(),
+                                                              lim.max_unauthenticated_per_address)),
                                    config.max_connections_per_address(), self.guard, self.tls)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None

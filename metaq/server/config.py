@@ -148,6 +148,9 @@ class LimitsSection(_Section):
     max_connections_per_address: Optional[int] = Field(None, ge=1)
     max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
     max_partial_request_bytes: int = Field(limits.MAX_PARTIAL_REQUEST_BYTES, ge=1 << 20)
+    login_timeout_s: float = Field(limits.LOGIN_TIMEOUT_S, gt=0)
+    max_unauthenticated: Optional[int] = Field(None, ge=1)
+    max_unauthenticated_per_address: int = Field(limits.MAX_UNAUTHENTICATED_PER_ADDRESS, ge=1)
     max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
     max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
     max_pending_requests: int = Field(limits.MAX_PENDING_REQUESTS, ge=0)
@@ -543,6 +546,11 @@ class ServerConfig(_Section):
         """``config_checksum`` (stats, ZooKeeper, the deploy agent): the CRC-32 of ``redacted_text``. Of the
         redacted view, not the file: a checksum any user sees must not be a test of guesses at a secret."""
         return zlib.crc32(self.redacted_text())
+
+    def max_unauthenticated(self):
+        if self.limits.max_unauthenticated is not None:
+            return self.limits.max_unauthenticated
+        return limits.max_unauthenticated_for(self.max_connections())
 
     def max_connections(self):
         if self.limits.max_connections is not None:

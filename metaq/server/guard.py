@@ -41,12 +41,14 @@ __all__ = ["Guard", "Session", "PUB", "SUB", "ADMIN"]
 class Session:
     """One connection's security state (see the module doc)."""
 
-    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at")
+    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at", "logged_in", "on_login")
 
     def __init__(self, host, tls=False):
         self.host = host
         self.tls = tls
         self.user = None  # the name of the user this connection proved, or None
+        self.logged_in = False  # a user has proved itself on this connection (once true, stays true)
+        self.on_login = None  # called once, when logged_in turns true (the connection core's strangers count)
         self.nonce = None  # the text handshake's server nonce, while one is outstanding
         self.nonce_user = None
         self.nonce_at = 0.0
@@ -181,6 +183,10 @@ class Guard:
             raise errors.Unauthenticated("authentication failed: user %s may not connect from %s"
                                          % (name, session.host))
         session.user = name
+        if not session.logged_in:
+            session.logged_in = True
+            if session.on_login is not None:
+                session.on_login()
 
     # -- the check -------------------------------------------------------------
 

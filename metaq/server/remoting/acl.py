@@ -104,6 +104,7 @@ class RemotingAcl:
         ``Unauthenticated`` (the caller answers and closes the connection) or ``Forbidden`` (answered, the
         connection goes on), both with RocketMQ's reason, or the header decoders' ClientError."""
         if cmd.code in NAME_SERVER_CODES:
+            self._log_in_quietly(cmd, conn)
             return None
         try:
             name = self._authenticate(cmd, conn)
@@ -112,6 +113,20 @@ class RemotingAcl:
             self.refused += 1
             raise
         return name
+
+    def _log_in_quietly(self, cmd, conn):
+        """A name-server request needs no signature, but one that carries a good one logs its connection in (a
+        client's route queries keep their connection past the login deadline); a bad one is not counted."""
+        ext = cmd.ext_fields
+        name, signature = ext.get(ACCESS_KEY), ext.get(SIGNATURE)
+        if not name or not signature or not self.guard.enabled or conn.session is None or conn.session.logged_in:
+            return
+        if self.guard.check_login(name, lambda secret: proofs.same(
+                signature, proofs.rocketmq_signature(secret, ext, cmd.body))) is not None:
+            try:
+                self.guard.authenticated(conn.session, name)
+            except errors.Unauthenticated:
+                pass  # an address the user may not come from: its next signed request is refused
 
     def _authenticate(self, cmd, conn):
         guard, session = self.guard, conn.session
