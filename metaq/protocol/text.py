@@ -51,7 +51,7 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire, priority, topicadmin  # noqa: F401 - they declare their commands
+from metaq.protocol import adminwire, priority  # noqa: F401 - they declare their commands
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.protocol.burst import scan_puts
 from metaq.protocol.commands import (
@@ -70,7 +70,8 @@ from metaq.protocol.commands import (
 )
 from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
-from metaq.protocol.topicadmin import TopicCommand
+from metaq.topics import wire as topic_wire
+from metaq.topics.wire import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
 
@@ -312,7 +313,7 @@ def _parse_sync(t):
 
 def _parse_topic(t):
     try:
-        action, name, settings = topicadmin.parse(t)
+        action, name, settings = topic_wire.parse(t)
     except (ValueError, InvalidTopic) as exc:
         raise TokenError(str(exc)) from None
     return TopicCommand(action, name, settings, parse_int(t[4], "opaque", INT32_MIN, INT32_MAX))
@@ -548,7 +549,7 @@ _REQUESTS = (
     ("sync", Sync, (7, 8), "7 or 8 tokens", _parse_sync, _serialize_sync, NEEDS_ADMIN, 3, None, None,
      (b"sync t 0 2 0 12345 -1 5\r\nhi",)),
     ("topic", TopicCommand, (5,), "5 tokens (topic <create|alter|delete|list> <name|-> <settings|-> <opaque>)",
-     _parse_topic, topicadmin.serialize, depends(_topic_need), None, None, None,
+     _parse_topic, topic_wire.serialize, depends(_topic_need), None, None, None,
      (b"topic list - - 1\r\n", b"topic create orders partitions=4 2\r\n")),
     ("promote", Promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", _parse_promote, _serialize_promote,
      NEEDS_ADMIN, None, None, None, (b"promote 0 1\r\n",)),

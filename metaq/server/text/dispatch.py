@@ -92,7 +92,7 @@ class TextDispatcher:
         ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
         ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
-        ``topics``: the topic table's service (``server.topictable.TopicAdmin``; None: ``topic`` answered 400)."""
+        ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400)."""
         self.group_members = group_members
         self.topics = topics
         self.guard = guard
@@ -443,7 +443,7 @@ class TextDispatcher:
         return ok(text.encode("utf-8"), e.opaque)
 
     def topic(self, e, conn):
-        """``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py): the topic table."""
+        """``topic <action> <name> <settings> <opaque>`` (topics/wire.py): the topic table."""
         if self.topics is None:
             return encode_result(400, b"the topic table is not served here", e.opaque), NO_WAIT
         conn.spawn(self._topic, e, self.guard.known_to(conn.session))
