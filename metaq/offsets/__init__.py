@@ -9,6 +9,8 @@ layer may, and of this package only modules of its own role's layer or a lower o
 state (the store layer: files and in-memory state; no socket, gevent or clock)
     table.py     ``ConsumerOffsets`` (``MessageStore.consumer_offsets``): (group, topic, partition) -> offset and
                  commit time, its state file, the versions and changes a replication master sends
+front-end (the server layer: a front-end's handlers)
+    text.py      the text port's ``commit_offset`` and ``query_offset`` handlers
 client (the client layer)
     client.py    the consumer's offset stores: ZooKeeper, the broker's table, a local JSON file
     cli.py       ``metaq-admin reset-offsets``: a group's offsets moved (a dry run unless ``--execute``)

@@ -21,6 +21,9 @@ state (the store layer: files and in-memory state; no socket, gevent or clock)
 service (the server layer: gevent)
     service.py   ``TopicAdmin``: the table's protocol-neutral service, one change at a time, blocking steps in a
                  worker thread, the registry and the replication master told after each change
+front-end (the server layer: a front-end's handlers)
+    text.py      the text port's ``topic`` handler (the HTTP routes are with the other admin routes:
+                 ``server/http/adminapi.py``)
 client (the client layer)
     cli.py       ``metaq-admin topics [list|create|alter|delete]``: a change sent to every broker of the view
 
