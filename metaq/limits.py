@@ -53,7 +53,7 @@ MAX_TOPICS = 1024
 #: costs an index file (from 4 KiB, growing with use), a map and a checkpoint entry.
 MAX_TOTAL_PARTITIONS = 4096
 
-#: Largest topic table file (``<data_dir>/topics.json``, store/topics.py) and its copy in a replication frame.
+#: Largest topic table file (``<data_dir>/topics.json``, topics/table.py) and its copy in a replication frame.
 MAX_TOPIC_TABLE_BYTES = 1 << 20
 
 #: Longest topic or group name, in bytes.

@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers"}
+FEATURES = {"timers", "topics", "offsets"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -69,6 +69,9 @@ FEATURE_ROLES = {
     "service": "service",  # the gevent service
     "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
     "client": "client",
+    "names": "logic",  # a feature's naming rules (which names are the broker's own)
+    "table": "state", "state": "state", "retention": "state",  # a persistent table, the store's state, retention
+    "cli": "client",  # the feature's metaq-admin command
 }
 
 #: A role -> the layer whose rules its modules get.
