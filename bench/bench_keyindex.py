@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from metaq.protocol.message import encode_payload  # noqa: E402
 from metaq.protocol.rocketmq.mapping import encode_attribute  # noqa: E402
-from metaq.store import keyindex  # noqa: E402
+from metaq.keys import index as keyindex  # noqa: E402
 from metaq.store.config import StoreConfig, TopicSpec  # noqa: E402
 from metaq.store.store import MessageStore  # noqa: E402
 

@@ -421,7 +421,7 @@ MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
 
-# -- the key index (store/keyindex.py; README "Key index") --------------------------------------------------
+# -- the key index (keys/index.py; README "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
 #: ones past it are stored with the message but not indexed, so a message with 10,000 keys costs 32 entries.
 MAX_KEYS_PER_MESSAGE = 32

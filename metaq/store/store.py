@@ -5,7 +5,7 @@ Threading: every method runs on the event-loop thread except the ones marked BLO
 while the loop keeps appending. They work on snapshots (``layout`` tuples, ints) and never close a map; retention
 only deletes segments that are flushed and covered by a checkpoint, so a running flush never meets them.
 ``prepare_ahead`` publishes with single attribute assignments (``ahead.py``). ``close`` must not run while a BLOCKING
-call runs in a worker. The key index (keyindex.py) is fed at one point, ``index_keys``. Time comes as ``now_ms``."""
+call runs in a worker. The key index (keys/index.py) is fed at one point, ``index_keys``. Time comes as ``now_ms``."""
 
 import random
 import struct
@@ -22,7 +22,7 @@ from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
-from metaq.store.keyindex import KeyIndex
+from metaq.keys.index import KeyIndex
 from metaq.store.msgid import IdGenerator
 from metaq.store.offsets import ConsumerOffsets
 from metaq.store.positions import LogPositions
@@ -66,7 +66,7 @@ class MessageStore:
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
-        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
+        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
@@ -556,7 +556,7 @@ class MessageStore:
         return lookup.TimeSearch(self._log, self._reader(topic, partition), timestamp_ms)
 
     def key_search(self, topic, key, since_ms, until_ms, max_count, cursor=None):
-        """A ``keyindex.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
+        """A ``keys.index.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
         return self.keys.search(self._log, self._pos.written, topic, key, since_ms, until_ms, max_count, cursor)
 
     # -- figures (stats and the admin views) -----------------------------------

@@ -1,4 +1,4 @@
-"""The key index (store/keyindex.py, keyfile.py): lookups equal a brute-force scan, rebuilds, retention, limits."""
+"""The key index (keys/index.py, keys/files.py): lookups equal a brute-force scan, rebuilds, retention, limits."""
 
 import os
 
@@ -10,8 +10,8 @@ from metaq import limits
 from metaq.errors import ClientError
 from metaq.protocol.message import encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute
-from metaq.store import keyindex
-from metaq.store.keyfile import HEADER_SIZE, data_keys
+from metaq.keys import index as keyindex
+from metaq.keys.files import HEADER_SIZE, data_keys
 from tests.harness.store import NOW, open_store
 
 BIG = 1 << 62
@@ -373,7 +373,7 @@ def walked_logs(draw):
 def test_c_keyed_records_equals_the_twin(buf, rel, stop, end):
     """The key index's walk in C returns what its pure-Python twin returns (or refuses what it refuses), and
     the twin picks exactly the records whose flag has the attribute bit (what ``_index_record`` looks at)."""
-    from metaq.store.keyindex import keyed_records_py
+    from metaq.keys.index import keyed_records_py
     from metaq.store.record import MARKER
 
     end = min(end, len(buf)) if end >= 0 else end

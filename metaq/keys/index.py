@@ -1,4 +1,4 @@
-"""The key index: message keys → commit-log positions, with time bounds (README "Key index"; files: keyfile.py).
+"""The key index: message keys → commit-log positions, with time bounds (README "Key index"; files: files.py).
 
 Derived data, fed at one point: ``catch_up`` reads the commit log from ``indexed_to`` (the position up to which
 every record's keys are in the index) to a position the store gives: the flushed end, in steps of
@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 from metaq import limits, speedups
 from metaq.errors import ClientError, StoreError
 from metaq.store.files import KEY_CHECKPOINT_MAGIC, fsync_dir, unlink_quietly
-from metaq.store.keyfile import KeyFile, check_key, data_keys, key_hash, keys_of_properties
+from metaq.keys.files import KeyFile, check_key, data_keys, key_hash, keys_of_properties
 from metaq.store.record import BLANK_MAGIC, MARKER, MESSAGE_MAGIC, PREFIX, check_record, decode_record
 
 log = logging.getLogger(__name__)
