@@ -436,7 +436,7 @@ MAX_KEY_QUERY_BYTES = 4 << 20
 #: a page that meets no more within them ends with a cursor, so a popular key in a narrow time window costs a
 #: bounded walk per request.
 MAX_KEY_SCAN_ENTRIES = 8192
-#: Commit-log bytes the key index takes in one step (``MessageStore.index_keys``, driven by the flusher's indexer
+#: Commit-log bytes the key index takes in one step (``MessageStore.follow_log``, driven by the flusher's indexer
 #: greenlet after each flush round's waiters are answered, other greenlets running between two steps, until it
 #: reaches the flushed end). Records without a key are passed over at memory speed whatever the step; a step of
 #: 1 KiB RocketMQ messages (each holds a UNIQ_KEY, about 5 us of Python each) holds the event loop about 1.5 ms.
