@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "topics", "offsets"}
+FEATURES = {"timers", "topics", "offsets", "keys"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -71,7 +71,9 @@ FEATURE_ROLES = {
     "client": "client",
     "names": "logic",  # a feature's naming rules (which names are the broker's own)
     "table": "state", "state": "state", "retention": "state",  # a persistent table, the store's state, retention
+    "files": "state",  # a feature's own data files
     "cli": "client",  # the feature's metaq-admin command
+    "remoting": "front-end",  # RocketMQ remoting's handlers
 }
 
 #: A role -> the layer whose rules its modules get.
