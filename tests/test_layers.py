@@ -59,13 +59,13 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers"}
+FEATURES = {"timers", "idempotence"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
     "records": "codec", "wire": "codec", "burst": "codec",  # bytes in, values out
     "window": "logic",  # pure decisions, the time passed in
-    "index": "state", "handoff": "state",  # files and in-memory state: no socket, gevent or clock
+    "index": "state", "handoff": "state", "state": "state",  # files and in-memory state: no socket, gevent or clock
     "service": "service",  # the gevent service
     "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
     "client": "client",

@@ -19,7 +19,7 @@ from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
-from metaq.store.idempotence import Idempotence
+from metaq.idempotence.state import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
 from metaq.store.keyindex import KeyIndex
@@ -242,7 +242,7 @@ class MessageStore:
         return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
 
     def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # idemburst
+        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # the burst path
 
     def put_idempotent_run(self, frames, src, now_ms):
         """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""

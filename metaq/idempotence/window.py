@@ -22,7 +22,7 @@ offsets for consecutive sequences: its window is one run ``(first seq, first
 offset, count)``, three integers in a flat ``array('q')``, however many
 sequences it covers. Producers that interleave in one partition break runs;
 the worst case is one run per sequence, 24 bytes each (``window`` of them).
-Measured (tests/store/test_producers.py, tracemalloc): about 420 bytes per
+Measured (tests/idempotence/test_window.py, tracemalloc): about 420 bytes per
 producer-partition written by one producer alone, about 25 KiB for one whose
 1024 sequences all interleave with another's.
 
@@ -37,7 +37,7 @@ than ``ttl_ms`` older than the record being recorded expire (``expired``).
 
 **Snapshots.** ``copy()`` takes the table's contents and the log position
 they cover; ``encode`` turns them into bytes (binary, CRC-checked; ``load``
-reads them back) for ``metaq.store.idempotence`` to write. The broker copies
+reads them back) for ``metaq.idempotence.state`` to write. The broker copies
 on the loop thread right before a checkpoint (nothing changes the table
 meanwhile); a copy from a worker thread while the loop thread records is safe
 too: the writer brackets each change with ``begin`` / ``end`` (a sequence

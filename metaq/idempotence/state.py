@@ -4,9 +4,9 @@
 
 * ``put`` (the master's ``put_idem``): ``ProducerTable.decide``, then either the
   original's ``PutResult`` (read from its index unit and record header) or the
-  append of the data with the identity added (``metaq.protocol.idempotence.with_identity``)
+  append of the data with the identity added (``metaq.idempotence.records.with_identity``)
   and its ``record``. ``put_prepared`` is the same for data that already holds
-  its identity (the broker's burst path: ``metaq.protocol.idemburst``), and
+  its identity (the broker's burst path: ``metaq.idempotence.burst``), and
   ``put_run`` appends a burst's run of one producer's next sequences with the
   store's plain burst writer and records it in one step. Nothing in between yields to the event loop (the store
   never does), so two concurrent resends of one sequence cannot both be stored.
@@ -42,12 +42,12 @@ import os
 import struct
 
 from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
-from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
+from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
 from metaq.errors import ClientError
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
 from metaq.store.files import fsync_dir, unlink_quietly, write_atomically
-from metaq.store.producers import OLDER, ProducerTable, SnapshotError
+from metaq.idempotence.window import OLDER, ProducerTable, SnapshotError
 from metaq.store.recovery import refuse_unreadable
 from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
     record_size
@@ -99,7 +99,7 @@ class Idempotence:
         return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, None)
 
     def put_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        """``put`` of data that already holds its identity (``protocol.idemburst``: ``flag``/``data`` as stored,
+        """``put`` of data that already holds its identity (``idempotence.burst``: ``flag``/``data`` as stored,
         ``checksum`` their metaq checksum, the identity checked by the scan)."""
         offset = self.table.decide(pid, topic, partition, seq)
         if offset == OLDER:
@@ -107,7 +107,7 @@ class Idempotence:
         return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, None, checksum)
 
     def put_run(self, frames, src, now_ms, put_burst):
-        """Append ``frames`` (``protocol.idemburst``'s, one producer-partition's consecutive sequences) in one pass
+        """Append ``frames`` (``idempotence.burst``'s, one producer-partition's consecutive sequences) in one pass
         when the first is above the producer-partition's highest: ``(taken, runs)`` as ``put_burst(frames, src,
         now_ms)`` (the store's) gives them, the table recording each run in one step; ``(0, [])`` when the first
         is not above (a resend or a gap: ``put_prepared`` decides each)."""
