@@ -490,13 +490,8 @@ class MessageStore:
 
     def append_replicated(self, position, data, now_ms, master_segment_size=None):
         """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
-        start = self._pos.written
-        self.idempotence.table.begin()  # the records and what they teach it, as one change (idempotence.py)
-        try:
-            end, last_id = replica.append_replicated(self._replica, position, data, now_ms, master_segment_size)
-        finally:
-            self.idempotence.replay(start, self._pos.written)
-            self.idempotence.table.end()
+        end, last_id = self.idempotence.follow(  # the producers' state learns the records (idempotence/state.py)
+            lambda: replica.append_replicated(self._replica, position, data, now_ms, master_segment_size))
         if last_id is not None:
             self._ids.seed(last_id)
         return end
