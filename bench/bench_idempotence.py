@@ -34,6 +34,7 @@ from bench.configs import full_size_store  # noqa: E402
 from metaq.client import Message, Producer  # noqa: E402
 from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.message import encode_payload  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
@@ -57,7 +58,7 @@ def frames(n, kind, pid=1):
     crc = metaq_checksum(data)
     if kind == "attribute":
         return [serialize(ev.Put(TOPIC, 0, flag, data, i, crc)) for i in range(n)]
-    return [serialize(ev.IdempotentPut(TOPIC, 0, flag, data, i, crc, pid, i)) for i in range(n)]
+    return [serialize(IdempotentPut(TOPIC, 0, flag, data, i, crc, pid, i)) for i in range(n)]
 
 
 def cpu_s(pid):

@@ -1,10 +1,10 @@
 /*
- * metaq._speedups.scan_idem_burst: the twin of metaq.protocol.idemburst.scan_idem_burst_py (see its docstring;
- * tests/protocol/test_idemburst.py holds the two equal).
+ * metaq._speedups.scan_idem_burst: the twin of metaq.idempotence.burst.scan_idem_burst_py (see its docstring;
+ * tests/idempotence/test_burst.py holds the two equal).
  *
  * A put_idem frame is taken when its header is exactly
  *   put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> <opaque>\r\n
- * as protocol.idempotence._FRAME matches it (topic [!-~]+; partition and len 1-10 digits; flag -?1-10 digits;
+ * as idempotence.burst._FRAME matches it (topic [!-~]+; partition and len 1-10 digits; flag -?1-10 digits;
  * checksum -1 or 1-10 digits; pid and seq 1-19 digits; opaque -?1-11 digits), its numbers are in range, its
  * body is whole and its checksum right, and its data takes the identity (with_identity: a well-formed
  * attribute block without the reserved properties). The stored data goes into one new bytes object.

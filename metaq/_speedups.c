@@ -11,7 +11,7 @@
  *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
  *                                                 == metaq.protocol.burst.scan_puts_py
  *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])
- *                                                 == metaq.protocol.idemburst.scan_idem_burst_py (_idemscan.c)
+ *                                                 == metaq.idempotence.burst.scan_idem_burst_py (_idemscan.c)
  *   encode_put_acks(frames, start, count, first_id, partition, first_offset)
  *                                                 == metaq.protocol.burst.encode_put_acks_py
  *   write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition,

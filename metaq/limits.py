@@ -410,7 +410,7 @@ MAX_SINK_IN_FLIGHT = 4096
 MAX_STREAM_TASKS = 10_000
 
 # -- idempotent producers (put_idem; README "Exactly once") -------------------------------------------------
-#: Sequences of one producer-partition the broker remembers (``metaq.store.producers``): a resend of one of
+#: Sequences of one producer-partition the broker remembers (``metaq.idempotence.window``): a resend of one of
 #: them is answered as a duplicate; an older one is refused. The client never has more than this many
 #: sequences of one partition unanswered, so its resends always fall inside.
 IDEMPOTENCE_WINDOW = 1024

@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "topics", "offsets", "keys"}
+FEATURES = {"timers", "topics", "offsets", "keys", "idempotence"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {

@@ -28,6 +28,7 @@ from metaq import limits
 from metaq.client.security import resolve as resolve_security
 from metaq.errors import ConnectionLost, MetaqError, RemoteProtocolError, RequestTimeout, Unauthenticated, os_reason
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 
@@ -124,8 +125,8 @@ def _with_opaque(event, opaque):
     """``event`` with its opaque replaced (puts, the hot path, without ``_replace``)."""
     if type(event) is ev.Put:
         return ev.Put(event.topic, event.partition, event.flag, event.body, opaque, event.checksum, event.tx_key)
-    if type(event) is ev.IdempotentPut:
-        return ev.IdempotentPut(event.topic, event.partition, event.flag, event.body, opaque, event.checksum,
+    if type(event) is IdempotentPut:
+        return IdempotentPut(event.topic, event.partition, event.flag, event.body, opaque, event.checksum,
                                 event.producer_id, event.sequence)
     return event._replace(opaque=opaque)
 

@@ -18,7 +18,7 @@ Delivery is at least once by default: a put whose reply was lost may have
 been stored, and its retry stores it again. With ``idempotent=True`` it is
 exactly once into the broker: every send goes as ``put_idem`` with the
 producer's id and a sequence number of its partition
-(``metaq.protocol.idempotence``), its retries go to the same partition with
+(``metaq.idempotence.records``), its retries go to the same partition with
 the same sequence, and the broker answers a resend of a stored message with
 the original's id and offset (``SendResult.duplicate``) instead of storing it
 again — across broker restarts, kill -9 and failover to a slave. At most
@@ -41,16 +41,18 @@ from concurrent.futures import Future
 from metaq import limits
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unauthenticated, Unavailable
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.compression import sys_flag_of
-from metaq.protocol.idempotence import DUPLICATE_MARK, MAX_PID
+from metaq.idempotence.records import MAX_PID
+from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.protocol import xa
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.client.request import request as send_request
-from metaq.client.sequences import Sequences as _Sequences
+from metaq.idempotence.client import Sequences as _Sequences
 from metaq.client.selectors import as_selector
 from metaq.client.transaction import LocalTransaction, new_session_id
 from metaq.timers.client import cancel as cancel_timer
@@ -419,7 +421,7 @@ class Producer:
             return
         p = send.put
         if send.seq is not None:
-            put = ev.IdempotentPut(p.topic, partition.partition, p.flag, p.body, 0, p.checksum, self.producer_id,
+            put = IdempotentPut(p.topic, partition.partition, p.flag, p.body, 0, p.checksum, self.producer_id,
                                    send.seq)
         elif type(p) is ev.Put:
             put = ev.Put(p.topic, partition.partition, p.flag, p.body, 0, p.checksum)

@@ -39,14 +39,13 @@ import re
 import zlib
 
 from metaq import speedups
-from metaq.protocol.idempotence import MARK, SEQ_PROPERTY
+from metaq.idempotence.records import MARK, SEQ_MARK
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
 from metaq.protocol.tags import tag_code, tags_of_attribute
 
 INT32_MAX = 2**31 - 1
-#: The idempotent producer's reserved properties (``protocol.idempotence``) as they appear in an attribute.
-_PID_MARK = MARK
-_SEQ_MARK = ("\x02%s\x01" % SEQ_PROPERTY).encode("ascii")
+#: The idempotent producer's reserved properties (``idempotence.records``) as they appear in an attribute.
+_PID_MARK, _SEQ_MARK = MARK, SEQ_MARK
 
 #: The frame header; the numbers are range-checked after the match.
 _PUT = re.compile(rb"put ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) (?:(-1|[0-9]{1,10}) )?(-?[0-9]{1,10})\r\n")

@@ -59,24 +59,6 @@ class DelayedPut(NamedTuple):
     level: int
 
 
-class IdempotentPut(NamedTuple):
-    """``put_idem topic partition len flag checksum pid seq opaque\\r\\n<body>`` (our extension;
-    ``metaq.protocol.idempotence``): a put stored at most once per ``(pid, topic, partition, seq)``.
-
-    ``partition`` is explicit (0..2^31-1), ``producer_id`` 1..2^63-1, ``sequence`` 0..2^63-1. Reply as a
-    put's, ``msgId partition offset``; a duplicate's reply names the original and ends with `` dup``.
-    """
-
-    topic: str
-    partition: int
-    flag: int
-    body: bytes
-    opaque: int
-    checksum: int
-    producer_id: int
-    sequence: int
-
-
 class Request(NamedTuple):
     """``request topic partition len flag checksum timeoutMs opaque\r\n<body>`` (our extension; README
     "Request-reply", ``metaq.protocol.reqreply``): a put whose answer is its reply.

@@ -11,7 +11,7 @@ its identity after a ``\\x02``) are each the tags, and nothing else is.
 ``store.index``) is ``tag_code(tags)``: the metaq checksum (CRC-32 masked to
 31 bits) of the tags' bytes; 0 for empty tags (CRC-32 of nothing is 0). Every
 writer computes it the same way: ``store.record.tag_hash`` (a put, recovery,
-a slave's apply), ``protocol.burst`` and ``protocol.idemburst`` (the fast
+a slave's apply), ``protocol.burst`` and ``idempotence.burst`` (the fast
 paths, and their C twins in ``_speedups.c`` / ``_idemscan.c``), and recovery's
 scan in C (``_recoveryscan.c``, twin ``store.recovery_scan``).
 

@@ -12,7 +12,7 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
 ``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
-``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
+``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
 (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.protocol.priority``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
@@ -34,7 +34,6 @@ from metaq.protocol.events import (
     DelayedPut,
     Get,
     GetTags,
-    IdempotentPut,
     Offset,
     OffsetAt,
     Lookup,
@@ -52,6 +51,7 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.protocol import adminwire, priority  # noqa: F401 - they declare their commands
+from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declares put_idem
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.protocol.burst import scan_puts
@@ -69,7 +69,6 @@ from metaq.protocol.commands import (
     register,
     table,
 )
-from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
@@ -124,26 +123,6 @@ def _fast_put(raw):
     return (lambda body: Put(topic, partition, flag, body, opaque, checksum, None)), int(length)
 
 
-#: The put_idem line, all ASCII, matched in one step (the general path accepts exactly the same lines).
-_FAST_PUT_IDEM = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
-                            rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})")
-
-
-def _fast_put_idem(raw):
-    """(build, length) for a well-formed put_idem line, or None to use the general path (which explains)."""
-    m = _FAST_PUT_IDEM.fullmatch(raw)
-    if m is None:
-        return None
-    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
-    partition, flag, checksum, pid, seq, opaque = (int(partition), int(flag), int(checksum), int(pid), int(seq),
-                                                   int(opaque))
-    if (partition > INT32_MAX or checksum > INT32_MAX or not 1 <= pid <= INT64_MAX or seq > INT64_MAX
-            or not (INT32_MIN <= flag <= INT32_MAX and INT32_MIN <= opaque <= INT32_MAX)):
-        return None
-    topic = topic.decode("ascii")
-    return (lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)), int(length)
-
-
 def _parse_put(t):
     topic = t[1]
     partition = parse_int(t[2], "partition", -1, INT32_MAX)
@@ -169,17 +148,6 @@ def _parse_put_delayed(t):
     level = parse_int(t[6], "delay level", INT32_MIN, INT32_MAX)  # the broker answers a negative level
     opaque = parse_int(t[7], "opaque", INT32_MIN, INT32_MAX)
     return lambda body: DelayedPut(topic, partition, flag, body, opaque, checksum, level)
-
-
-def _parse_put_idem(t):
-    topic = t[1]
-    partition = parse_int(t[2], "partition", 0, INT32_MAX)  # explicit: a sequence belongs to one partition
-    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
-    checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
-    pid = parse_int(t[6], "producer id", 1, INT64_MAX)
-    seq = parse_int(t[7], "sequence", 0, INT64_MAX)
-    opaque = parse_int(t[8], "opaque", INT32_MIN, INT32_MAX)
-    return lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)
 
 
 def _parse_request(t):
@@ -375,12 +343,6 @@ def _serialize_put_delayed(e):
     return b"".join((head.encode("utf-8"), e.body))
 
 
-def _serialize_put_idem(e):
-    head = "put_idem %s %d %d %d %d %d %d %d\r\n" % (
-        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
-    return b"".join((head.encode("utf-8"), e.body))
-
-
 def _serialize_request(e):
     head = "request %s %d %d %d %d %d %d\r\n" % (
         _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.timeout_ms, e.opaque)
@@ -489,7 +451,8 @@ def _serialize_result(e):
 
 
 # -- the declarations: MetaQ's commands and our core extensions (the features' own: adminwire, priority,
-# timers.wire, topics.wire, each in its module). The usage text is what a wrong token count is answered with.
+# timers.wire, topics.wire, idempotence.wire, each in its module). The usage text is what a wrong token count is
+# answered with.
 
 _REQUESTS = (
     ("put", Put, (6, 7, 8), "6, 7 or 8 tokens", _parse_put, _serialize_put, NEEDS_HANDLER, 3, _fast_put, scan_puts,
@@ -497,9 +460,6 @@ _REQUESTS = (
       b"put t 1 2 0 TX:1:2 9\r\nhi", b"put t 0 9 1 -1 3\r\n\x00\x00\x00\x01ahello")),
     ("put_delayed", DelayedPut, (8,), "8 tokens", _parse_put_delayed, _serialize_put_delayed, NEEDS_HANDLER, 3, None,
      None, (b"put_delayed t 0 2 0 -1 3 5\r\nhi",)),
-    ("put_idem", IdempotentPut, (9,), "9 tokens (put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> "
-     "<opaque>)", _parse_put_idem, _serialize_put_idem, NEEDS_HANDLER, 3, _fast_put_idem, scan_idem_burst,
-     (b"put_idem t 0 2 0 -1 7 0 1\r\nhi", b"put_idem t 1 2 0 5 9223372036854775807 12 -4\r\nhi")),
     ("get", Get, (7, 8, 9), "7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> "
      "[<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get, _serialize_get, NEEDS_HANDLER, None, None, None,
      (b"get t g 0 0 1024 1\r\n", b"get t g 0 5 1024 100 2\r\n", b"get t g 0 5 1024 0 4:77 3\r\n")),

@@ -132,7 +132,7 @@ class StoreSection(_Section):
     disk_check_interval_s: float = Field(1.0, gt=0)
     max_transfer_size: int = Field(_STORE["max_transfer_size"], ge=1024)
     force_recovery: bool = _STORE["force_recovery"]
-    producer_ttl_s: float = Field(_STORE["producer_ttl_s"], gt=0)  # idempotent producers (store/producers.py)
+    producer_ttl_s: float = Field(_STORE["producer_ttl_s"], gt=0)  # idempotent producers (idempotence/window.py)
 
     @model_validator(mode="after")
     def _marks_ordered(self):

@@ -207,7 +207,7 @@ class PutPath:
         """An idempotent put (``put_idem``, or a remoting send with ``METAQ_PID``/``METAQ_SEQ``):
         ``(PutResult, record position, duplicate)``; a duplicate's result is the original's, and its reply must
         wait for the original's durability like any put's (``ack_mode`` / ``durable`` with its ``log_end``).
-        The store decides and appends without yielding (``store/idempotence.py``). Raises MetaqError,
+        The store decides and appends without yielding (``idempotence/state.py``). Raises MetaqError,
         ``write_refusal``'s among them (asked again, as ``append`` does)."""
         try:
             self.check_write(topic, AUTHORIZED)

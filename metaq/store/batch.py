@@ -39,7 +39,7 @@ def write_run_py(log, seg_start, rel, ready, src, frames, i, j, topic, partition
     gets queue offset ``offset + k``, message id ``first_id + k``, store and
     born time ``now_ms``, its body from ``src``, and its index unit at
     ``index[unit_at + 16k:]`` (with the frame's tag hash when it has one: an
-    idempotent put's, ``protocol.idemburst``; else 0). Returns ``(count, rel_after)``: how many
+    idempotent put's, ``idempotence.burst``; else 0). Returns ``(count, rel_after)``: how many
     records were written (frames ``i … i + count - 1``) and where they end.
     """
     head = head_struct(len(topic))

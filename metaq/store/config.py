@@ -58,7 +58,7 @@ class StoreConfig:
     force_recovery: bool = False
     max_topics: int = limits.MAX_TOPICS
     max_partitions: int = limits.MAX_TOTAL_PARTITIONS
-    producer_ttl_s: float = limits.IDEMPOTENT_PRODUCER_TTL_MS / 1000.0  # idempotent producers (store/producers.py)
+    producer_ttl_s: float = limits.IDEMPOTENT_PRODUCER_TTL_MS / 1000.0  # idempotent producers (idempotence/window.py)
 
     def __post_init__(self):
         self.data_dir = os.path.abspath(os.fspath(self.data_dir))

@@ -14,7 +14,7 @@ Layout of the data dir::
     epochs                                              replication epoch history (CRC; epochs.py)
     promoted                                            present once this broker was promoted to master (CRC)
     producers, producers.prev                           idempotent producers' windows and the snapshot
-                                                        before (CRC; written by store/idempotence.py)
+                                                        before (CRC; written by idempotence/state.py)
 
 A topic reaches the filesystem only through ``limits.validate_topic()`` and the
 resolved path is checked to stay inside the data dir.

@@ -20,7 +20,7 @@ from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
-from metaq.store.idempotence import Idempotence
+from metaq.idempotence.state import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
 from metaq.keys.index import KeyIndex
@@ -246,7 +246,7 @@ class MessageStore:
         return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
 
     def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # idemburst
+        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # the burst path
 
     def put_idempotent_run(self, frames, src, now_ms):
         """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""
@@ -493,13 +493,8 @@ class MessageStore:
 
     def append_replicated(self, position, data, now_ms, master_segment_size=None):
         """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
-        start = self._pos.written
-        self.idempotence.table.begin()  # the records and what they teach it, as one change (idempotence.py)
-        try:
-            end, last_id = replica.append_replicated(self._replica, position, data, now_ms, master_segment_size)
-        finally:
-            self.idempotence.replay(start, self._pos.written)
-            self.idempotence.table.end()
+        end, last_id = self.idempotence.follow(  # the producers' state learns the records (idempotence/state.py)
+            lambda: replica.append_replicated(self._replica, position, data, now_ms, master_segment_size))
         if last_id is not None:
             self._ids.seed(last_id)
         return end

@@ -19,7 +19,7 @@ while puts are refused, replication is synchronous, or this broker does not deli
 from metaq import errors
 from metaq.limits import validate_partition
 from metaq.server.clock import now_ms
-from metaq.server.text.fastidem import DONE, MORE
+from metaq.server.text.takers import DONE, MORE
 from metaq.timers.burst import encode_timer_acks, scan_put_ats
 from metaq.timers.records import TIMER_TOPIC, TimerEntry
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from metaq import limits
 from metaq.client import Consumer, KeySelector, Message, Producer
 from metaq.client.producer import _Sequences
-from metaq.protocol.idempotence import identity_in_attribute
+from metaq.idempotence.records import identity_in_attribute
 from metaq.protocol.message import decode_payload
 from tests.harness.broker import consume_all, url_of
 

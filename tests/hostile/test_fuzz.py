@@ -13,6 +13,7 @@ import pytest
 
 from metaq.client.local import free_port, rmq_config
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol import replication as rp
 from metaq.protocol.message import encode_payload
 from metaq.protocol.rocketmq.remoting import RequestCode, encode_command, make_request
@@ -32,8 +33,8 @@ TEXT_FRAMES = [
     serialize(ev.Transaction("XID:1:2:3", "sess", "PREPARE", 11)),
     # the burst scanners' frames (C when built): a put with an attribute block, idempotent puts
     serialize(ev.Put("fuzzed", 1, *encode_payload(b"with attribute", "tag\x02k\x01v\x02"), 12)),
-    serialize(ev.IdempotentPut("fuzzed", 0, *encode_payload(b"idem", "k=v"), 13, -1, 77, 0)),
-    serialize(ev.IdempotentPut("fuzzed", 1, 0, b"idem plain", 14, -1, 2**63 - 1, 5)),
+    serialize(IdempotentPut("fuzzed", 0, *encode_payload(b"idem", "k=v"), 13, -1, 77, 0)),
+    serialize(IdempotentPut("fuzzed", 1, 0, b"idem plain", 14, -1, 2**63 - 1, 5)),
     serialize(ev.DelayedPut("fuzzed", 0, 0, b"later", 15, -1, 1)),
     serialize(ev.OffsetAt("fuzzed", 0, 1_600_000_000_000, 16)),
     b"quit\r\n",

@@ -9,6 +9,7 @@ import pytest
 
 from metaq import limits
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
 from metaq.protocol.stream import NEED_DATA
@@ -171,7 +172,7 @@ def test_a_pipeline_of_puts_the_store_refuses_is_not_rescanned_for_each(broker_f
         if command == "put":
             frames.append(put("t-a", 9, body, i))
         else:
-            frames.append(serialize(ev.IdempotentPut("t-a", 9, 0, body, i, metaq_checksum(body), 5, i)))
+            frames.append(serialize(IdempotentPut("t-a", 9, 0, body, i, metaq_checksum(body), 5, i)))
     data = b"".join(frames)
     b = broker_factory(small_config(tmp_path / "fast", topics=TOPICS, store={"flush": "async"}))
     _all_refused(b, data, n)
@@ -192,7 +193,7 @@ def test_pipelines_at_and_past_the_first_scan_cap_take_the_fast_path(broker, ide
     def frame(k):
         body = b"m%d" % k
         if idempotent:
-            return serialize(ev.IdempotentPut("t-a", 1, 0, body, k, metaq_checksum(body), 6, k))
+            return serialize(IdempotentPut("t-a", 1, 0, body, k, metaq_checksum(body), 6, k))
         return put("t-a", 1, body, k)
 
     with broker.client() as c:

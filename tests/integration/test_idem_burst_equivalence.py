@@ -12,6 +12,7 @@ import pytest
 
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_payload
@@ -29,7 +30,7 @@ RATE = re.compile(rb",Count/Duration=[^,]+,Duration=\d+")
 
 def idem(topic, partition, body, seq, pid, opaque, attribute=None, flag_bits=0):
     flag, data = encode_payload(body, attribute)
-    return serialize(ev.IdempotentPut(topic, partition, flag | flag_bits, data, opaque, metaq_checksum(data), pid,
+    return serialize(IdempotentPut(topic, partition, flag | flag_bits, data, opaque, metaq_checksum(data), pid,
                                       seq))
 
 

@@ -11,9 +11,10 @@ import pytest
 from metaq.client import Message, Producer, admin
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.idempotence import identity_in_attribute
+from metaq.idempotence.records import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute
 from metaq.protocol.text import serialize
@@ -25,7 +26,7 @@ PID = 77
 
 def idem(topic, partition, body, seq, pid=PID, attribute=None, opaque=1):
     flag, data = encode_payload(body, attribute)
-    return ev.IdempotentPut(topic, partition, flag, data, opaque, metaq_checksum(data), pid, seq)
+    return IdempotentPut(topic, partition, flag, data, opaque, metaq_checksum(data), pid, seq)
 
 
 def reply_of(c, event):
@@ -70,7 +71,7 @@ def test_a_resend_is_answered_with_the_original_and_stored_once(broker):
 def test_bad_put_idem_is_refused_and_nothing_stored(broker):
     with broker.client() as c:
         flag, data = encode_payload(b"x", None)
-        code, words = reply_of(c, ev.IdempotentPut("t-idem", 0, flag, data, 1, metaq_checksum(data) ^ 1, PID, 0))
+        code, words = reply_of(c, IdempotentPut("t-idem", 0, flag, data, 1, metaq_checksum(data) ^ 1, PID, 0))
         assert code == 400 and "Checksum failure" in " ".join(words)
         c.send(b"put_idem t-idem -1 1 0 -1 5 0 9\r\nx")
         r = c.read_event()
@@ -207,7 +208,7 @@ def _scripted_frames():
     out.append(serialize(idem("t-fast", 0, b"m7", 7, opaque=51)))  # skips 5 and 6
     out.append(serialize(idem("t-fast", 0, b"m5", 5, opaque=52)))  # the gap: stored
     out.append(serialize(idem("t-fast", 9, b"x", 0, opaque=53)))  # no such partition: 400
-    out.append(serialize(ev.IdempotentPut("t-fast", 1, 0, b"crc", 54, metaq_checksum(b"crc") ^ 1, PID, 0)))
+    out.append(serialize(IdempotentPut("t-fast", 1, 0, b"crc", 54, metaq_checksum(b"crc") ^ 1, PID, 0)))
     out.append(serialize(idem(SCHEDULE_TOPIC, 0, b"x", 0, opaque=55)))  # the delay scheduler's topic
     out.append(serialize(ev.Put("t-fast", 1, 0, b"plain", 56, metaq_checksum(b"plain"))))
     out.append(serialize(idem("t-fast", 1, b"n0", 0, opaque=57)).replace(b"\r\n", b"\n", 1))  # bare LF

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from metaq.protocol import events as ev
 from metaq.protocol.burst import scan_puts_py
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.idempotence import has_identity
+from metaq.idempotence.records import has_identity
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.store.record import tag_hash
 from metaq.protocol.stream import NEED_DATA

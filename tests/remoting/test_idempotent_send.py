@@ -1,8 +1,8 @@
-"""Idempotent sends over RocketMQ remoting: METAQ_PID / METAQ_SEQ properties (protocol/idempotence.py)."""
+"""Idempotent sends over RocketMQ remoting: METAQ_PID / METAQ_SEQ properties (idempotence/records.py)."""
 
 import pytest
 
-from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
@@ -25,9 +25,9 @@ def test_a_resend_answers_the_original_id_and_offset(rmq_broker, rc):
         [(b"once", "TagI", "0"), (b"twice", "TagI", "1")]
     with rmq_broker.client() as text:  # the same window as put_idem: seq 0 of producer 99 is known there
         flag, data = encode_payload(b"once", "TagI")  # not the message stored (that one has KEYS): refused
-        r = text.call(ev.IdempotentPut("tI1", 2, flag, data, 1, metaq_checksum(data), 99, 0))
+        r = text.call(IdempotentPut("tI1", 2, flag, data, 1, metaq_checksum(data), 99, 0))
         assert r.code == 400 and b"was stored at offset 0 with other content" in r.body
-        r = text.call(ev.IdempotentPut("tI1", 2, flag, data, 2, metaq_checksum(data), 99, 1))  # seq 1: "twice"
+        r = text.call(IdempotentPut("tI1", 2, flag, data, 2, metaq_checksum(data), 99, 1))  # seq 1: "twice"
         assert r.code == 400 and b"was stored at offset 1 with other content" in r.body
         assert len(consume_all(text, "tI1", 2)) == 2
 
@@ -56,7 +56,7 @@ def test_a_text_put_idem_is_pulled_as_a_plain_put_would_be(rmq_broker, rc):
     with rmq_broker.client() as text:
         for seq, attribute in enumerate([None, "TagT"]):
             flag, data = encode_payload(b"text %d" % seq, attribute)
-            assert text.call(ev.IdempotentPut("tI4", 1, flag, data, 1, metaq_checksum(data), 8, seq)).code == 200
+            assert text.call(IdempotentPut("tI4", 1, flag, data, 1, metaq_checksum(data), 8, seq)).code == 200
     msgs = decode_stored_messages(pull(rc, "tI4", 1, 0).body)
     assert [(m.body, m.flag, m.properties.get("TAGS")) for m in msgs] == [(b"text 0", 0, None), (b"text 1", 1, "TagT")]
     assert [(m.properties["METAQ_PID"], m.properties["METAQ_SEQ"]) for m in msgs] == [("8", "0"), ("8", "1")]

@@ -1,7 +1,7 @@
 """put_idem on a broker with authentication: 401 before auth, 403 for a topic the user may not publish to (the
 general path and the burst path alike), nothing stored for either."""
 
-from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
 from tests.harness.acl import login, secured_config
@@ -9,7 +9,7 @@ from tests.harness.acl import login, secured_config
 
 def idem(topic, seq, opaque):
     body = b"m%d" % seq
-    return ev.IdempotentPut(topic, 0, 0, body, opaque, metaq_checksum(body), 31, seq)
+    return IdempotentPut(topic, 0, 0, body, opaque, metaq_checksum(body), 31, seq)
 
 
 def test_put_idem_needs_a_user_who_may_publish(broker_factory, tmp_path):

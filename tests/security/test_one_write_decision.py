@@ -10,6 +10,7 @@ import pytest
 from metaq.client.local import BrokerProcess, rmq_config
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.delay import SCHEDULE_TOPIC
 from metaq.protocol.rocketmq.remoting import ResponseCode
@@ -50,7 +51,7 @@ def plain(topic, opaque):
 
 def idem(topic, seq, opaque):
     body = b"i%d" % seq
-    return ev.IdempotentPut(topic, 0, 0, body, opaque, metaq_checksum(body), 77, seq)
+    return IdempotentPut(topic, 0, 0, body, opaque, metaq_checksum(body), 77, seq)
 
 
 def timed(topic, opaque):

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq.protocol import burst, events as ev, idemburst
+from metaq.protocol import burst, events as ev
+from metaq.idempotence.wire import IdempotentPut
+from metaq.idempotence import burst as idemburst
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
 from metaq.protocol.tags import parse_tag_expression, tag_code
@@ -51,7 +53,7 @@ def put_frames(messages):
 
 
 def idem_frames(messages, pid, first_seq):
-    return b"".join(serialize(ev.IdempotentPut("test", 1, flag, data, i, metaq_checksum(data), pid, first_seq + i))
+    return b"".join(serialize(IdempotentPut("test", 1, flag, data, i, metaq_checksum(data), pid, first_seq + i))
                     for i, (flag, data) in enumerate(messages))
 
 

@@ -10,7 +10,7 @@ consumers compute from each pulled record and what CONSUMER_SEND_MSG_BACK
 sends back as ``offset``.
 
 A send carrying the properties ``METAQ_PID`` and ``METAQ_SEQ`` is an idempotent
-put (``metaq.protocol.idempotence``): stored once per (pid, topic, queue, seq);
+put (``metaq.idempotence.records``): stored once per (pid, topic, queue, seq);
 a resend is answered SUCCESS with the original's offset message id and queue
 offset, once the original is durable. It needs an explicit queue id and may
 not be a batch, a delayed or a transactional (half) message.
@@ -28,7 +28,7 @@ import random
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
-from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
+from metaq.idempotence.records import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.priority import level_topic
 from metaq.protocol.reqreply import CLUSTER, is_request

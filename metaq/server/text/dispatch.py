@@ -15,7 +15,6 @@ import metaq
 from metaq import errors
 from metaq.protocol import adminwire, commands, events as ev
 from metaq.protocol.priority import PriorityGet, PriorityPut
-from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
 from metaq.server.clock import now_ms
@@ -29,6 +28,8 @@ from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
 from metaq.offsets.text import TextOffsets
 from metaq.keys.text import TextKeys
+from metaq.idempotence.text import TextIdempotentPuts
+from metaq.idempotence.wire import IdempotentPut
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
@@ -110,7 +111,6 @@ class TextDispatcher:
         self._handlers = {
             ev.Put: self.put,
             ev.DelayedPut: self.put_delayed,
-            ev.IdempotentPut: self.put_idem,
             ev.Get: self.get,
             ev.GetTags: self.get_tags,
             ev.Offset: self.offset,
@@ -138,6 +138,8 @@ class TextDispatcher:
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
+        self._handlers[IdempotentPut] = TextIdempotentPuts(put_path, self.max_body, ack_put=self.ack_put,
+                                                           error_reply=error_reply).put_idem  # put_idem
         self.admin = TextAdmin(admin, error_reply) if admin is not None else None
         for event_type in adminwire.EVENTS:
             self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin
@@ -198,30 +200,6 @@ class TextDispatcher:
         offset = r.offset if e.level == 0 else -1  # a delayed message has no offset in its topic until delivered
         return self.ack_put(e, r, now, encode_result(200, b"%d %d %d" % (r.msg_id, r.partition, offset), e.opaque),
                          conn)
-
-    def put_idem(self, e, conn):
-        """``put_idem`` (``metaq.protocol.idempotence``): stored once per (pid, topic, partition, seq); a duplicate
-        is answered with the original's id and offset and `` dup``, once the original is durable."""
-        path = self.put_path
-        try:
-            path.check_write(e.topic, conn.session)
-            verified_checksum(e, attribute=False)  # the stored data gets the identity and a new checksum
-            e = uncompressed(e, self.max_body)
-        except errors.MetaqError as exc:
-            path.failed(e.topic, exc)
-            return error_reply(exc, e.opaque), NO_WAIT
-        now = now_ms()
-        try:
-            r, _position, duplicate = path.append_idempotent(e.topic, e.partition, e.flag, e.body, now,
-                                                             e.producer_id, e.sequence)
-        except errors.MetaqError as exc:
-            return error_reply(exc, e.opaque), NO_WAIT
-        body = b"%d %d %d" % (r.msg_id, r.partition, r.offset)
-        if duplicate:
-            body += b" " + DUPLICATE_MARK
-            if not r.log_end:  # the original is gone (retention): nothing to wait for
-                return encode_result(200, body, e.opaque), NO_WAIT
-        return self.ack_put(e, r, now, encode_result(200, body, e.opaque), conn)
 
     def ack_put(self, e, r, now, reply, conn):
         """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""

@@ -25,7 +25,8 @@ from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol import commands
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.server.clock import now_ms
-from metaq.server.text.fastidem import DONE, MORE, before_refused_topic, take_put_idem, writable_topics
+from metaq.idempotence.fasttext import take_put_idem
+from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
 from metaq.timers.fasttext import take_put_ats
 
 
@@ -116,7 +117,8 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
 
 
 #: The fast path's taker of each command the registry gives a burst scanner (``protocol.commands.bursts``):
-#: plain puts here, an idempotent producer's pipeline (fastidem.py), a pipeline of delivery times (timers/fasttext.py).
+#: plain puts here, an idempotent producer's pipeline (idempotence/fasttext.py), a pipeline of delivery times
+#: (timers/fasttext.py).
 _TAKER_OF = {"put": take_plain_puts, "put_idem": take_put_idem, "put_at": take_put_ats}
 if set(_TAKER_OF) != set(commands.bursts()):  # a burst scanner without a taker, or a taker of no scanner
     raise TypeError("the fast path takes %s, the registry's burst commands are %s"

@@ -5,7 +5,7 @@ decompressed on arrival (README "Compressed bodies")."""
 from metaq import errors
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, has_identity
+from metaq.idempotence.records import PID_PROPERTY, SEQ_PROPERTY, has_identity
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK, compression_bits, without_compression
 from metaq.server.inflate import inflate_body

@@ -22,7 +22,7 @@ offsets for consecutive sequences: its window is one run ``(first seq, first
 offset, count)``, three integers in a flat ``array('q')``, however many
 sequences it covers. Producers that interleave in one partition break runs;
 the worst case is one run per sequence, 24 bytes each (``window`` of them).
-Measured (tests/store/test_producers.py, tracemalloc): about 420 bytes per
+Measured (tests/idempotence/test_window.py, tracemalloc): about 420 bytes per
 producer-partition written by one producer alone, about 25 KiB for one whose
 1024 sequences all interleave with another's.
 
@@ -37,7 +37,7 @@ than ``ttl_ms`` older than the record being recorded expire (``expired``).
 
 **Snapshots.** ``copy()`` takes the table's contents and the log position
 they cover; ``encode`` turns them into bytes (binary, CRC-checked; ``load``
-reads them back) for ``metaq.store.idempotence`` to write. The broker copies
+reads them back) for ``metaq.idempotence.state`` to write. The broker copies
 on the loop thread right before a checkpoint (nothing changes the table
 meanwhile); a copy from a worker thread while the loop thread records is safe
 too: the writer brackets each change with ``begin`` / ``end`` (a sequence
@@ -54,7 +54,7 @@ from bisect import bisect_right
 from metaq import limits
 from metaq.errors import ClientError
 
-__all__ = ["SequenceTooOld", "ProducerTable", "SnapshotError", "OLDER"]
+__all__ = ["SequenceTooOld", "ProducerTable", "SnapshotError", "OLDER", "snapshot_position"]
 
 #: ``decide``'s answer for a sequence below the window: stored, its offset no longer known.
 OLDER = -1
@@ -71,6 +71,8 @@ class SnapshotError(ValueError):
 #: File header: magic, version, CRC-32 of the rest, log position covered, window, ttl_ms, max_producers,
 #: evicted, expired, entries.
 _HEAD = struct.Struct(">4sHIqIqIqqI")
+#: Where the header says the log position covered: after magic, version and CRC.
+_POSITION, _POSITION_AT = struct.Struct(">q"), 10
 _MAGIC = b"MQPW"
 _VERSION = 1
 #: Entry: pid, partition, highest seq, last store time, topic length, runs.
@@ -326,6 +328,14 @@ def _big_endian(runs):
     if not _BIG:
         copy.byteswap()
     return copy.tobytes()
+
+
+def snapshot_position(data):
+    """The log position a snapshot's bytes say they cover (unchecked: read before deciding whether to keep the
+    file), or None when they are too short to say."""
+    if len(data) < _POSITION_AT + _POSITION.size:
+        return None
+    return _POSITION.unpack_from(data, _POSITION_AT)[0]
 
 
 def _decode(data):

@@ -5,9 +5,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq.errors import MetaqError
-from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.idemburst import scan_idem_burst_py
+from metaq.idempotence.burst import scan_idem_burst_py
 from metaq.protocol.message import encode_payload
 from metaq.protocol.text import serialize
 from tests.harness.store import NOW, files_of, open_store
@@ -53,11 +53,11 @@ def one_at_a_time(store, sends, now):
 
 
 def as_burst(store, sends, now):
-    """What the broker's burst path does (server/text/fastidem.py), at the store's level."""
+    """What the broker's burst path does (idempotence/fasttext.py), at the store's level."""
     parts = []
     for i, (pid, topic, partition, seq, body, attribute) in enumerate(sends):
         flag, data = encode_payload(body, attribute)
-        parts.append(serialize(ev.IdempotentPut(topic, partition, flag, data, i, metaq_checksum(data), pid, seq)))
+        parts.append(serialize(IdempotentPut(topic, partition, flag, data, i, metaq_checksum(data), pid, seq)))
     buf = b"".join(parts)
     frames, data, stop = scan_idem_burst_py(buf, 0, len(buf), 1 << 20, 1024)
     assert stop == len(buf)

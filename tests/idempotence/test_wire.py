@@ -1,11 +1,12 @@
-"""put_idem (parser and writer) and the identity a stored record carries (protocol/idempotence.py)."""
+"""put_idem (parser and writer) and the identity a stored record carries (idempotence/records.py)."""
 
 import pytest
 
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.idempotence import MARK, has_identity, identity_in_attribute, with_identity
+from metaq.idempotence.records import MARK, has_identity, identity_in_attribute, with_identity
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute
 from metaq.protocol.text import TextParser, serialize
@@ -14,13 +15,13 @@ MAXQ = 2**63 - 1
 
 
 def test_put_idem_round_trip():
-    e = ev.IdempotentPut("orders", 3, 0, b"hello", 7, metaq_checksum(b"hello"), MAXQ, 0)
+    e = IdempotentPut("orders", 3, 0, b"hello", 7, metaq_checksum(b"hello"), MAXQ, 0)
     wire = serialize(e)
     assert wire == b"put_idem orders 3 5 0 %d %d 0 7\r\nhello" % (metaq_checksum(b"hello"), MAXQ)
     p = TextParser()
     p.receive_data(wire + b"put_idem t 0 2 1 -1 1 " + str(MAXQ).encode() + b" -5\r\nhi")
     assert p.next_event() == e
-    assert p.next_event() == ev.IdempotentPut("t", 0, 1, b"hi", -5, -1, 1, MAXQ)
+    assert p.next_event() == IdempotentPut("t", 0, 1, b"hi", -5, -1, 1, MAXQ)
 
 
 @pytest.mark.parametrize("line, reason", [
@@ -101,7 +102,7 @@ def test_no_identity_in_other_attributes(attribute):
     b"put_idem t 0 2 0 -1 01 00 9",
 ])
 def test_the_fast_path_and_the_general_path_agree(line):
-    from metaq.protocol.text import _fast_put_idem, _parse_put_idem
+    from metaq.idempotence.wire import _fast_put_idem, _parse_put_idem
 
     fast = _fast_put_idem(line)
     try:

@@ -1,7 +1,7 @@
 """The put_idem burst path: pipelined ``put_idem`` frames stored and answered without the parser's events.
 
 An idempotent producer's pipeline fills the receive buffer with ``put_idem``
-frames. They are scanned in one pass (``protocol.idemburst.scan_idem_burst``, in
+frames. They are scanned in one pass (``idempotence.burst.scan_idem_burst``, in
 C when built: whole, in range, checksum right, the identity already added to
 each frame's data), then taken run by run: frames of one producer-partition
 with consecutive sequences, the first above the producer-partition's highest,
@@ -27,42 +27,14 @@ burst). Nothing is taken while puts are refused or replication is synchronous.
 
 from metaq import errors
 from metaq.protocol.burst import encode_put_acks
-from metaq.protocol.idemburst import scan_idem_burst
-from metaq.protocol.idempotence import DUPLICATE_MARK
+from metaq.idempotence.burst import scan_idem_burst
+from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
 from metaq.server.text.dispatch import error_reply
+from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
 
 _DUP_TAIL = b" " + DUPLICATE_MARK
-#: What one pass of the fast path did: MORE, it took every frame it scanned and stopped at its frame cap (there
-#: may be more: ``FastPuts.take`` scans again with twice the cap), else DONE.
-DONE, MORE = 0, 1
-
-
-def writable_topics(path, session):
-    """A ``topic bytes -> bool`` for one burst: True when ``path.write_refusal`` lets ``session``'s user put to
-    the topic, asked once per topic of the burst (the general path answers the others, as it always does)."""
-    answers = {}
-
-    def may_write(topic):
-        allowed = answers.get(topic)
-        if allowed is None:
-            allowed = answers[topic] = path.write_refusal(topic.decode("utf-8", "replace"), session) is None
-        return allowed
-
-    return may_write
-
-
-def before_refused_topic(frames, may_write):
-    """The frames before the first whose topic ``may_write(topic bytes) -> bool`` refuses (``writable_topics``)."""
-    seen = None
-    for i, frame in enumerate(frames):
-        topic = frame[0]
-        if topic is not seen:  # consecutive frames of one topic share the object: one call per run
-            if not may_write(topic):
-                return frames[:i]
-            seen = topic
-    return frames
 
 
 def _run_end(frames, i, n):

@@ -1,20 +1,29 @@
-"""Idempotent puts in the store: decide and append without a yield, learn from the log, snapshot, rebuild.
+"""The idempotent producers' state in the store, and its one owner: decide and append without a yield, learn
+from the log, snapshot, rebuild.
 
-``MessageStore`` owns one ``Idempotence`` and delegates to it:
+``MessageStore`` owns one ``Idempotence``, and every path that learns or changes producer state goes through
+its methods; each of them changes the table (``idempotence.window.ProducerTable``) by the one rule,
+``ProducerTable.record`` (``record_run``: that rule for a run, in one step), with the record's store time:
 
-* ``put`` (the master's ``put_idem``): ``ProducerTable.decide``, then either the
-  original's ``PutResult`` (read from its index unit and record header) or the
-  append of the data with the identity added (``metaq.protocol.idempotence.with_identity``)
-  and its ``record``. ``put_prepared`` is the same for data that already holds
-  its identity (the broker's burst path: ``metaq.protocol.idemburst``), and
-  ``put_run`` appends a burst's run of one producer's next sequences with the
-  store's plain burst writer and records it in one step. Nothing in between yields to the event loop (the store
-  never does), so two concurrent resends of one sequence cannot both be stored.
+* the append (the master's ``put_idem``, a RocketMQ send with an identity): ``put`` decides
+  (``ProducerTable.decide``), then either gives the original's ``PutResult`` (read from its index unit and
+  record header) or appends the data with the identity added (``metaq.idempotence.records.with_identity``)
+  and records it. ``put_prepared`` is the same for data that already holds its identity (the broker's burst
+  path: ``metaq.idempotence.burst``), and ``put_run`` appends a burst's run of one producer's next sequences
+  with the store's plain burst writer and records it in one step. Nothing in between yields to the event
+  loop (the store never does), so two concurrent resends of one sequence cannot both be stored.
+* replication (a slave's apply of the master's log): ``follow(append)`` runs the append and learns the
+  records it wrote (``replay``), as one change of the table.
+* recovery (at open): ``load(end)``, a snapshot and a ``replay`` of the log after it, or a ``rebuild``.
+* a cut (a slave's divergent tail, ``MessageStore.truncate_log``): ``cut(position)``.
+
+The entry points that follow the log (``replay``, ``learn``, ``rebuild``, ``cut``, ``load``) take log positions
+and read the log themselves:
+
 * ``replay(start, end)``: learn from every idempotent record in ``[start, end)``
-  of the log — a slave's replicated chunk, the records after a snapshot at open.
-  A segment range without the ``MARK`` bytes (``mmap.find``, no copy) is skipped
+  of the log. A segment range without the ``MARK`` bytes (``mmap.find``, no copy) is skipped
   whole; otherwise its records are walked and only those whose attribute holds
-  the mark are decoded.
+  the mark are decoded (``learn``, one record).
 * ``save`` (at every store checkpoint, and so at a clean close): the table's
   snapshot with the log position it covers, written to ``producers`` (temp file +
   fsync + rename + directory fsync); the one it replaces is kept as
@@ -25,7 +34,8 @@
   below a snapshot's position makes that snapshot unusable), then a replay from
   its position to ``end``; with none usable, a rebuild from the start of the
   log. A corrupt snapshot is logged and skipped, never fatal.
-* ``cut(position)`` (a slave's divergent tail cut, ``MessageStore.truncate_log``):
+* ``rebuild(end)``: forget everything, replay the whole log up to ``end``.
+* ``cut(position)`` (the log was cut back to ``position``):
   the snapshots past ``position`` are deleted, and the table is rebuilt from the
   newest one left (or the log start) up to ``position``.
 
@@ -42,12 +52,12 @@ import os
 import struct
 
 from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
-from metaq.protocol.idempotence import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
+from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
 from metaq.errors import ClientError
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
 from metaq.store.files import fsync_dir, unlink_quietly, write_atomically
-from metaq.store.producers import OLDER, ProducerTable, SnapshotError
+from metaq.idempotence.window import OLDER, ProducerTable, SnapshotError, snapshot_position
 from metaq.store.recovery import refuse_unreadable
 from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
     record_size
@@ -99,7 +109,7 @@ class Idempotence:
         return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, None)
 
     def put_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        """``put`` of data that already holds its identity (``protocol.idemburst``: ``flag``/``data`` as stored,
+        """``put`` of data that already holds its identity (``idempotence.burst``: ``flag``/``data`` as stored,
         ``checksum`` their metaq checksum, the identity checked by the scan)."""
         offset = self.table.decide(pid, topic, partition, seq)
         if offset == OLDER:
@@ -107,7 +117,7 @@ class Idempotence:
         return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, None, checksum)
 
     def put_run(self, frames, src, now_ms, put_burst):
-        """Append ``frames`` (``protocol.idemburst``'s, one producer-partition's consecutive sequences) in one pass
+        """Append ``frames`` (``idempotence.burst``'s, one producer-partition's consecutive sequences) in one pass
         when the first is above the producer-partition's highest: ``(taken, runs)`` as ``put_burst(frames, src,
         now_ms)`` (the store's) gives them, the table recording each run in one step; ``(0, [])`` when the first
         is not above (a resend or a gap: ``put_prepared`` decides each)."""
@@ -177,6 +187,22 @@ class Idempotence:
 
     # -- learning from the log -------------------------------------------------------------
 
+    def follow(self, append):
+        """Run ``append()``, which writes records at the log's written end that were not decided here (a slave's
+        apply of a replicated chunk), and learn what it wrote (``replay``) as one change of the table: a snapshot
+        copied meanwhile never covers a log position the table has not learned. What ``append`` wrote before
+        raising is learned too. Returns what ``append`` returns."""
+        start = self._written()
+        table = self.table
+        table.begin()
+        try:
+            return append()
+        finally:
+            try:
+                self.replay(start, self._written())
+            finally:
+                table.end()
+
     def replay(self, start, end):
         """Record every idempotent record in ``[start, end)`` (record boundaries); returns how many."""
         table = self.table
@@ -202,12 +228,14 @@ class Idempotence:
             if magic == BLANK_MAGIC or magic != MESSAGE_MAGIC or total < FIXED_OVERHEAD or rel + total > seg.size:
                 break
             if hit < rel + total:
-                found += self._learn(view, rel, total)
+                found += self.learn(view, rel, total)
                 hit = mm.find(MARK, rel + total, stop)
             rel += total
         return found
 
-    def _learn(self, view, rel, total):
+    def learn(self, view, rel, total):
+        """The message record of ``total`` bytes at ``rel`` of a segment's ``view``: its identity recorded (store
+        time, topic, partition and offset from the record) when it carries one; returns 1 if it did, else 0."""
         _t, _m, _c, part, qoff, store_ts, _b, tlen = PREFIX.unpack_from(view, rel)
         h = rel + TOPIC_START + tlen
         msg_len, _chk, _id, flag = HEADER.unpack_from(view, h)
@@ -300,10 +328,9 @@ class Idempotence:
         """The log was cut back to ``position``: drop the snapshots past it, rebuild the table up to it."""
         for path in (self.path, self.previous):
             data = self._read(path)
-            if data is not None and len(data) >= 18:
-                covered = struct.unpack_from(">q", data, 10)[0]
-                if covered > position:
-                    unlink_quietly(path)
+            covered = None if data is None else snapshot_position(data)
+            if covered is not None and covered > position:
+                unlink_quietly(path)
         if os.path.exists(self.previous) and not os.path.exists(self.path):
             os.replace(self.previous, self.path)
         fsync_dir(self.root)

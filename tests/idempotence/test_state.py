@@ -1,4 +1,4 @@
-"""Idempotent puts in the store (store/idempotence.py): dedup, restarts, kill -9, replication, cuts, snapshots."""
+"""Idempotent puts in the store (idempotence/state.py): dedup, restarts, kill -9, replication, cuts, snapshots."""
 
 import os
 import random
@@ -8,11 +8,11 @@ import pytest
 from metaq import errors
 
 from metaq.errors import ClientError
-from metaq.protocol.idempotence import identity_in_attribute
+from metaq.idempotence.records import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute
-from metaq.store.idempotence import SNAPSHOT_FILE
-from metaq.store.producers import ProducerTable
+from metaq.idempotence.state import SNAPSHOT_FILE
+from metaq.idempotence.window import ProducerTable
 
 from tests.harness.store import NOW, open_store, read_all
 
@@ -215,7 +215,7 @@ def test_slave_learns_from_replicated_records_and_a_cut_forgets(tmp_path):
 
 
 def test_a_snapshot_is_written_when_the_table_changed_or_the_log_grew(tmp_path, monkeypatch):
-    import metaq.store.idempotence as idem_module
+    import metaq.idempotence.state as idem_module
 
     monkeypatch.setattr(idem_module, "IDEMPOTENCE_SNAPSHOT_BYTES", 4096)
     s = open_store(tmp_path / "d", segment_size=1 << 16)

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq.protocol import events as ev
+from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.idemburst import scan_idem_burst_py
-from metaq.protocol.idempotence import MAX_PID, with_identity
+from metaq.idempotence.burst import scan_idem_burst_py
+from metaq.idempotence.records import MAX_PID, with_identity
 from metaq.protocol.message import encode_payload
 from metaq.protocol.text import serialize
 from metaq.store.record import tag_hash
@@ -50,7 +50,7 @@ def idem_frames(draw):
     pid = draw(st.sampled_from([MAX_PID, 0, MAX_PID + 1, 10**19 - 1]) if rare else st.integers(1, 5))
     seq = draw(st.sampled_from([MAX_PID, MAX_PID + 1]) if rare else st.integers(0, 3))
     opaque = draw(st.one_of(st.integers(-5, 5), int32))
-    return serialize(ev.IdempotentPut(draw(topics), partition, flag, data, opaque, checksum, pid, seq))
+    return serialize(IdempotentPut(draw(topics), partition, flag, data, opaque, checksum, pid, seq))
 
 
 @st.composite
@@ -105,7 +105,7 @@ def test_each_frame_taken_holds_what_the_general_path_would_store(scan):
         flag, data = encode_payload(body, attribute)
         flag |= 4 * (i % 2)
         frames_in.append((topic, partition, flag, data, pid, seq))
-    buf = b"".join(serialize(ev.IdempotentPut(t, p, f, d, 100 + i, metaq_checksum(d), pid, seq))
+    buf = b"".join(serialize(IdempotentPut(t, p, f, d, 100 + i, metaq_checksum(d), pid, seq))
                    for i, (t, p, f, d, pid, seq) in enumerate(frames_in))
     frames, data, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
     assert stop == len(buf) and len(frames) == len(puts)
@@ -131,8 +131,8 @@ def test_each_frame_taken_holds_what_the_general_path_would_store(scan):
 ])
 def test_a_frame_the_general_path_refuses_stops_the_scan_there(scan, bad):
     flag, data = bad
-    good = serialize(ev.IdempotentPut("t", 0, 0, b"ok", 1, metaq_checksum(b"ok"), 5, 0))
-    buf = good + serialize(ev.IdempotentPut("t", 0, flag, data, 2, metaq_checksum(data), 5, 1)) + good
+    good = serialize(IdempotentPut("t", 0, 0, b"ok", 1, metaq_checksum(b"ok"), 5, 0))
+    buf = good + serialize(IdempotentPut("t", 0, flag, data, 2, metaq_checksum(data), 5, 1)) + good
     frames, _data, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
     assert len(frames) == 1 and stop == len(good)  # the parser answers the bad one, with its reason
 

@@ -3,7 +3,7 @@ sans-IO).
 
 An idempotent producer's pipeline fills the receive buffer with whole
 ``put_idem`` frames. ``scan_idem_burst`` takes the leading run of them that
-``protocol.idempotence.scan_put_idem`` takes (whole, every number in range,
+``scan_put_idem`` takes (whole, every number in range,
 checksum right) and whose data ``with_identity`` accepts (a well-formed
 attribute block without the reserved properties, and without a ``@SYSFLAG``,
 which may mark a compressed body the general path decompresses), and stops at the first frame
@@ -29,15 +29,44 @@ it when it was built and ``scan_idem_burst_py`` otherwise (the tests hold the
 two equal).
 """
 
+import re
 import zlib
 
 from metaq import speedups
 from metaq.errors import ClientError
-from metaq.protocol.idempotence import scan_put_idem, with_identity
+from metaq.idempotence.records import MAX_PID, MAX_SEQ, with_identity
+from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
 from metaq.protocol.tags import tag_code, tags_of_attribute
 
-__all__ = ["scan_idem_burst", "scan_idem_burst_py"]
+__all__ = ["scan_idem_burst", "scan_idem_burst_py", "scan_put_idem"]
+
+
+#: A whole put_idem frame header as the broker's burst path takes it (``\r\n`` only; anything else, and any
+#: number out of range, is left to ``TextParser``, which accepts or explains it).
+_FRAME = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
+                    rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})\r\n")
+_I32 = 2**31 - 1
+
+
+def scan_put_idem(buf, pos, end, max_body, max_line):
+    """The put_idem frame at ``buf[pos:end]`` as ``(topic bytes, partition, flag, pid, seq, opaque, body_start,
+    body_len)`` when it is whole, in range and its checksum (unless -1) is right; else None (the parser's turn)."""
+    m = _FRAME.match(buf, pos, end)
+    if m is None or m.end() - pos - 2 > max_line:
+        return None
+    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
+    partition, length, flag, checksum, pid, seq, opaque = (int(partition), int(length), int(flag), int(checksum),
+                                                           int(pid), int(seq), int(opaque))
+    start = m.end()
+    if (partition > _I32 or checksum > _I32 or not 1 <= pid <= MAX_PID or seq > MAX_SEQ or length > max_body
+            or start + length > end or not -_I32 - 1 <= flag <= _I32 or not -_I32 - 1 <= opaque <= _I32):
+        return None
+    if checksum != -1:
+        with memoryview(buf) as view:
+            if checksum != metaq_checksum(view[start:start + length]):
+                return None
+    return topic, partition, flag, pid, seq, opaque, start, length
 
 
 def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None):

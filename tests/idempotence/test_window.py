@@ -1,4 +1,4 @@
-"""The idempotent producers' window (store/producers.py): decisions, bounds, TTL, snapshots, memory."""
+"""The idempotent producers' window (idempotence/window.py): decisions, bounds, TTL, snapshots, memory."""
 
 import tracemalloc
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaq import limits
-from metaq.store.producers import OLDER, ProducerTable, SnapshotError
+from metaq.idempotence.window import OLDER, ProducerTable, SnapshotError
 
 NOW = 1_609_459_200_000
 

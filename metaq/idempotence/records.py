@@ -7,7 +7,7 @@ producer assigns in send order per ``(pid, topic, partition)``, starting at 0.
 A resend of the same put (a retry after a timeout, a retried Spark task that
 reuses its pid) carries the same identity, and the broker answers it with the
 original's message id and offset instead of storing it again
-(``metaq.store.producers`` keeps the window of identities it has seen).
+(``metaq.idempotence.window`` keeps the window of identities it has seen).
 
 **On the wire.**
 
@@ -15,7 +15,7 @@ original's message id and offset instead of storing it again
   ``put_idem <topic> <partition> <len> <flag> <checksum> <pid> <seq> <opaque>\\r\\n<body>``; the partition
   must be explicit (0..2^31-1). The reply is a put's, ``result 200 <len> <opaque>`` with body
   ``<msgId> <partition> <offset>``; a duplicate's body has a fourth token, ``dup``, and names the
-  original (``DUPLICATE_MARK``).
+  original (``idempotence.wire.DUPLICATE_MARK``).
 * RocketMQ remoting (SEND_MESSAGE, V2): the message properties ``METAQ_PID`` and ``METAQ_SEQ`` (decimal);
   the queue id must be explicit; a duplicate is answered SUCCESS with the original's offset message id and
   queue offset. A batch, a delay or a transactional (half) message cannot carry them.
@@ -45,28 +45,25 @@ transaction, delayed) whose attribute carries them is refused (``has_identity``)
 so no record outside this path can look like an idempotent one.
 """
 
-import re
 import struct
 
 from metaq.errors import ClientError
-from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
 from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR, decode_properties
 
-__all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "MARK", "DUPLICATE_MARK", "MAX_PID", "MAX_SEQ", "check_identity",
-           "with_identity", "identity_in_attribute", "has_identity", "scan_put_idem"]
+__all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "MARK", "SEQ_MARK", "MAX_PID", "MAX_SEQ", "check_identity",
+           "with_identity", "identity_in_attribute", "has_identity"]
 
 PID_PROPERTY = "METAQ_PID"
 SEQ_PROPERTY = "METAQ_SEQ"
 #: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding).
 MARK = ("\x02%s\x01" % PID_PROPERTY).encode("ascii")
 _SEQ_MARK = "\x02%s\x01" % SEQ_PROPERTY
-_SEQ_MARK_BYTES = _SEQ_MARK.encode("ascii")
+#: The same for the sequence property (a plain put's attribute must hold neither: ``protocol.burst``).
+SEQ_MARK = _SEQ_MARK.encode("ascii")
 _SEP = PROPERTY_SEPARATOR.encode("ascii")
 _ATTR_LEN = struct.Struct(">i")
 _COPY_BELOW = 64 * 1024
-#: The fourth token of a ``put_idem`` reply that answers a duplicate.
-DUPLICATE_MARK = b"dup"
 MAX_PID = 2**63 - 1
 MAX_SEQ = 2**63 - 1
 
@@ -100,7 +97,7 @@ def with_identity(flag, data, pid, seq):
         if alen < 0 or end > len(data):
             decode_payload(flag, data)
         attr = data[4:end]
-        if MARK in attr or _SEQ_MARK_BYTES in attr:
+        if MARK in attr or SEQ_MARK in attr:
             raise ClientError("the attribute already carries %s/%s: these properties are set by the broker"
                               % (PID_PROPERTY, SEQ_PROPERTY))
         if _SEP not in attr:
@@ -134,30 +131,3 @@ def identity_in_attribute(attribute):
     if not 1 <= pid <= MAX_PID or not 0 <= seq <= MAX_SEQ:
         return None
     return pid, seq
-
-
-#: A whole put_idem frame header as the broker's burst path takes it (``\r\n`` only; anything else, and any
-#: number out of range, is left to ``TextParser``, which accepts or explains it).
-_FRAME = re.compile(rb"put_idem ([!-~]+) ([0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) (-1|[0-9]{1,10}) "
-                    rb"([0-9]{1,19}) ([0-9]{1,19}) (-?[0-9]{1,11})\r\n")
-_I32 = 2**31 - 1
-
-
-def scan_put_idem(buf, pos, end, max_body, max_line):
-    """The put_idem frame at ``buf[pos:end]`` as ``(topic bytes, partition, flag, pid, seq, opaque, body_start,
-    body_len)`` when it is whole, in range and its checksum (unless -1) is right; else None (the parser's turn)."""
-    m = _FRAME.match(buf, pos, end)
-    if m is None or m.end() - pos - 2 > max_line:
-        return None
-    topic, partition, length, flag, checksum, pid, seq, opaque = m.groups()
-    partition, length, flag, checksum, pid, seq, opaque = (int(partition), int(length), int(flag), int(checksum),
-                                                           int(pid), int(seq), int(opaque))
-    start = m.end()
-    if (partition > _I32 or checksum > _I32 or not 1 <= pid <= MAX_PID or seq > MAX_SEQ or length > max_body
-            or start + length > end or not -_I32 - 1 <= flag <= _I32 or not -_I32 - 1 <= opaque <= _I32):
-        return None
-    if checksum != -1:
-        with memoryview(buf) as view:
-            if checksum != metaq_checksum(view[start:start + length]):
-                return None
-    return topic, partition, flag, pid, seq, opaque, start, length

@@ -1,4 +1,4 @@
-"""An idempotent producer's sequence numbers (metaq.client.producer; README "Idempotent producers")."""
+"""An idempotent producer's sequence numbers (metaq.client.producer; docs/spark.md "The idempotent producer")."""
 
 
 class Sequences:
