@@ -57,7 +57,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "transactions"}
+FEATURES = {"timers", "topics", "offsets", "transactions"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -67,8 +67,11 @@ FEATURE_ROLES = {
     "service": "service",  # the gevent service
     "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
     "client": "client",
+    "names": "logic",  # a feature's naming rules (which names are the broker's own)
+    "table": "state", "state": "state", "retention": "state",  # a persistent table, the store's state, retention
+    "cli": "client",  # the feature's metaq-admin command
     "policy": "logic",  # a feature's pure rules (which are due, which are given up)
-    "journal": "state", "state": "state", "config": "state",  # a journal's files; a state machine; its settings
+    "journal": "state", "config": "state",  # a journal's files; a feature's settings
     "remoting": "front-end",  # the RocketMQ remoting port's part of a feature
     "resource": "client",  # a resource an application's transaction manager drives (XA)
 }

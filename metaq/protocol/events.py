@@ -8,7 +8,7 @@ Every event knows how to serialize itself (see ``metaq.protocol.text.serialize``
 """
 
 from typing import NamedTuple, Optional
-from metaq.protocol import topicadmin
+from metaq.topics import wire as topic_wire
 
 #: opaque used by MetaQ when ``version``/``stats`` carry none.
 DEFAULT_OPAQUE = 2147483647
@@ -269,7 +269,7 @@ class Lookup(NamedTuple):
     opaque: int
 
 
-TopicCommand = topicadmin.TopicCommand  # ``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py)
+TopicCommand = topic_wire.TopicCommand  # ``topic <action> <name> <settings> <opaque>`` (topics/wire.py)
 
 
 class Promote(NamedTuple):

@@ -24,16 +24,16 @@ from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
 from metaq.store.keyindex import KeyIndex
 from metaq.store.msgid import IdGenerator
-from metaq.store.offsets import ConsumerOffsets
+from metaq.offsets.table import ConsumerOffsets
 from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
-from metaq.store.topicops import TopicOps
-from metaq.store.topicretention import apply_topic_retention
-from metaq.store.topics import TopicCatalog, TopicTableFile
+from metaq.topics.state import TopicOps
+from metaq.topics.retention import apply_topic_retention
+from metaq.topics.table import TopicCatalog, TopicTableFile
 
 _new_tuple = tuple.__new__
 
@@ -44,7 +44,7 @@ class MessageStore:
     def __init__(self, config):
         self.config = config
         self.dirs = DataDir(config.data_dir)
-        configured = TopicTable(config.topics)  # the config file's names; the table wins (topics.py)
+        configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
         self._log = CommitLog(self.dirs, config.segment_size)
@@ -62,7 +62,7 @@ class MessageStore:
                                           self.check_disk, config.segment_size)
         self.recovery = None
         self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
-                               self._forget_writers)  # create/alter/delete (topicops.py)
+                               self._forget_writers)  # create/alter/delete (topics/state.py)
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
@@ -321,7 +321,7 @@ class MessageStore:
     def read(self, topic, partition, offset, max_size):
         """Whole records from ``offset`` totalling at most ``max_size`` bytes (at least one record). Raises Moved(min)
         below the minimum, Moved(max) past the visible maximum, NotFound for an unknown topic or partition."""
-        if topic in self.topics.guarded:  # read-protected or deleted (topics.py)
+        if topic in self.topics.guarded:  # read-protected or deleted (topics/table.py)
             self._topics.check_readable(topic)
         p = self._parts.get((topic, partition))
         if p is None:
@@ -588,7 +588,7 @@ class MessageStore:
     def log_bytes_on_disk(self):
         return sum(s.size for s in self._log.segments)
 
-    # -- consumer offsets (the broker-side store; see offsets.py) ------------
+    # -- consumer offsets (the broker-side store; see offsets/table.py) -----
 
     def commit_offset(self, group, topic, partition, offset, now_ms):
         """Store a group's next read offset; InvalidTopic/UnknownTopic/InvalidPartition/ClientError on bad input."""
@@ -616,7 +616,7 @@ class MessageStore:
         return report
 
     def _topic_retention(self, now_ms, raised):
-        """Per-topic retention (topicretention.py): the first offsets of topics with their own retention."""
+        """Per-topic retention (topics/retention.py): the first offsets of topics with their own retention."""
         return apply_topic_retention(self._log, self._parts, self._topics.with_levels(), now_ms, raised)
 
 

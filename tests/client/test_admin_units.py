@@ -4,7 +4,7 @@ import pytest
 
 from metaq import errors
 from metaq.client.admindlq import id_batches
-from metaq.client.adminoffsets import clamp
+from metaq.offsets.cli import clamp
 from metaq.client.admintools import safe_text, split_lines
 from metaq.protocol import adminwire
 from metaq.protocol.text import TextParser, serialize

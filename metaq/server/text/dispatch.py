@@ -6,7 +6,6 @@ position means the reply may be sent only once the log is durable up to it
 (``sync`` flush mode).
 """
 
-import json
 import logging
 import time
 
@@ -31,8 +30,10 @@ from metaq.server.text.expect import check_expected
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
+from metaq.offsets.text import TextOffsets
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
+from metaq.topics.text import TextTopics
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,7 @@ class TextDispatcher:
         ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
         ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
-        ``topics``: the topic table's service (``server.topictable.TopicAdmin``; None: ``topic`` answered 400)."""
-        self.group_members = group_members
-        self.topics = topics
+        ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400)."""
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -119,14 +118,11 @@ class TextDispatcher:
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
             ev.Lookup: self.lookup,
-            ev.CommitOffset: self.commit_offset,
-            ev.QueryOffset: self.query_offset,
             ev.Stats: self.stats_cmd,
             ev.Version: self.version,
             ev.Transaction: self.transaction,
             ev.Sync: self.sync,
             ev.Promote: self.promote,
-            ev.TopicCommand: self.topic,
             ev.Auth: self.auth,
             ev.Request: self.reply_from_client,
             ev.Reply: self.reply_from_client,
@@ -138,6 +134,9 @@ class TextDispatcher:
                                     error_reply=error_reply)  # put_prio, get_prio (README "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
+        offsets = TextOffsets(store, group_members)  # commit_offset, query_offset (offsets/text.py)
+        self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
+        self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
@@ -388,26 +387,8 @@ class TextDispatcher:
             for r in page.records])
         return ok(body, e.opaque), NO_WAIT
 
-    def _member(self, e, conn):
-        if self.group_members is not None:
-            self.group_members.seen(e.group, getattr(conn, "conn_id", None), getattr(conn, "peer", ""),
-                                    time.monotonic())
-
     def _no_admin(self, e, conn):
         return encode_result(400, b"the admin commands are not served by this dispatcher", e.opaque), NO_WAIT
-
-    def commit_offset(self, e, conn):
-        self._member(e, conn)
-        self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms())
-        return ok(b"", e.opaque), NO_WAIT
-
-    def query_offset(self, e, conn):
-        self._member(e, conn)
-        offset = self.store.query_offset(e.group, e.topic, e.partition)
-        if offset is None:
-            msg = "group %s has committed no offset for %s-%d" % (e.group, e.topic, e.partition)
-            return encode_result(404, msg.encode(), e.opaque), NO_WAIT
-        return ok(b"%d" % offset, e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
         return ok(self.render_stats(e.item, self.guard.visible_to(getattr(conn, "session", None))), e.opaque), NO_WAIT
@@ -441,21 +422,6 @@ class TextDispatcher:
             log.warning("promote refused: %s", exc)
             return error_reply(exc, e.opaque)
         return ok(text.encode("utf-8"), e.opaque)
-
-    def topic(self, e, conn):
-        """``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py): the topic table."""
-        if self.topics is None:
-            return encode_result(400, b"the topic table is not served here", e.opaque), NO_WAIT
-        conn.spawn(self._topic, e, self.guard.known_to(conn.session))
-        return None, NO_WAIT
-
-    def _topic(self, e, known):
-        try:
-            result = self.topics.handle(e.action, e.name, dict(e.settings), known)
-        except errors.MetaqError as exc:
-            log.warning("topic %s %s refused: %s", e.action, e.name or "", exc)
-            return error_reply(exc, e.opaque)
-        return ok(json.dumps(result, sort_keys=True).encode("utf-8"), e.opaque)
 
     def auth(self, e, conn):
         """``auth`` (README "Security"): step one gives a nonce, step two checks the proof. A failure is answered

@@ -20,7 +20,7 @@ from metaq import errors
 from metaq.client import replay
 from metaq.client.admintools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, choose_partition
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client.offsets import format_zk_offset, parse_zk_offset
+from metaq.offsets.client import format_zk_offset, parse_zk_offset
 from metaq.client.replies import reply_error
 from metaq.protocol import adminwire
 
