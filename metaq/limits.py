@@ -455,7 +455,7 @@ MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
 
-# -- the key index (store/keyindex.py; README "Key index") --------------------------------------------------
+# -- the key index (keys/index.py; README "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
 #: ones past it are stored with the message but not indexed, so a message with 10,000 keys costs 32 entries.
 MAX_KEYS_PER_MESSAGE = 32
@@ -470,7 +470,7 @@ MAX_KEY_QUERY_BYTES = 4 << 20
 #: a page that meets no more within them ends with a cursor, so a popular key in a narrow time window costs a
 #: bounded walk per request.
 MAX_KEY_SCAN_ENTRIES = 8192
-#: Commit-log bytes the key index takes in one step (``MessageStore.index_keys``, driven by the flusher's indexer
+#: Commit-log bytes the key index takes in one step (``MessageStore.follow_log``, driven by the flusher's indexer
 #: greenlet after each flush round's waiters are answered, other greenlets running between two steps, until it
 #: reaches the flushed end). Records without a key are passed over at memory speed whatever the step; a step of
 #: 1 KiB RocketMQ messages (each holds a UNIQ_KEY, about 5 us of Python each) holds the event loop about 1.5 ms.

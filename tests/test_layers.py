@@ -57,7 +57,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "topics", "offsets", "transactions"}
+FEATURES = {"timers", "topics", "offsets", "keys", "transactions"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -69,10 +69,11 @@ FEATURE_ROLES = {
     "client": "client",
     "names": "logic",  # a feature's naming rules (which names are the broker's own)
     "table": "state", "state": "state", "retention": "state",  # a persistent table, the store's state, retention
+    "files": "state",  # a feature's own data files
     "cli": "client",  # the feature's metaq-admin command
+    "remoting": "front-end",  # RocketMQ remoting's handlers
     "policy": "logic",  # a feature's pure rules (which are due, which are given up)
     "journal": "state", "config": "state",  # a journal's files; a feature's settings
-    "remoting": "front-end",  # the RocketMQ remoting port's part of a feature
     "resource": "client",  # a resource an application's transaction manager drives (XA)
 }
 

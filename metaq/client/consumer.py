@@ -58,7 +58,7 @@ from metaq.client.replies import reply_error
 from metaq.client.request import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
-from metaq.client.keys import lookup as key_lookup
+from metaq.keys.client import lookup as key_lookup
 from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter
 
 __all__ = ["Consumer", "default_consumer_id"]

@@ -255,7 +255,7 @@ class Lookup(NamedTuple):
     ``[sinceMs, untilMs]``, newest first, at most ``max`` (cut to ``limits.MAX_KEY_QUERY_RESULTS``); ``cursor`` is
     ``-`` for the first page, then what the previous page returned.
 
-    Reply ``result 200 <len> opaque`` with a ``protocol.keylookup`` body (the next cursor, how far the index
+    Reply ``result 200 <len> opaque`` with a ``keys.wire`` body (the next cursor, how far the index
     reaches, the messages with their partition, offset and position); 400 for a bad key or cursor; 503 while the
     broker refuses reads.
     """

@@ -11,7 +11,7 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
-``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
+``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
 (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.protocol.priority``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict

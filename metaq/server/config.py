@@ -120,7 +120,7 @@ class StoreSection(_Section):
 
     segment_size: int = Field(_STORE["segment_size"], ge=64 * 1024)
     index_file_units: int = Field(_STORE["index_file_units"], ge=16)
-    key_index_slots: int = Field(_STORE["key_index_slots"], ge=1)  # the key index (store/keyindex.py)
+    key_index_slots: int = Field(_STORE["key_index_slots"], ge=1)  # the key index (keys/index.py)
     key_index_entries: int = Field(_STORE["key_index_entries"], ge=limits.MAX_KEYS_PER_MESSAGE)
     flush: Literal[FLUSH_MODES] = _STORE["flush"]
     flush_every_messages: int = Field(_STORE["flush_every_messages"], ge=1)

@@ -5,7 +5,8 @@ Threading: every method runs on the event-loop thread except the ones marked BLO
 while the loop keeps appending. They work on snapshots (``layout`` tuples, ints) and never close a map; retention
 only deletes segments that are flushed and covered by a checkpoint, so a running flush never meets them.
 ``prepare_ahead`` publishes with single attribute assignments (``ahead.py``). ``close`` must not run while a BLOCKING
-call runs in a worker. The key index (keyindex.py) is fed at one point, ``index_keys``. Time comes as ``now_ms``."""
+call runs in a worker. The derived indexes follow the log through one ``LogFollower`` (follower.py), stepped at one
+point, ``follow_log``. Time comes as ``now_ms``."""
 
 import random
 import struct
@@ -22,7 +23,8 @@ from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
-from metaq.store.keyindex import KeyIndex
+from metaq.keys.index import KeyIndex
+from metaq.store.follower import LogFollower
 from metaq.store.msgid import IdGenerator
 from metaq.offsets.table import ConsumerOffsets
 from metaq.store.positions import LogPositions
@@ -66,7 +68,8 @@ class MessageStore:
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
-        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
+        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
+        self.follower = LogFollower(self._log)  # the derived indexes' one way to follow the log (follower.py)
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
@@ -87,7 +90,8 @@ class MessageStore:
             self.topics.finish_open()
             self._topic_retention(now_ms, {})
             self._ids = IdGenerator(config.broker_id, last_id)
-            self.keys.open(self._log, self._pos.written)
+            self.follower.add(self.keys, self._pos.written)
+            self.follower.step(self._pos.flushed, self._pos.written)  # the tail the saved states do not cover
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
@@ -104,7 +108,7 @@ class MessageStore:
             return
         try:
             self.mark_flushed(self.flush_log())
-            self.keys.catch_up(self._log, self._pos.flushed)  # the whole tail: the checkpoint covers it
+            self.follower.step(self._pos.flushed, self._pos.written)  # the whole tail: the checkpoint covers it
             self.checkpoint(now_ms)
             if clean:
                 self.dirs.write_state(self.dirs.clean_shutdown, CLEAN_MAGIC,
@@ -121,7 +125,7 @@ class MessageStore:
         self._closed = True
         self._parts.close_all(discard_prepared)
         self._log.close(discard_prepared)
-        self.keys.close()
+        self.follower.close()
         self._ahead.hot.clear()
         self._last_writer = None
         self.dirs.release_lock()
@@ -406,11 +410,10 @@ class MessageStore:
         self._log.release_flushed(self._pos.flushed)
         return changed
 
-    def index_keys(self, max_bytes=KEY_INDEX_STEP_BYTES):
-        """A step of the key index behind the flushed log (loop thread); True while more is left and it moves."""
-        before = self.keys.indexed_to
-        self.keys.catch_up(self._log, self._pos.flushed, max_bytes)
-        return before < self.keys.indexed_to < self._pos.flushed
+    def follow_log(self, max_bytes=KEY_INDEX_STEP_BYTES):
+        """A step of the log follower's subscribers (the key index) behind the log (loop thread; None: the whole
+        tail); True while more is left and they move."""
+        return self.follower.step(self._pos.flushed, self._pos.written, max_bytes)
 
     def should_flush(self, now_ms):
         """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""
@@ -456,7 +459,7 @@ class MessageStore:
         self._pos.checkpointed_at(pos)
         self.consumer_offsets.save()
         self.idempotence.save()
-        self.keys.checkpoint(if_changed)
+        self.follower.checkpoint(if_changed)
         self.drop_cold_pages()
         return pos
 
@@ -506,7 +509,7 @@ class MessageStore:
         report = replica.truncate_log(self._replica, position)
         if report.old_end != position:
             self.idempotence.cut(position)
-            self.keys.cut(position)
+            self.follower.cut(position)
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
@@ -556,7 +559,7 @@ class MessageStore:
         return lookup.TimeSearch(self._log, self._reader(topic, partition), timestamp_ms)
 
     def key_search(self, topic, key, since_ms, until_ms, max_count, cursor=None):
-        """A ``keyindex.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
+        """A ``keys.index.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
         return self.keys.search(self._log, self._pos.written, topic, key, since_ms, until_ms, max_count, cursor)
 
     # -- figures (stats and the admin views) -----------------------------------
@@ -611,7 +614,7 @@ class MessageStore:
         """Delete old (or, under disk pressure, the oldest) sealed segments below ``floor`` and their index files."""
         report = apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
                                  self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio, floor)
-        report.deleted_index_files.extend(self.keys.drop_below(self._log.start or self._pos.written))
+        report.deleted_index_files.extend(self.follower.log_starts(self._log.start or self._pos.written))
         report.deleted_index_files.extend(self._topic_retention(now_ms, report.raised_min_offsets))
         return report
 

@@ -37,7 +37,7 @@ from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record
                                              stored_message_bytes)
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
-from metaq.server.remoting import keys
+from metaq.keys import remoting as keys
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender
 from metaq.store.record import RecordTooLarge

@@ -12,16 +12,13 @@ import time
 import gevent
 
 import metaq
-from metaq import errors, limits
+from metaq import errors
 from metaq.protocol import adminwire, commands, events as ev
-from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.priority import PriorityGet, PriorityPut
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.transactions.wire import xa_error_body
-from metaq.protocol.keylookup import encode_lookup_body
 from metaq.server.clock import now_ms
-from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
@@ -31,6 +28,7 @@ from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
 from metaq.offsets.text import TextOffsets
+from metaq.keys.text import TextKeys
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
@@ -117,7 +115,6 @@ class TextDispatcher:
             ev.GetTags: self.get_tags,
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
-            ev.Lookup: self.lookup,
             ev.Stats: self.stats_cmd,
             ev.Version: self.version,
             ev.Transaction: self.transaction,
@@ -137,6 +134,7 @@ class TextDispatcher:
         offsets = TextOffsets(store, group_members)  # commit_offset, query_offset (offsets/text.py)
         self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
         self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
+        self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (README "Key index")
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
@@ -375,17 +373,6 @@ class TextDispatcher:
             search.step()
         return ok(b"%d" % search.result, e.opaque), NO_WAIT
 
-    def lookup(self, e, conn):
-        """``lookup`` (our extension, events.Lookup): one page of a key's messages from the key index, its cold
-        pages brought in off the loop (``coldpages.walk``), as ``offset_at`` does."""
-        if self.roles.read_refusal is not None:
-            return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
-        limits.validate_topic(e.topic)
-        page = walk(self.store.key_search(e.topic, e.key, e.since_ms, e.until_ms, e.max_count, e.cursor)).page()
-        body = encode_lookup_body(page.cursor, page.indexed_to, [
-            (r.partition, r.queue_offset, r.position, r.store_ts_ms, r.msg_id, r.flag, r.data, metaq_checksum(r.data))
-            for r in page.records])
-        return ok(body, e.opaque), NO_WAIT
 
     def _no_admin(self, e, conn):
         return encode_result(400, b"the admin commands are not served by this dispatcher", e.opaque), NO_WAIT
