@@ -112,7 +112,7 @@ MAX_PENDING_BURSTS = 8
 MAX_HALF_MESSAGES = 5_000
 
 #: Half messages one check-back round acts on (checks sent and rollbacks after the last check together),
-#: oldest first; the others due wait for the next round (``metaq.tx.checkback``).
+#: oldest first; the others due wait for the next round (``metaq.transactions.policy``).
 MAX_CHECKS_PER_ROUND = 1_000
 
 #: Longest ``CHECK_IMMUNITY_TIME_IN_SECONDS`` a half message may ask for before its first check-back (a day).

@@ -28,9 +28,7 @@ RULES = {
     # Users, permissions and proofs of a secret (hmac, ipaddress): pure, like protocol.
     "auth": ({"metaq.errors", "metaq.limits", "metaq.auth"}, IO_MODULES | {"logging", "time"}),
     "store": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store"}, IO_MODULES | {"time", "datetime"}),
-    "tx": ({"metaq.errors", "metaq.limits", "metaq.protocol", "metaq.store", "metaq.tx"},
-           IO_MODULES | {"time", "datetime"}),
-    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.store", "metaq.tx",
+    "server": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.store",
                 "metaq.server"}, set()),
     # The client talks to ZooKeeper through kazoo (its threading handler), never through gevent.
     "client": ({"metaq", "metaq.errors", "metaq.limits", "metaq.protocol", "metaq.auth", "metaq.client"}, {"gevent"}),
@@ -59,7 +57,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "topics", "offsets", "keys", "idempotence"}
+FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -74,6 +72,9 @@ FEATURE_ROLES = {
     "files": "state",  # a feature's own data files
     "cli": "client",  # the feature's metaq-admin command
     "remoting": "front-end",  # RocketMQ remoting's handlers
+    "policy": "logic",  # a feature's pure rules (which are due, which are given up)
+    "journal": "state", "config": "state",  # a journal's files; a feature's settings
+    "resource": "client",  # a resource an application's transaction manager drives (XA)
 }
 
 #: A role -> the layer whose rules its modules get.
@@ -497,7 +498,7 @@ def _base_name(node):
 #: Project classes used as the single base of one class and nowhere else by name, each with its reason.
 ALLOWED_SINGLE_USE_BASES = {
     # typing.NamedTuple forbids overriding __new__: Xid checks its fields in a subclass of the tuple that holds them.
-    "client/transaction.py: _XidFields",
+    "transactions/client.py: _XidFields",
 }
 
 

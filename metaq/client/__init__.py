@@ -17,10 +17,10 @@ _EXPORTS = {
     "RandomSelector": "metaq.client.selectors",
     "KeySelector": "metaq.client.selectors",
     "Consumer": "metaq.client.consumer",
-    "LocalTransaction": "metaq.client.transaction",
-    "XaError": "metaq.client.transaction",
-    "Xid": "metaq.client.transaction",
-    "XAResource": "metaq.client.xa",
+    "LocalTransaction": "metaq.transactions.client",
+    "XaError": "metaq.transactions.client",
+    "Xid": "metaq.transactions.client",
+    "XAResource": "metaq.transactions.resource",
     "Coordinator": "metaq.client.coordinator",
 }
 

@@ -39,7 +39,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from metaq.protocol.xa import XA_HEURCOM, XA_HEURRB, XA_RDONLY
+from metaq.transactions.wire import XA_HEURCOM, XA_HEURRB, XA_RDONLY
 
 log = logging.getLogger(__name__)
 

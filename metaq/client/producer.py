@@ -46,7 +46,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.compression import sys_flag_of
 from metaq.idempotence.records import MAX_PID
 from metaq.idempotence.wire import DUPLICATE_MARK
-from metaq.protocol import xa
+from metaq.transactions import wire
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
@@ -54,7 +54,7 @@ from metaq.client.replies import reply_error
 from metaq.client.request import request as send_request
 from metaq.idempotence.client import Sequences as _Sequences
 from metaq.client.selectors import as_selector
-from metaq.client.transaction import LocalTransaction, new_session_id
+from metaq.transactions.client import LocalTransaction, new_session_id
 from metaq.timers.client import cancel as cancel_timer
 
 __all__ = ["Producer"]
@@ -146,7 +146,7 @@ class Producer:
         self._finished = 0
         self._closed = False
         self._random = random.Random()
-        self._tx_local = threading.local()  # this thread's LocalTransaction (metaq.client.transaction)
+        self._tx_local = threading.local()  # this thread's LocalTransaction (metaq.transactions.client)
         self._tx_session = None  # the session id of its transaction keys, made on first use
         self._tx_numbers = itertools.count(1)
         self._worker = threading.Thread(target=self._retry_loop, name="metaq-producer-retry", daemon=True)
@@ -314,7 +314,7 @@ class Producer:
     def __exit__(self, *exc):
         self.close()
 
-    # -- routing, for transactions (metaq.client.transaction) and XAResource (metaq.client.xa) ----
+    # -- routing, for transactions (metaq.transactions.client) and XAResource (metaq.transactions.resource) ----
 
     @property
     def closed(self):
@@ -401,7 +401,7 @@ class Producer:
             if self._tx_session is None:
                 self._tx_session = new_session_id()
             session = self._tx_session
-        return xa.LocalTxId(session, next(self._tx_numbers)).key, session
+        return wire.LocalTxId(session, next(self._tx_numbers)).key, session
 
     # -- one send -------------------------------------------------------------------------
 

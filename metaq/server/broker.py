@@ -34,9 +34,9 @@ from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_va
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
-from metaq.server.text.transactions import TextTransactions
+from metaq.transactions.text import TextTransactions
 from metaq.server.tls import TlsPolicy
-from metaq.server.transactions import TxService
+from metaq.transactions.service import TxService
 from metaq.topics.service import TopicAdmin
 from metaq.store.store import MessageStore
 from metaq.timers.http import TimerViews, add_timer_routes

@@ -1,5 +1,5 @@
-"""The broker's wall clock: ``now_ms``, the one every server module reads (protocol, store and tx are given the
-time)."""
+"""The broker's wall clock: ``now_ms``, the one every server module reads (protocol, store and the
+transactions' state are given the time)."""
 
 import time
 

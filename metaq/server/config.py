@@ -5,8 +5,9 @@ Unknown keys are errors (a typo must not silently fall back to a default).
 
 This is the one schema of the broker's settings. Each default is written once: the store's knobs (``store:``)
 take theirs from ``metaq.store.config.StoreConfig`` and the transaction manager's (``transactions:``) from
-``metaq.tx.config.TxConfig`` (store/ and tx/ may not import this module); the settings only the server uses have
-theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config`` build those two from this schema.
+``metaq.transactions.config.TxConfig`` (store/ and the transactions' state may not import this module); the
+settings only the server uses have theirs here. ``ServerConfig.store_config`` and ``ServerConfig.tx_config`` build
+those two from this schema.
 """
 
 import inspect
@@ -24,7 +25,7 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.protocol.delay import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
-from metaq.tx.config import FLUSH_POLICIES, TxConfig
+from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
 from metaq.server.configerrors import format_errors

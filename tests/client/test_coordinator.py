@@ -18,7 +18,7 @@ import pytest
 
 from metaq.client import coordinator as coord_mod
 from metaq.client.coordinator import FORMAT_ID, CommitPending, Coordinator, CoordinatorError, DecisionLog, RolledBack
-from metaq.protocol.xa import XA_HEURRB
+from metaq.transactions.wire import XA_HEURRB
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 
@@ -108,7 +108,7 @@ def open_resource(spec):
     """A resource from a JSON-able spec: {"pg": dsn} or {"mq": broker url, "uq": qualifier}."""
     if "pg" in spec:
         return connect(spec["pg"])
-    from metaq.client.xa import XAResource
+    from metaq.transactions.resource import XAResource
 
     return XAResource(brokers=[spec["mq"]], unique_qualifier=spec["uq"])
 
@@ -448,7 +448,7 @@ def order_messages(broker, topic=TOPIC):
 
 
 def xa_resource(broker):
-    from metaq.client.xa import XAResource
+    from metaq.transactions.resource import XAResource
     from tests.harness.broker import url_of
 
     return XAResource(brokers=[url_of(broker)], unique_qualifier=QUALIFIER)

@@ -5,7 +5,7 @@ import threading
 
 from metaq.protocol import stats as stats_codec
 from metaq.protocol import events as ev
-from metaq.protocol import xa
+from metaq.transactions import wire
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize
 
@@ -90,4 +90,4 @@ class FakeBroker:
 
 
 def xa_reply(code, msg="from the fake broker"):
-    return ev.Result(500, xa.xa_error_body(code, msg), 0)
+    return ev.Result(500, wire.xa_error_body(code, msg), 0)

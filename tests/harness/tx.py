@@ -5,9 +5,9 @@ import os
 
 from metaq.protocol import events as ev
 from metaq.protocol.message import HEADER
-from metaq.protocol.xa import LocalTxId, XaTxId
-from metaq.tx.config import TxConfig
-from metaq.tx.manager import TransactionManager
+from metaq.transactions.wire import LocalTxId, XaTxId
+from metaq.transactions.config import TxConfig
+from metaq.transactions.state import TransactionManager
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.protocol.xa import XA_HEURCOM, XAER_NOTA, parse_xa_error
+from metaq.transactions.wire import XA_HEURCOM, XAER_NOTA, parse_xa_error
 from tests.harness.tx import ok, tx
 
 XID1 = "XID:1:0a01:b1:test-rm"

@@ -62,8 +62,8 @@ def log_records(root, since):
 
 def journaled_ids(root, key):
     """{payload: msg id} as the journal's COMMIT of ``key`` under ``root`` gave them (ids in ``apply_order``)."""
-    from metaq.tx import records as R
-    from metaq.tx.journal import scan_records
+    from metaq.transactions import records as R
+    from metaq.transactions.journal import scan_records
 
     puts, commit = [], None
     for path in sorted(glob.glob(os.path.join(root, "data", "transactions", "journal.*"))):

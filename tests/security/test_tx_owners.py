@@ -12,7 +12,7 @@ from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
-from metaq.protocol.xa import XA_HEURCOM, XAER_DUPID, XAER_NOTA, parse_xa_error
+from metaq.transactions.wire import XA_HEURCOM, XAER_DUPID, XAER_NOTA, parse_xa_error
 from tests.harness.acl import SECRETS, write_acl
 
 pytestmark = pytest.mark.integration

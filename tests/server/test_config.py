@@ -11,7 +11,7 @@ import yaml
 from metaq.errors import ConfigError
 from metaq.server.config import ServerConfig, load_config
 from metaq.store.config import StoreConfig
-from metaq.tx.config import TxConfig
+from metaq.transactions.config import TxConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 #: StoreConfig fields the server fills from other sections (broker.data_dir, broker.id, topics, delay, remoting,

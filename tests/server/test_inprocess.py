@@ -19,8 +19,8 @@ from metaq.server.replication.roles import Roles, read_promoted
 from metaq.server.stats import BrokerStats
 from metaq.server.guard import Guard
 from metaq.server.text.dispatch import TextDispatcher
-from metaq.server.text.transactions import TextTransactions
-from metaq.server.transactions import TxService
+from metaq.transactions.text import TextTransactions
+from metaq.transactions.service import TxService
 from metaq.store.store import MessageStore
 from gevent.lock import Semaphore
 

@@ -158,7 +158,8 @@ def _user_of(conn):
 
 class ProducerRegistry:
     """Which connections are producers of which producer group (HEART_BEAT's ``producerDataSet``), for the
-    transaction check-back (``checkback``): RocketMQ's ProducerManager, keyed by connection as its is by channel.
+    transaction check-back (``metaq.transactions.remoting``): RocketMQ's ProducerManager, keyed by connection as
+    its is by channel.
 
     A connection leaves a group on UNREGISTER_CLIENT naming it, when it closes, or after ``timeout_s`` without
     a heartbeat. ``max_members`` bounds the (group, connection) entries: a heartbeat that would add more is

@@ -1,6 +1,6 @@
 """RocketMQ sends over the shared put path: SEND_MESSAGE (v1, v2, batch), CONSUMER_SEND_MSG_BACK, and
-half messages with END_TRANSACTION over metaq's transactions (``metaq.server.transactions``,
-``metaq.tx.halves``; their check-back: ``checkback``).
+half messages with END_TRANSACTION over metaq's transactions (``metaq.transactions.service``,
+``metaq.transactions.state``; their check-back: ``metaq.transactions.remoting``).
 
 Every handler runs in a greenlet of its own and answers once the put may be
 acknowledged (``PutPath.durable``: the flush in ``sync`` mode, a slave in
@@ -41,8 +41,8 @@ from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTIO
 from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY,
                                              message_of_record, record_data_from_send, retry_copy)
 from metaq.timers.records import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
-from metaq.tx.checkback import immunity_ms
-from metaq.tx.halves import HALF_OWNER, half_txid
+from metaq.transactions.policy import immunity_ms
+from metaq.transactions.state import HALF_OWNER, half_txid
 from metaq.server.clock import now_ms
 from metaq.server.inflate import inflate_body
 from metaq.server.putpath import AUTHORIZED
@@ -233,14 +233,15 @@ class RemotingSender:
     # -- half messages and END_TRANSACTION ------------------------------------------
 
     def _send_half(self, cmd, h, topic, conn):
-        """A half message: a local transaction of its own (``metaq.tx.halves``: journaled, invisible) until its end.
+        """A half message: a local transaction of its own (``metaq.transactions.state``: journaled, invisible) until
+        its end.
 
         The response's queue offset is the half message's number and its message id names
         ``HALF_ID_BASE + number`` (never a log position): END_TRANSACTION and the check-back bring both back.
         It belongs to its producer group, not to its connection: it survives the connection and a restart,
         and is ended by an END_TRANSACTION from any connection naming the group, or by the check-back
-        (``checkback.CheckBack``) after ``remoting.transaction_check_max`` unanswered checks. The journal is
-        durable (``transactions.journal_flush``) before the send is answered.
+        (``metaq.transactions.remoting.CheckBack``) after ``remoting.transaction_check_max`` unanswered checks. The
+        journal is durable (``transactions.journal_flush``) before the send is answered.
         """
         if h.batch or cmd.code == 320:
             raise errors.ClientError("a batch cannot hold transactional messages")

@@ -28,7 +28,7 @@ from metaq.protocol.rocketmq.remoting import RemotingCommand, RemotingParser, Re
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.remoting.dispatch import RemotingDispatcher
-from metaq.server.remoting.checkback import CheckBack
+from metaq.transactions.remoting import CheckBack
 from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
 from metaq.server.remoting.locks import LockTable
 from metaq.server.remoting.reply import RemotingReplies

@@ -16,7 +16,7 @@ from metaq import errors
 from metaq.protocol import adminwire, commands, events as ev
 from metaq.protocol.priority import PriorityGet, PriorityPut
 from metaq.protocol.text import encode_result, encode_value_header
-from metaq.protocol.xa import xa_error_body
+from metaq.transactions.wire import xa_error_body
 from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
@@ -87,7 +87,7 @@ CONNECTION_OWN = (ev.Quit,)
 class TextDispatcher:
     def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None,
                  admin=None, group_members=None, topics=None):
-        """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
+        """``tx``: the text transaction front (``metaq.transactions.text.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);

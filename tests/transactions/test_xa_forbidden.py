@@ -6,10 +6,10 @@ them is what is tested here, against the scripted fake broker."""
 import pytest
 
 from metaq.client import Message
-from metaq.client.transaction import XaError, Xid
-from metaq.client.xa import XAResource
+from metaq.transactions.client import XaError, Xid
+from metaq.transactions.resource import XAResource
 from metaq.protocol import events as ev
-from metaq.protocol import xa
+from metaq.transactions import wire
 
 QUALIFIER = "xa-test"
 MINE = "XID:1:67:62:%s" % QUALIFIER
@@ -30,7 +30,7 @@ def test_a_filtered_recover_and_a_refused_branch(fake):
         with pytest.raises(XaError) as info:
             rm.tpc_commit(THEIRS)  # not listed: asked on the resource broker, refused there
         # an RM error naming the refusal, never XAER_NOTA (which a coordinator would take for "finished")
-        assert info.value.xa_code == xa.XAER_RMERR
+        assert info.value.xa_code == wire.XAER_RMERR
         assert "403 permission denied: user bob may not act on transaction" in str(info.value)
         assert broker.types()[-2:] == ["RECOVER", "COMMIT_TWO_PHASE"]
 
@@ -39,4 +39,4 @@ def test_a_filtered_recover_and_a_refused_branch(fake):
         rm.send(Message("tf", b"x"))
         with pytest.raises(XaError) as info:
             rm.tpc_rollback()  # a refused rollback is not counted as rolled back
-        assert info.value.xa_code == xa.XAER_RMERR and "403" in str(info.value)
+        assert info.value.xa_code == wire.XAER_RMERR and "403" in str(info.value)

@@ -23,24 +23,22 @@ journal written before owners existed, decodes with owner None. PREPARE carries 
 branch keeps its owner across a restart, COMMIT for a commit recovery may have to finish, HEURISTIC for the
 outcome its owner forgets (an older broker cannot read a journal holding owners: it refuses to start).
 
-HALF makes a branch of one PUT a RocketMQ half message (``metaq.tx.halves``): prepared, owned by no
+HALF makes a branch of one PUT a RocketMQ half message (``metaq.transactions.state``): prepared, owned by no
 connection, kept across restarts until its producer (or the check-back) ends it. It is written again at each
 check with the count so far (``checks``); replay keeps the last.
 
 COMMIT's ids follow ``apply_order(puts)``: the puts grouped by partition, partitions in order of first
 appearance, puts in order within one.
 ``ReplayState`` turns a record sequence back into branches; recovery and the
-journal checkpoint (``TransactionManager.maintain``) both use it.
+journal checkpoint (``TransactionManager.maintain``) both use it. Pure: a record that fits no branch is counted
+and told to the caller's ``on_anomaly``, which logs it.
 """
 
-import logging
 import struct
 from typing import NamedTuple, Optional
 
 from metaq import limits
 from metaq.errors import CorruptLog
-
-log = logging.getLogger(__name__)
 
 #: Record header: payload length (uint32), CRC-32 of the payload (uint32).
 HEADER = struct.Struct(">II")
@@ -413,11 +411,13 @@ class ReplayState:
 
     ``branches``: key -> Branch (ACTIVE / PREPARED / COMMITTING); ``heuristic``: key -> Heuristic record;
     ``settled``: key -> Branch finished by DONE whose ``log_end > keep_done_after`` (its messages may not be
-    durable in the commit log yet, so it is kept with its data); ``anomalies``: records that fit no branch.
+    durable in the commit log yet, so it is kept with its data); ``anomalies``: records that fit no branch, each
+    also given to ``on_anomaly(description)`` when one is set.
     """
 
-    def __init__(self, keep_done_after):
+    def __init__(self, keep_done_after, on_anomaly=None):
         self.keep_done_after = keep_done_after
+        self.on_anomaly = on_anomaly
         self.branches = {}
         self.heuristic = {}
         self.settled = {}
@@ -502,8 +502,9 @@ class ReplayState:
 
     def _anomaly(self, rec, why):
         self.anomalies += 1
-        log.warning("transaction journal: %s record for %s ignored: %s", type(rec).__name__,
-                    getattr(rec, "key", "?"), why)
+        if self.on_anomaly is not None:
+            self.on_anomaly("transaction journal: %s record for %s ignored: %s"
+                            % (type(rec).__name__, getattr(rec, "key", "?"), why))
 
     def snapshot_records(self):
         """Every record a snapshot of this state holds (live branches, settled commits, heuristic outcomes)."""

@@ -8,10 +8,10 @@ Local (MetaQ's, reference §7.4; made by ``Producer.transaction``)::
     # committed here: both messages become visible together, on one broker;
     # an exception in the block rolls back and propagates
 
-XA branches (PEP 249's two-phase-commit interface) are in :mod:`metaq.client.xa` and share this
+XA branches (PEP 249's two-phase-commit interface) are in :mod:`metaq.transactions.resource` and share this
 module's ids, errors and branch machinery.
 
-Failures raise ``XaError`` with the XA code in ``xa_code`` (``metaq.protocol.xa``).
+Failures raise ``XaError`` with the XA code in ``xa_code`` (``metaq.transactions.wire``).
 Codes for an outcome the client could not learn (no reply in time, connection
 lost): XAER_RMFAIL for commit and rollback ("outcome unknown": ask again, or
 resolve it through ``tpc_recover``), XA_RBTIMEOUT for begin, send and prepare
@@ -30,12 +30,12 @@ from typing import NamedTuple
 
 from metaq.errors import ConnectionLost, MetaqError, RequestTimeout, TransactionError, Unavailable
 from metaq.protocol import events as ev
-from metaq.protocol import xa
+from metaq.transactions import wire
 from metaq.client.message import Partition, SendResult
 from metaq.client.replies import reply_error
 
 __all__ = ["Xid", "XaError", "LocalTransaction", "new_session_id", "default_unique_qualifier",
-           # the branch machinery XAResource (metaq.client.xa) shares
+           # the branch machinery XAResource (metaq.transactions.resource) shares
            "Branch", "ROLLED_BACK", "UNSAFE_IN_IDS", "as_xa_error", "reply_failure", "rollback_code", "timeout_seconds"]
 
 log = logging.getLogger(__name__)
@@ -46,19 +46,19 @@ _SESSIONS = itertools.count(1)
 #: Characters a unique qualifier may not hold (a transaction key is ':'-separated).
 UNSAFE_IN_IDS = re.compile(r"[\s:]")
 #: The XA codes that say "rolled back".
-ROLLED_BACK = range(xa.XA_RBROLLBACK, xa.XA_RBTIMEOUT + 2)  # XA_RBBASE..XA_RBEND (100..107)
-XA_RBCOMMFAIL = xa.XA_RBROLLBACK + 1  # rolled back: the connection to the broker failed
+ROLLED_BACK = range(wire.XA_RBROLLBACK, wire.XA_RBTIMEOUT + 2)  # XA_RBBASE..XA_RBEND (100..107)
+XA_RBCOMMFAIL = wire.XA_RBROLLBACK + 1  # rolled back: the connection to the broker failed
 
 
 class XaError(TransactionError):
-    """A transaction failed. ``xa_code`` is the XA code (``metaq.protocol.xa``), e.g. XAER_NOTA (-4, unknown
+    """A transaction failed. ``xa_code`` is the XA code (``metaq.transactions.wire``), e.g. XAER_NOTA (-4, unknown
     branch), XAER_PROTO (-6, not allowed in this state), XA_RBTIMEOUT (106, rolled back by its timeout),
     XAER_RMFAIL (-7, the broker could not be reached: the outcome is unknown); ``msg`` says why."""
 
     @property
     def code_name(self):
         """The code's name, such as ``"XAER_NOTA"``."""
-        return xa.XA_CODE_NAMES.get(self.xa_code, "XA code %d" % self.xa_code)
+        return wire.XA_CODE_NAMES.get(self.xa_code, "XA code %d" % self.xa_code)
 
     def __str__(self):
         return "%s: %s" % (self.code_name, self.msg)
@@ -88,8 +88,8 @@ class Xid(_XidFields):
                 value = bytes(value)
             elif not isinstance(value, bytes):
                 raise TypeError("%s must be str or bytes, got %s" % (name, type(value).__name__))
-            if len(value) > xa.MAX_BRANCH_BYTES:
-                raise ValueError("%s is %d bytes: at most %d" % (name, len(value), xa.MAX_BRANCH_BYTES))
+            if len(value) > wire.MAX_BRANCH_BYTES:
+                raise ValueError("%s is %d bytes: at most %d" % (name, len(value), wire.MAX_BRANCH_BYTES))
             fields.append(value)
         return super().__new__(cls, format_id, *fields)
 
@@ -97,16 +97,16 @@ class Xid(_XidFields):
     def from_key(cls, key):
         """The Xid of a wire key ``XID:...`` (its uniqueQualifier is dropped); XaError(XAER_INVAL) otherwise."""
         try:
-            parsed = xa.parse_tx_key(key)
+            parsed = wire.parse_tx_key(key)
         except TransactionError as exc:
             raise XaError(exc.xa_code, exc.msg) from None
-        if not isinstance(parsed, xa.XaTxId):
-            raise XaError(xa.XAER_INVAL, "%r is not an XA transaction id" % (key,))
+        if not isinstance(parsed, wire.XaTxId):
+            raise XaError(wire.XAER_INVAL, "%r is not an XA transaction id" % (key,))
         return cls(parsed.format_id, parsed.gtrid, parsed.bqual)
 
     def key(self, unique_qualifier):
         """The wire key of this branch for the resource named ``unique_qualifier``."""
-        return xa.XaTxId(self.format_id, self.gtrid, self.bqual, unique_qualifier).key
+        return wire.XaTxId(self.format_id, self.gtrid, self.bqual, unique_qualifier).key
 
 
 def _local_ip():
@@ -143,24 +143,24 @@ def reply_failure(reply, what):
     """The XaError a non-200 reply stands for: the broker's XA code, else XAER_RMERR."""
     code = getattr(reply, "code", None)
     body = bytes(getattr(reply, "body", b""))
-    parsed = xa.parse_xa_error(body) if code == 500 else None
+    parsed = wire.parse_xa_error(body) if code == 500 else None
     if parsed is not None:
         return XaError(parsed[0], "%s: %s" % (what, parsed[1]))
-    return XaError(xa.XAER_RMERR, "%s: the broker answered %s %s" % (
+    return XaError(wire.XAER_RMERR, "%s: the broker answered %s %s" % (
         what, code if code is not None else type(reply).__name__, body[:200].decode("utf-8", "replace")))
 
 
-def as_xa_error(error, what, unknown=xa.XAER_RMFAIL):
+def as_xa_error(error, what, unknown=wire.XAER_RMFAIL):
     """``error`` as an XaError: ``unknown`` for a timeout, XAER_RMFAIL when the connection was lost."""
     if isinstance(error, XaError):
         return error
     if isinstance(error, RequestTimeout):
         code = unknown
     elif isinstance(error, (ConnectionLost, Unavailable)):
-        code = xa.XAER_RMFAIL
+        code = wire.XAER_RMFAIL
     else:
-        code = xa.XAER_RMERR
-    if code == xa.XAER_RMFAIL:
+        code = wire.XAER_RMERR
+    if code == wire.XAER_RMFAIL:
         what += ": outcome unknown"
     exc = XaError(code, "%s: %s" % (what, error))
     exc.__cause__ = error
@@ -170,7 +170,7 @@ def as_xa_error(error, what, unknown=xa.XAER_RMFAIL):
 def rollback_code(failure):
     """The XA code a rollback-only transaction's commit raises: the failure's own XA_RB* code, else XA_RBROLLBACK."""
     code = getattr(failure, "xa_code", None)
-    return code if code in ROLLED_BACK else xa.XA_RBROLLBACK
+    return code if code in ROLLED_BACK else wire.XA_RBROLLBACK
 
 
 class Branch:
@@ -188,7 +188,7 @@ class Branch:
         self._lock = threading.Lock()
         self._pending = set()
 
-    def command(self, tx_type, *, timeout=0, qualifier=None, unknown=xa.XAER_RMFAIL):
+    def command(self, tx_type, *, timeout=0, qualifier=None, unknown=wire.XAER_RMFAIL):
         """Send ``transaction <key> <session> <tx_type> ...`` and wait: the reply's body, or XaError."""
         what = "%s %s" % (tx_type, self.tx_key)
         event = ev.Transaction(self.tx_key, self.session_id, tx_type, 0, timeout, qualifier)
@@ -202,7 +202,7 @@ class Branch:
 
     def begin(self, timeout, qualifier=None):
         """BEGIN; remembers the connection it went on."""
-        self.command("BEGIN", timeout=timeout, qualifier=qualifier, unknown=xa.XA_RBTIMEOUT)
+        self.command("BEGIN", timeout=timeout, qualifier=qualifier, unknown=wire.XA_RBTIMEOUT)
         self.connects = self.conn.connect_count
 
     def same_connection(self):
@@ -262,7 +262,7 @@ class Branch:
 
 def _put_error(reply):
     """The error of a failed transactional put: the broker's XA code, or what a plain put's failure means."""
-    if getattr(reply, "code", None) == 500 and xa.parse_xa_error(getattr(reply, "body", b"")) is not None:
+    if getattr(reply, "code", None) == 500 and wire.parse_xa_error(getattr(reply, "body", b"")) is not None:
         return reply_failure(reply, "transactional put")
     return reply_error(reply)
 
@@ -299,7 +299,7 @@ class LocalTransaction:
     def open(cls, producer, timeout=None, request_timeout=None):
         """A new transaction for the calling thread (XaError XAER_PROTO if the thread already has one)."""
         if producer.current_transaction() is not None:
-            raise XaError(xa.XAER_PROTO, "this thread already has an open transaction on this producer")
+            raise XaError(wire.XAER_PROTO, "this thread already has an open transaction on this producer")
         tx = cls(producer, timeout, request_timeout)
         producer.bind_transaction(tx)
         return tx
@@ -373,7 +373,7 @@ class LocalTransaction:
             branch.begin(self.timeout)
         except XaError as exc:
             branch.failure = exc
-            if exc.xa_code == xa.XAER_RMFAIL:
+            if exc.xa_code == wire.XAER_RMFAIL:
                 producer.mark_suspect(first.broker_id)
         return first
 
@@ -383,7 +383,7 @@ class LocalTransaction:
 
     def _check_open(self, action):
         if self.state != "open":
-            raise XaError(xa.XAER_PROTO, "cannot %s: the transaction is %s" % (action, self.state))
+            raise XaError(wire.XAER_PROTO, "cannot %s: the transaction is %s" % (action, self.state))
 
     def commit(self):
         """Make every message sent in the transaction visible (COMMIT_ONE_PHASE); raises XaError (see the class)."""
@@ -430,9 +430,9 @@ class LocalTransaction:
         try:
             branch.command("ROLLBACK")
         except XaError as exc:
-            gone = (exc.xa_code in ROLLED_BACK or exc.xa_code == xa.XAER_NOTA
+            gone = (exc.xa_code in ROLLED_BACK or exc.xa_code == wire.XAER_NOTA
                     or not branch.same_connection())  # a closed connection rolled it back
-            if gone or (quiet and exc.xa_code == xa.XAER_RMFAIL):
+            if gone or (quiet and exc.xa_code == wire.XAER_RMFAIL):
                 log.info("rollback of %s: %s", branch.tx_key, exc)
                 return
             self.state = "failed"

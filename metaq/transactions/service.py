@@ -1,7 +1,7 @@
-"""The protocol-neutral transaction service over ``metaq.tx.TransactionManager``.
+"""The protocol-neutral transaction service over ``metaq.transactions.state.TransactionManager``.
 
-Front-ends (the text ``transaction`` command: ``metaq.server.text.transactions``; RocketMQ half messages:
-``metaq.server.remoting.send``, whose check-back is ``metaq.server.remoting.checkback``) turn their requests
+Front-ends (the text ``transaction`` command: ``metaq.transactions.text``; RocketMQ half messages:
+``metaq.server.remoting.send``, whose check-back is ``metaq.transactions.remoting``) turn their requests
 into these calls and format their own replies.
 The manager is pure (files and state); this module adds what needs the event
 loop: journal fsyncs in gevent's thread pool before a prepare, commit or
@@ -18,8 +18,8 @@ import logging
 import gevent
 
 from metaq import errors
-from metaq.protocol.xa import XAER_INVAL, XAER_RMERR, parse_tx_key
-from metaq.tx.manager import TransactionManager
+from metaq.transactions.wire import XAER_INVAL, XAER_RMERR, parse_tx_key
+from metaq.transactions.state import TransactionManager
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class TxService:
 
     def begin(self, txid, owner, timeout, unique_qualifier=None, user=None):
         """``owner``: the connection (binds a local branch); ``user``: who begins it (``Guard.owner``; None with
-        authentication off), the only one but an admin who may act on it later (``text.transactions``)."""
+        authentication off), the only one but an admin who may act on it later (``metaq.transactions.text``)."""
         if txid.is_xa and unique_qualifier and unique_qualifier != txid.unique_qualifier:
             raise errors.TransactionError(XAER_INVAL, "uniqueQualifier %s does not match the branch %s"
                                           % (unique_qualifier, txid.key))

@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 from metaq.errors import ConfigError
 from metaq.limits import MAX_OPEN_TRANSACTIONS, MAX_TX_HELD_BYTES
-from metaq.tx import records as R
-from metaq.tx.journal import MAX_JOURNAL_FILE_SIZE, MIN_JOURNAL_FILE_SIZE
+from metaq.transactions import records as R
+from metaq.transactions.journal import MAX_JOURNAL_FILE_SIZE, MIN_JOURNAL_FILE_SIZE
 
 FLUSH_POLICIES = ("commit", "os", "interval")
 #: Largest ``max_tx_bytes`` accepted (a branch's messages are held in memory until it ends).

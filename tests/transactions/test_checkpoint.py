@@ -10,9 +10,9 @@ deleted yet), the same minus some sealed journal files (deletes under way), and 
 import os
 import shutil
 
-from metaq.tx import records as R
-from metaq.tx.journal import read_snapshot
-from metaq.tx.config import TxConfig
+from metaq.transactions import records as R
+from metaq.transactions.journal import read_snapshot
+from metaq.transactions.config import TxConfig
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
 from tests.harness.tx import body, fill, ids_in

@@ -7,7 +7,14 @@ State machine of a branch::
     ACTIVE / PREPARED --rollback, timeout (ACTIVE only), owner closed (local only)--> (rolled back)
     PREPARED --heuristic--> HEURISTIC_COMMIT (via COMMITTING) / HEURISTIC_ROLLBACK --forget--> (gone)
 
-A RocketMQ half message (``metaq.tx.halves``) is born PREPARED (PUT, HALF) and owned by no connection.
+A RocketMQ half message is a local branch of one message that, unlike a text ``transaction``, belongs to no
+connection: its send journals PUT then HALF (``records.Half``), which makes it PREPARED at once, so it is kept
+across restarts (recovery keeps prepared branches), never times out and is not rolled back when its connection
+closes. It ends by ``commit(key, HALF_OWNER, False, …)`` or ``rollback(key, HALF_OWNER, …)``: its producer's
+END_TRANSACTION, from any connection, or the check-back giving up (``metaq.transactions.policy`` decides,
+``metaq.transactions.remoting`` asks). Each check-back sent is journaled with ``half_checked`` (the count survives
+a restart, as RocketMQ keeps it in the message). Text front-ends name their owner by connection id (an int), so no
+text command can end a half message: ``HALF_OWNER`` is a string.
 
 Durability (the caller, the broker, fsyncs with ``flush_journal`` in a worker): PUT records are not fsynced;
 PREPARE (and HALF) must be durable before PREPARE (the send) is answered, COMMIT before ``apply_commit`` appends
@@ -26,13 +33,11 @@ from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, MetaqError, TransactionError
 from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
-from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
-                               XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
-from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
-from metaq.tx import records as R
-from metaq.tx.halves import HALF_OWNER, half_txid, half_view
-from metaq.tx.journal import Journal, JournalReport, journal_dir
-from metaq.tx.room import check_commit_room
+from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
+from metaq.transactions import records as R
+from metaq.transactions.journal import Journal, JournalReport, journal_dir
+from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
+                                     XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,73 @@ _TIMED_OUT, _FINISHED = "timed out", "finished"
 
 #: ``recover(user=EVERYONE)``: every branch, whoever began it (an admin's view).
 EVERYONE = object()
+
+#: The owner of every half branch (no connection id equals it).
+HALF_OWNER = "rocketmq-half"
+#: The session of half messages' keys: ``TX:rmq:<number>``.
+HALF_SESSION = "rmq"
+
+
+def half_txid(number):
+    """The transaction id of half message ``number``."""
+    return LocalTxId(HALF_SESSION, number)
+
+
+def half_number(key):
+    """The number of a half message's key, None for any other key."""
+    prefix = "TX:%s:" % HALF_SESSION
+    if key.startswith(prefix) and key[len(prefix):].isdigit():
+        return int(key[len(prefix):])
+    return None
+
+
+class HalfMessage(NamedTuple):
+    """A pending half message as the front-end and the check-back see it."""
+
+    key: str
+    number: int
+    topic: str
+    partition: int
+    flag: int
+    data: bytes
+    stored_ms: int
+    checks: int
+    immunity_ms: int  # -1: the broker's transaction timeout
+    group: str
+    transaction_id: str
+    user: Optional[str]
+
+
+def half_view(b):
+    """The HalfMessage of branch ``b`` (a records.Branch with a HALF record)."""
+    put, half = b.puts[0], b.half
+    return HalfMessage(b.key, half_number(b.key), put.topic, put.partition, put.flag, put.data, half.stored_ms,
+                       half.checks, half.immunity_ms, half.group, half.transaction_id, b.user)
+
+
+def check_commit_room(store, branch):
+    """TransactionError(XAER_RMFAIL) unless ``store`` has room for ``branch``'s messages not yet appended.
+
+    Checked before a commit's first append (``TransactionManager.apply_commit``): a full disk met half way through
+    a commit would leave its first messages visible and the rest missing, with other puts stored in between. So the
+    commit asks the store first whether every message still to append fits, new segments and index files included
+    (``MessageStore.check_room``), and is refused whole, nothing stored, when they do not: the branch stays
+    committing, and a later ``commit`` (once there is room) stores it all.
+    """
+    units, nbytes, largest = {}, 0, 0
+    for j, i in enumerate(branch.order):
+        if not branch.applied[j]:
+            p = branch.puts[i]
+            units[(p.topic, p.partition)] = units.get((p.topic, p.partition), 0) + 1
+            size = record_size(len(p.topic.encode("utf-8")), len(p.data))
+            nbytes, largest = nbytes + size, max(largest, size)
+    if not units:
+        return
+    try:
+        store.check_room(nbytes, units, largest)
+    except MetaqError as exc:
+        raise TransactionError(XAER_RMFAIL, "commit of %s refused before storing any of its %d messages: %s; "
+                                            "commit again" % (branch.key, sum(units.values()), exc)) from exc
 
 
 class TxInfo(NamedTuple):
@@ -114,7 +186,7 @@ def _xa(code, msg):
 
 
 class TransactionManager:
-    """See the module docstring (half messages: ``metaq.tx.halves``); open with ``TransactionManager.open``."""
+    """See the module docstring (half messages too); open with ``TransactionManager.open``."""
 
     def __init__(self, store, config, journal):
         self.store = store
@@ -122,7 +194,7 @@ class TransactionManager:
         self._journal = journal
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
         self._by_owner = {}  # owner -> set of local keys
-        self._halves = {}  # key -> Branch: the pending RocketMQ half messages (halves.py)
+        self._halves = {}  # key -> Branch: the pending RocketMQ half messages
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
         self._heuristic = {}  # key -> records.Heuristic
         self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
@@ -152,7 +224,7 @@ class TransactionManager:
         return self
 
     def _recover(self, records, jreport, now_ms):
-        state = R.ReplayState(keep_done_after=self.store.written_position)
+        state = R.ReplayState(keep_done_after=self.store.written_position, on_anomaly=log.warning)
         for rec in records:
             state.apply(rec)
         report = RecoveryReport(jreport, records=state.records, anomalies=state.anomalies)
@@ -389,9 +461,10 @@ class TransactionManager:
 
     def apply_commit(self, plan, now_ms):
         """Append the plan's messages (each partition's run contiguous), in one go on the loop once the disk holds them
-        all (room.py), and journal DONE; returns TxPutResults. A store failure raises TransactionError(XAER_RMFAIL) (its
-        ``__cause__``), the branch left COMMITTING: a later ``commit`` (or recovery, or the admin's ``heuristic``)
-        appends only what is missing. A plan whose branch is already done returns []."""
+        all (``check_commit_room``), and journal DONE; returns TxPutResults. A store failure raises
+        TransactionError(XAER_RMFAIL) (its ``__cause__``), the branch left COMMITTING: a later ``commit`` (or
+        recovery, or the admin's ``heuristic``) appends only what is missing. A plan whose branch is already done
+        returns []."""
         b = plan.branch
         if b is None or self._branches.get(b.key) is not b or b.state != R.COMMITTING:
             return []
@@ -549,7 +622,7 @@ class TransactionManager:
         self._heuristic[key] = h
         return CommitPlan(key, b)
 
-    # -- RocketMQ half messages (halves.py) ---------------------------------------------------------------------
+    # -- RocketMQ half messages ---------------------------------------------------------------------------------
 
     def put_half(self, number, topic, partition, flag, data, group, transaction_id, immunity_ms, limit, now_ms,
                  user=None):
@@ -635,7 +708,7 @@ class TransactionManager:
         if not sealed:
             return []
         through = sealed[-1]
-        state = R.ReplayState(keep_done_after=self.store.flushed_position)
+        state = R.ReplayState(keep_done_after=self.store.flushed_position, on_anomaly=log.warning)
         for rec in self._journal.read_through(through):
             state.apply(rec)
         return self._journal.install_snapshot(through, state.snapshot_records(), now_ms)

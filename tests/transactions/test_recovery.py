@@ -17,8 +17,8 @@ import shutil
 import pytest
 
 from metaq.errors import CorruptLog, DiskFull, TransactionError
-from metaq.protocol.xa import XA_HEURCOM, XA_OK, XAER_RMFAIL
-from metaq.tx.journal import scan_records
+from metaq.transactions.wire import XA_HEURCOM, XA_OK, XAER_RMFAIL
+from metaq.transactions.journal import scan_records
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
 from tests.harness.tx import body, fill, ids_in

@@ -1,16 +1,16 @@
-"""RocketMQ half messages in the transaction manager (``metaq.tx.halves``): journaled, kept across a kill -9 with
-their check count, owned by no connection, ended only through HALF_OWNER, bounded."""
+"""RocketMQ half messages in the transaction manager (``metaq.transactions.state``): journaled, kept across a kill -9
+with their check count, owned by no connection, ended only through HALF_OWNER, bounded."""
 
 import os
 
 import pytest
 
-from metaq.protocol.xa import XA_OK, XAER_NOTA, XAER_PROTO, XAER_RMERR
+from metaq.transactions.wire import XA_OK, XAER_NOTA, XAER_PROTO, XAER_RMERR
 from metaq.errors import TransactionError
-from metaq.tx import records as R
-from metaq.tx.config import TxConfig
-from metaq.tx.halves import HALF_OWNER, half_number, half_txid
-from metaq.tx.journal import read_snapshot
+from metaq.transactions import records as R
+from metaq.transactions.config import TxConfig
+from metaq.transactions.state import HALF_OWNER, half_number, half_txid
+from metaq.transactions.journal import read_snapshot
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
 

@@ -8,11 +8,11 @@ import pytest
 from metaq import limits
 from metaq.errors import TransactionError
 from metaq.protocol.checksum import crc32
-from metaq.protocol.xa import XA_HEURCOM, XA_OK, XAER_INVAL
-from metaq.tx import records as R
-from metaq.tx.config import TxConfig
-from metaq.tx.journal import Journal, JournalReport, journal_path, list_files, read_journal_file
-from metaq.tx.manager import EVERYONE
+from metaq.transactions.wire import XA_HEURCOM, XA_OK, XAER_INVAL
+from metaq.transactions import records as R
+from metaq.transactions.config import TxConfig
+from metaq.transactions.journal import Journal, JournalReport, journal_path, list_files, read_journal_file
+from metaq.transactions.state import EVERYONE
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, body, fill, local, xid
 

@@ -12,10 +12,10 @@ import pytest
 from metaq import errors
 from metaq.client import Message, Partition
 from metaq.client.message import SendResult
-from metaq.client.transaction import XaError, Xid, default_unique_qualifier
-from metaq.client.xa import XAResource
+from metaq.transactions.client import XaError, Xid, default_unique_qualifier
+from metaq.transactions.resource import XAResource
 from metaq.protocol import events as ev
-from metaq.protocol import xa
+from metaq.transactions import wire
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import consume_all, url_of
 from tests.harness.fake_broker import CLOSE, HANG, xa_reply
@@ -36,7 +36,7 @@ def prepared_branch(rm, xid, topic, *bodies):
     rm.tpc_begin(xid)
     for body in bodies:
         rm.send(Message(topic, body))
-    assert rm.tpc_prepare() == xa.XA_OK
+    assert rm.tpc_prepare() == wire.XA_OK
 
 
 def code_of(call, *args):
@@ -55,8 +55,8 @@ def test_xid_stores_bytes_and_round_trips_through_its_key():
     key = xid.key("uq")
     assert key == "XID:1:6f726465722d3432:6d71:uq"
     assert Xid.from_key(key) == xid and Xid.from_key("XID:7:00ff::uq") == (7, b"\x00\xff", b"")
-    assert code_of(Xid.from_key, "TX:s:1") == xa.XAER_INVAL
-    assert code_of(Xid.from_key, "XID:1:zz::uq") == xa.XAER_INVAL
+    assert code_of(Xid.from_key, "TX:s:1") == wire.XAER_INVAL
+    assert code_of(Xid.from_key, "XID:1:zz::uq") == wire.XAER_INVAL
     with pytest.raises(ValueError):
         Xid(1, b"x" * 65, b"")
     with pytest.raises(TypeError):
@@ -73,7 +73,7 @@ def test_default_qualifier_and_errors():
         XAResource(brokers=["meta://127.0.0.1:1"], unique_qualifier="has space")
     with pytest.raises(ValueError):
         XAResource(brokers=["meta://127.0.0.1:1"], unique_qualifier="a:b")
-    e = XaError(xa.XAER_NOTA, "no such branch")
+    e = XaError(wire.XAER_NOTA, "no such branch")
     assert isinstance(e, errors.TransactionError) and e.code == 500 and e.xa_code == -4
     assert str(e) == "XAER_NOTA: no such branch" and e.code_name == "XAER_NOTA"
 
@@ -82,9 +82,9 @@ def test_default_qualifier_and_errors():
 def test_state_errors_are_raised_before_anything_is_sent():
     with XAResource(brokers=["meta://127.0.0.1:%d" % free_port()], unique_qualifier=QUALIFIER) as rm:
         for call in (rm.tpc_prepare, rm.tpc_commit, rm.tpc_rollback):
-            assert code_of(call) == xa.XAER_PROTO
-        assert code_of(rm.send, Message("t", b"x")) == xa.XAER_PROTO
-        assert code_of(rm.tpc_begin, Xid(1, b"g", b"b")) == xa.XAER_RMFAIL  # nobody listens there
+            assert code_of(call) == wire.XAER_PROTO
+        assert code_of(rm.send, Message("t", b"x")) == wire.XAER_PROTO
+        assert code_of(rm.tpc_begin, Xid(1, b"g", b"b")) == wire.XAER_RMFAIL  # nobody listens there
         assert rm.current_xid is None
 
 
@@ -98,9 +98,9 @@ def test_two_phase_commit_makes_the_messages_visible(broker):
         assert rm.current_xid == xid and rm.broker_id == 7
         results = [rm.send(Message("txa", b"m%d" % i)) for i in range(6)]
         assert all(r.success and r.offset == -1 and r.partition.broker_id == 7 for r in results)
-        assert code_of(rm.tpc_begin, rm.xid(1, "other", "mq")) == xa.XAER_PROTO  # one branch at a time
-        assert rm.tpc_prepare() == xa.XA_OK
-        assert code_of(rm.send, Message("txa", b"late")) == xa.XAER_PROTO  # no sends after prepare
+        assert code_of(rm.tpc_begin, rm.xid(1, "other", "mq")) == wire.XAER_PROTO  # one branch at a time
+        assert rm.tpc_prepare() == wire.XA_OK
+        assert code_of(rm.send, Message("txa", b"late")) == wire.XAER_PROTO  # no sends after prepare
         assert payloads(broker, "txa") == []  # prepared is not committed
         assert rm.tpc_recover() == [xid]
         rm.tpc_commit()
@@ -126,13 +126,13 @@ def test_an_empty_branch_is_read_only(broker):
     with resource(broker) as rm:
         xid = rm.xid(1, "g-empty", "mq")
         rm.tpc_begin(xid)
-        assert rm.tpc_prepare() == xa.XA_RDONLY
+        assert rm.tpc_prepare() == wire.XA_RDONLY
         assert rm.tpc_recover() == []  # finished already
         rm.tpc_commit()  # nothing to do, nothing sent
         assert rm.current_xid is None
-        assert code_of(rm.tpc_commit, xid) == xa.XAER_NOTA  # the broker has forgotten it
+        assert code_of(rm.tpc_commit, xid) == wire.XAER_NOTA  # the broker has forgotten it
         rm.tpc_begin(rm.xid(1, "g-empty2", "mq"))
-        assert rm.tpc_prepare() == xa.XA_RDONLY
+        assert rm.tpc_prepare() == wire.XA_RDONLY
         rm.tpc_rollback()  # also nothing to do
 
 
@@ -144,12 +144,12 @@ def test_recovery_from_a_new_resource_sees_only_its_own_branches(broker):
     with resource(broker, qualifier="someone-else") as other:
         foreign = other.xid(5, b"foreign", b"")
         prepared_branch(other, foreign, "txr", b"foreign")
-        assert code_of(other.tpc_rollback, foreign) == xa.XAER_PROTO  # the recovery form: not during a branch
+        assert code_of(other.tpc_rollback, foreign) == wire.XAER_PROTO  # the recovery form: not during a branch
     with resource(broker) as second:
         assert second.tpc_recover() == [xid]  # not the other qualifier's branch
         second.tpc_commit(xid)
         assert second.tpc_recover() == []
-        assert code_of(second.tpc_commit, xid) == xa.XAER_NOTA  # done: a repeat finds nothing
+        assert code_of(second.tpc_commit, xid) == wire.XAER_NOTA  # done: a repeat finds nothing
     with resource(broker, qualifier="someone-else") as other:
         assert other.tpc_recover() == [foreign]
         other.tpc_rollback(foreign)  # recovery-time rollback
@@ -159,14 +159,14 @@ def test_recovery_from_a_new_resource_sees_only_its_own_branches(broker):
 
 def test_broker_error_codes(broker):
     with resource(broker) as rm, resource(broker) as peer:
-        assert code_of(rm.tpc_commit, rm.xid(1, "never-begun", "mq")) == xa.XAER_NOTA
-        assert code_of(rm.tpc_rollback, rm.xid(1, "never-begun", "mq")) == xa.XAER_NOTA
+        assert code_of(rm.tpc_commit, rm.xid(1, "never-begun", "mq")) == wire.XAER_NOTA
+        assert code_of(rm.tpc_rollback, rm.xid(1, "never-begun", "mq")) == wire.XAER_NOTA
         xid = rm.xid(1, "g-unprepared", "mq")
         rm.tpc_begin(xid)
         rm.send(Message("txe", b"unprepared"))
-        assert code_of(peer.tpc_commit, xid) == xa.XAER_PROTO  # two-phase commit of an unprepared branch
-        assert code_of(peer.tpc_begin, xid) == xa.XAER_DUPID
-        assert code_of(rm.tpc_commit, xid) == xa.XAER_PROTO  # recovery form while a branch is in progress
+        assert code_of(peer.tpc_commit, xid) == wire.XAER_PROTO  # two-phase commit of an unprepared branch
+        assert code_of(peer.tpc_begin, xid) == wire.XAER_DUPID
+        assert code_of(rm.tpc_commit, xid) == wire.XAER_PROTO  # recovery form while a branch is in progress
         rm.tpc_rollback()
     assert payloads(broker, "txe") == []
 
@@ -179,8 +179,8 @@ def test_a_stale_commit_cannot_complete_a_newer_branch(broker):
         rm.tpc_commit()
         new = rm.xid(1, "g-new", "mq")
         prepared_branch(rm, new, "txs", b"new")
-        assert code_of(stale.tpc_commit, old) == xa.XAER_NOTA  # the duplicate commit
-        assert code_of(stale.tpc_rollback, old) == xa.XAER_NOTA
+        assert code_of(stale.tpc_commit, old) == wire.XAER_NOTA  # the duplicate commit
+        assert code_of(stale.tpc_rollback, old) == wire.XAER_NOTA
         assert payloads(broker, "txs") == [b"old"]  # the new branch untouched: still prepared
         assert rm.tpc_recover() == [new]
         rm.tpc_commit()
@@ -191,8 +191,8 @@ def test_a_failed_send_makes_the_branch_roll_back(broker):
     with resource(broker) as rm:
         rm.tpc_begin(rm.xid(1, "g-fail", "mq"))
         rm.send(Message("txf", b"good"))
-        assert code_of(rm.send, Message("txf", b"x" * (300 * 1024))) == xa.XAER_RMERR  # over the broker's limit
-        assert code_of(rm.tpc_prepare) == xa.XA_RBROLLBACK
+        assert code_of(rm.send, Message("txf", b"x" * (300 * 1024))) == wire.XAER_RMERR  # over the broker's limit
+        assert code_of(rm.tpc_prepare) == wire.XA_RBROLLBACK
         rm.tpc_rollback()  # what a coordinator does next: fine
         assert rm.tpc_recover() == [] and rm.current_xid is None
         rm.tpc_begin(rm.xid(1, "g-fail2", "mq"))
@@ -207,7 +207,7 @@ def test_an_unprepared_branch_times_out(broker):
         rm.tpc_begin(rm.xid(1, "g-timeout", "mq"))
         rm.send(Message("txt", b"late"))
         time.sleep(3.0)
-        assert code_of(rm.tpc_prepare) == xa.XA_RBTIMEOUT
+        assert code_of(rm.tpc_prepare) == wire.XA_RBTIMEOUT
         rm.tpc_rollback()
     assert payloads(broker, "txt") == []
 
@@ -220,7 +220,7 @@ def test_several_brokers_lowest_id_and_merged_recovery(broker_factory, tmp_path)
         both.tpc_begin(x5)
         assert both.broker_id == 5  # the lowest broker id, whatever the list order
         assert both.send(Message("txm", b"on5")).partition.broker_id == 5
-        assert both.tpc_prepare() == xa.XA_OK
+        assert both.tpc_prepare() == wire.XA_OK
         x7 = only7.xid(1, "g-on-7", "mq")
         prepared_branch(only7, x7, "txm", b"on7")
         assert sorted(both.tpc_recover()) == sorted([x5, x7])  # RECOVER on every broker, merged
@@ -278,18 +278,18 @@ def test_fake_unexpected_replies(fake):
         replies["PREPARE"] = ev.Result(200, b"banana", 0)
         rm.tpc_begin(rm.xid(1, "g", "b"))
         rm.send(Message("tf", b"x"))
-        assert code_of(rm.tpc_prepare) == xa.XAER_RMERR
+        assert code_of(rm.tpc_prepare) == wire.XAER_RMERR
         rm.tpc_rollback()
         replies["PREPARE"] = ev.Result(500, b"java.io.IOException: disk", 0)  # a 500 without the XA form
         rm.tpc_begin(rm.xid(1, "g2", "b"))
         with pytest.raises(XaError) as info:
             rm.tpc_prepare()
-        assert info.value.xa_code == xa.XAER_RMERR and "disk" in str(info.value)
+        assert info.value.xa_code == wire.XAER_RMERR and "disk" in str(info.value)
         rm.tpc_rollback()
         replies["RECOVER"] = ev.Result(200, b"XID:1:67:62:xa-test\r\nXID:1:67:63:other\r\ngarbage\r\nTX:s:1\r\n", 0)
         assert rm.tpc_recover() == [Xid(1, "g", "b")]  # only well-formed XA ids of our qualifier
-        replies["COMMIT_TWO_PHASE"] = xa_reply(xa.XA_HEURRB, "rolled back by an operator")
-        assert code_of(rm.tpc_commit, Xid(1, "g", "b")) == xa.XA_HEURRB
+        replies["COMMIT_TWO_PHASE"] = xa_reply(wire.XA_HEURRB, "rolled back by an operator")
+        assert code_of(rm.tpc_commit, Xid(1, "g", "b")) == wire.XA_HEURRB
         rm.tpc_forget(Xid(1, "g", "b"))
     assert broker.types()[-1] == "FORGET"
 
@@ -299,12 +299,12 @@ def test_fake_lost_replies(fake):
     broker = fake(lambda e: replies.get(getattr(e, "tx_type", None)))
     with fake_resource(broker) as rm:
         replies["BEGIN"] = HANG
-        assert code_of(rm.tpc_begin, rm.xid(1, "g", "b")) == xa.XA_RBTIMEOUT  # as MetaQ's client
+        assert code_of(rm.tpc_begin, rm.xid(1, "g", "b")) == wire.XA_RBTIMEOUT  # as MetaQ's client
         assert rm.current_xid is None
         replies.clear()
         replies["PREPARE"] = HANG
         rm.tpc_begin(rm.xid(1, "g", "b"))
-        assert code_of(rm.tpc_prepare) == xa.XA_RBTIMEOUT
+        assert code_of(rm.tpc_prepare) == wire.XA_RBTIMEOUT
         assert broker.types()[-1] == "ROLLBACK"  # the branch is rolled back so that the answer holds
         rm.tpc_rollback()
         replies.clear()
@@ -313,8 +313,8 @@ def test_fake_lost_replies(fake):
         rm.tpc_prepare()
         with pytest.raises(XaError) as info:
             rm.tpc_commit()
-        assert info.value.xa_code == xa.XAER_RMFAIL and "outcome unknown" in str(info.value)
+        assert info.value.xa_code == wire.XAER_RMFAIL and "outcome unknown" in str(info.value)
         replies["COMMIT_TWO_PHASE"] = HANG  # a timeout of a commit is unknown too, never "rolled back"
-        assert code_of(rm.tpc_commit, rm.xid(1, "g3", "b")) == xa.XAER_RMFAIL
+        assert code_of(rm.tpc_commit, rm.xid(1, "g3", "b")) == wire.XAER_RMFAIL
         replies["RECOVER"] = HANG
-        assert code_of(rm.tpc_recover) == xa.XAER_RMFAIL  # a partial list is never returned
+        assert code_of(rm.tpc_recover) == wire.XAER_RMFAIL  # a partial list is never returned

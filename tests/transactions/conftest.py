@@ -27,3 +27,20 @@ def tx_broker(tmp_path):
     yield b
     if b.store is not None and not b.store._closed:
         b.crash()
+
+
+@pytest.fixture
+def fake():
+    """``fake(handler)`` starts a scripted FakeBroker (error paths only); all are closed at the end."""
+    from tests.harness.fake_broker import FakeBroker
+
+    made = []
+
+    def make(handler=lambda event: None):
+        f = FakeBroker(handler)
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        f.close()

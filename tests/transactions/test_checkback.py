@@ -1,9 +1,9 @@
-"""The check-back's decisions (``metaq.tx.checkback``, pure): what is due, when to give up, the round's limit."""
+"""The check-back's decisions (``metaq.transactions.policy``, pure): what is due, when to give up, the round's limit."""
 
 from typing import NamedTuple
 
 from metaq import limits
-from metaq.tx.checkback import immunity_ms, is_due, plan_round
+from metaq.transactions.policy import immunity_ms, is_due, plan_round
 
 TIMEOUT = 6_000
 

@@ -9,17 +9,17 @@
         rm.tpc_recover()             # [Xid, ...] prepared and not decided yet: commit or roll back each
 
 Errors, ids and the branch machinery are shared with local transactions
-(:mod:`metaq.client.transaction`).
+(:mod:`metaq.transactions.client`).
 """
 
 import logging
 
 from metaq.errors import RequestTimeout, TransactionError
-from metaq.protocol import xa
+from metaq.transactions import wire
 from metaq.client.producer import Producer
-from metaq.client.transaction import (ROLLED_BACK, TX_REQUEST_TIMEOUT, UNSAFE_IN_IDS, Branch, Xid, XaError,
-                                      as_xa_error, default_unique_qualifier, new_session_id, rollback_code,
-                                      timeout_seconds)
+from metaq.transactions.client import (ROLLED_BACK, TX_REQUEST_TIMEOUT, UNSAFE_IN_IDS, Branch, Xid, XaError,
+                                       as_xa_error, default_unique_qualifier, new_session_id, rollback_code,
+                                       timeout_seconds)
 
 __all__ = ["XAResource", "Xid", "XaError"]
 
@@ -81,7 +81,7 @@ class XAResource:
         """``(broker_id, url)`` branches begin on: the lowest broker id that answers (ZooKeeper: registered)."""
         found, errors = self._producer.discovery.resource_brokers()
         if not found:
-            raise XaError(xa.XAER_RMFAIL, "no broker is available: %s" % ("; ".join(errors) or "none registered"))
+            raise XaError(wire.XAER_RMFAIL, "no broker is available: %s" % ("; ".join(errors) or "none registered"))
         return min(found)
 
     def _branch_on(self, xid, url):
@@ -93,7 +93,7 @@ class XAResource:
     def _need(self, action, *states):
         if self._state not in states:
             now = "no branch" if self._xid is None else "branch %s is %s" % (self._xid, self._state)
-            raise XaError(xa.XAER_PROTO, "%s: not allowed now (%s)" % (action, now))
+            raise XaError(wire.XAER_PROTO, "%s: not allowed now (%s)" % (action, now))
 
     def _clear(self):
         self._xid = self._branch = self._state = None
@@ -123,7 +123,7 @@ class XAResource:
         branch.put(put, partition, self.request_timeout, future, message)
         result = future.result(self.request_timeout + 10.0)
         if not result.success:
-            raise as_xa_error(result.error, "put in %s" % branch.tx_key, xa.XA_RBTIMEOUT)
+            raise as_xa_error(result.error, "put in %s" % branch.tx_key, wire.XA_RBTIMEOUT)
         return result
 
     def _abort(self, why):
@@ -146,18 +146,18 @@ class XAResource:
             raise self._abort("a send failed: %s" % branch.failure)
         branch.end()
         try:
-            body = branch.command("PREPARE", unknown=xa.XA_RBTIMEOUT)
+            body = branch.command("PREPARE", unknown=wire.XA_RBTIMEOUT)
         except XaError as exc:
-            if exc.xa_code == xa.XA_RBTIMEOUT and isinstance(exc.__cause__, RequestTimeout):
+            if exc.xa_code == wire.XA_RBTIMEOUT and isinstance(exc.__cause__, RequestTimeout):
                 self._abort("no answer to PREPARE")  # make the answer true: it may have been prepared after all
             self._state = "failed"
             raise
         vote = body.strip()
-        if vote not in (b"%d" % xa.XA_OK, b"%d" % xa.XA_RDONLY):
-            branch.failure = XaError(xa.XAER_RMERR, "PREPARE %s: unexpected answer %r" % (branch.tx_key, body[:100]))
+        if vote not in (b"%d" % wire.XA_OK, b"%d" % wire.XA_RDONLY):
+            branch.failure = XaError(wire.XAER_RMERR, "PREPARE %s: unexpected answer %r" % (branch.tx_key, body[:100]))
             self._abort("unexpected answer to PREPARE")
             raise branch.failure
-        self._state = "rdonly" if vote == b"%d" % xa.XA_RDONLY else "prepared"
+        self._state = "rdonly" if vote == b"%d" % wire.XA_RDONLY else "prepared"
         return int(vote)
 
     def tpc_commit(self, xid=None):
@@ -196,7 +196,7 @@ class XAResource:
         try:
             branch.command("ROLLBACK")
         except XaError as exc:
-            if exc.xa_code in ROLLED_BACK or (state != "prepared" and exc.xa_code == xa.XAER_NOTA):
+            if exc.xa_code in ROLLED_BACK or (state != "prepared" and exc.xa_code == wire.XAER_NOTA):
                 log.info("%s (counts as rolled back)", exc)
                 return
             raise
@@ -233,17 +233,17 @@ class XAResource:
                 continue
             for key in body.decode("utf-8", "replace").split():
                 try:
-                    parsed = xa.parse_tx_key(key)
+                    parsed = wire.parse_tx_key(key)
                 except TransactionError:
                     log.warning("RECOVER from %s: ignoring %r", url, key[:200])
                     continue
-                if isinstance(parsed, xa.XaTxId) and parsed.unique_qualifier == self.unique_qualifier:
+                if isinstance(parsed, wire.XaTxId) and parsed.unique_qualifier == self.unique_qualifier:
                     self._where[key] = url
                     if key not in seen:
                         seen.add(key)
                         found.append(Xid(parsed.format_id, parsed.gtrid, parsed.bqual))
         if errors:
-            raise XaError(xa.XAER_RMFAIL, "recover: %s" % "; ".join(errors))
+            raise XaError(wire.XAER_RMFAIL, "recover: %s" % "; ".join(errors))
         return found
 
     def close(self):

@@ -35,7 +35,7 @@ from typing import List, Optional
 from metaq.errors import CorruptLog, DiskFull
 from metaq.protocol.checksum import crc32
 from metaq.store.files import disk_full_from, fsync_dir, offset_name, unlink_quietly, write_atomically
-from metaq.tx import records as R
+from metaq.transactions import records as R
 
 log = logging.getLogger(__name__)
 

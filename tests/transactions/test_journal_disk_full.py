@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from metaq.errors import TransactionError
-from metaq.protocol.xa import XAER_RMFAIL
+from metaq.transactions.wire import XAER_RMFAIL
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local
 

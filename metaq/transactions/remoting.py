@@ -2,13 +2,13 @@
 each due half message's group for its state (CHECK_TRANSACTION_STATE, 39, oneway) and rolls back those
 checked ``remoting.transaction_check_max`` times already.
 
-What is due and what is given up is decided by ``metaq.tx.checkback.plan_round`` (pure, RocketMQ's rules);
+What is due and what is given up is decided by ``metaq.transactions.policy.plan_round`` (pure, RocketMQ's rules);
 this module runs the rounds on the event loop: each check is journaled (``half_checked``: the count survives
 a restart), then sent to the group's next connection (``ProducerRegistry.pick``) with the half message in
 stored format as its body. With authentication on only a connection of the user who sent the half message is
 asked (the body is that user's message). The producer answers with END_TRANSACTION
-(``fromTransactionCheck=true``), handled like any other (``send.RemotingSender.end_transaction``). A check
-finds no connection, or one whose queue of our requests is full (``limits.MAX_PENDING_NOTIFIES``): it
+(``fromTransactionCheck=true``), handled like any other (``metaq.server.remoting.send.RemotingSender.end_transaction``).
+A check finds no connection, or one whose queue of our requests is full (``limits.MAX_PENDING_NOTIFIES``): it
 still counts, as in RocketMQ, and the message waits for the next round.
 """
 
@@ -23,8 +23,8 @@ from metaq.protocol.rocketmq.mapping import half_message, stored_message_bytes
 from metaq.protocol.rocketmq.remoting import RequestCode
 from metaq.server.clock import now_ms
 from metaq.server.remoting.send import HALF_ID_BASE
-from metaq.tx.checkback import plan_round
-from metaq.tx.halves import HALF_OWNER, half_txid
+from metaq.transactions.policy import plan_round
+from metaq.transactions.state import HALF_OWNER, half_txid
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ import pytest
 
 from metaq.errors import ConfigError, InvalidPartition, InvalidTopic, TransactionError
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.xa import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL, XAER_NOTA,
-                               XAER_PROTO, XAER_RMERR)
+from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
+                                     XAER_NOTA, XAER_PROTO, XAER_RMERR)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
-from metaq.tx.config import TxConfig
-from metaq.tx.manager import REMEMBER_MS
+from metaq.transactions.config import TxConfig
+from metaq.transactions.state import REMEMBER_MS
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, local, xid
 

@@ -12,9 +12,9 @@ import pytest
 
 from metaq import errors
 from metaq.client import Message, Partition, Producer
-from metaq.client.transaction import XaError
+from metaq.transactions.client import XaError
 from metaq.protocol import events as ev
-from metaq.protocol import xa
+from metaq.transactions import wire
 from metaq.client.local import small_config
 from tests.harness.broker import consume_all, url_of
 from tests.harness.fake_broker import CLOSE, HANG, xa_reply
@@ -100,7 +100,7 @@ def test_explicit_rollback_and_commit(broker):
             tx.rollback()
             with pytest.raises(XaError) as info:
                 tx.commit()
-            assert info.value.xa_code == xa.XAER_PROTO
+            assert info.value.xa_code == wire.XAER_PROTO
             assert producer.send(Message("texp", b"plain")).success  # no longer in a transaction
         tx = producer.transaction()  # without ``with``
         producer.send(Message("texp", b"kept"))
@@ -113,7 +113,7 @@ def test_explicit_rollback_and_commit(broker):
         with pytest.raises(XaError) as info:
             with producer.transaction():
                 producer.transaction()
-        assert info.value.xa_code == xa.XAER_PROTO
+        assert info.value.xa_code == wire.XAER_PROTO
     assert payloads(broker, "texp") == [b"kept", b"kept-async", b"kept-oneway", b"plain"]
 
 
@@ -155,10 +155,10 @@ def test_a_failed_send_makes_the_transaction_rollback_only(broker):
         assert not bad.success and isinstance(bad.error, errors.ClientError)
         assert tx.rollback_only
         later = producer.send(Message("tfail", b"later"))
-        assert not later.success and later.error.xa_code == xa.XA_RBROLLBACK
+        assert not later.success and later.error.xa_code == wire.XA_RBROLLBACK
         with pytest.raises(XaError) as info:
             tx.commit()
-        assert info.value.xa_code == xa.XA_RBROLLBACK and "exceeds the limit" in str(info.value)
+        assert info.value.xa_code == wire.XA_RBROLLBACK and "exceeds the limit" in str(info.value)
         assert tx.state == "rolled back"
         assert producer.send(Message("tfail", b"plain")).success
     assert payloads(broker, "tfail") == [b"plain"]
@@ -172,7 +172,7 @@ def test_timeout_expires_and_commit_says_so(broker):
         time.sleep(3.0)
         with pytest.raises(XaError) as info:
             tx.commit()
-        assert info.value.xa_code == xa.XA_RBTIMEOUT
+        assert info.value.xa_code == wire.XA_RBTIMEOUT
         assert tx.state == "rolled back"
     assert payloads(broker, "ttime") == []
 
@@ -203,7 +203,7 @@ def test_fake_commit_without_reply_is_unknown(fake):
         assert producer.send(Message("tf", b"x")) == (True, Partition(3, 0), -1, -1, None, False)
         with pytest.raises(XaError) as info:
             tx.commit()
-    assert info.value.xa_code == xa.XAER_RMFAIL and "outcome unknown" in str(info.value)
+    assert info.value.xa_code == wire.XAER_RMFAIL and "outcome unknown" in str(info.value)
     assert tx.state == "failed"
     begin = next(e for e in broker.requests if isinstance(e, ev.Transaction))
     assert (begin.tx_type, begin.timeout, begin.unique_qualifier) == ("BEGIN", 5, None)
@@ -219,43 +219,43 @@ def test_fake_connection_lost_at_commit_is_unknown(fake):
         producer.send(Message("tf", b"x"))
         with pytest.raises(XaError) as info:
             tx.commit()
-    assert info.value.xa_code == xa.XAER_RMFAIL and "outcome unknown" in str(info.value)
+    assert info.value.xa_code == wire.XAER_RMFAIL and "outcome unknown" in str(info.value)
 
 
 def test_fake_broker_codes_reach_the_caller(fake):
-    replies = {"COMMIT_ONE_PHASE": xa_reply(xa.XA_HEURHAZ, "hazard")}
+    replies = {"COMMIT_ONE_PHASE": xa_reply(wire.XA_HEURHAZ, "hazard")}
     broker = fake(lambda e: replies.get(getattr(e, "tx_type", None)))
     with _tx_producer(broker) as producer:
         with pytest.raises(XaError) as info:
             with producer.transaction():
                 producer.send(Message("tf", b"x"))
-        assert info.value.xa_code == xa.XA_HEURHAZ and "hazard" in str(info.value)
+        assert info.value.xa_code == wire.XA_HEURHAZ and "hazard" in str(info.value)
         assert str(info.value).startswith("XA_HEURHAZ: ")
         replies["COMMIT_ONE_PHASE"] = ev.Result(500, b"java.lang.NullPointerException", 0)
         with pytest.raises(XaError) as info:
             with producer.transaction():
                 producer.send(Message("tf", b"x"))
-        assert info.value.xa_code == xa.XAER_RMERR and "NullPointerException" in str(info.value)
+        assert info.value.xa_code == wire.XAER_RMERR and "NullPointerException" in str(info.value)
         assert isinstance(info.value, errors.TransactionError) and info.value.code == 500
 
 
 def test_fake_failed_put_rolls_back_at_commit(fake):
-    broker = fake(lambda e: xa_reply(xa.XA_RBTIMEOUT, "expired") if isinstance(e, ev.Put) else None)
+    broker = fake(lambda e: xa_reply(wire.XA_RBTIMEOUT, "expired") if isinstance(e, ev.Put) else None)
     with _tx_producer(broker) as producer:
         with pytest.raises(XaError) as info:
             with producer.transaction():
                 result = producer.send(Message("tf", b"x"))
-                assert not result.success and result.error.xa_code == xa.XA_RBTIMEOUT
-        assert info.value.xa_code == xa.XA_RBTIMEOUT  # the put's own rollback code
+                assert not result.success and result.error.xa_code == wire.XA_RBTIMEOUT
+        assert info.value.xa_code == wire.XA_RBTIMEOUT  # the put's own rollback code
     assert broker.types() == ["BEGIN", "ROLLBACK"]
 
 
 def test_fake_begin_failure_fails_the_send(fake):
-    broker = fake(lambda e: xa_reply(xa.XAER_DUPID) if getattr(e, "tx_type", None) == "BEGIN" else None)
+    broker = fake(lambda e: xa_reply(wire.XAER_DUPID) if getattr(e, "tx_type", None) == "BEGIN" else None)
     with _tx_producer(broker) as producer:
         tx = producer.transaction()
         first = producer.send(Message("tf", b"x"))
-        assert not first.success and first.error.xa_code == xa.XAER_DUPID
+        assert not first.success and first.error.xa_code == wire.XAER_DUPID
         assert not producer.send(Message("tf", b"y")).success  # rollback-only: not sent at all
         with pytest.raises(XaError):
             tx.commit()
@@ -263,7 +263,7 @@ def test_fake_begin_failure_fails_the_send(fake):
 
 
 def test_fake_exception_with_a_failing_rollback_keeps_the_exception(fake):
-    broker = fake(lambda e: xa_reply(xa.XAER_RMERR) if getattr(e, "tx_type", None) == "ROLLBACK" else None)
+    broker = fake(lambda e: xa_reply(wire.XAER_RMERR) if getattr(e, "tx_type", None) == "ROLLBACK" else None)
     with _tx_producer(broker) as producer:
         with pytest.raises(KeyError):
             with producer.transaction():

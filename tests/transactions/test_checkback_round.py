@@ -1,4 +1,4 @@
-"""One check-back round on the server (``metaq.server.remoting.checkback.CheckBack.run_round``) over a real
+"""One check-back round on the server (``metaq.transactions.remoting.CheckBack.run_round``) over a real
 transaction manager and fake producer connections: who is asked, what counts, the round's limit."""
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import pytest
 
 from metaq.protocol.rocketmq.bodies import decode_stored_message
 from metaq.protocol.rocketmq.remoting import RequestCode
-from metaq.server.remoting.checkback import CheckBack
+from metaq.transactions.remoting import CheckBack
 from metaq.server.remoting.clients import ProducerRegistry
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker

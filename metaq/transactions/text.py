@@ -21,11 +21,11 @@ import gevent
 
 from metaq import errors
 from metaq.protocol.text import encode_result
-from metaq.protocol.xa import XA_OK, XAER_RMERR, check_qualifier
+from metaq.transactions.wire import XA_OK, XAER_RMERR, check_qualifier
 from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN
 from metaq.server.text.dispatch import error_reply
-from metaq.tx.manager import EVERYONE
+from metaq.transactions.state import EVERYONE
 
 
 class TextTransactions:

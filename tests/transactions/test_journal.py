@@ -6,8 +6,8 @@ import pytest
 
 from metaq.errors import CorruptLog
 from metaq.protocol.checksum import crc32
-from metaq.tx import records as R
-from metaq.tx.journal import Journal, journal_path, list_files, scan_records, snapshot_path
+from metaq.transactions import records as R
+from metaq.transactions.journal import Journal, journal_path, list_files, scan_records, snapshot_path
 
 KEY = "XID:1:6162:63:uq"
 EVERY = [
