@@ -69,6 +69,8 @@ FEATURE_ROLES = {
     "service": "service",  # the gevent service
     "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
     "client": "client",
+    "levels": "codec",  # a fixed set of choices and their records (the delay levels)
+    "scheduler": "service",  # a gevent service that runs due work
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -45,7 +45,7 @@ class Put(NamedTuple):
 class DelayedPut(NamedTuple):
     """``put_delayed topic partition len flag checksum level opaque\\r\\n<body>`` (our extension).
 
-    Like a 7-token put plus a delay level (``metaq.protocol.delay``): 0 = no delay, above the
+    Like a 7-token put plus a delay level (``metaq.timers.levels``): 0 = no delay, above the
     last level = the last level. Reply ``msgId partition -1`` (the offset is known only at
     delivery), or ``msgId partition offset`` for level 0.
     """

@@ -7,7 +7,7 @@ log (``%TIMER%``). ``is_internal`` also covers the topics the broker names after
 ``<topic>``: ``level_owner``). Pure: names in, answers out.
 """
 
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, TIMER_TOPIC
 from metaq.protocol.priority import split_level
 

@@ -9,7 +9,7 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 
 Differences from MetaQ's decoder, all deliberate: the command word must match exactly (``verison`` is not
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
-the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
+the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.timers.levels``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
 ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``

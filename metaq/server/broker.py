@@ -16,7 +16,7 @@ from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits
-from metaq.server.delay import DelayScheduler
+from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard

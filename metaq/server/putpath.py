@@ -18,7 +18,7 @@ import logging
 
 from metaq import errors
 from metaq.auth.acl import PUB
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
 from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.priority import is_level_topic, level_topic, split_level
 from metaq.store.files import fsync_dir, write_atomically
 

@@ -12,6 +12,7 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                  ``protocol.commands`` (``protocol.text`` imports it, so the registry is complete)
     burst.py     a receive buffer's run of plain put_at frames checked and encoded as ENTRY records (C twin:
                  ``_timerscan.c``)
+    levels.py    the delay levels (RocketMQ's ``messageDelayLevel``), ``SCHEDULE_TOPIC`` and its schedule entry
 logic (the protocol layer: pure decisions, the time passed in)
     window.py    the delivery window: the pending rows due soonest, bounded by rows and bytes
 state (the store layer: files and in-memory state; no socket, gevent or clock)
@@ -19,6 +20,7 @@ state (the store layer: files and in-memory state; no socket, gevent or clock)
     handoff.py   what the master's own %TIMER% writes hand the indexer, decoded and bounded
 service (the server layer: gevent)
     service.py   TimerService: the indexer, the delivery window's loop, exactly once after a crash
+    scheduler.py DelayScheduler: the delay levels' delivery, one greenlet per level, exactly once after a crash
 front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of put_at, cancel and timers
     fasttext.py  the text port's put_at burst path: pipelined put_at frames stored and answered in one pass

@@ -12,7 +12,7 @@ from metaq.client import Message, Producer, admin
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute

@@ -27,7 +27,7 @@ import random
 
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
-from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
+from metaq.timers.levels import ENTRY, SCHEDULE_TOPIC
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.priority import level_topic

@@ -185,7 +185,7 @@ class TextDispatcher:
                          conn)
 
     def put_delayed(self, e, conn):
-        """``put_delayed``: a schedule entry now (``metaq.server.delay``), the message in its topic when due."""
+        """``put_delayed``: a schedule entry now (``metaq.timers.scheduler``), the message in its topic when due."""
         path = self.put_path
         now = now_ms()
         try:

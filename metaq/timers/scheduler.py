@@ -2,7 +2,7 @@
 
 The design follows RocketMQ's ScheduleMessageService (README "Delayed delivery"):
 
-* ``put_delayed`` stores a *schedule entry* (``metaq.protocol.delay``: real topic,
+* ``put_delayed`` stores a *schedule entry* (``metaq.timers.levels``: real topic,
   partition, flag, data, due time = store time + the level's delay) in the internal
   topic ``SCHEDULE_TOPIC``, partition ``level - 1``, through the normal store put.
   Every entry of a level has the same delay, so each partition is in due order.
@@ -38,11 +38,11 @@ from gevent.event import Event
 from metaq import errors
 from metaq.limits import validate_partition
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
-                                  encode_entry, format_levels, parse_levels)
 from metaq.protocol.message import HEADER
 from metaq.protocol.stats import DelayLevelRow
 from metaq.server.clock import now_ms
+from metaq.timers.levels import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
+                                 encode_entry, format_levels, parse_levels)
 
 log = logging.getLogger(__name__)
 
