@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers"}
+FEATURES = {"timers", "priorities"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {

@@ -51,7 +51,7 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.divergence import ReadsKept
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, log_skipped, records_of
-from metaq.client.priofetch import PriorityFetcher, check_levels
+from metaq.priorities.client import PriorityFetcher, check_levels
 from metaq.client.message import Message, Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error

@@ -11,7 +11,7 @@ from gevent.lock import Semaphore
 from metaq import errors, speedups
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
-from metaq.protocol.priority import with_owner_keys
+from metaq.priorities.wire import with_owner_keys
 from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck

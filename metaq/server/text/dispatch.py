@@ -16,7 +16,7 @@ import metaq
 from metaq import errors, limits
 from metaq.protocol import adminwire, commands, events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.priority import PriorityGet, PriorityPut
+from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
@@ -28,7 +28,7 @@ from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
 from metaq.server.text.expect import check_expected
-from metaq.server.text.priorities import TextPriorities
+from metaq.priorities.text import TextPriorities
 from metaq.server.text.requests import TextRequests
 from metaq.server.text.tagscan import TagScan
 from metaq.timers.text import TextTimers
