@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "priorities"}
+FEATURES = {"timers", "priorities", "reqreply"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -71,6 +71,8 @@ FEATURE_ROLES = {
     "client": "client",
     "levels": "codec",  # a fixed set of choices and their records (the delay levels)
     "scheduler": "service",  # a gevent service that runs due work
+    "state": "state",  # a feature's own in-memory or on-disk state
+    "remoting": "front-end",  # the RocketMQ remoting port's handlers
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -55,7 +55,7 @@ from metaq.priorities.client import PriorityFetcher, check_levels
 from metaq.client.message import Message, Partition
 from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
-from metaq.client.request import replying
+from metaq.reqreply.client import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
 from metaq.client.keys import lookup as key_lookup
@@ -200,7 +200,7 @@ class Consumer:
         filter is applied by the broker (``get_tags``, README "Tag filtering"), and again here. ``orderly``: a
         failing message holds its partition, retried with backoff until it succeeds (or the consumer closes),
         instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
-        (``client.request.replying``: README "Request-reply"). ``priorities``: the topic's levels, for a priority
+        (``reqreply.client.replying``: README "Request-reply"). ``priorities``: the topic's levels, for a priority
         topic (README "Priorities": higher levels are fetched first; the broker refuses a wrong count). Call
         before :meth:`start`.
         """

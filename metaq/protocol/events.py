@@ -79,7 +79,7 @@ class IdempotentPut(NamedTuple):
 
 class Request(NamedTuple):
     """``request topic partition len flag checksum timeoutMs opaque\r\n<body>`` (our extension; README
-    "Request-reply", ``metaq.protocol.reqreply``): a put whose answer is its reply.
+    "Request-reply", ``metaq.reqreply.records``): a put whose answer is its reply.
 
     The broker stores the message with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added to
     its properties, then answers ``value <len> <opaque>`` with the reply as one record (msgId 0) once a

@@ -13,7 +13,7 @@ the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the op
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
 ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
-(request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
+(request-reply; ``metaq.reqreply.records``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.priorities.wire``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
 line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown

@@ -27,7 +27,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
-from metaq.server.replies import ReplyRouter
+from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values

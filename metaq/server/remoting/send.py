@@ -31,7 +31,7 @@ from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.idempotence import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.priorities.wire import level_topic
-from metaq.protocol.reqreply import CLUSTER, is_request
+from metaq.reqreply.records import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)

@@ -29,7 +29,7 @@ from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
 from metaq.server.text.expect import check_expected
 from metaq.priorities.text import TextPriorities
-from metaq.server.text.requests import TextRequests
+from metaq.reqreply.text import TextRequests
 from metaq.server.text.tagscan import TagScan
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
@@ -89,7 +89,7 @@ class TextDispatcher:
                  admin=None, group_members=None, topics=None):
         """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
-        ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
+        ``replies``: the request-reply router (``reqreply.service``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
         ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
         ``topics``: the topic table's service (``server.topictable.TopicAdmin``; None: ``topic`` answered 400)."""
