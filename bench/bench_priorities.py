@@ -31,7 +31,7 @@ from metaq.client.local import BrokerProcess, small_config  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.message import iter_records  # noqa: E402
-from metaq.protocol.priority import PriorityPut  # noqa: E402
+from metaq.priorities.wire import PriorityPut  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
 from metaq.topics.wire import TopicCommand  # noqa: E402
 

@@ -1,6 +1,6 @@
 /*
  * metaq._speedups.scan_put_ats: the twin of metaq.timers.burst.scan_put_ats_py (see its docstring;
- * tests/protocol/test_timerburst.py holds the two equal).
+ * tests/timers/test_burst.py holds the two equal).
  *
  * A put_at frame is taken when its header is exactly
  *   put_at <topic> <partition> <len> 0 <checksum> @<epoch ms>|+<delay ms> <opaque>\r\n

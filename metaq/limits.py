@@ -515,7 +515,7 @@ DLQ_BODY_PREVIEW_BYTES = 64
 #: past it the oldest is forgotten, so clients inventing group names cannot grow the table.
 MAX_TEXT_GROUP_MEMBERS = 10_000
 
-# -- consumer priorities (README "Priorities"; protocol/priority.py) ----------------
+# -- consumer priorities (README "Priorities"; priorities/wire.py) ----------------
 
 #: Most priority levels a topic may have (``metaq-admin topics create --priorities L``: 2..this). Each level past
 #: 0 is a partition of its own behind every partition of the topic (an index file, a map), and a ``get_prio``
@@ -592,7 +592,7 @@ MAX_FETCH_CHECKPOINTS = 129
 #: took them away, for the next fetcher of the same partition and offset (client/divergence.py ``ReadsKept``): a
 #: failover unregisters a broker's partitions and registers them again, and without them a divergence found then
 #: would go back by time (``DIVERGENCE_REWIND_MS``) instead of to the last record both logs hold. The oldest kept
-#: is dropped past this many. A priority topic's partition takes one per level (client/priofetch.py).
+#: is dropped past this many. A priority topic's partition takes one per level (priorities/client.py).
 MAX_KEPT_FETCH_READS = 1024
 
 #: When none of those records is held by the broker as read, a consumer goes back to the first message stored

@@ -57,7 +57,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions"}
+FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -75,6 +75,8 @@ FEATURE_ROLES = {
     "policy": "logic",  # a feature's pure rules (which are due, which are given up)
     "journal": "state", "config": "state",  # a journal's files; a feature's settings
     "resource": "client",  # a resource an application's transaction manager drives (XA)
+    "levels": "codec",  # a fixed set of choices and their records (the delay levels)
+    "scheduler": "service",  # a gevent service that runs due work
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -51,11 +51,11 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.divergence import ReadsKept
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, log_skipped, records_of
-from metaq.client.priofetch import PriorityFetcher, check_levels
+from metaq.priorities.client import PriorityFetcher, check_levels
 from metaq.client.message import Message, Partition
 from metaq.offsets.client import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
-from metaq.client.request import replying
+from metaq.reqreply.client import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
 from metaq.keys.client import lookup as key_lookup
@@ -200,7 +200,7 @@ class Consumer:
         filter is applied by the broker (``get_tags``, README "Tag filtering"), and again here. ``orderly``: a
         failing message holds its partition, retried with backoff until it succeeds (or the consumer closes),
         instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
-        (``client.request.replying``: README "Request-reply"). ``priorities``: the topic's levels, for a priority
+        (``reqreply.client.replying``: README "Request-reply"). ``priorities``: the topic's levels, for a priority
         topic (README "Priorities": higher levels are fetched first; the broker refuses a wrong count). Call
         before :meth:`start`.
         """

@@ -13,7 +13,7 @@ from metaq import limits
 from metaq.protocol.compression import compress
 from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.priority import PriorityPut
+from metaq.priorities.wire import PriorityPut
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
 from metaq.timers.client import when_of
 from metaq.timers.wire import TimerPut

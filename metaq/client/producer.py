@@ -51,7 +51,7 @@ from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.replies import reply_error
-from metaq.client.request import request as send_request
+from metaq.reqreply.client import request as send_request
 from metaq.idempotence.client import Sequences as _Sequences
 from metaq.client.selectors import as_selector
 from metaq.transactions.client import LocalTransaction, new_session_id
@@ -268,7 +268,7 @@ class Producer:
         return cancel_timer(self, msg_id, timeout)
 
     def request(self, message, timeout=3.0):
-        """Send ``message`` as a request and wait up to ``timeout`` s for its reply (a Message): ``client.request``."""
+        """Send ``message`` as a request and wait up to ``timeout`` s for its reply (a Message): ``reqreply.client``."""
         return send_request(self, message, timeout)
 
     def partitions(self, topic):

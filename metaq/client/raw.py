@@ -15,7 +15,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload, iter_records
-from metaq.protocol.priority import PriorityGet, PriorityPut, decode_get_prio_body
+from metaq.priorities.wire import PriorityGet, PriorityPut, decode_get_prio_body
 from metaq.protocol.rocketmq.remoting import RemotingParser, encode_command, ext_str, make_request
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, serialize

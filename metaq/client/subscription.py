@@ -49,7 +49,7 @@ class Subscription(NamedTuple):
     accept: Optional[Callable]
     orderly: bool = False
     tags: Optional[str] = None
-    priorities: int = 0  # a priority topic's levels (client/priofetch.py), 0: none
+    priorities: int = 0  # a priority topic's levels (priorities/client.py), 0: none
 
 
 def as_partition(partition):

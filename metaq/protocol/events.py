@@ -45,7 +45,7 @@ class Put(NamedTuple):
 class DelayedPut(NamedTuple):
     """``put_delayed topic partition len flag checksum level opaque\\r\\n<body>`` (our extension).
 
-    Like a 7-token put plus a delay level (``metaq.protocol.delay``): 0 = no delay, above the
+    Like a 7-token put plus a delay level (``metaq.timers.levels``): 0 = no delay, above the
     last level = the last level. Reply ``msgId partition -1`` (the offset is known only at
     delivery), or ``msgId partition offset`` for level 0.
     """
@@ -61,7 +61,7 @@ class DelayedPut(NamedTuple):
 
 class Request(NamedTuple):
     """``request topic partition len flag checksum timeoutMs opaque\r\n<body>`` (our extension; README
-    "Request-reply", ``metaq.protocol.reqreply``): a put whose answer is its reply.
+    "Request-reply", ``metaq.reqreply.records``): a put whose answer is its reply.
 
     The broker stores the message with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added to
     its properties, then answers ``value <len> <opaque>`` with the reply as one record (msgId 0) once a

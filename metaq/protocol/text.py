@@ -9,12 +9,12 @@ nothing after it. The grammar is symmetric, so one parser reads requests
 
 Differences from MetaQ's decoder, all deliberate: the command word must match exactly (``verison`` is not
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
-the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
+the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.timers.levels``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
 ``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
-(request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
-``metaq.protocol.priority``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
+(request-reply; ``metaq.reqreply.records``), ``put_prio`` and ``get_prio`` (consumer priorities;
+``metaq.priorities.wire``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
 line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown
 or over the limit, line over the limit, EOF inside a frame): then every later ``next_event()`` raises the same
@@ -50,8 +50,9 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire, priority  # noqa: F401 - they declare their commands
+from metaq.protocol import adminwire  # noqa: F401 - it declares its commands
 from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declares put_idem
+from metaq.priorities import wire as priority_wire  # noqa: F401 - it declares its commands
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.protocol.burst import scan_puts

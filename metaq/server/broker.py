@@ -11,12 +11,12 @@ from gevent.lock import Semaphore
 from metaq import errors, speedups
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
-from metaq.protocol.priority import with_owner_keys
+from metaq.priorities.wire import with_owner_keys
 from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
-from metaq.server.delay import DelayScheduler
+from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
@@ -27,7 +27,7 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
-from metaq.server.replies import ReplyRouter
+from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values

@@ -27,9 +27,9 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
-from metaq.protocol.priority import is_level_topic, split_level
+from metaq.priorities.wire import is_level_topic, split_level
 from metaq.server.config import read_yaml
 from metaq.timers.records import TIMER_TOPIC
 

@@ -18,9 +18,9 @@ import logging
 
 from metaq import errors
 from metaq.auth.acl import PUB
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
-from metaq.protocol.priority import is_level_topic, level_refusal, level_topic
+from metaq.priorities.wire import is_level_topic, level_refusal, level_topic
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEm
 from kazoo.handlers.gevent import SequentialGeventHandler
 
 from metaq.errors import MetaqError
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from metaq.client.message import Partition
 from metaq.limits import MAX_STREAM_TASKS, validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.spark.brokers import BrokerView, is_unreachable
 from metaq.spark.ranges import OffsetRange, read_options, security_options, split_ranges
 from metaq.spark.rows import DataLoss

@@ -25,6 +25,9 @@ with ``HEAD`` (magic ``b"MQTM"``, version 1, kind)::
 
     CANCEL (kind 2): HEAD, then msg_id (8 bytes, signed big-endian): the entry cancelled
     DONE   (kind 3): HEAD, count (4 bytes), then count msg_ids (8 bytes each): delivered in one batch
+
+A delay level's schedule entry (``metaq.timers.levels``) has the ENTRY layout too, its own magic and the level in
+the kind's byte: ``pack_entry`` and ``unpack_entry`` are the one codec of both.
 """
 
 import struct
@@ -36,7 +39,7 @@ from metaq.protocol.journaltopic import TIMER_TOPIC
 
 __all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "HEAD", "ENTRY", "TimerEntry", "TimerCancel",
            "TimerDone", "BadTimerRecord", "TIMER_PROPERTIES", "timer_property", "timer_due", "parse_when", "due_from",
-           "encode_entry", "encode_cancel", "encode_done", "decode"]
+           "pack_entry", "unpack_entry", "encode_entry", "encode_cancel", "encode_done", "decode"]
 
 # TIMER_TOPIC: the internal topic of the timer store (one partition; journaltopic.py). Producers may not put to it.
 
@@ -46,7 +49,7 @@ KIND_ENTRY, KIND_CANCEL, KIND_DONE = 1, 2, 3
 
 #: magic, version, kind.
 HEAD = struct.Struct(">4sBB")
-#: magic, version, kind, topic_len, partition, flag, checksum, due_ms, born_ms.
+#: magic, version, kind (a schedule entry: its level), topic_len, partition, flag, checksum, due_ms, born_ms.
 ENTRY = struct.Struct(">4sBBHiiiqq")
 assert ENTRY.size == 36
 _ID = struct.Struct(">q")
@@ -137,12 +140,34 @@ def timer_due(prop, now_ms):
     return due_from(delay_ms=value * 1000 if name == "TIMER_DELAY_SEC" else value, now_ms=now_ms)
 
 
-def encode_entry(topic, partition, flag, checksum, due_ms, born_ms, data):
+def pack_entry(magic, version, tag, topic, partition, flag, checksum, due_ms, born_ms, data):
+    """An entry's record data, a timer's or a delay level's: the ``ENTRY`` header (``tag``: the kind, or the
+    level), the real topic, the original data. ClientError for a topic of no or too many bytes."""
     topic_bytes = topic.encode("utf-8")
     if not 0 < len(topic_bytes) <= MAX_NAME_BYTES:
         raise ClientError("topic name must be 1..%d bytes, got %d" % (MAX_NAME_BYTES, len(topic_bytes)))
-    head = ENTRY.pack(MAGIC, VERSION, KIND_ENTRY, len(topic_bytes), partition, flag, checksum, due_ms, born_ms)
+    head = ENTRY.pack(magic, version, tag, len(topic_bytes), partition, flag, checksum, due_ms, born_ms)
     return b"".join((head, topic_bytes, data))
+
+
+def unpack_entry(data, magic, version, bad, what):
+    """``(tag, topic, partition, flag, checksum, due_ms, born_ms, original data)`` of an entry's record data (bytes or
+    memoryview); ``bad`` (an exception class) raised, its message naming ``what``, for data shorter than the header,
+    another magic or version, or a topic length that does not fit."""
+    if len(data) < ENTRY.size:
+        raise bad("%s of %d bytes is shorter than its %d-byte header" % (what, len(data), ENTRY.size))
+    m, v, tag, tlen, partition, flag, checksum, due_ms, born_ms = ENTRY.unpack_from(data, 0)
+    if m != magic or v != version:
+        raise bad("not a %s (magic %r, version %d)" % (what, bytes(m), v))
+    end = ENTRY.size + tlen
+    if tlen == 0 or end > len(data):
+        raise bad("%s topic length %d does not fit in %d bytes" % (what, tlen, len(data)))
+    topic = bytes(data[ENTRY.size:end]).decode("utf-8", "replace")
+    return tag, topic, partition, flag, checksum, due_ms, born_ms, bytes(data[end:])
+
+
+def encode_entry(topic, partition, flag, checksum, due_ms, born_ms, data):
+    return pack_entry(MAGIC, VERSION, KIND_ENTRY, topic, partition, flag, checksum, due_ms, born_ms, data)
 
 
 def encode_cancel(msg_id):
@@ -164,14 +189,7 @@ def decode(data):
     if magic != MAGIC or version != VERSION:
         raise BadTimerRecord("not a timer record (magic %r, version %d)" % (bytes(magic), version))
     if kind == KIND_ENTRY:
-        if len(data) < ENTRY.size:
-            raise BadTimerRecord("timer entry of %d bytes is shorter than its header" % len(data))
-        _m, _v, _k, tlen, partition, flag, checksum, due_ms, born_ms = ENTRY.unpack_from(data, 0)
-        end = ENTRY.size + tlen
-        if tlen == 0 or end > len(data):
-            raise BadTimerRecord("timer entry topic length %d does not fit in %d bytes" % (tlen, len(data)))
-        topic = bytes(data[ENTRY.size:end]).decode("utf-8", "replace")
-        return TimerEntry(topic, partition, flag, checksum, due_ms, born_ms, bytes(data[end:]))
+        return TimerEntry(*unpack_entry(data, MAGIC, VERSION, BadTimerRecord, "timer entry")[1:])
     if kind == KIND_CANCEL:
         if len(data) != HEAD.size + _ID.size:
             raise BadTimerRecord("timer cancel record of %d bytes" % len(data))

@@ -63,6 +63,42 @@ UNKNOWN = "unknown"
 CANCEL_INDEX_WAIT_S = 5.0
 
 
+def place(store, topic, partition, body, checksum):
+    """Where a message kept for later delivery goes, a timer's or a delay level's, decided when it is put:
+    ``(partition, checksum)``, the partition given (checked) or, for -1, one at random; the topic's limits asked now
+    (a topic limit refuses the put, not its delivery); the body's checksum when none is given (None or < 0).
+    Raises ClientError / the store's errors."""
+    count = store.partitions_of(topic)
+    if partition == -1:
+        partition = random.randrange(count)
+    else:
+        validate_partition(partition, count)
+    store.check_creatable(topic, partition)
+    if checksum is None or checksum < 0:
+        checksum = metaq_checksum(body)
+    return partition, checksum
+
+
+def deliver(store, msg_id, topic, partition, flag, checksum, born_ms, data, now):
+    """Store a due message, a timer's or a delay level's, in its topic: as its producer put it (flag, data,
+    checksum), born when that put was stored, with the id the producer was answered with (its entry's). Returns the
+    PutResult; ClientError when the topic or partition no longer takes it (it never will: dropped), another
+    MetaqError when the store refuses now (a full disk: try again later)."""
+    return store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum, msg_id=msg_id)
+
+
+def announce(store, waiters, flusher, keys, now, async_flush):
+    """Delivered records (and their bookkeeping) were appended to the partitions ``keys``: with ``async`` flush they
+    are visible, their long polls are woken and the flusher when its policy says so; with ``sync`` flush the flusher
+    is woken (the flush makes them visible and wakes the long polls)."""
+    if async_flush:
+        waiters.notify(keys)
+        if store.should_flush(now):
+            flusher.wake()
+    else:
+        flusher.wake()
+
+
 class TimerService:
     """See the module docstring."""
 
@@ -113,14 +149,7 @@ class TimerService:
         the ENTRY's PutResult with the real partition. Raises ClientError / the store's errors; nothing stored."""
         if not self.enabled:
             raise errors.Unavailable("this broker is a replication slave: timer puts go to the master")
-        count = self.store.partitions_of(topic)
-        if partition == -1:
-            partition = random.randrange(count)
-        else:
-            validate_partition(partition, count)
-        self.store.check_creatable(topic, partition)
-        if checksum is None or checksum < 0:
-            checksum = metaq_checksum(body)
+        partition, checksum = place(self.store, topic, partition, body, checksum)
         data = encode_entry(topic, partition, flag, checksum, due_ms, now, body)
         r = self.store.put(TIMER_TOPIC, 0, 0, data, now)
         self.written(r.offset, r.msg_id, TimerEntry(topic, partition, flag, checksum, due_ms, now, bytes(body)),
@@ -498,8 +527,7 @@ class TimerService:
             _due, msg_id, row = items[0]
             _id, _due, topic, partition, flag, checksum, born_ms, data = row
             try:
-                r = self.store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum,
-                                   msg_id=msg_id)
+                r = deliver(self.store, msg_id, topic, partition, flag, checksum, born_ms, data, now)
             except errors.ClientError as exc:  # the topic or partition is gone: it will never be deliverable
                 log.error("timers: dropped message %d for %s-%d: %s", msg_id, topic, partition, exc)
                 self.dropped += 1
@@ -518,12 +546,7 @@ class TimerService:
             self.written(r.offset, r.msg_id, TimerDone(tuple(ids)), r.log_end)
             self._done_end = r.log_end
             keys.add(KEY)
-            if self.async_flush:
-                self.waiters.notify(keys)
-                if self.store.should_flush(now):
-                    self.flusher.wake()
-            else:
-                self.flusher.wake()
+            announce(self.store, self.waiters, self.flusher, keys, now, self.async_flush)
         if refused:
             self._stop.wait(RETRY_S)
 

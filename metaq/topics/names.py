@@ -7,9 +7,9 @@ log (``%TIMER%``). ``is_internal`` also covers the topics the broker names after
 ``<topic>``: ``level_owner``). Pure: names in, answers out.
 """
 
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, TIMER_TOPIC
-from metaq.protocol.priority import split_level
+from metaq.priorities.wire import split_level
 
 __all__ = ["INTERNAL", "is_internal", "level_owner"]
 

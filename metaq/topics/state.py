@@ -17,7 +17,7 @@ import os
 import shutil
 
 from metaq.errors import ClientError, TopicLimit, UnknownTopic
-from metaq.protocol.priority import level_topic
+from metaq.priorities.wire import level_topic
 from metaq.store.files import fsync_dir
 from metaq.topics.table import check_name, parse_settings
 

@@ -16,7 +16,7 @@ Per topic (table entries only): ``perm`` (``rw``, ``r``: puts refused, ``w``: re
 ``ordered`` (reported to RocketMQ clients as an orderly topic; a keyed producer keeps a key on one partition),
 ``retention_hours`` and ``retention_bytes`` (retention.py), ``priorities`` (0: none; 2..
 ``limits.MAX_PRIORITY_LEVELS`` levels, README "Priorities") and ``priority_max_wait_ms`` (its starvation bound).
-A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``protocol/priority.py``): the catalog
+A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``priorities/wire.py``): the catalog
 answers for it with its topic's partitions and permissions. ``base_offsets``: where a re-created
 topic's partitions start (the offsets of the deleted incarnation are never used again).
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import ClientError, InvalidTopic, StoreError, TopicForbidden, UnknownTopic
-from metaq.protocol.delay import SCHEDULE_TOPIC
-from metaq.protocol.priority import is_level_topic, level_topic, split_level
+from metaq.timers.levels import SCHEDULE_TOPIC
+from metaq.priorities.wire import is_level_topic, level_topic, split_level
 from metaq.store.files import fsync_dir, write_atomically
 
 TOPICS_FILE = "topics.json"

@@ -20,7 +20,7 @@ from metaq.client.producer import Producer
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
 from metaq.protocol.adminwire import ResetOffset
-from metaq.protocol.priority import PriorityGet, decode_get_prio_body
+from metaq.priorities.wire import PriorityGet, decode_get_prio_body
 from metaq.protocol.rocketmq.bodies import BatchEntry, decode_stored_messages, encode_batch_messages
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.topics.wire import TopicCommand

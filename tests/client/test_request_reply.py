@@ -19,7 +19,7 @@ from metaq.client.raw import TextClient
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
-from metaq.protocol.reqreply import CORRELATION_ID, REPLY_TO_CLIENT, reply_properties
+from metaq.reqreply.records import CORRELATION_ID, REPLY_TO_CLIENT, reply_properties
 from metaq.client.message import Message as M
 from metaq.protocol.text import serialize
 

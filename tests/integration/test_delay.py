@@ -10,7 +10,7 @@ import pytest
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.text import serialize
 from metaq.server.config import load_config
 from metaq.store.store import MessageStore

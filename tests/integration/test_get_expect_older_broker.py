@@ -21,7 +21,7 @@ from tests.harness.broker import wait_for
 BEFORE_EXPECT = "5e47742"
 #: The last commit whose broker knows ``expect`` but not get_tags' ``:passed`` (events.GetTags).
 BEFORE_PASSED = "0128d57"
-#: The last commit whose broker knows ``get_prio`` but not its expects (protocol/priority.py).
+#: The last commit whose broker knows ``get_prio`` but not its expects (priorities/wire.py).
 BEFORE_PRIO_EXPECTS = "83bad7a"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,4 +1,4 @@
-"""A ``get_prio``'s expects (protocol/priority.py, README "Priorities"): the record each level read last, checked by
+"""A ``get_prio``'s expects (priorities/wire.py, README "Priorities"): the record each level read last, checked by
 the broker before it reads, as a get's ``expect`` is (tests/integration/test_get_expect.py).
 
 The failover side (a priority consumer reading a level a failover rewrote) is tests/failover/test_prio_divergence.py;

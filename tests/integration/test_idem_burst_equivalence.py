@@ -14,7 +14,7 @@ from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.message import encode_payload
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser, serialize

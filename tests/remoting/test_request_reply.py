@@ -12,7 +12,7 @@ import pytest
 from metaq import errors
 from metaq.client import Consumer, Message, Producer
 from metaq.client.raw import RemotingClient
-from metaq.protocol.reqreply import REPLY_ERROR, reply_properties
+from metaq.reqreply.records import REPLY_ERROR, reply_properties
 from metaq.protocol.rocketmq.bodies import decode_properties, decode_stored_messages, encode_properties
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode as C

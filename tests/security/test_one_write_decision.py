@@ -12,7 +12,7 @@ from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.rocketmq.remoting import ResponseCode
 from metaq.protocol.text import serialize
 from metaq.timers.records import TIMER_TOPIC

@@ -8,7 +8,7 @@ import time
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
 
 
@@ -57,7 +57,7 @@ WRITER_SECRETS = dict(SECRETS, writer="writer-secret-0123456789")
 def test_half_message_into_the_scheduler_topic_is_refused(broker_factory, tmp_path):
     from metaq.client.local import rmq_config
     from metaq.client.raw import RemotingClient
-    from metaq.protocol.delay import encode_entry
+    from metaq.timers.levels import encode_entry
     from metaq.protocol.rocketmq.remoting import ResponseCode
     from tests.harness.rocketmq import end_tx, send_v1
 

@@ -11,7 +11,7 @@ from metaq.protocol.text import TextParser
 from metaq.server.clock import now_ms
 from metaq.server.config import ServerConfig
 from metaq.server.connections import ConnectionCore, ConnectionLimits
-from metaq.server.delay import DelayScheduler
+from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import Flusher
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate

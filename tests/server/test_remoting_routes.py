@@ -7,7 +7,7 @@ import pytest
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.server.remoting.dispatch import RemotingDispatcher, route_table
-from metaq.server.remoting.reply import RemotingReplies
+from metaq.reqreply.remoting import RemotingReplies
 from metaq.server.remoting.send import RemotingSender
 
 OWNERS = {"dispatcher": RemotingDispatcher, "sender": RemotingSender, "replies": RemotingReplies}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaq import errors
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.timers.records import TIMER_TOPIC
 from metaq.server.config import load_config
 from metaq.server.guard import Guard

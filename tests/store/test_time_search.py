@@ -168,7 +168,7 @@ def test_without_madv_populate_populate_falls_back_to_willneed_and_still_brings_
 
 
 def test_a_records_store_time_from_its_header_and_none_where_nothing_is_held(data_dir):
-    # a get_prio compares its levels' heads by it (server/text/priorities.py); the level may be deleted, cut or
+    # a get_prio compares its levels' heads by it (priorities/text.py); the level may be deleted, cut or
     # retained while its cold pages are brought in: then nothing is held there, and the answer is None
     s = open_store(data_dir, flush="async")
     times = [NOW + 7 * i for i in range(300)]

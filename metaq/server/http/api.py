@@ -27,7 +27,7 @@ import zlib
 
 from metaq import errors, limits
 from metaq.auth.acl import SUB
-from metaq.protocol.delay import SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.server.clock import now_ms
 from metaq.server.http.routes import OPEN, READ, Response, error_response, json_response

@@ -22,7 +22,7 @@ import logging
 import time
 
 from metaq import errors, limits
-from metaq.protocol.reqreply import reply_topic
+from metaq.reqreply.records import reply_topic
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.remoting import ResponseCode, not_supported, response_for
 from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat,

@@ -27,11 +27,11 @@ import random
 
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
-from metaq.protocol.delay import ENTRY, SCHEDULE_TOPIC
+from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.idempotence.records import PID_PROPERTY, SEQ_PROPERTY, check_identity
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
-from metaq.protocol.priority import level_topic
-from metaq.protocol.reqreply import CLUSTER, is_request
+from metaq.priorities.wire import level_topic
+from metaq.reqreply.records import CLUSTER, is_request
 from metaq.protocol.rocketmq.remoting import ResponseCode, response_for
 from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create_offset_msg_id,
                                             decode_batch_messages, decode_properties)
@@ -40,7 +40,7 @@ from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTIO
                                              decode_send_header, send_response_fields)
 from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY,
                                              message_of_record, record_data_from_send, retry_copy)
-from metaq.timers.records import ENTRY as TIMER_ENTRY, TIMER_TOPIC, timer_due, timer_property
+from metaq.timers.records import ENTRY, TIMER_TOPIC, timer_due, timer_property
 from metaq.transactions.policy import immunity_ms
 from metaq.transactions.state import HALF_OWNER, half_txid
 from metaq.server.clock import now_ms
@@ -86,7 +86,7 @@ class RemotingSender:
         if priority:
             topic = level_topic(topic, priority)  # the record's topic: where the message is stored
         if due_ms is not None:  # the id names the timer entry (README "Any delivery time")
-            stored = (TIMER_TOPIC, TIMER_ENTRY.size + len(topic.encode("utf-8")) + len(data))
+            stored = (TIMER_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         elif delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
             stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         else:

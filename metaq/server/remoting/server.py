@@ -31,7 +31,7 @@ from metaq.server.remoting.dispatch import RemotingDispatcher
 from metaq.transactions.remoting import CheckBack
 from metaq.server.remoting.clients import ClientRegistry, ProducerRegistry
 from metaq.server.remoting.locks import LockTable
-from metaq.server.remoting.reply import RemotingReplies
+from metaq.reqreply.remoting import RemotingReplies
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class RemotingServer:
         """``elected_master``: with ``replication.ha: auto``, a callable giving the elected master's RocketMQ
         address (``host:port``) or None while none is known; routes name it as broker 0. Without it (ha:
         manual, standalone) routes name this broker as the master, whatever its role. ``replies``: the
-        request-reply router (``server.replies``; None: SEND_REPLY_MESSAGE is not supported)."""
+        request-reply router (``reqreply.service``; None: SEND_REPLY_MESSAGE is not supported)."""
         cfg = config.remoting
         self.elected_master = elected_master
         self.core = core_

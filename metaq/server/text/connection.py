@@ -24,7 +24,7 @@ from metaq import errors, limits
 from metaq.protocol import events as ev
 from metaq.protocol.events import Put
 from metaq.protocol.httpline import is_http_request, refusal as http_refusal
-from metaq.protocol.priority import PriorityGet
+from metaq.priorities.wire import PriorityGet
 from metaq.protocol.burst import encode_results
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.protocol.text import TextParser, encode_result

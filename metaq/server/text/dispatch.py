@@ -14,7 +14,7 @@ import gevent
 import metaq
 from metaq import errors
 from metaq.protocol import adminwire, commands, events as ev
-from metaq.protocol.priority import PriorityGet, PriorityPut
+from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.transactions.wire import xa_error_body
 from metaq.server.clock import now_ms
@@ -23,8 +23,8 @@ from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.admin import TextAdmin
 from metaq.server.text.expect import check_expected
-from metaq.server.text.priorities import TextPriorities
-from metaq.server.text.requests import TextRequests
+from metaq.priorities.text import TextPriorities
+from metaq.reqreply.text import TextRequests
 from metaq.server.text.tagscan import TagScan
 from metaq.offsets.text import TextOffsets
 from metaq.keys.text import TextKeys
@@ -89,7 +89,7 @@ class TextDispatcher:
                  admin=None, group_members=None, topics=None):
         """``tx``: the text transaction front (``metaq.transactions.text.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
-        ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
+        ``replies``: the request-reply router (``reqreply.service``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
         ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
         ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400)."""
@@ -184,7 +184,7 @@ class TextDispatcher:
                          conn)
 
     def put_delayed(self, e, conn):
-        """``put_delayed``: a schedule entry now (``metaq.server.delay``), the message in its topic when due."""
+        """``put_delayed``: a schedule entry now (``metaq.timers.scheduler``), the message in its topic when due."""
         path = self.put_path
         now = now_ms()
         try:

@@ -17,7 +17,7 @@ def check_expected(store, e):
 
 def check_held(store, topic, partition, expect):
     """Raise Diverged when this broker holds ``expect``'s offset (``(offset, msg_id)``) of ``topic``-``partition``
-    with another id (``check_expected``; a ``get_prio`` checks one per level, text/priorities.py). The record's
+    with another id (``check_expected``; a ``get_prio`` checks one per level, priorities/text.py). The record's
     index unit and header are brought in off the loop first when cold (any offset the broker holds may be named:
     a client could otherwise make the loop wait on the disk, per level of a ``get_prio``)."""
     offset, msg_id = expect

@@ -4,11 +4,11 @@ import pytest
 
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol import events as ev
-from metaq.protocol.delay import (DEFAULT_LEVELS, ENTRY, MAX_LEVELS, BadScheduleEntry, ScheduleEntry, decode_entry,
-                                  effective_level, encode_entry, format_levels, parse_levels)
 from metaq.protocol.message import encode_payload
 from metaq.protocol.text import TextParser, serialize
-from metaq.server.delay import DELAY_LEVELS_MS
+from metaq.timers.levels import (DEFAULT_LEVELS, ENTRY, MAX_LEVELS, BadScheduleEntry, ScheduleEntry, decode_entry,
+                                 effective_level, encode_entry, format_levels, parse_levels)
+from metaq.timers.scheduler import DELAY_LEVELS_MS
 
 
 def test_rocketmq_default_levels():

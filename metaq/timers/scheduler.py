@@ -1,8 +1,12 @@
-"""Delayed delivery: messages put with a delay level become visible in their topic when their time comes.
+"""Delay levels: messages put with a delay level become visible in their topic when their time comes.
+
+Beside the timers of any delivery time (``metaq.timers.service``), whose entry layout (``records.pack_entry``),
+placement at a put (``service.place``), delivered record (``service.deliver``) and wake-ups (``service.announce``)
+it uses; why the two stay apart: the package's docstring.
 
 The design follows RocketMQ's ScheduleMessageService (README "Delayed delivery"):
 
-* ``put_delayed`` stores a *schedule entry* (``metaq.protocol.delay``: real topic,
+* ``put_delayed`` stores a *schedule entry* (``metaq.timers.levels``: real topic,
   partition, flag, data, due time = store time + the level's delay) in the internal
   topic ``SCHEDULE_TOPIC``, partition ``level - 1``, through the normal store put.
   Every entry of a level has the same delay, so each partition is in due order.
@@ -30,19 +34,17 @@ already holds the delivered messages; a slave refuses delayed puts like any put.
 """
 
 import logging
-import random
 
 import gevent
 from gevent.event import Event
 
 from metaq import errors
-from metaq.limits import validate_partition
-from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.delay import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
-                                  encode_entry, format_levels, parse_levels)
 from metaq.protocol.message import HEADER
 from metaq.protocol.stats import DelayLevelRow
 from metaq.server.clock import now_ms
+from metaq.timers.levels import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
+                                 encode_entry, format_levels, parse_levels)
+from metaq.timers.service import announce, deliver, place
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +137,7 @@ class DelayScheduler:
             raise errors.Unavailable("this broker is a replication slave: delayed puts go to the master")
         if level == 0:
             return self.store.put(topic, partition, flag, body, now_ms, checksum=checksum)
-        count = self.store.partitions_of(topic)
-        if partition == -1:
-            partition = random.randrange(count)
-        else:
-            validate_partition(partition, count)
-        self.store.check_creatable(topic, partition)  # a topic limit refuses it now, not at delivery
-        if checksum is None or checksum < 0:
-            checksum = metaq_checksum(body)
+        partition, checksum = place(self.store, topic, partition, body, checksum)
         data = encode_entry(topic, partition, flag, checksum, now_ms + self.levels_ms[level - 1], now_ms, level,
                             body)
         r = self.store.put(SCHEDULE_TOPIC, level - 1, 0, data, now_ms)
@@ -322,8 +317,7 @@ class DelayScheduler:
                 lv.offset += 1
                 continue
             try:
-                r = self.store.put(e.topic, e.partition, e.flag, e.data, now, born_ms=e.born_ms,
-                                   checksum=e.checksum, msg_id=msg_id)
+                r = deliver(self.store, msg_id, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data, now)
             except errors.Unavailable as exc:  # DiskFull: stay on this entry
                 log.warning("delayed delivery: level %d waits: %s", lv.partition + 1, exc)
                 refused = True
@@ -347,12 +341,7 @@ class DelayScheduler:
         return not refused
 
     def _published(self, keys, now):
-        if self.async_flush:
-            self.waiters.notify(keys)
-            if self.store.should_flush(now):
-                self.flusher.wake()
-        else:
-            self.flusher.wake()  # visible once flushed; the flush wakes the long polls
+        announce(self.store, self.waiters, self.flusher, keys, now, self.async_flush)
         self._dirty.set()
 
     # -- the state file ----------------------------------------------------------

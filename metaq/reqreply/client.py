@@ -18,7 +18,7 @@ from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import iter_records
-from metaq.protocol.reqreply import REPLY_ERROR, is_request, reply_properties
+from metaq.reqreply.records import REPLY_ERROR, is_request, reply_properties
 
 __all__ = ["request", "replying", "reply_message"]
 

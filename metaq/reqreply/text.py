@@ -1,5 +1,5 @@
 """The text protocol's request-reply commands, ``request`` and ``reply`` (our extension; README "Request-reply",
-``metaq.protocol.reqreply``, ``metaq.server.replies``).
+``metaq.reqreply.records``, ``metaq.reqreply.service``).
 
 ``request``: the request is entered in the pending table (503 past its bounds, nothing stored), its message
 stored with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added, and, from a greenlet of
@@ -13,12 +13,12 @@ over, 404 when nobody waits for it. It is not stored.
 from metaq import errors
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_record
-from metaq.protocol.reqreply import properties_of, reply_topic, request_properties, with_properties
+from metaq.reqreply.records import properties_of, reply_topic, request_properties, with_properties
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.clock import now_ms
 from metaq.server.guard import PUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
-from metaq.server.replies import STOPPING, ReplyMessage
+from metaq.reqreply.service import STOPPING, ReplyMessage
 
 
 class TextRequests:

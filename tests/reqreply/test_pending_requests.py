@@ -1,10 +1,10 @@
-"""The pending-request table of request-reply (``metaq.server.pending``): bounds at and one past, take, expire,
+"""The pending-request table of request-reply (``metaq.reqreply.state``): bounds at and one past, take, expire,
 a connection closing; and the remoting producers' client-id map replies are pushed by."""
 
 import pytest
 
 from metaq import errors
-from metaq.server.pending import PendingRequests
+from metaq.reqreply.state import PendingRequests
 from metaq.server.remoting.clients import ProducerRegistry
 
 

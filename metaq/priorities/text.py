@@ -1,4 +1,4 @@
-"""``put_prio`` and ``get_prio`` (consumer priorities, ``protocol/priority.py``; README "Priorities").
+"""``put_prio`` and ``get_prio`` (consumer priorities, ``priorities/wire.py``; README "Priorities").
 
 ``put_prio`` is a put with a priority: ``PutPath.append(priority=)`` stores it in its level's sub-queue
 (``<topic>%P<k>``, level 0 the topic itself) and it is answered as a put is. ``get_prio`` carries the consumer's
@@ -11,7 +11,7 @@ checked at every read, before anything is read, as a get's is (text/expect.py): 
 """
 
 from metaq import errors
-from metaq.protocol.priority import choose_level, encode_get_prio_prefix, level_topic
+from metaq.priorities.wire import choose_level, encode_get_prio_prefix, level_topic
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in_record_head

@@ -30,7 +30,7 @@ from metaq.client.message import Message
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.protocol.priority import PriorityGet, decode_get_prio_body, level_topic
+from metaq.priorities.wire import PriorityGet, decode_get_prio_body, level_topic
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Request-reply routing (README "Request-reply"): a reply, from either protocol, handed to the connection of
 the requester that waits for it.
 
-Text-protocol requesters wait here: ``open`` enters a request into the pending table (``server.pending``:
+Text-protocol requesters wait here: ``open`` enters a request into the pending table (``reqreply.state``:
 bounded per connection and on the broker) under a correlation id of our making, and ``wait`` parks the
 request's greenlet until its reply comes or its timeout passes. RocketMQ requesters wait in their own client:
 a reply naming one (``REPLY_TO_CLIENT`` = its client id) is pushed to the connection its last producer
@@ -20,8 +20,8 @@ import gevent
 from gevent.event import AsyncResult
 
 from metaq import errors
-from metaq.protocol.reqreply import TEXT_REQUESTER, routing
-from metaq.server.pending import PendingRequests
+from metaq.reqreply.records import TEXT_REQUESTER, routing
+from metaq.reqreply.state import PendingRequests
 
 
 class ReplyMessage(NamedTuple):

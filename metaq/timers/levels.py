@@ -1,4 +1,4 @@
-"""Delayed delivery, the pure part: delay levels and the schedule entry a delayed put stores.
+"""Delay levels, the pure part: the levels and the schedule entry a delayed put (``put_delayed``) stores.
 
 **Levels** follow RocketMQ's ``messageDelayLevel``: a space-separated list such
 as ``"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"``; each item
@@ -12,7 +12,9 @@ negative level is always a mistake, so we say so).
 **Schedule entry.** A delayed message first goes to the internal topic
 ``SCHEDULE_TOPIC`` (RocketMQ's name), partition ``level - 1``, as a record whose
 flag is 0 and whose data is ``ENTRY`` + the real topic (UTF-8) + the original
-data (attribute block + payload, exactly as put)::
+data (attribute block + payload, exactly as put). ``ENTRY`` is the timer ENTRY's
+layout (``metaq.timers.records``: ``pack_entry``, ``unpack_entry``) with its own
+magic and the level in the kind's byte::
 
     offset size field
     0      4    magic      ENTRY_MAGIC b"MQDE"
@@ -30,11 +32,10 @@ the configuration never moves an entry already scheduled.
 """
 
 import re
-import struct
 from typing import NamedTuple
 
 from metaq.errors import ClientError, StoreError
-from metaq.limits import MAX_NAME_BYTES
+from metaq.timers.records import ENTRY, pack_entry, unpack_entry
 
 __all__ = [
     "SCHEDULE_TOPIC",
@@ -68,9 +69,7 @@ MAX_DELAY_MS = 1000 * 86_400_000
 
 _ITEM = re.compile(r"([0-9]{1,9})([smhd])")
 
-#: magic, version, level, topic_len, partition, flag, checksum, due_ms, born_ms.
-ENTRY = struct.Struct(">4sBBHiiiqq")
-assert ENTRY.size == 36
+# ENTRY (timers/records.py): magic, version, level, topic_len, partition, flag, checksum, due_ms, born_ms.
 ENTRY_MAGIC = b"MQDE"
 ENTRY_VERSION = 1
 
@@ -139,26 +138,13 @@ def effective_level(level, count):
 
 def encode_entry(topic, partition, flag, checksum, due_ms, born_ms, level, data):
     """The schedule entry's record data: ENTRY, the real topic, the original data."""
-    topic_bytes = topic.encode("utf-8")
-    if not 0 < len(topic_bytes) <= MAX_NAME_BYTES:
-        raise ClientError("topic name must be 1..%d bytes, got %d" % (MAX_NAME_BYTES, len(topic_bytes)))
     if not 1 <= level <= MAX_LEVELS:
         raise ClientError("delay level %d is outside 1..%d" % (level, MAX_LEVELS))
-    head = ENTRY.pack(ENTRY_MAGIC, ENTRY_VERSION, level, len(topic_bytes), partition, flag, checksum,
-                      due_ms, born_ms)
-    return b"".join((head, topic_bytes, data))
+    return pack_entry(ENTRY_MAGIC, ENTRY_VERSION, level, topic, partition, flag, checksum, due_ms, born_ms, data)
 
 
 def decode_entry(data):
     """Decode a schedule entry's record data (bytes or memoryview); BadScheduleEntry if it is not one."""
-    if len(data) < ENTRY.size:
-        raise BadScheduleEntry("schedule entry of %d bytes is shorter than its %d-byte header"
-                               % (len(data), ENTRY.size))
-    magic, version, level, tlen, partition, flag, checksum, due_ms, born_ms = ENTRY.unpack_from(data, 0)
-    if magic != ENTRY_MAGIC or version != ENTRY_VERSION:
-        raise BadScheduleEntry("not a schedule entry (magic %r, version %d)" % (bytes(magic), version))
-    end = ENTRY.size + tlen
-    if tlen == 0 or end > len(data):
-        raise BadScheduleEntry("schedule entry topic length %d does not fit in %d bytes" % (tlen, len(data)))
-    topic = bytes(data[ENTRY.size:end]).decode("utf-8", "replace")
-    return ScheduleEntry(topic, partition, flag, checksum, due_ms, born_ms, level, bytes(data[end:]))
+    level, topic, partition, flag, checksum, due_ms, born_ms, body = unpack_entry(
+        data, ENTRY_MAGIC, ENTRY_VERSION, BadScheduleEntry, "schedule entry")
+    return ScheduleEntry(topic, partition, flag, checksum, due_ms, born_ms, level, body)

@@ -1,13 +1,13 @@
-"""Consumer priorities, sans-IO (protocol/priority.py): level names, put_prio/get_prio lines, the reply body and
+"""Consumer priorities, sans-IO (priorities/wire.py): level names, put_prio/get_prio lines, the reply body and
 the broker's choice of a level (times passed in)."""
 
 import pytest
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.priority import (PriorityGet, PriorityPut, choose_level, decode_get_prio_body,
-                                     encode_get_prio_prefix, is_level_topic, level_topic, split_level,
-                                     with_owner_keys)
+from metaq.priorities.wire import (PriorityGet, PriorityPut, choose_level, decode_get_prio_body,
+                                   encode_get_prio_prefix, is_level_topic, level_topic, split_level,
+                                   with_owner_keys)
 from metaq.protocol.text import TextParser, serialize
 
 

@@ -4,7 +4,7 @@ requests of 4 MiB held 1.3 GB for their whole timeout). Over fakes of the put pa
 import sys
 import types
 
-from metaq.server.text.requests import TextRequests
+from metaq.reqreply.text import TextRequests
 
 
 class Path:

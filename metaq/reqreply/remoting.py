@@ -1,7 +1,7 @@
 """Request-reply on the remoting port (RocketMQ's RIP-16; README "Request-reply"): SEND_REPLY_MESSAGE (324) and
 SEND_REPLY_MESSAGE_V2 (325) from a replier, PUSH_REPLY_MESSAGE_TO_CLIENT (326) to a requester.
 
-A reply is routed by ``metaq.server.replies.ReplyRouter``: to a text-protocol requester waiting on this broker,
+A reply is routed by ``metaq.reqreply.service.ReplyRouter``: to a text-protocol requester waiting on this broker,
 or to the RocketMQ client its ``REPLY_TO_CLIENT`` names, found by its producer heartbeats
 (``ProducerRegistry.client``) and pushed on the connection they came over. The replier is answered SUCCESS
 (``msgId`` "0", ``queueOffset`` 0, as RocketMQ does) once the reply is handed over, SYSTEM_ERROR with RocketMQ's
@@ -12,14 +12,14 @@ answered and dropped at once.
 
 from metaq import errors
 from metaq.protocol.compression import COMPRESSION_BITS
-from metaq.protocol.reqreply import PUSH_REPLY_TIME
+from metaq.reqreply.records import PUSH_REPLY_TIME
 from metaq.protocol.rocketmq.bodies import decode_properties, encode_properties
 from metaq.protocol.rocketmq.headers import decode_send_header, push_reply_fields, send_response_fields
 from metaq.protocol.rocketmq.mapping import RecordFields, message_of_record, record_data_from_send
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode, response_for
 from metaq.server.clock import now_ms
 from metaq.server.inflate import inflate_body
-from metaq.server.replies import ReplyMessage
+from metaq.reqreply.service import ReplyMessage
 
 
 class RemotingReplies:
