@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers"}
+FEATURES = {"timers", "admin"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -69,6 +69,8 @@ FEATURE_ROLES = {
     "service": "service",  # the gevent service
     "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
     "client": "client",
+    "cli": "client",  # a command line: a program's arguments and commands, or one feature's commands of it
+    "tools": "client",  # command-line tools and what a command line's commands share
 }
 
 #: A role -> the layer whose rules its modules get.

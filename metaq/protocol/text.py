@@ -14,7 +14,7 @@ the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the op
 ``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
 (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
-``metaq.protocol.priority``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
+``metaq.protocol.priority``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
 line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown
 or over the limit, line over the limit, EOF inside a frame): then every later ``next_event()`` raises the same
@@ -51,7 +51,8 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire, priority, topicadmin  # noqa: F401 - they declare their commands
+from metaq.admin import wire as admin_wire  # noqa: F401 - it declares its commands
+from metaq.protocol import priority, topicadmin  # noqa: F401 - they declare their commands
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.protocol.burst import scan_puts
 from metaq.protocol.commands import (
@@ -500,7 +501,7 @@ def _serialize_result(e):
 
 
 
-# -- the declarations: MetaQ's commands and our core extensions (the features' own: adminwire, priority,
+# -- the declarations: MetaQ's commands and our core extensions (the features' own: admin.wire, priority,
 # timers.wire, each in its module). The usage text is what a wrong token count is answered with.
 
 _REQUESTS = (

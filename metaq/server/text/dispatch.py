@@ -14,7 +14,9 @@ import gevent
 
 import metaq
 from metaq import errors, limits
-from metaq.protocol import adminwire, commands, events as ev
+from metaq.admin import wire as adminwire
+from metaq.admin.text import TextAdmin
+from metaq.protocol import commands, events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.priority import PriorityGet, PriorityPut
 from metaq.protocol.idempotence import DUPLICATE_MARK
@@ -26,7 +28,6 @@ from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
-from metaq.server.text.admin import TextAdmin
 from metaq.server.text.expect import check_expected
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
@@ -90,8 +91,8 @@ class TextDispatcher:
         """``tx``: the text transaction front (``text.transactions.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
-        ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
-        ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
+        ``admin``: the admin operations (``admin.service.AdminOps``; None: the admin extensions answered 400);
+        ``group_members``: told which connection commits or queries which group (``admin.service.TextGroupMembers``);
         ``topics``: the topic table's service (``server.topictable.TopicAdmin``; None: ``topic`` answered 400)."""
         self.group_members = group_members
         self.topics = topics

@@ -1,5 +1,5 @@
 """The HTTP port's admin routes: what ``metaq-admin reset-offsets`` and ``dlq`` do, over the same
-``server/adminops.py`` (README "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
+``admin/service.py`` (README "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
 
 =========================================================  ======================================================
 ``GET /api/groups/{group}``                                the group's live members and broker-kept offsets
