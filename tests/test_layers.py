@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "admin"}
+FEATURES = {"timers", "admin", "filters"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -71,6 +71,7 @@ FEATURE_ROLES = {
     "client": "client",
     "cli": "client",  # a command line: a program's arguments and commands, or one feature's commands of it
     "tools": "client",  # command-line tools and what a command line's commands share
+    "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
 }
 
 #: A role -> the layer whose rules its modules get.

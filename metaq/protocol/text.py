@@ -11,7 +11,7 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
-``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
+``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
 (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.protocol.priority``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
@@ -73,7 +73,7 @@ from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
-from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
+from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 

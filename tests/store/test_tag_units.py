@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from metaq.protocol import burst, events as ev, idemburst
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
-from metaq.protocol.tags import parse_tag_expression, tag_code
+from metaq.filters.wire import parse_tag_expression, tag_code
 from metaq.protocol.text import serialize
 from metaq.store import batch, recovery_scan
 from metaq.store.files import CHECKPOINT_MAGIC
@@ -244,7 +244,7 @@ def test_read_tagged_reads_only_wanted_records_and_moves_past_the_rest(tmp_path)
 
 
 def test_joined_body_gives_each_record_its_offset(tmp_path):
-    from metaq.protocol.tags import OFFSET_FIELD, decode_tagged_body
+    from metaq.filters.wire import OFFSET_FIELD, decode_tagged_body
 
     s = tagged_store(tmp_path, ["A", "B", "A"])
     r = s.read_tagged("test", 0, 0, parse_tag_expression("A"), 100, 1 << 20)

@@ -1,4 +1,4 @@
-"""Tags, their hash and tag expressions (protocol/tags.py), and the get_tags request and reply body."""
+"""Tags, their hash and tag expressions (filters/wire.py), and the get_tags request and reply body."""
 
 import pytest
 from hypothesis import given
@@ -9,7 +9,7 @@ from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
-from metaq.protocol.tags import (OFFSET_FIELD, decode_tagged_body, decode_tagged_reply, parse_tag_expression,
+from metaq.filters.wire import (OFFSET_FIELD, decode_tagged_body, decode_tagged_reply, parse_tag_expression,
                                  tag_code, tag_token, tags_of_attribute)
 from metaq.protocol.text import TextParser, serialize
 

@@ -1,7 +1,7 @@
 """Filtered reads: the records a tag filter wants, found by their index units (``MessageStore.read_tagged``).
 
 As RocketMQ's ConsumeQueue does: each 16-byte index unit holds its record's
-tag hash (``protocol.tags.tag_code``), so a unit whose hash the filter does
+tag hash (``filters.wire.tag_code``), so a unit whose hash the filter does
 not want is passed over without touching the commit log. A unit whose hash
 is wanted is read: the record is checked (``record_ok``, its CRC included, as
 every read checks) and its real tags compared with the filter's
@@ -22,7 +22,7 @@ import struct
 from typing import List, NamedTuple
 
 from metaq.errors import CorruptRecord, Moved
-from metaq.protocol.tags import OFFSET_FIELD
+from metaq.filters.wire import OFFSET_FIELD
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_is, record_ok, record_tags
 
