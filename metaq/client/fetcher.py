@@ -26,9 +26,9 @@ from metaq import errors, limits
 from metaq.client.divergence import MATCH, MISMATCH, Checkpoints, probe_verdict, rewind_time_ms
 from metaq.client.message import Message
 from metaq.client.replies import reply_error
+from metaq.filters.wire import decode_tagged_reply
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.filters.wire import decode_tagged_reply
 
 log = logging.getLogger(__name__)
 

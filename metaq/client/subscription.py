@@ -4,8 +4,8 @@ from typing import Callable, NamedTuple, Optional
 
 from metaq import errors
 from metaq.client.message import Partition
-from metaq.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
 from metaq.filters.wire import tag_token
+from metaq.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
 
 __all__ = ["Subscription", "make_filter", "broker_tags", "as_partition"]
 

@@ -1,7 +1,7 @@
 """Filtered reads: the records a tag filter wants, found by their index units (``MessageStore.read_tagged``).
 
 As RocketMQ's ConsumeQueue does: each 16-byte index unit holds its record's
-tag hash (``filters.wire.tag_code``), so a unit whose hash the filter does
+tag hash (``protocol.tags.tag_code``), so a unit whose hash the filter does
 not want is passed over without touching the commit log. A unit whose hash
 is wanted is read: the record is checked (``record_ok``, its CRC included, as
 every read checks) and its real tags compared with the filter's

@@ -1,19 +1,7 @@
-"""A record's tags, their hash in the index unit, and tag expressions (sans-IO).
+"""Tag expressions and the get_tags reply body (sans-IO).
 
-**A record's tags** are the bytes of its attribute before the first ``\\x02``
-(``metaq.protocol.rocketmq.mapping``: ``attribute = TAGS "\\x02" properties``);
-a plain MetaQ attribute (no ``\\x02``) is its own tags, whole. A record
-without an attribute has empty tags. So a RocketMQ message's ``TAGS``, a
-text put's attribute and an idempotent put's user attribute (the broker adds
-its identity after a ``\\x02``) are each the tags, and nothing else is.
-
-**The index unit's tag hash** (the third field of the 16-byte unit,
-``store.index``) is ``tag_code(tags)``: the metaq checksum (CRC-32 masked to
-31 bits) of the tags' bytes; 0 for empty tags (CRC-32 of nothing is 0). Every
-writer computes it the same way: ``store.record.tag_hash`` (a put, recovery,
-a slave's apply), ``protocol.burst`` and ``protocol.idemburst`` (the fast
-paths, and their C twins in ``_speedups.c`` / ``_idemscan.c``), and recovery's
-scan in C (``_recoveryscan.c``, twin ``store.recovery_scan``).
+A record's tags and the index unit's hash of them (``protocol.tags``: the attribute before its first ``\\x02``,
+``tag_code``) are what a filter compares.
 
 **A tag expression** (a RocketMQ ``TAG`` subscription, a text ``get_tags``)
 names the tags wanted: ``A || B`` (RocketMQ's form) or ``A||B`` (the text
@@ -32,12 +20,11 @@ from metaq import limits
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER, Record
+from metaq.protocol.tags import SEPARATOR, tag_code
 
-__all__ = ["SEPARATOR", "TAG_SEPARATOR", "OFFSET_FIELD", "TagFilter", "tags_of_attribute", "tag_code",
-           "parse_tag_expression", "tag_token", "decode_tagged_body", "decode_tagged_reply", "PASSED_SUFFIX"]
+__all__ = ["TAG_SEPARATOR", "OFFSET_FIELD", "TagFilter", "parse_tag_expression", "tag_token", "decode_tagged_body",
+           "decode_tagged_reply", "PASSED_SUFFIX"]
 
-#: What ends the tags inside an attribute (the RocketMQ mapping's property separator).
-SEPARATOR = b"\x02"
 #: What separates the names of a tag expression.
 TAG_SEPARATOR = "||"
 #: A queue offset in a ``get_tags`` reply body: the next offset first, then one before each record.
@@ -47,17 +34,6 @@ OFFSET_FIELD = struct.Struct(">q")
 #: events.GetTags ``passed``): the reply's next offset is followed by the id of the record before it (an
 #: ``OFFSET_FIELD``-sized int64, -1 when none is held).
 PASSED_SUFFIX = ":passed"
-
-
-def tags_of_attribute(attribute):
-    """The tags (bytes) of an attribute's bytes: everything before the first ``\\x02``."""
-    i = attribute.find(SEPARATOR)
-    return attribute if i < 0 else attribute[:i]
-
-
-def tag_code(tags):
-    """The index unit's tag hash of ``tags`` (bytes): their metaq checksum, 0 for empty tags."""
-    return metaq_checksum(tags) if tags else 0
 
 
 class TagFilter(NamedTuple):

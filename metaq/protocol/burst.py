@@ -22,7 +22,7 @@ Each taken frame is ``(topic, partition, flag, opaque, body_start, body_len, crc
 ``topic`` as bytes (consecutive frames with the same topic share one object),
 ``crc`` the unsigned CRC-32 of the body (its checksum is ``crc & 0x7FFFFFFF``);
 a frame with an attribute has an eighth field, the index unit's tag hash
-(``filters.wire.tag_code`` of the attribute's part before its first ``\\x02``).
+(``protocol.tags.tag_code`` of the attribute's part before its first ``\\x02``).
 
 The answers to a burst are encoded here too: ``encode_put_acks`` gives the
 ``result 200`` replies of a run of stored frames (from what the store reports
@@ -41,7 +41,7 @@ import zlib
 from metaq import speedups
 from metaq.protocol.idempotence import MARK, SEQ_PROPERTY
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
-from metaq.filters.wire import tag_code, tags_of_attribute
+from metaq.protocol.tags import tag_code, tags_of_attribute
 
 INT32_MAX = 2**31 - 1
 #: The idempotent producer's reserved properties (``protocol.idempotence``) as they appear in an attribute.

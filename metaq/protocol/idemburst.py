@@ -17,7 +17,7 @@ gives ``(topic, partition, flag, opaque, start, length, crc, tag, pid, seq, put_
 ``flag`` the stored flag (bit 0 set), ``start``/``length`` the stored data in the
 returned buffer, ``crc`` its unsigned CRC-32 (its checksum is
 ``crc & 0x7FFFFFFF``) and ``tag`` the index unit's tag hash
-(``filters.wire.tag_code`` of the stored attribute's part before its first
+(``protocol.tags.tag_code`` of the stored attribute's part before its first
 ``\\x02``: the put's own tags); ``put_length`` is the length of the put's
 own data (the frame's ``<len>``, what the broker's stats count) and ``frame_end``
 where the frame ends in ``buf``. The first seven fields are what a plain
@@ -35,7 +35,7 @@ from metaq import speedups
 from metaq.errors import ClientError
 from metaq.protocol.idempotence import scan_put_idem, with_identity
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
-from metaq.filters.wire import tag_code, tags_of_attribute
+from metaq.protocol.tags import tag_code, tags_of_attribute
 
 __all__ = ["scan_idem_burst", "scan_idem_burst_py"]
 

@@ -25,6 +25,7 @@ import re
 
 from metaq import limits
 from metaq.errors import ClientError, InvalidTopic, RemoteProtocolError
+from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
     Auth,
@@ -73,7 +74,6 @@ from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
-from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 

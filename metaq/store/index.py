@@ -3,7 +3,7 @@
 Unit *n* (offset *n*) describes the record with queue offset *n*::
 
     UNIT  >qii   commit-log position of the record (int64), record total size (int32),
-                 tag hash (int32): filters.wire.tag_code of the record's tags (its attribute
+                 tag hash (int32): protocol.tags.tag_code of the record's tags (its attribute
                  before the first \x02), 0 without; TAG_FORMAT names this definition
 
 A unit with size 0 is empty. Files are named by their first unit's byte

@@ -30,7 +30,7 @@ from metaq import speedups
 from metaq.errors import ClientError
 from metaq.protocol.checksum import crc32, metaq_checksum
 from metaq.protocol.message import HEADER
-from metaq.filters.wire import SEPARATOR, tag_code
+from metaq.protocol.tags import SEPARATOR, tag_code
 
 #: total_size, magic, crc, partition, queue_offset, store_ts_ms, born_ts_ms, topic_len.
 PREFIX = struct.Struct(">iIIiqqqh")
@@ -76,7 +76,7 @@ def metaq_offset(topic_len):
 
 
 def record_tags(flag, data):
-    """The tags of a record's data (``filters.wire``: its attribute before the first ``\\x02``) as bytes;
+    """The tags of a record's data (``protocol.tags``: its attribute before the first ``\\x02``) as bytes;
     ``b""`` when there is no (well-formed) attribute."""
     if not flag & ATTRIBUTE_FLAG or len(data) < 4:
         return b""
@@ -90,7 +90,7 @@ def record_tags(flag, data):
 
 
 def tag_hash(flag, data):
-    """The index unit's tag hash of a record's data: ``filters.wire.tag_code`` of its tags (0 without)."""
+    """The index unit's tag hash of a record's data: ``protocol.tags.tag_code`` of its tags (0 without)."""
     return tag_code(record_tags(flag, data))
 
 

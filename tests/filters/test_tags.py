@@ -1,4 +1,4 @@
-"""Tags, their hash and tag expressions (filters/wire.py), and the get_tags request and reply body."""
+"""Tag expressions (filters/wire.py), and the get_tags request and reply body."""
 
 import pytest
 from hypothesis import given
@@ -6,19 +6,13 @@ from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.errors import ClientError, RemoteProtocolError
+from metaq.filters.wire import (OFFSET_FIELD, decode_tagged_body, decode_tagged_reply, parse_tag_expression,
+                                tag_token)
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
-from metaq.filters.wire import (OFFSET_FIELD, decode_tagged_body, decode_tagged_reply, parse_tag_expression,
-                                 tag_code, tag_token, tags_of_attribute)
+from metaq.protocol.tags import tag_code
 from metaq.protocol.text import TextParser, serialize
-
-
-def test_tags_are_the_attribute_before_the_separator():
-    assert tags_of_attribute(b"TagA\x02KEYS\x01k") == b"TagA"
-    assert tags_of_attribute(b"color=red") == b"color=red"
-    assert tags_of_attribute(b"\x02METAQ_PID\x017") == b""
-    assert tag_code(b"") == 0 and tag_code(b"TagA") == metaq_checksum(b"TagA")
 
 
 def test_expressions():

@@ -16,6 +16,7 @@ import metaq
 from metaq import errors, limits
 from metaq.admin import wire as adminwire
 from metaq.admin.text import TextAdmin
+from metaq.filters.text import TagScan
 from metaq.protocol import commands, events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.priority import PriorityGet, PriorityPut
@@ -31,7 +32,6 @@ from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.expect import check_expected
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
-from metaq.filters.text import TagScan
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 
