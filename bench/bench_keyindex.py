@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from metaq.protocol.message import encode_payload  # noqa: E402
 from metaq.protocol.rocketmq.mapping import encode_attribute  # noqa: E402
-from metaq.store import keyindex  # noqa: E402
+from metaq.keys import index as keyindex  # noqa: E402
 from metaq.store.config import StoreConfig, TopicSpec  # noqa: E402
 from metaq.store.store import MessageStore  # noqa: E402
 
@@ -37,9 +37,9 @@ NOW = 1_700_000_000_000
 
 
 def flushed_and_indexed(s):
-    """Flush, then index as the broker's flusher does: ``index_keys`` steps until it says it is done."""
+    """Flush, then index as the broker's flusher does: ``follow_log`` steps until it says it is done."""
     s.mark_flushed(s.flush_log())
-    while s.index_keys():
+    while s.follow_log():
         pass
 
 
@@ -68,7 +68,7 @@ def indexing_run(kind, n):
         started, longest = time.perf_counter(), 0.0
         while True:
             t = time.perf_counter()
-            more = s.index_keys()
+            more = s.follow_log()
             longest = max(longest, time.perf_counter() - t)
             if not more:
                 break

@@ -33,7 +33,7 @@ from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.message import iter_records  # noqa: E402
 from metaq.protocol.priority import PriorityPut  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
-from metaq.protocol.topicadmin import TopicCommand  # noqa: E402
+from metaq.topics.wire import TopicCommand  # noqa: E402
 
 LEVELS = 3
 MAX_SIZE = 256 * 1024

@@ -55,7 +55,7 @@ def start(root, kind, name, cert, key):
         security = {"tls": {"mode": "on", "cert": cert, "key": key}}
     elif kind == "auth":
         acl = os.path.join(wd, "acl.yaml")
-        with open(acl, "w") as f:
+        with open(os.open(acl, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # others may not read it
             yaml.safe_dump({"users": {USER: {"secret": SECRET, "topics": {"bench": "pub|sub"},
                                              "groups": {"g": "sub"}}}}, f)
         security = {"acl_file": acl}

@@ -4,7 +4,7 @@
  *
  *   scan_log(buf, rel, size, base, max_records)  == metaq.store.recovery_scan.scan_log_py
  *   write_units(dst, at, src, src_at, n)         == metaq.store.recovery_scan.write_units_py
- *   keyed_records(buf, rel, stop, end)           == metaq.store.keyindex.keyed_records_py
+ *   keyed_records(buf, rel, stop, end)           == metaq.keys.index.keyed_records_py
  *
  * scan_log checks the records from rel on exactly as metaq.store.record.check_record does (magic, sizes, CRC)
  * and stops at the first one that fails (or after max_records, or at size). It returns, in one call, what the
@@ -364,7 +364,7 @@ PyObject *nonzero_end(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(hi > start ? hi : start);
 }
 
-/* keyed_records(buf, rel, stop, end) == metaq.store.keyindex.keyed_records_py: walk the records from rel (while
+/* keyed_records(buf, rel, stop, end) == metaq.keys.index.keyed_records_py: walk the records from rel (while
  * rel < stop and a marker fits before end; a marker that is not a message's, or a size that is not positive or
  * runs past end, stops the walk) and return (where the walk stopped, [rel of each record whose header flag has
  * the attribute bit]). The key index's catch-up looks only at those: most records carry no attribute, and one

@@ -27,7 +27,7 @@
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
  *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
  *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
- *   keyed_records(buf, rel, stop, end)            == metaq.store.keyindex.keyed_records_py (_recoveryscan.c)
+ *   keyed_records(buf, rel, stop, end)            == metaq.keys.index.keyed_records_py (_recoveryscan.c)
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;

@@ -99,7 +99,7 @@ class Forbidden(ClientError):
 
 
 class TopicForbidden(Forbidden):
-    """The topic's permission (the topic table's ``perm``: store/topics.py) refuses this put or read: 403 on the
+    """The topic's permission (the topic table's ``perm``: topics/table.py) refuses this put or read: 403 on the
     text port, NO_PERMISSION (16) on the remoting port, as RocketMQ's broker answers a topic without the permission."""
 
 

@@ -53,7 +53,7 @@ MAX_TOPICS = 1024
 #: costs an index file (from 4 KiB, growing with use), a map and a checkpoint entry.
 MAX_TOTAL_PARTITIONS = 4096
 
-#: Largest topic table file (``<data_dir>/topics.json``, store/topics.py) and its copy in a replication frame.
+#: Largest topic table file (``<data_dir>/topics.json``, topics/table.py) and its copy in a replication frame.
 MAX_TOPIC_TABLE_BYTES = 1 << 20
 
 #: Longest topic or group name, in bytes.
@@ -297,8 +297,42 @@ AUTH_FAILURES_BEFORE_DELAY = 5
 AUTH_FAILURE_WINDOW_S = 60.0
 AUTH_FAILURE_DELAY_S = 1.0
 
-#: Addresses whose recent failures are remembered (the oldest is forgotten past it).
+#: Failed authentications one address prefix (an IPv4 /24, an IPv6 /64: ``AUTH_PREFIX_V4``, ``AUTH_PREFIX_V6``)
+#: may make in ``AUTH_FAILURE_WINDOW_S`` before each further one from it is delayed: a guesser rotating its
+#: source address within its network is slowed like one that keeps it.
+AUTH_PREFIX_FAILURES_BEFORE_DELAY = 20
+AUTH_PREFIX_V4 = 24
+AUTH_PREFIX_V6 = 64
+
+#: Addresses and prefixes whose recent failures are remembered (the oldest is forgotten past it).
 MAX_AUTH_FAILURE_ADDRESSES = 10_000
+
+#: Fewest bytes of a user's secret in the permissions file: shorter is refused when the file is read (a
+#: guesser's work doubles with each random bit; RocketMQ refuses a secretKey of 6 characters or fewer).
+MIN_USER_SECRET_BYTES = 12
+
+#: Seconds a connection to a port with authentication on has to log in (text ``auth``, a signed RocketMQ request,
+#: an HTTP request with a user's credentials) before it is closed: a stranger holds a connection only that long.
+LOGIN_TIMEOUT_S = 10.0
+
+#: Connections not yet logged in that one address may hold, and the share of the connection cap all of them
+#: may (``max_unauthenticated_for``): counted apart from logged-in connections, so strangers never fill the cap.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 16
+UNAUTHENTICATED_SHARE = 0.25
+
+#: A text request's body before its connection has logged in (``auth``, ``version`` and ``quit`` have none; a
+#: pipelined small put after ``auth`` fits): a larger one closes the connection before a byte of it is held.
+MAX_PRELOGIN_BODY_BYTES = 64 * 1024
+
+#: Bytes of unfinished requests all connections not yet logged in may hold, in all: their own budget, apart from
+#: logged-in users' ``MAX_PARTIAL_REQUEST_BYTES``, so strangers never make a user's request wait.
+MAX_PRELOGIN_PARTIAL_BYTES = 16 << 20
+
+
+def max_unauthenticated_for(max_connections):
+    """Connections not yet logged in the whole broker may hold: ``UNAUTHENTICATED_SHARE`` of the cap (at least 16)."""
+    return max(16, int(max_connections * UNAUTHENTICATED_SHARE))
+
 
 #: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
@@ -421,7 +455,7 @@ MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
 
-# -- the key index (store/keyindex.py; README "Key index") --------------------------------------------------
+# -- the key index (keys/index.py; README "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
 #: ones past it are stored with the message but not indexed, so a message with 10,000 keys costs 32 entries.
 MAX_KEYS_PER_MESSAGE = 32
@@ -436,7 +470,7 @@ MAX_KEY_QUERY_BYTES = 4 << 20
 #: a page that meets no more within them ends with a cursor, so a popular key in a narrow time window costs a
 #: bounded walk per request.
 MAX_KEY_SCAN_ENTRIES = 8192
-#: Commit-log bytes the key index takes in one step (``MessageStore.index_keys``, driven by the flusher's indexer
+#: Commit-log bytes the key index takes in one step (``MessageStore.follow_log``, driven by the flusher's indexer
 #: greenlet after each flush round's waiters are answered, other greenlets running between two steps, until it
 #: reaches the flushed end). Records without a key are passed over at memory speed whatever the step; a step of
 #: 1 KiB RocketMQ messages (each holds a UNIQ_KEY, about 5 us of Python each) holds the event loop about 1.5 ms.

@@ -59,7 +59,7 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "admin", "filters"}
+FEATURES = {"timers", "topics", "offsets", "keys", "admin", "filters"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -69,7 +69,11 @@ FEATURE_ROLES = {
     "service": "service",  # the gevent service
     "text": "front-end", "fasttext": "front-end", "http": "front-end",  # a front-end's handlers
     "client": "client",
-    "cli": "client",  # a command line: a program's arguments and commands, or one feature's commands of it
+    "names": "logic",  # a feature's naming rules (which names are the broker's own)
+    "table": "state", "state": "state", "retention": "state",  # a persistent table, the store's state, retention
+    "files": "state",  # a feature's own data files
+    "cli": "client",  # the feature's metaq-admin command
+    "remoting": "front-end",  # RocketMQ remoting's handlers
     "tools": "client",  # command-line tools and what a command line's commands share
     "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
 }

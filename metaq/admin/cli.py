@@ -34,15 +34,17 @@ import metaq
 from metaq import errors
 from metaq.admin import client as dlq, tools
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import adminoffsets, admintopics, replay
+from metaq.client import replay
 from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
-from metaq.client.offsets import parse_zk_offset
+from metaq.offsets import cli as adminoffsets
+from metaq.offsets.client import parse_zk_offset
 from metaq.protocol import events as ev
-from metaq.protocol import internaltopics
 from metaq.protocol import stats as stats_codec
 from metaq.timers import cli as timers_cli
+from metaq.topics import cli as admintopics
+from metaq.topics import names as internaltopics
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: Seconds a promotion may take at the broker (it stops its link and fsyncs its new epoch).
@@ -387,7 +389,7 @@ def build_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     s = sub.add_parser("stats", help="every broker's stats (or one stats item)")
     s.add_argument("item", nargs="?", help="stats item: topics, offsets, realtime, groups, <topic> ...")
-    admintopics.add_parser(sub)  # topics [list|create|alter|delete] (admintopics.py)
+    admintopics.add_parser(sub)  # topics [list|create|alter|delete] (topics/cli.py)
     s = sub.add_parser("partitions", help="each partition's min and max offsets")
     s.add_argument("topic", nargs="?", help="only this topic")
     s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
@@ -453,7 +455,7 @@ def main(argv=None):
     return EXIT_UNREACHABLE if view.problems else EXIT_OK
 
 
-#: Commands that print as they go (tools, adminoffsets, dlq, timers_cli): ``run(view, args, brokers, render)``.
+#: Commands that print as they go (tools, offsets/cli.py, dlq, timers_cli): ``run(view, args, brokers, render)``.
 RUNNERS = {
     "put": lambda view, args, brokers, render: tools.run_put(view, args, brokers, args.zk),
     "tail": lambda view, args, brokers, render: tools.run_tail(view, args),

@@ -24,9 +24,9 @@ import time
 
 from metaq import errors
 from metaq.auth.acl import ADMIN
-from metaq.protocol.topicadmin import MAX_SETTINGS
 from metaq.server.clock import now_ms
 from metaq.server.http.routes import READ, json_response
+from metaq.topics.wire import MAX_SETTINGS
 
 
 def _admin(guard, session, params):
@@ -35,7 +35,7 @@ def _admin(guard, session, params):
 
 class AdminViews:
     """``admin``: the broker's ``AdminOps``; ``store``: for a partition's bounds; ``topics``: the topic table's
-    service (``server.topictable.TopicAdmin``)."""
+    service (``topics.service.TopicAdmin``)."""
 
     def __init__(self, admin, store, topics, guard):
         self.admin = admin

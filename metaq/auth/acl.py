@@ -269,6 +269,9 @@ def parse_acl(doc, source="the permissions file"):
         secret = secret.encode("utf-8")
         if len(secret) > limits.MAX_SECRET_BYTES:
             raise ConfigError("%s.secret is longer than %d bytes" % (where, limits.MAX_SECRET_BYTES))
+        if len(secret) < limits.MIN_USER_SECRET_BYTES:
+            raise ConfigError("%s.secret is %d bytes: at least %d are needed (a random string: openssl rand -hex 16)"
+                              % (where, len(secret), limits.MIN_USER_SECRET_BYTES))
         own = _grants(entry, where, _USER_KEYS)
         taken = entry.get("roles") or []
         if not isinstance(taken, list) or not all(isinstance(r, str) for r in taken):

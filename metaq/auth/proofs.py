@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import os
 
-__all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "same"]
+__all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "same", "same_secret"]
 
 #: Random bytes in a nonce (hex on the wire: twice as many characters).
 NONCE_BYTES = 16
@@ -61,3 +61,11 @@ def same(a, b):
     if isinstance(b, str):
         b = b.encode("utf-8", "replace")
     return hmac.compare_digest(a, b)
+
+
+def same_secret(given, secret):
+    """Constant-time equality of a secret sent as is (HTTP Basic) with the one on file: their SHA-256 digests are
+    compared, so neither the content nor the length of the secret on file shows in the time taken."""
+    if isinstance(given, str):
+        given = given.encode("utf-8", "replace")
+    return hmac.compare_digest(hashlib.sha256(given).digest(), hashlib.sha256(secret).digest())

@@ -53,12 +53,12 @@ from metaq.client.divergence import ReadsKept
 from metaq.client.fetcher import LONG_POLL_MARGIN_S, STOP_TIMEOUT_S, PartitionFetcher, log_skipped, records_of
 from metaq.client.priofetch import PriorityFetcher, check_levels
 from metaq.client.message import Message, Partition
-from metaq.client.offsets import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
+from metaq.offsets.client import BrokerOffsetStore, LocalFileOffsetStore, ZkOffsetStore
 from metaq.client.replies import reply_error
 from metaq.client.request import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
-from metaq.client.keys import lookup as key_lookup
+from metaq.keys.client import lookup as key_lookup
 from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter
 
 __all__ = ["Consumer", "default_consumer_id"]

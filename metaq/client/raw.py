@@ -26,8 +26,9 @@ __all__ = ["TextClient", "RemotingClient", "pull_fields", "PULL_FLAGS"]
 PULL_FLAGS = 2 | 4
 
 
-def _connect(host, port, timeout, ssl_context=None, server_hostname=None):
-    sock = socket.create_connection((host, port), timeout=timeout)
+def _connect(host, port, timeout, ssl_context=None, server_hostname=None, source=None):
+    sock = socket.create_connection((host, port), timeout=timeout,
+                                    source_address=None if source is None else (source, 0))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if ssl_context is not None:
         sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname or host)
@@ -55,8 +56,9 @@ class TextClient(_Blocking):
     ``put_ok`` and ``stats`` raise AssertionError on any reply but 200 (they are for scripts that must stop there).
     """
 
-    def __init__(self, host, port, timeout=10.0, ssl_context=None, server_hostname=None):
-        self.sock = _connect(host, port, timeout, ssl_context, server_hostname)
+    def __init__(self, host, port, timeout=10.0, ssl_context=None, server_hostname=None, source=None):
+        """``source``: the local address to connect from (a probe of per-address rules), else the system's."""
+        self.sock = _connect(host, port, timeout, ssl_context, server_hostname, source)
         self.parser = TextParser(max_body=64 << 20)
         self._opaque = itertools.count(1)
 

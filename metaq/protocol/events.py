@@ -8,7 +8,7 @@ Every event knows how to serialize itself (see ``metaq.protocol.text.serialize``
 """
 
 from typing import NamedTuple, Optional
-from metaq.protocol import topicadmin
+from metaq.topics import wire as topic_wire
 
 #: opaque used by MetaQ when ``version``/``stats`` carry none.
 DEFAULT_OPAQUE = 2147483647
@@ -255,7 +255,7 @@ class Lookup(NamedTuple):
     ``[sinceMs, untilMs]``, newest first, at most ``max`` (cut to ``limits.MAX_KEY_QUERY_RESULTS``); ``cursor`` is
     ``-`` for the first page, then what the previous page returned.
 
-    Reply ``result 200 <len> opaque`` with a ``protocol.keylookup`` body (the next cursor, how far the index
+    Reply ``result 200 <len> opaque`` with a ``keys.wire`` body (the next cursor, how far the index
     reaches, the messages with their partition, offset and position); 400 for a bad key or cursor; 503 while the
     broker refuses reads.
     """
@@ -269,7 +269,7 @@ class Lookup(NamedTuple):
     opaque: int
 
 
-TopicCommand = topicadmin.TopicCommand  # ``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py)
+TopicCommand = topic_wire.TopicCommand  # ``topic <action> <name> <settings> <opaque>`` (topics/wire.py)
 
 
 class Promote(NamedTuple):

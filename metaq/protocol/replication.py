@@ -123,7 +123,7 @@ PROOF_HEAD = struct.Struct(">BB")
 assert PROOF_HEAD.size == 2
 
 T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_OFFSETS = 1, 2, 3, 4, 5, 6, 7, 8, 9
-#: TOPICS: the master's topic table (store/topics.py) as its JSON file, at most MAX_TOPIC_TABLE_BYTES; sent once per
+#: TOPICS: the master's topic table (topics/table.py) as its JSON file, at most MAX_TOPIC_TABLE_BYTES; sent once per
 #: link and again when it changes. A slave from before the table ends the link at it ("unknown frame type 10").
 T_TOPICS = 10
 

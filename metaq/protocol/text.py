@@ -11,7 +11,7 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.protocol.delay``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
-``metaq.protocol.keylookup``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``),
+``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.protocol.idempotence``), ``request`` and ``reply``
 (request-reply; ``metaq.protocol.reqreply``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.protocol.priority``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
@@ -24,7 +24,7 @@ error again.
 import re
 
 from metaq import limits
-from metaq.errors import ClientError, InvalidTopic, RemoteProtocolError
+from metaq.errors import ClientError, RemoteProtocolError
 from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
@@ -53,8 +53,9 @@ from metaq.protocol.events import (
     Version,
 )
 from metaq.admin import wire as admin_wire  # noqa: F401 - it declares its commands
-from metaq.protocol import priority, topicadmin  # noqa: F401 - they declare their commands
+from metaq.protocol import priority  # noqa: F401 - it declares its commands
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
+from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.protocol.burst import scan_puts
 from metaq.protocol.commands import (
     NEEDS_ADMIN,
@@ -72,7 +73,6 @@ from metaq.protocol.commands import (
 )
 from metaq.protocol.idemburst import scan_idem_burst
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
-from metaq.protocol.topicadmin import TopicCommand
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
@@ -311,14 +311,6 @@ def _parse_sync(t):
     return lambda body: Sync(topic, partition, flag, msg_id, body, opaque, checksum)
 
 
-def _parse_topic(t):
-    try:
-        action, name, settings = topicadmin.parse(t)
-    except (ValueError, InvalidTopic) as exc:
-        raise TokenError(str(exc)) from None
-    return TopicCommand(action, name, settings, parse_int(t[4], "opaque", INT32_MIN, INT32_MAX))
-
-
 def _parse_promote(t):
     force = parse_int(t[1], "force", 0, 1)
     return Promote(bool(force), parse_int(t[2], "opaque", INT32_MIN, INT32_MAX))
@@ -359,10 +351,6 @@ ADMIN_STATS_ITEMS = ("reset", "transactions")
 
 def _stats_need(e):
     return NEEDS_ADMIN if (e.item or "").strip() in ADMIN_STATS_ITEMS else NEEDS_USER
-
-
-def _topic_need(e):
-    return NEEDS_USER if e.action == "list" else NEEDS_ADMIN
 
 
 def _token(text):
@@ -502,7 +490,7 @@ def _serialize_result(e):
 
 
 # -- the declarations: MetaQ's commands and our core extensions (the features' own: admin.wire, priority,
-# timers.wire, each in its module). The usage text is what a wrong token count is answered with.
+# timers.wire, topics.wire, each in its module). The usage text is what a wrong token count is answered with.
 
 _REQUESTS = (
     ("put", Put, (6, 7, 8), "6, 7 or 8 tokens", _parse_put, _serialize_put, NEEDS_HANDLER, 3, _fast_put, scan_puts,
@@ -548,9 +536,6 @@ _REQUESTS = (
       b"transaction XID:a:b:1 s PREPARE 30 q 1\r\n")),
     ("sync", Sync, (7, 8), "7 or 8 tokens", _parse_sync, _serialize_sync, NEEDS_ADMIN, 3, None, None,
      (b"sync t 0 2 0 12345 -1 5\r\nhi",)),
-    ("topic", TopicCommand, (5,), "5 tokens (topic <create|alter|delete|list> <name|-> <settings|-> <opaque>)",
-     _parse_topic, topicadmin.serialize, depends(_topic_need), None, None, None,
-     (b"topic list - - 1\r\n", b"topic create orders partitions=4 2\r\n")),
     ("promote", Promote, (3,), "3 tokens (promote <force 0|1> <opaque>)", _parse_promote, _serialize_promote,
      NEEDS_ADMIN, None, None, None, (b"promote 0 1\r\n",)),
     ("auth", Auth, (3, 5), "3 or 5 tokens (auth <user> <opaque>, auth <user> <client nonce> <proof> <opaque>)",

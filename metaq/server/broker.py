@@ -17,7 +17,7 @@ from metaq.protocol.priority import with_owner_keys
 from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
 from metaq.server.http.origin import BrowserCheck
-from metaq.server.connections import ConnectionCore, ConnectionLimits
+from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.server.delay import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.guard import Guard
@@ -37,7 +37,7 @@ from metaq.server.text.server import TextFrontEnd
 from metaq.server.text.transactions import TextTransactions
 from metaq.server.tls import TlsPolicy
 from metaq.server.transactions import TxService
-from metaq.server.topictable import TopicAdmin
+from metaq.topics.service import TopicAdmin
 from metaq.store.store import MessageStore
 from metaq.timers.http import TimerViews, add_timer_routes
 from metaq.timers.service import TimerService
@@ -73,7 +73,9 @@ class Broker:
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
-                                                    lim.max_partial_request_bytes),
+                                                    lim.max_partial_request_bytes,
+                                                    Strangers(lim.login_timeout_s, config.max_unauthenticated(),
+                                                              lim.max_unauthenticated_per_address)),
                                    config.max_connections_per_address(), self.guard, self.tls)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None
@@ -112,7 +114,7 @@ class Broker:
         self.admin = AdminOps(self.store, self.put_path, self.group_members,
                               lambda group: self.remoting.group_members(group) if self.remoting is not None else [])
         self.topic_admin = TopicAdmin(self.store, self.store_lock, self.registry,
-                                      lambda: self.put_path.slave_refusal)  # the topic table (topictable.py)
+                                      lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
                                          self.replies, self.admin, self.group_members, self.topic_admin)
@@ -182,7 +184,7 @@ class Broker:
 
     def _clamp_offsets(self, slave_id):
         """Now master (promoted or elected): committed offsets past a partition's end go back to it, before this
-        broker writes there (store/offsets.py ``clamp``); saved at once, off the loop."""
+        broker writes there (offsets/table.py ``clamp``); saved at once, off the loop."""
         if slave_id is not None:
             return
         store = self.store

@@ -12,7 +12,7 @@ import gevent
 
 
 def walk(search):
-    """Step a stepwise read (``store.keyindex.KeySearch``: ``done``, ``need()``, ``step()``) to its end, each map
+    """Step a stepwise read (``keys.index.KeySearch``: ``done``, ``need()``, ``step()``) to its end, each map
     range it names brought in first; returns the search."""
     while not search.done:
         need = search.need()

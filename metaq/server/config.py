@@ -119,7 +119,7 @@ class StoreSection(_Section):
 
     segment_size: int = Field(_STORE["segment_size"], ge=64 * 1024)
     index_file_units: int = Field(_STORE["index_file_units"], ge=16)
-    key_index_slots: int = Field(_STORE["key_index_slots"], ge=1)  # the key index (store/keyindex.py)
+    key_index_slots: int = Field(_STORE["key_index_slots"], ge=1)  # the key index (keys/index.py)
     key_index_entries: int = Field(_STORE["key_index_entries"], ge=limits.MAX_KEYS_PER_MESSAGE)
     flush: Literal[FLUSH_MODES] = _STORE["flush"]
     flush_every_messages: int = Field(_STORE["flush_every_messages"], ge=1)
@@ -148,6 +148,9 @@ class LimitsSection(_Section):
     max_connections_per_address: Optional[int] = Field(None, ge=1)
     max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
     max_partial_request_bytes: int = Field(limits.MAX_PARTIAL_REQUEST_BYTES, ge=1 << 20)
+    login_timeout_s: float = Field(limits.LOGIN_TIMEOUT_S, gt=0)
+    max_unauthenticated: Optional[int] = Field(None, ge=1)
+    max_unauthenticated_per_address: int = Field(limits.MAX_UNAUTHENTICATED_PER_ADDRESS, ge=1)
     max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
     max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
     max_pending_requests: int = Field(limits.MAX_PENDING_REQUESTS, ge=0)
@@ -344,7 +347,7 @@ class SecuritySection(_Section):
     # shared by a master and its slaves (or replication_secret_file)
     replication_secret: Optional[str] = Field(None, json_schema_extra=SECRET)
     replication_secret_file: Optional[str] = None  # a file holding it (kept out of the config, mode 0600)
-    insecure: bool = False  # allow a non-loopback address with authentication off (logged at every start)
+    insecure: bool = False  # allow what protected mode refuses (logged at every start): see conf/server.yaml
     tls: TlsSection = TlsSection()
 
     @field_validator("acl_file", "replication_secret_file")
@@ -511,7 +514,18 @@ class ServerConfig(_Section):
                              "security.replication_secret: this slave could not tell its master from an impostor. "
                              "Set the master's secret, or security.insecure: true" % self.replication.slave_of)
         if sec.auth:
+            http_host = self.http.host or self.broker.host
+            if self.http.port and sec.tls.mode == "off" and not is_loopback(http_host):
+                raise ValueError(
+                    "http.port listens on %s, not a loopback address, with authentication on and TLS off: HTTP Basic "
+                    "sends each user's secret as it is. Set security.tls (docs/security.md), bind the HTTP port to "
+                    "127.0.0.1 (http.host), or set security.insecure: true to accept the risk" % http_host)
             return self
+        if self.http.port and "*" in self.http.allowed_hosts:
+            raise ValueError(
+                'http.allowed_hosts: ["*"] with authentication off lets any web page a browser on this machine opens '
+                "read and write every topic under a name of its own (DNS rebinding). Name the hosts, set "
+                "security.acl_file, or set security.insecure: true to accept the risk")
         exposed = sorted({"%s %s" % (name, host) for name, host in self.listen_addresses() if not is_loopback(host)})
         if exposed:
             raise ValueError(
@@ -532,6 +546,11 @@ class ServerConfig(_Section):
         """``config_checksum`` (stats, ZooKeeper, the deploy agent): the CRC-32 of ``redacted_text``. Of the
         redacted view, not the file: a checksum any user sees must not be a test of guesses at a secret."""
         return zlib.crc32(self.redacted_text())
+
+    def max_unauthenticated(self):
+        if self.limits.max_unauthenticated is not None:
+            return self.limits.max_unauthenticated
+        return limits.max_unauthenticated_for(self.max_connections())
 
     def max_connections(self):
         if self.limits.max_connections is not None:

@@ -137,19 +137,64 @@ def bind_error(name, host, port, exc):
 PARTIAL_WAIT_S = 0.05
 
 
+class Strangers:
+    """Connections not yet logged in, on the ports where authentication is on (the guard's, when enabled): they
+    must log in within ``login_s``, at most ``cap`` of them in all and ``per_address`` from one address, and
+    their unfinished requests hold at most ``partial_limit`` bytes in all. Counted apart from logged-in
+    connections, so strangers never fill the connection cap or the users' budget of unfinished requests."""
+
+    __slots__ = ("login_s", "cap", "per_address", "count", "partial_limit", "partial_bytes", "_from")
+
+    def __init__(self, login_s, cap, per_address, partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
+        self.login_s = login_s
+        self.cap = cap
+        self.per_address = per_address
+        self.count = 0  # connections not yet logged in now
+        self.partial_limit = partial_limit
+        self.partial_bytes = 0  # what their unfinished requests hold now (Connection.receive keeps it)
+        self._from = {}  # host -> connections not yet logged in from it
+
+    def refusal(self, host):
+        """None when one more connection from ``host`` may wait to log in, else why not."""
+        if self.count >= self.cap:
+            return "too many connections not yet logged in: the limit is %d" % self.cap
+        if self._from.get(host, 0) >= self.per_address:
+            return "too many connections not yet logged in from %s: the limit is %d per address" % (
+                host, self.per_address)
+        return None
+
+    def arrive(self, host):
+        self.count += 1
+        self._from[host] = self._from.get(host, 0) + 1
+
+    def leave(self, host):
+        self.count -= 1
+        left = self._from[host] - 1
+        if left:
+            self._from[host] = left
+        else:
+            del self._from[host]
+
+    def held_by(self, host):
+        """Connections not yet logged in from ``host``."""
+        return self._from.get(host, 0)
+
+
 class ConnectionLimits:
     """What every connection may take: its deadlines (seconds) with no request under way and for a request
-    once begun, and the reply bytes it may have read from the store but not yet handed to the kernel."""
+    once begun, and the reply bytes it may have read from the store but not yet handed to the kernel;
+    ``strangers``: the rules of connections not yet logged in (``Strangers``), or None."""
 
-    __slots__ = ("idle_s", "request_s", "reply_bytes", "partial_limit", "partial_bytes")
+    __slots__ = ("idle_s", "request_s", "reply_bytes", "partial_limit", "partial_bytes", "strangers")
 
     def __init__(self, idle_s, request_s, reply_bytes=limits.MAX_REPLY_BYTES,
-                 partial_limit=limits.MAX_PARTIAL_REQUEST_BYTES):
+                 partial_limit=limits.MAX_PARTIAL_REQUEST_BYTES, strangers=None):
         self.idle_s = idle_s
         self.request_s = request_s
         self.reply_bytes = reply_bytes
         self.partial_limit = partial_limit  # the bytes of unfinished requests every connection holds, in all
         self.partial_bytes = 0  # what they hold now (Connection.receive keeps it)
+        self.strangers = strangers
 
 
 class ReplyBudget:
@@ -223,7 +268,10 @@ class Connection:
         self._request_deadline = None  # monotonic time by which the request under way must be complete
         self._progress_seen = None  # ``progress`` when that deadline was set
         self._rules = rules
-        self._partial = 0  # this connection's share of rules.partial_bytes
+        self._pool = rules  # whose budget of unfinished requests it draws on: the users' (rules) or the strangers'
+        self._partial = 0  # this connection's share of self._pool.partial_bytes
+        self._stranger = None  # the host it counts under in rules.strangers while it has not logged in
+        self._login_deadline = None  # monotonic time by which it must log in, while a stranger
 
     @property
     def in_request(self):
@@ -243,14 +291,50 @@ class Connection:
     def serve(self):
         raise NotImplementedError
 
+    def await_login(self, host):
+        """Count this connection as a stranger from ``host`` (the core, on a port with authentication on): it
+        must log in within ``strangers.login_s``; ``logged_in`` ends that."""
+        strangers = self._rules.strangers
+        self._stranger = host
+        self._login_deadline = time.monotonic() + strangers.login_s
+        self._pool = strangers
+        if self.session is not None:
+            self.session.on_login = self.logged_in
+
+    def logged_in(self):
+        """Its user proved itself (``Guard.authenticated``): it leaves the strangers' count, deadline and budget."""
+        if self._stranger is None:
+            return
+        strangers = self._rules.strangers
+        strangers.leave(self._stranger)
+        self._stranger = self._login_deadline = None
+        strangers.partial_bytes -= self._partial
+        self._rules.partial_bytes += self._partial
+        self._pool = self._rules
+        self.login_done()
+
+    def login_done(self):
+        """What a front-end's connection lifts once logged in (the text port: its smaller body limit)."""
+
+    def _login_left(self):
+        """Seconds left to log in (None: no login deadline); closes nothing itself."""
+        if self._login_deadline is None:
+            return None
+        return self._login_deadline - time.monotonic()
+
     def receive(self, nbytes=RECV_BYTES):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed)."""
+        login_left = self._login_left()
+        if login_left is not None and login_left <= 0:
+            log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
+                     self._rules.strangers.login_s)
+            return None
         in_request = self.in_request
         if not in_request:
             self._request_deadline = None
             timeout = self.idle_timeout
             if self._partial:  # the request it held is whole now
-                self._rules.partial_bytes -= self._partial
+                self._pool.partial_bytes -= self._partial
                 self._partial = 0
         else:
             now, progress = time.monotonic(), self.progress
@@ -263,12 +347,17 @@ class Connection:
             if not self._hold_partial():
                 return None
             timeout = max(0.001, self._request_deadline - now)
+        if login_left is not None and login_left < timeout:
+            timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
         except OSError as exc:  # socket.timeout included
             if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
-                if in_request:  # is an SSLError("The read operation timed out")
+                if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
+                    log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
+                             self._rules.strangers.login_s)
+                elif in_request:
                     log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                              self.request_timeout)
                 else:
@@ -315,17 +404,19 @@ class Connection:
         """Account the bytes of this connection's unfinished request in the broker-wide budget; while that is past
         ``partial_limit``, read nothing more (wait) until there is room: False when the request deadline passed
         (or the connection closed) meanwhile."""
-        rules = self._rules
+        pool = self._pool
         held = getattr(self.parser, "buffered", 0)
-        rules.partial_bytes += held - self._partial
+        pool.partial_bytes += held - self._partial
         self._partial = held
-        if rules.partial_bytes <= rules.partial_limit or not held:
+        if pool.partial_bytes <= pool.partial_limit or not held:
             return True
-        log.warning("%s %s: unfinished requests hold %d bytes on the broker (MAX_PARTIAL_REQUEST_BYTES %d): this "
-                    "one waits", self.log_prefix, self.peer, rules.partial_bytes, rules.partial_limit)
-        while rules.partial_bytes > rules.partial_limit:
-            if self.closed or time.monotonic() >= self._request_deadline:
-                return False
+        log.warning("%s %s: unfinished requests %shold %d bytes on the broker (%s %d): this one waits",
+                    self.log_prefix, self.peer, "of connections not yet logged in " if pool is not self._rules else "",
+                    pool.partial_bytes, "MAX_PARTIAL_REQUEST_BYTES" if pool is self._rules
+                    else "MAX_PRELOGIN_PARTIAL_BYTES", pool.partial_limit)
+        while pool.partial_bytes > pool.partial_limit:
+            if self.closed or time.monotonic() >= self._request_deadline or pool is not self._pool:
+                return not self.closed and pool is not self._pool  # logged in meanwhile: the users' budget now
             gevent.sleep(PARTIAL_WAIT_S)
         return True
 
@@ -333,8 +424,11 @@ class Connection:
         if self.closed:
             return
         self.closed = True
-        self._rules.partial_bytes -= self._partial
+        self._pool.partial_bytes -= self._partial
         self._partial = 0
+        if self._stranger is not None:
+            self._rules.strangers.leave(self._stranger)
+            self._stranger = None
         self.replies.wake()
         try:
             self.sock.close()
@@ -419,10 +513,15 @@ class ConnectionCore:
                 return
             if self.guard is not None and listener.guarded:
                 refusal = self.guard.admit(address[0])
+                if refusal is None and self._checks_login(listener):
+                    refusal = self.rules.strangers.refusal(address[0])
                 if refusal is not None:
                     self._refuse(listener, sock, address, refusal)
                     return
             self._per_address[host] = held + 1
+        stranger = address[0] if host is not None and self._checks_login(listener) else None
+        if stranger is not None:  # counted from here: a TLS handshake is a stranger's too
+            self.rules.strangers.arrive(stranger)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -431,6 +530,8 @@ class ConnectionCore:
             sock = self._secure(listener, sock, address)
             if sock is None:
                 self._forget(host)
+                if stranger is not None:
+                    self.rules.strangers.leave(stranger)
                 return
         conn_id = next(self._ids)
         try:
@@ -438,8 +539,13 @@ class ConnectionCore:
             if self.guard is not None:
                 conn.session = self.guard.session(address[0] if isinstance(address, tuple) else str(address),
                                                   conn.tls)
+            if stranger is not None:
+                conn.await_login(stranger)  # from here the connection leaves the count when it logs in or closes
+                stranger = None
         except BaseException:
             self._forget(host)
+            if stranger is not None:
+                self.rules.strangers.leave(stranger)
             sock.close()
             raise
         self._open[conn_id] = conn
@@ -456,6 +562,12 @@ class ConnectionCore:
                     hook(conn)
                 except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
                     log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
+
+    def _checks_login(self, listener):
+        """True when connections of ``listener`` are strangers until they log in (authentication on, a guarded
+        port: text, remoting, HTTP; replication proves its own secret)."""
+        return (self.rules.strangers is not None and self.guard is not None and self.guard.enabled
+                and listener.guarded)
 
     def _secure(self, listener, sock, address):
         """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed."""

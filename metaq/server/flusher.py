@@ -345,16 +345,17 @@ class Flusher:
         self._signal_round()
 
     def _index_loop(self):
-        """The key index follows the flushed log (README "Key index"): after a round's waiters are answered, in
-        steps of ``limits.KEY_INDEX_STEP_BYTES``, other greenlets running between two steps, until it is there."""
+        """The store's log follower steps its subscribers (the key index: README "Key index") behind the log: after a
+        round's waiters are answered, in steps of ``limits.KEY_INDEX_STEP_BYTES``, other greenlets running between two
+        steps, until they are there."""
         while self._running:
             self._index_wanted.wait()
             self._index_wanted.clear()
             try:
-                while self._running and self._store.index_keys():
+                while self._running and self._store.follow_log():
                     gevent.sleep(0)
             except Exception:  # noqa: BLE001 - derived data: logged, tried again after the next round
-                log.exception("key index: a step failed; trying again after the next flush")
+                log.exception("log follower: a step failed; trying again after the next flush")
 
     def observe_flushes(self, observe):
         """Call ``observe(seconds)`` with the fsync time of every flush round from now on (the HTTP port's

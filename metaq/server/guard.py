@@ -16,8 +16,10 @@ once.
 """
 
 import collections
+import ipaddress
 import logging
 import os
+import stat
 import time
 
 import gevent
@@ -39,12 +41,14 @@ __all__ = ["Guard", "Session", "PUB", "SUB", "ADMIN"]
 class Session:
     """One connection's security state (see the module doc)."""
 
-    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at")
+    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at", "logged_in", "on_login")
 
     def __init__(self, host, tls=False):
         self.host = host
         self.tls = tls
         self.user = None  # the name of the user this connection proved, or None
+        self.logged_in = False  # a user has proved itself on this connection (once true, stays true)
+        self.on_login = None  # called once, when logged_in turns true (the connection core's strangers count)
         self.nonce = None  # the text handshake's server nonce, while one is outstanding
         self.nonce_user = None
         self.nonce_at = 0.0
@@ -55,12 +59,31 @@ def _file_state(path):
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _read_acl(path):
-    """The parsed file at ``path`` (a ConfigError names what is wrong); runs in a worker thread."""
+def failure_prefix(host):
+    """The network a failed login from ``host`` is also counted under: its IPv4 /24 or IPv6 /64 (``limits``),
+    as text; None for a name that is no address (a Unix socket's)."""
     try:
-        size = os.path.getsize(path)
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    bits = limits.AUTH_PREFIX_V4 if address.version == 4 else limits.AUTH_PREFIX_V6
+    return str(ipaddress.ip_network("%s/%d" % (address, bits), strict=False))
+
+
+def _read_acl(path):
+    """The parsed file at ``path`` (a ConfigError names what is wrong); runs in a worker thread. A file others
+    may read or write is refused: it holds every user's secret."""
+    try:
+        st = os.stat(path)
     except OSError as exc:
         raise errors.ConfigError("cannot read security.acl_file %s: %s" % (path, exc.strerror)) from None
+    if st.st_mode & (stat.S_IRWXO):
+        raise errors.ConfigError("security.acl_file %s has mode %04o: other users may read or change every user's "
+                                 "secret. chmod 600 it (or 640 for a group of operators)"
+                                 % (path, stat.S_IMODE(st.st_mode)))
+    size = st.st_size
     if size > limits.MAX_ACL_FILE_BYTES:
         raise errors.ConfigError("security.acl_file %s is %d bytes: the limit is %d (limits.MAX_ACL_FILE_BYTES)"
                                  % (path, size, limits.MAX_ACL_FILE_BYTES))
@@ -79,7 +102,8 @@ class Guard:
         self.file_state = None
         self.reloads = 0
         self.reload_error = None  # the last failed reload's reason, until a good one
-        self._failures = collections.OrderedDict()  # host -> deque of failure times (monotonic)
+        self._failures = collections.OrderedDict()  # host or prefix -> deque of failure times (monotonic)
+        self._decoy = os.urandom(32)  # an unknown user's proof is checked against it: the same work as a known one's
         self._loop = None
         if self.enabled:
             self.file_state, self.acl = _read_acl(self.path)  # a bad file stops the broker's start
@@ -139,6 +163,19 @@ class Guard:
         """The current ``acl.User`` called ``name``, or None."""
         return self.acl.user(name) if self.acl is not None else None
 
+    def check_login(self, name, proof_matches):
+        """The one login decision of every port: the ``acl.User`` called ``name`` when ``proof_matches(secret)``
+        (the port's check of the client's proof against that secret) is true, else None. An unknown user's proof
+        is checked against a random secret, so a reply takes the same work whether the user exists or not."""
+        user = self.user(name)
+        matched = proof_matches(user.secret if user is not None else self._decoy)
+        return user if user is not None and matched else None
+
+    def login_failure(self, name, proof):
+        """For the broker's log only (a reply never tells): ``unknown user <name>`` or ``wrong <proof> for user
+        <name>``."""
+        return "unknown user %s" % name if self.user(name) is None else "wrong %s for user %s" % (proof, name)
+
     def authenticated(self, session, name):
         """Mark ``session`` as ``name``'s (after a proof); Unauthenticated if that user may not come from there."""
         user = self.user(name)
@@ -146,6 +183,10 @@ class Guard:
             raise errors.Unauthenticated("authentication failed: user %s may not connect from %s"
                                          % (name, session.host))
         session.user = name
+        if not session.logged_in:
+            session.logged_in = True
+            if session.on_login is not None:
+                session.on_login()
 
     # -- the check -------------------------------------------------------------
 
@@ -250,10 +291,10 @@ class Guard:
         if nonce_user != name:
             raise errors.Unauthenticated("authentication failed: the nonce was given to user %s, not %s"
                                          % (nonce_user, name))
-        user = self.user(name)
-        if user is None or not proofs.same(proof, proofs.text_proof(user.secret, "client", name, nonce, client_nonce)):
-            log.warning("authentication failed from %s: %s", session.host,
-                        "unknown user %s" % name if user is None else "wrong proof for user %s" % name)
+        user = self.check_login(name, lambda secret: proofs.same(
+            proof, proofs.text_proof(secret, "client", name, nonce, client_nonce)))
+        if user is None:
+            log.warning("authentication failed from %s: %s", session.host, self.login_failure(name, "proof"))
             raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
         self.authenticated(session, name)
         return proofs.text_proof(user.secret, "server", name, nonce, client_nonce)
@@ -261,16 +302,24 @@ class Guard:
     # -- slowing guessers --------------------------------------------------------
 
     def failed(self, host, now=None):
-        """Count one failed authentication from ``host``; returns the seconds to wait before answering it."""
+        """Count one failed authentication from ``host`` and from its network (``failure_prefix``); returns the
+        seconds to wait before answering it: a delay once either has failed too often in the window."""
         now = time.monotonic() if now is None else now
-        times = self._failures.pop(host, None) or collections.deque(maxlen=limits.AUTH_FAILURES_BEFORE_DELAY + 1)
+        over = self._count_failure(host, limits.AUTH_FAILURES_BEFORE_DELAY, now)
+        prefix = failure_prefix(host)
+        if prefix is not None and prefix != host:
+            over = self._count_failure(prefix, limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY, now) or over
+        while len(self._failures) > limits.MAX_AUTH_FAILURE_ADDRESSES:
+            self._failures.popitem(last=False)
+        return limits.AUTH_FAILURE_DELAY_S if over else 0.0
+
+    def _count_failure(self, key, allowed, now):
+        times = self._failures.pop(key, None) or collections.deque(maxlen=allowed + 1)
         while times and now - times[0] > limits.AUTH_FAILURE_WINDOW_S:
             times.popleft()
         times.append(now)
-        self._failures[host] = times
-        while len(self._failures) > limits.MAX_AUTH_FAILURE_ADDRESSES:
-            self._failures.popitem(last=False)
-        return limits.AUTH_FAILURE_DELAY_S if len(times) > limits.AUTH_FAILURES_BEFORE_DELAY else 0.0
+        self._failures[key] = times
+        return len(times) > allowed
 
     @property
     def failing_addresses(self):

@@ -263,7 +263,7 @@ class ZkRegistry:
             self._wake.set()
 
     def topic_changed(self, topic):
-        """A topic was created, altered or deleted (server/topictable.py): register it again (its count may have
+        """A topic was created, altered or deleted (topics/service.py): register it again (its count may have
         changed); a deleted one's nodes are removed (``partitions_of`` refuses it)."""
         try:
             self.store.partitions_of(topic)

@@ -18,8 +18,9 @@ from typing import NamedTuple
 import metaq
 from metaq import limits
 from metaq.errors import Forbidden, MetaqError
-from metaq.protocol import checksum, internaltopics
+from metaq.protocol import checksum
 from metaq.protocol import stats as codec
+from metaq.topics import names as topic_names
 
 ITEMS_HELP = (
     "(blank)   broker summary",
@@ -164,9 +165,9 @@ class NodeFacts(NamedTuple):
     zookeeper: str  # the registry's state, or "standalone"
 
 
-#: The broker's own topics (metaq.protocol.internaltopics): no long polls of theirs counted, not listed (delay levels,
+#: The broker's own topics (metaq.topics.names): no long polls of theirs counted, not listed (delay levels,
 #: timers).
-INTERNAL = internaltopics.INTERNAL
+INTERNAL = topic_names.INTERNAL
 
 #: The sources ``StatsService`` renders from, each a callable the broker registers (``add_source``).
 SOURCES = {

@@ -11,7 +11,6 @@
     retention.py  which segments may go
     ahead.py      prepare_ahead: prefaulting and building the next segment/index file in a worker thread
     results.py    what MessageStore returns (PutResult, ReadResult, ...)
-    offsets.py    the broker-side consumer-offset store (commit_offset / query_offset)
     replica.py    replication primitives: read_log (master), append_replicated (slave), truncate_log
     store.py      MessageStore, the facade the server uses
 """

@@ -45,7 +45,7 @@ class StoreConfig:
     topics: List[TopicSpec] = field(default_factory=_default_topics)
     segment_size: int = 1 << 30
     index_file_units: int = 1 << 20
-    key_index_slots: int = 1 << 20  # hash slots of one key index file (keyfile.py): 4 MiB
+    key_index_slots: int = 1 << 20  # hash slots of one key index file (keys/files.py): 4 MiB
     key_index_entries: int = 2 << 20  # entries of one key index file: 56 MiB
     flush: str = "sync"
     flush_every_messages: int = 1000

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 COMMITLOG_DIR = "commitlog"
 INDEX_DIR = "index"
-KEY_INDEX_DIR = "keyindex"  # the key index's files (keyindex.py), named by their first log position
+KEY_INDEX_DIR = "keyindex"  # the key index's files (keys/index.py), named by their first log position
 KEY_CHECKPOINT_FILE = "key_checkpoint"
 CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"

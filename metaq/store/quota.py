@@ -34,7 +34,7 @@ class TopicQuota:
         self.partitions += 1
 
     def forget(self, topic):
-        """The store no longer holds any partition of ``topic`` (deleted: store/topicops.py)."""
+        """The store no longer holds any partition of ``topic`` (deleted: topics/state.py)."""
         self.partitions -= self._topics.pop(topic, 0)
 
     def check(self, topic, partition):

@@ -5,7 +5,8 @@ Threading: every method runs on the event-loop thread except the ones marked BLO
 while the loop keeps appending. They work on snapshots (``layout`` tuples, ints) and never close a map; retention
 only deletes segments that are flushed and covered by a checkpoint, so a running flush never meets them.
 ``prepare_ahead`` publishes with single attribute assignments (``ahead.py``). ``close`` must not run while a BLOCKING
-call runs in a worker. The key index (keyindex.py) is fed at one point, ``index_keys``. Time comes as ``now_ms``."""
+call runs in a worker. The derived indexes follow the log through one ``LogFollower`` (follower.py), stepped at one
+point, ``follow_log``. Time comes as ``now_ms``."""
 
 import random
 import struct
@@ -23,18 +24,19 @@ from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
 from metaq.store.idempotence import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
-from metaq.store.keyindex import KeyIndex
+from metaq.keys.index import KeyIndex
+from metaq.store.follower import LogFollower
 from metaq.store.msgid import IdGenerator
-from metaq.store.offsets import ConsumerOffsets
+from metaq.offsets.table import ConsumerOffsets
 from metaq.store.positions import LogPositions
 from metaq.store.quota import TopicQuota
 from metaq.store.readcount import ReadCounts
 from metaq.store.record import FIXED_OVERHEAD, TOPIC_START, RecordTooLarge, tag_hash, write_record
 from metaq.store.results import DiskState, PartitionStats, PutResult, ReadResult
 from metaq.store.retention import apply_retention
-from metaq.store.topicops import TopicOps
-from metaq.store.topicretention import apply_topic_retention
-from metaq.store.topics import TopicCatalog, TopicTableFile
+from metaq.topics.state import TopicOps
+from metaq.topics.retention import apply_topic_retention
+from metaq.topics.table import TopicCatalog, TopicTableFile
 
 _new_tuple = tuple.__new__
 
@@ -45,7 +47,7 @@ class MessageStore:
     def __init__(self, config):
         self.config = config
         self.dirs = DataDir(config.data_dir)
-        configured = TopicTable(config.topics)  # the config file's names; the table wins (topics.py)
+        configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
         self._log = CommitLog(self.dirs, config.segment_size)
@@ -63,11 +65,12 @@ class MessageStore:
                                           self.check_disk, config.segment_size)
         self.recovery = None
         self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
-                               self._forget_writers)  # create/alter/delete (topicops.py)
+                               self._forget_writers)  # create/alter/delete (topics/state.py)
         self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
-        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keyindex.py
+        self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
+        self.follower = LogFollower(self._log)  # the derived indexes' one way to follow the log (follower.py)
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
                                        int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
 
@@ -88,7 +91,8 @@ class MessageStore:
             self.topics.finish_open()
             self._topic_retention(now_ms, {})
             self._ids = IdGenerator(config.broker_id, last_id)
-            self.keys.open(self._log, self._pos.written)
+            self.follower.add(self.keys, self._pos.written)
+            self.follower.step(self._pos.flushed, self._pos.written)  # the tail the saved states do not cover
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
@@ -105,7 +109,7 @@ class MessageStore:
             return
         try:
             self.mark_flushed(self.flush_log())
-            self.keys.catch_up(self._log, self._pos.flushed)  # the whole tail: the checkpoint covers it
+            self.follower.step(self._pos.flushed, self._pos.written)  # the whole tail: the checkpoint covers it
             self.checkpoint(now_ms)
             if clean:
                 self.dirs.write_state(self.dirs.clean_shutdown, CLEAN_MAGIC,
@@ -122,7 +126,7 @@ class MessageStore:
         self._closed = True
         self._parts.close_all(discard_prepared)
         self._log.close(discard_prepared)
-        self.keys.close()
+        self.follower.close()
         self._ahead.hot.clear()
         self._last_writer = None
         self.dirs.release_lock()
@@ -322,7 +326,7 @@ class MessageStore:
     def read(self, topic, partition, offset, max_size):
         """Whole records from ``offset`` totalling at most ``max_size`` bytes (at least one record). Raises Moved(min)
         below the minimum, Moved(max) past the visible maximum, NotFound for an unknown topic or partition."""
-        if topic in self.topics.guarded:  # read-protected or deleted (topics.py)
+        if topic in self.topics.guarded:  # read-protected or deleted (topics/table.py)
             self._topics.check_readable(topic)
         p = self._parts.get((topic, partition))
         if p is None:
@@ -407,11 +411,10 @@ class MessageStore:
         self._log.release_flushed(self._pos.flushed)
         return changed
 
-    def index_keys(self, max_bytes=KEY_INDEX_STEP_BYTES):
-        """A step of the key index behind the flushed log (loop thread); True while more is left and it moves."""
-        before = self.keys.indexed_to
-        self.keys.catch_up(self._log, self._pos.flushed, max_bytes)
-        return before < self.keys.indexed_to < self._pos.flushed
+    def follow_log(self, max_bytes=KEY_INDEX_STEP_BYTES):
+        """A step of the log follower's subscribers (the key index) behind the log (loop thread; None: the whole
+        tail); True while more is left and they move."""
+        return self.follower.step(self._pos.flushed, self._pos.written, max_bytes)
 
     def should_flush(self, now_ms):
         """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""
@@ -457,7 +460,7 @@ class MessageStore:
         self._pos.checkpointed_at(pos)
         self.consumer_offsets.save()
         self.idempotence.save()
-        self.keys.checkpoint(if_changed)
+        self.follower.checkpoint(if_changed)
         self.drop_cold_pages()
         return pos
 
@@ -507,7 +510,7 @@ class MessageStore:
         report = replica.truncate_log(self._replica, position)
         if report.old_end != position:
             self.idempotence.cut(position)
-            self.keys.cut(position)
+            self.follower.cut(position)
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
@@ -558,7 +561,7 @@ class MessageStore:
         return lookup.TimeSearch(self._log, self._reader(topic, partition), timestamp_ms)
 
     def key_search(self, topic, key, since_ms, until_ms, max_count, cursor=None):
-        """A ``keyindex.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
+        """A ``keys.index.KeySearch``: one page of the messages of ``topic`` with ``key`` stored in the time window."""
         return self.keys.search(self._log, self._pos.written, topic, key, since_ms, until_ms, max_count, cursor)
 
     # -- figures (stats and the admin views) -----------------------------------
@@ -590,7 +593,7 @@ class MessageStore:
     def log_bytes_on_disk(self):
         return sum(s.size for s in self._log.segments)
 
-    # -- consumer offsets (the broker-side store; see offsets.py) ------------
+    # -- consumer offsets (the broker-side store; see offsets/table.py) -----
 
     def commit_offset(self, group, topic, partition, offset, now_ms):
         """Store a group's next read offset; InvalidTopic/UnknownTopic/InvalidPartition/ClientError on bad input."""
@@ -613,12 +616,12 @@ class MessageStore:
         """Delete old (or, under disk pressure, the oldest) sealed segments below ``floor`` and their index files."""
         report = apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
                                  self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio, floor)
-        report.deleted_index_files.extend(self.keys.drop_below(self._log.start or self._pos.written))
+        report.deleted_index_files.extend(self.follower.log_starts(self._log.start or self._pos.written))
         report.deleted_index_files.extend(self._topic_retention(now_ms, report.raised_min_offsets))
         return report
 
     def _topic_retention(self, now_ms, raised):
-        """Per-topic retention (topicretention.py): the first offsets of topics with their own retention."""
+        """Per-topic retention (topics/retention.py): the first offsets of topics with their own retention."""
         return apply_topic_retention(self._log, self._parts, self._topics.with_levels(), now_ms, raised)
 
 

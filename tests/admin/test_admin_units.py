@@ -7,7 +7,7 @@ from metaq.admin import wire as adminwire
 from metaq.admin.client import id_batches
 from metaq.admin.service import TextGroupMembers
 from metaq.admin.tools import safe_text, split_lines
-from metaq.client.adminoffsets import clamp
+from metaq.offsets.cli import clamp
 from metaq.protocol.text import TextParser, serialize
 
 

@@ -6,6 +6,9 @@ from metaq import limits
 from metaq.auth.acl import PUB, SUB, parse_acl
 from metaq.errors import ConfigError
 
+#: A secret of the shortest length a permissions file accepts.
+S = "s" * limits.MIN_USER_SECRET_BYTES
+
 
 def acl(users, roles=None, allow=None):
     doc = {"users": users}
@@ -17,7 +20,7 @@ def acl(users, roles=None, allow=None):
 
 
 def test_exact_rule_beats_pattern_and_more_literal_pattern_beats_shorter():
-    a = acl({"u": {"secret": "s", "topics": {"orders*": "pub|sub", "orders-secret": "deny", "o*": "sub"},
+    a = acl({"u": {"secret": S, "topics": {"orders*": "pub|sub", "orders-secret": "deny", "o*": "sub"},
                    "default_topic": "deny"}}).user("u")
     assert a.may(PUB, "topic", "orders-1") and a.may(SUB, "topic", "orders-1")
     assert not a.may(PUB, "topic", "orders-secret") and not a.may(SUB, "topic", "orders-secret")
@@ -26,13 +29,13 @@ def test_exact_rule_beats_pattern_and_more_literal_pattern_beats_shorter():
 
 
 def test_no_rule_and_no_default_is_deny():
-    u = acl({"u": {"secret": "s"}}).user("u")
+    u = acl({"u": {"secret": S}}).user("u")
     assert not u.may(PUB, "topic", "t") and not u.may(SUB, "topic", "t") and not u.may(SUB, "group", "g")
     assert not u.admin
 
 
 def test_user_rule_beats_role_rule_and_role_default_applies():
-    a = acl({"u": {"secret": "s", "roles": ["readers"], "topics": {"payroll": "deny"}}},
+    a = acl({"u": {"secret": S, "roles": ["readers"], "topics": {"payroll": "deny"}}},
             roles={"readers": {"topics": {"payroll": "sub"}, "default_topic": "sub", "default_group": "sub"}})
     u = a.user("u")
     assert not u.may(SUB, "topic", "payroll")  # the user's own deny wins over the role's grant of the same name
@@ -41,13 +44,13 @@ def test_user_rule_beats_role_rule_and_role_default_applies():
 
 
 def test_deny_wins_between_equal_rules_of_roles():
-    a = acl({"u": {"secret": "s", "roles": ["r1", "r2"]}},
+    a = acl({"u": {"secret": S, "roles": ["r1", "r2"]}},
             roles={"r1": {"topics": {"t": "pub|sub"}}, "r2": {"topics": {"t": "deny"}}})
     assert not a.user("u").may(SUB, "topic", "t")
 
 
 def test_admin_may_everything_and_a_role_can_make_an_admin():
-    a = acl({"root": {"secret": "s", "admin": True}, "op": {"secret": "s", "roles": ["ops"]}},
+    a = acl({"root": {"secret": S, "admin": True}, "op": {"secret": S, "roles": ["ops"]}},
             roles={"ops": {"admin": True}})
     for name in ("root", "op"):
         u = a.user(name)
@@ -55,14 +58,14 @@ def test_admin_may_everything_and_a_role_can_make_an_admin():
 
 
 def test_group_permissions_are_sub_or_deny():
-    u = acl({"u": {"secret": "s", "groups": {"billing": "sub", "bill*": "deny"}}}).user("u")
+    u = acl({"u": {"secret": S, "groups": {"billing": "sub", "bill*": "deny"}}}).user("u")
     assert u.may(SUB, "group", "billing") and not u.may(SUB, "group", "billing2")
     with pytest.raises(ConfigError, match=r"users.u.groups.g: 'pub' is not a permission"):
-        acl({"u": {"secret": "s", "groups": {"g": "pub"}}})
+        acl({"u": {"secret": S, "groups": {"g": "pub"}}})
 
 
 def test_address_lists_global_and_per_user():
-    a = acl({"u": {"secret": "s", "allow": ["10.1.0.0/16"]}}, allow=["127.0.0.1", "10.0.0.0/8", "::1"])
+    a = acl({"u": {"secret": S, "allow": ["10.1.0.0/16"]}}, allow=["127.0.0.1", "10.0.0.0/8", "::1"])
     assert a.address_allowed("127.0.0.1") and a.address_allowed("10.200.1.1") and a.address_allowed("::1")
     assert a.address_allowed("::ffff:10.1.2.3")  # an IPv4 peer on a dual-stack socket
     assert not a.address_allowed("127.0.0.2") and not a.address_allowed("not-an-address")
@@ -76,15 +79,18 @@ def test_address_lists_global_and_per_user():
     ({"user": {}}, "unknown setting user"),
     ({"users": {"u": {}}}, r"users.u.secret must be a non-empty string"),
     ({"users": {"u": {"secret": ""}}}, r"users.u.secret must be a non-empty string"),
-    ({"users": {"u": {"secret": "s", "admin": "yes"}}}, r"users.u.admin must be true or false"),
-    ({"users": {"u": {"secret": "s", "topics": {"t": "write"}}}}, r"users.u.topics.t: 'write' is not a permission"),
-    ({"users": {"u": {"secret": "s", "topics": ["t"]}}}, r"users.u.topics must map names"),
-    ({"users": {"u": {"secret": "s", "roles": ["nope"]}}}, r"no role called nope"),
-    ({"users": {"u": {"secret": "s", "colour": "red"}}}, r"users.u: unknown setting colour"),
-    ({"users": {"bad name": {"secret": "s"}}}, r"'bad name' is not a name"),
+    ({"users": {"u": {"secret": S, "admin": "yes"}}}, r"users.u.admin must be true or false"),
+    ({"users": {"u": {"secret": S, "topics": {"t": "write"}}}}, r"users.u.topics.t: 'write' is not a permission"),
+    ({"users": {"u": {"secret": S, "topics": ["t"]}}}, r"users.u.topics must map names"),
+    ({"users": {"u": {"secret": S, "roles": ["nope"]}}}, r"no role called nope"),
+    ({"users": {"u": {"secret": S, "colour": "red"}}}, r"users.u: unknown setting colour"),
+    ({"users": {"bad name": {"secret": S}}}, r"'bad name' is not a name"),
     ({"users": {}, "allow": ["10.0.0.300"]}, r"allow.0: '10.0.0.300' is not an address"),
     ({"users": {}, "allow": "10.0.0.0/8"}, r"allow must be a list"),
     ({"users": {"u": {"secret": "x" * (limits.MAX_SECRET_BYTES + 1)}}}, r"secret is longer than"),
+    ({"users": {"u": {"secret": "x" * (limits.MIN_USER_SECRET_BYTES - 1)}}},
+     r"users.u.secret is %d bytes: at least %d are needed" % (limits.MIN_USER_SECRET_BYTES - 1,
+                                                              limits.MIN_USER_SECRET_BYTES)),
 ])
 def test_bad_files_are_refused_naming_the_setting(doc, message):
     with pytest.raises(ConfigError, match=message):
@@ -93,16 +99,16 @@ def test_bad_files_are_refused_naming_the_setting(doc, message):
 
 def test_rule_count_limit_and_one_past():
     rules = {"t%d" % i: "sub" for i in range(limits.MAX_ACL_RULES)}
-    assert acl({"u": {"secret": "s", "topics": rules}}).user("u").may(SUB, "topic", "t7")
+    assert acl({"u": {"secret": S, "topics": rules}}).user("u").may(SUB, "topic", "t7")
     rules["one-more"] = "sub"
     with pytest.raises(ConfigError, match="rules: the limit is %d" % limits.MAX_ACL_RULES):
-        acl({"u": {"secret": "s", "topics": rules}})
+        acl({"u": {"secret": S, "topics": rules}})
 
 
 def test_user_count_limit_and_one_past():
-    users = {"u%d" % i: {"secret": "s"} for i in range(limits.MAX_ACL_USERS)}
+    users = {"u%d" % i: {"secret": S} for i in range(limits.MAX_ACL_USERS)}
     assert len(parse_acl({"users": users}).users) == limits.MAX_ACL_USERS
-    users["one-more"] = {"secret": "s"}
+    users["one-more"] = {"secret": S}
     with pytest.raises(ConfigError, match="the limit is %d" % limits.MAX_ACL_USERS):
         parse_acl({"users": users})
 
@@ -151,7 +157,7 @@ def may_slowly(user, action, kind, name):
        asked=st.lists(st.text(alphabet="ab-", min_size=1, max_size=5), min_size=1, max_size=12))
 def test_the_decision_table_answers_as_the_rules_do_one_by_one(own, roles, asked):
     doc = {"roles": {"r%d" % i: dict(r) for i, r in enumerate(roles)},
-           "users": {"u": dict(own, secret="s", roles=["r%d" % i for i in range(len(roles))])}}
+           "users": {"u": dict(own, secret=S, roles=["r%d" % i for i in range(len(roles))])}}
     user = parse_acl(doc).user("u")
     for _twice in range(2):  # the second time from the remembered answers
         for name in asked:
@@ -162,7 +168,7 @@ def test_the_decision_table_answers_as_the_rules_do_one_by_one(own, roles, asked
 def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_again():
     rules = {"t%d-*" % i: "sub" for i in range(limits.MAX_ACL_RULES - 1)}
     rules["orders-*"] = "pub|sub"
-    user = parse_acl({"users": {"u": {"secret": "s", "topics": rules}}}).user("u")
+    user = parse_acl({"users": {"u": {"secret": S, "topics": rules}}}).user("u")
     calls = []
     for rule in user._decisions["topic"].patterns:  # count the regular expressions tried
         real = rule.regex
@@ -181,7 +187,7 @@ def test_a_user_with_the_most_pattern_rules_is_decided_without_trying_them_all_a
 
 
 def test_the_remembered_answers_stop_at_their_limit_and_the_oldest_goes_first():
-    user = parse_acl({"users": {"u": {"secret": "s", "topics": {"a*": "pub"}}}}).user("u")
+    user = parse_acl({"users": {"u": {"secret": S, "topics": {"a*": "pub"}}}}).user("u")
     table = user._decisions["topic"]
     for i in range(limits.MAX_ACL_DECISIONS_CACHED):
         assert user.may(PUB, "topic", "a%d" % i)

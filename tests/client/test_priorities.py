@@ -23,7 +23,7 @@ from metaq.admin.wire import ResetOffset
 from metaq.protocol.priority import PriorityGet, decode_get_prio_body
 from metaq.protocol.rocketmq.bodies import BatchEntry, decode_stored_messages, encode_batch_messages
 from metaq.protocol.rocketmq.remoting import RequestCode as R
-from metaq.protocol.topicadmin import TopicCommand
+from metaq.topics.wire import TopicCommand
 from tests.harness.broker import url_of as url, wait_for
 from tests.harness.http import request, with_http
 from tests.harness.replication import caught_up, master_config

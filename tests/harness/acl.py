@@ -28,7 +28,7 @@ def write_acl(path, users=None, roles=None, allow=None):
     if allow is not None:
         doc["allow"] = allow
     tmp = str(path) + ".tmp"
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # the broker refuses o+r
         yaml.safe_dump(doc, f)
     os.replace(tmp, str(path))
     return str(path)

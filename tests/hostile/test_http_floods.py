@@ -26,6 +26,7 @@ def hbroker(broker_factory, tmp_path):
 def abroker(broker_factory, tmp_path):
     acl = tmp_path / "acl.yaml"
     acl.write_text(yaml.safe_dump({"users": {ADMIN[0]: {"secret": ADMIN[1], "admin": True}}}))
+    acl.chmod(0o600)
     return broker_factory(with_http(small_config(tmp_path / "data", security={"acl_file": str(acl)},
                                                  limits={"request_timeout_s": 2})))
 

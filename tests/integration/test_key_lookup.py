@@ -5,11 +5,11 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.client import keys
+from metaq.keys import client as keys
 from metaq.client.local import small_config
 from metaq.client.message import Message
 from metaq.protocol import events as ev
-from metaq.protocol.keylookup import decode_lookup_body
+from metaq.keys.wire import decode_lookup_body
 
 FAST = {"store": {"flush": "async", "flush_interval_ms": 20}}
 

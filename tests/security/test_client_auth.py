@@ -240,6 +240,8 @@ def test_metaq_admin_with_and_without_credentials(acl_broker, tmp_path, capsys):
 
 
 def test_metaq_admin_takes_credentials_from_the_environment(acl_broker, tmp_path, capsys, monkeypatch):
+    with Producer(brokers=[url_of(acl_broker)], security=ClientSecurity("alice", SECRETS["alice"])) as producer:
+        assert producer.send(Message("orders", b"listed")).success  # a topic to list, whatever ran before
     monkeypatch.setenv("METAQ_CREDENTIALS", credentials_file(tmp_path / "admin.yaml", "admin"))
     assert admin.main(["--brokers", url_of(acl_broker), "topics"]) == admin.EXIT_OK
     assert "orders" in capsys.readouterr().out

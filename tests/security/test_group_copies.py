@@ -141,7 +141,7 @@ def test_a_planted_dead_letter_cannot_be_resent_into_a_topic_its_sender_may_not_
 
 
 def test_a_topic_list_names_only_the_topics_its_user_may_publish_to_or_read(broker_factory, tmp_path):
-    from metaq.protocol.topicadmin import TopicCommand
+    from metaq.topics.wire import TopicCommand
 
     b = start(broker_factory, tmp_path)
     with remoting(b, "admin") as admin:

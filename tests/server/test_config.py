@@ -103,6 +103,25 @@ def test_the_http_port_is_off_by_default_and_checked_like_the_others():
     assert load_config(None, {"http.port": 8180, "http.host": "0.0.0.0", "security.insecure": True}).http.port == 8180
 
 
+def test_http_basic_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):
+    authed = {"security.acl_file": str(tmp_path / "acl.yaml"), "broker.host": "0.0.0.0", "http.port": 8180}
+    with pytest.raises(ConfigError, match="http.port listens on 0.0.0.0, not a loopback address, with "
+                                          "authentication on and TLS off: HTTP Basic"):
+        load_config(None, authed)
+    assert load_config(None, dict(authed, **{"http.host": "127.0.0.1"})).http.host == "127.0.0.1"
+    assert load_config(None, dict(authed, **{"security.insecure": True})).http.port == 8180
+    tls = {"security.tls.mode": "on", "security.tls.cert": "c.pem", "security.tls.key": "k.pem"}
+    assert load_config(None, dict(authed, **tls)).security.tls.mode == "on"
+    assert load_config(None, dict(authed, **{"http.port": None})).http.port is None  # no HTTP port: nothing sent
+
+
+def test_any_host_name_without_authentication_is_refused_unless_insecure():
+    with pytest.raises(ConfigError, match=r'http.allowed_hosts: \["\*"\] with authentication off .*DNS rebinding'):
+        load_config(None, {"http.port": 8180, "http.allowed_hosts": ["*"]})
+    assert load_config(None, {"http.port": 8180, "http.allowed_hosts": ["metaq.example"]}).http.allowed_hosts
+    assert load_config(None, {"http.port": 8180, "http.allowed_hosts": ["*"], "security.insecure": True})
+
+
 def test_shipped_topics_end_with_the_default_pattern():
     with open(ROOT / "conf" / "server.yaml") as f:
         shipped = yaml.safe_load(f)

@@ -130,7 +130,8 @@ def test_allow_list(tmp_path):
 
 def test_a_bad_or_oversized_file_stops_the_start(tmp_path):
     path = tmp_path / "acl.yaml"
-    path.write_text("users:\n  alice: {secret: s, topics: {t: write}}\n")
+    path.write_text("users:\n  alice: {secret: alice-secret-0123, topics: {t: write}}\n")
+    path.chmod(0o600)
     with pytest.raises(errors.ConfigError, match="users.alice.topics.t: 'write' is not a permission"):
         Guard(load_config(None, {"security.acl_file": str(path)}).security)
     path.write_text("#" * (limits.MAX_ACL_FILE_BYTES + 1))
@@ -138,6 +139,60 @@ def test_a_bad_or_oversized_file_stops_the_start(tmp_path):
         Guard(load_config(None, {"security.acl_file": str(path)}).security)
     with pytest.raises(errors.ConfigError, match="cannot read security.acl_file"):
         Guard(load_config(None, {"security.acl_file": str(tmp_path / "missing.yaml")}).security)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o601, 0o666])
+def test_a_permissions_file_others_may_read_or_write_is_refused_naming_its_mode(tmp_path, mode):
+    path = write_acl(tmp_path / "acl.yaml")
+    os.chmod(path, mode)
+    with pytest.raises(errors.ConfigError, match="has mode %04o: other users may read or change" % mode):
+        Guard(load_config(None, {"security.acl_file": path}).security)
+
+
+def test_a_reload_that_finds_the_file_opened_to_others_keeps_the_old_one(guard):
+    s = login(guard, guard.session("127.0.0.1"), "bob")
+    os.chmod(guard.path, 0o640)  # a group of operators may read it
+    os.utime(guard.path, ns=(2, 2))
+    assert guard.reload(state=None)
+    os.chmod(guard.path, 0o644)
+    os.utime(guard.path, ns=(3, 3))
+    assert not guard.reload(state=None)
+    assert "has mode 0644" in guard.reload_error
+    guard.require(s, PUB, "topic", "orders")  # the last good file still decides
+
+
+def test_an_unknown_user_is_checked_against_a_secret_as_a_known_one_is(guard):
+    seen = []
+
+    def matches(secret):
+        seen.append(secret)
+        return True  # even a proof that "matches" never logs in a user who does not exist
+
+    assert guard.check_login("nobody", matches) is None
+    assert guard.check_login("alice", matches).name == "alice"
+    assert len(seen) == 2 and seen[1] == SECRETS["alice"].encode()
+    assert len(seen[0]) >= limits.MIN_USER_SECRET_BYTES and seen[0] != seen[1]
+    assert guard.check_login("alice", lambda secret: False) is None
+
+
+def test_guessers_rotating_addresses_within_a_prefix_are_slowed_too(guard):
+    delays = [guard.failed("10.9.8.%d" % (i + 1), now=float(i))  # one failure per address: never the address's limit
+              for i in range(limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 2)]
+    assert delays[:limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY] == [0.0] * limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY
+    assert delays[-1] == limits.AUTH_FAILURE_DELAY_S
+    assert guard.failed("10.9.9.1", now=30.0) == 0.0  # the next /24 is not this one's
+    v6 = [guard.failed("2001:db8:0:1::%x" % (i + 1), now=float(i))
+          for i in range(limits.AUTH_PREFIX_FAILURES_BEFORE_DELAY + 1)]
+    assert v6[-2] == 0.0 and v6[-1] == limits.AUTH_FAILURE_DELAY_S
+    assert guard.failed("2001:db8:0:2::1", now=30.0) == 0.0  # another /64
+
+
+def test_failure_prefixes():
+    from metaq.server.guard import failure_prefix
+    assert failure_prefix("10.1.2.3") == "10.1.2.0/24"
+    assert failure_prefix("::ffff:10.1.2.3") == "10.1.2.0/24"
+    assert failure_prefix("2001:db8:1:2:3::4") == "2001:db8:1:2::/64"
+    assert failure_prefix("unix") is None
 
 
 def test_auth_off_lets_everything_through():

@@ -4,9 +4,9 @@ an idle broker wrote its checkpoint and key checkpoint, with ~4 fsyncs, every in
 
 import os
 
-from metaq.store import keyindex
+from metaq.keys import index as keyindex
 from tests.harness.store import NOW, open_store
-from tests.store.test_keyindex import flush, put
+from tests.keys.test_index import flush, put
 
 
 def stamp(path):

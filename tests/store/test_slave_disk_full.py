@@ -75,7 +75,7 @@ def master(tmp_path_factory):
         r = s.put(topic, part, flag, data, NOW)
         keys[key] = (topic, r.partition, r.offset)
     s.mark_flushed(s.flush_log())
-    while s.index_keys():
+    while s.follow_log():
         pass
     s.checkpoint(NOW)
     yield s, {k: read_all(s, *k) for k in PARTS}, keys
@@ -93,7 +93,7 @@ def _background(slave, turn, failures):
             slave.checkpoint(NOW)
         else:
             slave.mark_flushed(slave.flush_log())
-            while slave.index_keys():
+            while slave.follow_log():
                 pass
     except (DiskFull, StoreError, OSError) as exc:
         failures.append(("checkpoint: " if turn % 3 == 1 else "") + str(exc))
@@ -128,7 +128,7 @@ def _catch_up(master_store, slave_dir, mount, left, rnd):
         if rnd.random() < 0.5:
             _background(slave, turn, failures)
     slave.mark_flushed(slave.flush_log())
-    while slave.index_keys():
+    while slave.follow_log():
         pass
     return slave, failures
 
@@ -194,22 +194,22 @@ def test_the_key_index_resumes_where_a_full_disk_stopped_it(tmp_path):
             s.mark_flushed(s.flush_log())
 
         put(100)  # two key files: 64 entries and 36
-        while s.index_keys():
+        while s.follow_log():
             pass
         before = s.keys.indexed_to
         put(300)
         _fill(str(mount), 0)
         with pytest.raises(DiskFull):
-            while s.index_keys():
+            while s.follow_log():
                 pass
         stopped = s.keys.indexed_to
         assert before < stopped < s.written_position, "the second file filled up, then no third one"
         for _ in range(3):  # a full disk refuses again without losing its place
             with pytest.raises(DiskFull):
-                s.index_keys()
+                s.follow_log()
             assert s.keys.indexed_to == stopped
         _free(str(mount))
-        while s.index_keys():
+        while s.follow_log():
             pass
         assert s.keys.indexed_to == s.written_position
         for name in names:

@@ -1,11 +1,11 @@
-"""A priority topic in the store (store/topics.py): its settings, its levels' sub-queues ``<topic>%P<k>`` answered
+"""A priority topic in the store (topics/table.py): its settings, its levels' sub-queues ``<topic>%P<k>`` answered
 with its partitions and permissions, and the refusals. Files and time only."""
 
 import pytest
 
 from metaq import limits
 from metaq.errors import ClientError, TopicForbidden, TopicLimit
-from metaq.store.topics import parse_settings
+from metaq.topics.table import parse_settings
 from tests.harness.store import HOUR_MS, NOW, open_store, read_all
 
 

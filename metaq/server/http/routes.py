@@ -204,13 +204,11 @@ class Router:
         name, secret = _basic(request.environ.get("HTTP_AUTHORIZATION"))
         if name is None:
             raise errors.Unauthenticated("authentication required: send HTTP Basic credentials (user and secret)")
-        user = guard.user(name)
-        if user is None or not proofs.same(secret, user.secret):
+        if guard.check_login(name, lambda on_file: proofs.same_secret(secret, on_file)) is None:
             delay = guard.failed(session.host)  # a guesser's answers slow down, as on the text port
             if delay:
                 gevent.sleep(delay)
-            log.warning("http authentication failed from %s: %s", session.host,
-                        "unknown user %s" % name if user is None else "wrong secret for user %s" % name)
+            log.warning("http authentication failed from %s: %s", session.host, guard.login_failure(name, "secret"))
             raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
         guard.authenticated(session, name)
         if needs == READ:

@@ -9,11 +9,13 @@ With authentication on (``security.acl_file``), every request must carry, as Roc
   ``Signature`` and ``_UNIQUE_KEY_QUERY``, followed by the body) (``proofs.rocketmq_signature``). The C++
   client also sends (and signs) ``OnsChannel``, the Java one may send ``SecurityToken``: both are only signed.
 
-The checks run in RocketMQ's order (``PlainPermissionManager.validate``): no AccessKey, unknown AccessKey,
-wrong Signature, then (ours) the user's address list, then the resources the request code needs
-(``needs``). A refusal is what RocketMQ 4.9's broker answers for an ``AclException`` thrown by its RPC hook:
-``SYSTEM_ERROR`` (1) with the remark ``org.apache.rocketmq.acl.common.AclException: <reason>`` (the mapping is
-``dispatch.error_response``). After a failed authentication (no, unknown or wrong key, or an address the user
+The checks run in RocketMQ's order (``PlainPermissionManager.validate``): no AccessKey, unknown AccessKey or
+wrong Signature (one answer for both, unlike RocketMQ's "No acl config for": a reply never tells whether a
+user exists, and both take the same work, ``Guard.check_login``), then (ours) the user's address list, then
+the resources the request code needs (``needs``). A refusal is what RocketMQ 4.9's broker answers for an
+``AclException`` thrown by its RPC hook: ``SYSTEM_ERROR`` (1) with the remark
+``org.apache.rocketmq.acl.common.AclException: <reason>`` (the mapping is ``dispatch.error_response``).
+After a failed authentication (no, unknown or wrong key, or an address the user
 may not come from) the answer is sent and the connection closed, the address's failure counted
 (``guard.failed``: a guesser is slowed); a permission refusal leaves the connection open.
 
@@ -102,6 +104,7 @@ class RemotingAcl:
         ``Unauthenticated`` (the caller answers and closes the connection) or ``Forbidden`` (answered, the
         connection goes on), both with RocketMQ's reason, or the header decoders' ClientError."""
         if cmd.code in NAME_SERVER_CODES:
+            self._log_in_quietly(cmd, conn)
             return None
         try:
             name = self._authenticate(cmd, conn)
@@ -111,6 +114,20 @@ class RemotingAcl:
             raise
         return name
 
+    def _log_in_quietly(self, cmd, conn):
+        """A name-server request needs no signature, but one that carries a good one logs its connection in (a
+        client's route queries keep their connection past the login deadline); a bad one is not counted."""
+        ext = cmd.ext_fields
+        name, signature = ext.get(ACCESS_KEY), ext.get(SIGNATURE)
+        if not name or not signature or not self.guard.enabled or conn.session is None or conn.session.logged_in:
+            return
+        if self.guard.check_login(name, lambda secret: proofs.same(
+                signature, proofs.rocketmq_signature(secret, ext, cmd.body))) is not None:
+            try:
+                self.guard.authenticated(conn.session, name)
+            except errors.Unauthenticated:
+                pass  # an address the user may not come from: its next signed request is refused
+
     def _authenticate(self, cmd, conn):
         guard, session = self.guard, conn.session
         ext = cmd.ext_fields
@@ -119,14 +136,11 @@ class RemotingAcl:
             log.info("remoting %s: request code %d without an AccessKey refused", conn.peer, cmd.code)
             raise errors.Unauthenticated("No accessKey is configured (request code %d: sign requests with an "
                                          "AccessKey and a Signature; README \"Security\")" % cmd.code)
-        user = guard.user(name)
-        if user is None:
-            self._failed(conn, "unknown accessKey %s" % _show(name))
-            raise errors.Unauthenticated("No acl config for %s" % _show(name))
         signature = ext.get(SIGNATURE) or ""
-        if not proofs.same(signature, proofs.rocketmq_signature(user.secret, ext, cmd.body)):
-            self._failed(conn, "wrong signature for accessKey %s" % name)
-            raise errors.Unauthenticated("Check signature failed for accessKey=%s" % name)
+        if guard.check_login(name, lambda secret: proofs.same(
+                signature, proofs.rocketmq_signature(secret, ext, cmd.body))) is None:
+            self._failed(conn, guard.login_failure(_show(name), "signature"))
+            raise errors.Unauthenticated("Check signature failed for accessKey=%s" % _show(name))
         try:
             guard.authenticated(session, name)
         except errors.Unauthenticated as exc:

@@ -37,7 +37,7 @@ from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record
                                              stored_message_bytes)
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
-from metaq.server.remoting import keys
+from metaq.keys import remoting as keys
 from metaq.server.remoting.acl import ACL_EXCEPTION, RemotingAcl
 from metaq.server.remoting.send import RemotingSender
 from metaq.store.record import RecordTooLarge
@@ -219,7 +219,7 @@ class RemotingDispatcher:
             return response_for(cmd, ResponseCode.TOPIC_NOT_EXIST,
                                 "No topic route info in name server for the topic: %s" % h.topic)
         name = self.broker_name
-        s = self.store.topics.settings_of(h.topic)  # the topic table (store/topics.py): perm, ordered
+        s = self.store.topics.settings_of(h.topic)  # the topic table (topics/table.py): perm, ordered
         perm = PERM_READ | PERM_WRITE if s is None else (PERM_READ if s.readable else 0) | (PERM_WRITE if s.writable
                                                                                           else 0)
         order = "%s:%d" % (name, queues) if s is not None and s.ordered else None

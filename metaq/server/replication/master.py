@@ -32,7 +32,7 @@ class SlaveState:
         self.durable = start
         self.connected_at = time.time()
         self.offsets_version = None  # the consumer-offset version last sent; None: the whole table is still due
-        self.topics_version = None  # the topic table's version last sent (store/topics.py)
+        self.topics_version = None  # the topic table's version last sent (topics/table.py)
         self.offsets_due = time.monotonic() + OFFSETS_SYNC_S  # the next send, at the latest
 
 

@@ -288,7 +288,7 @@ class SlaveLink:
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
     def _topics(self, event):
-        """The master's topic table becomes ours (store/topicops.py ``replace_table``)."""
+        """The master's topic table becomes ours (topics/state.py ``replace_table``)."""
         try:
             state = json.loads(event.table.decode("utf-8"))
             with self.store_lock:  # a deleted topic's partitions go: no checkpoint or work ahead meets them

@@ -88,6 +88,14 @@ class Connection(core.Connection):
         self.flusher = front.flusher
         self.fast_puts = front.fast_puts.take if front.fast_puts is not None else None
 
+    def await_login(self, host):
+        """Until it logs in, a request's body may be only ``limits.MAX_PRELOGIN_BODY_BYTES``."""
+        super().await_login(host)
+        self.parser.max_body = min(self.parser.max_body, limits.MAX_PRELOGIN_BODY_BYTES)
+
+    def login_done(self):
+        self.parser.max_body = self.front.max_body_bytes
+
     @property
     def busy(self):
         """A burst being handled, replies waiting for their flush, or requests answering from greenlets of

@@ -6,34 +6,33 @@ position means the reply may be sent only once the log is durable up to it
 (``sync`` flush mode).
 """
 
-import json
 import logging
 import time
 
 import gevent
 
 import metaq
-from metaq import errors, limits
+from metaq import errors
 from metaq.admin import wire as adminwire
 from metaq.admin.text import TextAdmin
 from metaq.filters.text import TagScan
 from metaq.protocol import commands, events as ev
-from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.priority import PriorityGet, PriorityPut
 from metaq.protocol.idempotence import DUPLICATE_MARK
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.protocol.xa import xa_error_body
-from metaq.protocol.keylookup import encode_lookup_body
 from metaq.server.clock import now_ms
-from metaq.server.coldpages import walk
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.server.text.expect import check_expected
 from metaq.server.text.priorities import TextPriorities
 from metaq.server.text.requests import TextRequests
+from metaq.offsets.text import TextOffsets
+from metaq.keys.text import TextKeys
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
+from metaq.topics.text import TextTopics
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +92,7 @@ class TextDispatcher:
         ``replies``: the request-reply router (``server.replies``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``admin.service.AdminOps``; None: the admin extensions answered 400);
         ``group_members``: told which connection commits or queries which group (``admin.service.TextGroupMembers``);
-        ``topics``: the topic table's service (``server.topictable.TopicAdmin``; None: ``topic`` answered 400)."""
-        self.group_members = group_members
-        self.topics = topics
+        ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400)."""
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -119,15 +116,11 @@ class TextDispatcher:
             ev.GetTags: self.get_tags,
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
-            ev.Lookup: self.lookup,
-            ev.CommitOffset: self.commit_offset,
-            ev.QueryOffset: self.query_offset,
             ev.Stats: self.stats_cmd,
             ev.Version: self.version,
             ev.Transaction: self.transaction,
             ev.Sync: self.sync,
             ev.Promote: self.promote,
-            ev.TopicCommand: self.topic,
             ev.Auth: self.auth,
             ev.Request: self.reply_from_client,
             ev.Reply: self.reply_from_client,
@@ -139,6 +132,10 @@ class TextDispatcher:
                                     error_reply=error_reply)  # put_prio, get_prio (README "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
+        offsets = TextOffsets(store, group_members)  # commit_offset, query_offset (offsets/text.py)
+        self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
+        self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
+        self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (README "Key index")
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
@@ -377,38 +374,9 @@ class TextDispatcher:
             search.step()
         return ok(b"%d" % search.result, e.opaque), NO_WAIT
 
-    def lookup(self, e, conn):
-        """``lookup`` (our extension, events.Lookup): one page of a key's messages from the key index, its cold
-        pages brought in off the loop (``coldpages.walk``), as ``offset_at`` does."""
-        if self.roles.read_refusal is not None:
-            return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT
-        limits.validate_topic(e.topic)
-        page = walk(self.store.key_search(e.topic, e.key, e.since_ms, e.until_ms, e.max_count, e.cursor)).page()
-        body = encode_lookup_body(page.cursor, page.indexed_to, [
-            (r.partition, r.queue_offset, r.position, r.store_ts_ms, r.msg_id, r.flag, r.data, metaq_checksum(r.data))
-            for r in page.records])
-        return ok(body, e.opaque), NO_WAIT
-
-    def _member(self, e, conn):
-        if self.group_members is not None:
-            self.group_members.seen(e.group, getattr(conn, "conn_id", None), getattr(conn, "peer", ""),
-                                    time.monotonic())
 
     def _no_admin(self, e, conn):
         return encode_result(400, b"the admin commands are not served by this dispatcher", e.opaque), NO_WAIT
-
-    def commit_offset(self, e, conn):
-        self._member(e, conn)
-        self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms())
-        return ok(b"", e.opaque), NO_WAIT
-
-    def query_offset(self, e, conn):
-        self._member(e, conn)
-        offset = self.store.query_offset(e.group, e.topic, e.partition)
-        if offset is None:
-            msg = "group %s has committed no offset for %s-%d" % (e.group, e.topic, e.partition)
-            return encode_result(404, msg.encode(), e.opaque), NO_WAIT
-        return ok(b"%d" % offset, e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
         return ok(self.render_stats(e.item, self.guard.visible_to(getattr(conn, "session", None))), e.opaque), NO_WAIT
@@ -442,21 +410,6 @@ class TextDispatcher:
             log.warning("promote refused: %s", exc)
             return error_reply(exc, e.opaque)
         return ok(text.encode("utf-8"), e.opaque)
-
-    def topic(self, e, conn):
-        """``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py): the topic table."""
-        if self.topics is None:
-            return encode_result(400, b"the topic table is not served here", e.opaque), NO_WAIT
-        conn.spawn(self._topic, e, self.guard.known_to(conn.session))
-        return None, NO_WAIT
-
-    def _topic(self, e, known):
-        try:
-            result = self.topics.handle(e.action, e.name, dict(e.settings), known)
-        except errors.MetaqError as exc:
-            log.warning("topic %s %s refused: %s", e.action, e.name or "", exc)
-            return error_reply(exc, e.opaque)
-        return ok(json.dumps(result, sort_keys=True).encode("utf-8"), e.opaque)
 
     def auth(self, e, conn):
         """``auth`` (README "Security"): step one gives a nonce, step two checks the proof. A failure is answered

@@ -16,7 +16,7 @@ File layout (little-endian: derived local data, never sent anywhere), fixed size
 A file is named by the log position of the first record it indexes (``files.offset_name``) and holds the
 entries of the records from there to the next file's name, so retention drops a file once the next one
 starts at or below the log start. The header's ``count`` is advisory: which entries are trusted after a
-crash comes from the key index's checkpoint (keyindex.py), and ``undo_to`` takes the newer ones back out
+crash comes from the key index's checkpoint (index.py), and ``undo_to`` takes the newer ones back out
 (newest first, restoring each slot to the entry's predecessor). No sockets, threads or clock.
 """
 

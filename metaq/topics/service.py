@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class TopicAdmin:
     def __init__(self, store, store_lock, registry=None, refusal=lambda: None):
-        """``store``: the MessageStore (its ``topics``: store/topicops.py); ``registry``: the ZkRegistry or None;
+        """``store``: the MessageStore (its ``topics``: topics/state.py); ``registry``: the ZkRegistry or None;
         ``refusal()``: why this broker takes no change now (a slave: its table is its master's), or None."""
         self.refusal = refusal
         self.store = store
@@ -34,7 +34,7 @@ class TopicAdmin:
         self._one = Semaphore()
 
     def handle(self, action, name, settings, known=None):
-        """``action`` one of create/alter/delete/list (protocol/topicadmin.py); ``settings``: ``{key: text}``;
+        """``action`` one of create/alter/delete/list (topics/wire.py); ``settings``: ``{key: text}``;
         ``known``: ``list``'s filter."""
         if action == "list":
             return self.list(known)

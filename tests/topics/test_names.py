@@ -1,6 +1,6 @@
-"""Which topic names are the broker's own (metaq.protocol.internaltopics)."""
+"""Which topic names are the broker's own (metaq.topics.names)."""
 
-from metaq.protocol.internaltopics import INTERNAL, is_internal, level_owner
+from metaq.topics.names import INTERNAL, is_internal, level_owner
 
 
 def test_the_brokers_own_names_are_internal():

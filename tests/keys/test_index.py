@@ -1,4 +1,4 @@
-"""The key index (store/keyindex.py, keyfile.py): lookups equal a brute-force scan, rebuilds, retention, limits."""
+"""The key index (keys/index.py, keys/files.py): lookups equal a brute-force scan, rebuilds, retention, limits."""
 
 import os
 
@@ -10,8 +10,8 @@ from metaq import limits
 from metaq.errors import ClientError
 from metaq.protocol.message import encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute
-from metaq.store import keyindex
-from metaq.store.keyfile import HEADER_SIZE, data_keys
+from metaq.keys import index as keyindex
+from metaq.keys.files import HEADER_SIZE, data_keys
 from tests.harness.store import NOW, open_store
 
 BIG = 1 << 62
@@ -34,7 +34,7 @@ def put(s, topic, keys=None, uniq=None, now=NOW, partition=0, body=b"body"):
 def flush(s):
     """Flush and index, as the server's flusher does (its indexer steps until the index reaches the flushed end)."""
     s.mark_flushed(s.flush_log())
-    while s.index_keys():
+    while s.follow_log():
         pass
 
 
@@ -311,7 +311,7 @@ def test_lookups_equal_a_brute_force_scan_and_survive_a_rebuild(fast_dir, ops, c
 
 
 def test_indexing_goes_in_bounded_steps_and_a_record_larger_than_a_step_is_not_stuck(data_dir):
-    """The flusher's indexer calls ``index_keys`` until it says it is done: each step walks the records that start
+    """The flusher's indexer calls ``follow_log`` until it says it is done: each step walks the records that start
     within ``max_bytes`` (one at least), so a record larger than a step is indexed, never stuck behind."""
     s = open_store(data_dir, segment_size=1 << 20)
     step = 4096
@@ -320,7 +320,7 @@ def test_indexing_goes_in_bounded_steps_and_a_record_larger_than_a_step_is_not_s
         put(s, "tStep", [f"k{i}"], uniq=f"U{i}", body=body)
     s.mark_flushed(s.flush_log())
     steps = 0
-    while s.index_keys(step):
+    while s.follow_log(step):
         steps += 1
         assert steps < 1000
     assert s.keys.indexed_to == s.flushed_position and steps >= 4  # each large record a step of its own
@@ -373,7 +373,7 @@ def walked_logs(draw):
 def test_c_keyed_records_equals_the_twin(buf, rel, stop, end):
     """The key index's walk in C returns what its pure-Python twin returns (or refuses what it refuses), and
     the twin picks exactly the records whose flag has the attribute bit (what ``_index_record`` looks at)."""
-    from metaq.store.keyindex import keyed_records_py
+    from metaq.keys.index import keyed_records_py
     from metaq.store.record import MARKER
 
     end = min(end, len(buf)) if end >= 0 else end
@@ -446,7 +446,7 @@ def test_the_c_walk_goes_in_bounded_pieces_and_finds_every_key(data_dir, monkeyp
             if i % 3 == 0:
                 offsets["k%d" % i] = put(s, "test", keys=["k%d" % i], body=b"b" * i).offset
         s.mark_flushed(s.flush_log())
-        s.keys.catch_up(s._log, s.flushed_position)  # one call over the whole range, as the open's catch-up
+        s.follow_log(None)  # one step over the whole range, as the open's catch-up
         assert spans and max(spans) <= limit
         if walk == 1:
             assert len(spans) >= 80  # one record per piece

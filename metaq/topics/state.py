@@ -1,4 +1,4 @@
-"""Create, alter, delete and list topics in the store (the table: topics.py; per-topic retention: topicretention.py).
+"""Create, alter, delete and list topics in the store (the table: table.py; per-topic retention: retention.py).
 
 ``MessageStore.topics`` is a ``TopicOps``. Each change checks everything first (nothing is changed on a refusal),
 writes the table (BLOCKING: an fsync; the server runs it under the store lock, off the event loop), then changes
@@ -19,7 +19,7 @@ import shutil
 from metaq.errors import ClientError, TopicLimit, UnknownTopic
 from metaq.protocol.priority import level_topic
 from metaq.store.files import fsync_dir
-from metaq.store.topics import check_name, parse_settings
+from metaq.topics.table import check_name, parse_settings
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """QUERY_MESSAGE (12): a key's messages, and RocketMQ's view by unique id (README "Key index").
 
-The store's key index (store/keyindex.py) answers one page, newest first: at most ``maxNum`` messages, cut to
+The store's key index (keys/index.py) answers one page, newest first: at most ``maxNum`` messages, cut to
 ``limits.MAX_KEY_QUERY_RESULTS`` (and ``limits.MAX_KEY_QUERY_BYTES``), stored within ``[beginTimestamp,
 endTimestamp]``; its cold pages brought in off the loop (``coldpages.walk``). A RocketMQ client views a message
 by its unique id (``UNIQ_KEY``) with the same request and ``_UNIQUE_KEY_QUERY`` = true: ``maxNum`` is then ours

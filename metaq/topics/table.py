@@ -1,7 +1,7 @@
 """The topic table: topics created, altered and deleted by an operator, kept in ``<data_dir>/topics.json``.
 
-Pure logic and the file; the store applies it (``MessageStore.create_topic`` ...) and the server's
-``topictable.TopicAdmin`` is the protocol-neutral entry point. README "Topics: the table, create, alter, delete".
+Pure logic and the file; ``state.TopicOps`` (``MessageStore.topics``) applies it to the store and
+``service.TopicAdmin`` is the protocol-neutral entry point. README "Topics: the table, create, alter, delete".
 
 Which partition count a topic has, first match wins:
 
@@ -14,7 +14,7 @@ Which partition count a topic has, first match wins:
 
 Per topic (table entries only): ``perm`` (``rw``, ``r``: puts refused, ``w``: reads refused, ``-``: both),
 ``ordered`` (reported to RocketMQ clients as an orderly topic; a keyed producer keeps a key on one partition),
-``retention_hours`` and ``retention_bytes`` (store/topicretention.py), ``priorities`` (0: none; 2..
+``retention_hours`` and ``retention_bytes`` (retention.py), ``priorities`` (0: none; 2..
 ``limits.MAX_PRIORITY_LEVELS`` levels, README "Priorities") and ``priority_max_wait_ms`` (its starvation bound).
 A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``protocol/priority.py``): the catalog
 answers for it with its topic's partitions and permissions. ``base_offsets``: where a re-created

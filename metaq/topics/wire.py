@@ -7,14 +7,22 @@ Actions: ``create`` and ``alter`` take settings, ``delete`` none (``-``), ``list
 
 Keys: ``partitions``, ``perm`` (rw, r, w, -), ``ordered`` (0/1), ``retention_hours``, ``retention_bytes``
 (``none`` removes a retention setting), ``priorities`` and ``priority_max_wait_ms`` (README "Priorities"); their
-meaning and checks are the store's (``metaq.store.topics``).
+meaning and checks are the table's (``metaq.topics.table``).
 The broker answers ``result 200`` with a JSON body (the topic's settings; for ``list`` a list of them), or
-``result 400/403/404`` with the reason. Admin permission is needed (README "Security").
+``result 400/403/404`` with the reason. A change needs the admin permission, ``list`` any user (README "Security").
+
+The command is declared here, in ``protocol.commands`` (``protocol.text`` imports this module, so the registry is
+complete).
 """
 
 from typing import NamedTuple
 
 from metaq import limits
+from metaq.errors import InvalidTopic
+from metaq.protocol.commands import NEEDS_ADMIN, NEEDS_USER, TextCommand, depends, register
+from metaq.protocol.integers import TokenError, parse_int
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
 
 ACTIONS = ("create", "alter", "delete", "list")
 #: Most ``key=value`` pairs one command carries (there are seven settings).
@@ -77,3 +85,21 @@ def encode_settings(settings):
 
 def serialize(e):
     return ("topic %s %s %s %d\r\n" % (e.action, e.name or "-", encode_settings(e.settings), e.opaque)).encode()
+
+
+def _parse_topic(t):
+    try:
+        action, name, settings = parse(t)
+    except (ValueError, InvalidTopic) as exc:
+        raise TokenError(str(exc)) from None
+    return TopicCommand(action, name, settings, parse_int(t[4], "opaque", *_INT32))
+
+
+def _topic_need(e):
+    return NEEDS_USER if e.action == "list" else NEEDS_ADMIN
+
+
+register(TextCommand(
+    "topic", TopicCommand, (5,), "5 tokens (topic <create|alter|delete|list> <name|-> <settings|-> <opaque>)",
+    _parse_topic, serialize, depends(_topic_need),
+    examples=(b"topic list - - 1\r\n", b"topic create orders partitions=4 2\r\n")))

@@ -1,4 +1,4 @@
-"""The topic table in the store (store/topics.py, topicops.py, topicretention.py): files and time only."""
+"""The topic table in the store (topics/table.py, state.py, retention.py): files and time only."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import pytest
 
 from metaq.errors import ClientError, StoreError, TopicForbidden, TopicLimit, UnknownTopic
 from metaq.store.record import FIXED_OVERHEAD
-from metaq.store.topics import TOPICS_FILE, parse_settings
+from metaq.topics.table import TOPICS_FILE, parse_settings
 from tests.harness.store import HOUR_MS, NOW, open_store, read_all
 
 

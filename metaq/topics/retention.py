@@ -1,4 +1,4 @@
-"""Per-topic retention (the table's ``retention_hours`` and ``retention_bytes``, topics.py): a logical start.
+"""Per-topic retention (the table's ``retention_hours`` and ``retention_bytes``, table.py): a logical start.
 
 The commit log is shared by every topic, so one topic's retention cannot delete a segment that may hold another
 topic's records. Per-topic retention therefore moves the topic's first offset (each partition's ``min``): the

@@ -4,7 +4,7 @@ import pytest
 
 from metaq.errors import ClientError, InvalidTopic
 from metaq.store.files import DataDir
-from metaq.store.offsets import ConsumerOffsets
+from metaq.offsets.table import ConsumerOffsets
 
 
 def fresh(tmp_path):

@@ -1,18 +1,19 @@
-"""The key index: message keys → commit-log positions, with time bounds (README "Key index"; files: keyfile.py).
+"""The key index: message keys → commit-log positions, with time bounds (README "Key index"; files: files.py).
 
-Derived data, fed at one point: ``catch_up`` reads the commit log from ``indexed_to`` (the position up to which
-every record's keys are in the index) to a position the store gives: the flushed end, in steps of
-``limits.KEY_INDEX_STEP_BYTES`` (``MessageStore.index_keys``, which the server's flusher calls after each flush
-round until the index is there), and the whole tail at open and at close.
-So every writer (a put, the C burst writer, put_idem, a transaction's commit, delayed delivery, a slave's
-apply of the master's log) is indexed without knowing of it, and only durable records are.
+Derived data, a subscriber of the store's log follower (``store/follower.py``): the follower hands it the flushed
+records past ``indexed_to`` (the position up to which every record's keys are in the index) in steps of
+``limits.KEY_INDEX_STEP_BYTES`` (``MessageStore.follow_log``, which the server's flusher calls after each flush
+round until the followers are there), and the whole tail at open and at close; ``learn`` walks them in C and
+indexes the records with attributes. So every writer (a put, the C burst writer, put_idem, a transaction's
+commit, delayed delivery, a slave's apply of the master's log) is indexed without knowing of it, and only durable
+records are.
 
 Crash and rebuild: a checkpoint (``checkpoint``, BLOCKING) msyncs the files, then records ``indexed_to`` and
 each file's entry count (``key_checkpoint``). ``load`` trusts the files up to those counts, takes newer entries
-back out (``KeyFile.undo_to``), deletes files the checkpoint does not know, and rebuilds from the log a file that
-is torn or missing (that file and the ones after it); then the store catches up the log tail from
-``indexed_to``. Never past the log: entries at or past the log end are taken out (``cut``: also a slave's
-truncation). With no checkpoint the whole index is rebuilt from the log start.
+back out (``KeyFile.undo_to``), deletes files the checkpoint does not know, and resumes before a file that is torn
+or missing (that file and the ones after it are rebuilt from the log); with no checkpoint, or nothing it can
+keep, the follower calls ``rebuild`` and the whole index is rebuilt from the log start. Never past the log:
+entries at or past the log end are taken out (``cut``: a log that lost its tail, a slave's truncation).
 
 Retention (``drop_below``) deletes a file once the next one starts at or below the log start; an entry whose
 record is gone is skipped by lookups. A lookup (``KeySearch``) walks newest first, one map read per ``step``, and
@@ -24,9 +25,10 @@ from typing import NamedTuple, Optional
 
 from metaq import limits, speedups
 from metaq.errors import ClientError, StoreError
+from metaq.keys.files import KeyFile, check_key, data_keys, key_hash, keys_of_properties
 from metaq.store.files import KEY_CHECKPOINT_MAGIC, fsync_dir, unlink_quietly
-from metaq.store.keyfile import KeyFile, check_key, data_keys, key_hash, keys_of_properties
-from metaq.store.record import BLANK_MAGIC, MARKER, MESSAGE_MAGIC, PREFIX, check_record, decode_record
+from metaq.store.follower import FLUSHED
+from metaq.store.record import MARKER, MESSAGE_MAGIC, PREFIX, check_record, decode_record
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,10 @@ def parse_cursor(text):
 
 
 class KeyIndex:
-    """The key index of one store: its files (oldest first) and ``indexed_to``."""
+    """The key index of one store: its files (oldest first) and ``indexed_to``; a subscriber of the store's log
+    follower (``store/follower.py``) that learns only flushed records."""
+
+    follows = FLUSHED
 
     def __init__(self, dirs, slots, capacity):
         if capacity < limits.MAX_KEYS_PER_MESSAGE or slots < 1:
@@ -90,11 +95,14 @@ class KeyIndex:
         self.mark = (0, ())  # (indexed_to, ((first, count), ...)): one assignment, read by a checkpoint's worker
         self._marks = self._saved = 0  # marks set / the count a checkpoint last saved (KeyIndex.checkpoint)
         self.rebuilt_from = None  # where load had to rebuild from the log (None: nothing)
+        self._problem = None  # (why, warn) when load found nothing to keep: said by rebuild
 
     # -- open / checkpoint ---------------------------------------------------
 
     def load(self, log_start, log_end):
-        """Open the files the checkpoint vouches for, up to its counts; see the module doc. ``catch_up`` next."""
+        """Open the files the checkpoint vouches for, up to its counts; see the module doc. Returns the position to
+        index from (a torn or missing file's first position: it and the files after it are rebuilt), None when no
+        file can be kept (no checkpoint, the first file torn): ``rebuild`` from the log start."""
         state = self._dirs.read_state(self._dirs.key_checkpoint, KEY_CHECKPOINT_MAGIC)
         try:
             counts = {int(f): int(c) for f, c in state["files"]} if state else {}
@@ -122,14 +130,29 @@ class KeyIndex:
                     f.close()
                     unlink_quietly(f.file.path)
         if problem is not None:
-            position = bad_at if bad_at is not None and self.files else log_start
-            if not self.files or bad_at is None:
-                self.close()
-            self.rebuilt_from = position
-            (log.warning if state or bad_at is not None else log.info)(
-                "key index: %s; rebuilt from the log from position %d", problem, position)
+            if bad_at is None or not self.files:  # nothing to keep: the follower rebuilds it from the log start
+                self._problem = (problem, bool(state) or bad_at is not None)
+                return None
+            self._rebuilt_from(bad_at, problem, True)
+            position = bad_at
         self.indexed_to = max(position, log_start)
-        self.cut(log_end)
+        self._set_mark()
+        return self.indexed_to
+
+    def rebuild(self, position):
+        """Drop every file; index again from log position ``position`` (the follower: nothing to trust)."""
+        problem, warn = self._problem or ("rebuilt on request", True)
+        self._problem = None
+        for f in self.files:
+            f.delete()
+        self.files = []
+        self._rebuilt_from(position, problem, warn)
+        self.indexed_to = position
+        self._set_mark()
+
+    def _rebuilt_from(self, position, problem, warn):
+        self.rebuilt_from = position
+        (log.warning if warn else log.info)("key index: %s; rebuilt from the log from position %d", problem, position)
 
     def _open_trusted(self, path, first, count):
         try:
@@ -141,12 +164,6 @@ class KeyIndex:
             return f
         f.close()
         return None
-
-    def open(self, log_, log_end):
-        """At store open, after the log's recovery: ``load``, then index the log tail the files do not cover."""
-        start = log_.start
-        self.load(log_end if start is None else start, log_end)
-        return self.catch_up(log_, log_end)
 
     def checkpoint(self, if_changed=False):
         """BLOCKING: msync every file, then record ``mark`` as read first (the loop assigns it whole, after the
@@ -174,46 +191,34 @@ class KeyIndex:
 
     # -- feeding -------------------------------------------------------------
 
-    def catch_up(self, log_, upto, max_bytes=None):
-        """Index the records from ``indexed_to`` up to log position ``upto`` (a record boundary: the flushed or
-        written end); with ``max_bytes``, only the records that start within that many bytes (the event loop's
-        step, ``limits.KEY_INDEX_STEP_BYTES``: one record at least, however large). Returns the entries added."""
-        start = log_.start
-        pos = self.indexed_to if start is None else max(self.indexed_to, start)
-        budget = None if max_bytes is None else pos + max_bytes
-        added = 0
-        while pos < upto:
-            seg = log_.segment_at(pos)
-            if seg is None:
-                break
-            mm, base = seg.file.mm, seg.start
-            rel, end = pos - base, min(seg.end, upto) - base
-            stop = end if budget is None else min(end, budget - base)
-            while True:  # in walks of KEY_INDEX_WALK_BYTES at most: the list of keyed records stays bounded
-                walk_stop = min(stop, rel + limits.KEY_INDEX_WALK_BYTES)
-                after, keyed = keyed_records(mm, rel, walk_stop, end)
-                at = rel
-                try:
-                    for at in keyed:  # the records with attributes: only they can hold keys
-                        added += self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
-                except BaseException:  # a full disk (a new file): what is indexed stays so, the next call resumes
-                    self.indexed_to = max(self.indexed_to, base + at)  # a record's entries go in all or none
-                    self._set_mark()
-                    raise
-                stopped_short = after < walk_stop  # a marker that is not a record's, or the end (no move at all)
-                rel = after
-                if stopped_short or rel >= stop:
-                    break
-            pos = base + rel
-            if pos >= upto or (budget is not None and pos >= budget):
-                break
-            if seg.size - rel < MARKER.size or MARKER.unpack_from(mm, rel)[1] == BLANK_MAGIC:
-                pos = seg.end  # the segment's blank tail: the next record starts the next segment
-                continue
-            break  # not a record where one should be: the next call tries again from here
-        self.indexed_to = max(self.indexed_to, pos)
+    @property
+    def position(self):
+        """The follower's name for ``indexed_to``."""
+        return self.indexed_to
+
+    def learn(self, mm, base, rel, stop, end):
+        """Index the records of one segment's map ``mm`` (at log position ``base``) from ``rel`` while ``rel < stop``,
+        each ending by ``end``; returns where the walk stopped (``follower.Subscriber.learn``). The C walk goes in
+        pieces of ``KEY_INDEX_WALK_BYTES`` at most, so the list of keyed records stays bounded."""
+        while True:
+            walk_stop = min(stop, rel + limits.KEY_INDEX_WALK_BYTES)
+            after, keyed = keyed_records(mm, rel, walk_stop, end)
+            at = rel
+            try:
+                for at in keyed:  # the records with attributes: only they can hold keys
+                    self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
+            except BaseException:  # a full disk (a new file): what is indexed stays so, the next step resumes
+                self.advance(base + at)  # a record's entries go in all or none
+                raise
+            stopped_short = after < walk_stop  # a marker that is not a record's, or the end (no move at all)
+            rel = after
+            if stopped_short or rel >= stop:
+                return rel
+
+    def advance(self, position):
+        """Every record before ``position`` is indexed."""
+        self.indexed_to = max(self.indexed_to, position)
         self._set_mark()
-        return added
 
     def _index_record(self, mm, rel, position, total):
         _t, _m, _c, _part, _qoff, sts, _bts, tlen = PREFIX.unpack_from(mm, rel)

@@ -6,7 +6,7 @@
     metaq-admin --brokers meta://127.0.0.1:8123 topics delete orders --yes
 
 Each change is sent to every broker of the view (``--zk``: every registered master; ``--brokers``) with the text
-extension ``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py); slaves take their master's
+extension ``topic <action> <name> <settings> <opaque>`` (topics/wire.py); slaves take their master's
 table. The exit code is 3 if a broker refused (its reason on stderr), 1 if one could not be reached.
 """
 

@@ -1,4 +1,4 @@
-"""``topic <action> <name> <settings> <opaque>`` (protocol/topicadmin.py) through the text parser."""
+"""``topic <action> <name> <settings> <opaque>`` (topics/wire.py) through the text parser."""
 
 import pytest
 

@@ -12,7 +12,7 @@ from metaq.client.message import Message
 from metaq.client.replay import to_timestamp_ms
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
-from metaq.protocol.keylookup import decode_lookup_body
+from metaq.keys.wire import decode_lookup_body
 from metaq.protocol.message import Record
 
 __all__ = ["lookup"]

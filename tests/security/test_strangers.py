@@ -1,0 +1,205 @@
+"""Issue 42 point 3, on real brokers with authentication (and TLS) on: nothing for strangers before they log in.
+
+A connection must log in within ``limits.login_timeout_s`` or be closed; connections not yet logged in are capped
+per address and in all, apart from logged-in ones (strangers from two addresses once filled a 200-connection cap
+and locked every user out); before login a text body may be only ``MAX_PRELOGIN_BODY_BYTES``, and strangers'
+unfinished requests draw on a budget of their own (``MAX_PRELOGIN_PARTIAL_BYTES``), so a user's put never waits
+behind them.
+"""
+
+import socket
+import ssl
+import struct
+import time
+
+import pytest
+
+from metaq import limits
+from metaq.client.local import rmq_config
+from metaq.client.raw import RemotingClient, TextClient
+from metaq.protocol import events as ev
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from tests.harness.acl import SECRETS, login, secured_config, write_acl
+from tests.harness.broker import wait_for
+from tests.harness.http import http_port, request, with_http
+from tests.harness.pki import Pki
+from tests.harness.rocketmq import send_v1
+
+pytestmark = pytest.mark.integration
+
+
+def closed_by_broker(sock, within):
+    """True when the broker closes ``sock`` within ``within`` seconds (bytes it sends first are skipped)."""
+    sock.settimeout(within)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (socket.timeout, ssl.SSLError):
+        return False
+    except OSError:
+        return True
+
+
+def connect(port, source="127.0.0.1"):
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+
+
+def test_a_connection_that_never_logs_in_is_closed_at_the_login_deadline(broker_factory, tmp_path):
+    cfg = with_http(secured_config(tmp_path))
+    cfg["limits"] = dict(cfg.get("limits", {}), login_timeout_s=1.5, idle_timeout_s=600)
+    b = broker_factory(cfg)
+    text, http = connect(b.port), connect(http_port(b))
+    text.sendall(b"version 1\r\n")  # requests that need no login do not extend the deadline
+    started = time.monotonic()
+    assert closed_by_broker(text, 10) and closed_by_broker(http, 10)
+    assert 1.0 <= time.monotonic() - started < 8
+    assert "not logged in within 2 s; closing" in b.log_text()
+    with login(b, "alice") as c:  # a logged-in connection is held to the idle timeout only
+        time.sleep(2.5)
+        assert c.put("orders", b"still here").code == 200
+
+
+def test_strangers_from_two_addresses_no_longer_lock_users_out(broker_factory, tmp_path):
+    """The finding: 100 idle connections from each of two addresses filled a 200-connection cap."""
+    cfg = with_http(secured_config(tmp_path))
+    cfg["limits"] = dict(cfg.get("limits", {}), max_connections=200, login_timeout_s=30)
+    b = broker_factory(cfg)
+    held, refused = [], 0
+    for source in ("127.0.0.2", "127.0.0.3"):
+        for _ in range(100):
+            s = connect(b.port, source)
+            s.settimeout(0.3)
+            try:
+                reply = s.recv(4096)
+            except socket.timeout:
+                held.append(s)
+                continue
+            assert b"too many connections not yet logged in from %s" % source.encode() in reply, reply
+            refused += 1
+            s.close()
+    per_address = limits.MAX_UNAUTHENTICATED_PER_ADDRESS
+    assert len(held) == 2 * per_address and refused == 200 - 2 * per_address
+    for user in ("alice", "bob", "reader"):  # logged-in users are served on every port
+        with login(b, user) as c:
+            assert c.call(ev.Version(1)).code == 200
+    with login(b, "alice") as c:
+        assert c.put("orders", b"served").code == 200
+    assert request(b, "GET", "/api/broker", user="admin", secret=SECRETS["admin"]).status == 200
+    held.pop(0).close()  # a stranger leaves: its address may wait to log in once more
+    wait_for(lambda: _held_open(connect(b.port, "127.0.0.2")), timeout=10, what="a stranger's place to free")
+    for s in held:
+        s.close()
+
+
+def _held_open(sock):
+    """True when the broker keeps ``sock`` open (a place was free), False when it refused it; closes it."""
+    sock.settimeout(0.3)
+    try:
+        return sock.recv(4096) == b"" and False
+    except socket.timeout:
+        return True
+    finally:
+        sock.close()
+
+
+def test_the_strangers_cap_in_all_and_one_past(broker_factory, tmp_path):
+    cfg = secured_config(tmp_path)
+    cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=6, max_unauthenticated_per_address=2,
+                         login_timeout_s=30)
+    b = broker_factory(cfg)
+    held = [connect(b.port, "127.0.0.%d" % (10 + i // 2)) for i in range(6)]  # 2 each from 3 addresses: the cap
+    for s in held:
+        s.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            s.recv(10)  # held open
+    one_past = connect(b.port, "127.0.0.20")
+    one_past.settimeout(5)
+    assert b"too many connections not yet logged in: the limit is 6" in one_past.recv(4096)
+    held.pop(0).close()
+    wait_for(lambda: _logs_in(b), timeout=10, what="a place to log in once a stranger left")
+    with login(b, "alice") as a1, login(b, "bob") as a2:  # logged in: they take no stranger's place
+        last = connect(b.port, "127.0.0.21")
+        last.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            last.recv(10)
+        assert a1.put("orders", b"1").code == 200 and a2.put("orders", b"2").code == 200
+        last.close()
+    for s in held:
+        s.close()
+
+
+def _logs_in(b):
+    try:
+        with login(b, "alice"):
+            return True
+    except (AssertionError, OSError):
+        return False
+
+
+def test_a_large_body_before_login_is_refused_before_it_is_held(broker_factory, tmp_path):
+    b = broker_factory(secured_config(tmp_path))
+    s = connect(b.port)
+    s.sendall(b"put orders 0 %d 0 1\r\n" % (4 << 20))
+    s.settimeout(10)
+    reply = s.recv(4096)
+    assert b"exceeds the limit of %d bytes" % limits.MAX_PRELOGIN_BODY_BYTES in reply, reply
+    assert closed_by_broker(s, 10)
+    with TextClient("127.0.0.1", b.port) as c:  # a small pipelined put after auth still fits (and gets its 401)
+        c.send(b"put orders 0 5 0 2\r\nhello")
+        assert c.read_event().code == 401
+    with login(b, "alice") as c:  # logged in: the configured limit again
+        assert c.put("orders", b"x" * (200 << 10)).code == 200
+
+
+def test_strangers_half_sent_frames_never_make_a_users_put_wait(broker_factory, tmp_path):
+    """The finding: 70 unauthenticated 16 MiB remoting frames, half sent, filled the broker-wide budget for
+    unfinished requests and a logged-in user's 2 MiB put waited 18 s."""
+    wd = tmp_path / "rb"
+    cfg = rmq_config(wd / "data", {}, security={"acl_file": write_acl(tmp_path / "acl.yaml")},
+                     limits={"max_partial_request_bytes": 16 << 20, "request_timeout_s": 60, "login_timeout_s": 60})
+    b = broker_factory(cfg, workdir=wd)
+    rport = b.config["remoting"]["port"]
+    strangers = []
+    for i in range(12):  # 12 x 4 MiB, half of each 8 MiB frame: three times the strangers' own budget
+        s = connect(rport, "127.0.0.%d" % (30 + i))
+        s.setblocking(False)  # once the strangers' budget is full the broker reads no more of them: send what fits
+        data, sent = struct.pack(">ii", 8 << 20, 20) + b"\0" * (4 << 20), 0
+        try:
+            while sent < len(data):
+                sent += s.send(data[sent:sent + (1 << 20)])
+        except BlockingIOError:
+            pass
+        strangers.append(s)
+    wait_for(lambda: "unfinished requests of connections not yet logged in hold" in b.log_text(), timeout=20,
+             what="the strangers' budget to fill")
+    with login(b, "alice") as c:
+        started = time.monotonic()
+        assert c.put("orders", b"u" * (200 << 10)).code == 200
+        assert time.monotonic() - started < 5  # not behind the strangers (they wait for their own budget)
+    with RemotingClient(rport, credentials=("alice", SECRETS["alice"])) as rc:
+        assert send_v1(rc, "orders", b"small").code == 0  # arrives whole: a signed request logs the connection in
+        started = time.monotonic()
+        assert send_v1(rc, "orders", b"r" * (200 << 10)).code == 0
+        assert time.monotonic() - started < 5
+    for s in strangers:
+        s.close()
+
+
+def test_a_tls_stranger_is_closed_at_the_deadline_and_a_signed_route_query_logs_in(broker_factory, tmp_path):
+    pki = Pki(tmp_path / "pki")
+    wd = tmp_path / "rb"
+    cfg = rmq_config(wd / "data", {}, security={"acl_file": write_acl(tmp_path / "acl.yaml"),
+                                                 "tls": pki.tls_config("on")},
+                     limits={"login_timeout_s": 1.5})
+    b = broker_factory(cfg, workdir=wd)
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    raw = connect(b.port)
+    tls = ctx.wrap_socket(raw, server_hostname="127.0.0.1")  # a handshake, then nothing
+    assert closed_by_broker(tls, 10)
+    rport = b.config["remoting"]["port"]
+    with RemotingClient(rport, credentials=("alice", SECRETS["alice"]), ssl_context=ctx,
+                        server_hostname="127.0.0.1") as rc:
+        assert rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}).code in (0, 17)  # signed: logged in
+        time.sleep(2.5)
+        assert rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}).code in (0, 17)  # still open
