@@ -23,6 +23,6 @@ client (the client layer)
     tools.py     ``metaq-admin put`` and ``tail`` (messages in and out from a shell), and what the CLI's commands
                  share: their exit codes and AdminExit, a partition named on the command line
 
-Other features' ``metaq-admin`` commands live with their feature (``timers/cli.py``) or in ``client/``
-(``admintopics.py``, ``adminoffsets.py``); ``cli.py`` adds their parsers and runs them.
+Other features' ``metaq-admin`` commands live with their feature (``timers/cli.py``, ``topics/cli.py``,
+``offsets/cli.py``); ``cli.py`` adds their parsers and runs them.
 """
