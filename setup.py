@@ -60,7 +60,7 @@ setup(
     entry_points={
         "console_scripts": [
             "metaq-server = metaq.server.__main__:main",
-            "metaq-admin = metaq.client.admin:main",
+            "metaq-admin = metaq.admin.cli:main",
             "metaq-spark-report = metaq.spark.report:main",
         ],
     },

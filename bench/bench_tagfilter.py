@@ -36,7 +36,7 @@ from metaq.protocol.checksum import metaq_checksum  # noqa: E402
 from metaq.protocol.message import encode_payload, iter_records  # noqa: E402
 from metaq.protocol.rocketmq.bodies import decode_stored_messages  # noqa: E402
 from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode  # noqa: E402
-from metaq.protocol.tags import decode_tagged_body  # noqa: E402
+from metaq.filters.wire import decode_tagged_body  # noqa: E402
 from metaq.protocol.text import serialize  # noqa: E402
 
 TOPIC = "tagbench"

@@ -498,7 +498,7 @@ HTTP_MAX_BODY_BYTES = MAX_BODY_BYTES
 #: Most messages one HTTP get returns (its ``max_bytes`` is also held to ``store.max_transfer_size``).
 HTTP_MAX_GET_MESSAGES = 1000
 
-# -- admin operations (README "Admin commands"; server/adminops.py) ----------------
+# -- admin operations (README "Admin commands"; admin/service.py) ----------------
 
 #: Dead letters one ``dlq_list`` answers at most (``metaq-admin dlq list --max``); ``"more": true`` says there are more.
 MAX_DLQ_LIST = 1_000

@@ -57,7 +57,8 @@ RULES = {
 # no layer, and fails.
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
-FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply"}
+FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply",
+            "admin", "filters"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -77,6 +78,8 @@ FEATURE_ROLES = {
     "resource": "client",  # a resource an application's transaction manager drives (XA)
     "levels": "codec",  # a fixed set of choices and their records (the delay levels)
     "scheduler": "service",  # a gevent service that runs due work
+    "tools": "client",  # command-line tools and what a command line's commands share
+    "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -26,9 +26,9 @@ from metaq import errors, limits
 from metaq.client.divergence import MATCH, MISMATCH, Checkpoints, probe_verdict, rewind_time_ms
 from metaq.client.message import Message
 from metaq.client.replies import reply_error
+from metaq.filters.wire import decode_tagged_reply
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.protocol.tags import decode_tagged_reply
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def records_of(reply, what="get"):
 
 
 def tagged_records_of(reply, offset, what="get_tags", passed=False):
-    """``([(offset, record)], next offset, passed id)`` of a ``get_tags`` reply (``protocol.tags.decode_tagged_reply``;
+    """``([(offset, record)], next offset, passed id)`` of a ``get_tags`` reply (``filters.wire.decode_tagged_reply``;
     ``passed``: the request asked for the id of the record before the next offset, else it is None): none,
     ``offset`` and None for 404; raises Moved for 301, the mapped error otherwise."""
     if isinstance(reply, ev.Value):
@@ -253,7 +253,7 @@ class PartitionFetcher:
         if tags is None:
             request = ev.Get(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size, 0,
                              wait_ms or None, expect)
-        else:  # passed: the reply names the last record passed over, the next expect names it (tagscan.py)
+        else:  # passed: the reply names the last record passed over, the next expect names it (filters/text.py)
             request = ev.GetTags(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size,
                                  tags, 0, wait_ms or None, expect=expect, passed=passed)
         future = conn.request(request, timeout=timeout)

@@ -4,8 +4,8 @@ from typing import Callable, NamedTuple, Optional
 
 from metaq import errors
 from metaq.client.message import Partition
+from metaq.filters.wire import tag_token
 from metaq.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
-from metaq.protocol.tags import tag_token
 
 __all__ = ["Subscription", "make_filter", "broker_tags", "as_partition"]
 
@@ -28,7 +28,7 @@ def make_filter(spec):
 
 def broker_tags(spec):
     """The ``get_tags`` token that asks the broker to filter for ``spec`` (an attribute string or strings), or None
-    when the broker cannot (a callable, no filter, an attribute a token cannot say: ``protocol.tags.tag_token``,
+    when the broker cannot (a callable, no filter, an attribute a token cannot say: ``filters.wire.tag_token``,
     or a token past ``limits.MAX_TAG_EXPRESSION_BYTES`` or ``MAX_FILTER_TAGS`` tags): the client filters alone."""
     if spec is None or callable(spec):
         return None

@@ -16,7 +16,7 @@ client (the client layer)
     cli.py       ``metaq-admin reset-offsets``: a group's offsets moved (a dry run unless ``--execute``)
 
 Elsewhere, each with its protocol: the commands' declarations (``protocol/text.py``: MetaQ's core commands), the
-RocketMQ offset codes (``server/remoting/dispatch.py``), the HTTP admin routes (``server/http/adminapi.py``), and
+RocketMQ offset codes (``server/remoting/dispatch.py``), the HTTP admin routes (``admin/http.py``), and
 the replication stream's OFFSETS frame (``protocol/replication_offsets.py``: one frame type of that stream, its
 header, checks and limits the stream's; the slave's copy of the table is replication's concern).
 """

@@ -10,19 +10,19 @@ while the group has live members, unless ``--force``.
 Where the offsets live (``--offsets``): ``zk``: MetaQ's layout, ``consumers/<G>/offsets/<T>/<b>-<p>``, live
 members the children of ``consumers/<G>/ids``; ``broker``: the brokers' own store (text ``commit_offset`` and
 RocketMQ consumers), read with ``group_info`` and written with ``reset_offset``; live members as
-``server/adminops.py`` defines them. ``auto`` (the default): ZooKeeper when ``--zk`` is given and the group has
+``admin/service.py`` defines them. ``auto`` (the default): ZooKeeper when ``--zk`` is given and the group has
 offsets there for the topic, else the brokers.
 """
 
 import sys
 
 from metaq import errors
+from metaq.admin import wire as adminwire
+from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, choose_partition
 from metaq.client import replay
-from metaq.client.admintools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, choose_partition
 from metaq.client.cluster import zk_children, zk_data
 from metaq.offsets.client import format_zk_offset, parse_zk_offset
 from metaq.client.replies import reply_error
-from metaq.protocol import adminwire
 
 __all__ = ["add_parser", "run", "clamp", "target_offset"]
 

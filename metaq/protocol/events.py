@@ -111,7 +111,7 @@ class Get(NamedTuple):
 class GetTags(NamedTuple):
     """``get_tags topic group partition offset maxSize tags [maxWaitMs [expect]] opaque`` (our extension; README "Tag
     filtering"): a get of the records whose tags (the attribute before ``\\x02``) are among ``tags``
-    (``A||B``: ``protocol.tags``), found by the broker from its index units without reading the others.
+    (``A||B``: ``filters.wire``), found by the broker from its index units without reading the others.
 
     Reply ``value <len> opaque`` with body ``<next offset: int64>`` then, per record, ``<its offset: int64>`` and
     its MetaQ form: the client asks for ``next offset`` next, past the records it passed over. A body of the

@@ -1,5 +1,5 @@
 """The broker's internal topics written by the broker alone: the dead letters' resent journals (``%RESENT%<group>``,
-server/adminops.py) and the timer store's log (``%TIMER%``, timers/service.py). A client's put to a journal would make
+admin/service.py) and the timer store's log (``%TIMER%``, timers/service.py). A client's put to a journal would make
 ``dlq resend`` skip a dead letter it never resent (the journal says which were); one to the timer topic would
 schedule, cancel or mark delivered messages behind the broker's back. So every put path refuses these names
 (``is_journal`` is the one check they all ask), as it refuses the delay scheduler's topic."""

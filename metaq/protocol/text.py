@@ -11,10 +11,10 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.timers.levels``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
-``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.protocol.tags``),
+``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
 (request-reply; ``metaq.reqreply.records``), ``put_prio`` and ``get_prio`` (consumer priorities;
-``metaq.priorities.wire``), the admin commands (``metaq.protocol.adminwire``) are ours; integers are strict
+``metaq.priorities.wire``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
 line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown
 or over the limit, line over the limit, EOF inside a frame): then every later ``next_event()`` raises the same
@@ -25,6 +25,7 @@ import re
 
 from metaq import limits
 from metaq.errors import ClientError, RemoteProtocolError
+from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
     Auth,
@@ -50,7 +51,7 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.protocol import adminwire  # noqa: F401 - it declares its commands
+from metaq.admin import wire as admin_wire  # noqa: F401 - it declares its commands
 from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declares put_idem
 from metaq.priorities import wire as priority_wire  # noqa: F401 - it declares its commands
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
@@ -72,7 +73,6 @@ from metaq.protocol.commands import (
 )
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
-from metaq.protocol.tags import PASSED_SUFFIX, parse_tag_expression
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 
@@ -451,7 +451,7 @@ def _serialize_result(e):
 
 
 
-# -- the declarations: MetaQ's commands and our core extensions (the features' own: adminwire, priority,
+# -- the declarations: MetaQ's commands and our core extensions (the features' own: admin.wire, priorities.wire,
 # timers.wire, topics.wire, idempotence.wire, each in its module). The usage text is what a wrong token count is
 # answered with.
 

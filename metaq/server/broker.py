@@ -9,6 +9,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from metaq import errors, speedups
+from metaq.admin.http import AdminViews, add_admin_routes
+from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
 from metaq.priorities.wire import with_owner_keys
@@ -18,9 +20,7 @@ from metaq.server.http.origin import BrowserCheck
 from metaq.server.connections import ConnectionCore, ConnectionLimits, Strangers
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import AheadWorker, Flusher
-from metaq.server.adminops import AdminOps, TextGroupMembers
 from metaq.server.guard import Guard
-from metaq.server.http.adminapi import AdminViews, add_admin_routes
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.longpoll import PartitionWaiters
@@ -109,7 +109,7 @@ class Broker:
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
                                    lim.max_pending_requests_per_connection)  # request-reply, both protocols
         self.core.on_close(self.replies.connection_closed)
-        self.group_members = TextGroupMembers()  # text connections using broker-kept offsets (adminops.py)
+        self.group_members = TextGroupMembers()  # text connections using broker-kept offsets (admin/service.py)
         self.core.on_close(self.group_members.connection_closed)
         self.admin = AdminOps(self.store, self.put_path, self.group_members,
                               lambda group: self.remoting.group_members(group) if self.remoting is not None else [])

@@ -282,7 +282,7 @@ class RemotingSection(_Section):
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics, and of the dead letters' resent journals
-        (``server/adminops.py``): first, so they win over user patterns."""
+        (``admin/service.py``): first, so they win over user patterns."""
         return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues),
                 TopicSpec("%RESENT%*", 1)] if self.port else []
 

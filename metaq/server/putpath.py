@@ -176,7 +176,7 @@ class PutPath:
         result names its schedule entry). Counts the put (or its failure), turns a full disk into the
         broker's refusal and registers a new topic in ZooKeeper. Raises MetaqError, ``write_refusal``'s among
         them (asked again: the broker may have stopped taking puts since; ``internal``: the broker's own write to
-        a journal, server/adminops.py). ``priority`` (not None): the message
+        a journal, admin/service.py). ``priority`` (not None): the message
         goes to that level of ``topic`` (``stored_topic``); no delay level with it. ``due_ms`` (not None, already
         checked by ``timers.records``): the timer service stores it for delivery then (``TimerService.put_at``).
         """

@@ -12,8 +12,9 @@ import random
 import struct
 
 from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
+from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
-from metaq.store import batch, filtered, gather, lookup, recovery, replica
+from metaq.store import batch, gather, lookup, recovery, replica
 from metaq.store.ahead import AheadWork
 from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
@@ -526,7 +527,8 @@ class MessageStore:
         return records, nxt
 
     def read_tagged(self, topic, partition, offset, filt, max_count, max_bytes):
-        """A ``filtered.TaggedRead``: the records ``filt`` (a TagFilter) wants from ``offset``; as ``read_records``."""
+        """A ``filtered.TaggedRead`` (filters/reads.py): the records ``filt`` (a TagFilter) wants from ``offset``; as
+        ``read_records``."""
         if topic in self.topics.guarded:
             self._topics.check_readable(topic)
         try:
@@ -538,7 +540,7 @@ class MessageStore:
         return r
 
     def tagged_index_ranges(self, topic, partition, offset):
-        """``[(MappedFile, start, end)]``: the index bytes ``read_tagged`` from ``offset`` reads (filtered.py)."""
+        """``[(MappedFile, start, end)]``: the index bytes ``read_tagged`` from ``offset`` reads (filters/reads.py)."""
         return filtered.index_ranges(self._parts.get((topic, partition)), offset, MAX_FILTER_SCAN_UNITS)
 
     def record_at(self, position):

@@ -23,7 +23,7 @@ service (the server layer: gevent)
                  worker thread, the registry and the replication master told after each change
 front-end (the server layer: a front-end's handlers)
     text.py      the text port's ``topic`` handler (the HTTP routes are with the other admin routes:
-                 ``server/http/adminapi.py``)
+                 ``admin/http.py``)
 client (the client layer)
     cli.py       ``metaq-admin topics [list|create|alter|delete]``: a change sent to every broker of the view
 

@@ -74,7 +74,7 @@ def test_a_bad_expect_token_is_a_clear_400_and_the_connection_goes_on(broker):
 
 
 def test_get_tags_passed_names_the_record_before_the_next_offset_and_a_plain_one_is_unchanged(broker):
-    from metaq.protocol.tags import decode_tagged_body, decode_tagged_reply, parse_tag_expression
+    from metaq.filters.wire import decode_tagged_body, decode_tagged_reply, parse_tag_expression
 
     want = parse_tag_expression("a")
     with broker.client() as c:

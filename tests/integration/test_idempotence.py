@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from metaq.client import Message, Producer, admin
+from metaq.admin import cli as admin
+from metaq.client import Message, Producer
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
+from metaq.admin import cli as admin
 from metaq.auth import proofs
-from metaq.client import admin
 from metaq.client.local import free_port, ns_of, small_config
 from metaq.limits import MAX_CONSUMER_OFFSETS
 from metaq.protocol import events as ev

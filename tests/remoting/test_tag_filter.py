@@ -19,7 +19,7 @@ from metaq.protocol.message import encode_payload
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from metaq.protocol.rocketmq.headers import PULL_SUSPEND
 from metaq.protocol.rocketmq.remoting import ResponseCode
-from metaq.protocol.tags import decode_tagged_body
+from metaq.filters.wire import decode_tagged_body
 from metaq.protocol.text import serialize
 from tests.harness.broker import url_of
 from tests.harness.rocketmq import pull, received, require_official_client, send_v1

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from metaq import errors
-from metaq.client import Consumer, Message, Producer, admin
+from metaq.admin import cli as admin
+from metaq.client import Consumer, Message, Producer
 from metaq.client.connection import BrokerConnection
 from metaq.client.local import BrokerProcess, small_config
 from metaq.client.security import ClientSecurity

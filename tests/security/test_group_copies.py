@@ -10,7 +10,7 @@ import time
 from metaq.client.local import rmq_config
 from metaq.client.raw import RemotingClient, pull_fields, sign_request
 from metaq.protocol import events as ev
-from metaq.protocol.adminwire import DlqResend
+from metaq.admin.wire import DlqResend
 from metaq.protocol.rocketmq.bodies import decode_stored_messages, encode_properties, parse_offset_msg_id
 from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode, encode_command, make_request
 from tests.harness.acl import SECRETS, login, write_acl

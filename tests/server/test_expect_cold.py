@@ -13,7 +13,7 @@ from metaq.server.text.expect import check_held
 
 def test_a_cold_expect_is_brought_in_off_the_loop_then_compared(tmp_path, monkeypatch):
     from tests.harness.store import NOW
-    from tests.server.test_tagscan import cold_record_head
+    from tests.filters.test_tagscan import cold_record_head
 
     s, n, want, _index = cold_record_head(tmp_path)
     try:

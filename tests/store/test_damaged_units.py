@@ -6,7 +6,7 @@ are served. Every read path: views, joined (copied and checked in place), record
 import pytest
 
 from metaq import errors
-from metaq.protocol.tags import parse_tag_expression
+from metaq.filters.wire import parse_tag_expression
 from metaq.store.index import UNIT
 from tests.harness.store import NOW, open_store
 

@@ -41,10 +41,10 @@ from typing import NamedTuple
 
 from metaq import limits
 from metaq.errors import BadCompressedBody, RemoteProtocolError
+from metaq.filters.wire import parse_tag_expression
 from metaq.protocol.compression import COMPRESSION_BITS, codec_of, inflate
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.tags import parse_tag_expression
 from metaq.protocol.rocketmq.bodies import (
     MAX_PROPERTIES_BYTES,
     NAME_VALUE_SEPARATOR,
@@ -306,7 +306,7 @@ def stored_message_bytes(msg):
 
 
 def parse_subscription(expression):
-    """The ``protocol.tags.TagFilter`` of a ``TAG`` subscription (``"A || B"``), or None for every message (``*`` or
+    """The ``filters.wire.TagFilter`` of a ``TAG`` subscription (``"A || B"``), or None for every message (``*`` or
     empty); ClientError for an expression too long or naming a tag no record can carry."""
     return parse_tag_expression(expression)
 

@@ -13,7 +13,10 @@ import gevent
 
 import metaq
 from metaq import errors
-from metaq.protocol import adminwire, commands, events as ev
+from metaq.admin import wire as adminwire
+from metaq.admin.text import TextAdmin
+from metaq.filters.text import TagScan
+from metaq.protocol import commands, events as ev
 from metaq.priorities.wire import PriorityGet, PriorityPut
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.transactions.wire import xa_error_body
@@ -21,11 +24,9 @@ from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
-from metaq.server.text.admin import TextAdmin
 from metaq.server.text.expect import check_expected
 from metaq.priorities.text import TextPriorities
 from metaq.reqreply.text import TextRequests
-from metaq.server.text.tagscan import TagScan
 from metaq.offsets.text import TextOffsets
 from metaq.keys.text import TextKeys
 from metaq.idempotence.text import TextIdempotentPuts
@@ -90,8 +91,8 @@ class TextDispatcher:
         """``tx``: the text transaction front (``metaq.transactions.text.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``reqreply.service``; None: ``request``/``reply`` answered 400);
-        ``admin``: the admin operations (``server.adminops.AdminOps``; None: the admin extensions answered 400);
-        ``group_members``: told which connection commits or queries which group (``adminops.TextGroupMembers``);
+        ``admin``: the admin operations (``admin.service.AdminOps``; None: the admin extensions answered 400);
+        ``group_members``: told which connection commits or queries which group (``admin.service.TextGroupMembers``);
         ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400)."""
         self.guard = guard
         self.store = store

@@ -2,7 +2,7 @@
 
 ``AdminOps`` answers with plain Python values (dicts and lists) and raises ``errors.MetaqError``; each front-end
 formats them: the text protocol's ``group_info``, ``reset_offset``, ``dlq_list`` and ``dlq_resend``
-(``server/text/admin.py``, ``protocol/adminwire.py``), and the HTTP JSON API can call the same methods.
+(``admin/text.py``, ``admin/wire.py``), and the HTTP JSON API can call the same methods.
 
 **Live members** of a group, for offsets the broker keeps: the RocketMQ clients registered in the group by their
 heartbeats (``remoting/clients.py``: until UNREGISTER_CLIENT, their connection closes or no heartbeat for

@@ -32,8 +32,9 @@ from datetime import datetime
 
 import metaq
 from metaq import errors
+from metaq.admin import client as dlq, tools
 from metaq.client.cluster import zk_children, zk_data
-from metaq.client import admindlq, admintimers, admintools, replay
+from metaq.client import replay
 from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
@@ -41,6 +42,7 @@ from metaq.offsets import cli as adminoffsets
 from metaq.offsets.client import parse_zk_offset
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
+from metaq.timers import cli as timers_cli
 from metaq.topics import cli as admintopics
 from metaq.topics import names as internaltopics
 
@@ -400,10 +402,10 @@ def build_parser():
     s.add_argument("topic")
     s.add_argument("time", type=parse_time, help="ISO 8601 (2026-11-23T09:00:00Z; without a zone: local time) "
                    "or ms since the Unix epoch")
-    admintools.add_parsers(sub, parse_time)  # put, tail
+    tools.add_parsers(sub, parse_time)  # put, tail
     adminoffsets.add_parser(sub, parse_time)  # reset-offsets
-    admindlq.add_parser(sub)  # dlq list|resend
-    admintimers.add_parser(sub)  # timers list|cancel
+    dlq.add_parser(sub)  # dlq list|resend
+    timers_cli.add_parser(sub)  # timers list|cancel
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (README "
@@ -453,13 +455,13 @@ def main(argv=None):
     return EXIT_UNREACHABLE if view.problems else EXIT_OK
 
 
-#: Commands that print as they go (admintools, offsets/cli.py, admindlq): ``run(view, args, brokers, render)``.
+#: Commands that print as they go (tools, offsets/cli.py, dlq, timers_cli): ``run(view, args, brokers, render)``.
 RUNNERS = {
-    "put": lambda view, args, brokers, render: admintools.run_put(view, args, brokers, args.zk),
-    "tail": lambda view, args, brokers, render: admintools.run_tail(view, args),
+    "put": lambda view, args, brokers, render: tools.run_put(view, args, brokers, args.zk),
+    "tail": lambda view, args, brokers, render: tools.run_tail(view, args),
     "reset-offsets": lambda view, args, brokers, render: adminoffsets.run(view, args, render),
-    "dlq": lambda view, args, brokers, render: admindlq.run(view, args, render),
-    "timers": lambda view, args, brokers, render: admintimers.run(view, args, render),
+    "dlq": lambda view, args, brokers, render: dlq.run(view, args, render),
+    "timers": lambda view, args, brokers, render: timers_cli.run(view, args, render),
 }
 
 
@@ -469,7 +471,7 @@ def _run(runner, view, args, brokers):
 
     try:
         code = runner(view, args, brokers, render)
-    except admintools.AdminExit as exc:
+    except tools.AdminExit as exc:
         print("metaq-admin: %s" % exc, file=sys.stderr)
         code = exc.code
     except errors.MetaqError as exc:

@@ -1,11 +1,11 @@
-"""The text protocol's admin extensions (``protocol/adminwire.py``): each asks the Guard for ``admin``, calls
-``server.adminops.AdminOps`` and answers its value as a JSON body."""
+"""The text protocol's admin extensions (``admin/wire.py``): each asks the Guard for ``admin``, calls
+``admin.service.AdminOps`` and answers its value as a JSON body."""
 
 import logging
 import time
 
 from metaq import errors
-from metaq.protocol import adminwire
+from metaq.admin import wire
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
 
@@ -14,17 +14,17 @@ log = logging.getLogger(__name__)
 
 class TextAdmin:
     """``ops``: the AdminOps; ``error_reply(exc, opaque)``: the dispatcher's one error→reply mapping. Each command
-    needs the admin permission, declared with it (``protocol.adminwire``) and checked by the dispatcher.
+    needs the admin permission, declared with it (``admin.wire``) and checked by the dispatcher.
     ``handlers`` maps each admin event type to ``handle(e, conn) -> (reply, 0)``."""
 
     def __init__(self, ops, error_reply):
         self.ops = ops
         self.error_reply = error_reply
         self.handlers = {
-            adminwire.GroupInfo: self.group_info,
-            adminwire.ResetOffset: self.reset_offset,
-            adminwire.DlqList: self.dlq_list,
-            adminwire.DlqResend: self.dlq_resend,
+            wire.GroupInfo: self.group_info,
+            wire.ResetOffset: self.reset_offset,
+            wire.DlqList: self.dlq_list,
+            wire.DlqResend: self.dlq_resend,
         }
 
     def group_info(self, e, conn):
@@ -53,4 +53,4 @@ class TextAdmin:
 
 
 def _ok(value, opaque):
-    return encode_result(200, adminwire.encode_body(value), opaque)
+    return encode_result(200, wire.encode_body(value), opaque)

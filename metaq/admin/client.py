@@ -1,5 +1,5 @@
 """``metaq-admin dlq list GROUP`` and ``dlq resend GROUP [--id ID ...]``: a RocketMQ consumer group's dead letters
-(README "Admin commands"; the broker's side is ``server/adminops.py``).
+(README "Admin commands"; the broker's side is ``admin/service.py``).
 
 ``list`` asks every broker (text ``dlq_list``) for the records of ``%DLQ%<GROUP>``: position, id (the
 ``ORIGIN_MESSAGE_ID`` the consumer saw), original topic, tags, keys, deliveries, stored time, a body preview and
@@ -9,9 +9,9 @@ broker's resent journal). An id no broker has exits 3.
 """
 
 from metaq import errors, limits
-from metaq.client.admintools import EXIT_OK, EXIT_REFUSED, AdminExit
+from metaq.admin import wire
+from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
 from metaq.client.replies import reply_error
-from metaq.protocol import adminwire
 
 __all__ = ["add_parser", "run", "id_batches"]
 
@@ -63,7 +63,7 @@ def _call(view, bid, event):
         hint = " (this needs a user with the admin role)" if reply.code == errors.Forbidden.code \
             and b"admin" not in reply.body else ""
         raise AdminExit("broker %d refused: %s%s" % (bid, reply_error(reply), hint), EXIT_REFUSED)
-    return adminwire.decode_body(reply.body)
+    return wire.decode_body(reply.body)
 
 
 def _local(view, bid, name):
@@ -78,7 +78,7 @@ def run(view, args, render):
     if args.dlq_action == "list":
         rows, found = [], False
         for bid in sorted(view.brokers):
-            body = _call(view, bid, adminwire.DlqList(args.group, max(1, min(args.max, limits.MAX_DLQ_LIST)), 0))
+            body = _call(view, bid, wire.DlqList(args.group, max(1, min(args.max, limits.MAX_DLQ_LIST)), 0))
             if body is None:
                 continue
             found = True
@@ -94,7 +94,7 @@ def run(view, args, render):
         names = None if args.ids is None else [n for n in (_local(view, bid, i) for i in args.ids) if n]
         batches = [None] if names is None else id_batches(names)
         for batch in batches:
-            body = _call(view, bid, adminwire.DlqResend(args.group, batch, 0))
+            body = _call(view, bid, wire.DlqResend(args.group, batch, 0))
             if body is None:
                 continue
             found = True

@@ -11,7 +11,7 @@ asks for it (``:passed``, events.GetTags) gets after that offset the id of the r
 names that record in its next expect, so a failover that rewrote the records it passed over is found (412).
 """
 
-from metaq.protocol.tags import OFFSET_FIELD
+from metaq.filters.wire import OFFSET_FIELD
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.coldpages import bring_in, bring_in_record_head
 from metaq.server.text.expect import check_expected

@@ -22,7 +22,7 @@ import struct
 from typing import List, NamedTuple
 
 from metaq.errors import CorruptRecord, Moved
-from metaq.protocol.tags import OFFSET_FIELD
+from metaq.filters.wire import OFFSET_FIELD
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_is, record_ok, record_tags
 

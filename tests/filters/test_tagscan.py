@@ -1,4 +1,4 @@
-"""server/text/tagscan.py: a get_tags' reads over a store whose log changes between them (no network).
+"""filters/text.py: a get_tags' reads over a store whose log changes between them (no network).
 
 A read that passed over units moves the get's offset; a long poll's later reads, and the reply its timeout sends,
 must be about the log as it is: if a failover's cut rewrote the record before that offset meanwhile, the get scans
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from metaq.protocol import events as ev
-from metaq.protocol.tags import decode_tagged_reply, parse_tag_expression
-from metaq.server.text.tagscan import TagScan
+from metaq.filters.wire import decode_tagged_reply, parse_tag_expression
+from metaq.filters.text import TagScan
 
 
 class Store:

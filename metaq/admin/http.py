@@ -1,5 +1,5 @@
 """The HTTP port's admin routes: what ``metaq-admin reset-offsets`` and ``dlq`` do, over the same
-``server/adminops.py`` (README "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
+``admin/service.py`` (README "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
 
 =========================================================  ======================================================
 ``GET /api/groups/{group}``                                the group's live members and broker-kept offsets
@@ -24,9 +24,9 @@ import time
 
 from metaq import errors
 from metaq.auth.acl import ADMIN
-from metaq.topics.wire import MAX_SETTINGS
 from metaq.server.clock import now_ms
 from metaq.server.http.routes import READ, json_response
+from metaq.topics.wire import MAX_SETTINGS
 
 
 def _admin(guard, session, params):

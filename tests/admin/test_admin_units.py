@@ -3,12 +3,12 @@
 import pytest
 
 from metaq import errors
-from metaq.client.admindlq import id_batches
+from metaq.admin import wire as adminwire
+from metaq.admin.client import id_batches
+from metaq.admin.service import TextGroupMembers
+from metaq.admin.tools import safe_text, split_lines
 from metaq.offsets.cli import clamp
-from metaq.client.admintools import safe_text, split_lines
-from metaq.protocol import adminwire
 from metaq.protocol.text import TextParser, serialize
-from metaq.server.adminops import TextGroupMembers
 
 
 @pytest.mark.parametrize("event", [adminwire.GroupInfo("g", 1), adminwire.ResetOffset("g", "t", 0, 5, True, 2),

@@ -1,0 +1,22 @@
+"""Filters: a consumer's tag expression, and the broker's filtered reads that skip records by their index unit's
+tag hash without reading them (text ``get_tags``, RocketMQ ``TAG`` subscriptions; docs/messaging.md "Tag filtering").
+
+A feature package: every module of the feature is here, named by its role, and each role is a layer's
+(``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
+layer may, and of this package only modules of its own role's layer or a lower one.
+
+codec (the protocol layer: bytes in, values out; no socket, log or clock)
+    wire.py      tag expressions (``TagFilter``: the names and their hashes), a get_tags' tags token, the get_tags
+                 reply body
+state (the store layer: files and in-memory state; no socket, gevent or clock)
+    reads.py     filtered reads (``MessageStore.read_tagged``): units skipped by their tag hash, wanted records read,
+                 checked and their real tags compared, bounded by units, records and bytes
+front-end (the server layer: a front-end's handlers)
+    text.py      get_tags: one request's filtered reads, its offset moved past what they passed over (TagScan)
+
+What stays in the shared spine, and why: a record's tags and the index unit's tag hash (``protocol/tags.py``) are
+part of the log's index format, written by every put path (and their C twins) and by recovery whether or not any
+consumer filters; the ``get_tags`` declaration sits beside ``get`` in ``protocol/text.py`` (it is get's grammar,
+expect and wait included, with a tags token); the RocketMQ pull's filter is applied by its handler
+(``server/remoting/dispatch.py``) over ``reads.py``.
+"""
