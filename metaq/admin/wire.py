@@ -16,7 +16,7 @@ import json
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
-from metaq.protocol.commands import NEEDS_ADMIN, TextCommand, register
+from metaq.protocol.commands import NEEDS_ADMIN, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
 __all__ = ["GroupInfo", "ResetOffset", "DlqList", "DlqResend", "EVENTS", "encode_body", "decode_body",
@@ -95,34 +95,30 @@ def _parse_dlq_resend(t):
     return DlqResend(t[1], ids, _opaque(t[3]))
 
 
-def _token(text):
-    """A text field as a token: ValueError for an empty one or one holding a space, CR or LF."""
-    if not text or any(c in text for c in " \r\n"):
-        raise ValueError("a text-protocol field must be non-empty without spaces or line ends: %r" % (text,))
-    return text.encode("utf-8")
-
 
 #: The admin extensions' events, each declared below with its parser and bytes (``protocol.commands``).
 EVENTS = (GroupInfo, ResetOffset, DlqList, DlqResend)
 
 register(TextCommand(
     "group_info", GroupInfo, (3,), "3 tokens (group_info <group> <opaque>)", _parse_group_info,
-    lambda e: b"group_info %s %d\r\n" % (_token(e.group), e.opaque), NEEDS_ADMIN,
+    lambda e: ("group_info %s %d\r\n" % (token(e.group), e.opaque)).encode("utf-8"), NEEDS_ADMIN,
     examples=(b"group_info g 1\r\n",)))
 register(TextCommand(
     "reset_offset", ResetOffset, (7,), "7 tokens (reset_offset <group> <topic> <partition> <offset> <force 0|1> "
     "<opaque>)", _parse_reset_offset,
-    lambda e: b"reset_offset %s %s %d %d %d %d\r\n" % (
-        _token(e.group), _token(e.topic), e.partition, e.offset, 1 if e.force else 0, e.opaque), NEEDS_ADMIN,
+    lambda e: ("reset_offset %s %s %d %d %d %d\r\n" % (
+        token(e.group), token(e.topic), e.partition, e.offset, 1 if e.force else 0, e.opaque)).encode("utf-8"),
+    NEEDS_ADMIN,
     examples=(b"reset_offset g t 0 5 1 1\r\n",)))
 register(TextCommand(
     "dlq_list", DlqList, (4,), "4 tokens (dlq_list <group> <max> <opaque>)", _parse_dlq_list,
-    lambda e: b"dlq_list %s %d %d\r\n" % (_token(e.group), e.max_count, e.opaque), NEEDS_ADMIN,
+    lambda e: ("dlq_list %s %d %d\r\n" % (token(e.group), e.max_count, e.opaque)).encode("utf-8"), NEEDS_ADMIN,
     examples=(b"dlq_list g 10 1\r\n",)))
 register(TextCommand(
     "dlq_resend", DlqResend, (4,), "4 tokens (dlq_resend <group> <*|id,id,...> <opaque>)", _parse_dlq_resend,
-    lambda e: b"dlq_resend %s %s %d\r\n" % (
-        _token(e.group), _token(ALL_DEAD_LETTERS if e.ids is None else ",".join(e.ids)), e.opaque), NEEDS_ADMIN,
+    lambda e: ("dlq_resend %s %s %d\r\n" % (
+        token(e.group), token(ALL_DEAD_LETTERS if e.ids is None else ",".join(e.ids)), e.opaque)).encode("utf-8"),
+    NEEDS_ADMIN,
     examples=(b"dlq_resend g * 1\r\n", b"dlq_resend g 0-5,ABC 2\r\n")))
 
 

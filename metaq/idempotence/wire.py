@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from metaq.idempotence.burst import scan_idem_burst
 from metaq.protocol.events import UNCHECKED
-from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register
+from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
 __all__ = ["IdempotentPut", "DUPLICATE_MARK"]
@@ -76,16 +76,10 @@ def _parse_put_idem(t):
     return lambda body: IdempotentPut(topic, partition, flag, body, opaque, checksum, pid, seq)
 
 
-def _token(text):
-    """``text`` if it can be sent as one token (no space, CR or LF), else ValueError."""
-    if " " in text or "\n" in text or "\r" in text:
-        raise ValueError("%r cannot be sent as a protocol token" % (text,))
-    return text
-
 
 def _serialize_put_idem(e):
     head = "put_idem %s %d %d %d %d %d %d %d\r\n" % (
-        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
+        token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.producer_id, e.sequence, e.opaque)
     return b"".join((head.encode("utf-8"), e.body))
 
 

@@ -28,7 +28,7 @@ import re
 from typing import NamedTuple, Optional, Tuple
 
 from metaq import limits
-from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register
+from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
 __all__ = ["LEVEL_MARK", "level_topic", "split_level", "is_level_topic", "level_refusal", "PriorityPut",
@@ -138,14 +138,9 @@ def _parse_get_prio(t):
                        expects)
 
 
-def _token(text):
-    if not text or any(c in text for c in " \r\n"):
-        raise ValueError("%r cannot be sent as a protocol token" % (text,))
-    return text
-
 
 def _serialize_put_prio(e):
-    head = "put_prio %s %d %d %d %d %d %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum,
+    head = "put_prio %s %d %d %d %d %d %d\r\n" % (token(e.topic), e.partition, len(e.body), e.flag, e.checksum,
                                                   e.priority, e.opaque)
     return head.encode("utf-8") + e.body
 
@@ -156,7 +151,7 @@ def _serialize_get_prio(e):
         if len(e.expects) != len(e.offsets):
             raise ValueError("get_prio: one expect per offset, %d of them, not %d" % (len(e.offsets), len(e.expects)))
         wait = " %d %s" % (e.max_wait_ms or 0, ",".join("-" if x is None else "%d:%d" % x for x in e.expects))
-    return ("get_prio %s %s %d %s %d%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition,
+    return ("get_prio %s %s %d %s %d%s %d\r\n" % (token(e.topic), token(e.group), e.partition,
                                                   ",".join("%d" % o for o in e.offsets), e.max_size, wait,
                                                   e.opaque)).encode("utf-8")
 

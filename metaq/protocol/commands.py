@@ -80,6 +80,15 @@ _BY_EVENT = {}
 _loaded = False
 
 
+def token(text):
+    """``text`` as one token of a command line, for the serializers: ValueError when it holds a space, CR or LF,
+    which would shift every field after it. (An empty token is the grammar's: fields are split at single spaces;
+    the parser decides whether a field may be blank.)"""
+    if " " in text or "\r" in text or "\n" in text:
+        raise ValueError("%r cannot be sent as a protocol token" % (text,))
+    return text
+
+
 def register(command):
     """Add ``command``; raises TypeError for a declaration that misses a part or takes a word or event twice."""
     c = command

@@ -70,6 +70,7 @@ from metaq.protocol.commands import (
     depends,
     register,
     table,
+    token,
 )
 from metaq.protocol.integers import TokenError, is_integer, parse_int, show
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
@@ -287,7 +288,7 @@ def _parse_promote(t):
 _HEX = frozenset("0123456789abcdef")
 
 
-def _hex_token(token, what):
+def _hextoken(token, what):
     if not 16 <= len(token) <= 128 or not set(token) <= _HEX:
         raise TokenError("invalid %s %s: expected 16 to 128 lowercase hex digits" % (what, show(token)))
     return token
@@ -297,7 +298,7 @@ def _parse_auth(t):
     opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
     if len(t) == 3:
         return Auth(t[1], None, None, opaque)
-    return Auth(t[1], _hex_token(t[2], "client nonce"), _hex_token(t[3], "proof"), opaque)
+    return Auth(t[1], _hextoken(t[2], "client nonce"), _hextoken(t[3], "proof"), opaque)
 
 
 def _parse_value(t):
@@ -321,32 +322,26 @@ def _stats_need(e):
     return NEEDS_ADMIN if (e.item or "").strip() in ADMIN_STATS_ITEMS else NEEDS_USER
 
 
-def _token(text):
-    """``text`` if it can be sent as one token (no space, CR or LF), else ValueError."""
-    if " " in text or "\n" in text or "\r" in text:
-        raise ValueError("%r cannot be sent as a protocol token" % (text,))
-    return text
-
 
 def _serialize_put(e):
     if e.tx_key is None:
-        head = "put %s %d %d %d %d %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.opaque)
+        head = "put %s %d %d %d %d %d\r\n" % (token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.opaque)
     else:
         head = "put %s %d %d %d %d %s %d\r\n" % (
-            _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, _token(e.tx_key), e.opaque,
+            token(e.topic), e.partition, len(e.body), e.flag, e.checksum, token(e.tx_key), e.opaque,
         )
     return b"".join((head.encode("utf-8"), e.body))
 
 
 def _serialize_put_delayed(e):
     head = "put_delayed %s %d %d %d %d %d %d\r\n" % (
-        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.level, e.opaque)
+        token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.level, e.opaque)
     return b"".join((head.encode("utf-8"), e.body))
 
 
 def _serialize_request(e):
     head = "request %s %d %d %d %d %d %d\r\n" % (
-        _token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.timeout_ms, e.opaque)
+        token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.timeout_ms, e.opaque)
     return b"".join((head.encode("utf-8"), e.body))
 
 
@@ -367,43 +362,43 @@ def _serialize_get(e):
     wait = _wait_and_expect(e)
     return (
         "get %s %s %d %d %d%s %d\r\n"
-        % (_token(e.topic), _token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
+        % (token(e.topic), token(e.group), e.partition, e.offset, e.max_size, wait, e.opaque)
     ).encode("utf-8")
 
 
 def _serialize_get_tags(e):
     wait = _wait_and_expect(e)
-    return ("get_tags %s %s %d %d %d %s%s %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset,
-                                                      e.max_size, _token(e.tags), wait, e.opaque)).encode("utf-8")
+    return ("get_tags %s %s %d %d %d %s%s %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset,
+                                                      e.max_size, token(e.tags), wait, e.opaque)).encode("utf-8")
 
 
 def _serialize_offset(e):
     return (
-        "offset %s %s %d %d %d\r\n" % (_token(e.topic), _token(e.group), e.partition, e.offset, e.opaque)
+        "offset %s %s %d %d %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset, e.opaque)
     ).encode("utf-8")
 
 
 def _serialize_lookup(e):
-    return ("lookup %s %s %d %d %d %s %d\r\n" % (_token(e.topic), _token(e.key), e.since_ms, e.until_ms, e.max_count,
-                                                 _token(e.cursor or "-"), e.opaque)).encode("utf-8")
+    return ("lookup %s %s %d %d %d %s %d\r\n" % (token(e.topic), token(e.key), e.since_ms, e.until_ms, e.max_count,
+                                                 token(e.cursor or "-"), e.opaque)).encode("utf-8")
 
 
 def _serialize_offset_at(e):
-    return ("offset_at %s %d %d %d\r\n" % (_token(e.topic), e.partition, e.timestamp_ms, e.opaque)).encode("utf-8")
+    return ("offset_at %s %d %d %d\r\n" % (token(e.topic), e.partition, e.timestamp_ms, e.opaque)).encode("utf-8")
 
 
 def _serialize_commit_offset(e):
     return ("commit_offset %s %s %d %d %d\r\n" % (
-        _token(e.group), _token(e.topic), e.partition, e.offset, e.opaque)).encode("utf-8")
+        token(e.group), token(e.topic), e.partition, e.offset, e.opaque)).encode("utf-8")
 
 
 def _serialize_query_offset(e):
-    return ("query_offset %s %s %d %d\r\n" % (_token(e.group), _token(e.topic), e.partition, e.opaque)).encode("utf-8")
+    return ("query_offset %s %s %d %d\r\n" % (token(e.group), token(e.topic), e.partition, e.opaque)).encode("utf-8")
 
 
 def _serialize_stats(e):
     # Like MetaQ's encoder, a blank item is written as an empty token: "stats  <opaque>".
-    return ("stats %s %d\r\n" % (_token(e.item or ""), e.opaque)).encode("utf-8")
+    return ("stats %s %d\r\n" % (token(e.item or ""), e.opaque)).encode("utf-8")
 
 
 def _serialize_version(e):
@@ -415,18 +410,18 @@ def _serialize_quit(e):
 
 
 def _serialize_transaction(e):
-    parts = ["transaction", _token(e.tx_key), _token(e.session_id), _token(e.tx_type)]
+    parts = ["transaction", token(e.tx_key), token(e.session_id), token(e.tx_type)]
     if e.timeout > 0:
         parts.append(str(e.timeout))
     if e.unique_qualifier:
-        parts.append(_token(e.unique_qualifier))
+        parts.append(token(e.unique_qualifier))
     parts.append(str(e.opaque))
     return (" ".join(parts) + "\r\n").encode("utf-8")
 
 
 def _serialize_sync(e):
     head = "sync %s %d %d %d %d %d %d\r\n" % (
-        _token(e.topic), e.partition, len(e.body), e.flag, e.msg_id, e.checksum, e.opaque,
+        token(e.topic), e.partition, len(e.body), e.flag, e.msg_id, e.checksum, e.opaque,
     )
     return b"".join((head.encode("utf-8"), e.body))
 
@@ -437,8 +432,8 @@ def _serialize_promote(e):
 
 def _serialize_auth(e):
     if e.client_nonce is None:
-        return ("auth %s %d\r\n" % (_token(e.user), e.opaque)).encode("utf-8")
-    return ("auth %s %s %s %d\r\n" % (_token(e.user), _token(e.client_nonce), _token(e.proof), e.opaque)).encode()
+        return ("auth %s %d\r\n" % (token(e.user), e.opaque)).encode("utf-8")
+    return ("auth %s %s %s %d\r\n" % (token(e.user), token(e.client_nonce), token(e.proof), e.opaque)).encode()
 
 
 def _serialize_value(e):

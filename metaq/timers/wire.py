@@ -14,7 +14,7 @@
 from typing import NamedTuple
 
 from metaq.limits import MAX_TIMER_LIST
-from metaq.protocol.commands import NEEDS_ADMIN, NEEDS_HANDLER, TextCommand, register
+from metaq.protocol.commands import NEEDS_ADMIN, NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 from metaq.timers.burst import scan_put_ats
 
@@ -60,15 +60,10 @@ def _parse_timers(t):
     return TimerList(t[1], parse_int(t[2], "limit", 1, MAX_TIMER_LIST), parse_int(t[3], "opaque", *_INT32))
 
 
-def _token(text):
-    if not text or any(c in text for c in " \r\n"):
-        raise ValueError("%r cannot be sent as a protocol token" % (text,))
-    return text
-
 
 def _serialize_put_at(e):
-    head = "put_at %s %d %d %d %d %s %d\r\n" % (_token(e.topic), e.partition, len(e.body), e.flag, e.checksum,
-                                                _token(e.when), e.opaque)
+    head = "put_at %s %d %d %d %d %s %d\r\n" % (token(e.topic), e.partition, len(e.body), e.flag, e.checksum,
+                                                token(e.when), e.opaque)
     return head.encode("utf-8") + e.body
 
 
@@ -81,7 +76,7 @@ register(TextCommand(
     lambda e: b"cancel %d %d\r\n" % (e.msg_id, e.opaque), NEEDS_ADMIN, examples=(b"cancel 12345 1\r\n",)))
 register(TextCommand(
     "timers", TimerList, (4,), "4 tokens (timers <topic|*> <limit 1..%d> <opaque>)" % MAX_TIMER_LIST, _parse_timers,
-    lambda e: ("timers %s %d %d\r\n" % (_token(e.topic), e.limit, e.opaque)).encode("utf-8"), NEEDS_ADMIN,
+    lambda e: ("timers %s %d %d\r\n" % (token(e.topic), e.limit, e.opaque)).encode("utf-8"), NEEDS_ADMIN,
     examples=(b"timers * 10 1\r\n", b"timers orders 5 2\r\n")))
 
 
