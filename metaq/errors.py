@@ -149,7 +149,7 @@ class RequestTimeout(Unavailable):
 
 
 class NoReply(RequestTimeout):
-    """A request-reply ``request`` got no reply within its timeout (the broker's ``result 504``; README
+    """A request-reply ``request`` got no reply within its timeout (the broker's ``result 504``; docs/messaging.md
     "Request-reply"). The request itself was stored: a consumer may still handle it later."""
 
     code = 504
@@ -193,7 +193,7 @@ class CorruptLog(StoreError):
 
 
 class CorruptRecord(StoreError):
-    """A record asked for fails its structure or CRC check: it is never served (README "Corrupt records").
+    """A record asked for fails its structure or CRC check: it is never served (docs/operating.md "Corrupt records").
 
     Carries what a consumer needs to decide, and to skip it: ``topic``, ``partition``, ``offset``
     (the record's), ``next_offset`` (where the partition goes on) and ``position`` (its place in the
@@ -249,7 +249,7 @@ class ConfigError(MetaqError):
 
 class GroupActive(ClientError):
     """An admin change of a consumer group's offsets refused while the group has live members (they would
-    overwrite it with their own position): stop them, or force it (README "Admin commands")."""
+    overwrite it with their own position): stop them, or force it (docs/operating.md "Admin commands")."""
 
     code = 409
 

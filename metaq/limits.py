@@ -126,7 +126,7 @@ MAX_PARKED_GETS_PER_CONNECTION = 1024
 #: greenlet, ~10 KB). Past it a get is answered 503 and a pull SYSTEM_BUSY at once.
 MAX_PARKED_GETS = 20_000
 
-# -- request-reply (README "Request-reply") ----------------------------------------
+# -- request-reply (docs/messaging.md "Request-reply") ----------------------------------------
 
 #: Text-protocol ``request``s one connection may have waiting for their replies at once
 #: (``limits.max_pending_requests_per_connection``); past it a request is answered 503 at once, not stored.
@@ -274,7 +274,7 @@ MAX_LOCK_BATCH_QUEUES = MAX_PARTITIONS + 64
 #: past it a lock on one more queue is refused (not in ``lockOKMQSet``) until locks are released or expire.
 MAX_REMOTING_LOCKS = 100_000
 
-# -- security (README "Security") ------------------------------------------------
+# -- security (docs/security.md) ------------------------------------------------
 
 #: Largest users-and-permissions file (``security.acl_file``) the broker reads; a larger one is refused.
 MAX_ACL_FILE_BYTES = 1024 * 1024
@@ -382,7 +382,7 @@ MAX_TLS_FILE_BYTES = 1024 * 1024
 #: and the connection closed (a close with unread bytes resets the connection, which could lose the refusal).
 TLS_PLAINTEXT_DRAIN_BYTES = 64 * 1024
 
-# -- automatic failover (replication.ha: auto; README "Replication") -----------------------------------
+# -- automatic failover (replication.ha: auto; docs/replication.md) -----------------------------------
 #: Samples of the master's written end kept to judge whether a member is in sync (one per leader tick, 0.1 s):
 #: enough for replication.insync_lag_ms up to 60 s.
 MAX_INSYNC_SAMPLES = 600
@@ -395,7 +395,7 @@ MAX_GROUP_MEMBERS = 64
 #: longer one is refused with the heartbeat (its group names: ``MAX_NAME_BYTES``).
 MAX_CLIENT_ID_BYTES = 255
 
-# -- consumer offsets on the replication stream (the OFFSETS frame; README "Replication") ----------------
+# -- consumer offsets on the replication stream (the OFFSETS frame; docs/replication.md) ----------------
 #: Committed offsets one OFFSETS frame may carry (the master's table, up to MAX_CONSUMER_OFFSETS entries, goes
 #: in as many frames as it needs).
 MAX_REPLICATION_OFFSETS_PER_FRAME = 1000
@@ -409,7 +409,7 @@ MAX_SINK_IN_FLIGHT = 4096
 #: Spark tasks one micro-batch of the streaming source is cut into at most (its ``minPartitions`` option).
 MAX_STREAM_TASKS = 10_000
 
-# -- idempotent producers (put_idem; README "Exactly once") -------------------------------------------------
+# -- idempotent producers (put_idem; docs/spark.md "The idempotent producer") ------------------------------------------
 #: Sequences of one producer-partition the broker remembers (``metaq.idempotence.window``): a resend of one of
 #: them is answered as a duplicate; an older one is refused. The client never has more than this many
 #: sequences of one partition unanswered, so its resends always fall inside.
@@ -444,7 +444,7 @@ BURST_SCAN_FRAMES = 64
 #: costs the broker at most that much output before it is refused. zstd decompresses a frame in one step.
 INFLATE_STEP_BYTES = 256 * 1024
 
-# -- tag filtering in the broker (README "Tag filtering") ---------------------------------------------------
+# -- tag filtering in the broker (docs/messaging.md "Tag filtering") ---------------------------------------------------
 #: Index units one filtered read (a remoting pull with a TAG subscription, a text ``get_tags``) looks at past its
 #: offset, matching or not (256 KiB of index). A read that meets no wanted record within them answers with the
 #: offset after them (PULL_RETRY_IMMEDIATELY / an empty ``get_tags`` reply), so a long run of unwanted records
@@ -455,7 +455,7 @@ MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
 
-# -- the key index (keys/index.py; README "Key index") --------------------------------------------------
+# -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
 #: ones past it are stored with the message but not indexed, so a message with 10,000 keys costs 32 entries.
 MAX_KEYS_PER_MESSAGE = 32
@@ -482,7 +482,7 @@ KEY_INDEX_WALK_BYTES = 4 << 20
 #: Longest lookup cursor (``<file>:<entry>``, two decimal numbers) a request may carry.
 MAX_KEY_CURSOR_BYTES = 48
 
-# -- the HTTP port (metaq/server/http/, README "The HTTP port") -------------------------------------------------
+# -- the HTTP port (metaq/server/http/, docs/operating.md "The HTTP port") ---------------------------------------------
 
 #: Bytes of an HTTP request line, its CRLF included: past it the port answers 414 and closes. gevent.pywsgi's
 #: ``MAX_REQUEST_LINE`` is the same figure (its handler answers the 414; tests/server/test_http_unit.py checks).
@@ -498,7 +498,7 @@ HTTP_MAX_BODY_BYTES = MAX_BODY_BYTES
 #: Most messages one HTTP get returns (its ``max_bytes`` is also held to ``store.max_transfer_size``).
 HTTP_MAX_GET_MESSAGES = 1000
 
-# -- admin operations (README "Admin commands"; admin/service.py) ----------------
+# -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 
 #: Dead letters one ``dlq_list`` answers at most (``metaq-admin dlq list --max``); ``"more": true`` says there are more.
 MAX_DLQ_LIST = 1_000
@@ -515,19 +515,19 @@ DLQ_BODY_PREVIEW_BYTES = 64
 #: past it the oldest is forgotten, so clients inventing group names cannot grow the table.
 MAX_TEXT_GROUP_MEMBERS = 10_000
 
-# -- consumer priorities (README "Priorities"; priorities/wire.py) ----------------
+# -- consumer priorities (docs/messaging.md "Priorities"; priorities/wire.py) ----------------
 
 #: Most priority levels a topic may have (``metaq-admin topics create --priorities L``: 2..this). Each level past
 #: 0 is a partition of its own behind every partition of the topic (an index file, a map), and a ``get_prio``
 #: carries one offset per level.
 MAX_PRIORITY_LEVELS = 8
 #: A priority topic's default ``priority_max_wait_ms``: a message at the head of its level that has waited longer
-#: competes by age with the other levels (the starvation bound, README "Priorities").
+#: competes by age with the other levels (the starvation bound, docs/messaging.md "Priorities").
 DEFAULT_PRIORITY_MAX_WAIT_MS = 10_000
 #: The largest ``priority_max_wait_ms`` a topic may set (one day); the smallest is 1.
 MAX_PRIORITY_MAX_WAIT_MS = 86_400_000
 
-# -- timers: any delivery time (README "Delayed delivery", "Any delivery time") --------------------------------
+# -- timers: any delivery time (docs/messaging.md "Delayed delivery", "Any delivery time") -----------------------------
 
 #: Furthest ahead a message may be scheduled (about 10 years): due times stay far inside int64, and a typo is caught.
 MAX_DELIVER_AHEAD_MS = 10 * 366 * 86_400_000

@@ -408,8 +408,8 @@ def build_parser():
     timers_cli.add_parser(sub)  # timers list|cancel
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
-    s = sub.add_parser("promote", help="make a replication slave the master of its broker id (README "
-                       "'Replication'); needs no --zk/--brokers")
+    s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "
+                       "needs no --zk/--brokers")
     s.add_argument("address", metavar="HOST:PORT", help="the slave's client address")
     s.add_argument("--force", action="store_true",
                    help="promote even if the slave is behind its master's last known end or still linked to it "

@@ -1,5 +1,5 @@
 """``metaq-admin dlq list GROUP`` and ``dlq resend GROUP [--id ID ...]``: a RocketMQ consumer group's dead letters
-(README "Admin commands"; the broker's side is ``admin/service.py``).
+(docs/operating.md "Admin commands"; the broker's side is ``admin/service.py``).
 
 ``list`` asks every broker (text ``dlq_list``) for the records of ``%DLQ%<GROUP>``: position, id (the
 ``ORIGIN_MESSAGE_ID`` the consumer saw), original topic, tags, keys, deliveries, stored time, a body preview and

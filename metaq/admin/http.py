@@ -1,5 +1,5 @@
 """The HTTP port's admin routes: what ``metaq-admin reset-offsets`` and ``dlq`` do, over the same
-``admin/service.py`` (README "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
+``admin/service.py`` (docs/operating.md "JSON API and HTTP put/get"). Every route needs the ``admin`` permission.
 
 =========================================================  ======================================================
 ``GET /api/groups/{group}``                                the group's live members and broker-kept offsets
@@ -13,7 +13,7 @@
                                                            ``retention_hours``, ``retention_bytes``, ``priorities``,
                                                            ``priority_max_wait_ms`` in the query
 ``PATCH /api/topics/{topic}``                              change those settings
-``DELETE /api/topics/{topic}``                             delete it (README "Topics: the table, ...")
+``DELETE /api/topics/{topic}``                             delete it (docs/concepts.md "Topics: the table, ...")
 =========================================================  ======================================================
 
 A dry run answers what ``--execute`` would do (the current offset, the new one, the partition's bounds, and

@@ -1,4 +1,4 @@
-"""The admin operations on consumer offsets and dead letters, protocol-neutral (README "Admin commands").
+"""The admin operations on consumer offsets and dead letters, protocol-neutral (docs/operating.md "Admin commands").
 
 ``AdminOps`` answers with plain Python values (dicts and lists) and raises ``errors.MetaqError``; each front-end
 formats them: the text protocol's ``group_info``, ``reset_offset``, ``dlq_list`` and ``dlq_resend``

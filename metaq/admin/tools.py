@@ -1,4 +1,4 @@
-"""``metaq-admin put`` and ``metaq-admin tail``: messages in and out from a shell (README "Admin commands").
+"""``metaq-admin put`` and ``metaq-admin tail``: messages in and out from a shell (docs/operating.md "Admin commands").
 
 ``put TOPIC``: each line of stdin (or ``--file``) is one message, its line end (``\\n`` or ``\\r\\n``) stripped;
 ``--raw`` sends the whole input as one message. Sent by the metaq ``Producer``, so brokers are found as every

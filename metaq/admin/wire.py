@@ -1,6 +1,6 @@
 """The text protocol's admin extensions (``metaq-admin reset-offsets`` and ``dlq``), sans-IO.
 
-Each needs the ``admin`` permission (README "Security"). Replies to a good request are ``result 200`` with a JSON
+Each needs the ``admin`` permission (docs/security.md). Replies to a good request are ``result 200`` with a JSON
 body (UTF-8), whose shape each event's docstring gives; errors are ``result <code>`` with the reason as text::
 
     group_info <group> <opaque>                                  the group's live members and broker-kept offsets

@@ -5,7 +5,7 @@ or raises ``ConfigError`` naming every problem; ``Acl.decide(user, action, resou
 may do something. The server's guard (``metaq.server.guard``) reads the file, reloads it when it changes
 and asks this module, for every front-end alike.
 
-The file (README "Security")::
+The file (docs/security.md)::
 
     allow: [127.0.0.1, 10.0.0.0/8]   # global address allow-list (RocketMQ's globalWhiteRemoteAddresses);
                                      # absent: every address may connect (and must still authenticate)

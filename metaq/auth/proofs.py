@@ -1,6 +1,6 @@
 """The proofs of knowing a secret that go on the wire: pure functions, the same on both ends.
 
-* **Text ``auth``** (README "Security"): the server gives a random nonce; the client answers with its own
+* **Text ``auth``** (docs/security.md): the server gives a random nonce; the client answers with its own
   nonce and ``HMAC-SHA256(secret, "metaq-auth-1 client <user> <server nonce> <client nonce>")``; the server
   answers with the same HMAC over ``"... server ..."``, so the client knows the broker holds the secret too.
   Nothing reusable crosses the wire: each proof binds both nonces.

@@ -1,4 +1,4 @@
-"""Finding where a broker's log and the one a consumer read diverge, after a failover (README "Replication").
+"""Finding where a broker's log and the one a consumer read diverge, after a failover (docs/replication.md).
 
 Every ``get`` of a consumer's fetcher carries the record it read last and its id (``expect``, events.Get). A
 broker whose record at that offset has another id answers 412 (``errors.Diverged``): an async master died

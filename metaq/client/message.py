@@ -57,15 +57,16 @@ class Message:
 
     ``properties`` (a dict of str, empty by default) are RocketMQ message
     properties (``KEYS``, user properties ...): they travel in the attribute
-    after a ``\x02`` (README "RocketMQ clients"), so a RocketMQ consumer sees
+    after a ``\x02`` (docs/rocketmq.md), so a RocketMQ consumer sees
     them, and messages sent by RocketMQ producers arrive with their tags as
     ``attribute`` and their other properties here.
 
     ``deliver_at`` (a datetime, naive = local time, or epoch milliseconds) or ``delay`` (a timedelta or seconds):
-    delivered then, to the millisecond, up to 10 years ahead; a time in the past is delivered at once (README "Any
-    delivery time"); ``offset`` stays None as for a delay level; ``Producer.cancel(message.id)`` cancels it.
+    delivered then, to the millisecond, up to 10 years ahead; a time in the past is delivered at once
+    (docs/messaging.md "Any delivery time"); ``offset`` stays None as for a delay level;
+    ``Producer.cancel(message.id)`` cancels it.
 
-    ``priority`` (None by default): the level of a priority topic the message goes to, 0 the lowest (README
+    ``priority`` (None by default): the level of a priority topic the message goes to, 0 the lowest (docs/messaging.md
     "Priorities"); the broker refuses it for a topic without priorities or past its levels. A fetched message
     of a priority topic has the level it came from here.
 
@@ -115,14 +116,15 @@ class Message:
 
         With ``compress_over`` (bytes), a longer body is sent compressed with ``compression`` (``zlib``,
         ``zstd`` or ``lz4``) when that makes it smaller, marked by the internal property ``@SYSFLAG``; the
-        broker decompresses it on arrival and stores the original bytes (README "Compressed bodies"). A
+        broker decompresses it on arrival and stores the original bytes (docs/rocketmq.md "Compressed bodies"). A
         message whose attribute is ``""`` with no properties is never compressed (stored, it would come back
         without an attribute). ValueError when a property cannot be encoded (empty, or holding \\x01 or
         \\x02).
         """
         body, properties = self.body, self.properties
         if isinstance(self.key, (str, bytes, int)) and "KEYS" not in properties:
-            # sent to be indexed (README "Key index") when the index could take it; a key of another kind only
+            # sent to be indexed (docs/messaging.md "Key index") when the index could take it; a key of another kind
+            # only
             # picks the partition (the Spark sink passes the partition it chose that way)
             key = self.key_bytes()
             if key and len(key) <= limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:

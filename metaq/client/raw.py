@@ -99,11 +99,12 @@ class TextClient(_Blocking):
         return self.call(ev.Get(topic, group, partition, offset, max_size, self.opaque(), max_wait_ms, expect))
 
     def get_tags(self, topic, partition, offset, tags, max_size=1 << 20, group="g", max_wait_ms=None):
-        """``get_tags`` (README "Tag filtering"): the reply; ``decode_tagged_body(reply.body)`` reads a Value's."""
+        """``get_tags`` (docs/messaging.md "Tag filtering"): the reply; ``decode_tagged_body(reply.body)`` reads a
+        Value's."""
         return self.call(ev.GetTags(topic, group, partition, offset, max_size, tags, self.opaque(), max_wait_ms))
 
     def put_prio(self, topic, payload, priority, partition=-1, attribute=None):
-        """``put_prio`` (README "Priorities"): the reply, as a put's."""
+        """``put_prio`` (docs/messaging.md "Priorities"): the reply, as a put's."""
         flag, data = encode_payload(payload, attribute)
         return self.call(PriorityPut(topic, partition, flag, data, self.opaque(), metaq_checksum(data), priority))
 
@@ -130,7 +131,7 @@ class TextClient(_Blocking):
         return self.call(ev.OffsetAt(topic, partition, timestamp_ms, self.opaque()))
 
     def auth(self, user, secret):
-        """The ``auth`` handshake (README "Security"): the final Result (200: authenticated, and the broker's
+        """The ``auth`` handshake (docs/security.md): the final Result (200: authenticated, and the broker's
         proof was checked; else the broker's refusal, after which it closes the connection)."""
         r = self.call(ev.Auth(user, None, None, self.opaque()))
         if not (isinstance(r, ev.Result) and r.code == 200):

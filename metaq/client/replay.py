@@ -1,4 +1,5 @@
-"""Replay from a time: a time turned into an offset with the broker's ``offset_at`` (README "Replay from a time").
+"""Replay from a time: a time turned into an offset with the broker's ``offset_at`` (docs/python-client.md "Replay from
+a time").
 
 Times are milliseconds since the Unix epoch, or datetimes: an aware datetime is taken in its own zone; a naive one
 is local time, as Python's own ``datetime.timestamp()`` takes it (so ``datetime.now() - timedelta(hours=1)``

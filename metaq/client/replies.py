@@ -1,4 +1,4 @@
-"""The client's one map from a broker's ``result <code>`` reply to an error (README "Errors").
+"""The client's one map from a broker's ``result <code>`` reply to an error (docs/text-protocol.md).
 
     400 ClientError     the request was wrong (bad topic, partition, body...)
     401 Unauthenticated no user proved itself on this connection, or the proof was wrong
@@ -6,7 +6,7 @@
     404 NotFound        nothing there
     500 BrokerError     the broker failed
     503 Unavailable     try again later (a slave, a failed flush, too many connections...)
-    504 NoReply         a ``request`` got no reply within its timeout (README "Request-reply")
+    504 NoReply         a ``request`` got no reply within its timeout (docs/messaging.md "Request-reply")
     507 DiskFull        the broker's disk is full (or above its danger mark): writes are refused
                         until space returns (``errors.DiskFull``; a kind of Unavailable)
     412 Diverged        a get's ``expect`` failed: the broker's record at that offset is not the one

@@ -1,4 +1,4 @@
-"""A client's credentials and TLS settings (README "Security"), and the ``auth`` handshake over a socket.
+"""A client's credentials and TLS settings (docs/security.md), and the ``auth`` handshake over a socket.
 
 ``ClientSecurity`` holds who the client is (``user`` and its ``secret``) and how it reaches brokers (TLS:
 the ``ca`` that signed the brokers' certificates, or the system's store; a client ``cert``/``key`` to

@@ -41,7 +41,7 @@ def broker_tags(spec):
 
 class Subscription(NamedTuple):
     """A topic a consumer subscribed: its handler, filter (``make_filter``) and the broker's share of it
-    (``broker_tags``: the fetcher asks with ``get_tags``, README "Tag filtering"; the filter still runs);
+    (``broker_tags``: the fetcher asks with ``get_tags``, docs/messaging.md "Tag filtering"; the filter still runs);
     ``orderly``: a failing message holds its partition (retried until it succeeds) instead of being parked."""
 
     topic: str

@@ -268,7 +268,7 @@ def _link(stats):
 
 
 def _lag(stats):
-    """A slave's lag behind its master, from its ``stats`` (README "Replication": up to 100 ms old)."""
+    """A slave's lag behind its master, from its ``stats`` (docs/replication.md: up to 100 ms old)."""
     if stats.get("replication_role") != "slave":
         return "-"
     if stats.get("replication_caught_up") == "true":

@@ -12,7 +12,7 @@
       - {name: b1, host: 10.0.0.12, broker_id: 1}
 
 A master and its slaves (``role: slave`` + ``master: <name>``, same broker id) form a replication group
-rendered as a pair (``replication:`` of server.yaml; README "Deploying with Fabric"):
+rendered as a pair (``replication:`` of server.yaml; docs/deploy.md):
 
     defaults: {ha: manual, replication_mode: async}      # ha: auto elects the master through ZooKeeper
     brokers:

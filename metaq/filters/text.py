@@ -1,4 +1,5 @@
-"""``get_tags`` (events.GetTags): one request's filtered reads, from the index units first (README "Tag filtering").
+"""``get_tags`` (events.GetTags): one request's filtered reads, from the index units first (docs/messaging.md "Tag
+filtering").
 
 A read looks at the partition's index units from the request's offset (at most ``limits.MAX_FILTER_SCAN_UNITS``,
 their cold pages brought in off the loop: ``coldpages.bring_in``) and reads only the records whose unit's tag

@@ -1,5 +1,5 @@
 """The key index: a message's keys (``KEYS`` words, ``UNIQ_KEY``) → its commit-log positions, with time bounds;
-the text ``lookup`` and RocketMQ's QUERY_MESSAGE answered from it (README "Key index", docs/messaging.md).
+the text ``lookup`` and RocketMQ's QUERY_MESSAGE answered from it (docs/messaging.md "Key index", docs/messaging.md).
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its

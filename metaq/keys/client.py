@@ -1,4 +1,4 @@
-"""Find messages by key with the broker's key index (README "Key index"): ``lookup``.
+"""Find messages by key with the broker's key index (docs/messaging.md "Key index"): ``lookup``.
 
 A message's keys are the ``KEYS`` words (the metaq ``Message(key=...)`` is sent as ``KEYS``; RocketMQ producers
 set them) and its ``UNIQ_KEY``. Each broker indexes what it stores, so ``lookup`` asks one broker (a

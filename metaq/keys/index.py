@@ -1,4 +1,5 @@
-"""The key index: message keys → commit-log positions, with time bounds (README "Key index"; files: files.py).
+"""The key index: message keys → commit-log positions, with time bounds (docs/messaging.md "Key index"; files:
+files.py).
 
 Derived data, a subscriber of the store's log follower (``store/follower.py``): the follower hands it the flushed
 records past ``indexed_to`` (the position up to which every record's keys are in the index) in steps of

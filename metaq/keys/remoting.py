@@ -1,4 +1,4 @@
-"""QUERY_MESSAGE (12): a key's messages, and RocketMQ's view by unique id (README "Key index").
+"""QUERY_MESSAGE (12): a key's messages, and RocketMQ's view by unique id (docs/messaging.md "Key index").
 
 The store's key index (keys/index.py) answers one page, newest first: at most ``maxNum`` messages, cut to
 ``limits.MAX_KEY_QUERY_RESULTS`` (and ``limits.MAX_KEY_QUERY_BYTES``), stored within ``[beginTimestamp,

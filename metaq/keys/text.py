@@ -1,4 +1,5 @@
-"""``lookup`` on the text port (our extension, ``events.Lookup``; README "Key index"): one page of a key's messages.
+"""``lookup`` on the text port (our extension, ``events.Lookup``; docs/messaging.md "Key index"): one page of a key's
+messages.
 
 The page comes from the store's key index (``keys/index.py``), its cold pages brought in off the event loop
 (``coldpages.walk``), as ``offset_at`` does; the body is ``keys/wire.py``'s. A slave that may not serve reads

@@ -1,4 +1,4 @@
-"""The body of a text ``lookup`` reply (our extension; README "Key index"), sans-IO.
+"""The body of a text ``lookup`` reply (our extension; docs/messaging.md "Key index"), sans-IO.
 
 ::
 

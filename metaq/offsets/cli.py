@@ -1,4 +1,4 @@
-"""``metaq-admin reset-offsets``: move a consumer group's committed offsets (README "Admin commands").
+"""``metaq-admin reset-offsets``: move a consumer group's committed offsets (docs/operating.md "Admin commands").
 
 ``--group G --topic T`` and one of ``--to-earliest``, ``--to-latest``, ``--to-offset N``, ``--to-datetime TIME``
 (the first offset stored at or after TIME: ``offset_at``), ``--shift-by N`` (from the committed offset; a

@@ -118,7 +118,7 @@ class ConsumerOffsets:
         """Bring every offset past its partition's end (``end_of(topic, partition)``, None: not held) back to
         it; returns how many moved. A promoted slave's table may hold positions in its old master's lost tail
         (the table is copied apart from the log), and the new master writes new messages there: a group
-        resuming from such an offset would skip them (README "Modes and failover: what is lost")."""
+        resuming from such an offset would skip them (docs/replication.md "Modes and failover: what is lost")."""
         moved = 0
         for key, (offset, commit_ms) in list(self._entries.items()):
             end = end_of(key[1], key[2])

@@ -1,4 +1,4 @@
-"""A priority topic's partition fetcher (README "Priorities"): one offset per level, ``get_prio`` requests.
+"""A priority topic's partition fetcher (docs/messaging.md "Priorities"): one offset per level, ``get_prio`` requests.
 
 ``consumer.subscribe(topic, handler, priorities=L)`` says the topic has L levels (the broker answers a wrong
 count 400, logged and retried slowly: fix the subscription). The fetcher keeps the next offset of every level

@@ -1,4 +1,4 @@
-"""``put_prio`` and ``get_prio`` (consumer priorities, ``priorities/wire.py``; README "Priorities").
+"""``put_prio`` and ``get_prio`` (consumer priorities, ``priorities/wire.py``; docs/messaging.md "Priorities").
 
 ``put_prio`` is a put with a priority: ``PutPath.append(priority=)`` stores it in its level's sub-queue
 (``<topic>%P<k>``, level 0 the topic itself) and it is answered as a put is. ``get_prio`` carries the consumer's

@@ -1,4 +1,5 @@
-"""Consumer priorities (README "Priorities"), sans-IO: the level sub-queues' names, ``put_prio`` and ``get_prio``,
+"""Consumer priorities (docs/messaging.md "Priorities"), sans-IO: the level sub-queues' names, ``put_prio`` and
+``get_prio``,
 and the broker's choice of the level a ``get_prio`` serves.
 
 A priority topic (``metaq-admin topics create <t> --priorities L``) has levels 0..L-1, L-1 the highest. Level 0

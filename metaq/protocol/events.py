@@ -60,7 +60,7 @@ class DelayedPut(NamedTuple):
 
 
 class Request(NamedTuple):
-    """``request topic partition len flag checksum timeoutMs opaque\r\n<body>`` (our extension; README
+    """``request topic partition len flag checksum timeoutMs opaque\r\n<body>`` (our extension; docs/messaging.md
     "Request-reply", ``metaq.reqreply.records``): a put whose answer is its reply.
 
     The broker stores the message with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added to
@@ -92,7 +92,7 @@ class Reply(NamedTuple):
 class Get(NamedTuple):
     """``get topic group partition offset maxSize [maxWaitMs [expect]] opaque``; max_wait_ms None = no long poll.
 
-    ``expect`` (our extension, README "Replication"): ``(offset, msg_id)``, written ``<offset>:<msgId>``, the
+    ``expect`` (our extension, docs/replication.md): ``(offset, msg_id)``, written ``<offset>:<msgId>``, the
     record the client last read (normally ``offset - 1``) and its id. A broker whose record at that offset has
     another id answers ``result 412`` (``errors.Diverged``) instead of reading: its log is not the one the
     client read before (a failover cut or rewrote it there). An offset outside the partition is not checked.
@@ -109,8 +109,9 @@ class Get(NamedTuple):
 
 
 class GetTags(NamedTuple):
-    """``get_tags topic group partition offset maxSize tags [maxWaitMs [expect]] opaque`` (our extension; README "Tag
-    filtering"): a get of the records whose tags (the attribute before ``\\x02``) are among ``tags``
+    """``get_tags topic group partition offset maxSize tags [maxWaitMs [expect]] opaque`` (our extension;
+    docs/messaging.md "Tag filtering"): a get of the records whose tags (the attribute before ``\\x02``) are among
+    ``tags``
     (``A||B``: ``filters.wire``), found by the broker from its index units without reading the others.
 
     Reply ``value <len> opaque`` with body ``<next offset: int64>`` then, per record, ``<its offset: int64>`` and
@@ -232,7 +233,8 @@ class OffsetAt(NamedTuple):
 
 
 class Lookup(NamedTuple):
-    """``lookup topic key sinceMs untilMs max cursor opaque`` (our extension; README "Key index"): one page of the
+    """``lookup topic key sinceMs untilMs max cursor opaque`` (our extension; docs/messaging.md "Key index"): one page
+    of the
     messages of ``topic`` with ``key`` (a ``KEYS`` word, a ``UNIQ_KEY``, the metaq client's key) stored within
     ``[sinceMs, untilMs]``, newest first, at most ``max`` (cut to ``limits.MAX_KEY_QUERY_RESULTS``); ``cursor`` is
     ``-`` for the first page, then what the previous page returned.
@@ -267,8 +269,8 @@ class Promote(NamedTuple):
 
 
 class Auth(NamedTuple):
-    """``auth <user> <opaque>`` then ``auth <user> <client nonce> <proof> <opaque>`` (our extension; README
-    "Security"): the challenge/response that proves a user's secret without sending it.
+    """``auth <user> <opaque>`` then ``auth <user> <client nonce> <proof> <opaque>`` (our extension; docs/security.md):
+    the challenge/response that proves a user's secret without sending it.
 
     Step one (``client_nonce`` None) is answered ``result 200`` with the server nonce as body; step two
     ``result 200`` with the server's proof (hex HMAC-SHA256, ``metaq.auth.proofs.text_proof``), or

@@ -2,7 +2,7 @@
 
 A ``stats [item]`` reply body is ``STATS\\r\\n`` + one line per fact, each ended by
 ``\\r\\n`` + ``END\\r\\n`` (MetaQ's StatsManager; ``config`` alone answers the raw
-configuration file, unframed). The items (reference §8.3, README "stats"):
+configuration file, unframed). The items (reference §8.3, docs/text-protocol.md "stats"):
 
 * *(blank)* summary, ``realtime``, ``reset``: ``<key> <value>`` lines (``encode_summary`` /
   ``parse_summary``: a dict of key → value text; a line without a space is a key with an

@@ -1,4 +1,5 @@
-"""Request-reply in the metaq client (README "Request-reply"): ``Producer.request`` sends a message and waits for
+"""Request-reply in the metaq client (docs/messaging.md "Request-reply"): ``Producer.request`` sends a message and
+waits for
 its reply; ``Consumer.subscribe(topic, handler, reply=True)`` sends what the handler returns back as the reply.
 
 The requester sends the text protocol's ``request`` (``metaq.protocol.events.Request``) to the broker of the

@@ -1,5 +1,5 @@
 """Request-reply (RocketMQ's RIP-16), the pure part: property names, what a request and a reply carry, how they
-are read from and added to a MetaQ message (sans-IO; README "Request-reply").
+are read from and added to a MetaQ message (sans-IO; docs/messaging.md "Request-reply").
 
 A *request* is an ordinary message that carries ``CORRELATION_ID`` (unique per request) and ``REPLY_TO_CLIENT``
 (who waits for the reply), and ``TTL`` (how long, in ms); the broker adds ``CLUSTER`` (its

@@ -1,4 +1,4 @@
-"""Request-reply routing (README "Request-reply"): a reply, from either protocol, handed to the connection of
+"""Request-reply routing (docs/messaging.md "Request-reply"): a reply, from either protocol, handed to the connection of
 the requester that waits for it.
 
 Text-protocol requesters wait here: ``open`` enters a request into the pending table (``reqreply.state``:

@@ -1,4 +1,4 @@
-"""Requests waiting for their replies (README "Request-reply"): pure, time passed in, no gevent.
+"""Requests waiting for their replies (docs/messaging.md "Request-reply"): pure, time passed in, no gevent.
 
 A text-protocol ``request`` is entered here, under its correlation id, before its message is stored, with the
 connection it came over, a ``waiter`` (whatever the caller wakes it with) and its deadline. A reply takes its

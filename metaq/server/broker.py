@@ -137,13 +137,13 @@ class Broker:
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
         self.http = None
-        if config.http.port:  # README "The HTTP port"
+        if config.http.port:  # docs/operating.md "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
             http_host = config.http.host or config.broker.host
             names = [socket.gethostname(), config.broker.host, http_host] + config.http.allowed_hosts
             check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),
-                                 configured=config.http.allowed_hosts)  # README "The HTTP port": browsers
+                                 configured=config.http.allowed_hosts)  # docs/operating.md "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics, check)
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
@@ -261,7 +261,7 @@ class Broker:
             log.info("C helper loaded; CRC-32 from %s", checksum.IMPLEMENTATION)
 
     def _log_exposure(self):
-        """Say at every start who can reach this broker and what they must prove (README "Security")."""
+        """Say at every start who can reach this broker and what they must prove (docs/security.md)."""
         sec = self.config.security
         auth, tls = self.guard.status()
         log.info("security: authentication %s%s, TLS %s, replication secret %s", auth,

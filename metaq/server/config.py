@@ -212,7 +212,7 @@ class TransactionsSection(_Section):
 
 
 class ReplicationSection(_Section):
-    """Master→slave replication (DESIGN §8; README "Replication")."""
+    """Master→slave replication (DESIGN §8; docs/replication.md)."""
 
     role: Literal["master", "slave"] = "master"
     port: Optional[int] = Field(None, ge=0, le=65535)  # master: replication listener (None/0 = off)
@@ -255,7 +255,7 @@ class ReplicationSection(_Section):
 
 
 class RemotingSection(_Section):
-    """The RocketMQ remoting port (DESIGN §6; README "RocketMQ clients"; check-back defaults: RocketMQ 4's)."""
+    """The RocketMQ remoting port (DESIGN §6; docs/rocketmq.md; check-back defaults: RocketMQ 4's)."""
 
     port: int = Field(0, ge=0, le=65535)  # 0 = off
     host: Optional[str] = None  # bind address; default broker.host
@@ -288,7 +288,7 @@ class RemotingSection(_Section):
 
 
 class DelaySection(_Section):
-    """Delayed delivery (README "Delayed delivery"): RocketMQ's delay levels, ``"1s 5s ... 2h"``."""
+    """Delayed delivery (docs/messaging.md "Delayed delivery"): RocketMQ's delay levels, ``"1s 5s ... 2h"``."""
 
     levels: str = DEFAULT_LEVELS
 
@@ -321,7 +321,7 @@ class TopicSection(_Section):
 
 
 class TlsSection(_Section):
-    """TLS on every listener (README "Security"): the broker's certificate and key, optionally clients' CA."""
+    """TLS on every listener (docs/security.md): the broker's certificate and key, optionally clients' CA."""
 
     mode: Literal["off", "on", "permissive"] = "off"  # permissive: TLS and plaintext on the same port (the
     #                                                     first byte tells them apart: 0x16 opens a TLS hello)
@@ -341,7 +341,7 @@ class TlsSection(_Section):
 
 
 class SecuritySection(_Section):
-    """Who may connect and what they may do (README "Security")."""
+    """Who may connect and what they may do (docs/security.md)."""
 
     acl_file: Optional[str] = None  # users, roles and permissions (YAML); set = authentication on
     acl_reload_s: float = Field(2.0, gt=0)  # how often the file is checked for a change

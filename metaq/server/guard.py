@@ -1,4 +1,4 @@
-"""The one authorization check of the broker, used by every front-end (README "Security").
+"""The one authorization check of the broker, used by every front-end (docs/security.md).
 
 ``Guard`` holds the parsed permissions file (``metaq.auth.acl``), reloads it when it changes (a bad new
 version is logged and the old one kept, as RocketMQ keeps its last good ``plain_acl.yml``) and answers:
@@ -264,7 +264,7 @@ class Guard:
             return None
         return lambda name: self.allows(session, SUB, "topic", name) or self.allows(session, PUB, "topic", name)
 
-    # -- the text handshake (README "Security": auth) ---------------------------
+    # -- the text handshake (docs/security.md: auth) ---------------------------
 
     def challenge(self, session, name, now=None):
         """Step one of ``auth``: a fresh server nonce for ``name`` (given even for an unknown user, so that

@@ -1,4 +1,4 @@
-"""TLS on the broker's listeners and on the slave's link to its master (README "Security").
+"""TLS on the broker's listeners and on the slave's link to its master (docs/security.md).
 
 ``security.tls.mode``:
 

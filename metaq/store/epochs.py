@@ -31,7 +31,7 @@ that wrote nothing is forgotten). ``max_epoch`` only grows, so this broker
 never hands out an epoch number twice, even after its entry was cut.
 ``led`` is true while the latest epoch is one this broker began itself: its
 log may then end in a tail no other broker confirmed, so, started as a slave,
-it serves no read before its first handshake (README "Replication").
+it serves no read before its first handshake (docs/replication.md).
 
 Persisted in the data dir's ``epochs`` state file (JSON behind a magic, length
 and CRC, replaced atomically like every state file): ``{"epochs": [[e, s, o],

@@ -14,7 +14,7 @@ Before all that, ``read_checkpoint`` and ``untrusted_reason`` say where the
 scan may start (the checkpoint) and whether the index can be trusted up to it.
 A checkpoint that does not name the current ``index.TAG_FORMAT`` (one an older
 broker wrote) makes the index untrusted: the full scan rewrites every unit's tag
-hash before the broker serves a filtered read (README "Tag filtering").
+hash before the broker serves a filtered read (docs/messaging.md "Tag filtering").
 
 ``read_log`` reads a stopped broker's log offline (for checkers and tools).
 """

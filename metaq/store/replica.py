@@ -143,7 +143,8 @@ def read_log(acc, position, max_bytes, upto="flushed"):
 def _verified(acc, view, base, rel, stop):
     """Where the chunk's records ``[rel, stop)`` must end so that none is corrupt: ``stop``, or the first corrupt
     record's place. A master never ships a record it knows is corrupt (the slave would refuse it anyway): when
-    the chunk starts with one, ``CorruptRecord`` names it, and the link ends there (README "Corrupt records")."""
+    the chunk starts with one, ``CorruptRecord`` names it, and the link ends there (docs/operating.md "Corrupt
+    records")."""
     bad = scan_records(view, rel, stop)[0]
     if bad >= stop:
         return stop

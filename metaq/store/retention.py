@@ -72,8 +72,8 @@ def first_kept_offset(pidx, log_start):
 
 def apply_retention(log_, partitions, limit, written, root, config, now_ms, disk_usage_ratio=None, floor=None):
     """Delete the sealed segments ``plan_deletion`` picks among those wholly below ``limit`` (flushed and
-    checkpointed) and ``floor`` (None, or the timer index's: records it has not indexed yet stay; README "Any
-    delivery time"), raise each partition's first offset past them and drop its index files below it."""
+    checkpointed) and ``floor`` (None, or the timer index's: records it has not indexed yet stay; docs/messaging.md
+    "Any delivery time"), raise each partition's first offset past them and drop its index files below it."""
     if floor is not None:
         limit = min(limit, floor)
     infos = []

@@ -161,7 +161,7 @@ class MessageStore:
 
     def known_topics(self):
         """Configured exact names, the table's and every topic that has data (a priority topic's levels are its own,
-        not topics: README "Priorities")."""
+        not topics: docs/messaging.md "Priorities")."""
         names = set(self._topics.config.exact_names) - set(self._topics.table.deleted) | set(self._topics.table.entries)
         return sorted(names | {t for t, _p in self.partition_keys() if self._topics.level_owner(t) is None})
 

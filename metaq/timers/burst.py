@@ -1,5 +1,5 @@
 """A receive buffer's run of plain ``put_at`` frames found, checked and encoded in one pass (the burst path of
-README "Any delivery time"; the server's part is ``metaq.timers.fasttext``).
+docs/messaging.md "Any delivery time"; the server's part is ``metaq.timers.fasttext``).
 
 ``scan_put_ats`` takes the ``put_at`` frames at the head of a buffer that the burst path may store without the
 general path: ``put_at <topic> <partition> <len> 0 <checksum> @<epoch ms>|+<delay ms> <opaque>\\r\\n<body>`` with

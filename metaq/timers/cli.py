@@ -1,5 +1,5 @@
 """``metaq-admin timers list [--topic T] [--max N]`` and ``timers cancel ID``: the timer store's pending messages
-(README "Any delivery time", "Cancel"; the broker's side is ``timers/service.py``).
+(docs/messaging.md "Any delivery time", "Cancel"; the broker's side is ``timers/service.py``).
 
 ``list`` asks every broker (text ``timers``) for its pending timers, earliest first: id, topic, partition, due
 time and size. ``cancel`` asks every broker to cancel the id (text ``cancel``): the one that has it answers

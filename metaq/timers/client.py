@@ -1,4 +1,5 @@
-"""The client side of any delivery time (README "Any delivery time", "Cancel"): ``Message(deliver_at=, delay=)``
+"""The client side of any delivery time (docs/messaging.md "Any delivery time", "Cancel"): ``Message(deliver_at=,
+delay=)``
 turned into ``put_at``'s ``when``, and ``Producer.cancel``."""
 
 import datetime

@@ -1,5 +1,5 @@
-"""The ``put_at`` burst path: pipelined puts with a delivery time stored and answered in one pass (README "Any
-delivery time").
+"""The ``put_at`` burst path: pipelined puts with a delivery time stored and answered in one pass (docs/messaging.md
+"Any delivery time").
 
 The general path handles a ``put_at`` in tens of µs of Python (parser event, dispatcher, checks, the ENTRY's
 encoding, one store put, one reply); a producer scheduling many messages pipelines them. Here the ``put_at``

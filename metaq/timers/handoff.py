@@ -1,4 +1,4 @@
-"""What a master's timer service hands its indexer as it writes TIMER_TOPIC (README "Any delivery time").
+"""What a master's timer service hands its indexer as it writes TIMER_TOPIC (docs/messaging.md "Any delivery time").
 
 Entries, cancels and DONE records this broker appends to the timer topic are kept here, decoded, with their
 offset, message id and log end, so the indexer applies them without reading them back from the log and decoding

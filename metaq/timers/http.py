@@ -1,4 +1,5 @@
-"""The HTTP port's timer routes: what ``metaq-admin timers list|cancel`` does (README "Cancel"), over the timer
+"""The HTTP port's timer routes: what ``metaq-admin timers list|cancel`` does (docs/messaging.md "Cancel"), over the
+timer
 service (``timers/service.py``). Both need the ``admin`` permission, as the text commands ``timers`` and ``cancel``.
 
 ==================================  ================================================================================

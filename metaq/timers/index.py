@@ -1,6 +1,6 @@
 """The timer store's index: ``<data_dir>/timers.db`` (SQLite, WAL), derived from the TIMER_TOPIC records.
 
-The commit log is the source of truth (README "Any delivery time"); this index is what the broker reads
+The commit log is the source of truth (docs/messaging.md "Any delivery time"); this index is what the broker reads
 to find the messages due next, and it keeps each pending message's data, so retention may delete the log
 records once they are indexed. It holds:
 

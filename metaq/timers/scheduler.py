@@ -4,7 +4,7 @@ Beside the timers of any delivery time (``metaq.timers.service``), whose entry l
 placement at a put (``service.place``), delivered record (``service.deliver``) and wake-ups (``service.announce``)
 it uses; why the two stay apart: the package's docstring.
 
-The design follows RocketMQ's ScheduleMessageService (README "Delayed delivery"):
+The design follows RocketMQ's ScheduleMessageService (docs/messaging.md "Delayed delivery"):
 
 * ``put_delayed`` stores a *schedule entry* (``metaq.timers.levels``: real topic,
   partition, flag, data, due time = store time + the level's delay) in the internal

@@ -1,4 +1,4 @@
-"""Any delivery time: the timer store's service (README "Delayed delivery", "Any delivery time", "Cancel").
+"""Any delivery time: the timer store's service (docs/messaging.md "Delayed delivery", "Any delivery time", "Cancel").
 
 * ``put_at`` stores an ENTRY record (``metaq.timers.records``: real topic, partition, flag, checksum, due and
   born times, the original data) in the internal topic ``TIMER_TOPIC``, partition 0, through the normal store

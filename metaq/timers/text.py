@@ -1,4 +1,4 @@
-"""``put_at``, ``cancel`` and ``timers`` (``timers/wire.py``; README "Any delivery time", "Cancel").
+"""``put_at``, ``cancel`` and ``timers`` (``timers/wire.py``; docs/messaging.md "Any delivery time", "Cancel").
 
 ``put_at`` is a put with a delivery time: ``PutPath.append(due_ms=)`` stores its ENTRY in the timer topic
 (``timers/service.py``) and it is answered as ``put_delayed`` is, once durable. ``cancel`` is answered once its

@@ -1,4 +1,5 @@
-"""The timer service's delivery window (``timers/service.py``; README "Any delivery time"): the pending messages due
+"""The timer service's delivery window (``timers/service.py``; docs/messaging.md "Any delivery time"): the pending
+messages due
 soonest, in memory, in due order. Pure: no gevent, no SQLite, no clock (times come in as arguments).
 
 It holds every pending row not yet ended that is due before ``until`` (a load also takes the rows due at ``until``

@@ -1,4 +1,4 @@
-"""The text protocol's timer commands (README "Any delivery time", "Cancel"), sans-IO::
+"""The text protocol's timer commands (docs/messaging.md "Any delivery time", "Cancel"), sans-IO::
 
     put_at <topic> <partition> <len> <flag> <checksum> <when> <opaque>\\r\\n<body>
         when: @<epoch ms> (absolute) or +<ms> (after a delay, from the broker's clock);

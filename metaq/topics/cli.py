@@ -1,4 +1,4 @@
-"""``metaq-admin topics``: the topic table (README "Topics: the table, create, alter, delete").
+"""``metaq-admin topics``: the topic table (docs/concepts.md "Topics: the table, create, alter, delete").
 
     metaq-admin --brokers meta://127.0.0.1:8123 topics                      every topic and its settings
     metaq-admin --brokers meta://127.0.0.1:8123 topics create orders --partitions 4 --retention-hours 24
@@ -28,20 +28,20 @@ SETTING_COLUMNS = ["perm", "ordered", "retention_hours", "retention_bytes", "pri
 
 def add_parser(sub):
     s = sub.add_parser("topics", help="topics and their settings; topics create|alter|delete NAME changes the "
-                       "topic table (README 'Topics: the table, create, alter, delete')")
+                       "topic table (docs/concepts.md 'Topics: the table, create, alter, delete')")
     s.add_argument("action", nargs="?", choices=ACTIONS, default="list", help="list (the default), create, alter, "
                    "delete")
     s.add_argument("name", nargs="?", help="the topic (create, alter, delete)")
     s.add_argument("--partitions", type=int, metavar="N", help="partitions (create: default 1; alter: only more)")
     s.add_argument("--perm", choices=("rw", "r", "w", "-"),
                    help="rw: read and write (default); r: puts refused; w: gets refused; -: both refused")
-    s.add_argument("--ordered", action="store_true", default=None, help="an orderly topic (README)")
+    s.add_argument("--ordered", action="store_true", default=None, help="an orderly topic (docs/concepts.md)")
     s.add_argument("--unordered", dest="ordered", action="store_false", help="alter: no longer ordered")
     s.add_argument("--retention-hours", metavar="H", help="keep messages H hours (fractions allowed; none: the "
                    "broker's store.retention_hours alone)")
     s.add_argument("--retention-bytes", metavar="B", help="keep the newest B bytes of the topic (none: no bound)")
     s.add_argument("--priorities", type=int, metavar="L", help="consumer priorities: L levels 2..8, 0..L-1 with L-1 "
-                   "the highest (README 'Priorities'; alter: only more)")
+                   "the highest (docs/messaging.md 'Priorities'; alter: only more)")
     s.add_argument("--priority-max-wait-ms", metavar="MS", help="a priority topic's starvation bound (none: the "
                    "default, limits.DEFAULT_PRIORITY_MAX_WAIT_MS)")
     s.add_argument("--yes", action="store_true", help="delete without asking")

@@ -1,5 +1,5 @@
-"""The topic table's service: create, alter, delete and list topics (protocol-neutral; README "Topics: the table,
-create, alter, delete").
+"""The topic table's service: create, alter, delete and list topics (protocol-neutral; docs/concepts.md "Topics: the
+table, create, alter, delete").
 
 Front-ends call ``TopicAdmin.create(name, settings)``, ``alter(name, settings)``, ``delete(name)``, ``list()``
 (or ``handle(action, name, settings)``) after checking admin permission; each returns JSON-able data and raises

@@ -1,7 +1,7 @@
 """The topic table: topics created, altered and deleted by an operator, kept in ``<data_dir>/topics.json``.
 
 Pure logic and the file; ``state.TopicOps`` (``MessageStore.topics``) applies it to the store and
-``service.TopicAdmin`` is the protocol-neutral entry point. README "Topics: the table, create, alter, delete".
+``service.TopicAdmin`` is the protocol-neutral entry point. docs/concepts.md "Topics: the table, create, alter, delete".
 
 Which partition count a topic has, first match wins:
 
@@ -15,7 +15,8 @@ Which partition count a topic has, first match wins:
 Per topic (table entries only): ``perm`` (``rw``, ``r``: puts refused, ``w``: reads refused, ``-``: both),
 ``ordered`` (reported to RocketMQ clients as an orderly topic; a keyed producer keeps a key on one partition),
 ``retention_hours`` and ``retention_bytes`` (retention.py), ``priorities`` (0: none; 2..
-``limits.MAX_PRIORITY_LEVELS`` levels, README "Priorities") and ``priority_max_wait_ms`` (its starvation bound).
+``limits.MAX_PRIORITY_LEVELS`` levels, docs/messaging.md "Priorities") and ``priority_max_wait_ms`` (its starvation
+bound).
 A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``priorities/wire.py``): the catalog
 answers for it with its topic's partitions and permissions. ``base_offsets``: where a re-created
 topic's partitions start (the offsets of the deleted incarnation are never used again).
@@ -58,7 +59,7 @@ class TopicSettings:
     retention_hours: float = None  # None: the broker's store.retention_hours alone
     retention_bytes: int = None  # None: no bound by size
     base_offsets: dict = field(default_factory=dict)  # partition -> first offset (a re-created topic)
-    priorities: int = 0  # 0: no priorities; else the number of levels (README "Priorities")
+    priorities: int = 0  # 0: no priorities; else the number of levels (docs/messaging.md "Priorities")
     priority_max_wait_ms: int = None  # None: limits.DEFAULT_PRIORITY_MAX_WAIT_MS
 
     @property

@@ -8,7 +8,7 @@ Our extensions to MetaQ's types (for ``metaq-admin``): ``HEURISTIC_COMMIT`` and
 ``HEURISTIC_ROLLBACK`` decide a prepared XA branch by hand; the client's later
 commit or rollback then gets XA_HEURCOM / XA_HEURRB until FORGET.
 
-With authentication on (README "Security") every branch belongs to the user who began it (``Guard.owner``,
+With authentication on (docs/security.md) every branch belongs to the user who began it (``Guard.owner``,
 journaled with the branch, so a prepared branch keeps its owner across a restart). Only that user or an
 admin may put into it, PREPARE, COMMIT, ROLLBACK or FORGET it: anyone else is answered ``403`` (Forbidden),
 not XAER_NOTA, so that a coordinator holding the wrong credentials fails loudly instead of taking another

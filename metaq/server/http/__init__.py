@@ -1,1 +1,1 @@
-"""The HTTP port: metrics, health, the JSON API, HTTP put/get and the dashboard (README "Operating metaq")."""
+"""The HTTP port: metrics, health, the JSON API, HTTP put/get and the dashboard (docs/operating.md)."""

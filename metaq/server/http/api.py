@@ -1,6 +1,6 @@
 """The HTTP port's JSON API (what ``metaq-admin`` shows), its HTTP put and get, and the health checks.
 
-Routes (README "JSON API and HTTP put/get"):
+Routes (docs/operating.md "JSON API and HTTP put/get"):
 
 ==========================================================  =====================================================
 ``GET /healthz``                                            200 while the process serves (open)

@@ -3,7 +3,7 @@
 A custom collector reads the current values at scrape time from the sources it is given (the stats counters,
 the store, the stats summary, the replication pairs, the connection counts, the transactions, the group
 offsets); the flush latency is a Histogram the flusher feeds (``Flusher.observe_flushes``). Every metric is
-in the README's "Metrics" table. The registry is this port's own (never the process-wide default), and the
+in the "Metrics" table of docs/operating.md. The registry is this port's own (never the process-wide default), and the
 ``_created`` series are off.
 """
 

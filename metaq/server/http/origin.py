@@ -1,4 +1,4 @@
-"""Requests a browser was made to send: cross-site writes (CSRF) and DNS rebinding (README "The HTTP port").
+"""Requests a browser was made to send: cross-site writes (CSRF) and DNS rebinding (docs/operating.md "The HTTP port").
 
 A page on another site can make a visitor's browser send requests to the broker: a form or a ``no-cors`` fetch
 ``POST`` goes out without a preflight, with the credentials the browser holds for the broker (HTTP Basic it

@@ -1,4 +1,4 @@
-"""RocketMQ 4's plain ACL on the remoting port (README "Security"): every request signed, every resource checked
+"""RocketMQ 4's plain ACL on the remoting port (docs/security.md): every request signed, every resource checked
 by the broker's one ``Guard`` (``metaq.server.guard``), so a user may do the same on both protocols.
 
 With authentication on (``security.acl_file``), every request must carry, as RocketMQ's ``AclClientRPCHook``
@@ -135,7 +135,7 @@ class RemotingAcl:
         if not name:  # the C++ client without credentials sends an empty one
             log.info("remoting %s: request code %d without an AccessKey refused", conn.peer, cmd.code)
             raise errors.Unauthenticated("No accessKey is configured (request code %d: sign requests with an "
-                                         "AccessKey and a Signature; README \"Security\")" % cmd.code)
+                                         "AccessKey and a Signature; docs/security.md)" % cmd.code)
         signature = ext.get(SIGNATURE) or ""
         if guard.check_login(name, lambda secret: proofs.same(
                 signature, proofs.rocketmq_signature(secret, ext, cmd.body))) is None:

@@ -75,7 +75,7 @@ class RemotingSender:
     # -- the put itself -------------------------------------------------------
 
     def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0, priority=None, due_ms=None):
-        """Append (or schedule) one message (``priority``: to that level, README "Priorities"); returns
+        """Append (or schedule) one message (``priority``: to that level, docs/messaging.md "Priorities"); returns
         ``(PutResult, offset message id)``."""
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
@@ -85,7 +85,7 @@ class RemotingSender:
                              priority=priority, due_ms=due_ms)
         if priority:
             topic = level_topic(topic, priority)  # the record's topic: where the message is stored
-        if due_ms is not None:  # the id names the timer entry (README "Any delivery time")
+        if due_ms is not None:  # the id names the timer entry (docs/messaging.md "Any delivery time")
             stored = (TIMER_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         elif delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
             stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
@@ -134,7 +134,8 @@ class RemotingSender:
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
 
     def _body(self, sys_flag, body):
-        """The body as stored: decompressed when ``sys_flag`` says it is compressed (README "Compressed bodies")."""
+        """The body as stored: decompressed when ``sys_flag`` says it is compressed (docs/rocketmq.md "Compressed
+        bodies")."""
         return inflate_body(sys_flag, body, self.max_body)
 
     def _send_idempotent(self, cmd, h, topic, flag, data, identity, level):
@@ -339,7 +340,8 @@ def _delay_level(props):
         raise errors.ClientError("property DELAY=%r is not a delay level" % text[:32]) from None
 
 
-#: The user property of a SEND_MESSAGE that puts the message in a level of a priority topic (README "Priorities").
+#: The user property of a SEND_MESSAGE that puts the message in a level of a priority topic (docs/messaging.md
+#: "Priorities").
 PRIORITY_PROPERTY = "PRIORITY"
 
 

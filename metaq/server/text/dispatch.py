@@ -129,15 +129,15 @@ class TextDispatcher:
         }
         priorities = TextPriorities(store, stats, roles, put_path, guard, self.max_body, self.max_transfer,
                                     ack_put=self.ack_put, get_refusal=self.get_refusal, park=self.park,
-                                    error_reply=error_reply)  # put_prio, get_prio (README "Priorities")
+                                    error_reply=error_reply)  # put_prio, get_prio (docs/messaging.md "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
         offsets = TextOffsets(store, group_members)  # commit_offset, query_offset (offsets/text.py)
         self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
         self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
-        self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (README "Key index")
+        self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (docs/messaging.md "Key index")
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
-                            error_reply=error_reply)  # put_at, cancel, timers (README "Any delivery time")
+                            error_reply=error_reply)  # put_at, cancel, timers (docs/messaging.md "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
         self._handlers[IdempotentPut] = TextIdempotentPuts(put_path, self.max_body, ack_put=self.ack_put,
                                                            error_reply=error_reply).put_idem  # put_idem
@@ -248,7 +248,8 @@ class TextDispatcher:
 
     def get_tags(self, e, conn):
         """``get_tags`` (our extension, events.GetTags): the records whose tags are wanted, found by the index
-        units' tag hashes (``MessageStore.read_tagged``: the others are never read); README "Tag filtering"."""
+        units' tag hashes (``MessageStore.read_tagged``: the others are never read); docs/messaging.md "Tag
+        filtering"."""
         refusal = self.get_refusal(e, conn)
         if refusal is not None:
             return refusal, NO_WAIT
@@ -390,7 +391,7 @@ class TextDispatcher:
         return ok(text.encode("utf-8"), e.opaque)
 
     def auth(self, e, conn):
-        """``auth`` (README "Security"): step one gives a nonce, step two checks the proof. A failure is answered
+        """``auth`` (docs/security.md): step one gives a nonce, step two checks the proof. A failure is answered
         401 (after a delay once its address has failed often) and the connection closed."""
         guard = self.guard
         if not guard.enabled:

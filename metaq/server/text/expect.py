@@ -1,7 +1,7 @@
 """A get's ``expect`` (events.Get): the client names the record it read last and its id; a broker whose record at
 that offset has another id answers 412 (``errors.Diverged``) instead of reading on, so that a consumer that read a
 log a failover later cut or rewrote goes back to the last record both logs hold (client/divergence.py) rather than
-skip the messages written at those offsets since (README "Replication", "Read failover")."""
+skip the messages written at those offsets since (docs/replication.md, "Read failover")."""
 
 from metaq import errors
 from metaq.server.coldpages import bring_in_record_head

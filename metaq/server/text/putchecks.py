@@ -1,6 +1,6 @@
 """What the text front-end checks of a message it is given to store (put, put_delayed, put_idem, request, reply),
 in one place: the checksum, the attribute block, the broker's reserved properties, and a compressed body
-decompressed on arrival (README "Compressed bodies")."""
+decompressed on arrival (docs/rocketmq.md "Compressed bodies")."""
 
 from metaq import errors
 from metaq.protocol import events as ev
