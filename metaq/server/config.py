@@ -394,7 +394,7 @@ class HttpSection(_Section):
 
     port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off
     host: Optional[str] = None  # bind address; default broker.host
-    open_metrics: bool = True  # /metrics without authentication when security.acl_file is set (a scraper's view)
+    open_metrics: bool = False  # /metrics without credentials when security.acl_file is set (a scraper's view)
     # names a browser may reach the port by, beside IP addresses, localhost and this machine's host name (a
     # browser's request under another name may be DNS rebinding: routes.BrowserCheck); "*": any name
     allowed_hosts: List[str] = []

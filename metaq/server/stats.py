@@ -38,6 +38,10 @@ ITEMS_HELP = (
 
 REALTIME = codec.REALTIME
 
+#: Items that count every user's messages together: with authentication on, an admin's alone (a user would learn
+#: the rate of topics it may not read).
+BROKER_WIDE = frozenset({"realtime", "delay"})
+
 
 class RealtimeStat:
     """MetaQ's MetaStatLog value: a count and a summed value over a duration."""
@@ -202,7 +206,8 @@ class StatsService:
     def render(self, item, may_see=None):
         """The reply body for ``stats <item>`` (item None or "" = the summary). ``may_see(kind, name)``: whether
         the asking user may see a topic or a group (None: everything); the tables leave out the rows it may
-        not, and ``stats <topic>`` of such a topic is refused."""
+        not, ``stats <topic>`` of such a topic is refused, and so are the items that count every user's messages
+        together (``BROKER_WIDE``)."""
         item = (item or "").strip()
         store = self.store
         if item == "":
@@ -213,6 +218,8 @@ class StatsService:
             return codec.encode_offsets(_visible(offset_rows(store), may_see))
         if item == "transactions":
             return codec.encode_transactions(transaction_rows(self.sources["transactions"]()))
+        if item in BROKER_WIDE and may_see is not None:
+            raise Forbidden("permission denied: stats %s counts every user's messages: an admin's" % item)
         if item == "delay":
             return codec.encode_delay(*self.sources["delay_levels"]())
         if item == "groups":

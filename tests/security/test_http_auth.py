@@ -15,10 +15,10 @@ def _as(user):
 
 def test_http_basic_auth_maps_requests_to_the_guards_permissions(broker_factory, tmp_path):
     b = broker_factory(with_http(secured_config(tmp_path)))
-    # open: liveness, readiness and the metrics a scraper reads
+    # open: liveness and readiness; the metrics need a user (a scrape user) unless open_metrics says otherwise
     assert request(b, "GET", "/healthz").status == 200
     assert request(b, "GET", "/readyz").status == 200
-    assert request(b, "GET", "/metrics").status == 200
+    assert request(b, "GET", "/metrics").status == 401
     # everything else needs a user
     r = request(b, "GET", "/api/broker")
     assert r.status == 401 and r.json()["code"] == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
@@ -43,10 +43,29 @@ def test_http_basic_auth_maps_requests_to_the_guards_permissions(broker_factory,
     assert "payroll" not in request(b, "GET", "/", **_as("reader")).text
 
 
-def test_metrics_may_require_a_user(broker_factory, tmp_path):
-    b = broker_factory(with_http(secured_config(tmp_path), open_metrics=False))
-    assert request(b, "GET", "/metrics").status == 401
+def test_metrics_need_a_user_by_default_and_may_be_opened(broker_factory, tmp_path):
+    b = broker_factory(with_http(secured_config(tmp_path)))
+    r = request(b, "GET", "/metrics")
+    assert r.status == 401 and "payroll" not in r.text and "orders" not in r.text  # nothing for a stranger
     assert request(b, "GET", "/metrics", **_as("reader")).status == 200
+    (tmp_path / "open").mkdir()
+    opened = broker_factory(with_http(secured_config(tmp_path / "open"), open_metrics=True))
+    assert request(opened, "GET", "/metrics").status == 200
+
+
+def test_broker_wide_stats_are_an_admins(broker_factory, tmp_path):
+    """stats realtime and stats delay count every user's messages together (a tenant would learn another's rate)."""
+    b = broker_factory(secured_config(tmp_path))
+    with b.client() as c:
+        assert c.auth("reader", SECRETS["reader"]).code == 200
+        for item in ("realtime", "delay"):
+            r = c.call(ev.Stats(item, c.opaque()))
+            assert r.code == 403 and b"counts every user's messages: an admin's" in r.body, r
+        assert c.call(ev.Stats(None, c.opaque())).code == 200  # the summary and the filtered tables stay any user's
+        assert c.call(ev.Stats("topics", c.opaque())).code == 200
+    with b.client() as c:
+        assert c.auth("admin", SECRETS["admin"]).code == 200
+        assert c.call(ev.Stats("realtime", c.opaque())).code == 200 and c.call(ev.Stats("delay", 2)).code == 200
 
 
 def test_closed_metrics_show_a_user_only_what_it_may_subscribe_to(broker_factory, tmp_path):

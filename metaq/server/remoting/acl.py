@@ -62,6 +62,9 @@ ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
 #: The name server's requests: answered without a signature (see the module doc; their declarations say so).
 NAME_SERVER_CODES = requests.unsigned_codes()
+#: Codes whose topic is the one of a stored record the request names by its log offset: a refusal never names it (it
+#: would tell a user the topic of any offset it asks about).
+RECORD_NAMED_CODES = frozenset({R.VIEW_MESSAGE_BY_ID, R.CONSUMER_SEND_MSG_BACK})
 #: Characters of a client-given name shown in a refusal.
 _SHOWN = 128
 
@@ -186,11 +189,14 @@ class RemotingAcl:
             if action == ADMIN:
                 if not guard.is_admin(session):
                     raise errors.Forbidden("Need admin permission for request code=%d, but accessKey=%s is not"
-                                           % (cmd.code, name))
+                                           % (cmd.code, name) if cmd.code not in RECORD_NAMED_CODES else
+                                           "No permission to read the message at that offset")
                 continue
             try:
                 guard.require(session, action, kind, what)
             except errors.Forbidden as exc:
+                if cmd.code in RECORD_NAMED_CODES and kind == "topic":  # the topic is the stored record's
+                    raise errors.Forbidden("No permission to read the message at that offset") from None
                 raise errors.Forbidden("No default permission for %s:%s (%s)" % (kind, _show(what), exc)) from None
         if cmd.code == R.END_TRANSACTION and self.half_user is not None:  # and only its sender (or an admin)
             number = decode_header(EndTransactionHeader, cmd).tran_state_table_offset
