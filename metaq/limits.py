@@ -334,6 +334,13 @@ def max_unauthenticated_for(max_connections):
     return max(16, int(max_connections * UNAUTHENTICATED_SHARE))
 
 
+#: TLS handshakes one address may start a second on a TLS port (``limits.tls_handshakes_per_address_s``), with
+#: bursts of up to twice that: a handshake costs the broker's one core far more than the client, so a flood from
+#: one address would slow every other client; past it the connection is closed before its handshake.
+TLS_HANDSHAKES_PER_ADDRESS_S = 50
+#: Addresses whose handshake rate is remembered (the longest idle is forgotten past it).
+MAX_TLS_RATE_ADDRESSES = 10_000
+
 #: Seconds an accepted connection has to send its first byte and finish a TLS handshake.
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 

@@ -76,7 +76,8 @@ class Broker:
                                                     lim.max_partial_request_bytes,
                                                     Strangers(lim.login_timeout_s, config.max_unauthenticated(),
                                                               lim.max_unauthenticated_per_address)),
-                                   config.max_connections_per_address(), self.guard, self.tls)
+                                   config.max_connections_per_address(), self.guard, self.tls,
+                                   lim.tls_handshakes_per_address_s)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
         self.registry = None
         if config.zk.connect:

@@ -33,6 +33,7 @@ A check that applies to every connection (an address allow-list, TLS, a
 handshake) belongs here, once, not in each front-end.
 """
 
+import collections
 import errno
 import functools
 import itertools
@@ -178,6 +179,42 @@ class Strangers:
     def held_by(self, host):
         """Connections not yet logged in from ``host``."""
         return self._from.get(host, 0)
+
+
+class HandshakeRate:
+    """How many TLS handshakes each address may start: a token bucket per address, ``per_s`` a second and bursts
+    of ``2 * per_s``, at most ``limits.MAX_TLS_RATE_ADDRESSES`` addresses remembered (the longest idle forgotten
+    first: an address forgotten starts with a full bucket). Time is passed in."""
+
+    __slots__ = ("per_s", "burst", "refused", "_buckets")
+
+    def __init__(self, per_s):
+        self.per_s = per_s
+        self.burst = 2 * per_s
+        self.refused = 0
+        self._buckets = collections.OrderedDict()  # host -> [tokens, when last filled]
+
+    @property
+    def addresses(self):
+        """Addresses whose rate is remembered now."""
+        return len(self._buckets)
+
+    def take(self, host, now):
+        """True (one token taken) when ``host`` may start a handshake at ``now`` (monotonic seconds)."""
+        bucket = self._buckets.pop(host, None)
+        if bucket is None:
+            bucket = [float(self.burst), now]
+        else:
+            bucket[0] = min(self.burst, bucket[0] + (now - bucket[1]) * self.per_s)
+            bucket[1] = now
+        self._buckets[host] = bucket
+        while len(self._buckets) > limits.MAX_TLS_RATE_ADDRESSES:
+            self._buckets.popitem(last=False)
+        if bucket[0] < 1.0:
+            self.refused += 1
+            return False
+        bucket[0] -= 1.0
+        return True
 
 
 class ConnectionLimits:
@@ -439,10 +476,12 @@ class Connection:
 class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
-    def __init__(self, max_connections, rules, max_per_address=None, guard=None, tls=None):
+    def __init__(self, max_connections, rules, max_per_address=None, guard=None, tls=None,
+                 handshakes_per_address_s=limits.TLS_HANDSHAKES_PER_ADDRESS_S):
         self.max_connections = max_connections
         #: The broker's TlsPolicy (metaq.server.tls), or None: plaintext on every listener.
         self.tls = tls
+        self.handshakes = HandshakeRate(handshakes_per_address_s)  # TLS handshakes started, per address
         self._handshaking = 0  # accepted sockets in their TLS handshake (counted against the cap)
         #: The broker's Guard (metaq.server.guard): the address allow-list and each connection's Session.
         self.guard = guard
@@ -526,6 +565,15 @@ class ConnectionCore:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        if listener.tls != "off" and host is not None and listener.guarded \
+                and not self.handshakes.take(address[0], time.monotonic()):
+            self._forget(host)
+            if stranger is not None:
+                self.rules.strangers.leave(stranger)
+            sock.close()
+            self._log_refusal(listener, address, "too many TLS handshakes from %s: the limit is %d a second"
+                              % (address[0], self.handshakes.per_s), "closed before its handshake")
+            return
         if listener.tls != "off":
             sock = self._secure(listener, sock, address)
             if sock is None:

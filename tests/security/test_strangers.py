@@ -203,3 +203,25 @@ def test_a_tls_stranger_is_closed_at_the_deadline_and_a_signed_route_query_logs_
         assert rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}).code in (0, 17)  # signed: logged in
         time.sleep(2.5)
         assert rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": "orders"}).code in (0, 17)  # still open
+
+
+def test_a_tls_handshake_flood_from_one_address_is_cut_to_its_rate(broker_factory, tmp_path):
+    """The finding: a handshake flood from one address (236/s) took another user's p99 from 9 to 216 ms."""
+    pki = Pki(tmp_path / "pki")
+    cfg = secured_config(tmp_path, tls=pki.tls_config("on"))
+    cfg["limits"] = dict(cfg.get("limits", {}), tls_handshakes_per_address_s=5)
+    b = broker_factory(cfg)
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    done = refused = 0
+    for _ in range(30):  # as fast as one client can: far past 5 a second with bursts of 10
+        raw = connect(b.port, "127.0.0.7")
+        try:
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1").close()
+            done += 1
+        except (ssl.SSLError, OSError):
+            refused += 1
+            raw.close()
+    assert refused > 0 and done <= 10 + 5 * 3, (done, refused)  # the burst, and the rate for the seconds it took
+    with TextClient("127.0.0.1", b.port, ssl_context=ctx, server_hostname="127.0.0.1") as c:  # another address
+        assert c.auth("alice", SECRETS["alice"]).code == 200
+    assert "too many TLS handshakes from 127.0.0.7: the limit is 5 a second" in b.log_text()

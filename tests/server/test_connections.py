@@ -7,7 +7,8 @@ import gevent
 from gevent import socket
 
 from metaq.protocol.text import TextParser
-from metaq.server.connections import Connection, ConnectionCore, ConnectionLimits, Listener, ReplyBudget
+from metaq import limits
+from metaq.server.connections import Connection, ConnectionCore, ConnectionLimits, HandshakeRate, Listener, ReplyBudget
 
 
 class Echo(Connection):
@@ -290,3 +291,16 @@ def test_a_port_with_headroom_takes_at_most_a_few_connections_from_one_address()
     core.shutdown(1.0)
     for sock, _g in held + [(slave, g_slave)]:
         sock.close()
+
+
+def test_the_tls_handshake_rate_per_address_and_one_past():
+    rate = HandshakeRate(5)
+    assert [rate.take("10.0.0.1", 100.0) for _ in range(11)] == [True] * 10 + [False]  # a burst of 2 x 5, one past
+    assert rate.take("10.0.0.2", 100.0)  # another address has its own
+    assert not rate.take("10.0.0.1", 100.1)  # 0.5 of a token back
+    assert rate.take("10.0.0.1", 100.3)  # 1.5: one more
+    assert [rate.take("10.0.0.1", 200.0) for _ in range(11)].count(True) == 10  # refilled, never past the burst
+    assert rate.refused == 3
+    for i in range(limits.MAX_TLS_RATE_ADDRESSES + 5):
+        rate.take("h%d" % i, 300.0)
+    assert rate.addresses == limits.MAX_TLS_RATE_ADDRESSES

@@ -200,3 +200,4 @@ def test_auth_off_lets_everything_through():
     g.require(None, ADMIN)
     g.require(g.session("1.2.3.4"), PUB, "topic", "t")
     assert g.is_admin(None) and g.status() == ("off", "off")
+
