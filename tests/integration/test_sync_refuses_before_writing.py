@@ -4,6 +4,7 @@ back stores each message exactly once. (Before, each put was written and then an
 SLAVE_NOT_AVAILABLE: a retrying client stored copies.)"""
 
 import os
+import signal
 
 import pytest
 
@@ -82,3 +83,25 @@ def test_a_sync_master_without_a_slave_stores_nothing_and_a_retry_stores_once(br
     assert [stored[0], stored[1], stored[3]] == [b"first", b"plain", b"over http"]
     caught_up(master, slave)
     assert bodies(slave, "t-a", 0) == bodies(master, "t-a", 0)
+
+
+def test_a_slave_lost_while_a_put_waits_keeps_the_stored_but_unconfirmed_answer(broker_factory, tmp_path):
+    """The remaining race: the put was written while a slave was there; the slave dies before confirming it. The
+    answer says it was written (it is in the log), unlike the refusal before writing."""
+    rport = free_port()
+    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=20_000),
+                            workdir=tmp_path / "m")
+    slave = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    with master.client() as c:
+        c.put_ok("t-a", b"first", partition=0)
+        slave.proc.send_signal(signal.SIGSTOP)  # connected, silent: the put waits for its ack
+        body = b"written, then its slave died"
+        c.send(serialize(ev.Put("t-a", 0, 0, body, c.opaque(), metaq_checksum(body))))
+        wait_for(lambda: bodies(master, "t-a", 0) == [b"first", body], 10, "the put written")
+        slave.kill()  # a stopped process killed: its link closes
+        r = c.read_event()
+        assert r.code == 503 and b"SLAVE_NOT_AVAILABLE" in r.body and b"written on the master" in r.body, r
+        assert NOTHING not in r.body
+    assert bodies(master, "t-a", 0) == [b"first", body]
