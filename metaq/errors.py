@@ -16,6 +16,7 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     ├── NotFound                   nothing at that place (404)
     ├── Moved                      the requested offset is outside [min, max]; carries the right one (301)
     ├── Unavailable                transient refusal, try again later (503)
+    │   ├── NotMaster              this broker is not the master a request must reach; names it when known
     │   ├── DiskFull               disk above the danger mark or ENOSPC; writes refused until space returns (507)
     │   ├── ConnectionLost         (client) the connection to a broker closed or could not be made
     │   └── RequestTimeout         (client) no reply within the request's timeout
@@ -128,6 +129,18 @@ class Unavailable(MetaqError):
     code = 503
 
 
+class NotMaster(Unavailable):
+    """This broker is not the master a request must reach (a slave, a member waiting for an election, a master
+    whose lease ran out): nothing was done. ``master`` is the master's ``meta://`` URL when this broker knows it
+    (``ha: auto``: the elected master's leader node), else None; the client sends the request there. 503, as every
+    refusal of a slave; its text (``not_master_text``) carries the master so the client can read it back
+    (``parse_not_master``)."""
+
+    def __init__(self, reason, master=None):
+        super().__init__(reason)
+        self.master = master
+
+
 class DiskFull(Unavailable):
     """Writes are refused because the disk is (nearly) full.
 
@@ -218,6 +231,29 @@ CORRUPT_RECORD_FORMAT = ("corrupt record: topic %s partition %d offset %d fails 
 
 _CORRUPT_RE = re.compile(r"corrupt record: topic (\S+) partition (-?\d+) offset (-?\d+) .*?; next offset (-?\d+)"
                          r"(?: \(commit-log position (\d+)\))?")
+
+
+#: The text of a ``NotMaster`` (and of its ``result 503`` body), which ``parse_not_master`` reads back.
+NOT_MASTER_FORMAT = "NOT_MASTER: this broker is not the master: %s; %s"
+
+_NOT_MASTER_RE = re.compile(r"NOT_MASTER: .*; (?:the master is (meta://[^\s;]+)|the master is not known here)$",
+                            re.DOTALL)
+
+
+def not_master(reason, master=None):
+    """The ``NotMaster`` error for ``reason`` (why this broker may not take the request), naming ``master`` (its
+    ``meta://`` URL) when known."""
+    where = "the master is %s" % master if master else "the master is not known here"
+    return NotMaster(NOT_MASTER_FORMAT % (reason, where), master or None)
+
+
+def parse_not_master(text):
+    """The ``NotMaster`` a ``not_master`` text stands for (its ``master`` read back), or None when ``text`` is not
+    one."""
+    m = _NOT_MASTER_RE.match(text)
+    if m is None:
+        return None
+    return NotMaster(text, m.group(1))
 
 
 def os_reason(exc):

@@ -133,9 +133,12 @@ class AdminOps:
 
     def reset_offset(self, group, topic, partition, offset, force, now_ms, now_s):
         """Set the group's broker-kept offset of ``topic``/``partition`` to ``offset`` (within the partition's
-        ``[min, max]``); GroupActive while it has live members unless ``force``. Returns ``{"old", "new"}``."""
+        ``[min, max]``); GroupActive while it has live members unless ``force``; NotMaster (503, naming the master
+        when known) on a broker that is not the master, as every offset commit (``PutPath.check_master``). Returns
+        ``{"old", "new"}``."""
         limits.validate_group(group)
         limits.validate_topic(topic)
+        self.put_path.check_master()
         members = self.live_members(group, now_s)
         if members and not force:
             raise errors.GroupActive("group %s has %d live member(s): %s; stop them first, or force the reset"

@@ -5,7 +5,8 @@
     403 Forbidden       the user may not do this (the topic, group or admin operation is not theirs)
     404 NotFound        nothing there
     500 BrokerError     the broker failed
-    503 Unavailable     try again later (a slave, a failed flush, too many connections...)
+    503 Unavailable     try again later (a slave, a failed flush, too many connections...); a text
+                        ``NOT_MASTER: ...`` is ``errors.NotMaster``, its ``master`` the URL it names
     504 NoReply         a ``request`` got no reply within its timeout (docs/messaging.md "Request-reply")
     507 DiskFull        the broker's disk is full (or above its danger mark): writes are refused
                         until space returns (``errors.DiskFull``; a kind of Unavailable)
@@ -53,6 +54,12 @@ def reply_error(reply, what=None):
         corrupt = errors.parse_corrupt_record(reason)
         if corrupt is not None:
             return corrupt
+    if code == errors.NotMaster.code:
+        not_master = errors.parse_not_master(reason)
+        if not_master is not None:
+            if what is not None:
+                not_master.args = ("%s: result %d %s" % (what, code, reason),)
+            return not_master
     cls = REPLY_ERRORS.get(code)
     if what is not None:
         reason = "%s: result %d %s" % (what, code, reason)

@@ -187,6 +187,11 @@ class BrokerOffsetStore(OffsetStore):
     ``pool`` is a :class:`metaq.client.connection.ConnectionPool`; ``url_of(broker_id)`` gives
     the url of that broker (None when it is unknown: the load or commit fails with
     ConnectionLost). The broker keeps the offset only; the msg id is remembered in memory.
+
+    Only a partition's master takes commits: a broker that is not (a slave, a deposed master, a member waiting
+    for an election) answers ``NOT_MASTER``, naming the master when it knows it (``ha: auto``). The commit is
+    then sent once to that master (the cluster view may not have seen the failover yet); a refusal that names
+    no master is raised like any failed commit, and the next commit tries again.
     """
 
     def __init__(self, pool, url_of, group, timeout=10.0):
@@ -220,9 +225,7 @@ class BrokerOffsetStore(OffsetStore):
         failures = []
         for key, future in pending:  # pipelined: every commit is in flight before the first wait
             try:
-                reply = future.result(self.timeout + 1.0)
-                if reply.code != 200:
-                    raise reply_error(reply, "commit_offset %s %s %s" % (self.group, key[0], key[1]))
+                self._committed(key, future.result(self.timeout + 1.0), changed[key][0])
             except (errors.MetaqError, TimeoutError) as exc:
                 failures.append((key, exc))
         for key, _exc in failures:  # partly written: record what succeeded, raise for the rest
@@ -234,6 +237,20 @@ class BrokerOffsetStore(OffsetStore):
             key, exc = failures[0]
             raise errors.Unavailable("%d offset commit(s) failed, first %s %s: %s"
                                      % (len(failures), key[0], key[1], exc))
+
+
+    def _committed(self, key, reply, offset, redirected=False):
+        """Check one commit's reply; a NOT_MASTER naming the master sends the commit there (once)."""
+        if reply.code == 200:
+            return
+        error = reply_error(reply, "commit_offset %s %s %s" % (self.group, key[0], key[1]))
+        if isinstance(error, errors.NotMaster) and error.master and not redirected:
+            log.info("offset commit of %s %s %s: the broker is not the master; committing on %s", self.group,
+                     key[0], key[1], error.master)
+            conn = self.pool.get(error.master)
+            request = ev.CommitOffset(self.group, key[0], key[1].partition, offset, 0)
+            return self._committed(key, conn.call(request, timeout=self.timeout), offset, redirected=True)
+        raise error
 
 
 class LocalFileOffsetStore(OffsetStore):

@@ -109,13 +109,27 @@ class PutPath:
 
     def writable_refusal(self):
         """Why this broker takes no puts right now, as the error a put gets, or None: Unavailable (503) on a slave
-        or after a failed flush, DiskFull (507) on a full disk."""
+        or after a failed flush, DiskFull (507) on a full disk, Unavailable (503, "nothing was stored") on a
+        ``sync`` master no slave could confirm a put for (``Roles.unconfirmable_refusal``): refused before the
+        write, so a client's retry stores nothing twice."""
         refusal = self.roles.slave_refusal
         if refusal is not None:
             return errors.Unavailable(refusal)
         if self.gate.refusal is not None:
             return self.gate.error()
+        refusal = self.roles.unconfirmable_refusal
+        if refusal is not None:
+            return errors.Unavailable(refusal)
         return None
+
+    def check_master(self):
+        """Raise ``errors.NotMaster`` (503, naming the master when known) unless this broker is the master that may
+        acknowledge: what an offset commit asks (text ``commit_offset``, RocketMQ UPDATE_CONSUMER_OFFSET, the HTTP
+        and text offset resets). ``Roles.not_master``: the decision puts read, without a put's other refusals (a
+        commit goes to the consumer-offset table, not the log)."""
+        exc = self.roles.not_master()
+        if exc is not None:
+            raise exc
 
     def check_writable(self):
         """Raise ``writable_refusal``'s error, if any (a write that names no client topic: a commit, a cancel)."""

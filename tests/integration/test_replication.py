@@ -228,12 +228,16 @@ def test_sync_mode_a_slave_far_behind_makes_puts_time_out_until_it_has_caught_up
         wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
         with master.client() as c:
             c.put_ok("t-a", b"confirmed by the slave")
-            slave.stop()
-            wait_for(lambda: stats(master)["replication_slaves"] == "0", 10, "slave gone")
+            link.cut(blackhole=True)  # the slave stays connected and hears nothing: puts are written, unconfirmed
             body = b"x" * 60_000
-            for i in range(100):  # 6 MB the slave does not have: each is in the master's log, unconfirmed
-                r = c.put("t-b", body, partition=i % 4)
-                assert r.code == 503 and b"SLAVE_NOT_AVAILABLE" in r.body, r
+            for i in range(100):  # 6 MB the slave does not have (pipelined: they wait for it side by side)
+                c.send(serialize(ev.Put("t-b", i % 4, 0, body, c.opaque(), metaq_checksum(body))))
+            for _ in range(100):
+                r = c.read_event()
+                assert r.code == 503 and b"FLUSH_SLAVE_TIMEOUT" in r.body, r
+            slave.stop()
+            link.heal()  # closes the connection it held: the master sees its slave gone
+            wait_for(lambda: stats(master)["replication_slaves"] == "0", 10, "slave gone")
             link.rate = 1 << 20  # 1 MiB/s: catching up takes about six seconds
             slave.start()
             wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected again")

@@ -154,7 +154,10 @@ def test_a_slave_behind_its_master_never_answers_past_its_own_end(broker_factory
 
 
 @pytest.mark.fault
-def test_a_commit_sent_to_a_slave_lasts_until_the_masters_table_replaces_it(broker_factory, tmp_path):
+def test_a_slave_refuses_commits_and_keeps_its_masters_table(broker_factory, tmp_path):
+    """Issue 41 point 4: a commit sent to a slave is refused (503 NOT_MASTER, its replication master named) and
+    stored nothing; the master's table is what the slave answers. (A manual slave knows its master only by its
+    replication address; ``ha: auto`` members name the master's URL: test_offsets_on_the_master.py.)"""
     rport = free_port()
     m = broker_factory(master_config(tmp_path / "m", rport), workdir=tmp_path / "m")
     s = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
@@ -163,14 +166,15 @@ def test_a_commit_sent_to_a_slave_lasts_until_the_masters_table_replaces_it(brok
     commit(m, "g", "t-a", 0, 2)
     caught_up(m, s)
     holds(s, {("g", "t-a", 0): 2})
-    commit(s, "g", "t-a", 0, 1)  # accepted on the slave, as before: the client library never sends it there
-    commit(s, "mine", "t-a", 0, 1)
-    assert offsets_of(s, {("g", "t-a", 0): 0, ("mine", "t-a", 0): 0}) == {("g", "t-a", 0): 1, ("mine", "t-a", 0): 1}
-    commit(m, "g", "t-a", 0, 2)  # the master's next commit of that key replaces the slave's
-    holds(s, {("g", "t-a", 0): 2, ("mine", "t-a", 0): 1})
-    s.stop()
-    s.start()  # a new link brings the master's whole table: the slave's own entry goes
-    holds(s, {("g", "t-a", 0): 2, ("mine", "t-a", 0): None})
+    for group in ("g", "mine"):
+        with s.client() as c:
+            r = c.call(ev.CommitOffset(group, "t-a", 0, 1, c.opaque()))
+        assert r.code == 503, r
+        assert r.body == (b"NOT_MASTER: this broker is not the master: this broker is a replication slave of "
+                          b"127.0.0.1:%d (read-only): send puts to the master; the master is not known here" % rport)
+    assert offsets_of(s, {("g", "t-a", 0): 0, ("mine", "t-a", 0): 0}) == {("g", "t-a", 0): 2, ("mine", "t-a", 0): None}
+    commit(m, "g", "t-a", 0, 1)
+    holds(s, {("g", "t-a", 0): 1, ("mine", "t-a", 0): None})
 
 
 @pytest.mark.fault

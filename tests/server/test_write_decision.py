@@ -18,8 +18,8 @@ from tests.server.test_guard import login
 REFUSED_NAMES = (SCHEDULE_TOPIC, TIMER_TOPIC, "%RESENT%billing", "orders%P1")
 
 
-def path_with(guard=None, slave=None, gate=None):
-    roles = SimpleNamespace(slave_refusal=slave)
+def path_with(guard=None, slave=None, gate=None, unconfirmable=None):
+    roles = SimpleNamespace(slave_refusal=slave, unconfirmable_refusal=unconfirmable)
     return PutPath(None, None, None, None, roles, gate or WriteGate(), guard=guard)
 
 
@@ -87,3 +87,21 @@ def test_the_burst_filter_asks_once_per_topic():
     may = writable_topics(Counting(), None)
     assert all(may(t) for t in (b"a", b"b", b"a", b"a", b"b"))
     assert asked == ["a", "b"]
+
+
+def test_a_sync_master_no_slave_could_confirm_for_refuses_before_writing_after_the_other_refusals(guard):
+    """Issue 41 point 5: the refusal is part of the one decision, after a slave's and the gate's; a put of any path
+    asks it (check_write) before anything is written, and its text says nothing was stored."""
+    alone = "SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is connected: nothing was stored"
+    exc = path_with(unconfirmable=alone).write_refusal("orders", None)
+    assert type(exc) is errors.Unavailable and exc.code == 503 and "nothing was stored" in str(exc)
+    with pytest.raises(errors.Unavailable, match="nothing was stored"):
+        path_with(unconfirmable=alone).check_write("orders", AUTHORIZED, internal=True)
+    with pytest.raises(errors.Unavailable, match="nothing was stored"):
+        path_with(unconfirmable=alone).check_writable()  # a commit, a cancel, a resend
+    gate = WriteGate()
+    gate.disk_full("disk full")
+    assert isinstance(path_with(gate=gate, unconfirmable=alone).write_refusal("orders", None), errors.DiskFull)
+    assert str(path_with(slave="a slave", unconfirmable=alone).write_refusal("orders", None)) == "a slave"
+    alice = login(guard, guard.session("127.0.0.1"), "alice")
+    assert isinstance(path_with(guard, unconfirmable=alone).write_refusal("payroll", alice), errors.Forbidden)

@@ -337,6 +337,10 @@ class RemotingDispatcher:
     # -- offsets -------------------------------------------------------------
 
     def _commit(self, group, topic, queue_id, offset):
+        """A pull's commit flag: stored on the master only. Elsewhere it is dropped, the pull served, as RocketMQ's
+        slave does (its table is the master's copy and would overwrite it)."""
+        if self.roles.not_master() is not None:
+            return
         try:
             self.store.commit_offset(group, topic, queue_id, offset, now_ms())
         except errors.ClientError as exc:
@@ -355,8 +359,11 @@ class RemotingDispatcher:
     def update_offset(self, cmd, conn):
         """RocketMQ's broker stores any offset and answers SUCCESS; a pull from past the queue's end is then
         told PULL_OFFSET_MOVED to the end. We answer SUCCESS too but store at most the queue's end now, so what
-        is written after this commit is never skipped (the text ``commit_offset`` refuses such an offset: 400)."""
+        is written after this commit is never skipped (the text ``commit_offset`` refuses such an offset: 400).
+        A broker that is not the master answers SERVICE_NOT_AVAILABLE ``NOT_MASTER: ...`` naming the master when it
+        knows it, and stores nothing (``PutPath.check_master``, as the text ``commit_offset``)."""
         h = decode_header(UpdateConsumerOffsetHeader, cmd)
+        self.sender.path.check_master()
         if h.commit_offset >= 0:  # a negative offset is ignored, never stored
             end = self.store.max_offset(h.topic, h.queue_id)
             self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, min(h.commit_offset, end), now_ms())

@@ -90,6 +90,23 @@ class ReplicationServer:
             out[s.slave_id] = max(out.get(s.slave_id, -1), s.written)
         return out
 
+    def no_slave_refusal(self):
+        """Why a ``sync`` put must be refused before it is written, or None: no slave could confirm it now (manual
+        mode: none connected; ``ha: auto``: the in-sync set holds no slave). Writing it anyway would end in
+        ``SLAVE_NOT_AVAILABLE`` with the message stored, and a client that retries would store it again. A slave
+        lost while a put waits is ``wait_replicated``'s to answer (written, not confirmed)."""
+        if self.mode != "sync":
+            return None
+        if self.insync is not None:
+            if self.insync.required():
+                return None
+            return ("SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is in sync with this master (ha: "
+                    "auto): nothing was stored; retry once a slave is back in sync")
+        if self.slaves:
+            return None
+        return ("SLAVE_NOT_AVAILABLE: replication mode is sync and no slave is connected: nothing was stored; retry "
+                "once a slave is connected")
+
     def wait_replicated(self, pos):
         """Block this greenlet until a slave's ACK covers ``pos`` (with an in-sync set: every member's);
         Unavailable otherwise."""

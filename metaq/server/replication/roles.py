@@ -134,6 +134,33 @@ class Roles:
         return None
 
     @property
+    def master_url(self):
+        """The ``meta://`` URL of the master this broker knows of when it is not that master itself, or None: with
+        ``ha: auto`` the elected master's leader node as last read; a manual slave knows only its master's
+        replication address (its refusal names that)."""
+        leader = self.election.current_leader() if self.election is not None else None
+        if not leader or self.election.leading or leader.get("member") == self.election.member:
+            return None
+        url = leader.get("url")
+        return url if isinstance(url, str) and url.startswith("meta://") else None
+
+    def not_master(self):
+        """``errors.NotMaster`` (503, naming the master when known) while ``slave_refusal`` refuses puts, else None:
+        what an offset commit gets on a broker that is not the master. The same one decision as a put's, so a
+        deposed master refuses commits from the moment it refuses puts (its lease, not its next election pass)."""
+        refusal = self.slave_refusal
+        if refusal is None:
+            return None
+        return errors.not_master(refusal, self.master_url)
+
+    @property
+    def unconfirmable_refusal(self):
+        """Why a ``sync`` master refuses a put before writing it (no slave could confirm it), or None
+        (``ReplicationServer.no_slave_refusal``)."""
+        server = self.replication
+        return server.no_slave_refusal() if server is not None else None
+
+    @property
     def end_unknown(self):
         """True while this broker's partition ends may be short of the master's: a slave not linked, or linked and
         not caught up (a member waiting for an election too). A read past our end is then "not here yet", never

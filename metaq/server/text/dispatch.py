@@ -132,7 +132,8 @@ class TextDispatcher:
                                     error_reply=error_reply)  # put_prio, get_prio (docs/messaging.md "Priorities")
         self._handlers[PriorityPut] = priorities.put_prio
         self._handlers[PriorityGet] = priorities.get_prio
-        offsets = TextOffsets(store, group_members)  # commit_offset, query_offset (offsets/text.py)
+        # commit_offset (the master's only), query_offset (offsets/text.py)
+        offsets = TextOffsets(store, group_members, put_path.check_master)
         self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
         self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
         self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (docs/messaging.md "Key index")
