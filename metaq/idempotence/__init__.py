@@ -16,8 +16,9 @@ logic (the protocol layer: pure decisions, the time passed in)
     window.py    ProducerTable: each producer-partition's window (duplicate / store / too old), its bounds,
                  snapshots' bytes
 state (the store layer: files and in-memory state; no socket, gevent or clock)
-    state.py     Idempotence: the one owner of producer state: the put's decision and append, what the log
-                 teaches (a slave's replicated records, recovery's replay, a rebuild), cuts, snapshot files
+    state.py     Idempotence: the one owner of producer state: the put's decision and append; a subscriber of
+                 the log follower (``store/follower.py``) for what the log teaches (a slave's replicated
+                 records, the replay at open, a rebuild, cuts); snapshot files
 front-end (the server layer: a front-end's handlers)
     text.py      the text handler of put_idem
     fasttext.py  the text port's put_idem burst path: pipelined put_idem frames stored and answered in one pass

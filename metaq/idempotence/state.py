@@ -12,39 +12,33 @@ its methods; each of them changes the table (``idempotence.window.ProducerTable`
   path: ``metaq.idempotence.burst``), and ``put_run`` appends a burst's run of one producer's next sequences
   with the store's plain burst writer and records it in one step. Nothing in between yields to the event
   loop (the store never does), so two concurrent resends of one sequence cannot both be stored.
-* replication (a slave's apply of the master's log): ``follow(append)`` runs the append and learns the
-  records it wrote (``replay``), as one change of the table.
-* recovery (at open): ``load(end)``, a snapshot and a ``replay`` of the log after it, or a ``rebuild``.
-* a cut (a slave's divergent tail, ``MessageStore.truncate_log``): ``cut(position)``.
+* everything else the log teaches it: ``Idempotence`` is a subscriber of the store's log follower
+  (``store/follower.py``) that follows the written end. The follower hands it the records past its ``position``
+  (``learn``): a range without the ``MARK`` bytes (``mmap.find``, no copy) is passed whole; otherwise its
+  records are walked and only those whose bytes hold the mark are decoded. On the master the appends above
+  move ``position`` to the written end as they record, so the follower never hands their records over again
+  (no other record can carry an identity: ``idempotence.records``). On a slave, ``follow(append, catch_up)``
+  runs the apply of a replicated chunk and the store's step of the follower for this state alone, as one change
+  of the table: the table is current when the apply returns (a promotion may take puts at once).
 
-The entry points that follow the log (``replay``, ``learn``, ``rebuild``, ``cut``, ``load``) take log positions
-and read the log themselves:
+What the follower asks of it (its rules: ``store/follower.py``):
 
-* ``replay(start, end)``: learn from every idempotent record in ``[start, end)``
-  of the log. A segment range without the ``MARK`` bytes (``mmap.find``, no copy) is skipped
-  whole; otherwise its records are walked and only those whose attribute holds
-  the mark are decoded (``learn``, one record).
-* ``save`` (at every store checkpoint, and so at a clean close): the table's
-  snapshot with the log position it covers, written to ``producers`` (temp file +
-  fsync + rename + directory fsync); the one it replaces is kept as
-  ``producers.prev``. Skipped when the table did not change and the log grew by
-  less than ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one.
-* ``load(end)`` (at open, after recovery): the newest snapshot that passes its
-  checks and covers no more than the recovered log (a recovery that cut the log
-  below a snapshot's position makes that snapshot unusable), then a replay from
-  its position to ``end``; with none usable, a rebuild from the start of the
-  log. A corrupt snapshot is logged and skipped, never fatal.
-* ``rebuild(end)``: forget everything, replay the whole log up to ``end``.
-* ``cut(position)`` (the log was cut back to ``position``):
-  the snapshots past ``position`` are deleted, and the table is rebuilt from the
-  newest one left (or the log start) up to ``position``.
+* ``load`` (at open, after recovery): the newest snapshot that passes its checks, and its position; the
+  follower's step at open then replays the log from there. A corrupt snapshot is logged and skipped, never
+  fatal; one past the recovered end (a recovery that cut the log below its position) makes the follower ``cut``.
+  None usable: ``rebuild`` from the log start (the snapshots are deleted).
+* ``cut(position)`` (the log was cut back: a slave's divergent tail, ``MessageStore.truncate_log``, or a
+  snapshot past the recovered end): the snapshots past ``position`` are deleted and the newest one left is
+  loaded (or an empty table at the log start); the follower replays from its position.
+* ``checkpoint`` (every store checkpoint, and so a clean close): ``save``, the table's snapshot with the position
+  it covers, written to ``producers`` (temp file + fsync + rename + directory fsync); the one it replaces is
+  kept as ``producers.prev``. Skipped when the table did not change and the position moved by less than
+  ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one.
 
-The copy a snapshot writes is taken on the loop thread right before the
-checkpoint goes to its worker (``capture``, from ``MessageStore.prepare_checkpoint``);
-a checkpoint without one (open, close, a cut: all on the loop thread) copies
-itself. The position a snapshot covers is the written end at the copy, so it
-may be ahead of the flushed end: a power loss that takes the tail makes
-recovery end below it, and ``load`` falls back to the previous snapshot or the log.
+The copy a snapshot writes is taken on the loop thread right before the checkpoint goes to its worker
+(``capture``, from ``MessageStore.prepare_checkpoint``); a checkpoint without one (open, close, a cut: all on the
+loop thread) copies itself. The position a snapshot covers may be ahead of the flushed end: a power loss that
+takes the tail makes recovery end below it, and the follower's cut falls back to the previous snapshot or the log.
 """
 
 import logging
@@ -56,10 +50,11 @@ from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, id
 from metaq.errors import ClientError
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
+from metaq.store.follower import WRITTEN
 from metaq.store.files import fsync_dir, unlink_quietly, write_atomically
 from metaq.idempotence.window import OLDER, ProducerTable, SnapshotError, snapshot_position
 from metaq.store.recovery import refuse_unreadable
-from metaq.store.record import ATTR_LEN, BLANK_MAGIC, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
+from metaq.store.record import ATTR_LEN, FIXED_OVERHEAD, MARKER, MESSAGE_MAGIC, PREFIX, TOPIC_START, \
     record_size
 from metaq.store.results import PutResult
 
@@ -73,7 +68,10 @@ _TOPIC_LEN = struct.Struct(">h")
 
 
 class Idempotence:
-    """The broker's idempotent-put state over one commit log (see the module docstring)."""
+    """The broker's idempotent-put state over one commit log, a subscriber of its log follower that learns the written
+    records (see the module docstring)."""
+
+    follows = WRITTEN
 
     def __init__(self, root, log_, partition_of, put, written, ttl_ms):
         """``put``: ``MessageStore.put``; ``written()``: the log's written end; ``partition_of((topic, partition))``:
@@ -90,7 +88,9 @@ class Idempotence:
         self.duplicates = 0  # answered with the original
         self.older_duplicates = 0
         self.different = 0  # resends refused: another message under a stored sequence
-        self.rebuilds = 0  # loads or cuts that had to replay the log from its start
+        self.rebuilds = 0  # opens or cuts that had to learn the log from its start
+        self.position = 0  # every record before it is learned (the follower's subscriber position)
+        self._problem = None  # why load found nothing to trust: said by rebuild
         self._saved_generation = None  # the table's generation and the position of the last snapshot written
         self._saved_position = 0
         self._captured = None  # capture's copy for the next save
@@ -132,6 +132,8 @@ class Idempotence:
             for run in runs:
                 table.record_run(pid, topic, partition, seq, run.first_offset, run.count, now_ms)
                 seq += run.count
+            if runs:
+                self.position = self._written()  # learned here: the follower never hands these over again
         finally:
             table.end()
         self.puts += taken
@@ -162,6 +164,7 @@ class Idempotence:
         try:
             r = self._put(topic, partition, flag, data, now_ms, born_ms=born_ms, checksum=checksum)
             table.record(pid, topic, partition, seq, r.offset, now_ms)
+            self.position = self._written()  # learned here: the follower never hands it over again
         finally:
             table.end()
         self.puts += 1
@@ -185,72 +188,154 @@ class Idempotence:
         _len, checksum, msg_id, _flag = HEADER.unpack_from(seg.view, rel + TOPIC_START + tlen)
         return PutResult(msg_id, partition, offset, unit[0] + unit[1]), unit[0], checksum
 
-    # -- learning from the log -------------------------------------------------------------
+    # -- following the log (a subscriber of store/follower.py) ------------------------------
 
-    def follow(self, append):
+    def follow(self, append, catch_up):
         """Run ``append()``, which writes records at the log's written end that were not decided here (a slave's
-        apply of a replicated chunk), and learn what it wrote (``replay``) as one change of the table: a snapshot
-        copied meanwhile never covers a log position the table has not learned. What ``append`` wrote before
-        raising is learned too. Returns what ``append`` returns."""
-        start = self._written()
+        apply of a replicated chunk), then ``catch_up()``, which brings this state to the written end (the store's
+        step of the follower for it alone), as one change of the table: a snapshot copied meanwhile never covers a
+        log position the table has not learned. What ``append`` wrote before raising is learned too. Returns what
+        ``append`` returns."""
         table = self.table
         table.begin()
         try:
             return append()
         finally:
             try:
-                self.replay(start, self._written())
+                catch_up()
             finally:
                 table.end()
 
-    def replay(self, start, end):
-        """Record every idempotent record in ``[start, end)`` (record boundaries); returns how many."""
+    def load(self, log_start, log_end):
+        """Open: the newest snapshot that passes its checks; returns the position it covers (the follower replays
+        the log from there, or cuts it back when it is past ``log_end``: a recovery cut the log below it), None
+        when none does (the follower rebuilds from the log start). A corrupt snapshot is logged and skipped."""
+        found = False
+        for path in (self.path, self.previous):
+            found = os.path.exists(path) or found
+            position = self._load_snapshot(path)
+            if position is not None:
+                return position
+        if found:
+            self._problem = "no usable snapshot"
+        elif log_end > log_start:
+            self._problem = "no snapshot"
+        return None
+
+    def _load_snapshot(self, path):
+        """The table and position from the snapshot at ``path``; its position, None when there is none or it is
+        unusable (the table is then empty)."""
+        data = self._read(path)
+        if data is None:
+            return None
+        try:
+            position = self.table.load(data)
+        except SnapshotError as exc:
+            log.error("idempotent producers: %s is unusable (%s): ignored", path, exc)
+            return None
+        self.position = position
+        log.info("idempotent producers: %d producer-partitions from %s (log position %d)",
+                 len(self.table), os.path.basename(path), position)
+        return position
+
+    def rebuild(self, position):
+        """Forget everything (the table and the snapshots on disk); the follower hands the log over again from
+        ``position``."""
+        self.table.clear()
+        for path in (self.path, self.previous):
+            unlink_quietly(path)
+        fsync_dir(self.root)
+        self.position = position
+        self.rebuilds += 1
+        problem, self._problem = self._problem, None
+        if problem is not None:
+            log.warning("idempotent producers: %s; rebuilt from the log from position %d", problem, position)
+
+    def learn(self, mm, base, rel, stop, end):
+        """Record the identities of the records of one segment's map ``mm`` (at log position ``base``) from ``rel``
+        while ``rel < stop``, each wholly before ``end``; returns where it stopped (``follower.Subscriber.learn``).
+        A range without the ``MARK`` bytes (``mmap.find``, no copy) is passed whole, up to ``end``; otherwise its
+        records are walked and only those whose bytes hold the mark are decoded (``_learn_record``). A change of
+        the table, with the position it reached."""
+        seg = self._log.segment_at(base)
+        if seg is not None:
+            refuse_unreadable(seg, rel, end)  # the find reads every page: never a SIGBUS
+        hit = mm.find(MARK, rel, end)
+        if hit < 0:
+            return end
         table = self.table
-        found = 0
         table.begin()
         try:
-            for seg in self._log.segments:
-                lo, hi = max(start, seg.start), min(end, seg.end)
-                if lo < hi:
-                    refuse_unreadable(seg, lo - seg.start, hi - seg.start)  # never a SIGBUS at every start
-                if lo < hi and seg.file.mm.find(MARK, lo - seg.start, hi - seg.start) >= 0:
-                    found += self._replay_segment(seg, lo - seg.start, hi - seg.start)
+            while rel < stop and end - rel >= MARKER.size:
+                total, magic = MARKER.unpack_from(mm, rel)
+                if magic != MESSAGE_MAGIC or total < FIXED_OVERHEAD or total > end - rel:
+                    break
+                if hit < rel + total:
+                    self._learn_record(mm, rel, total)
+                    hit = mm.find(MARK, rel + total, end)
+                rel += total
+                if hit < 0:  # no marked record left in the range
+                    rel = end
+                    break
+            self.position = max(self.position, base + rel)
         finally:
             table.end()
-        return found
+        return rel
 
-    def _replay_segment(self, seg, rel, stop):
-        view, mm = seg.view, seg.file.mm
-        found = 0
-        hit = mm.find(MARK, rel, stop)
-        while 0 <= hit and rel < stop and seg.size - rel >= MARKER.size:
-            total, magic = MARKER.unpack_from(view, rel)
-            if magic == BLANK_MAGIC or magic != MESSAGE_MAGIC or total < FIXED_OVERHEAD or rel + total > seg.size:
-                break
-            if hit < rel + total:
-                found += self.learn(view, rel, total)
-                hit = mm.find(MARK, rel + total, stop)
-            rel += total
-        return found
-
-    def learn(self, view, rel, total):
-        """The message record of ``total`` bytes at ``rel`` of a segment's ``view``: its identity recorded (store
-        time, topic, partition and offset from the record) when it carries one; returns 1 if it did, else 0."""
-        _t, _m, _c, part, qoff, store_ts, _b, tlen = PREFIX.unpack_from(view, rel)
+    def _learn_record(self, buf, rel, total):
+        """The message record of ``total`` bytes at ``rel`` of a segment's ``buf``: its identity recorded (store
+        time, topic, partition and offset from the record) when it carries one."""
+        _t, _m, _c, part, qoff, store_ts, _b, tlen = PREFIX.unpack_from(buf, rel)
         h = rel + TOPIC_START + tlen
-        msg_len, _chk, _id, flag = HEADER.unpack_from(view, h)
+        msg_len, _chk, _id, flag = HEADER.unpack_from(buf, h)
         if not flag & 1 or msg_len < ATTR_LEN.size:
-            return 0
-        (alen,) = ATTR_LEN.unpack_from(view, h + HEADER.size)
+            return
+        (alen,) = ATTR_LEN.unpack_from(buf, h + HEADER.size)
         a = h + HEADER.size + ATTR_LEN.size
         if alen < 0 or a + alen > rel + total:
-            return 0
-        ident = identity_in_attribute(bytes(view[a:a + alen]).decode("utf-8", "replace"))
+            return
+        ident = identity_in_attribute(bytes(buf[a:a + alen]).decode("utf-8", "replace"))
         if ident is None:
-            return 0
-        topic = bytes(view[rel + TOPIC_START:rel + TOPIC_START + tlen]).decode("utf-8", "replace")
+            return
+        topic = bytes(buf[rel + TOPIC_START:rel + TOPIC_START + tlen]).decode("utf-8", "replace")
         self.table.record(ident[0], topic, part, ident[1], qoff, store_ts)
-        return 1
+
+    def advance(self, position):
+        """Every record before ``position`` is learned (records without an identity, a blank tail)."""
+        self.position = max(self.position, position)
+
+    def cut(self, position):
+        """The log ends at ``position`` now: the snapshots past it are deleted and the newest one left is loaded
+        (none: an empty table at the log start); the follower then hands over the log from its position."""
+        for path in (self.path, self.previous):
+            data = self._read(path)
+            covered = None if data is None else snapshot_position(data)
+            if covered is not None and covered > position:
+                log.warning("idempotent producers: %s covers the log up to %d, past its end %d: deleted",
+                            os.path.basename(path), covered, position)
+                unlink_quietly(path)
+        if os.path.exists(self.previous) and not os.path.exists(self.path):
+            os.replace(self.previous, self.path)
+        fsync_dir(self.root)
+        for path in (self.path, self.previous):
+            if self._load_snapshot(path) is not None:
+                return
+        self.table.clear()
+        start = self._log.start
+        self.position = position if start is None else min(start, position)
+        self.rebuilds += 1
+
+    def drop_below(self, log_start):
+        """Retention: nothing to let go of (a producer's window outlives its records: ``original`` answers a
+        deleted one)."""
+        return []
+
+    def checkpoint(self, if_changed=False):
+        """BLOCKING: ``save`` (which skips a snapshot that says nothing new by its own rule)."""
+        self.save()
+
+    def close(self):
+        """No files held open."""
 
     # -- snapshots -------------------------------------------------------------------------
 
@@ -261,18 +346,18 @@ class Idempotence:
 
     def _copy_if_due(self):
         if (self.table.generation == self._saved_generation
-                and self._written() - self._saved_position < IDEMPOTENCE_SNAPSHOT_BYTES):
+                and self.position - self._saved_position < IDEMPOTENCE_SNAPSHOT_BYTES):
             return None
-        copied = self.table.copy(self._written)
+        copied = self.table.copy(lambda: self.position)
         if copied is None:
             log.info("idempotent producers: no quiet moment for a snapshot; the next checkpoint tries again")
         return copied
 
     def save(self):
-        """BLOCKING: write the table's snapshot (keeping the previous one): the copy ``capture`` took, else one
-        taken now. False when none was written: nothing changed and the log grew less than
-        ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one (a restart then replays that much), or no quiet
-        moment came for a copy from this worker thread (the next checkpoint tries again)."""
+        """BLOCKING: write the table's snapshot with the position it covers (keeping the previous one): the copy
+        ``capture`` took, else one taken now. False when none was written: nothing changed and the position moved
+        less than ``limits.IDEMPOTENCE_SNAPSHOT_BYTES`` since the last one (a restart then replays that much), or no
+        quiet moment came for a copy from this worker thread (the next checkpoint tries again)."""
         copied, self._captured = self._captured, None
         if copied is None:
             copied = self._copy_if_due()
@@ -291,50 +376,6 @@ class Idempotence:
                 return f.read(MAX_SNAPSHOT_BYTES)
         except FileNotFoundError:
             return None
-
-    def load(self, end):
-        """At open: the newest usable snapshot, then the records after it up to ``end`` (see the module doc)."""
-        for path in (self.path, self.previous):
-            data = self._read(path)
-            if data is None:
-                continue
-            try:
-                position = self.table.load(data)
-            except SnapshotError as exc:
-                log.error("idempotent producers: %s is unusable (%s): ignored", path, exc)
-                continue
-            if position > end:
-                log.warning("idempotent producers: %s covers the log up to %d but it ends at %d (cut by "
-                            "recovery): ignored", path, position, end)
-                self.table.clear()
-                continue
-            n = self.replay(position, end)
-            log.info("idempotent producers: %d producer-partitions from %s (log position %d), %d records replayed",
-                     len(self.table), os.path.basename(path), position, n)
-            return position
-        return self.rebuild(end)
-
-    def rebuild(self, end):
-        """Forget everything and learn from the whole log up to ``end``; returns the start replayed from."""
-        self.table.clear()
-        start = self._log.start or 0
-        n = self.replay(start, end)
-        self.rebuilds += 1
-        if n:
-            log.warning("idempotent producers: rebuilt from the log (%d idempotent records)", n)
-        return start
-
-    def cut(self, position):
-        """The log was cut back to ``position``: drop the snapshots past it, rebuild the table up to it."""
-        for path in (self.path, self.previous):
-            data = self._read(path)
-            covered = None if data is None else snapshot_position(data)
-            if covered is not None and covered > position:
-                unlink_quietly(path)
-        if os.path.exists(self.previous) and not os.path.exists(self.path):
-            os.replace(self.previous, self.path)
-        fsync_dir(self.root)
-        self.load(position)
 
     # -- stats -----------------------------------------------------------------------------
 

@@ -92,14 +92,15 @@ class LogFollower:
             sub.cut(log_end)
         self._subs.append(sub)
 
-    def step(self, flushed, written, max_bytes=None):
+    def step(self, flushed, written, max_bytes=None, only=None):
         """Hand every subscriber the records past its position up to its end (``flushed`` or ``written``), at most
         ``max_bytes`` of log from the lowest position (None: all of it); True while a subscriber moved and one still
-        has more to learn."""
+        has more to learn. ``only``: that subscriber alone, the others left where they are (a caller that needs it
+        current at once)."""
         ends = {FLUSHED: flushed, WRITTEN: written}
         start = self._log.start
         todo = []
-        for sub in self._subs:
+        for sub in self._subs if only is None else (only,):
             pos = sub.position if start is None else max(sub.position, start)
             if pos < ends[sub.follows]:
                 todo.append((pos, sub))

@@ -92,11 +92,11 @@ class MessageStore:
             self._topic_retention(now_ms, {})
             self._ids = IdGenerator(config.broker_id, last_id)
             self.follower.add(self.keys, self._pos.written)
+            self.follower.add(self.idempotence, self._pos.written)
             self.follower.step(self._pos.flushed, self._pos.written)  # the tail the saved states do not cover
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
-            self.idempotence.load(self._pos.written)
             self.checkpoint(now_ms)
         except BaseException:
             self._release()
@@ -412,8 +412,8 @@ class MessageStore:
         return changed
 
     def follow_log(self, max_bytes=KEY_INDEX_STEP_BYTES):
-        """A step of the log follower's subscribers (the key index) behind the log (loop thread; None: the whole
-        tail); True while more is left and they move."""
+        """A step of the log follower's subscribers (``follower.subscribers``) behind the log (loop thread; None: the
+        whole tail); True while more is left and they move."""
         return self.follower.step(self._pos.flushed, self._pos.written, max_bytes)
 
     def should_flush(self, now_ms):
@@ -459,7 +459,6 @@ class MessageStore:
             self._checkpoint_serial, self._checkpointed = serial, (pos, last_id, floors)
         self._pos.checkpointed_at(pos)
         self.consumer_offsets.save()
-        self.idempotence.save()
         self.follower.checkpoint(if_changed)
         self.drop_cold_pages()
         return pos
@@ -494,8 +493,9 @@ class MessageStore:
 
     def append_replicated(self, position, data, now_ms, master_segment_size=None):
         """Slave: check, then append a chunk of the master's log at the same positions; returns the new end."""
-        end, last_id = self.idempotence.follow(  # the producers' state learns the records (idempotence/state.py)
-            lambda: replica.append_replicated(self._replica, position, data, now_ms, master_segment_size))
+        end, last_id = self.idempotence.follow(  # the producers' state learns them at once (idempotence/state.py)
+            lambda: replica.append_replicated(self._replica, position, data, now_ms, master_segment_size),
+            self._follow_idempotence)
         if last_id is not None:
             self._ids.seed(last_id)
         return end
@@ -504,11 +504,16 @@ class MessageStore:
         """Cut the log (and index units) back to the record boundary ``position``; returns a TruncateReport."""
         report = replica.truncate_log(self._replica, position)
         if report.old_end != position:
-            self.idempotence.cut(position)
             self.follower.cut(position)
+            self._follow_idempotence()  # the producers' state current at once, as after an append
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
+
+    def _follow_idempotence(self):
+        """The idempotent producers' state learns the log up to its written end now (a slave's apply and cut:
+        a promotion may take puts at once), the other subscribers left to the follower's steps."""
+        self.follower.step(self._pos.flushed, self._pos.written, only=self.idempotence)
 
     # -- record lookups for RocketMQ pulls (see lookup.py) -------------------
 
