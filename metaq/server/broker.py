@@ -56,6 +56,7 @@ class Broker:
         self.stats = BrokerStats()
         self.waiters = PartitionWaiters(config.limits.max_parked_gets)
         self.stopping = False
+        self.pressure_deleted_segments = 0  # segments retention deleted young to relieve the disk (stats)
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
         self._tasks = []
@@ -172,7 +173,8 @@ class Broker:
         disk = self.gate.disk_state
         return NodeFacts(self.config.broker.id, self.port, not self.roles.is_master, self.connection_count,
                          self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
-                         bool(self.gate.refusal), self.registry.state if self.registry is not None else "standalone")
+                         bool(self.gate.refusal), self.registry.state if self.registry is not None else "standalone",
+                         self.pressure_deleted_segments)
 
     def _flush_failed(self):
         self.gate.refresh(flush_failure=self.flusher.failure)
@@ -323,6 +325,11 @@ class Broker:
             return None
         if report.deleted_segments:
             log.info("retention deleted %d segments (%d bytes)", len(report.deleted_segments), report.freed_bytes)
+        if report.pressured_segments:
+            self.pressure_deleted_segments += report.pressured_segments
+            log.warning("disk pressure: %d segments deleted before their retention time on this %s; reads below the "
+                        "new first offsets answer as past the log's start", report.pressured_segments,
+                        "master" if self.roles.is_master else "slave")
         return report
 
     def stop(self):

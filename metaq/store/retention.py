@@ -32,6 +32,7 @@ class RetentionReport:
     deleted_index_files: List[str] = field(default_factory=list)
     raised_min_offsets: dict = field(default_factory=dict)  # (topic, partition) -> new min offset
     reason: str = ""
+    pressured_segments: int = 0  # of the deleted, those young enough to keep but for the disk's usage
 
 
 def plan_deletion(segments, now_ms, retention_ms, usage_ratio=None, warn_ratio=1.0, disk_total_bytes=None):
@@ -86,7 +87,8 @@ def apply_retention(log_, partitions, limit, written, root, config, now_ms, disk
         usage = disk_usage(root)
         total = usage.used_bytes + usage.available_bytes
     count, reason = plan_deletion(infos, now_ms, config.retention_ms, disk_usage_ratio, config.disk_warn_ratio, total)
-    report = RetentionReport(reason=reason)
+    report = RetentionReport(reason=reason, pressured_segments=sum(
+        1 for seg in infos[:count] if now_ms - seg.mtime_ms <= config.retention_ms))
     if count:
         for seg in log_.delete_oldest(count):
             report.deleted_segments.append(seg.file.path)

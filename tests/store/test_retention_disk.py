@@ -104,6 +104,7 @@ def test_disk_pressure_deletes_young_segments_above_the_warn_mark(data_dir):
     assert s.retention(last, disk_usage_ratio=0.5).deleted_segments == []
     report = s.retention(last, disk_usage_ratio=0.99)
     assert len(report.deleted_segments) == n - 1 and "warn mark" in report.reason
+    assert report.pressured_segments == n - 1  # all young: what stats counts as disk_pressure_deleted_segments
     s.close(last)
 
 
