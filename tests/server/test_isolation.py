@@ -9,6 +9,7 @@ from metaq import errors
 from metaq.server.config import DEFAULT_MAX_ISOLATION_MS, ConfigError, load_config
 from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
 from metaq.server.replication import isolation
+from metaq.server.replication.election import Election
 from metaq.server.replication.leadership import Lease
 from metaq.server.replication.master import ReplicationServer
 
@@ -82,6 +83,16 @@ def test_a_live_slave_is_heard_within_a_quarter_of_the_bound():
     assert server.isolation_s == 1.0 and server.heartbeat_s == 0.25 and server.heard_at is None
     off = ReplicationServer(None, None, load_config(None, dict(HA, **{"replication.max_isolation_ms": 0})))
     assert off.isolation_s == 0 and off.heartbeat_s == 1.0
+
+
+def test_the_lease_is_renewed_within_a_quarter_of_the_bound():
+    def every(overrides):
+        return Election(load_config(None, overrides), None, None, None, "/ids/7", lambda: "meta://h:1").renew_every_s()
+
+    assert every(dict(HA)) == 0.25  # the bound (1 s), not the lease (15 s), sets the pace
+    assert every(dict(HA, **{"replication.max_isolation_ms": 0})) == 15.0 / 4
+    assert every(dict(HA, **{"replication.mode": "sync"})) == 15.0 / 4
+    assert every(dict(HA, **{"replication.max_isolation_ms": 60000})) == 15.0 / 4  # the lease's pace when shorter
 
 
 def test_the_lease_remembers_when_zookeeper_last_confirmed_us():
