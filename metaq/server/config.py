@@ -212,6 +212,10 @@ class TransactionsSection(_Section):
         return self
 
 
+#: ``replication.max_isolation_ms`` when unset, with ``ha: auto`` and ``async`` mode.
+DEFAULT_MAX_ISOLATION_MS = 1000
+
+
 class ReplicationSection(_Section):
     """Master→slave replication (DESIGN §8; docs/replication.md)."""
 
@@ -225,6 +229,8 @@ class ReplicationSection(_Section):
     lease_ms: Optional[int] = Field(None, ge=100)  # default: half of zk.session_timeout_ms (Config.lease_ms)
     insync_lag_ms: int = Field(2000, ge=10, le=60000)  # sync mode: a member behind for this long leaves the in-sync set
     election_settle_ms: int = Field(500, ge=0)  # how long candidates wait for each other's positions
+    # async master: acknowledge only while a slave or ZooKeeper was heard within this (null: Config.max_isolation_ms)
+    max_isolation_ms: Optional[int] = Field(None, ge=0, le=600000)
     advertised_address: Optional[str] = None  # HOST:PORT the other members dial for our port (NAT, a proxy)
 
     @field_validator("slave_of", "advertised_address")
@@ -475,6 +481,18 @@ class ServerConfig(_Section):
     def lease_ms(self):
         """How long a master acknowledges writes after ZooKeeper last confirmed its leadership (ha: auto)."""
         return self.replication.lease_ms or self.zk.session_timeout_ms // 2
+
+    def max_isolation_ms(self):
+        """How long an ``async`` master acknowledges after it last heard from a slave or ZooKeeper
+        (``replication/isolation.py``); 0: no bound. Off in ``sync`` mode (a put waits for the slaves) and without
+        a replication port (a standalone broker never refuses); unset: DEFAULT_MAX_ISOLATION_MS with ``ha: auto``
+        (a member may be elected without anyone deciding), off with ``ha: manual`` (a person promotes)."""
+        rep = self.replication
+        if rep.mode != "async" or not rep.port:
+            return 0
+        if rep.max_isolation_ms is not None:
+            return rep.max_isolation_ms
+        return DEFAULT_MAX_ISOLATION_MS if rep.ha == "auto" else 0
 
     @model_validator(mode="after")
     def _body_fits(self):

@@ -15,12 +15,14 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
+import time
 
 from metaq import errors
 from metaq.auth.acl import PUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
 from metaq.priorities.wire import is_level_topic, level_refusal, level_topic
+from metaq.server.replication import isolation
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +107,15 @@ class PutPath:
     @property
     def refusal(self):
         """Why this broker takes no puts right now, or None."""
-        return self.roles.slave_refusal or self.gate.refusal
+        return self.roles.slave_refusal or self.gate.refusal or self.isolation_refusal()
 
     def writable_refusal(self):
         """Why this broker takes no puts right now, as the error a put gets, or None: Unavailable (503) on a slave
         or after a failed flush, DiskFull (507) on a full disk, Unavailable (503, "nothing was stored") on a
-        ``sync`` master no slave could confirm a put for (``Roles.unconfirmable_refusal``): refused before the
-        write, so a client's retry stores nothing twice."""
-        refusal = self.roles.slave_refusal
+        ``sync`` master no slave could confirm a put for (``Roles.unconfirmable_refusal``) or on an ``async`` master
+        cut off from its slaves and ZooKeeper (``isolation_refusal``): refused before the write, so a client's
+        retry stores nothing twice."""
+        refusal = self.roles.slave_refusal or self.isolation_refusal()
         if refusal is not None:
             return errors.Unavailable(refusal)
         if self.gate.refusal is not None:
@@ -130,6 +133,16 @@ class PutPath:
         exc = self.roles.not_master()
         if exc is not None:
             raise exc
+
+    def isolation_refusal(self):
+        """Why this ``async`` master may be cut off and must acknowledge nothing (``replication/isolation.py``:
+        no slave's ACK and no ZooKeeper confirmation within ``replication.max_isolation_ms``), or None."""
+        server = self.roles.replication
+        if server is None or self.roles.slave_link is not None:
+            return None
+        election = self.roles.election
+        zk_heard_at = election.lease.confirmed_at if election is not None else None
+        return isolation.refusal(server.isolation_s, time.monotonic(), server.heard_at, zk_heard_at)
 
     def check_writable(self):
         """Raise ``writable_refusal``'s error, if any (a write that names no client topic: a commit, a cancel)."""

@@ -7,7 +7,8 @@ from tests.harness.http import request, with_http
 
 
 def test_an_ha_auto_master_whose_lease_ran_out_is_not_ready(broker_factory, tmp_path, own_zk):
-    group = Group(broker_factory, tmp_path, own_zk.connect, n=1, mode="async", start=False)
+    group = Group(broker_factory, tmp_path, own_zk.connect, n=1, mode="async", start=False,
+                  max_isolation_ms=0)  # the lease alone (the bound would refuse first: test_isolated_master.py)
     [b] = group.members
     with_http(b.config)
     b.start()

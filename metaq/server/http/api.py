@@ -40,7 +40,8 @@ def _plain(value):
 
 def readiness(stopping, replication, write_refusal, read_refusal):
     """``None`` when ready, else why not (``/readyz``). ``replication``: the ``stats`` replication pairs as a dict;
-    ``write_refusal``: the WriteGate's refusal (a full disk, a failed flush) or the master's lease refusal."""
+    ``write_refusal``: the WriteGate's refusal (a full disk, a failed flush), the master's lease refusal or its
+    isolation refusal (``replication.max_isolation_ms``)."""
     if stopping:
         return "the broker is shutting down"
     if read_refusal:
@@ -83,6 +84,7 @@ class BrokerViews:
         refusal = path.gate.refusal
         if self.roles.role != "slave" and path.slave_refusal:  # ha: auto, a master whose lease ran out
             refusal = refusal or path.slave_refusal
+        refusal = refusal or path.isolation_refusal()  # an async master cut off from its slaves and ZooKeeper
         return readiness(self.stopping(), dict(self.roles.stats_values()), refusal, self.roles.read_refusal)
 
     def healthz(self, request):

@@ -102,6 +102,7 @@ class Election:
         self.lag_s = rep.insync_lag_ms / 1000.0
         self.lease_s = config.lease_ms() / 1000.0
         self.lease = Lease(self.lease_s)
+        self.isolation_s = config.max_isolation_ms() / 1000.0
         self.leader_path = ids_path + "/leader"
         self.insync_path = ids_path + "/insync"
         self.candidates_path = ids_path + "/candidates"
@@ -391,7 +392,7 @@ class Election:
             return
         granted = self.granted_timeout()
         self.lease.duration_s = min(self.lease_s, granted / 2.0) if granted else self.lease_s
-        if time.monotonic() - self._last_renew >= self.lease.duration_s / 4.0:
+        if time.monotonic() - self._last_renew >= self.renew_every_s():
             self._last_renew = time.monotonic()
             self._renew(self._last_renew, self.lease.generation)
         server = self.roles.replication
@@ -399,6 +400,12 @@ class Election:
             self.term.tick(self.store.written_position, server.positions(), server.changed, self._depose)
 
     _last_renew = 0.0
+
+    def renew_every_s(self):
+        """A quarter of the lease, and of ``max_isolation_ms`` when set: ZooKeeper's word on our leadership is
+        never older than that while it answers (``isolation.py`` counts it as contact)."""
+        every = self.lease.duration_s / 4.0
+        return min(every, self.isolation_s / 4.0) if self.isolation_s else every
 
     def _renew(self, sent, generation):
         """Confirm our leadership: ``sync`` (the server catches up with the ensemble), then the leader node."""

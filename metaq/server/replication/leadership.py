@@ -45,18 +45,21 @@ class Lease:
         self.until = 0.0
         self.reason = "it has not been elected"
         self.generation = 0
+        self.confirmed_at = None  # when the last request that confirmed our leadership was sent (monotonic)
 
     def renew(self, sent_at, generation=None):
         """A request sent at ``sent_at`` (when the lease was at ``generation``) confirmed our leadership."""
         if generation is not None and generation != self.generation:
             return False  # revoked since that request left
         self.until = max(self.until, sent_at + self.duration_s)
+        self.confirmed_at = sent_at if self.confirmed_at is None else max(self.confirmed_at, sent_at)
         self.reason = None
         return True
 
     def revoke(self, reason):
         self.generation += 1
         self.until = 0.0
+        self.confirmed_at = None
         self.reason = reason
 
     def refusal(self):

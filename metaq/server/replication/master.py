@@ -54,6 +54,11 @@ class ReplicationServer:
         self.host = config.broker.host
         self.port = rcfg.port
         self.slaves = {}  # id(conn state) -> SlaveState
+        self.heard_at = None  # when any slave last sent an ACK (monotonic); None: none since this server started
+        self.isolation_s = config.max_isolation_ms() / 1000.0  # 0: no bound (isolation.py)
+        #: an idle link's heartbeat (each one ACKed): a quarter of max_isolation_ms at most, so a live slave is
+        #: always heard within that bound
+        self.heartbeat_s = min(HEARTBEAT_S, self.isolation_s / 4.0) if self.isolation_s else HEARTBEAT_S
         self._data = Event()  # new log bytes may be there
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self.listener = None
@@ -316,7 +321,7 @@ class ReplicationServer:
             if now >= state.offsets_due or state.offsets_version is None:  # caught up: the whole table at once
                 self._send_offsets(sock, state, now)
                 continue  # it yielded: look at the log again before waiting for news of it
-            if now - last_hb >= (HEARTBEAT_S if state.sent >= store.written_position else HEARTBEAT_BUSY_S):
+            if now - last_hb >= (self.heartbeat_s if state.sent >= store.written_position else HEARTBEAT_BUSY_S):
                 send_event(sock, self._heartbeat())
                 last_hb = now
             self._data.clear()
@@ -359,6 +364,7 @@ class ReplicationServer:
                                     "sent up to %d; closing the link", state.slave_id, state.address,
                                     event.written_position, event.durable_position, state.sent)
                         return
+                    self.heard_at = time.monotonic()
                     state.written = max(state.written, event.written_position)
                     state.durable = max(state.durable, event.durable_position)
                     self._on_ack()
