@@ -198,12 +198,11 @@ class Consumer:
         ``filter``: a callable ``message -> bool``, an attribute string (messages whose attribute equals it) or
         an iterable of attribute strings; messages filtered out are skipped (their offsets advance). An attribute
         filter is applied by the broker (``get_tags``, docs/messaging.md "Tag filtering"), and again here. ``orderly``:
-        a
-        failing message holds its partition, retried with backoff until it succeeds (or the consumer closes),
+        a failing message holds its partition, retried with backoff until it succeeds (or the consumer closes),
         instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
         (``reqreply.client.replying``: docs/messaging.md "Request-reply"). ``priorities``: the topic's levels, for a
-        priority
-        topic (docs/messaging.md "Priorities": higher levels are fetched first; the broker refuses a wrong count). Call
+        priority topic (docs/messaging.md "Priorities": higher levels are fetched first; the broker refuses a wrong
+        count). Call
         before :meth:`start`.
         """
         topic = validate_topic(topic)

@@ -57,8 +57,8 @@ class Message:
 
     ``properties`` (a dict of str, empty by default) are RocketMQ message
     properties (``KEYS``, user properties ...): they travel in the attribute
-    after a ``\x02`` (docs/rocketmq.md), so a RocketMQ consumer sees
-    them, and messages sent by RocketMQ producers arrive with their tags as
+    after a ``\x02`` (docs/rocketmq.md), so a RocketMQ consumer sees them, and messages sent by RocketMQ producers
+    arrive with their tags as
     ``attribute`` and their other properties here.
 
     ``deliver_at`` (a datetime, naive = local time, or epoch milliseconds) or ``delay`` (a timedelta or seconds):
@@ -124,8 +124,7 @@ class Message:
         body, properties = self.body, self.properties
         if isinstance(self.key, (str, bytes, int)) and "KEYS" not in properties:
             # sent to be indexed (docs/messaging.md "Key index") when the index could take it; a key of another kind
-            # only
-            # picks the partition (the Spark sink passes the partition it chose that way)
+            # only picks the partition (the Spark sink passes the partition it chose that way)
             key = self.key_bytes()
             if key and len(key) <= limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:
                 properties = dict(properties, KEYS=key.decode("utf-8", "replace"))

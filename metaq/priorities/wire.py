@@ -1,6 +1,5 @@
 """Consumer priorities (docs/messaging.md "Priorities"), sans-IO: the level sub-queues' names, ``put_prio`` and
-``get_prio``,
-and the broker's choice of the level a ``get_prio`` serves.
+``get_prio``, and the broker's choice of the level a ``get_prio`` serves.
 
 A priority topic (``metaq-admin topics create <t> --priorities L``) has levels 0..L-1, L-1 the highest. Level 0
 is the topic itself (plain ``get``\\ s and RocketMQ pulls see it); level k >= 1 is stored as the internal topic

@@ -111,8 +111,7 @@ class Get(NamedTuple):
 class GetTags(NamedTuple):
     """``get_tags topic group partition offset maxSize tags [maxWaitMs [expect]] opaque`` (our extension;
     docs/messaging.md "Tag filtering"): a get of the records whose tags (the attribute before ``\\x02``) are among
-    ``tags``
-    (``A||B``: ``filters.wire``), found by the broker from its index units without reading the others.
+    ``tags`` (``A||B``: ``filters.wire``), found by the broker from its index units without reading the others.
 
     Reply ``value <len> opaque`` with body ``<next offset: int64>`` then, per record, ``<its offset: int64>`` and
     its MetaQ form: the client asks for ``next offset`` next, past the records it passed over. A body of the
@@ -234,8 +233,7 @@ class OffsetAt(NamedTuple):
 
 class Lookup(NamedTuple):
     """``lookup topic key sinceMs untilMs max cursor opaque`` (our extension; docs/messaging.md "Key index"): one page
-    of the
-    messages of ``topic`` with ``key`` (a ``KEYS`` word, a ``UNIQ_KEY``, the metaq client's key) stored within
+    of the messages of ``topic`` with ``key`` (a ``KEYS`` word, a ``UNIQ_KEY``, the metaq client's key) stored within
     ``[sinceMs, untilMs]``, newest first, at most ``max`` (cut to ``limits.MAX_KEY_QUERY_RESULTS``); ``cursor`` is
     ``-`` for the first page, then what the previous page returned.
 

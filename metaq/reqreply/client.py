@@ -1,6 +1,6 @@
 """Request-reply in the metaq client (docs/messaging.md "Request-reply"): ``Producer.request`` sends a message and
-waits for
-its reply; ``Consumer.subscribe(topic, handler, reply=True)`` sends what the handler returns back as the reply.
+waits for its reply; ``Consumer.subscribe(topic, handler, reply=True)`` sends what the handler returns back as the
+reply.
 
 The requester sends the text protocol's ``request`` (``metaq.protocol.events.Request``) to the broker of the
 partition its selector picks; the broker stores the message with a correlation id and answers with the reply

@@ -1,6 +1,5 @@
 """Request-reply on the remoting port (RocketMQ's RIP-16; docs/messaging.md "Request-reply"): SEND_REPLY_MESSAGE (324)
-and
-SEND_REPLY_MESSAGE_V2 (325) from a replier, PUSH_REPLY_MESSAGE_TO_CLIENT (326) to a requester.
+and SEND_REPLY_MESSAGE_V2 (325) from a replier, PUSH_REPLY_MESSAGE_TO_CLIENT (326) to a requester.
 
 A reply is routed by ``metaq.reqreply.service.ReplyRouter``: to a text-protocol requester waiting on this broker,
 or to the RocketMQ client its ``REPLY_TO_CLIENT`` names, found by its producer heartbeats

@@ -1,6 +1,5 @@
 """The text protocol's request-reply commands, ``request`` and ``reply`` (our extension; docs/messaging.md
-"Request-reply",
-``metaq.reqreply.records``, ``metaq.reqreply.service``).
+"Request-reply", ``metaq.reqreply.records``, ``metaq.reqreply.service``).
 
 ``request``: the request is entered in the pending table (503 past its bounds, nothing stored), its message
 stored with ``CORRELATION_ID``, ``REPLY_TO_CLIENT``, ``TTL`` and ``CLUSTER`` added, and, from a greenlet of

@@ -183,8 +183,7 @@ class PutPath:
 
     def stored_topic(self, topic, priority):
         """The topic a put to ``topic`` with ``priority`` is stored in (docs/messaging.md "Priorities": level k >= 1 of
-        a priority
-        topic is ``<topic>%P<k>``); ClientError, nothing stored, for a priority the topic does not have."""
+        a priority topic is ``<topic>%P<k>``); ClientError, nothing stored, for a priority the topic does not have."""
         s = self.store.topics.settings_of(topic)
         levels = s.priorities if s is not None else 0
         if not levels:

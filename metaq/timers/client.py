@@ -1,6 +1,5 @@
 """The client side of any delivery time (docs/messaging.md "Any delivery time", "Cancel"): ``Message(deliver_at=,
-delay=)``
-turned into ``put_at``'s ``when``, and ``Producer.cancel``."""
+delay=)`` turned into ``put_at``'s ``when``, and ``Producer.cancel``."""
 
 import datetime
 

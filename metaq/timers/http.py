@@ -1,6 +1,6 @@
 """The HTTP port's timer routes: what ``metaq-admin timers list|cancel`` does (docs/messaging.md "Cancel"), over the
-timer
-service (``timers/service.py``). Both need the ``admin`` permission, as the text commands ``timers`` and ``cancel``.
+timer service (``timers/service.py``). Both need the ``admin`` permission, as the text commands ``timers`` and
+``cancel``.
 
 ==================================  ================================================================================
 ``GET /api/timers``                 pending messages by due time: ``topic`` (else all), ``max`` (at most

@@ -1,6 +1,5 @@
 """The timer service's delivery window (``timers/service.py``; docs/messaging.md "Any delivery time"): the pending
-messages due
-soonest, in memory, in due order. Pure: no gevent, no SQLite, no clock (times come in as arguments).
+messages due soonest, in memory, in due order. Pure: no gevent, no SQLite, no clock (times come in as arguments).
 
 It holds every pending row not yet ended that is due before ``until`` (a load also takes the rows due at ``until``
 itself), at most ``MAX_TIMER_WINDOW_ROWS`` rows and ``MAX_TIMER_WINDOW_BYTES`` of their messages' data (always at

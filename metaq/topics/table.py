@@ -16,8 +16,7 @@ Per topic (table entries only): ``perm`` (``rw``, ``r``: puts refused, ``w``: re
 ``ordered`` (reported to RocketMQ clients as an orderly topic; a keyed producer keeps a key on one partition),
 ``retention_hours`` and ``retention_bytes`` (retention.py), ``priorities`` (0: none; 2..
 ``limits.MAX_PRIORITY_LEVELS`` levels, docs/messaging.md "Priorities") and ``priority_max_wait_ms`` (its starvation
-bound).
-A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``priorities/wire.py``): the catalog
+bound). A level k >= 1 of a priority topic is the internal topic ``<topic>%P<k>`` (``priorities/wire.py``): the catalog
 answers for it with its topic's partitions and permissions. ``base_offsets``: where a re-created
 topic's partitions start (the offsets of the deleted incarnation are never used again).
 

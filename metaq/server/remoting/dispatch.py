@@ -290,8 +290,8 @@ class RemotingDispatcher:
     def _pull_once(self, cmd, h, filt, max_nums, offset, readable=None):
         """``(response, offset)``: the response when there is something to say now, else None and the offset to
         read from when woken (past the units a filtered read passed over: docs/messaging.md "Tag filtering").
-        ``readable``:
-        for a group's retry topic, which copies this user may be served (``RemotingAcl.copies_readable``)."""
+        ``readable``: for a group's retry topic, which copies this user may be served
+        (``RemotingAcl.copies_readable``)."""
         store = self.store
         try:
             if filt is None:
