@@ -202,8 +202,7 @@ class Consumer:
         instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
         (``reqreply.client.replying``: docs/messaging.md "Request-reply"). ``priorities``: the topic's levels, for a
         priority topic (docs/messaging.md "Priorities": higher levels are fetched first; the broker refuses a wrong
-        count). Call
-        before :meth:`start`.
+        count). Call before :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):

@@ -58,8 +58,7 @@ class Message:
     ``properties`` (a dict of str, empty by default) are RocketMQ message
     properties (``KEYS``, user properties ...): they travel in the attribute
     after a ``\x02`` (docs/rocketmq.md), so a RocketMQ consumer sees them, and messages sent by RocketMQ producers
-    arrive with their tags as
-    ``attribute`` and their other properties here.
+    arrive with their tags as ``attribute`` and their other properties here.
 
     ``deliver_at`` (a datetime, naive = local time, or epoch milliseconds) or ``delay`` (a timedelta or seconds):
     delivered then, to the millisecond, up to 10 years ahead; a time in the past is delivered at once

@@ -347,8 +347,7 @@ class Flusher:
     def _index_loop(self):
         """The store's log follower steps its subscribers (the key index: docs/messaging.md "Key index") behind the
         log: after a round's waiters are answered, in steps of ``limits.KEY_INDEX_STEP_BYTES``, other greenlets running
-        between two
-        steps, until they are there."""
+        between two steps, until they are there."""
         while self._running:
             self._index_wanted.wait()
             self._index_wanted.clear()

@@ -7,8 +7,8 @@ Actions: ``create`` and ``alter`` take settings, ``delete`` none (``-``), ``list
 
 Keys: ``partitions``, ``perm`` (rw, r, w, -), ``ordered`` (0/1), ``retention_hours``, ``retention_bytes``
 (``none`` removes a retention setting), ``priorities`` and ``priority_max_wait_ms`` (docs/messaging.md "Priorities");
-their meaning and checks are the table's (``metaq.topics.table``).
-The broker answers ``result 200`` with a JSON body (the topic's settings; for ``list`` a list of them), or
+their meaning and checks are the table's (``metaq.topics.table``). The broker answers ``result 200`` with a JSON body
+(the topic's settings; for ``list`` a list of them), or
 ``result 400/403/404`` with the reason. A change needs the admin permission, ``list`` any user (docs/security.md).
 
 The command is declared here, in ``protocol.commands`` (``protocol.text`` imports this module, so the registry is
