@@ -34,8 +34,8 @@ state (the store layer: files and in-memory state; no socket, gevent or clock)
                  collected on the loop; cuts, retention's floor)
     handoff.py   what the master's own %TIMER% writes hand the subscriber, decoded and bounded
 service (the server layer: gevent)
-    service.py   TimerService: applies the subscriber's batches to timers.db, the delivery window's loop, exactly once after a crash; what both
-                 mechanisms share at a put and a delivery (place, deliver, announce)
+    service.py   TimerService: applies the subscriber's batches to timers.db, the delivery window's loop, exactly
+                 once after a crash; what both mechanisms share at a put and a delivery (place, deliver, announce)
     scheduler.py DelayScheduler: the delay levels' delivery, one greenlet per level, exactly once after a crash
 front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of put_at, cancel and timers
