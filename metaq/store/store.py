@@ -435,8 +435,8 @@ class MessageStore:
         return changed
 
     def follow_log(self, max_bytes=KEY_INDEX_STEP_BYTES):
-        """A step of the log follower's subscribers (the key index) behind the log (loop thread; None: the whole
-        tail); True while more is left and they move."""
+        """A step of the log follower's subscribers (the key index, the timer index) behind the log (loop thread;
+        None: the whole tail); True while more is left and they move."""
         return self.follower.step(self._pos.flushed, self._pos.written, max_bytes)
 
     def should_flush(self, now_ms):
