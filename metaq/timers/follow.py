@@ -13,8 +13,10 @@ that start in a span), never by walking the other topics' records: following a l
 lookup a span.
 
 * **Cut** (a slave's truncation past its position): the batch and the Handoff are dropped, the position goes back
-  to the cut, and timers.db is rewound there by the service before its next batch (``rewind``). What the cut
-  records did stays in timers.db (timers/service.py says why).
+  to the cut, and timers.db is rewound there by the service before its next batch (``rewind``), so the new
+  master's records written past the cut are learned. What the cut records did stays in timers.db: an entry of the
+  lost tail stays pending (an acknowledged put_at the async failover lost: delivered if this broker is promoted,
+  rather than lost) and a DONE or CANCEL of it stays an outcome.
 * **Retention** keeps every %TIMER% record timers.db has not committed (``retention_floor``): once committed, a
   message lives in timers.db, so a message due in a year does not pin the log. Records retention deleted all the
   same before they were learned are counted (``dropped``) and passed over (``drop_below``).
@@ -102,10 +104,10 @@ class TimerFollow:
         self.position = self.committed
         self._batch = Batch(self.committed_offset, self.committed)
 
-    def take_rewind(self):
-        """The ``(position, offset)`` timers.db must go back to before the next batch, or None."""
-        to, self.rewind = self.rewind, None
-        return to
+    def rewound(self, to):
+        """timers.db went back to ``rewind`` as it was (``to``); a cut that came meanwhile keeps its own."""
+        if self.rewind == to:
+            self.rewind = None
 
     def retention_floor(self):
         """The first %TIMER% record timers.db has not committed (None: there is none)."""

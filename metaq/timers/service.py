@@ -297,9 +297,10 @@ class TimerService:
 
     def _index_step(self):
         """Apply the subscriber's batch (after a rewind a cut asked for); False when it has no records (now)."""
-        to = self.follow.take_rewind()
-        if to is not None:  # taken here, after any batch being applied when the cut came
+        to = self.follow.rewind
+        if to is not None:  # here, after any batch being applied when the cut came
             self._call(self.index.rewind, to[1], to[0])
+            self.follow.rewound(to)
         if not self.follow.pending():
             return False
         batch = self.follow.take()

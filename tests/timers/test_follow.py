@@ -123,7 +123,12 @@ def test_a_cut_drops_the_batch_and_timers_db_goes_back_even_for_a_batch_being_ap
     assert sub.position == cut and sub.rewind == (cut, 2) and sub.pending() == 0
     sub.applied(batch)
     assert (sub.committed, sub.committed_offset) == (cut, 2)  # not past the cut: the rewind comes first
-    assert sub.take_rewind() == (cut, 2) and sub.take_rewind() is None
+    assert sub.rewind == (cut, 2)
+    store.truncate_log(timers[1][1], NOW)  # a second cut while timers.db goes back to the first
+    sub.rewound((cut, 2))
+    assert sub.rewind == (timers[1][1], 1)  # kept: timers.db goes back to it too
+    sub.rewound(sub.rewind)
+    assert sub.rewind is None
 
 
 def test_a_cut_behind_what_timers_db_holds_relearns_from_what_it_holds(store):
