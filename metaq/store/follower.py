@@ -14,8 +14,10 @@ durable records, as the key index) or the written end (``WRITTEN``). The followe
   at most ``max_bytes`` of log (the records that start within them: one at least, however large); each subscriber
   is handed, a segment at a time, the part of that range past its own position (``learn``) and moved past what it
   learned and past blank segment tails (``advance``). A subscriber further on than the range waits for the lowest
-  ones. Records that retention deleted before a subscriber learned them are passed over (it starts at the log
-  start). A walk stopped by bytes that are not a record where one should be stays there: the next step tries again.
+  ones. A subscriber that is ``full`` (optional: it holds what it learned until its owner takes it, and has no room
+  now) is passed over, so that it does not hold the others back; its owner wakes the steps once it made room.
+  Records that retention deleted before a subscriber learned them are passed over (it starts at the log start). A
+  walk stopped by bytes that are not a record where one should be stays there: the next step tries again.
 * **Cuts** (``cut``: a slave's truncation): every subscriber past the cut is told once, and learns again from it.
 * **Log start** (``log_starts``: retention): every subscriber lets go of what lies wholly below the new start.
 * **Checkpoint** (``checkpoint``, BLOCKING): every subscriber saves its state with its position.
@@ -104,7 +106,7 @@ class LogFollower:
         todo = []
         for sub in self._subs:
             pos = sub.position if start is None else max(sub.position, start)
-            if pos < ends[sub.follows]:
+            if pos < ends[sub.follows] and not getattr(sub, "full", False):
                 todo.append((pos, sub))
         if not todo:
             return False

@@ -78,6 +78,12 @@ class TimerFollow:
         ``indexed_offset``; before ``MessageStore.follower.add``."""
         self.committed, self.committed_offset = position, indexed_offset
 
+    @property
+    def full(self):
+        """The batch has no room: the follower passes it over until the service takes it (``take``)."""
+        b = self._batch
+        return bool(b.records) and (len(b.records) >= self.limit or b.nbytes >= self.max_bytes)
+
     def pending(self):
         """Records in the batch waiting for the service."""
         return len(self._batch.records)

@@ -89,6 +89,26 @@ def test_the_batch_holds_its_limit_and_the_next_record_waits_for_the_service(sto
     assert second.position == store.flushed_position
 
 
+def test_a_full_batch_does_not_hold_the_key_index_back(store):
+    from metaq.limits import KEY_INDEX_STEP_BYTES
+    for i in range(3):
+        store.put(TIMER_TOPIC, 0, 0, entry(i), NOW)
+    while store.written_position < 2 * KEY_INDEX_STEP_BYTES:
+        store.put("test", 0, 0, b"y" * 2000, NOW)
+    store.mark_flushed(store.flush_log())
+    sub = subscriber(store, limit=1)
+    steps = 0
+    while store.follow_log() and steps < 10_000:
+        steps += 1
+    assert sub.full and sub.pending() == 1
+    assert store.keys.position == store.flushed_position  # the key index went on without it
+    sub.take()
+    assert not sub.full
+    while store.follow_log():
+        pass
+    assert sub.pending() == 1 and sub.full  # the next one, once the service took the first
+
+
 def test_the_batch_holds_its_bytes_and_one_record_at_least(store):
     put_mixed(store, 3, body=b"x" * 300)
     size = record_size(TLEN, len(entry(0, b"x" * 300)))
