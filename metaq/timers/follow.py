@@ -39,13 +39,14 @@ class Batch:
     """What ``learn`` collected for one SQLite transaction: ``records`` ``(msg_id, record)`` in log order, the
     ``entries`` among them, ``next_offset`` (the %TIMER% offset after the last), ``position`` (the log position
     before which every %TIMER% record is in it or in timers.db), ``done_end`` (the end of its last DONE record, or
-    None), ``nbytes`` (the log bytes of its records)."""
+    None), ``nbytes`` (the log bytes of its records), ``passed`` (records it passes over: bad, or deleted before
+    they were learned; timers.db's ``indexed_offset`` moves past them all the same)."""
 
-    __slots__ = ("records", "entries", "next_offset", "position", "done_end", "nbytes")
+    __slots__ = ("records", "entries", "next_offset", "position", "done_end", "nbytes", "passed")
 
     def __init__(self, next_offset, position):
         self.records, self.entries = [], []
-        self.next_offset, self.position, self.done_end, self.nbytes = next_offset, position, None, 0
+        self.next_offset, self.position, self.done_end, self.nbytes, self.passed = next_offset, position, None, 0, 0
 
 
 class TimerFollow:
@@ -85,8 +86,8 @@ class TimerFollow:
         return bool(b.records) and (len(b.records) >= self.limit or b.nbytes >= self.max_bytes)
 
     def pending(self):
-        """Records in the batch waiting for the service."""
-        return len(self._batch.records)
+        """Records in the batch waiting for the service (those passed over count: ``indexed_offset`` moves)."""
+        return len(self._batch.records) + self._batch.passed
 
     def take(self):
         """The batch to apply (its records may be none: the position alone moved); a new one starts after it."""
@@ -129,15 +130,14 @@ class TimerFollow:
             off, first = self.committed_offset, self._store.min_offset(self._topic, 0)
             if off >= self._store.max_offset(self._topic, 0):
                 self.committed = log_end
-            elif off < first:
-                log.error("timers: records %d..%d were deleted before they were indexed", off, first - 1)
-                self.dropped += first - off
-                self.committed, self.committed_offset = log_start, first
+            elif off < first:  # counted below
+                self.committed = log_start
             else:
                 at = self._store.record_position(self._topic, 0, off)
                 self.committed = log_start if at is None else at
         self.position = self.committed
         self._batch = Batch(self.committed_offset, self.position)
+        self._pass_deleted()
         return self.position
 
     def rebuild(self, position):
@@ -172,13 +172,13 @@ class TimerFollow:
         if rec is None:
             if msg_id is None or not check_record(buf, at, end):
                 log.error("timers: record %d of the timer topic is skipped: it fails its check", offset)
-                self.dropped += 1
+                self._pass(b, 1)
                 return
             try:
                 rec = decode(decode_record(buf, at).data)
             except BadTimerRecord as exc:
                 log.error("timers: record %d of the timer topic is skipped: %s", offset, exc)
-                self.dropped += 1
+                self._pass(b, 1)
                 return
         b.records.append((msg_id, rec))
         b.nbytes += size
@@ -186,7 +186,14 @@ class TimerFollow:
             b.entries.append((msg_id, rec))
         elif isinstance(rec, TimerDone):  # a delivery step's messages all lie before its DONE: scan_from
             b.done_end = pos + size
-        if len(b.records) == 1:
+        if len(b.records) + b.passed == 1:
+            self._wake()
+
+    def _pass(self, b, n):
+        """``n`` records are passed over: counted, and the service told (timers.db's offset moves past them)."""
+        self.dropped += n
+        b.passed += n
+        if len(b.records) + b.passed == n:
             self._wake()
 
     def advance(self, position):
@@ -215,13 +222,15 @@ class TimerFollow:
 
     def drop_below(self, log_start):
         """Retention moved the log start: %TIMER% records below it not learned yet are gone (counted)."""
-        first = self._store.min_offset(self._topic, 0)
-        if first > self._batch.next_offset:
-            log.error("timers: records %d..%d were deleted before they were indexed", self._batch.next_offset,
-                      first - 1)
-            self.dropped += first - self._batch.next_offset
-            self._batch.next_offset = first
+        self._pass_deleted()
         return []
+
+    def _pass_deleted(self):
+        b, first = self._batch, self._store.min_offset(self._topic, 0)
+        if first > b.next_offset:
+            log.error("timers: records %d..%d were deleted before they were indexed", b.next_offset, first - 1)
+            self._pass(b, first - b.next_offset)
+            b.next_offset = first
 
     def checkpoint(self, if_changed=False):
         """timers.db commits with each batch (the service): nothing to do here."""

@@ -206,8 +206,24 @@ def test_records_deleted_before_they_were_learned_are_counted_once():
     sub = TimerFollow(_Gone(), TIMER_TOPIC, Handoff(TLEN), lambda: None)
     sub.open(None, 2)  # an old timers.db indexed up to offset 2
     assert sub.load(100, 900) == 100 and sub.dropped == 3
+    assert sub.pending() == 3 and sub.take().next_offset == 5  # timers.db's offset moves past them
     sub.open(100, 3)
     sub.load(100, 900)
-    assert sub.drop_below(100) == [] and sub.dropped == 5  # 3, 4 gone
-    sub.drop_below(100)
-    assert sub.dropped == 5
+    assert sub.dropped == 5  # 3, 4 gone
+    assert sub.drop_below(100) == [] and sub.dropped == 5  # once
+
+
+def test_a_record_that_is_no_timer_record_is_passed_over_and_the_offset_moves(store):
+    wakes = []
+    sub = subscriber(store, wakes)
+    store.put(TIMER_TOPIC, 0, 0, b"not a timer record", NOW)
+    store.put(TIMER_TOPIC, 0, 0, encode_cancel(3), NOW)
+    store.mark_flushed(store.flush_log())
+    store.follow_log(None)
+    batch = sub.take()
+    assert [rec for _m, rec in batch.records] == [TimerCancel(3)] and batch.passed == 1 and sub.dropped == 1
+    assert batch.next_offset == 2 and wakes == [1]
+    store.put(TIMER_TOPIC, 0, 0, b"\xff" * 40, NOW)  # a bad one alone: the service is told all the same
+    store.mark_flushed(store.flush_log())
+    store.follow_log(None)
+    assert sub.pending() == 1 and wakes == [1, 1] and sub.take().next_offset == 3
