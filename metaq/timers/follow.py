@@ -35,6 +35,7 @@ from metaq.timers.records import BadTimerRecord, TimerDone, TimerEntry, decode
 
 log = logging.getLogger(__name__)
 
+
 class Batch:
     """What ``learn`` collected for one SQLite transaction: ``records`` ``(msg_id, record)`` in log order, the
     ``entries`` among them, ``next_offset`` (the %TIMER% offset after the last), ``position`` (the log position
@@ -52,7 +53,7 @@ class Batch:
 class TimerFollow:
     """See the module docstring. ``store``: its ``record_spans``, ``record_position``, ``min_offset`` and
     ``max_offset`` of ``topic`` partition 0 are read (the partition index, no log read); ``handoff``: what this
-    master wrote; ``wake()``: the batch has records."""
+    master wrote; ``wake()``: the batch has something for the service (a record, or one passed over)."""
 
     follows = FLUSHED
 
