@@ -560,6 +560,9 @@ MAX_TIMER_LIST = 1_000
 
 #: TIMER_TOPIC records the indexer applies per SQLite transaction.
 TIMER_INDEX_BATCH = 1_000
+#: Bytes of message data a batch of the timer index holds at most (one record at least): what the log follower
+#: collects on the event loop for the timer service's next transaction (timers/follow.py).
+TIMER_INDEX_BATCH_BYTES = 8 << 20
 
 #: Bytes of timers.db pages SQLite keeps in memory (``PRAGMA cache_size``). Each entry adds a row to the due-time
 #: index at a random place; with SQLite's default 2 MiB a million pending meant a pread of an index page per insert.

@@ -80,6 +80,7 @@ FEATURE_ROLES = {
     "scheduler": "service",  # a gevent service that runs due work
     "tools": "client",  # command-line tools and what a command line's commands share
     "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
+    "follow": "state",  # a subscriber of the store's log follower (store/follower.py)
 }
 
 #: A role -> the layer whose rules its modules get.

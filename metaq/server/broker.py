@@ -101,7 +101,6 @@ class Broker:
         self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
                                    async_flush=config.store.flush == "async")  # any delivery time; its index
         self.roles.on_change(self.timers.role_changed)
-        self.roles.on_cut(self.timers.log_cut)
         self.roles.on_change(self._clamp_offsets)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
@@ -319,7 +318,7 @@ class Broker:
     def run_retention(self):
         usage = self.gate.disk_state.usage_ratio if self.gate.disk_state else None
         try:
-            report = self.store.retention(now_ms(), usage, floor=self.timers.retention_floor())
+            report = self.store.retention(now_ms(), usage)  # the timer index's floor: store.follower
         except OSError as exc:
             log.error("retention failed: %s", exc)
             return None

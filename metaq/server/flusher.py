@@ -357,6 +357,11 @@ class Flusher:
             except Exception:  # noqa: BLE001 - derived data: logged, tried again after the next round
                 log.exception("log follower: a step failed; trying again after the next flush")
 
+    def wake_index(self):
+        """Step the store's log follower now, not only after the next flush round (a subscriber that had no room
+        made some: the timer index applied its batch)."""
+        self._index_wanted.set()
+
     def observe_flushes(self, observe):
         """Call ``observe(seconds)`` with the fsync time of every flush round from now on (the HTTP port's
         ``metaq_flush_duration_seconds`` histogram); it must not block nor raise."""

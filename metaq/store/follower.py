@@ -14,11 +14,16 @@ durable records, as the key index) or the written end (``WRITTEN``). The followe
   at most ``max_bytes`` of log (the records that start within them: one at least, however large); each subscriber
   is handed, a segment at a time, the part of that range past its own position (``learn``) and moved past what it
   learned and past blank segment tails (``advance``). A subscriber further on than the range waits for the lowest
-  ones. Records that retention deleted before a subscriber learned them are passed over (it starts at the log
-  start). A walk stopped by bytes that are not a record where one should be stays there: the next step tries again.
+  ones. A subscriber that is ``full`` (optional: it holds what it learned until its owner takes it, and has no room
+  now) is passed over, so that it does not hold the others back; its owner wakes the steps once it made room.
+  Records that retention deleted before a subscriber learned them are passed over (it starts at the log start). A
+  walk stopped by bytes that are not a record where one should be stays there: the next step tries again.
 * **Cuts** (``cut``: a slave's truncation): every subscriber past the cut is told once, and learns again from it.
 * **Log start** (``log_starts``: retention): every subscriber lets go of what lies wholly below the new start.
 * **Checkpoint** (``checkpoint``, BLOCKING): every subscriber saves its state with its position.
+* **Retention floor** (``retention_floor``): a subscriber that keeps what it learned elsewhere only once its own
+  commit is durable (the timer index: SQLite) names the lowest log position retention must keep for it
+  (``retention_floor``, optional: None when it needs nothing kept); the follower's floor is the lowest of them.
 
 Adding a derived index is one subscriber: ``add`` it. No sockets, threads or clock: the server drives ``step`` off
 its event loop (the flusher's index loop, after each flush round).
@@ -102,7 +107,7 @@ class LogFollower:
         todo = []
         for sub in self._subs if only is None else (only,):
             pos = sub.position if start is None else max(sub.position, start)
-            if pos < ends[sub.follows]:
+            if pos < ends[sub.follows] and not getattr(sub, "full", False):
                 todo.append((pos, sub))
         if not todo:
             return False
@@ -138,6 +143,16 @@ class LogFollower:
         finally:
             if pos > sub.position:
                 sub.advance(pos)
+
+    def remove(self, sub):
+        """Stop following the log for ``sub`` (its owner stops); its files are its owner's to close."""
+        if sub in self._subs:
+            self._subs.remove(sub)
+
+    def retention_floor(self):
+        """The lowest log position a subscriber needs kept (``retention_floor``), or None when none does."""
+        floors = [f for f in (getattr(sub, "retention_floor", lambda: None)() for sub in self._subs) if f is not None]
+        return min(floors) if floors else None
 
     def cut(self, position):
         """The log was cut back to ``position``: every subscriber past it forgets what lies at or past it, once."""

@@ -367,6 +367,29 @@ class MessageStore:
     def min_offset(self, topic, partition):
         return getattr(self._reader(topic, partition), "min", 0)
 
+    def record_spans(self, topic, partition, position, end, most):
+        """``[(offset, position, size)]`` of the partition's records that start in log ``[position, end)``, in log
+        order, at most ``most``: read from its index alone (no log read; loop thread). What a derived index that
+        follows one topic uses to find its records without walking the log (timers/follow.py)."""
+        p = self._parts.get((topic, partition))
+        out = []
+        if p is None or most <= 0:
+            return out
+        for n, phys, size, _tag in p.units(p.first_at_or_after(position, max(p.min, p.first_start), p.max), p.max):
+            if phys >= end or len(out) >= most:
+                break
+            if size:
+                out.append((n, phys, size))
+        return out
+
+    def record_position(self, topic, partition, offset):
+        """The log position of the partition's record ``offset`` (from its index), or None when it holds none."""
+        p = self._parts.get((topic, partition))
+        if p is None or not p.min <= offset < p.max:
+            return None
+        unit = p.unit(offset)
+        return unit[0] if unit is not None and unit[1] else None
+
     def max_offset(self, topic, partition):
         """The visible maximum: the offset the next visible message gets."""
         return getattr(self._reader(topic, partition), "visible", 0)
@@ -412,8 +435,8 @@ class MessageStore:
         return changed
 
     def follow_log(self, max_bytes=KEY_INDEX_STEP_BYTES):
-        """A step of the log follower's subscribers (``follower.subscribers``) behind the log (loop thread; None: the
-        whole tail); True while more is left and they move."""
+        """A step of the log follower's subscribers (the key index, the timer index, the idempotent producers' state)
+        behind the log (loop thread; None: the whole tail); True while more is left and they move."""
         return self.follower.step(self._pos.flushed, self._pos.written, max_bytes)
 
     def should_flush(self, now_ms):
@@ -613,7 +636,10 @@ class MessageStore:
     # -- retention -----------------------------------------------------------
 
     def retention(self, now_ms, disk_usage_ratio=None, floor=None):
-        """Delete old (or, under disk pressure, the oldest) sealed segments below ``floor`` and their index files."""
+        """Delete old (or, under disk pressure, the oldest) sealed segments below ``floor`` and below what the log
+        follower's subscribers need kept (``LogFollower.retention_floor``), and their index files."""
+        kept = self.follower.retention_floor()
+        floor = kept if floor is None else (floor if kept is None else min(floor, kept))
         report = apply_retention(self._log, self._parts.values(), min(self._pos.flushed, self._pos.checkpointed),
                                  self._pos.written, self.dirs.root, self.config, now_ms, disk_usage_ratio, floor)
         report.deleted_index_files.extend(self.follower.log_starts(self._log.start or self._pos.written))

@@ -28,11 +28,14 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
 logic (the protocol layer: pure decisions, the time passed in)
     window.py    the delivery window: the pending rows due soonest, bounded by rows and bytes
 state (the store layer: files and in-memory state; no socket, gevent or clock)
-    index.py     timers.db (SQLite): pending rows by due time, recent outcomes, indexed_offset, scan_from
-    handoff.py   what the master's own %TIMER% writes hand the indexer, decoded and bounded
+    index.py     timers.db (SQLite): pending rows by due time, recent outcomes, indexed_position, indexed_offset,
+                 scan_from
+    follow.py    TimerFollow: timers.db's subscriber of the store's log follower (a bounded batch of %TIMER% records,
+                 collected on the loop; cuts, retention's floor)
+    handoff.py   what the master's own %TIMER% writes hand the subscriber, decoded and bounded
 service (the server layer: gevent)
-    service.py   TimerService: the indexer, the delivery window's loop, exactly once after a crash; what both
-                 mechanisms share at a put and a delivery (place, deliver, announce)
+    service.py   TimerService: applies the subscriber's batches to timers.db, the delivery window's loop, exactly
+                 once after a crash; what both mechanisms share at a put and a delivery (place, deliver, announce)
     scheduler.py DelayScheduler: the delay levels' delivery, one greenlet per level, exactly once after a crash
 front-end (the server layer: a front-end's handlers)
     text.py      the text handlers of put_at, cancel and timers

@@ -1,12 +1,13 @@
-"""What a master's timer service hands its indexer as it writes TIMER_TOPIC (docs/messaging.md "Any delivery time").
+"""What a master's timer service hands the timer index as it writes TIMER_TOPIC (docs/messaging.md "Any delivery
+time").
 
 Entries, cancels and DONE records this broker appends to the timer topic are kept here, decoded, with their
-offset, message id and log end, so the indexer applies them without reading them back from the log and decoding
-them. Pure and bounded (``MAX_TIMER_FRESH`` records, ``MAX_TIMER_FRESH_BYTES`` of their data): past either bound
-the newest are not kept, and the indexer reads what
-it does not find here from the log, as a slave's indexer always does. The log stays the truth: what is taken from
-here is what was appended at that offset, in the same greenlet, with no yield in between (``add``); a cut of the
-log or a demotion clears it.
+offset, message id and log end, so the timer index's subscriber of the log follower (``timers/follow.py``) takes
+them as they are, not decoding them again from the log. Pure and bounded (``MAX_TIMER_FRESH`` records,
+``MAX_TIMER_FRESH_BYTES`` of their data): past either bound the newest are not kept, and the subscriber decodes what
+it does not find here from the log, as a slave's always does. The log stays the truth: what is taken from here is
+what was appended at that offset, in the same greenlet, with no yield in between (``add``), and its message id is
+the log record's (``get``); a cut of the log or a demotion clears it.
 """
 
 from collections import deque
@@ -75,14 +76,12 @@ class Handoff:
             self._pop()
         return items[0] if items and items[0][0] == offset else None
 
-    def take(self, offset, flushed, most):
-        """The run of kept records from ``offset`` on, consecutive and ending by ``flushed``, at most ``most``."""
-        items, out = self._items, []
-        while items and len(out) < most:
-            item = items[0]
-            if item[0] != offset or item[3] > flushed:
-                break
-            out.append(self._pop())
-            offset += 1
-        self.taken += len(out)
-        return out
+    def get(self, offset, msg_id):
+        """The record kept for ``offset`` if it is message ``msg_id`` (the log's: checked by the caller), else None;
+        those before it are dropped (learned)."""
+        item = self.head(offset)
+        if item is None or item[1] != msg_id:
+            return None
+        self._pop()
+        self.taken += 1
+        return item[2]

@@ -8,13 +8,15 @@ records once they are indexed. It holds:
   topic, partition, flag, checksum, born_ms, data);
 * ``outcomes``: the recent ends (msg_id → delivered | cancelled, at_ms), at most ``MAX_TIMER_OUTCOMES``
   rows (the oldest go first), so a cancel can say which happened;
-* ``meta``: ``indexed_offset`` (the next TIMER_TOPIC offset to index) and ``scan_from`` (a log position:
-  every delivery made before it has its DONE record in the log).
+* ``meta``: ``indexed_position`` (a log position: every TIMER_TOPIC record before it is applied; the timer index
+  follows the log from there, ``timers/follow.py``), ``indexed_offset`` (the next TIMER_TOPIC offset to index) and
+  ``scan_from`` (a log position: every delivery made before it has its DONE record in the log). A file from
+  before positions has no ``indexed_position`` (None): its ``indexed_offset`` is mapped to one on open.
 
-Each ``apply`` is one transaction, with its new ``indexed_offset``: after a crash the index restarts
-exactly where its last commit left it. ``synchronous=FULL``: a commit is on disk when ``apply`` returns.
+Each ``apply`` is one transaction, with its new ``indexed_position`` and ``indexed_offset``: after a crash the
+index restarts exactly where its last commit left it. ``synchronous=FULL``: a commit is on disk when ``apply`` returns.
 NORMAL (with WAL) could lose the last commits in a power cut, and the log records they came from may
-already be deleted by retention (whose floor is ``indexed_offset``); FULL costs one fsync per batch, in
+already be deleted by retention (whose floor is ``indexed_position``); FULL costs one fsync per batch, in
 the timer service's own thread, never on the event loop.
 
 Blocking calls (file I/O, fsync): the server calls every method from one dedicated thread. Time is
@@ -64,6 +66,7 @@ class TimerIndex:
             self._db.execute("PRAGMA journal_size_limit=%d" % TIMER_INDEX_WAL_BYTES)
             self._db.executescript(_SCHEMA)
             self.indexed_offset = self._meta("indexed_offset")
+            self.indexed_position = self._meta("indexed_position", None)
             self.scan_from = self._meta("scan_from")
         except sqlite3.Error as exc:  # a damaged file, a directory in its place: one line naming it, not a traceback
             self.close()
@@ -81,15 +84,15 @@ class TimerIndex:
             self._db.close()
             self._db = None
 
-    def _meta(self, key):
+    def _meta(self, key, default=0):
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else 0
+        return row[0] if row else default
 
-    def apply(self, records, indexed_offset, now_ms, scan_from=None):
+    def apply(self, records, indexed_offset, now_ms, scan_from=None, position=None):
         """Apply ``records`` — ``(msg_id, TimerEntry | TimerCancel | TimerDone)`` in log order — and set
-        ``indexed_offset`` (and ``scan_from``, when given and further on: the end of the last DONE record among
-        them, before which every delivery has its DONE), in one transaction. Returns ``(entries added, ids
-        ended)``."""
+        ``indexed_offset``, ``indexed_position`` (when given) and ``scan_from`` (when given and further on: the end
+        of the last DONE record among them, before which every delivery has its DONE), in one transaction. Returns
+        ``(entries added, ids ended)``."""
         scan_from = scan_from if scan_from is not None and scan_from > self.scan_from else None
         added, ended = 0, []
         db = self._db
@@ -112,6 +115,8 @@ class TimerIndex:
             if run:
                 added += self._insert(run)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (indexed_offset,))
+            if position is not None:
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_position', ?)", (position,))
             if scan_from is not None:
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (scan_from,))
             self._prune()
@@ -120,6 +125,8 @@ class TimerIndex:
             db.execute("ROLLBACK")
             raise
         self.indexed_offset = indexed_offset
+        if position is not None:
+            self.indexed_position = position
         if scan_from is not None:
             self.scan_from = scan_from
         return added, ended
@@ -161,12 +168,23 @@ class TimerIndex:
             self._db.execute("DELETE FROM outcomes WHERE msg_id IN (SELECT msg_id FROM outcomes "
                              "ORDER BY at_ms, msg_id LIMIT ?)", (n - self.max_outcomes,))
 
-    def rewind(self, offset):
-        """Index again from TIMER_TOPIC ``offset`` (the log was cut there: a slave's handshake); no-op if at or past
-        ``indexed_offset``. What the cut records had done stays (see timers/service.py ``log_cut``)."""
-        if offset < self.indexed_offset:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (offset,))
-            self.indexed_offset = offset
+    def rewind(self, offset, position=None):
+        """Index again from TIMER_TOPIC ``offset`` and log ``position`` (the log was cut there: a slave's handshake);
+        each only moves back. What the cut records had done stays (see timers/follow.py ``cut``)."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            if offset < self.indexed_offset:
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_offset', ?)", (offset,))
+            if position is not None and (self.indexed_position is None or position < self.indexed_position):
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('indexed_position', ?)", (position,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self.indexed_offset = min(offset, self.indexed_offset)
+        if position is not None and (self.indexed_position is None or position < self.indexed_position):
+            self.indexed_position = position
 
     def set_scan_from(self, position):
         self._db.execute("INSERT OR REPLACE INTO meta VALUES ('scan_from', ?)", (position,))

@@ -4,13 +4,14 @@
   born times, the original data) in the internal topic ``TIMER_TOPIC``, partition 0, through the normal store
   put (durability, flushes and replication are a put's). Its record id is the message's id: the producer is
   answered with it and the delivered message carries it.
-* The **indexer** (master and slave) reads TIMER_TOPIC from the index's ``indexed_offset`` up to the flushed
-  log position and applies the records to ``timers.db`` (``metaq.timers.index``), one SQLite transaction
-  per batch. It is woken by puts and flushes (the partition waiters), never polls busily. On a master, what
-  this broker itself appends to TIMER_TOPIC (entries, cancels, DONE records; ``written``) is kept decoded, at
-  most ``MAX_TIMER_FRESH``, and applied from there, not read back and decoded: the same records, the same
-  durability rule (applied once flushed). A gap, a full hand-off or a record kept for another offset falls back
-  to the log; a cut or a demotion drops what is kept.
+* The **indexer** (master and slave): timers.db (``metaq.timers.index``) follows the log through the store's log
+  follower, as every derived index does: its subscriber (``metaq.timers.follow``) collects the flushed TIMER_TOPIC
+  records past timers.db's ``indexed_position`` into a bounded pending batch, on the event loop; this service
+  waits for a batch, applies it in its thread with the position it covers (one SQLite transaction) and lets the
+  follower go on. On a master, what this broker itself appends to TIMER_TOPIC (entries, cancels, DONE records;
+  ``written``) is kept decoded, at most ``MAX_TIMER_FRESH``, and taken from there, not decoded again: the same
+  records, the same durability rule (learned once flushed). Cuts reach the subscriber through the follower
+  (the batch dropped, timers.db rewound); a demotion drops what is kept.
 * The **delivery** greenlet (master only) keeps a window of the rows due within ``TIMER_WINDOW_MS`` (at most
   ``MAX_TIMER_WINDOW_ROWS``), sleeps until the head is due, then puts the due messages into their topics with
   their ids and, in the same loop turn (no yield), appends one DONE record listing them. The ids it ended
@@ -20,8 +21,9 @@
   the candidates, and those whose id is in the log after ``scan_from`` (a position before which every
   delivery's DONE is durable) were delivered before the crash: they get a DONE record, not a second delivery.
 * **Cancel** is decided in the loop, against the same state the delivery reads: exactly one of them wins.
-* **Retention** keeps every segment from the first TIMER_TOPIC record not yet indexed (``retention_floor``);
-  once indexed, a message lives in timers.db, so a message due in a year does not pin the log.
+* **Retention** keeps every segment from the first TIMER_TOPIC record timers.db has not committed (the
+  subscriber's ``retention_floor``, the follower's floor); once committed, a message lives in timers.db, so a
+  message due in a year does not pin the log.
 
 Every SQLite call goes through one dedicated thread (``ThreadPool(1)``): never on the event loop.
 """
@@ -37,15 +39,16 @@ from gevent.threadpool import ThreadPool
 
 from metaq import errors
 from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES, MAX_TIMER_WINDOW_ROWS,
-                          TIMER_INDEX_BATCH, TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
+                          TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
+from metaq.timers.follow import TimerFollow
 from metaq.timers.handoff import Handoff
 from metaq.timers.index import CANCELLED, DELIVERED, TimerIndex
-from metaq.timers.records import (TIMER_TOPIC, BadTimerRecord, TimerCancel, TimerDone, TimerEntry, decode,
-                                  encode_cancel, encode_done, encode_entry)
+from metaq.timers.records import (TIMER_TOPIC, TimerCancel, TimerDone, TimerEntry, encode_cancel, encode_done,
+                                  encode_entry)
 from metaq.timers.window import DeliveryWindow
 
 log = logging.getLogger(__name__)
@@ -54,10 +57,8 @@ KEY = (TIMER_TOPIC, 0)
 _TOPIC_LEN = len(TIMER_TOPIC.encode("utf-8"))
 #: Seconds the delivery waits after a refused put (disk full, failed flush) before trying again.
 RETRY_S = 1.0
-#: Longest wait of the indexer for a new record (puts and flushes wake it at once; this bounds every wait).
+#: Longest wait of the indexer for a batch (the subscriber wakes it at once; this bounds every wait).
 IDLE_WAIT_S = 5.0
-#: Bytes of TIMER_TOPIC records the indexer reads at once.
-READ_BYTES = 1 << 20
 UNKNOWN = "unknown"
 #: Longest wait of a cancel for the indexer to reach the log's end (an id put just before must not be "unknown").
 CANCEL_INDEX_WAIT_S = 5.0
@@ -126,11 +127,13 @@ class TimerService:
         self._extension = None  # entries indexed while it runs
         self._all_ended = False
         self._ended = OrderedDict()  # msg_id -> DELIVERED | CANCELLED, ended by this process (bounded)
-        self._last_end = 0  # end position of the last record indexed (retention's floor while not caught up)
         self._done_end = 0  # end position of the last DONE record appended
-        self._rewind_to = None  # a handshake cut %TIMER% there: the indexer indexes again from it (log_cut)
         self._scan_from_next = 0.0  # monotonic time before which scan_from is not recorded again
         self._fresh = Handoff(len(TIMER_TOPIC.encode("utf-8")))  # what this master appended, not indexed yet
+        self._batch_ready = Event()  # the subscriber's batch has records
+        self.follow = TimerFollow(store, TIMER_TOPIC, self._fresh, self._batch_ready.set)  # timers/follow.py
+        self.follow.open(self.index.indexed_position, self.index.indexed_offset)
+        store.follower.add(self.follow, store.written_position)
         self.delivered = 0
         self.cancelled = 0
         self.redeliveries_skipped = 0
@@ -188,7 +191,7 @@ class TimerService:
         """Wait (bounded) until the indexer has indexed the timer topic up to ``offset``."""
         deadline = time.monotonic() + timeout
         while self.index.indexed_offset < offset and time.monotonic() < deadline and self._running:
-            self.waiters.notify((KEY,))
+            self.flusher.wake_index()
             self._indexed.wait(max(0.0, min(1.0, deadline - time.monotonic())))
 
     def _append_cancel(self, msg_id, now):
@@ -224,14 +227,6 @@ class TimerService:
         rows = self._call(self.index.list, topic, min(limit, MAX_TIMER_LIST) + len(self._ended))
         return [r for r in rows if r[0] not in self._ended][:min(limit, MAX_TIMER_LIST)]
 
-    # -- retention -----------------------------------------------------------------
-
-    def retention_floor(self):
-        """The lowest log position retention must keep: records not yet indexed stay; None when all are."""
-        if self.store.max_offset(TIMER_TOPIC, 0) <= self.index.indexed_offset:
-            return None
-        return self._last_end
-
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self):
@@ -256,11 +251,12 @@ class TimerService:
         self._delivering = False
         self._stop.set()
         self._wake.set()
-        self.waiters.notify((KEY,))
+        self._batch_ready.set()
         greenlets = [g for g in (self._indexer, self._deliverer, self._extending) if g is not None]
         gevent.joinall(greenlets, timeout=5.0)
         gevent.killall(greenlets, block=True, timeout=1.0)
         self._deliverer = None
+        self.store.follower.remove(self.follow)
         self._call(self.index.close)
         self._pool.kill()
 
@@ -281,27 +277,16 @@ class TimerService:
             self._win.reset()
             self._start_delivery()
 
-    def log_cut(self, report):
-        """A slave's handshake cut the log's tail (``store.replica.TruncateReport``). If it cut %TIMER% records
-        this slave had indexed, the indexer indexes again from the cut (else the new master's records written at
-        those offsets would never be). What the cut records did stays in the index: an entry of the lost tail
-        stays pending (an acknowledged put_at the async failover lost: delivered if this broker is promoted,
-        rather than lost) and a DONE or CANCEL of it stays an outcome."""
-        offset = report.new_max_offsets.get(KEY)
-        self._fresh.clear()
-        if offset is not None and offset < self.index.indexed_offset:
-            self._rewind_to = offset if self._rewind_to is None else min(self._rewind_to, offset)
-            log.warning("timers: the handshake cut %s at offset %d, past which this slave had indexed up to %d: "
-                        "indexing again from %d", TIMER_TOPIC, offset, self.index.indexed_offset, offset)
-
     # -- the indexer ---------------------------------------------------------------
 
     def _index_loop(self):
+        self.flusher.wake_index()  # the follower brings the subscriber to the log's end
         while self._running:
             try:
                 started = time.monotonic()
+                self._batch_ready.clear()
                 if not self._index_step():
-                    self.waiters.wait(KEY, IDLE_WAIT_S)
+                    self._batch_ready.wait(IDLE_WAIT_S)
                 else:  # at most one transaction (one fsync) per TIMER_INDEX_INTERVAL_MS: a burst is one batch
                     rest = TIMER_INDEX_INTERVAL_MS / 1000.0 - (time.monotonic() - started)
                     if rest > 0:
@@ -311,77 +296,28 @@ class TimerService:
                 self._stop.wait(RETRY_S)
 
     def _index_step(self):
-        """Index the next flushed batch; False when there is nothing to index (now)."""
-        if self._rewind_to is not None:  # taken here, after any batch read before the cut was applied
-            to, self._rewind_to = self._rewind_to, None
-            self._call(self.index.rewind, to)
-        offset = self.index.indexed_offset
-        head = self._fresh.head(offset)
-        if head is not None:
-            return self._index_fresh(offset, head)
-        try:
-            records, _nxt = self.store.read_records(TIMER_TOPIC, 0, offset, TIMER_INDEX_BATCH, READ_BYTES)
-        except errors.Moved as exc:
-            if exc.offset <= offset:
-                return False
-            log.error("timers: records %d..%d were deleted before they were indexed", offset, exc.offset - 1)
-            self.dropped += exc.offset - offset
-            self._call(self.index.apply, [], exc.offset, now_ms())
-            return True
-        flushed = self.store.flushed_position
-        durable = [r for r in records if r.position + r.total_size <= flushed]
-        if not durable:
-            if records and self._running:
-                self.flusher.wait_flushed(records[0].position + records[0].total_size)
-                return True
+        """Apply the subscriber's batch (after a rewind a cut asked for); False when it has no records (now)."""
+        to = self.follow.rewind
+        if to is not None:  # here, after any batch being applied when the cut came
+            self._call(self.index.rewind, to[1], to[0])
+            self.follow.rewound(to)
+        if not self.follow.pending():
             return False
-        batch, entries, done_end = [], [], None
-        for r in durable:
-            try:
-                rec = decode(r.data)
-            except BadTimerRecord as exc:
-                log.error("timers: record %d of %s is skipped: %s", r.queue_offset, TIMER_TOPIC, exc)
-                self.dropped += 1
-                continue
-            batch.append((r.msg_id, rec))
-            if isinstance(rec, TimerEntry):
-                entries.append((r.msg_id, rec))
-            elif isinstance(rec, TimerDone):  # a delivery step's messages all lie before its DONE: scan_from
-                done_end = r.position + r.total_size
-        last = durable[-1]
-        self._apply(batch, entries, last.queue_offset + 1, last.position + last.total_size, done_end)
-        return True
-
-    def _index_fresh(self, offset, head):
-        """Index the run of handed-over records from ``offset`` (its first: ``head``) that is durable."""
-        run = self._fresh.take(offset, self.store.flushed_position, TIMER_INDEX_BATCH)
-        if not run:
-            if self._running:
-                self.flusher.wait_flushed(head[3])
-            return True
-        last = run[-1]
-        if self.store.msg_id_at(TIMER_TOPIC, 0, last[0]) != last[1]:  # never expected: the log is the truth
-            log.error("timers: the record handed over for %s offset %d is not the log's; indexing from the log",
-                      TIMER_TOPIC, last[0])
-            self._fresh.clear()
-            return True
-        batch, entries, done_end = [], [], None
-        for _off, msg_id, rec, end in run:
-            batch.append((msg_id, rec))
-            if isinstance(rec, TimerEntry):
-                entries.append((msg_id, rec))
-            elif isinstance(rec, TimerDone):
-                done_end = end
-        self._apply(batch, entries, last[0] + 1, last[3], done_end)
-        return True
-
-    def _apply(self, batch, entries, next_offset, last_end, done_end):
-        added, ended = self._call(self.index.apply, batch, next_offset, now_ms(), done_end)
+        batch = self.follow.take()
+        try:
+            added, ended = self._call(self.index.apply, batch.records, batch.next_offset, now_ms(), batch.done_end,
+                                      batch.position)
+        except BaseException:
+            self.follow.relearn()  # from what timers.db holds
+            raise
+        finally:
+            self.flusher.wake_index()  # the batch has room again
+        self.follow.applied(batch)
         self.pending += added - len(ended)
-        self._last_end = last_end
-        self._add_to_window(entries)
+        self._add_to_window(batch.entries)
         self._indexed.set()
         self._indexed = Event()
+        return True
 
     def _add_to_window(self, entries):
         """Newly indexed entries due within the loaded window join it (the window loader sees the rest)."""
@@ -566,5 +502,5 @@ class TimerService:
         """The ``stats`` summary's ``(key, value)`` pairs of the timers."""
         return [("timers_pending", self.pending), ("timers_delivered", self.delivered),
                 ("timers_cancelled", self.cancelled), ("timers_redeliveries_skipped", self.redeliveries_skipped),
-                ("timers_dropped", self.dropped), ("timers_indexed_direct", self._fresh.taken),
+                ("timers_dropped", self.dropped + self.follow.dropped), ("timers_indexed_direct", self._fresh.taken),
                 ("timers_window_loads", self.window_loads), ("timers_window_extensions", self.window_extensions)]

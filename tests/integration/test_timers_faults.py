@@ -367,3 +367,47 @@ def test_more_message_data_due_at_once_than_the_window_holds_is_delivered_once_e
     with b.client() as c:
         s = c.stats_dict()
         assert int(s["timers_window_loads"]) + int(s["timers_window_extensions"]) >= 2, s  # it took more than one
+
+
+def test_a_timers_db_from_before_positions_resumes_from_its_offsets_record_exactly_once(broker_factory, tmp_path):
+    """A timers.db written before the index kept a log position (only ``indexed_offset``, here 4 of 8 entries
+    indexed) is opened by the broker: it resumes from that offset's record, found through the partition index, so
+    the other four are indexed again from the log; each due message is delivered once and the far ones stay
+    pending; the next batch records the position."""
+    import sqlite3
+
+    b = start(broker_factory, tmp_path)
+    soon, far = {}, {}
+    with b.client() as c:
+        due = now_ms() + 6000
+        for i in range(8):
+            payload = b"m%d" % i
+            if i % 2:
+                far[put_at_ok(c, "t-old", payload, "+3600000", partition=0)[0]] = payload
+            else:
+                soon[put_at_ok(c, "t-old", payload, "@%d" % due, partition=0)[0]] = (payload, due)
+        wait_for(lambda: c.stats_dict()["timers_pending"] == "8", 20, "all eight indexed")
+    assert b.stop() == 0
+    ids = sorted(list(soon) + list(far))  # ids grow with the %TIMER% offsets: offset i holds ids[i]
+    db = sqlite3.connect(os.path.join(b.data_dir, "timers.db"))
+    try:
+        assert db.execute("SELECT value FROM meta WHERE key = 'indexed_position'").fetchone() is not None
+        db.execute("DELETE FROM meta WHERE key = 'indexed_position'")
+        db.execute("UPDATE meta SET value = 4 WHERE key = 'indexed_offset'")
+        db.executemany("DELETE FROM pending WHERE msg_id = ?", [(i,) for i in ids[4:]])
+        db.commit()
+    finally:
+        db.close()
+    b.start()
+    wait_count(b, "t-old", len(soon), partitions=(0,))
+    assert_exactly_once_not_early(b, "t-old", soon, partitions=(0,))
+    with b.client() as c:
+        wait_for(lambda: c.stats_dict()["timers_pending"] == str(len(far)), 20, "the far ones pending")
+        assert sorted(r[0] for r in timers(c, "t-old")) == sorted(far)
+    assert b.stop() == 0
+    db = sqlite3.connect(os.path.join(b.data_dir, "timers.db"))
+    try:
+        assert db.execute("SELECT value FROM meta WHERE key = 'indexed_position'").fetchone()[0] > 0
+        assert db.execute("SELECT value FROM meta WHERE key = 'indexed_offset'").fetchone()[0] >= 8 + 1  # DONEs
+    finally:
+        db.close()

@@ -1,5 +1,5 @@
-"""The timer service's hand-off to its indexer: bounded, in log order, only durable consecutive records taken;
-anything else leaves the indexer to read the log."""
+"""The timer service's hand-off to the timer index's subscriber: bounded, in log order, a record taken only for its
+offset and the log's message id there; anything else leaves the subscriber to decode the log."""
 
 from metaq.limits import MAX_TIMER_FRESH
 from metaq.timers.records import TIMER_TOPIC, TimerCancel
@@ -17,21 +17,27 @@ def test_at_the_limit_every_record_is_kept_and_one_past_is_left_to_the_log():
     h.add(MAX_TIMER_FRESH, 0, TimerCancel(-2), 10**9)  # one past: not kept
     h.add_run(MAX_TIMER_FRESH, 0, [TimerCancel(-3)], [16], 10**9)
     assert len(h) == MAX_TIMER_FRESH
-    run = h.take(0, 10**9, 10**9)
-    assert [r[0] for r in run] == list(range(MAX_TIMER_FRESH)) and h.taken == MAX_TIMER_FRESH
-    assert h.head(MAX_TIMER_FRESH) is None  # the indexer reads that one from the log
+    assert [h.get(i, 100 + i) for i in range(MAX_TIMER_FRESH)][-2:] == [TimerCancel(MAX_TIMER_FRESH - 2),
+                                                                         TimerCancel(-1)]
+    assert h.taken == MAX_TIMER_FRESH and h.nbytes == 0
+    assert h.get(MAX_TIMER_FRESH, 0) is None  # the subscriber decodes that one from the log
 
 
-def test_a_runs_records_end_where_they_lie_and_only_flushed_ones_are_taken():
+def test_a_runs_records_end_where_they_lie():
     h = Handoff(TLEN)
     sizes = [10, 200, 30]
     log_end = 5000
     h.add_run(7, 70, ["a", "b", "c"], sizes, log_end)
     ends = [log_end - record_size(TLEN, 30) - record_size(TLEN, 200), log_end - record_size(TLEN, 30), log_end]
-    assert h.head(7)[3] == ends[0]
-    assert h.take(7, ends[1], 10) == [(7, 70, "a", ends[0]), (8, 71, "b", ends[1])]  # c is not durable yet
-    assert h.take(9, ends[2] - 1, 10) == []
-    assert h.take(9, ends[2], 10) == [(9, 72, "c", ends[2])]
+    assert [h.head(7 + k)[3] for k in range(3)] == ends
+    assert h.get(9, 72) == "c" and len(h) == 0
+
+
+def test_a_record_whose_message_id_is_not_the_logs_is_not_taken():
+    h = Handoff(TLEN)
+    h.add(3, 30, TimerCancel(1), 100)
+    assert h.get(3, 31) is None and h.taken == 0  # the log has another message there: decoded from the log
+    assert h.get(3, 30) == TimerCancel(1) and h.taken == 1
 
 
 def test_a_gap_or_an_offset_already_indexed_is_not_taken():
@@ -40,9 +46,8 @@ def test_a_gap_or_an_offset_already_indexed_is_not_taken():
         h.add(off, off, TimerCancel(off), off * 100)
     assert h.head(2) is None  # the indexer is before what was handed over: it reads the log
     assert h.head(4)[0] == 4  # 3 was indexed (from the log): dropped
-    assert [r[0] for r in h.take(4, 10**6, 10)] == [4]  # stops at the gap
-    assert h.head(5) is None and h.head(6)[0] == 6
-    assert h.take(6, 10**6, 0) == []  # at most none
+    assert h.get(4, 4) == TimerCancel(4)
+    assert h.get(5, 5) is None and h.head(6)[0] == 6  # the gap: from the log
     h.clear()
     assert len(h) == 0 and h.head(6) is None
 
@@ -61,5 +66,5 @@ def test_at_the_byte_limit_the_data_is_kept_and_one_byte_past_it_is_left_to_the_
     assert len(h) == 2 and h.nbytes == MAX_TIMER_FRESH_BYTES
     h.add(3, 3, entry(1), 200)  # one byte past
     h.add(3, 3, TimerCancel(7), 200)  # a cancel holds no message data: kept
-    assert [r[0] for r in h.take(0, 10**6, 10)] == [0, 1]
+    assert h.get(0, 0) is not None and h.get(1, 1) is not None and h.get(2, 2) is None
     assert h.nbytes == 0 and h.head(3)[2] == TimerCancel(7)

@@ -204,3 +204,16 @@ def test_a_damaged_index_refuses_in_one_line_naming_the_file(tmp_path):
     path.mkdir()  # a directory in its place
     with pytest.raises(StoreError, match="cannot open the timer index"):
         TimerIndex(str(tmp_path))
+
+
+def test_the_position_is_committed_with_its_batch_and_a_rewind_only_moves_it_back(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    assert ix.indexed_position is None  # a new file, or one from before positions: mapped from the offset
+    ix.apply([(1, entry(NOW))], 1, NOW, position=500)
+    ix.rewind(5, 900)  # past both: nothing
+    assert (ix.indexed_offset, ix.indexed_position) == (1, 500)
+    ix.rewind(0, 200)  # a cut
+    ix.close()
+    ix = TimerIndex(str(tmp_path))
+    assert (ix.indexed_offset, ix.indexed_position, ix.count()) == (0, 200, 1)
+    ix.close()
