@@ -15,14 +15,12 @@ the text server instead batches the flush waits of a burst (``ack_mode``).
 """
 
 import logging
-import time
 
 from metaq import errors
 from metaq.auth.acl import PUB
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import is_journal, journal_refusal
 from metaq.priorities.wire import is_level_topic, level_refusal, level_topic
-from metaq.server.replication import isolation
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +133,8 @@ class PutPath:
             raise exc
 
     def isolation_refusal(self):
-        """Why this ``async`` master may be cut off and must acknowledge nothing (``replication/isolation.py``:
-        no slave's ACK and no ZooKeeper confirmation within ``replication.max_isolation_ms``), or None."""
-        server = self.roles.replication
-        if server is None or self.roles.slave_link is not None:
-            return None
-        election = self.roles.election
-        zk_heard_at = election.lease.confirmed_at if election is not None else None
-        return isolation.refusal(server.isolation_s, time.monotonic(), server.heard_at, zk_heard_at)
+        """Why this ``async`` master may be cut off and must acknowledge nothing (``Roles.isolation_refusal``)."""
+        return self.roles.isolation_refusal()
 
     def check_writable(self):
         """Raise ``writable_refusal``'s error, if any (a write that names no client topic: a commit, a cancel)."""

@@ -12,6 +12,7 @@ from metaq.server.replication import isolation
 from metaq.server.replication.election import Election
 from metaq.server.replication.leadership import Lease
 from metaq.server.replication.master import ReplicationServer
+from metaq.server.replication.roles import Roles
 
 HA = {"replication.ha": "auto", "replication.port": 8124, "replication.slave_id": 1, "zk.connect": "127.0.0.1:2181"}
 T = 5000.0  # a monotonic time
@@ -114,11 +115,12 @@ def path_of(heard_at, confirmed_at=None, isolation_s=1.0, slave_link=None, elect
     roles = SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None, slave_link=slave_link,
                             replication=SimpleNamespace(isolation_s=isolation_s, heard_at=heard_at),
                             election=SimpleNamespace(lease=lease) if election else None)
+    roles.isolation_refusal = lambda: Roles.isolation_refusal(roles)  # the real decision over these parts
     return PutPath(None, None, None, None, roles, WriteGate())
 
 
 def test_every_writer_of_an_isolated_master_gets_503(monkeypatch):
-    monkeypatch.setattr("metaq.server.putpath.time.monotonic", lambda: T)
+    monkeypatch.setattr("metaq.server.replication.roles.time.monotonic", lambda: T)
     path = path_of(heard_at=T - 2.0, confirmed_at=T - 1.5)
     exc = path.write_refusal("orders", AUTHORIZED)
     assert isinstance(exc, errors.Unavailable) and exc.code == 503 and "ISOLATED" in str(exc)
@@ -132,8 +134,9 @@ def test_every_writer_of_an_isolated_master_gets_503(monkeypatch):
 
 
 def test_a_slave_or_a_standalone_broker_is_never_isolated(monkeypatch):
-    monkeypatch.setattr("metaq.server.putpath.time.monotonic", lambda: T)
+    monkeypatch.setattr("metaq.server.replication.roles.time.monotonic", lambda: T)
     assert path_of(heard_at=T - 9, slave_link=object()).isolation_refusal() is None
     standalone = PutPath(None, None, None, None, SimpleNamespace(slave_refusal=None, unconfirmable_refusal=None,
-                                                                 replication=None), WriteGate())
+                                                                 replication=None, isolation_refusal=lambda: None),
+                         WriteGate())
     assert standalone.write_refusal("orders", None) is None

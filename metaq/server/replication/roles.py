@@ -39,6 +39,7 @@ import gevent
 
 from metaq import errors
 from metaq.server.clock import now_ms
+from metaq.server.replication import isolation
 from metaq.server.replication.link import CAUGHT_UP_SILENCE_S
 from metaq.server.replication.master import ReplicationServer
 from metaq.server.replication.slave import SlaveLink
@@ -159,6 +160,15 @@ class Roles:
         (``ReplicationServer.no_slave_refusal``)."""
         server = self.replication
         return server.no_slave_refusal() if server is not None else None
+
+    def isolation_refusal(self):
+        """Why this ``async`` master may be cut off and must acknowledge nothing (``replication/isolation.py``: no
+        slave's ACK and no ZooKeeper confirmation within ``replication.max_isolation_ms``), or None."""
+        server = self.replication
+        if server is None or self.slave_link is not None:
+            return None
+        zk_heard_at = self.election.lease.confirmed_at if self.election is not None else None
+        return isolation.refusal(server.isolation_s, time.monotonic(), server.heard_at, zk_heard_at)
 
     @property
     def end_unknown(self):
