@@ -19,7 +19,9 @@ its methods; each of them changes the table (``idempotence.window.ProducerTable`
   move ``position`` to the written end as they record, so the follower never hands their records over again
   (no other record can carry an identity: ``idempotence.records``). On a slave, ``follow(append, catch_up)``
   runs the apply of a replicated chunk and the store's step of the follower for this state alone, as one change
-  of the table: the table is current when the apply returns (a promotion may take puts at once).
+  of the table: the table is current when the apply returns (a promotion may take puts at once). Once the
+  follower has brought it to the log's end after open (``live``), every append teaches it its own records, so
+  the store's regular steps only move its position to the written end, with no search of plain records.
 
 What the follower asks of it (its rules: ``store/follower.py``):
 
@@ -90,6 +92,9 @@ class Idempotence:
         self.different = 0  # resends refused: another message under a stored sequence
         self.rebuilds = 0  # opens or cuts that had to learn the log from its start
         self.position = 0  # every record before it is learned (the follower's subscriber position)
+        #: True once the follower brought it to the log's end after open: from then on every append teaches it its
+        #: own records (the put paths, a slave's apply), and the store's regular steps only move its position
+        self.live = False
         self._problem = None  # why load found nothing to trust: said by rebuild
         self._saved_generation = None  # the table's generation and the position of the last snapshot written
         self._saved_position = 0

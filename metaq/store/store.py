@@ -437,7 +437,13 @@ class MessageStore:
     def follow_log(self, max_bytes=KEY_INDEX_STEP_BYTES):
         """A step of the log follower's subscribers (the key index, the timer index, the idempotent producers' state)
         behind the log (loop thread; None: the whole tail); True while more is left and they move."""
-        return self.follower.step(self._pos.flushed, self._pos.written, max_bytes)
+        idem, written = self.idempotence, self._pos.written
+        if idem.live:  # every append since came through a put path or a replicated chunk, each of which teaches it
+            idem.advance(written)  # its own records: nothing to search for (a plain record carries no identity)
+        more = self.follower.step(self._pos.flushed, written, max_bytes)
+        if not idem.live and idem.position >= written:
+            idem.live = True  # caught up with the log it opened (its replay done)
+        return more
 
     def should_flush(self, now_ms):
         """Async policy: flush every ``flush_every_messages`` or ``flush_interval_ms``, whichever first."""
