@@ -6,7 +6,8 @@ A feature package: every module of the feature is here, named by its role, and e
 layer may, and of this package only modules of its own role's layer or a lower one.
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
-    wire.py      the body of a text ``lookup`` reply: encoded by the broker, decoded by the client
+    wire.py      the text ``lookup`` command (parser, serializer, registration) and its reply's body: encoded by
+                 the broker, decoded by the client
 state (the store layer: files and in-memory state; no socket, gevent or clock)
     files.py     one key index file (RocketMQ's IndexFile, our layout), and the keys a record is indexed under
     index.py     KeyIndex: the files, fed as a subscriber of the store's log follower (``store/follower.py``),

@@ -1,4 +1,5 @@
-"""The body of a text ``lookup`` reply (our extension; docs/messaging.md "Key index"), sans-IO.
+"""The text ``lookup`` command (our extension; docs/messaging.md "Key index"): its parser, serializer and
+registration (``protocol.text`` imports this module, so the registry is complete), and its reply's body, sans-IO.
 
 ::
 
@@ -12,7 +13,11 @@ Big-endian, as every MetaQ form. The cursor is ``-`` on the last page.
 import struct
 from typing import NamedTuple, Optional
 
+from metaq import limits
 from metaq.errors import RemoteProtocolError
+from metaq.protocol.commands import NEEDS_SUBSCRIBER, TextCommand, register, token
+from metaq.protocol.events import Lookup
+from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, TokenError, parse_int
 from metaq.protocol.message import HEADER
 
 ITEM = struct.Struct(">iqqq")
@@ -64,3 +69,23 @@ def decode_lookup_body(body):
         items.append(LookupItem(part, off, position, ts, msg_id, flag, rest[start:start + n], chk))
         pos = start + n
     return LookupPage(None if cursor == "-" else cursor, indexed_to, items)
+
+
+def _parse_lookup(t):
+    if len(t[2].encode("utf-8")) > limits.MAX_KEY_BYTES or len(t[6]) > limits.MAX_KEY_CURSOR_BYTES:
+        raise TokenError("lookup: a key is 1..%d bytes, a cursor at most %d" % (limits.MAX_KEY_BYTES,
+                                                                               limits.MAX_KEY_CURSOR_BYTES))
+    return Lookup(t[1], t[2], parse_int(t[3], "since", 0, INT64_MAX), parse_int(t[4], "until", 0, INT64_MAX),
+                  parse_int(t[5], "max", 1, INT32_MAX), "" if t[6] == "-" else t[6],
+                  parse_int(t[7], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _serialize_lookup(e):
+    return ("lookup %s %s %d %d %d %s %d\r\n" % (token(e.topic), token(e.key), e.since_ms, e.until_ms, e.max_count,
+                                                 token(e.cursor or "-"), e.opaque)).encode("utf-8")
+
+
+register(TextCommand(
+    "lookup", Lookup, (8,), "8 tokens (lookup <topic> <key> <sinceMs> <untilMs> <max> <cursor|-> <opaque>)",
+    _parse_lookup, _serialize_lookup, NEEDS_SUBSCRIBER,
+    examples=(b"lookup t k1 0 99 10 - 1\r\n", b"lookup t k1 0 99 10 3:4 1\r\n")))

@@ -5,6 +5,10 @@ and it is taken when it lies within the field's range. Otherwise ``TokenError`` 
 the field and the token (quoted, shortened past ``SHOWN_CHARS``): the text parser answers it as a protocol error.
 """
 
+#: The ranges of the protocol's fixed-width fields.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 SHOWN_CHARS = 64
 #: No field's range needs more characters than this (an int64 has 20 with its sign); longer is out of range.
 _MAX_CHARS = 40

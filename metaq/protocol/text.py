@@ -13,7 +13,7 @@ the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the op
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
 ``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
-(request-reply; ``metaq.reqreply.records``), ``put_prio`` and ``get_prio`` (consumer priorities;
+(request-reply; ``metaq.reqreply.wire``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.priorities.wire``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
 line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown
@@ -37,13 +37,10 @@ from metaq.protocol.events import (
     GetTags,
     Offset,
     OffsetAt,
-    Lookup,
     Promote,
     QueryOffset,
     Put,
     Quit,
-    Reply,
-    Request,
     Result,
     Stats,
     Sync,
@@ -53,6 +50,8 @@ from metaq.protocol.events import (
 )
 from metaq.admin import wire as admin_wire  # noqa: F401 - it declares its commands
 from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declares put_idem
+from metaq.keys import wire as keys_wire  # noqa: F401 - it declares lookup
+from metaq.reqreply import wire as reqreply_wire  # noqa: F401 - it declares request and reply
 from metaq.priorities import wire as priority_wire  # noqa: F401 - it declares its commands
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
@@ -72,14 +71,12 @@ from metaq.protocol.commands import (
     table,
     token,
 )
-from metaq.protocol.integers import TokenError, is_integer, parse_int, show
+from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, TokenError, is_integer, parse_int, show
 from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _CHECKSUM_START = frozenset("-0123456789")
 _MAX_CODE = 999
 _COPY_ONCE_FROM = 64 * 1024  # bodies this large are copied through a memoryview (one copy, not two)
@@ -152,21 +149,8 @@ def _parse_put_delayed(t):
     return lambda body: DelayedPut(topic, partition, flag, body, opaque, checksum, level)
 
 
-def _parse_request(t):
-    topic = t[1]
-    partition = parse_int(t[2], "partition", -1, INT32_MAX)
-    flag = parse_int(t[4], "flag", INT32_MIN, INT32_MAX)
-    checksum = parse_int(t[5], "checksum", UNCHECKED, INT32_MAX)
-    timeout_ms = parse_int(t[6], "timeoutMs", 1, INT32_MAX)
-    opaque = parse_int(t[7], "opaque", INT32_MIN, INT32_MAX)
-    return lambda body: Request(topic, partition, flag, body, opaque, checksum, timeout_ms)
 
 
-def _parse_reply(t):
-    flag = parse_int(t[2], "flag", INT32_MIN, INT32_MAX)
-    checksum = parse_int(t[3], "checksum", UNCHECKED, INT32_MAX)
-    opaque = parse_int(t[4], "opaque", INT32_MIN, INT32_MAX)
-    return lambda body: Reply(flag, body, opaque, checksum)
 
 
 def _parse_get(t):
@@ -229,13 +213,6 @@ def _parse_offset_at(t):
     return OffsetAt(t[1], partition, timestamp_ms, parse_int(t[4], "opaque", INT32_MIN, INT32_MAX))
 
 
-def _parse_lookup(t):
-    if len(t[2].encode("utf-8")) > limits.MAX_KEY_BYTES or len(t[6]) > limits.MAX_KEY_CURSOR_BYTES:
-        raise TokenError("lookup: a key is 1..%d bytes, a cursor at most %d" % (limits.MAX_KEY_BYTES,
-                                                                               limits.MAX_KEY_CURSOR_BYTES))
-    return Lookup(t[1], t[2], parse_int(t[3], "since", 0, 2**63 - 1), parse_int(t[4], "until", 0, 2**63 - 1),
-                  parse_int(t[5], "max", 1, INT32_MAX), "" if t[6] == "-" else t[6],
-                  parse_int(t[7], "opaque", INT32_MIN, INT32_MAX))
 
 
 def _parse_stats(t):
@@ -339,14 +316,8 @@ def _serialize_put_delayed(e):
     return b"".join((head.encode("utf-8"), e.body))
 
 
-def _serialize_request(e):
-    head = "request %s %d %d %d %d %d %d\r\n" % (
-        token(e.topic), e.partition, len(e.body), e.flag, e.checksum, e.timeout_ms, e.opaque)
-    return b"".join((head.encode("utf-8"), e.body))
 
 
-def _serialize_reply(e):
-    return b"".join((b"reply %d %d %d %d\r\n" % (len(e.body), e.flag, e.checksum, e.opaque), e.body))
 
 
 def _wait_and_expect(e):
@@ -378,9 +349,6 @@ def _serialize_offset(e):
     ).encode("utf-8")
 
 
-def _serialize_lookup(e):
-    return ("lookup %s %s %d %d %d %s %d\r\n" % (token(e.topic), token(e.key), e.since_ms, e.until_ms, e.max_count,
-                                                 token(e.cursor or "-"), e.opaque)).encode("utf-8")
 
 
 def _serialize_offset_at(e):
@@ -447,8 +415,8 @@ def _serialize_result(e):
 
 
 # -- the declarations: MetaQ's commands and our core extensions (the features' own: admin.wire, priorities.wire,
-# timers.wire, topics.wire, idempotence.wire, each in its module). The usage text is what a wrong token count is
-# answered with.
+# timers.wire, topics.wire, idempotence.wire, keys.wire, reqreply.wire, each in its module). The usage text is what
+# a wrong token count is answered with.
 
 _REQUESTS = (
     ("put", Put, (6, 7, 8), "6, 7 or 8 tokens", _parse_put, _serialize_put, NEEDS_HANDLER, 3, _fast_put, scan_puts,
@@ -459,11 +427,6 @@ _REQUESTS = (
     ("get", Get, (7, 8, 9), "7, 8 or 9 tokens (get <topic> <group> <partition> <offset> <maxSize> "
      "[<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get, _serialize_get, NEEDS_HANDLER, None, None, None,
      (b"get t g 0 0 1024 1\r\n", b"get t g 0 5 1024 100 2\r\n", b"get t g 0 5 1024 0 4:77 3\r\n")),
-    ("request", Request, (8,), "8 tokens (request <topic> <partition> <len> <flag> <checksum> <timeoutMs> "
-     "<opaque>)", _parse_request, _serialize_request, NEEDS_HANDLER, 3, None, None,
-     (b"request t 0 2 0 -1 1000 5\r\nhi",)),
-    ("reply", Reply, (5,), "5 tokens (reply <len> <flag> <checksum> <opaque>)", _parse_reply, _serialize_reply,
-     NEEDS_HANDLER, 1, None, None, (b"reply 2 0 -1 5\r\nhi",)),
     ("get_tags", GetTags, (8, 9, 10), "8, 9 or 10 tokens (get_tags <topic> <group> <partition> <offset> "
      "<maxSize> <tags> [<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get_tags, _serialize_get_tags,
      NEEDS_HANDLER, None, None, None,
@@ -477,9 +440,6 @@ _REQUESTS = (
     ("offset_at", OffsetAt, (5,), "5 tokens (offset_at <topic> <partition> <timestampMs> <opaque>)",
      _parse_offset_at, _serialize_offset_at, NEEDS_SUBSCRIBER, None, None, None,
      (b"offset_at t 0 1700000000000 1\r\n",)),
-    ("lookup", Lookup, (8,), "8 tokens (lookup <topic> <key> <sinceMs> <untilMs> <max> <cursor|-> <opaque>)",
-     _parse_lookup, _serialize_lookup, NEEDS_SUBSCRIBER, None, None, None,
-     (b"lookup t k1 0 99 10 - 1\r\n", b"lookup t k1 0 99 10 3:4 1\r\n")),
     ("stats", Stats, (1, 2, 3), "1, 2 or 3 tokens", _parse_stats, _serialize_stats, depends(_stats_need), None,
      None, None, (b"stats  1\r\n", b"stats topics 2\r\n", b"stats reset 3\r\n")),
     ("version", Version, (1, 2), "1 or 2 tokens", _parse_version, _serialize_version, NEEDS_NOTHING, None, None,

@@ -11,6 +11,7 @@ A feature package: every module of the feature is here, named by its role, and e
 layer may, and of this package only modules of its own role's layer or a lower one.
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
+    wire.py      the text ``request`` and ``reply`` commands: parsers, serializers, their registration
     records.py   what a request and a reply carry: their properties, read from and added to a MetaQ message
 state (the store layer: files and in-memory state; no socket, gevent or clock)
     state.py     the pending-request table: text requests waiting for their replies, bounded, time passed in
