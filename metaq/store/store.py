@@ -94,6 +94,7 @@ class MessageStore:
             self.follower.add(self.keys, self._pos.written)
             self.follower.add(self.idempotence, self._pos.written)
             self.follower.step(self._pos.flushed, self._pos.written)  # the tail the saved states do not cover
+            self.idempotence.live = self.idempotence.position >= self._pos.written  # its replay is done
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
