@@ -251,6 +251,7 @@ class Idempotence:
             unlink_quietly(path)
         fsync_dir(self.root)
         self.position = position
+        self.live = False  # the log must be learned again up to its end
         self.rebuilds += 1
         problem, self._problem = self._problem, None
         if problem is not None:
@@ -312,6 +313,7 @@ class Idempotence:
     def cut(self, position):
         """The log ends at ``position`` now: the snapshots past it are deleted and the newest one left is loaded
         (none: an empty table at the log start); the follower then hands over the log from its position."""
+        self.live = False  # what the log holds past the state it reloads is learned again
         for path in (self.path, self.previous):
             data = self._read(path)
             covered = None if data is None else snapshot_position(data)
