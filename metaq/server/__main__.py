@@ -157,8 +157,23 @@ def verify(data_dir):
 def run(config):
     from metaq.server.broker import Broker
 
+    # The handlers are in place before the broker says it is ready, so a SIGTERM sent as soon as the ready line is
+    # read stops it cleanly; one that comes while it is still starting ends the process at once, as it always did.
+    holder = []
+
+    def on_signal(signum, signame):
+        log.info("received %s", signame)
+        if holder and holder[0].ready:
+            gevent.spawn(holder[0].stop)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    gevent.signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM, "SIGTERM")
+    gevent.signal_handler(signal.SIGINT, on_signal, signal.SIGINT, "SIGINT")
     try:
         broker = Broker(config)
+        holder.append(broker)
         broker.start()
     except ConfigError as exc:  # a port in use...: the user's to fix, as a bad setting is
         log.error("cannot start: %s", exc)
@@ -170,12 +185,6 @@ def run(config):
         log.error("cannot start: %s", exc)
         return EXIT_ERROR
 
-    def on_signal(signame):
-        log.info("received %s", signame)
-        gevent.spawn(broker.stop)
-
-    gevent.signal_handler(signal.SIGTERM, on_signal, "SIGTERM")
-    gevent.signal_handler(signal.SIGINT, on_signal, "SIGINT")
     broker.stopped.wait()
     return EXIT_OK if broker.stopped_cleanly else EXIT_ERROR
 

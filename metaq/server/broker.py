@@ -56,6 +56,7 @@ class Broker:
         self.stats = BrokerStats()
         self.waiters = PartitionWaiters(config.limits.max_parked_gets)
         self.stopping = False
+        self.ready = False  # set when the broker says it is ready: every listener open
         self.pressure_deleted_segments = 0  # segments retention deleted young to relieve the disk (stats)
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
@@ -242,6 +243,7 @@ class Broker:
             self.election.start()
         self._log_exposure()
         link, replication = self.roles.slave_link, self.roles.replication
+        self.ready = True  # from here a SIGTERM stops it cleanly (server/__main__.py)
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,

@@ -280,7 +280,10 @@ class MessageStore:
             state = self.check_disk()
             if state.refusing_writes:
                 raise DiskFull(state.reason)
-        return self._log.make_room(pos, total, now_ms)
+        seg = self._log.make_room(pos, total, now_ms)
+        if self._log.stale_next() is not None:  # a roll went on without the prepared segment (not ready yet):
+            self._ahead.check_at = 0  # the worker is asked again at once, and deletes it rather than hold its disk
+        return seg
 
     def check_room(self, nbytes, units, largest):
         """DiskFull unless ``nbytes`` of records (``units``: partition key -> how many; none over ``largest``) fit now,

@@ -75,6 +75,9 @@ def test_a_new_data_dir_of_the_shipped_config_fits_a_laptop(tmp_path):
     try:
         with Producer(brokers=["meta://127.0.0.1:%d" % b.port]) as producer:
             assert producer.send(Message("test", b"hello", key="order-42")).success  # keyed: the key index is made
+        # a moment after: a segment the worker prepared while the first put made its own is deleted by then
+        wait_for(lambda: len(os.listdir(tmp_path / "fresh" / "commitlog")) == 1, timeout=10,
+                 what="one segment in the commit log")
         used = disk_bytes(tmp_path / "fresh")
     finally:
         b.kill()
