@@ -128,6 +128,11 @@ class TxService:
     def complete_commit(self, plan):
         """Journal durable, appends, published, confirmed (blocks this greenlet); raises TransactionError, or
         Unavailable when written but not confirmed (sync replication, ha: auto's lease)."""
+        if plan.confirm_end:  # a retried commit already done: the answer is the first one's, once confirmed
+            self._publish_end(plan.confirm_end)
+            if self._confirm is not None:
+                self._confirm(plan.confirm_end)
+            return
         try:
             self.flush_journal()
             if self._check_writable is not None:
@@ -167,10 +172,12 @@ class TxService:
 
     def _publish(self, results):
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""
-        if not results:
-            return
+        if results:
+            self._publish_end(max(r.log_end for r in results))
+
+    def _publish_end(self, log_end):
         if self.sync_flush:
-            self.flusher.wait_flushed(max(r.log_end for r in results))
+            self.flusher.wait_flushed(log_end)
         else:
             self.waiters.notify_all()  # commits are rare: waking every long poll to re-check is cheap
             if self.store.should_flush(now_ms()):

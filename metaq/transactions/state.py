@@ -36,16 +36,20 @@ from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
 from metaq.transactions import records as R
 from metaq.transactions.journal import Journal, JournalReport, journal_dir
-from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
-                                     XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
+from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBROLLBACK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID,
+                                     XAER_INVAL, XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId,
+                                     parse_tx_key)
 
 log = logging.getLogger(__name__)
 
-#: How long a timed-out or finished key is remembered (for XA_RBTIMEOUT and XAER_DUPID answers), and how many.
+#: How long a decided branch's outcome is remembered after it ended, and how many outcomes at most (oldest dropped
+#: first): a retried COMMIT or ROLLBACK within it is answered with the decision (``Decided``), a BEGIN of the key
+#: XAER_DUPID.
 REMEMBER_MS = 600_000
 MAX_REMEMBERED = 100_000
 
-_TIMED_OUT, _FINISHED = "timed out", "finished"
+#: A decided branch's outcomes (``Decided.outcome``).
+COMMITTED, ROLLED_BACK, TIMED_OUT, READ_ONLY = "committed", "rolled back", "timed out", "read-only"
 
 #: ``recover(user=EVERYONE)``: every branch, whoever began it (an admin's view).
 EVERYONE = object()
@@ -142,14 +146,29 @@ class TxPutResult(NamedTuple):
     topic: str
 
 
+class Decided(NamedTuple):
+    """A branch that ended, remembered for ``REMEMBER_MS``: what a retried COMMIT or ROLLBACK is answered.
+
+    ``log_end``: the commit log's end after a commit's messages (a retried commit waits for it to be confirmed
+    again, as the first did: a commit answered 503 because no slave confirmed it is answered OK once one has)."""
+
+    outcome: str  # COMMITTED, ROLLED_BACK, TIMED_OUT, READ_ONLY
+    owner: object  # the connection of a local branch (None for XA: any connection may retry)
+    user: Optional[str]  # who began it (authentication on): only that user or an admin learns the outcome
+    log_end: int
+    until_ms: int
+
+
 class CommitPlan:
-    """What ``commit`` decided; hand it to ``apply_commit`` once the journal is durable."""
+    """What ``commit`` decided; hand it to ``apply_commit`` once the journal is durable. ``confirm_end``: for a
+    commit already done (a retry), the log end its messages reached (0: nothing to wait for)."""
 
-    __slots__ = ("key", "messages", "branch")
+    __slots__ = ("key", "messages", "branch", "confirm_end")
 
-    def __init__(self, key, branch):
+    def __init__(self, key, branch, confirm_end=0):
         self.key = key
         self.branch = branch
+        self.confirm_end = confirm_end
         self.messages = 0 if branch is None else len(branch.ids) - sum(branch.applied)
 
     @property
@@ -197,7 +216,7 @@ class TransactionManager:
         self._halves = {}  # key -> Branch: the pending RocketMQ half messages
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
         self._heuristic = {}  # key -> records.Heuristic
-        self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
+        self._recent = {}  # key -> Decided, oldest first
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
         self.recovery = None
 
@@ -315,10 +334,26 @@ class TransactionManager:
                 raise _xa(XA_RBTIMEOUT, "transaction %s timed out after %d s and was rolled back"
                           % (key, b.timeout_s))
             return b
-        recent = self._recent.get(key)
-        if recent is not None and recent[0] == _TIMED_OUT and (key.startswith("XID:") or recent[1] == owner):
-            raise _xa(XA_RBTIMEOUT, "transaction %s timed out and was rolled back" % key)
+        d = self.decided(key, owner)
+        if d is not None:
+            if d.outcome == TIMED_OUT:
+                raise _xa(XA_RBTIMEOUT, "transaction %s timed out and was rolled back" % key)
+            if action == "commit" and d.outcome == ROLLED_BACK:
+                raise _xa(XA_RBROLLBACK, "transaction %s was rolled back" % key)
+            if action == "rollback" and d.outcome == COMMITTED:
+                raise _xa(XAER_PROTO, "transaction %s was committed: it cannot be rolled back" % key)
+            if action not in ("commit", "rollback"):
+                raise _xa(XAER_PROTO, "transaction %s was %s already" % (key, d.outcome))
+            return d
         raise _xa(XAER_NOTA, "unknown transaction %s" % key)
+
+    def decided(self, key, owner):
+        """The remembered outcome of the ended branch ``key`` (``Decided``), or None: a local branch's only for
+        the connection that owned it, an XA branch's for any (its user is checked by the front-end: ``user_of``)."""
+        d = self._recent.get(key)
+        if d is None or not (key.startswith("XID:") or d.owner == owner):
+            return None
+        return d
 
     def _write(self, rec):
         """Journal ``rec``; a failure becomes XAER_RMFAIL (nothing changed)."""
@@ -327,10 +362,10 @@ class TransactionManager:
         except (MetaqError, OSError, R.RecordError) as exc:
             raise _xa(XAER_RMFAIL, "cannot write the transaction journal: %s" % exc) from exc
 
-    def _remember(self, key, outcome, owner, now_ms):
+    def _remember(self, key, decided):
         recent = self._recent
         recent.pop(key, None)
-        recent[key] = (outcome, owner, now_ms + REMEMBER_MS)
+        recent[key] = decided
         if len(recent) > MAX_REMEMBERED:
             del recent[next(iter(recent))]
 
@@ -343,7 +378,8 @@ class TransactionManager:
                 keys.discard(b.key)
                 if not keys:
                     del self._by_owner[b.owner]
-        self._remember(b.key, outcome, b.owner, now_ms)
+        self._remember(b.key, Decided(outcome, b.owner, b.user, b.log_end if outcome == COMMITTED else 0,
+                                      now_ms + REMEMBER_MS))
 
     # -- begin / put / prepare --------------------------------------------------------------------------------
 
@@ -421,7 +457,7 @@ class TransactionManager:
         if b.state != R.ACTIVE:
             raise _xa(XAER_PROTO, "transaction %s is already %s" % (key, b.state))
         if not b.puts:
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, READ_ONLY, now_ms)
             return XA_RDONLY
         self._write(R.Prepare(key, now_ms, b.begun_ms, b.timeout_s, b.user))
         b.state = R.PREPARED
@@ -439,6 +475,8 @@ class TransactionManager:
         """
         key = self._ident(txid)[0]
         b = self._lookup(key, owner, now_ms, "commit")
+        if isinstance(b, Decided):  # a retry: answered with the commit made (its messages confirmed again)
+            return CommitPlan(key, None, b.log_end)
         if b.state == R.COMMITTING:
             return CommitPlan(key, b)
         if b.state == R.ACTIVE and not one_phase:
@@ -446,7 +484,7 @@ class TransactionManager:
         if b.state == R.PREPARED and one_phase:
             raise _xa(XAER_PROTO, "transaction %s is prepared: one-phase commit refused" % key)
         if not b.puts:
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, READ_ONLY, now_ms)
             self._counts["committed"] += 1
             return CommitPlan(key, None)
         self._decide_commit(b, one_phase, now_ms)
@@ -511,7 +549,7 @@ class TransactionManager:
             return
         b.done_pending = False
         if self._branches.get(b.key) is b:
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, COMMITTED, now_ms)
         self._counts["committed"] += 1
 
     # -- rollback / forget / recover --------------------------------------------------------------------------
@@ -520,6 +558,8 @@ class TransactionManager:
         """Roll back an ACTIVE or PREPARED branch (journal ROLLBACK; fsync per policy)."""
         key = self._ident(txid)[0]
         b = self._lookup(key, owner, now_ms, "rollback")
+        if isinstance(b, Decided):  # a retry of a rollback (or of a read-only branch's end): nothing more to do
+            return
         if b.state == R.COMMITTING:
             raise _xa(XAER_PROTO, "transaction %s is being committed" % key)
         self._roll_back(b, now_ms, R.RB_CLIENT)
@@ -528,7 +568,7 @@ class TransactionManager:
         if b.puts:
             self._write(R.Rollback(b.key, now_ms, reason))
         timed_out = reason == R.RB_TIMEOUT
-        self._forget_branch(b, _TIMED_OUT if timed_out else _FINISHED, now_ms)
+        self._forget_branch(b, TIMED_OUT if timed_out else ROLLED_BACK, now_ms)
         self._counts["timed_out" if timed_out else "rolled_back"] += 1
 
     def forget(self, txid, now_ms):
@@ -549,11 +589,17 @@ class TransactionManager:
         return sorted(set(keys))
 
     def user_of(self, txid):
-        """``(found, user)``: whether ``txid`` is a live branch or a heuristic outcome, and who began it."""
+        """``(found, user)``: whether ``txid`` is a live branch, a heuristic outcome or a remembered decision
+        (``Decided``), and who began it."""
         key = self._ident(txid)[0]
         b = self._branches.get(key)
-        h = self._heuristic.get(key) if b is None else None
-        return (b is not None or h is not None), (b.user if b is not None else h.owner if h is not None else None)
+        if b is not None:
+            return True, b.user
+        h = self._heuristic.get(key)
+        if h is not None:
+            return True, h.owner
+        d = self._recent.get(key)
+        return (d is not None), (d.user if d is not None else None)
 
     # -- timers / connections / admin --------------------------------------------------------------------------
 
@@ -569,7 +615,7 @@ class TransactionManager:
         recent = self._recent
         while recent:
             key = next(iter(recent))
-            if recent[key][2] > now_ms:
+            if recent[key].until_ms > now_ms:
                 break
             del recent[key]
         return gone
@@ -614,7 +660,7 @@ class TransactionManager:
         if not commit:
             self._write(h)
             self._heuristic[key] = h
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, ROLLED_BACK, now_ms)
             self._counts["rolled_back"] += 1
             return None
         self._decide_commit(b, False, now_ms)

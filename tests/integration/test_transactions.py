@@ -9,7 +9,7 @@ import pytest
 
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.transactions.wire import XA_HEURCOM, XAER_NOTA, parse_xa_error
+from metaq.transactions.wire import XA_HEURCOM, XA_RBROLLBACK, XAER_NOTA, parse_xa_error
 from tests.harness.tx import ok, tx
 
 XID1 = "XID:1:0a01:b1:test-rm"
@@ -69,7 +69,10 @@ def test_kill_9_after_prepare_then_recover_and_decide(broker):
         assert xa_code(tx(c, "TX:s1:1", "COMMIT_ONE_PHASE")) == XAER_NOTA
         got = payloads(c, "tx", 0) + payloads(c, "tx", 1)
         assert sorted(got) == sorted(b"%s-%d" % (XID1.encode(), i) for i in range(4))
-        assert xa_code(tx(c, XID1, "COMMIT_TWO_PHASE")) == XAER_NOTA  # a repeated commit completes nothing
+        ok(tx(c, XID1, "COMMIT_TWO_PHASE"))  # a repeated commit is answered with the decision, appends nothing
+        assert xa_code(tx(c, XID2, "COMMIT_TWO_PHASE")) == XA_RBROLLBACK  # a rolled-back one says so
+        ok(tx(c, XID2, "ROLLBACK"))
+        assert sorted(payloads(c, "tx", 0) + payloads(c, "tx", 1)) == sorted(got)
         assert ok(tx(c, "null", "RECOVER", 0, "test-rm")) == b""
         assert ok(tx(c, "null", "RECOVER", 0, "other-rm")).decode() == OTHER
 
@@ -109,7 +112,8 @@ def test_admin_lists_in_doubt_and_decides_by_hand(broker):
         assert len(payloads(c, "tx", 0) + payloads(c, "tx", 1)) == 3
         assert xa_code(tx(c, XID1, "COMMIT_TWO_PHASE")) == XA_HEURCOM  # the coordinator learns what happened
         ok(tx(c, XID1, "FORGET"))
-        assert xa_code(tx(c, XID1, "COMMIT_TWO_PHASE")) == XAER_NOTA
+        ok(tx(c, XID1, "COMMIT_TWO_PHASE"))  # forgotten; its commit is still remembered for a while
+        assert len(payloads(c, "tx", 0) + payloads(c, "tx", 1)) == 3
     out = subprocess.run(admin + ["transactions", "rollback", "XID:9:00:00:nobody"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode != 0 and "no broker holds" in out.stderr
