@@ -23,6 +23,7 @@ from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.guard import Guard
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
+from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
@@ -147,7 +148,8 @@ class Broker:
             check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),
                                  configured=config.http.allowed_hosts)  # docs/operating.md "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
-                                 config.http.open_metrics, check)
+                                 config.http.open_metrics, check,
+                                 UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s))
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers

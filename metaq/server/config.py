@@ -149,6 +149,7 @@ class LimitsSection(_Section):
     max_connections_per_address: Optional[int] = Field(None, ge=1)
     max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
     max_partial_request_bytes: int = Field(limits.MAX_PARTIAL_REQUEST_BYTES, ge=1 << 20)
+    max_http_unsent_bytes: int = Field(limits.MAX_HTTP_UNSENT_BYTES, ge=1 << 16)
     login_timeout_s: float = Field(limits.LOGIN_TIMEOUT_S, gt=0)
     max_unauthenticated: Optional[int] = Field(None, ge=1)
     max_unauthenticated_per_address: int = Field(limits.MAX_UNAUTHENTICATED_PER_ADDRESS, ge=1)
