@@ -95,11 +95,13 @@ class Broker:
                                      lambda: self.remoting.address if self.remoting is not None else None,
                                      self.registry.granted_timeout_s)
             self.roles.attach_election(self.election)
-        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats)  # recovery completes commits
+        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats,
+                            self.roles.is_master)  # recovery completes commits (a slave's follows the log)
         self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))
         self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
                                     is_master=self.roles.is_master)  # reads its entries from the store
         self.roles.on_change(self.delay.role_changed)
+        self.roles.on_change(self.tx.role_changed)
         self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
                                    async_flush=config.store.flush == "async")  # any delivery time; its index
         self.roles.on_change(self.timers.role_changed)
@@ -133,7 +135,8 @@ class Broker:
                                            if self.election is not None else None, replies=self.replies)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
-        self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values())
+        self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
+                                      + self.tx.manager.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))

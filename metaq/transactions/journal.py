@@ -241,8 +241,28 @@ def _read_clean(directory):
 # -- the journal -----------------------------------------------------------------------------------------
 
 
+def remove_journal(directory):
+    """BLOCKING: delete a migrated journal directory (its files, then itself; the parent directory synced)."""
+    for name in os.listdir(directory):
+        unlink_quietly(os.path.join(directory, name))
+    try:
+        os.rmdir(directory)
+    except OSError as exc:
+        log.warning("transactions: %s not removed: %s", directory, exc)
+        return
+    fsync_dir(os.path.dirname(directory) or ".")
+
+
 class Journal:
     """The append side plus checkpoint helpers; open with ``Journal.open``."""
+
+    @staticmethod
+    def exists(directory):
+        """True when ``directory`` holds a journal or a snapshot (an older broker's journal to migrate)."""
+        if not os.path.isdir(directory):
+            return False
+        journals, snapshots, _temps = list_files(directory)
+        return bool(journals or snapshots)
 
     def __init__(self, directory, file_size):
         self.directory = directory

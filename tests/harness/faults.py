@@ -309,6 +309,8 @@ class LinkProxy:
                     return
                 if not data:
                     return
+                with self._lock:  # a cut made while select waited applies to what it returned
+                    state = self.state
                 if state == "open" and peer[s] is not None:
                     try:
                         peer[s].sendall(data)
