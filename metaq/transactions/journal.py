@@ -1,4 +1,6 @@
-"""The transaction journal's files: append, fdatasync, read back, cut a torn tail, checkpoint.
+"""An older broker's transaction journal files: read once at open (torn tails cut, corruption refused unless
+forced) and migrated into the commit log, where the journal now lives (``metaq.transactions.follow``). The write
+side below is what wrote them; it stays to read them back exactly and to write such a directory in tests.
 
 Layout of ``<data dir>/transactions/`` (all tx file naming lives here)::
 
