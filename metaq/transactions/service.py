@@ -78,6 +78,13 @@ class TxService:
         else:
             self.stats.tx_begin += 1
 
+    def prepare(self, txid, owner):
+        """PREPARE: XA_OK or XA_RDONLY; refused before anything is written where a put would be (a slave, a sync
+        master with no slave: 503 saying nothing was stored). The caller makes it durable (``flush_journal``)."""
+        if self._check_writable is not None:
+            self._check_writable()
+        return self.manager.prepare(txid, owner, now_ms())
+
     def rollback(self, txid, owner):
         """Roll back now; the caller makes it durable with ``flush_journal`` (from a greenlet of its own)."""
         self.manager.rollback(txid, owner, now_ms())

@@ -59,3 +59,6 @@ def test_a_commit_answered_503_is_answered_ok_on_retry_once_a_slave_confirms(bro
         assert ok(tx(c, "null", "RECOVER", 0, "test-rm")) == b""
     with slave.client() as sc:
         assert sorted(payloads(sc, "tx", 0) + payloads(sc, "tx", 1)) == got
+    with master.client() as c:  # the journal is the broker's: no client writes it
+        r = c.put("%TX%", b"a forged PREPARE", partition=0)
+        assert r.code == 400 and b"internal topic for the transaction journal" in r.body, r

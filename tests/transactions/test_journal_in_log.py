@@ -109,6 +109,8 @@ def test_a_slave_manager_writes_nothing_and_a_promotion_takes_the_branches_over(
     fill(b, local(1), "c1", 1)  # never prepared: its client was the old master's
     committed = prepared(b, 2)
     b.commit(committed, one_phase=False)
+    b.tx.put_half(7, "test", 2, 0, b"half", "PG", "T7", -1, 10, NOW, None)
+    b.tx.half_checked(7, NOW + 1)
     store, slave = replica_of(b, tmp_path)
     try:
         assert slave.replica and slave.recover() == []  # its branches are the master's until it takes over
@@ -117,8 +119,10 @@ def test_a_slave_manager_writes_nothing_and_a_promotion_takes_the_branches_over(
             slave.put(xid(9), None, "test", 0, 0, b"x", -1, NOW)
         assert info.value.xa_code == XAER_RMFAIL and "slave" in str(info.value)
         report = slave.take_over(NOW)
-        assert (report.prepared_kept, report.rolled_back) == (1, 1)
+        assert (report.prepared_kept, report.rolled_back) == (2, 1)  # the XA branch and the half message
         assert not slave.replica and slave.recover() == [x.key]
+        [half] = slave.halves()  # a RocketMQ half message, its check count kept: asked about again
+        assert (half.number, half.checks, half.data) == (7, 1, b"half")
         assert slave.commit(committed, None, False, NOW).empty  # the old master's decision, answered as made
         plan = slave.commit(x, None, False, NOW)
         assert len(slave.apply_commit(plan, NOW)) == 2
