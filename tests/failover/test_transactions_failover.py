@@ -16,6 +16,7 @@ from metaq.client.local import free_port, small_config
 from metaq.transactions.wire import XAER_NOTA, parse_xa_error
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.faults import LinkProxy
+from tests.harness.ha import Group
 from tests.harness.replication import caught_up, master_config, stats
 from tests.harness.tx import ok, tx
 from tests.integration.test_transactions import prepared_branch, tput
@@ -107,3 +108,32 @@ def test_prepared_branches_survive_failover_and_a_rejoining_master_brings_none_b
         assert xa_code(tx(c, XID4, "COMMIT_TWO_PHASE")) == XAER_NOTA
         ok(tx(c, XID1, "COMMIT_TWO_PHASE"))  # the decision travelled with the log
         assert all_tx(c) == expected
+
+
+def test_an_elected_member_takes_the_prepared_branches_over(broker_factory, tmp_path, zk_connect):
+    """``ha: auto``, two members in ``sync`` mode: the master is killed with branches prepared; the member elected
+    in its place lists them, answers the retry of the commit the old master made and, once a member follows it
+    again, commits the prepared one exactly once."""
+    group = Group(broker_factory, tmp_path, zk_connect, n=2, mode="sync")
+    first = group.master()
+    other = 1 - first
+    group.following(first, [other])
+    wait_for(lambda: group.insync(first) == "0,1", 20, "both members in sync")
+    m, s = group.members[first], group.members[other]
+    with m.client() as c:
+        prepared_branch(c, XID1, 2)
+        prepared_branch(c, XID3, 1)
+        ok(tx(c, XID3, "COMMIT_TWO_PHASE"))
+    caught_up(m, s)
+    m.kill()
+    assert group.master(timeout=30, exclude=(first,)) == other
+    with s.client() as c:
+        assert recovered(c) == [XID1]
+        ok(tx(c, XID3, "COMMIT_TWO_PHASE"))  # a decision answered: nothing to write
+    m.start()  # a sync master alone writes nothing: the old master back as its member first
+    group.following(other, [first])
+    wait_for(lambda: group.insync(other) == "0,1", 20, "the old master back in sync")
+    with s.client() as c:
+        ok(tx(c, XID1, "COMMIT_TWO_PHASE"))
+        ok(tx(c, XID3, "COMMIT_TWO_PHASE"))
+        assert all_tx(c) == sorted([b"%s-%d" % (XID1.encode(), i) for i in range(2)] + [b"%s-0" % XID3.encode()])
