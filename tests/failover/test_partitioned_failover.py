@@ -38,7 +38,7 @@ from tests.harness import netns
 from tests.harness.broker import wait_for
 from tests.harness.faults import NETEM_KINDS, NETNS_KINDS, FaultPlan, rounds_from_env
 from tests.harness.ha import SESSION_MS, Group
-from tests.harness.history import ACK_SLACK_S, Ack, History, check, check_offsets, logs_to_json
+from tests.harness.history import ACK_SLACK_S, Ack, Fault, History, check, check_offsets, logs_to_json
 from tests.harness.replication import commitlog, stats
 from tests.harness.workload import Workload, read_logs, read_offsets
 from tests.harness.zookeeper import ZooKeeperProcess
@@ -81,8 +81,10 @@ class Choice(NamedTuple):
 class NetRun:
     """An ``ha: auto`` group, its ZooKeeper and its clients, each in a namespace of one topology."""
 
-    def __init__(self, broker_factory, tmp_path, mode, n, plan):
+    def __init__(self, broker_factory, tmp_path, mode, n, plan, session_ms=SESSION_MS, **replication):
+        """``replication``: more ``replication:`` settings of every member (e.g. ``max_isolation_ms=0``)."""
         self.broker_factory, self.tmp_path, self.mode, self.n, self.plan = broker_factory, tmp_path, mode, n, plan
+        self.session_ms, self.replication = session_ms, replication
         self.name = "%s, %d members" % (mode, n)
         sub = random.Random("netns-%d" % plan.seed)
         self.choices = [Choice(round(sub.random(), 3), round(sub.uniform(0.2, 1.0), 2), sub.randint(10, 30),
@@ -103,13 +105,14 @@ class NetRun:
                            start=False, sections={"store": {"flush_interval_ms": FLUSH_MS},
                                      # the ports listen on a namespace's address, not loopback: only the
                                      # run's own namespaces can reach it
-                                     "security": {"insecure": True}})
+                                     "security": {"insecure": True}}, **self.replication)
         for i, member in enumerate(self.group.members):
             node = "m%d" % i
             address = self.topo.addresses[node]
             member.config["broker"]["host"] = member.host = address
             member.config["replication"]["advertised_address"] = "%s:%d" % (address, self.group.replication_port(i))
             member.prefix = self.topo.prefix(node)
+            member.config["zk"]["session_timeout_ms"] = self.session_ms
             member.start()
         self.load = Workload(self.history, self.zk.connect, TOPIC, producers=3, consumers=2, group=GROUP,
                              workdir=self.tmp_path, broker_id=7, pace_s=0.01, offset_store="broker")
@@ -230,10 +233,20 @@ def differing_logs(members, master):
     return out
 
 
-def run_plan(broker_factory, tmp_path, mode, n, kinds):
+def run_plan(broker_factory, tmp_path, mode, n, kinds, plan=None, **settings):
+    """The run; the violations fail it. ``plan``: this one instead of each kind in turn; ``settings``: NetRun's."""
+    run, verdict, _offsets, _ends = play(broker_factory, tmp_path, mode, n, kinds, plan, **settings)
+    if verdict:
+        run.fail("%s\n%s" % (verdict.summary(), verdict.where))
+    return run, verdict
+
+
+def play(broker_factory, tmp_path, mode, n, kinds, plan=None, **settings):
+    """The run and its verdict, offset tables checked (their convergence within OFFSETS_S and their ends)."""
     skip_unless_netns()
-    plan = FaultPlan(rounds=rounds_from_env(DEFAULT_CYCLES * len(kinds)), kinds=kinds, waits=WAITS, each=True)
-    run = NetRun(broker_factory, tmp_path, mode, n, plan)
+    if plan is None:
+        plan = FaultPlan(rounds=rounds_from_env(DEFAULT_CYCLES * len(kinds)), kinds=kinds, waits=WAITS, each=True)
+    run = NetRun(broker_factory, tmp_path, mode, n, plan, **settings)
     print("\n%s mode, %d members, nodes %s; %s\nchoices:\n  %s" % (
         mode, n, run.topo.addresses, plan.describe(), "\n  ".join(str(c) for c in run.choices)))
     try:
@@ -275,9 +288,8 @@ def run_plan(broker_factory, tmp_path, mode, n, kinds):
         f.write(logs_to_json(logs))
     verdict = check(run.history, logs, mode, master="m%d" % master)
     verdict += differ
+    verdict.where = "history: %s, logs: %s" % (path, tmp_path / "logs.json")
     print(verdict.summary())
-    if verdict:
-        run.fail("%s\nhistory: %s, logs: %s" % (verdict.summary(), path, tmp_path / "logs.json"))
     assert verdict.counts["faults"] == len(plan) and verdict.counts["heals"] == len(plan), verdict.summary()
     assert {s.kind for s in plan} == set(kinds) or len(plan) < len(kinds)
     if mode == "sync":
@@ -286,7 +298,7 @@ def run_plan(broker_factory, tmp_path, mode, n, kinds):
     master_table = offsets["m%d" % master]
     assert {k[2] for k in master_table} == {p for (_t, p) in ends}, master_table
     assert all(master_table[(GROUP, TOPIC, p)] == end for (_t, p), end in ends.items()), (master_table, ends)
-    return run, verdict
+    return run, verdict, offsets, ends
 
 
 PARTITIONS = tuple(k for k in NETNS_KINDS if k not in NETEM_KINDS)
@@ -306,3 +318,19 @@ def test_async_group_under_asymmetric_loss_and_delay(broker_factory, tmp_path):
     if why:
         pytest.skip("asymmetric loss and delay need tc netem: " + why)
     run_plan(broker_factory, tmp_path, "async", 2, NETEM_KINDS)
+
+
+def test_the_checker_catches_an_isolated_async_master_without_the_bound(broker_factory, tmp_path):
+    """The same checks have teeth: with ``max_isolation_ms: 0`` (off) and an 8 s session, the isolated master
+    acknowledges for its whole lease (4 s) after the cut, past the window the bound allows: those losses are
+    violations, each named."""
+    plan = FaultPlan(seed=1, rounds=1, kinds=["isolate_master"], durations={"isolate_master": (12.0, 12.0)},
+                     waits=WAITS)
+    run, verdict, _offsets, _ends = play(broker_factory, tmp_path, "async", 2, ["isolate_master"], plan,
+                                         session_ms=8000, max_isolation_ms=0)
+    late = [v for v in verdict if v.startswith("LOST WITHOUT FAULT (async)")]
+    assert late and len(late) == len(verdict), verdict.summary()
+    cut = run.history.events(Fault)[0].t
+    lost_after = sorted(a.t - cut for a in verdict.lost.values())
+    assert lost_after[-1] > MAX_ISOLATION_S + REPLY_SLACK_S, lost_after[-5:]
+    assert len(late) == len([t for t in lost_after if t > MAX_ISOLATION_S + REPLY_SLACK_S]), verdict.summary()
