@@ -13,7 +13,7 @@ drives the rounds; each round on a healthy group:
   timeout another member is elected; an ``async`` master refuses writes within ``replication.max_isolation_ms``);
 * ``cut_slave``: one slave cut from the master only (it still hears ZooKeeper and the clients);
 * ``flap_link``: the master's link to one slave, or to ZooKeeper, cut and healed every 0.2-1 s;
-* ``one_way_cut``: what the master sends its slaves dropped, what they send it delivered;
+* ``one_way_cut``: what the master sends its slaves dropped, what they send it delivered (or the other way round);
 * ``asymmetric_loss``: 10-30 % loss and up to 40 ms delay on what the master sends (``tc netem``; its own test,
   skipped with the reason where the kernel has no netem).
 
@@ -72,11 +72,12 @@ def skip_unless_netns():
 
 class Choice(NamedTuple):
     """A round's own draws (from the plan's seed): which slave, the flap's half period and peer (ZooKeeper or a
-    slave), netem's loss and delay."""
+    slave), the one-way cut's direction, netem's loss and delay."""
 
     pick: float
     period_s: float
     flap_zk: bool
+    to_master: bool
     loss: int
     delay_ms: int
 
@@ -91,7 +92,7 @@ class NetRun:
         self.name = "%s, %d members" % (mode, n)
         sub = random.Random("netns-%d" % plan.seed)
         self.choices = [Choice(round(sub.random(), 3), round(sub.uniform(0.2, 1.0), 2), sub.random() < 0.5,
-                               sub.randint(10, 30), sub.randint(0, 40)) for _ in plan]
+                               sub.random() < 0.5, sub.randint(10, 30), sub.randint(0, 40)) for _ in plan]
         self.topo = netns.Topology(["zk"] + ["m%d" % i for i in range(n)] + ["c"])
         self.history = History()
         self.log = []
@@ -180,6 +181,8 @@ class NetRun:
         if kind == "flap_link":
             return netns.Flap(self.topo, [m], ["zk" if choice.flap_zk else slave], choice.period_s), {}
         if kind == "one_way_cut":
+            if choice.to_master:  # the master hears nothing from its slaves; they still hear it
+                return netns.Cut(self.topo, slaves, [m], one_way=True), {}
             return netns.Cut(self.topo, [m], slaves, one_way=True), {}
         if kind == "asymmetric_loss":
             return netns.Netem(self.topo, m, loss=choice.loss, delay_ms=choice.delay_ms, direction="out"), {}
