@@ -24,7 +24,9 @@ duplicates (reported), order per partition, no position holding two messages on 
 copies of one another) and every acknowledged message delivered; then the consumer group (offsets kept in the
 brokers) closes and every member's offset table must equal the master's (``check_offsets``).
 
-Every member's commit log must then be byte-identical to the master's up to its end (``differing_logs``).
+Every member's commit log must then be byte-identical to the master's up to its end (``differing_logs``), and the
+XA branches prepared before the faults (one committed after each round on the master of the moment) must be as
+their answers said on the final master (``check_branches``).
 
 ``METAQ_CHECKER_SEED`` replays a plan; ``METAQ_CHECKER_ROUNDS`` sets the rounds (default: each kind twice).
 """
@@ -39,7 +41,12 @@ from tests.harness import netns
 from tests.harness.broker import wait_for
 from tests.harness.faults import NETEM_KINDS, NETNS_KINDS, FaultPlan, rounds_from_env
 from tests.harness.ha import SESSION_MS, Group
-from tests.harness.history import ACK_SLACK_S, Ack, Fault, History, check, check_offsets, logs_to_json
+from tests.harness.history import (ACK_SLACK_S, Ack, Fault, History, check, check_branches, check_offsets,
+                                   logs_to_json)
+from tests.harness.tx import ok, tx
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.transactions.wire import parse_xa_error
 from tests.harness.replication import commitlog, stats
 from tests.harness.workload import Workload, read_logs, read_offsets
 from tests.harness.zookeeper import ZooKeeperProcess
@@ -47,6 +54,10 @@ from tests.harness.zookeeper import ZooKeeperProcess
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 TOPIC = "t-part"
+#: The XA branches' messages (one each, its key as the body), and how many branches a run prepares before its faults:
+#: one is committed after each round on whichever member is master then, the rest stay prepared to the end.
+TX_TOPIC = "t-part-tx"
+BRANCHES = 6
 GROUP = "g-history"
 #: async flushes (and so ships) every FLUSH_MS.
 FLUSH_MS = 100
@@ -219,6 +230,60 @@ class NetRun:
         return master
 
 
+def branch_key(n):
+    return "XID:1:%04x:b1:netrun" % n
+
+
+def prepare_branches(run, n):
+    """``n`` XA branches prepared on the master, one message each: the keys answered XA_OK."""
+    master = run.group.members[run.healthy()]
+    keys = []
+    with master.client() as c:
+        for i in range(n):
+            key = branch_key(i)
+            ok(tx(c, key, "BEGIN", 600, "netrun"))
+            body = key.encode()
+            r = c.call(ev.Put(TX_TOPIC, 0, 0, body, c.opaque(), metaq_checksum(body), key))
+            assert ok(r) == b"-1 0 -1", r
+            c.send(b"transaction %s s1 END 0\r\n" % body)
+            assert ok(tx(c, key, "PREPARE")) == b"0"
+            keys.append(key)
+    return keys
+
+
+def commit_branch(run, key):
+    """Commit ``key`` on whichever member is master, retrying (a 503, a connection lost) until a commit is answered
+    OK (True) or the branch is unknown there (False: the check names it)."""
+    deadline = time.monotonic() + HEALTHY_S
+    while time.monotonic() < deadline:
+        try:
+            with run.group.members[run.healthy()].client() as c:
+                r = tx(c, key, "COMMIT_TWO_PHASE")
+        except (OSError, AssertionError) as exc:
+            run.say("commit of %s: %s; again" % (key, exc))
+            time.sleep(0.5)
+            continue
+        if r.code == 200:
+            return True
+        if r.code == 500 and parse_xa_error(r.body)[0] == -4:  # XAER_NOTA
+            run.say("commit of %s: unknown on the master" % key)
+            return False
+        run.say("commit of %s: %s; again" % (key, r))
+        time.sleep(0.5)
+    run.fail("the commit of %s was never answered" % key)
+
+
+def branch_verdict(run, master, prepared, committed, mode):
+    """``check_branches`` on the final master: its RECOVER and its TX_TOPIC messages."""
+    with run.group.members[master].client() as c:
+        recovered = [k for k in ok(tx(c, "null", "RECOVER", 0, "netrun")).decode().split("\r\n") if k]
+    logs = read_logs({"m": run.group.members[master]}, topics=[TX_TOPIC])["m"]
+    stored = {}
+    for body in logs.values():
+        stored[body] = stored.get(body, 0) + 1
+    return check_branches(prepared, committed, recovered, stored, mode)
+
+
 def differing_logs(members, master):
     """Byte-identical logs: each member's commit log up to the common end, segment by segment, against the
     master's; the violations (empty: identical)."""
@@ -265,10 +330,14 @@ def play(broker_factory, tmp_path, mode, n, kinds, plan=None, **settings):
         run.healthy()
         run.load.start()
         run.load.wait_acks(PROGRESS_ACKS * 5, HEALTHY_S)
-        for step, choice in zip(plan, run.choices):
+        prepared, committed = prepare_branches(run, BRANCHES), set()
+        for i, (step, choice) in enumerate(zip(plan, run.choices)):
             run.round(step, choice)
+            if i < BRANCHES - 1 and commit_branch(run, branch_key(i)):
+                committed.add(branch_key(i))
         run.load.stop_producers()
         master = run.caught_up()
+        branches = branch_verdict(run, master, prepared, committed, mode)
         logs = read_logs({"m%d" % i: b for i, b in enumerate(run.members)}, topics=[TOPIC])
         differ = differing_logs(run.members, master)
         held = set(logs["m%d" % master].values())
@@ -299,6 +368,7 @@ def play(broker_factory, tmp_path, mode, n, kinds, plan=None, **settings):
         f.write(logs_to_json(logs))
     verdict = check(run.history, logs, mode, master="m%d" % master)
     verdict += differ
+    verdict += branches
     verdict.where = "history: %s, logs: %s" % (path, tmp_path / "logs.json")
     print(verdict.summary())
     assert verdict.counts["faults"] == len(plan) and verdict.counts["heals"] == len(plan), verdict.summary()

@@ -373,7 +373,6 @@ def check(history, logs, mode, master=None, ack_slack=ACK_SLACK_S):
     if mode == "sync":
         violations += _sync_losses(run, lost)
     violations += _undelivered(run) + _phantoms(run) + _reordered(run)
-    violations += _transactions(run)
     fault_lines = []
     if mode == "async":
         violations += _async_losses(run, lost, ack_slack, fault_lines)
@@ -514,12 +513,43 @@ def _reordered(run):
     return out
 
 
-def _transactions(run):
-    """Prepared XA branches and half messages across a failover (issue 41 point 1): each one answered XA_OK /
-    SEND_OK is, on the final master, still prepared (RECOVER lists it) or decided once, and none that a
-    coordinator was told was gone comes back. The history records no transaction events yet: the checks go
-    here once the transaction journal is replicated."""
-    return []
+def check_branches(prepared, committed, recovered, stored, mode):
+    """XA branches across a run's faults (issue 41 point 1), judged on the final master: ``prepared``: the keys
+    answered XA_OK; ``committed``: those whose commit was answered OK; ``recovered``: the final master's RECOVER;
+    ``stored``: ``{key: copies of the branch's message in its log}``. Returns the violations (empty: none):
+
+    * BRANCH LOST: prepared, never committed, and not listed by RECOVER (its message not stored either);
+    * COMMIT LOST (``sync``): committed, but its message is not stored; in ``async`` a commit lost within the lag
+      leaves the branch prepared again (listed by RECOVER), which is allowed, its message not stored then;
+    * BRANCH RESURFACED: listed by RECOVER while its message is stored (decided, yet offered again);
+    * STORED TWICE: a branch's message stored more than once;
+    * STORED UNCOMMITTED: a message of a branch never committed is stored;
+    * UNKNOWN BRANCH: RECOVER lists a key that was never prepared."""
+    if mode not in MODES:
+        raise ValueError("mode must be one of %s, got %r" % ("/".join(MODES), mode))
+    prepared, committed, recovered = set(prepared), set(committed), set(recovered)
+    out = []
+    if committed - prepared:
+        raise ValueError("committed but never prepared: %s" % ", ".join(sorted(committed - prepared)))
+    for key in sorted(prepared):
+        copies = stored.get(key, 0)
+        listed = key in recovered
+        if copies > 1:
+            out.append("STORED TWICE %s: its message is stored %d times" % (key, copies))
+        if listed and copies:
+            out.append("BRANCH RESURFACED %s: RECOVER lists it while its message is stored" % key)
+        if key in committed:
+            if not copies and not (mode == "async" and listed):
+                out.append("COMMIT LOST (%s) %s: the commit was answered OK; its message is not stored%s"
+                           % (mode, key, "" if not listed else " (RECOVER lists it prepared again)"))
+        else:
+            if copies:
+                out.append("STORED UNCOMMITTED %s: never committed, its message is stored" % key)
+            elif not listed:
+                out.append("BRANCH LOST %s: answered XA_OK, never decided, not listed by RECOVER" % key)
+    for key in sorted(recovered - prepared):
+        out.append("UNKNOWN BRANCH %s: RECOVER lists a branch never prepared" % key)
+    return out
 
 
 def check_offsets(tables, master, ends=None):
