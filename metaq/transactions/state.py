@@ -252,6 +252,11 @@ class TransactionManager:
             if jreport is not None:
                 remove_journal(journal_dir(store.dirs.root))
         else:
+            directory = journal_dir(store.dirs.root)
+            if Journal.exists(directory):  # an older broker's own journal: a slave's branches are its master's
+                log.warning("transactions: %s, an older broker's journal, is removed: this broker is a slave, its "
+                            "branches are the master's (in the log)", directory)
+                remove_journal(directory)
             self._replica = replay
             self.follow.replicating = True
             self.recovery = RecoveryReport(None, records=replay.records, anomalies=replay.state.anomalies)

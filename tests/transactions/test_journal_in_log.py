@@ -163,3 +163,19 @@ def test_an_older_brokers_journal_is_migrated_into_the_log_once(tmp_path):
         assert len(b.journal()) == 4  # not migrated twice
     finally:
         b.crash()
+
+
+def test_a_slave_removes_an_older_brokers_journal_rather_than_keep_branches_that_are_not_its_masters(tmp_path):
+    tx_dir = tmp_path / "data" / "transactions"
+    os.makedirs(tx_dir)
+    key = "XID:1:0c:0d:q"
+    with open(journal_path(str(tx_dir), 1), "wb") as f:
+        for rec in (R.Put(key, "test", 0, 0, -1, b"stale"), R.Prepare(key, 1, 1, 0)):
+            payload = b"".join(R.encode(rec))
+            f.write(R.HEADER.pack(len(payload), crc32(payload)) + payload)
+    store = open_store(str(tmp_path / "data"), NOW)
+    try:
+        slave = TransactionManager.open(store, TxConfig(), NOW, master=False)
+        assert not os.path.exists(tx_dir) and slave.take_over(NOW).prepared_kept == 0 and slave.recover() == []
+    finally:
+        store.abandon()
