@@ -15,7 +15,10 @@ durable records, as the key index) or the written end (``WRITTEN``). The followe
   is handed, a segment at a time, the part of that range past its own position (``learn``) and moved past what it
   learned and past blank segment tails (``advance``). A subscriber further on than the range waits for the lowest
   ones. A subscriber that is ``full`` (optional: it holds what it learned until its owner takes it, and has no room
-  now) is passed over, so that it does not hold the others back; its owner wakes the steps once it made room.
+  now) is passed over, so that it does not hold the others back; its owner wakes the steps once it made room. One
+  that is ``passive`` (optional: it has nothing to learn now, as a master's transaction journal from its own
+  records) is moved to its end at once and counts as neither moved nor left, so that a busy log does not keep the
+  steps running for it.
   Records that retention deleted before a subscriber learned them are passed over (it starts at the log start). A
   walk stopped by bytes that are not a record where one should be stays there: the next step tries again.
 * **Cuts** (``cut``: a slave's truncation): every subscriber past the cut is told once, and learns again from it.
@@ -106,6 +109,10 @@ class LogFollower:
         start = self._log.start
         todo = []
         for sub in self._subs if only is None else (only,):
+            if getattr(sub, "passive", False):  # nothing to learn now: it keeps up with its end at once
+                if sub.position < ends[sub.follows]:
+                    sub.advance(ends[sub.follows])
+                continue
             pos = sub.position if start is None else max(sub.position, start)
             if pos < ends[sub.follows] and not getattr(sub, "full", False):
                 todo.append((pos, sub))

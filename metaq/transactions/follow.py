@@ -122,6 +122,11 @@ class TxFollow:
         self.position = 0
         self.replicating = False  # a slave: the records arriving are the master's, to be learned
 
+    @property
+    def passive(self):
+        """A master learns nothing from its own records: the follower keeps it at the end without a step."""
+        return not self.replicating
+
     def load(self, log_start, log_end):
         """The manager replayed the whole log at its open: nothing is left to learn."""
         self.position = log_end

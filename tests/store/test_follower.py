@@ -118,6 +118,26 @@ def test_a_subscriber_follows_its_end_flushed_or_written(store):
     assert durable.learned == written.learned
 
 
+class Passive(Recorder):
+    """A subscriber with nothing to learn while ``passive`` (a master's transaction journal: its own records)."""
+
+    passive = True
+
+
+def test_a_passive_subscriber_keeps_up_with_its_end_without_a_step_or_a_walk(store):
+    fill(store, 10)
+    quiet = Passive(follows=WRITTEN)
+    store.follower.add(quiet, store.written_position)
+    for _ in range(5):
+        store.put("test", 0, 0, b"y" * 50, NOW)
+    assert store.follow_log() is False  # nothing moved that has more to learn: the steps stop at once
+    assert quiet.position == store.written_position and quiet.learned == [] and quiet.spans == []
+    quiet.passive = False  # a slave's: it learns the records from where it is
+    store.put("test", 1, 0, b"z" * 50, NOW)
+    follow(store)
+    assert len(quiet.learned) == 1 and quiet.position == store.written_position
+
+
 def test_a_cut_rewinds_every_subscriber_past_it_exactly_once(store):
     fill(store, 40)
     every = record_positions(store)
