@@ -39,6 +39,7 @@ from metaq.transactions.text import TextTransactions
 from metaq.server.tls import TlsPolicy
 from metaq.transactions.service import TxService
 from metaq.topics.service import TopicAdmin
+from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
 from metaq.store.store import MessageStore
 from metaq.timers.http import TimerViews, add_timer_routes
 from metaq.timers.service import TimerService
@@ -59,6 +60,7 @@ class Broker:
         self.stopping = False
         self.ready = False  # set when the broker says it is ready: every listener open
         self.pressure_deleted_segments = 0  # segments retention deleted young to relieve the disk (stats)
+        self._retention_due = Event()  # a write met a full disk: retention runs now, not at its next interval
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
         self._tasks = []
@@ -68,7 +70,7 @@ class Broker:
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
-        self.gate = WriteGate()
+        self.gate = WriteGate(on_full=self._retention_due.set)
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
@@ -82,6 +84,7 @@ class Broker:
                                    config.max_connections_per_address(), self.guard, self.tls,
                                    lim.tls_handshakes_per_address_s)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
+        self.roles.on_disk_full(self._retention_due.set)  # a slave's copy met a full disk: the same rule
         self.registry = None
         if config.zk.connect:
             self.registry = ZkRegistry(config, self.store, self.config_checksum, self.roles.slave_id,
@@ -145,7 +148,8 @@ class Broker:
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
-                                self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes)
+                                self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes,
+                                self.disk_pressure)
             http_host = config.http.host or config.broker.host
             names = [socket.gethostname(), config.broker.host, http_host] + config.http.allowed_hosts
             check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),
@@ -179,7 +183,19 @@ class Broker:
         return NodeFacts(self.config.broker.id, self.port, not self.roles.is_master, self.connection_count,
                          self.config_checksum, self.config.store.flush, disk.usage_ratio if disk else 0.0,
                          bool(self.gate.refusal), self.registry.state if self.registry is not None else "standalone",
-                         self.pressure_deleted_segments)
+                         self.pressure_deleted_segments, self.disk_pressure()[0])
+
+    def disk_pressure(self):
+        """``(state, why)``: ``full`` when writes, or this slave's copy of its master's log, are refused for lack of
+        disk (above the danger mark, or a write met ENOSPC); ``warn`` when retention deletes the oldest segments
+        before their time (``DiskState.pressure``); else ``none`` (``stats`` ``disk_pressure``, ``/readyz``)."""
+        link, gate = self.roles.slave_link, self.gate
+        if link is not None and link.disk_full:
+            return PRESSURE_FULL, link.disk_full
+        if gate.refusal and gate.flush_failure is None:
+            return PRESSURE_FULL, gate.refusal
+        disk = gate.disk_state
+        return (disk.pressure, disk.pressure_reason) if disk is not None else (PRESSURE_NONE, "")
 
     def _flush_failed(self):
         self.gate.refresh(flush_failure=self.flusher.failure)
@@ -317,12 +333,20 @@ class Broker:
                             gate.disk_state.usage_ratio * 100)
 
     def _retention_loop(self):
+        """Retention every ``retention_check_interval_s``, and at once when a write (a put, a slave's copy) met a
+        full disk, at most once a ``disk_check_interval_s``."""
         interval = self.config.store.retention_check_interval_s
         while not self.stopping:
-            gevent.sleep(interval)
+            due = self._retention_due.wait(interval)
+            if self.stopping:
+                return
+            self._retention_due.clear()
             self.run_retention()
+            if due:  # a full disk asks again at every refused write: not more often than the disk is checked
+                gevent.sleep(min(interval, self.config.store.disk_check_interval_s))
 
     def run_retention(self):
+        self.check_disk()  # measured now: a figure from before a deletion would delete again what is gone already
         usage = self.gate.disk_state.usage_ratio if self.gate.disk_state else None
         try:
             report = self.store.retention(now_ms(), usage)  # the timer index's floor: store.follower

@@ -168,6 +168,7 @@ class NodeFacts(NamedTuple):
     writes_refused: bool
     zookeeper: str  # the registry's state, or "standalone"
     pressure_deleted_segments: int = 0  # segments retention deleted young to bring the disk below its warn mark
+    disk_pressure: str = "none"  # none | warn | full (Broker.disk_pressure)
 
 
 #: The broker's own topics (metaq.topics.names): no long polls of theirs counted, not listed (delay levels,
@@ -263,6 +264,7 @@ class StatsService:
                                                                          self.flusher.recent_times())] + [
             ("disk_usage", float(node.disk_usage)),
             ("writes_refused", node.writes_refused),
+            ("disk_pressure", node.disk_pressure),
             ("disk_pressure_deleted_segments", node.pressure_deleted_segments),
             ("protocol_errors", c.protocol_errors),
             ("corrupt_reads", store.reads.corrupt_reads),

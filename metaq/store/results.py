@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import List, NamedTuple
 
+from metaq.store.retention import short_of_room
+
 
 class PutResult(NamedTuple):
     msg_id: int
@@ -34,6 +36,11 @@ class ReadResult(NamedTuple):
     next_offset: int
 
 
+#: ``DiskState.pressure``: nothing to do; retention deletes the oldest sealed segments before their time (above the
+#: warn mark, or too little free for the next segment: retention.py); writes (and a slave's copy) refused.
+PRESSURE_NONE, PRESSURE_WARN, PRESSURE_FULL = "none", "warn", "full"
+
+
 @dataclass
 class DiskState:
     usage_ratio: float
@@ -41,16 +48,28 @@ class DiskState:
     refusing_writes: bool
     reason: str
     total_bytes: int = 0
+    pressure: str = PRESSURE_NONE
+    pressure_reason: str = ""  # why ``pressure`` is what it is ("" for none)
 
     @classmethod
-    def of(cls, usage, danger):
+    def of(cls, usage, danger, warn=None, segment_size=None):
         """The state of a filesystem measured as ``usage`` (``files.DiskUsage``) against the danger mark ``danger``
-        (a fraction): above it, writes are refused."""
+        (a fraction): above it, writes are refused (pressure ``full``). Above the warn mark ``warn``, or with less
+        than ``segment_size`` free with a warn mark below 1.0, retention deletes young segments (pressure ``warn``):
+        docs/operating.md "Disk"."""
         ratio = usage.ratio
         refusing = ratio > danger
         reason = ("disk usage %.1f%% is above the danger mark %g%%: writes are refused until space is freed"
                   % (ratio * 100, round(danger * 100, 3)) if refusing else "")
-        return cls(ratio, usage.available_bytes, refusing, reason, usage.used_bytes + usage.available_bytes)
+        pressure, why = (PRESSURE_FULL, reason) if refusing else (PRESSURE_NONE, "")
+        if not refusing and warn is not None and ratio > warn:
+            pressure, why = PRESSURE_WARN, ("disk usage %.1f%% is above the warn mark %g%%: retention deletes the "
+                                            "oldest segments before their time" % (ratio * 100, round(warn * 100, 3)))
+        elif not refusing and warn is not None and short_of_room(usage.available_bytes, segment_size, warn):
+            pressure, why = PRESSURE_WARN, ("%d bytes free, less than a %d-byte segment: retention deletes the oldest "
+                                            "segments before their time" % (usage.available_bytes, segment_size))
+        return cls(ratio, usage.available_bytes, refusing, reason, usage.used_bytes + usage.available_bytes,
+                   pressure, why)
 
 
 @dataclass

@@ -304,7 +304,9 @@ class MessageStore:
     def check_disk(self):
         """Measure the data dir's filesystem (``files.disk_usage``: df's fraction); above the danger mark puts are
         refused. The result is also kept as ``disk_state``, the latest measurement whoever asked for it."""
-        self.disk_state = DiskState.of(disk_usage(self.dirs.root), self.config.disk_danger_ratio)
+        cfg = self.config
+        self.disk_state = DiskState.of(disk_usage(self.dirs.root), cfg.disk_danger_ratio, cfg.disk_warn_ratio,
+                                       cfg.segment_size)
         self._refusal = self.disk_state.reason or None
         return self.disk_state
 

@@ -44,6 +44,13 @@ def test_readiness_reasons():
     assert "elected no master" in api.readiness(False, waiting, None, None)
 
 
+def test_a_slave_whose_copy_met_a_full_disk_is_not_ready_for_its_disk_not_its_link():
+    down = {"replication_role": "slave", "replication_master": "127.0.0.1:9", "replication_link": "down"}
+    why = api.readiness(False, down, None, None, "disk full: no space left to allocate 1048576 bytes")
+    assert why == "slave cannot store what it replicates: disk full: no space left to allocate 1048576 bytes"
+    assert "not handshaken" in api.readiness(False, down, None, None, None)
+
+
 # -- the reader ------------------------------------------------------------------------------------------------
 
 

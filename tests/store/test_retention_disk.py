@@ -8,6 +8,8 @@ import subprocess
 import pytest
 
 from metaq import errors
+from metaq.store.files import DiskUsage
+from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE, PRESSURE_WARN, DiskState
 from metaq.store.retention import SegmentInfo, plan_deletion
 from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
 from tests.harness.tmpfs import ext4_with_reserve
@@ -43,6 +45,37 @@ def test_plan_deletes_a_prefix_of_old_or_pressured_deletable_segments():
     assert plan_deletion(segs, 100, 60, usage_ratio=0.80, warn_ratio=0.75, disk_total_bytes=2000)[0] == 1
     count, why = plan_deletion(segs, 100, 60, usage_ratio=0.95, warn_ratio=0.75, disk_total_bytes=1000)
     assert count == 2 and "warn mark" in why  # 0.95 - 0.1 = 0.85 > 0.75, then 0.75 is not above it
+
+
+def test_a_disk_without_room_for_the_next_segment_is_under_pressure_below_the_warn_mark():
+    """At the mark (exactly one segment free) nothing goes; one byte less, the oldest young segment goes, and as many
+    as bring the free bytes back to a segment; a warn mark of 1.0 deletes nothing early, whatever is free."""
+    segs = [SegmentInfo("a", 100, 50, True), SegmentInfo("b", 100, 50, True), SegmentInfo("c", 100, 0, False)]
+    young = dict(now_ms=60, retention_ms=60, usage_ratio=0.5, warn_ratio=0.75, disk_total_bytes=10_000,
+                 segment_size=150)
+    assert plan_deletion(segs, free_bytes=150, **young)[0] == 0
+    count, why = plan_deletion(segs, free_bytes=149, **young)
+    assert count == 1 and "room for the next 150-byte segment (149 bytes free)" in why
+    assert plan_deletion(segs, free_bytes=0, **young)[0] == 2  # 0 + 100 < 150: the second goes too
+    assert plan_deletion(segs, free_bytes=0, **dict(young, warn_ratio=1.0))[0] == 0
+
+
+def test_disk_state_names_the_pressure_at_each_mark_and_one_past():
+    """``stats`` ``disk_pressure``: none at the warn mark, warn one byte past it; warn at the danger mark, full one
+    byte past it; warn one byte short of room for a segment (not with a warn mark of 1.0)."""
+    def state(used, free, warn=0.5, segment=100):
+        return DiskState.of(DiskUsage(used, free), 0.75, warn, segment)
+
+    assert state(500, 500).pressure == PRESSURE_NONE  # 0.5: at the warn mark
+    past = state(501, 499)
+    assert past.pressure == PRESSURE_WARN and "above the warn mark 50%" in past.pressure_reason
+    assert state(750, 250).pressure == PRESSURE_WARN and not state(750, 250).refusing_writes  # at the danger mark
+    full = state(751, 249)
+    assert full.pressure == PRESSURE_FULL and full.refusing_writes and full.pressure_reason == full.reason
+    assert state(50, 100, segment=100).pressure == PRESSURE_NONE
+    short = state(50, 99, segment=100)
+    assert short.pressure == PRESSURE_WARN and "less than a 100-byte segment" in short.pressure_reason
+    assert state(50, 99, warn=1.0, segment=100).pressure == PRESSURE_NONE
 
 
 def test_retention_deletes_old_segments_and_index_files_and_raises_the_minimum(data_dir):

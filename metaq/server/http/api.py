@@ -32,16 +32,19 @@ from metaq.protocol.message import decode_payload, encode_payload
 from metaq.server.clock import now_ms
 from metaq.server.http.routes import OPEN, READ, Response, error_response, json_response
 from metaq.server.stats import group_rows, public_topics
+from metaq.store.results import PRESSURE_FULL
 
 
 def _plain(value):
     return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
 
 
-def readiness(stopping, replication, write_refusal, read_refusal):
+def readiness(stopping, replication, write_refusal, read_refusal, disk_full=None):
     """``None`` when ready, else why not (``/readyz``). ``replication``: the ``stats`` replication pairs as a dict;
     ``write_refusal``: the WriteGate's refusal (a full disk, a failed flush), the master's lease refusal or its
-    isolation refusal (``replication.max_isolation_ms``)."""
+    isolation refusal (``replication.max_isolation_ms``); ``disk_full``: why writes or a slave's copy are refused
+    for lack of disk (``Broker.disk_pressure`` ``full``), or None. Disk pressure short of that (``warn``: retention
+    deleting young segments) leaves a broker ready."""
     if stopping:
         return "the broker is shutting down"
     if read_refusal:
@@ -50,6 +53,8 @@ def readiness(stopping, replication, write_refusal, read_refusal):
         master = replication.get("replication_master")
         if master in (None, "none"):
             return "role not known: replication.ha auto has elected no master to follow yet"
+        if disk_full:  # its link drops at each refused copy: the disk is the reason, not the link
+            return "slave cannot store what it replicates: %s" % disk_full
         if replication.get("replication_link") != "connected":
             return "slave of %s: not handshaken with its master yet (link down)" % master
         if not replication.get("replication_caught_up"):
@@ -67,7 +72,8 @@ class BrokerViews:
     """What the API reads and does, given at assembly (never the Broker): the store, the stats counters, the
     put path, the guard, the roles (replication pairs, read refusal), the stats summary, and ``stopping``."""
 
-    def __init__(self, store, counters, put_path, guard, roles, summary, stopping, max_body_bytes):
+    def __init__(self, store, counters, put_path, guard, roles, summary, stopping, max_body_bytes,
+                 disk_pressure=None):
         self.store = store
         self.counters = counters
         self.put_path = put_path
@@ -76,6 +82,7 @@ class BrokerViews:
         self.summary = summary  # () -> the stats summary's (key, value) pairs
         self.stopping = stopping  # () -> bool
         self.max_body_bytes = max_body_bytes
+        self.disk_pressure = disk_pressure  # () -> (state, why): Broker.disk_pressure
 
     # -- health ----------------------------------------------------------------
 
@@ -85,7 +92,9 @@ class BrokerViews:
         if self.roles.role != "slave" and path.slave_refusal:  # ha: auto, a master whose lease ran out
             refusal = refusal or path.slave_refusal
         refusal = refusal or path.isolation_refusal()  # an async master cut off from its slaves and ZooKeeper
-        return readiness(self.stopping(), dict(self.roles.stats_values()), refusal, self.roles.read_refusal)
+        disk = self.disk_pressure() if self.disk_pressure is not None else (None, "")
+        return readiness(self.stopping(), dict(self.roles.stats_values()), refusal, self.roles.read_refusal,
+                         disk[1] if disk[0] == PRESSURE_FULL else None)
 
     def healthz(self, request):
         return Response(200, "ok\n", "text/plain; charset=utf-8")

@@ -95,6 +95,7 @@ class Roles:
         self.started = False
         self._listeners = []
         self._cut_listeners = []
+        self._disk_full_listeners = []
         self.slave_link = self.make_slave_link() if self.role == "slave" and not self.auto else None
         self.replication = self.make_replication_server() if self.role == "master" else None
         self.read_refusal = self.handshake_refusal()  # why gets are refused (before a rejoin's handshake)
@@ -107,6 +108,10 @@ class Roles:
 
     def on_change(self, fn):
         self._listeners.append(fn)
+
+    def on_disk_full(self, fn):
+        """``fn()`` when a slave link's copy met a full disk (``SlaveLink.disk_full`` says why)."""
+        self._disk_full_listeners.append(fn)
 
     def on_cut(self, fn):
         """``fn(report)`` after a slave's handshake cut the log's tail (``store.replica.TruncateReport``)."""
@@ -206,7 +211,8 @@ class Roles:
         on_topics = self._new_topics if self.registry is not None or self.config.zk.connect else None
         return SlaveLink(self.store, self.config, self.flusher, self.waiters, self.store_lock, master, slave_id,
                          on_handshake=self._handshake_done, on_new_topics=on_topics, secret=self.secret,
-                         on_cut=lambda report: [fn(report) for fn in self._cut_listeners])
+                         on_cut=lambda report: [fn(report) for fn in self._cut_listeners],
+                         on_disk_full=lambda: [fn() for fn in self._disk_full_listeners])
 
     def make_replication_server(self, insync=None):
         """The master's ReplicationServer when a replication port is configured, else None."""

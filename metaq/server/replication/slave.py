@@ -25,9 +25,10 @@ class SlaveLink:
     """The slave's side: keep one link to the master, agree on where the logs agree, copy its log, ACK."""
 
     def __init__(self, store, config, flusher, waiters, store_lock, master=None, slave_id=None,
-                 on_handshake=None, on_new_topics=None, secret=None, on_cut=None):
+                 on_handshake=None, on_new_topics=None, secret=None, on_cut=None, on_disk_full=None):
         """``on_handshake()``: called after each epoch handshake; ``on_cut(report)``: after a handshake cut our
-        tail (``store.replica.TruncateReport``); ``on_new_topics(topics)``: when copied
+        tail (``store.replica.TruncateReport``); ``on_disk_full()``: a copied chunk met a full disk (the broker's
+        retention runs at once: docs/operating.md "Disk"); ``on_new_topics(topics)``: when copied
         records bring topics this broker did not know (ZooKeeper registration); ``secret``: the replication
         secret (bytes) the master must prove and this slave proves, or None (``handshake``)."""
         self.store = store
@@ -39,6 +40,8 @@ class SlaveLink:
         self.on_handshake = on_handshake
         self.on_new_topics = on_new_topics
         self.on_cut = on_cut
+        self.on_disk_full = on_disk_full
+        self.disk_full = None  # why the last copy met a full disk (DiskFull), until a copy succeeds or none is due
         rcfg = config.replication
         self.master = master or rcfg.slave_of
         host, _sep, port = self.master.rpartition(":")
@@ -166,6 +169,8 @@ class SlaveLink:
                 self._topics(event)
             elif isinstance(event, rp.Heartbeat):
                 self.master_end, self.master_written, self.master_count = event
+                if store.written_position >= self.master_written:
+                    self.disk_full = None  # nothing left to copy: no longer refused for lack of disk
                 send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
             elif isinstance(event, rp.ErrorFrame):  # e.g. a corrupt record the master will not ship
                 raise errors.Unavailable("the master ended the link (%d): %s" % (event.code, event.text))
@@ -269,6 +274,12 @@ class SlaveLink:
         except ReplicationRefused as exc:
             log.error("replication: refused a chunk at position %d: %s", event.position, exc)
             raise
+        except errors.DiskFull as exc:  # what was applied stays; the next link resumes from our end
+            self.disk_full = str(exc)
+            if self.on_disk_full is not None:
+                self.on_disk_full()
+            raise
+        self.disk_full = None
         if self.master_end is None or end > self.master_end:
             self.master_end = end
         if self.master_written is None or end > self.master_written:
