@@ -491,6 +491,10 @@ MAX_KEY_SCAN_ENTRIES = 8192
 #: reaches the flushed end). Records without a key are passed over at memory speed whatever the step; a step of
 #: 1 KiB RocketMQ messages (each holds a UNIQ_KEY, about 5 us of Python each) holds the event loop about 1.5 ms.
 KEY_INDEX_STEP_BYTES = 256 << 10
+#: Seconds after a failed step of the log follower (a full disk while the key index made a file, say) before it is
+#: tried again, besides after each flush round: a broker (an idle slave) that writes nothing after space returns
+#: still brings its derived indexes up to the log.
+LOG_FOLLOW_RETRY_S = 1.0
 #: Most log bytes one call of the key index's C walk (``keyed_records``) covers: it returns the offsets of the
 #: records with attributes in one list, so an open that indexes a whole 1 GiB segment of small keyed records
 #: holds at most this many bytes' worth of them (~2 MB of Python ints for 73-byte records), not the segment's.

@@ -19,7 +19,8 @@ from gevent.event import Event
 from gevent.lock import Semaphore
 
 from metaq import speedups
-from metaq.errors import BrokerError, Unavailable
+from metaq.errors import BrokerError, DiskFull, Unavailable
+from metaq.limits import LOG_FOLLOW_RETRY_S
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -347,15 +348,26 @@ class Flusher:
     def _index_loop(self):
         """The store's log follower steps its subscribers (the key index: docs/messaging.md "Key index") behind the
         log: after a round's waiters are answered, in steps of ``limits.KEY_INDEX_STEP_BYTES``, other greenlets running
-        between two steps, until they are there."""
+        between two steps, until they are there. A failed step (a full disk) is tried again after the next round and
+        every ``limits.LOG_FOLLOW_RETRY_S``, logged once until it succeeds (a full disk as one line)."""
+        failed = None  # the last failure's text while steps fail
         while self._running:
-            self._index_wanted.wait()
+            self._index_wanted.wait(None if failed is None else LOG_FOLLOW_RETRY_S)
             self._index_wanted.clear()
             try:
                 while self._running and self._store.follow_log():
                     gevent.sleep(0)
-            except Exception:  # noqa: BLE001 - derived data: logged, tried again after the next round
-                log.exception("log follower: a step failed; trying again after the next flush")
+            except Exception as exc:  # noqa: BLE001 - derived data: logged, tried again
+                if str(exc) != failed:
+                    if isinstance(exc, DiskFull):
+                        log.warning("log follower: a step failed: %s; trying again", exc)
+                    else:
+                        log.exception("log follower: a step failed; trying again")
+                failed = str(exc)
+                continue
+            if failed is not None:
+                log.info("log follower: steps succeed again")
+                failed = None
 
     def wake_index(self):
         """Step the store's log follower now, not only after the next flush round (a subscriber that had no room

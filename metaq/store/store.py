@@ -8,6 +8,7 @@ only deletes segments that are flushed and covered by a checkpoint, so a running
 call runs in a worker. The derived indexes follow the log through one ``LogFollower`` (follower.py), stepped at one
 point, ``follow_log``. Time comes as ``now_ms``."""
 
+import logging
 import random
 import struct
 
@@ -20,7 +21,7 @@ from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
+from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DISK_FULL_ERRNOS, DataDir, disk_usage
 from metaq.idempotence.state import Idempotence
 from metaq.protocol.journaltopic import TX_TOPIC
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
@@ -40,6 +41,8 @@ from metaq.topics.retention import apply_topic_retention
 from metaq.topics.table import TopicCatalog, TopicTableFile
 
 _new_tuple = tuple.__new__
+
+log = logging.getLogger(__name__)
 
 
 class MessageStore:
@@ -100,11 +103,32 @@ class MessageStore:
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
             self.epochs.load(self._pos.written)
-            self.checkpoint(now_ms)
+            self._first_checkpoint(now_ms)
         except BaseException:
             self._release()
             raise
         return self
+
+    def _first_checkpoint(self, now_ms):
+        """The checkpoint after recovery. On a full disk (a broker that crashed or stopped with its disk full) the
+        last checkpoint stays in its place when it claims nothing recovery took back (its position is within the
+        recovered log): a crash now recovers from it again, as the last one did; the broker starts, so that
+        retention can free its oldest segments (docs/operating.md "Disk"), and the next checkpoint tries again.
+        Anything else (another error, or a checkpoint past the recovered end) fails the start as before."""
+        try:
+            self.checkpoint(now_ms)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL_ERRNOS:
+                raise
+            cp = recovery.read_checkpoint(self.dirs)
+            kept = cp.position if cp is not None else (self._log.start or 0)
+            if kept > self._pos.written:
+                raise DiskFull("disk full: cannot write the checkpoint after recovery (%s), and the last one claims "
+                               "log the recovery cut; free space and start again" % exc.strerror) from None
+            self._pos.checkpointed_at(min(self._pos.checkpointed, kept))
+            self._checkpointed = None  # the next checkpoint writes, whatever it would say
+            log.warning("disk full: the checkpoint after recovery was not written (%s); the last one (position %d) "
+                        "stays and the next checkpoint tries again", exc.strerror, kept)
 
     def close(self, now_ms, clean=True):
         """Flush log and indexes, checkpoint, mark a clean shutdown (if ``clean``), unmap, unlock."""

@@ -56,7 +56,7 @@ def master_with_a_log_of(broker_factory, tmp_path, messages):
 def slave_on(mount, rport, broker_factory, warn, danger):
     cfg = small_config(mount / "data")
     cfg["store"].update({"disk_warn_ratio": warn, "disk_danger_ratio": danger, "retention_check_interval_s": 600})
-    return broker_factory(with_http(cfg), workdir=mount,
+    return broker_factory(with_http(cfg), workdir=mount.parent / "s",  # its log file off the full disk
                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
 
 
