@@ -400,8 +400,10 @@ class Flusher:
         return end
 
     def _checkpoint_loop(self):
-        """Checkpoints run beside the flushes (another pool thread), so they never delay an ack."""
+        """Checkpoints run beside the flushes (another pool thread), so they never delay an ack. A failure (a full
+        disk) is logged once until a checkpoint succeeds again, not at every interval."""
         interval = self._cfg.checkpoint_interval_ms / 1000.0
+        failed = None  # the last failure's text while checkpoints fail
         while self._running:
             self._stopping.wait(interval)
             if not self._running or self.failure is not None:
@@ -411,7 +413,13 @@ class Flusher:
                     self._store.prepare_checkpoint()  # on the loop: what the worker must read consistently
                     self._pool.apply(self._store.checkpoint, (now_ms(), True))  # an idle broker writes nothing
             except OSError as exc:  # only recovery time suffers; the log itself is durable
-                log.warning("checkpoint failed (recovery will scan further): %s", exc)
+                if str(exc) != failed:
+                    log.warning("checkpoint failed (recovery will scan further): %s; trying again", exc)
+                failed = str(exc)
+                continue
+            if failed is not None:
+                log.info("checkpoints succeed again")
+                failed = None
 
     def stop(self):
         """Stop the background loop and flush what is left (on the calling greenlet)."""

@@ -1,14 +1,14 @@
 """A slave's disk filled at each step of its catch-up, then freed (issue 41 point 3), on real brokers.
 
 The slave's data directory is a real tmpfs. Before each round a filler file takes all of it but a chosen number of
-bytes, so that the round's catch-up meets ENOSPC at one chosen step: a new commit-log segment (less free than a
-segment), a new partition index file (less than an index file), a new key index file (less than one), the
-checkpoint and every small state file (nothing free); there the slave is also killed with kill -9 and started
-again on the full disk (it starts: the last checkpoint stays). Then the filler goes and the slave must catch up. At
-the end every ``(topic, partition, offset)`` of the slave reads exactly as on its master, its key index finds the
-last round's keys (nothing was written after that round's full disk: the follower tries again by itself), a failed
-key index step is one log line, not one per flush, and ``metaq-server --verify`` of the slave's data dir finds
-nothing corrupt.
+bytes, so that the round's catch-up meets ENOSPC at one chosen step: a partition's index file grown (a few KiB
+free), new commit-log segments (less than a segment free), the checkpoint and every small state file (nothing
+free; there the slave is also killed with kill -9 and started again on the full disk: it starts, the last
+checkpoint staying in place), the first key index file (less than one free). Then the filler goes and the slave
+must catch up. At the end every ``(topic, partition, offset)`` of the slave reads exactly as on its master, its key
+index finds the last round's keys (nothing was written after that round's full disk: the follower tries again by
+itself), a failed key index step or checkpoint is one log line rather than one per flush or interval, and
+``metaq-server --verify`` of the slave's data dir finds nothing corrupt.
 """
 
 import os
@@ -118,6 +118,7 @@ def test_a_slave_whose_disk_fills_at_each_step_of_its_catch_up_reads_as_its_mast
             wait_for(lambda: all(keyed_at(sc, i) == keyed_at(mc, i) == 1 for i in range(0, 200, 37)), 10,
                      "the slave's key index finds the key round's messages once space returns")
         assert slave.log_text().count("log follower: a step failed") == 1, "one line for one failure"
+        assert slave.log_text().count("checkpoint failed") <= len(ROUNDS), "one line for each full disk at most"
         slave.stop()
         out = subprocess.run([sys.executable, "-m", "metaq.server", "-c", slave.config_path, "--verify"],
                              capture_output=True, text=True, timeout=120)
