@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from metaq import errors
-from metaq.store.files import DiskUsage
+from metaq.store import recovery
+from metaq.store.files import DataDir, DiskUsage
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE, PRESSURE_WARN, DiskState
 from metaq.store.retention import SegmentInfo, plan_deletion
 from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
@@ -244,6 +245,54 @@ def test_full_tmpfs_refuses_writes_cleanly_and_resumes_after_remount(tmp_path):
         s = open_store(data, segment_size=256 * 1024, index_file_units=256)
         assert s.recovery.clean_shutdown and s.max_offset("test", 0) == r.offset + 1
         s.close(NOW)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_store_that_crashed_with_its_disk_full_opens_on_the_full_disk_keeping_its_last_checkpoint(tmp_path):
+    """The checkpoint after recovery meets ENOSPC: the store opens anyway (so that retention can free space), the
+    last checkpoint stays as it was, and a second crash recovers from it again: every message is there each time."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs: %s" % r.stderr.decode().strip())
+    try:
+        data = mnt / "data"
+        opts = dict(segment_size=256 * 1024, index_file_units=256)
+        s = open_store(data, **opts)
+        for i in range(60):
+            s.put("test", i % 2, 0, payload(i, 1000), NOW)
+        s.mark_flushed(s.flush_log())
+        s.checkpoint(NOW)
+        checkpointed = recovery.read_checkpoint(DataDir(str(data))).position
+        for i in range(60, 400):
+            s.put("test", i % 2, 0, payload(i, 1000), NOW)
+        s.mark_flushed(s.flush_log())
+        s.abandon()  # a crash: no clean-shutdown marker, the checkpoint behind the log
+        filler = os.path.join(str(mnt), "filler")
+        st = os.statvfs(str(mnt))
+        fd = os.open(filler, os.O_RDWR | os.O_CREAT, 0o600)
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+        os.close(fd)
+        assert os.statvfs(str(mnt)).f_bavail == 0
+
+        s = open_store(data, **opts)
+        assert not s.recovery.clean_shutdown
+        for p in range(2):
+            assert [payload_of(m) for m in read_all(s, "test", p)] == [payload(i, 1000) for i in range(p, 400, 2)]
+        assert recovery.read_checkpoint(DataDir(str(data))).position == checkpointed  # the last one, in place
+        s.abandon()  # a second crash, before any checkpoint could be written
+
+        os.unlink(filler)
+        s = open_store(data, **opts)
+        assert s.recovery.scanned_from == checkpointed
+        for p in range(2):
+            assert [payload_of(m) for m in read_all(s, "test", p)] == [payload(i, 1000) for i in range(p, 400, 2)]
+        s.close(NOW)
+        assert recovery.read_checkpoint(DataDir(str(data))).position > checkpointed
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
