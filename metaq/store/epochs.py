@@ -48,6 +48,7 @@ import secrets
 
 from metaq import limits
 from metaq.protocol.replication import history_problem
+from metaq.store.files import DISK_FULL_ERRNOS
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,12 @@ class EpochHistory:
         if changed:
             log.warning("epoch history: forgot the entries starting past the log end %d (data lost since)", log_end)
         if changed or not self.found:
-            self.save()
+            try:
+                self.save()
+            except OSError as exc:  # a full disk: the history in memory is right, and the next load drops them again
+                if exc.errno not in DISK_FULL_ERRNOS:
+                    raise
+                log.warning("epoch history: not saved at open (%s); saved with its next change", exc.strerror)
         return self
 
     def begin(self, position, epoch=None):

@@ -567,8 +567,8 @@ class MessageStore:
         if report.old_end != position:
             self.follower.cut(position)
             self._follow_idempotence()  # the producers' state current at once, as after an append
-            self.checkpoint(now_ms)
-            self.epochs.truncate(position)
+            self.epochs.truncate(position)  # before the checkpoint: its entries past the cut go even when a full
+            self.checkpoint(now_ms)  # disk fails the checkpoint (none is left then: recovery scans the whole log)
         return report
 
     def follow_now(self, sub):

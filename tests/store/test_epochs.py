@@ -1,5 +1,7 @@
 """The epoch history (store/epochs.py): persistence, trimming, origins, and where two logs agree."""
 
+import os
+
 import pytest
 
 from metaq.store import epochs as ep
@@ -7,6 +9,7 @@ from metaq.store.epochs import EPOCHS_MAGIC, EpochHistory, agreed_position
 from metaq.store.files import DataDir
 
 from tests.harness.store import NOW, open_store
+from tests.harness.tmpfs import tmpfs
 
 ROOT = (0, 0, 0)
 
@@ -133,3 +136,66 @@ def test_store_keeps_the_history_and_truncate_log_trims_it(tmp_path):
     s = open_store(tmp_path / "d")
     assert s.epochs.entries == [ROOT] and s.epochs.max_epoch == 1
     s.close(NOW)
+
+
+@pytest.mark.root
+def test_a_cut_on_a_full_disk_forgets_the_epochs_past_it_and_the_store_opens_again_on_the_full_disk(tmp_path):
+    """A slave's epoch cut whose files meet ENOSPC: the history in memory loses the entries past the cut even so
+    (the handshake after the failed link reads it), no checkpoint claims the cut tail, and a restart on the still
+    full disk opens with the entries dropped again (their file could not be rewritten)."""
+    mnt = tmp_path / "mnt"
+    with tmpfs(mnt, "4m"):
+        data = mnt / "d"
+        s = open_store(data)
+        for i in range(20):
+            s.put("test", 0, 0, b"x%d" % i, NOW)
+            if i == 9:
+                cut = s.written_position  # the logs agree up to here
+        s.mark_flushed(s.flush_log())
+        s.epochs.begin(s.written_position)
+        for i in range(20):
+            s.put("test", 0, 0, b"y%d" % i, NOW)
+        s.mark_flushed(s.flush_log())
+        s.checkpoint(NOW)
+        filler = fill_all(mnt)
+        with pytest.raises(OSError):
+            s.truncate_log(cut, NOW)
+        assert shape(s.epochs.entries) == [(0, 0)] and s.written_position == cut
+        assert s.max_offset("test", 0) == 10
+        s.abandon()
+        s = open_store(data)  # the full disk still: the epochs file (past the cut) is dropped in memory again
+        assert shape(s.epochs.entries) == [(0, 0)] and s.written_position == cut
+        assert s.max_offset("test", 0) == 10
+        s.abandon()
+        os.unlink(filler)
+        s = open_store(data)
+        assert shape(s.epochs.entries) == [(0, 0)] and s.max_offset("test", 0) == 10
+        s.close(NOW)
+
+
+@pytest.mark.root
+def test_a_history_past_the_log_end_loads_on_a_full_disk(tmp_path):
+    """Its entries past the end are dropped in memory even when the file cannot be rewritten (the next load drops
+    them again): a broker whose epoch file a full disk left stale still starts."""
+    mnt = tmp_path / "mnt"
+    with tmpfs(mnt, "1m"):
+        h = history(mnt)
+        h.begin(1000)
+        assert shape(h.entries) == [(0, 0), (1, 1000)]
+        filler = fill_all(mnt)
+        again = history(mnt, log_end=500)
+        assert shape(again.entries) == [(0, 0)] and again.max_epoch == 1
+        os.unlink(filler)
+        assert shape(history(mnt, log_end=500).entries) == [(0, 0)]
+
+
+def fill_all(mount):
+    """A filler file taking every free byte of ``mount``."""
+    path = os.path.join(str(mount), "filler")
+    st = os.statvfs(str(mount))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+    finally:
+        os.close(fd)
+    return path
