@@ -105,7 +105,7 @@ def test_a_sync_slave_whose_disk_fills_and_empties_reads_as_its_master(broker_fa
         rport = free_port()
         master = broker_factory(small_config(tmp_path / "m" / "data", replication={"port": rport, "mode": "sync"}),
                                 workdir=tmp_path / "m")
-        slave = broker_factory(small_config(mount / "data"), workdir=mount,
+        slave = broker_factory(small_config(mount / "data"), workdir=tmp_path / "s",  # its log off the full disk
                                extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
         toggler = Toggler(str(mount), seed=41 + kill_master)
         toggler.start()
