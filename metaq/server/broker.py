@@ -60,7 +60,7 @@ class Broker:
         self.stopping = False
         self.ready = False  # set when the broker says it is ready: every listener open
         self.pressure_deleted_segments = 0  # segments retention deleted young to relieve the disk (stats)
-        self._retention_due = Event()  # a write met a full disk: retention runs now, not at its next interval
+        self._retention_due = Event()  # a slave's copy met a full disk: retention runs now, not at its next interval
         self.stopped = Event()
         self.stopped_cleanly = False  # set by a stop that flushed everything and marked the shutdown clean
         self._tasks = []
@@ -70,7 +70,7 @@ class Broker:
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
-        self.gate = WriteGate(on_full=self._retention_due.set)
+        self.gate = WriteGate()
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
@@ -333,8 +333,8 @@ class Broker:
                             gate.disk_state.usage_ratio * 100)
 
     def _retention_loop(self):
-        """Retention every ``retention_check_interval_s``, and at once when a write (a put, a slave's copy) met a
-        full disk, at most once a ``disk_check_interval_s``."""
+        """Retention every ``retention_check_interval_s``, and at once when a slave's copy met a full disk (no client
+        retries it: the slave would wait the whole interval), at most once a ``disk_check_interval_s``."""
         interval = self.config.store.retention_check_interval_s
         while not self.stopping:
             due = self._retention_due.wait(interval)
@@ -342,7 +342,7 @@ class Broker:
                 return
             self._retention_due.clear()
             self.run_retention()
-            if due:  # a full disk asks again at every refused write: not more often than the disk is checked
+            if due:  # a full disk asks again at every refused copy: not more often than the disk is checked
                 gevent.sleep(min(interval, self.config.store.disk_check_interval_s))
 
     def run_retention(self):

@@ -42,12 +42,10 @@ class WriteGate:
     full disk sets it at once (``disk_full``) until the next disk check finds space again.
     """
 
-    def __init__(self, on_full=None):
-        """``on_full()``: a put met a full disk (``disk_full``; the broker runs retention at once)."""
+    def __init__(self):
         self.refusal = None
         self.disk_state = None  # the store's last DiskState
         self.flush_failure = None  # the flusher's failure (sticky), or None
-        self.on_full = on_full
 
     def refresh(self, flush_failure=None, disk_state=None):
         if flush_failure is not None:
@@ -72,8 +70,6 @@ class WriteGate:
         self.refusal = reason
         if disk_state is not None:
             self.disk_state = disk_state
-        if self.on_full is not None:
-            self.on_full()
 
 
 class PutPath:
