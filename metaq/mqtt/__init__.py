@@ -1,4 +1,4 @@
-"""MQTT for devices (issue 43): MQTT 3.1.1 and 5.0 spoken to the shared log. This first piece is the protocol layer
+"""MQTT for devices: MQTT 3.1.1 and 5.0 spoken to the shared log. This first piece is the protocol layer
 only: no listener yet.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's

@@ -4,7 +4,8 @@
 A packet is a fixed header (type in the high nibble, flags in the low one, then the Remaining Length as a variable
 byte integer of 1-4 bytes) and a body. The parser checks the Remaining Length against ``max_packet`` (the whole
 packet's bytes, as MQTT 5's Maximum Packet Size counts them) as soon as the length field is buffered, so a packet past
-it is refused before its body is waited for or kept; once a packet is refused every later byte is dropped.
+it is refused before its body is waited for (only what came in the same read as its header is buffered); once a
+packet is refused every later byte is dropped.
 
 The parser is told the protocol version (a client's parser) or learns it from the CONNECT it reads first (a
 server's): before a CONNECT only a CONNECT is accepted, and a second CONNECT is refused ([MQTT-3.1.0-1], [-2]).
@@ -435,6 +436,8 @@ def _read_properties(r, kind, sender=None):
             raise _protocol("property %s given twice in %s" % (name, _NAMES[kind]))
         else:
             props[name] = value
+    if "authentication_data" in props and "authentication_method" not in props:
+        raise _protocol("authentication data without an authentication method")  # MQTT 5.0 §3.1.2.11.10
     return props
 
 

@@ -437,6 +437,14 @@ def test_forbidden_property_values_in_a_publish(block, code):
     assert e.reason_code == code and refusal(e) == Disconnect(code)
 
 
+def test_authentication_data_without_a_method_is_a_protocol_error():
+    e = refused(connect5(props=props(prop(0x16, s(b"d")))))
+    assert e.reason_code == PROTOCOL and refusal(e) == Connack(False, PROTOCOL)
+    assert refused(packet(0xF0, b"\x18" + props(prop(0x16, s(b"d")))), MQTT_5).reason_code == PROTOCOL
+    (a,) = parse_all(packet(0xF0, b"\x18" + props(prop(0x15, s("m")), prop(0x16, s(b"d")))), MQTT_5)
+    assert a == Auth(0x18, {"authentication_method": "m", "authentication_data": b"d"})
+
+
 def test_subscription_identifier_0_is_a_protocol_error():
     e = refused(packet(0x82, b"\x00\x01" + props(prop(0x0B, b"\x00")) + s("a") + b"\x00"), MQTT_5)
     assert e.reason_code == PROTOCOL
