@@ -265,6 +265,18 @@ def test_a_remaining_length_not_in_its_shortest_form_is_malformed():
     assert refused(b"\xc0\x80\x00", MQTT_5).reason_code == MALFORMED
 
 
+def test_the_largest_remaining_length_is_read():
+    """0xFF 0xFF 0xFF 0x7F: 268,435,455, a packet of 268,435,460 bytes (the protocol's own ceiling)."""
+    p = MqttParser(MQTT_5, max_packet=268_435_460)
+    p.receive_data(b"\x30\xff\xff\xff\x7f")
+    assert p.next_event() is NEED_DATA
+    p = MqttParser(MQTT_5, max_packet=268_435_459)
+    p.receive_data(b"\x30\xff\xff\xff\x7f")
+    with pytest.raises(MqttError) as info:
+        p.next_event()
+    assert info.value.reason_code == 0x95
+
+
 def test_a_remaining_length_not_yet_whole_waits():
     assert parse_all(b"\x30\xff\xff", MQTT_5, eof=False) == []
 
