@@ -518,6 +518,19 @@ HTTP_MAX_BODY_BYTES = MAX_BODY_BYTES
 #: Most messages one HTTP get returns (its ``max_bytes`` is also held to ``store.max_transfer_size``).
 HTTP_MAX_GET_MESSAGES = 1000
 
+# -- MQTT (metaq/mqtt/: the codec and the topic rules) ----------------------------------------------------------------
+
+#: Largest MQTT control packet a peer may send, its fixed header included (MQTT 5's Maximum Packet Size counts the
+#: same bytes): a Remaining Length that would pass it is refused (MQTT 5 reason 0x95) as soon as the length field is
+#: read, before a byte of the body is kept. A message's payload lands in the log, so the log's body limit is the
+#: figure; the protocol's own ceiling is 268,435,460 bytes.
+MQTT_MAX_PACKET_BYTES = MAX_BODY_BYTES
+#: Longest MQTT topic name or topic filter, in UTF-8 bytes: the protocol's own ceiling (a string's two-byte length).
+MQTT_MAX_TOPIC_BYTES = 65_535
+#: Most levels (``/``-separated) an MQTT topic name or filter may have: a filter's match walks its levels, so one
+#: topic of 30,000 empty levels does not cost 30,000 steps per message matched.
+MQTT_MAX_TOPIC_LEVELS = 128
+
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 
 #: Dead letters one ``dlq_list`` answers at most (``metaq-admin dlq list --max``); ``"more": true`` says there are more.

@@ -58,7 +58,7 @@ RULES = {
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
 FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply",
-            "admin", "filters"}
+            "admin", "filters", "mqtt"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -81,6 +81,7 @@ FEATURE_ROLES = {
     "tools": "client",  # command-line tools and what a command line's commands share
     "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
     "follow": "state",  # a subscriber of the store's log follower (store/follower.py)
+    "topics": "logic",  # a protocol's topic names and filters: validation and matching (MQTT's)
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -1,0 +1,118 @@
+"""MQTT topic names and topic filters: their validation and the match of a filter against a name (MQTT 3.1.1 §4.7,
+MQTT 5.0 §4.7, §4.8.2), pure.
+
+A topic name is what a PUBLISH carries: at least one character, levels separated by ``/`` (empty levels are
+levels: ``/a`` and ``a//b`` are valid names), no wildcard (``+``, ``#``) and no U+0000 anywhere. A topic filter is
+what a SUBSCRIBE carries: the same, plus ``+`` (exactly one level, empty ones included) standing alone as a level and
+``#`` (this level and every one below, the parent level itself included: ``a/#`` matches ``a``) standing alone as
+the last level. A filter that starts with a wildcard never matches a name that starts with ``$`` (``$SYS/x`` is
+matched by ``$SYS/#``, not by ``#`` nor ``+/x``). Matching is byte-for-byte on the characters: no case folding, no
+normalisation.
+
+A shared subscription (MQTT 5.0 §4.8.2) is ``$share/<ShareName>/<filter>``: the share name is at least one
+character with no ``/``, ``+`` or ``#``, and the filter after it is a valid filter (at least one character).
+``split_shared`` reads one; matching is done on the filter it returns.
+
+Bounds (``metaq.limits``): ``MQTT_MAX_TOPIC_BYTES`` (UTF-8 bytes) and ``MQTT_MAX_TOPIC_LEVELS`` apply to names and
+to whole filters (a shared filter's ``$share/<group>/`` prefix included). Each refusal raises ``TopicError`` with
+the reason; the codec (``metaq.mqtt.wire``) turns it into the MQTT 5 reason code a server answers with.
+"""
+
+from metaq.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
+
+__all__ = ["SHARE_PREFIX", "TopicError", "validate_name", "validate_filter", "split_shared", "matches",
+           "has_wildcard"]
+
+#: The first level of a shared subscription's filter (MQTT 5.0 §4.8.2).
+SHARE_PREFIX = "$share/"
+
+
+class TopicError(ValueError):
+    """A topic name or filter that breaks the specification's rules or our limits; the text says which."""
+
+
+def _check_size(text, what, max_bytes, max_levels):
+    if not text:
+        raise TopicError("a %s must be at least one character long" % what)
+    if "\x00" in text:
+        raise TopicError("a %s must not contain U+0000" % what)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise TopicError("a %s of %d bytes is past the limit of %d bytes" % (what, size, max_bytes))
+    levels = text.count("/") + 1
+    if levels > max_levels:
+        raise TopicError("a %s of %d levels is past the limit of %d levels" % (what, levels, max_levels))
+
+
+def has_wildcard(text):
+    """True if ``text`` holds ``+`` or ``#`` (what a topic name may not)."""
+    return "+" in text or "#" in text
+
+
+def validate_name(name, max_bytes=MQTT_MAX_TOPIC_BYTES, max_levels=MQTT_MAX_TOPIC_LEVELS):
+    """Raise ``TopicError`` unless ``name`` is a valid topic name (a PUBLISH's, a will's, a Response Topic)."""
+    _check_size(name, "topic name", max_bytes, max_levels)
+    if has_wildcard(name):
+        raise TopicError("a topic name must not contain the wildcards '+' or '#': %r" % name)
+
+
+def _check_filter_levels(levels):
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != last):
+            raise TopicError("'#' must be a whole level and the last one")
+        if "+" in level and level != "+":
+            raise TopicError("'+' must be a whole level")
+
+
+def split_shared(topic_filter):
+    """``(share name, filter)`` for a ``$share/<ShareName>/<filter>``, ``(None, topic_filter)`` for any other filter.
+
+    Raises ``TopicError`` for a ``$share`` filter without a valid share name or a filter after it (``$share/g``,
+    ``$share//a``, ``$share/g+/a``, ``$share/g/``); the returned filter is not validated further here.
+    """
+    if topic_filter == "$share" or not topic_filter.startswith("$share/"):
+        if topic_filter == "$share":
+            raise TopicError("a shared subscription needs a share name and a filter: $share/<ShareName>/<filter>")
+        return None, topic_filter
+    rest = topic_filter[len(SHARE_PREFIX):]
+    group, sep, inner = rest.partition("/")
+    if not sep:
+        raise TopicError("a shared subscription needs a filter after its share name: $share/<ShareName>/<filter>")
+    if not group:
+        raise TopicError("a shared subscription's share name must be at least one character long")
+    if has_wildcard(group):
+        raise TopicError("a share name must not contain '+' or '#'")
+    if not inner:
+        raise TopicError("a shared subscription's filter must be at least one character long")
+    return group, inner
+
+
+def validate_filter(topic_filter, shared=True, max_bytes=MQTT_MAX_TOPIC_BYTES, max_levels=MQTT_MAX_TOPIC_LEVELS):
+    """Raise ``TopicError`` unless ``topic_filter`` is a valid topic filter; return ``(share name or None,
+    filter)``. With ``shared`` (MQTT 5), ``$share/<ShareName>/<filter>`` is read as a shared subscription and its
+    parts checked; without it (MQTT 3.1.1, which has none) ``$share`` is an ordinary level."""
+    _check_size(topic_filter, "topic filter", max_bytes, max_levels)
+    group, inner = split_shared(topic_filter) if shared else (None, topic_filter)
+    _check_filter_levels(inner.split("/"))
+    return group, inner
+
+
+def matches(topic_filter, name):
+    """True if the (valid, non-shared) ``topic_filter`` matches the (valid) topic ``name``, as MQTT §4.7 says.
+
+    Pass a shared subscription's inner filter (``split_shared``). Names starting with ``$`` are not matched by a
+    filter that starts with a wildcard.
+    """
+    if name.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    flevels = topic_filter.split("/")
+    nlevels = name.split("/")
+    for i, level in enumerate(flevels):
+        if level == "#":
+            return True  # this level and everything below, the parent itself included (a/# matches a)
+        if i >= len(nlevels):
+            return False
+        if level != "+" and level != nlevels[i]:
+            return False
+    return len(flevels) == len(nlevels)
