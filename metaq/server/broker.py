@@ -30,7 +30,7 @@ from metaq.server.remoting.server import RemotingServer
 from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values
+from metaq.server.stats import BrokerStats, NodeFacts, StatsService, quota_rows, remoting_values, security_values
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
@@ -63,7 +63,10 @@ class Broker:
         self._tasks = []
         self.config_checksum = config.checksum()
         started = time.monotonic()
-        self.store = MessageStore.open(config.store_config(), now_ms())
+        # a bad permissions file stops the start here; the store's producer windows are counted per user
+        self.guard = Guard(config.security, {"transactions": config.transactions.max_open})
+        self.store = MessageStore.open(config.store_config(), now_ms(),
+                                       lambda user: self.guard.quotas.limit(user, "idempotent_producers"))
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
@@ -71,7 +74,6 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
-        self.guard = Guard(config.security)  # a bad permissions file stops the start here
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
@@ -135,6 +137,7 @@ class Broker:
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
+        self.stats_service.add_source("quotas", lambda: quota_rows(self.guard, self.store))
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)

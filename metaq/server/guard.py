@@ -27,6 +27,7 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
+from metaq.auth.quotas import Quotas
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.priorities.wire import is_level_topic, split_level
@@ -93,7 +94,9 @@ def _read_acl(path):
 class Guard:
     """See the module doc. ``security``: the configuration's ``security:`` section."""
 
-    def __init__(self, security):
+    def __init__(self, security, broker_limits=None):
+        """``broker_limits``: the configured broker-wide limits the quotas divide (``metaq.auth.quotas``), by
+        quota name."""
         self.path = security.acl_file
         self.reload_s = security.acl_reload_s
         self.enabled = self.path is not None
@@ -105,6 +108,8 @@ class Guard:
         self._failures = collections.OrderedDict()  # host or prefix -> deque of failure times (monotonic)
         self._decoy = os.urandom(32)  # an unknown user's proof is checked against it: the same work as a known one's
         self._loop = None
+        #: the quota decision over the current file (``quotas.check(user, name, current)``; docs/security.md "Quotas")
+        self.quotas = Quotas(lambda: self.acl if self.enabled else None, broker_limits)
         if self.enabled:
             self.file_state, self.acl = _read_acl(self.path)  # a bad file stops the broker's start
             log.info("authentication on: %d users from %s", len(self.acl.users), self.path)

@@ -222,15 +222,17 @@ class PutPath:
             self.registry.topic_created(topic)
         return r
 
-    def append_idempotent(self, topic, partition, flag, body, now, pid, seq, born_ms=None):
+    def append_idempotent(self, topic, partition, flag, body, now, pid, seq, born_ms=None, owner=None):
         """An idempotent put (``put_idem``, or a remoting send with ``METAQ_PID``/``METAQ_SEQ``):
         ``(PutResult, record position, duplicate)``; a duplicate's result is the original's, and its reply must
         wait for the original's durability like any put's (``ack_mode`` / ``durable`` with its ``log_end``).
+        ``owner``: the user who sent it (None: authentication off), whose quota of producer windows it counts in.
         The store decides and appends without yielding (``idempotence/state.py``). Raises MetaqError,
         ``write_refusal``'s among them (asked again, as ``append`` does)."""
         try:
             self.check_write(topic, AUTHORIZED)
-            r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms)
+            r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms,
+                                                                owner)
         except errors.MetaqError as exc:
             self.failed(topic, exc)
             raise

@@ -44,7 +44,9 @@ _new_tuple = tuple.__new__
 class MessageStore:
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
-    def __init__(self, config):
+    def __init__(self, config, producer_quota=None):
+        """``producer_quota(user)``: the idempotent producer windows a user may hold (``idempotence.window``;
+        None: no quota per user)."""
         self.config = config
         self.dirs = DataDir(config.data_dir)
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
@@ -72,14 +74,15 @@ class MessageStore:
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
         self.follower = LogFollower(self._log)  # the derived indexes' one way to follow the log (follower.py)
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
-                                       int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
+                                       int(config.producer_ttl_s * 1000),
+                                       producer_quota)  # put_idem's windows (idempotence.py)
 
     # -- open / close --------------------------------------------------------
 
     @classmethod
-    def open(cls, config, now_ms):
+    def open(cls, config, now_ms, producer_quota=None):
         """Lock the data dir, recover, write a fresh checkpoint; raises CorruptLog, StoreError, DiskFull."""
-        self = cls(config)
+        self = cls(config, producer_quota)
         self.dirs.create()
         self.dirs.acquire_lock()
         self._closed = False
@@ -243,16 +246,18 @@ class MessageStore:
         end = self._pos.advance(p, off, pos + total, total)
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
-    def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
-        """``put_idem``: ``(PutResult, record position, duplicate)`` (a duplicate's: the original's)."""
-        return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
+    def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None, owner=None):
+        """``put_idem`` by user ``owner``: ``(PutResult, record position, duplicate)`` (a duplicate's: the
+        original's)."""
+        return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms, owner)
 
-    def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # the burst path
+    def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum, owner=None):
+        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum,
+                                             owner)  # the burst path
 
-    def put_idempotent_run(self, frames, src, now_ms):
+    def put_idempotent_run(self, frames, src, now_ms, owner=None):
         """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""
-        return self.idempotence.put_run(frames, src, now_ms, self.put_burst)
+        return self.idempotence.put_run(frames, src, now_ms, self.put_burst, owner)
 
     def put_burst(self, frames, src, now_ms):
         """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (batch.py); the rest is for ``put``."""
