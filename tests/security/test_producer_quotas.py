@@ -10,11 +10,13 @@ import pytest
 from metaq import limits
 from metaq.client.local import free_port, small_config
 from metaq.idempotence.wire import IdempotentPut
+from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
-from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, login, secured_config, write_acl
+from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, SECRETS, login, secured_config, write_acl
 from tests.harness.broker import wait_for
+from tests.harness.http import request, with_http
 from tests.harness.replication import master_config
 
 pytestmark = pytest.mark.integration
@@ -50,7 +52,7 @@ def test_another_users_window_survives_4100_fresh_producers_of_one_user(broker_f
     """The finding: 4,100 pipelined put_idem with fresh producer ids from alice evicted bob's window, whose resend
     was then stored twice. Now alice's own oldest windows go (her quota: half the table), bob's stays, and alice's
     evicted producer is told why instead of storing a second copy."""
-    b = broker_factory(secured_config(tmp_path, users=users()))
+    b = broker_factory(with_http(secured_config(tmp_path, users=users()), open_metrics=False))
     bob = login(b, "bob")
     assert bob.call(idem(900, 0, 1)).code == 200
     alice = login(b, "alice")
@@ -68,6 +70,13 @@ def test_another_users_window_survives_4100_fresh_producers_of_one_user(broker_f
     assert r.code == 200 and r.body.endswith(b" dup"), r
     with login(b, "admin") as admin:
         assert int(admin.stats_dict()["total_messages"]) == n + 1
+    with login(b, "alice") as c:  # per user, for admins only
+        r = c.call(ev.Stats("quotas", c.opaque()))
+        assert r.code == 403 and b"an admin's" in r.body, r
+    metrics = request(b, "GET", "/metrics", user="admin", secret=SECRETS["admin"]).text
+    assert 'metaq_quota_used{quota="idempotent_producers",user="alice"} %d.0' % quota in metrics
+    assert 'metaq_quota_limit{quota="idempotent_producers",user="bob"} %d.0' % quota in metrics
+    assert "metaq_quota_used{" not in request(b, "GET", "/metrics", user="bob", secret=SECRETS["bob"]).text
     for c in (alice, bob):
         c.close()
 

@@ -7,6 +7,7 @@ admin operations (offset resets, topic changes, dead letters).
 
 from metaq.server.http import api, dashboard
 from metaq.server.http.metrics import BrokerCollector, Metrics
+from metaq.server.stats import quota_rows
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.http.routes import OPEN, READ, Router
 from metaq.server.http.server import HttpFrontEnd
@@ -27,7 +28,8 @@ class HttpPort:
         def collector(may_see=None):
             return BrokerCollector(views.counters, views.summary, lambda: views.topic_list(may_see),
                                    lambda: views.group_list(may_see), views.roles.stats_values,
-                                   lambda: {name: core.count(name) for name in LISTENERS}, transactions)
+                                   lambda: {name: core.count(name) for name in LISTENERS}, transactions,
+                                   (lambda: quota_rows(views.guard, views.store)) if may_see is None else list)
 
         # closed: each user's scrape shows what it may subscribe to (open: a scraper's view of every name)
         self.metrics = Metrics(collector(), None if open_metrics else views.guard, collector)
