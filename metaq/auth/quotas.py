@@ -39,6 +39,10 @@ QUOTAS = {q.name: q for q in (
           "it the user's own least recently written window is evicted"),
     Quota("transactions", limits.MAX_OPEN_TRANSACTIONS, "transactions.max_open",
           "open and prepared transactions of the user (local, XA branches, RocketMQ half messages)"),
+    Quota("request_waiters", limits.MAX_PENDING_REQUESTS, "limits.max_pending_requests",
+          "text requests of the user waiting for their replies (request-reply)"),
+    Quota("connections", limits.max_connections_for(1024), "limits.max_connections",
+          "connections logged in as the user, on every port"),
 )}
 
 
@@ -92,7 +96,10 @@ class Quotas:
         return default_quota(name, self._broker[name]) if found is None else found
 
     def check(self, user, name, current, more=1):
-        """Raise ``QuotaExceeded`` when ``user``, holding ``current`` of quota ``name``, may not take ``more``."""
+        """Raise ``QuotaExceeded`` when ``user``, holding ``current`` of quota ``name``, may not take ``more``. No
+        user (authentication off): nothing to check here, the broker-wide limit's owner checks it."""
+        if user is None or self._acl() is None:
+            return
         limit = self.limit(user, name)
         if current + more > limit:
             raise QuotaExceeded(name, user, limit, quota_error(name, user, limit))

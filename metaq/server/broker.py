@@ -64,7 +64,9 @@ class Broker:
         self.config_checksum = config.checksum()
         started = time.monotonic()
         # a bad permissions file stops the start here; the store's producer windows are counted per user
-        self.guard = Guard(config.security, {"transactions": config.transactions.max_open})
+        self.guard = Guard(config.security, {"transactions": config.transactions.max_open,
+                                             "request_waiters": config.limits.max_pending_requests,
+                                             "connections": config.max_connections()})
         self.store = MessageStore.open(config.store_config(), now_ms(),
                                        lambda user: self.guard.quotas.limit(user, "idempotent_producers"))
         self.recovery_seconds = time.monotonic() - started
@@ -111,8 +113,10 @@ class Broker:
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
-                                   lim.max_pending_requests_per_connection)  # request-reply, both protocols
+                                   lim.max_pending_requests_per_connection,  # request-reply, both protocols
+                                   lambda user, n: self.guard.quotas.check(user, "request_waiters", n))
         self.core.on_close(self.replies.connection_closed)
+        self.core.on_close(lambda conn: self.guard.connection_closed(getattr(conn, "session", None)))  # its quota
         self.group_members = TextGroupMembers()  # text connections using broker-kept offsets (admin/service.py)
         self.core.on_close(self.group_members.connection_closed)
         self.admin = AdminOps(self.store, self.put_path, self.group_members,
@@ -137,7 +141,7 @@ class Broker:
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
-        self.stats_service.add_source("quotas", lambda: quota_rows(self.guard, self.store))
+        self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
@@ -150,12 +154,18 @@ class Broker:
             check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),
                                  configured=config.http.allowed_hosts)  # docs/operating.md "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
-                                 config.http.open_metrics, check)
+                                 config.http.open_metrics, check, self.quota_use)
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
 
     # -- facts used by stats --------------------------------------------------
+
+    def quota_use(self):
+        """``stats quotas`` and /metrics: per user and quota, what it holds and its quota (``stats.quota_rows``)."""
+        return quota_rows(self.guard, {"idempotent_producers": self.store.idempotence.table.owners(),
+                                       "connections": self.guard.connected(),
+                                       "request_waiters": self.replies.table.by_user()})
 
     @property
     def port(self):

@@ -42,7 +42,7 @@ __all__ = ["Guard", "Session", "PUB", "SUB", "ADMIN"]
 class Session:
     """One connection's security state (see the module doc)."""
 
-    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at", "logged_in", "on_login")
+    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at", "logged_in", "on_login", "counted")
 
     def __init__(self, host, tls=False):
         self.host = host
@@ -50,6 +50,7 @@ class Session:
         self.user = None  # the name of the user this connection proved, or None
         self.logged_in = False  # a user has proved itself on this connection (once true, stays true)
         self.on_login = None  # called once, when logged_in turns true (the connection core's strangers count)
+        self.counted = None  # the user whose connections quota this connection counts in (Guard.authenticated)
         self.nonce = None  # the text handshake's server nonce, while one is outstanding
         self.nonce_user = None
         self.nonce_at = 0.0
@@ -110,6 +111,7 @@ class Guard:
         self._loop = None
         #: the quota decision over the current file (``quotas.check(user, name, current)``; docs/security.md "Quotas")
         self.quotas = Quotas(lambda: self.acl if self.enabled else None, broker_limits)
+        self._connected = {}  # user -> connections logged in as it (its connections quota)
         if self.enabled:
             self.file_state, self.acl = _read_acl(self.path)  # a bad file stops the broker's start
             log.info("authentication on: %d users from %s", len(self.acl.users), self.path)
@@ -187,11 +189,33 @@ class Guard:
         if user is None or not user.allowed_from(session.host):
             raise errors.Unauthenticated("authentication failed: user %s may not connect from %s"
                                          % (name, session.host))
+        if session.counted != name:  # the user's connections quota: counted once per connection and user
+            self.quotas.check(name, "connections", self._connected.get(name, 0))
+            self.connection_closed(session)
+            self._connected[name] = self._connected.get(name, 0) + 1
+            session.counted = name
         session.user = name
         if not session.logged_in:
             session.logged_in = True
             if session.on_login is not None:
                 session.on_login()
+
+    def connection_closed(self, session):
+        """The connection of ``session`` ended (the connection core's close hook), or logs in as another user:
+        it no longer counts in its user's connections quota."""
+        name = session.counted if session is not None else None
+        if name is None:
+            return
+        session.counted = None
+        n = self._connected.get(name, 0) - 1
+        if n > 0:
+            self._connected[name] = n
+        else:
+            self._connected.pop(name, None)
+
+    def connected(self):
+        """``{user: connections logged in as it}`` (stats)."""
+        return dict(self._connected)
 
     # -- the check -------------------------------------------------------------
 

@@ -291,16 +291,14 @@ def security_values(guard, tls_mode):
             ("acl_reloads", guard.reloads), ("acl_reload_error", guard.reload_error is not None)]
 
 
-def quota_rows(guard, store):
-    """``stats quotas``: per user and quota, what it holds and its quota: every user of the permissions file and
-    every owner of idempotent producer windows (``-``: no user)."""
-    held = store.idempotence.table.owners()
-    users = set(held)
-    if guard.acl is not None:
-        users.update(guard.acl.users)
-    return [codec.QuotaRow("-" if u is None else u, "idempotent_producers", held.get(u, 0),
-                           guard.quotas.limit(u, "idempotent_producers"))
-            for u in sorted(users, key=lambda u: (u is None, u or ""))]
+def quota_rows(guard, used):
+    """``stats quotas``: per user and quota, what it holds and its quota. ``used``: ``{quota: {user: held}}``;
+    every user of the permissions file and every user holding something is shown (``-``: no user)."""
+    users = set(guard.acl.users) if guard.acl is not None else set()
+    for held in used.values():
+        users.update(held)
+    return [codec.QuotaRow("-" if u is None else u, name, held.get(u, 0), guard.quotas.limit(u, name))
+            for u in sorted(users, key=lambda u: (u is None, u or "")) for name, held in sorted(used.items())]
 
 
 def remoting_values(remoting):

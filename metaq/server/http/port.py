@@ -7,7 +7,6 @@ admin operations (offset resets, topic changes, dead letters).
 
 from metaq.server.http import api, dashboard
 from metaq.server.http.metrics import BrokerCollector, Metrics
-from metaq.server.stats import quota_rows
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.http.routes import OPEN, READ, Router
 from metaq.server.http.server import HttpFrontEnd
@@ -17,8 +16,10 @@ LISTENERS = ("text", "remoting", "replication", "http")
 
 
 class HttpPort:
-    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, browser_check=None):
-        """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``observe_flushes(callback)``: the
+    def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, browser_check=None,
+                 quotas=list):
+        """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``quotas``: () -> [QuotaRow] per user and
+        quota (shown to admins and open scrapes only); ``observe_flushes(callback)``: the
         flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication;
         ``browser_check``: an ``origin.BrowserCheck`` (cross-site writes, DNS rebinding; default: the machine's
         names only)."""
@@ -29,7 +30,7 @@ class HttpPort:
             return BrokerCollector(views.counters, views.summary, lambda: views.topic_list(may_see),
                                    lambda: views.group_list(may_see), views.roles.stats_values,
                                    lambda: {name: core.count(name) for name in LISTENERS}, transactions,
-                                   (lambda: quota_rows(views.guard, views.store)) if may_see is None else list)
+                                   quotas if may_see is None else list)
 
         # closed: each user's scrape shows what it may subscribe to (open: a scraper's view of every name)
         self.metrics = Metrics(collector(), None if open_metrics else views.guard, collector)

@@ -1,0 +1,65 @@
+"""Issue 42, point 2: the count quotas per user a real broker enforces (docs/security.md "Quotas"): connections
+logged in as a user and its requests waiting for replies, each at its value and one past, another user's service
+unaffected."""
+
+import pytest
+
+from metaq.protocol import events as ev
+from metaq.protocol.stream import CLOSED
+from metaq.protocol import stats as stats_codec
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import serialize
+from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
+from tests.harness.broker import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def quota_broker(broker_factory, tmp_path, quotas):
+    cfg = secured_config(tmp_path)
+    write_acl(tmp_path / "acl.yaml", quotas=quotas)
+    return broker_factory(cfg)
+
+
+def used(broker, quota):
+    with login(broker, "admin") as admin:
+        rows = stats_codec.parse_quotas(admin.stats("quotas").encode())
+    return {r.user: (r.used, r.limit) for r in rows if r.quota == quota}
+
+
+def test_connections_at_the_quota_and_one_past(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"connections": 2})
+    first, second = login(b, "alice"), login(b, "alice")  # at the quota
+    assert used(b, "connections")["alice"] == (2, 2)
+    third = b.client()
+    r = third.auth("alice", SECRETS["alice"])  # one past: refused, naming the quota, and hung up
+    assert r.code == 400 and b"quota connections of user alice is 2" in r.body, r
+    assert third.read_event() is CLOSED  # the broker hung up
+    third.close()
+    with login(b, "bob") as bob:  # another user: served
+        assert bob.call(ev.Put("orders", 0, 0, b"x", 1, metaq_checksum(b"x"))).code == 200
+    first.close()  # a closed connection leaves the count
+    wait_for(lambda: used(b, "connections")["alice"] == (1, 2), what="alice's closed connection uncounted")
+    with login(b, "alice") as again:
+        assert again.call(ev.Put("orders", 0, 0, b"y", 2, metaq_checksum(b"y"))).code == 200
+    second.close()
+
+
+def test_requests_waiting_for_replies_at_the_quota_and_one_past(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"request_waiters": 2})
+
+    def request(opaque, timeout_ms=30_000):
+        body = b"q%d" % opaque
+        return ev.Request("orders", 0, 0, body, opaque, metaq_checksum(body), timeout_ms)
+
+    alice = login(b, "alice")
+    alice.send(b"".join(serialize(request(n)) for n in (1, 2, 3)))  # two wait (at the quota), the third is one past
+    r = alice.read_event()
+    assert r.code == 400 and r.opaque == 3 and b"quota request_waiters of user alice is 2" in r.body, r
+    assert used(b, "request_waiters")["alice"] == (2, 2)
+    users = dict(DEFAULT_USERS)
+    assert "orders" in str(users["bob"]["topics"])
+    with login(b, "bob") as bob:  # another user's request still waits for its reply (504 at its timeout, not 400)
+        r = bob.call(request(7, timeout_ms=300))
+        assert r.code == 504, r
+    alice.close()
