@@ -15,6 +15,13 @@ limit it divides, what it counts). Its value for a user is found in the permissi
 With authentication off there are no users: every client is one tenant, bounded by the broker-wide limit only
 (``limit(None, name)``). ``Quotas.check(user, name, current)`` is the decision every counted resource asks:
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
+
+**Rates** (``RATES``): bytes per second a user's connections may send to the broker (``produce_bytes_per_s``)
+and be sent as the records of its gets and pulls (``fetch_bytes_per_s``). A client over its rate is delayed,
+not refused, as Kafka throttles: ``Quotas.pace(user, kind, nbytes, now)`` charges the bytes to the user's
+token bucket (one second of its rate as a burst) and says how long the connection must wait before it goes
+on, so that the user's bytes over any long span stay at its rate, however many connections it uses. No
+default: a rate is unbounded until the file sets one.
 """
 
 from metaq import limits
@@ -46,6 +53,15 @@ QUOTAS = {q.name: q for q in (
 )}
 
 
+#: The rates a user may be given (``quotas:`` keys of the permissions file, bytes per second), and what they count.
+RATES = {
+    "produce_bytes_per_s": "bytes the user's connections send to the broker (its puts and other requests)",
+    "fetch_bytes_per_s": "bytes of the records sent to the user's gets and pulls",
+}
+#: The kind of traffic each rate paces (``Quotas.pace``).
+RATE_OF = {"produce": "produce_bytes_per_s", "fetch": "fetch_bytes_per_s"}
+
+
 def default_quota(name, broker_limit=None):
     """The built-in default of quota ``name``: ``limits.QUOTA_DEFAULT_SHARE`` of its broker-wide limit (the
     configured one when given), at least 1."""
@@ -62,10 +78,12 @@ def parse_quotas(mapping, where):
                           % (where, ", ".join(sorted(QUOTAS)), mapping))
     out = {}
     for name, value in mapping.items():
-        if name not in QUOTAS:
-            raise ConfigError("%s: %r is not a quota (known: %s)" % (where, name, ", ".join(sorted(QUOTAS))))
-        if type(value) is not int or value < 0:
-            raise ConfigError("%s.%s must be a whole number >= 0, got %r" % (where, name, value))
+        if name not in QUOTAS and name not in RATES:
+            raise ConfigError("%s: %r is not a quota (known: %s)" % (where, name,
+                                                                    ", ".join(sorted(QUOTAS) + sorted(RATES))))
+        if type(value) is not int or value < (1 if name in RATES else 0):
+            raise ConfigError("%s.%s must be a whole number >= %d, got %r" % (where, name, 1 if name in RATES else 0,
+                                                                               value))
         out[name] = value
     return out
 
@@ -81,6 +99,7 @@ class Quotas:
         self._acl = acl
         self._broker = {name: q.limit for name, q in QUOTAS.items()}
         self._broker.update(broker_limits or {})
+        self._buckets = {}  # (user, kind) -> [tokens, last time]: the rates' token buckets
 
     def broker_limit(self, name):
         """The broker-wide limit quota ``name`` divides."""
@@ -103,6 +122,27 @@ class Quotas:
         limit = self.limit(user, name)
         if current + more > limit:
             raise QuotaExceeded(name, user, limit, quota_error(name, user, limit))
+
+    def rate(self, user, name):
+        """User ``user``'s rate ``name`` (bytes per second), or None: unbounded."""
+        acl = self._acl()
+        return None if acl is None or user is None else acl.quota(user, name)
+
+    def pace(self, user, kind, nbytes, now):
+        """Charge ``nbytes`` of ``kind`` (``"produce"``, ``"fetch"``) to ``user`` at ``now`` (seconds, monotonic);
+        the seconds the connection must wait before it goes on (0: within its rate)."""
+        rate = self.rate(user, RATE_OF[kind])
+        if rate is None:
+            return 0.0
+        key = (user, kind)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= 2 * limits.MAX_ACL_USERS:  # users removed from the file since
+                self._buckets.clear()
+            bucket = self._buckets[key] = [float(rate), now]
+        tokens = min(float(rate), bucket[0] + (now - bucket[1]) * rate) - nbytes
+        bucket[0], bucket[1] = tokens, now
+        return -tokens / rate if tokens < 0 else 0.0
 
     def table(self, users, name):
         """``{user: limit}`` of quota ``name`` for ``users`` (stats)."""

@@ -213,6 +213,14 @@ class Guard:
         else:
             self._connected.pop(name, None)
 
+    def pace(self, session, kind, nbytes):
+        """Seconds the connection of ``session`` must wait after ``nbytes`` of ``kind`` (``"produce"``: received;
+        ``"fetch"``: records sent), as its user's rate says (``Quotas.pace``); 0 for no user."""
+        user = session.user if session is not None else None
+        if user is None:
+            return 0.0
+        return self.quotas.pace(user, kind, nbytes, time.monotonic())
+
     def connected(self):
         """``{user: connections logged in as it}`` (stats)."""
         return dict(self._connected)

@@ -54,3 +54,14 @@ def test_every_quota_divides_a_named_broker_limit():
     for q in QUOTAS.values():
         assert q.limit >= 1 and q.limit_name and q.counts
         assert default_quota(q.name) == int(q.limit * limits.QUOTA_DEFAULT_SHARE)
+
+
+def test_a_rate_paces_bytes_past_one_seconds_burst_and_no_rate_never_waits():
+    quotas = Quotas(lambda: _acl(quotas={"produce_bytes_per_s": 1000}))
+    assert quotas.pace("carol", "produce", 1000, now=0.0) == 0  # the one-second burst
+    assert quotas.pace("carol", "produce", 500, now=0.0) == pytest.approx(0.5)  # past it: wait for the bytes
+    assert quotas.pace("carol", "produce", 1000, now=1.0) == pytest.approx(0.5)  # 1 s later: 1000 more, 500 over
+    assert quotas.pace("carol", "fetch", 10**9, now=0.0) == 0  # no fetch rate set: never waits
+    assert Quotas(lambda: None).pace(None, "produce", 10**9, now=0.0) == 0  # authentication off
+    with pytest.raises(ConfigError, match="produce_bytes_per_s must be a whole number >= 1"):
+        _acl(quotas={"produce_bytes_per_s": 0})

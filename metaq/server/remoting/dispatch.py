@@ -234,11 +234,14 @@ class RemotingDispatcher:
         """A pull, answered here: its response holds its body's bytes of the connection's reply budget
         (``connections.ReplyBudget``) until sent."""
         response = self._pull(cmd, conn, signer)
+        sent = len(response.body or b"") if response is not None else 0
         try:
+            if sent:
+                conn.pace("fetch", sent)  # the user's fetch rate: the response waits (connections.Connection.pace)
             if not cmd.is_oneway:
                 conn.send(response)
         finally:
-            conn.replies.release(len(response.body or b"") if response is not None else 0)
+            conn.replies.release(sent)
         return None  # sent
 
     def _pull(self, cmd, conn, signer=None):
