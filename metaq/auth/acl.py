@@ -42,7 +42,7 @@ import ipaddress
 import re
 
 from metaq import limits
-from metaq.auth.quotas import parse_quotas
+from metaq.auth.quotas import RATES, parse_quotas
 from metaq.errors import ConfigError
 
 __all__ = ["PUB", "SUB", "ADMIN", "Acl", "User", "parse_acl", "parse_addresses"]
@@ -175,6 +175,9 @@ class Acl:
         self.users = users
         self.allow = allow
         self.quotas = quotas or {}  # every user's default quotas (the file's top-level ``quotas:``)
+        #: True when the file sets a rate for anyone (``metaq.auth.quotas.RATES``): connections are paced only then
+        self.has_rates = any(name in RATES for name in self.quotas) or any(
+            name in RATES for u in users.values() for g in u.grants for name in g.quotas)
 
     def user(self, name):
         return self.users.get(name)

@@ -111,7 +111,7 @@ class Connection(core.Connection):
             self._send(data)
         finally:
             self.replies.release(held)
-        if held and self.rates is not None:
+        if held and self.rates is not None and self.rates.acl.has_rates:
             self.pace("fetch", held)  # the records sent: the user's fetch rate
 
     def _send(self, data):
