@@ -46,6 +46,8 @@ QUOTAS = {q.name: q for q in (
           "it the user's own least recently written window is evicted"),
     Quota("transactions", limits.MAX_OPEN_TRANSACTIONS, "transactions.max_open",
           "open and prepared transactions of the user (local, XA branches, RocketMQ half messages)"),
+    Quota("consumer_offsets", limits.MAX_CONSUMER_OFFSETS, "limits.MAX_CONSUMER_OFFSETS",
+          "committed consumer offsets (group, topic, partition) the broker keeps that the user's commits made"),
     Quota("request_waiters", limits.MAX_PENDING_REQUESTS, "limits.max_pending_requests",
           "text requests of the user waiting for their replies (request-reply)"),
     Quota("connections", limits.max_connections_for(1024), "limits.max_connections",

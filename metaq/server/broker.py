@@ -68,7 +68,8 @@ class Broker:
                                              "request_waiters": config.limits.max_pending_requests,
                                              "connections": config.max_connections()})
         self.store = MessageStore.open(config.store_config(), now_ms(),
-                                       lambda user: self.guard.quotas.limit(user, "idempotent_producers"))
+                                       lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
+                                       lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
@@ -165,6 +166,7 @@ class Broker:
         """``stats quotas`` and /metrics: per user and quota, what it holds and its quota (``stats.quota_rows``)."""
         return quota_rows(self.guard, {"idempotent_producers": self.store.idempotence.table.owners(),
                                        "connections": self.guard.connected(),
+                                       "consumer_offsets": self.store.consumer_offsets.held(),
                                        "request_waiters": self.replies.table.by_user()})
 
     @property

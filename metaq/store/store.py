@@ -44,9 +44,10 @@ _new_tuple = tuple.__new__
 class MessageStore:
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
-    def __init__(self, config, producer_quota=None):
+    def __init__(self, config, producer_quota=None, offsets_quota=None):
         """``producer_quota(user)``: the idempotent producer windows a user may hold (``idempotence.window``;
-        None: no quota per user)."""
+        None: no quota per user); ``offsets_quota(user, held)``: raises when a user may not own one more
+        committed offset (``offsets.table``)."""
         self.config = config
         self.dirs = DataDir(config.data_dir)
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
@@ -68,7 +69,8 @@ class MessageStore:
         self.recovery = None
         self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
                                self._forget_writers)  # create/alter/delete (topics/state.py)
-        self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
+        self.consumer_offsets = ConsumerOffsets(self.dirs, quota=offsets_quota)
+        self.epochs = EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
@@ -80,9 +82,9 @@ class MessageStore:
     # -- open / close --------------------------------------------------------
 
     @classmethod
-    def open(cls, config, now_ms, producer_quota=None):
+    def open(cls, config, now_ms, producer_quota=None, offsets_quota=None):
         """Lock the data dir, recover, write a fresh checkpoint; raises CorruptLog, StoreError, DiskFull."""
-        self = cls(config, producer_quota)
+        self = cls(config, producer_quota, offsets_quota)
         self.dirs.create()
         self.dirs.acquire_lock()
         self._closed = False
@@ -633,10 +635,12 @@ class MessageStore:
 
     # -- consumer offsets (the broker-side store; see offsets/table.py) -----
 
-    def commit_offset(self, group, topic, partition, offset, now_ms):
-        """Store a group's next read offset; InvalidTopic/UnknownTopic/InvalidPartition/ClientError on bad input."""
+    def commit_offset(self, group, topic, partition, offset, now_ms, owner=None):
+        """Store a group's next read offset, committed by user ``owner``; InvalidTopic/UnknownTopic/InvalidPartition/
+        ClientError on bad input, QuotaExceeded past the user's quota of offsets (``offsets.table``)."""
         validate_partition(partition, self._topics.partitions_of(topic))
-        self.consumer_offsets.commit(group, topic, partition, offset, now_ms, self.max_offset(topic, partition))
+        self.consumer_offsets.commit(group, topic, partition, offset, now_ms, self.max_offset(topic, partition),
+                                     owner)
 
     def query_offset(self, group, topic, partition):
         """The group's committed offset for the partition, or None; never past the partition's end (an offset

@@ -63,3 +63,28 @@ def test_requests_waiting_for_replies_at_the_quota_and_one_past(broker_factory, 
         r = bob.call(request(7, timeout_ms=300))
         assert r.code == 504, r
     alice.close()
+
+
+def test_consumer_offsets_at_the_quota_and_one_past_kept_across_a_restart(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"consumer_offsets": 2})
+    with login(b, "admin") as admin:
+        for topic, p in (("orders", 0), ("orders", 1), ("orders-b", 0)):
+            assert admin.call(ev.Put(topic, p, 0, b"x", p, metaq_checksum(b"x"))).code == 200
+
+    def commit(c, group, partition):
+        topic, partition = ("orders", partition) if partition < 2 else ("orders-b", 0)
+        return c.call(ev.CommitOffset(group, topic, partition, 1, c.opaque()))
+
+    with login(b, "alice") as alice:
+        assert [commit(alice, "billing", p).code for p in (0, 1)] == [200, 200]  # at the quota
+        assert commit(alice, "billing", 0).code == 200  # an entry it holds: moved, not counted again
+        r = commit(alice, "billing", 2)  # one past
+        assert r.code == 400 and b"quota consumer_offsets of user alice is 2" in r.body, r
+    with login(b, "admin") as admin:  # another user: served
+        assert commit(admin, "audit", 2).code == 200
+    assert used(b, "consumer_offsets")["alice"] == (2, 2)
+    b.stop()
+    b.start()  # the owners are in the state file
+    assert used(b, "consumer_offsets")["alice"] == (2, 2)
+    with login(b, "alice") as alice:
+        assert commit(alice, "billing", 2).code == 400
