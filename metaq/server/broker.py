@@ -65,6 +65,8 @@ class Broker:
         started = time.monotonic()
         # a bad permissions file stops the start here; the store's producer windows are counted per user
         self.guard = Guard(config.security, {"transactions": config.transactions.max_open,
+                                             "topics": config.limits.max_topics,
+                                             "partitions": config.limits.max_partitions,
                                              "request_waiters": config.limits.max_pending_requests,
                                              "connections": config.max_connections()})
         self.store = MessageStore.open(config.store_config(), now_ms(),
@@ -167,6 +169,8 @@ class Broker:
         return quota_rows(self.guard, {"idempotent_producers": self.store.idempotence.table.owners(),
                                        "connections": self.guard.connected(),
                                        "consumer_offsets": self.store.consumer_offsets.held(),
+                                       "topics": {u: h[0] for u, h in self.store.topic_owners().items()},
+                                       "partitions": {u: h[1] for u, h in self.store.topic_owners().items()},
                                        "request_waiters": self.replies.table.by_user()})
 
     @property

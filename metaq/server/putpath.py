@@ -165,6 +165,21 @@ class PutPath:
             return errors.ClientError(journal_refusal(topic))
         if is_level_topic(topic):
             return errors.ClientError(level_refusal(topic))
+        if session is not AUTHORIZED:
+            return self.creation_refusal(topic, session)
+        return None
+
+    def creation_refusal(self, topic, session):
+        """None, or QuotaExceeded when a put of ``session``'s user would create ``topic`` past the user's
+        ``topics`` or ``partitions`` quota (``store.quota``: the topic is then counted as the user's). The remoting
+        port, whose ACL decides for it, asks this itself."""
+        user = session.user if session is not None else None
+        if user is None or self.guard is None or not self.guard.enabled or self.store is None:
+            return None  # no user (or no store to count in): only the broker-wide limits
+        try:
+            self.store.claim_topic(topic, user, self.guard.quotas.check)
+        except errors.QuotaExceeded as exc:
+            return exc
         return None
 
     def check_write(self, topic, session, internal=False):

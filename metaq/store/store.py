@@ -11,7 +11,7 @@ point, ``follow_log``. Time comes as ``now_ms``."""
 import random
 import struct
 
-from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
+from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
 from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
 from metaq.store import batch, gather, lookup, recovery, replica
@@ -20,7 +20,7 @@ from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DataDir, disk_usage
+from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, TOPIC_OWNERS_MAGIC, DataDir, disk_usage
 from metaq.idempotence.state import Idempotence
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
@@ -53,6 +53,7 @@ class MessageStore:
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
+        self._owners_saved = 0  # the topic owners' version last written (quota.py)
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = Partitions(self.dirs, config.index_file_units, self._quota)  # every index, and which take puts
         self._last_writer = None  # the PartitionIndex of the last put
@@ -102,6 +103,9 @@ class MessageStore:
             self.idempotence.live = self.idempotence.position >= self._pos.written  # its replay is done
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
+            owners = self.dirs.read_state(self.dirs.topic_owners, TOPIC_OWNERS_MAGIC)
+            self._quota.load_owners(owners.get("owners") if owners else None)
+            self._owners_saved = self._quota.owners_version
             self.epochs.load(self._pos.written)
             self.checkpoint(now_ms)
         except BaseException:
@@ -183,6 +187,21 @@ class MessageStore:
         """Make ``topic``-``partition`` writable now (raising what a put would), so a later append meets no limit."""
         if self._parts.writer((topic, partition)) is None:
             self._writer(topic, partition)
+
+    def claim_topic(self, topic, user, check):
+        """``user``'s put is about to go to ``topic``: when the store does not hold it yet, count it as the
+        user's, or raise QuotaExceeded past the user's ``topics`` / ``partitions`` quota (quota.py)."""
+        if self._quota.settled(topic):
+            return
+        try:
+            partitions = self._topics.partitions_of(topic)
+        except (UnknownTopic, InvalidTopic):
+            return  # the put itself is refused, naming why
+        self._quota.claim(topic, user, partitions, check)
+
+    def topic_owners(self):
+        """``{user: (topics, partitions)}`` its puts created (quota.py; stats)."""
+        return self._quota.held()
 
     def check_creatable(self, topic, partition):
         """Raise what a put to ``topic``-``partition`` would (see quota.py) before anything is stored."""
@@ -499,6 +518,10 @@ class MessageStore:
             self._checkpoint_serial, self._checkpointed = serial, (pos, last_id, floors)
         self._pos.checkpointed_at(pos)
         self.consumer_offsets.save()
+        version = self._quota.owners_version
+        if version != self._owners_saved:
+            self.dirs.write_state(self.dirs.topic_owners, TOPIC_OWNERS_MAGIC, {"owners": self._quota.owners()})
+            self._owners_saved = version
         self.follower.checkpoint(if_changed)
         self.drop_cold_pages()
         return pos

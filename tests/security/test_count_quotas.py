@@ -9,6 +9,7 @@ from metaq.protocol.stream import CLOSED
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
+from metaq.topics.wire import TopicCommand
 from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
 from tests.harness.broker import wait_for
 
@@ -88,3 +89,34 @@ def test_consumer_offsets_at_the_quota_and_one_past_kept_across_a_restart(broker
     assert used(b, "consumer_offsets")["alice"] == (2, 2)
     with login(b, "alice") as alice:
         assert commit(alice, "billing", 2).code == 400
+
+
+@pytest.mark.parametrize("quotas, named", [({"topics": 2}, b"quota topics of user alice is 2"),
+                                           ({"partitions": 4}, b"quota partitions of user alice is 4")])
+def test_topics_and_partitions_a_users_puts_create_at_the_quota_and_one_past(broker_factory, tmp_path, quotas,
+                                                                             named):
+    """Each topic holds 2 partitions here: 2 topics are at both quotas, a third is one past either."""
+    b = quota_broker(broker_factory, tmp_path, quotas)
+
+    def put(c, topic, opaque):
+        return c.call(ev.Put(topic, 0, 0, b"x", opaque, metaq_checksum(b"x")))
+
+    with login(b, "alice") as alice:
+        assert [put(alice, t, i).code for i, t in enumerate(("orders-1", "orders-2"))] == [200, 200]
+        assert put(alice, "orders-1", 3).code == 200  # a topic it created: puts go on
+        r = put(alice, "orders-3", 4)
+        assert r.code == 400 and named in r.body, r
+        alice.send(serialize(ev.Put("orders-1", 0, 0, b"y", 5, metaq_checksum(b"y"))) +
+                   serialize(ev.Put("orders-4", 0, 0, b"y", 6, metaq_checksum(b"y"))))  # the burst path too
+        assert [alice.read_event().code for _ in range(2)] == [200, 400]
+    with login(b, "bob") as bob:  # another user creates its topic
+        assert put(bob, "orders", 7).code == 200
+    assert used(b, "topics")["alice"] == (2, quotas.get("topics", 512))
+    b.stop()
+    b.start()  # the owners are in the topic_owners state file
+    with login(b, "alice") as alice:
+        assert put(alice, "orders-3", 8).code == 400
+    with login(b, "admin") as admin:  # a deleted topic leaves its creator's count
+        assert admin.call(TopicCommand("delete", "orders-2", (), admin.opaque())).code == 200
+    with login(b, "alice") as alice:
+        assert put(alice, "orders-3", 9).code == 200

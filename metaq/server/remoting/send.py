@@ -108,6 +108,9 @@ class RemotingSender:
         h = decode_send_header(cmd)
         topic = h.topic
         self.path.check_write(topic, AUTHORIZED)  # the user's permission: the port's ACL (remoting/acl.py)
+        refused = self.path.creation_refusal(topic, conn.session)  # the user's quota of topics it creates
+        if refused is not None:
+            raise refused
         if h.sys_flag & SYSFLAG_TRANSACTION_PREPARED:
             return self._send_half(cmd, h, topic, conn)
         if topic.startswith(RETRY_PREFIX):
