@@ -2,6 +2,10 @@
 logged in as a user and its requests waiting for replies, each at its value and one past, another user's service
 unaffected."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from metaq.protocol import events as ev
@@ -11,7 +15,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
 from metaq.topics.wire import TopicCommand
 from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
-from tests.harness.broker import wait_for
+from tests.harness.broker import url_of, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +47,15 @@ def test_connections_at_the_quota_and_one_past(broker_factory, tmp_path):
     wait_for(lambda: used(b, "connections")["alice"] == (1, 2), what="alice's closed connection uncounted")
     with login(b, "alice") as again:
         assert again.call(ev.Put("orders", 0, 0, b"y", 2, metaq_checksum(b"y"))).code == 200
+        secret = tmp_path / "admin.secret"
+        secret.write_text(SECRETS["admin"])
+        secret.chmod(0o600)
+        out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--brokers", url_of(b), "--user", "admin",
+                              "--secret-file", str(secret), "--json", "quotas", "alice"],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        rows = {r["quota"]: (r["used"], r["limit"]) for r in json.loads(out.stdout)}
+        assert rows["connections"] == (2, 2) and rows["idempotent_producers"] == (0, 2048)  # metaq-admin shows them
     second.close()
 
 
