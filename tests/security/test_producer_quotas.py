@@ -8,15 +8,18 @@ import os
 import pytest
 
 from metaq import limits
-from metaq.client.local import free_port, small_config
+from metaq.client.local import free_port, rmq_config, small_config
+from metaq.client.raw import RemotingClient
 from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.rocketmq.remoting import ResponseCode
 from metaq.protocol.text import serialize
 from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, SECRETS, login, secured_config, write_acl
 from tests.harness.broker import wait_for
 from tests.harness.http import request, with_http
+from tests.harness.rocketmq import send_v1
 from tests.harness.replication import master_config
 
 pytestmark = pytest.mark.integration
@@ -138,3 +141,21 @@ def test_a_slave_applying_replicated_records_keeps_each_users_windows(broker_fac
     expected = {"alice": (2, 2), "bob": (1, 2), "admin": (0, 2), "reader": (0, 2)}
     assert held(master) == expected
     wait_for(lambda: held(slave) == expected, timeout=20, what="the slave's windows per user")
+
+
+def test_a_rocketmq_send_counts_in_its_signers_windows(broker_factory, tmp_path):
+    """The remoting port passes the user who signed a send: its window is that user's, not another's to write."""
+    acl = write_acl(tmp_path / "acl.yaml", users=users(), quotas={"idempotent_producers": 1})
+    b = broker_factory(rmq_config(tmp_path / "data", {}, security={"acl_file": acl}))
+    port = b.config["remoting"]["port"]
+    props = {"METAQ_PID": "5", "METAQ_SEQ": "0"}
+    with RemotingClient(port, credentials=("alice", SECRETS["alice"])) as alice, \
+            RemotingClient(port, credentials=("bob", SECRETS["bob"])) as bob:
+        assert send_v1(alice, "orders", b"a", queue=0, props=props).code == ResponseCode.SUCCESS
+        r = send_v1(bob, "orders", b"b", queue=0, props=props)  # alice's producer id: refused, nothing stored
+        assert r.code != ResponseCode.SUCCESS and "another user's" in r.remark, r
+        assert send_v1(alice, "orders", b"a2", queue=0, props=dict(props, METAQ_PID="6")).code == \
+            ResponseCode.SUCCESS  # one past alice's quota of 1: her window of producer 5 goes
+        r = send_v1(alice, "orders", b"a", queue=0, props=props)
+        assert r.code != ResponseCode.SUCCESS and "quota idempotent_producers (1 windows)" in r.remark, r
+    assert held(b)["alice"] == (1, 1) and held(b)["bob"] == (0, 1)
