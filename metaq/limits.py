@@ -86,6 +86,15 @@ def max_per_address_for(max_connections):
 #: One record larger than this is still served whole.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 
+#: HTTP reply bytes every connection of the HTTP port holds in all, produced but not yet taken by the kernel (clients
+#: that do not read their answers). Past it a new request is answered 503 at once, its reply never produced, until
+#: those clients read or their send deadline (``request_timeout_s``) closes them (server/http/server.UnsentReplies).
+MAX_HTTP_UNSENT_BYTES = 64 * 1024 * 1024
+#: The kernel send buffer of each HTTP connection (SO_SNDBUF; Linux doubles it): what a client that does not read
+#: can leave in the kernel beyond ``MAX_HTTP_UNSENT_BYTES`` (without it the kernel grows it to ``tcp_wmem``'s
+#: maximum, several MiB per connection).
+HTTP_SEND_BUFFER_BYTES = 256 * 1024
+
 #: Seconds one send of a zero-copy reply (a get's records sent straight from the segment maps: server/zerocopy.py)
 #: may wait on a socket that takes no more bytes while it holds those maps (a segment retention deleted keeps its
 #: disk space while held). Past it the unsent rest is copied out of the maps and sent as an ordinary buffer.

@@ -96,6 +96,12 @@ def read_text(path, offset=0):
 class BrokerProcess:
     """``python -m metaq.server`` on 127.0.0.1 with its own config, data dir and log file."""
 
+    #: Where ``client()`` connects (a broker bound to an address in a network namespace sets it to that address).
+    host = "127.0.0.1"
+    #: A command prefix the broker runs under (e.g. ``["ip", "netns", "exec", NS]``); it must exec the broker in
+    #: place, so that ``proc.pid`` stays the broker's own.
+    prefix = ()
+
     def __init__(self, workdir, config=None, extra_args=()):
         self.workdir = workdir
         self.config = config or small_config(os.path.join(str(workdir), "data"))
@@ -112,7 +118,7 @@ class BrokerProcess:
             f.write(self.config_text if self.config_text is not None else yaml.safe_dump(self.config))
         self._log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         log = open(self.log_path, "ab")
-        cmd = [sys.executable, "-m", "metaq.server", "-c", self.config_path] + self.extra_args
+        cmd = list(self.prefix) + [sys.executable, "-m", "metaq.server", "-c", self.config_path] + self.extra_args
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir))
         log.close()
         if expect_ready:
@@ -148,7 +154,7 @@ class BrokerProcess:
             self.proc.wait(10)
 
     def client(self, timeout=10.0):
-        return TextClient("127.0.0.1", self.port, timeout)
+        return TextClient(self.host, self.port, timeout)
 
 
 def rmq_config(data_dir, remoting=None, **sections):

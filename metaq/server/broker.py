@@ -23,6 +23,7 @@ from metaq.server.flusher import AheadWorker, Flusher
 from metaq.server.guard import Guard
 from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
+from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
@@ -101,11 +102,13 @@ class Broker:
                                      lambda: self.remoting.address if self.remoting is not None else None,
                                      self.registry.granted_timeout_s)
             self.roles.attach_election(self.election)
-        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats)  # recovery completes commits
+        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats,
+                            self.roles.is_master)  # recovery completes commits (a slave's follows the log)
         self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))
         self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
                                     is_master=self.roles.is_master)  # reads its entries from the store
         self.roles.on_change(self.delay.role_changed)
+        self.roles.on_change(self.tx.role_changed)
         self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
                                    async_flush=config.store.flush == "async")  # any delivery time; its index
         self.roles.on_change(self.timers.role_changed)
@@ -141,7 +144,8 @@ class Broker:
                                            if self.election is not None else None, replies=self.replies)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
-        self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values())
+        self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
+                                      + self.tx.manager.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
         self.stats_service.add_source("quotas", self.quota_use)
@@ -157,7 +161,8 @@ class Broker:
             check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),
                                  configured=config.http.allowed_hosts)  # docs/operating.md "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
-                                 config.http.open_metrics, check, self.quota_use)
+                                 config.http.open_metrics, check,
+                                 UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use)
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers

@@ -25,6 +25,7 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
+from metaq.protocol.journaltopic import TX_TOPIC
 from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
@@ -149,6 +150,7 @@ class LimitsSection(_Section):
     max_connections_per_address: Optional[int] = Field(None, ge=1)
     max_reply_bytes: int = Field(limits.MAX_REPLY_BYTES, ge=4096)
     max_partial_request_bytes: int = Field(limits.MAX_PARTIAL_REQUEST_BYTES, ge=1 << 20)
+    max_http_unsent_bytes: int = Field(limits.MAX_HTTP_UNSENT_BYTES, ge=1 << 16)
     login_timeout_s: float = Field(limits.LOGIN_TIMEOUT_S, gt=0)
     max_unauthenticated: Optional[int] = Field(None, ge=1)
     max_unauthenticated_per_address: int = Field(limits.MAX_UNAUTHENTICATED_PER_ADDRESS, ge=1)
@@ -589,7 +591,8 @@ class ServerConfig(_Section):
             data_dir=os.path.abspath(self.broker.data_dir),
             broker_id=self.broker.id,
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
-            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1)]
+            topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1),
+                    TopicSpec(TX_TOPIC, 1)]
             + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,

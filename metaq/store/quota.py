@@ -8,7 +8,8 @@ configured under ``limits:``). A put that would create a topic or a partition
 past either bound is refused with ``TopicLimit`` (a client error: 400 on the
 text port, TOPIC_NOT_EXIST on the remoting port, as RocketMQ answers a topic
 it will not create). Topics named exactly in the configuration (the broker's
-own among them) are counted but never refused: the operator bounded them.
+own among them) are counted but never refused: the operator bounded them. The transaction journal (``%TX%``, one
+partition) is the store's own and neither counted nor refused.
 Replication (a slave mirrors its master) and recovery create what the log
 holds, past the bounds if need be; only puts are refused.
 
@@ -25,10 +26,11 @@ from metaq.errors import TopicLimit
 
 
 class TopicQuota:
-    def __init__(self, max_topics, max_partitions, exempt=()):
+    def __init__(self, max_topics, max_partitions, exempt=(), uncounted=()):
         self.max_topics = max_topics
         self.max_partitions = max_partitions
-        self._exempt = frozenset(exempt)
+        self._uncounted = frozenset(uncounted)
+        self._exempt = frozenset(exempt) | self._uncounted
         self._topics = {}  # topic -> partitions held
         self.partitions = 0
         self._owners = {}  # topic -> (user, partitions): the topics users' puts created
@@ -41,6 +43,8 @@ class TopicQuota:
 
     def added(self, topic):
         """The store now holds one more partition of ``topic``."""
+        if topic in self._uncounted:
+            return
         self._topics[topic] = self._topics.get(topic, 0) + 1
         self.partitions += 1
 

@@ -22,6 +22,7 @@ from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, TOPIC_OWNERS_MAGIC, DataDir, disk_usage
 from metaq.idempotence.state import Idempotence
+from metaq.protocol.journaltopic import TX_TOPIC
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
 from metaq.keys.index import KeyIndex
@@ -52,7 +53,8 @@ class MessageStore:
         self.dirs = DataDir(config.data_dir)
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
-        self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names)
+        self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names,
+                                 uncounted=(TX_TOPIC,))
         self._owners_saved = 0  # the topic owners' version last written (quota.py)
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = Partitions(self.dirs, config.index_file_units, self._quota)  # every index, and which take puts
@@ -572,6 +574,15 @@ class MessageStore:
             self.checkpoint(now_ms)
             self.epochs.truncate(position)
         return report
+
+    def follow_now(self, sub):
+        """The follower's subscriber ``sub`` learns the log up to its written end now, the others left to the steps
+        (a promotion: the transaction journal's branches current before the first request)."""
+        while sub.position < self._pos.written:
+            before = sub.position
+            self.follower.step(self._pos.flushed, self._pos.written, only=sub)
+            if sub.position == before:
+                break
 
     def _follow_idempotence(self):
         """The idempotent producers' state learns the log up to its written end now (a slave's apply and cut:

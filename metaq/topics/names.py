@@ -1,20 +1,20 @@
 """Which topics are the broker's own rather than a user's: what listings hide unless asked (``metaq-admin topics
 --all``).
 
-``INTERNAL`` names the broker's exact topics: delayed delivery's (``SCHEDULE_TOPIC_XXXX``) and the timer store's
-log (``%TIMER%``). ``is_internal`` also covers the topics the broker names after a consumer group (``%RETRY%<group>``,
-``%DLQ%<group>``, ``%RESENT%<group>``) and a priority topic's levels (``<topic>%P<k>``, whose messages belong to
-``<topic>``: ``level_owner``). Pure: names in, answers out.
+``INTERNAL`` names the broker's exact topics: delayed delivery's (``SCHEDULE_TOPIC_XXXX``), the timer store's log
+(``%TIMER%``) and the transaction journal (``%TX%``). ``is_internal`` also covers the topics the broker names after
+a consumer group (``%RETRY%<group>``, ``%DLQ%<group>``, ``%RESENT%<group>``) and a priority topic's levels
+(``<topic>%P<k>``, whose messages belong to ``<topic>``: ``level_owner``). Pure: names in, answers out.
 """
 
 from metaq.timers.levels import SCHEDULE_TOPIC
-from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, TIMER_TOPIC
+from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, TIMER_TOPIC, TX_TOPIC
 from metaq.priorities.wire import split_level
 
 __all__ = ["INTERNAL", "is_internal", "level_owner"]
 
-#: The broker's own topics by exact name: delayed delivery's levels and the timer store's log.
-INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC)
+#: The broker's own topics by exact name: delayed delivery's levels, the timer store's log, the transaction journal.
+INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC)
 
 
 def level_owner(topic):

@@ -14,12 +14,15 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
 logic (the protocol layer: pure decisions, the time passed in)
     policy.py    the check-back's rules: which half messages a round checks, which it gives up
 state (the store layer: files and in-memory state; no socket, gevent or clock)
-    journal.py   the journal's files: append, fdatasync, torn tails, checkpoints
-    state.py     TransactionManager: the branches' state machine, half messages, recovery, commit into the store
+    follow.py    the journal in the log: its records as ``%TX%`` messages (TxLog), their replay with snapshots
+                 (LogReplay), the log follower's subscriber (TxFollow: a slave learns, a cut replays)
+    journal.py   an older broker's journal files, read once to migrate them into the log
+    state.py     TransactionManager: the branches' state machine, half messages, recovery, commit into the store,
+                 a slave's replica state and the take-over at a promotion
     config.py    the ``transactions:`` settings and their defaults (TxConfig)
 service (the server layer: gevent)
-    service.py   TxService: the protocol-neutral service (journal fsyncs off the loop, commits, timeouts,
-                 maintenance, a closed connection's local transactions rolled back)
+    service.py   TxService: the protocol-neutral service (the log's flush and a sync slave's confirmation waited
+                 for, commits, timeouts, snapshots, a closed connection's local transactions rolled back, the role)
 front-end (the server layer: a front-end's handlers)
     text.py      the text ``transaction`` command and transactional puts
     remoting.py  the RocketMQ check-back rounds (CHECK_TRANSACTION_STATE to a producer of the group)

@@ -1,4 +1,6 @@
-"""The transaction journal's files: append, fdatasync, read back, cut a torn tail, checkpoint.
+"""An older broker's transaction journal files: read once at open (torn tails cut, corruption refused unless
+forced) and migrated into the commit log, where the journal now lives (``metaq.transactions.follow``). The write
+side below is what wrote them; it stays to read them back exactly and to write such a directory in tests.
 
 Layout of ``<data dir>/transactions/`` (all tx file naming lives here)::
 
@@ -241,8 +243,28 @@ def _read_clean(directory):
 # -- the journal -----------------------------------------------------------------------------------------
 
 
+def remove_journal(directory):
+    """BLOCKING: delete a migrated journal directory (its files, then itself; the parent directory synced)."""
+    for name in os.listdir(directory):
+        unlink_quietly(os.path.join(directory, name))
+    try:
+        os.rmdir(directory)
+    except OSError as exc:
+        log.warning("transactions: %s not removed: %s", directory, exc)
+        return
+    fsync_dir(os.path.dirname(directory) or ".")
+
+
 class Journal:
     """The append side plus checkpoint helpers; open with ``Journal.open``."""
+
+    @staticmethod
+    def exists(directory):
+        """True when ``directory`` holds a journal or a snapshot (an older broker's journal to migrate)."""
+        if not os.path.isdir(directory):
+            return False
+        journals, snapshots, _temps = list_files(directory)
+        return bool(journals or snapshots)
 
     def __init__(self, directory, file_size):
         self.directory = directory

@@ -93,6 +93,11 @@ MAX_PUTS_LIMIT = (MAX_RECORD_BYTES - COMMIT_FIXED.size - STR.size - MAX_KEY_BYTE
 # ROLLBACK reasons (for the record only: every one has the same effect)
 RB_CLIENT, RB_TIMEOUT, RB_OWNER_CLOSED, RB_RECOVERY = range(4)
 
+#: A branch's outcomes once it ended (``ReplayState.decided``; the manager's remembered decisions).
+COMMITTED, ROLLED_BACK, TIMED_OUT, READ_ONLY = "committed", "rolled back", "timed out", "read-only"
+#: The most decisions a replay (and the manager) keeps, the oldest dropped first.
+DECIDED_KEPT = 100_000
+
 # branch states
 ACTIVE = "active"
 PREPARED = "prepared"
@@ -229,6 +234,11 @@ def encode(rec):
 
 
 # -- decoding --------------------------------------------------------------------------------------------
+
+
+def encoded_size(rec):
+    """The length of ``rec``'s payload (``encode``'s parts together)."""
+    return sum(len(part) for part in encode(rec))
 
 
 class _Reader:
@@ -422,6 +432,7 @@ class ReplayState:
         self.heuristic = {}
         self.settled = {}
         self.done = set()  # keys finished by DONE (a second DONE for one of them is expected, not an anomaly)
+        self.decided = {}  # key -> (outcome, now_ms, user, log_end) of the branches that ended, oldest first
         self.records = 0
         self.anomalies = 0
 
@@ -466,6 +477,7 @@ class ReplayState:
                 self._anomaly(rec, "branch is committing")
             else:
                 del self.branches[b.key]
+                self._decided(b.key, TIMED_OUT if rec.reason == RB_TIMEOUT else ROLLED_BACK, rec.now_ms, b.user, 0)
         elif t is Half and (b.state == ACTIVE or b.half is not None and b.state == PREPARED):
             b.state = PREPARED
             b.half, b.user, b.begun_ms = rec, rec.owner, rec.stored_ms
@@ -485,12 +497,20 @@ class ReplayState:
             b.state = DONE
             b.log_end = rec.log_end
             self.done.add(b.key)
+            self._decided(b.key, COMMITTED, rec.now_ms, b.user, rec.log_end)
             if rec.log_end > self.keep_done_after:
                 self.settled[b.key] = b
             else:
                 self.settled.pop(b.key, None)
         else:
             self._anomaly(rec, "branch is %s" % b.state)
+
+    def _decided(self, key, outcome, now_ms, user, log_end):
+        decided = self.decided
+        decided.pop(key, None)
+        decided[key] = (outcome, now_ms, user, log_end)
+        if len(decided) > DECIDED_KEPT:
+            del decided[next(iter(decided))]
 
     def _done_again(self, rec):
         """A commit that recovery completed again (the log had lost some of it): the newer DONE counts."""

@@ -63,6 +63,8 @@ class CheckBack:
     def run_round(self, now):
         """One round (blocks this greenlet for one journal flush when it rolled something back)."""
         manager = self.tx.manager
+        if manager.replica:  # a slave: the master asks its producers
+            return
         plan = plan_round(manager.halves(), now, self.timeout_ms, self.check_max, self.limit)
         self.counts["rounds"] += 1
         for number in plan.give_up:

@@ -3,13 +3,12 @@
 Front-ends (the text ``transaction`` command: ``metaq.transactions.text``; RocketMQ half messages:
 ``metaq.server.remoting.send``, whose check-back is ``metaq.transactions.remoting``) turn their requests
 into these calls and format their own replies.
-The manager is pure (files and state); this module adds what needs the event
-loop: journal fsyncs in gevent's thread pool before a prepare, commit or
-rollback is answered (policy ``transactions.journal_flush``), the commit's
-appends on the loop right after the COMMIT record is durable, the store flush
-wait in ``sync`` mode, wake-ups for long-polling consumers, the timeout sweep,
-journal maintenance and the rollback of a closed connection's local
-transactions.
+The manager is pure (the journal is ``%TX%`` in the log, and state); this module adds what needs the event
+loop: the wait for the log's flush (and, in ``sync`` replication, for a slave's confirmation) before a prepare,
+commit or rollback is answered (policy ``transactions.journal_flush``), the commit's appends on the loop right
+after the COMMIT record is durable, the store flush wait in ``sync`` mode, wake-ups for long-polling consumers,
+the timeout sweep, journal snapshots, the rollback of a closed connection's local transactions, and the role:
+a slave's manager follows the master's records, a promoted one takes them over (``role_changed``).
 
 """
 
@@ -29,7 +28,8 @@ MAINTAIN_INTERVAL_S = 5.0
 
 
 class TxService:
-    def __init__(self, store, config, flusher, waiters, stats):
+    def __init__(self, store, config, flusher, waiters, stats, is_master=True):
+        """``is_master``: whether this broker starts as the master (a slave's manager follows the log)."""
         self.store = store
         self.flusher = flusher
         self.waiters = waiters
@@ -37,9 +37,8 @@ class TxService:
         self.sync_flush = config.store.flush == "sync"
         cfg = config.transactions
         self.flush_policy = cfg.journal_flush
-        self.manager = TransactionManager.open(store, config.tx_config(), now_ms())
+        self.manager = TransactionManager.open(store, config.tx_config(), now_ms(), master=is_master)
         self._tasks = []
-        self._pool = gevent.get_hub().threadpool
 
     def start(self):
         self._tasks = [gevent.spawn(self._sweep_loop), gevent.spawn(self._maintain_loop)]
@@ -79,6 +78,13 @@ class TxService:
         else:
             self.stats.tx_begin += 1
 
+    def prepare(self, txid, owner):
+        """PREPARE: XA_OK or XA_RDONLY; refused before anything is written where a put would be (a slave, a sync
+        master with no slave: 503 saying nothing was stored). The caller makes it durable (``flush_journal``)."""
+        if self._check_writable is not None:
+            self._check_writable()
+        return self.manager.prepare(txid, owner, now_ms())
+
     def rollback(self, txid, owner):
         """Roll back now; the caller makes it durable with ``flush_journal`` (from a greenlet of its own)."""
         self.manager.rollback(txid, owner, now_ms())
@@ -90,7 +96,25 @@ class TxService:
         log.warning("operator decided transaction %s by hand: %s", key, "commit" if commit else "rollback")
         return plan
 
+    def role_changed(self, slave_id):
+        """A master turned slave follows the master's journal records; a slave turned master takes the branches it
+        learned over (prepared ones kept, commits completed, unprepared ones rolled back: docs/replication.md
+        "Transactions and failover")."""
+        manager = self.manager
+        if slave_id is not None:
+            manager.follow_master()
+            return
+        if not manager.replica:
+            return
+        self.store.follow_now(manager.follow)  # every record the old master wrote that this one holds, learned
+        report = manager.take_over(now_ms())
+        log.info("transactions taken over as master: %d prepared kept, %d commits completed, %d rolled back",
+                 report.prepared_kept, report.commits_completed, report.rolled_back)
+        self._flush_later()
+
     def connection_closed(self, conn_id):
+        if self.manager.replica:  # the branches are the master's, whose connections these ids are not
+            return
         rolled = self.manager.owner_closed(conn_id, now_ms())
         if rolled:
             log.info("rolled back %d local transactions of a closed connection: %s", len(rolled), ", ".join(rolled))
@@ -100,13 +124,21 @@ class TxService:
     # -- durability ---------------------------------------------------------------
 
     def flush_journal(self):
-        """Make the journal durable per policy (fsync in a pool thread; the loop keeps serving)."""
-        if self.flush_policy == "commit" and self.manager.needs_flush:
+        """Make the journal durable per policy: the log flushed past its last record (this greenlet waits, the loop
+        keeps serving), and in ``sync`` replication confirmed by a slave, as a put is (503 when none confirms)."""
+        if self.flush_policy != "commit":
+            return
+        end = self.manager.journal_end
+        if self.manager.needs_flush:
             try:
-                self._pool.apply(self.manager.flush_journal)
-            except OSError as exc:
+                self.flusher.wait_flushed(end)
+            except errors.Unavailable:
+                raise
+            except errors.MetaqError as exc:
                 raise errors.TransactionError(XAER_RMERR, "the transaction journal could not be flushed: %s"
                                               % exc) from None
+        if self._confirm is not None:
+            self._confirm(end)
 
     def _flush_later(self):
         if self.flush_policy == "commit":
@@ -128,11 +160,16 @@ class TxService:
     def complete_commit(self, plan):
         """Journal durable, appends, published, confirmed (blocks this greenlet); raises TransactionError, or
         Unavailable when written but not confirmed (sync replication, ha: auto's lease)."""
+        if plan.branch is None:  # nothing to append: a read-only branch, or a retry of a commit already made
+            if plan.confirm_end:  # made here: answered as the first was, once confirmed
+                self._publish_end(plan.confirm_end)
+                if self._confirm is not None:
+                    self._confirm(plan.confirm_end)
+            return
         try:
-            self.flush_journal()
             if self._check_writable is not None:
                 self._check_writable()  # nothing yields from here to the appends
-            results = self.manager.apply_commit(plan, now_ms())
+            results = self.manager.apply_commit(plan, now_ms())  # COMMIT lies before them in the log: no wait
         except errors.MetaqError as exc:
             log.warning("commit of %s not completed: %s", getattr(plan, "key", plan), exc)
             if not isinstance(exc, errors.TransactionError):
@@ -140,8 +177,9 @@ class TxService:
                                               "%s" % exc)
             raise exc from None
         self.stats.tx_commit += 1
+        self.flush_journal()  # DONE, and so the messages before it, durable per policy (sync replication: confirmed)
         self._publish(results)
-        if results and self._confirm is not None:
+        if results and self._confirm is not None and self.flush_policy != "commit":
             self._confirm(max(r.log_end for r in results))
 
     # -- for the remoting port's half messages (metaq.server.remoting.send) -------
@@ -167,10 +205,12 @@ class TxService:
 
     def _publish(self, results):
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""
-        if not results:
-            return
+        if results:
+            self._publish_end(max(r.log_end for r in results))
+
+    def _publish_end(self, log_end):
         if self.sync_flush:
-            self.flusher.wait_flushed(max(r.log_end for r in results))
+            self.flusher.wait_flushed(log_end)
         else:
             self.waiters.notify_all()  # commits are rare: waking every long poll to re-check is cheap
             if self.store.should_flush(now_ms()):
@@ -181,20 +221,19 @@ class TxService:
     def _sweep_loop(self):
         while True:
             gevent.sleep(SWEEP_INTERVAL_S)
+            if self.manager.replica:  # a slave: the master times its branches out
+                continue
             rolled = self.manager.expire(now_ms())
             if rolled:
                 log.info("timed out and rolled back: %s", ", ".join(rolled))
                 self.stats.tx_rollback += len(rolled)
                 self._flush_later()
             if self.flush_policy == "interval" and self.manager.needs_flush:
-                self._pool.apply(self.manager.flush_journal)
+                self.flusher.wake()
 
     def _maintain_loop(self):
         while True:
             gevent.sleep(MAINTAIN_INTERVAL_S)
             if not self.manager.wants_maintenance:
                 continue
-            try:
-                self._pool.apply(self.manager.maintain, (now_ms(),))
-            except (OSError, errors.MetaqError) as exc:
-                log.warning("transaction journal maintenance failed: %s", exc)
+            self.manager.maintain(now_ms())  # a snapshot of the live branches at the log end (on the loop)

@@ -1,4 +1,4 @@
-"""``TransactionManager``: local and XA transaction branches over a ``MessageStore`` and a journal.
+"""``TransactionManager``: local and XA transaction branches over a ``MessageStore`` and its journal in the log.
 
 State machine of a branch::
 
@@ -16,14 +16,19 @@ END_TRANSACTION, from any connection, or the check-back giving up (``metaq.trans
 a restart, as RocketMQ keeps it in the message). Text front-ends name their owner by connection id (an int), so no
 text command can end a half message: ``HALF_OWNER`` is a string.
 
-Durability (the caller, the broker, fsyncs with ``flush_journal`` in a worker): PUT records are not fsynced;
-PREPARE (and HALF) must be durable before PREPARE (the send) is answered, COMMIT before ``apply_commit`` appends
-anything (policy ``journal_flush``). DONE needs no fsync: recovery checks a commit whose DONE survived against
-the commit log (DONE carries the log end) and completes what is missing, exactly once: message ids are fixed in
-COMMIT and a message is re-appended only when its id is not in the log after COMMIT's position.
+The journal is the log's internal topic ``%TX%`` (``metaq.transactions.follow``): replicated, confirmed and cut
+with the messages it commits. Durability (the caller, the broker, waits for the log's flush past
+``journal_end``): PREPARE (and HALF) must be durable before PREPARE (the send) is answered. A COMMIT lies before
+its messages in the log, and DONE after them, so any prefix a crash leaves that holds a message holds its COMMIT:
+recovery completes what is missing, exactly once (message ids are fixed in COMMIT and a message is re-appended
+only when its id is not in the log after COMMIT's position).
 
-Threads: everything runs on the loop except ``flush_journal`` and ``maintain`` (BLOCKING, in a worker, one call
-of each at a time, never during ``close``); ``open`` blocks too (broker start). No clock: time is ``now_ms``.
+Replication: a slave's manager follows the master's records (``learn``, through ``TxFollow``) into a replica
+state and writes nothing; a cut replays the log to the cut (``relearn``); a promotion takes the branches over
+(``take_over``: recovery as at an open). The decisions the log holds are remembered as at run time.
+
+Threads: everything runs on the loop; ``open`` and ``flush_journal`` block (broker start, tests). No clock: time
+is ``now_ms``.
 """
 
 import logging
@@ -35,17 +40,23 @@ from metaq.errors import ClientError, MetaqError, TransactionError
 from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
 from metaq.transactions import records as R
-from metaq.transactions.journal import Journal, JournalReport, journal_dir
-from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
-                                     XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId, parse_tx_key)
+from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay, TxFollow, TxLog
+from metaq.transactions.journal import Journal, JournalReport, journal_dir, remove_journal
+from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBROLLBACK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID,
+                                     XAER_INVAL, XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId,
+                                     parse_tx_key)
 
 log = logging.getLogger(__name__)
 
-#: How long a timed-out or finished key is remembered (for XA_RBTIMEOUT and XAER_DUPID answers), and how many.
+#: How long a decided branch's outcome is remembered after it ended, and how many outcomes at most (oldest dropped
+#: first): a retried COMMIT or ROLLBACK within it is answered with the decision (``Decided``), a BEGIN of the key
+#: XAER_DUPID.
 REMEMBER_MS = 600_000
-MAX_REMEMBERED = 100_000
+MAX_REMEMBERED = R.DECIDED_KEPT
 
-_TIMED_OUT, _FINISHED = "timed out", "finished"
+#: A decided branch's outcomes (``Decided.outcome``).
+COMMITTED, ROLLED_BACK, TIMED_OUT, READ_ONLY = R.COMMITTED, R.ROLLED_BACK, R.TIMED_OUT, R.READ_ONLY
 
 #: ``recover(user=EVERYONE)``: every branch, whoever began it (an admin's view).
 EVERYONE = object()
@@ -142,14 +153,29 @@ class TxPutResult(NamedTuple):
     topic: str
 
 
+class Decided(NamedTuple):
+    """A branch that ended, remembered for ``REMEMBER_MS``: what a retried COMMIT or ROLLBACK is answered.
+
+    ``log_end``: the commit log's end after a commit's messages (a retried commit waits for it to be confirmed
+    again, as the first did: a commit answered 503 because no slave confirmed it is answered OK once one has)."""
+
+    outcome: str  # COMMITTED, ROLLED_BACK, TIMED_OUT, READ_ONLY
+    owner: object  # the connection of a local branch (None for XA: any connection may retry)
+    user: Optional[str]  # who began it (authentication on): only that user or an admin learns the outcome
+    log_end: int
+    until_ms: int
+
+
 class CommitPlan:
-    """What ``commit`` decided; hand it to ``apply_commit`` once the journal is durable."""
+    """What ``commit`` decided; hand it to ``apply_commit`` once the journal is durable. ``confirm_end``: for a
+    commit already done (a retry), the log end its messages reached (0: nothing to wait for)."""
 
-    __slots__ = ("key", "messages", "branch")
+    __slots__ = ("key", "messages", "branch", "confirm_end")
 
-    def __init__(self, key, branch):
+    def __init__(self, key, branch, confirm_end=0):
         self.key = key
         self.branch = branch
+        self.confirm_end = confirm_end
         self.messages = 0 if branch is None else len(branch.ids) - sum(branch.applied)
 
     @property
@@ -165,7 +191,7 @@ class CommitPlan:
 class RecoveryReport:
     """What ``TransactionManager.open`` found and did."""
 
-    journal: JournalReport
+    journal: Optional[JournalReport] = None  # a journal directory of an older broker, migrated into the log
     records: int = 0
     anomalies: int = 0  # records that fit no branch (logged)
     commits_completed: int = 0  # COMMIT without DONE, or DONE whose messages the log lost, finished
@@ -178,7 +204,7 @@ class RecoveryReport:
 
     @property
     def torn_bytes(self):
-        return self.journal.torn_bytes
+        return self.journal.torn_bytes if self.journal is not None else 0
 
 
 def _xa(code, msg):
@@ -188,67 +214,171 @@ def _xa(code, msg):
 class TransactionManager:
     """See the module docstring (half messages too); open with ``TransactionManager.open``."""
 
-    def __init__(self, store, config, journal):
+    def __init__(self, store, config):
         self.store = store
         self.config = config
-        self._journal = journal
+        self._log = TxLog(store)
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
         self._by_owner = {}  # owner -> set of local keys
         self._halves = {}  # key -> Branch: the pending RocketMQ half messages
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
         self._heuristic = {}  # key -> records.Heuristic
-        self._recent = {}  # key -> (_TIMED_OUT / _FINISHED, owner, until_ms), oldest first
+        self._recent = {}  # key -> Decided, oldest first
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
+        self._replica = None  # a slave's LogReplay of the master's records (None: this broker writes them)
+        self._snapshot_at = None  # the log position of the last complete snapshot (retention keeps the log from it)
+        self.follow = TxFollow(store, self.learn, self.relearn, self.retention_floor)
         self.recovery = None
 
     # -- open / recovery -----------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, store, config, now_ms, force=None):
-        """BLOCKING: open the journal under ``<data dir>/transactions`` and recover (see module docstring). ``force``
-        (default: the store's ``force_recovery``) cuts mid-journal corruption instead of raising CorruptLog. The
-        store must be open; recovery appends the missing messages of interrupted commits and flushes them."""
+    def open(cls, store, config, now_ms, force=None, master=True):
+        """BLOCKING: replay the journal from the log (``%TX%``) and recover (see module docstring); ``master``: this
+        broker writes (a slave's manager only follows the master's records, ``learn``). An older broker's journal
+        directory is migrated into the log first (``force``, default the store's ``force_recovery``: cut its
+        mid-file corruption instead of raising CorruptLog). The store must be open; recovery appends the missing
+        messages of interrupted commits and flushes them. The manager then follows the log (``store.follower``)."""
         config = config.validate()
         if force is None:
             force = bool(getattr(store.config, "force_recovery", False))
-        journal, records, jreport = Journal.open(journal_dir(store.dirs.root), config.journal_file_size, force)
-        self = cls(store, config, journal)
-        try:
-            self.recovery = self._recover(records, jreport, now_ms)
-            if self.recovery.messages_reappended:  # durable (and visible) before the DONE records are
-                store.mark_flushed(store.flush_log())
-            journal.flush()
-        except BaseException:
-            journal.abandon()
-            raise
+        self = cls(store, config)
+        jreport = self._migrate(force, now_ms) if master else None
+        replay = self._replay()
+        if master:
+            self.recovery = self._recover(replay, jreport, now_ms)
+            if self.recovery.messages_reappended or self.recovery.rolled_back or jreport is not None:
+                store.mark_flushed(store.flush_log())  # durable (and visible) before the records that name them
+            if jreport is not None:
+                remove_journal(journal_dir(store.dirs.root))
+        else:
+            directory = journal_dir(store.dirs.root)
+            if Journal.exists(directory):  # an older broker's own journal: a slave's branches are its master's
+                log.warning("transactions: %s, an older broker's journal, is removed: this broker is a slave, its "
+                            "branches are the master's (in the log)", directory)
+                remove_journal(directory)
+            self._replica = replay
+            self.follow.replicating = True
+            self.recovery = RecoveryReport(None, records=replay.records, anomalies=replay.state.anomalies)
+        store.follower.add(self.follow, store.written_position)
         return self
 
-    def _recover(self, records, jreport, now_ms):
+    def _replay(self, upto=None):
+        replay = LogReplay(on_anomaly=log.warning)
+        for position, flag, rec in self._log.read(upto):
+            replay.apply(position, flag, rec)
+        self._snapshot_at = replay.snapshot_at
+        return replay
+
+    def _migrate(self, force, now_ms):
+        """An older broker's ``<data dir>/transactions/`` journal: its live state written into the log as a snapshot
+        (unless the log holds the journal already: a migration that crashed after its snapshot); the directory is
+        removed once the log is durable (``open``). Returns its JournalReport, or None when there is none."""
+        directory = journal_dir(self.store.dirs.root)
+        if not Journal.exists(directory):
+            return None
+        journal, records, jreport = Journal.open(directory, self.config.journal_file_size, force)
+        journal.close()
+        if self._log.has_records():
+            log.warning("transactions: %s is left from a migration the log already holds: removed", directory)
+            return jreport
         state = R.ReplayState(keep_done_after=self.store.written_position, on_anomaly=log.warning)
         for rec in records:
             state.apply(rec)
-        report = RecoveryReport(jreport, records=state.records, anomalies=state.anomalies)
+        self._write_snapshot(list(state.snapshot_records()), now_ms)
+        log.info("transactions: the journal in %s (%d records) is now in the log as %d live records",
+                 directory, len(records), len(state.branches) + len(state.settled) + len(state.heuristic))
+        return jreport
+
+    def _recover(self, replay, jreport, now_ms):
+        state = replay.state
+        report = RecoveryReport(jreport, records=replay.records, anomalies=state.anomalies)
         self._heuristic = dict(state.heuristic)
         report.heuristic_kept = len(self._heuristic)
+        self._remember_replayed(state, now_ms)
         unfinished = [b for b in state.branches.values() if b.state == R.COMMITTING] + list(state.settled.values())
         if unfinished:
             self._complete_after_crash(unfinished, report, now_ms)
         for b in state.branches.values():
             if b.state == R.ACTIVE:
-                self._journal.append(R.Rollback(b.key, now_ms, R.RB_RECOVERY))
+                self._write(R.Rollback(b.key, now_ms, R.RB_RECOVERY), now_ms)
                 report.rolled_back += 1
             elif b.state == R.PREPARED:
                 self._branches[b.key] = b
                 report.prepared_kept += 1
                 self._hold_partitions(b)
                 self._keep_half(b)
-        log.info("transaction recovery: %d records from %d files (%d torn bytes cut); %d commits completed "
+        log.info("transaction recovery: %d records (%d torn bytes cut from a migrated journal); %d commits completed "
                  "(%d messages re-appended, %d dropped, %d incomplete), %d rolled back, %d prepared kept, "
-                 "%d heuristic outcomes", report.records, len(jreport.files), jreport.torn_bytes,
+                 "%d heuristic outcomes", report.records, report.torn_bytes,
                  report.commits_completed, report.messages_reappended, report.messages_dropped,
                  report.commits_incomplete, report.rolled_back, report.prepared_kept, report.heuristic_kept)
         self._held = sum(b.nbytes for b in self._branches.values())
         return report
+
+    def _remember_replayed(self, state, now_ms):
+        """The decisions the log holds, still within ``REMEMBER_MS``: a retry after a restart or a failover is
+        answered with them (not confirmed again: this broker holds them from the log, where they were made)."""
+        for key, (outcome, at_ms, user, _log_end) in state.decided.items():
+            if at_ms + REMEMBER_MS > now_ms and key not in state.branches:
+                self._remember(key, Decided(outcome, HALF_OWNER if key.startswith("TX:%s:" % HALF_SESSION) else None,
+                                            user, 0, at_ms + REMEMBER_MS))
+
+    # -- following the master (a slave) ---------------------------------------------------------------------
+
+    @property
+    def replica(self):
+        """True while this manager follows a master's records instead of writing its own."""
+        return self._replica is not None
+
+    def learn(self, position, flag, rec):
+        """A slave: one of the master's records, replicated (``TxFollow``)."""
+        if self._replica is not None:
+            self._replica.apply(position, flag, rec)
+            if self._replica.snapshot_at is not None:
+                self._snapshot_at = self._replica.snapshot_at
+
+    def relearn(self, upto):
+        """The log was cut at ``upto`` (a slave's truncation, a deposed master rejoining): the branches are what the
+        log holds before it, nothing of the cut tail; this manager follows the master's records from now on."""
+        self._clear()
+        self._replica = self._replay(upto)
+        self.follow.replicating = True
+        log.info("transactions: the log was cut at %d: %d branches as the master's log has them", upto,
+                 len(self._replica.state.branches))
+
+    def follow_master(self):
+        """This broker became a slave: its branches are the log's from now on (``learn``), none of its own."""
+        if self._replica is None:
+            self._clear()
+            self._replica = self._replay()
+            self.follow.position = self.store.written_position  # everything written is in the replica state
+        self.follow.replicating = True
+
+    def take_over(self, now_ms):
+        """This slave became the master: the branches it learned become its own (the log up to its written end must
+        be learned: ``store.follow_now``), and recovery runs as at an open: commits decided are completed, branches
+        never prepared rolled back (their clients were the old master's), prepared ones and half messages kept."""
+        replay = self._replica
+        if replay is None:
+            return None
+        self._replica = None
+        self.follow.replicating = False
+        self._clear()
+        self.recovery = self._recover(replay, None, now_ms)
+        return self.recovery
+
+    def _clear(self):
+        self._branches, self._by_owner, self._halves, self._heuristic = {}, {}, {}, {}
+        self._held = 0
+
+    def retention_floor(self):
+        """The log position retention keeps for the journal: its last complete snapshot (or the first record, with
+        none yet); None when the journal is empty."""
+        if self._snapshot_at is not None:
+            return self._snapshot_at
+        first = self.store.record_spans(TX_TOPIC, 0, 0, self.store.written_position, 1)
+        return first[0][1] if first else None
 
     def _hold_partitions(self, b):
         """The partitions a prepared branch will append to are made writable again after a restart."""
@@ -315,22 +445,41 @@ class TransactionManager:
                 raise _xa(XA_RBTIMEOUT, "transaction %s timed out after %d s and was rolled back"
                           % (key, b.timeout_s))
             return b
-        recent = self._recent.get(key)
-        if recent is not None and recent[0] == _TIMED_OUT and (key.startswith("XID:") or recent[1] == owner):
-            raise _xa(XA_RBTIMEOUT, "transaction %s timed out and was rolled back" % key)
+        d = self.decided(key, owner)
+        if d is not None:
+            if d.outcome == TIMED_OUT:
+                raise _xa(XA_RBTIMEOUT, "transaction %s timed out and was rolled back" % key)
+            if action == "commit" and d.outcome == ROLLED_BACK:
+                raise _xa(XA_RBROLLBACK, "transaction %s was rolled back" % key)
+            if action == "rollback" and d.outcome == COMMITTED:
+                raise _xa(XAER_PROTO, "transaction %s was committed: it cannot be rolled back" % key)
+            if action not in ("commit", "rollback"):
+                raise _xa(XAER_PROTO, "transaction %s was %s already" % (key, d.outcome))
+            return d
         raise _xa(XAER_NOTA, "unknown transaction %s" % key)
 
-    def _write(self, rec):
-        """Journal ``rec``; a failure becomes XAER_RMFAIL (nothing changed)."""
+    def decided(self, key, owner):
+        """The remembered outcome of the ended branch ``key`` (``Decided``), or None: a local branch's only for
+        the connection that owned it, an XA branch's for any (its user is checked by the front-end: ``user_of``)."""
+        d = self._recent.get(key)
+        if d is None or not (key.startswith("XID:") or d.owner == owner):
+            return None
+        return d
+
+    def _write(self, rec, now_ms):
+        """Journal ``rec`` (a ``%TX%`` message); a failure becomes XAER_RMFAIL (nothing changed). A slave writes
+        nothing: its branches are the master's."""
+        if self._replica is not None:
+            raise _xa(XAER_RMFAIL, "this broker is a slave: transactions are the master's")
         try:
-            self._journal.append(rec)
+            self._log.append(rec, now_ms)
         except (MetaqError, OSError, R.RecordError) as exc:
             raise _xa(XAER_RMFAIL, "cannot write the transaction journal: %s" % exc) from exc
 
-    def _remember(self, key, outcome, owner, now_ms):
+    def _remember(self, key, decided):
         recent = self._recent
         recent.pop(key, None)
-        recent[key] = (outcome, owner, now_ms + REMEMBER_MS)
+        recent[key] = decided
         if len(recent) > MAX_REMEMBERED:
             del recent[next(iter(recent))]
 
@@ -343,7 +492,8 @@ class TransactionManager:
                 keys.discard(b.key)
                 if not keys:
                     del self._by_owner[b.owner]
-        self._remember(b.key, outcome, b.owner, now_ms)
+        self._remember(b.key, Decided(outcome, b.owner, b.user, b.log_end if outcome == COMMITTED else 0,
+                                      now_ms + REMEMBER_MS))
 
     # -- begin / put / prepare --------------------------------------------------------------------------------
 
@@ -394,7 +544,11 @@ class TransactionManager:
                       % (key, b.nbytes + len(data), self.config.max_tx_bytes))
         self._check_held(len(data))
         rec = R.Put(key, topic, partition, flag, -1 if checksum is None or checksum < 0 else checksum, bytes(data))
-        self._write(rec)
+        journaled = FIXED_OVERHEAD + len(TX_TOPIC) + R.encoded_size(rec)
+        if journaled > self.store.config.segment_size:
+            raise RecordTooLarge("message of %d bytes cannot be stored: its journal record of %d bytes must fit in a "
+                                 "%d-byte segment" % (len(data), journaled, self.store.config.segment_size))
+        self._write(rec, now_ms)
         b.puts.append(rec)
         b.nbytes += len(rec.data)
         self._held += len(rec.data)
@@ -421,9 +575,9 @@ class TransactionManager:
         if b.state != R.ACTIVE:
             raise _xa(XAER_PROTO, "transaction %s is already %s" % (key, b.state))
         if not b.puts:
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, READ_ONLY, now_ms)
             return XA_RDONLY
-        self._write(R.Prepare(key, now_ms, b.begun_ms, b.timeout_s, b.user))
+        self._write(R.Prepare(key, now_ms, b.begun_ms, b.timeout_s, b.user), now_ms)
         b.state = R.PREPARED
         b.prepared_ms = now_ms
         b.deadline_ms = None
@@ -439,6 +593,8 @@ class TransactionManager:
         """
         key = self._ident(txid)[0]
         b = self._lookup(key, owner, now_ms, "commit")
+        if isinstance(b, Decided):  # a retry: answered with the commit made (its messages confirmed again)
+            return CommitPlan(key, None, b.log_end)
         if b.state == R.COMMITTING:
             return CommitPlan(key, b)
         if b.state == R.ACTIVE and not one_phase:
@@ -446,7 +602,7 @@ class TransactionManager:
         if b.state == R.PREPARED and one_phase:
             raise _xa(XAER_PROTO, "transaction %s is prepared: one-phase commit refused" % key)
         if not b.puts:
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, READ_ONLY, now_ms)
             self._counts["committed"] += 1
             return CommitPlan(key, None)
         self._decide_commit(b, one_phase, now_ms)
@@ -455,7 +611,7 @@ class TransactionManager:
     def _decide_commit(self, b, one_phase, now_ms):
         ids = [self.store.new_msg_id(now_ms) for _p in b.puts]
         rec = R.Commit(b.key, now_ms, self.store.written_position, one_phase, tuple(ids), b.user)
-        self._write(rec)
+        self._write(rec, now_ms)
         b.set_commit(rec.ids, rec.log_start, one_phase)
         b.deadline_ms = None
 
@@ -503,7 +659,7 @@ class TransactionManager:
 
     def _finish_commit(self, b, now_ms):
         try:
-            self._journal.append(R.Done(b.key, now_ms, b.log_end or self.store.written_position))
+            self._log.append(R.Done(b.key, now_ms, b.log_end or self.store.written_position), now_ms)
         except (MetaqError, OSError) as exc:  # the messages are in; DONE is retried by expire() / commit()
             log.error("transaction %s committed but its DONE record failed: %s", b.key, exc)
             b.done_pending = True
@@ -511,7 +667,7 @@ class TransactionManager:
             return
         b.done_pending = False
         if self._branches.get(b.key) is b:
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, COMMITTED, now_ms)
         self._counts["committed"] += 1
 
     # -- rollback / forget / recover --------------------------------------------------------------------------
@@ -520,15 +676,17 @@ class TransactionManager:
         """Roll back an ACTIVE or PREPARED branch (journal ROLLBACK; fsync per policy)."""
         key = self._ident(txid)[0]
         b = self._lookup(key, owner, now_ms, "rollback")
+        if isinstance(b, Decided):  # a retry of a rollback (or of a read-only branch's end): nothing more to do
+            return
         if b.state == R.COMMITTING:
             raise _xa(XAER_PROTO, "transaction %s is being committed" % key)
         self._roll_back(b, now_ms, R.RB_CLIENT)
 
     def _roll_back(self, b, now_ms, reason):
         if b.puts:
-            self._write(R.Rollback(b.key, now_ms, reason))
+            self._write(R.Rollback(b.key, now_ms, reason), now_ms)
         timed_out = reason == R.RB_TIMEOUT
-        self._forget_branch(b, _TIMED_OUT if timed_out else _FINISHED, now_ms)
+        self._forget_branch(b, TIMED_OUT if timed_out else ROLLED_BACK, now_ms)
         self._counts["timed_out" if timed_out else "rolled_back"] += 1
 
     def forget(self, txid, now_ms):
@@ -536,7 +694,7 @@ class TransactionManager:
         key = self._ident(txid)[0]
         if key not in self._heuristic:
             raise _xa(XAER_NOTA, "no heuristic outcome for %s" % key)
-        self._write(R.Forget(key, now_ms))
+        self._write(R.Forget(key, now_ms), now_ms)
         del self._heuristic[key]
 
     def recover(self, qualifier=None, user=EVERYONE):
@@ -549,11 +707,17 @@ class TransactionManager:
         return sorted(set(keys))
 
     def user_of(self, txid):
-        """``(found, user)``: whether ``txid`` is a live branch or a heuristic outcome, and who began it."""
+        """``(found, user)``: whether ``txid`` is a live branch, a heuristic outcome or a remembered decision
+        (``Decided``), and who began it."""
         key = self._ident(txid)[0]
         b = self._branches.get(key)
-        h = self._heuristic.get(key) if b is None else None
-        return (b is not None or h is not None), (b.user if b is not None else h.owner if h is not None else None)
+        if b is not None:
+            return True, b.user
+        h = self._heuristic.get(key)
+        if h is not None:
+            return True, h.owner
+        d = self._recent.get(key)
+        return (d is not None), (d.user if d is not None else None)
 
     # -- timers / connections / admin --------------------------------------------------------------------------
 
@@ -569,7 +733,7 @@ class TransactionManager:
         recent = self._recent
         while recent:
             key = next(iter(recent))
-            if recent[key][2] > now_ms:
+            if recent[key].until_ms > now_ms:
                 break
             del recent[key]
         return gone
@@ -612,13 +776,13 @@ class TransactionManager:
             raise _xa(XAER_PROTO, "transaction %s is %s, not prepared" % (key, b.state))
         h = R.Heuristic(key, now_ms, bool(commit), b.user)
         if not commit:
-            self._write(h)
+            self._write(h, now_ms)
             self._heuristic[key] = h
-            self._forget_branch(b, _FINISHED, now_ms)
+            self._forget_branch(b, ROLLED_BACK, now_ms)
             self._counts["rolled_back"] += 1
             return None
         self._decide_commit(b, False, now_ms)
-        self._write(h)
+        self._write(h, now_ms)
         self._heuristic[key] = h
         return CommitPlan(key, b)
 
@@ -638,7 +802,7 @@ class TransactionManager:
         try:
             partition = self.put(txid, HALF_OWNER, topic, partition, flag, data, None, now_ms)
             rec = R.Half(txid.key, now_ms, now_ms, 0, immunity_ms, group, transaction_id, user)
-            self._write(rec)
+            self._write(rec, now_ms)
         except BaseException:
             if txid.key in self._branches:
                 self.rollback(txid, HALF_OWNER, now_ms)
@@ -669,7 +833,7 @@ class TransactionManager:
         if b is None:
             raise TransactionError(XAER_NOTA, "no half message %d is pending" % number)
         rec = b.half._replace(now_ms=now_ms, checks=b.half.checks + 1)
-        self._write(rec)
+        self._write(rec, now_ms)
         b.half = rec
         return half_view(b)
 
@@ -684,42 +848,63 @@ class TransactionManager:
 
     @property
     def needs_flush(self):
-        """True when the journal has bytes (or a new file) not yet fdatasynced."""
-        return self._journal.needs_flush
+        """True when the journal has records the log has not flushed yet."""
+        return self.store.flushed_position < self._log.end
+
+    @property
+    def journal_end(self):
+        """The log end after the last journal record: it is durable once the log is flushed there (and in ``sync``
+        replication confirmed once a slave holds the log there)."""
+        return self._log.end
 
     def flush_journal(self):
-        """BLOCKING: fdatasync the journal (run it in a worker; one call at a time)."""
-        self._journal.flush()
+        """BLOCKING: flush the log up to the journal's end (tests and scripts; the broker's flusher does it)."""
+        if self.needs_flush:
+            self.store.mark_flushed(self.store.flush_log())
 
     @property
     def wants_maintenance(self):
-        """Cheap: True when full journal files wait for ``maintain`` to replace them with a snapshot."""
-        return self._journal.has_sealed
+        """Cheap: True when the log has grown a segment past the last snapshot (or since its first journal record,
+        with none yet): ``maintain`` writes one, and retention may delete what lies before it."""
+        if self._replica is not None:
+            return False
+        floor = self.retention_floor()
+        return floor is not None and self.store.written_position - floor > self.store.config.segment_size
 
     def maintain(self, now_ms):
-        """BLOCKING (worker, one call at a time): checkpoint the journal files the loop no longer writes.
+        """Write a snapshot of the live branches and heuristic outcomes at the log end (on the loop: its records are
+        what open branches hold in memory already). A full disk leaves it incomplete, which replay ignores."""
+        if self._replica is not None:
+            return
+        recs = []
+        for b in self._branches.values():
+            recs.extend(b.records())
+        recs.extend(self._heuristic.values())
+        try:
+            self._write_snapshot(recs, now_ms)
+        except (MetaqError, OSError, R.RecordError) as exc:
+            log.warning("transactions: a snapshot of the journal was not written: %s", exc)
 
-        The loop starts a new file when the active one passes ``journal_file_size``; this replays the full
-        ones (from disk, so it shares no state with the loop), writes the branches still live after them
-        into ``snapshot.<n>`` (fsynced) and deletes them. Commits whose messages the store has not flushed
-        yet stay in the snapshot. Returns the deleted paths.
-        """
-        sealed = self._journal.sealed_seqs()
-        if not sealed:
-            return []
-        through = sealed[-1]
-        state = R.ReplayState(keep_done_after=self.store.flushed_position, on_anomaly=log.warning)
-        for rec in self._journal.read_through(through):
-            state.apply(rec)
-        return self._journal.install_snapshot(through, state.snapshot_records(), now_ms)
+    def _write_snapshot(self, recs, now_ms):
+        start = self.store.written_position
+        self._log.append(R.Snapshot(now_ms, 0), now_ms, SNAPSHOT_FLAG)
+        for rec in recs:
+            self._log.append(rec, now_ms, SNAPSHOT_FLAG)
+        self._log.append(R.SnapEnd(len(recs)), now_ms, SNAPSHOT_FLAG)
+        spans = self.store.record_spans(TX_TOPIC, 0, start, self.store.written_position, 1)
+        self._snapshot_at = spans[0][1] if spans else self._snapshot_at
 
     def close(self, now_ms):
-        """Flush and close the journal; live branches stay in it for the next open."""
-        self._journal.close()
+        """Nothing to close: the journal is the log's."""
 
     def abandon(self):
-        """Close the journal without flushing (tests: as after a kill -9)."""
-        self._journal.abandon()
+        """Nothing to abandon: the journal is the log's."""
+
+    def summary_values(self):
+        """The general ``stats`` lines of the journal: the log bytes retention keeps for it (from its last snapshot)
+        and the branches prepared (half messages among them)."""
+        s = self.stats()
+        return [("tx_journal_bytes", s["journal_bytes"]), ("tx_prepared", s["prepared"])]
 
     def stats(self):
         counts = {"open": 0, "prepared": 0, "committing": 0}
@@ -727,5 +912,6 @@ class TransactionManager:
             counts["open" if b.state == R.ACTIVE else b.state] += 1
         counts.update(self._counts)
         counts["heuristic"] = len(self._heuristic)
-        counts["journal_bytes"] = self._journal.disk_bytes
+        floor = self.retention_floor()
+        counts["journal_bytes"] = 0 if floor is None else max(0, self._log.end - floor)
         return counts

@@ -86,7 +86,7 @@ class TextTransactions:
             return None
         self._check_owner(conn, txid)
         if kind == "PREPARE":
-            code = self.manager.prepare(txid, owner, now_ms())
+            code = tx.prepare(txid, owner)
             if code != XA_OK:
                 return encode_result(200, b"%d" % code, e.opaque)
             self._reply_later(conn, e.opaque, self._durable_reply, encode_result(200, b"%d" % code, e.opaque))

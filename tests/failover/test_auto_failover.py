@@ -35,7 +35,6 @@ session timeout), and a clean stop hands over before a kill could (``SESSION_S``
 raises the rounds per group (default ``DEFAULT_ROUNDS``).
 """
 
-import os
 import random
 import re
 import statistics
@@ -46,14 +45,14 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.harness.broker import wait_for
-from tests.harness.faults import (ALL_KINDS, MAX_ROUNDS, FaultPlan, KillBroker, LinkProxy, PauseProcess,
+from tests.harness import faults
+from tests.harness.faults import (ALL_KINDS, ROUNDS_ENV, FaultPlan, KillBroker, LinkProxy, PauseProcess,
                                   RestartZooKeeper, StopBroker)
 from tests.harness.ha import SESSION_MS, Group
 from tests.harness.history import ACK_SLACK_S, Ack, History, check, logs_to_json
 from tests.harness.replication import stats
 from tests.harness.workload import Workload, read_logs
 
-ROUNDS_ENV = "METAQ_CHECKER_ROUNDS"
 DEFAULT_ROUNDS = 4
 SESSION_S = SESSION_MS / 1000.0
 #: A paused master stays stopped past its session timeout and ZooKeeper's expiry tick (2 s).
@@ -70,12 +69,7 @@ TIMES = []
 
 
 def rounds_from_env(default=DEFAULT_ROUNDS):
-    text = os.environ.get(ROUNDS_ENV, "").strip()
-    if not text:
-        return default
-    if not text.isdigit() or not 1 <= int(text) <= MAX_ROUNDS:
-        raise ValueError("%s must be a number of rounds in 1..%d, got %r" % (ROUNDS_ENV, MAX_ROUNDS, text))
-    return int(text)
+    return faults.rounds_from_env(default)
 
 
 def percentile_table(times):

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.harness.history import (ACK_SLACK_S, History, check, logs_from_json, logs_to_json)
+from tests.harness.history import (ACK_SLACK_S, History, check, check_branches, logs_from_json, logs_to_json)
 
 T = "t-hist"
 
@@ -328,3 +328,36 @@ def test_a_history_is_bounded_and_thread_safe():
     assert len(h) == 4000 and len(h.acked_ids()) == 4000
     with pytest.raises(OverflowError, match="history full: 4000 events"):
         h.heal(1.0)
+
+
+# -- XA branches (check_branches) --------------------------------------------------------------------------------
+
+def test_branches_prepared_and_committed_as_answered_pass():
+    assert check_branches({"a", "b", "c"}, {"a"}, {"b", "c"}, {"a": 1}, "sync") == []
+
+
+def test_each_kind_of_branch_violation_is_named():
+    got = check_branches({"lost", "twice", "back", "uncommitted", "gone"}, {"twice", "back", "gone"},
+                         {"back", "stranger"}, {"twice": 2, "back": 1, "uncommitted": 1}, "sync")
+    assert got == ["BRANCH RESURFACED back: RECOVER lists it while its message is stored",
+                   "COMMIT LOST (sync) gone: the commit was answered OK; its message is not stored",
+                   "BRANCH LOST lost: answered XA_OK, never decided, not listed by RECOVER",
+                   "STORED TWICE twice: its message is stored 2 times",
+                   "STORED UNCOMMITTED uncommitted: never committed, its message is stored",
+                   "UNKNOWN BRANCH stranger: RECOVER lists a branch never prepared"]
+
+
+def test_async_lets_a_commit_lost_in_the_lag_leave_its_branch_prepared_again_and_sync_does_not():
+    assert check_branches({"a"}, {"a"}, {"a"}, {}, "async") == []
+    assert check_branches({"a"}, {"a"}, {"a"}, {}, "sync") == [
+        "COMMIT LOST (sync) a: the commit was answered OK; its message is not stored (RECOVER lists it prepared "
+        "again)"]
+    assert check_branches({"a"}, {"a"}, set(), {}, "async") == [
+        "COMMIT LOST (async) a: the commit was answered OK; its message is not stored"]
+
+
+def test_bad_branch_input_is_refused():
+    with pytest.raises(ValueError, match="committed but never prepared: x"):
+        check_branches(set(), {"x"}, set(), {}, "sync")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        check_branches(set(), set(), set(), {}, "quorum")

@@ -21,8 +21,11 @@ a proxy's threads and sockets gone):
 
 ``FaultPlan(seed, rounds, kinds)`` draws ``rounds`` steps (kind, how long the fault lasts, how long the
 load runs before it) from ``random.Random(seed)``, of ``KINDS`` (issue 17 point 5's faults) unless ``kinds``
-says otherwise (``ALL_KINDS`` adds ``stop_master``, a clean stop); ``METAQ_CHECKER_SEED`` in the environment overrides
-the seed, and ``plan.message(text)`` / ``with plan.reported():`` put the seed in every failure message.
+says otherwise (``ALL_KINDS`` adds ``stop_master``, a clean stop; ``NETNS_KINDS`` are the partitions of
+tests/harness/netns.py, issue 41 point 6); ``each=True`` takes every kind once per ``len(kinds)`` rounds (in an
+order drawn from the seed) instead of drawing each round's kind; ``METAQ_CHECKER_SEED`` in the environment
+overrides the seed, and ``plan.message(text)`` / ``with plan.reported():`` put the seed in every failure message.
+``rounds_from_env(default)`` reads ``METAQ_CHECKER_ROUNDS``, the longer run's round count.
 """
 
 import contextlib
@@ -36,16 +39,26 @@ import time
 from typing import NamedTuple
 
 __all__ = ["KillBroker", "StopBroker", "PauseProcess", "LinkProxy", "RestartZooKeeper", "FaultPlan", "Step",
-           "KINDS", "ALL_KINDS", "SEED_ENV"]
+           "KINDS", "ALL_KINDS", "NETNS_KINDS", "NETEM_KINDS", "SEED_ENV", "ROUNDS_ENV", "rounds_from_env"]
 
 SEED_ENV = "METAQ_CHECKER_SEED"
+ROUNDS_ENV = "METAQ_CHECKER_ROUNDS"
 #: The faults of issue 17 point 5.
 KINDS = ("kill_master", "pause_master", "cut_link", "kill_slave", "restart_zk")
 #: What a plan may draw besides: a clean stop of the master (issue 17 point 7 times its handover).
 ALL_KINDS = KINDS + ("stop_master",)
+#: The partitions made with network namespaces (issue 41 point 6): the master cut from ZooKeeper and its slaves
+#: but not from its clients; a slave cut from the master only; the master's link to a slave flapping; the
+#: master's packets to its slaves dropped, theirs to it delivered (one way); random loss and delay on what the
+#: master sends (``tc netem``, where the kernel has it).
+NETNS_KINDS = ("isolate_master", "cut_slave", "flap_link", "one_way_cut", "asymmetric_loss")
+#: Those that need netem.
+NETEM_KINDS = ("asymmetric_loss",)
 #: How long each kind of fault lasts before it is healed, seconds (low, high); a plan may override them.
 DEFAULT_DURATIONS = {"kill_master": (0.5, 3.0), "pause_master": (1.0, 8.0), "cut_link": (0.5, 4.0),
-                     "kill_slave": (0.5, 3.0), "restart_zk": (0.5, 3.0), "stop_master": (0.5, 3.0)}
+                     "kill_slave": (0.5, 3.0), "restart_zk": (0.5, 3.0), "stop_master": (0.5, 3.0),
+                     "isolate_master": (2.0, 8.0), "cut_slave": (1.0, 5.0), "flap_link": (2.0, 6.0),
+                     "one_way_cut": (1.0, 5.0), "asymmetric_loss": (2.0, 6.0)}
 #: How long the load runs before each fault, seconds (low, high).
 DEFAULT_WAITS = (1.0, 3.0)
 #: A plan has at most this many rounds; a pause lasts at most this long.
@@ -309,6 +322,8 @@ class LinkProxy:
                     return
                 if not data:
                     return
+                with self._lock:  # a cut made while select waited applies to what it returned
+                    state = self.state
                 if state == "open" and peer[s] is not None:
                     try:
                         peer[s].sendall(data)
@@ -331,6 +346,17 @@ class Step(NamedTuple):
         return "round %d: %s for %.2f s after %.2f s of load" % (self.round, self.kind, self.seconds, self.wait)
 
 
+def rounds_from_env(default):
+    """``METAQ_CHECKER_ROUNDS`` as an int in 1..MAX_ROUNDS when set (ValueError naming it otherwise), else
+    ``default``."""
+    text = os.environ.get(ROUNDS_ENV, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ROUNDS:
+        raise ValueError("%s must be a number of rounds in 1..%d, got %r" % (ROUNDS_ENV, MAX_ROUNDS, text))
+    return int(text)
+
+
 def seed_from_env(default=None):
     """``METAQ_CHECKER_SEED`` as an int when set (ValueError naming it when it is not one), else ``default``."""
     text = os.environ.get(SEED_ENV, "").strip()
@@ -347,9 +373,9 @@ class FaultPlan:
 
     ``seed`` None: a fresh random one (printed, and in every failure message); the environment's
     ``METAQ_CHECKER_SEED`` overrides either. ``durations``: {kind: (low, high)} over ``DEFAULT_DURATIONS``;
-    ``waits``: (low, high) over ``DEFAULT_WAITS``."""
+    ``waits``: (low, high) over ``DEFAULT_WAITS``; ``each``: every kind once in each ``len(kinds)`` rounds."""
 
-    def __init__(self, seed=None, rounds=5, kinds=KINDS, durations=None, waits=DEFAULT_WAITS):
+    def __init__(self, seed=None, rounds=5, kinds=KINDS, durations=None, waits=DEFAULT_WAITS, each=False):
         seed = seed_from_env(seed)
         if seed is None:
             seed = random.SystemRandom().randrange(1 << 32)
@@ -358,15 +384,16 @@ class FaultPlan:
         if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
             raise ValueError("rounds must be an int in 1..%d, got %r" % (MAX_ROUNDS, rounds))
         kinds = tuple(kinds) if not isinstance(kinds, str) else (kinds,)
-        unknown = [k for k in kinds if k not in ALL_KINDS]
+        known = ALL_KINDS + NETNS_KINDS
+        unknown = [k for k in kinds if k not in known]
         if not kinds or unknown or len(set(kinds)) != len(kinds):
-            raise ValueError("kinds must be distinct names among %s, got %r" % (", ".join(ALL_KINDS), kinds))
+            raise ValueError("kinds must be distinct names among %s, got %r" % (", ".join(known), kinds))
         spans = dict(DEFAULT_DURATIONS)
         spans.update(durations or {})
         spans["waits"] = waits
         for name, span in spans.items():
-            if name != "waits" and name not in ALL_KINDS:
-                raise ValueError("durations: unknown kind %r (kinds: %s)" % (name, ", ".join(ALL_KINDS)))
+            if name != "waits" and name not in known:
+                raise ValueError("durations: unknown kind %r (kinds: %s)" % (name, ", ".join(known)))
             numbers = isinstance(span, (tuple, list)) and len(span) == 2 and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in span)
             if not numbers or not 0 <= span[0] <= span[1] <= MAX_PAUSE_S:
@@ -375,8 +402,15 @@ class FaultPlan:
         self.seed, self.rounds, self.kinds = seed, rounds, kinds
         rng = random.Random(seed)
         self.steps = []
+        cycle = []
         for i in range(rounds):
-            kind = rng.choice(kinds)
+            if each:
+                if not cycle:
+                    cycle = list(kinds)
+                    rng.shuffle(cycle)
+                kind = cycle.pop()
+            else:
+                kind = rng.choice(kinds)
             self.steps.append(Step(i + 1, kind, round(rng.uniform(*spans[kind]), 2), round(rng.uniform(*waits), 2)))
 
     def __iter__(self):

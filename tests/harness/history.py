@@ -29,7 +29,15 @@ reported apart and are not violations (delivery is at least once). The checks:
     msg_ids acknowledged after the lag was read, up to the window's end (OVER BOUND; a loss after the
     last window: LOST WITHOUT FAULT);
 (e) a msg_id acknowledged at two positions, or held at two positions of the final master's log, is a
-    duplicate (``Verdict.duplicates``), marked "after a failed attempt" when a ``fail`` preceded it.
+    duplicate (``Verdict.duplicates``), marked "after a failed attempt" when a ``fail`` preceded it;
+(f) order per partition: of two msg_ids one producer had acknowledged one after the other in one partition, the
+    final master never holds the later one at its acknowledged position before the earlier one at its
+    (REORDERED; a producer sends one message at a time).
+
+A fault whose effect outlasts its injection records ``window_s`` in its detail (an isolated ``async``
+master acknowledges for up to ``replication.max_isolation_ms`` after its cut): its window then ends that long
+after it instead of ``ack_slack``. ``check_offsets(tables, master, ends)`` judges the committed consumer offsets
+read from every member once healed (each member's table the master's; none past the partition's end).
 
 ``History.dump(path)`` / ``History.load(path)`` round-trip a history through JSON; ``logs_to_json`` /
 ``logs_from_json`` do the same for logs, so a failing run can be judged again offline.
@@ -40,7 +48,7 @@ import math
 import threading
 from typing import NamedTuple, Optional
 
-__all__ = ["History", "Ack", "Fail", "Delivery", "Fault", "Heal", "Verdict", "check", "MODES",
+__all__ = ["History", "Ack", "Fail", "Delivery", "Fault", "Heal", "Verdict", "check", "check_offsets", "MODES",
            "logs_to_json", "logs_from_json", "position_text"]
 
 MODES = ("sync", "async")
@@ -364,7 +372,7 @@ def check(history, logs, mode, master=None, ack_slack=ACK_SLACK_S):
     lost = {m: acks[-1] for m, acks in run.acks.items() if m not in run.where}
     if mode == "sync":
         violations += _sync_losses(run, lost)
-    violations += _undelivered(run) + _phantoms(run)
+    violations += _undelivered(run) + _phantoms(run) + _reordered(run)
     fault_lines = []
     if mode == "async":
         violations += _async_losses(run, lost, ack_slack, fault_lines)
@@ -451,7 +459,8 @@ def _async_losses(run, lost, slack, lines):
     faults = run.faults
     # Window i ends ``slack`` after fault i, but never past the next fault's lag reading: acknowledgements after
     # that reading belong to the next fault (and are counted in its bound).
-    ends = [max(f.t, min(f.t + slack, faults[i + 1].lag_t)) if i + 1 < len(faults) else f.t + slack
+    spans = [max(slack, f.detail.get("window_s", 0.0)) for f in faults]
+    ends = [max(f.t, min(f.t + spans[i], faults[i + 1].lag_t)) if i + 1 < len(faults) else f.t + spans[i]
             for i, f in enumerate(faults)]
     by_fault = [[] for _ in faults]
     orphans = []
@@ -478,6 +487,97 @@ def _async_losses(run, lost, slack, lines):
     for a in orphans:
         out.append("LOST WITHOUT FAULT (async) %s: %s, after the last fault; %s; on the brokers: %s" % (
             a.msg_id, run.ack_text(a), run.at_position(a[1:4]), run.on_brokers(a.msg_id)))
+    return out
+
+
+def _reordered(run):
+    """(f) per producer and partition, two acknowledgements' positions, where the final master holds them, are in
+    the order the producer was answered (a retry's other copies are duplicates, not this check's)."""
+    out = []
+    by_producer = {}
+    for msg_id, acks in run.acks.items():
+        for a in acks:
+            if run.final.get(a[1:4]) == msg_id:
+                by_producer.setdefault(a.producer, []).append(a)
+    for producer, acks in sorted(by_producer.items()):
+        acks.sort(key=lambda a: a.t)
+        latest = {}  # (topic, partition) -> the ack held at the highest position so far
+        for a in acks:
+            before = latest.get(a[1:3])
+            if before is not None and a.offset < before.offset:
+                out.append("REORDERED %s-%d: %s %s is held at %s, before %s (%s) held at %s" % (
+                    a.topic, a.partition, a.msg_id, run.ack_text(a), position_text(a[1:4]), before.msg_id,
+                    run.ack_text(before), position_text(before[1:4])))
+            if before is None or a.offset > before.offset:
+                latest[a[1:3]] = a
+    return out
+
+
+def check_branches(prepared, committed, recovered, stored, mode):
+    """XA branches across a run's faults (issue 41 point 1), judged on the final master: ``prepared``: the keys
+    answered XA_OK; ``committed``: those whose commit was answered OK; ``recovered``: the final master's RECOVER;
+    ``stored``: ``{key: copies of the branch's message in its log}``. Returns the violations (empty: none):
+
+    * BRANCH LOST: prepared, never committed, and not listed by RECOVER (its message not stored either);
+    * COMMIT LOST (``sync``): committed, but its message is not stored; in ``async`` a commit lost within the lag
+      leaves the branch prepared again (listed by RECOVER), which is allowed, its message not stored then;
+    * BRANCH RESURFACED: listed by RECOVER while its message is stored (decided, yet offered again);
+    * STORED TWICE: a branch's message stored more than once;
+    * STORED UNCOMMITTED: a message of a branch never committed is stored;
+    * UNKNOWN BRANCH: RECOVER lists a key that was never prepared."""
+    if mode not in MODES:
+        raise ValueError("mode must be one of %s, got %r" % ("/".join(MODES), mode))
+    prepared, committed, recovered = set(prepared), set(committed), set(recovered)
+    out = []
+    if committed - prepared:
+        raise ValueError("committed but never prepared: %s" % ", ".join(sorted(committed - prepared)))
+    for key in sorted(prepared):
+        copies = stored.get(key, 0)
+        listed = key in recovered
+        if copies > 1:
+            out.append("STORED TWICE %s: its message is stored %d times" % (key, copies))
+        if listed and copies:
+            out.append("BRANCH RESURFACED %s: RECOVER lists it while its message is stored" % key)
+        if key in committed:
+            if not copies and not (mode == "async" and listed):
+                out.append("COMMIT LOST (%s) %s: the commit was answered OK; its message is not stored%s"
+                           % (mode, key, "" if not listed else " (RECOVER lists it prepared again)"))
+        else:
+            if copies:
+                out.append("STORED UNCOMMITTED %s: never committed, its message is stored" % key)
+            elif not listed:
+                out.append("BRANCH LOST %s: answered XA_OK, never decided, not listed by RECOVER" % key)
+    for key in sorted(recovered - prepared):
+        out.append("UNKNOWN BRANCH %s: RECOVER lists a branch never prepared" % key)
+    return out
+
+
+def check_offsets(tables, master, ends=None):
+    """Committed consumer offsets read from every member once healed: ``tables = {member: {(group, topic,
+    partition): offset}}``, ``master``: the final master's name, ``ends``: ``{(topic, partition): next offset}``
+    of its log (optional). Returns the violations (empty: they converged): a member whose table differs from the
+    master's (OFFSETS DIFFER, each differing key named) and a committed offset past its partition's end on the
+    master (OFFSET PAST END)."""
+    if master not in tables:
+        raise ValueError("master %r is not in tables (%s)" % (master, ", ".join(sorted(tables))))
+    out = []
+    truth = tables[master]
+    for member in sorted(tables):
+        if member == master:
+            continue
+        table = tables[member]
+        keys = sorted(set(truth) | set(table))
+        differ = [k for k in keys if truth.get(k) != table.get(k)]
+        if differ:
+            out.append("OFFSETS DIFFER on %s from the master %s: %s" % (member, master, "; ".join(
+                "%s %s-%d: %s has %s, %s has %s" % (k[0], k[1], k[2], master, truth.get(k, "none"), member,
+                                                    table.get(k, "none")) for k in differ[:MAX_LISTED])
+                + ("; ... and %d more" % (len(differ) - MAX_LISTED) if len(differ) > MAX_LISTED else "")))
+    for (group, topic, partition), offset in sorted(truth.items()):
+        end = (ends or {}).get((topic, partition))
+        if end is not None and offset > end:
+            out.append("OFFSET PAST END on %s: group %s committed %s-%d at %d, the log ends at %d" % (
+                master, group, topic, partition, offset, end))
     return out
 
 

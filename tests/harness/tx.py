@@ -7,6 +7,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.message import HEADER
 from metaq.transactions.wire import LocalTxId, XaTxId
 from metaq.transactions.config import TxConfig
+from metaq.transactions.follow import TxLog
 from metaq.transactions.state import TransactionManager
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
@@ -62,7 +63,12 @@ class TxBroker:
 
     @property
     def journal_dir(self):
+        """Where an older broker kept its journal (migrated into the log at open)."""
         return os.path.join(self.data_dir, "transactions")
+
+    def journal(self):
+        """Every ``(position, flag, record)`` of the journal in the log (``%TX%``), as recovery reads them."""
+        return list(TxLog(self.store).read())
 
 
 def ids_in(b, topic="test", partitions=4):

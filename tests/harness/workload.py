@@ -7,7 +7,8 @@ send unique msg_ids (``<name>-<seq>``) as bodies, one at a time (``send`` return
 retries are over: the SendResult's partition/offset is the acknowledged position, a failure is recorded
 with its error), and ``consumers`` members of one group (``metaq.client.Consumer``) record every delivery.
 ``start()`` starts the producers, waits for a first acknowledgement (so the topic exists in ZooKeeper),
-then the consumers; ``stop_producers()``; ``wait_delivered()``; ``close()``.
+then the consumers; ``stop_producers()``; ``wait_delivered()``; ``close()``. ``offset_store="broker"`` keeps the
+group's offsets in the brokers (``read_offsets`` reads each member's table back).
 
 Positions are ``(topic, partition, offset)`` within one broker id (a master and its slaves): a run checks
 one broker id group; an acknowledgement from another broker id is recorded as a failure saying so.
@@ -27,7 +28,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.protocol.message import decode_payload, iter_records
 from tests.harness.history import Ack, Fail
 
-__all__ = ["Workload", "read_logs", "read_lag"]
+__all__ = ["Workload", "read_logs", "read_lag", "read_offsets"]
 
 #: A producer thread sends at most this many messages (a run that forgets to stop ends anyway).
 MAX_MESSAGES_PER_PRODUCER = 200_000
@@ -42,7 +43,7 @@ class Workload:
 
     def __init__(self, history, zk_connect, topic, producers=3, consumers=1, group="g-history", workdir=None,
                  broker_id=None, pace_s=0.0, send_timeout=2.0, retry_deadline=15.0, zk_session_timeout=4.0,
-                 max_messages=MAX_MESSAGES_PER_PRODUCER):
+                 max_messages=MAX_MESSAGES_PER_PRODUCER, offset_store=None):
         for name, value in (("producers", producers), ("consumers", consumers)):
             if not isinstance(value, int) or not 0 <= value <= MAX_CLIENTS:
                 raise ValueError("%s must be an int in 0..%d, got %r" % (name, MAX_CLIENTS, value))
@@ -56,6 +57,7 @@ class Workload:
         self.broker_id, self.pace_s = broker_id, pace_s
         self.send_timeout, self.retry_deadline = send_timeout, retry_deadline
         self.zk_session_timeout, self.max_messages = zk_session_timeout, max_messages
+        self.offset_store = offset_store  # the consumers' (None: the client's default, ZooKeeper)
         self.errors = []  # exceptions that ended a producer thread or a consumer's start/close
         self.consumers = []
         self._stop = threading.Event()
@@ -81,7 +83,7 @@ class Workload:
             recover = os.path.join(self.workdir, "recover-" + name) if self.workdir else None
             consumer = Consumer(self.group, zk_connect=self.zk_connect, consumer_id=name, long_poll_ms=300,
                                 commit_interval=0.5, session_timeout=self.zk_session_timeout,
-                                recover_dir=recover, recover_interval=1.0)
+                                recover_dir=recover, recover_interval=1.0, offset_store=self.offset_store)
             consumer.subscribe(self.topic, self._handler(name))
             consumer.start()
             self.consumers.append(consumer)
@@ -238,3 +240,11 @@ def read_logs(brokers, topics=None):
                     log.update(read_partition(c, row.topic, row.partition))
         logs[name] = log
     return logs
+
+
+def read_offsets(broker, topics=None):
+    """``{(group, topic, partition): committed offset}`` of one broker's offset table (``stats groups``), only
+    ``topics`` when given."""
+    with broker.client() as c:
+        rows = stats_codec.parse("groups", c.stats("groups").encode())
+    return {(r.group, r.topic, r.partition): r.offset for r in rows if topics is None or r.topic in topics}

@@ -1,4 +1,5 @@
-"""A real ZooKeeper server (Debian's package) as a plain process on 127.0.0.1, for tests.
+"""A real ZooKeeper server (Debian's package) as a plain process on 127.0.0.1 (or an address of a test's network
+namespace), for tests.
 
 ``ZooKeeperProcess(workdir).start()`` picks a free port, writes a zoo.cfg in
 ``workdir`` and runs ``ZooKeeperServerMain`` until ``srvr`` answers ``Mode:``.
@@ -34,8 +35,11 @@ def four_letter(host, port, word, timeout=1.0):
 
 
 class ZooKeeperProcess:
-    def __init__(self, workdir, port=None, tick_ms=2000):
+    def __init__(self, workdir, port=None, tick_ms=2000, host="127.0.0.1", prefix=()):
+        """``host``: the address it binds (one in a network namespace, with ``prefix`` = the command prefix that
+        runs it there, e.g. ``["ip", "netns", "exec", NS]``; the prefix must exec it in place: its PID is ours)."""
         self.workdir = str(workdir)
+        self.host, self.prefix = host, list(prefix)
         self.data_dir = os.path.join(self.workdir, "data")
         self.port = port or free_port()
         self.tick_ms = tick_ms
@@ -44,7 +48,7 @@ class ZooKeeperProcess:
 
     @property
     def connect(self):
-        return "127.0.0.1:%d" % self.port
+        return "%s:%d" % (self.host, self.port)
 
     def _write_config(self):
         os.makedirs(self.data_dir, exist_ok=True)
@@ -52,7 +56,7 @@ class ZooKeeperProcess:
         with open(cfg, "w") as f:
             f.write("tickTime=%d\n" % self.tick_ms)
             f.write("dataDir=%s\n" % self.data_dir)
-            f.write("clientPort=%d\nclientPortAddress=127.0.0.1\n" % self.port)
+            f.write("clientPort=%d\nclientPortAddress=%s\n" % (self.port, self.host))
             f.write("admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,stat,mntr,cons\n")
             f.write("forceSync=no\nmaxClientCnxns=0\n")
             # sessions as short as 2 ticks, so tests can use a 4 s session timeout
@@ -65,7 +69,7 @@ class ZooKeeperProcess:
                                "which installs Debian's zookeeper package" % ZK_JAR)
         cfg = self._write_config()
         log = open(self.log_path, "ab")
-        cmd = ["java", "-Xmx256m", "-Dzookeeper.admin.enableServer=false",
+        cmd = self.prefix + ["java", "-Xmx256m", "-Dzookeeper.admin.enableServer=false",
                "-cp", "%s:%s" % (ZK_CONF_DIR, ZK_JAR),
                "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfg]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -74,7 +78,7 @@ class ZooKeeperProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("ZooKeeper exited with %s; see %s" % (self.proc.returncode, self.log_path))
-            if "Mode:" in four_letter("127.0.0.1", self.port, "srvr"):
+            if "Mode:" in four_letter(self.host, self.port, "srvr"):
                 return self
             time.sleep(0.1)
         self.kill()
@@ -83,7 +87,7 @@ class ZooKeeperProcess:
     def _wait_port_free(self, timeout=10.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not four_letter("127.0.0.1", self.port, "ruok", timeout=0.2):
+            if not four_letter(self.host, self.port, "ruok", timeout=0.2):
                 return
             time.sleep(0.05)
 

@@ -115,6 +115,10 @@ def test_a_prepared_branch_is_its_owners_even_after_a_restart(secure):
         ok(tx(alice, XID1, "COMMIT_TWO_PHASE"))
         assert payloads(alice, "orders", 0) == [b"alice's order"]
         assert recovered(alice) == []
+        ok(tx(alice, XID1, "COMMIT_TWO_PHASE"))  # her retry is answered with the decision
+    with login(secure, "bob") as bob:  # the decision stays hers: bob learns nothing of it
+        refused(tx(bob, XID1, "COMMIT_TWO_PHASE"), NOT_OWNER % XID1)
+        refused(tx(bob, XID1, "ROLLBACK"), NOT_OWNER % XID1)
 
 
 def test_an_admin_sees_and_decides_every_branch(secure):

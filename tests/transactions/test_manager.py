@@ -4,8 +4,8 @@ import pytest
 
 from metaq.errors import ConfigError, InvalidPartition, InvalidTopic, TransactionError
 from metaq.protocol.checksum import metaq_checksum
-from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID, XAER_INVAL,
-                                     XAER_NOTA, XAER_PROTO, XAER_RMERR)
+from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBROLLBACK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID,
+                                     XAER_INVAL, XAER_NOTA, XAER_PROTO, XAER_RMERR)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge
 from metaq.transactions.config import TxConfig
 from metaq.transactions.state import REMEMBER_MS
@@ -49,10 +49,12 @@ def test_local_commit_makes_every_message_visible_each_partition_contiguous(tx_b
         assert r.log_end - prev.log_end == FIXED_OVERHEAD + len(b"test") + 2
     assert len({r.msg_id for r in results}) == 6
     assert b.tx.stats()["committed"] == 1 and b.tx.stats()["open"] == 0
-    assert xa_code(b.tx.commit, t, "c1", True, NOW) == XAER_NOTA  # a repeated commit completes nothing
+    again = b.tx.commit(t, "c1", True, NOW)  # a repeated commit is answered with the commit made, appends nothing
+    assert again.empty and again.confirm_end == results[-1].log_end and b.tx.apply_commit(again, NOW) == []
+    assert b.all_messages()[0] == [b"a0", b"b0", b"c0"] and b.tx.stats()["committed"] == 1
 
 
-def test_local_rollback_shows_nothing_and_later_commit_is_nota(tx_broker):
+def test_local_rollback_shows_nothing_and_a_later_commit_is_told_it_was_rolled_back(tx_broker):
     b = tx_broker
     t = local(1)
     b.tx.begin(t, "c1", 0, NOW)
@@ -60,8 +62,9 @@ def test_local_rollback_shows_nothing_and_later_commit_is_nota(tx_broker):
     put(b, t, b"y", 1)
     b.tx.rollback(t, "c1", NOW)
     assert b.all_messages() == {0: [], 1: [], 2: [], 3: []}
-    assert xa_code(b.tx.commit, t, "c1", True, NOW) == XAER_NOTA
-    assert xa_code(b.tx.rollback, t, "c1", NOW) == XAER_NOTA
+    assert xa_code(b.tx.commit, t, "c1", True, NOW) == XA_RBROLLBACK
+    assert b.tx.rollback(t, "c1", NOW) is None  # a retried rollback: done already
+    assert xa_code(b.tx.commit, t, "c2", True, NOW) == XAER_NOTA  # another connection learns nothing of it
     assert xa_code(b.tx.begin, t, "c1", 0, NOW) == XAER_DUPID  # a finished key is not reused
     assert b.tx.stats()["rolled_back"] == 1
 
@@ -86,7 +89,8 @@ def test_late_commit_of_an_old_key_never_completes_a_newer_transaction(tx_broker
     b.commit(old, "c1")
     b.tx.begin(new, "c1", 0, NOW)
     put(b, new, b"new", 0)
-    assert xa_code(b.tx.commit, old, "c1", True, NOW) == XAER_NOTA  # the delayed duplicate
+    late = b.tx.commit(old, "c1", True, NOW)  # the delayed duplicate: answered as committed, appends nothing
+    assert late.empty and b.tx.apply_commit(late, NOW) == []
     assert b.messages("test", 0) == [b"old"]
     b.tx.rollback(new, "c1", NOW)
     assert b.messages("test", 0) == [b"old"]
@@ -144,7 +148,9 @@ def test_xa_two_phase_commit(tx_broker):
     b.commit(x, None, one_phase=False)
     assert b.messages("test", 0) == [b"one"] and b.messages("other", 0) == [b"two"]
     assert b.tx.recover() == [] and b.tx.in_doubt() == []
-    assert xa_code(b.tx.commit, x, None, False, NOW) == XAER_NOTA
+    again = b.tx.commit(x, None, False, NOW)  # a coordinator's retry: answered with the commit made
+    assert again.empty and again.confirm_end > 0 and b.messages("test", 0) == [b"one"]
+    assert xa_code(b.tx.rollback, x, None, NOW) == XAER_PROTO  # committed: it cannot be rolled back
 
 
 def test_xa_branch_is_global_and_accepts_one_phase_commit_when_unprepared(tx_broker):
@@ -177,7 +183,9 @@ def test_xa_error_codes(tx_broker):
     assert xa_code(b.tx.commit, x, None, True, NOW) == XAER_PROTO  # one-phase commit of a prepared branch
     b.tx.rollback(x, None, NOW)
     assert b.messages("test", 0) == []
-    assert xa_code(b.tx.rollback, x, None, NOW) == XAER_NOTA
+    assert b.tx.rollback(x, None, NOW) is None  # a retried rollback: answered with the decision
+    assert xa_code(b.tx.commit, x, None, False, NOW) == XA_RBROLLBACK
+    assert xa_code(b.tx.prepare, x, None, NOW) == XAER_PROTO
 
 
 def test_prepare_of_an_empty_branch_is_read_only_and_finishes_it(tx_broker):
@@ -187,8 +195,8 @@ def test_prepare_of_an_empty_branch_is_read_only_and_finishes_it(tx_broker):
     assert b.tx.prepare(x, None, NOW) == XA_RDONLY
     assert not b.tx.needs_flush  # nothing to fsync
     assert b.tx.recover() == []
-    assert xa_code(b.tx.commit, x, None, False, NOW) == XAER_NOTA
-    assert xa_code(put, b, x, b"x") == XAER_NOTA
+    assert b.tx.commit(x, None, False, NOW).empty  # a read-only branch is finished: its commit has nothing to do
+    assert xa_code(put, b, x, b"x") == XAER_PROTO
 
 
 def test_limits_refuse_the_put_and_store_nothing(tmp_path):
@@ -359,7 +367,7 @@ def test_owner_close_rolls_back_only_that_connections_local_transactions(tx_brok
     b.commit(x, None)
     assert sorted(b.messages("test", 0)) == sorted([a2.key.encode(), c1.key.encode(), x.key.encode()])
     assert b.tx.owner_closed("A", NOW) == []
-    assert xa_code(b.tx.commit, a1, "A", True, NOW) == XAER_NOTA
+    assert xa_code(b.tx.commit, a1, "A", True, NOW) == XA_RBROLLBACK
 
 
 # -- heuristics ---------------------------------------------------------------------------------------------
@@ -386,7 +394,7 @@ def test_heuristic_commit_then_commit_rollback_and_forget(tx_broker):
     b.tx.forget(x, NOW)
     assert b.tx.recover() == []
     assert xa_code(b.tx.forget, x, NOW) == XAER_NOTA
-    assert xa_code(b.tx.commit, x, None, False, NOW) == XAER_NOTA
+    assert b.tx.commit(x, None, False, NOW).empty  # forgotten, but its commit is remembered for REMEMBER_MS
     assert b.messages("test", 2) == [b"h"]
 
 
@@ -435,4 +443,4 @@ def test_commit_results_name_their_topic(tx_broker):
     put(b, t, b"b", 0, topic="other")
     results = b.commit(t, "c1")
     assert [(r.topic, r.partition, r.offset) for r in results] == [("test", 1, 0), ("other", 0, 0)]
-    assert results[0].log_end < results[1].log_end == b.store.written_position
+    assert results[0].log_end < results[1].log_end < b.store.written_position  # DONE follows them in the log

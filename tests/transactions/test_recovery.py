@@ -1,5 +1,5 @@
-"""Recovery after a simulated kill -9 (nothing closed, ``abandon``), torn journal tails, corruption, and
-interrupted commits, on a real store.
+"""Recovery after a simulated kill -9 (nothing closed, ``abandon``) and interrupted commits, on a real store (the
+journal is the log's ``%TX%``: its torn tails are the log's, tests/store).
 
 How the interrupted commits are built (honestly, with the real code paths):
 * COMMIT without DONE, nothing applied: ``commit`` + journal fsync, then the "crash" before ``apply_commit``.
@@ -12,24 +12,15 @@ How the interrupted commits are built (honestly, with the real code paths):
 """
 
 import os
-import shutil
 
 import pytest
 
-from metaq.errors import CorruptLog, DiskFull, TransactionError
+from metaq.errors import DiskFull, TransactionError
 from metaq.transactions.wire import XA_HEURCOM, XA_OK, XAER_RMFAIL
-from metaq.transactions.journal import scan_records
+from metaq.transactions import records as R
 from tests.harness.store import NOW
-from tests.harness.tx import TxBroker, local, xid
+from tests.harness.tx import local, xid
 from tests.harness.tx import body, fill, ids_in
-
-
-def journal_files(b):
-    return sorted(os.listdir(b.journal_dir))
-
-
-def last_journal(b):
-    return os.path.join(b.journal_dir, [n for n in journal_files(b) if n.startswith("journal.")][-1])
 
 
 def test_crash_rolls_back_unprepared_and_keeps_prepared(tx_broker):
@@ -87,13 +78,11 @@ def test_commit_without_done_is_completed_exactly_once(tx_broker):
     assert b.store.flushed_position == b.store.written_position
     assert sorted(ids_in(b)) == sorted(journaled)
     assert b.tx.recover() == []
-    # lose the DONE that recovery wrote: the next recovery finds every message in the log and appends none
+    # lose the DONE that recovery wrote (the log's tail cut there): the next recovery finds every message in the
+    # log and appends none
+    [done_at] = [pos for pos, _flag, rec in b.journal() if type(rec) is R.Done]
+    b.store.truncate_log(done_at, NOW)
     b.crash()
-    path = last_journal(b)
-    with open(path, "rb") as f:
-        data = f.read()
-    found, _end, _why = scan_records(data)
-    os.truncate(path, found[-1][0])
     report = b.open()
     assert (report.commits_completed, report.messages_reappended) == (1, 0)  # DONE written, nothing appended
     assert sorted(ids_in(b)) == sorted(journaled)
@@ -212,79 +201,6 @@ def test_partition_chosen_at_put_is_kept_through_recovery(tx_broker):
     b.commit(x, None, one_phase=False)
     for p in range(4):
         assert b.messages("test", p) == [b"m%d" % i for i, c in enumerate(chosen) if c == p]
-
-
-# -- torn tails and corruption ---------------------------------------------------------------------------------
-
-
-def _prepared_then_crashed(b):
-    x = xid(1)
-    b.tx.begin(x, None, 0, NOW)
-    fill(b, x, None, 2)
-    b.tx.prepare(x, None, NOW)
-    b.tx.flush_journal()
-    b.crash()
-    path = last_journal(b)
-    with open(path, "rb") as f:
-        data = f.read()
-    found, _end, _why = scan_records(data)
-    return x, path, found[-1][0], len(data)
-
-
-def test_torn_journal_tail_at_every_byte_of_the_last_record(fast_root):
-    b = TxBroker(os.path.join(fast_root, "pristine"))
-    x, path, start, size = _prepared_then_crashed(b)
-    rel = os.path.relpath(path, b.data_dir)
-    for k in range(size - start + 1):
-        work = os.path.join(fast_root, "w%d" % k)
-        shutil.copytree(b.data_dir, work)
-        os.truncate(os.path.join(work, rel), start + k)
-        c = TxBroker(work)
-        report = c.tx.recovery
-        prepared = k == size - start
-        assert report.torn_bytes == (0 if prepared else k), k
-        assert c.tx.recover() == ([x.key] if prepared else []), k
-        assert report.rolled_back == (0 if prepared else 1), k
-        c.crash()
-        shutil.rmtree(work)
-
-
-def test_zero_filled_journal_tail_is_cut(fast_root):
-    b = TxBroker(os.path.join(fast_root, "d"))
-    _x, path, start, size = _prepared_then_crashed(b)
-    with open(path, "r+b") as f:
-        f.seek(start + 3)
-        f.write(b"\0" * (size - start - 3 + 4096))  # the last record's end and a block beyond were never written
-    report = b.open()
-    assert report.torn_bytes == size - start + 4096 and report.rolled_back == 1
-    with open(path, "rb") as f:
-        found, _end, why = scan_records(f.read())
-    assert why is None and found[-1][0] == start  # cut at the torn record; recovery's ROLLBACK follows
-    b.tx.begin(xid(2), None, 0, NOW)  # the journal goes on after the cut
-    fill(b, xid(2), None, 1)
-    b.tx.prepare(xid(2), None, NOW)
-    b.tx.flush_journal()
-    assert b.restart().torn_bytes == 0 and b.tx.recover() == [xid(2).key]
-
-
-def test_mid_journal_corruption_is_refused_unless_forced(tx_broker):
-    b = tx_broker
-    _x, path, _start, size = _prepared_then_crashed(b)
-    with open(path, "rb") as f:
-        data = f.read()
-    found, _end, _why = scan_records(data)
-    second = found[1][0]
-    with open(path, "r+b") as f:
-        f.seek(second + 20)
-        f.write(bytes([data[second + 20] ^ 0x40]))
-    with pytest.raises(CorruptLog) as info:
-        b.open()
-    assert info.value.path == path and info.value.position == second
-    assert "valid record follows" in str(info.value) and "force" in str(info.value)
-    b.store.abandon()
-    report = b.open(force=True)  # cut there: the second put and the PREPARE are gone, the branch rolls back
-    assert report.journal.corruption and report.torn_bytes == size - second
-    assert report.rolled_back == 1 and b.tx.recover() == []
 
 
 def test_heuristic_commit_survives_a_crash_and_is_not_applied_twice(tx_broker):

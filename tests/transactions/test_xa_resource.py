@@ -130,7 +130,7 @@ def test_an_empty_branch_is_read_only(broker):
         assert rm.tpc_recover() == []  # finished already
         rm.tpc_commit()  # nothing to do, nothing sent
         assert rm.current_xid is None
-        assert code_of(rm.tpc_commit, xid) == wire.XAER_NOTA  # the broker has forgotten it
+        rm.tpc_commit(xid)  # a coordinator's retry: the broker remembers the branch finished
         rm.tpc_begin(rm.xid(1, "g-empty2", "mq"))
         assert rm.tpc_prepare() == wire.XA_RDONLY
         rm.tpc_rollback()  # also nothing to do
@@ -149,7 +149,8 @@ def test_recovery_from_a_new_resource_sees_only_its_own_branches(broker):
         assert second.tpc_recover() == [xid]  # not the other qualifier's branch
         second.tpc_commit(xid)
         assert second.tpc_recover() == []
-        assert code_of(second.tpc_commit, xid) == wire.XAER_NOTA  # done: a repeat finds nothing
+        second.tpc_commit(xid)  # a repeat is answered with the decision and appends nothing
+        assert code_of(second.tpc_rollback, xid) == wire.XAER_PROTO  # committed: it cannot be rolled back
     with resource(broker, qualifier="someone-else") as other:
         assert other.tpc_recover() == [foreign]
         other.tpc_rollback(foreign)  # recovery-time rollback
@@ -179,8 +180,8 @@ def test_a_stale_commit_cannot_complete_a_newer_branch(broker):
         rm.tpc_commit()
         new = rm.xid(1, "g-new", "mq")
         prepared_branch(rm, new, "txs", b"new")
-        assert code_of(stale.tpc_commit, old) == wire.XAER_NOTA  # the duplicate commit
-        assert code_of(stale.tpc_rollback, old) == wire.XAER_NOTA
+        stale.tpc_commit(old)  # the duplicate commit: answered with the commit made, nothing appended
+        assert code_of(stale.tpc_rollback, old) == wire.XAER_PROTO
         assert payloads(broker, "txs") == [b"old"]  # the new branch untouched: still prepared
         assert rm.tpc_recover() == [new]
         rm.tpc_commit()

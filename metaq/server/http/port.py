@@ -9,7 +9,7 @@ from metaq.server.http import api, dashboard
 from metaq.server.http.metrics import BrokerCollector, Metrics
 from metaq.server.http.origin import BrowserCheck
 from metaq.server.http.routes import OPEN, READ, Router
-from metaq.server.http.server import HttpFrontEnd
+from metaq.server.http.server import HttpFrontEnd, UnsentReplies
 
 #: The names of the broker's listeners, as ``metaq_connections{listener=...}`` labels them.
 LISTENERS = ("text", "remoting", "replication", "http")
@@ -17,12 +17,12 @@ LISTENERS = ("text", "remoting", "replication", "http")
 
 class HttpPort:
     def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, browser_check=None,
-                 quotas=list):
+                 unsent=None, quotas=list):
         """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``quotas``: () -> [QuotaRow] per user and
         quota (shown to admins and open scrapes only); ``observe_flushes(callback)``: the
         flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication;
         ``browser_check``: an ``origin.BrowserCheck`` (cross-site writes, DNS rebinding; default: the machine's
-        names only)."""
+        names only); ``unsent``: the port's budget of replies not yet read (``server.UnsentReplies``)."""
         self.views = views
         self.router = Router(views.guard, browser_check=browser_check or BrowserCheck())
         api.add_routes(self.router, views)
@@ -37,7 +37,7 @@ class HttpPort:
         observe_flushes(self.metrics.observe_flush)
         self.router.add("GET", "/metrics", OPEN if open_metrics else READ, self.metrics.scrape)
         dashboard.add_routes(self.router, dashboard.Dashboard(views))
-        self.front = HttpFrontEnd(core, self.router)
+        self.front = HttpFrontEnd(core, self.router, unsent or UnsentReplies())
 
     @property
     def port(self):

@@ -9,12 +9,14 @@ connection, and a request begun must be complete (request line, headers and body
 ``request_timeout_s`` of its first byte, so a slow-loris client is dropped. The request line
 (``limits.HTTP_MAX_REQUEST_LINE``, 414), the header lines (``limits.HTTP_MAX_HEADER_BYTES``, 431) and the body
 (``limits.HTTP_MAX_BODY_BYTES``: 413 from the Content-Length, before reading it; routes.py) are bounded.
+Replies are bounded too (``UnsentReplies``): what clients have not read, in all, and how long one may take to.
 """
 
 import email.errors
 import json
 import logging
 import re
+import socket
 import time
 
 from gevent import pywsgi
@@ -190,6 +192,29 @@ _431 = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nC
         b"Content-Length: %d\r\n\r\n")
 
 
+class UnsentReplies:
+    """The HTTP port's replies produced but not yet taken by the kernel, in all (``held`` bytes), and the rules
+    that bound them: past ``limit`` a new request is answered 503 at once, its reply never produced
+    (``Handler.run_application``), and a reply must be taken within ``send_s`` seconds or its connection closes.
+    A reply is produced and handed to its send without the loop running another request, so what is held stays
+    below ``limit`` plus one reply."""
+
+    __slots__ = ("limit", "send_s", "held", "refused")
+
+    def __init__(self, limit=limits.MAX_HTTP_UNSENT_BYTES, send_s=limits.REQUEST_TIMEOUT_S):
+        self.limit = limit
+        self.send_s = send_s
+        self.held = 0
+        self.refused = 0  # requests answered 503 because of it
+
+    def full(self):
+        return self.held > self.limit
+
+
+_503 = json.dumps({"code": 503, "error": "the HTTP port's clients hold too many unread replies "
+                   "(limits.max_http_unsent_bytes): try again"}).encode()
+
+
 class Handler(pywsgi.WSGIHandler):
     """pywsgi's handler, reading through the connection's ConnReader (see the module doc)."""
 
@@ -215,6 +240,37 @@ class Handler(pywsgi.WSGIHandler):
         env["metaq.request_done"] = self.rfile.request_done
         env["metaq.stop_reading"] = self.rfile.stop
         return env
+
+    def run_application(self):
+        """The route's answer, or a small 503 when the port's unread replies are past their budget."""
+        unsent = self.metaq_unsent
+        if not unsent.full():
+            return super().run_application()
+        unsent.refused += 1
+        self.start_response("503 Service Unavailable", [("Content-Type", "application/json"),
+                                                        ("Content-Length", str(len(_503))), ("Retry-After", "1")])
+        self.result = [_503]
+        try:
+            self.process_result()
+        finally:
+            self.result = None
+
+    def _sendall(self, data):
+        """Send counted in the port's unread replies, within their deadline (a client that does not read is
+        closed after ``send_s``, its reply let go)."""
+        unsent, n = self.metaq_unsent, len(data)
+        unsent.held += n
+        self.socket.settimeout(unsent.send_s)
+        try:
+            super()._sendall(data)
+        except OSError as exc:
+            if isinstance(exc, socket.timeout) or "timed out" in str(exc):  # (gevent's TLS: an SSLError)
+                log.info("http %s: a reply of %d bytes not read within %.0f s; closing", self.metaq_conn.peer, n,
+                         unsent.send_s)
+                raise Dropped("a reply not read within %.0f s" % unsent.send_s) from None
+            raise
+        finally:
+            unsent.held -= n
 
     def _handle_client_error(self, ex):
         """A request pywsgi could not parse: one log line (through the log's flood filter; pywsgi would print a
@@ -246,19 +302,25 @@ class HttpConnection(Connection):
 
     log_prefix = "http"
 
-    def __init__(self, sock, address, conn_id, rules, wsgi):
+    def __init__(self, sock, address, conn_id, rules, wsgi, unsent):
         super().__init__(sock, address, conn_id, rules)
         self.parser = RequestState()  # Connection.receive: the request deadline while inside a request
         self.wsgi = wsgi
+        self.unsent = unsent
 
     @property
     def busy(self):
         return self.parser.in_frame
 
     def serve(self):
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.HTTP_SEND_BUFFER_BYTES)
+        except OSError as exc:
+            log.debug("http %s: SO_SNDBUF not set: %s", self.peer, exc)
         reader = self.parser.reader = ConnReader(self, self.parser)
         handler = Handler(self.sock, self.address, self.wsgi, rfile=reader)
         handler.metaq_conn = self
+        handler.metaq_unsent = self.unsent
         try:
             handler.handle()
         except Dropped:
@@ -283,9 +345,10 @@ class _LogAdapter:
 class HttpFrontEnd:
     """The HTTP port: a listener on the connection core whose connections run the WSGI ``app``."""
 
-    def __init__(self, core, app):
+    def __init__(self, core, app, unsent):
         self.core = core
         self.app = app
+        self.unsent = unsent
         self.listener = None
         # not started: it only carries the application, the base environ and the logs for the handler
         self.wsgi = pywsgi.WSGIServer(("127.0.0.1", 0), app, log=_LogAdapter(logging.DEBUG),
@@ -301,7 +364,7 @@ class HttpFrontEnd:
         return self.listener
 
     def _connection(self, sock, address, conn_id):
-        return HttpConnection(sock, address, conn_id, self.core.rules, self.wsgi)
+        return HttpConnection(sock, address, conn_id, self.core.rules, self.wsgi, self.unsent)
 
     def connection_count(self):
         return self.core.count("http")

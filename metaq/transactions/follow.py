@@ -1,0 +1,164 @@
+"""The transaction journal in the commit log: its records are messages of the internal topic ``%TX%`` (one
+partition), and ``TxFollow`` is its subscriber of the store's log follower (``store/follower.py``).
+
+Why the log and not files of its own: the log is what a slave copies, what a sync master waits for and what a
+rejoining master cuts back to the new master's history. A journal in the log is replicated, confirmed and cut with
+the messages it commits, by the same code, at the same positions: a prepared branch answered XA_OK in ``sync``
+mode is on every in-sync member, and a branch that a deposed master prepared after the new master's history began
+goes with the rest of that master's diverged tail (docs/replication.md "Transactions and failover").
+
+* **Records** (``TxLog``): each journal record (``records.encode``) is one ``%TX%`` message, written by the master
+  alone (``protocol/journaltopic.py``: no client may put there). Durable when the log is flushed past its end.
+* **Snapshots**: the live branches' records written again at the log end between ``Snapshot`` and ``SnapEnd``, each
+  with the message flag ``SNAPSHOT_FLAG``; a complete one replaces everything before it (``LogReplay``), an
+  incomplete one (a full disk, a crash) is ignored. Retention keeps the log from the last complete snapshot
+  (``retention_floor``), and the manager writes one whenever the log has grown a segment past it.
+* **Following** (a slave): ``learn`` hands every ``%TX%`` record replicated to the manager's replica state
+  (``TransactionManager.learn``); a **cut** makes it replay the log again up to the cut, so nothing of a diverged
+  tail survives. A master learns nothing from its own records: it applied them as it wrote them.
+
+No sockets, gevent or clock.
+"""
+
+import logging
+
+from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.store.follower import WRITTEN
+from metaq.transactions import records as R
+
+log = logging.getLogger(__name__)
+
+#: The message flag of a snapshot's records (bit 0 is MetaQ's attribute flag; this one no client writes here).
+SNAPSHOT_FLAG = 2
+#: How many index entries one read of the partition takes at a time.
+_SPANS = 1024
+
+
+class TxLog:
+    """The journal's records as ``%TX%`` messages of ``store``: ``append``, ``read``, and where they end."""
+
+    def __init__(self, store):
+        self._store = store
+        self.end = 0  # the log end after the last record appended: durable once the log is flushed past it
+
+    def append(self, rec, now_ms, flag=0):
+        """Write one record (page cache); returns its log end. Raises RecordError past ``MAX_RECORD_BYTES``, or what
+        the store's put raises (DiskFull, RecordTooLarge ...), nothing written then."""
+        data = b"".join(R.encode(rec))
+        if len(data) > R.MAX_RECORD_BYTES:
+            raise R.RecordError("a %s record of %d bytes exceeds %d" % (type(rec).__name__, len(data),
+                                                                         R.MAX_RECORD_BYTES))
+        self.end = self._store.put(TX_TOPIC, 0, flag, data, now_ms).log_end
+        return self.end
+
+    def read(self, upto=None):
+        """Every ``(position, flag, record)`` of ``%TX%`` in log order, before ``upto`` (default: the written end).
+        A record that does not decode (a bug, a foreign writer) is logged and passed over."""
+        store = self._store
+        end = store.written_position if upto is None else upto
+        pos = 0
+        while pos < end:
+            spans = store.record_spans(TX_TOPIC, 0, pos, end, _SPANS)
+            if not spans:
+                return
+            for offset, at, _size in spans:
+                rec = store.record_at(at)
+                try:
+                    yield at, rec.flag, R.decode(rec.data)
+                except R.RecordError as exc:
+                    log.error("transactions: record %d of %s is passed over: %s", offset, TX_TOPIC, exc)
+            pos = spans[-1][1] + spans[-1][2]
+
+    def has_records(self):
+        return bool(self._store.record_spans(TX_TOPIC, 0, 0, self._store.written_position, 1))
+
+
+class LogReplay:
+    """Branches rebuilt from ``(position, flag, record)`` in log order: a ``records.ReplayState`` that a complete
+    snapshot replaces whole. ``snapshot_at``: the position of the last complete snapshot (None: none yet)."""
+
+    def __init__(self, on_anomaly=None):
+        self.on_anomaly = on_anomaly
+        self.state = self._fresh()
+        self.snapshot_at = None
+        self.records = 0
+        self._next = None  # (position, ReplayState, expected count): a snapshot being read
+
+    def _fresh(self):
+        return R.ReplayState(keep_done_after=1 << 62, on_anomaly=self.on_anomaly)  # the log holds what DONE names
+
+    def apply(self, position, flag, rec):
+        self.records += 1
+        t = type(rec)
+        if flag & SNAPSHOT_FLAG:
+            if t is R.Snapshot:
+                self._next = (position, self._fresh(), None)
+            elif self._next is None:
+                return  # the rest of a snapshot whose start retention deleted or a cut left out
+            elif t is R.SnapEnd:
+                at, state, _n = self._next
+                self._next = None
+                if state.records == rec.records:
+                    state.records = self.state.records
+                    state.anomalies = self.state.anomalies
+                    self.state, self.snapshot_at = state, at
+            else:
+                self._next[1].apply(rec)
+            return
+        self._next = None  # a snapshot cut short (a full disk): ignored
+        self.state.apply(rec)
+
+
+class TxFollow:
+    """``TransactionManager``'s subscriber of the log follower (see the module doc). ``learn(position, flag, rec)``:
+    the manager's replica state takes one replicated record; ``relearn(upto)``: it replays the log up to a cut;
+    ``floor()``: the position retention must keep (the last complete snapshot), or None."""
+
+    follows = WRITTEN
+
+    def __init__(self, store, learn, relearn, floor):
+        self._store = store
+        self._learn, self._relearn, self._floor = learn, relearn, floor
+        self.position = 0
+        self.replicating = False  # a slave: the records arriving are the master's, to be learned
+
+    def load(self, log_start, log_end):
+        """The manager replayed the whole log at its open: nothing is left to learn."""
+        self.position = log_end
+        return log_end
+
+    def rebuild(self, position):
+        self.cut(position)
+
+    def learn(self, buf, base, rel, stop, end):
+        if not self.replicating:
+            return end
+        for _offset, pos, size in self._store.record_spans(TX_TOPIC, 0, base + rel, base + stop, 1 << 30):
+            if pos + size > base + end:
+                return pos - base
+            rec = self._store.record_at(pos)
+            try:
+                self._learn(pos, rec.flag, R.decode(rec.data))
+            except R.RecordError as exc:
+                log.error("transactions: a replicated record of %s is passed over: %s", TX_TOPIC, exc)
+        return end
+
+    def advance(self, position):
+        self.position = max(self.position, position)
+
+    def cut(self, position):
+        if position < self.position:
+            self.position = position
+            self._relearn(position)
+
+    def drop_below(self, log_start):
+        return []
+
+    def retention_floor(self):
+        return self._floor()
+
+    def checkpoint(self, if_changed=False):
+        pass
+
+    def close(self):
+        pass

@@ -1,0 +1,181 @@
+"""The transaction journal in the commit log (``metaq.transactions.follow``): its records are ``%TX%`` messages,
+replayed at open, snapshotted, followed by a slave's manager, cut with the log, taken over at a promotion, and an
+older broker's journal directory migrated into it. Real stores, no network."""
+
+import os
+import shutil
+
+import pytest
+
+from metaq.errors import TransactionError
+from metaq.protocol.checksum import crc32
+from metaq.transactions import records as R
+from metaq.transactions.config import TxConfig
+from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay
+from metaq.transactions.journal import journal_path
+from metaq.transactions.state import TransactionManager
+from metaq.transactions.wire import XA_OK, XAER_RMFAIL
+from tests.harness.store import NOW, open_store
+from tests.harness.tx import TxBroker, body, fill, local, xid
+
+
+def prepared(b, n, puts=2):
+    x = xid(n)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, puts)
+    assert b.tx.prepare(x, None, NOW) == XA_OK
+    return x
+
+
+# -- LogReplay (pure) ------------------------------------------------------------------------------------------
+
+def put(key, data=b"d"):
+    return R.Put(key, "test", 0, 0, -1, data)
+
+
+def test_a_complete_snapshot_replaces_what_came_before_and_an_incomplete_one_is_ignored():
+    a, b = "XID:1:0a:01:q", "XID:1:0b:01:q"
+    replay = LogReplay()
+    replay.apply(0, 0, put(a))
+    replay.apply(10, 0, R.Prepare(a, 1, 1, 0))
+    replay.apply(20, SNAPSHOT_FLAG, R.Snapshot(2, 0))  # cut short (a full disk): ignored
+    replay.apply(30, SNAPSHOT_FLAG, put(b))
+    replay.apply(40, 0, put(b, b"live"))  # an ordinary record ends the incomplete snapshot
+    assert sorted(replay.state.branches) == [a, b] and replay.snapshot_at is None
+    assert [p.data for p in replay.state.branches[b].puts] == [b"live"]
+    replay.apply(50, SNAPSHOT_FLAG, R.Snapshot(3, 0))  # a complete one: b alone is live in it
+    replay.apply(60, SNAPSHOT_FLAG, put(b, b"live"))
+    replay.apply(70, SNAPSHOT_FLAG, R.SnapEnd(1))
+    assert sorted(replay.state.branches) == [b] and replay.snapshot_at == 50
+    replay.apply(80, SNAPSHOT_FLAG, R.SnapEnd(1))  # the end of a snapshot whose start retention deleted
+    replay.apply(90, SNAPSHOT_FLAG, R.Snapshot(4, 0))
+    replay.apply(100, SNAPSHOT_FLAG, R.SnapEnd(5))  # a count that does not match: not taken
+    assert sorted(replay.state.branches) == [b] and replay.snapshot_at == 50
+
+
+# -- the journal in the log --------------------------------------------------------------------------------------
+
+def test_the_journal_is_the_logs_and_a_restart_replays_it(tx_broker):
+    b = tx_broker
+    x = prepared(b, 1)
+    types = [type(rec).__name__ for _pos, _flag, rec in b.journal()]
+    assert types == ["Put", "Put", "Prepare"]
+    assert not os.path.exists(b.journal_dir)  # no files of its own
+    b.restart()
+    assert b.tx.recover() == [x.key]
+    b.commit(x, one_phase=False)
+    assert sorted(b.messages("test", 0) + b.messages("test", 1)) == sorted([body(x, 0), body(x, 1)])
+    assert [type(rec).__name__ for _p, _f, rec in b.journal()][-2:] == ["Commit", "Done"]
+
+
+def test_a_snapshot_is_written_once_the_log_grew_a_segment_and_moves_the_retention_floor(tmp_path):
+    b = TxBroker(tmp_path / "d")
+    try:
+        x = prepared(b, 1)
+        first = b.tx.retention_floor()
+        assert first == b.journal()[0][0] and not b.tx.wants_maintenance
+        while not b.tx.wants_maintenance:  # other traffic: the log grows past a segment
+            b.store.put("test", 3, 0, b"o" * 1000, NOW)
+        b.tx.maintain(NOW)
+        assert b.tx.retention_floor() > first + b.store.config.segment_size and not b.tx.wants_maintenance
+        snap = [(flag, type(rec).__name__) for _p, flag, rec in b.journal() if flag & SNAPSHOT_FLAG]
+        assert snap == [(SNAPSHOT_FLAG, "Snapshot"), (SNAPSHOT_FLAG, "Put"), (SNAPSHOT_FLAG, "Put"),
+                        (SNAPSHOT_FLAG, "Prepare"), (SNAPSHOT_FLAG, "SnapEnd")]
+        snap_at = [pos for pos, _flag, rec in b.journal() if type(rec) is R.Snapshot][0]
+        assert b.tx.retention_floor() == snap_at
+        b.restart()
+        assert b.tx.recover() == [x.key] and b.tx.retention_floor() == snap_at
+    finally:
+        b.crash()
+
+
+# -- a slave's manager -----------------------------------------------------------------------------------------
+
+def replica_of(b, tmp_path):
+    """A slave's store and manager over a copy of ``b``'s log (what replication leaves: the same bytes)."""
+    b.tx.flush_journal()
+    b.store.mark_flushed(b.store.flush_log())
+    b.store.checkpoint(NOW)
+    copy = str(tmp_path / "slave")
+    shutil.copytree(b.data_dir, copy)
+    store = open_store(copy, NOW)
+    return store, TransactionManager.open(store, TxConfig(), NOW, master=False)
+
+
+def test_a_slave_manager_writes_nothing_and_a_promotion_takes_the_branches_over(tx_broker, tmp_path):
+    b = tx_broker
+    x = prepared(b, 1)
+    b.tx.begin(local(1), "c1", 0, NOW)
+    fill(b, local(1), "c1", 1)  # never prepared: its client was the old master's
+    committed = prepared(b, 2)
+    b.commit(committed, one_phase=False)
+    b.tx.put_half(7, "test", 2, 0, b"half", "PG", "T7", -1, 10, NOW, None)
+    b.tx.half_checked(7, NOW + 1)
+    store, slave = replica_of(b, tmp_path)
+    try:
+        assert slave.replica and slave.recover() == []  # its branches are the master's until it takes over
+        slave.begin(xid(9), None, 0, NOW)
+        with pytest.raises(TransactionError) as info:
+            slave.put(xid(9), None, "test", 0, 0, b"x", -1, NOW)
+        assert info.value.xa_code == XAER_RMFAIL and "slave" in str(info.value)
+        report = slave.take_over(NOW)
+        assert (report.prepared_kept, report.rolled_back) == (2, 1)  # the XA branch and the half message
+        assert not slave.replica and slave.recover() == [x.key]
+        [half] = slave.halves()  # a RocketMQ half message, its check count kept: asked about again
+        assert (half.number, half.checks, half.data) == (7, 1, b"half")
+        assert slave.commit(committed, None, False, NOW).empty  # the old master's decision, answered as made
+        plan = slave.commit(x, None, False, NOW)
+        assert len(slave.apply_commit(plan, NOW)) == 2
+    finally:
+        store.abandon()
+
+
+def test_a_cut_drops_the_branches_of_the_cut_tail_and_keeps_the_rest(tx_broker):
+    b = tx_broker
+    kept = prepared(b, 1)
+    agreed = b.store.written_position
+    cut = prepared(b, 2)  # the deposed master's tail: the new master never had it
+    b.tx.follow_master()
+    assert b.tx.replica and b.tx.recover() == []
+    b.store.truncate_log(agreed, NOW)
+    report = b.tx.take_over(NOW)
+    assert report.prepared_kept == 1 and b.tx.recover() == [kept.key]
+    assert cut.key not in [i.key for i in b.tx.in_doubt()]
+
+
+# -- an older broker's journal directory ---------------------------------------------------------------------
+
+def test_an_older_brokers_journal_is_migrated_into_the_log_once(tmp_path):
+    key = "XID:1:0a:0b:q"
+    tx_dir = tmp_path / "data" / "transactions"
+    os.makedirs(tx_dir)
+    recs = [R.Put(key, "test", 0, 0, -1, b"from an old broker"), R.Prepare(key, 1, 1, 0, "alice")]
+    with open(journal_path(str(tx_dir), 1), "wb") as f:
+        for rec in recs:
+            payload = b"".join(R.encode(rec))
+            f.write(R.HEADER.pack(len(payload), crc32(payload)) + payload)
+    b = TxBroker(tmp_path / "data")
+    try:
+        assert b.tx.recover() == [key] and not os.path.exists(tx_dir)
+        assert [type(rec).__name__ for _p, _f, rec in b.journal()] == ["Snapshot", "Put", "Prepare", "SnapEnd"]
+        b.restart()
+        assert b.tx.recover() == [key] and b.tx.user_of(key) == (True, "alice")
+        assert len(b.journal()) == 4  # not migrated twice
+    finally:
+        b.crash()
+
+
+def test_a_slave_removes_an_older_brokers_journal_rather_than_keep_branches_that_are_not_its_masters(tmp_path):
+    tx_dir = tmp_path / "data" / "transactions"
+    os.makedirs(tx_dir)
+    key = "XID:1:0c:0d:q"
+    with open(journal_path(str(tx_dir), 1), "wb") as f:
+        for rec in (R.Put(key, "test", 0, 0, -1, b"stale"), R.Prepare(key, 1, 1, 0)):
+            payload = b"".join(R.encode(rec))
+            f.write(R.HEADER.pack(len(payload), crc32(payload)) + payload)
+    store = open_store(str(tmp_path / "data"), NOW)
+    try:
+        slave = TransactionManager.open(store, TxConfig(), NOW, master=False)
+        assert not os.path.exists(tx_dir) and slave.take_over(NOW).prepared_kept == 0 and slave.recover() == []
+    finally:
+        store.abandon()
