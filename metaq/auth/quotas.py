@@ -15,6 +15,10 @@ limit it divides, what it counts). Its value for a user is found in the permissi
 With authentication off there are no users: every client is one tenant, bounded by the broker-wide limit only
 (``limit(None, name)``). ``Quotas.check(user, name, current)`` is the decision every counted resource asks:
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
+The broker gives it (``Guard.quotas``) to what counts: the producers' table (``limit``: its eviction within a
+user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins. The
+``transactions`` quota is declared for the transaction manager to ask, ``check(user, "transactions", n)`` with
+the user's open and prepared transactions and half messages before one more; it does not ask it yet.
 
 **Rates** (``RATES``): bytes per second a user's connections may send to the broker (``produce_bytes_per_s``)
 and be sent as the records of its gets and pulls (``fetch_bytes_per_s``). A client over its rate is delayed,
@@ -27,7 +31,7 @@ default: a rate is unbounded until the file sets one.
 from metaq import limits
 from metaq.errors import ConfigError, QuotaExceeded
 
-__all__ = ["Quota", "QUOTAS", "Quotas", "parse_quotas", "default_quota"]
+__all__ = ["Quota", "QUOTAS", "RATES", "RATE_OF", "Quotas", "parse_quotas", "default_quota", "quota_error"]
 
 
 class Quota:
