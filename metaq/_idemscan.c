@@ -8,6 +8,7 @@
  * checksum -1 or 1-10 digits; pid and seq 1-19 digits; opaque -?1-11 digits), its numbers are in range, its
  * body is whole and its checksum right, and its data takes the identity (with_identity: a well-formed
  * attribute block without the reserved properties). The stored data goes into one new bytes object.
+ * An optional last argument, the owner (bytes, or None), is appended after the identity as METAQ_OWNER.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -19,9 +20,11 @@
 #define I32_MAX 2147483647LL
 #define I63_MAX 9223372036854775807ULL
 #define IDENT_MAX 96 /* "\x02@FLAG\x01<flag>\x02METAQ_PID\x01<pid>\x02METAQ_SEQ\x01<seq>\x02": at most 84 bytes */
+#define OWNER_MAX 256 /* the owner's bytes at most (a user name is 128 at most: metaq.auth.acl) */
 
 static const char PID_MARK[] = "\x02METAQ_PID\x01";
 static const char SEQ_MARK[] = "\x02METAQ_SEQ\x01";
+static const char OWNER_MARK[] = "\x02METAQ_OWNER\x01";
 static const char SYSFLAG_MARK[] = "\x02@SYSFLAG\x01"; /* may mark a compressed body: the general path's */
 
 /* 1..max decimal digits at *p, then `stop`; the value in *out (no overflow: max <= 19). Shared: _speedups.h. */
@@ -112,7 +115,8 @@ static int contains(const unsigned char *p, Py_ssize_t n, const char *needle) {
 }
 
 /* The identity's bytes for a put with this attribute (with_identity's `ident`); its length. */
-static int identity_bytes(char *w, const Head *h, const unsigned char *attr, Py_ssize_t alen) {
+static int identity_bytes(char *w, const Head *h, const unsigned char *attr, Py_ssize_t alen, const char *owner,
+                          Py_ssize_t olen) {
     char *start = w;
     int has_sep = memchr(attr, 2, (size_t)alen) != NULL;
     if (!(h->flag & 1) || !has_sep) { /* no properties yet: the separator, and the MetaQ flag as @FLAG */
@@ -133,6 +137,13 @@ static int identity_bytes(char *w, const Head *h, const unsigned char *attr, Py_
     w += 11;
     w += metaq_decimal(w, (long long)h->seq);
     *w++ = 2;
+    if (owner != NULL) {
+        memcpy(w, "METAQ_OWNER\x01", 12);
+        w += 12;
+        memcpy(w, owner, (size_t)olen);
+        w += olen;
+        *w++ = 2;
+    }
     return (int)(w - start);
 }
 
@@ -147,10 +158,23 @@ static int grow(PyObject **out, Py_ssize_t *cap, Py_ssize_t need) {
 }
 
 PyObject *scan_idem_burst(PyObject *self, PyObject *args) {
-    Py_ssize_t pos, end, max_body, max_line, max_frames;
+    Py_ssize_t pos, end, max_body, max_line, max_frames = PY_SSIZE_T_MAX, olen = 0;
     Py_buffer b;
-    if (metaq_scan_args(args, &b, &pos, &end, &max_body, &max_line, &max_frames) < 0)
+    PyObject *obj;
+    const char *owner = NULL;
+    if (!PyArg_ParseTuple(args, "Onnnn|nz#", &obj, &pos, &end, &max_body, &max_line, &max_frames, &owner, &olen))
         return NULL;
+    if (olen > OWNER_MAX) {
+        PyErr_Format(PyExc_ValueError, "owner longer than %d bytes", OWNER_MAX);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (pos < 0 || pos > end || end > b.len) {
+        PyErr_Format(PyExc_ValueError, "need 0 <= pos <= end <= %zd", b.len);
+        PyBuffer_Release(&b);
+        return NULL;
+    }
     Py_ssize_t cap = 4096, used = 0;
     PyObject *frames = PyList_New(0), *out = PyBytes_FromStringAndSize(NULL, cap), *topic_obj = NULL;
     const unsigned char *base = (const unsigned char *)b.buf;
@@ -171,13 +195,14 @@ PyObject *scan_idem_burst(PyObject *self, PyObject *args) {
             alen = (Py_ssize_t)(int32_t)(((uint32_t)body[0] << 24) | ((uint32_t)body[1] << 16) |
                                          ((uint32_t)body[2] << 8) | body[3]);
             if (alen < 0 || alen > h.length - 4 || contains(body + 4, alen, PID_MARK) ||
-                contains(body + 4, alen, SEQ_MARK) || contains(body + 4, alen, SYSFLAG_MARK))
+                contains(body + 4, alen, SEQ_MARK) || contains(body + 4, alen, SYSFLAG_MARK) ||
+                contains(body + 4, alen, OWNER_MARK))
                 break;
             skip = 4 + alen;
         }
         const unsigned char *attr = body + 4;
-        char ident[IDENT_MAX];
-        int ilen = identity_bytes(ident, &h, attr, alen);
+        char ident[IDENT_MAX + OWNER_MAX + 16];
+        int ilen = identity_bytes(ident, &h, attr, alen, owner, olen);
         Py_ssize_t n = 4 + alen + ilen + (h.length - skip);
         if (grow(&out, &cap, used + n) < 0)
             goto fail;

@@ -10,7 +10,7 @@
  *   encode_timer_acks(items, start, count, first_id) == metaq.timers.burst.encode_timer_acks_py (same)
  *   scan_puts(buf, pos, end, max_body, max_line[, max_frames])
  *                                                 == metaq.protocol.burst.scan_puts_py
- *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames])
+ *   scan_idem_burst(buf, pos, end, max_body, max_line[, max_frames[, owner]])
  *                                                 == metaq.idempotence.burst.scan_idem_burst_py (_idemscan.c)
  *   encode_put_acks(frames, start, count, first_id, partition, first_offset)
  *                                                 == metaq.protocol.burst.encode_put_acks_py
@@ -781,7 +781,7 @@ static PyMethodDef methods[] = {
     {"scan_puts", scan_puts, METH_VARARGS,
      "scan_puts(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, next_pos)"},
     {"scan_idem_burst", scan_idem_burst, METH_VARARGS,
-     "scan_idem_burst(buf, pos, end, max_body, max_line, max_frames=no limit) -> (frames, data, next_pos)"},
+     "scan_idem_burst(buf, pos, end, max_body, max_line, max_frames=no limit, owner=None) -> (frames, data, next_pos)"},
     {"scan_put_ats", scan_put_ats, METH_VARARGS,
      "scan_put_ats(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, max_name, max_ahead_ms)"
      " -> (items, src, next_pos)"},

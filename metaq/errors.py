@@ -78,6 +78,15 @@ class TopicLimit(UnknownTopic):
     """The topic (or partition) would be created past ``limits.max_topics`` / ``limits.max_partitions``."""
 
 
+class QuotaExceeded(ClientError):
+    """One more would pass the user's quota (``metaq.auth.quotas``: docs/security.md "Quotas"); the message
+    names the quota, its value and the user. Nothing was done."""
+
+    def __init__(self, quota, user, limit, message):
+        super().__init__(message)
+        self.quota, self.user, self.limit = quota, user, limit
+
+
 class InvalidTopic(ClientError):
     """The topic name is not legal."""
 

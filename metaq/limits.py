@@ -440,6 +440,15 @@ IDEMPOTENT_PRODUCER_TTL_MS = 86_400_000
 #: grew this much since the last one: a restart replays at most about this much log (``mmap.find`` skips log
 #: without an idempotent record at memory speed) while a broker without idempotent producers writes it rarely.
 IDEMPOTENCE_SNAPSHOT_BYTES = 64 << 20
+#: Evicted producer-partitions whose owner the table remembers (``metaq.idempotence.window``), so that such a
+#: producer's next put is refused with its reason (its window went past its user's quota) rather than stored as
+#: a new producer's; past it the oldest is forgotten. 24 bytes and a topic name each.
+MAX_EVICTED_PRODUCERS = 4096
+
+# -- quotas per user (metaq/auth/quotas.py; docs/security.md "Quotas") -------------------------------------------
+#: A user's default quota of a broker-wide limit, as a share of it (when the permissions file sets none): no single
+#: user can hold more than this share of any limit a quota divides.
+QUOTA_DEFAULT_SHARE = 0.5
 
 # -- recovery (store/recovery.py, store/recovery_scan.py) ------------------------------------------------------
 #: Records recovery's scan checks in one call (``recovery_scan.scan_log``, in C when built) before it hands their

@@ -327,8 +327,18 @@ def cmd_offset_at(view, args):
     return rows, ["topic", "partition", "time_ms", "offset", "min_offset", "max_offset"]
 
 
+def cmd_quotas(view, args):
+    """Each broker's quotas per user (``stats quotas``, an admin's): what the user holds and its quota."""
+    rows = []
+    for bid, url in sorted(view.brokers.items()):
+        for r in view.stats_of(url, "quotas") or ():
+            if args.user is None or r.user == args.user:
+                rows.append({"broker": bid, "user": r.user, "quota": r.quota, "used": r.used, "limit": r.limit})
+    return rows, ["broker", "user", "quota", "used", "limit"]
+
+
 COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics,
-            "partitions": cmd_partitions, "groups": cmd_groups,
+            "partitions": cmd_partitions, "groups": cmd_groups, "quotas": cmd_quotas,
             "zk": cmd_zk}
 
 
@@ -394,6 +404,8 @@ def build_parser():
     s.add_argument("topic", nargs="?", help="only this topic")
     s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
     s.add_argument("group", nargs="?", help="only this group")
+    s = sub.add_parser("quotas", help="quotas per user: what each user holds and its quota (admin)")
+    s.add_argument("user", nargs="?", help="only this user")
     s = sub.add_parser("transactions", help="transactions held by brokers (in-doubt ones first); decide one by hand")
     s.add_argument("action", nargs="?", choices=("commit", "rollback"),
                    help="commit or roll back a PREPARED XA branch by hand (a heuristic decision)")

@@ -9,9 +9,12 @@ The file (docs/security.md)::
 
     allow: [127.0.0.1, 10.0.0.0/8]   # global address allow-list (RocketMQ's globalWhiteRemoteAddresses);
                                      # absent: every address may connect (and must still authenticate)
+    quotas:                          # optional: every user's default quotas (metaq.auth.quotas)
+      idempotent_producers: 1000
     roles:                           # optional: named sets of permissions users take on
       readers:
         topics: {"*": sub}
+        quotas: {idempotent_producers: 100}
     users:
       alice:
         secret: "a long random string"   # the secret key (RocketMQ's secretKey); the name is the access key
@@ -26,6 +29,7 @@ The file (docs/security.md)::
         groups:                          # consumer group (or pattern) -> sub | deny
           billing: sub
         default_group: deny
+        quotas: {idempotent_producers: 2000}   # optional: this user's own quotas (before its roles', the file's)
 
 A rule's pattern may use ``*`` (any run of characters) and ``?`` (one character). The most specific rule
 that matches decides: an exact name first, then the pattern with the most literal characters; between
@@ -38,6 +42,7 @@ import ipaddress
 import re
 
 from metaq import limits
+from metaq.auth.quotas import RATES, parse_quotas
 from metaq.errors import ConfigError
 
 __all__ = ["PUB", "SUB", "ADMIN", "Acl", "User", "parse_acl", "parse_addresses"]
@@ -50,8 +55,8 @@ _PERMS = {"pub": frozenset({PUB}), "sub": frozenset({SUB}), "pub|sub": frozenset
           "sub|pub": frozenset({PUB, SUB}), "deny": frozenset()}
 _GROUP_PERMS = {"sub": frozenset({SUB}), "pub|sub": frozenset({SUB}), "sub|pub": frozenset({SUB}),
                 "deny": frozenset()}
-_USER_KEYS = {"secret", "admin", "roles", "allow", "topics", "default_topic", "groups", "default_group"}
-_ROLE_KEYS = {"admin", "topics", "default_topic", "groups", "default_group"}
+_USER_KEYS = {"secret", "admin", "roles", "allow", "topics", "default_topic", "groups", "default_group", "quotas"}
+_ROLE_KEYS = {"admin", "topics", "default_topic", "groups", "default_group", "quotas"}
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}\Z")
 
 
@@ -76,9 +81,10 @@ class _Rule:
 class _Grants:
     """One user's or role's rules: topics, groups, the two defaults and the admin flag."""
 
-    __slots__ = ("admin", "topics", "default_topic", "groups", "default_group")
+    __slots__ = ("admin", "topics", "default_topic", "groups", "default_group", "quotas")
 
-    def __init__(self, admin, topics, default_topic, groups, default_group):
+    def __init__(self, admin, topics, default_topic, groups, default_group, quotas=None):
+        self.quotas = quotas or {}  # quota name -> value (metaq.auth.quotas)
         self.admin = admin
         self.topics = topics
         self.default_topic = default_topic
@@ -153,16 +159,35 @@ class User:
         """True when this user may ``action`` (PUB or SUB) the ``kind`` (``"topic"``/``"group"``) called ``name``."""
         return self.admin or action in self._decisions[kind].perms(name)
 
+    def quota(self, name):
+        """Quota ``name`` as the user's own rules, then its roles' set it (in order), or None."""
+        for g in self.grants:
+            value = g.quotas.get(name)
+            if value is not None:
+                return value
+        return None
+
 
 class Acl:
-    """The parsed file: users by name and the global address allow-list (None: any address)."""
+    """The parsed file: users by name, the global address allow-list (None: any address), the default quotas."""
 
-    def __init__(self, users, allow):
+    def __init__(self, users, allow, quotas=None):
         self.users = users
         self.allow = allow
+        self.quotas = quotas or {}  # every user's default quotas (the file's top-level ``quotas:``)
+        #: True when the file sets a rate for anyone (``metaq.auth.quotas.RATES``): connections are paced only then
+        self.has_rates = any(name in RATES for name in self.quotas) or any(
+            name in RATES for u in users.values() for g in u.grants for name in g.quotas)
 
     def user(self, name):
         return self.users.get(name)
+
+    def quota(self, user_name, name):
+        """Quota ``name`` of user ``user_name`` as the file sets it (the user's, its roles', the file's default),
+        or None: the built-in default applies (``metaq.auth.quotas``)."""
+        user = self.users.get(user_name)
+        found = None if user is None else user.quota(name)
+        return self.quotas.get(name) if found is None else found
 
     def address_allowed(self, host):
         return self.allow is None or _in(host, self.allow)
@@ -230,7 +255,8 @@ def _grants(entry, where, keys):
     return _Grants(admin, _rules(entry.get("topics"), _PERMS, where + ".topics"),
                    None if default_topic is None else _perms(default_topic, _PERMS, where + ".default_topic"),
                    _rules(entry.get("groups"), _GROUP_PERMS, where + ".groups"),
-                   None if default_group is None else _perms(default_group, _GROUP_PERMS, where + ".default_group"))
+                   None if default_group is None else _perms(default_group, _GROUP_PERMS, where + ".default_group"),
+                   parse_quotas(entry.get("quotas"), where + ".quotas"))
 
 
 def _named_entries(doc, key, source):
@@ -253,9 +279,9 @@ def parse_acl(doc, source="the permissions file"):
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError("%s must contain a mapping (allow, roles, users) at the top level" % source)
-    unknown = set(doc) - {"allow", "roles", "users"}
+    unknown = set(doc) - {"allow", "roles", "users", "quotas"}
     if unknown:
-        raise ConfigError("%s: unknown setting %s (known: allow, roles, users)"
+        raise ConfigError("%s: unknown setting %s (known: allow, quotas, roles, users)"
                           % (source, ", ".join(map(str, unknown))))
     allow = parse_addresses(doc["allow"], "%s: allow" % source) if doc.get("allow") is not None else None
     roles = {name: _grants(entry, "%s: roles.%s" % (source, name), _ROLE_KEYS)
@@ -283,4 +309,4 @@ def parse_acl(doc, source="the permissions file"):
         user_allow = entry.get("allow")
         users[name] = User(name, secret, None if user_allow is None else parse_addresses(user_allow, where + ".allow"),
                            (own,) + tuple(roles[r] for r in taken))
-    return Acl(users, allow)
+    return Acl(users, allow, parse_quotas(doc.get("quotas"), "%s: quotas" % source))

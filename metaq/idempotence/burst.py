@@ -11,7 +11,7 @@ that is not such a one, leaving it (and everything after it) to ``TextParser``,
 which accepts or explains it.
 
 For each frame taken it writes the data the record will hold (the put's data
-with the identity in its attribute: ``with_identity``) into one new buffer and
+with the identity, and its owner when given, in its attribute: ``with_identity``) into one new buffer and
 gives ``(topic, partition, flag, opaque, start, length, crc, tag, pid, seq, put_length, frame_end)``:
 ``topic`` as bytes (consecutive frames with the same topic share one object),
 ``flag`` the stored flag (bit 0 set), ``start``/``length`` the stored data in the
@@ -69,9 +69,11 @@ def scan_put_idem(buf, pos, end, max_body, max_line):
     return topic, partition, flag, pid, seq, opaque, start, length
 
 
-def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None):
+def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None, owner=None):
     """``(frames, data, next_pos)``: the leading put_idem frames of ``buf[pos:end]`` (at most ``max_frames``; see the
-    module docstring), the buffer their stored data is in, and where the first frame not taken starts."""
+    module docstring), the buffer their stored data is in, and where the first frame not taken starts. ``owner``
+    (bytes: the connection's user, or None) is written after each identity (``records.with_identity``)."""
+    owner = None if owner is None else owner.decode("utf-8")
     frames = []
     out = bytearray()
     topic = None
@@ -81,7 +83,7 @@ def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None):
             break
         t, partition, flag, pid, seq, opaque, start, length = frame
         try:
-            stored_flag, data = with_identity(flag, bytes(buf[start:start + length]), pid, seq)
+            stored_flag, data = with_identity(flag, bytes(buf[start:start + length]), pid, seq, owner)
         except ClientError:
             break
         alen = int.from_bytes(data[:4], "big")

@@ -86,7 +86,9 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     path = fast.put_path
     if path.refusal is not None or path.sync_replication:
         return wait_pos, pos, DONE
-    frames, data, stop = scan_idem_burst(buf, pos, end, fast.max_body, fast.max_line, cap)
+    owner = session.user if session is not None else None
+    frames, data, stop = scan_idem_burst(buf, pos, end, fast.max_body, fast.max_line, cap,
+                                         None if owner is None else owner.encode("utf-8"))
     fast.stats.burst_scanned_bytes += stop - pos
     scanned = len(frames)
     frames = before_refused_topic(frames, writable_topics(path, session))
@@ -101,7 +103,7 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     while i < n:
         j = _run_end(frames, i, n)
         run_frames = frames[i:j] if i or j < n else frames
-        taken, runs = store.put_idempotent_run(run_frames, data, now)
+        taken, runs = store.put_idempotent_run(run_frames, data, now, owner)
         if taken:
             for run in runs:
                 first = run.first_frame
@@ -118,7 +120,7 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
         topic = f[0].decode("ascii")
         try:
             r, _position, duplicate = store.put_idempotent_prepared(topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
-                                                                    f[8], f[9], f[6] & 0x7FFFFFFF)
+                                                                    f[8], f[9], f[6] & 0x7FFFFFFF, owner)
         except errors.MetaqError as exc:  # answered as the general path does; the next frames after a new look
             path.failed(topic, exc)
             out.append(error_reply(exc, f[3]))

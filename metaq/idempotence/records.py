@@ -40,6 +40,13 @@ string, separators included. A user attribute of ``""`` comes back as None.
 A text put's MetaQ flag is kept as the ``@FLAG`` internal property (when not
 0), so a RocketMQ consumer sees the flag it saw before (``mapping.message_of_record``).
 
+**Its owner.** With authentication on, the broker also appends the user who sent the put, after the
+identity: ``...\x02METAQ_SEQ\x010\x02METAQ_OWNER\x01alice\x02``. The producers' table keeps each user's
+windows within that user's quota (``metaq.idempotence.window``), and a table rebuilt from the log (a slave's,
+a recovery's) must know whose each window is. A record written without it (authentication off, or by a broker
+from before quotas) has no owner (``stored_identity`` gives None). A put's own attribute cannot carry
+``METAQ_OWNER`` (``with_identity`` refuses it), so a client cannot name another user as the owner.
+
 The property names are reserved: a plain put (text or remoting, local
 transaction, delayed) whose attribute carries them is refused (``has_identity``),
 so no record outside this path can look like an idempotent one.
@@ -51,11 +58,15 @@ from metaq.errors import ClientError
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
 from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR, decode_properties
 
-__all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "MARK", "SEQ_MARK", "MAX_PID", "MAX_SEQ", "check_identity",
-           "with_identity", "identity_in_attribute", "has_identity"]
+__all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "OWNER_PROPERTY", "MARK", "SEQ_MARK", "OWNER_MARK", "MAX_PID", "MAX_SEQ",
+           "check_identity", "with_identity", "identity_in_attribute", "stored_identity", "has_identity",
+           "owner_suffix"]
 
 PID_PROPERTY = "METAQ_PID"
 SEQ_PROPERTY = "METAQ_SEQ"
+OWNER_PROPERTY = "METAQ_OWNER"
+#: A put's own attribute must not hold it (the broker writes the owner).
+OWNER_MARK = ("\x02%s\x01" % OWNER_PROPERTY).encode("ascii")
 #: The bytes every stored idempotent record's attribute holds (found with one bytes search before decoding).
 MARK = ("\x02%s\x01" % PID_PROPERTY).encode("ascii")
 _SEQ_MARK = "\x02%s\x01" % SEQ_PROPERTY
@@ -82,13 +93,19 @@ def has_identity(attribute):
     return attribute is not None and ("\x02%s\x01" % PID_PROPERTY in attribute or _SEQ_MARK in attribute)
 
 
-def with_identity(flag, data, pid, seq):
-    """``(flag, data)`` of the stored record: the put's data with the identity appended to its attribute.
+def owner_suffix(owner):
+    """The bytes the identity ends with for ``owner`` (a user name, or None: none)."""
+    return b"" if owner is None else b"METAQ_OWNER\x01" + owner.encode("utf-8") + _SEP
+
+
+def with_identity(flag, data, pid, seq, owner=None):
+    """``(flag, data)`` of the stored record: the put's data with the identity (and ``owner``, the user who sent
+    it, when not None) appended to its attribute.
 
     Works on the bytes (one copy of the payload). ClientError when the attribute block is malformed or already
     carries the reserved properties.
     """
-    ident = b"METAQ_PID\x01%d\x02METAQ_SEQ\x01%d\x02" % (pid, seq)
+    ident = b"METAQ_PID\x01%d\x02METAQ_SEQ\x01%d\x02" % (pid, seq) + owner_suffix(owner)
     if flag & ATTRIBUTE_FLAG:
         if len(data) < 4:
             decode_payload(flag, data)  # raises the reason
@@ -97,9 +114,9 @@ def with_identity(flag, data, pid, seq):
         if alen < 0 or end > len(data):
             decode_payload(flag, data)
         attr = data[4:end]
-        if MARK in attr or SEQ_MARK in attr:
-            raise ClientError("the attribute already carries %s/%s: these properties are set by the broker"
-                              % (PID_PROPERTY, SEQ_PROPERTY))
+        if MARK in attr or SEQ_MARK in attr or OWNER_MARK in attr:
+            raise ClientError("the attribute already carries %s/%s/%s: these properties are set by the broker"
+                              % (PID_PROPERTY, SEQ_PROPERTY, OWNER_PROPERTY))
         if _SEP not in attr:
             ident = _SEP + _flag_prop(flag) + ident
         elif not attr.endswith(_SEP):
@@ -118,6 +135,13 @@ def _flag_prop(flag):
 
 def identity_in_attribute(attribute):
     """``(pid, seq)`` stored in an attribute string, or None (no identity, or a malformed one)."""
+    found = stored_identity(attribute)
+    return None if found is None else found[:2]
+
+
+def stored_identity(attribute):
+    """``(pid, seq, owner)`` stored in an attribute string (owner None: a record without one), or None (no
+    identity, or a malformed one)."""
     if attribute is None:
         return None
     _tags, sep, rest = attribute.partition(PROPERTY_SEPARATOR)
@@ -130,4 +154,4 @@ def identity_in_attribute(attribute):
         return None
     if not 1 <= pid <= MAX_PID or not 0 <= seq <= MAX_SEQ:
         return None
-    return pid, seq
+    return pid, seq, props.get(OWNER_PROPERTY)

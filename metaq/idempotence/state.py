@@ -48,8 +48,8 @@ import os
 import struct
 
 from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
-from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, identity_in_attribute, with_identity
-from metaq.errors import ClientError
+from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, stored_identity, with_identity
+from metaq.errors import ClientError, QuotaExceeded
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import HEADER
 from metaq.store.follower import WRITTEN
@@ -75,9 +75,10 @@ class Idempotence:
 
     follows = WRITTEN
 
-    def __init__(self, root, log_, partition_of, put, written, ttl_ms):
+    def __init__(self, root, log_, partition_of, put, written, ttl_ms, quota_of=None):
         """``put``: ``MessageStore.put``; ``written()``: the log's written end; ``partition_of((topic, partition))``:
-        the store's PartitionIndex of a partition, or None."""
+        the store's PartitionIndex of a partition, or None; ``quota_of(owner)``: the windows a user may hold
+        (``idempotence.window``; None: the table's bound only)."""
         self.path = os.path.join(root, SNAPSHOT_FILE)
         self.previous = self.path + PREVIOUS_SUFFIX
         self.root = root
@@ -85,7 +86,8 @@ class Idempotence:
         self._partition_of = partition_of
         self._put = put
         self._written = written
-        self.table = ProducerTable(ttl_ms=ttl_ms)
+        self.table = ProducerTable(ttl_ms=ttl_ms, quota_of=quota_of)
+        self.refused_quota = 0  # puts refused: past a quota, an evicted window, another user's producer id
         self.puts = 0  # idempotent puts stored
         self.duplicates = 0  # answered with the original
         self.older_duplicates = 0
@@ -102,40 +104,75 @@ class Idempotence:
 
     # -- the put ---------------------------------------------------------------------------
 
-    def put(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
-        """``(PutResult, record position, duplicate)``; raises what ``MessageStore.put`` raises, ClientError for
-        a bad identity or reserved properties."""
+    def put(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None, owner=None):
+        """``(PutResult, record position, duplicate)`` of a put by user ``owner`` (None: no user); raises what
+        ``MessageStore.put`` raises, ClientError for a bad identity or reserved properties, QuotaExceeded when
+        the producer-partition may not be written by ``owner`` (``admit``)."""
         if type(pid) is not int or type(seq) is not int or not (0 < pid <= MAX_PID and 0 <= seq <= MAX_SEQ):
             check_identity(pid, seq)  # raises, naming the bad one
+        self.admit(pid, topic, partition, owner)
         offset = self.table.decide(pid, topic, partition, seq)
         if offset == OLDER:  # stored before the window (and flushed: later ones were answered since)
             return self._older(partition)
-        flag, data = with_identity(flag, data, pid, seq)
-        return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, None)
+        flag, data = with_identity(flag, data, pid, seq, owner)
+        return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, None, owner)
 
-    def put_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        """``put`` of data that already holds its identity (``idempotence.burst``: ``flag``/``data`` as stored,
-        ``checksum`` their metaq checksum, the identity checked by the scan)."""
+    def put_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum, owner=None):
+        """``put`` of data that already holds its identity and ``owner`` (``idempotence.burst``: ``flag``/``data``
+        as stored, ``checksum`` their metaq checksum, the identity checked by the scan)."""
+        self.admit(pid, topic, partition, owner)
         offset = self.table.decide(pid, topic, partition, seq)
         if offset == OLDER:
             return self._older(partition)
-        return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, None, checksum)
+        return self._put_decided(topic, partition, flag, data, now_ms, pid, seq, offset, None, checksum, owner)
 
-    def put_run(self, frames, src, now_ms, put_burst):
-        """Append ``frames`` (``idempotence.burst``'s, one producer-partition's consecutive sequences) in one pass
-        when the first is above the producer-partition's highest: ``(taken, runs)`` as ``put_burst(frames, src,
-        now_ms)`` (the store's) gives them, the table recording each run in one step; ``(0, [])`` when the first
-        is not above (a resend or a gap: ``put_prepared`` decides each)."""
+    def admit(self, pid, topic, partition, owner):
+        """Raise QuotaExceeded when user ``owner`` may not put under producer ``pid`` on ``topic``-``partition``
+        (``ProducerTable.refusal``): the window is another user's, it was evicted (so a resend can no longer be
+        told from a new message), the user's quota is 0, or the table is full of other users' windows."""
+        why = self.table.refusal(pid, topic, partition, owner)
+        if why is None:
+            return
+        self.refused_quota += 1
+        kind, value = why
+        who = owner if owner is not None else "(none)"
+        if kind == "other":
+            raise QuotaExceeded("idempotent_producers", owner, None,
+                                "producer id %d on %s-%d is another user's: user %s must use a producer id of its "
+                                "own (nothing stored)" % (pid, topic, partition, who))
+        if kind == "evicted":
+            limit = self.table.quota_of(value)
+            raise QuotaExceeded("idempotent_producers", owner, limit,
+                                "the window of producer %d on %s-%d was evicted: user %s has more than its quota "
+                                "idempotent_producers (%d windows) and its least recently written ones go, so a "
+                                "resend can no longer be told from a new message (nothing stored): use a new "
+                                "producer id" % (pid, topic, partition,
+                                                 value if value is not None else "(none)", limit))
+        if kind == "quota":
+            raise QuotaExceeded("idempotent_producers", owner, value,
+                                "quota idempotent_producers of user %s is %d: it may keep no idempotent producer "
+                                "windows (nothing stored)" % (who, value))
+        raise QuotaExceeded("idempotent_producers", owner, value,
+                            "the broker's idempotent producer table is full (%d windows, "
+                            "limits.MAX_IDEMPOTENT_PRODUCERS) of other users' windows within their quotas: "
+                            "producer %d of user %s gets no window now (nothing stored)" % (value, pid, who))
+
+    def put_run(self, frames, src, now_ms, put_burst, owner=None):
+        """Append ``frames`` (``idempotence.burst``'s, one producer-partition's consecutive sequences, with
+        ``owner`` in their data) in one pass when the first is above the producer-partition's highest: ``(taken,
+        runs)`` as ``put_burst(frames, src, now_ms)`` (the store's) gives them, the table recording each run in
+        one step; ``(0, [])`` when the first is not above (a resend or a gap) or ``owner`` may not write it
+        (``put_prepared`` decides each, and answers why)."""
         topic_b, partition, pid, seq = frames[0][0], frames[0][1], frames[0][8], frames[0][9]
         topic = topic_b.decode("ascii")
         table = self.table
-        if not table.fresh(pid, topic, partition, seq):
+        if not table.fresh(pid, topic, partition, seq) or table.refusal(pid, topic, partition, owner) is not None:
             return 0, []
         table.begin()
         try:
             taken, runs = put_burst(frames, src, now_ms)
             for run in runs:
-                table.record_run(pid, topic, partition, seq, run.first_offset, run.count, now_ms)
+                table.record_run(pid, topic, partition, seq, run.first_offset, run.count, now_ms, owner)
                 seq += run.count
             if runs:
                 self.position = self._written()  # learned here: the follower never hands these over again
@@ -149,7 +186,7 @@ class Idempotence:
         self.older_duplicates += 1
         return PutResult(0, partition, -1, 0), 0, True
 
-    def _put_decided(self, topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, checksum):
+    def _put_decided(self, topic, partition, flag, data, now_ms, pid, seq, offset, born_ms, checksum, owner):
         table = self.table
         if offset is not None:
             found = self.original(topic, partition, offset)
@@ -168,7 +205,7 @@ class Idempotence:
         table.begin()
         try:
             r = self._put(topic, partition, flag, data, now_ms, born_ms=born_ms, checksum=checksum)
-            table.record(pid, topic, partition, seq, r.offset, now_ms)
+            table.record(pid, topic, partition, seq, r.offset, now_ms, owner)
             self.position = self._written()  # learned here: the follower never hands it over again
         finally:
             table.end()
@@ -300,11 +337,11 @@ class Idempotence:
         a = h + HEADER.size + ATTR_LEN.size
         if alen < 0 or a + alen > rel + total:
             return
-        ident = identity_in_attribute(bytes(buf[a:a + alen]).decode("utf-8", "replace"))
+        ident = stored_identity(bytes(buf[a:a + alen]).decode("utf-8", "replace"))
         if ident is None:
             return
         topic = bytes(buf[rel + TOPIC_START:rel + TOPIC_START + tlen]).decode("utf-8", "replace")
-        self.table.record(ident[0], topic, part, ident[1], qoff, store_ts)
+        self.table.record(ident[0], topic, part, ident[1], qoff, store_ts, ident[2])
 
     def advance(self, position):
         """Every record before ``position`` is learned (records without an identity, a blank tail)."""
@@ -392,4 +429,5 @@ class Idempotence:
         return [("idempotent_puts", self.puts), ("idempotent_duplicates", self.duplicates),
                 ("idempotent_older_duplicates", self.older_duplicates),
                 ("idempotent_refused_different", self.different), ("idempotent_producers", len(t)),
-                ("idempotent_producers_evicted", t.evicted), ("idempotent_producers_expired", t.expired)]
+                ("idempotent_producers_evicted", t.evicted), ("idempotent_producers_expired", t.expired),
+                ("idempotent_refused_quota", self.refused_quota)]

@@ -35,7 +35,8 @@ class TextIdempotentPuts:
         now = now_ms()
         try:
             r, _position, duplicate = path.append_idempotent(e.topic, e.partition, e.flag, e.body, now,
-                                                             e.producer_id, e.sequence)
+                                                             e.producer_id, e.sequence,
+                                                             owner=conn.session.user if conn.session else None)
         except errors.MetaqError as exc:
             return self.error_reply(exc, e.opaque), NO_WAIT
         body = b"%d %d %d" % (r.msg_id, r.partition, r.offset)

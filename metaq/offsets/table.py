@@ -8,6 +8,13 @@ one checkpoint interval of commits: the group then re-reads those messages
 (at-least-once, like MetaQ's periodic offset commits). RocketMQ clients use
 the same store (DESIGN §8).
 
+**Owners.** Each entry belongs to the user whose commit made it (None: no user, authentication off, or an
+entry from before owners); a user holds at most its quota of entries (``quota(user, held)``: the quota decision,
+``metaq.auth.quotas``, ``consumer_offsets``): a commit of a new entry past it is refused with
+``QuotaExceeded``. The owner is kept in the state file (a sixth field; rows of five are still read). The
+replication stream does not carry it: a slave's entries have no owner, and after a promotion an entry is taken by
+the first user who commits it again.
+
 A master's store is copied to its slaves over the replication stream: every change
 bumps a version, so the master's sender asks for what changed since the version it
 last sent (``changes``) after sending the whole table once per link (``snapshot``);
@@ -28,9 +35,13 @@ OFFSETS_MAGIC = b"MQCO"
 class ConsumerOffsets:
     """group/topic/partition → (offset, commit_ms), persisted through ``DataDir`` state files."""
 
-    def __init__(self, dirs, max_entries=MAX_CONSUMER_OFFSETS):
+    def __init__(self, dirs, max_entries=MAX_CONSUMER_OFFSETS, quota=None):
+        """``quota(user, held)``: raises when ``user``, holding ``held`` entries, may not make one more."""
         self._dirs = dirs
         self.max_entries = max_entries
+        self.quota = quota
+        self._owners = {}  # key -> the user whose commit made it (absent: no owner)
+        self._held = {}  # user -> entries it owns
         self._path = dirs.consumer_offsets
         self._entries = {}
         self._version = 0  # bumped by every change; what was last written is _saved
@@ -43,14 +54,35 @@ class ConsumerOffsets:
             return 0
         for row in state.get("offsets", ()):
             try:
-                group, topic, partition, offset, commit_ms = row
-                self._entries[(str(group), str(topic), int(partition))] = (int(offset), int(commit_ms))
+                group, topic, partition, offset, commit_ms = row[:5]
+                key = (str(group), str(topic), int(partition))
+                self._entries[key] = (int(offset), int(commit_ms))
+                if len(row) == 6 and row[5] is not None:
+                    self._own(key, str(row[5]))
             except (TypeError, ValueError):
                 log.warning("consumer offsets: ignored a malformed entry %r", row)
         return len(self._entries)
 
-    def commit(self, group, topic, partition, offset, now_ms, max_offset):
-        """Record ``offset`` as the group's next read position; 400 when it is negative or past the end."""
+    def held(self):
+        """``{user: entries it owns}`` (stats)."""
+        return dict(self._held)
+
+    def _own(self, key, owner):
+        self._owners[key] = owner
+        self._held[owner] = self._held.get(owner, 0) + 1
+
+    def _disown(self, key):
+        owner = self._owners.pop(key, None)
+        if owner is not None:
+            n = self._held.get(owner, 0) - 1
+            if n > 0:
+                self._held[owner] = n
+            else:
+                self._held.pop(owner, None)
+
+    def commit(self, group, topic, partition, offset, now_ms, max_offset, owner=None):
+        """Record ``offset`` as the group's next read position, committed by user ``owner``; 400 when it is
+        negative or past the end, QuotaExceeded when it is a new entry past ``owner``'s quota."""
         validate_group(group)
         if offset < 0 or offset > max_offset:
             raise ClientError("offset %d out of range for %s-%d: committed offsets must be 0..%d (the log end)"
@@ -59,6 +91,10 @@ class ConsumerOffsets:
         if key not in self._entries and len(self._entries) >= self.max_entries:
             raise ClientError("too many committed offsets on the broker: the limit is %d (group, topic, partition) "
                               "entries; %s cannot commit a new one" % (self.max_entries, group))
+        if owner is not None and key not in self._owners:  # a new entry, or one without an owner: it becomes owner's
+            if self.quota is not None:
+                self.quota(owner, self._held.get(owner, 0))
+            self._own(key, owner)
         self._entries[key] = (offset, now_ms)
         self._touch(key)
 
@@ -108,6 +144,8 @@ class ConsumerOffsets:
             raise ValueError("%d committed offsets exceed the limit of %d (MAX_CONSUMER_OFFSETS)"
                              % (len(rows), self.max_entries))
         self._entries = {(g, t, p): (o, ms) for g, t, p, o, ms in rows}
+        for key in [k for k in self._owners if k not in self._entries]:
+            self._disown(key)
         self._changed = OrderedDict()
         for key in self._entries:
             self._touch(key)
@@ -144,7 +182,9 @@ class ConsumerOffsets:
         if version == self._saved:
             return False
         snapshot = self._entries.copy()  # one C-level copy under the GIL: safe against the loop's writes
-        rows = [[g, t, p, o, ms] for (g, t, p), (o, ms) in sorted(snapshot.items())]
+        owners = self._owners.copy()
+        rows = [[g, t, p, o, ms] + ([owners[(g, t, p)]] if (g, t, p) in owners else [])
+                for (g, t, p), (o, ms) in sorted(snapshot.items())]
         self._dirs.write_state(self._path, OFFSETS_MAGIC, {"offsets": rows})
         self._saved = version
         return True

@@ -39,7 +39,9 @@ class TextOffsets:
         self._member(e, conn)
         if self.check_master is not None:
             self.check_master()
-        self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms())
+        session = getattr(conn, "session", None)
+        self.store.commit_offset(e.group, e.topic, e.partition, e.offset, now_ms(),
+                                 session.user if session is not None else None)
         return encode_result(200, b"", e.opaque), NO_WAIT
 
     def query_offset(self, e, conn):

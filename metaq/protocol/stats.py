@@ -11,6 +11,7 @@ configuration file, unframed). The items (reference §8.3, docs/text-protocol.md
 * ``offsets``: ``OffsetRow`` per partition.
 * ``groups``: ``GroupRow`` per offset a group keeps in the broker.
 * ``transactions``: ``TransactionRow`` per transaction the broker holds.
+* ``quotas``: ``QuotaRow`` per user and quota: what the user holds, its quota (admins only).
 * ``delay``: ``DelayLevelRow`` per level, then ``<key> <n>`` totals.
 * ``<topic>``: ``TopicFigures`` (the topic's name alone on the first line, then pairs).
 * ``help``: free text lines.
@@ -31,7 +32,8 @@ __all__ = [
     "HEAD", "TAIL", "REALTIME", "encode", "lines", "parse", "parse_pairs",
     "format_value", "format_pairs", "encode_summary", "parse_summary", "parse_replica", "format_replica",
     "format_realtime", "parse_realtime_value", "parse_realtime", "encode_realtime",
-    "TopicRow", "OffsetRow", "GroupRow", "TransactionRow", "DelayLevelRow", "ReplicaRow", "Realtime",
+    "TopicRow", "OffsetRow", "GroupRow", "TransactionRow", "QuotaRow", "encode_quotas", "parse_quotas",
+    "DelayLevelRow", "ReplicaRow", "Realtime",
     "TopicFigures", "encode_topics", "parse_topics", "encode_offsets", "parse_offsets", "encode_groups",
     "parse_groups", "encode_transactions", "parse_transactions", "encode_delay", "parse_delay",
     "encode_topic", "parse_topic",
@@ -197,6 +199,15 @@ class TransactionRow(NamedTuple):
     timeout_s: int
 
 
+class QuotaRow(NamedTuple):
+    """``stats quotas``: user ``-`` is no user (authentication off, or records from before quotas)."""
+
+    user: str
+    quota: str
+    used: int
+    limit: int
+
+
 class DelayLevelRow(NamedTuple):
     """``stats delay``: delay is the level's text (``5s``, ``removed``); next_due_ms None when nothing is pending."""
 
@@ -226,6 +237,7 @@ _GROUP = _Template("groups", GroupRow, "{group} {topic} {partition:d} offset {of
 _TRANSACTION = _Template("transactions", TransactionRow,
                          "{key} {state} puts {puts:d} bytes {bytes:d} begun_ms {begun_ms:d-} "
                          "prepared_ms {prepared_ms:d-} timeout_s {timeout_s:d}")
+_QUOTA = _Template("quotas", QuotaRow, "{user} {quota} used {used:d} limit {limit:d}")
 _DELAY_LEVEL = _Template("delay", DelayLevelRow, "level {level:d} delay {delay} pending {pending:d} "
                                                  "next_due_ms {next_due_ms:d-} delivered {delivered:d}")
 _REPLICA = _Template("replication_slave", ReplicaRow, "{address} acked {acked:d} durable {durable:d} "
@@ -275,6 +287,14 @@ def encode_transactions(rows):
 
 def parse_transactions(body):
     return [_TRANSACTION.parse(line) for line in lines(body)]
+
+
+def encode_quotas(rows):
+    return encode([_QUOTA.format(r) for r in rows])
+
+
+def parse_quotas(body):
+    return [_QUOTA.parse(line) for line in lines(body)]
 
 
 def encode_delay(levels, totals):
@@ -391,7 +411,7 @@ def parse_topic(body):
 
 _PARSERS = {
     "": parse_summary, "topics": parse_topics, "offsets": parse_offsets, "groups": parse_groups,
-    "transactions": parse_transactions, "delay": parse_delay, "realtime": parse_realtime,
+    "transactions": parse_transactions, "quotas": parse_quotas, "delay": parse_delay, "realtime": parse_realtime,
     "reset": parse_summary, "help": lines,
 }
 

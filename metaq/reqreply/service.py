@@ -41,10 +41,11 @@ STOPPING = "stopping"
 
 
 class ReplyRouter:
-    def __init__(self, broker_id, cluster, max_total, per_connection):
+    def __init__(self, broker_id, cluster, max_total, per_connection, quota=None):
+        """``quota(user, current)``: the quota decision of requests waiting per user (``reqreply.state``)."""
         self.broker_id = broker_id
         self.cluster = cluster
-        self.table = PendingRequests(max_total, per_connection)
+        self.table = PendingRequests(max_total, per_connection, quota)
         #: ``remote(client_id, ReplyMessage)`` -> whether a RocketMQ client of that id was found (and the push
         #: queued); None without a remoting port. Unavailable when it was found but cannot take more now.
         self.remote = None
@@ -56,10 +57,13 @@ class ReplyRouter:
         return "%s%d/%d" % (TEXT_REQUESTER, self.broker_id, conn.conn_id)
 
     def open(self, conn, timeout_s):
-        """Enter a text request of ``conn``; ``(correlation id, waiter)``. Unavailable past a bound."""
+        """Enter a text request of ``conn``; ``(correlation id, waiter)``. Unavailable past a bound, QuotaExceeded
+        past its user's quota."""
         correlation_id = os.urandom(16).hex()
         waiter = AsyncResult()
-        self.table.add(correlation_id, conn, waiter, time.monotonic() + timeout_s)
+        session = getattr(conn, "session", None)
+        self.table.add(correlation_id, conn, waiter, time.monotonic() + timeout_s,
+                       session.user if session is not None else None)
         self.counts["requests"] += 1
         return correlation_id, waiter
 

@@ -31,7 +31,7 @@ from metaq.server.remoting.server import RemotingServer
 from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats, NodeFacts, StatsService, remoting_values, security_values
+from metaq.server.stats import BrokerStats, NodeFacts, StatsService, quota_rows, remoting_values, security_values
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
@@ -66,7 +66,15 @@ class Broker:
         self._tasks = []
         self.config_checksum = config.checksum()
         started = time.monotonic()
-        self.store = MessageStore.open(config.store_config(), now_ms())
+        # a bad permissions file stops the start here; the store's producer windows are counted per user
+        self.guard = Guard(config.security, {"transactions": config.transactions.max_open,
+                                             "topics": config.limits.max_topics,
+                                             "partitions": config.limits.max_partitions,
+                                             "request_waiters": config.limits.max_pending_requests,
+                                             "connections": config.max_connections()})
+        self.store = MessageStore.open(config.store_config(), now_ms(),
+                                       lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
+                                       lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
         self.recovery_seconds = time.monotonic() - started
         self._log_recovery()
         self.store_lock = Semaphore()  # background store work (checkpoints, work ahead) vs a replication cut
@@ -74,7 +82,6 @@ class Broker:
         self.flusher = Flusher(self.store, self.store.config, self.on_visible, self._flush_failed, self.store_lock)
         self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
-        self.guard = Guard(config.security)  # a bad permissions file stops the start here
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
@@ -115,8 +122,10 @@ class Broker:
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
-                                   lim.max_pending_requests_per_connection)  # request-reply, both protocols
+                                   lim.max_pending_requests_per_connection,  # request-reply, both protocols
+                                   lambda user, n: self.guard.quotas.check(user, "request_waiters", n))
         self.core.on_close(self.replies.connection_closed)
+        self.core.on_close(lambda conn: self.guard.connection_closed(getattr(conn, "session", None)))  # its quota
         self.group_members = TextGroupMembers()  # text connections using broker-kept offsets (admin/service.py)
         self.core.on_close(self.group_members.connection_closed)
         self.admin = AdminOps(self.store, self.put_path, self.group_members,
@@ -142,6 +151,7 @@ class Broker:
                                       + self.tx.manager.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
+        self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
@@ -156,12 +166,21 @@ class Broker:
                                  configured=config.http.allowed_hosts)  # docs/operating.md "The HTTP port": browsers
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics, check,
-                                 UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s))
+                                 UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use)
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
 
     # -- facts used by stats --------------------------------------------------
+
+    def quota_use(self):
+        """``stats quotas`` and /metrics: per user and quota, what it holds and its quota (``stats.quota_rows``)."""
+        return quota_rows(self.guard, {"idempotent_producers": self.store.idempotence.table.owners(),
+                                       "connections": self.guard.connected(),
+                                       "consumer_offsets": self.store.consumer_offsets.held(),
+                                       "topics": {u: h[0] for u, h in self.store.topic_owners().items()},
+                                       "partitions": {u: h[1] for u, h in self.store.topic_owners().items()},
+                                       "request_waiters": self.replies.table.by_user()})
 
     @property
     def port(self):

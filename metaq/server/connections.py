@@ -309,6 +309,7 @@ class Connection:
         self._partial = 0  # this connection's share of self._pool.partial_bytes
         self._stranger = None  # the host it counts under in rules.strangers while it has not logged in
         self._login_deadline = None  # monotonic time by which it must log in, while a stranger
+        self.rates = None  # the Guard, set by the core with authentication on: its pace(session, kind, nbytes)
 
     @property
     def in_request(self):
@@ -403,8 +404,21 @@ class Connection:
                 log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
             return None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
-            return self._more_tls(data, nbytes)
+            data = self._more_tls(data, nbytes)
+        if self.rates is not None and data and self.rates.acl.has_rates:
+            self.pace("produce", len(data))
         return data
+
+    def pace(self, kind, nbytes):
+        """Wait as the user's rate of ``kind`` says after ``nbytes`` (``Guard.pace``: a client over its rate is
+        delayed, not refused); only this connection's greenlet waits. The wait does not count against the
+        request deadline."""
+        if self.rates is None or not self.rates.acl.has_rates:
+            return
+        delay = self.rates.pace(self.session, kind, nbytes)
+        if delay > 0:
+            gevent.sleep(delay)
+            self._request_deadline = None
 
     def _more_tls(self, data, nbytes):
         """``data`` and the TLS records already arrived after it, up to ``nbytes`` in all, read without waiting:
@@ -587,6 +601,8 @@ class ConnectionCore:
             if self.guard is not None:
                 conn.session = self.guard.session(address[0] if isinstance(address, tuple) else str(address),
                                                   conn.tls)
+                if self.guard.enabled and listener.guarded:
+                    conn.rates = self.guard
             if stranger is not None:
                 conn.await_login(stranger)  # from here the connection leaves the count when it logs in or closes
                 stranger = None

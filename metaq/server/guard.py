@@ -27,6 +27,7 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
+from metaq.auth.quotas import Quotas
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.priorities.wire import is_level_topic, split_level
@@ -42,7 +43,7 @@ __all__ = ["Guard", "Session", "PUB", "SUB", "ADMIN"]
 class Session:
     """One connection's security state (see the module doc)."""
 
-    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at", "logged_in", "on_login")
+    __slots__ = ("host", "tls", "user", "nonce", "nonce_user", "nonce_at", "logged_in", "on_login", "counted")
 
     def __init__(self, host, tls=False):
         self.host = host
@@ -50,6 +51,7 @@ class Session:
         self.user = None  # the name of the user this connection proved, or None
         self.logged_in = False  # a user has proved itself on this connection (once true, stays true)
         self.on_login = None  # called once, when logged_in turns true (the connection core's strangers count)
+        self.counted = None  # the user whose connections quota this connection counts in (Guard.authenticated)
         self.nonce = None  # the text handshake's server nonce, while one is outstanding
         self.nonce_user = None
         self.nonce_at = 0.0
@@ -94,7 +96,9 @@ def _read_acl(path):
 class Guard:
     """See the module doc. ``security``: the configuration's ``security:`` section."""
 
-    def __init__(self, security):
+    def __init__(self, security, broker_limits=None):
+        """``broker_limits``: the configured broker-wide limits the quotas divide (``metaq.auth.quotas``), by
+        quota name."""
         self.path = security.acl_file
         self.reload_s = security.acl_reload_s
         self.enabled = self.path is not None
@@ -106,6 +110,9 @@ class Guard:
         self._failures = collections.OrderedDict()  # host or prefix -> deque of failure times (monotonic)
         self._decoy = os.urandom(32)  # an unknown user's proof is checked against it: the same work as a known one's
         self._loop = None
+        #: the quota decision over the current file (``quotas.check(user, name, current)``; docs/security.md "Quotas")
+        self.quotas = Quotas(lambda: self.acl if self.enabled else None, broker_limits)
+        self._connected = {}  # user -> connections logged in as it (its connections quota)
         if self.enabled:
             self.file_state, self.acl = _read_acl(self.path)  # a bad file stops the broker's start
             log.info("authentication on: %d users from %s", len(self.acl.users), self.path)
@@ -183,11 +190,41 @@ class Guard:
         if user is None or not user.allowed_from(session.host):
             raise errors.Unauthenticated("authentication failed: user %s may not connect from %s"
                                          % (name, session.host))
+        if session.counted != name:  # the user's connections quota: counted once per connection and user
+            self.quotas.check(name, "connections", self._connected.get(name, 0))
+            self.connection_closed(session)
+            self._connected[name] = self._connected.get(name, 0) + 1
+            session.counted = name
         session.user = name
         if not session.logged_in:
             session.logged_in = True
             if session.on_login is not None:
                 session.on_login()
+
+    def connection_closed(self, session):
+        """The connection of ``session`` ended (the connection core's close hook), or logs in as another user:
+        it no longer counts in its user's connections quota."""
+        name = session.counted if session is not None else None
+        if name is None:
+            return
+        session.counted = None
+        n = self._connected.get(name, 0) - 1
+        if n > 0:
+            self._connected[name] = n
+        else:
+            self._connected.pop(name, None)
+
+    def pace(self, session, kind, nbytes):
+        """Seconds the connection of ``session`` must wait after ``nbytes`` of ``kind`` (``"produce"``: received;
+        ``"fetch"``: records sent), as its user's rate says (``Quotas.pace``); 0 for no user."""
+        user = session.user if session is not None else None
+        if user is None:
+            return 0.0
+        return self.quotas.pace(user, kind, nbytes, time.monotonic())
+
+    def connected(self):
+        """``{user: connections logged in as it}`` (stats)."""
+        return dict(self._connected)
 
     # -- the check -------------------------------------------------------------
 

@@ -165,6 +165,21 @@ class PutPath:
             return errors.ClientError(journal_refusal(topic))
         if is_level_topic(topic):
             return errors.ClientError(level_refusal(topic))
+        if session is not AUTHORIZED:
+            return self.creation_refusal(topic, session)
+        return None
+
+    def creation_refusal(self, topic, session):
+        """None, or QuotaExceeded when a put of ``session``'s user would create ``topic`` past the user's
+        ``topics`` or ``partitions`` quota (``store.quota``: the topic is then counted as the user's). The remoting
+        port, whose ACL decides for it, asks this itself."""
+        user = session.user if session is not None else None
+        if user is None or self.guard is None or not self.guard.enabled or self.store is None:
+            return None  # no user (or no store to count in): only the broker-wide limits
+        try:
+            self.store.claim_topic(topic, user, self.guard.quotas.check)
+        except errors.QuotaExceeded as exc:
+            return exc
         return None
 
     def check_write(self, topic, session, internal=False):
@@ -222,15 +237,17 @@ class PutPath:
             self.registry.topic_created(topic)
         return r
 
-    def append_idempotent(self, topic, partition, flag, body, now, pid, seq, born_ms=None):
+    def append_idempotent(self, topic, partition, flag, body, now, pid, seq, born_ms=None, owner=None):
         """An idempotent put (``put_idem``, or a remoting send with ``METAQ_PID``/``METAQ_SEQ``):
         ``(PutResult, record position, duplicate)``; a duplicate's result is the original's, and its reply must
         wait for the original's durability like any put's (``ack_mode`` / ``durable`` with its ``log_end``).
+        ``owner``: the user who sent it (None: authentication off), whose quota of producer windows it counts in.
         The store decides and appends without yielding (``idempotence/state.py``). Raises MetaqError,
         ``write_refusal``'s among them (asked again, as ``append`` does)."""
         try:
             self.check_write(topic, AUTHORIZED)
-            r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms)
+            r, position, duplicate = self.store.put_idempotent(topic, partition, flag, body, now, pid, seq, born_ms,
+                                                                owner)
         except errors.MetaqError as exc:
             self.failed(topic, exc)
             raise

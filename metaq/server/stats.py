@@ -29,6 +29,7 @@ ITEMS_HELP = (
     "realtime  put/get/offset counters since the last reset",
     "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
     "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
+    "quotas    per user and quota: what the user holds and its quota (admins only)",
     "delay     per delay level: delay, pending messages, next due time (ms), delivered",
     "<topic>   one topic's figures",
     "config    the configuration file in use",
@@ -40,7 +41,7 @@ REALTIME = codec.REALTIME
 
 #: Items that count every user's messages together: with authentication on, an admin's alone (a user would learn
 #: the rate of topics it may not read).
-BROKER_WIDE = frozenset({"realtime", "delay"})
+BROKER_WIDE = frozenset({"realtime", "delay", "quotas"})
 
 
 class RealtimeStat:
@@ -185,6 +186,7 @@ SOURCES = {
     "zero_copy": "the summary's zero-copy read (key, value) pairs: replies sent from the maps, copied out",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
+    "quotas": "``stats quotas``: [QuotaRow] per user and quota (docs/security.md \"Quotas\")",
 }
 
 
@@ -224,6 +226,8 @@ class StatsService:
             raise Forbidden("permission denied: stats %s counts every user's messages: an admin's" % item)
         if item == "delay":
             return codec.encode_delay(*self.sources["delay_levels"]())
+        if item == "quotas":
+            return codec.encode_quotas(self.sources["quotas"]())
         if item == "groups":
             return codec.encode_groups(_visible(group_rows(store), may_see))
         if item == "realtime":
@@ -287,6 +291,16 @@ def security_values(guard, tls_mode):
     return [("auth", auth), ("tls", tls_mode if tls_mode != "off" else "off"), ("acl_users", len(guard.acl.users)
                                                                               if guard.acl is not None else 0),
             ("acl_reloads", guard.reloads), ("acl_reload_error", guard.reload_error is not None)]
+
+
+def quota_rows(guard, used):
+    """``stats quotas``: per user and quota, what it holds and its quota. ``used``: ``{quota: {user: held}}``;
+    every user of the permissions file and every user holding something is shown (``-``: no user)."""
+    users = set(guard.acl.users) if guard.acl is not None else set()
+    for held in used.values():
+        users.update(held)
+    return [codec.QuotaRow("-" if u is None else u, name, held.get(u, 0), guard.quotas.limit(u, name))
+            for u in sorted(users, key=lambda u: (u is None, u or "")) for name, held in sorted(used.items())]
 
 
 def remoting_values(remoting):

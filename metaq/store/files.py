@@ -9,6 +9,7 @@ Layout of the data dir::
     checkpoint                                          log position durable for log and index (CRC)
     clean_shutdown                                      written by a clean close (CRC), removed at open
     consumer_offsets                                    the broker's consumer-offset store (CRC)
+    topic_owners                                        the user whose put created each topic (CRC; quota.py)
     delay_offsets                                       the delay scheduler's per-level offsets (CRC)
     lock                                                flock'ed while a broker has the dir open
     epochs                                              replication epoch history (CRC; epochs.py)
@@ -42,6 +43,7 @@ CHECKPOINT_FILE = "checkpoint"
 CLEAN_SHUTDOWN_FILE = "clean_shutdown"
 LOCK_FILE = "lock"
 CONSUMER_OFFSETS_FILE = "consumer_offsets"
+TOPIC_OWNERS_FILE = "topic_owners"
 DELAY_OFFSETS_FILE = "delay_offsets"
 EPOCHS_FILE = "epochs"
 PROMOTED_FILE = "promoted"
@@ -56,6 +58,7 @@ assert STATE_HEADER.size == 12
 CHECKPOINT_MAGIC = b"MQCP"
 CLEAN_MAGIC = b"MQCS"
 KEY_CHECKPOINT_MAGIC = b"MQKC"
+TOPIC_OWNERS_MAGIC = b"MQTO"
 MAX_STATE_BYTES = 64 << 20
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -135,6 +138,7 @@ class DataDir:
         self.clean_shutdown = os.path.join(self.root, CLEAN_SHUTDOWN_FILE)
         self.lock = os.path.join(self.root, LOCK_FILE)
         self.consumer_offsets = os.path.join(self.root, CONSUMER_OFFSETS_FILE)
+        self.topic_owners = os.path.join(self.root, TOPIC_OWNERS_FILE)
         self.delay_offsets = os.path.join(self.root, DELAY_OFFSETS_FILE)
         self.epochs = os.path.join(self.root, EPOCHS_FILE)
         self.promoted = os.path.join(self.root, PROMOTED_FILE)

@@ -12,6 +12,14 @@ own among them) are counted but never refused: the operator bounded them. The tr
 partition) is the store's own and neither counted nor refused.
 Replication (a slave mirrors its master) and recovery create what the log
 holds, past the bounds if need be; only puts are refused.
+
+**Per user.** A topic a user's put creates is that user's (``claim``: asked by
+the put path's write decision before the put, with the topic's partition count
+and the quota decision ``check(user, name, held, more)``: ``metaq.auth.quotas``,
+``topics`` and ``partitions``), so one user cannot take every topic the broker
+may hold. The owners are the store's ``topic_owners`` state file (``owners`` /
+``load_owners``); a deleted topic leaves its owner's count. Topics created by
+the configuration, an admin's ``topic create`` or replication have no owner.
 """
 
 from metaq.errors import TopicLimit
@@ -25,6 +33,9 @@ class TopicQuota:
         self._exempt = frozenset(exempt) | self._uncounted
         self._topics = {}  # topic -> partitions held
         self.partitions = 0
+        self._owners = {}  # topic -> (user, partitions): the topics users' puts created
+        self._held = {}  # user -> [topics, partitions] it owns
+        self.owners_version = 0  # bumped by every change of the owners (the store saves them when it moved)
 
     @property
     def topics(self):
@@ -40,6 +51,60 @@ class TopicQuota:
     def forget(self, topic):
         """The store no longer holds any partition of ``topic`` (deleted: topics/state.py)."""
         self.partitions -= self._topics.pop(topic, 0)
+        self._disown(topic)
+
+    # -- owners ---------------------------------------------------------------
+
+    def settled(self, topic):
+        """True when a put to ``topic`` creates no topic of a user's: held, owned already, or the operator's."""
+        return topic in self._topics or topic in self._owners or topic in self._exempt
+
+    def claim(self, topic, user, partitions, check):
+        """``user``'s put is about to create ``topic`` (``partitions`` of them): count it as the user's, or raise
+        what ``check(user, quota name, held, more)`` raises past its ``topics`` or ``partitions`` quota. Nothing
+        for a topic the store holds or one already owned."""
+        if topic in self._topics or topic in self._owners or topic in self._exempt:
+            return
+        topics, held = self._held.get(user, (0, 0))
+        check(user, "topics", topics, 1)
+        check(user, "partitions", held, partitions)
+        self._own(topic, user, partitions)
+
+    def _own(self, topic, user, partitions):
+        self._owners[topic] = (user, partitions)
+        held = self._held.setdefault(user, [0, 0])
+        held[0] += 1
+        held[1] += partitions
+        self.owners_version += 1
+
+    def _disown(self, topic):
+        owner = self._owners.pop(topic, None)
+        if owner is None:
+            return
+        held = self._held[owner[0]]
+        held[0] -= 1
+        held[1] -= owner[1]
+        if held[0] <= 0:
+            del self._held[owner[0]]
+        self.owners_version += 1
+
+    def held(self):
+        """``{user: (topics, partitions)}`` its puts created (stats)."""
+        return {u: tuple(h) for u, h in self._held.items()}
+
+    def owners(self):
+        """The state to save: ``[[topic, user, partitions]]``."""
+        return [[t, u, n] for t, (u, n) in sorted(self._owners.items())]
+
+    def load_owners(self, rows):
+        """The saved owners (``owners``' rows; a malformed row is skipped)."""
+        for row in rows or ():
+            try:
+                topic, user, partitions = str(row[0]), str(row[1]), int(row[2])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if topic not in self._owners:
+                self._own(topic, user, partitions)
 
     def check(self, topic, partition):
         """Raise TopicLimit if creating ``topic``-``partition`` (not held yet) would pass a limit."""

@@ -12,7 +12,7 @@ import logging
 import random
 import struct
 
-from metaq.errors import ClientError, CorruptRecord, DiskFull, Moved, NotFound, UnknownTopic
+from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
 from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
 from metaq.store import batch, gather, lookup, recovery, replica
@@ -21,7 +21,8 @@ from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
 from metaq.store.config import TopicTable
 from metaq.store.epochs import EpochHistory
-from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC, DISK_FULL_ERRNOS, DataDir, disk_usage
+from metaq.store.files import (CHECKPOINT_MAGIC, CLEAN_MAGIC, DISK_FULL_ERRNOS, TOPIC_OWNERS_MAGIC, DataDir,
+                               disk_usage)
 from metaq.idempotence.state import Idempotence
 from metaq.protocol.journaltopic import TX_TOPIC
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
@@ -48,13 +49,17 @@ log = logging.getLogger(__name__)
 class MessageStore:
     """Open with ``MessageStore.open(config, now_ms)``; see DESIGN §4."""
 
-    def __init__(self, config):
+    def __init__(self, config, producer_quota=None, offsets_quota=None):
+        """``producer_quota(user)``: the idempotent producer windows a user may hold (``idempotence.window``;
+        None: no quota per user); ``offsets_quota(user, held)``: raises when a user may not own one more
+        committed offset (``offsets.table``)."""
         self.config = config
         self.dirs = DataDir(config.data_dir)
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names,
                                  uncounted=(TX_TOPIC,))
+        self._owners_saved = 0  # the topic owners' version last written (quota.py)
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = Partitions(self.dirs, config.index_file_units, self._quota)  # every index, and which take puts
         self._last_writer = None  # the PartitionIndex of the last put
@@ -71,20 +76,22 @@ class MessageStore:
         self.recovery = None
         self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
                                self._forget_writers)  # create/alter/delete (topics/state.py)
-        self.consumer_offsets, self.epochs = ConsumerOffsets(self.dirs), EpochHistory(self.dirs)
+        self.consumer_offsets = ConsumerOffsets(self.dirs, quota=offsets_quota)
+        self.epochs = EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
         self.keys = KeyIndex(self.dirs, config.key_index_slots, config.key_index_entries)  # keys/index.py
         self.follower = LogFollower(self._log)  # the derived indexes' one way to follow the log (follower.py)
         self.idempotence = Idempotence(self.dirs.root, self._log, self._parts.get, self.put, lambda: self._pos.written,
-                                       int(config.producer_ttl_s * 1000))  # put_idem's windows (idempotence.py)
+                                       int(config.producer_ttl_s * 1000),
+                                       producer_quota)  # put_idem's windows (idempotence.py)
 
     # -- open / close --------------------------------------------------------
 
     @classmethod
-    def open(cls, config, now_ms):
+    def open(cls, config, now_ms, producer_quota=None, offsets_quota=None):
         """Lock the data dir, recover, write a fresh checkpoint; raises CorruptLog, StoreError, DiskFull."""
-        self = cls(config)
+        self = cls(config, producer_quota, offsets_quota)
         self.dirs.create()
         self.dirs.acquire_lock()
         self._closed = False
@@ -102,6 +109,9 @@ class MessageStore:
             self.idempotence.live = self.idempotence.position >= self._pos.written  # its replay is done
             self._last_flush_ms = now_ms
             self.consumer_offsets.load()
+            owners = self.dirs.read_state(self.dirs.topic_owners, TOPIC_OWNERS_MAGIC)
+            self._quota.load_owners(owners.get("owners") if owners else None)
+            self._owners_saved = self._quota.owners_version
             self.epochs.load(self._pos.written)
             self._first_checkpoint(now_ms)
         except BaseException:
@@ -205,6 +215,21 @@ class MessageStore:
         if self._parts.writer((topic, partition)) is None:
             self._writer(topic, partition)
 
+    def claim_topic(self, topic, user, check):
+        """``user``'s put is about to go to ``topic``: when the store does not hold it yet, count it as the
+        user's, or raise QuotaExceeded past the user's ``topics`` / ``partitions`` quota (quota.py)."""
+        if self._quota.settled(topic):
+            return
+        try:
+            partitions = self._topics.partitions_of(topic)
+        except (UnknownTopic, InvalidTopic):
+            return  # the put itself is refused, naming why
+        self._quota.claim(topic, user, partitions, check)
+
+    def topic_owners(self):
+        """``{user: (topics, partitions)}`` its puts created (quota.py; stats)."""
+        return self._quota.held()
+
     def check_creatable(self, topic, partition):
         """Raise what a put to ``topic``-``partition`` would (see quota.py) before anything is stored."""
         validate_partition(partition, self._topics.partitions_of(topic))
@@ -269,16 +294,18 @@ class MessageStore:
         end = self._pos.advance(p, off, pos + total, total)
         return _new_tuple(PutResult, (msg_id, partition, off, end))
 
-    def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None):
-        """``put_idem``: ``(PutResult, record position, duplicate)`` (a duplicate's: the original's)."""
-        return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms)
+    def put_idempotent(self, topic, partition, flag, data, now_ms, pid, seq, born_ms=None, owner=None):
+        """``put_idem`` by user ``owner``: ``(PutResult, record position, duplicate)`` (a duplicate's: the
+        original's)."""
+        return self.idempotence.put(topic, partition, flag, data, now_ms, pid, seq, born_ms, owner)
 
-    def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum):
-        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum)  # the burst path
+    def put_idempotent_prepared(self, topic, partition, flag, data, now_ms, pid, seq, checksum, owner=None):
+        return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum,
+                                             owner)  # the burst path
 
-    def put_idempotent_run(self, frames, src, now_ms):
+    def put_idempotent_run(self, frames, src, now_ms, owner=None):
         """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""
-        return self.idempotence.put_run(frames, src, now_ms, self.put_burst)
+        return self.idempotence.put_run(frames, src, now_ms, self.put_burst, owner)
 
     def put_burst(self, frames, src, now_ms):
         """Append a scanned burst's leading puts in one pass: ``(taken, runs)`` (batch.py); the rest is for ``put``."""
@@ -520,6 +547,10 @@ class MessageStore:
             self._checkpoint_serial, self._checkpointed = serial, (pos, last_id, floors)
         self._pos.checkpointed_at(pos)
         self.consumer_offsets.save()
+        version = self._quota.owners_version
+        if version != self._owners_saved:
+            self.dirs.write_state(self.dirs.topic_owners, TOPIC_OWNERS_MAGIC, {"owners": self._quota.owners()})
+            self._owners_saved = version
         self.follower.checkpoint(if_changed)
         self.drop_cold_pages()
         return pos
@@ -665,10 +696,12 @@ class MessageStore:
 
     # -- consumer offsets (the broker-side store; see offsets/table.py) -----
 
-    def commit_offset(self, group, topic, partition, offset, now_ms):
-        """Store a group's next read offset; InvalidTopic/UnknownTopic/InvalidPartition/ClientError on bad input."""
+    def commit_offset(self, group, topic, partition, offset, now_ms, owner=None):
+        """Store a group's next read offset, committed by user ``owner``; InvalidTopic/UnknownTopic/InvalidPartition/
+        ClientError on bad input, QuotaExceeded past the user's quota of offsets (``offsets.table``)."""
         validate_partition(partition, self._topics.partitions_of(topic))
-        self.consumer_offsets.commit(group, topic, partition, offset, now_ms, self.max_offset(topic, partition))
+        self.consumer_offsets.commit(group, topic, partition, offset, now_ms, self.max_offset(topic, partition),
+                                     owner)
 
     def query_offset(self, group, topic, partition):
         """The group's committed offset for the partition, or None; never past the partition's end (an offset

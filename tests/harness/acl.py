@@ -22,11 +22,13 @@ DEFAULT_USERS = {
 DEFAULT_ROLES = {"readers": {"default_topic": "sub", "default_group": "sub"}}
 
 
-def write_acl(path, users=None, roles=None, allow=None):
-    """Write a permissions file (YAML) at ``path``; returns the path."""
+def write_acl(path, users=None, roles=None, allow=None, quotas=None):
+    """Write a permissions file (YAML) at ``path``; returns the path. ``quotas``: every user's default quotas."""
     doc = {"users": DEFAULT_USERS if users is None else users, "roles": DEFAULT_ROLES if roles is None else roles}
     if allow is not None:
         doc["allow"] = allow
+    if quotas is not None:
+        doc["quotas"] = quotas
     tmp = str(path) + ".tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # the broker refuses o+r
         yaml.safe_dump(doc, f)

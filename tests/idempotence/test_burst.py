@@ -85,6 +85,24 @@ def test_c_scanner_equals_the_python_reference(burst, start, max_body, max_line,
 
 
 @needs_c
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(bursts(), st.sampled_from([b"alice", b"a" * 128, b"x.y@z-1"]), st.sampled_from([1, 2, 1000]))
+def test_c_scanner_writes_the_owner_as_the_python_reference(burst, owner, cap):
+    """With an owner (the connection's user) both write it after the identity (records.with_identity)."""
+    buf, end = burst
+    got = scan_idem_burst_c(buf, 0, end, MAX_BODY, MAX_LINE, cap, owner)
+    assert got == scan_idem_burst_py(buf, 0, end, MAX_BODY, MAX_LINE, cap, owner)
+    for f in got[0]:
+        assert b"\x02METAQ_OWNER\x01" + owner + b"\x02" in got[1][f[4]:f[4] + f[5]]
+
+
+@needs_c
+def test_c_scanner_refuses_an_owner_past_its_bound():
+    with pytest.raises(ValueError):
+        scan_idem_burst_c(b"", 0, 0, 1, 1, 1, b"a" * 257)
+
+
+@needs_c
 def test_c_scanner_refuses_positions_outside_the_buffer():
     with pytest.raises(ValueError):
         scan_idem_burst_c(b"put_idem", 0, 10, 1, 1)

@@ -109,5 +109,5 @@ def test_a_run_is_taken_in_one_step_and_a_resend_alone(tmp_path):
     got = as_burst(s, sends, NOW)
     assert [g[2:] for g in got] == [(seq, False) for seq in range(1, 200)] + [(3, True)]
     assert s.idempotence.puts == 200 and s.idempotence.duplicates == 1
-    assert s.idempotence.table.contents() == [((5, "test", 0), 199, NOW, [0, 0, 200])]
+    assert s.idempotence.table.contents() == [((5, "test", 0), 199, NOW, [0, 0, 200], None)]
     s.close(NOW)

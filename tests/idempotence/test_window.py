@@ -211,4 +211,71 @@ def test_record_run_takes_only_sequences_above_the_highest():
     for first, count in ((4, 1), (5, 0)):
         with pytest.raises(ValueError):
             t.record_run(1, "t", 0, first, 200, count, NOW)
-    assert t.contents() == [((1, "t", 0), 4, NOW, [0, 100, 5])]  # a refused run changes nothing
+    assert t.contents() == [((1, "t", 0), 4, NOW, [0, 100, 5], None)]  # a refused run changes nothing
+
+
+# -- owners and quotas (docs/security.md "Quotas") ----------------------------------------------------------------
+
+
+def _owned_table(quotas, max_producers=limits.MAX_IDEMPOTENT_PRODUCERS):
+    return ProducerTable(window=8, max_producers=max_producers, quota_of=lambda owner: quotas.get(owner, 1000))
+
+
+def test_a_users_new_producers_evict_only_its_own_windows_at_the_quota_and_one_past():
+    t = _owned_table({"alice": 3, "bob": 3})
+    t.record(100, "t", 0, 0, 0, NOW, "bob")
+    for pid in (1, 2, 3):  # at the quota: every window kept
+        t.record(pid, "t", 0, 0, pid, NOW + pid, "alice")
+    assert t.owners() == {"bob": 1, "alice": 3} and t.evicted == 0
+    assert t.refusal(1, "t", 0, "alice") is None
+    t.record(4, "t", 0, 0, 4, NOW + 4, "alice")  # one past: alice's least recently written goes, not bob's older one
+    assert t.owners() == {"bob": 1, "alice": 3} and t.evicted == 1
+    assert [k[0] for k in t.keys()] == [100, 2, 3, 4]
+    assert t.decide(100, "t", 0, 0) == 0  # bob's resend is still a duplicate
+    assert t.evicted_owner(1, "t", 0) == (True, "alice")
+    assert t.refusal(1, "t", 0, "alice") == ("evicted", "alice")  # a clear answer, not a second copy
+    assert t.refusal(100, "t", 0, "alice") == ("other", "bob")  # bob's producer id is not alice's to write
+
+
+def test_a_full_table_refuses_a_new_window_within_the_quota_instead_of_evicting_another_users():
+    t = _owned_table({"alice": 3, "bob": 3}, max_producers=4)
+    for pid in (1, 2, 3):
+        t.record(pid, "t", 0, 0, pid, NOW, "alice")
+    t.record(100, "t", 0, 0, 9, NOW, "bob")
+    assert t.refusal(101, "t", 0, "bob") == ("full", 4)  # bob within its quota, the table full of alice's
+    assert t.refusal(5, "t", 0, "alice") is None  # alice at her quota: her own oldest makes room
+    assert _owned_table({"carol": 0}).refusal(1, "t", 0, "carol") == ("quota", 0)
+
+
+def test_a_window_without_an_owner_is_taken_by_its_first_writer():
+    t = _owned_table({"alice": 2})
+    t.record(1, "t", 0, 0, 0, NOW)  # a record from before quotas
+    assert t.owner(1, "t", 0) == (True, None) and t.refusal(1, "t", 0, "alice") is None
+    t.record(1, "t", 0, 1, 1, NOW, "alice")
+    assert t.owner(1, "t", 0) == (True, "alice") and t.owners() == {"alice": 1}
+
+
+def test_owners_and_evicted_windows_survive_a_snapshot():
+    t = _owned_table({"alice": 2})
+    for pid in (1, 2, 3):
+        t.record(pid, "t", 0, 0, pid, NOW, "alice")
+    t.record(9, "t", 1, 0, 0, NOW)
+    data, _position = t.snapshot(lambda: 77)
+    u = _owned_table({"alice": 2})
+    assert u.load(data) == 77
+    assert u.equal_to(t) and u.owners() == {"alice": 2, None: 1}
+    assert u.refusal(1, "t", 0, "alice") == ("evicted", "alice")
+
+
+def test_a_snapshot_from_before_owners_is_read():
+    """Version 1 (no owners, no evicted windows), as a broker from before quotas wrote it."""
+    import struct
+    import zlib
+
+    runs = struct.pack(">qqq", 0, 5, 3)
+    body = struct.pack(">qiqqHI", 7, 0, 2, NOW, 1, 1) + b"t" + runs
+    rest = struct.pack(">qIqIqqI", 123, 8, limits.IDEMPOTENT_PRODUCER_TTL_MS, 4096, 0, 0, 1) + body
+    data = b"MQPW" + struct.pack(">HI", 1, zlib.crc32(rest)) + rest
+    t = _owned_table({})
+    assert t.load(data) == 123
+    assert t.contents() == [((7, "t", 0), 2, NOW, [0, 5, 3], None)] and t.decide(7, "t", 0, 1) == 6

@@ -6,7 +6,7 @@ from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
-from metaq.idempotence.records import MARK, has_identity, identity_in_attribute, with_identity
+from metaq.idempotence.records import MARK, has_identity, identity_in_attribute, stored_identity, with_identity
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import split_attribute
 from metaq.protocol.text import TextParser, serialize
@@ -81,6 +81,18 @@ def test_reserved_properties_are_refused():
     assert has_identity("a\x02METAQ_SEQ\x013\x02") and not has_identity("METAQ_PID") and not has_identity(None)
     with pytest.raises(ClientError, match="set by the broker"):
         with_identity(flag, data, 1, 1)
+
+
+def test_the_owner_is_stored_after_the_identity_and_a_put_cannot_name_one():
+    flag, data = encode_payload(b"x", "color=red")
+    new_flag, new_data = with_identity(flag, data, 7, 12, "alice")
+    attribute = decode_payload(new_flag, new_data)[0]
+    assert attribute.endswith("\x02METAQ_SEQ\x0112\x02METAQ_OWNER\x01alice\x02")
+    assert stored_identity(attribute) == (7, 12, "alice") and identity_in_attribute(attribute) == (7, 12)
+    assert stored_identity(decode_payload(*with_identity(flag, data, 7, 12))[0]) == (7, 12, None)  # no owner
+    forged_flag, forged = encode_payload(b"x", "a\x02METAQ_OWNER\x01bob\x02")
+    with pytest.raises(ClientError, match="set by the broker"):
+        with_identity(forged_flag, forged, 1, 1, "alice")
 
 
 @pytest.mark.parametrize("attribute", [None, "plain", "\x02METAQ_PID\x01x\x02METAQ_SEQ\x011\x02",

@@ -51,9 +51,11 @@ def plain(topic, opaque):
     return ev.Put(topic, 0, 0, b"p", opaque, metaq_checksum(b"p"))
 
 
-def idem(topic, seq, opaque):
+def idem(topic, seq, opaque, pid=77):
+    """A put_idem; ``pid``: a producer id of the user's own (another user's is refused: docs/security.md
+    "Quotas")."""
     body = b"i%d" % seq
-    return IdempotentPut(topic, 0, 0, body, opaque, metaq_checksum(body), 77, seq)
+    return IdempotentPut(topic, 0, 0, body, opaque, metaq_checksum(body), pid, seq)
 
 
 def timed(topic, opaque):
@@ -65,7 +67,8 @@ def text_refusals(b, user, topic):
     out = {}
     with login(b, user) as c:
         out["put"] = c.call(plain(topic, 1))
-        frames = [idem("orders", i, i) for i in range(5)] + [idem(topic, 0, 5)]  # one pipeline: the burst path
+        pid = 77 + sum(user.encode())
+        frames = [idem("orders", i, i, pid) for i in range(5)] + [idem(topic, 0, 5, pid)]  # one pipeline: burst path
         c.send(b"".join(serialize(f) for f in frames))
         replies = [c.read_event() for _ in frames]
         assert [r.code for r in replies[:5]] == [200] * 5, replies

@@ -66,7 +66,7 @@ SUMMARY_METRICS = (
 class BrokerCollector:
     """Reads every metric but the flush histogram at scrape time (``collect``)."""
 
-    def __init__(self, counters, summary, topics, groups, replication, connections, transactions):
+    def __init__(self, counters, summary, topics, groups, replication, connections, transactions, quotas=list):
         self.counters = counters  # BrokerStats: the never-reset per-topic totals
         self.summary = summary  # () -> the stats summary pairs
         self.topics = topics  # () -> [{"topic", "partitions", "messages", "bytes", ...}] (api.BrokerViews)
@@ -74,6 +74,7 @@ class BrokerCollector:
         self.replication = replication  # () -> the stats replication pairs
         self.connections = connections  # () -> {listener name: open connections}
         self.transactions = transactions  # () -> [TxInfo] (TransactionManager.in_doubt)
+        self.quotas = quotas  # () -> [QuotaRow] per user and quota (stats.quota_rows; none for a user's own scrape)
 
     def describe(self):
         return []  # no describe-time collection: the registry must not call collect at registration
@@ -91,6 +92,17 @@ class BrokerCollector:
         for state, n in sorted(counts.items()):
             tx.add_metric([state], n)
         yield tx
+        yield from self._quotas()
+
+    def _quotas(self):
+        used = GaugeMetricFamily("metaq_quota_used", "What the user holds of the quota (docs/security.md "
+                                 "\"Quotas\"; user \"-\": no user).", labels=["user", "quota"])
+        limit = GaugeMetricFamily("metaq_quota_limit", "The user's quota.", labels=["user", "quota"])
+        for row in self.quotas():
+            used.add_metric([row.user, row.quota], row.used)
+            limit.add_metric([row.user, row.quota], row.limit)
+        yield used
+        yield limit
 
     def _topics(self):
         puts = CounterMetricFamily("metaq_topic_puts", "Messages stored in the topic since the broker started.",

@@ -17,8 +17,9 @@ LISTENERS = ("text", "remoting", "replication", "http")
 
 class HttpPort:
     def __init__(self, core, views, transactions, observe_flushes, open_metrics=True, browser_check=None,
-                 unsent=None):
-        """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``observe_flushes(callback)``: the
+                 unsent=None, quotas=list):
+        """``views``: api.BrokerViews; ``transactions``: () -> [TxInfo]; ``quotas``: () -> [QuotaRow] per user and
+        quota (shown to admins and open scrapes only); ``observe_flushes(callback)``: the
         flusher's hook, given each round's fsync seconds; ``open_metrics``: /metrics without authentication;
         ``browser_check``: an ``origin.BrowserCheck`` (cross-site writes, DNS rebinding; default: the machine's
         names only); ``unsent``: the port's budget of replies not yet read (``server.UnsentReplies``)."""
@@ -28,7 +29,8 @@ class HttpPort:
         def collector(may_see=None):
             return BrokerCollector(views.counters, views.summary, lambda: views.topic_list(may_see),
                                    lambda: views.group_list(may_see), views.roles.stats_values,
-                                   lambda: {name: core.count(name) for name in LISTENERS}, transactions)
+                                   lambda: {name: core.count(name) for name in LISTENERS}, transactions,
+                                   quotas if may_see is None else list)
 
         # closed: each user's scrape shows what it may subscribe to (open: a scraper's view of every name)
         self.metrics = Metrics(collector(), None if open_metrics else views.guard, collector)

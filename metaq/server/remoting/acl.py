@@ -128,8 +128,9 @@ class RemotingAcl:
                 signature, proofs.rocketmq_signature(secret, ext, cmd.body))) is not None:
             try:
                 self.guard.authenticated(conn.session, name)
-            except errors.Unauthenticated:
-                pass  # an address the user may not come from: its next signed request is refused
+            except (errors.Unauthenticated, errors.QuotaExceeded):
+                pass  # an address the user may not come from, or its connections quota: its next signed request
+                # is refused, naming why
 
     def _authenticate(self, cmd, conn):
         guard, session = self.guard, conn.session

@@ -234,11 +234,14 @@ class RemotingDispatcher:
         """A pull, answered here: its response holds its body's bytes of the connection's reply budget
         (``connections.ReplyBudget``) until sent."""
         response = self._pull(cmd, conn, signer)
+        sent = len(response.body or b"") if response is not None else 0
         try:
+            if sent:
+                conn.pace("fetch", sent)  # the user's fetch rate: the response waits (connections.Connection.pace)
             if not cmd.is_oneway:
                 conn.send(response)
         finally:
-            conn.replies.release(len(response.body or b"") if response is not None else 0)
+            conn.replies.release(sent)
         return None  # sent
 
     def _pull(self, cmd, conn, signer=None):
@@ -249,7 +252,8 @@ class RemotingDispatcher:
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
                                 "message by %s (only TAG subscriptions)" % h.expression_type)
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
-            self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset)
+            self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset,
+                         conn.session.user if conn.session is not None else None)
         filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         max_nums = max(1, h.max_msg_nums)
         response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset, signer)
@@ -336,13 +340,13 @@ class RemotingDispatcher:
 
     # -- offsets -------------------------------------------------------------
 
-    def _commit(self, group, topic, queue_id, offset):
+    def _commit(self, group, topic, queue_id, offset, owner=None):
         """A pull's commit flag: stored on the master only. Elsewhere it is dropped, the pull served, as RocketMQ's
         slave does (its table is the master's copy and would overwrite it)."""
         if self.roles.not_master() is not None:
             return
         try:
-            self.store.commit_offset(group, topic, queue_id, offset, now_ms())
+            self.store.commit_offset(group, topic, queue_id, offset, now_ms(), owner)
         except errors.ClientError as exc:
             log.info("remoting: offset commit of %s for %s-%d ignored: %s", group, topic, queue_id, exc)
 
@@ -366,7 +370,8 @@ class RemotingDispatcher:
         self.sender.path.check_master()
         if h.commit_offset >= 0:  # a negative offset is ignored, never stored
             end = self.store.max_offset(h.topic, h.queue_id)
-            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, min(h.commit_offset, end), now_ms())
+            self.store.commit_offset(h.consumer_group, h.topic, h.queue_id, min(h.commit_offset, end), now_ms(),
+                                     conn.session.user if conn.session is not None else None)
         return _ok(cmd)
 
     def search_offset(self, cmd, conn):

@@ -108,6 +108,9 @@ class RemotingSender:
         h = decode_send_header(cmd)
         topic = h.topic
         self.path.check_write(topic, AUTHORIZED)  # the user's permission: the port's ACL (remoting/acl.py)
+        refused = self.path.creation_refusal(topic, conn.session)  # the user's quota of topics it creates
+        if refused is not None:
+            raise refused
         if h.sys_flag & SYSFLAG_TRANSACTION_PREPARED:
             return self._send_half(cmd, h, topic, conn)
         if topic.startswith(RETRY_PREFIX):
@@ -128,7 +131,7 @@ class RemotingSender:
         flag, data = record_data_from_send(self._body(h.sys_flag, cmd.body), props, h.flag,
                                            h.sys_flag & ~COMPRESSION_BITS, h.reconsume_times, conn.peer)
         if identity is not None:
-            return self._send_idempotent(cmd, h, topic, flag, data, identity, level or timer)
+            return self._send_idempotent(cmd, h, topic, flag, data, identity, level or timer, conn)
         partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level, priority,
                                                 timer)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
@@ -138,7 +141,7 @@ class RemotingSender:
         bodies")."""
         return inflate_body(sys_flag, body, self.max_body)
 
-    def _send_idempotent(self, cmd, h, topic, flag, data, identity, level):
+    def _send_idempotent(self, cmd, h, topic, flag, data, identity, level, conn):
         """A send with ``METAQ_PID``/``METAQ_SEQ`` (taken out of ``data``'s properties: the store adds them)."""
         if level or h.queue_id < 0:
             raise errors.ClientError("a message with %s/%s needs an explicit queue id and no delay"
@@ -147,7 +150,8 @@ class RemotingSender:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         now = now_ms()
         r, position, _dup = self.path.append_idempotent(topic, h.queue_id, flag, data, now, identity[0],
-                                                        identity[1], born_ms=h.born_timestamp)
+                                                        identity[1], born_ms=h.born_timestamp,
+                                                        owner=conn.session.user if conn.session else None)
         if r.log_end:
             self.path.durable(topic, r.partition, r.log_end, now)
         msg_id = create_offset_msg_id(*self.host(), position)

@@ -111,6 +111,8 @@ class Connection(core.Connection):
             self._send(data)
         finally:
             self.replies.release(held)
+        if held and self.rates is not None and self.rates.acl.has_rates:
+            self.pace("fetch", held)  # the records sent: the user's fetch rate
 
     def _send(self, data):
         if self.closed or not data:

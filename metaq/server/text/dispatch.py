@@ -408,6 +408,9 @@ class TextDispatcher:
                 gevent.sleep(delay)
             conn.hang_up = True
             return error_reply(exc, e.opaque), NO_WAIT
+        except errors.QuotaExceeded as exc:  # the user's connections quota: a good proof, no room
+            conn.hang_up = True
+            return error_reply(exc, e.opaque), NO_WAIT
         log.info("connection %s: authenticated as %s", conn.peer, e.user)
         return ok(server_proof.encode(), e.opaque), NO_WAIT
 

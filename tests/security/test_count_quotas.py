@@ -1,0 +1,135 @@
+"""Issue 42, point 2: the count quotas per user a real broker enforces (docs/security.md "Quotas"): connections
+logged in as a user and its requests waiting for replies, each at its value and one past, another user's service
+unaffected."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from metaq.protocol import events as ev
+from metaq.protocol.stream import CLOSED
+from metaq.protocol import stats as stats_codec
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import serialize
+from metaq.topics.wire import TopicCommand
+from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
+from tests.harness.broker import url_of, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def quota_broker(broker_factory, tmp_path, quotas):
+    cfg = secured_config(tmp_path)
+    write_acl(tmp_path / "acl.yaml", quotas=quotas)
+    return broker_factory(cfg)
+
+
+def used(broker, quota):
+    with login(broker, "admin") as admin:
+        rows = stats_codec.parse_quotas(admin.stats("quotas").encode())
+    return {r.user: (r.used, r.limit) for r in rows if r.quota == quota}
+
+
+def test_connections_at_the_quota_and_one_past(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"connections": 2})
+    first, second = login(b, "alice"), login(b, "alice")  # at the quota
+    assert used(b, "connections")["alice"] == (2, 2)
+    third = b.client()
+    r = third.auth("alice", SECRETS["alice"])  # one past: refused, naming the quota, and hung up
+    assert r.code == 400 and b"quota connections of user alice is 2" in r.body, r
+    assert third.read_event() is CLOSED  # the broker hung up
+    third.close()
+    with login(b, "bob") as bob:  # another user: served
+        assert bob.call(ev.Put("orders", 0, 0, b"x", 1, metaq_checksum(b"x"))).code == 200
+    first.close()  # a closed connection leaves the count
+    wait_for(lambda: used(b, "connections")["alice"] == (1, 2), what="alice's closed connection uncounted")
+    with login(b, "alice") as again:
+        assert again.call(ev.Put("orders", 0, 0, b"y", 2, metaq_checksum(b"y"))).code == 200
+        secret = tmp_path / "admin.secret"
+        secret.write_text(SECRETS["admin"])
+        secret.chmod(0o600)
+        out = subprocess.run([sys.executable, "-m", "metaq.admin.cli", "--brokers", url_of(b), "--user", "admin",
+                              "--secret-file", str(secret), "--json", "quotas", "alice"],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        rows = {r["quota"]: (r["used"], r["limit"]) for r in json.loads(out.stdout)}
+        assert rows["connections"] == (2, 2) and rows["idempotent_producers"] == (0, 2048)  # metaq-admin shows them
+    second.close()
+
+
+def test_requests_waiting_for_replies_at_the_quota_and_one_past(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"request_waiters": 2})
+
+    def request(opaque, timeout_ms=30_000):
+        body = b"q%d" % opaque
+        return ev.Request("orders", 0, 0, body, opaque, metaq_checksum(body), timeout_ms)
+
+    alice = login(b, "alice")
+    alice.send(b"".join(serialize(request(n)) for n in (1, 2, 3)))  # two wait (at the quota), the third is one past
+    r = alice.read_event()
+    assert r.code == 400 and r.opaque == 3 and b"quota request_waiters of user alice is 2" in r.body, r
+    assert used(b, "request_waiters")["alice"] == (2, 2)
+    users = dict(DEFAULT_USERS)
+    assert "orders" in str(users["bob"]["topics"])
+    with login(b, "bob") as bob:  # another user's request still waits for its reply (504 at its timeout, not 400)
+        r = bob.call(request(7, timeout_ms=300))
+        assert r.code == 504, r
+    alice.close()
+
+
+def test_consumer_offsets_at_the_quota_and_one_past_kept_across_a_restart(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"consumer_offsets": 2})
+    with login(b, "admin") as admin:
+        for topic, p in (("orders", 0), ("orders", 1), ("orders-b", 0)):
+            assert admin.call(ev.Put(topic, p, 0, b"x", p, metaq_checksum(b"x"))).code == 200
+
+    def commit(c, group, partition):
+        topic, partition = ("orders", partition) if partition < 2 else ("orders-b", 0)
+        return c.call(ev.CommitOffset(group, topic, partition, 1, c.opaque()))
+
+    with login(b, "alice") as alice:
+        assert [commit(alice, "billing", p).code for p in (0, 1)] == [200, 200]  # at the quota
+        assert commit(alice, "billing", 0).code == 200  # an entry it holds: moved, not counted again
+        r = commit(alice, "billing", 2)  # one past
+        assert r.code == 400 and b"quota consumer_offsets of user alice is 2" in r.body, r
+    with login(b, "admin") as admin:  # another user: served
+        assert commit(admin, "audit", 2).code == 200
+    assert used(b, "consumer_offsets")["alice"] == (2, 2)
+    b.stop()
+    b.start()  # the owners are in the state file
+    assert used(b, "consumer_offsets")["alice"] == (2, 2)
+    with login(b, "alice") as alice:
+        assert commit(alice, "billing", 2).code == 400
+
+
+@pytest.mark.parametrize("quotas, named", [({"topics": 2}, b"quota topics of user alice is 2"),
+                                           ({"partitions": 4}, b"quota partitions of user alice is 4")])
+def test_topics_and_partitions_a_users_puts_create_at_the_quota_and_one_past(broker_factory, tmp_path, quotas,
+                                                                             named):
+    """Each topic holds 2 partitions here: 2 topics are at both quotas, a third is one past either."""
+    b = quota_broker(broker_factory, tmp_path, quotas)
+
+    def put(c, topic, opaque):
+        return c.call(ev.Put(topic, 0, 0, b"x", opaque, metaq_checksum(b"x")))
+
+    with login(b, "alice") as alice:
+        assert [put(alice, t, i).code for i, t in enumerate(("orders-1", "orders-2"))] == [200, 200]
+        assert put(alice, "orders-1", 3).code == 200  # a topic it created: puts go on
+        r = put(alice, "orders-3", 4)
+        assert r.code == 400 and named in r.body, r
+        alice.send(serialize(ev.Put("orders-1", 0, 0, b"y", 5, metaq_checksum(b"y"))) +
+                   serialize(ev.Put("orders-4", 0, 0, b"y", 6, metaq_checksum(b"y"))))  # the burst path too
+        assert [alice.read_event().code for _ in range(2)] == [200, 400]
+    with login(b, "bob") as bob:  # another user creates its topic
+        assert put(bob, "orders", 7).code == 200
+    assert used(b, "topics")["alice"] == (2, quotas.get("topics", 512))
+    b.stop()
+    b.start()  # the owners are in the topic_owners state file
+    with login(b, "alice") as alice:
+        assert put(alice, "orders-3", 8).code == 400
+    with login(b, "admin") as admin:  # a deleted topic leaves its creator's count
+        assert admin.call(TopicCommand("delete", "orders-2", (), admin.opaque())).code == 200
+    with login(b, "alice") as alice:
+        assert put(alice, "orders-3", 9).code == 200
