@@ -17,8 +17,8 @@ With authentication off there are no users: every client is one tenant, bounded 
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
 The broker gives it (``Guard.quotas``) to what counts: the producers' table (``limit``: its eviction within a
 user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins. The
-``transactions`` quota is declared for the transaction manager to ask, ``check(user, "transactions", n)`` with
-the user's open and prepared transactions and half messages before one more; it does not ask it yet.
+transaction service asks the ``transactions`` quota before a user begins one more (open and prepared
+transactions, XA branches and half messages together: ``TxService.check_quota``).
 
 **Rates** (``RATES``): bytes per second a user's connections may send to the broker (``produce_bytes_per_s``)
 and be sent as the records of its gets and pulls (``fetch_bytes_per_s``). A client over its rate is delayed,

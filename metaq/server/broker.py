@@ -105,8 +105,8 @@ class Broker:
                                      lambda: self.remoting.address if self.remoting is not None else None,
                                      self.registry.granted_timeout_s)
             self.roles.attach_election(self.election)
-        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats,
-                            self.roles.is_master)  # recovery completes commits (a slave's follows the log)
+        self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats, self.roles.is_master,
+                            self.guard.quotas)  # recovery completes commits (a slave's follows the log)
         self.core.on_close(lambda conn: self.tx.connection_closed(conn.conn_id))
         self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
                                     is_master=self.roles.is_master)  # reads its entries from the store
@@ -180,7 +180,8 @@ class Broker:
                                        "consumer_offsets": self.store.consumer_offsets.held(),
                                        "topics": {u: h[0] for u, h in self.store.topic_owners().items()},
                                        "partitions": {u: h[1] for u, h in self.store.topic_owners().items()},
-                                       "request_waiters": self.replies.table.by_user()})
+                                       "request_waiters": self.replies.table.by_user(),
+                                       "transactions": self.tx.manager.by_user()})
 
     @property
     def port(self):

@@ -28,9 +28,11 @@ MAINTAIN_INTERVAL_S = 5.0
 
 
 class TxService:
-    def __init__(self, store, config, flusher, waiters, stats, is_master=True):
-        """``is_master``: whether this broker starts as the master (a slave's manager follows the log)."""
+    def __init__(self, store, config, flusher, waiters, stats, is_master=True, quotas=None):
+        """``is_master``: whether this broker starts as the master (a slave's manager follows the log); ``quotas``:
+        the guard's quota decision (``auth/quotas.py``), asked before a user holds one more transaction."""
         self.store = store
+        self.quotas = quotas
         self.flusher = flusher
         self.waiters = waiters
         self.stats = stats
@@ -72,11 +74,22 @@ class TxService:
         if txid.is_xa and unique_qualifier and unique_qualifier != txid.unique_qualifier:
             raise errors.TransactionError(XAER_INVAL, "uniqueQualifier %s does not match the branch %s"
                                           % (unique_qualifier, txid.key))
+        self.check_quota(user)
         self.manager.begin(txid, None if txid.is_xa else owner, timeout, now_ms(), user)
         if txid.is_xa:
             self.stats.tx_xa_begin += 1
         else:
             self.stats.tx_begin += 1
+
+    def check_quota(self, user):
+        """XAER_RMERR naming the quota when ``user`` holds its ``transactions`` quota already (open and prepared
+        transactions, XA branches and half messages together); nothing with authentication off."""
+        if self.quotas is None or user is None:
+            return
+        try:
+            self.quotas.check(user, "transactions", self.manager.held_by(user))
+        except errors.QuotaExceeded as exc:
+            raise errors.TransactionError(XAER_RMERR, str(exc)) from None
 
     def prepare(self, txid, owner):
         """PREPARE: XA_OK or XA_RDONLY; refused before anything is written where a put would be (a slave, a sync

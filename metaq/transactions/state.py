@@ -706,6 +706,18 @@ class TransactionManager:
                  and (user is EVERYONE or h.owner == user)]
         return sorted(set(keys))
 
+    def held_by(self, user):
+        """How many live branches (open, prepared, committing; half messages among them) ``user`` began."""
+        return sum(1 for b in self._branches.values() if b.user == user)
+
+    def by_user(self):
+        """``{user: live branches it began}`` (``stats quotas``); branches of no user are not counted."""
+        out = {}
+        for b in self._branches.values():
+            if b.user is not None:
+                out[b.user] = out.get(b.user, 0) + 1
+        return out
+
     def user_of(self, txid):
         """``(found, user)``: whether ``txid`` is a live branch, a heuristic outcome or a remembered decision
         (``Decided``), and who began it."""

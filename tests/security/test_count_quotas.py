@@ -133,3 +133,23 @@ def test_topics_and_partitions_a_users_puts_create_at_the_quota_and_one_past(bro
         assert admin.call(TopicCommand("delete", "orders-2", (), admin.opaque())).code == 200
     with login(b, "alice") as alice:
         assert put(alice, "orders-3", 9).code == 200
+
+
+def test_transactions_at_the_quota_and_one_past(broker_factory, tmp_path):
+    from metaq.transactions.wire import XAER_RMERR, parse_xa_error
+    from tests.harness.tx import ok, tx
+
+    b = quota_broker(broker_factory, tmp_path, {"transactions": 2})
+    alice = login(b, "alice")
+    for n in (1, 2):  # at the quota: a local transaction and an XA branch
+        key = "TX:s1:%d" % n if n == 1 else "XID:1:0a%02d:b1:rm" % n
+        ok(tx(alice, key, "BEGIN", 30, None if n == 1 else "rm"))
+    r = tx(alice, "XID:1:0a03:b1:rm", "BEGIN", 30, "rm")  # one past: refused, naming the quota
+    assert r.code == 500 and parse_xa_error(r.body)[0] == XAER_RMERR, r
+    assert b"quota transactions of user alice is 2" in r.body, r
+    assert used(b, "transactions")["alice"] == (2, 2)
+    with login(b, "bob") as bob:  # another user begins his own
+        ok(tx(bob, "XID:1:0b01:b1:rm", "BEGIN", 30, "rm"))
+    ok(tx(alice, "TX:s1:1", "ROLLBACK"))  # one ended: room again
+    ok(tx(alice, "XID:1:0a03:b1:rm", "BEGIN", 30, "rm"))
+    alice.close()

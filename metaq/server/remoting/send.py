@@ -270,6 +270,7 @@ class RemotingSender:
         manager, now = self.tx.manager, now_ms()
         immunity = immunity_ms(props.get(PROP_CHECK_IMMUNITY))
         user = conn.session.user if conn.session is not None else None
+        self.tx.check_quota(user)
         partition = manager.put_half(number, topic, h.queue_id if h.queue_id >= 0 else -1, flag, data, group,
                                      transaction_id, immunity, self.max_half, now, user)
         try:
