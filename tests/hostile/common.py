@@ -20,6 +20,21 @@ def rss_bytes(pid):
     raise AssertionError("no VmRSS for %d" % pid)
 
 
+def settled_rss_bytes(pid, steady=1 << 20, wait_s=5.0):
+    """``rss_bytes`` once two readings 0.25 s apart differ by less than ``steady`` (a broker just started still maps
+    its first segments and warms its loops: growth a test measures from here is its own), or the last after
+    ``wait_s``."""
+    last = rss_bytes(pid)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = rss_bytes(pid)
+        if abs(now - last) < steady:
+            return now
+        last = now
+    return last
+
+
 def quiet_socket(port, host="127.0.0.1", source=None, rcvbuf=4096):
     """A connection to the broker with a small receive buffer (its replies back up fast), optionally from
     ``source`` (another loopback address: another "host")."""

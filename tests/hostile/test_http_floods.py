@@ -176,14 +176,14 @@ def test_well_formed_headers_of_any_content_type_are_taken(hbroker, content_type
 
 def test_unfinished_http_bodies_count_in_the_broker_wide_budget(broker_factory, tmp_path):
     # HTTP bodies wait in the connection's reader: counted with the other ports' unfinished requests
-    from tests.hostile.common import hang_up, rss_bytes
+    from tests.hostile.common import hang_up, rss_bytes, settled_rss_bytes
 
     budget = 8 << 20
     b = broker_factory(with_http(small_config(tmp_path / "data", limits={"max_partial_request_bytes": budget,
                                                                          "request_timeout_s": 20,
                                                                          "max_body_bytes": 4 << 20},
                                                   store={"segment_size": 16 << 20})))
-    before = rss_bytes(b.proc.pid)
+    before = settled_rss_bytes(b.proc.pid)
     attackers = []
     for _ in range(16):  # 16 x 3 MiB of 4 MiB bodies: six times the budget, if nothing held them back
         s = socket.create_connection(("127.0.0.1", http_port(b)))
