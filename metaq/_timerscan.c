@@ -104,11 +104,11 @@ static int parse_put_at(const unsigned char *s, const unsigned char *lim, Py_ssi
 }
 
 /* The ENTRY record's 36-byte head (timers.records.ENTRY: magic, version, kind, topic length, partition, flag 0,
-   checksum, due, born) at r. */
-static void entry_head(unsigned char *r, const struct put_at *f, long long now) {
+   checksum, due, born) at r; kind OWNED (4) when the entry holds its owner after the topic, else ENTRY (1). */
+static void entry_head(unsigned char *r, const struct put_at *f, long long now, int owned) {
     memcpy(r, "MQTM", 4);
     r[4] = 1; /* VERSION */
-    r[5] = 1; /* KIND_ENTRY */
+    r[5] = owned ? 4 : 1; /* KIND_OWNED, KIND_ENTRY */
     r[6] = (unsigned char)(f->tlen >> 8);
     r[7] = (unsigned char)f->tlen;
     be32(r + 8, (uint32_t)f->partition);
@@ -118,9 +118,9 @@ static void entry_head(unsigned char *r, const struct put_at *f, long long now) 
     be64(r + 28, (uint64_t)now);
 }
 
-/* 1 when entry_type is a tuple subclass with seven _fields (a NamedTuple such as TimerEntry): its entries are
+/* 1 when entry_type is a tuple subclass with eight _fields (a NamedTuple such as TimerEntry): its entries are
  * then made by tuple.__new__ from C (new_entry), else 0: it is called (an error finding _fields counts as 0). */
-static int seven_field_tuple(PyObject *entry_type) {
+static int eight_field_tuple(PyObject *entry_type) {
     if (!PyType_Check(entry_type) || !PyType_IsSubtype((PyTypeObject *)entry_type, &PyTuple_Type))
         return 0;
     PyObject *fields = PyObject_GetAttrString(entry_type, "_fields");
@@ -128,20 +128,20 @@ static int seven_field_tuple(PyObject *entry_type) {
         PyErr_Clear();
         return 0;
     }
-    int seven = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == 7;
+    int eight = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == 8;
     Py_DECREF(fields);
-    return seven;
+    return eight;
 }
 
-/* entry_type(topic, partition, 0, checksum, due, now, body). A NamedTuple's generated __new__ is
+/* entry_type(topic, partition, 0, checksum, due, now, body, owner). A NamedTuple's generated __new__ is
  * tuple.__new__(cls, fields): called here directly (tuple's tp_new builds the subclass's instance, whatever the
  * Python version needs of it, such as 3.14's hash cache), without the Python frame of the generated __new__ per
  * message. Any other type (fast == 0) is called. */
 static PyObject *new_entry(PyObject *entry_type, int fast, PyObject *topic, long long partition,
-                           long long checksum, long long due, long long now, PyObject *body) {
+                           long long checksum, long long due, long long now, PyObject *body, PyObject *owner) {
     if (!fast)
-        return PyObject_CallFunction(entry_type, "OLiLLLO", topic, partition, 0, checksum, due, now, body);
-    PyObject *fields = Py_BuildValue("(OLiLLLO)", topic, partition, 0, checksum, due, now, body);
+        return PyObject_CallFunction(entry_type, "OLiLLLOO", topic, partition, 0, checksum, due, now, body, owner);
+    PyObject *fields = Py_BuildValue("(OLiLLLOO)", topic, partition, 0, checksum, due, now, body, owner);
     if (fields == NULL)
         return NULL;
     PyObject *args = PyTuple_Pack(1, fields);
@@ -154,15 +154,21 @@ static PyObject *new_entry(PyObject *entry_type, int fast, PyObject *topic, long
 }
 
 PyObject *scan_put_ats(PyObject *self, PyObject *args) {
-    PyObject *obj, *timer_topic, *entry_type;
-    Py_ssize_t pos, end, max_body, max_frames, max_name;
+    PyObject *obj, *timer_topic, *entry_type, *owner;
+    Py_ssize_t pos, end, max_body, max_frames, max_name, olen;
     long long now, max_ahead;
-    if (!PyArg_ParseTuple(args, "OnnnnLSOnL", &obj, &pos, &end, &max_body, &max_frames, &now, &timer_topic,
-                          &entry_type, &max_name, &max_ahead))
+    const char *ofield;
+    /* ofield: timers.records.owner_field(owner) (its length byte, then the name), empty for no owner; owner: the
+       name (str) or None, as the entries hold it. */
+    if (!PyArg_ParseTuple(args, "OnnnnLSOnLy#O", &obj, &pos, &end, &max_body, &max_frames, &now, &timer_topic,
+                          &entry_type, &max_name, &max_ahead, &ofield, &olen, &owner))
         return NULL;
     if (now < 0 || max_ahead < 0 || max_name < 0)
         return PyErr_Format(PyExc_ValueError, "now_ms, max_ahead and max_name must not be negative");
-    int fast = seven_field_tuple(entry_type);
+    if (olen != 0 && (olen < 2 || (unsigned char)ofield[0] != olen - 1))
+        return PyErr_Format(PyExc_ValueError, "the owner field must be its length byte and the name");
+    int owned = olen > 0;
+    int fast = eight_field_tuple(entry_type);
     Py_buffer b;
     if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -181,16 +187,19 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
     while (pos < end && PyList_GET_SIZE(items) < max_frames) {
         if (!parse_put_at(base + pos, lim, max_body, max_name, now, max_ahead, &f))
             break;
-        Py_ssize_t elen = ENTRY_HEAD + f.tlen + f.length;
-        entry_head(head, &f, now);
+        Py_ssize_t elen = ENTRY_HEAD + f.tlen + olen + f.length;
+        entry_head(head, &f, now, owned);
         unsigned long crc = metaq_crc(head, ENTRY_HEAD, 0);
         crc = metaq_crc(f.topic, f.tlen, crc);
+        if (owned)
+            crc = metaq_crc((const unsigned char *)ofield, olen, crc);
         crc = metaq_crc(f.body, f.length, crc) & 0xFFFFFFFFul;
         PyObject *topic = PyUnicode_DecodeASCII((const char *)f.topic, f.tlen, NULL);
         PyObject *body = PyBytes_FromStringAndSize((const char *)f.body, f.length);
         PyObject *entry = NULL, *item = NULL;
         if (topic != NULL && body != NULL)
-            entry = new_entry(entry_type, fast, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body);
+            entry = new_entry(entry_type, fast, topic, f.partition, (long long)(f.crc & 0x7FFFFFFFul), f.due, now, body,
+                              owner);
         Py_XDECREF(body);
         if (entry != NULL) /* N: the item takes these references, also when it cannot be built */
             item = Py_BuildValue("(NLLnn(OiiLnnk)N)", topic, f.partition, f.opaque,
@@ -218,10 +227,12 @@ PyObject *scan_put_ats(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_RuntimeError, "scan_put_ats: a frame changed between the passes");
             goto done;
         }
-        entry_head(out + at, &f, now);
+        entry_head(out + at, &f, now, owned);
         memcpy(out + at + ENTRY_HEAD, f.topic, (size_t)f.tlen);
-        memcpy(out + at + ENTRY_HEAD + f.tlen, f.body, (size_t)f.length);
-        at += ENTRY_HEAD + f.tlen + f.length;
+        if (owned)
+            memcpy(out + at + ENTRY_HEAD + f.tlen, ofield, (size_t)olen);
+        memcpy(out + at + ENTRY_HEAD + f.tlen + olen, f.body, (size_t)f.length);
+        at += ENTRY_HEAD + f.tlen + olen + f.length;
         p = (Py_ssize_t)(f.body - base) + f.length;
     }
     result = Py_BuildValue("(OOn)", items, src, pos);

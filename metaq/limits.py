@@ -141,6 +141,11 @@ MAX_PARKED_GETS = 20_000
 #: (``limits.max_pending_requests_per_connection``); past it a request is answered 503 at once, not stored.
 MAX_PENDING_REQUESTS_PER_CONNECTION = 1024
 
+#: Timed messages (``put_at``, RocketMQ 5's timer properties) pending on the whole broker
+#: (``limits.max_pending_timers``; each a row of timers.db); past it a timed put is answered 503 at once, nothing
+#: stored. Users' ``timers`` quotas divide it (docs/security.md "Quotas").
+MAX_PENDING_TIMERS = 10_000_000
+
 #: Text-protocol ``request``s waiting for their replies on the whole broker (``limits.max_pending_requests``;
 #: each holds a greenlet and a table entry); past it a request is answered 503 at once, not stored.
 MAX_PENDING_REQUESTS = 20_000

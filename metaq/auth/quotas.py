@@ -16,9 +16,9 @@ With authentication off there are no users: every client is one tenant, bounded 
 (``limit(None, name)``). ``Quotas.check(user, name, current)`` is the decision every counted resource asks:
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
 The broker gives it (``Guard.quotas``) to what counts: the producers' table (``limit``: its eviction within a
-user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins. The
-transaction service asks the ``transactions`` quota before a user begins one more (open and prepared
-transactions, XA branches and half messages together: ``TxService.check_quota``).
+user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins, the timed
+messages pending. The transaction service asks the ``transactions`` quota before a user begins one more (open
+and prepared transactions, XA branches and half messages together: ``TxService.check_quota``).
 
 **Rates** (``RATES``): bytes per second a user's connections may send to the broker (``produce_bytes_per_s``)
 and be sent as the records of its gets and pulls (``fetch_bytes_per_s``). A client over its rate is delayed,
@@ -58,6 +58,9 @@ QUOTAS = {q.name: q for q in (
           "committed consumer offsets (group, topic, partition) the broker keeps that the user's commits made"),
     Quota("request_waiters", limits.MAX_PENDING_REQUESTS, "limits.max_pending_requests",
           "text requests of the user waiting for their replies (request-reply)"),
+    Quota("timers", limits.MAX_PENDING_TIMERS, "limits.max_pending_timers",
+          "timed messages of the user pending (put_at, RocketMQ 5's timer properties: scheduled, not yet delivered "
+          "or cancelled)"),
     Quota("connections", limits.max_connections_for(1024), "limits.max_connections",
           "connections logged in as the user, on every port"),
 )}

@@ -71,6 +71,7 @@ class Broker:
                                              "topics": config.limits.max_topics,
                                              "partitions": config.limits.max_partitions,
                                              "request_waiters": config.limits.max_pending_requests,
+                                             "timers": config.limits.max_pending_timers,
                                              "connections": config.max_connections()})
         self.store = MessageStore.open(config.store_config(), now_ms(),
                                        lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
@@ -113,7 +114,9 @@ class Broker:
         self.roles.on_change(self.delay.role_changed)
         self.roles.on_change(self.tx.role_changed)
         self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
-                                   async_flush=config.store.flush == "async")  # any delivery time; its index
+                                   async_flush=config.store.flush == "async",  # any delivery time; its index
+                                   max_pending=config.limits.max_pending_timers,
+                                   quota=lambda user, n, more: self.guard.quotas.check(user, "timers", n, more))
         self.roles.on_change(self.timers.role_changed)
         self.roles.on_change(self._clamp_offsets)
         self.put_path = PutPath(self.store, self.stats, self.flusher, self.waiters, self.roles, self.gate,
@@ -181,7 +184,8 @@ class Broker:
                                        "topics": {u: h[0] for u, h in self.store.topic_owners().items()},
                                        "partitions": {u: h[1] for u, h in self.store.topic_owners().items()},
                                        "request_waiters": self.replies.table.by_user(),
-                                       "transactions": self.tx.manager.by_user()})
+                                       "transactions": self.tx.manager.by_user(),
+                                       "timers": self.timers.held()})
 
     @property
     def port(self):

@@ -158,6 +158,7 @@ class LimitsSection(_Section):
     max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
     max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)
     max_pending_requests: int = Field(limits.MAX_PENDING_REQUESTS, ge=0)
+    max_pending_timers: int = Field(limits.MAX_PENDING_TIMERS, ge=0)
     max_pending_requests_per_connection: int = Field(limits.MAX_PENDING_REQUESTS_PER_CONNECTION, ge=0)
     max_request_timeout_ms: int = Field(limits.MAX_REQUEST_TIMEOUT_MS, ge=1)
     idle_timeout_s: float = Field(limits.IDLE_TIMEOUT_S, gt=0)

@@ -203,7 +203,7 @@ class PutPath:
         return level_topic(topic, priority)
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False,
-               priority=None, due_ms=None):
+               priority=None, due_ms=None, owner=None):
         """Store one message whose writer ``check_write`` let through; returns the store's PutResult.
 
         ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
@@ -212,7 +212,8 @@ class PutPath:
         them (asked again: the broker may have stopped taking puts since; ``internal``: the broker's own write to
         a journal, admin/service.py). ``priority`` (not None): the message
         goes to that level of ``topic`` (``stored_topic``); no delay level with it. ``due_ms`` (not None, already
-        checked by ``timers.records``): the timer service stores it for delivery then (``TimerService.put_at``).
+        checked by ``timers.records``): the timer service stores it for delivery then (``TimerService.put_at``), as
+        user ``owner``'s (its ``timers`` quota).
         """
         stored = topic
         try:
@@ -224,7 +225,7 @@ class PutPath:
             if due_ms is not None and (delay_level or priority is not None):
                 raise errors.ClientError("a message cannot have both a delivery time and a delay level or a priority")
             if due_ms is not None:
-                r = self.timers.put_at(topic, partition, flag, body, due_ms, now, checksum)
+                r = self.timers.put_at(topic, partition, flag, body, due_ms, now, checksum, owner)
             elif delay_level:
                 r = self.delay.put_delayed(topic, partition, flag, body, delay_level, now, checksum)
             else:

@@ -16,7 +16,7 @@ import re
 from metaq import speedups
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
 from metaq.protocol.checksum import crc32
-from metaq.timers.records import ENTRY, KIND_ENTRY, MAGIC, VERSION
+from metaq.timers.records import ENTRY, KIND_ENTRY, KIND_OWNED, MAGIC, VERSION, owner_field
 
 #: One plain ``put_at`` line: topic, partition, length, flag 0, checksum, when, opaque.
 _LINE = re.compile(rb"put_at ([\x21-\x7e]{1,255}) (\d{1,10}) (\d{1,10}) 0 (-1|\d{1,10}) ([@+]\d{1,19}) "
@@ -24,15 +24,17 @@ _LINE = re.compile(rb"put_at ([\x21-\x7e]{1,255}) (\d{1,10}) (\d{1,10}) 0 (-1|\d
 _INT32 = 2 ** 31
 
 
-def scan_put_ats_py(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type):
-    """``(items, src, next_pos)`` for the plain ``put_at`` frames at ``buf[pos:end]`` (at most ``max_frames``).
+def scan_put_ats_py(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, owner=None):
+    """``(items, src, next_pos)`` for the plain ``put_at`` frames at ``buf[pos:end]`` (at most ``max_frames``);
+    ``owner`` (the connection's user, or None): each record an OWNED entry naming it.
 
     Each item is ``(topic, partition, opaque, frame end, body length, burst frame, entry)``: ``topic`` a str, the
     burst frame ``(timer_topic, 0, 0, opaque, start in src, ENTRY record data length, its CRC-32)`` as
     ``put_burst`` takes it, ``entry`` the ``entry_type(topic, partition, 0, checksum, due_ms, now_ms, body)`` the
-    record holds. ``src``: the ENTRY records' data, end to end.
+    record holds (and ``owner``). ``src``: the ENTRY records' data, end to end.
     """
     items, src, at = [], [], 0
+    kind, ofield = (KIND_ENTRY, b"") if owner is None else (KIND_OWNED, owner_field(owner))
     while pos < end and len(items) < max_frames:
         m = _LINE.match(buf, pos, end)
         if m is None:
@@ -54,11 +56,11 @@ def scan_put_ats_py(buf, pos, end, max_body, max_frames, now_ms, timer_topic, en
             break
         due = max(due, now_ms)
         topic = topic_b.decode("ascii")
-        entry = b"".join((ENTRY.pack(MAGIC, VERSION, KIND_ENTRY, len(topic_b), partition, 0, computed, due, now_ms),
-                          topic_b, body))
+        entry = b"".join((ENTRY.pack(MAGIC, VERSION, kind, len(topic_b), partition, 0, computed, due, now_ms),
+                          topic_b, ofield, body))
         items.append((topic, partition, opaque, body_end, length, (timer_topic, 0, 0, opaque, at, len(entry),
                                                                    crc32(entry)),
-                       entry_type(topic, partition, 0, computed, due, now_ms, body)))
+                       entry_type(topic, partition, 0, computed, due, now_ms, body, owner)))
         src.append(entry)
         at += len(entry)
         pos = body_end
@@ -70,9 +72,9 @@ def _c_twin():
     if fn is None:
         return scan_put_ats_py
 
-    def scan_put_ats_c(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type):
+    def scan_put_ats_c(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, owner=None):
         return fn(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, MAX_NAME_BYTES,
-                  MAX_DELIVER_AHEAD_MS)
+                  MAX_DELIVER_AHEAD_MS, b"" if owner is None else owner_field(owner), owner)
     return scan_put_ats_c
 
 

@@ -56,9 +56,14 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
         store.check_creatable(topic, partition)
 
     now = now_ms()
-    items, src, _nxt = scan_put_ats(buf, pos, end, fast.max_body, cap, now, _TIMER, TimerEntry)
+    owner = session.user if session is not None else None
+    items, src, _nxt = scan_put_ats(buf, pos, end, fast.max_body, cap, now, _TIMER, TimerEntry, owner)
     scanned = checked(items, check_topic)
     if not scanned:
+        return wait_pos, pos, DONE
+    try:
+        timers.check_room(owner, len(scanned))
+    except errors.MetaqError:  # the general path answers each, up to the one past the quota or the limit
         return wait_pos, pos, DONE
     fast.stats.burst_scanned_bytes += scanned[-1][3] - pos
     taken, runs = store.put_burst([item[5] for item in scanned], src, now)
@@ -67,6 +72,7 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
     pos = scanned[taken - 1][3]
     parser.consume_to(pos)
     fast.stats.burst_puts += taken
+    timers.count_written(owner, taken)
     stats = fast.stats
     registry = path.registry
     counts = {}

@@ -5,7 +5,10 @@ to find the messages due next, and it keeps each pending message's data, so rete
 records once they are indexed. It holds:
 
 * ``pending``: one row per scheduled message not yet delivered or cancelled (msg_id, due_ms indexed,
-  topic, partition, flag, checksum, born_ms, data);
+  topic, partition, flag, checksum, born_ms, data, owner: the user whose put scheduled it, or NULL);
+* ``owners``: how many pending rows each owner has (``''``: no owner), kept by triggers on ``pending`` in the
+  same transactions, so the ``timers`` quota (docs/security.md "Quotas") reads a user's count without counting
+  rows; a file from before owners gets the column and its rows counted as no one's on open;
 * ``outcomes``: the recent ends (msg_id → delivered | cancelled, at_ms), at most ``MAX_TIMER_OUTCOMES``
   rows (the oldest go first), so a cancel can say which happened;
 * ``meta``: ``indexed_position`` (a log position: every TIMER_TOPIC record before it is applied; the timer index
@@ -38,11 +41,22 @@ DELIVERED, CANCELLED = "delivered", "cancelled"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
     msg_id INTEGER PRIMARY KEY, due_ms INTEGER NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
-    flag INTEGER NOT NULL, checksum INTEGER NOT NULL, born_ms INTEGER NOT NULL, data BLOB NOT NULL);
+    flag INTEGER NOT NULL, checksum INTEGER NOT NULL, born_ms INTEGER NOT NULL, data BLOB NOT NULL, owner TEXT);
 CREATE INDEX IF NOT EXISTS pending_due ON pending (due_ms, msg_id);
 CREATE TABLE IF NOT EXISTS outcomes (msg_id INTEGER PRIMARY KEY, outcome TEXT NOT NULL, at_ms INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS outcomes_at ON outcomes (at_ms);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+#: The per-owner counts (after ``pending`` has its ``owner`` column, old files included).
+_OWNERS = """
+CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, pending INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS pending_owner_in AFTER INSERT ON pending BEGIN
+    INSERT INTO owners VALUES (COALESCE(NEW.owner, ''), 1)
+        ON CONFLICT (owner) DO UPDATE SET pending = pending + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS pending_owner_out AFTER DELETE ON pending BEGIN
+    UPDATE owners SET pending = pending - 1 WHERE owner = COALESCE(OLD.owner, '');
+END;
 """
 
 _COLUMNS = "msg_id, due_ms, topic, partition, flag, checksum, born_ms"
@@ -65,6 +79,8 @@ class TimerIndex:
             self._db.execute("PRAGMA wal_autocheckpoint=%d" % TIMER_INDEX_CHECKPOINT_PAGES)
             self._db.execute("PRAGMA journal_size_limit=%d" % TIMER_INDEX_WAL_BYTES)
             self._db.executescript(_SCHEMA)
+            self._add_owners()
+            self.held = self._held()
             self.indexed_offset = self._meta("indexed_offset")
             self.indexed_position = self._meta("indexed_position", None)
             self.scan_from = self._meta("scan_from")
@@ -73,6 +89,21 @@ class TimerIndex:
             raise StoreError("cannot open the timer index %s (or its -wal file): %s. It holds which timed messages "
                              "were delivered or cancelled: restore it from a copy (deleting it would deliver "
                              "them again)" % (self.path, exc)) from None
+
+    def _add_owners(self):
+        """Give a file from before owners its ``owner`` column and per-owner counts (its rows: no one's), once; the
+        counts, their first values and their triggers in one transaction."""
+        db = self._db
+        if "owner" not in [row[1] for row in db.execute("PRAGMA table_info(pending)")]:
+            db.execute("ALTER TABLE pending ADD COLUMN owner TEXT")
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'owners'").fetchone():
+            db.executescript("BEGIN; %s INSERT INTO owners SELECT '', COUNT(*) FROM pending HAVING COUNT(*) > 0; "
+                             "COMMIT;" % _OWNERS)
+
+    def _held(self):
+        """``{owner: pending rows}`` of the users holding any (no owner left out)."""
+        rows = self._db.execute("SELECT owner, pending FROM owners WHERE owner != '' AND pending > 0")
+        return dict(rows.fetchall())
 
     def settings(self):
         """SQLite's settings in effect: ``{pragma: value}`` for the cache, checkpoint and log-size bounds."""
@@ -102,7 +133,7 @@ class TimerIndex:
             for msg_id, rec in records:
                 if isinstance(rec, TimerEntry):
                     run.append((msg_id, rec.due_ms, rec.topic, rec.partition, rec.flag, rec.checksum, rec.born_ms,
-                                rec.data, msg_id))
+                                rec.data, rec.owner, msg_id))
                     continue
                 if run:
                     added += self._insert(run)
@@ -127,16 +158,16 @@ class TimerIndex:
         self.indexed_offset = indexed_offset
         if position is not None:
             self.indexed_position = position
+        self.held = self._held()
         if scan_from is not None:
             self.scan_from = scan_from
         return added, ended
 
     def _insert(self, rows):
         """Pending rows for entries not ended before (a re-applied record) nor pending already; how many were new."""
-        before = self._db.total_changes
-        self._db.executemany("INSERT OR IGNORE INTO pending SELECT ?, ?, ?, ?, ?, ?, ?, ? "
-                             "WHERE NOT EXISTS (SELECT 1 FROM outcomes WHERE msg_id = ?)", rows)
-        return self._db.total_changes - before
+        cur = self._db.executemany("INSERT OR IGNORE INTO pending (%s, data, owner) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? "
+                                   "WHERE NOT EXISTS (SELECT 1 FROM outcomes WHERE msg_id = ?)" % _COLUMNS, rows)
+        return cur.rowcount  # the rows inserted (sqlite3_changes: not the triggers' own changes)
 
     def _delivered(self, msg_ids, now_ms):
         """A DONE record's ids: each not ended before (the first end wins) moves from pending to the outcomes as

@@ -23,6 +23,10 @@ with ``HEAD`` (magic ``b"MQTM"``, version 1, kind)::
     28     8    born_ms    when the producer's put was stored
     36     -    topic (UTF-8), then the original data (attribute block + payload)
 
+    OWNED  (kind 4), an ENTRY whose user is known (authentication on): the ENTRY layout, and after the topic the
+           owner's length (1 byte, 1..MAX_TX_OWNER_BYTES) and its name (UTF-8), then the original data. The owner
+           is what the ``timers`` quota counts (docs/security.md "Quotas"), on a slave and after a rebuild too.
+
     CANCEL (kind 2): HEAD, then msg_id (8 bytes, signed big-endian): the entry cancelled
     DONE   (kind 3): HEAD, count (4 bytes), then count msg_ids (8 bytes each): delivered in one batch
 
@@ -34,18 +38,19 @@ import struct
 from typing import NamedTuple
 
 from metaq.errors import ClientError, StoreError
-from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES, MAX_TIMER_DONE_IDS
+from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES, MAX_TIMER_DONE_IDS, MAX_TX_OWNER_BYTES
 from metaq.protocol.journaltopic import TIMER_TOPIC
 
-__all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "HEAD", "ENTRY", "TimerEntry", "TimerCancel",
-           "TimerDone", "BadTimerRecord", "TIMER_PROPERTIES", "timer_property", "timer_due", "parse_when", "due_from",
-           "pack_entry", "unpack_entry", "encode_entry", "encode_cancel", "encode_done", "decode"]
+__all__ = ["TIMER_TOPIC", "KIND_ENTRY", "KIND_CANCEL", "KIND_DONE", "KIND_OWNED", "HEAD", "ENTRY", "TimerEntry",
+           "TimerCancel", "TimerDone", "BadTimerRecord", "owner_field", "TIMER_PROPERTIES", "timer_property",
+           "timer_due", "parse_when", "due_from", "pack_entry", "unpack_entry", "encode_entry", "encode_cancel",
+           "encode_done", "decode"]
 
 # TIMER_TOPIC: the internal topic of the timer store (one partition; journaltopic.py). Producers may not put to it.
 
 MAGIC = b"MQTM"
 VERSION = 1
-KIND_ENTRY, KIND_CANCEL, KIND_DONE = 1, 2, 3
+KIND_ENTRY, KIND_CANCEL, KIND_DONE, KIND_OWNED = 1, 2, 3, 4
 
 #: magic, version, kind.
 HEAD = struct.Struct(">4sBB")
@@ -71,6 +76,7 @@ class TimerEntry(NamedTuple):
     due_ms: int
     born_ms: int
     data: bytes
+    owner: str = None
 
 
 class TimerCancel(NamedTuple):
@@ -166,8 +172,21 @@ def unpack_entry(data, magic, version, bad, what):
     return tag, topic, partition, flag, checksum, due_ms, born_ms, bytes(data[end:])
 
 
-def encode_entry(topic, partition, flag, checksum, due_ms, born_ms, data):
-    return pack_entry(MAGIC, VERSION, KIND_ENTRY, topic, partition, flag, checksum, due_ms, born_ms, data)
+def owner_field(owner):
+    """The bytes an OWNED entry holds after its topic for ``owner`` (a user name); ValueError past
+    MAX_TX_OWNER_BYTES or for an empty one (the permissions file's names are shorter)."""
+    raw = owner.encode("utf-8")
+    if not 0 < len(raw) <= MAX_TX_OWNER_BYTES:
+        raise ValueError("a timer's owner is 1..%d bytes, got %d" % (MAX_TX_OWNER_BYTES, len(raw)))
+    return bytes((len(raw),)) + raw
+
+
+def encode_entry(topic, partition, flag, checksum, due_ms, born_ms, data, owner=None):
+    """An ENTRY record's data; with ``owner`` (a user name) an OWNED one."""
+    if owner is None:
+        return pack_entry(MAGIC, VERSION, KIND_ENTRY, topic, partition, flag, checksum, due_ms, born_ms, data)
+    return pack_entry(MAGIC, VERSION, KIND_OWNED, topic, partition, flag, checksum, due_ms, born_ms,
+                      owner_field(owner) + bytes(data))
 
 
 def encode_cancel(msg_id):
@@ -190,6 +209,14 @@ def decode(data):
         raise BadTimerRecord("not a timer record (magic %r, version %d)" % (bytes(magic), version))
     if kind == KIND_ENTRY:
         return TimerEntry(*unpack_entry(data, MAGIC, VERSION, BadTimerRecord, "timer entry")[1:])
+    if kind == KIND_OWNED:
+        fields = unpack_entry(data, MAGIC, VERSION, BadTimerRecord, "timer entry")
+        rest = fields[7]
+        if not rest or not 0 < rest[0] <= min(MAX_TX_OWNER_BYTES, len(rest) - 1):
+            raise BadTimerRecord("timer entry's owner length %d does not fit in %d bytes"
+                                 % (rest[0] if rest else 0, len(rest)))
+        owner = rest[1:1 + rest[0]].decode("utf-8", "replace")
+        return TimerEntry(*fields[1:7], rest[1 + rest[0]:], owner)
     if kind == KIND_CANCEL:
         if len(data) != HEAD.size + _ID.size:
             raise BadTimerRecord("timer cancel record of %d bytes" % len(data))

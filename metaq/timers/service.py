@@ -20,6 +20,10 @@
 * **Exactly once after kill -9**: at start and at promotion the indexer first catches up; the due rows are
   the candidates, and those whose id is in the log after ``scan_from`` (a position before which every
   delivery's DONE is durable) were delivered before the crash: they get a DONE record, not a second delivery.
+* **Quotas**: a timed put counts against the broker-wide ``limits.max_pending_timers`` (answered 503 past it) and
+  its user's ``timers`` quota (docs/security.md "Quotas"); the user is kept in its entry (an OWNED record), so a
+  slave, a rebuild and a promoted slave count the same. What a user holds is timers.db's count of its pending
+  rows (``TimerIndex.held``) and its entries written and not indexed yet (``_unindexed``).
 * **Cancel** is decided in the loop, against the same state the delivery reads: exactly one of them wins.
 * **Retention** keeps every segment from the first TIMER_TOPIC record timers.db has not committed (the
   subscriber's ``retention_floor``, the follower's floor); once committed, a message lives in timers.db, so a
@@ -38,7 +42,8 @@ from gevent.event import Event
 from gevent.threadpool import ThreadPool
 
 from metaq import errors
-from metaq.limits import (MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES, MAX_TIMER_WINDOW_ROWS,
+from metaq.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST, MAX_TIMER_OUTCOMES,
+                          MAX_TIMER_WINDOW_ROWS,
                           TIMER_INDEX_INTERVAL_MS, TIMER_SCAN_FROM_INTERVAL_S, TIMER_WINDOW_MS,
                           validate_partition)
 from metaq.protocol.checksum import metaq_checksum
@@ -103,8 +108,14 @@ def announce(store, waiters, flusher, keys, now, async_flush):
 class TimerService:
     """See the module docstring."""
 
-    def __init__(self, store, flusher, waiters, gate, is_master, async_flush):
+    def __init__(self, store, flusher, waiters, gate, is_master, async_flush, max_pending=MAX_PENDING_TIMERS,
+                 quota=None):
+        """``max_pending``: the broker-wide bound of pending timed messages; ``quota(user, held, more)``: the
+        ``timers`` quota decision (raises QuotaExceeded), None: none."""
         self.store = store
+        self.max_pending = max_pending
+        self.quota = quota
+        self._unindexed = {}  # owner (None: none) -> its entries this master wrote that timers.db has not applied
         self.flusher = flusher
         self.waiters = waiters
         self.gate = gate
@@ -147,16 +158,19 @@ class TimerService:
 
     # -- producers ---------------------------------------------------------------
 
-    def put_at(self, topic, partition, flag, body, due_ms, now, checksum=None):
-        """Schedule ``body`` for ``topic``/``partition`` at ``due_ms`` (already validated: ``parse_when``); returns
-        the ENTRY's PutResult with the real partition. Raises ClientError / the store's errors; nothing stored."""
+    def put_at(self, topic, partition, flag, body, due_ms, now, checksum=None, owner=None):
+        """Schedule ``body`` for ``topic``/``partition`` at ``due_ms`` (already validated: ``parse_when``) for user
+        ``owner`` (None: none); returns the ENTRY's PutResult with the real partition. Raises ClientError,
+        QuotaExceeded, Unavailable past ``max_pending`` / the store's errors; nothing stored."""
         if not self.enabled:
             raise errors.Unavailable("this broker is a replication slave: timer puts go to the master")
+        self.check_room(owner, 1)
         partition, checksum = place(self.store, topic, partition, body, checksum)
-        data = encode_entry(topic, partition, flag, checksum, due_ms, now, body)
+        data = encode_entry(topic, partition, flag, checksum, due_ms, now, body, owner)
         r = self.store.put(TIMER_TOPIC, 0, 0, data, now)
-        self.written(r.offset, r.msg_id, TimerEntry(topic, partition, flag, checksum, due_ms, now, bytes(body)),
+        self.written(r.offset, r.msg_id, TimerEntry(topic, partition, flag, checksum, due_ms, now, bytes(body), owner),
                      r.log_end)
+        self.count_written(owner, 1)
         if self.async_flush:
             self.waiters.notify((KEY,))
         else:
@@ -218,6 +232,29 @@ class TimerService:
         since the append, so what is handed over is in log order."""
         self._fresh.add(offset, msg_id, rec, log_end)
 
+    def check_room(self, owner, more):
+        """Raise unless ``more`` timed messages of ``owner`` may be scheduled now: Unavailable past the broker-wide
+        ``max_pending``, QuotaExceeded past the user's ``timers`` quota. The one decision of every timed put."""
+        held = self.pending + sum(self._unindexed.values())
+        if held + more > self.max_pending:
+            raise errors.Unavailable("the broker holds %d pending timed messages: the limit is %d "
+                                     "(limits.max_pending_timers); try again once some are delivered"
+                                     % (held, self.max_pending))
+        if owner is not None and self.quota is not None:
+            self.quota(owner, self.index.held.get(owner, 0) + self._unindexed.get(owner, 0), more)
+
+    def count_written(self, owner, n):
+        """``n`` entries of ``owner`` were appended (not yet in timers.db): counted until the indexer applies them."""
+        self._unindexed[owner] = self._unindexed.get(owner, 0) + n
+
+    def held(self):
+        """``{user: pending timed messages}`` (stats quotas)."""
+        out = dict(self.index.held)
+        for owner, n in self._unindexed.items():
+            if owner is not None and n:
+                out[owner] = out.get(owner, 0) + n
+        return out
+
     def written_run(self, first_offset, first_id, recs, sizes, log_end):
         """``written`` for a burst's run (``Handoff.add_run``)."""
         self._fresh.add_run(first_offset, first_id, recs, sizes, log_end)
@@ -268,6 +305,7 @@ class TimerService:
         self.enabled = master
         if not master:
             self._fresh.clear()  # a slave's log follows its master's: what this one wrote may be cut
+            self._unindexed.clear()  # counted from timers.db alone, as its master's follow
             self._delivering = False
             self._wake.set()
             log.info("timers: delivery stopped (this broker is now a replication slave)")
@@ -314,6 +352,15 @@ class TimerService:
             self.flusher.wake_index()  # the batch has room again
         self.follow.applied(batch)
         self.pending += added - len(ended)
+        unindexed = self._unindexed
+        if unindexed:
+            for _msg_id, entry in batch.entries:  # now in timers.db's counts
+                n = unindexed.get(entry.owner)
+                if n is not None:
+                    if n > 1:
+                        unindexed[entry.owner] = n - 1
+                    else:
+                        del unindexed[entry.owner]
         self._add_to_window(batch.entries)
         self._indexed.set()
         self._indexed = Event()

@@ -41,7 +41,8 @@ class TextTimers:
             path.failed(e.topic, exc)
             return self.error_reply(exc, e.opaque), NO_WAIT
         try:
-            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=e.checksum, due_ms=due)
+            r = path.append(e.topic, e.partition, e.flag, e.body, now, checksum=e.checksum, due_ms=due,
+                            owner=conn.session.user if conn.session else None)
         except errors.MetaqError as exc:
             return self.error_reply(exc, e.opaque), NO_WAIT
         return self.ack_put(e, r, now, encode_result(200, b"%d %d -1" % (r.msg_id, r.partition), e.opaque), conn)

@@ -1,5 +1,6 @@
 """Issue 42, point 2: the count quotas per user a real broker enforces (docs/security.md "Quotas"): connections
-logged in as a user and its requests waiting for replies, each at its value and one past, another user's service
+logged in as a user, its requests waiting for replies, its consumer offsets, the topics its puts create, its
+transactions and its pending timers, each at its value and one past, another user's service
 unaffected."""
 
 import json
@@ -13,9 +14,11 @@ from metaq.protocol.stream import CLOSED
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import serialize
+from metaq.timers.wire import TimerPut
 from metaq.topics.wire import TopicCommand
 from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
 from tests.harness.broker import url_of, wait_for
+from tests.harness.timers import cancel, timers
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +156,48 @@ def test_transactions_at_the_quota_and_one_past(broker_factory, tmp_path):
     ok(tx(alice, "TX:s1:1", "ROLLBACK"))  # one ended: room again
     ok(tx(alice, "XID:1:0a03:b1:rm", "BEGIN", 30, "rm"))
     alice.close()
+
+
+def _put_at(opaque, when="+600000", topic="orders"):
+    return TimerPut(topic, 0, 0, b"t%d" % opaque, opaque, metaq_checksum(b"t%d" % opaque), when)
+
+
+def test_pending_timers_at_the_quota_and_one_past_kept_across_a_restart(broker_factory, tmp_path):
+    b = quota_broker(broker_factory, tmp_path, {"timers": 2})
+    with login(b, "alice") as alice:
+        alice.send(b"".join(serialize(_put_at(n)) for n in (1, 2, 3)))  # pipelined: the burst path's way in
+        replies = [alice.read_event() for _ in range(3)]
+        assert [r.code for r in replies] == [200, 200, 400], replies  # at the quota, then one past
+        assert b"quota timers of user alice is 2" in replies[2].body
+        ids = [int(r.body.split()[0]) for r in replies[:2]]
+    with login(b, "bob") as bob:  # another user: served
+        assert bob.call(_put_at(7)).code == 200
+    assert used(b, "timers")["alice"] == (2, 2)
+    with login(b, "admin") as admin:  # one cancelled (an admin's command) makes room
+        assert cancel(admin, ids[0]) == (200, "cancelled")
+    wait_for(lambda: used(b, "timers")["alice"] == (1, 2), what="alice's cancelled timer uncounted")
+    with login(b, "alice") as alice:
+        assert alice.call(_put_at(4)).code == 200
+        assert alice.call(_put_at(5)).code == 400
+    b.stop()
+    b.start()  # the owner is in each entry and timers.db counts them
+    assert used(b, "timers")["alice"] == (2, 2)
+    with login(b, "alice") as alice:
+        r = alice.call(_put_at(6))
+        assert r.code == 400 and b"quota timers of user alice is 2" in r.body, r
+    with login(b, "admin") as admin:  # nothing was stored past the quota
+        wait_for(lambda: len(timers(admin)) == 3, what="the three timers indexed")
+
+
+def test_the_broker_wide_bound_of_pending_timers_and_one_past(broker_factory, tmp_path):
+    from metaq.client.local import small_config
+
+    b = broker_factory(small_config(tmp_path / "data", limits={"max_pending_timers": 3}))
+    c = b.client()
+    c.send(b"".join(serialize(_put_at(n, topic="t")) for n in (1, 2, 3, 4)))
+    replies = [c.read_event() for _ in range(4)]
+    assert [r.code for r in replies] == [200, 200, 200, 503], replies
+    assert b"limits.max_pending_timers" in replies[3].body
+    wait_for(lambda: len(timers(c)) == 3, what="the three timers indexed")
+    assert c.call(ev.Put("t", 0, 0, b"x", 9, metaq_checksum(b"x"))).code == 200  # a plain put is not a timer
+    c.close()

@@ -20,6 +20,7 @@ from tests.harness.acl import DEFAULT_ROLES, DEFAULT_USERS, SECRETS, login, secu
 from tests.harness.broker import wait_for
 from tests.harness.http import request, with_http
 from tests.harness.rocketmq import send_v1
+from tests.harness.timers import put_at
 from tests.harness.replication import master_config
 
 pytestmark = pytest.mark.integration
@@ -38,11 +39,11 @@ def pipeline(c, puts):
     return [c.read_event() for _ in puts]
 
 
-def held(broker):
-    """``{user: windows held}`` from ``stats quotas`` (an admin's)."""
+def held(broker, quota="idempotent_producers"):
+    """``{user: (held, quota)}`` from ``stats quotas`` (an admin's)."""
     with login(broker, "admin") as admin:
         rows = stats_codec.parse_quotas(admin.stats("quotas").encode())
-    return {r.user: (r.used, r.limit) for r in rows if r.quota == "idempotent_producers"}
+    return {r.user: (r.used, r.limit) for r in rows if r.quota == quota}
 
 
 def users():
@@ -124,7 +125,8 @@ def test_at_the_quota_and_one_past_and_the_owner_kept_across_restarts(broker_fac
 
 
 def test_a_slave_applying_replicated_records_keeps_each_users_windows(broker_factory, tmp_path):
-    """A slave's table learns the owner from each replicated record: the same windows per user as its master."""
+    """A slave's table learns the owner from each replicated record: the same windows per user as its master, and
+    the same pending timers per user."""
     acl = write_acl(tmp_path / "acl.yaml", users=users(), roles=DEFAULT_ROLES, quotas={"idempotent_producers": 2})
     security = {"acl_file": acl, "replication_secret": REPLICATION_SECRET}
     rport = free_port()
@@ -141,6 +143,14 @@ def test_a_slave_applying_replicated_records_keeps_each_users_windows(broker_fac
     expected = {"alice": (2, 2), "bob": (1, 2), "admin": (0, 2), "reader": (0, 2)}
     assert held(master) == expected
     wait_for(lambda: held(slave) == expected, timeout=20, what="the slave's windows per user")
+    for user, count in (("alice", 2), ("bob", 1)):  # pending timers: the owner is in each replicated entry too
+        with login(master, user) as c:
+            for n in range(count):
+                assert put_at(c, "orders", b"later", "+600000").code == 200
+    limit = limits.MAX_PENDING_TIMERS // 2
+    timers = {"alice": (2, limit), "bob": (1, limit), "admin": (0, limit), "reader": (0, limit)}
+    wait_for(lambda: held(master, "timers") == timers, timeout=20, what="the master's timers per user")
+    wait_for(lambda: held(slave, "timers") == timers, timeout=20, what="the slave's timers per user")
 
 
 def test_a_rocketmq_send_counts_in_its_signers_windows(broker_factory, tmp_path):
@@ -159,3 +169,27 @@ def test_a_rocketmq_send_counts_in_its_signers_windows(broker_factory, tmp_path)
         r = send_v1(alice, "orders", b"a", queue=0, props=props)
         assert r.code != ResponseCode.SUCCESS and "quota idempotent_producers (1 windows)" in r.remark, r
     assert held(b)["alice"] == (1, 1) and held(b)["bob"] == (0, 1)
+
+
+def test_a_rocketmq_timed_send_counts_in_its_signers_timers(broker_factory, tmp_path):
+    """A send with RocketMQ 5's TIMER_DELAY_MS is its signer's pending timer: past the quota refused, nothing
+    stored; the answered id still names the entry the broker stored (the owner is inside it)."""
+    from metaq.protocol.rocketmq.bodies import decode_stored_messages, parse_offset_msg_id
+    from metaq.protocol.rocketmq.remoting import RequestCode as R
+
+    acl = write_acl(tmp_path / "acl.yaml", users=users(), quotas={"timers": 1})
+    b = broker_factory(rmq_config(tmp_path / "data", {}, security={"acl_file": acl}))
+    port = b.config["remoting"]["port"]
+    props = {"TIMER_DELAY_MS": "600000"}
+    with RemotingClient(port, credentials=("alice", SECRETS["alice"])) as alice, \
+            RemotingClient(port, credentials=("bob", SECRETS["bob"])) as bob, \
+            RemotingClient(port, credentials=("admin", SECRETS["admin"])) as admin:
+        sent = send_v1(alice, "orders", b"later", queue=0, props=props)
+        assert sent.code == ResponseCode.SUCCESS, sent.remark
+        r = send_v1(alice, "orders", b"later again", queue=0, props=props)  # one past
+        assert r.code != ResponseCode.SUCCESS and "quota timers of user alice is 1" in r.remark, r
+        assert send_v1(bob, "orders", b"bob's", queue=0, props=props).code == ResponseCode.SUCCESS
+        physical = parse_offset_msg_id(sent.ext_fields["msgId"])[2]
+        [entry] = decode_stored_messages(admin.call(R.VIEW_MESSAGE_BY_ID, {"offset": physical}).body)
+        assert entry.topic == "%TIMER%" and entry.body.endswith(b"later")
+    assert held(b, "timers") == {"alice": (1, 1), "bob": (1, 1), "admin": (0, 1), "reader": (0, 1)}

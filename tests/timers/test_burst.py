@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from metaq.limits import MAX_DELIVER_AHEAD_MS, MAX_NAME_BYTES
 from metaq.protocol.checksum import crc32, metaq_checksum
-from metaq.timers.records import TIMER_TOPIC, TimerEntry, decode, encode_entry, parse_when
+from metaq.timers.records import TIMER_TOPIC, TimerEntry, decode, encode_entry, owner_field, parse_when
 from metaq.protocol.text import encode_result
 from metaq.timers.burst import encode_timer_acks_py, scan_put_ats_py
 
@@ -28,9 +28,9 @@ MAX_BODY = 300
 TIMER = TIMER_TOPIC.encode()
 
 
-def scan_c(buf, pos, end, max_body, max_frames, now_ms, timer_topic=TIMER, entry_type=TimerEntry):
+def scan_c(buf, pos, end, max_body, max_frames, now_ms, timer_topic=TIMER, entry_type=TimerEntry, owner=None):
     return _c(buf, pos, end, max_body, max_frames, now_ms, timer_topic, entry_type, MAX_NAME_BYTES,
-              MAX_DELIVER_AHEAD_MS)
+              MAX_DELIVER_AHEAD_MS, b"" if owner is None else owner_field(owner), owner)
 
 
 def frame(topic=b"t", partition=0, body=b"hello", flag=b"0", checksum=None, when=b"+1000", opaque=7):
@@ -115,13 +115,24 @@ def test_at_the_limits_and_one_past():
         assert [i[6].due_ms for i in items] == [NOW, NOW]
 
 
+def test_a_users_frames_are_owned_entries_as_the_general_path_stores_them():
+    buf = frame(b"orders", 3, b"body!", when=b"+2500") + frame(b"orders", 1, b"", when=b"+1")
+    scan = [scan_put_ats_py] + ([scan_c] if _c is not None else [])
+    for fn in scan:
+        items, src, _nxt = fn(buf, 0, len(buf), MAX_BODY, 10, NOW, TIMER, TimerEntry, "alice")
+        first = encode_entry("orders", 3, 0, metaq_checksum(b"body!"), NOW + 2500, NOW, b"body!", owner="alice")
+        assert src.startswith(first) and items[0][5][5] == len(first) and items[0][5][6] == crc32(first)
+        assert [i[6] for i in items] == [decode(first), decode(src[len(first):])]
+        assert items[0][6].owner == items[1][6].owner == "alice" and items[1][6].data == b""
+
+
 @needs_c
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bursts(), st.integers(1, 9))
-def test_the_c_twin_equals_the_reference(burst, max_frames):
+@given(bursts(), st.integers(1, 9), st.sampled_from([None, "alice", "x" * 128, "\u00e9t\u00e9"]))
+def test_the_c_twin_equals_the_reference(burst, max_frames, owner):
     buf, pos, end = burst
-    items_c = scan_c(buf, pos, end, MAX_BODY, max_frames, NOW)
-    assert items_c == scan_put_ats_py(buf, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry)
+    items_c = scan_c(buf, pos, end, MAX_BODY, max_frames, NOW, owner=owner)
+    assert items_c == scan_put_ats_py(buf, pos, end, MAX_BODY, max_frames, NOW, TIMER, TimerEntry, owner)
     for item in items_c[0]:  # built by the C without calling the class: still the class, fields and all
         assert type(item[6]) is TimerEntry and item[6].data == item[6][6] and item[6]._replace(flag=1).flag == 1
         assert hash(item[6]) == hash(TimerEntry(*item[6]))  # built as tuple.__new__ builds it (3.14's hash cache)
@@ -150,7 +161,7 @@ class _NotATuple:
 def test_an_entry_type_that_is_not_a_tuple_is_called():
     buf = frame(body=b"abc")
     items, _src, _nxt = scan_c(buf, 0, len(buf), MAX_BODY, 5, NOW, entry_type=_NotATuple)
-    assert items[0][6].fields[0] == "t" and items[0][6].fields[6] == b"abc"
+    assert items[0][6].fields[0] == "t" and items[0][6].fields[6] == b"abc" and items[0][6].fields[7] is None
 
 
 @needs_c

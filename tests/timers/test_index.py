@@ -217,3 +217,39 @@ def test_the_position_is_committed_with_its_batch_and_a_rewind_only_moves_it_bac
     ix = TimerIndex(str(tmp_path))
     assert (ix.indexed_offset, ix.indexed_position, ix.count()) == (0, 200, 1)
     ix.close()
+
+
+def owned(due, owner, topic="t"):
+    return TimerEntry(topic, 0, 0, 0, due, NOW, b"x", owner)
+
+
+def test_each_owners_pending_count_follows_its_entries_and_survives_a_reopen(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    ix.apply([(1, owned(NOW + 10, "alice")), (2, owned(NOW + 20, "alice")), (3, owned(NOW + 30, "bob")),
+              (4, entry(NOW + 40))], 4, NOW)
+    assert ix.held == {"alice": 2, "bob": 1}  # the entry of no owner is not a user's
+    ix.apply([(5, TimerDone((1, 9))), (6, TimerCancel(3)), (7, TimerCancel(3))], 7, NOW)
+    assert ix.held == {"alice": 1}
+    ix.apply([(1, owned(NOW + 10, "alice"))], 8, NOW)  # a replayed entry already delivered: not pending again
+    assert ix.held == {"alice": 1} and ix.count() == 2
+    ix.close()
+    ix = TimerIndex(str(tmp_path))
+    assert ix.held == {"alice": 1}
+    ix.close()
+
+
+def test_a_file_from_before_owners_gets_them_its_rows_no_ones(tmp_path):
+    import sqlite3
+    path = str(tmp_path / "timers.db")
+    db = sqlite3.connect(path)
+    db.executescript("CREATE TABLE pending (msg_id INTEGER PRIMARY KEY, due_ms INTEGER NOT NULL, topic TEXT NOT NULL,"
+                     " partition INTEGER NOT NULL, flag INTEGER NOT NULL, checksum INTEGER NOT NULL, born_ms INTEGER "
+                     "NOT NULL, data BLOB NOT NULL); INSERT INTO pending VALUES (1, 5, 't', 0, 0, 0, 1, x'00');"
+                     "INSERT INTO pending VALUES (2, 6, 't', 0, 0, 0, 1, x'00');")
+    db.close()
+    ix = TimerIndex(str(tmp_path))
+    assert ix.held == {} and ix.count() == 2 and ix.get(1)[0] == 1
+    ix.apply([(3, owned(NOW, "alice")), (4, TimerDone((1, 2, 3)))], 4, NOW)
+    assert ix.held == {} and ix.count() == 0
+    assert dict(ix._db.execute("SELECT owner, pending FROM owners")) == {"": 0, "alice": 0}
+    ix.close()

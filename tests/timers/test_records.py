@@ -66,3 +66,24 @@ def test_due_from_checks():
                    {"delay_ms": 1.5}, {"delay_ms": True}):
         with pytest.raises(ClientError):
             timer.due_from(now_ms=NOW, **kwargs)
+
+
+def test_an_owned_entry_names_its_user_and_an_old_one_none():
+    data = timer.encode_entry("orders", 2, 1, 99, 5_000, 4_000, b"\x00body", owner="alice")
+    assert timer.decode(data) == TimerEntry("orders", 2, 1, 99, 5_000, 4_000, b"\x00body", "alice")
+    assert timer.decode(timer.encode_entry("orders", 2, 1, 99, 5_000, 4_000, b"body")).owner is None
+    longest = "u" * timer.MAX_TX_OWNER_BYTES
+    assert timer.decode(timer.encode_entry("t", 0, 0, 1, 1, 1, b"", owner=longest)).owner == longest
+    with pytest.raises(ValueError):
+        timer.encode_entry("t", 0, 0, 1, 1, 1, b"", owner=longest + "u")  # one past
+    with pytest.raises(ValueError):
+        timer.encode_entry("t", 0, 0, 1, 1, 1, b"", owner="")
+
+
+@pytest.mark.parametrize("cut", [0, 1, 3])
+def test_an_owned_entry_whose_owner_does_not_fit_is_refused(cut):
+    data = timer.encode_entry("t", 0, 0, 1, 1, 1, b"", owner="alice")
+    head = timer.ENTRY.size + 1
+    bad = data[:head] + (bytes([0]) if cut == 0 else data[head:len(data) - cut])
+    with pytest.raises(BadTimerRecord):
+        timer.decode(bad)

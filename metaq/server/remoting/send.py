@@ -40,7 +40,7 @@ from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTIO
                                              decode_send_header, send_response_fields)
 from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY,
                                              message_of_record, record_data_from_send, retry_copy)
-from metaq.timers.records import ENTRY, TIMER_TOPIC, timer_due, timer_property
+from metaq.timers.records import ENTRY, TIMER_TOPIC, owner_field, timer_due, timer_property
 from metaq.transactions.policy import immunity_ms
 from metaq.transactions.state import HALF_OWNER, half_txid
 from metaq.server.clock import now_ms
@@ -74,19 +74,21 @@ class RemotingSender:
 
     # -- the put itself -------------------------------------------------------
 
-    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0, priority=None, due_ms=None):
-        """Append (or schedule) one message (``priority``: to that level, docs/messaging.md "Priorities"); returns
-        ``(PutResult, offset message id)``."""
+    def _append(self, topic, partition, flag, data, born_ms, now, delay_level=0, priority=None, due_ms=None,
+                owner=None):
+        """Append (or schedule, as user ``owner``'s) one message (``priority``: to that level, docs/messaging.md
+        "Priorities"); returns ``(PutResult, offset message id)``."""
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         if partition < 0:
             partition = random.randrange(self.store.partitions_of(topic))
         r = self.path.append(topic, partition, flag, data, now, born_ms=born_ms, delay_level=delay_level,
-                             priority=priority, due_ms=due_ms)
+                             priority=priority, due_ms=due_ms, owner=owner)
         if priority:
             topic = level_topic(topic, priority)  # the record's topic: where the message is stored
         if due_ms is not None:  # the id names the timer entry (docs/messaging.md "Any delivery time")
-            stored = (TIMER_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
+            stored = (TIMER_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data)
+                      + (0 if owner is None else len(owner_field(owner))))
         elif delay_level > 0:  # the id names the schedule entry, like RocketMQ's id of a scheduled message
             stored = (SCHEDULE_TOPIC, ENTRY.size + len(topic.encode("utf-8")) + len(data))
         else:
@@ -94,11 +96,11 @@ class RemotingSender:
         position = r.log_end - record_size(len(stored[0].encode("utf-8")), stored[1])
         return r, create_offset_msg_id(*self.host(), position)
 
-    def _store(self, topic, partition, flag, data, born_ms, delay_level=0, priority=None, timer=None):
+    def _store(self, topic, partition, flag, data, born_ms, delay_level=0, priority=None, timer=None, owner=None):
         """``_append`` one message and wait until it may be acknowledged; returns ``(partition, offset, msg_id)``."""
         now = now_ms()
         r, msg_id = self._append(topic, partition, flag, data, born_ms, now, delay_level, priority,
-                                 None if timer is None else timer_due(timer, now))
+                                 None if timer is None else timer_due(timer, now), owner)
         self.path.durable(topic, r.partition, r.log_end, now)
         return r.partition, r.offset, msg_id
 
@@ -133,7 +135,7 @@ class RemotingSender:
         if identity is not None:
             return self._send_idempotent(cmd, h, topic, flag, data, identity, level or timer, conn)
         partition, offset, msg_id = self._store(topic, h.queue_id, flag, data, h.born_timestamp, level, priority,
-                                                timer)
+                                                timer, conn.session.user if conn.session else None)
         return response_for(cmd, ResponseCode.SUCCESS, None, _send_fields(msg_id, partition, offset))
 
     def _body(self, sys_flag, body):
