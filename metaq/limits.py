@@ -367,7 +367,8 @@ MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
 
 #: Longest user name (UTF-8 bytes) a transaction branch records as its owner, in memory and in the transaction
-#: journal (the permissions file's names are at most 128 characters of ``[A-Za-z0-9_.@-]``).
+#: journal, and a committed offset's owner in the replication stream's OFFSETS frame (the permissions file's names
+#: are at most 128 characters of ``[A-Za-z0-9_.@-]``).
 MAX_TX_OWNER_BYTES = 128
 
 #: Distinct topics and groups one RocketMQ request may need permissions for (a heartbeat names its groups and
@@ -420,8 +421,8 @@ MAX_CLIENT_ID_BYTES = 255
 #: Committed offsets one OFFSETS frame may carry (the master's table, up to MAX_CONSUMER_OFFSETS entries, goes
 #: in as many frames as it needs).
 MAX_REPLICATION_OFFSETS_PER_FRAME = 1000
-#: Bytes of entries one OFFSETS frame may carry (22 bytes and the two names each: 1000 entries with 100-byte
-#: names fit; longer names make more frames).
+#: Bytes of entries one OFFSETS frame may carry (22 bytes and the two names each, and with owners 1 byte and the
+#: owner's name: 1000 entries with 100-byte names fit; longer names and owners make more frames).
 MAX_REPLICATION_OFFSETS_BYTES = 256 * 1024
 
 #: Puts one Spark sink task keeps in flight (its ``maxInFlight`` option: 1 .. this).

@@ -11,9 +11,9 @@ the same store (DESIGN §8).
 **Owners.** Each entry belongs to the user whose commit made it (None: no user, authentication off, or an
 entry from before owners); a user holds at most its quota of entries (``quota(user, held)``: the quota decision,
 ``metaq.auth.quotas``, ``consumer_offsets``): a commit of a new entry past it is refused with
-``QuotaExceeded``. The owner is kept in the state file (a sixth field; rows of five are still read). The
-replication stream does not carry it: a slave's entries have no owner, and after a promotion an entry is taken by
-the first user who commits it again.
+``QuotaExceeded``. The owner is kept in the state file (a sixth field; rows of five are still read) and goes to
+the slaves with the entry (``snapshot``/``changes`` with ``owners=True``; ``replace``/``replicate`` take it), so a
+slave's owners, and its ``held()`` counts, are its master's: a promoted slave holds each user to its quota.
 
 A master's store is copied to its slaves over the replication stream: every change
 bumps a version, so the master's sender asks for what changed since the version it
@@ -25,7 +25,7 @@ import logging
 from collections import OrderedDict
 
 from metaq.errors import ClientError
-from metaq.limits import MAX_CONSUMER_OFFSETS, validate_group
+from metaq.limits import MAX_CONSUMER_OFFSETS, MAX_TX_OWNER_BYTES, validate_group
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,11 @@ class ConsumerOffsets:
                 key = (str(group), str(topic), int(partition))
                 self._entries[key] = (int(offset), int(commit_ms))
                 if len(row) == 6 and row[5] is not None:
-                    self._own(key, str(row[5]))
+                    if 0 < len(str(row[5]).encode("utf-8")) <= MAX_TX_OWNER_BYTES:
+                        self._own(key, str(row[5]))
+                    else:  # no user has such a name (and the replication stream could not carry it)
+                        log.warning("consumer offsets: ignored the owner of %r: a user name has 1..%d bytes",
+                                    row[:3], MAX_TX_OWNER_BYTES)
             except (TypeError, ValueError):
                 log.warning("consumer offsets: ignored a malformed entry %r", row)
         return len(self._entries)
@@ -108,44 +112,56 @@ class ConsumerOffsets:
         """Bumped by every change (``changes`` takes it)."""
         return self._version
 
-    def snapshot(self):
-        """``(version, entries)``: every entry as ``entries()`` lists them, and the version they reflect."""
-        return self._version, self.entries()
+    def snapshot(self, owners=False):
+        """``(version, entries)``: every entry as ``entries(owners)`` lists them, and the version they reflect."""
+        return self._version, self.entries(owners)
 
-    def changes(self, since):
+    def changes(self, since, owners=False):
         """``(entries, version)``: the entries changed after version ``since``, oldest change first, each once
-        with its current value; and the version they bring a caller to (pass it next time)."""
+        with its current value (and, with ``owners``, its owner as a sixth field); and the version they bring a
+        caller to (pass it next time)."""
         keys = []
         for key, version in reversed(self._changed.items()):
             if version <= since:
                 break
             keys.append(key)
-        entries = self._entries
-        return [key + entries[key] for key in reversed(keys) if key in entries], self._version
+        entries, own = self._entries, self._owners
+        return [key + entries[key] + ((own.get(key),) if owners else ()) for key in reversed(keys)
+                if key in entries], self._version
+
+    def _set_owner(self, key, owner):
+        if self._owners.get(key) != owner:
+            self._disown(key)
+            if owner is not None:
+                self._own(key, owner)
 
     def replicate(self, rows):
-        """A master's changed entries ``(group, topic, partition, offset, commit_ms)``: each replaces ours (the
-        master's word is final, whatever the slave was told meanwhile); a new one past ``max_entries`` is
-        skipped. Returns how many were skipped."""
+        """A master's changed entries ``(group, topic, partition, offset, commit_ms[, owner])``: each replaces ours,
+        its owner too (None or no sixth field: no owner; the master's word is final, whatever the slave was told
+        meanwhile); a new one past ``max_entries`` is skipped. Returns how many were skipped."""
         skipped = 0
-        for group, topic, partition, offset, commit_ms in rows:
-            key = (group, topic, partition)
+        for row in rows:
+            key = tuple(row[:3])
             if key not in self._entries and len(self._entries) >= self.max_entries:
                 skipped += 1
                 continue
-            self._entries[key] = (offset, commit_ms)
+            self._entries[key] = (row[3], row[4])
+            self._set_owner(key, row[5] if len(row) == 6 else None)
             self._touch(key)
         return skipped
 
     def replace(self, rows):
-        """A master's whole table: ours becomes exactly ``rows`` (an entry only we held goes: the master's
-        table is the group's truth). ValueError past ``max_entries``."""
+        """A master's whole table ``(group, topic, partition, offset, commit_ms[, owner])``: ours becomes exactly
+        ``rows``, owners included (an entry only we held goes: the master's table is the group's truth).
+        ValueError past ``max_entries``."""
         if len(rows) > self.max_entries:
             raise ValueError("%d committed offsets exceed the limit of %d (MAX_CONSUMER_OFFSETS)"
                              % (len(rows), self.max_entries))
-        self._entries = {(g, t, p): (o, ms) for g, t, p, o, ms in rows}
-        for key in [k for k in self._owners if k not in self._entries]:
-            self._disown(key)
+        self._entries = {tuple(r[:3]): (r[3], r[4]) for r in rows}
+        self._owners, self._held = {}, {}
+        for row in rows:
+            if len(row) == 6 and row[5] is not None:
+                self._own(tuple(row[:3]), row[5])
         self._changed = OrderedDict()
         for key in self._entries:
             self._touch(key)
@@ -171,9 +187,11 @@ class ConsumerOffsets:
         entry = self._entries.get((group, topic, partition))
         return entry[0] if entry is not None else None
 
-    def entries(self):
-        """``[(group, topic, partition, offset, commit_ms)]`` sorted."""
-        return sorted(k + v for k, v in self._entries.copy().items())
+    def entries(self, owners=False):
+        """``[(group, topic, partition, offset, commit_ms)]`` sorted; with ``owners``, each with its owner (None:
+        none) as a sixth field."""
+        own = self._owners.copy()
+        return sorted(k + v + ((own.get(k),) if owners else ()) for k, v in self._entries.copy().items())
 
     def save(self):
         """BLOCKING (runs beside checkpoints in a pool thread): write the file if anything changed since the last

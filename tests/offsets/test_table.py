@@ -2,6 +2,7 @@
 
 import pytest
 
+from metaq import limits
 from metaq.errors import ClientError, InvalidTopic
 from metaq.store.files import DataDir
 from metaq.offsets.table import ConsumerOffsets
@@ -162,3 +163,47 @@ def test_clamp_moves_only_offsets_past_their_end_and_the_change_is_saved_and_rep
     again.load()
     assert again.query("g", "t", 0) == 10
     assert o.clamp(lambda topic, p: ends.get((topic, p))) == 0  # nothing past its end any more
+
+
+def test_owners_go_to_a_slave_and_its_counts_are_the_masters(tmp_path):
+    """The master lists each entry with its owner; the slave's replace/replicate take them, so its held() counts
+    (the consumer_offsets quota's) are the master's, and are saved for a restart."""
+    master_dir = DataDir(str(tmp_path / "m"))
+    master_dir.create()
+    master = ConsumerOffsets(master_dir)
+    master.commit("g", "t", 0, 1, 1000, max_offset=9, owner="alice")
+    master.commit("g", "t", 1, 1, 1000, max_offset=9, owner="alice")
+    master.commit("h", "t", 0, 1, 1000, max_offset=9, owner="bob")
+    master.commit("n", "t", 0, 1, 1000, max_offset=9)  # no user: no owner
+    v1, rows = master.snapshot(owners=True)
+    assert rows == [("g", "t", 0, 1, 1000, "alice"), ("g", "t", 1, 1, 1000, "alice"), ("h", "t", 0, 1, 1000, "bob"),
+                    ("n", "t", 0, 1, 1000, None)]
+    slave_dir = DataDir(str(tmp_path / "s"))
+    slave_dir.create()
+    slave = ConsumerOffsets(slave_dir)
+    slave.commit("old", "t", 0, 1, 1000, max_offset=9, owner="carol")  # from its own time as a master: goes
+    slave.replace(rows)
+    assert slave.held() == master.held() == {"alice": 2, "bob": 1}
+    master.commit("h", "t", 1, 4, 1001, max_offset=9, owner="alice")
+    master.commit("g", "t", 0, 5, 1002, max_offset=9, owner="bob")  # alice's still: the owner is who made it
+    changed, _v2 = master.changes(v1, owners=True)
+    assert changed == [("h", "t", 1, 4, 1001, "alice"), ("g", "t", 0, 5, 1002, "alice")]
+    assert slave.replicate(changed) == 0
+    assert slave.held() == master.held() == {"alice": 3, "bob": 1}
+    slave.replicate([("h", "t", 0, 2, 1003, "alice"), ("g", "t", 1, 2, 1003, None)])  # the master's word, even here
+    assert slave.held() == {"alice": 3}
+    assert slave.save() is True
+    again = ConsumerOffsets(slave_dir)
+    assert again.load() == 5 and again.held() == {"alice": 3}
+    again.replace([("g", "t", 0, 1, 1)])  # five fields (a master from before owners): no owner
+    assert again.held() == {}
+
+
+def test_a_loaded_owner_no_user_can_have_is_dropped(tmp_path, caplog):
+    d, o = fresh(tmp_path)
+    o.commit("g", "t", 0, 1, 1000, max_offset=9, owner="u" * limits.MAX_TX_OWNER_BYTES)  # at the limit
+    o.commit("h", "t", 0, 1, 1000, max_offset=9, owner="v" * (limits.MAX_TX_OWNER_BYTES + 1))  # one past
+    o.save()
+    again = ConsumerOffsets(d)
+    assert again.load() == 2 and again.held() == {"u" * limits.MAX_TX_OWNER_BYTES: 1}
+    assert "ignored the owner" in caplog.text

@@ -346,7 +346,7 @@ GOOD = (b"g", b"t", 0, 5, 1000)
 
 
 @pytest.mark.parametrize("wire, message", [
-    (offsets_frame(4, [GOOD]), "bad OFFSETS: unknown flags 0x04"),
+    (offsets_frame(8, [GOOD]), "bad OFFSETS: unknown flags 0x08"),
     (offsets_frame(2, [GOOD]), "END without SNAPSHOT"),
     (offsets_frame(0, []), "0 entries: a frame carries 1..1000"),
     (offsets_frame(1, []), "0 entries: a frame carries 1..1000"),  # only a snapshot's last frame may be empty
@@ -441,3 +441,129 @@ def test_topics_frame_round_trip_and_bound():
     assert p.next_event() == rp.Topics(table)
     with pytest.raises(ValueError, match="1..%d bytes" % limits.MAX_TOPIC_TABLE_BYTES):
         serialize(rp.Topics(b"x" * (limits.MAX_TOPIC_TABLE_BYTES + 1)))
+
+
+# -- OFFSETS with owners (the OWNERS flag: each entry's owner follows it) ----------------------------------------------
+
+owners = st.one_of(st.none(), st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=32)
+                   .filter(lambda o: len(o.encode("utf-8")) <= limits.MAX_TX_OWNER_BYTES))
+owned_entries = st.tuples(names, names, st.integers(0, limits.MAX_PARTITIONS - 1), pos64, pos64, owners)
+
+
+def owned_frame(flags, entries, count=None):
+    """An OFFSETS frame from raw entries ``(group, topic, partition, offset, commit_ms, owner bytes)`` whose owner
+    length byte is the owner's length, or ``(..., owner bytes, length byte)`` to lie about it, or
+    ``(..., None)``: no owner field at all."""
+    body = b""
+    for e in entries:
+        g, t, p_, o, ms, owner = e[:6]
+        body += struct.pack(">BBiqq", len(g), len(t), p_, o, ms) + g + t
+        if owner is not None:
+            body += struct.pack(">B", e[6] if len(e) == 7 else len(owner)) + owner
+    return frame(9, struct.pack(">BI", flags, len(entries) if count is None else count) + body)
+
+
+def parse_one(wire):
+    p = ReplicationParser()
+    p.receive_data(wire)
+    return p.next_event()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(owned_entries, min_size=1, max_size=8, unique_by=lambda e: e[:3]), st.booleans())
+def test_offsets_with_owners_round_trip(rows, end):
+    event = Offsets(tuple(rows), True, end, owners=True)
+    assert parse_one(serialize(event)) == event
+
+
+def test_offsets_without_owners_keep_the_old_form():
+    """A frame with no owned entry has no OWNERS flag: its bytes are those a slave from before owners reads."""
+    rows = [("g", "t", 0, 5, 1000, None), ("h", "t", 1, 6, 1001, None)]
+    (event,) = ro.frames(rows, snapshot=True)
+    assert event == Offsets((("g", "t", 0, 5, 1000), ("h", "t", 1, 6, 1001)), True, True)
+    wire = serialize(event)
+    assert wire == offsets_frame(ro.SNAPSHOT | ro.END, [(b"g", b"t", 0, 5, 1000), (b"h", b"t", 1, 6, 1001)])
+    assert parse_one(wire) == event
+
+
+def test_a_frame_with_one_owned_entry_carries_every_owner():
+    rows = [("g", "t", 0, 5, 1000), ("h", "t", 1, 6, 1001, "alice"), ("i", "t", 2, 7, 1002, None)]
+    (event,) = ro.frames(rows, snapshot=False)
+    assert event == Offsets((("g", "t", 0, 5, 1000, None), ("h", "t", 1, 6, 1001, "alice"),
+                             ("i", "t", 2, 7, 1002, None)), False, False, owners=True)
+    wire = serialize(event)
+    assert wire[FRAME_HEADER.size] == ro.OWNERS
+    assert wire == owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1000, b""), (b"h", b"t", 1, 6, 1001, b"alice"),
+                                           (b"i", b"t", 2, 7, 1002, b"")])
+    assert parse_one(wire) == event
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(owned_entries, max_size=2500, unique_by=lambda e: e[:3]), st.booleans())
+def test_frames_split_an_owned_table_within_both_limits(rows, snapshot):
+    events = ro.frames(rows, snapshot)
+    assert [e if ev.owners else e + (None,) for ev in events for e in ev.entries] == rows
+    for ev in events:
+        assert ev.owners == any(e[5] is not None for e in ev.entries if len(e) == 6)
+        assert len(ev.entries) <= limits.MAX_REPLICATION_OFFSETS_PER_FRAME
+        assert len(serialize(ev)) <= FRAME_HEADER.size + ro.OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+    p = ReplicationParser()
+    p.receive_data(b"".join(serialize(ev) for ev in events) + serialize(Heartbeat(1)))
+    assert drain(p) == (events + [Heartbeat(1)], NEED_DATA)
+
+
+def test_long_owners_make_more_frames():
+    owner = "u" * limits.MAX_TX_OWNER_BYTES
+    rows = [("g%04d" % i + "x" * 195, "t" * 200, 0, i, i, owner) for i in range(1000)]  # 422 + 1 + 128 bytes each
+    events = ro.frames(rows, snapshot=True)
+    per = limits.MAX_REPLICATION_OFFSETS_BYTES // 551
+    assert [len(ev.entries) for ev in events] == [per] * (1000 // per) + [1000 % per]
+    for ev in events:
+        assert len(b"".join(ro.payload_parts(ev))) <= ro.OFFSETS_HEAD.size + limits.MAX_REPLICATION_OFFSETS_BYTES
+
+
+def test_an_owner_at_the_limit_is_carried_and_one_past_it_is_not():
+    most = limits.MAX_TX_OWNER_BYTES
+    for owner in ("u" * most, "\u00e9" * (most // 2)):  # bytes, not characters, count
+        event = Offsets((("g", "t", 0, 1, 1, owner),), False, owners=True)
+        assert parse_one(serialize(event)) == event
+    for owner in ("u" * (most + 1), "\u00e9" * (most // 2) + "u"):
+        with pytest.raises(ValueError, match="an owner of %d bytes: a user name has 1..%d \\(limit MAX_TX_OWNER_BYTES"
+                           % (most + 1, most)):
+            serialize(Offsets((("g", "t", 0, 1, 1, owner),), False, owners=True))
+    wire = owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, b"u" * (most + 1))])
+    with pytest.raises(RemoteProtocolError, match="the owner of entry 1 of 1 is %d bytes: at most %d \\(limit "
+                       "MAX_TX_OWNER_BYTES\\)" % (most + 1, most)) as info:
+        parse_one(wire)
+    assert info.value.fatal
+
+
+@pytest.mark.parametrize("wire, message", [
+    (owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, None)]), "the owner of entry 1 of 1 does not fit the frame's 29"),
+    (owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, b"al", 5)]), "the owner of entry 1 of 1 \\(5 bytes\\) does not fit"),
+    (owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, b"alice"), (b"h", b"t", 0, 5, 1, None)]),
+     "the owner of entry 2 of 2 does not fit"),
+    (owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, b"al\xffce")]), "the owner of entry 1 of 1 is not UTF-8"),
+    (owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, b"alice", 2)]), "1 entries leave 3 of the frame's 35 bytes unused"),
+    (owned_frame(0, [(b"g", b"t", 0, 5, 1, b"alice")]), "1 entries leave 6 of the frame's 35 bytes unused"),
+    (owned_frame(ro.OWNERS, [(b"g", b"t", 0, 5, 1, b"alice"), (b"g", b"t", 0, 6, 1, b"bob")]),
+     "entry 2 of 2 names g/t-0 a second time"),
+    (owned_frame(ro.OWNERS | 8, [(b"g", b"t", 0, 5, 1, b"alice")]), "unknown flags 0x0c"),
+])
+def test_lying_owned_offsets_frames_are_fatal(wire, message):
+    with pytest.raises(RemoteProtocolError, match="bad OFFSETS: .*" + message) as info:
+        parse_one(wire)
+    assert info.value.fatal
+
+
+@pytest.mark.parametrize("event, message", [
+    (Offsets((("g", "t", 0, 1, 1, ""),), False, owners=True), "an owner of 0 bytes"),
+    (Offsets((("g", "t", 0, 1, 1, b"alice"),), False, owners=True), "an owner is a user name or None"),
+    (Offsets((("g", "t", 0, 1, 1, "\ud800"),), False, owners=True), "an owner is UTF-8 text"),
+    (Offsets((("g", "t", 0, 1, 1),), False, owners=True), "an entry is \\(group, topic, partition, offset, "
+                                                          "commit_ms, owner\\)"),
+    (Offsets((("g", "t", 0, 1, 1, "alice"),), False), "an entry is \\(group, topic, partition, offset, commit_ms\\)"),
+])
+def test_bad_owners_are_not_sent(event, message):
+    with pytest.raises(ValueError, match=message):
+        serialize(event)

@@ -328,13 +328,14 @@ class ReplicationServer:
             self._data.wait(POLL_S)
 
     def _send_offsets(self, sock, state, now):
-        """The consumer offsets this link has not carried: the whole table the first time, then what changed."""
+        """The consumer offsets this link has not carried: the whole table the first time, then what changed; each
+        entry with its owner (a frame with none owned goes in the form slaves from before owners read)."""
         state.offsets_due = now + OFFSETS_SYNC_S
         offsets = self.store.consumer_offsets
         if state.offsets_version is None:
-            version, rows = offsets.snapshot()
+            version, rows = offsets.snapshot(owners=True)
         else:
-            rows, version = offsets.changes(state.offsets_version)
+            rows, version = offsets.changes(state.offsets_version, owners=True)
         for event in offsets_frames(rows, snapshot=state.offsets_version is None):
             send_event(sock, event)  # about 5 ms of encoding a full frame: the clients go between frames
             gevent.sleep(0)

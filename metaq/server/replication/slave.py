@@ -313,7 +313,8 @@ class SlaveLink:
 
     def _offsets(self, event):
         """The master's committed consumer offsets: its whole table replaces ours once complete (an offset only
-        we held goes); a change replaces our entry. A frame out of that order is a lie: the link ends."""
+        we held goes); a change replaces our entry. Each entry's owner comes with it (none from a frame without
+        OWNERS), so our quota counts are the master's. A frame out of that order is a lie: the link ends."""
         offsets = self.store.consumer_offsets
         if not event.snapshot:
             if not self.offsets_synced:
