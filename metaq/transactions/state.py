@@ -218,7 +218,8 @@ class TransactionManager:
         self.store = store
         self.config = config
         self._log = TxLog(store)
-        self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
+        self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING): changed by _add_branch / _drop_branch only
+        self._per_user = {}  # user -> live branches it began (None: those of no user), kept with _branches
         self._by_owner = {}  # owner -> set of local keys
         self._halves = {}  # key -> Branch: the pending RocketMQ half messages
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
@@ -304,7 +305,7 @@ class TransactionManager:
                 self._write(R.Rollback(b.key, now_ms, R.RB_RECOVERY), now_ms)
                 report.rolled_back += 1
             elif b.state == R.PREPARED:
-                self._branches[b.key] = b
+                self._add_branch(b)
                 report.prepared_kept += 1
                 self._hold_partitions(b)
                 self._keep_half(b)
@@ -369,7 +370,7 @@ class TransactionManager:
         return self.recovery
 
     def _clear(self):
-        self._branches, self._by_owner, self._halves, self._heuristic = {}, {}, {}, {}
+        self._branches, self._per_user, self._by_owner, self._halves, self._heuristic = {}, {}, {}, {}, {}
         self._held = 0
 
     def retention_floor(self):
@@ -407,7 +408,7 @@ class TransactionManager:
             except TransactionError as exc:
                 log.error("transaction recovery: commit of %s left incomplete: %s", b.key, exc)
                 report.commits_incomplete += 1
-                self._branches[b.key] = b
+                self._add_branch(b)
                 continue
             report.commits_completed += 1
             self._finish_commit(b, now_ms)
@@ -483,8 +484,28 @@ class TransactionManager:
         if len(recent) > MAX_REMEMBERED:
             del recent[next(iter(recent))]
 
-    def _forget_branch(self, b, outcome, now_ms):
+    def _add_branch(self, b):
+        """``b`` is live (again): in the branch table and counted for its user (``held_by``). With ``_drop_branch``
+        the only writer of both, so the count a quota check reads in O(1) is the table's."""
+        old = self._branches.get(b.key)
+        if old is b:
+            return
+        if old is not None:
+            self._drop_branch(old)
+        self._branches[b.key] = b
+        self._per_user[b.user] = self._per_user.get(b.user, 0) + 1
+
+    def _drop_branch(self, b):
+        """``b`` ended: out of the branch table and its user's count."""
         del self._branches[b.key]
+        n = self._per_user[b.user] - 1
+        if n:
+            self._per_user[b.user] = n
+        else:
+            del self._per_user[b.user]
+
+    def _forget_branch(self, b, outcome, now_ms):
+        self._drop_branch(b)
         self._halves.pop(b.key, None)
         if not b.xa:
             keys = self._by_owner.get(b.owner)
@@ -514,7 +535,7 @@ class TransactionManager:
                       "(transactions.max_open)" % self.config.max_open)
         timeout_s = min(timeout_s or self.config.default_timeout_s, self.config.max_timeout_s)
         b = R.Branch(key, xa, qualifier, None if xa else owner, now_ms, timeout_s, user)
-        self._branches[key] = b
+        self._add_branch(b)
         if not xa:
             self._by_owner.setdefault(owner, set()).add(key)
 
@@ -663,7 +684,7 @@ class TransactionManager:
         except (MetaqError, OSError) as exc:  # the messages are in; DONE is retried by expire() / commit()
             log.error("transaction %s committed but its DONE record failed: %s", b.key, exc)
             b.done_pending = True
-            self._branches[b.key] = b
+            self._add_branch(b)
             return
         b.done_pending = False
         if self._branches.get(b.key) is b:
@@ -707,16 +728,13 @@ class TransactionManager:
         return sorted(set(keys))
 
     def held_by(self, user):
-        """How many live branches (open, prepared, committing; half messages among them) ``user`` began."""
-        return sum(1 for b in self._branches.values() if b.user == user)
+        """How many live branches (open, prepared, committing; half messages among them) ``user`` began: asked by
+        the quota check of every BEGIN and half message, so read from a count kept with the branch table."""
+        return self._per_user.get(user, 0)
 
     def by_user(self):
         """``{user: live branches it began}`` (``stats quotas``); branches of no user are not counted."""
-        out = {}
-        for b in self._branches.values():
-            if b.user is not None:
-                out[b.user] = out.get(b.user, 0) + 1
-        return out
+        return {user: n for user, n in self._per_user.items() if user is not None}
 
     def user_of(self, txid):
         """``(found, user)``: whether ``txid`` is a live branch, a heuristic outcome or a remembered decision
