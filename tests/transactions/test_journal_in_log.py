@@ -11,7 +11,8 @@ from metaq.errors import TransactionError
 from metaq.protocol.checksum import crc32
 from metaq.transactions import records as R
 from metaq.transactions.config import TxConfig
-from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay
+from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay, TxFollow
 from metaq.transactions.journal import journal_path
 from metaq.transactions.state import TransactionManager
 from metaq.transactions.wire import XA_OK, XAER_RMFAIL
@@ -179,3 +180,66 @@ def test_a_slave_removes_an_older_brokers_journal_rather_than_keep_branches_that
         assert not os.path.exists(tx_dir) and slave.take_over(NOW).prepared_kept == 0 and slave.recover() == []
     finally:
         store.abandon()
+
+
+# -- TxFollow: what one step of the log follower learns -------------------------------------------------------
+
+def follower_of(b, **limits):
+    """A slave's TxFollow over ``b``'s log from its start, the records it learns collected in order."""
+    learned = []
+    follow = TxFollow(b.store, lambda pos, flag, rec: learned.append(rec), lambda upto: None, lambda: None, **limits)
+    follow.replicating = True
+    return follow, learned
+
+
+def step(b, follow, max_bytes=None):
+    b.store.follower.step(b.store.flushed_position, b.store.written_position, max_bytes, only=follow)
+
+
+def journal_of_puts(b, n):
+    """``n`` PUT records of one branch in ``%TX%``; their log spans."""
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, n)
+    spans = b.store.record_spans(TX_TOPIC, 0, 0, b.store.written_position, n + 1)
+    assert len(spans) == n
+    return spans
+
+
+@pytest.mark.parametrize("records", [4, 5])
+def test_a_slave_learns_at_most_its_batch_of_records_a_step_at_the_limit_and_one_past(tx_broker, records):
+    b = tx_broker
+    spans = journal_of_puts(b, records)
+    follow, learned = follower_of(b, limit=4)
+    step(b, follow)
+    assert len(learned) == 4
+    if records == 4:
+        assert follow.position == b.store.written_position
+    else:  # the fifth waits for the next step, where it starts
+        assert follow.position == spans[4][1]
+        step(b, follow)
+    assert follow.position == b.store.written_position
+    assert [r.data for r in learned] == [body(xid(1), i) for i in range(records)]
+
+
+def test_a_slave_learns_at_most_its_batch_of_bytes_a_step_and_one_record_at_least(tx_broker):
+    b = tx_broker
+    spans = journal_of_puts(b, 3)
+    follow, learned = follower_of(b, max_bytes=spans[0][2] + spans[1][2])  # two records' bytes exactly
+    step(b, follow)
+    assert len(learned) == 2 and follow.position == spans[2][1]
+    follow, learned = follower_of(b, max_bytes=spans[0][2] - 1)  # less than one record: one all the same
+    step(b, follow)
+    assert len(learned) == 1 and follow.position == spans[1][1]
+
+
+def test_a_slave_learns_every_record_through_steps_of_the_log_followers_byte_budget(tx_broker):
+    """A step walks a budget of log bytes: the records past it are learned by the next steps, none passed over."""
+    b = tx_broker
+    journal_of_puts(b, 6)
+    follow, learned = follower_of(b)
+    steps = 0
+    while follow.position < b.store.written_position:
+        step(b, follow, max_bytes=1)  # the records starting in the first byte: one a step
+        steps += 1
+    assert steps == 6 and [r.data for r in learned] == [body(xid(1), i) for i in range(6)]
