@@ -11,13 +11,16 @@ goes with the rest of that master's diverged tail (docs/replication.md "Transact
   alone (``protocol/journaltopic.py``: no client may put there). Durable when the log is flushed past its end.
 * **Snapshots**: the live branches' records written again at the log end between ``Snapshot`` and ``SnapEnd``, each
   with the message flag ``SNAPSHOT_FLAG``; a complete one replaces everything before it (``LogReplay``), an
-  incomplete one (a full disk, a crash) is ignored. Retention keeps the log from the last complete snapshot
-  (``retention_floor``), and the manager writes one whenever the log has grown a segment past it.
+  incomplete one (a full disk, a crash) is ignored. The manager writes one in steps, serving requests between
+  them, so ordinary records may lie among its records: each is about a branch the snapshot wrote already or will
+  not write (the manager writes a branch's records into the snapshot before a change to it), so the snapshot plus
+  the ordinary records after its start, in log order, are the state. Retention keeps the log from the last
+  complete snapshot (``retention_floor``), and the manager writes one whenever the log has grown a segment past it.
 * **Following** (a slave): ``learn`` hands every ``%TX%`` record replicated to the manager's replica state
   (``TransactionManager.learn``), at most ``TX_LEARN_BATCH`` records and ``TX_LEARN_BATCH_BYTES`` of them a call
   (the follower's next step takes the rest), each checked and decoded once from the segment map it is handed; a
-  **cut** makes it replay the log again up to the cut, so nothing of a diverged
-  tail survives. A master learns nothing from its own records: it applied them as it wrote them.
+  **cut** makes it replay the log again up to the cut, so nothing of a diverged tail survives. A master learns
+  nothing from its own records: it applied them as it wrote them.
 
 No sockets, gevent or clock.
 """
@@ -78,16 +81,31 @@ class TxLog:
         return bool(self._store.record_spans(TX_TOPIC, 0, 0, self._store.written_position, 1))
 
 
+class _Reading:
+    """A snapshot being read: where it starts, the state it builds (its records and the ordinary ones among them),
+    how many of its own records came so far, and the anomalies of the state before it when it began."""
+
+    __slots__ = ("at", "state", "count", "anomalies")
+
+    def __init__(self, at, state, anomalies):
+        self.at, self.state, self.count, self.anomalies = at, state, 0, anomalies
+
+
 class LogReplay:
     """Branches rebuilt from ``(position, flag, record)`` in log order: a ``records.ReplayState`` that a complete
-    snapshot replaces whole. ``snapshot_at``: the position of the last complete snapshot (None: none yet)."""
+    snapshot replaces whole. ``snapshot_at``: the position of the last complete snapshot (None: none yet).
+
+    The ordinary records among a snapshot's (written while it was) go to both states: the one before it, and the
+    snapshot's, which they bring up to date. While a snapshot is read, the state before it tells nobody of the
+    records that fit none of its branches (a log that starts at the snapshot lacks their first records; the
+    snapshot's state tells of those that fit none of its own); they are counted all the same."""
 
     def __init__(self, on_anomaly=None):
         self.on_anomaly = on_anomaly
         self.state = self._fresh()
         self.snapshot_at = None
         self.records = 0
-        self._next = None  # (position, ReplayState, expected count): a snapshot being read
+        self._next = None  # a _Reading: a snapshot being read
 
     def _fresh(self):
         return R.ReplayState(keep_done_after=1 << 62, on_anomaly=self.on_anomaly)  # the log holds what DONE names
@@ -95,23 +113,28 @@ class LogReplay:
     def apply(self, position, flag, rec):
         self.records += 1
         t = type(rec)
+        reading = self._next
         if flag & SNAPSHOT_FLAG:
             if t is R.Snapshot:
-                self._next = (position, self._fresh(), None)
-            elif self._next is None:
+                self._next = _Reading(position, self._fresh(), self.state.anomalies)
+                self.state.on_anomaly = None
+            elif reading is None:
                 return  # the rest of a snapshot whose start retention deleted or a cut left out
             elif t is R.SnapEnd:
-                at, state, _n = self._next
                 self._next = None
-                if state.records == rec.records:
+                self.state.on_anomaly = self.on_anomaly
+                if reading.count == rec.records:
+                    state = reading.state
+                    state.anomalies = reading.anomalies + state.anomalies
                     state.records = self.state.records
-                    state.anomalies = self.state.anomalies
-                    self.state, self.snapshot_at = state, at
+                    self.state, self.snapshot_at = state, reading.at
             else:
-                self._next[1].apply(rec)
+                reading.count += 1
+                reading.state.apply(rec)
             return
-        self._next = None  # a snapshot cut short (a full disk): ignored
         self.state.apply(rec)
+        if reading is not None:
+            reading.state.apply(rec)
 
 
 class TxFollow:

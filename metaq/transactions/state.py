@@ -31,13 +31,14 @@ Threads: everything runs on the loop; ``open`` and ``flush_journal`` block (brok
 is ``now_ms``.
 """
 
+import itertools
 import logging
 import random
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, MetaqError, TransactionError
-from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
+from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, TX_SNAPSHOT_STEP, validate_partition
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
 from metaq.transactions import records as R
 from metaq.protocol.journaltopic import TX_TOPIC
@@ -187,6 +188,17 @@ class CommitPlan:
         return "CommitPlan(%s, %d messages)" % (self.key, self.messages)
 
 
+class _Snapshot:
+    """A snapshot being written (``TransactionManager.maintain``): ``pending``, the keys of the live branches and
+    heuristic outcomes when it began that it has not written yet (in order); ``records``, how many it wrote;
+    ``start``, the log position its ``Snapshot`` record was written from."""
+
+    __slots__ = ("pending", "records", "start")
+
+    def __init__(self, keys, start):
+        self.pending, self.records, self.start = dict.fromkeys(keys), 0, start
+
+
 @dataclass
 class RecoveryReport:
     """What ``TransactionManager.open`` found and did."""
@@ -228,6 +240,7 @@ class TransactionManager:
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
         self._replica = None  # a slave's LogReplay of the master's records (None: this broker writes them)
         self._snapshot_at = None  # the log position of the last complete snapshot (retention keeps the log from it)
+        self._snap = None  # the _Snapshot being written, between maintain's steps
         self.follow = TxFollow(store, self.learn, self.relearn, self.retention_floor)
         self.recovery = None
 
@@ -370,6 +383,7 @@ class TransactionManager:
         return self.recovery
 
     def _clear(self):
+        self._snap = None  # a snapshot being written is left incomplete: the branches it wrote are no longer these
         self._branches, self._per_user, self._by_owner, self._halves, self._heuristic = {}, {}, {}, {}, {}
         self._held = 0
 
@@ -473,7 +487,7 @@ class TransactionManager:
         if self._replica is not None:
             raise _xa(XAER_RMFAIL, "this broker is a slave: transactions are the master's")
         try:
-            self._log.append(rec, now_ms)
+            self._append(rec, now_ms)
         except (MetaqError, OSError, R.RecordError) as exc:
             raise _xa(XAER_RMFAIL, "cannot write the transaction journal: %s" % exc) from exc
 
@@ -680,7 +694,7 @@ class TransactionManager:
 
     def _finish_commit(self, b, now_ms):
         try:
-            self._log.append(R.Done(b.key, now_ms, b.log_end or self.store.written_position), now_ms)
+            self._append(R.Done(b.key, now_ms, b.log_end or self.store.written_position), now_ms)
         except (MetaqError, OSError) as exc:  # the messages are in; DONE is retried by expire() / commit()
             log.error("transaction %s committed but its DONE record failed: %s", b.key, exc)
             b.done_pending = True
@@ -901,28 +915,72 @@ class TransactionManager:
         floor = self.retention_floor()
         return floor is not None and self.store.written_position - floor > self.store.config.segment_size
 
-    def maintain(self, now_ms):
+    def maintain(self, now_ms, pause=None, step=TX_SNAPSHOT_STEP):
         """Write a snapshot of the live branches and heuristic outcomes at the log end (on the loop: its records are
-        what open branches hold in memory already). A full disk leaves it incomplete, which replay ignores."""
-        if self._replica is not None:
+        what open branches hold in memory already), ``step`` keys at most at a time with ``pause()`` between two
+        steps (the service's yields to the loop; None: none), so that many branches do not stall the requests.
+
+        Requests served meanwhile journal their records among the snapshot's; before a record about a key the
+        snapshot has not written yet, that key's branch is written into it as it is then (``_append``), so that
+        every ordinary record after the snapshot's start changes a branch it holds, or one it never will: replay
+        applies them on top of it (``LogReplay``). A full disk, or a change of role meanwhile, leaves it
+        incomplete, which replay ignores."""
+        if self._replica is not None or self._snap is not None:
             return
-        recs = []
-        for b in self._branches.values():
-            recs.extend(b.records())
-        recs.extend(self._heuristic.values())
+        snap = None
         try:
-            self._write_snapshot(recs, now_ms)
+            snap = self._snap = self._begin_snapshot(itertools.chain(self._branches, self._heuristic), now_ms)
+            while snap.pending:
+                for key in list(itertools.islice(snap.pending, step)):
+                    self._snapshot_key(snap, key, now_ms)
+                if snap.pending and pause is not None:
+                    pause()
+                    if self._snap is not snap:  # left incomplete meanwhile (a failed write, a change of role)
+                        return
+            self._end_snapshot(snap, now_ms)
         except (MetaqError, OSError, R.RecordError) as exc:
             log.warning("transactions: a snapshot of the journal was not written: %s", exc)
+        finally:
+            if snap is not None and self._snap is snap:  # ended, or not (an error, the greenlet killed): incomplete
+                self._snap = None
+
+    def _begin_snapshot(self, keys, now_ms):
+        snap = _Snapshot(keys, self.store.written_position)
+        self._log.append(R.Snapshot(now_ms, 0), now_ms, SNAPSHOT_FLAG)
+        return snap
+
+    def _snapshot_key(self, snap, key, now_ms):
+        """Write ``key``'s live branch and heuristic outcome, as they are now, into ``snap``."""
+        del snap.pending[key]
+        b, h = self._branches.get(key), self._heuristic.get(key)
+        for rec in itertools.chain(() if b is None else b.records(), () if h is None else (h,)):
+            self._log.append(rec, now_ms, SNAPSHOT_FLAG)
+            snap.records += 1
+
+    def _end_snapshot(self, snap, now_ms):
+        self._log.append(R.SnapEnd(snap.records), now_ms, SNAPSHOT_FLAG)
+        spans = self.store.record_spans(TX_TOPIC, 0, snap.start, self.store.written_position, 1)
+        self._snapshot_at = spans[0][1] if spans else self._snapshot_at
 
     def _write_snapshot(self, recs, now_ms):
-        start = self.store.written_position
-        self._log.append(R.Snapshot(now_ms, 0), now_ms, SNAPSHOT_FLAG)
+        """A snapshot of ``recs`` at once (the migration of an older broker's journal, at open)."""
+        snap = self._begin_snapshot((), now_ms)
         for rec in recs:
             self._log.append(rec, now_ms, SNAPSHOT_FLAG)
-        self._log.append(R.SnapEnd(len(recs)), now_ms, SNAPSHOT_FLAG)
-        spans = self.store.record_spans(TX_TOPIC, 0, start, self.store.written_position, 1)
-        self._snapshot_at = spans[0][1] if spans else self._snapshot_at
+            snap.records += 1
+        self._end_snapshot(snap, now_ms)
+
+    def _append(self, rec, now_ms):
+        """Journal ``rec``; while a snapshot is written in steps, the branch it is about goes into the snapshot first
+        when it has not yet (see ``maintain``). A snapshot that cannot take it is left incomplete."""
+        snap = self._snap
+        if snap is not None and rec.key in snap.pending:
+            try:
+                self._snapshot_key(snap, rec.key, now_ms)
+            except (MetaqError, OSError, R.RecordError) as exc:
+                self._snap = None
+                log.warning("transactions: a snapshot of the journal was not written: %s", exc)
+        return self._log.append(rec, now_ms)
 
     def close(self, now_ms):
         """Nothing to close: the journal is the log's."""
