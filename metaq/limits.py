@@ -234,6 +234,16 @@ MAX_OPEN_TRANSACTIONS = 10_000
 #: Message bytes all open transactions may hold together in the broker's memory until they end; a
 #: transactional put past it fails with XAER_RMERR (``transactions.max_held_bytes``).
 MAX_TX_HELD_BYTES = 1 << 30
+#: Transaction journal records (``%TX%``) a slave's manager learns in one call of the log follower
+#: (``TxFollow.learn``, on the event loop); the rest wait for the follower's next step, other greenlets served between.
+TX_LEARN_BATCH = 1_000
+#: ... and at most this many bytes of their log records (one record at least: a PUT may hold a message of up to
+#: ``MAX_BODY_BYTES``).
+TX_LEARN_BATCH_BYTES = 8 << 20
+#: Live transaction branches (and heuristic outcomes) a journal snapshot writes in one turn of the event loop
+#: (``TransactionManager.maintain``); it yields between two such steps, so a broker with many branches open keeps
+#: serving while it writes one.
+TX_SNAPSHOT_STEP = 1_000
 
 #: Committed consumer offsets the broker keeps, one per (group, topic, partition): a commit that would add
 #: one more is refused (400). All are written at every checkpoint, so they are bounded like any state.

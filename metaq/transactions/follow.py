@@ -11,19 +11,27 @@ goes with the rest of that master's diverged tail (docs/replication.md "Transact
   alone (``protocol/journaltopic.py``: no client may put there). Durable when the log is flushed past its end.
 * **Snapshots**: the live branches' records written again at the log end between ``Snapshot`` and ``SnapEnd``, each
   with the message flag ``SNAPSHOT_FLAG``; a complete one replaces everything before it (``LogReplay``), an
-  incomplete one (a full disk, a crash) is ignored. Retention keeps the log from the last complete snapshot
-  (``retention_floor``), and the manager writes one whenever the log has grown a segment past it.
+  incomplete one (a full disk, a crash) is ignored. The manager writes one in steps, serving requests between
+  them, so ordinary records may lie among its records: each is about a branch the snapshot wrote already or will
+  not write (the manager writes a branch's records into the snapshot before a change to it), so the snapshot plus
+  the ordinary records after its start, in log order, are the state. Retention keeps the log from the last
+  complete snapshot (``retention_floor``), and the manager writes one whenever the log has grown a segment past it.
 * **Following** (a slave): ``learn`` hands every ``%TX%`` record replicated to the manager's replica state
-  (``TransactionManager.learn``); a **cut** makes it replay the log again up to the cut, so nothing of a diverged
-  tail survives. A master learns nothing from its own records: it applied them as it wrote them.
+  (``TransactionManager.learn``), at most ``TX_LEARN_BATCH`` records and ``TX_LEARN_BATCH_BYTES`` of them a call
+  (the follower's next step takes the rest), each checked and decoded once from the segment map it is handed; a
+  **cut** makes it replay the log again up to the cut, so nothing of a diverged tail survives. A master learns
+  nothing from its own records: it applied them as it wrote them.
 
 No sockets, gevent or clock.
 """
 
 import logging
 
+from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
 from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.protocol.message import HEADER
 from metaq.store.follower import WRITTEN
+from metaq.store.record import PREFIX, TOPIC_START, check_record
 from metaq.transactions import records as R
 
 log = logging.getLogger(__name__)
@@ -73,16 +81,31 @@ class TxLog:
         return bool(self._store.record_spans(TX_TOPIC, 0, 0, self._store.written_position, 1))
 
 
+class _Reading:
+    """A snapshot being read: where it starts, the state it builds (its records and the ordinary ones among them),
+    how many of its own records came so far, and the anomalies of the state before it when it began."""
+
+    __slots__ = ("at", "state", "count", "anomalies")
+
+    def __init__(self, at, state, anomalies):
+        self.at, self.state, self.count, self.anomalies = at, state, 0, anomalies
+
+
 class LogReplay:
     """Branches rebuilt from ``(position, flag, record)`` in log order: a ``records.ReplayState`` that a complete
-    snapshot replaces whole. ``snapshot_at``: the position of the last complete snapshot (None: none yet)."""
+    snapshot replaces whole. ``snapshot_at``: the position of the last complete snapshot (None: none yet).
+
+    The ordinary records among a snapshot's (written while it was) go to both states: the one before it, and the
+    snapshot's, which they bring up to date. While a snapshot is read, the state before it tells nobody of the
+    records that fit none of its branches (a log that starts at the snapshot lacks their first records; the
+    snapshot's state tells of those that fit none of its own); they are counted all the same."""
 
     def __init__(self, on_anomaly=None):
         self.on_anomaly = on_anomaly
         self.state = self._fresh()
         self.snapshot_at = None
         self.records = 0
-        self._next = None  # (position, ReplayState, expected count): a snapshot being read
+        self._next = None  # a _Reading: a snapshot being read
 
     def _fresh(self):
         return R.ReplayState(keep_done_after=1 << 62, on_anomaly=self.on_anomaly)  # the log holds what DONE names
@@ -90,35 +113,42 @@ class LogReplay:
     def apply(self, position, flag, rec):
         self.records += 1
         t = type(rec)
+        reading = self._next
         if flag & SNAPSHOT_FLAG:
             if t is R.Snapshot:
-                self._next = (position, self._fresh(), None)
-            elif self._next is None:
+                self._next = _Reading(position, self._fresh(), self.state.anomalies)
+                self.state.on_anomaly = None
+            elif reading is None:
                 return  # the rest of a snapshot whose start retention deleted or a cut left out
             elif t is R.SnapEnd:
-                at, state, _n = self._next
                 self._next = None
-                if state.records == rec.records:
+                self.state.on_anomaly = self.on_anomaly
+                if reading.count == rec.records:
+                    state = reading.state
+                    state.anomalies = reading.anomalies + state.anomalies
                     state.records = self.state.records
-                    state.anomalies = self.state.anomalies
-                    self.state, self.snapshot_at = state, at
+                    self.state, self.snapshot_at = state, reading.at
             else:
-                self._next[1].apply(rec)
+                reading.count += 1
+                reading.state.apply(rec)
             return
-        self._next = None  # a snapshot cut short (a full disk): ignored
         self.state.apply(rec)
+        if reading is not None:
+            reading.state.apply(rec)
 
 
 class TxFollow:
     """``TransactionManager``'s subscriber of the log follower (see the module doc). ``learn(position, flag, rec)``:
     the manager's replica state takes one replicated record; ``relearn(upto)``: it replays the log up to a cut;
-    ``floor()``: the position retention must keep (the last complete snapshot), or None."""
+    ``floor()``: the position retention must keep (the last complete snapshot), or None. ``limit`` and ``max_bytes``:
+    the most records, and bytes of them, one ``learn`` takes (one record at least)."""
 
     follows = WRITTEN
 
-    def __init__(self, store, learn, relearn, floor):
+    def __init__(self, store, learn, relearn, floor, limit=TX_LEARN_BATCH, max_bytes=TX_LEARN_BATCH_BYTES):
         self._store = store
         self._learn, self._relearn, self._floor = learn, relearn, floor
+        self.limit, self.max_bytes = limit, max_bytes
         self.position = 0
         self.replicating = False  # a slave: the records arriving are the master's, to be learned
 
@@ -136,17 +166,37 @@ class TxFollow:
         self.cut(position)
 
     def learn(self, buf, base, rel, stop, end):
+        """Learn the ``%TX%`` records that start in ``[base + rel, base + stop)`` (found through the partition index),
+        at most ``limit`` of them and ``max_bytes`` of log (one at least); returns the start of the first one not
+        learned (no room, or wholly past ``end``), or ``end`` when none is left before ``stop``."""
         if not self.replicating:
             return end
-        for _offset, pos, size in self._store.record_spans(TX_TOPIC, 0, base + rel, base + stop, 1 << 30):
-            if pos + size > base + end:
+        count = nbytes = 0
+        for offset, pos, size in self._store.record_spans(TX_TOPIC, 0, base + rel, base + end, self.limit + 1):
+            if pos >= base + stop or pos + size > base + end or count >= self.limit or \
+                    (count and nbytes + size > self.max_bytes):
                 return pos - base
-            rec = self._store.record_at(pos)
-            try:
-                self._learn(pos, rec.flag, R.decode(rec.data))
-            except R.RecordError as exc:
-                log.error("transactions: a replicated record of %s is passed over: %s", TX_TOPIC, exc)
+            count, nbytes = count + 1, nbytes + size
+            self._learn_at(buf, pos - base, offset, pos, size, end)
         return end
+
+    def _learn_at(self, buf, at, offset, pos, size, end):
+        """The record at ``buf[at]`` (``%TX%`` ``offset``, log ``pos``): checked, its payload decoded straight from
+        ``buf`` (the one copy is the decoder's), learned; one that fails either is logged and passed over."""
+        if check_record(buf, at, end) != size:
+            log.error("transactions: replicated record %d of %s is passed over: it fails its check", offset, TX_TOPIC)
+            return
+        head = at + TOPIC_START + PREFIX.unpack_from(buf, at)[7]
+        msg_len, _checksum, _msg_id, flag = HEADER.unpack_from(buf, head)
+        payload = memoryview(buf)[head + HEADER.size:head + HEADER.size + msg_len]
+        try:
+            rec = R.decode(payload)
+        except R.RecordError as exc:
+            log.error("transactions: replicated record %d of %s is passed over: %s", offset, TX_TOPIC, exc)
+            return
+        finally:
+            payload.release()  # no view of the segment's map outlives the call
+        self._learn(pos, flag, rec)
 
     def advance(self, position):
         self.position = max(self.position, position)

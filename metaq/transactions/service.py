@@ -12,6 +12,7 @@ a slave's manager follows the master's records, a promoted one takes them over (
 
 """
 
+import functools
 import logging
 
 import gevent
@@ -249,4 +250,5 @@ class TxService:
             gevent.sleep(MAINTAIN_INTERVAL_S)
             if not self.manager.wants_maintenance:
                 continue
-            self.manager.maintain(now_ms())  # a snapshot of the live branches at the log end (on the loop)
+            # a snapshot of the live branches at the log end, in steps: other greenlets served between two
+            self.manager.maintain(now_ms(), pause=functools.partial(gevent.sleep, 0))

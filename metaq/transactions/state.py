@@ -31,13 +31,14 @@ Threads: everything runs on the loop; ``open`` and ``flush_journal`` block (brok
 is ``now_ms``.
 """
 
+import itertools
 import logging
 import random
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, MetaqError, TransactionError
-from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, validate_partition
+from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, TX_SNAPSHOT_STEP, validate_partition
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
 from metaq.transactions import records as R
 from metaq.protocol.journaltopic import TX_TOPIC
@@ -187,6 +188,17 @@ class CommitPlan:
         return "CommitPlan(%s, %d messages)" % (self.key, self.messages)
 
 
+class _Snapshot:
+    """A snapshot being written (``TransactionManager.maintain``): ``pending``, the keys of the live branches and
+    heuristic outcomes when it began that it has not written yet (in order); ``records``, how many it wrote;
+    ``start``, the log position its ``Snapshot`` record was written from."""
+
+    __slots__ = ("pending", "records", "start")
+
+    def __init__(self, keys, start):
+        self.pending, self.records, self.start = dict.fromkeys(keys), 0, start
+
+
 @dataclass
 class RecoveryReport:
     """What ``TransactionManager.open`` found and did."""
@@ -218,7 +230,8 @@ class TransactionManager:
         self.store = store
         self.config = config
         self._log = TxLog(store)
-        self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING)
+        self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING): changed by _add_branch / _drop_branch only
+        self._per_user = {}  # user -> live branches it began (None: those of no user), kept with _branches
         self._by_owner = {}  # owner -> set of local keys
         self._halves = {}  # key -> Branch: the pending RocketMQ half messages
         self._held = 0  # at least the message bytes open branches hold (see _check_held)
@@ -227,6 +240,7 @@ class TransactionManager:
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
         self._replica = None  # a slave's LogReplay of the master's records (None: this broker writes them)
         self._snapshot_at = None  # the log position of the last complete snapshot (retention keeps the log from it)
+        self._snap = None  # the _Snapshot being written, between maintain's steps
         self.follow = TxFollow(store, self.learn, self.relearn, self.retention_floor)
         self.recovery = None
 
@@ -304,7 +318,7 @@ class TransactionManager:
                 self._write(R.Rollback(b.key, now_ms, R.RB_RECOVERY), now_ms)
                 report.rolled_back += 1
             elif b.state == R.PREPARED:
-                self._branches[b.key] = b
+                self._add_branch(b)
                 report.prepared_kept += 1
                 self._hold_partitions(b)
                 self._keep_half(b)
@@ -369,7 +383,8 @@ class TransactionManager:
         return self.recovery
 
     def _clear(self):
-        self._branches, self._by_owner, self._halves, self._heuristic = {}, {}, {}, {}
+        self._snap = None  # a snapshot being written is left incomplete: the branches it wrote are no longer these
+        self._branches, self._per_user, self._by_owner, self._halves, self._heuristic = {}, {}, {}, {}, {}
         self._held = 0
 
     def retention_floor(self):
@@ -407,7 +422,7 @@ class TransactionManager:
             except TransactionError as exc:
                 log.error("transaction recovery: commit of %s left incomplete: %s", b.key, exc)
                 report.commits_incomplete += 1
-                self._branches[b.key] = b
+                self._add_branch(b)
                 continue
             report.commits_completed += 1
             self._finish_commit(b, now_ms)
@@ -472,7 +487,7 @@ class TransactionManager:
         if self._replica is not None:
             raise _xa(XAER_RMFAIL, "this broker is a slave: transactions are the master's")
         try:
-            self._log.append(rec, now_ms)
+            self._append(rec, now_ms)
         except (MetaqError, OSError, R.RecordError) as exc:
             raise _xa(XAER_RMFAIL, "cannot write the transaction journal: %s" % exc) from exc
 
@@ -483,8 +498,28 @@ class TransactionManager:
         if len(recent) > MAX_REMEMBERED:
             del recent[next(iter(recent))]
 
-    def _forget_branch(self, b, outcome, now_ms):
+    def _add_branch(self, b):
+        """``b`` is live (again): in the branch table and counted for its user (``held_by``). With ``_drop_branch``
+        the only writer of both, so the count a quota check reads in O(1) is the table's."""
+        old = self._branches.get(b.key)
+        if old is b:
+            return
+        if old is not None:
+            self._drop_branch(old)
+        self._branches[b.key] = b
+        self._per_user[b.user] = self._per_user.get(b.user, 0) + 1
+
+    def _drop_branch(self, b):
+        """``b`` ended: out of the branch table and its user's count."""
         del self._branches[b.key]
+        n = self._per_user[b.user] - 1
+        if n:
+            self._per_user[b.user] = n
+        else:
+            del self._per_user[b.user]
+
+    def _forget_branch(self, b, outcome, now_ms):
+        self._drop_branch(b)
         self._halves.pop(b.key, None)
         if not b.xa:
             keys = self._by_owner.get(b.owner)
@@ -514,7 +549,7 @@ class TransactionManager:
                       "(transactions.max_open)" % self.config.max_open)
         timeout_s = min(timeout_s or self.config.default_timeout_s, self.config.max_timeout_s)
         b = R.Branch(key, xa, qualifier, None if xa else owner, now_ms, timeout_s, user)
-        self._branches[key] = b
+        self._add_branch(b)
         if not xa:
             self._by_owner.setdefault(owner, set()).add(key)
 
@@ -659,11 +694,11 @@ class TransactionManager:
 
     def _finish_commit(self, b, now_ms):
         try:
-            self._log.append(R.Done(b.key, now_ms, b.log_end or self.store.written_position), now_ms)
+            self._append(R.Done(b.key, now_ms, b.log_end or self.store.written_position), now_ms)
         except (MetaqError, OSError) as exc:  # the messages are in; DONE is retried by expire() / commit()
             log.error("transaction %s committed but its DONE record failed: %s", b.key, exc)
             b.done_pending = True
-            self._branches[b.key] = b
+            self._add_branch(b)
             return
         b.done_pending = False
         if self._branches.get(b.key) is b:
@@ -707,16 +742,13 @@ class TransactionManager:
         return sorted(set(keys))
 
     def held_by(self, user):
-        """How many live branches (open, prepared, committing; half messages among them) ``user`` began."""
-        return sum(1 for b in self._branches.values() if b.user == user)
+        """How many live branches (open, prepared, committing; half messages among them) ``user`` began: asked by
+        the quota check of every BEGIN and half message, so read from a count kept with the branch table."""
+        return self._per_user.get(user, 0)
 
     def by_user(self):
         """``{user: live branches it began}`` (``stats quotas``); branches of no user are not counted."""
-        out = {}
-        for b in self._branches.values():
-            if b.user is not None:
-                out[b.user] = out.get(b.user, 0) + 1
-        return out
+        return {user: n for user, n in self._per_user.items() if user is not None}
 
     def user_of(self, txid):
         """``(found, user)``: whether ``txid`` is a live branch, a heuristic outcome or a remembered decision
@@ -883,28 +915,72 @@ class TransactionManager:
         floor = self.retention_floor()
         return floor is not None and self.store.written_position - floor > self.store.config.segment_size
 
-    def maintain(self, now_ms):
+    def maintain(self, now_ms, pause=None, step=TX_SNAPSHOT_STEP):
         """Write a snapshot of the live branches and heuristic outcomes at the log end (on the loop: its records are
-        what open branches hold in memory already). A full disk leaves it incomplete, which replay ignores."""
-        if self._replica is not None:
+        what open branches hold in memory already), ``step`` keys at most at a time with ``pause()`` between two
+        steps (the service's yields to the loop; None: none), so that many branches do not stall the requests.
+
+        Requests served meanwhile journal their records among the snapshot's; before a record about a key the
+        snapshot has not written yet, that key's branch is written into it as it is then (``_append``), so that
+        every ordinary record after the snapshot's start changes a branch it holds, or one it never will: replay
+        applies them on top of it (``LogReplay``). A full disk, or a change of role meanwhile, leaves it
+        incomplete, which replay ignores."""
+        if self._replica is not None or self._snap is not None:
             return
-        recs = []
-        for b in self._branches.values():
-            recs.extend(b.records())
-        recs.extend(self._heuristic.values())
+        snap = None
         try:
-            self._write_snapshot(recs, now_ms)
+            snap = self._snap = self._begin_snapshot(itertools.chain(self._branches, self._heuristic), now_ms)
+            while snap.pending:
+                for key in list(itertools.islice(snap.pending, step)):
+                    self._snapshot_key(snap, key, now_ms)
+                if snap.pending and pause is not None:
+                    pause()
+                    if self._snap is not snap:  # left incomplete meanwhile (a failed write, a change of role)
+                        return
+            self._end_snapshot(snap, now_ms)
         except (MetaqError, OSError, R.RecordError) as exc:
             log.warning("transactions: a snapshot of the journal was not written: %s", exc)
+        finally:
+            if snap is not None and self._snap is snap:  # ended, or not (an error, the greenlet killed): incomplete
+                self._snap = None
+
+    def _begin_snapshot(self, keys, now_ms):
+        snap = _Snapshot(keys, self.store.written_position)
+        self._log.append(R.Snapshot(now_ms, 0), now_ms, SNAPSHOT_FLAG)
+        return snap
+
+    def _snapshot_key(self, snap, key, now_ms):
+        """Write ``key``'s live branch and heuristic outcome, as they are now, into ``snap``."""
+        del snap.pending[key]
+        b, h = self._branches.get(key), self._heuristic.get(key)
+        for rec in itertools.chain(() if b is None else b.records(), () if h is None else (h,)):
+            self._log.append(rec, now_ms, SNAPSHOT_FLAG)
+            snap.records += 1
+
+    def _end_snapshot(self, snap, now_ms):
+        self._log.append(R.SnapEnd(snap.records), now_ms, SNAPSHOT_FLAG)
+        spans = self.store.record_spans(TX_TOPIC, 0, snap.start, self.store.written_position, 1)
+        self._snapshot_at = spans[0][1] if spans else self._snapshot_at
 
     def _write_snapshot(self, recs, now_ms):
-        start = self.store.written_position
-        self._log.append(R.Snapshot(now_ms, 0), now_ms, SNAPSHOT_FLAG)
+        """A snapshot of ``recs`` at once (the migration of an older broker's journal, at open)."""
+        snap = self._begin_snapshot((), now_ms)
         for rec in recs:
             self._log.append(rec, now_ms, SNAPSHOT_FLAG)
-        self._log.append(R.SnapEnd(len(recs)), now_ms, SNAPSHOT_FLAG)
-        spans = self.store.record_spans(TX_TOPIC, 0, start, self.store.written_position, 1)
-        self._snapshot_at = spans[0][1] if spans else self._snapshot_at
+            snap.records += 1
+        self._end_snapshot(snap, now_ms)
+
+    def _append(self, rec, now_ms):
+        """Journal ``rec``; while a snapshot is written in steps, the branch it is about goes into the snapshot first
+        when it has not yet (see ``maintain``). A snapshot that cannot take it is left incomplete."""
+        snap = self._snap
+        if snap is not None and rec.key in snap.pending:
+            try:
+                self._snapshot_key(snap, rec.key, now_ms)
+            except (MetaqError, OSError, R.RecordError) as exc:
+                self._snap = None
+                log.warning("transactions: a snapshot of the journal was not written: %s", exc)
+        return self._log.append(rec, now_ms)
 
     def close(self, now_ms):
         """Nothing to close: the journal is the log's."""

@@ -48,7 +48,7 @@ from tests.harness.broker import wait_for
 from tests.harness import faults
 from tests.harness.faults import (ALL_KINDS, ROUNDS_ENV, FaultPlan, KillBroker, LinkProxy, PauseProcess,
                                   RestartZooKeeper, StopBroker)
-from tests.harness.ha import SESSION_MS, Group
+from tests.harness.ha import SESSION_MS, Group, GroupRun
 from tests.harness.history import ACK_SLACK_S, Ack, History, check, logs_to_json
 from tests.harness.replication import stats
 from tests.harness.workload import Workload, read_logs
@@ -120,8 +120,10 @@ class Choice(NamedTuple):
                                                                                 self.replaced)
 
 
-class AutoRun:
+class AutoRun(GroupRun):
     """A proxied ``ha: auto`` group, its workload and its history, driven round by round by a ``FaultPlan``."""
+
+    healthy_s, progress_acks = HEALTHY_S, PROGRESS_ACKS
 
     def __init__(self, broker_factory, tmp_path, zk, mode, n, plan):
         self.zk, self.mode, self.n, self.plan, self.tmp_path = zk, mode, n, plan, tmp_path
@@ -140,10 +142,6 @@ class AutoRun:
                              broker_id=7, pace_s=0.01)
         self.log = []  # what each round did, for the failure message
 
-    @property
-    def members(self):
-        return self.group.members
-
     def close(self):
         for pause in self.pauses:
             pause.close()
@@ -151,29 +149,7 @@ class AutoRun:
         for proxy in self.proxies:
             proxy.close()
 
-    def say(self, text):
-        self.log.append(text)
-        print(text)
-
-    def fail(self, text):
-        raise AssertionError(self.plan.message("%s\n%s\nrounds so far:\n  %s" % (
-            self.name, text, "\n  ".join(self.log))))
-
-    # -- the group's health -------------------------------------------------------------------------------
-
-    def healthy(self):
-        """The master, once one is elected and followed by every member (sync: all in its in-sync set)."""
-        try:
-            master = self.group.master(timeout=HEALTHY_S)
-            others = [i for i in range(self.n) if i != master]
-            self.group.following(master, others, timeout=HEALTHY_S)
-            if self.mode == "sync":
-                want = ",".join(str(i) for i in range(self.n))
-                wait_for(lambda: self.group.insync(master) == want, HEALTHY_S,
-                         lambda: "every member in the in-sync set of m%d: %s" % (master, self.group.insync(master)))
-        except AssertionError as exc:
-            self.fail("the group did not heal: %s" % exc)
-        return master
+    # -- the group's health (and healthy(): GroupRun) -----------------------------------------------------
 
     def lag(self, master):
         """(messages the most behind slave lacks, the time before the master's count was read)."""
@@ -245,12 +221,7 @@ class AutoRun:
             t = record(kind, "zookeeper", fault.inject)
             time.sleep(step.seconds)
             healed = fault.heal()
-        self.history.heal(healed)
-        after = self.healthy()
-        try:
-            self.load.wait_acks(PROGRESS_ACKS, HEALTHY_S, since=healed)
-        except AssertionError as exc:
-            self.fail("no progress after round %d: %s" % (step.round, exc))
+        after = self.healed(step, healed)
         acks = sorted(a.t for a in self.history.events(Ack))
         firsts = [(k, min(a for a in acks if a > ft + ACK_SLACK_S) - ft) for k, ft in faults]
         self.say("%s: m%d master; %s; %shealed after %.1f s; m%d master; first ack after each: %s" % (

@@ -40,13 +40,11 @@ import pytest
 from tests.harness import netns
 from tests.harness.broker import wait_for
 from tests.harness.faults import NETEM_KINDS, NETNS_KINDS, FaultPlan, rounds_from_env
-from tests.harness.ha import SESSION_MS, Group
+from tests.harness.ha import SESSION_MS, Group, GroupRun
 from tests.harness.history import (ACK_SLACK_S, Ack, Fault, History, check, check_branches, check_offsets,
                                    logs_to_json)
-from tests.harness.tx import ok, tx
-from metaq.protocol import events as ev
-from metaq.protocol.checksum import metaq_checksum
-from metaq.transactions.wire import parse_xa_error
+from tests.harness.tx import ok, recovered, tput, tx
+from metaq.transactions.wire import XAER_NOTA, parse_xa_error
 from tests.harness.replication import commitlog, stats
 from tests.harness.workload import Workload, read_logs, read_offsets
 from tests.harness.zookeeper import ZooKeeperProcess
@@ -93,8 +91,10 @@ class Choice(NamedTuple):
     delay_ms: int
 
 
-class NetRun:
+class NetRun(GroupRun):
     """An ``ha: auto`` group, its ZooKeeper and its clients, each in a namespace of one topology."""
+
+    healthy_s, progress_acks = HEALTHY_S, PROGRESS_ACKS
 
     def __init__(self, broker_factory, tmp_path, mode, n, plan, session_ms=SESSION_MS, **replication):
         """``replication``: more ``replication:`` settings of every member (e.g. ``max_isolation_ms=0``)."""
@@ -148,31 +148,6 @@ class NetRun:
                 self._inside = None
             self.topo.close()
 
-    @property
-    def members(self):
-        return self.group.members
-
-    def say(self, text):
-        self.log.append(text)
-        print(text)
-
-    def fail(self, text):
-        raise AssertionError(self.plan.message("%s\n%s\nrounds so far:\n  %s" % (self.name, text,
-                                                                                 "\n  ".join(self.log))))
-
-    def healthy(self):
-        try:
-            master = self.group.master(timeout=HEALTHY_S)
-            others = [i for i in range(self.n) if i != master]
-            self.group.following(master, others, timeout=HEALTHY_S)
-            if self.mode == "sync":
-                want = ",".join(str(i) for i in range(self.n))
-                wait_for(lambda: self.group.insync(master) == want, HEALTHY_S,
-                         lambda: "every member in the in-sync set of m%d: %s" % (master, self.group.insync(master)))
-        except AssertionError as exc:
-            self.fail("the group did not heal: %s" % exc)
-        return master
-
     def lag(self, master):
         on_slaves = [int(stats(b)["total_messages"]) for i, b in enumerate(self.members) if i != master]
         lag_t = time.monotonic()
@@ -209,12 +184,7 @@ class NetRun:
                            what=str(fault), **detail)
         time.sleep(step.seconds)
         healed = fault.heal()
-        self.history.heal(healed)
-        after = self.healthy()
-        try:
-            self.load.wait_acks(PROGRESS_ACKS, HEALTHY_S, since=healed)
-        except AssertionError as exc:
-            self.fail("no progress after round %d: %s" % (step.round, exc))
+        after = self.healed(step, healed)
         acks = [a.t for a in self.history.events(Ack) if t - 1.0 < a.t <= healed]
         self.say("%s: m%d master; %s (lag %d); %d acknowledged during it; healed, m%d master" % (
             step, master, fault, lag, len(acks), after))
@@ -242,10 +212,8 @@ def prepare_branches(run, n):
         for i in range(n):
             key = branch_key(i)
             ok(tx(c, key, "BEGIN", 600, "netrun"))
-            body = key.encode()
-            r = c.call(ev.Put(TX_TOPIC, 0, 0, body, c.opaque(), metaq_checksum(body), key))
-            assert ok(r) == b"-1 0 -1", r
-            c.send(b"transaction %s s1 END 0\r\n" % body)
+            tput(c, key, TX_TOPIC, 0, key.encode())
+            c.send(b"transaction %s s1 END 0\r\n" % key.encode())
             assert ok(tx(c, key, "PREPARE")) == b"0"
             keys.append(key)
     return keys
@@ -265,7 +233,7 @@ def commit_branch(run, key):
             continue
         if r.code == 200:
             return True
-        if r.code == 500 and parse_xa_error(r.body)[0] == -4:  # XAER_NOTA
+        if r.code == 500 and parse_xa_error(r.body)[0] == XAER_NOTA:
             run.say("commit of %s: unknown on the master" % key)
             return False
         run.say("commit of %s: %s; again" % (key, r))
@@ -276,12 +244,12 @@ def commit_branch(run, key):
 def branch_verdict(run, master, prepared, committed, mode):
     """``check_branches`` on the final master: its RECOVER and its TX_TOPIC messages."""
     with run.group.members[master].client() as c:
-        recovered = [k for k in ok(tx(c, "null", "RECOVER", 0, "netrun")).decode().split("\r\n") if k]
+        listed = recovered(c, "netrun")
     logs = read_logs({"m": run.group.members[master]}, topics=[TX_TOPIC])["m"]
     stored = {}
     for body in logs.values():
         stored[body] = stored.get(body, 0) + 1
-    return check_branches(prepared, committed, recovered, stored, mode)
+    return check_branches(prepared, committed, listed, stored, mode)
 
 
 def differing_logs(members, master):

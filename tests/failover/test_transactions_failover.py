@@ -13,13 +13,12 @@ import pytest
 
 from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
-from metaq.transactions.wire import XAER_NOTA, parse_xa_error
+from metaq.transactions.wire import XAER_NOTA
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.faults import LinkProxy
 from tests.harness.ha import Group
 from tests.harness.replication import caught_up, master_config, stats
-from tests.harness.tx import ok, tx
-from tests.integration.test_transactions import prepared_branch, tput
+from tests.harness.tx import ok, prepared_branch, recovered, tput, tx, xa_code
 
 pytestmark = pytest.mark.fault
 
@@ -27,11 +26,6 @@ XID1 = "XID:1:0c01:b1:test-rm"
 XID2 = "XID:1:0c02:b1:test-rm"
 XID3 = "XID:1:0c03:b1:test-rm"
 XID4 = "XID:1:0c04:b1:test-rm"
-
-
-def xa_code(reply):
-    assert reply.code == 500, reply
-    return parse_xa_error(reply.body)[0]
 
 
 def promote(capsys, broker):
@@ -43,10 +37,6 @@ def promote(capsys, broker):
 
 def slave_args(rport, slave_id, own_rport):
     return ["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", str(slave_id), "--replication-port", str(own_rport)]
-
-
-def recovered(c):
-    return sorted(k for k in ok(tx(c, "null", "RECOVER", 0, "test-rm")).decode().split("\r\n") if k)
 
 
 def all_tx(c):
@@ -82,7 +72,7 @@ def test_prepared_branches_survive_failover_and_a_rejoining_master_brings_none_b
     m.kill()
     promote(capsys, s)  # it learned the master's records as they came: no restart
     with s.client() as c:
-        assert recovered(c) == [XID1, XID2]  # the old master's prepared branches, not the unconfirmed one
+        assert recovered(c, "test-rm") == [XID1, XID2]  # the old master's prepared branches, not the unconfirmed one
         assert int(c.stats_dict()["tx_prepared"]) == 2
         ok(tx(c, XID1, "COMMIT_TWO_PHASE"))
         ok(tx(c, XID1, "COMMIT_TWO_PHASE"))  # a coordinator's retry: the decision, stored once
@@ -90,7 +80,7 @@ def test_prepared_branches_survive_failover_and_a_rejoining_master_brings_none_b
         assert xa_code(tx(c, XID4, "COMMIT_TWO_PHASE")) == XAER_NOTA
         assert xa_code(tx(c, "TX:s1:1", "COMMIT_ONE_PHASE")) == XAER_NOTA  # rolled back at the take-over
         ok(tx(c, XID2, "ROLLBACK"))
-        assert recovered(c) == []
+        assert recovered(c, "test-rm") == []
         got = all_tx(c)
     expected = sorted([b"%s-%d" % (XID1.encode(), i) for i in range(3)] + [b"%s-%d" % (XID3.encode(), i)
                                                                              for i in range(2)])
@@ -104,7 +94,8 @@ def test_prepared_branches_survive_failover_and_a_rejoining_master_brings_none_b
     s.kill()
     promote(capsys, m)
     with m.client() as c:
-        assert recovered(c) == []  # nothing resurfaces: not XID4, not the branches decided on the other master
+        # nothing resurfaces: not XID4, not the branches decided on the other master
+        assert recovered(c, "test-rm") == []
         assert xa_code(tx(c, XID4, "COMMIT_TWO_PHASE")) == XAER_NOTA
         ok(tx(c, XID1, "COMMIT_TWO_PHASE"))  # the decision travelled with the log
         assert all_tx(c) == expected
@@ -128,7 +119,7 @@ def test_an_elected_member_takes_the_prepared_branches_over(broker_factory, tmp_
     m.kill()
     assert group.master(timeout=30, exclude=(first,)) == other
     with s.client() as c:
-        assert recovered(c) == [XID1]
+        assert recovered(c, "test-rm") == [XID1]
         ok(tx(c, XID3, "COMMIT_TWO_PHASE"))  # a decision answered: nothing to write
     m.start()  # a sync master alone writes nothing: the old master back as its member first
     group.following(other, [first])

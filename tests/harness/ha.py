@@ -26,6 +26,7 @@ class Group:
 
     def __init__(self, broker_factory, tmp_path, zk, n=3, mode="sync", start=True, remoting=False, sections=None,
                  **replication):
+        self.mode = mode
         self.members = []
         for i in range(n):
             wd = tmp_path / ("m%d" % i)
@@ -77,6 +78,17 @@ class Group:
             return True
         wait_for(check, timeout, lambda: "members %s following %s; roles %s" % (members, want, self.roles()))
 
+    def healthy(self, timeout=20.0):
+        """The master, once one is elected and followed by every member (``sync``: all in its in-sync set), each
+        waited for up to ``timeout``; AssertionError naming what did not come."""
+        master = self.master(timeout=timeout)
+        self.following(master, [i for i in range(len(self.members)) if i != master], timeout=timeout)
+        if self.mode == "sync":
+            want = ",".join(str(i) for i in range(len(self.members)))
+            wait_for(lambda: self.insync(master) == want, timeout,
+                     lambda: "every member in the in-sync set of m%d: %s" % (master, self.insync(master)))
+        return master
+
     def replication_port(self, i):
         return self.members[i].config["replication"]["port"]
 
@@ -95,6 +107,42 @@ class Group:
 
     def insync(self, i):
         return stats(self.members[i])["replication_insync"]
+
+
+class GroupRun:
+    """What a fault run over a ``Group`` shares: the subclass sets ``group``, ``plan`` (a ``FaultPlan``: its
+    ``message`` says how to run it again), ``name``, ``log`` (what each round did), ``history``, ``load`` (its
+    producers), ``healthy_s`` and ``progress_acks``."""
+
+    @property
+    def members(self):
+        return self.group.members
+
+    def say(self, text):
+        self.log.append(text)
+        print(text)
+
+    def fail(self, text):
+        raise AssertionError(self.plan.message("%s\n%s\nrounds so far:\n  %s" % (self.name, text,
+                                                                                 "\n  ".join(self.log))))
+
+    def healthy(self):
+        """The master, once one is elected and followed by every member (sync: all in its in-sync set)."""
+        try:
+            return self.group.healthy(self.healthy_s)
+        except AssertionError as exc:
+            self.fail("the group did not heal: %s" % exc)
+
+    def healed(self, step, at):
+        """A round's fault healed at ``at``: recorded; returns the master once the group is healthy again and
+        its producers got ``progress_acks`` acknowledgements since."""
+        self.history.heal(at)
+        master = self.healthy()
+        try:
+            self.load.wait_acks(self.progress_acks, self.healthy_s, since=at)
+        except AssertionError as exc:
+            self.fail("no progress after round %d: %s" % (step.round, exc))
+        return master
 
 
 def put_until_ok(broker, topic, body, timeout=30.0, partition=0):

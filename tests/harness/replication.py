@@ -1,16 +1,27 @@
-"""Master/slave test helpers: a master's config, stats, waiting for a slave to catch up, identical logs, a mixed
-load."""
+"""Master/slave test helpers: a master's config, a ``sync`` master with its slave, stats, waiting for a slave to
+catch up, identical logs, a mixed load."""
 
 import os
 import random
 
-from metaq.client.local import small_config
+from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
 from tests.harness.broker import consume_all, wait_for
 
 
 def master_config(workdir, rport, **replication):
     return small_config(os.path.join(str(workdir), "data"), replication=dict({"port": rport}, **replication))
+
+
+def sync_pair(broker_factory, tmp_path, sync_timeout_ms):
+    """A ``sync`` master (``tmp_path/m``) and its slave 1 (``tmp_path/s``), returned once the slave is connected."""
+    rport = free_port()
+    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=sync_timeout_ms),
+                            workdir=tmp_path / "m")
+    slave = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
+                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    return master, slave
 
 
 def stats(b):

@@ -1,11 +1,13 @@
 """The transaction tests' broker stand-in (a small real store plus a manager, time injected, crashes simulated)
-and what they put through it."""
+and what they put through it; the text protocol's transaction requests a test sends a real broker and reads the
+answers of."""
 
 import os
 
 from metaq.protocol import events as ev
-from metaq.protocol.message import HEADER
-from metaq.transactions.wire import LocalTxId, XaTxId
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import HEADER, iter_records
+from metaq.transactions.wire import LocalTxId, XaTxId, parse_xa_error
 from metaq.transactions.config import TxConfig
 from metaq.transactions.follow import TxLog
 from metaq.transactions.state import TransactionManager
@@ -92,4 +94,46 @@ def tx(c, key, kind, timeout=0, qualifier=None):
 def ok(reply):
     """The body of a ``result 200``; fails the test on anything else."""
     assert isinstance(reply, ev.Result) and reply.code == 200, reply
-    return reply.body
+    return bytes(reply.body)
+
+
+def xa_code(reply):
+    """The XA code of a ``result 500`` (an XAException's body); fails the test on anything else."""
+    assert isinstance(reply, ev.Result) and reply.code == 500, reply
+    return parse_xa_error(reply.body)[0]
+
+
+def tx_put(c, key, topic, partition, body):
+    """A put of ``body`` into branch ``key`` on the text client ``c``, its checksum sent; the reply."""
+    return c.call(ev.Put(topic, partition, 0, body, c.opaque(), metaq_checksum(body), key))
+
+
+def tput(c, key, topic, partition, body):
+    """``tx_put``, which must be journaled (``result 200`` with no offset yet: the commit gives it one)."""
+    r = tx_put(c, key, topic, partition, body)
+    assert ok(r) == b"-1 %d -1" % partition
+    return r
+
+
+def prepared_branch(c, key, n, qualifier="test-rm"):
+    """XA branch ``key`` begun, ``n`` messages put (``<key>-<i>`` to topic ``tx``, partitions 0 and 1 in turn), ended
+    and prepared (XA_OK)."""
+    ok(tx(c, key, "BEGIN", 30, qualifier))
+    for i in range(n):
+        tput(c, key, "tx", i % 2, b"%s-%d" % (key.encode(), i))
+    c.send(b"transaction %s s1 END 0\r\n" % key.encode())  # no reply
+    assert ok(tx(c, key, "PREPARE")) == b"0"
+
+
+def recovered(c, qualifier=None):
+    """The keys RECOVER lists (of ``qualifier``'s branches, or all), sorted."""
+    return sorted(k for k in ok(tx(c, "null", "RECOVER", 0, qualifier)).decode().split("\r\n") if k)
+
+
+def payloads(c, topic, partition):
+    """The bodies a get from offset 0 reads (none when the partition is empty)."""
+    r = c.get(topic, partition, 0)
+    if isinstance(r, ev.Result):
+        assert r.code == 404, r
+        return []
+    return [rec.payload for rec, _ in iter_records(r.body)]

@@ -12,7 +12,7 @@ from metaq.protocol.text import serialize
 from metaq.client.local import free_port, small_config
 from tests.harness.broker import wait_for
 from tests.harness.load import check_acked_present, check_running, collect, start_load
-from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats
+from tests.harness.replication import assert_identical, caught_up, master_config, mixed_load, stats, sync_pair
 
 
 def start_pair(broker_factory, tmp_path, mode="async", slaves=1, **store):
@@ -141,12 +141,7 @@ def test_sync_mode_without_slave_answers_503(broker_factory, tmp_path):
 def test_sync_mode_slave_stalled_or_stopped_answers_503(broker_factory, tmp_path):
     import signal
 
-    rport = free_port()
-    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=500),
-                            workdir=tmp_path / "m")
-    slave = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
-                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
-    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    master, slave = sync_pair(broker_factory, tmp_path, sync_timeout_ms=500)
     with master.client() as c:
         c.put_ok("t-a", b"one")
         slave.proc.send_signal(signal.SIGSTOP)  # connected but silent: the ack never comes

@@ -17,7 +17,7 @@ from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from metaq.protocol.text import serialize
 from tests.harness.broker import wait_for
 from tests.harness.http import request, with_http
-from tests.harness.replication import caught_up, master_config, stats
+from tests.harness.replication import caught_up, master_config, stats, sync_pair
 from tests.harness.rocketmq import send_v1
 
 pytestmark = [pytest.mark.fault]
@@ -88,12 +88,7 @@ def test_a_sync_master_without_a_slave_stores_nothing_and_a_retry_stores_once(br
 def test_a_slave_lost_while_a_put_waits_keeps_the_stored_but_unconfirmed_answer(broker_factory, tmp_path):
     """The remaining race: the put was written while a slave was there; the slave dies before confirming it. The
     answer says it was written (it is in the log), unlike the refusal before writing."""
-    rport = free_port()
-    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=20_000),
-                            workdir=tmp_path / "m")
-    slave = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
-                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
-    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    master, slave = sync_pair(broker_factory, tmp_path, sync_timeout_ms=20_000)
     with master.client() as c:
         c.put_ok("t-a", b"first", partition=0)
         slave.proc.send_signal(signal.SIGSTOP)  # connected, silent: the put waits for its ack

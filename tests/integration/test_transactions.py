@@ -7,43 +7,12 @@ import sys
 
 import pytest
 
-from metaq.protocol import events as ev
-from metaq.protocol.message import iter_records
-from metaq.transactions.wire import XA_HEURCOM, XA_RBROLLBACK, XAER_NOTA, parse_xa_error
-from tests.harness.tx import ok, tx
+from metaq.transactions.wire import XA_HEURCOM, XA_RBROLLBACK, XAER_NOTA
+from tests.harness.tx import ok, payloads, prepared_branch, tput, tx, xa_code
 
 XID1 = "XID:1:0a01:b1:test-rm"
 XID2 = "XID:1:0a02:b1:test-rm"
 OTHER = "XID:1:0a03:b1:other-rm"
-
-
-def xa_code(reply):
-    assert reply.code == 500, reply
-    return parse_xa_error(reply.body)[0]
-
-
-def tput(c, key, topic, partition, body):
-    from metaq.protocol.checksum import metaq_checksum
-
-    r = c.call(ev.Put(topic, partition, 0, body, c.opaque(), metaq_checksum(body), key))
-    assert ok(r) == b"-1 %d -1" % partition
-    return r
-
-
-def payloads(c, topic, partition):
-    r = c.get(topic, partition, 0)
-    if isinstance(r, ev.Result):
-        assert r.code == 404, r
-        return []
-    return [rec.payload for rec, _ in iter_records(r.body)]
-
-
-def prepared_branch(c, key, n, qualifier="test-rm"):
-    ok(tx(c, key, "BEGIN", 30, qualifier))
-    for i in range(n):
-        tput(c, key, "tx", i % 2, b"%s-%d" % (key.encode(), i))
-    c.send(b"transaction %s s1 END 0\r\n" % key.encode())  # no reply
-    assert ok(tx(c, key, "PREPARE")) == b"0"
 
 
 @pytest.mark.fault

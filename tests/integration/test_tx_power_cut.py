@@ -13,20 +13,13 @@ import os
 import pytest
 
 from metaq.client.local import small_config
-from metaq.protocol import events as ev
-from metaq.protocol.checksum import metaq_checksum
 from tests.harness.broker import consume_all
 from tests.harness.fusefs import FaultMount
-from tests.harness.tx import ok, tx
+from tests.harness.tx import ok, tput, tx
 
 LOG = "/data/commitlog/"
 KEY = "TX:s1:1"
 XID = "XID:1:0a01:b1:test-rm"
-
-
-def tput(c, key, partition, body):
-    assert ok(c.call(ev.Put("tx", partition, 0, body, c.opaque(), metaq_checksum(body), key))) == \
-        b"-1 %d -1" % partition
 
 
 def served(b):
@@ -49,12 +42,12 @@ def decide(c):
     for key, n in ((XID, 2), (XID3, 1)):
         ok(tx(c, key, "BEGIN", 30, "test-rm"))
         for i in range(n):
-            tput(c, key, i % 2, b"%s-%d" % (key.encode(), i))
+            tput(c, key, "tx", i % 2, b"%s-%d" % (key.encode(), i))
         c.send(b"transaction %s s1 END 0\r\n" % key.encode())  # no reply
         step("prepare", key, "PREPARE")
     ok(tx(c, KEY, "BEGIN"))
     for i in range(2):
-        tput(c, KEY, i, b"local-%d" % i)
+        tput(c, KEY, "tx", i, b"local-%d" % i)
     step("commit", KEY, "COMMIT_ONE_PHASE")
     step("rollback", XID3, "ROLLBACK")
     return steps

@@ -10,10 +10,9 @@ import pytest
 
 from metaq.client.local import small_config
 from metaq.protocol import events as ev
-from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.message import iter_records
-from metaq.transactions.wire import XA_HEURCOM, XAER_DUPID, XAER_NOTA, parse_xa_error
+from metaq.transactions.wire import XA_HEURCOM, XAER_DUPID, XAER_NOTA
 from tests.harness.acl import SECRETS, write_acl
+from tests.harness.tx import ok, payloads, recovered, tput, tx, tx_put, xa_code
 
 pytestmark = pytest.mark.integration
 
@@ -46,19 +45,6 @@ def login(broker, name):
         c.close()
 
 
-def tx(c, key, kind, timeout=0, qualifier=None):
-    return c.call(ev.Transaction(key, "s1", kind, c.opaque(), timeout, qualifier))
-
-
-def tput(c, key, topic, partition, body):
-    return c.call(ev.Put(topic, partition, 0, body, c.opaque(), metaq_checksum(body), key))
-
-
-def ok(reply):
-    assert isinstance(reply, ev.Result) and reply.code == 200, reply
-    return bytes(reply.body)
-
-
 def refused(reply, text, code=403):
     """The reply is ``result <code>`` whose text starts with ``text``."""
     assert isinstance(reply, ev.Result) and reply.code == code, reply
@@ -66,27 +52,10 @@ def refused(reply, text, code=403):
     return reply
 
 
-def xa_code(reply):
-    assert isinstance(reply, ev.Result) and reply.code == 500, reply
-    return parse_xa_error(reply.body)[0]
-
-
-def recovered(c, qualifier=None):
-    return sorted(k for k in ok(tx(c, "null", "RECOVER", 0, qualifier)).decode().split("\r\n") if k)
-
-
-def payloads(c, topic, partition):
-    r = c.get(topic, partition, 0)
-    if isinstance(r, ev.Result):
-        assert r.code == 404, r
-        return []
-    return [rec.payload for rec, _ in iter_records(r.body)]
-
-
 def prepare(c, key, *bodies, topic="orders"):
     ok(tx(c, key, "BEGIN", 60, RM))
     for body in bodies:
-        assert ok(tput(c, key, topic, 0, body)) == b"-1 0 -1"
+        tput(c, key, topic, 0, body)
     c.send(b"transaction %s s1 END 0\r\n" % key.encode())  # no reply
     assert ok(tx(c, key, "PREPARE")) == b"0"
 
@@ -98,7 +67,7 @@ def test_a_prepared_branch_is_its_owners_even_after_a_restart(secure):
     with login(secure, "bob") as bob:  # bob may publish to orders: only the owner check refuses him
         for kind in ("COMMIT_TWO_PHASE", "ROLLBACK", "FORGET", "PREPARE", "COMMIT_ONE_PHASE"):
             refused(tx(bob, XID1, kind), NOT_OWNER % XID1)
-        refused(tput(bob, XID1, "orders", 0, b"bob's addition"), NOT_OWNER % XID1)
+        refused(tx_put(bob, XID1, "orders", 0, b"bob's addition"), NOT_OWNER % XID1)
         refused(tx(bob, XID1, "HEURISTIC_COMMIT"), NOT_ADMIN % "bob")
         assert recovered(bob) == [] and recovered(bob, RM) == []
         assert xa_code(tx(bob, XID1, "BEGIN", 60, RM)) == XAER_DUPID  # ids are global: a taken one stays taken
@@ -153,7 +122,7 @@ def test_an_admin_sees_and_decides_every_branch(secure):
 def test_a_transactional_put_needs_pub_on_its_topic(secure):
     with login(secure, "alice") as alice:
         ok(tx(alice, XID1, "BEGIN", 60, RM))
-        refused(tput(alice, XID1, "payroll", 0, b"salaries"), "permission denied: user alice may not publish to "
+        refused(tx_put(alice, XID1, "payroll", 0, b"salaries"), "permission denied: user alice may not publish to "
                                                                "topic payroll")
         assert ok(tx(alice, XID1, "PREPARE")) == b"3"  # XA_RDONLY: the refused put left nothing in the branch
 

@@ -7,35 +7,21 @@ coordinator's retry is answered 503 again while the slave stays silent, then OK 
 and the messages are stored once. A rolled-back branch's retried commit answers XA_RBROLLBACK, its retried
 rollback OK; another user never learns a decision that is not theirs (tests/security/test_tx_owners.py)."""
 
-import os
 import signal
 
 import pytest
 
-from metaq.client.local import free_port, small_config
-from metaq.transactions.wire import XA_RBROLLBACK, XAER_PROTO, parse_xa_error
-from tests.harness.broker import wait_for
-from tests.harness.replication import caught_up, master_config, stats
-from tests.harness.tx import ok, tx
-from tests.integration.test_transactions import payloads, prepared_branch
+from metaq.transactions.wire import XA_RBROLLBACK, XAER_PROTO
+from tests.harness.replication import caught_up, sync_pair
+from tests.harness.tx import ok, payloads, prepared_branch, tx, xa_code
 
 XID1 = "XID:1:0b01:b1:test-rm"
 XID2 = "XID:1:0b02:b1:test-rm"
 
 
-def xa_code(reply):
-    assert reply.code == 500, reply
-    return parse_xa_error(reply.body)[0]
-
-
 @pytest.mark.fault
 def test_a_commit_answered_503_is_answered_ok_on_retry_once_a_slave_confirms(broker_factory, tmp_path):
-    rport = free_port()
-    master = broker_factory(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=500),
-                            workdir=tmp_path / "m")
-    slave = broker_factory(small_config(os.path.join(str(tmp_path / "s"), "data")), workdir=tmp_path / "s",
-                           extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
-    wait_for(lambda: stats(master)["replication_slaves"] == "1", 10, "slave connected")
+    master, slave = sync_pair(broker_factory, tmp_path, sync_timeout_ms=500)
     with master.client() as c:
         prepared_branch(c, XID1, 3)
         prepared_branch(c, XID2, 1)

@@ -11,7 +11,8 @@ from metaq.errors import TransactionError
 from metaq.protocol.checksum import crc32
 from metaq.transactions import records as R
 from metaq.transactions.config import TxConfig
-from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay
+from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay, TxFollow
 from metaq.transactions.journal import journal_path
 from metaq.transactions.state import TransactionManager
 from metaq.transactions.wire import XA_OK, XAER_RMFAIL
@@ -40,7 +41,7 @@ def test_a_complete_snapshot_replaces_what_came_before_and_an_incomplete_one_is_
     replay.apply(10, 0, R.Prepare(a, 1, 1, 0))
     replay.apply(20, SNAPSHOT_FLAG, R.Snapshot(2, 0))  # cut short (a full disk): ignored
     replay.apply(30, SNAPSHOT_FLAG, put(b))
-    replay.apply(40, 0, put(b, b"live"))  # an ordinary record ends the incomplete snapshot
+    replay.apply(40, 0, put(b, b"live"))  # an ordinary record: the snapshot never ends
     assert sorted(replay.state.branches) == [a, b] and replay.snapshot_at is None
     assert [p.data for p in replay.state.branches[b].puts] == [b"live"]
     replay.apply(50, SNAPSHOT_FLAG, R.Snapshot(3, 0))  # a complete one: b alone is live in it
@@ -179,3 +180,159 @@ def test_a_slave_removes_an_older_brokers_journal_rather_than_keep_branches_that
         assert not os.path.exists(tx_dir) and slave.take_over(NOW).prepared_kept == 0 and slave.recover() == []
     finally:
         store.abandon()
+
+
+# -- TxFollow: what one step of the log follower learns -------------------------------------------------------
+
+def follower_of(b, **limits):
+    """A slave's TxFollow over ``b``'s log from its start, the records it learns collected in order."""
+    learned = []
+    follow = TxFollow(b.store, lambda pos, flag, rec: learned.append(rec), lambda upto: None, lambda: None, **limits)
+    follow.replicating = True
+    return follow, learned
+
+
+def step(b, follow, max_bytes=None):
+    b.store.follower.step(b.store.flushed_position, b.store.written_position, max_bytes, only=follow)
+
+
+def journal_of_puts(b, n):
+    """``n`` PUT records of one branch in ``%TX%``; their log spans."""
+    x = xid(1)
+    b.tx.begin(x, None, 0, NOW)
+    fill(b, x, None, n)
+    spans = b.store.record_spans(TX_TOPIC, 0, 0, b.store.written_position, n + 1)
+    assert len(spans) == n
+    return spans
+
+
+@pytest.mark.parametrize("records", [4, 5])
+def test_a_slave_learns_at_most_its_batch_of_records_a_step_at_the_limit_and_one_past(tx_broker, records):
+    b = tx_broker
+    spans = journal_of_puts(b, records)
+    follow, learned = follower_of(b, limit=4)
+    step(b, follow)
+    assert len(learned) == 4
+    if records == 4:
+        assert follow.position == b.store.written_position
+    else:  # the fifth waits for the next step, where it starts
+        assert follow.position == spans[4][1]
+        step(b, follow)
+    assert follow.position == b.store.written_position
+    assert [r.data for r in learned] == [body(xid(1), i) for i in range(records)]
+
+
+def test_a_slave_learns_at_most_its_batch_of_bytes_a_step_and_one_record_at_least(tx_broker):
+    b = tx_broker
+    spans = journal_of_puts(b, 3)
+    follow, learned = follower_of(b, max_bytes=spans[0][2] + spans[1][2])  # two records' bytes exactly
+    step(b, follow)
+    assert len(learned) == 2 and follow.position == spans[2][1]
+    follow, learned = follower_of(b, max_bytes=spans[0][2] - 1)  # less than one record: one all the same
+    step(b, follow)
+    assert len(learned) == 1 and follow.position == spans[1][1]
+
+
+def test_a_slave_learns_every_record_through_steps_of_the_log_followers_byte_budget(tx_broker):
+    """A step walks a budget of log bytes: the records past it are learned by the next steps, none passed over."""
+    b = tx_broker
+    journal_of_puts(b, 6)
+    follow, learned = follower_of(b)
+    steps = 0
+    while follow.position < b.store.written_position:
+        step(b, follow, max_bytes=1)  # the records starting in the first byte: one a step
+        steps += 1
+    assert steps == 6 and [r.data for r in learned] == [body(xid(1), i) for i in range(6)]
+
+
+# -- snapshots written in steps ---------------------------------------------------------------------------------
+
+def live(state):
+    """What a replay state holds: each live branch's state and messages, and the heuristic outcomes."""
+    return ({k: (br.state, [p.data for p in br.puts], br.user) for k, br in state.branches.items()},
+            {k: h.commit for k, h in state.heuristic.items()})
+
+
+def replays(b):
+    """``(the log replayed without its snapshots, the log from its last snapshot on as retention leaves it)``."""
+    whole = R.ReplayState(1 << 62)
+    for _pos, flag, rec in b.journal():
+        if not flag & SNAPSHOT_FLAG:
+            whole.apply(rec)
+    at = b.tx.retention_floor()
+    tail = LogReplay(on_anomaly=pytest.fail)  # a record that fits no branch of the snapshot fails the test
+    for pos, flag, rec in b.journal():
+        if pos >= at:
+            tail.apply(pos, flag, rec)
+    assert tail.snapshot_at == at
+    return whole, tail.state
+
+
+@pytest.mark.parametrize("branches", [3, 4])
+def test_a_snapshot_is_written_in_steps_of_its_limit_at_the_limit_and_one_past(tx_broker, branches):
+    b = tx_broker
+    for n in range(branches):
+        prepared(b, n, puts=1)
+    pauses = []
+    b.tx.maintain(NOW, pause=lambda: pauses.append(b.store.written_position), step=3)
+    assert len(pauses) == (branches > 3)  # two steps past the limit, a pause between them
+    assert [type(rec).__name__ for _p, flag, rec in b.journal() if flag & SNAPSHOT_FLAG] == \
+        ["Snapshot"] + ["Put", "Prepare"] * branches + ["SnapEnd"]
+    whole, snapshot = replays(b)
+    assert live(snapshot) == live(whole) and len(whole.branches) == branches
+    keys = b.tx.recover()
+    b.restart()
+    assert b.tx.recover() == keys and len(keys) == branches
+
+
+def test_branches_changed_between_a_snapshots_steps_replay_to_their_state(tx_broker):
+    """Requests served between two steps change branches the snapshot wrote and branches it has not written yet
+    (each of those goes into it as it is before the change): the snapshot and the records after its start, as
+    retention leaves the log, are the branches the manager holds."""
+    b = tx_broker
+    written, growing, to_prepare, to_roll_back, to_commit, untouched, forgotten = [xid(n) for n in range(1, 8)]
+    for x in (written, growing, to_prepare, to_roll_back, to_commit, untouched, forgotten):
+        b.tx.begin(x, None, 0, NOW, user="alice")
+        fill(b, x, None, 1)
+    assert b.tx.prepare(written, None, NOW) == XA_OK and b.tx.prepare(forgotten, None, NOW) == XA_OK
+    assert b.tx.prepare(to_commit, None, NOW) == XA_OK and b.tx.prepare(untouched, None, NOW) == XA_OK
+    b.tx.heuristic(forgotten.key, False, NOW)  # an outcome the snapshot writes last
+    fresh = local(1)
+
+    def requests():  # between the first step (written, growing) and the next ones
+        b.tx.put(growing, None, "test", 1, 0, b"after its step", -1, NOW)
+        assert b.tx.prepare(to_prepare, None, NOW) == XA_OK
+        b.tx.rollback(to_roll_back, None, NOW)
+        b.commit(to_commit, one_phase=False)
+        b.tx.forget(forgotten, NOW)
+        b.tx.begin(fresh, "c1", 0, NOW)
+        fill(b, fresh, "c1", 2)
+
+    steps = []
+    b.tx.maintain(NOW, pause=lambda: (steps.append(1), len(steps) == 1 and requests()), step=2)
+    assert len(steps) == 1  # the requests wrote the keys they changed into it: one step more (untouched)
+    flags = [flag & SNAPSHOT_FLAG for _p, flag, _rec in b.journal()]
+    assert 0 in flags[flags.index(SNAPSHOT_FLAG):]  # ordinary records among the snapshot's
+    whole, snapshot = replays(b)
+    assert live(snapshot) == live(whole)
+    assert set(whole.branches) == {written.key, growing.key, to_prepare.key, untouched.key, fresh.key}
+    assert not whole.heuristic
+    assert [p.data for p in whole.branches[growing.key].puts][-1] == b"after its step"
+    assert {i.key: i.state for i in b.tx.in_doubt()} == {k: br.state for k, br in whole.branches.items()}
+    b.restart()  # the unprepared ones roll back; the prepared ones are kept
+    assert b.tx.recover() == sorted([written.key, to_prepare.key, untouched.key])
+    assert b.tx.recovery.anomalies == 0
+    assert b.tx.commit(to_commit, None, False, NOW).empty  # remembered as committed
+
+
+def test_a_snapshot_left_incomplete_between_its_steps_is_ignored(tx_broker):
+    """A change of role between two steps (a demotion) leaves the snapshot without its end: replay ignores it."""
+    b = tx_broker
+    keys = [prepared(b, n, puts=1).key for n in range(3)]
+    before = b.tx.retention_floor()
+    b.tx.maintain(NOW, pause=b.tx.follow_master, step=2)
+    assert [type(rec).__name__ for _p, flag, rec in b.journal() if flag & SNAPSHOT_FLAG][-1] != "SnapEnd"
+    assert b.tx.retention_floor() == before
+    b.tx.take_over(NOW)
+    b.restart()
+    assert b.tx.recover() == sorted(keys) and b.tx.retention_floor() == before

@@ -12,7 +12,7 @@ from metaq.transactions.wire import XA_HEURCOM, XA_OK, XAER_INVAL
 from metaq.transactions import records as R
 from metaq.transactions.config import TxConfig
 from metaq.transactions.journal import Journal, journal_path
-from metaq.transactions.state import EVERYONE
+from metaq.transactions.state import EVERYONE, HALF_OWNER, half_txid
 from tests.harness.store import NOW
 from tests.harness.tx import TxBroker, body, fill, local, xid
 
@@ -173,3 +173,54 @@ def test_begin_refuses_an_owner_name_past_the_limit(tx_broker):
         tx_broker.tx.begin(xid(1), None, 0, NOW, user="u" * (limits.MAX_TX_OWNER_BYTES + 1))
     assert info.value.xa_code == XAER_INVAL and "1 to 128 bytes" in str(info.value)
     assert tx_broker.tx.user_of(xid(1)) == (False, None)
+
+
+def held(b):
+    """``{user: live branches}`` as the transactions quota reads it, checked against the admin's view of them."""
+    live = {}
+    for info in b.tx.in_doubt():
+        if info.state in ("active", "prepared", "committing") and info.user is not None:
+            live[info.user] = live.get(info.user, 0) + 1
+    assert b.tx.by_user() == live
+    assert {u: b.tx.held_by(u) for u in ("alice", "bob", "carol")} == {u: live.get(u, 0)
+                                                                       for u in ("alice", "bob", "carol")}
+    return live
+
+
+def test_the_branches_a_user_holds_are_counted_through_every_end_and_replay(tx_broker):
+    """``held_by`` (each BEGIN's quota check) follows begin, prepare, commit, rollback, a closed connection, a
+    read-only end, a half message, a heuristic decision, a restart, a demotion and a promotion."""
+    b = tx_broker
+    committed, rolled, read_only, prepared_one = xid(1), xid(2), xid(3), xid(4)
+    for x, user in ((committed, "alice"), (rolled, "alice"), (read_only, "alice"), (prepared_one, "bob")):
+        b.tx.begin(x, None, 0, NOW, user=user)
+    b.tx.begin(local(1), "conn-1", 0, NOW, user="alice")
+    for x in (committed, rolled, prepared_one):
+        fill(b, x, None, 1)
+    fill(b, local(1), "conn-1", 1)
+    b.tx.put_half(7, "test", 2, 0, b"half", "PG", "T7", -1, 10, NOW, "bob")
+    assert held(b) == {"alice": 4, "bob": 2}
+    assert b.tx.prepare(committed, None, NOW) == XA_OK and b.tx.prepare(prepared_one, None, NOW) == XA_OK
+    assert held(b) == {"alice": 4, "bob": 2}  # prepared branches are held as open ones are
+    b.commit(committed, one_phase=False)
+    b.tx.rollback(rolled, None, NOW)
+    b.tx.prepare(read_only, None, NOW)  # no puts: ended read-only
+    assert held(b) == {"alice": 1, "bob": 2}
+    b.tx.owner_closed("conn-1", NOW)
+    assert held(b) == {"bob": 2}
+    b.tx.begin(xid(5), None, 0, NOW, user="carol")
+    fill(b, xid(5), None, 1)  # never prepared: the restart rolls it back
+    assert held(b) == {"bob": 2, "carol": 1}
+    b.tx.flush_journal()
+    b.restart()  # replay: the prepared branch and the half message are bob's still
+    assert held(b) == {"bob": 2}
+    b.tx.heuristic(prepared_one.key, False, NOW)
+    assert held(b) == {"bob": 1}
+    b.tx.follow_master()  # a slave: its branches are the master's (in its replica state), none held here
+    assert held(b) == {}
+    b.tx.take_over(NOW)  # promoted: the half message is bob's again
+    assert held(b) == {"bob": 1}
+    b.tx.commit(half_txid(7), HALF_OWNER, False, NOW)
+    assert held(b) == {"bob": 1}  # committing is still held, until its messages are in
+    b.commit(half_txid(7), HALF_OWNER, one_phase=False)
+    assert held(b) == {}
