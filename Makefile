@@ -83,9 +83,10 @@ stop-postgres:
 	@$(PYTHON) tools/devservices.py postgres stop --port $(PG_PORT) --dir $(DEVDATA)
 
 # The whole suite, then the unit tier again with the C helper's pure-Python twins (METAQ_PURE_PYTHON=1), so
-# that a machine without a compiler runs what the tests hold equal.
+# that a machine without a compiler runs what the tests hold equal. The 40 slowest tests are listed at the end:
+# where the suite's time goes.
 test: setup
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=40 $(PYTEST_ARGS)
 	METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
