@@ -8,12 +8,12 @@ checked from the frame header before it is buffered. The frame may add one key t
     "owners": [[topic, user, partitions], ...]   the topics users' puts created (``metaq.store.quota``): each a
                   legal topic name (``limits.validate_topic``), at most once; the user 1..MAX_TX_OWNER_BYTES bytes
                   of UTF-8; partitions (what the topic counts against the user's ``partitions`` quota) 1..
-                  MAX_PARTITIONS; at most MAX_TOPICS entries
+                  MAX_PARTITIONS (how many entries: as many as the payload's MAX_TOPIC_TABLE_BYTES hold)
 
 Its presence is the frame's owners flag: the slave's owners become exactly these (none without the key).
 ``encode`` writes it only when some topic has an owner, so a master whose topics have none (authentication off)
 sends byte for byte the table's file, as before owners. Anything the payload says that is not so (not UTF-8,
-not a JSON object, owners not a list, a bad or repeated entry, too many) is a fatal ``RemoteProtocolError``
+not a JSON object, owners not a list, a bad or repeated entry) is a fatal ``RemoteProtocolError``
 naming it; the table itself is checked as the slave takes it (``TopicTableFile.apply_json``).
 
 **Owners and older slaves.** A slave from before owners reads the table and ignores the key (its topics keep
@@ -73,8 +73,6 @@ def owner_problem(entry):
 
 
 def _owners_problem(owners):
-    if len(owners) > limits.MAX_TOPICS:
-        return "%d owners: a frame carries at most %d (limit MAX_TOPICS)" % (len(owners), limits.MAX_TOPICS)
     seen = set()
     for i, entry in enumerate(owners):
         why = owner_problem(entry)
@@ -89,8 +87,8 @@ def _owners_problem(owners):
 def encode(table, owners=()):
     """A ``Topics`` event from the table's JSON object ``table`` (``TopicTableFile.to_json()``) and its owned
     topics ``[(topic, user, partitions)]``: without owners its payload is the table's file byte for byte
-    (``TopicTableFile.encode``). ValueError for an owner no frame may carry, too many of them, or a payload past
-    MAX_TOPIC_TABLE_BYTES (the caller may send the table alone)."""
+    (``TopicTableFile.encode``). ValueError for an owner no frame may carry or a payload past MAX_TOPIC_TABLE_BYTES
+    (the caller may send the table alone)."""
     owners = tuple(tuple(o) for o in owners)
     why = _owners_problem(owners)
     if why is not None:
@@ -100,26 +98,29 @@ def encode(table, owners=()):
     if owners:
         table = dict(table, **{OWNERS_KEY: [list(o) for o in owners]})
     event = Topics(json.dumps(table, indent=1, sort_keys=True).encode("utf-8") + b"\n", owners)
-    check_size(len(event.table), ValueError)
+    why = _size_problem(len(event.table))
+    if why is not None:
+        raise ValueError(why)
     return event
 
 
-def check_size(length, error=None):
+def _size_problem(length):
     if not 0 < length <= limits.MAX_TOPIC_TABLE_BYTES:
-        message = "TOPICS frame of %d bytes: must be 1..%d (limit MAX_TOPIC_TABLE_BYTES)" % (
+        return "TOPICS frame of %d bytes: must be 1..%d (limit MAX_TOPIC_TABLE_BYTES)" % (
             length, limits.MAX_TOPIC_TABLE_BYTES)
-        raise (error(message) if error is not None else RemoteProtocolError(message, fatal=True))
+    return None
 
 
 def check_length(length):
     """Refuse (fatal) a TOPICS frame header announcing a payload outside 1..MAX_TOPIC_TABLE_BYTES."""
-    check_size(length)
+    why = _size_problem(length)
+    if why is not None:
+        raise RemoteProtocolError(why, fatal=True)
 
 
 def payload_parts(event):
     """The payload of ``event``; ValueError for a size or an owner no frame may carry."""
-    check_size(len(event.table), ValueError)
-    why = _owners_problem(event.owners)
+    why = _size_problem(len(event.table)) or _owners_problem(event.owners)
     if why is not None:
         raise ValueError(why)
     return [event.table]

@@ -336,7 +336,7 @@ class ReplicationServer:
         state.topics_version = version
         try:
             event = topics_codec.encode(table.to_json(), owners)
-        except ValueError as exc:  # more owners than a frame carries: the table alone, as before owners
+        except ValueError as exc:  # owners past what the frame holds (MAX_TOPIC_TABLE_BYTES): the table alone
             log.warning("replication: the topic owners are not sent to slave %s (%s): a promoted slave would not "
                         "count them", state.slave_id, exc)
             event = rp.Topics(table.encode())
