@@ -112,9 +112,10 @@ class TopicQuota:
             try:
                 topic, user, partitions = str(row[0]), str(row[1]), int(row[2])
                 limits.validate_topic(topic)
-            except (TypeError, ValueError, IndexError, InvalidTopic):
+                size = len(user.encode("utf-8"))
+            except (TypeError, ValueError, IndexError, InvalidTopic):  # UnicodeEncodeError among them
                 continue
-            if not (0 < len(user.encode("utf-8")) <= limits.MAX_TX_OWNER_BYTES
+            if not (0 < size <= limits.MAX_TX_OWNER_BYTES
                     and 1 <= partitions <= limits.MAX_PARTITIONS):
                 log.warning("topic owners: ignored %r: a user name has 1..%d bytes and a topic 1..%d partitions",
                             row, limits.MAX_TX_OWNER_BYTES, limits.MAX_PARTITIONS)
