@@ -53,7 +53,8 @@ MAX_TOPICS = 1024
 #: costs an index file (from 4 KiB, growing with use), a map and a checkpoint entry.
 MAX_TOTAL_PARTITIONS = 4096
 
-#: Largest topic table file (``<data_dir>/topics.json``, topics/table.py) and its copy in a replication frame.
+#: Largest topic table file (``<data_dir>/topics.json``, topics/table.py) and its copy in a replication frame, with
+#: the owners of the topics users' puts created (replication_topics.py: what bounds how many a frame carries).
 MAX_TOPIC_TABLE_BYTES = 1 << 20
 
 #: Longest topic or group name, in bytes.
@@ -377,8 +378,8 @@ MAX_SECRET_BYTES = 1024
 MIN_REPLICATION_SECRET_BYTES = 16
 
 #: Longest user name (UTF-8 bytes) a transaction branch records as its owner, in memory and in the transaction
-#: journal, and a committed offset's owner in the replication stream's OFFSETS frame (the permissions file's names
-#: are at most 128 characters of ``[A-Za-z0-9_.@-]``).
+#: journal, and a committed offset's or a created topic's owner in the replication stream's OFFSETS and TOPICS
+#: frames (the permissions file's names are at most 128 characters of ``[A-Za-z0-9_.@-]``).
 MAX_TX_OWNER_BYTES = 128
 
 #: Distinct topics and groups one RocketMQ request may need permissions for (a heartbeat names its groups and

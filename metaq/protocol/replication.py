@@ -55,6 +55,8 @@ Payloads::
                         master's PROOF: its nonce went in the CHALLENGE), then the proof (none: this side holds
                         no secret)
     OFFSETS    >BI      flags uint8, count uint32, then the entries: ``metaq.protocol.replication_offsets``
+    TOPICS              the master's topic table as UTF-8 JSON, with its topics' owners when some have one:
+                        ``metaq.protocol.replication_topics``
 
 A nonce is ``MIN_REPLICATION_NONCE_CHARS``..``MAX_REPLICATION_NONCE_CHARS``
 lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
@@ -76,8 +78,10 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol import replication_offsets as offsets_codec
+from metaq.protocol import replication_topics as topics_codec
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication_offsets import Offsets
+from metaq.protocol.replication_topics import Topics
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets", "Topics",
@@ -123,15 +127,10 @@ PROOF_HEAD = struct.Struct(">BB")
 assert PROOF_HEAD.size == 2
 
 T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_OFFSETS = 1, 2, 3, 4, 5, 6, 7, 8, 9
-#: TOPICS: the master's topic table (topics/table.py) as its JSON file, at most MAX_TOPIC_TABLE_BYTES; sent once per
-#: link and again when it changes. A slave from before the table ends the link at it ("unknown frame type 10").
+#: TOPICS: the master's topic table (topics/table.py) as its JSON file, with the owners of its topics when some have
+#: one (``metaq.protocol.replication_topics``), at most MAX_TOPIC_TABLE_BYTES; sent once per link and again when
+#: either changes. A slave from before the table ends the link at it ("unknown frame type 10").
 T_TOPICS = 10
-
-
-class Topics(NamedTuple):
-    """The master's topic table: the UTF-8 JSON of ``<data_dir>/topics.json``."""
-
-    table: bytes
 _HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
@@ -282,9 +281,7 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
     if isinstance(event, Offsets):
         return _frame(T_OFFSETS, offsets_codec.payload_parts(event))
     if isinstance(event, Topics):
-        if not 0 < len(event.table) <= limits.MAX_TOPIC_TABLE_BYTES:
-            raise ValueError("a topic table is 1..%d bytes" % limits.MAX_TOPIC_TABLE_BYTES)
-        return _frame(T_TOPICS, [event.table])
+        return _frame(T_TOPICS, topics_codec.payload_parts(event))
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -408,9 +405,7 @@ class ReplicationParser:
         elif ftype == T_OFFSETS:
             offsets_codec.check_length(length)
         elif ftype == T_TOPICS:
-            if not 0 < length <= limits.MAX_TOPIC_TABLE_BYTES:
-                raise _fail("TOPICS frame of %d bytes: must be 1..%d (limit MAX_TOPIC_TABLE_BYTES)"
-                            % (length, limits.MAX_TOPIC_TABLE_BYTES))
+            topics_codec.check_length(length)
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -449,7 +444,7 @@ class ReplicationParser:
         if ftype == T_OFFSETS:
             return offsets_codec.decode(payload)
         if ftype == T_TOPICS:
-            return Topics(bytes(payload))
+            return topics_codec.decode(payload)
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")

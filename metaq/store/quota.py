@@ -19,10 +19,19 @@ and the quota decision ``check(user, name, held, more)``: ``metaq.auth.quotas``,
 ``topics`` and ``partitions``), so one user cannot take every topic the broker
 may hold. The owners are the store's ``topic_owners`` state file (``owners`` /
 ``load_owners``); a deleted topic leaves its owner's count. Topics created by
-the configuration, an admin's ``topic create`` or replication have no owner.
+the configuration or an admin's ``topic create`` have no owner. A master sends
+its owners to its slaves with the topic table (the TOPICS frame:
+``metaq.protocol.replication_topics``) and a slave's become exactly those
+(``replace_owners``), so a slave's counts, and a promoted slave's quotas, are
+its master's.
 """
 
-from metaq.errors import TopicLimit
+import logging
+
+from metaq import limits
+from metaq.errors import InvalidTopic, TopicLimit
+
+log = logging.getLogger(__name__)
 
 
 class TopicQuota:
@@ -97,14 +106,41 @@ class TopicQuota:
         return [[t, u, n] for t, (u, n) in sorted(self._owners.items())]
 
     def load_owners(self, rows):
-        """The saved owners (``owners``' rows; a malformed row is skipped)."""
+        """The saved owners (``owners``' rows; a malformed row is skipped, and so is one no user can have: a name
+        past MAX_TX_OWNER_BYTES, which the replication stream could not carry either)."""
         for row in rows or ():
             try:
                 topic, user, partitions = str(row[0]), str(row[1]), int(row[2])
-            except (TypeError, ValueError, IndexError):
+                limits.validate_topic(topic)
+                size = len(user.encode("utf-8"))
+            except (TypeError, ValueError, IndexError, InvalidTopic):  # UnicodeEncodeError among them
+                continue
+            if not (0 < size <= limits.MAX_TX_OWNER_BYTES
+                    and 1 <= partitions <= limits.MAX_PARTITIONS):
+                log.warning("topic owners: ignored %r: a user name has 1..%d bytes and a topic 1..%d partitions",
+                            row, limits.MAX_TX_OWNER_BYTES, limits.MAX_PARTITIONS)
                 continue
             if topic not in self._owners:
                 self._own(topic, user, partitions)
+
+    def owned(self):
+        """``[(topic, user, partitions)]`` sorted: the topics users' puts created (what a master sends)."""
+        return [(t, u, n) for t, (u, n) in sorted(self._owners.copy().items())]
+
+    def replace_owners(self, rows):
+        """A master's owners ``[(topic, user, partitions)]``: ours become exactly these (the master's word is final;
+        an owner only we had goes). The version moves only when something changed, so the state file is written
+        again only then."""
+        owners = {t: (u, n) for t, u, n in rows}
+        if owners == self._owners:
+            return
+        held = {}
+        for user, partitions in owners.values():
+            h = held.setdefault(user, [0, 0])
+            h[0] += 1
+            h[1] += partitions
+        self._owners, self._held = owners, held  # new objects: a checkpoint listing the old ones meets no change
+        self.owners_version += 1
 
     def check(self, topic, partition):
         """Raise TopicLimit if creating ``topic``-``partition`` (not held yet) would pass a limit."""

@@ -230,6 +230,15 @@ class MessageStore:
         """``{user: (topics, partitions)}`` its puts created (quota.py; stats)."""
         return self._quota.held()
 
+    def owned_topics(self):
+        """``(version, [(topic, user, partitions)])``: each topic a user's put created, and the version of the owners
+        they reflect (it moves with every change: replication sends them again then)."""
+        return self._quota.owners_version, self._quota.owned()
+
+    def replace_topic_owners(self, rows):
+        """A slave: the master's ``[(topic, user, partitions)]`` become our owners (saved by the next checkpoint)."""
+        self._quota.replace_owners(rows)
+
     def check_creatable(self, topic, partition):
         """Raise what a put to ``topic``-``partition`` would (see quota.py) before anything is stored."""
         validate_partition(partition, self._topics.partitions_of(topic))

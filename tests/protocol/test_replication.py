@@ -1,5 +1,6 @@
 """The replication stream codec (metaq.protocol.replication): round trips, byte-at-a-time, garbage, limits."""
 
+import json
 import struct
 
 import pytest
@@ -25,7 +26,9 @@ from metaq.protocol.replication import (
     frame_parts,
     serialize,
 )
+from metaq.protocol import replication_topics as rt
 from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.topics.table import TopicSettings, TopicTableFile
 
 pos64 = st.integers(0, 2**63 - 1)
 i32 = st.integers(0, 2**31 - 1)
@@ -55,6 +58,13 @@ def offsets_events(draw):
     return Offsets(tuple(rows), snapshot, end)
 
 
+users = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=32).filter(
+    lambda u: len(u.encode("utf-8")) <= limits.MAX_TX_OWNER_BYTES)
+topic_owners = st.lists(st.tuples(names, users, st.integers(1, limits.MAX_PARTITIONS)), max_size=8,
+                        unique_by=lambda o: o[0])
+TABLE = {"format": 1, "version": 3, "topics": {}, "deleted": {}}
+topics_events = st.builds(lambda owners: rt.encode(TABLE, owners), topic_owners)
+
 nonces = st.text("0123456789abcdef", min_size=limits.MIN_REPLICATION_NONCE_CHARS,
                  max_size=limits.MAX_REPLICATION_NONCE_CHARS)
 events = st.one_of(
@@ -68,6 +78,7 @@ events = st.one_of(
     st.builds(Heartbeat, pos64, pos64, pos64),
     st.builds(ErrorFrame, st.integers(-2**31, 2**31 - 1), st.text(max_size=200)),
     offsets_events(),
+    topics_events,
 )
 
 
@@ -439,7 +450,7 @@ def test_topics_frame_round_trip_and_bound():
     p = ReplicationParser()
     p.receive_data(serialize(rp.Topics(table)))
     assert p.next_event() == rp.Topics(table)
-    with pytest.raises(ValueError, match="1..%d bytes" % limits.MAX_TOPIC_TABLE_BYTES):
+    with pytest.raises(ValueError, match="must be 1..%d \\(limit MAX_TOPIC_TABLE_BYTES" % limits.MAX_TOPIC_TABLE_BYTES):
         serialize(rp.Topics(b"x" * (limits.MAX_TOPIC_TABLE_BYTES + 1)))
 
 
@@ -567,3 +578,112 @@ def test_lying_owned_offsets_frames_are_fatal(wire, message):
 def test_bad_owners_are_not_sent(event, message):
     with pytest.raises(ValueError, match=message):
         serialize(event)
+
+
+# -- TOPICS with owners (the "owners" key of the table's JSON: who created each topic) ---------------------------------
+
+
+def topics_frame(doc):
+    """A TOPICS frame whose payload is ``doc`` (bytes as they are, anything else as JSON)."""
+    return frame(10, doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+
+
+@settings(max_examples=50, deadline=None)
+@given(topic_owners)
+def test_topics_with_owners_round_trip(owners):
+    event = rt.encode(TABLE, owners)
+    assert event.owners == tuple(owners)
+    assert (rt.OWNERS_KEY in json.loads(event.table)) == bool(owners)
+    assert parse_one(serialize(event)) == event
+
+
+def test_topics_without_owners_keep_the_old_form_and_older_slaves_ignore_owners(tmp_path):
+    """Without owners the payload is the table's file byte for byte (what a master sent before owners); with them a
+    slave from before owners still takes the table (``apply_json`` reads the keys it knows)."""
+    table = TopicTableFile(str(tmp_path))
+    table.entries["orders"] = TopicSettings("orders", 3)
+    table.version = 4
+    event = rt.encode(table.to_json(), [])
+    assert event == rt.Topics(table.encode())
+    assert serialize(event) == frame(10, table.encode())
+    assert parse_one(serialize(event)) == event
+    owned = rt.encode(table.to_json(), [("orders-x", "alice", 2)])
+    assert parse_one(serialize(owned)).owners == (("orders-x", "alice", 2),)
+    older = TopicTableFile(str(tmp_path))
+    older.apply_json(json.loads(owned.table))
+    assert older.to_json() == table.to_json()
+
+
+def test_topic_owners_at_their_limits_are_carried_and_one_past_them_are_not():
+    most = limits.MAX_TX_OWNER_BYTES
+    at = [("t", "u" * most, 1), ("t2", "\u00e9" * (most // 2), limits.MAX_PARTITIONS)]  # bytes, not characters
+    assert parse_one(serialize(rt.encode(TABLE, at))).owners == tuple(at)
+    for owner, message in ((("t", "u" * (most + 1), 1), "has %d bytes: a user name has 1..%d \\(limit "
+                            "MAX_TX_OWNER_BYTES" % (most + 1, most)),
+                           (("t", "\u00e9" * (most // 2) + "u", 1), "has %d bytes" % (most + 1)),
+                           (("t", "alice", limits.MAX_PARTITIONS + 1), "topic t owned with %d partitions: 1..%d "
+                            "\\(limit MAX_PARTITIONS" % (limits.MAX_PARTITIONS + 1, limits.MAX_PARTITIONS))):
+        with pytest.raises(ValueError, match=message):
+            rt.encode(TABLE, [owner])
+        with pytest.raises(RemoteProtocolError, match="bad TOPICS: owner 1 of 1: .*" + message) as info:
+            parse_one(topics_frame(dict(TABLE, owners=[list(owner)])))
+        assert info.value.fatal
+    many = [("t%d" % i, "alice", 1) for i in range(limits.MAX_TOPICS * 4)]  # no count of its own: the bytes
+    assert len(parse_one(serialize(rt.encode(TABLE, many))).owners) == limits.MAX_TOPICS * 4
+
+
+def test_owners_that_would_pass_the_table_size_are_not_sent():
+    """The owners count in MAX_TOPIC_TABLE_BYTES (the only bound of how many a frame carries): a table near it
+    with owners is refused (the master then sends the table alone); a payload of exactly the limit is carried,
+    one byte past it is not, and one announced past it is refused from the frame header alone."""
+    pad = limits.MAX_TOPIC_TABLE_BYTES - len(rt.encode(dict(TABLE, pad=""), []).table)
+    event = rt.encode(dict(TABLE, pad="x" * pad), [])
+    assert len(event.table) == limits.MAX_TOPIC_TABLE_BYTES and parse_one(serialize(event)) == event
+    with pytest.raises(ValueError, match="TOPICS frame of %d bytes: must be 1..%d \\(limit MAX_TOPIC_TABLE_BYTES"
+                       % (limits.MAX_TOPIC_TABLE_BYTES + 1, limits.MAX_TOPIC_TABLE_BYTES)):
+        rt.encode(dict(TABLE, pad="x" * (pad + 1)), [])
+    with pytest.raises(ValueError, match="must be 1..%d" % limits.MAX_TOPIC_TABLE_BYTES):
+        rt.encode(dict(TABLE, pad="x" * pad), [("t", "alice", 1)])
+    head = FRAME_HEADER.pack(b"MQRS", VERSION, 10, 0, limits.MAX_TOPIC_TABLE_BYTES + 1, 0)
+    with pytest.raises(RemoteProtocolError, match="TOPICS frame of %d bytes: must be 1..%d" % (
+            limits.MAX_TOPIC_TABLE_BYTES + 1, limits.MAX_TOPIC_TABLE_BYTES)) as info:
+        parse_one(head)
+    assert info.value.fatal
+
+
+@pytest.mark.parametrize("doc, message", [
+    (b"\xff{}", "the table is not UTF-8"),
+    (b"{nope", "the table is not JSON"),
+    (b"[" * 100000, "the table is not JSON"),
+    ([TABLE], "the table is a JSON object, not list"),
+    (dict(TABLE, owners={"t": "alice"}), "'owners' is a list of \\[topic, user, partitions\\], not dict"),
+    (dict(TABLE, owners=[["t", "alice"]]), "owner 1 of 1: an owner is \\[topic, user, partitions\\]"),
+    (dict(TABLE, owners=["t"]), "owner 1 of 1: an owner is \\[topic, user, partitions\\]"),
+    (dict(TABLE, owners=[[5, "alice", 1]]), "owner 1 of 1: a topic is a name, not 5"),
+    (dict(TABLE, owners=[["../x", "alice", 1]]), "owner 1 of 1: illegal topic name '../x'"),
+    (dict(TABLE, owners=[["t", "", 1]]), "owner 1 of 1: the owner of topic t has 0 bytes"),
+    (dict(TABLE, owners=[["t", 7, 1]]), "owner 1 of 1: the owner of topic t is a user name, not 7"),
+    (dict(TABLE, owners=[["t", "alice", 0]]), "owner 1 of 1: topic t owned with 0 partitions"),
+    (dict(TABLE, owners=[["t", "alice", True]]), "owner 1 of 1: topic t owned with True partitions"),
+    (dict(TABLE, owners=[["t", "alice", 1.0]]), "owner 1 of 1: topic t owned with 1.0 partitions"),
+    (dict(TABLE, owners=[["t", "alice", 1], ["t", "bob", 2]]), "owner 2 of 2 names topic t a second time"),
+])
+def test_lying_topics_frames_are_fatal(doc, message):
+    with pytest.raises(RemoteProtocolError, match="bad TOPICS: " + message) as info:
+        parse_one(topics_frame(doc))
+    assert info.value.fatal
+
+
+@pytest.mark.parametrize("table, owners, message", [
+    (dict(TABLE, owners=[]), [("t", "alice", 1)], "a topic table has no 'owners' key of its own"),
+    (TABLE, [("t", b"alice", 1)], "the owner of topic t is a user name"),
+    (TABLE, [("t", "\ud800", 1)], "the owner of topic t is UTF-8 text"),
+    (TABLE, [("t", "alice", 1), ("t", "bob", 1)], "owner 2 of 2 names topic t a second time"),
+    (TABLE, [("t", "alice")], "an owner is \\[topic, user, partitions\\]"),
+])
+def test_bad_topic_owners_are_not_sent(table, owners, message):
+    with pytest.raises(ValueError, match=message):
+        rt.encode(table, owners)
+    if owners and len(owners[0]) == 3 and "key" not in message:
+        with pytest.raises(ValueError, match=message):
+            serialize(rt.Topics(b"{}", tuple(owners)))

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.store.config import TopicSpec
+from metaq.store.files import TOPIC_OWNERS_MAGIC
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
 
@@ -85,4 +86,41 @@ def test_a_flood_of_random_topics_stops_at_the_limit(data_dir):
         except errors.TopicLimit:
             refused += 1
     assert (created, refused) == (50, 150)
+    s.close(NOW)
+
+
+def test_topic_owners_go_to_a_slave_and_survive_its_restart(tmp_path, caplog):
+    """The master lists each topic a user's put created with its owner and partitions (what its TOPICS frames
+    carry); a slave's owners become exactly those, so its per-user counts (the topics and partitions quotas')
+    are the master's, saved by its checkpoint for a restart. A saved owner no user can have is dropped."""
+    allow = lambda user, quota, held, more: None  # noqa: E731 (no quota here: the counts are what is tested)
+    master = _open(tmp_path / "m")
+    for topic, user in (("orders-a", "alice"), ("orders-b", "alice"), ("orders", "bob")):
+        master.claim_topic(topic, user, allow)
+        master.put(topic, 0, 0, b"x", NOW)
+    master.claim_topic("exact", "carol", allow)  # named in the configuration: no one's
+    version, rows = master.owned_topics()
+    assert rows == [("orders", "bob", 2), ("orders-a", "alice", 2), ("orders-b", "alice", 2)]
+    slave = _open(tmp_path / "s")
+    slave.claim_topic("mine", "carol", allow)  # from its own time as a master: goes
+    slave.replace_topic_owners(rows)
+    assert slave.topic_owners() == master.topic_owners() == {"alice": (2, 4), "bob": (1, 2)}
+    before = slave.owned_topics()[0]
+    slave.replace_topic_owners(list(rows))  # the same owners again: nothing to save
+    assert slave.owned_topics()[0] == before
+    slave.close(NOW)
+    slave = _open(tmp_path / "s")
+    assert slave.topic_owners() == {"alice": (2, 4), "bob": (1, 2)}
+    slave.replace_topic_owners(rows[:1])  # the master's word, even when it is less
+    assert slave.topic_owners() == {"bob": (1, 2)}
+    slave.close(NOW)
+    master.close(NOW)
+    s = _open(tmp_path / "bad")
+    most = limits.MAX_TX_OWNER_BYTES
+    s.dirs.write_state(s.dirs.topic_owners, TOPIC_OWNERS_MAGIC, {"owners": [
+        ["t1", "u" * most, 2], ["t2", "v" * (most + 1), 2], ["t3", "w", limits.MAX_PARTITIONS + 1]]})
+    s.close(NOW, clean=False)
+    s = _open(tmp_path / "bad")
+    assert s.topic_owners() == {"u" * most: (1, 2)}  # at the limit; one past either is no one's
+    assert "topic owners: ignored" in caplog.text
     s.close(NOW)

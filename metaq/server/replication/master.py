@@ -13,6 +13,7 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
 from metaq.server.replication import handshake
 from metaq.protocol.replication_offsets import frames as offsets_frames
+from metaq.protocol import replication_topics as topics_codec
 from metaq.server.replication.link import (ERR_REFUSED, HEARTBEAT_BUSY_S, HEARTBEAT_S, HELLO_TIMEOUT_S,
                                            OFFSETS_SYNC_S, POLL_S, send_event)
 from metaq.store.epochs import agreed_position
@@ -32,7 +33,7 @@ class SlaveState:
         self.durable = start
         self.connected_at = time.time()
         self.offsets_version = None  # the consumer-offset version last sent; None: the whole table is still due
-        self.topics_version = None  # the topic table's version last sent (topics/table.py)
+        self.topics_version = None  # (the topic table's version, the topic owners') last sent (topics/table.py)
         self.offsets_due = time.monotonic() + OFFSETS_SYNC_S  # the next send, at the latest
 
 
@@ -313,10 +314,7 @@ class ReplicationServer:
                 state.sent = nxt
                 continue
             now = time.monotonic()
-            table = store.topics.table
-            if state.topics_version != table.version and (table.entries or table.deleted):
-                state.topics_version = table.version  # the topic table: when it changed (and not while empty)
-                send_event(sock, rp.Topics(table.encode()))
+            if self._send_topics(sock, state):
                 continue
             if now >= state.offsets_due or state.offsets_version is None:  # caught up: the whole table at once
                 self._send_offsets(sock, state, now)
@@ -326,6 +324,24 @@ class ReplicationServer:
                 last_hb = now
             self._data.clear()
             self._data.wait(POLL_S)
+
+    def _send_topics(self, sock, state):
+        """The topic table and its topics' owners, when either changed since this link last sent them, and not
+        while both are empty (a master without them sends what slaves from before TOPICS read). True if sent."""
+        table = self.store.topics.table
+        owners_version, owners = self.store.owned_topics()
+        version = (table.version, owners_version)
+        if state.topics_version == version or not (table.entries or table.deleted or owners):
+            return False
+        state.topics_version = version
+        try:
+            event = topics_codec.encode(table.to_json(), owners)
+        except ValueError as exc:  # owners past what the frame holds (MAX_TOPIC_TABLE_BYTES): the table alone
+            log.warning("replication: the topic owners are not sent to slave %s (%s): a promoted slave would not "
+                        "count them", state.slave_id, exc)
+            event = rp.Topics(table.encode())
+        send_event(sock, event)
+        return True
 
     def _send_offsets(self, sock, state, now):
         """The consumer offsets this link has not carried: the whole table the first time, then what changed; each

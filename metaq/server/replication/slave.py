@@ -10,6 +10,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
+from metaq.protocol.replication_topics import OWNERS_KEY
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.clock import now_ms
 from metaq.server.replication import handshake
@@ -299,15 +300,19 @@ class SlaveLink:
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
     def _topics(self, event):
-        """The master's topic table becomes ours (topics/state.py ``replace_table``)."""
+        """The master's topic table becomes ours (topics/state.py ``replace_table``), then its topics' owners
+        (none from a frame without them): our per-user topic counts, saved by the next checkpoint, are the
+        master's, so a promoted slave holds each user to its ``topics`` and ``partitions`` quotas."""
         try:
             state = json.loads(event.table.decode("utf-8"))
+            state.pop(OWNERS_KEY, None)  # the frame's, not the table's (the codec checked them)
             with self.store_lock:  # a deleted topic's partitions go: no checkpoint or work ahead meets them
                 self.store.topics.replace_table(state)
         except (ValueError, TypeError, KeyError, AttributeError, errors.ClientError) as exc:
             raise errors.RemoteProtocolError("bad TOPICS from the master: %s" % exc, fatal=True) from None
-        log.info("replication: the master's topic table (version %d, %d topics) taken", self.store.topics.table.version,
-                 len(self.store.topics.table.entries))
+        self.store.replace_topic_owners(event.owners)
+        log.info("replication: the master's topic table (version %d, %d topics, %d owned) taken",
+                 self.store.topics.table.version, len(self.store.topics.table.entries), len(event.owners))
         if self.on_new_topics is not None:
             self.on_new_topics(self.store.known_topics())
 
