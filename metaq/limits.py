@@ -557,6 +557,24 @@ MQTT_MAX_TOPIC_BYTES = 65_535
 #: topic of 30,000 empty levels does not cost 30,000 steps per message matched.
 MQTT_MAX_TOPIC_LEVELS = 128
 
+# -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
+
+#: Streams one HTTP/2 connection of the gRPC port may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS, which the
+#: port announces; grpc clients queue calls past it). A client that opens one more anyway breaks the protocol: the
+#: connection ends with GOAWAY. Each open stream may hold one unfinished message (GRPC_MAX_MESSAGE_BYTES).
+GRPC_MAX_STREAMS_PER_CONNECTION = 100
+#: Largest gRPC message a client may send (the length in its 5-byte prefix, checked before a byte of it is kept): a
+#: message body of MAX_BODY_BYTES and room for its properties. Past it the call ends with grpc-status 8
+#: (RESOURCE_EXHAUSTED), as grpc's own servers answer; the connection goes on.
+GRPC_MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
+#: Size of one request's header list as HTTP/2 measures it (each field's name and value, plus 32):
+#: SETTINGS_MAX_HEADER_LIST_SIZE. A larger header block ends the connection (GOAWAY): its HPACK state cannot be
+#: kept in step without decoding it.
+GRPC_MAX_HEADER_BYTES = 16 * 1024
+#: Longest wait a unary call's grpc-timeout may ask for (none given: this): a send waiting for its flush or a
+#: slave is answered DEADLINE_EXCEEDED past it.
+GRPC_MAX_CALL_S = 60.0
+
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 
 #: Dead letters one ``dlq_list`` answers at most (``metaq-admin dlq list --max``); ``"more": true`` says there are more.
