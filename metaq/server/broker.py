@@ -174,6 +174,10 @@ class Broker:
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
 
+        self.grpc = None
+        if config.grpc.port:  # docs/rocketmq5.md
+            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard)
+
     # -- facts used by stats --------------------------------------------------
 
     def quota_use(self):
@@ -281,6 +285,8 @@ class Broker:
         self.roles.start_links()
         if self.http is not None:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
+        if self.grpc is not None:
+            self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
@@ -301,6 +307,9 @@ class Broker:
         if self.http is not None:
             log.info("HTTP port on %s:%d: /metrics, /healthz, /readyz, /api/..., the dashboard at /",
                      self.config.http.host or cfg.host, self.http.port)
+        if self.grpc is not None:
+            log.info("RocketMQ 5 gRPC port on %s:%d (apache.rocketmq.v2.MessagingService)",
+                     self.config.grpc.host or cfg.host, self.grpc.port)
         if self.roles.read_refusal is not None:
             log.warning("reads refused until the first epoch handshake: %s", self.roles.read_refusal)
         if checksum.IMPLEMENTATION == "python-zlib":
@@ -430,3 +439,26 @@ class Broker:
             self.store.abandon()
             log.error("broker stopped after a failed flush (%s): the log was left as it was, not marked "
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
+
+
+def grpc_port(core, config, store, put_path, guard):
+    """The gRPC port (``metaq.rmq5``), given what it uses. Imported here, only when ``grpc.port`` is set: its
+    protobuf code is generated at setup (tools/protos.py), and a broker without the port never needs it."""
+    try:
+        from metaq.rmq5.port import GrpcPort, PortLimits
+        from metaq.rmq5.rpcs import MessagingService
+    except ImportError as exc:
+        raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
+                          "grpcio-tools and python tools/protos.py" % exc) from None
+    g = config.grpc
+    bind = g.host or config.broker.host
+    holder = {}
+
+    def endpoint():
+        return g.advertised_host or bind, holder["port"].port
+
+    service = MessagingService(store, put_path, guard, config.remoting.broker_name or "metaq-%d" % config.broker.id,
+                               config.limits.max_body_bytes, endpoint)
+    port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
+                                                              g.max_header_bytes, g.max_call_s))
+    return port

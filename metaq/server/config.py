@@ -425,6 +425,23 @@ class HttpSection(_Section):
         return [name.strip().lower().rstrip(".") for name in names]
 
 
+class GrpcSection(_Section):
+    """``grpc:``: RocketMQ 5's gRPC port (``apache.rocketmq.v2.MessagingService``; docs/rocketmq5.md)."""
+
+    port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off; 8081 by RocketMQ's convention
+    host: Optional[str] = None  # bind address; default broker.host
+    advertised_host: Optional[str] = None  # the host routes name; default the bind host (a wildcard: the client's)
+    max_streams_per_connection: int = Field(limits.GRPC_MAX_STREAMS_PER_CONNECTION, ge=1, le=1 << 16)
+    max_message_bytes: int = Field(limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
+    max_header_bytes: int = Field(limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
+    max_call_s: float = Field(limits.GRPC_MAX_CALL_S, gt=0, le=3600)
+
+    @field_validator("host", "advertised_host")
+    @classmethod
+    def _named(cls, value, info):
+        return _not_blank(value, "an unnamed grpc %s; leave it out for the default" % info.field_name.replace("_", " "))
+
+
 class ServerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     store: StoreSection = StoreSection()
@@ -437,6 +454,7 @@ class ServerConfig(_Section):
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
     security: SecuritySection = SecuritySection()
     http: HttpSection = HttpSection()  # the HTTP port
+    grpc: GrpcSection = GrpcSection()  # RocketMQ 5's gRPC port
 
     @field_validator("topics")
     @classmethod
@@ -458,7 +476,8 @@ class ServerConfig(_Section):
         listeners = [("broker.port", host, self.broker.port), ("remoting.port", self.remoting.host or host,
                                                                 self.remoting.port),
                      ("replication.port", host, self.replication.port),
-                     ("http.port", self.http.host or host, self.http.port)]
+                     ("http.port", self.http.host or host, self.http.port),
+                     ("grpc.port", self.grpc.host or host, self.grpc.port)]
         seen = {}
         for name, bind, port in listeners:
             if port and (bind, port) in seen:
@@ -517,6 +536,8 @@ class ServerConfig(_Section):
             found.append(("broker.host", host))
         if self.http.port:
             found.append(("http.host" if self.http.host else "broker.host", self.http.host or host))
+        if self.grpc.port:
+            found.append(("grpc.host" if self.grpc.host else "broker.host", self.grpc.host or host))
         return found
 
     @model_validator(mode="after")
