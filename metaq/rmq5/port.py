@@ -402,7 +402,7 @@ class GrpcPort:
         return self.listener.port if self.listener is not None else None
 
     def listen(self, host, port):
-        self.listener = self.core.listen("grpc", host, port, self._connection)
+        self.listener = self.core.listen("grpc", host, port, self._connection, alpn=("h2",))
         return self.listener
 
     def _connection(self, sock, address, conn_id):

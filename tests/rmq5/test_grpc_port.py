@@ -6,6 +6,7 @@ one the test extra's RocketMQ 4 client (``rocketmq==0.4.4``) owns: the two canno
 tests speak the protocol through grpcio with the messages generated from metaq/rmq5/messages.proto."""
 
 import socket
+import ssl
 import time
 import uuid
 import queue
@@ -13,6 +14,7 @@ import queue
 import pytest
 
 from metaq.client.local import BrokerProcess, free_port, small_config
+from metaq.client.raw import TextClient
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
 from metaq.protocol.rocketmq.mapping import split_attribute
@@ -93,10 +95,10 @@ def message(topic, body, tag=None, keys=(), group=None, deliver_ms=None, props=N
     return m
 
 
-def stored(b, topic, partitions=4):
+def stored(b, topic, partitions=4, ssl_context=None):
     """Every record of ``topic`` a text ``get`` reads, by partition: ``{partition: [record]}``."""
     out = {}
-    with b.client() as text:
+    with TextClient(b.host, b.port, 10, ssl_context) as text:
         for p in range(partitions):
             r = text.get(topic, p, 0, 1 << 20)
             out[p] = [rec for rec, _end in iter_records(r.body)] if isinstance(r, ev.Value) else []
@@ -389,4 +391,33 @@ def test_credentials_go_through_the_same_users_and_permissions(tmp_path):
         assert payloads == [b"signed"]
     finally:
         c.close()
+        b.kill()
+
+
+# -- TLS -----------------------------------------------------------------------------------------------------
+
+
+def test_with_tls_on_the_port_speaks_grpc_over_tls_and_refuses_plaintext(tmp_path):
+    from tests.harness.pki import Pki
+    pki = Pki(tmp_path / "pki")
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()}, security={"tls": pki.tls_config("on")})
+    b = BrokerProcess(tmp_path, cfg).start()
+    with open(pki.ca, "rb") as f:
+        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    channel = grpc.secure_channel("127.0.0.1:%d" % cfg["grpc"]["port"], creds)  # grpc requires ALPN h2
+    plain = Client(cfg["grpc"]["port"])
+    try:
+        send = channel.unary_unary(SERVICE + "SendMessage", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=pb.SendMessageResponse.FromString)
+        r = send(pb.SendMessageRequest(messages=[message("tq-tls", b"over tls")]),
+                 metadata=[("x-mq-client-id", "tls")], timeout=10)
+        assert code(r.status) == "OK"
+        with pytest.raises(grpc.RpcError) as err:
+            plain.route("tq-tls")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        ctx = ssl.create_default_context(cafile=pki.ca)
+        assert [rec.payload for recs in stored(b, "tq-tls", ssl_context=ctx).values() for rec in recs] == [b"over tls"]
+    finally:
+        channel.close()
+        plain.close()
         b.kill()
