@@ -57,6 +57,9 @@ def build_parser():
                    help="serve metrics, health, the JSON API and the dashboard over HTTP on this port (0 = off)")
     p.add_argument("--remoting-port", type=int, metavar="P",
                    help="serve RocketMQ clients (name server and broker codes) on this port (0 or absent = off)")
+    p.add_argument("--grpc-port", type=int, metavar="P",
+                   help="serve RocketMQ 5 clients (gRPC, apache.rocketmq.v2.MessagingService) on this port "
+                        "(0 or absent = off; RocketMQ's proxy uses 8081)")
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
@@ -114,6 +117,7 @@ def overrides_from(args):
         "replication.port": args.replication_port,
         "remoting.port": args.remoting_port,
         "http.port": args.http_port,
+        "grpc.port": args.grpc_port,
     }
 
 
