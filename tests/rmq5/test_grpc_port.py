@@ -382,6 +382,14 @@ def test_credentials_go_through_the_same_users_and_permissions(tmp_path):
         denied = c.send(message("payroll", b"not-hers"), metadata=credentials("alice", SECRETS["alice"]))
         assert code(denied.status) == "FORBIDDEN" and code(denied.entries[0].status) == "FORBIDDEN"
         assert code(c.route("orders").status) == "UNAUTHORIZED"  # every RPC needs a user
+        telemetry = c.channel.stream_stream(SERVICE + "Telemetry", request_serializer=lambda m: m.SerializeToString(),
+                                            response_deserializer=pb.TelemetryCommand.FromString)
+        producer = pb.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing()))
+        with pytest.raises(grpc.RpcError) as err:  # Telemetry's refusals end the stream (the proxy's way)
+            next(telemetry(iter([producer]), metadata=credentials("alice", "not-alices-secret-0000"), timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "UNAUTHORIZED" in err.value.details()
+        answer = next(telemetry(iter([producer]), metadata=credentials("alice", SECRETS["alice"]), timeout=10))
+        assert code(answer.status) == "OK"
         assert code(c.unary("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="orders")),
                             pb.QueryRouteResponse, credentials("bob", SECRETS["bob"])).status) == "OK"
         with b.client() as text:
