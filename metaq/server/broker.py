@@ -31,7 +31,8 @@ from metaq.server.remoting.server import RemotingServer
 from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats, NodeFacts, StatsService, quota_rows, remoting_values, security_values
+from metaq.server.stats import (BrokerStats, NodeFacts, StatsService, grpc_values, quota_rows, remoting_values,
+                                security_values)
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
@@ -177,6 +178,7 @@ class Broker:
         self.grpc = None
         if config.grpc.port:  # docs/rocketmq5.md
             self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard)
+        self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
 

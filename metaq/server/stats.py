@@ -182,6 +182,7 @@ SOURCES = {
     "replication": "the summary's replication (key, value) pairs",
     "delay": "the summary's delay (key, value) pairs",
     "remoting": "the summary's remoting (key, value) pairs",
+    "grpc": "the summary's gRPC port (key, value) pairs (docs/rocketmq5.md)",
     "security": "the summary's security (key, value) pairs: auth on|off, tls on|off, ...",
     "zero_copy": "the summary's zero-copy read (key, value) pairs: replies sent from the maps, copied out",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
@@ -278,7 +279,8 @@ class StatsService:
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
-            self.sources["remoting"]() + self.sources["security"]() + self.sources.get("zero_copy", list)()
+            self.sources["remoting"]() + self.sources.get("grpc", list)() + self.sources["security"]() + \
+            self.sources.get("zero_copy", list)()
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).
@@ -311,6 +313,16 @@ def remoting_values(remoting):
             ("rocketmq_consumer_groups", len(remoting.clients.groups())),
             ("rocketmq_queue_locks", len(remoting.locks)),
             ("remoting_route_master", remoting.route_addresses().get(0) or "none")]
+
+
+def grpc_values(port):
+    """The summary's pairs of the gRPC port (``rmq5.port.GrpcPort``; None: not configured): its port, connections,
+    the calls its service answered, those refused in-band and the messages stored."""
+    if port is None:
+        return [("grpc_port", 0)]
+    counts = port.service.counts
+    return [("grpc_port", port.port or 0), ("grpc_connections", port.connection_count()),
+            ("grpc_calls", counts["calls"]), ("grpc_refused", counts["refused"]), ("grpc_sent", counts["sent"])]
 
 
 def public_topics(store):

@@ -195,6 +195,11 @@ def test_bad_requests_get_the_protocols_statuses_and_the_connection_goes_on(brok
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "POP" in err.value.details()
     assert [rec.payload for recs in stored(broker, "tq-bad").values() for rec in recs] == [b"ok"]
     assert code(client.route("tq-bad").status) == "OK"  # the same connection still serves
+    with broker.client() as text:
+        summary = text.stats_dict()
+    assert summary["grpc_port"] == str(broker.config["grpc"]["port"]) and int(summary["grpc_connections"]) >= 1
+    assert int(summary["grpc_refused"]) >= 2 and int(summary["grpc_sent"]) >= 1
+    assert int(summary["grpc_calls"]) > int(summary["grpc_refused"])
 
 
 def test_telemetry_answers_every_settings_on_a_stream_that_stays_open(broker, client):
