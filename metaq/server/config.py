@@ -425,6 +425,10 @@ class HttpSection(_Section):
         return [name.strip().lower().rstrip(".") for name in names]
 
 
+#: What a gRPC message needs beside its body (the topic, properties, ids): ``limits.GRPC_MAX_MESSAGE_BYTES``'s room.
+GRPC_MESSAGE_ROOM = limits.GRPC_MAX_MESSAGE_BYTES - limits.MAX_BODY_BYTES
+
+
 class GrpcSection(_Section):
     """``grpc:``: RocketMQ 5's gRPC port (``apache.rocketmq.v2.MessagingService``; docs/rocketmq5.md)."""
 
@@ -485,6 +489,18 @@ class ServerConfig(_Section):
                                  % (seen[bind, port], name, bind, port))
             if port:
                 seen[bind, port] = name
+        return self
+
+    @model_validator(mode="after")
+    def _grpc_message_fits_a_body(self):
+        """A gRPC port whose messages could not carry a body ``limits.max_body_bytes`` allows would refuse, as too
+        large for the port, sends the rest of the broker takes."""
+        g = self.grpc
+        if g.port and g.max_message_bytes < self.limits.max_body_bytes + GRPC_MESSAGE_ROOM:
+            raise ValueError("grpc.max_message_bytes (%d) must hold a body of limits.max_body_bytes (%d) and %d bytes "
+                             "for its properties: raise it to %d or more"
+                             % (g.max_message_bytes, self.limits.max_body_bytes, GRPC_MESSAGE_ROOM,
+                                self.limits.max_body_bytes + GRPC_MESSAGE_ROOM))
         return self
 
     @model_validator(mode="after")

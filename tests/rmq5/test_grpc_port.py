@@ -30,7 +30,8 @@ from h2.events import ConnectionTerminated, DataReceived, PingAckReceived, Respo
 pytestmark = pytest.mark.integration
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
-MAX_MESSAGE = 8192
+MAX_BODY = 64 * 1024
+MAX_MESSAGE = MAX_BODY + 64 * 1024  # the least the port takes with this body limit
 MAX_STREAMS = 3
 MAX_HEADERS = 4096
 
@@ -40,7 +41,7 @@ def broker(tmp_path_factory):
     wd = tmp_path_factory.mktemp("grpc5")
     cfg = small_config(wd / "data", grpc={"port": free_port(), "max_message_bytes": MAX_MESSAGE,
                                           "max_streams_per_connection": MAX_STREAMS, "max_header_bytes": MAX_HEADERS},
-                       store={"flush": "async", "flush_interval_ms": 20})
+                       store={"flush": "async", "flush_interval_ms": 20}, limits={"max_body_bytes": MAX_BODY})
     b = BrokerProcess(wd, cfg).start()
     yield b
     b.kill()
@@ -210,7 +211,7 @@ def test_telemetry_answers_every_settings_on_a_stream_that_stays_open(broker, cl
     producer = pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="tq-tel")]))
     requests.put(pb.TelemetryCommand(settings=producer))
     first = next(answers)
-    assert code(first.status) == "OK" and first.settings.publishing.max_body_size == 256 * 1024
+    assert code(first.status) == "OK" and first.settings.publishing.max_body_size == MAX_BODY
     assert first.settings.backoff_policy.max_attempts == 3
     assert first.settings.backoff_policy.WhichOneof("strategy") == "exponential_backoff"
     consumer = pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(group=pb.Resource(name="g")))
@@ -229,15 +230,16 @@ def test_telemetry_answers_every_settings_on_a_stream_that_stays_open(broker, cl
 
 
 def padded_send(size):
-    """A SendMessageRequest of exactly ``size`` bytes serialized."""
-    m = message("tq-size", b"", message_id="SIZE")
-    m.body = b"x" * (size - pb.SendMessageRequest(messages=[m]).ByteSize() - 3)
-    while pb.SendMessageRequest(messages=[m]).ByteSize() < size:
+    """A SendMessageRequest of exactly ``size`` bytes serialized: three messages, each body within MAX_BODY."""
+    first = [message("tq-size", b"x" * (size // 3), message_id="SIZE-%d" % i) for i in range(2)]
+    m = message("tq-size", b"", message_id="SIZE-2")
+    m.body = b"x" * (size - pb.SendMessageRequest(messages=first + [m]).ByteSize() - 3)
+    while pb.SendMessageRequest(messages=first + [m]).ByteSize() < size:
         m.body += b"x"
-    while pb.SendMessageRequest(messages=[m]).ByteSize() > size:
+    while pb.SendMessageRequest(messages=first + [m]).ByteSize() > size:
         m.body = m.body[:-1]
-    request = pb.SendMessageRequest(messages=[m])
-    assert request.ByteSize() == size
+    request = pb.SendMessageRequest(messages=first + [m])
+    assert request.ByteSize() == size and all(len(x.body) <= MAX_BODY for x in request.messages)
     return request
 
 

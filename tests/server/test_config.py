@@ -115,6 +115,11 @@ def test_the_grpc_port_is_off_by_default_and_checked_like_the_others():
     with pytest.raises(ConfigError, match="grpc.host 0.0.0.0"):
         load_config(None, {"grpc.port": 8081, "grpc.host": "0.0.0.0"})  # authentication off: loopback only
     assert load_config(None, {"grpc.port": 8081, "grpc.host": "0.0.0.0", "security.insecure": True}).grpc.port
+    with pytest.raises(ConfigError, match="grpc.max_message_bytes .* must hold a body of limits.max_body_bytes"):
+        load_config(None, {"grpc.port": 8081, "limits.max_body_bytes": 8 << 20})
+    assert load_config(None, {"grpc.port": 8081, "limits.max_body_bytes": 8 << 20,
+                              "grpc.max_message_bytes": (8 << 20) + (64 << 10), "store.segment_size": 64 << 20})
+    assert load_config(None, {"limits.max_body_bytes": 8 << 20, "store.segment_size": 64 << 20})  # port off
     for key, bad in (("grpc.max_streams_per_connection", 0), ("grpc.max_message_bytes", 1023),
                      ("grpc.max_header_bytes", 1023), ("grpc.max_call_s", 0), ("grpc.host", " ")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
