@@ -174,6 +174,13 @@ def test_a_delivery_time_holds_the_message_in_metaqs_timers_until_then(broker, c
     assert props["TIMER_DELIVER_MS"] == str(due)
 
 
+def test_heartbeat_and_termination_are_answered_ok(client):
+    beat = client.unary("Heartbeat", pb.HeartbeatRequest(client_type=pb.PRODUCER), pb.HeartbeatResponse)
+    bye = client.unary("NotifyClientTermination", pb.NotifyClientTerminationRequest(),
+                       pb.NotifyClientTerminationResponse)
+    assert code(beat.status) == "OK" and code(bye.status) == "OK"
+
+
 # -- statuses ----------------------------------------------------------------------------------------------
 
 
@@ -361,6 +368,26 @@ def test_a_connection_survives_a_client_ping_and_a_cancelled_call(broker):
         assert dict(next(e for e in got if isinstance(e, TrailersReceived)).headers)["grpc-status"] == "0"
     finally:
         raw.close()
+
+
+def test_the_connection_cap_counts_the_grpc_port_with_the_others(tmp_path):
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()}, limits={"max_connections": 2, "max_connections_per_address": 2})
+    b = BrokerProcess(tmp_path, cfg).start()
+    try:
+        with b.client() as text:  # one slot taken on the text port
+            c = Client(cfg["grpc"]["port"])
+            try:
+                assert code(c.route("tq-cap").status) == "OK"  # the second slot: the gRPC connection
+                extra = socket.create_connection(("127.0.0.1", cfg["grpc"]["port"]), timeout=5)
+                try:  # past the cap: closed without a byte, as on every port without words of its own
+                    assert extra.recv(100) == b""
+                finally:
+                    extra.close()
+                assert text.stats_dict()["grpc_connections"] == "1"
+            finally:
+                c.close()
+    finally:
+        b.kill()
 
 
 # -- authentication ----------------------------------------------------------------------------------------
