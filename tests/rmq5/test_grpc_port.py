@@ -371,7 +371,8 @@ def test_a_connection_survives_a_client_ping_and_a_cancelled_call(broker):
 
 
 def test_the_connection_cap_counts_the_grpc_port_with_the_others(tmp_path):
-    cfg = small_config(tmp_path / "data", grpc={"port": free_port()}, limits={"max_connections": 2, "max_connections_per_address": 2})
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()},
+                       limits={"max_connections": 2, "max_connections_per_address": 2})
     b = BrokerProcess(tmp_path, cfg).start()
     try:
         with b.client() as text:  # one slot taken on the text port
