@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for
 from tests.harness.acl import SECRETS, secured_config
@@ -147,3 +149,22 @@ def test_keep_alive_is_enforced_at_one_and_a_half_times_and_fires_the_will(broke
     time.sleep(3)
     assert pinging.c.is_connected()
     assert b.log_text().count(": no request for 2 s; closing") == 1  # one line (1.5 s, written rounded)
+
+
+def test_no_local_skips_the_clients_own_messages_and_unsubscribe_stops_delivery(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    me = Raw(b)
+    assert me.connect("me").reason_code == 0
+    me.send(wire.Subscribe(1, (wire.Subscription("chat/#", 1, no_local=True),)))
+    assert me.read() == wire.Suback(1, (1,))
+    me.send(wire.Publish("chat/room", b"mine", 0))
+    Paho(b, "you").publish("chat/room", b"yours", 1)
+    got = me.read()
+    assert (got.topic, got.payload) == ("chat/room", b"yours")
+    me.send(wire.PubAck(got.packet_id))
+    me.send(wire.Unsubscribe(2, ("chat/#", "never/#")))
+    assert me.read() == wire.Unsuback(2, (wire.SUCCESS, wire.NO_SUBSCRIPTION_EXISTED))
+    Paho(b, "you-again").publish("chat/room", b"after", 1)
+    me.sock.settimeout(1.0)
+    with pytest.raises(OSError):
+        me.read()  # nothing after the UNSUBSCRIBE

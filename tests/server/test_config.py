@@ -115,6 +115,22 @@ def test_http_basic_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):
     assert load_config(None, dict(authed, **{"http.port": None})).http.port is None  # no HTTP port: nothing sent
 
 
+def test_an_mqtt_password_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):
+    authed = {"security.acl_file": str(tmp_path / "acl.yaml"), "broker.host": "0.0.0.0", "mqtt.port": 1883}
+    with pytest.raises(ConfigError, match="mqtt.port listens on 0.0.0.0, not a loopback address, with "
+                                          "authentication on and TLS off"):
+        load_config(None, authed)
+    assert load_config(None, dict(authed, **{"mqtt.host": "127.0.0.1"})).mqtt.host == "127.0.0.1"
+    assert load_config(None, dict(authed, **{"security.insecure": True})).mqtt.port == 1883
+    tls = {"security.tls.mode": "on", "security.tls.cert": "c.pem", "security.tls.key": "k.pem"}
+    assert load_config(None, dict(authed, **tls)).security.tls.mode == "on"
+    with pytest.raises(ConfigError, match="mqtt.host 0.0.0.0"):  # authentication off: loopback only
+        load_config(None, {"mqtt.port": 1883, "mqtt.host": "0.0.0.0"})
+    with pytest.raises(ConfigError, match="each listener needs its own port"):
+        load_config(None, {"mqtt.port": 8123})  # broker.port's
+    assert load_config(None).mqtt.port is None  # off unless configured
+
+
 def test_any_host_name_without_authentication_is_refused_unless_insecure():
     with pytest.raises(ConfigError, match=r'http.allowed_hosts: \["\*"\] with authentication off .*DNS rebinding'):
         load_config(None, {"http.port": 8180, "http.allowed_hosts": ["*"]})
