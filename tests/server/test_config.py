@@ -64,8 +64,8 @@ def test_topic_limits_reach_the_store(tmp_path):
 
 
 #: What conf/server.yaml sets on purpose to other than the default: the HTTP and MQTT ports, off by default, are on
-#: for the loopback broker `make run` starts (README "The HTTP port"); the segment and key index sizes fit a laptop (a new
-#: data directory takes about 70 MB instead of 1.1 GB).
+#: for the loopback broker `make run` starts (README "The HTTP port", docs/mqtt.md); the segment and key index sizes
+#: fit a laptop (a new data directory takes about 70 MB instead of 1.1 GB).
 SHIPPED_ON_PURPOSE = {("http", "port"): 8180, ("mqtt", "port"): 1883, ("store", "segment_size"): 64 << 20,
                       ("store", "key_index_slots"): 1 << 16, ("store", "key_index_entries"): 1 << 17}
 
