@@ -36,6 +36,7 @@ def make_run_broker(tmp_path, **extra):
     cfg["broker"]["data_dir"] = str(tmp_path / "data")
     if cfg.get("http", {}).get("port"):
         cfg["http"]["port"] = free_port()  # conf/server.yaml's 8180 may be taken (a make run of the reader's)
+    cfg["mqtt"]["port"] = 0  # and its 1883
     for name, values in extra.items():
         cfg[name].update(values)
     return BrokerProcess(tmp_path, cfg).start()
