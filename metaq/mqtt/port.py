@@ -45,7 +45,7 @@ class MqttPort:
         self.max_transfer = max_transfer
         self.listener = None
         self._clients = {}  # client id -> its Connection
-        self._delayed = {}  # client id -> the greenlet holding its will for its delay
+        self._delayed = {}  # client id -> (the greenlet holding its will for its delay, the will, its guard session)
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
         self.wills_published = 0
@@ -91,9 +91,9 @@ class MqttPort:
                     self.publish_will(client_id, will, security)
         held = self._delayed.pop(client_id, None)
         if held is not None:
-            held.kill(block=False)
+            greenlet, will, security = held
+            greenlet.kill(block=False)
             if clean_start:
-                will, security = held.args[1], held.args[2]
                 self.publish_will(client_id, will, security)
         self._clients[client_id] = conn
 
@@ -132,8 +132,9 @@ class MqttPort:
             return
         old = self._delayed.pop(client_id, None)
         if old is not None:
-            old.kill(block=False)
-        self._delayed[client_id] = gevent.spawn_later(delay_s, self._delayed_will, client_id, will, security)
+            old[0].kill(block=False)
+        self._delayed[client_id] = (gevent.spawn_later(delay_s, self._delayed_will, client_id, will, security), will,
+                                    security)
 
     def _delayed_will(self, client_id, will, security):
         if self._delayed.pop(client_id, None) is not None:
@@ -156,6 +157,6 @@ class MqttPort:
     def stop(self):
         """The broker stops: sessions end with it, so the wills held for their delay are published now."""
         held, self._delayed = self._delayed, {}
-        for g in held.values():
-            g.kill(block=False)
-            self.publish_will(*g.args)
+        for client_id, (greenlet, will, security) in held.items():
+            greenlet.kill(block=False)
+            self.publish_will(client_id, will, security)

@@ -168,3 +168,25 @@ def test_no_local_skips_the_clients_own_messages_and_unsubscribe_stops_delivery(
     me.sock.settimeout(1.0)
     with pytest.raises(OSError):
         me.read()  # nothing after the UNSUBSCRIBE
+
+
+def test_a_takeover_publishes_the_old_connections_will_and_a_stopping_broker_the_open_ones(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    watcher = Paho(b, "watcher")
+    watcher.subscribe("status/#", qos=1)
+    old = Raw(b)
+    assert old.connect("dev", will=wire.Will("status/dev", b"taken over", 1)).reason_code == 0
+    new = Raw(b)
+    assert new.connect("dev").reason_code == 0
+    assert watcher.wait_messages(1)[0].payload == b"taken over"
+    held = Raw(b)
+    delayed = wire.Will("status/held", b"broker stopped", 1, properties={"will_delay_interval": 60})
+    assert held.connect("held", will=delayed, properties={"session_expiry_interval": 120}).reason_code == 0
+    held.close()  # its will waits for its delay...
+    time.sleep(0.3)
+    assert b.stop() == 0  # ...and the broker stopping ends its session: published now
+    b.start()
+    with b.client() as c:
+        bodies = [r.data for r in c.get_records("status", partition_for("status/held", 2), 0)]
+    assert any(d.endswith(b"broker stopped") for d in bodies)
+    assert "Traceback" not in b.log_text() and "stopped cleanly" in b.log_text()
