@@ -119,3 +119,16 @@ def test_paho_v5_subscriber_gets_the_publishers_properties(broker_factory, tmp_p
     m = sub.wait_messages(1)[0]
     assert m.properties.UserProperty == [("a", "1")] and m.properties.ResponseTopic == "resp/1"
     assert m.properties.CorrelationData == b"cid" and m.properties.ContentType == "application/json"
+
+
+def test_a_message_past_the_clients_maximum_packet_size_is_skipped(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    small = Raw(b)
+    assert small.connect("small", properties={"maximum_packet_size": 200}).reason_code == 0
+    small.send(wire.Subscribe(1, (wire.Subscription("sizes/#", 0),)))
+    assert small.read() == wire.Suback(1, (0,))
+    pub = Paho(b, "sizer")
+    pub.publish("sizes/x", b"b" * 500, 1)
+    pub.publish("sizes/x", b"fits", 1)
+    got = small.read()
+    assert got.payload == b"fits"  # the large one was dropped as delivered, never sent
