@@ -209,3 +209,13 @@ def test_a_reloaded_permissions_file_stops_a_delivery_at_once(broker_factory, tm
     admin.publish("orders/a", b"after", 1)
     time.sleep(1.0)
     assert [m.payload for m in reader.messages] == [b"before"]
+
+
+def test_before_its_login_a_connection_may_send_64_kib_at_most(broker_factory, tmp_path):
+    b = broker_factory(_secured(tmp_path))
+    alice = {"username": "alice", "password": SECRETS["alice"].encode()}
+    within = Raw(b)
+    assert within.connect("w", will=wire.Will("orders/w", b"w" * (60 << 10)), **alice).reason_code == 0
+    past = Raw(b)
+    past.send(wire.Connect(wire.MQTT_5, "p", will=wire.Will("orders/p", b"p" * 65535), **alice))
+    assert past.closed()  # refused on its length, before its body is read
