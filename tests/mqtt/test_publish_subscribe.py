@@ -9,11 +9,15 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
 from metaq.client.consumer import Consumer
+from metaq.client.local import rmq_config
+from metaq.client.raw import RemotingClient
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for
 from metaq.protocol import events as ev
+from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from tests.harness.broker import url_of
-from tests.harness.mqtt import V311, V5, Paho, Raw, mosquitto_pub, mosquitto_sub, mqtt_config
+from tests.harness.mqtt import V311, V5, Paho, Raw, mosquitto_pub, mosquitto_sub, mqtt_config, with_mqtt
+from tests.harness.rocketmq import pull, send_v1
 
 PARTITIONS = 2  # small_config's "*" topics
 
@@ -132,3 +136,22 @@ def test_a_message_past_the_clients_maximum_packet_size_is_skipped(broker_factor
     pub.publish("sizes/x", b"fits", 1)
     got = small.read()
     assert got.payload == b"fits"  # the large one was dropped as delivered, never sent
+
+
+def test_rocketmq_pulls_see_mqtt_messages_and_rocketmq_sends_reach_mqtt(broker_factory, tmp_path):
+    b = broker_factory(with_mqtt(rmq_config(tmp_path / "data")))
+    sub = Paho(b, "rmq-watcher")
+    sub.subscribe("shipments/#", qos=1)
+    r = mosquitto_pub(b, "shipments/eu/1", "parcel", 1, "mqttv5", "-D", "publish", "user-property", "carrier", "dhl")
+    assert r.returncode == 0, r.stderr
+    queue = partition_for("shipments/eu/1", PARTITIONS)
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        pulled = pull(rc, "shipments", queue, 0)
+        assert pulled.code == 0, pulled
+        [m] = decode_stored_messages(pulled.body)
+        assert m.body == b"parcel" and m.properties["MQTT_TOPIC"] == "shipments/eu/1"
+        assert json.loads(m.properties["MQTT_USER_PROPERTIES"]) == [["carrier", "dhl"]]
+        assert send_v1(rc, "shipments", b"from rocketmq", props={"KEYS": "k-1"}).code == 0
+    got = sub.wait_messages(2)
+    assert [(m.topic, m.payload) for m in got] == [("shipments/eu/1", b"parcel"), ("shipments", b"from rocketmq")]
+    assert ("KEYS", "k-1") in got[1].properties.UserProperty and got[1].qos == 1
