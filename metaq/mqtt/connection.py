@@ -114,20 +114,11 @@ class Connection(core.Connection):
     def send(self, packet):
         """Send one packet (encoded in the connection's version); False when the connection is closed or the send
         failed (then it closes)."""
-        if self.closed:
-            return False
-        data = encode(packet, self.version)
-        with self._write_lock:
-            try:
-                self.sock.sendall(data)
-            except OSError as exc:
-                log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
-                self.close()
-                return False
-        return True
+        return False if self.closed else self.send_bytes(encode(packet, self.version))
 
     def send_bytes(self, data):
-        """Send an encoded packet (the delivery's PUBLISH); False when the connection is closed."""
+        """Send an encoded packet, whole, under the write lock (the reader's answers, the acknowledgement writer and
+        the delivery share the socket); False when the connection is closed or the send failed (then it closes)."""
         if self.closed:
             return False
         with self._write_lock:

@@ -27,6 +27,7 @@ from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
 from metaq.mqtt.session import Subscribed
 from metaq.mqtt.topics import SHARE_PREFIX
+from metaq.server.connections import share_loop
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class Delivery:
         self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
+        self._turn = 0.0  # when this greenlet's turn on the loop began (connections.share_loop)
 
     # -- subscribing -----------------------------------------------------------
 
@@ -131,6 +133,7 @@ class Delivery:
     def run(self):
         conn = self.conn
         room = conn.room
+        self._turn = time.monotonic()
         while not conn.closed:
             if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                 self._rescan()
@@ -140,12 +143,14 @@ class Delivery:
             if conn.closed or self.waiters.closed:
                 return
             self.waiters.wait_any(list(self.session.cursors), limits.MQTT_TOPIC_RESCAN_S, room)
+            self._turn = time.monotonic()
 
     def _pass(self):
         """Read every partition once from its cursor and send what matches; True when something was read."""
         read_any = False
         conn = self.conn
         for key in list(self.session.cursors):
+            self._turn = share_loop(self._turn)  # a backlog (of records no filter wants, too) lets the others run
             if conn.closed:
                 return False
             topic = key[0]
