@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 #: MQTT 3.1.1's CONNACK return code for an MQTT 5 CONNACK reason code (the others have none: closed without one).
 CONNACK_311 = {wire.CLIENT_ID_NOT_VALID: 0x02, wire.BAD_USER_NAME_OR_PASSWORD: 0x04, wire.NOT_AUTHORIZED: 0x05,
                wire.SERVER_UNAVAILABLE: 0x03, wire.QUOTA_EXCEEDED: 0x03}
+#: Longest Reason String a refused PUBACK or PUBREC carries (the refusal's words, cut).
+MAX_REASON_CHARS = 256
 #: MQTT 3.1.1's SUBACK failure.
 SUBACK_FAILURE_311 = 0x80
 
@@ -82,6 +84,7 @@ class Connection(core.Connection):
         self.expiry_s = 0  # the session's expiry interval (MQTT 5): what a will's delay is bounded by
         self.client_receive_max = 65535  # the client's Receive Maximum: our QoS 1/2 deliveries in flight
         self.client_max_packet = None  # the client's Maximum Packet Size: larger deliveries are dropped
+        self.problem_information = True  # MQTT 5 Request Problem Information: refusals carry a Reason String
         self.room = Event()  # set when an acknowledgement (or a new subscription) lets the delivery go on
         self._write_lock = Semaphore()
         self._acks = Queue()  # acknowledgements in the order of their packets: (packet, wait, counted)
@@ -304,6 +307,7 @@ class Connection(core.Connection):
         self.expiry_s = p.properties.get("session_expiry_interval", 0) if v5 else 0
         self.client_receive_max = p.properties.get("receive_maximum", 65535)
         self.client_max_packet = p.properties.get("maximum_packet_size")
+        self.problem_information = p.properties.get("request_problem_information", 1) == 1
         if p.keep_alive:
             self.idle_timeout = p.keep_alive * 1.5  # [MQTT-3.1.2-24]: closed as a network failure, the will fires
         self.mqtt = MqttSession(client_id, p.version, s.receive_maximum)
@@ -433,10 +437,13 @@ class Connection(core.Connection):
                      self.peer, name, exc)
             return False
         log.debug("mqtt %s: PUBLISH to %s refused (0x%02X): %s", self.peer, name, code, exc)
+        props = {}
+        if self.problem_information:  # why, in the words every other port answers with ([MQTT-3.1.2-29])
+            props["reason_string"] = str(exc)[:MAX_REASON_CHARS]
         if p.qos == 1:
-            self._queue_ack(wire.PubAck(p.packet_id, code))
+            self._queue_ack(wire.PubAck(p.packet_id, code, props))
         elif p.qos == 2:
-            self._queue_ack(wire.PubRec(p.packet_id, code))
+            self._queue_ack(wire.PubRec(p.packet_id, code, props))
         return True
 
     def _pubrec(self, p):

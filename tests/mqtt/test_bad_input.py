@@ -80,9 +80,12 @@ def test_a_topic_alias_out_of_range_is_refused(mqtt_broker):
 def test_a_first_level_that_is_no_metaq_topic_is_refused_with_topic_name_invalid(mqtt_broker):
     raw = _v5(mqtt_broker, "first-level")
     raw.send(wire.Publish("/starts/empty", b"x", 1, packet_id=1))
-    assert raw.read() == wire.PubAck(1, wire.TOPIC_NAME_INVALID)
+    ack = raw.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (wire.PubAck, 1, wire.TOPIC_NAME_INVALID)
+    assert "the first level of an MQTT topic name is the metaq topic" in ack.properties["reason_string"]
     raw.send(wire.Publish("caf\u00e9/x", b"x", 2, packet_id=2))
-    assert raw.read() == wire.PubRec(2, wire.TOPIC_NAME_INVALID)
+    ack = raw.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (wire.PubRec, 2, wire.TOPIC_NAME_INVALID)
     raw.send(wire.Subscribe(3, (wire.Subscription("b@d/#", 1),)))
     assert raw.read() == wire.Suback(3, (wire.TOPIC_FILTER_INVALID,))
     old = Raw(mqtt_broker, wire.MQTT_311)

@@ -45,7 +45,14 @@ def test_publish_and_subscribe_are_the_guards_decisions(broker_factory, tmp_path
     bob.send(wire.Publish("orders/eu", b"ok", 1, packet_id=1))
     assert bob.read() == wire.PubAck(1)
     bob.send(wire.Publish("payroll/x", b"no", 1, packet_id=2))
-    assert bob.read() == wire.PubAck(2, wire.NOT_AUTHORIZED)  # MQTT 5: told, and the connection stays
+    ack = bob.read()  # MQTT 5: told why, and the connection stays
+    assert (ack.packet_id, ack.reason_code) == (2, wire.NOT_AUTHORIZED)
+    assert ack.properties["reason_string"] == "permission denied: user bob may not publish to topic payroll"
+    quiet = Raw(b)  # a client that asks for no problem information gets the code alone
+    assert quiet.connect("bob-quiet", username="bob", password=SECRETS["bob"].encode(),
+                         properties={"request_problem_information": 0}).reason_code == 0
+    quiet.send(wire.Publish("payroll/x", b"no", 1, packet_id=1))
+    assert quiet.read() == wire.PubAck(1, wire.NOT_AUTHORIZED)
     bob.send(wire.Subscribe(3, (wire.Subscription("orders/#", 1),)))
     assert bob.read() == wire.Suback(3, (wire.NOT_AUTHORIZED,))  # bob may publish to orders, not read it
     bob.send(wire.PingReq())
