@@ -150,9 +150,11 @@ class MqttPort:
         self.wills_published += 1
         self.made_visible(topic, r, now)
 
-    @property
-    def delayed_wills(self):
-        return len(self._delayed)
+    def summary_values(self):
+        """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
+        those waiting for their delay."""
+        return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
+                ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed))]
 
     def stop(self):
         """The broker stops: sessions end with it, so the wills held for their delay are published now."""

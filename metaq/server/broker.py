@@ -160,6 +160,8 @@ class Broker:
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
+        self.stats_service.add_source("mqtt", self.mqtt.summary_values if self.mqtt is not None
+                                      else lambda: [("mqtt_port", 0)])
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,

@@ -135,3 +135,7 @@ def test_max_delayed_wills(b):
     got = watcher.wait_messages(1, timeout=5)
     time.sleep(0.5)
     assert [m.payload for m in got] == [b"past"] and len(watcher.messages) == 1  # one held for its delay: the limit
+    with b.client() as c:
+        stats = c.stats_dict()
+    assert stats["mqtt_delayed_wills"] == "1" and int(stats["mqtt_wills_published"]) >= 1
+    assert stats["mqtt_port"] == str(b.config["mqtt"]["port"]) and int(stats["mqtt_connections"]) >= 1
