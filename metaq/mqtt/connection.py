@@ -310,8 +310,10 @@ class Connection(core.Connection):
         self.problem_information = p.properties.get("request_problem_information", 1) == 1
         if p.keep_alive:
             self.idle_timeout = p.keep_alive * 1.5  # [MQTT-3.1.2-24]: closed as a network failure, the will fires
+        refusal = self.port.claim(self, client_id, p.clean_start)
+        if refusal is not None:
+            return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, refusal)
         self.mqtt = MqttSession(client_id, p.version, s.receive_maximum)
-        self.port.claim(self, client_id, p.clean_start)
         props = {}
         if v5:
             props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,

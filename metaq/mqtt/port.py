@@ -81,7 +81,12 @@ class MqttPort:
     def claim(self, conn, client_id, clean_start):
         """``conn`` now holds ``client_id``: an earlier connection with it is taken over (closed, its will published
         unless the new connection resumes the session before its delay: ``clean_start`` false), and a will held for
-        its delay is published now (``clean_start``: the old session ended) or dropped (resumed)."""
+        its delay is published now (``clean_start``: the old session ended) or dropped (resumed). With
+        authentication on, a client id held by another user's connection (or will) is not taken: returns why (None:
+        claimed), so that one user cannot close another's devices or drop their wills."""
+        refusal = self._held_by_another(conn, client_id)
+        if refusal is not None:
+            return refusal
         old = self._clients.get(client_id)
         if old is not None and old is not conn:
             lost = old.take_over()
@@ -96,6 +101,18 @@ class MqttPort:
             if clean_start:
                 self.publish_will(client_id, will, security)
         self._clients[client_id] = conn
+        return None
+
+    def _held_by_another(self, conn, client_id):
+        if not self.guard.enabled:
+            return None
+        user = conn.session.user
+        old = self._clients.get(client_id)
+        held = self._delayed.get(client_id)
+        owner = old.session.user if old is not None else held[2].user if held is not None else user
+        if owner != user:
+            return "client identifier %s is held by another user's connection" % client_id
+        return None
 
     def release(self, conn, client_id):
         if self._clients.get(client_id) is conn:

@@ -15,6 +15,9 @@ from metaq.protocol.stream import CLOSED, NEED_DATA
 
 V311, V5 = paho.MQTTv311, paho.MQTTv5
 
+#: Every Paho client started and not yet closed (``close_all``: a test's clients must not reconnect after it).
+_OPEN = []
+
 
 def with_mqtt(config, **mqtt):
     """``config`` with the MQTT port on (a fixed free port, so that it survives restarts) and ``mqtt`` settings."""
@@ -54,6 +57,7 @@ class Paho:
         if will is not None:
             self.c.will_set(**will)
         self.broker, self.version, self.keepalive, self.properties = broker, version, keepalive, properties
+        _OPEN.append(self)
         if connect:
             self.connect()
 
@@ -100,6 +104,14 @@ class Paho:
     def close(self):
         self.c.disconnect()
         self.c.loop_stop()
+        if self in _OPEN:
+            _OPEN.remove(self)
+
+
+def close_all():
+    """Close every Paho client still open (tests/mqtt/conftest.py, after each test)."""
+    while _OPEN:
+        _OPEN[-1].close()
 
 
 def mosquitto_pub(broker, topic, message, qos=0, version="mqttv5", *extra):

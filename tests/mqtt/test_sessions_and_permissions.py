@@ -226,3 +226,19 @@ def test_before_its_login_a_connection_may_send_64_kib_at_most(broker_factory, t
     past = Raw(b)
     past.send(wire.Connect(wire.MQTT_5, "p", will=wire.Will("orders/p", b"p" * 65535), **alice))
     assert past.closed()  # refused on its length, before its body is read
+
+
+def test_a_user_cannot_take_over_another_users_client_id(broker_factory, tmp_path):
+    b = broker_factory(_secured(tmp_path))
+    alice = {"username": "alice", "password": SECRETS["alice"].encode()}
+    first = Raw(b)
+    assert first.connect("device-7", **alice).reason_code == 0
+    bob = Raw(b)
+    assert bob.connect("device-7", username="bob", password=SECRETS["bob"].encode()).reason_code == \
+        wire.CLIENT_ID_NOT_VALID
+    assert bob.closed()
+    first.send(wire.PingReq())
+    assert first.read() == wire.PingResp()  # alice's device stays
+    again = Raw(b)
+    assert again.connect("device-7", **alice).reason_code == 0  # alice herself takes it over
+    assert first.read() == wire.Disconnect(wire.SESSION_TAKEN_OVER)
