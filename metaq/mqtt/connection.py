@@ -89,6 +89,7 @@ class Connection(core.Connection):
         self._write_lock = Semaphore()
         self._acks = Queue()  # acknowledgements in the order of their packets: (packet, wait, counted)
         self._acks_pending = 0
+        self._ack_sent = Event()  # set by the acknowledgement writer after each acknowledgement
         self._writer = None
         self._delivery = None  # the delivery's greenlet, once the client subscribed
         self._delivery_obj = None
@@ -157,6 +158,7 @@ class Connection(core.Connection):
                     self.send(packet)
             finally:
                 self._acks_pending -= 1
+                self._ack_sent.set()
 
     def _not_durable(self, packet, exc):
         """The put of ``packet`` was written but may not be acknowledged (a failed flush, a lost lease): MQTT 5 says
@@ -414,6 +416,8 @@ class Connection(core.Connection):
         if p.qos == 2 and session.qos2_seen(p.packet_id):
             self._queue_ack(wire.PubRec(p.packet_id))  # a resend: stored once already
             return True
+        if p.qos and self.version != MQTT_5:
+            self._wait_for_acks()  # MQTT 3.1.1 has no Receive Maximum: its client waits for our acks instead
         if p.qos and (self._unacked_in >= s.receive_maximum or (p.qos == 2 and not session.qos2_room())):
             return self._disconnect(wire.RECEIVE_MAXIMUM_EXCEEDED, "more than %d QoS 1 and 2 PUBLISHes unacknowledged "
                                     "(mqtt.receive_maximum)" % s.receive_maximum)
@@ -431,6 +435,16 @@ class Connection(core.Connection):
         ack = wire.PubAck(p.packet_id) if p.qos == 1 else wire.PubRec(p.packet_id)
         self._queue_ack(ack, None if mode == ACK_NOW else (topic, r, now), counted=p.qos == 1)
         return True
+
+    def _wait_for_acks(self):
+        """While the client's unacknowledged PUBLISHes are at ``mqtt.receive_maximum`` and acknowledgements of ours
+        are on their way (their puts' flushes), read nothing more: an MQTT 3.1.1 client, told no Receive Maximum,
+        may pipeline past it, and waits in its socket instead of being closed (at most ``request_timeout_s``)."""
+        deadline = _now() + self.request_timeout
+        while (self._unacked_in >= self.settings.receive_maximum and self._acks_pending and not self.closed
+               and _now() < deadline):
+            self._ack_sent.clear()
+            self._ack_sent.wait(0.5)
 
     def _publish_refused(self, p, name, exc):
         code = reason_of(exc)

@@ -64,6 +64,11 @@ def test_receive_maximum(b):
     for pid in (1, 2, 3):
         old.send(wire.Publish("flood/x", b"x", 2, packet_id=pid))
     assert [old.read(), old.read(), old.read()] == [wire.PubRec(1), wire.PubRec(2), None]  # closed: no DISCONNECT
+    piped = Raw(b, wire.MQTT_311)  # QoS 1 pipelined past the limit: MQTT 3.1.1 is told no limit, so it waits
+    assert piped.connect("piped-311").reason_code == 0
+    piped.send_bytes(b"".join(wire.encode(wire.Publish("flood/x", b"x", 1, packet_id=i), wire.MQTT_311)
+                              for i in (1, 2, 3, 4)))
+    assert [piped.read() for _ in range(4)] == [wire.PubAck(i) for i in (1, 2, 3, 4)]
 
 
 def test_max_inflight(b):
