@@ -484,6 +484,18 @@ MAX_FILTER_SCAN_UNITS = 16384
 MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
+#: Longest SQL92 filter expression (characters) the broker compiles (filters/sql.py): it fits a text line, and
+#: compiling one costs a bounded time.
+MAX_SQL_FILTER_CHARS = 4096
+#: Deepest nesting of a SQL92 filter: parentheses, prefix operators (NOT, + and -) and chained comparisons
+#: (``a = b = c``) each count one level; the parser and the compiled predicate recurse once per level.
+MAX_SQL_FILTER_DEPTH = 32
+#: Most string literals of one SQL92 ``IN (...)`` list.
+MAX_SQL_FILTER_IN_ITEMS = 256
+#: Records a SQL92-filtered RocketMQ pull reads and evaluates at most per request (each one read and its
+#: properties decoded: no index hash can skip it, as a tag's can); a pull that finds no match within them is
+#: answered with the offset after them (PULL_RETRY_IMMEDIATELY), as a tag filter's scan is.
+MAX_SQL_FILTER_SCAN = 1024
 
 # -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the

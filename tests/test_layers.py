@@ -82,6 +82,7 @@ FEATURE_ROLES = {
     "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
     "follow": "state",  # a subscriber of the store's log follower (store/follower.py)
     "topics": "logic",  # a protocol's topic names and filters: validation and matching (MQTT's)
+    "sql": "logic",  # a filter language: its parser and compiled predicate (pure)
 }
 
 #: A role -> the layer whose rules its modules get.

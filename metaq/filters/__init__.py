@@ -1,5 +1,6 @@
 """Filters: a consumer's tag expression, and the broker's filtered reads that skip records by their index unit's
-tag hash without reading them (text ``get_tags``, RocketMQ ``TAG`` subscriptions; docs/messaging.md "Tag filtering").
+tag hash without reading them (text ``get_tags``, RocketMQ ``TAG`` subscriptions; docs/messaging.md "Tag filtering");
+SQL92 expressions on a message's properties (RocketMQ ``SQL92`` subscriptions; docs/messaging.md "SQL92 filters").
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
@@ -8,6 +9,9 @@ layer may, and of this package only modules of its own role's layer or a lower o
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py      tag expressions (``TagFilter``: the names and their hashes), a get_tags' tags token, the get_tags
                  reply body
+logic (the protocol layer: pure decisions)
+    sql.py       SQL92 expressions (RocketMQ's selector grammar, ``ExpressionType`` SQL92): parsed once into a
+                 ``SqlFilter`` whose ``matches(properties)`` is evaluated per message, three-valued
 state (the store layer: files and in-memory state; no socket, gevent or clock)
     reads.py     filtered reads (``MessageStore.read_tagged``): units skipped by their tag hash, wanted records read,
                  checked and their real tags compared, bounded by units, records and bytes
