@@ -496,6 +496,10 @@ MAX_SQL_FILTER_IN_ITEMS = 256
 #: properties decoded: no index hash can skip it, as a tag's can); a pull that finds no match within them is
 #: answered with the offset after them (PULL_RETRY_IMMEDIATELY), as a tag filter's scan is.
 MAX_SQL_FILTER_SCAN = 1024
+#: (consumer group, topic) pairs whose SQL92 subscription the remoting port keeps from heartbeats
+#: (filters/remoting.py); when full, pairs of groups without a live member go first, then a heartbeat adding
+#: one more is refused.
+MAX_SQL_SUBSCRIPTIONS = 10_000
 
 # -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the

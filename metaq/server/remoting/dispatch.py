@@ -35,6 +35,8 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record, parse_subscription,
                                              stored_message_bytes)
+from metaq.filters.remoting import EXPRESSION_SQL92, SqlSubscriptions
+from metaq.filters.sql import SqlFilter, compile_sql
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 from metaq.keys import remoting as keys
@@ -122,6 +124,9 @@ class RemotingDispatcher:
         self.store = store
         self.stats = stats
         self.max_transfer = config.store.max_transfer_size
+        self.max_sql_scan = limits.MAX_SQL_FILTER_SCAN
+        #: The SQL92 subscriptions of the groups' heartbeats: a pull without its own subscription uses them.
+        self.sql_subscriptions = SqlSubscriptions(lambda group: bool(clients.consumers(group)))
         self.max_wait_ms = config.limits.max_wait_ms
         self.sender = RemotingSender(host, store, stats, config, put_path, tx)
         self.error_response = error_response
@@ -248,13 +253,27 @@ class RemotingDispatcher:
         h = decode_header(PullMessageHeader, cmd)
         if self.roles.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.roles.read_refusal)
-        if h.expression_type and h.expression_type.upper() != "TAG":
+        sql = (h.expression_type or "TAG").upper() == EXPRESSION_SQL92
+        if not sql and h.expression_type and h.expression_type.upper() != "TAG":
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
-                                "message by %s (only TAG subscriptions)" % h.expression_type)
+                                "message by %s (only TAG and SQL92 subscriptions)" % h.expression_type)
+        if sql and h.sys_flag & PULL_SUBSCRIPTION:
+            try:  # RocketMQ's broker: SUBSCRIPTION_PARSE_FAILED, nothing committed
+                filt = compile_sql(h.subscription or "")
+            except errors.BadFilterExpression as exc:
+                return response_for(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                    "parse the consumer's subscription failed: %s" % exc)
+        elif sql:  # the expression of the group's heartbeat (docs/messaging.md "SQL92 filters")
+            filt = self.sql_subscriptions.get(h.consumer_group, h.topic)
+            if not isinstance(filt, SqlFilter):
+                return response_for(cmd, ResponseCode.FILTER_DATA_NOT_EXIST, "The broker's consumer filter data is "
+                                    "not exist: %s" % (filt or "no SQL92 subscription of this group and topic in "
+                                                               "a heartbeat"))
+        else:
+            filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset,
                          conn.session.user if conn.session is not None else None)
-        filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         max_nums = max(1, h.max_msg_nums)
         response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset, signer)
         if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
@@ -297,9 +316,13 @@ class RemotingDispatcher:
         ``readable``: for a group's retry topic, which copies this user may be served
         (``RemotingAcl.copies_readable``)."""
         store = self.store
+        sql = filt if isinstance(filt, SqlFilter) else None
         try:
             if filt is None:
                 records, next_offset = store.read_records(h.topic, h.queue_id, offset, max_nums, self.max_transfer)
+            elif sql is not None:  # no index hash can skip a record: each one read, its properties evaluated
+                records, next_offset = store.read_records(h.topic, h.queue_id, offset, self.max_sql_scan,
+                                                          self.max_transfer)
             else:  # the index units' tag hashes first (their cold pages brought in off the loop), then the records
                 bring_in(store.tagged_index_ranges(h.topic, h.queue_id, offset))
                 r = store.read_tagged(h.topic, h.queue_id, offset, filt, max_nums, self.max_transfer)
@@ -317,6 +340,8 @@ class RemotingDispatcher:
                                 self._pull_fields(h, exc.next_offset)), offset
         host = self.host()
         messages = [message_of_record(rec, host) for rec in records]
+        if sql is not None:
+            messages, next_offset = self._sql_matches(sql, records, messages, max_nums, next_offset)
         if readable is not None:  # passed over like a tag filter's unwanted records
             messages = [m for m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
         if not messages:
@@ -328,6 +353,21 @@ class RemotingDispatcher:
         self.stats.on_get(h.topic, False)
         body = b"".join(stored_message_bytes(m) for m in messages)
         return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body), next_offset
+
+    def _sql_matches(self, sql, records, messages, max_nums, next_offset):
+        """``(messages, next_offset)``: the first ``max_nums`` of ``messages`` (of ``records``) whose properties
+        ``sql`` matches, and the offset after the last record decided on (past every one read when fewer
+        match), so unwanted records are passed over for good, as RocketMQ's broker does."""
+        kept = []
+        for rec, m in zip(records, messages):
+            if sql.matches(m.properties):
+                kept.append(m)
+                if len(kept) >= max_nums:
+                    next_offset = rec.queue_offset + 1
+                    break
+        self.stats.filter_skipped_units += (len(records) if len(kept) < max_nums else
+                                            next_offset - records[0].queue_offset) - len(kept)
+        return kept, next_offset
 
     def _not_found(self, cmd, h, offset):
         """PULL_NOT_FOUND; ``offset`` is past the units a filtered read passed over (the queue's offset otherwise)."""
@@ -426,6 +466,7 @@ class RemotingDispatcher:
         hb = decode_heartbeat(cmd.body, cmd.opaque)
         self.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
         self.clients.heartbeat(conn, hb, time.monotonic())
+        self.sql_subscriptions.heartbeat(hb.consumers)
         return _ok(cmd)
 
     def unregister(self, cmd, conn):

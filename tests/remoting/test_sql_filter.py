@@ -1,0 +1,138 @@
+"""SQL92 filters in the broker (docs/messaging.md "SQL92 filters"), against a real broker process: a RocketMQ
+remoting pull with an ``SQL92`` subscription, in the pull or registered by the group's heartbeat; a bad
+expression answered with RocketMQ's code and the position; the scan bounded by ``limits.MAX_SQL_FILTER_SCAN``."""
+
+import json
+import socket
+
+import pytest
+
+from metaq import limits
+from metaq.client.raw import PULL_FLAGS
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import encode_payload
+from metaq.protocol.rocketmq.bodies import decode_stored_messages
+from metaq.protocol.rocketmq.headers import PULL_SUBSCRIPTION
+from metaq.protocol.rocketmq.mapping import encode_attribute
+from metaq.protocol.rocketmq.remoting import RequestCode as R
+from metaq.protocol.rocketmq.remoting import ResponseCode as C
+from metaq.protocol.text import serialize
+from tests.harness.rocketmq import pull, send_v1
+
+REGIONS = ("eu", "us", "ap")
+
+
+def put_with_properties(port, topic, partition, props_list, tags="T"):
+    """Put one message per properties dict (a RocketMQ attribute: tags, \\x02, the properties), pipelined."""
+    frames = []
+    for i, props in enumerate(props_list):
+        flag, data = encode_payload(b"m%d" % i, encode_attribute(tags, props))
+        frames.append(serialize(ev.Put(topic, partition, flag, data, i, metaq_checksum(data))))
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"".join(frames))
+        got = b""
+        while got.count(b"result 200 ") < len(frames):
+            chunk = s.recv(1 << 20)
+            assert chunk, "the broker closed the connection"
+            got += chunk
+            assert b"result 4" not in got and b"result 5" not in got, got[-300:]
+
+
+def sql_pull(rc, topic, queue, offset, expression, **fields):
+    return pull(rc, topic, queue, offset, sub=expression, expression="SQL92", **fields)
+
+
+def offsets(r):
+    assert r.code == C.SUCCESS, (r.code, r.remark)
+    return [m.queue_offset for m in decode_stored_messages(r.body)]
+
+
+def heartbeat(rc, group, topic, expression, expression_type="SQL92"):
+    body = json.dumps({"clientID": "10.0.0.9@sql", "consumerDataSet": [{
+        "groupName": group, "consumeType": 1, "messageModel": 1, "consumeFromWhere": 0, "unitMode": False,
+        "subscriptionDataSet": [{"topic": topic, "subString": expression, "subVersion": 1,
+                                 "expressionType": expression_type, "classFilterMode": False}]}]}).encode()
+    return rc.call(R.HEART_BEAT, body=body)
+
+
+def test_a_pull_with_a_sql92_subscription_gets_only_the_matching_messages(rmq_broker, rc):
+    put_with_properties(rmq_broker.port, "sq1", 0, [{"a": str(i), "region": REGIONS[i % 3]} for i in range(30)])
+    send_v1(rc, "sq1", b"sent", props={"TAGS": "TagA", "a": "4", "region": "eu"})  # offset 30, over remoting
+    r = sql_pull(rc, "sq1", 0, 0, "a BETWEEN 3 AND 12 AND region = 'eu'")
+    assert offsets(r) == [3, 6, 9, 12, 30]
+    assert int(r.ext_fields["nextBeginOffset"]) == 31
+    msgs = decode_stored_messages(r.body)
+    assert msgs[-1].body == b"sent" and msgs[-1].properties["TAGS"] == "TagA"
+    assert offsets(sql_pull(rc, "sq1", 0, 0, "TAGS IN ('TagA') AND a > 3")) == [30]
+    assert offsets(sql_pull(rc, "sq1", 0, 0, "region <> 'eu' AND a < 3")) == [1, 2]
+    # three-valued: no message has b, so neither b = 1 nor NOT (b = 1) matches; b IS NULL matches all
+    assert sql_pull(rc, "sq1", 0, 0, "b = 1 OR NOT (b = 1)").code == C.PULL_NOT_FOUND
+    assert len(offsets(sql_pull(rc, "sq1", 0, 0, "b IS NULL", max_nums=100))) == 31
+
+
+def test_max_nums_stops_right_after_the_last_match(rmq_broker, rc):
+    put_with_properties(rmq_broker.port, "sq2", 1, [{"a": str(i)} for i in range(20)])
+    r = sql_pull(rc, "sq2", 1, 0, "a >= 5", max_nums=3)
+    assert offsets(r) == [5, 6, 7] and int(r.ext_fields["nextBeginOffset"]) == 8
+    r = sql_pull(rc, "sq2", 1, 8, "a >= 5", max_nums=3)
+    assert offsets(r) == [8, 9, 10]
+    r = sql_pull(rc, "sq2", 1, 0, "a > 100")  # nothing wanted up to the end: the end is the next offset
+    assert r.code == C.PULL_NOT_FOUND and int(r.ext_fields["nextBeginOffset"]) == 20
+
+
+@pytest.mark.parametrize("expression, position", [
+    ("a >", 3), ("a = 1 AND", 9), ("a > 'x'", 4), ("a IN (1)", 6), ("", 0), ("(" * 40 + "a = 1" + ")" * 40, 32),
+])
+def test_a_bad_expression_is_subscription_parse_failed_naming_the_position(rmq_broker, rc, expression, position):
+    put_with_properties(rmq_broker.port, "sq3", 0, [{"a": "1"}])
+    r = sql_pull(rc, "sq3", 0, 0, expression)
+    assert r.code == C.SUBSCRIPTION_PARSE_FAILED
+    assert "at character %d" % position in r.remark
+    assert offsets(sql_pull(rc, "sq3", 0, 0, "a = 1")) == [0]  # the connection goes on
+
+
+def test_the_expression_length_limit_at_and_past(rmq_broker, rc):
+    put_with_properties(rmq_broker.port, "sq4", 0, [{"a": "1"}])
+    pad = limits.MAX_SQL_FILTER_CHARS - len("a = 1 ")
+    at = "a = 1 " + " " * pad
+    assert offsets(sql_pull(rc, "sq4", 0, 0, at)) == [0]
+    r = sql_pull(rc, "sq4", 0, 0, at + " ")
+    assert r.code == C.SUBSCRIPTION_PARSE_FAILED and "at most %d characters" % limits.MAX_SQL_FILTER_CHARS in r.remark
+
+
+def test_a_push_consumer_pull_uses_the_heartbeat_expression(rmq_broker, rc):
+    """The official push consumer sends its subscription in heartbeats, not in its pulls (no SUBSCRIPTION flag):
+    the broker filters by the group's registered expression, and a heartbeat changing it changes the filter."""
+    put_with_properties(rmq_broker.port, "sq5", 0, [{"a": str(i)} for i in range(10)])
+    no_sub = PULL_FLAGS & ~PULL_SUBSCRIPTION
+    r = sql_pull(rc, "sq5", 0, 0, "", group="G5", sys_flag=no_sub)  # no heartbeat yet
+    assert r.code == C.FILTER_DATA_NOT_EXIST
+    assert heartbeat(rc, "G5", "sq5", "a >= 8").code == C.SUCCESS
+    assert offsets(sql_pull(rc, "sq5", 0, 0, "", group="G5", sys_flag=no_sub)) == [8, 9]
+    assert heartbeat(rc, "G5", "sq5", "a < 2").code == C.SUCCESS
+    assert offsets(sql_pull(rc, "sq5", 0, 0, "", group="G5", sys_flag=no_sub)) == [0, 1]
+    # a bad expression in a heartbeat: the heartbeat succeeds (as RocketMQ's), the pulls say why
+    assert heartbeat(rc, "G5", "sq5", "a <").code == C.SUCCESS
+    r = sql_pull(rc, "sq5", 0, 0, "", group="G5", sys_flag=no_sub)
+    assert r.code == C.FILTER_DATA_NOT_EXIST and "at character 3" in r.remark
+    # back to a TAG subscription: the SQL92 entry is gone
+    assert heartbeat(rc, "G5", "sq5", "*", "TAG").code == C.SUCCESS
+    assert sql_pull(rc, "sq5", 0, 0, "", group="G5", sys_flag=no_sub).code == C.FILTER_DATA_NOT_EXIST
+
+
+def test_an_unknown_expression_type_is_refused(rmq_broker, rc):
+    r = pull(rc, "sq6", 0, 0, sub="x", expression="CLASS")
+    assert r.code == C.SYSTEM_ERROR and "CLASS" in r.remark
+
+
+@pytest.mark.slow
+def test_a_pull_evaluates_at_most_the_scan_limit(rmq_broker, rc):
+    limit = limits.MAX_SQL_FILTER_SCAN
+    put_with_properties(rmq_broker.port, "sq7", 0, [{"a": "0"}] * limit + [{"a": "1"}])
+    # from offset 1 the wanted record is the limit-th one evaluated: found in one pull
+    assert offsets(sql_pull(rc, "sq7", 0, 1, "a = 1", max_nums=1)) == [limit]
+    # from offset 0 it is one past this pull's scan: RETRY_IMMEDIATELY past exactly `limit` records, then found
+    r = sql_pull(rc, "sq7", 0, 0, "a = 1", max_nums=1)
+    assert r.code == C.PULL_RETRY_IMMEDIATELY and int(r.ext_fields["nextBeginOffset"]) == limit
+    assert offsets(sql_pull(rc, "sq7", 0, limit, "a = 1")) == [limit]
