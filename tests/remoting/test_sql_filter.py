@@ -136,3 +136,20 @@ def test_a_pull_evaluates_at_most_the_scan_limit(rmq_broker, rc):
     r = sql_pull(rc, "sq7", 0, 0, "a = 1", max_nums=1)
     assert r.code == C.PULL_RETRY_IMMEDIATELY and int(r.ext_fields["nextBeginOffset"]) == limit
     assert offsets(sql_pull(rc, "sq7", 0, limit, "a = 1")) == [limit]
+
+
+def check_client(rc, expression, expression_type="SQL92", group="G8", topic="sq8"):
+    body = json.dumps({"clientId": "10.0.0.9@sql", "group": group, "subscriptionData": {
+        "topic": topic, "subString": expression, "expressionType": expression_type, "subVersion": 1}}).encode()
+    return rc.call(R.CHECK_CLIENT_CONFIG, body=body)
+
+
+def test_check_client_config_says_whether_the_subscription_is_taken(rmq_broker, rc):
+    """The Java push consumer asks before it starts with an SQL92 subscription; a refusal stops it."""
+    assert check_client(rc, "a > 1 AND TAGS IN ('A')").code == C.SUCCESS
+    assert check_client(rc, "A || B", "TAG").code == C.SUCCESS
+    r = check_client(rc, "a > 1 AND")
+    assert r.code == C.SUBSCRIPTION_PARSE_FAILED and "at character 9" in r.remark
+    assert check_client(rc, "x", "CLASS_FILTER").code == C.SYSTEM_ERROR
+    assert rc.call(R.CHECK_CLIENT_CONFIG, body=b"{}").code != C.SUCCESS  # no subscription: a bad field
+    assert check_client(rc, "a = 1").code == C.SUCCESS  # the connection goes on

@@ -25,8 +25,9 @@ from metaq import errors, limits
 from metaq.reqreply.records import reply_topic
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.remoting import ResponseCode, not_supported, response_for
-from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat,
-                                            encode_cluster_info, encode_consumer_list, encode_topic_route)
+from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_check_client,
+                                            decode_heartbeat, encode_cluster_info, encode_consumer_list,
+                                            encode_topic_route)
 from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
                                              RouteInfoHeader, SearchOffsetHeader, UnregisterClientHeader,
@@ -467,6 +468,23 @@ class RemotingDispatcher:
         self.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
         self.clients.heartbeat(conn, hb, time.monotonic())
         self.sql_subscriptions.heartbeat(hb.consumers)
+        return _ok(cmd)
+
+    def check_client_config(self, cmd, conn):
+        """CHECK_CLIENT_CONFIG: whether the broker takes a subscription, as RocketMQ's broker answers it (a Java
+        push consumer with an SQL92 subscription asks before it starts): TAG yes, SQL92 when it compiles
+        (SUBSCRIPTION_PARSE_FAILED naming the position otherwise), any other type SYSTEM_ERROR."""
+        sub = decode_check_client(cmd.body, cmd.opaque).subscription
+        kind = (sub.expression_type or "TAG").upper()
+        if kind == "TAG":
+            return _ok(cmd)
+        if kind != EXPRESSION_SQL92:
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
+                                "message by %s (only TAG and SQL92 subscriptions)" % sub.expression_type)
+        try:
+            compile_sql(sub.sub_string)
+        except errors.BadFilterExpression as exc:
+            return response_for(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return _ok(cmd)
 
     def unregister(self, cmd, conn):
