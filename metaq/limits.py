@@ -490,6 +490,8 @@ MAX_SQL_FILTER_CHARS = 4096
 #: Deepest nesting of a SQL92 filter: parentheses, prefix operators (NOT, + and -) and chained comparisons
 #: (``a = b = c``) each count one level; the parser and the compiled predicate recurse once per level.
 MAX_SQL_FILTER_DEPTH = 32
+#: Body bytes a text ``get_sql`` may announce for its expression: the longest expression in 4-byte characters.
+MAX_SQL_FILTER_BYTES = 4 * MAX_SQL_FILTER_CHARS
 #: Most string literals of one SQL92 ``IN (...)`` list.
 MAX_SQL_FILTER_IN_ITEMS = 256
 #: Records a SQL92-filtered RocketMQ pull reads and evaluates at most per request (each one read and its

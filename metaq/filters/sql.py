@@ -674,6 +674,12 @@ class SqlFilter:
         except _NoMatch:
             return False
 
+    def __eq__(self, other):  # two compilations of one expression decide alike
+        return isinstance(other, SqlFilter) and other.expression == self.expression
+
+    def __hash__(self):
+        return hash(self.expression)
+
     def __repr__(self):
         return "SqlFilter(%r)" % self.expression
 

@@ -6,8 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metaq import limits
-from metaq.errors import BadFilterExpression, ClientError
+from metaq.errors import BadFilterExpression, ClientError, RemoteProtocolError
 from metaq.filters.sql import compile_sql
+from metaq.protocol import events
+from metaq.protocol.stream import NEED_DATA
+from metaq.protocol.text import TextParser, serialize
 
 MSG = {"TAGS": "TagA", "KEYS": "k1 k2", "a": "5", "b": "abc", "f": "2.5", "t": "TRUE", "big": "3000000000"}
 
@@ -224,3 +227,42 @@ def test_compiled_once_evaluated_many():
     f = compile_sql("a > 3 AND TAGS IN ('TagA')")
     assert f.expression == "a > 3 AND TAGS IN ('TagA')"
     assert [f.matches({"a": str(i), "TAGS": "TagA"}) for i in range(6)] == [False] * 4 + [True] * 2
+
+
+def parse_frames(data):
+    """Every event of ``data`` fed to one TextParser, and each error in its place: what a connection sees."""
+    p = TextParser()
+    p.receive_data(data)
+    out = []
+    while True:
+        try:
+            e = p.next_event()
+        except RemoteProtocolError as exc:
+            out.append(exc)
+            continue
+        if e is NEED_DATA:
+            return out
+        out.append(e)
+
+
+def test_get_sql_frame_round_trips_and_a_bad_expression_is_a_400_naming_the_position():
+    e = events.GetSql("t", "g", 1, 5, 1000, "a > 1 AND b = 'x y'", 7, 200, compile_sql("a > 1 AND b = 'x y'"))
+    frame = serialize(e)
+    assert frame == b"get_sql t g 1 5 1000 19 200 7\r\na > 1 AND b = 'x y'"
+    [got] = parse_frames(frame)
+    assert got == e and got.filter.matches({"a": "2", "b": "x y"})
+    bad = b"get_sql t g 1 5 1000 3 9\r\na >"
+    [err, after] = parse_frames(bad + frame)  # the whole frame is read: the next one parses
+    assert isinstance(err, RemoteProtocolError) and not err.fatal and err.opaque == 9
+    assert "at character 3" in str(err) and after == e
+
+
+def test_get_sql_expression_bytes_limit_at_and_past():
+    n = limits.MAX_SQL_FILTER_BYTES
+    at = b"get_sql t g 0 0 1024 %d 1\r\n" % n + b" " * n
+    [err] = parse_frames(at)  # taken, then refused by its characters
+    assert "at most %d characters" % limits.MAX_SQL_FILTER_CHARS in str(err) and not err.fatal
+    past = b"get_sql t g 0 0 1024 %d 2\r\n" % (n + 1) + b" " * (n + 1)
+    [err, after] = parse_frames(past + b"get_sql t g 0 0 1024 5 3\r\na > 1")
+    assert "exprBytes" in str(err) and not err.fatal and err.opaque == 2  # its body skipped
+    assert after.opaque == 3

@@ -1,14 +1,17 @@
 """SQL92 filters in the broker (docs/messaging.md "SQL92 filters"), against a real broker process: a RocketMQ
 remoting pull with an ``SQL92`` subscription, in the pull or registered by the group's heartbeat; a bad
-expression answered with RocketMQ's code and the position; the scan bounded by ``limits.MAX_SQL_FILTER_SCAN``."""
+expression answered with RocketMQ's code and the position; the scan bounded by ``limits.MAX_SQL_FILTER_SCAN``;
+CHECK_CLIENT_CONFIG; the text ``get_sql``."""
 
 import json
 import socket
+import threading
 
 import pytest
 
 from metaq import limits
 from metaq.client.raw import PULL_FLAGS
+from metaq.filters.wire import decode_tagged_body
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
@@ -153,3 +156,49 @@ def test_check_client_config_says_whether_the_subscription_is_taken(rmq_broker, 
     assert check_client(rc, "x", "CLASS_FILTER").code == C.SYSTEM_ERROR
     assert rc.call(R.CHECK_CLIENT_CONFIG, body=b"{}").code != C.SUCCESS  # no subscription: a bad field
     assert check_client(rc, "a = 1").code == C.SUCCESS  # the connection goes on
+
+
+# -- the text protocol: get_sql ------------------------------------------------------------------------------------
+
+def test_text_get_sql(broker):
+    put_with_properties(broker.port, "sqt", 0, [{"a": str(i), "region": REGIONS[i % 3]} for i in range(12)])
+    with broker.client() as c:
+        r = c.get_sql("sqt", 0, 0, "a >= 3 AND region IN ('eu', 'ap')")
+        assert isinstance(r, ev.Value)
+        nxt, records = decode_tagged_body(r.body)
+        assert nxt == 12 and [o for o, _rec in records] == [3, 5, 6, 8, 9, 11]
+        assert all(rec.data.endswith(b"m%d" % o) for o, rec in records)
+        # maxSize bounds the bytes read, wanted or not: small reads follow their next offset to the same records
+        offset, seen = 0, []
+        while offset < 12:
+            nxt, records = decode_tagged_body(c.get_sql("sqt", 0, offset, "a >= 3", max_size=150).body)
+            assert nxt > offset and len(records) <= 2
+            seen += [o for o, _rec in records]
+            offset = nxt
+        assert seen == list(range(3, 12))
+        r = c.get_sql("sqt", 0, 0, "zz = 1")  # nothing wanted up to the end: none, and where to go on
+        assert isinstance(r, ev.Value) and decode_tagged_body(r.body) == (12, [])
+        r = c.get_sql("sqt", 0, 12, "a = 1")  # at the end
+        assert isinstance(r, ev.Result) and r.code == 404
+        r = c.get_sql("sqt", 0, 0, "a = 1 AND (region = 'eu'")  # a bad expression: 400 naming the position
+        assert isinstance(r, ev.Result) and r.code == 400 and b"at character 24" in r.body
+        assert isinstance(c.get_sql("sqt", 0, 0, "a = 1"), ev.Value)  # the connection goes on
+        # a long poll past unwanted records: woken by them, it waits on from past them, then answers a wanted one
+        done = {}
+        t = threading.Thread(target=lambda: done.setdefault(
+            "r", c.get_sql("sqt", 0, 12, "region = 'us' AND a > 100", max_wait_ms=20000)))
+        t.start()
+        put_with_properties(broker.port, "sqt", 0, [{"a": "500", "region": "eu"}, {"a": "501", "region": "us"}])
+        t.join(30)
+        nxt, records = decode_tagged_body(done["r"].body)
+        assert nxt == 14 and [o for o, _rec in records] == [13]
+
+
+def test_text_get_sql_evaluates_at_most_the_scan_limit(broker):
+    n = limits.MAX_SQL_FILTER_SCAN
+    put_with_properties(broker.port, "sqs", 0, [{"a": "0"}] * n + [{"a": "1"}])
+    with broker.client() as c:
+        r = c.get_sql("sqs", 0, 0, "a = 1")
+        assert isinstance(r, ev.Value) and decode_tagged_body(r.body) == (n, [])
+        nxt, records = decode_tagged_body(c.get_sql("sqs", 0, n, "a = 1").body)
+        assert nxt == n + 1 and [o for o, _rec in records] == [n]
