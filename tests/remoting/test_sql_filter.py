@@ -6,10 +6,13 @@ CHECK_CLIENT_CONFIG; the text ``get_sql``."""
 import json
 import socket
 import threading
+import time
 
 import pytest
 
 from metaq import limits
+from metaq.client import Consumer
+from metaq.errors import BadFilterExpression, ClientError
 from metaq.client.raw import PULL_FLAGS
 from metaq.filters.wire import decode_tagged_body
 from metaq.protocol import events as ev
@@ -21,6 +24,7 @@ from metaq.protocol.rocketmq.mapping import encode_attribute
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from metaq.protocol.text import serialize
+from tests.harness.broker import url_of
 from tests.harness.rocketmq import pull, send_v1
 
 REGIONS = ("eu", "us", "ap")
@@ -202,3 +206,37 @@ def test_text_get_sql_evaluates_at_most_the_scan_limit(broker):
         assert isinstance(r, ev.Value) and decode_tagged_body(r.body) == (n, [])
         nxt, records = decode_tagged_body(c.get_sql("sqs", 0, n, "a = 1").body)
         assert nxt == n + 1 and [o for o, _rec in records] == [n]
+
+
+# -- the metaq consumer: subscribe(..., sql=...) --------------------------------------------------------------------
+
+def test_metaq_consumer_with_a_sql92_subscription(broker):
+    put_with_properties(broker.port, "sqc", 0, [{"a": str(i), "region": REGIONS[i % 3]} for i in range(60)])
+    got, lock, done = [], threading.Lock(), threading.Event()
+
+    def handle(message):
+        with lock:
+            got.append((message.offset, message.attribute, message.properties["a"]))
+            if len(got) == 10:
+                done.set()
+
+    consumer = Consumer("CGsql", brokers=[url_of(broker)], long_poll_ms=500)
+    consumer.subscribe("sqc", handle, sql="region = 'eu' AND a BETWEEN 20 AND 50 AND TAGS = 'T'")
+    consumer.start()
+    try:
+        assert done.wait(30)
+        time.sleep(0.3)  # nothing more comes
+    finally:
+        consumer.close()
+    assert sorted(o for o, _t, _a in got) == [i for i in range(20, 51) if i % 3 == 0]
+    assert all(t == "T" and a == str(o) for o, t, a in got)
+
+
+def test_a_bad_sql92_subscription_is_refused_at_subscribe(broker):
+    consumer = Consumer("CGbad", brokers=[url_of(broker)])
+    with pytest.raises(BadFilterExpression, match="at character 8") as info:
+        consumer.subscribe("sqc", print, sql="a = 1 OR")
+    assert info.value.position == 8
+    with pytest.raises(ClientError, match="not both"):
+        consumer.subscribe("sqc", print, filter="T", sql="a = 1")
+    consumer.close()

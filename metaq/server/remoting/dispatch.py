@@ -366,8 +366,6 @@ class RemotingDispatcher:
                 if len(kept) >= max_nums:
                     next_offset = rec.queue_offset + 1
                     break
-        self.stats.filter_skipped_units += (len(records) if len(kept) < max_nums else
-                                            next_offset - records[0].queue_offset) - len(kept)
         return kept, next_offset
 
     def _not_found(self, cmd, h, offset):
