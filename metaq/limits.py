@@ -494,9 +494,10 @@ MAX_SQL_FILTER_DEPTH = 32
 MAX_SQL_FILTER_BYTES = 4 * MAX_SQL_FILTER_CHARS
 #: Most string literals of one SQL92 ``IN (...)`` list.
 MAX_SQL_FILTER_IN_ITEMS = 256
-#: Records a SQL92-filtered RocketMQ pull reads and evaluates at most per request (each one read and its
-#: properties decoded: no index hash can skip it, as a tag's can); a pull that finds no match within them is
-#: answered with the offset after them (PULL_RETRY_IMMEDIATELY), as a tag filter's scan is.
+#: Records a SQL92-filtered read (a RocketMQ pull, a text ``get_sql``) reads and evaluates at most per request
+#: (each one read and its properties decoded: no index hash can skip it, as a tag's can); a read that finds no
+#: match within them answers the offset after them (PULL_RETRY_IMMEDIATELY / an empty ``get_sql`` reply), as a
+#: tag filter's scan does.
 MAX_SQL_FILTER_SCAN = 1024
 #: (consumer group, topic) pairs whose SQL92 subscription the remoting port keeps from heartbeats
 #: (filters/remoting.py); when full, pairs of groups without a live member go first, then a heartbeat adding

@@ -125,7 +125,6 @@ class RemotingDispatcher:
         self.store = store
         self.stats = stats
         self.max_transfer = config.store.max_transfer_size
-        self.max_sql_scan = limits.MAX_SQL_FILTER_SCAN
         #: The SQL92 subscriptions of the groups' heartbeats: a pull without its own subscription uses them.
         self.sql_subscriptions = SqlSubscriptions(lambda group: bool(clients.consumers(group)))
         self.max_wait_ms = config.limits.max_wait_ms
@@ -317,14 +316,11 @@ class RemotingDispatcher:
         ``readable``: for a group's retry topic, which copies this user may be served
         (``RemotingAcl.copies_readable``)."""
         store = self.store
-        sql = filt if isinstance(filt, SqlFilter) else None
         try:
             if filt is None:
                 records, next_offset = store.read_records(h.topic, h.queue_id, offset, max_nums, self.max_transfer)
-            elif sql is not None:  # no index hash can skip a record: each one read, its properties evaluated
-                records, next_offset = store.read_records(h.topic, h.queue_id, offset, self.max_sql_scan,
-                                                          self.max_transfer)
-            else:  # the index units' tag hashes first (their cold pages brought in off the loop), then the records
+            else:  # the index units' tag hashes first (their cold pages brought in off the loop), then the records;
+                # a SQL92 filter reads each record and evaluates its properties (filters/reads.py)
                 bring_in(store.tagged_index_ranges(h.topic, h.queue_id, offset))
                 r = store.read_tagged(h.topic, h.queue_id, offset, filt, max_nums, self.max_transfer)
                 self.stats.filter_skipped_units += r.skipped
@@ -341,8 +337,6 @@ class RemotingDispatcher:
                                 self._pull_fields(h, exc.next_offset)), offset
         host = self.host()
         messages = [message_of_record(rec, host) for rec in records]
-        if sql is not None:
-            messages, next_offset = self._sql_matches(sql, records, messages, max_nums, next_offset)
         if readable is not None:  # passed over like a tag filter's unwanted records
             messages = [m for m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
         if not messages:
@@ -354,19 +348,6 @@ class RemotingDispatcher:
         self.stats.on_get(h.topic, False)
         body = b"".join(stored_message_bytes(m) for m in messages)
         return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body), next_offset
-
-    def _sql_matches(self, sql, records, messages, max_nums, next_offset):
-        """``(messages, next_offset)``: the first ``max_nums`` of ``messages`` (of ``records``) whose properties
-        ``sql`` matches, and the offset after the last record decided on (past every one read when fewer
-        match), so unwanted records are passed over for good, as RocketMQ's broker does."""
-        kept = []
-        for rec, m in zip(records, messages):
-            if sql.matches(m.properties):
-                kept.append(m)
-                if len(kept) >= max_nums:
-                    next_offset = rec.queue_offset + 1
-                    break
-        return kept, next_offset
 
     def _not_found(self, cmd, h, offset):
         """PULL_NOT_FOUND; ``offset`` is past the units a filtered read passed over (the queue's offset otherwise)."""
