@@ -266,3 +266,14 @@ def test_get_sql_expression_bytes_limit_at_and_past():
     [err, after] = parse_frames(past + b"get_sql t g 0 0 1024 5 3\r\na > 1")
     assert "exprBytes" in str(err) and not err.fatal and err.opaque == 2  # its body skipped
     assert after.opaque == 3
+
+
+@pytest.mark.parametrize("low, high", [(-3, 3), (0, 0), (2, 5), (-5, -1), (2147483647, 2147483648), (0, 2147483648)])
+@pytest.mark.parametrize("value", ["-4", "-3", "0", "3", "4", "2147483647", "2147483648", "x", "1.5"])
+def test_between_is_the_two_comparisons_it_stands_for(low, high, value):
+    """BETWEEN / NOT BETWEEN (compiled in one step for integer bounds) decide as RocketMQ's AND / OR of two
+    comparisons, conversions and their failures included."""
+    props = {"v": value}
+    for negate, spelled in ((False, "v >= %d AND v <= %d"), (True, "v < %d OR v > %d")):
+        word = "NOT BETWEEN" if negate else "BETWEEN"
+        assert ev("v %s %d AND %d" % (word, low, high), props) is ev(spelled % (low, high), props)
