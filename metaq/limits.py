@@ -503,6 +503,13 @@ MAX_SQL_FILTER_SCAN = 1024
 #: (filters/remoting.py); when full, pairs of groups without a live member go first, then a heartbeat adding
 #: one more is refused.
 MAX_SQL_SUBSCRIPTIONS = 10_000
+#: SQL92 subscriptions one RocketMQ heartbeat may carry (over all its groups; real clients carry a handful): each
+#: new or changed one is compiled on the loop (up to a few ms for the longest), so more is INVALID_PARAMETER and
+#: nothing of the heartbeat recorded.
+MAX_HEARTBEAT_SQL_SUBSCRIPTIONS = 16
+#: Compiled SQL92 expressions the broker keeps by their text (filters/sql.py ``compiled``; RocketMQ's parser
+#: keeps 100): a pull consumer's every pull, and a text consumer's every get_sql, carry the same expression.
+SQL_FILTER_CACHE = 256
 
 # -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the

@@ -6,12 +6,14 @@ expression, compiled once when it first arrives or changes, and a pull of that g
 An expression that does not compile is kept as its error, so the pull answers FILTER_DATA_NOT_EXIST naming the
 position (RocketMQ's heartbeat succeeds and the pull fails the same way). A TAG subscription of the same group
 and topic replaces it. At most ``max_entries`` (group, topic) pairs are kept: when full, the pairs of groups
-without a live member (``live(group)``) are dropped first, and a heartbeat that would still add one is refused.
+without a live member (``live(group)``) are dropped first, and a heartbeat that would still add one is refused;
+a heartbeat carrying more than ``limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS`` is refused whole (``check``), so one
+heartbeat compiles a bounded number of expressions on the loop (compiled ones are shared: ``sql.compiled``).
 """
 
 from metaq import limits
 from metaq.errors import BadFilterExpression, ClientError
-from metaq.filters.sql import compile_sql
+from metaq.filters.sql import compiled
 
 #: A heartbeat subscription's ``expressionType`` naming a SQL92 filter.
 EXPRESSION_SQL92 = "SQL92"
@@ -25,6 +27,15 @@ class SqlSubscriptions:
         self._live = live
         self.max_entries = max_entries
         self._subs = {}  # (group, topic) -> (expression, SqlFilter or error text)
+
+    @staticmethod
+    def check(consumers, most=limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS):
+        """ClientError when a heartbeat's ``ConsumerData``s carry more than ``most`` SQL92 subscriptions: checked
+        before anything of the heartbeat is recorded."""
+        n = sum(1 for c in consumers for s in c.subscriptions
+                if (s.expression_type or "").upper() == EXPRESSION_SQL92)
+        if n > most:
+            raise ClientError("a heartbeat may carry at most %d SQL92 subscriptions, this one carries %d" % (most, n))
 
     def heartbeat(self, consumers):
         """Record the SQL92 subscriptions of a heartbeat's ``ConsumerData``s; ClientError (nothing of the
@@ -44,10 +55,10 @@ class SqlSubscriptions:
                         raise ClientError("too many SQL92 subscriptions registered: the limit is %d (group, topic) "
                                           "pairs" % self.max_entries)
                 try:
-                    compiled = compile_sql(s.sub_string)
+                    filt = compiled(s.sub_string)
                 except BadFilterExpression as exc:
-                    compiled = str(exc)
-                self._subs[key] = (s.sub_string, compiled)
+                    filt = str(exc)
+                self._subs[key] = (s.sub_string, filt)
 
     def get(self, group, topic):
         """The ``SqlFilter`` of ``group``'s heartbeat for ``topic``, its compile error (str), or None."""

@@ -37,6 +37,7 @@ of 0 or below Double.MIN_VALUE, an integer past the 64-bit range.
 Pure: no socket, log or clock.
 """
 
+import functools
 import math
 import operator
 import re
@@ -44,7 +45,7 @@ import re
 from metaq import limits
 from metaq.errors import BadFilterExpression
 
-__all__ = ["SqlFilter", "compile_sql"]
+__all__ = ["SqlFilter", "compile_sql", "compiled"]
 
 _KEYWORDS = frozenset(["NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS", "CONTAINS",
                        "STARTSWITH", "ENDSWITH"])
@@ -702,6 +703,13 @@ class SqlFilter:
 
     def __repr__(self):
         return "SqlFilter(%r)" % self.expression
+
+
+@functools.lru_cache(maxsize=limits.SQL_FILTER_CACHE)
+def compiled(expression):
+    """``compile_sql(expression)`` with the broker's limits, kept for the ``limits.SQL_FILTER_CACHE`` expressions
+    used last (a compiled filter is immutable: any request may share it); errors are raised, never kept."""
+    return compile_sql(expression)
 
 
 def compile_sql(expression, max_chars=limits.MAX_SQL_FILTER_CHARS, max_depth=limits.MAX_SQL_FILTER_DEPTH,

@@ -26,7 +26,7 @@ import re
 
 from metaq import limits
 from metaq.errors import BadFilterExpression, ClientError, RemoteProtocolError
-from metaq.filters.sql import compile_sql
+from metaq.filters.sql import compiled
 from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
@@ -212,7 +212,7 @@ def _parse_get_sql(t):
         try:
             expression = body.decode("utf-8")
             return GetSql(topic, group, partition, offset, max_size, expression, opaque, max_wait_ms,
-                          compile_sql(expression), expect, passed)
+                          compiled(expression), expect, passed)
         except UnicodeDecodeError:
             raise RemoteProtocolError("get_sql expression of %d bytes is not valid UTF-8" % length, opaque) from None
         except BadFilterExpression as exc:

@@ -240,3 +240,21 @@ def test_a_bad_sql92_subscription_is_refused_at_subscribe(broker):
     with pytest.raises(ClientError, match="not both"):
         consumer.subscribe("sqc", print, filter="T", sql="a = 1")
     consumer.close()
+
+
+def test_a_heartbeat_past_the_sql_subscription_limit_is_refused_whole(rmq_broker, rc):
+    n = limits.MAX_HEARTBEAT_SQL_SUBSCRIPTIONS
+
+    def body(count):
+        return json.dumps({"clientID": "10.0.0.9@many", "consumerDataSet": [{
+            "groupName": "GM%d" % i, "consumeType": 1, "messageModel": 1, "consumeFromWhere": 0,
+            "subscriptionDataSet": [{"topic": "sqm", "subString": "a = 1", "expressionType": "SQL92"}]}
+            for i in range(count)]}).encode()
+
+    no_sub = PULL_FLAGS & ~PULL_SUBSCRIPTION
+    r = rc.call(R.HEART_BEAT, body=body(n + 1))
+    assert r.code == C.INVALID_PARAMETER and "at most %d SQL92 subscriptions" % n in r.remark
+    assert sql_pull(rc, "sqm", 0, 0, "", group="GM0", sys_flag=no_sub).code == C.FILTER_DATA_NOT_EXIST
+    assert rc.call(R.HEART_BEAT, body=body(n)).code == C.SUCCESS
+    put_with_properties(rmq_broker.port, "sqm", 0, [{"a": "0"}, {"a": "1"}])
+    assert offsets(sql_pull(rc, "sqm", 0, 0, "", group="GM%d" % (n - 1), sys_flag=no_sub)) == [1]

@@ -37,7 +37,7 @@ from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record, parse_subscription,
                                              stored_message_bytes)
 from metaq.filters.remoting import EXPRESSION_SQL92, SqlSubscriptions
-from metaq.filters.sql import SqlFilter, compile_sql
+from metaq.filters.sql import SqlFilter, compiled
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 from metaq.keys import remoting as keys
@@ -259,7 +259,7 @@ class RemotingDispatcher:
                                 "message by %s (only TAG and SQL92 subscriptions)" % h.expression_type)
         if sql and h.sys_flag & PULL_SUBSCRIPTION:
             try:  # RocketMQ's broker: SUBSCRIPTION_PARSE_FAILED, nothing committed
-                filt = compile_sql(h.subscription or "")
+                filt = compiled(h.subscription or "")
             except errors.BadFilterExpression as exc:
                 return response_for(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                                     "parse the consumer's subscription failed: %s" % exc)
@@ -444,6 +444,7 @@ class RemotingDispatcher:
 
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
+        self.sql_subscriptions.check(hb.consumers)  # before anything of it is recorded
         self.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
         self.clients.heartbeat(conn, hb, time.monotonic())
         self.sql_subscriptions.heartbeat(hb.consumers)
@@ -461,7 +462,7 @@ class RemotingDispatcher:
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
                                 "message by %s (only TAG and SQL92 subscriptions)" % sub.expression_type)
         try:
-            compile_sql(sub.sub_string)
+            compiled(sub.sub_string)
         except errors.BadFilterExpression as exc:
             return response_for(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return _ok(cmd)
