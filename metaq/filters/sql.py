@@ -400,8 +400,8 @@ class _Parser:
         self.i += 1
         return t
 
-    def is_kw(self, word, ahead=0):
-        t = self.toks[min(self.i + ahead, len(self.toks) - 1)]
+    def is_kw(self, word):
+        t = self.toks[self.i]
         return t.kind == "kw" and t.value == word
 
     def is_op(self, op):

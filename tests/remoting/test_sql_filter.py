@@ -258,3 +258,23 @@ def test_a_heartbeat_past_the_sql_subscription_limit_is_refused_whole(rmq_broker
     assert rc.call(R.HEART_BEAT, body=body(n)).code == C.SUCCESS
     put_with_properties(rmq_broker.port, "sqm", 0, [{"a": "0"}, {"a": "1"}])
     assert offsets(sql_pull(rc, "sqm", 0, 0, "", group="GM%d" % (n - 1), sys_flag=no_sub)) == [1]
+
+
+def test_get_sql_sees_a_plain_attribute_as_tags_and_no_attribute_as_none(broker):
+    frames = []
+    for i, attribute in enumerate(["plain", None, "x\x02k\x01v", "\x02k\x01w"]):
+        flag, data = encode_payload(b"b%d" % i, attribute)
+        frames.append(serialize(ev.Put("sqa", 0, flag, data, i, metaq_checksum(data))))
+    with socket.create_connection(("127.0.0.1", broker.port)) as s:
+        s.sendall(b"".join(frames))
+        got = b""
+        while got.count(b"result 200 ") < len(frames):
+            chunk = s.recv(1 << 16)
+            assert chunk
+            got += chunk
+    with broker.client() as c:
+        def matching(expression):
+            return [o for o, _rec in decode_tagged_body(c.get_sql("sqa", 0, 0, expression).body)[1]]
+        assert matching("TAGS = 'plain'") == [0]
+        assert matching("TAGS IS NULL") == [1, 3]
+        assert matching("k IS NOT NULL") == [2, 3] and matching("TAGS = 'x' AND k = 'v'") == [2]
