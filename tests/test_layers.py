@@ -85,6 +85,7 @@ FEATURE_ROLES = {
     "session": "state",  # a protocol's per-client session state (MQTT's: subscriptions, cursors, packet ids)
     "port": "front-end", "connection": "front-end",  # a feature's own listener and its connections (MQTT's)
     "delivery": "front-end",  # what a connection's subscriptions read from the log and send (MQTT's)
+    "sql": "logic",  # a filter language: its parser and compiled predicate (pure)
 }
 
 #: A role -> the layer whose rules its modules get.
