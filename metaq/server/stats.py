@@ -185,6 +185,7 @@ SOURCES = {
     "grpc": "the summary's gRPC port (key, value) pairs (docs/rocketmq5.md)",
     "security": "the summary's security (key, value) pairs: auth on|off, tls on|off, ...",
     "zero_copy": "the summary's zero-copy read (key, value) pairs: replies sent from the maps, copied out",
+    "mqtt": "the summary's MQTT port (key, value) pairs: its port, connections, wills",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
     "quotas": "``stats quotas``: [QuotaRow] per user and quota (docs/security.md \"Quotas\")",
@@ -280,7 +281,7 @@ class StatsService:
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
             self.sources["remoting"]() + self.sources.get("grpc", list)() + self.sources["security"]() + \
-            self.sources.get("zero_copy", list)()
+            self.sources.get("zero_copy", list)() + self.sources.get("mqtt", list)()
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).
