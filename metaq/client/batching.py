@@ -26,7 +26,7 @@ from metaq.errors import BrokerError, ConnectionLost, RequestTimeout
 from metaq.client.message import Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
-from metaq.protocol.putbatch import PutBatch, decode_runs, expand_runs
+from metaq.protocol.putbatch import PutBatch, decode_runs
 from metaq import limits
 
 _MAX_BACKOFF_S = 1.0
@@ -51,6 +51,32 @@ class _Batch:
         self.error = None  # why its last attempt failed (a retry's)
 
 
+class _Lane:
+    """One partition's batches: the open one, the full ones waiting their turn, whether one is on the wire (or
+    waiting for its retry)."""
+
+    __slots__ = ("key", "broker", "open", "full", "busy")
+
+    def __init__(self, key):
+        self.key = key
+        self.broker = key[1].broker_id
+        self.open = None
+        self.full = collections.deque()
+        self.busy = False
+
+    def next_batch(self, now):
+        """The batch this idle lane sends now (a full one, else its open one once its linger is over), or None."""
+        if self.full:
+            return self.full.popleft()
+        b = self.open
+        if b is not None and b.due <= now:
+            self.open = None
+            b.body = b"".join(b.parts)
+            b.parts = None
+            return b
+        return None
+
+
 class Batcher:
     """One per batching Producer. ``add`` takes a message whose partition is chosen; the rest runs on the
     connections' reader threads and the batcher's own thread (lingering, retries)."""
@@ -70,13 +96,11 @@ class Batcher:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the batcher's thread: lingering and retries
         self._room = threading.Condition(self._lock)  # senders waiting for buffer room
-        self._open = {}  # (topic, Partition) -> its open _Batch
-        self._waiting = collections.deque()  # closed batches not yet on the wire, in the order they closed
-        self._busy = set()  # keys with a batch on the wire or waiting for its retry
+        self._lanes = {}  # (topic, Partition) -> its _Lane
         self._in_flight = collections.Counter()  # broker id -> batches on the wire
         self._retries = []  # heap of (due, n, _Batch)
         self._n = itertools.count()
-        self._buffered = 0  # bytes of messages in open, waiting and unanswered batches
+        self._buffered = 0  # bytes of messages in batches not yet answered
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="metaq-producer-batches", daemon=True)
         self._thread.start()
@@ -94,12 +118,15 @@ class Batcher:
         with self._lock:
             if self._buffered + len(data) > self.buffer_bytes and self._buffered:
                 self._wait_room(send, len(data))
-            b = self._open.get(key)
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = _Lane(key)
+            b = lane.open
             if b is not None and b.nbytes + len(data) + len(b.head) + _LINE > self.batch_bytes:
-                ready = self._close(b)
+                ready = self._full(lane)
                 b = None
             if b is None:
-                b = self._open[key] = _Batch(key, time.monotonic() + self.linger_s)
+                b = lane.open = _Batch(key, time.monotonic() + self.linger_s)
                 b.deadline = send.deadline
                 self._cond.notify()
             rec = b"%s%d %d %d %d\r\n%s" % (b.head, len(data), put.flag, put.checksum, len(b.sends), data)
@@ -110,17 +137,19 @@ class Batcher:
             if send.deadline < b.deadline:
                 b.deadline = send.deadline
             if b.nbytes >= self.batch_bytes or len(b.sends) >= limits.MAX_BATCH_MESSAGES:
-                more = self._close(b)
+                more = self._full(lane)
                 ready = more if ready is None else ready + more
         if ready:
             self._send(ready)
 
     def flush_now(self):
-        """Close every open batch (``Producer.flush``)."""
+        """End every open batch's linger (``Producer.flush``): each goes as soon as its partition may send."""
         with self._lock:
             ready = []
-            for b in list(self._open.values()):
-                ready += self._close(b)
+            for lane in self._lanes.values():
+                if lane.open is not None:
+                    lane.open.due = 0
+                    ready += self._sendable(lane.broker)
         if ready:
             self._send(ready)
 
@@ -130,9 +159,11 @@ class Batcher:
             self._closed = True
             self._cond.notify_all()
             self._room.notify_all()
-            left = list(self._open.values()) + list(self._waiting) + [r[2] for r in self._retries]
-            self._open.clear()
-            self._waiting.clear()
+            left = [r[2] for r in self._retries]
+            for lane in self._lanes.values():
+                left += list(lane.full) + ([lane.open] if lane.open is not None else [])
+                lane.full.clear()
+                lane.open = None
             self._retries = []
         self._thread.join(5)
         for b in left:
@@ -148,32 +179,34 @@ class Batcher:
                                      "before the deadline" % self._buffered)
             self._room.wait(min(left, 1.0))
 
-    def _close(self, b):
-        """Close ``b`` (no more messages): the batches now sendable (it, or none if its turn has not come)."""
-        del self._open[b.key]
+    def _full(self, lane):
+        """Close ``lane``'s open batch (full): the batches now sendable (it, or none if its turn has not come)."""
+        b = lane.open
+        lane.open = None
         b.body = b"".join(b.parts)
         b.parts = None
-        self._waiting.append(b)
-        return self._sendable()
+        lane.full.append(b)
+        return self._sendable(lane.broker)
 
-    def _sendable(self):
-        """Take the waiting batches that may go on the wire now: their partition idle, their broker below
-        ``max_in_flight``; a partition's batches in the order they closed."""
+    def _sendable(self, broker):
+        """Take the batches of ``broker``'s idle lanes that may go on the wire now, while it has fewer than
+        ``max_in_flight`` on the wire: their lanes busy from now."""
         out = []
-        if not self._waiting:
+        room = self.max_in_flight - self._in_flight[broker]
+        if room <= 0:
             return out
-        blocked = set()
-        keep = collections.deque()
-        for b in self._waiting:
-            broker = b.key[1].broker_id
-            if b.key in self._busy or b.key in blocked or self._in_flight[broker] >= self.max_in_flight:
-                blocked.add(b.key)
-                keep.append(b)
+        now = time.monotonic()
+        for lane in self._lanes.values():
+            if lane.busy or lane.broker != broker:
                 continue
-            self._busy.add(b.key)
-            self._in_flight[broker] += 1
-            out.append(b)
-        self._waiting = keep
+            b = lane.next_batch(now)
+            if b is not None:
+                lane.busy = True
+                out.append(b)
+                room -= 1
+                if not room:
+                    break
+        self._in_flight[broker] += len(out)
         return out
 
     # -- the wire ---------------------------------------------------------------------------------------
@@ -207,13 +240,14 @@ class Batcher:
         if error is None:
             if isinstance(reply, ev.Result) and reply.code == 200:
                 try:
-                    places = expand_runs(decode_runs(reply.body))
-                    if len(places) != len(b.sends):
-                        raise ValueError("%d places for %d messages" % (len(places), len(b.sends)))
+                    runs = decode_runs(reply.body)
+                    stored = sum(run[3] for run in runs)
+                    if stored != len(b.sends):
+                        raise ValueError("%d places for %d messages" % (stored, len(b.sends)))
                 except ValueError as exc:
                     self._done(b, error=BrokerError("bad putb reply %r: %s" % (reply.body[:200], exc)))
                     return
-                self._done(b, places=places)
+                self._done(b, runs=runs)
                 return
             error = reply_error(reply)
         if isinstance(error, (ConnectionLost, RequestTimeout)) or error.code in (503, 507):
@@ -223,33 +257,30 @@ class Batcher:
             if not self._closed and now < b.deadline:
                 delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(b.attempts - 1, 10))
                 with self._lock:
-                    self._in_flight[partition.broker_id] -= 1  # the key stays busy: nothing overtakes the retry
+                    self._in_flight[partition.broker_id] -= 1  # the lane stays busy: nothing overtakes the retry
                     heapq.heappush(self._retries, (min(now + delay, b.deadline), next(self._n), b))
                     self._cond.notify()
-                    ready = self._sendable()
+                    ready = self._sendable(partition.broker_id)
                 self._send(ready)
                 return
         self._done(b, error=error)
 
-    def _done(self, b, places=None, error=None):
+    def _done(self, b, runs=None, error=None):
         """The batch is over: each message's result, then its partition and broker free for the next."""
         broker = b.key[1].broker_id
         with self._lock:
-            self._busy.discard(b.key)
+            self._lanes[b.key].busy = False
             self._in_flight[broker] -= 1
             self._buffered -= sum(len(s.put.body) for s in b.sends)
             self._room.notify_all()
-            ready = self._sendable()
-        if places is None:
+            ready = self._sendable(broker)
+            if not self._lanes[b.key].busy and self._lanes[b.key].open is not None:
+                self._cond.notify()  # its open batch lingers on: the thread's next wake-up may be it
+        if runs is None:
             self._fail(b, error)
         else:
-            finish = self.producer.finish_sent
-            for send, (msg_id, part, offset) in zip(b.sends, places):
-                stored = Partition(broker, part)
-                message = send.message
-                message.id, message.partition, message.offset = msg_id, stored, offset
-                send.partition = stored
-                finish(send, SendResult(True, stored, offset, msg_id))
+            self.producer.finish_stored(b.sends, [(first_id, Partition(broker, part), offset, count)
+                                                  for first_id, part, offset, count in runs])
         self._send(ready)
 
     def _fail(self, b, error):
@@ -265,15 +296,19 @@ class Batcher:
                 if self._closed:
                     return
                 now = time.monotonic()
-                ready = []
-                for b in [b for b in self._open.values() if b.due <= now]:
-                    ready += self._close(b)
                 retries = []
                 while self._retries and self._retries[0][0] <= now:
                     retries.append(heapq.heappop(self._retries)[2])
                 for b in retries:
                     self._in_flight[b.key[1].broker_id] += 1
-                wake = min([b.due for b in self._open.values()] + [r[0] for r in self._retries[:1]], default=None)
+                ready = []
+                wake = self._retries[0][0] if self._retries else None
+                for broker in {lane.broker for lane in self._lanes.values() if not lane.busy and lane.open}:
+                    ready += self._sendable(broker)
+                for lane in self._lanes.values():  # lingering batches of idle lanes: the next due
+                    if (not lane.busy and lane.open is not None and (wake is None or lane.open.due < wake)
+                            and self._in_flight[lane.broker] < self.max_in_flight):  # else a reply sends it
+                        wake = lane.open.due
                 if not ready and not retries:
                     self._cond.wait(None if wake is None else max(0.0005, wake - now))
                     continue

@@ -526,6 +526,25 @@ class Producer:
         """``send`` is over with ``result`` (the batches' resolution of each message: batching.py)."""
         self._finish(send, result)
 
+    def finish_stored(self, sends, runs):
+        """A batch's ``sends`` (never idempotent, their futures not done) were stored as ``runs``: ``(first_id,
+        Partition, first_offset, count)`` in order. Each message's fields and future are set, counted once."""
+        k = 0
+        new = tuple.__new__
+        for first_id, stored, offset, count in runs:
+            for j in range(count):
+                send = sends[k + j]
+                message = send.message
+                message.id, message.partition, message.offset = first_id + j, stored, offset + j
+                send.future.set_result(new(SendResult, (True, stored, offset + j, first_id + j, None, False)))
+            k += count
+        with self._count_lock:
+            self._finished += len(sends)
+            idle = self._finished == self._started
+        if idle:
+            with self._cond:
+                self._cond.notify_all()
+
     def _finish(self, send, result):
         if send.future.done():
             return
