@@ -89,10 +89,11 @@ def raw_puts(port, n, size, depth=64):
 
 
 ROWS = (
-    ("Producer, batches (batch_bytes 256 KiB, linger 5 ms)", lambda url, port, n, size: producer_rate(url, n, size,
-                                                                                                       True)),
+    ("Producer, batches (batch_bytes 256 KiB, linger 5 ms)",
+     lambda url, port, n, size: producer_rate(url, n, size, True)),
     ("Producer, no batches (pipelined puts)", lambda url, port, n, size: producer_rate(url, n // 4, size, False)),
-    ("raw putb, 256 KiB (at most 1,000 msgs) a frame, 8 in flight", lambda url, port, n, size: raw_batches(port, n, size)),
+    ("raw putb, 256 KiB (at most 1,000 msgs) a frame, 8 in flight",
+     lambda url, port, n, size: raw_batches(port, n, size)),
     ("raw put, pipelined depth 64", lambda url, port, n, size: raw_puts(port, n, size)),
 )
 
