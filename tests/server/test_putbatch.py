@@ -1,5 +1,6 @@
 """``putb`` against a real broker: stored records equal single puts', all or nothing, the write decision, limits."""
 
+import signal
 import time
 
 from metaq import limits
@@ -11,6 +12,7 @@ from metaq.protocol.putbatch import PutBatch, decode_runs, expand_runs, sub_reco
 from metaq.protocol.text import serialize
 from tests.harness.acl import login, secured_config
 from tests.harness.broker import consume_all
+from tests.harness.replication import sync_pair
 
 
 def batch_body(topic, items):
@@ -128,3 +130,20 @@ def test_an_async_batch_wakes_a_long_poll(broker_factory, tmp_path):
         placed(putb(c, "twake", [(0, b"zero", None), (1, b"one", None)]))
         r = waiting.read_event()
     assert isinstance(r, ev.Value) and b"one" in r.body, r
+
+
+def test_a_batch_is_acknowledged_with_sync_replication_once_the_slave_has_it(broker_factory, tmp_path):
+    master, slave = sync_pair(broker_factory, tmp_path, sync_timeout_ms=500)
+    items = [(k % 4, b"r%d" % k, None) for k in range(200)]
+    with master.client() as c:
+        where = placed(putb(c, "trepl", items))  # answered: the slave has every record
+        with slave.client() as s:
+            for msg_id, p, offset in where[::17]:
+                rec = s.get_records("trepl", p, offset)[0]
+                assert rec.msg_id == msg_id
+        slave.proc.send_signal(signal.SIGSTOP)  # connected but silent: no slave confirms the next batch
+        try:
+            r = putb(c, "trepl", items)
+            assert r.code == 503 and b"FLUSH_SLAVE_TIMEOUT" in r.body, r
+        finally:
+            slave.proc.send_signal(signal.SIGCONT)
