@@ -55,14 +55,14 @@ def producer_rate(url, n, size, batching):
 
 
 def raw_batches(port, n, size, depth=8):
-    """msgs/s of pre-encoded ``putb`` frames as large as the Producer's (at most 1,000 messages), round robin over
-    4 partitions."""
+    """msgs/s of pre-encoded ``putb`` frames as large as the Producer's (at most 1,000 messages), each of one
+    partition as the Producer's are (the 4 partitions in turn)."""
     per_batch = min(1000, BATCH_BYTES // (size + 40))
     data = b"r" * size
     checksum = metaq_checksum(data)
     frames = []
     for b in range(4):
-        body = b"".join(sub_record(TOPIC.encode(), (b + k) % 4, 0, data, checksum, k) for k in range(per_batch))
+        body = b"".join(sub_record(TOPIC.encode(), b, 0, data, checksum, k) for k in range(per_batch))
         frames.append(serialize(PutBatch(TOPIC, per_batch, body, b + 1)))
     sock = wire.connect(port)
     replies = wire.ResultReplies(sock)

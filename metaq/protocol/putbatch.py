@@ -24,12 +24,15 @@ so sub-record *k* of the batch is the *k*-th message the runs expand to (``expan
 """
 
 import re
+from operator import itemgetter
 from typing import NamedTuple
 
 from metaq import limits
 from metaq.errors import ClientError
 from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import INT32_MAX, INT32_MIN, parse_int
+
+_TOPIC, _PARTITION = itemgetter(0), itemgetter(1)
 
 __all__ = ["PutBatch", "scan_batch", "encode_runs", "decode_runs", "expand_runs", "sub_record"]
 
@@ -82,14 +85,11 @@ def scan_batch(scan, e, max_body, max_line, partitions):
         raise ClientError("putb: the count says %d messages, the body holds %s; nothing was stored"
                           % (e.count, "%d" % len(frames) if stop == end else "more"))
     topic = e.topic.encode("utf-8")
-    first = frames[0][0]
-    if first != topic or any(f[0] is not first for f in frames):  # the scanner shares one object per topic run
-        k = next((k for k, f in enumerate(frames) if f[0] != topic), None)
-        if k is not None:
-                raise ClientError("putb: sub-record %d of %d is for topic %s, the batch for %s; nothing was stored"
-                              % (k, e.count, frames[k][0].decode("utf-8", "replace"), e.topic))
-    high = max(f[1] for f in frames)
-    if high >= partitions:
+    if set(map(_TOPIC, frames)) != {topic}:  # C loops: the scanner shares one object per run of a topic
+        k = next(k for k, f in enumerate(frames) if f[0] != topic)
+        raise ClientError("putb: sub-record %d of %d is for topic %s, the batch for %s; nothing was stored"
+                          % (k, e.count, frames[k][0].decode("utf-8", "replace"), e.topic))
+    if max(map(_PARTITION, frames)) >= partitions:
         k = next(k for k, f in enumerate(frames) if f[1] >= partitions)
         raise ClientError("putb: sub-record %d of %d is for partition %d, topic %s has partitions 0..%d; nothing "
                           "was stored" % (k, e.count, frames[k][1], e.topic, partitions - 1))

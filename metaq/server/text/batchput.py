@@ -10,6 +10,9 @@ through ``PutPath.append`` and the burst resumes. The acknowledgement waits as a
 the flush position; ``sync`` replication: a greenlet of its own until a slave has it).
 """
 
+from collections import Counter
+from operator import itemgetter
+
 from metaq import errors
 from metaq.protocol.burst import scan_puts
 from metaq.protocol.putbatch import encode_runs, scan_batch
@@ -18,6 +21,7 @@ from metaq.server.clock import now_ms
 from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0
+_PARTITION, _LENGTH = itemgetter(1), itemgetter(5)  # a scanned frame's partition and body length
 
 
 class BatchPuts:
@@ -38,15 +42,12 @@ class BatchPuts:
         try:
             path.check_write(e.topic, conn.session)
             frames = scan_batch(scan_puts, e, self.max_body, self.max_line, store.partitions_of(e.topic))
-            units = {}
-            for f in frames:
-                key = (e.topic, f[1])
-                units[key] = units.get(key, 0) + 1
+            units = {(e.topic, p): n for p, n in Counter(map(_PARTITION, frames)).items()}  # C loops, not Python
             for _topic, partition in units:
                 store.hold_partition(e.topic, partition)
             overhead = FIXED_OVERHEAD + len(frames[0][0])
-            store.check_room(sum(f[5] for f in frames) + len(frames) * overhead, units,
-                             overhead + max(f[5] for f in frames))
+            store.check_room(sum(map(_LENGTH, frames)) + len(frames) * overhead, units,
+                             overhead + max(map(_LENGTH, frames)))
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return self.error_reply(exc, e.opaque), NO_WAIT
