@@ -173,6 +173,8 @@ class Producer:
         message is part of the transaction (see ``transaction``).
         """
         future = self.send_async(message, timeout=timeout)
+        if self._batcher is not None:
+            self._batcher.flush_now()  # the caller waits for this one: no lingering for company
         limit = (self.retry_deadline if timeout is None else timeout) + self.send_timeout + 5.0
         try:
             return future.result(limit)

@@ -45,6 +45,15 @@ def test_linger_sends_a_partial_batch(broker):
     assert held(broker, "tlinger")[result.partition.partition][result.offset].payload == b"alone"
 
 
+def test_a_sync_send_does_not_wait_for_the_linger(broker):
+    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 20, linger_ms=5000) as producer:
+        assert producer.send(Message("tnolinger", b"create")).success
+        started = time.monotonic()
+        result = producer.send(Message("tnolinger", b"now"))
+        assert result.success and time.monotonic() - started < 2.5, result
+    assert held(broker, "tnolinger")[result.partition.partition][result.offset].payload == b"now"
+
+
 def test_a_refused_batch_fails_each_of_its_messages(broker_factory, tmp_path):
     broker = broker_factory(secured_config(tmp_path))
     bob = ClientSecurity("bob", SECRETS["bob"])
