@@ -33,8 +33,9 @@ all: test
 # port's tests run a real Prometheus, as a plain process with its own data dir, that scrapes
 # a broker's /metrics, and check that output with its `promtool check metrics`) and chromium
 # (the dashboard is loaded in headless Chromium: its DOM after the page's script ran, and
-# the screenshot docs/dashboard.png).
-SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium
+# the screenshot docs/dashboard.png), and mosquitto-clients (the MQTT port's tests publish and
+# subscribe with Mosquitto's mosquitto_pub and mosquitto_sub, clients nobody here wrote).
+SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium mosquitto-clients
 # The benchmark measures Redis Streams and NATS JetStream beside metaq when redis-server and
 # nats-server are there (Debian's nats-server runs as a plain process with its own store dir).
 BENCH_SYSDEPS := redis-server nats-server

@@ -53,6 +53,7 @@ setup(
             "fusepy>=3.0.1,<4",  # tests/harness/fusefs.py: the FUSE fault filesystem (needs Debian's libfuse2)
             "mkdocs>=1.6,<2",  # the documentation site: tests/test_docs.py builds it --strict (links and anchors)
             "ruff>=0.17,<0.18",  # the linter make test runs (tests/test_lint.py; rules in ruff.toml)
+            "paho-mqtt>=2.1,<3",  # Eclipse's MQTT client: the MQTT port's tests (tests/mqtt)
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],

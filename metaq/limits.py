@@ -501,6 +501,32 @@ MAX_FILTER_SCAN_UNITS = 16384
 MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
+#: Longest SQL92 filter expression (characters) the broker compiles (filters/sql.py): it fits a text line, and
+#: compiling one costs a bounded time.
+MAX_SQL_FILTER_CHARS = 4096
+#: Deepest nesting of a SQL92 filter: parentheses, prefix operators (NOT, + and -) and chained comparisons
+#: (``a = b = c``) each count one level; the parser and the compiled predicate recurse once per level.
+MAX_SQL_FILTER_DEPTH = 32
+#: Body bytes a text ``get_sql`` may announce for its expression: the longest expression in 4-byte characters.
+MAX_SQL_FILTER_BYTES = 4 * MAX_SQL_FILTER_CHARS
+#: Most string literals of one SQL92 ``IN (...)`` list.
+MAX_SQL_FILTER_IN_ITEMS = 256
+#: Records a SQL92-filtered read (a RocketMQ pull, a text ``get_sql``) reads and evaluates at most per request
+#: (each one read and its properties decoded: no index hash can skip it, as a tag's can); a read that finds no
+#: match within them answers the offset after them (PULL_RETRY_IMMEDIATELY / an empty ``get_sql`` reply), as a
+#: tag filter's scan does.
+MAX_SQL_FILTER_SCAN = 1024
+#: (consumer group, topic) pairs whose SQL92 subscription the remoting port keeps from heartbeats
+#: (filters/remoting.py); when full, pairs of groups without a live member go first, then a heartbeat adding
+#: one more is refused.
+MAX_SQL_SUBSCRIPTIONS = 10_000
+#: SQL92 subscriptions one RocketMQ heartbeat may carry (over all its groups; real clients carry a handful): each
+#: new or changed one is compiled on the loop (up to a few ms for the longest), so more is INVALID_PARAMETER and
+#: nothing of the heartbeat recorded.
+MAX_HEARTBEAT_SQL_SUBSCRIPTIONS = 16
+#: Compiled SQL92 expressions the broker keeps by their text (filters/sql.py ``compiled``; RocketMQ's parser
+#: keeps 100): a pull consumer's every pull, and a text consumer's every get_sql, carry the same expression.
+SQL_FILTER_CACHE = 256
 
 # -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
@@ -561,6 +587,35 @@ MQTT_MAX_TOPIC_BYTES = 65_535
 #: Most levels (``/``-separated) an MQTT topic name or filter may have: a filter's match walks its levels, so one
 #: topic of 30,000 empty levels does not cost 30,000 steps per message matched.
 MQTT_MAX_TOPIC_LEVELS = 128
+#: QoS 1 and 2 PUBLISHes a client may have unacknowledged on one connection (``mqtt.receive_maximum``; MQTT 5's
+#: Receive Maximum, told in the CONNACK): a QoS 1 until its PUBACK, a QoS 2 until its PUBCOMP. One more is refused
+#: (MQTT 5: DISCONNECT 0x93; 3.1.1: closed). It bounds each session's QoS 2 packet-id state too.
+MQTT_RECEIVE_MAXIMUM = 64
+#: QoS 1 and 2 messages the broker has sent one connection and not yet had acknowledged (``mqtt.max_inflight``;
+#: lower when the client's own Receive Maximum is): delivery to it waits until an acknowledgement makes room.
+MQTT_MAX_INFLIGHT = 32
+#: Topic filters one MQTT session may hold (``mqtt.max_subscriptions``): one more is refused in the SUBACK (MQTT 5:
+#: 0x97 Quota exceeded; 3.1.1: 0x80).
+MQTT_MAX_SUBSCRIPTIONS = 64
+#: Topics a filter that starts with a wildcard (``#``, ``+/x``) reads (``mqtt.max_wildcard_topics``): such a filter
+#: reads every topic its user may read; a SUBSCRIBE that would read more is refused (0x97 / 0x80), and topics that
+#: appear later past the bound are not read (logged once).
+MQTT_MAX_WILDCARD_TOPICS = 256
+#: Longest MQTT client identifier, in UTF-8 bytes (``mqtt.max_client_id_bytes``; the specification asks for 23 at
+#: least): a longer one is refused in the CONNACK (0x85 / 0x02).
+MQTT_MAX_CLIENT_ID_BYTES = 128
+#: Topic aliases one MQTT 5 client may set on a connection (``mqtt.topic_alias_maximum``, told in the CONNACK): an
+#: alias past it is refused (DISCONNECT 0x94).
+MQTT_TOPIC_ALIAS_MAXIMUM = 16
+#: Will messages the broker holds for their MQTT 5 Will Delay at once (``mqtt.max_delayed_wills``): past it a will is
+#: published at once, as if its delay were 0.
+MQTT_MAX_DELAYED_WILLS = 10_000
+#: Records one MQTT delivery read takes from a partition (its bytes are bounded by the reply budget and
+#: ``store.max_transfer_size``).
+MQTT_DELIVERY_BATCH = 64
+#: How often a connection whose filters start with a wildcard looks for topics created since (seconds); it is also
+#: the longest a delivery waits for an append before it looks again.
+MQTT_TOPIC_RESCAN_S = 1.0
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

@@ -1,16 +1,23 @@
-"""MQTT for devices: MQTT 3.1.1 and 5.0 spoken to the shared log. This first piece is the protocol layer
-only: no listener yet.
+"""MQTT for devices: MQTT 3.1.1 and 5.0 spoken to the shared log (docs/mqtt.md).
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
 layer may, and of this package only modules of its own role's layer or a lower one.
 
 codec (the protocol layer: bytes in, values out; no socket, log or clock)
-    wire.py      the control packets of MQTT 3.1.1 (level 4) and 5.0 (level 5): ``MqttParser`` (bytes in, packets
-                 out, a named maximum packet size checked before a body is kept), ``encode``, MQTT 5 properties and
-                 reason codes; every refusal an ``MqttError`` carrying the reason code a server answers with
-                 (``refusal``)
+    wire.py        the control packets of MQTT 3.1.1 (level 4) and 5.0 (level 5): ``MqttParser`` (bytes in, packets
+                   out, a named maximum packet size checked before a body is kept), ``encode``, MQTT 5 properties and
+                   reason codes; every refusal an ``MqttError`` carrying the reason code a server answers with
+                   (``refusal``)
+    records.py     an MQTT message in a metaq record (its topic name, QoS and MQTT 5 properties kept as the RocketMQ
+                   mapping's properties) and a record as an MQTT message; the metaq topic and partition of a name
 logic (the protocol layer: pure decisions)
-    topics.py    topic names and filters: validation, ``+`` / ``#`` matching, ``$`` topics, shared subscriptions
-                 (``$share/<ShareName>/<filter>``), bounded by MQTT_MAX_TOPIC_BYTES and MQTT_MAX_TOPIC_LEVELS
+    topics.py      topic names and filters: validation, ``+`` / ``#`` matching, ``$`` topics, shared subscriptions
+                   (``$share/<ShareName>/<filter>``), bounded by MQTT_MAX_TOPIC_BYTES and MQTT_MAX_TOPIC_LEVELS
+state (the store layer's rules: no socket, gevent or clock)
+    session.py     ``MqttSession``: one client's subscriptions, read cursors, QoS 2 packet ids and messages in flight
+front-end (the server layer)
+    port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills
+    connection.py  one connection: CONNECT, PUBLISH, SUBSCRIBE, the acknowledgements, bad input answered and closed
+    delivery.py    what a connection's subscriptions read from the log and send
 """

@@ -51,6 +51,10 @@ __all__ = [
     "BYTE", "TWO", "FOUR", "VARINT", "STRING", "PAIR", "BINARY", "PROPERTIES", "PROPERTY_IDS",
     "SUCCESS", "MALFORMED_PACKET", "PROTOCOL_ERROR", "UNSUPPORTED_PROTOCOL_VERSION", "CLIENT_ID_NOT_VALID",
     "TOPIC_FILTER_INVALID", "TOPIC_NAME_INVALID", "TOPIC_ALIAS_INVALID", "PACKET_TOO_LARGE", "REASON_CODES",
+    "NO_SUBSCRIPTION_EXISTED", "UNSPECIFIED_ERROR", "IMPLEMENTATION_SPECIFIC_ERROR", "BAD_USER_NAME_OR_PASSWORD",
+    "NOT_AUTHORIZED", "SERVER_UNAVAILABLE", "BAD_AUTHENTICATION_METHOD", "SESSION_TAKEN_OVER",
+    "PACKET_IDENTIFIER_NOT_FOUND", "RECEIVE_MAXIMUM_EXCEEDED", "QUOTA_EXCEEDED", "RETAIN_NOT_SUPPORTED",
+    "SHARED_SUBSCRIPTIONS_NOT_SUPPORTED", "SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED",
     "CONNACK_311_CODES", "SUBACK_311_CODES",
     "MqttError", "Will", "Connect", "Connack", "Publish", "PubAck", "PubRec", "PubRel", "PubComp",
     "Subscription", "Subscribe", "Suback", "Unsubscribe", "Unsuback", "PingReq", "PingResp", "Disconnect", "Auth",
@@ -94,6 +98,21 @@ TOPIC_FILTER_INVALID = 0x8F
 TOPIC_NAME_INVALID = 0x90
 TOPIC_ALIAS_INVALID = 0x94
 PACKET_TOO_LARGE = 0x95
+# those a server's front-end answers with (its own decisions, not the codec's)
+NO_SUBSCRIPTION_EXISTED = 0x11
+UNSPECIFIED_ERROR = 0x80
+IMPLEMENTATION_SPECIFIC_ERROR = 0x83
+BAD_USER_NAME_OR_PASSWORD = 0x86
+NOT_AUTHORIZED = 0x87
+SERVER_UNAVAILABLE = 0x88
+BAD_AUTHENTICATION_METHOD = 0x8C
+SESSION_TAKEN_OVER = 0x8E
+PACKET_IDENTIFIER_NOT_FOUND = 0x92
+RECEIVE_MAXIMUM_EXCEEDED = 0x93
+QUOTA_EXCEEDED = 0x97
+RETAIN_NOT_SUPPORTED = 0x9A
+SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E
+SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED = 0xA1
 
 #: The reason codes each MQTT 5 packet may carry (MQTT 5.0 §3.2.2.2, §3.4.2.1, §3.5.2.1, §3.6.2.1, §3.7.2.1,
 #: §3.9.3, §3.11.3, §3.14.2.1, §3.15.2.1); any other is a Protocol Error.
@@ -673,6 +692,11 @@ class MqttParser(StreamParser):
         self.version = version
         self.max_packet = max_packet
         self.sender = sender
+
+    @property
+    def in_frame(self):
+        """True while part of a packet is buffered (a server's request deadline runs)."""
+        return self._pos < len(self._buf)
 
     def _next_event(self):
         buf, pos = self._buf, self._pos

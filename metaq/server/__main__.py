@@ -55,6 +55,8 @@ def build_parser():
                    help="master: serve slaves on this port (0 or absent = off)")
     p.add_argument("--http-port", type=int, metavar="P",
                    help="serve metrics, health, the JSON API and the dashboard over HTTP on this port (0 = off)")
+    p.add_argument("--mqtt-port", type=int, metavar="P",
+                   help="serve MQTT 3.1.1 and 5.0 clients on this port (0 = off; docs/mqtt.md)")
     p.add_argument("--remoting-port", type=int, metavar="P",
                    help="serve RocketMQ clients (name server and broker codes) on this port (0 or absent = off)")
     p.add_argument("--force-recovery", action="store_true", default=None,
@@ -114,6 +116,7 @@ def overrides_from(args):
         "replication.port": args.replication_port,
         "remoting.port": args.remoting_port,
         "http.port": args.http_port,
+        "mqtt.port": args.mqtt_port,
     }
 
 

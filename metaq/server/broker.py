@@ -25,6 +25,7 @@ from metaq.server.http.api import BrokerViews
 from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
+from metaq.mqtt.port import MqttPort
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.remoting.server import RemotingServer
@@ -148,6 +149,10 @@ class Broker:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
                                            self.roles, self.waiters, elected_master=self.election.master_remoting
                                            if self.election is not None else None, replies=self.replies)
+        self.mqtt = None
+        if config.mqtt.port:  # docs/mqtt.md
+            self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
+                                 config.store.max_transfer_size)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
@@ -158,6 +163,8 @@ class Broker:
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
+        self.stats_service.add_source("mqtt", self.mqtt.summary_values if self.mqtt is not None
+                                      else lambda: [("mqtt_port", 0)])
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
@@ -281,6 +288,8 @@ class Broker:
         self.roles.start_links()
         if self.http is not None:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
+        if self.mqtt is not None:
+            self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
@@ -301,6 +310,8 @@ class Broker:
         if self.http is not None:
             log.info("HTTP port on %s:%d: /metrics, /healthz, /readyz, /api/..., the dashboard at /",
                      self.config.http.host or cfg.host, self.http.port)
+        if self.mqtt is not None:
+            log.info("MQTT port on %s:%d (MQTT 3.1.1 and 5.0)", self.config.mqtt.host or cfg.host, self.mqtt.port)
         if self.roles.read_refusal is not None:
             log.warning("reads refused until the first epoch handshake: %s", self.roles.read_refusal)
         if checksum.IMPLEMENTATION == "python-zlib":
@@ -412,6 +423,8 @@ class Broker:
         if self.remoting is not None:
             self.remoting.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)
+        if self.mqtt is not None:
+            self.mqtt.stop()  # the wills held for their delay: sessions end with the broker
         gevent.killall(self._tasks, block=False)
         self.guard.stop()
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush

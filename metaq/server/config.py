@@ -425,6 +425,29 @@ class HttpSection(_Section):
         return [name.strip().lower().rstrip(".") for name in names]
 
 
+class MqttSection(_Section):
+    """``mqtt:``: the MQTT 3.1.1 and 5.0 port for devices (docs/mqtt.md); TLS, the allow-list and users as on every
+    port (``security:``)."""
+
+    port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off (1883 by convention, 8883 with TLS)
+    host: Optional[str] = None  # bind address; default broker.host
+    max_packet_bytes: int = Field(limits.MQTT_MAX_PACKET_BYTES, ge=64)
+    receive_maximum: int = Field(limits.MQTT_RECEIVE_MAXIMUM, ge=1, le=65535)
+    max_inflight: int = Field(limits.MQTT_MAX_INFLIGHT, ge=1, le=65535)
+    max_subscriptions: int = Field(limits.MQTT_MAX_SUBSCRIPTIONS, ge=1)
+    max_wildcard_topics: int = Field(limits.MQTT_MAX_WILDCARD_TOPICS, ge=1)
+    max_client_id_bytes: int = Field(limits.MQTT_MAX_CLIENT_ID_BYTES, ge=23, le=65535)
+    topic_alias_maximum: int = Field(limits.MQTT_TOPIC_ALIAS_MAXIMUM, ge=0, le=65535)
+    max_delayed_wills: int = Field(limits.MQTT_MAX_DELAYED_WILLS, ge=0)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, host):
+        if host is not None and not host.strip():
+            raise ValueError("mqtt.host must not be blank (leave it out to use broker.host)")
+        return host
+
+
 class ServerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     store: StoreSection = StoreSection()
@@ -437,6 +460,7 @@ class ServerConfig(_Section):
     topics: List[TopicSection] = [TopicSection(name="*", partitions=1)]
     security: SecuritySection = SecuritySection()
     http: HttpSection = HttpSection()  # the HTTP port
+    mqtt: MqttSection = MqttSection()  # the MQTT port
 
     @field_validator("topics")
     @classmethod
@@ -458,7 +482,8 @@ class ServerConfig(_Section):
         listeners = [("broker.port", host, self.broker.port), ("remoting.port", self.remoting.host or host,
                                                                 self.remoting.port),
                      ("replication.port", host, self.replication.port),
-                     ("http.port", self.http.host or host, self.http.port)]
+                     ("http.port", self.http.host or host, self.http.port),
+                     ("mqtt.port", self.mqtt.host or host, self.mqtt.port)]
         seen = {}
         for name, bind, port in listeners:
             if port and (bind, port) in seen:
@@ -517,6 +542,8 @@ class ServerConfig(_Section):
             found.append(("broker.host", host))
         if self.http.port:
             found.append(("http.host" if self.http.host else "broker.host", self.http.host or host))
+        if self.mqtt.port:
+            found.append(("mqtt.host" if self.mqtt.host else "broker.host", self.mqtt.host or host))
         return found
 
     @model_validator(mode="after")
@@ -543,6 +570,12 @@ class ServerConfig(_Section):
                     "http.port listens on %s, not a loopback address, with authentication on and TLS off: HTTP Basic "
                     "sends each user's secret as it is. Set security.tls (docs/security.md), bind the HTTP port to "
                     "127.0.0.1 (http.host), or set security.insecure: true to accept the risk" % http_host)
+            mqtt_host = self.mqtt.host or self.broker.host
+            if self.mqtt.port and sec.tls.mode == "off" and not is_loopback(mqtt_host):
+                raise ValueError(
+                    "mqtt.port listens on %s, not a loopback address, with authentication on and TLS off: an MQTT "
+                    "CONNECT sends its password as it is. Set security.tls (docs/security.md), bind the MQTT port to "
+                    "127.0.0.1 (mqtt.host), or set security.insecure: true to accept the risk" % mqtt_host)
             return self
         if self.http.port and "*" in self.http.allowed_hosts:
             raise ValueError(

@@ -116,7 +116,8 @@ class Listener:
 
 #: The setting each listener's port comes from, for the message when it cannot bind.
 PORT_SETTINGS = {"text": "broker.port (--port)", "remoting": "remoting.port (--remoting-port)",
-                 "replication": "replication.port (--replication-port)", "http": "http.port (--http-port)"}
+                 "replication": "replication.port (--replication-port)", "http": "http.port (--http-port)",
+                 "mqtt": "mqtt.port (--mqtt-port)"}
 
 
 def bind_error(name, host, port, exc):

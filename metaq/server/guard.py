@@ -179,6 +179,19 @@ class Guard:
         matched = proof_matches(user.secret if user is not None else self._decoy)
         return user if user is not None and matched else None
 
+    def login_with_secret(self, session, name, secret, port):
+        """The login of a client that sends its user's secret as it is (HTTP Basic, an MQTT CONNECT's password): the
+        secret checked against the file (``check_login``, in constant time), a failure counted and its answer slowed
+        as the text handshake's is (``failed``), logged for ``port`` and raised as Unauthenticated; on success the
+        session is the user's (``authenticated``, which may still refuse the user's address or quota)."""
+        if self.check_login(name, lambda on_file: proofs.same_secret(secret, on_file)) is None:
+            delay = self.failed(session.host)  # a guesser's answers slow down, as on the text port
+            if delay:
+                gevent.sleep(delay)
+            log.warning("%s authentication failed from %s: %s", port, session.host, self.login_failure(name, "secret"))
+            raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
+        self.authenticated(session, name)
+
     def login_failure(self, name, proof):
         """For the broker's log only (a reply never tells): ``unknown user <name>`` or ``wrong <proof> for user
         <name>``."""

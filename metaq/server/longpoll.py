@@ -50,6 +50,25 @@ class PartitionWaiters:
             if not waits and self._waits.get(key) is waits:
                 del self._waits[key]
 
+    def wait_any(self, keys, timeout, ev):
+        """Block this greenlet until ``notify`` names any of ``keys``, ``ev`` is set by its owner, or ``timeout``
+        seconds pass (an MQTT connection's delivery: every partition its subscriptions read, and a new
+        subscription or an acknowledgement that makes room). One wait per connection, not counted in ``admit``."""
+        held = []
+        for key in keys:
+            waits = self._waits.get(key)
+            if waits is None:
+                waits = self._waits[key] = set()
+            waits.add(ev)
+            held.append((key, waits))
+        try:
+            return ev.wait(timeout)
+        finally:
+            for key, waits in held:
+                waits.discard(ev)
+                if not waits and self._waits.get(key) is waits:
+                    del self._waits[key]
+
     def notify(self, keys):
         """Wake every greenlet waiting on any of ``keys``."""
         waits = self._waits

@@ -184,6 +184,7 @@ SOURCES = {
     "remoting": "the summary's remoting (key, value) pairs",
     "security": "the summary's security (key, value) pairs: auth on|off, tls on|off, ...",
     "zero_copy": "the summary's zero-copy read (key, value) pairs: replies sent from the maps, copied out",
+    "mqtt": "the summary's MQTT port (key, value) pairs: its port, connections, wills",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
     "quotas": "``stats quotas``: [QuotaRow] per user and quota (docs/security.md \"Quotas\")",
@@ -278,7 +279,8 @@ class StatsService:
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
-            self.sources["remoting"]() + self.sources["security"]() + self.sources.get("zero_copy", list)()
+            self.sources["remoting"]() + self.sources["security"]() + self.sources.get("zero_copy", list)() + \
+            self.sources.get("mqtt", list)()
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).

@@ -642,8 +642,8 @@ class MessageStore:
         return records, nxt
 
     def read_tagged(self, topic, partition, offset, filt, max_count, max_bytes):
-        """A ``filtered.TaggedRead`` (filters/reads.py): the records ``filt`` (a TagFilter) wants from ``offset``; as
-        ``read_records``."""
+        """A ``filtered.TaggedRead`` (filters/reads.py): the records ``filt`` (a TagFilter or a SqlFilter) wants from
+        ``offset``; as ``read_records``."""
         if topic in self.topics.guarded:
             self._topics.check_readable(topic)
         try:

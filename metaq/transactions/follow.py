@@ -27,6 +27,7 @@ No sockets, gevent or clock.
 
 import logging
 
+from metaq.errors import CorruptLog
 from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
 from metaq.protocol.journaltopic import TX_TOPIC
 from metaq.protocol.message import HEADER
@@ -95,6 +96,11 @@ class LogReplay:
     """Branches rebuilt from ``(position, flag, record)`` in log order: a ``records.ReplayState`` that a complete
     snapshot replaces whole. ``snapshot_at``: the position of the last complete snapshot (None: none yet).
 
+    A log that retention cut starts in the segment of its floor snapshot, so the state before that snapshot may lack
+    a branch's first records and break on a later one (a COMMIT naming more messages than it holds). Such a break is
+    kept, not raised, since the complete snapshot after it replaces that state whole; ``finish`` raises it when no
+    complete snapshot came after (then it is the state in use, and the log is corrupt).
+
     The ordinary records among a snapshot's (written while it was) go to both states: the one before it, and the
     snapshot's, which they bring up to date. While a snapshot is read, the state before it tells nobody of the
     records that fit none of its branches (a log that starts at the snapshot lacks their first records; the
@@ -106,6 +112,7 @@ class LogReplay:
         self.snapshot_at = None
         self.records = 0
         self._next = None  # a _Reading: a snapshot being read
+        self._broken = None  # the first CorruptLog of the state in use (see the class doc)
 
     def _fresh(self):
         return R.ReplayState(keep_done_after=1 << 62, on_anomaly=self.on_anomaly)  # the log holds what DONE names
@@ -127,14 +134,25 @@ class LogReplay:
                     state = reading.state
                     state.anomalies = reading.anomalies + state.anomalies
                     state.records = self.state.records
-                    self.state, self.snapshot_at = state, reading.at
+                    self.state, self.snapshot_at, self._broken = state, reading.at, None
             else:
                 reading.count += 1
                 reading.state.apply(rec)
             return
-        self.state.apply(rec)
+        try:
+            self.state.apply(rec)
+        except CorruptLog as exc:
+            if self._broken is None:
+                log.warning("transactions: %s (at log position %d; a complete snapshot after it replaces the state "
+                            "it breaks)", exc, position)
+                self._broken = exc
         if reading is not None:
             reading.state.apply(rec)
+
+    def finish(self):
+        """Raise the CorruptLog that broke the state in use, if one did (see the class doc)."""
+        if self._broken is not None:
+            raise self._broken
 
 
 class TxFollow:

@@ -240,6 +240,7 @@ class TransactionManager:
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
         self._replica = None  # a slave's LogReplay of the master's records (None: this broker writes them)
         self._snapshot_at = None  # the log position of the last complete snapshot (retention keeps the log from it)
+        self._unflushed_snapshot = None  # (its start, its end): a complete snapshot whose SnapEnd is not durable yet
         self._snap = None  # the _Snapshot being written, between maintain's steps
         self.follow = TxFollow(store, self.learn, self.relearn, self.retention_floor)
         self.recovery = None
@@ -281,7 +282,8 @@ class TransactionManager:
         replay = LogReplay(on_anomaly=log.warning)
         for position, flag, rec in self._log.read(upto):
             replay.apply(position, flag, rec)
-        self._snapshot_at = replay.snapshot_at
+        replay.finish()
+        self._snapshot_at, self._unflushed_snapshot = replay.snapshot_at, None
         return replay
 
     def _migrate(self, force, now_ms):
@@ -388,8 +390,12 @@ class TransactionManager:
         self._held = 0
 
     def retention_floor(self):
-        """The log position retention keeps for the journal: its last complete snapshot (or the first record, with
-        none yet); None when the journal is empty."""
+        """The log position retention keeps for the journal: its last complete snapshot whose end is durable (or the
+        first record, with none yet); None when the journal is empty. A snapshot counts once the log is flushed past
+        its SnapEnd: a power cut before that leaves it incomplete, and the one before it must still be there."""
+        newer = self._unflushed_snapshot
+        if newer is not None and self.store.flushed_position >= newer[1]:
+            self._snapshot_at, self._unflushed_snapshot = newer[0], None
         if self._snapshot_at is not None:
             return self._snapshot_at
         first = self.store.record_spans(TX_TOPIC, 0, 0, self.store.written_position, 1)
@@ -913,6 +919,8 @@ class TransactionManager:
         if self._replica is not None:
             return False
         floor = self.retention_floor()
+        if self._unflushed_snapshot is not None:  # written, durable soon: no second one meanwhile
+            floor = self._unflushed_snapshot[0]
         return floor is not None and self.store.written_position - floor > self.store.config.segment_size
 
     def maintain(self, now_ms, pause=None, step=TX_SNAPSHOT_STEP):
@@ -958,9 +966,10 @@ class TransactionManager:
             snap.records += 1
 
     def _end_snapshot(self, snap, now_ms):
-        self._log.append(R.SnapEnd(snap.records), now_ms, SNAPSHOT_FLAG)
+        end = self._log.append(R.SnapEnd(snap.records), now_ms, SNAPSHOT_FLAG)
         spans = self.store.record_spans(TX_TOPIC, 0, snap.start, self.store.written_position, 1)
-        self._snapshot_at = spans[0][1] if spans else self._snapshot_at
+        if spans:
+            self._unflushed_snapshot = (spans[0][1], end)  # the floor once durable (retention_floor)
 
     def _write_snapshot(self, recs, now_ms):
         """A snapshot of ``recs`` at once (the migration of an older broker's journal, at open)."""

@@ -66,6 +66,7 @@ def test_readme_admin_commands_run_as_written(tmp_path):
         cfg = yaml.safe_load(f)
     cfg["broker"].update(port=0, data_dir=str(tmp_path / "data"))
     cfg["http"]["port"] = 0
+    cfg["mqtt"]["port"] = 0
     b = BrokerProcess(tmp_path, cfg).start()
     try:
         from tests.harness.docs import section as doc_section

@@ -36,6 +36,7 @@ def make_run_broker(tmp_path):
     cfg["broker"]["data_dir"] = str(tmp_path / "data")
     if (cfg.get("http") or {}).get("port"):
         cfg["http"]["port"] = free_port()  # conf/server.yaml's 8180 may be taken (make run, another test)
+    cfg["mqtt"]["port"] = 0  # and its 1883
     b = BrokerProcess(tmp_path, cfg).start()
     yield b
     b.kill()

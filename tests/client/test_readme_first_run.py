@@ -36,6 +36,7 @@ def make_run_broker(tmp_path, **extra):
     cfg["broker"]["data_dir"] = str(tmp_path / "data")
     if cfg.get("http", {}).get("port"):
         cfg["http"]["port"] = free_port()  # conf/server.yaml's 8180 may be taken (a make run of the reader's)
+    cfg["mqtt"]["port"] = free_port()  # and its 1883
     for name, values in extra.items():
         cfg[name].update(values)
     return BrokerProcess(tmp_path, cfg).start()
@@ -100,6 +101,7 @@ def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
     for code in blocks("sh", README) + [c for page in nav_pages() for c in blocks("sh", read(page))]:
         script = re.sub(r"^\$ ", "", code, flags=re.M)  # a "$ " prompt shown before a command
         script = script.replace("8123", str(broker.port)).replace("8180", str(broker.config["http"]["port"]))
+        script = script.replace("1883", str(broker.config["mqtt"]["port"]))
         out = run(["bash", "-euo", "pipefail", "-c", script], tmp_path, {"PATH": VENV_BIN + ":" + os.environ["PATH"]})
         assert out.returncode == 0, (code, out.stderr)
         outputs.append(out.stdout)
@@ -107,6 +109,7 @@ def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
     assert text.startswith("result 200 5 ") and "\n0.1.0" in text, text  # text mode: \r\n read as \n
     assert re.search(r"result 200 \d+ 1\n\d+ 0 0", text), text
     assert re.search(r"\nvalue 25 2\n.+hello$", text.rstrip("\n"), re.S), text  # the get: header and body
+    assert any("sensors/room1/temp 21.5\n" in o for o in outputs), outputs  # docs/mqtt.md: Mosquitto's clients
 
 
 @pytest.mark.integration

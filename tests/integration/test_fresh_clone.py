@@ -30,7 +30,8 @@ def test_make_run_in_a_fresh_clone_answers_version_with_only_the_core_packages(t
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     log = tmp_path / "make-run.log"
     with open(log, "wb") as out:
-        make = subprocess.Popen(["make", "run", "ARGS=--port 0 --http-port 0 --data-dir %s" % (tmp_path / "data")],
+        make = subprocess.Popen(["make", "run", "ARGS=--port 0 --http-port 0 --mqtt-port 0 --data-dir %s"
+                                 % (tmp_path / "data")],
                                 cwd=str(clone), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     broker_pid = port = None
     try:

@@ -123,6 +123,7 @@ def test_the_readme_key_index_example_runs_as_written(tmp_path):
         cfg = yaml.safe_load(f)
     cfg["broker"]["port"] = 0
     cfg["broker"]["data_dir"] = str(tmp_path / "data")
+    cfg["mqtt"]["port"] = 0  # conf/server.yaml's 1883 may be taken (a make run of the reader's, another test)
     b = BrokerProcess(tmp_path, cfg).start()
     try:
         out = subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:8123", "127.0.0.1:%d" % b.port)],

@@ -19,7 +19,7 @@ def start_make_run(data, log):
     # -o: the virtualenv this checkout's tests run in is taken as it is (never rebuilt under them)
     with open(log, "ab") as out:
         return subprocess.Popen(["make", "-o", ".venv/.core", "run",
-                                 "ARGS=--port 0 --http-port 0 --data-dir %s" % data], cwd=str(ROOT),
+                                 "ARGS=--port 0 --http-port 0 --mqtt-port 0 --data-dir %s" % data], cwd=str(ROOT),
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

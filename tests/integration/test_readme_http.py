@@ -28,6 +28,7 @@ def test_the_readmes_curl_examples_run_against_make_runs_broker(tmp_path):
     port = free_port()
     cfg["broker"].update(port=0, data_dir=str(tmp_path / "data"))
     cfg["http"]["port"] = port
+    cfg["mqtt"]["port"] = 0  # conf/server.yaml's 1883 may be taken
     b = BrokerProcess(tmp_path, cfg).start()
     try:
         examples = curl_examples()

@@ -41,7 +41,7 @@ def test_the_slave_config_is_a_slave_of_the_server_config():
 
 def test_replication_as_the_shipped_files_describe_it(tmp_path):
     repl = free_port()
-    master = shipped(tmp_path / "master", "server.yaml", "--port", str(free_port()),
+    master = shipped(tmp_path / "master", "server.yaml", "--port", str(free_port()), "--mqtt-port", str(free_port()),
                      "--http-port", str(free_port()), "--replication-port", str(repl))
     slave = shipped(tmp_path / "slave", "slave.yaml", "--port", str(free_port()), "--http-port", str(free_port()),
                     "--replication-port", str(free_port()), "--slave-of", "127.0.0.1:%d" % repl)
@@ -70,6 +70,7 @@ def test_replication_as_the_shipped_files_describe_it(tmp_path):
 
 def test_a_new_data_dir_of_the_shipped_config_fits_a_laptop(tmp_path):
     b = shipped(tmp_path, "server.yaml", "--port", str(free_port()), "--http-port", str(free_port()),
+                "--mqtt-port", str(free_port()),
                 "--data-dir", str(tmp_path / "fresh"))
     b.start()
     try:

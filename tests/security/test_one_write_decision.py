@@ -1,6 +1,6 @@
 """Every write path refuses the same way (``PutPath.write_refusal``, the one decision): a user without the permission
 and the broker's internal topics get the same code and the same words on the text put, a put_idem burst, a put_at
-burst, a transactional put, a RocketMQ send and an HTTP put, and nothing is stored."""
+burst, a transactional put, a RocketMQ send, an HTTP put and an MQTT PUBLISH, and nothing is stored."""
 
 from types import SimpleNamespace
 from urllib.parse import quote
@@ -11,6 +11,7 @@ from metaq.client.local import BrokerProcess, rmq_config
 from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
 from metaq.idempotence.wire import IdempotentPut
+from metaq.mqtt import wire
 from metaq.protocol.checksum import metaq_checksum
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.rocketmq.remoting import ResponseCode
@@ -20,6 +21,7 @@ from metaq.timers.wire import TimerPut
 from metaq.server.putpath import AUTHORIZED, PutPath, WriteGate
 from tests.harness.acl import SECRETS, login, write_acl
 from tests.harness.http import request, with_http
+from tests.harness.mqtt import Raw, with_mqtt
 from tests.harness.rocketmq import send_v1
 
 ACL = "org.apache.rocketmq.acl.common.AclException: "
@@ -41,7 +43,7 @@ def broker(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("decision")
     cfg = rmq_config(tmp / "data", {}, security={"acl_file": write_acl(tmp / "acl.yaml")})
     (tmp / "b").mkdir()
-    b = BrokerProcess(tmp / "b", with_http(cfg), ())
+    b = BrokerProcess(tmp / "b", with_mqtt(with_http(cfg)), ())
     b.start()
     yield b
     b.kill()
@@ -94,11 +96,22 @@ def http_refusal(b, user, topic):
     return r.status, r.json()["error"]
 
 
+def mqtt_refusal(b, user, topic):
+    """The MQTT 5 PUBACK of a QoS 1 PUBLISH to ``topic`` (its first level) by ``user``: (reason code, reason string)."""
+    raw = Raw(b)
+    assert raw.connect("decision-%s" % user, username=user, password=SECRETS[user].encode()).reason_code == 0
+    raw.send(wire.Publish(topic + "/x", b"m", 1, packet_id=1))
+    ack = raw.read()
+    raw.close()
+    return ack.reason_code, ack.properties.get("reason_string")
+
+
 def test_a_user_without_the_permission_is_refused_alike_on_every_path(broker):
     assert set(text_refusals(broker, "alice", "payroll").values()) == {(403, DENIED)}
     assert remoting_refusal(broker, "alice", "payroll") == (
         ResponseCode.SYSTEM_ERROR, ACL + "No default permission for topic:payroll (%s)" % DENIED)  # RocketMQ's words
     assert http_refusal(broker, "alice", "payroll") == (403, DENIED)
+    assert mqtt_refusal(broker, "alice", "payroll") == (wire.NOT_AUTHORIZED, DENIED)
     with login(broker, "admin") as admin:
         assert "payroll" not in admin.stats("topics")
 
@@ -109,6 +122,7 @@ def test_an_internal_topic_is_refused_alike_on_every_path(broker, topic):
     assert set(text_refusals(broker, "admin", topic).values()) == {(400, expected)}
     assert remoting_refusal(broker, "admin", topic) == (ResponseCode.INVALID_PARAMETER, expected)
     assert http_refusal(broker, "admin", topic) == (400, expected)
+    assert mqtt_refusal(broker, "admin", topic) == (wire.IMPLEMENTATION_SPECIFIC_ERROR, expected)
 
 
 def test_a_user_who_may_not_is_refused_an_internal_topic_by_the_guard_first(broker):

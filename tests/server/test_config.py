@@ -63,10 +63,10 @@ def test_topic_limits_reach_the_store(tmp_path):
             load_config(None, {key: 0})
 
 
-#: What conf/server.yaml sets on purpose to other than the default: the HTTP port, off by default, is on for the
-#: loopback broker `make run` starts (README "The HTTP port"); the segment and key index sizes fit a laptop (a new
-#: data directory takes about 70 MB instead of 1.1 GB).
-SHIPPED_ON_PURPOSE = {("http", "port"): 8180, ("store", "segment_size"): 64 << 20,
+#: What conf/server.yaml sets on purpose to other than the default: the HTTP and MQTT ports, off by default, are on
+#: for the loopback broker `make run` starts (README "The HTTP port", docs/mqtt.md); the segment and key index sizes
+#: fit a laptop (a new data directory takes about 70 MB instead of 1.1 GB).
+SHIPPED_ON_PURPOSE = {("http", "port"): 8180, ("mqtt", "port"): 1883, ("store", "segment_size"): 64 << 20,
                       ("store", "key_index_slots"): 1 << 16, ("store", "key_index_entries"): 1 << 17}
 
 
@@ -113,6 +113,22 @@ def test_http_basic_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):
     tls = {"security.tls.mode": "on", "security.tls.cert": "c.pem", "security.tls.key": "k.pem"}
     assert load_config(None, dict(authed, **tls)).security.tls.mode == "on"
     assert load_config(None, dict(authed, **{"http.port": None})).http.port is None  # no HTTP port: nothing sent
+
+
+def test_an_mqtt_password_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):
+    authed = {"security.acl_file": str(tmp_path / "acl.yaml"), "broker.host": "0.0.0.0", "mqtt.port": 1883}
+    with pytest.raises(ConfigError, match="mqtt.port listens on 0.0.0.0, not a loopback address, with "
+                                          "authentication on and TLS off"):
+        load_config(None, authed)
+    assert load_config(None, dict(authed, **{"mqtt.host": "127.0.0.1"})).mqtt.host == "127.0.0.1"
+    assert load_config(None, dict(authed, **{"security.insecure": True})).mqtt.port == 1883
+    tls = {"security.tls.mode": "on", "security.tls.cert": "c.pem", "security.tls.key": "k.pem"}
+    assert load_config(None, dict(authed, **tls)).security.tls.mode == "on"
+    with pytest.raises(ConfigError, match="mqtt.host 0.0.0.0"):  # authentication off: loopback only
+        load_config(None, {"mqtt.port": 1883, "mqtt.host": "0.0.0.0"})
+    with pytest.raises(ConfigError, match="each listener needs its own port"):
+        load_config(None, {"mqtt.port": 8123})  # broker.port's
+    assert load_config(None).mqtt.port is None  # off unless configured
 
 
 def test_any_host_name_without_authentication_is_refused_unless_insecure():

@@ -69,7 +69,7 @@ def test_the_journal_is_the_logs_and_a_restart_replays_it(tx_broker):
     assert [type(rec).__name__ for _p, _f, rec in b.journal()][-2:] == ["Commit", "Done"]
 
 
-def test_a_snapshot_is_written_once_the_log_grew_a_segment_and_moves_the_retention_floor(tmp_path):
+def test_a_snapshot_is_written_once_the_log_grew_a_segment_and_moves_the_retention_floor_once_durable(tmp_path):
     b = TxBroker(tmp_path / "d")
     try:
         x = prepared(b, 1)
@@ -78,6 +78,8 @@ def test_a_snapshot_is_written_once_the_log_grew_a_segment_and_moves_the_retenti
         while not b.tx.wants_maintenance:  # other traffic: the log grows past a segment
             b.store.put("test", 3, 0, b"o" * 1000, NOW)
         b.tx.maintain(NOW)
+        assert b.tx.retention_floor() == first and not b.tx.wants_maintenance  # its end is not durable yet
+        b.store.mark_flushed(b.store.flush_log())  # now it is: retention may delete what lies before it
         assert b.tx.retention_floor() > first + b.store.config.segment_size and not b.tx.wants_maintenance
         snap = [(flag, type(rec).__name__) for _p, flag, rec in b.journal() if flag & SNAPSHOT_FLAG]
         assert snap == [(SNAPSHOT_FLAG, "Snapshot"), (SNAPSHOT_FLAG, "Put"), (SNAPSHOT_FLAG, "Put"),
@@ -259,6 +261,7 @@ def replays(b):
     for _pos, flag, rec in b.journal():
         if not flag & SNAPSHOT_FLAG:
             whole.apply(rec)
+    b.store.mark_flushed(b.store.flush_log())  # the snapshot's end durable: the floor moves to it
     at = b.tx.retention_floor()
     tail = LogReplay(on_anomaly=pytest.fail)  # a record that fits no branch of the snapshot fails the test
     for pos, flag, rec in b.journal():

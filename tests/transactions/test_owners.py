@@ -160,6 +160,7 @@ def test_a_checkpoint_keeps_the_owners(tmp_path):
         b.tx.flush_journal()
         before = b.tx.retention_floor()
         b.tx.maintain(NOW)  # a snapshot of the live branches at the log end
+        b.tx.flush_journal()
         assert b.tx.retention_floor() > before
         b.restart()
         assert b.tx.user_of(kept) == (True, "alice") and b.tx.user_of(decided) == (True, "bob")

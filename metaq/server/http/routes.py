@@ -18,10 +18,8 @@ import logging
 import re
 from urllib.parse import parse_qs
 
-import gevent
 
 from metaq import errors, limits
-from metaq.auth import proofs
 from metaq.server.http.origin import BrowserCheck
 
 log = logging.getLogger(__name__)
@@ -204,13 +202,7 @@ class Router:
         name, secret = _basic(request.environ.get("HTTP_AUTHORIZATION"))
         if name is None:
             raise errors.Unauthenticated("authentication required: send HTTP Basic credentials (user and secret)")
-        if guard.check_login(name, lambda on_file: proofs.same_secret(secret, on_file)) is None:
-            delay = guard.failed(session.host)  # a guesser's answers slow down, as on the text port
-            if delay:
-                gevent.sleep(delay)
-            log.warning("http authentication failed from %s: %s", session.host, guard.login_failure(name, "secret"))
-            raise errors.Unauthenticated("authentication failed: unknown user or wrong secret")
-        guard.authenticated(session, name)
+        guard.login_with_secret(session, name, secret, "http")
         if needs == READ:
             guard.current_user(session)
         else:

@@ -116,6 +116,7 @@ class TextDispatcher:
             ev.DelayedPut: self.put_delayed,
             ev.Get: self.get,
             ev.GetTags: self.get_tags,
+            ev.GetSql: self.get_tags,  # the same scan over a SqlFilter (filters/reads.py)
             ev.Offset: self.offset,
             ev.OffsetAt: self.offset_at,
             ev.Stats: self.stats_cmd,
@@ -228,7 +229,7 @@ class TextDispatcher:
     # -- get ---------------------------------------------------------------
 
     def get_refusal(self, e, conn):
-        """The reply refusing a get or get_tags before it reads (None: it may read)."""
+        """The reply refusing a get, get_tags or get_sql before it reads (None: it may read)."""
         if self.guard.enabled:
             self.guard.require(conn.session, SUB, "topic", e.topic)
         if self.roles.read_refusal is not None:
@@ -253,7 +254,8 @@ class TextDispatcher:
     def get_tags(self, e, conn):
         """``get_tags`` (our extension, events.GetTags): the records whose tags are wanted, found by the index
         units' tag hashes (``MessageStore.read_tagged``: the others are never read); docs/messaging.md "Tag
-        filtering"."""
+        filtering". ``get_sql`` (events.GetSql) too: each record read and its properties evaluated
+        (docs/messaging.md "SQL92 filters")."""
         refusal = self.get_refusal(e, conn)
         if refusal is not None:
             return refusal, NO_WAIT

@@ -1,0 +1,502 @@
+"""One MQTT connection: its packets read and answered, in the order they came (docs/mqtt.md).
+
+The connection's greenlet reads (``Connection.receive``: the idle timeout, here 1.5 x the client's Keep Alive, the
+request deadline, the login deadline), parses (``wire.MqttParser``, the packet size bounded before a body is kept)
+and handles each packet:
+
+* **CONNECT** first (any other packet first, or a second CONNECT, closes: the parser's refusal, with the MQTT 5
+  reason code where one exists); the client id's rules (empty: MQTT 5 gets one assigned; too long or holding a
+  control character: 0x85 / 0x02), the user name and password through the guard (``Guard.login_with_secret``, the
+  decision HTTP Basic takes too; refused: 0x86 / 0x04, then closed), the takeover of a client id (``MqttPort.claim``);
+  CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; no retained
+  messages, shared subscriptions or subscription identifiers in this phase).
+* **PUBLISH**: stored through the port's put (the put path's one write decision); QoS 1's PUBACK and QoS 2's PUBREC
+  go out through the acknowledgement writer, in the order the PUBLISHes came, once the put may be acknowledged as
+  a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). A QoS 2 resend of
+  a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
+  MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
+  exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
+* **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
+  a greenlet of its own) reads the topics the subscriptions read from their end.
+* **PINGREQ**, **DISCONNECT** (0x00: no will; 0x04 or none: the will is published), the acknowledgements of
+  deliveries (PUBACK, PUBREC, PUBCOMP) and the PUBREL of a QoS 2 PUBLISH.
+
+Bad input is answered as the specification says and closed, one log line, never a traceback.
+"""
+
+import logging
+import time
+
+import gevent
+from gevent.event import Event
+from gevent.lock import Semaphore
+from gevent.queue import Queue
+
+from metaq import errors, limits
+from metaq.mqtt import wire
+from metaq.mqtt.delivery import Delivery
+from metaq.mqtt.records import RecordRefusal, first_level
+from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
+from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server import connections as core
+from metaq.server.putpath import ACK_NOW
+
+log = logging.getLogger(__name__)
+
+#: MQTT 3.1.1's CONNACK return code for an MQTT 5 CONNACK reason code (the others have none: closed without one).
+CONNACK_311 = {wire.CLIENT_ID_NOT_VALID: 0x02, wire.BAD_USER_NAME_OR_PASSWORD: 0x04, wire.NOT_AUTHORIZED: 0x05,
+               wire.SERVER_UNAVAILABLE: 0x03, wire.QUOTA_EXCEEDED: 0x03}
+#: Longest Reason String a refused PUBACK or PUBREC carries (the refusal's words, cut).
+MAX_REASON_CHARS = 256
+#: MQTT 3.1.1's SUBACK failure.
+SUBACK_FAILURE_311 = 0x80
+
+
+def reason_of(exc):
+    """The MQTT 5 reason code of a refused put or subscribe (a MetaqError or a ``records.RecordRefusal``)."""
+    if isinstance(exc, RecordRefusal):
+        return wire.TOPIC_NAME_INVALID if exc.what == "topic" else wire.IMPLEMENTATION_SPECIFIC_ERROR
+    if isinstance(exc, (errors.Forbidden, errors.Unauthenticated)):
+        return wire.NOT_AUTHORIZED
+    if isinstance(exc, errors.QuotaExceeded):
+        return wire.QUOTA_EXCEEDED
+    if isinstance(exc, errors.InvalidTopic):
+        return wire.TOPIC_NAME_INVALID
+    if isinstance(exc, errors.ClientError):
+        return wire.IMPLEMENTATION_SPECIFIC_ERROR
+    return wire.UNSPECIFIED_ERROR
+
+
+class Connection(core.Connection):
+    """One MQTT client's connection (see the module doc). ``mqtt`` is its ``MqttSession`` once connected."""
+
+    log_prefix = "mqtt"
+
+    def __init__(self, sock, address, conn_id, port):
+        super().__init__(sock, address, conn_id, port.core.rules)
+        self.port = port
+        self.settings = port.settings
+        self.parser = MqttParser(max_packet=self.settings.max_packet_bytes, sender="client")
+        self.version = None
+        self.mqtt = None  # the MqttSession, once connected
+        self.will = None
+        self.expiry_s = 0  # the session's expiry interval (MQTT 5): what a will's delay is bounded by
+        self.client_receive_max = 65535  # the client's Receive Maximum: our QoS 1/2 deliveries in flight
+        self.client_max_packet = None  # the client's Maximum Packet Size: larger deliveries are dropped
+        self.problem_information = True  # MQTT 5 Request Problem Information: refusals carry a Reason String
+        self.room = Event()  # set when an acknowledgement (or a new subscription) lets the delivery go on
+        self._write_lock = Semaphore()
+        self._acks = Queue()  # acknowledgements in the order of their packets: (packet, wait, counted)
+        self._acks_pending = 0
+        self._ack_sent = Event()  # set by the acknowledgement writer after each acknowledgement
+        self._writer = None
+        self._delivery = None  # the delivery's greenlet, once the client subscribed
+        self._delivery_obj = None
+        self._unacked_in = 0  # the client's QoS 1/2 PUBLISHes not yet acknowledged (QoS 2: until its PUBREL)
+        self._aliases = {}  # topic alias -> topic name (MQTT 5, this connection's)
+        self._handling = False
+        self._ended_cleanly = False  # DISCONNECT 0x00: no will
+        self._taken_over = False
+
+    @property
+    def busy(self):
+        """A packet being handled or acknowledgements waiting for their put's durability (a shutdown lets them
+        finish)."""
+        return self._handling or self._acks_pending > 0
+
+    def await_login(self, host):
+        """Until its CONNECT logs it in, a packet may be only ``limits.MAX_PRELOGIN_BODY_BYTES``."""
+        super().await_login(host)
+        self.parser.max_packet = min(self.parser.max_packet, limits.MAX_PRELOGIN_BODY_BYTES)
+
+    def login_done(self):
+        self.parser.max_packet = self.settings.max_packet_bytes
+
+    # -- writing ---------------------------------------------------------------
+
+    def send(self, packet):
+        """Send one packet (encoded in the connection's version); False when the connection is closed or the send
+        failed (then it closes)."""
+        return False if self.closed else self.send_bytes(encode(packet, self.version))
+
+    def send_bytes(self, data):
+        """Send an encoded packet, whole, under the write lock (the reader's answers, the acknowledgement writer and
+        the delivery share the socket); False when the connection is closed or the send failed (then it closes)."""
+        if self.closed:
+            return False
+        with self._write_lock:
+            try:
+                self.sock.sendall(data)
+            except OSError as exc:
+                log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
+                self.close()
+                return False
+        return True
+
+    def _queue_ack(self, packet, wait=None, counted=False):
+        """Send ``packet`` after every acknowledgement queued before it, once ``wait`` (``(topic, PutResult, now)``
+        of a put not yet acknowledgeable) may be acknowledged; ``counted``: it ends one of the client's unacknowledged
+        PUBLISHes."""
+        self._acks_pending += 1
+        self._acks.put((packet, wait, counted))
+
+    def _write_acks(self):
+        path = self.port.put_path
+        while True:
+            packet, wait, counted = self._acks.get()
+            try:
+                if wait is not None:
+                    topic, r, now = wait
+                    try:
+                        path.durable(topic, r.partition, r.log_end, now)
+                    except errors.MetaqError as exc:
+                        packet = self._not_durable(packet, exc)
+                if packet is not None:
+                    if counted and type(packet) is wire.PubAck:
+                        self._unacked_in -= 1
+                    self.send(packet)
+            finally:
+                self._acks_pending -= 1
+                self._ack_sent.set()
+
+    def _not_durable(self, packet, exc):
+        """The put of ``packet`` was written but may not be acknowledged (a failed flush, a lost lease): MQTT 5 says
+        so in the acknowledgement (0x80), MQTT 3.1.1 has no way to: the connection closes, the client resends."""
+        log.warning("mqtt %s: a message was written but is not acknowledged: %s", self.peer, exc)
+        if type(packet) is wire.PubRec:
+            self.mqtt.qos2_released(packet.packet_id)
+            self._unacked_in -= 1
+        if self.version == MQTT_5:
+            return type(packet)(packet.packet_id, wire.UNSPECIFIED_ERROR)
+        self.close()
+        return None
+
+    def _disconnect(self, code, why):
+        """Close for ``why``: MQTT 5 sends DISCONNECT ``code`` first; one log line. Returns False (stop reading)."""
+        log.info("mqtt %s: %s; closing", self.peer, why)
+        if self.version == MQTT_5:
+            self.send(wire.Disconnect(code))
+        return False
+
+    # -- reading ---------------------------------------------------------------
+
+    def serve(self):
+        try:
+            data = self.receive()
+            if data is not None and self.tls_hello(data):
+                return
+            while data is not None and not self.closed:
+                self.parser.receive_data(data)
+                self._handling = True
+                try:
+                    if not self._process() or not data:
+                        return
+                finally:
+                    self._handling = False
+                if self.port.closing:
+                    return
+                data = self.receive()
+        finally:
+            self._end()
+
+    def _process(self):
+        """Handle every whole packet buffered; False when the connection must close."""
+        turn = None
+        while True:
+            try:
+                packet = self.parser.next_event()
+            except MqttError as exc:
+                self._refuse(exc)
+                return False
+            if packet is NEED_DATA:
+                return True
+            if packet is CLOSED:
+                return False
+            try:
+                if not self._handle(packet):
+                    return False
+            except Exception:  # noqa: BLE001 - the one place an unexpected error ends a connection
+                log.exception("mqtt %s: unexpected error handling %s", self.peer, type(packet).__name__)
+                if self.version == MQTT_5:
+                    self.send(wire.Disconnect(wire.UNSPECIFIED_ERROR))
+                return False
+            if self.closed:
+                return False
+            turn = core.share_loop(turn if turn is not None else _now())
+
+    def _refuse(self, exc):
+        """A packet the codec refused: its answer (CONNACK, DISCONNECT or nothing), then close; one log line."""
+        log.info("mqtt %s: %s (reason 0x%02X); closing", self.peer, exc.reason, exc.reason_code)
+        answer = refusal(exc)
+        if answer is not None:
+            version, self.version = self.version, exc.version
+            self.send(answer)
+            self.version = version
+
+    def _handle(self, p):
+        kind = type(p)
+        if kind is wire.Publish:
+            return self._publish(p)
+        if kind is wire.PubAck:
+            if self.mqtt.acknowledged(p.packet_id, PUBLISH_SENT):
+                self.room.set()
+            return True
+        if kind is wire.PubRec:
+            return self._pubrec(p)
+        if kind is wire.PubComp:
+            if self.mqtt.acknowledged(p.packet_id, PUBREL_SENT):
+                self.room.set()
+            return True
+        if kind is wire.PubRel:
+            if self.mqtt.qos2_released(p.packet_id):
+                self._unacked_in -= 1
+            # an unknown id still gets PUBCOMP: it may be a resend after the PUBCOMP was lost
+            self._queue_ack(wire.PubComp(p.packet_id))
+            return True
+        if kind is wire.Subscribe:
+            return self._subscribe(p)
+        if kind is wire.Unsubscribe:
+            return self._unsubscribe(p)
+        if kind is wire.PingReq:
+            return self.send(wire.PingResp())
+        if kind is wire.Disconnect:
+            return self._client_disconnect(p)
+        if kind is wire.Connect:
+            return self._connect(p)
+        return self._disconnect(wire.PROTOCOL_ERROR, "%s is not expected from a client" % kind.__name__)
+
+    # -- CONNECT -----------------------------------------------------------------
+
+    def _refuse_connect(self, code, why):
+        """Answer the CONNECT with ``code`` (its 3.1.1 return code in 3.1.1), then close; one log line."""
+        log.info("mqtt %s: CONNECT refused: %s (reason 0x%02X); closing", self.peer, why, code)
+        if self.version == MQTT_5:
+            self.send(wire.Connack(False, code))
+        elif code in CONNACK_311:
+            self.send(wire.Connack(False, CONNACK_311[code]))
+        return False
+
+    def _connect(self, p):
+        self.version = p.version
+        s = self.settings
+        v5 = p.version == MQTT_5
+        if v5 and "authentication_method" in p.properties:
+            return self._refuse_connect(wire.BAD_AUTHENTICATION_METHOD, "enhanced authentication (%s) is not supported"
+                                        % p.properties["authentication_method"])
+        client_id = p.client_id
+        if len(client_id.encode("utf-8")) > s.max_client_id_bytes:
+            return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, "a client identifier of %d bytes is past the limit "
+                                        "of %d (mqtt.max_client_id_bytes)" % (len(client_id.encode("utf-8")),
+                                                                             s.max_client_id_bytes))
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in client_id):
+            return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, "a client identifier holding a control character")
+        assigned = not client_id
+        if assigned:
+            client_id = self.port.assign_id()
+        if not self._login(p):
+            return False
+        will = p.will
+        if will is not None:
+            if will.retain and v5:
+                return self._refuse_connect(wire.RETAIN_NOT_SUPPORTED, "a retained will: retained messages are not "
+                                            "supported yet")
+            try:
+                first_level(will.topic)
+            except RecordRefusal as exc:
+                return self._refuse_connect(wire.TOPIC_NAME_INVALID, "will topic %r: %s" % (will.topic, exc))
+        self.will = will
+        self.expiry_s = p.properties.get("session_expiry_interval", 0) if v5 else 0
+        self.client_receive_max = p.properties.get("receive_maximum", 65535)
+        self.client_max_packet = p.properties.get("maximum_packet_size")
+        self.problem_information = p.properties.get("request_problem_information", 1) == 1
+        if p.keep_alive:
+            self.idle_timeout = p.keep_alive * 1.5  # [MQTT-3.1.2-24]: closed as a network failure, the will fires
+        refusal = self.port.claim(self, client_id, p.clean_start)
+        if refusal is not None:
+            return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, refusal)
+        self.mqtt = MqttSession(client_id, p.version, s.receive_maximum)
+        props = {}
+        if v5:
+            props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,
+                     "retain_available": 0, "shared_subscription_available": 0,
+                     "subscription_identifier_available": 0}
+            if s.topic_alias_maximum:
+                props["topic_alias_maximum"] = s.topic_alias_maximum
+            if assigned:
+                props["assigned_client_identifier"] = client_id
+        self._writer = gevent.spawn(self._write_acks)
+        return self.send(wire.Connack(False, wire.SUCCESS, props))
+
+    def _login(self, p):
+        """The CONNECT's user name and password through the guard (authentication on); False: refused, answered."""
+        guard = self.port.guard
+        if not guard.enabled:
+            return True
+        if p.username is None:
+            return self._refuse_connect(wire.NOT_AUTHORIZED, "no user name (authentication is on)")
+        try:
+            guard.login_with_secret(self.session, p.username, p.password or b"", "mqtt")
+        except errors.QuotaExceeded as exc:
+            return self._refuse_connect(wire.QUOTA_EXCEEDED, str(exc))
+        except errors.Unauthenticated as exc:
+            return self._refuse_connect(wire.BAD_USER_NAME_OR_PASSWORD, str(exc))
+        return True
+
+    def take_over(self):
+        """Another connection took this client id: MQTT 5 is told DISCONNECT 0x8E, the connection closes. Returns
+        ``(will, guard session, will delay)`` for the port to publish (or drop), or None without a will."""
+        self._taken_over = True
+        log.info("mqtt %s: client %s connected again from another connection; closing this one", self.peer,
+                 self.mqtt.client_id)
+        if self.version == MQTT_5:
+            self.send(wire.Disconnect(wire.SESSION_TAKEN_OVER))
+        self.close()
+        will, self.will = self.will, None
+        return (will, self.session, self._will_delay(will)) if will is not None else None
+
+    def _will_delay(self, will):
+        if self.version != MQTT_5:
+            return 0
+        return min(will.properties.get("will_delay_interval", 0), self.expiry_s)
+
+    def _client_disconnect(self, p):
+        expiry = p.properties.get("session_expiry_interval")
+        if expiry is not None:
+            if self.expiry_s == 0 and expiry:
+                return self._disconnect(wire.PROTOCOL_ERROR, "a DISCONNECT may not set a session expiry when the "
+                                        "CONNECT's was 0")
+            self.expiry_s = expiry
+        self._ended_cleanly = p.reason_code == wire.SUCCESS  # 0x04: disconnect with will message
+        return False
+
+    def _end(self):
+        """The connection ends: its acknowledgements finish, its will is published (not after a normal DISCONNECT),
+        its client id is free again."""
+        if self._acks_pending and not self.closed:
+            deadline = _now() + self.request_timeout
+            while self._acks_pending and not self.closed and _now() < deadline:
+                gevent.sleep(0.01)
+        for g in (self._writer, self._delivery):
+            if g is not None:
+                g.kill(block=False)
+        self.close()
+        if self.mqtt is None:
+            return
+        self.port.release(self, self.mqtt.client_id)
+        will, self.will = self.will, None
+        if will is not None and not self._ended_cleanly and not self._taken_over:
+            self.port.connection_lost(self.mqtt.client_id, will, self.session, self._will_delay(will))
+
+    def close(self):
+        super().close()
+        self.room.set()  # the delivery sees it at once
+
+    # -- PUBLISH -------------------------------------------------------------------
+
+    def _publish(self, p):
+        s = self.settings
+        v5 = self.version == MQTT_5
+        name = p.topic
+        alias = p.properties.get("topic_alias") if v5 else None
+        if alias is not None:
+            if alias > s.topic_alias_maximum:
+                return self._disconnect(wire.TOPIC_ALIAS_INVALID, "topic alias %d is past the maximum of %d "
+                                        "(mqtt.topic_alias_maximum)" % (alias, s.topic_alias_maximum))
+            if name:
+                self._aliases[alias] = name
+            else:
+                name = self._aliases.get(alias)
+                if name is None:
+                    return self._disconnect(wire.PROTOCOL_ERROR, "topic alias %d was never set" % alias)
+        if p.retain and v5:
+            return self._disconnect(wire.RETAIN_NOT_SUPPORTED,
+                                    "a retained PUBLISH: retained messages are not supported yet")
+        session = self.mqtt
+        if p.qos == 2 and session.qos2_seen(p.packet_id):
+            self._queue_ack(wire.PubRec(p.packet_id))  # a resend: stored once already
+            return True
+        if p.qos and self.version != MQTT_5:
+            self._wait_for_acks()  # MQTT 3.1.1 has no Receive Maximum: its client waits for our acks instead
+        if p.qos and (self._unacked_in >= s.receive_maximum or (p.qos == 2 and not session.qos2_room())):
+            return self._disconnect(wire.RECEIVE_MAXIMUM_EXCEEDED, "more than %d QoS 1 and 2 PUBLISHes unacknowledged "
+                                    "(mqtt.receive_maximum)" % s.receive_maximum)
+        try:
+            topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, self.session)
+        except (RecordRefusal, errors.MetaqError) as exc:
+            return self._publish_refused(p, name, exc)
+        if p.qos == 0:
+            self.port.made_visible(topic, r, now)
+            return True
+        mode = self.port.put_path.ack_mode(topic, r, now)
+        self._unacked_in += 1
+        if p.qos == 2:
+            session.qos2_stored(p.packet_id)
+        ack = wire.PubAck(p.packet_id) if p.qos == 1 else wire.PubRec(p.packet_id)
+        self._queue_ack(ack, None if mode == ACK_NOW else (topic, r, now), counted=p.qos == 1)
+        return True
+
+    def _wait_for_acks(self):
+        """While the client's unacknowledged PUBLISHes are at ``mqtt.receive_maximum`` and acknowledgements of ours
+        are on their way (their puts' flushes), read nothing more: an MQTT 3.1.1 client, told no Receive Maximum,
+        may pipeline past it, and waits in its socket instead of being closed (at most ``request_timeout_s``)."""
+        deadline = _now() + self.request_timeout
+        while (self._unacked_in >= self.settings.receive_maximum and self._acks_pending and not self.closed
+               and _now() < deadline):
+            self._ack_sent.clear()
+            self._ack_sent.wait(0.5)
+
+    def _publish_refused(self, p, name, exc):
+        code = reason_of(exc)
+        if self.version != MQTT_5:
+            log.info("mqtt %s: PUBLISH to %s refused: %s; closing (MQTT 3.1.1 has no negative acknowledgement)",
+                     self.peer, name, exc)
+            return False
+        log.debug("mqtt %s: PUBLISH to %s refused (0x%02X): %s", self.peer, name, code, exc)
+        props = {}
+        if self.problem_information:  # why, in the words every other port answers with ([MQTT-3.1.2-29])
+            props["reason_string"] = str(exc)[:MAX_REASON_CHARS]
+        if p.qos == 1:
+            self._queue_ack(wire.PubAck(p.packet_id, code, props))
+        elif p.qos == 2:
+            self._queue_ack(wire.PubRec(p.packet_id, code, props))
+        return True
+
+    def _pubrec(self, p):
+        if p.reason_code >= 0x80:
+            self.mqtt.dropped(p.packet_id)
+            self.room.set()
+            return True
+        if self.mqtt.received(p.packet_id):
+            return self.send(wire.PubRel(p.packet_id))
+        return self.send(wire.PubRel(p.packet_id, wire.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0))
+
+    # -- SUBSCRIBE -----------------------------------------------------------------
+
+    def _subscribe(self, p):
+        v5 = self.version == MQTT_5
+        if v5 and "subscription_identifier" in p.properties:
+            return self._disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                                    "subscription identifiers are not supported yet")
+        delivery = self._delivery_of()
+        codes = tuple(delivery.subscribe(s) for s in p.subscriptions)
+        if not v5:
+            codes = tuple(c if c <= 2 else SUBACK_FAILURE_311 for c in codes)
+        ok = self.send(wire.Suback(p.packet_id, codes))
+        self.room.set()
+        return ok
+
+    def _delivery_of(self):
+        if self._delivery is None:
+            self._delivery_obj = Delivery(self, self.port)
+            self._delivery = gevent.spawn(self._delivery_obj.run)
+        return self._delivery_obj
+
+    def _unsubscribe(self, p):
+        codes = tuple(wire.SUCCESS if self.mqtt.unsubscribe(f) else wire.NO_SUBSCRIPTION_EXISTED
+                      for f in p.topic_filters)
+        return self.send(wire.Unsuback(p.packet_id, codes if self.version == MQTT_5 else ()))
+
+
+def _now():
+    return time.monotonic()

@@ -1,0 +1,218 @@
+"""What one MQTT connection's subscriptions read from the log, filtered in the broker and sent (docs/mqtt.md
+"Subscribing").
+
+A filter whose first level is literal reads that metaq topic's partitions; one that starts with a wildcard reads
+every topic its user may read (the broker's own topics never), at most ``mqtt.max_wildcard_topics``. Each
+subscription's permission is the guard's (``Guard.require(session, SUB, "topic", ...)``) for every topic it reads,
+asked again at every read (a reloaded permissions file applies at once): a client never subscribes its way around a
+topic it may not read. A new subscription starts at the end of the log (clean sessions); a topic that appears later
+under a wildcard filter is read from its start.
+
+One greenlet per connection reads each partition from its cursor (``MessageStore.read_records``, the read path a
+RocketMQ pull takes, the connection's ``ReplyBudget`` reserved first: a client that does not read stops its own
+reads), matches each record's MQTT topic name (``records.message_of``) against the session's filters
+(``MqttSession.granted_qos``) and sends what matches at min(published QoS, granted QoS). QoS 1 and 2 deliveries in
+flight are bounded by min(``mqtt.max_inflight``, the client's Receive Maximum): the delivery waits for an
+acknowledgement past it. With nothing to read it waits on the partitions (``PartitionWaiters.wait_any``), woken by an
+append.
+"""
+
+import logging
+import time
+
+from metaq import errors, limits
+from metaq.auth.acl import SUB
+from metaq.limits import validate_topic
+from metaq.mqtt import wire
+from metaq.mqtt.records import message_of
+from metaq.mqtt.session import Subscribed
+from metaq.mqtt.topics import SHARE_PREFIX
+from metaq.server.connections import share_loop
+from metaq.topics.names import is_internal
+
+log = logging.getLogger(__name__)
+
+
+class Delivery:
+    """The delivery of one connection (``conn``, an ``mqtt.connection.Connection``) through ``port`` (the store, the
+    guard, the waiters and the settings it reads)."""
+
+    def __init__(self, conn, port):
+        self.conn = conn
+        self.store = port.store
+        self.guard = port.guard
+        self.waiters = port.waiters
+        self.settings = port.settings
+        self.max_transfer = port.max_transfer
+        self.session = conn.mqtt
+        self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
+        self._rescanned = time.monotonic()
+        self._overflow_logged = False
+        self._turn = 0.0  # when this greenlet's turn on the loop began (connections.share_loop)
+
+    # -- subscribing -----------------------------------------------------------
+
+    def subscribe(self, sub):
+        """Add one filter of a SUBSCRIBE (a ``wire.Subscription``); its SUBACK code (the granted QoS, or a failure)."""
+        session, s = self.session, self.settings
+        if self.conn.version == wire.MQTT_5 and sub.topic_filter.startswith(SHARE_PREFIX):
+            return wire.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED  # shared subscriptions: the next phase (CONNACK says so)
+        if sub.topic_filter not in session.subscriptions and len(session.subscriptions) >= s.max_subscriptions:
+            log.info("mqtt %s: SUBSCRIBE %s refused: %d subscriptions is the limit (mqtt.max_subscriptions)",
+                     self.conn.peer, sub.topic_filter, s.max_subscriptions)
+            return wire.QUOTA_EXCEEDED
+        first = sub.topic_filter.split("/", 1)[0]
+        if first in ("+", "#"):
+            topics = self._readable()
+            self._seen.update(self.store.known_topics())
+            if len(topics) > s.max_wildcard_topics:
+                log.info("mqtt %s: SUBSCRIBE %s refused: it would read %d topics, past the limit of %d "
+                         "(mqtt.max_wildcard_topics)", self.conn.peer, sub.topic_filter, len(topics),
+                         s.max_wildcard_topics)
+                return wire.QUOTA_EXCEEDED
+        else:
+            try:
+                validate_topic(first)
+                self.guard.require(self.conn.session, SUB, "topic", first)
+                self.store.partitions_of(first)
+            except errors.InvalidTopic:
+                return wire.TOPIC_FILTER_INVALID
+            except (errors.Forbidden, errors.Unauthenticated) as exc:
+                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
+                return wire.NOT_AUTHORIZED
+            except errors.MetaqError as exc:
+                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
+                return wire.UNSPECIFIED_ERROR
+            topics = [first]
+        granted = min(sub.qos, 2)
+        for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics)):
+            self._start_at_end(topic)
+        return granted
+
+    def _readable(self):
+        """The topics a wildcard filter reads: every topic this user may read, the broker's own left out."""
+        security = self.conn.session
+        return [t for t in self.store.known_topics()
+                if not is_internal(t) and self.guard.allows(security, SUB, "topic", t)]
+
+    def _start_at_end(self, topic, at_start=False):
+        try:
+            partitions = self.store.partitions_of(topic)
+        except errors.MetaqError:
+            return
+        for p in range(partitions):
+            key = (topic, p)
+            if key not in self.session.cursors:
+                self.session.cursors[key] = (self.store.min_offset(topic, p) if at_start
+                                             else self.store.max_offset(topic, p))
+
+    def _rescan(self):
+        """Topics that appeared since (or became readable) join the wildcard filters, within their bound."""
+        self._rescanned = time.monotonic()
+        wild = self.session.wildcards()
+        if not wild:
+            return
+        readable = self._readable()
+        for sub in wild:
+            for topic in readable:
+                if topic in sub.topics:
+                    continue
+                if len(sub.topics) >= self.settings.max_wildcard_topics:
+                    if not self._overflow_logged:
+                        self._overflow_logged = True
+                        log.warning("mqtt %s: filter %s reads %d topics (mqtt.max_wildcard_topics): topic %s and "
+                                    "others created since are not read", self.conn.peer, sub.topic_filter,
+                                    len(sub.topics), topic)
+                    break
+                sub.topics.add(topic)
+                self._start_at_end(topic, at_start=topic not in self._seen)  # new: every message of it is new
+        self._seen.update(readable)
+
+    # -- delivering ------------------------------------------------------------
+
+    def run(self):
+        conn = self.conn
+        room = conn.room
+        self._turn = time.monotonic()
+        while not conn.closed:
+            if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
+                self._rescan()
+            if self._pass():
+                continue
+            room.clear()
+            if conn.closed or self.waiters.closed:
+                return
+            self.waiters.wait_any(list(self.session.cursors), limits.MQTT_TOPIC_RESCAN_S, room)
+            self._turn = time.monotonic()
+
+    def _pass(self):
+        """Read every partition once from its cursor and send what matches; True when something was read."""
+        read_any = False
+        conn = self.conn
+        for key in list(self.session.cursors):
+            self._turn = share_loop(self._turn)  # a backlog (of records no filter wants, too) lets the others run
+            if conn.closed:
+                return False
+            topic = key[0]
+            if not self.guard.allows(conn.session, SUB, "topic", topic):
+                continue  # a reloaded permissions file took it away: nothing more of it is read
+            if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
+                return False
+            try:
+                read_any = self._read(key) or read_any
+            finally:
+                conn.replies.release(self.max_transfer)
+        return read_any
+
+    def _read(self, key):
+        topic, partition = key
+        cursors = self.session.cursors
+        offset = cursors.get(key)
+        if offset is None:
+            return False
+        try:
+            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                     self.max_transfer)
+        except errors.Moved as moved:  # below the log's start (retention), or past a slave's cut end
+            cursors[key] = moved.offset
+            return moved.offset != offset
+        except errors.CorruptRecord as exc:
+            log.error("mqtt %s: %s; skipped", self.conn.peer, exc)
+            cursors[key] = exc.next_offset
+            return True
+        except errors.MetaqError as exc:  # the topic was deleted
+            log.info("mqtt %s: %s:%d is not read any more: %s", self.conn.peer, topic, partition, exc)
+            cursors.pop(key, None)
+            return False
+        for rec in records:
+            if not self._deliver(topic, rec):
+                return False
+            if key in cursors:
+                cursors[key] = rec.queue_offset + 1
+        return bool(records)
+
+    def _deliver(self, topic, rec):
+        """Send one record when a subscription matches it; False when the connection closed meanwhile."""
+        conn, session = self.conn, self.session
+        m = message_of(topic, rec.flag, rec.data)
+        qos = session.granted_qos(topic, m.topic, m.client_id)
+        if qos is None:
+            return True
+        qos = min(qos, m.qos)
+        packet_id = None
+        if qos:
+            most = min(self.settings.max_inflight, conn.client_receive_max)
+            while len(session.inflight) >= most:
+                conn.room.clear()
+                if conn.closed:
+                    return False
+                conn.room.wait(1.0)
+            packet_id = session.next_packet_id()
+        v5 = conn.version == wire.MQTT_5
+        data = wire.encode(wire.Publish(m.topic, m.payload, qos, False, False, packet_id,
+                                        m.properties if v5 else {}), conn.version)
+        if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
+            return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
+        if qos:
+            session.sent(packet_id)
+        return conn.send_bytes(data)

@@ -1,0 +1,163 @@
+"""An MQTT message in a metaq record, and a record as an MQTT message (sans-IO; docs/mqtt.md "Topics").
+
+**The mapping.** The first level of an MQTT topic name is the metaq topic the message is stored in (``sensors`` for
+``sensors/room1/temp``; it must be a valid metaq topic name: ``first_level``), its partition the CRC-32 of the whole
+name's UTF-8 bytes modulo the topic's partitions (``partition_for``: one MQTT topic always lands in one partition,
+so its messages keep their order), and the whole name is kept in the record. The record keeps metaq's form (flag,
+attribute block, payload) with the properties of the RocketMQ mapping (``protocol.rocketmq.mapping``: attribute
+``"\\x02" key "\\x01" value "\\x02" ...``), so ``get``, RocketMQ pulls, the Python client and Spark see them:
+
+===================== =================================================================================
+``MQTT_TOPIC``        the whole MQTT topic name
+``MQTT_QOS``          the QoS it was published with (0, 1 or 2)
+``MQTT_CLIENT``       its publisher's client identifier (an MQTT 5 No Local subscription skips its own)
+``MQTT_CONTENT_TYPE`` MQTT 5 Content Type
+``MQTT_RESPONSE_TOPIC`` MQTT 5 Response Topic
+``MQTT_CORRELATION``  MQTT 5 Correlation Data, base64
+``MQTT_PAYLOAD_FORMAT`` MQTT 5 Payload Format Indicator (``1``: UTF-8 text)
+``MQTT_USER_PROPERTIES`` MQTT 5 User Properties: a JSON list of ``[name, value]`` pairs, in their order
+===================== =================================================================================
+
+A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in user properties; a topic name, content
+type, response topic or client identifier holding one is refused (``RecordRefusal``; the front-end answers 0x90 for
+a topic, 0x83 for the others).
+
+**The other way.** A record without ``MQTT_TOPIC`` (put over text, RocketMQ or HTTP to topic ``t``) is the MQTT
+message of topic name ``t`` published at QoS 1 (it was acknowledged once stored), whose user properties are the
+record's RocketMQ properties (internal ``@`` ones left out) and whose payload is the record's body.
+"""
+
+import base64
+import json
+import zlib
+from typing import NamedTuple
+
+from metaq.errors import InvalidTopic, RemoteProtocolError
+from metaq.limits import validate_topic
+from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
+
+__all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
+           "USER_PROPERTIES", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for", "record_data",
+           "MqttMessage", "message_of"]
+
+TOPIC = "MQTT_TOPIC"
+QOS = "MQTT_QOS"
+CLIENT = "MQTT_CLIENT"
+CONTENT_TYPE = "MQTT_CONTENT_TYPE"
+RESPONSE_TOPIC = "MQTT_RESPONSE_TOPIC"
+CORRELATION = "MQTT_CORRELATION"
+PAYLOAD_FORMAT = "MQTT_PAYLOAD_FORMAT"
+USER_PROPERTIES = "MQTT_USER_PROPERTIES"
+_OURS = frozenset({TOPIC, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT, USER_PROPERTIES})
+
+#: The QoS a record put over another protocol is delivered as published with.
+PLAIN_QOS = 1
+
+_SEPARATORS = ("\x01", "\x02")
+
+
+class RecordRefusal(ValueError):
+    """A message the mapping cannot store; ``what`` names the field (``"topic"`` or another)."""
+
+    def __init__(self, reason, what):
+        super().__init__(reason)
+        self.what = what
+
+
+def first_level(name):
+    """The metaq topic of the MQTT topic name ``name``: its first level; RecordRefusal unless it is a valid metaq topic
+    name (letters, digits, ``_ . - %``) and the name holds no character a record cannot keep."""
+    if any(c in name for c in _SEPARATORS):
+        raise RecordRefusal("a topic name holding \\x01 or \\x02 cannot be stored", "topic")
+    topic = name.split("/", 1)[0]
+    try:
+        return validate_topic(topic)
+    except InvalidTopic as exc:
+        raise RecordRefusal("the first level of an MQTT topic name is the metaq topic: %s" % exc, "topic") from None
+
+
+def partition_for(name, partitions):
+    """The partition of ``partitions`` a message of MQTT topic name ``name`` is stored in: CRC-32 of its UTF-8 bytes
+    modulo the count (the same on every broker and release: one MQTT topic, one partition, its order kept)."""
+    return zlib.crc32(name.encode("utf-8", "surrogatepass")) % partitions
+
+
+def _text(value, what):
+    if any(c in value for c in _SEPARATORS):
+        raise RecordRefusal("a %s holding \\x01 or \\x02 cannot be stored" % what, what)
+    return value
+
+
+def record_data(name, payload, qos, client_id, properties):
+    """``(flag, data)`` of the record of an MQTT PUBLISH (or will) of topic ``name`` with MQTT 5 ``properties``
+    (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept)."""
+    props = {TOPIC: name, QOS: str(qos)}
+    if client_id:
+        props[CLIENT] = _text(client_id, "client identifier")
+    if "content_type" in properties and properties["content_type"]:
+        props[CONTENT_TYPE] = _text(properties["content_type"], "content type")
+    if "response_topic" in properties:
+        props[RESPONSE_TOPIC] = _text(properties["response_topic"], "response topic")
+    if "correlation_data" in properties:
+        props[CORRELATION] = base64.b64encode(properties["correlation_data"]).decode("ascii")
+    if properties.get("payload_format_indicator"):
+        props[PAYLOAD_FORMAT] = "1"
+    if properties.get("user_property"):
+        props[USER_PROPERTIES] = json.dumps([list(p) for p in properties["user_property"]], ensure_ascii=False)
+    return encode_payload(payload, encode_attribute(None, props))
+
+
+class MqttMessage(NamedTuple):
+    """A record as an MQTT message: its topic name, the QoS it was published with, its publisher's client id (None
+    when not published over MQTT), its payload and the MQTT 5 properties a PUBLISH carries it with."""
+
+    topic: str
+    qos: int
+    client_id: str
+    payload: bytes
+    properties: dict
+
+
+def _user_pairs(text):
+    try:
+        pairs = json.loads(text)
+        return tuple((str(n), str(v)) for n, v in pairs)
+    except (ValueError, TypeError):
+        return ()
+
+
+def message_of(metaq_topic, flag, data):
+    """The ``MqttMessage`` of a record of ``metaq_topic`` (a ``LogRecord``'s flag and data)."""
+    try:
+        attribute, payload = decode_payload(flag, data)
+    except RemoteProtocolError:
+        attribute, payload = None, bytes(data)
+    _tags, props, from_remoting = split_attribute(attribute)
+    if from_remoting:
+        try:
+            payload = stored_payload(props, payload)
+        except RemoteProtocolError:  # an old compressed record that does not inflate: its bytes as stored
+            pass
+    name = props.get(TOPIC)
+    if name is None or name.split("/", 1)[0] != metaq_topic:
+        user = tuple((k, v) for k, v in props.items() if not k.startswith("@") and k not in _OURS)
+        return MqttMessage(metaq_topic, PLAIN_QOS, None, payload, {"user_property": user} if user else {})
+    out = {}
+    if CONTENT_TYPE in props:
+        out["content_type"] = props[CONTENT_TYPE]
+    if RESPONSE_TOPIC in props:
+        out["response_topic"] = props[RESPONSE_TOPIC]
+    if CORRELATION in props:
+        try:
+            out["correlation_data"] = base64.b64decode(props[CORRELATION], validate=True)
+        except ValueError:
+            pass
+    if props.get(PAYLOAD_FORMAT) == "1":
+        out["payload_format_indicator"] = 1
+    if USER_PROPERTIES in props:
+        pairs = _user_pairs(props[USER_PROPERTIES])
+        if pairs:
+            out["user_property"] = pairs
+    qos = props.get(QOS)
+    return MqttMessage(name, int(qos) if qos in ("0", "1", "2") else PLAIN_QOS, props.get(CLIENT), payload, out)

@@ -1,0 +1,143 @@
+"""One MQTT session's state (MQTT 5.0 §4.1): what the broker keeps for a client identifier (pure: no socket, no
+clock; docs/mqtt.md "Sessions").
+
+``MqttSession`` holds the session's subscriptions (each filter, its granted QoS and options, the metaq topics it
+reads), the read position of every partition those topics have (``cursors``: the next offset to deliver from), the
+QoS 2 packet identifiers received and not yet released (exactly once across a client's resend), and the QoS 1 and
+2 messages sent and not yet acknowledged (``inflight``). Every part is bounded by the front-end's limits, which it
+is given.
+
+In this phase a session lasts as long as its connection (Session Present is always 0): what a persistent session
+saves and restores is exactly this object's state (subscriptions, cursors, packet ids, in-flight), so keeping it past
+a connection, a restart or a failover is a matter of storing it, not of changing it.
+"""
+
+from collections import OrderedDict
+
+from metaq.mqtt.topics import matches
+
+__all__ = ["Subscribed", "MqttSession", "PUBLISH_SENT", "PUBREL_SENT"]
+
+#: ``inflight`` states: a QoS 1 or 2 PUBLISH sent, waiting for its PUBACK or PUBREC; a PUBREL sent, waiting for PUBCOMP.
+PUBLISH_SENT = "publish"
+PUBREL_SENT = "pubrel"
+
+
+class Subscribed:
+    """One filter of a session: its granted QoS, No Local, and the metaq topics it reads (its first level when that
+    is literal; every topic its user may read when it starts with a wildcard)."""
+
+    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard")
+
+    def __init__(self, topic_filter, qos, no_local, topics):
+        self.topic_filter = topic_filter
+        self.qos = qos
+        self.no_local = no_local
+        self.topics = set(topics)
+        self.wildcard = topic_filter.split("/", 1)[0] in ("+", "#")
+
+
+class MqttSession:
+    """A client's session (see the module doc); ``max_qos2`` bounds the QoS 2 packet ids kept."""
+
+    def __init__(self, client_id, version, max_qos2):
+        self.client_id = client_id
+        self.version = version
+        self.max_qos2 = max_qos2
+        self.subscriptions = OrderedDict()  # filter -> Subscribed
+        self.cursors = {}  # (metaq topic, partition) -> next offset to deliver
+        self.qos2_received = set()  # inbound QoS 2 packet ids stored, waiting for their PUBREL
+        self.inflight = OrderedDict()  # outbound packet id -> PUBLISH_SENT or PUBREL_SENT
+        self._next_id = 0
+
+    # -- inbound QoS 2 ---------------------------------------------------------
+
+    def qos2_seen(self, packet_id):
+        """True when a QoS 2 PUBLISH with ``packet_id`` was stored and not yet released: a resend, not stored again."""
+        return packet_id in self.qos2_received
+
+    def qos2_room(self):
+        return len(self.qos2_received) < self.max_qos2
+
+    def qos2_stored(self, packet_id):
+        self.qos2_received.add(packet_id)
+
+    def qos2_released(self, packet_id):
+        """The PUBREL of ``packet_id`` came: forget it (True when it was known)."""
+        if packet_id in self.qos2_received:
+            self.qos2_received.discard(packet_id)
+            return True
+        return False
+
+    # -- subscriptions ---------------------------------------------------------
+
+    def subscribe(self, sub):
+        """Add or replace ``sub``; returns the metaq topics it reads that no other subscription read before."""
+        before = self.topics()
+        self.subscriptions[sub.topic_filter] = sub
+        return sub.topics - before
+
+    def unsubscribe(self, topic_filter):
+        """Drop the filter (True when it was there) and the cursors of the topics no subscription reads any more."""
+        if self.subscriptions.pop(topic_filter, None) is None:
+            return False
+        still = self.topics()
+        for key in [k for k in self.cursors if k[0] not in still]:
+            del self.cursors[key]
+        return True
+
+    def topics(self):
+        """Every metaq topic some subscription reads."""
+        out = set()
+        for sub in self.subscriptions.values():
+            out |= sub.topics
+        return out
+
+    def wildcards(self):
+        """The subscriptions whose filter starts with a wildcard."""
+        return [s for s in self.subscriptions.values() if s.wildcard]
+
+    def granted_qos(self, metaq_topic, name, publisher):
+        """The QoS a message of MQTT topic ``name`` (stored in ``metaq_topic``, published by client ``publisher``) is
+        delivered with: the highest QoS granted to a matching subscription that reads ``metaq_topic``; None when
+        none matches (MQTT 5.0 §3.3.4: one copy at the highest matching QoS)."""
+        best = None
+        for sub in self.subscriptions.values():
+            if metaq_topic not in sub.topics or (sub.no_local and publisher == self.client_id):
+                continue
+            if matches(sub.topic_filter, name) and (best is None or sub.qos > best):
+                best = sub.qos
+        return best
+
+    # -- outbound QoS 1 and 2 --------------------------------------------------
+
+    def next_packet_id(self):
+        """A packet id no message in flight uses (1..65535, wrapping); None when all are in use."""
+        for _ in range(65535):
+            self._next_id = self._next_id % 65535 + 1
+            if self._next_id not in self.inflight:
+                return self._next_id
+        return None
+
+    def sent(self, packet_id):
+        self.inflight[packet_id] = PUBLISH_SENT
+
+    def acknowledged(self, packet_id, state):
+        """The client's PUBACK (``state`` PUBLISH_SENT, QoS 1) or PUBCOMP (PUBREL_SENT, QoS 2) of ``packet_id``: True
+        when it ends a message in flight in that state (an unknown one is ignored)."""
+        if self.inflight.get(packet_id) == state:
+            del self.inflight[packet_id]
+            return True
+        return False
+
+    def received(self, packet_id):
+        """The client's PUBREC of ``packet_id``: True when the PUBREL is to be sent (a PUBREL once sent is sent
+        again for a repeated PUBREC)."""
+        if packet_id in self.inflight:
+            self.inflight[packet_id] = PUBREL_SENT
+            return True
+        return False
+
+    def dropped(self, packet_id):
+        """A PUBREC with a reason code of 0x80 or more ends the exchange."""
+        self.inflight.pop(packet_id, None)

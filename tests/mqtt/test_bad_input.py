@@ -1,0 +1,112 @@
+"""Bad input on the MQTT port gets the specification's answer and a close, one log line, never a traceback
+(docs/mqtt.md "Bad input")."""
+
+import pytest
+
+from metaq.mqtt import wire
+from tests.harness.mqtt import Raw, mqtt_config
+
+pytestmark = pytest.mark.integration  # one broker for the module (a module fixture)
+
+
+@pytest.fixture(scope="module")
+def mqtt_broker(tmp_path_factory):
+    from metaq.client.local import BrokerProcess
+    wd = tmp_path_factory.mktemp("mqtt-bad")
+    b = BrokerProcess(wd, mqtt_config(wd)).start()
+    yield b
+    b.kill()
+
+
+def _v5(b, client_id):
+    raw = Raw(b)
+    assert raw.connect(client_id).reason_code == 0
+    return raw
+
+
+def _publish_bytes(topic_bytes, flags=0, body=b""):
+    """A PUBLISH's bytes by hand (what a well-behaved client never sends): MQTT 5, no properties."""
+    var = len(topic_bytes).to_bytes(2, "big") + topic_bytes + (b"\x00\x01" if flags & 0x06 else b"") + b"\x00"
+    rest = var + body
+    return bytes((0x30 | flags, len(rest))) + rest
+
+
+def test_a_packet_before_connect_is_closed_without_an_answer(mqtt_broker):
+    raw = Raw(mqtt_broker)
+    raw.send_bytes(wire.encode(wire.PingReq(), wire.MQTT_5))
+    assert raw.closed()
+    assert mqtt_broker.log_text().count("the first packet must be CONNECT, not PINGREQ") == 1  # logged once
+
+
+def test_a_second_connect_is_a_protocol_error(mqtt_broker):
+    raw = _v5(mqtt_broker, "twice")
+    raw.send(wire.Connect(wire.MQTT_5, "twice"))
+    assert raw.read() == wire.Disconnect(wire.PROTOCOL_ERROR)
+    assert raw.closed()
+    old = Raw(mqtt_broker, wire.MQTT_311)
+    assert old.connect("twice-311").reason_code == 0
+    old.send(wire.Connect(wire.MQTT_311, "twice-311"))
+    assert old.closed()  # MQTT 3.1.1: no DISCONNECT from a server
+
+
+@pytest.mark.parametrize("raw_bytes, code, why", [
+    (_publish_bytes(b"a/+/b"), wire.TOPIC_NAME_INVALID, "wildcard"),
+    (_publish_bytes(b"a/#"), wire.TOPIC_NAME_INVALID, "wildcard"),
+    (_publish_bytes(b"a/b", flags=0x06), wire.MALFORMED_PACKET, "QoS 3"),
+    (_publish_bytes(b"a/\xff\xfe"), wire.MALFORMED_PACKET, "UTF-8"),
+], ids=["plus", "hash", "qos3", "utf8"])
+def test_a_bad_publish_is_answered_and_closed(mqtt_broker, raw_bytes, code, why):
+    raw = _v5(mqtt_broker, "bad-%s" % why.replace(" ", ""))
+    raw.send_bytes(raw_bytes)
+    assert raw.read() == wire.Disconnect(code)
+    assert raw.closed()
+
+
+def test_a_topic_alias_out_of_range_is_refused(mqtt_broker):
+    raw = _v5(mqtt_broker, "alias")
+    raw.send(wire.Publish("", b"x", 0, properties={"topic_alias": 17}))  # past the default maximum, 16
+    assert raw.read() == wire.Disconnect(wire.TOPIC_ALIAS_INVALID)
+    assert raw.closed()
+    raw = _v5(mqtt_broker, "alias-unknown")
+    raw.send(wire.Publish("", b"x", 0, properties={"topic_alias": 1}))
+    assert raw.read() == wire.Disconnect(wire.PROTOCOL_ERROR)  # an alias never set
+    raw = _v5(mqtt_broker, "alias-ok")
+    raw.send(wire.Publish("aliased/x", b"x", 1, packet_id=1, properties={"topic_alias": 1}))
+    assert raw.read() == wire.PubAck(1)
+    raw.send(wire.Publish("", b"y", 1, packet_id=2, properties={"topic_alias": 1}))
+    assert raw.read() == wire.PubAck(2)
+
+
+def test_a_first_level_that_is_no_metaq_topic_is_refused_with_topic_name_invalid(mqtt_broker):
+    raw = _v5(mqtt_broker, "first-level")
+    raw.send(wire.Publish("/starts/empty", b"x", 1, packet_id=1))
+    ack = raw.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (wire.PubAck, 1, wire.TOPIC_NAME_INVALID)
+    assert "the first level of an MQTT topic name is the metaq topic" in ack.properties["reason_string"]
+    raw.send(wire.Publish("caf\u00e9/x", b"x", 2, packet_id=2))
+    ack = raw.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (wire.PubRec, 2, wire.TOPIC_NAME_INVALID)
+    raw.send(wire.Subscribe(3, (wire.Subscription("b@d/#", 1),)))
+    assert raw.read() == wire.Suback(3, (wire.TOPIC_FILTER_INVALID,))
+    old = Raw(mqtt_broker, wire.MQTT_311)
+    assert old.connect("first-level-311").reason_code == 0
+    old.send(wire.Publish("/starts/empty", b"x", 1, packet_id=1))
+    assert old.closed()
+
+
+def test_what_this_phase_does_not_serve_is_refused_as_the_connack_said(mqtt_broker):
+    raw = Raw(mqtt_broker)
+    ack = raw.connect("phase")
+    assert ack.properties["retain_available"] == 0 and ack.properties["shared_subscription_available"] == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("$share/g/a/#", 1),)))
+    assert raw.read() == wire.Suback(1, (wire.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,))
+    raw.send(wire.Publish("kept/x", b"x", 1, retain=True, packet_id=2))
+    assert raw.read() == wire.Disconnect(wire.RETAIN_NOT_SUPPORTED)
+    raw = _v5(mqtt_broker, "subid")
+    raw.send(wire.Subscribe(1, (wire.Subscription("a/#", 1),), {"subscription_identifier": 5}))
+    assert raw.read() == wire.Disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
+
+
+def test_no_bad_input_left_a_traceback(mqtt_broker):
+    text = mqtt_broker.log_text()
+    assert "Traceback" not in text and "unexpected error" not in text

@@ -1,0 +1,55 @@
+"""An MQTT message in a metaq record and back (metaq/mqtt/records.py; docs/mqtt.md "Topics")."""
+
+import zlib
+
+import pytest
+
+from metaq.client.message import Message
+from metaq.mqtt.records import PLAIN_QOS, RecordRefusal, first_level, message_of, partition_for, record_data
+from metaq.protocol.message import Record, encode_payload
+from metaq.protocol.rocketmq.mapping import record_data_from_send
+
+
+def test_the_first_level_is_the_metaq_topic_and_must_be_a_valid_name():
+    assert first_level("sensors/room1/temp") == "sensors"
+    assert first_level("plain") == "plain"
+    for bad in ("/leading/slash", "caf\u00e9/x", "a b/c", "$SYS/uptime", "x\x01y"):
+        with pytest.raises(RecordRefusal) as exc:
+            first_level(bad)
+        assert exc.value.what == "topic"
+
+
+def test_the_partition_is_the_crc32_of_the_whole_name_and_stable():
+    assert partition_for("sensors/a", 1) == 0
+    assert partition_for("sensors/a", 4) == partition_for("sensors/a", 4)
+    assert partition_for("sensors/room1/temp", 7) == zlib.crc32(b"sensors/room1/temp") % 7
+
+
+def test_a_record_keeps_the_name_qos_and_mqtt5_properties_and_gives_them_back():
+    props = {"content_type": "application/json", "response_topic": "replies/x", "correlation_data": b"\x00\x01\xff",
+             "payload_format_indicator": 1, "user_property": (("k", "v"), ("k", "w\x01\x02"), ("\u00e9", ""))}
+    flag, data = record_data("sensors/room1", b"{}", 2, "dev-1", props)
+    m = message_of("sensors", flag, data)
+    assert (m.topic, m.qos, m.client_id, m.payload) == ("sensors/room1", 2, "dev-1", b"{}")
+    assert m.properties == props
+    # the Python client (and RocketMQ consumers) see them as properties
+    msg = Message.from_record("sensors", 0, 0, Record(1, flag, data, 0))
+    assert msg.body == b"{}" and msg.properties["MQTT_TOPIC"] == "sensors/room1"
+    assert msg.properties["MQTT_QOS"] == "2" and msg.properties["MQTT_CONTENT_TYPE"] == "application/json"
+
+
+def test_a_field_holding_a_record_separator_is_refused():
+    with pytest.raises(RecordRefusal) as exc:
+        record_data("sensors/a", b"", 0, "dev", {"content_type": "a\x02b"})
+    assert exc.value.what == "content type"
+
+
+def test_a_record_put_over_another_protocol_is_its_topic_at_qos_1_with_its_properties():
+    m = message_of("orders", *encode_payload(b"hello", None))
+    assert (m.topic, m.qos, m.client_id, m.payload, m.properties) == ("orders", PLAIN_QOS, None, b"hello", {})
+    flag, data = record_data_from_send(b"rmq", {"KEYS": "k1", "color": "red"}, flag=3)
+    m = message_of("orders", flag, data)
+    assert m.payload == b"rmq" and dict(m.properties["user_property"]) == {"KEYS": "k1", "color": "red"}
+    # a record whose MQTT_TOPIC names another topic (forged by a text put) is its own topic's
+    flag, data = record_data("other/x", b"p", 1, None, {})
+    assert message_of("orders", flag, data).topic == "orders"
