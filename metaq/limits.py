@@ -16,6 +16,11 @@ MAX_LINE_BYTES = 2048
 #: Largest put body (attribute block + payload). RocketMQ's maxMessageSize.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
+#: Most messages one ``putb`` frame (a batch of puts, protocol/putbatch.py) may carry: past it the batch is refused
+#: whole (400). Its bytes are a body's, bounded by ``limits.max_body_bytes``. The broker stores a batch in one step
+#: of its loop, so this also bounds how long one batch keeps the loop from other clients.
+MAX_BATCH_MESSAGES = 10_000
+
 #: Default upper bound for one ``get`` reply; a single larger message is still
 #: returned whole (no message can become unconsumable).
 MAX_TRANSFER_BYTES = 1024 * 1024

@@ -18,12 +18,14 @@ from metaq.admin.text import TextAdmin
 from metaq.filters.text import TagScan
 from metaq.protocol import commands, events as ev
 from metaq.priorities.wire import PriorityGet, PriorityPut
+from metaq.protocol.putbatch import PutBatch
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.transactions.wire import xa_error_body
 from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
+from metaq.server.text.batchput import BatchPuts
 from metaq.server.text.expect import check_expected
 from metaq.priorities.text import TextPriorities
 from metaq.reqreply.text import TextRequests
@@ -141,6 +143,7 @@ class TextDispatcher:
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (docs/messaging.md "Any delivery time")
         self._handlers.update({TimerPut: timers.put_at, TimerCancelCommand: timers.cancel, TimerList: timers.list})
+        self._handlers[PutBatch] = BatchPuts(put_path, config.limits, error_reply).putb  # putb (batchput.py)
         self._handlers[IdempotentPut] = TextIdempotentPuts(put_path, self.max_body, ack_put=self.ack_put,
                                                            error_reply=error_reply).put_idem  # put_idem
         self.admin = TextAdmin(admin, error_reply) if admin is not None else None
