@@ -753,5 +753,5 @@ POP_MAX_ATTEMPTS = 16
 #: Bytes of POP journal records written since the last snapshot after which the next call writes a snapshot (the
 #: journal's retention floor moves up to it).
 POP_SNAPSHOT_BYTES = 8 << 20
-#: Receipt handles one ack takes at most.
-POP_MAX_ACK_HANDLES = 64
+#: Receipt handles one ack takes at most (a text ack line holds them, comma-separated, within MAX_LINE_BYTES).
+POP_MAX_ACK_HANDLES = 32

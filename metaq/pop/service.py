@@ -172,11 +172,6 @@ class PopService:
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair (``stats pop``)."""
         return self.state.rows()
 
-    def summary_values(self):
-        rows = self.rows()
-        return [("pop_groups", len(rows)), ("pop_in_flight", sum(r[2] for r in rows)),
-                ("pop_redelivered", sum(r[3] for r in rows)), ("pop_dead_lettered", sum(r[4] for r in rows))]
-
     # -- the role ----------------------------------------------------------------
 
     def role_changed(self, slave_id):

@@ -292,9 +292,10 @@ class RemotingSection(_Section):
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics, and of the dead letters' resent journals
-        (``admin/service.py``): first, so they win over user patterns."""
-        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues),
-                TopicSpec("%RESENT%*", 1)] if self.port else []
+        (``admin/service.py``): first, so they win over user patterns. The dead letters and their journals are
+        declared without the remoting port too: per-message acknowledgement (``pop/service.py``) writes them."""
+        dead = [TopicSpec("%DLQ%*", self.retry_queues), TopicSpec("%RESENT%*", 1)]
+        return [TopicSpec("%RETRY%*", self.retry_queues)] + dead if self.port else dead
 
 
 class DelaySection(_Section):
