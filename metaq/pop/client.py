@@ -35,16 +35,16 @@ class Received:
 
 
 class SimpleConsumer:
-    """``SimpleConsumer(broker, group, topic, invisible_ms=30000, fifo=False, security=None)``: ``broker`` a
+    """``SimpleConsumer(url, group, topic, invisible_ms=30000, fifo=False, security=None)``: ``url`` a
     ``meta://host:port`` URL (its connection is the consumer's to close) or a ``BrokerConnection``. ``fifo``: the
     messages of one message group (the ``__SHARDINGKEY`` property, ``Message(properties=...)``) come one at a time,
     in order."""
 
-    def __init__(self, broker, group, topic, invisible_ms=30_000, fifo=False, security=None, timeout=10.0):
+    def __init__(self, url, group, topic, invisible_ms=30_000, fifo=False, security=None, timeout=10.0):
         limits.validate_group(group)
         limits.validate_topic(topic)
-        self._own = isinstance(broker, str)
-        self.conn = BrokerConnection(broker, security=security) if self._own else broker
+        self._own = isinstance(url, str)
+        self.conn = BrokerConnection(url, security=security) if self._own else url
         self.group, self.topic, self.invisible_ms, self.fifo, self.timeout = group, topic, invisible_ms, fifo, timeout
 
     def receive(self, max_messages=limits.POP_MAX_BATCH, invisible_ms=None, wait_s=0.0, poll_s=0.1):
