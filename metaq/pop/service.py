@@ -19,13 +19,18 @@ ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQ
   (ForwardMessageToDeadLetterQueue).
 
 Every change is one journal record written before the call returns (``pop/follow.py``), applied to the state
-(``pop/state.py``) as a replay would. Only the master answers (``PutPath.check_writable``: a slave raises
-NotMaster naming it); a slave follows the journal and, promoted, has the state the master had.
+(``pop/state.py``) as a replay would; the acknowledgements of one loop turn, from every connection, share one record
+per group and topic (``AckBatch``), the callers waiting for the turn's end. Only the master answers
+(``PutPath.check_writable``: a slave raises NotMaster naming it); a slave follows the journal and, promoted, has the
+state the master had.
 """
 
 import logging
 import random
 from typing import NamedTuple
+
+import gevent
+from gevent.event import AsyncResult
 
 from metaq import errors, limits
 from metaq.pop.follow import PopFollow, PopLog, replay
@@ -76,6 +81,7 @@ class PopService:
         self.follow = PopFollow(store, self._learn, self._relearn, self._floor)
         self.follow.replicating = not is_master
         store.follower.add(self.follow, store.written_position)
+        self._acks = AckBatch(self._write_acks)
 
     @property
     def state(self):
@@ -142,8 +148,7 @@ class PopService:
                 done.append([p, o])
             results.append(None)
         if done:
-            self._write([{"k": "a", "g": group, "t": topic, "e": done}], now)
-            self._maybe_snapshot(now)
+            self._acks.add(group, topic, done, self.state).wait()
         return results
 
     def change_invisible(self, group, topic, handle_text, invisible_ms):
@@ -218,6 +223,15 @@ class PopService:
                  rec.partition, topic, self.max_attempts)
         return r
 
+    def _write_acks(self, batch):
+        now = now_ms()
+        self._write_journal([{"k": "a", "g": g, "t": t, "e": e} for (g, t), e in batch.items()], now)
+        self._maybe_snapshot(now)
+
+    def _write_journal(self, recs, now):
+        for rec in recs:
+            self.journal.append(rec, now)
+
     def _write(self, recs, now):
         for rec in recs:
             self.journal.append(rec, now)
@@ -239,6 +253,41 @@ class PopService:
         if self.journal.snapshot_at is not None:
             return self.journal.snapshot_at
         return 0 if self.state.groups else None
+
+
+class AckBatch:
+    """The acknowledgements of one loop turn, from every connection, written as one record per (group, topic) at the
+    end of the turn (``POP_MAX_ACK_HANDLES`` a call, any number of calls a turn). ``add`` applies them to the state at
+    once (a receive in the same turn sees them done) and returns what the caller waits on: the turn's write, so
+    that an ack is answered once its record is in the log (a kill -9 keeps it). A failed write (a full disk) fails
+    every ack of the turn: their state stays acknowledged until a restart, which hands them out again (at least
+    once)."""
+
+    def __init__(self, write):
+        self._write = write
+        self._entries = {}
+        self._done = None
+
+    def add(self, group, topic, entries, state):
+        state.apply({"k": "a", "g": group, "t": topic, "e": entries})
+        self._entries.setdefault((group, topic), []).extend(entries)
+        if self._done is None:
+            self._done = AsyncResult()
+            gevent.get_hub().loop.run_callback(self._flush)
+        return self._done
+
+    def _flush(self):
+        batch, done = self._entries, self._done
+        self._entries, self._done = {}, None
+        try:
+            self._write(batch)
+        except errors.MetaqError as exc:
+            done.set_exception(exc)
+        except Exception as exc:  # noqa: BLE001 - every waiter is told, the loop goes on
+            log.exception("pop: writing a turn's acknowledgements")
+            done.set_exception(errors.BrokerError("the acknowledgements were not journaled: %s" % exc))
+        else:
+            done.set(None)
 
 
 def _message_group(rec):
