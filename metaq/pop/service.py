@@ -49,6 +49,8 @@ __all__ = ["PopService", "Received", "MESSAGE_GROUP"]
 #: The property naming a message's FIFO group (RocketMQ 5's message group: ``__SHARDINGKEY``).
 MESSAGE_GROUP = "__SHARDINGKEY"
 _HOST = ("127.0.0.1", 0)
+#: Seconds between two checks whether the journal needs a snapshot for retention's sake (``maintain``).
+MAINTAIN_INTERVAL_S = 5.0
 
 
 class Received(NamedTuple):
@@ -82,6 +84,13 @@ class PopService:
         self.follow.replicating = not is_master
         store.follower.add(self.follow, store.written_position)
         self._acks = AckBatch(self._write_acks)
+        self._tasks = []
+
+    def start(self):
+        self._tasks = [gevent.spawn(self._maintain_loop)]
+
+    def stop(self):
+        gevent.killall(self._tasks, block=True, timeout=2.0)
 
     @property
     def state(self):
@@ -89,7 +98,10 @@ class PopService:
 
     # -- what a front-end asks ---------------------------------------------------
 
-    def receive(self, group, topic, max_messages, invisible_ms, fifo=False):
+    def receive(self, group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None):
+        """``max_attempts``: the group's deliveries before a dead letter (a gRPC client's Settings), at least 1;
+        None: the broker's (``POP_MAX_ATTEMPTS``)."""
+        attempts = self.max_attempts if max_attempts is None else max(1, max_attempts)
         limits.validate_group(group)
         limits.validate_topic(topic)
         _check_range("max_messages", max_messages, 1, limits.POP_MAX_BATCH)
@@ -112,12 +124,12 @@ class PopService:
                 items.append((r.queue_offset, _message_group(r) if fifo else None))
             return items, None
 
-        plan = self.state.plan(group, topic, partitions, max_messages, invisible_ms, now, self.max_attempts, read,
+        plan = self.state.plan(group, topic, partitions, max_messages, invisible_ms, now, attempts, read,
                                lambda p: self._start(group, topic, p), fifo)
         for p, o in plan.dead:
             rec = self._record(topic, p, o)
             if rec is not None:
-                self._copy_dead(group, rec, now)
+                self._copy_dead(group, rec, now, attempts)
         self._write(plan.records(group, topic), now)
         out, gone = [], []
         for p, o, attempt, deadline, _g in plan.deliver:
@@ -207,7 +219,7 @@ class PopService:
             return None
         return recs[0] if recs and recs[0].queue_offset == o else None
 
-    def _copy_dead(self, group, rec, now):
+    def _copy_dead(self, group, rec, now, attempts=None):
         """A copy of ``rec`` in ``%DLQ%<group>`` as a RocketMQ send-back writes one (``RETRY_TOPIC`` the original
         topic, ``ORIGIN_MESSAGE_ID``, the deliveries), so ``metaq-admin dlq list|resend`` sees it."""
         msg = message_of_record(rec, _HOST)
@@ -215,12 +227,12 @@ class PopService:
         body = inflate_body(msg.sys_flag, msg.body, self.store.config.max_transfer_size)
         born = "%s:%d" % msg.born_host if msg.born_host != _HOST else None
         flag, data = record_data_from_send(body, props, msg.flag, msg.sys_flag & ~COMPRESSION_BITS,
-                                           max(times, self.max_attempts), born)
+                                           max(times, attempts or self.max_attempts), born)
         topic = DLQ_PREFIX + group
         r = self.path.append(topic, random.randrange(max(1, self.store.partitions_of(topic))), flag, data, now,
                              born_ms=msg.born_timestamp, internal=True)
         log.info("pop: message %d of %s/%d goes to %s after %d deliveries", rec.queue_offset, rec.topic,
-                 rec.partition, topic, self.max_attempts)
+                 rec.partition, topic, attempts or self.max_attempts)
         return r
 
     def _write_acks(self, batch):
@@ -240,6 +252,23 @@ class PopService:
     def _maybe_snapshot(self, now):
         if self.journal.written >= self.snapshot_bytes:
             self.journal.write_snapshot(self.state, now)
+
+    def maintain(self):
+        """A snapshot when the log grew a segment past the last one while the state holds something (so retention's
+        floor follows the log even when few records come), on the master."""
+        if self.follow.replicating or not self.state.groups or self.path.writable_refusal() is not None:
+            return
+        at = self.journal.snapshot_at
+        if at is None or self.store.written_position - at >= self.store.config.segment_size:
+            self.journal.write_snapshot(self.state, now_ms())
+
+    def _maintain_loop(self):
+        while True:
+            gevent.sleep(MAINTAIN_INTERVAL_S)
+            try:
+                self.maintain()
+            except errors.MetaqError as exc:  # a full disk: the next round tries again
+                log.warning("pop: snapshot not written: %s", exc)
 
     def _learn(self, position, rec):
         self._replay.apply(position, rec)

@@ -286,6 +286,7 @@ class Broker:
         self.gate.refresh(disk_state=self.store.check_disk())
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
+        self.pop.start()
         self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
         self.timers.start()
         if self.remoting is not None:
@@ -435,6 +436,7 @@ class Broker:
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush
         self.timers.stop()
         self.roles.stop()
+        self.pop.stop()
         self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()
