@@ -8,6 +8,7 @@ import time
 import pytest
 
 from metaq import limits
+from metaq.admin import cli as admin
 from metaq.admin.wire import DlqList
 from metaq.client.local import small_config
 from metaq.client.message import Message
@@ -32,7 +33,7 @@ def bodies(got):
     return sorted(r.message.body for r in got)
 
 
-def test_two_consumers_of_one_partition_get_different_messages_and_acks_end_them(broker_factory, tmp_path):
+def test_two_consumers_of_one_partition_get_different_messages_and_acks_end_them(broker_factory, tmp_path, capsys):
     b = broker_factory(small_config(tmp_path / "data", topics=[{"name": "one", "partitions": 1}]))
     put(b, "one", 6)
     with SimpleConsumer(url(b), GROUP, "one", invisible_ms=60_000) as a, \
@@ -52,6 +53,9 @@ def test_two_consumers_of_one_partition_get_different_messages_and_acks_end_them
         assert (GROUP, "one", 0) in [(r.group, r.topic, r.in_flight) for r in rows]
         assert ("other", "one", 6) in [(r.group, r.topic, r.in_flight) for r in rows]
         assert int(cl.stats_dict()["pop_in_flight"]) == 6
+    assert admin.main(["--brokers", url(b), "--json", "pop", "other"]) == admin.EXIT_OK
+    shown = json.loads(capsys.readouterr().out)
+    assert [(r["group"], r["topic"], r["in_flight"]) for r in shown] == [("other", "one", 6)]
 
 
 def test_an_unacked_message_comes_back_with_attempt_2_and_change_invisible_holds_it(broker_factory, tmp_path):
