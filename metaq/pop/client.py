@@ -47,13 +47,15 @@ class SimpleConsumer:
         self.conn = BrokerConnection(url, security=security) if self._own else url
         self.group, self.topic, self.invisible_ms, self.fifo, self.timeout = group, topic, invisible_ms, fifo, timeout
 
-    def receive(self, max_messages=limits.POP_MAX_BATCH, invisible_ms=None, wait_s=0.0, poll_s=0.1):
-        """Up to ``max_messages`` ``Received``; with ``wait_s``, asks again every ``poll_s`` until some come or the wait
-        ends (then ``[]``)."""
+    def receive(self, max_messages=limits.POP_MAX_BATCH, invisible_ms=None, wait_s=0.0):
+        """Up to ``max_messages`` ``Received``; with ``wait_s``, the broker holds the request until some come (a new
+        message, or one whose invisible time ended) or the wait ends (then ``[]``; the broker's ``max_wait_ms``
+        bounds one request, so a longer wait asks again)."""
         deadline = time.monotonic() + wait_s
         while True:
-            reply = self.conn.call(Receive(self.topic, self.group, max_messages,
-                                           invisible_ms or self.invisible_ms, self.fifo, 0), timeout=self.timeout)
+            wait_ms = max(0, min(limits.MAX_WAIT_MS, int((deadline - time.monotonic()) * 1000)))
+            reply = self.conn.call(Receive(self.topic, self.group, max_messages, invisible_ms or self.invisible_ms,
+                                           self.fifo, 0, wait_ms), timeout=self.timeout + wait_ms / 1000.0)
             if not isinstance(reply, ev.Result) or reply.code != 200:
                 raise reply_error(reply, "receive %s %s" % (self.topic, self.group))
             got = [Received(Message.from_record(self.topic, it.partition, it.offset,
@@ -61,7 +63,6 @@ class SimpleConsumer:
                             it.attempt, it.handle, it.deadline_ms) for it in decode_received(reply.body)]
             if got or time.monotonic() >= deadline:
                 return got
-            time.sleep(poll_s)
 
     def ack(self, *received):
         """Acknowledge ``Received`` (or handles); returns per one None or the reason the broker refused it (an

@@ -5,11 +5,12 @@ What a front-end calls (the text ``receive``/``ack``/``change_invisible``: ``pop
 ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue), after its permission check
 (consume as the group, subscribe to the topic):
 
-* ``receive(group, topic, max_messages, invisible_ms, fifo=False)`` -> ``[Received]``: up to ``max_messages``
-  messages of any partition of ``topic``, each with a receipt handle and its delivery attempt (1 the first time),
-  invisible to the group's other receives for ``invisible_ms``. Expired ones come first, with attempt + 1; one
-  delivered ``max_attempts`` times is copied to ``%DLQ%<group>`` instead (``dead_letter``) and counted. Empty when
-  nothing is there (no long poll here: the caller waits and asks again, or parks on the partitions' waiters).
+* ``receive(group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None, wait_ms=0)`` ->
+  ``[Received]``: up to ``max_messages`` messages of any partition of ``topic``, each with a receipt handle and its
+  delivery attempt (1 the first time), invisible to the group's other receives for ``invisible_ms``. Expired ones
+  come first, with attempt + 1; one delivered ``max_attempts`` times is copied to ``%DLQ%<group>`` instead
+  (``dead_letter``) and counted. Empty when nothing is there; with ``wait_ms``, a long poll first (until a message
+  arrives or one in flight expires).
 * ``ack(group, topic, handles)`` -> ``[None | InvalidHandle]`` per handle: a handle in flight is acknowledged (the
   message never comes back); a repeated ack is fine; an expired handle, or one of an older delivery, is refused.
 * ``change_invisible(group, topic, handle, invisible_ms)`` -> the new handle (the old one no longer acks): the
@@ -27,10 +28,11 @@ state the master had.
 
 import logging
 import random
+import time
 from typing import NamedTuple
 
 import gevent
-from gevent.event import AsyncResult
+from gevent.event import AsyncResult, Event
 
 from metaq import errors, limits
 from metaq.pop.follow import PopFollow, PopLog, replay
@@ -69,11 +71,12 @@ class Received(NamedTuple):
 class PopService:
     """See the module doc. ``put_path``: the dead letters' appends and the master check; ``is_master``: whether this
     broker starts as the master (a slave's service follows the journal); ``max_attempts``: deliveries before a
-    message is dead-lettered (``pop.max_attempts``)."""
+    message is dead-lettered; ``waiters``: the partitions' long-poll waiters (``server/longpoll.py``) a receive with a
+    wait parks on."""
 
     def __init__(self, store, put_path, is_master=True, max_attempts=limits.POP_MAX_ATTEMPTS, make_state=PopState,
-                 snapshot_bytes=limits.POP_SNAPSHOT_BYTES):
-        self.store, self.path = store, put_path
+                 snapshot_bytes=limits.POP_SNAPSHOT_BYTES, waiters=None):
+        self.store, self.path, self.waiters = store, put_path, waiters
         self.max_attempts = max(1, max_attempts)
         self.snapshot_bytes = snapshot_bytes
         self._make = make_state
@@ -98,14 +101,41 @@ class PopService:
 
     # -- what a front-end asks ---------------------------------------------------
 
-    def receive(self, group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None):
+    def receive(self, group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None, wait_ms=0):
         """``max_attempts``: the group's deliveries before a dead letter (a gRPC client's Settings), at least 1;
-        None: the broker's (``POP_MAX_ATTEMPTS``)."""
+        None: the broker's (``POP_MAX_ATTEMPTS``). ``wait_ms`` (at most ``limits.MAX_WAIT_MS``): with nothing to
+        hand out, BLOCKS this greenlet until a message arrives on a partition of the topic or one in flight expires
+        (a long poll, counted among the broker's parked gets: 503 past ``max_parked_gets``), then ``[]``."""
         attempts = self.max_attempts if max_attempts is None else max(1, max_attempts)
         limits.validate_group(group)
         limits.validate_topic(topic)
         _check_range("max_messages", max_messages, 1, limits.POP_MAX_BATCH)
         _check_range("invisible_ms", invisible_ms, limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS)
+        _check_range("wait_ms", wait_ms, 0, limits.MAX_WAIT_MS)
+        got = self._receive_now(group, topic, max_messages, invisible_ms, fifo, attempts)
+        if got or not wait_ms or self.waiters is None:
+            return got
+        if not self.waiters.admit():
+            raise errors.Unavailable("too many parked gets on the broker: the limit is %d" % self.waiters.max_parked)
+        try:
+            end = time.monotonic() + wait_ms / 1000.0
+            while not self.waiters.closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return []
+                due = self.state.next_deadline(group, topic)
+                if due is not None:
+                    left = min(left, max(0.005, (due - now_ms()) / 1000.0))
+                keys = [(topic, p) for p in range(self.store.partitions_of(topic))]
+                self.waiters.wait_any(keys, left, Event())
+                got = self._receive_now(group, topic, max_messages, invisible_ms, fifo, attempts)
+                if got:
+                    return got
+            return []
+        finally:
+            self.waiters.leave()
+
+    def _receive_now(self, group, topic, max_messages, invisible_ms, fifo, attempts):
         self.path.check_writable()
         partitions = self.store.partitions_of(topic)
         if not partitions:

@@ -124,6 +124,13 @@ class PopState:
             raise InvalidHandle("receipt handle %s is expired" % handle_text)
         return p, o, f
 
+    def next_deadline(self, group, topic):
+        """The earliest invisible deadline of the pair's flights (when a receive may hand one out again), or None."""
+        g = self.groups.get((group, topic))
+        if g is None:
+            return None
+        return min((f.deadline for c in g.cursors.values() for f in c.flights.values()), default=None)
+
     def rows(self):
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair, sorted."""
         return [(g, t, gp.in_flight(), gp.redelivered, gp.dead) for (g, t), gp in sorted(self.groups.items())]

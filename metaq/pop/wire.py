@@ -4,7 +4,7 @@ so the registry is complete), and the receive reply's body, sans-IO.
 
 ::
 
-    receive <topic> <group> <max> <invisibleMs> normal|fifo <opaque>
+    receive <topic> <group> <max> <invisibleMs> normal|fifo [<maxWaitMs>] <opaque>
         -> result 200 <len> <opaque>, body = item*
     ack <topic> <group> <handle>[,<handle>...] <opaque>
         -> result 200 <len> <opaque>, body = one line per handle: "ok" or "error <reason>"
@@ -38,6 +38,7 @@ class Receive(NamedTuple):
     invisible_ms: int
     fifo: bool
     opaque: int
+    max_wait_ms: int = 0
 
 
 class Ack(NamedTuple):
@@ -124,9 +125,10 @@ def _opaque(text):
 def _parse_receive(t):
     if t[5] not in MODES:
         raise TokenError("receive: the mode is normal or fifo, not %r" % t[5][:20])
+    wait = parse_int(t[6], "maxWaitMs", 0, INT32_MAX) if len(t) == 8 else 0
     return Receive(t[1], t[2], parse_int(t[3], "max", 1, limits.POP_MAX_BATCH),
                    parse_int(t[4], "invisibleMs", limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS),
-                   t[5] == "fifo", _opaque(t[6]))
+                   t[5] == "fifo", _opaque(t[-1]), wait)
 
 
 def _parse_ack(t):
@@ -144,8 +146,9 @@ def _parse_change(t):
 
 
 def _serialize_receive(e):
-    return ("receive %s %s %d %d %s %d\r\n" % (token(e.topic), token(e.group), e.max_messages, e.invisible_ms,
-                                               "fifo" if e.fifo else "normal", e.opaque)).encode("utf-8")
+    wait = " %d" % e.max_wait_ms if e.max_wait_ms else ""
+    return ("receive %s %s %d %d %s%s %d\r\n" % (token(e.topic), token(e.group), e.max_messages, e.invisible_ms,
+                                                 "fifo" if e.fifo else "normal", wait, e.opaque)).encode("utf-8")
 
 
 def _serialize_ack(e):
@@ -159,9 +162,10 @@ def _serialize_change(e):
 
 
 register(TextCommand(
-    "receive", Receive, (7,), "7 tokens (receive <topic> <group> <max> <invisibleMs> normal|fifo <opaque>)",
-    _parse_receive, _serialize_receive, NEEDS_GROUP_MEMBER,
-    examples=(b"receive t g 16 30000 normal 1\r\n", b"receive t g 1 100 fifo 2\r\n")))
+    "receive", Receive, (7, 8), "7 or 8 tokens (receive <topic> <group> <max> <invisibleMs> normal|fifo "
+    "[<maxWaitMs>] <opaque>)", _parse_receive, _serialize_receive, NEEDS_GROUP_MEMBER,
+    examples=(b"receive t g 16 30000 normal 1\r\n", b"receive t g 1 100 fifo 2\r\n",
+              b"receive t g 4 30000 normal 5000 3\r\n")))
 register(TextCommand(
     "ack", Ack, (5,), "5 tokens (ack <topic> <group> <handle>[,<handle>...] <opaque>)",
     _parse_ack, _serialize_ack, NEEDS_GROUP_MEMBER,

@@ -125,7 +125,8 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
-        self.pop = PopService(self.store, self.put_path, self.roles.is_master)  # per-message acknowledgement
+        self.pop = PopService(self.store, self.put_path, self.roles.is_master,
+                              waiters=self.waiters)  # per-message acknowledgement (pop/service.py)
         self.roles.on_change(self.pop.role_changed)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,

@@ -3,6 +3,7 @@ consumers of one partition get different messages, an unacknowledged message com
 maximum attempts it is in %DLQ%<group>, the state survives kill -9, and `stats pop` shows it."""
 
 import json
+import threading
 import time
 
 import pytest
@@ -84,7 +85,7 @@ def test_past_the_maximum_attempts_the_message_is_in_the_dead_letter_topic(broke
         attempts = []
         deadline = time.monotonic() + 30
         while len(attempts) < limits.POP_MAX_ATTEMPTS and time.monotonic() < deadline:
-            attempts += [r.attempt for r in a.receive(1, wait_s=1, poll_s=0.02)]
+            attempts += [r.attempt for r in a.receive(1, wait_s=1)]
         assert attempts == list(range(1, limits.POP_MAX_ATTEMPTS + 1))
         time.sleep(inv / 1000 + 0.05)
         assert a.receive(1) == []  # the 17th receive moved it to the dead letters
@@ -133,3 +134,22 @@ def test_fifo_message_groups_come_one_at_a_time_in_order(broker_factory, tmp_pat
         assert [r.message.body for r in second] == [b"A1", b"B2"]
         a.ack(*second)
         assert [r.message.body for r in a.receive(10)] == [b"A3", b"B4"]
+
+
+def test_a_receive_with_a_wait_answers_when_a_message_arrives_or_one_expires(broker_factory, tmp_path):
+    b = broker_factory(small_config(tmp_path / "data", topics=[{"name": "two", "partitions": 2}]))
+    with SimpleConsumer(url(b), GROUP, "two", invisible_ms=400) as a:
+        timer = threading.Timer(0.3, lambda: put(b, "two", 1, partition=1))
+        timer.start()
+        t0 = time.monotonic()
+        got = a.receive(4, wait_s=10)
+        waited = time.monotonic() - t0
+        timer.join()
+        assert [(r.message.partition, r.attempt) for r in got] == [(1, 1)] and 0.2 < waited < 5
+        t0 = time.monotonic()
+        again = a.receive(4, wait_s=10)  # nothing new: the wait ends when the one in flight expires
+        waited = time.monotonic() - t0
+        assert [(r.message.partition, r.attempt) for r in again] == [(1, 2)] and 0.2 < waited < 5
+        t0 = time.monotonic()
+        a.ack(*again)
+        assert a.receive(4, wait_s=0.3) == [] and time.monotonic() - t0 >= 0.25

@@ -12,7 +12,7 @@ import time
 import gevent
 
 import metaq
-from metaq import errors
+from metaq import errors, limits
 from metaq.admin import wire as adminwire
 from metaq.admin.text import TextAdmin
 from metaq.filters.text import TagScan
@@ -149,7 +149,7 @@ class TextDispatcher:
                                                            error_reply=error_reply).put_idem  # put_idem
         self.admin = TextAdmin(admin, error_reply) if admin is not None else None
         if pop is not None:  # receive, ack, change_invisible (docs/messaging.md "Per-message acknowledgement (POP)")
-            pop_text = TextPop(pop)
+            pop_text = TextPop(pop, min(self.max_wait_ms, limits.MAX_WAIT_MS))
             self._handlers.update({popwire.Receive: pop_text.receive, popwire.Ack: pop_text.ack,
                                    popwire.ChangeInvisible: pop_text.change_invisible})
         else:
