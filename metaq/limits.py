@@ -753,5 +753,7 @@ POP_MAX_ATTEMPTS = 16
 #: Bytes of POP journal records written since the last snapshot after which the next call writes a snapshot (the
 #: journal's retention floor moves up to it).
 POP_SNAPSHOT_BYTES = 8 << 20
+#: Characters of a message group (FIFO) the POP state keeps; a longer name is kept as its start and a checksum.
+POP_MAX_MESSAGE_GROUP_CHARS = 128
 #: Receipt handles one ack takes at most (a text ack line holds them, comma-separated, within MAX_LINE_BYTES).
 POP_MAX_ACK_HANDLES = 32

@@ -153,3 +153,17 @@ def test_a_receive_with_a_wait_answers_when_a_message_arrives_or_one_expires(bro
         t0 = time.monotonic()
         a.ack(*again)
         assert a.receive(4, wait_s=0.3) == [] and time.monotonic() - t0 >= 0.25
+
+
+def test_long_message_groups_stay_apart_at_the_limit_and_one_past(broker_factory, tmp_path):
+    b = broker_factory(small_config(tmp_path / "data", topics=[{"name": "one", "partitions": 1}]))
+    at = "g" * limits.POP_MAX_MESSAGE_GROUP_CHARS
+    past = ["h" * limits.POP_MAX_MESSAGE_GROUP_CHARS + tail for tail in ("1", "2")]  # one past, same start
+    with Producer(brokers=[url(b)]) as p:
+        for i, g in enumerate([at, past[0], past[1], at, past[0]]):
+            assert p.send(Message("one", b"%d" % i, properties={"__SHARDINGKEY": g})).success
+    with SimpleConsumer(url(b), GROUP, "one", fifo=True, invisible_ms=60_000) as a:
+        first = a.receive(10)
+        assert [r.message.body for r in first] == [b"0", b"1", b"2"]  # three groups: the long ones apart
+        a.ack(*first)
+        assert [r.message.body for r in a.receive(10)] == [b"3", b"4"]
