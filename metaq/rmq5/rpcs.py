@@ -93,6 +93,14 @@ def code_of(exc):
     return "INTERNAL_SERVER_ERROR"
 
 
+def _endpoints_of(address):
+    """``host:port`` (``[v6]:port``) as an ``apache.rocketmq.v2.Endpoints``."""
+    host, _sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    scheme = pb.IPv4 if _is_ipv4(host) else pb.IPv6 if ":" in host else pb.DOMAIN_NAME
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
+
+
 def _ms(ts):
     return ts.seconds * 1000 + ts.nanos // 1_000_000
 
@@ -100,8 +108,14 @@ def _ms(ts):
 class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
-    def __init__(self, store, put_path, guard, broker_name, max_body, endpoint):
+    def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None):
+        """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
+        rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
+        cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
+        from the store."""
         self.store = store
+        self.broker_id = broker_id
+        self.cluster = cluster
         self.path = put_path
         self.guard = guard
         self.broker_name = broker_name
@@ -188,18 +202,38 @@ class MessagingService:
     # -- the RPCs ------------------------------------------------------------------------------------------------
 
     def query_route(self, request, call):
+        """The topic's queues on this broker (from the store, with the topic table's permission) and, with
+        ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
+        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0."""
         topic = request.topic.name
+        rows = self.cluster(topic) if self.cluster is not None else None
+        route, why = [], None
         try:
             queues = self.store.partitions_of(topic)
         except (errors.UnknownTopic, errors.InvalidTopic) as exc:
-            raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], exc)) from None
-        s = self.store.topics.settings_of(topic)
-        readable, writable = (True, True) if s is None else (s.readable, s.writable)
-        permission = pb.READ_WRITE if readable and writable else pb.READ if readable else \
-            pb.WRITE if writable else pb.NONE
-        broker = pb.Broker(name=self.broker_name, id=0, endpoints=self._endpoints(request.endpoints))
-        route = [pb.MessageQueue(topic=request.topic, id=q, permission=permission, broker=broker,
-                                 accept_message_types=ACCEPTED) for q in range(queues)]
+            queues, why = None, exc
+        if queues is not None:
+            s = self.store.topics.settings_of(topic)
+            readable, writable = (True, True) if s is None else (s.readable, s.writable)
+            permission = pb.READ_WRITE if readable and writable else pb.READ if readable else \
+                pb.WRITE if writable else pb.NONE
+            own = next((r for r in rows or () if r.broker_id == self.broker_id), None)
+            mine = self._endpoints(request.endpoints)
+            master = _endpoints_of(own.grpc) if own is not None and own.grpc else mine
+            if master.addresses[0].port == mine.addresses[0].port and master.addresses[0].host in (
+                    mine.addresses[0].host, self.endpoint()[0]):
+                master = mine  # ourselves, as the client reached us
+            broker = pb.Broker(name=self.broker_name, id=0, endpoints=master)
+            route += [pb.MessageQueue(topic=request.topic, id=q, permission=permission, broker=broker,
+                                      accept_message_types=ACCEPTED) for q in range(queues)]
+        for r in rows or ():
+            if r.broker_id == self.broker_id or not r.grpc or r.queues <= 0:
+                continue
+            broker = pb.Broker(name=r.name, id=0, endpoints=_endpoints_of(r.grpc))
+            route += [pb.MessageQueue(topic=request.topic, id=q, permission=pb.READ_WRITE, broker=broker,
+                                      accept_message_types=ACCEPTED) for q in range(r.queues)]
+        if not route:
+            raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], why or "no broker holds it"))
         return pb.QueryRouteResponse(status=status("OK"), message_queues=route)
 
     def _endpoints(self, access_point):
