@@ -97,9 +97,9 @@ def check_message(topic, tag, keys, message_id, group, deliver_ms, user_properti
     if size > MAX_PROPERTY_BYTES:
         raise Refusal("MESSAGE_PROPERTIES_TOO_LARGE", "the properties, tag and keys take %d bytes: at most %d"
                       % (size, MAX_PROPERTY_BYTES))
-    if message_type == TRANSACTION:
-        raise Refusal("NOT_IMPLEMENTED", "transactional messages over gRPC are not served yet (the remoting port "
-                      "serves them; docs/rocketmq5.md)")
+    if message_type == TRANSACTION and (deliver_ms is not None or group is not None):
+        raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a transactional message may have neither a delivery "
+                      "time nor a message group")
     if deliver_ms is not None and group is not None:
         raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a message with both a delivery time and a message "
                       "group")
@@ -113,7 +113,8 @@ def check_message(topic, tag, keys, message_id, group, deliver_ms, user_properti
         props[PROP_SHARDING_KEY] = group
     if deliver_ms is not None:
         props[PROP_DELIVER_MS] = str(deliver_ms)
-    kind = DELAY if deliver_ms is not None else FIFO if group is not None else NORMAL
+    kind = TRANSACTION if message_type == TRANSACTION else DELAY if deliver_ms is not None else \
+        FIFO if group is not None else NORMAL
     return Checked(props, group, deliver_ms, kind)
 
 

@@ -8,7 +8,7 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import errors, speedups
+from metaq import errors, limits, speedups
 from metaq.admin.http import AdminViews, add_admin_routes
 from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.limits import COLD_READ_CHECK_S
@@ -188,7 +188,7 @@ class Broker:
 
         self.grpc = None
         if config.grpc.port:  # docs/rocketmq5.md
-            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard, self.cluster)
+            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard, self.cluster, self.tx)
         self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
@@ -315,6 +315,7 @@ class Broker:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
         if self.grpc is not None:
             self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
+            self.grpc.service.start()  # the check-back of its half messages
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
@@ -450,6 +451,8 @@ class Broker:
         self.replies.close()  # and requests waiting for replies
         if self.remoting is not None:
             self.remoting.stop()
+        if self.grpc is not None:
+            self.grpc.service.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)
         if self.mqtt is not None:
             self.mqtt.stop()  # the wills held for their delay: sessions end with the broker
@@ -473,16 +476,16 @@ class Broker:
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
 
 
-def grpc_port(core, config, store, put_path, guard, cluster=None):
+def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None):
     """The gRPC port (``metaq.rmq5``), given what it uses. Imported here, only when ``grpc.port`` is set: its
     protobuf code is generated at setup (tools/protos.py), and a broker without the port never needs it."""
     try:
         from metaq.rmq5.port import GrpcPort, PortLimits
-        from metaq.rmq5.rpcs import MessagingService
+        from metaq.rmq5.rpcs import Checks, MessagingService
     except ImportError as exc:
         raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
                                  "grpcio-tools and python tools/protos.py" % exc) from None
-    g = config.grpc
+    g, r = config.grpc, config.remoting  # half messages' check-back: the remoting port's settings
     bind = g.host or config.broker.host
     holder = {}
 
@@ -490,7 +493,10 @@ def grpc_port(core, config, store, put_path, guard, cluster=None):
         return g.advertised_host or bind, holder["port"].port
 
     service = MessagingService(store, put_path, guard, config.remoting.broker_name or "metaq-%d" % config.broker.id,
-                               config.limits.max_body_bytes, endpoint, broker_id=config.broker.id, cluster=cluster)
+                               config.limits.max_body_bytes, endpoint, broker_id=config.broker.id, cluster=cluster,
+                               tx=tx, checks=Checks(r.transaction_check_interval_ms / 1000.0, r.transaction_timeout_ms,
+                                                    r.transaction_check_max, r.max_half_messages,
+                                                    limits.MAX_CHECKS_PER_ROUND))
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

@@ -121,7 +121,7 @@ def test_a_route_names_this_port_as_broker_0_of_every_queue(broker, client):
     assert q.topic.name == "tq-route" and q.permission == pb.READ_WRITE and q.broker.id == 0
     assert [(a.host, a.port) for a in q.broker.endpoints.addresses] == [("127.0.0.1", broker.config["grpc"]["port"])]
     assert q.broker.endpoints.scheme == pb.IPv4
-    assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+    assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
     assert code(client.route("no spaces allowed").status) == "TOPIC_NOT_FOUND"
 
 

@@ -106,7 +106,8 @@ def test_a_message_is_laid_out_as_a_remoting_send_stores_it():
     (dict(user_properties={"a\nb": "x"}), "ILLEGAL_MESSAGE_PROPERTY_KEY"),
     (dict(user_properties={"p%d" % i: "v" for i in range(MAX_USER_PROPERTIES + 1)}), "MESSAGE_PROPERTIES_TOO_LARGE"),
     (dict(user_properties={"big": "v" * (MAX_PROPERTY_BYTES - 2)}), "MESSAGE_PROPERTIES_TOO_LARGE"),
-    (dict(message_type=4), "NOT_IMPLEMENTED"),
+    (dict(message_type=4, group="g"), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
+    (dict(message_type=4, deliver_ms=5), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
     (dict(group="g", deliver_ms=5), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
 ])
 def test_what_the_proxy_refuses_is_refused_with_its_code(kw, code):
