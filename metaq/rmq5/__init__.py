@@ -1,8 +1,9 @@
 """RocketMQ 5's gRPC clients: ``apache.rocketmq.v2.MessagingService`` over HTTP/2 on the connection core
 (docs/rocketmq5.md).
 
-This first phase serves routes, heartbeats, sends (normal, FIFO message groups, delivery times) and Telemetry's
-settings exchange; receiving (POP), transactions, pulls and recalls come later and are answered UNIMPLEMENTED.
+It serves routes (every broker of a ZooKeeper cluster), heartbeats, sends (normal, FIFO message groups, delivery
+times, transactional messages), EndTransaction and Telemetry (the settings exchange, the check-back of half
+messages); receiving (POP), pulls and recalls come later and are answered UNIMPLEMENTED.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
