@@ -9,6 +9,7 @@ import time
 import pytest
 
 from metaq.client.local import BrokerProcess, free_port, small_config
+from tests.harness.broker import wait_for
 from tests.rmq5.test_grpc_port import Client, code, message, stored
 
 grpc = pytest.importorskip("grpc")
@@ -115,3 +116,23 @@ def test_an_undecided_transaction_is_checked_back_on_telemetry_and_the_answer_co
         assert bodies(broker, "tx-check") == [b"orphan"]
     finally:
         requests.put(None)
+
+
+def test_a_half_message_nobody_answers_is_rolled_back_after_the_last_check(tmp_path):
+    """No producer publishes to its topic: each round still counts as a check, and after
+    ``remoting.transaction_check_max`` of them the half message is rolled back, never stored."""
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()},
+                       remoting={"transaction_check_interval_ms": 100, "transaction_timeout_ms": 0,
+                                 "transaction_check_max": 2})
+    b = BrokerProcess(tmp_path, cfg).start()
+    c = Client(b.config["grpc"]["port"])
+    try:
+        [entry] = c.send(half("tx-lost", b"lost")).entries
+        pending = end(c, "tx-lost", entry, pb.TRANSACTION_RESOLUTION_UNSPECIFIED)  # leaves it waiting
+        assert code(pending.status) == "OK"
+        wait_for(lambda: code(end(c, "tx-lost", entry, pb.TRANSACTION_RESOLUTION_UNSPECIFIED).status)
+                 == "INTERNAL_SERVER_ERROR", 10, "the half message rolled back")
+        assert bodies(b, "tx-lost") == []
+    finally:
+        c.close()
+        b.kill()
