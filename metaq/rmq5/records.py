@@ -10,6 +10,8 @@ spaces), ``UNIQ_KEY`` (the client's message id), ``__SHARDINGKEY`` (the FIFO mes
 ``Refusal`` with the in-band ``Code`` name the proxy answers with.
 """
 
+import base64
+import binascii
 from typing import NamedTuple, Optional
 
 from metaq.protocol.rocketmq.mapping import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
@@ -125,3 +127,39 @@ def group_queue(group, queues):
     for b in group.encode("utf-8"):
         h = (h * 31 + b) & 0xFFFFFFFF
     return h % queues
+
+
+class Recall(NamedTuple):
+    """What a recall handle names: the timed message's topic, the broker holding it, its delivery time (epoch ms),
+    the client's message id and metaq's timer id (what ``TimerService.cancel`` takes)."""
+
+    topic: str
+    broker: str
+    deliver_ms: int
+    message_id: str
+    timer_id: int
+
+
+#: The longest recall handle read (a topic, a broker name and two ids fit many times over).
+MAX_RECALL_HANDLE_BYTES = 2048
+
+
+def recall_handle(recall):
+    """The recall handle of a timed message sent: URL-safe Base64 of RocketMQ's v1 layout, ``v1 <topic> <broker>
+    <delivery ms> <message id>``, with metaq's timer id appended."""
+    text = "v1 %s %s %d %s %d" % recall
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def parse_recall_handle(handle):
+    """The ``Recall`` a handle names; Refusal BAD_REQUEST for one no send gave (not Base64, another layout)."""
+    if len(handle) > MAX_RECALL_HANDLE_BYTES:
+        raise Refusal("BAD_REQUEST", "a recall handle of %d bytes: at most %d" % (len(handle),
+                                                                                MAX_RECALL_HANDLE_BYTES))
+    try:
+        fields = base64.urlsafe_b64decode(handle.encode("ascii")).decode("utf-8").split(" ")
+    except (binascii.Error, ValueError):
+        fields = []
+    if len(fields) != 6 or fields[0] != "v1" or not fields[3].isdigit() or not fields[5].isdigit():
+        raise Refusal("BAD_REQUEST", "not a recall handle this broker gave")
+    return Recall(fields[1], fields[2], int(fields[3]), fields[4], int(fields[5]))

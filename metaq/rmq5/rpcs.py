@@ -3,9 +3,9 @@
 Served: QueryRoute (this broker, its gRPC endpoint, the topic's partitions as queues; with ZooKeeper every other
 broker of the cluster holding the topic), Heartbeat, NotifyClientTermination, SendMessage (normal, FIFO message
 groups, delivery times through metaq's timers, transactional messages as half messages of metaq's transaction
-service), EndTransaction, and Telemetry: the Settings exchange, and the check-back of undecided half messages
-(RecoverOrphanedTransactionCommand on a producer's stream). Every other RPC is answered gRPC UNIMPLEMENTED (12)
-naming why (POP consumption, pulls and recalls come in later phases; docs/rocketmq5.md).
+service), EndTransaction, RecallMessage (metaq's timer cancel), and Telemetry: the Settings exchange, and the
+check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream). Every other RPC is
+answered gRPC UNIMPLEMENTED (12) naming why (POP consumption and pulls come in later phases; docs/rocketmq5.md).
 
 As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the response's ``status`` holding an
 ``apache.rocketmq.v2.Code`` (``Refusal`` and ``code_of``), authentication failures (``UNAUTHORIZED``) included;
@@ -39,9 +39,9 @@ from metaq.rmq5.wire import GrpcError, Status
 from metaq.protocol.message import decode_payload
 from metaq.protocol.rocketmq.mapping import (PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, record_data_from_send,
                                              split_attribute)
-from metaq.rmq5.records import RESERVED_PROPERTIES, TRANSACTION
+from metaq.rmq5.records import RESERVED_PROPERTIES, TRANSACTION, Recall, parse_recall_handle, recall_handle
 from metaq.server.clock import now_ms
-from metaq.timers.records import timer_due
+from metaq.timers.records import TIMER_TOPIC, timer_due
 from metaq.transactions.policy import GRPC_GROUP_PREFIX, immunity_ms, plan_round
 from metaq.transactions.state import HALF_OWNER, half_txid
 
@@ -58,7 +58,6 @@ LATER = {
     "UpdateOffset": "pull consumers over gRPC are not served yet",
     "GetOffset": "pull consumers over gRPC are not served yet",
     "QueryOffset": "pull consumers over gRPC are not served yet",
-    "RecallMessage": "recalling a timed message over gRPC is not served yet (metaq-admin timers cancel does it)",
     "SyncLiteSubscription": "lite topics are not served",
 }
 
@@ -156,6 +155,7 @@ class MessagingService:
             "SendMessage": (pb.SendMessageRequest, self.send_message),
             "NotifyClientTermination": (pb.NotifyClientTerminationRequest, self.notify_client_termination),
             "EndTransaction": (pb.EndTransactionRequest, self.end_transaction),
+            "RecallMessage": (pb.RecallMessageRequest, self.recall_message),
         }
         self.counts = {"calls": 0, "refused": 0, "sent": 0, "checks_sent": 0, "checks_unsent": 0, "given_up": 0}
 
@@ -353,7 +353,45 @@ class MessagingService:
         if checked.message_type == TRANSACTION:
             return self._send_half(topic, partition, flag, data, sp, now, owner), None
         r = self.path.append(topic, partition, flag, data, now, born_ms=born, due_ms=due, owner=owner)
-        return pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, offset=r.offset), r
+        entry = pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, offset=r.offset)
+        if due is not None:  # held by the timers: r.msg_id is its timer id
+            entry.recall_handle = recall_handle(Recall(topic, self.broker_name, deliver, sp.message_id, r.msg_id))
+        return entry, r
+
+    def recall_message(self, request, call):
+        """Cancel a timed message before its delivery time by the recall handle its send gave (``TimerService.cancel``,
+        answered once the cancel is durable). The handle must name this topic and this broker; the caller needs
+        publish on the topic and, with authentication on, to be an administrator (as the text ``cancel``, the HTTP
+        API and ``metaq-admin timers cancel``: a handle is no proof of who sent the message)."""
+        recall = parse_recall_handle(request.recall_handle)
+        topic = request.topic.name
+        if recall.topic != topic:
+            raise Refusal("BAD_REQUEST", "the recall handle names topic %s, not %s" % (recall.topic[:256], topic[:256]))
+        if recall.broker != self.broker_name:
+            raise Refusal("BAD_REQUEST", "the message is held by broker %s, not %s: recall it there"
+                          % (recall.broker[:256], self.broker_name))
+        timers = getattr(self.path, "timers", None)
+        if timers is None:
+            raise Refusal("NOT_IMPLEMENTED", "this broker has no timer store")
+        try:
+            self.path.check_write(topic, call.session)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        if self.guard is not None and self.guard.enabled and not self.guard.is_admin(call.session):
+            raise Refusal("FORBIDDEN", "recalling a timed message needs an administrator when authentication is on")
+        now = now_ms()
+        if recall.deliver_ms <= now:
+            raise Refusal("NOT_FOUND", "message %s was due at %d: delivered already" % (recall.message_id[:128],
+                                                                                        recall.deliver_ms))
+        try:
+            outcome, r = timers.cancel(recall.timer_id, now)
+            if r is None:
+                raise Refusal("NOT_FOUND", "message %s is not waiting for its time (%s)" % (recall.message_id[:128],
+                                                                                             outcome))
+            self.path.durable(TIMER_TOPIC, 0, r.log_end, now)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        return pb.RecallMessageResponse(status=status("OK"), message_id=recall.message_id)
 
     # -- transactions ----------------------------------------------------------------------------------------------
 
