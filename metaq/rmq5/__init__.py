@@ -1,8 +1,9 @@
 """RocketMQ 5's gRPC clients: ``apache.rocketmq.v2.MessagingService`` over HTTP/2 on the connection core
 (docs/rocketmq5.md).
 
-This first phase serves routes, heartbeats, sends (normal, FIFO message groups, delivery times) and Telemetry's
-settings exchange; receiving (POP), transactions, pulls and recalls come later and are answered UNIMPLEMENTED.
+It serves routes (every broker of a ZooKeeper cluster), heartbeats, sends (normal, FIFO message groups, delivery
+times, transactional messages), EndTransaction, RecallMessage and Telemetry (the settings exchange, the check-back
+of half messages); receiving (POP) and pulls come later and are answered UNIMPLEMENTED.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
@@ -15,7 +16,8 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
     wire.py          gRPC's framing: length-prefixed messages (``MessageReader``, a named maximum checked on the
                      prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``)
     records.py       a RocketMQ 5 message checked as the proxy checks it (``Refusal`` names the in-band Code) and
-                     laid out as the properties a remoting send stores (tag, keys, message id, message group, time)
+                     laid out as the properties a remoting send stores (tag, keys, message id, message group, time);
+                     recall handles
 front-end (the server layer)
     rpcs.py          MessagingService: the RPCs over the put path and the guard (RocketMQ 5's credentials through
                      the one login decision), in-band statuses

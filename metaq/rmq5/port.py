@@ -69,7 +69,7 @@ class Call:
     """One stream: what a handler is told of its call (the RPC, the metadata, the connection's session)."""
 
     __slots__ = ("stream_id", "rpc", "kind", "metadata", "timeout_s", "reader", "requests", "ended", "done",
-                 "reset", "headers_sent", "session", "peer", "greenlet")
+                 "reset", "headers_sent", "session", "peer", "greenlet", "push")
 
     def __init__(self, stream_id, rpc, kind, metadata, timeout_s, reader, session, peer):
         self.stream_id = stream_id
@@ -86,6 +86,7 @@ class Call:
         self.session = session
         self.peer = peer
         self.greenlet = None
+        self.push = None  # a Telemetry stream's: send one message on it from the service (False: it ended)
 
 
 class GrpcConnection(Connection):
@@ -157,6 +158,8 @@ class GrpcConnection(Connection):
             for call in list(self.calls.values()):
                 if call.greenlet is not None:
                     call.greenlet.kill(block=False)
+                if call.kind == "telemetry":
+                    self.service.telemetry_closed(call)
             try:
                 if not self.closed and self.h2.state_machine.state.name != "CLOSED":
                     self.h2.close_connection()
@@ -190,6 +193,8 @@ class GrpcConnection(Connection):
             if call is not None:
                 call.reset = True
                 self._window.set()
+                if call.kind == "telemetry":
+                    self.service.telemetry_closed(call)
         elif isinstance(event, (WindowUpdated, RemoteSettingsChanged)):
             self._window.set()
         elif isinstance(event, ConnectionTerminated):
@@ -227,8 +232,10 @@ class GrpcConnection(Connection):
             return
         cap = self.limits.max_call_s
         timeout = cap if timeout is None else min(timeout, cap)
-        self.calls[stream_id] = Call(stream_id, rpc, kind, metadata, timeout,
-                                     MessageReader(self.limits.max_message_bytes), self.session, self.peer)
+        call = self.calls[stream_id] = Call(stream_id, rpc, kind, metadata, timeout,
+                                            MessageReader(self.limits.max_message_bytes), self.session, self.peer)
+        if kind == "telemetry":
+            call.push = lambda payload: self._send_message(call, payload)
 
     def _data(self, event):
         sid = event.stream_id
@@ -343,6 +350,8 @@ class GrpcConnection(Connection):
     def _finish(self, call, status, message="", reset=False):
         """End ``call`` with ``status`` (trailers; Trailers-Only when nothing was sent); ``reset``: the client's
         side is not over yet (RST_STREAM NO_ERROR after the trailers, as grpc's servers do)."""
+        if call.kind == "telemetry":
+            self.service.telemetry_closed(call)
         if not self._open(call):
             self.calls.pop(call.stream_id, None)
             return

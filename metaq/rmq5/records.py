@@ -10,6 +10,8 @@ spaces), ``UNIQ_KEY`` (the client's message id), ``__SHARDINGKEY`` (the FIFO mes
 ``Refusal`` with the in-band ``Code`` name the proxy answers with.
 """
 
+import base64
+import binascii
 from typing import NamedTuple, Optional
 
 from metaq.protocol.rocketmq.mapping import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
@@ -97,9 +99,9 @@ def check_message(topic, tag, keys, message_id, group, deliver_ms, user_properti
     if size > MAX_PROPERTY_BYTES:
         raise Refusal("MESSAGE_PROPERTIES_TOO_LARGE", "the properties, tag and keys take %d bytes: at most %d"
                       % (size, MAX_PROPERTY_BYTES))
-    if message_type == TRANSACTION:
-        raise Refusal("NOT_IMPLEMENTED", "transactional messages over gRPC are not served yet (the remoting port "
-                      "serves them; docs/rocketmq5.md)")
+    if message_type == TRANSACTION and (deliver_ms is not None or group is not None):
+        raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a transactional message may have neither a delivery "
+                      "time nor a message group")
     if deliver_ms is not None and group is not None:
         raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a message with both a delivery time and a message "
                       "group")
@@ -113,7 +115,8 @@ def check_message(topic, tag, keys, message_id, group, deliver_ms, user_properti
         props[PROP_SHARDING_KEY] = group
     if deliver_ms is not None:
         props[PROP_DELIVER_MS] = str(deliver_ms)
-    kind = DELAY if deliver_ms is not None else FIFO if group is not None else NORMAL
+    kind = TRANSACTION if message_type == TRANSACTION else DELAY if deliver_ms is not None else \
+        FIFO if group is not None else NORMAL
     return Checked(props, group, deliver_ms, kind)
 
 
@@ -124,3 +127,39 @@ def group_queue(group, queues):
     for b in group.encode("utf-8"):
         h = (h * 31 + b) & 0xFFFFFFFF
     return h % queues
+
+
+class Recall(NamedTuple):
+    """What a recall handle names: the timed message's topic, the broker holding it, its delivery time (epoch ms),
+    the client's message id and metaq's timer id (what ``TimerService.cancel`` takes)."""
+
+    topic: str
+    broker: str
+    deliver_ms: int
+    message_id: str
+    timer_id: int
+
+
+#: The longest recall handle read (a topic, a broker name and two ids fit many times over).
+MAX_RECALL_HANDLE_BYTES = 2048
+
+
+def recall_handle(recall):
+    """The recall handle of a timed message sent: URL-safe Base64 of RocketMQ's v1 layout, ``v1 <topic> <broker>
+    <delivery ms> <message id>``, with metaq's timer id appended."""
+    text = "v1 %s %s %d %s %d" % recall
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def parse_recall_handle(handle):
+    """The ``Recall`` a handle names; Refusal BAD_REQUEST for one no send gave (not Base64, another layout)."""
+    if len(handle) > MAX_RECALL_HANDLE_BYTES:
+        raise Refusal("BAD_REQUEST", "a recall handle of %d bytes: at most %d" % (len(handle),
+                                                                                MAX_RECALL_HANDLE_BYTES))
+    try:
+        fields = base64.urlsafe_b64decode(handle.encode("ascii")).decode("utf-8").split(" ")
+    except (binascii.Error, ValueError):
+        fields = []
+    if len(fields) != 6 or fields[0] != "v1" or not fields[3].isdigit() or not fields[5].isdigit():
+        raise Refusal("BAD_REQUEST", "not a recall handle this broker gave")
+    return Recall(fields[1], fields[2], int(fields[3]), fields[4], int(fields[5]))

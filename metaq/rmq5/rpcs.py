@@ -1,9 +1,11 @@
 """RocketMQ 5's ``apache.rocketmq.v2.MessagingService``: the RPCs this phase serves, over metaq's put path.
 
-Served: QueryRoute (this broker, its gRPC endpoint, the topic's partitions as queues), Heartbeat,
-NotifyClientTermination, SendMessage (normal, FIFO message groups, delivery times through metaq's timers) and
-Telemetry's Settings exchange. Every other RPC is answered gRPC UNIMPLEMENTED (12) naming why (POP consumption,
-transactions, pulls and recalls come in later phases; docs/rocketmq5.md).
+Served: QueryRoute (this broker, its gRPC endpoint, the topic's partitions as queues; with ZooKeeper every other
+broker of the cluster holding the topic), Heartbeat, NotifyClientTermination, SendMessage (normal, FIFO message
+groups, delivery times through metaq's timers, transactional messages as half messages of metaq's transaction
+service), EndTransaction, RecallMessage (metaq's timer cancel), and Telemetry: the Settings exchange, and the
+check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream). Every other RPC is
+answered gRPC UNIMPLEMENTED (12) naming why (POP consumption and pulls come in later phases; docs/rocketmq5.md).
 
 As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the response's ``status`` holding an
 ``apache.rocketmq.v2.Code`` (``Refusal`` and ``code_of``), authentication failures (``UNAUTHORIZED``) included;
@@ -16,23 +18,32 @@ user's PUB permission, the broker's state, the topic's name) before ``PutPath.ap
 answered once ``PutPath.durable`` says the put may be acknowledged.
 
 The service is given what it uses, never the Broker: the store (partition counts, the topic table), the put path,
-the guard, the broker's name, ``max_body_bytes`` and a callable naming the port's endpoint.
+the guard, the broker's name, ``max_body_bytes``, a callable naming the port's endpoint, the cluster's brokers (a
+callable), the transaction service and its check-back's settings.
 """
 
+import hashlib
 import itertools
 import logging
 import zlib
 
 import gevent
 
-from metaq import errors
+from typing import NamedTuple
+
+from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import GZIP, Refusal, check_message, group_queue
 from metaq.rmq5.wire import GrpcError, Status
-from metaq.protocol.rocketmq.mapping import record_data_from_send
+from metaq.protocol.message import decode_payload
+from metaq.protocol.rocketmq.mapping import (PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, record_data_from_send,
+                                             split_attribute)
+from metaq.rmq5.records import RESERVED_PROPERTIES, TRANSACTION, Recall, parse_recall_handle, recall_handle
 from metaq.server.clock import now_ms
-from metaq.timers.records import timer_due
+from metaq.timers.records import TIMER_TOPIC, timer_due
+from metaq.transactions.policy import GRPC_GROUP_PREFIX, immunity_ms, plan_round
+from metaq.transactions.state import HALF_OWNER, half_txid
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +54,10 @@ LATER = {
     "AckMessage": "acknowledging received messages (POP) is not served yet",
     "ChangeInvisibleDuration": "POP is not served yet",
     "ForwardMessageToDeadLetterQueue": "POP is not served yet",
-    "EndTransaction": "transactional messages over gRPC are not served yet",
     "PullMessage": "pull consumers over gRPC are not served yet",
     "UpdateOffset": "pull consumers over gRPC are not served yet",
     "GetOffset": "pull consumers over gRPC are not served yet",
     "QueryOffset": "pull consumers over gRPC are not served yet",
-    "RecallMessage": "recalling a timed message over gRPC is not served yet (metaq-admin timers cancel does it)",
     "SyncLiteSubscription": "lite topics are not served",
 }
 
@@ -60,8 +69,8 @@ RECEIVE_BATCH = 32
 LONG_POLLING_S = 20
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
-#: The message types a route's queues accept (a metaq topic has no type; transactions are not served yet).
-ACCEPTED = (pb.NORMAL, pb.FIFO, pb.DELAY)
+#: The message types a route's queues accept (a metaq topic has no type).
+ACCEPTED = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 
 _WILDCARDS = ("0.0.0.0", "::", "")
 
@@ -93,15 +102,47 @@ def code_of(exc):
     return "INTERNAL_SERVER_ERROR"
 
 
+def _endpoints_of(address):
+    """``host:port`` (``[v6]:port``) as an ``apache.rocketmq.v2.Endpoints``."""
+    host, _sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    scheme = pb.IPv4 if _is_ipv4(host) else pb.IPv6 if ":" in host else pb.DOMAIN_NAME
+    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
+
+
 def _ms(ts):
     return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+class Checks(NamedTuple):
+    """The check-back of half messages sent over gRPC (the remoting port's settings, ``remoting:``): a round every
+    ``interval_s``; a half message is due ``timeout_ms`` after it was stored, asked at most ``check_max`` times,
+    then rolled back; at most ``max_half`` pending, ``per_round`` asked a round."""
+
+    interval_s: float
+    timeout_ms: int
+    check_max: int
+    max_half: int
+    per_round: int
 
 
 class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
-    def __init__(self, store, put_path, guard, broker_name, max_body, endpoint):
+    def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None, tx=None,
+                 checks=None):
+        """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
+        rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
+        cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
+        from the store. ``tx``: the TxService, which keeps transactional messages' half messages (None:
+        transactional sends refused NOT_IMPLEMENTED); ``checks``: its check-back's ``Checks``."""
         self.store = store
+        self.broker_id = broker_id
+        self.cluster = cluster
+        self.tx = tx
+        self.checks = checks
+        self.producers = {}  # topic -> {client id: its Telemetry call}: whom a half message's check asks
+        self._check_task = None
         self.path = put_path
         self.guard = guard
         self.broker_name = broker_name
@@ -113,8 +154,10 @@ class MessagingService:
             "Heartbeat": (pb.HeartbeatRequest, self.heartbeat),
             "SendMessage": (pb.SendMessageRequest, self.send_message),
             "NotifyClientTermination": (pb.NotifyClientTerminationRequest, self.notify_client_termination),
+            "EndTransaction": (pb.EndTransactionRequest, self.end_transaction),
+            "RecallMessage": (pb.RecallMessageRequest, self.recall_message),
         }
-        self.counts = {"calls": 0, "refused": 0, "sent": 0}
+        self.counts = {"calls": 0, "refused": 0, "sent": 0, "checks_sent": 0, "checks_unsent": 0, "given_up": 0}
 
     def kind(self, rpc):
         """How ``rpc`` is served: "unary", "telemetry", or "later" (answered UNIMPLEMENTED); None: no such RPC."""
@@ -188,18 +231,38 @@ class MessagingService:
     # -- the RPCs ------------------------------------------------------------------------------------------------
 
     def query_route(self, request, call):
+        """The topic's queues on this broker (from the store, with the topic table's permission) and, with
+        ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
+        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0."""
         topic = request.topic.name
+        rows = self.cluster(topic) if self.cluster is not None else None
+        route, why = [], None
         try:
             queues = self.store.partitions_of(topic)
         except (errors.UnknownTopic, errors.InvalidTopic) as exc:
-            raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], exc)) from None
-        s = self.store.topics.settings_of(topic)
-        readable, writable = (True, True) if s is None else (s.readable, s.writable)
-        permission = pb.READ_WRITE if readable and writable else pb.READ if readable else \
-            pb.WRITE if writable else pb.NONE
-        broker = pb.Broker(name=self.broker_name, id=0, endpoints=self._endpoints(request.endpoints))
-        route = [pb.MessageQueue(topic=request.topic, id=q, permission=permission, broker=broker,
-                                 accept_message_types=ACCEPTED) for q in range(queues)]
+            queues, why = None, exc
+        if queues is not None:
+            s = self.store.topics.settings_of(topic)
+            readable, writable = (True, True) if s is None else (s.readable, s.writable)
+            permission = pb.READ_WRITE if readable and writable else pb.READ if readable else \
+                pb.WRITE if writable else pb.NONE
+            own = next((r for r in rows or () if r.broker_id == self.broker_id), None)
+            mine = self._endpoints(request.endpoints)
+            master = _endpoints_of(own.grpc) if own is not None and own.grpc else mine
+            if master.addresses[0].port == mine.addresses[0].port and master.addresses[0].host in (
+                    mine.addresses[0].host, self.endpoint()[0]):
+                master = mine  # ourselves, as the client reached us
+            broker = pb.Broker(name=self.broker_name, id=0, endpoints=master)
+            route += [pb.MessageQueue(topic=request.topic, id=q, permission=permission, broker=broker,
+                                      accept_message_types=ACCEPTED) for q in range(queues)]
+        for r in rows or ():
+            if r.broker_id == self.broker_id or not r.grpc or r.queues <= 0:
+                continue
+            broker = pb.Broker(name=r.name, id=0, endpoints=_endpoints_of(r.grpc))
+            route += [pb.MessageQueue(topic=request.topic, id=q, permission=pb.READ_WRITE, broker=broker,
+                                      accept_message_types=ACCEPTED) for q in range(r.queues)]
+        if not route:
+            raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], why or "no broker holds it"))
         return pb.QueryRouteResponse(status=status("OK"), message_queues=route)
 
     def _endpoints(self, access_point):
@@ -287,8 +350,186 @@ class MessagingService:
         flag, data = record_data_from_send(body, checked.properties, born_host=call.peer)
         born = _ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now
         owner = call.session.user if call.session is not None else None
+        if checked.message_type == TRANSACTION:
+            return self._send_half(topic, partition, flag, data, sp, now, owner), None
         r = self.path.append(topic, partition, flag, data, now, born_ms=born, due_ms=due, owner=owner)
-        return pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, offset=r.offset), r
+        entry = pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, offset=r.offset)
+        if due is not None:  # held by the timers: r.msg_id is its timer id
+            entry.recall_handle = recall_handle(Recall(topic, self.broker_name, deliver, sp.message_id, r.msg_id))
+        return entry, r
+
+    def recall_message(self, request, call):
+        """Cancel a timed message before its delivery time by the recall handle its send gave (``TimerService.cancel``,
+        answered once the cancel is durable). The handle must name this topic and this broker; the caller needs
+        publish on the topic and, with authentication on, to be an administrator (as the text ``cancel``, the HTTP
+        API and ``metaq-admin timers cancel``: a handle is no proof of who sent the message)."""
+        recall = parse_recall_handle(request.recall_handle)
+        topic = request.topic.name
+        if recall.topic != topic:
+            raise Refusal("BAD_REQUEST", "the recall handle names topic %s, not %s" % (recall.topic[:256], topic[:256]))
+        if recall.broker != self.broker_name:
+            raise Refusal("BAD_REQUEST", "the message is held by broker %s, not %s: recall it there"
+                          % (recall.broker[:256], self.broker_name))
+        timers = getattr(self.path, "timers", None)
+        if timers is None:
+            raise Refusal("NOT_IMPLEMENTED", "this broker has no timer store")
+        try:
+            self.path.check_write(topic, call.session)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        if self.guard is not None and self.guard.enabled and not self.guard.is_admin(call.session):
+            raise Refusal("FORBIDDEN", "recalling a timed message needs an administrator when authentication is on")
+        now = now_ms()
+        if recall.deliver_ms <= now:
+            raise Refusal("NOT_FOUND", "message %s was due at %d: delivered already" % (recall.message_id[:128],
+                                                                                        recall.deliver_ms))
+        try:
+            outcome, r = timers.cancel(recall.timer_id, now)
+            if r is None:
+                raise Refusal("NOT_FOUND", "message %s is not waiting for its time (%s)" % (recall.message_id[:128],
+                                                                                             outcome))
+            self.path.durable(TIMER_TOPIC, 0, r.log_end, now)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        return pb.RecallMessageResponse(status=status("OK"), message_id=recall.message_id)
+
+    # -- transactions ----------------------------------------------------------------------------------------------
+
+    def _send_half(self, topic, partition, flag, data, sp, now, owner):
+        """A transactional message: a half message of metaq's transaction service (journaled, invisible, durable
+        before the answer), of group ``%GRPC%<topic>`` (the proxy's group is the topic), ended by EndTransaction or
+        by the check-back on a Telemetry stream. Its transaction id, ``<number>:<message id>``, finds it again."""
+        tx = self.tx
+        if tx is None:
+            raise Refusal("NOT_IMPLEMENTED", "transactional messages need the broker's transaction service")
+        number = tx.next_half_number(now)
+        transaction_id = "%d:%s" % (number, sp.message_id)
+        if len(transaction_id.encode("utf-8")) > limits.MAX_NAME_BYTES:
+            raise Refusal("ILLEGAL_MESSAGE_ID", "a transactional message's id may hold at most %d bytes"
+                          % (limits.MAX_NAME_BYTES - len(str(number)) - 1))
+        tx.check_quota(owner)
+        tx.manager.put_half(number, topic, partition, flag, data, GRPC_GROUP_PREFIX + topic, transaction_id,
+                            immunity_ms(None), self.checks.max_half, now, owner)
+        try:
+            tx.flush_journal()  # in a pool thread: answered once the half message is durable
+        except errors.TransactionError:
+            tx.rollback_quietly(half_txid(number), HALF_OWNER)
+            raise
+        return pb.SendResultEntry(status=status("OK"), message_id=sp.message_id, transaction_id=transaction_id,
+                                  offset=number)
+
+    def _half_of(self, topic, transaction_id):
+        number, sep, _id = transaction_id.partition(":")
+        half = self.tx.manager.half(int(number)) if sep and number.isdigit() and self.tx is not None else None
+        if half is None or half.transaction_id != transaction_id or half.group != GRPC_GROUP_PREFIX + topic:
+            return None
+        return half
+
+    def end_transaction(self, request, call):
+        """COMMIT stores the half message in its topic (once), ROLLBACK drops it, UNSPECIFIED leaves it for a
+        later end or check; the caller needs publish on the topic. An unknown transaction: the proxy's
+        INTERNAL_SERVER_ERROR "cannot found transaction data"."""
+        topic = request.topic.name
+        if not request.transaction_id.strip():
+            raise Refusal("INVALID_TRANSACTION_ID", "a blank transaction id")
+        try:
+            self.path.check_write(topic, call.session)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        half = self._half_of(topic, request.transaction_id)
+        if half is None:
+            raise Refusal("INTERNAL_SERVER_ERROR", "cannot found transaction data: no half message of topic %s "
+                          "with transaction id %s waits for its end (ended, rolled back after its last check, or "
+                          "never sent here)" % (topic[:256], request.transaction_id[:300]))
+        try:
+            if request.resolution == pb.COMMIT:
+                self.tx.commit_now(half_txid(half.number), HALF_OWNER, one_phase=False)
+            elif request.resolution == pb.ROLLBACK:
+                self.tx.rollback_now(half_txid(half.number), HALF_OWNER)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        return pb.EndTransactionResponse(status=status("OK"))
+
+    def start(self):
+        """Start the check-back of gRPC half messages (with a transaction service)."""
+        if self.tx is not None and self.checks is not None and self._check_task is None:
+            self._check_task = gevent.spawn(self._check_loop)
+
+    def stop(self):
+        if self._check_task is not None:
+            self._check_task.kill(block=False)
+            self._check_task = None
+
+    def _check_loop(self):
+        while True:
+            gevent.sleep(self.checks.interval_s)
+            try:
+                self.check_round(now_ms())
+            except errors.MetaqError as exc:  # the journal cannot be written: the next round tries again
+                log.error("grpc: transaction check-back round stopped: %s", exc)
+            except Exception:  # noqa: BLE001 - a round's bug must not end every later round
+                log.exception("grpc: transaction check-back round failed; the next round tries again")
+
+    def check_round(self, now):
+        """One round over the gRPC half messages (RocketMQ's rules, ``policy.plan_round``): each due one is asked
+        about with a RecoverOrphanedTransactionCommand on the Telemetry stream of a producer publishing to its
+        topic (with authentication on, one of its sender); none online still counts as a check; past
+        ``check_max`` checks it is rolled back."""
+        manager, c = self.tx.manager, self.checks
+        if manager.replica:
+            return None
+        plan = plan_round([h for h in manager.halves() if h.group.startswith(GRPC_GROUP_PREFIX)], now,
+                          c.timeout_ms, c.check_max, c.per_round)
+        for number in plan.give_up:
+            self.tx.rollback(half_txid(number), HALF_OWNER)
+            self.counts["given_up"] += 1
+            log.info("grpc: half message %d rolled back: no answer after %d checks", number, c.check_max)
+        for number in plan.check:
+            half = manager.half_checked(number, now)
+            if self._ask(half):
+                self.counts["checks_sent"] += 1
+            else:
+                self.counts["checks_unsent"] += 1
+        if plan.give_up:
+            self.tx.flush_journal()
+        return plan
+
+    def _ask(self, half):
+        streams = self.producers.get(half.topic, {})
+        for call in list(streams.values()):
+            if half.user is not None and (call.session is None or call.session.user != half.user):
+                continue
+            command = pb.TelemetryCommand(recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                message=self._half_message(half, call), transaction_id=half.transaction_id))
+            if call.push(command.SerializeToString()):
+                return True
+        return False
+
+    def _half_message(self, half, call):
+        """The half message as a client is given it: its body, tag, keys, id and user properties."""
+        attribute, body = decode_payload(half.flag, half.data)
+        tags, props, _remoting = split_attribute(attribute)
+        sp = pb.SystemProperties(message_id=props.get(PROP_UNIQ_KEY, ""), message_type=pb.TRANSACTION,
+                                 body_encoding=pb.IDENTITY, queue_id=half.partition,
+                                 body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
+                                 store_host="%s:%d" % self.endpoint())
+        tag = tags or props.get(PROP_TAGS)
+        if tag:
+            sp.tag = tag
+        sp.keys.extend(k for k in props.get(PROP_KEYS, "").split(" ") if k)
+        sp.born_timestamp.FromMilliseconds(half.stored_ms)
+        sp.store_timestamp.FromMilliseconds(half.stored_ms)
+        user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))}
+        return pb.Message(topic=pb.Resource(name=half.topic), user_properties=user, system_properties=sp, body=body)
+
+    def telemetry_closed(self, call):
+        """``call``'s Telemetry stream ended: it is no longer asked about half messages."""
+        for topic in list(self.producers):
+            streams = self.producers[topic]
+            if streams.get(call.metadata.get("x-mq-client-id")) is call:
+                del streams[call.metadata.get("x-mq-client-id")]
+                if not streams:
+                    del self.producers[topic]
 
     # -- Telemetry -------------------------------------------------------------------------------------------------
 
@@ -312,6 +553,10 @@ class MessagingService:
         answer.CopyFrom(settings)
         answer.metric.on = False
         if settings.WhichOneof("pub_sub") == "publishing":
+            client = call.metadata.get("x-mq-client-id")
+            if client and call.push is not None:  # asked about its topics' half messages (check_round)
+                for topic in settings.publishing.topics:
+                    self.producers.setdefault(topic.name, {})[client] = call
             policy = answer.backoff_policy
             policy.Clear()
             policy.max_attempts = PRODUCER_ATTEMPTS

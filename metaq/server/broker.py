@@ -8,7 +8,7 @@ import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 
-from metaq import errors, speedups
+from metaq import errors, limits, speedups
 from metaq.admin.http import AdminViews, add_admin_routes
 from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.limits import COLD_READ_CHECK_S
@@ -28,7 +28,8 @@ from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
-from metaq.server.remoting.server import RemotingServer
+from metaq.server.routes import ClusterView
+from metaq.server.remoting.server import RemotingServer, advertised_ip
 from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
@@ -99,9 +100,11 @@ class Broker:
         self.registry = None
         if config.zk.connect:
             self.registry = ZkRegistry(config, self.store, self.config_checksum, self.roles.slave_id,
-                                       lambda: self.roles.replication_port)
+                                       lambda: self.roles.replication_port, self._rocketmq_addresses)
             self.roles.attach_registry(self.registry)
             self.roles.on_change(self.registry.set_role)
+        # the cluster's RocketMQ brokers, for the RocketMQ front-ends' routes (server/routes.py)
+        self.cluster = ClusterView(self.registry.zk, config.zk.root).brokers if self.registry is not None else None
         self.election = None
         if config.replication.ha == "auto":  # the config requires zk.connect with it
             self.election = Election(config, self.store, self.roles, self.registry.zk, self.registry.ids_path,
@@ -154,7 +157,8 @@ class Broker:
         if config.remoting.port:
             self.remoting = RemotingServer(self.core, config, self.store, self.stats, self.put_path, self.tx,
                                            self.roles, self.waiters, elected_master=self.election.master_remoting
-                                           if self.election is not None else None, replies=self.replies)
+                                           if self.election is not None else None, replies=self.replies,
+                                           cluster=self.cluster)
         self.mqtt = None
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
@@ -190,7 +194,7 @@ class Broker:
 
         self.grpc = None
         if config.grpc.port:  # docs/rocketmq5.md
-            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard)
+            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard, self.cluster, self.tx)
         self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
@@ -218,6 +222,19 @@ class Broker:
     def connection_count(self):
         """Connections open on the text port (``curr_connections``; the remoting port has its own line)."""
         return self.text.connection_count()
+
+    def _rocketmq_addresses(self):
+        """What the registry publishes for RocketMQ routes (server/routes.py): ``(broker name, remoting "ip:port",
+        gRPC "host:port")``, None for a port not open; None without either port."""
+        remoting = self.remoting.address if self.remoting is not None and self.remoting.port else None
+        grpc = None
+        if self.grpc is not None and self.grpc.port:
+            host, port = self.grpc.service.endpoint()
+            host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
+            grpc = ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
+        if remoting is None and grpc is None:
+            return None
+        return self.config.remoting.broker_name or "metaq-%d" % self.config.broker.id, remoting, grpc
 
     def stats_facts(self):
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
@@ -305,6 +322,7 @@ class Broker:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
         if self.grpc is not None:
             self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
+            self.grpc.service.start()  # the check-back of its half messages
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
@@ -440,6 +458,8 @@ class Broker:
         self.replies.close()  # and requests waiting for replies
         if self.remoting is not None:
             self.remoting.stop()
+        if self.grpc is not None:
+            self.grpc.service.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)
         if self.mqtt is not None:
             self.mqtt.stop()  # the wills held for their delay: sessions end with the broker
@@ -464,16 +484,16 @@ class Broker:
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
 
 
-def grpc_port(core, config, store, put_path, guard):
+def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None):
     """The gRPC port (``metaq.rmq5``), given what it uses. Imported here, only when ``grpc.port`` is set: its
     protobuf code is generated at setup (tools/protos.py), and a broker without the port never needs it."""
     try:
         from metaq.rmq5.port import GrpcPort, PortLimits
-        from metaq.rmq5.rpcs import MessagingService
+        from metaq.rmq5.rpcs import Checks, MessagingService
     except ImportError as exc:
         raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
                                  "grpcio-tools and python tools/protos.py" % exc) from None
-    g = config.grpc
+    g, r = config.grpc, config.remoting  # half messages' check-back: the remoting port's settings
     bind = g.host or config.broker.host
     holder = {}
 
@@ -481,7 +501,10 @@ def grpc_port(core, config, store, put_path, guard):
         return g.advertised_host or bind, holder["port"].port
 
     service = MessagingService(store, put_path, guard, config.remoting.broker_name or "metaq-%d" % config.broker.id,
-                               config.limits.max_body_bytes, endpoint)
+                               config.limits.max_body_bytes, endpoint, broker_id=config.broker.id, cluster=cluster,
+                               tx=tx, checks=Checks(r.transaction_check_interval_ms / 1000.0, r.transaction_timeout_ms,
+                                                    r.transaction_check_max, r.max_half_messages,
+                                                    limits.MAX_CHECKS_PER_ROUND))
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

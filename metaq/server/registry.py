@@ -16,6 +16,10 @@ the ephemeral ``ids/<id>/replication`` = ``{"address": "host:port" or null,
 port and epoch, which a superseded old master reads to rejoin it as a slave
 (``roles.rejoin_if_superseded``).
 
+A member with a RocketMQ port (remoting or gRPC) also writes the ephemeral ``ids/<id>/rocketmq-master``
+(``rocketmq-slave<N>`` as slave N) = ``{"name": broker name, "remoting": "ip:port", "grpc": "host:port"}``, from
+which every broker's RocketMQ routes list the cluster (``routes.py``).
+
 A replication slave N (same broker id) writes instead, all ephemeral:
 ``ids/<id>/slave<N>`` = meta://host:port, ``topics-sub/<topic>/<id>-s<N>`` (JSON)
 and the legacy ``topics/<topic>/<id>-s<N>``; never master nodes nor topics-pub.
@@ -42,6 +46,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEm
 from kazoo.handlers.gevent import SequentialGeventHandler
 
 from metaq.errors import MetaqError
+from metaq.server.routes import node_data, node_name
 from metaq.timers.levels import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
@@ -112,14 +117,16 @@ def topic_json(partitions, broker_id, node=None):
 
 
 class ZkRegistry:
-    def __init__(self, config, store, config_checksum, slave_id, replication_port):
+    def __init__(self, config, store, config_checksum, slave_id, replication_port, rocketmq=lambda: None):
         """``slave_id``: ours when we start as a slave, else None; ``replication_port()``: the port a master
-        serves slaves on, or None."""
+        serves slaves on, or None; ``rocketmq()``: ``(broker name, remoting "ip:port" or None, gRPC "host:port"
+        or None)`` once this broker has a RocketMQ port, else None (published for routes: ``routes.py``)."""
         cfg = config.zk
         self.config = config
         self.store = store
         self.config_checksum = config_checksum
         self.replication_port = replication_port
+        self.rocketmq = rocketmq
         self.connect = cfg.connect
         self.root = cfg.root
         self.broker_id = config.broker.id
@@ -319,6 +326,9 @@ class ZkRegistry:
             self._claim(self.ids_path + "/replication", self._replication_json())
         else:
             self._claim(self.ids_path + "/slave%d" % self.slave_id, self.url, by_address=True)
+        rocketmq = self.rocketmq()
+        if rocketmq is not None:
+            self._claim("%s/%s" % (self.ids_path, node_name(self.slave_id)), node_data(*rocketmq))
         topics = self.store.known_topics()
         for topic in topics:
             self._register_topic(topic)
@@ -385,6 +395,7 @@ class ZkRegistry:
                 self._delete_ours("%s/%s/%s/%s" % (brokers, kind, topic, node))
         if topics_only:
             return
+        self._delete_ours("%s/%s" % (self.ids_path, node_name(slave_id)))
         if slave_id is not None:
             self._delete_ours(self.ids_path + "/slave%d" % slave_id)
             return

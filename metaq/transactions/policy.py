@@ -56,3 +56,15 @@ def plan_round(halves, now_ms, timeout_ms, check_max, limit=limits.MAX_CHECKS_PE
     check = [h.number for h in taken if h.checks < check_max]
     give_up = [h.number for h in taken if h.checks >= check_max]
     return Round(check, give_up, len(due) - len(taken))
+
+
+def first_half_number(pending, now):
+    """Where half-message numbers start in this run: past the pending ones and past any number an earlier run
+    can have given (a thousand per millisecond of uptime), so a late end never finds a newer message under an
+    old number."""
+    return max(now * 1000, max(pending, default=0) + 1)
+
+
+#: The producer group of a half message sent over gRPC (RocketMQ 5's proxy uses the topic as the group): the gRPC
+#: port checks these back on its clients' Telemetry streams, the remoting port's check-back leaves them alone.
+GRPC_GROUP_PREFIX = "%GRPC%"

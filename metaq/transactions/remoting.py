@@ -23,7 +23,7 @@ from metaq.protocol.rocketmq.mapping import half_message, stored_message_bytes
 from metaq.protocol.rocketmq.remoting import RequestCode
 from metaq.server.clock import now_ms
 from metaq.server.remoting.send import HALF_ID_BASE
-from metaq.transactions.policy import plan_round
+from metaq.transactions.policy import GRPC_GROUP_PREFIX, plan_round
 from metaq.transactions.state import HALF_OWNER, half_txid
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class CheckBack:
         manager = self.tx.manager
         if manager.replica:  # a slave: the master asks its producers
             return
-        plan = plan_round(manager.halves(), now, self.timeout_ms, self.check_max, self.limit)
+        plan = plan_round([h for h in manager.halves() if not h.group.startswith(GRPC_GROUP_PREFIX)], now,
+                          self.timeout_ms, self.check_max, self.limit)  # gRPC's: its Telemetry streams ask
         self.counts["rounds"] += 1
         for number in plan.give_up:
             self.tx.rollback(half_txid(number), HALF_OWNER)

@@ -13,12 +13,14 @@ a slave's manager follows the master's records, a promoted one takes them over (
 """
 
 import functools
+import itertools
 import logging
 
 import gevent
 
 from metaq import errors
 from metaq.transactions.wire import XAER_INVAL, XAER_RMERR, parse_tx_key
+from metaq.transactions.policy import first_half_number
 from metaq.transactions.state import TransactionManager
 from metaq.server.clock import now_ms
 
@@ -42,6 +44,7 @@ class TxService:
         self.flush_policy = cfg.journal_flush
         self.manager = TransactionManager.open(store, config.tx_config(), now_ms(), master=is_master)
         self._tasks = []
+        self._half_numbers = None  # the half messages' numbers, shared by every front-end that takes them
 
     def start(self):
         self._tasks = [gevent.spawn(self._sweep_loop), gevent.spawn(self._maintain_loop)]
@@ -197,6 +200,13 @@ class TxService:
             self._confirm(max(r.log_end for r in results))
 
     # -- for the remoting port's half messages (metaq.server.remoting.send) -------
+
+    def next_half_number(self, now):
+        """A new half message's number: one counter for every front-end (remoting, gRPC), started past the pending
+        ones and the numbers an earlier run gave (``policy.first_half_number``)."""
+        if self._half_numbers is None:
+            self._half_numbers = itertools.count(first_half_number((h.number for h in self.manager.halves()), now))
+        return next(self._half_numbers)
 
     def commit_now(self, txid, owner, one_phase=True):
         """Commit a local transaction (one phase) or a half message (``one_phase=False``: it is prepared) from

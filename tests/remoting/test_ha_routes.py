@@ -31,12 +31,13 @@ ELECTION_S = SESSION_MS / 1000.0 * 3 + 10
 
 
 def route(port, topic="tR"):
-    """The ``brokerAddrs`` of ``topic``'s route as the name server on ``port`` gives it."""
+    """The master in ``topic``'s route as the name server on ``port`` gives it: ``{"0": address}`` or ``{}`` (its
+    slaves, listed after it, are test_cluster_routes.py's)."""
     with RemotingClient(port) as rc:
         r = rc.call(R.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         assert r.code == C.SUCCESS, r
         [broker] = json.loads(r.body)["brokerDatas"]
-        return broker["brokerAddrs"]
+        return {k: v for k, v in broker["brokerAddrs"].items() if k == "0"}
 
 
 def cluster_master(port):

@@ -121,7 +121,7 @@ def test_a_route_names_this_port_as_broker_0_of_every_queue(broker, client):
     assert q.topic.name == "tq-route" and q.permission == pb.READ_WRITE and q.broker.id == 0
     assert [(a.host, a.port) for a in q.broker.endpoints.addresses] == [("127.0.0.1", broker.config["grpc"]["port"])]
     assert q.broker.endpoints.scheme == pb.IPv4
-    assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+    assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
     assert code(client.route("no spaces allowed").status) == "TOPIC_NOT_FOUND"
 
 
@@ -172,6 +172,30 @@ def test_a_delivery_time_holds_the_message_in_metaqs_timers_until_then(broker, c
     assert time.time() * 1000 >= due
     _tags, props, _r = split_attribute(recs[0].attribute)
     assert props["TIMER_DELIVER_MS"] == str(due)
+
+
+def recall(client, topic, handle):
+    return client.unary("RecallMessage", pb.RecallMessageRequest(topic=pb.Resource(name=topic), recall_handle=handle),
+                        pb.RecallMessageResponse)
+
+
+def test_a_recalled_timed_message_is_never_delivered(broker, client):
+    due = int(time.time() * 1000) + 1500
+    [entry] = client.send(message("tq-recall", b"recalled", deliver_ms=due)).entries
+    [kept] = client.send(message("tq-recall", b"kept", deliver_ms=due)).entries
+    assert entry.recall_handle and kept.recall_handle and entry.recall_handle != kept.recall_handle
+    assert code(recall(client, "tq-other", entry.recall_handle).status) == "BAD_REQUEST"  # another topic
+    assert code(recall(client, "tq-recall", "bm90IGEgaGFuZGxl").status) == "BAD_REQUEST"  # "not a handle"
+    assert code(recall(client, "tq-recall", "%%%").status) == "BAD_REQUEST"
+    r = recall(client, "tq-recall", entry.recall_handle)
+    assert code(r.status) == "OK" and r.message_id == entry.message_id
+    assert code(recall(client, "tq-recall", entry.recall_handle).status) == "NOT_FOUND"  # cancelled already
+    deadline = time.time() + 15
+    while time.time() < deadline and not any(stored(broker, "tq-recall").values()):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert [rec.payload for recs in stored(broker, "tq-recall").values() for rec in recs] == [b"kept"]
+    assert code(recall(client, "tq-recall", kept.recall_handle).status) == "NOT_FOUND"  # delivered
 
 
 def test_heartbeat_and_termination_are_answered_ok(client):
@@ -427,6 +451,15 @@ def test_credentials_go_through_the_same_users_and_permissions(tmp_path):
         assert code(answer.status) == "OK"
         assert code(c.unary("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="orders")),
                             pb.QueryRouteResponse, credentials("bob", SECRETS["bob"])).status) == "OK"
+        # a recall handle proves nothing of who sent the message: recalling needs an administrator, as cancel does
+        timed = c.send(message("orders", b"timed", deliver_ms=int(time.time() * 1000) + 60_000),
+                       metadata=credentials("alice", SECRETS["alice"]))
+        handle = timed.entries[0].recall_handle
+        request = pb.RecallMessageRequest(topic=pb.Resource(name="orders"), recall_handle=handle)
+        theirs = c.unary("RecallMessage", request, pb.RecallMessageResponse, credentials("alice", SECRETS["alice"]))
+        assert code(theirs.status) == "FORBIDDEN"
+        admins = c.unary("RecallMessage", request, pb.RecallMessageResponse, credentials("admin", SECRETS["admin"]))
+        assert code(admins.status) == "OK"
         with b.client() as text:
             assert text.auth("admin", SECRETS["admin"]).code == 200
             replies = [text.get("orders", p, 0, 1 << 20) for p in (0, 1)]

@@ -23,6 +23,7 @@ class Slow:
     def __init__(self, delay=0.0):
         self.delay = delay
         self.finished = 0
+        self.streams = {}  # Telemetry calls by stream id, while open (for pushes)
 
     def kind(self, rpc):
         return {"Echo": "unary", "Telemetry": "telemetry", "Later": "later"}.get(rpc)
@@ -38,7 +39,11 @@ class Slow:
         return data
 
     def telemetry(self, call, data):
+        self.streams[call.stream_id] = call
         return b"re:" + data
+
+    def telemetry_closed(self, call):
+        self.streams.pop(call.stream_id, None)
 
 
 class Peer:
@@ -162,10 +167,14 @@ def test_what_is_no_grpc_request_gets_http_or_grpc_answers_and_the_connection_go
 
 
 def test_telemetry_answers_each_message_and_ends_when_the_client_half_closes(peer_factory):
-    p = peer_factory(Slow())
+    service = Slow()
+    p = peer_factory(service)
     sid = p.call("Telemetry", [b"one"], end=False)
     got = p.until(sid, lambda got: any(isinstance(e, DataReceived) for e in got))
     assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"re:one")
+    assert service.streams[sid].push(b"from-the-server")  # the service's own message on the open stream
+    got = p.until(sid, lambda got: any(isinstance(e, DataReceived) for e in got))
+    assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"from-the-server")
     p.h2.send_data(sid, frame(b"two"))
     p.flush()
     got = p.until(sid, lambda got: any(isinstance(e, DataReceived) for e in got))
@@ -173,6 +182,7 @@ def test_telemetry_answers_each_message_and_ends_when_the_client_half_closes(pee
     p.h2.end_stream(sid)
     p.flush()
     assert status_of(p.until(sid, ended)) == (0, "")
+    assert service.streams == {}  # the service was told the stream ended
 
 
 def test_a_stream_the_client_resets_is_forgotten_and_its_answer_never_sent(peer_factory):

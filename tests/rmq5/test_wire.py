@@ -1,10 +1,12 @@
 """gRPC's framing, RocketMQ 5's message checks and its credentials, without a network (metaq/rmq5, auth/proofs)."""
 
+import base64
+
 import pytest
 
 from metaq.auth import proofs
-from metaq.rmq5.records import (MAX_GROUP_BYTES, MAX_PROPERTY_BYTES, MAX_USER_PROPERTIES, Refusal, check_message,
-                                group_queue)
+from metaq.rmq5.records import (MAX_GROUP_BYTES, MAX_PROPERTY_BYTES, MAX_RECALL_HANDLE_BYTES, MAX_USER_PROPERTIES,
+                                Recall, Refusal, check_message, group_queue, parse_recall_handle, recall_handle)
 from metaq.rmq5.wire import (GrpcError, MessageReader, Status, frame, header_list_size, is_grpc_content_type,
                              parse_timeout, quote_message, rpc_name, trailers, trailers_only, unquote_message)
 
@@ -106,7 +108,8 @@ def test_a_message_is_laid_out_as_a_remoting_send_stores_it():
     (dict(user_properties={"a\nb": "x"}), "ILLEGAL_MESSAGE_PROPERTY_KEY"),
     (dict(user_properties={"p%d" % i: "v" for i in range(MAX_USER_PROPERTIES + 1)}), "MESSAGE_PROPERTIES_TOO_LARGE"),
     (dict(user_properties={"big": "v" * (MAX_PROPERTY_BYTES - 2)}), "MESSAGE_PROPERTIES_TOO_LARGE"),
-    (dict(message_type=4), "NOT_IMPLEMENTED"),
+    (dict(message_type=4, group="g"), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
+    (dict(message_type=4, deliver_ms=5), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
     (dict(group="g", deliver_ms=5), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
 ])
 def test_what_the_proxy_refuses_is_refused_with_its_code(kw, code):
@@ -142,3 +145,25 @@ def test_the_authorization_header_is_read_as_rocketmqs_broker_reads_it():
                 "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time", "garbage"):
         with pytest.raises(ValueError):
             proofs.parse_mqv2(bad)
+
+
+def test_a_recall_handle_gives_back_what_it_names_and_others_are_refused():
+    r = Recall("tq", "metaq-7", 1_800_000_000_000, "01ABCDEF", 123456789)
+    handle = recall_handle(r)
+    assert parse_recall_handle(handle) == r
+    assert base64.urlsafe_b64decode(handle).decode().startswith("v1 tq metaq-7 1800000000000 01ABCDEF")
+    for bad in ("", "%%%", base64.urlsafe_b64encode(b"v1 tq metaq-7 x 01 2").decode(),
+                base64.urlsafe_b64encode(b"v2 tq metaq-7 1 01 2").decode()):
+        with pytest.raises(Refusal) as err:
+            parse_recall_handle(bad)
+        assert err.value.code == "BAD_REQUEST"
+
+
+def test_a_recall_handle_is_read_up_to_its_limit():
+    # "v1 <topic> b 1 m 2": 1,536 bytes of text are 2,048 of Base64, the limit
+    at = Recall("t" * (MAX_RECALL_HANDLE_BYTES * 3 // 4 - 11), "b", 1, "m", 2)
+    assert len(recall_handle(at)) == MAX_RECALL_HANDLE_BYTES and parse_recall_handle(recall_handle(at)) == at
+    past = recall_handle(at._replace(topic=at.topic + "t"))
+    with pytest.raises(Refusal) as err:
+        parse_recall_handle(past)
+    assert err.value.code == "BAD_REQUEST" and "at most %d" % MAX_RECALL_HANDLE_BYTES in err.value.message

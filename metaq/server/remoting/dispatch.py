@@ -7,7 +7,9 @@ and ``%DLQ%<group>``: ``remoting.retry_queues``). With ``replication.ha: auto``
 every member names the elected master of its broker id instead, and no master
 while an election has none (``RemotingServer.route_addresses``); a member that
 is not the master refuses sends with SERVICE_NOT_AVAILABLE (14), as RocketMQ's
-slave does, and the client sends again after its next route refresh. Queue id =
+slave does, and the client sends again after its next route refresh. With
+ZooKeeper, a route also lists every other broker of the cluster holding the topic
+and the slaves of each (``RemotingServer.route_brokers``). Queue id =
 partition, queue offset = our offset; consumer offsets are the broker's
 consumer-offset store, the one the text ``commit_offset`` writes. Sends,
 send-backs and end-transaction live in ``remoting.send``. Any other code gets
@@ -104,19 +106,20 @@ def _ok(cmd, ext_fields=None, body=b""):
 
 
 class RemotingDispatcher:
-    def __init__(self, store, stats, config, put_path, tx, roles, waiters, *, broker_name, host, route_addresses,
+    def __init__(self, store, stats, config, put_path, tx, roles, waiters, *, broker_name, host, route_brokers,
                  clients, producers, locks, replies, guard, requests, closing):
         """The remoting port's: ``broker_name``; ``host()``, our ``(ip, port)`` as routes give it;
-        ``route_addresses()``, a route's ``brokerAddrs``; its client tables (``clients``: ClientRegistry,
-        ``producers``: ProducerRegistry, ``locks``: LockTable); ``replies``: its RemotingReplies (None:
-        request-reply off). ``guard``: the broker's Guard (None: no authentication); ``requests``: the ReplyBudget
-        of every connection's requests in progress; ``closing()``: True once the broker shuts down."""
+        ``route_brokers(topic)``, a route's brokers (``RemotingServer.route_brokers``); its client tables
+        (``clients``: ClientRegistry, ``producers``: ProducerRegistry, ``locks``: LockTable); ``replies``: its
+        RemotingReplies (None: request-reply off). ``guard``: the broker's Guard (None: no authentication);
+        ``requests``: the ReplyBudget of every connection's requests in progress; ``closing()``: True once the
+        broker shuts down."""
         self.config = config
         self.roles = roles
         self.waiters = waiters
         self.broker_name = broker_name
         self.host = host
-        self.route_addresses = route_addresses
+        self.route_brokers = route_brokers
         self.clients = clients
         self.producers = producers
         self.locks = locks
@@ -212,26 +215,36 @@ class RemotingDispatcher:
 
     # -- name server ---------------------------------------------------------
 
-    def _broker_data(self):
-        cfg = self.config.remoting
-        return BrokerData(self.broker_name, self.route_addresses(), cfg.cluster)
-
     def route(self, cmd, conn):
         h = decode_header(RouteInfoHeader, cmd)
         try:
-            queues = self.store.partitions_of(h.topic)
+            local = self.store.partitions_of(h.topic)
         except (errors.UnknownTopic, errors.InvalidTopic):
+            local = None
+        s = self.store.topics.settings_of(h.topic) if local is not None else None  # the topic table: perm, ordered
+        own_perm = PERM_READ | PERM_WRITE if s is None else (PERM_READ if s.readable else 0) | (
+            PERM_WRITE if s.writable else 0)
+        cluster = self.config.remoting.cluster
+        brokers, queues = [], []
+        for name, addrs, count in self.route_brokers(h.topic):
+            perm = PERM_READ | PERM_WRITE  # another broker's topic table is its own
+            if count is None:  # ours
+                if local is None:
+                    continue
+                count, perm = local, own_perm
+            brokers.append(BrokerData(name, addrs, cluster))
+            queues.append(QueueData(name, count, count, perm))
+        if not brokers:
             return response_for(cmd, ResponseCode.TOPIC_NOT_EXIST,
                                 "No topic route info in name server for the topic: %s" % h.topic)
-        name = self.broker_name
-        s = self.store.topics.settings_of(h.topic)  # the topic table (topics/table.py): perm, ordered
-        perm = PERM_READ | PERM_WRITE if s is None else (PERM_READ if s.readable else 0) | (PERM_WRITE if s.writable
-                                                                                          else 0)
-        order = "%s:%d" % (name, queues) if s is not None and s.ordered else None
-        return _ok(cmd, body=encode_topic_route([self._broker_data()], [QueueData(name, queues, queues, perm)], order))
+        order = (";".join("%s:%d" % (q.broker_name, q.write_queue_nums) for q in queues)
+                 if s is not None and s.ordered else None)
+        return _ok(cmd, body=encode_topic_route(brokers, queues, order))
 
     def cluster_info(self, cmd, conn):
-        return _ok(cmd, body=encode_cluster_info([self._broker_data()]))
+        cluster = self.config.remoting.cluster
+        return _ok(cmd, body=encode_cluster_info([BrokerData(name, addrs, cluster)
+                                                  for name, addrs, _count in self.route_brokers(None)]))
 
     # -- pull ----------------------------------------------------------------
 

@@ -21,7 +21,6 @@ scheduler (``PutPath.delay``, ``DelayScheduler.put_delayed``, levels from
 visible in its topic when its level's time has passed.
 """
 
-import itertools
 import logging
 import random
 
@@ -70,7 +69,6 @@ class RemotingSender:
         self.send_back_delay_level = cfg.send_back_delay_level
         self.max_half = cfg.max_half_messages
         self.cluster = cfg.cluster
-        self._half_numbers = itertools.count(first_half_number((h.number for h in tx.manager.halves()), now_ms()))
 
     # -- the put itself -------------------------------------------------------
 
@@ -263,7 +261,7 @@ class RemotingSender:
         if len(data) > self.max_body:
             raise RecordTooLarge("message of %d bytes exceeds limits.max_body_bytes (%d)" % (len(data), self.max_body))
         self.path.check_write(topic, AUTHORIZED)  # again: the body's inflation may have yielded
-        number = next(self._half_numbers)
+        number = self.tx.next_half_number(now_ms())
         msg_id = create_offset_msg_id(*self.host(), HALF_ID_BASE + number)
         transaction_id = props.get(PROP_UNIQ_KEY) or msg_id
         if len(transaction_id.encode("utf-8")) > limits.MAX_NAME_BYTES:
@@ -317,13 +315,6 @@ class RemotingSender:
             log.info("remoting %s: producer of %s still does not know half message %d", conn.peer, half.group,
                      number)
         return response_for(cmd, ResponseCode.SUCCESS)
-
-
-def first_half_number(pending, now):
-    """Where half-message numbers start in this run: past the pending ones and past any number an earlier run
-    can have given (a thousand per millisecond of uptime), so a late END_TRANSACTION never finds a newer
-    message under an old number."""
-    return max(now * 1000, max(pending, default=0) + 1)
 
 
 def _group_of(group):

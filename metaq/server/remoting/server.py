@@ -52,13 +52,18 @@ def advertised_ip(host):
 class RemotingServer:
     """The listener, its connections and the consumer-group bookkeeping."""
 
-    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters, elected_master=None, replies=None):
+    def __init__(self, core_, config, store, stats, put_path, tx, roles, waiters, elected_master=None, replies=None,
+                 cluster=None):
         """``elected_master``: with ``replication.ha: auto``, a callable giving the elected master's RocketMQ
         address (``host:port``) or None while none is known; routes name it as broker 0. Without it (ha:
-        manual, standalone) routes name this broker as the master, whatever its role. ``replies``: the
-        request-reply router (``reqreply.service``; None: SEND_REPLY_MESSAGE is not supported)."""
+        manual, standalone) routes name this broker as the master, whatever its role, unless ZooKeeper names
+        another. ``replies``: the request-reply router (``reqreply.service``; None: SEND_REPLY_MESSAGE is not
+        supported). ``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``routes.ClusterView.brokers``:
+        RouteBroker rows, None while ZooKeeper cannot be read); None: this broker alone."""
         cfg = config.remoting
         self.elected_master = elected_master
+        self.cluster = cluster
+        self.broker_id = config.broker.id
         self.core = core_
         self.config = cfg
         self.host = cfg.host or config.broker.host
@@ -78,7 +83,7 @@ class RemotingServer:
                         if replies is not None else None)
         self.dispatcher = RemotingDispatcher(
             store, stats, config, put_path, tx, roles, waiters, broker_name=self.broker_name, host=host,
-            route_addresses=self.route_addresses, clients=self.clients, producers=self.producers, locks=self.locks,
+            route_brokers=self.route_brokers, clients=self.clients, producers=self.producers, locks=self.locks,
             replies=self.replies, guard=getattr(core_, "guard", None), requests=self.requests,
             closing=lambda: core_.closing)
         self.stats = stats
@@ -97,6 +102,23 @@ class RemotingServer:
             return {0: self.address}
         master = self.elected_master()
         return {0: master} if master else {}
+
+    def route_brokers(self, topic):
+        """A route's brokers, ``[(broker name, brokerAddrs, queues)]``: this broker first, its queues None (the
+        store's count, asked by the caller), its master as ``route_addresses`` names it (or, ha: manual, as
+        ZooKeeper does) and its slaves as ZooKeeper lists them; then every other broker of the cluster holding
+        ``topic`` (every one when None), with its queue count."""
+        rows = self.cluster(topic) if self.cluster is not None else None
+        own = next((r for r in rows or () if r.broker_id == self.broker_id), None)
+        if self.elected_master is not None or own is None:
+            addrs = self.route_addresses()
+        else:
+            addrs = {0: own.remoting.get(0) or self.address}
+        if own is not None:
+            master = addrs.get(0)
+            addrs.update((k, v) for k, v in own.remoting.items() if k != 0 and v != master)
+        return [(self.broker_name, addrs, None)] + [(r.name, dict(r.remoting), r.queues) for r in rows or ()
+                                                    if r.broker_id != self.broker_id]
 
     @property
     def closing(self):
