@@ -25,7 +25,7 @@ from metaq.auth.acl import SUB
 from metaq.limits import validate_topic
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
-from metaq.mqtt.session import Subscribed
+from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topics import SHARE_PREFIX
 from metaq.server.connections import share_loop
 from metaq.topics.names import is_internal
@@ -45,6 +45,7 @@ class Delivery:
         self.settings = port.settings
         self.max_transfer = port.max_transfer
         self.session = conn.mqtt
+        self.port = port
         self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
@@ -134,6 +135,7 @@ class Delivery:
         conn = self.conn
         room = conn.room
         self._turn = time.monotonic()
+        self.resend()
         while not conn.closed:
             if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                 self._rescan()
@@ -185,14 +187,17 @@ class Delivery:
             cursors.pop(key, None)
             return False
         for rec in records:
-            if not self._deliver(topic, rec):
+            if not self._deliver(topic, partition, rec):
                 return False
             if key in cursors:
                 cursors[key] = rec.queue_offset + 1
+                self.session.dirty = True
         return bool(records)
 
-    def _deliver(self, topic, rec):
-        """Send one record when a subscription matches it; False when the connection closed meanwhile."""
+    def _deliver(self, topic, partition, rec):
+        """Send one record when a subscription matches it; False when the connection closed meanwhile. A QoS 2
+        delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
+        restart needs its packet id kept)."""
         conn, session = self.conn, self.session
         m = message_of(topic, rec.flag, rec.data)
         qos = session.granted_qos(topic, m.topic, m.client_id)
@@ -214,5 +219,34 @@ class Delivery:
         if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
             return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
         if qos:
-            session.sent(packet_id)
+            session.sent(packet_id, (qos, topic, partition, rec.queue_offset))
+            if qos == 2 and session.persistent:
+                self.port.save(session)
         return conn.send_bytes(data)
+
+    def resend(self):
+        """A resumed session's messages in flight go out again (MQTT 5.0 §4.4): a PUBLISH not acknowledged is sent
+        again with DUP set, from the log; one whose PUBREC came gets its PUBREL again."""
+        conn, session = self.conn, self.session
+        v5 = conn.version == wire.MQTT_5
+        for pid, state in list(session.inflight.items()):
+            if state == PUBREL_SENT:
+                conn.send(wire.PubRel(pid))
+                continue
+            where = session.where.get(pid)
+            rec = self._record_at(where) if where is not None else None
+            if rec is None:
+                session.dropped(pid)  # its message is gone from the log (retention): nothing to send again
+                continue
+            qos, topic = where[0], where[1]
+            m = message_of(topic, rec.flag, rec.data)
+            conn.send_bytes(wire.encode(wire.Publish(m.topic, m.payload, qos, False, True, pid,
+                                                     m.properties if v5 else {}), conn.version))
+
+    def _record_at(self, where):
+        _qos, topic, partition, offset = where
+        try:
+            records, _next = self.store.read_records(topic, partition, offset, 1, self.max_transfer)
+        except errors.MetaqError:
+            return None
+        return records[0] if records and records[0].queue_offset == offset else None

@@ -14,7 +14,14 @@ What it holds across connections:
 * **wills** (``connection_lost``): published through the put path when a connection ends without a normal
   DISCONNECT; an MQTT 5 Will Delay holds it for min(Will Delay, Session Expiry) unless the client id connects
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once);
-* **assigned client identifiers** for a CONNECT with an empty one.
+* **assigned client identifiers** for a CONNECT with an empty one;
+* **persistent sessions** (``follow.SessionTable``): the sessions the sessions' log (``%MQTT%``) holds, replayed
+  from the log at the start and followed on a slave (``follow.SessionFollow``); ``resume`` gives a CONNECT its saved
+  session, ``save`` writes one (at once for subscriptions, QoS 2 packet ids and ends; the read positions of the
+  connected ones every ``MQTT_SESSION_SAVE_INTERVAL_S`` while they change, by ``_keep``), and ``_keep`` ends the
+  offline sessions past their expiry, ``mqtt.offline_session_max_age_s`` or ``mqtt.max_offline_sessions`` and writes
+  again those whose record fell ``MQTT_SESSION_REWRITE_BYTES`` (or a segment) behind, so retention can go on.
+  Only a master writes; a slave's table follows the master's records, and a promoted slave's is its own.
 """
 
 import itertools
@@ -23,8 +30,9 @@ import os
 
 import gevent
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.mqtt.connection import Connection
+from metaq.mqtt.follow import MQTT_SESSIONS_TOPIC, SessionFollow, encode, encode_end, replay
 from metaq.mqtt.records import first_level, partition_for, record_data
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
@@ -35,7 +43,7 @@ log = logging.getLogger(__name__)
 class MqttPort:
     """See the module doc."""
 
-    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer):
+    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -49,6 +57,16 @@ class MqttPort:
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
         self.wills_published = 0
+        self.is_master = is_master
+        self.table = replay(store)  # the persistent sessions the log holds
+        for saved in self.table.sessions.values():
+            saved.connected = False  # their connections ended with the broker that wrote them
+        self._live = {}  # client id -> the MqttSession of a connected persistent session
+        self.follow = SessionFollow(store, lambda: self.table, self._relearn, self.table.floor)
+        self.follow.replicating = not is_master()
+        store.follower.add(self.follow, store.written_position)
+        self._keeper = None
+        self.sessions_expired = 0
 
     @property
     def closing(self):
@@ -60,6 +78,7 @@ class MqttPort:
 
     def listen(self, host, port):
         self.listener = self.core.listen("mqtt", host, port, self._connection)
+        self._keeper = gevent.spawn(self._keep)
         return self.listener
 
     def _connection(self, sock, address, conn_id):
@@ -110,13 +129,132 @@ class MqttPort:
         old = self._clients.get(client_id)
         held = self._delayed.get(client_id)
         owner = old.session.user if old is not None else held[2].user if held is not None else user
+        saved = self.table.sessions.get(client_id)
+        if owner == user and saved is not None and saved.user != user:
+            owner = saved.user  # an offline session is its user's too
         if owner != user:
             return "client identifier %s is held by another user's connection" % client_id
         return None
 
+    def holds(self, client_id):
+        """True while a connection holds ``client_id``."""
+        return client_id in self._clients
+
     def release(self, conn, client_id):
         if self._clients.get(client_id) is conn:
             del self._clients[client_id]
+
+    # -- persistent sessions ---------------------------------------------------
+
+    def resume(self, client_id, clean_start):
+        """The saved session a CONNECT resumes (None: none, or ``clean_start``, which ends a saved one)."""
+        saved = self.table.sessions.get(client_id)
+        if saved is None:
+            return None
+        if clean_start:
+            self.end_session(client_id)
+            return None
+        return saved
+
+    def save(self, session, connected=True):
+        """Write ``session``'s whole state to the sessions' log (page cache: a kill -9 keeps it); returns the log end
+        after its record, or None when it could not be written (logged: the session lives on in memory)."""
+        return self._write(session.client_id, encode(session.saved(now_ms(), connected)), session)
+
+    def end_session(self, client_id):
+        """End ``client_id``'s saved session (Clean Start, expiry, the offline bound)."""
+        if client_id in self.table.sessions:
+            self._write(client_id, encode_end(client_id))
+
+    def _write(self, client_id, data, session=None):
+        if not self.is_master():
+            return None
+        if len(data) > limits.MQTT_MAX_SESSION_RECORD_BYTES:
+            log.warning("mqtt client %s: its session needs a record of %d bytes, past %d "
+                        "(MQTT_MAX_SESSION_RECORD_BYTES): not saved", client_id, len(data),
+                        limits.MQTT_MAX_SESSION_RECORD_BYTES)
+            return None
+        now = now_ms()
+        try:
+            self.put_path.check_writable()
+            r = self.store.put(MQTT_SESSIONS_TOPIC, 0, 0, data, now)
+        except errors.MetaqError as exc:
+            log.warning("mqtt client %s: its session was not saved: %s", client_id, exc)
+            return None
+        self.table.apply(r.log_end - 1, data)  # a position inside the record: retention keeps its segment
+        if session is not None:
+            session.dirty = False
+        self.made_visible(MQTT_SESSIONS_TOPIC, r, now)
+        return r.log_end
+
+    def connected(self, session):
+        """A persistent session's connection began: written (connected), kept for the periodic saves."""
+        self._live[session.client_id] = session
+        self.save(session)
+
+    def went_offline(self, session):
+        """A persistent session's connection ended: its last state written; past ``mqtt.max_offline_sessions``
+        the session offline longest ends."""
+        if self._live.get(session.client_id) is session:
+            del self._live[session.client_id]
+        self.save(session, connected=False)
+        offline = self.table.offline()
+        for saved in offline[:max(0, len(offline) - self.settings.max_offline_sessions)]:
+            log.info("mqtt client %s: its session ends: %d sessions offline is the limit (mqtt.max_offline_sessions)",
+                     saved.client_id, self.settings.max_offline_sessions)
+            self.end_session(saved.client_id)
+
+    def _keep(self):
+        """Every ``MQTT_SESSION_SAVE_INTERVAL_S``: the connected persistent sessions that changed are written, the
+        offline ones past their expiry or age end, records too far behind the log end are written again."""
+        while not self.closing:
+            gevent.sleep(limits.MQTT_SESSION_SAVE_INTERVAL_S)
+            if not self.is_master():
+                continue
+            try:
+                self._keep_once()
+            except Exception:  # noqa: BLE001 - the keeper must go on
+                log.exception("mqtt: keeping the sessions failed")
+
+    def _keep_once(self):
+        for session in list(self._live.values()):
+            if session.dirty:
+                self.save(session)
+        now = now_ms()
+        for saved in self.table.offline():
+            if saved.expired(now, self.settings.offline_session_max_age_s):
+                log.info("mqtt client %s: its session expired", saved.client_id)
+                self.sessions_expired += 1
+                self.end_session(saved.client_id)
+        behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
+                                                   self.store.config.segment_size)
+        for saved in list(self.table.sessions.values()):
+            if saved.position is not None and saved.position < behind:
+                live = self._live.get(saved.client_id)
+                if live is not None:
+                    self.save(live)
+                else:
+                    self._write(saved.client_id, encode(saved))
+
+    def _relearn(self, upto):
+        """The log was cut at ``upto``: the sessions are what the log holds before it."""
+        self.table = replay(self.store, upto)
+        self.follow.replicating = not self.is_master()
+
+    def role_changed(self, slave_id):
+        """A slave made master takes the sessions it learned as its own (every record it holds learned first); a
+        master made slave follows the master's records from the log."""
+        if slave_id is None:
+            if self.follow.replicating:
+                self.store.follow_now(self.follow)
+                self.follow.replicating = False
+                for saved in self.table.sessions.values():
+                    saved.connected = False
+            return
+        if not self.follow.replicating:
+            self.table = replay(self.store)
+            self.follow.position = self.store.written_position
+            self.follow.replicating = True
 
     # -- puts ------------------------------------------------------------------
 
@@ -171,11 +309,19 @@ class MqttPort:
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
         those waiting for their delay."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
-                ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed))]
+                ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
+                ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
+                ("mqtt_sessions_expired", self.sessions_expired)]
 
     def stop(self):
-        """The broker stops: sessions end with it, so the wills held for their delay are published now."""
+        """The broker stops: the persistent sessions' last state is written; the wills held for their delay are
+        published now (a will's delay does not outlive the broker)."""
+        if self._keeper is not None:
+            self._keeper.kill(block=False)
+        for session in list(self._live.values()):
+            self.went_offline(session)
         held, self._delayed = self._delayed, {}
         for client_id, (greenlet, will, security) in held.items():
             greenlet.kill(block=False)
             self.publish_will(client_id, will, security)
+

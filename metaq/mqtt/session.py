@@ -7,13 +7,15 @@ QoS 2 packet identifiers received and not yet released (exactly once across a cl
 2 messages sent and not yet acknowledged (``inflight``). Every part is bounded by the front-end's limits, which it
 is given.
 
-In this phase a session lasts as long as its connection (Session Present is always 0): what a persistent session
-saves and restores is exactly this object's state (subscriptions, cursors, packet ids, in-flight), so keeping it past
-a connection, a restart or a failover is a matter of storing it, not of changing it.
+A persistent session (MQTT 3.1.1 Clean Session 0, MQTT 5 a Session Expiry Interval) is this object's state
+written to the sessions' log (``saved``, ``follow.SavedSession``) and read back at the next CONNECT (``restore``):
+``dirty`` says its read positions or messages in flight changed since it was last written. Each message in flight
+keeps where it is in the log (``where``), so that it is sent again after a reconnect.
 """
 
 from collections import OrderedDict
 
+from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.topics import matches
 
 __all__ = ["Subscribed", "MqttSession", "PUBLISH_SENT", "PUBREL_SENT"]
@@ -48,7 +50,31 @@ class MqttSession:
         self.cursors = {}  # (metaq topic, partition) -> next offset to deliver
         self.qos2_received = set()  # inbound QoS 2 packet ids stored, waiting for their PUBREL
         self.inflight = OrderedDict()  # outbound packet id -> PUBLISH_SENT or PUBREL_SENT
+        self.where = {}  # outbound packet id -> (qos, metaq topic, partition, offset) of the message in flight
         self._next_id = 0
+        self.persistent = False  # kept past its connection (written to the sessions' log)
+        self.expiry_s = None  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1
+        self.user = None
+        self.dirty = False  # cursors or messages in flight changed since the last save
+
+    # -- persistence -----------------------------------------------------------
+
+    def saved(self, now_ms, connected):
+        """This session's state as a ``follow.SavedSession`` (what a record of the sessions' log holds)."""
+        subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics)) for s in self.subscriptions.values()]
+        inflight = [(pid, state) + self.where[pid] for pid, state in self.inflight.items() if pid in self.where]
+        return SavedSession(self.client_id, self.user, self.version, self.expiry_s, now_ms, connected, subs,
+                            dict(self.cursors), sorted(self.qos2_received), inflight)
+
+    def restore(self, saved):
+        """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
+        for topic_filter, qos, no_local, topics in saved.subscriptions:
+            self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics)
+        self.cursors.update(saved.cursors)
+        self.qos2_received.update(saved.qos2[:self.max_qos2])
+        for pid, state, qos, topic, partition, offset in saved.inflight:
+            self.inflight[pid] = state
+            self.where[pid] = (qos, topic, partition, offset)
 
     # -- inbound QoS 2 ---------------------------------------------------------
 
@@ -119,14 +145,20 @@ class MqttSession:
                 return self._next_id
         return None
 
-    def sent(self, packet_id):
+    def sent(self, packet_id, where=None):
+        """A QoS 1 or 2 PUBLISH went out; ``where``: ``(qos, topic, partition, offset)`` of its message."""
         self.inflight[packet_id] = PUBLISH_SENT
+        if where is not None:
+            self.where[packet_id] = where
+        self.dirty = True
 
     def acknowledged(self, packet_id, state):
         """The client's PUBACK (``state`` PUBLISH_SENT, QoS 1) or PUBCOMP (PUBREL_SENT, QoS 2) of ``packet_id``: True
         when it ends a message in flight in that state (an unknown one is ignored)."""
         if self.inflight.get(packet_id) == state:
             del self.inflight[packet_id]
+            self.where.pop(packet_id, None)
+            self.dirty = True
             return True
         return False
 
@@ -135,9 +167,12 @@ class MqttSession:
         again for a repeated PUBREC)."""
         if packet_id in self.inflight:
             self.inflight[packet_id] = PUBREL_SENT
+            self.dirty = True
             return True
         return False
 
     def dropped(self, packet_id):
         """A PUBREC with a reason code of 0x80 or more ends the exchange."""
         self.inflight.pop(packet_id, None)
+        self.where.pop(packet_id, None)
+        self.dirty = True
