@@ -601,6 +601,12 @@ MQTT_OFFLINE_SESSION_MAX_AGE_S = 7 * 24 * 3600
 #: at the end, so that retention can delete the segments below it: the sessions' log needs only each session's last
 #: record, and this bounds how much log the sessions keep (the rewrite costs one record per session per this much).
 MQTT_SESSION_REWRITE_BYTES = 64 * 1024 * 1024
+#: Retained messages the broker keeps (``mqtt.max_retained``): a retained PUBLISH to one more topic name is refused
+#: (MQTT 5: 0x97 Quota exceeded in its PUBACK or PUBREC; 3.1.1: closed, as every refused PUBLISH).
+MQTT_MAX_RETAINED = 10_000
+#: Payload and property bytes of every retained message together (``mqtt.max_retained_bytes``): a retained PUBLISH
+#: that would pass it is refused as one past ``mqtt.max_retained`` is.
+MQTT_MAX_RETAINED_BYTES = 64 * 1024 * 1024
 #: Largest record of one session (its subscriptions, read positions, packet ids): a session that would need more is
 #: not saved (logged; it lives as long as its connection), the bound being what a replay holds per record.
 MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024

@@ -300,9 +300,6 @@ class Connection(core.Connection):
             return False
         will = p.will
         if will is not None:
-            if will.retain and v5:
-                return self._refuse_connect(wire.RETAIN_NOT_SUPPORTED, "a retained will: retained messages are not "
-                                            "supported yet")
             try:
                 first_level(will.topic)
             except RecordRefusal as exc:
@@ -329,7 +326,7 @@ class Connection(core.Connection):
         props = {}
         if v5:
             props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,
-                     "retain_available": 0, "shared_subscription_available": 0,
+                     "shared_subscription_available": 0,
                      "subscription_identifier_available": 0}
             if s.topic_alias_maximum:
                 props["topic_alias_maximum"] = s.topic_alias_maximum
@@ -432,9 +429,6 @@ class Connection(core.Connection):
                 name = self._aliases.get(alias)
                 if name is None:
                     return self._disconnect(wire.PROTOCOL_ERROR, "topic alias %d was never set" % alias)
-        if p.retain and v5:
-            return self._disconnect(wire.RETAIN_NOT_SUPPORTED,
-                                    "a retained PUBLISH: retained messages are not supported yet")
         session = self.mqtt
         if p.qos == 2 and session.qos2_seen(p.packet_id):
             self._queue_ack(wire.PubRec(p.packet_id))  # a resend: stored once already
@@ -445,7 +439,8 @@ class Connection(core.Connection):
             return self._disconnect(wire.RECEIVE_MAXIMUM_EXCEEDED, "more than %d QoS 1 and 2 PUBLISHes unacknowledged "
                                     "(mqtt.receive_maximum)" % s.receive_maximum)
         try:
-            topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, self.session)
+            topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, self.session,
+                                          p.retain)
         except (RecordRefusal, errors.MetaqError) as exc:
             return self._publish_refused(p, name, exc)
         if p.qos == 0:
@@ -506,12 +501,22 @@ class Connection(core.Connection):
             return self._disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
                                     "subscription identifiers are not supported yet")
         delivery = self._delivery_of()
-        codes = tuple(delivery.subscribe(s) for s in p.subscriptions)
+        codes = []
+        retained = []
+        for sub in p.subscriptions:
+            new = sub.topic_filter not in self.mqtt.subscriptions
+            code = delivery.subscribe(sub)
+            codes.append(code)
+            if code <= 2 and (sub.retain_handling == 0 or (sub.retain_handling == 1 and new)):
+                retained.append((sub.topic_filter, code))
+        codes = tuple(codes)
         if not v5:
             codes = tuple(c if c <= 2 else SUBACK_FAILURE_311 for c in codes)
         if self.mqtt.persistent:
             self.port.save(self.mqtt)
         ok = self.send(wire.Suback(p.packet_id, codes))
+        if retained:
+            delivery.retained_after_suback(retained)  # sent by the delivery, after the SUBACK
         self.room.set()
         return ok
 

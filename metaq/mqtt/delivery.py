@@ -27,6 +27,7 @@ from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topics import SHARE_PREFIX
+from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.topics.names import is_internal
 
@@ -46,6 +47,7 @@ class Delivery:
         self.max_transfer = port.max_transfer
         self.session = conn.mqtt
         self.port = port
+        self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
         self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
@@ -86,7 +88,8 @@ class Delivery:
                 return wire.UNSPECIFIED_ERROR
             topics = [first]
         granted = min(sub.qos, 2)
-        for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics)):
+        for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics,
+                                                  sub.retain_as_published)):
             self._start_at_end(topic)
         return granted
 
@@ -137,6 +140,8 @@ class Delivery:
         self._turn = time.monotonic()
         self.resend()
         while not conn.closed:
+            if self._retained:
+                self._send_retained()
             if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                 self._rescan()
             if self._pass():
@@ -144,6 +149,8 @@ class Delivery:
             room.clear()
             if conn.closed or self.waiters.closed:
                 return
+            if self._retained:
+                continue
             self.waiters.wait_any(list(self.session.cursors), limits.MQTT_TOPIC_RESCAN_S, room)
             self._turn = time.monotonic()
 
@@ -198,12 +205,27 @@ class Delivery:
         """Send one record when a subscription matches it; False when the connection closed meanwhile. A QoS 2
         delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
         restart needs its packet id kept)."""
-        conn, session = self.conn, self.session
         m = message_of(topic, rec.flag, rec.data)
-        qos = session.granted_qos(topic, m.topic, m.client_id)
+        qos = self.session.granted_qos(topic, m.topic, m.client_id)
         if qos is None:
             return True
-        qos = min(qos, m.qos)
+        retain = m.retain and self.session.retain_as_published(topic, m.topic)
+        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m)
+
+    def _send(self, topic, where, flag, data, granted, retain, m=None):
+        """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) at
+        min(its QoS, ``granted``); an expired one (MQTT 5 Message Expiry) is not sent, another is sent with the
+        interval left. False when the connection closed meanwhile."""
+        conn, session = self.conn, self.session
+        if m is None:
+            m = message_of(topic, flag, data)
+        props = m.properties
+        if m.expires_ms is not None:
+            left_ms = m.expires_ms - now_ms()
+            if left_ms <= 0:
+                return True  # expired: not delivered (MQTT 5.0 §3.3.2.3.3)
+            props = dict(props, message_expiry_interval=(left_ms + 999) // 1000)
+        qos = min(granted, m.qos)
         packet_id = None
         if qos:
             most = min(self.settings.max_inflight, conn.client_receive_max)
@@ -214,15 +236,36 @@ class Delivery:
                 conn.room.wait(1.0)
             packet_id = session.next_packet_id()
         v5 = conn.version == wire.MQTT_5
-        data = wire.encode(wire.Publish(m.topic, m.payload, qos, False, False, packet_id,
-                                        m.properties if v5 else {}), conn.version)
+        data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id, props if v5 else {}),
+                           conn.version)
         if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
             return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
         if qos:
-            session.sent(packet_id, (qos, topic, partition, rec.queue_offset))
+            session.sent(packet_id, (qos, topic) + where if where is not None else None)
             if qos == 2 and session.persistent:
                 self.port.save(session)
         return conn.send_bytes(data)
+
+    def retained_after_suback(self, subscribed):
+        """The retained messages of the filters in ``subscribed`` (``(filter, granted QoS)``) are to be sent, by
+        this delivery's greenlet (a QoS 1 or 2 one may wait for room in flight), after the SUBACK."""
+        self._retained.extend(subscribed)
+        self.conn.room.set()
+
+    def _send_retained(self):
+        """Send each retained message a new subscription matches, RETAIN set ([MQTT-3.3.1-8]), at min(its QoS,
+        granted), of the metaq topics the filter reads and its user may read now."""
+        pending, self._retained = self._retained, []
+        security = self.conn.session
+        for topic_filter, granted in pending:
+            sub = self.session.subscriptions.get(topic_filter)
+            if sub is None:
+                continue
+            for r in self.port.retained_for(topic_filter, sub.topics):
+                if not self.guard.allows(security, SUB, "topic", r.metaq_topic):
+                    continue
+                if not self._send(r.metaq_topic, None, r.flag, r.data, granted, True):
+                    return
 
     def resend(self):
         """A resumed session's messages in flight go out again (MQTT 5.0 §4.4): a PUBLISH not acknowledged is sent

@@ -12,9 +12,12 @@ slave, by the code that keeps messages.
   subscriptions, read positions, QoS 2 packet ids received and not released, messages in flight with where they
   are in the log); ``{"k": "d", "c": id}`` ends a session. Whole states make the last record of a client id its
   session: replay is "last record wins", and no snapshot is needed.
-* **Retention**: the log must keep each live session's last record (``retention_floor``: the lowest of them);
-  the port writes a session again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES`` (or a segment)
-  behind, so retention is never held back by more than that.
+* **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
+  the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
+  record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
+* **Retention**: the log must keep each live session's and retained message's last record (``retention_floor``:
+  the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
+  (or a segment) behind, so retention is never held back by more than that.
 * **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated; a **cut** replays the log up to
   the cut. A master learns nothing from its own records: it applied them as it wrote them.
 
@@ -34,7 +37,8 @@ log = logging.getLogger(__name__)
 #: How many index entries one read of the partition takes at a time (replay, learn).
 _SPANS = 1024
 
-__all__ = ["SavedSession", "SessionTable", "SessionFollow", "encode", "decode", "RecordError"]
+__all__ = ["SavedSession", "Retained", "SessionTable", "SessionFollow", "encode", "decode", "encode_retained",
+           "encode_unretained", "RecordError"]
 
 
 class RecordError(ValueError):
@@ -55,7 +59,7 @@ class SavedSession:
         self.expiry_s = expiry_s  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1 (kept until the age bound)
         self.at_ms = at_ms
         self.connected = connected
-        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics])]
+        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics], retain_as_published)]
         self.cursors = cursors  # {(topic, partition): next offset}
         self.qos2 = qos2  # [packet id]
         self.inflight = inflight  # [(packet id, state, qos, topic, partition, offset)]
@@ -86,6 +90,39 @@ def encode_end(client_id):
     return json.dumps({"k": "d", "c": client_id}, separators=(",", ":")).encode("utf-8")
 
 
+class Retained:
+    """A retained message: its MQTT topic name, the metaq topic, the flag and data of its stored record, when it was
+    retained; ``position``: where its record is in the log."""
+
+    __slots__ = ("name", "metaq_topic", "flag", "data", "at_ms", "position")
+
+    def __init__(self, name, metaq_topic, flag, data, at_ms, position=None):
+        self.name, self.metaq_topic, self.flag, self.data, self.at_ms = name, metaq_topic, flag, data, at_ms
+        self.position = position
+
+
+def encode_retained(r):
+    head = json.dumps({"t": r.name, "mt": r.metaq_topic, "f": r.flag, "at": r.at_ms}, separators=(",", ":"))
+    return b"R" + head.encode("utf-8") + b"\n" + bytes(r.data)
+
+
+def encode_unretained(name):
+    return b"U" + json.dumps({"t": name}, separators=(",", ":")).encode("utf-8")
+
+
+def decode_retained(data):
+    """``(name, Retained or None)`` of a retained message's record (None: cleared). Raises RecordError."""
+    data = bytes(data)
+    try:
+        if data[:1] == b"U":
+            return json.loads(data[1:].decode("utf-8"))["t"], None
+        end = data.index(b"\n")
+        d = json.loads(data[1:end].decode("utf-8"))
+        return d["t"], Retained(d["t"], d["mt"], d["f"], data[end + 1:], d["at"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError("a retained message's record that does not decode: %s" % exc) from exc
+
+
 def decode(data):
     """``(client id, SavedSession or None)`` of one record (None: the session ended). Raises RecordError."""
     try:
@@ -96,7 +133,7 @@ def decode(data):
             raise RecordError("unknown record kind %r" % (d["k"],))
         return d["c"], SavedSession(
             d["c"], d["u"], d["v"], d["e"], d["at"], d["on"],
-            [(f, q, bool(nl), list(ts)) for f, q, nl, ts in d["subs"]],
+            [(f, q, bool(nl), list(ts), bool(rap)) for f, q, nl, ts, rap in d["subs"]],
             {(t, p): o for t, p, o in d["cur"]}, list(d["q2"]),
             [tuple(i) for i in d["inf"]])
     except RecordError:
@@ -110,9 +147,25 @@ class SessionTable:
 
     def __init__(self):
         self.sessions = {}
+        self.retained = {}  # MQTT topic name -> Retained
+        self.retained_bytes = 0  # the payload bytes of the retained messages' records
 
     def apply(self, position, data):
         """One record at log ``position``; a record that does not decode is logged and passed over."""
+        if bytes(data[:1]) in (b"R", b"U"):
+            try:
+                name, r = decode_retained(data)
+            except RecordError as exc:
+                log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
+                return
+            old = self.retained.pop(name, None)
+            if old is not None:
+                self.retained_bytes -= len(old.data)
+            if r is not None:
+                r.position = position
+                self.retained[name] = r
+                self.retained_bytes += len(r.data)
+            return
         try:
             client_id, saved = decode(data)
         except RecordError as exc:
@@ -130,7 +183,8 @@ class SessionTable:
 
     def floor(self):
         """The lowest log position a live session's last record is at (None: no session)."""
-        return min((s.position for s in self.sessions.values() if s.position is not None), default=None)
+        return min([s.position for s in self.sessions.values() if s.position is not None]
+                   + [r.position for r in self.retained.values() if r.position is not None], default=None)
 
 
 def replay(store, upto=None):

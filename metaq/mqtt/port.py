@@ -32,8 +32,10 @@ import gevent
 
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
-from metaq.mqtt.follow import MQTT_SESSIONS_TOPIC, SessionFollow, encode, encode_end, replay
+from metaq.mqtt.follow import (MQTT_SESSIONS_TOPIC, Retained, SessionFollow, encode, encode_end, encode_retained,
+                               encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
+from metaq.mqtt.topics import matches
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 
@@ -228,6 +230,9 @@ class MqttPort:
                 self.end_session(saved.client_id)
         behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
                                                    self.store.config.segment_size)
+        for retained in list(self.table.retained.values()):
+            if retained.position is not None and retained.position < behind:
+                self._write(retained.name, encode_retained(retained))
         for saved in list(self.table.sessions.values()):
             if saved.position is not None and saved.position < behind:
                 live = self._live.get(saved.client_id)
@@ -258,20 +263,49 @@ class MqttPort:
 
     # -- puts ------------------------------------------------------------------
 
-    def put(self, name, payload, qos, client_id, properties, security):
+    def put(self, name, payload, qos, client_id, properties, security, retain=False):
         """Store one PUBLISH (or will) of MQTT topic ``name`` as ``security``'s user: ``(metaq topic, PutResult,
         now)``. The write is the put path's one decision (``PutPath.write_refusal``: the user's permission, the
-        broker's, the topic's name), the partition the name's (``records.partition_for``). Raises
-        ``records.RecordRefusal`` or MetaqError."""
+        broker's, the topic's name), the partition the name's (``records.partition_for``). ``retain``: the message
+        becomes the name's retained message (an empty payload clears it), within ``mqtt.max_retained`` and
+        ``mqtt.max_retained_bytes`` (QuotaExceeded past them, nothing stored); the result's ``log_end`` is then past
+        the retained record too, so an acknowledgement waits for both. Raises ``records.RecordRefusal`` or
+        MetaqError."""
         topic = first_level(name)
         exc = self.put_path.write_refusal(topic, security)
         if exc is not None:
             self.put_path.failed(topic, exc)
             raise exc
-        flag, data = record_data(name, payload, qos, client_id, properties)
-        partition = partition_for(name, self.store.partitions_of(topic))
         now = now_ms()
-        return topic, self.put_path.append(topic, partition, flag, data, now), now
+        flag, data = record_data(name, payload, qos, client_id, properties, retain, now)
+        if retain and payload:
+            refusal = self._retained_refusal(name, len(data))
+            if refusal is not None:
+                raise errors.QuotaExceeded("mqtt.retained", None, None, refusal)
+        partition = partition_for(name, self.store.partitions_of(topic))
+        r = self.put_path.append(topic, partition, flag, data, now)
+        if retain:
+            record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
+            if payload or name in self.table.retained:
+                end = self._write(name, record)
+                if end is not None:
+                    r = r._replace(log_end=max(r.log_end, end))
+        return topic, r, now
+
+    def _retained_refusal(self, name, size):
+        """Why one more retained message of ``size`` bytes for ``name`` is not kept (None: it is)."""
+        s, table = self.settings, self.table
+        old = table.retained.get(name)
+        if old is None and len(table.retained) >= s.max_retained:
+            return "%d retained messages is the limit (mqtt.max_retained)" % s.max_retained
+        if table.retained_bytes - (len(old.data) if old is not None else 0) + size > s.max_retained_bytes:
+            return ("retained messages of %d bytes together is the limit (mqtt.max_retained_bytes)"
+                    % s.max_retained_bytes)
+        return None
+
+    def retained_for(self, topic_filter, topics):
+        """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics``."""
+        return [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
 
     def made_visible(self, topic, result, now):
         """A put nobody waits for (QoS 0, a will): visible now (async), or at the flush it asks for (sync)."""
@@ -298,7 +332,8 @@ class MqttPort:
     def publish_will(self, client_id, will, security):
         """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged."""
         try:
-            topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security)
+            topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security,
+                                     will.retain)
         except (errors.MetaqError, ValueError) as exc:
             log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
             return
@@ -311,7 +346,8 @@ class MqttPort:
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
                 ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
                 ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
-                ("mqtt_sessions_expired", self.sessions_expired)]
+                ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
+                ("mqtt_retained_bytes", self.table.retained_bytes)]
 
     def stop(self):
         """The broker stops: the persistent sessions' last state is written; the wills held for their delay are

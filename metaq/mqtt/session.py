@@ -26,15 +26,16 @@ PUBREL_SENT = "pubrel"
 
 
 class Subscribed:
-    """One filter of a session: its granted QoS, No Local, and the metaq topics it reads (its first level when that
-    is literal; every topic its user may read when it starts with a wildcard)."""
+    """One filter of a session: its granted QoS, No Local, Retain As Published, and the metaq topics it reads (its
+    first level when that is literal; every topic its user may read when it starts with a wildcard)."""
 
-    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard")
+    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard", "retain_as_published")
 
-    def __init__(self, topic_filter, qos, no_local, topics):
+    def __init__(self, topic_filter, qos, no_local, topics, retain_as_published=False):
         self.topic_filter = topic_filter
         self.qos = qos
         self.no_local = no_local
+        self.retain_as_published = retain_as_published
         self.topics = set(topics)
         self.wildcard = topic_filter.split("/", 1)[0] in ("+", "#")
 
@@ -61,15 +62,16 @@ class MqttSession:
 
     def saved(self, now_ms, connected):
         """This session's state as a ``follow.SavedSession`` (what a record of the sessions' log holds)."""
-        subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics)) for s in self.subscriptions.values()]
+        subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics), s.retain_as_published)
+                for s in self.subscriptions.values()]
         inflight = [(pid, state) + self.where[pid] for pid, state in self.inflight.items() if pid in self.where]
         return SavedSession(self.client_id, self.user, self.version, self.expiry_s, now_ms, connected, subs,
                             dict(self.cursors), sorted(self.qos2_received), inflight)
 
     def restore(self, saved):
         """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
-        for topic_filter, qos, no_local, topics in saved.subscriptions:
-            self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics)
+        for topic_filter, qos, no_local, topics, rap in saved.subscriptions:
+            self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics, rap)
         self.cursors.update(saved.cursors)
         self.qos2_received.update(saved.qos2[:self.max_qos2])
         for pid, state, qos, topic, partition, offset in saved.inflight:
@@ -122,6 +124,11 @@ class MqttSession:
     def wildcards(self):
         """The subscriptions whose filter starts with a wildcard."""
         return [s for s in self.subscriptions.values() if s.wildcard]
+
+    def retain_as_published(self, metaq_topic, name):
+        """True when a subscription that matches ``name`` (of ``metaq_topic``) asked for Retain As Published."""
+        return any(sub.retain_as_published and metaq_topic in sub.topics and matches(sub.topic_filter, name)
+                   for sub in self.subscriptions.values())
 
     def granted_qos(self, metaq_topic, name, publisher):
         """The QoS a message of MQTT topic ``name`` (stored in ``metaq_topic``, published by client ``publisher``) is

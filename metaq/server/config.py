@@ -441,6 +441,8 @@ class MqttSection(_Section):
     max_delayed_wills: int = Field(limits.MQTT_MAX_DELAYED_WILLS, ge=0)
     max_offline_sessions: int = Field(limits.MQTT_MAX_OFFLINE_SESSIONS, ge=0)  # persistent sessions kept offline
     offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
+    max_retained: int = Field(limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept
+    max_retained_bytes: int = Field(limits.MQTT_MAX_RETAINED_BYTES, ge=0)
 
     @field_validator("host")
     @classmethod

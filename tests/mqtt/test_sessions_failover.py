@@ -1,6 +1,6 @@
-"""Persistent sessions survive a failover (docs/mqtt.md "What survives what"): the slave copies the sessions' log
-(``%MQTT%``) with everything else and follows it into its own session table; promoted, it resumes a device's session
-with what was published while the device was offline."""
+"""Persistent sessions and retained messages survive a failover (docs/mqtt.md "What survives what"): the slave
+copies the sessions' log (``%MQTT%``) with everything else and follows it into its own session table; promoted, it
+resumes a device's session with what was published while the device was offline, and keeps the retained messages."""
 
 import os
 
@@ -31,6 +31,10 @@ def test_a_promoted_slave_resumes_the_session(broker_factory, tmp_path, capsys):
     raw.send(wire.Disconnect())
     raw.close()
     _publish(m, 2)  # while it is offline; PUBACK once the slave holds them (sync)
+    pub = Raw(m)
+    assert pub.connect("retainer").reason_code == 0
+    pub.send(wire.Publish("kept/x", b"retained", 1, retain=True, packet_id=1))
+    assert pub.read() == wire.PubAck(1)  # once the slave holds the message and its retained record
     caught_up(m, s)
     wait_for(lambda: stats(s).get("mqtt_sessions_offline") == "1", 10, "the slave learned the session")
     m.kill()
@@ -40,3 +44,7 @@ def test_a_promoted_slave_resumes_the_session(broker_factory, tmp_path, capsys):
     raw, present = _resume(s, "dev1")
     assert present
     assert _payloads(raw, 2) == [b"m0", b"m1"]
+    raw.send(wire.Subscribe(2, (wire.Subscription("kept/#", 1),)))
+    assert raw.read() == wire.Suback(2, (1,))
+    p = raw.read()
+    assert (p.topic, p.payload, p.retain) == ("kept/x", b"retained", True)
