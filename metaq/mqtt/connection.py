@@ -326,7 +326,6 @@ class Connection(core.Connection):
         props = {}
         if v5:
             props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,
-                     "shared_subscription_available": 0,
                      "subscription_identifier_available": 0}
             if s.topic_alias_maximum:
                 props["topic_alias_maximum"] = s.topic_alias_maximum
@@ -399,6 +398,8 @@ class Connection(core.Connection):
         if self.mqtt is None:
             return
         self.port.release(self, self.mqtt.client_id)
+        for topic_filter in list(self.mqtt.shared):
+            self._leave(topic_filter)
         if not self._taken_over:
             if self.mqtt.persistent:
                 self.port.went_offline(self.mqtt)
@@ -527,11 +528,19 @@ class Connection(core.Connection):
         return self._delivery_obj
 
     def _unsubscribe(self, p):
-        codes = tuple(wire.SUCCESS if self.mqtt.unsubscribe(f) else wire.NO_SUBSCRIPTION_EXISTED
+        codes = tuple(wire.SUCCESS if self.mqtt.unsubscribe(f) or self._leave(f) else wire.NO_SUBSCRIPTION_EXISTED
                       for f in p.topic_filters)
         if self.mqtt.persistent:
             self.port.save(self.mqtt)
         return self.send(wire.Unsuback(p.packet_id, codes if self.version == MQTT_5 else ()))
+
+    def _leave(self, topic_filter):
+        """Leave the shared group of ``topic_filter`` (True when this connection was a member)."""
+        held = self.mqtt.shared.pop(topic_filter, None)
+        if held is None:
+            return False
+        self.port.leave_group(self, held[0])
+        return True
 
 
 def _now():

@@ -26,7 +26,7 @@ from metaq.limits import validate_topic
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
-from metaq.mqtt.topics import SHARE_PREFIX
+from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.topics.names import is_internal
@@ -48,6 +48,7 @@ class Delivery:
         self.session = conn.mqtt
         self.port = port
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
+        self._deferred = {}  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
         self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
@@ -58,13 +59,23 @@ class Delivery:
     def subscribe(self, sub):
         """Add one filter of a SUBSCRIBE (a ``wire.Subscription``); its SUBACK code (the granted QoS, or a failure)."""
         session, s = self.session, self.settings
-        if self.conn.version == wire.MQTT_5 and sub.topic_filter.startswith(SHARE_PREFIX):
-            return wire.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED  # shared subscriptions: the next phase (CONNACK says so)
-        if sub.topic_filter not in session.subscriptions and len(session.subscriptions) >= s.max_subscriptions:
+        try:
+            share, inner = split_shared(sub.topic_filter)
+        except TopicError:
+            return wire.TOPIC_FILTER_INVALID
+        held = len(session.subscriptions) + len(session.shared)
+        if sub.topic_filter not in session.subscriptions and sub.topic_filter not in session.shared \
+                and held >= s.max_subscriptions:
             log.info("mqtt %s: SUBSCRIBE %s refused: %d subscriptions is the limit (mqtt.max_subscriptions)",
                      self.conn.peer, sub.topic_filter, s.max_subscriptions)
             return wire.QUOTA_EXCEEDED
-        first = sub.topic_filter.split("/", 1)[0]
+        if share is not None:
+            try:
+                self.guard.require(self.conn.session, SUB, "group", share)  # the group is a consumer group's
+            except (errors.Forbidden, errors.Unauthenticated) as exc:
+                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
+                return wire.NOT_AUTHORIZED
+        first = inner.split("/", 1)[0]
         if first in ("+", "#"):
             topics = self._readable()
             self._seen.update(self.store.known_topics())
@@ -88,6 +99,13 @@ class Delivery:
                 return wire.UNSPECIFIED_ERROR
             topics = [first]
         granted = min(sub.qos, 2)
+        if share is not None:
+            old = session.shared.pop(sub.topic_filter, None)
+            if old is not None:
+                self.port.leave_group(self.conn, old[0])
+            group = self.port.join_group(self.conn, share, inner, topics, self.store.max_offset)
+            session.shared[sub.topic_filter] = (group, granted)
+            return granted
         for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics,
                                                   sub.retain_as_published)):
             self._start_at_end(topic)
@@ -151,7 +169,10 @@ class Delivery:
                 return
             if self._retained:
                 continue
-            self.waiters.wait_any(list(self.session.cursors), limits.MQTT_TOPIC_RESCAN_S, room)
+            keys = list(self.session.cursors)
+            for group, _granted in self.session.shared.values():
+                keys.extend(group.cursors)
+            self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
             self._turn = time.monotonic()
 
     def _pass(self):
@@ -171,7 +192,54 @@ class Delivery:
                 read_any = self._read(key) or read_any
             finally:
                 conn.replies.release(self.max_transfer)
+        for group, granted in list(self.session.shared.values()):
+            for key in list(group.cursors):
+                self._turn = share_loop(self._turn)
+                if conn.closed:
+                    return False
+                if not self.guard.allows(conn.session, SUB, "topic", key[0]):
+                    continue
+                if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
+                    return False
+                try:
+                    read_any = self._read_shared(group, granted, key) or read_any
+                finally:
+                    conn.replies.release(self.max_transfer)
         return read_any
+
+    def _read_shared(self, group, granted, key):
+        """Read a shared group's partition from the group's cursor: each record is claimed (the cursor moved past it)
+        before it is sent, so another member's delivery never sends it too."""
+        topic, partition = key
+        offset = group.cursors.get(key)
+        if offset is None:
+            return False
+        try:
+            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                     self.max_transfer)
+        except errors.Moved as moved:
+            group.cursors[key] = moved.offset
+            return moved.offset != offset
+        except errors.CorruptRecord as exc:
+            group.cursors[key] = exc.next_offset
+            return True
+        except errors.MetaqError:
+            group.cursors.pop(key, None)
+            return False
+        for rec in records:
+            if group.cursors.get(key) != rec.queue_offset:
+                return True  # another member claimed it meanwhile
+            if not group.my_turn(self.conn) and self._deferred.get(key) != (group, rec.queue_offset):
+                self._deferred[key] = (group, rec.queue_offset)  # another member's turn; past a wait, this one's
+                return False
+            group.cursors[key] = rec.queue_offset + 1
+            group.claimed(self.conn)
+            m = message_of(topic, rec.flag, rec.data)
+            if not matches(group.topic_filter, m.topic):
+                continue
+            if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m):
+                return False
+        return bool(records)
 
     def _read(self, key):
         topic, partition = key

@@ -35,6 +35,7 @@ from metaq.mqtt.connection import Connection
 from metaq.mqtt.follow import (MQTT_SESSIONS_TOPIC, Retained, SessionFollow, encode, encode_end, encode_retained,
                                encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
+from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import matches
 from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
@@ -64,6 +65,7 @@ class MqttPort:
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
         self._live = {}  # client id -> the MqttSession of a connected persistent session
+        self._groups = {}  # (share name, filter) -> SharedGroup
         self.follow = SessionFollow(store, lambda: self.table, self._relearn, self.table.floor)
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
@@ -303,6 +305,31 @@ class MqttPort:
                     % s.max_retained_bytes)
         return None
 
+    # -- shared subscriptions --------------------------------------------------
+
+    def join_group(self, member, name, topic_filter, topics, start):
+        """``member`` joins shared group ``name`` of ``topic_filter``: returns its ``SharedGroup``; a new group reads
+        ``topics`` from ``start(topic, partition)`` (the end of the log)."""
+        key = (name, topic_filter)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = SharedGroup(name, topic_filter, topics)
+            for topic in topics:
+                try:
+                    partitions = self.store.partitions_of(topic)
+                except errors.MetaqError:
+                    continue
+                for p in range(partitions):
+                    group.cursors[(topic, p)] = start(topic, p)
+        group.members.setdefault(member, min(group.members.values(), default=0))
+        return group
+
+    def leave_group(self, member, group):
+        """``member`` leaves ``group``; the group ends with its last member."""
+        group.members.pop(member, None)
+        if not group.members and self._groups.get((group.name, group.topic_filter)) is group:
+            del self._groups[(group.name, group.topic_filter)]
+
     def retained_for(self, topic_filter, topics):
         """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics``."""
         return [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
@@ -347,7 +374,7 @@ class MqttPort:
                 ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
                 ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
-                ("mqtt_retained_bytes", self.table.retained_bytes)]
+                ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups))]
 
     def stop(self):
         """The broker stops: the persistent sessions' last state is written; the wills held for their delay are

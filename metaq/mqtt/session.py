@@ -18,7 +18,7 @@ from collections import OrderedDict
 from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.topics import matches
 
-__all__ = ["Subscribed", "MqttSession", "PUBLISH_SENT", "PUBREL_SENT"]
+__all__ = ["Subscribed", "SharedGroup", "MqttSession", "PUBLISH_SENT", "PUBREL_SENT"]
 
 #: ``inflight`` states: a QoS 1 or 2 PUBLISH sent, waiting for its PUBACK or PUBREC; a PUBREL sent, waiting for PUBCOMP.
 PUBLISH_SENT = "publish"
@@ -40,6 +40,27 @@ class Subscribed:
         self.wildcard = topic_filter.split("/", 1)[0] in ("+", "#")
 
 
+class SharedGroup:
+    """A shared subscription's group (``$share/<name>/<filter>``, MQTT 5.0 §4.8.2): the members (connections) that
+    share it and one read position per partition (``cursors``): a message is claimed by the member whose delivery
+    moves the cursor past it, so each goes to one member. It lives while it has members; a new one starts at the end
+    of the log."""
+
+    __slots__ = ("name", "topic_filter", "topics", "cursors", "members")
+
+    def __init__(self, name, topic_filter, topics):
+        self.name, self.topic_filter, self.topics = name, topic_filter, set(topics)
+        self.cursors = {}  # (metaq topic, partition) -> the next offset some member delivers
+        self.members = {}  # member -> messages it claimed (the member with the fewest claims the next)
+
+    def my_turn(self, member):
+        """True when ``member`` has claimed no more messages than any other member: the next is its to claim."""
+        return self.members.get(member, 0) <= min(self.members.values(), default=0)
+
+    def claimed(self, member):
+        self.members[member] = self.members.get(member, 0) + 1
+
+
 class MqttSession:
     """A client's session (see the module doc); ``max_qos2`` bounds the QoS 2 packet ids kept."""
 
@@ -48,6 +69,7 @@ class MqttSession:
         self.version = version
         self.max_qos2 = max_qos2
         self.subscriptions = OrderedDict()  # filter -> Subscribed
+        self.shared = OrderedDict()  # $share/<name>/<filter> -> (SharedGroup, granted QoS)
         self.cursors = {}  # (metaq topic, partition) -> next offset to deliver
         self.qos2_received = set()  # inbound QoS 2 packet ids stored, waiting for their PUBREL
         self.inflight = OrderedDict()  # outbound packet id -> PUBLISH_SENT or PUBREL_SENT
