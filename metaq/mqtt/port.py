@@ -66,7 +66,7 @@ class MqttPort:
             saved.connected = False  # their connections ended with the broker that wrote them
         self._live = {}  # client id -> the MqttSession of a connected persistent session
         self._groups = {}  # (share name, filter) -> SharedGroup
-        self.follow = SessionFollow(store, lambda: self.table, self._relearn, self.table.floor)
+        self.follow = SessionFollow(store, lambda: self.table, self._relearn, lambda: self.table.floor())
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None

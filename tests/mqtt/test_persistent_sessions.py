@@ -195,3 +195,13 @@ def test_paho_311_clean_session_0(broker_factory, tmp_path):
     c = Paho(b, client_id="paho1", version=V311, clean=False)
     assert c.session_present
     assert [m.payload for m in c.wait_messages(1)] == [b"while-away"]
+
+
+def test_a_takeover_resumes_the_session_the_first_connection_held(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    first = _subscribed(b, "dev1")
+    second, present = _resume(b, "dev1")  # the first is taken over; its session saved before this one resumes it
+    assert present
+    assert first.read() == wire.Disconnect(wire.SESSION_TAKEN_OVER)
+    _publish(b, 1)
+    assert _payloads(second, 1) == [b"m0"]
