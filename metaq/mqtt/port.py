@@ -71,6 +71,7 @@ class MqttPort:
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
         self.sessions_expired = 0
+        self.records_written = 0  # %MQTT% records this broker wrote since its start
 
     @property
     def closing(self):
@@ -185,6 +186,7 @@ class MqttPort:
         except errors.MetaqError as exc:
             log.warning("mqtt client %s: its session was not saved: %s", client_id, exc)
             return None
+        self.records_written += 1
         self.table.apply(r.log_end - 1, data)  # a position inside the record: retention keeps its segment
         if session is not None:
             session.dirty = False
@@ -374,7 +376,8 @@ class MqttPort:
                 ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
                 ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
-                ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups))]
+                ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
+                ("mqtt_session_records", self.records_written)]
 
     def stop(self):
         """The broker stops: the persistent sessions' last state is written; the wills held for their delay are

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from metaq import limits
 from metaq.mqtt import wire
 from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub, mqtt_config
 
@@ -205,3 +206,23 @@ def test_a_takeover_resumes_the_session_the_first_connection_held(broker_factory
     assert first.read() == wire.Disconnect(wire.SESSION_TAKEN_OVER)
     _publish(b, 1)
     assert _payloads(second, 1) == [b"m0"]
+
+
+def test_delivering_to_a_session_writes_a_record_per_interval_not_per_message(broker_factory, tmp_path):
+    """Write amplification is bounded: a persistent session's read positions are saved at most once per
+    MQTT_SESSION_SAVE_INTERVAL_S however many messages it is delivered."""
+    b = broker_factory(mqtt_config(tmp_path))
+    raw = _subscribed(b, "busy")
+    with b.client() as c:
+        before = int(c.stats_dict()["mqtt_session_records"])
+    started = time.monotonic()
+    pub = Raw(b)
+    assert pub.connect("publisher").reason_code == 0
+    for i in range(300):
+        pub.send(wire.Publish("dev/t", b"%d" % i, 0))
+    assert _payloads(raw, 300) == [b"%d" % i for i in range(300)]
+    time.sleep(1.2)  # the last positions saved
+    with b.client() as c:
+        written = int(c.stats_dict()["mqtt_session_records"]) - before
+    seconds = time.monotonic() - started
+    assert 1 <= written <= int(seconds / limits.MQTT_SESSION_SAVE_INTERVAL_S) + 2, (written, seconds)

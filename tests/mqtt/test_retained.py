@@ -2,6 +2,8 @@
 subscription as Retain Handling says, RETAIN set; Retain As Published; bounded by mqtt.max_retained and
 mqtt.max_retained_bytes; kept across a restart and a kill -9 (the sessions' log)."""
 
+import time
+
 import pytest
 
 from metaq.mqtt import wire
@@ -131,3 +133,15 @@ def test_mosquitto_and_paho_311(b):
     c.subscribe("cli/#", qos=1)
     m = c.wait_messages(1)[0]
     assert (m.topic, m.payload, m.retain) == ("cli/x", b"from-mosquitto", True)
+
+
+def test_a_retained_will_becomes_the_retained_message(b):
+    raw = Raw(b)
+    will = wire.Will("status/dev9", b"offline", 1, True)
+    assert raw.connect("dev9", will=will).reason_code == 0
+    raw.close()  # no DISCONNECT: the will is published, retained
+    deadline = time.monotonic() + 10
+    got = []
+    while not got and time.monotonic() < deadline:
+        got = _retained(b, "status/#", timeout=0.3)
+    assert got == [("status/dev9", b"offline", True)]
