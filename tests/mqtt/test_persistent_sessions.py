@@ -2,13 +2,16 @@
 Session Expiry Interval (MQTT 5) finds its subscriptions, what it was not yet sent and its QoS 2 state again after
 it reconnects, after the broker restarts and after a kill -9; sessions expire on time and are bounded."""
 
+import os
 import time
 
 import pytest
 
 from metaq import limits
 from metaq.mqtt import wire
-from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub, mqtt_config
+from metaq.client.local import small_config
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub, mqtt_config, with_mqtt
 
 HOUR = {"session_expiry_interval": 3600}
 
@@ -226,3 +229,26 @@ def test_delivering_to_a_session_writes_a_record_per_interval_not_per_message(br
         written = int(c.stats_dict()["mqtt_session_records"]) - before
     seconds = time.monotonic() - started
     assert 1 <= written <= int(seconds / limits.MQTT_SESSION_SAVE_INTERVAL_S) + 2, (written, seconds)
+
+
+@pytest.mark.slow
+def test_retention_goes_on_and_the_session_is_kept(broker_factory, tmp_path):
+    """A session's record that falls a segment behind the log end is written again, so retention deletes the old
+    segments (its floor is the lowest live record) and the session is still there after a restart."""
+    store = {"retention_hours": 0.0005, "retention_check_interval_s": 0.3}  # segments older than 1.8 s
+    b = broker_factory(with_mqtt(small_config(tmp_path / "data", store=store)))
+    raw = _subscribed(b, "dev1")
+    raw.send(wire.Disconnect())
+    raw.close()
+    segment = b.config["store"]["segment_size"]
+    with b.client() as c:
+        for _ in range(3 * segment // 200_000 + 2):
+            c.put_ok("bulk", b"x" * 200_000)
+    first = os.path.join(b.data_dir, "commitlog", "%020d" % 0)
+    wait_for(lambda: not os.path.exists(first), 30, "the first segment deleted by retention")
+    _publish(b, 1)
+    b.stop()
+    b.start()
+    raw, present = _resume(b, "dev1")
+    assert present
+    assert _payloads(raw, 1) == [b"m0"]
