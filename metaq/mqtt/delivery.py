@@ -229,17 +229,25 @@ class Delivery:
         for rec in records:
             if group.cursors.get(key) != rec.queue_offset:
                 return True  # another member claimed it meanwhile
-            if not group.my_turn(self.conn) and self._deferred.get(key) != (group, rec.queue_offset):
+            m = message_of(topic, rec.flag, rec.data)
+            if not matches(group.topic_filter, m.topic):
+                group.cursors[key] = rec.queue_offset + 1
+                continue
+            if min(granted, m.qos) and not self._has_room(self.conn):
+                return False  # its window is full: a member with room takes it (this one waits for an ack)
+            if not group.my_turn(self.conn, self._has_room) and \
+                    self._deferred.get(key) != (group, rec.queue_offset):
                 self._deferred[key] = (group, rec.queue_offset)  # another member's turn; past a wait, this one's
                 return False
             group.cursors[key] = rec.queue_offset + 1
             group.claimed(self.conn)
-            m = message_of(topic, rec.flag, rec.data)
-            if not matches(group.topic_filter, m.topic):
-                continue
             if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m):
                 return False
         return bool(records)
+
+    def _has_room(self, conn):
+        """True when ``conn`` (a member of a shared group) may have one more QoS 1 or 2 message in flight now."""
+        return not conn.closed and len(conn.mqtt.inflight) < min(self.settings.max_inflight, conn.client_receive_max)
 
     def _read(self, key):
         topic, partition = key

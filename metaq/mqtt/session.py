@@ -53,9 +53,11 @@ class SharedGroup:
         self.cursors = {}  # (metaq topic, partition) -> the next offset some member delivers
         self.members = {}  # member -> messages it claimed (the member with the fewest claims the next)
 
-    def my_turn(self, member):
-        """True when ``member`` has claimed no more messages than any other member: the next is its to claim."""
-        return self.members.get(member, 0) <= min(self.members.values(), default=0)
+    def my_turn(self, member, ready):
+        """True when ``member`` has claimed no more messages than any other member ``ready(member)`` says may take
+        one now: the next is its to claim."""
+        mine = self.members.get(member, 0)
+        return mine <= min((n for m, n in self.members.items() if m is member or ready(m)), default=mine)
 
     def claimed(self, member):
         self.members[member] = self.members.get(member, 0) + 1

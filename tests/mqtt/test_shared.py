@@ -70,3 +70,26 @@ def test_a_shared_group_is_a_consumer_group_of_the_guard(broker_factory, tmp_pat
                                 wire.Subscription("$share/other/orders/#", 1),
                                 wire.Subscription("$share/billing/payroll/#", 1))))
     assert raw.read() == wire.Suback(1, (1, wire.NOT_AUTHORIZED, wire.NOT_AUTHORIZED))
+
+
+def test_a_member_that_stops_acknowledging_does_not_hold_the_group_back(broker_factory, tmp_path):
+    """A member whose window of messages in flight is full takes no more: the others get the rest, at once."""
+    b = broker_factory(mqtt_config(tmp_path))
+    stuck = _member(b, "stuck")  # Receive Maximum 1, never acknowledges
+    busy = _member(b, "busy")
+    got, stop = [], threading.Event()
+    t = threading.Thread(target=_collect, args=(busy, got, stop))
+    t.start()
+    try:
+        started = time.monotonic()
+        _publish(b, 10, topic="work/jobs")
+        end = time.monotonic() + 20
+        while len(got) < 9 and time.monotonic() < end:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        t.join()
+    held = stuck.read()  # the one it was sent, never acknowledged
+    assert sorted(got + [held.payload]) == sorted(b"m%d" % i for i in range(10))
+    assert took < 5, took  # not one wait per message
