@@ -334,8 +334,13 @@ class Connection(core.Connection):
         self._writer = gevent.spawn(self._write_acks)
         if not self.send(wire.Connack(saved is not None, wire.SUCCESS, props)):
             return False
-        if session.subscriptions or session.inflight:
-            self._delivery_of()  # a resumed session: its messages in flight again, then what came since
+        if session.subscriptions or session.inflight or session.rejoin:
+            delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
+            rejoin, session.rejoin = session.rejoin, []
+            for topic_filter, granted in rejoin:  # its shared groups joined again, their permission asked again
+                code = delivery.subscribe(wire.Subscription(topic_filter, granted))
+                if code > 2:
+                    log.info("mqtt %s: shared subscription %s not resumed (0x%02X)", self.peer, topic_filter, code)
         return True
 
     def _login(self, p):
@@ -398,13 +403,13 @@ class Connection(core.Connection):
         if self.mqtt is None:
             return
         self.port.release(self, self.mqtt.client_id)
-        for topic_filter in list(self.mqtt.shared):
-            self._leave(topic_filter)
         if not self._taken_over:
             if self.mqtt.persistent:
-                self.port.went_offline(self.mqtt)
+                self.port.went_offline(self.mqtt)  # its shared subscriptions with it, before it leaves their groups
             elif not self.port.holds(self.mqtt.client_id):
                 self.port.end_session(self.mqtt.client_id)  # a resumed session with no expiry ends with its connection
+        for topic_filter in list(self.mqtt.shared):
+            self._leave(topic_filter)
         will, self.will = self.will, None
         if will is not None and not self._ended_cleanly and not self._taken_over:
             self.port.connection_lost(self.mqtt.client_id, will, self.session, self._will_delay(will))

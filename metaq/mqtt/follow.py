@@ -10,8 +10,8 @@ slave, by the code that keeps messages.
 * **Records** (``encode`` / ``decode``): each is one JSON object. ``{"k": "s", ...}`` is a session's **whole state**
   (client id, user, protocol version, expiry interval, when it was written, whether its client was connected, its
   subscriptions, read positions, QoS 2 packet ids received and not released, messages in flight with where they
-  are in the log); ``{"k": "d", "c": id}`` ends a session. Whole states make the last record of a client id its
-  session: replay is "last record wins", and no snapshot is needed.
+  are in the log, the shared subscriptions it rejoins); ``{"k": "d", "c": id}`` ends a session. Whole states make
+  the last record of a client id its session: replay is "last record wins", and no snapshot is needed.
 * **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
   the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
   record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
@@ -49,10 +49,10 @@ class SavedSession:
     """One session as its last record says (see the module doc); ``position``: where that record is in the log."""
 
     __slots__ = ("client_id", "user", "version", "expiry_s", "at_ms", "connected", "subscriptions", "cursors",
-                 "qos2", "inflight", "position")
+                 "qos2", "inflight", "shared", "position")
 
     def __init__(self, client_id, user, version, expiry_s, at_ms, connected, subscriptions, cursors, qos2, inflight,
-                 position=None):
+                 shared=(), position=None):
         self.client_id = client_id
         self.user = user
         self.version = version
@@ -63,6 +63,7 @@ class SavedSession:
         self.cursors = cursors  # {(topic, partition): next offset}
         self.qos2 = qos2  # [packet id]
         self.inflight = inflight  # [(packet id, state, qos, topic, partition, offset)]
+        self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS)]: groups it rejoins
         self.position = position
 
     def expired(self, now_ms, max_age_s):
@@ -81,7 +82,8 @@ def encode(saved):
                        "at": saved.at_ms, "on": saved.connected,
                        "subs": [list(s) for s in saved.subscriptions],
                        "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
-                       "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight]},
+                       "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
+                       "sh": [list(x) for x in saved.shared]},
                       separators=(",", ":")).encode("utf-8")
 
 
@@ -135,7 +137,7 @@ def decode(data):
             d["c"], d["u"], d["v"], d["e"], d["at"], d["on"],
             [(f, q, bool(nl), list(ts), bool(rap)) for f, q, nl, ts, rap in d["subs"]],
             {(t, p): o for t, p, o in d["cur"]}, list(d["q2"]),
-            [tuple(i) for i in d["inf"]])
+            [tuple(i) for i in d["inf"]], [(f, q) for f, q in d.get("sh", ())])
     except RecordError:
         raise
     except (ValueError, KeyError, TypeError) as exc:

@@ -81,6 +81,7 @@ class MqttSession:
         self.expiry_s = None  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1
         self.user = None
         self.dirty = False  # cursors or messages in flight changed since the last save
+        self.rejoin = []  # a resumed session's shared subscriptions, (filter, granted QoS), until they rejoin
 
     # -- persistence -----------------------------------------------------------
 
@@ -89,8 +90,9 @@ class MqttSession:
         subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics), s.retain_as_published)
                 for s in self.subscriptions.values()]
         inflight = [(pid, state) + self.where[pid] for pid, state in self.inflight.items() if pid in self.where]
+        shared = [(f, granted) for f, (_group, granted) in self.shared.items()] + self.rejoin
         return SavedSession(self.client_id, self.user, self.version, self.expiry_s, now_ms, connected, subs,
-                            dict(self.cursors), sorted(self.qos2_received), inflight)
+                            dict(self.cursors), sorted(self.qos2_received), inflight, shared)
 
     def restore(self, saved):
         """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
@@ -98,6 +100,7 @@ class MqttSession:
             self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics, rap)
         self.cursors.update(saved.cursors)
         self.qos2_received.update(saved.qos2[:self.max_qos2])
+        self.rejoin = list(saved.shared)
         for pid, state, qos, topic, partition, offset in saved.inflight:
             self.inflight[pid] = state
             self.where[pid] = (qos, topic, partition, offset)

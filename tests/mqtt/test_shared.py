@@ -93,3 +93,28 @@ def test_a_member_that_stops_acknowledging_does_not_hold_the_group_back(broker_f
     held = stuck.read()  # the one it was sent, never acknowledged
     assert sorted(got + [held.payload]) == sorted(b"m%d" % i for i in range(10))
     assert took < 5, took  # not one wait per message
+
+
+def test_a_persistent_session_rejoins_its_shared_group(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    other = _member(b, "other")
+    raw = Raw(b)
+    assert raw.connect("keeper", clean_start=False, properties={"session_expiry_interval": 3600}).reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("$share/g/work/#", 1),)))
+    assert raw.read() == wire.Suback(1, (1,))
+    raw.send(wire.Disconnect())
+    raw.close()
+    other.send(wire.Disconnect())
+    other.close()
+    b.stop()
+    b.start()
+    raw = Raw(b)
+    ack = raw.connect("keeper", clean_start=False, properties={"session_expiry_interval": 3600})
+    assert ack.session_present
+    _publish(b, 2, topic="work/jobs")  # the group is back with its one member: both are its
+    got = []
+    for _ in range(2):
+        p = raw.read()
+        got.append(p.payload)
+        raw.send(wire.PubAck(p.packet_id))
+    assert got == [b"m0", b"m1"]
