@@ -258,7 +258,7 @@ class MqttPort:
                 self.store.follow_now(self.follow)
                 self.follow.replicating = False
                 for saved in self.table.sessions.values():
-                    saved.connected = False
+                    saved.connected = saved.client_id in self._live  # the old master's connections ended with it
             return
         if not self.follow.replicating:
             self.table = replay(self.store)

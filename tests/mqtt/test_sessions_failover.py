@@ -37,6 +37,11 @@ def test_a_promoted_slave_resumes_the_session(broker_factory, tmp_path, capsys):
     assert pub.read() == wire.PubAck(1)  # once the slave holds the message and its retained record
     caught_up(m, s)
     wait_for(lambda: stats(s).get("mqtt_sessions_offline") == "1", 10, "the slave learned the session")
+    on_slave = Raw(s)  # a slave serves a persistent session from memory; only the master writes session records
+    assert on_slave.connect("reader", clean_start=False, properties=dict(HOUR)).reason_code == 0
+    on_slave.send(wire.Subscribe(1, (wire.Subscription("dev/#", 1),)))
+    assert on_slave.read() == wire.Suback(1, (1,))
+    assert stats(s)["mqtt_session_records"] == "0"
     m.kill()
     code = admin.main(["promote", "127.0.0.1:%d" % s.port, "--force"])
     assert code == admin.EXIT_OK, capsys.readouterr().err
