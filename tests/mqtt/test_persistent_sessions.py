@@ -252,3 +252,17 @@ def test_retention_goes_on_and_the_session_is_kept(broker_factory, tmp_path):
     raw, present = _resume(b, "dev1")
     assert present
     assert _payloads(raw, 1) == [b"m0"]
+
+
+def test_offline_session_max_age_ends_a_311_session(broker_factory, tmp_path):
+    """MQTT 3.1.1 persistent sessions have no expiry of their own: mqtt.offline_session_max_age_s ends them."""
+    b = broker_factory(mqtt_config(tmp_path, offline_session_max_age_s=2))
+    for _ in range(2):
+        raw = Raw(b, wire.MQTT_311)
+        ack = raw.connect("old", clean_start=False)
+        raw.send(wire.Disconnect())
+        raw.close()
+    assert ack.session_present  # within its age
+    time.sleep(3.5)  # past the age bound and the keeper's next round
+    raw = Raw(b, wire.MQTT_311)
+    assert not raw.connect("old", clean_start=False).session_present
