@@ -321,6 +321,7 @@ class Connection(core.Connection):
         saved = self.port.resume(client_id, p.clean_start)
         if saved is not None:
             session.restore(saved)
+            self._unacked_in = len(session.qos2_received)  # its QoS 2 PUBLISHes waiting for their PUBREL
         if session.persistent:
             self.port.connected(session)
         props = {}
