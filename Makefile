@@ -54,10 +54,14 @@ builddeps:
 	@$(MAKE) --no-print-directory sysdeps SYSDEPS="$(BUILD_SYSDEPS)" || \
 	  echo "warning: could not install $(BUILD_SYSDEPS); the C helper will use zlib's CRC-32"
 
-# The broker alone (`make run`): metaq and its install_requires, the C helper built; no extras.
-$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_timerscan.c metaq/_recoveryscan.c metaq/_speedups.h | builddeps
+# The broker alone (`make run`): metaq and its install_requires, the C helper built; no extras. grpcio-tools
+# (protoc from PyPI) generates the gRPC port's Python code from metaq/rmq5/messages.proto (tools/protos.py);
+# nothing generated is committed.
+GRPC_TOOLS := 'grpcio-tools>=1.62'
+$(VENV)/.core: setup.py metaq/_speedups.c metaq/_syncworker.c metaq/_idemscan.c metaq/_timerscan.c metaq/_recoveryscan.c metaq/_speedups.h metaq/rmq5/messages.proto tools/protos.py | builddeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -e .
+	$(PIP) install -e . $(GRPC_TOOLS)
+	$(PY) tools/protos.py --force
 	touch $@
 
 # Everything the tests, the deploy tasks, Spark and the benchmarks use: the extras on top.

@@ -40,6 +40,8 @@ setup(
         "zstandard>=0.22",  # RocketMQ 5 producers' zstd bodies, decompressed on arrival (protocol/compression.py)
         "lz4>=4.3",  # RocketMQ 5 producers' LZ4 frame bodies, likewise
         "prometheus_client>=0.17",  # the HTTP port's /metrics (metaq/server/http/metrics.py)
+        "h2>=4.1,<5",  # the gRPC port's HTTP/2 (sans-IO, driven on the connection core: metaq/rmq5/port.py)
+        "protobuf>=6.31",  # RocketMQ 5's messages (metaq/rmq5/messages_pb2.py, generated at setup by tools/protos.py)
     ],
     extras_require={
         "test": [
@@ -54,6 +56,7 @@ setup(
             "mkdocs>=1.6,<2",  # the documentation site: tests/test_docs.py builds it --strict (links and anchors)
             "ruff>=0.17,<0.18",  # the linter make test runs (tests/test_lint.py; rules in ruff.toml)
             "paho-mqtt>=2.1,<3",  # Eclipse's MQTT client: the MQTT port's tests (tests/mqtt)
+            "grpcio>=1.62",  # the gRPC client of the gRPC port's tests (tests/rmq5), over our generated messages
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],

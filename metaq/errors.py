@@ -8,6 +8,7 @@ Every error carries the MetaQ status ``code`` that the single wire-mapping place
     │   ├── RemoteProtocolError    a frame we cannot parse (raised by protocol parsers)
     │   ├── ChecksumMismatch       the put body does not match its checksum
     │   ├── BadCompressedBody      a compressed body that does not decompress, or past the body limit
+    │   ├── BadFilterExpression    a SQL92 filter that does not parse or passes a limit; names the position
     │   ├── UnknownTopic           topic matches no configured name or pattern
     │   ├── InvalidTopic           topic name is not legal (characters, length, '.' / '..')
     │   ├── InvalidPartition       partition out of range for the topic
@@ -68,6 +69,16 @@ class ChecksumMismatch(ClientError):
 class BadCompressedBody(ClientError):
     """A body marked compressed (RocketMQ's sysFlag, or ``@SYSFLAG`` in a put's attribute) that does not
     decompress with its codec, names an unknown codec, or decompresses past the body limit. Nothing is stored."""
+
+
+class BadFilterExpression(ClientError):
+    """A SQL92 filter expression that does not compile (``filters.sql``): ``position`` is the character index
+    (0-based) where it went wrong, ``expected`` what the grammar wanted there."""
+
+    def __init__(self, reason, position, expected):
+        super().__init__(reason)
+        self.position = position
+        self.expected = expected
 
 
 class UnknownTopic(ClientError):

@@ -16,6 +16,11 @@ MAX_LINE_BYTES = 2048
 #: Largest put body (attribute block + payload). RocketMQ's maxMessageSize.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
+#: Most messages one ``putb`` frame (a batch of puts, protocol/putbatch.py) may carry: past it the batch is refused
+#: whole (400). Its bytes are a body's, bounded by ``limits.max_body_bytes``. The broker stores a batch in one step
+#: of its loop, so this also bounds how long one batch keeps the loop from other clients.
+MAX_BATCH_MESSAGES = 10_000
+
 #: Default upper bound for one ``get`` reply; a single larger message is still
 #: returned whole (no message can become unconsumable).
 MAX_TRANSFER_BYTES = 1024 * 1024
@@ -496,6 +501,32 @@ MAX_FILTER_SCAN_UNITS = 16384
 MAX_TAG_EXPRESSION_BYTES = 1024
 #: Most distinct tags one expression may name.
 MAX_FILTER_TAGS = 64
+#: Longest SQL92 filter expression (characters) the broker compiles (filters/sql.py): it fits a text line, and
+#: compiling one costs a bounded time.
+MAX_SQL_FILTER_CHARS = 4096
+#: Deepest nesting of a SQL92 filter: parentheses, prefix operators (NOT, + and -) and chained comparisons
+#: (``a = b = c``) each count one level; the parser and the compiled predicate recurse once per level.
+MAX_SQL_FILTER_DEPTH = 32
+#: Body bytes a text ``get_sql`` may announce for its expression: the longest expression in 4-byte characters.
+MAX_SQL_FILTER_BYTES = 4 * MAX_SQL_FILTER_CHARS
+#: Most string literals of one SQL92 ``IN (...)`` list.
+MAX_SQL_FILTER_IN_ITEMS = 256
+#: Records a SQL92-filtered read (a RocketMQ pull, a text ``get_sql``) reads and evaluates at most per request
+#: (each one read and its properties decoded: no index hash can skip it, as a tag's can); a read that finds no
+#: match within them answers the offset after them (PULL_RETRY_IMMEDIATELY / an empty ``get_sql`` reply), as a
+#: tag filter's scan does.
+MAX_SQL_FILTER_SCAN = 1024
+#: (consumer group, topic) pairs whose SQL92 subscription the remoting port keeps from heartbeats
+#: (filters/remoting.py); when full, pairs of groups without a live member go first, then a heartbeat adding
+#: one more is refused.
+MAX_SQL_SUBSCRIPTIONS = 10_000
+#: SQL92 subscriptions one RocketMQ heartbeat may carry (over all its groups; real clients carry a handful): each
+#: new or changed one is compiled on the loop (up to a few ms for the longest), so more is INVALID_PARAMETER and
+#: nothing of the heartbeat recorded.
+MAX_HEARTBEAT_SQL_SUBSCRIPTIONS = 16
+#: Compiled SQL92 expressions the broker keeps by their text (filters/sql.py ``compiled``; RocketMQ's parser
+#: keeps 100): a pull consumer's every pull, and a text consumer's every get_sql, carry the same expression.
+SQL_FILTER_CACHE = 256
 
 # -- the key index (keys/index.py; docs/messaging.md "Key index") --------------------------------------------------
 #: Keys of one message the key index takes (RocketMQ's space-separated ``KEYS`` words, then ``UNIQ_KEY``); the
@@ -610,6 +641,24 @@ MQTT_MAX_RETAINED_BYTES = 64 * 1024 * 1024
 #: Largest record of one session (its subscriptions, read positions, packet ids): a session that would need more is
 #: not saved (logged; it lives as long as its connection), the bound being what a replay holds per record.
 MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024
+
+# -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
+
+#: Streams one HTTP/2 connection of the gRPC port may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS, which the
+#: port announces; grpc clients queue calls past it). A client that opens one more anyway breaks the protocol: the
+#: connection ends with GOAWAY. Each open stream may hold one unfinished message (GRPC_MAX_MESSAGE_BYTES).
+GRPC_MAX_STREAMS_PER_CONNECTION = 100
+#: Largest gRPC message a client may send (the length in its 5-byte prefix, checked before a byte of it is kept): a
+#: message body of MAX_BODY_BYTES and room for its properties. Past it the call ends with grpc-status 8
+#: (RESOURCE_EXHAUSTED), as grpc's own servers answer; the connection goes on.
+GRPC_MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
+#: Size of one request's header list as HTTP/2 measures it (each field's name and value, plus 32):
+#: SETTINGS_MAX_HEADER_LIST_SIZE. A larger header block ends the connection (GOAWAY): its HPACK state cannot be
+#: kept in step without decoding it.
+GRPC_MAX_HEADER_BYTES = 16 * 1024
+#: Longest wait a unary call's grpc-timeout may ask for (none given: this): a send waiting for its flush or a
+#: slave is answered DEADLINE_EXCEEDED past it.
+GRPC_MAX_CALL_S = 60.0
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 
@@ -732,3 +781,27 @@ HOT_MAP_BYTES = 64 << 20
 #: at full speed mapped ~3 GB of file pages within one second; checked every ``COLD_READ_CHECK_S``.
 COLD_READ_DROP_BYTES = 16 << 20
 COLD_READ_CHECK_S = 0.1
+
+#: Per-message acknowledgement (POP, metaq/pop/; docs/messaging.md "Per-message acknowledgement (POP)").
+#: Messages one receive hands out at most (RocketMQ's proxy caps a receive's batch at 32).
+POP_MAX_BATCH = 32
+#: Messages of one group and topic handed out and not acknowledged at most (in flight, expired ones included): a
+#: receive past it hands out only redeliveries.
+POP_MAX_IN_FLIGHT = 4096
+#: Offsets of one partition a group may be ahead of its lowest unacknowledged one: bounds the acknowledgements kept
+#: out of order (one slow message does not let the set grow without end).
+POP_MAX_SPAN = 8192
+#: (group, topic) pairs the POP state holds at most: a receive for one more is refused (503).
+POP_MAX_GROUPS = 1024
+#: The invisible duration a receive or change_invisible may ask for, inclusive (RocketMQ: up to 12 hours).
+POP_MIN_INVISIBLE_MS = 100
+POP_MAX_INVISIBLE_MS = 12 * 3600 * 1000
+#: Deliveries of one message before it goes to its group's dead-letter topic (RocketMQ's default is 16 retries).
+POP_MAX_ATTEMPTS = 16
+#: Bytes of POP journal records written since the last snapshot after which the next call writes a snapshot (the
+#: journal's retention floor moves up to it).
+POP_SNAPSHOT_BYTES = 8 << 20
+#: Characters of a message group (FIFO) the POP state keeps; a longer name is kept as its start and a checksum.
+POP_MAX_MESSAGE_GROUP_CHARS = 128
+#: Receipt handles one ack takes at most (a text ack line holds them, comma-separated, within MAX_LINE_BYTES).
+POP_MAX_ACK_HANDLES = 32

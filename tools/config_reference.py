@@ -34,6 +34,7 @@ SECTION_LINKS = {
     "Replication": "replication.md",
     "Delayed delivery": "messaging.md#delayed-delivery",
     "RocketMQ clients": "rocketmq.md",
+    "RocketMQ 5 clients": "rocketmq5.md",
     "Topics: the table, create, alter, delete": "concepts.md#topics-the-table-create-alter-delete",
     "Operating metaq": "operating.md",
     "Security": "security.md",

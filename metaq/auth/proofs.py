@@ -8,6 +8,8 @@
   the same construction with the shared replication secret, the words ``slave`` / ``master`` and the slave id.
 * **RocketMQ's ACL signature** (``AclClientRPCHook``): Base64 of ``HMAC-SHA1(secret key, the values of the
   request's extFields sorted by key, the ``Signature`` itself left out, then the body)``.
+* **RocketMQ 5's gRPC credentials** (``MQv2-HMAC-SHA1`` in the ``authorization`` header): hex of
+  ``HMAC-SHA1(secret key, the x-mq-date-time header)`` (``mqv2_signature``, ``parse_mqv2``).
 
 Every comparison is ``hmac.compare_digest``.
 """
@@ -17,7 +19,8 @@ import hashlib
 import hmac
 import os
 
-__all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "same", "same_secret"]
+__all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "mqv2_signature", "parse_mqv2",
+           "same", "same_secret"]
 
 #: Random bytes in a nonce (hex on the wire: twice as many characters).
 NONCE_BYTES = 16
@@ -52,6 +55,35 @@ def rocketmq_signature(secret, ext_fields, body=b""):
     content = "".join(str(ext_fields[key]) for key in sorted(ext_fields) if key not in UNSIGNED_FIELDS)
     data = content.encode("utf-8") + (bytes(body) if body else b"")
     return base64.b64encode(hmac.new(secret, data, hashlib.sha1).digest()).decode("ascii")
+
+
+#: The algorithm RocketMQ 5's clients name first in their ``authorization`` header.
+MQV2_ALGORITHM = "MQv2-HMAC-SHA1"
+
+
+def mqv2_signature(secret, date_time):
+    """RocketMQ 5's gRPC signature: lower-case hex of HMAC-SHA1(``secret``, the ``x-mq-date-time`` value)."""
+    return hmac.new(secret, date_time.encode("utf-8"), hashlib.sha1).hexdigest()
+
+
+def parse_mqv2(value):
+    """``(access key, signature hex in lower case)`` of an ``authorization`` header ``MQv2-HMAC-SHA1
+    Credential=<ak>[/...], SignedHeaders=x-mq-date-time, Signature=<hex>``, as RocketMQ's broker reads it (the
+    algorithm up to the first space, then comma-separated ``k=v``, trimmed; the user is ``Credential`` up to its
+    first ``/``); ValueError for another algorithm or a part missing."""
+    algorithm, _sep, rest = value.strip().partition(" ")
+    if algorithm != MQV2_ALGORITHM:
+        raise ValueError("not %s" % MQV2_ALGORITHM)
+    parts = {}
+    for item in rest.split(","):
+        key, sep, val = item.strip().partition("=")
+        if sep:
+            parts[key.strip()] = val.strip()
+    credential, signature = parts.get("Credential", ""), parts.get("Signature", "")
+    access_key = credential.split("/", 1)[0]
+    if not access_key or not signature:
+        raise ValueError("no Credential or no Signature")
+    return access_key, signature.lower()
 
 
 def same(a, b):

@@ -59,7 +59,7 @@ from metaq.reqreply.client import replying
 from metaq.client.recover import ParkingLot
 from metaq.client import replay
 from metaq.keys.client import lookup as key_lookup
-from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter
+from metaq.client.subscription import Subscription, as_partition, broker_tags, make_filter, sql_filter
 
 __all__ = ["Consumer", "default_consumer_id"]
 
@@ -192,7 +192,7 @@ class Consumer:
 
     # -- public API -----------------------------------------------------------------------------
 
-    def subscribe(self, topic, handler, filter=None, orderly=False, reply=False, priorities=0):
+    def subscribe(self, topic, handler, filter=None, orderly=False, reply=False, priorities=0, sql=None):
         """Deliver ``topic``'s messages to ``handler(message)`` once started; an exception from it means failure.
 
         ``filter``: a callable ``message -> bool``, an attribute string (messages whose attribute equals it) or
@@ -202,19 +202,24 @@ class Consumer:
         instead of being parked after ``max_retries``. ``reply``: what the handler returns answers each request
         (``reqreply.client.replying``: docs/messaging.md "Request-reply"). ``priorities``: the topic's levels, for a
         priority topic (docs/messaging.md "Priorities": higher levels are fetched first; the broker refuses a wrong
-        count). Call before :meth:`start`.
+        count). ``sql``: a SQL92 expression on the messages' properties (their attribute as ``TAGS``), evaluated
+        by the broker (``get_sql``, docs/messaging.md "SQL92 filters"), and here too if the broker cannot; a bad
+        one raises ``errors.BadFilterExpression`` naming the position; not with ``filter``. Call before
+        :meth:`start`.
         """
         topic = validate_topic(topic)
         if not callable(handler):
             raise errors.ClientError("handler must be callable, got %r" % (handler,))
         handler, accept = replying(handler, self.connection) if reply else handler, make_filter(filter)
+        compiled, sql_accept = sql_filter(sql, filter)
+        accept = sql_accept or accept
         with self._lock:
             if self._state != "new":
                 raise errors.ClientError("subscribe() must be called before start()")
             if topic in self._subs:
                 raise errors.ClientError("topic %r is already subscribed" % topic)
             self._subs[topic] = Subscription(topic, handler, accept, bool(orderly), broker_tags(filter),
-                                             check_levels(priorities, self._replay))
+                                             check_levels(priorities, self._replay), compiled)
         return self
 
     def start(self):

@@ -246,11 +246,16 @@ class PartitionFetcher:
         wait_ms = consumer.long_poll_ms
         timeout = wait_ms / 1000.0 + LONG_POLL_MARGIN_S
         self._wake.clear()
+        sql = None if self._client_filters else self.sub.sql
         tags, offset = (None if self._client_filters else self.sub.tags), self.offset
+        filtered = tags is not None or sql is not None  # the broker filters: get_tags or get_sql
         expect = None if self._no_expect else self._read.last()
-        passed = tags is not None and not self._no_expect and not self._no_passed
+        passed = filtered and not self._no_expect and not self._no_passed
         self._passed_over = None
-        if tags is None:
+        if sql is not None:  # replied as get_tags (docs/messaging.md "SQL92 filters")
+            request = ev.GetSql(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size,
+                                sql.expression, 0, wait_ms or None, sql, expect=expect, passed=passed)
+        elif tags is None:
             request = ev.Get(self.topic, consumer.group, self.partition.partition, offset, consumer.max_size, 0,
                              wait_ms or None, expect)
         else:  # passed: the reply names the last record passed over, the next expect names it (filters/text.py)
@@ -289,12 +294,12 @@ class PartitionFetcher:
                         conn.url)
             self._no_expect = True  # "get needs 7 or 8 tokens": asked again without it
             return [], offset
-        if tags is None:
+        if not filtered:
             records = records_of(reply, what)
             return [(offset + k, r) for k, r in enumerate(records)], offset + len(records)
         if isinstance(reply, ev.Result) and reply.code == 400 and reply.body.startswith(b"unknown command"):
-            log.warning("%s %s: the broker at %s does not filter by tags (no get_tags): filtering here",
-                        self.topic, self.partition, conn.url)
+            log.warning("%s %s: the broker at %s does not filter (no %s): filtering here", self.topic,
+                        self.partition, conn.url, "get_sql" if sql is not None else "get_tags")
             self._client_filters = True  # a broker older than the extension: every record read, filtered here
             return [], offset
         records, next_offset, passed_id = tagged_records_of(reply, offset, what, passed)

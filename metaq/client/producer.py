@@ -47,6 +47,7 @@ from metaq.protocol.compression import sys_flag_of
 from metaq.idempotence.records import MAX_PID
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.transactions import wire
+from metaq.client.batching import Batcher
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
@@ -101,13 +102,18 @@ class Producer:
     same order per partition. Delayed messages, transactions and ``send_oneway`` are refused with it.
     ``compress_over`` (bytes, None: never): longer bodies are sent compressed with ``compression`` (``zlib``,
     ``zstd``, ``lz4``); the broker stores them decompressed, so every reader gets the original bytes.
+    ``batch_bytes`` (bytes, None: off): plain sends of a partition go together as one ``putb`` of at most that
+    many bytes (at most the broker's ``limits.max_body_bytes``), closed when full or ``linger_ms`` after its first
+    message; at most ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's
+    order), at most ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
     Thread-safe; close it (or use ``with``) when done.
     """
 
     def __init__(self, zk_connect=None, brokers=None, *, zk_root="/meta", selector=None, send_timeout=3.0,
                  retry_deadline=10.0, connect_timeout=3.0, heartbeat_interval=10.0, suspect_time=3.0,
                  zk_session_timeout=10.0, refresh_interval=30.0, max_body_bytes=limits.MAX_BODY_BYTES, security=None,
-                 idempotent=False, producer_id=None, compress_over=None, compression="zlib"):
+                 idempotent=False, producer_id=None, compress_over=None, compression="zlib", batch_bytes=None,
+                 linger_ms=5, max_in_flight=5, buffer_bytes=32 << 20):
         if (zk_connect is None) == (brokers is None):
             raise ValueError("give exactly one of zk_connect and brokers")  # before any connection is made
         sys_flag_of(compression)  # ValueError for an unknown codec, before any connection is made
@@ -150,6 +156,9 @@ class Producer:
         self._tx_session = None  # the session id of its transaction keys, made on first use
         self._tx_numbers = itertools.count(1)
         self._worker = threading.Thread(target=self._retry_loop, name="metaq-producer-retry", daemon=True)
+        self._batcher = None
+        if batch_bytes is not None and not self.idempotent:  # an idempotent producer's sends go as put_idem
+            self._batcher = Batcher(self, batch_bytes, linger_ms, max_in_flight, buffer_bytes)
         self._worker.start()
 
     # -- public API -----------------------------------------------------------------------
@@ -164,6 +173,8 @@ class Producer:
         message is part of the transaction (see ``transaction``).
         """
         future = self.send_async(message, timeout=timeout)
+        if self._batcher is not None:
+            self._batcher.flush_now()  # the caller waits for this one: no lingering for company
         limit = (self.retry_deadline if timeout is None else timeout) + self.send_timeout + 5.0
         try:
             return future.result(limit)
@@ -207,9 +218,20 @@ class Producer:
             self._finish(send, SendResult(False, error=refused))
         elif first is None:
             self._retry_later(send, self._no_partition(message.topic))
+        elif self._batcher is not None and first.partition >= 0 and self._batchable(put, message):
+            send.partition = first
+            try:
+                self._batcher.add(send, first)
+            except RequestTimeout as exc:  # no room in the batches' buffer before the deadline
+                self._finish(send, SendResult(False, first, error=exc))
         else:
             self._attempt(send, first)
         return future
+
+    def _batchable(self, put, message):
+        """A plain put, not compressed, that fits in a batch (the rest is sent alone, as without batching)."""
+        return (type(put) is ev.Put and (self.compress_over is None or len(message.body) <= self.compress_over)
+                and self._batcher.fits(put))
 
     def send_oneway(self, message):
         """Write ``message`` without waiting for the broker's answer; True once written to some broker.
@@ -286,6 +308,8 @@ class Producer:
     def flush(self, timeout=None):
         """Wait until every message sent so far has its result; False if ``timeout`` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._batcher is not None:
+            self._batcher.flush_now()
         with self._cond:
             while self._started != self._finished:
                 left = 1.0 if deadline is None else deadline - time.monotonic()
@@ -306,6 +330,8 @@ class Producer:
             self._closed = True
             self._cond.notify_all()
         self._worker.join(5)
+        if self._batcher is not None:
+            self._batcher.close()
         self._pool.close()
         self.discovery.close()
 
@@ -497,6 +523,29 @@ class Producer:
             seqs.next += 1
         send.partition = partition
         return partition
+
+    def finish_sent(self, send, result):
+        """``send`` is over with ``result`` (the batches' resolution of each message: batching.py)."""
+        self._finish(send, result)
+
+    def finish_stored(self, sends, runs):
+        """A batch's ``sends`` (never idempotent, their futures not done) were stored as ``runs``: ``(first_id,
+        Partition, first_offset, count)`` in order. Each message's fields and future are set, counted once."""
+        k = 0
+        new = tuple.__new__
+        for first_id, stored, offset, count in runs:
+            for j in range(count):
+                send = sends[k + j]
+                message = send.message
+                message.id, message.partition, message.offset = first_id + j, stored, offset + j
+                send.future.set_result(new(SendResult, (True, stored, offset + j, first_id + j, None, False)))
+            k += count
+        with self._count_lock:
+            self._finished += len(sends)
+            idle = self._finished == self._started
+        if idle:
+            with self._cond:
+                self._cond.notify_all()
 
     def _finish(self, send, result):
         if send.future.done():

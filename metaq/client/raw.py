@@ -103,6 +103,10 @@ class TextClient(_Blocking):
         Value's."""
         return self.call(ev.GetTags(topic, group, partition, offset, max_size, tags, self.opaque(), max_wait_ms))
 
+    def get_sql(self, topic, partition, offset, expression, max_size=1 << 20, group="g", max_wait_ms=None):
+        """``get_sql`` (docs/messaging.md "SQL92 filters"): the reply, as ``get_tags``'s (``decode_tagged_body``)."""
+        return self.call(ev.GetSql(topic, group, partition, offset, max_size, expression, self.opaque(), max_wait_ms))
+
     def put_prio(self, topic, payload, priority, partition=-1, attribute=None):
         """``put_prio`` (docs/messaging.md "Priorities"): the reply, as a put's."""
         flag, data = encode_payload(payload, attribute)

@@ -4,10 +4,11 @@ from typing import Callable, NamedTuple, Optional
 
 from metaq import errors
 from metaq.client.message import Partition
+from metaq.filters.sql import SqlFilter, compile_sql
 from metaq.filters.wire import tag_token
 from metaq.limits import MAX_FILTER_TAGS, MAX_TAG_EXPRESSION_BYTES
 
-__all__ = ["Subscription", "make_filter", "broker_tags", "as_partition"]
+__all__ = ["Subscription", "make_filter", "broker_tags", "sql_filter", "as_partition"]
 
 
 def make_filter(spec):
@@ -24,6 +25,28 @@ def make_filter(spec):
     if not all(isinstance(a, str) for a in wanted):
         raise errors.ClientError("filter attributes must be strings, got %r" % (spec,))
     return lambda message: message.attribute in wanted
+
+
+def sql_filter(expression, spec):
+    """``(SqlFilter, accept)`` of a SQL92 ``expression`` (None: ``(None, None)``): compiled here, so a bad one
+    raises BadFilterExpression (a ClientError naming the position) at subscribe; ``accept`` evaluates it on a
+    message's properties and its attribute as ``TAGS``, as the broker does, for a broker that cannot filter.
+    ClientError when ``spec`` (an attribute filter) is given too: one filter per subscription."""
+    if expression is None:
+        return None, None
+    if spec is not None:
+        raise errors.ClientError("give a subscription filter or a SQL92 expression, not both")
+    if not isinstance(expression, str):
+        raise errors.ClientError("a SQL92 expression is a str, got %r" % (expression,))
+    compiled = compile_sql(expression)
+
+    def accept(message):
+        props = dict(message.properties)
+        tags = message.attribute
+        if tags and "\x01" not in tags and "\x02" not in tags:
+            props["TAGS"] = tags
+        return compiled.matches(props)
+    return compiled, accept
 
 
 def broker_tags(spec):
@@ -50,6 +73,7 @@ class Subscription(NamedTuple):
     orderly: bool = False
     tags: Optional[str] = None
     priorities: int = 0  # a priority topic's levels (priorities/client.py), 0: none
+    sql: Optional[SqlFilter] = None  # a SQL92 filter: the fetcher asks with get_sql (docs/messaging.md "SQL92 filters")
 
 
 def as_partition(partition):

@@ -22,7 +22,10 @@ import struct
 from typing import List, NamedTuple
 
 from metaq.errors import CorruptRecord, Moved
+from metaq.filters.sql import SqlFilter
 from metaq.filters.wire import OFFSET_FIELD
+from metaq.limits import MAX_SQL_FILTER_SCAN
+from metaq.protocol.rocketmq.mapping import record_properties
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import ATTRIBUTE_FLAG, TOPIC_START, decode_record, record_is, record_ok, record_tags
 
@@ -94,8 +97,30 @@ def tags_at(view, rel):
     return record_tags(flag, view[form + _DATA_AT:rel + size])
 
 
+def properties_at(view, rel):
+    """The properties of the (checked) record at ``rel`` of ``view`` as a RocketMQ consumer sees them (``TAGS``
+    included): what a SQL92 filter evaluates. A malformed attribute block: none."""
+    (tlen,) = _TLEN.unpack_from(view, rel + TOPIC_START - 2)
+    form = rel + TOPIC_START + tlen
+    (flag,) = _FLAG.unpack_from(view, form + _FLAG_AT)
+    if not flag & ATTRIBUTE_FLAG:
+        return {}
+    (size,) = _FLAG.unpack_from(view, rel)
+    end = rel + size
+    start = form + _DATA_AT + _FLAG.size
+    if start > end:
+        return {}
+    (alen,) = _FLAG.unpack_from(view, form + _DATA_AT)
+    if alen < 0 or start + alen > end:
+        return {}
+    return record_properties(bytes(view[start:start + alen]).decode("utf-8", "replace"))
+
+
 def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
     """The ``TaggedRead`` of partition ``p`` (None: a legal one without data) of ``log`` from ``offset``.
+
+    ``filt`` is a ``TagFilter`` (units whose tag hash it does not want are passed over unread) or a ``SqlFilter``
+    (every record is read and its properties evaluated: at most ``MAX_SQL_FILTER_SCAN`` units are looked at).
 
     Bounds as ``lookup.read_records``: Moved below the minimum or past the visible maximum; nothing (and
     ``next_offset == offset``) at the visible end. A wanted record that fails its check ends the read before
@@ -112,7 +137,17 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
         raise _moved(vis)
     if offset < p.min:
         raise _moved(p.min)
-    codes, matches = filt.codes, filt.matches
+    if isinstance(filt, SqlFilter):
+        codes, evaluate = _EVERY, filt.matches
+        max_units = min(max_units, MAX_SQL_FILTER_SCAN)
+
+        def wants(view, rel):
+            return evaluate(properties_at(view, rel))
+    else:
+        codes, matches = filt.codes, filt.matches
+
+        def wants(view, rel):
+            return matches(tags_at(view, rel))
     hits = []
     read = skipped = 0
     nxt = offset
@@ -135,11 +170,21 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
                 break
             raise CorruptRecord(p.topic, p.partition, n, n + 1, phys)
         nxt = n + 1
-        if matches(tags_at(view, rel)):
+        if wants(view, rel):
             hits.append(Hit(n, view, rel, size, phys))
             if len(hits) >= want:
                 break
     return TaggedRead(hits, nxt, skipped, read)
+
+
+class _Every:
+    """Every tag hash: a SQL92 filter passes no unit over unread."""
+
+    def __contains__(self, code):
+        return True
+
+
+_EVERY = _Every()
 
 
 def _moved(offset):

@@ -137,6 +137,26 @@ class GetTags(NamedTuple):
     passed: bool = False  # ``[<offset>:<msgId>]:passed``: the reply names the id of the record before next offset
 
 
+class GetSql(NamedTuple):
+    """``get_sql topic group partition offset maxSize exprBytes [maxWaitMs [expect]] opaque`` then the SQL92
+    expression (``exprBytes`` of UTF-8) as the frame's body (our extension; docs/messaging.md "SQL92 filters"): a
+    get of the records whose properties the expression matches, evaluated by the broker (``filters.sql``).
+    Replied as a ``get_tags`` (the next offset, then each record after its offset; ``passed`` and ``expect``
+    as its). ``filter`` is the compiled expression (a ``SqlFilter``)."""
+
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    max_size: int
+    expression: str
+    opaque: int
+    max_wait_ms: Optional[int] = None
+    filter: object = None
+    expect: Optional[tuple] = None
+    passed: bool = False
+
+
 class Offset(NamedTuple):
     """``offset topic group partition offset opaque``: ask for the nearest valid offset."""
 

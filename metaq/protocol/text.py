@@ -11,7 +11,8 @@ Differences from MetaQ's decoder, all deliberate: the command word must match ex
 ``version``); empty lines are ignored; ``get`` may carry ``maxWaitMs`` and then an ``expect`` (events.Get) before
 the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the opaque; ``metaq.timers.levels``),
 ``offset_at`` (the first offset stored at or after a time), ``lookup`` (a key's messages;
-``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``),
+``metaq.keys.wire``), ``get_tags`` (a get filtered by tags at the broker; ``metaq.filters.wire``), ``get_sql`` (a
+get filtered by a SQL92 expression at the broker, the expression as the body; ``metaq.filters.sql``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
 (request-reply; ``metaq.reqreply.wire``), ``put_prio`` and ``get_prio`` (consumer priorities;
 ``metaq.priorities.wire``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
@@ -24,7 +25,8 @@ error again.
 import re
 
 from metaq import limits
-from metaq.errors import ClientError, RemoteProtocolError
+from metaq.errors import BadFilterExpression, ClientError, RemoteProtocolError
+from metaq.filters.sql import compiled
 from metaq.filters.wire import PASSED_SUFFIX, parse_tag_expression
 from metaq.protocol.events import (
     DEFAULT_OPAQUE,
@@ -34,6 +36,7 @@ from metaq.protocol.events import (
     CommitOffset,
     DelayedPut,
     Get,
+    GetSql,
     GetTags,
     Offset,
     OffsetAt,
@@ -53,9 +56,11 @@ from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declar
 from metaq.keys import wire as keys_wire  # noqa: F401 - it declares lookup
 from metaq.reqreply import wire as reqreply_wire  # noqa: F401 - it declares request and reply
 from metaq.priorities import wire as priority_wire  # noqa: F401 - it declares its commands
+from metaq.pop import wire as pop_wire  # noqa: F401 - it declares receive, ack, change_invisible
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.protocol.burst import scan_puts
+from metaq.protocol import putbatch  # noqa: F401 - it declares putb
 from metaq.protocol.commands import (
     NEEDS_ADMIN,
     NEEDS_GROUP_MEMBER,
@@ -188,6 +193,33 @@ def _parse_get_tags(t):
     expect = _expect(token) if token else None  # ":passed" alone: no record read yet
     return GetTags(t[1], t[2], partition, offset, max_size, t[6], parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX),
                    max_wait_ms, filt, expect, passed)
+
+
+def _parse_get_sql(t):
+    partition = parse_int(t[3], "partition", -1, INT32_MAX)
+    offset = parse_int(t[4], "offset", INT64_MIN, INT64_MAX)
+    max_size = parse_int(t[5], "maxSize", INT32_MIN, INT32_MAX)
+    length = parse_int(t[6], "exprBytes", 1, limits.MAX_SQL_FILTER_BYTES)
+    max_wait_ms = parse_int(t[7], "maxWaitMs", 0, INT32_MAX) if len(t) >= 9 else None
+    token_ = t[8] if len(t) == 10 else ""
+    passed = token_.endswith(PASSED_SUFFIX)
+    token_ = token_[:-len(PASSED_SUFFIX)] if passed else token_
+    expect = _expect(token_) if token_ else None
+    opaque = parse_int(t[-1], "opaque", INT32_MIN, INT32_MAX)
+    topic, group = t[1], t[2]
+
+    def make(body):
+        """The event, once the body (the expression) arrived; a bad expression is a 400 naming its position (the
+        frame is whole: the connection goes on)."""
+        try:
+            expression = body.decode("utf-8")
+            return GetSql(topic, group, partition, offset, max_size, expression, opaque, max_wait_ms,
+                          compiled(expression), expect, passed)
+        except UnicodeDecodeError:
+            raise RemoteProtocolError("get_sql expression of %d bytes is not valid UTF-8" % length, opaque) from None
+        except BadFilterExpression as exc:
+            raise RemoteProtocolError(str(exc), opaque) from None
+    return make
 
 
 def _parse_offset(t):
@@ -343,6 +375,13 @@ def _serialize_get_tags(e):
                                                       e.max_size, token(e.tags), wait, e.opaque)).encode("utf-8")
 
 
+def _serialize_get_sql(e):
+    wait = _wait_and_expect(e)
+    expression = e.expression.encode("utf-8")
+    return ("get_sql %s %s %d %d %d %d%s %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset, e.max_size,
+                                                   len(expression), wait, e.opaque)).encode("utf-8") + expression
+
+
 def _serialize_offset(e):
     return (
         "offset %s %s %d %d %d\r\n" % (token(e.topic), token(e.group), e.partition, e.offset, e.opaque)
@@ -431,6 +470,10 @@ _REQUESTS = (
      "<maxSize> <tags> [<maxWaitMs> [<offset>:<msgId>]] <opaque>)", _parse_get_tags, _serialize_get_tags,
      NEEDS_HANDLER, None, None, None,
      (b"get_tags t g 0 0 1024 a||b 1\r\n", b"get_tags t g 0 3 1024 a 10 2:9:passed 2\r\n")),
+    ("get_sql", GetSql, (8, 9, 10), "8, 9 or 10 tokens (get_sql <topic> <group> <partition> <offset> "
+     "<maxSize> <exprBytes> [<maxWaitMs> [<offset>:<msgId>]] <opaque>, then the expression)", _parse_get_sql,
+     _serialize_get_sql, NEEDS_HANDLER, 6, None, None,
+     (b"get_sql t g 0 0 1024 5 1\r\na > 1", b"get_sql t g 0 3 1024 21 10 2:9:passed 2\r\nTAGS IN ('a') AND b<2")),
     ("offset", Offset, (6,), "6 tokens", _parse_offset, _serialize_offset, NEEDS_SUBSCRIBER, None, None, None,
      (b"offset t g 0 5 1\r\n",)),
     ("commit_offset", CommitOffset, (6,), "6 tokens", _parse_commit_offset, _serialize_commit_offset,

@@ -59,6 +59,9 @@ def build_parser():
                    help="serve MQTT 3.1.1 and 5.0 clients on this port (0 = off; docs/mqtt.md)")
     p.add_argument("--remoting-port", type=int, metavar="P",
                    help="serve RocketMQ clients (name server and broker codes) on this port (0 or absent = off)")
+    p.add_argument("--grpc-port", type=int, metavar="P",
+                   help="serve RocketMQ 5 clients (gRPC, apache.rocketmq.v2.MessagingService) on this port "
+                        "(0 or absent = off; RocketMQ's proxy uses 8081)")
     p.add_argument("--force-recovery", action="store_true", default=None,
                    help="cut the log at mid-log corruption instead of refusing to start (loses the records after it)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
@@ -117,6 +120,7 @@ def overrides_from(args):
         "remoting.port": args.remoting_port,
         "http.port": args.http_port,
         "mqtt.port": args.mqtt_port,
+        "grpc.port": args.grpc_port,
     }
 
 

@@ -32,13 +32,15 @@ from metaq.server.remoting.server import RemotingServer
 from metaq.reqreply.service import ReplyRouter
 from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
-from metaq.server.stats import BrokerStats, NodeFacts, StatsService, quota_rows, remoting_values, security_values
+from metaq.server.stats import (BrokerStats, NodeFacts, StatsService, grpc_values, quota_rows, remoting_values,
+                                security_values)
 from metaq.server.text.dispatch import TextDispatcher
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
 from metaq.server.tls import TlsPolicy
 from metaq.transactions.service import TxService
+from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
 from metaq.store.store import MessageStore
@@ -124,6 +126,9 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
+        self.pop = PopService(self.store, self.put_path, self.roles.is_master,
+                              waiters=self.waiters)  # per-message acknowledgement (pop/service.py)
+        self.roles.on_change(self.pop.role_changed)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
                                    lim.max_pending_requests_per_connection,  # request-reply, both protocols
@@ -138,7 +143,8 @@ class Broker:
                                       lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
-                                         self.replies, self.admin, self.group_members, self.topic_admin)
+                                         self.replies, self.admin, self.group_members, self.topic_admin,
+                                         self.pop)
         self.fast_puts = FastPuts(self.put_path, lim) if config.broker.burst_puts else None
         http = (("https" if config.security.tls.mode == "on" else "http", config.http.host or config.broker.host,
                  config.http.port) if config.http.port else None)  # named to an HTTP client on the text port
@@ -160,6 +166,7 @@ class Broker:
                                       + self.tx.manager.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
+        self.stats_service.add_source("pop", self.pop.rows)
         self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
@@ -181,6 +188,11 @@ class Broker:
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
+
+        self.grpc = None
+        if config.grpc.port:  # docs/rocketmq5.md
+            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard)
+        self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
 
@@ -282,6 +294,7 @@ class Broker:
         self.gate.refresh(disk_state=self.store.check_disk())
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
+        self.pop.start()
         self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
         self.timers.start()
         if self.remoting is not None:
@@ -291,6 +304,8 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
+        if self.grpc is not None:
+            self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
         self.guard.start()
         if self.registry is not None:
             self.registry.start(self.port)
@@ -313,6 +328,9 @@ class Broker:
                      self.config.http.host or cfg.host, self.http.port)
         if self.mqtt is not None:
             log.info("MQTT port on %s:%d (MQTT 3.1.1 and 5.0)", self.config.mqtt.host or cfg.host, self.mqtt.port)
+        if self.grpc is not None:
+            log.info("RocketMQ 5 gRPC port on %s:%d (apache.rocketmq.v2.MessagingService)",
+                     self.config.grpc.host or cfg.host, self.grpc.port)
         if self.roles.read_refusal is not None:
             log.warning("reads refused until the first epoch handshake: %s", self.roles.read_refusal)
         if checksum.IMPLEMENTATION == "python-zlib":
@@ -431,6 +449,7 @@ class Broker:
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush
         self.timers.stop()
         self.roles.stop()
+        self.pop.stop()
         self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()
@@ -444,3 +463,26 @@ class Broker:
             self.store.abandon()
             log.error("broker stopped after a failed flush (%s): the log was left as it was, not marked "
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
+
+
+def grpc_port(core, config, store, put_path, guard):
+    """The gRPC port (``metaq.rmq5``), given what it uses. Imported here, only when ``grpc.port`` is set: its
+    protobuf code is generated at setup (tools/protos.py), and a broker without the port never needs it."""
+    try:
+        from metaq.rmq5.port import GrpcPort, PortLimits
+        from metaq.rmq5.rpcs import MessagingService
+    except ImportError as exc:
+        raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
+                                 "grpcio-tools and python tools/protos.py" % exc) from None
+    g = config.grpc
+    bind = g.host or config.broker.host
+    holder = {}
+
+    def endpoint():
+        return g.advertised_host or bind, holder["port"].port
+
+    service = MessagingService(store, put_path, guard, config.remoting.broker_name or "metaq-%d" % config.broker.id,
+                               config.limits.max_body_bytes, endpoint)
+    port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
+                                                              g.max_header_bytes, g.max_call_s))
+    return port

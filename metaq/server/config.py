@@ -25,7 +25,7 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
-from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
 from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
@@ -292,9 +292,10 @@ class RemotingSection(_Section):
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics, and of the dead letters' resent journals
-        (``admin/service.py``): first, so they win over user patterns."""
-        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues),
-                TopicSpec("%RESENT%*", 1)] if self.port else []
+        (``admin/service.py``): first, so they win over user patterns. The dead letters and their journals are
+        declared without the remoting port too: per-message acknowledgement (``pop/service.py``) writes them."""
+        dead = [TopicSpec("%DLQ%*", self.retry_queues), TopicSpec("%RESENT%*", 1)]
+        return [TopicSpec("%RETRY%*", self.retry_queues)] + dead if self.port else dead
 
 
 class DelaySection(_Section):
@@ -452,6 +453,27 @@ class MqttSection(_Section):
         return host
 
 
+#: What a gRPC message needs beside its body (the topic, properties, ids): ``limits.GRPC_MAX_MESSAGE_BYTES``'s room.
+GRPC_MESSAGE_ROOM = limits.GRPC_MAX_MESSAGE_BYTES - limits.MAX_BODY_BYTES
+
+
+class GrpcSection(_Section):
+    """``grpc:``: RocketMQ 5's gRPC port (``apache.rocketmq.v2.MessagingService``; docs/rocketmq5.md)."""
+
+    port: Optional[int] = Field(None, ge=0, le=65535)  # None or 0 = off; 8081 by RocketMQ's convention
+    host: Optional[str] = None  # bind address; default broker.host
+    advertised_host: Optional[str] = None  # the host routes name; default the bind host (a wildcard: the client's)
+    max_streams_per_connection: int = Field(limits.GRPC_MAX_STREAMS_PER_CONNECTION, ge=1, le=1 << 16)
+    max_message_bytes: int = Field(limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
+    max_header_bytes: int = Field(limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
+    max_call_s: float = Field(limits.GRPC_MAX_CALL_S, gt=0, le=3600)
+
+    @field_validator("host", "advertised_host")
+    @classmethod
+    def _named(cls, value, info):
+        return _not_blank(value, "an unnamed grpc %s; leave it out for the default" % info.field_name.replace("_", " "))
+
+
 class ServerConfig(_Section):
     broker: BrokerSection = BrokerSection()
     store: StoreSection = StoreSection()
@@ -465,6 +487,7 @@ class ServerConfig(_Section):
     security: SecuritySection = SecuritySection()
     http: HttpSection = HttpSection()  # the HTTP port
     mqtt: MqttSection = MqttSection()  # the MQTT port
+    grpc: GrpcSection = GrpcSection()  # RocketMQ 5's gRPC port
 
     @field_validator("topics")
     @classmethod
@@ -487,7 +510,8 @@ class ServerConfig(_Section):
                                                                 self.remoting.port),
                      ("replication.port", host, self.replication.port),
                      ("http.port", self.http.host or host, self.http.port),
-                     ("mqtt.port", self.mqtt.host or host, self.mqtt.port)]
+                     ("mqtt.port", self.mqtt.host or host, self.mqtt.port),
+                     ("grpc.port", self.grpc.host or host, self.grpc.port)]
         seen = {}
         for name, bind, port in listeners:
             if port and (bind, port) in seen:
@@ -495,6 +519,18 @@ class ServerConfig(_Section):
                                  % (seen[bind, port], name, bind, port))
             if port:
                 seen[bind, port] = name
+        return self
+
+    @model_validator(mode="after")
+    def _grpc_message_fits_a_body(self):
+        """A gRPC port whose messages could not carry a body ``limits.max_body_bytes`` allows would refuse, as too
+        large for the port, sends the rest of the broker takes."""
+        g = self.grpc
+        if g.port and g.max_message_bytes < self.limits.max_body_bytes + GRPC_MESSAGE_ROOM:
+            raise ValueError("grpc.max_message_bytes (%d) must hold a body of limits.max_body_bytes (%d) and %d bytes "
+                             "for its properties: raise it to %d or more"
+                             % (g.max_message_bytes, self.limits.max_body_bytes, GRPC_MESSAGE_ROOM,
+                                self.limits.max_body_bytes + GRPC_MESSAGE_ROOM))
         return self
 
     @model_validator(mode="after")
@@ -548,6 +584,8 @@ class ServerConfig(_Section):
             found.append(("http.host" if self.http.host else "broker.host", self.http.host or host))
         if self.mqtt.port:
             found.append(("mqtt.host" if self.mqtt.host else "broker.host", self.mqtt.host or host))
+        if self.grpc.port:
+            found.append(("grpc.host" if self.grpc.host else "broker.host", self.grpc.host or host))
         return found
 
     @model_validator(mode="after")
@@ -630,7 +668,8 @@ class ServerConfig(_Section):
             broker_id=self.broker.id,
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1),
-                    TopicSpec(TX_TOPIC, 1), TopicSpec(MQTT_SESSIONS_TOPIC, 1)]
+                    TopicSpec(TX_TOPIC, 1), TopicSpec(POP_TOPIC, 1),
+                    TopicSpec(MQTT_SESSIONS_TOPIC, 1)]
             + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,

@@ -86,8 +86,10 @@ def share_loop(started):
 class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
 
-    def __init__(self, name, host, port, make, refuse, backlog, headroom=0, guarded=True, server_first=False):
+    def __init__(self, name, host, port, make, refuse, backlog, headroom=0, guarded=True, server_first=False,
+                 alpn=()):
         self.name = name
+        self.alpn = alpn  # the protocols its TLS handshake offers by ALPN (gRPC's "h2"): TlsPolicy.context_for
         self.server_first = server_first  # the broker speaks first (replication's CHALLENGE): see TlsPolicy.secure
         self.guarded = guarded  # the guard's address allow-list applies (replication proves a secret instead)
         self.headroom = headroom  # connections this listener may still take once the cap is reached
@@ -512,11 +514,13 @@ class ConnectionCore:
         self._ids = itertools.count(1)
         self._close_hooks = []
 
-    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False):
+    def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False,
+               alpn=()):
         """Start accepting on ``host:port`` (0: any free port); returns the started Listener. ``guarded``: the
         guard's address allow-list applies to it (not to replication, whose peers prove a shared secret);
-        ``server_first``: its protocol has the broker speak first (a plaintext peer sends nothing until then)."""
-        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded, server_first)
+        ``server_first``: its protocol has the broker speak first (a plaintext peer sends nothing until then);
+        ``alpn``: the protocols its TLS handshake negotiates (gRPC's clients require "h2")."""
+        listener = Listener(name, host, port, make, refuse, backlog, headroom, guarded, server_first, alpn)
         if self.tls is not None:
             listener.tls = self.tls.mode_for(name)
         listener.start(self.accept)
@@ -639,7 +643,7 @@ class ConnectionCore:
         self._handshaking += 1
         try:
             secured, why = self.tls.secure(listener.tls, sock, self.rules.idle_s, self.rules.request_s,
-                                           listener.server_first)
+                                           listener.server_first, listener.alpn)
         finally:
             self._handshaking -= 1
         if secured is not None and self.closing:

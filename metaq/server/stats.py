@@ -28,6 +28,7 @@ ITEMS_HELP = (
     "offsets   per partition: min_offset and max_offset",
     "realtime  put/get/offset counters since the last reset",
     "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
+    "pop       per group and topic: POP messages in flight, redelivered, dead-lettered",
     "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
     "quotas    per user and quota: what the user holds and its quota (admins only)",
     "delay     per delay level: delay, pending messages, next due time (ms), delivered",
@@ -182,12 +183,14 @@ SOURCES = {
     "replication": "the summary's replication (key, value) pairs",
     "delay": "the summary's delay (key, value) pairs",
     "remoting": "the summary's remoting (key, value) pairs",
+    "grpc": "the summary's gRPC port (key, value) pairs (docs/rocketmq5.md)",
     "security": "the summary's security (key, value) pairs: auth on|off, tls on|off, ...",
     "zero_copy": "the summary's zero-copy read (key, value) pairs: replies sent from the maps, copied out",
     "mqtt": "the summary's MQTT port (key, value) pairs: its port, connections, wills",
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
     "quotas": "``stats quotas``: [QuotaRow] per user and quota (docs/security.md \"Quotas\")",
+    "pop": "``stats pop`` and the summary's pop_* pairs: (group, topic, in flight, redelivered, dead-lettered) rows",
 }
 
 
@@ -231,6 +234,8 @@ class StatsService:
             return codec.encode_quotas(self.sources["quotas"]())
         if item == "groups":
             return codec.encode_groups(_visible(group_rows(store), may_see))
+        if item == "pop":
+            return codec.encode_pop(_visible([codec.PopRow(*r) for r in self.sources.get("pop", list)()], may_see))
         if item == "realtime":
             return codec.encode_realtime(realtime_values(self.counters))
         if item == "reset":
@@ -279,12 +284,19 @@ class StatsService:
             ("parked_gets", self.waiters.parked),
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
-            self.sources["remoting"]() + self.sources["security"]() + self.sources.get("zero_copy", list)() + \
-            self.sources.get("mqtt", list)()
+            self.sources["remoting"]() + self.sources.get("grpc", list)() + self.sources["security"]() + \
+            self.sources.get("zero_copy", list)() + self.sources.get("mqtt", list)() + \
+            pop_values(self.sources.get("pop", list)())
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).
 OTHER_TOPICS = "(other topics)"
+
+
+def pop_values(rows):
+    """The summary's POP pairs (docs/messaging.md "Per-message acknowledgement (POP)"), from ``stats pop``'s rows."""
+    return [("pop_groups", len(rows)), ("pop_in_flight", sum(r[2] for r in rows)),
+            ("pop_redelivered", sum(r[3] for r in rows)), ("pop_dead_lettered", sum(r[4] for r in rows))]
 
 
 def security_values(guard, tls_mode):
@@ -313,6 +325,16 @@ def remoting_values(remoting):
             ("rocketmq_consumer_groups", len(remoting.clients.groups())),
             ("rocketmq_queue_locks", len(remoting.locks)),
             ("remoting_route_master", remoting.route_addresses().get(0) or "none")]
+
+
+def grpc_values(port):
+    """The summary's pairs of the gRPC port (``rmq5.port.GrpcPort``; None: not configured): its port, connections,
+    the calls its service answered, those refused in-band and the messages stored."""
+    if port is None:
+        return [("grpc_port", 0)]
+    counts = port.service.counts
+    return [("grpc_port", port.port or 0), ("grpc_connections", port.connection_count()),
+            ("grpc_calls", counts["calls"]), ("grpc_refused", counts["refused"]), ("grpc_sent", counts["sent"])]
 
 
 def public_topics(store):

@@ -120,7 +120,21 @@ class TlsPolicy:
     def __init__(self, tls):
         self.mode = tls.mode
         self.replication = tls.replication
+        self._tls = tls
         self.context = server_context(tls) if tls.mode != "off" else None  # a bad file stops the start here
+        self._alpn_contexts = {}
+
+    def context_for(self, alpn=()):
+        """The server context of a listener whose protocol is negotiated by ALPN (``alpn``: the protocol names it
+        speaks, ``("h2",)`` for gRPC, whose clients require it); the shared context for the others, which offer
+        none (a browser offered h2 on the HTTP port would otherwise speak HTTP/2 to an HTTP/1.1 server)."""
+        if not alpn:
+            return self.context
+        ctx = self._alpn_contexts.get(alpn)
+        if ctx is None:
+            ctx = self._alpn_contexts[alpn] = server_context(self._tls)
+            ctx.set_alpn_protocols(list(alpn))
+        return ctx
 
     def mode_for(self, listener_name):
         """``off``, ``on`` or ``permissive`` for the listener called ``listener_name``."""
@@ -128,18 +142,19 @@ class TlsPolicy:
             return "off"
         return self.mode
 
-    def secure(self, mode, sock, idle_s, request_s, server_first=False):
+    def secure(self, mode, sock, idle_s, request_s, server_first=False, alpn=()):
         """``(socket to serve, None)``: the TLS socket once its handshake is done, or (permissive) ``sock`` itself
         for a plaintext peer; ``(None, why)`` when the connection must end (``sock`` is then closed, and ``why`` is
         ``PLAINTEXT_REFUSAL`` for plaintext on a TLS-only port: the caller answers it before closing).
 
         ``server_first`` (replication: the master's CHALLENGE opens the exchange): a plaintext peer says nothing
         before the broker does, so mode ``on`` goes straight to the handshake (a plaintext slave then fails it
-        by its deadline), and ``permissive`` takes a peer silent for ``limits.TLS_DETECT_WAIT_S`` as plaintext."""
+        by its deadline), and ``permissive`` takes a peer silent for ``limits.TLS_DETECT_WAIT_S`` as plaintext.
+        ``alpn``: the listener's ALPN protocols (``context_for``)."""
         deadline_s = min(limits.TLS_HANDSHAKE_TIMEOUT_S, request_s)
         started = time.monotonic()
         if server_first and mode == "on":
-            return self._handshake(sock, deadline_s, started)
+            return self._handshake(sock, deadline_s, started, alpn)
         if server_first:
             try:
                 sock.settimeout(limits.TLS_DETECT_WAIT_S)
@@ -152,7 +167,7 @@ class TlsPolicy:
                 return None, ""
             if first != TLS_HANDSHAKE_BYTE:
                 return sock, None
-            return self._handshake(sock, deadline_s, time.monotonic())
+            return self._handshake(sock, deadline_s, time.monotonic(), alpn)
         try:
             # A TLS client speaks first, at once; a plaintext client on a permissive port may open its
             # connection and wait before its first request, as it may on a plaintext port.
@@ -170,12 +185,12 @@ class TlsPolicy:
             return None, PLAINTEXT_REFUSAL  # bytes would reset the connection and could lose the answer
         if mode == "permissive":
             started = time.monotonic()  # the handshake's own deadline starts at its first byte
-        return self._handshake(sock, deadline_s, started)
+        return self._handshake(sock, deadline_s, started, alpn)
 
-    def _handshake(self, sock, deadline_s, started):
+    def _handshake(self, sock, deadline_s, started, alpn=()):
         """The server side of the TLS handshake on ``sock``, to be finished ``deadline_s`` after ``started``."""
         try:
-            return BioTls.handshake(self.context, sock, deadline_s, started), None
+            return BioTls.handshake(self.context_for(alpn), sock, deadline_s, started), None
         except HandshakeTimeout:
             _close(sock)
             return None, "TLS handshake not finished within %.0f s" % deadline_s

@@ -155,8 +155,8 @@ def test_topics_hides_the_brokers_internal_topics_unless_all(broker):
     with Producer(brokers=[url]) as p:
         assert p.send(Message("orders", b"later", delay_level=3)).success  # SCHEDULE_TOPIC_XXXX
         assert p.send(Message("orders", b"timed", delay=3600)).success  # %TIMER%
-    # %TX%, %MQTT%: the transaction journal and the MQTT sessions' log, declared
-    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%MQTT%", "urgent%P2"}
+    # %TX%, %POP% and %MQTT%: the transaction and per-message acknowledgement journals, the MQTT sessions' log
+    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "urgent%P2"}
 
     out = admin("--brokers", url, "topics")
     names = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]

@@ -38,7 +38,7 @@ class Consumer:
 
 
 def fetcher(conn, slave):
-    f = PartitionFetcher(Consumer(conn, slave), SimpleNamespace(topic="t", tags=None), Partition(7, 0))
+    f = PartitionFetcher(Consumer(conn, slave), SimpleNamespace(topic="t", tags=None, sql=None), Partition(7, 0))
     f.offset = 807
     return f
 
@@ -74,12 +74,13 @@ def test_a_priority_fetcher_waits_for_a_slave_behind_one_of_its_levels_too():
     from metaq.priorities.client import PriorityFetcher
 
     conn = Conn("meta://slave", ev.Result(301, b"2 10", 0))
-    f = PriorityFetcher(Consumer(conn, True), SimpleNamespace(topic="t", tags=None, priorities=3), Partition(7, 0))
+    f = PriorityFetcher(Consumer(conn, True), SimpleNamespace(topic="t", tags=None, sql=None, priorities=3),
+                        Partition(7, 0))
     f.offsets = [5, 6, 40]
     assert f._fetch() == (0, [])
     assert f.offsets == [5, 6, 40]  # level 2 stays at 40, not back to the slave's 10
     conn.reply = ev.Result(301, b"2 10", 0)
-    f2 = PriorityFetcher(Consumer(conn, False), SimpleNamespace(topic="t", tags=None, priorities=3),
+    f2 = PriorityFetcher(Consumer(conn, False), SimpleNamespace(topic="t", tags=None, sql=None, priorities=3),
                          Partition(7, 0))
     f2.offsets = [5, 6, 40]
     f2._fetch()
@@ -117,7 +118,7 @@ class Rewinding(Consumer):
 
 
 def read_up_to(conn, last, first=0):
-    f = PartitionFetcher(Rewinding(conn), SimpleNamespace(topic="t", tags=None), Partition(7, 0))
+    f = PartitionFetcher(Rewinding(conn), SimpleNamespace(topic="t", tags=None, sql=None), Partition(7, 0))
     for offset in range(first, last + 1):
         f._read.add(offset, 1000 + offset)
     f.offset = last + 1
@@ -226,7 +227,7 @@ def test_a_probe_meeting_a_corrupt_record_after_the_checkpoint_holds_it_as_read(
 
 
 def tag_fetcher():
-    f = PartitionFetcher(Rewinding(Log({})), SimpleNamespace(topic="t", tags="a"), Partition(7, 0))
+    f = PartitionFetcher(Rewinding(Log({})), SimpleNamespace(topic="t", tags="a", sql=None), Partition(7, 0))
     f.offset = 10
     return f
 

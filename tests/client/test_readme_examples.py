@@ -70,6 +70,7 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
     assert xa_branch.splitlines() == ["[Xid(format_id=1, gtrid=b'order-42', bqual=b'metaq')]", "[]"]
     compressed = outputs[7].splitlines()  # after the replay example
     assert int(compressed[0]) < 1000 and compressed[1] == "True", compressed
+    assert outputs[8].strip() == "True"  # sent in batches
     for command in admin_commands():
         if "--zk" in command:
             continue  # needs a broker registered in ZooKeeper: covered by tests/client/test_admin.py

@@ -63,7 +63,8 @@ def value(level, records):
 
 def fetcher(replies, ids=None, offsets=(0, 0, 0)):
     conn = Conn(replies, ids)
-    f = PriorityFetcher(Consumer(conn), SimpleNamespace(topic="t", tags=None, priorities=LEVELS), Partition(7, 0))
+    f = PriorityFetcher(Consumer(conn), SimpleNamespace(topic="t", tags=None, sql=None, priorities=LEVELS),
+                        Partition(7, 0))
     f.offsets = list(offsets)
     return f, conn
 
@@ -210,7 +211,7 @@ def test_each_levels_reads_are_handed_to_the_next_fetcher_of_the_partition():
     from metaq.client.divergence import ReadsKept
 
     kept = ReadsKept()
-    sub = SimpleNamespace(topic="t", tags=None, priorities=LEVELS)
+    sub = SimpleNamespace(topic="t", tags=None, sql=None, priorities=LEVELS)
     f = PriorityFetcher(Committed({}, kept), sub, Partition(7, 0))
     f.resolve()
     for o in range(5):

@@ -118,6 +118,7 @@ class _Entry(NamedTuple):
     due_ms: int
     now_ms: int
     body: bytes
+    owner: str = None
 
 
 def _scan_put(frame):

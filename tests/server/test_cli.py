@@ -51,6 +51,14 @@ def test_remoting_port_flag_and_section(tmp_path):
 
 
 @pytest.mark.integration
+def test_the_grpc_port_flag_sets_grpc_port():
+    r = run_cli("--grpc-port", "8081", "--check-config")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["grpc"]["port"] == 8081
+    assert yaml.safe_load(run_cli("--check-config").stdout)["grpc"]["port"] is None  # off unless asked for
+
+
+@pytest.mark.integration
 def test_flags_override_the_file(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"broker": {"port": 9000, "id": 3}, "store": {"flush": "sync"}}))

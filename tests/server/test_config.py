@@ -8,6 +8,7 @@ import re
 import pytest
 import yaml
 
+from metaq import limits
 from metaq.errors import ConfigError
 from metaq.server.config import ServerConfig, load_config
 from metaq.store.config import StoreConfig
@@ -101,6 +102,28 @@ def test_the_http_port_is_off_by_default_and_checked_like_the_others():
     with pytest.raises(ConfigError, match="http.host 0.0.0.0"):
         load_config(None, {"http.port": 8180, "http.host": "0.0.0.0"})  # authentication off: loopback only
     assert load_config(None, {"http.port": 8180, "http.host": "0.0.0.0", "security.insecure": True}).http.port == 8180
+
+
+def test_the_grpc_port_is_off_by_default_and_checked_like_the_others():
+    c = load_config(None)
+    assert c.grpc.port is None and c.grpc.max_streams_per_connection == limits.GRPC_MAX_STREAMS_PER_CONNECTION
+    assert (c.grpc.max_message_bytes, c.grpc.max_header_bytes) == (limits.GRPC_MAX_MESSAGE_BYTES,
+                                                                   limits.GRPC_MAX_HEADER_BYTES)
+    assert load_config(None, {"grpc.port": 8081}).grpc.port == 8081
+    with pytest.raises(ConfigError, match="http.port and grpc.port are both 127.0.0.1:8081"):
+        load_config(None, {"grpc.port": 8081, "http.port": 8081})
+    with pytest.raises(ConfigError, match="grpc.host 0.0.0.0"):
+        load_config(None, {"grpc.port": 8081, "grpc.host": "0.0.0.0"})  # authentication off: loopback only
+    assert load_config(None, {"grpc.port": 8081, "grpc.host": "0.0.0.0", "security.insecure": True}).grpc.port
+    with pytest.raises(ConfigError, match="grpc.max_message_bytes .* must hold a body of limits.max_body_bytes"):
+        load_config(None, {"grpc.port": 8081, "limits.max_body_bytes": 8 << 20})
+    assert load_config(None, {"grpc.port": 8081, "limits.max_body_bytes": 8 << 20,
+                              "grpc.max_message_bytes": (8 << 20) + (64 << 10), "store.segment_size": 64 << 20})
+    assert load_config(None, {"limits.max_body_bytes": 8 << 20, "store.segment_size": 64 << 20})  # port off
+    for key, bad in (("grpc.max_streams_per_connection", 0), ("grpc.max_message_bytes", 1023),
+                     ("grpc.max_header_bytes", 1023), ("grpc.max_call_s", 0), ("grpc.host", " ")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, {key: bad})
 
 
 def test_http_basic_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):

@@ -97,6 +97,9 @@ PULL = {"consumerGroup": "billing", "topic": "orders", "queueId": 0, "queueOffse
     (req(17, {"topic": "x"}), [(ADMIN, None, None)]),  # UPDATE_AND_CREATE_TOPIC
     (req(215, {"topic": "x"}), [(ADMIN, None, None)]),  # DELETE_TOPIC_IN_BROKER
     (req(R.LOCK_BATCH_MQ, body=LOCK), [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
+    (req(R.CHECK_CLIENT_CONFIG, body=b'{"clientId":"c1","group":"billing","subscriptionData":{"topic":"orders",'
+                                     b'"subString":"a > 1","expressionType":"SQL92"}}'),
+     [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
     (req(R.UNLOCK_BATCH_MQ, body=LOCK), [(SUB, "group", "billing"), (SUB, "topic", "orders")]),
     (req(219), []),  # GET_KV_LIST_BY_NAMESPACE, served by nobody: signature only, then REQUEST_CODE_NOT_SUPPORTED
     # a reply: PUB on the cluster's reply topic, as the text ``reply`` (RocketMQ: a signature only)

@@ -44,6 +44,8 @@ __all__ = [
     "HeartbeatData",
     "ConsumerData",
     "SubscriptionData",
+    "CheckClientBody",
+    "decode_check_client",
     "encode_properties",
     "decode_properties",
     "body_crc",
@@ -516,6 +518,34 @@ def decode_heartbeat(data, opaque=0):
     for name in producers:
         _bounded("producer group name", name, limits.MAX_NAME_BYTES, opaque)
     return HeartbeatData(obj["clientID"], tuple(consumers), producers)
+
+
+class CheckClientBody(NamedTuple):
+    """CHECK_CLIENT_CONFIG's body (RocketMQ's CheckClientRequestBody): the client, its group, one subscription."""
+
+    client_id: str
+    group: str
+    subscription: SubscriptionData
+
+
+def decode_check_client(data, opaque=0):
+    """``CheckClientBody``, read leniently as the heartbeat's subscriptions are; RemoteProtocolError(opaque) if
+    not a JSON object with a ``subscriptionData`` object naming its topic."""
+    try:
+        obj = json.loads(bytes(data).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise RemoteProtocolError("check-client body is not JSON: %s" % exc, opaque, False) from None
+    s = obj.get("subscriptionData") if isinstance(obj, dict) else None
+    if not isinstance(s, dict) or not isinstance(s.get("topic"), str):
+        raise RemoteProtocolError("check-client body has no subscriptionData with a topic", opaque, False)
+    group = obj.get("group") if isinstance(obj.get("group"), str) else ""
+    client = obj.get("clientId") if isinstance(obj.get("clientId"), str) else ""
+    _bounded("topic", s["topic"], limits.MAX_NAME_BYTES, opaque)
+    if group:
+        _bounded("consumer group name", group, limits.MAX_NAME_BYTES, opaque)
+    return CheckClientBody(client, group, SubscriptionData(
+        s["topic"], str(s.get("subString") or "*"), _strings(s.get("tagsSet")), _as_int(s.get("subVersion")),
+        str(s.get("expressionType") or "TAG")))
 
 
 def _bounded(what, value, most, opaque):

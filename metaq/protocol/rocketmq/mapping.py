@@ -207,6 +207,16 @@ def _clean_tags(text):
     return text
 
 
+def record_properties(attribute):
+    """The properties a RocketMQ consumer sees for a record whose attribute is ``attribute`` (str or None): its
+    properties, and ``TAGS`` its tags (a plain MetaQ attribute: its tags alone); what a SQL92 filter evaluates."""
+    tags, props, _from_remoting = split_attribute(attribute)
+    tags = _clean_tags(tags)
+    if tags is not None:
+        props[PROP_TAGS] = tags
+    return props
+
+
 def message_of_record(rec, store_host):
     """The ``StoredMessage`` a RocketMQ consumer gets for a ``LogRecord`` (``rec.position`` = physical offset)."""
     try:

@@ -19,7 +19,8 @@ Ours adds: SEND_BATCH_MESSAGE as a send (RocketMQ 5 does), QUERY_CONSUMER_OFFSET
 SUB (the text ``offset``), QUERY_MESSAGE topic SUB (the text ``lookup``), VIEW_MESSAGE_BY_ID SUB on the message's
 topic, CONSUMER_SEND_MSG_BACK also SUB on the copied message's topic, END_TRANSACTION PUB on the half message's
 topic, LOCK_BATCH_MQ / UNLOCK_BATCH_MQ the body's group SUB and SUB on each queue's topic, SEND_REPLY_MESSAGE(_V2)
-PUB on the cluster's reply topic, as the text ``reply`` (RocketMQ: a signature only). A retry topic is its
+PUB on the cluster's reply topic, as the text ``reply`` (RocketMQ: a signature only), CHECK_CLIENT_CONFIG the
+body's group SUB and its subscription's topic SUB, as a heartbeat's (RocketMQ: a signature only). A retry topic is its
 group's (``resource``), also where RocketMQ reads the group from another field (a send to ``%RETRY%g`` names its
 group in the topic, so the topic decides).
 
@@ -32,7 +33,7 @@ from typing import Callable, NamedTuple, Optional
 from metaq import errors, limits
 from metaq.protocol.commands import ADMIN, PUBLISH as PUB, SUBSCRIBE as SUB
 from metaq.protocol.journaltopic import RETRY_PREFIX
-from metaq.protocol.rocketmq.bodies import decode_heartbeat, decode_properties
+from metaq.protocol.rocketmq.bodies import decode_check_client, decode_heartbeat, decode_properties
 from metaq.protocol.rocketmq.headers import (ConsumerGroupHeader, ConsumerSendMsgBackHeader, EndTransactionHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueryMessageHeader,
                                              QueueHeader, RouteInfoHeader, SearchOffsetHeader, SendMessageHeader,
@@ -239,6 +240,13 @@ def _heartbeat(r, ctx):
             yield resource(SUB, s.topic)
 
 
+def _check_client(r, ctx):
+    body = decode_check_client(r.cmd.body, r.cmd.opaque)
+    if body.group:
+        yield _group(body.group)
+    yield resource(SUB, body.subscription.topic)
+
+
 def _unregister(r, ctx):
     group = r.header.consumer_group
     return (_group(group),) if group else ()  # a producer's unregister names no consumer group
@@ -314,6 +322,8 @@ register(RemotingRequest(R.QUERY_MESSAGE, "QUERY_MESSAGE", QueryMessageHeader, _
                          "dispatcher.query_message", True))
 # clients: membership, orderly consumers' locks
 register(RemotingRequest(R.HEART_BEAT, "HEART_BEAT", None, _heartbeat, "dispatcher.heartbeat"))
+register(RemotingRequest(R.CHECK_CLIENT_CONFIG, "CHECK_CLIENT_CONFIG", None, _check_client,
+                         "dispatcher.check_client_config"))
 register(RemotingRequest(R.UNREGISTER_CLIENT, "UNREGISTER_CLIENT", UnregisterClientHeader, _unregister,
                          "dispatcher.unregister"))
 register(RemotingRequest(R.GET_CONSUMER_LIST_BY_GROUP, "GET_CONSUMER_LIST_BY_GROUP", ConsumerGroupHeader,

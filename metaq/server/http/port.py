@@ -12,7 +12,7 @@ from metaq.server.http.routes import OPEN, READ, Router
 from metaq.server.http.server import HttpFrontEnd, UnsentReplies
 
 #: The names of the broker's listeners, as ``metaq_connections{listener=...}`` labels them.
-LISTENERS = ("text", "remoting", "replication", "http")
+LISTENERS = ("text", "remoting", "replication", "http", "grpc")
 
 
 class HttpPort:

@@ -25,8 +25,9 @@ from metaq import errors, limits
 from metaq.reqreply.records import reply_topic
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.remoting import ResponseCode, not_supported, response_for
-from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_heartbeat,
-                                            encode_cluster_info, encode_consumer_list, encode_topic_route)
+from metaq.protocol.rocketmq.bodies import (PERM_READ, PERM_WRITE, BrokerData, QueueData, decode_check_client,
+                                            decode_heartbeat, encode_cluster_info, encode_consumer_list,
+                                            encode_topic_route)
 from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION, PULL_SUSPEND, ConsumerGroupHeader,
                                              PullMessageHeader, QueryConsumerOffsetHeader, QueueHeader,
                                              RouteInfoHeader, SearchOffsetHeader, UnregisterClientHeader,
@@ -35,6 +36,8 @@ from metaq.protocol.rocketmq.headers import (PULL_COMMIT_OFFSET, PULL_SUBSCRIPTI
 from metaq.protocol.rocketmq.lockbodies import decode_lock_batch, encode_lock_ok
 from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record, parse_subscription,
                                              stored_message_bytes)
+from metaq.filters.remoting import EXPRESSION_SQL92, SqlSubscriptions
+from metaq.filters.sql import SqlFilter, compiled
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 from metaq.keys import remoting as keys
@@ -122,6 +125,8 @@ class RemotingDispatcher:
         self.store = store
         self.stats = stats
         self.max_transfer = config.store.max_transfer_size
+        #: The SQL92 subscriptions of the groups' heartbeats: a pull without its own subscription uses them.
+        self.sql_subscriptions = SqlSubscriptions(lambda group: bool(clients.consumers(group)))
         self.max_wait_ms = config.limits.max_wait_ms
         self.sender = RemotingSender(host, store, stats, config, put_path, tx)
         self.error_response = error_response
@@ -248,13 +253,27 @@ class RemotingDispatcher:
         h = decode_header(PullMessageHeader, cmd)
         if self.roles.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.roles.read_refusal)
-        if h.expression_type and h.expression_type.upper() != "TAG":
+        sql = (h.expression_type or "TAG").upper() == EXPRESSION_SQL92
+        if not sql and h.expression_type and h.expression_type.upper() != "TAG":
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
-                                "message by %s (only TAG subscriptions)" % h.expression_type)
+                                "message by %s (only TAG and SQL92 subscriptions)" % h.expression_type)
+        if sql and h.sys_flag & PULL_SUBSCRIPTION:
+            try:  # RocketMQ's broker: SUBSCRIPTION_PARSE_FAILED, nothing committed
+                filt = compiled(h.subscription or "")
+            except errors.BadFilterExpression as exc:
+                return response_for(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                                    "parse the consumer's subscription failed: %s" % exc)
+        elif sql:  # the expression of the group's heartbeat (docs/messaging.md "SQL92 filters")
+            filt = self.sql_subscriptions.get(h.consumer_group, h.topic)
+            if not isinstance(filt, SqlFilter):
+                return response_for(cmd, ResponseCode.FILTER_DATA_NOT_EXIST, "The broker's consumer filter data is "
+                                    "not exist: %s" % (filt or "no SQL92 subscription of this group and topic in "
+                                                               "a heartbeat"))
+        else:
+            filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset,
                          conn.session.user if conn.session is not None else None)
-        filt = parse_subscription(h.subscription) if h.sys_flag & PULL_SUBSCRIPTION else None
         max_nums = max(1, h.max_msg_nums)
         response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset, signer)
         if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
@@ -300,7 +319,8 @@ class RemotingDispatcher:
         try:
             if filt is None:
                 records, next_offset = store.read_records(h.topic, h.queue_id, offset, max_nums, self.max_transfer)
-            else:  # the index units' tag hashes first (their cold pages brought in off the loop), then the records
+            else:  # the index units' tag hashes first (their cold pages brought in off the loop), then the records;
+                # a SQL92 filter reads each record and evaluates its properties (filters/reads.py)
                 bring_in(store.tagged_index_ranges(h.topic, h.queue_id, offset))
                 r = store.read_tagged(h.topic, h.queue_id, offset, filt, max_nums, self.max_transfer)
                 self.stats.filter_skipped_units += r.skipped
@@ -424,8 +444,27 @@ class RemotingDispatcher:
 
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
+        self.sql_subscriptions.check(hb.consumers)  # before anything of it is recorded
         self.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
         self.clients.heartbeat(conn, hb, time.monotonic())
+        self.sql_subscriptions.heartbeat(hb.consumers)
+        return _ok(cmd)
+
+    def check_client_config(self, cmd, conn):
+        """CHECK_CLIENT_CONFIG: whether the broker takes a subscription, as RocketMQ's broker answers it (a Java
+        push consumer with an SQL92 subscription asks before it starts): TAG yes, SQL92 when it compiles
+        (SUBSCRIPTION_PARSE_FAILED naming the position otherwise), any other type SYSTEM_ERROR."""
+        sub = decode_check_client(cmd.body, cmd.opaque).subscription
+        kind = (sub.expression_type or "TAG").upper()
+        if kind == "TAG":
+            return _ok(cmd)
+        if kind != EXPRESSION_SQL92:
+            return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
+                                "message by %s (only TAG and SQL92 subscriptions)" % sub.expression_type)
+        try:
+            compiled(sub.sub_string)
+        except errors.BadFilterExpression as exc:
+            return response_for(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return _ok(cmd)
 
     def unregister(self, cmd, conn):

@@ -35,7 +35,7 @@ from metaq.store.gather import MappedRecords
 log = logging.getLogger(__name__)
 
 #: Requests whose reply holds the connection's reply budget (a burst's replies are sent before one of them).
-_GETS = (ev.Get, ev.GetTags, PriorityGet)  # each waits for the reply budget (read_reply)
+_GETS = (ev.Get, ev.GetTags, ev.GetSql, PriorityGet)  # each waits for the reply budget (read_reply)
 
 #: Replies up to this size (acks, results) are not counted against the reply budget one by one: a burst
 #: holds at most a receive buffer's worth of requests, so their replies are bounded by it.

@@ -29,6 +29,8 @@ BODIES = {
                      b'"topic":"orders"}]}',
 }
 BODIES[R.UNLOCK_BATCH_MQ] = BODIES[R.LOCK_BATCH_MQ]
+BODIES[R.CHECK_CLIENT_CONFIG] = json.dumps({"clientId": "c1", "group": "billing", "subscriptionData": {
+    "topic": "orders", "subString": "a > 1", "expressionType": "SQL92"}}).encode()
 
 
 def required_fields(declared):
@@ -56,7 +58,7 @@ def test_the_registry_declares_the_served_codes():
         R.CONSUMER_SEND_MSG_BACK, R.END_TRANSACTION, R.PULL_MESSAGE, R.QUERY_CONSUMER_OFFSET,
         R.UPDATE_CONSUMER_OFFSET, R.SEARCH_OFFSET_BY_TIMESTAMP, R.GET_MAX_OFFSET, R.GET_MIN_OFFSET,
         R.GET_EARLIEST_MSG_STORETIME, R.VIEW_MESSAGE_BY_ID, R.QUERY_MESSAGE, R.HEART_BEAT, R.UNREGISTER_CLIENT,
-        R.GET_CONSUMER_LIST_BY_GROUP, R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ, R.SEND_REPLY_MESSAGE,
+        R.CHECK_CLIENT_CONFIG, R.GET_CONSUMER_LIST_BY_GROUP, R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ, R.SEND_REPLY_MESSAGE,
         R.SEND_REPLY_MESSAGE_V2}
     assert requests.unsigned_codes() == {R.GET_ROUTEINFO_BY_TOPIC, R.GET_BROKER_CLUSTER_INFO}
     for d in DECLARED:

@@ -1,0 +1,320 @@
+"""The producer's batches (``Producer(batch_bytes=...)``): messages of a partition sent together as one ``putb``.
+
+As Kafka's producer does: each ``(topic, partition)`` has one open batch; a message joins its partition's batch,
+which is closed when it reaches ``batch_bytes`` or ``linger_ms`` after its first message, whichever is first
+(``Producer.flush`` and ``close`` close every open batch at once). A closed batch is sent as one ``putb``
+(protocol/putbatch.py), the broker stores it whole or not at all, and its one reply resolves every message's
+future with its own id and offset.
+
+Order per partition: a partition has at most one batch on the wire; the next waits until the broker answered
+it. A batch that fails for a transient reason (connection lost, timeout, 503, 507) is sent again, to the same
+partition, after a backoff, and the partition's later batches wait behind it: retries never reorder a
+partition. A batch that fails otherwise (400, 403, ...) fails each of its messages with that error. Several
+batches (of different partitions) are on the wire per broker connection at once, at most ``max_in_flight``;
+closed batches beyond it wait their turn. At most ``buffer_bytes`` of messages wait in batches: ``send_async``
+then waits for room (until the message's deadline, then the send fails with ``RequestTimeout``), so never call
+it from a send callback.
+"""
+
+import collections
+import heapq
+import itertools
+import threading
+import time
+
+from metaq.errors import BrokerError, ConnectionLost, RequestTimeout
+from metaq.client.message import Partition, SendResult
+from metaq.client.replies import reply_error
+from metaq.protocol import events as ev
+from metaq.protocol.putbatch import PutBatch, decode_runs
+from metaq import limits
+
+_MAX_BACKOFF_S = 1.0
+#: More than a sub-record's line takes besides its topic ("put ", the numbers, spaces and CRLF).
+_LINE = 64
+
+
+class _Batch:
+    __slots__ = ("key", "topic", "head", "sends", "parts", "nbytes", "due", "deadline", "body", "attempts", "error")
+
+    def __init__(self, key, due):
+        self.key = key  # (topic, Partition)
+        self.topic = key[0]
+        self.head = b"put %s %d " % (key[0].encode("utf-8"), key[1].partition)
+        self.sends = []
+        self.parts = []
+        self.nbytes = 0
+        self.due = due  # when lingering ends
+        self.deadline = None  # the earliest deadline of its messages
+        self.body = None  # joined when closed
+        self.attempts = 0
+        self.error = None  # why its last attempt failed (a retry's)
+
+
+class _Lane:
+    """One partition's batches: the open one, the full ones waiting their turn, whether one is on the wire (or
+    waiting for its retry)."""
+
+    __slots__ = ("key", "broker", "open", "full", "busy")
+
+    def __init__(self, key):
+        self.key = key
+        self.broker = key[1].broker_id
+        self.open = None
+        self.full = collections.deque()
+        self.busy = False
+
+    def next_batch(self, now):
+        """The batch this idle lane sends now (a full one, else its open one once its linger is over), or None."""
+        if self.full:
+            return self.full.popleft()
+        b = self.open
+        if b is not None and b.due <= now:
+            self.open = None
+            b.body = b"".join(b.parts)
+            b.parts = None
+            return b
+        return None
+
+
+class Batcher:
+    """One per batching Producer. ``add`` takes a message whose partition is chosen; the rest runs on the
+    connections' reader threads and the batcher's own thread (lingering, retries)."""
+
+    def __init__(self, producer, batch_bytes, linger_ms, max_in_flight, buffer_bytes):
+        for name, value, low in (("batch_bytes", batch_bytes, 1), ("linger_ms", linger_ms, 0),
+                                 ("max_in_flight", max_in_flight, 1), ("buffer_bytes", buffer_bytes, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise ValueError("%s must be a number >= %d, got %r" % (name, low, value))
+        if batch_bytes > buffer_bytes:
+            raise ValueError("batch_bytes (%d) must be at most buffer_bytes (%d)" % (batch_bytes, buffer_bytes))
+        self.producer = producer
+        self.batch_bytes = int(batch_bytes)
+        self.linger_s = linger_ms / 1000.0
+        self.max_in_flight = int(max_in_flight)
+        self.buffer_bytes = int(buffer_bytes)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the batcher's thread: lingering and retries
+        self._room = threading.Condition(self._lock)  # senders waiting for buffer room
+        self._lanes = {}  # (topic, Partition) -> its _Lane
+        self._in_flight = collections.Counter()  # broker id -> batches on the wire
+        self._retries = []  # heap of (due, n, _Batch)
+        self._n = itertools.count()
+        self._buffered = 0  # bytes of messages in batches not yet answered
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="metaq-producer-batches", daemon=True)
+        self._thread.start()
+
+    def fits(self, put):
+        """True when the message of ``put`` fits in a batch with its sub-record's line (larger ones go alone)."""
+        return len(put.body) + _LINE + len(put.topic) <= self.batch_bytes
+
+    def add(self, send, partition):
+        """Put ``send`` (its put built, its partition chosen, >= 0) in its partition's batch."""
+        put = send.put
+        data = put.body
+        key = (put.topic, partition)
+        ready = None
+        with self._lock:
+            if self._buffered + len(data) > self.buffer_bytes and self._buffered:
+                self._wait_room(send, len(data))
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = _Lane(key)
+            b = lane.open
+            if b is not None and b.nbytes + len(data) + len(b.head) + _LINE > self.batch_bytes:
+                ready = self._full(lane)
+                b = None
+            if b is None:
+                b = lane.open = _Batch(key, time.monotonic() + self.linger_s)
+                b.deadline = send.deadline
+                self._cond.notify()
+            rec = b"%s%d %d %d %d\r\n%s" % (b.head, len(data), put.flag, put.checksum, len(b.sends), data)
+            b.sends.append(send)
+            b.parts.append(rec)
+            b.nbytes += len(rec)
+            self._buffered += len(data)
+            if send.deadline < b.deadline:
+                b.deadline = send.deadline
+            if b.nbytes >= self.batch_bytes or len(b.sends) >= limits.MAX_BATCH_MESSAGES:
+                more = self._full(lane)
+                ready = more if ready is None else ready + more
+        if ready:
+            self._send(ready)
+
+    def flush_now(self):
+        """End every open batch's linger (``Producer.flush``): each goes as soon as its partition may send."""
+        with self._lock:
+            ready = []
+            for lane in self._lanes.values():
+                if lane.open is not None:
+                    lane.open.due = 0
+                    ready += self._sendable(lane.broker)
+        if ready:
+            self._send(ready)
+
+    def close(self):
+        """Stop the thread; batches not answered by now fail (the producer is closing)."""
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+            self._room.notify_all()
+            left = [r[2] for r in self._retries]
+            for lane in self._lanes.values():
+                left += list(lane.full) + ([lane.open] if lane.open is not None else [])
+                lane.full.clear()
+                lane.open = None
+            self._retries = []
+        self._thread.join(5)
+        for b in left:
+            self._fail(b, ConnectionLost("producer closed"))
+
+    # -- under the lock ---------------------------------------------------------------------------------
+
+    def _wait_room(self, send, n):
+        while self._buffered + n > self.buffer_bytes and self._buffered and not self._closed:
+            left = send.deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout("%d bytes of messages wait in batches (buffer_bytes): no room for another "
+                                     "before the deadline" % self._buffered)
+            self._room.wait(min(left, 1.0))
+
+    def _full(self, lane):
+        """Close ``lane``'s open batch (full): the batches now sendable (it, or none if its turn has not come)."""
+        b = lane.open
+        lane.open = None
+        b.body = b"".join(b.parts)
+        b.parts = None
+        lane.full.append(b)
+        return self._sendable(lane.broker)
+
+    def _sendable(self, broker):
+        """Take the batches of ``broker``'s idle lanes that may go on the wire now, while it has fewer than
+        ``max_in_flight`` on the wire: their lanes busy from now."""
+        out = []
+        room = self.max_in_flight - self._in_flight[broker]
+        if room <= 0:
+            return out
+        now = time.monotonic()
+        for lane in self._lanes.values():
+            if lane.busy or lane.broker != broker:
+                continue
+            b = lane.next_batch(now)
+            if b is not None:
+                lane.busy = True
+                out.append(b)
+                room -= 1
+                if not room:
+                    break
+        self._in_flight[broker] += len(out)
+        return out
+
+    # -- the wire ---------------------------------------------------------------------------------------
+
+    def _send(self, batches):
+        for b in batches:
+            self._attempt(b)
+
+    def _attempt(self, b):
+        """Put ``b`` on the wire (its key busy, counted in its broker's in-flight); the reply goes to ``_replied``."""
+        b.attempts += 1
+        partition = b.key[1]
+        producer = self.producer
+        url = producer.discovery.url(partition.broker_id)
+        if url is None:
+            self._replied(b, None, ConnectionLost("broker %d is not registered" % partition.broker_id))
+            return
+        try:
+            conn = producer.connection(url)
+        except ConnectionLost as exc:
+            self._replied(b, None, exc)
+            return
+        remaining = b.deadline - time.monotonic()
+        conn.request_callback(PutBatch(b.topic, len(b.sends), b.body, 0),
+                              lambda reply, error: self._replied(b, reply, error),
+                              timeout=max(0.001, min(producer.send_timeout, remaining)))
+
+    def _replied(self, b, reply, error):
+        """On a reader thread: resolve the batch's messages, or retry it, or fail them; then send what waits."""
+        partition = b.key[1]
+        if error is None:
+            if isinstance(reply, ev.Result) and reply.code == 200:
+                try:
+                    runs = decode_runs(reply.body)
+                    stored = sum(run[3] for run in runs)
+                    if stored != len(b.sends):
+                        raise ValueError("%d places for %d messages" % (stored, len(b.sends)))
+                except ValueError as exc:
+                    self._done(b, error=BrokerError("bad putb reply %r: %s" % (reply.body[:200], exc)))
+                    return
+                self._done(b, runs=runs)
+                return
+            error = reply_error(reply)
+        if isinstance(error, (ConnectionLost, RequestTimeout)) or error.code in (503, 507):
+            self.producer.mark_suspect(partition.broker_id)
+            now = time.monotonic()
+            b.error = error
+            if not self._closed and now < b.deadline:
+                delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(b.attempts - 1, 10))
+                with self._lock:
+                    self._in_flight[partition.broker_id] -= 1  # the lane stays busy: nothing overtakes the retry
+                    heapq.heappush(self._retries, (min(now + delay, b.deadline), next(self._n), b))
+                    self._cond.notify()
+                    ready = self._sendable(partition.broker_id)
+                self._send(ready)
+                return
+        self._done(b, error=error)
+
+    def _done(self, b, runs=None, error=None):
+        """The batch is over: each message's result, then its partition and broker free for the next."""
+        broker = b.key[1].broker_id
+        with self._lock:
+            self._lanes[b.key].busy = False
+            self._in_flight[broker] -= 1
+            self._buffered -= sum(len(s.put.body) for s in b.sends)
+            self._room.notify_all()
+            ready = self._sendable(broker)
+            if not self._lanes[b.key].busy and self._lanes[b.key].open is not None:
+                self._cond.notify()  # its open batch lingers on: the thread's next wake-up may be it
+        if runs is None:
+            self._fail(b, error)
+        else:
+            self.producer.finish_stored(b.sends, [(first_id, Partition(broker, part), offset, count)
+                                                  for first_id, part, offset, count in runs])
+        self._send(ready)
+
+    def _fail(self, b, error):
+        finish = self.producer.finish_sent
+        for send in b.sends:
+            finish(send, SendResult(False, b.key[1], error=error))
+
+    # -- the batcher's thread ---------------------------------------------------------------------------
+
+    def _run(self):
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                retries = []
+                while self._retries and self._retries[0][0] <= now:
+                    retries.append(heapq.heappop(self._retries)[2])
+                for b in retries:
+                    self._in_flight[b.key[1].broker_id] += 1
+                ready = []
+                wake = self._retries[0][0] if self._retries else None
+                for broker in {lane.broker for lane in self._lanes.values() if not lane.busy and lane.open}:
+                    ready += self._sendable(broker)
+                for lane in self._lanes.values():  # lingering batches of idle lanes: the next due
+                    if (not lane.busy and lane.open is not None and (wake is None or lane.open.due < wake)
+                            and self._in_flight[lane.broker] < self.max_in_flight):  # else a reply sends it
+                        wake = lane.open.due
+                if not ready and not retries:
+                    self._cond.wait(None if wake is None else max(0.0005, wake - now))
+                    continue
+            for b in retries:
+                if time.monotonic() >= b.deadline:
+                    self._done(b, error=b.error or RequestTimeout("batch not stored before the deadline"))
+                else:
+                    self._attempt(b)
+            self._send(ready)

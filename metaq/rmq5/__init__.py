@@ -1,0 +1,24 @@
+"""RocketMQ 5's gRPC clients: ``apache.rocketmq.v2.MessagingService`` over HTTP/2 on the connection core
+(docs/rocketmq5.md).
+
+This first phase serves routes, heartbeats, sends (normal, FIFO message groups, delivery times) and Telemetry's
+settings exchange; receiving (POP), transactions, pulls and recalls come later and are answered UNIMPLEMENTED.
+
+A feature package: every module of the feature is here, named by its role, and each role is a layer's
+(``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
+layer may, and of this package only modules of its own role's layer or a lower one.
+
+codec (the protocol layer: bytes in, values out; no socket, log or clock)
+    messages.proto   our description of the protocol (package ``apache.rocketmq.v2``, the public definition's
+                     messages, enums, field numbers and service), written for metaq
+    messages_pb2.py  protoc's Python code of it: generated at setup (tools/protos.py), never committed
+    wire.py          gRPC's framing: length-prefixed messages (``MessageReader``, a named maximum checked on the
+                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``)
+    records.py       a RocketMQ 5 message checked as the proxy checks it (``Refusal`` names the in-band Code) and
+                     laid out as the properties a remoting send stores (tag, keys, message id, message group, time)
+front-end (the server layer)
+    rpcs.py          MessagingService: the RPCs over the put path and the guard (RocketMQ 5's credentials through
+                     the one login decision), in-band statuses
+    port.py          the listener on the connection core and its HTTP/2 connections (h2): streams, flow control,
+                     the named limits (streams per connection, message bytes, header bytes), deadlines
+"""

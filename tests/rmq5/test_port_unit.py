@@ -1,0 +1,196 @@
+"""The gRPC port's HTTP/2 connection (metaq/rmq5/port.py) over a Unix socket pair, with a stand-in service: deadlines,
+what is no gRPC request, streams the client resets. No listening socket, no network."""
+
+import gevent
+import pytest
+from gevent import socket
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import (DataReceived, RemoteSettingsChanged, ResponseReceived, StreamEnded, StreamReset,
+                       TrailersReceived)
+
+from metaq.rmq5.port import GrpcConnection, PortLimits
+from metaq.rmq5.wire import GrpcError, Status, frame
+from metaq.server.connections import ConnectionLimits
+from metaq.server.guard import Session
+
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+
+
+class Slow:
+    """A service whose unary calls take ``delay`` seconds and echo their request; Telemetry echoes each message."""
+
+    def __init__(self, delay=0.0):
+        self.delay = delay
+        self.finished = 0
+
+    def kind(self, rpc):
+        return {"Echo": "unary", "Telemetry": "telemetry", "Later": "later"}.get(rpc)
+
+    def later(self, rpc):
+        return "not yet"
+
+    def call(self, rpc, call, data):
+        gevent.sleep(self.delay)
+        if data == b"fail":
+            raise GrpcError(Status.INVALID_ARGUMENT, "asked to fail")
+        self.finished += 1
+        return data
+
+    def telemetry(self, call, data):
+        return b"re:" + data
+
+
+class Peer:
+    """The client's side: h2 over one end of the pair, the port's connection served on the other."""
+
+    def __init__(self, service, port_limits=None, request_s=5.0):
+        ours, theirs = socket.socketpair()
+        self.conn = GrpcConnection(theirs, ("127.0.0.1", 40000), 1, ConnectionLimits(5.0, request_s), service,
+                                   port_limits or PortLimits())
+        self.conn.session = Session("127.0.0.1")
+        self.server = gevent.spawn(self.conn.serve)
+        self.sock = ours
+        self.h2 = H2Connection(H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.h2.initiate_connection()
+        self.flush()
+        with gevent.Timeout(5):  # the port's SETTINGS and connection window first: then a large request fits
+            while not any(isinstance(e, RemoteSettingsChanged) for e in self.h2.receive_data(self.sock.recv(65536))):
+                pass
+        self.flush()
+
+    def flush(self):
+        self.sock.sendall(self.h2.data_to_send())
+
+    def call(self, rpc, messages=(), end=True, headers=(), method="POST", content_type="application/grpc"):
+        sid = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(sid, [(":method", method), (":scheme", "http"), (":path", SERVICE + rpc),
+                                   (":authority", "x"), ("content-type", content_type)] + list(headers),
+                             end_stream=end and not messages)
+        for i, m in enumerate(messages):
+            data, size = frame(m), self.h2.max_outbound_frame_size
+            for at in range(0, len(data), size):
+                last = at + size >= len(data)
+                self.h2.send_data(sid, data[at:at + size], end_stream=end and i == len(messages) - 1 and last)
+        self.flush()
+        return sid
+
+    def until(self, sid, done, timeout=5.0):
+        """Events of stream ``sid`` until ``done(events)``."""
+        got = []
+        with gevent.Timeout(timeout):
+            while not done(got):
+                data = self.sock.recv(65536)
+                if not data:
+                    break
+                for e in self.h2.receive_data(data):
+                    if isinstance(e, DataReceived):  # what was read opens the port's window again
+                        self.h2.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                    if getattr(e, "stream_id", None) == sid:
+                        got.append(e)
+                self.flush()
+        return got
+
+    def close(self):
+        self.sock.close()
+        self.server.join(5)
+
+
+def ended(got):
+    return any(isinstance(e, (StreamEnded, StreamReset)) for e in got)
+
+
+def status_of(got):
+    for e in got:
+        if isinstance(e, (TrailersReceived, ResponseReceived)):
+            h = dict(e.headers)
+            if "grpc-status" in h:
+                return int(h["grpc-status"]), h.get("grpc-message", "")
+    return None
+
+
+@pytest.fixture
+def peer_factory():
+    made = []
+
+    def make(*args, **kw):
+        made.append(Peer(*args, **kw))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_a_unary_call_echoes_and_ends_ok(peer_factory):
+    p = peer_factory(Slow())
+    sid = p.call("Echo", [b"hello"])
+    got = p.until(sid, ended)
+    assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"hello")
+    assert status_of(got) == (0, "")
+
+
+def test_a_call_past_its_grpc_timeout_or_max_call_s_is_deadline_exceeded(peer_factory):
+    service = Slow(delay=1.0)
+    p = peer_factory(service, PortLimits(max_call_s=0.3))
+    sid = p.call("Echo", [b"x"], headers=[("grpc-timeout", "100m")])  # 0.1 s asked
+    got = p.until(sid, ended)
+    assert status_of(got)[0] == Status.DEADLINE_EXCEEDED and "0.100 s" in status_of(got)[1]
+    sid = p.call("Echo", [b"x"])  # none asked: grpc.max_call_s
+    got = p.until(sid, ended)
+    assert status_of(got)[0] == Status.DEADLINE_EXCEEDED and "0.300 s" in status_of(got)[1]
+    assert service.finished == 0
+    sid = p.call("Echo", [b"x"], headers=[("grpc-timeout", "soon")])
+    assert status_of(p.until(sid, ended))[0] == Status.INVALID_ARGUMENT
+
+
+def test_what_is_no_grpc_request_gets_http_or_grpc_answers_and_the_connection_goes_on(peer_factory):
+    p = peer_factory(Slow())
+    got = p.until(p.call("Echo", [b"x"], content_type="application/json"), ended)
+    assert dict(next(e for e in got if isinstance(e, ResponseReceived)).headers)[":status"] == "415"
+    got = p.until(p.call("Echo", method="GET"), ended)
+    assert dict(next(e for e in got if isinstance(e, ResponseReceived)).headers)[":status"] == "405"
+    assert status_of(p.until(p.call("Nope", [b""]), ended))[0] == Status.UNIMPLEMENTED
+    later = status_of(p.until(p.call("Later", [b""], end=False), ended))
+    assert later == (Status.UNIMPLEMENTED, "Later: not yet")
+    assert status_of(p.until(p.call("Echo"), ended))[0] == Status.INTERNAL  # no request message
+    assert status_of(p.until(p.call("Echo", [b"a", b"b"]), ended))[0] == Status.INTERNAL  # two
+    assert status_of(p.until(p.call("Echo", [b"x"], headers=[("grpc-encoding", "gzip")]), ended))[0] == \
+        Status.UNIMPLEMENTED
+    assert status_of(p.until(p.call("Echo", [b"fail"]), ended)) == (Status.INVALID_ARGUMENT, "asked to fail")
+    assert status_of(p.until(p.call("Echo", [b"ok"]), ended)) == (0, "")
+
+
+def test_telemetry_answers_each_message_and_ends_when_the_client_half_closes(peer_factory):
+    p = peer_factory(Slow())
+    sid = p.call("Telemetry", [b"one"], end=False)
+    got = p.until(sid, lambda got: any(isinstance(e, DataReceived) for e in got))
+    assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"re:one")
+    p.h2.send_data(sid, frame(b"two"))
+    p.flush()
+    got = p.until(sid, lambda got: any(isinstance(e, DataReceived) for e in got))
+    assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"re:two")
+    p.h2.end_stream(sid)
+    p.flush()
+    assert status_of(p.until(sid, ended)) == (0, "")
+
+
+def test_a_stream_the_client_resets_is_forgotten_and_its_answer_never_sent(peer_factory):
+    service = Slow(delay=0.2)
+    p = peer_factory(service)
+    sid = p.call("Echo", [b"x"])
+    gevent.sleep(0.05)
+    p.h2.reset_stream(sid)
+    p.flush()
+    gevent.sleep(0.4)
+    assert service.finished == 1 and p.conn.calls == {} and p.conn.running == 0
+    assert status_of(p.until(p.call("Echo", [b"y"]), ended)) == (0, "")
+
+
+def test_a_large_answer_waits_for_the_clients_window(peer_factory):
+    p = peer_factory(Slow())
+    big = b"z" * 200_000  # past the default 64 KiB window: sent as the client opens it
+    sid = p.call("Echo", [big])
+    got = p.until(sid, ended, timeout=10)
+    assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(big)
+    assert status_of(got) == (0, "")
