@@ -161,7 +161,7 @@ def test_topics_hides_the_brokers_internal_topics_unless_all(broker):
     out = admin("--brokers", url, "topics")
     names = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]
     assert names == ["orders", "urgent"]
-    assert out.stderr == "metaq-admin: 5 internal topics not shown (--all shows them)\n"
+    assert out.stderr == "metaq-admin: 6 internal topics not shown (--all shows them)\n"
     rows = {r["topic"]: r for r in json.loads(admin("--brokers", url, "--json", "topics").stdout)}
     assert set(rows) == {"orders", "urgent"}
     assert rows["urgent"]["messages"] == 1  # its level's message counts in its row
