@@ -27,6 +27,7 @@ What it holds across connections:
 import itertools
 import logging
 import os
+import time
 
 import gevent
 
@@ -38,6 +39,7 @@ from metaq.mqtt.records import first_level, partition_for, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import matches
 from metaq.server.clock import now_ms
+from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)
@@ -223,27 +225,36 @@ class MqttPort:
                 log.exception("mqtt: keeping the sessions failed")
 
     def _keep_once(self):
+        """One round of ``_keep``: other greenlets run between its writes (``share_loop``), and each write is checked
+        against the table again, so a session that changed meanwhile is not written back as it was."""
+        turn = time.monotonic()
         for session in list(self._live.values()):
-            if session.dirty:
+            if session.dirty and self._live.get(session.client_id) is session:
                 self.save(session)
+                turn = share_loop(turn)
         now = now_ms()
-        for saved in self.table.offline():
-            if saved.expired(now, self.settings.offline_session_max_age_s):
+        table = self.table
+        for saved in table.offline():
+            if saved.expired(now, self.settings.offline_session_max_age_s) and \
+                    table.sessions.get(saved.client_id) is saved and not saved.connected:
                 log.info("mqtt client %s: its session expired", saved.client_id)
                 self.sessions_expired += 1
                 self.end_session(saved.client_id)
+                turn = share_loop(turn)
         behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
                                                    self.store.config.segment_size)
-        for retained in list(self.table.retained.values()):
-            if retained.position is not None and retained.position < behind:
+        for retained in list(table.retained.values()):
+            if retained.position < behind and table.retained.get(retained.name) is retained:
                 self._write(retained.name, encode_retained(retained))
-        for saved in list(self.table.sessions.values()):
-            if saved.position is not None and saved.position < behind:
+                turn = share_loop(turn)
+        for saved in list(table.sessions.values()):
+            if saved.position < behind and table.sessions.get(saved.client_id) is saved:
                 live = self._live.get(saved.client_id)
                 if live is not None:
                     self.save(live)
                 else:
                     self._write(saved.client_id, encode(saved))
+                turn = share_loop(turn)
 
     def _relearn(self, upto):
         """The log was cut at ``upto``: the sessions are what the log holds before it."""
