@@ -141,6 +141,7 @@ def test_qos2_exactly_once_across_a_kill(broker_factory, tmp_path):
         reader.read()  # and no third
 
 
+@pytest.mark.slow
 def test_session_expiry_drops_it_on_time(broker_factory, tmp_path):
     b = broker_factory(mqtt_config(tmp_path))
     raw = Raw(b)
@@ -254,6 +255,7 @@ def test_retention_goes_on_and_the_session_is_kept(broker_factory, tmp_path):
     assert _payloads(raw, 1) == [b"m0"]
 
 
+@pytest.mark.slow
 def test_offline_session_max_age_ends_a_311_session(broker_factory, tmp_path):
     """MQTT 3.1.1 persistent sessions have no expiry of their own: mqtt.offline_session_max_age_s ends them."""
     b = broker_factory(mqtt_config(tmp_path, offline_session_max_age_s=2))
