@@ -616,6 +616,31 @@ MQTT_DELIVERY_BATCH = 64
 #: How often a connection whose filters start with a wildcard looks for topics created since (seconds); it is also
 #: the longest a delivery waits for an append before it looks again.
 MQTT_TOPIC_RESCAN_S = 1.0
+#: How often a persistent MQTT session's read positions and messages in flight are written to the sessions' log
+#: (``%MQTT%``) while they change (seconds): one record per session per interval at most, whatever it delivers, so
+#: the log's write amplification is bounded; after a kill -9 what was delivered in the last interval is delivered
+#: again (at least once). Subscriptions, QoS 2 packet ids and ends of sessions are written at once.
+MQTT_SESSION_SAVE_INTERVAL_S = 1.0
+#: Sessions kept for clients that are not connected (``mqtt.max_offline_sessions``): when one more goes offline, the
+#: one offline longest is ended (its client's next CONNECT gets Session Present 0).
+MQTT_MAX_OFFLINE_SESSIONS = 10_000
+#: Longest a session is kept for a client that is not connected (``mqtt.offline_session_max_age_s``, seconds): an
+#: MQTT 3.1.1 persistent session (which has no expiry of its own) and an MQTT 5 one with a longer expiry interval
+#: end then.
+MQTT_OFFLINE_SESSION_MAX_AGE_S = 7 * 24 * 3600
+#: How far (bytes of log) a session's last record may fall behind the log's written end before it is written again
+#: at the end, so that retention can delete the segments below it: the sessions' log needs only each session's last
+#: record, and this bounds how much log the sessions keep (the rewrite costs one record per session per this much).
+MQTT_SESSION_REWRITE_BYTES = 64 * 1024 * 1024
+#: Retained messages the broker keeps (``mqtt.max_retained``): a retained PUBLISH to one more topic name is refused
+#: (MQTT 5: 0x97 Quota exceeded in its PUBACK or PUBREC; 3.1.1: closed, as every refused PUBLISH).
+MQTT_MAX_RETAINED = 10_000
+#: Payload and property bytes of every retained message together (``mqtt.max_retained_bytes``): a retained PUBLISH
+#: that would pass it is refused as one past ``mqtt.max_retained`` is.
+MQTT_MAX_RETAINED_BYTES = 64 * 1024 * 1024
+#: Largest record of one session (its subscriptions, read positions, packet ids): a session that would need more is
+#: not saved (logged; it lives as long as its connection), the bound being what a replay holds per record.
+MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024
 
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
 

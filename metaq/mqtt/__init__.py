@@ -16,8 +16,13 @@ logic (the protocol layer: pure decisions)
                    (``$share/<ShareName>/<filter>``), bounded by MQTT_MAX_TOPIC_BYTES and MQTT_MAX_TOPIC_LEVELS
 state (the store layer's rules: no socket, gevent or clock)
     session.py     ``MqttSession``: one client's subscriptions, read cursors, QoS 2 packet ids and messages in flight
+                   (saved and restored whole for a persistent session); ``SharedGroup``: a ``$share`` group
+    follow.py      persistent sessions and retained messages as records of the internal topic ``%MQTT%``: the
+                   ``SessionTable`` they build, and ``SessionFollow``, the store's log-follower subscriber that keeps
+                   a slave's table current
 front-end (the server layer)
-    port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills
+    port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills,
+                   the persistent sessions' and retained messages' table (saved, expired), the shared groups
     connection.py  one connection: CONNECT, PUBLISH, SUBSCRIBE, the acknowledgements, bad input answered and closed
     delivery.py    what a connection's subscriptions read from the log and send
 """

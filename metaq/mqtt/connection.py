@@ -251,6 +251,8 @@ class Connection(core.Connection):
         if kind is wire.PubRel:
             if self.mqtt.qos2_released(p.packet_id):
                 self._unacked_in -= 1
+                if self.mqtt.persistent:
+                    self.port.save(self.mqtt)  # released before PUBCOMP: the client may use the id again
             # an unknown id still gets PUBCOMP: it may be a resend after the PUBCOMP was lost
             self._queue_ack(wire.PubComp(p.packet_id))
             return True
@@ -298,9 +300,6 @@ class Connection(core.Connection):
             return False
         will = p.will
         if will is not None:
-            if will.retain and v5:
-                return self._refuse_connect(wire.RETAIN_NOT_SUPPORTED, "a retained will: retained messages are not "
-                                            "supported yet")
             try:
                 first_level(will.topic)
             except RecordRefusal as exc:
@@ -315,18 +314,35 @@ class Connection(core.Connection):
         refusal = self.port.claim(self, client_id, p.clean_start)
         if refusal is not None:
             return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, refusal)
-        self.mqtt = MqttSession(client_id, p.version, s.receive_maximum)
+        session = self.mqtt = MqttSession(client_id, p.version, s.receive_maximum)
+        session.user = self.session.user
+        session.expiry_s = self.expiry_s if v5 else None
+        session.persistent = bool(self.expiry_s) if v5 else not p.clean_start
+        saved = self.port.resume(client_id, p.clean_start)
+        if saved is not None:
+            session.restore(saved)
+            self._unacked_in = len(session.qos2_received)  # its QoS 2 PUBLISHes waiting for their PUBREL
+        if session.persistent:
+            self.port.connected(session)
         props = {}
         if v5:
             props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,
-                     "retain_available": 0, "shared_subscription_available": 0,
                      "subscription_identifier_available": 0}
             if s.topic_alias_maximum:
                 props["topic_alias_maximum"] = s.topic_alias_maximum
             if assigned:
                 props["assigned_client_identifier"] = client_id
         self._writer = gevent.spawn(self._write_acks)
-        return self.send(wire.Connack(False, wire.SUCCESS, props))
+        if not self.send(wire.Connack(saved is not None, wire.SUCCESS, props)):
+            return False
+        if session.subscriptions or session.inflight or session.rejoin:
+            delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
+            rejoin, session.rejoin = session.rejoin, []
+            for topic_filter, granted in rejoin:  # its shared groups joined again, their permission asked again
+                code = delivery.subscribe(wire.Subscription(topic_filter, granted))
+                if code > 2:
+                    log.info("mqtt %s: shared subscription %s not resumed (0x%02X)", self.peer, topic_filter, code)
+        return True
 
     def _login(self, p):
         """The CONNECT's user name and password through the guard (authentication on); False: refused, answered."""
@@ -347,6 +363,8 @@ class Connection(core.Connection):
         """Another connection took this client id: MQTT 5 is told DISCONNECT 0x8E, the connection closes. Returns
         ``(will, guard session, will delay)`` for the port to publish (or drop), or None without a will."""
         self._taken_over = True
+        if self.mqtt.persistent:
+            self.port.went_offline(self.mqtt)  # saved now, before the new connection resumes it
         log.info("mqtt %s: client %s connected again from another connection; closing this one", self.peer,
                  self.mqtt.client_id)
         if self.version == MQTT_5:
@@ -367,6 +385,8 @@ class Connection(core.Connection):
                 return self._disconnect(wire.PROTOCOL_ERROR, "a DISCONNECT may not set a session expiry when the "
                                         "CONNECT's was 0")
             self.expiry_s = expiry
+            self.mqtt.expiry_s = expiry
+            self.mqtt.persistent = bool(expiry)
         self._ended_cleanly = p.reason_code == wire.SUCCESS  # 0x04: disconnect with will message
         return False
 
@@ -384,6 +404,13 @@ class Connection(core.Connection):
         if self.mqtt is None:
             return
         self.port.release(self, self.mqtt.client_id)
+        if not self._taken_over:
+            if self.mqtt.persistent:
+                self.port.went_offline(self.mqtt)  # its shared subscriptions with it, before it leaves their groups
+            elif not self.port.holds(self.mqtt.client_id):
+                self.port.end_session(self.mqtt.client_id)  # a resumed session with no expiry ends with its connection
+        for topic_filter in list(self.mqtt.shared):
+            self._leave(topic_filter)
         will, self.will = self.will, None
         if will is not None and not self._ended_cleanly and not self._taken_over:
             self.port.connection_lost(self.mqtt.client_id, will, self.session, self._will_delay(will))
@@ -409,9 +436,6 @@ class Connection(core.Connection):
                 name = self._aliases.get(alias)
                 if name is None:
                     return self._disconnect(wire.PROTOCOL_ERROR, "topic alias %d was never set" % alias)
-        if p.retain and v5:
-            return self._disconnect(wire.RETAIN_NOT_SUPPORTED,
-                                    "a retained PUBLISH: retained messages are not supported yet")
         session = self.mqtt
         if p.qos == 2 and session.qos2_seen(p.packet_id):
             self._queue_ack(wire.PubRec(p.packet_id))  # a resend: stored once already
@@ -422,7 +446,8 @@ class Connection(core.Connection):
             return self._disconnect(wire.RECEIVE_MAXIMUM_EXCEEDED, "more than %d QoS 1 and 2 PUBLISHes unacknowledged "
                                     "(mqtt.receive_maximum)" % s.receive_maximum)
         try:
-            topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, self.session)
+            topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, self.session,
+                                          p.retain)
         except (RecordRefusal, errors.MetaqError) as exc:
             return self._publish_refused(p, name, exc)
         if p.qos == 0:
@@ -432,6 +457,10 @@ class Connection(core.Connection):
         self._unacked_in += 1
         if p.qos == 2:
             session.qos2_stored(p.packet_id)
+            if session.persistent:  # its packet id saved before the PUBREC: exactly once across a restart
+                end = self.port.save(session)
+                if end is not None:
+                    r = r._replace(log_end=max(r.log_end, end))
         ack = wire.PubAck(p.packet_id) if p.qos == 1 else wire.PubRec(p.packet_id)
         self._queue_ack(ack, None if mode == ACK_NOW else (topic, r, now), counted=p.qos == 1)
         return True
@@ -479,10 +508,22 @@ class Connection(core.Connection):
             return self._disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
                                     "subscription identifiers are not supported yet")
         delivery = self._delivery_of()
-        codes = tuple(delivery.subscribe(s) for s in p.subscriptions)
+        codes = []
+        retained = []
+        for sub in p.subscriptions:
+            new = sub.topic_filter not in self.mqtt.subscriptions
+            code = delivery.subscribe(sub)
+            codes.append(code)
+            if code <= 2 and (sub.retain_handling == 0 or (sub.retain_handling == 1 and new)):
+                retained.append((sub.topic_filter, code))
+        codes = tuple(codes)
         if not v5:
             codes = tuple(c if c <= 2 else SUBACK_FAILURE_311 for c in codes)
+        if self.mqtt.persistent:
+            self.port.save(self.mqtt)
         ok = self.send(wire.Suback(p.packet_id, codes))
+        if retained:
+            delivery.retained_after_suback(retained)  # sent by the delivery, after the SUBACK
         self.room.set()
         return ok
 
@@ -493,9 +534,19 @@ class Connection(core.Connection):
         return self._delivery_obj
 
     def _unsubscribe(self, p):
-        codes = tuple(wire.SUCCESS if self.mqtt.unsubscribe(f) else wire.NO_SUBSCRIPTION_EXISTED
+        codes = tuple(wire.SUCCESS if self.mqtt.unsubscribe(f) or self._leave(f) else wire.NO_SUBSCRIPTION_EXISTED
                       for f in p.topic_filters)
+        if self.mqtt.persistent:
+            self.port.save(self.mqtt)
         return self.send(wire.Unsuback(p.packet_id, codes if self.version == MQTT_5 else ()))
+
+    def _leave(self, topic_filter):
+        """Leave the shared group of ``topic_filter`` (True when this connection was a member)."""
+        held = self.mqtt.shared.pop(topic_filter, None)
+        if held is None:
+            return False
+        self.port.leave_group(self, held[0])
+        return True
 
 
 def _now():

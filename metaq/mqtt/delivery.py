@@ -25,8 +25,9 @@ from metaq.auth.acl import SUB
 from metaq.limits import validate_topic
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of
-from metaq.mqtt.session import Subscribed
-from metaq.mqtt.topics import SHARE_PREFIX
+from metaq.mqtt.session import PUBREL_SENT, Subscribed
+from metaq.mqtt.topics import TopicError, matches, split_shared
+from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.topics.names import is_internal
 
@@ -45,6 +46,9 @@ class Delivery:
         self.settings = port.settings
         self.max_transfer = port.max_transfer
         self.session = conn.mqtt
+        self.port = port
+        self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
+        self._deferred = {}  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
         self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
@@ -55,13 +59,23 @@ class Delivery:
     def subscribe(self, sub):
         """Add one filter of a SUBSCRIBE (a ``wire.Subscription``); its SUBACK code (the granted QoS, or a failure)."""
         session, s = self.session, self.settings
-        if self.conn.version == wire.MQTT_5 and sub.topic_filter.startswith(SHARE_PREFIX):
-            return wire.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED  # shared subscriptions: the next phase (CONNACK says so)
-        if sub.topic_filter not in session.subscriptions and len(session.subscriptions) >= s.max_subscriptions:
+        try:
+            share, inner = split_shared(sub.topic_filter)
+        except TopicError:
+            return wire.TOPIC_FILTER_INVALID
+        held = len(session.subscriptions) + len(session.shared)
+        if sub.topic_filter not in session.subscriptions and sub.topic_filter not in session.shared \
+                and held >= s.max_subscriptions:
             log.info("mqtt %s: SUBSCRIBE %s refused: %d subscriptions is the limit (mqtt.max_subscriptions)",
                      self.conn.peer, sub.topic_filter, s.max_subscriptions)
             return wire.QUOTA_EXCEEDED
-        first = sub.topic_filter.split("/", 1)[0]
+        if share is not None:
+            try:
+                self.guard.require(self.conn.session, SUB, "group", share)  # the group is a consumer group's
+            except (errors.Forbidden, errors.Unauthenticated) as exc:
+                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
+                return wire.NOT_AUTHORIZED
+        first = inner.split("/", 1)[0]
         if first in ("+", "#"):
             topics = self._readable()
             self._seen.update(self.store.known_topics())
@@ -85,7 +99,15 @@ class Delivery:
                 return wire.UNSPECIFIED_ERROR
             topics = [first]
         granted = min(sub.qos, 2)
-        for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics)):
+        if share is not None:
+            old = session.shared.pop(sub.topic_filter, None)
+            if old is not None:
+                self.port.leave_group(self.conn, old[0])
+            group = self.port.join_group(self.conn, share, inner, topics, self.store.max_offset)
+            session.shared[sub.topic_filter] = (group, granted)
+            return granted
+        for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics,
+                                                  sub.retain_as_published)):
             self._start_at_end(topic)
         return granted
 
@@ -134,7 +156,10 @@ class Delivery:
         conn = self.conn
         room = conn.room
         self._turn = time.monotonic()
+        self.resend()
         while not conn.closed:
+            if self._retained:
+                self._send_retained()
             if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                 self._rescan()
             if self._pass():
@@ -142,7 +167,12 @@ class Delivery:
             room.clear()
             if conn.closed or self.waiters.closed:
                 return
-            self.waiters.wait_any(list(self.session.cursors), limits.MQTT_TOPIC_RESCAN_S, room)
+            if self._retained:
+                continue
+            keys = list(self.session.cursors)
+            for group, _granted in self.session.shared.values():
+                keys.extend(group.cursors)
+            self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
             self._turn = time.monotonic()
 
     def _pass(self):
@@ -162,7 +192,62 @@ class Delivery:
                 read_any = self._read(key) or read_any
             finally:
                 conn.replies.release(self.max_transfer)
+        for group, granted in list(self.session.shared.values()):
+            for key in list(group.cursors):
+                self._turn = share_loop(self._turn)
+                if conn.closed:
+                    return False
+                if not self.guard.allows(conn.session, SUB, "topic", key[0]):
+                    continue
+                if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
+                    return False
+                try:
+                    read_any = self._read_shared(group, granted, key) or read_any
+                finally:
+                    conn.replies.release(self.max_transfer)
         return read_any
+
+    def _read_shared(self, group, granted, key):
+        """Read a shared group's partition from the group's cursor: each record is claimed (the cursor moved past it)
+        before it is sent, so another member's delivery never sends it too."""
+        topic, partition = key
+        offset = group.cursors.get(key)
+        if offset is None:
+            return False
+        try:
+            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                     self.max_transfer)
+        except errors.Moved as moved:
+            group.cursors[key] = moved.offset
+            return moved.offset != offset
+        except errors.CorruptRecord as exc:
+            group.cursors[key] = exc.next_offset
+            return True
+        except errors.MetaqError:
+            group.cursors.pop(key, None)
+            return False
+        for rec in records:
+            if group.cursors.get(key) != rec.queue_offset:
+                return True  # another member claimed it meanwhile
+            m = message_of(topic, rec.flag, rec.data)
+            if not matches(group.topic_filter, m.topic):
+                group.cursors[key] = rec.queue_offset + 1
+                continue
+            if min(granted, m.qos) and not self._has_room(self.conn):
+                return False  # its window is full: a member with room takes it (this one waits for an ack)
+            if not group.my_turn(self.conn, self._has_room) and \
+                    self._deferred.get(key) != (group, rec.queue_offset):
+                self._deferred[key] = (group, rec.queue_offset)  # another member's turn; past a wait, this one's
+                return False
+            group.cursors[key] = rec.queue_offset + 1
+            group.claimed(self.conn)
+            if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m):
+                return False
+        return bool(records)
+
+    def _has_room(self, conn):
+        """True when ``conn`` (a member of a shared group) may have one more QoS 1 or 2 message in flight now."""
+        return not conn.closed and len(conn.mqtt.inflight) < min(self.settings.max_inflight, conn.client_receive_max)
 
     def _read(self, key):
         topic, partition = key
@@ -185,20 +270,38 @@ class Delivery:
             cursors.pop(key, None)
             return False
         for rec in records:
-            if not self._deliver(topic, rec):
+            if not self._deliver(topic, partition, rec):
                 return False
             if key in cursors:
                 cursors[key] = rec.queue_offset + 1
+                self.session.dirty = True
         return bool(records)
 
-    def _deliver(self, topic, rec):
-        """Send one record when a subscription matches it; False when the connection closed meanwhile."""
-        conn, session = self.conn, self.session
+    def _deliver(self, topic, partition, rec):
+        """Send one record when a subscription matches it; False when the connection closed meanwhile. A QoS 2
+        delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
+        restart needs its packet id kept)."""
         m = message_of(topic, rec.flag, rec.data)
-        qos = session.granted_qos(topic, m.topic, m.client_id)
+        qos = self.session.granted_qos(topic, m.topic, m.client_id)
         if qos is None:
             return True
-        qos = min(qos, m.qos)
+        retain = m.retain and self.session.retain_as_published(topic, m.topic)
+        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m)
+
+    def _send(self, topic, where, flag, data, granted, retain, m=None):
+        """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) at
+        min(its QoS, ``granted``); an expired one (MQTT 5 Message Expiry) is not sent, another is sent with the
+        interval left. False when the connection closed meanwhile."""
+        conn, session = self.conn, self.session
+        if m is None:
+            m = message_of(topic, flag, data)
+        props = m.properties
+        if m.expires_ms is not None:
+            left_ms = m.expires_ms - now_ms()
+            if left_ms <= 0:
+                return True  # expired: not delivered (MQTT 5.0 §3.3.2.3.3)
+            props = dict(props, message_expiry_interval=(left_ms + 999) // 1000)
+        qos = min(granted, m.qos)
         packet_id = None
         if qos:
             most = min(self.settings.max_inflight, conn.client_receive_max)
@@ -209,10 +312,60 @@ class Delivery:
                 conn.room.wait(1.0)
             packet_id = session.next_packet_id()
         v5 = conn.version == wire.MQTT_5
-        data = wire.encode(wire.Publish(m.topic, m.payload, qos, False, False, packet_id,
-                                        m.properties if v5 else {}), conn.version)
+        data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id, props if v5 else {}),
+                           conn.version)
         if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
             return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
         if qos:
-            session.sent(packet_id)
+            session.sent(packet_id, (qos, topic) + where if where is not None else None)
+            if qos == 2 and session.persistent:
+                self.port.save(session)
         return conn.send_bytes(data)
+
+    def retained_after_suback(self, subscribed):
+        """The retained messages of the filters in ``subscribed`` (``(filter, granted QoS)``) are to be sent, by
+        this delivery's greenlet (a QoS 1 or 2 one may wait for room in flight), after the SUBACK."""
+        self._retained.extend(subscribed)
+        self.conn.room.set()
+
+    def _send_retained(self):
+        """Send each retained message a new subscription matches, RETAIN set ([MQTT-3.3.1-8]), at min(its QoS,
+        granted), of the metaq topics the filter reads and its user may read now."""
+        pending, self._retained = self._retained, []
+        security = self.conn.session
+        for topic_filter, granted in pending:
+            sub = self.session.subscriptions.get(topic_filter)
+            if sub is None:
+                continue
+            for r in self.port.retained_for(topic_filter, sub.topics):
+                if not self.guard.allows(security, SUB, "topic", r.metaq_topic):
+                    continue
+                if not self._send(r.metaq_topic, None, r.flag, r.data, granted, True):
+                    return
+
+    def resend(self):
+        """A resumed session's messages in flight go out again (MQTT 5.0 §4.4): a PUBLISH not acknowledged is sent
+        again with DUP set, from the log; one whose PUBREC came gets its PUBREL again."""
+        conn, session = self.conn, self.session
+        v5 = conn.version == wire.MQTT_5
+        for pid, state in list(session.inflight.items()):
+            if state == PUBREL_SENT:
+                conn.send(wire.PubRel(pid))
+                continue
+            where = session.where.get(pid)
+            rec = self._record_at(where) if where is not None else None
+            if rec is None:
+                session.dropped(pid)  # its message is gone from the log (retention): nothing to send again
+                continue
+            qos, topic = where[0], where[1]
+            m = message_of(topic, rec.flag, rec.data)
+            conn.send_bytes(wire.encode(wire.Publish(m.topic, m.payload, qos, False, True, pid,
+                                                     m.properties if v5 else {}), conn.version))
+
+    def _record_at(self, where):
+        _qos, topic, partition, offset = where
+        try:
+            records, _next = self.store.read_records(topic, partition, offset, 1, self.max_transfer)
+        except errors.MetaqError:
+            return None
+        return records[0] if records and records[0].queue_offset == offset else None

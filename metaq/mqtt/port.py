@@ -14,19 +14,32 @@ What it holds across connections:
 * **wills** (``connection_lost``): published through the put path when a connection ends without a normal
   DISCONNECT; an MQTT 5 Will Delay holds it for min(Will Delay, Session Expiry) unless the client id connects
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once);
-* **assigned client identifiers** for a CONNECT with an empty one.
+* **assigned client identifiers** for a CONNECT with an empty one;
+* **persistent sessions** (``follow.SessionTable``): the sessions the sessions' log (``%MQTT%``) holds, replayed
+  from the log at the start and followed on a slave (``follow.SessionFollow``); ``resume`` gives a CONNECT its saved
+  session, ``save`` writes one (at once for subscriptions, QoS 2 packet ids and ends; the read positions of the
+  connected ones every ``MQTT_SESSION_SAVE_INTERVAL_S`` while they change, by ``_keep``), and ``_keep`` ends the
+  offline sessions past their expiry, ``mqtt.offline_session_max_age_s`` or ``mqtt.max_offline_sessions`` and writes
+  again those whose record fell ``MQTT_SESSION_REWRITE_BYTES`` (or a segment) behind, so retention can go on.
+  Only a master writes; a slave's table follows the master's records, and a promoted slave's is its own.
 """
 
 import itertools
 import logging
 import os
+import time
 
 import gevent
 
-from metaq import errors
+from metaq import errors, limits
 from metaq.mqtt.connection import Connection
+from metaq.mqtt.follow import (MQTT_SESSIONS_TOPIC, Retained, SessionFollow, encode, encode_end, encode_retained,
+                               encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
+from metaq.mqtt.session import SharedGroup
+from metaq.mqtt.topics import matches
 from metaq.server.clock import now_ms
+from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)
@@ -35,7 +48,7 @@ log = logging.getLogger(__name__)
 class MqttPort:
     """See the module doc."""
 
-    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer):
+    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -49,6 +62,18 @@ class MqttPort:
         self._ids = itertools.count(1)
         self._id_salt = os.urandom(4).hex()
         self.wills_published = 0
+        self.is_master = is_master
+        self.table = replay(store)  # the persistent sessions the log holds
+        for saved in self.table.sessions.values():
+            saved.connected = False  # their connections ended with the broker that wrote them
+        self._live = {}  # client id -> the MqttSession of a connected persistent session
+        self._groups = {}  # (share name, filter) -> SharedGroup
+        self.follow = SessionFollow(store, lambda: self.table, self._relearn, lambda: self.table.floor())
+        self.follow.replicating = not is_master()
+        store.follower.add(self.follow, store.written_position)
+        self._keeper = None
+        self.sessions_expired = 0
+        self.records_written = 0  # %MQTT% records this broker wrote since its start
 
     @property
     def closing(self):
@@ -60,6 +85,7 @@ class MqttPort:
 
     def listen(self, host, port):
         self.listener = self.core.listen("mqtt", host, port, self._connection)
+        self._keeper = gevent.spawn(self._keep)
         return self.listener
 
     def _connection(self, sock, address, conn_id):
@@ -110,30 +136,216 @@ class MqttPort:
         old = self._clients.get(client_id)
         held = self._delayed.get(client_id)
         owner = old.session.user if old is not None else held[2].user if held is not None else user
+        saved = self.table.sessions.get(client_id)
+        if owner == user and saved is not None and saved.user != user:
+            owner = saved.user  # an offline session is its user's too
         if owner != user:
             return "client identifier %s is held by another user's connection" % client_id
         return None
+
+    def holds(self, client_id):
+        """True while a connection holds ``client_id``."""
+        return client_id in self._clients
 
     def release(self, conn, client_id):
         if self._clients.get(client_id) is conn:
             del self._clients[client_id]
 
+    # -- persistent sessions ---------------------------------------------------
+
+    def resume(self, client_id, clean_start):
+        """The saved session a CONNECT resumes (None: none, or ``clean_start``, which ends a saved one)."""
+        saved = self.table.sessions.get(client_id)
+        if saved is None:
+            return None
+        if clean_start:
+            self.end_session(client_id)
+            return None
+        return saved
+
+    def save(self, session, connected=True):
+        """Write ``session``'s whole state to the sessions' log (page cache: a kill -9 keeps it); returns the log end
+        after its record, or None when it could not be written (logged: the session lives on in memory)."""
+        return self._write(session.client_id, encode(session.saved(now_ms(), connected)), session)
+
+    def end_session(self, client_id):
+        """End ``client_id``'s saved session (Clean Start, expiry, the offline bound)."""
+        if client_id in self.table.sessions:
+            self._write(client_id, encode_end(client_id))
+
+    def _write(self, client_id, data, session=None):
+        if not self.is_master():
+            return None
+        if len(data) > limits.MQTT_MAX_SESSION_RECORD_BYTES:
+            log.warning("mqtt client %s: its session needs a record of %d bytes, past %d "
+                        "(MQTT_MAX_SESSION_RECORD_BYTES): not saved", client_id, len(data),
+                        limits.MQTT_MAX_SESSION_RECORD_BYTES)
+            return None
+        now = now_ms()
+        try:
+            self.put_path.check_writable()
+            r = self.store.put(MQTT_SESSIONS_TOPIC, 0, 0, data, now)
+        except errors.MetaqError as exc:
+            log.warning("mqtt client %s: its session was not saved: %s", client_id, exc)
+            return None
+        self.records_written += 1
+        self.table.apply(r.log_end - 1, data)  # a position inside the record: retention keeps its segment
+        if session is not None:
+            session.dirty = False
+        self.made_visible(MQTT_SESSIONS_TOPIC, r, now)
+        return r.log_end
+
+    def connected(self, session):
+        """A persistent session's connection began: written (connected), kept for the periodic saves."""
+        self._live[session.client_id] = session
+        self.save(session)
+
+    def went_offline(self, session):
+        """A persistent session's connection ended: its last state written; past ``mqtt.max_offline_sessions``
+        the session offline longest ends."""
+        if self._live.get(session.client_id) is session:
+            del self._live[session.client_id]
+        self.save(session, connected=False)
+        offline = self.table.offline()
+        for saved in offline[:max(0, len(offline) - self.settings.max_offline_sessions)]:
+            log.info("mqtt client %s: its session ends: %d sessions offline is the limit (mqtt.max_offline_sessions)",
+                     saved.client_id, self.settings.max_offline_sessions)
+            self.end_session(saved.client_id)
+
+    def _keep(self):
+        """Every ``MQTT_SESSION_SAVE_INTERVAL_S``: the connected persistent sessions that changed are written, the
+        offline ones past their expiry or age end, records too far behind the log end are written again."""
+        while not self.closing:
+            gevent.sleep(limits.MQTT_SESSION_SAVE_INTERVAL_S)
+            if not self.is_master():
+                continue
+            try:
+                self._keep_once()
+            except Exception:  # noqa: BLE001 - the keeper must go on
+                log.exception("mqtt: keeping the sessions failed")
+
+    def _keep_once(self):
+        """One round of ``_keep``: other greenlets run between its writes (``share_loop``), and each write is checked
+        against the table again, so a session that changed meanwhile is not written back as it was."""
+        turn = time.monotonic()
+        for session in list(self._live.values()):
+            if session.dirty and self._live.get(session.client_id) is session:
+                self.save(session)
+                turn = share_loop(turn)
+        now = now_ms()
+        table = self.table
+        for saved in table.offline():
+            if saved.expired(now, self.settings.offline_session_max_age_s) and \
+                    table.sessions.get(saved.client_id) is saved and not saved.connected:
+                log.info("mqtt client %s: its session expired", saved.client_id)
+                self.sessions_expired += 1
+                self.end_session(saved.client_id)
+                turn = share_loop(turn)
+        behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
+                                                   self.store.config.segment_size)
+        for retained in list(table.retained.values()):
+            if retained.position < behind and table.retained.get(retained.name) is retained:
+                self._write(retained.name, encode_retained(retained))
+                turn = share_loop(turn)
+        for saved in list(table.sessions.values()):
+            if saved.position < behind and table.sessions.get(saved.client_id) is saved:
+                live = self._live.get(saved.client_id)
+                if live is not None:
+                    self.save(live)
+                else:
+                    self._write(saved.client_id, encode(saved))
+                turn = share_loop(turn)
+
+    def _relearn(self, upto):
+        """The log was cut at ``upto``: the sessions are what the log holds before it."""
+        self.table = replay(self.store, upto)
+        self.follow.replicating = not self.is_master()
+
+    def role_changed(self, slave_id):
+        """A slave made master takes the sessions it learned as its own (every record it holds learned first); a
+        master made slave follows the master's records from the log."""
+        if slave_id is None:
+            if self.follow.replicating:
+                self.store.follow_now(self.follow)
+                self.follow.replicating = False
+                for saved in self.table.sessions.values():
+                    saved.connected = saved.client_id in self._live  # the old master's connections ended with it
+            return
+        if not self.follow.replicating:
+            self.table = replay(self.store)
+            self.follow.position = self.store.written_position
+            self.follow.replicating = True
+
     # -- puts ------------------------------------------------------------------
 
-    def put(self, name, payload, qos, client_id, properties, security):
+    def put(self, name, payload, qos, client_id, properties, security, retain=False):
         """Store one PUBLISH (or will) of MQTT topic ``name`` as ``security``'s user: ``(metaq topic, PutResult,
         now)``. The write is the put path's one decision (``PutPath.write_refusal``: the user's permission, the
-        broker's, the topic's name), the partition the name's (``records.partition_for``). Raises
-        ``records.RecordRefusal`` or MetaqError."""
+        broker's, the topic's name), the partition the name's (``records.partition_for``). ``retain``: the message
+        becomes the name's retained message (an empty payload clears it), within ``mqtt.max_retained`` and
+        ``mqtt.max_retained_bytes`` (QuotaExceeded past them, nothing stored); the result's ``log_end`` is then past
+        the retained record too, so an acknowledgement waits for both. Raises ``records.RecordRefusal`` or
+        MetaqError."""
         topic = first_level(name)
         exc = self.put_path.write_refusal(topic, security)
         if exc is not None:
             self.put_path.failed(topic, exc)
             raise exc
-        flag, data = record_data(name, payload, qos, client_id, properties)
-        partition = partition_for(name, self.store.partitions_of(topic))
         now = now_ms()
-        return topic, self.put_path.append(topic, partition, flag, data, now), now
+        flag, data = record_data(name, payload, qos, client_id, properties, retain, now)
+        if retain and payload:
+            refusal = self._retained_refusal(name, len(data))
+            if refusal is not None:
+                raise errors.QuotaExceeded("mqtt.retained", None, None, refusal)
+        partition = partition_for(name, self.store.partitions_of(topic))
+        r = self.put_path.append(topic, partition, flag, data, now)
+        if retain:
+            record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
+            if payload or name in self.table.retained:
+                end = self._write(name, record)
+                if end is not None:
+                    r = r._replace(log_end=max(r.log_end, end))
+        return topic, r, now
+
+    def _retained_refusal(self, name, size):
+        """Why one more retained message of ``size`` bytes for ``name`` is not kept (None: it is)."""
+        s, table = self.settings, self.table
+        old = table.retained.get(name)
+        if old is None and len(table.retained) >= s.max_retained:
+            return "%d retained messages is the limit (mqtt.max_retained)" % s.max_retained
+        if table.retained_bytes - (len(old.data) if old is not None else 0) + size > s.max_retained_bytes:
+            return ("retained messages of %d bytes together is the limit (mqtt.max_retained_bytes)"
+                    % s.max_retained_bytes)
+        return None
+
+    # -- shared subscriptions --------------------------------------------------
+
+    def join_group(self, member, name, topic_filter, topics, start):
+        """``member`` joins shared group ``name`` of ``topic_filter``: returns its ``SharedGroup``; a new group reads
+        ``topics`` from ``start(topic, partition)`` (the end of the log)."""
+        key = (name, topic_filter)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = SharedGroup(name, topic_filter, topics)
+            for topic in topics:
+                try:
+                    partitions = self.store.partitions_of(topic)
+                except errors.MetaqError:
+                    continue
+                for p in range(partitions):
+                    group.cursors[(topic, p)] = start(topic, p)
+        group.members.setdefault(member, min(group.members.values(), default=0))
+        return group
+
+    def leave_group(self, member, group):
+        """``member`` leaves ``group``; the group ends with its last member."""
+        group.members.pop(member, None)
+        if not group.members and self._groups.get((group.name, group.topic_filter)) is group:
+            del self._groups[(group.name, group.topic_filter)]
+
+    def retained_for(self, topic_filter, topics):
+        """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics``."""
+        return [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
 
     def made_visible(self, topic, result, now):
         """A put nobody waits for (QoS 0, a will): visible now (async), or at the flush it asks for (sync)."""
@@ -160,7 +372,8 @@ class MqttPort:
     def publish_will(self, client_id, will, security):
         """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged."""
         try:
-            topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security)
+            topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security,
+                                     will.retain)
         except (errors.MetaqError, ValueError) as exc:
             log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
             return
@@ -171,11 +384,21 @@ class MqttPort:
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
         those waiting for their delay."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
-                ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed))]
+                ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
+                ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
+                ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
+                ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
+                ("mqtt_session_records", self.records_written)]
 
     def stop(self):
-        """The broker stops: sessions end with it, so the wills held for their delay are published now."""
+        """The broker stops: the persistent sessions' last state is written; the wills held for their delay are
+        published now (a will's delay does not outlive the broker)."""
+        if self._keeper is not None:
+            self._keeper.kill(block=False)
+        for session in list(self._live.values()):
+            self.went_offline(session)
         held, self._delayed = self._delayed, {}
         for client_id, (greenlet, will, security) in held.items():
             greenlet.kill(block=False)
             self.publish_will(client_id, will, security)
+

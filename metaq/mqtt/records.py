@@ -16,6 +16,8 @@ attribute block, payload) with the properties of the RocketMQ mapping (``protoco
 ``MQTT_CORRELATION``  MQTT 5 Correlation Data, base64
 ``MQTT_PAYLOAD_FORMAT`` MQTT 5 Payload Format Indicator (``1``: UTF-8 text)
 ``MQTT_USER_PROPERTIES`` MQTT 5 User Properties: a JSON list of ``[name, value]`` pairs, in their order
+``MQTT_RETAIN``       ``1`` when it was published retained (a Retain As Published subscription sees it)
+``MQTT_EXPIRES_AT``   MQTT 5 Message Expiry Interval as the time it expires (epoch milliseconds)
 ===================== =================================================================================
 
 A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in user properties; a topic name, content
@@ -38,8 +40,8 @@ from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
 
 __all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
-           "USER_PROPERTIES", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for", "record_data",
-           "MqttMessage", "message_of"]
+           "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for",
+           "record_data", "MqttMessage", "message_of"]
 
 TOPIC = "MQTT_TOPIC"
 QOS = "MQTT_QOS"
@@ -49,7 +51,10 @@ RESPONSE_TOPIC = "MQTT_RESPONSE_TOPIC"
 CORRELATION = "MQTT_CORRELATION"
 PAYLOAD_FORMAT = "MQTT_PAYLOAD_FORMAT"
 USER_PROPERTIES = "MQTT_USER_PROPERTIES"
-_OURS = frozenset({TOPIC, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT, USER_PROPERTIES})
+RETAIN = "MQTT_RETAIN"
+EXPIRES_AT = "MQTT_EXPIRES_AT"
+_OURS = frozenset({TOPIC, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT, USER_PROPERTIES,
+                   RETAIN, EXPIRES_AT})
 
 #: The QoS a record put over another protocol is delivered as published with.
 PLAIN_QOS = 1
@@ -89,10 +94,15 @@ def _text(value, what):
     return value
 
 
-def record_data(name, payload, qos, client_id, properties):
+def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=0):
     """``(flag, data)`` of the record of an MQTT PUBLISH (or will) of topic ``name`` with MQTT 5 ``properties``
-    (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept)."""
+    (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept); a Message Expiry Interval is
+    kept as the time it expires, counted from ``now_ms``."""
     props = {TOPIC: name, QOS: str(qos)}
+    if retain:
+        props[RETAIN] = "1"
+    if "message_expiry_interval" in properties:
+        props[EXPIRES_AT] = str(now_ms + properties["message_expiry_interval"] * 1000)
     if client_id:
         props[CLIENT] = _text(client_id, "client identifier")
     if "content_type" in properties and properties["content_type"]:
@@ -117,6 +127,8 @@ class MqttMessage(NamedTuple):
     client_id: str
     payload: bytes
     properties: dict
+    retain: bool = False
+    expires_ms: int = None  # when it expires (epoch ms; MQTT 5 Message Expiry Interval), None: never
 
 
 def _user_pairs(text):
@@ -160,4 +172,6 @@ def message_of(metaq_topic, flag, data):
         if pairs:
             out["user_property"] = pairs
     qos = props.get(QOS)
-    return MqttMessage(name, int(qos) if qos in ("0", "1", "2") else PLAIN_QOS, props.get(CLIENT), payload, out)
+    expires = props.get(EXPIRES_AT)
+    return MqttMessage(name, int(qos) if qos in ("0", "1", "2") else PLAIN_QOS, props.get(CLIENT), payload, out,
+                       props.get(RETAIN) == "1", int(expires) if expires and expires.isdigit() else None)

@@ -7,16 +7,18 @@ QoS 2 packet identifiers received and not yet released (exactly once across a cl
 2 messages sent and not yet acknowledged (``inflight``). Every part is bounded by the front-end's limits, which it
 is given.
 
-In this phase a session lasts as long as its connection (Session Present is always 0): what a persistent session
-saves and restores is exactly this object's state (subscriptions, cursors, packet ids, in-flight), so keeping it past
-a connection, a restart or a failover is a matter of storing it, not of changing it.
+A persistent session (MQTT 3.1.1 Clean Session 0, MQTT 5 a Session Expiry Interval) is this object's state
+written to the sessions' log (``saved``, ``follow.SavedSession``) and read back at the next CONNECT (``restore``):
+``dirty`` says its read positions or messages in flight changed since it was last written. Each message in flight
+keeps where it is in the log (``where``), so that it is sent again after a reconnect.
 """
 
 from collections import OrderedDict
 
+from metaq.mqtt.follow import SavedSession
 from metaq.mqtt.topics import matches
 
-__all__ = ["Subscribed", "MqttSession", "PUBLISH_SENT", "PUBREL_SENT"]
+__all__ = ["Subscribed", "SharedGroup", "MqttSession", "PUBLISH_SENT", "PUBREL_SENT"]
 
 #: ``inflight`` states: a QoS 1 or 2 PUBLISH sent, waiting for its PUBACK or PUBREC; a PUBREL sent, waiting for PUBCOMP.
 PUBLISH_SENT = "publish"
@@ -24,17 +26,41 @@ PUBREL_SENT = "pubrel"
 
 
 class Subscribed:
-    """One filter of a session: its granted QoS, No Local, and the metaq topics it reads (its first level when that
-    is literal; every topic its user may read when it starts with a wildcard)."""
+    """One filter of a session: its granted QoS, No Local, Retain As Published, and the metaq topics it reads (its
+    first level when that is literal; every topic its user may read when it starts with a wildcard)."""
 
-    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard")
+    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard", "retain_as_published")
 
-    def __init__(self, topic_filter, qos, no_local, topics):
+    def __init__(self, topic_filter, qos, no_local, topics, retain_as_published=False):
         self.topic_filter = topic_filter
         self.qos = qos
         self.no_local = no_local
+        self.retain_as_published = retain_as_published
         self.topics = set(topics)
         self.wildcard = topic_filter.split("/", 1)[0] in ("+", "#")
+
+
+class SharedGroup:
+    """A shared subscription's group (``$share/<name>/<filter>``, MQTT 5.0 §4.8.2): the members (connections) that
+    share it and one read position per partition (``cursors``): a message is claimed by the member whose delivery
+    moves the cursor past it, so each goes to one member. It lives while it has members; a new one starts at the end
+    of the log."""
+
+    __slots__ = ("name", "topic_filter", "topics", "cursors", "members")
+
+    def __init__(self, name, topic_filter, topics):
+        self.name, self.topic_filter, self.topics = name, topic_filter, set(topics)
+        self.cursors = {}  # (metaq topic, partition) -> the next offset some member delivers
+        self.members = {}  # member -> messages it claimed (the member with the fewest claims the next)
+
+    def my_turn(self, member, ready):
+        """True when ``member`` has claimed no more messages than any other member ``ready(member)`` says may take
+        one now: the next is its to claim."""
+        mine = self.members.get(member, 0)
+        return mine <= min((n for m, n in self.members.items() if m is member or ready(m)), default=mine)
+
+    def claimed(self, member):
+        self.members[member] = self.members.get(member, 0) + 1
 
 
 class MqttSession:
@@ -45,10 +71,39 @@ class MqttSession:
         self.version = version
         self.max_qos2 = max_qos2
         self.subscriptions = OrderedDict()  # filter -> Subscribed
+        self.shared = OrderedDict()  # $share/<name>/<filter> -> (SharedGroup, granted QoS)
         self.cursors = {}  # (metaq topic, partition) -> next offset to deliver
         self.qos2_received = set()  # inbound QoS 2 packet ids stored, waiting for their PUBREL
         self.inflight = OrderedDict()  # outbound packet id -> PUBLISH_SENT or PUBREL_SENT
+        self.where = {}  # outbound packet id -> (qos, metaq topic, partition, offset) of the message in flight
         self._next_id = 0
+        self.persistent = False  # kept past its connection (written to the sessions' log)
+        self.expiry_s = None  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1
+        self.user = None
+        self.dirty = False  # cursors or messages in flight changed since the last save
+        self.rejoin = []  # a resumed session's shared subscriptions, (filter, granted QoS), until they rejoin
+
+    # -- persistence -----------------------------------------------------------
+
+    def saved(self, now_ms, connected):
+        """This session's state as a ``follow.SavedSession`` (what a record of the sessions' log holds)."""
+        subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics), s.retain_as_published)
+                for s in self.subscriptions.values()]
+        inflight = [(pid, state) + self.where[pid] for pid, state in self.inflight.items() if pid in self.where]
+        shared = [(f, granted) for f, (_group, granted) in self.shared.items()] + self.rejoin
+        return SavedSession(self.client_id, self.user, self.version, self.expiry_s, now_ms, connected, subs,
+                            dict(self.cursors), sorted(self.qos2_received), inflight, shared)
+
+    def restore(self, saved):
+        """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
+        for topic_filter, qos, no_local, topics, rap in saved.subscriptions:
+            self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics, rap)
+        self.cursors.update(saved.cursors)
+        self.qos2_received.update(saved.qos2[:self.max_qos2])
+        self.rejoin = list(saved.shared)
+        for pid, state, qos, topic, partition, offset in saved.inflight:
+            self.inflight[pid] = state
+            self.where[pid] = (qos, topic, partition, offset)
 
     # -- inbound QoS 2 ---------------------------------------------------------
 
@@ -97,6 +152,11 @@ class MqttSession:
         """The subscriptions whose filter starts with a wildcard."""
         return [s for s in self.subscriptions.values() if s.wildcard]
 
+    def retain_as_published(self, metaq_topic, name):
+        """True when a subscription that matches ``name`` (of ``metaq_topic``) asked for Retain As Published."""
+        return any(sub.retain_as_published and metaq_topic in sub.topics and matches(sub.topic_filter, name)
+                   for sub in self.subscriptions.values())
+
     def granted_qos(self, metaq_topic, name, publisher):
         """The QoS a message of MQTT topic ``name`` (stored in ``metaq_topic``, published by client ``publisher``) is
         delivered with: the highest QoS granted to a matching subscription that reads ``metaq_topic``; None when
@@ -119,14 +179,20 @@ class MqttSession:
                 return self._next_id
         return None
 
-    def sent(self, packet_id):
+    def sent(self, packet_id, where=None):
+        """A QoS 1 or 2 PUBLISH went out; ``where``: ``(qos, topic, partition, offset)`` of its message."""
         self.inflight[packet_id] = PUBLISH_SENT
+        if where is not None:
+            self.where[packet_id] = where
+        self.dirty = True
 
     def acknowledged(self, packet_id, state):
         """The client's PUBACK (``state`` PUBLISH_SENT, QoS 1) or PUBCOMP (PUBREL_SENT, QoS 2) of ``packet_id``: True
         when it ends a message in flight in that state (an unknown one is ignored)."""
         if self.inflight.get(packet_id) == state:
             del self.inflight[packet_id]
+            self.where.pop(packet_id, None)
+            self.dirty = True
             return True
         return False
 
@@ -135,9 +201,12 @@ class MqttSession:
         again for a repeated PUBREC)."""
         if packet_id in self.inflight:
             self.inflight[packet_id] = PUBREL_SENT
+            self.dirty = True
             return True
         return False
 
     def dropped(self, packet_id):
         """A PUBREC with a reason code of 0x80 or more ends the exchange."""
         self.inflight.pop(packet_id, None)
+        self.where.pop(packet_id, None)
+        self.dirty = True

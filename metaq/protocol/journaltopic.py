@@ -1,11 +1,12 @@
 """The broker's internal topics written by the broker alone: the dead letters' resent journals (``%RESENT%<group>``,
 admin/service.py), the timer store's log (``%TIMER%``, timers/service.py), the transaction journal (``%TX%``,
-transactions/follow.py) and the per-message acknowledgements' journal (``%POP%``, pop/follow.py). A client's put to
-a journal would make ``dlq resend`` skip a dead letter it never resent (the journal says which were); one to the
-timer topic would schedule, cancel or mark delivered messages behind the broker's back; one to the transaction
-journal would prepare, commit or forget branches; one to the POP journal would acknowledge or hand out messages of
-any group. So every put path refuses these names (``is_journal`` is the one check they all ask), as it refuses the
-delay scheduler's topic."""
+transactions/follow.py), the per-message acknowledgements' journal (``%POP%``, pop/follow.py) and the MQTT sessions'
+log (``%MQTT%``, mqtt/follow.py). A client's put to a journal would make ``dlq resend`` skip a dead letter it never
+resent (the journal says which were); one to the timer topic would schedule, cancel or mark delivered messages
+behind the broker's back; one to the transaction journal would prepare, commit or forget branches; one to the POP
+journal would acknowledge or hand out messages of any group; one to the MQTT sessions' log would give a device's
+session subscriptions or read positions it never asked for. So every put path refuses these names (``is_journal``
+is the one check they all ask), as it refuses the delay scheduler's topic."""
 
 RESENT_PREFIX = "%RESENT%"
 RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"  # a consumer group's retry and dead-letter topics (RocketMQ's names)
@@ -19,19 +20,24 @@ TX_TOPIC = "%TX%"  # the transaction journal (metaq.transactions.follow)
 _TX_BYTES = TX_TOPIC.encode()
 POP_TOPIC = "%POP%"  # the per-message acknowledgements' journal (metaq.pop.follow)
 _POP_BYTES = POP_TOPIC.encode()
+MQTT_SESSIONS_TOPIC = "%MQTT%"  # the MQTT persistent sessions' and retained messages' records (metaq.mqtt.follow)
+_MQTT_BYTES = MQTT_SESSIONS_TOPIC.encode()
 
 
 def is_journal(topic):
-    """True for a resent journal's name, the timer topic, the transaction journal or the POP journal (``str`` or
-    ``bytes``, as the fast put paths hold it)."""
+    """True for a resent journal's name, the timer topic, the transaction journal, the POP journal or the MQTT
+    sessions' log (``str`` or ``bytes``, as the fast put paths hold it)."""
     if isinstance(topic, (bytes, bytearray, memoryview)):
         topic = bytes(topic)
         return topic[:len(_RESENT_BYTES)] == _RESENT_BYTES or topic == _TIMER_BYTES or topic == _TX_BYTES or \
-            topic == _POP_BYTES
-    return topic.startswith(RESENT_PREFIX) or topic == TIMER_TOPIC or topic == TX_TOPIC or topic == POP_TOPIC
+            topic == _POP_BYTES or topic == _MQTT_BYTES
+    return topic.startswith(RESENT_PREFIX) or topic in (TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC)
 
 
 def journal_refusal(topic):
+    if topic in (MQTT_SESSIONS_TOPIC, _MQTT_BYTES):
+        return ("%s is the broker's internal topic for MQTT sessions: its records are written by the MQTT port"
+                % MQTT_SESSIONS_TOPIC)
     if topic in (POP_TOPIC, _POP_BYTES):
         return "%s is the broker's internal topic for per-message acknowledgements: use receive and ack" % POP_TOPIC
     if topic in (TX_TOPIC, _TX_BYTES):

@@ -162,7 +162,8 @@ class Broker:
         self.mqtt = None
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
-                                 config.store.max_transfer_size)
+                                 config.store.max_transfer_size, lambda: self.roles.is_master)
+            self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()

@@ -25,7 +25,7 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
-from metaq.protocol.journaltopic import POP_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
 from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
@@ -440,6 +440,10 @@ class MqttSection(_Section):
     max_client_id_bytes: int = Field(limits.MQTT_MAX_CLIENT_ID_BYTES, ge=23, le=65535)
     topic_alias_maximum: int = Field(limits.MQTT_TOPIC_ALIAS_MAXIMUM, ge=0, le=65535)
     max_delayed_wills: int = Field(limits.MQTT_MAX_DELAYED_WILLS, ge=0)
+    max_offline_sessions: int = Field(limits.MQTT_MAX_OFFLINE_SESSIONS, ge=0)  # persistent sessions kept offline
+    offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
+    max_retained: int = Field(limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept
+    max_retained_bytes: int = Field(limits.MQTT_MAX_RETAINED_BYTES, ge=0)
 
     @field_validator("host")
     @classmethod
@@ -664,7 +668,8 @@ class ServerConfig(_Section):
             broker_id=self.broker.id,
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1),
-                    TopicSpec(TX_TOPIC, 1), TopicSpec(POP_TOPIC, 1)]
+                    TopicSpec(TX_TOPIC, 1), TopicSpec(POP_TOPIC, 1),
+                    TopicSpec(MQTT_SESSIONS_TOPIC, 1)]
             + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,

@@ -57,12 +57,14 @@ class Paho:
         if will is not None:
             self.c.will_set(**will)
         self.broker, self.version, self.keepalive, self.properties = broker, version, keepalive, properties
+        self.clean = clean
+        self.session_present = None
         _OPEN.append(self)
         if connect:
             self.connect()
 
     def connect(self, timeout=10.0):
-        kwargs = {"clean_start": True, "properties": self.properties} if self.version == V5 else {}
+        kwargs = {"clean_start": self.clean, "properties": self.properties} if self.version == V5 else {}
         self.c.connect("127.0.0.1", mqtt_port(self.broker), keepalive=self.keepalive, **kwargs)
         self.c.loop_start()
         deadline = time.monotonic() + timeout
@@ -72,6 +74,7 @@ class Paho:
         return self
 
     def _connect(self, client, userdata, flags, rc, props=None):
+        self.session_present = flags.session_present
         self.connack = rc
 
     def _message(self, client, userdata, msg):

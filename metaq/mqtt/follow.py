@@ -1,0 +1,272 @@
+"""Persistent MQTT sessions in the commit log: their records are messages of the internal topic ``%MQTT%`` (one
+partition), ``SessionTable`` is the state they build, and ``SessionFollow`` is its subscriber of the store's log
+follower (``store/follower.py``), as the transaction journal's ``TxFollow`` is (docs/architecture.md "Derived
+indexes: the log follower"; docs/mqtt.md "Sessions").
+
+Why the log: it is what a slave copies, what a sync master waits for and what a rejoining master cuts back. A
+session kept in the log survives a restart, a kill -9 (the page cache holds what was written) and a failover to a
+slave, by the code that keeps messages.
+
+* **Records** (``encode`` / ``decode``): each is one JSON object. ``{"k": "s", ...}`` is a session's **whole state**
+  (client id, user, protocol version, expiry interval, when it was written, whether its client was connected, its
+  subscriptions, read positions, QoS 2 packet ids received and not released, messages in flight with where they
+  are in the log, the shared subscriptions it rejoins); ``{"k": "d", "c": id}`` ends a session. Whole states make
+  the last record of a client id its session: replay is "last record wins", and no snapshot is needed.
+* **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
+  the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
+  record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
+* **Retention**: the log must keep each live session's and retained message's last record (``retention_floor``:
+  the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
+  (or a segment) behind, so retention is never held back by more than that.
+* **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated; a **cut** replays the log up to
+  the cut. A master learns nothing from its own records: it applied them as it wrote them.
+
+No sockets, gevent or clock (times are passed in).
+"""
+
+import json
+import logging
+
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.protocol.message import HEADER
+from metaq.store.follower import WRITTEN
+from metaq.store.record import PREFIX, TOPIC_START, check_record
+
+log = logging.getLogger(__name__)
+
+#: How many index entries one read of the partition takes at a time (replay, learn).
+_SPANS = 1024
+
+__all__ = ["SavedSession", "Retained", "SessionTable", "SessionFollow", "encode", "decode", "encode_retained",
+           "encode_unretained", "RecordError"]
+
+
+class RecordError(ValueError):
+    """A ``%MQTT%`` record that does not decode."""
+
+
+class SavedSession:
+    """One session as its last record says (see the module doc); ``position``: where that record is in the log."""
+
+    __slots__ = ("client_id", "user", "version", "expiry_s", "at_ms", "connected", "subscriptions", "cursors",
+                 "qos2", "inflight", "shared", "position")
+
+    def __init__(self, client_id, user, version, expiry_s, at_ms, connected, subscriptions, cursors, qos2, inflight,
+                 shared=(), position=None):
+        self.client_id = client_id
+        self.user = user
+        self.version = version
+        self.expiry_s = expiry_s  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1 (kept until the age bound)
+        self.at_ms = at_ms
+        self.connected = connected
+        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics], retain_as_published)]
+        self.cursors = cursors  # {(topic, partition): next offset}
+        self.qos2 = qos2  # [packet id]
+        self.inflight = inflight  # [(packet id, state, qos, topic, partition, offset)]
+        self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS)]: groups it rejoins
+        self.position = position
+
+    def expired(self, now_ms, max_age_s):
+        """True when the session, offline since ``at_ms``, is past its expiry interval or the age bound."""
+        if self.connected:
+            return False
+        age = now_ms - self.at_ms
+        if self.expiry_s is not None and self.expiry_s != 0xFFFFFFFF and age >= self.expiry_s * 1000:
+            return True
+        return age >= max_age_s * 1000
+
+
+def encode(saved):
+    """A session's record (bytes)."""
+    return json.dumps({"k": "s", "c": saved.client_id, "u": saved.user, "v": saved.version, "e": saved.expiry_s,
+                       "at": saved.at_ms, "on": saved.connected,
+                       "subs": [list(s) for s in saved.subscriptions],
+                       "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
+                       "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
+                       "sh": [list(x) for x in saved.shared]},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def encode_end(client_id):
+    """The record that ends ``client_id``'s session."""
+    return json.dumps({"k": "d", "c": client_id}, separators=(",", ":")).encode("utf-8")
+
+
+class Retained:
+    """A retained message: its MQTT topic name, the metaq topic, the flag and data of its stored record, when it was
+    retained; ``position``: where its record is in the log."""
+
+    __slots__ = ("name", "metaq_topic", "flag", "data", "at_ms", "position")
+
+    def __init__(self, name, metaq_topic, flag, data, at_ms, position=None):
+        self.name, self.metaq_topic, self.flag, self.data, self.at_ms = name, metaq_topic, flag, data, at_ms
+        self.position = position
+
+
+def encode_retained(r):
+    head = json.dumps({"t": r.name, "mt": r.metaq_topic, "f": r.flag, "at": r.at_ms}, separators=(",", ":"))
+    return b"R" + head.encode("utf-8") + b"\n" + bytes(r.data)
+
+
+def encode_unretained(name):
+    return b"U" + json.dumps({"t": name}, separators=(",", ":")).encode("utf-8")
+
+
+def decode_retained(data):
+    """``(name, Retained or None)`` of a retained message's record (None: cleared). Raises RecordError."""
+    data = bytes(data)
+    try:
+        if data[:1] == b"U":
+            return json.loads(data[1:].decode("utf-8"))["t"], None
+        end = data.index(b"\n")
+        d = json.loads(data[1:end].decode("utf-8"))
+        return d["t"], Retained(d["t"], d["mt"], d["f"], data[end + 1:], d["at"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError("a retained message's record that does not decode: %s" % exc) from exc
+
+
+def decode(data):
+    """``(client id, SavedSession or None)`` of one record (None: the session ended). Raises RecordError."""
+    try:
+        d = json.loads(bytes(data).decode("utf-8"))
+        if d["k"] == "d":
+            return d["c"], None
+        if d["k"] != "s":
+            raise RecordError("unknown record kind %r" % (d["k"],))
+        return d["c"], SavedSession(
+            d["c"], d["u"], d["v"], d["e"], d["at"], d["on"],
+            [(f, q, bool(nl), list(ts), bool(rap)) for f, q, nl, ts, rap in d["subs"]],
+            {(t, p): o for t, p, o in d["cur"]}, list(d["q2"]),
+            [tuple(i) for i in d["inf"]], [(f, q) for f, q in d.get("sh", ())])
+    except RecordError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError("an MQTT session record that does not decode: %s" % exc) from exc
+
+
+class SessionTable:
+    """The sessions the log holds: client id -> ``SavedSession`` (the last record of each)."""
+
+    def __init__(self):
+        self.sessions = {}
+        self.retained = {}  # MQTT topic name -> Retained
+        self.retained_bytes = 0  # the payload bytes of the retained messages' records
+
+    def apply(self, position, data):
+        """One record at log ``position``; a record that does not decode is logged and passed over."""
+        if bytes(data[:1]) in (b"R", b"U"):
+            try:
+                name, r = decode_retained(data)
+            except RecordError as exc:
+                log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
+                return
+            old = self.retained.pop(name, None)
+            if old is not None:
+                self.retained_bytes -= len(old.data)
+            if r is not None:
+                r.position = position
+                self.retained[name] = r
+                self.retained_bytes += len(r.data)
+            return
+        try:
+            client_id, saved = decode(data)
+        except RecordError as exc:
+            log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
+            return
+        if saved is None:
+            self.sessions.pop(client_id, None)
+        else:
+            saved.position = position
+            self.sessions[client_id] = saved
+
+    def offline(self):
+        """The sessions whose client is not connected, offline longest first."""
+        return sorted((s for s in self.sessions.values() if not s.connected), key=lambda s: s.at_ms)
+
+    def floor(self):
+        """The lowest log position a live session's last record is at (None: no session)."""
+        return min([s.position for s in self.sessions.values() if s.position is not None]
+                   + [r.position for r in self.retained.values() if r.position is not None], default=None)
+
+
+def replay(store, upto=None):
+    """A ``SessionTable`` of the ``%MQTT%`` records before ``upto`` (default: the written end), in log order."""
+    table = SessionTable()
+    end = store.written_position if upto is None else upto
+    pos = 0
+    while pos < end:
+        spans = store.record_spans(MQTT_SESSIONS_TOPIC, 0, pos, end, _SPANS)
+        if not spans:
+            break
+        for _offset, at, _size in spans:
+            table.apply(at, store.record_at(at).data)
+        pos = spans[-1][1] + spans[-1][2]
+    return table
+
+
+class SessionFollow:
+    """The sessions' subscriber of the log follower (see the module doc): on a slave (``replicating``), every
+    ``%MQTT%`` record replicated is applied to ``table()``; a cut calls ``relearn(upto)``; ``floor()`` is the
+    position retention keeps."""
+
+    follows = WRITTEN
+
+    def __init__(self, store, table, relearn, floor):
+        self._store = store
+        self._table, self._relearn, self._floor = table, relearn, floor
+        self.position = 0
+        self.replicating = False
+
+    @property
+    def passive(self):
+        return not self.replicating
+
+    def load(self, log_start, log_end):
+        """The table was replayed from the whole log at open: nothing is left to learn."""
+        self.position = log_end
+        return log_end
+
+    def rebuild(self, position):
+        self.cut(position)
+
+    def learn(self, buf, base, rel, stop, end):
+        """Apply the ``%MQTT%`` records that start in ``[base + rel, base + stop)``; returns ``end`` (or where it
+        stopped: a record past ``end``)."""
+        if not self.replicating:
+            return end
+        table = self._table()
+        spans = self._store.record_spans(MQTT_SESSIONS_TOPIC, 0, base + rel, base + end, _SPANS)
+        for offset, pos, size in spans:
+            if pos >= base + stop or pos + size > base + end:
+                return pos - base
+            at = pos - base
+            if check_record(buf, at, end) != size:
+                log.error("mqtt: replicated record %d of %s is passed over: it fails its check", offset,
+                          MQTT_SESSIONS_TOPIC)
+                continue
+            head = at + TOPIC_START + PREFIX.unpack_from(buf, at)[7]
+            msg_len = HEADER.unpack_from(buf, head)[0]
+            table.apply(pos, bytes(buf[head + HEADER.size:head + HEADER.size + msg_len]))
+        if len(spans) >= _SPANS:  # more may follow: the next call goes on from here
+            return spans[-1][1] + spans[-1][2] - base
+        return end
+
+    def advance(self, position):
+        self.position = max(self.position, position)
+
+    def cut(self, position):
+        if position < self.position:
+            self.position = position
+            self._relearn(position)
+
+    def drop_below(self, log_start):
+        return []
+
+    def retention_floor(self):
+        return self._floor()
+
+    def checkpoint(self, if_changed=False):
+        pass
+
+    def close(self):
+        pass

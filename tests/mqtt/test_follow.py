@@ -1,0 +1,50 @@
+"""The sessions' log records and the table they build (metaq.mqtt.follow): pure, no broker."""
+
+from metaq.mqtt.follow import (Retained, SavedSession, SessionTable, decode, encode, encode_end, encode_retained,
+                               encode_unretained)
+
+
+def _saved(client_id="c1", at_ms=1000, expiry_s=60, connected=False):
+    return SavedSession(client_id, "alice", 5, expiry_s, at_ms, connected, [("a/#", 1, False, ["a"], True)],
+                        {("a", 0): 7}, [3], [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1)])
+
+
+def test_a_session_record_round_trips():
+    client_id, back = decode(encode(_saved()))
+    assert client_id == "c1"
+    assert (back.user, back.version, back.expiry_s, back.subscriptions, back.cursors, back.qos2, back.inflight,
+            back.shared) == ("alice", 5, 60, [("a/#", 1, False, ["a"], True)], {("a", 0): 7}, [3],
+                             [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1)])
+
+
+def test_the_last_record_of_a_client_is_its_session_and_an_end_drops_it():
+    t = SessionTable()
+    t.apply(10, encode(_saved(at_ms=1)))
+    t.apply(20, encode(_saved(at_ms=2)))
+    t.apply(30, encode(_saved("c2")))
+    assert t.sessions["c1"].at_ms == 2 and t.floor() == 20
+    t.apply(40, encode_end("c1"))
+    assert list(t.sessions) == ["c2"] and t.floor() == 30
+    t.apply(50, b"not a record")  # passed over, logged
+    assert list(t.sessions) == ["c2"]
+
+
+def test_retained_records_set_replace_and_clear():
+    t = SessionTable()
+    t.apply(5, encode_retained(Retained("a/x", "a", 1, b"12345", 1)))
+    t.apply(6, encode_retained(Retained("a/x", "a", 1, b"123", 2)))
+    t.apply(7, encode_retained(Retained("a/y", "a", 0, b"\n\x00binary", 3)))
+    assert t.retained["a/x"].data == b"123" and t.retained["a/y"].data == b"\n\x00binary"
+    assert t.retained_bytes == 3 + 8 and t.floor() == 6
+    t.apply(8, encode_unretained("a/x"))
+    assert list(t.retained) == ["a/y"] and t.retained_bytes == 8
+
+
+def test_expiry_and_the_age_bound():
+    s = _saved(at_ms=0, expiry_s=10)
+    assert not s.expired(9_999, 3600) and s.expired(10_000, 3600)
+    old = _saved(at_ms=0, expiry_s=None)  # MQTT 3.1.1: only the age bound
+    assert not old.expired(3_599_999, 3600) and old.expired(3_600_000, 3600)
+    forever = _saved(at_ms=0, expiry_s=0xFFFFFFFF)
+    assert not forever.expired(10**9, 10**7) and forever.expired(10**10, 10**7)
+    assert not _saved(at_ms=0, expiry_s=1, connected=True).expired(10**9, 1)

@@ -1,0 +1,120 @@
+"""Shared subscriptions (docs/mqtt.md "Shared subscriptions"): ``$share/<group>/<filter>`` sends each message to one
+member of the group; a group starts at the end of the log and ends with its last member."""
+
+import threading
+import time
+
+from metaq.mqtt import wire
+from tests.harness.acl import SECRETS, secured_config
+from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
+from tests.mqtt.test_persistent_sessions import _publish
+
+
+def _member(b, client_id, version=wire.MQTT_5):
+    raw = Raw(b, version)
+    props = {"receive_maximum": 1} if version == wire.MQTT_5 else {}
+    assert raw.connect(client_id, properties=props).reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("$share/g/work/#", 1),)))
+    assert raw.read() == wire.Suback(1, (1,))
+    return raw
+
+
+def _collect(raw, into, stop):
+    raw.sock.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            p = raw.read()
+        except OSError:
+            continue
+        if p is None:
+            return
+        into.append(p.payload)
+        raw.send(wire.PubAck(p.packet_id))
+
+
+def test_each_message_goes_to_one_member(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    members = [_member(b, "m1"), _member(b, "m2", wire.MQTT_311)]
+    got = [[], []]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_collect, args=(m, g, stop)) for m, g in zip(members, got)]
+    for t in threads:
+        t.start()
+    try:
+        _publish(b, 20, topic="work/jobs")
+        end = time.monotonic() + 20
+        while len(got[0]) + len(got[1]) < 20 and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.5)  # nothing more comes
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert sorted(got[0] + got[1]) == sorted(b"m%d" % i for i in range(20))  # each once
+    assert got[0] and got[1], got  # both members had their share
+    with b.client() as c:
+        assert c.stats_dict()["mqtt_shared_groups"] == "1"
+    for m in members:
+        m.send(wire.Unsubscribe(2, ("$share/g/work/#",)))
+    assert members[0].read() == wire.Unsuback(2, (0,))
+    with b.client() as c:
+        assert c.stats_dict()["mqtt_shared_groups"] == "0"
+
+
+def test_a_shared_group_is_a_consumer_group_of_the_guard(broker_factory, tmp_path):
+    """alice may consume as group billing, not as any other: $share/<group> asks the guard to consume as it."""
+    b = broker_factory(with_mqtt(secured_config(tmp_path)))
+    raw = Raw(b)
+    assert raw.connect("alice-1", username="alice", password=SECRETS["alice"].encode()).reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("$share/billing/orders/#", 1),
+                                wire.Subscription("$share/other/orders/#", 1),
+                                wire.Subscription("$share/billing/payroll/#", 1))))
+    assert raw.read() == wire.Suback(1, (1, wire.NOT_AUTHORIZED, wire.NOT_AUTHORIZED))
+
+
+def test_a_member_that_stops_acknowledging_does_not_hold_the_group_back(broker_factory, tmp_path):
+    """A member whose window of messages in flight is full takes no more: the others get the rest, at once."""
+    b = broker_factory(mqtt_config(tmp_path))
+    stuck = _member(b, "stuck")  # Receive Maximum 1, never acknowledges
+    busy = _member(b, "busy")
+    got, stop = [], threading.Event()
+    t = threading.Thread(target=_collect, args=(busy, got, stop))
+    t.start()
+    try:
+        started = time.monotonic()
+        _publish(b, 10, topic="work/jobs")
+        end = time.monotonic() + 20
+        while len(got) < 9 and time.monotonic() < end:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        t.join()
+    held = stuck.read()  # the one it was sent, never acknowledged
+    assert sorted(got + [held.payload]) == sorted(b"m%d" % i for i in range(10))
+    assert took < 5, took  # not one wait per message
+
+
+def test_a_persistent_session_rejoins_its_shared_group(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    other = _member(b, "other")
+    raw = Raw(b)
+    assert raw.connect("keeper", clean_start=False, properties={"session_expiry_interval": 3600}).reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("$share/g/work/#", 1),)))
+    assert raw.read() == wire.Suback(1, (1,))
+    raw.send(wire.Disconnect())
+    raw.close()
+    other.send(wire.Disconnect())
+    other.close()
+    b.stop()
+    b.start()
+    raw = Raw(b)
+    ack = raw.connect("keeper", clean_start=False, properties={"session_expiry_interval": 3600})
+    assert ack.session_present
+    _publish(b, 2, topic="work/jobs")  # the group is back with its one member: both are its
+    got = []
+    for _ in range(2):
+        p = raw.read()
+        got.append(p.payload)
+        raw.send(wire.PubAck(p.packet_id))
+    assert got == [b"m0", b"m1"]
