@@ -2,7 +2,7 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Fourteen functions, each the exact twin of a pure-Python reference that is used
+ * Functions, each the exact twin of a pure-Python reference that is used
  * when this module was not built (hypothesis tests in tests/protocol and
  * tests/store hold them equal), and a thread for the flusher:
  *
@@ -22,6 +22,8 @@
  *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0)
  *                                                 == metaq.store.gather.check_ranges_py
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
+ *   encode_sub_records(topic, partition, payloads, seq0)
+ *                                                 == metaq.protocol.putbatch.encode_sub_records_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
@@ -768,6 +770,65 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc & 0xFFFFFFFFul);
 }
 
+/* A putb body from payloads (see metaq.protocol.putbatch.encode_sub_records_py): one sub-record per payload,
+   `put <topic> <partition> <len> 0 <checksum> <seq>\r\n<payload>`, seq counting from seq0; one bytes object. */
+static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
+    Py_buffer topic;
+    long long partition, seq0;
+    PyObject *payloads;
+    if (!PyArg_ParseTuple(args, "y*LOL", &topic, &partition, &payloads, &seq0))
+        return NULL;
+    PyObject *seq = PySequence_Fast(payloads, "payloads must be a sequence of bytes");
+    if (seq == NULL) {
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t total = 0, line = 4 + topic.len + 3 * 21 + 2 + 12 + 2;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (!PyBytes_Check(items[k])) {
+            Py_DECREF(seq);
+            PyBuffer_Release(&topic);
+            return PyErr_Format(PyExc_TypeError, "payload %zd is %.100s, not bytes", k, Py_TYPE(items[k])->tp_name);
+        }
+        total += PyBytes_GET_SIZE(items[k]) + line;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) {
+        Py_DECREF(seq);
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    char *w = PyBytes_AS_STRING(result);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(items[k]);
+        Py_ssize_t n = PyBytes_GET_SIZE(items[k]);
+        memcpy(w, "put ", 4);
+        w += 4;
+        memcpy(w, topic.buf, topic.len);
+        w += topic.len;
+        *w++ = ' ';
+        w += put_decimal(w, partition);
+        *w++ = ' ';
+        w += put_decimal(w, n);
+        memcpy(w, " 0 ", 3);
+        w += 3;
+        w += put_decimal(w, (long long)(crc_of(data, n, 0) & 0x7FFFFFFFul));
+        *w++ = ' ';
+        w += put_decimal(w, seq0 + k);
+        *w++ = '\r';
+        *w++ = '\n';
+        memcpy(w, data, n);
+        w += n;
+    }
+    Py_DECREF(seq);
+    PyBuffer_Release(&topic);
+    if (_PyBytes_Resize(&result, w - PyBytes_AS_STRING(result)) < 0)
+        return NULL;
+    return result;
+}
+
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
     return crc_of(p, n, crc);
 }
@@ -790,6 +851,8 @@ static PyMethodDef methods[] = {
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},
+    {"encode_sub_records", encode_sub_records, METH_VARARGS,
+     "encode_sub_records(topic, partition, payloads, seq0) -> a putb body: one sub-record per payload"},
     {"encode_put_acks", encode_put_acks, METH_VARARGS,
      "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
     {"record_ok", py_record_ok, METH_VARARGS,
