@@ -24,6 +24,7 @@
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
  *   encode_sub_records(topic, partition, payloads, seq0)
  *                                                 == metaq.protocol.putbatch.encode_sub_records_py
+ *   scan_reply(buf, verify=True)                   == metaq.protocol.message.scan_reply_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
@@ -829,6 +830,86 @@ static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* A get reply's records in one pass (see metaq.protocol.message.scan_reply_py): for each whole record, six
+   native int64s (msg_id, flag, attribute start, attribute end, payload start, payload end) packed in one bytes
+   object; the walk stops at a cut-off final record, or at a fault named in the result's 4th item. */
+static PyObject *scan_reply(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    int verify = 1;
+    if (!PyArg_ParseTuple(args, "y*|p", &b, &verify))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)b.buf;
+    Py_ssize_t size = b.len, pos = 0, count = 0;
+    PyObject *index = PyBytes_FromStringAndSize(NULL, (size / 20 + 1) * 6 * (Py_ssize_t)sizeof(int64_t));
+    if (index == NULL) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    int64_t *w = (int64_t *)PyBytes_AS_STRING(index);
+    PyObject *fault = NULL;
+    while (size - pos >= 20) {
+        const unsigned char *h = buf + pos;
+        int32_t msg_len = (int32_t)(((uint32_t)h[0] << 24) | ((uint32_t)h[1] << 16) | ((uint32_t)h[2] << 8) | h[3]);
+        int32_t checksum = (int32_t)(((uint32_t)h[4] << 24) | ((uint32_t)h[5] << 16) | ((uint32_t)h[6] << 8) | h[7]);
+        uint64_t id = 0;
+        for (int k = 8; k < 16; k++)
+            id = (id << 8) | h[k];
+        int32_t flag = (int32_t)(((uint32_t)h[16] << 24) | ((uint32_t)h[17] << 16) | ((uint32_t)h[18] << 8) | h[19]);
+        if (msg_len < 0) {
+            fault = Py_BuildValue("(snl)", "length", pos, (long)msg_len);
+            break;
+        }
+        Py_ssize_t start = pos + 20, end = start + msg_len;
+        if (end > size)
+            break;
+        if (verify) {
+            long long actual = (long long)(crc_of(buf + start, msg_len, 0) & 0x7FFFFFFFul);
+            if (actual != checksum) {
+                fault = Py_BuildValue("(snlL)", "checksum", pos, (long)checksum, actual);
+                break;
+            }
+        }
+        int64_t attr_start = -1, attr_end = -1, payload_start = start;
+        if (flag & 1) {
+            if (msg_len < 4) {
+                attr_start = attr_end = -2;
+            } else {
+                int32_t attr_len = (int32_t)(((uint32_t)buf[start] << 24) | ((uint32_t)buf[start + 1] << 16) |
+                                             ((uint32_t)buf[start + 2] << 8) | buf[start + 3]);
+                if (attr_len < 0 || (Py_ssize_t)attr_len + 4 > msg_len) {
+                    attr_start = attr_end = -2;
+                } else {
+                    attr_start = start + 4;
+                    attr_end = payload_start = start + 4 + attr_len;
+                }
+            }
+        }
+        w[0] = (int64_t)id;
+        w[1] = flag;
+        w[2] = attr_start;
+        w[3] = attr_end;
+        w[4] = payload_start;
+        w[5] = end;
+        w += 6;
+        count++;
+        pos = end;
+    }
+    PyBuffer_Release(&b);
+    if (fault == NULL && PyErr_Occurred()) {
+        Py_DECREF(index);
+        return NULL;
+    }
+    if (_PyBytes_Resize(&index, count * 6 * (Py_ssize_t)sizeof(int64_t)) < 0) {
+        Py_XDECREF(fault);
+        return NULL;
+    }
+    if (fault == NULL) {
+        fault = Py_None;
+        Py_INCREF(fault);
+    }
+    return Py_BuildValue("(NnnN)", index, count, pos, fault);
+}
+
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
     return crc_of(p, n, crc);
 }
@@ -853,6 +934,8 @@ static PyMethodDef methods[] = {
      "unit_at) -> (count, rel_after)"},
     {"encode_sub_records", encode_sub_records, METH_VARARGS,
      "encode_sub_records(topic, partition, payloads, seq0) -> a putb body: one sub-record per payload"},
+    {"scan_reply", scan_reply, METH_VARARGS,
+     "scan_reply(buf, verify=True) -> (index, count, stop, fault): a get reply's records, six int64s each"},
     {"encode_put_acks", encode_put_acks, METH_VARARGS,
      "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
     {"record_ok", py_record_ok, METH_VARARGS,
