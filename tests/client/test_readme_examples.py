@@ -71,6 +71,8 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
     compressed = outputs[7].splitlines()  # after the replay example
     assert int(compressed[0]) < 1000 and compressed[1] == "True", compressed
     assert outputs[8].strip() == "True"  # sent in batches
+    assert outputs[9].splitlines() == ["True 50000", "True"]  # send_many
+    assert outputs[10].strip() == "True"  # pulled in batches
     for command in admin_commands():
         if "--zk" in command:
             continue  # needs a broker registered in ZooKeeper: covered by tests/client/test_admin.py
