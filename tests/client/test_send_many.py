@@ -95,7 +95,7 @@ def test_frames_split_at_batch_bytes(broker):
         assert producer.send(Message("tmanybytes", b"create")).success
         result = producer.send_many("tmanybytes", payloads, partition=3).result(60)
     assert result.success and len(result.runs) >= 16, result.runs  # a run never spans two frames
-    assert [r.payload for r in held(broker, "tmanybytes", 3)] == payloads
+    assert [r.payload for r in held(broker, "tmanybytes", 3) if r.payload != b"create"] == payloads
 
 
 def test_a_refused_send_many_fails_with_the_brokers_words(broker_factory, tmp_path):
