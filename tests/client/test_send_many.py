@@ -2,13 +2,16 @@
 split at the batch limits, a refused frame failing the result with the broker's words; and its encoder, the C
 helper's ``encode_sub_records``, equal to the Python reference byte for byte."""
 
+import threading
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaq import limits
 from metaq.client import Message, Producer
-from metaq.client.local import small_config
+from metaq.client.local import free_port, small_config
 from metaq.client.selectors import CallableSelector
 from metaq.client.security import ClientSecurity
 from metaq.protocol.putbatch import encode_sub_records_py
@@ -114,3 +117,51 @@ def test_send_many_refuses_what_it_cannot_send(broker):
         assert producer.send_many("tmanybad", [b"x" * 1000]).result(10).success  # at the limit
         with pytest.raises(ValueError, match="at least one"):
             producer.send_many("tmanybad", [])
+
+
+@pytest.mark.slow
+def test_a_broker_restart_mid_stream_keeps_each_partitions_order(broker_factory, tmp_path):
+    broker = broker_factory(small_config(tmp_path / "data", broker={"port": free_port()}))
+    keys = ["k%d" % k for k in range(4)]
+    calls, times = [], []
+    stop = threading.Event()
+    with Producer(brokers=[url_of(broker)], retry_deadline=30) as producer:
+        assert producer.send(Message("tmanyrestart", b"create")).success
+
+        def produce():
+            c = 0
+            while not stop.is_set() and c < 2000:
+                key = keys[c % len(keys)]
+                payloads = [b"%s %d %d" % (key.encode(), c, i) for i in range(50)]
+                calls.append((key, producer.send_many("tmanyrestart", payloads, key=key)))
+                c += 1
+                times.append(time.monotonic())
+                time.sleep(0.005)
+
+        t = threading.Thread(target=produce)
+        t.start()
+        time.sleep(0.5)
+        broker.stop()  # frames in flight fail, are sent again (in order) once the broker is back
+        down = time.monotonic()
+        time.sleep(1.0)
+        up = time.monotonic()
+        broker.start()
+        time.sleep(0.5)
+        stop.set()
+        t.join()
+        results = [(key, f.result(60)) for key, f in calls]
+    assert all(r.success for _k, r in results), [r for _k, r in results if not r.success][:3]
+    assert any(down < t < up for t in times)  # called while it was down, stored all the same
+    for key in keys:  # acknowledged in call order, each key on one partition
+        places = [(r.partition, r.offsets()[0]) for k, r in results if k == key]
+        assert len({p for p, _o in places}) == 1 and places == sorted(places), key
+    with broker.client() as c:
+        for partition in range(4):
+            order = {}
+            for rec in consume_all(c, "tmanyrestart", partition):
+                if rec.payload != b"create":
+                    key, call, i = rec.payload.split()
+                    order.setdefault(key, []).append((int(call), int(i)))
+            for key, stored in order.items():  # a retried frame's first attempt may have been stored too
+                seen = list(dict.fromkeys(stored))
+                assert seen == sorted(seen), (partition, key)
