@@ -3,8 +3,8 @@
  * sync-mode fdatasync in C (optional).
  *
  * Functions, each the exact twin of a pure-Python reference that is used
- * when this module was not built (hypothesis tests in tests/protocol and
- * tests/store hold them equal), and a thread for the flusher:
+ * when this module was not built (hypothesis tests in tests/protocol,
+ * tests/store and tests/client hold them equal), and a thread for the flusher:
  *
  *   scan_put_ats(...)                              == metaq.timers.burst.scan_put_ats_py (_timerscan.c)
  *   encode_timer_acks(items, start, count, first_id) == metaq.timers.burst.encode_timer_acks_py (same)

@@ -255,6 +255,9 @@ class Producer:
             payloads = list(payloads)
         if not payloads:
             raise ValueError("send_many needs at least one payload")
+        if set(map(type, payloads)) != {bytes}:  # before anything is queued: a call is taken whole or refused
+            k = next(k for k, data in enumerate(payloads) if type(data) is not bytes)
+            raise TypeError("payload %d is %s, not bytes" % (k, type(payloads[k]).__name__))
         longest = max(map(len, payloads))
         if longest > self.max_body_bytes:
             raise ValueError("a payload for topic %s is %d bytes: over the limit of %d bytes"
@@ -268,6 +271,8 @@ class Producer:
             parts = [Partition(p.broker_id, 0) for p in parts]
         parts = [p for p in parts if p.partition >= 0]
         if partition is not None:
+            if isinstance(partition, int) and not -len(parts) <= partition < len(parts):
+                raise ValueError("partition %d: topic %s has %d partitions here" % (partition, topic, len(parts)))
             target = parts[partition] if isinstance(partition, int) else partition
             if target not in parts:
                 raise ValueError("partition %s is not one of topic %s's: %s" % (target, topic, parts))

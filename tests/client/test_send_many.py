@@ -117,6 +117,11 @@ def test_send_many_refuses_what_it_cannot_send(broker):
         assert producer.send_many("tmanybad", [b"x" * 1000]).result(10).success  # at the limit
         with pytest.raises(ValueError, match="at least one"):
             producer.send_many("tmanybad", [])
+        with pytest.raises(TypeError, match="payload 1 is bytearray"):
+            producer.send_many("tmanybad", [b"a", bytearray(b"b")])
+        with pytest.raises(ValueError, match="partitions here"):
+            producer.send_many("tmanybad", [b"a"], partition=99)
+        assert producer.flush(5)  # nothing refused was left counted as in progress
 
 
 @pytest.mark.slow
