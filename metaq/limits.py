@@ -756,3 +756,27 @@ HOT_MAP_BYTES = 64 << 20
 #: at full speed mapped ~3 GB of file pages within one second; checked every ``COLD_READ_CHECK_S``.
 COLD_READ_DROP_BYTES = 16 << 20
 COLD_READ_CHECK_S = 0.1
+
+#: Per-message acknowledgement (POP, metaq/pop/; docs/messaging.md "Per-message acknowledgement (POP)").
+#: Messages one receive hands out at most (RocketMQ's proxy caps a receive's batch at 32).
+POP_MAX_BATCH = 32
+#: Messages of one group and topic handed out and not acknowledged at most (in flight, expired ones included): a
+#: receive past it hands out only redeliveries.
+POP_MAX_IN_FLIGHT = 4096
+#: Offsets of one partition a group may be ahead of its lowest unacknowledged one: bounds the acknowledgements kept
+#: out of order (one slow message does not let the set grow without end).
+POP_MAX_SPAN = 8192
+#: (group, topic) pairs the POP state holds at most: a receive for one more is refused (503).
+POP_MAX_GROUPS = 1024
+#: The invisible duration a receive or change_invisible may ask for, inclusive (RocketMQ: up to 12 hours).
+POP_MIN_INVISIBLE_MS = 100
+POP_MAX_INVISIBLE_MS = 12 * 3600 * 1000
+#: Deliveries of one message before it goes to its group's dead-letter topic (RocketMQ's default is 16 retries).
+POP_MAX_ATTEMPTS = 16
+#: Bytes of POP journal records written since the last snapshot after which the next call writes a snapshot (the
+#: journal's retention floor moves up to it).
+POP_SNAPSHOT_BYTES = 8 << 20
+#: Characters of a message group (FIFO) the POP state keeps; a longer name is kept as its start and a checksum.
+POP_MAX_MESSAGE_GROUP_CHARS = 128
+#: Receipt handles one ack takes at most (a text ack line holds them, comma-separated, within MAX_LINE_BYTES).
+POP_MAX_ACK_HANDLES = 32

@@ -337,8 +337,20 @@ def cmd_quotas(view, args):
     return rows, ["broker", "user", "quota", "used", "limit"]
 
 
+def cmd_pop(view, args):
+    """Each broker's per-message acknowledgement state (``stats pop``): per group and topic, the messages in flight,
+    redelivered and dead-lettered (docs/messaging.md "Per-message acknowledgement (POP)")."""
+    rows = []
+    for bid, url in sorted(view.brokers.items()):
+        for r in view.stats_of(url, "pop") or ():
+            if args.group is None or r.group == args.group:
+                rows.append({"broker": bid, "group": r.group, "topic": r.topic, "in_flight": r.in_flight,
+                             "redelivered": r.redelivered, "dead_lettered": r.dead_lettered})
+    return rows, ["broker", "group", "topic", "in_flight", "redelivered", "dead_lettered"]
+
+
 COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics,
-            "partitions": cmd_partitions, "groups": cmd_groups, "quotas": cmd_quotas,
+            "partitions": cmd_partitions, "groups": cmd_groups, "quotas": cmd_quotas, "pop": cmd_pop,
             "zk": cmd_zk}
 
 
@@ -403,6 +415,8 @@ def build_parser():
     s = sub.add_parser("partitions", help="each partition's min and max offsets")
     s.add_argument("topic", nargs="?", help="only this topic")
     s = sub.add_parser("groups", help="consumer groups: owner, committed offset, lag per partition")
+    s.add_argument("group", nargs="?", help="only this group")
+    s = sub.add_parser("pop", help="per-message acknowledgement: messages in flight, redelivered, dead-lettered")
     s.add_argument("group", nargs="?", help="only this group")
     s = sub.add_parser("quotas", help="quotas per user: what each user holds and its quota (admin)")
     s.add_argument("user", nargs="?", help="only this user")

@@ -1,9 +1,11 @@
 """The broker's internal topics written by the broker alone: the dead letters' resent journals (``%RESENT%<group>``,
-admin/service.py), the timer store's log (``%TIMER%``, timers/service.py) and the transaction journal (``%TX%``,
-transactions/follow.py). A client's put to a journal would make ``dlq resend`` skip a dead letter it never resent
-(the journal says which were); one to the timer topic would schedule, cancel or mark delivered messages behind the
-broker's back; one to the transaction journal would prepare, commit or forget branches. So every put path refuses
-these names (``is_journal`` is the one check they all ask), as it refuses the delay scheduler's topic."""
+admin/service.py), the timer store's log (``%TIMER%``, timers/service.py), the transaction journal (``%TX%``,
+transactions/follow.py) and the per-message acknowledgements' journal (``%POP%``, pop/follow.py). A client's put to
+a journal would make ``dlq resend`` skip a dead letter it never resent (the journal says which were); one to the
+timer topic would schedule, cancel or mark delivered messages behind the broker's back; one to the transaction
+journal would prepare, commit or forget branches; one to the POP journal would acknowledge or hand out messages of
+any group. So every put path refuses these names (``is_journal`` is the one check they all ask), as it refuses the
+delay scheduler's topic."""
 
 RESENT_PREFIX = "%RESENT%"
 RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"  # a consumer group's retry and dead-letter topics (RocketMQ's names)
@@ -15,18 +17,23 @@ TIMER_TOPIC = "%TIMER%"  # metaq.timers.records.TIMER_TOPIC (that module imports
 _TIMER_BYTES = TIMER_TOPIC.encode()
 TX_TOPIC = "%TX%"  # the transaction journal (metaq.transactions.follow)
 _TX_BYTES = TX_TOPIC.encode()
+POP_TOPIC = "%POP%"  # the per-message acknowledgements' journal (metaq.pop.follow)
+_POP_BYTES = POP_TOPIC.encode()
 
 
 def is_journal(topic):
-    """True for a resent journal's name, the timer topic or the transaction journal (``str`` or ``bytes``, as the
-    fast put paths hold it)."""
+    """True for a resent journal's name, the timer topic, the transaction journal or the POP journal (``str`` or
+    ``bytes``, as the fast put paths hold it)."""
     if isinstance(topic, (bytes, bytearray, memoryview)):
         topic = bytes(topic)
-        return topic[:len(_RESENT_BYTES)] == _RESENT_BYTES or topic == _TIMER_BYTES or topic == _TX_BYTES
-    return topic.startswith(RESENT_PREFIX) or topic == TIMER_TOPIC or topic == TX_TOPIC
+        return topic[:len(_RESENT_BYTES)] == _RESENT_BYTES or topic == _TIMER_BYTES or topic == _TX_BYTES or \
+            topic == _POP_BYTES
+    return topic.startswith(RESENT_PREFIX) or topic == TIMER_TOPIC or topic == TX_TOPIC or topic == POP_TOPIC
 
 
 def journal_refusal(topic):
+    if topic in (POP_TOPIC, _POP_BYTES):
+        return "%s is the broker's internal topic for per-message acknowledgements: use receive and ack" % POP_TOPIC
     if topic in (TX_TOPIC, _TX_BYTES):
         return "%s is the broker's internal topic for the transaction journal: use the transaction command" % TX_TOPIC
     if topic in (TIMER_TOPIC, _TIMER_BYTES):

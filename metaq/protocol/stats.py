@@ -186,6 +186,17 @@ class GroupRow(NamedTuple):
     committed_ms: int
 
 
+class PopRow(NamedTuple):
+    """``stats pop``: per group and topic, messages handed out and not acknowledged, redeliveries, dead letters
+    (docs/messaging.md "Per-message acknowledgement (POP)")."""
+
+    group: str
+    topic: str
+    in_flight: int
+    redelivered: int
+    dead_lettered: int
+
+
 class TransactionRow(NamedTuple):
     """``stats transactions``: prepared_ms None until prepared; begun_ms None for a decision by hand (a
     heuristic outcome outlives its branch); timeout_s 0 = none."""
@@ -234,6 +245,8 @@ _OFFSET = _Template("offsets", OffsetRow, "{topic} part {partition:d} min_offset
                                           "max_offset {max_offset:d}")
 _GROUP = _Template("groups", GroupRow, "{group} {topic} {partition:d} offset {offset:d} max_offset {max_offset:d} "
                                        "lag {lag:d} committed_ms {committed_ms:d}")
+_POP = _Template("pop", PopRow, "{group} {topic} in_flight {in_flight:d} redelivered {redelivered:d} "
+                                "dead_lettered {dead_lettered:d}")
 _TRANSACTION = _Template("transactions", TransactionRow,
                          "{key} {state} puts {puts:d} bytes {bytes:d} begun_ms {begun_ms:d-} "
                          "prepared_ms {prepared_ms:d-} timeout_s {timeout_s:d}")
@@ -279,6 +292,14 @@ def encode_groups(rows):
 
 def parse_groups(body):
     return [_GROUP.parse(line) for line in lines(body)]
+
+
+def encode_pop(rows):
+    return encode([_POP.format(r) for r in rows])
+
+
+def parse_pop(body):
+    return [_POP.parse(line) for line in lines(body)]
 
 
 def encode_transactions(rows):
@@ -410,7 +431,7 @@ def parse_topic(body):
 
 
 _PARSERS = {
-    "": parse_summary, "topics": parse_topics, "offsets": parse_offsets, "groups": parse_groups,
+    "": parse_summary, "topics": parse_topics, "offsets": parse_offsets, "groups": parse_groups, "pop": parse_pop,
     "transactions": parse_transactions, "quotas": parse_quotas, "delay": parse_delay, "realtime": parse_realtime,
     "reset": parse_summary, "help": lines,
 }

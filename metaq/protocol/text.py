@@ -56,6 +56,7 @@ from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declar
 from metaq.keys import wire as keys_wire  # noqa: F401 - it declares lookup
 from metaq.reqreply import wire as reqreply_wire  # noqa: F401 - it declares request and reply
 from metaq.priorities import wire as priority_wire  # noqa: F401 - it declares its commands
+from metaq.pop import wire as pop_wire  # noqa: F401 - it declares receive, ack, change_invisible
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.protocol.burst import scan_puts

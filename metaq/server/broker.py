@@ -40,6 +40,7 @@ from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
 from metaq.server.tls import TlsPolicy
 from metaq.transactions.service import TxService
+from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
 from metaq.store.store import MessageStore
@@ -125,6 +126,9 @@ class Broker:
                                 self.delay, self.registry, sync_flush=config.store.flush == "sync", guard=self.guard)
         self.put_path.timers = self.timers
         self.tx.attach_writes(self.put_path.check_writable, self.put_path.confirm)
+        self.pop = PopService(self.store, self.put_path, self.roles.is_master,
+                              waiters=self.waiters)  # per-message acknowledgement (pop/service.py)
+        self.roles.on_change(self.pop.role_changed)
         self.stats_service = StatsService(self.stats, self.store, self.flusher, self.waiters, config.redacted_text)
         self.replies = ReplyRouter(config.broker.id, config.remoting.cluster, lim.max_pending_requests,
                                    lim.max_pending_requests_per_connection,  # request-reply, both protocols
@@ -139,7 +143,8 @@ class Broker:
                                       lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
-                                         self.replies, self.admin, self.group_members, self.topic_admin)
+                                         self.replies, self.admin, self.group_members, self.topic_admin,
+                                         self.pop)
         self.fast_puts = FastPuts(self.put_path, lim) if config.broker.burst_puts else None
         http = (("https" if config.security.tls.mode == "on" else "http", config.http.host or config.broker.host,
                  config.http.port) if config.http.port else None)  # named to an HTTP client on the text port
@@ -160,6 +165,7 @@ class Broker:
                                       + self.tx.manager.summary_values())
         self.stats_service.add_source("delay_levels", self.delay.level_rows)
         self.stats_service.add_source("transactions", self.tx.manager.in_doubt)
+        self.stats_service.add_source("pop", self.pop.rows)
         self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
@@ -287,6 +293,7 @@ class Broker:
         self.gate.refresh(disk_state=self.store.check_disk())
         self._tasks = [gevent.spawn(self._disk_loop), gevent.spawn(self._retention_loop)]
         self.tx.start()
+        self.pop.start()
         self.delay.start()  # after the flusher: its saves wait for deliveries to be durable
         self.timers.start()
         if self.remoting is not None:
@@ -441,6 +448,7 @@ class Broker:
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush
         self.timers.stop()
         self.roles.stop()
+        self.pop.stop()
         self.tx.stop()
         self.ahead.stop()
         self.flusher.stop()

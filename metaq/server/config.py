@@ -25,7 +25,7 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
-from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.protocol.journaltopic import POP_TOPIC, TX_TOPIC
 from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
@@ -292,9 +292,10 @@ class RemotingSection(_Section):
 
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics, and of the dead letters' resent journals
-        (``admin/service.py``): first, so they win over user patterns."""
-        return [TopicSpec("%RETRY%*", self.retry_queues), TopicSpec("%DLQ%*", self.retry_queues),
-                TopicSpec("%RESENT%*", 1)] if self.port else []
+        (``admin/service.py``): first, so they win over user patterns. The dead letters and their journals are
+        declared without the remoting port too: per-message acknowledgement (``pop/service.py``) writes them."""
+        dead = [TopicSpec("%DLQ%*", self.retry_queues), TopicSpec("%RESENT%*", 1)]
+        return [TopicSpec("%RETRY%*", self.retry_queues)] + dead if self.port else dead
 
 
 class DelaySection(_Section):
@@ -663,7 +664,7 @@ class ServerConfig(_Section):
             broker_id=self.broker.id,
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1),
-                    TopicSpec(TX_TOPIC, 1)]
+                    TopicSpec(TX_TOPIC, 1), TopicSpec(POP_TOPIC, 1)]
             + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,

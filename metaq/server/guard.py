@@ -33,7 +33,7 @@ from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.priorities.wire import is_level_topic, split_level
 from metaq.server.config import read_yaml
 from metaq.timers.records import TIMER_TOPIC
-from metaq.protocol.journaltopic import TX_TOPIC
+from metaq.protocol.journaltopic import POP_TOPIC, TX_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class Guard:
         ruled = name
         if kind == "topic" and name is not None and is_level_topic(name):
             ruled = split_level(name)[0]  # a priority level is its topic's: granted or denied with it
-        if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC) and not user.admin:
+        if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC) and not user.admin:
             # their entries hold whole messages of every topic with a delay or a transaction: only an admin's
             raise errors.Forbidden("permission denied: %s is the broker's internal topic (admin only)" % name)
         if kind == "topic" and name is not None and name.startswith(GROUP_COPY_PREFIXES) and not user.admin:

@@ -28,6 +28,7 @@ ITEMS_HELP = (
     "offsets   per partition: min_offset and max_offset",
     "realtime  put/get/offset counters since the last reset",
     "groups    per group and partition: offset committed in this broker, max_offset, lag, commit time (ms)",
+    "pop       per group and topic: POP messages in flight, redelivered, dead-lettered",
     "transactions  open, prepared (in-doubt), committing and heuristically decided transactions",
     "quotas    per user and quota: what the user holds and its quota (admins only)",
     "delay     per delay level: delay, pending messages, next due time (ms), delivered",
@@ -189,6 +190,7 @@ SOURCES = {
     "delay_levels": "``stats delay``: ([DelayLevelRow], totals as (key, value) pairs)",
     "transactions": "``stats transactions``: the transactions the broker holds (key, state, puts, ...)",
     "quotas": "``stats quotas``: [QuotaRow] per user and quota (docs/security.md \"Quotas\")",
+    "pop": "``stats pop`` and the summary's pop_* pairs: (group, topic, in flight, redelivered, dead-lettered) rows",
 }
 
 
@@ -232,6 +234,8 @@ class StatsService:
             return codec.encode_quotas(self.sources["quotas"]())
         if item == "groups":
             return codec.encode_groups(_visible(group_rows(store), may_see))
+        if item == "pop":
+            return codec.encode_pop(_visible([codec.PopRow(*r) for r in self.sources.get("pop", list)()], may_see))
         if item == "realtime":
             return codec.encode_realtime(realtime_values(self.counters))
         if item == "reset":
@@ -281,11 +285,18 @@ class StatsService:
             ("zookeeper", node.zookeeper),
         ] + store.idempotence.summary_values() + self.sources["replication"]() + self.sources["delay"]() + \
             self.sources["remoting"]() + self.sources.get("grpc", list)() + self.sources["security"]() + \
-            self.sources.get("zero_copy", list)() + self.sources.get("mqtt", list)()
+            self.sources.get("zero_copy", list)() + self.sources.get("mqtt", list)() + \
+            pop_values(self.sources.get("pop", list)())
 
 
 #: Where counts of topics past ``limits.MAX_STATS_TOPICS`` go (not a legal topic name: no clash).
 OTHER_TOPICS = "(other topics)"
+
+
+def pop_values(rows):
+    """The summary's POP pairs (docs/messaging.md "Per-message acknowledgement (POP)"), from ``stats pop``'s rows."""
+    return [("pop_groups", len(rows)), ("pop_in_flight", sum(r[2] for r in rows)),
+            ("pop_redelivered", sum(r[3] for r in rows)), ("pop_dead_lettered", sum(r[4] for r in rows))]
 
 
 def security_values(guard, tls_mode):

@@ -2,19 +2,20 @@
 --all``).
 
 ``INTERNAL`` names the broker's exact topics: delayed delivery's (``SCHEDULE_TOPIC_XXXX``), the timer store's log
-(``%TIMER%``) and the transaction journal (``%TX%``). ``is_internal`` also covers the topics the broker names after
-a consumer group (``%RETRY%<group>``, ``%DLQ%<group>``, ``%RESENT%<group>``) and a priority topic's levels
-(``<topic>%P<k>``, whose messages belong to ``<topic>``: ``level_owner``). Pure: names in, answers out.
+(``%TIMER%``), the transaction journal (``%TX%``) and the POP journal (``%POP%``). ``is_internal`` also covers the
+topics the broker names after a consumer group (``%RETRY%<group>``, ``%DLQ%<group>``, ``%RESENT%<group>``) and a
+priority topic's levels (``<topic>%P<k>``, whose messages belong to ``<topic>``: ``level_owner``). Pure: names in,
+answers out.
 """
 
 from metaq.timers.levels import SCHEDULE_TOPIC
-from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, TIMER_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, POP_TOPIC, TIMER_TOPIC, TX_TOPIC
 from metaq.priorities.wire import split_level
 
 __all__ = ["INTERNAL", "is_internal", "level_owner"]
 
 #: The broker's own topics by exact name: delayed delivery's levels, the timer store's log, the transaction journal.
-INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC)
+INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC)
 
 
 def level_owner(topic):

@@ -155,12 +155,13 @@ def test_topics_hides_the_brokers_internal_topics_unless_all(broker):
     with Producer(brokers=[url]) as p:
         assert p.send(Message("orders", b"later", delay_level=3)).success  # SCHEDULE_TOPIC_XXXX
         assert p.send(Message("orders", b"timed", delay=3600)).success  # %TIMER%
-    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "urgent%P2"}  # %TX%: the transaction journal, declared
+    # %TX% and %POP%: the transaction and the per-message acknowledgement journals, declared
+    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "urgent%P2"}
 
     out = admin("--brokers", url, "topics")
     names = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]
     assert names == ["orders", "urgent"]
-    assert out.stderr == "metaq-admin: 4 internal topics not shown (--all shows them)\n"
+    assert out.stderr == "metaq-admin: 5 internal topics not shown (--all shows them)\n"
     rows = {r["topic"]: r for r in json.loads(admin("--brokers", url, "--json", "topics").stdout)}
     assert set(rows) == {"orders", "urgent"}
     assert rows["urgent"]["messages"] == 1  # its level's message counts in its row

@@ -181,7 +181,7 @@ def test_the_collector_reads_the_figures_at_scrape_time():
     groups = [{"group": "billing", "topic": "orders", "partition": 1, "offset": 4, "max_offset": 10, "lag": 6}]
     collector = BrokerCollector(None, lambda: [("version", "9.9"), ("broker_id", 3), ("disk_usage", 0.5),
                                                ("writes_refused", True), ("delay_pending", 7),
-                                               ("timers_pending", 3)],
+                                               ("timers_pending", 3), ("pop_in_flight", 5)],
                                 lambda: topics, lambda: groups,
                                 lambda: [("replication_role", "slave"), ("replication_epoch", 4),
                                          ("replication_lag_messages", 2)],
@@ -194,7 +194,8 @@ def test_the_collector_reads_the_figures_at_scrape_time():
                  'metaq_replication_role{role="slave"} 1.0', "metaq_replication_epoch 4.0",
                  "metaq_writes_refused 1.0", "metaq_disk_usage_ratio 0.5", 'metaq_connections{listener="http"} 1.0',
                  'metaq_transactions{state="prepared"} 2.0', "metaq_delay_pending_messages 7.0",
-                 "metaq_timers_pending_messages 3.0", 'metaq_flush_duration_seconds_bucket{le="0.005"} 1.0',
+                 "metaq_timers_pending_messages 3.0", "metaq_pop_in_flight_messages 5.0",
+                 'metaq_flush_duration_seconds_bucket{le="0.005"} 1.0',
                  "metaq_flush_duration_seconds_count 1.0"):
         assert line in text, line
     assert "_created" not in text

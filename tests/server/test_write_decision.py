@@ -38,6 +38,7 @@ def test_auth_off_refuses_only_the_broker_s_own_topics():
     assert "internal topic for delayed delivery" in str(path.write_refusal(SCHEDULE_TOPIC, None))
     assert "internal topic for timers" in str(path.write_refusal(TIMER_TOPIC, None))
     assert "internal topic for the transaction journal" in str(path.write_refusal("%TX%", None))
+    assert "internal topic for per-message acknowledgements" in str(path.write_refusal("%POP%", None))
     assert "priority level's internal topic" in str(path.write_refusal("orders%P1", None))
     assert path.write_refusal("%RESENT%billing", AUTHORIZED, internal=True) is None  # the broker's own journal write
 

@@ -4,8 +4,8 @@ from metaq.topics.names import INTERNAL, is_internal, level_owner
 
 
 def test_the_brokers_own_names_are_internal():
-    assert set(INTERNAL) == {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%"}
-    for name in ("SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%RETRY%billing", "%DLQ%billing", "%RESENT%billing",
+    assert set(INTERNAL) == {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%"}
+    for name in ("SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%RETRY%billing", "%DLQ%billing", "%RESENT%billing",
                  "orders%P2"):
         assert is_internal(name), name
 

@@ -60,6 +60,12 @@ SUMMARY_METRICS = (
     (GaugeMetricFamily, "metaq_timers_pending_messages", "Messages with a delivery time not yet delivered or "
      "cancelled.", "timers_pending"),
     (GaugeMetricFamily, "metaq_log_end_position_bytes", "The commit log's written end.", "log_end_position"),
+    (GaugeMetricFamily, "metaq_pop_in_flight_messages", "POP messages handed out and not acknowledged (every group).",
+     "pop_in_flight"),
+    (GaugeMetricFamily, "metaq_pop_redelivered_messages", "POP messages handed out again after their invisible time "
+     "(every group; the journal's count).", "pop_redelivered"),
+    (GaugeMetricFamily, "metaq_pop_dead_lettered_messages", "POP messages moved to a dead-letter topic (every group; "
+     "the journal's count).", "pop_dead_lettered"),
 )
 
 

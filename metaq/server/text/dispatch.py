@@ -12,7 +12,7 @@ import time
 import gevent
 
 import metaq
-from metaq import errors
+from metaq import errors, limits
 from metaq.admin import wire as adminwire
 from metaq.admin.text import TextAdmin
 from metaq.filters.text import TagScan
@@ -36,6 +36,8 @@ from metaq.idempotence.wire import IdempotentPut
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
+from metaq.pop import wire as popwire
+from metaq.pop.text import TextPop
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +91,15 @@ CONNECTION_OWN = (ev.Quit,)
 
 class TextDispatcher:
     def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None,
-                 admin=None, group_members=None, topics=None):
+                 admin=None, group_members=None, topics=None, pop=None):
         """``tx``: the text transaction front (``metaq.transactions.text.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``reqreply.service``; None: ``request``/``reply`` answered 400);
         ``admin``: the admin operations (``admin.service.AdminOps``; None: the admin extensions answered 400);
         ``group_members``: told which connection commits or queries which group (``admin.service.TextGroupMembers``);
-        ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400)."""
+        ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400);
+        ``pop``: per-message acknowledgement (``pop.service.PopService``; None: ``receive``, ``ack`` and
+        ``change_invisible`` answered 400)."""
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -147,6 +151,12 @@ class TextDispatcher:
         self._handlers[IdempotentPut] = TextIdempotentPuts(put_path, self.max_body, ack_put=self.ack_put,
                                                            error_reply=error_reply).put_idem  # put_idem
         self.admin = TextAdmin(admin, error_reply) if admin is not None else None
+        if pop is not None:  # receive, ack, change_invisible (docs/messaging.md "Per-message acknowledgement (POP)")
+            pop_text = TextPop(pop, min(self.max_wait_ms, limits.MAX_WAIT_MS))
+            self._handlers.update({popwire.Receive: pop_text.receive, popwire.Ack: pop_text.ack,
+                                   popwire.ChangeInvisible: pop_text.change_invisible})
+        else:
+            self._handlers.update({t: self._no_pop for t in popwire.EVENTS})
         for event_type in adminwire.EVENTS:
             self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin
         if replies is not None:
@@ -362,6 +372,10 @@ class TextDispatcher:
 
     def _no_admin(self, e, conn):
         return encode_result(400, b"the admin commands are not served by this dispatcher", e.opaque), NO_WAIT
+
+    def _no_pop(self, e, conn):
+        return encode_result(400, b"receive, ack and change_invisible are not served by this dispatcher",
+                             e.opaque), NO_WAIT
 
     def stats_cmd(self, e, conn):
         return ok(self.render_stats(e.item, self.guard.visible_to(getattr(conn, "session", None))), e.opaque), NO_WAIT

@@ -1,0 +1,68 @@
+"""The POP journal's records and receipt handles, sans-IO.
+
+Every change of the POP state (``pop/state.py``) is one record, a message of the internal topic ``%POP%``
+(``pop/follow.py``), so that replaying the records in log order rebuilds the state exactly (``PopState.apply`` is
+the one place a record changes it, live or replayed). A record is one JSON object, compact:
+
+* ``{"k": "d", "g": group, "t": topic, "e": [[partition, offset, attempt, deadline_ms, message_group|null], ...]}``
+  messages handed out (a first delivery or a redelivery), each invisible until its deadline;
+* ``{"k": "a", "g", "t", "e": [[partition, offset], ...]}`` acknowledged;
+* ``{"k": "x", "g", "t", "e": [[partition, offset], ...]}`` dead-lettered (copied to ``%DLQ%<group>``, then done);
+* ``{"k": "c", "g", "t", "e": [[partition, offset, deadline_ms]]}`` a new invisible deadline (change_invisible);
+* ``{"k": "s", "g", "t", "e": [[partition, offset]]}`` nothing below ``offset`` is to be handed out (where a
+  group starts on a partition, or retention deleted what lay below);
+* a snapshot: ``{"k": "S"}``, then one ``{"k": "P", "g", "t", "p", "low", "next", "done", "f", "r", "x"}`` per
+  partition of each group, then ``{"k": "E", "n": <count of P records>}``. A complete snapshot replaces every
+  record before it.
+
+A **receipt handle** is ``<partition>:<offset>:<attempt>:<deadline_ms>``: where the message is, which delivery,
+and until when it is invisible; an ack or a change must name the delivery in flight now (a handle of an older
+delivery, or an expired one, is refused). Opaque to clients.
+"""
+
+import json
+
+from metaq.errors import ClientError
+
+__all__ = ["RecordError", "encode", "decode", "handle", "parse_handle", "MAX_RECORD_BYTES"]
+
+#: Largest journal record (a snapshot's partition record is the largest: its in-flight and acknowledged offsets,
+#: bounded by limits.POP_MAX_SPAN).
+MAX_RECORD_BYTES = 1 << 20
+KINDS = ("d", "a", "x", "c", "s", "S", "P", "E")
+_MAX_HANDLE = 96
+
+
+class RecordError(ValueError):
+    """A journal record that does not decode (a bug, a foreign writer)."""
+
+
+class InvalidHandle(ClientError):
+    """A receipt handle that names no message in flight now (malformed, expired, or of an older delivery)."""
+
+
+def encode(rec):
+    """``rec`` (a dict with ``k``) as the bytes of one journal message."""
+    return json.dumps(rec, separators=(",", ":")).encode("utf-8")
+
+
+def decode(data):
+    try:
+        rec = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RecordError("not a POP journal record: %s" % exc) from None
+    if not isinstance(rec, dict) or rec.get("k") not in KINDS:
+        raise RecordError("not a POP journal record: kind %r" % (rec.get("k") if isinstance(rec, dict) else rec))
+    return rec
+
+
+def handle(partition, offset, attempt, deadline_ms):
+    return "%d:%d:%d:%d" % (partition, offset, attempt, deadline_ms)
+
+
+def parse_handle(text):
+    """``(partition, offset, attempt, deadline_ms)``; InvalidHandle when ``text`` is not a handle."""
+    parts = text.split(":") if isinstance(text, str) and len(text) <= _MAX_HANDLE else ()
+    if len(parts) != 4 or not all(p.isdigit() and p.isascii() for p in parts):
+        raise InvalidHandle("invalid receipt handle %r" % (text[:_MAX_HANDLE] if isinstance(text, str) else text))
+    return tuple(int(p) for p in parts)

@@ -1,0 +1,278 @@
+"""The POP state: per group and topic-partition, which messages are handed out, in flight or acknowledged (pure,
+the time passed in; docs/messaging.md "Per-message acknowledgement (POP)").
+
+Per (group, topic, partition) a ``Cursor`` holds ``low`` (every offset below is done: acknowledged or
+dead-lettered), ``next`` (the first offset never handed out), ``flights`` (offset -> ``Flight``: the delivery's
+attempt, its invisible deadline, its message group for FIFO) and ``done`` (offsets in ``[low, next)`` acknowledged
+out of order). An offset in ``[low, next)`` is in flight or done, never both. Expired flights stay in flight until
+they are handed out again (attempt + 1) or dead-lettered.
+
+``plan`` decides a receive without changing anything and returns the records that carry it out; ``apply`` is the
+only change, the same for a record written now and one replayed from the journal, so the replay of the journal
+equals the live state (``pop/records.py`` says the records). Every map is bounded: (group, topic) pairs
+(``POP_MAX_GROUPS``), messages in flight per pair (``POP_MAX_IN_FLIGHT``), the span of a partition ahead of its
+lowest unacknowledged offset (``POP_MAX_SPAN``, which bounds ``done``).
+
+FIFO: with ``fifo``, a message carrying a message group is handed out only when no message of that group is in
+flight (expired ones included), and a partition is read no further than its first such message, so each group's
+messages go out one at a time, in log order; a redelivery keeps its place ahead of the group's later messages.
+"""
+
+from metaq import errors, limits
+from metaq.pop.records import InvalidHandle, handle, parse_handle
+
+__all__ = ["Flight", "Cursor", "PopState", "Plan"]
+
+
+class Flight:
+    __slots__ = ("attempt", "deadline", "group")
+
+    def __init__(self, attempt, deadline, group):
+        self.attempt, self.deadline, self.group = attempt, deadline, group
+
+    def as_list(self, offset):
+        return [offset, self.attempt, self.deadline, self.group]
+
+
+class Cursor:
+    """One partition of one (group, topic): see the module doc."""
+
+    __slots__ = ("low", "next", "flights", "done")
+
+    def __init__(self, low=0, nxt=0):
+        self.low, self.next, self.flights, self.done = low, nxt, {}, set()
+
+    def finish(self, offset):
+        """``offset`` acknowledged or dead-lettered: out of flight, and ``low`` moved past what is done."""
+        self.flights.pop(offset, None)
+        if offset < self.low or offset >= self.next:
+            return
+        self.done.add(offset)
+        while self.low in self.done:
+            self.done.discard(self.low)
+            self.low += 1
+
+    def skip_to(self, offset):
+        if offset <= self.low:
+            return
+        self.low, self.next = offset, max(self.next, offset)
+        self.flights = {o: f for o, f in self.flights.items() if o >= offset}
+        self.done = {o for o in self.done if o >= offset}
+        while self.low in self.done:
+            self.done.discard(self.low)
+            self.low += 1
+
+    def snapshot(self):
+        return {"low": self.low, "next": self.next, "done": sorted(self.done),
+                "f": [f.as_list(o) for o, f in sorted(self.flights.items())]}
+
+
+class GroupPop:
+    """One (group, topic): its partitions' cursors and its counts (redelivered, dead-lettered)."""
+
+    __slots__ = ("cursors", "redelivered", "dead", "turn")
+
+    def __init__(self):
+        self.cursors, self.redelivered, self.dead, self.turn = {}, 0, 0, 0
+
+    def in_flight(self):
+        return sum(len(c.flights) for c in self.cursors.values())
+
+
+class Plan:
+    """What one receive does: ``skips`` ``[[p, offset]]``, ``dead`` ``[[p, offset]]`` (copied to the dead-letter
+    topic first), ``deliver`` ``[[p, offset, attempt, deadline, message_group]]``; ``records(group, topic)``: the
+    journal records that carry it out, in order."""
+
+    __slots__ = ("skips", "dead", "deliver")
+
+    def __init__(self):
+        self.skips, self.dead, self.deliver = [], [], []
+
+    def records(self, group, topic):
+        out = []
+        for kind, entries in (("s", self.skips), ("x", self.dead), ("d", self.deliver)):
+            if entries:
+                out.append({"k": kind, "g": group, "t": topic, "e": entries})
+        return out
+
+
+class PopState:
+    """Every (group, topic)'s ``GroupPop`` (see the module doc). ``apply(rec)`` takes a journal record; snapshot
+    records are taken by ``pop/follow.py``'s replay, which builds a fresh state from them."""
+
+    def __init__(self, max_groups=limits.POP_MAX_GROUPS, max_in_flight=limits.POP_MAX_IN_FLIGHT,
+                 max_span=limits.POP_MAX_SPAN):
+        self.groups = {}  # (group, topic) -> GroupPop
+        self.max_groups, self.max_in_flight, self.max_span = max_groups, max_in_flight, max_span
+
+    # -- reading ----------------------------------------------------------------
+
+    def flight(self, group, topic, handle_text, now_ms):
+        """``(partition, offset, Flight)`` of a handle in flight now, ``(partition, offset, None)`` when that
+        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle."""
+        p, o, attempt, deadline = parse_handle(handle_text)
+        g = self.groups.get((group, topic))
+        c = g.cursors.get(p) if g is not None else None
+        if c is not None and (o < c.low or o in c.done):
+            return p, o, None
+        f = c.flights.get(o) if c is not None else None
+        if f is None or f.attempt != attempt or f.deadline != deadline:
+            raise InvalidHandle("receipt handle %s names no message of %s/%s in flight (an older delivery's?)"
+                                % (handle_text, group, topic))
+        if deadline <= now_ms:
+            raise InvalidHandle("receipt handle %s is expired" % handle_text)
+        return p, o, f
+
+    def next_deadline(self, group, topic):
+        """The earliest invisible deadline of the pair's flights (when a receive may hand one out again), or None."""
+        g = self.groups.get((group, topic))
+        if g is None:
+            return None
+        return min((f.deadline for c in g.cursors.values() for f in c.flights.values()), default=None)
+
+    def rows(self):
+        """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair, sorted."""
+        return [(g, t, gp.in_flight(), gp.redelivered, gp.dead) for (g, t), gp in sorted(self.groups.items())]
+
+    # -- deciding ---------------------------------------------------------------
+
+    def plan(self, group, topic, partitions, max_messages, invisible_ms, now_ms, max_attempts, read, start,
+             fifo=False):
+        """A receive's ``Plan`` (nothing changed). ``read(p, offset, count)`` -> ``(items, moved)``: up to ``count``
+        ``(offset, message_group)`` from ``offset`` (fewer at the end), or ``moved`` the partition's first offset
+        when ``offset`` lies below it (items empty then); ``start(p)``: where the group starts on a partition it
+        never read. Expired flights come first (oldest deadline first); past ``max_attempts`` deliveries they are
+        dead-lettered instead, then new messages are read from the partitions in turn, starting one further each
+        receive (so consumers outnumbering partitions share them)."""
+        key = (group, topic)
+        g = self.groups.get(key)
+        if g is None and len(self.groups) >= self.max_groups:
+            raise errors.Unavailable("POP state holds %d group/topic pairs (limits.POP_MAX_GROUPS): %s/%s refused"
+                                     % (self.max_groups, group, topic))
+        plan = Plan()
+        deadline = now_ms + invisible_ms
+        cursors = g.cursors if g is not None else {}
+        expired = sorted((f.deadline, p, o, f) for p, c in cursors.items() for o, f in c.flights.items()
+                         if f.deadline <= now_ms)
+        busy = {f.group for c in cursors.values() for f in c.flights.values() if f.group is not None} if fifo \
+            else set()
+        for _d, p, o, f in expired:
+            if f.attempt >= max(1, max_attempts):
+                plan.dead.append([p, o])
+                busy.discard(f.group)
+            elif len(plan.deliver) < max_messages:
+                plan.deliver.append([p, o, f.attempt + 1, deadline, f.group])
+        room = self.max_in_flight - (g.in_flight() if g is not None else 0) + len(plan.dead)
+        turn = g.turn if g is not None else 0
+        order = [(turn + i) % partitions for i in range(partitions)]
+        for p in order:
+            c = cursors.get(p)
+            if c is None:
+                low = nxt = start(p)
+                if low:
+                    plan.skips.append([p, low])
+            else:
+                low, nxt = c.low, c.next
+            while len(plan.deliver) < max_messages and room > 0:
+                want = min(max_messages - len(plan.deliver), room, low + self.max_span - nxt)
+                if want <= 0:
+                    break
+                items, moved = read(p, nxt, want)
+                if moved is not None and moved > nxt:
+                    plan.skips.append([p, moved])
+                    low, nxt = max(low, moved), moved
+                    continue
+                if not items:
+                    break
+                stop = False
+                for offset, mgroup in items:
+                    mgroup = mgroup if fifo else None
+                    if mgroup is not None and mgroup in busy:
+                        stop = True
+                        break
+                    if mgroup is not None:
+                        busy.add(mgroup)
+                    plan.deliver.append([p, offset, 1, deadline, mgroup])
+                    room -= 1
+                    nxt = offset + 1
+                if stop:
+                    break
+        if plan.skips:  # what a skip passes over (deleted by retention) is neither redelivered nor dead-lettered
+            floor = {}
+            for p, o in plan.skips:
+                floor[p] = max(floor.get(p, 0), o)
+            plan.deliver = [e for e in plan.deliver if e[1] >= floor.get(e[0], 0)]
+            plan.dead = [e for e in plan.dead if e[1] >= floor.get(e[0], 0)]
+        return plan
+
+    def handles(self, plan):
+        """The receipt handles of ``plan.deliver``, in order."""
+        return [handle(p, o, a, d) for p, o, a, d, _g in plan.deliver]
+
+    # -- changing ---------------------------------------------------------------
+
+    def _group(self, group, topic):
+        key = (group, topic)
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = GroupPop()
+        return g
+
+    @staticmethod
+    def _cursor(g, p):
+        c = g.cursors.get(p)
+        if c is None:
+            c = g.cursors[p] = Cursor()
+        return c
+
+    def apply(self, rec):
+        """Take one journal record (``d``, ``a``, ``x``, ``c``, ``s``); see ``pop/records.py``."""
+        kind = rec["k"]
+        g = self._group(rec["g"], rec["t"])
+        if kind == "d":
+            g.turn += 1
+            for p, o, attempt, deadline, mgroup in rec["e"]:
+                c = self._cursor(g, p)
+                if o < c.low or o in c.done:
+                    continue
+                c.flights[o] = Flight(attempt, deadline, mgroup)
+                c.next = max(c.next, o + 1)
+                if attempt > 1:
+                    g.redelivered += 1
+        elif kind in ("a", "x"):
+            for p, o in rec["e"]:
+                c = self._cursor(g, p)
+                if kind == "x" and o in c.flights:
+                    g.dead += 1
+                c.finish(o)
+        elif kind == "c":
+            for p, o, deadline in rec["e"]:
+                f = self._cursor(g, p).flights.get(o)
+                if f is not None:
+                    f.deadline = deadline
+        elif kind == "s":
+            for p, o in rec["e"]:
+                self._cursor(g, p).skip_to(o)
+        elif kind == "P":
+            c = self._cursor(g, rec["p"])
+            c.low, c.next, c.done = rec["low"], rec["next"], set(rec["done"])
+            c.flights = {o: Flight(a, d, m) for o, a, d, m in rec["f"]}
+            g.redelivered, g.dead = rec["r"], rec["x"]
+
+    def snapshot_records(self):
+        """The snapshot's records (``S``, one ``P`` per partition of every pair, ``E``)."""
+        out = [{"k": "S"}]
+        for (group, topic), g in sorted(self.groups.items()):
+            for p, c in sorted(g.cursors.items()):
+                rec = {"k": "P", "g": group, "t": topic, "p": p, "r": g.redelivered, "x": g.dead}
+                rec.update(c.snapshot())
+                out.append(rec)
+        out.append({"k": "E", "n": len(out) - 1})
+        return out
+
+    def view(self):
+        """Everything as plain values (the tests compare a replay with the live state through it)."""
+        return {key: {"r": g.redelivered, "x": g.dead,
+                      "c": {p: c.snapshot() for p, c in sorted(g.cursors.items())}}
+                for key, g in sorted(self.groups.items())}

@@ -1,0 +1,207 @@
+"""The POP state, pure (metaq/pop/state.py): receive, ack, expiry, redelivery, dead letters, FIFO groups, the bounds,
+and the journal's replay equal to the live state (metaq/pop/follow.py) over a real store."""
+
+import pytest
+
+from metaq import errors, limits
+from metaq.pop.follow import PopLog, replay
+from metaq.pop.records import InvalidHandle, decode, encode, handle, parse_handle
+from metaq.pop.state import PopState
+from tests.harness.store import NOW, open_store
+
+G, T = "g", "t"
+
+
+class Log:
+    """A topic's partitions as lists of message groups (None: no group); ``first``: each partition's first offset."""
+
+    def __init__(self, *partitions):
+        self.parts = [list(p) for p in partitions]
+        self.first = [0] * len(partitions)
+
+    def read(self, p, offset, count):
+        if offset < self.first[p]:
+            return [], self.first[p]
+        return [(o, self.parts[p][o]) for o in range(offset, min(len(self.parts[p]), offset + count))], None
+
+
+class Pop:
+    """A PopState driven as the service drives it: plan, then apply its records (kept, for the replay tests)."""
+
+    def __init__(self, log, **kw):
+        self.log, self.state, self.records = log, PopState(**kw), []
+
+    def write(self, recs):
+        for rec in recs:
+            rec = decode(encode(rec))  # what the journal gives back
+            self.records.append(rec)
+            self.state.apply(rec)
+
+    def receive(self, n, now, inv=1000, attempts=3, fifo=False, start=lambda p: 0):
+        plan = self.state.plan(G, T, len(self.log.parts), n, inv, now, attempts, self.log.read, start, fifo)
+        self.write(plan.records(G, T))
+        self.dead = [tuple(e) for e in plan.dead]
+        return [(p, o, a) for p, o, a, _d, _g in plan.deliver], self.state.handles(plan)
+
+    def ack(self, handles, now):
+        done = []
+        for h in handles:
+            p, o, f = self.state.flight(G, T, h, now)
+            if f is not None:
+                done.append([p, o])
+        if done:
+            self.write([{"k": "a", "g": G, "t": T, "e": done}])
+
+    def rebuilt(self):
+        s = PopState()
+        for rec in self.records:
+            s.apply(rec)
+        return s.view()
+
+
+def test_two_receives_get_different_messages_and_acks_move_the_low_water():
+    pop = Pop(Log([None] * 5))
+    first, h1 = pop.receive(2, NOW)
+    second, h2 = pop.receive(2, NOW)
+    assert first == [(0, 0, 1), (0, 1, 1)] and second == [(0, 2, 1), (0, 3, 1)]
+    pop.ack([h2[0]], NOW + 1)  # out of order: offset 2 done, low stays 0
+    c = pop.state.groups[(G, T)].cursors[0]
+    assert (c.low, c.done) == (0, {2})
+    pop.ack(h1, NOW + 1)
+    assert (c.low, c.done, sorted(c.flights)) == (3, set(), [3])
+    pop.ack(h1, NOW + 2)  # a repeated ack is fine
+    assert pop.rebuilt() == pop.state.view()
+
+
+def test_an_unacked_message_comes_back_with_the_next_attempt_then_goes_to_the_dead_letters():
+    pop = Pop(Log([None]))
+    got, hs = pop.receive(1, NOW, inv=1000, attempts=3)
+    assert got == [(0, 0, 1)]
+    assert pop.receive(1, NOW + 999)[0] == []  # still invisible
+    got, hs2 = pop.receive(1, NOW + 1000)
+    assert got == [(0, 0, 2)]
+    with pytest.raises(InvalidHandle):  # the first delivery's handle no longer acks
+        pop.state.flight(G, T, hs[0], NOW + 1001)
+    assert pop.receive(1, NOW + 2000)[0] == [(0, 0, 3)]
+    assert pop.receive(1, NOW + 3000)[0] == [] and pop.dead == [(0, 0)]  # 3 deliveries, then the DLQ
+    g = pop.state.groups[(G, T)]
+    assert (g.redelivered, g.dead, g.cursors[0].low, g.in_flight()) == (2, 1, 1, 0)
+    assert pop.rebuilt() == pop.state.view()
+
+
+def test_an_expired_handle_is_refused_and_change_invisible_gives_a_new_handle():
+    pop = Pop(Log([None]))
+    _got, hs = pop.receive(1, NOW, inv=1000)
+    with pytest.raises(InvalidHandle, match="expired"):
+        pop.state.flight(G, T, hs[0], NOW + 1000)
+    p, o, f = pop.state.flight(G, T, hs[0], NOW + 500)
+    pop.write([{"k": "c", "g": G, "t": T, "e": [[p, o, NOW + 5000]]}])
+    assert pop.receive(1, NOW + 2000)[0] == []  # invisible longer now
+    with pytest.raises(InvalidHandle):
+        pop.state.flight(G, T, hs[0], NOW + 600)
+    pop.ack([handle(0, 0, 1, NOW + 5000)], NOW + 4999)
+    assert pop.state.groups[(G, T)].cursors[0].low == 1
+    for bad in ("", "1:2:3", "a:b:c:d", "0:0:1:" + "9" * 100, None):
+        with pytest.raises(InvalidHandle):
+            parse_handle(bad)
+
+
+def test_fifo_groups_go_out_one_at_a_time_in_order():
+    pop = Pop(Log(["A", "A", "B", "A", "B", None]))
+    got, hs = pop.receive(10, NOW, fifo=True)
+    assert got == [(0, 0, 1)]  # A0 in flight: the partition is read no further than A1
+    pop.ack(hs, NOW + 1)
+    got, hs = pop.receive(10, NOW + 2, fifo=True)
+    assert got == [(0, 1, 1), (0, 2, 1)]  # A1, B2; A3 waits for A1
+    got2, _ = pop.receive(10, NOW + 3, fifo=True)
+    assert got2 == []
+    pop.ack([hs[1]], NOW + 4)  # B2 done: A3 still behind A1
+    assert pop.receive(10, NOW + 5, fifo=True)[0] == []
+    got, _ = pop.receive(10, NOW + 2000, fifo=True)  # A1 expired: it comes back first, nothing of A after it
+    assert got[0] == (0, 1, 2) and (0, 3, 1) not in got
+    assert pop.rebuilt() == pop.state.view()
+
+
+def test_receives_are_served_across_partitions_in_turn():
+    pop = Pop(Log([None] * 3, [None] * 3))
+    a, _ = pop.receive(1, NOW)
+    b, _ = pop.receive(1, NOW)
+    assert {a[0][0], b[0][0]} == {0, 1}  # consumers outnumbering partitions: each receive starts one further
+    c, _ = pop.receive(10, NOW)
+    assert len(c) == 4
+
+
+def test_retention_below_the_cursor_and_a_start_offset_are_skips():
+    log = Log([None] * 6)
+    pop = Pop(log)
+    got, _ = pop.receive(2, NOW, start=lambda p: 3)
+    assert got == [(0, 3, 1), (0, 4, 1)]
+    log2 = Log([None] * 10)
+    log2.first[0] = 8
+    pop.log = log2
+    got, _ = pop.receive(5, NOW + 5000)  # 3 and 4 expired, deleted meanwhile: the cursor moves past them
+    c = pop.state.groups[(G, T)].cursors[0]
+    assert got == [(0, 8, 1), (0, 9, 1)] and c.low == 8 and sorted(c.flights) == [8, 9]
+    assert pop.rebuilt() == pop.state.view()
+
+
+def test_in_flight_bound_at_the_limit_and_one_past():
+    pop = Pop(Log([None] * 10), max_in_flight=3)
+    got, hs = pop.receive(5, NOW)
+    assert len(got) == 3  # at the limit
+    assert pop.receive(5, NOW)[0] == []  # one past: nothing more until an ack
+    pop.ack(hs[:1], NOW + 1)
+    assert len(pop.receive(5, NOW + 1)[0]) == 1
+
+
+def test_span_bound_at_the_limit_and_one_past():
+    pop = Pop(Log([None] * 10), max_span=4)
+    got, hs = pop.receive(10, NOW)
+    assert [o for _p, o, _a in got] == [0, 1, 2, 3]
+    pop.ack(hs[1:], NOW + 1)  # offset 0 still in flight: 3 done out of order, no room past the span
+    assert pop.receive(10, NOW + 1)[0] == []
+    pop.ack(hs[:1], NOW + 2)
+    assert [o for _p, o, _a in pop.receive(10, NOW + 2)[0]] == [4, 5, 6, 7]
+
+
+def test_groups_bound_at_the_limit_and_one_past():
+    s = PopState(max_groups=2)
+    log = Log([None])
+    for g in ("a", "b"):
+        plan = s.plan(g, T, 1, 1, 1000, NOW, 3, log.read, lambda p: 0)
+        for rec in plan.records(g, T):
+            s.apply(rec)
+    with pytest.raises(errors.Unavailable, match="POP_MAX_GROUPS"):
+        s.plan("c", T, 1, 1, 1000, NOW, 3, log.read, lambda p: 0)
+    s.plan("a", T, 1, 1, 1000, NOW, 3, log.read, lambda p: 0)  # a pair it holds is still served
+
+
+def test_the_journal_in_a_store_replays_to_the_live_state_and_a_snapshot_replaces_what_came_before(tmp_path):
+    store = open_store(tmp_path)
+    try:
+        journal = PopLog(store)
+        pop = Pop(Log([None] * 6, ["A", "A", None]))
+        _g, hs = pop.receive(4, NOW, fifo=True)
+        pop.ack(hs[:2], NOW + 1)
+        pop.receive(4, NOW + 5000, fifo=True)
+        for rec in pop.records:
+            journal.append(rec, NOW)
+        assert replay(journal).state.view() == pop.state.view()
+        journal.write_snapshot(pop.state, NOW)
+        snap_at = journal.snapshot_at
+        got, hs = pop.receive(2, NOW + 6000)
+        for rec in pop.records[-1:]:
+            journal.append(rec, NOW)
+        r = replay(journal)
+        assert r.snapshot_at == snap_at and r.state.view() == pop.state.view()
+        # an incomplete snapshot (a crash within it) is ignored
+        journal.append({"k": "S"}, NOW)
+        journal.append({"k": "P", "g": G, "t": T, "p": 0, "low": 0, "next": 0, "done": [], "f": [], "r": 0, "x": 0},
+                       NOW)
+        assert replay(journal).state.view() == pop.state.view()
+    finally:
+        store.close(NOW)
+
+
+def test_limits_are_named():
+    assert limits.POP_MAX_ATTEMPTS == 16 and limits.POP_MAX_BATCH == 32
