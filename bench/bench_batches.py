@@ -8,6 +8,8 @@ other in an order that alternates between runs:
 
 * ``Producer.send_async`` of ``--messages`` messages, all acknowledged, batching on (``batch_bytes`` 256 KiB,
   ``linger_ms`` 5) and off (one ``put`` each, pipelined);
+* ``Producer.send_many`` of the same messages, in calls of ``--many`` payloads each (one future a call, the frames
+  encoded by the C helper), all acknowledged;
 * raw ``putb`` frames of 256 KiB (at most 1,000 messages) over a plain socket, 8 in flight, pre-encoded: what
   the broker takes when the client costs nothing;
 * raw pipelined ``put`` frames (depth 64), pre-encoded: the put burst path's figure.
@@ -54,6 +56,21 @@ def producer_rate(url, n, size, batching):
     return n / elapsed
 
 
+def many_rate(url, n, size, per_call):
+    """msgs/s of ``n`` messages sent by ``Producer.send_many`` calls of ``per_call`` payloads, all acknowledged.
+    The payload list is built once (a user's messages are bytes already)."""
+    payloads = [b"m" * size] * per_call
+    calls = max(1, n // per_call)
+    with Producer(brokers=[url]) as p:
+        assert p.send(Message(TOPIC, b"w")).success
+        started = time.perf_counter()
+        futures = [p.send_many(TOPIC, payloads) for _ in range(calls)]
+        stored = sum(f.result(timeout=120).stored for f in futures)
+        elapsed = time.perf_counter() - started
+    assert stored == calls * per_call, stored
+    return stored / elapsed
+
+
 def raw_batches(port, n, size, depth=8):
     """msgs/s of pre-encoded ``putb`` frames as large as the Producer's (at most 1,000 messages), each of one
     partition as the Producer's are (the 4 partitions in turn)."""
@@ -89,6 +106,8 @@ def raw_puts(port, n, size, depth=64):
 
 
 ROWS = (
+    ("Producer.send_many, 10,000 payloads a call", lambda url, port, n, size: many_rate(url, n, size, 10_000)),
+    ("Producer.send_many, 1,000 payloads a call", lambda url, port, n, size: many_rate(url, n, size, 1_000)),
     ("Producer, batches (batch_bytes 256 KiB, linger 5 ms)",
      lambda url, port, n, size: producer_rate(url, n, size, True)),
     ("Producer, no batches (pipelined puts)", lambda url, port, n, size: producer_rate(url, n // 4, size, False)),

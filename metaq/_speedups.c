@@ -2,9 +2,9 @@
  * metaq._speedups: the broker's put-burst fast path, read gathering, CRC-32 and
  * sync-mode fdatasync in C (optional).
  *
- * Fourteen functions, each the exact twin of a pure-Python reference that is used
- * when this module was not built (hypothesis tests in tests/protocol and
- * tests/store hold them equal), and a thread for the flusher:
+ * Functions, each the exact twin of a pure-Python reference that is used
+ * when this module was not built (hypothesis tests in tests/protocol,
+ * tests/store and tests/client hold them equal), and a thread for the flusher:
  *
  *   scan_put_ats(...)                              == metaq.timers.burst.scan_put_ats_py (_timerscan.c)
  *   encode_timer_acks(items, start, count, first_id) == metaq.timers.burst.encode_timer_acks_py (same)
@@ -22,6 +22,9 @@
  *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0)
  *                                                 == metaq.store.gather.check_ranges_py
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
+ *   encode_sub_records(topic, partition, payloads, seq0)
+ *                                                 == metaq.protocol.putbatch.encode_sub_records_py
+ *   scan_reply(buf, verify=True)                   == metaq.protocol.message.scan_reply_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
@@ -768,6 +771,145 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(crc & 0xFFFFFFFFul);
 }
 
+/* A putb body from payloads (see metaq.protocol.putbatch.encode_sub_records_py): one sub-record per payload,
+   `put <topic> <partition> <len> 0 <checksum> <seq>\r\n<payload>`, seq counting from seq0; one bytes object. */
+static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
+    Py_buffer topic;
+    long long partition, seq0;
+    PyObject *payloads;
+    if (!PyArg_ParseTuple(args, "y*LOL", &topic, &partition, &payloads, &seq0))
+        return NULL;
+    PyObject *seq = PySequence_Fast(payloads, "payloads must be a sequence of bytes");
+    if (seq == NULL) {
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t total = 0, line = 4 + topic.len + 3 * 21 + 2 + 12 + 2;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (!PyBytes_Check(items[k])) {
+            Py_DECREF(seq);
+            PyBuffer_Release(&topic);
+            return PyErr_Format(PyExc_TypeError, "payload %zd is %.100s, not bytes", k, Py_TYPE(items[k])->tp_name);
+        }
+        total += PyBytes_GET_SIZE(items[k]) + line;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) {
+        Py_DECREF(seq);
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    char *w = PyBytes_AS_STRING(result);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(items[k]);
+        Py_ssize_t n = PyBytes_GET_SIZE(items[k]);
+        memcpy(w, "put ", 4);
+        w += 4;
+        memcpy(w, topic.buf, topic.len);
+        w += topic.len;
+        *w++ = ' ';
+        w += put_decimal(w, partition);
+        *w++ = ' ';
+        w += put_decimal(w, n);
+        memcpy(w, " 0 ", 3);
+        w += 3;
+        w += put_decimal(w, (long long)(crc_of(data, n, 0) & 0x7FFFFFFFul));
+        *w++ = ' ';
+        w += put_decimal(w, seq0 + k);
+        *w++ = '\r';
+        *w++ = '\n';
+        memcpy(w, data, n);
+        w += n;
+    }
+    Py_DECREF(seq);
+    PyBuffer_Release(&topic);
+    if (_PyBytes_Resize(&result, w - PyBytes_AS_STRING(result)) < 0)
+        return NULL;
+    return result;
+}
+
+/* A get reply's records in one pass (see metaq.protocol.message.scan_reply_py): for each whole record, six
+   native int64s (msg_id, flag, attribute start, attribute end, payload start, payload end) packed in one bytes
+   object; the walk stops at a cut-off final record, or at a fault named in the result's 4th item. */
+static PyObject *scan_reply(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    int verify = 1;
+    if (!PyArg_ParseTuple(args, "y*|p", &b, &verify))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)b.buf;
+    Py_ssize_t size = b.len, pos = 0, count = 0;
+    PyObject *index = PyBytes_FromStringAndSize(NULL, (size / 20 + 1) * 6 * (Py_ssize_t)sizeof(int64_t));
+    if (index == NULL) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    int64_t *w = (int64_t *)PyBytes_AS_STRING(index);
+    PyObject *fault = NULL;
+    while (size - pos >= 20) {
+        const unsigned char *h = buf + pos;
+        int32_t msg_len = (int32_t)(((uint32_t)h[0] << 24) | ((uint32_t)h[1] << 16) | ((uint32_t)h[2] << 8) | h[3]);
+        int32_t checksum = (int32_t)(((uint32_t)h[4] << 24) | ((uint32_t)h[5] << 16) | ((uint32_t)h[6] << 8) | h[7]);
+        uint64_t id = 0;
+        for (int k = 8; k < 16; k++)
+            id = (id << 8) | h[k];
+        int32_t flag = (int32_t)(((uint32_t)h[16] << 24) | ((uint32_t)h[17] << 16) | ((uint32_t)h[18] << 8) | h[19]);
+        if (msg_len < 0) {
+            fault = Py_BuildValue("(snl)", "length", pos, (long)msg_len);
+            break;
+        }
+        Py_ssize_t start = pos + 20, end = start + msg_len;
+        if (end > size)
+            break;
+        if (verify) {
+            long long actual = (long long)(crc_of(buf + start, msg_len, 0) & 0x7FFFFFFFul);
+            if (actual != checksum) {
+                fault = Py_BuildValue("(snlL)", "checksum", pos, (long)checksum, actual);
+                break;
+            }
+        }
+        int64_t attr_start = -1, attr_end = -1, payload_start = start;
+        if (flag & 1) {
+            if (msg_len < 4) {
+                attr_start = attr_end = -2;
+            } else {
+                int32_t attr_len = (int32_t)(((uint32_t)buf[start] << 24) | ((uint32_t)buf[start + 1] << 16) |
+                                             ((uint32_t)buf[start + 2] << 8) | buf[start + 3]);
+                if (attr_len < 0 || (Py_ssize_t)attr_len + 4 > msg_len) {
+                    attr_start = attr_end = -2;
+                } else {
+                    attr_start = start + 4;
+                    attr_end = payload_start = start + 4 + attr_len;
+                }
+            }
+        }
+        w[0] = (int64_t)id;
+        w[1] = flag;
+        w[2] = attr_start;
+        w[3] = attr_end;
+        w[4] = payload_start;
+        w[5] = end;
+        w += 6;
+        count++;
+        pos = end;
+    }
+    PyBuffer_Release(&b);
+    if (fault == NULL && PyErr_Occurred()) {
+        Py_DECREF(index);
+        return NULL;
+    }
+    if (_PyBytes_Resize(&index, count * 6 * (Py_ssize_t)sizeof(int64_t)) < 0) {
+        Py_XDECREF(fault);
+        return NULL;
+    }
+    if (fault == NULL) {
+        fault = Py_None;
+        Py_INCREF(fault);
+    }
+    return Py_BuildValue("(NnnN)", index, count, pos, fault);
+}
+
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
     return crc_of(p, n, crc);
 }
@@ -790,6 +932,10 @@ static PyMethodDef methods[] = {
     {"write_run", write_run, METH_VARARGS,
      "write_run(log, seg_start, rel, ready, src, frames, i, j, topic, partition, offset, now_ms, first_id, index, "
      "unit_at) -> (count, rel_after)"},
+    {"encode_sub_records", encode_sub_records, METH_VARARGS,
+     "encode_sub_records(topic, partition, payloads, seq0) -> a putb body: one sub-record per payload"},
+    {"scan_reply", scan_reply, METH_VARARGS,
+     "scan_reply(buf, verify=True) -> (index, count, stop, fault): a get reply's records, six int64s each"},
     {"encode_put_acks", encode_put_acks, METH_VARARGS,
      "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
     {"record_ok", py_record_ok, METH_VARARGS,

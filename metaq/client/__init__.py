@@ -12,6 +12,7 @@ _EXPORTS = {
     "Message": "metaq.client.message",
     "Partition": "metaq.client.message",
     "SendResult": "metaq.client.message",
+    "ManyResult": "metaq.client.message",
     "Producer": "metaq.client.producer",
     "RoundRobinSelector": "metaq.client.selectors",
     "RandomSelector": "metaq.client.selectors",

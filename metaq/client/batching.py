@@ -14,19 +14,25 @@ batches (of different partitions) are on the wire per broker connection at once,
 closed batches beyond it wait their turn. At most ``buffer_bytes`` of messages wait in batches: ``send_async``
 then waits for room (until the message's deadline, then the send fails with ``RequestTimeout``), so never call
 it from a send callback.
+
+``Producer.send_many`` goes through the same lanes (``add_many``): its payloads, encoded by the C helper into
+ready ``putb`` bodies (``protocol.putbatch.encode_sub_records``), queue behind the partition's earlier batches,
+and each frame's reply goes to one handle (``ManySend``) rather than to a future per message.
 """
 
+import bisect
 import collections
 import heapq
 import itertools
+import operator
 import threading
 import time
 
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout
-from metaq.client.message import Partition, SendResult
+from metaq.client.message import ManyResult, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
-from metaq.protocol.putbatch import PutBatch, decode_runs
+from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records
 from metaq import limits
 
 _MAX_BACKOFF_S = 1.0
@@ -35,7 +41,8 @@ _LINE = 64
 
 
 class _Batch:
-    __slots__ = ("key", "topic", "head", "sends", "parts", "nbytes", "due", "deadline", "body", "attempts", "error")
+    __slots__ = ("key", "topic", "head", "sends", "parts", "nbytes", "due", "deadline", "body", "attempts", "error",
+                 "count", "data", "many", "first")
 
     def __init__(self, key, due):
         self.key = key  # (topic, Partition)
@@ -49,6 +56,10 @@ class _Batch:
         self.body = None  # joined when closed
         self.attempts = 0
         self.error = None  # why its last attempt failed (a retry's)
+        self.count = 0  # its messages
+        self.data = 0  # bytes of their data (counted in the buffer)
+        self.many = None  # a send_many's ManySend (then sends is empty and body set at once)
+        self.first = 0  # send_many: the index of its first payload in the call's
 
 
 class _Lane:
@@ -75,6 +86,43 @@ class _Lane:
             b.parts = None
             return b
         return None
+
+
+class ManySend:
+    """One ``send_many``'s handle: its frames' outcomes gathered into one ``ManyResult`` for its one future.
+    ``expect(n)`` once, then ``chunk_done`` once per frame (on whichever thread answers it)."""
+
+    __slots__ = ("future", "partition", "count", "left", "runs", "error", "lock", "on_done")
+
+    def __init__(self, future, partition, count, on_done):
+        self.future = future
+        self.partition = partition
+        self.count = count
+        self.left = 0
+        self.runs = []
+        self.error = None
+        self.lock = threading.Lock()
+        self.on_done = on_done  # called once the result is set (the producer's count of sends in progress)
+
+    def expect(self, frames):
+        self.left = frames
+
+    def chunk_done(self, first, count, runs, error):
+        """Payloads ``first .. first + count - 1`` were stored as ``runs`` (a reply's), or not (``error``)."""
+        with self.lock:
+            if runs is not None:
+                k = first
+                for first_id, part, offset, n in runs:
+                    self.runs.append((k, first_id, part, offset, n))
+                    k += n
+            elif self.error is None:
+                self.error = error
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.runs.sort()
+            self.future.set_result(ManyResult(self.error is None, self.partition, self.count, self.runs, self.error))
+            self.on_done()
 
 
 class Batcher:
@@ -117,7 +165,7 @@ class Batcher:
         ready = None
         with self._lock:
             if self._buffered + len(data) > self.buffer_bytes and self._buffered:
-                self._wait_room(send, len(data))
+                self._wait_room(send.deadline, len(data))
             lane = self._lanes.get(key)
             if lane is None:
                 lane = self._lanes[key] = _Lane(key)
@@ -133,6 +181,8 @@ class Batcher:
             b.sends.append(send)
             b.parts.append(rec)
             b.nbytes += len(rec)
+            b.count += 1
+            b.data += len(data)
             self._buffered += len(data)
             if send.deadline < b.deadline:
                 b.deadline = send.deadline
@@ -141,6 +191,61 @@ class Batcher:
                 ready = more if ready is None else ready + more
         if ready:
             self._send(ready)
+
+    def add_many(self, topic, partition, payloads, deadline, many):
+        """Queue ``payloads`` (bytes) for ``partition`` (>= 0) of ``topic`` as ready batches of at most
+        ``batch_bytes`` and ``limits.MAX_BATCH_MESSAGES`` messages each, behind the partition's earlier batches;
+        ``many`` (a ``ManySend``) hears each one's outcome. Waits for buffer room as ``add`` does (RequestTimeout
+        past ``deadline``: the batches queued so far still go)."""
+        key = (topic, partition)
+        tb = topic.encode("utf-8")
+        line = _LINE + len(tb)
+        chunks = []
+        n = len(payloads)
+        if sum(map(len, payloads)) + n * line <= self.batch_bytes and n <= limits.MAX_BATCH_MESSAGES:
+            chunks.append((0, n))
+        else:  # cut where the running size (data and lines) passes batch_bytes: bisected, no loop per message
+            ends = list(itertools.accumulate(map(operator.add, map(len, payloads), itertools.repeat(line))))
+            start = 0
+            while start < n:
+                base = ends[start - 1] if start else 0
+                most = min(n, start + limits.MAX_BATCH_MESSAGES)
+                stop = bisect.bisect_right(ends, base + self.batch_bytes, start, most)
+                stop = max(stop, start + 1)  # one larger than a batch goes alone
+                chunks.append((start, stop))
+                start = stop
+        many.expect(len(chunks))
+        for done, (i, j) in enumerate(chunks):
+            part = payloads[i:j] if (i, j) != (0, n) else payloads
+            b = _Batch(key, 0)
+            b.body = encode_sub_records(tb, partition.partition, part, 0)
+            b.parts = None
+            b.count = j - i
+            b.data = sum(map(len, part))
+            b.deadline = deadline
+            b.many = many
+            b.first = i
+            with self._lock:
+                if self._buffered + b.data > self.buffer_bytes and self._buffered:
+                    try:
+                        self._wait_room(deadline, b.data)
+                    except RequestTimeout as exc:
+                        for i2, j2 in chunks[done:]:
+                            many.chunk_done(i2, j2 - i2, None, exc)
+                        ready = None
+                        break
+                lane = self._lanes.get(key)
+                if lane is None:
+                    lane = self._lanes[key] = _Lane(key)
+                if lane.open is not None:  # earlier send_async messages of the partition go first
+                    ready = self._full(lane)
+                else:
+                    ready = []
+                lane.full.append(b)
+                self._buffered += b.data
+                ready += self._sendable(lane.broker)
+            if ready:
+                self._send(ready)
 
     def flush_now(self):
         """End every open batch's linger (``Producer.flush``): each goes as soon as its partition may send."""
@@ -171,9 +276,9 @@ class Batcher:
 
     # -- under the lock ---------------------------------------------------------------------------------
 
-    def _wait_room(self, send, n):
+    def _wait_room(self, deadline, n):
         while self._buffered + n > self.buffer_bytes and self._buffered and not self._closed:
-            left = send.deadline - time.monotonic()
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout("%d bytes of messages wait in batches (buffer_bytes): no room for another "
                                      "before the deadline" % self._buffered)
@@ -230,7 +335,7 @@ class Batcher:
             self._replied(b, None, exc)
             return
         remaining = b.deadline - time.monotonic()
-        conn.request_callback(PutBatch(b.topic, len(b.sends), b.body, 0),
+        conn.request_callback(PutBatch(b.topic, b.count, b.body, 0),
                               lambda reply, error: self._replied(b, reply, error),
                               timeout=max(0.001, min(producer.send_timeout, remaining)))
 
@@ -242,8 +347,8 @@ class Batcher:
                 try:
                     runs = decode_runs(reply.body)
                     stored = sum(run[3] for run in runs)
-                    if stored != len(b.sends):
-                        raise ValueError("%d places for %d messages" % (stored, len(b.sends)))
+                    if stored != b.count:
+                        raise ValueError("%d places for %d messages" % (stored, b.count))
                 except ValueError as exc:
                     self._done(b, error=BrokerError("bad putb reply %r: %s" % (reply.body[:200], exc)))
                     return
@@ -271,19 +376,24 @@ class Batcher:
         with self._lock:
             self._lanes[b.key].busy = False
             self._in_flight[broker] -= 1
-            self._buffered -= sum(len(s.put.body) for s in b.sends)
+            self._buffered -= b.data
             self._room.notify_all()
             ready = self._sendable(broker)
             if not self._lanes[b.key].busy and self._lanes[b.key].open is not None:
                 self._cond.notify()  # its open batch lingers on: the thread's next wake-up may be it
         if runs is None:
             self._fail(b, error)
+        elif b.many is not None:
+            b.many.chunk_done(b.first, b.count, runs, None)
         else:
             self.producer.finish_stored(b.sends, [(first_id, Partition(broker, part), offset, count)
                                                   for first_id, part, offset, count in runs])
         self._send(ready)
 
     def _fail(self, b, error):
+        if b.many is not None:
+            b.many.chunk_done(b.first, b.count, None, error)
+            return
         finish = self.producer.finish_sent
         for send in b.sends:
             finish(send, SendResult(False, b.key[1], error=error))

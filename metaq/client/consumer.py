@@ -47,6 +47,7 @@ from metaq.limits import MAX_WAIT_MS, validate_group, validate_topic
 from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.protocol.checksum import metaq_checksum
+from metaq.client.bulk import MessageBatch, decode_batch
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.divergence import ReadsKept
@@ -369,6 +370,50 @@ class Consumer:
                 continue
             return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
         raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
+
+    def fetch_batch(self, topic, partition, offset, max_size=None, max_wait_ms=0):
+        """Pull as ``fetch`` does, decoded in bulk: a ``MessageBatch`` (``metaq.client.bulk``) of the messages from
+        ``offset`` on, empty (``len`` 0) if none. One C call decodes the whole reply (no Python object per
+        message); its ``next_offset`` is where the next call starts. 301s and corrupt records as ``fetch``."""
+        topic = validate_topic(topic)
+        part = as_partition(partition)
+        if not 0 <= max_wait_ms <= MAX_WAIT_MS:
+            raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
+        max_size = max_size or self.max_size
+        moves = 0
+        while moves <= MAX_MOVES:
+            conn = self.connection(part.broker_id, read=True)
+            request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
+            reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
+            if isinstance(reply, ev.Value):
+                return decode_batch(topic, part, offset, reply.body)
+            try:
+                records_of(reply, "get %s %s %d" % (topic, part, offset))  # 404: none; else raises
+            except errors.Moved as exc:
+                log.info("fetch %s %s: offset %d is outside the partition; following to %d",
+                         topic, part, offset, exc.offset)
+                offset = exc.offset
+                moves += 1
+                continue
+            except errors.CorruptRecord as exc:
+                if not self.skip_corrupt or exc.next_offset <= offset:
+                    raise
+                log_skipped(exc)
+                offset = exc.next_offset
+                continue
+            return MessageBatch(topic, part, offset)
+        raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
+
+    def iter_batches(self, topic, partition, offset, max_size=None, max_wait_ms=0):
+        """``fetch_batch`` after ``fetch_batch`` from ``offset``, each from the last one's ``next_offset``, until one
+        comes back empty (the partition's end, after waiting ``max_wait_ms`` there): a generator of non-empty
+        ``MessageBatch``es. Nothing is committed: keep the last ``next_offset`` to go on from."""
+        while True:
+            batch = self.fetch_batch(topic, partition, offset, max_size, max_wait_ms)
+            if not batch.count:
+                return
+            yield batch
+            offset = batch.next_offset
 
     def offset_at(self, topic, partition, when):
         """The first offset of ``partition`` (a Partition or ``"b-p"``) of ``topic`` the broker stored at or after

@@ -7,6 +7,7 @@ wire the attribute travels as MetaQ's attribute block in front of the body
 or when it was fetched (consumer).
 """
 
+from array import array
 from typing import NamedTuple, Optional
 
 from metaq import limits
@@ -18,7 +19,7 @@ from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, s
 from metaq.timers.client import when_of
 from metaq.timers.wire import TimerPut
 
-__all__ = ["Partition", "Message", "SendResult"]
+__all__ = ["Partition", "Message", "SendResult", "ManyResult"]
 
 
 class Partition(NamedTuple):
@@ -205,3 +206,39 @@ class SendResult(NamedTuple):
     msg_id: int = -1
     error: Optional[Exception] = None
     duplicate: bool = False
+
+
+class ManyResult(NamedTuple):
+    """Outcome of one ``Producer.send_many``: ``count`` payloads for ``partition``, one result for all.
+
+    ``runs`` are ``(index, first_id, partition_number, first_offset, n)``, in payload order: payloads ``index ..
+    index + n - 1`` were stored with consecutive ids and offsets from those (a handful of tuples, not one per
+    message). ``success`` is True when every payload was stored; else ``error`` says why the first failed frame
+    was refused, and ``runs`` cover what was stored (each frame of a call is stored whole or not at all).
+    """
+
+    success: bool
+    partition: Optional[Partition]
+    count: int
+    runs: list
+    error: Optional[Exception] = None
+
+    @property
+    def stored(self):
+        """How many of the payloads were stored."""
+        return sum(run[4] for run in self.runs)
+
+    def offsets(self):
+        """``array('q')`` of each payload's offset, in payload order (-1 where it was not stored)."""
+        return self._expand(3)
+
+    def ids(self):
+        """``array('q')`` of each payload's message id, in payload order (-1 where it was not stored)."""
+        return self._expand(1)
+
+    def _expand(self, field):
+        out = array("q", [-1]) * self.count
+        for run in self.runs:
+            first, n = run[field], run[4]
+            out[run[0]:run[0] + n] = array("q", range(first, first + n))
+        return out

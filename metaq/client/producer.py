@@ -36,6 +36,7 @@ import logging
 import random
 import threading
 import time
+import zlib
 from concurrent.futures import Future
 
 from metaq import limits
@@ -47,7 +48,7 @@ from metaq.protocol.compression import sys_flag_of
 from metaq.idempotence.records import MAX_PID
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.transactions import wire
-from metaq.client.batching import Batcher
+from metaq.client.batching import Batcher, ManySend
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
@@ -157,6 +158,9 @@ class Producer:
         self._tx_numbers = itertools.count(1)
         self._worker = threading.Thread(target=self._retry_loop, name="metaq-producer-retry", daemon=True)
         self._batcher = None
+        self._many_options = (max_in_flight, buffer_bytes)
+        self._many_rr = itertools.count()
+        self._many = None  # send_many's batcher when batching is off
         if batch_bytes is not None and not self.idempotent:  # an idempotent producer's sends go as put_idem
             self._batcher = Batcher(self, batch_bytes, linger_ms, max_in_flight, buffer_bytes)
         self._worker.start()
@@ -227,6 +231,85 @@ class Producer:
         else:
             self._attempt(send, first)
         return future
+
+    def send_many(self, topic, payloads, partition=None, key=None, timeout=None):
+        """Send ``payloads`` (a list of bytes: bodies without attributes) to one partition of ``topic``; return ONE
+        ``Future`` of a ``ManyResult`` at once, never a Python object per message.
+
+        The partition: ``partition`` (a ``Partition`` of ``partitions(topic)``, or an index into that list), else
+        the one ``key`` hashes to (as ``KeySelector`` picks for a message with that key), else the next in turn.
+        The payloads are encoded by the C helper into ``putb`` frames of at most ``batch_bytes`` (256 KiB when
+        batching is off) and 10,000 messages, stored in payload order, each frame whole or not at all. They go
+        through the partition's batch lane: behind its earlier batches, several partitions' frames in flight at
+        once, a frame retried on transient faults before the next of its partition goes. A refused frame fails the
+        result with the broker's words (``ManyResult.error``). Not for idempotent producers or transactions.
+        """
+        if self._closed:
+            raise RuntimeError("producer is closed")
+        if self.idempotent or self.current_transaction() is not None:
+            raise ValueError("send_many is not for an idempotent producer or a transaction: use send_async")
+        if topic not in self._topics_ok:
+            limits.validate_topic(topic)
+            self._topics_ok.add(topic)
+        if not isinstance(payloads, list):
+            payloads = list(payloads)
+        if not payloads:
+            raise ValueError("send_many needs at least one payload")
+        if set(map(type, payloads)) != {bytes}:  # before anything is queued: a call is taken whole or refused
+            k = next(k for k, data in enumerate(payloads) if type(data) is not bytes)
+            raise TypeError("payload %d is %s, not bytes" % (k, type(payloads[k]).__name__))
+        longest = max(map(len, payloads))
+        if longest > self.max_body_bytes:
+            raise ValueError("a payload for topic %s is %d bytes: over the limit of %d bytes"
+                             % (topic, longest, self.max_body_bytes))
+        batcher = self._batcher or self._many_batcher()
+        future = Future()
+        future.set_running_or_notify_cancel()
+        deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
+        parts = self.discovery.partitions(topic)
+        if parts and all(p.partition < 0 for p in parts):  # a topic not created yet: a put creates partition 0
+            parts = [Partition(p.broker_id, 0) for p in parts]
+        parts = [p for p in parts if p.partition >= 0]
+        if partition is not None:
+            if isinstance(partition, int) and not -len(parts) <= partition < len(parts):
+                raise ValueError("partition %d: topic %s has %d partitions here" % (partition, topic, len(parts)))
+            target = parts[partition] if isinstance(partition, int) else partition
+            if target not in parts:
+                raise ValueError("partition %s is not one of topic %s's: %s" % (target, topic, parts))
+        elif not parts:
+            target = None
+        elif key is not None:
+            kb = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+            target = parts[zlib.crc32(kb) % len(parts)]
+        else:
+            target = parts[next(self._many_rr) % len(parts)]
+        with self._count_lock:
+            self._started += 1
+        many = ManySend(future, target, len(payloads), self._one_finished)
+        if target is None:
+            many.expect(1)
+            many.chunk_done(0, len(payloads), None, self._no_partition(topic))
+        else:
+            batcher.add_many(topic, target, payloads, deadline, many)
+        return future
+
+    def _many_batcher(self):
+        """The batcher of ``send_many`` when batching is off (else the producer's own): made on first use."""
+        if self._many is None:
+            with self._cond:
+                if self._many is None:
+                    max_in_flight, buffer_bytes = self._many_options
+                    self._many = Batcher(self, min(256 * 1024, buffer_bytes, self.max_body_bytes), 0,
+                                         max_in_flight, buffer_bytes)
+        return self._many
+
+    def _one_finished(self):
+        with self._count_lock:
+            self._finished += 1
+            idle = self._finished == self._started
+        if idle:
+            with self._cond:
+                self._cond.notify_all()
 
     def _batchable(self, put, message):
         """A plain put, not compressed, that fits in a batch (the rest is sent alone, as without batching)."""
@@ -330,8 +413,9 @@ class Producer:
             self._closed = True
             self._cond.notify_all()
         self._worker.join(5)
-        if self._batcher is not None:
-            self._batcher.close()
+        for batcher in (self._batcher, self._many):
+            if batcher is not None:
+                batcher.close()
         self._pool.close()
         self.discovery.close()
 

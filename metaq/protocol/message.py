@@ -13,8 +13,10 @@ stores a put body as it is and never builds ``data`` itself.
 """
 
 import struct
+from array import array
 from dataclasses import dataclass
 
+from metaq import speedups
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import metaq_checksum
 
@@ -129,3 +131,53 @@ def iter_records(buf, verify=True):
                     )
             yield Record(msg_id, flag, data, checksum), end
             pos = end
+
+
+def scan_reply_py(buf, verify=True):
+    """A ``get`` reply's records in one pass, without a Python object per record: ``(index, count, stop, fault)``.
+
+    ``index`` packs six native int64s per whole record: msg id, flag, the attribute's start and end (-1, -1
+    without the attribute flag; -2, -2 for a block ``decode_payload`` refuses) and the payload's start and end,
+    all positions in ``buf``. The walk stops where ``iter_records`` stops: at a cut-off final record (``stop`` is
+    where it begins), or at a fault it raises for (``fault``: ``("length", pos, msg_len)`` or ``("checksum", pos,
+    header's, data's)``; else None). The reference of the C helper's ``scan_reply`` (``raise_fault`` words it)."""
+    view = memoryview(buf)
+    size, pos, out = len(view), 0, array("q")
+    fault = None
+    while size - pos >= HEADER.size:
+        msg_len, checksum, msg_id, flag = HEADER.unpack_from(view, pos)
+        if msg_len < 0:
+            fault = ("length", pos, msg_len)
+            break
+        start = pos + HEADER.size
+        end = start + msg_len
+        if end > size:
+            break
+        if verify:
+            actual = metaq_checksum(view[start:end])
+            if actual != checksum:
+                fault = ("checksum", pos, checksum, actual)
+                break
+        attr_start = attr_end = -1
+        payload_start = start
+        if flag & ATTRIBUTE_FLAG:
+            attr_start = attr_end = -2
+            if msg_len >= _ATTR_LEN.size:
+                (attr_len,) = _ATTR_LEN.unpack_from(view, start)
+                if 0 <= attr_len and attr_len + _ATTR_LEN.size <= msg_len:
+                    attr_start, attr_end = start + _ATTR_LEN.size, start + _ATTR_LEN.size + attr_len
+                    payload_start = attr_end
+        out.extend((msg_id, flag, attr_start, attr_end, payload_start, end))
+        pos = end
+    return out.tobytes(), len(out) // 6, pos, fault
+
+
+scan_reply = speedups.load("scan_reply", scan_reply_py)  # the C twin when built
+
+
+def raise_fault(fault):
+    """Raise for a ``scan_reply`` fault the RemoteProtocolError ``iter_records`` raises there."""
+    if fault[0] == "length":
+        raise RemoteProtocolError("record at position %d has a negative length %d" % (fault[1], fault[2]))
+    raise RemoteProtocolError("checksum mismatch in record at position %d: header says %d, data gives %d"
+                              % fault[1:])

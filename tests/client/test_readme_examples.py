@@ -56,7 +56,7 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
                              env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, "example failed:\n%s\n%s" % (code, out.stderr)
         outputs.append(out.stdout)
-    produce, group, pull, broadcast, local_tx, xa_branch = outputs[:6]
+    produce, group, pull, pop, broadcast, local_tx, xa_branch = outputs[:7]
     first = produce.splitlines()[0].split()
     assert first[:3] == ["True", "0-0", "0"]
     assert produce.splitlines()[1] == "True"
@@ -68,9 +68,12 @@ def test_readme_client_examples_run_as_written(make_run_broker, tmp_path):
     assert broadcast.strip() == "True"
     assert local_tx == ""
     assert xa_branch.splitlines() == ["[Xid(format_id=1, gtrid=b'order-42', bqual=b'metaq')]", "[]"]
-    compressed = outputs[7].splitlines()  # after the replay example
+    assert " 1 b'order 1'" in pop  # received once (attempt 1) by the SimpleConsumer
+    compressed = outputs[8].splitlines()  # after the replay example
     assert int(compressed[0]) < 1000 and compressed[1] == "True", compressed
-    assert outputs[8].strip() == "True"  # sent in batches
+    assert outputs[9].strip() == "True"  # sent in batches
+    assert outputs[10].splitlines() == ["True 50000", "True"]  # send_many
+    assert outputs[11].strip() == "True"  # pulled in batches
     for command in admin_commands():
         if "--zk" in command:
             continue  # needs a broker registered in ZooKeeper: covered by tests/client/test_admin.py
