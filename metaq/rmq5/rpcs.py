@@ -399,8 +399,8 @@ class MessagingService:
     def recall_message(self, request, call):
         """Cancel a timed message before its delivery time by the recall handle its send gave (``TimerService.cancel``,
         answered once the cancel is durable). The handle must name this topic and this broker; the caller needs
-        publish on the topic and, with authentication on, to be an administrator (as the text ``cancel``, the HTTP
-        API and ``metaq-admin timers cancel``: a handle is no proof of who sent the message)."""
+        publish on the topic and, with authentication on, to be the user who sent it (the pending row's owner in the
+        timer store: a handle alone is no proof of who sent the message) or an administrator."""
         recall = parse_recall_handle(request.recall_handle)
         topic = request.topic.name
         if recall.topic != topic:
@@ -416,7 +416,13 @@ class MessagingService:
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.guard is not None and self.guard.enabled and not self.guard.is_admin(call.session):
-            raise Refusal("FORBIDDEN", "recalling a timed message needs an administrator when authentication is on")
+            try:
+                pending, owner = timers.owner_of(recall.timer_id)
+            except errors.MetaqError as exc:
+                raise Refusal(code_of(exc), str(exc)) from None
+            if pending and (owner is None or owner != call.session.user):
+                raise Refusal("FORBIDDEN", "the timed message is not yours: with authentication on, a user recalls "
+                              "the messages it sent, an administrator any")
         now = now_ms()
         if recall.deliver_ms <= now:
             raise Refusal("NOT_FOUND", "message %s was due at %d: delivered already" % (recall.message_id[:128],
