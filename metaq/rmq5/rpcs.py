@@ -77,6 +77,9 @@ LONG_POLLING_S = 20
 DEFAULT_INVISIBLE_MS = 60_000
 #: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
 POLL_RESERVE_MS = 300
+#: Receives a ReceiveMessage makes while every message it got was filtered out, even past its long poll (each one
+#: acknowledges what it filtered out, so a backlog of unwanted messages is passed over this many batches a call).
+FILTER_ROUNDS = 16
 #: The RPCs answered with a stream of responses (their handler returns a list).
 STREAMING = frozenset({"ReceiveMessage"})
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
@@ -505,7 +508,8 @@ class MessagingService:
         broker (the proxy pops broker-wide whatever queue id the client names), invisible to the group's other
         receivers for ``invisible_duration``; with nothing there, a long poll of ``long_polling_timeout`` (within
         the call's deadline less ``POLL_RESERVE_MS``). Messages the filter expression refuses are acknowledged
-        and never delivered to the group (the proxy acks tag mismatches). The stream: a status, the messages, a
+        and never delivered to the group (the proxy acks tag mismatches); a batch all filtered out is followed by
+        another, at least ``FILTER_ROUNDS`` batches a call. The stream: a status, the messages, a
         delivery timestamp."""
         pop = self._pop_service()
         group, topic = request.group.name, request.message_queue.topic.name
@@ -523,10 +527,13 @@ class MessagingService:
         budget = int(call.timeout_s * 1000) - POLL_RESERVE_MS
         wait = _duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
         wait = max(0, min(wait, budget, limits.MAX_WAIT_MS))
-        end = time.monotonic() + wait / 1000.0
+        start = time.monotonic()
+        end, last = start + wait / 1000.0, start + max(0, budget) / 1000.0
         host = self.endpoint()
+        rounds = 0
         try:
             while True:
+                rounds += 1
                 got = pop.receive(group, topic, batch, invisible, settings.fifo, settings.max_attempts,
                                   wait_ms=max(0, int((end - time.monotonic()) * 1000)))
                 kept, dropped = [], []
@@ -535,7 +542,8 @@ class MessagingService:
                     (kept if wanted is None or wanted(msg.properties) else dropped).append((r, msg))
                 if dropped:
                     pop.ack(group, topic, [r.handle for r, _m in dropped])
-                if kept or not got or time.monotonic() >= end:
+                t = time.monotonic()
+                if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS):
                     break
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None

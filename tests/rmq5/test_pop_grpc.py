@@ -213,6 +213,20 @@ def test_tag_and_sql_filters_deliver_only_matching_messages_and_skip_the_others(
     assert code(bad) == "ILLEGAL_FILTER_EXPRESSION"
 
 
+def test_a_receive_passes_over_filter_rounds_batches_of_filtered_out_messages_and_no_more(client):
+    from metaq.rmq5.rpcs import FILTER_ROUNDS
+    wanted = pb.FilterExpression(type=pb.TAG, expression="Wanted")
+    for topic, unwanted in (("tq-rounds-at", 4 * (FILTER_ROUNDS - 1)), ("tq-rounds-past", 4 * FILTER_ROUNDS)):
+        client.send(*[message(topic, b"no%d" % i, tag="Other", group="g") for i in range(unwanted)])  # one queue
+        client.send(message(topic, b"yes", tag="Wanted", group="g"))
+    st, got = receive(client, "g-rounds", "tq-rounds-at", batch=4, expression=wanted)
+    assert code(st) == "OK" and bodies(got) == [b"yes"]  # found in the last round, no long poll asked for
+    st, none = receive(client, "g-rounds", "tq-rounds-past", batch=4, expression=wanted)
+    assert code(st) == "MESSAGE_NOT_FOUND" and none == []  # every round filtered out: the call ends
+    st, got = receive(client, "g-rounds", "tq-rounds-past", batch=4, expression=wanted)
+    assert bodies(got) == [b"yes"]  # the next receive goes on past them
+
+
 def test_without_subscribe_permission_a_receive_is_forbidden(tmp_path):
     cfg = small_config(tmp_path / "data", grpc={"port": free_port()},
                        security={"acl_file": write_acl(tmp_path / "acl.yaml")})
