@@ -659,6 +659,10 @@ GRPC_MAX_HEADER_BYTES = 16 * 1024
 #: Longest wait a unary call's grpc-timeout may ask for (none given: this): a send waiting for its flush or a
 #: slave is answered DEADLINE_EXCEEDED past it.
 GRPC_MAX_CALL_S = 60.0
+#: Consumer clients whose Telemetry Settings (FIFO group, max delivery attempts) the gRPC port keeps for their
+#: receives; past it the one heard from longest ago is forgotten (it receives with the defaults until it sends its
+#: Settings again, as every client does every 30 s or so).
+GRPC_MAX_CONSUMER_CLIENTS = 4096
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

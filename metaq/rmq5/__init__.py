@@ -2,8 +2,9 @@
 (docs/rocketmq5.md).
 
 It serves routes (every broker of a ZooKeeper cluster), heartbeats, sends (normal, FIFO message groups, delivery
-times, transactional messages), EndTransaction, RecallMessage and Telemetry (the settings exchange, the check-back
-of half messages); receiving (POP) and pulls come later and are answered UNIMPLEMENTED.
+times, transactional messages), EndTransaction, RecallMessage, Telemetry (the settings exchange, the check-back
+of half messages) and receiving (POP: assignments, receives, acks, invisible durations, dead letters, over the
+store's PopService); pulls come later and are answered UNIMPLEMENTED.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its

@@ -13,7 +13,8 @@ h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces 
 * ``max_message_bytes`` (``limits.GRPC_MAX_MESSAGE_BYTES``): a request message announced larger ends its call with
   grpc-status 8, the connection going on.
 
-A unary call runs in a greenlet of its own once its request is whole (a send waits for its durability), bounded
+A unary call (and a server-streaming one, ReceiveMessage: one request, the responses the service lists) runs in a
+greenlet of its own once its request is whole (a send waits for its durability), bounded
 by its ``grpc-timeout`` and ``limits.GRPC_MAX_CALL_S``: past it the call ends DEADLINE_EXCEEDED (a send may still
 be stored, as any put whose acknowledgement is lost). Telemetry's commands are answered as they arrive, on the
 stream, which stays open until the client half-closes it. A path that is no MessagingService RPC, a content type
@@ -302,8 +303,10 @@ class GrpcConnection(Connection):
                 return
             finally:
                 timer.close()
-            if self._send_message(call, response):
-                self._finish(call, Status.OK)
+            for payload in response if isinstance(response, list) else [response]:
+                if not self._send_message(call, payload):
+                    return
+            self._finish(call, Status.OK)
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
         finally:

@@ -4,8 +4,11 @@ Served: QueryRoute (this broker, its gRPC endpoint, the topic's partitions as qu
 broker of the cluster holding the topic), Heartbeat, NotifyClientTermination, SendMessage (normal, FIFO message
 groups, delivery times through metaq's timers, transactional messages as half messages of metaq's transaction
 service), EndTransaction, RecallMessage (metaq's timer cancel), and Telemetry: the Settings exchange, and the
-check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream). Every other RPC is
-answered gRPC UNIMPLEMENTED (12) naming why (POP consumption and pulls come in later phases; docs/rocketmq5.md).
+check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream), and POP
+consumption over the store's ``PopService``: QueryAssignment, ReceiveMessage (a server stream: a status, the
+messages, a delivery timestamp), AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, with a
+consumer's Settings (FIFO, maximum delivery attempts) kept per client. Every other RPC is answered gRPC
+UNIMPLEMENTED (12) naming why (pulls and lite topics; docs/rocketmq5.md).
 
 As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the response's ``status`` holding an
 ``apache.rocketmq.v2.Code`` (``Refusal`` and ``code_of``), authentication failures (``UNAUTHORIZED``) included;
@@ -19,13 +22,15 @@ answered once ``PutPath.durable`` says the put may be acknowledged.
 
 The service is given what it uses, never the Broker: the store (partition counts, the topic table), the put path,
 the guard, the broker's name, ``max_body_bytes``, a callable naming the port's endpoint, the cluster's brokers (a
-callable), the transaction service and its check-back's settings.
+callable), the transaction service and its check-back's settings, the POP service.
 """
 
 import hashlib
 import itertools
 import logging
+import time
 import zlib
+from collections import OrderedDict
 
 import gevent
 
@@ -36,9 +41,15 @@ from metaq.auth import proofs
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import GZIP, Refusal, check_message, group_queue
 from metaq.rmq5.wire import GrpcError, Status
+from metaq.auth.acl import SUB
+from metaq.filters.sql import compiled
+from metaq.filters.wire import parse_tag_expression
+from metaq.pop.records import InvalidHandle
 from metaq.protocol.message import decode_payload
-from metaq.protocol.rocketmq.mapping import (PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, record_data_from_send,
-                                             split_attribute)
+from metaq.protocol.rocketmq.mapping import (PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, message_of_record,
+                                             record_data_from_send, split_attribute)
+from metaq.rmq5.records import PROP_DELIVER_MS, PROP_SHARDING_KEY
+from metaq.server.inflate import inflate_body
 from metaq.rmq5.records import RESERVED_PROPERTIES, TRANSACTION, Recall, parse_recall_handle, recall_handle
 from metaq.server.clock import now_ms
 from metaq.timers.records import TIMER_TOPIC, timer_due
@@ -49,11 +60,6 @@ log = logging.getLogger(__name__)
 
 #: Why the RPCs not served yet are not, as their UNIMPLEMENTED says.
 LATER = {
-    "QueryAssignment": "push consumers (POP) are not served yet",
-    "ReceiveMessage": "receiving (POP: invisible durations, per-message acks) is not served yet",
-    "AckMessage": "acknowledging received messages (POP) is not served yet",
-    "ChangeInvisibleDuration": "POP is not served yet",
-    "ForwardMessageToDeadLetterQueue": "POP is not served yet",
     "PullMessage": "pull consumers over gRPC are not served yet",
     "UpdateOffset": "pull consumers over gRPC are not served yet",
     "GetOffset": "pull consumers over gRPC are not served yet",
@@ -67,6 +73,15 @@ PRODUCER_ATTEMPTS = 3
 CONSUMER_ATTEMPTS = 17
 RECEIVE_BATCH = 32
 LONG_POLLING_S = 20
+#: A receive's invisible duration when the request names none (a push consumer's ``auto_renew``), as the proxy's.
+DEFAULT_INVISIBLE_MS = 60_000
+#: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
+POLL_RESERVE_MS = 300
+#: Receives a ReceiveMessage makes while every message it got was filtered out, even past its long poll (each one
+#: acknowledges what it filtered out, so a backlog of unwanted messages is passed over this many batches a call).
+FILTER_ROUNDS = 16
+#: The RPCs answered with a stream of responses (their handler returns a list).
+STREAMING = frozenset({"ReceiveMessage"})
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
 #: The message types a route's queues accept (a metaq topic has no type).
@@ -126,16 +141,30 @@ class Checks(NamedTuple):
     per_round: int
 
 
+class Consumer(NamedTuple):
+    """A consumer client's Settings as its receives use them: its group consumes in order (``fifo``), and a message
+    is delivered at most ``max_attempts`` times before its dead letter."""
+
+    fifo: bool
+    max_attempts: int
+
+
+DEFAULT_CONSUMER = Consumer(False, CONSUMER_ATTEMPTS)
+
+
 class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
     def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None, tx=None,
-                 checks=None):
+                 checks=None, pop=None):
         """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
         rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
         cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
         from the store. ``tx``: the TxService, which keeps transactional messages' half messages (None:
-        transactional sends refused NOT_IMPLEMENTED); ``checks``: its check-back's ``Checks``."""
+        transactional sends refused NOT_IMPLEMENTED); ``checks``: its check-back's ``Checks``; ``pop``: the
+        PopService receives, acks, invisible durations and dead letters go to (None: refused NOT_IMPLEMENTED)."""
+        self.pop = pop
+        self.consumers = OrderedDict()  # client id -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
         self.store = store
         self.broker_id = broker_id
         self.cluster = cluster
@@ -156,6 +185,11 @@ class MessagingService:
             "NotifyClientTermination": (pb.NotifyClientTerminationRequest, self.notify_client_termination),
             "EndTransaction": (pb.EndTransactionRequest, self.end_transaction),
             "RecallMessage": (pb.RecallMessageRequest, self.recall_message),
+            "QueryAssignment": (pb.QueryAssignmentRequest, self.query_assignment),
+            "ReceiveMessage": (pb.ReceiveMessageRequest, self.receive_message),
+            "AckMessage": (pb.AckMessageRequest, self.ack_message),
+            "ChangeInvisibleDuration": (pb.ChangeInvisibleDurationRequest, self.change_invisible_duration),
+            "ForwardMessageToDeadLetterQueue": (pb.ForwardMessageToDeadLetterQueueRequest, self.forward_to_dlq),
         }
         self.counts = {"calls": 0, "refused": 0, "sent": 0, "checks_sent": 0, "checks_unsent": 0, "given_up": 0}
 
@@ -174,8 +208,9 @@ class MessagingService:
     # -- a unary call ------------------------------------------------------------------------------------------
 
     def call(self, rpc, call, data):
-        """The serialized response of unary ``rpc`` to request bytes ``data``; GrpcError for a request that does
-        not parse (INTERNAL, as grpc's servers answer a message they cannot deserialize)."""
+        """The serialized response of unary ``rpc`` to request bytes ``data`` (a list of them for a ``STREAMING``
+        RPC: a refusal is its one status response and a delivery timestamp, the proxy's stream shape); GrpcError for
+        a request that does not parse (INTERNAL, as grpc's servers answer a message they cannot deserialize)."""
         request_type, handler = self.unary[rpc]
         request = request_type()
         try:
@@ -188,10 +223,16 @@ class MessagingService:
             if not call.metadata.get("x-mq-client-id"):
                 raise Refusal("CLIENT_ID_REQUIRED", "x-mq-client-id is missing from the call's metadata")
             self.login(call)
-            return handler(request, call).SerializeToString()
+            response = handler(request, call)
         except Refusal as exc:
             self.counts["refused"] += 1
-            return response_type(status=status(exc.code, exc.message)).SerializeToString()
+            refused = response_type(status=status(exc.code, exc.message))
+            if rpc in STREAMING:
+                return [refused.SerializeToString(), _delivered_now().SerializeToString()]
+            return refused.SerializeToString()
+        if rpc in STREAMING:
+            return [r.SerializeToString() for r in response]
+        return response.SerializeToString()
 
     def login(self, call):
         """Check the call's RocketMQ 5 credentials (authentication on); Refusal UNAUTHORIZED otherwise."""
@@ -361,8 +402,8 @@ class MessagingService:
     def recall_message(self, request, call):
         """Cancel a timed message before its delivery time by the recall handle its send gave (``TimerService.cancel``,
         answered once the cancel is durable). The handle must name this topic and this broker; the caller needs
-        publish on the topic and, with authentication on, to be an administrator (as the text ``cancel``, the HTTP
-        API and ``metaq-admin timers cancel``: a handle is no proof of who sent the message)."""
+        publish on the topic and, with authentication on, to be the user who sent it (the pending row's owner in the
+        timer store: a handle alone is no proof of who sent the message) or an administrator."""
         recall = parse_recall_handle(request.recall_handle)
         topic = request.topic.name
         if recall.topic != topic:
@@ -378,7 +419,13 @@ class MessagingService:
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.guard is not None and self.guard.enabled and not self.guard.is_admin(call.session):
-            raise Refusal("FORBIDDEN", "recalling a timed message needs an administrator when authentication is on")
+            try:
+                pending, owner = timers.owner_of(recall.timer_id)
+            except errors.MetaqError as exc:
+                raise Refusal(code_of(exc), str(exc)) from None
+            if pending and (owner is None or owner != call.session.user):
+                raise Refusal("FORBIDDEN", "the timed message is not yours: with authentication on, a user recalls "
+                              "the messages it sent, an administrator any")
         now = now_ms()
         if recall.deliver_ms <= now:
             raise Refusal("NOT_FOUND", "message %s was due at %d: delivered already" % (recall.message_id[:128],
@@ -392,6 +439,209 @@ class MessagingService:
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         return pb.RecallMessageResponse(status=status("OK"), message_id=recall.message_id)
+
+    # -- POP: receiving, acknowledging ---------------------------------------------------------------------------
+
+    def _pop_service(self):
+        if self.pop is None:
+            raise Refusal("NOT_IMPLEMENTED", "this broker serves no per-message acknowledgement (POP)")
+        return self.pop
+
+    def _may_consume(self, call, group, topic):
+        """The names legal (ILLEGAL_CONSUMER_GROUP, ILLEGAL_TOPIC) and, as a text ``get`` with a group checks, the
+        user may consume as ``group`` and subscribe to ``topic``."""
+        try:
+            limits.validate_group(group)
+        except errors.InvalidTopic as exc:
+            raise Refusal("ILLEGAL_CONSUMER_GROUP", str(exc)) from None
+        try:
+            limits.validate_topic(topic)
+        except errors.InvalidTopic as exc:
+            raise Refusal("ILLEGAL_TOPIC", str(exc)) from None
+        guard = self.guard
+        if guard is None or not guard.enabled:
+            return
+        try:
+            guard.require(call.session, SUB, "group", group)
+            guard.require(call.session, SUB, "topic", topic)
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+
+    def consumer(self, call):
+        """The ``Consumer`` settings of the call's client (its Telemetry Settings), the defaults when it sent
+        none (a client may receive without Settings, apache/rocketmq#5728)."""
+        return self.consumers.get(call.metadata.get("x-mq-client-id"), DEFAULT_CONSUMER)
+
+    def remember_consumer(self, client, fifo, max_attempts):
+        """Keep ``client``'s settings, at most ``limits.GRPC_MAX_CONSUMER_CLIENTS`` clients (the one not heard
+        from longest is forgotten first: it receives with the defaults until it sends its Settings again)."""
+        self.consumers.pop(client, None)
+        self.consumers[client] = Consumer(fifo, max_attempts)
+        while len(self.consumers) > limits.GRPC_MAX_CONSUMER_CLIENTS:
+            self.consumers.popitem(last=False)
+
+    def query_assignment(self, request, call):
+        """As the proxy answers: per broker holding the topic, one queue of id -1 ("any queue of this broker") for
+        every consumer of a non-FIFO group, every queue of the broker for a FIFO one (its client's Settings)."""
+        topic, group = request.topic.name, request.group.name
+        self._may_consume(call, group, topic)
+        route = self.query_route(pb.QueryRouteRequest(topic=request.topic, endpoints=request.endpoints), call)
+        fifo = self.consumer(call).fifo
+        out, seen = [], set()
+        for q in route.message_queues:
+            if q.permission in (pb.NONE, pb.WRITE):
+                continue
+            if fifo:
+                out.append(pb.Assignment(message_queue=q))
+            elif q.broker.name not in seen:
+                seen.add(q.broker.name)
+                any_queue = pb.MessageQueue()
+                any_queue.CopyFrom(q)
+                any_queue.id = -1
+                out.append(pb.Assignment(message_queue=any_queue))
+        if not out:
+            raise Refusal("FORBIDDEN", "no readable queue of topic %s" % topic[:256])
+        return pb.QueryAssignmentResponse(status=status("OK"), assignments=out)
+
+    def receive_message(self, request, call):
+        """Up to ``batch_size`` (at most ``limits.POP_MAX_BATCH``) messages of any partition of the topic on this
+        broker (the proxy pops broker-wide whatever queue id the client names), invisible to the group's other
+        receivers for ``invisible_duration``; with nothing there, a long poll of ``long_polling_timeout`` (within
+        the call's deadline less ``POLL_RESERVE_MS``). Messages the filter expression refuses are acknowledged
+        and never delivered to the group (the proxy acks tag mismatches); a batch all filtered out is followed by
+        another, at least ``FILTER_ROUNDS`` batches a call. The stream: a status, the messages, a
+        delivery timestamp."""
+        pop = self._pop_service()
+        group, topic = request.group.name, request.message_queue.topic.name
+        self._may_consume(call, group, topic)
+        wanted = _filter_of(request.filter_expression)
+        settings = self.consumer(call)
+        batch = min(max(request.batch_size, 1), limits.POP_MAX_BATCH)
+        if request.auto_renew or not request.HasField("invisible_duration"):
+            invisible = DEFAULT_INVISIBLE_MS
+        else:
+            invisible = _duration_ms(request.invisible_duration)
+            if not limits.POP_MIN_INVISIBLE_MS <= invisible <= limits.POP_MAX_INVISIBLE_MS:
+                raise Refusal("ILLEGAL_INVISIBLE_TIME", "invisible_duration must be within %d..%d ms, not %d"
+                              % (limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS, invisible))
+        budget = int(call.timeout_s * 1000) - POLL_RESERVE_MS
+        wait = _duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
+        wait = max(0, min(wait, budget, limits.MAX_WAIT_MS))
+        start = time.monotonic()
+        end, last = start + wait / 1000.0, start + max(0, budget) / 1000.0
+        host = self.endpoint()
+        rounds = 0
+        try:
+            while True:
+                rounds += 1
+                got = pop.receive(group, topic, batch, invisible, settings.fifo, settings.max_attempts,
+                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)))
+                kept, dropped = [], []
+                for r in got:
+                    msg = message_of_record(r.record, host)
+                    (kept if wanted is None or wanted(msg.properties) else dropped).append((r, msg))
+                if dropped:
+                    pop.ack(group, topic, [r.handle for r, _m in dropped])
+                t = time.monotonic()
+                if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS):
+                    break
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        if not kept:
+            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
+        out = [pb.ReceiveMessageResponse(status=status("OK"))]
+        out += [pb.ReceiveMessageResponse(message=self._received_message(r, msg, invisible)) for r, msg in kept]
+        return out + [_delivered_now()]
+
+    def _received_message(self, r, msg, invisible):
+        """A received message as the proxy's converter fills it (reference 4.3): the original topic, the user's
+        properties, the system ones with the receipt handle and the delivery attempt."""
+        props = msg.properties
+        try:
+            body = inflate_body(msg.sys_flag, msg.body, self.store.config.max_transfer_size)
+        except errors.MetaqError:
+            body = msg.body
+        sp = pb.SystemProperties(message_id=props.get(PROP_UNIQ_KEY) or "%X" % r.record.msg_id,
+                                 body_encoding=pb.IDENTITY, queue_id=r.partition, queue_offset=r.offset,
+                                 body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
+                                 store_host="%s:%d" % self.endpoint(), born_host="%s:%d" % tuple(msg.born_host[:2]),
+                                 receipt_handle=r.handle, delivery_attempt=r.attempt)
+        sp.invisible_duration.FromMilliseconds(invisible)
+        sp.born_timestamp.FromMilliseconds(msg.born_timestamp)
+        sp.store_timestamp.FromMilliseconds(msg.store_timestamp)
+        if props.get(PROP_TAGS):
+            sp.tag = props[PROP_TAGS]
+        sp.keys.extend(k for k in props.get(PROP_KEYS, "").split(" ") if k)
+        group = props.get(PROP_SHARDING_KEY)
+        deliver = props.get(PROP_DELIVER_MS, "")
+        if group:
+            sp.message_group = group
+            sp.message_type = pb.FIFO
+        elif deliver.isdigit():
+            sp.delivery_timestamp.FromMilliseconds(int(deliver))
+            sp.message_type = pb.DELAY
+        else:
+            sp.message_type = pb.NORMAL
+        user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))}
+        return pb.Message(topic=pb.Resource(name=r.topic), user_properties=user, system_properties=sp, body=body)
+
+    def ack_message(self, request, call):
+        """Each entry's receipt handle acknowledged (``PopService.ack``, at most ``limits.POP_MAX_ACK_HANDLES`` a
+        journal call): OK, a repeated ack too; a handle expired, of an older delivery or malformed:
+        INVALID_RECEIPT_HANDLE. The top status: OK when every entry is, the entries' code when they share one,
+        MULTIPLE_RESULTS otherwise."""
+        pop = self._pop_service()
+        group, topic = request.group.name, request.topic.name
+        self._may_consume(call, group, topic)
+        entries = list(request.entries)
+        if not entries:
+            raise Refusal("BAD_REQUEST", "an AckMessage request without entries")
+        results = []
+        try:
+            for i in range(0, len(entries), limits.POP_MAX_ACK_HANDLES):
+                results += pop.ack(group, topic, [e.receipt_handle for e in entries[i:i + limits.POP_MAX_ACK_HANDLES]])
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        out = []
+        for e, result in zip(entries, results):
+            s = status("OK") if result is None else status("INVALID_RECEIPT_HANDLE", str(result))
+            out.append(pb.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=s))
+        codes = {o.status.code for o in out}
+        top = out[0].status if len(codes) == 1 else status("MULTIPLE_RESULTS", "the entries' results differ")
+        return pb.AckMessageResponse(status=top, entries=out)
+
+    def change_invisible_duration(self, request, call):
+        """The message invisible for ``invisible_duration`` from now (below ``limits.POP_MIN_INVISIBLE_MS``, a
+        push consumer's nack of 0: that minimum); answered with the new receipt handle (the old one no longer
+        acks)."""
+        pop = self._pop_service()
+        group, topic = request.group.name, request.topic.name
+        self._may_consume(call, group, topic)
+        invisible = max(_duration_ms(request.invisible_duration), limits.POP_MIN_INVISIBLE_MS)
+        if invisible > limits.POP_MAX_INVISIBLE_MS:
+            raise Refusal("ILLEGAL_INVISIBLE_TIME", "invisible_duration may be at most %d ms"
+                          % limits.POP_MAX_INVISIBLE_MS)
+        try:
+            new = pop.change_invisible(group, topic, request.receipt_handle, invisible)
+        except InvalidHandle as exc:
+            raise Refusal("INVALID_RECEIPT_HANDLE", str(exc)) from None
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        return pb.ChangeInvisibleDurationResponse(status=status("OK"), receipt_handle=new)
+
+    def forward_to_dlq(self, request, call):
+        """The message copied to ``%DLQ%<group>`` and acknowledged (``PopService.dead_letter``); a handle no longer
+        in flight: INVALID_RECEIPT_HANDLE."""
+        pop = self._pop_service()
+        group, topic = request.group.name, request.topic.name
+        self._may_consume(call, group, topic)
+        try:
+            pop.dead_letter(group, topic, request.receipt_handle)
+        except InvalidHandle as exc:
+            raise Refusal("INVALID_RECEIPT_HANDLE", str(exc)) from None
+        except errors.MetaqError as exc:
+            raise Refusal(code_of(exc), str(exc)) from None
+        return pb.ForwardMessageToDeadLetterQueueResponse(status=status("OK"))
 
     # -- transactions ----------------------------------------------------------------------------------------------
 
@@ -566,18 +816,49 @@ class MessagingService:
             answer.publishing.max_body_size = self.max_body
             answer.publishing.validate_message_type = True
         elif settings.WhichOneof("pub_sub") == "subscription":
+            attempts = settings.backoff_policy.max_attempts
+            attempts = CONSUMER_ATTEMPTS if attempts <= 0 else attempts
+            fifo = settings.subscription.fifo
+            client = call.metadata.get("x-mq-client-id")
+            if client:
+                self.remember_consumer(client, fifo, attempts)
             policy = answer.backoff_policy
             policy.Clear()
-            policy.max_attempts = CONSUMER_ATTEMPTS
+            policy.max_attempts = attempts
             for s in CONSUMER_BACKOFF_S:
                 policy.customized_backoff.next.add().FromSeconds(s)
-            answer.subscription.fifo = False
+            answer.subscription.fifo = fifo
             answer.subscription.receive_batch_size = RECEIVE_BATCH
             answer.subscription.long_polling_timeout.FromSeconds(LONG_POLLING_S)
         else:
             raise GrpcError(Status.INVALID_ARGUMENT, "BAD_REQUEST: settings with neither publishing nor "
                             "subscription")
         return pb.TelemetryCommand(status=status("OK"), settings=answer).SerializeToString()
+
+
+def _duration_ms(d):
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def _delivered_now():
+    """A receive stream's last response: the time it was answered."""
+    r = pb.ReceiveMessageResponse()
+    r.delivery_timestamp.FromMilliseconds(now_ms())
+    return r
+
+
+def _filter_of(expression):
+    """A ``properties -> bool`` of a receive's filter expression (TAG: ``a || b``, ``*``; SQL: SQL92 over the
+    message's properties), None for every message; Refusal ILLEGAL_FILTER_EXPRESSION when it does not parse."""
+    try:
+        if expression.type == pb.SQL:
+            return compiled(expression.expression).matches
+        tags = parse_tag_expression(expression.expression)
+    except errors.ClientError as exc:
+        raise Refusal("ILLEGAL_FILTER_EXPRESSION", str(exc)) from None
+    if tags is None:
+        return None
+    return lambda props: tags.matches(props.get(PROP_TAGS, "").encode("utf-8", "surrogatepass"))
 
 
 def _is_ipv4(host):

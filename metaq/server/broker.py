@@ -195,7 +195,8 @@ class Broker:
 
         self.grpc = None
         if config.grpc.port:  # docs/rocketmq5.md
-            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard, self.cluster, self.tx)
+            self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard, self.cluster, self.tx,
+                                  self.pop)
         self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
@@ -485,7 +486,7 @@ class Broker:
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
 
 
-def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None):
+def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=None):
     """The gRPC port (``metaq.rmq5``), given what it uses. Imported here, only when ``grpc.port`` is set: its
     protobuf code is generated at setup (tools/protos.py), and a broker without the port never needs it."""
     try:
@@ -505,7 +506,7 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None):
                                config.limits.max_body_bytes, endpoint, broker_id=config.broker.id, cluster=cluster,
                                tx=tx, checks=Checks(r.transaction_check_interval_ms / 1000.0, r.transaction_timeout_ms,
                                                     r.transaction_check_max, r.max_half_messages,
-                                                    limits.MAX_CHECKS_PER_ROUND))
+                                                    limits.MAX_CHECKS_PER_ROUND), pop=pop)
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

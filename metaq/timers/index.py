@@ -264,6 +264,11 @@ class TimerIndex:
     def get(self, msg_id):
         return self._db.execute("SELECT %s, data FROM pending WHERE msg_id = ?" % _COLUMNS, (msg_id,)).fetchone()
 
+    def owner_of(self, msg_id):
+        """``(True, owner)`` of a pending row (owner None: no one's), ``(False, None)`` when none is pending."""
+        row = self._db.execute("SELECT owner FROM pending WHERE msg_id = ?", (msg_id,)).fetchone()
+        return (True, row[0]) if row else (False, None)
+
     def outcome(self, msg_id):
         """``"delivered"``, ``"cancelled"`` or None (pending, unknown, or pruned)."""
         row = self._db.execute("SELECT outcome FROM outcomes WHERE msg_id = ?", (msg_id,)).fetchone()

@@ -201,6 +201,16 @@ class TimerService:
                 return done, None
         return CANCELLED, self._append_cancel(msg_id, now)
 
+    def owner_of(self, msg_id):
+        """``(pending, owner)``: whether timed message ``msg_id`` waits for its time and the user whose put
+        scheduled it (None: no one's), read in the timer thread from timers.db (a put just answered is indexed
+        first, bounded by ``CANCEL_INDEX_WAIT_S``). Lets its owner, not only an administrator, recall it."""
+        found = self._call(self.index.owner_of, msg_id)
+        if not found[0] and self._ended.get(msg_id) is None:
+            self._wait_indexed(self.store.max_offset(TIMER_TOPIC, 0))
+            found = self._call(self.index.owner_of, msg_id)
+        return found
+
     def _wait_indexed(self, offset, timeout=CANCEL_INDEX_WAIT_S):
         """Wait (bounded) until the indexer has indexed the timer topic up to ``offset``."""
         deadline = time.monotonic() + timeout

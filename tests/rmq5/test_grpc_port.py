@@ -223,8 +223,8 @@ def test_bad_requests_get_the_protocols_statuses_and_the_connection_goes_on(brok
         client.raw("NoSuchMethod", b"")
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     with pytest.raises(grpc.RpcError) as err:
-        client.unary("ReceiveMessage", pb.ReceiveMessageRequest(), pb.ReceiveMessageResponse)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "POP" in err.value.details()
+        client.unary("PullMessage", pb.PullMessageRequest(), pb.PullMessageResponse)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "pull" in err.value.details()
     assert [rec.payload for recs in stored(broker, "tq-bad").values() for rec in recs] == [b"ok"]
     assert code(client.route("tq-bad").status) == "OK"  # the same connection still serves
     with broker.client() as text:
@@ -451,14 +451,20 @@ def test_credentials_go_through_the_same_users_and_permissions(tmp_path):
         assert code(answer.status) == "OK"
         assert code(c.unary("QueryRoute", pb.QueryRouteRequest(topic=pb.Resource(name="orders")),
                             pb.QueryRouteResponse, credentials("bob", SECRETS["bob"])).status) == "OK"
-        # a recall handle proves nothing of who sent the message: recalling needs an administrator, as cancel does
-        timed = c.send(message("orders", b"timed", deliver_ms=int(time.time() * 1000) + 60_000),
-                       metadata=credentials("alice", SECRETS["alice"]))
-        handle = timed.entries[0].recall_handle
-        request = pb.RecallMessageRequest(topic=pb.Resource(name="orders"), recall_handle=handle)
-        theirs = c.unary("RecallMessage", request, pb.RecallMessageResponse, credentials("alice", SECRETS["alice"]))
-        assert code(theirs.status) == "FORBIDDEN"
-        admins = c.unary("RecallMessage", request, pb.RecallMessageResponse, credentials("admin", SECRETS["admin"]))
+        # a recall handle proves nothing of who sent the message: its sender (the timer's owner) or an admin recalls
+        def timed_request():
+            timed = c.send(message("orders", b"timed", deliver_ms=int(time.time() * 1000) + 60_000),
+                           metadata=credentials("alice", SECRETS["alice"]))
+            return pb.RecallMessageRequest(topic=pb.Resource(name="orders"),
+                                           recall_handle=timed.entries[0].recall_handle)
+
+        request = timed_request()
+        not_bobs = c.unary("RecallMessage", request, pb.RecallMessageResponse, credentials("bob", SECRETS["bob"]))
+        assert code(not_bobs.status) == "FORBIDDEN"  # bob may publish to orders, but did not send it
+        hers = c.unary("RecallMessage", request, pb.RecallMessageResponse, credentials("alice", SECRETS["alice"]))
+        assert code(hers.status) == "OK"
+        admins = c.unary("RecallMessage", timed_request(), pb.RecallMessageResponse,
+                         credentials("admin", SECRETS["admin"]))
         assert code(admins.status) == "OK"
         with b.client() as text:
             assert text.auth("admin", SECRETS["admin"]).code == 200

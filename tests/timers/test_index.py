@@ -253,3 +253,13 @@ def test_a_file_from_before_owners_gets_them_its_rows_no_ones(tmp_path):
     assert ix.held == {} and ix.count() == 0
     assert dict(ix._db.execute("SELECT owner, pending FROM owners")) == {"": 0, "alice": 0}
     ix.close()
+
+
+def test_owner_of_names_a_pending_rows_owner_until_it_ends(tmp_path):
+    ix = TimerIndex(str(tmp_path))
+    ix.apply([(1, owned(NOW + 10, "alice")), (2, entry(NOW + 20))], 2, NOW)
+    assert ix.owner_of(1) == (True, "alice") and ix.owner_of(2) == (True, None)  # the second is no one's
+    assert ix.owner_of(3) == (False, None)
+    ix.apply([(3, TimerCancel(1))], 3, NOW)
+    assert ix.owner_of(1) == (False, None)  # recalled: nothing pending to own
+    ix.close()
