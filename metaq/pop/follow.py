@@ -56,6 +56,11 @@ class PopLog:
         self.written += len(data)
         return r
 
+    def first_position(self):
+        """The log position of the first ``%POP%`` record the log holds, or None: there is none."""
+        first = self._store.record_spans(POP_TOPIC, 0, 0, self._store.written_position, 1)
+        return first[0][1] if first else None
+
     def write_snapshot(self, state, now_ms):
         """Write ``state`` as a snapshot; from now on retention may drop the records before it."""
         first = None

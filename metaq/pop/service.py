@@ -314,11 +314,10 @@ class PopService:
         self._replay = replay(self.journal, self._make, upto)
 
     def _floor(self):
-        if self.follow.replicating:
-            return self._replay.snapshot_at if self._replay.snapshot_at is not None else 0
-        if self.journal.snapshot_at is not None:
-            return self.journal.snapshot_at
-        return 0 if self.state.groups else None
+        """Retention keeps the log from the last complete snapshot (a slave's: the master's it learned), else from
+        the first ``%POP%`` record; nothing when the log holds none (a broker that never served a receive)."""
+        at = self._replay.snapshot_at if self.follow.replicating else self.journal.snapshot_at
+        return at if at is not None else self.journal.first_position()
 
 
 class AckBatch:
