@@ -117,6 +117,11 @@ MAX_CUTS_REMEMBERED = 64
 #: backlogged levels) would otherwise stall every other client for the whole buffer; it stalls them about this long.
 MAX_TURN_MS = 20
 
+#: Bytes one receive of an HTTP connection takes: the WSGI handler parses what it took before the connection can
+#: share the loop again (``share_loop``), and a chunked body of 1-byte chunks costs microseconds a byte to parse, so
+#: a receive is kept to what parses within about one turn.
+HTTP_RECV_BYTES = 32 * 1024
+
 #: Bursts of replies one text connection may have waiting for their flush (``sync`` mode) before it stops
 #: reading more requests (bounds memory per pipelining producer).
 MAX_PENDING_BURSTS = 8

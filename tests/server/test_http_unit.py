@@ -55,14 +55,28 @@ def test_a_slave_whose_copy_met_a_full_disk_is_not_ready_for_its_disk_not_its_li
 
 
 class FakeConn:
-    """What ConnReader asks of a connection: ``receive()``, here from a list of chunks (None: the deadline passed
-    or the peer went)."""
+    """What ConnReader asks of a connection: ``receive(nbytes)``, here from a list of chunks (None: the deadline
+    passed or the peer went); ``asked``: the most bytes each receive asked for."""
 
     def __init__(self, chunks):
         self.chunks = list(chunks)
+        self.asked = []
 
-    def receive(self):
-        return self.chunks.pop(0) if self.chunks else None
+    def receive(self, nbytes):
+        self.asked.append(nbytes)
+        return self.chunks.pop(0)[:nbytes] if self.chunks else None
+
+
+def test_the_reader_takes_at_most_a_turns_worth_of_bytes_a_receive():
+    """A chunked body of 1-byte chunks costs microseconds a byte to parse: one receive is kept to
+    ``limits.HTTP_RECV_BYTES``, so the connection shares the loop between two of them."""
+    from metaq import limits
+
+    conn = FakeConn([b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
+    r = ConnReader(conn, RequestState())
+    r.start_request()
+    assert r.readline(100) == b"GET / HTTP/1.1\r\n"
+    assert conn.asked == [limits.HTTP_RECV_BYTES] and limits.HTTP_RECV_BYTES <= 64 * 1024
 
 
 def test_the_reader_follows_requests_and_drops_a_partial_one():

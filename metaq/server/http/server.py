@@ -103,7 +103,7 @@ class ConnReader:
         # wait, and a greenlet that never waits never lets the others run: every MAX_TURN_MS it lets them.
         self.turn = share_loop(self.turn)
         asked = time.monotonic()
-        data = self.conn.receive()
+        data = self.conn.receive(limits.HTTP_RECV_BYTES)
         now = time.monotonic()
         if now - asked > WAITED_S:  # the receive waited for the peer (the others ran): a new turn begins
             self.turn = now
