@@ -495,16 +495,6 @@ def test_long_module_checker(tmp_path):
     assert [long_without_reason(p) for p in (short, silent, reasoned)] == [False, True, False]
 
 
-def _class_defs(trees):
-    """``{class name: [(module path, ClassDef)]}`` of every class defined in ``trees`` (``{path: ast.Module}``)."""
-    defs = {}
-    for path, tree in trees.items():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                defs.setdefault(node.name, []).append((path, node))
-    return defs
-
-
 def _base_name(node):
     return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
 
@@ -523,22 +513,26 @@ def mixins(root=ROOT):
     exactly one class and whose name is used nowhere else (no call, isinstance, annotation or attribute: only
     imports and that base list) is a piece of its subclass, split off: it fails too.
     """
-    trees = {p: ast.parse(p.read_text(), str(p)) for p in sorted(root.rglob("*.py"))}
-    defs = _class_defs(trees)
-    found, subclasses, base_nodes = [], {}, set()
-    for path, tree in trees.items():
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            ours = [b for b in node.bases if _base_name(b) in defs]
-            base_nodes.update(id(b) for b in node.bases)
-            if len(ours) > 1:
-                found.append((str(path.relative_to(root)), node.lineno, "%s(%s)" % (
-                    node.name, ", ".join(ast.unparse(b) for b in ours))))
-            for b in ours:
-                subclasses.setdefault(_base_name(b), []).append(node.name)
+    # One file's tree at a time: holding every tree at once makes a long-lived test worker's collector walk them
+    # all again and again.
+    paths = sorted(root.rglob("*.py"))
+    defs, bases = {}, []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                defs.setdefault(node.name, []).append((path, node.lineno))
+                bases.append((path, node.lineno, node.name, [(_base_name(b), ast.unparse(b)) for b in node.bases]))
+    found, subclasses = [], {}
+    for path, lineno, name, its_bases in bases:
+        ours = [(base, text) for base, text in its_bases if base in defs]
+        if len(ours) > 1:
+            found.append((str(path.relative_to(root)), lineno, "%s(%s)" % (name, ", ".join(t for _, t in ours))))
+        for base, _ in ours:
+            subclasses.setdefault(base, []).append(name)
     used = set()
-    for tree in trees.values():
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        base_nodes = {id(b) for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for b in node.bases}
         for node in ast.walk(tree):
             if id(node) in base_nodes:
                 continue
@@ -548,10 +542,10 @@ def mixins(root=ROOT):
                 used.add(node.attr)
     for name, subs in subclasses.items():
         if len(subs) == 1 and name not in used:
-            for path, node in defs[name]:
+            for path, lineno in defs[name]:
                 what = "%s: %s" % (path.relative_to(root), name)
                 if what not in ALLOWED_SINGLE_USE_BASES:
-                    found.append((str(path.relative_to(root)), node.lineno, "%s only mixed into %s" % (name, subs[0])))
+                    found.append((str(path.relative_to(root)), lineno, "%s only mixed into %s" % (name, subs[0])))
     return sorted(found)
 
 
