@@ -344,37 +344,17 @@ class Consumer:
         offset the broker names (logged). ``max_wait_ms`` > 0 makes the broker wait that long for a
         message. Messages carry ``offset``, ``id``, ``partition`` and ``attribute``.
         """
-        topic = validate_topic(topic)
-        part = as_partition(partition)
-        if not 0 <= max_wait_ms <= MAX_WAIT_MS:
-            raise ValueError("max_wait_ms must be 0..%d" % MAX_WAIT_MS)
-        max_size = max_size or self.max_size
-        moves = 0
-        while moves <= MAX_MOVES:
-            conn = self.connection(part.broker_id, read=True)
-            request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
-            reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
-            try:
-                records = records_of(reply, "get %s %s %d" % (topic, part, offset))
-            except errors.Moved as exc:
-                log.info("fetch %s %s: offset %d is outside the partition; following to %d",
-                         topic, part, offset, exc.offset)
-                offset = exc.offset
-                moves += 1
-                continue
-            except errors.CorruptRecord as exc:
-                if not self.skip_corrupt or exc.next_offset <= offset:
-                    raise
-                log_skipped(exc)
-                offset = exc.next_offset
-                continue
-            return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
-        raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
+        return self._pull(topic, partition, offset, max_size, max_wait_ms, _messages_of)
 
     def fetch_batch(self, topic, partition, offset, max_size=None, max_wait_ms=0):
         """Pull as ``fetch`` does, decoded in bulk: a ``MessageBatch`` (``metaq.client.bulk``) of the messages from
         ``offset`` on, empty (``len`` 0) if none. One C call decodes the whole reply (no Python object per
         message); its ``next_offset`` is where the next call starts. 301s and corrupt records as ``fetch``."""
+        return self._pull(topic, partition, offset, max_size, max_wait_ms, _batch_of)
+
+    def _pull(self, topic, partition, offset, max_size, max_wait_ms, decode):
+        """One ``get`` from ``offset``, decoded by ``decode(topic, part, offset, reply)``; a 301 followed (at most
+        ``MAX_MOVES`` times), a corrupt record skipped when ``skip_corrupt``."""
         topic = validate_topic(topic)
         part = as_partition(partition)
         if not 0 <= max_wait_ms <= MAX_WAIT_MS:
@@ -385,23 +365,18 @@ class Consumer:
             conn = self.connection(part.broker_id, read=True)
             request = ev.Get(topic, self.group, part.partition, offset, max_size, 0, max_wait_ms or None)
             reply = conn.call(request, timeout=max_wait_ms / 1000.0 + LONG_POLL_MARGIN_S)
-            if isinstance(reply, ev.Value):
-                return decode_batch(topic, part, offset, reply.body)
             try:
-                records_of(reply, "get %s %s %d" % (topic, part, offset))  # 404: none; else raises
+                return decode(topic, part, offset, reply)
             except errors.Moved as exc:
                 log.info("fetch %s %s: offset %d is outside the partition; following to %d",
                          topic, part, offset, exc.offset)
                 offset = exc.offset
                 moves += 1
-                continue
             except errors.CorruptRecord as exc:
                 if not self.skip_corrupt or exc.next_offset <= offset:
                     raise
                 log_skipped(exc)
                 offset = exc.next_offset
-                continue
-            return MessageBatch(topic, part, offset)
         raise errors.Moved(offset, "fetch %s %s: moved more than %d times" % (topic, part, MAX_MOVES))
 
     def iter_batches(self, topic, partition, offset, max_size=None, max_wait_ms=0):
@@ -686,3 +661,17 @@ class Consumer:
             func()
         except Exception as exc:
             log.warning("consumer %s: %s failed: %r", self.member_id, what, exc)
+
+
+def _messages_of(topic, part, offset, reply):
+    """``fetch``'s decoder: a Message per record of ``reply``, ``[]`` for a 404."""
+    records = records_of(reply, "get %s %s %d" % (topic, part, offset))
+    return [Message.from_record(topic, part, offset + i, rec) for i, rec in enumerate(records)]
+
+
+def _batch_of(topic, part, offset, reply):
+    """``fetch_batch``'s decoder: the whole reply in one C call, an empty batch for a 404."""
+    if isinstance(reply, ev.Value):
+        return decode_batch(topic, part, offset, reply.body)
+    records_of(reply, "get %s %s %d" % (topic, part, offset))  # 404: none; else raises
+    return MessageBatch(topic, part, offset)
