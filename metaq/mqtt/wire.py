@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from metaq.errors import RemoteProtocolError
 from metaq.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt.topics import TopicError, validate_filter, validate_name
-from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
+from metaq.protocol.stream import StreamParser
 
 __all__ = [
     "MQTT_311", "MQTT_5", "VERSIONS", "MAX_REMAINING_LENGTH", "MAX_VARINT",
@@ -693,20 +693,15 @@ class MqttParser(StreamParser):
         self.max_packet = max_packet
         self.sender = sender
 
-    @property
-    def in_frame(self):
-        """True while part of a packet is buffered (a server's request deadline runs)."""
-        return self._pos < len(self._buf)
-
     def _next_event(self):
         buf, pos = self._buf, self._pos
         available = len(buf) - pos
         if available < 2:
-            return self._need_data(available)
+            return self._need_data()
         length, shift, i = 0, 0, 1
         while True:
             if i >= available:
-                return self._need_data(available)
+                return self._need_data()
             b = buf[pos + i]
             length |= (b & 0x7F) << shift
             if not b & 0x80:
@@ -722,7 +717,7 @@ class MqttParser(StreamParser):
             raise self._refuse(MqttError("packet of %d bytes is past the limit of %d bytes"
                                          % (total, self.max_packet), PACKET_TOO_LARGE))
         if available < total:
-            return self._need_data(available)
+            return self._need_data()
         first = buf[pos]
         body = bytes(buf[pos + 1 + i:pos + total])
         self._pos = pos + total
@@ -736,12 +731,8 @@ class MqttParser(StreamParser):
             exc.version = self.version
         return exc
 
-    def _need_data(self, available):
-        if not self._eof:
-            return NEED_DATA
-        if available == 0:
-            return CLOSED
-        raise self._refuse(_malformed("the stream ended inside a packet"))
+    def _ended_inside(self):
+        return self._refuse(_malformed("the stream ended inside a packet"))
 
     def _decode(self, ptype, flags, body):
         version = self.version

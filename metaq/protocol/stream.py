@@ -98,3 +98,21 @@ class StreamParser:
 
     def _next_event(self):
         raise NotImplementedError
+
+    @property
+    def in_frame(self):
+        """True while part of a frame is buffered (a server's request deadline runs)."""
+        return self._pos < len(self._buf)
+
+    def _need_data(self):
+        """What ``_next_event`` returns when the buffer holds no whole frame: ``NEED_DATA`` until the end of the
+        stream, then ``CLOSED`` between frames; a stream that ended inside a frame raises ``_ended_inside``'s
+        error."""
+        if not self._eof:
+            return NEED_DATA
+        if not self.in_frame:
+            return CLOSED
+        raise self._ended_inside()
+
+    def _ended_inside(self):
+        return RemoteProtocolError("connection closed inside a frame", 0, True)

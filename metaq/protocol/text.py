@@ -77,7 +77,7 @@ from metaq.protocol.commands import (
     token,
 )
 from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, TokenError, is_integer, parse_int, show
-from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
+from metaq.protocol.stream import StreamParser
 
 __all__ = ["TextParser", "serialize", "encode_result", "encode_value_header"]
 
@@ -583,13 +583,6 @@ class TextParser(StreamParser):
                     return event
                 if self._pending is not None:
                     return self._finish_body()
-
-    def _need_data(self):
-        if not self._eof:
-            return NEED_DATA
-        if self._pending is None and not self._skip and self._pos == len(self._buf):
-            return CLOSED
-        raise RemoteProtocolError("connection closed inside a frame", 0, True)
 
     def _skip_body(self):
         """Drop buffered bytes of a rejected frame's body; True once all are gone."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from metaq import limits
 from metaq.errors import RemoteProtocolError
-from metaq.protocol.stream import CLOSED, NEED_DATA, StreamParser
+from metaq.protocol.stream import StreamParser
 
 __all__ = [
     "SERIALIZE_JSON",
@@ -409,16 +409,11 @@ class RemotingParser(StreamParser):
         self.max_frame = max_frame
         self.max_header = max_header
 
-    @property
-    def in_frame(self):
-        """True while part of a frame is buffered."""
-        return self._pos < len(self._buf)
-
     def _next_event(self):
         buf, pos = self._buf, self._pos
         available = len(buf) - pos
         if available < 4:
-            return self._need_data(available)
+            return self._need_data()
         (total,) = _INT32.unpack_from(buf, pos)
         if total < 4:
             raise RemoteProtocolError("frame length %d is less than 4" % total, 0, True)
@@ -426,7 +421,7 @@ class RemotingParser(StreamParser):
             raise RemoteProtocolError("frame of %d bytes exceeds the limit of %d bytes" % (total + 4, self.max_frame),
                                       0, True)
         if available < 8:
-            return self._need_data(available)
+            return self._need_data()
         _, word = _FRAME_HEAD.unpack_from(buf, pos)
         serialize_type, header_len = word >> 24, word & _MAX_HEADER_FIELD
         decode = _HEADER_DECODERS.get(serialize_type)
@@ -439,7 +434,7 @@ class RemotingParser(StreamParser):
             raise RemoteProtocolError("header of %d bytes exceeds the limit of %d bytes"
                                       % (header_len, self.max_header), 0, True)
         if available < 4 + total:
-            return self._need_data(available)
+            return self._need_data()
         start = pos + 8
         with memoryview(buf) as view:
             raw = bytes(view[start:start + header_len])
@@ -447,9 +442,3 @@ class RemotingParser(StreamParser):
         self._pos = pos + 4 + total
         return decode(raw, body)
 
-    def _need_data(self, available):
-        if not self._eof:
-            return NEED_DATA
-        if available == 0:
-            return CLOSED
-        raise RemoteProtocolError("connection closed inside a frame", 0, True)
