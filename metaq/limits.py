@@ -246,7 +246,8 @@ MAX_OPEN_TRANSACTIONS = 10_000
 #: transactional put past it fails with XAER_RMERR (``transactions.max_held_bytes``).
 MAX_TX_HELD_BYTES = 1 << 30
 #: Transaction journal records (``%TX%``) a slave's manager learns in one call of the log follower
-#: (``TxFollow.learn``, on the event loop); the rest wait for the follower's next step, other greenlets served between.
+#: (``JournalFollow.learn``, on the event loop); the rest wait for the follower's next step, other greenlets served
+#: between.
 TX_LEARN_BATCH = 1_000
 #: ... and at most this many bytes of their log records (one record at least: a PUT may hold a message of up to
 #: ``MAX_BODY_BYTES``).

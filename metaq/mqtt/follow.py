@@ -1,7 +1,7 @@
 """Persistent MQTT sessions in the commit log: their records are messages of the internal topic ``%MQTT%`` (one
-partition), ``SessionTable`` is the state they build, and ``SessionFollow`` is its subscriber of the store's log
-follower (``store/follower.py``), as the transaction journal's ``TxFollow`` is (docs/architecture.md "Derived
-indexes: the log follower"; docs/mqtt.md "Sessions").
+partition), ``SessionTable`` is the state they build, and the store's log follower follows them through
+``store/journals.py``'s ``JournalFollow`` (``MQTT_JOURNAL``), as it does the transaction journal
+(docs/architecture.md "Derived indexes: the log follower"; docs/mqtt.md "Sessions").
 
 Why the log: it is what a slave copies, what a sync master waits for and what a rejoining master cuts back. A
 session kept in the log survives a restart, a kill -9 (the page cache holds what was written) and a failover to a
@@ -18,8 +18,9 @@ slave, by the code that keeps messages.
 * **Retention**: the log must keep each live session's and retained message's last record (``retention_floor``:
   the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
   (or a segment) behind, so retention is never held back by more than that.
-* **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated; a **cut** replays the log up to
-  the cut. A master learns nothing from its own records: it applied them as it wrote them.
+* **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated, at most ``MQTT_LEARN_BATCH`` a
+  call; a **cut** replays the log up to the cut. A master learns nothing from its own records: it applied them as
+  it wrote them.
 
 No sockets, gevent or clock (times are passed in).
 """
@@ -28,21 +29,24 @@ import json
 import logging
 
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.protocol.message import HEADER
-from metaq.store.follower import WRITTEN
-from metaq.store.record import PREFIX, TOPIC_START, check_record
+from metaq.store.journals import JournalTopic, read_journal
 
 log = logging.getLogger(__name__)
 
-#: How many index entries one read of the partition takes at a time (replay, learn).
-_SPANS = 1024
+#: Records one ``learn`` takes at most (the follower's next step takes the rest).
+MQTT_LEARN_BATCH = 1024
 
-__all__ = ["SavedSession", "Retained", "SessionTable", "SessionFollow", "encode", "decode", "encode_retained",
-           "encode_unretained", "RecordError"]
+__all__ = ["SavedSession", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH", "encode", "decode",
+           "encode_retained", "encode_unretained", "RecordError"]
 
 
 class RecordError(ValueError):
     """A ``%MQTT%`` record that does not decode."""
+
+
+#: The log's topic; its records are handed on as bytes (``SessionTable.apply`` decodes them, the two kinds apart, and
+#: passes over one that does not decode).
+MQTT_JOURNAL = JournalTopic(MQTT_SESSIONS_TOPIC, bytes, RecordError, "mqtt")
 
 
 class SavedSession:
@@ -192,81 +196,6 @@ class SessionTable:
 def replay(store, upto=None):
     """A ``SessionTable`` of the ``%MQTT%`` records before ``upto`` (default: the written end), in log order."""
     table = SessionTable()
-    end = store.written_position if upto is None else upto
-    pos = 0
-    while pos < end:
-        spans = store.record_spans(MQTT_SESSIONS_TOPIC, 0, pos, end, _SPANS)
-        if not spans:
-            break
-        for _offset, at, _size in spans:
-            table.apply(at, store.record_at(at).data)
-        pos = spans[-1][1] + spans[-1][2]
+    for position, _flag, data in read_journal(store, MQTT_JOURNAL, upto):
+        table.apply(position, data)
     return table
-
-
-class SessionFollow:
-    """The sessions' subscriber of the log follower (see the module doc): on a slave (``replicating``), every
-    ``%MQTT%`` record replicated is applied to ``table()``; a cut calls ``relearn(upto)``; ``floor()`` is the
-    position retention keeps."""
-
-    follows = WRITTEN
-
-    def __init__(self, store, table, relearn, floor):
-        self._store = store
-        self._table, self._relearn, self._floor = table, relearn, floor
-        self.position = 0
-        self.replicating = False
-
-    @property
-    def passive(self):
-        return not self.replicating
-
-    def load(self, log_start, log_end):
-        """The table was replayed from the whole log at open: nothing is left to learn."""
-        self.position = log_end
-        return log_end
-
-    def rebuild(self, position):
-        self.cut(position)
-
-    def learn(self, buf, base, rel, stop, end):
-        """Apply the ``%MQTT%`` records that start in ``[base + rel, base + stop)``; returns ``end`` (or where it
-        stopped: a record past ``end``)."""
-        if not self.replicating:
-            return end
-        table = self._table()
-        spans = self._store.record_spans(MQTT_SESSIONS_TOPIC, 0, base + rel, base + end, _SPANS)
-        for offset, pos, size in spans:
-            if pos >= base + stop or pos + size > base + end:
-                return pos - base
-            at = pos - base
-            if check_record(buf, at, end) != size:
-                log.error("mqtt: replicated record %d of %s is passed over: it fails its check", offset,
-                          MQTT_SESSIONS_TOPIC)
-                continue
-            head = at + TOPIC_START + PREFIX.unpack_from(buf, at)[7]
-            msg_len = HEADER.unpack_from(buf, head)[0]
-            table.apply(pos, bytes(buf[head + HEADER.size:head + HEADER.size + msg_len]))
-        if len(spans) >= _SPANS:  # more may follow: the next call goes on from here
-            return spans[-1][1] + spans[-1][2] - base
-        return end
-
-    def advance(self, position):
-        self.position = max(self.position, position)
-
-    def cut(self, position):
-        if position < self.position:
-            self.position = position
-            self._relearn(position)
-
-    def drop_below(self, log_start):
-        return []
-
-    def retention_floor(self):
-        return self._floor()
-
-    def checkpoint(self, if_changed=False):
-        pass
-
-    def close(self):
-        pass

@@ -16,11 +16,12 @@ What it holds across connections:
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once);
 * **assigned client identifiers** for a CONNECT with an empty one;
 * **persistent sessions** (``follow.SessionTable``): the sessions the sessions' log (``%MQTT%``) holds, replayed
-  from the log at the start and followed on a slave (``follow.SessionFollow``); ``resume`` gives a CONNECT its saved
-  session, ``save`` writes one (at once for subscriptions, QoS 2 packet ids and ends; the read positions of the
-  connected ones every ``MQTT_SESSION_SAVE_INTERVAL_S`` while they change, by ``_keep``), and ``_keep`` ends the
-  offline sessions past their expiry, ``mqtt.offline_session_max_age_s`` or ``mqtt.max_offline_sessions`` and writes
-  again those whose record fell ``MQTT_SESSION_REWRITE_BYTES`` (or a segment) behind, so retention can go on.
+  from the log at the start and followed on a slave (``store/journals.py``'s ``JournalFollow``); ``resume`` gives
+  a CONNECT its saved session, ``save`` writes one (at once for subscriptions, QoS 2 packet ids and ends; the read
+  positions of the connected ones every ``MQTT_SESSION_SAVE_INTERVAL_S`` while they change, by ``_keep``), and
+  ``_keep`` ends the offline sessions past their expiry, ``mqtt.offline_session_max_age_s`` or
+  ``mqtt.max_offline_sessions`` and writes again those whose record fell ``MQTT_SESSION_REWRITE_BYTES`` (or a
+  segment) behind, so retention can go on.
   Only a master writes; a slave's table follows the master's records, and a promoted slave's is its own.
 """
 
@@ -33,14 +34,15 @@ import gevent
 
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
-from metaq.mqtt.follow import (MQTT_SESSIONS_TOPIC, Retained, SessionFollow, encode, encode_end, encode_retained,
-                               encode_unretained, replay)
+from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, encode, encode_end,
+                               encode_retained, encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import matches
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_NOW
+from metaq.store.journals import JournalFollow
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ class MqttPort:
             saved.connected = False  # their connections ended with the broker that wrote them
         self._live = {}  # client id -> the MqttSession of a connected persistent session
         self._groups = {}  # (share name, filter) -> SharedGroup
-        self.follow = SessionFollow(store, lambda: self.table, self._relearn, lambda: self.table.floor())
+        self.follow = JournalFollow(store, MQTT_JOURNAL, lambda position, _flag, data: self.table.apply(position, data),
+                                    self._relearn, lambda: self.table.floor(), MQTT_LEARN_BATCH)
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None

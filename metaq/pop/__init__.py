@@ -10,8 +10,9 @@ Modules by role:
                           reply body, their registration
 * ``state``    state      PopState: per group and topic-partition the cursors, flights, out-of-order acks (pure, the
                           time passed in); a receive's plan; ``apply``, one for live and replayed records
-* ``follow``   state      PopLog (the records in the log), the replay (snapshots replace what came before), PopFollow
-                          (its subscriber of the log follower: a slave learns the master's records)
+* ``follow``   state      PopLog (the records in the log, its snapshots' floor), the replay (snapshots replace what
+                          came before), POP_JOURNAL (what store/journals.py's JournalFollow follows: a slave learns
+                          the master's records)
 * ``service``  service    PopService: receive, ack, change_invisible, dead_letter (the API every front-end calls),
                           dead-letter copies, snapshots, the role
 * ``text``     front-end  the text handlers

@@ -1,6 +1,6 @@
 """The POP journal in the commit log: its records (``pop/records.py``) are messages of the internal topic ``%POP%``
-(one partition), and ``PopFollow`` is its subscriber of the store's log follower (``store/follower.py``), as the
-transaction journal's (``transactions/follow.py``).
+(one partition), followed by the store's log follower through ``store/journals.py``'s ``JournalFollow``
+(``POP_JOURNAL``), as the transaction journal is (``transactions/follow.py``).
 
 Why the log: it is what a slave copies and what a rejoining master cuts back, so the POP state of a promoted slave
 is the master's (what was handed out and acknowledged up to the last record it received), and nothing of a
@@ -11,8 +11,8 @@ diverged tail survives.
   record lost with a power cut means a message handed out again (at least once), never one lost.
 * **Replay** (``Replay``): the records in log order; a complete snapshot (``S`` … ``E``, written in one go) replaces
   the state before it. The broker replays the whole journal at open; retention keeps the log from the last
-  complete snapshot (``retention_floor``), which the service writes when the journal grew ``POP_SNAPSHOT_BYTES``
-  past it.
+  complete snapshot whose end is durable (``PopLog.snapshots``: a power cut may lose an unflushed one, and the one
+  before it must still be there), which the service writes when the journal grew ``POP_SNAPSHOT_BYTES`` past it.
 * **Following** (a slave): ``learn`` hands every replicated ``%POP%`` record to the replay, at most
   ``POP_LEARN_BATCH`` a call; a **cut** replays the log again up to the cut. A master learns nothing from its own
   records: it applied them as it wrote them.
@@ -20,31 +20,26 @@ diverged tail survives.
 No sockets, gevent or clock.
 """
 
-import logging
-
 from metaq.pop import records as R
 from metaq.pop.state import PopState
 from metaq.protocol.journaltopic import POP_TOPIC
-from metaq.protocol.message import HEADER
-from metaq.store.follower import WRITTEN
-from metaq.store.record import PREFIX, TOPIC_START, check_record
-
-log = logging.getLogger(__name__)
+from metaq.store.journals import JournalTopic, SnapshotFloor, first_position, read_journal
 
 #: Records one ``learn`` takes at most (the follower's next step takes the rest).
 POP_LEARN_BATCH = 4096
-_SPANS = 1024
+#: The journal's topic and decoder (``store/journals.py`` reads and follows it).
+POP_JOURNAL = JournalTopic(POP_TOPIC, R.decode, R.RecordError, "pop")
 
 
 class PopLog:
     """The journal's records as ``%POP%`` messages of ``store``: ``append``, ``read``; ``written``: bytes appended
-    since the last snapshot began (what decides the next one), ``snapshot_at``: the last complete snapshot's log
-    position (None: none)."""
+    since the last snapshot began (what decides the next one), ``snapshots``: the last complete snapshot's log
+    position (a ``SnapshotFloor``: retention's once its end is durable)."""
 
     def __init__(self, store):
         self._store = store
         self.written = 0
-        self.snapshot_at = None
+        self.snapshots = SnapshotFloor(store)
 
     def append(self, rec, now_ms):
         """Write one record (page cache); returns its log end. Raises RecordError past ``MAX_RECORD_BYTES`` or what
@@ -58,33 +53,24 @@ class PopLog:
 
     def first_position(self):
         """The log position of the first ``%POP%`` record the log holds, or None: there is none."""
-        first = self._store.record_spans(POP_TOPIC, 0, 0, self._store.written_position, 1)
-        return first[0][1] if first else None
+        return first_position(self._store, POP_JOURNAL)
 
     def write_snapshot(self, state, now_ms):
-        """Write ``state`` as a snapshot; from now on retention may drop the records before it."""
-        first = None
+        """Write ``state`` as a snapshot; retention may drop the records before it once its end is durable
+        (``snapshots.durable()``: a power cut before that leaves it incomplete, and the one before it is needed)."""
+        first = r = None
         for rec in state.snapshot_records():
             r = self.append(rec, now_ms)
             if first is None:
                 first = self._store.record_position(POP_TOPIC, 0, r.offset)
-        self.snapshot_at, self.written = first, 0
+        if first is not None:
+            self.snapshots.written(first, r.log_end)
+        self.written = 0
 
     def read(self, upto=None):
         """Every ``(position, record)`` of ``%POP%`` in log order, before ``upto`` (default: the written end)."""
-        store = self._store
-        end = store.written_position if upto is None else upto
-        pos = 0
-        while pos < end:
-            spans = store.record_spans(POP_TOPIC, 0, pos, end, _SPANS)
-            if not spans:
-                return
-            for offset, at, _size in spans:
-                try:
-                    yield at, R.decode(store.record_at(at).data)
-                except R.RecordError as exc:
-                    log.error("pop: record %d of %s is passed over: %s", offset, POP_TOPIC, exc)
-            pos = spans[-1][1] + spans[-1][2]
+        for position, _flag, rec in read_journal(self._store, POP_JOURNAL, upto):
+            yield position, rec
 
 
 class Replay:
@@ -121,73 +107,3 @@ def replay(journal, make_state=PopState, upto=None):
     for position, rec in journal.read(upto):
         r.apply(position, rec)
     return r
-
-
-class PopFollow:
-    """The POP service's subscriber of the log follower (see the module doc): ``learn(position, rec)`` takes one
-    replicated record, ``relearn(upto)`` replays the log up to a cut, ``floor()`` names retention's floor."""
-
-    follows = WRITTEN
-
-    def __init__(self, store, learn, relearn, floor, limit=POP_LEARN_BATCH):
-        self._store = store
-        self._learn, self._relearn, self._floor = learn, relearn, floor
-        self.limit = limit
-        self.position = 0
-        self.replicating = False  # a slave: the records arriving are the master's, to be learned
-
-    @property
-    def passive(self):
-        return not self.replicating
-
-    def load(self, log_start, log_end):
-        """The service replayed the whole journal at its open: nothing is left to learn."""
-        self.position = log_end
-        return log_end
-
-    def rebuild(self, position):
-        self.cut(position)
-
-    def learn(self, buf, base, rel, stop, end):
-        """Learn the ``%POP%`` records that start in ``[base + rel, base + stop)``, at most ``limit``; returns the start
-        of the first one not learned, or ``end`` when none is left before ``stop``."""
-        if not self.replicating:
-            return end
-        count = 0
-        for offset, pos, size in self._store.record_spans(POP_TOPIC, 0, base + rel, base + end, self.limit + 1):
-            if pos >= base + stop or pos + size > base + end or count >= self.limit:
-                return pos - base
-            count += 1
-            at = pos - base
-            if check_record(buf, at, end) != size:
-                log.error("pop: replicated record %d of %s is passed over: it fails its check", offset, POP_TOPIC)
-                continue
-            head = at + TOPIC_START + PREFIX.unpack_from(buf, at)[7]
-            msg_len = HEADER.unpack_from(buf, head)[0]
-            try:
-                rec = R.decode(bytes(buf[head + HEADER.size:head + HEADER.size + msg_len]))
-            except R.RecordError as exc:
-                log.error("pop: replicated record %d of %s is passed over: %s", offset, POP_TOPIC, exc)
-                continue
-            self._learn(pos, rec)
-        return end
-
-    def advance(self, position):
-        self.position = max(self.position, position)
-
-    def cut(self, position):
-        if position < self.position:
-            self.position = position
-            self._relearn(position)
-
-    def drop_below(self, log_start):
-        return []
-
-    def retention_floor(self):
-        return self._floor()
-
-    def checkpoint(self, if_changed=False):
-        pass
-
-    def close(self):
-        pass

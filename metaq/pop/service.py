@@ -36,7 +36,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from metaq import errors, limits
-from metaq.pop.follow import PopFollow, PopLog, replay
+from metaq.pop.follow import POP_JOURNAL, POP_LEARN_BATCH, PopLog, replay
 from metaq.pop.records import InvalidHandle, RecordError, handle
 from metaq.pop.state import PopState
 from metaq.protocol.compression import COMPRESSION_BITS
@@ -44,6 +44,7 @@ from metaq.protocol.journaltopic import DLQ_PREFIX
 from metaq.protocol.rocketmq.mapping import message_of_record, record_data_from_send, retry_copy
 from metaq.server.clock import now_ms
 from metaq.server.inflate import inflate_body
+from metaq.store.journals import JournalFollow
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ class PopService:
         self._make = make_state
         self.journal = PopLog(store)
         self._replay = replay(self.journal, make_state)
-        self.journal.snapshot_at = self._replay.snapshot_at
-        self.follow = PopFollow(store, self._learn, self._relearn, self._floor)
+        self.journal.snapshots.reset(self._replay.snapshot_at)
+        self.follow = JournalFollow(store, POP_JOURNAL, self._learn, self._relearn, self._floor, POP_LEARN_BATCH)
         self.follow.replicating = not is_master
         store.follower.add(self.follow, store.written_position)
         self._acks = AckBatch(self._write_acks)
@@ -230,7 +231,7 @@ class PopService:
         if self.follow.replicating:
             self.store.follow_now(self.follow)
             self.follow.replicating = False
-            self.journal.snapshot_at = self._replay.snapshot_at
+            self.journal.snapshots.reset(self._replay.snapshot_at)
             log.info("pop: taken over as master: %d group/topic pairs, %d messages in flight",
                      len(self.state.groups), sum(r[2] for r in self.rows()))
 
@@ -295,7 +296,7 @@ class PopService:
         floor follows the log even when few records come), on the master."""
         if self.follow.replicating or not self.state.groups or self.path.writable_refusal() is not None:
             return
-        at = self.journal.snapshot_at
+        at = self.journal.snapshots.latest  # one written, durable soon: no second one meanwhile
         if at is None or self.store.written_position - at >= self.store.config.segment_size:
             self._snapshot(now_ms())
 
@@ -307,16 +308,18 @@ class PopService:
             except errors.MetaqError as exc:  # a full disk: the next round tries again
                 log.warning("pop: snapshot not written: %s", exc)
 
-    def _learn(self, position, rec):
+    def _learn(self, position, _flag, rec):
         self._replay.apply(position, rec)
 
     def _relearn(self, upto):
         self._replay = replay(self.journal, self._make, upto)
+        self.journal.snapshots.reset(self._replay.snapshot_at)  # none of the cut tail's snapshots is the floor
 
     def _floor(self):
-        """Retention keeps the log from the last complete snapshot (a slave's: the master's it learned), else from
-        the first ``%POP%`` record; nothing when the log holds none (a broker that never served a receive)."""
-        at = self._replay.snapshot_at if self.follow.replicating else self.journal.snapshot_at
+        """Retention keeps the log from the last complete snapshot whose end is durable (a slave's: the master's it
+        learned), else from the first ``%POP%`` record; nothing when the log holds none (a broker that never served a
+        receive)."""
+        at = self._replay.snapshot_at if self.follow.replicating else self.journal.snapshots.durable()
         return at if at is not None else self.journal.first_position()
 
 

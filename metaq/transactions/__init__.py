@@ -15,7 +15,7 @@ logic (the protocol layer: pure decisions, the time passed in)
     policy.py    the check-back's rules: which half messages a round checks, which it gives up
 state (the store layer: files and in-memory state; no socket, gevent or clock)
     follow.py    the journal in the log: its records as ``%TX%`` messages (TxLog), their replay with snapshots
-                 (LogReplay), the log follower's subscriber (TxFollow: a slave learns, a cut replays)
+                 (LogReplay), TX_JOURNAL (what store/journals.py's JournalFollow follows: a slave learns, a cut replays)
     journal.py   an older broker's journal files, read once to migrate them into the log
     state.py     TransactionManager: the branches' state machine, half messages, recovery, commit into the store,
                  a slave's replica state and the take-over at a promotion

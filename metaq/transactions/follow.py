@@ -1,5 +1,5 @@
 """The transaction journal in the commit log: its records are messages of the internal topic ``%TX%`` (one
-partition), and ``TxFollow`` is its subscriber of the store's log follower (``store/follower.py``).
+partition), followed by the store's log follower through ``store/journals.py``'s ``JournalFollow`` (``TX_JOURNAL``).
 
 Why the log and not files of its own: the log is what a slave copies, what a sync master waits for and what a
 rejoining master cuts back to the new master's history. A journal in the log is replicated, confirmed and cut with
@@ -28,19 +28,16 @@ No sockets, gevent or clock.
 import logging
 
 from metaq.errors import CorruptLog
-from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
 from metaq.protocol.journaltopic import TX_TOPIC
-from metaq.protocol.message import HEADER
-from metaq.store.follower import WRITTEN
-from metaq.store.record import PREFIX, TOPIC_START, check_record
+from metaq.store.journals import JournalTopic, first_position, read_journal
 from metaq.transactions import records as R
 
 log = logging.getLogger(__name__)
 
 #: The message flag of a snapshot's records (bit 0 is MetaQ's attribute flag; this one no client writes here).
 SNAPSHOT_FLAG = 2
-#: How many index entries one read of the partition takes at a time.
-_SPANS = 1024
+#: The journal's topic and decoder (``store/journals.py`` reads and follows it).
+TX_JOURNAL = JournalTopic(TX_TOPIC, R.decode, R.RecordError, "transactions")
 
 
 class TxLog:
@@ -63,23 +60,10 @@ class TxLog:
     def read(self, upto=None):
         """Every ``(position, flag, record)`` of ``%TX%`` in log order, before ``upto`` (default: the written end).
         A record that does not decode (a bug, a foreign writer) is logged and passed over."""
-        store = self._store
-        end = store.written_position if upto is None else upto
-        pos = 0
-        while pos < end:
-            spans = store.record_spans(TX_TOPIC, 0, pos, end, _SPANS)
-            if not spans:
-                return
-            for offset, at, _size in spans:
-                rec = store.record_at(at)
-                try:
-                    yield at, rec.flag, R.decode(rec.data)
-                except R.RecordError as exc:
-                    log.error("transactions: record %d of %s is passed over: %s", offset, TX_TOPIC, exc)
-            pos = spans[-1][1] + spans[-1][2]
+        return read_journal(self._store, TX_JOURNAL, upto)
 
     def has_records(self):
-        return bool(self._store.record_spans(TX_TOPIC, 0, 0, self._store.written_position, 1))
+        return first_position(self._store, TX_JOURNAL) is not None
 
 
 class _Reading:
@@ -154,84 +138,3 @@ class LogReplay:
         if self._broken is not None:
             raise self._broken
 
-
-class TxFollow:
-    """``TransactionManager``'s subscriber of the log follower (see the module doc). ``learn(position, flag, rec)``:
-    the manager's replica state takes one replicated record; ``relearn(upto)``: it replays the log up to a cut;
-    ``floor()``: the position retention must keep (the last complete snapshot), or None. ``limit`` and ``max_bytes``:
-    the most records, and bytes of them, one ``learn`` takes (one record at least)."""
-
-    follows = WRITTEN
-
-    def __init__(self, store, learn, relearn, floor, limit=TX_LEARN_BATCH, max_bytes=TX_LEARN_BATCH_BYTES):
-        self._store = store
-        self._learn, self._relearn, self._floor = learn, relearn, floor
-        self.limit, self.max_bytes = limit, max_bytes
-        self.position = 0
-        self.replicating = False  # a slave: the records arriving are the master's, to be learned
-
-    @property
-    def passive(self):
-        """A master learns nothing from its own records: the follower keeps it at the end without a step."""
-        return not self.replicating
-
-    def load(self, log_start, log_end):
-        """The manager replayed the whole log at its open: nothing is left to learn."""
-        self.position = log_end
-        return log_end
-
-    def rebuild(self, position):
-        self.cut(position)
-
-    def learn(self, buf, base, rel, stop, end):
-        """Learn the ``%TX%`` records that start in ``[base + rel, base + stop)`` (found through the partition index),
-        at most ``limit`` of them and ``max_bytes`` of log (one at least); returns the start of the first one not
-        learned (no room, or wholly past ``end``), or ``end`` when none is left before ``stop``."""
-        if not self.replicating:
-            return end
-        count = nbytes = 0
-        for offset, pos, size in self._store.record_spans(TX_TOPIC, 0, base + rel, base + end, self.limit + 1):
-            if pos >= base + stop or pos + size > base + end or count >= self.limit or \
-                    (count and nbytes + size > self.max_bytes):
-                return pos - base
-            count, nbytes = count + 1, nbytes + size
-            self._learn_at(buf, pos - base, offset, pos, size, end)
-        return end
-
-    def _learn_at(self, buf, at, offset, pos, size, end):
-        """The record at ``buf[at]`` (``%TX%`` ``offset``, log ``pos``): checked, its payload decoded straight from
-        ``buf`` (the one copy is the decoder's), learned; one that fails either is logged and passed over."""
-        if check_record(buf, at, end) != size:
-            log.error("transactions: replicated record %d of %s is passed over: it fails its check", offset, TX_TOPIC)
-            return
-        head = at + TOPIC_START + PREFIX.unpack_from(buf, at)[7]
-        msg_len, _checksum, _msg_id, flag = HEADER.unpack_from(buf, head)
-        payload = memoryview(buf)[head + HEADER.size:head + HEADER.size + msg_len]
-        try:
-            rec = R.decode(payload)
-        except R.RecordError as exc:
-            log.error("transactions: replicated record %d of %s is passed over: %s", offset, TX_TOPIC, exc)
-            return
-        finally:
-            payload.release()  # no view of the segment's map outlives the call
-        self._learn(pos, flag, rec)
-
-    def advance(self, position):
-        self.position = max(self.position, position)
-
-    def cut(self, position):
-        if position < self.position:
-            self.position = position
-            self._relearn(position)
-
-    def drop_below(self, log_start):
-        return []
-
-    def retention_floor(self):
-        return self._floor()
-
-    def checkpoint(self, if_changed=False):
-        pass
-
-    def close(self):
-        pass

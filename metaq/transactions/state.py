@@ -23,7 +23,7 @@ its messages in the log, and DONE after them, so any prefix a crash leaves that 
 recovery completes what is missing, exactly once (message ids are fixed in COMMIT and a message is re-appended
 only when its id is not in the log after COMMIT's position).
 
-Replication: a slave's manager follows the master's records (``learn``, through ``TxFollow``) into a replica
+Replication: a slave's manager follows the master's records (``learn``, through ``JournalFollow``) into a replica
 state and writes nothing; a cut replays the log to the cut (``relearn``); a promotion takes the branches over
 (``take_over``: recovery as at an open). The decisions the log holds are remembered as at run time.
 
@@ -38,11 +38,13 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 from metaq.errors import ClientError, MetaqError, TransactionError
-from metaq.limits import MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, TX_SNAPSHOT_STEP, validate_partition
+from metaq.limits import (MAX_BODY_BYTES, MAX_TX_OWNER_BYTES, TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES, TX_SNAPSHOT_STEP,
+                          validate_partition)
 from metaq.store.record import FIXED_OVERHEAD, RecordTooLarge, record_size
 from metaq.transactions import records as R
 from metaq.protocol.journaltopic import TX_TOPIC
-from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay, TxFollow, TxLog
+from metaq.store.journals import JournalFollow, SnapshotFloor, first_position
+from metaq.transactions.follow import SNAPSHOT_FLAG, TX_JOURNAL, LogReplay, TxLog
 from metaq.transactions.journal import Journal, JournalReport, journal_dir, remove_journal
 from metaq.transactions.wire import (XA_HEURCOM, XA_HEURRB, XA_OK, XA_RBROLLBACK, XA_RBTIMEOUT, XA_RDONLY, XAER_DUPID,
                                      XAER_INVAL, XAER_NOTA, XAER_PROTO, XAER_RMERR, XAER_RMFAIL, LocalTxId, XaTxId,
@@ -239,10 +241,10 @@ class TransactionManager:
         self._recent = {}  # key -> Decided, oldest first
         self._counts = {"committed": 0, "rolled_back": 0, "timed_out": 0}
         self._replica = None  # a slave's LogReplay of the master's records (None: this broker writes them)
-        self._snapshot_at = None  # the log position of the last complete snapshot (retention keeps the log from it)
-        self._unflushed_snapshot = None  # (its start, its end): a complete snapshot whose SnapEnd is not durable yet
+        self._snapshots = SnapshotFloor(store)  # the last complete snapshot (retention keeps the log from it)
         self._snap = None  # the _Snapshot being written, between maintain's steps
-        self.follow = TxFollow(store, self.learn, self.relearn, self.retention_floor)
+        self.follow = JournalFollow(store, TX_JOURNAL, self.learn, self.relearn, self.retention_floor,
+                                    TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES)
         self.recovery = None
 
     # -- open / recovery -----------------------------------------------------------------------------------
@@ -283,7 +285,7 @@ class TransactionManager:
         for position, flag, rec in self._log.read(upto):
             replay.apply(position, flag, rec)
         replay.finish()
-        self._snapshot_at, self._unflushed_snapshot = replay.snapshot_at, None
+        self._snapshots.reset(replay.snapshot_at)
         return replay
 
     def _migrate(self, force, now_ms):
@@ -348,11 +350,11 @@ class TransactionManager:
         return self._replica is not None
 
     def learn(self, position, flag, rec):
-        """A slave: one of the master's records, replicated (``TxFollow``)."""
+        """A slave: one of the master's records, replicated (``JournalFollow``)."""
         if self._replica is not None:
             self._replica.apply(position, flag, rec)
             if self._replica.snapshot_at is not None:
-                self._snapshot_at = self._replica.snapshot_at
+                self._snapshots.at = self._replica.snapshot_at
 
     def relearn(self, upto):
         """The log was cut at ``upto`` (a slave's truncation, a deposed master rejoining): the branches are what the
@@ -393,13 +395,8 @@ class TransactionManager:
         """The log position retention keeps for the journal: its last complete snapshot whose end is durable (or the
         first record, with none yet); None when the journal is empty. A snapshot counts once the log is flushed past
         its SnapEnd: a power cut before that leaves it incomplete, and the one before it must still be there."""
-        newer = self._unflushed_snapshot
-        if newer is not None and self.store.flushed_position >= newer[1]:
-            self._snapshot_at, self._unflushed_snapshot = newer[0], None
-        if self._snapshot_at is not None:
-            return self._snapshot_at
-        first = self.store.record_spans(TX_TOPIC, 0, 0, self.store.written_position, 1)
-        return first[0][1] if first else None
+        at = self._snapshots.durable()
+        return at if at is not None else first_position(self.store, TX_JOURNAL)
 
     def _hold_partitions(self, b):
         """The partitions a prepared branch will append to are made writable again after a restart."""
@@ -919,8 +916,8 @@ class TransactionManager:
         if self._replica is not None:
             return False
         floor = self.retention_floor()
-        if self._unflushed_snapshot is not None:  # written, durable soon: no second one meanwhile
-            floor = self._unflushed_snapshot[0]
+        if self._snapshots.unflushed is not None:  # written, durable soon: no second one meanwhile
+            floor = self._snapshots.latest
         return floor is not None and self.store.written_position - floor > self.store.config.segment_size
 
     def maintain(self, now_ms, pause=None, step=TX_SNAPSHOT_STEP):
@@ -969,7 +966,7 @@ class TransactionManager:
         end = self._log.append(R.SnapEnd(snap.records), now_ms, SNAPSHOT_FLAG)
         spans = self.store.record_spans(TX_TOPIC, 0, snap.start, self.store.written_position, 1)
         if spans:
-            self._unflushed_snapshot = (spans[0][1], end)  # the floor once durable (retention_floor)
+            self._snapshots.written(spans[0][1], end)  # the floor once durable (retention_floor)
 
     def _write_snapshot(self, recs, now_ms):
         """A snapshot of ``recs`` at once (the migration of an older broker's journal, at open)."""

@@ -12,7 +12,9 @@ from metaq.protocol.checksum import crc32
 from metaq.transactions import records as R
 from metaq.transactions.config import TxConfig
 from metaq.protocol.journaltopic import TX_TOPIC
-from metaq.transactions.follow import SNAPSHOT_FLAG, LogReplay, TxFollow
+from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
+from metaq.store.journals import JournalFollow
+from metaq.transactions.follow import SNAPSHOT_FLAG, TX_JOURNAL, LogReplay
 from metaq.transactions.journal import journal_path
 from metaq.transactions.state import TransactionManager
 from metaq.transactions.wire import XA_OK, XAER_RMFAIL
@@ -184,12 +186,13 @@ def test_a_slave_removes_an_older_brokers_journal_rather_than_keep_branches_that
         store.abandon()
 
 
-# -- TxFollow: what one step of the log follower learns -------------------------------------------------------
+# -- the journal's subscriber: what one step of the log follower learns ------------------------------------------
 
-def follower_of(b, **limits):
-    """A slave's TxFollow over ``b``'s log from its start, the records it learns collected in order."""
+def follower_of(b, limit=TX_LEARN_BATCH, max_bytes=TX_LEARN_BATCH_BYTES):
+    """A slave's subscriber of ``%TX%`` over ``b``'s log from its start, the records it learns collected in order."""
     learned = []
-    follow = TxFollow(b.store, lambda pos, flag, rec: learned.append(rec), lambda upto: None, lambda: None, **limits)
+    follow = JournalFollow(b.store, TX_JOURNAL, lambda pos, flag, rec: learned.append(rec), lambda upto: None,
+                           lambda: None, limit, max_bytes)
     follow.replicating = True
     return follow, learned
 
