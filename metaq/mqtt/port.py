@@ -42,7 +42,7 @@ from metaq.mqtt.topics import matches
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_NOW
-from metaq.store.journals import JournalFollow
+from metaq.store.journals import JournalFollow, MovingFloor
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,9 @@ class MqttPort:
             saved.connected = False  # their connections ended with the broker that wrote them
         self._live = {}  # client id -> the MqttSession of a connected persistent session
         self._groups = {}  # (share name, filter) -> SharedGroup
+        self.floor = MovingFloor(store, lambda: self.table.floor())
         self.follow = JournalFollow(store, MQTT_JOURNAL, lambda position, _flag, data: self.table.apply(position, data),
-                                    self._relearn, lambda: self.table.floor(), MQTT_LEARN_BATCH)
+                                    self._relearn, self.floor, MQTT_LEARN_BATCH)
         self.follow.replicating = not is_master()
         store.follower.add(self.follow, store.written_position)
         self._keeper = None
@@ -262,6 +263,7 @@ class MqttPort:
     def _relearn(self, upto):
         """The log was cut at ``upto``: the sessions are what the log holds before it."""
         self.table = replay(self.store, upto)
+        self.floor.reset()
         self.follow.replicating = not self.is_master()
 
     def role_changed(self, slave_id):

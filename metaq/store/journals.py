@@ -96,6 +96,42 @@ class SnapshotFloor:
         return self.at if self.unflushed is None else self.unflushed[0]
 
 
+class MovingFloor:
+    """Retention's floor for a journal whose live records move: each is written again at the end (a session, a
+    retained message) and the copy it replaces stays needed until the new one is durable.
+
+    ``compute()``: the lowest position a live record is at now (None: none). A lower figure counts at once; a higher
+    one only once the log is flushed past everything written when it was computed (a power cut before that
+    leaves the old copies as the last records, so they must still be in the log). Calling the object gives the
+    floor now; ``reset()`` takes what a replay found as durable."""
+
+    __slots__ = ("_store", "_compute", "at", "pending")
+
+    def __init__(self, store, compute):
+        self._store, self._compute = store, compute
+        self.at = compute()
+        self.pending = None  # (a higher floor, the written end when it was computed)
+
+    def reset(self):
+        self.at, self.pending = self._compute(), None
+
+    def __call__(self):
+        pending = self.pending
+        if pending is not None and self._store.flushed_position >= pending[1]:
+            self.at, self.pending = pending[0], None
+        now = self._compute()
+        if _below(now, self.at):
+            self.at, self.pending = now, None
+        elif now != self.at and self.pending is None:
+            self.pending = (now, self._store.written_position)
+        return self.at
+
+
+def _below(a, b):
+    """Whether floor ``a`` keeps more of the log than ``b`` (None keeps nothing)."""
+    return a is not None and (b is None or a < b)
+
+
 class JournalFollow:
     """A feature's subscriber of the log follower for its ``journal`` (a ``JournalTopic``; see the module doc).
 
