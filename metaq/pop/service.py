@@ -310,6 +310,9 @@ class PopService:
 
     def _learn(self, position, _flag, rec):
         self._replay.apply(position, rec)
+        at = self._replay.snapshot_at
+        if at is not None and at != self.journal.snapshots.latest:  # the master's, complete: the floor once durable
+            self.journal.snapshots.written(at, self.store.written_position)
 
     def _relearn(self, upto):
         self._replay = replay(self.journal, self._make, upto)
@@ -317,9 +320,9 @@ class PopService:
 
     def _floor(self):
         """Retention keeps the log from the last complete snapshot whose end is durable (a slave's: the master's it
-        learned), else from the first ``%POP%`` record; nothing when the log holds none (a broker that never served a
-        receive)."""
-        at = self._replay.snapshot_at if self.follow.replicating else self.journal.snapshots.durable()
+        learned, once its copy is flushed), else from the first ``%POP%`` record; nothing when the log holds none (a
+        broker that never served a receive)."""
+        at = self.journal.snapshots.durable()
         return at if at is not None else self.journal.first_position()
 
 

@@ -353,8 +353,9 @@ class TransactionManager:
         """A slave: one of the master's records, replicated (``JournalFollow``)."""
         if self._replica is not None:
             self._replica.apply(position, flag, rec)
-            if self._replica.snapshot_at is not None:
-                self._snapshots.at = self._replica.snapshot_at
+            at = self._replica.snapshot_at
+            if at is not None and at != self._snapshots.latest:  # the master's, complete: the floor once durable here
+                self._snapshots.written(at, self.store.written_position)
 
     def relearn(self, upto):
         """The log was cut at ``upto`` (a slave's truncation, a deposed master rejoining): the branches are what the

@@ -236,3 +236,33 @@ def test_the_retention_floor_moves_to_a_snapshot_only_once_its_end_is_durable(tm
 
 def test_limits_are_named():
     assert limits.POP_MAX_ATTEMPTS == 16 and limits.POP_MAX_BATCH == 32
+
+
+def test_a_slave_keeps_the_log_from_the_last_snapshot_its_own_flush_made_durable(tmp_path):
+    """A slave learns the master's snapshot from records it copied: until its own log is flushed past them, a power
+    cut on the slave would lose them, so its retention keeps the log from the snapshot before."""
+    store = open_store(tmp_path)
+    try:
+        master = PopService(store, None)
+        slave = PopService(store, None, is_master=False)  # follows the same log, as a slave follows its copy
+        pop = Pop(Log([None] * 6))
+        _g, hs = pop.receive(4, NOW)
+        pop.ack(hs[:2], NOW + 1)
+        for rec in pop.records:
+            master.journal.append(rec, NOW)
+            master.state.apply(rec)
+        store.mark_flushed(store.flush_log())
+        store.follow_now(slave.follow)
+        first = slave.follow.retention_floor()
+        assert first == store.record_spans(POP_TOPIC, 0, 0, store.written_position, 1)[0][1]
+        while store.written_position - first <= store.config.segment_size:  # other traffic: the log grows a segment
+            store.put("other", 0, 0, b"o" * 1000, NOW)
+        master.journal.write_snapshot(master.state, NOW)
+        snap_at = master.journal.snapshots.latest
+        store.follow_now(slave.follow)
+        assert store.flushed_position < store.written_position
+        assert slave.follow.retention_floor() == first  # learned, not durable on the slave yet
+        store.mark_flushed(store.flush_log())
+        assert slave.follow.retention_floor() == snap_at
+    finally:
+        store.close(NOW)
