@@ -60,7 +60,6 @@ class PullService:
         self.host = host
         self.max_transfer = max_transfer
         self.max_wait_ms = max_wait_ms
-        self.counts = {"pulled": 0, "pulls": 0, "commits": 0}
 
     def rpcs(self):
         """``{rpc: (request type, handler)}``, as ``MessagingService.unary`` holds them."""
@@ -135,7 +134,6 @@ class PullService:
         budget = int(call.timeout_s * 1000) - POLL_RESERVE_MS
         wait = _duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
         wait = max(0, min(wait, budget, self.max_wait_ms))
-        self.counts["pulls"] += 1
         offset = request.offset
         answer, offset = self._read(topic, queue, offset, filt, batch, readable)
         if answer is not None or wait <= 0:
@@ -189,7 +187,6 @@ class PullService:
             if readable is not None:
                 messages = [(rec, m) for rec, m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
             if messages:
-                self.counts["pulled"] += len(messages)
                 out = [pb.PullMessageResponse(status=_status("OK"))]
                 out += [pb.PullMessageResponse(message=message_of(m, host, self.max_transfer, rec.msg_id))
                         for rec, m in messages]
@@ -216,7 +213,6 @@ class PullService:
                                      call.session.user if call.session is not None else None)
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
-        self.counts["commits"] += 1
         return pb.UpdateOffsetResponse(status=_status("OK"))
 
     def get_offset(self, request, call):

@@ -8,8 +8,10 @@ import time
 import pytest
 
 from metaq import limits
-from metaq.client.local import BrokerProcess, free_port, small_config
+from metaq.client.local import BrokerProcess, free_port, rmq_config, small_config
+from metaq.client.raw import RemotingClient
 from metaq.protocol import events as ev
+from metaq.protocol.rocketmq.remoting import RequestCode
 from metaq.rmq5.records import group_queue
 from tests.harness.acl import SECRETS, write_acl
 from tests.rmq5.test_grpc_port import SERVICE, Client, code, credentials, message
@@ -181,8 +183,14 @@ def test_query_offset_by_policy_and_timestamp(client):
     assert query(client, "tp-query", q, pb.TIMESTAMP, between + 3_600_000).offset == 5  # none after it: the end
 
 
-def test_offsets_survive_a_restart_and_are_shared_with_the_text_protocol(tmp_path):
-    cfg = small_config(tmp_path / "data", grpc={"port": free_port()})
+def remoting_offset(b, group, topic, queue):
+    with RemotingClient(b.config["remoting"]["port"]) as rc:
+        r = rc.call(RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic, "queueId": queue})
+    return int(r.ext_fields["offset"]) if r.code == 0 else None
+
+
+def test_offsets_survive_a_restart_and_are_shared_with_the_text_and_remoting_protocols(tmp_path):
+    cfg = rmq_config(tmp_path / "data", grpc={"port": free_port()})
     b = BrokerProcess(tmp_path, cfg).start()
     c = Client(cfg["grpc"]["port"], metadata=(("x-mq-client-id", CLIENT),))
     try:
@@ -198,6 +206,7 @@ def test_offsets_survive_a_restart_and_are_shared_with_the_text_protocol(tmp_pat
         assert code(update(c, "g-far", "tp-cross", 2, 1000).status) == "OK"  # past the end: stored as the end
         with b.client() as text:
             assert text.call(ev.QueryOffset("g-grpc", "tp-cross", 2, text.opaque())).body == b"5"
+        assert remoting_offset(b, "g-grpc", "tp-cross", 2) == 5  # what a RocketMQ 4 consumer starts from
         b.stop()
         b.start()
         assert get(c, "g-grpc", "tp-cross", 2).offset == 5
