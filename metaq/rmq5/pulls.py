@@ -71,17 +71,21 @@ class PullService:
     # -- checks --------------------------------------------------------------------------------------------------
 
     def _queue(self, mq):
-        """``(topic, queue id)`` of a MessageQueue, the names legal and the queue one of the topic's."""
-        topic, queue = mq.topic.name, mq.id
+        """``(topic, queue id)`` of a MessageQueue, the topic's name legal (the queue is checked once the caller may
+        know the topic: ``_exists``)."""
         try:
-            limits.validate_topic(topic)
+            limits.validate_topic(mq.topic.name)
         except errors.InvalidTopic as exc:
             raise Refusal("ILLEGAL_TOPIC", str(exc)) from None
+        return mq.topic.name, mq.id
+
+    def _exists(self, topic, queue):
+        """The queue is one of the topic's (TOPIC_NOT_FOUND, BAD_REQUEST otherwise): asked after the permission
+        check, so that a user who may not read a topic is not told whether it exists."""
         try:
             limits.validate_partition(queue, self.store.partitions_of(topic))
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
-        return topic, queue
 
     def _group(self, group):
         try:
@@ -124,6 +128,7 @@ class PullService:
         group = self._group(request.group.name)
         topic, queue = self._queue(request.message_queue)
         self._require(call, (SUB, "group", group), resource(SUB, topic))
+        self._exists(topic, queue)
         if request.batch_size < 1:
             raise Refusal("BAD_REQUEST", "batch_size must be at least 1, not %d" % request.batch_size)
         batch = min(request.batch_size, limits.GRPC_PULL_MAX_BATCH)
@@ -204,6 +209,7 @@ class PullService:
         group = self._group(request.group.name)
         topic, queue = self._queue(request.message_queue)
         self._require(call, (SUB, "group", group), resource(SUB, topic))
+        self._exists(topic, queue)
         if request.offset < 0:
             raise Refusal("ILLEGAL_OFFSET", "an offset may not be negative (%d)" % request.offset)
         try:
@@ -220,6 +226,7 @@ class PullService:
         group = self._group(request.group.name)
         topic, queue = self._queue(request.message_queue)
         self._require(call, (SUB, "group", group), resource(SUB, topic))
+        self._exists(topic, queue)
         try:
             offset = self.store.query_offset(group, topic, queue)
         except errors.MetaqError as exc:
@@ -234,6 +241,7 @@ class PullService:
         first stored at or after ``timestamp`` (END when none is), BAD_REQUEST without one."""
         topic, queue = self._queue(request.message_queue)
         self._require(call, resource(SUB, topic))
+        self._exists(topic, queue)
         policy = request.query_offset_policy
         try:
             if policy == pb.BEGINNING:

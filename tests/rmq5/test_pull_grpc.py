@@ -237,6 +237,7 @@ def test_without_subscribe_permission_pulls_and_offsets_are_forbidden(tmp_path):
         assert code(update(c, "billing", "orders", q, 0, metadata=bob).status) == "FORBIDDEN"
         assert code(get(c, "billing", "orders", q, metadata=bob).status) == "FORBIDDEN"
         assert code(query(c, "orders", q, pb.END, metadata=bob).status) == "FORBIDDEN"
+        assert code(query(c, "orders", 7, pb.END, metadata=bob).status) == "FORBIDDEN"  # not told the queue is none
         assert code(pull(c, "not-billing", "orders", q, 0, metadata=alice)[0]) == "FORBIDDEN"  # billing only
         assert get(c, "billing", "orders", q, metadata=alice).offset == 1  # bob's commit changed nothing
     finally:
