@@ -669,6 +669,9 @@ GRPC_MAX_CALL_S = 60.0
 #: receives; past it the one heard from longest ago is forgotten (it receives with the defaults until it sends its
 #: Settings again, as every client does every 30 s or so).
 GRPC_MAX_CONSUMER_CLIENTS = 4096
+#: Messages one gRPC PullMessage returns at most: a larger ``batch_size`` is served as this many (RocketMQ's broker
+#: caps a pull's messages at 32 alike), ``next_offset`` naming where the rest starts.
+GRPC_PULL_MAX_BATCH = 32
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

@@ -88,6 +88,7 @@ FEATURE_ROLES = {
     "sql": "logic",  # a filter language: its parser and compiled predicate (pure)
     "messages_pb2": "codec",  # protoc's Python code of the feature's .proto (generated at setup, never committed)
     "rpcs": "front-end",  # a gRPC service's RPC handlers
+    "pulls": "front-end",  # a gRPC service's pull and offset RPC handlers
 }
 
 #: A role -> the layer whose rules its modules get.

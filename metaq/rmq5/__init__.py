@@ -4,7 +4,8 @@
 It serves routes (every broker of a ZooKeeper cluster), heartbeats, sends (normal, FIFO message groups, delivery
 times, transactional messages), EndTransaction, RecallMessage, Telemetry (the settings exchange, the check-back
 of half messages) and receiving (POP: assignments, receives, acks, invisible durations, dead letters, over the
-store's PopService); pulls come later and are answered UNIMPLEMENTED.
+store's PopService) and pull consumers (offset reads and the group offsets of the consumer-offset store); lite
+topics are answered UNIMPLEMENTED.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
@@ -22,6 +23,8 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
 front-end (the server layer)
     rpcs.py          MessagingService: the RPCs over the put path and the guard (RocketMQ 5's credentials through
                      the one login decision), in-band statuses
+    pulls.py         PullService: PullMessage, UpdateOffset, GetOffset, QueryOffset over the store's offset reads,
+                     the consumer offsets, the broker's long-poll waiters and the guard, registered in rpcs.py's table
     port.py          the listener on the connection core and its HTTP/2 connections (h2): streams, flow control,
                      the named limits (streams per connection, message bytes, header bytes), deadlines
 """

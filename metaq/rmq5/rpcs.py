@@ -7,8 +7,9 @@ service), EndTransaction, RecallMessage (metaq's timer cancel), and Telemetry: t
 check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream), and POP
 consumption over the store's ``PopService``: QueryAssignment, ReceiveMessage (a server stream: a status, the
 messages, a delivery timestamp), AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, with a
-consumer's Settings (FIFO, maximum delivery attempts) kept per client. Every other RPC is answered gRPC
-UNIMPLEMENTED (12) naming why (pulls and lite topics; docs/rocketmq5.md).
+consumer's Settings (FIFO, maximum delivery attempts) kept per client; pull consumers (PullMessage, UpdateOffset,
+GetOffset, QueryOffset) by ``pulls.PullService``, registered here. Every other RPC is answered gRPC UNIMPLEMENTED
+(12) naming why (lite topics; docs/rocketmq5.md).
 
 As RocketMQ's proxy does, business errors travel in-band: grpc-status 0 and the response's ``status`` holding an
 ``apache.rocketmq.v2.Code`` (``Refusal`` and ``code_of``), authentication failures (``UNAUTHORIZED``) included;
@@ -60,10 +61,6 @@ log = logging.getLogger(__name__)
 
 #: Why the RPCs not served yet are not, as their UNIMPLEMENTED says.
 LATER = {
-    "PullMessage": "pull consumers over gRPC are not served yet",
-    "UpdateOffset": "pull consumers over gRPC are not served yet",
-    "GetOffset": "pull consumers over gRPC are not served yet",
-    "QueryOffset": "pull consumers over gRPC are not served yet",
     "SyncLiteSubscription": "lite topics are not served",
 }
 
@@ -80,8 +77,9 @@ POLL_RESERVE_MS = 300
 #: Receives a ReceiveMessage makes while every message it got was filtered out, even past its long poll (each one
 #: acknowledges what it filtered out, so a backlog of unwanted messages is passed over this many batches a call).
 FILTER_ROUNDS = 16
-#: The RPCs answered with a stream of responses (their handler returns a list).
-STREAMING = frozenset({"ReceiveMessage"})
+#: The RPCs answered with a stream of responses (their handler returns a list), and what follows a refusal's status
+#: (ReceiveMessage's: a delivery timestamp; PullMessage's: nothing, as the proxy's pull writer answers an error).
+STREAMING = {"ReceiveMessage": lambda: [_delivered_now()], "PullMessage": lambda: []}
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
 #: The message types a route's queues accept (a metaq topic has no type).
@@ -156,13 +154,14 @@ class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
     def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None, tx=None,
-                 checks=None, pop=None):
+                 checks=None, pop=None, pulls=None):
         """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
         rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
         cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
         from the store. ``tx``: the TxService, which keeps transactional messages' half messages (None:
         transactional sends refused NOT_IMPLEMENTED); ``checks``: its check-back's ``Checks``; ``pop``: the
-        PopService receives, acks, invisible durations and dead letters go to (None: refused NOT_IMPLEMENTED)."""
+        PopService receives, acks, invisible durations and dead letters go to (None: refused NOT_IMPLEMENTED);
+        ``pulls``: the ``pulls.PullService`` serving PullMessage and the offsets (None: those are unknown RPCs)."""
         self.pop = pop
         self.consumers = OrderedDict()  # client id -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
         self.store = store
@@ -191,6 +190,8 @@ class MessagingService:
             "ChangeInvisibleDuration": (pb.ChangeInvisibleDurationRequest, self.change_invisible_duration),
             "ForwardMessageToDeadLetterQueue": (pb.ForwardMessageToDeadLetterQueueRequest, self.forward_to_dlq),
         }
+        if pulls is not None:
+            self.unary.update(pulls.rpcs())
         self.counts = {"calls": 0, "refused": 0, "sent": 0, "checks_sent": 0, "checks_unsent": 0, "given_up": 0}
 
     def kind(self, rpc):
@@ -228,7 +229,7 @@ class MessagingService:
             self.counts["refused"] += 1
             refused = response_type(status=status(exc.code, exc.message))
             if rpc in STREAMING:
-                return [refused.SerializeToString(), _delivered_now().SerializeToString()]
+                return [r.SerializeToString() for r in [refused] + STREAMING[rpc]()]
             return refused.SerializeToString()
         if rpc in STREAMING:
             return [r.SerializeToString() for r in response]
@@ -554,36 +555,15 @@ class MessagingService:
         return out + [_delivered_now()]
 
     def _received_message(self, r, msg, invisible):
-        """A received message as the proxy's converter fills it (reference 4.3): the original topic, the user's
-        properties, the system ones with the receipt handle and the delivery attempt."""
-        props = msg.properties
-        try:
-            body = inflate_body(msg.sys_flag, msg.body, self.store.config.max_transfer_size)
-        except errors.MetaqError:
-            body = msg.body
-        sp = pb.SystemProperties(message_id=props.get(PROP_UNIQ_KEY) or "%X" % r.record.msg_id,
-                                 body_encoding=pb.IDENTITY, queue_id=r.partition, queue_offset=r.offset,
-                                 body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
-                                 store_host="%s:%d" % self.endpoint(), born_host="%s:%d" % tuple(msg.born_host[:2]),
-                                 receipt_handle=r.handle, delivery_attempt=r.attempt)
+        """A received message as the proxy's converter fills it (reference 4.3): ``message_of``'s, with the receipt
+        handle, the delivery attempt and the invisible duration, of the topic it was received from."""
+        m = message_of(msg, self.endpoint(), self.store.config.max_transfer_size, r.record.msg_id)
+        m.topic.name = r.topic
+        sp = m.system_properties
+        sp.queue_id, sp.queue_offset, sp.receipt_handle, sp.delivery_attempt = r.partition, r.offset, r.handle, \
+            r.attempt
         sp.invisible_duration.FromMilliseconds(invisible)
-        sp.born_timestamp.FromMilliseconds(msg.born_timestamp)
-        sp.store_timestamp.FromMilliseconds(msg.store_timestamp)
-        if props.get(PROP_TAGS):
-            sp.tag = props[PROP_TAGS]
-        sp.keys.extend(k for k in props.get(PROP_KEYS, "").split(" ") if k)
-        group = props.get(PROP_SHARDING_KEY)
-        deliver = props.get(PROP_DELIVER_MS, "")
-        if group:
-            sp.message_group = group
-            sp.message_type = pb.FIFO
-        elif deliver.isdigit():
-            sp.delivery_timestamp.FromMilliseconds(int(deliver))
-            sp.message_type = pb.DELAY
-        else:
-            sp.message_type = pb.NORMAL
-        user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))}
-        return pb.Message(topic=pb.Resource(name=r.topic), user_properties=user, system_properties=sp, body=body)
+        return m
 
     def ack_message(self, request, call):
         """Each entry's receipt handle acknowledged (``PopService.ack``, at most ``limits.POP_MAX_ACK_HANDLES`` a
@@ -834,6 +814,38 @@ class MessagingService:
             raise GrpcError(Status.INVALID_ARGUMENT, "BAD_REQUEST: settings with neither publishing nor "
                             "subscription")
         return pb.TelemetryCommand(status=status("OK"), settings=answer).SerializeToString()
+
+
+def message_of(msg, endpoint, max_transfer, msg_id):
+    """A stored message (``mapping.message_of_record``'s) as the proxy's converter fills it (reference 4.3): its
+    topic, queue and offset, the user's properties, the system ones (tag, keys, id, digest, type, times, hosts).
+    ``msg_id``: the record's metaq id, its message id when the client gave none."""
+    props = msg.properties
+    try:
+        body = inflate_body(msg.sys_flag, msg.body, max_transfer)
+    except errors.MetaqError:
+        body = msg.body
+    sp = pb.SystemProperties(message_id=props.get(PROP_UNIQ_KEY) or "%X" % msg_id,
+                             body_encoding=pb.IDENTITY, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
+                             body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
+                             store_host="%s:%d" % tuple(endpoint), born_host="%s:%d" % tuple(msg.born_host[:2]))
+    sp.born_timestamp.FromMilliseconds(msg.born_timestamp)
+    sp.store_timestamp.FromMilliseconds(msg.store_timestamp)
+    if props.get(PROP_TAGS):
+        sp.tag = props[PROP_TAGS]
+    sp.keys.extend(k for k in props.get(PROP_KEYS, "").split(" ") if k)
+    group = props.get(PROP_SHARDING_KEY)
+    deliver = props.get(PROP_DELIVER_MS, "")
+    if group:
+        sp.message_group = group
+        sp.message_type = pb.FIFO
+    elif deliver.isdigit():
+        sp.delivery_timestamp.FromMilliseconds(int(deliver))
+        sp.message_type = pb.DELAY
+    else:
+        sp.message_type = pb.NORMAL
+    user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))}
+    return pb.Message(topic=pb.Resource(name=msg.topic), user_properties=user, system_properties=sp, body=body)
 
 
 def _duration_ms(d):

@@ -491,6 +491,7 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
     protobuf code is generated at setup (tools/protos.py), and a broker without the port never needs it."""
     try:
         from metaq.rmq5.port import GrpcPort, PortLimits
+        from metaq.rmq5.pulls import PullService
         from metaq.rmq5.rpcs import Checks, MessagingService
     except ImportError as exc:
         raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
@@ -506,7 +507,9 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
                                config.limits.max_body_bytes, endpoint, broker_id=config.broker.id, cluster=cluster,
                                tx=tx, checks=Checks(r.transaction_check_interval_ms / 1000.0, r.transaction_timeout_ms,
                                                     r.transaction_check_max, r.max_half_messages,
-                                                    limits.MAX_CHECKS_PER_ROUND), pop=pop)
+                                                    limits.MAX_CHECKS_PER_ROUND), pop=pop,
+                               pulls=PullService(store, guard, put_path.waiters, put_path.roles, put_path.check_master,
+                                                 endpoint, config.store.max_transfer_size, config.limits.max_wait_ms))
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

@@ -223,8 +223,8 @@ def test_bad_requests_get_the_protocols_statuses_and_the_connection_goes_on(brok
         client.raw("NoSuchMethod", b"")
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     with pytest.raises(grpc.RpcError) as err:
-        client.unary("PullMessage", pb.PullMessageRequest(), pb.PullMessageResponse)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "pull" in err.value.details()
+        client.unary("SyncLiteSubscription", pb.SyncLiteSubscriptionRequest(), pb.SyncLiteSubscriptionResponse)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "lite" in err.value.details()
     assert [rec.payload for recs in stored(broker, "tq-bad").values() for rec in recs] == [b"ok"]
     assert code(client.route("tq-bad").status) == "OK"  # the same connection still serves
     with broker.client() as text:
