@@ -27,9 +27,8 @@ import time
 from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.filters.sql import compiled
-from metaq.protocol.journaltopic import RETRY_PREFIX
 from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC, message_of_record, parse_subscription
-from metaq.protocol.rocketmq.requests import resource
+from metaq.protocol.rocketmq.requests import copies_readable, resource
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import Refusal
 from metaq.rmq5.rpcs import code_of, message_of
@@ -105,21 +104,8 @@ class PullService:
             raise Refusal(code_of(exc), str(exc)) from None
 
     def _readable(self, call, topic):
-        """For a pull of a group's retry topic by a user not an admin: ``readable(RETRY_TOPIC)``, True for a copy
-        of a topic that user may read (the remoting pull's ``copies_readable``); None for any other pull."""
-        guard = self.guard
-        if not topic.startswith(RETRY_PREFIX) or guard is None or not guard.enabled or guard.is_admin(call.session):
-            return None
-        seen = {}
-
-        def readable(origin):
-            if not origin:
-                return True
-            if origin not in seen:
-                seen[origin] = guard.allows(call.session, *resource(SUB, origin))
-            return seen[origin]
-
-        return readable
+        """``requests.copies_readable`` for this call's user (None without authentication)."""
+        return None if self.guard is None else copies_readable(self.guard, call.session, topic)
 
     # -- PullMessage ---------------------------------------------------------------------------------------------
 

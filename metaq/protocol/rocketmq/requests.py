@@ -166,6 +166,25 @@ def resource(action, topic):
     return (action, "topic", topic)
 
 
+def copies_readable(guard, session, topic):
+    """For a pull of a group's retry topic by ``session``'s user, not an admin: ``readable(origin)``, True for a copy
+    of a topic (its RETRY_TOPIC property) that user may read, or one without it (sent there as it is, checked at its
+    send). The group grants the pull (RocketMQ's rule), but the topic holds copies of every topic the group consumed,
+    and the others are not served. None for any other pull (nothing to filter)."""
+    if not topic.startswith(RETRY_PREFIX) or guard.is_admin(session):
+        return None
+    seen = {}
+
+    def readable(origin):
+        if not origin:
+            return True
+        if origin not in seen:
+            seen[origin] = guard.allows(session, *resource(SUB, origin))
+        return seen[origin]
+
+    return readable
+
+
 def _group(name):
     return (SUB, "group", name)
 

@@ -45,8 +45,7 @@ import gevent
 
 from metaq import errors
 from metaq.auth import proofs
-from metaq.auth.acl import ADMIN, SUB
-from metaq.protocol.journaltopic import RETRY_PREFIX
+from metaq.auth.acl import ADMIN
 from metaq.protocol.rocketmq import requests
 from metaq.protocol.rocketmq.headers import EndTransactionHeader, decode_header
 from metaq.protocol.rocketmq.remoting import RequestCode as R
@@ -160,26 +159,9 @@ class RemotingAcl:
             gevent.sleep(delay)
 
     def copies_readable(self, conn, topic, signer):
-        """For a pull of a group's retry topic by ``signer`` (the user who signed it: a connection may carry the
-        requests of several) not an admin: ``readable(RETRY_TOPIC)``, True for a copy of a topic that user may
-        read (or one without RETRY_TOPIC: sent there as it is, checked at its send). The group grants the pull
-        (RocketMQ's rule), but the topic holds copies of every topic the group consumed, and the others are not
-        served (``dispatch._pull_once``). None for any other pull."""
-        if not topic.startswith(RETRY_PREFIX):
-            return None
-        session = SimpleNamespace(user=signer, host=conn.session.host)
-        if self.guard.is_admin(session):
-            return None
-        seen = {}
-
-        def readable(origin):
-            if not origin:
-                return True
-            if origin not in seen:
-                seen[origin] = self.guard.allows(session, *resource(SUB, origin))
-            return seen[origin]
-
-        return readable
+        """``requests.copies_readable`` for a pull signed by ``signer`` (a connection may carry the requests of
+        several users)."""
+        return requests.copies_readable(self.guard, SimpleNamespace(user=signer, host=conn.session.host), topic)
 
     def _record_topic(self, offset):
         return self.store.record_at(offset).topic
