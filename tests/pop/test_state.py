@@ -205,3 +205,18 @@ def test_the_journal_in_a_store_replays_to_the_live_state_and_a_snapshot_replace
 
 def test_limits_are_named():
     assert limits.POP_MAX_ATTEMPTS == 16 and limits.POP_MAX_BATCH == 32
+
+
+def test_message_states_say_where_one_message_is_for_each_group():
+    pop = Pop(Log([None] * 4))
+    _got, hs = pop.receive(3, NOW, inv=1000)
+    pop.ack([hs[1]], NOW + 1)  # offset 1 done out of order, 0 and 2 in flight, 3 never handed out
+    s = pop.state
+    assert s.message_states(T, 0, 1) == [(G, "done", None)]
+    [(group, state, flight)] = s.message_states(T, 0, 0)
+    assert (group, state, flight.attempt, flight.deadline) == (G, "in_flight", 1, NOW + 1000)
+    assert s.message_states(T, 0, 3) == [(G, "not_received", None)]
+    assert s.message_states(T, 1, 0) == [(G, "not_received", None)]  # a partition the group never read
+    assert s.message_states("other", 0, 0) == []  # no group receives that topic
+    pop.ack([hs[0]], NOW + 2)
+    assert s.message_states(T, 0, 0) == [(G, "done", None)]  # below the low water
