@@ -26,6 +26,7 @@ A record that does not fit its layout is skipped, never an error: the topic is w
 from typing import NamedTuple, Optional
 
 from metaq import errors
+from metaq.protocol.integers import parse_int
 from metaq.protocol.rocketmq.bodies import parse_offset_msg_id
 
 __all__ = ["TRACE_TOPIC", "CONTENT_SEPARATOR", "FIELD_SEPARATOR", "MessageRef", "parse_message_id",
@@ -67,9 +68,10 @@ def parse_message_id(text):
                              "digits; to find messages by key, trace the key with its topic)" % (text[:80],))
 
 
-def _int(text):
+def _number(text):
+    """A record's integer field, None when it is not one (the records are the clients': skipped, never refused)."""
     try:
-        return int(text)
+        return parse_int(text, "field", -_INT64_MAX - 1, _INT64_MAX)
     except ValueError:
         return None
 
@@ -79,9 +81,9 @@ def _bool(text):
 
 
 def _pub(f):
-    rec = {"type": "Pub", "timestamp_ms": _int(f[1]), "region": f[2], "group": f[3], "topic": f[4],
-           "msg_id": f[5], "tags": f[6], "keys": f[7], "store_host": f[8], "body_length": _int(f[9]),
-           "cost_ms": _int(f[10]), "offset_msg_id": None, "success": None}
+    rec = {"type": "Pub", "timestamp_ms": _number(f[1]), "region": f[2], "group": f[3], "topic": f[4],
+           "msg_id": f[5], "tags": f[6], "keys": f[7], "store_host": f[8], "body_length": _number(f[9]),
+           "cost_ms": _number(f[10]), "offset_msg_id": None, "success": None}
     if len(f) == 13:
         rec["success"] = _bool(f[12])
     elif len(f) >= 14:
@@ -90,18 +92,18 @@ def _pub(f):
 
 
 def _sub_before(f):
-    return {"type": "SubBefore", "timestamp_ms": _int(f[1]), "region": f[2], "group": f[3], "request_id": f[4],
-            "msg_id": f[5], "retry_times": _int(f[6]), "keys": f[7]}
+    return {"type": "SubBefore", "timestamp_ms": _number(f[1]), "region": f[2], "group": f[3], "request_id": f[4],
+            "msg_id": f[5], "retry_times": _number(f[6]), "keys": f[7]}
 
 
 def _sub_after(f):
-    return {"type": "SubAfter", "request_id": f[1], "msg_id": f[2], "cost_ms": _int(f[3]), "success": _bool(f[4]),
-            "keys": f[5], "context_code": _int(f[6]) if len(f) > 6 else None,
-            "timestamp_ms": _int(f[7]) if len(f) > 7 else None}
+    return {"type": "SubAfter", "request_id": f[1], "msg_id": f[2], "cost_ms": _number(f[3]), "success": _bool(f[4]),
+            "keys": f[5], "context_code": _number(f[6]) if len(f) > 6 else None,
+            "timestamp_ms": _number(f[7]) if len(f) > 7 else None}
 
 
 def _end_transaction(f):
-    return {"type": "EndTransaction", "timestamp_ms": _int(f[1]), "region": f[2], "group": f[3], "topic": f[4],
+    return {"type": "EndTransaction", "timestamp_ms": _number(f[1]), "region": f[2], "group": f[3], "topic": f[4],
             "msg_id": f[5], "tags": f[6], "keys": f[7], "store_host": f[8], "transaction_id": f[10],
             "transaction_state": f[11], "from_check": _bool(f[12])}
 
