@@ -91,8 +91,7 @@ def trace_message(store, query, require_read, pop_state=None, host=None, broker_
     found = found[:most]
     for rec in found:
         require_read(rec.topic)  # each message's own topic, before anything of it is told
-    pop = pop_state
-    messages = [_describe(store, rec, pop, host, pause) for rec in found]
+    messages = [_describe(store, rec, pop_state, host, pause) for rec in found]
     return {"query": {"kind": query.kind, "value": query.value, "topic": query.topic}, "messages": messages,
             "more": more}
 

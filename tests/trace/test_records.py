@@ -52,6 +52,11 @@ def test_older_and_newer_layouts_and_damaged_rows():
     assert [(r["type"], r.get("offset_msg_id"), r.get("success")) for r in recs] == \
         [("Pub", None, True), ("Pub", "O", False), ("SubAfter", None, True)]
     assert recs[2]["timestamp_ms"] is None and recs[0]["timestamp_ms"] == 1
+    end_tx = c.join(["EndTransaction", "5", "R", "PG", "t", "U", "", "k", "h:1", "3", "TX1", "COMMIT_MESSAGE",
+                     "true"]) + f
+    [end] = parse_trace_body(end_tx)
+    assert (end["type"], end["transaction_id"], end["transaction_state"], end["from_check"]) == \
+        ("EndTransaction", "TX1", "COMMIT_MESSAGE", True)
     assert parse_trace_body(b"\xff\xfe") == []
 
 
