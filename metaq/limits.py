@@ -690,6 +690,20 @@ DLQ_BODY_PREVIEW_BYTES = 64
 #: past it the oldest is forgotten, so clients inventing group names cannot grow the table.
 MAX_TEXT_GROUP_MEMBERS = 10_000
 
+# -- where is my message (docs/operating.md "Where is my message"; trace/service.py) ----------------
+
+#: Messages one trace answers at most (``metaq-admin trace --max``; a key many messages carry: the newest this many,
+#: ``"more": true`` saying there are more). A request asking for more is refused.
+TRACE_MAX_RESULTS = 20
+#: Records of the consumer groups' retry and dead-letter topics one trace reads per message (from the message's
+#: store time on) looking for its copies; past it the answer says ``"copies_complete": false``.
+TRACE_MAX_COPY_SCAN = 10_000
+#: Records of a partition a trace by metaq id reads from the first one stored in the id's millisecond.
+TRACE_ID_SCAN = 4096
+#: RocketMQ message-trace records (``RMQ_SYS_TRACE_TOPIC``) one trace shows per message; past it
+#: ``"traces_complete": false``.
+TRACE_MAX_RECORDS = 100
+
 # -- consumer priorities (docs/messaging.md "Priorities"; priorities/wire.py) ----------------
 
 #: Most priority levels a topic may have (``metaq-admin topics create --priorities L``: 2..this). Each level past

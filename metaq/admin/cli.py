@@ -45,6 +45,7 @@ from metaq.protocol import stats as stats_codec
 from metaq.timers import cli as timers_cli
 from metaq.topics import cli as admintopics
 from metaq.topics import names as internaltopics
+from metaq.trace import cli as trace_cli
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: Seconds a promotion may take at the broker (it stops its link and fsyncs its new epoch).
@@ -432,6 +433,7 @@ def build_parser():
     adminoffsets.add_parser(sub, parse_time)  # reset-offsets
     dlq.add_parser(sub)  # dlq list|resend
     timers_cli.add_parser(sub)  # timers list|cancel
+    trace_cli.add_parser(sub)  # trace ID | --key KEY (where is my message)
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "
@@ -488,6 +490,7 @@ RUNNERS = {
     "reset-offsets": lambda view, args, brokers, render: adminoffsets.run(view, args, render),
     "dlq": lambda view, args, brokers, render: dlq.run(view, args, render),
     "timers": lambda view, args, brokers, render: timers_cli.run(view, args, render),
+    "trace": lambda view, args, brokers, render: trace_cli.run(view, args, args.json, render_table),
 }
 
 

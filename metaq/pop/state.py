@@ -131,6 +131,26 @@ class PopState:
             return None
         return min((f.deadline for c in g.cursors.values() for f in c.flights.values()), default=None)
 
+    def message_states(self, topic, partition, offset):
+        """``[(group, state, Flight or None)]``, sorted by group, for every group that receives ``topic``: where the
+        message at ``offset`` of ``partition`` is for it: ``"in_flight"`` (handed out and not acknowledged: its
+        Flight says the attempt and the invisible deadline, past which it is handed out again), ``"done"``
+        (acknowledged or dead-lettered: the state does not keep which) or ``"not_received"``."""
+        out = []
+        for (group, t), g in sorted(self.groups.items()):
+            if t != topic:
+                continue
+            c = g.cursors.get(partition)
+            if c is None or offset >= c.next:
+                out.append((group, "not_received", None))
+            elif offset in c.flights:
+                out.append((group, "in_flight", c.flights[offset]))
+            elif offset < c.low or offset in c.done:
+                out.append((group, "done", None))
+            else:  # below next, neither in flight nor done: passed over by a skip (retention) or never read
+                out.append((group, "not_received", None))
+        return out
+
     def rows(self):
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair, sorted."""
         return [(g, t, gp.in_flight(), gp.redelivered, gp.dead) for (g, t), gp in sorted(self.groups.items())]

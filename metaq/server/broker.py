@@ -10,6 +10,8 @@ from gevent.lock import Semaphore
 
 from metaq import errors, limits, speedups
 from metaq.admin.http import AdminViews, add_admin_routes
+from metaq.trace.http import TraceViews, add_trace_routes
+from metaq.trace.service import Tracer
 from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
@@ -144,10 +146,12 @@ class Broker:
                               lambda group: self.remoting.group_members(group) if self.remoting is not None else [])
         self.topic_admin = TopicAdmin(self.store, self.store_lock, self.registry,
                                       lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
+        self.tracer = Tracer(self.store, lambda: self.pop.state, self._remoting_host, config.broker.id,
+                             lambda: self.roles.read_refusal)  # where is my message (trace/service.py)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
                                          self.replies, self.admin, self.group_members, self.topic_admin,
-                                         self.pop)
+                                         self.pop, self.tracer)
         self.fast_puts = FastPuts(self.put_path, lim) if config.broker.burst_puts else None
         http = (("https" if config.security.tls.mode == "on" else "http", config.http.host or config.broker.host,
                  config.http.port) if config.http.port else None)  # named to an HTTP client on the text port
@@ -192,6 +196,7 @@ class Broker:
             admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
+            add_trace_routes(self.http.router, TraceViews(self.tracer, self.guard))  # where is my message
 
         self.grpc = None
         if config.grpc.port:  # docs/rocketmq5.md
@@ -224,6 +229,11 @@ class Broker:
     def connection_count(self):
         """Connections open on the text port (``curr_connections``; the remoting port has its own line)."""
         return self.text.connection_count()
+
+    def _remoting_host(self):
+        """The remoting port's ``(ip, port)`` as offset message ids name it, or None without the port."""
+        r = self.remoting
+        return (r.store_ip, r.port) if r is not None and r.store_ip is not None and r.port else None
 
     def _rocketmq_addresses(self):
         """What the registry publishes for RocketMQ routes (server/routes.py): ``(broker name, remoting "ip:port",

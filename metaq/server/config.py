@@ -26,6 +26,7 @@ from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, pars
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
+from metaq.trace.records import TRACE_TOPIC
 from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
 # import this module alone of the server) still take these names from here
@@ -293,9 +294,14 @@ class RemotingSection(_Section):
     def retry_topic_specs(self):
         """Topic patterns of the retry and dead-letter topics, and of the dead letters' resent journals
         (``admin/service.py``): first, so they win over user patterns. The dead letters and their journals are
-        declared without the remoting port too: per-message acknowledgement (``pop/service.py``) writes them."""
+        declared without the remoting port too: per-message acknowledgement (``pop/service.py``) writes them. With
+        the port, RocketMQ's message-trace topic too (one partition, as RocketMQ's broker creates it with
+        ``traceTopicEnable``): clients with tracing on find its route and send there (docs/operating.md "Where is
+        my message")."""
         dead = [TopicSpec("%DLQ%*", self.retry_queues), TopicSpec("%RESENT%*", 1)]
-        return [TopicSpec("%RETRY%*", self.retry_queues)] + dead if self.port else dead
+        if not self.port:
+            return dead
+        return [TopicSpec("%RETRY%*", self.retry_queues)] + dead + [TopicSpec(TRACE_TOPIC, 1)]
 
 
 class DelaySection(_Section):

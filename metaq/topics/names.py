@@ -2,21 +2,23 @@
 --all``).
 
 ``INTERNAL`` names the broker's exact topics: delayed delivery's (``SCHEDULE_TOPIC_XXXX``), the timer store's log
-(``%TIMER%``), the transaction journal (``%TX%``), the POP journal (``%POP%``) and the MQTT sessions' log
-(``%MQTT%``). ``is_internal`` also covers the topics the broker names after a consumer group (``%RETRY%<group>``,
-``%DLQ%<group>``, ``%RESENT%<group>``) and a priority topic's levels (``<topic>%P<k>``, whose messages belong to
-``<topic>``: ``level_owner``). Pure: names in, answers out.
+(``%TIMER%``), the transaction journal (``%TX%``), the POP journal (``%POP%``), the MQTT sessions' log
+(``%MQTT%``) and RocketMQ's message-trace topic (``RMQ_SYS_TRACE_TOPIC``, declared with the remoting port; its
+records are the clients', read by ``metaq-admin trace``). ``is_internal`` also covers the topics the broker names
+after a consumer group (``%RETRY%<group>``, ``%DLQ%<group>``, ``%RESENT%<group>``) and a priority topic's levels
+(``<topic>%P<k>``, whose messages belong to ``<topic>``: ``level_owner``). Pure: names in, answers out.
 """
 
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, MQTT_SESSIONS_TOPIC, POP_TOPIC, TIMER_TOPIC, TX_TOPIC
 from metaq.priorities.wire import split_level
+from metaq.trace.records import TRACE_TOPIC
 
 __all__ = ["INTERNAL", "is_internal", "level_owner"]
 
 #: The broker's own topics by exact name: delayed delivery's levels, the timer store's log, the transaction journal,
-#: the POP journal, the MQTT sessions' log.
-INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC)
+#: the POP journal, the MQTT sessions' log, RocketMQ's message-trace topic.
+INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC, TRACE_TOPIC)
 
 
 def level_owner(topic):

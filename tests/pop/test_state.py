@@ -266,3 +266,18 @@ def test_a_slave_keeps_the_log_from_the_last_snapshot_its_own_flush_made_durable
         assert slave.follow.retention_floor() == snap_at
     finally:
         store.close(NOW)
+
+
+def test_message_states_say_where_one_message_is_for_each_group():
+    pop = Pop(Log([None] * 4))
+    _got, hs = pop.receive(3, NOW, inv=1000)
+    pop.ack([hs[1]], NOW + 1)  # offset 1 done out of order, 0 and 2 in flight, 3 never handed out
+    s = pop.state
+    assert s.message_states(T, 0, 1) == [(G, "done", None)]
+    [(group, state, flight)] = s.message_states(T, 0, 0)
+    assert (group, state, flight.attempt, flight.deadline) == (G, "in_flight", 1, NOW + 1000)
+    assert s.message_states(T, 0, 3) == [(G, "not_received", None)]
+    assert s.message_states(T, 1, 0) == [(G, "not_received", None)]  # a partition the group never read
+    assert s.message_states("other", 0, 0) == []  # no group receives that topic
+    pop.ack([hs[0]], NOW + 2)
+    assert s.message_states(T, 0, 0) == [(G, "done", None)]  # below the low water

@@ -38,6 +38,9 @@ from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
 from metaq.pop import wire as popwire
 from metaq.pop.text import TextPop
+from metaq.trace.service import Tracer
+from metaq.trace.text import TextTrace
+from metaq.trace.wire import TraceQuery
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +94,7 @@ CONNECTION_OWN = (ev.Quit,)
 
 class TextDispatcher:
     def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None,
-                 admin=None, group_members=None, topics=None, pop=None):
+                 admin=None, group_members=None, topics=None, pop=None, tracer=None):
         """``tx``: the text transaction front (``metaq.transactions.text.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``reqreply.service``; None: ``request``/``reply`` answered 400);
@@ -99,7 +102,8 @@ class TextDispatcher:
         ``group_members``: told which connection commits or queries which group (``admin.service.TextGroupMembers``);
         ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400);
         ``pop``: per-message acknowledgement (``pop.service.PopService``; None: ``receive``, ``ack`` and
-        ``change_invisible`` answered 400)."""
+        ``change_invisible`` answered 400); ``tracer``: ``trace``'s lookup (``trace.service.Tracer``; None: one
+        without the remoting address, whose offset ids then name no record here)."""
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -159,6 +163,10 @@ class TextDispatcher:
             self._handlers.update({t: self._no_pop for t in popwire.EVENTS})
         for event_type in adminwire.EVENTS:
             self._handlers[event_type] = self.admin.handlers[event_type] if admin is not None else self._no_admin
+        if tracer is None:  # no remoting address known: offset ids name no record here
+            tracer = Tracer(store, lambda: pop.state if pop is not None else None, lambda: None, config.broker.id,
+                            lambda: roles.read_refusal)
+        self._handlers[TraceQuery] = TextTrace(tracer, guard).trace  # trace (docs/operating.md "Where is my message")
         if replies is not None:
             self._handlers[ev.Request] = lambda e, conn: (self.requests.request(e, conn), NO_WAIT)
             self._handlers[ev.Reply] = lambda e, conn: (self.requests.reply(e, conn), NO_WAIT)
