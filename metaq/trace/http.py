@@ -12,7 +12,6 @@ JSON is the text ``trace`` reply's (``trace/wire.py``); 404 for no such message,
 """
 
 from metaq import errors, limits
-from metaq.auth.acl import SUB
 from metaq.server.http.routes import READ, json_response
 from metaq.trace.wire import TraceQuery
 
@@ -34,9 +33,7 @@ class TraceViews:
                                      % (most, limits.TRACE_MAX_RESULTS))
         query = TraceQuery("id" if key is None else "key", msg_id if key is None else key, request.arg("topic"),
                            most, 0)
-        session = request.session
-        return json_response(self.tracer.trace(query, lambda topic: self.guard.require(session, SUB, "topic",
-                                                                                         topic)))
+        return json_response(self.tracer.trace(query, self.guard, request.session))
 
 
 def add_trace_routes(router, views):

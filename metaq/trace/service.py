@@ -29,6 +29,7 @@ loop (``coldpages.walk``), the copy scan lets the others run every ``limits.DLQ_
 import gevent
 
 from metaq import errors, limits
+from metaq.auth.acl import SUB
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.msgid import id_broker, id_timestamp_ms
 from metaq.protocol.rocketmq.bodies import create_offset_msg_id, parse_offset_msg_id
@@ -61,12 +62,23 @@ class Tracer:
         self.store, self.pop_state, self.host, self.broker_id = store, pop_state, host, broker_id
         self.read_refusal, self.pause = read_refusal, pause
 
-    def trace(self, query, require_read):
+    def trace(self, query, guard, session):
+        """``trace_message`` for ``session``'s user, by ``guard``'s one permission decision: the messages of topics
+        it may subscribe to (Forbidden otherwise), and of their consumers only the groups it may consume as (another
+        tenant's groups are not named to it)."""
         refusal = self.read_refusal()
         if refusal is not None:
             raise errors.Unavailable(refusal)
-        return trace_message(self.store, query, require_read, self.pop_state(), self.host(), self.broker_id,
-                             self.pause)
+        found = trace_message(self.store, query, lambda topic: guard.require(session, SUB, "topic", topic),
+                              self.pop_state(), self.host(), self.broker_id, self.pause)
+        for m in found["messages"]:
+            for key in _GROUP_ROWS:
+                m[key] = [row for row in m[key] if guard.allows(session, SUB, "group", row["group"])]
+        return found
+
+
+#: The rows of a traced message that name a consumer group.
+_GROUP_ROWS = ("consumers", "pop", "retries", "dead_letters")
 
 
 def trace_message(store, query, require_read, pop_state=None, host=None, broker_id=None, pause=_pause):

@@ -1,7 +1,6 @@
 """The text port's ``trace`` (``trace/wire.py``; docs/operating.md "Where is my message"): the lookup of
 ``trace/service.py`` with the connection's user's read permission, its answer as a JSON body."""
 
-from metaq.auth.acl import SUB
 from metaq.protocol.text import encode_result
 from metaq.trace.wire import encode_body
 
@@ -17,6 +16,5 @@ class TextTrace:
         self.guard = guard
 
     def trace(self, e, conn):
-        session = conn.session
-        value = self.tracer.trace(e, lambda topic: self.guard.require(session, SUB, "topic", topic))
+        value = self.tracer.trace(e, self.guard, conn.session)
         return encode_result(200, encode_body(value), e.opaque), NO_WAIT

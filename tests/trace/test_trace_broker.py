@@ -195,9 +195,21 @@ def test_only_a_user_who_may_read_the_topic_traces_its_messages(broker_factory, 
                                        "--json", "trace", str(msg_id), "--topic", "orders"],
                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
+    for user, group in (("alice", "billing"), ("reader", "audit")):  # each consumed it, as its own group
+        with b.client() as c:
+            assert c.auth(user, SECRETS[user]).code == 200
+            assert c.call(ev.CommitOffset(group, "orders", 0, 1, 1)).code == 200
+    secrets["reader"] = tmp_path / "reader.secret"
+    secrets["reader"].write_text(SECRETS["reader"])
+    secrets["reader"].chmod(0o600)
     ok = trace_as("alice")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)[0]["msg_id"] == msg_id
+    # a tenant is told of the groups it may consume as, not another's: alice's billing, not the reader's audit
+    assert [g["group"] for g in json.loads(ok.stdout)[0]["consumers"]] == ["billing"]
+    seen = trace_as("reader")
+    assert seen.returncode == 0, seen.stderr
+    assert sorted(g["group"] for g in json.loads(seen.stdout)[0]["consumers"]) == ["audit", "billing"]
     refused = trace_as("bob")  # bob may publish to orders, not read it
     assert refused.returncode == admin.EXIT_REFUSED, refused.stderr
     assert "user bob may not subscribe to topic orders" in refused.stderr, refused.stderr
