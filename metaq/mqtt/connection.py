@@ -8,8 +8,8 @@ and handles each packet:
   reason code where one exists); the client id's rules (empty: MQTT 5 gets one assigned; too long or holding a
   control character: 0x85 / 0x02), the user name and password through the guard (``Guard.login_with_secret``, the
   decision HTTP Basic takes too; refused: 0x86 / 0x04, then closed), the takeover of a client id (``MqttPort.claim``);
-  CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; no retained
-  messages, shared subscriptions or subscription identifiers in this phase).
+  CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; retained
+  messages, shared subscriptions and subscription identifiers are served, enhanced authentication is not).
 * **PUBLISH**: stored through the port's put (the put path's one write decision); QoS 1's PUBACK and QoS 2's PUBREC
   go out through the acknowledgement writer, in the order the PUBLISHes came, once the put may be acknowledged as
   a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). A QoS 2 resend of
@@ -326,8 +326,7 @@ class Connection(core.Connection):
             self.port.connected(session)
         props = {}
         if v5:
-            props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,
-                     "subscription_identifier_available": 0}
+            props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes}
             if s.topic_alias_maximum:
                 props["topic_alias_maximum"] = s.topic_alias_maximum
             if assigned:
@@ -338,8 +337,8 @@ class Connection(core.Connection):
         if session.subscriptions or session.inflight or session.rejoin:
             delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
             rejoin, session.rejoin = session.rejoin, []
-            for topic_filter, granted in rejoin:  # its shared groups joined again, their permission asked again
-                code = delivery.subscribe(wire.Subscription(topic_filter, granted))
+            for topic_filter, granted, sub_id in rejoin:  # its shared groups joined again, permission asked again
+                code = delivery.subscribe(wire.Subscription(topic_filter, granted), sub_id)
                 if code > 2:
                     log.info("mqtt %s: shared subscription %s not resumed (0x%02X)", self.peer, topic_filter, code)
         return True
@@ -504,15 +503,13 @@ class Connection(core.Connection):
 
     def _subscribe(self, p):
         v5 = self.version == MQTT_5
-        if v5 and "subscription_identifier" in p.properties:
-            return self._disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
-                                    "subscription identifiers are not supported yet")
+        sub_id = p.properties.get("subscription_identifier") if v5 else None  # 0 was refused by the codec
         delivery = self._delivery_of()
         codes = []
         retained = []
         for sub in p.subscriptions:
             new = sub.topic_filter not in self.mqtt.subscriptions
-            code = delivery.subscribe(sub)
+            code = delivery.subscribe(sub, sub_id)
             codes.append(code)
             if code <= 2 and (sub.retain_handling == 0 or (sub.retain_handling == 1 and new)):
                 retained.append((sub.topic_filter, code))

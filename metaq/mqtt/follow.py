@@ -63,11 +63,11 @@ class SavedSession:
         self.expiry_s = expiry_s  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1 (kept until the age bound)
         self.at_ms = at_ms
         self.connected = connected
-        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics], retain_as_published)]
+        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics], retain_as_published, sub id)]
         self.cursors = cursors  # {(topic, partition): next offset}
         self.qos2 = qos2  # [packet id]
         self.inflight = inflight  # [(packet id, state, qos, topic, partition, offset)]
-        self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS)]: groups it rejoins
+        self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS, sub id)]: groups it rejoins
         self.position = position
 
     def expired(self, now_ms, max_age_s):
@@ -139,13 +139,19 @@ def decode(data):
             raise RecordError("unknown record kind %r" % (d["k"],))
         return d["c"], SavedSession(
             d["c"], d["u"], d["v"], d["e"], d["at"], d["on"],
-            [(f, q, bool(nl), list(ts), bool(rap)) for f, q, nl, ts, rap in d["subs"]],
+            [(f, q, bool(nl), list(ts), bool(rap), _sub_id(rest)) for f, q, nl, ts, rap, *rest in d["subs"]],
             {(t, p): o for t, p, o in d["cur"]}, list(d["q2"]),
-            [tuple(i) for i in d["inf"]], [(f, q) for f, q in d.get("sh", ())])
+            [tuple(i) for i in d["inf"]], [(f, q, _sub_id(rest)) for f, q, *rest in d.get("sh", ())])
     except RecordError:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError("an MQTT session record that does not decode: %s" % exc) from exc
+
+
+def _sub_id(rest):
+    """A record's subscription identifier (the element after the others; records written before there were
+    identifiers have none)."""
+    return rest[0] if rest and isinstance(rest[0], int) and rest[0] > 0 else None
 
 
 class SessionTable:

@@ -5,16 +5,20 @@ from metaq.mqtt.follow import (Retained, SavedSession, SessionTable, decode, enc
 
 
 def _saved(client_id="c1", at_ms=1000, expiry_s=60, connected=False):
-    return SavedSession(client_id, "alice", 5, expiry_s, at_ms, connected, [("a/#", 1, False, ["a"], True)],
-                        {("a", 0): 7}, [3], [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1)])
+    return SavedSession(client_id, "alice", 5, expiry_s, at_ms, connected, [("a/#", 1, False, ["a"], True, 11)],
+                        {("a", 0): 7}, [3], [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1, None)])
 
 
 def test_a_session_record_round_trips():
     client_id, back = decode(encode(_saved()))
     assert client_id == "c1"
     assert (back.user, back.version, back.expiry_s, back.subscriptions, back.cursors, back.qos2, back.inflight,
-            back.shared) == ("alice", 5, 60, [("a/#", 1, False, ["a"], True)], {("a", 0): 7}, [3],
-                             [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1)])
+            back.shared) == ("alice", 5, 60, [("a/#", 1, False, ["a"], True, 11)], {("a", 0): 7}, [3],
+                             [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1, None)])
+    old = (b'{"k":"s","c":"c0","u":null,"v":4,"e":null,"at":1,"on":false,"subs":[["a/#",1,false,["a"],false]],'
+           b'"cur":[],"q2":[],"inf":[],"sh":[["$share/g/a/#",1]]}')  # written before subscription identifiers
+    _id, back = decode(old)
+    assert (back.subscriptions, back.shared) == ([("a/#", 1, False, ["a"], False, None)], [("$share/g/a/#", 1, None)])
 
 
 def test_the_last_record_of_a_client_is_its_session_and_an_end_drops_it():
