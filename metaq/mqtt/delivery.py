@@ -220,9 +220,11 @@ class Delivery:
                                                      self.max_transfer)
         except errors.Moved as moved:
             group.cursors[key] = moved.offset
+            group.dirty = True
             return moved.offset != offset
         except errors.CorruptRecord as exc:
             group.cursors[key] = exc.next_offset
+            group.dirty = True
             return True
         except errors.MetaqError:
             group.cursors.pop(key, None)
@@ -233,6 +235,7 @@ class Delivery:
             m = message_of(topic, rec.flag, rec.data)
             if not matches(group.topic_filter, m.topic):
                 group.cursors[key] = rec.queue_offset + 1
+                group.dirty = True
                 continue
             if min(granted, m.qos) and not self._has_room(self.conn):
                 return False  # its window is full: a member with room takes it (this one waits for an ack)
@@ -241,6 +244,7 @@ class Delivery:
                 self._deferred[key] = (group, rec.queue_offset)  # another member's turn; past a wait, this one's
                 return False
             group.cursors[key] = rec.queue_offset + 1
+            group.dirty = True
             group.claimed(self.conn)
             if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m,
                               () if sub_id is None else (sub_id,)):

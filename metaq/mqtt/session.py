@@ -45,15 +45,18 @@ class Subscribed:
 class SharedGroup:
     """A shared subscription's group (``$share/<name>/<filter>``, MQTT 5.0 §4.8.2): the members (connections) that
     share it and one read position per partition (``cursors``): a message is claimed by the member whose delivery
-    moves the cursor past it, so each goes to one member. It lives while it has members; a new one starts at the end
-    of the log."""
+    moves the cursor past it, so each goes to one member. It lives in memory while it has members; its cursors are
+    kept in the sessions' log while some session holding one of its subscriptions exists (``MqttPort``), and a
+    group begun again goes on from them; otherwise a new one starts at the end of the log. ``dirty``: the cursors
+    moved since they were last written."""
 
-    __slots__ = ("name", "topic_filter", "topics", "cursors", "members")
+    __slots__ = ("name", "topic_filter", "topics", "cursors", "members", "dirty")
 
     def __init__(self, name, topic_filter, topics):
         self.name, self.topic_filter, self.topics = name, topic_filter, set(topics)
         self.cursors = {}  # (metaq topic, partition) -> the next offset some member delivers
         self.members = {}  # member -> messages it claimed (the member with the fewest claims the next)
+        self.dirty = False
 
     def my_turn(self, member, ready):
         """True when ``member`` has claimed no more messages than any other member ``ready(member)`` says may take

@@ -1,7 +1,7 @@
 """The sessions' log records and the table they build (metaq.mqtt.follow): pure, no broker."""
 
-from metaq.mqtt.follow import (Retained, SavedSession, SessionTable, decode, encode, encode_end, encode_retained,
-                               encode_unretained)
+from metaq.mqtt.follow import (Retained, SavedGroup, SavedSession, SessionTable, decode, encode, encode_end,
+                               encode_group, encode_group_end, encode_retained, encode_unretained)
 
 
 def _saved(client_id="c1", at_ms=1000, expiry_s=60, connected=False):
@@ -42,6 +42,20 @@ def test_retained_records_set_replace_and_clear():
     assert t.retained_bytes == 3 + 8 and t.floor() == 6
     t.apply(8, encode_unretained("a/x"))
     assert list(t.retained) == ["a/y"] and t.retained_bytes == 8
+
+
+def test_shared_group_records_keep_the_last_positions_and_an_end_drops_them():
+    t = SessionTable()
+    t.apply(5, encode_group(SavedGroup("g", "jobs/#", ["jobs"], {("jobs", 0): 3, ("jobs", 1): 0}, 1)))
+    t.apply(9, encode_group(SavedGroup("g", "jobs/#", ["jobs"], {("jobs", 0): 7, ("jobs", 1): 2}, 2)))
+    t.apply(12, encode_group(SavedGroup("h", "#", ["jobs", "b"], {("b", 0): 1}, 3)))
+    g = t.groups[("g", "jobs/#")]
+    assert (g.topics, g.cursors, g.at_ms, g.position) == (["jobs"], {("jobs", 0): 7, ("jobs", 1): 2}, 2, 9)
+    assert sorted(t.groups[("h", "#")].topics) == ["b", "jobs"] and t.floor() == 9  # retention keeps the last
+    t.apply(13, encode_group_end("g", "jobs/#"))
+    assert list(t.groups) == [("h", "#")] and t.floor() == 12
+    t.apply(14, b'{"k":"g","n":"broken"}')  # passed over, logged
+    assert list(t.groups) == [("h", "#")]
 
 
 def test_expiry_and_the_age_bound():
