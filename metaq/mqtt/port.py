@@ -15,6 +15,8 @@ What it holds across connections:
   DISCONNECT; an MQTT 5 Will Delay holds it for min(Will Delay, Session Expiry) unless the client id connects
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once);
 * **assigned client identifiers** for a CONNECT with an empty one;
+* **the master's MQTT address** (``master_reference``: with ``ha: auto``, from the elected master's leader node):
+  a slave refuses a CONNECT that needs a persistent session, naming it (MQTT 5 Server Reference);
 * **persistent sessions** (``follow.SessionTable``): the sessions the sessions' log (``%MQTT%``) holds, replayed
   from the log at the start and followed on a slave (``store/journals.py``'s ``JournalFollow``); ``resume`` gives
   a CONNECT its saved session, ``save`` writes one (at once for subscriptions, QoS 2 packet ids and ends; the read
@@ -56,7 +58,8 @@ log = logging.getLogger(__name__)
 class MqttPort:
     """See the module doc."""
 
-    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True):
+    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True,
+                 master_reference=lambda: None):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -71,6 +74,7 @@ class MqttPort:
         self._id_salt = os.urandom(4).hex()
         self.wills_published = 0
         self.is_master = is_master
+        self.master_reference = master_reference  # the master's MQTT address when known (ha: auto), else None
         self.table = replay(store)  # the persistent sessions the log holds
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
