@@ -140,9 +140,9 @@ def _payloads(client, n):
 
 
 def test_a_group_goes_on_from_where_it_stopped_while_a_members_session_exists(broker_factory, tmp_path):
-    """Group g has a persistent member: its position outlives its members, a kill -9 too, and the gap is delivered
-    when the member comes back. Group h has clean members only: it ends with its last one. When the persistent
-    session ends, g's kept position ends with it."""
+    """Group g has a persistent member: its position outlives its members, a kill -9 and a restart too, and the gap
+    is delivered when the member comes back. Group h has clean members only: it ends with its last one. When the
+    persistent session ends, g's kept position ends with it."""
     b = broker_factory(mqtt_config(tmp_path))
     keeper = Paho(b, "keeper", clean=False, properties=_hour())
     assert keeper.subscribe("$share/g/jobs/#", 1) == [1]
@@ -173,6 +173,17 @@ def test_a_group_goes_on_from_where_it_stopped_while_a_members_session_exists(br
     pub.publish("jobs/a", b"late", 1)
     assert _payloads(lone, 1) == [b"late"]  # h began again at the end: nothing was kept for it
     assert _payloads(keeper, 5)[4] == b"late"
+    keeper.close()
+    raw = Raw(b)  # no reconnecting network thread across the restart
+    assert raw.connect("keeper", clean_start=False, properties={"session_expiry_interval": 3600}).session_present
+    pub.close()
+    b.stop()  # SIGTERM while the keeper is a member: the group's position is written as the broker stops
+    raw.close()
+    b.start()
+    pub = Paho(b, "pub")
+    pub.publish("jobs/a", b"restarted", 1)
+    keeper = Paho(b, "keeper", clean=False, properties=_hour())
+    assert _payloads(keeper, 1) == [b"restarted"]
     keeper.close()
     ender = Paho(b, "keeper")  # Clean Start 1, no expiry: the keeper's session ends, and g's position with it
     ender.close()
