@@ -19,7 +19,7 @@ slave, by the code that keeps messages.
 * **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
   the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
   record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
-* **Retention**: the log must keep each live session's and retained message's last record (``retention_floor``:
+* **Retention**: the log must keep each live session's, shared group's and retained message's last record (``floor``:
   the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
   (or a segment) behind, so retention is never held back by more than that.
 * **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated, at most ``MQTT_LEARN_BATCH`` a
