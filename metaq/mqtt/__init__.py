@@ -17,9 +17,10 @@ logic (the protocol layer: pure decisions)
 state (the store layer's rules: no socket, gevent or clock)
     session.py     ``MqttSession``: one client's subscriptions, read cursors, QoS 2 packet ids and messages in flight
                    (saved and restored whole for a persistent session); ``SharedGroup``: a ``$share`` group
-    follow.py      persistent sessions and retained messages as records of the internal topic ``%MQTT%``: the
-                   ``SessionTable`` they build (replayed at open), and ``MQTT_JOURNAL``, what ``store/journals.py``'s
-                   ``JournalFollow`` follows to keep a slave's table current
+    follow.py      persistent sessions, shared groups' kept read positions and retained messages as records of
+                   the internal topic ``%MQTT%``: the ``SessionTable`` they build (replayed at open), and
+                   ``MQTT_JOURNAL``, what ``store/journals.py``'s ``JournalFollow`` follows to keep a slave's table
+                   current
 front-end (the server layer)
     port.py        ``MqttPort``: the listener on the connection core, the client ids connected (takeover), the wills,
                    the persistent sessions' and retained messages' table (saved, expired), the shared groups

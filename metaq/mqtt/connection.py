@@ -8,8 +8,11 @@ and handles each packet:
   reason code where one exists); the client id's rules (empty: MQTT 5 gets one assigned; too long or holding a
   control character: 0x85 / 0x02), the user name and password through the guard (``Guard.login_with_secret``, the
   decision HTTP Basic takes too; refused: 0x86 / 0x04, then closed), the takeover of a client id (``MqttPort.claim``);
-  CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; no retained
-  messages, shared subscriptions or subscription identifiers in this phase).
+  CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; retained
+  messages, shared subscriptions and subscription identifiers are served, enhanced authentication is not). A
+  slave refuses a CONNECT that needs a persistent session (one that outlives the connection, or resumes one): it
+  writes no session records, so the session would be lost; MQTT 5 gets 0x9C Use another server with the master's
+  address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable.
 * **PUBLISH**: stored through the port's put (the put path's one write decision); QoS 1's PUBACK and QoS 2's PUBREC
   go out through the acknowledgement writer, in the order the PUBLISHes came, once the put may be acknowledged as
   a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). A QoS 2 resend of
@@ -46,7 +49,7 @@ log = logging.getLogger(__name__)
 
 #: MQTT 3.1.1's CONNACK return code for an MQTT 5 CONNACK reason code (the others have none: closed without one).
 CONNACK_311 = {wire.CLIENT_ID_NOT_VALID: 0x02, wire.BAD_USER_NAME_OR_PASSWORD: 0x04, wire.NOT_AUTHORIZED: 0x05,
-               wire.SERVER_UNAVAILABLE: 0x03, wire.QUOTA_EXCEEDED: 0x03}
+               wire.SERVER_UNAVAILABLE: 0x03, wire.QUOTA_EXCEEDED: 0x03, wire.USE_ANOTHER_SERVER: 0x03}
 #: Longest Reason String a refused PUBACK or PUBREC carries (the refusal's words, cut).
 MAX_REASON_CHARS = 256
 #: MQTT 3.1.1's SUBACK failure.
@@ -270,11 +273,11 @@ class Connection(core.Connection):
 
     # -- CONNECT -----------------------------------------------------------------
 
-    def _refuse_connect(self, code, why):
+    def _refuse_connect(self, code, why, props=None):
         """Answer the CONNECT with ``code`` (its 3.1.1 return code in 3.1.1), then close; one log line."""
         log.info("mqtt %s: CONNECT refused: %s (reason 0x%02X); closing", self.peer, why, code)
         if self.version == MQTT_5:
-            self.send(wire.Connack(False, code))
+            self.send(wire.Connack(False, code, props or {}))
         elif code in CONNACK_311:
             self.send(wire.Connack(False, CONNACK_311[code]))
         return False
@@ -306,6 +309,9 @@ class Connection(core.Connection):
                 return self._refuse_connect(wire.TOPIC_NAME_INVALID, "will topic %r: %s" % (will.topic, exc))
         self.will = will
         self.expiry_s = p.properties.get("session_expiry_interval", 0) if v5 else 0
+        if not self.port.is_master() and ((self.expiry_s if v5 else not p.clean_start) or
+                                          (not p.clean_start and client_id in self.port.table.sessions)):
+            return self._use_another_server(client_id)
         self.client_receive_max = p.properties.get("receive_maximum", 65535)
         self.client_max_packet = p.properties.get("maximum_packet_size")
         self.problem_information = p.properties.get("request_problem_information", 1) == 1
@@ -326,8 +332,7 @@ class Connection(core.Connection):
             self.port.connected(session)
         props = {}
         if v5:
-            props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes,
-                     "subscription_identifier_available": 0}
+            props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes}
             if s.topic_alias_maximum:
                 props["topic_alias_maximum"] = s.topic_alias_maximum
             if assigned:
@@ -338,11 +343,19 @@ class Connection(core.Connection):
         if session.subscriptions or session.inflight or session.rejoin:
             delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
             rejoin, session.rejoin = session.rejoin, []
-            for topic_filter, granted in rejoin:  # its shared groups joined again, their permission asked again
-                code = delivery.subscribe(wire.Subscription(topic_filter, granted))
+            for topic_filter, granted, sub_id in rejoin:  # its shared groups joined again, permission asked again
+                code = delivery.subscribe(wire.Subscription(topic_filter, granted), sub_id)
                 if code > 2:
                     log.info("mqtt %s: shared subscription %s not resumed (0x%02X)", self.peer, topic_filter, code)
         return True
+
+    def _use_another_server(self, client_id):
+        """A slave cannot keep a persistent session (only the master writes them): refused, the master named."""
+        master = self.port.master_reference()
+        props = {"server_reference": master} if master else {}
+        return self._refuse_connect(wire.USE_ANOTHER_SERVER, "client %s asks for a persistent session and this broker "
+                                    "is a replication slave, which keeps none: connect to the master%s"
+                                    % (client_id, " (%s)" % master if master else ""), props)
 
     def _login(self, p):
         """The CONNECT's user name and password through the guard (authentication on); False: refused, answered."""
@@ -504,15 +517,13 @@ class Connection(core.Connection):
 
     def _subscribe(self, p):
         v5 = self.version == MQTT_5
-        if v5 and "subscription_identifier" in p.properties:
-            return self._disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
-                                    "subscription identifiers are not supported yet")
+        sub_id = p.properties.get("subscription_identifier") if v5 else None  # 0 was refused by the codec
         delivery = self._delivery_of()
         codes = []
         retained = []
         for sub in p.subscriptions:
             new = sub.topic_filter not in self.mqtt.subscriptions
-            code = delivery.subscribe(sub)
+            code = delivery.subscribe(sub, sub_id)
             codes.append(code)
             if code <= 2 and (sub.retain_handling == 0 or (sub.retain_handling == 1 and new)):
                 retained.append((sub.topic_filter, code))

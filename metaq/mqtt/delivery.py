@@ -56,8 +56,9 @@ class Delivery:
 
     # -- subscribing -----------------------------------------------------------
 
-    def subscribe(self, sub):
-        """Add one filter of a SUBSCRIBE (a ``wire.Subscription``); its SUBACK code (the granted QoS, or a failure)."""
+    def subscribe(self, sub, sub_id=None):
+        """Add one filter of a SUBSCRIBE (a ``wire.Subscription``) with the SUBSCRIBE's Subscription Identifier
+        (``sub_id``, None: none); its SUBACK code (the granted QoS, or a failure)."""
         session, s = self.session, self.settings
         try:
             share, inner = split_shared(sub.topic_filter)
@@ -104,10 +105,10 @@ class Delivery:
             if old is not None:
                 self.port.leave_group(self.conn, old[0])
             group = self.port.join_group(self.conn, share, inner, topics, self.store.max_offset)
-            session.shared[sub.topic_filter] = (group, granted)
+            session.shared[sub.topic_filter] = (group, granted, sub_id)
             return granted
         for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics,
-                                                  sub.retain_as_published)):
+                                                  sub.retain_as_published, sub_id)):
             self._start_at_end(topic)
         return granted
 
@@ -170,7 +171,7 @@ class Delivery:
             if self._retained:
                 continue
             keys = list(self.session.cursors)
-            for group, _granted in self.session.shared.values():
+            for group, _granted, _id in self.session.shared.values():
                 keys.extend(group.cursors)
             self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
             self._turn = time.monotonic()
@@ -192,7 +193,7 @@ class Delivery:
                 read_any = self._read(key) or read_any
             finally:
                 conn.replies.release(self.max_transfer)
-        for group, granted in list(self.session.shared.values()):
+        for group, granted, sub_id in list(self.session.shared.values()):
             for key in list(group.cursors):
                 self._turn = share_loop(self._turn)
                 if conn.closed:
@@ -202,12 +203,12 @@ class Delivery:
                 if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
                     return False
                 try:
-                    read_any = self._read_shared(group, granted, key) or read_any
+                    read_any = self._read_shared(group, granted, key, sub_id) or read_any
                 finally:
                     conn.replies.release(self.max_transfer)
         return read_any
 
-    def _read_shared(self, group, granted, key):
+    def _read_shared(self, group, granted, key, sub_id=None):
         """Read a shared group's partition from the group's cursor: each record is claimed (the cursor moved past it)
         before it is sent, so another member's delivery never sends it too."""
         topic, partition = key
@@ -219,9 +220,11 @@ class Delivery:
                                                      self.max_transfer)
         except errors.Moved as moved:
             group.cursors[key] = moved.offset
+            group.dirty = True
             return moved.offset != offset
         except errors.CorruptRecord as exc:
             group.cursors[key] = exc.next_offset
+            group.dirty = True
             return True
         except errors.MetaqError:
             group.cursors.pop(key, None)
@@ -232,6 +235,7 @@ class Delivery:
             m = message_of(topic, rec.flag, rec.data)
             if not matches(group.topic_filter, m.topic):
                 group.cursors[key] = rec.queue_offset + 1
+                group.dirty = True
                 continue
             if min(granted, m.qos) and not self._has_room(self.conn):
                 return False  # its window is full: a member with room takes it (this one waits for an ack)
@@ -240,8 +244,10 @@ class Delivery:
                 self._deferred[key] = (group, rec.queue_offset)  # another member's turn; past a wait, this one's
                 return False
             group.cursors[key] = rec.queue_offset + 1
+            group.dirty = True
             group.claimed(self.conn)
-            if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m):
+            if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m,
+                              () if sub_id is None else (sub_id,)):
                 return False
         return bool(records)
 
@@ -282,16 +288,17 @@ class Delivery:
         delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
         restart needs its packet id kept)."""
         m = message_of(topic, rec.flag, rec.data)
-        qos = self.session.granted_qos(topic, m.topic, m.client_id)
+        qos, ids = self.session.matching(topic, m.topic, m.client_id)
         if qos is None:
             return True
         retain = m.retain and self.session.retain_as_published(topic, m.topic)
-        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m)
+        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m, ids)
 
-    def _send(self, topic, where, flag, data, granted, retain, m=None):
+    def _send(self, topic, where, flag, data, granted, retain, m=None, ids=()):
         """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) at
-        min(its QoS, ``granted``); an expired one (MQTT 5 Message Expiry) is not sent, another is sent with the
-        interval left. False when the connection closed meanwhile."""
+        min(its QoS, ``granted``), carrying the Subscription Identifiers ``ids`` (MQTT 5); an expired one (MQTT 5
+        Message Expiry) is not sent, another is sent with the interval left. False when the connection closed
+        meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
             m = message_of(topic, flag, data)
@@ -301,6 +308,8 @@ class Delivery:
             if left_ms <= 0:
                 return True  # expired: not delivered (MQTT 5.0 §3.3.2.3.3)
             props = dict(props, message_expiry_interval=(left_ms + 999) // 1000)
+        if ids:
+            props = dict(props, subscription_identifier=tuple(ids))
         qos = min(granted, m.qos)
         packet_id = None
         if qos:
@@ -340,7 +349,8 @@ class Delivery:
             for r in self.port.retained_for(topic_filter, sub.topics):
                 if not self.guard.allows(security, SUB, "topic", r.metaq_topic):
                     continue
-                if not self._send(r.metaq_topic, None, r.flag, r.data, granted, True):
+                if not self._send(r.metaq_topic, None, r.flag, r.data, granted, True, None,
+                                  () if sub.sub_id is None else (sub.sub_id,)):
                     return
 
     def resend(self):
@@ -359,8 +369,12 @@ class Delivery:
                 continue
             qos, topic = where[0], where[1]
             m = message_of(topic, rec.flag, rec.data)
+            props = m.properties
+            ids = session.matching(topic, m.topic, m.client_id)[1]
+            if ids:
+                props = dict(props, subscription_identifier=tuple(ids))
             conn.send_bytes(wire.encode(wire.Publish(m.topic, m.payload, qos, False, True, pid,
-                                                     m.properties if v5 else {}), conn.version))
+                                                     props if v5 else {}), conn.version))
 
     def _record_at(self, where):
         _qos, topic, partition, offset = where

@@ -12,10 +12,14 @@ slave, by the code that keeps messages.
   subscriptions, read positions, QoS 2 packet ids received and not released, messages in flight with where they
   are in the log, the shared subscriptions it rejoins); ``{"k": "d", "c": id}`` ends a session. Whole states make
   the last record of a client id its session: replay is "last record wins", and no snapshot is needed.
+* **Shared groups** (``encode_group`` / ``encode_group_end``): ``{"k": "g", "n": name, "f": filter, ...}`` is a
+  shared subscription group's read positions (and the topics it reads), kept while some session that holds one
+  of its subscriptions exists, so the group goes on from there when a member comes back; ``{"k": "gd", ...}``
+  ends it. The last record of a (name, filter) is its group.
 * **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
   the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
   record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
-* **Retention**: the log must keep each live session's and retained message's last record (``retention_floor``:
+* **Retention**: the log must keep each live session's, shared group's and retained message's last record (``floor``:
   the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
   (or a segment) behind, so retention is never held back by more than that.
 * **Following** (a slave): ``learn`` applies every ``%MQTT%`` record replicated, at most ``MQTT_LEARN_BATCH`` a
@@ -36,8 +40,8 @@ log = logging.getLogger(__name__)
 #: Records one ``learn`` takes at most (the follower's next step takes the rest).
 MQTT_LEARN_BATCH = 1024
 
-__all__ = ["SavedSession", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH", "encode", "decode",
-           "encode_retained", "encode_unretained", "RecordError"]
+__all__ = ["SavedSession", "SavedGroup", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH", "encode",
+           "decode", "encode_retained", "encode_unretained", "encode_group", "encode_group_end", "RecordError"]
 
 
 class RecordError(ValueError):
@@ -63,11 +67,11 @@ class SavedSession:
         self.expiry_s = expiry_s  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1 (kept until the age bound)
         self.at_ms = at_ms
         self.connected = connected
-        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics], retain_as_published)]
+        self.subscriptions = subscriptions  # [(filter, qos, no_local, [topics], retain_as_published, sub id)]
         self.cursors = cursors  # {(topic, partition): next offset}
         self.qos2 = qos2  # [packet id]
         self.inflight = inflight  # [(packet id, state, qos, topic, partition, offset)]
-        self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS)]: groups it rejoins
+        self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS, sub id)]: groups it rejoins
         self.position = position
 
     def expired(self, now_ms, max_age_s):
@@ -94,6 +98,44 @@ def encode(saved):
 def encode_end(client_id):
     """The record that ends ``client_id``'s session."""
     return json.dumps({"k": "d", "c": client_id}, separators=(",", ":")).encode("utf-8")
+
+
+class SavedGroup:
+    """A shared group's read positions as its last record says: ``(name, filter)`` is its key, ``topics`` the metaq
+    topics it reads, ``cursors`` {(topic, partition): next offset}; ``position``: where that record is in the log."""
+
+    __slots__ = ("name", "topic_filter", "topics", "cursors", "at_ms", "position")
+
+    def __init__(self, name, topic_filter, topics, cursors, at_ms, position=None):
+        self.name, self.topic_filter, self.topics, self.cursors = name, topic_filter, list(topics), dict(cursors)
+        self.at_ms, self.position = at_ms, position
+
+    @property
+    def key(self):
+        return (self.name, self.topic_filter)
+
+
+def encode_group(g):
+    """A shared group's record (bytes)."""
+    return json.dumps({"k": "g", "n": g.name, "f": g.topic_filter, "t": sorted(g.topics), "at": g.at_ms,
+                       "cur": [[t, p, o] for (t, p), o in g.cursors.items()]}, separators=(",", ":")).encode("utf-8")
+
+
+def encode_group_end(name, topic_filter):
+    """The record that ends a shared group's kept positions."""
+    return json.dumps({"k": "gd", "n": name, "f": topic_filter}, separators=(",", ":")).encode("utf-8")
+
+
+def decode_group(data):
+    """``((name, filter), SavedGroup or None)`` of a group's record (None: ended). Raises RecordError."""
+    try:
+        d = json.loads(bytes(data).decode("utf-8"))
+        key = (d["n"], d["f"])
+        if d["k"] == "gd":
+            return key, None
+        return key, SavedGroup(d["n"], d["f"], d["t"], {(t, p): o for t, p, o in d["cur"]}, d["at"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError("a shared group's record that does not decode: %s" % exc) from exc
 
 
 class Retained:
@@ -139,13 +181,19 @@ def decode(data):
             raise RecordError("unknown record kind %r" % (d["k"],))
         return d["c"], SavedSession(
             d["c"], d["u"], d["v"], d["e"], d["at"], d["on"],
-            [(f, q, bool(nl), list(ts), bool(rap)) for f, q, nl, ts, rap in d["subs"]],
+            [(f, q, bool(nl), list(ts), bool(rap), _sub_id(rest)) for f, q, nl, ts, rap, *rest in d["subs"]],
             {(t, p): o for t, p, o in d["cur"]}, list(d["q2"]),
-            [tuple(i) for i in d["inf"]], [(f, q) for f, q in d.get("sh", ())])
+            [tuple(i) for i in d["inf"]], [(f, q, _sub_id(rest)) for f, q, *rest in d.get("sh", ())])
     except RecordError:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError("an MQTT session record that does not decode: %s" % exc) from exc
+
+
+def _sub_id(rest):
+    """A record's subscription identifier (the element after the others; records written before there were
+    identifiers have none)."""
+    return rest[0] if rest and isinstance(rest[0], int) and rest[0] > 0 else None
 
 
 class SessionTable:
@@ -155,9 +203,22 @@ class SessionTable:
         self.sessions = {}
         self.retained = {}  # MQTT topic name -> Retained
         self.retained_bytes = 0  # the payload bytes of the retained messages' records
+        self.groups = {}  # (share name, filter) -> SavedGroup
 
     def apply(self, position, data):
         """One record at log ``position``; a record that does not decode is logged and passed over."""
+        if bytes(data[:7]) == b'{"k":"g':
+            try:
+                key, g = decode_group(data)
+            except RecordError as exc:
+                log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
+                return
+            if g is None:
+                self.groups.pop(key, None)
+            else:
+                g.position = position
+                self.groups[key] = g
+            return
         if bytes(data[:1]) in (b"R", b"U"):
             try:
                 name, r = decode_retained(data)
@@ -190,7 +251,8 @@ class SessionTable:
     def floor(self):
         """The lowest log position a live session's last record is at (None: no session)."""
         return min([s.position for s in self.sessions.values() if s.position is not None]
-                   + [r.position for r in self.retained.values() if r.position is not None], default=None)
+                   + [r.position for r in self.retained.values() if r.position is not None]
+                   + [g.position for g in self.groups.values() if g.position is not None], default=None)
 
 
 def replay(store, upto=None):

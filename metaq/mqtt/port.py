@@ -15,6 +15,8 @@ What it holds across connections:
   DISCONNECT; an MQTT 5 Will Delay holds it for min(Will Delay, Session Expiry) unless the client id connects
   again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once);
 * **assigned client identifiers** for a CONNECT with an empty one;
+* **the master's MQTT address** (``master_reference``: with ``ha: auto``, from the elected master's leader node):
+  a slave refuses a CONNECT that needs a persistent session, naming it (MQTT 5 Server Reference);
 * **persistent sessions** (``follow.SessionTable``): the sessions the sessions' log (``%MQTT%``) holds, replayed
   from the log at the start and followed on a slave (``store/journals.py``'s ``JournalFollow``); ``resume`` gives
   a CONNECT its saved session, ``save`` writes one (at once for subscriptions, QoS 2 packet ids and ends; the read
@@ -23,6 +25,12 @@ What it holds across connections:
   ``mqtt.max_offline_sessions`` and writes again those whose record fell ``MQTT_SESSION_REWRITE_BYTES`` (or a
   segment) behind, so retention can go on.
   Only a master writes; a slave's table follows the master's records, and a promoted slave's is its own.
+* **shared groups** (``join_group`` / ``leave_group``): a group lives in memory while it has members; its read
+  positions are written to the sessions' log when its last member leaves and every
+  ``MQTT_SESSION_SAVE_INTERVAL_S`` while they move, as long as some session holding one of its subscriptions
+  exists (``_kept_groups``), so that a group begun again goes on where it stopped: what was published while it had
+  no member is delivered. When no such session is left (each ended by Clean Start, expiry or the offline bounds)
+  ``_keep`` ends the group's record; the groups kept are so bounded by the sessions kept.
 """
 
 import itertools
@@ -34,11 +42,11 @@ import gevent
 
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
-from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, encode, encode_end,
-                               encode_retained, encode_unretained, replay)
+from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
+                               encode_end, encode_group, encode_group_end, encode_retained, encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
 from metaq.mqtt.session import SharedGroup
-from metaq.mqtt.topics import matches
+from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_NOW
@@ -50,7 +58,8 @@ log = logging.getLogger(__name__)
 class MqttPort:
     """See the module doc."""
 
-    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True):
+    def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True,
+                 master_reference=lambda: None):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -65,6 +74,7 @@ class MqttPort:
         self._id_salt = os.urandom(4).hex()
         self.wills_published = 0
         self.is_master = is_master
+        self.master_reference = master_reference  # the master's MQTT address when known (ha: auto), else None
         self.table = replay(store)  # the persistent sessions the log holds
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
@@ -245,8 +255,25 @@ class MqttPort:
                 self.sessions_expired += 1
                 self.end_session(saved.client_id)
                 turn = share_loop(turn)
+        kept = self._kept_groups()
+        for group in list(self._groups.values()):
+            if group.dirty and (group.name, group.topic_filter) in kept:
+                self._save_group(group)
+                turn = share_loop(turn)
+        for key in [k for k in table.groups if k not in kept and k not in self._groups]:
+            log.info("mqtt: shared group %s of %s: no session holds it any more; its read position ends", *key)
+            self._write("$share/%s/%s" % key, encode_group_end(*key))
+            turn = share_loop(turn)
         behind = self.store.written_position - min(limits.MQTT_SESSION_REWRITE_BYTES,
                                                    self.store.config.segment_size)
+        for saved_group in list(table.groups.values()):
+            if saved_group.position < behind and table.groups.get(saved_group.key) is saved_group:
+                live_group = self._groups.get(saved_group.key)
+                if live_group is not None:
+                    self._save_group(live_group)
+                else:
+                    self._write("$share/%s/%s" % saved_group.key, encode_group(saved_group))
+                turn = share_loop(turn)
         for retained in list(table.retained.values()):
             if retained.position < behind and table.retained.get(retained.name) is retained:
                 self._write(retained.name, encode_retained(retained))
@@ -331,6 +358,9 @@ class MqttPort:
         key = (name, topic_filter)
         group = self._groups.get(key)
         if group is None:
+            saved = self.table.groups.get(key)  # kept while a member's session existed: it goes on from there
+            if saved is not None:
+                topics = saved.topics
             group = self._groups[key] = SharedGroup(name, topic_filter, topics)
             for topic in topics:
                 try:
@@ -338,15 +368,38 @@ class MqttPort:
                 except errors.MetaqError:
                     continue
                 for p in range(partitions):
-                    group.cursors[(topic, p)] = start(topic, p)
+                    at = saved.cursors.get((topic, p)) if saved is not None else None
+                    group.cursors[(topic, p)] = start(topic, p) if at is None else at
         group.members.setdefault(member, min(group.members.values(), default=0))
         return group
 
     def leave_group(self, member, group):
-        """``member`` leaves ``group``; the group ends with its last member."""
+        """``member`` leaves ``group``; the group leaves memory with its last member, its read positions written
+        when a session holding one of its subscriptions exists (it goes on from them when a member comes back)."""
         group.members.pop(member, None)
-        if not group.members and self._groups.get((group.name, group.topic_filter)) is group:
-            del self._groups[(group.name, group.topic_filter)]
+        key = (group.name, group.topic_filter)
+        if not group.members and self._groups.get(key) is group:
+            del self._groups[key]
+            if key in self._kept_groups():
+                self._save_group(group)
+
+    def _save_group(self, group):
+        g = SavedGroup(group.name, group.topic_filter, group.topics, group.cursors, now_ms())
+        if self._write("$share/%s/%s" % g.key, encode_group(g)) is not None:
+            group.dirty = False
+
+    def _kept_groups(self):
+        """The shared groups (name, filter) some session in the sessions' table holds a subscription of."""
+        out = set()
+        for saved in self.table.sessions.values():
+            for entry in saved.shared:
+                try:
+                    share, inner = split_shared(entry[0])
+                except TopicError:
+                    continue
+                if share is not None:
+                    out.add((share, inner))
+        return out
 
     def retained_for(self, topic_filter, topics):
         """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics``."""
@@ -393,6 +446,7 @@ class MqttPort:
                 ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
                 ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
+                ("mqtt_shared_groups_kept", len(self.table.groups)),
                 ("mqtt_session_records", self.records_written)]
 
     def stop(self):
@@ -402,6 +456,10 @@ class MqttPort:
             self._keeper.kill(block=False)
         for session in list(self._live.values()):
             self.went_offline(session)
+        kept = self._kept_groups()
+        for group in list(self._groups.values()):
+            if (group.name, group.topic_filter) in kept:
+                self._save_group(group)
         held, self._delayed = self._delayed, {}
         for client_id, (greenlet, will, security) in held.items():
             greenlet.kill(block=False)

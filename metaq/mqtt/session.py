@@ -26,16 +26,18 @@ PUBREL_SENT = "pubrel"
 
 
 class Subscribed:
-    """One filter of a session: its granted QoS, No Local, Retain As Published, and the metaq topics it reads (its
-    first level when that is literal; every topic its user may read when it starts with a wildcard)."""
+    """One filter of a session: its granted QoS, No Local, Retain As Published, the metaq topics it reads (its
+    first level when that is literal; every topic its user may read when it starts with a wildcard) and its MQTT 5
+    Subscription Identifier (None: none; every PUBLISH it matches carries it, MQTT 5.0 §3.3.2.3.8)."""
 
-    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard", "retain_as_published")
+    __slots__ = ("topic_filter", "qos", "no_local", "topics", "wildcard", "retain_as_published", "sub_id")
 
-    def __init__(self, topic_filter, qos, no_local, topics, retain_as_published=False):
+    def __init__(self, topic_filter, qos, no_local, topics, retain_as_published=False, sub_id=None):
         self.topic_filter = topic_filter
         self.qos = qos
         self.no_local = no_local
         self.retain_as_published = retain_as_published
+        self.sub_id = sub_id
         self.topics = set(topics)
         self.wildcard = topic_filter.split("/", 1)[0] in ("+", "#")
 
@@ -43,15 +45,18 @@ class Subscribed:
 class SharedGroup:
     """A shared subscription's group (``$share/<name>/<filter>``, MQTT 5.0 §4.8.2): the members (connections) that
     share it and one read position per partition (``cursors``): a message is claimed by the member whose delivery
-    moves the cursor past it, so each goes to one member. It lives while it has members; a new one starts at the end
-    of the log."""
+    moves the cursor past it, so each goes to one member. It lives in memory while it has members; its cursors are
+    kept in the sessions' log while some session holding one of its subscriptions exists (``MqttPort``), and a
+    group begun again goes on from them; otherwise a new one starts at the end of the log. ``dirty``: the cursors
+    moved since they were last written."""
 
-    __slots__ = ("name", "topic_filter", "topics", "cursors", "members")
+    __slots__ = ("name", "topic_filter", "topics", "cursors", "members", "dirty")
 
     def __init__(self, name, topic_filter, topics):
         self.name, self.topic_filter, self.topics = name, topic_filter, set(topics)
         self.cursors = {}  # (metaq topic, partition) -> the next offset some member delivers
         self.members = {}  # member -> messages it claimed (the member with the fewest claims the next)
+        self.dirty = False
 
     def my_turn(self, member, ready):
         """True when ``member`` has claimed no more messages than any other member ``ready(member)`` says may take
@@ -71,7 +76,7 @@ class MqttSession:
         self.version = version
         self.max_qos2 = max_qos2
         self.subscriptions = OrderedDict()  # filter -> Subscribed
-        self.shared = OrderedDict()  # $share/<name>/<filter> -> (SharedGroup, granted QoS)
+        self.shared = OrderedDict()  # $share/<name>/<filter> -> (SharedGroup, granted QoS, subscription id or None)
         self.cursors = {}  # (metaq topic, partition) -> next offset to deliver
         self.qos2_received = set()  # inbound QoS 2 packet ids stored, waiting for their PUBREL
         self.inflight = OrderedDict()  # outbound packet id -> PUBLISH_SENT or PUBREL_SENT
@@ -81,23 +86,23 @@ class MqttSession:
         self.expiry_s = None  # MQTT 5's Session Expiry Interval; None: MQTT 3.1.1
         self.user = None
         self.dirty = False  # cursors or messages in flight changed since the last save
-        self.rejoin = []  # a resumed session's shared subscriptions, (filter, granted QoS), until they rejoin
+        self.rejoin = []  # a resumed session's shared subscriptions, (filter, granted QoS, sub id), until they rejoin
 
     # -- persistence -----------------------------------------------------------
 
     def saved(self, now_ms, connected):
         """This session's state as a ``follow.SavedSession`` (what a record of the sessions' log holds)."""
-        subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics), s.retain_as_published)
+        subs = [(s.topic_filter, s.qos, s.no_local, sorted(s.topics), s.retain_as_published, s.sub_id)
                 for s in self.subscriptions.values()]
         inflight = [(pid, state) + self.where[pid] for pid, state in self.inflight.items() if pid in self.where]
-        shared = [(f, granted) for f, (_group, granted) in self.shared.items()] + self.rejoin
+        shared = [(f, granted, sub_id) for f, (_group, granted, sub_id) in self.shared.items()] + self.rejoin
         return SavedSession(self.client_id, self.user, self.version, self.expiry_s, now_ms, connected, subs,
                             dict(self.cursors), sorted(self.qos2_received), inflight, shared)
 
     def restore(self, saved):
         """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
-        for topic_filter, qos, no_local, topics, rap in saved.subscriptions:
-            self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics, rap)
+        for topic_filter, qos, no_local, topics, rap, sub_id in saved.subscriptions:
+            self.subscriptions[topic_filter] = Subscribed(topic_filter, qos, no_local, topics, rap, sub_id)
         self.cursors.update(saved.cursors)
         self.qos2_received.update(saved.qos2[:self.max_qos2])
         self.rejoin = list(saved.shared)
@@ -161,13 +166,21 @@ class MqttSession:
         """The QoS a message of MQTT topic ``name`` (stored in ``metaq_topic``, published by client ``publisher``) is
         delivered with: the highest QoS granted to a matching subscription that reads ``metaq_topic``; None when
         none matches (MQTT 5.0 §3.3.4: one copy at the highest matching QoS)."""
-        best = None
+        return self.matching(metaq_topic, name, publisher)[0]
+
+    def matching(self, metaq_topic, name, publisher):
+        """``(QoS, subscription ids)`` of a message (see ``granted_qos``): the ids of every matching subscription
+        that has one, which its one copy carries (MQTT 5.0 §3.3.4); at most ``mqtt.max_subscriptions`` of them."""
+        best, ids = None, []
         for sub in self.subscriptions.values():
             if metaq_topic not in sub.topics or (sub.no_local and publisher == self.client_id):
                 continue
-            if matches(sub.topic_filter, name) and (best is None or sub.qos > best):
-                best = sub.qos
-        return best
+            if matches(sub.topic_filter, name):
+                if best is None or sub.qos > best:
+                    best = sub.qos
+                if sub.sub_id is not None:
+                    ids.append(sub.sub_id)
+        return best, ids
 
     # -- outbound QoS 1 and 2 --------------------------------------------------
 

@@ -112,7 +112,7 @@ class Broker:
             self.election = Election(config, self.store, self.roles, self.registry.zk, self.registry.ids_path,
                                      lambda: self.registry.url,
                                      lambda: self.remoting.address if self.remoting is not None else None,
-                                     self.registry.granted_timeout_s)
+                                     self.registry.granted_timeout_s, self._mqtt_address)
             self.roles.attach_election(self.election)
         self.tx = TxService(self.store, config, self.flusher, self.waiters, self.stats, self.roles.is_master,
                             self.guard.quotas)  # recovery completes commits (a slave's follows the log)
@@ -166,7 +166,8 @@ class Broker:
         self.mqtt = None
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
-                                 config.store.max_transfer_size, lambda: self.roles.is_master)
+                                 config.store.max_transfer_size, lambda: self.roles.is_master,
+                                 lambda: self.election.master_mqtt() if self.election is not None else None)
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
@@ -247,6 +248,16 @@ class Broker:
         if remoting is None and grpc is None:
             return None
         return self.config.remoting.broker_name or "metaq-%d" % self.config.broker.id, remoting, grpc
+
+    def _mqtt_address(self):
+        """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind
+        host as the address others reach it at), or None without the port: a slave's Server Reference."""
+        mqtt = getattr(self, "mqtt", None)
+        if mqtt is None or not mqtt.port:
+            return None
+        host = self.config.mqtt.host or self.config.broker.host
+        host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
+        return ("[%s]:%d" if ":" in host else "%s:%d") % (host, mqtt.port)
 
     def stats_facts(self):
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""

@@ -82,9 +82,9 @@ class Paho:
             self.messages.append(msg)
             self.got.notify_all()
 
-    def subscribe(self, topic_filter, qos=1, timeout=10.0):
+    def subscribe(self, topic_filter, qos=1, timeout=10.0, properties=None):
         n = len(self.subacks)
-        self.c.subscribe(topic_filter, qos)
+        self.c.subscribe(topic_filter, qos, properties=properties)
         deadline = time.monotonic() + timeout
         while len(self.subacks) == n and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -94,13 +94,17 @@ def test_a_first_level_that_is_no_metaq_topic_is_refused_with_topic_name_invalid
     assert old.closed()
 
 
-def test_what_this_phase_does_not_serve_is_refused_as_the_connack_said(mqtt_broker):
+def test_what_this_release_does_not_serve_is_refused_as_the_connack_said(mqtt_broker):
     raw = Raw(mqtt_broker)
     ack = raw.connect("phase")
-    assert ack.properties["subscription_identifier_available"] == 0
+    assert "subscription_identifier_available" not in ack.properties  # absent: 1, served
     assert "retain_available" not in ack.properties and "shared_subscription_available" not in ack.properties  # 1
     raw.send(wire.Subscribe(1, (wire.Subscription("a/#", 1),), {"subscription_identifier": 5}))
-    assert raw.read() == wire.Disconnect(wire.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED)
+    assert raw.read() == wire.Suback(1, (1,))
+    auth = Raw(mqtt_broker)
+    ack = auth.connect("enhanced", properties={"authentication_method": "SCRAM-SHA-1"})
+    assert ack.reason_code == wire.BAD_AUTHENTICATION_METHOD
+    assert auth.closed()
 
 
 def test_no_bad_input_left_a_traceback(mqtt_broker):

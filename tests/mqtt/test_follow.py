@@ -1,20 +1,24 @@
 """The sessions' log records and the table they build (metaq.mqtt.follow): pure, no broker."""
 
-from metaq.mqtt.follow import (Retained, SavedSession, SessionTable, decode, encode, encode_end, encode_retained,
-                               encode_unretained)
+from metaq.mqtt.follow import (Retained, SavedGroup, SavedSession, SessionTable, decode, encode, encode_end,
+                               encode_group, encode_group_end, encode_retained, encode_unretained)
 
 
 def _saved(client_id="c1", at_ms=1000, expiry_s=60, connected=False):
-    return SavedSession(client_id, "alice", 5, expiry_s, at_ms, connected, [("a/#", 1, False, ["a"], True)],
-                        {("a", 0): 7}, [3], [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1)])
+    return SavedSession(client_id, "alice", 5, expiry_s, at_ms, connected, [("a/#", 1, False, ["a"], True, 11)],
+                        {("a", 0): 7}, [3], [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1, None)])
 
 
 def test_a_session_record_round_trips():
     client_id, back = decode(encode(_saved()))
     assert client_id == "c1"
     assert (back.user, back.version, back.expiry_s, back.subscriptions, back.cursors, back.qos2, back.inflight,
-            back.shared) == ("alice", 5, 60, [("a/#", 1, False, ["a"], True)], {("a", 0): 7}, [3],
-                             [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1)])
+            back.shared) == ("alice", 5, 60, [("a/#", 1, False, ["a"], True, 11)], {("a", 0): 7}, [3],
+                             [(5, "publish", 1, "a", 0, 6)], [("$share/g/a/#", 1, None)])
+    old = (b'{"k":"s","c":"c0","u":null,"v":4,"e":null,"at":1,"on":false,"subs":[["a/#",1,false,["a"],false]],'
+           b'"cur":[],"q2":[],"inf":[],"sh":[["$share/g/a/#",1]]}')  # written before subscription identifiers
+    _id, back = decode(old)
+    assert (back.subscriptions, back.shared) == ([("a/#", 1, False, ["a"], False, None)], [("$share/g/a/#", 1, None)])
 
 
 def test_the_last_record_of_a_client_is_its_session_and_an_end_drops_it():
@@ -38,6 +42,20 @@ def test_retained_records_set_replace_and_clear():
     assert t.retained_bytes == 3 + 8 and t.floor() == 6
     t.apply(8, encode_unretained("a/x"))
     assert list(t.retained) == ["a/y"] and t.retained_bytes == 8
+
+
+def test_shared_group_records_keep_the_last_positions_and_an_end_drops_them():
+    t = SessionTable()
+    t.apply(5, encode_group(SavedGroup("g", "jobs/#", ["jobs"], {("jobs", 0): 3, ("jobs", 1): 0}, 1)))
+    t.apply(9, encode_group(SavedGroup("g", "jobs/#", ["jobs"], {("jobs", 0): 7, ("jobs", 1): 2}, 2)))
+    t.apply(12, encode_group(SavedGroup("h", "#", ["jobs", "b"], {("b", 0): 1}, 3)))
+    g = t.groups[("g", "jobs/#")]
+    assert (g.topics, g.cursors, g.at_ms, g.position) == (["jobs"], {("jobs", 0): 7, ("jobs", 1): 2}, 2, 9)
+    assert sorted(t.groups[("h", "#")].topics) == ["b", "jobs"] and t.floor() == 9  # retention keeps the last
+    t.apply(13, encode_group_end("g", "jobs/#"))
+    assert list(t.groups) == [("h", "#")] and t.floor() == 12
+    t.apply(14, b'{"k":"g","n":"broken"}')  # passed over, logged
+    assert list(t.groups) == [("h", "#")]
 
 
 def test_expiry_and_the_age_bound():

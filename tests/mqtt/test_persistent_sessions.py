@@ -10,8 +10,10 @@ import pytest
 from metaq import limits
 from metaq.mqtt import wire
 from metaq.client.local import small_config
+from metaq.mqtt.follow import SavedSession, encode
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub, mqtt_config, with_mqtt
+from tests.harness.replication import stats
 
 HOUR = {"session_expiry_interval": 3600}
 
@@ -268,3 +270,41 @@ def test_offline_session_max_age_ends_a_311_session(broker_factory, tmp_path):
     time.sleep(3.5)  # past the age bound and the keeper's next round
     raw = Raw(b, wire.MQTT_311)
     assert not raw.connect("old", clean_start=False).session_present
+
+
+def _big_filters(client_id, record_bytes, n=17):
+    """``n`` filters of topic ``big`` whose session record, as the broker writes it for ``client_id`` when its client
+    leaves (``follow.encode``: no messages in flight, both partitions of ``big`` at offset 0), is ``record_bytes``."""
+    def size(filters):
+        subs = [(f, 1, False, ["big"], False, None) for f in filters]
+        saved = SavedSession(client_id, None, wire.MQTT_5, 3600, 1_700_000_000_000, False, subs,
+                             {("big", 0): 0, ("big", 1): 0}, [], [], [])
+        return len(encode(saved))
+    filters = ["big/%02d/" % i for i in range(n)]
+    filters = [f + "a" * ((record_bytes - size(filters)) // n) for f in filters]
+    filters[-1] += "a" * (record_bytes - size(filters))
+    assert size(filters) == record_bytes
+    return filters
+
+
+def test_max_session_record_bytes_at_the_limit_and_one_past(broker_factory, tmp_path):
+    """A session whose record would be past MQTT_MAX_SESSION_RECORD_BYTES is not saved (logged); at the limit it is."""
+    b = broker_factory(with_mqtt(small_config(tmp_path / "data", store={"segment_size": 4 << 20})))  # fits one
+    limit = limits.MQTT_MAX_SESSION_RECORD_BYTES
+    for client_id, size in (("at-limit", limit), ("one-past", limit + 1)):
+        filters = _big_filters(client_id, size)
+        raw = Raw(b)
+        assert raw.connect(client_id, clean_start=False, properties=dict(HOUR)).reason_code == 0
+        raw.send(wire.Subscribe(1, tuple(wire.Subscription(f, 1) for f in filters)))
+        assert raw.read() == wire.Suback(1, (1,) * len(filters))
+        before = int(stats(b)["mqtt_session_records"])
+        raw.send(wire.Disconnect())  # the record of its leaving: at the limit, or one byte past
+        raw.close()
+        if size == limit:
+            wait_for(lambda: int(stats(b)["mqtt_session_records"]) == before + 1, 10, "the record at the limit")
+            assert stats(b)["mqtt_sessions_offline"] == "1"
+        else:
+            wait_for(lambda: "client one-past: its session needs a record of %d bytes, past %d "
+                             "(MQTT_MAX_SESSION_RECORD_BYTES): not saved" % (size, limit) in b.log_text(), 10,
+                     "the refusal logged")
+            assert int(stats(b)["mqtt_session_records"]) == before  # nothing written

@@ -1,12 +1,19 @@
 """Shared subscriptions (docs/mqtt.md "Shared subscriptions"): ``$share/<group>/<filter>`` sends each message to one
-member of the group; a group starts at the end of the log and ends with its last member."""
+member of the group; a new group starts at the end of the log; a group's read position is kept (in ``%MQTT%``) while
+a session holding one of its subscriptions exists, so what is published while it has no member is delivered when one
+comes back; otherwise it ends with its last member."""
 
 import threading
 import time
 
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
 from metaq.mqtt import wire
 from tests.harness.acl import SECRETS, secured_config
-from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import V311, Paho, Raw, mqtt_config, with_mqtt
+from tests.harness.replication import stats
 from tests.mqtt.test_persistent_sessions import _publish
 
 
@@ -118,3 +125,66 @@ def test_a_persistent_session_rejoins_its_shared_group(broker_factory, tmp_path)
         got.append(p.payload)
         raw.send(wire.PubAck(p.packet_id))
     assert got == [b"m0", b"m1"]
+
+
+def _hour():
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    return props
+
+
+def _payloads(client, n):
+    got = client.wait_messages(n)
+    assert len(got) >= n, [m.payload for m in got]
+    return [m.payload for m in got]
+
+
+def test_a_group_goes_on_from_where_it_stopped_while_a_members_session_exists(broker_factory, tmp_path):
+    """Group g has a persistent member: its position outlives its members, a kill -9 and a restart too, and the gap
+    is delivered when the member comes back. Group h has clean members only: it ends with its last one. When the
+    persistent session ends, g's kept position ends with it."""
+    b = broker_factory(mqtt_config(tmp_path))
+    keeper = Paho(b, "keeper", clean=False, properties=_hour())
+    assert keeper.subscribe("$share/g/jobs/#", 1) == [1]
+    passer = Paho(b, "passer", version=V311)  # a clean session
+    assert passer.subscribe("$share/g/jobs/#", 1) == [1]
+    lone = Paho(b, "lone")
+    assert lone.subscribe("$share/h/jobs/#", 1) == [1]
+    pub = Paho(b, "pub")
+    pub.publish("jobs/a", b"before", 1)
+    assert _payloads(lone, 1) == [b"before"]
+    wait_for(lambda: len(keeper.messages) + len(passer.messages) == 1, 10, "group g delivered it")
+    for c in (keeper, passer, lone):  # the clean passer leaves last
+        c.close()
+    wait_for(lambda: stats(b)["mqtt_shared_groups"] == "0", 10, "no group has members")
+    assert stats(b)["mqtt_shared_groups_kept"] == "1"  # g: the keeper's session holds it
+    for i in range(3):
+        pub.publish("jobs/a", b"gap%d" % i, 1)
+    pub.close()
+    b.kill()  # kill -9: the position was written when the last member left
+    b.start()
+    pub = Paho(b, "pub")
+    pub.publish("jobs/a", b"after", 1)
+    keeper = Paho(b, "keeper", clean=False, properties=_hour())
+    assert keeper.session_present
+    assert _payloads(keeper, 4) == [b"gap0", b"gap1", b"gap2", b"after"]
+    lone = Paho(b, "lone")
+    assert lone.subscribe("$share/h/jobs/#", 1) == [1]
+    pub.publish("jobs/a", b"late", 1)
+    assert _payloads(lone, 1) == [b"late"]  # h began again at the end: nothing was kept for it
+    assert _payloads(keeper, 5)[4] == b"late"
+    keeper.close()
+    raw = Raw(b)  # no reconnecting network thread across the restart
+    assert raw.connect("keeper", clean_start=False, properties={"session_expiry_interval": 3600}).session_present
+    pub.close()
+    b.stop()  # SIGTERM while the keeper is a member: the group's position is written as the broker stops
+    raw.close()
+    b.start()
+    pub = Paho(b, "pub")
+    pub.publish("jobs/a", b"restarted", 1)
+    keeper = Paho(b, "keeper", clean=False, properties=_hour())
+    assert _payloads(keeper, 1) == [b"restarted"]
+    keeper.close()
+    ender = Paho(b, "keeper")  # Clean Start 1, no expiry: the keeper's session ends, and g's position with it
+    ender.close()
+    wait_for(lambda: stats(b)["mqtt_shared_groups_kept"] == "0", 10, "g's kept position ended")

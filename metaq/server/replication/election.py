@@ -3,7 +3,8 @@
 Nodes (ours; MetaQ's ``master`` node stays as the registry writes it), under ``<root>/brokers/ids/<id>/``:
 
     leader              ephemeral   {"member": m, "epoch": E, "replication": "host:port", "url": "meta://...",
-                                     "remoting": "host:port" or null (its RocketMQ port)}
+                                     "remoting": "host:port" or null (its RocketMQ port),
+                                     "mqtt": "host:port" or null (its MQTT port)}
     insync              persistent  {"epoch": E, "master": m, "members": [m, ...]}   written with its version
     candidates/<m>      ephemeral   {"epoch": E, "max_epoch": X, "position": P}   latest epoch, highest seen, log end
 
@@ -81,17 +82,20 @@ def _json_int(value):
 class Election:
     """One member's side of its broker id's election, and, while it leads, its lease and in-sync set."""
 
-    def __init__(self, config, store, roles, zk, ids_path, url, remoting=lambda: None, granted_timeout=lambda: None):
+    def __init__(self, config, store, roles, zk, ids_path, url, remoting=lambda: None, granted_timeout=lambda: None,
+                 mqtt=lambda: None):
         """``roles``: ``Roles`` (``lead``, ``follow``, ``wait_for_master``); ``zk``: the registry's KazooClient
         (one session per broker); ``ids_path``: ``<root>/brokers/ids/<id>``; ``url()``: our meta:// URL;
         ``remoting()``: our RocketMQ remoting address (host:port) or None; ``granted_timeout()``: the session
-        timeout ZooKeeper granted, in seconds, or None before the first session."""
+        timeout ZooKeeper granted, in seconds, or None before the first session; ``mqtt()``: our MQTT address
+        (host:port) or None."""
         rep = config.replication
         self.store = store
         self.roles = roles
         self.zk = zk
         self.url = url
         self.remoting = remoting
+        self.mqtt = mqtt
         self.granted_timeout = granted_timeout
         self.broker_id = config.broker.id
         self.member = rep.slave_id
@@ -358,11 +362,19 @@ class Election:
 
     def _leader_record(self, epoch, address):
         return {"member": self.member, "epoch": epoch, "replication": address, "url": self.url(),
-                "remoting": self.remoting()}
+                "remoting": self.remoting(), "mqtt": self.mqtt()}
 
     def current_leader(self):
         """The leader node as last read (a dict: member, epoch, url, replication, remoting), or None."""
         return self.last_leader
+
+    def master_mqtt(self):
+        """The elected master's MQTT address (host:port) as this member last knew it, when another member leads;
+        None otherwise: what a slave names to a device it refuses (MQTT 5 Server Reference)."""
+        if self.leading or not self.last_leader or self.last_leader.get("member") == self.member:
+            return None
+        address = self.last_leader.get("mqtt")
+        return address if isinstance(address, str) and address else None
 
     def master_remoting(self):
         """The elected master's RocketMQ address (host:port) as this member last knew it, or None (no leader, or
