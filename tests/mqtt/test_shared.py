@@ -3,6 +3,7 @@ member of the group; a new group starts at the end of the log; a group's read po
 a session holding one of its subscriptions exists, so what is published while it has no member is delivered when one
 comes back; otherwise it ends with its last member."""
 
+import collections
 import threading
 import time
 
@@ -188,3 +189,39 @@ def test_a_group_goes_on_from_where_it_stopped_while_a_members_session_exists(br
     ender = Paho(b, "keeper")  # Clean Start 1, no expiry: the keeper's session ends, and g's position with it
     ender.close()
     wait_for(lambda: stats(b)["mqtt_shared_groups_kept"] == "0", 10, "g's kept position ended")
+
+
+def test_a_member_that_does_not_read_its_socket_does_not_hold_the_group_back(broker_factory, tmp_path):
+    """QoS 0 has no window: a member whose client stopped reading (its socket full, a send to it waiting) takes what
+    its buffers hold; the other member gets every other message without waiting, and each message goes to one."""
+    b = broker_factory(mqtt_config(tmp_path))
+    stuck = Raw(b, wire.MQTT_5)
+    assert stuck.connect("stuck").reason_code == 0
+    stuck.send(wire.Subscribe(1, (wire.Subscription("$share/g/work/#", 0),)))
+    assert stuck.read() == wire.Suback(1, (0,))  # and it reads nothing more until the end
+    reader = Paho(b, "reader")
+    reader.subscribe("$share/g/work/#", qos=0)
+    body = b"x" * 16 * 1024
+    sent = [body + b"%d" % i for i in range(2000)]  # 32 MB: far past what the stuck member's buffers hold
+    with b.client() as c:
+        for data in sent:
+            c.put_ok("work", data)
+    got = []
+    end = time.monotonic() + 20
+    while time.monotonic() < end:  # until the reader has had nothing new for a second
+        before = len(got)
+        got = reader.wait_messages(len(sent), timeout=1)
+        if len(got) == before:
+            break
+    assert len(got) > len(sent) // 2, len(got)
+    held = []
+    stuck.sock.settimeout(5)
+    try:
+        while len(got) + len(held) < len(sent):
+            held.append(stuck.read().payload)
+    except OSError:
+        pass
+    delivered = collections.Counter([m.payload for m in got] + held)
+    assert len(delivered) == len(sent) and max(delivered.values()) == 1, (  # none lost, none twice
+        len(got), len(held), len(delivered), max(delivered.values()))
+    stuck.close()
