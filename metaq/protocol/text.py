@@ -60,6 +60,7 @@ from metaq.pop import wire as pop_wire  # noqa: F401 - it declares receive, ack,
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.trace import wire as trace_wire  # noqa: F401 - it declares trace
+from metaq.groups import wire as group_wire  # noqa: F401 - it declares group_settings
 from metaq.protocol.burst import scan_puts
 from metaq.protocol import putbatch  # noqa: F401 - it declares putb
 from metaq.protocol.commands import (
