@@ -72,6 +72,8 @@ def run(view, args, render):
                             EXIT_REFUSED)
         answer = json.loads(bytes(reply.body).decode("utf-8"))
         for row in answer if isinstance(answer, list) else [answer]:
+            if not getattr(args, "json", False):  # a table shows a false setting as "false", not blank
+                row = {k: ("true" if v else "false") if isinstance(v, bool) else v for k, v in row.items()}
             rows.append(dict(row, broker=bid))
     render(rows, COLUMNS + (["deleted"] if action == "delete" else []))
     return EXIT_OK

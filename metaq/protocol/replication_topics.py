@@ -45,10 +45,12 @@ GROUPS_KEY = "groups"
 
 class Topics(NamedTuple):
     """``table``: the payload, the UTF-8 JSON of the master's topic table (``encode`` makes it); ``owners``:
-    ``((topic, user, partitions), ...)`` it carries under ``"owners"`` (empty: the key is absent)."""
+    ``((topic, user, partitions), ...)`` it carries under ``"owners"`` (empty: the key is absent); ``groups``: the
+    group settings table's JSON object it carries under ``"groups"`` (None: the key is absent)."""
 
     table: bytes
     owners: tuple = ()
+    groups: dict = None
 
 
 def _fail(reason):
@@ -102,8 +104,9 @@ def encode(table, owners=(), groups=None):
     why = _owners_problem(owners)
     if why is not None:
         raise ValueError(why)
-    if OWNERS_KEY in table or GROUPS_KEY in table:
-        raise ValueError("a topic table has no %r or %r key of its own" % (OWNERS_KEY, GROUPS_KEY))
+    for key in (OWNERS_KEY, GROUPS_KEY):
+        if key in table:
+            raise ValueError("a topic table has no %r key of its own" % key)
     if owners:
         table = dict(table, **{OWNERS_KEY: [list(o) for o in owners]})
     if groups is not None:
