@@ -18,7 +18,7 @@
 ``GET /api/group-settings/{group}``                        one group's settings, the defaults if it has none
 ``PUT /api/group-settings/{group}``                        set some: ``max_retries``, ``consumption_enabled``,
                                                            ``broadcast_allowed``, ``read_from_slave_when_slow`` in
-                                                           the query (docs/consumers.md "Per-group settings")
+                                                           the query (docs/concepts.md "Per-group settings")
 ``DELETE /api/group-settings/{group}``                     remove the group's settings
 =========================================================  ======================================================
 

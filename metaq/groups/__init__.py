@@ -1,6 +1,6 @@
 """Per-group settings: what the broker allows each consumer group (its maximum of retries before a dead letter,
 whether it may consume at all, whether it may consume in BROADCASTING mode, and the slave a slow RocketMQ pull is sent
-to), as RocketMQ's subscription group table (docs/consumers.md "Per-group settings"). A group with no entry behaves as
+to), as RocketMQ's subscription group table (docs/concepts.md "Per-group settings"). A group with no entry behaves as
 every group did before.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's

@@ -1,4 +1,4 @@
-"""``metaq-admin group-settings``: per-group settings (docs/consumers.md "Per-group settings").
+"""``metaq-admin group-settings``: per-group settings (docs/concepts.md "Per-group settings").
 
     metaq-admin --brokers meta://127.0.0.1:8123 group-settings list
     metaq-admin --brokers meta://127.0.0.1:8123 group-settings show billing
@@ -29,7 +29,7 @@ OPTIONS = (("--max-retries", "max_retries"), ("--consumption-enabled", "consumpt
 
 def add_parser(sub):
     s = sub.add_parser("group-settings", help="per consumer group: max retries, consumption enabled, broadcast "
-                       "allowed, the slave a slow pull reads from (docs/consumers.md 'Per-group settings')")
+                       "allowed, the slave a slow pull reads from (docs/concepts.md 'Per-group settings')")
     act = s.add_subparsers(dest="group_action", metavar="ACTION", required=True)
     act.add_parser("list", help="every group with settings")
     s = act.add_parser("show", help="one group's settings (the defaults when it has none)")

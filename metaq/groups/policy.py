@@ -1,5 +1,5 @@
 """The one decision every front-end asks before a group reads: may this group consume now, and with which
-maximum of retries (docs/consumers.md "Per-group settings"). Pure: the group's settings (``table.GroupSettings``
+maximum of retries (docs/concepts.md "Per-group settings"). Pure: the group's settings (``table.GroupSettings``
 or None) are passed in.
 
 Front-ends: the text ``get``/``get_tags``/``get_sql``/``get_prio`` (server/text/dispatch.py), POP ``receive``

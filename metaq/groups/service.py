@@ -1,4 +1,4 @@
-"""The group settings' service: list, show, set and delete a group's settings (protocol-neutral; docs/consumers.md
+"""The group settings' service: list, show, set and delete a group's settings (protocol-neutral; docs/concepts.md
 "Per-group settings").
 
 Front-ends (the text ``group_settings`` command, the HTTP admin routes) call ``GroupAdmin.handle(action, group,

@@ -1,5 +1,5 @@
 """The group settings table: per consumer group, what the broker allows it (``<data_dir>/groups.json``), as
-RocketMQ's subscription group table. docs/consumers.md "Per-group settings".
+RocketMQ's subscription group table. docs/concepts.md "Per-group settings".
 
 A group with no entry behaves as every group did before the table: nothing here changes it. An entry holds:
 

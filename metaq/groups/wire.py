@@ -1,5 +1,5 @@
 """``group_settings <action> <group|-> <settings|-> <opaque>`` (our text extension; ``metaq-admin group-settings``),
-sans-IO. docs/consumers.md "Per-group settings".
+sans-IO. docs/concepts.md "Per-group settings".
 
 Actions: ``list`` (``group_settings list - - <opaque>``: every group with settings), ``show <group> -`` (its settings,
 the defaults when it has none), ``set <group> <settings>`` (the settings given change, the others stay),

@@ -1,4 +1,4 @@
-"""Per-group settings survive (docs/consumers.md "Per-group settings"): a restart reads them back from the data
+"""Per-group settings survive (docs/concepts.md "Per-group settings"): a restart reads them back from the data
 directory, a slave takes its master's table and, promoted, refuses what the master refused; only an admin changes
 them."""
 
