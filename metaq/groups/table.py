@@ -112,8 +112,8 @@ def _call(fn):
 
 class GroupTable:
     """The table in memory and on disk. ``get(group)``: the group's GroupSettings or None; ``set``/``delete``
-    change it (checked first, the file written, the change undone if the write fails); ``version`` grows with every
-    change (replication sends the table when it moves)."""
+    change it (checked first, the file written, then the table in memory: a failed write changes nothing);
+    ``version`` grows with every change (replication sends the table when it moves)."""
 
     def __init__(self, root):
         self.root = root
@@ -143,29 +143,21 @@ class GroupTable:
 
     def apply_json(self, state):
         """Replace the table with ``state`` (the file's JSON, or a master's copy); ValueError/ClientError if bad."""
-        if not isinstance(state, dict) or state.get("format") != TABLE_FORMAT:
-            raise ValueError("unknown group table format %r (this broker reads %d)"
-                             % (state.get("format") if isinstance(state, dict) else state, TABLE_FORMAT))
-        groups = state["groups"]
-        if len(groups) > limits.MAX_GROUP_SETTINGS:
-            raise ValueError("%d groups: at most %d (limits.MAX_GROUP_SETTINGS)"
-                             % (len(groups), limits.MAX_GROUP_SETTINGS))
-        entries = {}
-        for name, raw in groups.items():
-            entries[name] = parse_settings(check_group(name), {k: raw[k] for k in SETTING_NAMES if k in raw})
-        self.entries, self.version = entries, int(state.get("version", 0))
+        self.entries, self.version = _parse_state(state)
 
     def to_json(self):
-        return {"format": TABLE_FORMAT, "version": self.version,
-                "groups": {n: s.to_json() for n, s in sorted(self.entries.items())}}
+        return _state(self.entries, self.version)
 
     def encode(self):
-        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode("utf-8") + b"\n"
+        return _encode(self.entries, self.version)
 
     def save(self):
-        """BLOCKING (an fsync): write the table atomically."""
+        """BLOCKING (an fsync): write the table as it is, atomically."""
+        self._write(self.encode())
+
+    def _write(self, data):
         os.makedirs(self.root, exist_ok=True)
-        write_atomically(self.path, self.encode())
+        write_atomically(self.path, data)
         fsync_dir(self.root)
 
     # -- changes ----------------------------------------------------------------------------------------------
@@ -183,7 +175,7 @@ class GroupTable:
                               "(limits.MAX_GROUP_SETTINGS); delete another group's settings first"
                               % (group, len(self.entries)))
         s = parse_settings(group, values, old)
-        self._change(group, s, old)
+        self._change(group, s)
         return s
 
     def delete(self, group):
@@ -192,36 +184,52 @@ class GroupTable:
         old = self.entries.get(group)
         if old is None:
             raise NotFound("group %s has no settings to delete" % group)
-        self._change(group, None, old)
+        self._change(group, None)
         return old
 
     def replace(self, state):
         """A slave: the master's table (its JSON; None: an empty one) becomes ours, written as the master's
-        version."""
+        version; ValueError/ClientError (nothing changed) if it is not a table this broker reads."""
         if state is None:
-            state = {"format": TABLE_FORMAT, "version": 0, "groups": {}}
-        before = self.to_json()
-        self.apply_json(state)
-        if self.to_json() == before:
+            state = _state({}, 0)
+        entries, version = _parse_state(state)
+        if (entries, version) == (self.entries, self.version):
             return
-        try:
-            self.run_blocking(self.save)
-        except BaseException:
-            self.apply_json(before)
-            raise
+        data = _encode(entries, version)
+        self.run_blocking(lambda: self._write(data))
+        self.entries, self.version = entries, version
 
-    def _change(self, group, new, old):
+    def _change(self, group, new):
+        """Write the table with ``group``'s entry ``new`` (None: removed), then hold it: readers see the change once
+        it is durable, and a failed write leaves everything as it was."""
+        entries = dict(self.entries)
         if new is None:
-            self.entries.pop(group, None)
+            entries.pop(group, None)
         else:
-            self.entries[group] = new
-        self.version += 1
-        try:
-            self.run_blocking(self.save)
-        except BaseException:
-            self.version -= 1
-            if old is None:
-                self.entries.pop(group, None)
-            else:
-                self.entries[group] = old
-            raise
+            entries[group] = new
+        data = _encode(entries, self.version + 1)
+        self.run_blocking(lambda: self._write(data))
+        self.entries, self.version = entries, self.version + 1
+
+
+def _state(entries, version):
+    return {"format": TABLE_FORMAT, "version": version,
+            "groups": {n: s.to_json() for n, s in sorted(entries.items())}}
+
+
+def _encode(entries, version):
+    return json.dumps(_state(entries, version), indent=1, sort_keys=True).encode("utf-8") + b"\n"
+
+
+def _parse_state(state):
+    """``(entries, version)`` of a table's JSON; ValueError/ClientError if it is not one this broker reads."""
+    if not isinstance(state, dict) or state.get("format") != TABLE_FORMAT:
+        raise ValueError("unknown group table format %r (this broker reads %d)"
+                         % (state.get("format") if isinstance(state, dict) else state, TABLE_FORMAT))
+    groups = state["groups"]
+    if len(groups) > limits.MAX_GROUP_SETTINGS:
+        raise ValueError("%d groups: at most %d (limits.MAX_GROUP_SETTINGS)" % (len(groups), limits.MAX_GROUP_SETTINGS))
+    entries = {}
+    for name, raw in groups.items():
+        entries[name] = parse_settings(check_group(name), {k: raw[k] for k in SETTING_NAMES if k in raw})
+    return entries, int(state.get("version", 0))

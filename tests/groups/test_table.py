@@ -109,3 +109,18 @@ def test_the_topics_frame_carries_the_group_table_and_a_slave_takes_it(tmp_path)
     assert slave.entries == {} and GroupTable(str(tmp_path / "s")).load().entries == {}
     with pytest.raises(Exception, match="group settings table"):
         codec.decode(json.dumps(dict(topics, groups=[1])).encode())
+
+
+def test_a_failed_write_changes_nothing(tmp_path):
+    t = GroupTable(str(tmp_path))
+    t.set("billing", {"max_retries": 2})
+
+    def disk_full(fn):
+        raise OSError(28, "No space left on device")
+    t.run_blocking = disk_full
+    with pytest.raises(OSError):
+        t.set("billing", {"consumption_enabled": "false"})
+    with pytest.raises(OSError):
+        t.delete("billing")
+    assert t.get("billing") == GroupSettings("billing", 2) and t.version == 1
+    assert GroupTable(str(tmp_path)).load().get("billing") == GroupSettings("billing", 2)
