@@ -1,6 +1,6 @@
 """Per-group settings against real brokers (docs/concepts.md "Per-group settings"): set through metaq-admin and
 through HTTP, honoured by a text get, a POP receive, a RocketMQ remoting pull, heartbeat and send-back, gRPC's
-ReceiveMessage and Settings; bad values refused with nothing changed; a group with no entry unchanged."""
+ReceiveMessage, PullMessage and Settings; bad values refused with nothing changed; a group with no entry unchanged."""
 
 import json
 
@@ -22,6 +22,7 @@ pb = pytest.importorskip("metaq.rmq5.messages_pb2")
 
 from tests.rmq5.test_grpc_port import Client, code  # noqa: E402
 from tests.rmq5.test_pop_grpc import receive as grpc_receive, settings as grpc_settings  # noqa: E402
+from tests.rmq5.test_pull_grpc import pull as grpc_pull  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +78,10 @@ def test_consumption_disabled_through_metaq_admin_refuses_every_protocols_reads(
     try:
         st, got = grpc_receive(g, "frozen", topic)
         assert (code(st), got) == ("FORBIDDEN", []) and "frozen" in st.message
+        st, got, _next = grpc_pull(g, "frozen", topic, 0, 0)  # PullMessage: the same answer
+        assert (code(st), got) == ("FORBIDDEN", []) and "frozen" in st.message
+        st, got, _next = grpc_pull(g, "others", topic, 0, 0)
+        assert (code(st), [m.body for m in got]) == ("OK", [b"one"])
     finally:
         g.close()
     assert cli(broker, "set", "frozen", "--consumption-enabled", "true") == 0  # enabled again: reads go on
