@@ -124,6 +124,12 @@ class TopicForbidden(Forbidden):
     text port, NO_PERMISSION (16) on the remoting port, as RocketMQ's broker answers a topic without the permission."""
 
 
+class ConsumptionDisabled(Forbidden):
+    """The group's settings (``consumption_enabled`` false, or ``broadcast_allowed`` false for a broadcasting
+    consumer: groups/table.py) refuse this read: 403 on the text port, NO_PERMISSION (16) on the remoting port, as
+    RocketMQ's broker answers a group whose consumption is disabled; FORBIDDEN on the gRPC port."""
+
+
 class NotFound(MetaqError):
     """Nothing there (unknown topic/partition, or no message at that offset yet)."""
 

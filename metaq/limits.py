@@ -65,6 +65,14 @@ MAX_TOPIC_TABLE_BYTES = 1 << 20
 #: Longest topic or group name, in bytes.
 MAX_NAME_BYTES = 200
 
+#: Consumer groups the group settings table (``<data_dir>/groups.json``, groups/table.py) holds at most: a setting
+#: for one more group is refused (its entries and the topic table travel in one replication frame, bounded by
+#: MAX_TOPIC_TABLE_BYTES).
+MAX_GROUP_SETTINGS = 1024
+#: Largest ``max_retries`` a group may be given (RocketMQ's retryMaxTimes; its delay levels end at 18 retries, later
+#: retries wait the last level's 2 hours).
+MAX_GROUP_RETRIES = 1000
+
 #: Largest broker id (MetaQ's IdWorker has a 10-bit worker id).
 MAX_BROKER_ID = 1023
 

@@ -58,7 +58,7 @@ RULES = {
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
 FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply",
-            "admin", "filters", "mqtt", "rmq5", "pop", "trace"}
+            "admin", "filters", "mqtt", "rmq5", "pop", "trace", "groups"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {

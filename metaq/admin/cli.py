@@ -38,6 +38,7 @@ from metaq.client import replay
 from metaq.client import security as client_security
 from metaq.client.connection import BrokerConnection
 from metaq.client.discovery import ZkDiscovery, ask_broker_id
+from metaq.groups import cli as groups_cli
 from metaq.offsets import cli as adminoffsets
 from metaq.offsets.client import parse_zk_offset
 from metaq.protocol import events as ev
@@ -434,6 +435,7 @@ def build_parser():
     dlq.add_parser(sub)  # dlq list|resend
     timers_cli.add_parser(sub)  # timers list|cancel
     trace_cli.add_parser(sub)  # trace ID | --key KEY (where is my message)
+    groups_cli.add_parser(sub)  # group-settings list|show|set|delete
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "
@@ -491,6 +493,7 @@ RUNNERS = {
     "dlq": lambda view, args, brokers, render: dlq.run(view, args, render),
     "timers": lambda view, args, brokers, render: timers_cli.run(view, args, render),
     "trace": lambda view, args, brokers, render: trace_cli.run(view, args, args.json, render_table),
+    "group-settings": lambda view, args, brokers, render: groups_cli.run(view, args, render),
 }
 
 

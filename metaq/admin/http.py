@@ -14,6 +14,12 @@
                                                            ``priority_max_wait_ms`` in the query
 ``PATCH /api/topics/{topic}``                              change those settings
 ``DELETE /api/topics/{topic}``                             delete it (docs/concepts.md "Topics: the table, ...")
+``GET /api/group-settings``                                every group with settings (any user)
+``GET /api/group-settings/{group}``                        one group's settings, the defaults if it has none
+``PUT /api/group-settings/{group}``                        set some: ``max_retries``, ``consumption_enabled``,
+                                                           ``broadcast_allowed``, ``read_from_slave_when_slow`` in
+                                                           the query (docs/concepts.md "Per-group settings")
+``DELETE /api/group-settings/{group}``                     remove the group's settings
 =========================================================  ======================================================
 
 A dry run answers what ``--execute`` would do (the current offset, the new one, the partition's bounds, and
@@ -35,9 +41,10 @@ def _admin(guard, session, params):
 
 class AdminViews:
     """``admin``: the broker's ``AdminOps``; ``store``: for a partition's bounds; ``topics``: the topic table's
-    service (``topics.service.TopicAdmin``)."""
+    service (``topics.service.TopicAdmin``); ``groups``: the group settings' (``groups.service.GroupAdmin``)."""
 
-    def __init__(self, admin, store, topics, guard):
+    def __init__(self, admin, store, topics, guard, groups=None):
+        self.groups = groups
         self.admin = admin
         self.store = store
         self.topics = topics
@@ -100,6 +107,18 @@ class AdminViews:
     def delete_topic(self, request):
         return json_response(self.topics.delete(request.params["topic"]))
 
+    def group_settings(self, request):
+        return json_response({"groups": self.groups.list()})
+
+    def show_group(self, request):
+        return json_response(self.groups.show(request.params["group"]))
+
+    def set_group(self, request):
+        return json_response(self.groups.set(request.params["group"], _settings(request)))
+
+    def delete_group(self, request):
+        return json_response(self.groups.delete(request.params["group"]))
+
 
 def _settings(request):
     """The topic settings of the query (the store checks names and values; at most MAX_SETTINGS of them)."""
@@ -117,3 +136,8 @@ def add_admin_routes(router, views):
     router.add("PUT", "/api/topics/{topic}", _admin, views.create_topic)
     router.add("PATCH", "/api/topics/{topic}", _admin, views.alter_topic)
     router.add("DELETE", "/api/topics/{topic}", _admin, views.delete_topic)
+    if views.groups is not None:
+        router.add("GET", "/api/group-settings", READ, views.group_settings)
+        router.add("GET", "/api/group-settings/{group}", READ, views.show_group)
+        router.add("PUT", "/api/group-settings/{group}", _admin, views.set_group)
+        router.add("DELETE", "/api/group-settings/{group}", _admin, views.delete_group)

@@ -36,6 +36,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from metaq import errors, limits
+from metaq.groups import policy as group_policy
 from metaq.pop.follow import POP_JOURNAL, POP_LEARN_BATCH, PopLog, replay
 from metaq.pop.records import InvalidHandle, RecordError, handle
 from metaq.pop.state import PopState
@@ -105,11 +106,16 @@ class PopService:
 
     def receive(self, group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None, wait_ms=0):
         """``max_attempts``: the group's deliveries before a dead letter (a gRPC client's Settings), at least 1;
-        None: the broker's (``POP_MAX_ATTEMPTS``). ``wait_ms`` (at most ``limits.MAX_WAIT_MS``): with nothing to
+        None: the broker's (``POP_MAX_ATTEMPTS``); a group with settings (groups/table.py) is refused when its
+        consumption is disabled (ConsumptionDisabled) and its ``max_retries`` + 1 replace both.
+        ``wait_ms`` (at most ``limits.MAX_WAIT_MS``): with nothing to
         hand out, BLOCKS this greenlet until a message arrives on a partition of the topic or one in flight expires
         (a long poll, counted among the broker's parked gets: 503 past ``max_parked_gets``), then ``[]``."""
         attempts = self.max_attempts if max_attempts is None else max(1, max_attempts)
         limits.validate_group(group)
+        settings = self.store.groups.get(group)
+        group_policy.require(settings, group)  # the group's settings: may it consume now (groups/policy.py)
+        attempts = group_policy.max_attempts(settings, attempts)
         limits.validate_topic(topic)
         _check_range("max_messages", max_messages, 1, limits.POP_MAX_BATCH)
         _check_range("invisible_ms", invisible_ms, limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS)

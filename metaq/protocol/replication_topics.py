@@ -10,6 +10,13 @@ checked from the frame header before it is buffered. The frame may add one key t
                   of UTF-8; partitions (what the topic counts against the user's ``partitions`` quota) 1..
                   MAX_PARTITIONS (how many entries: as many as the payload's MAX_TOPIC_TABLE_BYTES hold)
 
+and one more::
+
+    "groups": {...}   the master's group settings table (``metaq.groups.table``, ``<data_dir>/groups.json``: its own
+                  ``format`` versions it), sent once the master's group table has been changed; the slave's table
+                  becomes exactly it (an empty one without the key), checked as the slave takes it
+                  (``GroupTable.apply_json``); a slave from before group settings ignores it
+
 Its presence is the frame's owners flag: the slave's owners become exactly these (none without the key).
 ``encode`` writes it only when some topic has an owner, so a master whose topics have none (authentication off)
 sends byte for byte the table's file, as before owners. Anything the payload says that is not so (not UTF-8,
@@ -28,18 +35,22 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import InvalidTopic, RemoteProtocolError
 
-__all__ = ["Topics", "OWNERS_KEY", "encode", "payload_parts", "check_length", "decode", "owner_problem"]
+__all__ = ["Topics", "OWNERS_KEY", "GROUPS_KEY", "encode", "payload_parts", "check_length", "decode", "owner_problem"]
 
 #: The key of the table's JSON object that carries the owners (its presence: the owners flag).
 OWNERS_KEY = "owners"
+#: The key that carries the master's group settings table (absent: the master has none).
+GROUPS_KEY = "groups"
 
 
 class Topics(NamedTuple):
     """``table``: the payload, the UTF-8 JSON of the master's topic table (``encode`` makes it); ``owners``:
-    ``((topic, user, partitions), ...)`` it carries under ``"owners"`` (empty: the key is absent)."""
+    ``((topic, user, partitions), ...)`` it carries under ``"owners"`` (empty: the key is absent); ``groups``: the
+    group settings table's JSON object it carries under ``"groups"`` (None: the key is absent)."""
 
     table: bytes
     owners: tuple = ()
+    groups: dict = None
 
 
 def _fail(reason):
@@ -84,7 +95,7 @@ def _owners_problem(owners):
     return None
 
 
-def encode(table, owners=()):
+def encode(table, owners=(), groups=None):
     """A ``Topics`` event from the table's JSON object ``table`` (``TopicTableFile.to_json()``) and its owned
     topics ``[(topic, user, partitions)]``: without owners its payload is the table's file byte for byte
     (``TopicTableFile.encode``). ValueError for an owner no frame may carry or a payload past MAX_TOPIC_TABLE_BYTES
@@ -93,11 +104,14 @@ def encode(table, owners=()):
     why = _owners_problem(owners)
     if why is not None:
         raise ValueError(why)
-    if OWNERS_KEY in table:
-        raise ValueError("a topic table has no %r key of its own" % OWNERS_KEY)
+    for key in (OWNERS_KEY, GROUPS_KEY):
+        if key in table:
+            raise ValueError("a topic table has no %r key of its own" % key)
     if owners:
         table = dict(table, **{OWNERS_KEY: [list(o) for o in owners]})
-    event = Topics(json.dumps(table, indent=1, sort_keys=True).encode("utf-8") + b"\n", owners)
+    if groups is not None:
+        table = dict(table, **{GROUPS_KEY: groups})
+    event = Topics(json.dumps(table, indent=1, sort_keys=True).encode("utf-8") + b"\n", owners, groups)
     why = _size_problem(len(event.table))
     if why is not None:
         raise ValueError(why)
@@ -138,12 +152,15 @@ def decode(payload):
         raise _fail("the table is not JSON: %s" % exc) from None
     if not isinstance(state, dict):
         raise _fail("the table is a JSON object, not %s" % type(state).__name__)
+    groups = state.get(GROUPS_KEY)
+    if groups is not None and not isinstance(groups, dict):
+        raise _fail("%r is the group settings table, a JSON object, not %s" % (GROUPS_KEY, type(groups).__name__))
     if OWNERS_KEY not in state:
-        return Topics(table)
+        return Topics(table, (), groups)
     owners = state[OWNERS_KEY]
     if not isinstance(owners, list):
         raise _fail("%r is a list of [topic, user, partitions], not %s" % (OWNERS_KEY, type(owners).__name__))
     why = _owners_problem(owners)
     if why is not None:
         raise _fail(why)
-    return Topics(table, tuple(tuple(o) for o in owners))
+    return Topics(table, tuple(tuple(o) for o in owners), groups)

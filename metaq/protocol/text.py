@@ -15,7 +15,8 @@ the opaque; ``put_delayed`` (a put's 7 tokens with the delay level before the op
 get filtered by a SQL92 expression at the broker, the expression as the body; ``metaq.filters.sql``),
 ``put_idem`` (the producer id and sequence before it; ``metaq.idempotence.wire``), ``request`` and ``reply``
 (request-reply; ``metaq.reqreply.wire``), ``put_prio`` and ``get_prio`` (consumer priorities;
-``metaq.priorities.wire``), the admin commands (``metaq.admin.wire``) are ours; integers are strict
+``metaq.priorities.wire``), the admin commands (``metaq.admin.wire``), ``group_settings``
+(``metaq.groups.wire``) are ours; integers are strict
 (``-?[0-9]+``) and range-checked; and a bad line raises ``RemoteProtocolError`` while the parser stays usable (the
 line is consumed and its body, if its length is known, skipped) unless the error is ``fatal`` (body length unknown
 or over the limit, line over the limit, EOF inside a frame): then every later ``next_event()`` raises the same
@@ -60,6 +61,7 @@ from metaq.pop import wire as pop_wire  # noqa: F401 - it declares receive, ack,
 from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
 from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
 from metaq.trace import wire as trace_wire  # noqa: F401 - it declares trace
+from metaq.groups import wire as group_wire  # noqa: F401 - it declares group_settings
 from metaq.protocol.burst import scan_puts
 from metaq.protocol import putbatch  # noqa: F401 - it declares putb
 from metaq.protocol.commands import (

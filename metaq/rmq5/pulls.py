@@ -18,8 +18,9 @@ followed by another in the same call, at most ``PULL_FILTER_ROUNDS``.
 
 The permission decision is the remoting port's (``protocol.rocketmq.requests``): a pull, UpdateOffset and GetOffset
 need SUB on the group and SUB on the topic (a ``%RETRY%<group>`` topic: its group's, and of its copies only those
-of topics the user may read are served); QueryOffset needs SUB on the topic. An offset commit is the master's
-(HA_NOT_AVAILABLE elsewhere), stored at most at the queue's end, under the caller's quota of offsets.
+of topics the user may read are served); QueryOffset needs SUB on the topic. A pull of a group whose consumption
+is disabled (docs/concepts.md "Per-group settings") is FORBIDDEN naming the group. An offset commit is the
+master's (HA_NOT_AVAILABLE elsewhere), stored at most at the queue's end, under the caller's quota of offsets.
 """
 
 import time
@@ -27,6 +28,7 @@ import time
 from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.filters.sql import compiled
+from metaq.groups import policy as group_policy
 from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC, message_of_record, parse_subscription
 from metaq.protocol.rocketmq.requests import copies_readable, resource
 from metaq.rmq5 import messages_pb2 as pb
@@ -121,6 +123,9 @@ class PullService:
         filt = _filter_of(request.filter_expression)
         if self.roles is not None and self.roles.read_refusal is not None:
             raise Refusal("HA_NOT_AVAILABLE", self.roles.read_refusal)
+        refusal = group_policy.decide(self.store.groups.get(group), group).refusal  # the group's settings
+        if refusal is not None:  # the proxy's answer to the broker's NO_PERMISSION
+            raise Refusal("FORBIDDEN", refusal)
         readable = self._readable(call, topic)
         budget = int(call.timeout_s * 1000) - POLL_RESERVE_MS
         wait = _duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget

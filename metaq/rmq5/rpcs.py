@@ -45,6 +45,7 @@ from metaq.rmq5.wire import GrpcError, Status
 from metaq.auth.acl import SUB
 from metaq.filters.sql import compiled
 from metaq.filters.wire import parse_tag_expression
+from metaq.groups import policy as group_policy
 from metaq.pop.records import InvalidHandle
 from metaq.protocol.message import decode_payload
 from metaq.protocol.rocketmq.mapping import (PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, message_of_record,
@@ -515,6 +516,9 @@ class MessagingService:
         pop = self._pop_service()
         group, topic = request.group.name, request.message_queue.topic.name
         self._may_consume(call, group, topic)
+        decision = group_policy.decide(self.store.groups.get(group), group)  # the group's settings
+        if decision.refusal is not None:  # the proxy's answer to the broker's NO_PERMISSION
+            raise Refusal("FORBIDDEN", decision.refusal)
         wanted = _filter_of(request.filter_expression)
         settings = self.consumer(call)
         batch = min(max(request.batch_size, 1), limits.POP_MAX_BATCH)
@@ -798,6 +802,8 @@ class MessagingService:
         elif settings.WhichOneof("pub_sub") == "subscription":
             attempts = settings.backoff_policy.max_attempts
             attempts = CONSUMER_ATTEMPTS if attempts <= 0 else attempts
+            group = settings.subscription.group.name  # its settings' max_retries + 1 win (groups/policy.py)
+            attempts = group_policy.max_attempts(self.store.groups.get(group) if group else None, attempts)
             fifo = settings.subscription.fifo
             client = call.metadata.get("x-mq-client-id")
             if client:

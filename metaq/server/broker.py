@@ -45,6 +45,7 @@ from metaq.server.tls import TlsPolicy
 from metaq.transactions.service import TxService
 from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
+from metaq.groups.service import GroupAdmin
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE
 from metaq.store.store import MessageStore
 from metaq.timers.http import TimerViews, add_timer_routes
@@ -148,10 +149,12 @@ class Broker:
                                       lambda: self.put_path.slave_refusal)  # the topic table (topics/service.py)
         self.tracer = Tracer(self.store, lambda: self.pop.state, self._remoting_host, config.broker.id,
                              lambda: self.roles.read_refusal)  # where is my message (trace/service.py)
+        self.group_admin = GroupAdmin(self.store.groups, lambda: self.put_path.slave_refusal)  # groups/service.py
+        self.group_admin.on_change.append(self._group_settings_changed)
         self.dispatcher = TextDispatcher(self.store, self.stats, self.put_path, TextTransactions(self.tx, self.guard),
                                          self.roles, self.waiters, config, self.stats_service.render, self.guard,
                                          self.replies, self.admin, self.group_members, self.topic_admin,
-                                         self.pop, self.tracer)
+                                         self.pop, self.tracer, self.group_admin)
         self.fast_puts = FastPuts(self.put_path, lim) if config.broker.burst_puts else None
         http = (("https" if config.security.tls.mode == "on" else "http", config.http.host or config.broker.host,
                  config.http.port) if config.http.port else None)  # named to an HTTP client on the text port
@@ -194,7 +197,7 @@ class Broker:
             self.http = HttpPort(self.core, views, self.tx.manager.in_doubt, self.flusher.observe_flushes,
                                  config.http.open_metrics, check,
                                  UnsentReplies(lim.max_http_unsent_bytes, lim.request_timeout_s), self.quota_use)
-            admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard)
+            admin_views = AdminViews(self.admin, self.store, self.topic_admin, self.guard, self.group_admin)
             add_admin_routes(self.http.router, admin_views)  # offsets, dead letters
             add_timer_routes(self.http.router, TimerViews(self.timers, self.put_path))  # list and cancel timers
             add_trace_routes(self.http.router, TraceViews(self.tracer, self.guard))  # where is my message
@@ -206,6 +209,11 @@ class Broker:
         self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
+
+    def _group_settings_changed(self):
+        """A group's settings changed: the replication master sends the table to its slaves now."""
+        if self.roles.replication is not None:
+            self.roles.replication.notify()
 
     def quota_use(self):
         """``stats quotas`` and /metrics: per user and quota, what it holds and its quota (``stats.quota_rows``)."""

@@ -275,6 +275,9 @@ class RemotingSection(_Section):
     cluster: str = "DefaultCluster"
     retry_queues: int = Field(1, ge=1, le=limits.MAX_PARTITIONS)
     max_reconsume_times: int = Field(16, ge=0)
+    # RocketMQ's accessMessageInMemoryMaxRatio: the percentage of physical memory deemed to hold the log's newest
+    # bytes; a pull leaving more backlog is slow (a group's read_from_slave_when_slow: docs/concepts.md)
+    access_message_in_memory_max_ratio: int = Field(40, ge=0, le=100)
     send_back_delay_level: Optional[int] = Field(None, ge=0, le=MAX_LEVELS)
     client_timeout_s: float = Field(120.0, gt=0)
     max_frame_bytes: int = Field(limits.MAX_REMOTING_FRAME, ge=64 * 1024)

@@ -40,6 +40,7 @@ from metaq.store.retention import apply_retention
 from metaq.topics.state import TopicOps
 from metaq.topics.retention import apply_topic_retention
 from metaq.topics.table import TopicCatalog, TopicTableFile
+from metaq.groups.table import GroupTable
 
 _new_tuple = tuple.__new__
 
@@ -77,6 +78,7 @@ class MessageStore:
         self.topics = TopicOps(self.dirs, self._topics, self._parts, self._quota,
                                self._forget_writers)  # create/alter/delete (topics/state.py)
         self.consumer_offsets = ConsumerOffsets(self.dirs, quota=offsets_quota)
+        self.groups = GroupTable(config.data_dir)  # per-group settings (groups/table.py)
         self.epochs = EpochHistory(self.dirs)
         self.reads = ReadCounts()  # log bytes read, corrupt reads (readcount.py; stats)
         self.cold_maps = ColdMaps(self.reads)  # when the maps of cold pages give them back (coldmaps.py)
@@ -97,6 +99,7 @@ class MessageStore:
         self._closed = False
         try:
             self._topics.table.load()
+            self.groups.load()
             self._log.load()
             self._load_partitions()
             self.recovery, last_id = self._recover()

@@ -17,6 +17,7 @@ from metaq import errors, limits
 class Member(NamedTuple):
     conn: object
     last_seen: float
+    broadcasting: bool = False  # its heartbeat's messageModel is BROADCASTING
 
 
 class ClientRegistry:
@@ -48,7 +49,7 @@ class ClientRegistry:
             group = consumer.group_name
             members = groups.setdefault(group, {})
             old = members.get(hb.client_id)
-            members[hb.client_id] = Member(conn, now)
+            members[hb.client_id] = Member(conn, now, consumer.message_model == "BROADCASTING")
             if old is None:
                 self.members += 1
             elif old.conn is not conn:
@@ -130,6 +131,16 @@ class ClientRegistry:
         """Whether ``client_id`` is a live member of ``group`` whose last heartbeat came through ``conn``."""
         member = self._groups.get(group, {}).get(client_id)
         return member is not None and member.conn is conn
+
+    def broadcasting(self, group, conn):
+        """Whether a live client of ``group`` registered through ``conn`` consumes in BROADCASTING mode (a pull
+        carries no message model: its connection's heartbeat said it)."""
+        members = self._groups.get(group, {})
+        for g, client_id in self._by_conn.get(conn, ()):
+            member = members.get(client_id) if g == group else None
+            if member is not None and member.broadcasting:
+                return True
+        return False
 
     def consumers(self, group):
         """The live client ids of ``group``, sorted."""

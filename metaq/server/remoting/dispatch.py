@@ -21,6 +21,7 @@ Which codes are served, by which handler, in a greenlet or not, is declared once
 
 import functools
 import logging
+import os
 import time
 
 from metaq import errors, limits
@@ -40,6 +41,7 @@ from metaq.protocol.rocketmq.mapping import (PROP_RETRY_TOPIC, message_of_record
                                              stored_message_bytes)
 from metaq.filters.remoting import EXPRESSION_SQL92, SqlSubscriptions
 from metaq.filters.sql import SqlFilter, compiled
+from metaq.groups import policy as group_policy
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 from metaq.keys import remoting as keys
@@ -57,8 +59,8 @@ UNSUPPORTED_LOGGED = 256
 def error_response(cmd, exc):
     """The response to ``cmd`` for a MetaqError (the only error→response mapping of the remoting port)."""
     text = str(exc)
-    if isinstance(exc, errors.TopicForbidden):
-        code = ResponseCode.NO_PERMISSION
+    if isinstance(exc, (errors.TopicForbidden, errors.ConsumptionDisabled)):
+        code = ResponseCode.NO_PERMISSION  # RocketMQ's broker: a topic without the permission, a disabled group
     elif isinstance(exc, (errors.Unauthenticated, errors.Forbidden)):
         code = ResponseCode.SYSTEM_ERROR  # RocketMQ's broker: an AclException out of its RPC hook (remoting/acl.py)
         text = ACL_EXCEPTION + text
@@ -77,6 +79,14 @@ def error_response(cmd, exc):
     else:
         code = ResponseCode.SYSTEM_ERROR
     return response_for(cmd, code, text)
+
+
+def physical_memory():
+    """The machine's physical memory in bytes (RocketMQ's TOTAL_PHYSICAL_MEMORY_SIZE); 0 when unknown."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def route_table(owners, sends_wait):
@@ -128,6 +138,9 @@ class RemotingDispatcher:
         self.store = store
         self.stats = stats
         self.max_transfer = config.store.max_transfer_size
+        #: The part of the log RocketMQ deems kept in memory (accessMessageInMemoryMaxRatio of the physical memory): a
+        #: pull leaving a larger backlog behind is slow, and a group's read_from_slave_when_slow names its slave.
+        self.memory_bytes = physical_memory() * config.remoting.access_message_in_memory_max_ratio // 100
         #: The SQL92 subscriptions of the groups' heartbeats: a pull without its own subscription uses them.
         self.sql_subscriptions = SqlSubscriptions(lambda group: bool(clients.consumers(group)))
         self.max_wait_ms = config.limits.max_wait_ms
@@ -266,6 +279,11 @@ class RemotingDispatcher:
         h = decode_header(PullMessageHeader, cmd)
         if self.roles.read_refusal is not None:  # a former master before its epoch handshake (roles.py)
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, self.roles.read_refusal)
+        group = self.store.groups.get(h.consumer_group)  # the group's settings (groups/policy.py)
+        refusal = group_policy.decide(group, h.consumer_group,
+                                      group is not None and self.clients.broadcasting(h.consumer_group, conn)).refusal
+        if refusal is not None:  # RocketMQ's broker: NO_PERMISSION naming the group
+            return response_for(cmd, ResponseCode.NO_PERMISSION, refusal)
         sql = (h.expression_type or "TAG").upper() == EXPRESSION_SQL92
         if not sql and h.expression_type and h.expression_type.upper() != "TAG":
             return response_for(cmd, ResponseCode.SYSTEM_ERROR, "The broker does not support consumer to filter "
@@ -360,16 +378,19 @@ class RemotingDispatcher:
             return None, next_offset
         self.stats.on_get(h.topic, False)
         body = b"".join(stored_message_bytes(m) for m in messages)
-        return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset), body), next_offset
+        suggest = group_policy.suggest_broker(self.store.groups.get(h.consumer_group),
+                                              store.written_position - records[-1].position, self.memory_bytes)
+        return response_for(cmd, ResponseCode.SUCCESS, "FOUND", self._pull_fields(h, next_offset, suggest),
+                            body), next_offset
 
     def _not_found(self, cmd, h, offset):
         """PULL_NOT_FOUND; ``offset`` is past the units a filtered read passed over (the queue's offset otherwise)."""
         self.stats.on_get(h.topic, True)
         return response_for(cmd, ResponseCode.PULL_NOT_FOUND, "NO_NEW_MESSAGE", self._pull_fields(h, offset))
 
-    def _pull_fields(self, h, next_offset):
+    def _pull_fields(self, h, next_offset, suggest=group_policy.MASTER_ID):
         return pull_response_fields(next_offset, self.store.min_offset(h.topic, h.queue_id),
-                                    self.store.max_offset(h.topic, h.queue_id))
+                                    self.store.max_offset(h.topic, h.queue_id), suggest)
 
     # -- offsets -------------------------------------------------------------
 
@@ -458,6 +479,9 @@ class RemotingDispatcher:
     def heartbeat(self, cmd, conn):
         hb = decode_heartbeat(cmd.body, cmd.opaque)
         self.sql_subscriptions.check(hb.consumers)  # before anything of it is recorded
+        for c in hb.consumers:  # a BROADCASTING consumer of a group whose settings refuse it (groups/policy.py)
+            if c.message_model == "BROADCASTING":
+                group_policy.require(self.store.groups.get(c.group_name), c.group_name, broadcasting=True)
         self.producers.heartbeat(conn, hb.producer_groups, time.monotonic(), hb.client_id)  # the check-back's channels
         self.clients.heartbeat(conn, hb, time.monotonic())
         self.sql_subscriptions.heartbeat(hb.consumers)

@@ -25,6 +25,7 @@ import logging
 import random
 
 from metaq import errors, limits
+from metaq.groups import policy as group_policy
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.idempotence.records import PID_PROPERTY, SEQ_PROPERTY, check_identity
@@ -196,14 +197,16 @@ class RemotingSender:
 
     def _retry_or_dlq(self, topic, reconsume_times, max_times, version):
         """A client re-sending a failed message itself: past the maximum it goes to the dead-letter topic."""
-        limit = self._max_times(max_times, version)
+        limit = self._max_times(topic[len(RETRY_PREFIX):], max_times, version)
         if reconsume_times >= limit:
             return DLQ_PREFIX + topic[len(RETRY_PREFIX):]
         return topic
 
-    def _max_times(self, max_times, version):
-        # Java honours the request's maxReconsumeTimes from V3_4_9 (121); older clients get the broker's.
-        return max_times if max_times is not None and version >= 121 else self.max_reconsume_times
+    def _max_times(self, group, max_times, version):
+        """The request's maxReconsumeTimes (Java honours it from V3_4_9, 121), else the group's ``max_retries``
+        (groups/policy.py), else the broker's ``remoting.max_reconsume_times``."""
+        requested = max_times if max_times is not None and version >= 121 else None
+        return group_policy.max_reconsume_times(self.store.groups.get(group), requested, self.max_reconsume_times)
 
     # -- CONSUMER_SEND_MSG_BACK -----------------------------------------------
 
@@ -212,7 +215,7 @@ class RemotingSender:
         self.path.check_writable()
         host = self.host()
         msg = message_of_record(self.store.record_at(h.offset), host)
-        dead, props, times = retry_copy(msg, host, self._max_times(h.max_reconsume_times, cmd.version))
+        dead, props, times = retry_copy(msg, host, self._max_times(h.group, h.max_reconsume_times, cmd.version))
         props.pop(PID_PROPERTY, None)  # the copy is a new message, not an idempotent put's record
         props.pop(SEQ_PROPERTY, None)
         if dead or h.delay_level < 0:

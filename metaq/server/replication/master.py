@@ -330,16 +330,23 @@ class ReplicationServer:
         while both are empty (a master without them sends what slaves from before TOPICS read). True if sent."""
         table = self.store.topics.table
         owners_version, owners = self.store.owned_topics()
-        version = (table.version, owners_version)
-        if state.topics_version == version or not (table.entries or table.deleted or owners):
+        groups = self.store.groups  # the group settings (groups/table.py), once changed
+        version = (table.version, owners_version, groups.version)
+        if state.topics_version == version or not (table.entries or table.deleted or owners or groups.version):
             return False
         state.topics_version = version
+        group_table = groups.to_json() if groups.version else None
         try:
-            event = topics_codec.encode(table.to_json(), owners)
+            event = topics_codec.encode(table.to_json(), owners, group_table)
         except ValueError as exc:  # owners past what the frame holds (MAX_TOPIC_TABLE_BYTES): the table alone
             log.warning("replication: the topic owners are not sent to slave %s (%s): a promoted slave would not "
                         "count them", state.slave_id, exc)
-            event = rp.Topics(table.encode())
+            try:
+                event = topics_codec.encode(table.to_json(), (), group_table)
+            except ValueError:
+                log.warning("replication: the group settings are not sent to slave %s: with the topic table they "
+                            "pass MAX_TOPIC_TABLE_BYTES", state.slave_id)
+                event = rp.Topics(table.encode())
         send_event(sock, event)
         return True
 

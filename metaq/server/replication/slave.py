@@ -10,7 +10,7 @@ import gevent
 
 from metaq import errors
 from metaq.protocol import replication as rp
-from metaq.protocol.replication_topics import OWNERS_KEY
+from metaq.protocol.replication_topics import GROUPS_KEY, OWNERS_KEY
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.clock import now_ms
 from metaq.server.replication import handshake
@@ -300,14 +300,17 @@ class SlaveLink:
         send_event(sock, rp.Ack(self.slave_id, store.written_position, store.flushed_position))
 
     def _topics(self, event):
-        """The master's topic table becomes ours (topics/state.py ``replace_table``), then its topics' owners
+        """The master's topic table becomes ours (topics/state.py ``replace_table``), and its group settings
+        (groups/table.py ``replace``: an empty table from a frame without them), then its topics' owners
         (none from a frame without them): our per-user topic counts, saved by the next checkpoint, are the
         master's, so a promoted slave holds each user to its ``topics`` and ``partitions`` quotas."""
         try:
             state = json.loads(event.table.decode("utf-8"))
             state.pop(OWNERS_KEY, None)  # the frame's, not the table's (the codec checked them)
+            state.pop(GROUPS_KEY, None)
             with self.store_lock:  # a deleted topic's partitions go: no checkpoint or work ahead meets them
                 self.store.topics.replace_table(state)
+            self.store.groups.replace(event.groups)  # the master's group settings (groups/table.py)
         except (ValueError, TypeError, KeyError, AttributeError, errors.ClientError) as exc:
             raise errors.RemoteProtocolError("bad TOPICS from the master: %s" % exc, fatal=True) from None
         self.store.replace_topic_owners(event.owners)

@@ -36,6 +36,9 @@ from metaq.idempotence.wire import IdempotentPut
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
+from metaq.groups.text import TextGroupSettings
+from metaq.groups import policy as group_policy
+from metaq.groups.wire import GroupSettingsCommand
 from metaq.pop import wire as popwire
 from metaq.pop.text import TextPop
 from metaq.trace.service import Tracer
@@ -94,7 +97,7 @@ CONNECTION_OWN = (ev.Quit,)
 
 class TextDispatcher:
     def __init__(self, store, stats, put_path, tx, roles, waiters, config, render_stats, guard, replies=None,
-                 admin=None, group_members=None, topics=None, pop=None, tracer=None):
+                 admin=None, group_members=None, topics=None, pop=None, tracer=None, groups=None):
         """``tx``: the text transaction front (``metaq.transactions.text.TextTransactions``); ``render_stats(item)``:
         the body of a ``stats`` reply; ``guard``: the broker's one authorization check (``server.guard``);
         ``replies``: the request-reply router (``reqreply.service``; None: ``request``/``reply`` answered 400);
@@ -103,7 +106,8 @@ class TextDispatcher:
         ``topics``: the topic table's service (``topics.service.TopicAdmin``; None: ``topic`` answered 400);
         ``pop``: per-message acknowledgement (``pop.service.PopService``; None: ``receive``, ``ack`` and
         ``change_invisible`` answered 400); ``tracer``: ``trace``'s lookup (``trace.service.Tracer``; None: one
-        without the remoting address, whose offset ids then name no record here)."""
+        without the remoting address, whose offset ids then name no record here); ``groups``: the group settings'
+        service (``groups.service.GroupAdmin``; None: ``group_settings`` answered 400)."""
         self.guard = guard
         self.store = store
         self.stats = stats
@@ -147,6 +151,7 @@ class TextDispatcher:
         offsets = TextOffsets(store, group_members, put_path.check_master)
         self._handlers.update({ev.CommitOffset: offsets.commit_offset, ev.QueryOffset: offsets.query_offset})
         self._handlers[ev.TopicCommand] = TextTopics(topics, guard.known_to, error_reply).topic  # topics/text.py
+        self._handlers[GroupSettingsCommand] = TextGroupSettings(groups, error_reply).group_settings  # groups/text.py
         self._handlers[ev.Lookup] = TextKeys(store, roles).lookup  # lookup (docs/messaging.md "Key index")
         timers = TextTimers(put_path, put_path.timers, self.max_body, ack_put=self.ack_put,
                             error_reply=error_reply)  # put_at, cancel, timers (docs/messaging.md "Any delivery time")
@@ -252,6 +257,9 @@ class TextDispatcher:
             self.guard.require(conn.session, SUB, "topic", e.topic)
         if self.roles.read_refusal is not None:
             return encode_result(503, self.roles.read_refusal.encode(), e.opaque)
+        refusal = group_policy.decide(self.store.groups.get(e.group), e.group).refusal  # the group's settings
+        if refusal is not None:
+            return encode_result(403, refusal.encode("utf-8", "replace"), e.opaque)
         if e.max_size <= 0:
             return encode_result(400, b"Bad request,invalid max size:%d" % e.max_size, e.opaque)
         return None
