@@ -53,6 +53,45 @@ def _pause():
     gevent.sleep(0.001)
 
 
+class _Since:
+    """Iterates ``(offset, record)`` of a partition from the first stored at or after ``since_ms`` to its end, at
+    most ``most`` records read ``limits.DLQ_SCAN_STEP`` at a time (``pause()`` between steps), following a retention
+    that moved the partition's start meanwhile. ``short``: it stopped at ``most``, before the end."""
+
+    def __init__(self, store, topic, partition, since_ms, most, pause=None):
+        self.store, self.topic, self.partition, self.since_ms = store, topic, partition, since_ms
+        self.most, self.pause, self.short = most, pause, False
+
+    def __iter__(self):
+        store, topic, partition = self.store, self.topic, self.partition
+        try:
+            offset = walk(store.time_search(topic, partition, self.since_ms)).result
+            end = store.max_offset(topic, partition)
+        except errors.MetaqError:
+            return
+        read = 0
+        while offset is not None and offset < end:
+            if read >= self.most:
+                self.short = True
+                return
+            try:
+                records, nxt = store.read_records(topic, partition, offset,
+                                                  min(limits.DLQ_SCAN_STEP, self.most - read), _READ_BYTES)
+            except errors.Moved as exc:  # retention moved the start while others ran
+                if exc.offset <= offset:
+                    return
+                offset = exc.offset
+                continue
+            if not records:
+                return
+            read += len(records)
+            for i, rec in enumerate(records):
+                yield offset + i, rec
+            offset = nxt
+            if self.pause is not None:
+                self.pause()
+
+
 class Tracer:
     """``trace_message`` with the broker's collaborators: ``store``; ``pop_state()``: the POP state (None without
     one); ``host()``: the remoting ``(ip, port)`` offset ids name (None without the port); ``broker_id``;
@@ -151,33 +190,11 @@ def _by_metaq_id(store, topic, msg_id):
         return []
     since = id_timestamp_ms(msg_id) - ID_SKEW_MS
     for p in range(count):
-        try:
-            offset = walk(store.time_search(topic, p, since)).result
-            end = store.max_offset(topic, p)
-        except errors.MetaqError:
-            continue
-        read = 0
-        while offset is not None and offset < end and read < limits.TRACE_ID_SCAN:
-            try:
-                records, nxt = store.read_records(topic, p, offset, min(limits.DLQ_SCAN_STEP,
-                                                                        limits.TRACE_ID_SCAN - read), _READ_BYTES)
-            except errors.Moved as exc:
-                if exc.offset <= offset:
-                    break
-                offset = exc.offset
-                continue
-            if not records:
+        for _offset, rec in _Since(store, topic, p, since, limits.TRACE_ID_SCAN):
+            if rec.msg_id == msg_id:
+                return [rec]
+            if rec.msg_id > msg_id:
                 break
-            for rec in records:
-                if rec.msg_id == msg_id:
-                    return [rec]
-                if rec.msg_id > msg_id:
-                    records = None
-                    break
-            if records is None:
-                break
-            read += len(records)
-            offset = nxt
     return []
 
 
@@ -259,33 +276,14 @@ def _copies(store, rec, uniq, host, pause):
         except errors.MetaqError:
             continue
         for p in range(count):
-            try:
-                offset = walk(store.time_search(topic, p, rec.store_ts_ms)).result
-                end = store.max_offset(topic, p)
-            except errors.MetaqError:
-                continue
-            while offset is not None and offset < end:
-                if budget <= 0:
-                    complete = False
-                    break
-                try:
-                    records, nxt = store.read_records(topic, p, offset, min(limits.DLQ_SCAN_STEP, budget), _READ_BYTES)
-                except errors.Moved as exc:  # retention moved the start while others ran
-                    if exc.offset <= offset:
-                        break
-                    offset = exc.offset
-                    continue
-                if not records:
-                    break
-                budget -= len(records)
-                for i, copy in enumerate(records):
-                    msg = message_of_record(copy, host or _NO_HOST)
-                    if _is_copy_of(msg.properties.get(PROP_ORIGIN_MESSAGE_ID), rec, uniq):
-                        found.append({"kind": kind, "group": group, "topic": topic, "partition": p,
-                                      "offset": offset + i, "store_ms": copy.store_ts_ms,
-                                      "reconsume_times": msg.reconsume_times})
-                offset = nxt
-                pause()
+            scan = _Since(store, topic, p, rec.store_ts_ms, budget, pause)
+            for offset, copy in scan:
+                budget -= 1
+                msg = message_of_record(copy, host or _NO_HOST)
+                if _is_copy_of(msg.properties.get(PROP_ORIGIN_MESSAGE_ID), rec, uniq):
+                    found.append({"kind": kind, "group": group, "topic": topic, "partition": p, "offset": offset,
+                                  "store_ms": copy.store_ts_ms, "reconsume_times": msg.reconsume_times})
+            complete = complete and not scan.short
     found.sort(key=lambda c: (c["store_ms"], c["topic"], c["partition"], c["offset"]))
     return found, complete
 
