@@ -154,15 +154,18 @@ class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
     def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None, tx=None,
-                 checks=None, pop=None, pulls=None):
+                 checks=None, pop=None, pulls=None, fifo_groups=()):
         """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
         rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
         cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
         from the store. ``tx``: the TxService, which keeps transactional messages' half messages (None:
         transactional sends refused NOT_IMPLEMENTED); ``checks``: its check-back's ``Checks``; ``pop``: the
         PopService receives, acks, invisible durations and dead letters go to (None: refused NOT_IMPLEMENTED);
-        ``pulls``: the ``pulls.PullService`` serving PullMessage and the offsets (None: those are unknown RPCs)."""
+        ``pulls``: the ``pulls.PullService`` serving PullMessage and the offsets (None: those are unknown RPCs).
+        ``fifo_groups``: consumer groups that consume in order whatever their clients' Settings say (RocketMQ keeps
+        that flag in the group's configuration, and clients such as the Python one never ask for it)."""
         self.pop = pop
+        self.fifo_groups = frozenset(fifo_groups)
         self.consumers = OrderedDict()  # client id -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
         self.store = store
         self.broker_id = broker_id
@@ -483,11 +486,12 @@ class MessagingService:
 
     def query_assignment(self, request, call):
         """As the proxy answers: per broker holding the topic, one queue of id -1 ("any queue of this broker") for
-        every consumer of a non-FIFO group, every queue of the broker for a FIFO one (its client's Settings)."""
+        every consumer of a non-FIFO group, every queue of the broker for a FIFO one (its client's Settings, or
+        ``grpc.fifo_groups``)."""
         topic, group = request.topic.name, request.group.name
         self._may_consume(call, group, topic)
         route = self.query_route(pb.QueryRouteRequest(topic=request.topic, endpoints=request.endpoints), call)
-        fifo = self.consumer(call).fifo
+        fifo = self.consumer(call).fifo or group in self.fifo_groups
         out, seen = [], set()
         for q in route.message_queues:
             if q.permission in (pb.NONE, pb.WRITE):
@@ -535,7 +539,8 @@ class MessagingService:
         try:
             while True:
                 rounds += 1
-                got = pop.receive(group, topic, batch, invisible, settings.fifo, settings.max_attempts,
+                got = pop.receive(group, topic, batch, invisible, settings.fifo or group in self.fifo_groups,
+                                  settings.max_attempts,
                                   wait_ms=max(0, int((end - time.monotonic()) * 1000)))
                 kept, dropped = [], []
                 for r in got:
@@ -798,7 +803,7 @@ class MessagingService:
         elif settings.WhichOneof("pub_sub") == "subscription":
             attempts = settings.backoff_policy.max_attempts
             attempts = CONSUMER_ATTEMPTS if attempts <= 0 else attempts
-            fifo = settings.subscription.fifo
+            fifo = settings.subscription.fifo or settings.subscription.group.name in self.fifo_groups
             client = call.metadata.get("x-mq-client-id")
             if client:
                 self.remember_consumer(client, fifo, attempts)

@@ -509,7 +509,8 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
                                                     r.transaction_check_max, r.max_half_messages,
                                                     limits.MAX_CHECKS_PER_ROUND), pop=pop,
                                pulls=PullService(store, guard, put_path.waiters, put_path.roles, put_path.check_master,
-                                                 endpoint, config.store.max_transfer_size, config.limits.max_wait_ms))
+                                                 endpoint, config.store.max_transfer_size, config.limits.max_wait_ms),
+                               fifo_groups=g.fifo_groups)
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

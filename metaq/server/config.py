@@ -467,11 +467,19 @@ class GrpcSection(_Section):
     max_message_bytes: int = Field(limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
     max_header_bytes: int = Field(limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
     max_call_s: float = Field(limits.GRPC_MAX_CALL_S, gt=0, le=3600)
+    fifo_groups: List[str] = []  # consumer groups that receive in order whatever their clients' Settings say
 
     @field_validator("host", "advertised_host")
     @classmethod
     def _named(cls, value, info):
         return _not_blank(value, "an unnamed grpc %s; leave it out for the default" % info.field_name.replace("_", " "))
+
+    @field_validator("fifo_groups")
+    @classmethod
+    def _groups_named(cls, groups):
+        for g in groups:
+            _not_blank(g, "a blank name in grpc.fifo_groups")
+        return groups
 
 
 class ServerConfig(_Section):

@@ -117,8 +117,12 @@ class Official:
                 self.proc.wait(10)
 
 
-def grpc_config(data_dir, port, **sections):
-    return small_config(data_dir, grpc={"port": port}, store={"flush": "async", "flush_interval_ms": 20},
+FIFO_GROUP = "g-o-fifo"  # a group grpc.fifo_groups names: the Python client never asks for FIFO itself
+
+
+def grpc_config(data_dir, port, fifo_groups=(), **sections):
+    return small_config(data_dir, grpc={"port": port, "fifo_groups": list(fifo_groups)},
+                        store={"flush": "async", "flush_interval_ms": 20},
                         remoting={"transaction_check_interval_ms": CHECK_MS, "transaction_timeout_ms": TIMEOUT_MS,
                                   "transaction_check_max": 50}, **sections)
 
@@ -135,7 +139,7 @@ def python():
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory, python):
     wd = tmp_path_factory.mktemp("official5")
-    b = BrokerProcess(wd, grpc_config(wd / "data", free_port())).start()
+    b = BrokerProcess(wd, grpc_config(wd / "data", free_port(), fifo_groups=[FIFO_GROUP])).start()
     yield b
     b.kill()
 
@@ -300,7 +304,7 @@ def test_tag_and_sql92_filters_deliver_only_what_matches(broker, official):
 
 def test_one_consumer_receives_a_message_group_in_the_order_sent(broker, official):
     """The messages of a group share a queue and come out in order. (A FIFO consumer group, one message of a
-    group at a time, is a group setting on RocketMQ's side; this client never asks for it in its Settings.)"""
+    group at a time, is a group setting on RocketMQ's side, ``grpc.fifo_groups`` here: the next test.)"""
     official.call("producer", name="p-order", topics=["tq-o-order"])
     for g in ("x", "y"):
         official.call("send", producer="p-order", messages=[{"topic": "tq-o-order", "body": "%s%d" % (g, i),
@@ -310,6 +314,20 @@ def test_one_consumer_receives_a_message_group_in_the_order_sent(broker, officia
     for g in ("x", "y"):
         seq = [m["body"] for m in got if m["group"] == g]
         assert seq == ["%s%d" % (g, i) for i in range(6)]
+
+
+def test_a_group_in_grpc_fifo_groups_gets_one_message_of_a_message_group_at_a_time_in_order(broker, official):
+    official.call("producer", name="p-fifo-group", topics=["tq-o-fifogroup"])
+    for g in ("x", "y"):
+        official.call("send", producer="p-fifo-group", messages=[
+            {"topic": "tq-o-fifogroup", "body": "%s%d" % (g, i), "group": g} for i in range(3)])
+    official.call("consumer", name="c-fifo", group=FIFO_GROUP, subscriptions={"tq-o-fifogroup": ["TAG", "*"]})
+    for i in range(3):
+        batch = official.receive_all("c-fifo", 2, invisible_s=30, ack=False, timeout=5)
+        assert sorted(m["body"] for m in batch) == ["x%d" % i, "y%d" % i]
+        if i == 0:  # the next of a message group waits while the one before is unacknowledged
+            assert official.call("receive", consumer="c-fifo", max=16, invisible_s=30)["messages"] == []
+        official.call("ack", consumer="c-fifo", ids=[m["message_id"] for m in batch])
 
 
 # -- across a kill -9 and over two brokers -----------------------------------------------------------------------

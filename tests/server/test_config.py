@@ -121,9 +121,12 @@ def test_the_grpc_port_is_off_by_default_and_checked_like_the_others():
                               "grpc.max_message_bytes": (8 << 20) + (64 << 10), "store.segment_size": 64 << 20})
     assert load_config(None, {"limits.max_body_bytes": 8 << 20, "store.segment_size": 64 << 20})  # port off
     for key, bad in (("grpc.max_streams_per_connection", 0), ("grpc.max_message_bytes", 1023),
-                     ("grpc.max_header_bytes", 1023), ("grpc.max_call_s", 0), ("grpc.host", " ")):
+                     ("grpc.max_header_bytes", 1023), ("grpc.max_call_s", 0), ("grpc.host", " "),
+                     ("grpc.fifo_groups", ["orders", " "])):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(None, {key: bad})
+    assert c.grpc.fifo_groups == [] and load_config(None, {"grpc.fifo_groups": ["orders"]}).grpc.fifo_groups == [
+        "orders"]
 
 
 def test_http_basic_in_clear_off_loopback_is_refused_unless_insecure(tmp_path):
