@@ -278,7 +278,8 @@ class MessagingService:
     def query_route(self, request, call):
         """The topic's queues on this broker (from the store, with the topic table's permission) and, with
         ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
-        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0."""
+        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0: on a
+        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it)."""
         topic = request.topic.name
         rows = self.cluster(topic) if self.cluster is not None else None
         route, why = [], None
@@ -292,6 +293,8 @@ class MessagingService:
             permission = pb.READ_WRITE if readable and writable else pb.READ if readable else \
                 pb.WRITE if writable else pb.NONE
             own = next((r for r in rows or () if r.broker_id == self.broker_id), None)
+            if own is None and rows is not None:  # a topic not registered yet: our broker id's master all the same
+                own = next((r for r in self.cluster(None) or () if r.broker_id == self.broker_id), None)
             mine = self._endpoints(request.endpoints)
             master = _endpoints_of(own.grpc) if own is not None and own.grpc else mine
             if master.addresses[0].port == mine.addresses[0].port and master.addresses[0].host in (

@@ -406,3 +406,46 @@ def test_two_brokers_share_sends_and_receives_and_a_killed_one_is_passed_over(py
                                                                                            for i in range(8)]
     finally:
         o.close()
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_the_client_follows_an_elected_master_after_a_kill_9_and_loses_no_acknowledged_send(python, broker_factory,
+                                                                                            tmp_path, zk_connect):
+    """An ``ha: auto`` group of three with ``sync`` replication, every member's gRPC endpoint given to the client:
+    once the master is killed and another elected, the client's sends go on to it (failing meanwhile), and a
+    consumer receives every send that was acknowledged, before and after, once each."""
+    from tests.harness.ha import SESSION_MS, Group
+
+    g = Group(broker_factory, tmp_path, zk_connect, n=3, mode="sync", start=False)
+    for m in g.members:
+        m.config["grpc"] = {"port": free_port()}
+        m.start()
+    first = g.master()
+    others = [i for i in range(3) if i != first]
+    g.following(first, others)
+    o = Official(python, ";".join(endpoint(g.members[i]) for i in [first] + others), tmp_path / "home")
+    try:
+        from tests.rmq5.test_grpc_port import Client
+        for m in g.members:  # every member routes a topic nobody wrote yet to the master (the client may ask any)
+            c = Client(m.config["grpc"]["port"])
+            try:
+                assert {(q.broker.name, q.broker.id, q.broker.endpoints.addresses[0].port)
+                        for q in c.route("tq-o-ha").message_queues} == {("metaq-7", 0,
+                                                                         g.members[first].config["grpc"]["port"])}
+            finally:
+                c.close()
+        o.call("producer", name="p", topics=["tq-o-ha"])
+        o.call("send", producer="p", messages=[{"topic": "tq-o-ha", "body": "a%d" % i} for i in range(4)])
+        g.members[first].kill()
+        second = g.master(timeout=SESSION_MS / 1000.0 * 3 + 10, exclude=(first,))
+        g.following(second, [i for i in others if i != second])
+        for i in range(4):  # the client finds the new master at its next route refresh (every 30 s)
+            o.until_ok("send", within=60, producer="p", messages=[{"topic": "tq-o-ha", "body": "b%d" % i}])
+        want = sorted(["a%d" % i for i in range(4)] + ["b%d" % i for i in range(4)])
+        assert sorted(b.decode() for b in text_records(g.members[second], "tq-o-ha")) == want
+        o.call("consumer", name="c", group="g-o-ha", subscriptions={"tq-o-ha": ["TAG", "*"]})
+        got = o.receive_all("c", 8, timeout=30)
+        assert sorted(m["body"] for m in got) == want
+    finally:
+        o.close()
