@@ -330,6 +330,18 @@ def test_a_group_in_grpc_fifo_groups_gets_one_message_of_a_message_group_at_a_ti
         official.call("ack", consumer="c-fifo", ids=[m["message_id"] for m in batch])
 
 
+def test_a_push_consumer_consumes_each_message_and_gets_a_failed_one_again(broker, official):
+    official.call("producer", name="p-push", topics=["tq-o-push"])
+    official.call("send", producer="p-push", messages=[{"topic": "tq-o-push", "body": "u%d" % i} for i in range(4)])
+    official.call("push", name="c-push", group="g-o-push", subscriptions={"tq-o-push": ["TAG", "*"]}, fail=["u2"])
+    want = [["u0", 1], ["u1", 1], ["u2", 1], ["u2", 2], ["u3", 1]]
+    wait_for(lambda: sorted(official.call("pushed", name="c-push")["calls"]) == want, 15,
+             lambda: "each consumed once, u2 again after its failure: %s" % official.call("pushed", name="c-push"))
+    official.call("shutdown", name="c-push")
+    official.call("consumer", name="c-push-after", group="g-o-push", subscriptions={"tq-o-push": ["TAG", "*"]})
+    assert official.call("receive", consumer="c-push-after", max=16, invisible_s=1)["messages"] == []  # all acked
+
+
 # -- across a kill -9 and over two brokers -----------------------------------------------------------------------
 
 

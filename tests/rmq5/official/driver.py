@@ -9,6 +9,8 @@ on stdout, so a test keeps producers and consumers alive across its steps (a bro
   "transaction": null|"commit"|"rollback"|"open"}`` -> ``{"receipts": [{"message_id", "transaction_id", ...}]}``
 * ``{"op": "checks"}`` -> the checker's calls so far: ``{"checks": [[body, message_id]]}``
 * ``{"op": "consumer", "name": n, "group": g, "subscriptions": {topic: [type, expression]}, "await_s": s}``
+* ``{"op": "push", "name": n, "group": g, "subscriptions": {...}, "fail": [body]}``: a PushConsumer whose listener
+  fails those bodies' first delivery; ``{"op": "pushed", "name": n}`` -> ``{"calls": [[body, attempt]]}``
 * ``{"op": "receive", "consumer": n, "max": k, "invisible_s": s}`` -> ``{"messages": [message]}``
 * ``{"op": "ack" | "change", "consumer": n, "ids": [message_id], "invisible_s": s}`` (the last message received
   with that id)
@@ -21,8 +23,8 @@ import sys
 import threading
 import time
 
-from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer,
-                      TransactionChecker, TransactionResolution)
+from rocketmq import (ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, MessageListener,
+                      Producer, PushConsumer, SimpleConsumer, TransactionChecker, TransactionResolution)
 from rocketmq.grpc_protocol import FilterType
 
 
@@ -39,6 +41,24 @@ class Checker(TransactionChecker):
         with self.lock:
             self.calls.append([body, message.message_id])
         return getattr(TransactionResolution, self.resolutions.get(body, "UNKNOWN"), 0)
+
+
+class Listener(MessageListener):
+    """A push consumer's listener: records ``[body, attempt]`` of each call; fails a body of ``fail`` on its first
+    delivery (the client then asks for it again)."""
+
+    def __init__(self, fail):
+        self.fail = set(fail)
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def consume(self, message):
+        body = message.body.decode()
+        with self.lock:
+            self.calls.append([body, message.delivery_attempt])
+        if body in self.fail and message.delivery_attempt == 1:
+            return ConsumeResult.FAILURE
+        return ConsumeResult.SUCCESS
 
 
 def message_of(spec):
@@ -70,6 +90,7 @@ class Driver:
         self.clients = {}
         self.checker = Checker({})
         self.received = {}  # message id -> the last Message received with it
+        self.listeners = {}  # push consumer name -> its Listener
 
     def producer(self, name, topics, checker=None):
         self.checker.resolutions.update(checker or {})
@@ -108,6 +129,21 @@ class Driver:
         c.startup()
         self.clients[name] = c
         return {}
+
+    def push(self, name, group, subscriptions, fail=()):
+        subs = {t: FilterExpression(e, FilterType.SQL if kind == "SQL92" else FilterType.TAG)
+                for t, (kind, e) in subscriptions.items()}
+        listener = Listener(fail)
+        c = PushConsumer(self.config, group, listener, subs)
+        c.startup()
+        self.clients[name] = c
+        self.listeners[name] = listener
+        return {}
+
+    def pushed(self, name):
+        listener = self.listeners[name]
+        with listener.lock:
+            return {"calls": list(listener.calls)}
 
     def receive(self, consumer, max=16, invisible_s=10):
         got = self.clients[consumer].receive(max, invisible_s)
