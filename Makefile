@@ -69,7 +69,18 @@ $(VENV)/.installed: $(VENV)/.core
 	$(PIP) install -e '.[test,deploy,spark]'
 	touch $@
 
-setup: sysdeps $(VENV)/.installed
+# The official RocketMQ 5 Python client (PyPI rocketmq-python-client, pinned), which tests/rmq5/test_official_client.py
+# drives against the gRPC port, in a virtualenv of its own: it installs the import package `rocketmq`, which the
+# RocketMQ 4 client of the test extra (rocketmq==0.4.4) owns too, so the two cannot share .venv. The tests run its
+# Python as a subprocess; nothing of metaq is installed in it.
+VENV_RMQ5 ?= .venv-rmq5
+RMQ5_CLIENT := rocketmq-python-client==5.1.2
+$(VENV_RMQ5)/.installed: Makefile
+	test -x $(VENV_RMQ5)/bin/python || $(PYTHON) -m venv $(VENV_RMQ5)
+	$(VENV_RMQ5)/bin/python -m pip -q --disable-pip-version-check install '$(RMQ5_CLIENT)'
+	touch $@
+
+setup: sysdeps $(VENV)/.installed $(VENV_RMQ5)/.installed
 
 run: $(VENV)/.core
 	$(VENV)/bin/metaq-server -c $(CONFIG) $(ARGS)
@@ -91,7 +102,7 @@ stop-postgres:
 # that a machine without a compiler runs what the tests hold equal. The 40 slowest tests are listed at the end:
 # where the suite's time goes.
 test: setup
-	$(VENV)/bin/pytest --durations=40 $(PYTEST_ARGS)
+	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest --durations=40 $(PYTEST_ARGS)
 	METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
@@ -107,7 +118,7 @@ test-unit: $(VENV)/.installed
 
 # The fast tier: no slow or fault tests.
 test-fast: setup
-	$(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
+	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(MAKE) sysdeps EXTRA_SYSDEPS="$(BENCH_SYSDEPS)"
@@ -128,4 +139,4 @@ bench-scale: $(VENV)/.installed
 	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build site *.egg-info metaq/*.so
+	rm -rf $(VENV) $(VENV_RMQ5) .pytest_cache build site *.egg-info metaq/*.so

@@ -21,15 +21,17 @@ __all__ = ["add_parser", "run", "COLUMNS"]
 
 #: Seconds a change may take at the broker (the table's fsync).
 CHANGE_TIMEOUT_S = 30.0
-COLUMNS = ["broker", "group", "max_retries", "consumption_enabled", "broadcast_allowed", "read_from_slave_when_slow"]
+COLUMNS = ["broker", "group", "max_retries", "consumption_enabled", "broadcast_allowed", "read_from_slave_when_slow",
+           "fifo"]
 #: (option, setting) of ``set``.
 OPTIONS = (("--max-retries", "max_retries"), ("--consumption-enabled", "consumption_enabled"),
-           ("--broadcast-allowed", "broadcast_allowed"), ("--read-from-slave-when-slow", "read_from_slave_when_slow"))
+           ("--broadcast-allowed", "broadcast_allowed"), ("--read-from-slave-when-slow", "read_from_slave_when_slow"),
+           ("--fifo", "fifo"))
 
 
 def add_parser(sub):
     s = sub.add_parser("group-settings", help="per consumer group: max retries, consumption enabled, broadcast "
-                       "allowed, the slave a slow pull reads from (docs/concepts.md 'Per-group settings')")
+                       "allowed, the slave a slow pull reads from, FIFO (docs/concepts.md 'Per-group settings')")
     act = s.add_subparsers(dest="group_action", metavar="ACTION", required=True)
     act.add_parser("list", help="every group with settings")
     s = act.add_parser("show", help="one group's settings (the defaults when it has none)")

@@ -49,6 +49,12 @@ def require(settings, group, broadcasting=False):
     return d
 
 
+def fifo(settings, asked):
+    """Whether a group receives in order, one message of a message group at a time: what its client ``asked`` (a
+    gRPC consumer's Settings) or the group's ``fifo`` setting (RocketMQ 5's clients leave it to the broker)."""
+    return bool(asked) or (settings is not None and settings.fifo)
+
+
 def max_attempts(settings, default):
     """Deliveries before a dead letter for POP and gRPC: the group's ``max_retries`` + 1 (the first delivery and
     its retries, as RocketMQ's proxy turns retryMaxTimes into its backoff policy's max attempts), else

@@ -12,6 +12,9 @@ A group with no entry behaves as every group did before the table: nothing here 
                               (``consumeBroadcastEnable``)
 ``read_from_slave_when_slow`` a slave id: a remoting pull whose backlog is larger than the log kept in memory is told
                               to pull from that slave (``whichBrokerWhenConsumeSlowly``); None: never
+``fifo``                      true: the group receives in order, one message of a message group at a time, whatever
+                              its clients' Settings say (``consumeMessageOrderly``: RocketMQ 5's clients leave it to
+                              the broker's group table)
 
 The decision front-ends ask is ``groups/policy.py``'s; the service (one change at a time, the fsync off the loop,
 the replication master told) is ``groups/service.py``. The file is JSON written through a temp file, fsynced and
@@ -30,7 +33,7 @@ from metaq.store.files import fsync_dir, write_atomically
 
 GROUPS_FILE = "groups.json"
 TABLE_FORMAT = 1
-SETTING_NAMES = ("max_retries", "consumption_enabled", "broadcast_allowed", "read_from_slave_when_slow")
+SETTING_NAMES = ("max_retries", "consumption_enabled", "broadcast_allowed", "read_from_slave_when_slow", "fifo")
 #: Largest group table file: its entries at their longest names fit well within it.
 MAX_GROUP_TABLE_BYTES = limits.MAX_TOPIC_TABLE_BYTES // 2
 
@@ -42,11 +45,12 @@ class GroupSettings:
     consumption_enabled: bool = True
     broadcast_allowed: bool = True
     read_from_slave_when_slow: int = None
+    fifo: bool = False
 
     def to_json(self):
         return {"max_retries": self.max_retries, "consumption_enabled": self.consumption_enabled,
                 "broadcast_allowed": self.broadcast_allowed,
-                "read_from_slave_when_slow": self.read_from_slave_when_slow}
+                "read_from_slave_when_slow": self.read_from_slave_when_slow, "fifo": self.fifo}
 
     def describe(self):
         """What an operator sees (``metaq-admin group-settings``, the HTTP API)."""
@@ -76,7 +80,7 @@ def parse_settings(name, values, base=None):
         s["read_from_slave_when_slow"] = _optional_int(values["read_from_slave_when_slow"],
                                                        "read_from_slave_when_slow", 1, limits.MAX_BROKER_ID,
                                                        "a slave id; limits.MAX_BROKER_ID")
-    for flag in ("consumption_enabled", "broadcast_allowed"):
+    for flag in ("consumption_enabled", "broadcast_allowed", "fifo"):
         if flag in values:
             s[flag] = _flag(values[flag], flag)
     return GroupSettings(name, **s)

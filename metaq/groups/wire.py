@@ -9,9 +9,9 @@ no spaces, as the ``topic`` command's::
     group_settings set billing max_retries=3,consumption_enabled=0 7
 
 Keys: ``max_retries``, ``consumption_enabled``, ``broadcast_allowed``, ``read_from_slave_when_slow`` (``none``
-clears a number); their meaning and checks are the table's (``metaq.groups.table``). The broker answers ``result
-200`` with a JSON body, or ``result 400/403/404`` with the reason. ``set`` and ``delete`` need the admin permission
-(as topic administration does), ``list`` and ``show`` any user.
+clears a number), ``fifo``; their meaning and checks are the table's (``metaq.groups.table``). The broker answers
+``result 200`` with a JSON body, or ``result 400/403/404`` with the reason. ``set`` and ``delete`` need the admin
+permission (as topic administration does), ``list`` and ``show`` any user.
 
 The command is declared here, in ``protocol.commands`` (``protocol.text`` imports this module, so the registry is
 complete).

@@ -141,8 +141,8 @@ class Checks(NamedTuple):
 
 
 class Consumer(NamedTuple):
-    """A consumer client's Settings as its receives use them: its group consumes in order (``fifo``), and a message
-    is delivered at most ``max_attempts`` times before its dead letter."""
+    """A consumer client's Settings as its receives use them: it asked for order (``fifo``; its group's setting may
+    ask too), and a message is delivered at most ``max_attempts`` times before its dead letter."""
 
     fifo: bool
     max_attempts: int
@@ -276,7 +276,8 @@ class MessagingService:
     def query_route(self, request, call):
         """The topic's queues on this broker (from the store, with the topic table's permission) and, with
         ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
-        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0."""
+        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0: on a
+        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it)."""
         topic = request.topic.name
         rows = self.cluster(topic) if self.cluster is not None else None
         route, why = [], None
@@ -290,6 +291,8 @@ class MessagingService:
             permission = pb.READ_WRITE if readable and writable else pb.READ if readable else \
                 pb.WRITE if writable else pb.NONE
             own = next((r for r in rows or () if r.broker_id == self.broker_id), None)
+            if own is None and rows is not None:  # a topic not registered yet: our broker id's master all the same
+                own = next((r for r in self.cluster(None) or () if r.broker_id == self.broker_id), None)
             mine = self._endpoints(request.endpoints)
             master = _endpoints_of(own.grpc) if own is not None and own.grpc else mine
             if master.addresses[0].port == mine.addresses[0].port and master.addresses[0].host in (
@@ -484,11 +487,12 @@ class MessagingService:
 
     def query_assignment(self, request, call):
         """As the proxy answers: per broker holding the topic, one queue of id -1 ("any queue of this broker") for
-        every consumer of a non-FIFO group, every queue of the broker for a FIFO one (its client's Settings)."""
+        every consumer of a non-FIFO group, every queue of the broker for a FIFO one (its client's Settings, or the
+        group's ``fifo`` setting: ``groups.policy.fifo``)."""
         topic, group = request.topic.name, request.group.name
         self._may_consume(call, group, topic)
         route = self.query_route(pb.QueryRouteRequest(topic=request.topic, endpoints=request.endpoints), call)
-        fifo = self.consumer(call).fifo
+        fifo = group_policy.fifo(self.store.groups.get(group), self.consumer(call).fifo)
         out, seen = [], set()
         for q in route.message_queues:
             if q.permission in (pb.NONE, pb.WRITE):
@@ -539,7 +543,8 @@ class MessagingService:
         try:
             while True:
                 rounds += 1
-                got = pop.receive(group, topic, batch, invisible, settings.fifo, settings.max_attempts,
+                got = pop.receive(group, topic, batch, invisible,
+                                  group_policy.fifo(self.store.groups.get(group), settings.fifo), settings.max_attempts,
                                   wait_ms=max(0, int((end - time.monotonic()) * 1000)))
                 kept, dropped = [], []
                 for r in got:
@@ -803,17 +808,18 @@ class MessagingService:
             attempts = settings.backoff_policy.max_attempts
             attempts = CONSUMER_ATTEMPTS if attempts <= 0 else attempts
             group = settings.subscription.group.name  # its settings' max_retries + 1 win (groups/policy.py)
-            attempts = group_policy.max_attempts(self.store.groups.get(group) if group else None, attempts)
-            fifo = settings.subscription.fifo
+            group_settings = self.store.groups.get(group) if group else None
+            attempts = group_policy.max_attempts(group_settings, attempts)
+            asked = settings.subscription.fifo
             client = call.metadata.get("x-mq-client-id")
             if client:
-                self.remember_consumer(client, fifo, attempts)
+                self.remember_consumer(client, asked, attempts)
             policy = answer.backoff_policy
             policy.Clear()
             policy.max_attempts = attempts
             for s in CONSUMER_BACKOFF_S:
                 policy.customized_backoff.next.add().FromSeconds(s)
-            answer.subscription.fifo = fifo
+            answer.subscription.fifo = group_policy.fifo(group_settings, asked)
             answer.subscription.receive_batch_size = RECEIVE_BATCH
             answer.subscription.long_polling_timeout.FromSeconds(LONG_POLLING_S)
         else:

@@ -93,6 +93,9 @@ def test_the_decision():
     slow = GroupSettings("g", read_from_slave_when_slow=2)
     assert policy.suggest_broker(slow, 101, 100) == 2 and policy.suggest_broker(slow, 100, 100) == 0
     assert policy.suggest_broker(None, 10 ** 12, 0) == 0
+    assert not policy.fifo(None, False) and policy.fifo(None, True)  # what the client asked, without an entry
+    assert policy.fifo(GroupSettings("g", fifo=True), False)  # the group's setting, whatever the client asked
+    assert not policy.fifo(GroupSettings("g"), False)
 
 
 def test_the_topics_frame_carries_the_group_table_and_a_slave_takes_it(tmp_path):
