@@ -24,6 +24,11 @@ a query that reads metaq or files and does not shuffle; after a shuffle, sort wi
 topic's partitions do not change in between; a row that differs from what was stored under its
 sequence fails the task instead of being taken for a duplicate.
 
+**Arrow.** The writers are pyspark's Arrow writers where it has them (``write`` receives record batches,
+:func:`write_any`): a plain write (``idempotent=false``) of a ``value`` column alone to the ``topic`` option
+goes through ``Producer.send_many`` (:func:`write_value_batches`); every other write, idempotent ones
+included, is turned into rows for :func:`write_rows`, so the protocol above is unchanged.
+
 Options: ``brokers`` or ``zk`` (``zkRoot``), ``topic``, ``maxInFlight`` (puts in flight per task, default
 ``DEFAULT_IN_FLIGHT``), ``timeoutSeconds`` (per put, with retries, default 30), ``idempotent`` (default true),
 and the connection options of the source (``credentials``, ``tls`` …).
