@@ -1,17 +1,26 @@
-"""Spark benchmark (issue 18 point 7): the streaming source, the sink and the batch source in the same run.
+"""Spark benchmark (issue 18 point 7, issue 45 point 4): the streaming source, the sink and the batch source in the
+same run, the Arrow paths against the row-by-row ones they replaced, and the client's ceilings.
 
     python -m bench.bench_spark [--messages 200000] [--size 1024] [--runs 3]
 
 One broker on 127.0.0.1 (64 MiB segments, ``flush: async``) and a ``local[2]`` Spark. The topic is filled
 once with ``--messages`` messages of ``--size`` bytes (4 partitions), then, ``--runs`` times each:
 
-* **batch source**: ``spark.read.format("metaq")`` of the whole topic, counted;
+* **batch source**: ``spark.read.format("metaq")`` of the whole topic into Spark's ``noop`` sink (every column
+  materialised), with Arrow batches (the default) and ``arrow=false`` (row by row, the old path);
 * **streaming source**: ``readStream.format("metaq")`` from the earliest offset with
   ``maxOffsetsPerTrigger`` 100,000 into Spark's ``noop`` sink, ``availableNow``: messages/s over the whole
-  run, and the median micro-batch's rate (Spark's ``processedRowsPerSecond``);
+  run, and the median micro-batch's rate (Spark's ``processedRowsPerSecond``), Arrow and ``arrow=false``;
+* **raw fetch ceiling**: the same ranges read in this process without Spark, Arrow batches
+  (``arrowread.read_batches``) one range after the other;
+* **Spark's floor** (peer): a Python data source with no broker (``format("arrowfloor")``, registered here) whose
+  4 tasks yield the same number of rows as ready-made Arrow batches of 1,000 ``--size``-byte values into
+  ``noop``: what Spark itself takes to move the rows from Python workers into the JVM here;
 * **sink**: ``df.write.format("metaq")`` of as many rows of the same size (2 tasks), idempotent (the default)
-  and not: rows/s, and the cost of idempotence as the ratio of the two;
-* **client peer**: the same number of messages through ``metaq.client.Producer`` (pipelined, one process).
+  and not, through the Arrow writer, and the same through the old row writer (``write_rows`` fed rows by a
+  ``DataSourceWriter``, registered here as ``metaqrows``);
+* **client peers**: the same number of messages through ``metaq.client.Producer``: ``send_async`` (pipelined)
+  and ``send_many`` (batches of 1,000), one process.
 
 Medians of the runs, printed as a markdown table. Not a test: nothing here asserts.
 """
@@ -49,18 +58,120 @@ def session():
     return spark
 
 
-def batch_read(spark, url, n):
+def fill_many(url, n, size, topic):
+    """``n`` messages through ``Producer.send_many`` (1,000 a call, the topic's partitions in turn); msgs/s."""
+    body = os.urandom(size)
+    with Producer(brokers=[url]) as producer:  # the first put creates the topic: then it has all its partitions
+        assert producer.send(Message(topic, body)).success
     t0 = time.perf_counter()
-    count = spark.read.format("metaq").option("brokers", url).option("topic", TOPIC).load().count()
-    assert count == n, count
+    with Producer(brokers=[url]) as producer:
+        futures = [producer.send_many(topic, [body] * min(1000, n - 1 - k)) for k in range(0, n - 1, 1000)]
+        assert all(f.result(120).success for f in futures)
+    return (n - 1) / (time.perf_counter() - t0)
+
+
+def register_row_sink(spark):
+    """``format("metaqrows")``: the sink as it was before the Arrow writer (a row writer over ``write_rows``)."""
+    from pyspark.sql.datasource import DataSourceWriter
+
+    from metaq.spark.datasource import MetaQDataSource
+    from metaq.spark.sink import MetaQDataSourceWriter, SinkCommit, _task_partition, producer_id_of, write_rows
+
+    class RowWriter(DataSourceWriter):
+        def __init__(self, options, schema):
+            self.inner = MetaQDataSourceWriter(options, schema)
+
+        def write(self, iterator):
+            _ctx, part = _task_partition()
+            inner = self.inner
+            return SinkCommit(write_rows(iterator, inner.opts, producer_id_of("batch", inner.write_id, part)))
+
+        def commit(self, messages):
+            self.inner.commit(messages)
+
+    class RowSink(MetaQDataSource):
+        @classmethod
+        def name(cls):
+            return "metaqrows"
+
+        def writer(self, schema, overwrite):
+            return RowWriter(self.options, schema)
+
+    spark.dataSource.register(RowSink)
+
+
+def register_floor(spark):
+    """``format("arrowfloor")``: ``rows`` rows of ``size``-byte values in 4 tasks, from ready-made Arrow batches."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Part(InputPartition):
+        pass
+
+    class Reader(DataSourceReader):
+        def __init__(self, options):
+            self.rows, self.size = int(options["rows"]), int(options["size"])
+
+        def partitions(self):
+            return [Part(k) for k in range(4)]
+
+        def read(self, partition):
+            import array
+
+            import pyarrow as pa
+
+            per = 1000
+            offsets = pa.py_buffer(array.array("i", range(0, self.size * per + 1, self.size)).tobytes())
+            batch = pa.RecordBatch.from_arrays([pa.Array.from_buffers(
+                pa.binary(), per, [None, offsets, pa.py_buffer(os.urandom(self.size) * per)])], names=["value"])
+            left = self.rows // 4 + (1 if partition.value < self.rows % 4 else 0)
+            while left > 0:
+                yield batch if left >= per else batch.slice(0, left)
+                left -= per
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls):
+            return "arrowfloor"
+
+        def schema(self):
+            return "value binary"
+
+        def reader(self, schema):
+            return Reader(self.options)
+
+    spark.dataSource.register(Floor)
+
+
+def floor_read(spark, n, size):
+    t0 = time.perf_counter()
+    (spark.read.format("arrowfloor").option("rows", n).option("size", size).load()
+     .write.format("noop").mode("overwrite").save())
     return n / (time.perf_counter() - t0)
 
 
-def stream_read(spark, url, n, work):
+def raw_read(url, n):
+    from metaq.spark.arrowread import read_batches
+    from metaq.spark.ranges import plan_ranges
+
+    t0 = time.perf_counter()
+    rows = sum(b.num_rows for r in plan_ranges({"brokers": url, "topic": TOPIC}) for b in read_batches(r))
+    assert rows == n, rows
+    return n / (time.perf_counter() - t0)
+
+
+def batch_read(spark, url, n, arrow=True):
+    t0 = time.perf_counter()
+    (spark.read.format("metaq").option("brokers", url).option("topic", TOPIC).option("arrow", str(arrow).lower())
+     .load().write.format("noop").mode("overwrite").save())
+    return n / (time.perf_counter() - t0)
+
+
+def stream_read(spark, url, n, work, arrow=True):
     ck = tempfile.mkdtemp(dir=work)
     t0 = time.perf_counter()
     q = (spark.readStream.format("metaq").option("brokers", url).option("subscribe", TOPIC)
-         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 100000).load()
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 100000)
+         .option("arrow", str(arrow).lower()).load()
          .writeStream.format("noop").option("checkpointLocation", ck).trigger(availableNow=True).start())
     q.awaitTermination()
     elapsed = time.perf_counter() - t0
@@ -70,10 +181,10 @@ def stream_read(spark, url, n, work):
     return n / elapsed, statistics.median(per_batch)
 
 
-def sink_write(spark, url, n, size, idempotent, topic):
+def sink_write(spark, url, n, size, idempotent, topic, fmt="metaq"):
     df = spark.range(n, numPartitions=2).selectExpr("unhex(repeat('ab', %d)) AS value" % size)
     t0 = time.perf_counter()
-    (df.write.format("metaq").option("brokers", url).option("topic", topic)
+    (df.write.format(fmt).option("brokers", url).option("topic", topic)
      .option("idempotent", "true" if idempotent else "false").mode("append").save())
     return n / (time.perf_counter() - t0)
 
@@ -93,17 +204,31 @@ def main(argv=None):
     try:
         fill(url, args.messages, args.size)
         spark = session()
-        rows = {"batch source": [], "streaming source (whole run)": [], "streaming source (median micro-batch)": [],
-                "sink, idempotent": [], "sink, not idempotent": [], "client Producer (peer)": []}
+        register_row_sink(spark)
+        register_floor(spark)
+        batch_read(spark, url, args.messages)  # warm-up: the first query also starts the JVM's JIT and workers
+        rows = {}
+
+        def add(name, value):
+            rows.setdefault(name, []).append(value)
+
         for run in range(args.runs):
-            rows["batch source"].append(batch_read(spark, url, args.messages))
-            whole, batch = stream_read(spark, url, args.messages, work)
-            rows["streaming source (whole run)"].append(whole)
-            rows["streaming source (median micro-batch)"].append(batch)
-            rows["sink, idempotent"].append(sink_write(spark, url, args.messages, args.size, True, "tsink%d" % run))
-            rows["sink, not idempotent"].append(sink_write(spark, url, args.messages, args.size, False,
-                                                           "tplain%d" % run))
-            rows["client Producer (peer)"].append(fill(url, args.messages, args.size, "tpeer%d" % run))
+            add("batch source, Arrow", batch_read(spark, url, args.messages))
+            add("batch source, arrow=false (old)", batch_read(spark, url, args.messages, False))
+            add("raw fetch ceiling (read_batches, one process)", raw_read(url, args.messages))
+            add("Spark's floor, no broker (peer)", floor_read(spark, args.messages, args.size))
+            for arrow, label in ((True, "Arrow"), (False, "arrow=false (old)")):
+                whole, batch = stream_read(spark, url, args.messages, work, arrow)
+                add("streaming source (whole run), %s" % label, whole)
+                add("streaming source (median micro-batch), %s" % label, batch)
+            for idem in (True, False):
+                what = "idempotent" if idem else "not idempotent"
+                add("sink, %s, Arrow writer" % what,
+                    sink_write(spark, url, args.messages, args.size, idem, "ta%s%d" % (what[:3], run)))
+                add("sink, %s, row writer (old)" % what,
+                    sink_write(spark, url, args.messages, args.size, idem, "tr%s%d" % (what[:3], run), "metaqrows"))
+            add("client Producer.send_async (peer)", fill(url, args.messages, args.size, "tpeer%d" % run))
+            add("client Producer.send_many (peer)", fill_many(url, args.messages, args.size, "tmany%d" % run))
         spark.stop()
     finally:
         broker.kill()
@@ -114,9 +239,19 @@ def main(argv=None):
     for name, values in rows.items():
         m = statistics.median(values)
         print("| %s | %s | %.1f |" % (name, format(int(m), ","), m * args.size / 1e6))
-    idem, plain = statistics.median(rows["sink, idempotent"]), statistics.median(rows["sink, not idempotent"])
-    print("\nidempotent sink / plain sink: %.2f×" % (idem / plain))
-
+    med = {name: statistics.median(values) for name, values in rows.items()}
+    print("\nArrow / old: batch source %.1f×, streaming micro-batch %.1f×, idempotent sink %.1f×, plain sink %.1f×"
+          % (med["batch source, Arrow"] / med["batch source, arrow=false (old)"],
+             med["streaming source (median micro-batch), Arrow"]
+             / med["streaming source (median micro-batch), arrow=false (old)"],
+             med["sink, idempotent, Arrow writer"] / med["sink, idempotent, row writer (old)"],
+             med["sink, not idempotent, Arrow writer"] / med["sink, not idempotent, row writer (old)"]))
+    floor = med["Spark's floor, no broker (peer)"]
+    many = med["client Producer.send_many (peer)"]
+    print("batch source / Spark's floor: %.2f; streaming micro-batch / Spark's floor: %.2f; plain sink / "
+          "send_many peer: %.2f" % (med["batch source, Arrow"] / floor,
+                                    med["streaming source (median micro-batch), Arrow"] / floor,
+                                    med["sink, not idempotent, Arrow writer"] / many))
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@
  *   encode_sub_records(topic, partition, payloads, seq0)
  *                                                 == metaq.protocol.putbatch.encode_sub_records_py
  *   scan_reply(buf, verify=True)                   == metaq.protocol.message.scan_reply_py
+ *   gather_payloads(buf, index, count, base=0)     == metaq.protocol.message.gather_payloads_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
  *   record_ok(buf, pos, size)                     == metaq.store.record.record_ok_py
  *   scan_log(buf, rel, size, base, max_records)   == metaq.store.recovery_scan.scan_log_py (_recoveryscan.c)
@@ -910,6 +911,63 @@ static PyObject *scan_reply(PyObject *self, PyObject *args) {
     return Py_BuildValue("(NnnN)", index, count, pos, fault);
 }
 
+/* The payloads a scan_reply index names, gathered for an Arrow binary column (see
+   metaq.protocol.message.gather_payloads_py): (offsets, data), offsets ``count + 1`` native int32s starting at
+   ``base`` (the payloads' running ends), data the payloads back to back. ValueError for an index that does not fit
+   the buffer or a column past 2 GiB. */
+static PyObject *gather_payloads(PyObject *self, PyObject *args) {
+    Py_buffer b, ix;
+    Py_ssize_t count;
+    long long base = 0;
+    if (!PyArg_ParseTuple(args, "y*y*n|L", &b, &ix, &count, &base))
+        return NULL;
+    PyObject *offsets = NULL, *data = NULL;
+    const int64_t *q = (const int64_t *)ix.buf;
+    Py_ssize_t total = 0;
+    if (count < 0 || ix.len < count * 6 * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "gather_payloads: the index holds fewer records than count");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        int64_t s = q[6 * k + 4], e = q[6 * k + 5];
+        if (s < 0 || e < s || e > b.len) {
+            PyErr_Format(PyExc_ValueError, "gather_payloads: record %zd's payload %lld..%lld is outside the %zd-byte "
+                         "reply", k, (long long)s, (long long)e, b.len);
+            goto done;
+        }
+        total += (Py_ssize_t)(e - s);
+    }
+    if (base < 0 || base + (long long)total > INT32_MAX_V) {
+        PyErr_SetString(PyExc_ValueError, "gather_payloads: the column would pass 2 GiB (int32 offsets)");
+        goto done;
+    }
+    offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * (Py_ssize_t)sizeof(int32_t));
+    data = PyBytes_FromStringAndSize(NULL, total);
+    if (offsets == NULL || data == NULL)
+        goto done;
+    int32_t *o = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *d = PyBytes_AS_STRING(data);
+    const char *src = (const char *)b.buf;
+    long long at = base;
+    o[0] = (int32_t)at;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        int64_t s = q[6 * k + 4], e = q[6 * k + 5];
+        memcpy(d, src + s, (size_t)(e - s));
+        d += e - s;
+        at += e - s;
+        o[k + 1] = (int32_t)at;
+    }
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&ix);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(offsets);
+        Py_XDECREF(data);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", offsets, data);
+}
+
 unsigned long metaq_crc(const unsigned char *p, Py_ssize_t n, unsigned long crc) {
     return crc_of(p, n, crc);
 }
@@ -936,6 +994,8 @@ static PyMethodDef methods[] = {
      "encode_sub_records(topic, partition, payloads, seq0) -> a putb body: one sub-record per payload"},
     {"scan_reply", scan_reply, METH_VARARGS,
      "scan_reply(buf, verify=True) -> (index, count, stop, fault): a get reply's records, six int64s each"},
+    {"gather_payloads", gather_payloads, METH_VARARGS,
+     "gather_payloads(buf, index, count, base=0) -> (offsets, data): an Arrow binary column's int32 offsets and data"},
     {"encode_put_acks", encode_put_acks, METH_VARARGS,
      "encode_put_acks(frames, start, count, first_id, partition, first_offset) -> the result 200 replies, joined"},
     {"record_ok", py_record_ok, METH_VARARGS,

@@ -175,6 +175,32 @@ def scan_reply_py(buf, verify=True):
 scan_reply = speedups.load("scan_reply", scan_reply_py)  # the C twin when built
 
 
+def gather_payloads_py(buf, index, count, base=0):
+    """The payloads a ``scan_reply`` index of ``count`` records names, as an Arrow binary column's buffers:
+    ``(offsets, data)``, ``offsets`` ``count + 1`` native int32s from ``base`` (each payload's running end), ``data``
+    the payloads back to back. ValueError for an index that does not fit ``buf`` or a column past 2 GiB (int32
+    offsets). The reference of the C helper's ``gather_payloads`` (the Spark source's value column)."""
+    view, q = memoryview(buf), memoryview(index).cast("q")
+    if count < 0 or len(q) < 6 * count:
+        raise ValueError("gather_payloads: the index holds fewer records than count")
+    spans = [(q[6 * k + 4], q[6 * k + 5]) for k in range(count)]
+    for k, (s, e) in enumerate(spans):
+        if s < 0 or e < s or e > len(view):
+            raise ValueError("gather_payloads: record %d's payload %d..%d is outside the %d-byte reply"
+                             % (k, s, e, len(view)))
+    total = sum(e - s for s, e in spans)
+    if base < 0 or base + total > 2**31 - 1:
+        raise ValueError("gather_payloads: the column would pass 2 GiB (int32 offsets)")
+    offsets, at = array("i", [base]), base
+    for s, e in spans:
+        at += e - s
+        offsets.append(at)
+    return offsets.tobytes(), b"".join(view[s:e] for s, e in spans)
+
+
+gather_payloads = speedups.load("gather_payloads", gather_payloads_py)  # the C twin when built
+
+
 def raise_fault(fault):
     """Raise for a ``scan_reply`` fault the RemoteProtocolError ``iter_records`` raises there."""
     if fault[0] == "length":

@@ -24,6 +24,11 @@ a query that reads metaq or files and does not shuffle; after a shuffle, sort wi
 topic's partitions do not change in between; a row that differs from what was stored under its
 sequence fails the task instead of being taken for a duplicate.
 
+**Arrow.** The writers are pyspark's Arrow writers where it has them (``write`` receives record batches,
+:func:`write_any`): a plain write (``idempotent=false``) of a ``value`` column alone to the ``topic`` option
+goes through ``Producer.send_many`` (:func:`write_value_batches`); every other write, idempotent ones
+included, is turned into rows for :func:`write_rows`, so the protocol above is unchanged.
+
 Options: ``brokers`` or ``zk`` (``zkRoot``), ``topic``, ``maxInFlight`` (puts in flight per task, default
 ``DEFAULT_IN_FLIGHT``), ``timeoutSeconds`` (per put, with retries, default 30), ``idempotent`` (default true),
 and the connection options of the source (``credentials``, ``tls`` …).
@@ -212,6 +217,89 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
     return {"rows": sent, "duplicates": duplicates, "producer_id": producer_id}
 
 
+def write_any(items, opts, producer_id, producer_factory=None):
+    """``write_rows`` for what a Spark writer's ``write`` receives: rows, or Arrow record batches (the Arrow writers).
+
+    Batches of a plain sink (``idempotent=false``) whose only column is ``value`` go through
+    :func:`write_value_batches` (``Producer.send_many``: no Python object per row but its bytes); any other
+    batches are turned into rows for :func:`write_rows`, so every column means what it means there."""
+    items = iter(items)
+    first = next(items, None)
+    if first is None:
+        return {"rows": 0, "duplicates": 0, "producer_id": producer_id}
+    items = itertools.chain((first,), items)
+    if not hasattr(first, "schema") or not hasattr(first, "num_rows"):  # rows (a row writer)
+        return write_rows(items, opts, producer_id, producer_factory)
+    if not opts.idempotent and first.schema.names == ["value"] and opts.topic is not None:
+        return write_value_batches(items, opts, producer_id, producer_factory)
+    return write_rows((row for batch in items for row in batch.to_pylist()), opts, producer_id, producer_factory)
+
+
+def write_value_batches(batches, opts, producer_id, producer_factory=None):
+    """Send the ``value`` column of Arrow ``batches`` to ``opts.topic`` with ``Producer.send_many``, round-robin
+    over the topic's partitions by the row's index in the task (as :func:`choose` spreads rows without a key):
+    one call per partition per batch, at most ``opts.in_flight`` rows unanswered. Not idempotent (send_many is
+    not): the plain sink's at-least-once. SinkError naming the row for a null value or one that cannot be sent,
+    and naming the batch's first row for a refused call."""
+    import pyarrow as pa
+
+    from metaq.client.producer import Producer
+
+    factory = producer_factory or Producer
+    kwargs = {"send_timeout": min(10.0, opts.timeout), "retry_deadline": opts.timeout,
+              "security": client_security.resolve(opts.security)}
+    producer = factory(zk_connect=opts.zk, zk_root=opts.zk_root, **kwargs) if opts.zk else \
+        factory(brokers=opts.brokers, **kwargs)
+    topic, parts = opts.topic, opts.partitions.get(opts.topic)
+    pending, in_flight, index = deque(), 0, 0
+    try:
+        if parts is None:
+            found = producer.partitions(topic)
+            parts = sorted({p if p.partition >= 0 else Partition(p.broker_id, 0) for p in found})
+        if not parts:
+            raise SinkError("no broker takes topic %s" % topic)
+        n = len(parts)
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            column = batch.column(0)
+            if column.null_count:
+                k = column.is_null().to_pylist().index(True)
+                raise SinkError("row %d of this task has no value (a null 'value' column)" % (index + k))
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                column = column.cast(pa.binary())
+            values = column.to_pylist()
+            for j in range(min(n, len(values))):
+                chunk = values[j::n]
+                target = parts[(index + j) % n]
+                try:
+                    future = producer.send_many(topic, chunk, partition=target)
+                except (ValueError, TypeError, errors.MetaqError) as exc:
+                    raise SinkError("rows %d.. of this task cannot be sent: %s" % (index, exc)) from None
+                pending.append((index + j, len(chunk), future))
+                in_flight += len(chunk)
+                while in_flight > opts.in_flight and len(pending) > 1:
+                    in_flight -= _settle_many(*pending.popleft(), opts)
+            index += len(values)
+        while pending:
+            _settle_many(*pending.popleft(), opts)
+    finally:
+        producer.close()
+    return {"rows": index, "duplicates": 0, "producer_id": producer_id}
+
+
+def _settle_many(first_row, count, future, opts):
+    try:
+        result = future.result(opts.timeout + 30.0)
+    except TimeoutError:
+        raise SinkError("rows from %d of this task got no answer in %.0f s" % (first_row, opts.timeout + 30.0)) \
+            from None
+    if not result.success:
+        raise SinkError("a send_many of %d rows from row %d of this task was not stored whole: %s"
+                        % (count, first_row, result.error))
+    return count
+
+
 def _message_of(row, index, opts, producer, parts_of):
     value = _field(row, "value")
     if value is None:
@@ -285,6 +373,14 @@ try:  # Spark >= 4.0
     from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 except ImportError:  # pragma: no cover - Spark 3.5
     DataSourceWriter = DataSourceStreamWriter = None
+try:  # Arrow writers (Spark >= 4.0 has the batch one; the stream one came later)
+    from pyspark.sql.datasource import DataSourceArrowWriter
+except ImportError:  # pragma: no cover
+    DataSourceArrowWriter = None
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pragma: no cover
+    DataSourceStreamArrowWriter = None
 
 
 if DataSourceWriter is not None:
@@ -295,7 +391,7 @@ if DataSourceWriter is not None:
         def __init__(self, stats):
             self.stats = stats
 
-    class MetaQDataSourceWriter(DataSourceWriter):
+    class MetaQDataSourceWriter(DataSourceArrowWriter or DataSourceWriter):
         """``df.write.format("metaq")``: one idempotent producer per task, its id drawn when the write is planned."""
 
         def __init__(self, options, schema):
@@ -308,13 +404,13 @@ if DataSourceWriter is not None:
 
         def write(self, iterator):
             _ctx, part = _task_partition()
-            return SinkCommit(write_rows(iterator, self.opts, producer_id_of("batch", self.write_id, part)))
+            return SinkCommit(write_any(iterator, self.opts, producer_id_of("batch", self.write_id, part)))
 
         def commit(self, messages):
             self.totals = _totals(messages)
             log.info("metaq sink: %(rows)d rows written (%(duplicates)d duplicates answered)", self.totals)
 
-    class MetaQStreamWriter(DataSourceStreamWriter):
+    class MetaQStreamWriter(DataSourceStreamArrowWriter or DataSourceStreamWriter):
         """``df.writeStream.format("metaq")``: producer ids from (query id, batch id, task partition)."""
 
         def __init__(self, options, schema):
@@ -330,7 +426,7 @@ if DataSourceWriter is not None:
             if query is None or batch is None:
                 raise SinkError("the metaq stream sink could not read the query id and batch id of this task "
                                 "(Spark local properties sql.streaming.queryId / streaming.sql.batchId)")
-            return SinkCommit(write_rows(iterator, self.opts, producer_id_of("stream", query, batch, part)))
+            return SinkCommit(write_any(iterator, self.opts, producer_id_of("stream", query, batch, part)))
 
         def commit(self, messages, batchId):
             log.info("metaq sink: batch %d: %s", batchId, _totals(messages))

@@ -24,6 +24,8 @@ The options are named as in Spark's Kafka source where the idea is the same:
 * ``failOnDataLoss`` (default true): offsets the stream had not read yet that retention deleted (or
   that a cut log no longer holds) fail the query with a message naming the range; false skips them
   with a WARNING line naming it;
+* ``maxRecordsPerBatch``: rows per Arrow batch a task yields (default 10,000; 1 ..
+  ``limits.MAX_ARROW_BATCH_ROWS``); ``arrow=false`` reads row by row instead (the same rows, slower);
 * ``group``: after each finished micro-batch its end offsets are committed for this consumer group
   (in ZooKeeper with ``zk``, else in the brokers), so ``metaq-admin`` and ``metaq-spark-report``
   show the stream's lag. The checkpoint, not the group, is where the query resumes from;
@@ -95,6 +97,10 @@ class StreamOptions:
         self.timeout = float(opts.get("timeoutseconds", 10))
         self.security = security_options(opts)
         self.fetch_bytes = int(opts.get("fetchbytes", 1 << 20))
+        from metaq.spark.datasource import arrow_option, batch_rows_option
+
+        self.arrow = arrow_option(opts)
+        self.batch_rows = batch_rows_option(opts) if self.arrow else None
 
     def subscribed(self, topic):
         """True when ``topic`` is one this stream reads."""
@@ -466,6 +472,12 @@ if DataSourceStreamReader is not None:
             return [StreamRangePartition(r) for r in plan_stream_ranges(start, end, bounds, urls, self.opts)]
 
         def read(self, partition):
+            if self.opts.arrow:
+                from metaq.spark.arrowread import read_batches
+
+                return read_batches(partition.range, fetch_bytes=self.opts.fetch_bytes,
+                                    timeout=max(self.opts.timeout, 30.0), security=self.opts.security,
+                                    fail_on_data_loss=self.opts.fail_on_data_loss, max_rows=self.opts.batch_rows)
             from metaq.spark.rows import read_rows
 
             return read_rows(partition.range, fetch_bytes=self.opts.fetch_bytes, timeout=max(self.opts.timeout, 30.0),

@@ -54,6 +54,27 @@ def test_the_c_scan_equals_the_python_reference(body, verify):
     assert _c(body, verify) == scan_reply_py(body, verify)
 
 
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(replies, st.integers(0, 1000))
+def test_the_c_gather_of_payloads_equals_the_python_reference(body, base):
+    from metaq._speedups import gather_payloads as c_gather
+    from metaq.protocol.message import gather_payloads_py
+
+    index, count, _stop, _fault = scan_reply_py(body, False)
+    assert c_gather(body, index, count, base) == gather_payloads_py(body, index, count, base)
+    offsets, data = gather_payloads_py(body, index, count, base)
+    q = memoryview(index).cast("q")
+    assert data == b"".join(body[q[6 * k + 4]:q[6 * k + 5]] for k in range(count))
+    assert memoryview(offsets).cast("i")[-1] == base + len(data)
+    if count:
+        for gather in (c_gather, gather_payloads_py):
+            with pytest.raises(ValueError, match="fewer records"):
+                gather(body, index, count + 1)
+            with pytest.raises(ValueError, match="2 GiB"):
+                gather(body, index, count, 2**31 - len(data))
+
+
 def per_message(body):
     """What ``fetch`` does with a reply: records, then a Message each (or the error it raises)."""
     try:
