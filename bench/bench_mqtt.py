@@ -187,6 +187,7 @@ ROWS = [("QoS 0 publish, 1 publisher", "msg/s"), ("QoS 0 publish, 100 publishers
         ("QoS 1 publish, 1 publisher", "msg/s"), ("QoS 1 publish, 100 publishers", "msg/s"),
         ("fan-out QoS 0 to 1,000 subscribers", "msg/s"), ("publish-to-receive p50 (QoS 1)", "ms"),
         ("publish-to-receive p99 (QoS 1)", "ms")]
+FANOUT_ROW = ROWS[4][0]
 
 
 def measure(port, args):
@@ -196,8 +197,8 @@ def measure(port, args):
         for publishers in (1, 100):
             name = "QoS %d publish, %d publisher%s" % (qos, publishers, "s" if publishers > 1 else "")
             figures[name], cpu[name] = publish_rate(port, publishers, qos, args.messages)
-    name = ROWS[4][0]
-    rate, share, cpu[name] = fanout_rate(port, args.fanout_messages)
+    name = FANOUT_ROW
+    rate, share, cpu[name] = fanout_rate(port, args.fanout_messages, args.subscribers)
     figures[name] = rate
     figures["fan-out delivered"] = share
     figures[ROWS[5][0]], figures[ROWS[6][0]] = latencies(port, args.latency_n)
@@ -217,7 +218,7 @@ def ceiling(args):
             sink.stop()
     sink = load.Sink(load.delivered_size(TOPIC, PAYLOAD, 0), 0)
     try:
-        out[ROWS[4][0]] = fanout_rate(sink.port, args.fanout_messages, push=sink.push)[0]
+        out[FANOUT_ROW] = fanout_rate(sink.port, args.fanout_messages, args.subscribers, push=sink.push)[0]
     finally:
         sink.stop()
     return out
@@ -255,23 +256,29 @@ def print_table(results, cpus, ceilings, names, args):
     print()
     print("MQTT: metaq beside Mosquitto, %d-byte payloads, median of %d runs, brokers and generator on 127.0.0.1"
           % (PAYLOAD, args.runs))
-    peers = [n for n in names if n != "metaq"]
+    peer = "mosquitto" if "mosquitto" in names else None
     head = "%-38s %12s  %-6s" % ("measurement", "metaq", "unit")
-    for peer in peers:
-        head += " %14s %7s" % (peer, "ratio")
-    head += " %12s" % "generator"
+    if peer:
+        head += " %12s %7s" % (peer, "ratio")
+    head += " %14s %7s %12s" % ("metaq durable", "ratio", "generator")
     print(head)
     print("-" * len(head))
+
+    def ratio(mine, theirs, unit):
+        return theirs / mine if unit == "ms" else mine / theirs
+
     for row, unit in ROWS:
-        ours = med(results["metaq"][row])
-        line = "%-38s %12s  %-6s" % (row, fmt(ours), unit)
-        for peer in peers:
-            theirs = med(results[peer][row])
-            ratio = theirs / ours if unit == "ms" else ours / theirs
-            line += " %14s %6.2fx" % (fmt(theirs), ratio)
+        shown = row.replace("1,000", "{:,}".format(args.subscribers))
+        ours, durable = med(results["metaq"][row]), med(results["metaq durable"][row])
+        base = med(results[peer][row]) if peer else ours
+        line = "%-38s %12s  %-6s" % (shown, fmt(ours), unit)
+        if peer:
+            line += " %12s %6.2fx" % (fmt(base), ratio(ours, base, unit))
+        line += " %14s %6.2fx" % (fmt(durable), ratio(durable, base, unit))
         line += " %12s" % (fmt(med(ceilings[row])) if row in ceilings else "-")
         print(line)
-    print("ratio: metaq (flush async) against each peer in the same runs; < 1 means metaq is slower")
+    print("ratio: metaq (flush async; durable: flush sync) against %s in the same runs; < 1 means metaq is slower"
+          % (peer or "metaq flush async"))
     print("generator: the load generator's own ceiling (against a stand-in broker that only answers)")
     print("fan-out share delivered: " + ", ".join("%s %.3f" % (n, med(results[n]["fan-out delivered"]))
                                                   for n in names))
@@ -295,6 +302,7 @@ def main(argv=None):
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--fanout-messages", type=int, default=200)
     p.add_argument("--latency-n", type=int, default=2000)
+    p.add_argument("--subscribers", type=int, default=FANOUT_SUBSCRIBERS, help="the fan-out row's subscribers")
     p.add_argument("--dir", default=None, help="where to put metaq's data (default: $TMPDIR)")
     run(p.parse_args(argv))
 
