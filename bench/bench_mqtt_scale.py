@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import mqtt_load as load  # noqa: E402
 from bench.bench_backlog import rss  # noqa: E402
-from bench.bench_mqtt import Metaq  # noqa: E402
+from bench.bench_mqtt import Metaq, Mosquitto, mosquitto_path  # noqa: E402
 
 TOPIC = "fan/out"
 PAYLOAD = 64
@@ -85,7 +85,8 @@ def idle_phase(target, n, keep_alive):
 
 
 def fanout_phase(target, subscribers, messages):
-    """Publish-to-receive over ``subscribers`` QoS 0 subscribers; ``dict`` of figures."""
+    """Publish-to-receive over ``subscribers`` QoS 0 subscribers of ``target`` (metaq or Mosquitto); ``dict`` of
+    figures."""
     time.sleep(1)
     before = rss(target.pid)[0]
     size = load.delivered_size(TOPIC, PAYLOAD, 0)
@@ -111,7 +112,8 @@ def fanout_phase(target, subscribers, messages):
     finally:
         for proc, _ in subs + [pub]:
             proc.join(30)
-    wait_connections(target, 0)
+    if isinstance(target, Metaq):
+        wait_connections(target, 0)
     ms = sorted(x / 1e6 for x in lat)
     return {"delivered": len(ms) / (subscribers * messages), "p50": ms[len(ms) // 2],
             "p99": ms[min(len(ms) - 1, int(len(ms) * 0.99))], "max": ms[-1],
@@ -126,7 +128,14 @@ def one_run(args):
         figures.update(fanout_phase(target, args.subscribers, args.fanout_messages))
     finally:
         target.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    if mosquitto_path():  # the same fan-out against Mosquitto, in the same run: the floor the kernel's sends set
+        peer = Mosquitto(root)
+        try:
+            figures.update({"mosquitto_" + k: v for k, v in fanout_phase(peer, args.subscribers,
+                                                                           args.fanout_messages).items()})
+        finally:
+            peer.stop()
+    shutil.rmtree(root, ignore_errors=True)
     print("run: " + ", ".join("%s %.4g" % kv for kv in figures.items()), file=sys.stderr, flush=True)
     return figures
 
@@ -159,11 +168,19 @@ def main(argv=None):
           % (args.keep_alive, 2 * args.keep_alive, med("pings_sent"), med("pings_answered")))
     print("| connections the broker closed during the pings / open after | %d / %d | connections |"
           % (med("closed_by_broker"), med("open_after_pings")))
-    print("| fan-out to %d QoS 0 subscribers: publish-to-receive p50 | %.1f | ms |" % (args.subscribers, med("p50")))
-    print("| fan-out: p99 | %.1f | ms |" % med("p99"))
-    print("| fan-out: max | %.1f | ms |" % med("max"))
-    print("| fan-out: share delivered | %.3f | |" % med("delivered"))
-    print("| broker memory per subscribed connection | %.1f | KiB |" % med("per_sub_kib"))
+    peer = "mosquitto_p50" in runs[0]
+
+    def beside(key, form):
+        return (form % med(key)) + (" | " + form % med("mosquitto_" + key) if peer else "")
+
+    print("\n| fan-out to %d QoS 0 subscribers (one publisher, %d messages 2 s apart) | metaq |%s unit |"
+          % (args.subscribers, args.fanout_messages, " Mosquitto |" if peer else ""))
+    print("|---|---:|%s---|" % ("---:|" if peer else ""))
+    print("| publish-to-receive p50 | %s | ms |" % beside("p50", "%.1f"))
+    print("| publish-to-receive p99 | %s | ms |" % beside("p99", "%.1f"))
+    print("| publish-to-receive max | %s | ms |" % beside("max", "%.1f"))
+    print("| share delivered | %s | |" % beside("delivered", "%.3f"))
+    print("| broker memory per subscribed connection | %s | KiB |" % beside("per_sub_kib", "%.1f"))
 
 
 if __name__ == "__main__":
