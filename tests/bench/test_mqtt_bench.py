@@ -32,4 +32,4 @@ def test_the_scale_run_keeps_every_connection_and_delivers_to_every_subscriber(c
     sent, answered = re.search(r"over 4 s \| (\d+) / (\d+) \|", out).groups()
     assert int(sent) > 0 and sent == answered
     assert "| connections the broker closed during the pings / open after | 0 / 40 |" in out
-    assert "| fan-out: share delivered | 1.000 | |" in out
+    assert re.search(r"\| share delivered \| 1\.000 \|( 1\.000 \|)? \|", out)  # metaq (and Mosquitto, where installed)
