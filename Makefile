@@ -37,8 +37,9 @@ all: test
 # subscribe with Mosquitto's mosquitto_pub and mosquitto_sub, clients nobody here wrote).
 SYSDEPS := zookeeper postgresql openssh-server libfuse2 openssl prometheus chromium mosquitto-clients
 # The benchmark measures Redis Streams and NATS JetStream beside metaq when redis-server and
-# nats-server are there (Debian's nats-server runs as a plain process with its own store dir).
-BENCH_SYSDEPS := redis-server nats-server
+# nats-server are there (Debian's nats-server runs as a plain process with its own store dir), and
+# the MQTT port beside Mosquitto (Debian's mosquitto broker, run as a plain process with its own config).
+BENCH_SYSDEPS := redis-server nats-server mosquitto
 sysdeps:
 	@missing=""; for p in $(SYSDEPS) $(EXTRA_SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -129,13 +130,16 @@ bench: $(VENV)/.installed
 	$(PY) -m bench.bench_replication $(BENCH_REPL_ARGS)
 	$(PY) -m bench.bench_tls $(BENCH_TLS_ARGS)
 	HOME=$${HOME:-/tmp} $(PY) -m bench.bench_remoting $(BENCH_REMOTING_ARGS)
+	$(PY) -m bench.bench_mqtt $(BENCH_MQTT_ARGS)
 
 # The scale benchmarks (long: tens of minutes, and bench_backlog needs ~20 GB of disk at its default 100 M
-# messages): 1,000,000 pending timers, 19,000 idle connections beside a load, a 100-million-message backlog.
+# messages): 1,000,000 pending timers, 19,000 idle connections beside a load, 19,000 MQTT connections and a
+# fan-out to 10,000 MQTT subscribers, a 100-million-message backlog.
 # Each prints its table; e.g. make bench-scale BACKLOG_ARGS="--messages 2000000" for a quick look.
 bench-scale: $(VENV)/.installed
 	$(PY) -m bench.bench_timer_scale $(TIMER_SCALE_ARGS)
 	$(PY) -m bench.bench_connections $(CONNECTIONS_ARGS)
+	$(PY) -m bench.bench_mqtt_scale $(MQTT_SCALE_ARGS)
 	$(PY) -m bench.bench_backlog $(BACKLOG_ARGS)
 
 clean:

@@ -29,11 +29,11 @@ Bad input is answered as the specification says and closed, one log line, never 
 
 import logging
 import time
+from collections import deque
 
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
-from gevent.queue import Queue
 
 from metaq import errors, limits
 from metaq.mqtt import wire
@@ -75,6 +75,10 @@ class Connection(core.Connection):
     """One MQTT client's connection (see the module doc). ``mqtt`` is its ``MqttSession`` once connected."""
 
     log_prefix = "mqtt"
+    __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
+                 "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
+                 "_ack_sent", "_writer", "_delivery", "_delivery_obj", "_unacked_in", "_aliases", "_handling",
+                 "_ended_cleanly", "_taken_over")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -88,12 +92,12 @@ class Connection(core.Connection):
         self.client_receive_max = 65535  # the client's Receive Maximum: our QoS 1/2 deliveries in flight
         self.client_max_packet = None  # the client's Maximum Packet Size: larger deliveries are dropped
         self.problem_information = True  # MQTT 5 Request Problem Information: refusals carry a Reason String
-        self.room = Event()  # set when an acknowledgement (or a new subscription) lets the delivery go on
+        self.room = None  # an Event once subscribed: set when an acknowledgement or a subscription lets it go on
         self._write_lock = Semaphore()
-        self._acks = Queue()  # acknowledgements in the order of their packets: (packet, wait, counted)
+        self._acks = None  # acknowledgements in the order of their packets, (packet, wait, counted): a deque once one
         self._acks_pending = 0
-        self._ack_sent = Event()  # set by the acknowledgement writer after each acknowledgement
-        self._writer = None
+        self._ack_sent = None  # an Event once waited on: set by the acknowledgement writer after each acknowledgement
+        self._writer = None  # the acknowledgement writer's greenlet while acknowledgements wait (_queue_ack)
         self._delivery = None  # the delivery's greenlet, once the client subscribed
         self._delivery_obj = None
         self._unacked_in = 0  # the client's QoS 1/2 PUBLISHes not yet acknowledged (QoS 2: until its PUBREL)
@@ -142,25 +146,38 @@ class Connection(core.Connection):
         of a put not yet acknowledgeable) may be acknowledged; ``counted``: it ends one of the client's unacknowledged
         PUBLISHes."""
         self._acks_pending += 1
-        self._acks.put((packet, wait, counted))
+        if self._acks is None:
+            self._acks = deque()
+        self._acks.append((packet, wait, counted))
+        if self._writer is None:
+            self._writer = gevent.spawn(self._write_acks)
 
     def _write_acks(self):
-        path = self.port.put_path
-        while True:
-            packet, wait, counted = self._acks.get()
-            try:
-                if wait is not None:
-                    topic, r, now = wait
-                    try:
-                        path.durable(topic, r.partition, r.log_end, now)
-                    except errors.MetaqError as exc:
-                        packet = self._not_durable(packet, exc)
-                if packet is not None:
-                    if counted and type(packet) is wire.PubAck:
-                        self._unacked_in -= 1
-                    self.send(packet)
-            finally:
-                self._acks_pending -= 1
+        """The acknowledgement writer: sends what ``_queue_ack`` queued, in order, and ends when none is left (the
+        next ``_queue_ack`` starts it again), so that an idle connection, most of a device fleet's, holds no
+        greenlet for it."""
+        path, acks = self.port.put_path, self._acks
+        try:
+            while acks:
+                self._write_ack(path, *acks.popleft())
+        finally:
+            self._writer = None
+
+    def _write_ack(self, path, packet, wait, counted):
+        try:
+            if wait is not None:
+                topic, r, now = wait
+                try:
+                    path.durable(topic, r.partition, r.log_end, now)
+                except errors.MetaqError as exc:
+                    packet = self._not_durable(packet, exc)
+            if packet is not None:
+                if counted and type(packet) is wire.PubAck:
+                    self._unacked_in -= 1
+                self.send(packet)
+        finally:
+            self._acks_pending -= 1
+            if self._ack_sent is not None:
                 self._ack_sent.set()
 
     def _not_durable(self, packet, exc):
@@ -243,13 +260,13 @@ class Connection(core.Connection):
             return self._publish(p)
         if kind is wire.PubAck:
             if self.mqtt.acknowledged(p.packet_id, PUBLISH_SENT):
-                self.room.set()
+                self._wake()
             return True
         if kind is wire.PubRec:
             return self._pubrec(p)
         if kind is wire.PubComp:
             if self.mqtt.acknowledged(p.packet_id, PUBREL_SENT):
-                self.room.set()
+                self._wake()
             return True
         if kind is wire.PubRel:
             if self.mqtt.qos2_released(p.packet_id):
@@ -337,7 +354,6 @@ class Connection(core.Connection):
                 props["topic_alias_maximum"] = s.topic_alias_maximum
             if assigned:
                 props["assigned_client_identifier"] = client_id
-        self._writer = gevent.spawn(self._write_acks)
         if not self.send(wire.Connack(saved is not None, wire.SUCCESS, props)):
             return False
         if session.subscriptions or session.inflight or session.rejoin:
@@ -430,7 +446,7 @@ class Connection(core.Connection):
 
     def close(self):
         super().close()
-        self.room.set()  # the delivery sees it at once
+        self._wake()  # the delivery sees it at once
 
     # -- PUBLISH -------------------------------------------------------------------
 
@@ -483,6 +499,8 @@ class Connection(core.Connection):
         are on their way (their puts' flushes), read nothing more: an MQTT 3.1.1 client, told no Receive Maximum,
         may pipeline past it, and waits in its socket instead of being closed (at most ``request_timeout_s``)."""
         deadline = _now() + self.request_timeout
+        if self._ack_sent is None:
+            self._ack_sent = Event()
         while (self._unacked_in >= self.settings.receive_maximum and self._acks_pending and not self.closed
                and _now() < deadline):
             self._ack_sent.clear()
@@ -507,7 +525,7 @@ class Connection(core.Connection):
     def _pubrec(self, p):
         if p.reason_code >= 0x80:
             self.mqtt.dropped(p.packet_id)
-            self.room.set()
+            self._wake()
             return True
         if self.mqtt.received(p.packet_id):
             return self.send(wire.PubRel(p.packet_id))
@@ -535,11 +553,17 @@ class Connection(core.Connection):
         ok = self.send(wire.Suback(p.packet_id, codes))
         if retained:
             delivery.retained_after_suback(retained)  # sent by the delivery, after the SUBACK
-        self.room.set()
+        self._wake()
         return ok
+
+    def _wake(self):
+        """Let the delivery look again (an acknowledgement, a subscription, the close); nothing before one exists."""
+        if self.room is not None:
+            self.room.set()
 
     def _delivery_of(self):
         if self._delivery is None:
+            self.room = Event()
             self._delivery_obj = Delivery(self, self.port)
             self._delivery = gevent.spawn(self._delivery_obj.run)
         return self._delivery_obj

@@ -30,6 +30,7 @@ record's RocketMQ properties (internal ``@`` ones left out) and whose payload is
 """
 
 import base64
+import functools
 import json
 import zlib
 from typing import NamedTuple
@@ -60,6 +61,10 @@ _OURS = frozenset({TOPIC, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION
 PLAIN_QOS = 1
 
 _SEPARATORS = ("\x01", "\x02")
+
+#: Attributes of PUBLISHes without MQTT 5 properties remembered, by (topic name, QoS, client id, retain): the most
+#: recent ones, a few MiB at most with the longest names.
+MQTT_ATTRIBUTE_CACHE = 4096
 
 
 class RecordRefusal(ValueError):
@@ -98,6 +103,8 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     """``(flag, data)`` of the record of an MQTT PUBLISH (or will) of topic ``name`` with MQTT 5 ``properties``
     (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept); a Message Expiry Interval is
     kept as the time it expires, counted from ``now_ms``."""
+    if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
+        return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
     props = {TOPIC: name, QOS: str(qos)}
     if retain:
         props[RETAIN] = "1"
@@ -116,6 +123,18 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     if properties.get("user_property"):
         props[USER_PROPERTIES] = json.dumps([list(p) for p in properties["user_property"]], ensure_ascii=False)
     return encode_payload(payload, encode_attribute(None, props))
+
+
+@functools.lru_cache(maxsize=MQTT_ATTRIBUTE_CACHE)
+def _plain_attribute(name, qos, client_id, retain):
+    """The attribute of a PUBLISH without MQTT 5 properties (``record_data``'s, remembered: the same publisher and
+    topic give the same one; a refusal is raised again each time, never remembered)."""
+    props = {TOPIC: name, QOS: str(qos)}
+    if retain:
+        props[RETAIN] = "1"
+    if client_id:
+        props[CLIENT] = _text(client_id, "client identifier")
+    return encode_attribute(None, props)
 
 
 class MqttMessage(NamedTuple):

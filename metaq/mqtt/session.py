@@ -69,7 +69,11 @@ class SharedGroup:
 
 
 class MqttSession:
-    """A client's session (see the module doc); ``max_qos2`` bounds the QoS 2 packet ids kept."""
+    """A client's session (see the module doc); ``max_qos2`` bounds the QoS 2 packet ids kept. Its attributes are in
+    slots: every connected client has one."""
+
+    __slots__ = ("client_id", "version", "max_qos2", "subscriptions", "shared", "cursors", "qos2_received", "inflight",
+                 "where", "_next_id", "persistent", "expiry_s", "user", "dirty", "rejoin")
 
     def __init__(self, client_id, version, max_qos2):
         self.client_id = client_id

@@ -287,6 +287,12 @@ class Connection:
     sets or computes ``busy`` (a shutdown lets it finish).
     """
 
+    #: Its attributes in slots, not a per-object dict: a broker holds tens of thousands of connections, most idle
+    #: (a subclass adds its own ``__slots__`` to keep it so, or gets a dict for its own attributes).
+    __slots__ = ("sock", "address", "peer", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
+                 "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
+                 "_stranger", "_login_deadline", "rates", "__weakref__")
+
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
 

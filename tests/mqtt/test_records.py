@@ -53,3 +53,18 @@ def test_a_record_put_over_another_protocol_is_its_topic_at_qos_1_with_its_prope
     # a record whose MQTT_TOPIC names another topic (forged by a text put) is its own topic's
     flag, data = record_data("other/x", b"p", 1, None, {})
     assert message_of("orders", flag, data).topic == "orders"
+
+
+def test_a_publish_without_properties_is_stored_alike_every_time_and_a_bad_client_id_refused_every_time():
+    """The attribute of a PUBLISH without MQTT 5 properties is remembered (the hot path of a device's publishes):
+    the record is the one the full mapping writes, and a refusal is never remembered as an answer."""
+    for retain in (False, True):
+        for _ in range(2):
+            flag, data = record_data("sensors/room1", b"21.5", 1, "dev-1", {}, retain)
+            assert (flag, data) == record_data("sensors/room1", b"21.5", 1, "dev-1", {"payload_format_indicator": 0},
+                                               retain)
+            m = message_of("sensors", flag, data)
+            assert (m.topic, m.qos, m.client_id, m.payload, m.retain) == ("sensors/room1", 1, "dev-1", b"21.5", retain)
+    for _ in range(2):
+        with pytest.raises(RecordRefusal):
+            record_data("sensors/room1", b"x", 0, "dev\x01", {})

@@ -1,0 +1,187 @@
+"""MQTT connections at scale (issue 43 point 7).
+
+    python -m bench.bench_mqtt_scale [--connections 19000] [--keep-alive 10] [--subscribers 10000] [--runs 3]
+
+Against a real metaq broker process on 127.0.0.1 (MQTT port on, flush async, the real segment sizes), with the load
+generator of ``bench/mqtt_load.py`` in processes of its own (the machine's descriptor limit is 20,000 per process:
+the broker holds one side of every connection, each generator process at most half of the other), connections
+spread over the source addresses 127.0.0.2-127.0.0.9 (the broker caps connections per address):
+
+* **connect rate**: ``--connections`` MQTT 3.1.1 connections opened by two processes at once, each CONNECT answered
+  (256 in flight per process), connections per second;
+* **keep-alive honoured**: each connection's Keep Alive is ``--keep-alive`` s; each sends a PINGREQ every half of it
+  for twice as long, and the broker must answer every one and close none (it closes one silent for 1.5 x);
+* **memory per idle connection**: the broker's anonymous resident memory (its heap) with every connection open and
+  idle, minus before, divided by their number (target: <= 8 KiB);
+* **fan-out latency**: ``--subscribers`` QoS 0 subscribers of one topic; one publisher sends ``--fanout-messages``
+  stamped QoS 0 messages 2 s apart; p50 / p99 / max of publish-to-receive over every delivery, and the memory per
+  subscribed connection.
+
+Not a test: nothing here asserts; medians of ``--runs`` runs, a markdown table.
+"""
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench import mqtt_load as load  # noqa: E402
+from bench.bench_backlog import rss  # noqa: E402
+from bench.bench_mqtt import Metaq, Mosquitto, mosquitto_path  # noqa: E402
+
+TOPIC = "fan/out"
+PAYLOAD = 64
+SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
+PROCS = 2
+
+
+def broker_connections(target):
+    with target.broker.client() as c:
+        return int(c.stats_dict()["mqtt_connections"])
+
+
+def wait_connections(target, want, timeout=60):
+    deadline = time.monotonic() + timeout
+    have = broker_connections(target)
+    while have != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+        have = broker_connections(target)
+    return have
+
+
+def idle_phase(target, n, keep_alive):
+    """Connect rate, memory per idle connection, the keep-alive round; ``dict`` of figures."""
+    time.sleep(1)
+    before = rss(target.pid)[0]
+    halves = [SOURCES[i::PROCS] for i in range(PROCS)]
+    started = time.perf_counter()
+    workers = [load.spawn(load.hold, target.port, n // PROCS + (i < n % PROCS), "idle%d" % i, keep_alive, halves[i])
+               for i in range(PROCS)]
+    try:
+        [pipe.recv() for _, pipe in workers]
+        connect_s = time.perf_counter() - started
+        seen = wait_connections(target, n)
+        time.sleep(2)
+        after = rss(target.pid)[0]
+        for _, pipe in workers:
+            pipe.send(("ping", 2 * keep_alive, keep_alive / 2))
+        pings = [pipe.recv() for _, pipe in workers]
+        still = broker_connections(target)
+        for _, pipe in workers:
+            pipe.send("close")
+    finally:
+        for proc, _ in workers:
+            proc.join(30)
+    wait_connections(target, 0)
+    return {"connect_rate": n / connect_s, "seen": seen, "per_conn_kib": (after - before) * 1024 / n,
+            "pings_sent": sum(p[0] for p in pings), "pings_answered": sum(p[1] for p in pings),
+            "closed_by_broker": sum(p[2] for p in pings), "open_after_pings": still}
+
+
+def fanout_phase(target, subscribers, messages):
+    """Publish-to-receive over ``subscribers`` QoS 0 subscribers of ``target`` (metaq or Mosquitto); ``dict`` of
+    figures."""
+    time.sleep(1)
+    before = rss(target.pid)[0]
+    size = load.delivered_size(TOPIC, PAYLOAD, 0)
+    halves = [SOURCES[i::PROCS] for i in range(PROCS)]
+    subs = [load.spawn(load.subscribe, target.port, subscribers // PROCS + (i < subscribers % PROCS), "fan%d" % i,
+                       TOPIC, 0, halves[i], size) for i in range(PROCS)]
+    pub = load.spawn(load.publish, target.port, 1, "fanpub", TOPIC, 0, PAYLOAD, None)
+    try:
+        for _, pipe in subs + [pub]:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a generator did not connect")
+        time.sleep(2)
+        after = rss(target.pid)[0]
+        for _, pipe in subs:
+            pipe.send(("time", messages, 30 + 5 * messages))
+        pub[1].send(("stamped", messages, 2.0))
+        pub[1].recv()
+        lat = []
+        for _, pipe in subs:
+            lat.extend(pipe.recv()[0])
+        for _, pipe in subs + [pub]:
+            pipe.send("close")
+    finally:
+        for proc, _ in subs + [pub]:
+            proc.join(30)
+    if isinstance(target, Metaq):
+        wait_connections(target, 0)
+    ms = sorted(x / 1e6 for x in lat)
+    return {"delivered": len(ms) / (subscribers * messages), "p50": ms[len(ms) // 2],
+            "p99": ms[min(len(ms) - 1, int(len(ms) * 0.99))], "max": ms[-1],
+            "per_sub_kib": (after - before) * 1024 / subscribers}
+
+
+def one_run(args):
+    root = tempfile.mkdtemp(prefix="metaq-mqtt-scale-", dir=args.dir)
+    target = Metaq(root, "async")
+    try:
+        figures = idle_phase(target, args.connections, args.keep_alive)
+        figures.update(fanout_phase(target, args.subscribers, args.fanout_messages))
+    finally:
+        target.stop()
+    if mosquitto_path():  # the same fan-out against Mosquitto, in the same run: the floor the kernel's sends set
+        peer = Mosquitto(root)
+        try:
+            figures.update({"mosquitto_" + k: v for k, v in fanout_phase(peer, args.subscribers,
+                                                                           args.fanout_messages).items()})
+        finally:
+            peer.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    print("run: " + ", ".join("%s %.4g" % kv for kv in figures.items()), file=sys.stderr, flush=True)
+    return figures
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--connections", type=int, default=19_000)
+    ap.add_argument("--keep-alive", type=int, default=10)
+    ap.add_argument("--subscribers", type=int, default=10_000)
+    ap.add_argument("--fanout-messages", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to put the data (default: $TMPDIR)")
+    args = ap.parse_args(argv)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < args.connections // PROCS + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.connections // PROCS + 400), hard))
+    runs = [one_run(args) for _ in range(args.runs)]
+
+    def med(key):
+        return statistics.median(r[key] for r in runs)
+
+    print("\nMQTT at scale: one metaq broker (flush async), generator in %d processes, medians of %d runs\n"
+          % (PROCS, args.runs))
+    print("| measurement | figure | unit |")
+    print("|---|---:|---|")
+    print("| connections open at once (seen by the broker) | %d | connections |" % med("seen"))
+    print("| connect rate (CONNECT to CONNACK, 2 x 256 in flight) | %.0f | conn/s |" % med("connect_rate"))
+    print("| broker memory per idle connection (target <= 8) | %.1f | KiB |" % med("per_conn_kib"))
+    print("| keep-alive %d s: PINGREQs sent / answered over %d s | %d / %d | pings |"
+          % (args.keep_alive, 2 * args.keep_alive, med("pings_sent"), med("pings_answered")))
+    print("| connections the broker closed during the pings / open after | %d / %d | connections |"
+          % (med("closed_by_broker"), med("open_after_pings")))
+    peer = "mosquitto_p50" in runs[0]
+
+    def beside(key, form):
+        return (form % med(key)) + (" | " + form % med("mosquitto_" + key) if peer else "")
+
+    print("\n| fan-out to %d QoS 0 subscribers (one publisher, %d messages 2 s apart) | metaq |%s unit |"
+          % (args.subscribers, args.fanout_messages, " Mosquitto |" if peer else ""))
+    print("|---|---:|%s---|" % ("---:|" if peer else ""))
+    print("| publish-to-receive p50 | %s | ms |" % beside("p50", "%.1f"))
+    print("| publish-to-receive p99 | %s | ms |" % beside("p99", "%.1f"))
+    print("| publish-to-receive max | %s | ms |" % beside("max", "%.1f"))
+    print("| share delivered | %s | |" % beside("delivered", "%.3f"))
+    print("| broker memory per subscribed connection | %s | KiB |" % beside("per_sub_kib", "%.1f"))
+
+
+if __name__ == "__main__":
+    main()

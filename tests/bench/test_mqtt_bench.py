@@ -1,0 +1,35 @@
+"""bench/bench_mqtt.py and bench/bench_mqtt_scale.py run end to end at tiny sizes: every row of their tables is
+filled from real brokers (Mosquitto where installed), every message counted as delivered. Figures are not checked:
+nothing here is timed."""
+
+import re
+
+import pytest
+
+from bench import bench_mqtt, bench_mqtt_scale
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_the_comparison_fills_every_row(capsys):
+    bench_mqtt.main(["--runs", "1", "--messages", "400", "--fanout-messages", "5", "--latency-n", "20",
+                     "--subscribers", "20"])
+    out = capsys.readouterr().out
+    for row, _unit in bench_mqtt.ROWS:
+        line = next(x for x in out.splitlines() if x.startswith(row.replace("1,000", "20")))
+        assert "nan" not in line and re.search(r"\d", line[38:])
+    shares = re.search(r"fan-out share delivered: (.*)", out).group(1)
+    assert all(float(x.split()[-1]) == 1.0 for x in shares.split(", "))
+    if bench_mqtt.mosquitto_path():
+        assert "mosquitto" in out.splitlines()[2]
+
+
+def test_the_scale_run_keeps_every_connection_and_delivers_to_every_subscriber(capsys):
+    bench_mqtt_scale.main(["--runs", "1", "--connections", "40", "--subscribers", "20", "--keep-alive", "2",
+                           "--fanout-messages", "1"])
+    out = capsys.readouterr().out
+    assert "| connections open at once (seen by the broker) | 40 |" in out
+    sent, answered = re.search(r"over 4 s \| (\d+) / (\d+) \|", out).groups()
+    assert int(sent) > 0 and sent == answered
+    assert "| connections the broker closed during the pings / open after | 0 / 40 |" in out
+    assert re.search(r"\| share delivered \| 1\.000 \|( 1\.000 \|)? \|", out)  # metaq (and Mosquitto, where installed)
