@@ -16,8 +16,6 @@ scan (a checksum mismatch, a negative length) or holds no whole record raises Re
 range and offset.
 """
 
-import logging
-
 import numpy as np
 import pyarrow as pa
 
@@ -29,12 +27,11 @@ from metaq.protocol import events as ev
 from metaq.protocol.message import gather_payloads, raise_fault, scan_reply
 from metaq.protocol.msgid import TIMESTAMP_SHIFT, TWEPOCH
 from metaq.protocol.rocketmq.mapping import PROP_KEYS, split_attribute, stored_payload
-from metaq.spark.rows import DEFAULT_FETCH_BYTES, READER_GROUP, DataLoss
+from metaq.spark.rows import DEFAULT_FETCH_BYTES, READER_GROUP, data_lost
 
 __all__ = ["ARROW_SCHEMA", "DEFAULT_BATCH_ROWS", "batch_rows_option", "read_batches", "reply_batches",
            "scan_checked"]
 
-log = logging.getLogger(__name__)
 
 #: Rows of one Arrow batch unless ``maxRecordsPerBatch`` says otherwise (Spark's own Arrow batches default to it).
 DEFAULT_BATCH_ROWS = 10_000
@@ -164,22 +161,11 @@ def read_batches(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None
                     records_of(reply, "get %s %s %d" % (r.topic, key, offset))  # 404: none; else raises
                 except errors.Moved as exc:
                     if exc.offset > offset:  # below the first kept offset: deleted by retention
-                        if fail_on_data_loss:
-                            raise DataLoss("%s %s: offsets %d..%d are not in the partition any more (deleted by "
-                                           "retention; it starts at %d now); set failOnDataLoss=false to skip them"
-                                           % (r.topic, key, offset, min(exc.offset, r.end) - 1, exc.offset)) from None
-                        log.warning("%s %s: skipping offsets %d..%d, deleted before they were read "
-                                    "(failOnDataLoss=false)", r.topic, key, offset, min(exc.offset, r.end) - 1)
-                        offset = exc.offset
+                        offset = data_lost(r, key, offset, exc.offset, fail_on_data_loss)
                         if offset < r.end:
                             pending = ask(offset)
                         continue
-                if fail_on_data_loss:
-                    raise DataLoss("%s %s: the partition ends before offset %d (range %d..%d; the log was cut, "
-                                   "for instance by a failover); set failOnDataLoss=false to skip what is missing"
-                                   % (r.topic, key, offset, r.start, r.end - 1))
-                log.warning("%s %s: skipping offsets %d..%d, past the partition's end (failOnDataLoss=false)",
-                            r.topic, key, offset, r.end - 1)
+                data_lost(r, key, offset, None, fail_on_data_loss)  # past the partition's end
                 return
             body = reply.body
             index, count = scan_checked(body, "%s %s" % (r.topic, key), offset)

@@ -59,6 +59,28 @@ def row_of(topic, key, offset, record):
             properties)
 
 
+def data_lost(r, key, offset, moved_to, fail_on_data_loss):
+    """The readers' one data-loss rule: range ``r``'s offsets from ``offset`` are gone, deleted by retention
+    (``moved_to``: where the partition starts now) or past the partition's end (``moved_to`` None: the log was cut).
+    Raises DataLoss with ``failOnDataLoss``; else logs what is skipped and returns where reading goes on (None: the
+    range is over)."""
+    if moved_to is not None:
+        if fail_on_data_loss:
+            raise DataLoss("%s %s: offsets %d..%d are not in the partition any more (deleted by retention; it starts "
+                           "at %d now); set failOnDataLoss=false to skip them"
+                           % (r.topic, key, offset, min(moved_to, r.end) - 1, moved_to)) from None
+        log.warning("%s %s: skipping offsets %d..%d, deleted before they were read (failOnDataLoss=false)",
+                    r.topic, key, offset, min(moved_to, r.end) - 1)
+        return moved_to
+    if fail_on_data_loss:
+        raise DataLoss("%s %s: the partition ends before offset %d (range %d..%d; the log was cut, for instance by a "
+                       "failover); set failOnDataLoss=false to skip what is missing"
+                       % (r.topic, key, offset, r.start, r.end - 1)) from None
+    log.warning("%s %s: skipping offsets %d..%d, past the partition's end (failOnDataLoss=false)",
+                r.topic, key, offset, r.end - 1)
+    return None
+
+
 def read_rows(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None, fail_on_data_loss=True):
     """Yield the row of every offset of the range ``r`` (an ``OffsetRange``: ``[r.start, r.end)``), in order.
 
@@ -82,22 +104,11 @@ def read_rows(r, fetch_bytes=DEFAULT_FETCH_BYTES, timeout=30.0, security=None, f
                 records = records_of(reply, "get %s %s %d" % (r.topic, key, offset))
             except errors.Moved as exc:
                 if exc.offset > offset:  # below the first kept offset: deleted by retention
-                    if fail_on_data_loss:
-                        raise DataLoss("%s %s: offsets %d..%d are not in the partition any more (deleted by "
-                                       "retention; it starts at %d now); set failOnDataLoss=false to skip them"
-                                       % (r.topic, key, offset, min(exc.offset, r.end) - 1, exc.offset)) from None
-                    log.warning("%s %s: skipping offsets %d..%d, deleted before they were read (failOnDataLoss=false)",
-                                r.topic, key, offset, min(exc.offset, r.end) - 1)
-                    offset = exc.offset
+                    offset = data_lost(r, key, offset, exc.offset, fail_on_data_loss)
                     continue
                 records = []  # past the partition's end
             if not records:
-                if fail_on_data_loss:
-                    raise DataLoss("%s %s: the partition ends before offset %d (range %d..%d; the log was cut, "
-                                   "for instance by a failover); set failOnDataLoss=false to skip what is missing"
-                                   % (r.topic, key, offset, r.start, r.end - 1))
-                log.warning("%s %s: skipping offsets %d..%d, past the partition's end (failOnDataLoss=false)",
-                            r.topic, key, offset, r.end - 1)
+                data_lost(r, key, offset, None, fail_on_data_loss)
                 return
             for record in records[: r.end - offset]:
                 yield row_of(r.topic, key, offset, record)
