@@ -194,6 +194,13 @@ class NoReply(RequestTimeout):
     code = 504
 
 
+class ClientNoAnswer(RequestTimeout):
+    """A connected client asked a question by an admin (a gRPC client's thread stacks, a message it consumes
+    directly: docs/rocketmq5.md) gave no answer within the question's timeout (``result 504``)."""
+
+    code = 504
+
+
 class ReplyError(MetaqError):
     """Client side: the reply to a request says its replier's handler raised (``METAQ_REPLY_ERROR``); the text
     is what it raised. The replier's fault, not the broker's."""

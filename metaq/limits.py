@@ -684,6 +684,14 @@ GRPC_MAX_CONSUMER_CLIENTS = 4096
 #: Messages one gRPC PullMessage returns at most: a larger ``batch_size`` is served as this many (RocketMQ's broker
 #: caps a pull's messages at 32 alike), ``next_offset`` naming where the rest starts.
 GRPC_PULL_MAX_BATCH = 32
+#: Admin questions to connected gRPC clients (``metaq-admin clients stack|verify``: a PrintThreadStackTraceCommand or
+#: a VerifyMessageCommand on the client's Telemetry stream) awaiting their answers on a broker at once; one more is
+#: refused (503) until one is answered or times out.
+GRPC_MAX_PENDING_CLIENT_COMMANDS = 8
+#: How long such a question waits for the client's answer by default (``metaq-admin clients --timeout``).
+GRPC_CLIENT_COMMAND_TIMEOUT_MS = 10_000
+#: The longest wait such a question may ask for; past it the client is answered 504 (no answer).
+GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS = 60_000
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

@@ -89,6 +89,7 @@ FEATURE_ROLES = {
     "messages_pb2": "codec",  # protoc's Python code of the feature's .proto (generated at setup, never committed)
     "rpcs": "front-end",  # a gRPC service's RPC handlers
     "pulls": "front-end",  # a gRPC service's pull and offset RPC handlers
+    "clientcommands": "front-end",  # an admin's questions to connected clients on their streams (gRPC's Telemetry)
 }
 
 #: A role -> the layer whose rules its modules get.

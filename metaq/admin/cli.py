@@ -47,6 +47,7 @@ from metaq.timers import cli as timers_cli
 from metaq.topics import cli as admintopics
 from metaq.topics import names as internaltopics
 from metaq.trace import cli as trace_cli
+from metaq.rmq5 import cli as clients_cli
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: Seconds a promotion may take at the broker (it stops its link and fsyncs its new epoch).
@@ -436,6 +437,7 @@ def build_parser():
     timers_cli.add_parser(sub)  # timers list|cancel
     trace_cli.add_parser(sub)  # trace ID | --key KEY (where is my message)
     groups_cli.add_parser(sub)  # group-settings list|show|set|delete
+    clients_cli.add_parser(sub)  # clients stack|verify (a connected gRPC client asked)
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "
@@ -494,6 +496,7 @@ RUNNERS = {
     "timers": lambda view, args, brokers, render: timers_cli.run(view, args, render),
     "trace": lambda view, args, brokers, render: trace_cli.run(view, args, args.json, render_table),
     "group-settings": lambda view, args, brokers, render: groups_cli.run(view, args, render),
+    "clients": lambda view, args, brokers, render: clients_cli.run(view, args, args.json),
 }
 
 

@@ -7,6 +7,8 @@ body (UTF-8), whose shape each event's docstring gives; errors are ``result <cod
     reset_offset <group> <topic> <partition> <offset> <force 0|1> <opaque>
     dlq_list <group> <max> <opaque>                              the group's dead letters, oldest first
     dlq_resend <group> <ids> <opaque>                            ``*`` (all) or ids/positions separated by ``,``
+    client_command <stack|verify> <client-id> <topic|*> <message-id|*> <timeout-ms> <opaque>
+                                                                 a connected gRPC client asked (``ClientCommand``)
 
 Each command is declared here once (``protocol.commands``); a parser raises ``ValueError`` with the reason for a
 bad field (the text parser answers it as its protocol error).
@@ -20,7 +22,7 @@ from metaq.protocol.commands import NEEDS_ADMIN, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
 __all__ = ["GroupInfo", "ResetOffset", "DlqList", "DlqResend", "EVENTS", "encode_body", "decode_body",
-           "ALL_DEAD_LETTERS"]
+           "ALL_DEAD_LETTERS", "ClientCommand", "CLIENT_COMMAND_KINDS"]
 
 #: ``dlq_resend``'s word for every dead letter not resent yet.
 ALL_DEAD_LETTERS = "*"
@@ -67,6 +69,43 @@ class DlqResend(NamedTuple):
     group: str
     ids: Optional[Tuple[str, ...]]
     opaque: int
+
+
+class ClientCommand(NamedTuple):
+    """``client_command <stack|verify> <client-id> <topic|*> <message-id|*> <timeout-ms> <opaque>``: ask the gRPC
+    client ``client`` connected to this broker, on its Telemetry stream (``rmq5/clientcommands.py``), for its thread
+    stacks (``stack``) or to consume the message ``message_id`` of ``topic`` directly (``verify``), and wait at most
+    ``timeout_ms`` for its answer. Body: ``{"client", "kind", "status", "message", ...}`` (``thread_stack_trace``;
+    ``topic``, ``message_id``, ``result``, ``remark``); 404 for a client with no Telemetry stream here or a message
+    not found, 503 with ``limits.GRPC_MAX_PENDING_CLIENT_COMMANDS`` questions waiting, 504 when no answer came."""
+
+    kind: str
+    client: str
+    topic: Optional[str]
+    message_id: Optional[str]
+    timeout_ms: int
+    opaque: int
+
+
+#: What ``client_command`` asks: the client's thread stacks, or one message consumed directly.
+CLIENT_COMMAND_KINDS = ("stack", "verify")
+_ANY = "*"
+
+
+def _parse_client_command(t):
+    if t[1] not in CLIENT_COMMAND_KINDS:
+        raise ValueError("client_command: the kind is stack or verify, got %r" % t[1][:32])
+    topic, message_id = (None if t[3] == _ANY else t[3]), (None if t[4] == _ANY else t[4])
+    if t[1] == "verify" and (topic is None or message_id is None):
+        raise ValueError("client_command verify: name the message's topic and id")
+    return ClientCommand(t[1], t[2], topic, message_id,
+                         parse_int(t[5], "timeout-ms", 1, limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS), _opaque(t[6]))
+
+
+def _serialize_client_command(e):
+    return ("client_command %s %s %s %s %d %d\r\n" % (e.kind, token(e.client), token(e.topic or _ANY),
+                                                       token(e.message_id or _ANY), e.timeout_ms, e.opaque)
+            ).encode("utf-8")
 
 
 def _opaque(token):
@@ -120,6 +159,11 @@ register(TextCommand(
         token(e.group), token(ALL_DEAD_LETTERS if e.ids is None else ",".join(e.ids)), e.opaque)).encode("utf-8"),
     NEEDS_ADMIN,
     examples=(b"dlq_resend g * 1\r\n", b"dlq_resend g 0-5,ABC 2\r\n")))
+
+register(TextCommand(
+    "client_command", ClientCommand, (7,), "7 tokens (client_command <stack|verify> <client-id> <topic|*> "
+    "<message-id|*> <timeout-ms> <opaque>)", _parse_client_command, _serialize_client_command, NEEDS_ADMIN,
+    examples=(b"client_command stack c@1 * * 1000 1\r\n", b"client_command verify c@1 orders 0A1B 5000 2\r\n")))
 
 
 def encode_body(value):

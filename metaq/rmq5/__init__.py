@@ -3,9 +3,9 @@
 
 It serves routes (every broker of a ZooKeeper cluster), heartbeats, sends (normal, FIFO message groups, delivery
 times, transactional messages), EndTransaction, RecallMessage, Telemetry (the settings exchange, the check-back
-of half messages) and receiving (POP: assignments, receives, acks, invisible durations, dead letters, over the
-store's PopService) and pull consumers (offset reads and the group offsets of the consumer-offset store); lite
-topics are answered UNIMPLEMENTED.
+of half messages, an admin's questions: thread stacks, a message consumed directly) and receiving (POP:
+assignments, receives, acks, invisible durations, dead letters, over the store's PopService) and pull consumers
+(offset reads and the group offsets of the consumer-offset store); lite topics are answered UNIMPLEMENTED.
 
 A feature package: every module of the feature is here, named by its role, and each role is a layer's
 (``tests/test_layers.py`` FEATURE_ROLES, docs/architecture.md "Feature packages"). A module imports what its
@@ -27,4 +27,8 @@ front-end (the server layer)
                      the consumer offsets, the broker's long-poll waiters and the guard, registered in rpcs.py's table
     port.py          the listener on the connection core and its HTTP/2 connections (h2): streams, flow control,
                      the named limits (streams per connection, message bytes, header bytes), deadlines
+    clientcommands.py  an admin's questions to a connected client on its Telemetry stream (PrintThreadStackTrace-
+                     Command, VerifyMessageCommand), matched to the answers by nonce, bounded and timed
+client (the client layer)
+    cli.py           ``metaq-admin clients stack|verify``
 """

@@ -4,7 +4,8 @@ Served: QueryRoute (this broker, its gRPC endpoint, the topic's partitions as qu
 broker of the cluster holding the topic), Heartbeat, NotifyClientTermination, SendMessage (normal, FIFO message
 groups, delivery times through metaq's timers, transactional messages as half messages of metaq's transaction
 service), EndTransaction, RecallMessage (metaq's timer cancel), and Telemetry: the Settings exchange, and the
-check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream), and POP
+check-back of undecided half messages (RecoverOrphanedTransactionCommand on a producer's stream), an admin's
+questions and their answers (``clientcommands.py``), and POP
 consumption over the store's ``PopService``: QueryAssignment, ReceiveMessage (a server stream: a status, the
 messages, a delivery timestamp), AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, with a
 consumer's Settings (FIFO, maximum delivery attempts) kept per client; pull consumers (PullMessage, UpdateOffset,
@@ -155,14 +156,17 @@ class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
     def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None, tx=None,
-                 checks=None, pop=None, pulls=None):
+                 checks=None, pop=None, pulls=None, clients=None):
         """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
         rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
         cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
         from the store. ``tx``: the TxService, which keeps transactional messages' half messages (None:
         transactional sends refused NOT_IMPLEMENTED); ``checks``: its check-back's ``Checks``; ``pop``: the
         PopService receives, acks, invisible durations and dead letters go to (None: refused NOT_IMPLEMENTED);
-        ``pulls``: the ``pulls.PullService`` serving PullMessage and the offsets (None: those are unknown RPCs)."""
+        ``pulls``: the ``pulls.PullService`` serving PullMessage and the offsets (None: those are unknown RPCs);
+        ``clients``: the ``clientcommands.ClientCommands`` an admin asks clients through, told of Telemetry streams
+        and their ThreadStackTrace / VerifyMessageResult answers (None: those are ignored)."""
+        self.clients = clients
         self.pop = pop
         self.consumers = OrderedDict()  # client id -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
         self.store = store
@@ -762,7 +766,9 @@ class MessagingService:
         return pb.Message(topic=pb.Resource(name=half.topic), user_properties=user, system_properties=sp, body=body)
 
     def telemetry_closed(self, call):
-        """``call``'s Telemetry stream ended: it is no longer asked about half messages."""
+        """``call``'s Telemetry stream ended: it is no longer asked about half messages, nor by an admin."""
+        if self.clients is not None:
+            self.clients.stream_closed(call)
         for topic in list(self.producers):
             streams = self.producers[topic]
             if streams.get(call.metadata.get("x-mq-client-id")) is call:
@@ -785,8 +791,12 @@ class MessagingService:
         except Refusal as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, "%s: %s" % (exc.code, exc.message)) from None
         which = command.WhichOneof("command")
+        if self.clients is not None:
+            self.clients.stream_seen(call)
+            if which in ("thread_stack_trace", "verify_message_result"):
+                self.clients.answer(call, command)  # an admin's question answered (clientcommands.py)
         if which != "settings":
-            return None  # a thread stack or a verify result: nothing this phase asks for
+            return None
         settings = command.settings
         answer = pb.Settings()
         answer.CopyFrom(settings)

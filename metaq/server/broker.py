@@ -13,6 +13,7 @@ from metaq.admin.http import AdminViews, add_admin_routes
 from metaq.trace.http import TraceViews, add_trace_routes
 from metaq.trace.service import Tracer
 from metaq.admin.service import AdminOps, TextGroupMembers
+from metaq.admin.wire import ClientCommand
 from metaq.limits import COLD_READ_CHECK_S
 from metaq.protocol import checksum
 from metaq.priorities.wire import with_owner_keys
@@ -37,7 +38,7 @@ from metaq.server.replication.election import Election
 from metaq.server.replication.roles import Roles
 from metaq.server.stats import (BrokerStats, NodeFacts, StatsService, grpc_values, quota_rows, remoting_values,
                                 security_values)
-from metaq.server.text.dispatch import TextDispatcher
+from metaq.server.text.dispatch import TextDispatcher, error_reply
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
@@ -206,6 +207,7 @@ class Broker:
         if config.grpc.port:  # docs/rocketmq5.md
             self.grpc = grpc_port(self.core, config, self.store, self.put_path, self.guard, self.cluster, self.tx,
                                   self.pop)
+            self.dispatcher.route(ClientCommand, self.grpc.service.clients.text(error_reply))  # clients stack|verify
         self.stats_service.add_source("grpc", lambda: grpc_values(self.grpc))
 
     # -- facts used by stats --------------------------------------------------
@@ -521,6 +523,7 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
     try:
         from metaq.rmq5.port import GrpcPort, PortLimits
         from metaq.rmq5.pulls import PullService
+        from metaq.rmq5.clientcommands import ClientCommands, StoredMessages
         from metaq.rmq5.rpcs import Checks, MessagingService
     except ImportError as exc:
         raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
@@ -538,7 +541,9 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
                                                     r.transaction_check_max, r.max_half_messages,
                                                     limits.MAX_CHECKS_PER_ROUND), pop=pop,
                                pulls=PullService(store, guard, put_path.waiters, put_path.roles, put_path.check_master,
-                                                 endpoint, config.store.max_transfer_size, config.limits.max_wait_ms))
+                                                 endpoint, config.store.max_transfer_size, config.limits.max_wait_ms),
+                               clients=ClientCommands(StoredMessages(store, endpoint,
+                                                                     config.store.max_transfer_size).find))
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

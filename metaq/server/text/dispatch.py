@@ -172,6 +172,7 @@ class TextDispatcher:
             tracer = Tracer(store, lambda: pop.state if pop is not None else None, lambda: None, config.broker.id,
                             lambda: roles.read_refusal)
         self._handlers[TraceQuery] = TextTrace(tracer, guard).trace  # trace (docs/operating.md "Where is my message")
+        self._handlers[adminwire.ClientCommand] = self._no_grpc  # until the gRPC port routes it (route)
         if replies is not None:
             self._handlers[ev.Request] = lambda e, conn: (self.requests.request(e, conn), NO_WAIT)
             self._handlers[ev.Reply] = lambda e, conn: (self.requests.reply(e, conn), NO_WAIT)
@@ -388,6 +389,17 @@ class TextDispatcher:
 
     def _no_admin(self, e, conn):
         return encode_result(400, b"the admin commands are not served by this dispatcher", e.opaque), NO_WAIT
+
+    def _no_grpc(self, e, conn):
+        return encode_result(404, b"this broker has no gRPC port (grpc.port): it has no gRPC clients", e.opaque), \
+            NO_WAIT
+
+    def route(self, event_type, handler):
+        """Answer ``event_type`` with ``handler(e, conn) -> (reply, flush position)`` from now on: a component
+        built after the dispatcher (the gRPC port's ``client_command``). Its permission stays the declared one."""
+        if event_type not in self._handlers:
+            raise TypeError("%s is no declared text command" % event_type.__name__)
+        self._handlers[event_type] = handler
 
     def _no_pop(self, e, conn):
         return encode_result(400, b"receive, ack and change_invisible are not served by this dispatcher",
