@@ -59,8 +59,8 @@ class Connected:
             for command in self.answers:
                 self.asked.append(command)
                 answer = self.respond(command)
-                if answer is not None:
-                    self.requests.put(answer)
+                for a in answer if isinstance(answer, list) else [] if answer is None else [answer]:
+                    self.requests.put(a)
         except grpc.RpcError:
             pass
 
@@ -87,12 +87,17 @@ def ask(capsys, b, *args):
 
 
 def test_a_client_answers_a_stack_request_with_its_thread_stacks(broker, capsys):
-    c = Connected(broker.config["grpc"]["port"], "stack@1", stacks)
+    def wrong_nonce_first(command):  # an answer naming no question is ignored: the right nonce's is printed
+        wrong = pb.TelemetryCommand(status=pb.Status(code=pb.OK), thread_stack_trace=pb.ThreadStackTrace(
+            nonce="not-" + command.print_thread_stack_trace_command.nonce, thread_stack_trace="forged"))
+        return [wrong, stacks(command)]
+
+    c = Connected(broker.config["grpc"]["port"], "stack@1", wrong_nonce_first)
     try:
         rc, body, err = ask(capsys, broker, "stack", "stack@1")
         assert rc == admin.EXIT_OK, err
         assert body["status"] == "OK" and body["client"] == "stack@1"
-        assert "Consumer.java:42" in body["thread_stack_trace"]
+        assert "Consumer.java:42" in body["thread_stack_trace"] and "forged" not in body["thread_stack_trace"]
         [asked] = c.asked
         assert asked.WhichOneof("command") == "print_thread_stack_trace_command"
         assert asked.print_thread_stack_trace_command.nonce  # the answer was matched by it
@@ -146,6 +151,10 @@ def test_a_client_that_never_answers_ends_in_a_timeout_and_an_unknown_one_in_404
         assert len(c.asked) == 1
     finally:
         c.close()
+    for wait, ok in (("60", True), ("60.001", False)):  # GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS, and one past
+        rc, _, err = ask(capsys, broker, "stack", "nobody@1", "--wait", wait)
+        assert (rc == admin.EXIT_USAGE) != ok, (wait, err)
+    assert limits.GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS == 60_000
     rc, _, err = ask(capsys, broker, "stack", "nobody@1")
     assert rc == admin.EXIT_REFUSED and "no gRPC client nobody@1" in err
     # the stream ended: the client is no longer known
