@@ -74,5 +74,4 @@ def _text(body):
                                              " (%s)" % body["message"] if body["message"] else "")
     if body["kind"] == "stack":
         return head + "\n" + body["thread_stack_trace"]
-    return head + "\nmessage %s of %s: %s%s" % (body["message_id"], body["topic"], body["result"],
-                                                " (%s)" % body["remark"] if body["remark"] else "")
+    return head + "\nmessage %s of %s: %s" % (body["message_id"], body["topic"], body["result"] or "no result")

@@ -4,8 +4,9 @@ connected client").
 RocketMQ's proxy relays two operator requests to a gRPC client this way: the admin's GET_CONSUMER_RUNNING_INFO
 becomes a ``PrintThreadStackTraceCommand{nonce}``, answered by ``ThreadStackTrace{nonce, thread_stack_trace}``;
 CONSUME_MESSAGE_DIRECTLY becomes a ``VerifyMessageCommand{nonce, message}``, answered by
-``VerifyMessageResult{nonce}`` whose TelemetryCommand's ``status`` says the outcome (OK: consumed, CR_SUCCESS;
-any other code: CR_THROW_EXCEPTION with the status's message). Here the admin's side is the text command
+``VerifyMessageResult{nonce}`` whose TelemetryCommand's ``status`` says the outcome, read as the proxy reads it
+(``CONSUME_RESULTS``: OK is CR_SUCCESS, FAILED_TO_CONSUME_MESSAGE CR_LATER, MESSAGE_CORRUPTED CR_RETURN_NULL, any
+other code no result). Here the admin's side is the text command
 ``client_command`` (``admin/wire.py``, the admin permission), ``metaq-admin clients stack|verify``.
 
 ``ClientCommands`` keeps each client's open Telemetry stream by its ``x-mq-client-id`` (the stream it last spoke
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 #: The answer each question waits for: the TelemetryCommand's oneof field.
 ANSWERS = {"stack": "thread_stack_trace", "verify": "verify_message_result"}
 _ALL_TIME = (0, 2**63 - 1)
+#: A VerifyMessageResult's status as the proxy's ConsumeMessageDirectlyResult reads it (other codes: no result).
+CONSUME_RESULTS = {pb.OK: "CR_SUCCESS", pb.FAILED_TO_CONSUME_MESSAGE: "CR_LATER",
+                   pb.MESSAGE_CORRUPTED: "CR_RETURN_NULL"}
 
 
 class Pending(NamedTuple):
@@ -162,14 +166,13 @@ class ClientCommands:
 
 
 def _body(kind, client, topic, message_id, status, answer):
-    """The reply body of an answered question (the proxy's reading of it: ``ConsumeMessageDirectlyResult``'s
-    CR_SUCCESS only for an OK status)."""
+    """The reply body of an answered question: the client's status, and what it answered (a verify's ``result``
+    read as the proxy reads it, ``CONSUME_RESULTS``; ``remark`` the client's status message)."""
     code = pb.Code.Name(status.code) if status.code in pb.Code.values() else str(status.code)
     body = {"client": client, "kind": kind, "status": code, "message": status.message}
     if kind == "stack":
         body["thread_stack_trace"] = answer.thread_stack_trace
     else:
-        body.update(topic=topic, message_id=message_id,
-                    result="CR_SUCCESS" if status.code == pb.OK else "CR_THROW_EXCEPTION",
-                    remark="" if status.code == pb.OK else status.message or "failed to consume message directly")
+        body.update(topic=topic, message_id=message_id, result=CONSUME_RESULTS.get(status.code),
+                    remark=status.message)
     return body

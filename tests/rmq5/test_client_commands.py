@@ -129,11 +129,13 @@ def test_a_verify_request_delivers_the_stored_message_and_reports_the_clients_re
         rc, body, _ = ask(capsys, broker, "verify", "verify@1", msg_id, "--topic", "verify-topic")
         assert rc == admin.EXIT_OK and (body["status"], body["result"]) == ("OK", "CR_SUCCESS")
 
-        outcome.update(code=pb.VERIFY_FIFO_MESSAGE_UNSUPPORTED, message="fifo message is unsupported")
-        rc, body, _ = ask(capsys, broker, "verify", "verify@1", msg_id, "--topic", "verify-topic")
-        assert rc == admin.EXIT_REFUSED
-        assert (body["status"], body["result"], body["remark"]) == (
-            "VERIFY_FIFO_MESSAGE_UNSUPPORTED", "CR_THROW_EXCEPTION", "fifo message is unsupported")
+        for status, result in ((pb.FAILED_TO_CONSUME_MESSAGE, "CR_LATER"), (pb.MESSAGE_CORRUPTED, "CR_RETURN_NULL"),
+                               (pb.VERIFY_FIFO_MESSAGE_UNSUPPORTED, None)):  # the proxy's reading of each
+            outcome.update(code=status, message="listener said no")
+            rc, body, _ = ask(capsys, broker, "verify", "verify@1", msg_id, "--topic", "verify-topic")
+            assert rc == admin.EXIT_REFUSED
+            assert (body["status"], body["result"], body["remark"]) == (pb.Code.Name(status), result,
+                                                                       "listener said no")
 
         rc, _, err = ask(capsys, broker, "verify", "verify@1", "0" * 32, "--topic", "verify-topic")
         assert rc == admin.EXIT_REFUSED and "no message" in err
