@@ -39,8 +39,8 @@ from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 
 from metaq import limits
-from metaq.rmq5.wire import (GrpcError, MessageReader, Status, frame, is_grpc_content_type, parse_timeout,
-                             response_headers, rpc_name, trailers, trailers_only)
+from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, GrpcError, MessageReader, Status, frame,
+                             is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection
 
 log = logging.getLogger(__name__)
@@ -335,7 +335,7 @@ class GrpcConnection(Connection):
         if not self._open(call):
             return False
         if not call.headers_sent:
-            self.h2.send_headers(call.stream_id, response_headers())
+            self.h2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
             call.headers_sent = True
         data = memoryview(frame(payload))
         deadline = time.monotonic() + self.request_timeout
@@ -375,7 +375,8 @@ class GrpcConnection(Connection):
         self.calls.pop(call.stream_id, None)
         try:
             if call.headers_sent:
-                self.h2.send_headers(call.stream_id, trailers(status, message), end_stream=True)
+                ends = list(OK_TRAILERS_RAW) if status == Status.OK and not message else trailers(status, message)
+                self.h2.send_headers(call.stream_id, ends, end_stream=True)
             else:
                 self.h2.send_headers(call.stream_id, trailers_only(status, message), end_stream=True)
             if reset and not call.ended:
