@@ -39,8 +39,8 @@ from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 
 from metaq import limits
-from metaq.rmq5.wire import (GrpcError, MessageReader, Status, frame, is_grpc_content_type, parse_timeout,
-                             response_headers, rpc_name, trailers, trailers_only)
+from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, GrpcError, MessageReader, Status, frame,
+                             is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 #: The receive window the port opens per stream and for the connection: a 4 MiB message arrives without waiting
 #: for a WINDOW_UPDATE per 64 KiB.
 WINDOW_BYTES = 1 << 20
+#: Response bytes a call hands h2 before they go to the socket: a call's frames (headers, messages, trailers) leave
+#: in one send when they fit, and a long server stream is still sent as it is built, not held whole.
+FLUSH_BYTES = 1 << 16
 #: How long a connection ended by a GOAWAY reads what its client still sends before it closes (``_linger``).
 LINGER_S = 1.0
 
@@ -99,7 +102,10 @@ class GrpcConnection(Connection):
         super().__init__(sock, address, conn_id, rules)
         self.service = service
         self.limits = port_limits
-        config = H2Configuration(client_side=False, header_encoding="utf-8")
+        # Inbound headers are checked as h2 does by default; outbound ones are the port's own (``wire``: lower-case
+        # names, printable ASCII values), so h2 neither re-validates nor re-normalizes them for every response.
+        config = H2Configuration(client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
+                                 normalize_outbound_headers=False)
         self.h2 = H2Connection(config=config)
         self.h2.local_settings = Settings(client=False, initial_values={
             SettingCodes.MAX_CONCURRENT_STREAMS: port_limits.max_streams,
@@ -113,6 +119,7 @@ class GrpcConnection(Connection):
         self.parser = self  # Connection.receive asks in_frame, completed and buffered of it
         self._send_lock = Semaphore()
         self._window = Event()
+        self._flush_due = False  # a deferred flush is spawned and has not run yet (``_flush_soon``)
         self.goaway = False  # the client sent GOAWAY: nothing more is read
 
     # -- what Connection.receive asks --------------------------------------------------------------------------
@@ -303,9 +310,13 @@ class GrpcConnection(Connection):
                 return
             finally:
                 timer.close()
+            pending = 0  # bytes handed to h2 and not flushed yet: the trailers' flush sends them with its own
             for payload in response if isinstance(response, list) else [response]:
-                if not self._send_message(call, payload):
+                pending += len(payload)
+                if not self._send_message(call, payload, flush=pending >= FLUSH_BYTES):
                     return
+                if pending >= FLUSH_BYTES:
+                    pending = 0
             self._finish(call, Status.OK)
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
@@ -317,13 +328,14 @@ class GrpcConnection(Connection):
     def _open(self, call):
         return not (call.reset or call.done or self.closed)
 
-    def _send_message(self, call, payload):
+    def _send_message(self, call, payload, flush=True):
         """Send one response message on ``call`` within the flow-control windows; False when the call or the
-        connection ended first."""
+        connection ended first. ``flush`` False: its frames wait in h2 for the next flush (a unary call's trailers
+        send them; a shut window flushes before it waits)."""
         if not self._open(call):
             return False
         if not call.headers_sent:
-            self.h2.send_headers(call.stream_id, response_headers())
+            self.h2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
             call.headers_sent = True
         data = memoryview(frame(payload))
         deadline = time.monotonic() + self.request_timeout
@@ -347,7 +359,8 @@ class GrpcConnection(Connection):
                 continue
             self.h2.send_data(call.stream_id, data[:room].tobytes())
             data = data[room:]
-        self._flush()
+        if flush:
+            self._flush()
         return True
 
     def _finish(self, call, status, message="", reset=False):
@@ -362,14 +375,15 @@ class GrpcConnection(Connection):
         self.calls.pop(call.stream_id, None)
         try:
             if call.headers_sent:
-                self.h2.send_headers(call.stream_id, trailers(status, message), end_stream=True)
+                ends = list(OK_TRAILERS_RAW) if status == Status.OK and not message else trailers(status, message)
+                self.h2.send_headers(call.stream_id, ends, end_stream=True)
             else:
                 self.h2.send_headers(call.stream_id, trailers_only(status, message), end_stream=True)
             if reset and not call.ended:
                 self.h2.reset_stream(call.stream_id, ErrorCodes.NO_ERROR)
         except (StreamClosedError, ProtocolError):
             return
-        self._flush()
+        self._flush_soon()
 
     def _end_now(self, stream_id, status, message):
         """A call refused from its headers: Trailers-Only, and RST_STREAM unless the client's side is over."""
@@ -391,12 +405,30 @@ class GrpcConnection(Connection):
         except (StreamClosedError, ProtocolError):
             pass
 
+    def _flush_soon(self):
+        """Flush from a greenlet of its own, once the calls that are ready now have run: the responses of the calls
+        answered in one turn of the loop (a burst of requests read at once) leave in one send, not one each. The
+        connection's end (``serve``) flushes whatever is still pending itself."""
+        if not self._flush_due:
+            self._flush_due = True
+            gevent.spawn(self._deferred_flush)
+
+    def _deferred_flush(self):
+        self._flush_due = False
+        try:
+            self._flush()
+        except OSError as exc:
+            log.debug("grpc %s: %s", self.peer, exc)
+
     def _flush(self):
-        """Hand h2's pending bytes to the socket, in order (one greenlet at a time takes and sends them)."""
+        """Hand h2's pending bytes to the socket, in order (one greenlet at a time takes and sends them). One
+        ``send`` mostly takes them all; gevent's ``sendall`` (a Timeout object, a getsockopt) only sends the rest."""
         with self._send_lock:
             data = self.h2.data_to_send()
             if data and not self.closed:
-                self.sock.sendall(data)
+                sent = self.sock.send(data)
+                if sent < len(data):
+                    self.sock.sendall(memoryview(data)[sent:])
 
 
 class GrpcPort:

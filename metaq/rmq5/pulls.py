@@ -184,8 +184,10 @@ class PullService:
                 messages = [(rec, m) for rec, m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
             if messages:
                 out = [pb.PullMessageResponse(status=_status("OK"))]
-                out += [pb.PullMessageResponse(message=message_of(m, host, self.max_transfer, rec.msg_id))
-                        for rec, m in messages]
+                for rec, m in messages:
+                    response = pb.PullMessageResponse()
+                    message_of(m, host, self.max_transfer, rec.msg_id, response.message)
+                    out.append(response)
                 return out + [pb.PullMessageResponse(next_offset=next_offset)], next_offset
             if not (offset < next_offset < store.max_offset(topic, queue)):
                 return None, next_offset  # at the queue's end: a long poll may wait for more

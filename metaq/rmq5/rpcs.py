@@ -564,13 +564,16 @@ class MessagingService:
         if not kept:
             return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
-        out += [pb.ReceiveMessageResponse(message=self._received_message(r, msg, invisible)) for r, msg in kept]
+        for r, msg in kept:
+            response = pb.ReceiveMessageResponse()
+            self._received_message(r, msg, invisible, response.message)
+            out.append(response)
         return out + [_delivered_now()]
 
-    def _received_message(self, r, msg, invisible):
-        """A received message as the proxy's converter fills it (reference 4.3): ``message_of``'s, with the receipt
-        handle, the delivery attempt and the invisible duration, of the topic it was received from."""
-        m = message_of(msg, self.endpoint(), self.store.config.max_transfer_size, r.record.msg_id)
+    def _received_message(self, r, msg, invisible, into):
+        """A received message as the proxy's converter fills it (reference 4.3), in ``into`` (``message_of``): with
+        the receipt handle, the delivery attempt and the invisible duration, of the topic it was received from."""
+        m = message_of(msg, self.endpoint(), self.store.config.max_transfer_size, r.record.msg_id, into)
         m.topic.name = r.topic
         sp = m.system_properties
         sp.queue_id, sp.queue_offset, sp.receipt_handle, sp.delivery_attempt = r.partition, r.offset, r.handle, \
@@ -838,19 +841,29 @@ class MessagingService:
         return pb.TelemetryCommand(status=status("OK"), settings=answer).SerializeToString()
 
 
-def message_of(msg, endpoint, max_transfer, msg_id):
+def message_of(msg, endpoint, max_transfer, msg_id, into=None):
     """A stored message (``mapping.message_of_record``'s) as the proxy's converter fills it (reference 4.3): its
     topic, queue and offset, the user's properties, the system ones (tag, keys, id, digest, type, times, hosts).
-    ``msg_id``: the record's metaq id, its message id when the client gave none."""
+    ``msg_id``: the record's metaq id, its message id when the client gave none. ``into``: an empty ``Message``
+    to fill in place (a response's own field: no copy of the message into the response), returned."""
     props = msg.properties
     try:
         body = inflate_body(msg.sys_flag, msg.body, max_transfer)
     except errors.MetaqError:
         body = msg.body
-    sp = pb.SystemProperties(message_id=props.get(PROP_UNIQ_KEY) or "%X" % msg_id,
-                             body_encoding=pb.IDENTITY, queue_id=msg.queue_id, queue_offset=msg.queue_offset,
-                             body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper()),
-                             store_host="%s:%d" % tuple(endpoint), born_host="%s:%d" % tuple(msg.born_host[:2]))
+    m = pb.Message() if into is None else into
+    m.topic.name = msg.topic
+    m.body = body
+    sp = m.system_properties
+    sp.message_id = props.get(PROP_UNIQ_KEY) or "%X" % msg_id
+    sp.body_encoding = pb.IDENTITY
+    sp.queue_id = msg.queue_id
+    sp.queue_offset = msg.queue_offset
+    digest = sp.body_digest
+    digest.type = pb.MD5
+    digest.checksum = hashlib.md5(body).hexdigest().upper()
+    sp.store_host = "%s:%d" % tuple(endpoint)
+    sp.born_host = "%s:%d" % tuple(msg.born_host[:2])
     sp.born_timestamp.FromMilliseconds(msg.born_timestamp)
     sp.store_timestamp.FromMilliseconds(msg.store_timestamp)
     if props.get(PROP_TAGS):
@@ -866,8 +879,9 @@ def message_of(msg, endpoint, max_transfer, msg_id):
         sp.message_type = pb.DELAY
     else:
         sp.message_type = pb.NORMAL
-    user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))}
-    return pb.Message(topic=pb.Resource(name=msg.topic), user_properties=user, system_properties=sp, body=body)
+    m.user_properties.update({k: v for k, v in props.items()
+                              if k not in RESERVED_PROPERTIES and not k.startswith(("@", "__"))})
+    return m
 
 
 def _duration_ms(d):

@@ -183,3 +183,13 @@ def header_list_size(headers):
         value = value.encode("utf-8") if isinstance(value, str) else value
         total += len(name) + len(value) + 32
     return total
+
+
+def _raw(headers):
+    return tuple((name.encode("ascii"), value.encode("ascii")) for name, value in headers)
+
+
+#: ``response_headers()`` and the trailers of a call ended OK without a message, encoded once: the port hands h2
+#: these bytes for every response instead of text it would encode each time.
+RESPONSE_HEADERS_RAW = _raw(response_headers())
+OK_TRAILERS_RAW = _raw(trailers(Status.OK))
