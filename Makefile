@@ -121,9 +121,15 @@ test-unit: $(VENV)/.installed
 test-fast: setup
 	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -m "not slow and not fault" $(PYTEST_ARGS)
 
-bench: $(VENV)/.installed
+# The bench extra: the peers' Python clients (redis-py, nats-py), measured beside metaq's client.
+$(VENV)/.bench: $(VENV)/.installed
+	$(PIP) install -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.bench
 	$(MAKE) sysdeps EXTRA_SYSDEPS="$(BENCH_SYSDEPS)"
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench.bench_pyclients $(BENCH_PYCLIENTS_ARGS)
 	$(PY) -m bench.bench_client $(BENCH_CLIENT_ARGS)
 	$(PY) -m bench.bench_tx $(BENCH_TX_ARGS)
 	$(PY) -m bench.bench_delay $(BENCH_DELAY_ARGS)

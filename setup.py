@@ -60,6 +60,11 @@ setup(
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],
+        # make bench: the peers' own Python clients, measured beside metaq's in bench/bench_pyclients.py
+        "bench": [
+            "redis>=5.0,<7",  # redis-py: pipelined XADD, XRANGE, XREAD BLOCK against Redis Streams
+            "nats-py>=2.6,<3",  # nats-py: JetStream publish with acks, pull and push consumers
+        ],
     },
     entry_points={
         "console_scripts": [

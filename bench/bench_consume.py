@@ -11,8 +11,8 @@ runs, medians of ``--runs`` runs (min..max), and the client's CPU per message (p
 * ``Consumer.iter_batches`` with a handler iterating each batch's ``(offset, id, payload view)``;
 * ``Consumer.iter_batches`` with a batch handler that takes the batch whole (its ids and payload bounds).
 
-The peers' clients (redis-py ``XRANGE``, nats-py's pull consumer) are not installed here: no peer rows. Not a
-test: nothing here asserts.
+The peers' clients (redis-py ``XRANGE``, nats-py's pull consumer) are measured beside ``iter_batches`` in
+``bench/bench_pyclients.py``. Not a test: nothing here asserts.
 """
 
 import argparse

@@ -352,11 +352,12 @@ def read_rows(root, args, redis, nats, results):
     results.append(("loopback ceiling: Python socket pair, 1 MiB sends", median(ceiling), "MB/s", {}))
 
 
-def print_table(results, args, peers):
-    """``peers``: the keys of the peers measured (columns for each, in ``PEERS`` order)."""
+def print_table(results, args, peers, title=None):
+    """``peers``: the keys of the peers measured (columns for each, in ``PEERS`` order); ``title``: the line over
+    the table (default: this script's)."""
     columns = [(key, heading) for key, heading in PEERS if key in peers]
     print()
-    print("metaq benchmark: 1 KiB messages, median of %d runs, broker and client on 127.0.0.1" % args.runs)
+    print(title or "metaq benchmark: 1 KiB messages, median of %d runs, broker and client on 127.0.0.1" % args.runs)
     head = "%-52s %14s  %-7s" % ("measurement", "metaq", "unit")
     for _key, heading in columns:
         head += " %15s %9s" % (heading, "ratio")
