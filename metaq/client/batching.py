@@ -385,9 +385,6 @@ class Batcher:
                 self._done(b, runs=runs)
                 return
             error = reply_error(reply)
-            if (b.seq0 is not None and b.seq0 >= 0 and isinstance(reply, ev.Result) and 400 <= reply.code < 500
-                    and self.producer.release_sequences(b.key, b.seq0, b.count)):
-                b.seq0 = -2  # refused, nothing stored: its sequences go to the next batch
         if isinstance(error, (ConnectionLost, RequestTimeout)) or error.code in (503, 507):
             self.producer.mark_suspect(partition.broker_id)
             now = time.monotonic()

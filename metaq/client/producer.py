@@ -248,9 +248,9 @@ class Producer:
         ``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``: each payload gets the partition's next sequence, in payload
         order, when its frame first goes (every earlier frame of the partition answered), and a retry resends
         the same frame, so the same sequences: a frame stored before a lost reply is answered as duplicates
-        (``ManyResult.duplicates``) and nothing is stored twice. A frame the broker refused (400) gives its
-        sequences back to the next frame; one whose fate is unknown (the retry deadline passed) does not, and
-        the partition's next frames are then refused as a gap unless it was stored. Do not mix it with
+        (``ManyResult.duplicates``) and nothing is stored twice. A frame that fails keeps its sequences: the
+        partition's next frames are then refused as a gap (unless it was stored after all), so nothing after a
+        lost frame is stored out of order; a new producer id starts afresh. Do not mix it with
         ``send_async`` to the same partition while either has sends unanswered (a single send that fails
         after a frame behind it took the next sequences leaves that frame a gap).
         """
@@ -628,16 +628,6 @@ class Producer:
             first = seqs.next
             seqs.next += count
         return first
-
-    def release_sequences(self, key, first, count):
-        """A frame's sequences ``first..`` were refused (nothing stored): the next frame takes them again when no
-        send took a later one since. True if they were given back."""
-        with self._window_lock:
-            seqs = self._sequences[key]
-            if seqs.next != first + count or seqs.low != first:
-                return False
-            seqs.next = first
-        return True
 
     def sequences_answered(self, key, first, count):
         """An idempotent ``send_many`` frame's sequences are answered (stored, duplicates, or failed for good)."""
