@@ -20,7 +20,9 @@ once with ``--messages`` messages of ``--size`` bytes (4 partitions), then, ``--
   and not, through the Arrow writer, and the same through the old row writer (``write_rows`` fed rows by a
   ``DataSourceWriter``, registered here as ``metaqrows``);
 * **client peers**: the same number of messages through ``metaq.client.Producer``: ``send_async`` (pipelined)
-  and ``send_many`` (batches of 1,000), one process.
+  and ``send_many`` (batches of 1,000), of a plain and of an idempotent producer (``putb_idem``), one process.
+
+``--sink-only`` runs the sink rows and the client peers alone.
 
 Medians of the runs, printed as a markdown table. Not a test: nothing here asserts.
 """
@@ -58,13 +60,14 @@ def session():
     return spark
 
 
-def fill_many(url, n, size, topic):
-    """``n`` messages through ``Producer.send_many`` (1,000 a call, the topic's partitions in turn); msgs/s."""
+def fill_many(url, n, size, topic, idempotent=False):
+    """``n`` messages through ``Producer.send_many`` (1,000 a call, the topic's partitions in turn), of an
+    idempotent producer (``putb_idem`` frames) or not; msgs/s."""
     body = os.urandom(size)
     with Producer(brokers=[url]) as producer:  # the first put creates the topic: then it has all its partitions
         assert producer.send(Message(topic, body)).success
     t0 = time.perf_counter()
-    with Producer(brokers=[url]) as producer:
+    with Producer(brokers=[url], idempotent=idempotent) as producer:
         futures = [producer.send_many(topic, [body] * min(1000, n - 1 - k)) for k in range(0, n - 1, 1000)]
         assert all(f.result(120).success for f in futures)
     return (n - 1) / (time.perf_counter() - t0)
@@ -189,11 +192,26 @@ def sink_write(spark, url, n, size, idempotent, topic, fmt="metaq"):
     return n / (time.perf_counter() - t0)
 
 
+def sinks(spark, url, args, run, add):
+    """The sink rows and the client peers of one run."""
+    for idem in (True, False):
+        what = "idempotent" if idem else "not idempotent"
+        add("sink, %s, Arrow writer" % what,
+            sink_write(spark, url, args.messages, args.size, idem, "ta%s%d" % (what[:3], run)))
+        add("sink, %s, row writer (old)" % what,
+            sink_write(spark, url, args.messages, args.size, idem, "tr%s%d" % (what[:3], run), "metaqrows"))
+    add("client Producer.send_async (peer)", fill(url, args.messages, args.size, "tpeer%d" % run))
+    add("client Producer.send_many (peer)", fill_many(url, args.messages, args.size, "tmany%d" % run))
+    add("client Producer.send_many, idempotent (peer)",
+        fill_many(url, args.messages, args.size, "tidem%d" % run, idempotent=True))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--sink-only", action="store_true", help="only the sinks and the client peers")
     args = ap.parse_args(argv)
     work = tempfile.mkdtemp(prefix="metaq-bench-spark-")
     cfg = small_config(os.path.join(work, "data"), store={"segment_size": 64 << 20, "flush": "async",
@@ -213,6 +231,9 @@ def main(argv=None):
             rows.setdefault(name, []).append(value)
 
         for run in range(args.runs):
+            if args.sink_only:
+                sinks(spark, url, args, run, add)
+                continue
             add("batch source, Arrow", batch_read(spark, url, args.messages))
             add("batch source, arrow=false (old)", batch_read(spark, url, args.messages, False))
             add("raw fetch ceiling (read_batches, one process)", raw_read(url, args.messages))
@@ -221,14 +242,7 @@ def main(argv=None):
                 whole, batch = stream_read(spark, url, args.messages, work, arrow)
                 add("streaming source (whole run), %s" % label, whole)
                 add("streaming source (median micro-batch), %s" % label, batch)
-            for idem in (True, False):
-                what = "idempotent" if idem else "not idempotent"
-                add("sink, %s, Arrow writer" % what,
-                    sink_write(spark, url, args.messages, args.size, idem, "ta%s%d" % (what[:3], run)))
-                add("sink, %s, row writer (old)" % what,
-                    sink_write(spark, url, args.messages, args.size, idem, "tr%s%d" % (what[:3], run), "metaqrows"))
-            add("client Producer.send_async (peer)", fill(url, args.messages, args.size, "tpeer%d" % run))
-            add("client Producer.send_many (peer)", fill_many(url, args.messages, args.size, "tmany%d" % run))
+            sinks(spark, url, args, run, add)
         spark.stop()
     finally:
         broker.kill()
@@ -240,6 +254,11 @@ def main(argv=None):
         m = statistics.median(values)
         print("| %s | %s | %.1f |" % (name, format(int(m), ","), m * args.size / 1e6))
     med = {name: statistics.median(values) for name, values in rows.items()}
+    print("\nidempotent sink / plain sink: %.2f; idempotent send_many / send_many: %.2f"
+          % (med["sink, idempotent, Arrow writer"] / med["sink, not idempotent, Arrow writer"],
+             med["client Producer.send_many, idempotent (peer)"] / med["client Producer.send_many (peer)"]))
+    if args.sink_only:
+        return
     print("\nArrow / old: batch source %.1f×, streaming micro-batch %.1f×, idempotent sink %.1f×, plain sink %.1f×"
           % (med["batch source, Arrow"] / med["batch source, arrow=false (old)"],
              med["streaming source (median micro-batch), Arrow"]

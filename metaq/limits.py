@@ -470,6 +470,10 @@ MAX_STREAM_TASKS = 10_000
 #: them is answered as a duplicate; an older one is refused. The client never has more than this many
 #: sequences of one partition unanswered, so its resends always fall inside.
 IDEMPOTENCE_WINDOW = 1024
+#: Most messages one ``putb_idem`` frame (a batch of idempotent puts: idempotence/wire.py) may carry: past it the
+#: batch is refused whole (400). A batch is answered once, so its sequences are all unanswered while it is in
+#: flight: the window bounds it, and a resent batch's duplicates are all answered with their original offsets.
+MAX_IDEMPOTENT_BATCH_MESSAGES = IDEMPOTENCE_WINDOW
 #: Producer-partitions ``(pid, topic, partition)`` the broker keeps windows for; past it the least recently
 #: written is evicted (its resends are then stored again, as a new producer's). Worst case about 25 KiB each.
 MAX_IDEMPOTENT_PRODUCERS = 4096

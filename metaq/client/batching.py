@@ -33,16 +33,19 @@ from metaq.client.message import ManyResult, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records
+from metaq.idempotence.wire import IdempotentBatch, decode_idem_runs, encode_idem_sub_records
 from metaq import limits
 
 _MAX_BACKOFF_S = 1.0
 #: More than a sub-record's line takes besides its topic ("put ", the numbers, spaces and CRLF).
 _LINE = 64
+#: What a put_idem sub-record's line takes more (the word, the producer id and sequence).
+_IDEM_LINE = 48
 
 
 class _Batch:
     __slots__ = ("key", "topic", "head", "sends", "parts", "nbytes", "due", "deadline", "body", "attempts", "error",
-                 "count", "data", "many", "first")
+                 "count", "data", "many", "first", "seq0")
 
     def __init__(self, key, due):
         self.key = key  # (topic, Partition)
@@ -60,6 +63,7 @@ class _Batch:
         self.data = 0  # bytes of their data (counted in the buffer)
         self.many = None  # a send_many's ManySend (then sends is empty and body set at once)
         self.first = 0  # send_many: the index of its first payload in the call's
+        self.seq0 = None  # an idempotent send_many's: -1 until its first attempt gives it its first sequence
 
 
 class _Lane:
@@ -92,7 +96,7 @@ class ManySend:
     """One ``send_many``'s handle: its frames' outcomes gathered into one ``ManyResult`` for its one future.
     ``expect(n)`` once, then ``chunk_done`` once per frame (on whichever thread answers it)."""
 
-    __slots__ = ("future", "partition", "count", "left", "runs", "error", "lock", "on_done")
+    __slots__ = ("future", "partition", "count", "left", "runs", "error", "lock", "on_done", "duplicates")
 
     def __init__(self, future, partition, count, on_done):
         self.future = future
@@ -103,17 +107,22 @@ class ManySend:
         self.error = None
         self.lock = threading.Lock()
         self.on_done = on_done  # called once the result is set (the producer's count of sends in progress)
+        self.duplicates = 0  # payloads an idempotent batch found already stored (answered with the originals)
 
     def expect(self, frames):
         self.left = frames
 
     def chunk_done(self, first, count, runs, error):
-        """Payloads ``first .. first + count - 1`` were stored as ``runs`` (a reply's), or not (``error``)."""
+        """Payloads ``first .. first + count - 1`` were stored as ``runs`` (a reply's; an idempotent batch's with a
+        fifth field, True for a run of duplicates), or not (``error``)."""
         with self.lock:
             if runs is not None:
                 k = first
-                for first_id, part, offset, n in runs:
+                for run in runs:
+                    first_id, part, offset, n = run[:4]
                     self.runs.append((k, first_id, part, offset, n))
+                    if len(run) > 4 and run[4]:
+                        self.duplicates += n
                     k += n
             elif self.error is None:
                 self.error = error
@@ -121,7 +130,8 @@ class ManySend:
             last = self.left == 0
         if last:
             self.runs.sort()
-            self.future.set_result(ManyResult(self.error is None, self.partition, self.count, self.runs, self.error))
+            self.future.set_result(ManyResult(self.error is None, self.partition, self.count, self.runs, self.error,
+                                              self.duplicates))
             self.on_done()
 
 
@@ -192,24 +202,31 @@ class Batcher:
         if ready:
             self._send(ready)
 
-    def add_many(self, topic, partition, payloads, deadline, many):
+    def add_many(self, topic, partition, payloads, deadline, many, idempotent=False):
         """Queue ``payloads`` (bytes) for ``partition`` (>= 0) of ``topic`` as ready batches of at most
         ``batch_bytes`` and ``limits.MAX_BATCH_MESSAGES`` messages each, behind the partition's earlier batches;
         ``many`` (a ``ManySend``) hears each one's outcome. Waits for buffer room as ``add`` does (RequestTimeout
-        past ``deadline``: the batches queued so far still go)."""
+        past ``deadline``: the batches queued so far still go).
+
+        ``idempotent``: ``putb_idem`` batches of at most ``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``, each given its
+        partition's next sequences at its first attempt (``_attempt``), when every batch before it in the lane
+        is answered; its retries resend the same frame, so the same sequences."""
         key = (topic, partition)
         tb = topic.encode("utf-8")
         line = _LINE + len(tb)
         chunks = []
         n = len(payloads)
-        if sum(map(len, payloads)) + n * line <= self.batch_bytes and n <= limits.MAX_BATCH_MESSAGES:
+        most_messages = limits.MAX_IDEMPOTENT_BATCH_MESSAGES if idempotent else limits.MAX_BATCH_MESSAGES
+        if idempotent:
+            line += _IDEM_LINE
+        if sum(map(len, payloads)) + n * line <= self.batch_bytes and n <= most_messages:
             chunks.append((0, n))
         else:  # cut where the running size (data and lines) passes batch_bytes: bisected, no loop per message
             ends = list(itertools.accumulate(map(operator.add, map(len, payloads), itertools.repeat(line))))
             start = 0
             while start < n:
                 base = ends[start - 1] if start else 0
-                most = min(n, start + limits.MAX_BATCH_MESSAGES)
+                most = min(n, start + most_messages)
                 stop = bisect.bisect_right(ends, base + self.batch_bytes, start, most)
                 stop = max(stop, start + 1)  # one larger than a batch goes alone
                 chunks.append((start, stop))
@@ -218,8 +235,12 @@ class Batcher:
         for done, (i, j) in enumerate(chunks):
             part = payloads[i:j] if (i, j) != (0, n) else payloads
             b = _Batch(key, 0)
-            b.body = encode_sub_records(tb, partition.partition, part, 0)
-            b.parts = None
+            if idempotent:  # encoded at its first attempt, with the sequences it gets then
+                b.parts = part
+                b.seq0 = -1
+            else:
+                b.body = encode_sub_records(tb, partition.partition, part, 0)
+                b.parts = None
             b.count = j - i
             b.data = sum(map(len, part))
             b.deadline = deadline
@@ -335,7 +356,16 @@ class Batcher:
             self._replied(b, None, exc)
             return
         remaining = b.deadline - time.monotonic()
-        conn.request_callback(PutBatch(b.topic, b.count, b.body, 0),
+        if b.seq0 is not None:
+            if b.seq0 < 0:  # its first attempt: the lane's batches before it are answered, so it goes in order
+                b.seq0 = producer.reserve_sequences(b.key, b.count)
+                b.body = encode_idem_sub_records(b.topic.encode("utf-8"), partition.partition, b.parts,
+                                                 producer.producer_id, b.seq0)
+                b.parts = None
+            event = IdempotentBatch(b.topic, b.count, b.body, 0)
+        else:
+            event = PutBatch(b.topic, b.count, b.body, 0)
+        conn.request_callback(event,
                               lambda reply, error: self._replied(b, reply, error),
                               timeout=max(0.001, min(producer.send_timeout, remaining)))
 
@@ -345,7 +375,7 @@ class Batcher:
         if error is None:
             if isinstance(reply, ev.Result) and reply.code == 200:
                 try:
-                    runs = decode_runs(reply.body)
+                    runs = decode_runs(reply.body) if b.seq0 is None else decode_idem_runs(reply.body)
                     stored = sum(run[3] for run in runs)
                     if stored != b.count:
                         raise ValueError("%d places for %d messages" % (stored, b.count))
@@ -381,6 +411,8 @@ class Batcher:
             ready = self._sendable(broker)
             if not self._lanes[b.key].busy and self._lanes[b.key].open is not None:
                 self._cond.notify()  # its open batch lingers on: the thread's next wake-up may be it
+        if b.seq0 is not None and b.seq0 >= 0:
+            self.producer.sequences_answered(b.key, b.seq0, b.count)
         if runs is None:
             self._fail(b, error)
         elif b.many is not None:

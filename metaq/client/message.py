@@ -222,6 +222,7 @@ class ManyResult(NamedTuple):
     count: int
     runs: list
     error: Optional[Exception] = None
+    duplicates: int = 0  # an idempotent producer's: payloads already stored, answered with the originals
 
     @property
     def stored(self):

@@ -242,12 +242,22 @@ class Producer:
         batching is off) and 10,000 messages, stored in payload order, each frame whole or not at all. They go
         through the partition's batch lane: behind its earlier batches, several partitions' frames in flight at
         once, a frame retried on transient faults before the next of its partition goes. A refused frame fails the
-        result with the broker's words (``ManyResult.error``). Not for idempotent producers or transactions.
+        result with the broker's words (``ManyResult.error``). Not in a transaction.
+
+        An idempotent producer sends ``putb_idem`` frames (docs/text-protocol.md "putb_idem") of at most
+        ``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``: each payload gets the partition's next sequence, in payload
+        order, when its frame first goes (every earlier frame of the partition answered), and a retry resends
+        the same frame, so the same sequences: a frame stored before a lost reply is answered as duplicates
+        (``ManyResult.duplicates``) and nothing is stored twice. A frame that fails keeps its sequences: the
+        partition's next frames are then refused as a gap (unless it was stored after all), so nothing after a
+        lost frame is stored out of order; a new producer id starts afresh. Do not mix it with
+        ``send_async`` to the same partition while either has sends unanswered (a single send that fails
+        after a frame behind it took the next sequences leaves that frame a gap).
         """
         if self._closed:
             raise RuntimeError("producer is closed")
-        if self.idempotent or self.current_transaction() is not None:
-            raise ValueError("send_many is not for an idempotent producer or a transaction: use send_async")
+        if self.current_transaction() is not None:
+            raise ValueError("send_many is not for a transaction: use send_async")
         if topic not in self._topics_ok:
             limits.validate_topic(topic)
             self._topics_ok.add(topic)
@@ -290,7 +300,7 @@ class Producer:
             many.expect(1)
             many.chunk_done(0, len(payloads), None, self._no_partition(topic))
         else:
-            batcher.add_many(topic, target, payloads, deadline, many)
+            batcher.add_many(topic, target, payloads, deadline, many, self.idempotent)
         return future
 
     def _many_batcher(self):
@@ -607,6 +617,26 @@ class Producer:
             seqs.next += 1
         send.partition = partition
         return partition
+
+    def reserve_sequences(self, key, count):
+        """The first of ``count`` sequences of ``key`` (``(topic, Partition)``) for an idempotent ``send_many``
+        frame now going out (``batching.Batcher._attempt``): the partition's next ones."""
+        with self._window_lock:
+            seqs = self._sequences.get(key)
+            if seqs is None:
+                seqs = self._sequences[key] = _Sequences()
+            first = seqs.next
+            seqs.next += count
+        return first
+
+    def sequences_answered(self, key, first, count):
+        """An idempotent ``send_many`` frame's sequences are answered (stored, duplicates, or failed for good)."""
+        with self._window_lock:
+            seqs = self._sequences[key]
+            seqs.finished_run(first, count)
+            if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
+                seqs.waiting = False
+                self._window_cond.notify_all()
 
     def finish_sent(self, send, result):
         """``send`` is over with ``result`` (the batches' resolution of each message: batching.py)."""

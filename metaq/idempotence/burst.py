@@ -39,7 +39,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
 from metaq.protocol.tags import tag_code, tags_of_attribute
 
-__all__ = ["scan_idem_burst", "scan_idem_burst_py", "scan_put_idem"]
+__all__ = ["scan_idem_burst", "scan_idem_burst_py", "scan_put_idem", "scan_idem_batch", "run_end"]
 
 
 #: A whole put_idem frame header as the broker's burst path takes it (``\r\n`` only; anything else, and any
@@ -100,3 +100,56 @@ def scan_idem_burst_py(buf, pos, end, max_body, max_line, max_frames=None, owner
 
 
 scan_idem_burst = speedups.load("scan_idem_burst", scan_idem_burst_py)  # the C twin when built
+
+
+def run_end(frames, i, n):
+    """The end of the run of ``frames`` from ``i``: one producer-partition's consecutive sequences."""
+    first = frames[i]
+    topic, partition, pid, seq = first[0], first[1], first[8], first[9]
+    j = i + 1
+    while j < n:
+        f = frames[j]
+        if f[0] is not topic or f[1] != partition or f[8] != pid or f[9] != seq + (j - i):
+            break
+        j += 1
+    return j
+
+
+def scan_idem_batch(e, max_body, max_line, partitions, owner=None):
+    """``(frames, data)`` of ``putb_idem`` batch ``e`` (``idempotence.wire.IdempotentBatch``; ``partitions``: the
+    topic's partition count; ``owner``: the connection's user or None), in ``scan_idem_burst``'s form: every
+    sub-record a whole put_idem frame that scan takes, of ``e.topic``, of one producer id, each partition's
+    sequences consecutive in frame order. ClientError (400) naming the first bad sub-record otherwise: nothing
+    here stores anything, so a batch refused is refused whole."""
+    body = e.body
+    end = len(body)
+    frames, data, stop = scan_idem_burst(body, 0, end, max_body, max_line, e.count,
+                                         None if owner is None else owner.encode("utf-8"))
+    n = e.count
+    if len(frames) < n and stop < end:
+        raise ClientError("putb_idem: sub-record %d of %d (byte %d) is not a whole put_idem frame with every number "
+                          "in range, its checksum right and a well-formed attribute block without reserved or "
+                          "compression properties; nothing was stored" % (len(frames), n, stop))
+    if len(frames) != n or stop != end:
+        raise ClientError("putb_idem: the count says %d messages, the body holds %s; nothing was stored"
+                          % (n, "%d" % len(frames) if stop == end else "more"))
+    topic = e.topic.encode("utf-8")
+    pid = frames[0][8]
+    nxt = {}
+    for k, f in enumerate(frames):
+        if f[0] != topic:
+            raise ClientError("putb_idem: sub-record %d of %d is for topic %s, the batch for %s; nothing was stored"
+                              % (k, n, f[0].decode("utf-8", "replace"), e.topic))
+        if f[1] >= partitions:
+            raise ClientError("putb_idem: sub-record %d of %d is for partition %d, topic %s has partitions 0..%d; "
+                              "nothing was stored" % (k, n, f[1], e.topic, partitions - 1))
+        if f[8] != pid:
+            raise ClientError("putb_idem: sub-record %d of %d is of producer %d, the batch's first of %d; nothing was "
+                              "stored" % (k, n, f[8], pid))
+        want = nxt.get(f[1])
+        if want is not None and f[9] != want:
+            raise ClientError("putb_idem: sub-record %d of %d has sequence %d, partition %d's previous one in the "
+                              "batch was %d: a batch's sequences must be consecutive; nothing was stored"
+                              % (k, n, f[9], f[1], want - 1))
+        nxt[f[1]] = f[9] + 1
+    return frames, data

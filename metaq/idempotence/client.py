@@ -23,3 +23,15 @@ class Sequences:
             ahead.discard(low)
             low += 1
         self.low = low
+
+    def finished_run(self, first, count):
+        """``first .. first + count - 1`` were answered (an idempotent batch's)."""
+        if first != self.low:
+            if first > self.low:
+                self.ahead.update(range(first, first + count))
+            return
+        low, ahead = first + count, self.ahead
+        while ahead and low in ahead:
+            ahead.discard(low)
+            low += 1
+        self.low = low

@@ -27,7 +27,7 @@ burst). Nothing is taken while puts are refused or replication is synchronous.
 
 from metaq import errors
 from metaq.protocol.burst import encode_put_acks
-from metaq.idempotence.burst import scan_idem_burst
+from metaq.idempotence.burst import run_end as _run_end, scan_idem_burst
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
@@ -35,19 +35,6 @@ from metaq.server.text.dispatch import error_reply
 from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
 
 _DUP_TAIL = b" " + DUPLICATE_MARK
-
-
-def _run_end(frames, i, n):
-    """The end of the run of ``frames`` from ``i``: one producer-partition's consecutive sequences."""
-    first = frames[i]
-    topic, partition, pid, seq = first[0], first[1], first[8], first[9]
-    j = i + 1
-    while j < n:
-        f = frames[j]
-        if f[0] is not topic or f[1] != partition or f[8] != pid or f[9] != seq + (j - i):
-            break
-        j += 1
-    return j
 
 
 class _Burst:

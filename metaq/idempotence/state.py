@@ -157,6 +157,20 @@ class Idempotence:
                             "limits.MAX_IDEMPOTENT_PRODUCERS) of other users' windows within their quotas: "
                             "producer %d of user %s gets no window now (nothing stored)" % (value, pid, who))
 
+    def check_batch(self, pid, topic, firsts, owner=None):
+        """Before a ``putb_idem`` batch stores anything: raise unless user ``owner`` may put under ``pid`` on every
+        partition of ``firsts`` (partition -> the batch's first sequence there: ``admit``), and no batch starts
+        past its producer-partition's next sequence (a gap: a batch before it was never stored). A sequence at or
+        below the highest is a resend, which the batch answers as a duplicate."""
+        table = self.table
+        for partition, seq in firsts.items():
+            self.admit(pid, topic, partition, owner)
+            high = table.highest(pid, topic, partition)
+            if high is not None and seq > high + 1:
+                raise ClientError("putb_idem: producer %d's batch for %s-%d starts at sequence %d, past the next one "
+                                  "(%d): the sequences between were never stored; nothing was stored"
+                                  % (pid, topic, partition, seq, high + 1))
+
     def put_run(self, frames, src, now_ms, put_burst, owner=None):
         """Append ``frames`` (``idempotence.burst``'s, one producer-partition's consecutive sequences, with
         ``owner`` in their data) in one pass when the first is above the producer-partition's highest: ``(taken,

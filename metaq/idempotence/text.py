@@ -1,13 +1,19 @@
 """The text handler of ``put_idem`` (``idempotence/wire.py``; docs/spark.md "The idempotent producer"): a put
 stored once per ``(pid, topic, partition, seq)``; a duplicate is answered with the original's id and offset and
-`` dup``, once the original is durable (as any put is answered, ``ack_put``).
+`` dup``, once the original is durable (as any put is answered, ``ack_put``); and of ``putb_idem``, a batch of them
+answered once (docs/text-protocol.md "putb_idem").
 """
 
+from collections import Counter
+
 from metaq import errors
-from metaq.idempotence.wire import DUPLICATE_MARK
+from metaq.idempotence.burst import run_end, scan_idem_batch
+from metaq.idempotence.wire import DUPLICATE_MARK, encode_idem_runs
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
+from metaq.server.text.batchput import BatchPuts
 from metaq.server.text.putchecks import uncompressed, verified_checksum
+from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0
 
@@ -45,3 +51,100 @@ class TextIdempotentPuts:
             if not r.log_end:  # the original is gone (retention): nothing to wait for
                 return encode_result(200, body, e.opaque), NO_WAIT
         return self.ack_put(e, r, now, encode_result(200, body, e.opaque), conn)
+
+
+class TextIdempotentBatches(BatchPuts):
+    """``putb_idem`` (``idempotence.wire.IdempotentBatch``): a batch of one producer's put_idem frames, checked
+    whole, decided and stored by the idempotent run writer, answered once.
+
+    The order is ``putb``'s (``server/text/batchput.py``): the write decision once for the batch's topic; every
+    sub-record checked (``idempotence.burst.scan_idem_batch``: form, checksum, topic, partition, one producer
+    id, each partition's sequences consecutive), the producer-partitions admitted and no batch past its next
+    sequence (``MessageStore.check_idempotent_batch``), the partitions and the disk room made sure of, all
+    before the first append, so a refused batch stores nothing. Then each producer-partition's frames are
+    decided as single put_idem frames are: a sequence already stored is a duplicate (the original's id and
+    offset), the rest go to ``MessageStore.put_idempotent_run`` (one append and one table step per run), one
+    at a time through ``put_idempotent_prepared`` where the run writer stops. Acknowledged as ``putb`` is."""
+
+    def putb_idem(self, e, conn):
+        path = self.put_path
+        store = path.store
+        owner = conn.session.user if conn.session is not None else None
+        try:
+            path.check_write(e.topic, conn.session)
+            frames, data = scan_idem_batch(e, self.max_body, self.max_line, store.partitions_of(e.topic), owner)
+            firsts = {}
+            for f in frames:
+                firsts.setdefault(f[1], f[9])
+            store.check_idempotent_batch(frames[0][8], e.topic, firsts, owner)
+            for partition in firsts:
+                store.hold_partition(e.topic, partition)
+            overhead = FIXED_OVERHEAD + len(frames[0][0])
+            store.check_room(sum(f[5] for f in frames) + len(frames) * overhead,
+                             {(e.topic, p): n for p, n in Counter(f[1] for f in frames).items()},
+                             overhead + max(f[5] for f in frames))
+        except errors.MetaqError as exc:
+            path.failed(e.topic, exc)
+            return self.error_reply(exc, e.opaque), NO_WAIT
+        now = now_ms()
+        try:
+            runs, log_end = self._store_idem(e, frames, data, now, owner)
+        except errors.MetaqError as exc:  # the disk, met after the check: what was appended stays (a resend's dups)
+            path.failed(e.topic, exc, counted_only=True)
+            return self.error_reply(exc, e.opaque), NO_WAIT
+        reply = encode_result(200, encode_idem_runs(runs), e.opaque)
+        if path.sync_replication and log_end:
+            path.replication.notify()
+            conn.spawn(self._replicated, e, reply, sorted({run[1] for run in runs}), log_end, now)
+            return None, NO_WAIT
+        if path.sync_flush:
+            return reply, log_end
+        path.waiters.notify({(e.topic, run[1]) for run in runs if not run[4]})
+        if store.should_flush(now):
+            path.flusher.wake()
+        return reply, NO_WAIT
+
+    def _store_idem(self, e, frames, data, now, owner):
+        """Decide and append every frame, in order: ``([(first_id, partition, first_offset, count, dup)], the log
+        end the reply waits for)`` (a duplicate's: its original's)."""
+        path = self.put_path
+        store, stats = path.store, path.stats
+        runs = []
+        log_end = stored = 0
+        i, n = 0, len(frames)
+        while i < n:
+            j = run_end(frames, i, n)
+            taken, written = store.put_idempotent_run(frames[i:j] if i or j < n else frames, data, now, owner)
+            if taken:
+                for run in written:
+                    first = i + run.first_frame
+                    stats.on_puts(e.topic, run.count, sum(f[10] for f in frames[first:first + run.count]))
+                    _add(runs, run.first_id, run.key[1], run.first_offset, run.count, False)
+                    log_end = max(log_end, run.log_end)
+                stored += taken
+                i += taken
+                continue
+            f = frames[i]
+            i += 1
+            r, _position, duplicate = store.put_idempotent_prepared(e.topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
+                                                                    f[8], f[9], f[6] & 0x7FFFFFFF, owner)
+            if not duplicate:
+                stored += 1
+                stats.on_puts(e.topic, 1, f[10])
+            _add(runs, r.msg_id, r.partition, r.offset, 1, duplicate)
+            log_end = max(log_end, r.log_end)
+        registry = path.registry
+        if stored and registry is not None and e.topic not in registry.registered_topics:
+            registry.topic_created(e.topic)
+        return runs, log_end
+
+
+def _add(runs, msg_id, partition, offset, count, duplicate):
+    """Extend the last run when these messages continue it (same partition, kind, consecutive ids and offsets)."""
+    if runs and offset >= 0:
+        first_id, p, first_offset, k, dup = runs[-1]
+        if p == partition and dup == duplicate and first_offset >= 0 and first_id + k == msg_id \
+                and first_offset + k == offset:
+            runs[-1] = (first_id, p, first_offset, k + count, dup)
+            return
+    runs.append((msg_id, partition, offset, count, duplicate))

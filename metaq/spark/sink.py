@@ -25,9 +25,12 @@ topic's partitions do not change in between; a row that differs from what was st
 sequence fails the task instead of being taken for a duplicate.
 
 **Arrow.** The writers are pyspark's Arrow writers where it has them (``write`` receives record batches,
-:func:`write_any`): a plain write (``idempotent=false``) of a ``value`` column alone to the ``topic`` option
-goes through ``Producer.send_many`` (:func:`write_value_batches`); every other write, idempotent ones
-included, is turned into rows for :func:`write_rows`, so the protocol above is unchanged.
+:func:`write_any`): a write of a ``value`` column alone to the ``topic`` option goes through
+``Producer.send_many`` (:func:`write_value_batches`); an idempotent one through the idempotent producer's
+``send_many`` (``putb_idem`` frames), whose per-partition sequences are the ones :func:`write_rows` gives the
+same rows (the same producer id, the same round-robin partitions, each partition's rows numbered from 0 in
+task order), so a retried task is answered as duplicates whichever path either run took. Every other write
+is turned into rows for :func:`write_rows`, so the protocol above is unchanged.
 
 Options: ``brokers`` or ``zk`` (``zkRoot``), ``topic``, ``maxInFlight`` (puts in flight per task, default
 ``DEFAULT_IN_FLIGHT``), ``timeoutSeconds`` (per put, with retries, default 30), ``idempotent`` (default true),
@@ -220,9 +223,9 @@ def write_rows(rows, opts, producer_id, producer_factory=None):
 def write_any(items, opts, producer_id, producer_factory=None):
     """``write_rows`` for what a Spark writer's ``write`` receives: rows, or Arrow record batches (the Arrow writers).
 
-    Batches of a plain sink (``idempotent=false``) whose only column is ``value`` go through
-    :func:`write_value_batches` (``Producer.send_many``: no Python object per row but its bytes); any other
-    batches are turned into rows for :func:`write_rows`, so every column means what it means there."""
+    Batches whose only column is ``value`` go through :func:`write_value_batches` (``Producer.send_many``: no
+    Python object per row but its bytes; idempotent or not, as the sink is); any other batches are turned into
+    rows for :func:`write_rows`, so every column means what it means there."""
     items = iter(items)
     first = next(items, None)
     if first is None:
@@ -230,17 +233,42 @@ def write_any(items, opts, producer_id, producer_factory=None):
     items = itertools.chain((first,), items)
     if not hasattr(first, "schema") or not hasattr(first, "num_rows"):  # rows (a row writer)
         return write_rows(items, opts, producer_id, producer_factory)
-    if not opts.idempotent and first.schema.names == ["value"] and opts.topic is not None:
-        return write_value_batches(items, opts, producer_id, producer_factory)
+    if first.schema.names == ["value"] and opts.topic is not None:
+        if not opts.idempotent:
+            return write_value_batches(items, opts, producer_id, producer_factory)
+        seen = []  # the task's batches so far: the row writer runs them again if a call is refused
+        try:
+            return write_value_batches(_kept(items, seen), opts, producer_id, producer_factory)
+        except _Refused:
+            rows = (row for batch in itertools.chain(seen, items) for row in batch.to_pylist())
+            return write_rows(rows, opts, producer_id, producer_factory)
     return write_rows((row for batch in items for row in batch.to_pylist()), opts, producer_id, producer_factory)
+
+
+class _Refused(SinkError):
+    """An idempotent ``send_many`` call refused by the broker (nothing of it stored)."""
+
+
+def _kept(items, seen):
+    for batch in items:
+        seen.append(batch)
+        yield batch
 
 
 def write_value_batches(batches, opts, producer_id, producer_factory=None):
     """Send the ``value`` column of Arrow ``batches`` to ``opts.topic`` with ``Producer.send_many``, round-robin
     over the topic's partitions by the row's index in the task (as :func:`choose` spreads rows without a key):
-    one call per partition per batch, at most ``opts.in_flight`` rows unanswered. Not idempotent (send_many is
-    not): the plain sink's at-least-once. SinkError naming the row for a null value or one that cannot be sent,
-    and naming the batch's first row for a refused call."""
+    one call per partition per batch, at most ``opts.in_flight`` rows unanswered. With ``opts.idempotent`` the
+    producer is the task's idempotent one (``producer_id``): each partition's rows get sequences 0, 1, ... in
+    task order, as :func:`write_rows` numbers them, and rows already stored come back as duplicates (counted);
+    else the plain sink's at-least-once. SinkError naming the row for a null value or one that cannot be sent,
+    and naming the batch's first row for a refused call.
+
+    An idempotent call the broker refused (``_Refused``: a row over its body limit, a frame over its limit)
+    makes :func:`write_any` run the task's rows again through :func:`write_rows` with the same producer id,
+    as a retried task would: the rows stored so far are answered as duplicates (the same sequences), and a bad
+    row is named as the row writer names it. The partition's later frames are refused as a gap meanwhile, so
+    nothing is stored under another sequence."""
     import pyarrow as pa
 
     from metaq.client.producer import Producer
@@ -248,10 +276,12 @@ def write_value_batches(batches, opts, producer_id, producer_factory=None):
     factory = producer_factory or Producer
     kwargs = {"send_timeout": min(10.0, opts.timeout), "retry_deadline": opts.timeout,
               "security": client_security.resolve(opts.security)}
+    if opts.idempotent:
+        kwargs.update(idempotent=True, producer_id=producer_id)
     producer = factory(zk_connect=opts.zk, zk_root=opts.zk_root, **kwargs) if opts.zk else \
         factory(brokers=opts.brokers, **kwargs)
     topic, parts = opts.topic, opts.partitions.get(opts.topic)
-    pending, in_flight, index = deque(), 0, 0
+    pending, in_flight, index, duplicates = deque(), 0, 0, [0]
     try:
         if parts is None:
             found = producer.partitions(topic)
@@ -279,24 +309,28 @@ def write_value_batches(batches, opts, producer_id, producer_factory=None):
                 pending.append((index + j, len(chunk), future))
                 in_flight += len(chunk)
                 while in_flight > opts.in_flight and len(pending) > 1:
-                    in_flight -= _settle_many(*pending.popleft(), opts)
+                    in_flight -= _settle_many(*pending.popleft(), opts, duplicates)
             index += len(values)
         while pending:
-            _settle_many(*pending.popleft(), opts)
+            _settle_many(*pending.popleft(), opts, duplicates)
     finally:
         producer.close()
-    return {"rows": index, "duplicates": 0, "producer_id": producer_id}
+    return {"rows": index, "duplicates": duplicates[0], "producer_id": producer_id}
 
 
-def _settle_many(first_row, count, future, opts):
+def _settle_many(first_row, count, future, opts, duplicates):
+    """The rows of one ``send_many`` call stored (their duplicates added to ``duplicates[0]``), else SinkError."""
     try:
         result = future.result(opts.timeout + 30.0)
     except TimeoutError:
         raise SinkError("rows from %d of this task got no answer in %.0f s" % (first_row, opts.timeout + 30.0)) \
             from None
     if not result.success:
-        raise SinkError("a send_many of %d rows from row %d of this task was not stored whole: %s"
-                        % (count, first_row, result.error))
+        kind = _Refused if (opts.idempotent and isinstance(result.error, errors.MetaqError)
+                            and 400 <= getattr(result.error, "code", 0) < 500) else SinkError
+        raise kind("a send_many of %d rows from row %d of this task was not stored whole: %s"
+                   % (count, first_row, result.error))
+    duplicates[0] += result.duplicates
     return count
 
 

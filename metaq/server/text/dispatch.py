@@ -31,8 +31,8 @@ from metaq.priorities.text import TextPriorities
 from metaq.reqreply.text import TextRequests
 from metaq.offsets.text import TextOffsets
 from metaq.keys.text import TextKeys
-from metaq.idempotence.text import TextIdempotentPuts
-from metaq.idempotence.wire import IdempotentPut
+from metaq.idempotence.text import TextIdempotentBatches, TextIdempotentPuts
+from metaq.idempotence.wire import IdempotentBatch, IdempotentPut
 from metaq.timers.text import TextTimers
 from metaq.timers.wire import TimerCancelCommand, TimerList, TimerPut
 from metaq.topics.text import TextTopics
@@ -159,6 +159,8 @@ class TextDispatcher:
         self._handlers[PutBatch] = BatchPuts(put_path, config.limits, error_reply).putb  # putb (batchput.py)
         self._handlers[IdempotentPut] = TextIdempotentPuts(put_path, self.max_body, ack_put=self.ack_put,
                                                            error_reply=error_reply).put_idem  # put_idem
+        self._handlers[IdempotentBatch] = TextIdempotentBatches(put_path, config.limits,
+                                                                error_reply).putb_idem  # putb_idem
         self.admin = TextAdmin(admin, error_reply) if admin is not None else None
         if pop is not None:  # receive, ack, change_invisible (docs/messaging.md "Per-message acknowledgement (POP)")
             pop_text = TextPop(pop, min(self.max_wait_ms, limits.MAX_WAIT_MS))
