@@ -635,6 +635,12 @@ MQTT_MAX_DELAYED_WILLS = 10_000
 #: Records one MQTT delivery read takes from a partition (its bytes are bounded by the reply budget and
 #: ``store.max_transfer_size``).
 MQTT_DELIVERY_BATCH = 64
+#: Records the MQTT deliveries keep decoded, with their QoS 0 PUBLISHes encoded, for the other subscribers that get
+#: the same message (``mqtt.delivery.Decoded``): the most recently read ones; past it the oldest is decoded again.
+MQTT_SHARED_DECODES = 1024
+#: Bytes (payloads and encoded PUBLISHes) those records may hold together, for each of the two kinds: past it the
+#: oldest go first, so large messages are kept fewer.
+MQTT_SHARED_DECODES_BYTES = 2 * 1024 * 1024
 #: How often a connection whose filters start with a wildcard looks for topics created since (seconds); it is also
 #: the longest a delivery waits for an append before it looks again.
 MQTT_TOPIC_RESCAN_S = 1.0

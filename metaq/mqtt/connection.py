@@ -78,7 +78,7 @@ class Connection(core.Connection):
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
                  "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
                  "_ack_sent", "_writer", "_delivery", "_delivery_obj", "_unacked_in", "_aliases", "_handling",
-                 "_ended_cleanly", "_taken_over")
+                 "_ended_cleanly", "_taken_over", "_decided")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -105,6 +105,7 @@ class Connection(core.Connection):
         self._handling = False
         self._ended_cleanly = False  # DISCONNECT 0x00: no will
         self._taken_over = False
+        self._decided = set()  # metaq topics the write decision let this user write to since the reader last yielded
 
     @property
     def busy(self):
@@ -221,8 +222,12 @@ class Connection(core.Connection):
             self._end()
 
     def _process(self):
-        """Handle every whole packet buffered; False when the connection must close."""
+        """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
+        the write decision once per metaq topic (``MqttPort.put``'s ``decided``) until the reader yields: a turn
+        given to the others, a wait, a packet other than PUBLISH, a failed put."""
         turn = None
+        decided = self._decided
+        decided.clear()
         while True:
             try:
                 packet = self.parser.next_event()
@@ -233,6 +238,8 @@ class Connection(core.Connection):
                 return True
             if packet is CLOSED:
                 return False
+            if type(packet) is not wire.Publish:
+                decided.clear()
             try:
                 if not self._handle(packet):
                     return False
@@ -243,7 +250,10 @@ class Connection(core.Connection):
                 return False
             if self.closed:
                 return False
-            turn = core.share_loop(turn if turn is not None else _now())
+            started = turn if turn is not None else _now()
+            turn = core.share_loop(started)
+            if turn != started:
+                decided.clear()  # the others ran: the decision may have changed
 
     def _refuse(self, exc):
         """A packet the codec refused: its answer (CONNACK, DISCONNECT or nothing), then close; one log line."""
@@ -476,8 +486,9 @@ class Connection(core.Connection):
                                     "(mqtt.receive_maximum)" % s.receive_maximum)
         try:
             topic, r, now = self.port.put(name, p.payload, p.qos, session.client_id, p.properties, self.session,
-                                          p.retain)
+                                          p.retain, self._decided)
         except (RecordRefusal, errors.MetaqError) as exc:
+            self._decided.clear()
             return self._publish_refused(p, name, exc)
         if p.qos == 0:
             self.port.made_visible(topic, r, now)
@@ -503,6 +514,7 @@ class Connection(core.Connection):
             self._ack_sent = Event()
         while (self._unacked_in >= self.settings.receive_maximum and self._acks_pending and not self.closed
                and _now() < deadline):
+            self._decided.clear()  # it yields: the write decision is asked again after
             self._ack_sent.clear()
             self._ack_sent.wait(0.5)
 

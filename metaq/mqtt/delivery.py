@@ -24,7 +24,7 @@ from metaq import errors, limits
 from metaq.auth.acl import SUB
 from metaq.limits import validate_topic
 from metaq.mqtt import wire
-from metaq.mqtt.records import message_of
+from metaq.mqtt.records import message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
@@ -32,6 +32,81 @@ from metaq.server.connections import share_loop
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)
+
+
+class Decoded:
+    """Records decoded once for every delivery of a port, and the QoS 0 PUBLISH of each encoded once for every
+    subscriber that gets it the same way (same MQTT version and retain flag, no Subscription Identifier, no expiry):
+    at most ``count`` of each (``limits.MQTT_SHARED_DECODES``) holding ``nbytes`` together
+    (``limits.MQTT_SHARED_DECODES_BYTES``), the oldest dropped first. A record is known by its place in the log and
+    its message id, so a log cut and written again (a slave's) is never mistaken for it."""
+
+    __slots__ = ("count", "nbytes", "_messages", "_packets")
+
+    def __init__(self, count=limits.MQTT_SHARED_DECODES, nbytes=limits.MQTT_SHARED_DECODES_BYTES):
+        self.count = count
+        self.nbytes = nbytes
+        self._messages = _Kept(count, nbytes)  # (position, msg id) -> MqttMessage
+        self._packets = _Kept(count, nbytes)  # (position, msg id, retain, version) -> encoded QoS 0 PUBLISH
+
+    def message(self, key, topic, flag, data):
+        """The ``MqttMessage`` of the record ``key`` (``(position, msg id)``) of metaq topic ``topic``."""
+        m = self._messages.get(key)
+        if m is None:
+            m = message_of(topic, flag, data)
+            self._messages.put(key, m, len(m.payload))
+        return m
+
+    def packet(self, key, m, retain, version):
+        """The QoS 0 PUBLISH of record ``key``'s message ``m`` in ``version``."""
+        pkey = key + (retain, version)
+        data = self._packets.get(pkey)
+        if data is None:
+            data = wire.encode(wire.Publish(m.topic, m.payload, 0, retain, False, None,
+                                            m.properties if version == wire.MQTT_5 else {}), version)
+            self._packets.put(pkey, data, len(data))
+        return data
+
+
+class _Kept:
+    """The most recent values, at most ``count`` of them and ``nbytes`` together (a value larger alone: not kept)."""
+
+    __slots__ = ("count", "nbytes", "held", "_values")
+
+    def __init__(self, count, nbytes):
+        self.count = count
+        self.nbytes = nbytes
+        self.held = 0
+        self._values = {}  # key -> (value, size), oldest first
+
+    def __len__(self):
+        return len(self._values)
+
+    def __contains__(self, key):
+        return key in self._values
+
+    def get(self, key):
+        kept = self._values.get(key)
+        return None if kept is None else kept[0]
+
+    def put(self, key, value, size):
+        if size > self.nbytes:
+            return
+        values = self._values
+        values[key] = (value, size)
+        self.held += size
+        while len(values) > self.count or self.held > self.nbytes:
+            oldest = next(iter(values))
+            self.held -= values.pop(oldest)[1]
+
+
+def _one_name(topic_filter):
+    """The one MQTT topic name ``topic_filter`` matches when it has no wildcard and more than one level (its messages
+    are all in that name's partition), else None: a filter of the first level alone also matches the records put to
+    that metaq topic over the other protocols, which may be in any partition."""
+    if "/" not in topic_filter or "+" in topic_filter or "#" in topic_filter:
+        return None
+    return topic_filter
 
 
 class Delivery:
@@ -47,6 +122,7 @@ class Delivery:
         self.max_transfer = port.max_transfer
         self.session = conn.mqtt
         self.port = port
+        self.decoded = port.decoded
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
         self._deferred = {}  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
         self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
@@ -107,9 +183,10 @@ class Delivery:
             group = self.port.join_group(self.conn, share, inner, topics, self.store.max_offset)
             session.shared[sub.topic_filter] = (group, granted, sub_id)
             return granted
-        for topic in session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics,
-                                                  sub.retain_as_published, sub_id)):
-            self._start_at_end(topic)
+        session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics, sub.retain_as_published,
+                                     sub_id))
+        for topic in topics:
+            self._start_at_end(topic, name=_one_name(inner))
         return granted
 
     def _readable(self):
@@ -118,20 +195,30 @@ class Delivery:
         return [t for t in self.store.known_topics()
                 if not is_internal(t) and self.guard.allows(security, SUB, "topic", t)]
 
-    def _start_at_end(self, topic, at_start=False):
+    def _start_at_end(self, topic, at_start=False, name=None):
+        """Read ``topic`` from the end of the log (``at_start``: from its start) on the partitions not read yet: every
+        partition, or with ``name`` (a filter without wildcards: one MQTT topic name) only the one its messages are
+        stored in (``records.partition_for``), so that its delivery neither reads nor wakes on the others."""
         try:
             partitions = self.store.partitions_of(topic)
         except errors.MetaqError:
             return
-        for p in range(partitions):
+        for p in range(partitions) if name is None else (partition_for(name, partitions),):
             key = (topic, p)
             if key not in self.session.cursors:
                 self.session.cursors[key] = (self.store.min_offset(topic, p) if at_start
                                              else self.store.max_offset(topic, p))
 
     def _rescan(self):
-        """Topics that appeared since (or became readable) join the wildcard filters, within their bound."""
+        """Topics that appeared since (or became readable) join the wildcard filters, within their bound; a filter
+        without wildcards whose name's partition has no read position (partitions were added since it subscribed)
+        reads it from its start."""
         self._rescanned = time.monotonic()
+        for sub in list(self.session.subscriptions.values()):
+            name = _one_name(sub.topic_filter)
+            if name is not None:  # its name's partition moves when the topic's count changes
+                for topic in sub.topics:
+                    self._start_at_end(topic, at_start=True, name=name)
         wild = self.session.wildcards()
         if not wild:
             return
@@ -163,8 +250,8 @@ class Delivery:
                 self._send_retained()
             if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                 self._rescan()
-            if self._pass():
-                continue
+            if self._pass() and (self.session.shared or self._behind()):
+                continue  # more to read (an append came while it sent)
             room.clear()
             if conn.closed or self.waiters.closed:
                 return
@@ -175,6 +262,16 @@ class Delivery:
                 keys.extend(group.cursors)
             self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
             self._turn = time.monotonic()
+
+    def _behind(self):
+        """True when a partition this session reads has messages past its cursor: asked, without yielding, after a
+        pass that read something, instead of a second pass that would read nothing (an append while the pass sent
+        has already moved the visible end, so its wake is not missed)."""
+        max_offset = self.store.max_offset
+        for key, offset in self.session.cursors.items():
+            if offset < max_offset(*key):
+                return True
+        return False
 
     def _pass(self):
         """Read every partition once from its cursor and send what matches; True when something was read."""
@@ -287,21 +384,28 @@ class Delivery:
         """Send one record when a subscription matches it; False when the connection closed meanwhile. A QoS 2
         delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
         restart needs its packet id kept)."""
-        m = message_of(topic, rec.flag, rec.data)
+        key = (rec.position, rec.msg_id)
+        m = self.decoded.message(key, topic, rec.flag, rec.data)
         qos, ids = self.session.matching(topic, m.topic, m.client_id)
         if qos is None:
             return True
         retain = m.retain and self.session.retain_as_published(topic, m.topic)
-        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m, ids)
+        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m, ids, key)
 
-    def _send(self, topic, where, flag, data, granted, retain, m=None, ids=()):
+    def _send(self, topic, where, flag, data, granted, retain, m=None, ids=(), key=None):
         """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) at
         min(its QoS, ``granted``), carrying the Subscription Identifiers ``ids`` (MQTT 5); an expired one (MQTT 5
-        Message Expiry) is not sent, another is sent with the interval left. False when the connection closed
+        Message Expiry) is not sent, another is sent with the interval left. ``key``: the record's in ``Decoded``,
+        whose QoS 0 PUBLISH is then encoded once for every subscriber. False when the connection closed
         meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
             m = message_of(topic, flag, data)
+        if key is not None and not ids and m.expires_ms is None and (not granted or not m.qos):
+            data = self.decoded.packet(key, m, retain, conn.version)
+            if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
+                return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
+            return conn.send_bytes(data)
         props = m.properties
         if m.expires_ms is not None:
             left_ms = m.expires_ms - now_ms()

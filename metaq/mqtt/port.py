@@ -42,6 +42,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
+from metaq.mqtt.delivery import Decoded
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
                                encode_end, encode_group, encode_group_end, encode_retained, encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
@@ -68,6 +69,7 @@ class MqttPort:
         self.waiters = waiters
         self.max_transfer = max_transfer
         self.listener = None
+        self.decoded = Decoded()  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
         self._clients = {}  # client id -> its Connection
         self._delayed = {}  # client id -> (the greenlet holding its will for its delay, the will, its guard session)
         self._ids = itertools.count(1)
@@ -310,19 +312,24 @@ class MqttPort:
 
     # -- puts ------------------------------------------------------------------
 
-    def put(self, name, payload, qos, client_id, properties, security, retain=False):
+    def put(self, name, payload, qos, client_id, properties, security, retain=False, decided=None):
         """Store one PUBLISH (or will) of MQTT topic ``name`` as ``security``'s user: ``(metaq topic, PutResult,
         now)``. The write is the put path's one decision (``PutPath.write_refusal``: the user's permission, the
         broker's, the topic's name), the partition the name's (``records.partition_for``). ``retain``: the message
         becomes the name's retained message (an empty payload clears it), within ``mqtt.max_retained`` and
         ``mqtt.max_retained_bytes`` (QuotaExceeded past them, nothing stored); the result's ``log_end`` is then past
-        the retained record too, so an acknowledgement waits for both. Raises ``records.RecordRefusal`` or
-        MetaqError."""
+        the retained record too, so an acknowledgement waits for both. ``decided``: the metaq topics the decision let
+        ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes): not asked again
+        for them; a topic let through is added. A refusal is never remembered: each publish it refuses is asked and
+        answered. Raises ``records.RecordRefusal`` or MetaqError."""
         topic = first_level(name)
-        exc = self.put_path.write_refusal(topic, security)
-        if exc is not None:
-            self.put_path.failed(topic, exc)
-            raise exc
+        if decided is None or topic not in decided:
+            exc = self.put_path.write_refusal(topic, security)
+            if exc is not None:
+                self.put_path.failed(topic, exc)
+                raise exc
+            if decided is not None:
+                decided.add(topic)
         now = now_ms()
         flag, data = record_data(name, payload, qos, client_id, properties, retain, now)
         if retain and payload:
@@ -330,7 +337,7 @@ class MqttPort:
             if refusal is not None:
                 raise errors.QuotaExceeded("mqtt.retained", None, None, refusal)
         partition = partition_for(name, self.store.partitions_of(topic))
-        r = self.put_path.append(topic, partition, flag, data, now)
+        r = self.put_path.append(topic, partition, flag, data, now, checked=True)  # asked above, no yield since
         if retain:
             record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
             if payload or name in self.table.retained:

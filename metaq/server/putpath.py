@@ -203,7 +203,7 @@ class PutPath:
         return level_topic(topic, priority)
 
     def append(self, topic, partition, flag, body, now, checksum=None, born_ms=None, delay_level=0, internal=False,
-               priority=None, due_ms=None, owner=None):
+               priority=None, due_ms=None, owner=None, checked=False):
         """Store one message whose writer ``check_write`` let through; returns the store's PutResult.
 
         ``delay_level`` > 0 hands the message to the delay scheduler (``DelayScheduler.put_delayed``: the
@@ -213,11 +213,13 @@ class PutPath:
         a journal, admin/service.py). ``priority`` (not None): the message
         goes to that level of ``topic`` (``stored_topic``); no delay level with it. ``due_ms`` (not None, already
         checked by ``timers.records``): the timer service stores it for delivery then (``TimerService.put_at``), as
-        user ``owner``'s (its ``timers`` quota).
+        user ``owner``'s (its ``timers`` quota). ``checked``: the caller asked ``write_refusal`` for this put and
+        did not yield since (nothing can have changed the answer): not asked again.
         """
         stored = topic
         try:
-            self.check_write(topic, AUTHORIZED, internal)
+            if not checked:
+                self.check_write(topic, AUTHORIZED, internal)
             if priority is not None:
                 if delay_level:
                     raise errors.ClientError("a message cannot have both a delay level and a priority")

@@ -89,6 +89,39 @@ def test_wildcard_filters_deliver_what_matches_filtered_in_the_broker(broker_fac
         c.close()
 
 
+def test_filters_without_wildcards_of_one_topic_get_their_names_from_every_partition(broker_factory, tmp_path):
+    """A filter without wildcards reads only its name's partition: a second one of the same metaq topic on another
+    partition, and a wildcard filter added after, still get every message published after their SUBSCRIBE, QoS 0
+    and 1 alike, and a QoS 0 message goes to many subscribers the same (encoded once for all of them)."""
+    b = broker_factory(mqtt_config(tmp_path))
+    names = ["fleet/a", "fleet/b", "fleet/c", "fleet/d", "fleet/e"]
+    assert len({partition_for(n, PARTITIONS) for n in names}) == PARTITIONS
+    one = Paho(b, "one")
+    assert one.subscribe(names[0], qos=1) == [1]
+    assert one.subscribe(names[1], qos=0) == [0]
+    many = [Paho(b, "many-%d" % i, version=V311 if i % 2 else V5) for i in range(4)]
+    for i, c in enumerate(many):
+        assert c.subscribe(names[i % len(names)] if i < 2 else "fleet/+", qos=0) == [0]
+    pub = Paho(b, "pub")
+    for n in names:
+        pub.publish(n, n.encode(), 1)
+    assert sorted((m.topic, m.payload, m.qos) for m in one.wait_messages(2)) == [
+        ("fleet/a", b"fleet/a", 1), ("fleet/b", b"fleet/b", 0)]
+    assert one.subscribe("fleet/#", qos=0) == [0]
+    for n in names:
+        pub.publish(n, b"again " + n.encode(), 0)
+    got = one.wait_messages(2 + len(names))
+    assert sorted(m.payload for m in got[2:]) == sorted(b"again " + n.encode() for n in names)
+    for i, c in enumerate(many):
+        want = 2 if i < 2 else 2 * len(names)
+        assert len(c.wait_messages(want)) == want
+        assert all(m.qos == 0 and m.payload.endswith(m.topic.encode()) for m in c.messages)
+    time.sleep(0.3)
+    assert len(one.messages) == 2 + len(names) and [len(c.messages) for c in many] == [2, 2, 10, 10]
+    for c in [one, pub] + many:
+        c.close()
+
+
 def test_qos1_and_qos2_are_acknowledged_and_a_qos2_resend_is_stored_once(broker_factory, tmp_path):
     b = broker_factory(mqtt_config(tmp_path))
     raw = Raw(b)

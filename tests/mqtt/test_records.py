@@ -68,3 +68,43 @@ def test_a_publish_without_properties_is_stored_alike_every_time_and_a_bad_clien
     for _ in range(2):
         with pytest.raises(RecordRefusal):
             record_data("sensors/room1", b"x", 0, "dev\x01", {})
+
+
+def test_the_deliveries_keep_at_most_mqtt_shared_decodes_records_decoded_and_publishes_encoded():
+    from metaq.limits import MQTT_SHARED_DECODES, MQTT_SHARED_DECODES_BYTES
+    from metaq.mqtt import wire
+    from metaq.mqtt.delivery import Decoded
+
+    d = Decoded()
+    assert (d.count, d.nbytes) == (MQTT_SHARED_DECODES, MQTT_SHARED_DECODES_BYTES)
+    flag, data = record_data("t/x", b"body", 0, "dev", {})
+    for i in range(MQTT_SHARED_DECODES):
+        d.packet((i, i), d.message((i, i), "t", flag, data), False, wire.MQTT_5)
+    first = d.message((0, 0), "t", flag, data)
+    assert first.topic == "t/x" and first.payload == b"body"
+    assert len(d._messages) == len(d._packets) == MQTT_SHARED_DECODES  # at the limit: all kept
+    assert d.message((0, 0), "t", flag, data) is first
+    d.message((MQTT_SHARED_DECODES, 0), "t", flag, data)  # one past: the oldest goes
+    d.packet((MQTT_SHARED_DECODES, 0), first, False, wire.MQTT_5)
+    assert len(d._messages) == len(d._packets) == MQTT_SHARED_DECODES
+    assert (0, 0) not in d._messages and (0, 0, False, wire.MQTT_5) not in d._packets
+    assert d.packet((1, 1), first, False, wire.MQTT_5) == wire.encode(
+        wire.Publish("t/x", b"body", 0, False, False, None, {}), wire.MQTT_5)
+
+
+def test_the_deliveries_keep_at_most_mqtt_shared_decodes_bytes_of_payloads():
+    from metaq.limits import MQTT_SHARED_DECODES_BYTES
+    from metaq.mqtt.delivery import Decoded
+
+    d = Decoded()
+    quarter = MQTT_SHARED_DECODES_BYTES // 4
+    big = [record_data("t/x", bytes([i]) * quarter, 0, "dev", {}) for i in range(5)]
+    for i in range(4):  # at the limit: all four kept
+        d.message((i, 0), "t", *big[i])
+    assert len(d._messages) == 4 and d._messages.held == MQTT_SHARED_DECODES_BYTES
+    d.message((4, 0), "t", *big[4])  # one past: the oldest goes
+    assert len(d._messages) == 4 and (0, 0) not in d._messages and (4, 0) in d._messages
+    assert d._messages.held == MQTT_SHARED_DECODES_BYTES
+    flag, data = record_data("t/x", b"y" * (MQTT_SHARED_DECODES_BYTES + 1), 0, "dev", {})
+    assert d.message((5, 0), "t", flag, data).payload == b"y" * (MQTT_SHARED_DECODES_BYTES + 1)
+    assert (5, 0) not in d._messages and len(d._messages) == 4  # larger than the whole bound alone: not kept
