@@ -101,9 +101,10 @@ stop-postgres:
 
 # The whole suite, then the unit tier again with the C helper's pure-Python twins (METAQ_PURE_PYTHON=1), so
 # that a machine without a compiler runs what the tests hold equal. The 40 slowest tests are listed at the end:
-# where the suite's time goes.
+# where the suite's time goes. Two workers, one test file each at a time (--dist loadfile): a file's fixtures
+# (brokers, ZooKeeper, Spark) stay in one process, and the suite's servers bind free ports so two files never meet.
 test: setup
-	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest --durations=40 $(PYTEST_ARGS)
+	METAQ_RMQ5_PYTHON=$(abspath $(VENV_RMQ5))/bin/python $(VENV)/bin/pytest -n 2 --dist loadfile --durations=40 $(PYTEST_ARGS)
 	METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
