@@ -18,10 +18,11 @@ front-end (the server layer: a front-end's handlers)
 client (the client layer)
     cli.py       ``metaq-admin``: brokers found (ZooKeeper or ``--brokers``), credentials, the commands' parser and
                  runners, tables or JSON; the generic commands (stats, topics, partitions, groups, zk,
-                 transactions, offset-at, promote)
+                 brokers, transactions, offset-at, promote)
     client.py    ``metaq-admin dlq list|resend``: dlq_list / dlq_resend sent to every broker, their answers shown
     tools.py     ``metaq-admin put`` and ``tail`` (messages in and out from a shell), and what the CLI's commands
-                 share: their exit codes and AdminExit, a partition named on the command line
+                 share: their exit codes and AdminExit, a partition named on the command line, the brokers
+                 asked in turn until one has it (ask_brokers: 404 is "not here")
 
 Other features' ``metaq-admin`` commands live with their feature (``timers/cli.py``, ``topics/cli.py``,
 ``offsets/cli.py``); ``cli.py`` adds their parsers and runs them.

@@ -3,6 +3,7 @@
     metaq-admin --zk 127.0.0.1:2181 topics
     metaq-admin --brokers meta://127.0.0.1:8123 stats
     metaq-admin --zk 127.0.0.1:2181 groups billing --json
+    metaq-admin --zk 127.0.0.1:2181 --json brokers    # each member's url, MQTT and RocketMQ addresses
     metaq-admin promote 127.0.0.1:8125 [--force]
     metaq-admin --brokers meta://127.0.0.1:8123 offset-at orders 2026-11-23T09:00:00Z
 
@@ -42,6 +43,8 @@ from metaq.groups import cli as groups_cli
 from metaq.offsets import cli as adminoffsets
 from metaq.offsets.client import parse_zk_offset
 from metaq.protocol import events as ev
+from metaq.protocol import registration
+from metaq.protocol.registration import member_of
 from metaq.protocol import stats as stats_codec
 from metaq.timers import cli as timers_cli
 from metaq.topics import cli as admintopics
@@ -276,6 +279,46 @@ def cmd_zk(view, args):
     return rows, ["path", "ephemeral", "data"]
 
 
+def cmd_brokers(view, args):
+    """Every broker member registered in ZooKeeper, master then slaves: its text url and the other ports it
+    publishes beside it (``protocol/registration.py``): MQTT's address and TLS mode, RocketMQ's remoting and gRPC
+    addresses; ``-`` for a port it does not have. What a device fleet's provisioning reads to hand each device
+    its broker's MQTT address (docs/mqtt.md "At scale")."""
+    if view.cluster is None:
+        raise SystemExit("metaq-admin: the brokers command needs --zk (the brokers' ports are read from ZooKeeper)")
+    zk, ids = view.cluster.zk, view.cluster.root.rstrip("/") + "/brokers/ids"
+    rows = []
+    for bid in sorted(int(c) for c in zk_children(zk, ids) if c.isascii() and c.isdigit()):
+        path = "%s/%d" % (ids, bid)
+        children = sorted(zk_children(zk, path))
+        members = {}
+        for child in children:
+            if child == "master" or (child.startswith("slave") and child[5:].isascii() and child[5:].isdigit()):
+                url = zk_data(zk, "%s/%s" % (path, child))
+                if url is not None:
+                    slave = None if child == "master" else int(child[5:])
+                    members[slave] = {"broker": bid, "role": "master" if slave is None else "slave %d" % slave,
+                                      "url": url, "mqtt": None, "mqtt_tls": None, "remoting": None, "grpc": None}
+        for child in children:
+            member = member_of(child)
+            if member is None or member[1] not in members:
+                continue
+            raw = zk_data(zk, "%s/%s" % (path, child))
+            value = registration.load(raw.encode("utf-8")) if raw is not None else None
+            if value is None:
+                continue
+            row = members[member[1]]
+            if member[0] == registration.MQTT:
+                row["mqtt"] = registration.address(value.get("address"))
+                row["mqtt_tls"] = value.get("tls") if row["mqtt"] and value.get("tls") in registration.TLS_MODES \
+                    else None
+            else:
+                row["remoting"] = registration.address(value.get("remoting"))
+                row["grpc"] = registration.address(value.get("grpc"))
+        rows.extend(members[k] for k in sorted(members, key=lambda k: -1 if k is None else k))
+    return rows, ["broker", "role", "url", "mqtt", "mqtt_tls", "remoting", "grpc"]
+
+
 def cmd_transactions(view, args):
     """List the transactions brokers hold; with ``commit KEY`` / ``rollback KEY`` decide a prepared one by hand."""
     rows = []
@@ -354,7 +397,7 @@ def cmd_pop(view, args):
 
 COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics,
             "partitions": cmd_partitions, "groups": cmd_groups, "quotas": cmd_quotas, "pop": cmd_pop,
-            "zk": cmd_zk}
+            "zk": cmd_zk, "brokers": cmd_brokers}
 
 
 # -- output -------------------------------------------------------------------------------
@@ -438,6 +481,8 @@ def build_parser():
     trace_cli.add_parser(sub)  # trace ID | --key KEY (where is my message)
     groups_cli.add_parser(sub)  # group-settings list|show|set|delete
     clients_cli.add_parser(sub)  # clients stack|verify (a connected gRPC client asked)
+    sub.add_parser("brokers", help="every registered broker member (needs --zk): its url, MQTT address and TLS "
+                   "mode, RocketMQ remoting and gRPC addresses (what a device fleet's provisioning reads)")
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "

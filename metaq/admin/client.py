@@ -10,8 +10,7 @@ broker's resent journal). An id no broker has exits 3.
 
 from metaq import errors, limits
 from metaq.admin import wire
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, AdminExit
-from metaq.client.replies import reply_error
+from metaq.admin.tools import EXIT_OK, AdminExit, ask_broker, ask_brokers, refused_by
 
 __all__ = ["add_parser", "run", "id_batches"]
 
@@ -49,21 +48,17 @@ def id_batches(ids, budget=IDS_PER_LINE_BYTES):
     return batches
 
 
+def _refused(bid, reply):
+    hint = " (this needs a user with the admin role)" if reply.code == errors.Forbidden.code \
+        and b"admin" not in reply.body else ""
+    return refused_by(bid, reply) + hint
+
+
 def _call(view, bid, event):
-    """The JSON body of a 200, None for a 404 (no dead letters there); AdminExit for other refusals."""
-    url = view.brokers[bid]
-    try:
-        reply = view.conn(url).call(event, timeout=max(view.timeout, 30.0))
-    except errors.MetaqError as exc:
-        view.problems.append("%s: %s" % (url, exc))
-        return None
-    if reply.code == 404:
-        return None
-    if reply.code != 200:
-        hint = " (this needs a user with the admin role)" if reply.code == errors.Forbidden.code \
-            and b"admin" not in reply.body else ""
-        raise AdminExit("broker %d refused: %s%s" % (bid, reply_error(reply), hint), EXIT_REFUSED)
-    return wire.decode_body(reply.body)
+    """The JSON body of a 200, None for a 404 (no dead letters there) or an unreachable broker; AdminExit for other
+    refusals (``tools.ask_broker``)."""
+    reply = ask_broker(view, bid, event, max(view.timeout, 30.0), _refused)
+    return None if reply is None else wire.decode_body(reply.body)
 
 
 def _local(view, bid, name):
@@ -77,10 +72,9 @@ def _local(view, bid, name):
 def run(view, args, render):
     if args.dlq_action == "list":
         rows, found = [], False
-        for bid in sorted(view.brokers):
-            body = _call(view, bid, wire.DlqList(args.group, max(1, min(args.max, limits.MAX_DLQ_LIST)), 0))
-            if body is None:
-                continue
+        event = wire.DlqList(args.group, max(1, min(args.max, limits.MAX_DLQ_LIST)), 0)
+        for bid, reply in ask_brokers(view, event, max(view.timeout, 30.0), _refused):
+            body = wire.decode_body(reply.body)
             found = True
             for d in body["dead_letters"]:
                 rows.append(dict(d, broker=bid, position="%d-%s" % (bid, d["position"])))

@@ -26,13 +26,14 @@ from metaq import errors
 from metaq.client.connection import BrokerConnection
 from metaq.client.fetcher import records_of
 from metaq.client.message import Message, Partition
+from metaq.client.replies import reply_error
 from metaq.client.producer import Producer
 from metaq.client import replay
 from metaq.client.selectors import KeySelector
 from metaq.protocol import events as ev
 
 __all__ = ["AdminExit", "add_parsers", "run_put", "run_tail", "safe_text", "parse_start", "split_lines",
-           "choose_partition"]
+           "choose_partition", "ask_broker", "ask_brokers", "refused_by"]
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 #: The group name ``tail``'s gets carry (a get names one; tail never commits an offset).
@@ -111,6 +112,45 @@ def choose_partition(view, text):
         return Partition(min(view.brokers), int(text))
     except ValueError:
         raise AdminExit("--partition %r: give b-p (0-1) or a number" % text, EXIT_USAGE) from None
+
+
+# -- asking the brokers in turn -----------------------------------------------------------
+
+
+def refused_by(bid, reply):
+    """The usual words for a broker's refusal (``ask_broker``'s default ``refused``)."""
+    return "broker %d refused: %s" % (bid, reply_error(reply))
+
+
+def ask_broker(view, bid, event, timeout, refused=refused_by, missing=None):
+    """Broker ``bid``'s 200 reply to ``event``, or None when it is not there: the broker could not be reached (the
+    reason is added to ``view.problems``, so the command exits 1) or it answered 404, "not here" (its reason is
+    added to ``missing`` when given, for the command's "no broker has it" message). Any other answer is a refusal
+    the user must see: AdminExit (exit 3) with ``refused(bid, reply)``'s words, each command keeping its own."""
+    url = view.brokers[bid]
+    try:
+        reply = view.conn(url).call(event, timeout=timeout)
+    except errors.MetaqError as exc:
+        view.problems.append("%s: %s" % (url, exc))
+        return None
+    if reply.code == 404:
+        if missing is not None:
+            missing.append("broker %d: %s" % (bid, bytes(reply.body).decode("utf-8", "replace")))
+        return None
+    if reply.code != 200:
+        raise AdminExit(refused(bid, reply), EXIT_REFUSED)
+    return reply
+
+
+def ask_brokers(view, event, timeout, refused=refused_by, missing=None):
+    """Ask every broker of ``view`` in broker id order, yielding ``(bid, reply)`` for each that has it (200);
+    a caller wanting one answer stops at the first, one gathering stops at none. What is not there, unreachable
+    or refused is handled as ``ask_broker`` says: the one "ask the brokers until one has it" loop of the admin
+    commands (dead letters, trace, a RocketMQ 5 client's commands)."""
+    for bid in sorted(view.brokers):
+        reply = ask_broker(view, bid, event, timeout, refused, missing)
+        if reply is not None:
+            yield bid, reply
 
 
 # -- put ---------------------------------------------------------------------------------

@@ -157,19 +157,40 @@ class Idempotence:
                             "limits.MAX_IDEMPOTENT_PRODUCERS) of other users' windows within their quotas: "
                             "producer %d of user %s gets no window now (nothing stored)" % (value, pid, who))
 
-    def check_batch(self, pid, topic, firsts, owner=None):
-        """Before a ``putb_idem`` batch stores anything: raise unless user ``owner`` may put under ``pid`` on every
-        partition of ``firsts`` (partition -> the batch's first sequence there: ``admit``), and no batch starts
-        past its producer-partition's next sequence (a gap: a batch before it was never stored). A sequence at or
-        below the highest is a resend, which the batch answers as a duplicate."""
+    def check_batch(self, topic, frames, owner=None):
+        """Before a ``putb_idem`` batch stores anything (``frames``: ``idempotence.burst.scan_idem_batch``'s, one
+        producer id): raise unless user ``owner`` may put under it on every partition of the batch (``admit``), no
+        partition's first sequence is past its next one (a gap: a batch before it was never stored), and every
+        resent frame (a sequence at or below the highest, answered as a duplicate) is the message stored under its
+        sequence (same checksum, as ``put_prepared`` would find). So a batch over several partitions is refused
+        whole before any partition of it is stored. Only resends read the log (their originals' headers)."""
         table = self.table
+        pid = frames[0][8]
+        firsts = {}
+        for f in frames:
+            firsts.setdefault(f[1], f[9])
+        highs = {}
         for partition, seq in firsts.items():
             self.admit(pid, topic, partition, owner)
-            high = table.highest(pid, topic, partition)
+            high = highs[partition] = table.highest(pid, topic, partition)
             if high is not None and seq > high + 1:
                 raise ClientError("putb_idem: producer %d's batch for %s-%d starts at sequence %d, past the next one "
                                   "(%d): the sequences between were never stored; nothing was stored"
                                   % (pid, topic, partition, seq, high + 1))
+        for k, f in enumerate(frames):
+            partition, seq = f[1], f[9]
+            high = highs[partition]
+            if high is None or seq > high:
+                continue
+            offset = table.decide(pid, topic, partition, seq)
+            if offset is None or offset == OLDER:
+                continue
+            found = self.original(topic, partition, offset)
+            if found is not None and found[2] is not None and found[2] != f[6] & 0x7FFFFFFF:
+                self.different += 1
+                raise ClientError("putb_idem: sub-record %d of %d: sequence %d of producer %d (%s-%d) was stored at "
+                                  "offset %d with other content: a resend must be the same message; nothing was "
+                                  "stored" % (k, len(frames), seq, pid, topic, partition, offset))
 
     def put_run(self, frames, src, now_ms, put_burst, owner=None):
         """Append ``frames`` (``idempotence.burst``'s, one producer-partition's consecutive sequences, with

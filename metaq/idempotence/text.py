@@ -59,9 +59,10 @@ class TextIdempotentBatches(BatchPuts):
 
     The order is ``putb``'s (``server/text/batchput.py``): the write decision once for the batch's topic; every
     sub-record checked (``idempotence.burst.scan_idem_batch``: form, checksum, topic, partition, one producer
-    id, each partition's sequences consecutive), the producer-partitions admitted and no batch past its next
-    sequence (``MessageStore.check_idempotent_batch``), the partitions and the disk room made sure of, all
-    before the first append, so a refused batch stores nothing. Then each producer-partition's frames are
+    id, each partition's sequences consecutive), the producer-partitions admitted, no batch past its next
+    sequence and every resent frame the message stored under its sequence (``MessageStore.check_idempotent_batch``),
+    the partitions and the disk room made sure of, all before the first append, so a refused batch stores nothing,
+    whichever of its partitions the fault is in. Then each producer-partition's frames are
     decided as single put_idem frames are: a sequence already stored is a duplicate (the original's id and
     offset), the rest go to ``MessageStore.put_idempotent_run`` (one append and one table step per run), one
     at a time through ``put_idempotent_prepared`` where the run writer stops. Acknowledged as ``putb`` is."""
@@ -73,11 +74,8 @@ class TextIdempotentBatches(BatchPuts):
         try:
             path.check_write(e.topic, conn.session)
             frames, data = scan_idem_batch(e, self.max_body, self.max_line, store.partitions_of(e.topic), owner)
-            firsts = {}
-            for f in frames:
-                firsts.setdefault(f[1], f[9])
-            store.check_idempotent_batch(frames[0][8], e.topic, firsts, owner)
-            for partition in firsts:
+            store.check_idempotent_batch(e.topic, frames, owner)
+            for partition in sorted({f[1] for f in frames}):
                 store.hold_partition(e.topic, partition)
             overhead = FIXED_OVERHEAD + len(frames[0][0])
             store.check_room(sum(f[5] for f in frames) + len(frames) * overhead,

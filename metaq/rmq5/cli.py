@@ -10,8 +10,8 @@ the client (each broker's reason), 1 when a broker could not be reached and none
 
 import json
 
-from metaq import errors, limits
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit
+from metaq import limits
+from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.admin.wire import ClientCommand, decode_body
 from metaq.client.replies import reply_error
 
@@ -49,24 +49,17 @@ def run(view, args, json_out):
     """Ask the brokers of ``view`` in turn; print the first answer. Returns the exit code."""
     event = event_of(args)
     missing = []
-    for bid in sorted(view.brokers):
-        url = view.brokers[bid]
-        try:
-            reply = view.conn(url).call(event, timeout=view.timeout + event.timeout_ms / 1000.0)
-        except errors.MetaqError as exc:
-            view.problems.append("%s: %s" % (url, exc))
-            continue
-        if reply.code == 404:
-            missing.append("broker %d: %s" % (bid, bytes(reply.body).decode("utf-8", "replace")))
-            continue
-        if reply.code != 200:
-            raise AdminExit("broker %d: %s" % (bid, reply_error(reply)), EXIT_REFUSED)
+    for bid, reply in ask_brokers(view, event, view.timeout + event.timeout_ms / 1000.0, _refused, missing):
         body = dict(decode_body(reply.body), broker=bid)
         print(json.dumps(body, indent=2, sort_keys=True) if json_out else _text(body), flush=True)
         return EXIT_OK if body["status"] == "OK" else EXIT_REFUSED
     if view.problems:
         return EXIT_OK  # the unreachable brokers are reported (exit 1)
     raise AdminExit("no broker has client %s: %s" % (event.client, "; ".join(missing)), EXIT_REFUSED)
+
+
+def _refused(bid, reply):
+    return "broker %d: %s" % (bid, reply_error(reply))
 
 
 def _text(body):

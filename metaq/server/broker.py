@@ -104,7 +104,8 @@ class Broker:
         self.registry = None
         if config.zk.connect:
             self.registry = ZkRegistry(config, self.store, self.config_checksum, self.roles.slave_id,
-                                       lambda: self.roles.replication_port, self._rocketmq_addresses)
+                                       lambda: self.roles.replication_port, self._rocketmq_addresses,
+                                       self._mqtt_registration)
             self.roles.attach_registry(self.registry)
             self.roles.on_change(self.registry.set_role)
         # the cluster's RocketMQ brokers, for the RocketMQ front-ends' routes (server/routes.py)
@@ -268,6 +269,12 @@ class Broker:
         host = self.config.mqtt.host or self.config.broker.host
         host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
         return ("[%s]:%d" if ":" in host else "%s:%d") % (host, mqtt.port)
+
+    def _mqtt_registration(self):
+        """What the registry publishes of the MQTT port (``protocol/registration.py``): ``("host:port", TLS mode)``,
+        or None without the port."""
+        address = self._mqtt_address()
+        return None if address is None else (address, self.config.security.tls.mode)
 
     def stats_facts(self):
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""

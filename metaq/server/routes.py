@@ -1,8 +1,9 @@
 """The cluster's RocketMQ brokers now, as ZooKeeper knows them: what a RocketMQ route lists (docs/rocketmq.md).
 
 Each broker member with a RocketMQ port publishes its addresses beside MetaQ's nodes (``registry.py``, ephemeral,
-by role): ``<root>/brokers/ids/<id>/rocketmq-master`` or ``.../rocketmq-slave<N>``, holding
-``{"name": broker name, "remoting": "ip:port" or null, "grpc": "host:port" or null}``. A topic's queues on a broker
+by role; the names and JSON are ``protocol/registration.py``'s): ``<root>/brokers/ids/<id>/rocketmq-master`` or
+``.../rocketmq-slave<N>``, holding ``{"name": broker name, "remoting": "ip:port" or null, "grpc": "host:port" or
+null}``. A topic's queues on a broker
 are MetaQ's own registration: ``topics-pub/<topic>/<id>-m`` (the master's partition count) and, for a broker whose
 master is away, ``topics-sub/<topic>/<id>-s<N>``.
 
@@ -13,16 +14,14 @@ when ZooKeeper cannot be read now: the front-end then answers as a broker alone 
 master it knows), as RocketMQ's name servers keep serving the routes last registered.
 """
 
-import json
 import logging
 from typing import NamedTuple, Optional
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-log = logging.getLogger(__name__)
+from metaq.protocol.registration import ROCKETMQ, address, load, member_of
 
-MASTER_NODE = "rocketmq-master"
-SLAVE_PREFIX = "rocketmq-slave"
+log = logging.getLogger(__name__)
 
 
 class RouteBroker(NamedTuple):
@@ -34,27 +33,6 @@ class RouteBroker(NamedTuple):
     remoting: dict
     grpc: Optional[str]
     queues: int
-
-
-def node_name(slave_id):
-    """The RocketMQ node of a member registered as master (``slave_id`` None) or as slave ``slave_id``."""
-    return MASTER_NODE if slave_id is None else "%s%d" % (SLAVE_PREFIX, slave_id)
-
-
-def node_data(name, remoting, grpc):
-    return json.dumps({"name": name, "remoting": remoting, "grpc": grpc}, separators=(",", ":"), sort_keys=True)
-
-
-def _load(data):
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _address(value):
-    return value if isinstance(value, str) and value else None
 
 
 class ClusterView:
@@ -92,7 +70,7 @@ class ClusterView:
                     if not sep or not head.isdigit():
                         continue
                     try:
-                        value = _load(self.zk.get("%s/%s" % (base, child))[0])
+                        value = load(self.zk.get("%s/%s" % (base, child))[0])
                     except NoNodeError:
                         continue
                     parts = value.get("numParts") if value else None
@@ -111,23 +89,21 @@ class ClusterView:
     def _broker(self, broker_id, path, queues):
         name, remoting, grpc = None, {}, None
         for child in self._children(path):
-            if child == MASTER_NODE:
-                rocketmq_id = 0
-            elif child.startswith(SLAVE_PREFIX) and child[len(SLAVE_PREFIX):].isdigit():
-                rocketmq_id = int(child[len(SLAVE_PREFIX):]) + 1
-            else:
+            member = member_of(child)
+            if member is None or member[0] != ROCKETMQ:
                 continue
+            rocketmq_id = 0 if member[1] is None else member[1] + 1
             try:
-                value = _load(self.zk.get("%s/%s" % (path, child))[0])
+                value = load(self.zk.get("%s/%s" % (path, child))[0])
             except NoNodeError:
                 continue
             if value is None:
                 continue
-            name = name if rocketmq_id != 0 and name else _address(value.get("name")) or name
-            if _address(value.get("remoting")):
+            name = name if rocketmq_id != 0 and name else address(value.get("name")) or name
+            if address(value.get("remoting")):
                 remoting[rocketmq_id] = value["remoting"]
             if rocketmq_id == 0:
-                grpc = _address(value.get("grpc"))
+                grpc = address(value.get("grpc"))
         if name is None:
             return None  # no member of it has a RocketMQ port
         return RouteBroker(broker_id, name, remoting, grpc, queues)

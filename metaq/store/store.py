@@ -315,9 +315,9 @@ class MessageStore:
         return self.idempotence.put_prepared(topic, partition, flag, data, now_ms, pid, seq, checksum,
                                              owner)  # the burst path
 
-    def check_idempotent_batch(self, pid, topic, firsts, owner=None):
+    def check_idempotent_batch(self, topic, frames, owner=None):
         """Raise unless a ``putb_idem`` batch may be stored (``Idempotence.check_batch``)."""
-        self.idempotence.check_batch(pid, topic, firsts, owner)
+        self.idempotence.check_batch(topic, frames, owner)
 
     def put_idempotent_run(self, frames, src, now_ms, owner=None):
         """``put_burst`` of one producer's next sequences (``Idempotence.put_run``); ``(0, [])`` if not next."""

@@ -13,8 +13,7 @@ import json
 from datetime import datetime, timezone
 
 from metaq import errors, limits
-from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit
-from metaq.client.replies import reply_error
+from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.trace.records import parse_message_id
 from metaq.trace.wire import TraceQuery, decode_body
 
@@ -58,18 +57,7 @@ def run(view, args, json_out, render_table):
     """Ask every broker of ``view`` and print the answers (``--json``: one list); returns the exit code."""
     query = query_of(args)
     messages, missing = [], []
-    for bid in sorted(view.brokers):
-        url = view.brokers[bid]
-        try:
-            reply = view.conn(url).call(query, timeout=max(view.timeout, 30.0))
-        except errors.MetaqError as exc:
-            view.problems.append("%s: %s" % (url, exc))
-            continue
-        if reply.code == 404:
-            missing.append("broker %d: %s" % (bid, bytes(reply.body).decode("utf-8", "replace")))
-            continue
-        if reply.code != 200:
-            raise AdminExit("broker %d refused: %s" % (bid, reply_error(reply)), EXIT_REFUSED)
+    for bid, reply in ask_brokers(view, query, max(view.timeout, 30.0), missing=missing):
         body = decode_body(reply.body)
         for m in body["messages"]:
             messages.append(dict(m, broker=bid, more=body["more"]))

@@ -99,6 +99,26 @@ def test_a_gap_is_refused_and_nothing_stored(broker):
         assert len(view(c, "t-ig", 0)) == 5 and len(view(c, "t-ig", 1)) == 1
 
 
+def test_a_mismatched_resend_in_the_last_partition_refuses_the_batch_and_nothing_is_stored(broker):
+    with broker.client() as c:
+        runs_of(c, batch("t-im", seqs(2, partition=2)))  # partition 2 holds sequences 0 and 1
+        stats = c.stats_dict()
+        # partitions 0 and 1 new, then partition 2's sequence 1 resent with other content
+        items = seqs(3) + seqs(2, partition=1) + [(2, 1, b"not m1"), (2, 2, b"m2")]
+        why = refusal(c, batch("t-im", items))
+        assert "sub-record 5 of 7: sequence 1 of producer %d (t-im-2) was stored at offset 1 with other content" \
+            % PID in why and "nothing was stored" in why, why
+        assert view(c, "t-im", 0) == [] and view(c, "t-im", 1) == []
+        assert view(c, "t-im", 2) == [(b"m0", (PID, 0)), (b"m1", (PID, 1))]
+        after = c.stats_dict()
+        assert after["idempotent_puts"] == stats["idempotent_puts"]
+        assert int(after["idempotent_refused_different"]) == int(stats["idempotent_refused_different"]) + 1
+        # the same batch with the right resend: the new partitions stored, the resend a duplicate
+        runs = runs_of(c, batch("t-im", seqs(3) + seqs(2, partition=1) + seqs(3, partition=2)))
+        assert [(p, o, n, d) for _i, p, o, n, d in runs] == [(0, 0, 3, False), (1, 0, 2, False), (2, 0, 2, True),
+                                                             (2, 2, 1, False)]
+
+
 def test_bad_input_is_refused_naming_the_first_bad_sub_record(broker):
     good = seqs(6)
     body = body_of("t-ibad", good)
