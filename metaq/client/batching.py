@@ -273,6 +273,10 @@ class Batcher:
         (larger ones go alone)."""
         return size + _LINE + len(topic) <= self.batch_bytes
 
+    def largest(self, topic):
+        """The largest data of a message of ``topic`` that fits in a batch (``fits``)."""
+        return self.batch_bytes - _LINE - len(topic)
+
     def add(self, message, future, partition, flag, data, deadline):
         """Put ``message`` (its ``data`` and ``flag`` as a put sends them; its partition chosen, >= 0) in its
         partition's batch; ``future`` gets its ``SendResult``. Waits for buffer room until ``deadline``

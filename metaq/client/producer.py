@@ -145,6 +145,7 @@ class Producer:
                                         zk_session_timeout=zk_session_timeout, timeout=send_timeout,
                                         refresh_interval=refresh_interval, retry_interval=suspect_time)
         self._topics_ok = set()
+        self._batched_sizes = {}  # topic -> the largest body send_async puts in a batch as it is
         self._suspect = {}  # broker id -> monotonic time until which it is avoided
         self._cond = threading.Condition()
         self._retries = []  # heap of (due, seq, _Send)
@@ -243,32 +244,39 @@ class Producer:
         """``send_async`` of a plain message (a body, nothing else: sent as it is, flag 0) into its partition's
         batch, without building its put (the batch is encoded whole when it closes); None, having done nothing,
         when it must go the general way (no partition known yet, too large for a batch, to be compressed)."""
-        topic, body = message.topic, message.body
-        if topic not in self._topics_ok:
+        topic = message.topic
+        largest = self._batched_sizes.get(topic)
+        if largest is None:
             limits.validate_topic(topic)
-            self._topics_ok.add(topic)
-        n = len(body)
-        if n > self.max_body_bytes:
-            raise ValueError("message for topic %s has a body of %d bytes: over the limit of %d bytes"
-                             % (topic, n, self.max_body_bytes))
+            largest = self._batcher.largest(topic)
+            if self.compress_over is not None:
+                largest = min(largest, self.compress_over)
+            self._batched_sizes[topic] = largest = min(largest, self.max_body_bytes)
+        body = message.body
+        if len(body) > largest:
+            return None
         if self._closed:
             raise RuntimeError("producer is closed")
-        if (self.compress_over is not None and n > self.compress_over) or not self._batcher.fits(topic, n):
-            return None
         try:
-            first = self.choose_partition(message)
+            partitions = self.discovery.partitions(topic)
+            if not partitions:
+                return None
+            if self._suspect and not self._ordered:
+                now = time.monotonic()
+                partitions = [p for p in partitions if self._suspect.get(p.broker_id, 0) <= now] or partitions
+            first = self.selector.select(topic, partitions, message)
         except Unauthenticated:
             return None
-        if first is None or first.partition < 0:
+        if first.partition < 0:
             return None
         future = SendFuture()
         if callback is not None:
             future.add_done_callback(lambda f: self._run_callback(callback, f))
-        deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
         with self._count_lock:
             self._started += 1
         try:
-            self._batcher.add(message, future, first, 0, body, deadline)
+            self._batcher.add(message, future, first, 0, body,
+                              time.monotonic() + (self.retry_deadline if timeout is None else timeout))
         except RequestTimeout as exc:  # no room in the batches' buffer before the deadline
             self.finish_failed([future], SendResult(False, first, error=exc))
         return future
