@@ -66,7 +66,7 @@ _MAKE_LOCK = threading.Lock()
 class SendFuture(Future):
     """A ``concurrent.futures.Future`` of one send's result that costs no Condition, lock or list until something
     waits on it (``result`` before it is done, ``concurrent.futures.wait``) or adds a callback: a batch's reply
-    resolves its thousands of futures with ``settle``, one assignment each. Created running (``cancel`` is
+    resolves its thousands of futures with ``settle``, a few assignments each. Created running (``cancel`` is
     False), as every send's future is. A full Future otherwise (``asyncio.wrap_future`` takes it)."""
 
     __slots__ = ("_state", "_result", "_exception", "_cond", "_callbacks", "_wlist")
@@ -110,25 +110,26 @@ class SendFuture(Future):
     def set_result(self, result):
         if self._state in _DONE_STATES:
             raise InvalidStateError("%s: already done" % self._state)
-        settle(self, result)
+        self.settle(result)
+
+    def settle(self, result):
+        """Resolve this running future with ``result``: its state first, then (when it has made its Condition:
+        someone waits, or it has callbacks) the waiters woken and the callbacks run, as Future does."""
+        self._result = result
+        self._state = FINISHED
+        cond = self._cond  # read after _state is set: a waiter making it now finds the state FINISHED
+        if cond is not None:
+            with cond:
+                for waiter in self._wlist:
+                    waiter.add_result(self)
+                cond.notify_all()
+            for callback in self._callbacks:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("exception calling callback for %r", self)
 
 
-def settle(future, result):
-    """Resolve ``future`` (a running ``SendFuture``) with ``result``: its state first, then (when it has made its
-    Condition: someone waits, or it has callbacks) the waiters woken and the callbacks run, as Future does."""
-    future._result = result
-    future._state = FINISHED
-    cond = future._cond  # read after _state is set: a waiter making it now finds the state FINISHED
-    if cond is not None:
-        with cond:
-            for waiter in future._wlist:
-                waiter.add_result(future)
-            cond.notify_all()
-        for callback in future._callbacks:
-            try:
-                callback(future)
-            except Exception:
-                log.exception("exception calling callback for %r", future)
 #: What a put_idem sub-record's line takes more (the word, the producer id and sequence).
 _IDEM_LINE = 48
 

@@ -38,7 +38,6 @@ import threading
 import time
 import zlib
 from concurrent.futures import Future
-from concurrent.futures._base import FINISHED
 
 from metaq import limits
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout, Unauthenticated, Unavailable
@@ -49,7 +48,7 @@ from metaq.protocol.compression import sys_flag_of
 from metaq.idempotence.records import MAX_PID
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.transactions import wire
-from metaq.client.batching import Batcher, ManySend, SendFuture, settle
+from metaq.client.batching import Batcher, ManySend, SendFuture
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
@@ -106,8 +105,9 @@ class Producer:
     ``zstd``, ``lz4``); the broker stores them decompressed, so every reader gets the original bytes.
     ``batch_bytes`` (bytes, None: off): plain sends of a partition go together as one ``putb`` of at most that
     many bytes (at most the broker's ``limits.max_body_bytes``), closed when full or ``linger_ms`` after its first
-    message; at most ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's
-    order), at most ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
+    message (a lone message waits its linger, as Kafka's: ``linger_ms=0`` sends it at once); at most
+    ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's order), at most
+    ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
     Thread-safe; close it (or use ``with``) when done.
     """
 
@@ -690,7 +690,7 @@ class Producer:
     def finish_failed(self, futures, result):
         """A batch's ``futures`` (none done yet) failed with ``result`` (one ``SendResult`` for all), counted once."""
         for future in futures:
-            settle(future, result)
+            future.settle(result)
         self._count_finished(len(futures))
 
     def finish_stored(self, messages, futures, runs):
@@ -703,11 +703,7 @@ class Producer:
             for j in range(count):
                 message = messages[k + j]
                 message.id, message.partition, message.offset = first_id + j, stored, offset + j
-                future = futures[k + j]
-                future._result = new(SendResult, (True, stored, offset + j, first_id + j, None, False))
-                future._state = FINISHED  # settle's first half; its second only for a future someone waits on
-                if future._cond is not None:
-                    settle(future, future._result)
+                futures[k + j].settle(new(SendResult, (True, stored, offset + j, first_id + j, None, False)))
             k += count
         self._count_finished(len(messages))
 
