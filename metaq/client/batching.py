@@ -18,41 +18,134 @@ it from a send callback.
 ``Producer.send_many`` goes through the same lanes (``add_many``): its payloads, encoded by the C helper into
 ready ``putb`` bodies (``protocol.putbatch.encode_sub_records``), queue behind the partition's earlier batches,
 and each frame's reply goes to one handle (``ManySend``) rather than to a future per message.
+
+What a message costs: ``add`` appends its body, its message and its future to the open batch under the
+batcher's one lock (no lock, Condition or object of its own); the batch is encoded when it closes, by the C
+helper in one call for a batch of plain bodies (``encode_sub_records``, the checksums computed there), and its
+reply resolves its futures in one pass (``SendFuture``: a Condition is made only for a future something waits
+on or adds a callback to).
+
+Linger: as Kafka's, a message waits up to ``linger_ms`` for company even when nothing else is queued, so a
+trickle of ``send_async`` calls still goes in batches (the point of the setting); ``linger_ms=0`` sends a
+lone message at once (messages that come while its partition has a batch on the wire still gather in the
+next one), and ``Producer.send`` and ``flush`` end the linger of what they wait for.
 """
 
 import bisect
 import collections
 import heapq
 import itertools
+import logging
 import operator
 import threading
 import time
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 
 from metaq.errors import BrokerError, ConnectionLost, RequestTimeout
 from metaq.client.message import ManyResult, Partition, SendResult
 from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
-from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records, sub_record
 from metaq.idempotence.wire import IdempotentBatch, decode_idem_runs, encode_idem_sub_records
 from metaq import limits
+
+log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 1.0
 #: More than a sub-record's line takes besides its topic ("put ", the numbers, spaces and CRLF).
 _LINE = 64
+#: More than a sub-record's line takes besides its head ("put <topic> <partition> "): the length, flag, checksum
+#: and sequence, their spaces and CRLF.
+_TAIL = 40
+_DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_MAKE_LOCK = threading.Lock()
+
+
+class SendFuture(Future):
+    """A ``concurrent.futures.Future`` of one send's result that costs no Condition, lock or list until something
+    waits on it (``result`` before it is done, ``concurrent.futures.wait``) or adds a callback: a batch's reply
+    resolves its thousands of futures with ``settle``, a few assignments each. Created running (``cancel`` is
+    False), as every send's future is. A full Future otherwise (``asyncio.wrap_future`` takes it)."""
+
+    __slots__ = ("_state", "_result", "_exception", "_cond", "_callbacks", "_wlist")
+
+    def __init__(self):  # noqa: D107 - not Future's: its Condition is made by _condition when first needed
+        self._state = RUNNING
+        self._result = None
+        self._exception = None
+        self._cond = None
+
+    @property
+    def _condition(self):
+        cond = self._cond
+        if cond is None:
+            with _MAKE_LOCK:
+                cond = self._cond
+                if cond is None:
+                    self._callbacks = []
+                    self._wlist = []
+                    cond = self._cond = threading.Condition()  # published last: settle reads it after _state
+        return cond
+
+    @property
+    def _waiters(self):
+        self._condition
+        return self._wlist
+
+    @property
+    def _done_callbacks(self):
+        self._condition
+        return self._callbacks
+
+    def done(self):
+        return self._state in _DONE_STATES
+
+    def result(self, timeout=None):
+        if self._state == FINISHED and self._exception is None:
+            return self._result
+        return super().result(timeout)
+
+    def set_result(self, result):
+        if self._state in _DONE_STATES:
+            raise InvalidStateError("%s: already done" % self._state)
+        self.settle(result)
+
+    def settle(self, result):
+        """Resolve this running future with ``result``: its state first, then (when it has made its Condition:
+        someone waits, or it has callbacks) the waiters woken and the callbacks run, as Future does."""
+        self._result = result
+        self._state = FINISHED
+        cond = self._cond  # read after _state is set: a waiter making it now finds the state FINISHED
+        if cond is not None:
+            with cond:
+                for waiter in self._wlist:
+                    waiter.add_result(self)
+                cond.notify_all()
+            for callback in self._callbacks:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("exception calling callback for %r", self)
+
+
 #: What a put_idem sub-record's line takes more (the word, the producer id and sequence).
 _IDEM_LINE = 48
 
 
 class _Batch:
-    __slots__ = ("key", "topic", "head", "sends", "parts", "nbytes", "due", "deadline", "body", "attempts", "error",
-                 "count", "data", "many", "first", "seq0")
+    __slots__ = ("key", "topic", "line", "messages", "futures", "parts", "flags", "nbytes", "due", "deadline",
+                 "body", "attempts", "error", "count", "data", "many", "first", "seq0")
 
     def __init__(self, key, due):
         self.key = key  # (topic, Partition)
         self.topic = key[0]
-        self.head = b"put %s %d " % (key[0].encode("utf-8"), key[1].partition)
-        self.sends = []
+        self.line = len(key[0].encode("utf-8")) + 16 + _TAIL  # at most a sub-record's line: "put <topic> <part> ..."
+        self.messages = []  # send_async's: each message, its future, its data (parts) in order
+        self.futures = []
         self.parts = []
+        self.flags = None  # {index: flag} of its messages with an attribute block (the rest: flag 0)
         self.nbytes = 0
         self.due = due  # when lingering ends
         self.deadline = None  # the earliest deadline of its messages
@@ -61,7 +154,7 @@ class _Batch:
         self.error = None  # why its last attempt failed (a retry's)
         self.count = 0  # its messages
         self.data = 0  # bytes of their data (counted in the buffer)
-        self.many = None  # a send_many's ManySend (then sends is empty and body set at once)
+        self.many = None  # a send_many's ManySend (then messages is empty and body set at once)
         self.first = 0  # send_many: the index of its first payload in the call's
         self.seq0 = None  # an idempotent send_many's: -1 until its first attempt gives it its first sequence
 
@@ -86,10 +179,23 @@ class _Lane:
         b = self.open
         if b is not None and b.due <= now:
             self.open = None
-            b.body = b"".join(b.parts)
-            b.parts = None
+            _encode(b)
             return b
         return None
+
+
+def _encode(b):
+    """A send_async batch's ``putb`` body, from its messages' data: by the C helper in one call when every one is
+    a plain body (flag 0), else each sub-record here."""
+    partition = b.key[1].partition
+    topic = b.topic.encode("utf-8")
+    if b.flags is None:
+        b.body = encode_sub_records(topic, partition, b.parts, 0)
+    else:
+        flags = b.flags
+        b.body = b"".join(sub_record(topic, partition, flags.get(k, 0), data, metaq_checksum(data), k)
+                          for k, data in enumerate(b.parts))
+    b.parts = None
 
 
 class ManySend:
@@ -163,40 +269,50 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="metaq-producer-batches", daemon=True)
         self._thread.start()
 
-    def fits(self, put):
-        """True when the message of ``put`` fits in a batch with its sub-record's line (larger ones go alone)."""
-        return len(put.body) + _LINE + len(put.topic) <= self.batch_bytes
+    def fits(self, topic, size):
+        """True when a message of ``size`` bytes (its data) for ``topic`` fits in a batch with its sub-record's line
+        (larger ones go alone)."""
+        return size + _LINE + len(topic) <= self.batch_bytes
 
-    def add(self, send, partition):
-        """Put ``send`` (its put built, its partition chosen, >= 0) in its partition's batch."""
-        put = send.put
-        data = put.body
-        key = (put.topic, partition)
+    def largest(self, topic):
+        """The largest data of a message of ``topic`` that fits in a batch (``fits``)."""
+        return self.batch_bytes - _LINE - len(topic)
+
+    def add(self, message, future, partition, flag, data, deadline):
+        """Put ``message`` (its ``data`` and ``flag`` as a put sends them; its partition chosen, >= 0) in its
+        partition's batch; ``future`` gets its ``SendResult``. Waits for buffer room until ``deadline``
+        (RequestTimeout, nothing queued)."""
+        key = (message.topic, partition)
+        n = len(data)
         ready = None
         with self._lock:
-            if self._buffered + len(data) > self.buffer_bytes and self._buffered:
-                self._wait_room(send.deadline, len(data))
+            if self._buffered + n > self.buffer_bytes and self._buffered:
+                self._wait_room(deadline, n)
             lane = self._lanes.get(key)
             if lane is None:
                 lane = self._lanes[key] = _Lane(key)
             b = lane.open
-            if b is not None and b.nbytes + len(data) + len(b.head) + _LINE > self.batch_bytes:
+            if b is not None and b.nbytes + n + b.line > self.batch_bytes:
                 ready = self._full(lane)
                 b = None
             if b is None:
                 b = lane.open = _Batch(key, time.monotonic() + self.linger_s)
-                b.deadline = send.deadline
+                b.deadline = deadline
                 self._cond.notify()
-            rec = b"%s%d %d %d %d\r\n%s" % (b.head, len(data), put.flag, put.checksum, len(b.sends), data)
-            b.sends.append(send)
-            b.parts.append(rec)
-            b.nbytes += len(rec)
+            if flag:
+                if b.flags is None:
+                    b.flags = {}
+                b.flags[b.count] = flag
+            b.parts.append(data)
+            b.messages.append(message)
+            b.futures.append(future)
+            b.nbytes += n + b.line
             b.count += 1
-            b.data += len(data)
-            self._buffered += len(data)
-            if send.deadline < b.deadline:
-                b.deadline = send.deadline
-            if b.nbytes >= self.batch_bytes or len(b.sends) >= limits.MAX_BATCH_MESSAGES:
+            b.data += n
+            self._buffered += n
+            if deadline < b.deadline:
+                b.deadline = deadline
+            if b.nbytes >= self.batch_bytes or b.count >= limits.MAX_BATCH_MESSAGES:
                 more = self._full(lane)
                 ready = more if ready is None else ready + more
         if ready:
@@ -309,8 +425,7 @@ class Batcher:
         """Close ``lane``'s open batch (full): the batches now sendable (it, or none if its turn has not come)."""
         b = lane.open
         lane.open = None
-        b.body = b"".join(b.parts)
-        b.parts = None
+        _encode(b)
         lane.full.append(b)
         return self._sendable(lane.broker)
 
@@ -418,17 +533,15 @@ class Batcher:
         elif b.many is not None:
             b.many.chunk_done(b.first, b.count, runs, None)
         else:
-            self.producer.finish_stored(b.sends, [(first_id, Partition(broker, part), offset, count)
-                                                  for first_id, part, offset, count in runs])
+            self.producer.finish_stored(b.messages, b.futures, [(first_id, Partition(broker, part), offset, count)
+                                                                for first_id, part, offset, count in runs])
         self._send(ready)
 
     def _fail(self, b, error):
         if b.many is not None:
             b.many.chunk_done(b.first, b.count, None, error)
             return
-        finish = self.producer.finish_sent
-        for send in b.sends:
-            finish(send, SendResult(False, b.key[1], error=error))
+        self.producer.finish_failed(b.futures, SendResult(False, b.key[1], error=error))
 
     # -- the batcher's thread ---------------------------------------------------------------------------
 

@@ -80,25 +80,21 @@ class Message:
 
     def __init__(self, topic, body, attribute=None, key=None, properties=None, delay_level=0, priority=None,
                  deliver_at=None, delay=None):
-        if isinstance(body, (bytearray, memoryview)):
-            body = bytes(body)
-        elif not isinstance(body, bytes):
-            raise TypeError("message body must be bytes, got %s" % type(body).__name__)
-        if attribute is not None and not isinstance(attribute, str):
-            raise TypeError("message attribute must be a str or None, got %s" % type(attribute).__name__)
-        if attribute is not None and "\x02" in attribute:  # it would come back cut there, the rest as properties
-            raise ValueError("a message attribute cannot hold \\x02: it separates the attribute from the message's "
-                             "properties (give those as properties=)")
-        if not isinstance(delay_level, int) or isinstance(delay_level, bool) or delay_level < 0:
-            raise ValueError("delay_level must be an int >= 0 (0 = no delay), got %r" % (delay_level,))
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool) or priority < 0):
-            raise ValueError("priority must be None or an int >= 0 (a level of a priority topic), got %r" % (priority,))
-        if priority is not None and delay_level:
-            raise ValueError("a message cannot have both a delay level and a priority")
-        self.when = when_of(deliver_at, delay)  # put_at's @<ms> / +<ms>, or None
-        if self.when is not None and (delay_level or priority is not None):
-            raise ValueError("a message cannot have both a delivery time (deliver_at, delay) and a delay level or a "
-                             "priority")
+        if type(body) is not bytes:
+            if isinstance(body, (bytearray, memoryview)):
+                body = bytes(body)
+            elif not isinstance(body, bytes):
+                raise TypeError("message body must be bytes, got %s" % type(body).__name__)
+        if attribute is not None:
+            if not isinstance(attribute, str):
+                raise TypeError("message attribute must be a str or None, got %s" % type(attribute).__name__)
+            if "\x02" in attribute:  # it would come back cut there, the rest as properties
+                raise ValueError("a message attribute cannot hold \\x02: it separates the attribute from the "
+                                 "message's properties (give those as properties=)")
+        if priority is None and deliver_at is None and delay is None and type(delay_level) is int and not delay_level:
+            self.when = None  # a plain message (the common case): nothing more to check
+        else:
+            self._check_timing(delay_level, priority, deliver_at, delay)
         self.priority = priority
         self.topic = topic
         self.body = body
@@ -109,7 +105,20 @@ class Message:
         self.partition = None
         self.offset = None
         self.flag = None  # the record's flag when the message was fetched
-        self.properties = dict(properties or {})
+        self.properties = dict(properties) if properties else {}
+
+    def _check_timing(self, delay_level, priority, deliver_at, delay):
+        """The delay level, priority and delivery time checked (ValueError), ``when`` set."""
+        if not isinstance(delay_level, int) or isinstance(delay_level, bool) or delay_level < 0:
+            raise ValueError("delay_level must be an int >= 0 (0 = no delay), got %r" % (delay_level,))
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool) or priority < 0):
+            raise ValueError("priority must be None or an int >= 0 (a level of a priority topic), got %r" % (priority,))
+        if priority is not None and delay_level:
+            raise ValueError("a message cannot have both a delay level and a priority")
+        self.when = when_of(deliver_at, delay)  # put_at's @<ms> / +<ms>, or None
+        if self.when is not None and (delay_level or priority is not None):
+            raise ValueError("a message cannot have both a delivery time (deliver_at, delay) and a delay level or a "
+                             "priority")
 
     def encode(self, compress_over=None, compression="zlib"):
         """``(flag, data)`` as sent in a ``put``: the attribute block (if any) followed by the body.

@@ -48,7 +48,7 @@ from metaq.protocol.compression import sys_flag_of
 from metaq.idempotence.records import MAX_PID
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.transactions import wire
-from metaq.client.batching import Batcher, ManySend
+from metaq.client.batching import Batcher, ManySend, SendFuture
 from metaq.client.connection import ConnectionPool
 from metaq.client.discovery import open_discovery
 from metaq.client.message import Message, Partition, SendResult
@@ -105,8 +105,9 @@ class Producer:
     ``zstd``, ``lz4``); the broker stores them decompressed, so every reader gets the original bytes.
     ``batch_bytes`` (bytes, None: off): plain sends of a partition go together as one ``putb`` of at most that
     many bytes (at most the broker's ``limits.max_body_bytes``), closed when full or ``linger_ms`` after its first
-    message; at most ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's
-    order), at most ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
+    message (a lone message waits its linger, as Kafka's: ``linger_ms=0`` sends it at once); at most
+    ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's order), at most
+    ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
     Thread-safe; close it (or use ``with``) when done.
     """
 
@@ -144,6 +145,7 @@ class Producer:
                                         zk_session_timeout=zk_session_timeout, timeout=send_timeout,
                                         refresh_interval=refresh_interval, retry_interval=suspect_time)
         self._topics_ok = set()
+        self._batched_sizes = {}  # topic -> the largest body send_async puts in a batch as it is
         self._suspect = {}  # broker id -> monotonic time until which it is avoided
         self._cond = threading.Condition()
         self._retries = []  # heap of (due, seq, _Send)
@@ -154,6 +156,7 @@ class Producer:
         self._closed = False
         self._random = random.Random()
         self._tx_local = threading.local()  # this thread's LocalTransaction (metaq.transactions.client)
+        self._tx_bound = False  # some thread bound a transaction once: send_async must look for its own
         self._tx_session = None  # the session id of its transaction keys, made on first use
         self._tx_numbers = itertools.count(1)
         self._worker = threading.Thread(target=self._retry_loop, name="metaq-producer-retry", daemon=True)
@@ -191,6 +194,12 @@ class Producer:
         ``callback(result)`` is called once when the send is over, on a client
         thread: it must return quickly. Bad messages raise as in ``send``.
         """
+        if (self._batcher is not None and type(message) is Message and message.attribute is None
+                and message.key is None and not message.properties and message.priority is None
+                and message.when is None and not message.delay_level and not self._tx_bound):
+            future = self._send_batched(message, callback, timeout)
+            if future is not None:
+                return future
         tx = self.current_transaction()
         if (self.idempotent or tx is not None) and message.priority is not None:
             raise ValueError("a message with a priority cannot be sent idempotently or in a transaction")
@@ -223,13 +232,53 @@ class Producer:
         elif first is None:
             self._retry_later(send, self._no_partition(message.topic))
         elif self._batcher is not None and first.partition >= 0 and self._batchable(put, message):
-            send.partition = first
             try:
-                self._batcher.add(send, first)
+                self._batcher.add(message, future, first, put.flag, put.body, deadline)
             except RequestTimeout as exc:  # no room in the batches' buffer before the deadline
                 self._finish(send, SendResult(False, first, error=exc))
         else:
             self._attempt(send, first)
+        return future
+
+    def _send_batched(self, message, callback, timeout):
+        """``send_async`` of a plain message (a body, nothing else: sent as it is, flag 0) into its partition's
+        batch, without building its put (the batch is encoded whole when it closes); None, having done nothing,
+        when it must go the general way (no partition known yet, too large for a batch, to be compressed)."""
+        topic = message.topic
+        largest = self._batched_sizes.get(topic)
+        if largest is None:
+            limits.validate_topic(topic)
+            largest = self._batcher.largest(topic)
+            if self.compress_over is not None:
+                largest = min(largest, self.compress_over)
+            self._batched_sizes[topic] = largest = min(largest, self.max_body_bytes)
+        body = message.body
+        if len(body) > largest:
+            return None
+        if self._closed:
+            raise RuntimeError("producer is closed")
+        try:
+            partitions = self.discovery.partitions(topic)
+            if not partitions:
+                return None
+            if self._suspect and not self._ordered:
+                now = time.monotonic()
+                partitions = [p for p in partitions if self._suspect.get(p.broker_id, 0) <= now] or partitions
+            first = self.selector.select(topic, partitions, message)
+        except Unauthenticated:
+            return None
+        if first.partition < 0:
+            return None
+        future = SendFuture()
+        if callback is not None:
+            future.add_done_callback(lambda f: self._run_callback(callback, f))
+        with self._count_lock:
+            self._started += 1
+        try:
+            self._batcher.add(message, future, first, 0, body,
+                              time.monotonic() + (self.retry_deadline if timeout is None else timeout))
+        except RequestTimeout as exc:  # no room in the batches' buffer before the deadline
+            self.finish_failed([future], SendResult(False, first, error=exc))
         return future
 
     def send_many(self, topic, payloads, partition=None, key=None, timeout=None):
@@ -324,7 +373,7 @@ class Producer:
     def _batchable(self, put, message):
         """A plain put, not compressed, that fits in a batch (the rest is sent alone, as without batching)."""
         return (type(put) is ev.Put and (self.compress_over is None or len(message.body) <= self.compress_over)
-                and self._batcher.fits(put))
+                and self._batcher.fits(put.topic, len(put.body)))
 
     def send_oneway(self, message):
         """Write ``message`` without waiting for the broker's answer; True once written to some broker.
@@ -501,8 +550,7 @@ class Producer:
 
     def new_future(self, callback=None):
         """A running Future for a ``SendResult``; ``callback(result)`` runs when it is set (errors are logged)."""
-        future = Future()
-        future.set_running_or_notify_cancel()
+        future = SendFuture()
         if callback is not None:
             future.add_done_callback(lambda f: self._run_callback(callback, f))
         return future
@@ -514,6 +562,7 @@ class Producer:
 
     def bind_transaction(self, tx):
         """Make ``tx`` the calling thread's transaction: its sends go through ``tx.send_async`` until it ends."""
+        self._tx_bound = True
         self._tx_local.tx = tx
 
     def local_tx_key(self):
@@ -638,24 +687,29 @@ class Producer:
                 seqs.waiting = False
                 self._window_cond.notify_all()
 
-    def finish_sent(self, send, result):
-        """``send`` is over with ``result`` (the batches' resolution of each message: batching.py)."""
-        self._finish(send, result)
+    def finish_failed(self, futures, result):
+        """A batch's ``futures`` (none done yet) failed with ``result`` (one ``SendResult`` for all), counted once."""
+        for future in futures:
+            future.settle(result)
+        self._count_finished(len(futures))
 
-    def finish_stored(self, sends, runs):
-        """A batch's ``sends`` (never idempotent, their futures not done) were stored as ``runs``: ``(first_id,
-        Partition, first_offset, count)`` in order. Each message's fields and future are set, counted once."""
+    def finish_stored(self, messages, futures, runs):
+        """A batch's ``messages`` (never idempotent, their futures not done) were stored as ``runs``:
+        ``(first_id, Partition, first_offset, count)`` in order. Each message's fields and future are set (its own
+        id and offset), counted once."""
         k = 0
         new = tuple.__new__
         for first_id, stored, offset, count in runs:
             for j in range(count):
-                send = sends[k + j]
-                message = send.message
+                message = messages[k + j]
                 message.id, message.partition, message.offset = first_id + j, stored, offset + j
-                send.future.set_result(new(SendResult, (True, stored, offset + j, first_id + j, None, False)))
+                futures[k + j].settle(new(SendResult, (True, stored, offset + j, first_id + j, None, False)))
             k += count
+        self._count_finished(len(messages))
+
+    def _count_finished(self, n):
         with self._count_lock:
-            self._finished += len(sends)
+            self._finished += n
             idle = self._finished == self._started
         if idle:
             with self._cond:

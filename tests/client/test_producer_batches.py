@@ -111,3 +111,82 @@ def test_a_broker_restart_mid_stream_keeps_each_partitions_order(broker_factory,
         for key, ns in firsts.items():
             seen = list(dict.fromkeys(ns))  # first occurrences
             assert seen == sorted(seen), (partition, key)
+
+
+def first_partition(topic, partitions, message):
+    return partitions[0]
+
+
+def test_a_batch_of_ten_thousand_resolves_each_future_with_its_own_place(broker_factory, tmp_path):
+    """One batch of limits.MAX_BATCH_MESSAGES: each future its own id and offset, each message's fields set."""
+    broker = broker_factory(small_config(tmp_path / "data", limits={"max_body_bytes": 1 << 20},
+                                         store={"segment_size": 4 << 20}))
+    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 20, linger_ms=60_000,
+                  selector=first_partition) as producer:
+        assert producer.send(Message("tten", b"create")).success
+        messages = [Message("tten", b"n%d" % i) for i in range(10_000)]
+        futures = [producer.send_async(m) for m in messages]
+        results = [f.result(30) for f in futures]  # the batch closed on its count: no flush, no linger
+    assert all(r.success for r in results), [r for r in results if not r.success][:3]
+    first = results[0]
+    assert [r.offset for r in results] == list(range(first.offset, first.offset + 10_000))
+    assert len({r.msg_id for r in results}) == 10_000
+    assert [(m.id, m.partition, m.offset) for m in messages] == [(r.msg_id, r.partition, r.offset) for r in results]
+    stored = held(broker, "tten", 1)[0]
+    assert [(stored[r.offset].payload, stored[r.offset].msg_id) for r in results] == [
+        (b"n%d" % i, r.msg_id) for i, r in enumerate(results)]
+
+
+def test_plain_and_attributed_messages_share_a_batch_in_order(broker):
+    """Messages with an attribute or a key (an attribute block, another flag) go in the same batch as plain ones;
+    every one is stored as sent, in send order."""
+    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 16, linger_ms=50,
+                  selector=first_partition) as producer:
+        assert producer.send(Message("tmixed", b"create")).success
+        messages = [Message("tmixed", b"p%d" % i, attribute="a%d" % i if i % 3 == 1 else None,
+                            key="k%d" % i if i % 3 == 2 else None) for i in range(300)]
+        results = [f.result(30) for f in [producer.send_async(m) for m in messages]]
+    assert all(r.success for r in results)
+    assert [r.offset for r in results] == list(range(results[0].offset, results[0].offset + 300))
+    with broker.client() as c:
+        stored = consume_all(c, "tmixed", 0)
+    got = [Message.from_record("tmixed", None, r.offset, stored[r.offset]) for r in results]
+    assert [(m.body, m.attribute, m.properties.get("KEYS")) for m in got] == [
+        (b"p%d" % i, "a%d" % i if i % 3 == 1 else None, "k%d" % i if i % 3 == 2 else None) for i in range(300)]
+
+
+def test_futures_work_with_callbacks_wait_and_asyncio(broker):
+    """A send's future is a concurrent.futures.Future: callbacks (each once), wait, as_completed, wrap_future."""
+    import asyncio
+    import concurrent.futures
+
+    called = []
+    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 16, linger_ms=20) as producer:
+        assert producer.send(Message("tfut", b"create")).success
+        futures = [producer.send_async(Message("tfut", b"c%d" % i), callback=called.append) for i in range(500)]
+        waiting = [producer.send_async(Message("tfut", b"w%d" % i)) for i in range(500)]
+        done, not_done = concurrent.futures.wait(waiting, timeout=30)
+        assert len(done) == 500 and not not_done
+        assert len(list(concurrent.futures.as_completed(futures, timeout=30))) == 500
+        late = []
+        futures[0].add_done_callback(late.append)  # added once done: called at once
+        assert late == [futures[0]] and not futures[0].cancel() and futures[0].done()
+
+        async def awaited():
+            return await asyncio.wrap_future(producer.send_async(Message("tfut", b"aio")))
+        assert asyncio.run(awaited()).success
+    assert sorted(r.offset for r in called) == sorted(f.result().offset for f in futures)
+
+
+def test_a_refused_batch_fails_every_future_with_the_error(broker_factory, tmp_path):
+    """A batch of 2,000 refused whole (403): each future fails with that error, each callback runs once."""
+    broker = broker_factory(secured_config(tmp_path))
+    bob = ClientSecurity("bob", SECRETS["bob"])
+    called = []
+    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 20, linger_ms=50, security=bob,
+                  retry_deadline=2) as producer:
+        futures = [producer.send_async(Message("payroll", b"x%d" % i), callback=called.append) for i in range(2000)]
+        results = [f.result(10) for f in futures]
+        assert producer.flush(5)
+    assert [r.success for r in results] == [False] * 2000
+    assert {r.error.code for r in results} == {403} and len(called) == 2000
