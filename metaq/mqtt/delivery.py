@@ -204,6 +204,10 @@ def _one_name(topic_filter):
     return topic_filter
 
 
+#: ``Delivery._greenlet`` between a wake and the loop's start of its greenlet.
+_STARTING = object()
+
+
 class Delivery:
     """The delivery of one connection (``conn``, an ``mqtt.connection.Connection``) through ``port`` (the store, the
     guard, the waiters and the settings it reads). Its greenlet runs while it has work (``wake`` starts it, ``stop``
@@ -355,12 +359,18 @@ class Delivery:
         conn = self.conn
         conn.room.set()
         if self._greenlet is None and not conn.closed:
-            self._greenlet = gevent.spawn(self.run)
+            self._greenlet = _STARTING  # started from the loop: gevent keeps the frames of a greenlet's spawner
+            gevent.get_hub().loop.run_callback(self._start)
+
+    def _start(self):
+        if self._greenlet is _STARTING:
+            self._greenlet = None if self.conn.closed else gevent.spawn(self.run)
 
     def stop(self):
         """The connection ended: its greenlet is ended and the fan-out readers let it go."""
-        if self._greenlet is not None:
-            self._greenlet.kill(block=False)
+        g, self._greenlet = self._greenlet, None
+        if g is not None and g is not _STARTING:
+            g.kill(block=False)
         self._leave_fanouts()
 
     def _leave_fanouts(self):
