@@ -158,7 +158,10 @@ class Fanout:
         f, (topic, partition) = self.fanouts, self.key
         store, decoded = f.store, f.decoded
         try:
-            self._partitions = store.partitions_of(topic)
+            try:
+                self._partitions = store.partitions_of(topic)
+            except errors.MetaqError:
+                return
             turn = time.monotonic()
             while self.members and not f.waiters.closed:
                 try:
