@@ -20,7 +20,8 @@ and handles each packet:
   MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
   exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
 * **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
-  a greenlet of its own) reads the topics the subscriptions read from their end.
+  a greenlet of its own while it has work; a partition it is caught up on at QoS 0 is written by the port's
+  fan-out reader of it) reads the topics the subscriptions read from their end.
 * **PINGREQ**, **DISCONNECT** (0x00: no will; 0x04 or none: the will is published), the acknowledgements of
   deliveries (PUBACK, PUBREC, PUBCOMP) and the PUBREL of a QoS 2 PUBLISH.
 
