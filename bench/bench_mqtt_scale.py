@@ -1,6 +1,7 @@
 """MQTT connections at scale (issue 43 point 7).
 
     python -m bench.bench_mqtt_scale [--connections 19000] [--keep-alive 10] [--subscribers 10000] [--runs 3]
+                                     [--fanout-only] [--no-mosquitto]
 
 Against a real metaq broker process on 127.0.0.1 (MQTT port on, flush async, the real segment sizes), with the load
 generator of ``bench/mqtt_load.py`` in processes of its own (the machine's descriptor limit is 20,000 per process:
@@ -17,7 +18,9 @@ spread over the source addresses 127.0.0.2-127.0.0.9 (the broker caps connection
   stamped QoS 0 messages 2 s apart; p50 / p99 / max of publish-to-receive over every delivery, and the memory per
   subscribed connection.
 
-Not a test: nothing here asserts; medians of ``--runs`` runs, a markdown table.
+``--fanout-only`` skips the idle connections (then the memory per subscribed connection is the whole connection's,
+not what a subscription adds to an idle one); ``--no-mosquitto`` skips Mosquitto's run. Not a test: nothing here
+asserts; medians of ``--runs`` runs, a markdown table.
 """
 
 import argparse
@@ -124,11 +127,12 @@ def one_run(args):
     root = tempfile.mkdtemp(prefix="metaq-mqtt-scale-", dir=args.dir)
     target = Metaq(root, "async")
     try:
-        figures = idle_phase(target, args.connections, args.keep_alive)
+        figures = {} if args.fanout_only else idle_phase(target, args.connections, args.keep_alive)
         figures.update(fanout_phase(target, args.subscribers, args.fanout_messages))
     finally:
         target.stop()
-    if mosquitto_path():  # the same fan-out against Mosquitto, in the same run: the floor the kernel's sends set
+    # the same fan-out against Mosquitto, in the same run: the floor the kernel's sends set
+    if mosquitto_path() and not args.no_mosquitto:
         peer = Mosquitto(root)
         try:
             figures.update({"mosquitto_" + k: v for k, v in fanout_phase(peer, args.subscribers,
@@ -147,6 +151,8 @@ def main(argv=None):
     ap.add_argument("--subscribers", type=int, default=10_000)
     ap.add_argument("--fanout-messages", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--fanout-only", action="store_true", help="skip the idle connections' part")
+    ap.add_argument("--no-mosquitto", action="store_true", help="skip Mosquitto's fan-out")
     ap.add_argument("--dir", default=None, help="where to put the data (default: $TMPDIR)")
     args = ap.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -159,15 +165,16 @@ def main(argv=None):
 
     print("\nMQTT at scale: one metaq broker (flush async), generator in %d processes, medians of %d runs\n"
           % (PROCS, args.runs))
-    print("| measurement | figure | unit |")
-    print("|---|---:|---|")
-    print("| connections open at once (seen by the broker) | %d | connections |" % med("seen"))
-    print("| connect rate (CONNECT to CONNACK, 2 x 256 in flight) | %.0f | conn/s |" % med("connect_rate"))
-    print("| broker memory per idle connection (target <= 8) | %.1f | KiB |" % med("per_conn_kib"))
-    print("| keep-alive %d s: PINGREQs sent / answered over %d s | %d / %d | pings |"
-          % (args.keep_alive, 2 * args.keep_alive, med("pings_sent"), med("pings_answered")))
-    print("| connections the broker closed during the pings / open after | %d / %d | connections |"
-          % (med("closed_by_broker"), med("open_after_pings")))
+    if not args.fanout_only:
+        print("| measurement | figure | unit |")
+        print("|---|---:|---|")
+        print("| connections open at once (seen by the broker) | %d | connections |" % med("seen"))
+        print("| connect rate (CONNECT to CONNACK, 2 x 256 in flight) | %.0f | conn/s |" % med("connect_rate"))
+        print("| broker memory per idle connection (target <= 8) | %.1f | KiB |" % med("per_conn_kib"))
+        print("| keep-alive %d s: PINGREQs sent / answered over %d s | %d / %d | pings |"
+              % (args.keep_alive, 2 * args.keep_alive, med("pings_sent"), med("pings_answered")))
+        print("| connections the broker closed during the pings / open after | %d / %d | connections |"
+              % (med("closed_by_broker"), med("open_after_pings")))
     peer = "mosquitto_p50" in runs[0]
 
     def beside(key, form):

@@ -20,7 +20,8 @@ and handles each packet:
   MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
   exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
 * **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
-  a greenlet of its own) reads the topics the subscriptions read from their end.
+  a greenlet of its own while it has work; a partition it is caught up on at QoS 0 is written by the port's
+  fan-out reader of it) reads the topics the subscriptions read from their end.
 * **PINGREQ**, **DISCONNECT** (0x00: no will; 0x04 or none: the will is published), the acknowledgements of
   deliveries (PUBACK, PUBREC, PUBCOMP) and the PUBREL of a QoS 2 PUBLISH.
 
@@ -77,7 +78,7 @@ class Connection(core.Connection):
     log_prefix = "mqtt"
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
                  "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
-                 "_ack_sent", "_writer", "_delivery", "_delivery_obj", "_unacked_in", "_aliases", "_handling",
+                 "_ack_sent", "_writer", "_delivery", "_unacked_in", "_aliases", "_handling",
                  "_ended_cleanly", "_taken_over", "_decided")
 
     def __init__(self, sock, address, conn_id, port):
@@ -98,8 +99,7 @@ class Connection(core.Connection):
         self._acks_pending = 0
         self._ack_sent = None  # an Event once waited on: set by the acknowledgement writer after each acknowledgement
         self._writer = None  # the acknowledgement writer's greenlet while acknowledgements wait (_queue_ack)
-        self._delivery = None  # the delivery's greenlet, once the client subscribed
-        self._delivery_obj = None
+        self._delivery = None  # the Delivery, once the client subscribed (its greenlet runs while it has work)
         self._unacked_in = 0  # the client's QoS 1/2 PUBLISHes not yet acknowledged (QoS 2: until its PUBREL)
         self._aliases = {}  # topic alias -> topic name (MQTT 5, this connection's)
         self._handling = False
@@ -140,6 +140,46 @@ class Connection(core.Connection):
                 log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
                 self.close()
                 return False
+        return True
+
+    def try_send(self, data):
+        """Write an encoded packet now, never waiting for the socket or the write lock (a fan-out reader writes one
+        message to many connections and waits for none): ``len(data)`` when all of it went; 0 when none did (the
+        socket's buffer is full or another writer holds the lock); None when the connection is closed, the send
+        failed (then it closes) or is TLS (written only by ``send_bytes``); else the bytes written, and the write
+        lock stays held: the caller sends the rest with ``finish_send`` before anything else is written."""
+        if self.closed or self.tls:
+            return None
+        lock = self._write_lock
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            n = self.sock.send(data, 0, 0.0)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            lock.release()
+            log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
+            self.close()
+            return None
+        if 0 < n < len(data):
+            return n
+        lock.release()
+        return n
+
+    def finish_send(self, rest):
+        """Send ``rest``, what a ``try_send`` left of its packet, and let the write lock go; False when the
+        connection is closed or the send failed (then it closes)."""
+        try:
+            if self.closed:
+                return False
+            self.sock.sendall(rest)
+        except OSError as exc:
+            log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
+            self.close()
+            return False
+        finally:
+            self._write_lock.release()
         return True
 
     def _queue_ack(self, packet, wait=None, counted=False):
@@ -436,9 +476,10 @@ class Connection(core.Connection):
             deadline = _now() + self.request_timeout
             while self._acks_pending and not self.closed and _now() < deadline:
                 gevent.sleep(0.01)
-        for g in (self._writer, self._delivery):
-            if g is not None:
-                g.kill(block=False)
+        if self._writer is not None:
+            self._writer.kill(block=False)
+        if self._delivery is not None:
+            self._delivery.stop()
         self.close()
         if self.mqtt is None:
             return
@@ -570,15 +611,15 @@ class Connection(core.Connection):
 
     def _wake(self):
         """Let the delivery look again (an acknowledgement, a subscription, the close); nothing before one exists."""
-        if self.room is not None:
-            self.room.set()
+        if self._delivery is not None:
+            self._delivery.wake()
 
     def _delivery_of(self):
         if self._delivery is None:
             self.room = Event()
-            self._delivery_obj = Delivery(self, self.port)
-            self._delivery = gevent.spawn(self._delivery_obj.run)
-        return self._delivery_obj
+            self._delivery = Delivery(self, self.port)
+            self._delivery.wake()
+        return self._delivery
 
     def _unsubscribe(self, p):
         codes = tuple(wire.SUCCESS if self.mqtt.unsubscribe(f) or self._leave(f) else wire.NO_SUBSCRIPTION_EXISTED

@@ -15,10 +15,25 @@ reads), matches each record's MQTT topic name (``records.message_of``) against t
 flight are bounded by min(``mqtt.max_inflight``, the client's Receive Maximum): the delivery waits for an
 acknowledgement past it. With nothing to read it waits on the partitions (``PartitionWaiters.wait_any``), woken by an
 append.
+
+**Fan-out.** A delivery caught up on a partition (its cursor at the end of the log there), whose subscriptions of
+that topic are granted QoS 0, hands the partition to the port's one reader of it (``Fanout``, one greenlet per
+partition read this way): it reads each record once, decodes it and encodes its PUBLISH once (``Decoded``) and
+writes it to every delivery handed to it, each one's own decision taken per record (its permission, its filters,
+No Local, Retain As Published, Subscription Identifiers, Message Expiry, its Maximum Packet Size) and its cursor
+moved past it. It never waits for one: a subscriber whose socket does not take a whole PUBLISH at once (it does not
+read), whose record needs QoS 1 or 2, or that lost its permission, leaves it at that record (with what the socket
+did not take of the PUBLISH sent first) and goes on alone from its own cursor, in order, as above; caught up again,
+it hands the partition back. A delivery with every partition handed over and nothing else to do (no wildcard
+filter, no shared subscription, nothing to resend) keeps no greenlet: an acknowledgement, a subscription, a
+fan-out reader that lets it go start one again.
 """
 
 import logging
 import time
+
+import gevent
+from gevent.event import Event
 
 from metaq import errors, limits
 from metaq.auth.acl import SUB
@@ -100,6 +115,89 @@ class _Kept:
             self.held -= values.pop(oldest)[1]
 
 
+class Fanouts:
+    """The port's fan-out readers (``Fanout``), one per partition some caught-up delivery handed over."""
+
+    __slots__ = ("store", "waiters", "decoded", "max_transfer", "readers")
+
+    def __init__(self, store, waiters, decoded, max_transfer):
+        self.store, self.waiters, self.decoded, self.max_transfer = store, waiters, decoded, max_transfer
+        self.readers = {}  # (metaq topic, partition) -> Fanout
+
+    def join(self, key, delivery, offset):
+        """Hand partition ``key`` to its reader from ``offset`` (the delivery's cursor): the reader, or None when one
+        reads it from another offset (the delivery reads it alone and tries again once caught up)."""
+        f = self.readers.get(key)
+        if f is None:
+            f = self.readers[key] = Fanout(self, key, offset)
+            f.members.add(delivery)
+            f.greenlet = gevent.spawn(f.run)
+            return f
+        if f.offset != offset or f.ended:
+            return None
+        f.members.add(delivery)
+        return f
+
+
+class Fanout:
+    """One reader of partition ``key`` for the deliveries handed to it (see the module doc): ``offset`` is the next
+    record it writes to them; it ends when it has none left, and lets every one go when the partition cannot be read
+    as it was (moved, a damaged record, the topic deleted, its partitions changed: each member's own read decides)."""
+
+    __slots__ = ("fanouts", "key", "offset", "members", "greenlet", "ended", "_wake", "_partitions")
+
+    def __init__(self, fanouts, key, offset):
+        self.fanouts, self.key, self.offset = fanouts, key, offset
+        self.members = set()  # Delivery
+        self.greenlet = None
+        self.ended = False
+        self._wake = Event()
+        self._partitions = None
+
+    def run(self):
+        f, (topic, partition) = self.fanouts, self.key
+        store, decoded = f.store, f.decoded
+        try:
+            try:
+                self._partitions = store.partitions_of(topic)
+            except errors.MetaqError:
+                return
+            turn = time.monotonic()
+            while self.members and not f.waiters.closed:
+                try:
+                    if store.partitions_of(topic) != self._partitions:
+                        return  # a literal filter's partition may have moved: each member rescans alone
+                    records, _next = store.read_records(topic, partition, self.offset, limits.MQTT_DELIVERY_BATCH,
+                                                        f.max_transfer)
+                except errors.MetaqError:
+                    return
+                if not records:
+                    self._wake.clear()
+                    f.waiters.wait_any((self.key,), limits.MQTT_TOPIC_RESCAN_S, self._wake)
+                    turn = time.monotonic()
+                    continue
+                for rec in records:
+                    dkey = (rec.position, rec.msg_id)
+                    m = decoded.message(dkey, topic, rec.flag, rec.data)
+                    self.offset = rec.queue_offset + 1  # a delivery that joins meanwhile has sent this one itself
+                    for d in list(self.members):
+                        turn = share_loop(turn)
+                        if d in self.members and not d.fan_deliver(self.key, rec, m, dkey):
+                            self.leave(d)
+        finally:
+            self.ended = True
+            if f.readers.get(self.key) is self:
+                del f.readers[self.key]
+            members, self.members = self.members, set()
+            for d in members:
+                d.left(self.key)
+
+    def leave(self, delivery):
+        """``delivery`` reads this partition alone from now on, from its cursor."""
+        self.members.discard(delivery)
+        delivery.left(self.key)
+
+
 def _one_name(topic_filter):
     """The one MQTT topic name ``topic_filter`` matches when it has no wildcard and more than one level (its messages
     are all in that name's partition), else None: a filter of the first level alone also matches the records put to
@@ -109,9 +207,18 @@ def _one_name(topic_filter):
     return topic_filter
 
 
+#: ``Delivery._greenlet`` between a wake and the loop's start of its greenlet.
+_STARTING = object()
+
+
 class Delivery:
     """The delivery of one connection (``conn``, an ``mqtt.connection.Connection``) through ``port`` (the store, the
-    guard, the waiters and the settings it reads)."""
+    guard, the waiters and the settings it reads). Its greenlet runs while it has work (``wake`` starts it, ``stop``
+    ends it); its attributes are in slots: every subscribed client has one."""
+
+    __slots__ = ("conn", "store", "guard", "waiters", "settings", "max_transfer", "session", "port", "decoded",
+                 "fanouts", "_retained", "_deferred", "_seen", "_rescanned", "_overflow_logged", "_turn", "_greenlet",
+                 "_resent", "_rest", "_handed")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -123,12 +230,17 @@ class Delivery:
         self.session = conn.mqtt
         self.port = port
         self.decoded = port.decoded
+        self.fanouts = port.fanouts
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
-        self._deferred = {}  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
-        self._seen = set()  # topics known when a wildcard filter was subscribed, or found since
+        self._deferred = None  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
+        self._seen = None  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
         self._turn = 0.0  # when this greenlet's turn on the loop began (connections.share_loop)
+        self._greenlet = None  # while it has work
+        self._resent = False  # a resumed session's messages in flight were sent again
+        self._rest = None  # what the socket did not take of a PUBLISH a fan-out reader began: sent first
+        self._handed = None  # (topic, partition) -> the Fanout it was handed to
 
     # -- subscribing -----------------------------------------------------------
 
@@ -155,6 +267,8 @@ class Delivery:
         first = inner.split("/", 1)[0]
         if first in ("+", "#"):
             topics = self._readable()
+            if self._seen is None:
+                self._seen = set()
             self._seen.update(self.store.known_topics())
             if len(topics) > s.max_wildcard_topics:
                 log.info("mqtt %s: SUBSCRIBE %s refused: it would read %d topics, past the limit of %d "
@@ -235,41 +349,170 @@ class Delivery:
                                     len(sub.topics), topic)
                     break
                 sub.topics.add(topic)
-                self._start_at_end(topic, at_start=topic not in self._seen)  # new: every message of it is new
+                self._start_at_end(topic, at_start=topic not in (self._seen or ()))  # new: all of it is new
+        if self._seen is None:
+            self._seen = set()
         self._seen.update(readable)
 
     # -- delivering ------------------------------------------------------------
 
+    def wake(self):
+        """Let the delivery look again (an acknowledgement, a subscription, a fan-out reader that let it go): its
+        greenlet is started when it has none; nothing once the connection closed."""
+        conn = self.conn
+        conn.room.set()
+        if self._greenlet is None and not conn.closed:
+            self._greenlet = _STARTING  # started from the loop: gevent keeps the frames of a greenlet's spawner
+            gevent.get_hub().loop.run_callback(self._start)
+
+    def _start(self):
+        if self._greenlet is _STARTING:
+            self._greenlet = None if self.conn.closed else gevent.spawn(self.run)
+
+    def stop(self):
+        """The connection ended: its greenlet is ended and the fan-out readers let it go."""
+        g, self._greenlet = self._greenlet, None
+        if g is not None and g is not _STARTING:
+            g.kill(block=False)
+        self._leave_fanouts()
+
+    def _leave_fanouts(self):
+        """Take every partition back from the fan-out readers (its cursors are where they left them)."""
+        handed, self._handed = self._handed, None
+        for f in (handed or {}).values():
+            f.members.discard(self)
+
+    def left(self, key):
+        """A fan-out reader let partition ``key`` go: this delivery reads it alone from its cursor."""
+        if self._handed is not None:
+            self._handed.pop(key, None)
+        self.wake()
+
     def run(self):
         conn = self.conn
         room = conn.room
-        self._turn = time.monotonic()
-        self.resend()
-        while not conn.closed:
-            if self._retained:
-                self._send_retained()
-            if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
-                self._rescan()
-            if self._pass() and (self.session.shared or self._behind()):
-                continue  # more to read (an append came while it sent)
-            room.clear()
-            if conn.closed or self.waiters.closed:
-                return
-            if self._retained:
-                continue
-            keys = list(self.session.cursors)
-            for group, _granted, _id in self.session.shared.values():
-                keys.extend(group.cursors)
-            self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
+        me = gevent.getcurrent()
+        try:
             self._turn = time.monotonic()
+            if not self._resent:
+                self._resent = True
+                self.resend()
+            while not conn.closed:
+                if self._rest is not None:
+                    rest, self._rest = self._rest, None
+                    if not conn.finish_send(rest):
+                        return
+                if self._retained:
+                    self._send_retained()
+                if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
+                    self._rescan()
+                if self._pass() and (self.session.shared or self._behind()):
+                    continue  # more to read (an append came while it sent)
+                room.clear()
+                if conn.closed or self.waiters.closed:
+                    return
+                if self._retained or self._rest is not None:
+                    continue
+                self._hand_over()
+                handed = self._handed or ()
+                keys = [k for k in self.session.cursors if k not in handed]
+                for group, _granted, _id in self.session.shared.values():
+                    keys.extend(group.cursors)
+                if not keys and self._idle():
+                    return  # every partition is a fan-out reader's: no greenlet until woken
+                self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
+                self._turn = time.monotonic()
+        finally:
+            if self._greenlet is me:
+                self._greenlet = None
+
+    def _idle(self):
+        """True when nothing but the fan-out readers has work for this delivery: no wildcard filter (it looks for new
+        topics), no shared subscription, no retained message to send."""
+        session = self.session
+        return not session.shared and not self._retained and not session.wildcards()
+
+    def _hand_over(self):
+        """Hand every partition it is caught up on (its cursor at the log's end there), whose subscriptions are
+        granted QoS 0, to the port's fan-out reader of it (a TLS connection keeps its own: only ``send_bytes``
+        writes it)."""
+        conn, session = self.conn, self.session
+        if conn.tls:
+            return
+        max_offset = self.store.max_offset
+        handed = self._handed
+        for key, offset in session.cursors.items():
+            if handed is not None and key in handed:
+                continue
+            if any(sub.qos and key[0] in sub.topics for sub in session.subscriptions.values()):
+                continue
+            try:
+                if offset != max_offset(*key):
+                    continue
+            except errors.MetaqError:
+                continue
+            f = self.fanouts.join(key, self, offset)
+            if f is not None:
+                if handed is None:
+                    handed = self._handed = {}
+                handed[key] = f
+
+    def fan_deliver(self, key, rec, m, dkey):
+        """A fan-out reader's record ``rec`` of partition ``key`` (``m`` its message, ``dkey`` its key in
+        ``Decoded``) for this delivery: True when it was sent or is not for it (its cursor moves past it), False
+        when this delivery is to read on alone from its cursor (see the module doc)."""
+        conn, session = self.conn, self.session
+        offset = session.cursors.get(key)
+        if offset is None or conn.closed:
+            return False
+        if offset > rec.queue_offset:
+            return True  # it sent this one itself before it joined
+        topic = key[0]
+        if not self.guard.allows(conn.session, SUB, "topic", topic):
+            return False
+        qos, ids = session.matching(topic, m.topic, m.client_id)
+        if qos is not None:
+            if min(qos, m.qos):
+                return False
+            data = self._qos0(m, m.retain and session.retain_as_published(topic, m.topic), ids, dkey)
+            if data is not None and (conn.client_max_packet is None or len(data) <= conn.client_max_packet):
+                sent = conn.try_send(data)
+                if not sent:
+                    return False
+                if sent < len(data):
+                    self._rest = data[sent:]
+                    session.cursors[key] = rec.queue_offset + 1
+                    session.dirty = True
+                    return False
+        session.cursors[key] = rec.queue_offset + 1
+        session.dirty = True
+        return True
+
+    def _qos0(self, m, retain, ids, key):
+        """The QoS 0 PUBLISH of message ``m`` for this connection (``key``: the record's in ``Decoded``, None for a
+        retained message), carrying ``ids`` and the expiry interval left; None when it expired."""
+        version = self.conn.version
+        if key is not None and not ids and m.expires_ms is None:
+            return self.decoded.packet(key, m, retain, version)
+        props = m.properties
+        if m.expires_ms is not None:
+            left_ms = m.expires_ms - now_ms()
+            if left_ms <= 0:
+                return None  # expired: not delivered (MQTT 5.0 §3.3.2.3.3)
+            props = dict(props, message_expiry_interval=(left_ms + 999) // 1000)
+        if ids:
+            props = dict(props, subscription_identifier=tuple(ids))
+        return wire.encode(wire.Publish(m.topic, m.payload, 0, retain, False, None,
+                                        props if version == wire.MQTT_5 else {}), version)
 
     def _behind(self):
-        """True when a partition this session reads has messages past its cursor: asked, without yielding, after a
-        pass that read something, instead of a second pass that would read nothing (an append while the pass sent
-        has already moved the visible end, so its wake is not missed)."""
+        """True when a partition this session reads (not a fan-out reader's) has messages past its cursor: asked,
+        without yielding, after a pass that read something, instead of a second pass that would read nothing (an
+        append while the pass sent has already moved the visible end, so its wake is not missed)."""
         max_offset = self.store.max_offset
+        handed = self._handed or ()
         for key, offset in self.session.cursors.items():
-            if offset < max_offset(*key):
+            if key not in handed and offset < max_offset(*key):
                 return True
         return False
 
@@ -277,7 +520,8 @@ class Delivery:
         """Read every partition once from its cursor and send what matches; True when something was read."""
         read_any = False
         conn = self.conn
-        for key in list(self.session.cursors):
+        handed = self._handed or ()
+        for key in [k for k in self.session.cursors if k not in handed]:
             self._turn = share_loop(self._turn)  # a backlog (of records no filter wants, too) lets the others run
             if conn.closed:
                 return False
@@ -336,6 +580,8 @@ class Delivery:
                 continue
             if min(granted, m.qos) and not self._has_room(self.conn):
                 return False  # its window is full: a member with room takes it (this one waits for an ack)
+            if self._deferred is None:
+                self._deferred = {}
             if not group.my_turn(self.conn, self._has_room) and \
                     self._deferred.get(key) != (group, rec.queue_offset):
                 self._deferred[key] = (group, rec.queue_offset)  # another member's turn; past a wait, this one's
@@ -399,10 +645,14 @@ class Delivery:
         whose QoS 0 PUBLISH is then encoded once for every subscriber. False when the connection closed
         meanwhile."""
         conn, session = self.conn, self.session
+        if self._rest is not None:  # what a fan-out reader began goes first (it holds the write lock)
+            rest, self._rest = self._rest, None
+            if not conn.finish_send(rest):
+                return False
         if m is None:
             m = message_of(topic, flag, data)
         if key is not None and not ids and m.expires_ms is None and (not granted or not m.qos):
-            data = self.decoded.packet(key, m, retain, conn.version)
+            data = self._qos0(m, retain, ids, key)
             if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
                 return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
             return conn.send_bytes(data)
@@ -439,7 +689,8 @@ class Delivery:
         """The retained messages of the filters in ``subscribed`` (``(filter, granted QoS)``) are to be sent, by
         this delivery's greenlet (a QoS 1 or 2 one may wait for room in flight), after the SUBACK."""
         self._retained.extend(subscribed)
-        self.conn.room.set()
+        self._leave_fanouts()  # its retained messages go before what comes next: this greenlet sends both
+        self.wake()
 
     def _send_retained(self):
         """Send each retained message a new subscription matches, RETAIN set ([MQTT-3.3.1-8]), at min(its QoS,

@@ -42,7 +42,7 @@ import gevent
 
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
-from metaq.mqtt.delivery import Decoded
+from metaq.mqtt.delivery import Decoded, Fanouts
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
                                encode_end, encode_group, encode_group_end, encode_retained, encode_unretained, replay)
 from metaq.mqtt.records import first_level, partition_for, record_data
@@ -70,6 +70,7 @@ class MqttPort:
         self.max_transfer = max_transfer
         self.listener = None
         self.decoded = Decoded()  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
+        self.fanouts = Fanouts(store, waiters, self.decoded, max_transfer)  # one reader per partition for many
         self._clients = {}  # client id -> its Connection
         self._delayed = {}  # client id -> (the greenlet holding its will for its delay, the will, its guard session)
         self._ids = itertools.count(1)
