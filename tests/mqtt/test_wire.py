@@ -734,3 +734,13 @@ def test_encode_pubacks_writes_each_puback_as_encode_does():
     for version in (MQTT_311, MQTT_5):
         assert wire.encode_pubacks(ids) == b"".join(encode(PubAck(i), version) for i in ids)
     assert wire.encode_pubacks([]) == b""
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
+def test_the_names_the_publish_fast_path_remembers_are_bounded_at_and_one_past(extra):
+    wire._known_names.clear()
+    count = wire.MQTT_KNOWN_NAMES + extra
+    names = ["n/%d" % k for k in range(count)]
+    got = parse_all(b"".join(encode(Publish(n, b"x"), MQTT_311) for n in names + names[:1]), MQTT_311, "client")
+    assert [p.topic for p in got] == names + names[:1]
+    assert len(wire._known_names) <= wire.MQTT_KNOWN_NAMES
