@@ -111,7 +111,8 @@ class Connection(core.Connection):
         self._handling = False
         self._ended_cleanly = False  # DISCONNECT 0x00: no will
         self._taken_over = False
-        self._decided = set()  # metaq topics the write decision let this user write to since the reader last yielded
+        self._decided = {}  # metaq topic -> partitions: the write decision let this user write to it since the reader
+        # last yielded
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time

@@ -321,24 +321,18 @@ class MqttPort:
         becomes the name's retained message (an empty payload clears it), within ``mqtt.max_retained`` and
         ``mqtt.max_retained_bytes`` (QuotaExceeded past them, nothing stored); the result's ``log_end`` is then past
         the retained record too, so an acknowledgement waits for both. ``decided``: the metaq topics the decision let
-        ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes): not asked again
-        for them; a topic let through is added. A refusal is never remembered: each publish it refuses is asked and
-        answered. Raises ``records.RecordRefusal`` or MetaqError."""
+        ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes), a dict of their
+        partition counts: not asked again for them; a topic let through is added. A refusal is never remembered:
+        each publish it refuses is asked and answered. Raises ``records.RecordRefusal`` or MetaqError."""
         topic = first_level(name)
-        if decided is None or topic not in decided:
-            exc = self.put_path.write_refusal(topic, security)
-            if exc is not None:
-                self.put_path.failed(topic, exc)
-                raise exc
-            if decided is not None:
-                decided.add(topic)
+        partitions = self._decide(topic, security, decided)
         now = now_ms()
         flag, data = record_data(name, payload, qos, client_id, properties, retain, now)
         if retain and payload:
             refusal = self._retained_refusal(name, len(data))
             if refusal is not None:
                 raise errors.QuotaExceeded("mqtt.retained", None, None, refusal)
-        partition = partition_for(name, self.store.partitions_of(topic))
+        partition = partition_for(name, partitions)
         r = self.put_path.append(topic, partition, flag, data, now, checked=True)  # asked above, no yield since
         if retain:
             record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
@@ -348,19 +342,31 @@ class MqttPort:
                     r = r._replace(log_end=max(r.log_end, end))
         return topic, r, now
 
+    def _decide(self, topic, security, decided):
+        """``topic``'s partition count once the write decision (``PutPath.write_refusal``) lets ``security``'s user
+        write to it (raises its refusal, counted as a failed put). ``decided`` (a dict, or None): the topics the
+        decision let through since the caller last yielded, with their partition counts: not asked again (nothing
+        can have changed either without a yield)."""
+        if decided is not None:
+            partitions = decided.get(topic)
+            if partitions is not None:
+                return partitions
+        exc = self.put_path.write_refusal(topic, security)
+        if exc is not None:
+            self.put_path.failed(topic, exc)
+            raise exc
+        partitions = self.store.partitions_of(topic)
+        if decided is not None:
+            decided[topic] = partitions
+        return partitions
+
     def stage(self, name, payload, qos, client_id, properties, security, decided, now):
         """A PUBLISH of MQTT topic ``name`` (QoS 0 or 1, not retained) made ready for ``put_burst``, nothing stored:
         ``(metaq topic, partition, flag, data)``. The write decision is ``put``'s (asked once per metaq topic while
-        ``decided`` holds it; the caller stores the burst before it yields). Raises ``records.RecordRefusal`` or
-        MetaqError (counted as a failed put), as ``put`` does."""
+        ``decided`` holds it, with its partition count; the caller stores the burst before it yields). Raises
+        ``records.RecordRefusal`` or MetaqError (a refusal counted as a failed put), as ``put`` does."""
         topic, crc = placement(name)
-        if topic not in decided:
-            exc = self.put_path.write_refusal(topic, security)
-            if exc is not None:
-                self.put_path.failed(topic, exc)
-                raise exc
-            decided.add(topic)
-        partitions = self.store.partitions_of(topic)
+        partitions = self._decide(topic, security, decided)
         flag, data = record_data(name, payload, qos, client_id, properties, False, now)
         return topic, crc % partitions, flag, data
 
