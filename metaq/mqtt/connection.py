@@ -16,12 +16,12 @@ and handles each packet:
 * **PUBLISH**: stored through the port's put (the put path's one write decision); QoS 1's PUBACK and QoS 2's PUBREC
   go out through the acknowledgement writer, in the order the PUBLISHes came, once the put may be acknowledged as
   a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). The QoS 0 and 1
-  PUBLISHes one read brings (not retained) are gathered as a burst (``limits.MQTT_PUBLISH_BURST``, ``_BYTES``),
-  their write decision asked as each comes, and stored together through the store's burst path
-  (``MqttPort.put_burst``) before any other packet is handled, the reader yields or answers; their PUBACKs go out
-  together once the burst may be acknowledged. A PUBLISH the burst cannot store (the disk, a record too large) is
-  refused as alone, those before it stored and acknowledged, those after it put one by one. A QoS 2 resend of
-  a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
+  PUBLISHes one read brings (not retained) are gathered as a burst (``limits.MQTT_PUBLISH_BURST``,
+  ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes, and stored together through the store's
+  burst path (``MqttPort.put_burst``) before any other packet is handled, the reader yields or answers; their
+  PUBACKs go out together once the burst may be acknowledged. A PUBLISH the burst cannot store (the disk, a record
+  too large) is refused as alone, those before it stored and acknowledged, those after it put one by one. A QoS 2
+  resend of a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
   MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
   exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
 * **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
@@ -111,8 +111,7 @@ class Connection(core.Connection):
         self._handling = False
         self._ended_cleanly = False  # DISCONNECT 0x00: no will
         self._taken_over = False
-        self._decided = {}  # metaq topic -> partitions: the write decision let this user write to it since the reader
-        # last yielded
+        self._decided = {}  # metaq topic -> its partitions: those the write decision let through since the last yield
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
@@ -619,7 +618,6 @@ class Connection(core.Connection):
         ack = wire.PubAck(p.packet_id) if p.qos == 1 else wire.PubRec(p.packet_id)
         self._queue_ack(ack, None if mode == ACK_NOW else (topic, r, now), counted=p.qos == 1)
         return True
-
 
     def _wait_for_acks(self):
         """While the client's unacknowledged PUBLISHes are at ``mqtt.receive_maximum`` and acknowledgements of ours
