@@ -119,3 +119,16 @@ def test_a_refused_publish_in_a_burst_is_answered_in_its_place(mqtt_broker):
     assert [a.reason_code for a in acks] == [0, 0, wire.TOPIC_NAME_INVALID, 0, 0]
     assert _stored(mqtt_broker, name, 4) == [(b"1", "1"), (b"2", "1"), (b"4", "1"), (b"5", "1")]
     raw.close()
+
+
+def test_a_publish_too_large_for_a_segment_in_a_burst_is_refused_alone(mqtt_broker):
+    name = "large/t"
+    v = wire.MQTT_5
+    big = b"x" * (mqtt_broker.config["store"]["segment_size"] + 1)  # within max_packet_bytes, past a segment
+    raw = _connected(mqtt_broker, "large", v)
+    raw.send_bytes(_publishes(name, [b"1", b"2", big, b"4", b"5"], 1, v))
+    acks = [raw.read() for _ in range(5)]
+    assert [a.packet_id for a in acks] == [1, 2, 3, 4, 5]
+    assert [a.reason_code for a in acks] == [0, 0, wire.IMPLEMENTATION_SPECIFIC_ERROR, 0, 0]
+    assert _stored(mqtt_broker, name, 4) == [(b"1", "1"), (b"2", "1"), (b"4", "1"), (b"5", "1")]
+    raw.close()
