@@ -9,7 +9,7 @@ import pytest
 from metaq import limits
 from metaq.client.consumer import Consumer
 from metaq.mqtt import wire
-from metaq.mqtt.records import partition_for
+from metaq.mqtt.records import partition_for, record_data
 from tests.harness.broker import url_of
 from tests.harness.mqtt import Raw, mqtt_config
 
@@ -44,13 +44,16 @@ def _stored(b, name, count):
     topic = name.split("/", 1)[0]
     partition = "%d-%d" % (b.config["broker"]["id"], partition_for(name, PARTITIONS))
     deadline = time.monotonic() + 10
+    got, offset = [], 0
     with Consumer("g", brokers=[url_of(b)]) as consumer:
         while True:
-            got = [(m.body, m.properties["MQTT_QOS"]) for m in consumer.fetch(topic, partition, 0, max_size=1 << 20)
-                   if m.properties.get("MQTT_TOPIC") == name]
+            messages = consumer.fetch(topic, partition, offset, max_size=1 << 20)
+            got += [(m.body, m.properties["MQTT_QOS"]) for m in messages if m.properties.get("MQTT_TOPIC") == name]
+            offset = messages[-1].offset + 1 if messages else offset
             if len(got) >= count or time.monotonic() > deadline:
                 return got
-            time.sleep(0.05)
+            if not messages:
+                time.sleep(0.05)
 
 
 @pytest.mark.parametrize("version", [wire.MQTT_5, wire.MQTT_311], ids=["v5", "v311"])
@@ -131,4 +134,20 @@ def test_a_publish_too_large_for_a_segment_in_a_burst_is_refused_alone(mqtt_brok
     assert [a.packet_id for a in acks] == [1, 2, 3, 4, 5]
     assert [a.reason_code for a in acks] == [0, 0, wire.IMPLEMENTATION_SPECIFIC_ERROR, 0, 0]
     assert _stored(mqtt_broker, name, 4) == [(b"1", "1"), (b"2", "1"), (b"4", "1"), (b"5", "1")]
+    raw.close()
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
+def test_the_burst_bytes_limit_at_and_one_past_stores_every_publish_in_order(mqtt_broker, extra):
+    name, client_id, v = "bytes%d/t" % extra, "bytes-%d" % extra, wire.MQTT_5
+    size = len(record_data(name, b"", 1, client_id, {})[1])  # a record's bytes beside its payload
+    bodies = [bytes([65 + k]) * 60000 for k in range(16)]
+    last = limits.MQTT_PUBLISH_BURST_BYTES + extra - sum(size + len(b) for b in bodies) - size
+    bodies.append(b"z" * last)
+    assert sum(len(record_data(name, b, 1, client_id, {})[1]) for b in bodies) == \
+        limits.MQTT_PUBLISH_BURST_BYTES + extra
+    raw = _connected(mqtt_broker, client_id, v)
+    raw.send_bytes(_publishes(name, bodies + [b"after"], 1, v))
+    assert [raw.read() for _ in range(len(bodies) + 1)] == [wire.PubAck(k + 1) for k in range(len(bodies) + 1)]
+    assert _stored(mqtt_broker, name, len(bodies) + 1) == [(b, "1") for b in bodies + [b"after"]]
     raw.close()
