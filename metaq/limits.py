@@ -613,6 +613,14 @@ MQTT_MAX_TOPIC_LEVELS = 128
 #: Receive Maximum, told in the CONNACK): a QoS 1 until its PUBACK, a QoS 2 until its PUBCOMP. One more is refused
 #: (MQTT 5: DISCONNECT 0x93; 3.1.1: closed). It bounds each session's QoS 2 packet-id state too.
 MQTT_RECEIVE_MAXIMUM = 64
+#: QoS 0 and 1 PUBLISHes (not retained) of one connection stored together as one burst (the store's burst path: one
+#: append, the stats counted once, their PUBACKs sent together once the burst's flush and replication modes let them
+#: be acknowledged). A socket read's PUBLISHes are gathered until the burst holds this many, or
+#: ``MQTT_PUBLISH_BURST_BYTES`` of records, or another packet, the end of the read or the reader's turn comes: then
+#: they are stored, in their order, before anything after them is handled.
+MQTT_PUBLISH_BURST = 128
+#: Record bytes one MQTT publish burst gathers at most (``MQTT_PUBLISH_BURST``): past it the burst is stored at once.
+MQTT_PUBLISH_BURST_BYTES = 1024 * 1024
 #: QoS 1 and 2 messages the broker has sent one connection and not yet had acknowledged (``mqtt.max_inflight``;
 #: lower when the client's own Receive Maximum is): delivery to it waits until an acknowledgement makes room.
 MQTT_MAX_INFLIGHT = 32

@@ -15,8 +15,13 @@ and handles each packet:
   address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable.
 * **PUBLISH**: stored through the port's put (the put path's one write decision); QoS 1's PUBACK and QoS 2's PUBREC
   go out through the acknowledgement writer, in the order the PUBLISHes came, once the put may be acknowledged as
-  a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). A QoS 2 resend of
-  a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
+  a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). The QoS 0 and 1
+  PUBLISHes one read brings (not retained) are gathered as a burst (``limits.MQTT_PUBLISH_BURST``,
+  ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes, and stored together through the store's
+  burst path (``MqttPort.put_burst``) before any other packet is handled, the reader yields or answers; their
+  PUBACKs go out together once the burst may be acknowledged. A PUBLISH the burst cannot store (the disk, a record
+  too large) is refused as alone, those before it stored and acknowledged, those after it put one by one. A QoS 2
+  resend of a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
   MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
   exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
 * **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
@@ -44,6 +49,7 @@ from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
+from metaq.server.clock import now_ms
 from metaq.server.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)
@@ -79,7 +85,7 @@ class Connection(core.Connection):
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
                  "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
                  "_ack_sent", "_writer", "_delivery", "_unacked_in", "_aliases", "_handling",
-                 "_ended_cleanly", "_taken_over", "_decided")
+                 "_ended_cleanly", "_taken_over", "_decided", "_burst", "_burst_bytes", "_burst_now")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -105,7 +111,10 @@ class Connection(core.Connection):
         self._handling = False
         self._ended_cleanly = False  # DISCONNECT 0x00: no will
         self._taken_over = False
-        self._decided = set()  # metaq topics the write decision let this user write to since the reader last yielded
+        self._decided = {}  # metaq topic -> its partitions: those the write decision let through since the last yield
+        self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
+        self._burst_bytes = 0
+        self._burst_now = 0  # the burst's time (epoch ms): its records' store time
 
     @property
     def busy(self):
@@ -205,6 +214,14 @@ class Connection(core.Connection):
             self._writer = None
 
     def _write_ack(self, path, packet, wait, counted):
+        if type(packet) is _PubAckRun:
+            return self._write_run(packet, wait)
+        if type(packet) is bytes:  # an answer encoded when it was queued (it must follow the acknowledgements)
+            try:
+                self.send_bytes(packet)
+            finally:
+                self._acks_pending -= 1
+            return
         try:
             if wait is not None:
                 topic, r, now = wait
@@ -216,6 +233,28 @@ class Connection(core.Connection):
                 if counted and type(packet) is wire.PubAck:
                     self._unacked_in -= 1
                 self.send(packet)
+        finally:
+            self._acks_pending -= 1
+            if self._ack_sent is not None:
+                self._ack_sent.set()
+
+    def _write_run(self, run, wait):
+        """A burst's PUBACKs: sent together once ``port.burst_durable(*wait)`` says the burst may be acknowledged
+        (``wait`` None: at once); one that may not be: MQTT 5 says so in each (0x80), MQTT 3.1.1 closes."""
+        try:
+            data = None
+            if wait is not None:
+                try:
+                    self.port.burst_durable(*wait)
+                except errors.MetaqError as exc:
+                    log.warning("mqtt %s: %d messages were written but are not acknowledged: %s", self.peer,
+                                len(run.ids), exc)
+                    if self.version != MQTT_5:
+                        self.close()
+                        return
+                    data = b"".join(encode(wire.PubAck(i, wire.UNSPECIFIED_ERROR), MQTT_5) for i in run.ids)
+            self._unacked_in -= len(run.ids)
+            self.send_bytes(run.encoded() if data is None else data)
         finally:
             self._acks_pending -= 1
             if self._ack_sent is not None:
@@ -234,11 +273,20 @@ class Connection(core.Connection):
         return None
 
     def _disconnect(self, code, why):
-        """Close for ``why``: MQTT 5 sends DISCONNECT ``code`` first; one log line. Returns False (stop reading)."""
+        """Close for ``why``: the PUBLISHes before it stored, then MQTT 5 sends DISCONNECT ``code`` after the
+        acknowledgements queued before it; one log line. Returns False (stop reading)."""
+        self._flush_burst()
         log.info("mqtt %s: %s; closing", self.peer, why)
         if self.version == MQTT_5:
-            self.send(wire.Disconnect(code))
+            self._send_in_order(encode(wire.Disconnect(code), MQTT_5))
         return False
+
+    def _send_in_order(self, data):
+        """Send encoded ``data`` after the acknowledgements queued before it (at once when none waits)."""
+        if self._acks_pending:
+            self._queue_ack(data)
+        else:
+            self.send_bytes(data)
 
     # -- reading ---------------------------------------------------------------
 
@@ -268,41 +316,49 @@ class Connection(core.Connection):
         turn = None
         decided = self._decided
         decided.clear()
-        while True:
-            try:
-                packet = self.parser.next_event()
-            except MqttError as exc:
-                self._refuse(exc)
-                return False
-            if packet is NEED_DATA:
-                return True
-            if packet is CLOSED:
-                return False
-            if type(packet) is not wire.Publish:
-                decided.clear()
-            try:
-                if not self._handle(packet):
+        try:
+            while True:
+                try:
+                    packet = self.parser.next_event()
+                except MqttError as exc:
+                    self._flush_burst()  # the PUBLISHes before the bad packet are stored and acknowledged
+                    self._refuse(exc)
                     return False
-            except Exception:  # noqa: BLE001 - the one place an unexpected error ends a connection
-                log.exception("mqtt %s: unexpected error handling %s", self.peer, type(packet).__name__)
-                if self.version == MQTT_5:
-                    self.send(wire.Disconnect(wire.UNSPECIFIED_ERROR))
-                return False
-            if self.closed:
-                return False
-            started = turn if turn is not None else _now()
-            turn = core.share_loop(started)
-            if turn != started:
-                decided.clear()  # the others ran: the decision may have changed
+                if packet is NEED_DATA:
+                    return self._flush_burst()
+                if packet is CLOSED:
+                    self._flush_burst()
+                    return False
+                if type(packet) is not wire.Publish:
+                    decided.clear()
+                    if self._burst and not self._flush_burst():
+                        return False
+                try:
+                    if not self._handle(packet):
+                        return False
+                except Exception:  # noqa: BLE001 - the one place an unexpected error ends a connection
+                    log.exception("mqtt %s: unexpected error handling %s", self.peer, type(packet).__name__)
+                    self._burst = []
+                    if self.version == MQTT_5:
+                        self.send(wire.Disconnect(wire.UNSPECIFIED_ERROR))
+                    return False
+                if self.closed:
+                    return False
+                started = turn if turn is not None else _now()
+                if self._burst and _now() - started >= limits.MAX_TURN_MS / 1000.0 and not self._flush_burst():
+                    return False  # stored before the others run (share_loop yields now)
+                turn = core.share_loop(started)
+                if turn != started:
+                    decided.clear()  # the others ran: the decision may have changed
+        finally:
+            self._burst = []  # not stored: the connection closes without acknowledging them
 
     def _refuse(self, exc):
         """A packet the codec refused: its answer (CONNACK, DISCONNECT or nothing), then close; one log line."""
         log.info("mqtt %s: %s (reason 0x%02X); closing", self.peer, exc.reason, exc.reason_code)
         answer = refusal(exc)
-        if answer is not None:
-            version, self.version = self.version, exc.version
-            self.send(answer)
-            self.version = version
+        if answer is not None and not self.closed:
+            self._send_in_order(encode(answer, exc.version))
 
     def _handle(self, p):
         kind = type(p)
@@ -516,6 +572,64 @@ class Connection(core.Connection):
                 name = self._aliases.get(alias)
                 if name is None:
                     return self._disconnect(wire.PROTOCOL_ERROR, "topic alias %d was never set" % alias)
+        if p.qos == 2 or p.retain:
+            return self._flush_burst() and self._publish_one(p, name)
+        if p.qos and self._unacked_in >= s.receive_maximum:
+            if self.version != MQTT_5:
+                if not self._flush_burst():
+                    return False
+                self._wait_for_acks()  # MQTT 3.1.1 has no Receive Maximum: its client waits for our acks instead
+            if self._unacked_in >= s.receive_maximum:
+                return self._disconnect(wire.RECEIVE_MAXIMUM_EXCEEDED, "more than %d QoS 1 and 2 PUBLISHes "
+                                        "unacknowledged (mqtt.receive_maximum)" % s.receive_maximum)
+        burst = self._burst
+        now = self._burst_now if burst else now_ms()
+        try:
+            topic, partition, flag, data = self.port.stage(name, p.payload, p.qos, self.mqtt.client_id, p.properties,
+                                                           self.session, self._decided, now)
+        except (RecordRefusal, errors.MetaqError) as exc:
+            self._decided.clear()
+            return self._flush_burst() and self._publish_refused(p, name, exc)
+        self._burst_now = now
+        burst.append((topic, partition, flag, data, p, name))
+        if p.qos:
+            self._unacked_in += 1
+        self._burst_bytes += len(data)
+        if len(burst) >= limits.MQTT_PUBLISH_BURST or self._burst_bytes >= limits.MQTT_PUBLISH_BURST_BYTES:
+            return self._flush_burst()
+        return True
+
+    def _flush_burst(self):
+        """Store the staged PUBLISHes (``MqttPort.put_burst``), in order, and queue the PUBACKs of its QoS 1 ones as
+        one run, sent once the burst may be acknowledged. Where the store refuses one, it is answered as a refused
+        PUBLISH and those after it are put one by one. False when the connection must close."""
+        burst = self._burst
+        if not burst:
+            return True
+        self._burst = []
+        self._burst_bytes = 0
+        now = self._burst_now
+        stored, log_end, keys, exc = self.port.put_burst(burst, now)
+        if stored:
+            mode = self.port.burst_mode(keys, now)
+            ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
+            if ids:
+                self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now))
+        if exc is None:
+            return True
+        self._decided.clear()
+        rest = burst[stored:]
+        self._unacked_in -= sum(1 for e in rest if e[4].qos)
+        if not self._publish_refused(rest[0][4], rest[0][5], exc):
+            return False
+        for e in rest[1:]:
+            if not self._publish_one(e[4], e[5]):
+                return False
+        return True
+
+    def _publish_one(self, p, name):
+        """A PUBLISH stored alone (QoS 2, retained, or after a refusal in a burst), answered in its order."""
+        s = self.settings
         session = self.mqtt
         if p.qos == 2 and session.qos2_seen(p.packet_id):
             self._queue_ack(wire.PubRec(p.packet_id))  # a resend: stored once already
@@ -639,3 +753,15 @@ class Connection(core.Connection):
 
 def _now():
     return time.monotonic()
+
+
+class _PubAckRun:
+    """A burst's PUBACKs (their packet ids, in order): one entry of the acknowledgement queue, sent in one write."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def encoded(self):
+        return wire.encode_pubacks(self.ids)

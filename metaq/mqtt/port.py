@@ -37,6 +37,7 @@ import itertools
 import logging
 import os
 import time
+import zlib
 
 import gevent
 
@@ -45,12 +46,13 @@ from metaq.mqtt.connection import Connection
 from metaq.mqtt.delivery import Decoded, Fanouts
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
                                encode_end, encode_group, encode_group_end, encode_retained, encode_unretained, replay)
-from metaq.mqtt.records import first_level, partition_for, record_data
+from metaq.mqtt.records import first_level, partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
-from metaq.server.putpath import ACK_NOW
+from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, ACK_NOW
+from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.journals import JournalFollow, MovingFloor
 
 log = logging.getLogger(__name__)
@@ -320,24 +322,18 @@ class MqttPort:
         becomes the name's retained message (an empty payload clears it), within ``mqtt.max_retained`` and
         ``mqtt.max_retained_bytes`` (QuotaExceeded past them, nothing stored); the result's ``log_end`` is then past
         the retained record too, so an acknowledgement waits for both. ``decided``: the metaq topics the decision let
-        ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes): not asked again
-        for them; a topic let through is added. A refusal is never remembered: each publish it refuses is asked and
-        answered. Raises ``records.RecordRefusal`` or MetaqError."""
+        ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes), a dict of their
+        partition counts: not asked again for them; a topic let through is added. A refusal is never remembered:
+        each publish it refuses is asked and answered. Raises ``records.RecordRefusal`` or MetaqError."""
         topic = first_level(name)
-        if decided is None or topic not in decided:
-            exc = self.put_path.write_refusal(topic, security)
-            if exc is not None:
-                self.put_path.failed(topic, exc)
-                raise exc
-            if decided is not None:
-                decided.add(topic)
+        partitions = self._decide(topic, security, decided)
         now = now_ms()
         flag, data = record_data(name, payload, qos, client_id, properties, retain, now)
         if retain and payload:
             refusal = self._retained_refusal(name, len(data))
             if refusal is not None:
                 raise errors.QuotaExceeded("mqtt.retained", None, None, refusal)
-        partition = partition_for(name, self.store.partitions_of(topic))
+        partition = partition_for(name, partitions)
         r = self.put_path.append(topic, partition, flag, data, now, checked=True)  # asked above, no yield since
         if retain:
             record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
@@ -346,6 +342,118 @@ class MqttPort:
                 if end is not None:
                     r = r._replace(log_end=max(r.log_end, end))
         return topic, r, now
+
+    def _decide(self, topic, security, decided):
+        """``topic``'s partition count once the write decision (``PutPath.write_refusal``) lets ``security``'s user
+        write to it (raises its refusal, counted as a failed put). ``decided`` (a dict, or None): the topics the
+        decision let through since the caller last yielded, with their partition counts: not asked again (nothing
+        can have changed either without a yield)."""
+        if decided is not None:
+            partitions = decided.get(topic)
+            if partitions is not None:
+                return partitions
+        exc = self.put_path.write_refusal(topic, security)
+        if exc is not None:
+            self.put_path.failed(topic, exc)
+            raise exc
+        partitions = self.store.partitions_of(topic)
+        if decided is not None:
+            decided[topic] = partitions
+        return partitions
+
+    def stage(self, name, payload, qos, client_id, properties, security, decided, now):
+        """A PUBLISH of MQTT topic ``name`` (QoS 0 or 1, not retained) made ready for ``put_burst``, nothing stored:
+        ``(metaq topic, partition, flag, data)``. The write decision is ``put``'s (asked once per metaq topic while
+        ``decided`` holds it, with its partition count; the caller stores the burst before it yields). Raises
+        ``records.RecordRefusal`` or MetaqError (a refusal counted as a failed put), as ``put`` does."""
+        topic, crc = placement(name)
+        partitions = self._decide(topic, security, decided)
+        flag, data = record_data(name, payload, qos, client_id, properties, False, now)
+        return topic, crc % partitions, flag, data
+
+    def put_burst(self, staged, now):
+        """Append ``staged`` (``stage``'s results in the order their PUBLISHes came, each perhaps with fields of the
+        caller's after its four; the write decision asked for each since the caller last yielded) as one burst: the
+        store's burst path (``MessageStore.put_burst``: the records ``put`` writes, the positions advanced once per
+        run of a partition), the stats counted per run; where it stops (a partition's first put, the next index file,
+        a segment roll, a record too large) one goes through ``PutPath.append`` and the burst resumes. Returns
+        ``(stored, log end, {(topic, partition)}, error)``: the first ``stored`` are in the log; ``error`` (None: all
+        stored) is the MetaqError of ``staged[stored]``, which and those after it are not stored."""
+        path, store = self.put_path, self.store
+        stats, registry = path.stats, path.registry
+        names, frames, datas = {}, [], []
+        at = 0
+        largest = store.config.segment_size - FIXED_OVERHEAD
+        general = []  # indexes of records the burst writer does not take (too large: ``put`` refuses them)
+        for k, entry in enumerate(staged):
+            topic, partition, flag, data = entry[0], entry[1], entry[2], entry[3]
+            tb = names.get(topic)
+            if tb is None:
+                tb = names[topic] = topic.encode("ascii")
+            n = len(data)
+            if n + len(tb) > largest:
+                general.append(k)
+            frames.append((tb, partition, flag, 0, at, n, zlib.crc32(data)))
+            datas.append(data)
+            at += n
+        src = b"".join(datas)
+        keys = set()
+        log_end = 0
+        i, n = 0, len(frames)
+        for stop in general + [n]:  # each a record the burst writer does not take, or the end
+            while i <= stop < n or i < stop:
+                if i < stop:
+                    taken, written = store.put_burst(frames[i:stop] if i or stop < n else frames, src, now)
+                    for key, count, nbytes, _first_id, _first_offset, _first, end in written:
+                        stats.on_puts(key[0], count, nbytes)
+                        keys.add(key)
+                        log_end = max(log_end, end)
+                    i += taken
+                    if i == stop == n:
+                        break
+                # the burst writer stopped short (a partition's first put, the next index file, a segment roll), or
+                # this record is one it does not take: this one through the general path, then the burst goes on
+                topic, partition, flag, data = staged[i][:4]
+                try:
+                    r = path.append(topic, partition, flag, data, now, checksum=frames[i][6] & 0x7FFFFFFF,
+                                    checked=True)  # the decision was asked at ``stage``, no yield since
+                except errors.MetaqError as exc:
+                    return i, log_end, keys, exc
+                keys.add((topic, partition))
+                log_end = max(log_end, r.log_end)
+                i += 1
+        if registry is not None:
+            for topic in names:
+                if topic not in registry.registered_topics:
+                    registry.topic_created(topic)
+        return n, log_end, keys, None
+
+    def burst_mode(self, keys, now):
+        """A stored burst of partitions ``keys``: made visible now (async flush: its long polls woken, the flusher
+        when its policy says so) or its flush asked for; returns how its acknowledgements wait (``PutPath.ack_mode``'s
+        ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every put of the burst."""
+        path = self.put_path
+        if path.sync_replication:
+            path.replication.notify()
+            path.flusher.wake()
+            return ACK_AFTER_REPLICATION
+        if path.sync_flush:
+            path.flusher.wake()
+            return ACK_AFTER_FLUSH
+        path.waiters.notify(keys)
+        if self.store.should_flush(now):
+            path.flusher.wake()
+        return ACK_NOW
+
+    def burst_durable(self, keys, log_end, now):
+        """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end`` may be acknowledged, as
+        ``PutPath.durable`` for one put; raises its MetaqError."""
+        path = self.put_path
+        keys = sorted(keys)
+        path.durable(keys[0][0], keys[0][1], log_end, now)
+        if not path.sync_flush:
+            for topic, partition in keys[1:]:  # durable made the first partition's visible
+                path.made_visible(topic, partition, now)
 
     def _retained_refusal(self, name, size):
         """Why one more retained message of ``size`` bytes for ``name`` is not kept (None: it is)."""

@@ -42,7 +42,7 @@ from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, s
 
 __all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
            "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for",
-           "record_data", "MqttMessage", "message_of"]
+           "placement", "record_data", "MqttMessage", "message_of"]
 
 TOPIC = "MQTT_TOPIC"
 QOS = "MQTT_QOS"
@@ -93,6 +93,14 @@ def partition_for(name, partitions):
     return zlib.crc32(name.encode("utf-8", "surrogatepass")) % partitions
 
 
+@functools.lru_cache(maxsize=MQTT_ATTRIBUTE_CACHE)
+def placement(name):
+    """``(metaq topic, name hash)`` of MQTT topic name ``name``: ``first_level(name)`` and the CRC-32 whose remainder
+    by the topic's partition count is ``partition_for``'s partition. Remembered per name (a device repeats the same
+    few); a refusal is raised again each time, never remembered."""
+    return first_level(name), zlib.crc32(name.encode("utf-8", "surrogatepass"))
+
+
 def _text(value, what):
     if any(c in value for c in _SEPARATORS):
         raise RecordRefusal("a %s holding \\x01 or \\x02 cannot be stored" % what, what)
@@ -102,7 +110,8 @@ def _text(value, what):
 def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=0):
     """``(flag, data)`` of the record of an MQTT PUBLISH (or will) of topic ``name`` with MQTT 5 ``properties``
     (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept); a Message Expiry Interval is
-    kept as the time it expires, counted from ``now_ms``."""
+    kept as the time it expires, counted from ``now_ms``. The attribute holds properties and no tags, so the record's
+    index unit has tag hash 0 (what the publish burst writes, ``MqttPort.put_burst``)."""
     if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
         return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
     props = {TOPIC: name, QOS: str(qos)}

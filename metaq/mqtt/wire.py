@@ -37,6 +37,7 @@ Values: strings are ``str``, binary data (passwords, will payloads, correlation 
 pairs in their order, Subscription Identifier in a PUBLISH a tuple of ints (it may repeat there), an int elsewhere.
 """
 
+import struct
 from dataclasses import dataclass, field
 
 from metaq.errors import RemoteProtocolError
@@ -58,7 +59,7 @@ __all__ = [
     "CONNACK_311_CODES", "SUBACK_311_CODES",
     "MqttError", "Will", "Connect", "Connack", "Publish", "PubAck", "PubRec", "PubRel", "PubComp",
     "Subscription", "Subscribe", "Suback", "Unsubscribe", "Unsuback", "PingReq", "PingResp", "Disconnect", "Auth",
-    "MqttParser", "encode", "encode_varint", "refusal",
+    "MqttParser", "encode", "encode_pubacks", "encode_varint", "refusal",
 ]
 
 #: Protocol levels (the CONNECT's Protocol Level byte).
@@ -674,6 +675,58 @@ def _decode_empty(r, ptype):
     return PingReq() if ptype == PINGREQ else PingResp()
 
 
+#: Topic names the PUBLISH fast path (``_plain_publish``) remembers as checked, by their bytes: the most used, each
+#: at most ``_KNOWN_NAME_BYTES`` (past the count the memory starts again).
+MQTT_KNOWN_NAMES = 4096
+_KNOWN_NAME_BYTES = 256
+_known_names = {}
+_new = object.__new__
+
+
+def _plain_publish(buf, start, end, flags, v5):
+    """The ``Publish`` of a PUBLISH body ``buf[start:end]`` without properties whose topic name is one already
+    checked, or one that passes ``_decode_publish``'s checks, decoded in one step; None for any other (a QoS 3, a DUP
+    at QoS 0, properties, packet id 0, a short body, a name to refuse...): ``_decode_publish`` decodes or refuses it,
+    so both give the same packet or the same refusal."""
+    qos = (flags >> 1) & 0x03
+    if qos == 3 or (flags & 0x08 and not qos) or end - start < 2:
+        return None
+    at = start + 2 + ((buf[start] << 8) | buf[start + 1])
+    if at > end:
+        return None
+    raw = bytes(buf[start + 2:at])
+    topic = _known_names.get(raw)
+    if topic is None:
+        if len(raw) > _KNOWN_NAME_BYTES:
+            return None
+        try:
+            topic = raw.decode("utf-8")
+            if "\x00" in topic:
+                return None
+            validate_name(topic)
+        except (UnicodeDecodeError, TopicError):
+            return None
+        if len(_known_names) >= MQTT_KNOWN_NAMES:
+            _known_names.clear()
+        _known_names[raw] = topic
+    packet_id = None
+    if qos:
+        if at + 2 > end:
+            return None
+        packet_id = (buf[at] << 8) | buf[at + 1]
+        if not packet_id:
+            return None
+        at += 2
+    if v5:
+        if at >= end or buf[at]:
+            return None  # properties (or none at all): the general decoder
+        at += 1
+    p = _new(Publish)  # the dataclass's fields, without its frozen __init__'s per-field object.__setattr__
+    p.__dict__.update(topic=topic, payload=bytes(buf[at:end]), qos=qos, retain=bool(flags & 0x01),
+                      dup=bool(flags & 0x08), packet_id=packet_id, properties={})
+    return p
+
+
 class MqttParser(StreamParser):
     """Incremental parser of MQTT control packets (``metaq.protocol.stream``'s buffer and markers).
 
@@ -720,6 +773,11 @@ class MqttParser(StreamParser):
         if available < total:
             return self._need_data()
         first = buf[pos]
+        if first >> 4 == PUBLISH and self.version is not None:
+            packet = _plain_publish(buf, pos + 1 + i, pos + total, first & 0x0F, self.version == MQTT_5)
+            if packet is not None:
+                self._pos = pos + total
+                return packet
         body = bytes(buf[pos + 1 + i:pos + total])
         self._pos = pos + total
         try:
@@ -881,6 +939,12 @@ def _encode_reason_tail(code, props, kind, short):
     if not props:
         return b"" if code == SUCCESS and short else bytes((code,))
     return bytes((code,)) + _encode_properties(props, kind)
+
+
+def encode_pubacks(packet_ids):
+    """The successful PUBACKs of ``packet_ids``, in order, as one byte string: each as ``encode`` writes it in
+    either version (MQTT 5 leaves out a success reason code without properties)."""
+    return struct.pack(">%dI" % len(packet_ids), *[0x40020000 | i for i in packet_ids])
 
 
 def encode(packet, version):

@@ -696,3 +696,51 @@ def test_protocol_constants():
     assert wire.MAX_REMAINING_LENGTH == 268_435_455
     assert {name for name, _, _ in wire.PROPERTIES.values()} == set(wire.PROPERTY_IDS)
     assert len(wire.PROPERTIES) == 27
+
+
+def _general_publish(data, version):
+    """A PUBLISH's bytes decoded by the general decoder alone (the parser takes a fast path for plain ones)."""
+    first, i = data[0], 2 if data[1] < 0x80 else 3
+    return wire._decode_publish(wire._Reader(data[i:]), first & 0x0F, version, "client")
+
+
+@pytest.mark.parametrize("version", [MQTT_311, MQTT_5])
+@pytest.mark.parametrize("data", [
+    packet(0x30, s("a/b") + b"payload"), packet(0x32, s("a/b") + b"\x00\x07x"), packet(0x3D, s("a/b") + b"\x01\x00"),
+    packet(0x31, s("é/ü") + b""), packet(0x30, s("") + b"x"), packet(0x30, s("a/+") + b"x"),
+    packet(0x30, s("a\x00b") + b"x"), packet(0x30, s(b"a\xff") + b"x"), packet(0x32, s("a/b") + b"\x00\x00x"),
+    packet(0x36, s("a/b") + b"\x00\x01"), packet(0x38, s("a/b")), packet(0x32, s("a/b") + b"\x00"),
+    packet(0x30, b"\x00\x09a/b"), packet(0x30, s("a/b") + b"\x03\x01\x00\x00x"), packet(0x30, b"\x00"),
+], ids=lambda d: d.hex())
+def test_the_publish_fast_path_decodes_or_refuses_as_the_general_decoder(version, data):
+    prefix = packet(0x30, s("a/b") + b"\x00")  # a/b is a name the fast path has seen
+    try:
+        expected = _general_publish(data, version)
+    except MqttError as exc:
+        assert refused(prefix + data + prefix, version, "client").reason_code == exc.reason_code
+        return
+    got = parse_all(prefix + data + prefix, version, "client")
+    assert got[1] == expected and len(got) == 3
+
+
+def test_a_topic_length_past_the_packet_is_malformed_though_the_next_packet_holds_a_known_name():
+    known = packet(0x30, s("a/b") + b"x")
+    short = packet(0x30, b"\x00\x03")  # a name of 3 bytes announced, none in the packet; "a/b" follows it
+    assert refused(known + short + known, MQTT_311, "client").reason_code == MALFORMED
+
+
+def test_encode_pubacks_writes_each_puback_as_encode_does():
+    ids = [1, 2, 300, 65535]
+    for version in (MQTT_311, MQTT_5):
+        assert wire.encode_pubacks(ids) == b"".join(encode(PubAck(i), version) for i in ids)
+    assert wire.encode_pubacks([]) == b""
+
+
+@pytest.mark.parametrize("extra", [0, 1], ids=["at", "past"])
+def test_the_names_the_publish_fast_path_remembers_are_bounded_at_and_one_past(extra):
+    wire._known_names.clear()
+    count = wire.MQTT_KNOWN_NAMES + extra
+    names = ["n/%d" % k for k in range(count)]
+    got = parse_all(b"".join(encode(Publish(n, b"x"), MQTT_311) for n in names + names[:1]), MQTT_311, "client")
+    assert [p.topic for p in got] == names + names[:1]
+    assert len(wire._known_names) <= wire.MQTT_KNOWN_NAMES
