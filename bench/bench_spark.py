@@ -24,7 +24,12 @@ once with ``--messages`` messages of ``--size`` bytes (4 partitions), then, ``--
 
 ``--sink-only`` runs the sink rows and the client peers alone.
 
-Medians of the runs, printed as a markdown table. Not a test: nothing here asserts.
+Medians of the runs, printed as a markdown table. Each Spark row also gets the CPU time it took (Linux
+``/proc``): microseconds per message spent by the broker, the JVM (driver and executor: ``local``), the Python
+workers the JVM started, and their sum, whose inverse times the cores is the rate the row could reach with
+every core of the machine its own (the "ceiling"; the row's rate is printed as a fraction of it). On a shared
+machine the rates follow the CPU share the run got; the CPU per message moves much less.
+Not a test: nothing here asserts.
 """
 
 import argparse
@@ -50,6 +55,52 @@ def fill(url, n, size, topic=TOPIC):
         futures = [producer.send_async(Message(topic, body)) for _ in range(n)]
         assert all(f.result(120).success for f in futures)
     return n / (time.perf_counter() - t0)
+
+
+def _proc_cpu(pid):
+    """``(ppid, own CPU s, reaped children's CPU s)`` of ``pid`` from ``/proc``, or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+class CpuMeter:
+    """CPU seconds used so far by the broker, the JVM and the JVM's descendants (the Python workers)."""
+
+    def __init__(self, broker_pid, jvm_pid):
+        self.broker_pid, self.jvm_pid = broker_pid, jvm_pid
+
+    def sample(self):
+        children = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                st = _proc_cpu(int(name))
+                if st is not None:
+                    children.setdefault(st[0], []).append(int(name))
+        workers, todo = 0.0, list(children.get(self.jvm_pid, ()))
+        while todo:
+            pid = todo.pop()
+            st = _proc_cpu(pid)
+            if st is not None:
+                workers += st[1] + st[2]
+            todo.extend(children.get(pid, ()))
+        broker, jvm = _proc_cpu(self.broker_pid), _proc_cpu(self.jvm_pid)
+        return {"broker": broker[1] if broker else 0.0, "jvm": jvm[1] if jvm else 0.0, "workers": workers}
+
+
+def metered(meter, cpu, name, n, fn, *args):
+    """Run ``fn(*args)`` (msgs/s, or a tuple whose first item is), adding its CPU per message to ``cpu[name]``."""
+    before = meter.sample() if meter else None
+    out = fn(*args)
+    if meter:
+        after = meter.sample()
+        cpu.setdefault(name, []).append({k: (after[k] - before[k]) / n for k in after})
+    return out
 
 
 def session():
@@ -192,12 +243,13 @@ def sink_write(spark, url, n, size, idempotent, topic, fmt="metaq"):
     return n / (time.perf_counter() - t0)
 
 
-def sinks(spark, url, args, run, add):
+def sinks(spark, url, args, run, add, meter=None, cpu=None):
     """The sink rows and the client peers of one run."""
     for idem in (True, False):
         what = "idempotent" if idem else "not idempotent"
-        add("sink, %s, Arrow writer" % what,
-            sink_write(spark, url, args.messages, args.size, idem, "ta%s%d" % (what[:3], run)))
+        name = "sink, %s, Arrow writer" % what
+        add(name, metered(meter, cpu, name, args.messages, sink_write, spark, url, args.messages, args.size, idem,
+                          "ta%s%d" % (what[:3], run)))
         add("sink, %s, row writer (old)" % what,
             sink_write(spark, url, args.messages, args.size, idem, "tr%s%d" % (what[:3], run), "metaqrows"))
     add("client Producer.send_async (peer)", fill(url, args.messages, args.size, "tpeer%d" % run))
@@ -225,24 +277,33 @@ def main(argv=None):
         register_row_sink(spark)
         register_floor(spark)
         batch_read(spark, url, args.messages)  # warm-up: the first query also starts the JVM's JIT and workers
-        rows = {}
+        rows, cpu = {}, {}
+        meter = None
+        if os.path.isdir("/proc/self"):
+            meter = CpuMeter(broker.proc.pid, spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
 
         def add(name, value):
             rows.setdefault(name, []).append(value)
 
+        n = args.messages
         for run in range(args.runs):
             if args.sink_only:
-                sinks(spark, url, args, run, add)
+                sinks(spark, url, args, run, add, meter, cpu)
                 continue
-            add("batch source, Arrow", batch_read(spark, url, args.messages))
-            add("batch source, arrow=false (old)", batch_read(spark, url, args.messages, False))
-            add("raw fetch ceiling (read_batches, one process)", raw_read(url, args.messages))
-            add("Spark's floor, no broker (peer)", floor_read(spark, args.messages, args.size))
+            add("batch source, Arrow", metered(meter, cpu, "batch source, Arrow", n, batch_read, spark, url, n))
+            add("batch source, arrow=false (old)", batch_read(spark, url, n, False))
+            add("raw fetch ceiling (read_batches, one process)", raw_read(url, n))
+            add("Spark's floor, no broker (peer)",
+                metered(meter, cpu, "Spark's floor, no broker (peer)", n, floor_read, spark, n, args.size))
             for arrow, label in ((True, "Arrow"), (False, "arrow=false (old)")):
-                whole, batch = stream_read(spark, url, args.messages, work, arrow)
+                if arrow:
+                    whole, batch = metered(meter, cpu, "streaming source (whole run), Arrow", n, stream_read, spark,
+                                           url, n, work, arrow)
+                else:
+                    whole, batch = stream_read(spark, url, n, work, arrow)
                 add("streaming source (whole run), %s" % label, whole)
                 add("streaming source (median micro-batch), %s" % label, batch)
-            sinks(spark, url, args, run, add)
+            sinks(spark, url, args, run, add, meter, cpu)
         spark.stop()
     finally:
         broker.kill()
@@ -254,6 +315,18 @@ def main(argv=None):
         m = statistics.median(values)
         print("| %s | %s | %.1f |" % (name, format(int(m), ","), m * args.size / 1e6))
     med = {name: statistics.median(values) for name, values in rows.items()}
+    if cpu:
+        cores = os.cpu_count() or 1
+        print("\nCPU per message (medians, microseconds); ceiling: %d cores / the total\n" % cores)
+        print("| what | broker | JVM | Python workers | total | ceiling msgs/s | measured / ceiling |")
+        print("|---|---|---|---|---|---|---|")
+        for name, samples in cpu.items():
+            part = {k: statistics.median(x[k] for x in samples) * 1e6 for k in samples[0]}
+            total = sum(part.values())
+            ceiling = cores * 1e6 / total if total > 0 else float("inf")
+            print("| %s | %.2f | %.2f | %.2f | %.2f | %s | %.2f |" % (
+                name, part["broker"], part["jvm"], part["workers"], total, format(int(ceiling), ","),
+                med[name] / ceiling))
     print("\nidempotent sink / plain sink: %.2f; idempotent send_many / send_many: %.2f"
           % (med["sink, idempotent, Arrow writer"] / med["sink, not idempotent, Arrow writer"],
              med["client Producer.send_many, idempotent (peer)"] / med["client Producer.send_many (peer)"]))

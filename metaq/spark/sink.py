@@ -256,13 +256,15 @@ def _kept(items, seen):
 
 
 def write_value_batches(batches, opts, producer_id, producer_factory=None):
-    """Send the ``value`` column of Arrow ``batches`` to ``opts.topic`` with ``Producer.send_many``, round-robin
-    over the topic's partitions by the row's index in the task (as :func:`choose` spreads rows without a key):
-    one call per partition per batch, at most ``opts.in_flight`` rows unanswered. With ``opts.idempotent`` the
-    producer is the task's idempotent one (``producer_id``): each partition's rows get sequences 0, 1, ... in
-    task order, as :func:`write_rows` numbers them, and rows already stored come back as duplicates (counted);
-    else the plain sink's at-least-once. SinkError naming the row for a null value or one that cannot be sent,
-    and naming the batch's first row for a refused call.
+    """Send the ``value`` column of Arrow ``batches`` to ``opts.topic`` with ``Producer.send_many``, round-robin over
+    the topic's partitions by the row's index in the task (as :func:`choose` spreads rows without a key): one call
+    per partition per batch. A batch's calls all go before any is waited for (the partitions' lanes work together,
+    each behind its earlier frames), then the earlier batches' calls are answered down to ``opts.in_flight`` rows:
+    at most the batch and ``opts.in_flight`` rows before it unanswered. With ``opts.idempotent`` the producer is the
+    task's idempotent one (``producer_id``): each partition's rows get sequences 0, 1, ... in task order, as
+    :func:`write_rows` numbers them, and rows already stored come back as duplicates (counted); else the plain
+    sink's at-least-once. SinkError naming the row for a null value or one that cannot be sent, and naming the
+    batch's first row for a refused call.
 
     An idempotent call the broker refused (``_Refused``: a row over its body limit, a frame over its limit)
     makes :func:`write_any` run the task's rows again through :func:`write_rows` with the same producer id,
@@ -299,7 +301,7 @@ def write_value_batches(batches, opts, producer_id, producer_factory=None):
             if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                 column = column.cast(pa.binary())
             values = column.to_pylist()
-            for j in range(min(n, len(values))):
+            for j in range(min(n, len(values))):  # this batch's calls all go: every partition's lane busy at once
                 chunk = values[j::n]
                 target = parts[(index + j) % n]
                 try:
@@ -308,8 +310,8 @@ def write_value_batches(batches, opts, producer_id, producer_factory=None):
                     raise SinkError("rows %d.. of this task cannot be sent: %s" % (index, exc)) from None
                 pending.append((index + j, len(chunk), future))
                 in_flight += len(chunk)
-                while in_flight > opts.in_flight and len(pending) > 1:
-                    in_flight -= _settle_many(*pending.popleft(), opts, duplicates)
+            while in_flight - len(values) > opts.in_flight:  # earlier batches' calls (queued first), oldest first
+                in_flight -= _settle_many(*pending.popleft(), opts, duplicates)
             index += len(values)
         while pending:
             _settle_many(*pending.popleft(), opts, duplicates)
