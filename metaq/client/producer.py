@@ -164,7 +164,8 @@ class Producer:
         self._many_options = (max_in_flight, buffer_bytes)
         self._many_rr = itertools.count()
         self._many = None  # send_many's batcher when batching is off
-        if batch_bytes is not None and not self.idempotent:  # an idempotent producer's sends go as put_idem
+        self._new_topics = set()  # idempotent batches sent to partition 0 of a topic not created yet
+        if batch_bytes is not None:
             self._batcher = Batcher(self, batch_bytes, linger_ms, max_in_flight, buffer_bytes)
         self._worker.start()
 
@@ -222,7 +223,8 @@ class Producer:
             refused = None
             if first is not None and self.idempotent:
                 try:
-                    first = self._sequenced(send, first, wait=True)
+                    if self._batcher is None:  # with batches, its sequence is given in its lane (_add_idempotent)
+                        first = self._sequenced(send, first, wait=True)
                 except RequestTimeout as exc:
                     first, refused = None, exc
         with self._count_lock:
@@ -231,6 +233,8 @@ class Producer:
             self._finish(send, SendResult(False, error=refused))
         elif first is None:
             self._retry_later(send, self._no_partition(message.topic))
+        elif self._batcher is not None and self.idempotent:
+            self._add_idempotent(send, first)
         elif self._batcher is not None and first.partition >= 0 and self._batchable(put, message):
             try:
                 self._batcher.add(message, future, first, put.flag, put.body, deadline)
@@ -239,6 +243,21 @@ class Producer:
         else:
             self._attempt(send, first)
         return future
+
+    def _add_idempotent(self, send, partition):
+        """An idempotent batching producer's send into its partition's lane (a topic not created yet: partition 0,
+        which every topic has), whatever the message: one that cannot share a ``putb_idem`` (compressed, too large)
+        goes alone in its turn, so every sequence of the partition is given in lane order by one rule
+        (``reserve_sequences``, at a batch's first attempt: see ``send_many``)."""
+        put, message = send.put, send.message
+        if partition.partition < 0:
+            partition = Partition(partition.broker_id, 0)
+            self._new_topics.add(put.topic)
+        try:
+            self._batcher.add(message, send.future, partition, put.flag, put.body, send.deadline,
+                              alone=not self._batchable(put, message))
+        except RequestTimeout as exc:  # no room in the batches' buffer before the deadline
+            self._finish(send, SendResult(False, partition, error=exc))
 
     def _send_batched(self, message, callback, timeout):
         """``send_async`` of a plain message (a body, nothing else: sent as it is, flag 0) into its partition's
@@ -268,7 +287,7 @@ class Producer:
         except Unauthenticated:
             return None
         if first.partition < 0:
-            return None
+            return None  # (an idempotent producer's goes to partition 0 by the general way: _add_idempotent)
         future = SendFuture()
         if callback is not None:
             future.add_done_callback(lambda f: self._run_callback(callback, f))
@@ -694,11 +713,25 @@ class Producer:
         self._count_finished(len(futures))
 
     def finish_stored(self, messages, futures, runs):
-        """A batch's ``messages`` (never idempotent, their futures not done) were stored as ``runs``:
-        ``(first_id, Partition, first_offset, count)`` in order. Each message's fields and future are set (its own
-        id and offset), counted once."""
+        """A batch's ``messages`` (their futures not done) were stored as ``runs``: ``(first_id, Partition,
+        first_offset, count)`` in order, an idempotent batch's with a fifth field, True for a run of duplicates
+        (the originals' ids and offsets; offset -1, one older than the broker's window: None, as a single send's).
+        Each message's fields and future are set (its own id and offset), counted once."""
         k = 0
         new = tuple.__new__
+        if runs and len(runs[0]) == 5:
+            if self._new_topics and messages[0].topic in self._new_topics:
+                self._new_topics.discard(messages[0].topic)
+                self.discovery.invalidate(messages[0].topic)  # the topic exists now: learn its partitions
+            for first_id, stored, offset, count, dup in runs:
+                for j in range(count):
+                    message = messages[k + j]
+                    at = offset + j if offset >= 0 else None
+                    message.id, message.partition, message.offset = first_id + j, stored, at
+                    futures[k + j].settle(new(SendResult, (True, stored, at, first_id + j, None, dup)))
+                k += count
+            self._count_finished(len(messages))
+            return
         for first_id, stored, offset, count in runs:
             for j in range(count):
                 message = messages[k + j]
@@ -802,6 +835,9 @@ class Producer:
             self._finish(send, SendResult(False, send.partition, error=exc))
             return
         if target is not None and self.idempotent and send.seq is None:  # its first partition, found only now
+            if self._batcher is not None:
+                self._add_idempotent(send, target)  # may wait for buffer room, as send_async does
+                return
             target = self._sequenced(send, target, wait=False)  # never wait here: replies free the room
         if target is None:
             self._retry_later(send, self._no_partition(send.put.topic) if send.partition is None else send.error)
