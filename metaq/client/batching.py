@@ -15,6 +15,12 @@ closed batches beyond it wait their turn. At most ``buffer_bytes`` of messages w
 then waits for room (until the message's deadline, then the send fails with ``RequestTimeout``), so never call
 it from a send callback.
 
+An idempotent producer's batches are ``putb_idem`` frames (idempotence/wire.py) of at most
+``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``: a batch's messages get their partition's next sequences, in order, at
+its first attempt (``Producer.reserve_sequences``, send_many's rule too), and its retries resend that frame, so
+the broker answers what it stored as duplicates with the original offsets. A message that cannot share one
+(compressed, too large) is a batch of its own, sent as a ``put_idem`` in its turn.
+
 ``Producer.send_many`` goes through the same lanes (``add_many``): its payloads, encoded by the C helper into
 ready ``putb`` bodies (``protocol.putbatch.encode_sub_records``), queue behind the partition's earlier batches,
 and each frame's reply goes to one handle (``ManySend``) rather than to a future per message.

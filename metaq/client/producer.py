@@ -24,7 +24,9 @@ the original's id and offset (``SendResult.duplicate``) instead of storing it
 again — across broker restarts, kill -9 and failover to a slave. At most
 ``limits.IDEMPOTENCE_WINDOW`` sends of one partition are unanswered at a time
 (``send_async`` waits for room, so never call it from a send callback), so every
-resend falls in the broker's window.
+resend falls in the broker's window. With ``batch_bytes`` too, its sends go in its
+partitions' batches as ``putb_idem`` frames, a sequence per message given when the
+batch first goes (``reserve_sequences``), as Kafka's idempotent producer batches.
 
     producer = Producer(brokers=["meta://127.0.0.1:8123"], idempotent=True)
     result = producer.send(Message("orders", b"hello"))   # result.duplicate: stored by an earlier attempt
@@ -107,7 +109,8 @@ class Producer:
     many bytes (at most the broker's ``limits.max_body_bytes``), closed when full or ``linger_ms`` after its first
     message (a lone message waits its linger, as Kafka's: ``linger_ms=0`` sends it at once); at most
     ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's order), at most
-    ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
+    ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``. An idempotent producer's
+    batches are ``putb_idem``: every ``send_async`` goes through its partition's lane (``reserve_sequences``).
     Thread-safe; close it (or use ``with``) when done.
     """
 
@@ -318,9 +321,10 @@ class Producer:
         the same frame, so the same sequences: a frame stored before a lost reply is answered as duplicates
         (``ManyResult.duplicates``) and nothing is stored twice. A frame that fails keeps its sequences: the
         partition's next frames are then refused as a gap (unless it was stored after all), so nothing after a
-        lost frame is stored out of order; a new producer id starts afresh. Do not mix it with
-        ``send_async`` to the same partition while either has sends unanswered (a single send that fails
-        after a frame behind it took the next sequences leaves that frame a gap).
+        lost frame is stored out of order; a new producer id starts afresh. Without ``batch_bytes``, do not mix
+        it with ``send_async`` to the same partition while either has sends unanswered (a single send that
+        fails after a frame behind it took the next sequences leaves that frame a gap); with it, both go through
+        the partition's lane and take its sequences by the one rule.
         """
         if self._closed:
             raise RuntimeError("producer is closed")
@@ -687,8 +691,17 @@ class Producer:
         return partition
 
     def reserve_sequences(self, key, count):
-        """The first of ``count`` sequences of ``key`` (``(topic, Partition)``) for an idempotent ``send_many``
-        frame now going out (``batching.Batcher._attempt``): the partition's next ones."""
+        """The first of ``count`` sequences of ``key`` (``(topic, Partition)``) for an idempotent batch now going
+        out for the first time (``batching.Batcher._attempt``: a ``send_many`` frame, or a batch of
+        ``send_async`` messages): the partition's next ones, in the batch's message order.
+
+        The one rule for when a batched message gets its sequence: when its batch is first sent, not when it is
+        sent by the caller. A partition has one batch on the wire and the next goes once it is answered, so
+        each batch's sequences follow the previous batch's with no gap (the broker refuses a ``putb_idem`` that
+        starts past the next sequence it expects); a message still waiting in the buffer, or failing there
+        (no room before its deadline), holds none; only the batch on the wire holds unanswered sequences (at
+        most ``MAX_IDEMPOTENT_BATCH_MESSAGES``, the window), so ``send_async`` never waits for the window; and
+        a retry resends the frame encoded at the first attempt, so the same sequences."""
         with self._window_lock:
             seqs = self._sequences.get(key)
             if seqs is None:

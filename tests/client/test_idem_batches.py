@@ -129,3 +129,20 @@ def test_plain_attributed_and_compressed_messages_share_the_sequences_and_a_reru
     assert all(r.success and r.duplicate for r in again)
     assert [(r.partition, r.offset, r.msg_id) for r in again] == [(r.partition, r.offset, r.msg_id) for r in first]
     assert sum(len(stored(broker, "t-ibmix", part)) for part in range(4)) == 41
+
+
+def test_after_a_refused_batch_the_next_are_refused_as_a_gap(broker):
+    with broker.client() as c:
+        c.put_ok("t-ibgap", b"created", partition=3)
+    options = dict(brokers=[url_of(broker)], idempotent=True, batch_bytes=1 << 20, retry_deadline=5,
+                   selector=lambda topic, partitions, message: partitions[0])
+    with Producer(producer_id=PID, **options) as p:
+        assert all(p.send(Message("t-ibgap", body)).success for body in (b"a", b"b"))
+        too_big = p.send(Message("t-ibgap", b"x" * (300 * 1024)))  # one batch, over the broker's 256 KiB: 400
+        assert not too_big.success and "exceeds the limit" in str(too_big.error)
+        after = p.send(Message("t-ibgap", b"c"))
+        assert not after.success and "past the next one (2)" in str(after.error)
+    with Producer(producer_id=PID + 1, **options) as p:  # a new producer id
+        assert p.send(Message("t-ibgap", b"c")).success
+    assert [(payload, ident) for payload, _a, ident in stored(broker, "t-ibgap", 0)] == [
+        (b"a", (PID, 0)), (b"b", (PID, 1)), (b"c", (PID + 1, 0))]
