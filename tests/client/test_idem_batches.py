@@ -2,18 +2,40 @@
 messages go in their partition's ``putb_idem`` batches, each with its own sequence in send order; a batch resent
 after its connection was cut before the reply is stored once; plain, attributed and compressed messages share a
 partition's sequences, and a run again with the same producer id is answered as duplicates with the stored
-offsets."""
+offsets; and the batches' encoder, the C helper's ``encode_idem_sub_records``, equal to the Python reference."""
 
 import signal
 import time
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from metaq.client import Message, Producer
-from metaq.idempotence.records import identity_in_attribute
+from metaq.idempotence.records import MAX_PID, MAX_SEQ, identity_in_attribute
+from metaq.idempotence.wire import encode_idem_sub_records_py
 from metaq.protocol.message import decode_payload
 from tests.harness.broker import consume_all, url_of
 from tests.harness.faults import LinkProxy
 
+try:
+    from metaq._speedups import encode_idem_sub_records as _c
+except ImportError:  # not built: the Python reference is what runs
+    _c = None
+
 PID = 77
+
+
+@pytest.mark.skipif(_c is None, reason="metaq._speedups was not built")
+@settings(max_examples=300, deadline=None)
+@given(topic=st.binary(min_size=1, max_size=20).map(lambda b: bytes(0x21 + x % 94 for x in b)),
+       partition=st.integers(0, 2**31 - 1), pid=st.integers(1, MAX_PID), seq0=st.integers(0, MAX_SEQ - 30),
+       payloads=st.lists(st.binary(max_size=300), max_size=30))
+def test_the_c_encoder_equals_the_python_reference(topic, partition, pid, seq0, payloads):
+    assert _c(topic, partition, payloads, pid, seq0) == encode_idem_sub_records_py(topic, partition, payloads, pid,
+                                                                                   seq0)
+    with pytest.raises(TypeError, match="payload 1"):
+        _c(topic, partition, [b"ok", "text"], pid, seq0)
 
 
 def stored(broker, topic, partition):
