@@ -2,11 +2,13 @@
 
     python -m bench.bench_pyclients [--runs 3] [--messages 100000] [--latency-seconds 3] [--rates 1000,50000]
 
-Against real servers on 127.0.0.1 started here (data in a temporary directory), the same run, medians of
-``--runs`` runs, printed in ``bench/run.py``'s table (name, figure, unit, each peer and the ratio):
+(``--rates ""``: no latency rows.) Against real servers on 127.0.0.1 started here (data in a temporary
+directory), the same run, medians of ``--runs`` runs, printed in ``bench/run.py``'s table (name, figure, unit,
+each peer and the ratio):
 
 * puts at 100 B and 1 KiB, every message acknowledged: metaq's ``Producer.send_many`` (1,000 payloads a call)
-  and the batching ``Producer`` (``send_async``, ``batch_bytes`` 256 KiB, ``linger_ms`` 5), beside redis-py's
+  and the batching ``Producer`` (``send_async``, ``batch_bytes`` 256 KiB, ``linger_ms`` 5; again with
+  ``idempotent=True``: ``putb_idem`` batches, a sequence per message), beside redis-py's
   pipelined ``XADD`` (1,000 a pipeline, no transaction) and nats-py's JetStream publish (1,000 publishes
   gathered at once, each awaiting its ack);
 * reads of what was put, from the start to the end: metaq's ``Consumer.iter_batches`` (1 MiB gets, each
@@ -83,9 +85,9 @@ def metaq_many(url, topic, n, size):
     return stored / elapsed
 
 
-def metaq_batching(url, topic, n, size):
+def metaq_batching(url, topic, n, size, idempotent=False):
     body = b"b" * size
-    with Producer(brokers=[url], batch_bytes=256 * 1024, linger_ms=5) as p:
+    with Producer(brokers=[url], batch_bytes=256 * 1024, linger_ms=5, idempotent=idempotent) as p:
         assert p.send(Message(topic, b"w")).success
         started = time.perf_counter()
         futures = [p.send_async(Message(topic, body)) for _ in range(n)]
@@ -357,12 +359,13 @@ def run(args):
         url = "meta://127.0.0.1:%d" % b.port
         n = args.messages // PER_CALL * PER_CALL
         for size in (100, 1024):
-            many, batching, reads = [], [], []
+            many, batching, idem, reads = [], [], [], []
             peer_puts, peer_reads = {"redis": [], "nats": []}, {"redis": [], "nats": []}
             for r in range(args.runs):
                 topic = "pyc%dr%d" % (size, r)
                 many.append(metaq_many(url, topic, n, size))
                 batching.append(metaq_batching(url, "pyb%dr%d" % (size, r), n, size))
+                idem.append(metaq_batching(url, "pyi%dr%d" % (size, r), n, size, idempotent=True))
                 reads.append(metaq_read(url, topic, n))
                 if redis:
                     key = "pyc%dr%d" % (size, r)
@@ -376,6 +379,7 @@ def run(args):
             label = "%d B" % size if size < 1024 else "1 KiB"
             results.append(("py put %s: send_many 1,000/call" % label, median(many), "msgs/s", puts))
             results.append(("py put %s: batching Producer" % label, median(batching), "msgs/s", puts))
+            results.append(("py put %s: batching Producer, idempotent" % label, median(idem), "msgs/s", puts))
             results.append(("py read %s: iter_batches / XRANGE / pull" % label, median(reads), "msgs/s",
                             {k: median(v) for k, v in peer_reads.items() if v}))
         targets = [("metaq", b.port)] + [(k, p.port) for k, p in (("redis", redis), ("nats", nats)) if p]
@@ -413,7 +417,7 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--messages", type=int, default=100_000, help="messages a put or read row moves (x 1,000)")
     p.add_argument("--latency-seconds", type=float, default=3.0, help="how long each paced latency run offers")
-    p.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 50_000])
+    p.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",") if x], default=[1000, 50_000])
     p.add_argument("--dir", default=None)
     run(p.parse_args(argv))
 

@@ -24,6 +24,8 @@
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
  *   encode_sub_records(topic, partition, payloads, seq0)
  *                                                 == metaq.protocol.putbatch.encode_sub_records_py
+ *   encode_idem_sub_records(topic, partition, payloads, pid, seq0)
+ *                                                 == metaq.idempotence.wire.encode_idem_sub_records_py
  *   scan_reply(buf, verify=True)                   == metaq.protocol.message.scan_reply_py
  *   gather_payloads(buf, index, count, base=0)     == metaq.protocol.message.gather_payloads_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
@@ -773,25 +775,20 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
 }
 
 /* A putb body from payloads (see metaq.protocol.putbatch.encode_sub_records_py): one sub-record per payload,
-   `put <topic> <partition> <len> 0 <checksum> <seq>\r\n<payload>`, seq counting from seq0; one bytes object. */
-static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
-    Py_buffer topic;
-    long long partition, seq0;
-    PyObject *payloads;
-    if (!PyArg_ParseTuple(args, "y*LOL", &topic, &partition, &payloads, &seq0))
-        return NULL;
+   `put <topic> <partition> <len> 0 <checksum> <seq>\r\n<payload>`, seq counting from seq0; one bytes object.
+   With pid >= 0 a putb_idem body (metaq.idempotence.wire.encode_idem_sub_records_py): one put_idem frame per
+   payload, `put_idem <topic> <partition> <len> 0 <checksum> <pid> <seq> 0\r\n<payload>`. */
+static PyObject *encode_records(Py_buffer *topic, long long partition, PyObject *payloads, long long pid,
+                                long long seq0) {
     PyObject *seq = PySequence_Fast(payloads, "payloads must be a sequence of bytes");
-    if (seq == NULL) {
-        PyBuffer_Release(&topic);
+    if (seq == NULL)
         return NULL;
-    }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t total = 0, line = 4 + topic.len + 3 * 21 + 2 + 12 + 2;
+    Py_ssize_t total = 0, line = 9 + topic->len + 5 * 21 + 2 + 12 + 2;
     for (Py_ssize_t k = 0; k < count; k++) {
         if (!PyBytes_Check(items[k])) {
             Py_DECREF(seq);
-            PyBuffer_Release(&topic);
             return PyErr_Format(PyExc_TypeError, "payload %zd is %.100s, not bytes", k, Py_TYPE(items[k])->tp_name);
         }
         total += PyBytes_GET_SIZE(items[k]) + line;
@@ -799,17 +796,21 @@ static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
     PyObject *result = PyBytes_FromStringAndSize(NULL, total);
     if (result == NULL) {
         Py_DECREF(seq);
-        PyBuffer_Release(&topic);
         return NULL;
     }
     char *w = PyBytes_AS_STRING(result);
     for (Py_ssize_t k = 0; k < count; k++) {
         const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(items[k]);
         Py_ssize_t n = PyBytes_GET_SIZE(items[k]);
-        memcpy(w, "put ", 4);
-        w += 4;
-        memcpy(w, topic.buf, topic.len);
-        w += topic.len;
+        if (pid >= 0) {
+            memcpy(w, "put_idem ", 9);
+            w += 9;
+        } else {
+            memcpy(w, "put ", 4);
+            w += 4;
+        }
+        memcpy(w, topic->buf, topic->len);
+        w += topic->len;
         *w++ = ' ';
         w += put_decimal(w, partition);
         *w++ = ' ';
@@ -818,16 +819,49 @@ static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
         w += 3;
         w += put_decimal(w, (long long)(crc_of(data, n, 0) & 0x7FFFFFFFul));
         *w++ = ' ';
+        if (pid >= 0) {
+            w += put_decimal(w, pid);
+            *w++ = ' ';
+        }
         w += put_decimal(w, seq0 + k);
+        if (pid >= 0) {
+            memcpy(w, " 0", 2);
+            w += 2;
+        }
         *w++ = '\r';
         *w++ = '\n';
         memcpy(w, data, n);
         w += n;
     }
     Py_DECREF(seq);
-    PyBuffer_Release(&topic);
     if (_PyBytes_Resize(&result, w - PyBytes_AS_STRING(result)) < 0)
         return NULL;
+    return result;
+}
+
+static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
+    Py_buffer topic;
+    long long partition, seq0;
+    PyObject *payloads;
+    if (!PyArg_ParseTuple(args, "y*LOL", &topic, &partition, &payloads, &seq0))
+        return NULL;
+    PyObject *result = encode_records(&topic, partition, payloads, -1, seq0);
+    PyBuffer_Release(&topic);
+    return result;
+}
+
+static PyObject *encode_idem_sub_records(PyObject *self, PyObject *args) {
+    Py_buffer topic;
+    long long partition, pid, seq0;
+    PyObject *payloads;
+    if (!PyArg_ParseTuple(args, "y*LOLL", &topic, &partition, &payloads, &pid, &seq0))
+        return NULL;
+    if (pid < 0) {
+        PyBuffer_Release(&topic);
+        return PyErr_Format(PyExc_ValueError, "producer id %lld < 0", pid);
+    }
+    PyObject *result = encode_records(&topic, partition, payloads, pid, seq0);
+    PyBuffer_Release(&topic);
     return result;
 }
 
@@ -992,6 +1026,8 @@ static PyMethodDef methods[] = {
      "unit_at) -> (count, rel_after)"},
     {"encode_sub_records", encode_sub_records, METH_VARARGS,
      "encode_sub_records(topic, partition, payloads, seq0) -> a putb body: one sub-record per payload"},
+    {"encode_idem_sub_records", encode_idem_sub_records, METH_VARARGS,
+     "encode_idem_sub_records(topic, partition, payloads, pid, seq0) -> a putb_idem body: a put_idem frame each"},
     {"scan_reply", scan_reply, METH_VARARGS,
      "scan_reply(buf, verify=True) -> (index, count, stop, fault): a get reply's records, six int64s each"},
     {"gather_payloads", gather_payloads, METH_VARARGS,

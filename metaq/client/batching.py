@@ -15,6 +15,12 @@ closed batches beyond it wait their turn. At most ``buffer_bytes`` of messages w
 then waits for room (until the message's deadline, then the send fails with ``RequestTimeout``), so never call
 it from a send callback.
 
+An idempotent producer's batches are ``putb_idem`` frames (idempotence/wire.py) of at most
+``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``: a batch's messages get their partition's next sequences, in order, at
+its first attempt (``Producer.reserve_sequences``, send_many's rule too), and its retries resend that frame, so
+the broker answers what it stored as duplicates with the original offsets. A message that cannot share one
+(compressed, too large) is a batch of its own, sent as a ``put_idem`` in its turn.
+
 ``Producer.send_many`` goes through the same lanes (``add_many``): its payloads, encoded by the C helper into
 ready ``putb`` bodies (``protocol.putbatch.encode_sub_records``), queue behind the partition's earlier batches,
 and each frame's reply goes to one handle (``ManySend``) rather than to a future per message.
@@ -48,7 +54,8 @@ from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records, sub_record
-from metaq.idempotence.wire import IdempotentBatch, decode_idem_runs, encode_idem_sub_records
+from metaq.idempotence.wire import (DUPLICATE_MARK, IdempotentBatch, IdempotentPut, decode_idem_runs,
+                                    encode_idem_sub_records, idem_sub_record)
 from metaq import limits
 
 log = logging.getLogger(__name__)
@@ -136,7 +143,7 @@ _IDEM_LINE = 48
 
 class _Batch:
     __slots__ = ("key", "topic", "line", "messages", "futures", "parts", "flags", "nbytes", "due", "deadline",
-                 "body", "attempts", "error", "count", "data", "many", "first", "seq0")
+                 "body", "attempts", "error", "count", "data", "many", "first", "seq0", "single")
 
     def __init__(self, key, due):
         self.key = key  # (topic, Partition)
@@ -156,7 +163,8 @@ class _Batch:
         self.data = 0  # bytes of their data (counted in the buffer)
         self.many = None  # a send_many's ManySend (then messages is empty and body set at once)
         self.first = 0  # send_many: the index of its first payload in the call's
-        self.seq0 = None  # an idempotent send_many's: -1 until its first attempt gives it its first sequence
+        self.seq0 = None  # an idempotent batch's: -1 until its first attempt gives it its first sequence
+        self.single = False  # an idempotent message that cannot share a putb_idem: sent alone as a put_idem
 
 
 class _Lane:
@@ -186,7 +194,10 @@ class _Lane:
 
 def _encode(b):
     """A send_async batch's ``putb`` body, from its messages' data: by the C helper in one call when every one is
-    a plain body (flag 0), else each sub-record here."""
+    a plain body (flag 0), else each sub-record here. An idempotent batch is encoded at its first attempt
+    (``_encode_idem``), once it has its sequences."""
+    if b.seq0 is not None:
+        return
     partition = b.key[1].partition
     topic = b.topic.encode("utf-8")
     if b.flags is None:
@@ -196,6 +207,29 @@ def _encode(b):
         b.body = b"".join(sub_record(topic, partition, flags.get(k, 0), data, metaq_checksum(data), k)
                           for k, data in enumerate(b.parts))
     b.parts = None
+
+
+def _encode_idem(b, pid):
+    """An idempotent send_async batch's ``putb_idem`` body (``b.seq0`` given): its messages' put_idem frames,
+    sequences ``seq0, seq0 + 1, ...`` in send order."""
+    partition = b.key[1].partition
+    topic = b.topic.encode("utf-8")
+    if b.flags is None:
+        b.body = encode_idem_sub_records(topic, partition, b.parts, pid, b.seq0)
+    else:
+        flags, seq0 = b.flags, b.seq0
+        b.body = b"".join(idem_sub_record(topic, partition, flags.get(k, 0), data, metaq_checksum(data), pid, seq0 + k)
+                          for k, data in enumerate(b.parts))
+
+
+def _single_runs(body):
+    """A put_idem reply's body (``<id> <partition> <offset>[ dup]``) as ``decode_idem_runs`` gives a batch's."""
+    words = bytes(body).split()
+    dup = len(words) == 4 and words[3] == DUPLICATE_MARK
+    if len(words) != 3 and not dup:
+        raise ValueError("not a put reply")
+    first_id, partition, offset = (int(x) for x in words[:3])
+    return [(first_id, partition, offset, 1, dup)]
 
 
 class ManySend:
@@ -253,6 +287,9 @@ class Batcher:
         if batch_bytes > buffer_bytes:
             raise ValueError("batch_bytes (%d) must be at most buffer_bytes (%d)" % (batch_bytes, buffer_bytes))
         self.producer = producer
+        self.idempotent = bool(getattr(producer, "idempotent", False))  # add's batches are putb_idem
+        self._line = _LINE + (_IDEM_LINE if self.idempotent else 0)
+        self._most = limits.MAX_IDEMPOTENT_BATCH_MESSAGES if self.idempotent else limits.MAX_BATCH_MESSAGES
         self.batch_bytes = int(batch_bytes)
         self.linger_s = linger_ms / 1000.0
         self.max_in_flight = int(max_in_flight)
@@ -272,16 +309,21 @@ class Batcher:
     def fits(self, topic, size):
         """True when a message of ``size`` bytes (its data) for ``topic`` fits in a batch with its sub-record's line
         (larger ones go alone)."""
-        return size + _LINE + len(topic) <= self.batch_bytes
+        return size + self._line + len(topic) <= self.batch_bytes
 
     def largest(self, topic):
         """The largest data of a message of ``topic`` that fits in a batch (``fits``)."""
-        return self.batch_bytes - _LINE - len(topic)
+        return self.batch_bytes - self._line - len(topic)
 
-    def add(self, message, future, partition, flag, data, deadline):
+    def add(self, message, future, partition, flag, data, deadline, alone=False):
         """Put ``message`` (its ``data`` and ``flag`` as a put sends them; its partition chosen, >= 0) in its
         partition's batch; ``future`` gets its ``SendResult``. Waits for buffer room until ``deadline``
-        (RequestTimeout, nothing queued)."""
+        (RequestTimeout, nothing queued).
+
+        An idempotent producer's batches are ``putb_idem`` of at most ``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``,
+        given their sequences at their first attempt as send_many's are (``_attempt``); ``alone``: a message that
+        cannot share one (compressed, or too large) goes in its partition's lane in its turn as a batch of its
+        own, sent as a ``put_idem``, so its sequence too is given in lane order."""
         key = (message.topic, partition)
         n = len(data)
         ready = None
@@ -292,12 +334,16 @@ class Batcher:
             if lane is None:
                 lane = self._lanes[key] = _Lane(key)
             b = lane.open
-            if b is not None and b.nbytes + n + b.line > self.batch_bytes:
+            if b is not None and (alone or b.nbytes + n + b.line > self.batch_bytes):
                 ready = self._full(lane)
                 b = None
             if b is None:
                 b = lane.open = _Batch(key, time.monotonic() + self.linger_s)
                 b.deadline = deadline
+                if self.idempotent:
+                    b.seq0 = -1
+                    b.line += _IDEM_LINE
+                    b.single = alone
                 self._cond.notify()
             if flag:
                 if b.flags is None:
@@ -312,7 +358,7 @@ class Batcher:
             self._buffered += n
             if deadline < b.deadline:
                 b.deadline = deadline
-            if b.nbytes >= self.batch_bytes or b.count >= limits.MAX_BATCH_MESSAGES:
+            if b.nbytes >= self.batch_bytes or b.count >= self._most or alone:
                 more = self._full(lane)
                 ready = more if ready is None else ready + more
         if ready:
@@ -474,10 +520,18 @@ class Batcher:
         if b.seq0 is not None:
             if b.seq0 < 0:  # its first attempt: the lane's batches before it are answered, so it goes in order
                 b.seq0 = producer.reserve_sequences(b.key, b.count)
-                b.body = encode_idem_sub_records(b.topic.encode("utf-8"), partition.partition, b.parts,
-                                                 producer.producer_id, b.seq0)
+                if b.single:
+                    data = b.parts[0]
+                    flag = b.flags.get(0, 0) if b.flags else 0
+                    b.body = IdempotentPut(b.topic, partition.partition, flag, data, 0, metaq_checksum(data),
+                                           producer.producer_id, b.seq0)
+                elif b.many is None:
+                    _encode_idem(b, producer.producer_id)
+                else:
+                    b.body = encode_idem_sub_records(b.topic.encode("utf-8"), partition.partition, b.parts,
+                                                     producer.producer_id, b.seq0)
                 b.parts = None
-            event = IdempotentBatch(b.topic, b.count, b.body, 0)
+            event = b.body if b.single else IdempotentBatch(b.topic, b.count, b.body, 0)
         else:
             event = PutBatch(b.topic, b.count, b.body, 0)
         conn.request_callback(event,
@@ -490,7 +544,8 @@ class Batcher:
         if error is None:
             if isinstance(reply, ev.Result) and reply.code == 200:
                 try:
-                    runs = decode_runs(reply.body) if b.seq0 is None else decode_idem_runs(reply.body)
+                    runs = (decode_runs(reply.body) if b.seq0 is None else _single_runs(reply.body) if b.single
+                            else decode_idem_runs(reply.body))
                     stored = sum(run[3] for run in runs)
                     if stored != b.count:
                         raise ValueError("%d places for %d messages" % (stored, b.count))
@@ -532,9 +587,12 @@ class Batcher:
             self._fail(b, error)
         elif b.many is not None:
             b.many.chunk_done(b.first, b.count, runs, None)
-        else:
+        elif b.seq0 is None:
             self.producer.finish_stored(b.messages, b.futures, [(first_id, Partition(broker, part), offset, count)
                                                                 for first_id, part, offset, count in runs])
+        else:
+            self.producer.finish_stored(b.messages, b.futures, [(first_id, Partition(broker, part), offset, count,
+                                                                 dup) for first_id, part, offset, count, dup in runs])
         self._send(ready)
 
     def _fail(self, b, error):

@@ -24,7 +24,9 @@ the original's id and offset (``SendResult.duplicate``) instead of storing it
 again — across broker restarts, kill -9 and failover to a slave. At most
 ``limits.IDEMPOTENCE_WINDOW`` sends of one partition are unanswered at a time
 (``send_async`` waits for room, so never call it from a send callback), so every
-resend falls in the broker's window.
+resend falls in the broker's window. With ``batch_bytes`` too, its sends go in its
+partitions' batches as ``putb_idem`` frames, a sequence per message given when the
+batch first goes (``reserve_sequences``), as Kafka's idempotent producer batches.
 
     producer = Producer(brokers=["meta://127.0.0.1:8123"], idempotent=True)
     result = producer.send(Message("orders", b"hello"))   # result.duplicate: stored by an earlier attempt
@@ -107,7 +109,8 @@ class Producer:
     many bytes (at most the broker's ``limits.max_body_bytes``), closed when full or ``linger_ms`` after its first
     message (a lone message waits its linger, as Kafka's: ``linger_ms=0`` sends it at once); at most
     ``max_in_flight`` batches on the wire per broker, one per partition (retries keep a partition's order), at most
-    ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``.
+    ``buffer_bytes`` waiting (``send_async`` then waits). See ``metaq.client.batching``. An idempotent producer's
+    batches are ``putb_idem``: every ``send_async`` goes through its partition's lane (``reserve_sequences``).
     Thread-safe; close it (or use ``with``) when done.
     """
 
@@ -164,7 +167,8 @@ class Producer:
         self._many_options = (max_in_flight, buffer_bytes)
         self._many_rr = itertools.count()
         self._many = None  # send_many's batcher when batching is off
-        if batch_bytes is not None and not self.idempotent:  # an idempotent producer's sends go as put_idem
+        self._new_topics = set()  # idempotent batches sent to partition 0 of a topic not created yet
+        if batch_bytes is not None:
             self._batcher = Batcher(self, batch_bytes, linger_ms, max_in_flight, buffer_bytes)
         self._worker.start()
 
@@ -222,7 +226,8 @@ class Producer:
             refused = None
             if first is not None and self.idempotent:
                 try:
-                    first = self._sequenced(send, first, wait=True)
+                    if self._batcher is None:  # with batches, its sequence is given in its lane (_add_idempotent)
+                        first = self._sequenced(send, first, wait=True)
                 except RequestTimeout as exc:
                     first, refused = None, exc
         with self._count_lock:
@@ -231,6 +236,8 @@ class Producer:
             self._finish(send, SendResult(False, error=refused))
         elif first is None:
             self._retry_later(send, self._no_partition(message.topic))
+        elif self._batcher is not None and self.idempotent:
+            self._add_idempotent(send, first)
         elif self._batcher is not None and first.partition >= 0 and self._batchable(put, message):
             try:
                 self._batcher.add(message, future, first, put.flag, put.body, deadline)
@@ -239,6 +246,21 @@ class Producer:
         else:
             self._attempt(send, first)
         return future
+
+    def _add_idempotent(self, send, partition):
+        """An idempotent batching producer's send into its partition's lane (a topic not created yet: partition 0,
+        which every topic has), whatever the message: one that cannot share a ``putb_idem`` (compressed, too large)
+        goes alone in its turn, so every sequence of the partition is given in lane order by one rule
+        (``reserve_sequences``, at a batch's first attempt: see ``send_many``)."""
+        put, message = send.put, send.message
+        if partition.partition < 0:
+            partition = Partition(partition.broker_id, 0)
+            self._new_topics.add(put.topic)
+        try:
+            self._batcher.add(message, send.future, partition, put.flag, put.body, send.deadline,
+                              alone=not self._batchable(put, message))
+        except RequestTimeout as exc:  # no room in the batches' buffer before the deadline
+            self._finish(send, SendResult(False, partition, error=exc))
 
     def _send_batched(self, message, callback, timeout):
         """``send_async`` of a plain message (a body, nothing else: sent as it is, flag 0) into its partition's
@@ -268,7 +290,7 @@ class Producer:
         except Unauthenticated:
             return None
         if first.partition < 0:
-            return None
+            return None  # (an idempotent producer's goes to partition 0 by the general way: _add_idempotent)
         future = SendFuture()
         if callback is not None:
             future.add_done_callback(lambda f: self._run_callback(callback, f))
@@ -299,9 +321,10 @@ class Producer:
         the same frame, so the same sequences: a frame stored before a lost reply is answered as duplicates
         (``ManyResult.duplicates``) and nothing is stored twice. A frame that fails keeps its sequences: the
         partition's next frames are then refused as a gap (unless it was stored after all), so nothing after a
-        lost frame is stored out of order; a new producer id starts afresh. Do not mix it with
-        ``send_async`` to the same partition while either has sends unanswered (a single send that fails
-        after a frame behind it took the next sequences leaves that frame a gap).
+        lost frame is stored out of order; a new producer id starts afresh. Without ``batch_bytes``, do not mix
+        it with ``send_async`` to the same partition while either has sends unanswered (a single send that
+        fails after a frame behind it took the next sequences leaves that frame a gap); with it, both go through
+        the partition's lane and take its sequences by the one rule.
         """
         if self._closed:
             raise RuntimeError("producer is closed")
@@ -668,8 +691,17 @@ class Producer:
         return partition
 
     def reserve_sequences(self, key, count):
-        """The first of ``count`` sequences of ``key`` (``(topic, Partition)``) for an idempotent ``send_many``
-        frame now going out (``batching.Batcher._attempt``): the partition's next ones."""
+        """The first of ``count`` sequences of ``key`` (``(topic, Partition)``) for an idempotent batch now going
+        out for the first time (``batching.Batcher._attempt``: a ``send_many`` frame, or a batch of
+        ``send_async`` messages): the partition's next ones, in the batch's message order.
+
+        The one rule for when a batched message gets its sequence: when its batch is first sent, not when it is
+        sent by the caller. A partition has one batch on the wire and the next goes once it is answered, so
+        each batch's sequences follow the previous batch's with no gap (the broker refuses a ``putb_idem`` that
+        starts past the next sequence it expects); a message still waiting in the buffer, or failing there
+        (no room before its deadline), holds none; only the batch on the wire holds unanswered sequences (at
+        most ``MAX_IDEMPOTENT_BATCH_MESSAGES``, the window), so ``send_async`` never waits for the window; and
+        a retry resends the frame encoded at the first attempt, so the same sequences."""
         with self._window_lock:
             seqs = self._sequences.get(key)
             if seqs is None:
@@ -694,11 +726,25 @@ class Producer:
         self._count_finished(len(futures))
 
     def finish_stored(self, messages, futures, runs):
-        """A batch's ``messages`` (never idempotent, their futures not done) were stored as ``runs``:
-        ``(first_id, Partition, first_offset, count)`` in order. Each message's fields and future are set (its own
-        id and offset), counted once."""
+        """A batch's ``messages`` (their futures not done) were stored as ``runs``: ``(first_id, Partition,
+        first_offset, count)`` in order, an idempotent batch's with a fifth field, True for a run of duplicates
+        (the originals' ids and offsets; offset -1, one older than the broker's window: None, as a single send's).
+        Each message's fields and future are set (its own id and offset), counted once."""
         k = 0
         new = tuple.__new__
+        if runs and len(runs[0]) == 5:
+            if self._new_topics and messages[0].topic in self._new_topics:
+                self._new_topics.discard(messages[0].topic)
+                self.discovery.invalidate(messages[0].topic)  # the topic exists now: learn its partitions
+            for first_id, stored, offset, count, dup in runs:
+                for j in range(count):
+                    message = messages[k + j]
+                    at = offset + j if offset >= 0 else None
+                    message.id, message.partition, message.offset = first_id + j, stored, at
+                    futures[k + j].settle(new(SendResult, (True, stored, at, first_id + j, None, dup)))
+                k += count
+            self._count_finished(len(messages))
+            return
         for first_id, stored, offset, count in runs:
             for j in range(count):
                 message = messages[k + j]
@@ -802,6 +848,9 @@ class Producer:
             self._finish(send, SendResult(False, send.partition, error=exc))
             return
         if target is not None and self.idempotent and send.seq is None:  # its first partition, found only now
+            if self._batcher is not None:
+                self._add_idempotent(send, target)  # may wait for buffer room, as send_async does
+                return
             target = self._sequenced(send, target, wait=False)  # never wait here: replies free the room
         if target is None:
             self._retry_later(send, self._no_partition(send.put.topic) if send.partition is None else send.error)
