@@ -203,9 +203,10 @@ def _readable(conn):
 
 
 def _read_watcher(sock):
-    """The read watcher of ``sock``'s plain gevent socket (under TLS too): parking reuses it (a gevent socket
-    waits on it only inside ``recv``, which a parked connection is not in) rather than adding one."""
-    return getattr(sock, "sock", sock)._read_event
+    """The read watcher of ``sock``'s plain gevent socket (under TLS too), None once that socket closed: parking
+    reuses it (a gevent socket waits on it only inside ``recv``, which a parked connection is not in) rather than
+    adding one."""
+    return (sock.sock if isinstance(sock, BioTls) else sock)._read_event
 
 
 #: The setting each listener's port comes from, for the message when it cannot bind.
@@ -790,7 +791,11 @@ class ConnectionCore:
         parks = False
         try:
             conn.serve()
-            parks = conn._parked == _PARKING and not conn.closed
+            watcher = _read_watcher(conn.sock) if conn._parked == _PARKING and not conn.closed else None
+            if watcher is not None:
+                conn._parked = self._wheel.add(conn, conn.deadline())
+                watcher.start(_readable, conn)
+                parks = True
         finally:
             if not parks:
                 conn._parked = None
@@ -804,9 +809,6 @@ class ConnectionCore:
                         hook(conn)
                     except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
                         log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
-        if parks:
-            conn._parked = self._wheel.add(conn, conn.deadline())
-            _read_watcher(conn.sock).start(_readable, conn)
 
     def wake(self, conn, readable=False):
         """Serve the parked ``conn`` again, in a greenlet of its own: bytes arrived (``readable``: its watcher; that
@@ -818,7 +820,9 @@ class ConnectionCore:
         conn._parked = _WOKEN if readable else None
         if key == _PARKING:  # its turn has not returned yet: it sees the close itself
             return
-        _read_watcher(conn.sock).stop()
+        watcher = _read_watcher(conn.sock)
+        if watcher is not None:  # (None: its socket was closed under it; the turn ends it)
+            watcher.stop()
         self._wheel.remove(conn, key)
         gevent.spawn(self._turn, conn)
 
