@@ -503,12 +503,11 @@ class Connection:
             if self._idle_until is None:  # idle from here (until bytes arrive)
                 self._idle_until = now + self.idle_timeout
             timeout = self._idle_until - now
-            if timeout <= 0:
-                log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, self.idle_timeout)
-                return None
-            if self.parks and self._core is not None and self._parked != _WOKEN and self._may_park():
+            if timeout > 0 and self.parks and self._core is not None and self._parked != _WOKEN \
+                    and self._may_park():
                 self._parked = _PARKING
                 return PARKED
+            timeout = max(0.001, timeout)  # past its deadline: what already arrived is still read, else it ends
         else:
             now, progress = time.monotonic(), self.progress
             if self._request_deadline is None or progress != self._progress_seen:
