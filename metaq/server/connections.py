@@ -96,8 +96,8 @@ PARKED = object()
 #: How finely the idle wheel tells deadlines apart: a parked connection closes at most this late.
 WHEEL_TICK_S = 0.1
 
-_PARKING = -1  # Connection._parked: receive() returned PARKED, the core has not armed its watcher yet
-_WOKEN = -2  # Connection._parked: its watcher saw bytes (or the end): the next receive reads, it does not park
+_PARKING = -1  # Connection.parked_key: receive() returned PARKED, the core has not armed its watcher yet
+_WOKEN = -2  # Connection.parked_key: its watcher saw bytes (or the end): the next receive reads, it does not park
 
 
 class IdleWheel:
@@ -199,14 +199,7 @@ class Listener:
 
 def _readable(conn):
     """A parked connection's read watcher fired (a plain function: a bound method would be made at every park)."""
-    conn._core.wake(conn, True)
-
-
-def _read_watcher(sock):
-    """The read watcher of ``sock``'s plain gevent socket (under TLS too), None once that socket closed: parking
-    reuses it (a gevent socket waits on it only inside ``recv``, which a parked connection is not in) rather than
-    adding one."""
-    return (sock.sock if isinstance(sock, BioTls) else sock)._read_event
+    conn.served_by.wake(conn, True)
 
 
 #: The setting each listener's port comes from, for the message when it cannot bind.
@@ -393,7 +386,8 @@ class Connection:
     #: (a subclass adds its own ``__slots__`` to keep it so, or gets a dict for its own attributes).
     __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
-                 "_stranger", "_login_deadline", "rates", "_idle_until", "_parked", "_core", "_host", "__weakref__")
+                 "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
+                 "read_watcher", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
@@ -424,9 +418,11 @@ class Connection:
         self._login_deadline = None  # monotonic time by which it must log in, while a stranger
         self.rates = None  # the Guard, set by the core with authentication on: its pace(session, kind, nbytes)
         self._idle_until = None  # monotonic time by which a request must begin (set when it went idle)
-        self._parked = None  # while parked: its key in the core's IdleWheel (_PARKING: being parked)
-        self._core = None  # the ConnectionCore serving it (set by the core: parking and its end)
-        self._host = None  # what it counts under in the core's per-address share
+        # The core's, for parking and the end (front-ends leave them alone):
+        self.parked_key = None  # while parked: its key in the core's IdleWheel (_PARKING: being parked)
+        self.served_by = None  # the ConnectionCore serving it
+        self.share_key = None  # what it counts under in the core's per-address share
+        self.read_watcher = None  # while parked: the loop's read watcher on its socket
 
     @property
     def peer(self):
@@ -503,9 +499,9 @@ class Connection:
             if self._idle_until is None:  # idle from here (until bytes arrive)
                 self._idle_until = now + self.idle_timeout
             timeout = self._idle_until - now
-            if timeout > 0 and self.parks and self._core is not None and self._parked != _WOKEN \
+            if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
                     and self._may_park():
-                self._parked = _PARKING
+                self.parked_key = _PARKING
                 return PARKED
             timeout = max(0.001, timeout)  # past its deadline: what already arrived is still read, else it ends
         else:
@@ -537,7 +533,7 @@ class Connection:
             elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
                 log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
             return None
-        self._idle_until = self._parked = None
+        self._idle_until = self.parked_key = None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             data = self._more_tls(data, nbytes)
         if self.rates is not None and data and self.rates.acl.has_rates:
@@ -634,8 +630,8 @@ class Connection:
             self._rules.strangers.leave(self._stranger)
             self._stranger = None
         self.replies.wake()
-        if self._parked is not None and self._core is not None:
-            self._core.wake(self)  # before the socket closes: its watcher stopped, its end run in a new greenlet
+        if self.parked_key is not None and self.served_by is not None:
+            self.served_by.wake(self)  # before the socket closes: its watcher stopped, its end run in a new greenlet
         try:
             self.sock.close()
         except OSError:
@@ -778,8 +774,8 @@ class ConnectionCore:
                 self.rules.strangers.leave(stranger)
             sock.close()
             raise
-        conn._core = self
-        conn._host = host
+        conn.served_by = self
+        conn.share_key = host
         self._open[conn_id] = conn
         self._listener_of[conn_id] = listener
         self._turn(conn)
@@ -790,16 +786,19 @@ class ConnectionCore:
         parks = False
         try:
             conn.serve()
-            watcher = _read_watcher(conn.sock) if conn._parked == _PARKING and not conn.closed else None
-            if watcher is not None:
-                conn._parked = self._wheel.add(conn, conn.deadline())
+            if conn.parked_key == _PARKING and not conn.closed:
+                conn.read_watcher = watcher = gevent.get_hub().loop.io(conn.sock.fileno(), 1)
+                conn.parked_key = self._wheel.add(conn, conn.deadline())
                 watcher.start(_readable, conn)
                 parks = True
         finally:
             if not parks:
-                conn._parked = None
-                self._forget(conn._host)
-                conn._host = None
+                conn.parked_key = None
+                if conn.read_watcher is not None:  # (armed when parking failed half way)
+                    conn.read_watcher.close()
+                    conn.read_watcher = None
+                self._forget(conn.share_key)
+                conn.share_key = None
                 conn.close()
                 self._open.pop(conn.conn_id, None)
                 self._listener_of.pop(conn.conn_id, None)
@@ -813,15 +812,15 @@ class ConnectionCore:
         """Serve the parked ``conn`` again, in a greenlet of its own: bytes arrived (``readable``: its watcher; that
         turn reads them, even the end of the stream, rather than park again), its deadline passed or it is closing
         (then that turn ends it). Nothing for a connection not parked."""
-        key = conn._parked
+        key = conn.parked_key
         if key is None or key == _WOKEN:
             return
-        conn._parked = _WOKEN if readable else None
+        conn.parked_key = _WOKEN if readable else None
         if key == _PARKING:  # its turn has not returned yet: it sees the close itself
             return
-        watcher = _read_watcher(conn.sock)
-        if watcher is not None:  # (None: its socket was closed under it; the turn ends it)
-            watcher.stop()
+        watcher, conn.read_watcher = conn.read_watcher, None
+        watcher.stop()
+        watcher.close()
         self._wheel.remove(conn, key)
         gevent.spawn(self._turn, conn)
 
