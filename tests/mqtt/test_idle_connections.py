@@ -6,7 +6,8 @@ import threading
 import time
 
 from metaq.mqtt import wire
-from tests.harness.mqtt import Raw, mqtt_config
+from tests.harness.acl import SECRETS, secured_config
+from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
 
 
 def _config(tmp_path):
@@ -78,3 +79,20 @@ def test_every_deadline_still_closes_and_a_long_idle_connection_is_served(broker
     assert log.count(": no request for 2 s; closing") == 1  # the MQTT client's 1.5 s, written rounded
     assert log.count(": no request for 1 s; closing") == 1  # the text client
     assert log.count(": a partial request for 1 s; closing") == 2
+
+
+def test_a_parked_mqtt_connection_that_never_logs_in_is_closed_at_the_login_deadline(broker_factory, tmp_path):
+    cfg = with_mqtt(secured_config(tmp_path))
+    cfg["limits"] = dict(cfg.get("limits", {}), login_timeout_s=1.0, idle_timeout_s=600)
+    b = broker_factory(cfg)
+    clock = CloseClock()
+    silent = Raw(b, wire.MQTT_311)  # connected, no CONNECT: parked as a stranger
+    clock.watch("silent stranger", silent.sock)
+    user = Raw(b, wire.MQTT_311)
+    assert user.connect("alice-1", username="alice", password=SECRETS["alice"].encode(),
+                        keep_alive=60).reason_code == 0
+    assert 0.9 <= clock.join()["silent stranger"] < 2.5
+    assert "mqtt 127.0.0.1:" in b.log_text() and ": not logged in within 1 s; closing" in b.log_text()
+    time.sleep(0.5)  # the logged-in one, parked past the login deadline, is held to its keep-alive only
+    user.send(wire.PingReq())
+    assert user.read() == wire.PingResp()
