@@ -1,8 +1,8 @@
 """One MQTT connection: its packets read and answered, in the order they came (docs/mqtt.md).
 
 The connection's greenlet reads (``Connection.receive``: the idle timeout, here 1.5 x the client's Keep Alive, the
-request deadline, the login deadline), parses (``wire.MqttParser``, the packet size bounded before a body is kept)
-and handles each packet:
+request deadline, the login deadline; an idle connection parks, holding no greenlet until bytes arrive), parses
+(``wire.MqttParser``, the packet size bounded before a body is kept) and handles each packet:
 
 * **CONNECT** first (any other packet first, or a second CONNECT, closes: the parser's refusal, with the MQTT 5
   reason code where one exists); the client id's rules (empty: MQTT 5 gets one assigned; too long or holding a
@@ -290,10 +290,18 @@ class Connection(core.Connection):
 
     # -- reading ---------------------------------------------------------------
 
+    #: An idle connection, most of a device fleet's, holds no greenlet (the connection core's ``parks``).
+    parks = True
+
     def serve(self):
+        """One turn (``parks``): read and handle packets until the connection is idle (parked: this returns, the
+        core calls it again when bytes arrive) or ends (then ``_end``)."""
+        parked = False
         try:
             data = self.receive()
-            if data is not None and self.tls_hello(data):
+            parked = data is core.PARKED
+            if parked or (data is not None and self.version is None and not self.parser.buffered
+                          and self.tls_hello(data)):  # its first bytes: nothing parsed before them
                 return
             while data is not None and not self.closed:
                 self.parser.receive_data(data)
@@ -306,8 +314,12 @@ class Connection(core.Connection):
                 if self.port.closing:
                     return
                 data = self.receive()
+                parked = data is core.PARKED
+                if parked:
+                    return
         finally:
-            self._end()
+            if not parked:
+                self._end()
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask

@@ -23,6 +23,10 @@ then applies the same rules to every accepted socket:
 * **Deadlines**: a connection with no request for ``idle_timeout_s`` is closed,
   and a request begun must be complete within ``request_timeout_s`` of its
   first byte, however slowly its bytes trickle in (``Connection.receive``).
+* **No greenlet while idle** (``Connection.parks``, opt-in per front-end: MQTT): a connection with no partial
+  request and nothing buffered ends its greenlet instead of waiting in ``recv``; a read watcher on the loop
+  serves it again, in a new greenlet, when bytes arrive, and one shared ``IdleWheel`` (not a timer per
+  connection) holds its idle and login deadlines. Writes (an MQTT delivery) do not need the reading greenlet.
 * **Close hooks** (``on_close``): what must happen when any connection ends
   (the transaction service rolls back its local transactions...).
 * **Orderly close** at shutdown (``shutdown``): stop accepting on every
@@ -38,6 +42,7 @@ import errno
 import functools
 import itertools
 import logging
+import math
 import socket
 import time
 from fcntl import ioctl
@@ -83,6 +88,82 @@ def share_loop(started):
     return time.monotonic()
 
 
+#: What ``Connection.receive`` returns to a connection that parks (``Connection.parks``): its ``serve`` returns at
+#: once without ending the connection; the core serves it again, in a new greenlet, when bytes arrive, when it
+#: closes or when its idle or login deadline passes.
+PARKED = object()
+
+#: How finely the idle wheel tells deadlines apart: a parked connection closes at most this late.
+WHEEL_TICK_S = 0.1
+
+_PARKING = -1  # Connection.parked_key: receive() returned PARKED, the core has not armed its watcher yet
+_WOKEN = -2  # Connection.parked_key: its watcher saw bytes (or the end): the next receive reads, it does not park
+
+
+class IdleWheel:
+    """The deadlines of parked connections, one timer for all of them (not one per connection): each connection
+    in the bucket of the tick its deadline falls in; every ``tick`` the buckets whose time came are handed to
+    ``expire(conn)``. The timer runs only while some connection is parked."""
+
+    __slots__ = ("tick", "_buckets", "_next", "_timer", "_expire")
+
+    def __init__(self, expire, tick=WHEEL_TICK_S):
+        self.tick = tick
+        self._expire = expire
+        self._buckets = {}  # tick number -> set of connections whose deadline falls in it
+        self._next = 0  # the first tick number not swept yet
+        self._timer = None
+
+    def __len__(self):
+        return sum(len(b) for b in self._buckets.values())
+
+    def add(self, conn, deadline):
+        """Hold ``conn`` until ``deadline`` (monotonic); returns its key for ``remove``."""
+        if not self._buckets:
+            self._next = int(time.monotonic() / self.tick)
+            if self._timer is None:
+                self._timer = gevent.get_hub().loop.timer(self.tick, self.tick)
+            self._timer.start(self._sweep)
+        key = max(math.ceil(deadline / self.tick), self._next)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = set()
+        bucket.add(conn)
+        return key
+
+    def remove(self, conn, key):
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.discard(conn)
+            if not bucket:
+                del self._buckets[key]
+                if not self._buckets:
+                    self._timer.stop()
+
+    def _sweep(self):
+        now_key = int(time.monotonic() / self.tick)
+        buckets = self._buckets
+        while self._next <= now_key and buckets:
+            bucket = buckets.pop(self._next, None)
+            self._next += 1
+            for conn in bucket or ():
+                try:
+                    self._expire(conn)
+                except Exception:  # noqa: BLE001 - one connection's failure must not stop the others' deadlines
+                    log.exception("%s %s: ending a parked connection failed", conn.log_prefix, conn.peer)
+        self._next = max(self._next, now_key + 1)
+        if not buckets:
+            self._timer.stop()
+
+
+class _Server(StreamServer):
+    """gevent's StreamServer, without its close of the socket when the handler returns: a parked connection
+    outlives the greenlet of its accept (``ConnectionCore.accept`` closes whatever it does not keep)."""
+
+    def do_close(self, sock, *args):
+        pass
+
+
 class Listener:
     """One listening port of the broker: its name (``text``, ``remoting``...), address and connection maker."""
 
@@ -103,7 +184,7 @@ class Listener:
         self._server = None
 
     def start(self, accept):
-        self._server = StreamServer((self.host, self.requested_port), functools.partial(accept, self),
+        self._server = _Server((self.host, self.requested_port), functools.partial(accept, self),
                                     backlog=self.backlog)
         try:
             self._server.start()
@@ -114,6 +195,11 @@ class Listener:
     def close(self):
         if self._server is not None:
             self._server.close()
+
+
+def _readable(conn):
+    """A parked connection's read watcher fired (a plain function: a bound method would be made at every park)."""
+    conn.served_by.wake(conn, True)
 
 
 #: The setting each listener's port comes from, for the message when it cannot bind.
@@ -253,8 +339,7 @@ class ReplyBudget:
     def __init__(self, limit):
         self.limit = limit
         self.held = 0
-        self._room = Event()
-        self._room.set()
+        self._room = None  # an Event once a reservation waited (most connections never wait: none is made)
 
     def would_wait(self, nbytes):
         return self.held > 0 and self.held + nbytes > self.limit
@@ -264,6 +349,8 @@ class ReplyBudget:
         while self.would_wait(nbytes):
             if closed():
                 return False
+            if self._room is None:
+                self._room = Event()
             self._room.clear()
             self._room.wait(1.0)
         self.held += nbytes
@@ -272,11 +359,13 @@ class ReplyBudget:
     def release(self, nbytes):
         if nbytes:
             self.held -= nbytes
-            self._room.set()
+            if self._room is not None:
+                self._room.set()
 
     def wake(self):
         """Wake every waiting reservation (the connection closed: they see ``closed()`` and give up)."""
-        self._room.set()
+        if self._room is not None:
+            self._room.set()
 
 
 class Connection:
@@ -285,16 +374,26 @@ class Connection:
     A subclass implements ``serve()`` (read and answer until the connection ends), sets ``parser``
     (a ``protocol.stream.StreamParser``: the request deadline applies while it is inside a frame) and
     sets or computes ``busy`` (a shutdown lets it finish).
+
+    A subclass that sets ``parks`` holds no greenlet while idle: ``receive`` returns ``PARKED`` instead of
+    waiting when no request is under way and nothing is buffered, and its ``serve`` must then return at once,
+    without ending anything; the core calls ``serve`` again, in a new greenlet, when bytes arrive, when the
+    connection closes or when a deadline passes (``receive`` then returns the bytes, or None: the end). So
+    ``serve`` is one turn, called many times; only the turn that ends the connection ends it.
     """
 
     #: Its attributes in slots, not a per-object dict: a broker holds tens of thousands of connections, most idle
     #: (a subclass adds its own ``__slots__`` to keep it so, or gets a dict for its own attributes).
-    __slots__ = ("sock", "address", "peer", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
+    __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
-                 "_stranger", "_login_deadline", "rates", "__weakref__")
+                 "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
+                 "read_watcher", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
+
+    #: True: no greenlet while idle (see the class doc); the front-end's ``serve`` handles ``PARKED``.
+    parks = False
 
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
@@ -302,7 +401,6 @@ class Connection:
     def __init__(self, sock, address, conn_id, rules):
         self.sock = sock
         self.address = address
-        self.peer = "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
         self.conn_id = conn_id
         self.closed = False
         self.idle_timeout = rules.idle_s
@@ -319,6 +417,18 @@ class Connection:
         self._stranger = None  # the host it counts under in rules.strangers while it has not logged in
         self._login_deadline = None  # monotonic time by which it must log in, while a stranger
         self.rates = None  # the Guard, set by the core with authentication on: its pace(session, kind, nbytes)
+        self._idle_until = None  # monotonic time by which a request must begin (set when it went idle)
+        # The core's, for parking and the end (front-ends leave them alone):
+        self.parked_key = None  # while parked: its key in the core's IdleWheel (_PARKING: being parked)
+        self.served_by = None  # the ConnectionCore serving it
+        self.share_key = None  # what it counts under in the core's per-address share
+        self.read_watcher = None  # while parked: the loop's read watcher on its socket
+
+    @property
+    def peer(self):
+        """Its peer address for log lines, "host:port" (made when asked: most connections never write one)."""
+        address = self.address
+        return "%s:%s" % address[:2] if isinstance(address, tuple) else str(address)
 
     @property
     def in_request(self):
@@ -370,7 +480,10 @@ class Connection:
         return self._login_deadline - time.monotonic()
 
     def receive(self, nbytes=RECV_BYTES):
-        """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed)."""
+        """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
+        ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc)."""
+        if self.closed:
+            return None
         login_left = self._login_left()
         if login_left is not None and login_left <= 0:
             log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
@@ -379,10 +492,18 @@ class Connection:
         in_request = self.in_request
         if not in_request:
             self._request_deadline = None
-            timeout = self.idle_timeout
             if self._partial:  # the request it held is whole now
                 self._pool.partial_bytes -= self._partial
                 self._partial = 0
+            now = time.monotonic()
+            if self._idle_until is None:  # idle from here (until bytes arrive)
+                self._idle_until = now + self.idle_timeout
+            timeout = self._idle_until - now
+            if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
+                    and self._may_park():
+                self.parked_key = _PARKING
+                return PARKED
+            timeout = max(0.001, timeout)  # past its deadline: what already arrived is still read, else it ends
         else:
             now, progress = time.monotonic(), self.progress
             if self._request_deadline is None or progress != self._progress_seen:
@@ -408,15 +529,34 @@ class Connection:
                     log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                              self.request_timeout)
                 else:
-                    log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, timeout)
+                    log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, self.idle_timeout)
             elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
                 log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
             return None
+        self._idle_until = self.parked_key = None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             data = self._more_tls(data, nbytes)
         if self.rates is not None and data and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
+
+    def _may_park(self):
+        """True when nothing is buffered that a read watcher on the socket would not see: no TLS plaintext or
+        record held (gevent's TLS socket: never known, never parked) and nothing arrived in the kernel yet (read
+        now, in this greenlet, rather than parked and woken at once)."""
+        sock = self.sock
+        if self.tls and (not self.tls_bio or sock.pending()):
+            return False
+        try:
+            return ioctl(sock.fileno(), FIONREAD, b"\0\0\0\0") == b"\0\0\0\0"
+        except OSError:
+            return False
+
+    def deadline(self):
+        """When a parked connection must be looked at again: its idle deadline, or its login deadline if sooner."""
+        if self._login_deadline is not None and self._login_deadline < self._idle_until:
+            return self._login_deadline
+        return self._idle_until
 
     def pace(self, kind, nbytes):
         """Wait as the user's rate of ``kind`` says after ``nbytes`` (``Guard.pace``: a client over its rate is
@@ -490,6 +630,8 @@ class Connection:
             self._rules.strangers.leave(self._stranger)
             self._stranger = None
         self.replies.wake()
+        if self.parked_key is not None and self.served_by is not None:
+            self.served_by.wake(self)  # before the socket closes: its watcher stopped, its end run in a new greenlet
         try:
             self.sock.close()
         except OSError:
@@ -519,6 +661,7 @@ class ConnectionCore:
         self._listener_of = {}  # conn_id -> Listener
         self._ids = itertools.count(1)
         self._close_hooks = []
+        self._wheel = IdleWheel(self.wake)  # the deadlines of parked connections
 
     def listen(self, name, host, port, make, refuse=None, backlog=1024, headroom=0, guarded=True, server_first=False,
                alpn=()):
@@ -555,7 +698,15 @@ class ConnectionCore:
     # -- accepting -------------------------------------------------------------
 
     def accept(self, listener, sock, address):
-        """One accepted socket of ``listener``: refused past the cap, else served until it ends (its greenlet)."""
+        """One accepted socket of ``listener``: refused past the cap, else served until it ends or parks (its
+        greenlet); the socket is closed unless a connection keeps it."""
+        try:
+            self._accept(listener, sock, address)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _accept(self, listener, sock, address):
         if self.closing:
             sock.close()
             return
@@ -623,20 +774,59 @@ class ConnectionCore:
                 self.rules.strangers.leave(stranger)
             sock.close()
             raise
+        conn.served_by = self
+        conn.share_key = host
         self._open[conn_id] = conn
         self._listener_of[conn_id] = listener
+        self._turn(conn)
+
+    def _turn(self, conn):
+        """Serve ``conn`` in this greenlet until it ends (then its end: the per-address share, the close, the close
+        hooks) or parks (then its read watcher and deadline are armed and this greenlet ends)."""
+        parks = False
         try:
             conn.serve()
+            if conn.parked_key == _PARKING and not conn.closed:
+                conn.read_watcher = watcher = gevent.get_hub().loop.io(conn.sock.fileno(), 1)
+                conn.parked_key = self._wheel.add(conn, conn.deadline())
+                watcher.start(_readable, conn)
+                parks = True
         finally:
-            self._forget(host)
-            conn.close()
-            self._open.pop(conn_id, None)
-            self._listener_of.pop(conn_id, None)
-            for hook in self._close_hooks:
-                try:
-                    hook(conn)
-                except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
-                    log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
+            if not parks:
+                conn.parked_key = None
+                if conn.read_watcher is not None:  # (armed when parking failed half way)
+                    conn.read_watcher.close()
+                    conn.read_watcher = None
+                self._forget(conn.share_key)
+                conn.share_key = None
+                conn.close()
+                self._open.pop(conn.conn_id, None)
+                self._listener_of.pop(conn.conn_id, None)
+                for hook in self._close_hooks:
+                    try:
+                        hook(conn)
+                    except Exception:  # noqa: BLE001 - one hook's failure must not skip the others
+                        log.exception("%s %s: a close hook failed", conn.log_prefix, conn.peer)
+
+    def wake(self, conn, readable=False):
+        """Serve the parked ``conn`` again, in a greenlet of its own: bytes arrived (``readable``: its watcher; that
+        turn reads them, even the end of the stream, rather than park again), its deadline passed or it is closing
+        (then that turn ends it). Nothing for a connection not parked."""
+        key = conn.parked_key
+        if key is None or key == _WOKEN:
+            return
+        conn.parked_key = _WOKEN if readable else None
+        if key == _PARKING:  # its turn has not returned yet: it sees the close itself
+            return
+        watcher, conn.read_watcher = conn.read_watcher, None
+        watcher.stop()
+        watcher.close()
+        self._wheel.remove(conn, key)
+        gevent.spawn(self._turn, conn)
+
+    def parked(self):
+        """Connections parked now (holding no greenlet)."""
+        return len(self._wheel)
 
     def _checks_login(self, listener):
         """True when connections of ``listener`` are strangers until they log in (authentication on, a guarded

@@ -8,7 +8,8 @@ from gevent import socket
 
 from metaq.protocol.text import TextParser
 from metaq import limits
-from metaq.server.connections import Connection, ConnectionCore, ConnectionLimits, HandshakeRate, Listener, ReplyBudget
+from metaq.server.connections import (PARKED, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
+                                      HandshakeRate, Listener, ReplyBudget)
 
 
 class Echo(Connection):
@@ -35,9 +36,26 @@ class Echo(Connection):
                 self.busy = False
 
 
-def listener(core, name, made, slow=0.0, refuse=None, headroom=0):
+class ParkingEcho(Echo):
+    """Echo, served in turns: holds no greenlet while idle (``Connection.parks``)."""
+
+    parks = True
+
+    def serve(self):
+        data = self.receive()
+        while data is not PARKED:
+            if not data:
+                self.ended = "deadline or close"
+                return
+            self.parser.receive_data(data)
+            while type(self.parser.next_event()).__name__ == "Version":
+                self.sock.sendall(b"ok\r\n")
+            data = self.receive()
+
+
+def listener(core, name, made, slow=0.0, refuse=None, headroom=0, kind=Echo):
     def make(sock, address, conn_id):
-        conn = Echo(sock, address, conn_id, core.rules, slow)
+        conn = kind(sock, address, conn_id, core.rules, slow)
         made.append(conn)
         return conn
 
@@ -304,3 +322,81 @@ def test_the_tls_handshake_rate_per_address_and_one_past():
     for i in range(limits.MAX_TLS_RATE_ADDRESSES + 5):
         rate.take("h%d" % i, 300.0)
     assert rate.addresses == limits.MAX_TLS_RATE_ADDRESSES
+
+
+def closed_after(sock, timeout=5.0):
+    """Seconds until the broker side closed ``sock`` (what arrives meanwhile is dropped)."""
+    started = time.monotonic()
+    sock.settimeout(timeout)
+    while sock.recv(100):
+        pass
+    return time.monotonic() - started
+
+
+def test_an_idle_parked_connection_holds_no_greenlet_and_is_served_when_bytes_arrive():
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=60), max_per_address=5)
+    closed = []
+    core.on_close(lambda conn: closed.append(conn.conn_id))
+    made = []
+    ours, g = connect(core, listener(core, "mqtt", made, kind=ParkingEcho))
+    gevent.sleep(0.05)
+    assert g.dead and core.count() == 1 and core.parked() == 1  # open, idle, and its accept's greenlet is gone
+    gevent.sleep(0.5)  # long idle
+    ours.sendall(b"version 1\r\nversion 2\r\n")
+    got = b""
+    while len(got) < 8:
+        got += ours.recv(100)
+    assert got == b"ok\r\nok\r\n"
+    gevent.sleep(0.05)
+    assert core.parked() == 1 and core.count_from("127.0.0.1") == 1  # idle again: parked again
+    ours.sendall(b"version 3\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    ours.close()  # the peer goes while parked: the connection ends, its hooks run, its share is freed
+    gevent.sleep(0.1)
+    assert core.count() == 0 and core.parked() == 0 and closed == [1] and core.count_from("127.0.0.1") == 0
+    assert made[0].ended == "deadline or close"
+
+
+def test_a_silent_parked_connection_is_closed_at_its_idle_deadline_by_the_shared_wheel(caplog):
+    caplog.set_level(logging.INFO, logger="metaq.server.connections")
+    core = ConnectionCore(10, ConnectionLimits(idle_s=0.5, request_s=60))
+    lst = listener(core, "mqtt", [], kind=ParkingEcho)
+    ours, _g = connect(core, lst)
+    other, _g2 = connect(core, lst)
+    assert core.parked() == 2
+    gevent.sleep(0.3)
+    other.sendall(b"version 1\r\n")  # a request restarts its idle deadline
+    assert other.recv(100) == b"ok\r\n"
+    waited = closed_after(ours)
+    assert 0.2 - 0.05 <= waited < 0.2 + WHEEL_TICK_S + 0.3  # 0.5 s from its start, at most a tick late
+    assert core.count() == 1
+    assert 0.2 < closed_after(other) < 1.0
+    assert core.count() == 0 and core.parked() == 0
+    assert caplog.text.count("no request for 0 s; closing") == 2  # 0.5 s, written rounded
+
+
+def test_a_half_sent_request_keeps_its_greenlet_and_is_closed_at_the_request_deadline():
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=0.5))
+    made = []
+    ours, _g = connect(core, listener(core, "mqtt", made, kind=ParkingEcho))
+    ours.sendall(b"vers")
+    gevent.sleep(0.05)
+    assert core.parked() == 0  # inside a request: not parked, waiting for the rest
+    assert 0.35 < closed_after(ours) < 1.0
+    assert made[0].ended == "deadline or close" and core.count() == 0
+
+
+def test_shutdown_and_close_listener_end_parked_connections_and_run_their_hooks():
+    core = ConnectionCore(10, ConnectionLimits(60, 60))
+    closed = []
+    core.on_close(lambda conn: closed.append(conn.conn_id))
+    a, _ga = connect(core, listener(core, "mqtt", [], kind=ParkingEcho))
+    mqtt = core._listener_of[1]
+    b, _gb = connect(core, listener(core, "other", [], kind=ParkingEcho))
+    assert core.parked() == 2
+    core.close_listener(mqtt)
+    gevent.sleep(0.05)
+    assert a.recv(10) == b"" and core.count() == 1 and closed == [1]
+    core.shutdown(1.0)
+    gevent.sleep(0.05)
+    assert b.recv(10) == b"" and core.count() == 0 and core.parked() == 0 and sorted(closed) == [1, 2]
