@@ -5,8 +5,10 @@ wait ends at its deadline. Each parked wait has an Event of its own, so a wait
 that ends early (its connection closed) leaves in constant time however many
 others wait on the same partition. ``admit``/``leave`` count the long polls
 parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``).
+``wake_now`` is the text put paths' wake: the woken gets answer before the put's own ack goes out.
 """
 
+import gevent
 from gevent.event import Event
 
 from metaq import limits
@@ -70,15 +72,25 @@ class PartitionWaiters:
                     del self._waits[key]
 
     def notify(self, keys):
-        """Wake every greenlet waiting on any of ``keys``."""
+        """Wake every greenlet waiting on any of ``keys``; True when there was one."""
         waits = self._waits
         if not waits:
-            return
+            return False
+        woke = False
         for key in keys:
             evs = waits.pop(key, None)
             if evs is not None:
+                woke = True
                 for ev in evs:
                     ev.set()
+        return woke
+
+    def wake_now(self, keys):
+        """``notify``, then yield to the loop once when a wait was woken, so the woken gets read and send their
+        replies before the caller goes on (a put burst's ack, its next frames): a consumer's latency then holds
+        no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held)."""
+        if self.notify(keys):
+            gevent.sleep(0)
 
     def notify_all(self):
         waits, self._waits = self._waits, {}

@@ -3,6 +3,7 @@
 import threading
 import time
 
+from metaq.client.local import small_config
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
 
@@ -115,3 +116,33 @@ def test_stats_items(broker):
         c.send(b"stats  -1000\r\n")
         r = c.read_event()
         assert r.opaque == -1000 and r.body.startswith(b"STATS\r\npid ")
+
+
+def test_long_poll_answers_before_the_waking_puts_ack(broker_factory, tmp_path):
+    """With ``flush: async`` a put's ack waits for nothing: the long poll it wakes answers first (its consumer's
+    latency holds no ack send), here on the one connection that sent both."""
+    b = broker_factory(small_config(tmp_path / "b", store={"flush": "async"}))
+    with b.client() as c:
+        c.put_ok("test", b"first", 3)
+        c.send(b"get test g 3 1 65536 10000 7\r\n")
+        time.sleep(0.3)  # parked
+        c.send(b"put test 3 6 0 8\r\nsecond")
+        first, second = c.read_event(), c.read_event()
+        assert isinstance(first, ev.Value) and first.opaque == 7  # the woken get's reply goes out first
+        assert [rec.payload for rec, _ in iter_records(first.body)] == [b"second"]
+        assert (second.opaque, second.code) == (8, 200)
+
+
+def test_long_poll_sees_a_put_of_the_same_burst(broker_factory, tmp_path):
+    """A put made visible after the get missed but before its wait began (here: the next frame of the same burst,
+    ``flush: async``: visible at once) is answered at once, not at the end of the wait."""
+    b = broker_factory(small_config(tmp_path / "b", store={"flush": "async"}))
+    with b.client() as c:
+        c.put_ok("test", b"first", 2)
+        started = time.monotonic()
+        c.send(b"get test g 2 1 65536 5000 7\r\nput test 2 6 0 8\r\nsecond")
+        replies = {r.opaque: r for r in (c.read_event(), c.read_event())}
+        assert time.monotonic() - started < 2.5  # not the 5 s wait
+        assert isinstance(replies[7], ev.Value)
+        assert [rec.payload for rec, _ in iter_records(replies[7].body)] == [b"second"]
+        assert replies[8].code == 200

@@ -63,7 +63,7 @@ class BatchPuts:
             return None, NO_WAIT
         if path.sync_flush:
             return reply, log_end
-        path.waiters.notify({(e.topic, run[1]) for run in runs})
+        path.waiters.wake_now({(e.topic, run[1]) for run in runs})  # the woken gets answer first
         if store.should_flush(now):
             path.flusher.wake()
         return reply, NO_WAIT

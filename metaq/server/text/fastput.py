@@ -110,7 +110,7 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
             if log_end > wait_pos:
                 wait_pos = log_end
     if not sync_flush:
-        path.waiters.notify({run[0] for run in runs})
+        path.waiters.wake_now({run[0] for run in runs})  # the woken gets answer first
         if fast.store.should_flush(now):
             path.flusher.wake()
     return wait_pos, pos, MORE if taken == scanned == cap else DONE
