@@ -1,5 +1,6 @@
 """Broker assembly: one store, one flusher, the text server, background tasks, shutdown."""
 
+import gc
 import logging
 import socket
 import time
@@ -371,6 +372,7 @@ class Broker:
         self._log_exposure()
         link, replication = self.roles.slave_link, self.roles.replication
         self.ready = True  # from here a SIGTERM stops it cleanly (server/__main__.py)
+        gc.freeze()  # what start-up made lives as long as the process: out of every later full collection's walk
         log.info("metaq broker %d ready on %s:%d (flush=%s, data=%s, max_connections=%d%s%s, epoch %d)",
                  cfg.id, cfg.host, self.port, self.config.store.flush,
                  self.store.config.data_dir, self.max_connections,
