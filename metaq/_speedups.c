@@ -24,6 +24,8 @@
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
  *   encode_sub_records(topic, partition, payloads, seq0)
  *                                                 == metaq.protocol.putbatch.encode_sub_records_py
+ *   encode_idem_sub_records(topic, partition, payloads, pid, seq0)
+ *                                                 == metaq.idempotence.wire.encode_idem_sub_records_py
  *   scan_reply(buf, verify=True)                   == metaq.protocol.message.scan_reply_py
  *   gather_payloads(buf, index, count, base=0)     == metaq.protocol.message.gather_payloads_py
  *   scan_records(buf, pos, end)                   == metaq.store.record.scan_records_py
@@ -831,6 +833,79 @@ static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* A putb_idem body from payloads (see metaq.idempotence.wire.encode_idem_sub_records_py): one put_idem frame per
+   payload, `put_idem <topic> <partition> <len> 0 <checksum> <pid> <seq> 0\r\n<payload>`, seq counting from seq0;
+   one bytes object. Numbers are C long longs: OverflowError past 64 bits, or when seq0's count runs past it. */
+static PyObject *encode_idem_sub_records(PyObject *self, PyObject *args) {
+    Py_buffer topic;
+    long long partition, pid, seq0;
+    PyObject *payloads;
+    if (!PyArg_ParseTuple(args, "y*LOLL", &topic, &partition, &payloads, &pid, &seq0))
+        return NULL;
+    PyObject *seq = PySequence_Fast(payloads, "payloads must be a sequence of bytes");
+    if (seq == NULL) {
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    /* "put_idem " topic, five numbers of at most 20 characters and a checksum of 10, spaces, " 0\r\n". */
+    Py_ssize_t total = 0, line = 9 + topic.len + 6 * 21 + 2 + 12 + 4;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (!PyBytes_CheckExact(items[k])) {
+            Py_DECREF(seq);
+            PyBuffer_Release(&topic);
+            return PyErr_Format(PyExc_TypeError, "payload %zd is %.100s, not bytes", k, Py_TYPE(items[k])->tp_name);
+        }
+        total += PyBytes_GET_SIZE(items[k]) + line;
+    }
+    if (count > 0 && seq0 > LLONG_MAX - (long long)(count - 1)) {
+        Py_DECREF(seq);
+        PyBuffer_Release(&topic);
+        return PyErr_Format(PyExc_OverflowError, "sequences %lld.. of %zd payloads run past 2**63-1", seq0, count);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) {
+        Py_DECREF(seq);
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    /* The line's constant middle, " <pid> ", once. */
+    char pid_part[24];
+    int pid_len = 0;
+    pid_part[pid_len++] = ' ';
+    pid_len += put_decimal(pid_part + pid_len, pid);
+    pid_part[pid_len++] = ' ';
+    char *w = PyBytes_AS_STRING(result);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(items[k]);
+        Py_ssize_t n = PyBytes_GET_SIZE(items[k]);
+        memcpy(w, "put_idem ", 9);
+        w += 9;
+        memcpy(w, topic.buf, topic.len);
+        w += topic.len;
+        *w++ = ' ';
+        w += put_decimal(w, partition);
+        *w++ = ' ';
+        w += put_decimal(w, n);
+        memcpy(w, " 0 ", 3);
+        w += 3;
+        w += put_decimal(w, (long long)(crc_of(data, n, 0) & 0x7FFFFFFFul));
+        memcpy(w, pid_part, pid_len);
+        w += pid_len;
+        w += put_decimal(w, seq0 + k);
+        memcpy(w, " 0\r\n", 4);
+        w += 4;
+        memcpy(w, data, n);
+        w += n;
+    }
+    Py_DECREF(seq);
+    PyBuffer_Release(&topic);
+    if (_PyBytes_Resize(&result, w - PyBytes_AS_STRING(result)) < 0)
+        return NULL;
+    return result;
+}
+
 /* A get reply's records in one pass (see metaq.protocol.message.scan_reply_py): for each whole record, six
    native int64s (msg_id, flag, attribute start, attribute end, payload start, payload end) packed in one bytes
    object; the walk stops at a cut-off final record, or at a fault named in the result's 4th item. */
@@ -992,6 +1067,9 @@ static PyMethodDef methods[] = {
      "unit_at) -> (count, rel_after)"},
     {"encode_sub_records", encode_sub_records, METH_VARARGS,
      "encode_sub_records(topic, partition, payloads, seq0) -> a putb body: one sub-record per payload"},
+    {"encode_idem_sub_records", encode_idem_sub_records, METH_VARARGS,
+     "encode_idem_sub_records(topic, partition, payloads, pid, seq0) -> a putb_idem body: one put_idem frame per "
+     "payload"},
     {"scan_reply", scan_reply, METH_VARARGS,
      "scan_reply(buf, verify=True) -> (index, count, stop, fault): a get reply's records, six int64s each"},
     {"gather_payloads", gather_payloads, METH_VARARGS,

@@ -14,7 +14,7 @@ Its event, parser (the general one and the one-step line parser), serializer and
 import re
 from typing import NamedTuple
 
-from metaq import limits
+from metaq import limits, speedups
 from metaq.idempotence.burst import scan_idem_burst
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.events import UNCHECKED
@@ -22,7 +22,7 @@ from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
 __all__ = ["IdempotentPut", "DUPLICATE_MARK", "IdempotentBatch", "idem_sub_record", "encode_idem_sub_records",
-           "encode_idem_runs", "decode_idem_runs"]
+           "encode_idem_sub_records_py", "encode_idem_runs", "decode_idem_runs"]
 
 #: The fourth token of a ``put_idem`` reply that answers a duplicate.
 DUPLICATE_MARK = b"dup"
@@ -129,14 +129,19 @@ def idem_sub_record(topic, partition, flag, data, checksum, pid, seq):
     return b"put_idem %s %d %d %d %d %d %d 0\r\n%s" % (topic, partition, len(data), flag, checksum, pid, seq, data)
 
 
-def encode_idem_sub_records(topic, partition, payloads, pid, seq0):
+def encode_idem_sub_records_py(topic, partition, payloads, pid, seq0):
     """A batch's body from ``payloads`` (bytes, flag 0, no attribute block): one checksummed put_idem frame per
-    payload for ``partition`` of ``topic`` (bytes), sequences ``seq0, seq0 + 1, ...``."""
+    payload for ``partition`` of ``topic`` (bytes), sequences ``seq0, seq0 + 1, ...``. The reference of the C
+    helper's ``encode_idem_sub_records`` (the idempotent ``send_many``'s encoder), the same bytes without a
+    Python object per message (it raises OverflowError for a number past 64 bits, which no broker accepts)."""
     for k, data in enumerate(payloads):
         if type(data) is not bytes:
             raise TypeError("payload %d is %s, not bytes" % (k, type(data).__name__))
     return b"".join(idem_sub_record(topic, partition, 0, data, metaq_checksum(data), pid, seq0 + k)
                     for k, data in enumerate(payloads))
+
+
+encode_idem_sub_records = speedups.load("encode_idem_sub_records", encode_idem_sub_records_py)  # C when built
 
 
 def encode_idem_runs(runs):
