@@ -1,13 +1,17 @@
 """The idempotent ``send_many``'s encoder of ``putb_idem`` bodies: the C helper's ``encode_idem_sub_records``
-gives the Python reference's bytes, and those bytes are put_idem frames a broker's parser reads back."""
+gives the Python reference's bytes, and those bytes are put_idem frames a broker's parser reads back; and the
+broker's check of a batch body (``scan_idem_batch``), whose one-partition shortcut refuses what the frame-by-frame
+check refuses."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaq import speedups
+from metaq.errors import ClientError
 from metaq.idempotence import wire
-from metaq.idempotence.wire import IdempotentPut, encode_idem_sub_records_py
+from metaq.idempotence.burst import scan_idem_batch
+from metaq.idempotence.wire import IdempotentBatch, IdempotentPut, encode_idem_sub_records_py
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.text import TextParser
 
@@ -66,3 +70,29 @@ def test_the_c_encoder_counts_sequences_up_to_the_last_one_a_broker_takes():
         _c(b"t", 0, three, 1, MAXQ - 1)
     with pytest.raises(OverflowError):
         _c(b"t", 0, three, MAXQ + 1, 0)
+
+
+def _batch(*parts):
+    """An IdempotentBatch of topic t from ``(topic, partition, payloads, pid, seq0)`` parts."""
+    body = b"".join(encode_idem_sub_records_py(*part) for part in parts)
+    return IdempotentBatch("t", sum(len(part[2]) for part in parts), body, 0)
+
+
+@pytest.mark.parametrize("parts, words", [
+    (((b"t", 4, [b"a", b"b", b"c"], 7, 0),), "sub-record 0 of 3 is for partition 4, topic t has partitions 0..3"),
+    (((b"t", 1, [b"a", b"b"], 7, 0), (b"t", 1, [b"c"], 8, 2)), "sub-record 2 of 3 is of producer 8"),
+    (((b"t", 1, [b"a", b"b"], 7, 0), (b"u", 1, [b"c"], 7, 2)), "sub-record 2 of 3 is for topic u"),
+    (((b"t", 1, [b"a", b"b"], 7, 0), (b"t", 1, [b"c"], 7, 3)), "sub-record 2 of 3 has sequence 3"),
+    (((b"t", 1, [b"a"], 7, 5), (b"t", 1, [b"b"], 7, 5), (b"t", 1, [b"c"], 7, 7)), "sub-record 1 of 3 has sequence 5"),
+])
+def test_a_one_partition_batch_with_a_fault_is_refused_naming_it(parts, words):
+    with pytest.raises(ClientError, match="putb_idem: " + words):
+        scan_idem_batch(_batch(*parts), 1 << 20, 4096, 4)
+
+
+def test_good_batches_of_one_and_of_several_partitions_are_taken():
+    frames, _data = scan_idem_batch(_batch((b"t", 3, [b"a", b"b", b"c"], 7, 9)), 1 << 20, 4096, 4)
+    assert [(f[1], f[8], f[9]) for f in frames] == [(3, 7, 9), (3, 7, 10), (3, 7, 11)]
+    frames, _data = scan_idem_batch(_batch((b"t", 0, [b"a"], 7, 0), (b"t", 1, [b"b"], 7, 4), (b"t", 0, [b"c"], 7, 1)),
+                                    1 << 20, 4096, 4)
+    assert [(f[1], f[9]) for f in frames] == [(0, 0), (1, 4), (0, 1)]
