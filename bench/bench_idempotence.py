@@ -12,7 +12,10 @@ alternated within a round:
   the identity is added by the scan, and a run of one producer's next sequences
   is decided and recorded in one step);
 * client level: ``Producer.send_async`` of ``--messages`` messages, then
-  ``flush``: without and with ``idempotent=True``.
+  ``flush``: without and with ``idempotent=True``;
+* client level, batches: ``Producer.send_many`` of ``--messages`` payloads, 1,000 a call (``putb`` /
+  ``putb_idem`` frames): plain, idempotent, and idempotent with the client's pure-Python encoder of
+  ``putb_idem`` bodies (``encode_idem_sub_records_py``, what ran before its C twin), alternated in one run.
 
 Each row gives the rate and the broker's CPU time per message (``/proc/<pid>/stat``: less sensitive
 than the rate to other work on the machine). The ratios are idempotent / plain (rate: 1.00 = no cost;
@@ -32,7 +35,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench.run import MSG, pipelined  # noqa: E402
 from bench.configs import full_size_store  # noqa: E402
 from metaq.client import Message, Producer  # noqa: E402
+from metaq.client import batching  # noqa: E402
 from metaq.client.local import BrokerProcess, small_config  # noqa: E402
+from metaq.idempotence.wire import encode_idem_sub_records_py  # noqa: E402
 from metaq.protocol import events as ev  # noqa: E402
 from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum  # noqa: E402
@@ -86,9 +91,25 @@ def client_rate(port, n, idempotent):
         return n / (time.perf_counter() - t)
 
 
+def many_rate(port, n, idempotent, python_encoder=False):
+    body = b"m" * MSG
+    encoder = batching.encode_idem_sub_records
+    if python_encoder:
+        batching.encode_idem_sub_records = encode_idem_sub_records_py
+    try:
+        with Producer(brokers=["meta://127.0.0.1:%d" % port], idempotent=idempotent) as p:
+            p.send(Message(TOPIC, body))
+            t = time.perf_counter()
+            futures = [p.send_many(TOPIC, [body] * 1000, partition=0) for _ in range(n // 1000)]
+            assert all(f.result(120).success for f in futures)
+            return n // 1000 * 1000 / (time.perf_counter() - t)
+    finally:
+        batching.encode_idem_sub_records = encoder
+
+
 def run(args):
     root = tempfile.mkdtemp(prefix="metaq-bench-idem-", dir=args.dir)
-    kinds = ("plain", "attribute", "idem", "client", "client_idem")
+    kinds = ("plain", "attribute", "idem", "client", "client_idem", "many", "many_idem", "many_idem_py")
     rows = {k: [] for k in kinds}
     cpu = {k: [] for k in kinds}
     n = args.messages
@@ -100,7 +121,10 @@ def run(args):
                         "attribute": lambda: pipelined(b.port, frames(n, "attribute")),
                         "idem": lambda: pipelined(b.port, frames(n, "idem", pid=3 * run_no + rnd + 1)),
                         "client": lambda: client_rate(b.port, n, False),
-                        "client_idem": lambda: client_rate(b.port, n, True)}
+                        "client_idem": lambda: client_rate(b.port, n, True),
+                        "many": lambda: many_rate(b.port, n, False),
+                        "many_idem": lambda: many_rate(b.port, n, True),
+                        "many_idem_py": lambda: many_rate(b.port, n, True, python_encoder=True)}
                 for kind in kinds:
                     rate, us = measured(b, n, work[kind])
                     rows[kind].append(rate)
@@ -117,12 +141,18 @@ def run(args):
              "attribute": "wire: put with an attribute",
              "idem": "wire: put_idem with the same attribute",
              "client": "client: Producer.send_async + flush",
-             "client_idem": "client: the same, idempotent=True"}
+             "client_idem": "client: the same, idempotent=True",
+             "many": "client: Producer.send_many, 1,000 a call",
+             "many_idem": "client: the same, idempotent=True",
+             "many_idem_py": "client: the same, Python putb_idem encoder"}
     for kind in kinds:
         print("%-52s %10.0f/s %9.1f us/msg" % (names[kind], med[kind], mcpu[kind]))
     for a, b, what in (("idem", "attribute", "put_idem / put with an attribute"),
                        ("idem", "plain", "put_idem / plain put"),
-                       ("client_idem", "client", "idempotent / plain Producer")):
+                       ("client_idem", "client", "idempotent / plain Producer"),
+                       ("many_idem", "many", "idempotent / plain send_many"),
+                       ("many_idem_py", "many", "idem. (Python encoder) / plain send_many"),
+                       ("many_idem", "many_idem_py", "idem. send_many C / Python encoder")):
         print("%-52s %12.2f %14.2f" % ("ratio " + what + " (rate, CPU)", med[a] / med[b], mcpu[a] / mcpu[b]))
 
 

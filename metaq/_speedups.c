@@ -787,7 +787,7 @@ static PyObject *encode_records(Py_buffer *topic, long long partition, PyObject 
     PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_ssize_t total = 0, line = 9 + topic->len + 5 * 21 + 2 + 12 + 2;
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (!PyBytes_Check(items[k])) {
+        if (!PyBytes_CheckExact(items[k])) {
             Py_DECREF(seq);
             return PyErr_Format(PyExc_TypeError, "payload %zd is %.100s, not bytes", k, Py_TYPE(items[k])->tp_name);
         }
@@ -850,6 +850,9 @@ static PyObject *encode_sub_records(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* A putb_idem body from payloads (see metaq.idempotence.wire.encode_idem_sub_records_py): one put_idem frame per
+   payload, `put_idem <topic> <partition> <len> 0 <checksum> <pid> <seq> 0\r\n<payload>`, seq counting from seq0;
+   one bytes object. Numbers are C long longs: OverflowError past 64 bits, or when seq0's count runs past it. */
 static PyObject *encode_idem_sub_records(PyObject *self, PyObject *args) {
     Py_buffer topic;
     long long partition, pid, seq0;
@@ -859,6 +862,15 @@ static PyObject *encode_idem_sub_records(PyObject *self, PyObject *args) {
     if (pid < 0) {
         PyBuffer_Release(&topic);
         return PyErr_Format(PyExc_ValueError, "producer id %lld < 0", pid);
+    }
+    Py_ssize_t count = PyObject_Length(payloads);
+    if (count < 0) {
+        PyBuffer_Release(&topic);
+        return NULL;
+    }
+    if (count > 0 && seq0 > LLONG_MAX - (long long)(count - 1)) {
+        PyBuffer_Release(&topic);
+        return PyErr_Format(PyExc_OverflowError, "sequences %lld.. of %zd payloads run past 2**63-1", seq0, count);
     }
     PyObject *result = encode_records(&topic, partition, payloads, pid, seq0);
     PyBuffer_Release(&topic);

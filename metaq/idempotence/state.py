@@ -46,6 +46,7 @@ takes the tail makes recovery end below it, and the follower's cut falls back to
 import logging
 import os
 import struct
+from operator import itemgetter
 
 from metaq.limits import IDEMPOTENCE_SNAPSHOT_BYTES
 from metaq.idempotence.records import MARK, MAX_PID, MAX_SEQ, check_identity, stored_identity, with_identity
@@ -62,6 +63,7 @@ from metaq.store.results import PutResult
 
 log = logging.getLogger(__name__)
 
+_PARTITION, _SEQ = itemgetter(1), itemgetter(9)  # of idempotence.burst's frames
 SNAPSHOT_FILE = "producers"
 PREVIOUS_SUFFIX = ".prev"
 MAX_SNAPSHOT_BYTES = 256 << 20
@@ -166,10 +168,11 @@ class Idempotence:
         whole before any partition of it is stored. Only resends read the log (their originals' headers)."""
         table = self.table
         pid = frames[0][8]
-        firsts = {}
-        for f in frames:
-            firsts.setdefault(f[1], f[9])
+        # each partition's first sequence (the last write of the reversed walk wins), in order of first appearance
+        first_seq = dict(zip(map(_PARTITION, reversed(frames)), map(_SEQ, reversed(frames))))
+        firsts = {p: first_seq[p] for p in dict.fromkeys(map(_PARTITION, frames))}
         highs = {}
+        resent = False
         for partition, seq in firsts.items():
             self.admit(pid, topic, partition, owner)
             high = highs[partition] = table.highest(pid, topic, partition)
@@ -177,6 +180,9 @@ class Idempotence:
                 raise ClientError("putb_idem: producer %d's batch for %s-%d starts at sequence %d, past the next one "
                                   "(%d): the sequences between were never stored; nothing was stored"
                                   % (pid, topic, partition, seq, high + 1))
+            resent = resent or (high is not None and seq <= high)
+        if not resent:  # each partition's sequences rise from its first (scan_idem_batch): none is a resend
+            return
         for k, f in enumerate(frames):
             partition, seq = f[1], f[9]
             high = highs[partition]

@@ -5,6 +5,7 @@ answered once (docs/text-protocol.md "putb_idem").
 """
 
 from collections import Counter
+from operator import itemgetter
 
 from metaq import errors
 from metaq.idempotence.burst import run_end, scan_idem_batch
@@ -16,6 +17,7 @@ from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0
+_PARTITION, _SIZE, _PAYLOAD = itemgetter(1), itemgetter(5), itemgetter(10)  # of idempotence.burst's frames
 
 
 class TextIdempotentPuts:
@@ -75,12 +77,13 @@ class TextIdempotentBatches(BatchPuts):
             path.check_write(e.topic, conn.session)
             frames, data = scan_idem_batch(e, self.max_body, self.max_line, store.partitions_of(e.topic), owner)
             store.check_idempotent_batch(e.topic, frames, owner)
-            for partition in sorted({f[1] for f in frames}):
+            per_partition = Counter(map(_PARTITION, frames))
+            for partition in sorted(per_partition):
                 store.hold_partition(e.topic, partition)
             overhead = FIXED_OVERHEAD + len(frames[0][0])
-            store.check_room(sum(f[5] for f in frames) + len(frames) * overhead,
-                             {(e.topic, p): n for p, n in Counter(f[1] for f in frames).items()},
-                             overhead + max(f[5] for f in frames))
+            sizes = list(map(_SIZE, frames))
+            store.check_room(sum(sizes) + len(frames) * overhead,
+                             {(e.topic, p): n for p, n in per_partition.items()}, overhead + max(sizes))
         except errors.MetaqError as exc:
             path.failed(e.topic, exc)
             return self.error_reply(exc, e.opaque), NO_WAIT
@@ -111,12 +114,12 @@ class TextIdempotentBatches(BatchPuts):
         log_end = stored = 0
         i, n = 0, len(frames)
         while i < n:
-            j = run_end(frames, i, n)
+            j = n if i == 0 and _one_run(frames) else run_end(frames, i, n)
             taken, written = store.put_idempotent_run(frames[i:j] if i or j < n else frames, data, now, owner)
             if taken:
                 for run in written:
                     first = i + run.first_frame
-                    stats.on_puts(e.topic, run.count, sum(f[10] for f in frames[first:first + run.count]))
+                    stats.on_puts(e.topic, run.count, sum(map(_PAYLOAD, frames[first:first + run.count])))
                     _add(runs, run.first_id, run.key[1], run.first_offset, run.count, False)
                     log_end = max(log_end, run.log_end)
                 stored += taken
@@ -135,6 +138,14 @@ class TextIdempotentBatches(BatchPuts):
         if stored and registry is not None and e.topic not in registry.registered_topics:
             registry.topic_created(e.topic)
         return runs, log_end
+
+
+def _one_run(frames):
+    """True when a checked batch's ``frames`` (``scan_idem_batch``'s: one topic and producer, each partition's
+    sequences consecutive) are one run: the last frame's sequence is the first's plus the frames between, on the
+    same partition, so no other partition's frame is among them."""
+    first, last = frames[0], frames[-1]
+    return last[1] == first[1] and last[9] == first[9] + len(frames) - 1
 
 
 def _add(runs, msg_id, partition, offset, count, duplicate):

@@ -22,7 +22,7 @@ from metaq.protocol.commands import NEEDS_HANDLER, TextCommand, register, token
 from metaq.protocol.integers import parse_int
 
 __all__ = ["IdempotentPut", "DUPLICATE_MARK", "IdempotentBatch", "idem_sub_record", "encode_idem_sub_records",
-           "encode_idem_runs", "decode_idem_runs"]
+           "encode_idem_sub_records_py", "encode_idem_runs", "decode_idem_runs"]
 
 #: The fourth token of a ``put_idem`` reply that answers a duplicate.
 DUPLICATE_MARK = b"dup"
@@ -132,7 +132,8 @@ def idem_sub_record(topic, partition, flag, data, checksum, pid, seq):
 def encode_idem_sub_records_py(topic, partition, payloads, pid, seq0):
     """A batch's body from ``payloads`` (bytes, flag 0, no attribute block): one checksummed put_idem frame per
     payload for ``partition`` of ``topic`` (bytes), sequences ``seq0, seq0 + 1, ...``. The reference of the C
-    helper's ``encode_idem_sub_records`` (the same bytes without a Python object per message)."""
+    helper's ``encode_idem_sub_records`` (the idempotent ``send_many``'s encoder), the same bytes without a
+    Python object per message (it raises OverflowError for a number past 64 bits, which no broker accepts)."""
     for k, data in enumerate(payloads):
         if type(data) is not bytes:
             raise TypeError("payload %d is %s, not bytes" % (k, type(data).__name__))
