@@ -5,9 +5,9 @@ Derived data, a subscriber of the store's log follower (``store/follower.py``): 
 records past ``indexed_to`` (the position up to which every record's keys are in the index) in steps of
 ``limits.KEY_INDEX_STEP_BYTES`` (``MessageStore.follow_log``, which the server's flusher calls after each flush
 round until the followers are there), and the whole tail at open and at close; ``learn`` walks them in C and
-indexes the records with attributes whose bytes hold a key property's mark (``with_key_marks``). So every writer (a put, the C burst writer, put_idem, a transaction's
-commit, delayed delivery, a slave's apply of the master's log) is indexed without knowing of it, and only durable
-records are.
+indexes the records with attributes whose bytes hold a key property's mark (``with_key_marks``). So every writer
+(a put, the C burst writer, put_idem, a transaction's commit, delayed delivery, a slave's apply of the master's
+log) is indexed without knowing of it, and only durable records are.
 
 Crash and rebuild: a checkpoint (``checkpoint``, BLOCKING) msyncs the files, then records ``indexed_to`` and
 each file's entry count (``key_checkpoint``). ``load`` trusts the files up to those counts, takes newer entries
