@@ -643,6 +643,10 @@ MQTT_MAX_DELAYED_WILLS = 10_000
 #: Records one MQTT delivery read takes from a partition (its bytes are bounded by the reply budget and
 #: ``store.max_transfer_size``).
 MQTT_DELIVERY_BATCH = 64
+#: Subscribers a publisher's burst serves itself, at most, right after its append (``MqttPort.deliver_now``): those
+#: whose delivery waits caught up on the burst's partitions, each with one read of at most ``MQTT_DELIVERY_BATCH``
+#: records and writes that never wait; the others (and anything the writes cannot take) are their deliveries' own.
+MQTT_DIRECT_DELIVERIES = 8
 #: Records the MQTT deliveries keep decoded, with their QoS 0 PUBLISHes encoded, for the other subscribers that get
 #: the same message (``mqtt.delivery.Decoded``): the most recently read ones; past it the oldest is decoded again.
 MQTT_SHARED_DECODES = 1024

@@ -5,9 +5,9 @@ Derived data, a subscriber of the store's log follower (``store/follower.py``): 
 records past ``indexed_to`` (the position up to which every record's keys are in the index) in steps of
 ``limits.KEY_INDEX_STEP_BYTES`` (``MessageStore.follow_log``, which the server's flusher calls after each flush
 round until the followers are there), and the whole tail at open and at close; ``learn`` walks them in C and
-indexes the records with attributes. So every writer (a put, the C burst writer, put_idem, a transaction's
-commit, delayed delivery, a slave's apply of the master's log) is indexed without knowing of it, and only durable
-records are.
+indexes the records with attributes whose bytes hold a key property's mark (``with_key_marks``). So every writer
+(a put, the C burst writer, put_idem, a transaction's commit, delayed delivery, a slave's apply of the master's
+log) is indexed without knowing of it, and only durable records are.
 
 Crash and rebuild: a checkpoint (``checkpoint``, BLOCKING) msyncs the files, then records ``indexed_to`` and
 each file's entry count (``key_checkpoint``). ``load`` trusts the files up to those counts, takes newer entries
@@ -22,6 +22,7 @@ names each read in ``need`` so the server brings cold pages in off its event loo
 """
 
 import logging
+from bisect import bisect_right
 from typing import NamedTuple, Optional
 
 from metaq import limits, speedups
@@ -57,6 +58,29 @@ def keyed_records_py(buf, rel, stop, end):
 
 
 keyed_records = speedups.load("keyed_records", keyed_records_py)
+
+#: What a record whose properties hold a key has in its attribute: every property name follows a ``\x02`` (the
+#: attribute's first, or the one ending the property before it) and is followed by ``\x01``.
+KEY_MARKS = (b"\x02KEYS\x01", b"\x02UNIQ_KEY\x01")
+
+
+def with_key_marks(buf, keyed, end):
+    """The records of ``keyed`` (ascending starts of records walked up to ``end``) that may hold a key: those in
+    which a ``KEY_MARKS`` mark begins. A record with a key always has one; one that has a mark in its payload only is
+    read for keys as before and found to hold none. One ``find`` per mark found, over the whole walk, instead of a
+    look at every record's properties: most records with attributes (every MQTT PUBLISH's) hold no key."""
+    if not keyed:
+        return keyed
+    first = keyed[0]
+    hits = set()
+    for mark in KEY_MARKS:
+        at = buf.find(mark, first, end)
+        while at >= 0:
+            j = bisect_right(keyed, at) - 1  # the record it begins in (or one before a record without attributes)
+            hits.add(j)
+            nxt = keyed[j + 1] if j + 1 < len(keyed) else end  # one hit per record is enough
+            at = buf.find(mark, max(nxt, at + 1), end)
+    return [keyed[j] for j in sorted(hits)]
 
 class KeyPage(NamedTuple):
     """One page of a lookup: ``records`` (LogRecords, newest first), the ``cursor`` to pass for the next page
@@ -206,7 +230,7 @@ class KeyIndex:
             after, keyed = keyed_records(mm, rel, walk_stop, end)
             at = rel
             try:
-                for at in keyed:  # the records with attributes: only they can hold keys
+                for at in with_key_marks(mm, keyed, after):  # only records with attributes can hold keys
                     self._index_record(mm, at, base + at, MARKER.unpack_from(mm, at)[0])
             except BaseException:  # a full disk (a new file): what is indexed stays so, the next step resumes
                 self.advance(base + at)  # a record's entries go in all or none

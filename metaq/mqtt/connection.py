@@ -624,6 +624,8 @@ class Connection(core.Connection):
         stored, log_end, keys, exc = self.port.put_burst(burst, now)
         if stored:
             mode = self.port.burst_mode(keys, now)
+            if mode == ACK_NOW:  # visible now (flush async): its subscribers waiting for it get it from here
+                self.port.deliver_now(keys)
             ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
             if ids:
                 self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now))

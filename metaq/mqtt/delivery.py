@@ -27,6 +27,12 @@ did not take of the PUBLISH sent first) and goes on alone from its own cursor, i
 it hands the partition back. A delivery with every partition handed over and nothing else to do (no wildcard
 filter, no shared subscription, nothing to resend) keeps no greenlet: an acknowledgement, a subscription, a
 fan-out reader that lets it go start one again.
+
+**From the publisher's turn.** While a delivery's greenlet waits between passes, it is listed in the port's
+``waiting`` under the partitions it waits on; a publisher's burst, once visible (``flush: async``), has the first
+``limits.MQTT_DIRECT_DELIVERIES`` of them send what it brought at once (``deliver_now``: non-blocking writes only,
+the QoS 1 window respected), saving the subscriber's wake on the loop; what it cannot send is left to the
+greenlet, which the append woke as before.
 """
 
 import logging
@@ -420,11 +426,80 @@ class Delivery:
                     keys.extend(group.cursors)
                 if not keys and self._idle():
                     return  # every partition is a fan-out reader's: no greenlet until woken
-                self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
+                waiting = self.port.waiting
+                for key in keys:  # a publisher's burst may send to it from its own turn meanwhile (deliver_now)
+                    ds = waiting.get(key)
+                    if ds is None:
+                        waiting[key] = {self: None}
+                    else:
+                        ds[self] = None
+                try:
+                    self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
+                finally:
+                    for key in keys:
+                        ds = waiting.get(key)
+                        if ds is not None:
+                            ds.pop(self, None)
+                            if not ds:
+                                del waiting[key]
                 self._turn = time.monotonic()
         finally:
             if self._greenlet is me:
                 self._greenlet = None
+
+    def deliver_now(self, key):
+        """Called by a publisher's turn (``MqttPort.deliver_now``) while this delivery's greenlet waits (in ``run``,
+        between passes): read partition ``key`` from its cursor and send what matches as ``_send`` would, but only
+        while that needs no wait: the connection takes each PUBLISH whole at once (``try_send``; a part taken is
+        finished by this delivery's greenlet, which the append woke, before anything else), a QoS 1 one has room in
+        flight. It stops, leaving the rest to the greenlet, at anything else: a QoS 2 message, Message Expiry,
+        Subscription Identifiers, a packet past the client's Maximum Packet Size; and does nothing on a TLS
+        connection or with retained messages or a resend to send first. Order is the cursor's, as the greenlet's."""
+        conn, session = self.conn, self.session
+        if conn.closed or conn.tls or self._rest is not None or self._retained or not self._resent:
+            return
+        cursors = session.cursors
+        offset = cursors.get(key)
+        topic, partition = key
+        if offset is None or not self.guard.allows(conn.session, SUB, "topic", topic):
+            return
+        try:
+            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                     self.max_transfer)
+        except errors.MetaqError:
+            return  # the greenlet meets it and says why
+        most = min(self.settings.max_inflight, conn.client_receive_max)
+        v5 = conn.version == wire.MQTT_5
+        for rec in records:
+            dkey = (rec.position, rec.msg_id)
+            m = self.decoded.message(dkey, topic, rec.flag, rec.data)
+            granted, ids = session.matching(topic, m.topic, m.client_id)
+            if granted is not None:
+                qos = min(granted, m.qos)
+                if qos == 2 or ids or m.expires_ms is not None or (qos and len(session.inflight) >= most):
+                    return
+                retain = m.retain and session.retain_as_published(topic, m.topic)
+                packet_id = None
+                if qos:
+                    packet_id = session.next_packet_id()
+                    data = wire.encode(wire.Publish(m.topic, m.payload, 1, retain, False, packet_id,
+                                                    m.properties if v5 else {}), conn.version)
+                else:
+                    data = self._qos0(m, retain, ids, dkey)
+                if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
+                    return
+                sent = conn.try_send(data)
+                if not sent:
+                    return
+                if qos:
+                    session.sent(packet_id, (qos, topic, partition, rec.queue_offset))
+                if sent < len(data):
+                    self._rest = data[sent:]
+                    cursors[key] = rec.queue_offset + 1
+                    session.dirty = True
+                    return
+            cursors[key] = rec.queue_offset + 1
+            session.dirty = True
 
     def _idle(self):
         """True when nothing but the fan-out readers has work for this delivery: no wildcard filter (it looks for new

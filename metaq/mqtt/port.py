@@ -73,6 +73,7 @@ class MqttPort:
         self.listener = None
         self.decoded = Decoded()  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
         self.fanouts = Fanouts(store, waiters, self.decoded, max_transfer)  # one reader per partition for many
+        self.waiting = {}  # (topic, partition) -> the Deliveries waiting on it now (``deliver_now``)
         self._clients = {}  # client id -> its Connection
         self._delayed = {}  # client id -> (the greenlet holding its will for its delay, the will, its guard session)
         self._ids = itertools.count(1)
@@ -444,6 +445,25 @@ class MqttPort:
         if self.store.should_flush(now):
             path.flusher.wake()
         return ACK_NOW
+
+    def deliver_now(self, keys):
+        """A burst just appended to partitions ``keys`` and made visible: the deliveries waiting caught up on them send
+        what it brought from the publisher's turn (``Delivery.deliver_now``), at most
+        ``limits.MQTT_DIRECT_DELIVERIES`` of them; the others, and whatever one cannot send without waiting, are
+        sent by their own greenlets, woken by the append as before. Saves the subscriber's wake on the loop."""
+        waiting = self.waiting
+        if not waiting:
+            return
+        left = limits.MQTT_DIRECT_DELIVERIES
+        for key in keys:
+            ds = waiting.get(key)
+            if not ds:
+                continue
+            for d in list(ds):
+                if left <= 0:
+                    return
+                left -= 1
+                d.deliver_now(key)
 
     def burst_durable(self, keys, log_end, now):
         """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end`` may be acknowledged, as

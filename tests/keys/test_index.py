@@ -455,3 +455,56 @@ def test_the_c_walk_goes_in_bounded_pieces_and_finds_every_key(data_dir, monkeyp
             assert [r.queue_offset for r in page.records] == [offset]
     finally:
         s.close(NOW)
+
+
+def test_records_with_properties_but_no_key_are_not_read_for_keys(data_dir, monkeypatch):
+    """Records whose properties hold no key (an MQTT PUBLISH's) are passed over without a look at each
+    (``with_key_marks``); a key among them is found, and a body that carries the text of a key property is read
+    and found to hold no key."""
+    s = open_store(data_dir)
+    try:
+        calls = []
+        real = keyindex.KeyIndex._index_record
+        monkeypatch.setattr(keyindex.KeyIndex, "_index_record",
+                            lambda self, *a: calls.append(a[2]) or real(self, *a))
+        offsets = {}
+        for i in range(500):
+            s.put("test", i % 2, *encode_payload(b"m%d" % i, encode_attribute(None, {"MQTT_NAME": "a/b"})), NOW)
+            if i % 100 == 50:
+                offsets["k%d" % i] = put(s, "test", keys=["k%d" % i], partition=i % 2).offset
+            if i == 123:
+                offsets["U%d" % i] = put(s, "test", uniq="U%d" % i).offset
+        fake = put(s, "test", body=b"\x02KEYS\x01fake\x02UNIQ_KEY\x01fake2\x02")  # a mark in the body only
+        flush(s)
+        assert len(calls) == len(offsets) + 1
+        for key, offset in offsets.items():
+            page = keyindex.run(s.key_search("test", key, 0, BIG, 10))
+            assert [r.queue_offset for r in page.records] == [offset]
+        for key in ("fake", "fake2"):
+            assert keyindex.run(s.key_search("test", key, 0, BIG, 10)).records == []
+        assert fake.offset >= 0
+    finally:
+        s.close(NOW)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, "KEYS", "UNIQ_KEY", "OTHER"]),
+                          st.sampled_from([b"", b"\x02KEYS\x01", b"\x02UNIQ_KEY\x01", b"xKEYS", b"\x02KEYS"])),
+                min_size=1, max_size=12))
+def test_with_key_marks_keeps_every_record_that_holds_a_key(recs):
+    """``with_key_marks`` keeps every record whose properties hold a key, and besides them only records whose body
+    carries a mark."""
+    from metaq.keys.files import keys_of_properties
+    buf, keyed, holding, marked = bytearray(), [], [], []
+    for prop, body in recs:
+        at = len(buf)
+        keyed.append(at)
+        attr = encode_attribute("t", {prop: "k1 k2"} if prop else {}).encode()
+        buf += b"%4d" % len(attr) + attr + body
+        i = attr.find(b"\x02")
+        if keys_of_properties(attr[i + 1:]):
+            holding.append(at)
+        if body.endswith(b"\x01"):
+            marked.append(at)
+    got = keyindex.with_key_marks(bytes(buf), keyed, len(buf))
+    assert set(holding) <= set(got) <= set(holding) | set(marked) and got == sorted(got)

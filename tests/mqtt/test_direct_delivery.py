@@ -1,0 +1,111 @@
+"""QoS 1 subscribers waiting caught up get a publisher's message from the publisher's own turn (docs/mqtt.md
+"Subscribing"; ``MqttPort.deliver_now``, at most ``limits.MQTT_DIRECT_DELIVERIES`` of them per burst): each gets
+every message once, in order, within its window in flight; the ones past the bound, and a subscriber that does not
+read, get theirs from their own delivery, and the one that does not read holds the publisher up in nothing."""
+
+import socket
+import time
+
+import pytest
+
+from metaq import limits
+from metaq.client.local import small_config
+from metaq.mqtt import wire
+from tests.harness.mqtt import Raw, mqtt_port, with_mqtt
+
+MESSAGES = 60
+
+
+def config(tmp_path, flush="async"):
+    """flush async: a stored message is visible at once, so the publisher's turn sends it; sync: after its flush,
+    by the subscribers' own deliveries (as before)."""
+    return with_mqtt(small_config(tmp_path / "data", store={"flush": flush}))
+
+
+def subscriber(b, client_id, version=wire.MQTT_5, window=None):
+    s = Raw(b, version, timeout=30)
+    props = {"receive_maximum": window} if window else {}
+    assert s.connect(client_id, properties=props).reason_code == 0
+    s.send(wire.Subscribe(1, (wire.Subscription("direct/t", 1),)))
+    assert isinstance(s.read(), wire.Suback)
+    return s
+
+
+def receive(s, n, ack=True):
+    """The payloads of the next ``n`` PUBLISHes ``s`` reads (QoS 1, acknowledged when ``ack``)."""
+    got = []
+    while len(got) < n:
+        p = s.read()
+        assert p is not None, "closed after %d PUBLISHes" % len(got)
+        if isinstance(p, wire.Publish):
+            assert p.topic == "direct/t" and p.qos == 1 and not p.dup
+            got.append(p.payload)
+            if ack:
+                s.send(wire.PubAck(p.packet_id))
+    return got
+
+
+def publish_one_at_a_time(pub, payloads):
+    for i, payload in enumerate(payloads):
+        pub.send(wire.Publish("direct/t", payload, 1, packet_id=i % 60000 + 1))
+        ack = pub.read()
+        assert isinstance(ack, wire.PubAck) and ack.reason_code == 0
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_every_waiting_subscriber_gets_each_message_once_in_order_at_the_bound_and_past_it(broker_factory, tmp_path,
+                                                                                           flush):
+    b = broker_factory(config(tmp_path, flush))
+    n = limits.MQTT_DIRECT_DELIVERIES + 1  # the bound's worth served from the publisher's turn, one past it not
+    subs = [subscriber(b, "sub%d" % i, wire.MQTT_5 if i % 2 else wire.MQTT_311) for i in range(n)]
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("pub").reason_code == 0
+    want = [b"%05d" % i for i in range(MESSAGES)]
+    for k in range(0, MESSAGES, 10):  # one at a time, each subscriber reading as it comes
+        publish_one_at_a_time(pub, want[k:k + 10])
+        for s in subs:
+            assert receive(s, 10) == want[k:k + 10]
+    pub.send(wire.Publish("direct/t", b"last", 1, packet_id=9))
+    for s in subs:
+        assert receive(s, 1) == [b"last"]  # exactly once each: nothing doubled came before it
+
+
+def test_a_full_window_waits_for_acknowledgements_and_goes_on_in_order(broker_factory, tmp_path):
+    b = broker_factory(config(tmp_path))
+    slow = subscriber(b, "slow", window=2)
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("pub").reason_code == 0
+    want = [b"%05d" % i for i in range(10)]
+    publish_one_at_a_time(pub, want)
+    assert receive(slow, 2, ack=False) == want[:2]
+    slow.sock.settimeout(0.5)
+    try:
+        extra = slow.read()
+    except socket.timeout:
+        extra = None
+    assert extra is None, "a third PUBLISH in flight past a Receive Maximum of 2: %r" % (extra,)
+    slow.sock.settimeout(30)
+    for pid in (1, 2):
+        slow.send(wire.PubAck(pid))
+    assert receive(slow, 8) == want[2:]
+
+
+def test_a_subscriber_that_does_not_read_holds_the_publisher_up_in_nothing(broker_factory, tmp_path):
+    b = broker_factory(config(tmp_path))
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect(("127.0.0.1", mqtt_port(b)))
+    stuck.sendall(wire.encode(wire.Connect(wire.MQTT_5, "stuck", keep_alive=0), wire.MQTT_5)
+                  + wire.encode(wire.Subscribe(1, (wire.Subscription("direct/t", 1),)), wire.MQTT_5))
+    reader = subscriber(b, "reader")
+    time.sleep(0.5)  # both subscribed, waiting caught up
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("pub").reason_code == 0
+    want = [b"%05d" % i + b"x" * (60 * 1024) for i in range(40)]  # far past what the stuck socket holds
+    started = time.monotonic()
+    publish_one_at_a_time(pub, want[:20])
+    assert receive(reader, 20) == want[:20]
+    publish_one_at_a_time(pub, want[20:])
+    assert receive(reader, 20) == want[20:]
+    assert time.monotonic() - started < 20
+    stuck.close()
