@@ -85,7 +85,7 @@ class Connection(core.Connection):
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
                  "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
                  "_ack_sent", "_writer", "_delivery", "_unacked_in", "_aliases", "_handling",
-                 "_ended_cleanly", "_taken_over", "_decided", "_burst", "_burst_bytes", "_burst_now")
+                 "_ended_cleanly", "_taken_over", "_decided", "_burst", "_burst_bytes", "_burst_now", "_unsent")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -101,6 +101,7 @@ class Connection(core.Connection):
         self.problem_information = True  # MQTT 5 Request Problem Information: refusals carry a Reason String
         self.room = None  # an Event once subscribed: set when an acknowledgement or a subscription lets it go on
         self._write_lock = Semaphore()
+        self._unsent = None  # what a try_send left of its packet: written before anything else
         self._acks = None  # acknowledgements in the order of their packets, (packet, wait, counted): a deque once one
         self._acks_pending = 0
         self._ack_sent = None  # an Event once waited on: set by the acknowledgement writer after each acknowledgement
@@ -139,11 +140,16 @@ class Connection(core.Connection):
 
     def send_bytes(self, data):
         """Send an encoded packet, whole, under the write lock (the reader's answers, the acknowledgement writer and
-        the delivery share the socket); False when the connection is closed or the send failed (then it closes)."""
+        the delivery share the socket), after what a ``try_send`` left unsent; False when the connection is closed
+        or the send failed (then it closes)."""
         if self.closed:
             return False
         with self._write_lock:
             try:
+                rest = self._unsent
+                if rest is not None:
+                    self._unsent = None
+                    self.sock.sendall(rest)
                 self.sock.sendall(data)
             except OSError as exc:
                 log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
@@ -154,42 +160,53 @@ class Connection(core.Connection):
     def try_send(self, data):
         """Write an encoded packet now, never waiting for the socket or the write lock (a fan-out reader writes one
         message to many connections and waits for none): ``len(data)`` when all of it went; 0 when none did (the
-        socket's buffer is full or another writer holds the lock); None when the connection is closed, the send
-        failed (then it closes) or is TLS (written only by ``send_bytes``); else the bytes written, and the write
-        lock stays held: the caller sends the rest with ``finish_send`` before anything else is written."""
+        socket's buffer is full, another writer holds the lock, or what an earlier ``try_send`` left is still
+        unsent); None when the connection is closed, the send failed (then it closes) or is TLS (written only by
+        ``send_bytes``); else the bytes written: the rest is kept on the connection and goes before anything else
+        written to it (``send_bytes``, ``flush_unsent``), so no writer ever waits on a lock a stalled one holds."""
         if self.closed or self.tls:
             return None
         lock = self._write_lock
         if not lock.acquire(blocking=False):
             return 0
         try:
-            n = self.sock.send(data, 0, 0.0)
-        except BlockingIOError:
-            n = 0
+            rest = self._unsent
+            if rest is not None:
+                n = self._send_now(rest)
+                if n < len(rest):
+                    self._unsent = rest[n:]
+                    return 0
+                self._unsent = None
+            n = self._send_now(data)
+            if 0 < n < len(data):
+                self._unsent = data[n:]
+            return n
         except OSError as exc:
-            lock.release()
             log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
             self.close()
             return None
-        if 0 < n < len(data):
-            return n
-        lock.release()
-        return n
-
-    def finish_send(self, rest):
-        """Send ``rest``, what a ``try_send`` left of its packet, and let the write lock go; False when the
-        connection is closed or the send failed (then it closes)."""
-        try:
-            if self.closed:
-                return False
-            self.sock.sendall(rest)
-        except OSError as exc:
-            log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
-            self.close()
-            return False
         finally:
-            self._write_lock.release()
-        return True
+            lock.release()
+
+    def _send_now(self, data):
+        try:
+            return self.sock.send(data, 0, 0.0)
+        except BlockingIOError:
+            return 0
+
+    @property
+    def unsent(self):
+        """True while part of a packet a ``try_send`` began is still to be written (``flush_unsent``)."""
+        return self._unsent is not None
+
+    def flush_unsent(self):
+        """Write what a ``try_send`` left of its packet, waiting for the socket; False when the connection is closed
+        or the send failed (then it closes)."""
+        if self.closed:
+            return False
+        if self._unsent is None:
+            return True
+        return self.send_bytes(b"")
 
     def _queue_ack(self, packet, wait=None, counted=False):
         """Send ``packet`` after every acknowledgement queued before it, once ``wait`` (``(topic, PutResult, now)``
@@ -357,11 +374,13 @@ class Connection(core.Connection):
                 if self.closed:
                     return False
                 started = turn if turn is not None else _now()
-                if self._burst and _now() - started >= limits.MAX_TURN_MS / 1000.0 and not self._flush_burst():
-                    return False  # stored before the others run (share_loop yields now)
-                turn = core.share_loop(started)
-                if turn != started:
-                    decided.clear()  # the others ran: the decision may have changed
+                if _now() - started < limits.MAX_TURN_MS / 1000.0:  # one reading of the clock decides both
+                    turn = started
+                    continue
+                if self._burst and not self._flush_burst():
+                    return False  # stored before the others run
+                turn = core.share_loop(started)  # the turn is over: it yields
+                decided.clear()  # the others ran: the decision may have changed
         finally:
             self._burst = []  # not stored: the connection closes without acknowledging them
 

@@ -224,7 +224,7 @@ class Delivery:
 
     __slots__ = ("conn", "store", "guard", "waiters", "settings", "max_transfer", "session", "port", "decoded",
                  "fanouts", "_retained", "_deferred", "_seen", "_rescanned", "_overflow_logged", "_turn", "_greenlet",
-                 "_resent", "_rest", "_handed")
+                 "_resent", "_handed")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -245,7 +245,6 @@ class Delivery:
         self._turn = 0.0  # when this greenlet's turn on the loop began (connections.share_loop)
         self._greenlet = None  # while it has work
         self._resent = False  # a resumed session's messages in flight were sent again
-        self._rest = None  # what the socket did not take of a PUBLISH a fan-out reader began: sent first
         self._handed = None  # (topic, partition) -> the Fanout it was handed to
 
     # -- subscribing -----------------------------------------------------------
@@ -404,10 +403,8 @@ class Delivery:
                 self._resent = True
                 self.resend()
             while not conn.closed:
-                if self._rest is not None:
-                    rest, self._rest = self._rest, None
-                    if not conn.finish_send(rest):
-                        return
+                if conn.unsent and not conn.flush_unsent():  # what a fan-out reader began goes first
+                    return
                 if self._retained:
                     self._send_retained()
                 if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
@@ -417,7 +414,7 @@ class Delivery:
                 room.clear()
                 if conn.closed or self.waiters.closed:
                     return
-                if self._retained or self._rest is not None:
+                if self._retained or conn.unsent:
                     continue
                 self._hand_over()
                 handed = self._handed or ()
@@ -456,7 +453,7 @@ class Delivery:
         Subscription Identifiers, a packet past the client's Maximum Packet Size; and does nothing on a TLS
         connection or with retained messages or a resend to send first. Order is the cursor's, as the greenlet's."""
         conn, session = self.conn, self.session
-        if conn.closed or conn.tls or self._rest is not None or self._retained or not self._resent:
+        if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent:
             return
         cursors = session.cursors
         offset = cursors.get(key)
@@ -493,8 +490,7 @@ class Delivery:
                     return
                 if qos:
                     session.sent(packet_id, (qos, topic, partition, rec.queue_offset))
-                if sent < len(data):
-                    self._rest = data[sent:]
+                if sent < len(data):  # the connection writes the rest before anything else
                     cursors[key] = rec.queue_offset + 1
                     session.dirty = True
                     return
@@ -554,8 +550,7 @@ class Delivery:
                 sent = conn.try_send(data)
                 if not sent:
                     return False
-                if sent < len(data):
-                    self._rest = data[sent:]
+                if sent < len(data):  # the connection writes the rest before anything else
                     session.cursors[key] = rec.queue_offset + 1
                     session.dirty = True
                     return False
@@ -720,10 +715,6 @@ class Delivery:
         whose QoS 0 PUBLISH is then encoded once for every subscriber. False when the connection closed
         meanwhile."""
         conn, session = self.conn, self.session
-        if self._rest is not None:  # what a fan-out reader began goes first (it holds the write lock)
-            rest, self._rest = self._rest, None
-            if not conn.finish_send(rest):
-                return False
         if m is None:
             m = message_of(topic, flag, data)
         if key is not None and not ids and m.expires_ms is None and (not granted or not m.qos):

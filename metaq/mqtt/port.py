@@ -381,7 +381,7 @@ class MqttPort:
         ``(stored, log end, {(topic, partition)}, error)``: the first ``stored`` are in the log; ``error`` (None: all
         stored) is the MetaqError of ``staged[stored]``, which and those after it are not stored."""
         path, store = self.put_path, self.store
-        stats, registry = path.stats, path.registry
+        stats = path.stats
         names, frames, datas = {}, [], []
         at = 0
         largest = store.config.segment_size - FIXED_OVERHEAD
@@ -419,15 +419,21 @@ class MqttPort:
                     r = path.append(topic, partition, flag, data, now, checksum=frames[i][6] & 0x7FFFFFFF,
                                     checked=True)  # the decision was asked at ``stage``, no yield since
                 except errors.MetaqError as exc:
+                    self._register({key[0] for key in keys})  # the topics of what was stored before it
                     return i, log_end, keys, exc
                 keys.add((topic, partition))
                 log_end = max(log_end, r.log_end)
                 i += 1
+        self._register(names)
+        return n, log_end, keys, None
+
+    def _register(self, topics):
+        """Tell ZooKeeper's registry (when there is one) of ``topics`` it has not heard of: a burst's stored ones."""
+        registry = self.put_path.registry
         if registry is not None:
-            for topic in names:
+            for topic in topics:
                 if topic not in registry.registered_topics:
                     registry.topic_created(topic)
-        return n, log_end, keys, None
 
     def burst_mode(self, keys, now):
         """A stored burst of partitions ``keys``: made visible now (async flush: its long polls woken, the flusher
