@@ -104,6 +104,13 @@ class Paho:
             info.wait_for_publish(timeout)
         return info
 
+    def settle(self, timeout=10.0):
+        """Return once the acknowledgements of the PUBLISHes received so far have been written: paho acknowledges a
+        message after its callback returns, so a ``close`` right after ``wait_messages`` can send its DISCONNECT
+        first, and the broker then rightly sends that message again (QoS 1: at least once). A QoS 1 PUBLISH of our
+        own is acknowledged only after the network thread has handled every packet before it."""
+        self.publish("harness/settle", b"", 1).wait_for_publish(timeout)
+
     def close(self):
         self.c.disconnect()
         self.c.loop_stop()
