@@ -314,17 +314,10 @@ class TextDispatcher:
 
         wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
         read = read or (lambda: self._read(e, max_size, conn))
-        seen = self._visible_end((e.topic, e.partition))  # as of the read that missed: no yield since
+        seen = self.waiters.visible_end(self.store.max_offset, (e.topic, e.partition))  # the missed read's: no yield
         conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), seen,
                    on_exit=unpark)
         return None
-
-    def _visible_end(self, key):
-        """The partition's visible end (None when it cannot be told: the read that follows says why)."""
-        try:
-            return self.store.max_offset(*key)
-        except errors.MetaqError:
-            return None
 
     def _read(self, e, max_size, conn):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
@@ -349,19 +342,18 @@ class TextDispatcher:
 
     def _long_poll(self, e, conn, max_size, wait_s, read, miss, seen):
         """Wait for an append to the partition and read again, until a reply or the deadline. ``seen``: its visible
-        end as of the last read; an append since (made before this greenlet first ran, or while a read waited for
-        the reply budget) is read at once: its wake came before this wait began."""
+        end as of the last read; an append since (made before this greenlet first ran) is read at once: its wake
+        came before this wait began (``PartitionWaiters.wait``)."""
         deadline = time.monotonic() + wait_s
         key = (e.topic, e.partition)
-        waiters = self.waiters
+        waiters, end = self.waiters, self.store.max_offset
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or waiters.closed:
                 self.stats.on_get(e.topic, True)
                 return miss()
-            if self._visible_end(key) == seen:
-                waiters.wait(key, remaining)
-            seen = self._visible_end(key)
+            waiters.wait(key, remaining, seen, end)
+            seen = waiters.visible_end(end, key)  # before the read (its reservation may yield): later ones count
             try:
                 reply = conn.read_reply(max_size, read)
             except errors.MetaqError as exc:
