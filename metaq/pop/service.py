@@ -153,8 +153,7 @@ class PopService:
             partitions = self.store.partitions_of(topic)
         except errors.MetaqError:
             return {}
-        end, visible_end = self.store.max_offset, self.waiters.visible_end
-        return {(topic, p): visible_end(end, (topic, p)) for p in range(partitions)}
+        return self.waiters.ends(self.store.max_offset, [(topic, p) for p in range(partitions)])
 
     def _receive_now(self, group, topic, max_messages, invisible_ms, fifo, attempts):
         self.path.check_writable()

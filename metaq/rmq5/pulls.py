@@ -132,7 +132,7 @@ class PullService:
         wait = max(0, min(wait, budget, self.max_wait_ms))
         offset = request.offset
         key, waiters, end = (topic, queue), self.waiters, self.store.max_offset
-        seen = waiters.visible_end(end, key)  # before the read (a filter's cold pages are brought in off the loop)
+        seen = waiters.ends(end, (key,))  # before the read (a filter's cold pages are brought in off the loop)
         answer, offset = self._read(topic, queue, offset, filt, batch, readable)
         if answer is not None or wait <= 0:
             return answer or self._none(offset)
@@ -146,7 +146,7 @@ class PullService:
                 if remaining <= 0 or waiters.closed:
                     return self._none(offset)
                 waiters.wait(key, remaining, seen, end)  # at once when an append came since that read began
-                seen = waiters.visible_end(end, key)
+                seen = waiters.ends(end, (key,))
                 answer, offset = self._read(topic, queue, offset, filt, batch, readable)
                 if answer is not None:
                     return answer

@@ -10,9 +10,10 @@ parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``).
 A wake reaches only the waits registered when ``notify`` runs. A reader that read, then yielded before its wait
 began (a reply budget's reservation, a cold page brought in off the loop, a greenlet spawned to wait that starts a
 turn later) would miss the wake of an append made visible meanwhile and wait its whole timeout with the data there.
-So every long poll keeps what it saw: ``visible_end(end, key)`` taken with its read (no yield between), passed to
-``wait``/``wait_any`` as ``seen`` with ``end`` (the store's ``max_offset``); when the end moved since, the wait
-returns at once and the caller reads again. No busy loop: each early return needs an append after the last read.
+So every long poll keeps what it saw: ``ends(end, keys)`` of the partitions its read reads, taken with the read (no
+yield between), passed to ``wait``/``wait_any`` as ``seen`` with ``end`` (the store's ``max_offset``); when one
+moved since, the wait returns at once and the caller reads again. No busy loop: each early return needs an append
+after the last read.
 """
 
 import gevent
@@ -59,6 +60,12 @@ class PartitionWaiters:
             return UNTOLD
 
     @classmethod
+    def ends(cls, end, keys):
+        """``{key: visible_end(end, key)}`` of ``keys``: a long poll's ``seen``, taken with its read."""
+        visible_end = cls.visible_end
+        return {key: visible_end(end, key) for key in keys}
+
+    @classmethod
     def moved(cls, seen, end):
         """True when a partition of ``seen`` (``{key: visible_end as of the caller's read}``) has another visible end
         now: an append since that read, whose wake came before the caller's wait began."""
@@ -67,9 +74,10 @@ class PartitionWaiters:
 
     def wait(self, key, timeout, seen=None, end=None):
         """Block this greenlet until ``notify`` names ``key`` or ``timeout`` seconds pass. With ``end`` (the store's
-        ``max_offset``): ``seen`` is ``visible_end(end, key)`` as of the caller's read, and when the end moved since,
-        returns True at once (the append's wake came before this wait)."""
-        if end is not None and self.visible_end(end, key) != seen:
+        ``max_offset``): ``seen`` is ``ends(end, ...)`` of the partitions the caller's read reads (``key``'s, or a
+        priority topic's levels), as of that read; when one moved since, returns True at once (the append's wake
+        came before this wait)."""
+        if end is not None and self.moved(seen, end):
             return True
         ev = Event()
         waits = self._waits.get(key)

@@ -21,7 +21,7 @@ def put(store, key, payload=b"x"):
 def test_a_wait_does_not_begin_when_an_append_came_since_the_read(tmp_path):
     s = open_store(tmp_path / "s")
     w = PartitionWaiters()
-    seen = w.visible_end(s.max_offset, KEY)  # the caller's read: nothing there
+    seen = w.ends(s.max_offset, [KEY])  # the caller's read: nothing there
     put(s, KEY)  # made visible, its wake gone out, before the caller waits
     started = time.monotonic()
     assert w.wait(KEY, 5.0, seen, s.max_offset) is True
@@ -34,7 +34,7 @@ def test_a_wait_with_nothing_appended_since_waits_for_the_wake_or_its_timeout(tm
     s = open_store(tmp_path / "s")
     w = PartitionWaiters()
     put(s, KEY)
-    seen = w.visible_end(s.max_offset, KEY)
+    seen = w.ends(s.max_offset, [KEY])
     started = time.monotonic()
     assert not w.wait(KEY, 0.2, seen, s.max_offset)  # no append since: the whole timeout
     assert time.monotonic() - started >= 0.2
@@ -54,7 +54,7 @@ def test_wait_any_does_not_begin_when_one_of_the_partitions_read_moved(tmp_path)
     s = open_store(tmp_path / "s")
     w = PartitionWaiters()
     keys = [("test", 0), ("test", 1)]
-    seen = {k: w.visible_end(s.max_offset, k) for k in keys}
+    seen = w.ends(s.max_offset, keys)
     started = time.monotonic()
     assert not w.wait_any(keys, 0.2, Event(), seen, s.max_offset)  # nothing since: its timeout
     assert time.monotonic() - started >= 0.2
@@ -71,8 +71,8 @@ def test_a_partition_whose_end_cannot_be_told_is_waited_on_as_before(tmp_path):
     s = open_store(tmp_path / "s")
     w = PartitionWaiters()
     key = ("test", 9)  # past the topic's partitions
-    seen = w.visible_end(s.max_offset, key)
-    assert seen == UNTOLD
+    seen = w.ends(s.max_offset, [key])
+    assert seen == {key: UNTOLD}
     started = time.monotonic()
     assert not w.wait(key, 0.2, seen, s.max_offset)
     assert time.monotonic() - started >= 0.2

@@ -307,7 +307,7 @@ class RemotingDispatcher:
                          conn.session.user if conn.session is not None else None)
         max_nums = max(1, h.max_msg_nums)
         key, waiters, end = (h.topic, h.queue_id), self.waiters, self.store.max_offset
-        seen = waiters.visible_end(end, key)  # before the read and its reservation (which may yield)
+        seen = waiters.ends(end, (key,))  # before the read and its reservation (which may yield)
         response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset, signer)
         if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
             return response or self._not_found(cmd, h, offset)
@@ -322,7 +322,7 @@ class RemotingDispatcher:
                 if remaining <= 0 or self.closing() or conn.closed:
                     return self._not_found(cmd, h, offset)
                 waiters.wait(key, remaining, seen, end)  # at once when an append came since that read began
-                seen = waiters.visible_end(end, key)
+                seen = waiters.ends(end, (key,))
                 response, offset = self._pull_held(conn, cmd, h, filt, max_nums, offset, signer)
                 if response is not None:
                     return response

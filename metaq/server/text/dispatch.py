@@ -298,8 +298,11 @@ class TextDispatcher:
         self.stats.on_get(e.topic, True)
         return scan.miss(), NO_WAIT
 
-    def park(self, e, conn, max_size, read=None, miss=None):
-        """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap."""
+    def park(self, e, conn, max_size, read=None, miss=None, watch=None, seen=None):
+        """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap. ``watch``: the
+        partitions ``read`` reads (None: the get's own; a ``get_prio``'s levels), whose appends since the read that
+        missed are read at once (``PartitionWaiters.wait``); ``seen``: their ends taken before that read (None: now,
+        for a read that does not yield after it looks at the ends)."""
         if conn.parked >= self.max_parked_per_connection:
             return encode_result(503, b"too many parked gets on this connection: the limit is %d"
                                  % self.max_parked_per_connection, e.opaque)
@@ -314,8 +317,10 @@ class TextDispatcher:
 
         wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
         read = read or (lambda: self._read(e, max_size, conn))
-        seen = self.waiters.visible_end(self.store.max_offset, (e.topic, e.partition))  # the missed read's: no yield
-        conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), seen,
+        watch = watch or ((e.topic, e.partition),)
+        if seen is None:
+            seen = self.waiters.ends(self.store.max_offset, watch)  # as of the read that missed: no yield since
+        conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), watch, seen,
                    on_exit=unpark)
         return None
 
@@ -340,10 +345,10 @@ class TextDispatcher:
     def _miss(self, e):
         return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)
 
-    def _long_poll(self, e, conn, max_size, wait_s, read, miss, seen):
-        """Wait for an append to the partition and read again, until a reply or the deadline. ``seen``: its visible
-        end as of the last read; an append since (made before this greenlet first ran) is read at once: its wake
-        came before this wait began (``PartitionWaiters.wait``)."""
+    def _long_poll(self, e, conn, max_size, wait_s, read, miss, watch, seen):
+        """Wait for an append to the partition and read again, until a reply or the deadline. ``seen``: the visible
+        ends of ``watch`` as of the last read; an append since (made before this greenlet first ran) is read at
+        once: its wake came before this wait began (``PartitionWaiters.wait``)."""
         deadline = time.monotonic() + wait_s
         key = (e.topic, e.partition)
         waiters, end = self.waiters, self.store.max_offset
@@ -353,7 +358,7 @@ class TextDispatcher:
                 self.stats.on_get(e.topic, True)
                 return miss()
             waiters.wait(key, remaining, seen, end)
-            seen = waiters.visible_end(end, key)  # before the read (its reservation may yield): later ones count
+            seen = waiters.ends(end, watch)  # before the read (its reservation may yield): later ones count
             try:
                 reply = conn.read_reply(max_size, read)
             except errors.MetaqError as exc:
