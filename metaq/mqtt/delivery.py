@@ -409,6 +409,7 @@ class Delivery:
                     self._send_retained()
                 if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                     self._rescan()
+                seen = self._ends()  # before the pass: an append after its read of a partition woke nobody
                 if self._pass() and (self.session.shared or self._behind()):
                     continue  # more to read (an append came while it sent)
                 room.clear()
@@ -431,7 +432,8 @@ class Delivery:
                     else:
                         ds[self] = None
                 try:
-                    self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room)
+                    self.waiters.wait_any(keys, limits.MQTT_TOPIC_RESCAN_S, room, self._unread(seen),
+                                          self.store.max_offset)
                 finally:
                     for key in keys:
                         ds = waiting.get(key)
@@ -443,6 +445,35 @@ class Delivery:
         finally:
             if self._greenlet is me:
                 self._greenlet = None
+
+    def _ends(self):
+        """``{key: visible end}`` of the partitions the next pass reads (its own and its shared groups')."""
+        end, visible_end = self.store.max_offset, self.waiters.visible_end
+        handed = self._handed or ()
+        ends = {key: visible_end(end, key) for key in self.session.cursors if key not in handed}
+        for group, _granted, _id in self.session.shared.values():
+            for key in group.cursors:
+                ends[key] = visible_end(end, key)
+        return ends
+
+    def _unread(self, seen):
+        """``wait_any``'s ``seen`` after a pass that began at ``seen`` (``_ends``): the partitions whose cursor is
+        behind the log's end now, each with the end the pass began at, or with its cursor when the pass did not read
+        it (a fan-out reader let it go meanwhile, its wake taken back by ``room.clear``). The wait does not begin
+        when one of them moved since: the records came while the pass went on, after it read there, and their wakes
+        found no wait. A partition behind with nothing appended since (its topic no longer readable, a window full)
+        is waited on as before, not read again and again."""
+        end, visible_end = self.store.max_offset, self.waiters.visible_end
+        handed = self._handed or ()
+        unread = {}
+        for key, at in self.session.cursors.items():
+            if key not in handed and at < visible_end(end, key):
+                unread[key] = seen.get(key, at)
+        for group, _granted, _id in self.session.shared.values():
+            for key, at in group.cursors.items():
+                if at < visible_end(end, key):
+                    unread[key] = seen.get(key, at)
+        return unread
 
     def deliver_now(self, key):
         """Called by a publisher's turn (``MqttPort.deliver_now``) while this delivery's greenlet waits (in ``run``,

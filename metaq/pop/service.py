@@ -120,8 +120,10 @@ class PopService:
         _check_range("max_messages", max_messages, 1, limits.POP_MAX_BATCH)
         _check_range("invisible_ms", invisible_ms, limits.POP_MIN_INVISIBLE_MS, limits.POP_MAX_INVISIBLE_MS)
         _check_range("wait_ms", wait_ms, 0, limits.MAX_WAIT_MS)
+        waits = wait_ms and self.waiters is not None
+        seen = self._seen(topic) if waits else None  # before the read: an append after it is read at once
         got = self._receive_now(group, topic, max_messages, invisible_ms, fifo, attempts)
-        if got or not wait_ms or self.waiters is None:
+        if got or not waits:
             return got
         if not self.waiters.admit():
             raise errors.Unavailable("too many parked gets on the broker: the limit is %d" % self.waiters.max_parked)
@@ -135,13 +137,23 @@ class PopService:
                 if due is not None:
                     left = min(left, max(0.005, (due - now_ms()) / 1000.0))
                 keys = [(topic, p) for p in range(self.store.partitions_of(topic))]
-                self.waiters.wait_any(keys, left, Event())
+                self.waiters.wait_any(keys, left, Event(), seen, self.store.max_offset)
+                seen = self._seen(topic)
                 got = self._receive_now(group, topic, max_messages, invisible_ms, fifo, attempts)
                 if got:
                     return got
             return []
         finally:
             self.waiters.leave()
+
+    def _seen(self, topic):
+        """``{(topic, p): visible end}`` of the topic's partitions, for ``PartitionWaiters.wait_any``'s ``seen``
+        (empty for a topic that cannot be read: the receive says why)."""
+        try:
+            partitions = self.store.partitions_of(topic)
+        except errors.MetaqError:
+            return {}
+        return self.waiters.ends(self.store.max_offset, [(topic, p) for p in range(partitions)])
 
     def _receive_now(self, group, topic, max_messages, invisible_ms, fifo, attempts):
         self.path.check_writable()

@@ -15,6 +15,7 @@ from metaq.priorities.wire import choose_level, encode_get_prio_prefix, level_to
 from metaq.protocol.text import encode_result, encode_value_header
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in_record_head
+from metaq.server.longpoll import PartitionWaiters
 from metaq.server.text.expect import check_held
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 
@@ -27,7 +28,8 @@ class TextPriorities:
     def __init__(self, store, stats, roles, put_path, guard, max_body, max_transfer, *, ack_put, get_refusal, park,
                  error_reply):
         """The dispatcher's answers: ``ack_put(e, r, now, reply, conn)`` a stored put's, ``get_refusal(e, conn)`` a
-        get's refusal before it reads (None: it may read), ``park(e, conn, max_size, read, miss)`` a get parked;
+        get's refusal before it reads (None: it may read), ``park(e, conn, max_size, read, miss, watch, seen)`` a get
+        parked (``watch``: the levels' partitions, whose appends end its wait; ``seen``: their ends before its read);
         ``error_reply(exc, opaque)``: its one error→reply mapping."""
         self.store = store
         self.stats = stats
@@ -70,11 +72,13 @@ class TextPriorities:
                                      % (e.topic, settings.priorities, settings.priorities - 1, len(e.offsets)))
         max_size = min(e.max_size, self.max_transfer)
         read = PriorityRead(self.store, self.stats, self.roles, e, max_size, settings.max_wait_ms).read
+        levels = [(level_topic(e.topic, k), e.partition) for k in range(settings.priorities)]
+        seen = PartitionWaiters.ends(self.store.max_offset, levels)  # before the read: it may yield (cold heads)
         reply = conn.read_reply(max_size, read)
         if reply is not None:
             return reply, NO_WAIT
         if e.max_wait_ms and not conn.closed:
-            return self.park(e, conn, max_size, read, lambda: self.miss(e)), NO_WAIT
+            return self.park(e, conn, max_size, read, lambda: self.miss(e), watch=levels, seen=seen), NO_WAIT
         self.stats.on_get(e.topic, True)
         return self.miss(e), NO_WAIT
 

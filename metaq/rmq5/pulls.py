@@ -131,24 +131,27 @@ class PullService:
         wait = _duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
         wait = max(0, min(wait, budget, self.max_wait_ms))
         offset = request.offset
+        key, waiters, end = (topic, queue), self.waiters, self.store.max_offset
+        seen = waiters.ends(end, (key,))  # before the read (a filter's cold pages are brought in off the loop)
         answer, offset = self._read(topic, queue, offset, filt, batch, readable)
         if answer is not None or wait <= 0:
             return answer or self._none(offset)
-        if not self.waiters.admit():
+        if not waiters.admit():
             raise Refusal("TOO_MANY_REQUESTS", "too many parked long polls on the broker: the limit is %d"
-                          % self.waiters.max_parked)
+                          % waiters.max_parked)
         try:
             deadline = time.monotonic() + wait / 1000.0
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.waiters.closed:
+                if remaining <= 0 or waiters.closed:
                     return self._none(offset)
-                self.waiters.wait((topic, queue), remaining)
+                waiters.wait(key, remaining, seen, end)  # at once when an append came since that read began
+                seen = waiters.ends(end, (key,))
                 answer, offset = self._read(topic, queue, offset, filt, batch, readable)
                 if answer is not None:
                     return answer
         finally:
-            self.waiters.leave()
+            waiters.leave()
 
     @staticmethod
     def _none(offset):

@@ -6,12 +6,23 @@ that ends early (its connection closed) leaves in constant time however many
 others wait on the same partition. ``admit``/``leave`` count the long polls
 parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``).
 ``wake_now`` is the text put paths' wake: the woken gets answer before the put's own ack goes out.
+
+A wake reaches only the waits registered when ``notify`` runs. A reader that read, then yielded before its wait
+began (a reply budget's reservation, a cold page brought in off the loop, a greenlet spawned to wait that starts a
+turn later) would miss the wake of an append made visible meanwhile and wait its whole timeout with the data there.
+So every long poll keeps what it saw: ``ends(end, keys)`` of the partitions its read reads, taken with the read (no
+yield between), passed to ``wait``/``wait_any`` as ``seen`` with ``end`` (the store's ``max_offset``); when one
+moved since, the wait returns at once and the caller reads again. No busy loop: each early return needs an append
+after the last read.
 """
 
 import gevent
 from gevent.event import Event
 
-from metaq import limits
+from metaq import errors, limits
+
+#: ``visible_end`` of a partition whose end cannot be told (an unknown topic: the caller's read says why).
+UNTOLD = -1
 
 
 class PartitionWaiters:
@@ -38,8 +49,36 @@ class PartitionWaiters:
         self.closed = True
         self.notify_all()
 
-    def wait(self, key, timeout):
-        """Block this greenlet until ``notify`` names ``key`` or ``timeout`` seconds pass."""
+    @staticmethod
+    def visible_end(end, key):
+        """``end(*key)``: where the partition's next visible record goes (``end`` is the store's ``max_offset``);
+        ``UNTOLD`` when it cannot be told. A long poll takes it with the read that decides it waits (see the module
+        doc)."""
+        try:
+            return end(*key)
+        except errors.MetaqError:
+            return UNTOLD
+
+    @classmethod
+    def ends(cls, end, keys):
+        """``{key: visible_end(end, key)}`` of ``keys``: a long poll's ``seen``, taken with its read."""
+        visible_end = cls.visible_end
+        return {key: visible_end(end, key) for key in keys}
+
+    @classmethod
+    def moved(cls, seen, end):
+        """True when a partition of ``seen`` (``{key: visible_end as of the caller's read}``) has another visible end
+        now: an append since that read, whose wake came before the caller's wait began."""
+        visible_end = cls.visible_end
+        return any(visible_end(end, key) != at for key, at in seen.items())
+
+    def wait(self, key, timeout, seen=None, end=None):
+        """Block this greenlet until ``notify`` names ``key`` or ``timeout`` seconds pass. With ``end`` (the store's
+        ``max_offset``): ``seen`` is ``ends(end, ...)`` of the partitions the caller's read reads (``key``'s, or a
+        priority topic's levels), as of that read; when one moved since, returns True at once (the append's wake
+        came before this wait)."""
+        if end is not None and self.moved(seen, end):
+            return True
         ev = Event()
         waits = self._waits.get(key)
         if waits is None:
@@ -52,10 +91,14 @@ class PartitionWaiters:
             if not waits and self._waits.get(key) is waits:
                 del self._waits[key]
 
-    def wait_any(self, keys, timeout, ev):
+    def wait_any(self, keys, timeout, ev, seen=None, end=None):
         """Block this greenlet until ``notify`` names any of ``keys``, ``ev`` is set by its owner, or ``timeout``
         seconds pass (an MQTT connection's delivery: every partition its subscriptions read, and a new
-        subscription or an acknowledgement that makes room). One wait per connection, not counted in ``admit``."""
+        subscription or an acknowledgement that makes room; a POP receive). Not counted in ``admit``. With ``end``
+        (the store's ``max_offset``): ``seen`` is ``{key: visible_end(end, key)}`` as of the caller's reads (of
+        some of ``keys``), and when one moved since (``moved``), returns True at once."""
+        if end is not None and self.moved(seen, end):
+            return True
         held = []
         for key in keys:
             waits = self._waits.get(key)

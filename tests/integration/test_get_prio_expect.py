@@ -8,8 +8,14 @@ a bad token is a 400 line.
 """
 
 import threading
+import time
 
+from metaq.client.local import small_config
+from metaq.priorities.wire import PriorityGet, PriorityPut, decode_get_prio_body
 from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.message import encode_payload, iter_records
+from metaq.protocol.text import serialize
 from tests.client.test_priorities import create
 from tests.harness.broker import wait_for
 
@@ -86,3 +92,22 @@ def test_a_bad_expects_token_is_a_clear_400_and_the_connection_goes_on(broker):
             assert isinstance(r, ev.Result) and r.code == 400 and why in r.body, (token, r)
         level, records = c.get_prio(TOPIC, 0, [0, 0, 0])
         assert level == 2 and len(records) == 3
+
+
+def test_a_parked_get_prio_sees_a_put_prio_of_the_same_burst(broker_factory, tmp_path):
+    """A level's put made visible after the ``get_prio`` missed but before its wait began (the next frame of the
+    same burst, ``flush: async``) is answered at once, not at the end of the wait: the wait is skipped when any
+    level's end moved since the read, not only the topic's own."""
+    b = broker_factory(small_config(tmp_path / "b", store={"flush": "async"}))
+    with b.client() as c:
+        create(c, TOPIC, partitions=1, priorities=2)
+        flag, data = encode_payload(b"urgent", None)
+        started = time.monotonic()
+        c.send(serialize(PriorityGet(TOPIC, "g", 0, (0, 0), 65536, 7, 5000, None))
+               + serialize(PriorityPut(TOPIC, 0, flag, data, 8, metaq_checksum(data), 1)))
+        replies = {r.opaque: r for r in (c.read_event(), c.read_event())}
+        assert time.monotonic() - started < 2.5  # not the 5 s wait
+        assert replies[8].code == 200
+        assert isinstance(replies[7], ev.Value), replies[7]
+        level, records = decode_get_prio_body(replies[7].body)
+        assert level == 1 and [rec.data for rec, _end in iter_records(records)] == [b"urgent"]

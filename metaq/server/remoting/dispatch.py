@@ -306,26 +306,28 @@ class RemotingDispatcher:
             self._commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset,
                          conn.session.user if conn.session is not None else None)
         max_nums = max(1, h.max_msg_nums)
+        key, waiters, end = (h.topic, h.queue_id), self.waiters, self.store.max_offset
+        seen = waiters.ends(end, (key,))  # before the read and its reservation (which may yield)
         response, offset = self._pull_held(conn, cmd, h, filt, max_nums, h.queue_offset, signer)
         if response is not None or not h.sys_flag & PULL_SUSPEND or conn.closed:
             return response or self._not_found(cmd, h, offset)
-        if not self.waiters.admit():
+        if not waiters.admit():
             return response_for(cmd, ResponseCode.SYSTEM_BUSY, "too many parked pulls on the broker: the limit is %d"
-                                % self.waiters.max_parked)
+                                % waiters.max_parked)
         try:
             wait_s = min(max(h.suspend_timeout_millis, 0), self.max_wait_ms) / 1000.0
             deadline = time.monotonic() + wait_s
-            key = (h.topic, h.queue_id)
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.closing() or conn.closed:
                     return self._not_found(cmd, h, offset)
-                self.waiters.wait(key, remaining)
+                waiters.wait(key, remaining, seen, end)  # at once when an append came since that read began
+                seen = waiters.ends(end, (key,))
                 response, offset = self._pull_held(conn, cmd, h, filt, max_nums, offset, signer)
                 if response is not None:
                     return response
         finally:
-            self.waiters.leave()
+            waiters.leave()
 
     def _pull_held(self, conn, cmd, h, filt, max_nums, offset, signer=None):
         """``_pull_once`` once the connection has room for a full read; the response keeps its body's bytes."""

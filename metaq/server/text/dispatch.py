@@ -298,8 +298,11 @@ class TextDispatcher:
         self.stats.on_get(e.topic, True)
         return scan.miss(), NO_WAIT
 
-    def park(self, e, conn, max_size, read=None, miss=None):
-        """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap."""
+    def park(self, e, conn, max_size, read=None, miss=None, watch=None, seen=None):
+        """Park a long-polling get (None: it answers from its own greenlet), or the 503 past a cap. ``watch``: the
+        partitions ``read`` reads (None: the get's own; a ``get_prio``'s levels), whose appends since the read that
+        missed are read at once (``PartitionWaiters.wait``); ``seen``: their ends taken before that read (None: now,
+        for a read that does not yield after it looks at the ends)."""
         if conn.parked >= self.max_parked_per_connection:
             return encode_result(503, b"too many parked gets on this connection: the limit is %d"
                                  % self.max_parked_per_connection, e.opaque)
@@ -314,17 +317,12 @@ class TextDispatcher:
 
         wait_s = min(e.max_wait_ms, self.max_wait_ms) / 1000.0
         read = read or (lambda: self._read(e, max_size, conn))
-        seen = self._visible_end((e.topic, e.partition))  # as of the read that missed: no yield since
-        conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), seen,
+        watch = watch or ((e.topic, e.partition),)
+        if seen is None:
+            seen = self.waiters.ends(self.store.max_offset, watch)  # as of the read that missed: no yield since
+        conn.spawn(self._long_poll, e, conn, max_size, wait_s, read, miss or (lambda: self._miss(e)), watch, seen,
                    on_exit=unpark)
         return None
-
-    def _visible_end(self, key):
-        """The partition's visible end (None when it cannot be told: the read that follows says why)."""
-        try:
-            return self.store.max_offset(*key)
-        except errors.MetaqError:
-            return None
 
     def _read(self, e, max_size, conn):
         """The reply for a get (a list of buffers: header + record views), or None when nothing is there yet."""
@@ -347,21 +345,20 @@ class TextDispatcher:
     def _miss(self, e):
         return encode_result(404, b"Could not find message at position %d" % e.offset, e.opaque)
 
-    def _long_poll(self, e, conn, max_size, wait_s, read, miss, seen):
-        """Wait for an append to the partition and read again, until a reply or the deadline. ``seen``: its visible
-        end as of the last read; an append since (made before this greenlet first ran, or while a read waited for
-        the reply budget) is read at once: its wake came before this wait began."""
+    def _long_poll(self, e, conn, max_size, wait_s, read, miss, watch, seen):
+        """Wait for an append to the partition and read again, until a reply or the deadline. ``seen``: the visible
+        ends of ``watch`` as of the last read; an append since (made before this greenlet first ran) is read at
+        once: its wake came before this wait began (``PartitionWaiters.wait``)."""
         deadline = time.monotonic() + wait_s
         key = (e.topic, e.partition)
-        waiters = self.waiters
+        waiters, end = self.waiters, self.store.max_offset
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or waiters.closed:
                 self.stats.on_get(e.topic, True)
                 return miss()
-            if self._visible_end(key) == seen:
-                waiters.wait(key, remaining)
-            seen = self._visible_end(key)
+            waiters.wait(key, remaining, seen, end)
+            seen = waiters.ends(end, watch)  # before the read (its reservation may yield): later ones count
             try:
                 reply = conn.read_reply(max_size, read)
             except errors.MetaqError as exc:

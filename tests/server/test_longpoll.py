@@ -1,0 +1,79 @@
+"""The long polls' rule against lost wakes (server/longpoll.py), over a real store in this process: a wait given
+the visible end its caller's read saw (``seen``) does not begin when an append was made visible since (that
+append's wake went out before the wait began), and waits as before, woken by ``notify``, when none was."""
+
+import time
+
+import gevent
+from gevent.event import Event
+
+from metaq.protocol.message import encode_payload
+from metaq.server.longpoll import UNTOLD, PartitionWaiters
+from tests.harness.store import NOW, open_store
+
+KEY = ("test", 0)
+
+
+def put(store, key, payload=b"x"):
+    store.put(key[0], key[1], *encode_payload(payload, None), NOW)
+
+
+def test_a_wait_does_not_begin_when_an_append_came_since_the_read(tmp_path):
+    s = open_store(tmp_path / "s")
+    w = PartitionWaiters()
+    seen = w.ends(s.max_offset, [KEY])  # the caller's read: nothing there
+    put(s, KEY)  # made visible, its wake gone out, before the caller waits
+    started = time.monotonic()
+    assert w.wait(KEY, 5.0, seen, s.max_offset) is True
+    assert time.monotonic() - started < 1.0  # not the 5 s timeout
+    assert len(w) == 0  # nothing left registered
+    s.close(NOW)
+
+
+def test_a_wait_with_nothing_appended_since_waits_for_the_wake_or_its_timeout(tmp_path):
+    s = open_store(tmp_path / "s")
+    w = PartitionWaiters()
+    put(s, KEY)
+    seen = w.ends(s.max_offset, [KEY])
+    started = time.monotonic()
+    assert not w.wait(KEY, 0.2, seen, s.max_offset)  # no append since: the whole timeout
+    assert time.monotonic() - started >= 0.2
+
+    def append_and_wake():
+        put(s, KEY, b"y")
+        w.notify((KEY,))
+
+    gevent.spawn_later(0.05, append_and_wake)
+    started = time.monotonic()
+    assert w.wait(KEY, 5.0, seen, s.max_offset) is True  # an append after the wait began: woken by its notify
+    assert time.monotonic() - started < 1.0
+    s.close(NOW)
+
+
+def test_wait_any_does_not_begin_when_one_of_the_partitions_read_moved(tmp_path):
+    s = open_store(tmp_path / "s")
+    w = PartitionWaiters()
+    keys = [("test", 0), ("test", 1)]
+    seen = w.ends(s.max_offset, keys)
+    started = time.monotonic()
+    assert not w.wait_any(keys, 0.2, Event(), seen, s.max_offset)  # nothing since: its timeout
+    assert time.monotonic() - started >= 0.2
+    put(s, keys[1])
+    started = time.monotonic()
+    assert w.wait_any(keys, 5.0, Event(), seen, s.max_offset) is True
+    assert time.monotonic() - started < 1.0
+    # a partition left out of ``seen`` is only waited on: its appends wake the wait through ``notify``
+    assert not w.wait_any(keys, 0.2, Event(), {keys[0]: seen[keys[0]]}, s.max_offset)
+    s.close(NOW)
+
+
+def test_a_partition_whose_end_cannot_be_told_is_waited_on_as_before(tmp_path):
+    s = open_store(tmp_path / "s")
+    w = PartitionWaiters()
+    key = ("test", 9)  # past the topic's partitions
+    seen = w.ends(s.max_offset, [key])
+    assert seen == {key: UNTOLD}
+    started = time.monotonic()
+    assert not w.wait(key, 0.2, seen, s.max_offset)
+    assert time.monotonic() - started >= 0.2
+    s.close(NOW)
