@@ -241,17 +241,28 @@ class Flusher:
         again. A round once started is not cut short by ``timeout``, which is
         checked each time the waiter wakes: at each round's end, and at least
         every ``DEADLINE_CHECK_S`` (the wait itself has no timer of its own).
+
+        A round is led only when something written is unflushed: a ``pos`` past the written end (what it waited
+        for was cut, or is not written yet) waits for rounds instead of leading empty ones back to back, which
+        would hold the loop. Unavailable when the log was cut back before ``pos`` meanwhile (a deposed master's
+        tail): that write is gone even if the log grows past ``pos`` again.
         """
         deadline = time.monotonic() + timeout
         store = self._store
-        while store.flushed_position < pos:
+        cuts = store.log_cuts
+        while True:
+            if store.log_cuts != cuts and store.cut_below(cuts, pos):
+                raise Unavailable("the log was cut back before position %d while its flush was awaited (this broker "
+                                  "was deposed): what was written there is gone" % pos)
+            if store.flushed_position >= pos:
+                return
             if self.failure is not None:
                 raise BrokerError("flush failed, the message may not be durable: %s" % self.failure)
             if time.monotonic() >= deadline:
                 if self.transient is not None:
                     raise Unavailable("flush could not run within %.0f s: %s" % (timeout, self.transient))
                 raise BrokerError("flush did not complete within %.0f s" % timeout)
-            if not self._in_round and self._running:
+            if not self._in_round and self._running and store.written_position > store.flushed_position:
                 self._round()
                 continue
             self._waiting += 1

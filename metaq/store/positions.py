@@ -15,7 +15,8 @@ another's state:
 
 Who moves them: a put, a burst run (``batch.py``) and a replicated record
 (``replica.py``) call ``advance``; a replicated blank tail ``skip_to``; a
-flush ``flushed_to``; a checkpoint ``checkpointed_at``; a truncation ``cut``.
+flush ``flushed_to``; a checkpoint ``checkpointed_at``; a truncation ``cut`` (counted: ``cut_below`` tells a
+wait for a flush that the write it waits for was cut).
 ``MessageStore`` creates the object and hands it to those helper modules; the
 server only reads ``MessageStore.written_position`` / ``flushed_position``.
 No sockets, threads or clock.
@@ -23,12 +24,15 @@ No sockets, threads or clock.
 
 import collections
 
+#: The truncations ``cut_below`` remembers: a wait that saw more cuts than this pass is told its write was cut.
+RECENT_CUTS = 16
+
 
 class LogPositions:
     """Written, flushed and checkpointed positions of one commit log, and the sync-mode visibility queue."""
 
     __slots__ = ("written", "flushed", "checkpointed", "unflushed_msgs", "pending", "async_visible", "appended",
-                 "flush_mark")
+                 "flush_mark", "cuts", "_recent_cuts")
 
     def __init__(self, async_visible):
         self.written = 0
@@ -40,6 +44,8 @@ class LogPositions:
         self.pending = collections.deque()
         #: ``async`` flush mode: a record is visible once written (else once flushed).
         self.async_visible = async_visible
+        self.cuts = 0  # truncations so far: a wait for a position reads it first, then asks ``cut_below``
+        self._recent_cuts = collections.deque(maxlen=RECENT_CUTS)
 
     def start_at(self, end):
         """After recovery: the log ends (and is durable and checkpointed) at ``end``."""
@@ -104,3 +110,16 @@ class LogPositions:
         self.flushed = min(self.flushed, position)
         self.checkpointed = min(self.checkpointed, position)
         self.pending = collections.deque(e for e in self.pending if e[0] <= position)
+        self.cuts += 1
+        self._recent_cuts.append(position)
+
+    def cut_below(self, seen, pos):
+        """Whether a truncation after the first ``seen`` (``cuts`` as read before a wait began) left the log ending
+        before ``pos``: what was written up to ``pos`` is gone, whatever is written there later. True as well when
+        more truncations came since than are remembered."""
+        since = self.cuts - seen
+        if since <= 0:
+            return False
+        if since > len(self._recent_cuts):
+            return True
+        return min(list(self._recent_cuts)[-since:]) < pos

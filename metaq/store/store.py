@@ -481,6 +481,12 @@ class MessageStore:
 
     written_position = property(lambda self: self._pos.written)
     flushed_position = property(lambda self: self._pos.flushed)
+    log_cuts = property(lambda self: self._pos.cuts)  # truncations so far (``cut_below``)
+
+    def cut_below(self, seen, pos):
+        """Whether the log was cut back before ``pos`` since ``log_cuts`` read ``seen``: a write ending at ``pos``
+        that a wait began for is gone (a deposed master's tail), whatever is written there later."""
+        return self._pos.cut_below(seen, pos)
 
     # -- flushing ------------------------------------------------------------
 

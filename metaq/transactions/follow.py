@@ -57,6 +57,11 @@ class TxLog:
         self.end = self._store.put(TX_TOPIC, 0, flag, data, now_ms).log_end
         return self.end
 
+    def cut(self, position):
+        """The log was cut back to ``position``: no record of the journal ends past it (nothing is left to flush
+        there for the journal's sake)."""
+        self.end = min(self.end, position)
+
     def read(self, upto=None):
         """Every ``(position, flag, record)`` of ``%TX%`` in log order, before ``upto`` (default: the written end).
         A record that does not decode (a bug, a foreign writer) is logged and passed over."""

@@ -361,6 +361,7 @@ class TransactionManager:
         """The log was cut at ``upto`` (a slave's truncation, a deposed master rejoining): the branches are what the
         log holds before it, nothing of the cut tail; this manager follows the master's records from now on."""
         self._clear()
+        self._log.cut(upto)
         self._replica = self._replay(upto)
         self.follow.replicating = True
         log.info("transactions: the log was cut at %d: %d branches as the master's log has them", upto,

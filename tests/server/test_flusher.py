@@ -244,6 +244,78 @@ def test_a_waiter_left_after_stop_gives_up_at_its_deadline(tmp_path):
         store.close(NOW)
 
 
+def test_a_wait_for_a_position_past_the_written_end_lets_the_loop_run_and_ends_once_it_is_flushed(tmp_path):
+    """A journal's end left past a cut log waits for a position nothing has written: the waiter must not lead
+    empty rounds back to back (that held a promoted broker's loop for good: no request answered, its ZooKeeper
+    session lost). Other greenlets run meanwhile; the wait ends once a write reaches the position and is flushed."""
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    ticks = []
+
+    def ticker():
+        while True:
+            ticks.append(time.monotonic())
+            gevent.sleep(0.005)
+
+    t = gevent.spawn(ticker)
+    try:
+        store.put("test", 0, 0, b"first", NOW)
+        flusher.wait_flushed(store.written_position)
+        target = store.written_position + 200
+        waiter = gevent.spawn(flusher.wait_flushed, target, 10)
+        gevent.sleep(0.3)
+        assert not waiter.dead and len(ticks) >= 20, len(ticks)  # the loop went on (a spinning waiter: none)
+        rounds = flusher.rounds
+        while store.written_position < target:
+            store.put("test", 0, 0, b"x" * 50, NOW)
+        flusher.wake()
+        waiter.join(timeout=5)
+        assert waiter.successful() and store.flushed_position >= target
+        assert flusher.rounds - rounds <= 3 and failures == []
+    finally:
+        t.kill()
+        flusher.stop()
+        store.close(NOW)
+
+
+def test_a_wait_for_a_write_the_log_was_cut_below_is_refused_even_when_the_log_grows_past_it(tmp_path):
+    """A deposed master's put waits for its flush; the log is cut back before it (its tail was never the new
+    master's), then grows past the same position again with the master's records: that put is gone, so the wait
+    says so (Unavailable) instead of returning as if it were durable. A wait below the cut is not refused."""
+    from metaq.errors import Unavailable
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    try:
+        store.put("test", 0, 0, b"kept", NOW)
+        kept = store.written_position
+        flusher.wait_flushed(kept)
+        flusher.stop()  # the puts below stay unflushed while the waiters wait
+        store.put("test", 0, 0, b"cut-1", NOW)
+        store.put("test", 0, 0, b"cut-2", NOW)
+        gone = store.written_position
+        below = gevent.spawn(flusher.wait_flushed, kept, 10)
+        above = gevent.spawn(flusher.wait_flushed, gone, 10)
+        gevent.sleep(0.05)
+        store.truncate_log(kept, NOW)
+        for _ in range(3):
+            store.put("test", 0, 0, b"master's", NOW)
+        assert store.written_position > gone
+        flusher.start()
+        flusher.wake()
+        gevent.joinall([below, above], timeout=5)
+        assert below.successful()
+        assert isinstance(above.exception, Unavailable) and "cut back before position %d" % gone in str(
+            above.exception)
+        cuts = store.log_cuts
+        flusher.wait_flushed(store.written_position)  # a wait that began after the cut is not refused
+        assert store.log_cuts == cuts == 1 and failures == []
+    finally:
+        flusher.stop()
+        store.close(NOW)
+
+
 def test_a_dedicated_thread_answers_each_caller_its_own_outcome_when_one_is_killed_waiting():
     """A caller killed while its job runs (a connection leading a flush round, closed mid-round) must not hand
     its outcome to the next caller, nor leave it none: the next job starts once the killed one is done."""
