@@ -96,12 +96,20 @@ class Official:
             errors.append(answer["error"])
             time.sleep(0.5)
 
-    def receive_all(self, consumer, want, invisible_s=10, timeout=15.0, ack=True):
-        """Receive until ``want`` messages came (acknowledging each with ``ack``) or ``timeout``; the messages."""
+    def receive_all(self, consumer, want, invisible_s=10, timeout=15.0, ack=True, reconnecting=False):
+        """Receive until ``want`` messages came (acknowledging each with ``ack``) or ``timeout``; the messages.
+        ``reconnecting``: a receive answered UNAVAILABLE is tried again (each client's channel reconnects on its
+        own backoff after its broker came back, as an application retries); any other error fails."""
         got = []
         deadline = time.monotonic() + timeout
         while len(got) < want and time.monotonic() < deadline:
-            batch = self.call("receive", consumer=consumer, max=16, invisible_s=invisible_s)["messages"]
+            answer = self.call("receive", expect_error=None if reconnecting else False, consumer=consumer, max=16,
+                               invisible_s=invisible_s)
+            if "error" in answer:
+                assert "UNAVAILABLE" in answer["error"], "receive: %s\n%s" % (answer["error"], self.log())
+                time.sleep(0.5)
+                continue
+            batch = answer["messages"]
             if ack and batch:
                 self.call("ack", consumer=consumer, ids=[m["message_id"] for m in batch])
             got += batch
@@ -369,7 +377,7 @@ def test_receive_and_ack_go_on_across_a_kill_9_and_a_restart_on_the_same_port(py
         b.start()
         _answer, errors = o.until_ok("send", producer="p", messages=[{"topic": "tq-o-kill", "body": "after"}])
         assert all("UNAVAILABLE" in e for e in errors), errors  # the channel reconnecting, nothing else
-        again = o.receive_all("c", 4, invisible_s=30, timeout=25)
+        again = o.receive_all("c", 4, invisible_s=30, timeout=25, reconnecting=True)
         assert sorted(m["body"] for m in again) == ["after", "k3", "k4", "k5"]
         assert {m["body"]: m["attempt"] for m in again if m["body"] != "after"} == {"k3": 2, "k4": 2, "k5": 2}
         assert o.call("receive", consumer="c", max=16, invisible_s=1)["messages"] == []
