@@ -44,7 +44,7 @@ from gevent.lock import Semaphore
 from metaq import errors, limits
 from metaq.mqtt import wire
 from metaq.mqtt.delivery import Delivery
-from metaq.mqtt.records import RecordRefusal, first_level
+from metaq.mqtt.records import RecordRefusal, first_level, stored_message
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -640,11 +640,14 @@ class Connection(core.Connection):
         self._burst = []
         self._burst_bytes = 0
         now = self._burst_now
-        stored, log_end, keys, exc = self.port.put_burst(burst, now)
+        runs = []
+        stored, log_end, keys, exc = self.port.put_burst(burst, now, runs)
         if stored:
             mode = self.port.burst_mode(keys, now)
             if mode == ACK_NOW:  # visible now (flush async): its subscribers waiting for it get it from here
-                self.port.deliver_now(keys)
+                client_id = self.mqtt.client_id
+                self.port.deliver_now(keys, burst, runs, lambda k: stored_message(
+                    burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties, False, now))
             ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
             if ids:
                 self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now))

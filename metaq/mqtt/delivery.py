@@ -32,7 +32,10 @@ fan-out reader that lets it go start one again.
 ``waiting`` under the partitions it waits on; a publisher's burst, once visible (``flush: async``), has the first
 ``limits.MQTT_DIRECT_DELIVERIES`` of them send what it brought at once (``deliver_now``: non-blocking writes only,
 the QoS 1 window respected), saving the subscriber's wake on the loop; what it cannot send is left to the
-greenlet, which the append woke as before.
+greenlet, which the append woke as before. The burst's messages are the publisher's (``records.stored_message``,
+the message its record gives back), neither read back from the log nor decoded, and are kept in ``Decoded`` for
+the readers of the log that come after; each is decided and encoded by what the greenlet uses (``_decision``,
+``_prepare``), so a subscriber gets it alike either way.
 """
 
 import logging
@@ -77,6 +80,11 @@ class Decoded:
             m = message_of(topic, flag, data)
             self._messages.put(key, m, len(m.payload))
         return m
+
+    def keep(self, key, m):
+        """Keep ``m`` as the message of record ``key``, made without decoding it (``records.stored_message``: the one
+        ``message`` would decode)."""
+        self._messages.put(key, m, len(m.payload))
 
     def packet(self, key, m, retain, version):
         """The QoS 0 PUBLISH of record ``key``'s message ``m`` in ``version``."""
@@ -215,6 +223,11 @@ def _one_name(topic_filter):
 
 #: ``Delivery._greenlet`` between a wake and the loop's start of its greenlet.
 _STARTING = object()
+#: ``Delivery._prepare``: not sent, as if delivered (expired, too large for the client).
+_DROPPED = object()
+#: ``Delivery._prepare``: not sent now (no room in flight without waiting, QoS 2 from a turn that may not wait, the
+#: connection closed while waiting).
+_HELD = object()
 
 
 class Delivery:
@@ -475,14 +488,17 @@ class Delivery:
                     unread[key] = seen.get(key, at)
         return unread
 
-    def deliver_now(self, key):
+    def deliver_now(self, key, staged=None):
         """Called by a publisher's turn (``MqttPort.deliver_now``) while this delivery's greenlet waits (in ``run``,
-        between passes): read partition ``key`` from its cursor and send what matches as ``_send`` would, but only
-        while that needs no wait: the connection takes each PUBLISH whole at once (``try_send``; a part taken is
-        finished by this delivery's greenlet, which the append woke, before anything else), a QoS 1 one has room in
-        flight. It stops, leaving the rest to the greenlet, at anything else: a QoS 2 message, Message Expiry,
-        Subscription Identifiers, a packet past the client's Maximum Packet Size; and does nothing on a TLS
-        connection or with retained messages or a resend to send first. Order is the cursor's, as the greenlet's."""
+        between passes): send what partition ``key`` holds past its cursor, each record as ``_deliver`` decides it
+        (``_decision``, ``_prepare``: filters, No Local, Retain As Published, Subscription Identifiers, Message Expiry,
+        the Maximum Packet Size, the window in flight), but only while that needs no wait: the connection takes each
+        PUBLISH whole at once (``try_send``; a part taken is finished by this delivery's greenlet, which the append
+        woke, before anything else), a QoS 1 one has room in flight. It stops, leaving the rest to the greenlet, at
+        anything else (a QoS 2 message: its greenlet's); and does nothing on a TLS connection or with retained
+        messages or a resend to send first. ``staged``: the publisher's burst in this partition, ``[(queue offset,
+        key in Decoded, MqttMessage)]``: from its first record on they are sent from it, nothing read from the log
+        (a cursor behind it reads the log as the greenlet would). Order is the cursor's, as the greenlet's."""
         conn, session = self.conn, self.session
         if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent:
             return
@@ -491,42 +507,42 @@ class Delivery:
         topic, partition = key
         if offset is None or not self.guard.allows(conn.session, SUB, "topic", topic):
             return
-        try:
-            records, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
-                                                     self.max_transfer)
-        except errors.MetaqError:
-            return  # the greenlet meets it and says why
-        most = min(self.settings.max_inflight, conn.client_receive_max)
-        v5 = conn.version == wire.MQTT_5
+        if staged and offset >= staged[0][0]:
+            records = staged[offset - staged[0][0]:]  # a partition's offsets in one burst follow one another
+        else:
+            try:
+                read, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
+                                                      self.max_transfer)
+            except errors.MetaqError:
+                return  # the greenlet meets it and says why
+            records = self._decoded(topic, read)
+        for queue_offset, dkey, m in records:
+            granted, ids, retain = self._decision(topic, m)
+            if granted is not None:
+                prepared = self._prepare(m, granted, retain, ids, dkey, False)
+                if prepared is _HELD:
+                    return
+                if prepared is not _DROPPED:
+                    data, qos, packet_id = prepared
+                    sent = conn.try_send(data)
+                    if not sent:
+                        return
+                    if qos:
+                        session.sent(packet_id, (qos, topic, partition, queue_offset))
+                    if sent < len(data):  # the connection writes the rest before anything else
+                        cursors[key] = queue_offset + 1
+                        session.dirty = True
+                        return
+            cursors[key] = queue_offset + 1
+            session.dirty = True
+
+    def _decoded(self, topic, records):
+        """``(queue offset, key in Decoded, MqttMessage)`` of each of ``records`` (of metaq topic ``topic``), each
+        decoded as it is reached."""
+        message = self.decoded.message
         for rec in records:
             dkey = (rec.position, rec.msg_id)
-            m = self.decoded.message(dkey, topic, rec.flag, rec.data)
-            granted, ids = session.matching(topic, m.topic, m.client_id)
-            if granted is not None:
-                qos = min(granted, m.qos)
-                if qos == 2 or ids or m.expires_ms is not None or (qos and len(session.inflight) >= most):
-                    return
-                retain = m.retain and session.retain_as_published(topic, m.topic)
-                packet_id = None
-                if qos:
-                    packet_id = session.next_packet_id()
-                    data = wire.encode(wire.Publish(m.topic, m.payload, 1, retain, False, packet_id,
-                                                    m.properties if v5 else {}), conn.version)
-                else:
-                    data = self._qos0(m, retain, ids, dkey)
-                if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
-                    return
-                sent = conn.try_send(data)
-                if not sent:
-                    return
-                if qos:
-                    session.sent(packet_id, (qos, topic, partition, rec.queue_offset))
-                if sent < len(data):  # the connection writes the rest before anything else
-                    cursors[key] = rec.queue_offset + 1
-                    session.dirty = True
-                    return
-            cursors[key] = rec.queue_offset + 1
-            session.dirty = True
+            yield rec.queue_offset, dkey, message(dkey, topic, rec.flag, rec.data)
 
     def _idle(self):
         """True when nothing but the fan-out readers has work for this delivery: no wildcard filter (it looks for new
@@ -572,12 +588,13 @@ class Delivery:
         topic = key[0]
         if not self.guard.allows(conn.session, SUB, "topic", topic):
             return False
-        qos, ids = session.matching(topic, m.topic, m.client_id)
-        if qos is not None:
-            if min(qos, m.qos):
+        granted, ids, retain = self._decision(topic, m)
+        if granted is not None:
+            if min(granted, m.qos):
                 return False
-            data = self._qos0(m, m.retain and session.retain_as_published(topic, m.topic), ids, dkey)
-            if data is not None and (conn.client_max_packet is None or len(data) <= conn.client_max_packet):
+            prepared = self._prepare(m, granted, retain, ids, dkey, False)
+            if prepared is not _DROPPED:
+                data = prepared[0]
                 sent = conn.try_send(data)
                 if not sent:
                     return False
@@ -589,22 +606,58 @@ class Delivery:
         session.dirty = True
         return True
 
-    def _qos0(self, m, retain, ids, key):
-        """The QoS 0 PUBLISH of message ``m`` for this connection (``key``: the record's in ``Decoded``, None for a
-        retained message), carrying ``ids`` and the expiry interval left; None when it expired."""
-        version = self.conn.version
-        if key is not None and not ids and m.expires_ms is None:
-            return self.decoded.packet(key, m, retain, version)
+    def _decision(self, topic, m):
+        """How message ``m`` of metaq topic ``topic`` goes to this session: ``(granted QoS, Subscription
+        Identifiers, RETAIN flag)`` of the subscriptions that match it (``MqttSession.matching``: filters, No Local;
+        Retain As Published), the granted QoS None when none does."""
+        session = self.session
+        granted, ids = session.matching(topic, m.topic, m.client_id)
+        if granted is None:
+            return None, ids, False
+        return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
+
+    def _prepare(self, m, granted, retain, ids, key, wait):
+        """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id)`` at min(its QoS, ``granted``),
+        RETAIN ``retain``, carrying the Subscription Identifiers ``ids`` (MQTT 5) and the Message Expiry Interval
+        left. ``_DROPPED`` (not sent, as if delivered) when it expired (MQTT 5.0 §3.3.2.3.3) or is past the client's
+        Maximum Packet Size ([MQTT-3.1.2-25]). A QoS 1 or 2 one takes a packet id once the window in flight
+        (min(``mqtt.max_inflight``, the client's Receive Maximum)) has room: ``wait`` waits for it (``_HELD`` when
+        the connection closes meanwhile); without ``wait`` it is ``_HELD`` at once, and so is QoS 2 (a persistent
+        session writes it to the sessions' log first: the greenlet's). ``key``: the record's in ``Decoded`` (None for
+        a retained message): its QoS 0 PUBLISH without identifiers or expiry is encoded once for every subscriber."""
+        conn = self.conn
+        version = conn.version
+        qos = min(granted, m.qos)
+        if key is not None and not ids and m.expires_ms is None and not qos:
+            data = self.decoded.packet(key, m, retain, version)
+            if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
+                return _DROPPED
+            return data, 0, None
         props = m.properties
         if m.expires_ms is not None:
             left_ms = m.expires_ms - now_ms()
             if left_ms <= 0:
-                return None  # expired: not delivered (MQTT 5.0 §3.3.2.3.3)
+                return _DROPPED
             props = dict(props, message_expiry_interval=(left_ms + 999) // 1000)
         if ids:
             props = dict(props, subscription_identifier=tuple(ids))
-        return wire.encode(wire.Publish(m.topic, m.payload, 0, retain, False, None,
+        packet_id = None
+        if qos:
+            session = self.session
+            most = min(self.settings.max_inflight, conn.client_receive_max)
+            if not wait and (qos == 2 or len(session.inflight) >= most):
+                return _HELD
+            while len(session.inflight) >= most:
+                conn.room.clear()
+                if conn.closed:
+                    return _HELD
+                conn.room.wait(1.0)
+            packet_id = session.next_packet_id()
+        data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id,
                                         props if version == wire.MQTT_5 else {}), version)
+        if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
+            return _DROPPED
+        return data, qos, packet_id
 
     def _behind(self):
         """True when a partition this session reads (not a fan-out reader's) has messages past its cursor: asked,
@@ -728,54 +781,28 @@ class Delivery:
         return bool(records)
 
     def _deliver(self, topic, partition, rec):
-        """Send one record when a subscription matches it; False when the connection closed meanwhile. A QoS 2
-        delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
-        restart needs its packet id kept)."""
+        """Send one record when a subscription matches it; False when the connection closed meanwhile."""
         key = (rec.position, rec.msg_id)
         m = self.decoded.message(key, topic, rec.flag, rec.data)
-        qos, ids = self.session.matching(topic, m.topic, m.client_id)
-        if qos is None:
+        granted, ids, retain = self._decision(topic, m)
+        if granted is None:
             return True
-        retain = m.retain and self.session.retain_as_published(topic, m.topic)
-        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, qos, retain, m, ids, key)
+        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, retain, m, ids, key)
 
     def _send(self, topic, where, flag, data, granted, retain, m=None, ids=(), key=None):
-        """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) at
-        min(its QoS, ``granted``), carrying the Subscription Identifiers ``ids`` (MQTT 5); an expired one (MQTT 5
-        Message Expiry) is not sent, another is sent with the interval left. ``key``: the record's in ``Decoded``,
-        whose QoS 0 PUBLISH is then encoded once for every subscriber. False when the connection closed
-        meanwhile."""
+        """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) as
+        ``_prepare`` makes it (``key``: the record's in ``Decoded``), waiting for room in flight. A QoS 2 delivery of
+        a persistent session is written to the sessions' log before it is sent (exactly once across a restart needs
+        its packet id kept). False when the connection closed meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
             m = message_of(topic, flag, data)
-        if key is not None and not ids and m.expires_ms is None and (not granted or not m.qos):
-            data = self._qos0(m, retain, ids, key)
-            if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
-                return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
-            return conn.send_bytes(data)
-        props = m.properties
-        if m.expires_ms is not None:
-            left_ms = m.expires_ms - now_ms()
-            if left_ms <= 0:
-                return True  # expired: not delivered (MQTT 5.0 §3.3.2.3.3)
-            props = dict(props, message_expiry_interval=(left_ms + 999) // 1000)
-        if ids:
-            props = dict(props, subscription_identifier=tuple(ids))
-        qos = min(granted, m.qos)
-        packet_id = None
-        if qos:
-            most = min(self.settings.max_inflight, conn.client_receive_max)
-            while len(session.inflight) >= most:
-                conn.room.clear()
-                if conn.closed:
-                    return False
-                conn.room.wait(1.0)
-            packet_id = session.next_packet_id()
-        v5 = conn.version == wire.MQTT_5
-        data = wire.encode(wire.Publish(m.topic, m.payload, qos, retain, False, packet_id, props if v5 else {}),
-                           conn.version)
-        if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
-            return True  # past the client's Maximum Packet Size: dropped as delivered ([MQTT-3.1.2-25])
+        prepared = self._prepare(m, granted, retain, ids, key, True)
+        if prepared is _DROPPED:
+            return True
+        if prepared is _HELD:
+            return False
+        data, qos, packet_id = prepared
         if qos:
             session.sent(packet_id, (qos, topic) + where if where is not None else None)
             if qos == 2 and session.persistent:

@@ -53,6 +53,7 @@ from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, ACK_NOW
 from metaq.store.record import FIXED_OVERHEAD
+from metaq.store.results import BurstRun
 from metaq.store.journals import JournalFollow, MovingFloor
 
 log = logging.getLogger(__name__)
@@ -372,14 +373,16 @@ class MqttPort:
         flag, data = record_data(name, payload, qos, client_id, properties, False, now)
         return topic, crc % partitions, flag, data
 
-    def put_burst(self, staged, now):
+    def put_burst(self, staged, now, runs=None):
         """Append ``staged`` (``stage``'s results in the order their PUBLISHes came, each perhaps with fields of the
         caller's after its four; the write decision asked for each since the caller last yielded) as one burst: the
         store's burst path (``MessageStore.put_burst``: the records ``put`` writes, the positions advanced once per
         run of a partition), the stats counted per run; where it stops (a partition's first put, the next index file,
         a segment roll, a record too large) one goes through ``PutPath.append`` and the burst resumes. Returns
         ``(stored, log end, {(topic, partition)}, error)``: the first ``stored`` are in the log; ``error`` (None: all
-        stored) is the MetaqError of ``staged[stored]``, which and those after it are not stored."""
+        stored) is the MetaqError of ``staged[stored]``, which and those after it are not stored. ``runs`` (a list,
+        or None): given a ``BurstRun`` per run stored, in order (one of a record the general path stored), where
+        ``deliver_now`` finds each record's place in the log."""
         path, store = self.put_path, self.store
         stats = path.stats
         names, frames, datas = {}, [], []
@@ -405,10 +408,14 @@ class MqttPort:
             while i <= stop < n or i < stop:
                 if i < stop:
                     taken, written = store.put_burst(frames[i:stop] if i or stop < n else frames, src, now)
-                    for key, count, nbytes, _first_id, _first_offset, _first, end in written:
+                    for run in written:
+                        key, count, nbytes, end = run[0], run[1], run[2], run[6]
                         stats.on_puts(key[0], count, nbytes)
                         keys.add(key)
                         log_end = max(log_end, end)
+                    if runs is not None:  # their frame indexes made the burst's
+                        runs.extend(w._replace(first_frame=w.first_frame + i) for w in written) if i else \
+                            runs.extend(written)
                     i += taken
                     if i == stop == n:
                         break
@@ -423,6 +430,8 @@ class MqttPort:
                     return i, log_end, keys, exc
                 keys.add((topic, partition))
                 log_end = max(log_end, r.log_end)
+                if runs is not None:
+                    runs.append(BurstRun((topic, partition), 1, len(data), r.msg_id, r.offset, i, r.log_end))
                 i += 1
         self._register(names)
         return n, log_end, keys, None
@@ -452,24 +461,53 @@ class MqttPort:
             path.flusher.wake()
         return ACK_NOW
 
-    def deliver_now(self, keys):
-        """A burst just appended to partitions ``keys`` and made visible: the deliveries waiting caught up on them send
-        what it brought from the publisher's turn (``Delivery.deliver_now``), at most
-        ``limits.MQTT_DIRECT_DELIVERIES`` of them; the others, and whatever one cannot send without waiting, are
-        sent by their own greenlets, woken by the append as before. Saves the subscriber's wake on the loop."""
+    def deliver_now(self, keys, staged, runs, message):
+        """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``put_burst``'s;
+        ``message(k)``: the ``MqttMessage`` of ``staged[k]``, ``records.stored_message``): the deliveries waiting
+        caught up on them send what it brought from the publisher's turn (``Delivery.deliver_now``), at most
+        ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
+        the log nor decoded; those messages are kept in ``decoded`` under their records' keys, for the deliveries and
+        fan-out readers that read them from the log later. The others, and whatever one cannot send without waiting,
+        are sent by their own greenlets, woken by the append as before. Saves the subscriber's wake on the loop and
+        the record's read and decode."""
         waiting = self.waiting
         if not waiting:
             return
         left = limits.MQTT_DIRECT_DELIVERIES
+        found = None
         for key in keys:
             ds = waiting.get(key)
             if not ds:
                 continue
+            if found is None:
+                found = self._staged(staged, runs, message, waiting)
             for d in list(ds):
                 if left <= 0:
                     return
                 left -= 1
-                d.deliver_now(key)
+                d.deliver_now(key, found.get(key))
+
+    def _staged(self, staged, runs, message, waiting):
+        """``{(topic, partition): [(queue offset, (log position, msg id), MqttMessage), ...]}`` of a burst's records
+        in the partitions some delivery waits on, in their order, each message kept in ``decoded``: a run's records
+        lie one after the other in the log, ending at its ``log_end``."""
+        out = {}
+        keep = self.decoded.keep
+        for key, count, nbytes, first_id, first_offset, first, end in runs:
+            if key not in waiting:
+                continue
+            overhead = FIXED_OVERHEAD + len(key[0])  # metaq topic names are ASCII
+            position = end - nbytes - count * overhead
+            records = out.get(key)
+            if records is None:
+                records = out[key] = []
+            for k in range(count):
+                m = message(first + k)
+                dkey = (position, first_id + k)
+                keep(dkey, m)
+                records.append((first_offset + k, dkey, m))
+                position += overhead + len(staged[first + k][3])
+        return out
 
     def burst_durable(self, keys, log_end, now):
         """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end`` may be acknowledged, as

@@ -42,7 +42,7 @@ from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, s
 
 __all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
            "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for",
-           "placement", "record_data", "MqttMessage", "message_of"]
+           "placement", "record_data", "stored_message", "MqttMessage", "message_of"]
 
 TOPIC = "MQTT_TOPIC"
 QOS = "MQTT_QOS"
@@ -109,9 +109,9 @@ def _text(value, what):
 
 def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=0):
     """``(flag, data)`` of the record of an MQTT PUBLISH (or will) of topic ``name`` with MQTT 5 ``properties``
-    (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept); a Message Expiry Interval is
-    kept as the time it expires, counted from ``now_ms``. The attribute holds properties and no tags, so the record's
-    index unit has tag hash 0 (what the publish burst writes, ``MqttPort.put_burst``)."""
+    (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept: ``_kept``); a Message Expiry
+    Interval is kept as the time it expires, counted from ``now_ms``. The attribute holds properties and no tags, so
+    the record's index unit has tag hash 0 (what the publish burst writes, ``MqttPort.put_burst``)."""
     if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
         return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
     props = {TOPIC: name, QOS: str(qos)}
@@ -121,17 +121,43 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
         props[EXPIRES_AT] = str(now_ms + properties["message_expiry_interval"] * 1000)
     if client_id:
         props[CLIENT] = _text(client_id, "client identifier")
-    if "content_type" in properties and properties["content_type"]:
-        props[CONTENT_TYPE] = _text(properties["content_type"], "content type")
-    if "response_topic" in properties:
-        props[RESPONSE_TOPIC] = _text(properties["response_topic"], "response topic")
-    if "correlation_data" in properties:
-        props[CORRELATION] = base64.b64encode(properties["correlation_data"]).decode("ascii")
-    if properties.get("payload_format_indicator"):
+    kept = _kept(properties)
+    if "content_type" in kept:
+        props[CONTENT_TYPE] = _text(kept["content_type"], "content type")
+    if "response_topic" in kept:
+        props[RESPONSE_TOPIC] = _text(kept["response_topic"], "response topic")
+    if "correlation_data" in kept:
+        props[CORRELATION] = base64.b64encode(kept["correlation_data"]).decode("ascii")
+    if "payload_format_indicator" in kept:
         props[PAYLOAD_FORMAT] = "1"
-    if properties.get("user_property"):
-        props[USER_PROPERTIES] = json.dumps([list(p) for p in properties["user_property"]], ensure_ascii=False)
+    if "user_property" in kept:
+        props[USER_PROPERTIES] = json.dumps([list(p) for p in kept["user_property"]], ensure_ascii=False)
     return encode_payload(payload, encode_attribute(None, props))
+
+
+def _kept(properties):
+    """The MQTT 5 properties of a PUBLISH its record keeps, as ``message_of`` gives them back: an empty Content Type,
+    a Payload Format Indicator 0 and no User Property are not kept (a subscriber sees them absent)."""
+    out = {}
+    if properties.get("content_type"):
+        out["content_type"] = properties["content_type"]
+    if "response_topic" in properties:
+        out["response_topic"] = properties["response_topic"]
+    if "correlation_data" in properties:
+        out["correlation_data"] = bytes(properties["correlation_data"])
+    if properties.get("payload_format_indicator"):
+        out["payload_format_indicator"] = 1
+    if properties.get("user_property"):
+        out["user_property"] = tuple((str(n), str(v)) for n, v in properties["user_property"])
+    return out
+
+
+def stored_message(name, payload, qos, client_id, properties, retain=False, now_ms=0):
+    """The ``MqttMessage`` that ``message_of`` gives for the record ``record_data`` makes of the same PUBLISH, made
+    without it: a publisher's turn that has the PUBLISH sends it to subscribers without reading its record back."""
+    expiry = properties.get("message_expiry_interval") if properties else None
+    return MqttMessage(name, qos, client_id or None, payload, _kept(properties) if properties else {}, retain,
+                       None if expiry is None else now_ms + expiry * 1000)
 
 
 @functools.lru_cache(maxsize=MQTT_ATTRIBUTE_CACHE)

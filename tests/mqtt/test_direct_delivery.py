@@ -1,7 +1,9 @@
 """QoS 1 subscribers waiting caught up get a publisher's message from the publisher's own turn (docs/mqtt.md
 "Subscribing"; ``MqttPort.deliver_now``, at most ``limits.MQTT_DIRECT_DELIVERIES`` of them per burst): each gets
 every message once, in order, within its window in flight; the ones past the bound, and a subscriber that does not
-read, get theirs from their own delivery, and the one that does not read holds the publisher up in nothing."""
+read, get theirs from their own delivery, and the one that does not read holds the publisher up in nothing. A message
+sent from the publisher's turn is the one the log gives back: its MQTT 5 properties, Subscription Identifiers,
+RETAIN flag, expiry and size decided as for one read from the log."""
 
 import socket
 import time
@@ -109,3 +111,84 @@ def test_a_subscriber_that_does_not_read_holds_the_publisher_up_in_nothing(broke
     assert receive(reader, 20) == want[20:]
     assert time.monotonic() - started < 20
     stuck.close()
+
+
+# Published in one write (one burst), then a retained one: MQTT 5 properties of every kind kept in a record, a
+# Message Expiry Interval, a Topic Alias (delivery-only: not passed on), QoS 0 and 1, and one past a small Maximum
+# Packet Size.
+PROPERTIES = {"content_type": "text/plain", "response_topic": "direct/reply", "correlation_data": b"\x00\x01c",
+              "payload_format_indicator": 1, "user_property": (("k", "v"), ("k", "w"), ("é", "ÿ"))}
+BIG = b"B" * 600  # past SMALL_PACKET: dropped as delivered for the subscriber that set it
+
+
+def _burst():
+    return [wire.Publish("direct/t", b"plain", 1, False, False, 1, {}),
+            wire.Publish("direct/t", b"props", 0, False, False, None, dict(PROPERTIES)),
+            wire.Publish("direct/t", b"expiry", 1, False, False, 2, {"message_expiry_interval": 60}),
+            wire.Publish("direct/t", b"alias", 1, False, False, 3, {"topic_alias": 1}),
+            wire.Publish("", b"aliased", 0, False, False, None, {"topic_alias": 1}),
+            wire.Publish("direct/t", BIG, 1, False, False, 4, {}),
+            wire.Publish("direct/t", b"last", 1, False, False, 5, {"user_property": (("n", "1"),)})]
+
+
+SMALL_PACKET = 300
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_subscriber_served_from_the_publishers_turn_gets_each_message_as_one_served_from_the_log(
+        broker_factory, tmp_path, flush):
+    """async: the waiting subscribers get the burst from the publisher's turn, from the PUBLISHes it has; sync: from
+    the log, by their own deliveries. What each reads is the same: the MQTT 5 properties kept, the Subscription
+    Identifiers of its matching subscriptions, RETAIN as its Retain As Published says, the expiry left, nothing past
+    its Maximum Packet Size, nothing of its own with No Local."""
+    b = broker_factory(config(tmp_path, flush))
+    v5 = Raw(b, wire.MQTT_5, timeout=30)
+    assert v5.connect("v5", properties={"maximum_packet_size": SMALL_PACKET}).reason_code == 0
+    v5.send(wire.Subscribe(1, (wire.Subscription("direct/t", 1, retain_as_published=True),),
+                           {"subscription_identifier": 7}))
+    assert isinstance(v5.read(), wire.Suback)
+    v5.send(wire.Subscribe(2, (wire.Subscription("direct/#", 0),), {"subscription_identifier": 9}))
+    assert isinstance(v5.read(), wire.Suback)
+    v311 = Raw(b, wire.MQTT_311, timeout=30)
+    assert v311.connect("v311").reason_code == 0
+    v311.send(wire.Subscribe(1, (wire.Subscription("direct/t", 1),)))
+    assert isinstance(v311.read(), wire.Suback)
+    pub = Raw(b, wire.MQTT_5, timeout=30)  # subscribed itself, No Local: gets none of its own
+    assert pub.connect("pub").reason_code == 0
+    pub.send(wire.Subscribe(9, (wire.Subscription("direct/t", 1, no_local=True),)))
+    assert isinstance(pub.read(), wire.Suback)
+    time.sleep(0.5)  # every delivery caught up, waiting
+    pub.send_bytes(b"".join(wire.encode(p, wire.MQTT_5) for p in _burst()))
+    pub.send(wire.Publish("direct/t", b"kept", 1, True, False, 6, {}))  # retained: stored alone, from the log
+    acks = [pub.read() for _ in range(6)]
+    assert [(a.packet_id, a.reason_code) for a in acks] == [(i, 0) for i in range(1, 7)]
+
+    got = [_next_publish(v5) for _ in range(7)]
+    assert [(p.payload, p.qos, p.retain) for p in got] == [
+        (b"plain", 1, False), (b"props", 0, False), (b"expiry", 1, False), (b"alias", 1, False),
+        (b"aliased", 0, False), (b"last", 1, False), (b"kept", 1, True)]  # BIG: past its Maximum Packet Size
+    for p in got:
+        assert p.topic == "direct/t" and not p.dup
+        assert sorted(p.properties.pop("subscription_identifier")) == [7, 9]
+        if p.qos:
+            v5.send(wire.PubAck(p.packet_id))
+    assert got[1].properties == PROPERTIES
+    assert 59 <= got[2].properties.pop("message_expiry_interval") <= 60
+    assert got[5].properties == {"user_property": (("n", "1"),)}
+    assert all(p.properties == {} for p in (got[0], got[2], got[3], got[4], got[6]))
+
+    old = [_next_publish(v311) for _ in range(8)]
+    assert [(p.payload, p.qos, p.retain, p.properties) for p in old] == [
+        (b"plain", 1, False, {}), (b"props", 0, False, {}), (b"expiry", 1, False, {}), (b"alias", 1, False, {}),
+        (b"aliased", 0, False, {}), (BIG, 1, False, {}), (b"last", 1, False, {}), (b"kept", 1, False, {})]
+
+    pub.send(wire.PingReq())
+    assert isinstance(pub.read(), wire.PingResp)  # nothing of its own came before the answer
+
+
+def _next_publish(s):
+    while True:
+        p = s.read()
+        assert p is not None, "closed"
+        if isinstance(p, wire.Publish):
+            return p

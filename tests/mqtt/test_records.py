@@ -5,7 +5,8 @@ import zlib
 import pytest
 
 from metaq.client.message import Message
-from metaq.mqtt.records import PLAIN_QOS, RecordRefusal, first_level, message_of, partition_for, record_data
+from metaq.mqtt.records import (PLAIN_QOS, RecordRefusal, first_level, message_of, partition_for, record_data,
+                                stored_message)
 from metaq.protocol.message import Record, encode_payload
 from metaq.protocol.rocketmq.mapping import record_data_from_send
 
@@ -36,6 +37,22 @@ def test_a_record_keeps_the_name_qos_and_mqtt5_properties_and_gives_them_back():
     msg = Message.from_record("sensors", 0, 0, Record(1, flag, data, 0))
     assert msg.body == b"{}" and msg.properties["MQTT_TOPIC"] == "sensors/room1"
     assert msg.properties["MQTT_QOS"] == "2" and msg.properties["MQTT_CONTENT_TYPE"] == "application/json"
+
+
+@pytest.mark.parametrize("properties", [
+    {}, {"content_type": "", "payload_format_indicator": 0, "user_property": ()},
+    {"content_type": "a/b", "response_topic": "r/t", "correlation_data": b"\x00c", "payload_format_indicator": 1,
+     "user_property": (("k", "v"), ("k", "w"), ("\u00e9", "")), "message_expiry_interval": 30, "topic_alias": 3},
+    {"message_expiry_interval": 0}], ids=["none", "empty", "all", "expiry"])
+def test_the_message_a_publisher_has_is_the_one_its_record_gives_back(properties):
+    """What a subscriber served from the publisher's turn gets (``stored_message``) is what one served from the log
+    gets: the properties a record keeps, no others."""
+    for client_id in ("", "c1"):
+        for qos in (0, 1, 2):
+            for retain in (False, True):
+                flag, data = record_data("t/x", b"body", qos, client_id, properties, retain, 5000)
+                assert stored_message("t/x", b"body", qos, client_id, properties, retain, 5000) == \
+                    message_of("t", flag, data)
 
 
 def test_a_field_holding_a_record_separator_is_refused():
