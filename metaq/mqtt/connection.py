@@ -209,9 +209,10 @@ class Connection(core.Connection):
         return self.send_bytes(b"")
 
     def _queue_ack(self, packet, wait=None, counted=False):
-        """Send ``packet`` after every acknowledgement queued before it, once ``wait`` (``(topic, PutResult, now)``
-        of a put not yet acknowledgeable) may be acknowledged; ``counted``: it ends one of the client's unacknowledged
-        PUBLISHes."""
+        """Send ``packet`` after every acknowledgement queued before it, once ``wait`` (``(topic, PutResult, now,
+        cuts)`` of a put not yet acknowledgeable, ``cuts`` the log's ``log_cuts`` read right after its write: the
+        wait begins later, in the writer's greenlet) may be acknowledged; ``counted``: it ends one of the client's
+        unacknowledged PUBLISHes."""
         self._acks_pending += 1
         if self._acks is None:
             self._acks = deque()
@@ -241,9 +242,9 @@ class Connection(core.Connection):
             return
         try:
             if wait is not None:
-                topic, r, now = wait
+                topic, r, now, cuts = wait
                 try:
-                    path.durable(topic, r.partition, r.log_end, now)
+                    path.durable(topic, r.partition, r.log_end, now, cuts)
                 except errors.MetaqError as exc:
                     packet = self._not_durable(packet, exc)
             if packet is not None:
@@ -642,6 +643,7 @@ class Connection(core.Connection):
         now = self._burst_now
         runs = []
         stored, log_end, keys, exc = self.port.put_burst(burst, now, runs)
+        cuts = self.port.store.log_cuts  # nothing yielded since the writes: their wait begins later
         if stored:
             mode = self.port.burst_mode(keys, now)
             if mode == ACK_NOW:  # visible now (flush async): its subscribers waiting for it get it from here
@@ -650,7 +652,7 @@ class Connection(core.Connection):
                     burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties, False, now))
             ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
             if ids:
-                self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now))
+                self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now, cuts))
         if exc is None:
             return True
         self._decided.clear()
@@ -681,6 +683,7 @@ class Connection(core.Connection):
         except (RecordRefusal, errors.MetaqError) as exc:
             self._decided.clear()
             return self._publish_refused(p, name, exc)
+        cuts = self.port.store.log_cuts  # nothing yielded since the write (a session's save below may)
         if p.qos == 0:
             self.port.made_visible(topic, r, now)
             return True
@@ -693,7 +696,7 @@ class Connection(core.Connection):
                 if end is not None:
                     r = r._replace(log_end=max(r.log_end, end))
         ack = wire.PubAck(p.packet_id) if p.qos == 1 else wire.PubRec(p.packet_id)
-        self._queue_ack(ack, None if mode == ACK_NOW else (topic, r, now), counted=p.qos == 1)
+        self._queue_ack(ack, None if mode == ACK_NOW else (topic, r, now, cuts), counted=p.qos == 1)
         return True
 
     def _wait_for_acks(self):

@@ -509,12 +509,12 @@ class MqttPort:
                 position += overhead + len(staged[first + k][3])
         return out
 
-    def burst_durable(self, keys, log_end, now):
+    def burst_durable(self, keys, log_end, now, cuts=None):
         """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end`` may be acknowledged, as
-        ``PutPath.durable`` for one put; raises its MetaqError."""
+        ``PutPath.durable`` for one put (``cuts``: its ``since``); raises its MetaqError."""
         path = self.put_path
         keys = sorted(keys)
-        path.durable(keys[0][0], keys[0][1], log_end, now)
+        path.durable(keys[0][0], keys[0][1], log_end, now, cuts)
         if not path.sync_flush:
             for topic, partition in keys[1:]:  # durable made the first partition's visible
                 path.made_visible(topic, partition, now)

@@ -231,7 +231,13 @@ class Flusher:
     def wake(self):
         self._wake.set()
 
-    def wait_flushed(self, pos, timeout=FLUSH_WAIT_TIMEOUT_S):
+    @property
+    def log_cuts(self):
+        """The store's truncations so far: read it right after a write whose flush is awaited later (another greenlet,
+        a queued burst) and hand it to ``wait_flushed`` as ``since``."""
+        return self._store.log_cuts
+
+    def wait_flushed(self, pos, timeout=FLUSH_WAIT_TIMEOUT_S, since=None):
         """Block this greenlet until the log is durable up to ``pos``.
 
         When no round is running, this greenlet runs the next one itself (it
@@ -242,27 +248,33 @@ class Flusher:
         checked each time the waiter wakes: at each round's end, and at least
         every ``DEADLINE_CHECK_S`` (the wait itself has no timer of its own).
 
-        A round is led only when something written is unflushed: a ``pos`` past the written end (what it waited
-        for was cut, or is not written yet) waits for rounds instead of leading empty ones back to back, which
-        would hold the loop. Unavailable when the log was cut back before ``pos`` meanwhile (a deposed master's
-        tail): that write is gone even if the log grows past ``pos`` again.
+        A round is led only when something written is unflushed (never empty ones back to back, which would hold
+        the loop). Unavailable when the log was cut back before ``pos`` since ``since`` (``log_cuts`` read right
+        after the write; default: read now, which is right only when nothing yielded since the write): that write
+        is gone even if the log grows past ``pos`` again. Unavailable at once as well for a ``pos`` past the
+        written end: every caller waits for what it wrote, so only a cut can have put it there (a stale end, or a
+        wait that began after the cut), and waiting would end only when other records reach it.
         """
         deadline = time.monotonic() + timeout
         store = self._store
-        cuts = store.log_cuts
+        cuts = store.log_cuts if since is None else since
         while True:
             if store.log_cuts != cuts and store.cut_below(cuts, pos):
                 raise Unavailable("the log was cut back before position %d while its flush was awaited (this broker "
                                   "was deposed): what was written there is gone" % pos)
             if store.flushed_position >= pos:
                 return
+            if pos > store.written_position:
+                raise Unavailable("the log ends at %d, before position %d whose flush was awaited: it was cut back "
+                                  "(this broker was deposed): what was written there is gone"
+                                  % (store.written_position, pos))
             if self.failure is not None:
                 raise BrokerError("flush failed, the message may not be durable: %s" % self.failure)
             if time.monotonic() >= deadline:
                 if self.transient is not None:
                     raise Unavailable("flush could not run within %.0f s: %s" % (timeout, self.transient))
                 raise BrokerError("flush did not complete within %.0f s" % timeout)
-            if not self._in_round and self._running and store.written_position > store.flushed_position:
+            if not self._in_round and self._running:
                 self._round()
                 continue
             self._waiting += 1

@@ -286,22 +286,31 @@ class PutPath:
         if self.store.should_flush(now):
             self.flusher.wake()
 
-    def durable(self, topic, partition, log_end, now):
-        """Block (a greenlet of its own) until the put ending at ``log_end`` may be acknowledged."""
+    def durable(self, topic, partition, log_end, now, since=None):
+        """Block (a greenlet of its own) until the put ending at ``log_end`` may be acknowledged. ``since``: the
+        store's ``log_cuts`` read right after the write, by a caller that yielded since (None: read now)."""
+        if since is None:
+            since = self.store.log_cuts
         if self.sync_replication:
             self.replication.notify()
         if self.sync_flush:
-            self.flusher.wait_flushed(log_end)
+            self.flusher.wait_flushed(log_end, since=since)
         else:
             self.made_visible(topic, partition, now)
-        self.confirm(log_end)
+        self.confirm(log_end, since)
 
-    def confirm(self, log_end):
+    def confirm(self, log_end, since=None):
         """What is written up to ``log_end`` (and flushed, per the flush mode) may be acknowledged: wait for the
         slaves in sync replication, then check this broker still may acknowledge (ha: auto: its lease may have
-        run out meanwhile). Unavailable otherwise: written, not acknowledged."""
+        run out meanwhile) and, given ``since`` (``durable``'s), that the log was not cut back before ``log_end``
+        since the write (a deposed master's tail: its slaves' or its own later records may reach that position
+        again once it leads again). Unavailable otherwise: written, not acknowledged."""
         if self.sync_replication:
             self.replication.wait_replicated(log_end)
         refusal = self.roles.slave_refusal
         if refusal is not None:
             raise errors.Unavailable("the message was written but is not acknowledged: %s" % refusal)
+        store = self.store
+        if since is not None and store.log_cuts != since and store.cut_below(since, log_end):
+            raise errors.Unavailable("the message was written but is not acknowledged: the log was cut back before "
+                                     "position %d since (this broker was deposed): it is gone" % log_end)

@@ -244,37 +244,54 @@ def test_a_waiter_left_after_stop_gives_up_at_its_deadline(tmp_path):
         store.close(NOW)
 
 
-def test_a_wait_for_a_position_past_the_written_end_lets_the_loop_run_and_ends_once_it_is_flushed(tmp_path):
-    """A journal's end left past a cut log waits for a position nothing has written: the waiter must not lead
-    empty rounds back to back (that held a promoted broker's loop for good: no request answered, its ZooKeeper
-    session lost). Other greenlets run meanwhile; the wait ends once a write reaches the position and is flushed."""
+def test_a_wait_for_a_position_past_the_written_end_is_refused_at_once_and_never_holds_the_loop(tmp_path):
+    """A journal's end left past a cut log waits for a position nothing has written: only a cut puts a waited-for
+    position there, so the wait is refused at once (it led empty rounds back to back before: a promoted broker's
+    loop held for good, no request answered, its ZooKeeper session lost; then it waited out its 30 s, or until
+    other records reached the position). A wait up to the written end is answered as before."""
+    from metaq.errors import Unavailable
     from tests.harness.store import NOW
 
     store, flusher, failures = _store_and_flusher(tmp_path)
-    ticks = []
-
-    def ticker():
-        while True:
-            ticks.append(time.monotonic())
-            gevent.sleep(0.005)
-
-    t = gevent.spawn(ticker)
     try:
         store.put("test", 0, 0, b"first", NOW)
         flusher.wait_flushed(store.written_position)
-        target = store.written_position + 200
-        waiter = gevent.spawn(flusher.wait_flushed, target, 10)
-        gevent.sleep(0.3)
-        assert not waiter.dead and len(ticks) >= 20, len(ticks)  # the loop went on (a spinning waiter: none)
-        rounds = flusher.rounds
-        while store.written_position < target:
-            store.put("test", 0, 0, b"x" * 50, NOW)
-        flusher.wake()
-        waiter.join(timeout=5)
-        assert waiter.successful() and store.flushed_position >= target
-        assert flusher.rounds - rounds <= 3 and failures == []
+        rounds, end = flusher.rounds, store.written_position
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="the log ends at %d, before position %d" % (end, end + 1)):
+            flusher.wait_flushed(end + 1, 10)
+        assert time.monotonic() - started < 1.0 and flusher.rounds == rounds  # no round led, no deadline waited out
+        store.put("test", 0, 0, b"second", NOW)
+        flusher.wait_flushed(store.written_position)  # at the end: answered once flushed
+        assert store.flushed_position == store.written_position and failures == []
     finally:
-        t.kill()
+        flusher.stop()
+        store.close(NOW)
+
+
+def test_a_wait_that_begins_after_its_write_was_cut_is_refused_given_the_cuts_read_at_the_write(tmp_path):
+    """A wait begun later than its write (a text connection's queued burst, an MQTT acknowledgement writer, a spawned
+    sync-replication wait) reads the log's truncations too late: a cut between the write and the wait, then the log
+    grown past the position again, would let it be answered as durable. Given ``since`` (``log_cuts`` read right
+    after the write) it is refused; a write below the cut is answered with the same ``since``."""
+    from metaq.errors import Unavailable
+    from tests.harness.store import NOW
+
+    store, flusher, failures = _store_and_flusher(tmp_path)
+    try:
+        store.put("test", 0, 0, b"kept", NOW)
+        kept, kept_cuts = store.written_position, flusher.log_cuts
+        store.put("test", 0, 0, b"deposed master's", NOW)
+        gone, gone_cuts = store.written_position, flusher.log_cuts
+        store.truncate_log(kept, NOW)
+        while store.written_position <= gone:
+            store.put("test", 0, 0, b"new master's", NOW)
+        with pytest.raises(Unavailable, match="cut back before position %d" % gone):
+            flusher.wait_flushed(gone, 10, since=gone_cuts)
+        flusher.wait_flushed(kept, 10, since=kept_cuts)
+        flusher.wait_flushed(gone, 10)  # without it the wait cannot tell (what the callers above must not do)
+        assert failures == []
+    finally:
         flusher.stop()
         store.close(NOW)
 

@@ -247,3 +247,27 @@ def test_stats_transactions_lists_a_decision_by_hand(parts):
                     % (x.key.encode(), info.prepared_ms))  # prepared_ms: when it was decided
     (row,) = codec.parse_transactions(body)
     assert (row.key, row.state, row.begun_ms) == (x.key, "heuristic-commit", None)
+
+
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_a_put_acknowledged_later_than_its_write_is_refused_when_the_log_was_cut_below_it_meanwhile(tmp_path, flush):
+    """A put's acknowledgement may wait in another greenlet than its write (a queued burst, a sync-replication wait,
+    an MQTT acknowledgement writer): given the log's truncations read at the write (``since``), a cut before its end
+    in between refuses it (503, written, not acknowledged) even when the log grew past its position again; a put
+    below the cut is acknowledged. With either flush mode (``async``: the check after the replication wait)."""
+    from metaq.errors import Unavailable
+
+    p = Parts(config(tmp_path / "data", flush=flush))
+    try:
+        now = now_ms()
+        kept = p.path.append("orders", 0, 0, b"kept", now)
+        gone = p.path.append("orders", 0, 0, b"the deposed master's", now)
+        cuts = p.store.log_cuts
+        p.store.truncate_log(kept.log_end, now)
+        while p.store.written_position <= gone.log_end:
+            p.store.put("orders", 0, 0, b"the new master's", now)
+        with pytest.raises(Unavailable, match="cut back before position %d" % gone.log_end):
+            p.path.durable("orders", gone.partition, gone.log_end, now, cuts)
+        p.path.durable("orders", kept.partition, kept.log_end, now, cuts)
+    finally:
+        p.close()

@@ -306,8 +306,9 @@ class Connection(core.Connection):
         except OSError:
             pass
 
-    def _emit(self, out, durable, wait_pos):
-        """Send a burst's replies now, or queue them behind earlier bursts / their flush."""
+    def _emit(self, out, durable, wait_pos, cuts=None):
+        """Send a burst's replies now, or queue them behind earlier bursts / their flush. ``cuts``: the log's
+        ``log_cuts`` read after the burst's first put whose acknowledgement waits (``wait_flushed``'s ``since``)."""
         if not wait_pos and not self._pending:
             if out:
                 self._send_replies(out)
@@ -317,13 +318,13 @@ class Connection(core.Connection):
             # The client sent nothing more: it waits for these replies. Wait for the flush here
             # rather than hand the burst to the writer greenlet (one greenlet hop less per put);
             # whatever it sends meanwhile stays in the socket until the replies are out.
-            self._after_flush(out, durable, wait_pos)
+            self._after_flush(out, durable, wait_pos, cuts)
             if out:
                 self._send_replies(out)
             return
         self._pending += 1
         self._idle.clear()
-        self._bursts.put((out, durable, wait_pos))
+        self._bursts.put((out, durable, wait_pos, cuts))
         if self._writer is None:
             self._writer = gevent.spawn(self._write_bursts)
         if self._pending > limits.MAX_PENDING_BURSTS:
@@ -344,9 +345,9 @@ class Connection(core.Connection):
 
     def _write_bursts(self):
         while True:
-            out, durable, wait_pos = self._bursts.get()
+            out, durable, wait_pos, cuts = self._bursts.get()
             if wait_pos:
-                self._after_flush(out, durable, wait_pos)
+                self._after_flush(out, durable, wait_pos, cuts)
             if out:
                 self._send_replies(out)
             self._pending -= 1
@@ -366,6 +367,7 @@ class Connection(core.Connection):
         out = []
         durable = []  # (index in ``out``, opaques) of put acks that wait for the flush
         wait_pos = 0
+        cuts = None  # the log's truncations when the burst's first put that waits for its flush was written
         out_bytes = 0  # bytes of large non-get replies in ``out``
         keep_open = True
         parser = self.parser
@@ -380,7 +382,10 @@ class Connection(core.Connection):
                 break
             if fast_puts is not None:
                 try:
-                    wait_pos = fast_puts(parser, out, durable, wait_pos, self.session)
+                    first = not wait_pos
+                    wait_pos = fast_puts(parser, out, durable, wait_pos, self.session)  # never yields
+                    if first and wait_pos:
+                        cuts = self.flusher.log_cuts
                 except Exception:  # noqa: BLE001 - as below
                     log.exception("connection %s: unexpected error in a burst of puts", self.peer)
                     out.append(encode_result(500, b"internal error; see the broker log", 0))
@@ -404,7 +409,7 @@ class Connection(core.Connection):
             if type(event) in _GETS and self.replies.would_wait(min(event.max_size, self.max_transfer)):
                 # This burst's replies hold the connection's reply budget: send them before reading more
                 # (a client that does not read them stops here, in the send, not in the broker's memory).
-                self._emit(out, durable, wait_pos)
+                self._emit(out, durable, wait_pos, cuts)
                 out, durable, wait_pos = [], [], 0
             try:
                 reply, pos = put(event, self) if type(event) is Put else dispatcher.handle(event, self)
@@ -419,6 +424,8 @@ class Connection(core.Connection):
                 keep_open = False
                 break
             if pos:
+                if not wait_pos:  # nothing yielded since the put was written
+                    cuts = self.flusher.log_cuts
                 durable.append((len(out) - 1, (event.opaque,)))
                 wait_pos = max(wait_pos, pos)
             if type(reply) is bytes and len(reply) > SMALL_REPLY:
@@ -426,14 +433,14 @@ class Connection(core.Connection):
                 # more requests are read, so unread replies stay within the budget whatever asked for them.
                 out_bytes += len(reply)
                 if out_bytes >= self.replies.limit:
-                    self._emit(out, durable, wait_pos)
+                    self._emit(out, durable, wait_pos, cuts)
                     out, durable, wait_pos, out_bytes = [], [], 0, 0
-        self._emit(out, durable, wait_pos)
+        self._emit(out, durable, wait_pos, cuts)
         return keep_open
 
-    def _after_flush(self, out, durable, wait_pos):
+    def _after_flush(self, out, durable, wait_pos, cuts=None):
         try:
-            self.flusher.wait_flushed(wait_pos)
+            self.flusher.wait_flushed(wait_pos, since=cuts)
         except errors.MetaqError as exc:
             # Nothing unflushed may be acknowledged: every waiting put gets the flush error.
             log.error("connection %s: %s", self.peer, exc)

@@ -237,16 +237,17 @@ class TextDispatcher:
         """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""
         mode = self.put_path.ack_mode(e.topic, r, now)
         if mode == ACK_AFTER_REPLICATION:
-            conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now)
+            conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now, self.store.log_cuts)
             return None, NO_WAIT
         if mode == ACK_AFTER_FLUSH:
             return reply, r.log_end
         return reply, NO_WAIT
 
-    def _put_replicated(self, e, reply, partition, log_end, now):
-        """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put."""
+    def _put_replicated(self, e, reply, partition, log_end, now, cuts):
+        """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put
+        (``cuts``: the log's truncations when it was written, before this greenlet started)."""
         try:
-            self.put_path.durable(e.topic, partition, log_end, now)
+            self.put_path.durable(e.topic, partition, log_end, now, cuts)
         except errors.MetaqError as exc:
             self.put_path.failed(e.topic, exc, counted_only=True)
             return error_reply(exc, e.opaque)
