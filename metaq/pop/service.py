@@ -242,8 +242,13 @@ class PopService:
     # -- the role ----------------------------------------------------------------
 
     def role_changed(self, slave_id):
-        """A slave follows the master's journal; a promoted slave has learned every record it holds and answers."""
+        """A slave follows the master's journal; a promoted slave has learned every record it holds and answers. A
+        master made slave has applied every record it wrote: its follow position moves to the log end (as the
+        transactions' and MQTT's do), so a cut below that end relearns the state even when no follower step ran
+        since its last records (the cut tail's records would otherwise stay applied)."""
         if slave_id is not None:
+            if not self.follow.replicating:
+                self.follow.position = max(self.follow.position, self.store.written_position)
             self.follow.replicating = True
             return
         if self.follow.replicating:

@@ -281,3 +281,30 @@ def test_message_states_say_where_one_message_is_for_each_group():
     assert s.message_states("other", 0, 0) == []  # no group receives that topic
     pop.ack([hs[0]], NOW + 2)
     assert s.message_states(T, 0, 0) == [(G, "done", None)]  # below the low water
+
+
+def test_a_deposed_masters_cut_tail_leaves_nothing_in_the_state_even_when_no_follower_step_ran_since(tmp_path):
+    """A master's journal subscriber is passive: the follower moves it to the log end only in its steps (after flush
+    rounds). Deposed right after writing records (no step since) and then cut below them by the epoch handshake,
+    its state must still lose what the cut tail held (here two acks), as the log does."""
+    store = open_store(tmp_path)
+    try:
+        svc = PopService(store, None)
+        pop = Pop(Log([None] * 6))
+        _g, hs = pop.receive(4, NOW)
+        for rec in pop.records:
+            svc.journal.append(rec, NOW)
+            svc.state.apply(rec)
+        store.mark_flushed(store.flush_log())
+        store.follow_log(None)  # a step after the flush: the passive subscriber at the end
+        agreed, before, n = store.written_position, svc.state.view(), len(pop.records)
+        pop.ack(hs[:2], NOW + 1)  # the deposed master's tail: the new master never had it
+        for rec in pop.records[n:]:
+            svc.journal.append(rec, NOW)
+            svc.state.apply(rec)
+        assert svc.state.view() != before and svc.follow.position == agreed  # no step since
+        svc.role_changed(1)
+        store.truncate_log(agreed, NOW)
+        assert svc.state.view() == before
+    finally:
+        store.close(NOW)
