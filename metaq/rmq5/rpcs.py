@@ -359,9 +359,10 @@ class MessagingService:
             entries.append(entry)
             if r is not None:
                 written[r.partition] = max(r.log_end, written.get(r.partition, 0))
+        cuts = self.store.log_cuts  # the writes' truncation count: the waits after the first begin after its yields
         try:  # the furthest put first: its wait covers the others' (each partition's long polls are woken)
             for partition, log_end in sorted(written.items(), key=lambda item: -item[1]):
-                self.path.durable(topic, partition, log_end, now_ms())
+                self.path.durable(topic, partition, log_end, now_ms(), cuts)
         except errors.MetaqError as exc:  # written, not acknowledged (a failed flush, a lost lease)
             code = code_of(exc)
             for e in entries:

@@ -140,22 +140,23 @@ class TxService:
 
     # -- durability ---------------------------------------------------------------
 
-    def flush_journal(self):
+    def flush_journal(self, since=None):
         """Make the journal durable per policy: the log flushed past its last record (this greenlet waits, the loop
-        keeps serving), and in ``sync`` replication confirmed by a slave, as a put is (503 when none confirms)."""
+        keeps serving), and in ``sync`` replication confirmed by a slave, as a put is (503 when none confirms).
+        ``since``: the store's ``log_cuts`` read right after the caller's records were written (``wait_flushed``)."""
         if self.flush_policy != "commit":
             return
         end = self.manager.journal_end
         if self.manager.needs_flush:
             try:
-                self.flusher.wait_flushed(end)
+                self.flusher.wait_flushed(end, since=since)
             except errors.Unavailable:
                 raise
             except errors.MetaqError as exc:
                 raise errors.TransactionError(XAER_RMERR, "the transaction journal could not be flushed: %s"
                                               % exc) from None
         if self._confirm is not None:
-            self._confirm(end)
+            self._confirm(end, since)
 
     def _flush_later(self):
         if self.flush_policy == "commit":
@@ -187,6 +188,7 @@ class TxService:
             if self._check_writable is not None:
                 self._check_writable()  # nothing yields from here to the appends
             results = self.manager.apply_commit(plan, now_ms())  # COMMIT lies before them in the log: no wait
+            cuts = self.store.log_cuts  # every wait below begins after another's yields: a cut since refuses it
         except errors.MetaqError as exc:
             log.warning("commit of %s not completed: %s", getattr(plan, "key", plan), exc)
             if not isinstance(exc, errors.TransactionError):
@@ -194,10 +196,11 @@ class TxService:
                                               "%s" % exc)
             raise exc from None
         self.stats.tx_commit += 1
-        self.flush_journal()  # DONE, and so the messages before it, durable per policy (sync replication: confirmed)
-        self._publish(results)
+        # DONE, and so the messages before it, durable per policy (sync replication: confirmed)
+        self.flush_journal(cuts)
+        self._publish(results, cuts)
         if results and self._confirm is not None and self.flush_policy != "commit":
-            self._confirm(max(r.log_end for r in results))
+            self._confirm(max(r.log_end for r in results), cuts)
 
     # -- for the remoting port's half messages (metaq.server.remoting.send) -------
 
@@ -227,14 +230,14 @@ class TxService:
             return
         self._flush_later()
 
-    def _publish(self, results):
+    def _publish(self, results, since=None):
         """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""
         if results:
-            self._publish_end(max(r.log_end for r in results))
+            self._publish_end(max(r.log_end for r in results), since)
 
-    def _publish_end(self, log_end):
+    def _publish_end(self, log_end, since=None):
         if self.sync_flush:
-            self.flusher.wait_flushed(log_end)
+            self.flusher.wait_flushed(log_end, since=since)
         else:
             self.waiters.notify_all()  # commits are rare: waking every long poll to re-check is cheap
             if self.store.should_flush(now_ms()):
