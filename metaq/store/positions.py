@@ -32,7 +32,7 @@ class LogPositions:
     """Written, flushed and checkpointed positions of one commit log, and the sync-mode visibility queue."""
 
     __slots__ = ("written", "flushed", "checkpointed", "unflushed_msgs", "pending", "async_visible", "appended",
-                 "flush_mark", "cuts", "_recent_cuts")
+                 "flush_mark", "flush_cut", "cuts", "_recent_cuts")
 
     def __init__(self, async_visible):
         self.written = 0
@@ -41,6 +41,7 @@ class LogPositions:
         self.unflushed_msgs = 0
         self.appended = 0  # records appended so far (counts, with ``flush_mark``, what a flush covered)
         self.flush_mark = None  # (written, appended) when the flush in progress began
+        self.flush_cut = None  # the lowest cut while that flush ran: it makes nothing durable past it
         self.pending = collections.deque()
         #: ``async`` flush mode: a record is visible once written (else once flushed).
         self.async_visible = async_visible
@@ -78,13 +79,18 @@ class LogPositions:
         """A flush begins: it covers at least what is written now (loop thread, before its fdatasync starts).
         Returns ``(written, flushed)``."""
         self.flush_mark = (self.written, self.appended)
+        self.flush_cut = None
         return self.written, self.flushed
 
     def flushed_to(self, pos):
         """The log is durable up to ``pos``; returns the keys of the partitions whose visible maximum advanced.
 
         Records appended while that flush ran are still unflushed (counted for the next one); without a mark
-        at or below ``pos`` the count stays as it is (too high at worst: the next flush comes sooner)."""
+        at or below ``pos`` the count stays as it is (too high at worst: the next flush comes sooner). A cut while
+        it ran (``flush_cut``) bounds ``pos``: what it synced past the cut is gone, and the records written there
+        since are not synced by it."""
+        if self.flush_cut is not None:
+            pos, self.flush_cut = min(pos, self.flush_cut), None
         if pos > self.flushed:
             self.flushed = pos
         mark, self.flush_mark = self.flush_mark, None
@@ -112,6 +118,8 @@ class LogPositions:
         self.pending = collections.deque(e for e in self.pending if e[0] <= position)
         self.cuts += 1
         self._recent_cuts.append(position)
+        if self.flush_mark is not None:  # a flush is in progress
+            self.flush_cut = position if self.flush_cut is None else min(self.flush_cut, position)
 
     def cut_below(self, seen, pos):
         """Whether a truncation after the first ``seen`` (``cuts`` as read before a wait began) left the log ending

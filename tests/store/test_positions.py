@@ -35,3 +35,23 @@ def test_more_cuts_than_remembered_count_as_a_cut_below_any_position():
     pos.cut(990)
     assert pos.cut_below(seen, 10)  # one past: the first ones forgotten, so the wait cannot know
     assert not pos.cut_below(seen + 1, 990)
+
+
+def test_a_flush_that_ran_across_a_cut_marks_nothing_past_the_cut_durable():
+    """A flush covers what was written when it began; cut meanwhile and written again past the cut (other records,
+    which its fdatasync may not have reached), the log is durable up to the cut only: a wait there must lead the
+    next round, not be answered by this one."""
+    pos = cut_log([])
+    pos.flush_begins()
+    pos.cut(800)
+    pos.written = 1200
+    pos.flushed_to(1000)
+    assert pos.flushed == 800
+    pos.flush_begins()  # the next one: no cut while it ran
+    pos.flushed_to(1200)
+    assert pos.flushed == 1200
+    pos.cut(1100)  # no flush in progress: nothing to bound
+    pos.written = 1300
+    pos.flush_begins()
+    pos.flushed_to(1300)
+    assert pos.flushed == 1300
