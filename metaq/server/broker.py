@@ -124,6 +124,7 @@ class Broker:
         self.delay = DelayScheduler(self.store, config, self.flusher, self.waiters, self.gate,
                                     is_master=self.roles.is_master)  # reads its entries from the store
         self.roles.on_change(self.delay.role_changed)
+        self.roles.on_cut(self.delay.log_cut)  # offsets saved past a cut count deliveries that went with it
         self.roles.on_change(self.tx.role_changed)
         self.timers = TimerService(self.store, self.flusher, self.waiters, self.gate, self.roles.is_master,
                                    async_flush=config.store.flush == "async",  # any delivery time; its index

@@ -196,6 +196,29 @@ class DelayScheduler:
         if self.started:
             self.start()
 
+    def log_cut(self, report):
+        """The epoch handshake cut the log back to ``report.position`` (this broker rejoins as a slave). A state file
+        saved past it counts deliveries that went with the cut tail: a later promotion would take its offsets and
+        never deliver those entries in this log. Such a file is removed, so that recovery then finds in the log
+        itself what was delivered (as a promoted slave without one does). Runs in the thread pool (file I/O)."""
+        removed = self._pool.apply(self._drop_state_past, (report.position,))
+        self._saved, self._delivery_end = (None, None), 0
+        if removed:
+            log.warning("delayed delivery: the offsets saved at log position %d are past the cut at %d: removed (a "
+                        "promotion finds the deliveries in the log)", removed, report.position)
+
+    def _drop_state_past(self, position):
+        """BLOCKING: remove the state file when it was saved past ``position``; returns its position then (else 0)."""
+        state = self.store.dirs.read_state(self._path, STATE_MAGIC)
+        try:
+            saved = int(state.get("position", 0)) if state else 0
+        except (TypeError, ValueError, AttributeError):
+            saved = position + 1  # malformed: not to be trusted either
+        if saved <= position:
+            return 0
+        self.store.dirs.remove(self._path)
+        return saved
+
     # -- recovery ----------------------------------------------------------------
 
     def _recover(self, now):
@@ -220,6 +243,9 @@ class DelayScheduler:
             delay = self.levels_ms[p] if p < len(self.levels_ms) else None
             self.levels[p] = Level(p, delay, offset)
         self._saved = ({p: lv.offset for p, lv in self.levels.items()}, position)
+        # an offset moved past an entry found delivered below waits for the log as it is now, never for the end of a
+        # delivery of an earlier tenure (a cut may have put that past the end)
+        self._delivery_end = self.store.written_position
         candidates = set()
         for lv in self.levels.values():
             candidates.update(self._due_ids(lv, now))

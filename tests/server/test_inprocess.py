@@ -271,3 +271,33 @@ def test_a_put_acknowledged_later_than_its_write_is_refused_when_the_log_was_cut
         p.path.durable("orders", kept.partition, kept.log_end, now, cuts)
     finally:
         p.close()
+
+
+def test_a_delayed_message_delivered_in_a_cut_tail_is_delivered_again_once_the_broker_leads_again(tmp_path):
+    """A master delivers a due delayed message and saves its offsets; deposed, its tail (the delivery) is cut by
+    the epoch handshake, the schedule entry itself being in the new master's history. Led again before that master
+    delivered it, it must deliver it, once: its saved offsets counted a delivery its log no longer holds."""
+    import time
+
+    p = Parts(config(tmp_path / "data", delay={"levels": "1s"}))
+    try:
+        p.delay.start()
+        p.path.append("orders", 0, 0, b"later", now_ms(), delay_level=1)
+        agreed = p.store.written_position  # the entry: the new master has it
+        deadline = time.monotonic() + 10
+        while p.store.max_offset("orders", 0) < 1:
+            assert time.monotonic() < deadline, "not delivered"
+            gevent.sleep(0.05)
+        p.delay.role_changed(1)  # deposed: the scheduler stops and saves its offsets (the entry delivered)
+        report = p.store.truncate_log(agreed, now_ms())
+        p.delay.log_cut(report)  # what the slave link's handshake tells its listeners (Roles.on_cut)
+        assert p.store.max_offset("orders", 0) == 0  # the delivery went with the cut tail
+        p.delay.role_changed(None)  # leads again
+        deadline = time.monotonic() + 10
+        while p.store.max_offset("orders", 0) < 1:
+            assert time.monotonic() < deadline, "the delayed message was never delivered again"
+            gevent.sleep(0.05)
+        gevent.sleep(0.3)
+        assert p.store.max_offset("orders", 0) == 1  # once
+    finally:
+        p.close()
