@@ -607,7 +607,8 @@ def test_a_burst_that_waits_for_a_flush_holds_no_map_meanwhile(tmp_path):
     conn, peer = text_connection(sender)
     seen = []
     reply = [b"value %d 1\r\n" % len(records), records]
-    conn.front.flusher = types.SimpleNamespace(wait_flushed=lambda pos, since=None: seen.append([type(b) for b in reply]))
+    conn.front.flusher = types.SimpleNamespace(
+        wait_flushed=lambda pos, since=None: seen.append([type(b) for b in reply]))
     conn.flusher = conn.front.flusher
     conn.front.dispatcher.ack_refusal = lambda: None
     g = gevent.spawn(conn._emit, [reply, b"result 200 1 2\r\n"], [(1, (2,))], 123)
