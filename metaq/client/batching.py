@@ -57,7 +57,7 @@ from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records, sub_record
-from metaq.idempotence.client import frees_sequences, gap_expected
+from metaq.idempotence.client import frees_sequences, gap_expected, other_content
 from metaq.idempotence.wire import (DUPLICATE_MARK, IdempotentBatch, IdempotentPut, decode_idem_runs,
                                     encode_idem_sub_records, idem_sub_record)
 from metaq import limits
@@ -574,19 +574,24 @@ class Batcher:
         self._done(b, error=error)
 
     def _rebased(self, b, error):
-        """An idempotent batch refused as a gap (``idempotence.client.gap_expected``), no attempt of it of unknown
-        outcome: the batches of its partition that failed for good before it were never stored. When the producer may
-        (``Producer.rebase_sequences``) it takes the sequences the broker expects and is sent again at once
-        (True): still on the wire, its lane busy. Never for a batch with an attempt of unknown outcome
-        (``unsure``): a copy of it under the old sequences may still be stored."""
-        expected = gap_expected(str(error))
-        if expected is None or b.seq0 < 0:
+        """An idempotent batch, no attempt of it of unknown outcome, refused whole because of its sequences: as a
+        gap (``idempotence.client.gap_expected``: the batches of its partition that failed for good before it
+        were never stored), or for other content (``other_content``: a copy of such a batch was stored after
+        all, under the sequences this one took again). When the producer may (``Producer.rebase_sequences``) it
+        takes the sequences the broker expects (after other content: those above every one given, which the
+        broker stores or refuses as a gap naming its next) and is sent again at once (True): still on the wire,
+        its lane busy. Never for a batch with an attempt of unknown outcome (``unsure``): a copy of it under the
+        old sequences may still be stored."""
+        text = str(error)
+        expected = gap_expected(text)
+        if (expected is None and not other_content(text)) or b.seq0 < 0:
             return False
         first = self.producer.rebase_sequences(b.key, b.seq0, b.count, expected)
         if first is None:
             return False
-        log.info("idempotent batch of %d messages for %s-%s refused as a gap at sequence %d: sent again from "
-                 "sequence %d, the broker's next", b.count, b.topic, b.key[1], b.seq0, first)
+        log.info("idempotent batch of %d messages for %s-%s refused (%s) at sequence %d: sent again from sequence "
+                 "%d", b.count, b.topic, b.key[1], "a gap" if expected is not None else "other content", b.seq0,
+                 first)
         b.seq0 = first
         _encode_idem(b, self.producer.producer_id)
         self._attempt(b)

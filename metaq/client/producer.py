@@ -716,17 +716,19 @@ class Producer:
         return first
 
     def rebase_sequences(self, key, first, count, expected):
-        """An idempotent batch holding sequences ``first .. first + count - 1`` of ``key`` was refused as a gap, the
-        broker expecting ``expected`` next: the batches before it that failed for good were never stored. The
-        batch's new first sequence (``expected``: it is sent again under it, so the partition's later messages
-        are still stored, in order, after a failed batch), or None when it must fail as refused:
-        ``producer_id`` was given (a producer made again with that id resends from sequence 0 and relies on
-        each message keeping its sequence: the broker's refusals keep the later ones for it), or the move
-        is not sound (``Sequences.rebase``)."""
+        """An idempotent batch holding sequences ``first .. first + count - 1`` of ``key`` was refused whole, no
+        attempt of it of unknown outcome: as a gap, the broker expecting ``expected`` next (the batches before it
+        that failed for good were never stored), or (``expected`` None) because the broker holds other messages
+        under its sequences. The batch's new first sequence (it is sent again under it, so the partition's later
+        messages are still stored, in order, after a failed batch: ``Sequences.rebase``, ``Sequences.skip``), or
+        None when it must fail as refused: ``producer_id`` was given (a producer made again with that id resends
+        from sequence 0 and relies on each message keeping its sequence: the broker's refusals keep the later
+        ones for it), or the move is not sound."""
         if not self.reuses_sequences:
             return None
         with self._window_lock:
-            return self._sequences[key].rebase(first, count, expected)
+            seqs = self._sequences[key]
+            return seqs.skip(first, count) if expected is None else seqs.rebase(first, count, expected)
 
     def sequences_answered(self, key, first, count, unstored=False):
         """An idempotent batch's sequences are answered (stored, duplicates, or failed for good). ``unstored``: it

@@ -6,6 +6,9 @@ import re
 #: The broker's refusal of a ``putb_idem`` whose first sequence of a partition is past the next one it expects
 #: (``idempotence.state.Idempotence.check_batch``; docs/text-protocol.md "putb_idem"): the next one in brackets.
 _GAP = re.compile(r"^putb_idem: producer \d+'s batch for .+ starts at sequence \d+, past the next one \((\d+)\)")
+#: In the broker's refusal of a resend whose content is not the message stored under its sequence (a ``put_idem``'s,
+#: a ``putb_idem``'s sub-record): nothing was stored, and the sequence is another message's.
+_OTHER_CONTENT = "with other content"
 
 
 def gap_expected(text):
@@ -15,21 +18,27 @@ def gap_expected(text):
     return None if m is None else int(m.group(1))
 
 
+def other_content(text):
+    """True for the broker's refusal of a resend with other content than the message stored under its sequence."""
+    return _OTHER_CONTENT in text
+
+
 def frees_sequences(code, text):
     """True when a batch refused with ``result <code> <text>`` to every attempt stored nothing and holds no
     sequence the broker keeps, so its sequences may be given to the next messages: a 4xx (the broker refuses a
     ``putb_idem`` or ``put_idem`` whole, before storing any of it), but not a resend refused for other content
     (those sequences are stored, with other messages)."""
-    return 400 <= code < 500 and "with other content" not in text
+    return 400 <= code < 500 and not other_content(text)
 
 
 class Sequences:
     """An idempotent producer's sequence numbers of one (topic, partition): the next one, and the oldest unanswered."""
 
-    __slots__ = ("next", "low", "ahead", "waiting")
+    __slots__ = ("next", "low", "ahead", "waiting", "top")
 
     def __init__(self):
         self.next = 0
+        self.top = 0  # above every sequence given so far (next, until release or rebase move next back)
         self.low = 0  # every sequence below it is answered; it is not (unless it is next)
         self.ahead = set()  # sequences above low answered before it (replies out of order)
         self.waiting = False  # a sender waits for room: woken once half the window is free
@@ -65,6 +74,7 @@ class Sequences:
         if self.low != first or self.next != first + count:
             self.finished_run(first, count)
             return False
+        self.top = max(self.top, self.next)
         self.next = first
         self.ahead.clear()
         return True
@@ -78,7 +88,22 @@ class Sequences:
         give twice) and ``expected`` is below ``first``."""
         if not 0 <= expected < first or self.low != first or self.next != first + count:
             return None
+        self.top = max(self.top, self.next)
         self.next = expected + count
         self.low = expected
         self.ahead.clear()  # only the batch's own sequences could be above low: none was answered
         return expected
+
+    def skip(self, first, count):
+        """The batch holding ``first .. first + count - 1`` was refused because the broker holds other messages under
+        some of them (``other_content``: a copy of a batch of unknown outcome, stored after this one took its
+        sequences again): give the batch the sequences above every one given so far and return its new first.
+        Nothing is stored under those, so the broker stores it, or refuses it as a gap naming its next one
+        (``rebase``: above what it holds). None, changing nothing, unless the batch is the newest reserved and
+        the only one unanswered (as ``rebase``)."""
+        if self.low != first or self.next != first + count:
+            return None
+        top = max(self.top, self.next)
+        self.low = top
+        self.next = self.top = top + count
+        return top

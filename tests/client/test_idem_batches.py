@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from metaq.client import Message, Producer
 from metaq.idempotence.records import MAX_PID, MAX_SEQ, identity_in_attribute
-from metaq.idempotence.wire import encode_idem_sub_records_py
+from metaq.idempotence.wire import IdempotentPut, encode_idem_sub_records_py
+from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import decode_payload
 from tests.harness.broker import consume_all, url_of
 from tests.harness.faults import LinkProxy
@@ -249,4 +250,26 @@ def test_after_a_batch_whose_outcome_is_unknown_the_next_refused_as_a_gap_is_sen
     assert [r.offset for r in results] == list(range(1, 51))
     assert [(payload, ident) for payload, _a, ident in stored(broker, "t-ibgorebase", 2)] == (
         [(b"warm", (pid, 0))] + [(b"n%d" % i, (pid, i + 1)) for i in range(50)])
-    assert "refused as a gap at sequence 2: sent again from sequence 1" in caplog.text
+    assert "refused (a gap) at sequence 2: sent again from sequence 1" in caplog.text
+
+
+def test_a_batch_refused_for_other_content_under_its_sequences_is_sent_again_above_them_and_stored(broker, caplog):
+    caplog.set_level(logging.INFO, logger="metaq.client.batching")
+    with broker.client() as c:
+        c.put_ok("t-ibgoother", b"created", partition=3)
+        with Producer(brokers=[url_of(broker)], idempotent=True, batch_bytes=64 * 1024, linger_ms=0,
+                      selector=lambda topic, partitions, message: partitions[1]) as p:
+            assert p.send(Message("t-ibgoother", b"warm")).success  # sequence 0
+            pid = p.producer_id
+            # what a late copy of a batch of unknown outcome does: other messages stored under its next sequences
+            for seq in (1, 2):
+                body = b"late%d" % seq
+                r = c.call(IdempotentPut("t-ibgoother", 1, 0, body, c.opaque(), metaq_checksum(body), pid, seq))
+                assert r.code == 200, r
+            results = [f.result(30) for f in [p.send_async(Message("t-ibgoother", b"n%d" % i)) for i in range(20)]]
+    assert all(r.success and not r.duplicate for r in results), [r for r in results if not r.success][:3]
+    assert [r.offset for r in results] == list(range(3, 23))
+    assert [(payload, ident) for payload, _a, ident in stored(broker, "t-ibgoother", 1)] == (
+        [(b"warm", (pid, 0)), (b"late1", (pid, 1)), (b"late2", (pid, 2))]
+        + [(b"n%d" % i, (pid, i + 3)) for i in range(20)])
+    assert "refused (other content) at sequence 1" in caplog.text

@@ -66,3 +66,28 @@ def test_the_brokers_gap_refusal_is_read_and_no_other_refusal_is():
     assert gap_expected("putb_idem: sub-record 5 of 7: sequence 1 of producer 42 (orders-2) was stored at offset 1 "
                         "with other content: a resend must be the same message; nothing was stored") is None
     assert gap_expected("message of 307200 bytes exceeds the limit") is None
+
+
+def test_a_batch_refused_for_other_content_skips_above_every_sequence_given_then_rebases_to_the_brokers_next():
+    seqs = Sequences()
+    a = reserved(seqs, 10)  # 0..9: its outcome unknown (a copy of it may still be stored)
+    seqs.finished_run(a, 10)
+    b = reserved(seqs, 4)  # 10..13: refused as a gap, the broker expecting 0
+    assert seqs.rebase(b, 4, 0) == 0 and (seqs.next, seqs.top) == (4, 14)
+    # a's copy was stored after all: b, under 0..3, is refused for other content; it goes above all given so far
+    assert seqs.skip(0, 4) == 14 and (seqs.next, seqs.low, seqs.top) == (18, 14, 18)
+    assert seqs.rebase(14, 4, 10) == 10 and (seqs.next, seqs.top) == (14, 18)  # the broker holds 0..9: next 10
+    seqs.finished_run(10, 4)
+    assert seqs.low == 14 and reserved(seqs, 1) == 14
+
+
+def test_a_release_gives_the_failed_batchs_sequences_to_the_next_only_when_no_other_send_holds_any():
+    seqs = Sequences()
+    a = reserved(seqs, 3)
+    assert seqs.release(a, 3) and (seqs.next, seqs.low, seqs.top) == (0, 0, 3)
+    a = reserved(seqs, 3)
+    later = reserved(seqs, 1)  # a send reserved after it
+    assert seqs.skip(a, 3) is None and (seqs.next, seqs.low) == (4, 0)  # not the newest reserved: nothing moves
+    assert not seqs.release(a, 3) and (seqs.next, seqs.low) == (4, 3)  # its sequences stay, answered
+    seqs.finished(later)
+    assert seqs.low == 4
