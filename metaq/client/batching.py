@@ -19,7 +19,10 @@ An idempotent producer's batches are ``putb_idem`` frames (idempotence/wire.py) 
 ``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``: a batch's messages get their partition's next sequences, in order, at
 its first attempt (``Producer.reserve_sequences``, send_many's rule too), and its retries resend that frame, so
 the broker answers what it stored as duplicates with the original offsets. A message that cannot share one
-(compressed, too large) is a batch of its own, sent as a ``put_idem`` in its turn.
+(compressed, too large) is a batch of its own, sent as a ``put_idem`` in its turn. After a batch that failed for
+good, a producer under an id of its own goes on (``Producer.sequences_answered``, ``Batcher._rebased``): a batch
+refused whole to every attempt gives its sequences to the next, and a batch refused as a gap takes the
+sequences the broker expects and is sent again, unless an attempt of it has an unknown outcome.
 
 ``Producer.send_many`` goes through the same lanes (``add_many``): its payloads, encoded by the C helper into
 ready ``putb`` bodies (``protocol.putbatch.encode_sub_records``), queue behind the partition's earlier batches,
@@ -54,6 +57,7 @@ from metaq.client.replies import reply_error
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.putbatch import PutBatch, decode_runs, encode_sub_records, sub_record
+from metaq.idempotence.client import frees_sequences, gap_expected, other_content
 from metaq.idempotence.wire import (DUPLICATE_MARK, IdempotentBatch, IdempotentPut, decode_idem_runs,
                                     encode_idem_sub_records, idem_sub_record)
 from metaq import limits
@@ -143,7 +147,7 @@ _IDEM_LINE = 48
 
 class _Batch:
     __slots__ = ("key", "topic", "line", "messages", "futures", "parts", "flags", "nbytes", "due", "deadline",
-                 "body", "attempts", "error", "count", "data", "many", "first", "seq0", "single")
+                 "body", "attempts", "error", "count", "data", "many", "first", "seq0", "single", "unsure")
 
     def __init__(self, key, due):
         self.key = key  # (topic, Partition)
@@ -165,6 +169,7 @@ class _Batch:
         self.first = 0  # send_many: the index of its first payload in the call's
         self.seq0 = None  # an idempotent batch's: -1 until its first attempt gives it its first sequence
         self.single = False  # an idempotent message that cannot share a putb_idem: sent alone as a put_idem
+        self.unsure = False  # an attempt's outcome is unknown (no reply, 503, 507): a copy of it may be stored
 
 
 class _Lane:
@@ -210,11 +215,16 @@ def _encode(b):
 
 
 def _encode_idem(b, pid):
-    """An idempotent send_async batch's ``putb_idem`` body (``b.seq0`` given): its messages' put_idem frames,
-    sequences ``seq0, seq0 + 1, ...`` in send order."""
+    """An idempotent batch's request (``b.seq0`` given): its messages' put_idem frames as a ``putb_idem`` body,
+    sequences ``seq0, seq0 + 1, ...`` in send order (``b.parts`` is kept: a batch refused as a gap is encoded
+    again under other sequences, ``Batcher._replied``), or a message sent alone's ``put_idem``."""
     partition = b.key[1].partition
     topic = b.topic.encode("utf-8")
-    if b.flags is None:
+    if b.single:
+        data = b.parts[0]
+        flag = b.flags.get(0, 0) if b.flags else 0
+        b.body = IdempotentPut(b.topic, partition, flag, data, 0, metaq_checksum(data), pid, b.seq0)
+    elif b.many is not None or b.flags is None:
         b.body = encode_idem_sub_records(topic, partition, b.parts, pid, b.seq0)
     else:
         flags, seq0 = b.flags, b.seq0
@@ -520,17 +530,7 @@ class Batcher:
         if b.seq0 is not None:
             if b.seq0 < 0:  # its first attempt: the lane's batches before it are answered, so it goes in order
                 b.seq0 = producer.reserve_sequences(b.key, b.count)
-                if b.single:
-                    data = b.parts[0]
-                    flag = b.flags.get(0, 0) if b.flags else 0
-                    b.body = IdempotentPut(b.topic, partition.partition, flag, data, 0, metaq_checksum(data),
-                                           producer.producer_id, b.seq0)
-                elif b.many is None:
-                    _encode_idem(b, producer.producer_id)
-                else:
-                    b.body = encode_idem_sub_records(b.topic.encode("utf-8"), partition.partition, b.parts,
-                                                     producer.producer_id, b.seq0)
-                b.parts = None
+                _encode_idem(b, producer.producer_id)
             event = b.body if b.single else IdempotentBatch(b.topic, b.count, b.body, 0)
         else:
             event = PutBatch(b.topic, b.count, b.body, 0)
@@ -555,10 +555,13 @@ class Batcher:
                 self._done(b, runs=runs)
                 return
             error = reply_error(reply)
+            if error.code == 400 and b.seq0 is not None and not b.unsure and self._rebased(b, error):
+                return
         if isinstance(error, (ConnectionLost, RequestTimeout)) or error.code in (503, 507):
             self.producer.mark_suspect(partition.broker_id)
             now = time.monotonic()
             b.error = error
+            b.unsure = True
             if not self._closed and now < b.deadline:
                 delay = min(_MAX_BACKOFF_S, 0.05 * 2 ** min(b.attempts - 1, 10))
                 with self._lock:
@@ -570,9 +573,36 @@ class Batcher:
                 return
         self._done(b, error=error)
 
+    def _rebased(self, b, error):
+        """An idempotent batch, no attempt of it of unknown outcome, refused whole because of its sequences: as a
+        gap (``idempotence.client.gap_expected``: the batches of its partition that failed for good before it
+        were never stored), or for other content (``other_content``: a copy of such a batch was stored after
+        all, under the sequences this one took again). When the producer may (``Producer.rebase_sequences``) it
+        takes the sequences the broker expects (after other content: those above every one given, which the
+        broker stores or refuses as a gap naming its next) and is sent again at once (True): still on the wire,
+        its lane busy. Never for a batch with an attempt of unknown outcome (``unsure``): a copy of it under the
+        old sequences may still be stored."""
+        text = str(error)
+        expected = gap_expected(text)
+        if (expected is None and not other_content(text)) or b.seq0 < 0:
+            return False
+        first = self.producer.rebase_sequences(b.key, b.seq0, b.count, expected)
+        if first is None:
+            return False
+        log.info("idempotent batch of %d messages for %s-%s refused (%s) at sequence %d: sent again from sequence "
+                 "%d", b.count, b.topic, b.key[1], "a gap" if expected is not None else "other content", b.seq0,
+                 first)
+        b.seq0 = first
+        _encode_idem(b, self.producer.producer_id)
+        self._attempt(b)
+        return True
+
     def _done(self, b, runs=None, error=None):
         """The batch is over: each message's result, then its partition and broker free for the next."""
         broker = b.key[1].broker_id
+        if b.seq0 is not None and b.seq0 >= 0:  # before its lane is free: the lane's next batch reserves after it
+            self.producer.sequences_answered(b.key, b.seq0, b.count, runs is None and not b.unsure
+                                             and frees_sequences(getattr(error, "code", 500), str(error)))
         with self._lock:
             self._lanes[b.key].busy = False
             self._in_flight[broker] -= 1
@@ -581,8 +611,6 @@ class Batcher:
             ready = self._sendable(broker)
             if not self._lanes[b.key].busy and self._lanes[b.key].open is not None:
                 self._cond.notify()  # its open batch lingers on: the thread's next wake-up may be it
-        if b.seq0 is not None and b.seq0 >= 0:
-            self.producer.sequences_answered(b.key, b.seq0, b.count)
         if runs is None:
             self._fail(b, error)
         elif b.many is not None:

@@ -134,6 +134,9 @@ class Producer:
         self.idempotent = bool(idempotent)
         self.producer_id = (producer_id or random.SystemRandom().randint(1, MAX_PID)) if idempotent else None
         self._sequences = {}  # (topic, Partition) -> _Sequences (idempotent)
+        #: the sequences of a batch that failed for good are given again (sequences_answered, rebase_sequences):
+        #: only under an id of the producer's own, which no later producer resends under
+        self.reuses_sequences = self.idempotent and producer_id is None
         self._window_lock = threading.Lock()  # taken directly on the hot path (a Condition's enter is Python code)
         self._window_cond = threading.Condition(self._window_lock)
         self.send_timeout = send_timeout
@@ -319,9 +322,11 @@ class Producer:
         ``limits.MAX_IDEMPOTENT_BATCH_MESSAGES``: each payload gets the partition's next sequence, in payload
         order, when its frame first goes (every earlier frame of the partition answered), and a retry resends
         the same frame, so the same sequences: a frame stored before a lost reply is answered as duplicates
-        (``ManyResult.duplicates``) and nothing is stored twice. A frame that fails keeps its sequences: the
-        partition's next frames are then refused as a gap (unless it was stored after all), so nothing after a
-        lost frame is stored out of order; a new producer id starts afresh. Without ``batch_bytes``, do not mix
+        (``ManyResult.duplicates``) and nothing is stored twice. After a frame that fails for good, a producer
+        under an id of its own (no ``producer_id``) stores the partition's next frames, in order (its sequences
+        are given again: ``sequences_answered``, ``rebase_sequences``); with a ``producer_id`` given it keeps its
+        sequences, so the partition's next frames are refused as a gap (unless it was stored after all) and a
+        rerun under that id resends them in place. Without ``batch_bytes``, do not mix
         it with ``send_async`` to the same partition while either has sends unanswered (a single send that
         fails after a frame behind it took the next sequences leaves that frame a gap); with it, both go through
         the partition's lane and take its sequences by the one rule.
@@ -710,11 +715,33 @@ class Producer:
             seqs.next += count
         return first
 
-    def sequences_answered(self, key, first, count):
-        """An idempotent ``send_many`` frame's sequences are answered (stored, duplicates, or failed for good)."""
+    def rebase_sequences(self, key, first, count, expected):
+        """An idempotent batch holding sequences ``first .. first + count - 1`` of ``key`` was refused whole, no
+        attempt of it of unknown outcome: as a gap, the broker expecting ``expected`` next (the batches before it
+        that failed for good were never stored), or (``expected`` None) because the broker holds other messages
+        under its sequences. The batch's new first sequence (it is sent again under it, so the partition's later
+        messages are still stored, in order, after a failed batch: ``Sequences.rebase``, ``Sequences.skip``), or
+        None when it must fail as refused: ``producer_id`` was given (a producer made again with that id resends
+        from sequence 0 and relies on each message keeping its sequence: the broker's refusals keep the later
+        ones for it), or the move is not sound."""
+        if not self.reuses_sequences:
+            return None
         with self._window_lock:
             seqs = self._sequences[key]
-            seqs.finished_run(first, count)
+            return seqs.skip(first, count) if expected is None else seqs.rebase(first, count, expected)
+
+    def sequences_answered(self, key, first, count, unstored=False):
+        """An idempotent batch's sequences are answered (stored, duplicates, or failed for good). ``unstored``: it
+        failed for good and nothing of it is or will be stored (``idempotence.client.frees_sequences``): the
+        partition's next batch takes its sequences again (``Sequences.release``), so the broker, which expects
+        the first of them next, stores it and the later ones, in order. Not when ``producer_id`` was given (see
+        ``rebase_sequences``): the later batches are then refused as a gap."""
+        with self._window_lock:
+            seqs = self._sequences[key]
+            if unstored and self.reuses_sequences:
+                seqs.release(first, count)
+            else:
+                seqs.finished_run(first, count)
             if seqs.waiting and seqs.next - seqs.low <= limits.IDEMPOTENCE_WINDOW // 2:
                 seqs.waiting = False
                 self._window_cond.notify_all()

@@ -4,6 +4,7 @@ after its connection was cut before the reply is stored once; plain, attributed 
 partition's sequences, and a run again with the same producer id is answered as duplicates with the stored
 offsets; and the batches' encoder, the C helper's ``encode_idem_sub_records``, equal to the Python reference."""
 
+import logging
 import signal
 import time
 
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from metaq.client import Message, Producer
 from metaq.idempotence.records import MAX_PID, MAX_SEQ, identity_in_attribute
-from metaq.idempotence.wire import encode_idem_sub_records_py
+from metaq.idempotence.wire import IdempotentPut, encode_idem_sub_records_py
+from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import decode_payload
 from tests.harness.broker import consume_all, url_of
 from tests.harness.faults import LinkProxy
@@ -168,3 +170,106 @@ def test_after_a_refused_batch_the_next_are_refused_as_a_gap(broker):
         assert p.send(Message("t-ibgap", b"c")).success
     assert [(payload, ident) for payload, _a, ident in stored(broker, "t-ibgap", 0)] == [
         (b"a", (PID, 0)), (b"b", (PID, 1)), (b"c", (PID + 1, 0))]
+
+
+def test_after_a_batch_refused_for_good_mid_stream_the_later_messages_are_stored_once_each_in_order(broker):
+    with broker.client() as c:
+        c.put_ok("t-ibgo", b"created", partition=3)
+    bodies = [b"x" * (300 * 1024) if i in (20, 41) else b"g%d" % i for i in range(60)]  # two over 256 KiB
+    with Producer(brokers=[url_of(broker)], idempotent=True, batch_bytes=64 * 1024, linger_ms=20,
+                  retry_deadline=10, selector=lambda topic, partitions, message: partitions[1]) as p:
+        pid = p.producer_id  # its own: no producer made later sends under it
+        results = []
+        for i, body in enumerate(bodies):
+            results.append(p.send_async(Message("t-ibgo", body)))
+            if i % 7 == 6:
+                time.sleep(0.03)  # the stream goes in several batches around the refused ones
+        results = [f.result(30) for f in results]
+        last = p.send(Message("t-ibgo", b"last"))
+    refused = [i for i, r in enumerate(results) if not r.success]
+    assert refused == [20, 41] and all("exceeds the limit" in str(results[i].error) for i in refused)
+    assert last.success and not last.duplicate
+    kept = [b for i, b in enumerate(bodies) if i not in refused] + [b"last"]
+    held = stored(broker, "t-ibgo", 1)
+    assert [payload for payload, _a, _id in held] == kept  # once each, in send order
+    assert [ident for _p, _a, ident in held] == [(pid, s) for s in range(len(kept))]  # refused ones' sequences reused
+    assert [r.offset for r in results if r.success] + [last.offset] == list(range(len(kept)))
+
+
+def test_after_a_refused_batch_a_batch_resent_after_its_connection_was_cut_is_stored_once(broker):
+    with broker.client() as c:
+        c.put_ok("t-ibgocut", b"created", partition=3)
+    proxy = LinkProxy(("127.0.0.1", broker.port)).start()
+    try:
+        with Producer(brokers=["meta://%s" % proxy.address], idempotent=True, batch_bytes=64 * 1024,
+                      linger_ms=5000, send_timeout=2, retry_deadline=30,
+                      selector=lambda topic, partitions, message: partitions[0]) as p:
+            assert p.send(Message("t-ibgocut", b"warm")).success
+            assert not p.send(Message("t-ibgocut", b"x" * (300 * 1024))).success  # refused for good: 400
+            broker.proc.send_signal(signal.SIGSTOP)  # the next batch reaches the broker, which answers only later
+            try:
+                futures = [p.send_async(Message("t-ibgocut", b"c%d" % i)) for i in range(300)]
+                p.flush(timeout=0.5)
+                time.sleep(1.0)
+                proxy.cut()  # the connection goes before the reply: the batch is sent again on a new one
+            finally:
+                broker.proc.send_signal(signal.SIGCONT)
+            time.sleep(0.5)
+            proxy.heal()
+            results = [f.result(60) for f in futures]
+            pid = p.producer_id
+    finally:
+        proxy.close()
+    assert all(r.success for r in results), [r for r in results if not r.success][:3]
+    assert [r.offset for r in results] == list(range(1, 301))  # the stored offsets, duplicates or not
+    held = stored(broker, "t-ibgocut", 0)
+    assert [(payload, ident) for payload, _a, ident in held] == (
+        [(b"warm", (pid, 0))] + [(b"c%d" % i, (pid, i + 1)) for i in range(300)])
+
+
+def test_after_a_batch_whose_outcome_is_unknown_the_next_refused_as_a_gap_is_sent_again_and_stored(broker, caplog):
+    caplog.set_level(logging.INFO, logger="metaq.client.batching")
+    with broker.client() as c:
+        c.put_ok("t-ibgorebase", b"created", partition=3)
+    proxy = LinkProxy(("127.0.0.1", broker.port)).start()
+    try:
+        with Producer(brokers=["meta://%s" % proxy.address], idempotent=True, batch_bytes=64 * 1024, linger_ms=0,
+                      send_timeout=0.5, selector=lambda topic, partitions, message: partitions[2]) as p:
+            assert p.send(Message("t-ibgorebase", b"warm")).success  # sequence 0
+            proxy.cut()  # every attempt of the next batch loses its connection: its outcome is unknown
+            lost = p.send(Message("t-ibgorebase", b"lost"), timeout=1.0)  # sequence 1: its retries run out
+            assert not lost.success
+            proxy.heal()
+            # the next batch goes under sequence 2; the broker expects 1 (the lost batch never reached it), refuses it
+            # as a gap, and it is sent again from sequence 1
+            results = [f.result(30) for f in [p.send_async(Message("t-ibgorebase", b"n%d" % i)) for i in range(50)]]
+            pid = p.producer_id
+    finally:
+        proxy.close()
+    assert all(r.success and not r.duplicate for r in results), [r for r in results if not r.success][:3]
+    assert [r.offset for r in results] == list(range(1, 51))
+    assert [(payload, ident) for payload, _a, ident in stored(broker, "t-ibgorebase", 2)] == (
+        [(b"warm", (pid, 0))] + [(b"n%d" % i, (pid, i + 1)) for i in range(50)])
+    assert "refused (a gap) at sequence 2: sent again from sequence 1" in caplog.text
+
+
+def test_a_batch_refused_for_other_content_under_its_sequences_is_sent_again_above_them_and_stored(broker, caplog):
+    caplog.set_level(logging.INFO, logger="metaq.client.batching")
+    with broker.client() as c:
+        c.put_ok("t-ibgoother", b"created", partition=3)
+        with Producer(brokers=[url_of(broker)], idempotent=True, batch_bytes=64 * 1024, linger_ms=0,
+                      selector=lambda topic, partitions, message: partitions[1]) as p:
+            assert p.send(Message("t-ibgoother", b"warm")).success  # sequence 0
+            pid = p.producer_id
+            # what a late copy of a batch of unknown outcome does: other messages stored under its next sequences
+            for seq in (1, 2):
+                body = b"late%d" % seq
+                r = c.call(IdempotentPut("t-ibgoother", 1, 0, body, c.opaque(), metaq_checksum(body), pid, seq))
+                assert r.code == 200, r
+            results = [f.result(30) for f in [p.send_async(Message("t-ibgoother", b"n%d" % i)) for i in range(20)]]
+    assert all(r.success and not r.duplicate for r in results), [r for r in results if not r.success][:3]
+    assert [r.offset for r in results] == list(range(3, 23))
+    assert [(payload, ident) for payload, _a, ident in stored(broker, "t-ibgoother", 1)] == (
+        [(b"warm", (pid, 0)), (b"late1", (pid, 1)), (b"late2", (pid, 2))]
+        + [(b"n%d" % i, (pid, i + 3)) for i in range(20)])
+    assert "refused (other content) at sequence 1" in caplog.text

@@ -71,3 +71,14 @@ def test_after_a_refused_frame_the_next_are_refused_as_a_gap(broker):
     with Producer(brokers=[url_of(broker)], idempotent=True, producer_id=PID + 1) as p:  # a new producer id
         assert p.send_many("t-isb", [b"c"], partition=0).result(10).success
     assert identities(broker, "t-isb") == [(b"a", (PID, 0)), (b"b", (PID, 1)), (b"c", (PID + 1, 0))]
+
+
+def test_after_a_refused_frame_the_next_frames_of_a_producer_with_its_own_id_are_stored_in_order(broker):
+    with Producer(brokers=[url_of(broker)], idempotent=True) as p:  # no producer_id: its own
+        assert p.send_many("t-isgo", [b"a", b"b"], partition=0).result(10).success
+        too_big = p.send_many("t-isgo", [b"x" * (300 * 1024)], partition=0).result(10)  # the broker's limit: 256 KiB
+        assert not too_big.success and too_big.stored == 0
+        after = p.send_many("t-isgo", [b"c", b"d"], partition=0).result(10)
+        assert after.success and after.duplicates == 0
+        pid = p.producer_id
+    assert identities(broker, "t-isgo") == [(b"a", (pid, 0)), (b"b", (pid, 1)), (b"c", (pid, 2)), (b"d", (pid, 3))]

@@ -46,6 +46,21 @@ def test_a_restarted_producer_with_the_same_id_stores_nothing_twice(broker):
         assert [r.payload for r in consume_all(c, "t-again", part) if r.payload != b"created"] == msgs
 
 
+def test_without_batches_the_sends_after_one_refused_for_good_are_stored_once_each(broker):
+    """Each message its own put_idem: a sequence refused for good is a gap inside the window, which the broker
+    stores past, so the partition's later sends go on, whether the producer id was given or not."""
+    with broker.client() as c:
+        c.put_ok("t-single-go", b"created", partition=3)
+    for chosen, part in ((4321, 1), (None, 2)):
+        with Producer(brokers=[url_of(broker)], idempotent=True, producer_id=chosen, retry_deadline=5,
+                      selector=lambda topic, partitions, message, part=part: partitions[part]) as p:
+            results = [p.send(Message("t-single-go", body)) for body in (b"a", b"x" * (300 * 1024), b"b", b"c")]
+            pid = p.producer_id
+        assert [r.success for r in results] == [True, False, True, True]
+        assert "exceeds the limit" in str(results[1].error)
+        assert identities(broker, "t-single-go", part) == [(pid, 0), (pid, 2), (pid, 3)]
+
+
 def test_consumers_see_the_users_attribute_and_the_identity_as_properties(broker):
     with Producer(brokers=[url_of(broker)], idempotent=True, producer_id=9) as p:
         r = p.send(Message("t-cons", b"body", attribute="kind=x", properties={"KEYS": "k1"}))
