@@ -36,14 +36,26 @@ def _ephemeral_low():
         return FIXED_PORTS[1]
 
 
+def _slice(low, high):
+    """This process's part of ``low .. high`` among the test run's side-by-side workers (the whole when none)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    index, count = int(worker[2:]) % int(count), int(count)
+    width = (high - low) // count
+    return low + index * width, low + (index + 1) * width
+
+
 def free_port(host="127.0.0.1"):
     """A port nobody listens on right now, for a server that must keep its port across restarts.
 
     Not one the kernel picks: a port from its ephemeral range (what binding port 0 gives) may be handed to any
     outgoing connection or port-0 server between our check and the server's bind, or while the server is down
     between a kill and a restart. So the port comes from below that range (``FIXED_PORTS``), is checked bindable,
-    and is never handed out twice by this process."""
-    low, high = FIXED_PORTS[0], min(FIXED_PORTS[1], _ephemeral_low())
+    and is never handed out twice by this process. Processes of one test run side by side (pytest-xdist's
+    ``PYTEST_XDIST_WORKER`` ``gwN`` of ``PYTEST_XDIST_WORKER_COUNT``) each take their own slice of that range: one
+    process's check cannot see a port another has handed out and not yet bound."""
+    low, high = _slice(FIXED_PORTS[0], min(FIXED_PORTS[1], _ephemeral_low()))
     rnd = random.Random()
     for _ in range(200):
         port = rnd.randrange(low, high)
