@@ -202,7 +202,8 @@ class Connection(core.Connection):
         before it yields, so no other writer can come in between."""
         if self.closed or self.tls or self._unsent is not None or self._write_lock.locked():
             return None
-        return self.sock.fileno()
+        fd = self.sock.fileno()
+        return fd if fd >= 0 else None
 
     def keep_unsent(self, rest):
         """What a write by descriptor (``fan_fd``, no yield since) left of its last packet: written before anything

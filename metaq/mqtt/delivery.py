@@ -147,15 +147,19 @@ def send_each_py(packets, fds):
     for i, fd in enumerate(fds):
         if fd < 0:
             raise ValueError("send_each: bad file descriptor %d" % fd)
-        s = _socket.socket(fileno=fd)
         try:
-            n = s.sendmsg(packets, [], _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL)
-        except BlockingIOError:
-            n = 0
+            s = _socket.socket(fileno=fd)  # no duplicate: the descriptor is let go (detach) after the send
         except OSError as exc:
-            n = -exc.errno
-        finally:
-            s.detach()
+            n = -exc.errno  # not an open socket: the C helper's sendmsg fails alike
+        else:
+            try:
+                n = s.sendmsg(packets, [], _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                n = -exc.errno
+            finally:
+                s.detach()
         if n != total:
             short.append((i, n))
     return short

@@ -4,6 +4,7 @@ or fails is reported with what it took or its error, and the others are written 
 and its pure-Python twin give the same results on the same sockets."""
 
 import errno
+import os
 import socket
 
 import pytest
@@ -20,6 +21,7 @@ SENDERS = [pytest.param(send_each_py, id="python")] + (
 
 PACKETS = (b"\x30\x0c\x00\x03a/bfirst", b"\x30\x0d\x00\x03a/bsecond", b"\x30\x0c\x00\x03a/bthird")
 WHOLE = b"".join(PACKETS)
+NOT_OPEN = 1_000_000  # past any descriptor limit: never an open file
 
 
 def pair(sndbuf=None):
@@ -96,6 +98,10 @@ def test_the_built_send_each_equals_the_python_twin():
         runs = [send_each(PACKETS, [a.fileno() for a, _ in socks]),
                 send_each([b"x" * 50000, b"y" * 50000], [socks[0][0].fileno(), socks[3][0].fileno()]),
                 send_each([b"z"], [socks[0][0].fileno()])]
+        r, w = os.pipe()  # a descriptor that is no socket, one that is not open
+        runs.append(send_each(PACKETS, [w, NOT_OPEN, socks[3][0].fileno()]))
+        os.close(r)
+        os.close(w)
         received = [drain(socks[i][1]) for i in (0, 1, 3)]
         outcomes.append((runs, received))
         for a, b in socks:
@@ -105,6 +111,7 @@ def test_the_built_send_each_equals_the_python_twin():
     runs = outcomes[0][0]
     assert runs[0] == [(1, 0), (2, -errno.EPIPE)]
     assert [i for i, _ in runs[1]] == [0, 1] and all(0 < took < 100000 for _, took in runs[1])
+    assert runs[3] == [(0, -errno.ENOTSOCK), (1, -errno.EBADF), (2, 0)]
 
 
 @pytest.mark.parametrize("send_each", SENDERS)
