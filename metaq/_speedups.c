@@ -22,6 +22,7 @@
  *   check_ranges(units, skip, log, seg_start, seg_end, limit, nbytes, topic=None, partition=0, first=0)
  *                                                 == metaq.store.gather.check_ranges_py
  *   send_ranges(fd, head, log, ranges, pos)       == metaq.server.zerocopy.send_ranges_py
+ *   send_each(packets, fds)                       == metaq.mqtt.delivery.send_each_py (at the end of this file)
  *   encode_sub_records(topic, partition, payloads, seq0)
  *                                                 == metaq.protocol.putbatch.encode_sub_records_py
  *   encode_idem_sub_records(topic, partition, payloads, pid, seq0)
@@ -713,6 +714,8 @@ static PyObject *send_ranges(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(sent);
 }
 
+static PyObject *send_each(PyObject *self, PyObject *args); /* at the end of this file */
+
 /* record_ok(buf, pos, size) == metaq.store.record.record_ok_py: one record checked in one call. */
 static PyObject *py_record_ok(PyObject *self, PyObject *args) {
     PyObject *obj;
@@ -1058,6 +1061,8 @@ static PyMethodDef methods[] = {
      "(count, ranges, their bytes, stop)"},
     {"send_ranges", send_ranges, METH_VARARGS,
      "send_ranges(fd, head, log, ranges, pos) -> bytes sent by one non-blocking sendmsg"},
+    {"send_each", send_each, METH_VARARGS,
+     "send_each(packets, fds) -> [(i, bytes taken or -errno)] of the fds that did not take all of the packets"},
     {"scan_log", scan_log, METH_VARARGS,
      "scan_log(buf, rel, size, base, max_records) -> (stop, count, max_msg_id, units, runs): recovery's scan"},
     {"write_units", write_units, METH_VARARGS,
@@ -1087,3 +1092,110 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     }
     return m;
 }
+
+/* ==== send_each: one packet run to many sockets (the MQTT fan-out reader) ==================================== */
+
+/* send_each(packets, fds) == metaq.mqtt.delivery.send_each_py: ``packets`` (a sequence of bytes-like objects,
+ * at most SEND_IOV_MAX) written in order by one non-blocking sendmsg (MSG_DONTWAIT | MSG_NOSIGNAL, EINTR retried)
+ * to each file descriptor of ``fds`` (a sequence of ints), one after the other, none waited for. Returns
+ * ``[(i, n), ...]`` for each ``fds[i]`` that did not take all of it, in order: ``n`` the bytes it took (0 when its
+ * buffer was full: EAGAIN), or ``-errno`` when the send failed; ``[]`` when every socket took everything. The GIL is
+ * released for the sends; the buffers are held (exported) until they end. */
+static PyObject *send_each(PyObject *self, PyObject *args) {
+    PyObject *packets_obj, *fds_obj;
+    if (!PyArg_ParseTuple(args, "OO", &packets_obj, &fds_obj))
+        return NULL;
+    PyObject *packets = PySequence_Fast(packets_obj, "send_each: packets must be a sequence of buffers");
+    if (packets == NULL)
+        return NULL;
+    PyObject *fdseq = PySequence_Fast(fds_obj, "send_each: fds must be a sequence of ints");
+    if (fdseq == NULL) {
+        Py_DECREF(packets);
+        return NULL;
+    }
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(packets), nf = PySequence_Fast_GET_SIZE(fdseq);
+    PyObject *result = NULL;
+    Py_buffer *bufs = NULL;
+    int *fds = NULL;
+    ssize_t *took = NULL;
+    int *errs = NULL;
+    Py_ssize_t held = 0;
+    struct iovec iov[SEND_IOV_MAX];
+    size_t total = 0;
+    if (np > SEND_IOV_MAX) {
+        PyErr_Format(PyExc_ValueError, "send_each: %zd packets, at most %d", np, SEND_IOV_MAX);
+        goto done;
+    }
+    bufs = PyMem_Calloc(np ? (size_t)np : 1, sizeof(Py_buffer));
+    fds = PyMem_Malloc((nf ? (size_t)nf : 1) * sizeof(int));
+    took = PyMem_Malloc((nf ? (size_t)nf : 1) * sizeof(ssize_t));
+    errs = PyMem_Malloc((nf ? (size_t)nf : 1) * sizeof(int));
+    if (bufs == NULL || fds == NULL || took == NULL || errs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < np; k++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(packets, k), &bufs[k], PyBUF_SIMPLE) < 0)
+            goto done;
+        held++;
+        iov[k].iov_base = bufs[k].buf;
+        iov[k].iov_len = (size_t)bufs[k].len;
+        total += (size_t)bufs[k].len;
+    }
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(fdseq, i));
+        if (fd == -1 && PyErr_Occurred())
+            goto done;
+        if (fd < 0 || fd > INT32_MAX_V) {
+            PyErr_Format(PyExc_ValueError, "send_each: bad file descriptor %ld", fd);
+            goto done;
+        }
+        fds[i] = (int)fd;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)np;
+        ssize_t sent;
+        do {
+            sent = sendmsg(fds[i], &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } while (sent < 0 && errno == EINTR);
+        took[i] = sent;
+        errs[i] = sent < 0 ? errno : 0;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(0);
+    if (result == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        long long n;
+        if (took[i] >= 0) {
+            if ((size_t)took[i] == total)
+                continue;
+            n = (long long)took[i];
+        } else {
+            n = (errs[i] == EAGAIN || errs[i] == EWOULDBLOCK) ? 0 : -(long long)errs[i];
+        }
+        PyObject *item = Py_BuildValue("(nL)", i, n);
+        if (item == NULL || PyList_Append(result, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+done:
+    for (Py_ssize_t k = 0; k < held; k++)
+        PyBuffer_Release(&bufs[k]);
+    PyMem_Free(bufs);
+    PyMem_Free(fds);
+    PyMem_Free(took);
+    PyMem_Free(errs);
+    Py_DECREF(fdseq);
+    Py_DECREF(packets);
+    return result;
+}
+
+/* ==== end of send_each ======================================================================================= */

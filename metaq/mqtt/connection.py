@@ -34,6 +34,7 @@ Bad input is answered as the specification says and closed, one log line, never 
 """
 
 import logging
+import os
 import time
 from collections import deque
 
@@ -193,6 +194,26 @@ class Connection(core.Connection):
             return self.sock.send(data, 0, 0.0)
         except BlockingIOError:
             return 0
+
+    def fan_fd(self):
+        """The socket's file descriptor when packets may be written to it now by descriptor (a fan-out reader's
+        ``send_each``), else None (it writes through ``try_send``): open, not TLS (an SSL socket encrypts what it
+        writes), no writer inside a packet (the write lock free) and nothing a partial write left. The caller writes
+        before it yields, so no other writer can come in between."""
+        if self.closed or self.tls or self._unsent is not None or self._write_lock.locked():
+            return None
+        fd = self.sock.fileno()
+        return fd if fd >= 0 else None
+
+    def keep_unsent(self, rest):
+        """What a write by descriptor (``fan_fd``, no yield since) left of its last packet: written before anything
+        else, as what a ``try_send`` leaves."""
+        self._unsent = rest
+
+    def send_failed(self, err):
+        """A write by descriptor failed with errno ``err``: the connection closes, as when ``try_send`` fails."""
+        log.info("mqtt %s: send failed (%s); closing", self.peer, os.strerror(err))
+        self.close()
 
     @property
     def unsent(self):

@@ -21,12 +21,14 @@ that topic are granted QoS 0, hands the partition to the port's one reader of it
 partition read this way): it reads each record once, decodes it and encodes its PUBLISH once (``Decoded``) and
 writes it to every delivery handed to it, each one's own decision taken per record (its permission, its filters,
 No Local, Retain As Published, Subscription Identifiers, Message Expiry, its Maximum Packet Size) and its cursor
-moved past it. It never waits for one: a subscriber whose socket does not take a whole PUBLISH at once (it does not
-read), whose record needs QoS 1 or 2, or that lost its permission, leaves it at that record (with what the socket
-did not take of the PUBLISH sent first) and goes on alone from its own cursor, in order, as above; caught up again,
-it hands the partition back. A delivery with every partition handed over and nothing else to do (no wildcard
-filter, no shared subscription, nothing to resend) keeps no greenlet: an acknowledgement, a subscription, a
-fan-out reader that lets it go start one again.
+moved past it. What one read brings goes to each subscriber in one write (a ``sendmsg`` of its PUBLISHes), and the
+subscribers that get the same PUBLISHes are written by one call of the C helper (``send_each``, by descriptor;
+a TLS connection never joins a reader). It never waits for one: a subscriber whose socket does not take them all
+at once (it does not read), whose record needs QoS 1 or 2, or that lost its permission, leaves it at the first
+record not written (with what the socket did not take of a PUBLISH begun sent first) and goes on alone from its own
+cursor, in order, as above; caught up again, it hands the partition back. A delivery with every partition handed
+over and nothing else to do (no wildcard filter, no shared subscription, nothing to resend) keeps no greenlet: an
+acknowledgement, a subscription, a fan-out reader that lets it go start one again.
 
 **From the publisher's turn.** While a delivery's greenlet waits between passes, it is listed in the port's
 ``waiting`` under the partitions it waits on; a publisher's burst, once visible (``flush: async``), has the first
@@ -38,13 +40,14 @@ the readers of the log that come after; each is decided and encoded by what the 
 ``_prepare``), so a subscriber gets it alike either way.
 """
 
+import _socket
 import logging
 import time
 
 import gevent
 from gevent.event import Event
 
-from metaq import errors, limits
+from metaq import errors, limits, speedups
 from metaq.auth.acl import SUB
 from metaq.limits import validate_topic
 from metaq.mqtt import wire
@@ -129,6 +132,42 @@ class _Kept:
             self.held -= values.pop(oldest)[1]
 
 
+#: Packets one ``send_each`` writes at most (Linux's IOV_MAX).
+_SEND_IOV_MAX = 1024
+
+
+def send_each_py(packets, fds):
+    """``packets`` (bytes-like, at most ``_SEND_IOV_MAX``) written in order by one non-blocking ``sendmsg`` to each
+    file descriptor of ``fds``, none waited for: ``[(i, n)]`` for each ``fds[i]`` that did not take all of them,
+    ``n`` the bytes it took (0: its buffer was full) or ``-errno`` (the send failed). The C helper's twin."""
+    if len(packets) > _SEND_IOV_MAX:
+        raise ValueError("send_each: %d packets, at most %d" % (len(packets), _SEND_IOV_MAX))
+    total = sum(memoryview(p).nbytes for p in packets)
+    short = []
+    for i, fd in enumerate(fds):
+        if fd < 0:
+            raise ValueError("send_each: bad file descriptor %d" % fd)
+        try:
+            s = _socket.socket(fileno=fd)  # no duplicate: the descriptor is let go (detach) after the send
+        except OSError as exc:
+            n = -exc.errno  # not an open socket: the C helper's sendmsg fails alike
+        else:
+            try:
+                n = s.sendmsg(packets, [], _socket.MSG_DONTWAIT | _socket.MSG_NOSIGNAL)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                n = -exc.errno
+            finally:
+                s.detach()
+        if n != total:
+            short.append((i, n))
+    return short
+
+
+send_each = speedups.load("send_each", send_each_py)  # the C twin when built: the GIL released, one call for all
+
+
 class Fanouts:
     """The port's fan-out readers (``Fanout``), one per partition some caught-up delivery handed over."""
 
@@ -151,6 +190,33 @@ class Fanouts:
             return None
         f.members.add(delivery)
         return f
+
+
+class _Batch:
+    """A fan-out reader's records of one read, as every member's ``Delivery.fan_plan`` reads them: ``items``
+    (``(queue offset, key in Decoded, MqttMessage)`` each, in order), ``end`` (the offset after the last), the kinds
+    of message ``_decision`` tells apart (``kinds``: the first message of each; ``kind_of``: each item's), whether
+    one has an expiry, and the plans decided for members alike (``plans``)."""
+
+    __slots__ = ("items", "first", "end", "kinds", "kind_of", "expiring", "plans")
+
+    def __init__(self, records, topic, decoded):
+        self.items, self.kinds, self.kind_of, self.expiring, self.plans = [], [], [], False, {}
+        seen = {}  # what _decision reads of a message -> its kind
+        for rec in records:
+            dkey = (rec.position, rec.msg_id)
+            m = decoded.message(dkey, topic, rec.flag, rec.data)
+            self.items.append((rec.queue_offset, dkey, m))
+            what = (m.topic, m.client_id, m.retain)
+            kind = seen.get(what)
+            if kind is None:
+                kind = seen[what] = len(self.kinds)
+                self.kinds.append(m)
+            self.kind_of.append(kind)
+            if m.expires_ms is not None:
+                self.expiring = True
+        self.first = records[0].queue_offset
+        self.end = records[-1].queue_offset + 1
 
 
 class Fanout:
@@ -190,14 +256,9 @@ class Fanout:
                     f.waiters.wait_any((self.key,), limits.MQTT_TOPIC_RESCAN_S, self._wake)
                     turn = time.monotonic()
                     continue
-                for rec in records:
-                    dkey = (rec.position, rec.msg_id)
-                    m = decoded.message(dkey, topic, rec.flag, rec.data)
-                    self.offset = rec.queue_offset + 1  # a delivery that joins meanwhile has sent this one itself
-                    for d in list(self.members):
-                        turn = share_loop(turn)
-                        if d in self.members and not d.fan_deliver(self.key, rec, m, dkey):
-                            self.leave(d)
+                batch = _Batch(records, topic, decoded)
+                self.offset = batch.end  # a delivery that joins meanwhile has read these itself
+                turn = self._write(batch, turn)
         finally:
             self.ended = True
             if f.readers.get(self.key) is self:
@@ -205,6 +266,55 @@ class Fanout:
             members, self.members = self.members, set()
             for d in members:
                 d.left(self.key)
+
+    def _write(self, batch, turn):
+        """Write the records of ``batch`` (a ``_Batch``) to every member, each one's PUBLISHes decided by its delivery
+        (``Delivery.fan_plan``) and written by one non-blocking call for all the members that get the same ones
+        (``send_each``: one ``sendmsg`` of them all per socket, by descriptor; a connection that cannot be written so
+        now goes through ``try_send``); a member whose socket did not take all of them reads on alone
+        (``Delivery.fan_wrote``). Members are decided and written in rounds, the loop shared between rounds
+        (``share_loop``), never between a member's decision and its write. Returns when this turn started."""
+        key = self.key
+        members = self.members
+        same = {}  # the PUBLISHes, in order -> [(Delivery, plan)]
+        budget = limits.MAX_TURN_MS / 1000.0
+        for d in list(members):
+            if d not in members:
+                continue
+            plan = d.fan_plan(key, batch)
+            if plan is None:
+                self.leave(d)
+            elif not plan[0]:
+                if not d.fan_wrote(key, plan):
+                    self.leave(d)
+            else:
+                same.setdefault(plan[0], []).append((d, plan))
+            if time.monotonic() - turn >= budget:
+                self._send(same)
+                same = {}
+                turn = share_loop(turn)
+        self._send(same)
+        return turn
+
+    def _send(self, same):
+        """Write each run of PUBLISHes of ``same`` (see ``_write``) to its members, decided with no yield since."""
+        key = self.key
+        for packets, planned in same.items():
+            direct, fds = [], []
+            for d, plan in planned:
+                fd = d.conn.fan_fd()
+                if fd is None:
+                    if not d.fan_try(key, plan):
+                        self.leave(d)
+                else:
+                    direct.append((d, plan))
+                    fds.append(fd)
+            if not fds:
+                continue
+            short = dict(send_each(packets, fds))
+            for i, (d, plan) in enumerate(direct):
+                if not d.fan_wrote(key, plan, short.get(i)):
+                    self.leave(d)
 
     def leave(self, delivery):
         """``delivery`` reads this partition alone from now on, from its cursor."""
@@ -575,36 +685,91 @@ class Delivery:
                     handed = self._handed = {}
                 handed[key] = f
 
-    def fan_deliver(self, key, rec, m, dkey):
-        """A fan-out reader's record ``rec`` of partition ``key`` (``m`` its message, ``dkey`` its key in
-        ``Decoded``) for this delivery: True when it was sent or is not for it (its cursor moves past it), False
-        when this delivery is to read on alone from its cursor (see the module doc)."""
+    def fan_plan(self, key, batch):
+        """What this delivery gets of a fan-out reader's records (``batch``, a ``_Batch``) of partition ``key``, each
+        decided as its greenlet decides it (the permission, ``_decision``, ``_prepare``): ``(packets, offsets, end,
+        stop)``, the PUBLISHes to write in order, the queue offset of each, its cursor once they are written, and
+        True when it reads on alone from ``end`` then (a record needs QoS 1 or 2: its greenlet's); None when it reads
+        on alone from its cursor now (closed, its permission gone). Members whose decisions, MQTT version and Maximum
+        Packet Size are alike (no Subscription Identifier, no expiry) share one plan. Nothing here yields: the reader
+        writes them before it does (``fan_wrote``, ``fan_try``)."""
         conn, session = self.conn, self.session
         offset = session.cursors.get(key)
         if offset is None or conn.closed:
-            return False
-        if offset > rec.queue_offset:
-            return True  # it sent this one itself before it joined
+            return None
         topic = key[0]
         if not self.guard.allows(conn.session, SUB, "topic", topic):
-            return False
-        granted, ids, retain = self._decision(topic, m)
-        if granted is not None:
+            return None
+        decisions = [self._decision(topic, m) for m in batch.kinds]
+        alike = None
+        if offset <= batch.first and not batch.expiring and not any(ids for _granted, ids, _retain in decisions):
+            alike = (tuple((granted, retain) for granted, _ids, retain in decisions), conn.version,
+                     conn.client_max_packet)
+            plan = batch.plans.get(alike)
+            if plan is not None:
+                return plan
+        packets, offsets = [], []
+        end, stop = max(offset, batch.end), False
+        for (queue_offset, dkey, m), kind in zip(batch.items, batch.kind_of):
+            if queue_offset < offset:
+                continue  # it sent this one itself before it joined
+            granted, ids, retain = decisions[kind]
+            if granted is None:
+                continue
             if min(granted, m.qos):
-                return False
+                end, stop = queue_offset, True
+                break
             prepared = self._prepare(m, granted, retain, ids, dkey, False)
             if prepared is not _DROPPED:
-                data = prepared[0]
-                sent = conn.try_send(data)
-                if not sent:
-                    return False
-                if sent < len(data):  # the connection writes the rest before anything else
-                    session.cursors[key] = rec.queue_offset + 1
-                    session.dirty = True
-                    return False
-        session.cursors[key] = rec.queue_offset + 1
-        session.dirty = True
-        return True
+                packets.append(prepared[0])
+                offsets.append(queue_offset)
+        plan = (tuple(packets), tuple(offsets), end, stop)
+        if alike is not None:
+            batch.plans[alike] = plan
+        return plan
+
+    def fan_wrote(self, key, plan, took=None):
+        """``fan_plan``'s ``plan`` of partition ``key`` was written by descriptor (``Connection.fan_fd``, no yield
+        since): ``took`` None when the socket took all of it, else the bytes it took (0 when full) or ``-errno``
+        when the write failed (the connection closes). Its cursor moves past every record written, and past the one
+        begun (the connection keeps the rest of its PUBLISH, written before anything else); True while it stays with
+        the reader, False when it reads on alone from there."""
+        packets, offsets, end, stop = plan
+        if took is not None:
+            if took < 0:
+                self.conn.send_failed(-took)
+                took = 0
+            for data, queue_offset in zip(packets, offsets):
+                if took < len(data):
+                    if took:
+                        self.conn.keep_unsent(data[took:])
+                        end = queue_offset + 1
+                    else:
+                        end = queue_offset
+                    break
+                took -= len(data)
+            stop = True
+        self._fan_moved(key, end)
+        return not stop
+
+    def fan_try(self, key, plan):
+        """``fan_wrote``'s work for a connection that cannot be written by descriptor now (another writer holds it,
+        part of a packet is left, it closed): each PUBLISH through ``try_send``, which never waits."""
+        packets, offsets, end, stop = plan
+        conn = self.conn
+        for data, queue_offset in zip(packets, offsets):
+            sent = conn.try_send(data)
+            if not sent or sent < len(data):  # a part taken: the connection writes the rest before anything else
+                self._fan_moved(key, queue_offset + 1 if sent else queue_offset)
+                return False
+        self._fan_moved(key, end)
+        return not stop
+
+    def _fan_moved(self, key, offset):
+        session = self.session
+        if offset > session.cursors.get(key, offset):
+            session.cursors[key] = offset
+            session.dirty = True
 
     def _decision(self, topic, m):
         """How message ``m`` of metaq topic ``topic`` goes to this session: ``(granted QoS, Subscription

@@ -83,3 +83,41 @@ def test_a_subscriber_that_stops_reading_holds_nobody_up_and_catches_up_in_order
             got.append(p.payload)
     assert [g[:5] for g in got] == [w[:5] for w in want] and got == want
     stuck.close()
+
+
+def test_subscribers_decided_differently_each_get_their_own_from_one_read(broker_factory, tmp_path):
+    """One reader's read holds many records (all published in one write); each subscriber's PUBLISHes are its own
+    decisions: a Subscription Identifier carried, the messages past its Maximum Packet Size left out, MQTT 3.1.1's
+    encoding, No Local, a second filter matching only some names; the plain ones share one write of them all."""
+    b = broker_factory(mqtt_config(tmp_path))
+    plain = [subscriber(b, "plain%d" % i, "fan/out") for i in range(6)]
+    old = [subscriber(b, "old%d" % i, "fan/out", wire.MQTT_311) for i in range(2)]
+    with_id = Raw(b, wire.MQTT_5, timeout=30)
+    assert with_id.connect("with-id").reason_code == 0
+    with_id.send(wire.Subscribe(1, (wire.Subscription("fan/out", 0),), {"subscription_identifier": 7}))
+    assert isinstance(with_id.read(), wire.Suback)
+    small = Raw(b, wire.MQTT_5, timeout=30)
+    assert small.connect("small", properties={"maximum_packet_size": 200}).reason_code == 0
+    small.send(wire.Subscribe(1, (wire.Subscription("fan/out", 0),)))
+    assert isinstance(small.read(), wire.Suback)
+    pub = subscriber(b, "pub", "fan/out", no_local=True)
+    want = [b"%05d" % i + (b"L" * 300 if i % 7 == 3 else b"") for i in range(MESSAGES)]
+    pub.send_bytes(b"".join(wire.encode(wire.Publish("fan/out", p), wire.MQTT_5) for p in want))
+    for s in plain + old:
+        assert publishes(s, MESSAGES) == want
+    got = []
+    while len(got) < MESSAGES:
+        p = with_id.read()
+        assert isinstance(p, wire.Publish) and p.properties.get("subscription_identifier") == (7,)
+        got.append(p.payload)
+    assert got == want
+    fitting = [w for w in want if len(w) < 100]
+    assert publishes(small, len(fitting)) == fitting  # the large ones dropped, the rest in order
+    pub.send(wire.Publish("fan/out", b"mine"))
+    pub.send(wire.PingReq())
+    assert isinstance(pub.read(), wire.PingResp)  # "mine" is stored before "last" is sent
+    marker = subscriber(b, "marker-pub", "nothing/here")
+    marker.send(wire.Publish("fan/out", b"last"))
+    for s in plain[:2] + old[:1] + [small]:
+        assert publishes(s, 2) == [b"mine", b"last"]
+    assert publishes(pub, 1) == [b"last"]  # No Local: none of its own, from the burst or after

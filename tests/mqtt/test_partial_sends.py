@@ -10,6 +10,7 @@ import gevent.socket
 
 from metaq import limits
 from metaq.mqtt.connection import Connection
+from metaq.mqtt.delivery import send_each
 from metaq.server.connections import ConnectionLimits
 
 
@@ -61,4 +62,42 @@ def test_flush_unsent_writes_the_rest_of_a_begun_packet():
     assert reader.get(timeout=10) == first
     assert not conn.unsent
     conn.close()
+    peer.close()
+
+
+def test_a_connection_is_written_by_descriptor_only_while_no_writer_is_inside_a_packet():
+    """``fan_fd``: the fan-out reader's ``send_each`` writes by descriptor only a connection nobody is writing (the
+    write lock free) with nothing left of a packet; what such a write leaves of its last packet (``keep_unsent``)
+    goes before anything written after it."""
+    conn, peer = _connection()
+    assert conn.fan_fd() == conn.sock.fileno()
+    first = b"E" * 200_000
+    sent = conn.try_send(first)
+    assert 0 < sent < len(first) and conn.fan_fd() is None  # a part is left
+    reader = gevent.spawn(_read_all, peer, len(first))
+    assert conn.flush_unsent() is True
+    assert reader.get(timeout=10) == first
+    assert conn.fan_fd() == conn.sock.fileno()
+    big = b"F" * 300_000
+    writer = gevent.spawn(conn.send_bytes, big)  # a writer inside a packet: it waits for the socket, lock held
+    gevent.sleep(0.05)
+    assert not writer.ready() and conn.fan_fd() is None
+    assert conn.try_send(b"G" * 10) == 0  # nor does try_send write inside its packet
+    reader = gevent.spawn(_read_all, peer, len(big))
+    assert writer.get(timeout=10) is True
+    assert reader.get(timeout=10) == big
+    fd = conn.fan_fd()
+    packet = b"H" * 150_000
+    short = dict(send_each([packet], [fd]))  # what the fan-out reader does with it
+    took = short.get(0, len(packet))
+    assert 0 < took < len(packet)
+    conn.keep_unsent(packet[took:])
+    assert conn.fan_fd() is None
+    after = b"I" * 100
+    writer = gevent.spawn(conn.send_bytes, after)
+    reader = gevent.spawn(_read_all, peer, len(packet) + len(after))
+    assert writer.get(timeout=10) is True
+    assert reader.get(timeout=10) == packet + after  # the packet whole, then the next
+    conn.close()
+    assert conn.fan_fd() is None
     peer.close()
