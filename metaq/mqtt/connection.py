@@ -19,11 +19,14 @@ request deadline, the login deadline; an idle connection parks, holding no green
   PUBLISHes one read brings (not retained) are gathered as a burst (``limits.MQTT_PUBLISH_BURST``,
   ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes, and stored together through the store's
   burst path (``MqttPort.put_burst``) before any other packet is handled, the reader yields or answers; their
-  PUBACKs go out together once the burst may be acknowledged. A PUBLISH the burst cannot store (the disk, a record
-  too large) is refused as alone, those before it stored and acknowledged, those after it put one by one. A QoS 2
-  resend of a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
-  MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
-  exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
+  PUBACKs go out together once the burst may be acknowledged. The plain ones (no properties, of a name staged in this
+  turn, to a topic the decision let through) are split from the buffer and staged in one step
+  (``wire.MqttParser.plain_publishes``, in C when the helper is built), each as ``MqttPort.stage`` stages it. A PUBLISH
+  the burst cannot store (the disk, a record too large) is refused as alone, those before it stored and acknowledged,
+  those after it put one by one. A QoS 2 resend of a packet id not yet released is answered PUBREC and not stored again
+  (``session.MqttSession``). A refusal: MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized,
+  0x90 topic name invalid, 0x97 quota exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no
+  negative acknowledgement) is closed.
 * **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
   a greenlet of its own while it has work; a partition it is caught up on at QoS 0 is written by the port's
   fan-out reader of it) reads the topics the subscriptions read from their end.
@@ -121,7 +124,7 @@ class Connection(core.Connection):
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
-        self._plans = None  # name bytes -> records.plain_plan of names staged here: a dict once one is (_plan)
+        self._plans = None  # name bytes -> records.plain_plan of names staged this turn: a dict once one is (_plan)
 
     @property
     def busy(self):
@@ -343,6 +346,8 @@ class Connection(core.Connection):
         finally:
             if not parked:
                 self._end()
+            else:
+                self._plans = None  # an idle connection holds no staging plan: its next turn makes them again
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
@@ -361,7 +366,7 @@ class Connection(core.Connection):
                         limits.MQTT_PUBLISH_BURST - len(self._burst),
                         limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
                     if staged:
-                        if not self._stage_plain(staged, qos1, nbytes):
+                        if not self._stage_plain(staged, qos1, nbytes) or self.closed:
                             return False
                         started = turn if turn is not None else _now()
                         if _now() - started < limits.MAX_TURN_MS / 1000.0:
