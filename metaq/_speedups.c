@@ -35,6 +35,9 @@
  *   write_units(dst, at, src, src_at, n)          == metaq.store.recovery_scan.write_units_py (_recoveryscan.c)
  *   nonzero_end(buf, start, end)                  == metaq.store.mapped.nonzero_end_py (_recoveryscan.c)
  *   keyed_records(buf, rel, stop, end)            == metaq.keys.index.keyed_records_py (_recoveryscan.c)
+ *   mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+ *                                                 == metaq.mqtt.wire.plain_publishes_py
+ *   mqtt_burst_frames(staged, largest)            == metaq.mqtt.port.burst_frames_py
  *
  *   crc32(data, value=0)                         == zlib.crc32 (metaq.protocol.checksum uses it)
  *   SyncWorker(notify_fd)                        fdatasync off the GIL (metaq/server/flusher.py;
@@ -1025,6 +1028,9 @@ int metaq_decimal(char *p, long long v) {
     return put_decimal(p, v);
 }
 
+static PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args); /* at the end of this file */
+static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args);    /* likewise */
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0) -> the unsigned CRC-32 of data (as zlib.crc32)"},
     {"scan_puts", scan_puts, METH_VARARGS,
@@ -1071,6 +1077,11 @@ static PyMethodDef methods[] = {
      "nonzero_end(buf, start, end) -> one past the last non-zero byte of buf[start:end], or start if none"},
     {"keyed_records", keyed_records, METH_VARARGS,
      "keyed_records(buf, rel, stop, end) -> (where the walk stopped, [rel of each record with attributes])"},
+    {"mqtt_plain_publishes", mqtt_plain_publishes, METH_VARARGS,
+     "mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish) -> (entries, pos, "
+     "qos1, nbytes)"},
+    {"mqtt_burst_frames", mqtt_burst_frames, METH_VARARGS,
+     "mqtt_burst_frames(staged, largest) -> (frames, src, general, names): the store's burst frames of staged puts"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1199,3 +1210,284 @@ done:
 }
 
 /* ==== end of send_each ======================================================================================= */
+
+/* ======================================================================================================== */
+/* MQTT: the plain PUBLISHes of a reader's buffer, split and staged in one call                               */
+/* ======================================================================================================== */
+
+/* mqtt_plain_publishes(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish)
+   -> (entries, next pos, how many at QoS 1, their records' bytes):
+   metaq.mqtt.wire.plain_publishes_py in C (see its docstring; the tests hold the two equal). Each entry is
+   (metaq topic, hash % partitions, flag, prefix + payload, Publish, name), the Publish made as wire._plain_publish
+   makes it (object.__new__ and its __dict__ set, not its frozen __init__). */
+static PyObject *mqtt_keys[7];
+static const char *const MQTT_KEY_NAMES[7] = {"topic", "payload", "qos", "retain", "dup", "packet_id", "properties"};
+
+static PyObject *mqtt_publish_of(PyTypeObject *cls, PyObject *name, PyObject *payload, int qos, int dup,
+                                 long packet_id) {
+    PyObject *p = cls->tp_alloc(cls, 0);
+    if (p == NULL)
+        return NULL;
+    PyObject *d = PyObject_GenericGetDict(p, NULL);
+    if (d == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    PyObject *props = PyDict_New();
+    PyObject *pid = qos ? PyLong_FromLong(packet_id) : Py_NewRef(Py_None);
+    PyObject *values[7] = {name, payload, qos ? PyLong_FromLong(1) : PyLong_FromLong(0), Py_False,
+                           dup ? Py_True : Py_False, pid, props};
+    int bad = props == NULL || pid == NULL || values[2] == NULL;
+    for (int k = 0; k < 7 && !bad; k++)
+        bad = PyDict_SetItem(d, mqtt_keys[k], values[k]) < 0;
+    Py_XDECREF(values[2]);
+    Py_XDECREF(pid);
+    Py_XDECREF(props);
+    Py_DECREF(d);
+    if (bad) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    return p;
+}
+
+static PyObject *mqtt_plain_publishes(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, count, qos1 = 0, taken = 0;
+    long long max_packet, room, nbytes;
+    int v5;
+    PyObject *plans, *decided, *cls;
+    if (!PyArg_ParseTuple(args, "y*npLO!O!LnLO!", &b, &pos, &v5, &max_packet, &PyDict_Type, &plans, &PyDict_Type,
+                          &decided, &room, &count, &nbytes, &PyType_Type, &cls))
+        return NULL;
+    if (mqtt_keys[0] == NULL) {
+        for (int k = 0; k < 7; k++) {
+            mqtt_keys[k] = PyUnicode_InternFromString(MQTT_KEY_NAMES[k]);
+            if (mqtt_keys[k] == NULL) {
+                PyBuffer_Release(&b);
+                return NULL;
+            }
+        }
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)b.buf;
+    Py_ssize_t end = b.len;
+    if (pos < 0 || pos > end) {
+        PyErr_Format(PyExc_ValueError, "mqtt_plain_publishes: pos %zd is outside the %zd-byte buffer", pos, end);
+        goto fail;
+    }
+    while (count > 0 && nbytes > 0 && end - pos >= 2) {
+        unsigned char first = buf[pos];
+        if (first != 0x30 && first != 0x32 && first != 0x3A) /* PUBLISH, QoS 0 or 1 (DUP at 1 only), not retained */
+            break;
+        long long length = 0;
+        int shift = 0, i = 1, bad = 0;
+        unsigned char c;
+        for (;;) {
+            if (pos + i >= end) {
+                bad = 1;
+                break;
+            }
+            c = buf[pos + i];
+            length |= (long long)(c & 0x7F) << shift;
+            if (!(c & 0x80))
+                break;
+            if (i == 4) {
+                bad = 1;
+                break;
+            }
+            shift += 7;
+            i++;
+        }
+        if (bad || (i > 1 && !c))
+            break;
+        long long total = 1 + i + length;
+        if (total > max_packet || total > (long long)(end - pos))
+            break;
+        Py_ssize_t start = pos + 1 + i, stop = pos + (Py_ssize_t)total;
+        if (stop - start < 2)
+            break;
+        Py_ssize_t at = start + 2 + (((Py_ssize_t)buf[start] << 8) | buf[start + 1]);
+        if (at > stop)
+            break;
+        PyObject *key = PyBytes_FromStringAndSize((const char *)buf + start + 2, at - start - 2);
+        if (key == NULL)
+            goto fail;
+        PyObject *plan = PyDict_GetItemWithError(plans, key); /* borrowed */
+        Py_DECREF(key);
+        if (plan == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            break;
+        }
+        if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 6) {
+            PyErr_SetString(PyExc_TypeError, "mqtt_plain_publishes: a plan is not a tuple of 6");
+            goto fail;
+        }
+        int qos = (first >> 1) & 1;
+        long packet_id = 0;
+        if (qos) {
+            if (room <= 0 || at + 2 > stop)
+                break;
+            packet_id = ((long)buf[at] << 8) | buf[at + 1];
+            if (!packet_id)
+                break;
+            at += 2;
+        }
+        if (v5) {
+            if (at >= stop || buf[at])
+                break;
+            at += 1;
+        }
+        PyObject *name = PyTuple_GET_ITEM(plan, 0), *topic = PyTuple_GET_ITEM(plan, 1);
+        PyObject *hash = PyTuple_GET_ITEM(plan, 2), *flag = PyTuple_GET_ITEM(plan, 3);
+        PyObject *prefix = PyTuple_GET_ITEM(plan, 4 + qos);
+        PyObject *partitions = PyDict_GetItemWithError(decided, topic); /* borrowed */
+        if (partitions == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            break;
+        }
+        long long nparts = PyLong_AsLongLong(partitions);
+        if (nparts == -1 && PyErr_Occurred())
+            goto fail;
+        if (nparts <= 0)
+            break;
+        unsigned long long crc = PyLong_AsUnsignedLongLong(hash);
+        if (crc == (unsigned long long)-1 && PyErr_Occurred())
+            goto fail;
+        if (!PyBytes_CheckExact(prefix)) {
+            PyErr_SetString(PyExc_TypeError, "mqtt_plain_publishes: a plan's record prefix is not bytes");
+            goto fail;
+        }
+        Py_ssize_t plen = PyBytes_GET_SIZE(prefix), n = stop - at;
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + at, n);
+        PyObject *data = PyBytes_FromStringAndSize(NULL, plen + n);
+        PyObject *partition = PyLong_FromUnsignedLongLong(crc % (unsigned long long)nparts);
+        PyObject *p = NULL, *entry = NULL;
+        if (payload != NULL && data != NULL && partition != NULL) {
+            memcpy(PyBytes_AS_STRING(data), PyBytes_AS_STRING(prefix), plen);
+            memcpy(PyBytes_AS_STRING(data) + plen, buf + at, n);
+            p = mqtt_publish_of((PyTypeObject *)cls, name, payload, qos, first & 0x08, packet_id);
+        }
+        if (p != NULL)
+            entry = PyTuple_Pack(6, topic, partition, flag, data, p, name);
+        Py_XDECREF(payload);
+        Py_XDECREF(data);
+        Py_XDECREF(partition);
+        Py_XDECREF(p);
+        if (entry == NULL)
+            goto fail;
+        int added = PyList_Append(out, entry);
+        Py_DECREF(entry);
+        if (added < 0)
+            goto fail;
+        pos = stop;
+        count--;
+        nbytes -= plen + n;
+        taken += plen + n;
+        room -= qos;
+        qos1 += qos;
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(Nnnn)", out, pos, qos1, taken);
+fail:
+    PyBuffer_Release(&b);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* mqtt_burst_frames(staged, largest) -> (frames, src, general, names): metaq.mqtt.port.burst_frames_py in C (see its
+   docstring; the tests hold the two equal): a frame (topic bytes, partition, flag, 0, start, length, CRC-32) per
+   staged entry over src, their data back to back. */
+static PyObject *mqtt_burst_frames(PyObject *self, PyObject *args) {
+    PyObject *staged;
+    long long largest;
+    if (!PyArg_ParseTuple(args, "OL", &staged, &largest))
+        return NULL;
+    PyObject *seq = PySequence_Fast(staged, "staged must be a sequence of entries");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq), total = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *names = PyDict_New(), *frames = PyList_New(count), *general = PyList_New(0), *src = NULL;
+    if (names == NULL || frames == NULL || general == NULL)
+        goto fail;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *e = items[k];
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4) {
+            PyErr_Format(PyExc_TypeError, "mqtt_burst_frames: entry %zd is not a tuple of at least 4", k);
+            goto fail;
+        }
+        PyObject *data = PyTuple_GET_ITEM(e, 3);
+        if (!PyBytes_Check(data)) {
+            PyErr_Format(PyExc_TypeError, "mqtt_burst_frames: entry %zd's data is %.100s, not bytes", k,
+                         Py_TYPE(data)->tp_name);
+            goto fail;
+        }
+        total += PyBytes_GET_SIZE(data);
+    }
+    src = PyBytes_FromStringAndSize(NULL, total);
+    if (src == NULL)
+        goto fail;
+    char *w = PyBytes_AS_STRING(src);
+    Py_ssize_t at = 0;
+    PyObject *last_topic = NULL, *last_tb = NULL; /* borrowed: a burst is mostly one topic */
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *e = items[k];
+        PyObject *topic = PyTuple_GET_ITEM(e, 0), *data = PyTuple_GET_ITEM(e, 3), *tb;
+        if (topic == last_topic) {
+            tb = last_tb;
+        } else {
+            tb = PyDict_GetItemWithError(names, topic);
+            if (tb == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                PyObject *made = PyUnicode_Check(topic) ? PyUnicode_AsASCIIString(topic)
+                                                        : PyObject_CallMethod(topic, "encode", "s", "ascii");
+                if (made == NULL)
+                    goto fail;
+                int bad = PyDict_SetItem(names, topic, made) < 0;
+                Py_DECREF(made); /* the dict holds it */
+                if (bad)
+                    goto fail;
+                tb = made;
+            }
+            if (!PyBytes_Check(tb)) {
+                PyErr_SetString(PyExc_TypeError, "mqtt_burst_frames: a topic's encoding is not bytes");
+                goto fail;
+            }
+            last_topic = topic;
+            last_tb = tb;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        if ((long long)n + (long long)PyBytes_GET_SIZE(tb) > largest) {
+            PyObject *ix = PyLong_FromSsize_t(k);
+            int bad = ix == NULL || PyList_Append(general, ix) < 0;
+            Py_XDECREF(ix);
+            if (bad)
+                goto fail;
+        }
+        const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+        PyObject *frame = Py_BuildValue("(OOOinnk)", tb, PyTuple_GET_ITEM(e, 1), PyTuple_GET_ITEM(e, 2), 0, at, n,
+                                        crc_of(d, n, 0) & 0xFFFFFFFFul);
+        if (frame == NULL)
+            goto fail;
+        PyList_SET_ITEM(frames, k, frame);
+        memcpy(w + at, d, n);
+        at += n;
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(NNNN)", frames, src, general, names);
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(names);
+    Py_XDECREF(frames);
+    Py_XDECREF(general);
+    Py_XDECREF(src);
+    return NULL;
+}

@@ -19,11 +19,14 @@ request deadline, the login deadline; an idle connection parks, holding no green
   PUBLISHes one read brings (not retained) are gathered as a burst (``limits.MQTT_PUBLISH_BURST``,
   ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes, and stored together through the store's
   burst path (``MqttPort.put_burst``) before any other packet is handled, the reader yields or answers; their
-  PUBACKs go out together once the burst may be acknowledged. A PUBLISH the burst cannot store (the disk, a record
-  too large) is refused as alone, those before it stored and acknowledged, those after it put one by one. A QoS 2
-  resend of a packet id not yet released is answered PUBREC and not stored again (``session.MqttSession``). A refusal:
-  MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized, 0x90 topic name invalid, 0x97 quota
-  exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no negative acknowledgement) is closed.
+  PUBACKs go out together once the burst may be acknowledged. The plain ones (no properties, of a name staged in this
+  turn, to a topic the decision let through) are split from the buffer and staged in one step
+  (``wire.MqttParser.plain_publishes``, in C when the helper is built), each as ``MqttPort.stage`` stages it. A PUBLISH
+  the burst cannot store (the disk, a record too large) is refused as alone, those before it stored and acknowledged,
+  those after it put one by one. A QoS 2 resend of a packet id not yet released is answered PUBREC and not stored again
+  (``session.MqttSession``). A refusal: MQTT 5 QoS 1/2 get the reason code in the PUBACK/PUBREC (0x87 not authorized,
+  0x90 topic name invalid, 0x97 quota exceeded, 0x80), MQTT 5 QoS 0 is dropped (logged), MQTT 3.1.1 (which has no
+  negative acknowledgement) is closed.
 * **SUBSCRIBE / UNSUBSCRIBE**: each filter's permission asked of the guard; the delivery (``delivery.Delivery``,
   a greenlet of its own while it has work; a partition it is caught up on at QoS 0 is written by the port's
   fan-out reader of it) reads the topics the subscriptions read from their end.
@@ -45,7 +48,7 @@ from gevent.lock import Semaphore
 from metaq import errors, limits
 from metaq.mqtt import wire
 from metaq.mqtt.delivery import Delivery
-from metaq.mqtt.records import RecordRefusal, first_level, stored_message
+from metaq.mqtt.records import RecordRefusal, first_level, plain_plan, stored_message
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
 from metaq.protocol.stream import CLOSED, NEED_DATA
@@ -62,6 +65,10 @@ CONNACK_311 = {wire.CLIENT_ID_NOT_VALID: 0x02, wire.BAD_USER_NAME_OR_PASSWORD: 0
 MAX_REASON_CHARS = 256
 #: MQTT 3.1.1's SUBACK failure.
 SUBACK_FAILURE_311 = 0x80
+#: Topic names a connection keeps the staging plan of (``records.plain_plan``: their plain PUBLISHes are split and
+#: staged in one step, ``wire.MqttParser.plain_publishes``): a device publishes to a few; past the count the plans
+#: start again.
+MQTT_PLAIN_PLANS = 32
 
 
 def reason_of(exc):
@@ -86,7 +93,8 @@ class Connection(core.Connection):
     __slots__ = ("port", "settings", "parser", "version", "mqtt", "will", "expiry_s", "client_receive_max",
                  "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
                  "_ack_sent", "_writer", "_delivery", "_unacked_in", "_aliases", "_handling",
-                 "_ended_cleanly", "_taken_over", "_decided", "_burst", "_burst_bytes", "_burst_now", "_unsent")
+                 "_ended_cleanly", "_taken_over", "_decided", "_burst", "_burst_bytes", "_burst_now", "_unsent",
+                 "_plans")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -117,6 +125,7 @@ class Connection(core.Connection):
         self._burst = []  # PUBLISHes staged, not yet stored: (topic, partition, flag, data, packet, name)
         self._burst_bytes = 0
         self._burst_now = 0  # the burst's time (epoch ms): its records' store time
+        self._plans = None  # name bytes -> records.plain_plan of names staged this turn: a dict once one is (_plan)
 
     @property
     def busy(self):
@@ -359,6 +368,8 @@ class Connection(core.Connection):
         finally:
             if not parked:
                 self._end()
+            else:
+                self._plans = None  # an idle connection holds no staging plan: its next turn makes them again
 
     def _process(self):
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
@@ -367,10 +378,29 @@ class Connection(core.Connection):
         turn = None
         decided = self._decided
         decided.clear()
+        parser = self.parser
         try:
             while True:
+                plans = self._plans
+                if plans and decided:  # plain PUBLISHes of names staged before: split and staged in one step
+                    staged, qos1, nbytes = parser.plain_publishes(
+                        plans, decided, self.settings.receive_maximum - self._unacked_in,
+                        limits.MQTT_PUBLISH_BURST - len(self._burst),
+                        limits.MQTT_PUBLISH_BURST_BYTES - self._burst_bytes)
+                    if staged:
+                        if not self._stage_plain(staged, qos1, nbytes) or self.closed:
+                            return False
+                        started = turn if turn is not None else _now()
+                        if _now() - started < limits.MAX_TURN_MS / 1000.0:
+                            turn = started
+                            continue
+                        if self._burst and not self._flush_burst():
+                            return False
+                        turn = core.share_loop(started)
+                        decided.clear()
+                        continue
                 try:
-                    packet = self.parser.next_event()
+                    packet = parser.next_event()
                 except MqttError as exc:
                     self._flush_burst()  # the PUBLISHes before the bad packet are stored and acknowledged
                     self._refuse(exc)
@@ -648,6 +678,30 @@ class Connection(core.Connection):
         if p.qos:
             self._unacked_in += 1
         self._burst_bytes += len(data)
+        if not p.properties:
+            self._plan(name)
+        if len(burst) >= limits.MQTT_PUBLISH_BURST or self._burst_bytes >= limits.MQTT_PUBLISH_BURST_BYTES:
+            return self._flush_burst()
+        return True
+
+    def _plan(self, name):
+        """Remember the staging plan of ``name``, just staged from a PUBLISH without properties (so a valid topic
+        name, a valid metaq topic): its next plain PUBLISHes are split and staged in one step (``_stage_plain``)."""
+        if self._plans is None:
+            self._plans = {}
+        remember_plan(self._plans, name, self.mqtt.client_id)
+
+    def _stage_plain(self, staged, qos1, nbytes):
+        """Add ``wire.MqttParser.plain_publishes``'s entries (``qos1`` of them at QoS 1, ``nbytes`` of records) to
+        the burst, as ``_publish`` adds each: what ``MqttPort.stage`` gives and the packet, the write decision being
+        ``decided``'s (the split takes only names of topics it let through), the QoS 1 ones within
+        ``mqtt.receive_maximum``. False when the connection must close."""
+        burst = self._burst
+        if not burst:
+            self._burst_now = now_ms()
+        burst.extend(staged)
+        self._unacked_in += qos1
+        self._burst_bytes += nbytes
         if len(burst) >= limits.MQTT_PUBLISH_BURST or self._burst_bytes >= limits.MQTT_PUBLISH_BURST_BYTES:
             return self._flush_burst()
         return True
@@ -809,6 +863,16 @@ class Connection(core.Connection):
             return False
         self.port.leave_group(self, held[0])
         return True
+
+
+def remember_plan(plans, name, client_id):
+    """Add ``records.plain_plan(name, client_id)`` to ``plans`` under the name's bytes unless it is there; ``plans``
+    holds at most ``MQTT_PLAIN_PLANS`` names (full, it starts again)."""
+    key = name.encode("utf-8")
+    if key not in plans:
+        if len(plans) >= MQTT_PLAIN_PLANS:
+            plans.clear()
+        plans[key] = plain_plan(name, client_id)
 
 
 def _now():

@@ -52,11 +52,37 @@ from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, ACK_NOW
+from metaq.speedups import load
 from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.results import BurstRun
 from metaq.store.journals import JournalFollow, MovingFloor
 
 log = logging.getLogger(__name__)
+
+
+def burst_frames_py(staged, largest):
+    """The store's burst frames of ``staged`` (``MqttPort.stage``'s entries, each perhaps with more fields after its
+    four): ``(frames, src, general, names)``, a frame ``(topic bytes, partition, flag, 0, start in src, length,
+    CRC-32)`` per entry over ``src``, their data back to back; ``general`` the indexes of those whose data and topic
+    pass ``largest`` bytes (the burst writer does not take them), ``names`` each metaq topic's ASCII bytes.
+    ``metaq._speedups``'s ``mqtt_burst_frames`` is this function in C (the tests hold the two equal)."""
+    names, frames, datas, general = {}, [], [], []
+    at = 0
+    for k, entry in enumerate(staged):
+        topic, partition, flag, data = entry[0], entry[1], entry[2], entry[3]
+        tb = names.get(topic)
+        if tb is None:
+            tb = names[topic] = topic.encode("ascii")
+        n = len(data)
+        if n + len(tb) > largest:
+            general.append(k)
+        frames.append((tb, partition, flag, 0, at, n, zlib.crc32(data)))
+        datas.append(data)
+        at += n
+    return frames, b"".join(datas), general, names
+
+
+burst_frames = load("mqtt_burst_frames", burst_frames_py)
 
 
 class MqttPort:
@@ -385,22 +411,8 @@ class MqttPort:
         ``deliver_now`` finds each record's place in the log."""
         path, store = self.put_path, self.store
         stats = path.stats
-        names, frames, datas = {}, [], []
-        at = 0
-        largest = store.config.segment_size - FIXED_OVERHEAD
-        general = []  # indexes of records the burst writer does not take (too large: ``put`` refuses them)
-        for k, entry in enumerate(staged):
-            topic, partition, flag, data = entry[0], entry[1], entry[2], entry[3]
-            tb = names.get(topic)
-            if tb is None:
-                tb = names[topic] = topic.encode("ascii")
-            n = len(data)
-            if n + len(tb) > largest:
-                general.append(k)
-            frames.append((tb, partition, flag, 0, at, n, zlib.crc32(data)))
-            datas.append(data)
-            at += n
-        src = b"".join(datas)
+        # general: indexes of records the burst writer does not take (too large: ``put`` refuses them)
+        frames, src, general, names = burst_frames(staged, store.config.segment_size - FIXED_OVERHEAD)
         keys = set()
         log_end = 0
         i, n = 0, len(frames)

@@ -42,7 +42,7 @@ from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, s
 
 __all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
            "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for",
-           "placement", "record_data", "stored_message", "MqttMessage", "message_of"]
+           "placement", "plain_plan", "record_data", "stored_message", "MqttMessage", "message_of"]
 
 TOPIC = "MQTT_TOPIC"
 QOS = "MQTT_QOS"
@@ -133,6 +133,18 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     if "user_property" in kept:
         props[USER_PROPERTIES] = json.dumps([list(p) for p in kept["user_property"]], ensure_ascii=False)
     return encode_payload(payload, encode_attribute(None, props))
+
+
+def plain_plan(name, client_id):
+    """What staging a PUBLISH of ``name`` without properties by ``client_id`` (not retained) needs, made once for
+    ``wire.plain_publishes``: ``(name, metaq topic, name hash, flag, record prefix at QoS 0, at QoS 1)``, the first
+    three ``placement``'s and each prefix ``record_data``'s record of an empty payload, so that ``prefix + payload``
+    is ``record_data``'s data for that payload (the attribute comes before the payload). Raises ``RecordRefusal`` as
+    ``record_data`` and ``placement`` do."""
+    topic, crc = placement(name)
+    flag, prefix0 = record_data(name, b"", 0, client_id, None)
+    _, prefix1 = record_data(name, b"", 1, client_id, None)
+    return name, topic, crc, flag, prefix0, prefix1
 
 
 def _kept(properties):

@@ -44,6 +44,7 @@ from metaq.errors import RemoteProtocolError
 from metaq.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt.topics import TopicError, validate_filter, validate_name
 from metaq.protocol.stream import StreamParser
+from metaq.speedups import load
 
 __all__ = [
     "MQTT_311", "MQTT_5", "VERSIONS", "MAX_REMAINING_LENGTH", "MAX_VARINT",
@@ -727,6 +728,82 @@ def _plain_publish(buf, start, end, flags, v5):
     return p
 
 
+def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nbytes, publish=Publish):
+    """The consecutive plain PUBLISHes whole in ``buf`` from ``pos``, split and staged in one step: ``(entries, next
+    pos, how many at QoS 1, their records' bytes)``. A plain PUBLISH is one at QoS 0 or 1, not retained, without
+    properties (MQTT 5: ``v5``, an empty property length), within ``max_packet``, whose topic name's bytes are a key
+    of ``plans`` and whose metaq topic (the plan's second field) is a key of ``decided``; a QoS 1 one only while
+    ``room`` (how many more QoS 1 PUBLISHes may be unacknowledged) is left. ``plans`` maps a name's bytes to
+    ``(name, metaq topic, name hash, flag, record prefix at QoS 0, at QoS 1)`` (``records.plain_plan``), ``decided``
+    a metaq topic to its partition count (``MqttPort.stage``'s). Each entry is ``(metaq topic, hash % partitions,
+    flag, prefix + payload, Publish, name)``: what ``MqttPort.stage`` gives, with the packet and its name after. The
+    split stops before the first packet that is not such a PUBLISH (anything else, a refusal included, is the general
+    path's: ``_next_event``), and after ``count`` entries or once their records' bytes reach ``nbytes``.
+    ``metaq._speedups``'s ``mqtt_plain_publishes`` is this function in C (the tests hold the two equal)."""
+    out = []
+    end = len(buf)
+    qos1 = taken = 0
+    while count > 0 and nbytes > 0 and end - pos >= 2:
+        first = buf[pos]
+        if first != 0x30 and first != 0x32 and first != 0x3A:  # PUBLISH, QoS 0 or 1 (DUP at 1 only), not retained
+            break
+        length, shift, i = 0, 0, 1
+        while True:
+            if pos + i >= end:
+                return out, pos, qos1, taken
+            b = buf[pos + i]
+            length |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            if i == 4:
+                return out, pos, qos1, taken
+            shift += 7
+            i += 1
+        if i > 1 and not b:
+            break
+        total = 1 + i + length
+        if total > max_packet or total > end - pos:
+            break
+        start, stop = pos + 1 + i, pos + total
+        if stop - start < 2:
+            break
+        at = start + 2 + ((buf[start] << 8) | buf[start + 1])
+        if at > stop:
+            break
+        plan = plans.get(bytes(buf[start + 2:at]))
+        if plan is None:
+            break
+        qos = (first >> 1) & 1
+        packet_id = None
+        if qos:
+            if room <= 0 or at + 2 > stop:
+                break
+            packet_id = (buf[at] << 8) | buf[at + 1]
+            if not packet_id:
+                break
+            at += 2
+        if v5:
+            if at >= stop or buf[at]:
+                break
+            at += 1
+        partitions = decided.get(plan[1])
+        if partitions is None or partitions <= 0:
+            break
+        payload = bytes(buf[at:stop])
+        data = plan[4 + qos] + payload
+        p = _new(publish)
+        p.__dict__.update(topic=plan[0], payload=payload, qos=qos, retain=False, dup=bool(first & 0x08),
+                          packet_id=packet_id, properties={})
+        out.append((plan[1], plan[2] % partitions, plan[3], data, p, plan[0]))
+        pos = stop
+        count -= 1
+        nbytes -= len(data)
+        taken += len(data)
+        room -= qos
+        qos1 += qos
+    return out, pos, qos1, taken
+
+
 class MqttParser(StreamParser):
     """Incremental parser of MQTT control packets (``metaq.protocol.stream``'s buffer and markers).
 
@@ -785,6 +862,20 @@ class MqttParser(StreamParser):
         except MqttError as exc:
             raise self._refuse(exc) from None
 
+    def plain_publishes(self, plans, decided, room, count, nbytes):
+        """The plain PUBLISHes buffered next, split and staged: ``plain_publishes``'s ``(entries, how many at QoS 1,
+        their records' bytes)``, no entries when the next packet is not one, or the parser has refused one or has no
+        version yet. They are consumed as ``next_event`` would have returned them; whatever is not taken is left
+        for ``next_event``, which decodes or refuses it."""
+        if self._fatal is not None or self.version is None:
+            return (), 0, 0
+        entries, pos, qos1, taken = plain_publishes(self._buf, self._pos, self.version == MQTT_5, self.max_packet,
+                                                    plans, decided, room, count, nbytes, Publish)
+        if entries:
+            self._pos = pos
+            self._completed += len(entries)
+        return entries, qos1, taken
+
     def _refuse(self, exc):
         if exc.version is None and not exc.in_connect:
             exc.version = self.version
@@ -827,6 +918,9 @@ class MqttParser(StreamParser):
         if ptype in (PINGREQ, PINGRESP):
             return _decode_empty(r, ptype)
         return _decode_closing(r, ptype, version)
+
+
+plain_publishes = load("mqtt_plain_publishes", plain_publishes_py)
 
 
 # -- encoding ----------------------------------------------------------------------------------------------------
