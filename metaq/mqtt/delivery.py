@@ -347,7 +347,7 @@ class Delivery:
 
     __slots__ = ("conn", "store", "guard", "waiters", "settings", "max_transfer", "session", "port", "decoded",
                  "fanouts", "_retained", "_deferred", "_seen", "_rescanned", "_overflow_logged", "_turn", "_greenlet",
-                 "_resent", "_handed")
+                 "_resent", "_handed", "_window_full")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -362,6 +362,7 @@ class Delivery:
         self.fanouts = port.fanouts
         self._retained = []  # (filter, granted QoS) of subscriptions whose retained messages are to be sent
         self._deferred = None  # (topic, partition) -> (SharedGroup, offset) this member left to another member's turn
+        self._window_full = False  # the last pass left a shared group's message for want of room in flight
         self._seen = None  # topics known when a wildcard filter was subscribed, or found since
         self._rescanned = time.monotonic()
         self._overflow_logged = False
@@ -533,9 +534,12 @@ class Delivery:
                 if time.monotonic() - self._rescanned >= limits.MQTT_TOPIC_RESCAN_S:
                     self._rescan()
                 seen = self._ends()  # before the pass: an append after its read of a partition woke nobody
+                room.clear()  # before the pass: an acknowledgement during it is kept when the pass needed one
+                self._window_full = False
                 if self._pass() and (self.session.shared or self._behind()):
                     continue  # more to read (an append came while it sent)
-                room.clear()
+                if not self._window_full:
+                    room.clear()  # a wake during the pass that changes nothing for it (the others: _unread, below)
                 if conn.closed or self.waiters.closed:
                     return
                 if self._retained or conn.unsent:
@@ -898,6 +902,7 @@ class Delivery:
                 group.dirty = True
                 continue
             if min(granted, m.qos) and not self._has_room(self.conn):
+                self._window_full = True  # an acknowledgement that came during the pass is not waited for again
                 return False  # its window is full: a member with room takes it (this one waits for an ack)
             if self._deferred is None:
                 self._deferred = {}
