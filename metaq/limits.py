@@ -621,6 +621,10 @@ MQTT_RECEIVE_MAXIMUM = 64
 MQTT_PUBLISH_BURST = 128
 #: Record bytes one MQTT publish burst gathers at most (``MQTT_PUBLISH_BURST``): past it the burst is stored at once.
 MQTT_PUBLISH_BURST_BYTES = 1024 * 1024
+#: How long an idle MQTT connection keeps its greenlet before it parks (the connection core's ``park_after_s``): a
+#: client that sends again within it is read at once (a busy publisher, a subscriber's acknowledgements), one whose
+#: next packet is later (a device's telemetry, its keep-alive) holds no greenlet meanwhile.
+MQTT_PARK_AFTER_S = 0.05
 #: QoS 1 and 2 messages the broker has sent one connection and not yet had acknowledged (``mqtt.max_inflight``;
 #: lower when the client's own Receive Maximum is): delivery to it waits until an acknowledgement makes room.
 MQTT_MAX_INFLIGHT = 32

@@ -338,8 +338,10 @@ class Connection(core.Connection):
 
     # -- reading ---------------------------------------------------------------
 
-    #: An idle connection, most of a device fleet's, holds no greenlet (the connection core's ``parks``).
+    #: An idle connection, most of a device fleet's, holds no greenlet (the connection core's ``parks``), once idle
+    #: for ``limits.MQTT_PARK_AFTER_S``.
     parks = True
+    park_after_s = limits.MQTT_PARK_AFTER_S
 
     def serve(self):
         """One turn (``parks``): read and handle packets until the connection is idle (parked: this returns, the

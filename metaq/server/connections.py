@@ -51,6 +51,7 @@ from termios import FIONREAD
 import gevent
 from gevent.event import Event
 from gevent.server import StreamServer
+from gevent.socket import wait_read
 
 from metaq import limits
 from metaq.errors import ConfigError
@@ -394,6 +395,9 @@ class Connection:
 
     #: True: no greenlet while idle (see the class doc); the front-end's ``serve`` handles ``PARKED``.
     parks = False
+    #: A connection that ``parks`` waits this long idle in its greenlet before it parks: a client that sends again
+    #: within it (one that is busy) is read at once, without a park and a new greenlet per request.
+    park_after_s = 0.0
 
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
@@ -501,8 +505,10 @@ class Connection:
             timeout = self._idle_until - now
             if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
                     and self._may_park():
-                self.parked_key = _PARKING
-                return PARKED
+                linger = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
+                if linger <= 0 or not self._linger(min(linger, timeout)):
+                    self.parked_key = _PARKING
+                    return PARKED
             timeout = max(0.001, timeout)  # past its deadline: what already arrived is still read, else it ends
         else:
             now, progress = time.monotonic(), self.progress
@@ -539,6 +545,17 @@ class Connection:
         if self.rates is not None and data and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
+
+    def _linger(self, seconds):
+        """Wait up to ``seconds`` in this greenlet for bytes (or the end) from the peer: True when they came (the
+        receive reads them), False when none did (it parks)."""
+        try:
+            wait_read(self.sock.fileno(), seconds)
+        except socket.timeout:
+            return False
+        except OSError:  # closed meanwhile: the receive meets it
+            pass
+        return True
 
     def _may_park(self):
         """True when nothing is buffered that a read watcher on the socket would not see: no TLS plaintext or

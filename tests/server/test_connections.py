@@ -357,6 +357,32 @@ def test_an_idle_parked_connection_holds_no_greenlet_and_is_served_when_bytes_ar
     assert made[0].ended == "deadline or close"
 
 
+class LingeringEcho(ParkingEcho):
+    park_after_s = 0.3
+
+
+def test_a_connection_busy_within_its_park_after_time_keeps_its_greenlet_and_parks_once_idle_that_long():
+    """``park_after_s``: a client that sends again within it is read by the same greenlet (no park, no new one);
+    idle past it, the connection parks; idle longer than its idle deadline allows, it still closes on time."""
+    core = ConnectionCore(10, ConnectionLimits(idle_s=60, request_s=60), max_per_address=5)
+    made = []
+    ours, g = connect(core, listener(core, "mqtt", made, kind=LingeringEcho))
+    for i in range(5):  # every 0.1 s: always within the 0.3 s
+        ours.sendall(b"version %d\r\n" % i)
+        assert ours.recv(100) == b"ok\r\n"
+        gevent.sleep(0.1)
+        assert core.parked() == 0 and not g.dead  # the accept's greenlet serves it still
+    gevent.sleep(0.4)
+    assert core.parked() == 1 and g.dead  # idle past park_after_s: parked, no greenlet
+    ours.sendall(b"version 9\r\n")
+    assert ours.recv(100) == b"ok\r\n"
+    gevent.sleep(0.1)
+    assert core.parked() == 0  # served again, and lingering again
+    ours.close()
+    gevent.sleep(0.5)
+    assert core.count() == 0 and core.parked() == 0 and made[0].ended == "deadline or close"
+
+
 def test_a_silent_parked_connection_is_closed_at_its_idle_deadline_by_the_shared_wheel(caplog):
     caplog.set_level(logging.INFO, logger="metaq.server.connections")
     core = ConnectionCore(10, ConnectionLimits(idle_s=0.5, request_s=60))
