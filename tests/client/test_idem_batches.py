@@ -87,6 +87,22 @@ def test_send_async_messages_wait_in_their_batch_until_the_linger_or_a_flush(bro
         (b"w%d" % i, (PID, i)) for i in range(100)]
 
 
+def _cut_before_the_reply(p, broker, proxy, topic):
+    """300 messages ``c0..c299`` sent by ``p`` in one batch that reaches the paused broker, whose connection (through
+    ``proxy``) is cut before the reply: the batch is sent again on a new one. Their results."""
+    broker.proc.send_signal(signal.SIGSTOP)  # the batch reaches the broker, which answers only later
+    try:
+        futures = [p.send_async(Message(topic, b"c%d" % i)) for i in range(300)]
+        p.flush(timeout=0.5)  # one batch of the 300, sent now
+        time.sleep(1.0)
+        proxy.cut()  # the connection goes before the reply: the batch is sent again on a new one
+    finally:
+        broker.proc.send_signal(signal.SIGCONT)
+    time.sleep(0.5)
+    proxy.heal()
+    return [f.result(60) for f in futures]
+
+
 def test_a_batch_resent_after_its_connection_was_cut_before_the_reply_is_stored_once(broker):
     with broker.client() as c:
         c.put_ok("t-ibcut", b"created", partition=3)  # the topic's 4 partitions are known from the start
@@ -96,17 +112,7 @@ def test_a_batch_resent_after_its_connection_was_cut_before_the_reply_is_stored_
                       batch_bytes=64 * 1024, linger_ms=5000, send_timeout=2, retry_deadline=30,
                       selector=lambda topic, partitions, message: partitions[0]) as p:
             assert p.send(Message("t-ibcut", b"warm")).success  # connected
-            broker.proc.send_signal(signal.SIGSTOP)  # the batch reaches the broker, which answers only later
-            try:
-                futures = [p.send_async(Message("t-ibcut", b"c%d" % i)) for i in range(300)]
-                p.flush(timeout=0.5)  # one batch of the 300, sent now
-                time.sleep(1.0)
-                proxy.cut()  # the connection goes before the reply: the batch is sent again on a new one
-            finally:
-                broker.proc.send_signal(signal.SIGCONT)
-            time.sleep(0.5)
-            proxy.heal()
-            results = [f.result(60) for f in futures]
+            results = _cut_before_the_reply(p, broker, proxy, "t-ibcut")
     finally:
         proxy.close()
     assert all(r.success for r in results), [r for r in results if not r.success][:3]
@@ -206,17 +212,7 @@ def test_after_a_refused_batch_a_batch_resent_after_its_connection_was_cut_is_st
                       selector=lambda topic, partitions, message: partitions[0]) as p:
             assert p.send(Message("t-ibgocut", b"warm")).success
             assert not p.send(Message("t-ibgocut", b"x" * (300 * 1024))).success  # refused for good: 400
-            broker.proc.send_signal(signal.SIGSTOP)  # the next batch reaches the broker, which answers only later
-            try:
-                futures = [p.send_async(Message("t-ibgocut", b"c%d" % i)) for i in range(300)]
-                p.flush(timeout=0.5)
-                time.sleep(1.0)
-                proxy.cut()  # the connection goes before the reply: the batch is sent again on a new one
-            finally:
-                broker.proc.send_signal(signal.SIGCONT)
-            time.sleep(0.5)
-            proxy.heal()
-            results = [f.result(60) for f in futures]
+            results = _cut_before_the_reply(p, broker, proxy, "t-ibgocut")
             pid = p.producer_id
     finally:
         proxy.close()

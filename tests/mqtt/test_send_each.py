@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from metaq.mqtt.delivery import _SEND_IOV_MAX, send_each_py
+from tests.harness.sockets import drain
 
 try:
     from metaq._speedups import send_each as send_each_c
@@ -31,20 +32,6 @@ def pair(sndbuf=None):
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     a.setblocking(False)
     return a, b
-
-
-def drain(sock):
-    out = bytearray()
-    sock.setblocking(False)
-    try:
-        while True:
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                break
-            out += chunk
-    except BlockingIOError:
-        pass
-    return bytes(out)
 
 
 def fill(sock):

@@ -12,6 +12,7 @@ from metaq import limits
 from metaq.server import zerocopy
 from metaq.server.zerocopy import ZeroCopySender, send_ranges_py
 from metaq.store.gather import MappedRecords
+from tests.harness.sockets import drain
 
 try:
     from metaq._speedups import send_ranges as send_ranges_c
@@ -72,20 +73,6 @@ def pair(sndbuf=None, green=False):
     else:
         a.setblocking(False)
     return a, b
-
-
-def drain(sock, timeout=0.0):
-    out = bytearray()
-    sock.settimeout(timeout)
-    try:
-        while True:
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                break
-            out += chunk
-    except (BlockingIOError, socket.timeout):
-        pass
-    return bytes(out)
 
 
 @pytest.mark.parametrize("send", SENDERS)
