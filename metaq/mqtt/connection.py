@@ -243,12 +243,31 @@ class Connection(core.Connection):
         cuts)`` of a put not yet acknowledgeable, ``cuts`` the log's ``log_cuts`` read right after its write: the
         wait begins later, in the writer's greenlet) may be acknowledged; ``counted``: it ends one of the client's
         unacknowledged PUBLISHes."""
+        if wait is None and type(packet) is _PubAckRun and self._writer is None and not self._acks \
+                and self._ack_now(packet):
+            return
         self._acks_pending += 1
         if self._acks is None:
             self._acks = deque()
         self._acks.append((packet, wait, counted))
         if self._writer is None:
             self._writer = gevent.spawn(self._write_acks)
+
+    def _ack_now(self, run):
+        """Write a burst's PUBACKs from the reader's turn, nothing being queued before them, when the socket takes
+        them without waiting (``try_send``): the common case of a burst acknowledged at once (flush async) needs no
+        writer greenlet. A part written: the writer finishes it before anything else. False when they must be queued
+        instead (TLS, the socket's buffer full, another writer inside a packet)."""
+        data = run.encoded()
+        sent = self.try_send(data)
+        if not sent:
+            return False
+        self._unacked_in -= len(run.ids)
+        if sent < len(data):
+            self._queue_ack(b"")  # ``send_bytes`` writes what ``try_send`` left first
+        if self._ack_sent is not None:
+            self._ack_sent.set()
+        return True
 
     def _write_acks(self):
         """The acknowledgement writer: sends what ``_queue_ack`` queued, in order, and ends when none is left (the
@@ -451,13 +470,13 @@ class Connection(core.Connection):
             return self._publish(p)
         if kind is wire.PubAck:
             if self.mqtt.acknowledged(p.packet_id, PUBLISH_SENT):
-                self._wake()
+                self._freed_room()
             return True
         if kind is wire.PubRec:
             return self._pubrec(p)
         if kind is wire.PubComp:
             if self.mqtt.acknowledged(p.packet_id, PUBREL_SENT):
-                self._wake()
+                self._freed_room()
             return True
         if kind is wire.PubRel:
             if self.mqtt.qos2_released(p.packet_id):
@@ -722,11 +741,11 @@ class Connection(core.Connection):
         stored, log_end, keys, exc = self.port.put_burst(burst, now, runs)
         cuts = self.port.store.log_cuts  # nothing yielded since the writes: their wait begins later
         if stored:
-            mode = self.port.burst_mode(keys, now)
-            if mode == ACK_NOW:  # visible now (flush async): its subscribers waiting for it get it from here
-                client_id = self.mqtt.client_id
-                self.port.deliver_now(keys, burst, runs, lambda k: stored_message(
-                    burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties, False, now))
+            client_id = self.mqtt.client_id
+            # visible now (flush async): its subscribers waiting for it get it from here
+            mode = self.port.burst_mode(keys, now, lambda: self.port.deliver_now(keys, burst, runs, lambda k: (
+                stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
+                               False, now))))
             ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
             if ids:
                 self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now, cuts))
@@ -843,6 +862,18 @@ class Connection(core.Connection):
         """Let the delivery look again (an acknowledgement, a subscription, the close); nothing before one exists."""
         if self._delivery is not None:
             self._delivery.wake()
+
+    def _freed_room(self):
+        """An acknowledgement freed a place in flight: the delivery is woken when a place can matter to it, that is
+        when its window was full (a pass or the publisher's turn held a message for one: ``Delivery._prepare``) or
+        it is in a shared group (whose turns weigh each member's room); a delivery that is caught up sleeps on
+        until the next append."""
+        delivery = self._delivery
+        if delivery is None:
+            return
+        session = self.mqtt
+        if session.shared or len(session.inflight) + 1 >= min(self.settings.max_inflight, self.client_receive_max):
+            delivery.wake()
 
     def _delivery_of(self):
         if self._delivery is None:

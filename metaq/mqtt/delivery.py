@@ -485,6 +485,12 @@ class Delivery:
 
     # -- delivering ------------------------------------------------------------
 
+    @property
+    def event(self):
+        """What its greenlet waits on between passes (the connection's ``room``): set by ``wake`` and by appends to
+        the partitions it reads."""
+        return self.conn.room
+
     def wake(self):
         """Let the delivery look again (an acknowledgement, a subscription, a fan-out reader that let it go): its
         greenlet is started when it has none; nothing once the connection closed."""
@@ -612,15 +618,16 @@ class Delivery:
         anything else (a QoS 2 message: its greenlet's); and does nothing on a TLS connection or with retained
         messages or a resend to send first. ``staged``: the publisher's burst in this partition, ``[(queue offset,
         key in Decoded, MqttMessage)]``: from its first record on they are sent from it, nothing read from the log
-        (a cursor behind it reads the log as the greenlet would). Order is the cursor's, as the greenlet's."""
+        (a cursor behind it reads the log as the greenlet would). Order is the cursor's, as the greenlet's. True when
+        it sent everything and left the cursor at the partition's end: its greenlet has nothing to do there."""
         conn, session = self.conn, self.session
         if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent:
-            return
+            return False
         cursors = session.cursors
         offset = cursors.get(key)
         topic, partition = key
         if offset is None or not self.guard.allows(conn.session, SUB, "topic", topic):
-            return
+            return False
         if staged and offset >= staged[0][0]:
             records = staged[offset - staged[0][0]:]  # a partition's offsets in one burst follow one another
         else:
@@ -628,27 +635,31 @@ class Delivery:
                 read, _next = self.store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH,
                                                       self.max_transfer)
             except errors.MetaqError:
-                return  # the greenlet meets it and says why
+                return False  # the greenlet meets it and says why
             records = self._decoded(topic, read)
         for queue_offset, dkey, m in records:
             granted, ids, retain = self._decision(topic, m)
             if granted is not None:
                 prepared = self._prepare(m, granted, retain, ids, dkey, False)
                 if prepared is _HELD:
-                    return
+                    return False
                 if prepared is not _DROPPED:
                     data, qos, packet_id = prepared
                     sent = conn.try_send(data)
                     if not sent:
-                        return
+                        return False
                     if qos:
                         session.sent(packet_id, (qos, topic, partition, queue_offset))
                     if sent < len(data):  # the connection writes the rest before anything else
                         cursors[key] = queue_offset + 1
                         session.dirty = True
-                        return
+                        return False
             cursors[key] = queue_offset + 1
             session.dirty = True
+        try:
+            return cursors[key] >= self.store.max_offset(topic, partition)
+        except errors.MetaqError:
+            return False
 
     def _decoded(self, topic, records):
         """``(queue offset, key in Decoded, MqttMessage)`` of each of ``records`` (of metaq topic ``topic``), each

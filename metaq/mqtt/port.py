@@ -456,9 +456,10 @@ class MqttPort:
                 if topic not in registry.registered_topics:
                     registry.topic_created(topic)
 
-    def burst_mode(self, keys, now):
-        """A stored burst of partitions ``keys``: made visible now (async flush: its long polls woken, the flusher
-        when its policy says so) or its flush asked for; returns how its acknowledgements wait (``PutPath.ack_mode``'s
+    def burst_mode(self, keys, now, deliver=None):
+        """A stored burst of partitions ``keys``: made visible now (async flush: ``deliver()`` first, when given,
+        which returns ``deliver_now``'s deliveries that need no wake; then its long polls woken, the flusher when
+        its policy says so) or its flush asked for; returns how its acknowledgements wait (``PutPath.ack_mode``'s
         ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every put of the burst."""
         path = self.put_path
         if path.sync_replication:
@@ -468,7 +469,7 @@ class MqttPort:
         if path.sync_flush:
             path.flusher.wake()
             return ACK_AFTER_FLUSH
-        path.waiters.notify(keys)
+        path.waiters.notify(keys, None if deliver is None else deliver())
         if self.store.should_flush(now):
             path.flusher.wake()
         return ACK_NOW
@@ -481,10 +482,12 @@ class MqttPort:
         the log nor decoded; those messages are kept in ``decoded`` under their records' keys, for the deliveries and
         fan-out readers that read them from the log later. The others, and whatever one cannot send without waiting,
         are sent by their own greenlets, woken by the append as before. Saves the subscriber's wake on the loop and
-        the record's read and decode."""
+        the record's read and decode. Returns ``{key: events}``: the waits (``Delivery.event``) of the deliveries it
+        left caught up on ``key``, which the append's wake passes over (``PartitionWaiters.notify``'s ``quiet``)."""
         waiting = self.waiting
+        caught_up = {}
         if not waiting:
-            return
+            return caught_up
         left = limits.MQTT_DIRECT_DELIVERIES
         found = None
         for key in keys:
@@ -495,9 +498,11 @@ class MqttPort:
                 found = self._staged(staged, runs, message, waiting)
             for d in list(ds):
                 if left <= 0:
-                    return
+                    return caught_up
                 left -= 1
-                d.deliver_now(key, found.get(key))
+                if d.deliver_now(key, found.get(key)):
+                    caught_up.setdefault(key, set()).add(d.event)
+        return caught_up
 
     def _staged(self, staged, runs, message, waiting):
         """``{(topic, partition): [(queue offset, (log position, msg id), MqttMessage), ...]}`` of a burst's records

@@ -114,18 +114,29 @@ class PartitionWaiters:
                 if not waits and self._waits.get(key) is waits:
                     del self._waits[key]
 
-    def notify(self, keys):
-        """Wake every greenlet waiting on any of ``keys``; True when there was one."""
+    def notify(self, keys, quiet=None):
+        """Wake every greenlet waiting on any of ``keys``; True when there was one. ``quiet``: ``{key: events}`` of
+        waits that already have what was appended to ``key`` (an MQTT delivery that sent it from the publisher's
+        turn): they go on waiting for the next append there, unwoken."""
         waits = self._waits
         if not waits:
             return False
         woke = False
         for key in keys:
             evs = waits.pop(key, None)
-            if evs is not None:
+            if evs is None:
+                continue
+            stay = quiet.get(key) if quiet else None
+            if stay:
+                kept = evs & stay
+                if kept:
+                    wake = evs - kept
+                    evs.intersection_update(kept)  # the same set: a waiter's own cleanup finds it in the map
+                    waits[key] = evs
+                    evs = wake
+            for ev in evs:
                 woke = True
-                for ev in evs:
-                    ev.set()
+                ev.set()
         return woke
 
     def wake_now(self, keys):

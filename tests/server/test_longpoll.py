@@ -77,3 +77,28 @@ def test_a_partition_whose_end_cannot_be_told_is_waited_on_as_before(tmp_path):
     assert not w.wait(key, 0.2, seen, s.max_offset)
     assert time.monotonic() - started >= 0.2
     s.close(NOW)
+
+
+def test_a_quiet_wait_is_passed_over_by_that_append_and_woken_by_the_next():
+    """``notify``'s ``quiet``: a wait that already has what was appended (an MQTT delivery that sent it from the
+    publisher's turn) is not woken by that append, stays registered, and the next append wakes it; the other waits
+    of the key, and the quiet wait's other keys, are woken as before."""
+    w = PartitionWaiters()
+    quiet, other = Event(), Event()
+    second = ("test", 1)
+    waits = [gevent.spawn(w.wait_any, [KEY, second], 5.0, quiet), gevent.spawn(w.wait_any, [KEY], 5.0, other)]
+    gevent.sleep(0)
+    assert w.notify([KEY], {KEY: {quiet}}) is True
+    assert other.is_set() and not quiet.is_set()
+    gevent.sleep(0)
+    assert waits[1].ready() and not waits[0].ready()
+    assert w.notify([second], {KEY: {quiet}}) is True  # quiet for KEY only: an append to its other partition wakes it
+    assert quiet.is_set() and waits[0].get(timeout=1) is True
+    quiet.clear()
+    again = gevent.spawn(w.wait_any, [KEY], 5.0, quiet)
+    gevent.sleep(0)
+    assert w.notify([KEY], {KEY: {quiet}}) is False  # nobody woken: the quiet one is still waiting
+    assert not quiet.is_set() and not again.ready()
+    assert w.notify([KEY]) is True  # the next append
+    assert again.get(timeout=1) is True
+    assert len(w) == 0  # every wait cleaned up after itself
