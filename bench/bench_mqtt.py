@@ -105,6 +105,13 @@ class Metaq:
         self.broker.stop(timeout=60)
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds process ``pid`` (a broker) has used so far, every thread's."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def publish_rate(port, publishers, qos, messages):
     """Messages/s of ``publishers`` connections publishing ``messages`` in all at ``qos``; and the generator's CPU
     seconds per second."""

@@ -1,7 +1,8 @@
 """MQTT connections at scale (issue 43 point 7).
 
     python -m bench.bench_mqtt_scale [--connections 19000] [--keep-alive 10] [--subscribers 10000] [--runs 3]
-                                     [--fanout-only] [--no-mosquitto]
+                                     [--fanout-only | --fleet-only] [--fleet-rate 2000] [--fleet-seconds 10]
+                                     [--no-mosquitto]
 
 Against a real metaq broker process on 127.0.0.1 (MQTT port on, flush async, the real segment sizes), with the load
 generator of ``bench/mqtt_load.py`` in processes of its own (the machine's descriptor limit is 20,000 per process:
@@ -18,8 +19,14 @@ spread over the source addresses 127.0.0.2-127.0.0.9 (the broker caps connection
   stamped QoS 0 messages 2 s apart; p50 / p99 / max of publish-to-receive over every delivery, and the memory per
   subscribed connection.
 
-``--fanout-only`` skips the idle connections (then the memory per subscribed connection is the whole connection's,
-not what a subscription adds to an idle one); ``--no-mosquitto`` skips Mosquitto's run. Not a test: nothing here
+* **a fleet's publishes**: ``--connections`` connections held open again, then ``--fleet-rate`` QoS 1 PUBLISHes a
+  second for ``--fleet-seconds``, each from the next connection in turn, so each arrives alone on a connection idle
+  since its last, as a device fleet's do: the broker's CPU per message (less what the idle fleet costs it over the
+  same time) and send-to-PUBACK p50 / p99, against Mosquitto too.
+
+``--fanout-only`` skips the idle connections and the fleet (then the memory per subscribed connection is the whole
+connection's, not what a subscription adds to an idle one); ``--fleet-only`` runs only the fleet;
+``--no-mosquitto`` skips Mosquitto's runs. Not a test: nothing here
 asserts; medians of ``--runs`` runs, a markdown table.
 """
 
@@ -36,12 +43,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench import mqtt_load as load  # noqa: E402
 from bench.bench_backlog import rss  # noqa: E402
-from bench.bench_mqtt import Metaq, Mosquitto, mosquitto_path  # noqa: E402
+from bench.bench_mqtt import Metaq, Mosquitto, cpu_seconds, mosquitto_path  # noqa: E402
 
 TOPIC = "fan/out"
 PAYLOAD = 64
 SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
 PROCS = 2
+FLEET_KEEP_ALIVE = 60  # a device's usual Keep Alive: the fleet's connections stay silent between their messages
 
 
 def broker_connections(target):
@@ -123,20 +131,61 @@ def fanout_phase(target, subscribers, messages):
             "per_sub_kib": (after - before) * 1024 / subscribers}
 
 
+def fleet_phase(target, n, keep_alive, rate, seconds):
+    """A device fleet's traffic: ``n`` connections held open (as ``idle_phase``), then ``rate`` QoS 1 PUBLISHes a
+    second for ``seconds``, each from the next connection in turn, so each arrives alone on a connection idle since
+    its last (on metaq, parked); the broker's CPU per message over that window (less what the same window costs
+    idle, measured just before) and send-to-PUBACK p50 / p99; ``dict`` of figures."""
+    halves = [SOURCES[i::PROCS] for i in range(PROCS)]
+    workers = [load.spawn(load.hold, target.port, n // PROCS + (i < n % PROCS), "fleet%d" % i, keep_alive,
+                          halves[i]) for i in range(PROCS)]
+    try:
+        [pipe.recv() for _, pipe in workers]
+        time.sleep(2)
+        used = cpu_seconds(target.pid)
+        time.sleep(seconds)
+        idle = cpu_seconds(target.pid) - used
+        count = int(rate * seconds)
+        used = cpu_seconds(target.pid)
+        for i, (_, pipe) in enumerate(workers):
+            pipe.send(("fleet", rate / PROCS, count // PROCS + (i < count % PROCS), TOPIC, PAYLOAD))
+        replies = [pipe.recv() for _, pipe in workers]
+        used = cpu_seconds(target.pid) - used
+        for _, pipe in workers:
+            pipe.send("close")
+    finally:
+        for proc, _ in workers:
+            proc.join(30)
+    acked = sum(r[0] for r in replies)
+    ms = sorted(x / 1e6 for r in replies for x in r[1])
+    return {"fleet_acked": acked / count, "fleet_cpu_us": max(0.0, used - idle) / count * 1e6,
+            "fleet_p50": ms[len(ms) // 2] if ms else float("nan"),
+            "fleet_p99": ms[min(len(ms) - 1, int(len(ms) * 0.99))] if ms else float("nan")}
+
+
 def one_run(args):
     root = tempfile.mkdtemp(prefix="metaq-mqtt-scale-", dir=args.dir)
     target = Metaq(root, "async")
     try:
-        figures = {} if args.fanout_only else idle_phase(target, args.connections, args.keep_alive)
-        figures.update(fanout_phase(target, args.subscribers, args.fanout_messages))
+        figures = {}
+        if not args.fanout_only and not args.fleet_only:
+            figures.update(idle_phase(target, args.connections, args.keep_alive))
+        if not args.fanout_only:
+            figures.update(fleet_phase(target, args.connections, FLEET_KEEP_ALIVE, args.fleet_rate, args.fleet_seconds))
+        if not args.fleet_only:
+            figures.update(fanout_phase(target, args.subscribers, args.fanout_messages))
     finally:
         target.stop()
-    # the same fan-out against Mosquitto, in the same run: the floor the kernel's sends set
+    # the same fan-out and fleet against Mosquitto, in the same run: the floor the kernel's sends set
     if mosquitto_path() and not args.no_mosquitto:
         peer = Mosquitto(root)
         try:
-            figures.update({"mosquitto_" + k: v for k, v in fanout_phase(peer, args.subscribers,
-                                                                           args.fanout_messages).items()})
+            if not args.fanout_only:
+                figures.update({"mosquitto_" + k: v for k, v in fleet_phase(
+                    peer, args.connections, FLEET_KEEP_ALIVE, args.fleet_rate, args.fleet_seconds).items()})
+            if not args.fleet_only:
+                figures.update({"mosquitto_" + k: v for k, v in fanout_phase(peer, args.subscribers,
+                                                                               args.fanout_messages).items()})
         finally:
             peer.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -152,7 +201,10 @@ def main(argv=None):
     ap.add_argument("--fanout-messages", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--fanout-only", action="store_true", help="skip the idle connections' part")
-    ap.add_argument("--no-mosquitto", action="store_true", help="skip Mosquitto's fan-out")
+    ap.add_argument("--fleet-only", action="store_true", help="only the fleet's publishes")
+    ap.add_argument("--fleet-rate", type=int, default=2000, help="the fleet's PUBLISHes a second")
+    ap.add_argument("--fleet-seconds", type=int, default=10)
+    ap.add_argument("--no-mosquitto", action="store_true", help="skip Mosquitto's runs")
     ap.add_argument("--dir", default=None, help="where to put the data (default: $TMPDIR)")
     args = ap.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -165,7 +217,7 @@ def main(argv=None):
 
     print("\nMQTT at scale: one metaq broker (flush async), generator in %d processes, medians of %d runs\n"
           % (PROCS, args.runs))
-    if not args.fanout_only:
+    if not args.fanout_only and not args.fleet_only:
         print("| measurement | figure | unit |")
         print("|---|---:|---|")
         print("| connections open at once (seen by the broker) | %d | connections |" % med("seen"))
@@ -175,11 +227,21 @@ def main(argv=None):
               % (args.keep_alive, 2 * args.keep_alive, med("pings_sent"), med("pings_answered")))
         print("| connections the broker closed during the pings / open after | %d / %d | connections |"
               % (med("closed_by_broker"), med("open_after_pings")))
-    peer = "mosquitto_p50" in runs[0]
+    peer = "mosquitto_p50" in runs[0] or "mosquitto_fleet_p50" in runs[0]
 
     def beside(key, form):
         return (form % med(key)) + (" | " + form % med("mosquitto_" + key) if peer else "")
 
+    if not args.fanout_only:
+        print("\n| a fleet: %d connections, %d QoS 1 PUBLISHes a second, each from the next connection | metaq |%s "
+              "unit |" % (args.connections, args.fleet_rate, " Mosquitto |" if peer else ""))
+        print("|---|---:|%s---|" % ("---:|" if peer else ""))
+        print("| broker CPU per message (less the idle fleet's) | %s | us |" % beside("fleet_cpu_us", "%.0f"))
+        print("| send-to-PUBACK p50 | %s | ms |" % beside("fleet_p50", "%.3f"))
+        print("| send-to-PUBACK p99 | %s | ms |" % beside("fleet_p99", "%.3f"))
+        print("| share acknowledged | %s | |" % beside("fleet_acked", "%.3f"))
+    if args.fleet_only:
+        return
     print("\n| fan-out to %d QoS 0 subscribers (one publisher, %d messages 2 s apart) | metaq |%s unit |"
           % (args.subscribers, args.fanout_messages, " Mosquitto |" if peer else ""))
     print("|---|---:|%s---|" % ("---:|" if peer else ""))

@@ -8,7 +8,10 @@ gevent process that does only what a broker must for that load (a greenlet per c
 routed in Python: CONNACK, SUBACK, the publisher's PUBACK, and its PUBLISH written as is to every subscriber; no
 store, no session, no permission, no topic filter), **metaq** (``flush: async``) and **Mosquitto** (in memory). The
 relay is what a Python gevent process costs at the least for this path; metaq's distance to it is what storing and
-routing the message costs. Medians of ``--runs``. Not a test: nothing here asserts.
+routing the message costs. Beside each, the broker process's CPU time (user and system, every thread) per message
+over the run: what one message at a time costs the broker. Each run begins with ``WARM_UP`` messages of the same
+load, not measured (metaq makes the topic's files then). Medians of ``--runs``.
+Not a test: nothing here asserts.
 """
 
 import argparse
@@ -22,9 +25,10 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench import mqtt_load as load  # noqa: E402
-from bench.bench_mqtt import Metaq, Mosquitto, latencies, mosquitto_path  # noqa: E402
+from bench.bench_mqtt import Metaq, Mosquitto, cpu_seconds, latencies, mosquitto_path  # noqa: E402
 
 CONNECT, PUBLISH, SUBSCRIBE, PINGREQ = 0x10, 0x30, 0x80, 0xC0
+WARM_UP = 200  # messages of the same load sent first, not measured
 
 
 def _relay(pipe):
@@ -80,6 +84,7 @@ class Relay:
         self.proc.start()
         self.pipe = parent
         self.port = parent.recv()
+        self.pid = self.proc.pid
 
     def stop(self):
         self.pipe.send("close")
@@ -96,27 +101,33 @@ def main(argv=None):
     targets = [("gevent relay", Relay), ("metaq", lambda root: Metaq(root, "async"))]
     if mosquitto_path():
         targets.append(("mosquitto", Mosquitto))
-    p50s, p99s = {n: [] for n, _ in targets}, {n: [] for n, _ in targets}
+    p50s, p99s, cpus = ({n: [] for n, _ in targets} for _ in range(3))
     for r in range(args.runs):
         order = targets if r % 2 == 0 else targets[::-1]
         for name, make in order:
             root = tempfile.mkdtemp(prefix="metaq-mqtt-floor-")
             target = make(root)
             try:
+                latencies(target.port, WARM_UP)  # the topic made, its files and pages in place, before the measure
+                used = cpu_seconds(target.pid)
                 p50, p99 = latencies(target.port, args.latency_n)
+                used = cpu_seconds(target.pid) - used
             finally:
                 target.stop()
                 shutil.rmtree(root, ignore_errors=True)
             p50s[name].append(p50)
             p99s[name].append(p99)
-            print("run %d %-13s p50 %.3f ms p99 %.3f ms" % (r + 1, name, p50, p99), file=sys.stderr, flush=True)
+            cpus[name].append(used / args.latency_n * 1e6)
+            print("run %d %-13s p50 %.3f ms p99 %.3f ms, %.0f us CPU a message" % (r + 1, name, p50, p99,
+                                                                                  cpus[name][-1]),
+                  file=sys.stderr, flush=True)
     print("QoS 1 publish-to-receive, one message a millisecond, %d a run, medians of %d runs"
           % (args.latency_n, args.runs))
-    print("%-14s %10s %10s %14s" % ("", "p50 ms", "p99 ms", "p50 / relay's"))
+    print("%-14s %10s %10s %14s %16s" % ("", "p50 ms", "p99 ms", "p50 / relay's", "CPU us/message"))
     relay = statistics.median(p50s["gevent relay"])
     for name, _ in targets:
         m50, m99 = statistics.median(p50s[name]), statistics.median(p99s[name])
-        print("%-14s %10.3f %10.3f %13.2fx" % (name, m50, m99, m50 / relay))
+        print("%-14s %10.3f %10.3f %13.2fx %16.0f" % (name, m50, m99, m50 / relay, statistics.median(cpus[name])))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ and QoS 0 deliveries are counted by their bytes rather than parsed, and only the
 Each role runs in a ``multiprocessing`` process of its own and answers on a pipe; ``Sink`` is a stand-in broker that
 does nothing but answer, against which the generator's own ceiling is measured.
 
-Roles (each a function run by ``spawn``): ``hold`` (connections kept open with keep-alive pings), ``subscribe``
+Roles (each a function run by ``spawn``): ``hold`` (connections kept open with keep-alive pings, or publishing as a
+device fleet does: one message at a time, each from a connection idle since its last), ``subscribe``
 (connections subscribed to one topic, counting or timing what arrives) and ``publish`` (connections publishing as
 fast as QoS 0, or a window of unacknowledged QoS 1 PUBLISHes, allows).
 """
@@ -129,7 +130,8 @@ def _cpu():
 def hold(pipe, port, n, prefix, keep_alive, sources):
     """Open ``n`` connections (reply: seconds it took), then on ``("ping", seconds, every)`` send a PINGREQ on each
     every ``every`` seconds for ``seconds`` (reply: pings sent, PINGRESPs received, connections the broker closed),
-    then on ``"close"`` close them."""
+    on ``("fleet", rate, count, topic, payload_len)`` publish ``count`` QoS 1 messages at ``rate`` a second, each
+    from the next connection in turn (``fleet``), then on ``"close"`` close them."""
     started = time.perf_counter()
     socks = open_connections(port, n, prefix, keep_alive, sources)
     pipe.send(time.perf_counter() - started)
@@ -141,6 +143,9 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
         cmd = pipe.recv()
         if cmd == "close":
             break
+        if cmd[0] == "fleet":
+            pipe.send(fleet(socks, sel, *cmd[1:]))
+            continue
         _, seconds, every = cmd
         sent = answered = closed = 0
         end = time.monotonic() + seconds
@@ -172,6 +177,38 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
         pipe.send((sent, answered, closed))
     for s in socks:
         s.close()
+
+
+def fleet(socks, sel, rate, count, topic, payload_len):
+    """A device fleet's traffic over held connections: ``count`` QoS 1 PUBLISHes at ``rate`` a second, each from the
+    next connection in turn (so each arrives alone, on a connection idle since its last); returns ``(acknowledged,
+    [send to PUBACK, ns])``."""
+    packet = publish_packet(topic, b"f" * payload_len, 1)
+    sent_at = {}
+    acked = []
+    started = time.monotonic()
+    i = 0
+    deadline = started + count / rate + 10
+    while (i < count or sent_at) and time.monotonic() < deadline:
+        due = started + i / rate
+        while i < count and time.monotonic() >= due:
+            s = socks[i % len(socks)]
+            try:
+                s.send(packet)
+                sent_at[s] = time.monotonic_ns()
+            except OSError:
+                pass
+            i += 1
+            due = started + i / rate
+        for key, _ in sel.select(timeout=max(0.0, min(0.01, due - time.monotonic()))):
+            try:
+                data = key.fileobj.recv(4096)
+            except OSError:
+                data = b""
+            t0 = sent_at.pop(key.fileobj, None)
+            if t0 is not None and data.startswith(b"\x40\x02"):
+                acked.append(time.monotonic_ns() - t0)
+    return len(acked), acked
 
 
 def subscribe(pipe, port, n, prefix, topic, qos, sources, packet_size):
