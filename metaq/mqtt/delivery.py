@@ -619,7 +619,8 @@ class Delivery:
         messages or a resend to send first. ``staged``: the publisher's burst in this partition, ``[(queue offset,
         key in Decoded, MqttMessage)]``: from its first record on they are sent from it, nothing read from the log
         (a cursor behind it reads the log as the greenlet would). Order is the cursor's, as the greenlet's. True when
-        it sent everything and left the cursor at the partition's end: its greenlet has nothing to do there."""
+        it sent everything and left the cursor at the partition's end: its greenlet has nothing to do there (not so
+        when a shared group of the session reads the partition too: the group's copy is the greenlet's)."""
         conn, session = self.conn, self.session
         if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent:
             return False
@@ -656,6 +657,8 @@ class Delivery:
                         return False
             cursors[key] = queue_offset + 1
             session.dirty = True
+        if any(key in group.cursors for group, _granted, _id in session.shared.values()):
+            return False
         try:
             return cursors[key] >= self.store.max_offset(topic, partition)
         except errors.MetaqError:

@@ -192,3 +192,30 @@ def _next_publish(s):
         assert p is not None, "closed"
         if isinstance(p, wire.Publish):
             return p
+
+
+def test_a_session_subscribed_alone_and_in_a_shared_group_to_one_topic_gets_both_copies_at_once(broker_factory,
+                                                                                                 tmp_path):
+    """A session holding a subscription of its own and a shared one on the same partition: the publisher's turn
+    sends the copy of its own subscription (its cursor then at the end), and the append still wakes its delivery
+    for the group's copy, which waits on the same partition; neither copy waits for the delivery's timeout."""
+    b = broker_factory(config(tmp_path))
+    s = Raw(b, wire.MQTT_5, timeout=30)
+    assert s.connect("both").reason_code == 0
+    s.send(wire.Subscribe(1, (wire.Subscription("direct/t", 0),), {"subscription_identifier": 1}))
+    assert isinstance(s.read(), wire.Suback)
+    s.send(wire.Subscribe(2, (wire.Subscription("$share/g/direct/t", 0),), {"subscription_identifier": 2}))
+    assert isinstance(s.read(), wire.Suback)
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("pub").reason_code == 0
+    time.sleep(0.5)  # its delivery caught up, waiting
+    rounds = 6
+    started = time.monotonic()
+    for i in range(rounds):
+        payload = b"%05d" % i
+        publish_one_at_a_time(pub, [payload])
+        got = sorted((p.properties.get("subscription_identifier"), p.payload) for p in
+                     (_next_publish(s), _next_publish(s)))
+        assert got == [((1,), payload), ((2,), payload)]
+    # each copy waiting for the delivery's own timeout (limits.MQTT_TOPIC_RESCAN_S) would take about a second a round
+    assert time.monotonic() - started < rounds * limits.MQTT_TOPIC_RESCAN_S / 2
