@@ -219,3 +219,32 @@ def test_a_session_subscribed_alone_and_in_a_shared_group_to_one_topic_gets_both
         assert got == [((1,), payload), ((2,), payload)]
     # each copy waiting for the delivery's own timeout (limits.MQTT_TOPIC_RESCAN_S) would take about a second a round
     assert time.monotonic() - started < rounds * limits.MQTT_TOPIC_RESCAN_S / 2
+
+
+@pytest.mark.parametrize("ack_first", [True, False])
+def test_a_receive_maximum_of_one_gets_a_one_at_a_time_publishers_messages_in_order_without_waiting(
+        broker_factory, tmp_path, ack_first):
+    """A subscriber with Receive Maximum 1 and a publisher that waits for each PUBACK: its acknowledgement comes
+    before the next message (the publisher's turn sends it: the ack found a window not full and woke nobody) or
+    after it (the window full, the message held: the ack wakes the delivery, which sends it). Every message comes
+    once, in order, and none waits for the delivery's timeout (``limits.MQTT_TOPIC_RESCAN_S`` each)."""
+    b = broker_factory(config(tmp_path))
+    sub = subscriber(b, "one", window=1)
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("pub").reason_code == 0
+    time.sleep(0.5)  # its delivery caught up, waiting
+    want = [b"%05d" % i for i in range(200)]
+    got, held = [], None
+    started = time.monotonic()
+    for payload in want:
+        publish_one_at_a_time(pub, [payload])
+        if held is not None:
+            sub.send(wire.PubAck(held))
+        p = _next_publish(sub)
+        got.append(p.payload)
+        if ack_first:
+            sub.send(wire.PubAck(p.packet_id))
+        else:
+            held = p.packet_id
+    assert got == want
+    assert time.monotonic() - started < 20 * limits.MQTT_TOPIC_RESCAN_S
