@@ -248,3 +248,36 @@ def test_a_receive_maximum_of_one_gets_a_one_at_a_time_publishers_messages_in_or
             held = p.packet_id
     assert got == want
     assert time.monotonic() - started < 20 * limits.MQTT_TOPIC_RESCAN_S
+
+
+def test_a_qos_2_subscriber_with_a_receive_maximum_of_one_gets_each_message_once_its_pubcomp_frees_the_window(
+        broker_factory, tmp_path):
+    """QoS 2 end to end, Receive Maximum 1, the subscriber ending each exchange (PUBREC, PUBREL, PUBCOMP) only after
+    the next message was published: that message waits for the window, and the PUBCOMP that frees it wakes the
+    delivery; nothing waits for the delivery's timeout."""
+    b = broker_factory(config(tmp_path))
+    sub = Raw(b, wire.MQTT_5, timeout=30)
+    assert sub.connect("two", properties={"receive_maximum": 1}).reason_code == 0
+    sub.send(wire.Subscribe(1, (wire.Subscription("direct/t", 2),)))
+    assert isinstance(sub.read(), wire.Suback)
+    pub = Raw(b, wire.MQTT_5, timeout=30)
+    assert pub.connect("pub").reason_code == 0
+    time.sleep(0.5)  # its delivery caught up, waiting
+    want = [b"%05d" % i for i in range(60)]
+    got, held = [], None
+    started = time.monotonic()
+    for i, payload in enumerate(want):
+        pub.send(wire.Publish("direct/t", payload, 2, packet_id=i + 1))
+        assert isinstance(pub.read(), wire.PubRec)
+        pub.send(wire.PubRel(i + 1))
+        assert isinstance(pub.read(), wire.PubComp)
+        if held is not None:
+            sub.send(wire.PubRec(held))
+            assert sub.read() == wire.PubRel(held)
+            sub.send(wire.PubComp(held))
+        p = _next_publish(sub)
+        assert p.qos == 2 and not p.dup
+        got.append(p.payload)
+        held = p.packet_id
+    assert got == want
+    assert time.monotonic() - started < 10 * limits.MQTT_TOPIC_RESCAN_S
