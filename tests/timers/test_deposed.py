@@ -81,3 +81,23 @@ def test_a_cut_during_the_depositions_stop_leaves_no_offsets_that_count_the_cut_
         assert b.store.max_offset(T, 0) == 1  # once
     finally:
         b.close()
+
+
+def test_a_second_role_change_during_the_depositions_stop_keeps_the_saved_offsets(tmp_path):
+    """ha: auto: the leadership greenlet deposes (``wait_for_master``) and the election greenlet follows the new
+    master while that stop still yields: the second role change must not empty the levels whose offsets the stop
+    saves, or the broker, leading again, delivers every retained delayed message a second time."""
+    b = Broker(tmp_path)
+    try:
+        b.delay.start()
+        b.delay.put_delayed(T, 0, 0, b"later", 1, now_ms())
+        b.wait_delivered("not delivered")
+        b.store.put("other", 0, 0, b"traffic", now_ms())  # the log moves on: the stop's save writes its position
+        gevent.joinall([gevent.spawn(b.delay.role_changed, 1), gevent.spawn(b.delay.role_changed, 1)], timeout=10,
+                       raise_error=True)
+        assert saved_offsets(b) == {"0": 1}
+        b.delay.role_changed(None)  # leads again, no cut: its log holds the delivery
+        gevent.sleep(1.5)
+        assert b.store.max_offset(T, 0) == 1  # not delivered again
+    finally:
+        b.close()
