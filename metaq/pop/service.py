@@ -90,6 +90,7 @@ class PopService:
         self.follow.replicating = not is_master
         store.follower.add(self.follow, store.written_position)
         self._acks = AckBatch(self._write_acks)
+        self._unjournaled = False  # acks applied whose record was refused or failed (``_write_acks``)
         self._tasks = []
 
     def start(self):
@@ -245,10 +246,13 @@ class PopService:
         """A slave follows the master's journal; a promoted slave has learned every record it holds and answers. A
         master made slave has applied every record it wrote: its follow position moves to the log end (as the
         transactions' and MQTT's do), so a cut below that end relearns the state even when no follower step ran
-        since its last records (the cut tail's records would otherwise stay applied)."""
+        since its last records (the cut tail's records would otherwise stay applied); acks it applied and never
+        wrote (``_write_acks``) are undone there."""
         if slave_id is not None:
             if not self.follow.replicating:
                 self.follow.position = max(self.follow.position, self.store.written_position)
+                if self._unjournaled:  # a turn's acks were refused or failed while it led: not in the log
+                    self._relearn_unjournaled()
             self.follow.replicating = True
             return
         if self.follow.replicating:
@@ -291,9 +295,28 @@ class PopService:
         return r
 
     def _write_acks(self, batch):
+        """A turn's acknowledgements, at its end. The acks were checked writable when made, but the loop turned
+        since: the broker may have been deposed (or its lease run out) meanwhile, so the put path's decision is asked
+        again right before the write, as a put's is; refused, nothing is written into a log that is no longer a
+        master's and every ack of the turn gets the refusal. A write refused or failed leaves acks applied that no
+        record holds: a deposed broker's state is rebuilt from its log (now, or at the deposition), so that it
+        holds what the log holds when it follows or leads again."""
         now = now_ms()
-        self._write_journal([{"k": "a", "g": g, "t": t, "e": e} for (g, t), e in batch.items()], now)
+        try:
+            self.path.check_writable()
+            self._write_journal([{"k": "a", "g": g, "t": t, "e": e} for (g, t), e in batch.items()], now)
+        except errors.MetaqError:
+            self._unjournaled = True
+            if self.follow.replicating:
+                self._relearn_unjournaled()
+            raise
         self._maybe_snapshot(now)
+
+    def _relearn_unjournaled(self):
+        """The state again from the journal up to the follow position: acks applied but never written are undone."""
+        self._unjournaled = False
+        self._relearn(self.follow.position)
+        log.warning("pop: acknowledgements refused at a deposition were undone: the state is the log's again")
 
     def _write_journal(self, recs, now):
         for rec in recs:
@@ -353,9 +376,9 @@ class AckBatch:
     """The acknowledgements of one loop turn, from every connection, written as one record per (group, topic) at the
     end of the turn (``POP_MAX_ACK_HANDLES`` a call, any number of calls a turn). ``add`` applies them to the state at
     once (a receive in the same turn sees them done) and returns what the caller waits on: the turn's write, so
-    that an ack is answered once its record is in the log (a kill -9 keeps it). A failed write (a full disk) fails
-    every ack of the turn: their state stays acknowledged until a restart, which hands them out again (at least
-    once)."""
+    that an ack is answered once its record is in the log (a kill -9 keeps it). A refused write (the broker deposed
+    since the acks were made) or a failed one (a full disk) fails every ack of the turn: their state stays
+    acknowledged until a deposition or a restart, which hand them out again (at least once)."""
 
     def __init__(self, write):
         self._write = write

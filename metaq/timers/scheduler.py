@@ -37,6 +37,7 @@ import logging
 
 import gevent
 from gevent.event import Event
+from gevent.lock import Semaphore
 
 from metaq import errors
 from metaq.protocol.message import HEADER
@@ -108,6 +109,8 @@ class DelayScheduler:
         self._dirty = Event()
         self._saver = None
         self._saved = (None, None)  # (offsets, position) last written
+        self._cuts = store.log_cuts  # the log's cuts when the offsets were recovered (``save``)
+        self._file = Semaphore()  # a save's write and the cut listener's drop, one at a time
         self._delivery_end = 0  # log end after the last delivered record
         self._already_delivered = set()  # ids found delivered after the saved position (recovery)
         self.redeliveries_skipped = 0
@@ -186,8 +189,8 @@ class DelayScheduler:
         if master == self.enabled:
             return
         if not master:
+            self.enabled = False  # first: a role change while stop() yields leaves the levels to it
             self.stop()
-            self.enabled = False
             self.levels = {}
             log.info("delayed delivery: stopped (this broker is now a replication slave)")
             return
@@ -200,9 +203,11 @@ class DelayScheduler:
         """The epoch handshake cut the log back to ``report.position`` (this broker rejoins as a slave). A state file
         saved past it counts deliveries that went with the cut tail: a later promotion would take its offsets and
         never deliver those entries in this log. Such a file is removed, so that recovery then finds in the log
-        itself what was delivered (as a promoted slave without one does). Runs in the thread pool (file I/O)."""
-        removed = self._pool.apply(self._drop_state_past, (report.position,))
-        self._saved, self._delivery_end = (None, None), 0
+        itself what was delivered (as a promoted slave without one does). Runs in the thread pool (file I/O), after
+        a save's write in progress (a deposition's ``stop``): no offsets of before the cut are written after it."""
+        with self._file:
+            removed = self._pool.apply(self._drop_state_past, (report.position,))
+            self._saved, self._delivery_end = (None, None), 0
         if removed:
             log.warning("delayed delivery: the offsets saved at log position %d are past the cut at %d: removed (a "
                         "promotion finds the deliveries in the log)", removed, report.position)
@@ -243,6 +248,7 @@ class DelayScheduler:
             delay = self.levels_ms[p] if p < len(self.levels_ms) else None
             self.levels[p] = Level(p, delay, offset)
         self._saved = ({p: lv.offset for p, lv in self.levels.items()}, position)
+        self._cuts = self.store.log_cuts
         # an offset moved past an entry found delivered below waits for the log as it is now, never for the end of a
         # delivery of an earlier tenure (a cut may have put that past the end)
         self._delivery_end = self.store.written_position
@@ -387,7 +393,11 @@ class DelayScheduler:
                       exc)
 
     def save(self):
-        """Write offsets + log position if they changed; deliveries are made durable first. True if written."""
+        """Write offsets + log position if they changed; deliveries are made durable first. True if written.
+
+        Nothing once the log was cut since the offsets were recovered (a deposed master's handshake, which may land
+        while its ``stop`` saves): they may count deliveries that went with the cut tail, and ``log_cut`` decided
+        the file (a promotion then finds the deliveries in the log)."""
         offsets = {p: lv.offset for p, lv in self.levels.items()}
         position = self.store.written_position
         old_offsets, old_position = self._saved
@@ -397,7 +407,12 @@ class DelayScheduler:
             self.flusher.wait_flushed(self._delivery_end)
         state = {"position": position, "offsets": {str(p): o for p, o in offsets.items()},
                  "levels": format_levels(self.levels_ms)}
-        self._pool.apply(self.store.dirs.write_state, (self._path, STATE_MAGIC, state))
+        with self._file:
+            if self.store.log_cuts != self._cuts:
+                log.warning("delayed delivery: the offsets are not saved: the log was cut back since they were "
+                            "read (the deliveries are found in the log at the next promotion)")
+                return False
+            self._pool.apply(self.store.dirs.write_state, (self._path, STATE_MAGIC, state))
         self._saved = (offsets, position)
         return True
 
