@@ -1,7 +1,8 @@
 """MQTT connections at scale (issue 43 point 7).
 
     python -m bench.bench_mqtt_scale [--connections 19000] [--keep-alive 10] [--subscribers 10000] [--runs 3]
-                                     [--fanout-only | --fleet-only] [--fleet-rate 2000] [--fleet-seconds 10]
+                                     [--fanout-only | --fleet-only | --storm-only] [--fleet-rate 2000]
+                                     [--fleet-seconds 10] [--storm-gap 10]
                                      [--no-mosquitto]
 
 Against a real metaq broker process on 127.0.0.1 (MQTT port on, flush async, the real segment sizes), with the load
@@ -24,10 +25,16 @@ spread over the source addresses 127.0.0.2-127.0.0.9 (the broker caps connection
   since its last, as a device fleet's do: the broker's CPU per message (less what the idle fleet costs it over the
   same time) and send-to-PUBACK p50 / p99, against Mosquitto too.
 
-``--fanout-only`` skips the idle connections and the fleet (then the memory per subscribed connection is the whole
-connection's, not what a subscription adds to an idle one); ``--fleet-only`` runs only the fleet;
-``--no-mosquitto`` skips Mosquitto's runs. Not a test: nothing here
-asserts; medians of ``--runs`` runs, a markdown table.
+* **a storm of half packets**: ``--connections`` connections held open and parked, then every one sends the first
+  byte of a PINGREQ at once and the second ``--storm-gap`` s later (under the request deadline): each wakes and holds
+  its reader while it waits inside the packet. The broker's memory per connection so held (above parked) and once
+  answered, its CPU per connection woken, a PINGREQ's round trip from another MQTT client (and a text client's
+  ``stats`` on metaq: the loop's responsiveness) before and during, the PINGRESPs and any connection closed.
+
+``--fanout-only`` skips the idle connections, the storm and the fleet (then the memory per subscribed connection is
+the whole connection's, not what a subscription adds to an idle one); ``--fleet-only`` runs only the fleet,
+``--storm-only`` only the storm; ``--no-mosquitto`` skips Mosquitto's runs. Not a test: nothing here asserts;
+medians of ``--runs`` runs, a markdown table.
 """
 
 import argparse
@@ -37,6 +44,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -163,16 +171,143 @@ def fleet_phase(target, n, keep_alive, rate, seconds):
             "fleet_p99": ms[min(len(ms) - 1, int(len(ms) * 0.99))] if ms else float("nan")}
 
 
+class Probe(threading.Thread):
+    """Round trips of ``ask()`` one after another, ``every`` s apart, in a thread of their own, each with when it
+    began: what another client of the broker sees while the storm's connections take the loop."""
+
+    def __init__(self, ask, every=0.02):
+        super().__init__(daemon=True)
+        self.ask, self.every = ask, every
+        self.samples = []  # (perf_counter when sent, seconds to the answer)
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            t = time.perf_counter()
+            try:
+                self.ask()
+            except Exception:  # noqa: BLE001 - a probe that failed shows as an infinite round trip, and ends
+                self.samples.append((t, float("inf")))
+                return
+            self.samples.append((t, time.perf_counter() - t))
+            self.done.wait(self.every)
+
+    def between(self, start, end):
+        return sorted(x for t, x in self.samples if start <= t < end)
+
+    def stop(self):
+        self.done.set()
+        self.join(10)
+
+
+def ping_probe(port):
+    """A probe's ``ask``: a PINGREQ and its PINGRESP on an MQTT connection of its own (from 127.0.0.1, an address the
+    held connections do not use); returns ``(ask, close)``."""
+    sock = load.open_connections(port, 1, "probe", 600)[0]
+
+    def ask():
+        sock.sendall(load.PINGREQ)
+        if load.recv_exact(sock, 2) != load.PINGRESP:
+            raise ConnectionError("expected PINGRESP")
+    return ask, sock.close
+
+
+def _quantile(xs, q):
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
+
+
+#: The gap of the storm run again on the same connections (``storm_phase``): only its memory after is measured.
+AGAIN_GAP_S = 3
+
+
+def storm_phase(target, n, gap, wait=60):
+    """``n`` connections held open and parked (Keep Alive 60 s), then each sends the first byte of a PINGREQ at once
+    and its second ``gap`` seconds later: the broker's memory per connection so held (above parked) and after they
+    are answered, its CPU per connection to wake them, a PINGREQ's round trip from another MQTT connection (and on
+    metaq a text client's ``stats``) before and during, the PINGRESPs received and the connections closed; then the
+    storm once more on the same connections, and what the broker's memory grew by over the first's; ``dict`` of
+    figures."""
+    halves = [SOURCES[i::PROCS] for i in range(PROCS)]
+    workers = [load.spawn(load.hold, target.port, n // PROCS + (i < n % PROCS), "storm%d" % i, FLEET_KEEP_ALIVE,
+                          halves[i]) for i in range(PROCS)]
+    probes, closers = [], []
+    try:
+        [pipe.recv() for _, pipe in workers]
+        if isinstance(target, Metaq):
+            wait_connections(target, n)
+            stats = target.broker.client()
+            probes.append(("stats", Probe(lambda: stats.stats_dict())))
+            closers.append(stats.close)
+        ask, close = ping_probe(target.port)
+        probes.append(("ping", Probe(ask)))
+        closers.append(close)
+        time.sleep(2)  # every held connection parked (metaq: idle for MQTT_PARK_AFTER_S)
+        for _, probe in probes:
+            probe.start()
+        cpu0, t0 = cpu_seconds(target.pid), time.perf_counter()
+        time.sleep(2)
+        idle_cpu_s = (cpu_seconds(target.pid) - cpu0) / (time.perf_counter() - t0)
+        before = rss(target.pid)[0]
+        started, cpu0 = time.perf_counter(), cpu_seconds(target.pid)
+        for _, pipe in workers:
+            pipe.send(("storm", gap, wait))
+        firsts = [pipe.recv() for _, pipe in workers]
+        peak = before
+        while time.perf_counter() < started + gap - 0.3:
+            peak = max(peak, rss(target.pid)[0])
+            time.sleep(0.25)
+        woke_cpu = cpu_seconds(target.pid) - cpu0 - idle_cpu_s * (time.perf_counter() - started)
+        ended = time.perf_counter()
+        replies = [pipe.recv() for _, pipe in workers]
+        time.sleep(2)
+        after = rss(target.pid)[0]
+        for _, probe in probes:
+            probe.stop()
+        # a second storm on the same connections: what the first left behind is reused, not added to
+        for _, pipe in workers:
+            pipe.send(("storm", AGAIN_GAP_S, wait))
+        [pipe.recv() for _, pipe in workers]
+        again = [pipe.recv() for _, pipe in workers]
+        time.sleep(2)
+        after_again = rss(target.pid)[0]
+        for _, pipe in workers:
+            pipe.send("close")
+    finally:
+        for close in closers:
+            close()
+        for proc, _ in workers:
+            proc.join(30)
+    if isinstance(target, Metaq):
+        wait_connections(target, 0)
+    first, second, answered, early, late, answer_s, early_bytes = (sum(r[i] for r in replies) for i in range(7))
+    figures = {"storm_first": sum(firsts), "storm_second": second, "storm_answered": answered / n,
+               "storm_closed_early": early, "storm_closed_late": late, "storm_early_bytes": early_bytes,
+               "storm_answer_s": max(r[5] for r in replies), "storm_held_kib": (peak - before) * 1024 / n,
+               "storm_after_kib": (after - before) * 1024 / n, "storm_cpu_us": max(0.0, woke_cpu) / n * 1e6,
+               "storm_again_kib": (after_again - after) * 1024 / n,
+               "storm_again_answered": sum(r[2] for r in again) / n}
+    for name, probe in probes:
+        quiet = probe.between(0, started)
+        during = probe.between(started, ended)
+        figures.update({"storm_%s_before_p50" % name: _quantile(quiet, 0.5) * 1e3,
+                        "storm_%s_p50" % name: _quantile(during, 0.5) * 1e3,
+                        "storm_%s_max" % name: (during[-1] if during else float("nan")) * 1e3})
+    return figures
+
+
 def one_run(args):
     root = tempfile.mkdtemp(prefix="metaq-mqtt-scale-", dir=args.dir)
     target = Metaq(root, "async")
     try:
         figures = {}
-        if not args.fanout_only and not args.fleet_only:
+        if args.storm_only:
+            figures.update(storm_phase(target, args.connections, args.storm_gap))
+        if not args.fanout_only and not args.fleet_only and not args.storm_only:
             figures.update(idle_phase(target, args.connections, args.keep_alive))
-        if not args.fanout_only:
+            figures.update(storm_phase(target, args.connections, args.storm_gap))
+        if not args.fanout_only and not args.storm_only:
             figures.update(fleet_phase(target, args.connections, FLEET_KEEP_ALIVE, args.fleet_rate, args.fleet_seconds))
-        if not args.fleet_only:
+        if not args.fleet_only and not args.storm_only:
             figures.update(fanout_phase(target, args.subscribers, args.fanout_messages))
     finally:
         target.stop()
@@ -180,10 +315,13 @@ def one_run(args):
     if mosquitto_path() and not args.no_mosquitto:
         peer = Mosquitto(root)
         try:
-            if not args.fanout_only:
+            if not args.fanout_only and not args.fleet_only:
+                figures.update({"mosquitto_" + k: v for k, v in storm_phase(
+                    peer, args.connections, args.storm_gap).items()})
+            if not args.fanout_only and not args.storm_only:
                 figures.update({"mosquitto_" + k: v for k, v in fleet_phase(
                     peer, args.connections, FLEET_KEEP_ALIVE, args.fleet_rate, args.fleet_seconds).items()})
-            if not args.fleet_only:
+            if not args.fleet_only and not args.storm_only:
                 figures.update({"mosquitto_" + k: v for k, v in fanout_phase(peer, args.subscribers,
                                                                                args.fanout_messages).items()})
         finally:
@@ -204,6 +342,10 @@ def main(argv=None):
     ap.add_argument("--fleet-only", action="store_true", help="only the fleet's publishes")
     ap.add_argument("--fleet-rate", type=int, default=2000, help="the fleet's PUBLISHes a second")
     ap.add_argument("--fleet-seconds", type=int, default=10)
+    ap.add_argument("--storm-only", action="store_true",
+                    help="only the storm: every parked connection sends half a PINGREQ at once")
+    ap.add_argument("--storm-gap", type=float, default=10.0,
+                    help="seconds between the storm's first bytes and their second (under request_timeout_s)")
     ap.add_argument("--no-mosquitto", action="store_true", help="skip Mosquitto's runs")
     ap.add_argument("--dir", default=None, help="where to put the data (default: $TMPDIR)")
     args = ap.parse_args(argv)
@@ -217,7 +359,7 @@ def main(argv=None):
 
     print("\nMQTT at scale: one metaq broker (flush async), generator in %d processes, medians of %d runs\n"
           % (PROCS, args.runs))
-    if not args.fanout_only and not args.fleet_only:
+    if not args.fanout_only and not args.fleet_only and not args.storm_only:
         print("| measurement | figure | unit |")
         print("|---|---:|---|")
         print("| connections open at once (seen by the broker) | %d | connections |" % med("seen"))
@@ -227,12 +369,48 @@ def main(argv=None):
               % (args.keep_alive, 2 * args.keep_alive, med("pings_sent"), med("pings_answered")))
         print("| connections the broker closed during the pings / open after | %d / %d | connections |"
               % (med("closed_by_broker"), med("open_after_pings")))
-    peer = "mosquitto_p50" in runs[0] or "mosquitto_fleet_p50" in runs[0]
+    peer = any(k in runs[0] for k in ("mosquitto_p50", "mosquitto_fleet_p50", "mosquitto_storm_answered"))
 
     def beside(key, form):
-        return (form % med(key)) + (" | " + form % med("mosquitto_" + key) if peer else "")
+        theirs = "mosquitto_" + key
+        return (form % med(key)) + (" | " + (form % med(theirs) if theirs in runs[0] else "-") if peer else "")
 
-    if not args.fanout_only:
+    def pair(key, other, form, other_form):
+        theirs = "mosquitto_" + key
+        mine = (form % med(key)) + " / " + (other_form % med(other))
+        if not peer:
+            return mine
+        return mine + " | " + ((form % med(theirs)) + " / " + (other_form % med("mosquitto_" + other))
+                               if theirs in runs[0] else "-")
+
+    if not args.fanout_only and not args.fleet_only:
+        print("\n| a storm: %d parked connections each send a PINGREQ's first byte at once, the second %g s later "
+              "| metaq |%s unit |" % (args.connections, args.storm_gap, " Mosquitto |" if peer else ""))
+        print("|---|---:|%s---|" % ("---:|" if peer else ""))
+        print("| broker memory per connection held inside a packet (above parked) | %s | KiB |"
+              % beside("storm_held_kib", "%.1f"))
+        print("| broker memory per connection once answered (above parked) | %s | KiB |"
+              % beside("storm_after_kib", "%.1f"))
+        print("| the same storm again on the same connections: memory per connection after, above the first's | %s "
+              "| KiB |" % beside("storm_again_kib", "%.1f"))
+        print("| broker CPU per connection woken by its first byte (less idle) | %s | us |"
+              % beside("storm_cpu_us", "%.0f"))
+        print("| another client's PINGREQ round trip before, p50 | %s | ms |" % beside("storm_ping_before_p50", "%.2f"))
+        print("| the same during the storm, p50 / max | %s | ms |"
+              % pair("storm_ping_p50", "storm_ping_max", "%.2f", "%.1f"))
+        print("| a text client's `stats` round trip before, p50 | %s | ms |"
+              % beside("storm_stats_before_p50", "%.2f"))
+        print("| the same during the storm, p50 / max | %s | ms |"
+              % pair("storm_stats_p50", "storm_stats_max", "%.2f", "%.1f"))
+        print("| share answered with a PINGRESP once whole, first storm / second | %s | |"
+              % pair("storm_answered", "storm_again_answered", "%.3f", "%.3f"))
+        print("| second byte to the last PINGRESP | %s | s |" % beside("storm_answer_s", "%.2f"))
+        print("| connections closed before their second byte / after it | %s | connections |"
+              % pair("storm_closed_early", "storm_closed_late", "%d", "%d"))
+    if args.storm_only:
+        return
+
+    if not args.fanout_only and not args.storm_only:
         print("\n| a fleet: %d connections, %d QoS 1 PUBLISHes a second, each from the next connection | metaq |%s "
               "unit |" % (args.connections, args.fleet_rate, " Mosquitto |" if peer else ""))
         print("|---|---:|%s---|" % ("---:|" if peer else ""))

@@ -8,7 +8,8 @@ Each role runs in a ``multiprocessing`` process of its own and answers on a pipe
 does nothing but answer, against which the generator's own ceiling is measured.
 
 Roles (each a function run by ``spawn``): ``hold`` (connections kept open with keep-alive pings, or publishing as a
-device fleet does: one message at a time, each from a connection idle since its last), ``subscribe``
+device fleet does: one message at a time, each from a connection idle since its last, or all sending half a packet
+at once: ``storm``), ``subscribe``
 (connections subscribed to one topic, counting or timing what arrives) and ``publish`` (connections publishing as
 fast as QoS 0, or a window of unacknowledged QoS 1 PUBLISHes, allows).
 """
@@ -131,7 +132,8 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
     """Open ``n`` connections (reply: seconds it took), then on ``("ping", seconds, every)`` send a PINGREQ on each
     every ``every`` seconds for ``seconds`` (reply: pings sent, PINGRESPs received, connections the broker closed),
     on ``("fleet", rate, count, topic, payload_len)`` publish ``count`` QoS 1 messages at ``rate`` a second, each
-    from the next connection in turn (``fleet``), then on ``"close"`` close them."""
+    from the next connection in turn (``fleet``), on ``("storm", gap, wait)`` send a PINGREQ's first byte on every
+    one at once and its second ``gap`` seconds later (``storm``: two replies), then on ``"close"`` close them."""
     started = time.perf_counter()
     socks = open_connections(port, n, prefix, keep_alive, sources)
     pipe.send(time.perf_counter() - started)
@@ -145,6 +147,9 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
             break
         if cmd[0] == "fleet":
             pipe.send(fleet(socks, sel, *cmd[1:]))
+            continue
+        if cmd[0] == "storm":
+            pipe.send(storm(socks, sel, pipe, *cmd[1:]))
             continue
         _, seconds, every = cmd
         sent = answered = closed = 0
@@ -209,6 +214,63 @@ def fleet(socks, sel, rate, count, topic, payload_len):
             if t0 is not None and data.startswith(b"\x40\x02"):
                 acked.append(time.monotonic_ns() - t0)
     return len(acked), acked
+
+
+def storm(socks, sel, pipe, gap, wait):
+    """Every held connection sends the first byte of a PINGREQ at once (then nothing: the broker holds each one
+    inside a packet), the count sent going on ``pipe`` at once; ``gap`` seconds later each still open sends the
+    second byte. Returns ``(first bytes sent, second bytes sent, PINGRESPs received within wait s of the second,
+    connections the broker closed before the second byte, closed after it, seconds from the second byte to the
+    last PINGRESP, anything the broker sent before the second byte)``."""
+    first = 0
+    for s in socks:
+        try:
+            s.send(PINGREQ[:1])
+            first += 1
+        except OSError:
+            pass
+    pipe.send(first)
+    live = set(socks)
+    early = early_bytes = 0
+    end = time.monotonic() + gap
+    while time.monotonic() < end:
+        for key, _ in sel.select(timeout=max(0.0, min(0.2, end - time.monotonic()))):
+            try:
+                data = key.fileobj.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                early += 1
+                live.discard(key.fileobj)
+                sel.unregister(key.fileobj)
+            early_bytes += len(data)
+    started = time.monotonic()
+    second = 0
+    for s in socks:
+        if s in live:
+            try:
+                s.send(PINGREQ[1:])
+                second += 1
+            except OSError:
+                pass
+    answered = late = 0
+    last = started
+    deadline = started + wait
+    while answered + late < second and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.05):
+            try:
+                data = key.fileobj.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                late += 1
+                sel.unregister(key.fileobj)
+                continue
+            got = data.count(PINGRESP)
+            if got:
+                answered += got
+                last = time.monotonic()
+    return first, second, answered, early, late, last - started, early_bytes
 
 
 def subscribe(pipe, port, n, prefix, topic, qos, sources, packet_size):
