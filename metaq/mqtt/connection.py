@@ -283,11 +283,13 @@ class Connection(core.Connection):
     def _write_ack(self, path, packet, wait, counted):
         if type(packet) is _PubAckRun:
             return self._write_run(packet, wait)
-        if type(packet) is bytes:  # an answer encoded when it was queued (it must follow the acknowledgements)
-            try:
+        if type(packet) is bytes:  # an answer encoded when it was queued (it must follow the acknowledgements), or
+            try:  # the rest of a PUBACK run ``_ack_now`` began
                 self.send_bytes(packet)
             finally:
                 self._acks_pending -= 1
+                if self._ack_sent is not None:
+                    self._ack_sent.set()
             return
         try:
             if wait is not None:
