@@ -248,6 +248,10 @@ class SessionTable:
         """The sessions whose client is not connected, offline longest first."""
         return sorted((s for s in self.sessions.values() if not s.connected), key=lambda s: s.at_ms)
 
+    def offline_count(self):
+        """How many sessions' clients are not connected (``stats``: counted, not sorted)."""
+        return sum(1 for s in self.sessions.values() if not s.connected)
+
     def floor(self):
         """The lowest log position a live session's last record is at (None: no session)."""
         return min([s.position for s in self.sessions.values() if s.position is not None]

@@ -640,7 +640,7 @@ class MqttPort:
         those waiting for their delay."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
                 ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
-                ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", len(self.table.offline())),
+                ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", self.table.offline_count()),
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
                 ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
                 ("mqtt_shared_groups_kept", len(self.table.groups)),

@@ -676,6 +676,7 @@ class ConnectionCore:
         self._listeners = []
         self._open = {}  # conn_id -> Connection
         self._listener_of = {}  # conn_id -> Listener
+        self._named = {}  # listener name -> its open connections (``count``: asked by every ``stats``)
         self._ids = itertools.count(1)
         self._close_hooks = []
         self._wheel = IdleWheel(self.wake)  # the deadlines of parked connections
@@ -701,7 +702,7 @@ class ConnectionCore:
         """Open connections, on one listener or on all."""
         if name is None:
             return len(self._open)
-        return sum(1 for listener in self._listener_of.values() if listener.name == name)
+        return self._named.get(name, 0)
 
     def connections(self, name=None):
         """The open connections, of the listener(s) called ``name`` or of all."""
@@ -795,6 +796,7 @@ class ConnectionCore:
         conn.share_key = host
         self._open[conn_id] = conn
         self._listener_of[conn_id] = listener
+        self._named[listener.name] = self._named.get(listener.name, 0) + 1
         self._turn(conn)
 
     def _turn(self, conn):
@@ -818,7 +820,9 @@ class ConnectionCore:
                 conn.share_key = None
                 conn.close()
                 self._open.pop(conn.conn_id, None)
-                self._listener_of.pop(conn.conn_id, None)
+                listener = self._listener_of.pop(conn.conn_id, None)
+                if listener is not None:
+                    self._named[listener.name] -= 1
                 for hook in self._close_hooks:
                     try:
                         hook(conn)

@@ -88,14 +88,15 @@ def test_one_cap_across_listeners_refuses_in_each_listeners_words(caplog):
         assert extra2.recv(100) == b""
     assert refusals == ["too many connections: the limit is 3"]
     assert "on the remoting port: too many connections: the limit is 3 (3 connections open)" in caplog.text
-    assert core.count() == 3 and len(made) == 3
+    assert core.count() == 3 and len(made) == 3 and core.count("text") == 2  # the refused are not counted
     ours, g = clients.pop()
     ours.close()
     g.join(5)
-    assert core.count() == 2
+    assert core.count() == 2 and core.count("text") == 1 and core.count("remoting") == 1
     again, _g = connect(core, text)  # a place was freed
     again.sendall(b"version 1\r\n")
     assert again.recv(100) == b"ok\r\n"
+    assert core.count("text") == 2 and core.count("http") == 0
     core.shutdown(1.0)
 
 
