@@ -50,44 +50,68 @@ class Group:
 
     def master(self, timeout=20.0, exclude=()):
         """The one member that reports itself master (and leading), waiting up to ``timeout``."""
-        def find():
-            found = []
-            for i, b in enumerate(self.members):
-                if i in exclude:
-                    continue
-                try:
-                    st = stats(b)
-                except (OSError, AssertionError):
-                    continue
-                if st["replication_role"] == "master" and st["replication_leading"] == "true":
-                    found.append(i)
-            return found[0] if len(found) == 1 else None
-        return wait_for(lambda: (lambda m: None if m is None else (m,))(find()), timeout,
+        return wait_for(lambda: (lambda m: None if m is None else (m,))(self._single_leader(exclude)), timeout,
                         lambda: "one elected master; roles %s" % self.roles())[0]
+
+    def _single_leader(self, exclude=()):
+        """The member that reports itself master and leading, when exactly one does (None otherwise)."""
+        found = []
+        for i, b in enumerate(self.members):
+            if i in exclude:
+                continue
+            try:
+                st = stats(b)
+            except (OSError, AssertionError):
+                continue
+            if st["replication_role"] == "master" and st["replication_leading"] == "true":
+                found.append(i)
+        return found[0] if len(found) == 1 else None
 
     def following(self, master, members, timeout=20.0):
         """Wait until every one of ``members`` follows ``master`` with its link up."""
-        want = self.replication_address(master)
+        wait_for(lambda: self._follow(master, members), timeout, lambda: "members %s following %s; roles %s" % (
+            members, self.replication_address(master), self.roles()))
 
-        def check():
-            for i in members:
+    def _follow(self, master, members):
+        """True when every one of ``members`` follows ``master`` with its link up now."""
+        want = self.replication_address(master)
+        for i in members:
+            try:
                 st = stats(self.members[i])
-                if st["replication_role"] != "slave" or st.get("replication_master") != want or \
-                        st.get("replication_link") != "connected":
-                    return False
-            return True
-        wait_for(check, timeout, lambda: "members %s following %s; roles %s" % (members, want, self.roles()))
+            except (OSError, AssertionError):
+                return False
+            if st["replication_role"] != "slave" or st.get("replication_master") != want or \
+                    st.get("replication_link") != "connected":
+                return False
+        return True
 
     def healthy(self, timeout=20.0):
-        """The master, once one is elected and followed by every member (``sync``: all in its in-sync set), each
-        waited for up to ``timeout``; AssertionError naming what did not come."""
-        master = self.master(timeout=timeout)
-        self.following(master, [i for i in range(len(self.members)) if i != master], timeout=timeout)
-        if self.mode == "sync":
-            want = ",".join(str(i) for i in range(len(self.members)))
-            wait_for(lambda: self.insync(master) == want, timeout,
-                     lambda: "every member in the in-sync set of m%d: %s" % (master, self.insync(master)))
-        return master
+        """The master, once one is elected and followed by every member (``sync``: all in its in-sync set), waited
+        for up to ``timeout``; AssertionError naming what did not come. Which member leads is asked again at each
+        look, with its followers: just after a partition heals, a deposed master may still believe it leads for a
+        moment before it hears of its successor, and the group heals under the successor."""
+        last = {}
+
+        def check():
+            master = self._single_leader()
+            if master is None:
+                return None
+            members = [i for i in range(len(self.members)) if i != master]
+            last["seen"] = (master, members)
+            if not self._follow(master, members):
+                return None
+            if self.mode == "sync" and self.insync(master) != ",".join(str(i) for i in range(len(self.members))):
+                return None
+            return (master,)
+
+        def what():
+            master, members = last.get("seen", (None, None))
+            if master is None:
+                return "one elected master; roles %s" % self.roles()
+            return "members %s following %s (m%d)%s; roles %s" % (
+                members, self.replication_address(master), master,
+                "" if self.mode != "sync" else ", all in its in-sync set (%s)" % self.insync(master), self.roles())
+        return wait_for(check, timeout, what)[0]
 
     def replication_port(self, i):
         return self.members[i].config["replication"]["port"]
