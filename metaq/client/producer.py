@@ -353,7 +353,8 @@ class Producer:
         future = Future()
         future.set_running_or_notify_cancel()
         deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
-        parts = self.discovery.partitions(topic)
+        found = self.discovery.partitions(topic)
+        parts = found
         if parts and all(p.partition < 0 for p in parts):  # a topic not created yet: a put creates partition 0
             parts = [Partition(p.broker_id, 0) for p in parts]
         parts = [p for p in parts if p.partition >= 0]
@@ -361,7 +362,9 @@ class Producer:
             if isinstance(partition, int) and not -len(parts) <= partition < len(parts):
                 raise ValueError("partition %d: topic %s has %d partitions here" % (partition, topic, len(parts)))
             target = parts[partition] if isinstance(partition, int) else partition
-            if target not in parts:
+            # a broker with no such topic yet, while another has it: the put creates its partition 0
+            created_by_put = target.partition == 0 and Partition(target.broker_id, -1) in found
+            if target not in parts and not created_by_put:
                 raise ValueError("partition %s is not one of topic %s's: %s" % (target, topic, parts))
         elif not parts:
             target = None

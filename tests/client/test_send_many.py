@@ -170,3 +170,25 @@ def test_a_broker_restart_mid_stream_keeps_each_partitions_order(broker_factory,
             for key, stored in order.items():  # a retried frame's first attempt may have been stored too
                 seen = list(dict.fromkeys(stored))
                 assert seen == sorted(seen), (partition, key)
+
+
+def test_send_many_to_partition_0_of_a_broker_that_has_no_such_topic_yet_while_another_has(broker_factory, tmp_path):
+    """Two brokers, the topic made on one by a first put: a call pinned to the other's partition 0 is sent (the
+    put makes the topic there, as a Spark sink's tasks do side by side), one pinned to its partition 1 is
+    refused before anything is sent."""
+    from metaq.client.message import Partition
+
+    brokers = []
+    for broker_id in (7, 8):
+        cfg = small_config(str(tmp_path / ("b%d" % broker_id)))
+        cfg["broker"]["id"] = broker_id
+        brokers.append(broker_factory(cfg))
+    with Producer(brokers=[url_of(b) for b in brokers]) as producer:
+        assert producer.send_many("tmixed", [b"first"], partition=Partition(8, 0)).result(10).success
+        producer.discovery.invalidate("tmixed")  # asked again: broker 8 has the topic now, broker 7 not yet
+        assert Partition(7, -1) in producer.discovery.partitions("tmixed")
+        result = producer.send_many("tmixed", [b"a", b"b"], partition=Partition(7, 0)).result(10)
+        assert result.success and str(result.partition) == "7-0"
+        with pytest.raises(ValueError, match="is not one of topic tmixed's"):
+            producer.send_many("tmixed", [b"c"], partition=Partition(7, 1))
+    assert [m.data for m in held(brokers[0], "tmixed", 0)] == [b"a", b"b"]
