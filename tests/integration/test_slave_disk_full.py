@@ -62,14 +62,14 @@ class Toggler(threading.Thread):
 MAX_LOAD_MESSAGES = 200_000
 
 
-def pipelined_load(port, seconds, seed):
-    """Put numbered messages, 64 in flight, for ``seconds`` (``MAX_LOAD_MESSAGES`` at most);
+def pipelined_load(port, seconds, seed, most=MAX_LOAD_MESSAGES):
+    """Put numbered messages, 64 in flight, for ``seconds`` (``most`` at most);
     ``{(topic, partition, offset): body}`` acknowledged."""
     rnd, acked, seq = random.Random(seed), {}, 0
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     parser, end = TextParser(max_body=1 << 20), time.monotonic() + seconds
     try:
-        while time.monotonic() < end and seq < MAX_LOAD_MESSAGES:
+        while time.monotonic() < end and seq < most:
             pending = {}
             for _ in range(64):
                 topic, part = PARTS[seq % len(PARTS)]
@@ -110,6 +110,10 @@ def test_a_sync_slave_whose_disk_fills_and_empties_reads_as_its_master(broker_fa
         toggler = Toggler(str(mount), seed=41 + kill_master)
         toggler.start()
         acked = pipelined_load(master.port, 8, seed=1)
+        for more in range(2):  # a loaded machine puts less: the load goes on until the slave met a full disk
+            if "No space left" in slave.log_text() or len(acked) >= MAX_LOAD_MESSAGES:
+                break
+            acked.update(pipelined_load(master.port, 4, seed=100 + more, most=MAX_LOAD_MESSAGES - len(acked)))
         if kill_master:
             master.kill()
             master.start()
