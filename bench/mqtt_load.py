@@ -128,6 +128,33 @@ def _cpu():
 # -- roles: each runs in its own process, told what to do on ``pipe`` ---------------------------------------------
 
 
+def _send_each(socks, data):
+    """Send ``data`` on each of ``socks``; how many took it (a socket the broker closed does not)."""
+    sent = 0
+    for s in socks:
+        try:
+            s.send(data)
+            sent += 1
+        except OSError:
+            pass
+    return sent
+
+
+def _ready(sel, timeout):
+    """One wait on the held sockets: ``(socket, bytes)`` of each readable one; ``b""`` for one the broker closed,
+    which is no longer watched."""
+    out = []
+    for key, _ in sel.select(timeout=timeout):
+        try:
+            data = key.fileobj.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(key.fileobj)
+        out.append((key.fileobj, data))
+    return out
+
+
 def hold(pipe, port, n, prefix, keep_alive, sources):
     """Open ``n`` connections (reply: seconds it took), then on ``("ping", seconds, every)`` send a PINGREQ on each
     every ``every`` seconds for ``seconds`` (reply: pings sent, PINGRESPs received, connections the broker closed),
@@ -157,22 +184,10 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
         next_round = time.monotonic()
         while time.monotonic() < end:
             if time.monotonic() >= next_round:
-                for s in socks:
-                    try:
-                        s.send(PINGREQ)
-                        sent += 1
-                    except OSError:
-                        pass
+                sent += _send_each(socks, PINGREQ)
                 next_round += every
-            for key, _ in sel.select(timeout=0.05):
-                try:
-                    data = key.fileobj.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:
-                    closed += 1
-                    sel.unregister(key.fileobj)
-                    continue
+            for _s, data in _ready(sel, 0.05):
+                closed += not data
                 answered += data.count(PINGRESP)
         deadline = time.monotonic() + 5
         while answered < sent - closed and time.monotonic() < deadline:
@@ -205,12 +220,8 @@ def fleet(socks, sel, rate, count, topic, payload_len):
                 pass
             i += 1
             due = started + i / rate
-        for key, _ in sel.select(timeout=max(0.0, min(0.01, due - time.monotonic()))):
-            try:
-                data = key.fileobj.recv(4096)
-            except OSError:
-                data = b""
-            t0 = sent_at.pop(key.fileobj, None)
+        for s, data in _ready(sel, max(0.0, min(0.01, due - time.monotonic()))):
+            t0 = sent_at.pop(s, None)
             if t0 is not None and data.startswith(b"\x40\x02"):
                 acked.append(time.monotonic_ns() - t0)
     return len(acked), acked
@@ -222,49 +233,26 @@ def storm(socks, sel, pipe, gap, wait):
     second byte. Returns ``(first bytes sent, second bytes sent, PINGRESPs received within wait s of the second,
     connections the broker closed before the second byte, closed after it, seconds from the second byte to the
     last PINGRESP, anything the broker sent before the second byte)``."""
-    first = 0
-    for s in socks:
-        try:
-            s.send(PINGREQ[:1])
-            first += 1
-        except OSError:
-            pass
+    first = _send_each(socks, PINGREQ[:1])
     pipe.send(first)
     live = set(socks)
     early = early_bytes = 0
     end = time.monotonic() + gap
     while time.monotonic() < end:
-        for key, _ in sel.select(timeout=max(0.0, min(0.2, end - time.monotonic()))):
-            try:
-                data = key.fileobj.recv(4096)
-            except OSError:
-                data = b""
+        for s, data in _ready(sel, max(0.0, min(0.2, end - time.monotonic()))):
             if not data:
                 early += 1
-                live.discard(key.fileobj)
-                sel.unregister(key.fileobj)
+                live.discard(s)
             early_bytes += len(data)
     started = time.monotonic()
-    second = 0
-    for s in socks:
-        if s in live:
-            try:
-                s.send(PINGREQ[1:])
-                second += 1
-            except OSError:
-                pass
+    second = _send_each([s for s in socks if s in live], PINGREQ[1:])
     answered = late = 0
     last = started
     deadline = started + wait
     while answered + late < second and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=0.05):
-            try:
-                data = key.fileobj.recv(4096)
-            except OSError:
-                data = b""
+        for _s, data in _ready(sel, 0.05):
             if not data:
                 late += 1
-                sel.unregister(key.fileobj)
                 continue
             got = data.count(PINGRESP)
             if got:
