@@ -19,6 +19,21 @@ def small_config(data_dir, **overrides):
     return StoreConfig(**cfg)
 
 
+def server_config(data_dir, flush="sync", partitions=2, **sections):
+    """A broker's whole configuration over a small store in ``data_dir``, for tests that wire the broker's parts in
+    this process; each of ``sections`` replaces that section."""
+    from metaq.server.config import ServerConfig
+
+    raw = {
+        "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
+        "store": {"segment_size": 1 << 20, "index_file_units": 4096, "flush": flush},
+        "limits": {"max_body_bytes": 256 * 1024},
+        "topics": [{"name": "*", "partitions": partitions}],
+    }
+    raw.update(sections)
+    return ServerConfig.model_validate(raw)
+
+
 def open_store(data_dir, now=NOW, **overrides):
     return MessageStore.open(small_config(data_dir, **overrides), now)
 

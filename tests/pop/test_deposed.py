@@ -9,7 +9,7 @@ from metaq import errors
 from metaq.pop.service import PopService
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.server.clock import now_ms
-from metaq.server.config import ServerConfig
+from tests.harness.store import server_config
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.server.flusher import Flusher
 from metaq.server.longpoll import PartitionWaiters
@@ -25,12 +25,7 @@ class Broker:
     """A master's store, roles, put path and POP service wired as ``Broker`` wires them, minus the listeners."""
 
     def __init__(self, data_dir):
-        cfg = ServerConfig.model_validate({
-            "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
-            "store": {"segment_size": 1 << 20, "index_file_units": 4096, "flush": "async"},
-            "limits": {"max_body_bytes": 256 * 1024},
-            "topics": [{"name": "*", "partitions": 1}],
-        })
+        cfg = server_config(data_dir, flush="async", partitions=1)
         self.store = MessageStore.open(cfg.store_config(), now_ms())
         waiters, gate = PartitionWaiters(), WriteGate()
         flusher = Flusher(self.store, self.store.config, waiters.notify, lambda: None)

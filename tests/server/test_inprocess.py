@@ -9,7 +9,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.stream import NEED_DATA
 from metaq.protocol.text import TextParser
 from metaq.server.clock import now_ms
-from metaq.server.config import ServerConfig
+from tests.harness.store import server_config
 from metaq.server.connections import ConnectionCore, ConnectionLimits
 from metaq.timers.scheduler import DelayScheduler
 from metaq.server.flusher import Flusher
@@ -25,15 +25,7 @@ from metaq.store.store import MessageStore
 from gevent.lock import Semaphore
 
 
-def config(data_dir, flush="sync", **sections):
-    raw = {
-        "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
-        "store": {"segment_size": 1 << 20, "index_file_units": 4096, "flush": flush},
-        "limits": {"max_body_bytes": 256 * 1024},
-        "topics": [{"name": "*", "partitions": 2}],
-    }
-    raw.update(sections)
-    return ServerConfig.model_validate(raw)
+config = server_config
 
 
 class FakeConnection:

@@ -9,7 +9,7 @@ import gevent
 from gevent.lock import Semaphore
 
 from metaq.server.clock import now_ms
-from metaq.server.config import ServerConfig
+from tests.harness.store import server_config
 from metaq.server.flusher import Flusher
 from metaq.server.longpoll import PartitionWaiters
 from metaq.server.putpath import WriteGate
@@ -22,13 +22,7 @@ T = "orders"
 
 class Broker:
     def __init__(self, data_dir):
-        cfg = ServerConfig.model_validate({
-            "broker": {"id": 7, "host": "127.0.0.1", "port": 0, "data_dir": str(data_dir)},
-            "store": {"segment_size": 1 << 20, "index_file_units": 4096, "flush": "async"},
-            "limits": {"max_body_bytes": 256 * 1024},
-            "topics": [{"name": "*", "partitions": 1}],
-            "delay": {"levels": "1s"},
-        })
+        cfg = server_config(data_dir, flush="async", partitions=1, delay={"levels": "1s"})
         self.store = MessageStore.open(cfg.store_config(), now_ms())
         waiters = PartitionWaiters()
         self.lock = Semaphore()  # the broker's store lock: no checkpoint while the handshake cuts
