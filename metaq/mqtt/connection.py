@@ -865,6 +865,12 @@ class Connection(core.Connection):
         if self._delivery is not None:
             self._delivery.wake()
 
+    @property
+    def inflight_window(self):
+        """Most QoS 1 and 2 messages in flight to this client at once: min(``mqtt.max_inflight``, its Receive
+        Maximum)."""
+        return min(self.settings.max_inflight, self.client_receive_max)
+
     def _freed_room(self):
         """An acknowledgement freed a place in flight: the delivery is woken when a place can matter to it, that is
         when its window was full (a pass or the publisher's turn held a message for one: ``Delivery._prepare``) or
@@ -874,7 +880,7 @@ class Connection(core.Connection):
         if delivery is None:
             return
         session = self.mqtt
-        if session.shared or len(session.inflight) + 1 >= min(self.settings.max_inflight, self.client_receive_max):
+        if session.shared or len(session.inflight) + 1 >= self.inflight_window:
             delivery.wake()
 
     def _delivery_of(self):

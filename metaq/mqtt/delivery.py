@@ -804,7 +804,7 @@ class Delivery:
         RETAIN ``retain``, carrying the Subscription Identifiers ``ids`` (MQTT 5) and the Message Expiry Interval
         left. ``_DROPPED`` (not sent, as if delivered) when it expired (MQTT 5.0 §3.3.2.3.3) or is past the client's
         Maximum Packet Size ([MQTT-3.1.2-25]). A QoS 1 or 2 one takes a packet id once the window in flight
-        (min(``mqtt.max_inflight``, the client's Receive Maximum)) has room: ``wait`` waits for it (``_HELD`` when
+        (the connection's ``inflight_window``) has room: ``wait`` waits for it (``_HELD`` when
         the connection closes meanwhile); without ``wait`` it is ``_HELD`` at once, and so is QoS 2 (a persistent
         session writes it to the sessions' log first: the greenlet's). ``key``: the record's in ``Decoded`` (None for
         a retained message): its QoS 0 PUBLISH without identifiers or expiry is encoded once for every subscriber."""
@@ -827,7 +827,7 @@ class Delivery:
         packet_id = None
         if qos:
             session = self.session
-            most = min(self.settings.max_inflight, conn.client_receive_max)
+            most = conn.inflight_window
             if not wait and (qos == 2 or len(session.inflight) >= most):
                 return _HELD
             while len(session.inflight) >= most:
@@ -934,7 +934,7 @@ class Delivery:
 
     def _has_room(self, conn):
         """True when ``conn`` (a member of a shared group) may have one more QoS 1 or 2 message in flight now."""
-        return not conn.closed and len(conn.mqtt.inflight) < min(self.settings.max_inflight, conn.client_receive_max)
+        return not conn.closed and len(conn.mqtt.inflight) < conn.inflight_window
 
     def _read(self, key):
         topic, partition = key
