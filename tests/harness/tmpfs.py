@@ -1,6 +1,7 @@
 """A tmpfs of a given size mounted for one test (needs root)."""
 
 import contextlib
+import errno
 import os
 import subprocess
 
@@ -45,3 +46,34 @@ def ext4_with_reserve(path, size_mb, reserved_percent):
     finally:
         subprocess.run(["umount", str(path)], check=False)
         os.unlink(image)
+
+
+def fill(mount, leave=0):
+    """A file ``mount``/filler (made anew) taking all of ``mount``'s free space but ``leave`` bytes; its path.
+
+    A broker may write while the file grows, so a piece that no longer fits is halved, and the free space is looked
+    at again after each piece that did: the disk ends with ``leave`` bytes free or fewer, never more.
+    """
+    path = os.path.join(str(mount), "filler")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        size, piece = 0, free_bytes(mount) - leave
+        while piece > 0:
+            try:
+                os.posix_fallocate(fd, size, piece)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                piece //= 2
+                continue
+            size += piece
+            piece = free_bytes(mount) - leave
+    finally:
+        os.close(fd)
+    return path
+
+
+def free_bytes(mount):
+    """Bytes of ``mount`` an unprivileged writer may still take."""
+    st = os.statvfs(str(mount))
+    return st.f_bavail * st.f_frsize

@@ -16,6 +16,7 @@ from metaq.protocol import events as ev
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.http import request, with_http
 from tests.harness.replication import stats
+from tests.harness.tmpfs import fill as fill_disk
 from tests.harness.tmpfs import tmpfs
 
 pytestmark = [pytest.mark.fault, pytest.mark.root]
@@ -25,16 +26,9 @@ SEGMENT = 1 << 20  # small_config's segment_size
 
 def fill(mount, ratio):
     """A filler file bringing ``mount``'s usage to about ``ratio`` (df's used / (used + available))."""
-    path = os.path.join(str(mount), "filler")
     st = os.statvfs(str(mount))
     room = (st.f_blocks - st.f_bfree + st.f_bavail) * st.f_frsize
-    want = int(room * ratio) - (st.f_blocks - st.f_bfree) * st.f_frsize
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, max(want, 1))
-    finally:
-        os.close(fd)
-    return path
+    return fill_disk(mount, leave=room - int(room * ratio))
 
 
 def readyz(b):

@@ -25,7 +25,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.mapping import encode_attribute
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.replication import stats
-from tests.harness.tmpfs import tmpfs
+from tests.harness.tmpfs import fill, tmpfs
 
 pytestmark = [pytest.mark.fault, pytest.mark.root]
 
@@ -42,20 +42,6 @@ ROUNDS = [("index file", 12 << 10, "new partition", "/index/t-c/"),
           ("segment", SEGMENT // 2, "megabytes", "/commitlog/"),
           ("checkpoint", 0, "few", "checkpoint failed"),
           ("key index file", KEY_FILE // 2, "keyed", "/keyindex/")]
-
-
-def fill(mount, leave):
-    """A filler file taking all of ``mount`` but ``leave`` bytes."""
-    path = os.path.join(str(mount), "filler")
-    st = os.statvfs(str(mount))
-    want = st.f_bavail * st.f_frsize - leave
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if want > 0:
-            os.posix_fallocate(fd, 0, want)
-    finally:
-        os.close(fd)
-    return path
 
 
 def load(broker, kind, seed):

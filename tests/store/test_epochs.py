@@ -9,7 +9,7 @@ from metaq.store.epochs import EPOCHS_MAGIC, EpochHistory, agreed_position
 from metaq.store.files import DataDir
 
 from tests.harness.store import NOW, open_store
-from tests.harness.tmpfs import tmpfs
+from tests.harness.tmpfs import fill, tmpfs
 
 ROOT = (0, 0, 0)
 
@@ -157,7 +157,7 @@ def test_a_cut_on_a_full_disk_forgets_the_epochs_past_it_and_the_store_opens_aga
             s.put("test", 0, 0, b"y%d" % i, NOW)
         s.mark_flushed(s.flush_log())
         s.checkpoint(NOW)
-        filler = fill_all(mnt)
+        filler = fill(mnt)
         with pytest.raises(OSError):
             s.truncate_log(cut, NOW)
         assert shape(s.epochs.entries) == [(0, 0)] and s.written_position == cut
@@ -182,20 +182,9 @@ def test_a_history_past_the_log_end_loads_on_a_full_disk(tmp_path):
         h = history(mnt)
         h.begin(1000)
         assert shape(h.entries) == [(0, 0), (1, 1000)]
-        filler = fill_all(mnt)
+        filler = fill(mnt)
         again = history(mnt, log_end=500)
         assert shape(again.entries) == [(0, 0)] and again.max_epoch == 1
         os.unlink(filler)
         assert shape(history(mnt, log_end=500).entries) == [(0, 0)]
 
-
-def fill_all(mount):
-    """A filler file taking every free byte of ``mount``."""
-    path = os.path.join(str(mount), "filler")
-    st = os.statvfs(str(mount))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
-    finally:
-        os.close(fd)
-    return path

@@ -13,7 +13,7 @@ from metaq.store.files import DataDir, DiskUsage
 from metaq.store.results import PRESSURE_FULL, PRESSURE_NONE, PRESSURE_WARN, DiskState
 from metaq.store.retention import SegmentInfo, plan_deletion
 from tests.harness.store import HOUR_MS, NOW, open_store, payload_of, read_all
-from tests.harness.tmpfs import ext4_with_reserve
+from tests.harness.tmpfs import ext4_with_reserve, fill
 
 MINUTE_MS = 60_000
 
@@ -272,11 +272,7 @@ def test_a_store_that_crashed_with_its_disk_full_opens_on_the_full_disk_keeping_
             s.put("test", i % 2, 0, payload(i, 1000), NOW)
         s.mark_flushed(s.flush_log())
         s.abandon()  # a crash: no clean-shutdown marker, the checkpoint behind the log
-        filler = os.path.join(str(mnt), "filler")
-        st = os.statvfs(str(mnt))
-        fd = os.open(filler, os.O_RDWR | os.O_CREAT, 0o600)
-        os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
-        os.close(fd)
+        filler = fill(mnt)
         assert os.statvfs(str(mnt)).f_bavail == 0
 
         s = open_store(data, **opts)

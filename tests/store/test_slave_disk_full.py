@@ -20,7 +20,7 @@ from metaq.errors import DiskFull, StoreError
 from metaq.protocol.message import encode_payload
 from metaq.store.verify import verify_log
 from tests.harness.store import NOW, open_store, read_all
-from tests.harness.tmpfs import tmpfs
+from tests.harness.tmpfs import fill, tmpfs
 
 pytestmark = [pytest.mark.fault, pytest.mark.root]
 
@@ -41,20 +41,6 @@ def _step_of(text):
     if "/index/" in text:
         return "index growth" if " grow " in text else "index file"
     return "checkpoint" if text.startswith("checkpoint") else "other"
-
-
-def _fill(mount, left):
-    path = os.path.join(mount, "filler")
-    if os.path.exists(path):
-        os.unlink(path)
-    st = os.statvfs(mount)
-    want = st.f_bavail * st.f_frsize - left
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if want > 0:
-            os.posix_fallocate(fd, 0, want)
-    finally:
-        os.close(fd)
 
 
 def _free(mount):
@@ -103,7 +89,7 @@ def _catch_up(master_store, slave_dir, mount, left, rnd):
     """Copy the master's log into a fresh slave with ``left`` bytes free; returns (slave, disk-full messages)."""
     failures = []
     slave = open_store(slave_dir, **CONFIG)
-    _fill(mount, left)
+    fill(mount, left)
     freed, turn = False, 0
     while slave.written_position < master_store.written_position:
         turn += 1
@@ -198,7 +184,7 @@ def test_the_key_index_resumes_where_a_full_disk_stopped_it(tmp_path):
             pass
         before = s.keys.indexed_to
         put(300)
-        _fill(str(mount), 0)
+        fill(str(mount), 0)
         with pytest.raises(DiskFull):
             while s.follow_log():
                 pass
