@@ -363,6 +363,9 @@ class Connection(core.Connection):
     #: for ``limits.MQTT_PARK_AFTER_S``.
     parks = True
     park_after_s = limits.MQTT_PARK_AFTER_S
+    #: [MQTT-3.1.2-24] counts whole Control Packets: a packet begun and not finished within 1.5 x Keep Alive of the
+    #: last whole one closes the connection as a network failure (its will fires), whatever the request deadline.
+    idle_bounds_partial = True
 
     def serve(self):
         """One turn (``parks``): read and handle packets until the connection is idle (parked: this returns, the

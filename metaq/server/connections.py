@@ -388,7 +388,7 @@ class Connection:
     __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
-                 "read_watcher", "__weakref__")
+                 "read_watcher", "_whole_by", "_whole_seen", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
@@ -398,6 +398,10 @@ class Connection:
     #: A connection that ``parks`` waits this long idle in its greenlet before it parks: a client that sends again
     #: within it (one that is busy) is read at once, without a park and a new greenlet per request.
     park_after_s = 0.0
+
+    #: True: the idle deadline also bounds a request under way, counted from the last whole request (MQTT's Keep
+    #: Alive counts Control Packets received, not bytes: half a packet does not keep a connection alive).
+    idle_bounds_partial = False
 
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
@@ -422,6 +426,8 @@ class Connection:
         self._login_deadline = None  # monotonic time by which it must log in, while a stranger
         self.rates = None  # the Guard, set by the core with authentication on: its pace(session, kind, nbytes)
         self._idle_until = None  # monotonic time by which a request must begin (set when it went idle)
+        self._whole_by = None  # idle_bounds_partial: monotonic time by which the request under way must be whole
+        self._whole_seen = None  # ``progress`` when _whole_by was set
         # The core's, for parking and the end (front-ends leave them alone):
         self.parked_key = None  # while parked: its key in the core's IdleWheel (_PARKING: being parked)
         self.served_by = None  # the ConnectionCore serving it
@@ -502,6 +508,8 @@ class Connection:
             now = time.monotonic()
             if self._idle_until is None:  # idle from here (until bytes arrive)
                 self._idle_until = now + self.idle_timeout
+                if self.idle_bounds_partial:
+                    self._whole_by, self._whole_seen = self._idle_until, self.progress
             timeout = self._idle_until - now
             if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
                     and self._may_park():
@@ -518,9 +526,18 @@ class Connection:
                 log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                          self.request_timeout)
                 return None
+            deadline = self._request_deadline
+            if self.idle_bounds_partial:
+                if progress != self._whole_seen:  # a request was whole since: the idle time counts from here
+                    self._whole_by, self._whole_seen = now + self.idle_timeout, progress
+                if now >= self._whole_by:
+                    log.info("%s %s: no whole request for %.0f s; closing", self.log_prefix, self.peer,
+                             self.idle_timeout)
+                    return None
+                deadline = min(deadline, self._whole_by)
             if not self._hold_partial():
                 return None
-            timeout = max(0.001, self._request_deadline - now)
+            timeout = max(0.001, deadline - now)
         if login_left is not None and login_left < timeout:
             timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
@@ -531,6 +548,9 @@ class Connection:
                 if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
                     log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                              self._rules.strangers.login_s)
+                elif in_request and self.idle_bounds_partial and time.monotonic() >= self._whole_by:
+                    log.info("%s %s: no whole request for %.0f s; closing", self.log_prefix, self.peer,
+                             self.idle_timeout)
                 elif in_request:
                     log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                              self.request_timeout)
@@ -585,6 +605,8 @@ class Connection:
         if delay > 0:
             gevent.sleep(delay)
             self._request_deadline = None
+            if self._whole_by is not None:  # nor against the idle time a request must be whole within
+                self._whole_by += delay
 
     def _more_tls(self, data, nbytes):
         """``data`` and the TLS records already arrived after it, up to ``nbytes`` in all, read without waiting:

@@ -16,7 +16,7 @@ def _secured(tmp_path, **mqtt):
 
 def _records(b, name, user="admin"):
     with b.client() as c:
-        assert c.auth(user, SECRETS[user]).code == 200
+        assert user is None or c.auth(user, SECRETS[user]).code == 200
         r = c.get_records(name.split("/")[0], partition_for(name, 2), 0)
     return r if isinstance(r, list) else []
 
@@ -156,6 +156,38 @@ def test_keep_alive_is_enforced_at_one_and_a_half_times_and_fires_the_will(broke
     time.sleep(3)
     assert pinging.c.is_connected()
     assert b.log_text().count(": no request for 2 s; closing") == 1  # one line (1.5 s, written rounded)
+
+
+def test_half_a_packet_does_not_keep_a_connection_alive_and_a_slow_whole_one_does(broker_factory, tmp_path):
+    cfg = mqtt_config(tmp_path)
+    cfg.setdefault("limits", {})["request_timeout_s"] = 30.0  # far past the keep-alive: the keep-alive closes first
+    b = broker_factory(cfg)
+    watcher = Paho(b, "watcher", version=V311)
+    watcher.subscribe("status/#", qos=1)
+    slow = Raw(b, wire.MQTT_311)  # each PUBLISH in three slices over 1.2 s, for 4.8 s in all
+    assert slow.connect("slow", keep_alive=1).reason_code == 0
+    for packet_id in range(1, 5):
+        data = wire.encode(wire.Publish("slow/x", b"%d" % packet_id * 50, 1, packet_id=packet_id), wire.MQTT_311)
+        for piece in (data[:3], data[3:40], data[40:]):
+            slow.send_bytes(piece)
+            time.sleep(0.4)
+        assert slow.read() == wire.PubAck(packet_id)
+    dying = Raw(b, wire.MQTT_311)  # dies in the middle of a PUBLISH
+    assert dying.connect("dying", keep_alive=1, will=wire.Will("status/dying", b"lost", 0)).reason_code == 0
+    started = time.monotonic()
+    dying.send_bytes(wire.encode(wire.Publish("status/x", b"never whole", 1, packet_id=1), wire.MQTT_311)[:6])
+    assert dying.closed()
+    assert 1.4 <= time.monotonic() - started < 3.5  # 1.5 x its Keep Alive, not the 30 s request deadline
+    assert [m.payload for m in watcher.wait_messages(1)] == [b"lost"]
+    assert b.log_text().count(": no whole request for 2 s; closing") == 1
+    with b.client() as c:  # the will stored, nothing of the half packet
+        stored = [r.data for p in range(2) for r in as_list(c.get_records("status", p, 0))]
+    assert [d for d in stored if d.endswith(b"lost")] and not [d for d in stored if b"never whole" in d]
+    assert len(_records(b, "slow/x", None)) == 4
+
+
+def as_list(reply):
+    return reply if isinstance(reply, list) else []
 
 
 def test_no_local_skips_the_clients_own_messages_and_unsubscribe_stops_delivery(broker_factory, tmp_path):
