@@ -363,8 +363,9 @@ class Connection(core.Connection):
     #: for ``limits.MQTT_PARK_AFTER_S``.
     parks = True
     park_after_s = limits.MQTT_PARK_AFTER_S
-    #: [MQTT-3.1.2-24] counts whole Control Packets: a packet begun and not finished within 1.5 x Keep Alive of the
-    #: last whole one closes the connection as a network failure (its will fires), whatever the request deadline.
+    #: [MQTT-3.1.2-24]: a packet begun whose bytes stop for 1.5 x Keep Alive closes the connection as a network
+    #: failure (its will fires), before the request deadline; Keep Alive bounds the time from the end of one packet
+    #: to the start of the next (3.1.2.10), not a packet's transmission: one arriving steadily is served.
     idle_bounds_partial = True
 
     def serve(self):

@@ -22,7 +22,8 @@ then applies the same rules to every accepted socket:
   local transactions, whichever protocol it speaks.
 * **Deadlines**: a connection with no request for ``idle_timeout_s`` is closed,
   and a request begun must be complete within ``request_timeout_s`` of its
-  first byte, however slowly its bytes trickle in (``Connection.receive``).
+  first byte, however slowly its bytes trickle in (``Connection.receive``); a front-end with
+  ``idle_bounds_partial`` (MQTT's Keep Alive) also closes one whose bytes stop inside a request for the idle time.
 * **No greenlet while idle** (``Connection.parks``, opt-in per front-end: MQTT): a connection with no partial
   request and nothing buffered ends its greenlet instead of waiting in ``recv``; a read watcher on the loop
   serves it again, in a new greenlet, when bytes arrive, and one shared ``IdleWheel`` (not a timer per
@@ -388,7 +389,7 @@ class Connection:
     __slots__ = ("sock", "address", "conn_id", "closed", "idle_timeout", "request_timeout", "replies",
                  "session", "tls", "tls_bio", "_request_deadline", "_progress_seen", "_rules", "_pool", "_partial",
                  "_stranger", "_login_deadline", "rates", "_idle_until", "parked_key", "served_by", "share_key",
-                 "read_watcher", "_whole_by", "_whole_seen", "__weakref__")
+                 "read_watcher", "__weakref__")
 
     #: The connection's sans-IO parser, or None (a connection that reads its own way).
     parser = None
@@ -399,8 +400,8 @@ class Connection:
     #: within it (one that is busy) is read at once, without a park and a new greenlet per request.
     park_after_s = 0.0
 
-    #: True: the idle deadline also bounds a request under way, counted from the last whole request (MQTT's Keep
-    #: Alive counts Control Packets received, not bytes: half a packet does not keep a connection alive).
+    #: True: inside a request under way, no bytes for the idle time also close the connection (the network failed:
+    #: MQTT's Keep Alive); a request arriving steadily is held to the request deadline only. False: only that.
     idle_bounds_partial = False
 
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
@@ -426,8 +427,6 @@ class Connection:
         self._login_deadline = None  # monotonic time by which it must log in, while a stranger
         self.rates = None  # the Guard, set by the core with authentication on: its pace(session, kind, nbytes)
         self._idle_until = None  # monotonic time by which a request must begin (set when it went idle)
-        self._whole_by = None  # idle_bounds_partial: monotonic time by which the request under way must be whole
-        self._whole_seen = None  # ``progress`` when _whole_by was set
         # The core's, for parking and the end (front-ends leave them alone):
         self.parked_key = None  # while parked: its key in the core's IdleWheel (_PARKING: being parked)
         self.served_by = None  # the ConnectionCore serving it
@@ -499,7 +498,7 @@ class Connection:
             log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                      self._rules.strangers.login_s)
             return None
-        in_request = self.in_request
+        in_request, silent = self.in_request, False
         if not in_request:
             self._request_deadline = None
             if self._partial:  # the request it held is whole now
@@ -508,8 +507,6 @@ class Connection:
             now = time.monotonic()
             if self._idle_until is None:  # idle from here (until bytes arrive)
                 self._idle_until = now + self.idle_timeout
-                if self.idle_bounds_partial:
-                    self._whole_by, self._whole_seen = self._idle_until, self.progress
             timeout = self._idle_until - now
             if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
                     and self._may_park():
@@ -526,18 +523,11 @@ class Connection:
                 log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
                          self.request_timeout)
                 return None
-            deadline = self._request_deadline
-            if self.idle_bounds_partial:
-                if progress != self._whole_seen:  # a request was whole since: the idle time counts from here
-                    self._whole_by, self._whole_seen = now + self.idle_timeout, progress
-                if now >= self._whole_by:
-                    log.info("%s %s: no whole request for %.0f s; closing", self.log_prefix, self.peer,
-                             self.idle_timeout)
-                    return None
-                deadline = min(deadline, self._whole_by)
             if not self._hold_partial():
                 return None
-            timeout = max(0.001, deadline - now)
+            timeout = max(0.001, self._request_deadline - now)
+            if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
+                timeout, silent = self.idle_timeout, True
         if login_left is not None and login_left < timeout:
             timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
@@ -548,8 +538,8 @@ class Connection:
                 if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
                     log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                              self._rules.strangers.login_s)
-                elif in_request and self.idle_bounds_partial and time.monotonic() >= self._whole_by:
-                    log.info("%s %s: no whole request for %.0f s; closing", self.log_prefix, self.peer,
+                elif silent:
+                    log.info("%s %s: no bytes of a request begun for %.0f s; closing", self.log_prefix, self.peer,
                              self.idle_timeout)
                 elif in_request:
                     log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
@@ -605,8 +595,6 @@ class Connection:
         if delay > 0:
             gevent.sleep(delay)
             self._request_deadline = None
-            if self._whole_by is not None:  # nor against the idle time a request must be whole within
-                self._whole_by += delay
 
     def _more_tls(self, data, nbytes):
         """``data`` and the TLS records already arrived after it, up to ``nbytes`` in all, read without waiting:

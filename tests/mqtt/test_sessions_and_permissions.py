@@ -179,11 +179,40 @@ def test_half_a_packet_does_not_keep_a_connection_alive_and_a_slow_whole_one_doe
     assert dying.closed()
     assert 1.4 <= time.monotonic() - started < 3.5  # 1.5 x its Keep Alive, not the 30 s request deadline
     assert [m.payload for m in watcher.wait_messages(1)] == [b"lost"]
-    assert b.log_text().count(": no whole request for 2 s; closing") == 1
+    assert b.log_text().count(": no bytes of a request begun for 2 s; closing") == 1
     with b.client() as c:  # the will stored, nothing of the half packet
         stored = [r.data for p in range(2) for r in as_list(c.get_records("status", p, 0))]
     assert [d for d in stored if d.endswith(b"lost")] and not [d for d in stored if b"never whole" in d]
     assert len(_records(b, "slow/x", None)) == 4
+
+
+def test_a_packet_arriving_steadily_is_served_however_long_it_takes_and_a_stalled_one_is_closed(broker_factory,
+                                                                                                 tmp_path):
+    cfg = mqtt_config(tmp_path)
+    cfg.setdefault("limits", {})["request_timeout_s"] = 30.0
+    b = broker_factory(cfg)
+    # Keep Alive bounds the time from the end of one packet to the start of the next (MQTT 3.1.2.10), not a
+    # packet's transmission: a PUBLISH begun at once and sent in six slices 1 s apart (5 s, over three times
+    # 1.5 x its Keep Alive; each gap within it) on a working network is served.
+    steady = Raw(b, wire.MQTT_311)
+    assert steady.connect("steady", keep_alive=1).reason_code == 0
+    data = wire.encode(wire.Publish("steady/x", b"p" * 20000, 1, packet_id=1), wire.MQTT_311)
+    step = len(data) // 6 + 1
+    for start in range(0, len(data), step):
+        steady.send_bytes(data[start:start + step])
+        time.sleep(1.0)
+    assert steady.read() == wire.PubAck(1)
+    assert len(_records(b, "steady/x", None)) == 1
+    # bytes that stop inside a packet: closed 1.5 x Keep Alive after the last ones, not at the request deadline
+    stalled = Raw(b, wire.MQTT_311)
+    assert stalled.connect("stalled", keep_alive=1).reason_code == 0
+    for start in range(0, 3 * step, step):
+        time.sleep(0.5)
+        stalled.send_bytes(data[start:start + step])
+    started = time.monotonic()
+    assert stalled.closed()
+    assert 1.4 <= time.monotonic() - started < 3.0
+    assert b.log_text().count(": no bytes of a request begun for 2 s; closing") == 1
 
 
 def as_list(reply):
