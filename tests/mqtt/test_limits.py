@@ -6,6 +6,7 @@ import pytest
 
 from metaq.client.local import BrokerProcess
 from metaq.mqtt import wire
+from tests.harness.broker import wait_for
 from tests.harness.mqtt import Paho, Raw, mqtt_config
 
 pytestmark = pytest.mark.integration  # one broker for the module (a module fixture)
@@ -129,6 +130,11 @@ def test_topic_alias_maximum(b):
     assert raw.read() == wire.Disconnect(wire.TOPIC_ALIAS_INVALID)
 
 
+def _stat(b, name):
+    with b.client() as c:
+        return int(c.stats_dict()[name])
+
+
 def test_max_delayed_wills(b):
     watcher = Paho(b, "will-watcher")
     watcher.subscribe("wills/#", qos=1)
@@ -136,8 +142,8 @@ def test_max_delayed_wills(b):
         raw = _v5(b, name, will=wire.Will("wills/" + name, name.encode(), 1, properties={"will_delay_interval": 30}),
                   properties={"session_expiry_interval": 60})
         raw.close()
-        time.sleep(0.3)
-    got = watcher.wait_messages(1, timeout=5)
+        wait_for(lambda: _stat(b, "mqtt_delayed_wills") == 1, what="held's will waiting for its delay")  # then past
+    got = watcher.wait_messages(1)
     time.sleep(0.5)
     assert [m.payload for m in got] == [b"past"] and len(watcher.messages) == 1  # one held for its delay: the limit
     with b.client() as c:

@@ -10,8 +10,9 @@ import pytest
 from metaq import limits
 from metaq.mqtt import wire
 from metaq.client.local import small_config
-from metaq.mqtt.follow import SavedSession, encode
-from tests.harness.broker import wait_for
+from metaq.mqtt.follow import RecordError, SavedSession, decode, encode
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from tests.harness.broker import consume_all, wait_for
 from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub, mqtt_config, with_mqtt
 from tests.harness.replication import stats
 
@@ -49,6 +50,31 @@ def _payloads(raw, n):
     return got
 
 
+def _saved(b, client_id):
+    """The last record the broker wrote of ``client_id``'s session (a SavedSession; None: none, or it ended)."""
+    with b.client() as c:
+        records = consume_all(c, MQTT_SESSIONS_TOPIC, 0)
+    last = None
+    for rec in records:
+        try:
+            owner, saved = decode(rec.payload)
+        except RecordError:  # a retained message's or a shared group's record
+            continue
+        if owner == client_id:
+            last = saved
+    return last
+
+
+def _acked(saved, n):
+    """True when ``saved`` has read past ``n`` messages in all and holds none in flight."""
+    return saved is not None and not saved.inflight and sum(saved.cursors.values()) >= n
+
+
+def _mqtt_stat(b, name):
+    with b.client() as c:
+        return int(c.stats_dict()[name])
+
+
 def _resume(b, client_id):
     raw = Raw(b)
     ack = raw.connect(client_id, clean_start=False, properties=dict(HOUR))
@@ -82,7 +108,7 @@ def test_a_session_survives_the_broker(broker_factory, tmp_path, how):
     raw = _subscribed(b, "dev1")
     _publish(b, 2)
     assert _payloads(raw, 2) == [b"m0", b"m1"]
-    time.sleep(1.5)  # the read positions are saved within MQTT_SESSION_SAVE_INTERVAL_S
+    wait_for(lambda: _acked(_saved(b, "dev1"), 2), what="the read positions saved (each MQTT_SESSION_SAVE_INTERVAL_S)")
     raw.close()
     _publish(b, 2, start=2)  # while it is offline
     if how == "restart":
@@ -102,7 +128,9 @@ def test_a_message_in_flight_is_sent_again_with_dup(broker_factory, tmp_path):
     _publish(b, 1)
     p = raw.read()
     assert isinstance(p, wire.Publish) and p.qos == 1 and p.payload == b"m0" and not p.dup
-    time.sleep(1.5)  # saved within MQTT_SESSION_SAVE_INTERVAL_S (before: it is sent again as new, at least once)
+    # saved within MQTT_SESSION_SAVE_INTERVAL_S (before: it is sent again as new, at least once)
+    wait_for(lambda: [i[0] for i in getattr(_saved(b, "dev1"), "inflight", ())] == [p.packet_id],
+             what="the message in flight saved")
     b.kill()  # never acknowledged
     b.start()
     raw, present = _resume(b, "dev1")
@@ -156,7 +184,7 @@ def test_session_expiry_drops_it_on_time(broker_factory, tmp_path):
     assert present  # within its second
     raw.send(wire.Disconnect(properties={"session_expiry_interval": 1}))
     raw.close()
-    time.sleep(3.0)  # past its interval and the keeper's next round
+    wait_for(lambda: _mqtt_stat(b, "mqtt_sessions_expired") == 1, 10, "the keeper's round past its interval")
     raw, present = _resume(b, "short")
     assert not present
 
@@ -166,29 +194,32 @@ def test_an_expiry_of_zero_ends_the_session_with_its_connection(broker_factory, 
     raw = _subscribed(b, "dev1")
     raw.send(wire.Disconnect(properties={"session_expiry_interval": 0}))
     raw.close()
-    time.sleep(0.3)
+    wait_for(lambda: _mqtt_stat(b, "mqtt_sessions") == 0, what="the broker took the DISCONNECT")
     raw, present = _resume(b, "dev1")
     assert not present
 
 
 def test_max_offline_sessions_at_the_limit_and_one_past(broker_factory, tmp_path):
     b = broker_factory(mqtt_config(tmp_path, max_offline_sessions=2))
+    def offline(n):  # the broker took the DISCONNECT (a later one must be later: offline longest goes first)
+        wait_for(lambda: _mqtt_stat(b, "mqtt_sessions_offline") == n, what="%d sessions offline" % n)
+        time.sleep(0.05)
+
     for i in range(2):
         raw = _subscribed(b, "d%d" % i)
         raw.send(wire.Disconnect())
         raw.close()
-        time.sleep(0.05)
-    time.sleep(0.3)
+        offline(i + 1)
     for i in range(2):  # at the limit: both kept
         raw, present = _resume(b, "d%d" % i)
         assert present
         raw.send(wire.Disconnect())
         raw.close()
-        time.sleep(0.05)
+        offline(2)
     raw = _subscribed(b, "d2")  # one past: the one offline longest (d0) ends
     raw.send(wire.Disconnect())
     raw.close()
-    time.sleep(0.3)
+    wait_for(lambda: _mqtt_stat(b, "mqtt_sessions") == 2, what="one session ended")
     assert [_resume(b, "d%d" % i)[1] for i in (1, 2, 0)] == [True, True, False]
 
 
