@@ -150,7 +150,7 @@ def test_keep_alive_is_enforced_at_one_and_a_half_times_and_fires_the_will(broke
     assert silent.connect("silent", keep_alive=1, will=wire.Will("status/silent", b"lost", 0)).reason_code == 0
     started = time.monotonic()
     assert silent.closed()
-    assert 1.4 <= time.monotonic() - started < 3.5
+    assert 1.4 <= time.monotonic() - started < 6  # 1.5 x its Keep Alive (late when loaded), not the idle timeout
     assert watcher.wait_messages(1)[0].payload == b"lost"
     pinging = Paho(b, "pinging", version=V5, keepalive=1)  # paho pings within its keep-alive: stays connected
     time.sleep(3)
@@ -177,7 +177,7 @@ def test_half_a_packet_does_not_keep_a_connection_alive_and_a_slow_whole_one_doe
     started = time.monotonic()
     dying.send_bytes(wire.encode(wire.Publish("status/x", b"never whole", 1, packet_id=1), wire.MQTT_311)[:6])
     assert dying.closed()
-    assert 1.4 <= time.monotonic() - started < 3.5  # 1.5 x its Keep Alive, not the 30 s request deadline
+    assert 1.4 <= time.monotonic() - started < 6  # 1.5 x its Keep Alive, not the 30 s request deadline
     assert [m.payload for m in watcher.wait_messages(1)] == [b"lost"]
     assert b.log_text().count(": no bytes of a request begun for 2 s; closing") == 1
     with b.client() as c:  # the will stored, nothing of the half packet
@@ -211,7 +211,7 @@ def test_a_packet_arriving_steadily_is_served_however_long_it_takes_and_a_stalle
         stalled.send_bytes(data[start:start + step])
     started = time.monotonic()
     assert stalled.closed()
-    assert 1.4 <= time.monotonic() - started < 3.0
+    assert 1.4 <= time.monotonic() - started < 6  # 1.5 x its Keep Alive after its last bytes (late when loaded)
     assert b.log_text().count(": no bytes of a request begun for 2 s; closing") == 1
 
 
