@@ -46,11 +46,11 @@ def test_linger_sends_a_partial_batch(broker):
 
 
 def test_a_sync_send_does_not_wait_for_the_linger(broker):
-    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 20, linger_ms=5000) as producer:
+    with Producer(brokers=[url_of(broker)], batch_bytes=1 << 20, linger_ms=30000) as producer:
         assert producer.send(Message("tnolinger", b"create")).success
         started = time.monotonic()
         result = producer.send(Message("tnolinger", b"now"))
-        assert result.success and time.monotonic() - started < 2.5, result
+        assert result.success and time.monotonic() - started < 15, result  # not the 30 s linger
     assert held(broker, "tnolinger")[result.partition.partition][result.offset].payload == b"now"
 
 

@@ -24,8 +24,8 @@ def test_a_wait_does_not_begin_when_an_append_came_since_the_read(tmp_path):
     seen = w.ends(s.max_offset, [KEY])  # the caller's read: nothing there
     put(s, KEY)  # made visible, its wake gone out, before the caller waits
     started = time.monotonic()
-    assert w.wait(KEY, 5.0, seen, s.max_offset) is True
-    assert time.monotonic() - started < 1.0  # not the 5 s timeout
+    assert w.wait(KEY, 30.0, seen, s.max_offset) is True
+    assert time.monotonic() - started < 15  # not the 30 s timeout
     assert len(w) == 0  # nothing left registered
     s.close(NOW)
 
@@ -45,8 +45,8 @@ def test_a_wait_with_nothing_appended_since_waits_for_the_wake_or_its_timeout(tm
 
     gevent.spawn_later(0.05, append_and_wake)
     started = time.monotonic()
-    assert w.wait(KEY, 5.0, seen, s.max_offset) is True  # an append after the wait began: woken by its notify
-    assert time.monotonic() - started < 1.0
+    assert w.wait(KEY, 30.0, seen, s.max_offset) is True  # an append after the wait began: woken by its notify
+    assert time.monotonic() - started < 15
     s.close(NOW)
 
 
@@ -60,8 +60,8 @@ def test_wait_any_does_not_begin_when_one_of_the_partitions_read_moved(tmp_path)
     assert time.monotonic() - started >= 0.2
     put(s, keys[1])
     started = time.monotonic()
-    assert w.wait_any(keys, 5.0, Event(), seen, s.max_offset) is True
-    assert time.monotonic() - started < 1.0
+    assert w.wait_any(keys, 30.0, Event(), seen, s.max_offset) is True
+    assert time.monotonic() - started < 15
     # a partition left out of ``seen`` is only waited on: its appends wake the wait through ``notify``
     assert not w.wait_any(keys, 0.2, Event(), {keys[0]: seen[keys[0]]}, s.max_offset)
     s.close(NOW)
