@@ -1,6 +1,7 @@
 """MQTT for the tests: a broker config with the MQTT port, paho-mqtt clients, Mosquitto's command-line clients, and a
 raw client (our codec over a plain socket) for the bytes real clients never send."""
 
+import os
 import socket
 import subprocess
 import threading
@@ -134,6 +135,30 @@ def mosquitto_sub(broker, topic_filter, count, qos=1, version="mqttv5", *extra):
     return subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mqtt_port(broker)), "-V", version, "-t",
                              topic_filter, "-C", str(count), "-q", str(qos), "-v", "-W", "20", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class SubscribedMosquittoSub:
+    """``mosquitto_sub -C count -v``, returned once its SUBACK came (its debug lines, written a line at a time, say
+    so): a message published from then on reaches it, however long the process took to start and subscribe.
+    ``communicate`` is Popen's, text, without the debug lines (``Client ...``, ``Subscribed (mid: ...``)."""
+
+    def __init__(self, broker, topic_filter, count, qos=1, version="mqttv5", *extra):
+        self.proc = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(mqtt_port(broker)),
+                                      "-V", version, "-t", topic_filter, "-C", str(count), "-q", str(qos), "-v",
+                                      "-W", "20", "-d", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.head = b""
+        while b" received SUBACK" not in self.head:
+            more = os.read(self.proc.stdout.fileno(), 4096)  # (it gives up after its -W 20 s: the pipe ends)
+            if not more:
+                _out, err = self.proc.communicate()
+                raise AssertionError("mosquitto_sub got no SUBACK: %s" % err.decode(errors="replace"))
+            self.head += more
+
+    def communicate(self, timeout=None):
+        out, err = self.proc.communicate(timeout=timeout)
+        lines = (self.head + out).decode(errors="replace").splitlines(True)
+        debug = ("Client ", "Subscribed (mid: ")
+        return "".join(line for line in lines if not line.startswith(debug)), err.decode(errors="replace")
 
 
 class Raw:

@@ -16,7 +16,8 @@ from metaq.mqtt.records import partition_for
 from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from tests.harness.broker import url_of
-from tests.harness.mqtt import V311, V5, Paho, Raw, mosquitto_pub, mosquitto_sub, mqtt_config, with_mqtt
+from tests.harness.mqtt import (V311, V5, Paho, Raw, SubscribedMosquittoSub, mosquitto_pub, mqtt_config,
+                                 with_mqtt)
 from tests.harness.rocketmq import pull, send_v1
 
 PARTITIONS = 2  # small_config's "*" topics
@@ -56,8 +57,7 @@ def test_a_text_put_reaches_mqtt_subscribers_under_its_topic_name(broker_factory
     b = broker_factory(mqtt_config(tmp_path))
     sub = Paho(b, "watcher", version=V311)
     assert sub.subscribe("orders", qos=1) == [1]
-    proc = mosquitto_sub(b, "orders/#", 1)
-    time.sleep(0.5)  # mosquitto_sub's SUBSCRIBE is in before the put
+    proc = SubscribedMosquittoSub(b, "orders/#", 1)  # its SUBSCRIBE is in before the put
     with b.client() as c:
         c.put_ok("orders", b"o-1")
     got = sub.wait_messages(1)

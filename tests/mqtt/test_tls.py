@@ -1,11 +1,9 @@
 """The MQTT port over TLS and with users, as every port (security.tls, security.acl_file): Mosquitto's clients with
 the broker's CA, a plaintext client refused (docs/mqtt.md "Turning it on")."""
 
-import time
-
 from metaq.mqtt import wire
 from tests.harness.acl import SECRETS, secured_config
-from tests.harness.mqtt import Raw, mosquitto_pub, mosquitto_sub, with_mqtt
+from tests.harness.mqtt import Raw, SubscribedMosquittoSub, mosquitto_pub, with_mqtt
 from tests.harness.pki import Pki
 
 
@@ -13,8 +11,7 @@ def test_mosquitto_clients_over_tls_with_a_user(broker_factory, tmp_path):
     pki = Pki(tmp_path / "pki")
     b = broker_factory(with_mqtt(secured_config(tmp_path, tls=pki.tls_config("on"))))
     tls = ("--cafile", pki.ca, "-u", "alice", "-P", SECRETS["alice"])
-    sub = mosquitto_sub(b, "orders/#", 1, 1, "mqttv5", *tls)
-    time.sleep(1.0)  # mosquitto_sub's SUBSCRIBE is in before the publish
+    sub = SubscribedMosquittoSub(b, "orders/#", 1, 1, "mqttv5", *tls)  # its SUBSCRIBE is in before the publish
     r = mosquitto_pub(b, "orders/tls", "secured", 1, "mqttv5", *tls)
     assert r.returncode == 0, r.stderr
     out, err = sub.communicate(timeout=30)
