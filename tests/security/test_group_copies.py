@@ -14,6 +14,7 @@ from metaq.admin.wire import DlqResend
 from metaq.protocol.rocketmq.bodies import decode_stored_messages, encode_properties, parse_offset_msg_id
 from metaq.protocol.rocketmq.remoting import RequestCode as R, ResponseCode, encode_command, make_request
 from tests.harness.acl import SECRETS, login, write_acl
+from tests.harness.broker import wait_for
 from tests.harness.http import request, with_http
 from tests.harness.rocketmq import pull, send_v1
 
@@ -67,8 +68,8 @@ def test_a_groups_copies_of_a_denied_topic_are_not_served_to_who_may_not_read_it
         sent_back(admin, "payroll", SECRET, "payclerks", -1)  # a dead letter of payroll
         sent_back(admin, "payroll", SECRET + b" (retried)", "payclerks", 1)  # a retry of payroll, in 1 s
         sent_back(admin, "orders", b"order 7 (retried)", "payclerks", 1)  # and of orders, which reader may read
-    time.sleep(2.5)  # delay level 1 is 1 s: both retries are in %RETRY%payclerks now
-    with remoting(b, "admin") as admin:
+    with remoting(b, "admin") as admin:  # delay level 1 is 1 s: both retries reach %RETRY%payclerks after it
+        wait_for(lambda: len(pulled(admin, "%RETRY%payclerks", "payclerks")) == 2, what="both retries delivered")
         assert SECRET + b" (retried)" in pulled(admin, "%RETRY%payclerks", "payclerks")  # the group's own consumer
         assert SECRET in pulled(admin, "%DLQ%payclerks", "payclerks")
     with login(b, "reader") as reader:
