@@ -298,7 +298,7 @@ def test_offline_session_max_age_ends_a_311_session(broker_factory, tmp_path):
         raw.send(wire.Disconnect())
         raw.close()
     assert ack.session_present  # within its age
-    time.sleep(3.5)  # past the age bound and the keeper's next round
+    wait_for(lambda: _mqtt_stat(b, "mqtt_sessions_expired") == 1, 10, "the keeper's round past the age bound")
     raw = Raw(b, wire.MQTT_311)
     assert not raw.connect("old", clean_start=False).session_present
 
