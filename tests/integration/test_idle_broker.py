@@ -5,7 +5,8 @@ import os
 import time
 
 from metaq.client.raw import TextClient
-from metaq.store.files import CHECKPOINT_FILE, KEY_CHECKPOINT_FILE
+from metaq.store.files import CHECKPOINT_FILE, CHECKPOINT_MAGIC, KEY_CHECKPOINT_FILE, KEY_CHECKPOINT_MAGIC, DataDir
+from tests.harness.broker import wait_for
 
 INTERVAL_S = 0.2  # small_config's checkpoint_interval_ms
 
@@ -18,8 +19,20 @@ def stamps(broker):
     return out
 
 
+def checkpointed(broker):
+    """True when the log's and the key index's checkpoints both vouch for the whole log."""
+    dirs = DataDir(broker.data_dir)
+    with broker.client() as c:
+        end = int(c.stats_dict()["log_end_position"])
+    states = [dirs.read_state(dirs.checkpoint, CHECKPOINT_MAGIC),
+              dirs.read_state(dirs.key_checkpoint, KEY_CHECKPOINT_MAGIC)]
+    return all(state is not None and state["position"] == end for state in states)
+
+
 def settled(broker, wait_s=10.0):
-    """The stamps once two checkpoint intervals went by without a change (the put before is checkpointed)."""
+    """The stamps once the put before is checkpointed (a slow disk may take a while) and two checkpoint intervals
+    went by without a change."""
+    wait_for(lambda: checkpointed(broker), 30, "the put before the quiet checkpointed")
     deadline = time.monotonic() + wait_s
     last = stamps(broker)
     while time.monotonic() < deadline:
