@@ -10,6 +10,11 @@ from tests.harness.acl import SECRETS, secured_config
 from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
 
 
+#: Every close here is due within 1.5 s: no earlier than its deadline, and by this (a loaded machine may be late),
+#: long before the socket's own 15 s.
+LATE_S = 6.0
+
+
 def _config(tmp_path):
     cfg = mqtt_config(tmp_path)
     cfg.setdefault("limits", {}).update(idle_timeout_s=1.0, request_timeout_s=1.0)
@@ -67,9 +72,9 @@ def test_every_deadline_still_closes_and_a_long_idle_connection_is_served(broker
     half.sendall(b"vers")
     clock.watch("text half-sent request", half)
     after = clock.join()
-    assert 1.4 <= after["mqtt silent past 1.5 x keep-alive"] < 3.0, after
+    assert 1.4 <= after["mqtt silent past 1.5 x keep-alive"] < LATE_S, after
     for name in ("mqtt half-sent PUBLISH", "text silent", "text half-sent request"):
-        assert 0.9 <= after[name] < 2.5, after
+        assert 0.9 <= after[name] < LATE_S, after
     time.sleep(1.5)  # the subscriber and the publisher idle for 3 s in all, parked
     pub.send(wire.Publish("idle/x", b"after a long idle", 1, packet_id=7))
     assert pub.read() == wire.PubAck(7)
@@ -91,7 +96,7 @@ def test_a_parked_mqtt_connection_that_never_logs_in_is_closed_at_the_login_dead
     user = Raw(b, wire.MQTT_311)
     assert user.connect("alice-1", username="alice", password=SECRETS["alice"].encode(),
                         keep_alive=60).reason_code == 0
-    assert 0.9 <= clock.join()["silent stranger"] < 2.5
+    assert 0.9 <= clock.join()["silent stranger"] < LATE_S
     assert "mqtt 127.0.0.1:" in b.log_text() and ": not logged in within 1 s; closing" in b.log_text()
     time.sleep(0.5)  # the logged-in one, parked past the login deadline, is held to its keep-alive only
     user.send(wire.PingReq())
