@@ -428,7 +428,9 @@ class Broker:
                     pool.apply(self.store.drop_cold_pages)
 
     def check_disk(self):
-        """The disk check (the loop's, and each ``stats``'): measure, give the WriteGate the figure, log a change."""
+        """The disk check (the loop's, and each ``stats``'): measure, give the WriteGate the figure, log a change. A
+        slave found past its danger mark (with a warn mark below 1.0) runs retention now, as when its copy meets a
+        full disk: its last copy may have taken it there, and no later copy need come to be refused."""
         gate = self.gate
         before = gate.disk_state.refusing_writes if gate.disk_state else False
         try:
@@ -439,6 +441,8 @@ class Broker:
         if gate.disk_state is None:
             return
         now_refusing = gate.disk_state.refusing_writes
+        if now_refusing and not self.roles.is_master and self.config.store.disk_warn_ratio < 1.0:
+            self._retention_due.set()  # a slave past its danger mark after its last copy: nothing else retries
         if now_refusing != before:
             if now_refusing:
                 log.error("%s", gate.disk_state.reason)

@@ -124,6 +124,24 @@ def test_stats_and_readyz_say_the_disk_pressure_at_each_mark(broker_factory, tmp
         assert stats(master)["disk_pressure"] == stats(slave)["disk_pressure"] == "none"
 
 
+def test_a_caught_up_slave_found_past_its_danger_mark_frees_segments_at_once_with_nothing_more_to_copy(
+        broker_factory, tmp_path):
+    """The slave's last copy (here a filler file) took its disk past the danger mark and the master writes nothing
+    more, so no copy is refused: its disk check runs retention now, not at the interval (600 s here)."""
+    master, rport = master_with_a_log_of(broker_factory, tmp_path, 1500)
+    mount = tmp_path / "slave"
+    with tmpfs(mount, "10m"):
+        slave = slave_on(mount, rport, broker_factory, 0.7, 0.9)
+        wait_for(lambda: stats(slave)["log_end_position"] == stats(master)["log_end_position"], 60,
+                 lambda: "the slave catches up: %s" % slave.log_text()[-3000:])
+        assert readyz(slave)[0] == 200 and int(stats(slave)["disk_pressure_deleted_segments"]) == 0
+        fill(mount, 0.95)
+        wait_for(lambda: readyz(slave)[0] == 200 and stats(slave)["disk_pressure"] != "full", 10,
+                 lambda: "the slave frees segments and is ready again: %s %s" % (readyz(slave), stats(slave)))
+        assert int(stats(slave)["disk_pressure_deleted_segments"]) >= 1
+        assert "segments deleted before their retention time on this slave" in slave.log_text()
+
+
 def test_a_slave_whose_warn_mark_is_1_deletes_nothing_early_and_says_why_it_is_not_ready(broker_factory, tmp_path):
     """A warn mark of 1.0 means nothing is deleted before its time, on a slave as on a master (which refuses puts
     then): the slave stops copying when its disk is full, and ``/readyz`` and ``stats`` name the disk."""
