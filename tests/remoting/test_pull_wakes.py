@@ -10,7 +10,7 @@ from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode, encode_command, make_request
 from tests.harness.rocketmq import send_v1
 
-SUSPEND_MS = 5000
+SUSPEND_MS = 30000
 
 
 def send_fields(topic, queue):
@@ -30,7 +30,7 @@ def test_a_suspended_pull_sees_a_send_of_the_same_burst(rmq_factory):
                                                                         suspend_ms=SUSPEND_MS), b"", 7))
         burst += encode_command(make_request(R.SEND_MESSAGE, send_fields("tw", 1), b"second", 8))
         rc.send_raw(burst)
-        pulled, sent = rc.response(7, timeout=10.0), rc.response(8, timeout=10.0)
+        pulled, sent = rc.response(7, timeout=40.0), rc.response(8, timeout=40.0)
         assert time.monotonic() - started < SUSPEND_MS / 2000.0  # not the suspend timeout
         assert sent.code == ResponseCode.SUCCESS
         assert pulled.code == ResponseCode.SUCCESS
@@ -47,7 +47,7 @@ def test_a_parked_pull_is_woken_by_another_connections_send(rmq_factory):
         time.sleep(0.2)  # parked
         started = time.monotonic()
         assert send_v1(other, "tw", b"late", queue=2).code == ResponseCode.SUCCESS
-        pulled = rc.response(opaque, timeout=10.0)
+        pulled = rc.response(opaque, timeout=40.0)
         assert time.monotonic() - started < SUSPEND_MS / 2000.0
         assert pulled.code == ResponseCode.SUCCESS
         assert [m.body for m in decode_stored_messages(pulled.body)] == [b"late"]
