@@ -135,9 +135,12 @@ def test_in_sync_mode_a_member_that_missed_acknowledged_writes_is_never_elected(
     g.members[b].kill()
     g.members[c].start()
     time.sleep(SESSION_MS / 1000.0 * 2 + 2)  # both old sessions expired: an election could have happened
+    # it looked for a leader once the old one's node was gone (that session's expiry is ZooKeeper's to time)
+    wait_for(lambda: "may not be elected in sync mode" in g.members[c].log_text()
+             and "is not in it" in g.members[c].log_text(), 30,
+             lambda: "the stale member's refusal of itself:\n" + g.members[c].log_text()[-2000:])
     st = stats(g.members[c])
     assert (st["replication_role"], st["replication_leading"]) == ("slave", "false"), st
-    assert "may not be elected in sync mode" in g.members[c].log_text() and "is not in it" in g.members[c].log_text()
     with g.members[c].client() as cl:
         r = cl.put("t-a", b"nobody may take this", 0)
         assert r.code == 503 and b"no elected master yet" in r.body, r
