@@ -2,6 +2,7 @@
 found against a real broker. A test marked ``xfail(strict=True)`` shows a hole that is still open: it fails
 (XPASS) once the hole is fixed, so remove the mark then."""
 
+import threading
 import time
 
 
@@ -10,6 +11,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.timers.levels import SCHEDULE_TOPIC
 from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
+from tests.harness.broker import wait_for
 
 
 secured = secured_config
@@ -88,8 +90,8 @@ def test_a_reload_revokes_publishing_on_the_put_fast_path(broker_factory, tmp_pa
     users = dict(DEFAULT_USERS)
     del users["alice"]  # alice is fired
     write_acl(tmp_path / "acl.yaml", users=users)
-    time.sleep(1.5)  # acl_reload_s is 0.2
-    with login(b, "admin") as admin:
+    with login(b, "admin") as admin:  # acl_reload_s is 0.2: the file is looked at again within that
+        wait_for(lambda: admin.stats_dict()["acl_reloads"] != "0", what="the file reloaded")
         assert admin.stats_dict()["acl_reloads"] == "1"
     assert c.call(ev.Offset("orders", "g", 0, 0, 99)).code == 401  # the general path has revoked her...
     c.send(_burst("orders", 20, 100))
@@ -174,14 +176,23 @@ def test_a_tls_renegotiation_is_refused_at_once(broker_factory, tmp_path):
 
     pki = Pki(tmp_path / "pki")
     b = broker_factory(small_config(tmp_path / "data", security={"tls": pki.tls_config("on", False)}))
-    # OpenSSL 3.0's s_client renegotiates on a line "R" (without -ign_eof, which turns its commands off)
+    # OpenSSL 3.0's s_client renegotiates on a line "R" (without -ign_eof, which turns its commands off), when "R"
+    # begins what one read of its stdin returns: each line is written once the client is ready for it (the session
+    # up, the line before answered), not after a fixed time (two lines read at once both go to the broker).
     p = subprocess.Popen(["openssl", "s_client", "-connect", "127.0.0.1:%d" % b.port, "-CAfile", pki.ca, "-tls1_2"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, b"")), daemon=True)
+    reader.start()
+
+    def printed(prefix):
+        return any(line.lstrip().startswith(prefix) for line in list(lines)) or p.poll() is not None
+
     try:
-        time.sleep(1.5)
+        wait_for(lambda: printed(b"Verify return code"), 30, "the TLS session up")
         p.stdin.write(b"version 1\r\n")
         p.stdin.flush()
-        time.sleep(0.5)
+        wait_for(lambda: printed(b"result 200"), 30, "the answer to version over TLS")
         p.stdin.write(b"R\n")
         p.stdin.flush()
         try:
@@ -191,7 +202,9 @@ def test_a_tls_renegotiation_is_refused_at_once(broker_factory, tmp_path):
             ended = False
     finally:
         p.kill()
-        out = p.stdout.read().decode("utf-8", "replace")
+        p.wait()
+        reader.join(10)
+        out = b"".join(lines).decode("utf-8", "replace")
     assert "RENEGOTIATING" in out and "result 200" in out, out  # the session was up, the renegotiation tried
     assert ended, "the renegotiating client still waits after 5 s: " + out[-300:]
 
