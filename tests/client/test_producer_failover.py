@@ -8,7 +8,7 @@ import pytest
 from metaq import errors
 from metaq.client import KeySelector, Message, Producer, SendResult
 from metaq.client.local import small_config
-from tests.harness.broker import consume_all
+from tests.harness.broker import consume_all, wait_for
 from metaq.client.local import free_port
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -73,7 +73,13 @@ def test_kill_one_of_two_brokers_while_sending(broker_factory, tmp_path):
         threads = [threading.Thread(target=sync_sender), threading.Thread(target=async_sender)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        time.sleep(1.0)  # a load under way; and both brokers acknowledged sync sends before the kill (asserted below)
+        try:
+            wait_for(lambda: {r.partition.broker_id for _, _, r in list(sync_results) if r.success} == {1, 2}, 30,
+                     "sync sends acknowledged by both brokers")
+        except AssertionError:
+            stop.set()
+            raise
         killed_at.append(time.monotonic())
         brokers[1].kill()
         time.sleep(3.0)
