@@ -110,8 +110,8 @@ def test_kill_mid_flight_fails_pending_with_connection_lost(broker):
     for future in polls:
         with pytest.raises(ConnectionLost):
             future.result(10)
-    assert time.monotonic() - started < 5
-    assert wait_for(lambda: not conn.connected, 5)
+    assert time.monotonic() - started < 15  # failed by the lost connection, not at the end of their 30 s wait
+    assert wait_for(lambda: not conn.connected)
     conn.close()
 
 
@@ -309,9 +309,10 @@ def test_unanswered_heartbeat_drops_the_connection():
 
     fake = FakeBroker(reply)
     try:
-        conn = BrokerConnection(fake.url, heartbeat_interval=0.3, request_timeout=0.5)
+        # a heartbeat's answer is waited for min(request_timeout, max(2 x interval, 1 s)): 1 s here
+        conn = BrokerConnection(fake.url, heartbeat_interval=0.3, request_timeout=2.0)
         assert conn.call(ev.Version(0)).body == b"ok"
-        time.sleep(1.0)
+        time.sleep(2.5)
         assert conn.connected  # answered heartbeats keep it up
         answer["on"] = False
         assert wait_for(lambda: not conn.connected, 10)
