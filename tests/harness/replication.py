@@ -6,6 +6,7 @@ import random
 
 from metaq.client.local import free_port, small_config
 from metaq.protocol import events as ev
+from metaq.protocol import stats as stats_codec
 from tests.harness.broker import consume_all, wait_for
 
 
@@ -40,22 +41,39 @@ def commitlog(b):
     return out
 
 
+def partition_ends(b):
+    """``{(topic, partition): max offset}`` as ``stats offsets`` gives it (what a reader of ``b`` is answered)."""
+    with b.client() as c:
+        return {(r.topic, r.partition): r.max_offset for r in stats_codec.parse_offsets(c.stats("offsets").encode())}
+
+
 def caught_up(master, slave):
+    """Until the slave holds the master's whole flushed log and its partitions answer the master's ends: their
+    indexes follow the slave's log a step at a time after each flush round, not with the copy."""
     def check():
         m, s = stats(master), stats(slave)
-        return (m["log_end_position"] == m["log_flushed_position"] == s["log_end_position"]
-                == s["log_flushed_position"])
-    wait_for(check, 20, lambda: "slave caught up: master %s slave %s" % (
-        stats(master)["log_end_position"], stats(slave)["log_end_position"]))
+        if not (m["log_end_position"] == m["log_flushed_position"] == s["log_end_position"]
+                == s["log_flushed_position"]):
+            return False
+        theirs, ours = partition_ends(master), partition_ends(slave)
+        return all(ours.get(key, 0) == end for key, end in theirs.items())
+    wait_for(check, 20, lambda: "slave caught up: master %s slave %s; partition ends %s / %s" % (
+        stats(master)["log_end_position"], stats(slave)["log_end_position"], partition_ends(master),
+        partition_ends(slave)))
 
 
 def assert_identical(master, slave):
+    """The slave's log is the master's, byte for byte, and so are its partitions once their indexes (which follow
+    the slave's log a step at a time after each flush round, not with the copy) hold the caught-up log."""
     caught_up(master, slave)
     m, s = commitlog(master), commitlog(slave)
     assert sorted(m) == sorted(s)
     for name in m:
         assert m[name] == s[name], "segment %s differs" % name
     with master.client() as mc, slave.client() as sc:
+        wait_for(lambda: mc.stats("offsets") == sc.stats("offsets"), 30,
+                 lambda: "the slave's partitions at the master's ends:\n%s\n%s" % (mc.stats("offsets"),
+                                                                                   sc.stats("offsets")))
         assert mc.stats("offsets") == sc.stats("offsets")
         for line in mc.stats("offsets").split("\r\n")[1:-2]:
             topic, _p, part = line.split()[:3]
