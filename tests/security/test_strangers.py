@@ -213,6 +213,7 @@ def test_a_tls_handshake_flood_from_one_address_is_cut_to_its_rate(broker_factor
     b = broker_factory(cfg)
     ctx = ssl.create_default_context(cafile=pki.ca)
     done = refused = 0
+    started = time.monotonic()
     for _ in range(30):  # as fast as one client can: far past 5 a second with bursts of 10
         raw = connect(b.port, "127.0.0.7")
         try:
@@ -221,7 +222,9 @@ def test_a_tls_handshake_flood_from_one_address_is_cut_to_its_rate(broker_factor
         except (ssl.SSLError, OSError):
             refused += 1
             raw.close()
-    assert refused > 0 and done <= 10 + 5 * 3, (done, refused)  # the burst, and the rate for the seconds it took
+    took = time.monotonic() - started
+    # the burst, and the rate for the seconds it took (on a loaded machine the handshakes themselves take longer)
+    assert refused > 0 and done <= 10 + 5 * took, (done, refused, took)
     with TextClient("127.0.0.1", b.port, ssl_context=ctx, server_hostname="127.0.0.1") as c:  # another address
         assert c.auth("alice", SECRETS["alice"]).code == 200
     assert "too many TLS handshakes from 127.0.0.7: the limit is 5 a second" in b.log_text()
