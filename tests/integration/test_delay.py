@@ -178,16 +178,17 @@ def test_delivery_waits_while_the_disk_is_full_then_resumes(broker_factory, tmp_
         b = broker_factory(cfg, workdir=tmp_path / "b")
         sent = {}
         with b.client() as c:
-            for n in range(3):
-                msg_id, _ = put_delayed_ok(c, "t-full", b"m-%d" % n, 1)
+            put_at = time.monotonic()
+            for n in range(3):  # level 3 (3 s): room for the disk to fill, and be noticed, before they are due
+                msg_id, _ = put_delayed_ok(c, "t-full", b"m-%d" % n, 3)
                 sent[msg_id] = b"m-%d" % n
             ballast = str(mnt / "ballast")
             subprocess.run(["fallocate", "-l", "9m", ballast], check=True)
-            wait_for(lambda: c.stats_dict()["writes_refused"] == "true", 5, "writes refused")
-            time.sleep(1.5)  # past the due time: delivery must wait, not drop or fail
+            wait_for(lambda: c.stats_dict()["writes_refused"] == "true", what="writes refused")
+            time.sleep(max(0.5, put_at + 3.5 - time.monotonic()))  # past the due time: delivery must wait
             assert c.get("t-full", 0, 0).code == 404
             levels, totals = delay_stats(c)
-            assert levels[1]["pending"] == "3" and totals["dropped"] == 0
+            assert levels[3]["pending"] == "3" and totals["dropped"] == 0
             os.unlink(ballast)
         got = wait_delivered(b, "t-full", [0], 3)
         assert_exactly_once(got, sent)
