@@ -8,16 +8,21 @@ the one place a record changes it, live or replayed). A record is one JSON objec
   messages handed out (a first delivery or a redelivery), each invisible until its deadline;
 * ``{"k": "a", "g", "t", "e": [[partition, offset], ...]}`` acknowledged;
 * ``{"k": "x", "g", "t", "e": [[partition, offset], ...]}`` dead-lettered (copied to ``%DLQ%<group>``, then done);
-* ``{"k": "c", "g", "t", "e": [[partition, offset, deadline_ms]]}`` a new invisible deadline (change_invisible);
+* ``{"k": "c", "g", "t", "e": [[partition, offset, deadline_ms]]}`` a new invisible deadline (change_invisible) and
+  a new handle: a renewal ends;
+* ``{"k": "r", "g", "t", "e": [[partition, offset, attempt, deadline_ms], ...]}`` renewed (auto-renew of a push
+  consumer's messages): delivery ``attempt`` is invisible until the new deadline, and the handle it was delivered
+  with still names it (the flight keeps that handle's deadline, ``handed``); another attempt's entry is ignored;
 * ``{"k": "s", "g", "t", "e": [[partition, offset]]}`` nothing below ``offset`` is to be handed out (where a
   group starts on a partition, or retention deleted what lay below);
 * a snapshot: ``{"k": "S"}``, then one ``{"k": "P", "g", "t", "p", "low", "next", "done", "f", "r", "x"}`` per
-  partition of each group, then ``{"k": "E", "n": <count of P records>}``. A complete snapshot replaces every
-  record before it.
+  partition of each group (a flight ``[offset, attempt, deadline, group]``, with ``handed`` fifth when renewed),
+  then ``{"k": "E", "n": <count of P records>}``. A complete snapshot replaces every record before it.
 
 A **receipt handle** is ``<partition>:<offset>:<attempt>:<deadline_ms>``: where the message is, which delivery,
 and until when it is invisible; an ack or a change must name the delivery in flight now (a handle of an older
-delivery, or an expired one, is refused). Opaque to clients.
+delivery, or an expired one, is refused; a renewed delivery's handle keeps the deadline it was handed out with,
+and expires at the renewed one). Opaque to clients.
 """
 
 import json
@@ -29,7 +34,7 @@ __all__ = ["RecordError", "encode", "decode", "handle", "parse_handle", "MAX_REC
 #: Largest journal record (a snapshot's partition record is the largest: its in-flight and acknowledged offsets,
 #: bounded by limits.POP_MAX_SPAN).
 MAX_RECORD_BYTES = 1 << 20
-KINDS = ("d", "a", "x", "c", "s", "S", "P", "E")
+KINDS = ("d", "a", "x", "c", "r", "s", "S", "P", "E")
 _MAX_HANDLE = 96
 
 

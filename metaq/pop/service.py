@@ -18,6 +18,10 @@ ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQ
   the minimum.
 * ``dead_letter(group, topic, handle)``: the message copied to ``%DLQ%<group>`` now and done
   (ForwardMessageToDeadLetterQueue).
+* ``renew(group, topic, entries, deadline)`` -> the entries renewed: deliveries still in flight made invisible
+  until ``deadline``, their handles still naming them (auto-renew, ``rmq5/renewer.py``); ``release(group, topic,
+  entries, deadline)`` -> the entries moved: deliveries still in flight visible again at ``deadline`` (a client
+  that ended; their handles no longer ack).
 
 Every change is one journal record written before the call returns (``pop/follow.py``), applied to the state
 (``pop/state.py``) as a replay would; the acknowledgements of one loop turn, from every connection, share one record
@@ -235,6 +239,37 @@ class PopService:
         if rec is not None:
             self._copy_dead(group, rec, now)
         self._write([{"k": "x", "g": group, "t": topic, "e": [[p, o]]}], now)
+
+    def renew(self, group, topic, entries, deadline):
+        """``entries`` ``[(partition, offset, attempt, expected)]``: each delivery whose flight is still that
+        attempt with deadline ``expected``, not passed (no ack, nack, redelivery or expiry since), is made invisible
+        until ``deadline``
+        by one ``r`` record (the handle it was delivered with still acks it); returns those renewed, in order.
+        Asks the put path's write decision first: a slave or a deposed master writes nothing (NotMaster, or the
+        refusal)."""
+        return self._move(group, topic, entries, deadline, "r")
+
+    def release(self, group, topic, entries, deadline):
+        """As ``renew``'s entries, but each matching delivery is visible again at ``deadline`` (or its own deadline,
+        when sooner) by one ``c`` record: its client ended, so its handles no longer ack; returns those moved."""
+        return self._move(group, topic, entries, deadline, "c")
+
+    def _move(self, group, topic, entries, deadline, kind):
+        self.path.check_writable()
+        now = now_ms()
+        keep = []
+        for p, o, attempt, expected in entries:
+            f = self.state.flight_at(group, topic, p, o)
+            if f is not None and f.attempt == attempt and f.deadline == expected and expected > now:
+                keep.append((p, o, attempt, expected))
+        if keep:
+            if kind == "r":
+                e = [[p, o, a, deadline] for p, o, a, _x in keep]
+            else:  # never later than it was
+                e = [[p, o, min(deadline, x)] for p, o, _a, x in keep]
+            self._write([{"k": kind, "g": group, "t": topic, "e": e}], now)
+            self._maybe_snapshot(now)
+        return keep
 
     def rows(self):
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair (``stats pop``)."""

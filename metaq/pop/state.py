@@ -25,13 +25,25 @@ __all__ = ["Flight", "Cursor", "PopState", "Plan"]
 
 
 class Flight:
-    __slots__ = ("attempt", "deadline", "group")
+    """One delivery in flight: its ``attempt``, its invisible ``deadline`` (when it is handed out again), its message
+    ``group`` (FIFO), and ``handed``: the deadline the delivery's receipt handle names while the broker renews it
+    (auto-renew: ``r`` records move ``deadline`` on, the client's handle still names the delivery), else None."""
 
-    def __init__(self, attempt, deadline, group):
-        self.attempt, self.deadline, self.group = attempt, deadline, group
+    __slots__ = ("attempt", "deadline", "group", "handed")
+
+    def __init__(self, attempt, deadline, group, handed=None):
+        self.attempt, self.deadline, self.group, self.handed = attempt, deadline, group, handed
+
+    def names(self, attempt, deadline):
+        """Whether a handle of ``attempt`` and ``deadline`` names this delivery: its current deadline, or the one
+        its handle was given with while the broker renews it."""
+        return attempt == self.attempt and deadline in (self.deadline, self.handed)
 
     def as_list(self, offset):
-        return [offset, self.attempt, self.deadline, self.group]
+        out = [offset, self.attempt, self.deadline, self.group]
+        if self.handed is not None:
+            out.append(self.handed)
+        return out
 
 
 class Cursor:
@@ -110,19 +122,28 @@ class PopState:
 
     def flight(self, group, topic, handle_text, now_ms):
         """``(partition, offset, Flight)`` of a handle in flight now, ``(partition, offset, None)`` when that
-        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle."""
+        message is done already (a repeated ack); InvalidHandle for a malformed, expired or superseded handle. A
+        renewed delivery (``Flight.handed``) is named by the handle it was delivered with, expired at its current
+        deadline."""
         p, o, attempt, deadline = parse_handle(handle_text)
         g = self.groups.get((group, topic))
         c = g.cursors.get(p) if g is not None else None
         if c is not None and (o < c.low or o in c.done):
             return p, o, None
         f = c.flights.get(o) if c is not None else None
-        if f is None or f.attempt != attempt or f.deadline != deadline:
+        if f is None or not f.names(attempt, deadline):
             raise InvalidHandle("receipt handle %s names no message of %s/%s in flight (an older delivery's?)"
                                 % (handle_text, group, topic))
-        if deadline <= now_ms:
+        if f.deadline <= now_ms:  # a renewed delivery's handle works until the renewed deadline
             raise InvalidHandle("receipt handle %s is expired" % handle_text)
         return p, o, f
+
+    def flight_at(self, group, topic, partition, offset):
+        """The ``Flight`` of the message at ``offset`` of ``partition`` for ``group`` now; None when it is not in
+        flight (never handed out, or done)."""
+        g = self.groups.get((group, topic))
+        c = g.cursors.get(partition) if g is not None else None
+        return c.flights.get(offset) if c is not None else None
 
     def next_deadline(self, group, topic):
         """The earliest invisible deadline of the pair's flights (when a receive may hand one out again), or None."""
@@ -247,7 +268,7 @@ class PopState:
         return c
 
     def apply(self, rec):
-        """Take one journal record (``d``, ``a``, ``x``, ``c``, ``s``); see ``pop/records.py``."""
+        """Take one journal record (``d``, ``a``, ``x``, ``c``, ``r``, ``s``); see ``pop/records.py``."""
         kind = rec["k"]
         g = self._group(rec["g"], rec["t"])
         if kind == "d":
@@ -266,10 +287,17 @@ class PopState:
                 if kind == "x" and o in c.flights:
                     g.dead += 1
                 c.finish(o)
-        elif kind == "c":
+        elif kind == "c":  # a new deadline and a new handle: a renewal (of the old handle) ends
             for p, o, deadline in rec["e"]:
                 f = self._cursor(g, p).flights.get(o)
                 if f is not None:
+                    f.deadline, f.handed = deadline, None
+        elif kind == "r":  # renewed: the delivery's handle (the deadline it was handed out with) still names it
+            for p, o, attempt, deadline in rec["e"]:
+                f = self._cursor(g, p).flights.get(o)
+                if f is not None and f.attempt == attempt:
+                    if f.handed is None:
+                        f.handed = f.deadline
                     f.deadline = deadline
         elif kind == "s":
             for p, o in rec["e"]:
@@ -277,7 +305,7 @@ class PopState:
         elif kind == "P":
             c = self._cursor(g, rec["p"])
             c.low, c.next, c.done = rec["low"], rec["next"], set(rec["done"])
-            c.flights = {o: Flight(a, d, m) for o, a, d, m in rec["f"]}
+            c.flights = {e[0]: Flight(*e[1:]) for e in rec["f"]}
             g.redelivered, g.dead = rec["r"], rec["x"]
 
     def snapshot_records(self):
