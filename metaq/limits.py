@@ -718,6 +718,25 @@ GRPC_MAX_PENDING_CLIENT_COMMANDS = 8
 GRPC_CLIENT_COMMAND_TIMEOUT_MS = 10_000
 #: The longest wait such a question may ask for; past it the client is answered 504 (no answer).
 GRPC_CLIENT_COMMAND_MAX_TIMEOUT_MS = 60_000
+#: Auto-renew: how long a push consumer's message (an ``auto_renew`` receive's) is invisible from its delivery and from
+#: each renewal, by default (the gRPC port's ``renew_invisible_ms``; RocketMQ's proxy: 60 s).
+GRPC_RENEW_INVISIBLE_MS = 60_000
+#: Auto-renew (a push consumer's ``auto_renew`` receives, metaq/rmq5/renewer.py): the longest time since its delivery
+#: a message is kept invisible for its client (RocketMQ's proxy: 3 h); past it the broker no longer renews it and
+#: it is delivered again at its last deadline, unless acknowledged first.
+GRPC_RENEW_MAX_MS = 3 * 3600 * 1000
+#: Messages the broker renews at once, over every client; a message delivered past it is not renewed (it is
+#: delivered again after its invisible duration, as without auto-renew), one log line saying so.
+GRPC_MAX_RENEWED = 100_000
+#: Messages the broker renews at once for one client (its ``x-mq-client-id``); past it as past GRPC_MAX_RENEWED.
+#: The official clients cache at most a few thousand messages per consumer.
+GRPC_MAX_RENEWED_PER_CLIENT = 10_000
+#: A client not heard from for this long (no Heartbeat, Telemetry command, receive or ack; clients heartbeat every
+#: 10 s, RocketMQ's proxy counts a consumer gone after 120 s) is taken for ended: its renewed messages are released.
+GRPC_CLIENT_IDLE_MS = 120_000
+#: A message held by a client that ended (NotifyClientTermination, its last Telemetry stream closed, or idle) is
+#: visible again this soon (RocketMQ's proxy: 1 s), not after its whole invisible duration.
+GRPC_RELEASE_INVISIBLE_MS = 1000
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

@@ -90,6 +90,7 @@ FEATURE_ROLES = {
     "rpcs": "front-end",  # a gRPC service's RPC handlers
     "pulls": "front-end",  # a gRPC service's pull and offset RPC handlers
     "clientcommands": "front-end",  # an admin's questions to connected clients on their streams (gRPC's Telemetry)
+    "renewer": "front-end",  # a gRPC port's keeping of its clients' messages invisible while they live (auto-renew)
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -72,8 +72,9 @@ PRODUCER_ATTEMPTS = 3
 CONSUMER_ATTEMPTS = 17
 RECEIVE_BATCH = 32
 LONG_POLLING_S = 20
-#: A receive's invisible duration when the request names none (a push consumer's ``auto_renew``), as the proxy's.
-DEFAULT_INVISIBLE_MS = 60_000
+#: A receive's invisible duration when the request names none and no renewer is given (a push consumer's
+#: ``auto_renew``), as the proxy's.
+DEFAULT_INVISIBLE_MS = limits.GRPC_RENEW_INVISIBLE_MS
 #: What a long poll keeps of the call's deadline to answer in: the poll ends this much before the client gives up.
 POLL_RESERVE_MS = 300
 #: Receives a ReceiveMessage makes while every message it got was filtered out, even past its long poll (each one
@@ -156,7 +157,7 @@ class MessagingService:
     """The RPCs (see the module doc). ``endpoint()``: ``(host, port)`` of the gRPC port as it listens."""
 
     def __init__(self, store, put_path, guard, broker_name, max_body, endpoint, broker_id=0, cluster=None, tx=None,
-                 checks=None, pop=None, pulls=None, clients=None):
+                 checks=None, pop=None, pulls=None, clients=None, renewer=None):
         """``cluster(topic)``: with ZooKeeper, the cluster's brokers now (``server.routes.ClusterView.brokers``:
         rows with ``broker_id``, ``name``, ``grpc`` (the master's endpoint) and ``queues``; None while ZooKeeper
         cannot be read); None: routes name this broker alone. ``broker_id``: ours, whose row this port answers
@@ -165,8 +166,11 @@ class MessagingService:
         PopService receives, acks, invisible durations and dead letters go to (None: refused NOT_IMPLEMENTED);
         ``pulls``: the ``pulls.PullService`` serving PullMessage and the offsets (None: those are unknown RPCs);
         ``clients``: the ``clientcommands.ClientCommands`` an admin asks clients through, told of Telemetry streams
-        and their ThreadStackTrace / VerifyMessageResult answers (None: those are ignored)."""
+        and their ThreadStackTrace / VerifyMessageResult answers (None: those are ignored); ``renewer``: the
+        ``renewer.Renewer`` keeping ``auto_renew`` receives' messages invisible while their client lives, told of
+        deliveries, acks, nacks, heartbeats, terminations and Telemetry streams (None: nothing is renewed)."""
         self.clients = clients
+        self.renewer = renewer
         self.pop = pop
         self.consumers = OrderedDict()  # client id -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
         self.store = store
@@ -325,9 +329,14 @@ class MessagingService:
         return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
 
     def heartbeat(self, request, call):
+        if self.renewer is not None:  # the client lives: what it holds is renewed on
+            self.renewer.heard(call.metadata.get("x-mq-client-id"))
         return pb.HeartbeatResponse(status=status("OK"))
 
     def notify_client_termination(self, request, call):
+        """The client ends: the messages it holds are no longer renewed, and visible again soon (the proxy's)."""
+        if self.renewer is not None:
+            self.renewer.terminated(call.metadata.get("x-mq-client-id"))
         return pb.NotifyClientTerminationResponse(status=status("OK"))
 
     def send_message(self, request, call):
@@ -531,7 +540,10 @@ class MessagingService:
         wanted = _filter_of(request.filter_expression)
         settings = self.consumer(call)
         batch = min(max(request.batch_size, 1), limits.POP_MAX_BATCH)
-        if request.auto_renew or not request.HasField("invisible_duration"):
+        renewer = self.renewer if request.auto_renew else None
+        if renewer is not None:
+            invisible = renewer.invisible_ms
+        elif request.auto_renew or not request.HasField("invisible_duration"):
             invisible = DEFAULT_INVISIBLE_MS
         else:
             invisible = _duration_ms(request.invisible_duration)
@@ -562,8 +574,12 @@ class MessagingService:
                     break
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
+        if self.renewer is not None:
+            self.renewer.heard(call.metadata.get("x-mq-client-id"))
         if not kept:
             return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
+        if renewer is not None:  # kept invisible while the client lives (renewer.py)
+            renewer.delivered(call.metadata.get("x-mq-client-id"), group, topic, [r for r, _m in kept])
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()
@@ -599,6 +615,8 @@ class MessagingService:
                 results += pop.ack(group, topic, [e.receipt_handle for e in entries[i:i + limits.POP_MAX_ACK_HANDLES]])
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
+        if self.renewer is not None:
+            self.renewer.settled(group, topic, [e.receipt_handle for e, r in zip(entries, results) if r is None])
         out = []
         for e, result in zip(entries, results):
             s = status("OK") if result is None else status("INVALID_RECEIPT_HANDLE", str(result))
@@ -624,6 +642,8 @@ class MessagingService:
             raise Refusal("INVALID_RECEIPT_HANDLE", str(exc)) from None
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
+        if self.renewer is not None:  # a nack or an extension by the client: the broker renews it no more
+            self.renewer.settled(group, topic, [request.receipt_handle])
         return pb.ChangeInvisibleDurationResponse(status=status("OK"), receipt_handle=new)
 
     def forward_to_dlq(self, request, call):
@@ -638,6 +658,8 @@ class MessagingService:
             raise Refusal("INVALID_RECEIPT_HANDLE", str(exc)) from None
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
+        if self.renewer is not None:
+            self.renewer.settled(group, topic, [request.receipt_handle])
         return pb.ForwardMessageToDeadLetterQueueResponse(status=status("OK"))
 
     # -- transactions ----------------------------------------------------------------------------------------------
@@ -698,11 +720,15 @@ class MessagingService:
         return pb.EndTransactionResponse(status=status("OK"))
 
     def start(self):
-        """Start the check-back of gRPC half messages (with a transaction service)."""
+        """Start the check-back of gRPC half messages (with a transaction service) and the renewer."""
+        if self.renewer is not None:
+            self.renewer.start()
         if self.tx is not None and self.checks is not None and self._check_task is None:
             self._check_task = gevent.spawn(self._check_loop)
 
     def stop(self):
+        if self.renewer is not None:
+            self.renewer.stop()
         if self._check_task is not None:
             self._check_task.kill(block=False)
             self._check_task = None
@@ -770,9 +796,12 @@ class MessagingService:
         return pb.Message(topic=pb.Resource(name=half.topic), user_properties=user, system_properties=sp, body=body)
 
     def telemetry_closed(self, call):
-        """``call``'s Telemetry stream ended: it is no longer asked about half messages, nor by an admin."""
+        """``call``'s Telemetry stream ended: it is no longer asked about half messages, nor by an admin; its
+        client's last stream closed, what it holds is no longer renewed (``renewer.py``)."""
         if self.clients is not None:
             self.clients.stream_closed(call)
+        if self.renewer is not None:
+            self.renewer.stream_closed(call)
         for topic in list(self.producers):
             streams = self.producers[topic]
             if streams.get(call.metadata.get("x-mq-client-id")) is call:
@@ -795,6 +824,8 @@ class MessagingService:
         except Refusal as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, "%s: %s" % (exc.code, exc.message)) from None
         which = command.WhichOneof("command")
+        if self.renewer is not None:
+            self.renewer.stream_seen(call)
         if self.clients is not None:
             self.clients.stream_seen(call)
             if which in ("thread_stack_trace", "verify_message_result"):

@@ -538,6 +538,7 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
         from metaq.rmq5.port import GrpcPort, PortLimits
         from metaq.rmq5.pulls import PullService
         from metaq.rmq5.clientcommands import ClientCommands, StoredMessages
+        from metaq.rmq5.renewer import Renewer
         from metaq.rmq5.rpcs import Checks, MessagingService
     except ImportError as exc:
         raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
@@ -557,7 +558,8 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
                                pulls=PullService(store, guard, put_path.waiters, put_path.roles, put_path.check_master,
                                                  endpoint, config.store.max_transfer_size, config.limits.max_wait_ms),
                                clients=ClientCommands(StoredMessages(store, endpoint,
-                                                                     config.store.max_transfer_size).find))
+                                                                     config.store.max_transfer_size).find),
+                               renewer=Renewer(pop, g.renew_invisible_ms) if pop is not None else None)
     port = holder["port"] = GrpcPort(core, service, PortLimits(g.max_streams_per_connection, g.max_message_bytes,
                                                               g.max_header_bytes, g.max_call_s))
     return port

@@ -476,6 +476,9 @@ class GrpcSection(_Section):
     max_message_bytes: int = Field(limits.GRPC_MAX_MESSAGE_BYTES, ge=1024, le=1 << 30)
     max_header_bytes: int = Field(limits.GRPC_MAX_HEADER_BYTES, ge=1024, le=1 << 20)
     max_call_s: float = Field(limits.GRPC_MAX_CALL_S, gt=0, le=3600)
+    # a push consumer's message invisible this long from its delivery and each renewal (auto-renew)
+    renew_invisible_ms: int = Field(limits.GRPC_RENEW_INVISIBLE_MS, ge=limits.POP_MIN_INVISIBLE_MS,
+                                    le=limits.POP_MAX_INVISIBLE_MS)
 
     @field_validator("host", "advertised_host")
     @classmethod
