@@ -3,7 +3,7 @@ consumers: auto-renew").
 
 The official clients' push consumers receive with ``auto_renew=true`` and no invisible duration, cache what they get
 and acknowledge it when their handler is done, which may be long after. As RocketMQ's proxy does, the broker renews
-each message such a receive delivered before its invisible deadline comes within ``ahead_ms`` (a third of the
+each message such a receive delivered before its invisible deadline comes within ``ahead_ms`` (half the
 invisible duration, at most ``RENEW_AHEAD_MS``): it is made invisible for the invisible duration again, by the POP
 service (``PopService.renew``: one ``r`` journal record per (group, topic) and round, at most ``RENEW_RECORD_ENTRIES``
 entries a record), so the handle the client holds still acks it, on this broker or on a new master after a
@@ -16,10 +16,12 @@ GRPC_MAX_RENEWED_PER_CLIENT`` per client; past either a message is delivered but
 renewal is possible again.
 
 ``Renewals`` is the bookkeeping (pure, the time passed in): what is held by whom, what is due. ``Renewer`` runs it: a
-round every ``RENEW_INTERVAL_S`` on the event loop, writing through the POP service, which asks the put path's write
-decision first (a slave or a deposed master writes nothing; the round is skipped). What is held lives in memory: after
-a restart or a failover the messages' journaled deadlines and handles hold, and they are delivered again at their
-deadlines unless acknowledged; renewal goes on for messages delivered since.
+round every ``interval_s`` (``RENEW_INTERVAL_S``, or a quarter of the invisible duration) on the event loop, writing
+through the POP service, which asks the put path's write decision first (a slave or a deposed master writes nothing;
+the round is skipped). A round does no blocking syscall: journal appends go to the mapped log as every POP change's
+do, flushed by the flusher. What is held lives in memory: after a restart or a failover the messages' journaled
+deadlines and handles hold (the delivery's handle still acks on the new master), and they are delivered again at
+their deadlines unless acknowledged; renewal goes on for messages delivered since.
 """
 
 import logging
@@ -34,9 +36,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Renewals", "Renewer", "RENEW_INTERVAL_S", "RENEW_AHEAD_MS"]
 
-#: Seconds between two rounds of renewal.
+#: Seconds between two rounds of renewal (a quarter of the invisible duration, when smaller).
 RENEW_INTERVAL_S = 1.0
-#: A message is renewed once its deadline is this near (or a third of the invisible duration, when smaller).
+#: A message is renewed once its deadline is this near (or half the invisible duration, when smaller: two rounds
+#: at least before its deadline).
 RENEW_AHEAD_MS = 10_000
 #: Entries of one renewal record (a journal record stays far below ``pop.records.MAX_RECORD_BYTES``).
 RENEW_RECORD_ENTRIES = 1000
@@ -183,7 +186,8 @@ class Renewer:
     def __init__(self, pop, invisible_ms, renewals=None):
         self.pop, self.invisible_ms = pop, invisible_ms
         self.renewals = renewals if renewals is not None else Renewals()
-        self.ahead_ms = min(RENEW_AHEAD_MS, invisible_ms // 3)
+        self.ahead_ms = min(RENEW_AHEAD_MS, invisible_ms // 2)
+        self.interval_s = min(RENEW_INTERVAL_S, invisible_ms / 4000.0)
         self.ended = []  # clients that ended, released at the next round
         self.counts = {"renewed": 0, "rounds_refused": 0}
         self.full = False  # a receive's messages were not all held for the bounds, and none held whole since
@@ -249,7 +253,7 @@ class Renewer:
 
     def _loop(self):
         while True:
-            gevent.sleep(RENEW_INTERVAL_S)
+            gevent.sleep(self.interval_s)
             try:
                 self.round(now_ms())
             except Exception:  # noqa: BLE001 - a round's bug must not end renewal for good

@@ -89,14 +89,15 @@ def test_a_round_renews_through_the_journal_and_the_deliverys_handle_acks_after_
     renewer = Renewer(broker.pop, 1000)
     [m] = delivered(broker, renewer, "c1", 1, 1000)
     records = broker.store.max_offset(POP_TOPIC, 0)
-    renewer.round(m.deadline_ms - 500)  # a third of 1000 ms ahead: not due yet
+    renewer.round(m.deadline_ms - 501)  # half of 1000 ms ahead: not due yet
     assert broker.store.max_offset(POP_TOPIC, 0) == records
     renewer.round(m.deadline_ms - 300)
     assert broker.store.max_offset(POP_TOPIC, 0) == records + 1  # one "r" record
     f = broker.pop.state.flight_at(G, T, 0, m.offset)
     assert (f.deadline, f.handed) == (m.deadline_ms - 300 + 1000, m.deadline_ms)
     assert broker.pop.state.flight(G, T, m.handle, m.deadline_ms + 100)[2] is f  # past the first deadline: valid
-    assert renewer.ahead_ms == min(RENEW_AHEAD_MS, 1000 // 3)
+    assert (renewer.ahead_ms, renewer.interval_s) == (500, 0.25)
+    assert (Renewer(broker.pop, 60_000).ahead_ms, Renewer(broker.pop, 60_000).interval_s) == (RENEW_AHEAD_MS, 1.0)
 
 
 def test_a_nack_ends_renewal_and_an_ack_settles_it(broker):

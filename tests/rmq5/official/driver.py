@@ -9,8 +9,9 @@ on stdout, so a test keeps producers and consumers alive across its steps (a bro
   "transaction": null|"commit"|"rollback"|"open"}`` -> ``{"receipts": [{"message_id", "transaction_id", ...}]}``
 * ``{"op": "checks"}`` -> the checker's calls so far: ``{"checks": [[body, message_id]]}``
 * ``{"op": "consumer", "name": n, "group": g, "subscriptions": {topic: [type, expression]}, "await_s": s}``
-* ``{"op": "push", "name": n, "group": g, "subscriptions": {...}, "fail": [body]}``: a PushConsumer whose listener
-  fails those bodies' first delivery; ``{"op": "pushed", "name": n}`` -> ``{"calls": [[body, attempt]]}``
+* ``{"op": "push", "name": n, "group": g, "subscriptions": {...}, "fail": [body], "sleep_s": s}``: a PushConsumer
+  whose listener takes ``sleep_s`` a message and fails those bodies' first delivery; ``{"op": "pushed", "name": n}``
+  -> ``{"calls": [[body, attempt]], "done": [[body, attempt]]}`` (the calls begun, the calls returned)
 * ``{"op": "receive", "consumer": n, "max": k, "invisible_s": s}`` -> ``{"messages": [message]}``
 * ``{"op": "ack" | "change", "consumer": n, "ids": [message_id], "invisible_s": s}`` (the last message received
   with that id)
@@ -44,18 +45,23 @@ class Checker(TransactionChecker):
 
 
 class Listener(MessageListener):
-    """A push consumer's listener: records ``[body, attempt]`` of each call; fails a body of ``fail`` on its first
-    delivery (the client then asks for it again)."""
+    """A push consumer's listener: records ``[body, attempt]`` of each call as it begins and as it returns; takes
+    ``sleep_s`` a message; fails a body of ``fail`` on its first delivery (the client then asks for it again)."""
 
-    def __init__(self, fail):
+    def __init__(self, fail, sleep_s=0):
         self.fail = set(fail)
+        self.sleep_s = sleep_s
         self.calls = []
+        self.done = []
         self.lock = threading.Lock()
 
     def consume(self, message):
         body = message.body.decode()
         with self.lock:
             self.calls.append([body, message.delivery_attempt])
+        time.sleep(self.sleep_s)
+        with self.lock:
+            self.done.append([body, message.delivery_attempt])
         if body in self.fail and message.delivery_attempt == 1:
             return ConsumeResult.FAILURE
         return ConsumeResult.SUCCESS
@@ -130,10 +136,10 @@ class Driver:
         self.clients[name] = c
         return {}
 
-    def push(self, name, group, subscriptions, fail=()):
+    def push(self, name, group, subscriptions, fail=(), sleep_s=0):
         subs = {t: FilterExpression(e, FilterType.SQL if kind == "SQL92" else FilterType.TAG)
                 for t, (kind, e) in subscriptions.items()}
-        listener = Listener(fail)
+        listener = Listener(fail, sleep_s)
         c = PushConsumer(self.config, group, listener, subs)
         c.startup()
         self.clients[name] = c
@@ -143,7 +149,7 @@ class Driver:
     def pushed(self, name):
         listener = self.listeners[name]
         with listener.lock:
-            return {"calls": list(listener.calls)}
+            return {"calls": list(listener.calls), "done": list(listener.done)}
 
     def receive(self, consumer, max=16, invisible_s=10):
         got = self.clients[consumer].receive(max, invisible_s)
