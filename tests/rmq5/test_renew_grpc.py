@@ -144,3 +144,31 @@ def test_a_client_whose_telemetry_stream_closes_has_its_messages_delivered_again
     stream.cancel()  # the client's only Telemetry stream ends (its process died, its channel closed)
     back, seconds = returned(b, "g-rtele", "tq-rtele", 1, RENEW_MS / 1000.0)
     assert bodies(back) == [b"held"] and seconds < RENEW_MS / 1000.0 - 1
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_the_deliverys_handle_acks_the_renewed_message_after_a_kill_9_and_a_restart(tmp_path):
+    """The renewal is journaled: the restarted broker (which renews nothing it did not deliver itself) still takes
+    the handle the client was given, until the renewed deadline."""
+    renew_ms = 15_000  # renewed 7.5 s before its deadline: the kill and the restart fit before the renewed one
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port(), "renew_invisible_ms": renew_ms},
+                       store={"flush": "async", "flush_interval_ms": 20})
+    b = BrokerProcess(tmp_path, cfg).start()
+    try:
+        a = Client(b.config["grpc"]["port"], metadata=(("x-mq-client-id", "push-r@1@1@x"),))
+        a.send(message("tq-rkill", b"kept"))
+        _st, got = auto_receive(a, "g-rkill", "tq-rkill")
+        past_first_deadline(got, extra_s=0.5)
+        time.sleep(0.2)  # the renewal reaches the journal's async flush
+        b.kill()
+        b.start()
+        a.close()
+        a = Client(b.config["grpc"]["port"], metadata=(("x-mq-client-id", "push-r@1@1@x"),))
+        r = ack(a, "g-rkill", "tq-rkill", got[0])
+        assert code(r.status) == "OK", r
+        _st, none = receive(a, "g-rkill", "tq-rkill", poll_ms=0)
+        assert none == []
+        a.close()
+    finally:
+        b.kill()

@@ -158,3 +158,14 @@ def test_a_deposed_broker_s_renewer_writes_nothing(broker, caplog):
     assert renewer.counts["rounds_refused"] == 2
     assert len([r for r in caplog.records if "writes nothing" in r.getMessage()]) == 1
     assert len(renewer.renewals) == 1  # held: renewed again should this broker lead again
+
+
+def test_a_dead_letter_with_the_deliverys_handle_applies_to_the_renewed_message(broker):
+    renewer = Renewer(broker.pop, 1000)
+    [m] = delivered(broker, renewer, "c1", 1, 1000)
+    renewer.round(m.deadline_ms - 300)
+    assert broker.pop.state.flight_at(G, T, 0, m.offset).handed == m.deadline_ms
+    broker.pop.dead_letter(G, T, m.handle)  # ForwardMessageToDeadLetterQueue with the delivery's handle
+    renewer.settled(G, T, [m.handle])
+    assert broker.pop.state.flight_at(G, T, 0, m.offset) is None and len(renewer.renewals) == 0
+    assert broker.store.max_offset("%DLQ%" + G, 0) == 1
