@@ -153,12 +153,16 @@ class Renewals:
 
     def renewed(self, group, topic, asked, kept, deadline):
         """The POP service renewed ``kept`` of ``asked`` until ``deadline``: those held on; the others are no longer
-        the delivery that was held (acknowledged, changed, delivered again) and are dropped."""
+        the delivery that was held (acknowledged, changed, delivered again) and are dropped; an entry held anew since
+        (another delivery of the message) is left as it is."""
         kept = {(p, o) for p, o, _a, _d in kept}
-        for p, o, _a, _d in asked:
+        for p, o, attempt, was in asked:
             key = (group, topic, p, o)
-            if (p, o) in kept and key in self.held:
-                self.held[key].deadline = deadline
+            h = self.held.get(key)
+            if h is None or (h.attempt, h.deadline) != (attempt, was):  # held anew since it was asked
+                continue
+            if (p, o) in kept:
+                h.deadline = deadline
             else:
                 self._drop(key)
 
@@ -277,6 +281,7 @@ class Renewer:
                     kept = self.pop.renew(group, topic, chunk, deadline)
                     r.renewed(group, topic, chunk, kept, deadline)
                     self.counts["renewed"] += len(kept)
+                    gevent.sleep(0)  # other greenlets served between two records
         except errors.MetaqError as exc:
             self.counts["rounds_refused"] += 1
             if self._refused is not type(exc):

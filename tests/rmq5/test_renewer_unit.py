@@ -68,6 +68,8 @@ def test_a_message_delivered_again_to_another_client_is_held_for_that_one():
     r.hold("c1", G, T, [(0, 0, 1, NOW)], NOW)
     r.hold("c2", G, T, [(0, 0, 2, NOW + 5)], NOW)
     assert r.of_client("c1") == 0 and r.of_client("c2") == 1 and r.end("c1") == {}
+    r.renewed(G, T, [(0, 0, 1, NOW)], [], NOW + 10)  # a round's answer about the earlier delivery
+    assert r.of_client("c2") == 1 and r.held[(G, T, 0, 0)].deadline == NOW + 5
 
 
 @pytest.fixture
