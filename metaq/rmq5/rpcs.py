@@ -578,7 +578,8 @@ class MessagingService:
             self.renewer.heard(call.metadata.get("x-mq-client-id"))
         if not kept:
             return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
-        if renewer is not None:  # kept invisible while the client lives (renewer.py)
+        if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
+            # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(call.metadata.get("x-mq-client-id"), group, topic, [r for r, _m in kept])
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
