@@ -5,8 +5,11 @@ the journal's replay and a snapshot hold it as the live state does (so a new mas
 import pytest
 
 from metaq.pop.records import InvalidHandle, parse_handle
+from metaq.pop.service import PopService
 from metaq.pop.state import PopState
+from metaq.server.clock import now_ms
 from tests.harness.store import NOW
+from tests.pop.test_deposed import Broker
 from tests.pop.test_state import G, T, Log, Pop
 
 
@@ -74,3 +77,20 @@ def test_a_snapshot_keeps_the_renewed_deliverys_handle():
         s.apply(rec)
     assert s.view() == pop.state.view()
     assert s.flight(G, T, h0, NOW + 3000)[2].deadline == NOW + 5000
+
+
+def test_a_slave_following_the_journal_takes_the_renewed_deliverys_handle(tmp_path):
+    """What a new master has after a failover: the state its follow of the journal built, renewals included."""
+    b = Broker(tmp_path)
+    try:
+        b.store.put(T, 0, 0, b"job", now_ms())
+        [m] = b.pop.receive(G, T, 1, 1000)
+        assert b.pop.renew(G, T, [(0, m.offset, m.attempt, m.deadline_ms)], m.deadline_ms + 60_000)
+        slave = PopService(b.store, b.path, is_master=False)  # follows the same log, as a slave follows its copy
+        b.store.mark_flushed(b.store.flush_log())
+        b.store.follow_now(slave.follow)
+        assert slave.state.view() == b.pop.state.view()
+        p, o, f = slave.state.flight(G, T, m.handle, m.deadline_ms + 1000)
+        assert (o, f.deadline, f.handed) == (m.offset, m.deadline_ms + 60_000, m.deadline_ms)
+    finally:
+        b.close()
