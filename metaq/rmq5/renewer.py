@@ -116,6 +116,8 @@ class Renewals:
         if calls:
             return False
         del self.streams[client]
+        if client not in self.by_client:
+            self.heard_ms.pop(client, None)
         return True
 
     def idle(self, now):
@@ -192,7 +194,7 @@ class Renewer:
         self.renewals = renewals if renewals is not None else Renewals()
         self.ahead_ms = min(RENEW_AHEAD_MS, invisible_ms // 2)
         self.interval_s = min(RENEW_INTERVAL_S, invisible_ms / 4000.0)
-        self.ended = []  # clients that ended, released at the next round
+        self.ended = {}  # clients that ended (as keys, in order), released at the next round
         self.counts = {"renewed": 0, "rounds_refused": 0}
         self.full = False  # a receive's messages were not all held for the bounds, and none held whole since
         self._refused = None  # why the last round wrote nothing (logged once)
@@ -241,7 +243,7 @@ class Renewer:
     def terminated(self, client):
         """NotifyClientTermination: its messages are released at the next round."""
         if client and self.renewals.of_client(client):
-            self.ended.append(client)
+            self.ended[client] = None
 
     def stream_seen(self, call):
         client = call.metadata.get("x-mq-client-id")
@@ -251,7 +253,7 @@ class Renewer:
     def stream_closed(self, call):
         client = call.metadata.get("x-mq-client-id")
         if client and self.renewals.stream_closed(client, call) and self.renewals.of_client(client):
-            self.ended.append(client)
+            self.ended[client] = None
 
     # -- a round -------------------------------------------------------------------------------------------------
 
@@ -267,7 +269,7 @@ class Renewer:
         """Release what ended clients held, then renew what is due. A write refused (not the master, deposed, a full
         disk) ends the round: it is logged once, and the next round tries again."""
         r = self.renewals
-        ended, self.ended = [(c, r.end(c)) for c in dict.fromkeys(self.ended + r.idle(now))], []
+        ended, self.ended = [(c, r.end(c)) for c in dict.fromkeys(list(self.ended) + r.idle(now))], {}
         try:  # what an ended client held is no longer renewed, whether or not it can be released now
             for client, held in ended:
                 for (group, topic), entries in held.items():

@@ -58,6 +58,7 @@ def test_a_client_ends_with_its_last_telemetry_stream_or_when_not_heard_from():
     assert not r.stream_closed("c1", "call-a")  # another stream of it is open
     assert r.stream_closed("c1", "call-b")
     assert r.end("c1") == {(G, T): [(0, 0, 1, NOW + 60_000)]} and len(r) == 0
+    assert r.heard_ms == {} and r.streams == {}  # nothing kept of a client that ended
     r.hold("c2", G, T, [(0, 1, 1, NOW + 60_000)], NOW)
     r.heard("c2", NOW + 500)
     assert r.idle(NOW + 1499) == [] and r.idle(NOW + 1500) == ["c2"]
