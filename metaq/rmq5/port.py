@@ -73,7 +73,7 @@ class Call:
     """One stream: what a handler is told of its call (the RPC, the metadata, the connection's session)."""
 
     __slots__ = ("stream_id", "rpc", "kind", "metadata", "timeout_s", "reader", "requests", "ended", "done",
-                 "reset", "headers_sent", "session", "peer", "greenlet", "push")
+                 "reset", "headers_sent", "session", "peer", "greenlet", "push", "unsent")
 
     def __init__(self, stream_id, rpc, kind, metadata, timeout_s, reader, session, peer):
         self.stream_id = stream_id
@@ -91,6 +91,7 @@ class Call:
         self.peer = peer
         self.greenlet = None
         self.push = None  # a Telemetry stream's: send one message on it from the service (False: it ended)
+        self.unsent = None  # set by the service: called when the call ended before its whole answer was handed over
 
 
 class GrpcConnection(Connection):
@@ -314,12 +315,15 @@ class GrpcConnection(Connection):
             for payload in response if isinstance(response, list) else [response]:
                 pending += len(payload)
                 if not self._send_message(call, payload, flush=pending >= FLUSH_BYTES):
+                    _unsent(call)
                     return
                 if pending >= FLUSH_BYTES:
                     pending = 0
-            self._finish(call, Status.OK)
+            if not self._finish(call, Status.OK):
+                _unsent(call)
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
+            _unsent(call)
         finally:
             self.running -= 1
 
@@ -365,12 +369,13 @@ class GrpcConnection(Connection):
 
     def _finish(self, call, status, message="", reset=False):
         """End ``call`` with ``status`` (trailers; Trailers-Only when nothing was sent); ``reset``: the client's
-        side is not over yet (RST_STREAM NO_ERROR after the trailers, as grpc's servers do)."""
+        side is not over yet (RST_STREAM NO_ERROR after the trailers, as grpc's servers do). False when the call or
+        the connection had ended first (nothing more reaches the client)."""
         if call.kind == "telemetry":
             self.service.telemetry_closed(call)
         if not self._open(call):
             self.calls.pop(call.stream_id, None)
-            return
+            return False
         call.done = True
         self.calls.pop(call.stream_id, None)
         try:
@@ -382,8 +387,9 @@ class GrpcConnection(Connection):
             if reset and not call.ended:
                 self.h2.reset_stream(call.stream_id, ErrorCodes.NO_ERROR)
         except (StreamClosedError, ProtocolError):
-            return
+            return False
         self._flush_soon()
+        return True
 
     def _end_now(self, stream_id, status, message):
         """A call refused from its headers: Trailers-Only, and RST_STREAM unless the client's side is over."""
@@ -454,3 +460,15 @@ class GrpcPort:
 
     def connection_count(self):
         return self.core.count("grpc")
+
+
+def _unsent(call):
+    """Tell the service its answer to ``call`` did not all reach the connection (the client reset the call, the
+    connection ended or its window stayed shut): ``call.unsent``, once, if the service set one."""
+    unsent, call.unsent = call.unsent, None
+    if unsent is None:
+        return
+    try:
+        unsent()
+    except Exception:  # noqa: BLE001 - the service's clean-up must not end the connection's loop
+        log.exception("grpc %s: cleaning up after an unsent answer failed", call.peer)

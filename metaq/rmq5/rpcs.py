@@ -27,6 +27,7 @@ the guard, the broker's name, ``max_body_bytes``, a callable naming the port's e
 callable), the transaction service and its check-back's settings, the POP service.
 """
 
+import functools
 import hashlib
 import itertools
 import logging
@@ -581,12 +582,29 @@ class MessagingService:
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(call.metadata.get("x-mq-client-id"), group, topic, [r for r, _m in kept])
+        call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()
             self._received_message(r, msg, invisible, response.message)
             out.append(response)
         return out + [_delivered_now()]
+
+    def _receive_unsent(self, group, topic, received):
+        """A receive's answer did not reach the client (it reset the call, the connection ended or its window stayed
+        shut): its messages are visible again ``limits.GRPC_RELEASE_INVISIBLE_MS`` from now, not after their
+        invisible duration (nor renewed): a client never holds what it never got."""
+        if self.renewer is not None:
+            self.renewer.settled(group, topic, [r.handle for r in received])
+        try:
+            back = self.pop.release(group, topic, [(r.partition, r.offset, r.attempt, r.deadline_ms) for r in received],
+                                    now_ms() + limits.GRPC_RELEASE_INVISIBLE_MS)
+        except errors.MetaqError as exc:  # not the master now: they come back at their deadline
+            log.info("grpc: %d messages of an unsent receive of %s/%s stay invisible until their deadline: %s",
+                     len(received), group[:128], topic[:128], exc)
+            return
+        log.info("grpc: a receive of %s/%s did not reach its client: %d messages visible again in %d ms",
+                 group[:128], topic[:128], len(back), limits.GRPC_RELEASE_INVISIBLE_MS)
 
     def _received_message(self, r, msg, invisible, into):
         """A received message as the proxy's converter fills it (reference 4.3), in ``into`` (``message_of``): with

@@ -8,9 +8,11 @@ import queue
 import time
 
 import pytest
+from h2.events import ResponseReceived
+from h2.settings import SettingCodes
 
 from metaq.client.local import BrokerProcess, free_port, small_config
-from tests.rmq5.test_grpc_port import SERVICE, Client, code, message
+from tests.rmq5.test_grpc_port import SERVICE, Client, RawH2, _has, code, message
 from tests.rmq5.test_pop_grpc import ack, bodies, receive
 
 grpc = pytest.importorskip("grpc")
@@ -172,3 +174,33 @@ def test_the_deliverys_handle_acks_the_renewed_message_after_a_kill_9_and_a_rest
         a.close()
     finally:
         b.kill()
+
+
+@pytest.mark.parametrize("auto_renew", [True, False], ids=["push", "simple"])
+def test_a_receive_whose_answer_never_reached_the_client_is_delivered_again_promptly(broker, clients, auto_renew):
+    """The client's window for the answer stays shut and it resets the call: what the receive took is visible again
+    at once (not renewed while the client lives, nor held for the 60 s the simple receive asked)."""
+    a, b = clients
+    topic, group = "tq-unsent-%s" % auto_renew, "g-unsent-%s" % auto_renew
+    a.send(message(topic, b"lost on the way"))
+    raw = RawH2(broker.config["grpc"]["port"])
+    try:
+        raw.conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 0})  # no byte of an answer may come
+        request = pb.ReceiveMessageRequest(group=pb.Resource(name=group), batch_size=8, auto_renew=auto_renew,
+                                           message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1))
+        if not auto_renew:
+            request.invisible_duration.FromMilliseconds(60_000)
+        request.long_polling_timeout.FromMilliseconds(0)
+        body = request.SerializeToString()
+        sid, _h = raw.open("ReceiveMessage")
+        raw.conn.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+        raw.flush()
+        assert _has(ResponseReceived)(raw.events(_has(ResponseReceived)))  # answering: its messages taken
+        raw.conn.reset_stream(sid)
+        raw.flush()
+        back, seconds = returned(b, group, topic, 1, 10)
+        assert bodies(back) == [b"lost on the way"] and back[0].system_properties.delivery_attempt == 2, seconds
+        assert code(ack(b, group, topic, *back).status) == "OK"
+    finally:
+        raw.close()
+    assert "a receive of %s/%s did not reach its client: 1 messages" % (group, topic) in broker.log_text()
