@@ -227,6 +227,7 @@ class PopService:
             raise InvalidHandle("receipt handle %s: the message is acknowledged already" % handle_text)
         deadline = now + invisible_ms
         self._write([{"k": "c", "g": group, "t": topic, "e": [[p, o, deadline]]}], now)
+        self._deadlines_moved(topic, [p])
         return handle(p, o, f.attempt, deadline)
 
     def dead_letter(self, group, topic, handle_text):
@@ -269,7 +270,16 @@ class PopService:
                 e = [[p, o, min(deadline, x)] for p, o, _a, x in keep]
             self._write([{"k": kind, "g": group, "t": topic, "e": e}], now)
             self._maybe_snapshot(now)
+            if kind == "c":
+                self._deadlines_moved(topic, {p for p, _o, _a, _x in keep})
         return keep
+
+    def _deadlines_moved(self, topic, partitions):
+        """A message of ``topic`` may be handed out sooner than a waiting receive computed (a nack, a release): wake
+        the receives waiting on those partitions so they look at the deadlines again (other waiters there read again
+        and wait on)."""
+        if self.waiters is not None:
+            self.waiters.notify([(topic, p) for p in partitions])
 
     def rows(self):
         """``(group, topic, in_flight, redelivered, dead_lettered)`` of every pair (``stats pop``)."""

@@ -2,6 +2,7 @@
 ReceiveMessage (a server stream), AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, the
 filter expressions, the Settings' FIFO flag and maximum attempts, and the permission check."""
 
+import threading
 import time
 
 import pytest
@@ -119,6 +120,36 @@ def test_change_invisible_duration_gives_a_new_handle_and_hides_the_message_long
     assert code(client.unary("ChangeInvisibleDuration", request, pb.ChangeInvisibleDurationResponse).status) \
         == "INVALID_RECEIPT_HANDLE"  # the old handle is spent
     assert code(ack(client, "g-ch", "tq-change", handles=[r.receipt_handle]).status) == "OK"
+
+
+def test_a_nack_wakes_a_receive_already_waiting_for_the_group(broker, client):
+    """A receive long-polling when another consumer's nack makes a message visible sooner than any deadline it knew
+    of gets it then, not at the end of its poll."""
+    client.send(message("tq-nackwake", b"retry me"))
+    _st, got = receive(client, "g-nw", "tq-nackwake", invisible_ms=60_000)
+    other = Client(broker.config["grpc"]["port"], metadata=(("x-mq-client-id", "waiter@1@1@x"),))
+    result = {}
+
+    def wait():
+        started = time.monotonic()
+        result["got"] = receive(other, "g-nw", "tq-nackwake", poll_ms=8000)[1]
+        result["s"] = time.monotonic() - started
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        time.sleep(1.0)  # the other receive is waiting: nothing visible, the only deadline 60 s away
+        request = pb.ChangeInvisibleDurationRequest(group=pb.Resource(name="g-nw"),
+                                                    topic=pb.Resource(name="tq-nackwake"),
+                                                    receipt_handle=got[0].system_properties.receipt_handle)
+        request.invisible_duration.FromMilliseconds(0)  # a push consumer's nack
+        assert code(client.unary("ChangeInvisibleDuration", request, pb.ChangeInvisibleDurationResponse).status) == "OK"
+        waiter.join(15)
+        assert [m.body for m in result["got"]] == [b"retry me"] and result["s"] < 5.0, result
+        assert result["got"][0].system_properties.delivery_attempt == 2
+    finally:
+        waiter.join(15)
+        other.close()
 
 
 def test_forward_to_dead_letter_queue_copies_it_to_the_groups_dlq(broker, client):
