@@ -73,11 +73,13 @@ class DlqResend(NamedTuple):
 
 class ClientCommand(NamedTuple):
     """``client_command <stack|verify> <client-id> <topic|*> <message-id|*> <timeout-ms> <opaque>``: ask the gRPC
-    client ``client`` connected to this broker, on its Telemetry stream (``rmq5/clientcommands.py``), for its thread
-    stacks (``stack``) or to consume the message ``message_id`` of ``topic`` directly (``verify``), and wait at most
-    ``timeout_ms`` for its answer. Body: ``{"client", "kind", "status", "message", ...}`` (``thread_stack_trace``;
-    ``topic``, ``message_id``, ``result``, ``remark``); 404 for a client with no Telemetry stream here or a message
-    not found, 503 with ``limits.GRPC_MAX_PENDING_CLIENT_COMMANDS`` questions waiting, 504 when no answer came."""
+    client ``client`` (its id, or ``user/id``) connected to this broker, on its Telemetry stream
+    (``rmq5/clientcommands.py``), for its thread stacks (``stack``) or to consume the message ``message_id`` of
+    ``topic`` directly (``verify``), and wait at most ``timeout_ms`` for its answer. Body: ``{"client", "kind",
+    "status", "message", ...}`` (``user`` with authentication on; ``thread_stack_trace``; ``topic``, ``message_id``,
+    ``result``, ``remark``); 404 for a client with no Telemetry stream here or a message not found, 400 for an id
+    that clients of several users have (the users named), 503 with ``limits.GRPC_MAX_PENDING_CLIENT_COMMANDS``
+    questions waiting, 504 when no answer came."""
 
     kind: str
     client: str

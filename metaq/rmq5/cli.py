@@ -1,6 +1,7 @@
 """``metaq-admin clients stack <client-id>`` and ``metaq-admin clients verify <client-id> <message-id> --topic T``:
 ask a connected RocketMQ 5 client for its thread stacks, or to consume one stored message directly
-(docs/rocketmq5.md "Asking a connected client"; the broker's side is ``rmq5/clientcommands.py``).
+(docs/rocketmq5.md "Asking a connected client"; the broker's side is ``rmq5/clientcommands.py``). With
+authentication on, an id that clients of several users have is refused with the users named: ``user/id`` names one.
 
 The client is connected to one broker: every broker of the view is asked (text ``client_command``, the admin
 permission) until one has it; the first answer is printed (``--json``: the broker's body). Exit 0 when the client
@@ -25,7 +26,8 @@ def add_parser(sub):
     for name, help_text in (("stack", "the client's thread stacks"),
                             ("verify", "the client consumes the message directly and says how it went")):
         a = actions.add_parser(name, help=help_text)
-        a.add_argument("client", help="the client's id (its x-mq-client-id)")
+        a.add_argument("client", help="the client's id (its x-mq-client-id), or user/id when clients of several "
+                       "users have that id")
         if name == "verify":
             a.add_argument("message_id", help="the message's id (the client's message id)")
             a.add_argument("--topic", required=True, help="the message's topic")
@@ -63,7 +65,8 @@ def _refused(bid, reply):
 
 
 def _text(body):
-    head = "client %s on broker %d: %s%s" % (body["client"], body["broker"], body["status"],
+    name = "%s/%s" % (body["user"], body["client"]) if body.get("user") else body["client"]
+    head = "client %s on broker %d: %s%s" % (name, body["broker"], body["status"],
                                              " (%s)" % body["message"] if body["message"] else "")
     if body["kind"] == "stack":
         return head + "\n" + body["thread_stack_trace"]

@@ -9,12 +9,14 @@ CONSUME_MESSAGE_DIRECTLY becomes a ``VerifyMessageCommand{nonce, message}``, ans
 other code no result). Here the admin's side is the text command
 ``client_command`` (``admin/wire.py``, the admin permission), ``metaq-admin clients stack|verify``.
 
-``ClientCommands`` keeps each client's open Telemetry stream by its ``x-mq-client-id`` (the stream it last spoke
-on) and the questions awaiting an answer by nonce: at most ``max_pending``
-(``limits.GRPC_MAX_PENDING_CLIENT_COMMANDS``; one more refused 503), each waiting at most its timeout (504 past it,
-the entry dropped), each dropped with a 503 when its stream ends first. An answer whose nonce names no question of
-that stream is ignored, as the proxy ignores a late one. It is given what it uses: how a stored message is found
-(``StoredMessages``) and the dispatcher's error mapping.
+``ClientCommands`` keeps each client's open Telemetry stream by its ``x-mq-client-id`` and, with authentication on,
+the user it signed in as (``rpcs.client_of``; the stream it last spoke on): clients of two users may share an id.
+The admin names a client by its id; when clients of more than one user have it, the question is refused (400, naming
+the users) and the admin names one as ``user/id``. It keeps the questions awaiting an answer by nonce: at most
+``max_pending`` (``limits.GRPC_MAX_PENDING_CLIENT_COMMANDS``; one more refused 503), each waiting at most its
+timeout (504 past it, the entry dropped), each dropped with a 503 when its stream ends first. An answer whose nonce
+names no question of that stream is ignored, as the proxy ignores a late one. It is given what it uses: how a stored
+message is found (``StoredMessages``) and the dispatcher's error mapping.
 """
 
 import logging
@@ -29,7 +31,7 @@ from metaq.admin import wire as adminwire
 from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.protocol.text import encode_result
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.rpcs import message_of
+from metaq.rmq5.rpcs import ClientKey, message_of
 from metaq.server.coldpages import walk
 
 log = logging.getLogger(__name__)
@@ -80,28 +82,29 @@ class ClientCommands:
     def __init__(self, find, max_pending=limits.GRPC_MAX_PENDING_CLIENT_COMMANDS):
         self.find = find
         self.max_pending = max_pending
-        self.streams = {}  # client id -> its Telemetry call (the one it last spoke on)
+        self.streams = {}  # client id -> {user ("" with authentication off): its Telemetry call (the last spoken on)}
         self.pending = {}  # nonce -> Pending
         self.counts = {"asked": 0, "answered": 0, "timed_out": 0, "refused_full": 0, "unmatched": 0}
 
     # -- what the Telemetry stream tells ---------------------------------------------------------------------------
 
-    def stream_seen(self, call):
-        """``call`` (a Telemetry stream) spoke: its client is asked there from now on."""
-        client = call.metadata.get("x-mq-client-id")
-        if client and call.push is not None:
-            self.streams[client] = call
+    def stream_seen(self, client, call):
+        """``call`` (a Telemetry stream) of ``client`` (``rpcs.ClientKey``) spoke: that client is asked there."""
+        if client.id and call.push is not None:
+            self.streams.setdefault(client.id, {})[client.user] = call
 
-    def stream_closed(self, call):
-        """``call`` ended: its client is no longer reachable there, and its unanswered questions end (503)."""
-        client = call.metadata.get("x-mq-client-id")
-        if client and self.streams.get(client) is call:
-            del self.streams[client]
+    def stream_closed(self, client, call):
+        """``call`` of ``client`` ended: it is no longer reachable there, its unanswered questions end (503)."""
+        users = self.streams.get(client.id)
+        if users is not None and users.get(client.user) is call:
+            del users[client.user]
+            if not users:
+                del self.streams[client.id]
         for nonce, p in list(self.pending.items()):
             if p.call is call:
                 del self.pending[nonce]
                 p.result.set_exception(errors.Unavailable(
-                    "client %s's Telemetry stream ended before it answered" % client))
+                    "client %s's Telemetry stream ended before it answered" % (client,)))
 
     def answer(self, call, command):
         """A ThreadStackTrace or VerifyMessageResult on ``call``: the question of its nonce is answered."""
@@ -119,13 +122,29 @@ class ClientCommands:
 
     # -- the admin's side ------------------------------------------------------------------------------------------
 
-    def ask(self, kind, client, topic=None, message_id=None, timeout_s=limits.GRPC_CLIENT_COMMAND_TIMEOUT_MS / 1000):
-        """Ask ``client`` (``stack`` or ``verify``) and wait for its answer: the reply body's dict. NotFound (no
-        such client here, no such message), Unavailable (``max_pending`` questions waiting; the stream ended),
-        ClientNoAnswer (nothing within ``timeout_s``)."""
-        call = self.streams.get(client)
-        if call is None:
-            raise errors.NotFound("no gRPC client %s has a Telemetry stream open on this broker" % client)
+    def lookup(self, name):
+        """The ``(ClientKey, call)`` an admin's ``name`` means: a client id (of one user only), or ``user/id``.
+        NotFound: no such client here; ClientError (400): clients of several users have that id (the users named)."""
+        users = self.streams.get(name)
+        if users and len(users) > 1:
+            raise errors.ClientError("gRPC clients of users %s have the id %s on this broker: name one as user/id "
+                                  "(e.g. %s/%s)" % (", ".join(sorted(users)), name, sorted(users)[0], name))
+        if users:
+            [(user, call)] = users.items()
+            return ClientKey(user, name), call
+        for i, c in enumerate(name):  # user/id: a user name may hold a "/" too, so each split is tried
+            if c == "/" and name[:i] and name[i + 1:] in self.streams:
+                call = self.streams[name[i + 1:]].get(name[:i])
+                if call is not None:
+                    return ClientKey(name[:i], name[i + 1:]), call
+        raise errors.NotFound("no gRPC client %s has a Telemetry stream open on this broker" % name)
+
+    def ask(self, kind, name, topic=None, message_id=None, timeout_s=limits.GRPC_CLIENT_COMMAND_TIMEOUT_MS / 1000):
+        """Ask the client ``name`` (``lookup``) (``stack`` or ``verify``) and wait for its answer: the reply body's
+        dict. NotFound (no such client here, no such message), ClientError (an id of several users' clients),
+        Unavailable (``max_pending`` questions waiting; the stream ended), ClientNoAnswer (nothing within
+        ``timeout_s``)."""
+        client, call = self.lookup(name)
         if len(self.pending) >= self.max_pending:
             self.counts["refused_full"] += 1
             raise errors.Unavailable("%d questions to clients are awaiting answers already "
@@ -140,7 +159,7 @@ class ClientCommands:
         self.counts["asked"] += 1
         try:
             if not call.push(command.SerializeToString()):
-                raise errors.Unavailable("client %s's Telemetry stream ended before it was asked" % client)
+                raise errors.Unavailable("client %s's Telemetry stream ended before it was asked" % (client,))
             answered = p.result.get(timeout=timeout_s)
         except gevent.Timeout:
             self.counts["timed_out"] += 1
@@ -166,10 +185,13 @@ class ClientCommands:
 
 
 def _body(kind, client, topic, message_id, status, answer):
-    """The reply body of an answered question: the client's status, and what it answered (a verify's ``result``
+    """The reply body of an answered question: the client (its id; ``user`` with authentication on), its status,
+    and what it answered (a verify's ``result``
     read as the proxy reads it, ``CONSUME_RESULTS``; ``remark`` the client's status message)."""
     code = pb.Code.Name(status.code) if status.code in pb.Code.values() else str(status.code)
-    body = {"client": client, "kind": kind, "status": code, "message": status.message}
+    body = {"client": client.id, "kind": kind, "status": code, "message": status.message}
+    if client.user:
+        body["user"] = client.user
     if kind == "stack":
         body["thread_stack_trace"] = answer.thread_stack_trace
     else:

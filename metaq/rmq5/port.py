@@ -73,7 +73,7 @@ class Call:
     """One stream: what a handler is told of its call (the RPC, the metadata, the connection's session)."""
 
     __slots__ = ("stream_id", "rpc", "kind", "metadata", "timeout_s", "reader", "requests", "ended", "done",
-                 "reset", "headers_sent", "session", "peer", "greenlet", "push", "unsent")
+                 "reset", "headers_sent", "session", "peer", "greenlet", "push", "unsent", "user")
 
     def __init__(self, stream_id, rpc, kind, metadata, timeout_s, reader, session, peer):
         self.stream_id = stream_id
@@ -92,6 +92,7 @@ class Call:
         self.greenlet = None
         self.push = None  # a Telemetry stream's: send one message on it from the service (False: it ended)
         self.unsent = None  # set by the service: called when the call ended before its whole answer was handed over
+        self.user = ""  # the user this call signed in as (the service's login; "" with authentication off)
 
 
 class GrpcConnection(Connection):

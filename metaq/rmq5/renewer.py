@@ -56,16 +56,17 @@ class Held:
 
 
 class Renewals:
-    """What is renewed, for whom (pure; see the module doc). Keys are ``(group, topic, partition, offset)``."""
+    """What is renewed, for whom (pure; see the module doc). Keys are ``(group, topic, partition, offset)``; a client
+    is whatever key the caller names it by (the gRPC port's ``rpcs.ClientKey``: its user and client id)."""
 
     def __init__(self, max_total=limits.GRPC_MAX_RENEWED, max_per_client=limits.GRPC_MAX_RENEWED_PER_CLIENT,
                  max_age_ms=limits.GRPC_RENEW_MAX_MS, idle_ms=limits.GRPC_CLIENT_IDLE_MS):
         self.max_total, self.max_per_client = max_total, max_per_client
         self.max_age_ms, self.idle_ms = max_age_ms, idle_ms
         self.held = {}  # key -> Held
-        self.by_client = {}  # client id -> set of keys
-        self.heard_ms = {}  # client id -> when it was last heard from (clients holding something, or streaming)
-        self.streams = {}  # client id -> its open Telemetry calls
+        self.by_client = {}  # client -> set of keys
+        self.heard_ms = {}  # client -> when it was last heard from (clients holding something, or streaming)
+        self.streams = {}  # client -> its open Telemetry calls
         self.counts = {"held": 0, "not_renewed": 0, "aged_out": 0, "released": 0}
 
     def __len__(self):
@@ -187,7 +188,9 @@ class Renewals:
 class Renewer:
     """Runs ``Renewals`` against the POP service ``pop`` (its ``renew`` and ``release``), each message made invisible
     for ``invisible_ms`` (the gRPC port's ``renew_invisible_ms``) a renewal. What the RPCs tell it: ``delivered``,
-    ``settled``, ``heard``, ``terminated``, ``stream_seen`` and ``stream_closed``."""
+    ``settled``, ``heard``, ``terminated``, ``stream_seen`` and ``stream_closed``, each naming its client by
+    ``rpcs.client_of`` (a ``ClientKey``: its user and its client id; one with an empty id is nobody's and ignored),
+    so one user's NotifyClientTermination or closed stream never ends another user's client of the same id."""
 
     def __init__(self, pop, invisible_ms, renewals=None):
         self.pop, self.invisible_ms = pop, invisible_ms
@@ -213,7 +216,7 @@ class Renewer:
 
     def delivered(self, client, group, topic, received):
         """``received`` (``PopService``'s ``Received``) handed to ``client`` by an ``auto_renew`` receive."""
-        if not client:
+        if not client.id:
             return
         refused = self.renewals.hold(client, group, topic,
                                      [(r.partition, r.offset, r.attempt, r.deadline_ms) for r in received], now_ms())
@@ -224,7 +227,7 @@ class Renewer:
             log.warning("grpc: auto-renew holds %d messages (%d of client %s; limits.GRPC_MAX_RENEWED %d, "
                         "GRPC_MAX_RENEWED_PER_CLIENT %d): messages delivered now are not renewed (delivered again "
                         "after %d ms unless acknowledged) until it holds fewer", len(self.renewals),
-                        self.renewals.of_client(client), client[:128], self.renewals.max_total,
+                        self.renewals.of_client(client), str(client)[:128], self.renewals.max_total,
                         self.renewals.max_per_client, self.invisible_ms)
 
     def settled(self, group, topic, handles):
@@ -237,22 +240,20 @@ class Renewer:
             self.renewals.release(group, topic, p, o)
 
     def heard(self, client):
-        if client:
+        if client.id:
             self.renewals.heard(client, now_ms())
 
     def terminated(self, client):
         """NotifyClientTermination: its messages are released at the next round."""
-        if client and self.renewals.of_client(client):
+        if client.id and self.renewals.of_client(client):
             self.ended[client] = None
 
-    def stream_seen(self, call):
-        client = call.metadata.get("x-mq-client-id")
-        if client:
+    def stream_seen(self, client, call):
+        if client.id:
             self.renewals.stream_seen(client, call, now_ms())
 
-    def stream_closed(self, call):
-        client = call.metadata.get("x-mq-client-id")
-        if client and self.renewals.stream_closed(client, call) and self.renewals.of_client(client):
+    def stream_closed(self, client, call):
+        if client.id and self.renewals.stream_closed(client, call) and self.renewals.of_client(client):
             self.ended[client] = None
 
     # -- a round -------------------------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class Renewer:
                 for (group, topic), entries in held.items():
                     for chunk in _chunks(entries):
                         self.pop.release(group, topic, chunk, now + limits.GRPC_RELEASE_INVISIBLE_MS)
-                log.info("grpc: client %s ended: the messages it held are visible again in %d ms", client[:128],
+                log.info("grpc: client %s ended: the messages it held are visible again in %d ms", str(client)[:128],
                          limits.GRPC_RELEASE_INVISIBLE_MS)
             deadline = now + self.invisible_ms
             for (group, topic), entries in r.due(now, self.ahead_ms).items():

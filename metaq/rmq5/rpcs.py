@@ -119,6 +119,25 @@ def code_of(exc):
     return "INTERNAL_SERVER_ERROR"
 
 
+class ClientKey(NamedTuple):
+    """Whose client a call is: the ``user`` it signed in as ("" with authentication off) and its ``x-mq-client-id``
+    (``id``). Every per-client map of the port is keyed by it (see ``client_of``)."""
+
+    user: str
+    id: str
+
+    def __str__(self):
+        return "%s/%s" % (self.user, self.id) if self.user else self.id
+
+
+def client_of(call):
+    """Which client ``call`` is: the one decision every per-client map of the port (consumers' Settings, producers'
+    streams, the renewer's clients, the admin's client streams) keys its entries by. A client id is whatever the
+    caller sets, so with authentication on it is the signed-in user's: one user naming another's client id names a
+    client of its own, never reads, replaces or ends the other's. Read after the call's login (``call.user``)."""
+    return ClientKey(getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or "")
+
+
 def _endpoints_of(address):
     """``host:port`` (``[v6]:port``) as an ``apache.rocketmq.v2.Endpoints``."""
     host, _sep, port = address.rpartition(":")
@@ -173,13 +192,13 @@ class MessagingService:
         self.clients = clients
         self.renewer = renewer
         self.pop = pop
-        self.consumers = OrderedDict()  # client id -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
+        self.consumers = OrderedDict()  # ClientKey -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
         self.store = store
         self.broker_id = broker_id
         self.cluster = cluster
         self.tx = tx
         self.checks = checks
-        self.producers = {}  # topic -> {client id: its Telemetry call}: whom a half message's check asks
+        self.producers = {}  # topic -> {ClientKey: its Telemetry call}: whom a half message's check asks
         self._check_task = None
         self.path = put_path
         self.guard = guard
@@ -273,6 +292,7 @@ class MessagingService:
             raise Refusal("UNAUTHORIZED", str(exc)) from None
         except errors.QuotaExceeded as exc:
             raise Refusal("TOO_MANY_REQUESTS", str(exc)) from None
+        call.user = name  # the call's own (its connection's session may sign in as another user later)
 
     def _failed(self, call, why):
         log.warning("grpc %s: authentication failed: %s", call.peer, why)
@@ -331,13 +351,13 @@ class MessagingService:
 
     def heartbeat(self, request, call):
         if self.renewer is not None:  # the client lives: what it holds is renewed on
-            self.renewer.heard(call.metadata.get("x-mq-client-id"))
+            self.renewer.heard(client_of(call))
         return pb.HeartbeatResponse(status=status("OK"))
 
     def notify_client_termination(self, request, call):
         """The client ends: the messages it holds are no longer renewed, and visible again soon (the proxy's)."""
         if self.renewer is not None:
-            self.renewer.terminated(call.metadata.get("x-mq-client-id"))
+            self.renewer.terminated(client_of(call))
         return pb.NotifyClientTerminationResponse(status=status("OK"))
 
     def send_message(self, request, call):
@@ -490,11 +510,12 @@ class MessagingService:
     def consumer(self, call):
         """The ``Consumer`` settings of the call's client (its Telemetry Settings), the defaults when it sent
         none (a client may receive without Settings, apache/rocketmq#5728)."""
-        return self.consumers.get(call.metadata.get("x-mq-client-id"), DEFAULT_CONSUMER)
+        return self.consumers.get(client_of(call), DEFAULT_CONSUMER)
 
     def remember_consumer(self, client, fifo, max_attempts):
-        """Keep ``client``'s settings, at most ``limits.GRPC_MAX_CONSUMER_CLIENTS`` clients (the one not heard
-        from longest is forgotten first: it receives with the defaults until it sends its Settings again)."""
+        """Keep the settings of ``client`` (a ``ClientKey``), at most ``limits.GRPC_MAX_CONSUMER_CLIENTS`` clients (the
+        one not heard from longest is forgotten first: it receives with the defaults until it sends its Settings
+        again)."""
         self.consumers.pop(client, None)
         self.consumers[client] = Consumer(fifo, max_attempts)
         while len(self.consumers) > limits.GRPC_MAX_CONSUMER_CLIENTS:
@@ -576,12 +597,12 @@ class MessagingService:
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:
-            self.renewer.heard(call.metadata.get("x-mq-client-id"))
+            self.renewer.heard(client_of(call))
         if not kept:
             return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
-            renewer.delivered(call.metadata.get("x-mq-client-id"), group, topic, [r for r, _m in kept])
+            renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
         call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
@@ -789,7 +810,7 @@ class MessagingService:
     def _ask(self, half):
         streams = self.producers.get(half.topic, {})
         for call in list(streams.values()):
-            if half.user is not None and (call.session is None or call.session.user != half.user):
+            if half.user is not None and client_of(call).user != half.user:
                 continue
             command = pb.TelemetryCommand(recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
                 message=self._half_message(half, call), transaction_id=half.transaction_id))
@@ -817,14 +838,15 @@ class MessagingService:
     def telemetry_closed(self, call):
         """``call``'s Telemetry stream ended: it is no longer asked about half messages, nor by an admin; its
         client's last stream closed, what it holds is no longer renewed (``renewer.py``)."""
+        client = client_of(call)
         if self.clients is not None:
-            self.clients.stream_closed(call)
+            self.clients.stream_closed(client, call)
         if self.renewer is not None:
-            self.renewer.stream_closed(call)
+            self.renewer.stream_closed(client, call)
         for topic in list(self.producers):
             streams = self.producers[topic]
-            if streams.get(call.metadata.get("x-mq-client-id")) is call:
-                del streams[call.metadata.get("x-mq-client-id")]
+            if streams.get(client) is call:
+                del streams[client]
                 if not streams:
                     del self.producers[topic]
 
@@ -843,10 +865,11 @@ class MessagingService:
         except Refusal as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, "%s: %s" % (exc.code, exc.message)) from None
         which = command.WhichOneof("command")
+        client = client_of(call)
         if self.renewer is not None:
-            self.renewer.stream_seen(call)
+            self.renewer.stream_seen(client, call)
         if self.clients is not None:
-            self.clients.stream_seen(call)
+            self.clients.stream_seen(client, call)
             if which in ("thread_stack_trace", "verify_message_result"):
                 self.clients.answer(call, command)  # an admin's question answered (clientcommands.py)
         if which != "settings":
@@ -856,8 +879,7 @@ class MessagingService:
         answer.CopyFrom(settings)
         answer.metric.on = False
         if settings.WhichOneof("pub_sub") == "publishing":
-            client = call.metadata.get("x-mq-client-id")
-            if client and call.push is not None:  # asked about its topics' half messages (check_round)
+            if client.id and call.push is not None:  # asked about its topics' half messages (check_round)
                 for topic in settings.publishing.topics:
                     self.producers.setdefault(topic.name, {})[client] = call
             policy = answer.backoff_policy
@@ -875,8 +897,7 @@ class MessagingService:
             group_settings = self.store.groups.get(group) if group else None
             attempts = group_policy.max_attempts(group_settings, attempts)
             asked = settings.subscription.fifo
-            client = call.metadata.get("x-mq-client-id")
-            if client:
+            if client.id:
                 self.remember_consumer(client, asked, attempts)
             policy = answer.backoff_policy
             policy.Clear()

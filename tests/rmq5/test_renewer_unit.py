@@ -11,9 +11,11 @@ from metaq import limits
 from metaq.pop.records import InvalidHandle
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.rmq5.renewer import RENEW_AHEAD_MS, Renewals, Renewer
+from metaq.rmq5.rpcs import ClientKey
 from metaq.server.clock import now_ms
 from tests.pop.test_deposed import Broker
 
+C1 = ClientKey("", "c1")  # a client as the port names it: no user (authentication off), its id
 G, T = "workers", "orders"
 NOW = 1_700_000_000_000
 
@@ -90,7 +92,7 @@ def delivered(b, renewer, client, n, invisible):
 
 def test_a_round_renews_through_the_journal_and_the_deliverys_handle_acks_after_its_first_deadline(broker):
     renewer = Renewer(broker.pop, 1000)
-    [m] = delivered(broker, renewer, "c1", 1, 1000)
+    [m] = delivered(broker, renewer, C1, 1, 1000)
     records = broker.store.max_offset(POP_TOPIC, 0)
     renewer.round(m.deadline_ms - 501)  # half of 1000 ms ahead: not due yet
     assert broker.store.max_offset(POP_TOPIC, 0) == records
@@ -105,7 +107,7 @@ def test_a_round_renews_through_the_journal_and_the_deliverys_handle_acks_after_
 
 def test_a_nack_ends_renewal_and_an_ack_settles_it(broker):
     renewer = Renewer(broker.pop, 1000)
-    a, b = delivered(broker, renewer, "c1", 2, 1000)
+    a, b = delivered(broker, renewer, C1, 2, 1000)
     new = broker.pop.change_invisible(G, T, a.handle, 5000)  # the push consumer's nack
     renewer.settled(G, T, [a.handle])
     assert broker.pop.ack(G, T, [b.handle]) == [None]
@@ -117,7 +119,7 @@ def test_a_nack_ends_renewal_and_an_ack_settles_it(broker):
 
 def test_a_change_the_renewer_was_not_told_of_still_ends_renewal(broker):
     renewer = Renewer(broker.pop, 1000)
-    [a] = delivered(broker, renewer, "c1", 1, 1000)
+    [a] = delivered(broker, renewer, C1, 1, 1000)
     broker.pop.change_invisible(G, T, a.handle, 500)
     renewer.round(a.deadline_ms - 100)  # its flight is no longer the delivery held: dropped, not renewed
     assert len(renewer.renewals) == 0 and renewer.counts["renewed"] == 0
@@ -125,8 +127,8 @@ def test_a_change_the_renewer_was_not_told_of_still_ends_renewal(broker):
 
 def test_a_terminated_client_s_messages_are_visible_again_soon(broker):
     renewer = Renewer(broker.pop, 60_000)
-    got = delivered(broker, renewer, "c1", 2, 60_000)
-    renewer.terminated("c1")
+    got = delivered(broker, renewer, C1, 2, 60_000)
+    renewer.terminated(C1)
     now = now_ms()
     renewer.round(now)
     assert len(renewer.renewals) == 0
@@ -139,10 +141,10 @@ def test_a_terminated_client_s_messages_are_visible_again_soon(broker):
 def test_past_the_per_client_bound_a_receive_is_delivered_not_renewed_and_logged_once(broker, caplog):
     renewer = Renewer(broker.pop, 1000, Renewals(max_per_client=2))
     with caplog.at_level(logging.WARNING, logger="metaq.rmq5.renewer"):
-        delivered(broker, renewer, "c1", 2, 1000)  # at the limit
+        delivered(broker, renewer, C1, 2, 1000)  # at the limit
         assert not caplog.records
-        extra = delivered(broker, renewer, "c1", 3, 1000)  # past it: three more, one line
-        delivered(broker, renewer, "c1", 1, 1000)
+        extra = delivered(broker, renewer, C1, 3, 1000)  # past it: three more, one line
+        delivered(broker, renewer, C1, 1, 1000)
     assert len([r for r in caplog.records if "not renewed" in r.getMessage()]) == 1
     assert len(renewer.renewals) == 2
     renewer.round(extra[0].deadline_ms - 100)
@@ -151,7 +153,7 @@ def test_past_the_per_client_bound_a_receive_is_delivered_not_renewed_and_logged
 
 def test_a_deposed_broker_s_renewer_writes_nothing(broker, caplog):
     renewer = Renewer(broker.pop, 1000)
-    [m] = delivered(broker, renewer, "c1", 1, 1000)
+    [m] = delivered(broker, renewer, C1, 1, 1000)
     broker.depose()
     written = broker.store.written_position
     with caplog.at_level(logging.WARNING, logger="metaq.rmq5.renewer"):
@@ -165,7 +167,7 @@ def test_a_deposed_broker_s_renewer_writes_nothing(broker, caplog):
 
 def test_a_dead_letter_with_the_deliverys_handle_applies_to_the_renewed_message(broker):
     renewer = Renewer(broker.pop, 1000)
-    [m] = delivered(broker, renewer, "c1", 1, 1000)
+    [m] = delivered(broker, renewer, C1, 1, 1000)
     renewer.round(m.deadline_ms - 300)
     assert broker.pop.state.flight_at(G, T, 0, m.offset).handed == m.deadline_ms
     broker.pop.dead_letter(G, T, m.handle)  # ForwardMessageToDeadLetterQueue with the delivery's handle
