@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from metaq.admin import cli as admin
 from metaq.admin.wire import ClientCommand, decode_body
 from metaq.client.local import BrokerProcess, free_port, small_config
 from tests.harness.acl import SECRETS, write_acl
@@ -121,7 +122,8 @@ def stack_of(marker):
     return respond
 
 
-def test_an_admin_asking_an_id_two_users_clients_have_is_told_the_users_and_names_one_as_user_slash_id(broker):
+def test_an_admin_asking_an_id_two_users_clients_have_is_told_the_users_and_names_one_as_user_slash_id(
+        broker, tmp_path, capsys):
     port = broker.config["grpc"]["port"]
     a = Connected(port, "shared@1", stack_of("alices-stacks"), metadata=signed("alice", "shared@1"))
     b = Connected(port, "shared@1", stack_of("bobs-stacks"), metadata=signed("bob", "shared@1"))
@@ -138,6 +140,15 @@ def test_an_admin_asking_an_id_two_users_clients_have_is_told_the_users_and_name
                 assert r.code == 200 and (body["user"], body["client"]) == (user, "shared@1")
                 assert body["thread_stack_trace"] == {"alice": "alices-stacks", "bob": "bobs-stacks"}[user]
             assert root.call(ClientCommand("stack", "carol/shared@1", None, None, 5_000, 3)).code == 404
+        secret = tmp_path / "admin.secret"
+        secret.write_text(SECRETS["admin"])
+        secret.chmod(0o600)
+        cli = ["--brokers", "meta://127.0.0.1:%d" % broker.port, "--user", "admin", "--secret-file", str(secret),
+               "clients", "stack"]
+        assert admin.main(cli + ["shared@1"]) == admin.EXIT_REFUSED
+        assert "users alice, bob have the id shared@1" in capsys.readouterr().err
+        assert admin.main(cli + ["bob/shared@1"]) == admin.EXIT_OK
+        assert capsys.readouterr().out.startswith("client bob/shared@1 on broker ")
         b.close()
         with broker.client() as root:  # one user's client left with that id: its id alone names it
             assert root.auth("admin", SECRETS["admin"]).code == 200
