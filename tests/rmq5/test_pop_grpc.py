@@ -287,7 +287,7 @@ def test_consumer_settings_are_kept_for_at_most_grpc_max_consumer_clients(monkey
     from types import SimpleNamespace
 
     from metaq import limits
-    from metaq.rmq5.rpcs import CONSUMER_ATTEMPTS, MessagingService
+    from metaq.rmq5.rpcs import CONSUMER_ATTEMPTS, ClientKey, MessagingService
     monkeypatch.setattr(limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
     service = MessagingService(None, None, None, "b", 1024, lambda: ("127.0.0.1", 1))
 
@@ -295,8 +295,8 @@ def test_consumer_settings_are_kept_for_at_most_grpc_max_consumer_clients(monkey
         return SimpleNamespace(metadata={"x-mq-client-id": client})
 
     for i in range(3):  # at the limit: every client's settings kept
-        service.remember_consumer("c%d" % i, True, 5)
+        service.remember_consumer(ClientKey("", "c%d" % i), True, 5)  # authentication off: no user
     assert [service.consumer(call("c%d" % i)).max_attempts for i in range(3)] == [5, 5, 5]
-    service.remember_consumer("c3", False, 2)  # one past: the one heard from longest ago is forgotten
+    service.remember_consumer(ClientKey("", "c3"), False, 2)  # one past: the one heard from longest ago is forgotten
     assert service.consumer(call("c0")) == (False, CONSUMER_ATTEMPTS)
     assert service.consumer(call("c1")).fifo is True and service.consumer(call("c3")).max_attempts == 2
