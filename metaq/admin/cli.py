@@ -68,6 +68,7 @@ class ClusterView:
         self.security = client_security.resolve(security)
         self.cluster = None  # the ZkDiscovery (metaq.client.discovery) with ZooKeeper
         self.problems = []
+        self.refusals = []  # the problems that are a 401 or 403: the credentials, not the network
         self.hidden = 0  # rows a listing left out (internal topics, `topics` without --all)
         self._conns = {}
         self.brokers = {}  # id -> url (ids learnt from each broker's `stats` when not from ZooKeeper)
@@ -78,7 +79,7 @@ class ClusterView:
             try:
                 self.brokers[ask_broker_id(self.conn(url), self.timeout)] = url
             except (errors.MetaqError, KeyError, ValueError) as exc:
-                self.problems.append("%s: %s%s" % (url, exc, _hint(exc)))
+                self._problem("%s: %s%s" % (url, exc, _hint(exc)), exc)
 
     def close(self):
         for conn in self._conns.values():
@@ -99,16 +100,27 @@ class ClusterView:
         try:
             reply = self.conn(url).call(ev.Stats(item, 0), timeout=self.timeout)
         except errors.MetaqError as exc:
-            self.problems.append("%s: %s%s" % (url, exc, _hint(exc)))
+            self._problem("%s: %s%s" % (url, exc, _hint(exc)), exc)
             return None
         if not isinstance(reply, ev.Result) or reply.code != 200:
-            self.problems.append("%s: stats %s answered %s" % (url, item or "", _refusal(reply)))
+            self._problem("%s: stats %s answered %s" % (url, item or "", _refusal(reply)), reply)
             return None
         try:
             return parse(item, reply.body)
         except errors.RemoteProtocolError as exc:
             self.problems.append("%s: stats %s: %s" % (url, item or "", exc))
             return None
+
+    def _problem(self, text, failure):
+        """Record a broker that could not be read; a 401 or 403 (``failure``: an error or a reply) among refusals."""
+        self.problems.append(text)
+        if getattr(failure, "code", None) in (errors.Unauthenticated.code, errors.Forbidden.code):
+            self.refusals.append(text)
+
+    def refused_everywhere(self):
+        """True when no broker could be asked and at least one refused the credentials (401/403): then nothing a
+        command could say about topics or partitions would be true, and the refusal is the answer."""
+        return bool(self.refusals) and not self.brokers
 
     def stats(self, url, item=None):
         """Any ``stats`` item as a dict of ``key -> value`` (first space splits), or None."""
@@ -549,6 +561,11 @@ def _run(runner, view, args, brokers):
     def render(rows, columns):
         print(json.dumps(rows, indent=2) if args.json else render_table(rows, columns), flush=True)
 
+    if view.refused_everywhere():  # before the command, which would find no broker and say so misleadingly
+        view.close()
+        for problem in view.problems:
+            print("metaq-admin: could not read %s" % problem, file=sys.stderr)
+        return EXIT_REFUSED
     try:
         code = runner(view, args, brokers, render)
     except tools.AdminExit as exc:

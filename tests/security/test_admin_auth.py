@@ -116,3 +116,18 @@ def test_admin_commands_need_the_admin_permission_put_and_tail_need_pub_and_sub(
     assert "user reader may not subscribe to topic payroll" in out.stderr, out.stderr
     as_user("alice", "put", "orders-eu", "--partition", "0", stdin="a\n")
     assert as_user("alice", "tail", "orders-eu").stdout.split()[-1] == "a"
+
+
+def test_tail_and_put_without_credentials_say_the_401_first_and_only(broker_factory, tmp_path):
+    """A broker with authentication on, asked with no credentials: the refusal is the first (and only) thing said,
+    with how to give credentials, exit 3 (refused); not "no broker has messages of topic …" before it."""
+    from tests.harness.acl import secured_config
+
+    b = broker_factory(secured_config(tmp_path))
+    for args in (["tail", "orders"], ["tail", "orders", "--partition", "0"], ["put", "orders"]):
+        out = subprocess.run(ADMIN + ["--brokers", url_of(b)] + args, capture_output=True, text=True, timeout=60,
+                             input="x\n")
+        lines = out.stderr.splitlines()
+        assert out.returncode == 3 and out.stdout == "", (args, out.returncode, out.stdout, out.stderr)
+        assert len(lines) == 1 and "401 authentication required" in lines[0], (args, lines)
+        assert "--credentials FILE" in lines[0] and "no broker" not in out.stderr, (args, lines)
