@@ -12,6 +12,10 @@ The rules, in the order Burrow applies them:
 5. the offsets move but the lag never decreases                     -> **WARN** (consumer too slow)
 6. otherwise                                                        -> **OK**
 
+Rules 4 and 5 judge a trend, so they need two commits in the window (ours; Burrow's would call a
+single commit STALL): a group that has committed once is OK with its lag until a second commit, or
+STOP once a later snapshot shows no new one (rule 3).
+
 A group takes the worst status of its partitions, in Burrow's order
 ``NOTFOUND < OK < WARN < ERR < STOP < STALL < REWIND``; ``burrow_group_status`` also folds
 STOP/STALL/REWIND into ``ERR`` as Burrow's group result does. Ours adds **BROKER_DOWN** (the
@@ -54,6 +58,8 @@ def partition_status(window, current_lag, now):
         return "REWIND"  # rule 2
     if now - window[-1].ts > window[-1].ts - window[0].ts:
         return "STOP"  # rule 3
+    if not pairs:
+        return "OK"  # one commit shows no trend: rules 4 and 5 need two
     if all(b.offset == a.offset for a, b in pairs):
         return "STALL"  # rule 4
     if all(b.lag >= a.lag for a, b in pairs):

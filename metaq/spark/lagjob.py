@@ -175,6 +175,7 @@ FROM (
               WHEN n = 0 THEN 'OK'
               WHEN rewind THEN 'REWIND'
               WHEN ({now} - last_ts) > (last_ts - first_ts) THEN 'STOP'
+              WHEN n < 2 THEN 'OK'
               WHEN all_same THEN 'STALL'
               WHEN lag_never_decreases THEN 'WARN'
               ELSE 'OK' END AS status

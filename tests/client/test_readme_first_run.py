@@ -10,9 +10,11 @@
 Timeouts here are safety nets against an example that never ends, not speed checks.
 """
 
+import inspect
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -178,6 +180,25 @@ def test_spark_example_runs_without_pyspark_python_set(broker, tmp_path):
                          env=env, capture_output=True, text=True, timeout=NEVER_ENDS_S)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"\|\s*0-0\|\s*5\|", out.stdout), out.stdout
+
+
+def test_the_spark_page_names_its_java_package_and_the_pyspark_python_line_local_session_runs():
+    """docs/spark.md names the Debian package of its Java runtime, and the PYSPARK_PYTHON line it says
+    `local_session` runs is in `local_session` (the examples' sessions are all made by it)."""
+    from metaq.spark import session
+
+    text = read("spark.md")
+    assert "apt-get install -y --no-install-recommends openjdk-17-jre-headless" in text
+    if shutil.which("apt-cache"):  # the name is a package Debian knows
+        known = subprocess.run(["apt-cache", "show", "openjdk-17-jre-headless"], capture_output=True, timeout=60)
+        assert known.returncode == 0 and b"Package: openjdk-17-jre-headless" in known.stdout
+    line = 'os.environ.setdefault("PYSPARK_PYTHON", sys.executable)'
+    assert line in inspect.getsource(session.local_session)
+    said = re.search(r"`local_session`, which the examples above use, runs `([^`]+)`", text)
+    assert said and re.sub(r"\s+", " ", said.group(1)) == line, said
+    before = text[:said.start()]
+    assert all("local_session(" in code or "getOrCreate" not in code and "spark = " not in code
+               for code in blocks("python", before)), "an example above makes its session without local_session"
 
 
 @pytest.mark.integration

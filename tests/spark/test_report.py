@@ -230,3 +230,33 @@ def assert_real_image(path):
     assert len(colours) > 20, (path, len(colours))
     white = np.all(pixels[..., :3] > 0.97, axis=-1).mean()
     assert white < 0.97, (path, white)
+
+
+def test_a_group_that_committed_once_is_ok_with_its_lag_then_stop_once_a_later_snapshot_sees_no_new_commit(
+        spark, broker_factory, tmp_path, capsys):
+    """A first report on a group with one commit and lag: one commit shows no trend, so not STALL (and not ERR in
+    burrow_status): OK, with its lag and window_commits 1. The next run, with no new commit since, says STOP."""
+    from metaq.spark.report import main
+
+    b = broker_factory(small_config(tmp_path / "data"))
+    out = str(tmp_path / "report")
+    with b.client() as c:
+        for i in range(5):
+            c.put_ok("once", b"m%d" % i, 0)
+        assert c.call(ev.CommitOffset("onceg", "once", 0, 2, c.opaque())).code == 200  # its only commit
+
+    def report():
+        assert main(["--brokers", url_of(b), "--out", out, "-q"]) == 0, capsys.readouterr()
+        with open(os.path.join(out, "lag.csv"), newline="") as f:
+            [row] = [r for r in csv.DictReader(f) if r["group"] == "onceg"]
+        with open(os.path.join(out, "groups.csv"), newline="") as f:
+            [group] = [g for g in csv.DictReader(f) if g["group"] == "onceg"]
+        return row, group
+
+    row, group = report()
+    assert (row["status"], row["lag"], row["window_commits"]) == ("OK", "3", "1"), row
+    assert (group["status"], group["burrow_status"], group["total_lag"]) == ("OK", "OK", "3"), group
+    time.sleep(0.01)  # the next snapshot is later
+    row, group = report()
+    assert (row["status"], row["lag"], row["window_commits"]) == ("STOP", "3", "1"), row
+    assert (group["status"], group["burrow_status"]) == ("STOP", "ERR"), group

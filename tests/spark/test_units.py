@@ -47,6 +47,11 @@ def test_rule5_advancing_offsets_with_never_decreasing_lag_is_warn_else_ok():
     assert partition_status(window((10, 5), (12, 8), (20, 3)), current_lag=3, now=120) == "OK"
 
 
+def test_one_commit_shows_no_trend_ok_with_its_lag_until_time_passes_without_another_then_stop():
+    assert partition_status(window((10, 5)), current_lag=5, now=0) == "OK"  # not STALL, nor WARN
+    assert partition_status(window((10, 5)), current_lag=5, now=60) == "STOP"  # rule 3: no commit since
+
+
 def test_no_offset_is_notfound_and_empty_window_is_ok():
     assert partition_status([], current_lag=None, now=0) == "NOTFOUND"
     assert partition_status([], current_lag=4, now=0) == "OK"
