@@ -91,3 +91,25 @@ def test_a_new_data_directory_costs_what_the_readme_says(broker_factory, tmp_pat
     for page in ("README.md", "quickstart.md"):
         text = read(page)
         assert "about 70 MB" in text and "about 1.1 GB" in text, page
+
+
+def test_the_flag_table_is_the_one_written_from_metaq_servers_parser():
+    """docs/configuration.md "Flags" is what tools/server_flags.py writes from metaq-server's parser (run in a process
+    of its own: importing the server's entry point monkey-patches), and names every flag `metaq-server --help` does."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    check = subprocess.run([sys.executable, str(ROOT / "tools" / "server_flags.py"), "--check"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
+    helped = subprocess.run([sys.executable, "-m", "metaq.server", "--help"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    flags = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", helped.stdout.split("options:", 1)[1]))
+    table = read("configuration.md").split("## Flags", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(--?[\w-]+)`(?:, `(--[\w-]+)`)? \|", table, re.M))
+    documented = {f for pair in documented for f in pair if f}
+    assert flags == documented, (flags ^ documented)
+    for flag in ("--http-port", "--mqtt-port", "--grpc-port", "--remoting-port", "--replication-port", "--slave-of",
+                 "--slave-id"):
+        assert re.search(r"^\| `%s` \| `\w+(:\w+)?` \| `[a-z]+\.[a-z_]+`" % flag, table, re.M), flag

@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -112,6 +113,50 @@ def test_every_sh_block_runs_as_written_and_ends(broker, tmp_path):
     assert re.search(r"result 200 \d+ 1\n\d+ 0 0", text), text
     assert re.search(r"\nvalue 25 2\n.+hello$", text.rstrip("\n"), re.S), text  # the get: header and body
     assert any("sensors/room1/temp 21.5\n" in o for o in outputs), outputs  # docs/mqtt.md: Mosquitto's clients
+
+
+#: The conf/server.yaml settings that open a listener (a port of 0 or null is off).
+LISTENERS = (("broker", "port"), ("http", "port"), ("mqtt", "port"), ("remoting", "port"), ("grpc", "port"),
+             ("replication", "port"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("page", ["README.md", "quickstart.md"])
+def test_the_second_broker_of_the_docs_runs_beside_make_runs_first(page, tmp_path):
+    """`make run ARGS="…"` as the page writes it starts a second broker beside `make run`'s: every listener
+    conf/server.yaml opens gets a port of its own from the flags. Each port number the file and the flags name
+    is moved to a free one, the same in both, so the two brokers meet exactly where the page's would."""
+    [args] = re.findall(r'make run ARGS="(--port [^"]+)"', read(page))
+    with open(ROOT / "conf" / "server.yaml") as f:
+        cfg = yaml.safe_load(f)
+    argv = args.split()
+    named = {cfg[a][b] for a, b in LISTENERS if (cfg.get(a) or {}).get(b)}
+    named |= {int(v) for k, v in zip(argv, argv[1:]) if k.endswith("-port")}
+    moved = {port: free_port() for port in named}
+    for a, b in LISTENERS:
+        if (cfg.get(a) or {}).get(b):
+            cfg[a][b] = moved[cfg[a][b]]
+    argv = [str(moved[int(v)]) if k.endswith("-port") else v for k, v in zip([""] + argv, argv)]
+    argv[argv.index("--data-dir") + 1] = str(tmp_path / "second")
+    first = dict(cfg, broker=dict(cfg["broker"], data_dir=str(tmp_path / "first")))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = BrokerProcess(tmp_path / "a", first)
+    b = BrokerProcess(tmp_path / "b", first, extra_args=argv)
+    try:
+        a.start()
+        b.start()  # a port it shares with the first: "address already in use", and it exits
+        flags = dict(zip(argv, argv[1:]))
+        assert (a.port, b.port) == (cfg["broker"]["port"], int(flags["--port"]))
+        for broker in (a, b):
+            with broker.client() as c:
+                assert c.put("tSecond", b"x", 0).code == 200
+        for port in (cfg["http"]["port"], cfg["mqtt"]["port"], int(flags["--http-port"]), int(flags["--mqtt-port"])):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()  # HTTP and MQTT of each
+        assert os.listdir(tmp_path / "second")  # its own data directory
+    finally:
+        b.kill()
+        a.kill()
 
 
 @pytest.mark.integration
