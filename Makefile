@@ -108,8 +108,13 @@ test: setup
 	METAQ_PURE_PYTHON=1 $(VENV)/bin/pytest -q -m "not integration" -n 2 -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site; --strict fails on any broken link or anchor.
-# make test checks the same (tests/test_docs.py).
-docs: $(VENV)/.installed
+# make test checks the same (tests/test_docs.py). It needs the docs extra (mkdocs) on top of the broker's own
+# packages, not the test, deploy and Spark extras.
+$(VENV)/.docs: $(VENV)/.core
+	$(PIP) install -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs
 	$(VENV)/bin/mkdocs build --strict
 
 # The unit tier: no test that starts a server, spawns a process or opens a network socket

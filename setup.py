@@ -59,6 +59,8 @@ setup(
             "grpcio>=1.62",  # the gRPC client of the gRPC port's tests (tests/rmq5), over our generated messages
         ],
         "spark": ["pyspark[sql]>=4.0,<5", "pandas<3", "matplotlib>=3.8", "pyarrow>=18"],
+        # make docs: the documentation site alone (mkdocs.yml uses only mkdocs and Python-Markdown's own extensions)
+        "docs": ["mkdocs>=1.6,<2"],
         "deploy": ["fabric>=3.2,<4", "wheel>=0.40"],
         # make bench: the peers' own Python clients, measured beside metaq's in bench/bench_pyclients.py
         "bench": [

@@ -113,3 +113,26 @@ def test_the_flag_table_is_the_one_written_from_metaq_servers_parser():
     for flag in ("--http-port", "--mqtt-port", "--grpc-port", "--remoting-port", "--replication-port", "--slave-of",
                  "--slave-id"):
         assert re.search(r"^\| `%s` \| `\w+(:\w+)?` \| `[a-z]+\.[a-z_]+`" % flag, table, re.M), flag
+
+
+def test_make_docs_installs_the_docs_extra_only(tmp_path):
+    """`make docs` in a fresh clone installs the broker and the docs extra (mkdocs), not the test, deploy and Spark
+    extras `make test` needs (about 1.1 GB); the docs extra holds what mkdocs.yml uses. A dry run (make -n) into a
+    virtualenv that does not exist yet: every command a fresh clone would run, none run."""
+    import subprocess
+
+    out = subprocess.run(["make", "-n", "docs", "VENV=%s" % (tmp_path / "venv")], cwd=str(ROOT), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    installs = [line.split(" install ", 1)[1] for line in out.stdout.splitlines() if " -m pip " in line]
+    assert "-e '.[docs]'" in installs, out.stdout
+    assert not any(extra in line for line in installs for extra in ("test", "deploy", "spark")), installs
+    assert "mkdocs build --strict" in out.stdout
+    setup = (ROOT / "setup.py").read_text()
+    [docs_extra] = re.findall(r'"docs": \[([^\]]*)\]', setup)
+    assert re.findall(r'"([\w-]+)', docs_extra) == ["mkdocs"], docs_extra
+    site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert "plugins" not in site and "theme" not in site  # mkdocs's own theme, no plugin package
+    builtin = {"toc", "tables", "fenced_code", "attr_list", "admonition", "def_list", "abbr", "footnotes"}
+    used = {next(iter(e)) if isinstance(e, dict) else e for e in site.get("markdown_extensions", [])}
+    assert used <= builtin, used - builtin  # Python-Markdown's own extensions, installed with mkdocs
