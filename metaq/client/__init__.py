@@ -6,7 +6,16 @@ Plain stdlib sockets and threads; when an application has monkey-patched
 gevent they are cooperative greenlets. ZooKeeper is reached through kazoo.
 """
 
-from metaq import lazy_exports
+try:
+    from metaq import lazy_exports
+except ImportError as exc:  # metaq/__init__.py never ran: 'metaq' is some folder of that name, not this package
+    import metaq
+
+    _folders = ", ".join(sorted(set(getattr(metaq, "__path__", None) or ["?"])))
+    raise ImportError(
+        "'metaq' is the folder %s, not the metaq package: a folder named metaq without an __init__.py (a clone of "
+        "the repository) in the current directory or the script's hides the installed package. Run from another "
+        "directory, or from inside the clone" % _folders) from exc
 
 _EXPORTS = {
     "Message": "metaq.client.message",

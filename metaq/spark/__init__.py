@@ -17,7 +17,12 @@ functions that need them (install them with the ``spark`` extra: ``pip install '
 * :mod:`metaq.spark.lagjob`, :mod:`metaq.spark.render`, :mod:`metaq.spark.report` — the report.
 """
 
-from metaq import lazy_exports
+try:
+    from metaq import lazy_exports
+except ImportError:  # 'metaq' is not this package (a clone's folder): metaq.client's import says so
+    import metaq.client  # noqa: F401
+
+    raise
 
 _EXPORTS = {
     "local_session": "metaq.spark.session",

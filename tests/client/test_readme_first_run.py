@@ -276,6 +276,58 @@ def test_the_readme_python_producer_and_consumer_print_what_they_say(broker, tmp
     assert got == "%s b'order 1'" % sent.split()[-1], out.stdout
 
 
+#: What `pip install -e .` (make run's install) puts on sys.meta_path: a finder consulted after the path's, that
+#: maps the package metaq to the clone's metaq/ folder. Here it maps to this checkout's.
+EDITABLE_FINDER = """
+import importlib.machinery, importlib.util, os, runpy, sys
+ROOT = %r
+class EditableFinder:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != "metaq" and not name.startswith("metaq."):
+            return None
+        base = os.path.join(ROOT, *name.split("."))
+        if os.path.isdir(base):
+            return importlib.util.spec_from_file_location(name, os.path.join(base, "__init__.py"),
+                                                          submodule_search_locations=[base])
+        return importlib.util.spec_from_file_location(name, base + ".py") if os.path.exists(base + ".py") else None
+sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder) + 1, EditableFinder)  # before the venv's
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))  # as `python SCRIPT` does
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+@pytest.mark.integration
+def test_the_readme_script_run_from_the_folder_above_a_clone_says_what_hides_the_package(broker, tmp_path):
+    """The README's quickstart.py saved in the folder that holds a clone named metaq: `metaq` there is the clone's
+    folder (no __init__.py), which an editable install's finder never gets to see past; the import says so, naming
+    the folder, instead of "cannot import name 'lazy_exports' from 'metaq' (unknown location)". Saved anywhere
+    else (the clone's own folder aside) it runs."""
+    [code] = blocks("python", README)
+    code = code.replace("127.0.0.1:8123", "127.0.0.1:%d" % broker.port)
+    above, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    (above / "metaq").mkdir(parents=True)
+    (above / "metaq" / "README.md").write_text(README)  # a clone's root: no __init__.py
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    outs = []
+    for folder in (above, elsewhere):
+        (folder / "quickstart.py").write_text(code)
+        outs.append(subprocess.run([sys.executable, "-c", EDITABLE_FINDER % str(ROOT), "quickstart.py"],
+                                   cwd=str(folder), env=env, capture_output=True, text=True, timeout=NEVER_ENDS_S))
+    hidden, fine = outs
+    assert hidden.returncode != 0 and "lazy_exports" not in hidden.stderr.splitlines()[-1], hidden.stderr
+    assert hidden.stderr.splitlines()[-1] == (
+        "ImportError: 'metaq' is the folder %s, not the metaq package: a folder named metaq without an __init__.py "
+        "(a clone of the repository) in the current directory or the script's hides the installed package. Run from "
+        "another directory, or from inside the clone" % (above / "metaq")), hidden.stderr
+    assert fine.returncode == 0 and fine.stdout.startswith("True 0-0 "), fine.stderr
+    (above / "spark_job.py").write_text("from metaq.spark import local_session\n")  # metaq.spark says the same
+    spark = subprocess.run([sys.executable, "-c", EDITABLE_FINDER % str(ROOT), "spark_job.py"], cwd=str(above),
+                           env=env, capture_output=True, text=True, timeout=NEVER_ENDS_S)
+    assert spark.returncode != 0 and spark.stderr.splitlines()[-1] == hidden.stderr.splitlines()[-1], spark.stderr
+
+
 @pytest.mark.integration
 def test_the_delayed_delivery_example_runs_and_waits_its_level(broker, tmp_path):
     [code] = blocks("python", section("messaging.md", "Delayed delivery"))
