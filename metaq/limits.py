@@ -737,6 +737,10 @@ GRPC_CLIENT_IDLE_MS = 120_000
 #: A message held by a client that ended (NotifyClientTermination, its last Telemetry stream closed, or idle) is
 #: visible again this soon (RocketMQ's proxy: 1 s), not after its whole invisible duration.
 GRPC_RELEASE_INVISIBLE_MS = 1000
+#: How far a RocketMQ 5 call's signed ``x-mq-date-time`` may be from the broker's clock, before or after: the
+#: signature covers only that date, so an older one (a captured ``authorization`` header replayed) or one further
+#: ahead is refused UNAUTHORIZED, naming the bound. Clients sign each call with the time they make it.
+GRPC_AUTH_MAX_SKEW_MS = 15 * 60 * 1000
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

@@ -9,18 +9,21 @@
 * **RocketMQ's ACL signature** (``AclClientRPCHook``): Base64 of ``HMAC-SHA1(secret key, the values of the
   request's extFields sorted by key, the ``Signature`` itself left out, then the body)``.
 * **RocketMQ 5's gRPC credentials** (``MQv2-HMAC-SHA1`` in the ``authorization`` header): hex of
-  ``HMAC-SHA1(secret key, the x-mq-date-time header)`` (``mqv2_signature``, ``parse_mqv2``).
+  ``HMAC-SHA1(secret key, the x-mq-date-time header)`` (``mqv2_signature``, ``parse_mqv2``; the date a
+  signature was made, ``mqv2_date_ms``, so the broker can refuse an old one).
 
 Every comparison is ``hmac.compare_digest``.
 """
 
 import base64
+import calendar
 import hashlib
 import hmac
 import os
+import time
 
 __all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "mqv2_signature", "parse_mqv2",
-           "same", "same_secret"]
+           "mqv2_date_ms", "same", "same_secret"]
 
 #: Random bytes in a nonce (hex on the wire: twice as many characters).
 NONCE_BYTES = 16
@@ -84,6 +87,13 @@ def parse_mqv2(value):
     if not access_key or not signature:
         raise ValueError("no Credential or no Signature")
     return access_key, signature.lower()
+
+
+def mqv2_date_ms(value):
+    """The ``x-mq-date-time`` a RocketMQ 5 client signs (``yyyyMMdd'T'HHmmss'Z'``, UTC) in ms since the epoch;
+    ValueError for another form."""
+    parsed = time.strptime(value.strip(), "%Y%m%dT%H%M%SZ")
+    return calendar.timegm(parsed) * 1000
 
 
 def same(a, b):

@@ -138,6 +138,22 @@ def client_of(call):
     return ClientKey(getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or "")
 
 
+def _check_signed_date(date_time, now):
+    """Refuse (UNAUTHORIZED) a signature whose ``x-mq-date-time`` is not within ``limits.GRPC_AUTH_MAX_SKEW_MS`` of
+    ``now`` (ms), either way, or does not parse: the signature covers only that date, so without the bound a
+    captured ``authorization`` header would sign calls for ever."""
+    try:
+        signed = proofs.mqv2_date_ms(date_time)
+    except ValueError:
+        raise Refusal("UNAUTHORIZED", "x-mq-date-time %r is not yyyyMMdd'T'HHmmss'Z'" % date_time[:40]) from None
+    skew = limits.GRPC_AUTH_MAX_SKEW_MS
+    if abs(now - signed) > skew:
+        raise Refusal("UNAUTHORIZED", "x-mq-date-time %s is %d s %s the broker's clock: a signature is accepted "
+                      "within %d s of it (limits.GRPC_AUTH_MAX_SKEW_MS; sign each call when it is made, check the "
+                      "client's clock)" % (date_time[:40], abs(now - signed) // 1000,
+                                           "behind" if signed < now else "ahead of", skew // 1000))
+
+
 def _endpoints_of(address):
     """``host:port`` (``[v6]:port``) as an ``apache.rocketmq.v2.Endpoints``."""
     host, _sep, port = address.rpartition(":")
@@ -280,6 +296,7 @@ class MessagingService:
         date_time = call.metadata.get("x-mq-date-time")
         if not date_time:
             raise Refusal("UNAUTHORIZED", "authorization without x-mq-date-time")
+        _check_signed_date(date_time, now_ms())
         session = call.session
         if guard.check_login(name, lambda secret: proofs.same(signature,
                                                               proofs.mqv2_signature(secret, date_time))) is None:
@@ -306,8 +323,12 @@ class MessagingService:
         """The topic's queues on this broker (from the store, with the topic table's permission) and, with
         ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
         write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0: on a
-        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it)."""
+        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it).
+        With authentication on, only a topic the user may publish to or subscribe to is answered (the proxy's
+        ``Permission.ANY``; ``Guard.known_to``, what a topic list shows it); any other is FORBIDDEN whether it
+        exists or not, so the refusal tells nothing of the topic."""
         topic = request.topic.name
+        self._may_know(call, topic)
         rows = self.cluster(topic) if self.cluster is not None else None
         route, why = [], None
         try:
@@ -339,6 +360,15 @@ class MessagingService:
         if not route:
             raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], why or "no broker holds it"))
         return pb.QueryRouteResponse(status=status("OK"), message_queues=route)
+
+    def _may_know(self, call, topic):
+        """Refuse (FORBIDDEN) a topic the call's user may neither publish to nor subscribe to; the decision is the
+        guard's (``known_to``), made from the names alone, before anything of the topic is looked at."""
+        guard = self.guard
+        known = guard.known_to(call.session) if guard is not None else None
+        if known is not None and not known(topic):
+            raise Refusal("FORBIDDEN", "permission denied: user %s may neither publish to nor subscribe to topic %s"
+                          % (call.user or "(none)", topic[:256]))
 
     def _endpoints(self, access_point):
         """This port's endpoint as routes name it: the address it is bound to, or, bound to every interface, the
