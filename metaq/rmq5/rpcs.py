@@ -215,6 +215,8 @@ class MessagingService:
         self.tx = tx
         self.checks = checks
         self.producers = {}  # topic -> {ClientKey: its Telemetry call}: whom a half message's check asks
+        self.published = {}  # Telemetry call -> the topic names its latest producer Settings registered
+        self.published_by_user = {}  # user ("" with authentication off) -> names its streams hold (``published``)
         self._check_task = None
         self.path = put_path
         self.guard = guard
@@ -873,12 +875,66 @@ class MessagingService:
             self.clients.stream_closed(client, call)
         if self.renewer is not None:
             self.renewer.stream_closed(client, call)
-        for topic in list(self.producers):
-            streams = self.producers[topic]
-            if streams.get(client) is call:
+        self._unpublish(client, call)
+
+    def _unpublish(self, client, call):
+        """Forget the topic names ``call``'s Settings registered (its stream ended, or new Settings replace them)."""
+        names = self.published.pop(call, ())
+        if not names:
+            return
+        left = self.published_by_user.get(client.user, 0) - len(names)
+        if left > 0:
+            self.published_by_user[client.user] = left
+        else:
+            self.published_by_user.pop(client.user, None)
+        for topic in names:
+            streams = self.producers.get(topic)
+            if streams is not None and streams.get(client) is call:
                 del streams[client]
                 if not streams:
                     del self.producers[topic]
+
+    def producer_topics_held(self):
+        """``{user: topic names its producers' streams hold}`` (``stats quotas``; None: no user, authentication off)."""
+        return {user or None: n for user, n in self.published_by_user.items()}
+
+    def publish(self, client, call, topics):
+        """Register ``call`` as ``client``'s stream for ``topics`` (its producer Settings' ``publishing.topics``),
+        replacing what its Settings before named. Checked before anything is kept: at most
+        ``limits.GRPC_MAX_TOPICS_PER_SETTINGS`` names (INVALID_ARGUMENT), each a legal topic name, and the names
+        kept stay within ``limits.GRPC_MAX_PRODUCER_TOPICS`` and the user's ``producer_topics`` quota
+        (RESOURCE_EXHAUSTED). So one stream holds at most one Settings' names, and a user at most its quota."""
+        most = limits.GRPC_MAX_TOPICS_PER_SETTINGS
+        if len(topics) > most:
+            raise GrpcError(Status.INVALID_ARGUMENT, "BAD_REQUEST: a producer's Settings names %d topics: at most %d "
+                            "(limits.GRPC_MAX_TOPICS_PER_SETTINGS)" % (len(topics), most))
+        names = set()
+        for resource in topics:
+            try:
+                limits.validate_topic(resource.name)
+            except errors.InvalidTopic as exc:
+                raise GrpcError(Status.INVALID_ARGUMENT, "ILLEGAL_TOPIC: %s" % exc) from None
+            names.add(resource.name)
+        mine = len(self.published.get(call, ()))
+        held = sum(self.published_by_user.values()) - mine
+        if held + len(names) > limits.GRPC_MAX_PRODUCER_TOPICS:
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: the broker keeps %d topic names of "
+                            "producers' streams (limits.GRPC_MAX_PRODUCER_TOPICS); this Settings names %d more"
+                            % (limits.GRPC_MAX_PRODUCER_TOPICS, len(names)))
+        guard = self.guard
+        if guard is not None and client.user:
+            try:
+                guard.quotas.check(client.user, "producer_topics", self.published_by_user.get(client.user, 0) - mine,
+                                   len(names))
+            except errors.QuotaExceeded as exc:
+                raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: %s" % exc) from None
+        self._unpublish(client, call)
+        if not names:
+            return
+        self.published[call] = frozenset(names)
+        self.published_by_user[client.user] = self.published_by_user.get(client.user, 0) + len(names)
+        for topic in names:
+            self.producers.setdefault(topic, {})[client] = call
 
     # -- Telemetry -------------------------------------------------------------------------------------------------
 
@@ -910,8 +966,7 @@ class MessagingService:
         answer.metric.on = False
         if settings.WhichOneof("pub_sub") == "publishing":
             if client.id and call.push is not None:  # asked about its topics' half messages (check_round)
-                for topic in settings.publishing.topics:
-                    self.producers.setdefault(topic.name, {})[client] = call
+                self.publish(client, call, settings.publishing.topics)
             policy = answer.backoff_policy
             policy.Clear()
             policy.max_attempts = PRODUCER_ATTEMPTS

@@ -229,7 +229,9 @@ class Broker:
                                        "partitions": {u: h[1] for u, h in self.store.topic_owners().items()},
                                        "request_waiters": self.replies.table.by_user(),
                                        "transactions": self.tx.manager.by_user(),
-                                       "timers": self.timers.held()})
+                                       "timers": self.timers.held(),
+                                       "producer_topics": self.grpc.service.producer_topics_held()
+                                       if self.grpc is not None else {}})
 
     @property
     def port(self):
