@@ -20,7 +20,7 @@ import calendar
 import hashlib
 import hmac
 import os
-import time
+import re
 
 __all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "mqv2_signature", "parse_mqv2",
            "mqv2_date_ms", "same", "same_secret"]
@@ -89,11 +89,20 @@ def parse_mqv2(value):
     return access_key, signature.lower()
 
 
+_MQV2_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
+
+
 def mqv2_date_ms(value):
     """The ``x-mq-date-time`` a RocketMQ 5 client signs (``yyyyMMdd'T'HHmmss'Z'``, UTC) in ms since the epoch;
     ValueError for another form."""
-    parsed = time.strptime(value.strip(), "%Y%m%dT%H%M%SZ")
-    return calendar.timegm(parsed) * 1000
+    m = _MQV2_DATE.fullmatch(value.strip())
+    if m is None:
+        raise ValueError("not yyyyMMdd'T'HHmmss'Z'")
+    year, month, day, hour, minute, second = (int(g) for g in m.groups())
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1] and hour < 24 and minute < 60
+            and second < 61):
+        raise ValueError("not a date")
+    return calendar.timegm((year, month, day, hour, minute, second)) * 1000
 
 
 def same(a, b):
