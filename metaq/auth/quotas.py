@@ -64,6 +64,8 @@ QUOTAS = {q.name: q for q in (
           "or cancelled)"),
     Quota("connections", limits.max_connections_for(1024), "limits.max_connections",
           "connections logged in as the user, on every port"),
+    Quota("parked_gets", limits.MAX_PARKED_GETS, "limits.max_parked_gets",
+          "long polls of the user parked at once waiting for a message (RocketMQ 5 receives and pulls)"),
     Quota("producer_topics", limits.GRPC_MAX_PRODUCER_TOPICS, "limits.GRPC_MAX_PRODUCER_TOPICS",
           "topic names the Settings of the user's RocketMQ 5 producers name, over all their open Telemetry streams"),
 )}

@@ -581,7 +581,9 @@ class MessagingService:
         """Up to ``batch_size`` (at most ``limits.POP_MAX_BATCH``) messages of any partition of the topic on this
         broker (the proxy pops broker-wide whatever queue id the client names), invisible to the group's other
         receivers for ``invisible_duration``; with nothing there, a long poll of ``long_polling_timeout`` (within
-        the call's deadline less ``POLL_RESERVE_MS``). Messages the filter expression refuses are acknowledged
+        the call's deadline less ``POLL_RESERVE_MS``), counted among the broker's parked long polls and its user's
+        (``parked_gets``: TOO_MANY_REQUESTS past either), ended at once when the client resets the call or its
+        connection ends (``call.cancelled``). Messages the filter expression refuses are acknowledged
         and never delivered to the group (the proxy acks tag mismatches); a batch all filtered out is followed by
         another, at least ``FILTER_ROUNDS`` batches a call. The stream: a status, the messages, a
         delivery timestamp."""
@@ -611,20 +613,25 @@ class MessagingService:
         end, last = start + wait / 1000.0, start + max(0, budget) / 1000.0
         host = self.endpoint()
         rounds = 0
+        cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
         try:
             while True:
                 rounds += 1
                 got = pop.receive(group, topic, batch, invisible,
                                   group_policy.fifo(self.store.groups.get(group), settings.fifo), settings.max_attempts,
-                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)))
+                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)), cancel=cancel,
+                                  user=getattr(call, "user", None))
                 kept, dropped = [], []
                 for r in got:
                     msg = message_of_record(r.record, host)
                     (kept if wanted is None or wanted(msg.properties) else dropped).append((r, msg))
+                if kept:  # from here on, a call that ends before its answer is sent gives them back (port._unsent)
+                    call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
                 if dropped:
                     pop.ack(group, topic, [r.handle for r, _m in dropped])
                 t = time.monotonic()
-                if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS):
+                if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS) or \
+                        (cancel is not None and cancel.is_set()):
                     break
         except errors.MetaqError as exc:
             raise Refusal(code_of(exc), str(exc)) from None
@@ -635,7 +642,6 @@ class MessagingService:
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
-        call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()
