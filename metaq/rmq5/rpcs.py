@@ -612,10 +612,10 @@ class MessagingService:
         start = time.monotonic()
         end, last = start + wait / 1000.0, start + max(0, budget) / 1000.0
         host = self.endpoint()
-        rounds = 0
+        rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
         try:
-            while True:
+            while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
                 got = pop.receive(group, topic, batch, invisible,
                                   group_policy.fifo(self.store.groups.get(group), settings.fifo), settings.max_attempts,
@@ -630,10 +630,12 @@ class MessagingService:
                 if dropped:
                     pop.ack(group, topic, [r.handle for r, _m in dropped])
                 t = time.monotonic()
-                if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS) or \
-                        (cancel is not None and cancel.is_set()):
+                if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS):
                     break
         except errors.MetaqError as exc:
+            if kept:  # taken, then refused (acknowledging the filtered-out ones): the client never gets them
+                call.unsent = None
+                self._receive_unsent(group, topic, [r for r, _m in kept])
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:
             self.renewer.heard(client_of(call))
