@@ -707,6 +707,14 @@ GRPC_MAX_CALL_S = 60.0
 #: receives; past it the one heard from longest ago is forgotten (it receives with the defaults until it sends its
 #: Settings again, as every client does every 30 s or so).
 GRPC_MAX_CONSUMER_CLIENTS = 4096
+#: Topic names one producer's Telemetry Settings may name (its ``publishing.topics``, each one a topic whose half
+#: messages' check-backs may ask it). A Settings naming more ends its stream INVALID_ARGUMENT before any name is kept;
+#: each Settings replaces the names of the one before on its stream, never adds to them.
+GRPC_MAX_TOPICS_PER_SETTINGS = 1024
+#: Topic names the gRPC port keeps over every producer's Telemetry stream (the producer table the check-backs ask);
+#: each user's share of it is its ``producer_topics`` quota (half by default). A Settings that would pass either ends
+#: its stream RESOURCE_EXHAUSTED, naming the bound; a closed stream's names go with it.
+GRPC_MAX_PRODUCER_TOPICS = 65_536
 #: Messages one gRPC PullMessage returns at most: a larger ``batch_size`` is served as this many (RocketMQ's broker
 #: caps a pull's messages at 32 alike), ``next_offset`` naming where the rest starts.
 GRPC_PULL_MAX_BATCH = 32
@@ -737,6 +745,10 @@ GRPC_CLIENT_IDLE_MS = 120_000
 #: A message held by a client that ended (NotifyClientTermination, its last Telemetry stream closed, or idle) is
 #: visible again this soon (RocketMQ's proxy: 1 s), not after its whole invisible duration.
 GRPC_RELEASE_INVISIBLE_MS = 1000
+#: How far a RocketMQ 5 call's signed ``x-mq-date-time`` may be from the broker's clock, before or after: the
+#: signature covers only that date, so an older one (a captured ``authorization`` header replayed) or one further
+#: ahead is refused UNAUTHORIZED, naming the bound. Clients sign each call with the time they make it.
+GRPC_AUTH_MAX_SKEW_MS = 15 * 60 * 1000
 
 # -- admin operations (docs/operating.md "Admin commands"; admin/service.py) ----------------
 

@@ -9,18 +9,21 @@
 * **RocketMQ's ACL signature** (``AclClientRPCHook``): Base64 of ``HMAC-SHA1(secret key, the values of the
   request's extFields sorted by key, the ``Signature`` itself left out, then the body)``.
 * **RocketMQ 5's gRPC credentials** (``MQv2-HMAC-SHA1`` in the ``authorization`` header): hex of
-  ``HMAC-SHA1(secret key, the x-mq-date-time header)`` (``mqv2_signature``, ``parse_mqv2``).
+  ``HMAC-SHA1(secret key, the x-mq-date-time header)`` (``mqv2_signature``, ``parse_mqv2``; the date a
+  signature was made, ``mqv2_date_ms``, so the broker can refuse an old one).
 
 Every comparison is ``hmac.compare_digest``.
 """
 
 import base64
+import calendar
 import hashlib
 import hmac
 import os
+import re
 
 __all__ = ["new_nonce", "text_proof", "replication_proof", "rocketmq_signature", "mqv2_signature", "parse_mqv2",
-           "same", "same_secret"]
+           "mqv2_date_ms", "same", "same_secret"]
 
 #: Random bytes in a nonce (hex on the wire: twice as many characters).
 NONCE_BYTES = 16
@@ -84,6 +87,22 @@ def parse_mqv2(value):
     if not access_key or not signature:
         raise ValueError("no Credential or no Signature")
     return access_key, signature.lower()
+
+
+_MQV2_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
+
+
+def mqv2_date_ms(value):
+    """The ``x-mq-date-time`` a RocketMQ 5 client signs (``yyyyMMdd'T'HHmmss'Z'``, UTC) in ms since the epoch;
+    ValueError for another form."""
+    m = _MQV2_DATE.fullmatch(value.strip())
+    if m is None:
+        raise ValueError("not yyyyMMdd'T'HHmmss'Z'")
+    year, month, day, hour, minute, second = (int(g) for g in m.groups())
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1] and hour < 24 and minute < 60
+            and second < 61):
+        raise ValueError("not a date")
+    return calendar.timegm((year, month, day, hour, minute, second)) * 1000
 
 
 def same(a, b):

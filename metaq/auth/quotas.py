@@ -17,8 +17,9 @@ With authentication off there are no users: every client is one tenant, bounded 
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
 The broker gives it (``Guard.quotas``) to what counts: the producers' table (``limit``: its eviction within a
 user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins, the timed
-messages pending. The transaction service asks the ``transactions`` quota before a user begins one more (open
-and prepared transactions, XA branches and half messages together: ``TxService.check_quota``).
+messages pending, the topic names of RocketMQ 5 producers' streams. The transaction service asks the
+``transactions`` quota before a user begins one more (open and prepared transactions, XA branches and half messages
+together: ``TxService.check_quota``).
 
 **Rates** (``RATES``): bytes per second a user's connections may send to the broker (``produce_bytes_per_s``)
 and be sent as the records of its gets and pulls (``fetch_bytes_per_s``). A client over its rate is delayed,
@@ -63,6 +64,10 @@ QUOTAS = {q.name: q for q in (
           "or cancelled)"),
     Quota("connections", limits.max_connections_for(1024), "limits.max_connections",
           "connections logged in as the user, on every port"),
+    Quota("parked_gets", limits.MAX_PARKED_GETS, "limits.max_parked_gets",
+          "long polls of the user parked at once waiting for a message (RocketMQ 5 receives and pulls)"),
+    Quota("producer_topics", limits.GRPC_MAX_PRODUCER_TOPICS, "limits.GRPC_MAX_PRODUCER_TOPICS",
+          "topic names the Settings of the user's RocketMQ 5 producers name, over all their open Telemetry streams"),
 )}
 
 

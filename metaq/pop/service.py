@@ -109,13 +109,17 @@ class PopService:
 
     # -- what a front-end asks ---------------------------------------------------
 
-    def receive(self, group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None, wait_ms=0):
+    def receive(self, group, topic, max_messages, invisible_ms, fifo=False, max_attempts=None, wait_ms=0,
+                cancel=None, user=None):
         """``max_attempts``: the group's deliveries before a dead letter (a gRPC client's Settings), at least 1;
         None: the broker's (``POP_MAX_ATTEMPTS``); a group with settings (groups/table.py) is refused when its
         consumption is disabled (ConsumptionDisabled) and its ``max_retries`` + 1 replace both.
         ``wait_ms`` (at most ``limits.MAX_WAIT_MS``): with nothing to
         hand out, BLOCKS this greenlet until a message arrives on a partition of the topic or one in flight expires
-        (a long poll, counted among the broker's parked gets: 503 past ``max_parked_gets``), then ``[]``."""
+        (a long poll, counted among the broker's parked gets: 503 past ``max_parked_gets``; and, given its ``user``,
+        among the user's: QuotaExceeded past its ``parked_gets`` quota), then ``[]``. ``cancel``: an Event set when
+        the caller's request is gone (a gRPC call reset, its connection ended): the long poll ends at once, ``[]``,
+        having taken nothing."""
         attempts = self.max_attempts if max_attempts is None else max(1, max_attempts)
         limits.validate_group(group)
         settings = self.store.groups.get(group)
@@ -130,11 +134,11 @@ class PopService:
         got = self._receive_now(group, topic, max_messages, invisible_ms, fifo, attempts)
         if got or not waits:
             return got
-        if not self.waiters.admit():
+        if not self.waiters.admit(user):
             raise errors.Unavailable("too many parked gets on the broker: the limit is %d" % self.waiters.max_parked)
         try:
             end = time.monotonic() + wait_ms / 1000.0
-            while not self.waiters.closed:
+            while not self.waiters.closed and not (cancel is not None and cancel.is_set()):
                 left = end - time.monotonic()
                 if left <= 0:
                     return []
@@ -142,14 +146,16 @@ class PopService:
                 if due is not None:
                     left = min(left, max(0.005, (due - now_ms()) / 1000.0))
                 keys = [(topic, p) for p in range(self.store.partitions_of(topic))]
-                self.waiters.wait_any(keys, left, Event(), seen, self.store.max_offset)
+                self.waiters.wait_any(keys, left, Event(), seen, self.store.max_offset, cancel)
+                if cancel is not None and cancel.is_set():
+                    return []
                 seen = self._seen(topic)
                 got = self._receive_now(group, topic, max_messages, invisible_ms, fifo, attempts)
                 if got:
                     return got
             return []
         finally:
-            self.waiters.leave()
+            self.waiters.leave(user)
 
     def _seen(self, topic):
         """``{(topic, p): visible end}`` of the topic's partitions, for ``PartitionWaiters.wait_any``'s ``seen``

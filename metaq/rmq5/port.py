@@ -19,8 +19,9 @@ by its ``grpc-timeout`` and ``limits.GRPC_MAX_CALL_S``: past it the call ends DE
 be stored, as any put whose acknowledgement is lost). Telemetry's commands are answered as they arrive, on the
 stream, which stays open until the client half-closes it. A path that is no MessagingService RPC, a content type
 that is not gRPC's (HTTP 415) and a request that does not parse are answered with gRPC's statuses, never a
-closed connection. Responses respect HTTP/2 flow control (a window used up waits for the client's
-WINDOW_UPDATE, at most ``request_timeout_s``).
+closed connection. A call the client resets, or whose connection ends, is told at once (``Call.cancelled``): its long
+poll ends and what it took is given back (``Call.unsent``). Responses respect HTTP/2 flow control (a window used up
+waits for the client's WINDOW_UPDATE, at most ``request_timeout_s``).
 """
 
 import logging
@@ -73,7 +74,7 @@ class Call:
     """One stream: what a handler is told of its call (the RPC, the metadata, the connection's session)."""
 
     __slots__ = ("stream_id", "rpc", "kind", "metadata", "timeout_s", "reader", "requests", "ended", "done",
-                 "reset", "headers_sent", "session", "peer", "greenlet", "push", "unsent", "user")
+                 "reset", "headers_sent", "session", "peer", "greenlet", "push", "unsent", "user", "cancelled")
 
     def __init__(self, stream_id, rpc, kind, metadata, timeout_s, reader, session, peer):
         self.stream_id = stream_id
@@ -93,6 +94,7 @@ class Call:
         self.push = None  # a Telemetry stream's: send one message on it from the service (False: it ended)
         self.unsent = None  # set by the service: called when the call ended before its whole answer was handed over
         self.user = ""  # the user this call signed in as (the service's login; "" with authentication off)
+        self.cancelled = Event()  # set when the client reset the call or the connection ended: its long poll ends
 
 
 class GrpcConnection(Connection):
@@ -166,6 +168,7 @@ class GrpcConnection(Connection):
             log.debug("grpc %s: %s", self.peer, exc)
         finally:
             for call in list(self.calls.values()):
+                call.cancelled.set()
                 if call.greenlet is not None:
                     call.greenlet.kill(block=False)
                 if call.kind == "telemetry":
@@ -202,6 +205,7 @@ class GrpcConnection(Connection):
             call = self.calls.pop(event.stream_id, None)
             if call is not None:
                 call.reset = True
+                call.cancelled.set()  # its parked wait ends now; what it took is given back (``_unsent``)
                 self._window.set()
                 if call.kind == "telemetry":
                     self.service.telemetry_closed(call)
@@ -325,6 +329,9 @@ class GrpcConnection(Connection):
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
             _unsent(call)
+        except gevent.GreenletExit:  # the connection ended: what the call took goes back
+            _unsent(call)
+            raise
         finally:
             self.running -= 1
 

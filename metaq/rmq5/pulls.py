@@ -10,7 +10,8 @@ the messages; MESSAGE_NOT_FOUND "no new message"; ILLEGAL_OFFSET for an offset o
 ``next_offset``, where the next pull starts; a refusal (names, permission, a filter that does not parse) is its
 status alone. With nothing to read the call is a long poll of ``long_polling_timeout`` (none given: the call's
 deadline), within the call's deadline less ``POLL_RESERVE_MS`` and ``limits.max_wait_ms``, woken by a put on the
-queue, counted among the broker's parked long polls (``limits.max_parked_gets``: past it TOO_MANY_REQUESTS).
+queue, counted among the broker's parked long polls (``limits.max_parked_gets``: past it TOO_MANY_REQUESTS) and its
+user's (the ``parked_gets`` quota, alike); a call the client resets (or whose connection ends) stops waiting at once.
 ``batch_size`` is at most ``limits.GRPC_PULL_MAX_BATCH`` (more is served as that many, as RocketMQ's broker caps a
 pull); below 1 it is BAD_REQUEST. TAG and SQL92 filter expressions are honoured as the remoting pull honours them
 (the unwanted records passed over, ``next_offset`` past them); a read that passes over only unwanted records is
@@ -136,22 +137,27 @@ class PullService:
         answer, offset = self._read(topic, queue, offset, filt, batch, readable)
         if answer is not None or wait <= 0:
             return answer or self._none(offset)
-        if not waiters.admit():
+        user, cancel = getattr(call, "user", None), getattr(call, "cancelled", None)
+        try:
+            admitted = waiters.admit(user)
+        except errors.QuotaExceeded as exc:
+            raise Refusal("TOO_MANY_REQUESTS", str(exc)) from None
+        if not admitted:
             raise Refusal("TOO_MANY_REQUESTS", "too many parked long polls on the broker: the limit is %d"
                           % waiters.max_parked)
         try:
             deadline = time.monotonic() + wait / 1000.0
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or waiters.closed:
+                if remaining <= 0 or waiters.closed or (cancel is not None and cancel.is_set()):
                     return self._none(offset)
-                waiters.wait(key, remaining, seen, end)  # at once when an append came since that read began
+                waiters.wait(key, remaining, seen, end, cancel)  # at once when an append came since that read began
                 seen = waiters.ends(end, (key,))
                 answer, offset = self._read(topic, queue, offset, filt, batch, readable)
                 if answer is not None:
                     return answer
         finally:
-            waiters.leave()
+            waiters.leave(user)
 
     @staticmethod
     def _none(offset):

@@ -138,6 +138,22 @@ def client_of(call):
     return ClientKey(getattr(call, "user", "") or "", call.metadata.get("x-mq-client-id") or "")
 
 
+def _check_signed_date(date_time, now):
+    """Refuse (UNAUTHORIZED) a signature whose ``x-mq-date-time`` is not within ``limits.GRPC_AUTH_MAX_SKEW_MS`` of
+    ``now`` (ms), either way, or does not parse: the signature covers only that date, so without the bound a
+    captured ``authorization`` header would sign calls for ever."""
+    try:
+        signed = proofs.mqv2_date_ms(date_time)
+    except ValueError:
+        raise Refusal("UNAUTHORIZED", "x-mq-date-time %r is not yyyyMMdd'T'HHmmss'Z'" % date_time[:40]) from None
+    skew = limits.GRPC_AUTH_MAX_SKEW_MS
+    if abs(now - signed) > skew:
+        raise Refusal("UNAUTHORIZED", "x-mq-date-time %s is %d s %s the broker's clock: a signature is accepted "
+                      "within %d s of it (limits.GRPC_AUTH_MAX_SKEW_MS; sign each call when it is made, check the "
+                      "client's clock)" % (date_time[:40], abs(now - signed) // 1000,
+                                           "behind" if signed < now else "ahead of", skew // 1000))
+
+
 def _endpoints_of(address):
     """``host:port`` (``[v6]:port``) as an ``apache.rocketmq.v2.Endpoints``."""
     host, _sep, port = address.rpartition(":")
@@ -199,6 +215,8 @@ class MessagingService:
         self.tx = tx
         self.checks = checks
         self.producers = {}  # topic -> {ClientKey: its Telemetry call}: whom a half message's check asks
+        self.published = {}  # Telemetry call -> the topic names its latest producer Settings registered
+        self.published_by_user = {}  # user ("" with authentication off) -> names its streams hold (``published``)
         self._check_task = None
         self.path = put_path
         self.guard = guard
@@ -280,6 +298,7 @@ class MessagingService:
         date_time = call.metadata.get("x-mq-date-time")
         if not date_time:
             raise Refusal("UNAUTHORIZED", "authorization without x-mq-date-time")
+        _check_signed_date(date_time, now_ms())
         session = call.session
         if guard.check_login(name, lambda secret: proofs.same(signature,
                                                               proofs.mqv2_signature(secret, date_time))) is None:
@@ -306,8 +325,12 @@ class MessagingService:
         """The topic's queues on this broker (from the store, with the topic table's permission) and, with
         ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
         write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0: on a
-        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it)."""
+        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it).
+        With authentication on, only a topic the user may publish to or subscribe to is answered (the proxy's
+        ``Permission.ANY``; ``Guard.known_to``, what a topic list shows it); any other is FORBIDDEN whether it
+        exists or not, so the refusal tells nothing of the topic."""
         topic = request.topic.name
+        self._may_know(call, topic)
         rows = self.cluster(topic) if self.cluster is not None else None
         route, why = [], None
         try:
@@ -339,6 +362,15 @@ class MessagingService:
         if not route:
             raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], why or "no broker holds it"))
         return pb.QueryRouteResponse(status=status("OK"), message_queues=route)
+
+    def _may_know(self, call, topic):
+        """Refuse (FORBIDDEN) a topic the call's user may neither publish to nor subscribe to; the decision is the
+        guard's (``known_to``), made from the names alone, before anything of the topic is looked at."""
+        guard = self.guard
+        known = guard.known_to(call.session) if guard is not None else None
+        if known is not None and not known(topic):
+            raise Refusal("FORBIDDEN", "permission denied: user %s may neither publish to nor subscribe to topic %s"
+                          % (call.user or "(none)", topic[:256]))
 
     def _endpoints(self, access_point):
         """This port's endpoint as routes name it: the address it is bound to, or, bound to every interface, the
@@ -549,7 +581,9 @@ class MessagingService:
         """Up to ``batch_size`` (at most ``limits.POP_MAX_BATCH``) messages of any partition of the topic on this
         broker (the proxy pops broker-wide whatever queue id the client names), invisible to the group's other
         receivers for ``invisible_duration``; with nothing there, a long poll of ``long_polling_timeout`` (within
-        the call's deadline less ``POLL_RESERVE_MS``). Messages the filter expression refuses are acknowledged
+        the call's deadline less ``POLL_RESERVE_MS``), counted among the broker's parked long polls and its user's
+        (``parked_gets``: TOO_MANY_REQUESTS past either), ended at once when the client resets the call or its
+        connection ends (``call.cancelled``). Messages the filter expression refuses are acknowledged
         and never delivered to the group (the proxy acks tag mismatches); a batch all filtered out is followed by
         another, at least ``FILTER_ROUNDS`` batches a call. The stream: a status, the messages, a
         delivery timestamp."""
@@ -578,23 +612,30 @@ class MessagingService:
         start = time.monotonic()
         end, last = start + wait / 1000.0, start + max(0, budget) / 1000.0
         host = self.endpoint()
-        rounds = 0
+        rounds, kept = 0, []
+        cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
         try:
-            while True:
+            while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
                 got = pop.receive(group, topic, batch, invisible,
                                   group_policy.fifo(self.store.groups.get(group), settings.fifo), settings.max_attempts,
-                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)))
+                                  wait_ms=max(0, int((end - time.monotonic()) * 1000)), cancel=cancel,
+                                  user=getattr(call, "user", None))
                 kept, dropped = [], []
                 for r in got:
                     msg = message_of_record(r.record, host)
                     (kept if wanted is None or wanted(msg.properties) else dropped).append((r, msg))
+                if kept:  # from here on, a call that ends before its answer is sent gives them back (port._unsent)
+                    call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
                 if dropped:
                     pop.ack(group, topic, [r.handle for r, _m in dropped])
                 t = time.monotonic()
                 if kept or not got or t >= last or (t >= end and rounds >= FILTER_ROUNDS):
                     break
         except errors.MetaqError as exc:
+            if kept:  # taken, then refused (acknowledging the filtered-out ones): the client never gets them
+                call.unsent = None
+                self._receive_unsent(group, topic, [r for r, _m in kept])
             raise Refusal(code_of(exc), str(exc)) from None
         if self.renewer is not None:
             self.renewer.heard(client_of(call))
@@ -603,7 +644,6 @@ class MessagingService:
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
-        call.unsent = functools.partial(self._receive_unsent, group, topic, [r for r, _m in kept])
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()
@@ -843,12 +883,66 @@ class MessagingService:
             self.clients.stream_closed(client, call)
         if self.renewer is not None:
             self.renewer.stream_closed(client, call)
-        for topic in list(self.producers):
-            streams = self.producers[topic]
-            if streams.get(client) is call:
+        self._unpublish(client, call)
+
+    def _unpublish(self, client, call):
+        """Forget the topic names ``call``'s Settings registered (its stream ended, or new Settings replace them)."""
+        names = self.published.pop(call, ())
+        if not names:
+            return
+        left = self.published_by_user.get(client.user, 0) - len(names)
+        if left > 0:
+            self.published_by_user[client.user] = left
+        else:
+            self.published_by_user.pop(client.user, None)
+        for topic in names:
+            streams = self.producers.get(topic)
+            if streams is not None and streams.get(client) is call:
                 del streams[client]
                 if not streams:
                     del self.producers[topic]
+
+    def producer_topics_held(self):
+        """``{user: topic names its producers' streams hold}`` (``stats quotas``; None: no user, authentication off)."""
+        return {user or None: n for user, n in self.published_by_user.items()}
+
+    def publish(self, client, call, topics):
+        """Register ``call`` as ``client``'s stream for ``topics`` (its producer Settings' ``publishing.topics``),
+        replacing what its Settings before named. Checked before anything is kept: at most
+        ``limits.GRPC_MAX_TOPICS_PER_SETTINGS`` names (INVALID_ARGUMENT), each a legal topic name, and the names
+        kept stay within ``limits.GRPC_MAX_PRODUCER_TOPICS`` and the user's ``producer_topics`` quota
+        (RESOURCE_EXHAUSTED). So one stream holds at most one Settings' names, and a user at most its quota."""
+        most = limits.GRPC_MAX_TOPICS_PER_SETTINGS
+        if len(topics) > most:
+            raise GrpcError(Status.INVALID_ARGUMENT, "BAD_REQUEST: a producer's Settings names %d topics: at most %d "
+                            "(limits.GRPC_MAX_TOPICS_PER_SETTINGS)" % (len(topics), most))
+        names = set()
+        for resource in topics:
+            try:
+                limits.validate_topic(resource.name)
+            except errors.InvalidTopic as exc:
+                raise GrpcError(Status.INVALID_ARGUMENT, "ILLEGAL_TOPIC: %s" % exc) from None
+            names.add(resource.name)
+        mine = len(self.published.get(call, ()))
+        held = sum(self.published_by_user.values()) - mine
+        if held + len(names) > limits.GRPC_MAX_PRODUCER_TOPICS:
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: the broker keeps %d topic names of "
+                            "producers' streams (limits.GRPC_MAX_PRODUCER_TOPICS); this Settings names %d more"
+                            % (limits.GRPC_MAX_PRODUCER_TOPICS, len(names)))
+        guard = self.guard
+        if guard is not None and client.user:
+            try:
+                guard.quotas.check(client.user, "producer_topics", self.published_by_user.get(client.user, 0) - mine,
+                                   len(names))
+            except errors.QuotaExceeded as exc:
+                raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: %s" % exc) from None
+        self._unpublish(client, call)
+        if not names:
+            return
+        self.published[call] = frozenset(names)
+        self.published_by_user[client.user] = self.published_by_user.get(client.user, 0) + len(names)
+        for topic in names:
+            self.producers.setdefault(topic, {})[client] = call
 
     # -- Telemetry -------------------------------------------------------------------------------------------------
 
@@ -880,8 +974,7 @@ class MessagingService:
         answer.metric.on = False
         if settings.WhichOneof("pub_sub") == "publishing":
             if client.id and call.push is not None:  # asked about its topics' half messages (check_round)
-                for topic in settings.publishing.topics:
-                    self.producers.setdefault(topic.name, {})[client] = call
+                self.publish(client, call, settings.publishing.topics)
             policy = answer.backoff_policy
             policy.Clear()
             policy.max_attempts = PRODUCER_ATTEMPTS

@@ -81,7 +81,9 @@ class Broker:
                                              "partitions": config.limits.max_partitions,
                                              "request_waiters": config.limits.max_pending_requests,
                                              "timers": config.limits.max_pending_timers,
-                                             "connections": config.max_connections()})
+                                             "connections": config.max_connections(),
+                                             "parked_gets": config.limits.max_parked_gets})
+        self.waiters.quota = lambda user, n: self.guard.quotas.check(user, "parked_gets", n)
         self.store = MessageStore.open(config.store_config(), now_ms(),
                                        lambda user: self.guard.quotas.limit(user, "idempotent_producers"),
                                        lambda user, n: self.guard.quotas.check(user, "consumer_offsets", n))
@@ -229,7 +231,10 @@ class Broker:
                                        "partitions": {u: h[1] for u, h in self.store.topic_owners().items()},
                                        "request_waiters": self.replies.table.by_user(),
                                        "transactions": self.tx.manager.by_user(),
-                                       "timers": self.timers.held()})
+                                       "timers": self.timers.held(),
+                                       "parked_gets": dict(self.waiters.by_user),
+                                       "producer_topics": self.grpc.service.producer_topics_held()
+                                       if self.grpc is not None else {}})
 
     @property
     def port(self):

@@ -4,7 +4,9 @@ Woken by the store's visibility changes (``notify``), never by a busy loop; ever
 wait ends at its deadline. Each parked wait has an Event of its own, so a wait
 that ends early (its connection closed) leaves in constant time however many
 others wait on the same partition. ``admit``/``leave`` count the long polls
-parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``).
+parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``) and, for a caller that names its
+user, the user's own against its ``parked_gets`` quota (``quota``). A wait given ``cancel`` (an Event its caller's
+request sets when it is gone: a gRPC call reset, its connection ended) returns as soon as it is set.
 ``wake_now`` is the text put paths' wake: the woken gets answer before the put's own ack goes out.
 
 A wake reaches only the waits registered when ``notify`` runs. A reader that read, then yielded before its wait
@@ -28,21 +30,37 @@ UNTOLD = -1
 class PartitionWaiters:
     """The waits parked per (topic, partition); a wake ends every wait of the partitions it names."""
 
-    def __init__(self, max_parked=limits.MAX_PARKED_GETS):
+    def __init__(self, max_parked=limits.MAX_PARKED_GETS, quota=None):
+        """``quota(user, parked)``: raises QuotaExceeded when ``user``, with ``parked`` long polls parked, may not
+        park one more (the guard's ``parked_gets`` quota); None: no user is counted."""
         self._waits = {}  # key -> set of Events, one per parked wait
         self.max_parked = max_parked
+        self.quota = quota
         self.parked = 0  # long polls admitted and not yet left
+        self.by_user = {}  # user -> its long polls admitted and not yet left (those admitted with a user)
         self.closed = False  # the broker is stopping: parked waits answer now
 
-    def admit(self):
-        """Count one more long poll until its ``leave``; False (not counted) when ``max_parked`` are parked."""
+    def admit(self, user=None):
+        """Count one more long poll (of ``user``, when named) until its ``leave(user)``; False (not counted) when
+        ``max_parked`` are parked; QuotaExceeded (not counted) when ``user`` holds its ``parked_gets`` quota."""
         if self.parked >= self.max_parked:
             return False
+        if user:
+            held = self.by_user.get(user, 0)
+            if self.quota is not None:
+                self.quota(user, held)
+            self.by_user[user] = held + 1
         self.parked += 1
         return True
 
-    def leave(self):
+    def leave(self, user=None):
         self.parked -= 1
+        if user:
+            left = self.by_user.get(user, 0) - 1
+            if left > 0:
+                self.by_user[user] = left
+            else:
+                self.by_user.pop(user, None)
 
     def close(self):
         """Wake every waiter for good: the broker is stopping."""
@@ -72,11 +90,11 @@ class PartitionWaiters:
         visible_end = cls.visible_end
         return any(visible_end(end, key) != at for key, at in seen.items())
 
-    def wait(self, key, timeout, seen=None, end=None):
-        """Block this greenlet until ``notify`` names ``key`` or ``timeout`` seconds pass. With ``end`` (the store's
-        ``max_offset``): ``seen`` is ``ends(end, ...)`` of the partitions the caller's read reads (``key``'s, or a
-        priority topic's levels), as of that read; when one moved since, returns True at once (the append's wake
-        came before this wait)."""
+    def wait(self, key, timeout, seen=None, end=None, cancel=None):
+        """Block this greenlet until ``notify`` names ``key``, ``cancel`` (an Event) is set or ``timeout`` seconds
+        pass. With ``end`` (the store's ``max_offset``): ``seen`` is ``ends(end, ...)`` of the partitions the
+        caller's read reads (``key``'s, or a priority topic's levels), as of that read; when one moved since, returns
+        True at once (the append's wake came before this wait)."""
         if end is not None and self.moved(seen, end):
             return True
         ev = Event()
@@ -85,18 +103,18 @@ class PartitionWaiters:
             waits = self._waits[key] = set()
         waits.add(ev)
         try:
-            return ev.wait(timeout)
+            return _wait_or_cancel(ev, timeout, cancel)
         finally:
             waits.discard(ev)  # the set may already be out of the map (a notify took it): harmless
             if not waits and self._waits.get(key) is waits:
                 del self._waits[key]
 
-    def wait_any(self, keys, timeout, ev, seen=None, end=None):
+    def wait_any(self, keys, timeout, ev, seen=None, end=None, cancel=None):
         """Block this greenlet until ``notify`` names any of ``keys``, ``ev`` is set by its owner, or ``timeout``
         seconds pass (an MQTT connection's delivery: every partition its subscriptions read, and a new
         subscription or an acknowledgement that makes room; a POP receive). Not counted in ``admit``. With ``end``
         (the store's ``max_offset``): ``seen`` is ``{key: visible_end(end, key)}`` as of the caller's reads (of
-        some of ``keys``), and when one moved since (``moved``), returns True at once."""
+        some of ``keys``), and when one moved since (``moved``), returns True at once. ``cancel``: as ``wait``'s."""
         if end is not None and self.moved(seen, end):
             return True
         held = []
@@ -107,7 +125,7 @@ class PartitionWaiters:
             waits.add(ev)
             held.append((key, waits))
         try:
-            return ev.wait(timeout)
+            return _wait_or_cancel(ev, timeout, cancel)
         finally:
             for key, waits in held:
                 waits.discard(ev)
@@ -158,3 +176,20 @@ class PartitionWaiters:
     def keys(self):
         """The (topic, partition) keys that have waiters now."""
         return list(self._waits)
+
+
+def _wait_or_cancel(ev, timeout, cancel):
+    """``ev.wait(timeout)``, ended early when ``cancel`` (an Event, or None) is set; True when either was set."""
+    if cancel is None:
+        return ev.wait(timeout)
+    if cancel.is_set():
+        return True
+
+    def wake(_cancel):
+        ev.set()
+
+    cancel.rawlink(wake)
+    try:
+        return ev.wait(timeout)
+    finally:
+        cancel.unlink(wake)

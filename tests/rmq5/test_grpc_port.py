@@ -418,8 +418,15 @@ def test_the_connection_cap_counts_the_grpc_port_with_the_others(tmp_path):
 # -- authentication ----------------------------------------------------------------------------------------
 
 
-def credentials(user, secret, date_time="20261125T120000Z"):
+def signing_date(at=None):
+    """``x-mq-date-time`` as a client signs it: ``at`` (seconds since the epoch, default now), UTC."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if at is None else at))
+
+
+def credentials(user, secret, date_time=None):
+    """The metadata of a call signed as ``user`` at ``date_time`` (default: now, as clients sign each call)."""
     from metaq.auth.proofs import mqv2_signature
+    date_time = signing_date() if date_time is None else date_time
     sig = mqv2_signature(secret.encode(), date_time).upper()  # Java and Node send upper case
     return [("x-mq-client-id", "auth@1"), ("x-mq-date-time", date_time),
             ("authorization", "MQv2-HMAC-SHA1 Credential=%s, SignedHeaders=x-mq-date-time, Signature=%s"

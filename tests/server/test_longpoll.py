@@ -5,6 +5,7 @@ append's wake went out before the wait began), and waits as before, woken by ``n
 import time
 
 import gevent
+import pytest
 from gevent.event import Event
 
 from metaq.protocol.message import encode_payload
@@ -102,3 +103,40 @@ def test_a_quiet_wait_is_passed_over_by_that_append_and_woken_by_the_next():
     assert w.notify([KEY]) is True  # the next append
     assert again.get(timeout=1) is True
     assert len(w) == 0  # every wait cleaned up after itself
+
+
+def test_a_cancel_ends_a_wait_at_once_and_leaves_nothing_registered():
+    w = PartitionWaiters()
+    for waiting in (lambda cancel: w.wait(KEY, 30.0, cancel=cancel),
+                    lambda cancel: w.wait_any([KEY, ("test", 1)], 30.0, Event(), cancel=cancel)):
+        cancel = Event()
+        g = gevent.spawn(waiting, cancel)
+        gevent.sleep(0.01)
+        assert len(w) >= 1  # parked
+        started = time.monotonic()
+        cancel.set()  # the caller's request is gone (a gRPC call reset, its connection ended)
+        assert g.get(timeout=15) is True
+        assert time.monotonic() - started < 15  # not the 30 s timeout
+        assert len(w) == 0
+        assert w.wait(KEY, 30.0, cancel=cancel) is True  # cancelled before it began: never waits
+
+
+def test_a_users_long_polls_count_against_its_quota_and_leave_frees_them():
+    from metaq.errors import QuotaExceeded
+
+    def quota(user, held):
+        if held + 1 > 2:
+            raise QuotaExceeded("parked_gets", user, 2, "quota parked_gets of user %s is 2" % user)
+
+    w = PartitionWaiters(max_parked=3, quota=quota)
+    assert w.admit("alice") and w.admit("alice")  # at her quota
+    with pytest.raises(QuotaExceeded, match="parked_gets"):
+        w.admit("alice")  # one past
+    assert (w.parked, w.by_user) == (2, {"alice": 2})  # the refused one not counted
+    assert w.admit("bob")  # another user's own share
+    assert not w.admit("carol")  # the broker's bound first
+    w.leave("alice")
+    w.leave("bob")
+    assert (w.parked, w.by_user) == (1, {"alice": 1})
+    assert w.admit()  # a caller naming no user counts on the broker only
+    assert w.by_user == {"alice": 1}
