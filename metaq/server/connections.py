@@ -533,13 +533,16 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
             if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
                 timeout, silent = self.idle_timeout, True
-        if login_left is not None and login_left < timeout:
+        by_login = login_left is not None and login_left < timeout
+        if by_login:
             timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
         except OSError as exc:  # socket.timeout included
             if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
+                if by_login and self._login_deadline is None:  # logged in while it waited (a gRPC call's login):
+                    return self.receive(nbytes)  # held to its other deadlines only
                 if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
                     log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                              self._rules.strangers.login_s)
