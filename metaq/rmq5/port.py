@@ -215,6 +215,9 @@ class GrpcConnection(Connection):
                 data = self.receive(limits.GRPC_RECV_BYTES)
                 if not data:
                     break
+                if self.ended:  # a call's end ended the connection meanwhile: h2 takes no more (it sent GOAWAY)
+                    self._linger()
+                    break
                 if not self._read(data):
                     break
                 self._flush()
@@ -275,12 +278,14 @@ class GrpcConnection(Connection):
 
     def _over(self):
         """True once a GOAWAY was sent either way and the calls it waits for are over: after the client's, every
-        stream it opened (its Telemetry streams end when it half-closes them); after the port's (``drain``), the
-        calls being answered (its Telemetry streams are then ended by the port)."""
+        stream it opened (its Telemetry streams end when it half-closes them); after the port's (``drain``), every
+        unary call, its request still arriving or being answered (the Telemetry streams are then the port's to
+        end)."""
+        if self.running or (self.draining is None and not self.goaway):
+            return False
         if self.draining is not None:
-            return self.running == 0
-        return self.goaway and not self.calls and self.running == 0
-
+            return all(c.kind == "telemetry" for c in self.calls.values())
+        return not self.calls
     def drain(self):
         """The broker is shutting down (the core, before its grace): GOAWAY naming the last stream taken, so the
         client opens no more; the calls open go on; with none running, the connection ends cleanly at once. Sent
@@ -291,6 +296,7 @@ class GrpcConnection(Connection):
         gevent.spawn(self._announce)
 
     def _announce(self):
+        """``drain``'s GOAWAY, after what h2 holds to send (h2 would close its state machine on sending it)."""
         goaway = GoAwayFrame(0)
         goaway.last_stream_id = self.draining
         try:
@@ -309,8 +315,11 @@ class GrpcConnection(Connection):
         if self.ended or self.closed:
             return
         self.ended = True
-        for call in list(self.calls.values()):
-            self._finish(call, Status.OK, reset=True)
+        for call in list(self.calls.values()):  # Telemetry streams: their client goes elsewhere
+            if call.kind == "telemetry":
+                self._finish(call, Status.OK, reset=True)
+            else:
+                self._finish(call, Status.UNAVAILABLE, "the broker is shutting down", reset=True)
         try:
             if self.h2.state_machine.state.name != "CLOSED":
                 self.h2.close_connection()
