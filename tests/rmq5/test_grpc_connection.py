@@ -320,6 +320,8 @@ def test_after_the_clients_goaway_its_open_streams_are_served_and_the_connection
 
 
 def test_at_shutdown_the_port_sends_goaway_finishes_the_open_call_then_closes(tmp_path):
+    """The GOAWAY names the last stream; the long poll is answered; the Telemetry stream ends with its trailers;
+    the last GOAWAY; the close; a clean exit."""
     cfg = small_config(tmp_path / "data", grpc={"port": free_port()})
     b = BrokerProcess(tmp_path, cfg).start()
     raw = RawH2(cfg["grpc"]["port"])
@@ -328,6 +330,12 @@ def test_at_shutdown_the_port_sends_goaway_finishes_the_open_call_then_closes(tm
                                            message_queue=pb.MessageQueue(topic=pb.Resource(name="t"), id=-1))
         request.invisible_duration.FromSeconds(10)
         request.long_polling_timeout.FromSeconds(3)
+        telemetry, _h = raw.open("Telemetry")
+        settings = pb.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing()))
+        command = settings.SerializeToString()
+        raw.conn.send_data(telemetry, b"\0" + len(command).to_bytes(4, "big") + command)
+        raw.flush()
+        assert _has(DataReceived)(raw.events(_has(DataReceived)))
         body = request.SerializeToString()
         sid, _h = raw.open("ReceiveMessage")
         raw.conn.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
@@ -343,6 +351,8 @@ def test_at_shutdown_the_port_sends_goaway_finishes_the_open_call_then_closes(tm
         first = got[goaways[0]]
         assert int.from_bytes(first[3][:4], "big") == sid and goaway_code([first]) == NO_ERROR, first
         assert goaways[0] < trailers[0] < goaways[-1], heads  # the GOAWAY, the call's end, the last GOAWAY
+        ends = [i for i, f in enumerate(heads) if f[0] == HEADERS and f[1] & END_STREAM and f[2] == telemetry]
+        assert ends and trailers[0] < ends[0] < goaways[-1], heads  # its Telemetry stream ended (trailers) too
         assert b.wait_exit(30) == 0
     finally:
         raw.close()
