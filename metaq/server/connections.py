@@ -458,9 +458,9 @@ class Connection:
         raise NotImplementedError
 
     def drain(self):
-        """The broker is shutting down (``ConnectionCore.shutdown``, before the idle connections close and the busy
-        ones get their grace): a front-end whose protocol announces it (HTTP/2's GOAWAY) does so here; the others
-        have nothing to say."""
+        """The broker is shutting down (``ConnectionCore.stop_accepting``, before long polls are answered, the idle
+        connections close and the busy ones get their grace): a front-end whose protocol announces it (HTTP/2's
+        GOAWAY) does so here; the others have nothing to say."""
 
     def await_login(self, host):
         """Count this connection as a stranger from ``host`` (the core, on a port with authentication on): it
