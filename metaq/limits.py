@@ -700,6 +700,19 @@ GRPC_MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
 #: SETTINGS_MAX_HEADER_LIST_SIZE. A larger header block ends the connection (GOAWAY): its HPACK state cannot be
 #: kept in step without decoding it.
 GRPC_MAX_HEADER_BYTES = 16 * 1024
+#: Bytes one receive of a gRPC connection takes: h2 parses all it is handed before the connection can share the loop
+#: again (``share_loop``), and 16 KiB of the smallest frames parse within about one turn (MAX_TURN_MS).
+GRPC_RECV_BYTES = 16 * 1024
+#: The window in which a gRPC connection's control frames and new streams are counted (GRPC_MAX_CONTROL_FRAMES,
+#: GRPC_MAX_NEW_STREAMS); a window starts with the first frame after the last one ended.
+GRPC_FLOOD_WINDOW_S = 10.0
+#: PING, SETTINGS, RST_STREAM and PRIORITY frames one gRPC connection may send in GRPC_FLOOD_WINDOW_S: past it the
+#: connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2 ping, settings and rapid-reset floods). A client sends a
+#: few (its SETTINGS, keepalive and flow-control pings, a cancelled call's reset) each second.
+GRPC_MAX_CONTROL_FRAMES = 1000
+#: Streams (calls) one gRPC connection may open in GRPC_FLOOD_WINDOW_S: past it the connection ends with GOAWAY
+#: ENHANCE_YOUR_CALM (a client opening streams as fast as it can), and the client reconnects.
+GRPC_MAX_NEW_STREAMS = 20_000
 #: Longest wait a unary call's grpc-timeout may ask for (none given: this): a send waiting for its flush or a
 #: slave is answered DEADLINE_EXCEEDED past it.
 GRPC_MAX_CALL_S = 60.0

@@ -16,7 +16,10 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                      messages, enums, field numbers and service), written for metaq
     messages_pb2.py  protoc's Python code of it: generated at setup (tools/protos.py), never committed
     wire.py          gRPC's framing: length-prefixed messages (``MessageReader``, a named maximum checked on the
-                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``)
+                     prefix), ``grpc-timeout``, the trailers (``grpc-status``, percent-encoded ``grpc-message``);
+                     HTTP/2 frames seen from their headers before h2 buffers them (``FrameGate``: a frame past
+                     SETTINGS_MAX_FRAME_SIZE refused from its header, an incomplete frame's bytes, the frames begun
+                     for the flood budgets, a client's GOAWAY kept from h2)
     records.py       a RocketMQ 5 message checked as the proxy checks it (``Refusal`` names the in-band Code) and
                      laid out as the properties a remoting send stores (tag, keys, message id, message group, time);
                      recall handles
@@ -26,7 +29,8 @@ front-end (the server layer)
     pulls.py         PullService: PullMessage, UpdateOffset, GetOffset, QueryOffset over the store's offset reads,
                      the consumer offsets, the broker's long-poll waiters and the guard, registered in rpcs.py's table
     port.py          the listener on the connection core and its HTTP/2 connections (h2): streams, flow control,
-                     the named limits (streams per connection, message bytes, header bytes), deadlines
+                     the named limits (streams per connection, message bytes, header bytes, control frames and new
+                     streams per window), deadlines, the loop shared, GOAWAY either way (a clean end)
     clientcommands.py  an admin's questions to a connected client on its Telemetry stream (PrintThreadStackTrace-
                      Command, VerifyMessageCommand), matched to the answers by nonce, bounded and timed
 client (the client layer)

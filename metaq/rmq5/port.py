@@ -11,7 +11,17 @@ h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces 
 * ``max_header_bytes`` (``limits.GRPC_MAX_HEADER_BYTES``): SETTINGS_MAX_HEADER_LIST_SIZE; a larger header block
   ends the connection (GOAWAY);
 * ``max_message_bytes`` (``limits.GRPC_MAX_MESSAGE_BYTES``): a request message announced larger ends its call with
-  grpc-status 8, the connection going on.
+  grpc-status 8, the connection going on;
+* SETTINGS_MAX_FRAME_SIZE (h2's default, 16 KiB): a frame declared larger ends the connection (GOAWAY
+  FRAME_SIZE_ERROR) from its header, before its body arrives (``wire.FrameGate``); the bytes of an incomplete
+  frame are a request under way (its deadline, the unfinished-request budgets, a stranger's among them);
+* ``max_control_frames`` and ``max_new_streams`` per ``flood_window_s`` (``limits.GRPC_MAX_CONTROL_FRAMES``,
+  ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): PING, SETTINGS, RST_STREAM and PRIORITY frames,
+  and streams opened; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2 flood and rapid
+  reset attacks).
+
+A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
+``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
 
 A unary call (and a server-streaming one, ReceiveMessage: one request, the responses the service lists) runs in a
 greenlet of its own once its request is whole (a send waits for its durability), bounded
@@ -22,6 +32,12 @@ that is not gRPC's (HTTP 415) and a request that does not parse are answered wit
 closed connection. A call the client resets, or whose connection ends, is told at once (``Call.cancelled``): its long
 poll ends and what it took is given back (``Call.unsent``). Responses respect HTTP/2 flow control (a window used up
 waits for the client's WINDOW_UPDATE, at most ``request_timeout_s``).
+
+A GOAWAY ends a connection cleanly either way (RFC 9113 section 6.8): the client's is kept from h2 (whose state
+machine would refuse every later frame) and the streams it opened are served to their end, then the port answers
+with its own GOAWAY and closes; at the broker's shutdown (``drain``) the port sends GOAWAY naming the last stream it
+took, refuses newer ones (REFUSED_STREAM), lets the open calls finish within the core's grace, then ends its
+Telemetry streams (OK), sends its last GOAWAY and closes.
 """
 
 import logging
@@ -38,11 +54,13 @@ from h2.events import (ConnectionTerminated, DataReceived, RemoteSettingsChanged
                        StreamReset, WindowUpdated)
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
 
 from metaq import limits
-from metaq.rmq5.wire import (OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, GrpcError, MessageReader, Status, frame,
-                             is_grpc_content_type, parse_timeout, rpc_name, trailers, trailers_only)
-from metaq.server.connections import Connection
+from metaq.rmq5.wire import (CONTROL_FRAMES, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, FrameGate, FrameTooLarge,
+                             GrpcError, MessageReader, Status, frame, is_grpc_content_type, parse_timeout, rpc_name,
+                             trailers, trailers_only)
+from metaq.server.connections import Connection, share_loop
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +77,54 @@ LINGER_S = 1.0
 class PortLimits:
     """The gRPC port's named limits (the ``grpc:`` settings; defaults from ``metaq.limits``)."""
 
-    __slots__ = ("max_streams", "max_message_bytes", "max_header_bytes", "max_call_s")
+    __slots__ = ("max_streams", "max_message_bytes", "max_header_bytes", "max_call_s", "max_control_frames",
+                 "max_new_streams", "flood_window_s")
 
     def __init__(self, max_streams=limits.GRPC_MAX_STREAMS_PER_CONNECTION,
                  max_message_bytes=limits.GRPC_MAX_MESSAGE_BYTES, max_header_bytes=limits.GRPC_MAX_HEADER_BYTES,
-                 max_call_s=limits.GRPC_MAX_CALL_S):
+                 max_call_s=limits.GRPC_MAX_CALL_S, max_control_frames=limits.GRPC_MAX_CONTROL_FRAMES,
+                 max_new_streams=limits.GRPC_MAX_NEW_STREAMS, flood_window_s=limits.GRPC_FLOOD_WINDOW_S):
         self.max_streams = max_streams
         self.max_message_bytes = max_message_bytes
         self.max_header_bytes = max_header_bytes
         self.max_call_s = max_call_s
+        self.max_control_frames = max_control_frames
+        self.max_new_streams = max_new_streams
+        self.flood_window_s = flood_window_s
+
+
+class FloodBudget:
+    """What one connection may send in a window of ``flood_window_s``: ``max_control_frames`` control frames
+    (``wire.CONTROL_FRAMES``) and ``max_new_streams`` streams opened. Time is passed in; a window starts with the
+    first frame after the last one ended."""
+
+    __slots__ = ("limits", "controls", "streams", "last_stream", "_since")
+
+    def __init__(self, port_limits):
+        self.limits = port_limits
+        self.controls = 0
+        self.streams = 0
+        self.last_stream = 0  # the highest stream id the client opened
+        self._since = None
+
+    def excess(self, heads, now):
+        """None while the frames begun (``wire.FrameHead``) keep within the budget, else why not."""
+        lim = self.limits
+        if self._since is None or now - self._since >= lim.flood_window_s:
+            self._since, self.controls, self.streams = now, 0, 0
+        for head in heads:
+            if head.type in CONTROL_FRAMES:
+                self.controls += 1
+            elif head.type == HEADERS and head.stream_id > self.last_stream:
+                self.last_stream = head.stream_id
+                self.streams += 1
+        if self.controls > lim.max_control_frames:
+            return "more than %d PING, SETTINGS, RST_STREAM and PRIORITY frames in %g s (grpc.max_control_frames)" % (
+                lim.max_control_frames, lim.flood_window_s)
+        if self.streams > lim.max_new_streams:
+            return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,
+                                                                                  lim.flood_window_s)
+        return None
 
 
 class Call:
@@ -124,18 +181,25 @@ class GrpcConnection(Connection):
         self._send_lock = Semaphore()
         self._window = Event()
         self._flush_due = False  # a deferred flush is spawned and has not run yet (``_flush_soon``)
-        self.goaway = False  # the client sent GOAWAY: nothing more is read
+        self.gate = FrameGate(self.h2.max_inbound_frame_size)  # frame sizes, heads and the client's GOAWAY
+        self.budget = FloodBudget(port_limits)
+        self.goaway = False  # the client sent GOAWAY: its open streams end, then the connection
+        self.draining = None  # the last stream id the port's GOAWAY named (``drain``): newer ones are refused
+        self.ended = False  # the port sent its last GOAWAY and shut its side (``_end_cleanly``)
 
     # -- what Connection.receive asks --------------------------------------------------------------------------
 
     @property
     def in_frame(self):
-        """A request under way: a message partly received, or a unary call whose request has not ended."""
-        return any(c.reader.buffered or (c.kind == "unary" and not c.ended) for c in self.calls.values())
+        """A request under way: an HTTP/2 frame or a message partly received, or a unary call whose request has not
+        ended."""
+        return bool(self.gate.partial) or any(c.reader.buffered or (c.kind == "unary" and not c.ended)
+                                              for c in self.calls.values())
 
     @property
     def buffered(self):
-        return sum(c.reader.buffered for c in self.calls.values())
+        """Bytes held of requests under way: an incomplete frame (h2 holds it) and the messages partly received."""
+        return self.gate.partial + sum(c.reader.buffered for c in self.calls.values())
 
     @property
     def busy(self):
@@ -148,22 +212,22 @@ class GrpcConnection(Connection):
         self.h2.increment_flow_control_window(WINDOW_BYTES)
         try:
             self._flush()
-            while not self.closed:
-                data = self.receive()
+            turn = time.monotonic()
+            while not self.closed and not self.ended:
+                data = self.receive(limits.GRPC_RECV_BYTES)
                 if not data:
                     break
-                try:
-                    events = self.h2.receive_data(data)
-                except ProtocolError as exc:
-                    log.info("grpc %s: HTTP/2 protocol error, closing: %s", self.peer, exc)
-                    self._flush()  # h2's GOAWAY
+                if self.ended:  # a call's end ended the connection meanwhile: h2 takes no more (it sent GOAWAY)
                     self._linger()
                     break
-                for event in events:
-                    self._event(event)
-                self._flush()
-                if self.goaway:
+                if not self._read(data):
                     break
+                self._flush()
+                if self._over():
+                    self._end_cleanly()
+                    self._linger()
+                    break
+                turn = share_loop(turn)  # a client that keeps the socket full lets the others run
         except OSError as exc:
             log.debug("grpc %s: %s", self.peer, exc)
         finally:
@@ -179,6 +243,94 @@ class GrpcConnection(Connection):
                     self._flush()
             except (OSError, ProtocolError):
                 pass
+
+    def _read(self, data):
+        """Hand ``data`` to h2 through the frame gate and serve its events; False when the connection ends (a frame
+        too large, a budget passed, a protocol error: each a GOAWAY)."""
+        try:
+            data, heads = self.gate.feed(data)
+        except FrameTooLarge as exc:
+            return self._refuse(ErrorCodes.FRAME_SIZE_ERROR, str(exc))
+        excess = self.budget.excess(heads, time.monotonic())
+        if excess is not None:
+            return self._refuse(ErrorCodes.ENHANCE_YOUR_CALM, excess)
+        if data:
+            try:
+                events = self.h2.receive_data(data)
+            except ProtocolError as exc:
+                log.info("grpc %s: HTTP/2 protocol error, closing: %s", self.peer, exc)
+                self._flush()  # h2's GOAWAY
+                self._linger()
+                return False
+            for event in events:
+                self._event(event)
+        if self.gate.goaway is not None and not self.goaway:
+            self.goaway = True  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
+        return True
+
+    def _refuse(self, error_code, why):
+        """End the connection with GOAWAY ``error_code``, saying ``why`` in the log; False."""
+        log.info("grpc %s: %s; closing (GOAWAY %s)", self.peer, why, error_code.name)
+        try:
+            self.h2.close_connection(error_code=error_code, additional_data=why.encode()[:200])
+            self._flush()
+        except ProtocolError:
+            pass
+        self._linger()
+        return False
+
+    def _over(self):
+        """True once a GOAWAY was sent either way and the calls it waits for are over: after the client's, every
+        stream it opened (its Telemetry streams end when it half-closes them); after the port's (``drain``), every
+        unary call, its request still arriving or being answered (the Telemetry streams are then the port's to
+        end)."""
+        if self.running or (self.draining is None and not self.goaway):
+            return False
+        if self.draining is not None:
+            return all(c.kind == "telemetry" for c in self.calls.values())
+        return not self.calls
+
+    def drain(self):
+        """The broker is shutting down (the core, before its grace): GOAWAY naming the last stream taken, so the
+        client opens no more; the calls open go on; with none running, the connection ends cleanly at once. Sent
+        from a greenlet of its own: a client that reads nothing cannot hold the shutdown."""
+        if self.closed or self.ended or self.draining is not None:
+            return
+        self.draining = self.h2.highest_inbound_stream_id
+        gevent.spawn(self._announce)
+
+    def _announce(self):
+        """``drain``'s GOAWAY, after what h2 holds to send (h2 would close its state machine on sending it)."""
+        goaway = GoAwayFrame(0)
+        goaway.last_stream_id = self.draining
+        try:
+            with self._send_lock:
+                data = self.h2.data_to_send() + goaway.serialize()
+                if not self.closed:
+                    self.sock.sendall(data)
+            if self._over():
+                self._end_cleanly()
+        except OSError as exc:
+            log.debug("grpc %s: %s", self.peer, exc)
+
+    def _end_cleanly(self):
+        """After a GOAWAY either way, once the calls that count are over: end the Telemetry streams left (OK), send
+        the last GOAWAY, and shut this side (the client closes its own once it has read them)."""
+        if self.ended or self.closed:
+            return
+        self.ended = True
+        for call in list(self.calls.values()):  # Telemetry streams: their client goes elsewhere
+            if call.kind == "telemetry":
+                self._finish(call, Status.OK, reset=True)
+            else:
+                self._finish(call, Status.UNAVAILABLE, "the broker is shutting down", reset=True)
+        try:
+            if self.h2.state_machine.state.name != "CLOSED":
+                self.h2.close_connection()
+            self._flush()
+            self.sock.shutdown(socket.SHUT_WR)
+        except (OSError, ProtocolError) as exc:
+            log.debug("grpc %s: %s", self.peer, exc)
 
     def _linger(self):
         """After a GOAWAY: stop sending and read what the client still sends, at most ``LINGER_S``, so that the
@@ -211,10 +363,16 @@ class GrpcConnection(Connection):
                     self.service.telemetry_closed(call)
         elif isinstance(event, (WindowUpdated, RemoteSettingsChanged)):
             self._window.set()
-        elif isinstance(event, ConnectionTerminated):
+        elif isinstance(event, ConnectionTerminated):  # (the gate keeps the client's GOAWAY from h2)
             self.goaway = True
 
     def _request(self, stream_id, headers):
+        if self.draining is not None and stream_id > self.draining:  # opened after the port's GOAWAY
+            try:
+                self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            except (StreamClosedError, ProtocolError):
+                pass
+            return
         metadata = {}
         for name, value in headers:
             if name in metadata and not name.startswith(":"):
@@ -334,6 +492,8 @@ class GrpcConnection(Connection):
             raise
         finally:
             self.running -= 1
+            if self._over():
+                self._end_cleanly()  # the last call after a GOAWAY: the connection ends (before the core's close)
 
     # -- sending -----------------------------------------------------------------------------------------------
 

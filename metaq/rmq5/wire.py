@@ -6,10 +6,20 @@ big-endian length, the protobuf bytes), unrelated to frame boundaries; a call en
 ``grpc-status`` (a decimal ``Status`` below) and ``grpc-message`` (percent-encoded UTF-8); ``grpc-timeout`` is
 1-8 digits and a unit. Every bound is a named limit: ``MessageReader`` refuses a message whose prefix says more
 than its maximum before keeping a byte of it.
+
+Below gRPC's layer, HTTP/2's frames as a client sends them are seen from their 9-byte headers (``FrameGate``)
+before h2 buffers a byte of them. h2 buffers a frame whole before it checks the frame's length against
+SETTINGS_MAX_FRAME_SIZE, and it takes a GOAWAY as the end of every stream (its connection state machine closes).
+The gate refuses a frame past the advertised size from its header (``FrameTooLarge``); tells how many bytes of an
+incomplete frame are held (``partial``: a request under way, with its deadline and budgets); names each frame begun
+(``FrameHead``: the port budgets control frames and new streams before h2 spends time on them); and keeps a
+client's GOAWAY out of the bytes h2 is fed (``goaway``), so that the streams the client opened go on to their
+end, as RFC 9113 section 6.8 says.
 """
 
 import enum
 import struct
+from typing import NamedTuple
 
 from metaq import limits
 
@@ -193,3 +203,107 @@ def _raw(headers):
 #: these bytes for every response instead of text it would encode each time.
 RESPONSE_HEADERS_RAW = _raw(response_headers())
 OK_TRAILERS_RAW = _raw(trailers(Status.OK))
+
+
+# -- HTTP/2 frames, from their headers ---------------------------------------------------------------------------
+
+
+#: The client connection preface (RFC 9113 section 3.4), passed to h2 as it is.
+PREFACE_BYTES = 24
+FRAME_HEADER_BYTES = 9
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+#: Frames that cost the server work and carry no request (the HTTP/2 flood attacks: ping, settings, reset,
+#: priority): each counts against the connection's control-frame budget.
+CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING))
+
+
+class FrameTooLarge(Exception):
+    """A frame header declares more than the advertised SETTINGS_MAX_FRAME_SIZE (FRAME_SIZE_ERROR)."""
+
+
+class FrameHead(NamedTuple):
+    """One frame's header: its type, flags and stream id."""
+
+    type: int
+    flags: int
+    stream_id: int
+
+
+class Goaway(NamedTuple):
+    """A GOAWAY the client sent: the last stream it may still take and its error code."""
+
+    last_stream_id: int
+    error_code: int
+
+
+class FrameGate:
+    """The frame boundaries of a server connection's inbound bytes (see the module doc's HTTP/2 part)."""
+
+    __slots__ = ("max_frame_size", "partial", "goaway", "_preface", "_head", "_left", "_type", "_body")
+
+    def __init__(self, max_frame_size):
+        self.max_frame_size = max_frame_size
+        self.partial = 0  # bytes of the frame begun and not yet whole (its header and body so far)
+        self.goaway = None  # the client's GOAWAY once one is whole (Goaway)
+        self._preface = PREFACE_BYTES  # bytes of the preface still to come
+        self._head = b""  # a frame header begun
+        self._left = 0  # body bytes of the current frame still to come
+        self._type = None  # the current frame's type while its body comes
+        self._body = None  # a GOAWAY's body so far (it is not passed on)
+
+    def feed(self, data):
+        """``data`` read from the client: the bytes for h2 (all but GOAWAY frames') and the heads of the frames
+        begun in it; raises FrameTooLarge at a header past ``max_frame_size``, whatever followed it."""
+        out, heads = [], []
+        view, pos, end = memoryview(data), 0, len(data)
+        if self._preface:
+            take = min(self._preface, end)
+            out.append(view[:take])
+            self._preface -= take
+            pos = take
+        while pos < end:
+            if self._left:
+                take = min(self._left, end - pos)
+                if self._body is not None:
+                    if len(self._body) < 8:
+                        self._body += bytes(view[pos:pos + min(take, 8 - len(self._body))])
+                else:
+                    out.append(view[pos:pos + take])
+                self._left -= take
+                self.partial += take
+                pos += take
+                if not self._left:
+                    self._whole()
+                continue
+            need = FRAME_HEADER_BYTES - len(self._head)
+            self._head += bytes(view[pos:pos + need])
+            pos += min(need, end - pos)
+            self.partial = len(self._head)
+            if len(self._head) < FRAME_HEADER_BYTES:
+                break
+            head = self._head
+            length = int.from_bytes(head[:3], "big")
+            if length > self.max_frame_size:
+                raise FrameTooLarge("a frame of %d bytes: the advertised SETTINGS_MAX_FRAME_SIZE is %d"
+                                    % (length, self.max_frame_size))
+            self._type = head[3]
+            heads.append(FrameHead(head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF))
+            if self._type == GOAWAY:
+                self._body = b""
+            else:
+                out.append(head)
+            self._left = length
+            if not length:
+                self._whole()
+        return b"".join(out), heads
+
+    def _whole(self):
+        """The current frame is whole: the next bytes start a header."""
+        if self._body is not None:
+            body = self._body.ljust(8, b"\0")
+            self.goaway = Goaway(int.from_bytes(body[:4], "big") & 0x7FFFFFFF, int.from_bytes(body[4:8], "big"))
+            self._body = None
+        self._head = b""
+        self._type = None
+        self.partial = 0

@@ -31,8 +31,8 @@ then applies the same rules to every accepted socket:
 * **Close hooks** (``on_close``): what must happen when any connection ends
   (the transaction service rolls back its local transactions...).
 * **Orderly close** at shutdown (``shutdown``): stop accepting on every
-  listener, close the idle connections, give the busy ones a grace period to
-  finish, then close the rest.
+  listener and tell the connections that can be told (``Connection.drain``: HTTP/2's GOAWAY), close the idle
+  connections, give the busy ones a grace period to finish, then close the rest.
 
 A check that applies to every connection (an address allow-list, TLS, a
 handshake) belongs here, once, not in each front-end.
@@ -457,6 +457,11 @@ class Connection:
     def serve(self):
         raise NotImplementedError
 
+    def drain(self):
+        """The broker is shutting down (``ConnectionCore.stop_accepting``, before long polls are answered, the idle
+        connections close and the busy ones get their grace): a front-end whose protocol announces it (HTTP/2's
+        GOAWAY) does so here; the others have nothing to say."""
+
     def await_login(self, host):
         """Count this connection as a stranger from ``host`` (the core, on a port with authentication on): it
         must log in within ``strangers.login_s``; ``logged_in`` ends that."""
@@ -528,13 +533,16 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
             if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
                 timeout, silent = self.idle_timeout, True
-        if login_left is not None and login_left < timeout:
+        by_login = login_left is not None and login_left < timeout
+        if by_login:
             timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
         except OSError as exc:  # socket.timeout included
             if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
+                if by_login and self._login_deadline is None:  # logged in while it waited (a gRPC call's login):
+                    return self.receive(nbytes)  # held to its other deadlines only
                 if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
                     log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
                              self._rules.strangers.login_s)
@@ -937,11 +945,17 @@ class ConnectionCore:
                 conn.close()
 
     def stop_accepting(self, keep=()):
-        """No new connection on any listener; those named in ``keep`` stay open (see ``shutdown``)."""
+        """No new connection on any listener; those named in ``keep`` stay open (see ``shutdown``). The connections
+        of the others are told (``Connection.drain``: HTTP/2's GOAWAY, no new streams), before the broker answers
+        what its connections wait for."""
         self.closing = True
         for listener in list(self._listeners):
             if listener.name not in keep:
                 listener.close()
+        for cid, conn in list(self._open.items()):
+            if self._listener_of[cid].name not in keep:
+                conn.drain()
+        gevent.sleep(0)  # what the drains send leaves before the broker goes on (the idle connections close)
 
     def shutdown(self, grace_s, keep=()):
         """Orderly close: no new connections, idle ones closed now, busy ones given ``grace_s`` to finish.

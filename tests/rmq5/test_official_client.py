@@ -354,6 +354,17 @@ def test_a_push_consumer_consumes_each_message_and_gets_a_failed_one_again(broke
     assert official.call("receive", consumer="c-push-after", max=16, invisible_s=1)["messages"] == []  # all acked
 
 
+def test_a_consumer_shut_down_while_it_long_polls_ends_its_connection_cleanly(broker, official):
+    official.call("consumer", name="c-bye", group="g-o-bye", subscriptions={"tq-o-bye": ["TAG", "*"]}, await_s=5)
+    before = len(broker.log_text())
+    answer = official.call("shutdown_receiving", name="c-bye", after_s=1.5, timeout=40)
+    assert "receive" in answer, answer  # it ended (the client cancels it), the driver goes on
+    logged = broker.log_text()[before:]
+    assert "HTTP/2 protocol error" not in logged, logged[-2000:]
+    official.call("consumer", name="c-bye-after", group="g-o-bye", subscriptions={"tq-o-bye": ["TAG", "*"]})
+    assert official.call("receive", consumer="c-bye-after", max=16, invisible_s=1)["messages"] == []  # still alive
+
+
 # -- across a kill -9 and over two brokers -----------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from h2.events import (DataReceived, RemoteSettingsChanged, ResponseReceived, St
 
 from metaq.rmq5.port import GrpcConnection, PortLimits
 from metaq.rmq5.wire import GrpcError, Status, frame
-from metaq.server.connections import ConnectionLimits
+from metaq.server.connections import ConnectionLimits, Strangers
 from metaq.server.guard import Session
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
@@ -49,11 +49,14 @@ class Slow:
 class Peer:
     """The client's side: h2 over one end of the pair, the port's connection served on the other."""
 
-    def __init__(self, service, port_limits=None, request_s=5.0):
+    def __init__(self, service, port_limits=None, request_s=5.0, rules=None):
         ours, theirs = socket.socketpair()
-        self.conn = GrpcConnection(theirs, ("127.0.0.1", 40000), 1, ConnectionLimits(5.0, request_s), service,
-                                   port_limits or PortLimits())
+        self.conn = GrpcConnection(theirs, ("127.0.0.1", 40000), 1, rules or ConnectionLimits(5.0, request_s),
+                                   service, port_limits or PortLimits())
         self.conn.session = Session("127.0.0.1")
+        if rules is not None and rules.strangers is not None:
+            rules.strangers.arrive("127.0.0.1")
+            self.conn.await_login("127.0.0.1")
         self.server = gevent.spawn(self.conn.serve)
         self.sock = ours
         self.h2 = H2Connection(H2Configuration(client_side=True, header_encoding="utf-8"))
@@ -204,3 +207,24 @@ def test_a_large_answer_waits_for_the_clients_window(peer_factory):
     got = p.until(sid, ended, timeout=10)
     assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(big)
     assert status_of(got) == (0, "")
+
+
+def test_an_incomplete_frame_counts_in_the_strangers_budget_until_it_is_whole(peer_factory):
+    strangers = Strangers(10.0, 100, 16)
+    p = peer_factory(Slow(), rules=ConnectionLimits(5.0, 5.0, strangers=strangers))
+    sid = p.h2.get_next_available_stream_id()
+    p.h2.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Echo"),
+                            (":authority", "x"), ("content-type", "application/grpc")])
+    p.h2.send_data(sid, frame(b"m" * 995), end_stream=True)  # one DATA frame of 1,000 bytes (9 of header)
+    data = p.h2.data_to_send()
+    p.sock.sendall(data[:-500])  # all but the last 500 bytes of that frame
+    with gevent.Timeout(5):
+        while strangers.partial_bytes != 509:
+            gevent.sleep(0.01)
+    assert p.conn.in_request and p.conn.buffered == 509
+    p.sock.sendall(data[-500:])  # whole: the call is answered, the budget given back
+    got = p.until(sid, ended)
+    assert b"".join(e.data for e in got if isinstance(e, DataReceived)) == frame(b"m" * 995)
+    with gevent.Timeout(5):
+        while strangers.partial_bytes:
+            gevent.sleep(0.01)

@@ -167,3 +167,41 @@ def test_a_recall_handle_is_read_up_to_its_limit():
     with pytest.raises(Refusal) as err:
         parse_recall_handle(past)
     assert err.value.code == "BAD_REQUEST" and "at most %d" % MAX_RECALL_HANDLE_BYTES in err.value.message
+
+
+def _frame(ftype, flags=0, sid=0, payload=b"", length=None):
+    n = len(payload) if length is None else length
+    return n.to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def test_the_frame_gate_passes_every_frame_but_goaway_whatever_the_chunks_and_counts_an_incomplete_one():
+    from metaq.rmq5.wire import DATA, GOAWAY, HEADERS, PING, FrameGate, FrameHead, Goaway
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    kept = _frame(HEADERS, 4, 1, b"h" * 10) + _frame(DATA, 1, 1, b"d" * 100) + _frame(PING, 0, 0, b"12345678")
+    goaway = _frame(GOAWAY, 0, 0, (1).to_bytes(4, "big") + (0).to_bytes(4, "big") + b"debug")
+    stream = preface + kept[:128] + goaway + kept[128:]  # the GOAWAY between the DATA and the PING
+    for size in (1, 7, 9, 64, len(stream)):
+        gate, out, heads = FrameGate(16384), [], []
+        for at in range(0, len(stream), size):
+            data, begun = gate.feed(stream[at:at + size])
+            out.append(data)
+            heads += begun
+            ping_at = len(preface) + 128 + len(goaway)
+            if ping_at < at + size < len(stream):
+                assert gate.partial == at + size - ping_at, size  # the PING's bytes so far
+        assert b"".join(out) == preface + kept and gate.partial == 0, size
+        assert heads == [FrameHead(HEADERS, 4, 1), FrameHead(DATA, 1, 1), FrameHead(GOAWAY, 0, 0),
+                         FrameHead(PING, 0, 0)], size
+        assert gate.goaway == Goaway(1, 0)
+
+
+def test_the_frame_gate_refuses_a_frame_past_the_max_frame_size_from_its_header():
+    from metaq.rmq5.wire import DATA, FrameGate, FrameTooLarge
+    gate = FrameGate(16384)
+    gate.feed(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    data, heads = gate.feed(_frame(DATA, 0, 1, length=16384) + b"x")  # at the limit: its body may come
+    assert len(heads) == 1 and gate.partial == 10
+    gate.feed(b"x" * 16383)
+    assert gate.partial == 0
+    with pytest.raises(FrameTooLarge):
+        gate.feed(_frame(DATA, 0, 1, length=16385))  # one byte more: from the header alone

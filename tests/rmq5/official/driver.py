@@ -16,6 +16,8 @@ on stdout, so a test keeps producers and consumers alive across its steps (a bro
 * ``{"op": "ack" | "change", "consumer": n, "ids": [message_id], "invisible_s": s}`` (the last message received
   with that id)
 * ``{"op": "shutdown", "name": n}``, ``{"op": "quit"}``
+* ``{"op": "shutdown_receiving", "name": n, "after_s": s}``: shut consumer ``n`` down ``after_s`` into a receive
+  (long-polling) begun meanwhile -> ``{"receive": "<what it returned or raised>"}``
 
 A command that raises answers ``{"error": "<exception class>: <text>"}``."""
 
@@ -170,6 +172,22 @@ class Driver:
     def shutdown(self, name):
         self.clients.pop(name).shutdown()
         return {}
+
+    def shutdown_receiving(self, name, after_s):
+        consumer, outcome = self.clients[name], {}
+
+        def receive():
+            try:
+                outcome["receive"] = "%d messages" % len(consumer.receive(16, 10))
+            except Exception as e:  # noqa: BLE001 - what the client raised is the answer
+                outcome["receive"] = "%s: %s" % (type(e).__name__, e)
+
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        time.sleep(after_s)
+        self.shutdown(name)
+        thread.join(30)
+        return outcome
 
 
 def main():

@@ -1,0 +1,359 @@
+"""The gRPC port's HTTP/2 connection against raw HTTP/2 peers (hand-built frames, or h2 as a client) and a real broker:
+floods of control frames and streams (the loop is shared, the budgets end the connection with ENHANCE_YOUR_CALM),
+frames refused from their header, an incomplete frame held to the request deadline, a first call that long-polls
+past the login deadline, and a GOAWAY either way ending the connection cleanly (RFC 9113 section 6.8)."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from metaq.client.local import BrokerProcess, free_port, small_config
+from tests.harness.acl import SECRETS, write_acl
+from tests.hostile.common import LoopProbe, hang_up
+from tests.rmq5.test_grpc_port import SERVICE, Client, RawH2, _has, code, credentials
+
+grpc = pytest.importorskip("grpc")
+pb = pytest.importorskip("metaq.rmq5.messages_pb2")
+hpack = pytest.importorskip("hpack")
+from h2.events import ConnectionTerminated, DataReceived, StreamEnded, StreamReset, TrailersReceived  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
+END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+NO_ERROR, FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0, 6, 11
+MAX_CONTROL = 50
+MAX_NEW_STREAMS = 20
+MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE: the port advertises HTTP/2's default
+
+
+def frame(ftype, flags=0, sid=0, payload=b"", length=None):
+    n = len(payload) if length is None else length
+    return n.to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def header_block(rpc):
+    """A request's header block in literals never indexed: HPACK that changes no table, sent as often as wanted."""
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + rpc), (":authority", "x"),
+               ("content-type", "application/grpc"), ("te", "trailers"), ("x-mq-client-id", "raw")]
+    return hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(n, v) for n, v in headers])
+
+
+class Frames:
+    """A raw peer's socket read as frames."""
+
+    def __init__(self, port, timeout=10):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout) if port else None
+        self.buf = b""
+
+    @classmethod
+    def over(cls, sock):
+        frames = cls(None)
+        frames.sock = sock
+        return frames
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def read(self, until, timeout=10):
+        """Frames ``(type, flags, stream id, payload)`` read until ``until(frames)`` holds or the connection ends
+        ("closed" last); the frames."""
+        got, deadline = [], time.monotonic() + timeout
+        while not until(got) and time.monotonic() < deadline:
+            while len(self.buf) >= 9 and len(self.buf) >= 9 + int.from_bytes(self.buf[:3], "big"):
+                n = int.from_bytes(self.buf[:3], "big")
+                got.append((self.buf[3], self.buf[4], int.from_bytes(self.buf[5:9], "big"), self.buf[9:9 + n]))
+                self.buf = self.buf[9 + n:]
+            if until(got):
+                break
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                break
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                got.append("closed")
+                break
+            self.buf += data
+        return got
+
+    def close(self):
+        self.sock.close()
+
+
+def goaway_code(frames):
+    """The error code of the first GOAWAY among ``frames`` (None: none)."""
+    for f in frames:
+        if f != "closed" and f[0] == GOAWAY:
+            return int.from_bytes(f[3][4:8], "big")
+    return None
+
+
+def answered(frames):
+    """The streams answered to their end among ``frames``."""
+    return {f[2] for f in frames if f != "closed" and f[0] == HEADERS and f[1] & END_STREAM}
+
+
+def ended(frames):
+    return "closed" in frames or goaway_code(frames) is not None
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("grpcconn")
+    cfg = small_config(wd / "data", grpc={"port": free_port(), "max_control_frames": MAX_CONTROL,
+                                          "max_new_streams": MAX_NEW_STREAMS},
+                       store={"flush": "async", "flush_interval_ms": 20})
+    b = BrokerProcess(wd, cfg).start()
+    yield b
+    b.kill()
+
+
+def grpc_port(b):
+    return b.config["grpc"]["port"]
+
+
+# -- control frames and streams: the loop shared, the budgets ---------------------------------------------------
+
+
+def flood(kind):
+    """64 KiB or so of one flood's frames, stream ids from ``kind``'s counter (a reset flood's streams)."""
+    if kind == "ping":
+        return frame(PING, 0, 0, b"12345678") * 3800
+    if kind == "settings":
+        return frame(SETTINGS) * 7200
+    block = header_block("SendMessage")
+    sid, parts = flood.next_sid, []
+    for _ in range(1000):
+        parts.append(frame(HEADERS, END_HEADERS, sid, block) + frame(RST_STREAM, 0, sid, b"\0\0\0\x08"))
+        sid += 2
+    flood.next_sid = sid
+    return b"".join(parts)
+
+
+flood.next_sid = 1
+
+
+def attacker(port, kind, stop):
+    """Flood the port with ``kind`` frames as fast as it takes them, reading and dropping what it answers, connecting
+    again whenever the broker closes the connection, until ``stop``."""
+    while not stop.is_set():
+        flood.next_sid = 1
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            time.sleep(0.01)
+            continue
+        reader = threading.Thread(target=_drop, args=(s,), daemon=True)
+        reader.start()
+        try:
+            s.sendall(PREFACE + frame(SETTINGS))
+            while not stop.is_set():
+                s.sendall(flood(kind))
+        except OSError:
+            pass
+        hang_up(s)
+        reader.join(5)
+
+
+def _drop(s):
+    try:
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ping", "settings", "reset"])
+def test_a_flood_of_control_frames_lets_other_clients_in(broker, kind):
+    stop = threading.Event()
+    thread = threading.Thread(target=attacker, args=(grpc_port(broker), kind, stop), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        with LoopProbe(broker.port) as probe:
+            time.sleep(3)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert probe.latencies and not probe.failures
+    # one turn of the loop at most (the whole flood, reconnecting as it is closed, before)
+    assert probe.worst() < 1.0, (probe.worst(), len(probe.latencies))
+    assert len(probe.latencies) >= 20, len(probe.latencies)
+
+
+def test_control_frames_up_to_grpc_max_control_frames_are_answered_and_one_more_ends_the_connection(broker):
+    raw = Frames(grpc_port(broker))
+    try:
+        # its SETTINGS and the acknowledgement of the port's count: 2 of the budget
+        raw.send(PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK))
+        pings = MAX_CONTROL - 2
+        raw.send(b"".join(frame(PING, 0, 0, i.to_bytes(8, "big")) for i in range(pings)))
+        got = raw.read(lambda got: sum(1 for f in got if f != "closed" and f[0] == PING) == pings or ended(got))
+        assert sum(1 for f in got if f != "closed" and f[:2] == (PING, ACK)) == pings and not ended(got), got[-3:]
+        raw.send(frame(PING, 0, 0, b"one more"))
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
+    finally:
+        raw.close()
+
+
+def test_streams_up_to_grpc_max_new_streams_are_answered_and_one_more_ends_the_connection(broker):
+    raw = Frames(grpc_port(broker))
+    block = header_block("Heartbeat")
+    try:
+        raw.send(PREFACE + frame(SETTINGS))
+        # each a whole call (no request message: answered INTERNAL in its trailers), all at once
+        raw.send(b"".join(frame(HEADERS, END_HEADERS | END_STREAM, 2 * i + 1, block) for i in range(MAX_NEW_STREAMS)))
+        got = raw.read(lambda got: len(answered(got)) == MAX_NEW_STREAMS or ended(got))
+        assert len(answered(got)) == MAX_NEW_STREAMS and not ended(got), got[-3:]
+        raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 2 * MAX_NEW_STREAMS + 1, block))
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
+    finally:
+        raw.close()
+
+
+# -- frame sizes and incomplete frames -----------------------------------------------------------------------
+
+
+def test_a_frame_at_max_frame_size_is_served_and_one_byte_more_is_refused_from_its_header(broker):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS, 1, header_block("Heartbeat")))
+        body = b"\0" + (MAX_FRAME - 5).to_bytes(4, "big") + b"\0" * (MAX_FRAME - 5)  # not a HeartbeatRequest
+        raw.send(frame(DATA, END_STREAM, 1, body))
+        got = raw.read(lambda got: any(f != "closed" and f[0] == HEADERS and f[1] & END_STREAM for f in got)
+                       or ended(got))
+        assert not ended(got), got  # answered (its grpc-status says what the request was)
+        raw.send(frame(HEADERS, END_HEADERS, 3, length=MAX_FRAME + 1) + b"\0" * 100)  # its body never comes
+        got = raw.read(lambda got: "closed" in got, timeout=5)
+        assert goaway_code(got) == FRAME_SIZE_ERROR and "closed" in got, got
+    finally:
+        raw.close()
+
+
+def test_an_incomplete_frame_is_held_to_the_request_deadline(tmp_path):
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()},
+                       limits={"idle_timeout_s": 60, "request_timeout_s": 2})
+    b = BrokerProcess(tmp_path, cfg).start()
+    raw = Frames(cfg["grpc"]["port"])
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS, 1, length=1000))
+        started = time.monotonic()
+        closed = False
+        while time.monotonic() - started < 10 and not closed:  # a byte every 0.5 s: never idle
+            try:
+                raw.send(b"\0")
+            except OSError:
+                closed = True
+                break
+            closed = "closed" in raw.read(lambda got: "closed" in got, timeout=0.5)
+        took = time.monotonic() - started
+        assert closed and took < 6, took
+        assert "a partial request for 2 s; closing" in b.log_text()
+    finally:
+        raw.close()
+        b.kill()
+
+
+# -- logging in ----------------------------------------------------------------------------------------------
+
+
+def test_a_first_call_that_long_polls_outlives_the_login_deadline(tmp_path):
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()}, limits={"login_timeout_s": 1},
+                       security={"acl_file": write_acl(tmp_path / "acl.yaml")})
+    b = BrokerProcess(tmp_path, cfg).start()
+    c = Client(cfg["grpc"]["port"])
+    try:
+        request = pb.ReceiveMessageRequest(group=pb.Resource(name="billing"), batch_size=1,
+                                           message_queue=pb.MessageQueue(topic=pb.Resource(name="orders"), id=-1))
+        request.invisible_duration.FromSeconds(10)
+        request.long_polling_timeout.FromSeconds(3)
+        call = c.channel.unary_stream(SERVICE + "ReceiveMessage", request_serializer=lambda m: m.SerializeToString(),
+                                      response_deserializer=pb.ReceiveMessageResponse.FromString)
+        started = time.monotonic()
+        responses = list(call(request, metadata=credentials("alice", SECRETS["alice"]), timeout=20))
+        took = time.monotonic() - started
+        assert code(responses[0].status) == "MESSAGE_NOT_FOUND" and took > 2.5, (responses, took)
+        assert "not logged in" not in b.log_text() and "no request for" not in b.log_text()
+    finally:
+        c.close()
+        b.kill()
+
+
+# -- GOAWAY ----------------------------------------------------------------------------------------------------
+
+
+def test_after_the_clients_goaway_its_open_streams_are_served_and_the_connection_ends_cleanly(broker):
+    raw = RawH2(grpc_port(broker))
+    try:
+        telemetry, _h = raw.open("Telemetry")
+        settings = pb.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing()))
+        body = settings.SerializeToString()
+        raw.conn.send_data(telemetry, b"\0" + len(body).to_bytes(4, "big") + body)
+        raw.flush()
+        assert _has(DataReceived)(raw.events(_has(DataReceived)))
+        heartbeat, _h = raw.open("Heartbeat")
+        raw.sock.sendall(frame(GOAWAY, 0, 0, b"\0\0\0\0" + NO_ERROR.to_bytes(4, "big")))  # h2 would send no more
+        raw.conn.send_data(heartbeat, b"\0\0\0\0\0", end_stream=True)  # the call's request, after the GOAWAY
+        raw.flush()
+        got = raw.events(lambda got: any(isinstance(e, TrailersReceived) and e.stream_id == heartbeat for e in got))
+        trailers = [e for e in got if isinstance(e, TrailersReceived) and e.stream_id == heartbeat]
+        assert trailers and dict(trailers[0].headers)["grpc-status"] == "0", got
+        raw.conn.send_data(telemetry, b"", end_stream=True)  # its Telemetry stream half-closed: the last one
+        raw.flush()
+        got += raw.events(lambda got: "closed" in got)
+        assert any(isinstance(e, StreamEnded) and e.stream_id == telemetry for e in got), got
+        terminated = [e for e in got if isinstance(e, ConnectionTerminated)]
+        assert terminated and terminated[0].error_code == NO_ERROR and "closed" in got, got
+        assert not [e for e in got if isinstance(e, StreamReset) and e.error_code != NO_ERROR], got
+    finally:
+        raw.close()
+    assert "HTTP/2 protocol error" not in broker.log_text()
+
+
+def test_at_shutdown_the_port_sends_goaway_finishes_the_open_call_then_closes(tmp_path):
+    """The GOAWAY names the last stream; the long poll is answered; the Telemetry stream ends with its trailers;
+    the last GOAWAY; the close; a clean exit."""
+    cfg = small_config(tmp_path / "data", grpc={"port": free_port()})
+    b = BrokerProcess(tmp_path, cfg).start()
+    raw = RawH2(cfg["grpc"]["port"])
+    try:
+        request = pb.ReceiveMessageRequest(group=pb.Resource(name="g"), batch_size=1,
+                                           message_queue=pb.MessageQueue(topic=pb.Resource(name="t"), id=-1))
+        request.invisible_duration.FromSeconds(10)
+        request.long_polling_timeout.FromSeconds(3)
+        telemetry, _h = raw.open("Telemetry")
+        settings = pb.TelemetryCommand(settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing()))
+        command = settings.SerializeToString()
+        raw.conn.send_data(telemetry, b"\0" + len(command).to_bytes(4, "big") + command)
+        raw.flush()
+        assert _has(DataReceived)(raw.events(_has(DataReceived)))
+        body = request.SerializeToString()
+        sid, _h = raw.open("ReceiveMessage")
+        raw.conn.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+        raw.flush()
+        time.sleep(0.5)  # the receive long-polls
+        b.proc.send_signal(15)
+        raw.conn = None  # h2 would take nothing after the GOAWAY: the frames are read as they come
+        got = Frames.over(raw.sock).read(lambda got: "closed" in got, timeout=20)
+        heads = [f[:3] for f in got if f != "closed"]
+        goaways = [i for i, f in enumerate(heads) if f[0] == GOAWAY]
+        trailers = [i for i, f in enumerate(heads) if f[0] == HEADERS and f[1] & END_STREAM and f[2] == sid]
+        assert goaways and trailers and "closed" in got, got
+        first = got[goaways[0]]
+        assert int.from_bytes(first[3][:4], "big") == sid and goaway_code([first]) == NO_ERROR, first
+        assert goaways[0] < trailers[0] < goaways[-1], heads  # the GOAWAY, the call's end, the last GOAWAY
+        ends = [i for i, f in enumerate(heads) if f[0] == HEADERS and f[1] & END_STREAM and f[2] == telemetry]
+        assert ends and trailers[0] < ends[0] < goaways[-1], heads  # its Telemetry stream ended (trailers) too
+        assert b.wait_exit(30) == 0
+    finally:
+        raw.close()
+        b.kill()
