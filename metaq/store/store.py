@@ -15,7 +15,7 @@ import struct
 from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
 from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
-from metaq.store import batch, gather, lookup, recovery, replica
+from metaq.store import batch, gather, lookup, recovery, replica, unitcheck
 from metaq.store.ahead import AheadWork
 from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
@@ -600,6 +600,11 @@ class MessageStore:
         return scan if stepwise else scan.run()
 
     # -- replication (the logic and its contract: replica.py) ---------------
+
+    def check_units(self):
+        """BLOCKING (a worker thread; no append meanwhile): rebuild from the log the index units at risk that do not
+        name their records (unitcheck.py), as recovery does: a slave before each catch-up. Returns how many."""
+        return unitcheck.check_units(self._log, list(self._parts.values()), self._pos.written)
 
     def read_log(self, position, max_bytes, upto="flushed"):
         """Master: ``(memoryview, next_position)``, whole records/blank tails of one segment from ``position``."""
