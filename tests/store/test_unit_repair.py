@@ -18,6 +18,8 @@ from metaq.errors import CorruptRecord
 from metaq.store.index import UNIT, UNIT_SIZE
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
+pytestmark = pytest.mark.fault  # files damaged
+
 CFG = dict(segment_size=64 << 10, index_file_units=512)  # index files of two pages; several segments
 COUNT = 2600
 
