@@ -9,13 +9,15 @@ Each run is rebuilt from the log: its records lie between the end of the record 
 the one after it (by their units, when those are good), and recovery's scan of that stretch
 (``recovery_scan.scan_log``) gives their units. A record the log does not hold stays a corrupt record (logged).
 
-BLOCKING (it reads the maps, cold pages included): recovery runs it, and a slave before each catch-up, in a worker
-thread. No sockets, threads or clock.
+``check_units`` is BLOCKING (it reads the maps, cold pages included): recovery runs it, and a slave before each
+catch-up, in a worker thread. ``repair_resident`` is a read's (on the event loop): one unit, rebuilt only when what
+it reads is in memory already and within ``limits.UNIT_REPAIR_READ_BYTES``. No sockets, threads or clock.
 """
 
 import logging
+import mmap
 
-from metaq.limits import RECOVERY_SCAN_RECORDS
+from metaq import limits
 from metaq.store.index import UNIT_SIZE
 from metaq.store.record import record_is, record_ok
 from metaq.store.recovery_scan import scan_log
@@ -130,7 +132,8 @@ def _units_between(log_, p, lo, hi, start, stop):
         end = min(seg.end, stop) - seg.start
         rel = pos - seg.start
         while rel < end and len(found) < hi - lo:
-            rel_next, count, _max_id, units, runs = scan_log(seg.file.mm, rel, end, seg.start, RECOVERY_SCAN_RECORDS)
+            rel_next, count, _max_id, units, runs = scan_log(seg.file.mm, rel, end, seg.start,
+                                                                    limits.RECOVERY_SCAN_RECORDS)
             for topic, partition, first, at, n in runs:
                 if (topic, partition) != key or first >= hi or first + n <= lo:
                     continue
@@ -143,3 +146,52 @@ def _units_between(log_, p, lo, hi, start, stop):
         pos = seg.end
     return found
 
+
+
+def repair_resident(log_, p, n, written):
+    """Rebuild unit ``n`` of ``p`` on the spot (a read met it: it does not name its record) when that reads no disk:
+    the units before and after it name their records, the stretch between those records is at most
+    ``limits.UNIT_REPAIR_READ_BYTES`` within one segment, and every page of the three records' span and of the
+    unit is resident. True when rebuilt (logged); False leaves it to ``check_units`` (the next start or catch-up).
+    A record the unit names that is its own but fails its CRC is corrupt for real: not a unit to rebuild."""
+    if not p.min < n < p.max - 1:
+        return False
+    f = p.file_for(n)
+    if f is None or not f.file.resident((n - f.start) * UNIT_SIZE):
+        return False
+    before, after = p.unit(n - 1), p.unit(n + 1)
+    seg = log_.segment_at(before[0]) if before[1] > 0 else None
+    if seg is None or after[1] <= 0 or not seg.start <= after[0] < seg.end or after[0] + after[1] > seg.end:
+        return False
+    lo, hi = before[0] + before[1], after[0]
+    if not 0 <= hi - lo <= limits.UNIT_REPAIR_READ_BYTES:
+        return False
+    if not _resident(seg.file, before[0] - seg.start, hi + after[1] - seg.start):
+        return False
+    if _names_its_own_record(log_, p, n) or not (unit_names_its_record(log_, p, n - 1)
+                                                  and unit_names_its_record(log_, p, n + 1)):
+        return False
+    return _rebuild(log_, p, n, n + 1, p.min, written) == 1
+
+
+def _resident(file, start, end):
+    """True when every page of ``[start, end)`` of ``file`` (a MappedFile) is in memory."""
+    page = start - start % mmap.PAGESIZE
+    while page < end:
+        if not file.resident(page):
+            return False
+        page += mmap.PAGESIZE
+    return True
+
+
+def _names_its_own_record(log_, p, n):
+    """True when unit ``n`` points at a record whose header says it is ``p``'s record ``n`` (whatever its CRC), or
+    at a header not in memory (not looked at: taken as its own)."""
+    u = p.unit(n)
+    seg = log_.segment_at(u[0]) if u is not None and u[1] > 0 else None
+    if seg is None or u[0] + u[1] > seg.end:
+        return False
+    rel = u[0] - seg.start
+    if not _resident(seg.file, rel, min(seg.size, rel + u[1])):
+        return True
+    return record_is(seg.view, rel, u[1], p.topic_bytes, p.partition, n)

@@ -14,8 +14,10 @@ import os
 
 import pytest
 
+from metaq import limits
 from metaq.errors import CorruptRecord
 from metaq.store.index import UNIT, UNIT_SIZE
+from metaq.store.mapped import MappedFile
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
 pytestmark = pytest.mark.fault  # files damaged
@@ -106,4 +108,45 @@ def test_a_unit_whose_record_is_gone_from_the_log_stays_corrupt_and_is_logged(da
         s.read("test", 1, 512, 1 << 20)
     assert exc.value.offset == 512
     assert [payload_of(m) for m in read_all(s, "test", 1, start=513)] == written[513:]
+    s.close(NOW)
+
+
+def _stretch(s, n):
+    """The log bytes between the records before and after record ``n`` of test-1 (what a read's repair scans)."""
+    p = s._parts[("test", 1)]
+    before, after = p.unit(n - 1), p.unit(n + 1)
+    return after[0] - (before[0] + before[1])
+
+
+@pytest.mark.parametrize("past", [0, 1], ids=["at the limit", "one past it"])
+def test_a_read_rebuilds_a_unit_when_the_stretch_is_within_the_limit_and_answers_512_past_it(
+        data_dir, written, monkeypatch, past):
+    s = open_store(data_dir, **CFG)
+    monkeypatch.setattr(limits, "UNIT_REPAIR_READ_BYTES", _stretch(s, 1024) - past)
+    p = s._parts[("test", 1)]
+    good = p.unit(1024)
+    f = p.file_for(1024)
+    f.mm[(1024 - f.start) * UNIT_SIZE:(1025 - f.start) * UNIT_SIZE] = bytes(UNIT_SIZE)
+    if past:
+        with pytest.raises(CorruptRecord) as exc:
+            s.read("test", 1, 1024, 1 << 20)
+        assert exc.value.offset == 1024 and s.reads.corrupt_reads == 1
+        assert p.unit(1024) == (0, 0, 0)  # left to check_units (the next start or catch-up)
+    else:
+        assert payload_of(bytes(s.read("test", 1, 1024, 1 << 20).views[0])) == written[1024]
+        assert p.unit(1024) == good and s.reads.corrupt_reads == 0
+    s.close(NOW)
+
+
+def test_a_read_rebuilds_no_unit_from_pages_not_in_memory(data_dir, written, monkeypatch):
+    s = open_store(data_dir, **CFG)
+    p = s._parts[("test", 1)]
+    f = p.file_for(1024)
+    f.mm[(1024 - f.start) * UNIT_SIZE:(1025 - f.start) * UNIT_SIZE] = bytes(UNIT_SIZE)
+    monkeypatch.setattr(MappedFile, "resident", lambda self, pos: False)  # as if every page were cold
+    with pytest.raises(CorruptRecord):
+        s.read("test", 1, 1024, 1 << 20)
+    monkeypatch.undo()
+    assert s.check_units() == 1  # what the next start or catch-up does, off the loop
+    assert payload_of(bytes(s.read("test", 1, 1024, 1 << 20).views[0])) == written[1024]
     s.close(NOW)
