@@ -499,6 +499,11 @@ QUOTA_DEFAULT_SHARE = 0.5
 #: index units to the rebuilder: the call's arrays (~120 bytes a record, ~8 MiB) and the batch of units it returns
 #: (16 bytes a record) stay bounded however large a segment is.
 RECOVERY_SCAN_RECORDS = 65536
+#: Bytes of log a read may scan on the event loop to rebuild an index unit that does not name its record
+#: (``unitcheck.repair_resident``): the stretch between the records before and after it, every page of it (and of
+#: theirs) already in memory. A longer stretch, or a page not resident, is left to the next start or catch-up
+#: (``unitcheck.check_units``) and the read answers 512 meanwhile: the loop never reads the disk for it.
+UNIT_REPAIR_READ_BYTES = 256 * 1024
 
 # -- the broker's put-burst fast path (server/text/fastput.py) -------------------------------------------------
 #: Frames the fast path scans first at the head of a receive buffer; while every frame scanned is taken it scans

@@ -334,6 +334,9 @@ class Broker:
 
     def _log_recovery(self):
         r = self.store.recovery
+        if r.index_units_repaired:
+            log.warning("recovery rebuilt %d index units from the commit log: they did not name their records",
+                        r.index_units_repaired)
         if r.clean_shutdown:
             log.info("clean restart: recovery scan skipped (%.3f s)", self.recovery_seconds)
             return

@@ -211,16 +211,23 @@ class CommitLog:
             except OSError as exc:
                 log.warning("could not set the mtime of %s: %s", old.file.path, exc)
         self._set(self.layout[1] + (new,))
+        if self.next is new:  # taken: let go only now that the layout holds it, and before it is active (which
+            self.next = None  # would make it look stale to the worker: see _take_next)
         self.active = new
         return new
 
     def _take_next(self, start):
-        """The prepared segment renamed to its final name, if it starts at ``start``; else None."""
+        """The prepared segment renamed to its final name, if it starts at ``start``; else None.
+
+        It stays published as ``next`` while it is renamed (``roll`` lets go once the layout holds it): a worker
+        that saw no ``next`` would build another segment for the same start under the same ``.prepared`` name, and
+        this rename could take that empty one in place of the file the loop writes its records into."""
         nxt = self.next
         if nxt is None or nxt.start != start:
             return None
-        self.next = None
         if not adopt_prepared(nxt.file, self.dirs.segment_path(start), "segment"):
+            if self.next is nxt:
+                self.next = None
             return None
         self.dir_unsynced = True
         return nxt

@@ -209,15 +209,22 @@ class PartitionIndex:
             self.dir_unsynced = True
         files = self.layout[1]
         self._set(files[:i] + (f,) + files[i:])
+        if self.next is f:  # taken: let go only now that the layout holds it (see _take_next)
+            self.next = None
         return f
 
     def _take_next(self, start, end, n):
-        """The prepared file renamed to its final name if it starts at ``start``, holds ``n`` and ends by ``end``."""
+        """The prepared file renamed to its final name if it starts at ``start``, holds ``n`` and ends by ``end``.
+
+        It stays published as ``next`` while it is renamed, until the layout holds it (the caller lets go then):
+        a worker that saw neither would build another file for the same units under the same ``.prepared`` name,
+        and this rename could take that one (its units all zero) in place of the file this loop writes into."""
         nxt = self.next
         if nxt is None or nxt.start != start or not n < nxt.end <= end or not _is_prepared(nxt):
             return None
-        self.next = None
         if not adopt_prepared(nxt.file, self.dirs.index_file_path(self.topic, self.partition, start), "index file"):
+            if self.next is nxt:
+                self.next = None
             return None
         self.dir_unsynced = True
         return nxt

@@ -8,7 +8,8 @@
 2. ``decide`` turns that into nothing, a cut of a torn tail, or ``CorruptLog``
    (damage followed by valid records) unless recovery is forced.
 3. ``IndexRebuilder`` makes the index unit of every scanned record equal to
-   what a clean run writes; ``settle_partitions`` drops units nothing confirms.
+   what a clean run writes; ``settle_partitions`` drops units nothing confirms;
+   ``unitcheck.check_units`` rebuilds from the log the units that do not name their records.
 
 Before all that, ``read_checkpoint`` and ``untrusted_reason`` say where the
 scan may start (the checkpoint) and whether the index can be trusted up to it.
@@ -29,7 +30,7 @@ from metaq.errors import CorruptLog, InvalidTopic, StoreError
 from metaq.protocol.checksum import crc32
 from metaq.protocol.message import HEADER
 from metaq.store.files import CHECKPOINT_MAGIC, CLEAN_MAGIC
-from metaq.store import recovery_scan
+from metaq.store import recovery_scan, unitcheck
 from metaq.store.index import TAG_FORMAT, UNIT_SIZE, check_units_trusted
 from metaq.store.record import (BLANK_MAGIC, FIXED_OVERHEAD, MAGIC_BYTES, MARKER, MESSAGE_MAGIC, MIN_RECORD,
                                 PREFIX, check_record, decode_record)
@@ -52,6 +53,7 @@ class RecoveryReport:
     truncated_records: int = 0
     index_units_rebuilt: int = 0
     index_units_dropped: int = 0
+    index_units_repaired: int = 0  # units that did not name their records, rebuilt from the log (unitcheck.py)
     corruption: Optional[str] = None
     stop_reason: str = ""
     untrusted_index: Optional[str] = None
@@ -423,6 +425,9 @@ def recover(dirs, log_, parts, make_partition, index_problem, force):
         if cp is not None and cp.last_msg_id is not None:  # ids handed out before the crash stay used
             last_id = cp.last_msg_id if last_id is None else max(last_id, cp.last_msg_id)
     report.deleted_segments += tuple(log_.drop_after(end))
+    # units a lost write left empty (or naming another place) below a checkpoint's floors pass untrusted_reason,
+    # which looks at each file's last unit only: rebuilt from the log before anything is served
+    report.index_units_repaired = unitcheck.check_units(log_, parts.values(), end)
     log_.set_write_position(end)
     report.log_end = end
     return report, last_id, end

@@ -15,7 +15,7 @@ import struct
 from metaq.errors import ClientError, CorruptRecord, DiskFull, InvalidTopic, Moved, NotFound, UnknownTopic
 from metaq.filters import reads as filtered
 from metaq.limits import KEY_INDEX_STEP_BYTES, MAX_FILTER_SCAN_UNITS, validate_partition
-from metaq.store import batch, gather, lookup, recovery, replica
+from metaq.store import batch, gather, lookup, recovery, replica, unitcheck
 from metaq.store.ahead import AheadWork
 from metaq.store.coldmaps import ColdMaps
 from metaq.store.commitlog import CommitLog
@@ -417,13 +417,24 @@ class MessageStore:
             raise _moved(vis)
         if offset < p.min:
             raise _moved(p.min)
-        try:
-            views, nbytes = gather.collect_views(self._log, p, offset, vis,
-                                                 min(max_size, self.config.max_transfer_size))
-        except CorruptRecord as exc:
-            raise self.reads.corrupt(exc) from None
+        views, nbytes = self._repairing(p, lambda: gather.collect_views(
+            self._log, p, offset, vis, min(max_size, self.config.max_transfer_size)))
         self.reads.log_read_bytes += nbytes + len(views) * (len(p.topic_bytes) + TOPIC_START)
         return ReadResult(views, nbytes, len(views), offset + len(views))
+
+    def _repairing(self, p, read):
+        """``read()``; when it meets a unit that does not name its record and ``unitcheck.repair_resident`` rebuilds it
+        from the log on the spot (nothing read from the disk), ``read()`` once more. A corrupt record is counted and
+        raised (never served)."""
+        try:
+            return read()
+        except CorruptRecord as exc:
+            if p is None or not unitcheck.repair_resident(self._log, p, exc.offset, self._pos.written):
+                raise self.reads.corrupt(exc) from None
+        try:
+            return read()
+        except CorruptRecord as exc:
+            raise self.reads.corrupt(exc) from None
 
     def read_joined(self, topic, partition, offset, max_size, mapped=False):
         """As ``read``, but ``views`` holds the records' MetaQ forms joined (one bytes per segment): for the wire.
@@ -431,11 +442,8 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None or not p.min <= offset < p.visible or topic in self.topics.guarded:
             return self.read(topic, partition, offset, max_size)  # nothing to gather: the same answer or error
-        try:
-            buffers, nbytes, count = gather.collect_joined(self._log, p, offset, p.visible, min(
-                max_size, self.config.max_transfer_size), mapped=mapped)
-        except CorruptRecord as exc:
-            raise self.reads.corrupt(exc) from None
+        buffers, nbytes, count = self._repairing(p, lambda: gather.collect_joined(
+            self._log, p, offset, p.visible, min(max_size, self.config.max_transfer_size), mapped=mapped))
         self.reads.log_read_bytes += nbytes + count * (len(p.topic_bytes) + TOPIC_START)  # whole records
         return ReadResult(buffers, nbytes, count, offset + count)
 
@@ -601,6 +609,11 @@ class MessageStore:
 
     # -- replication (the logic and its contract: replica.py) ---------------
 
+    def check_units(self):
+        """BLOCKING (a worker thread; no append meanwhile): rebuild from the log the index units at risk that do not
+        name their records (unitcheck.py), as recovery does: a slave before each catch-up. Returns how many."""
+        return unitcheck.check_units(self._log, list(self._parts.values()), self._pos.written)
+
     def read_log(self, position, max_bytes, upto="flushed"):
         """Master: ``(memoryview, next_position)``, whole records/blank tails of one segment from ``position``."""
         return replica.read_log(self._replica, position, max_bytes, upto)
@@ -647,10 +660,7 @@ class MessageStore:
         p = self._parts.get((topic, partition))
         if p is None:
             p = self._reader(topic, partition)
-        try:
-            records, nxt = lookup.read_records(self._log, p, offset, max_count, max_bytes)
-        except CorruptRecord as exc:
-            raise self.reads.corrupt(exc) from None
+        records, nxt = self._repairing(p, lambda: lookup.read_records(self._log, p, offset, max_count, max_bytes))
         self.reads.log_read_bytes += sum(r.total_size for r in records)
         return records, nxt
 
@@ -659,11 +669,9 @@ class MessageStore:
         ``offset``; as ``read_records``."""
         if topic in self.topics.guarded:
             self._topics.check_readable(topic)
-        try:
-            r = filtered.read_tagged(self._log, self._parts.get((topic, partition)) or self._reader(topic, partition),
-                                     offset, filt, max_count, max_bytes, MAX_FILTER_SCAN_UNITS)
-        except CorruptRecord as exc:
-            raise self.reads.corrupt(exc) from None
+        p = self._parts.get((topic, partition)) or self._reader(topic, partition)
+        r = self._repairing(p, lambda: filtered.read_tagged(self._log, p, offset, filt, max_count, max_bytes,
+                                                            MAX_FILTER_SCAN_UNITS))
         self.reads.log_read_bytes += r.log_bytes
         return r
 

@@ -244,6 +244,7 @@ class SlaveLink:
                                              % (agreed, end), fatal=True)
         if agreed < end:
             self._cut(agreed, event)
+        self._check_units()
         self.pending_epochs = self._pool.apply(store.epochs.adopt, (event.epochs, agreed))
         self.master_written = max(self.master_written or 0, event.master_end)
         self.handshakes += 1
@@ -266,6 +267,16 @@ class SlaveLink:
         if self.on_cut is not None:
             self.on_cut(report)
         self.waiters.notify_all()
+
+    def _check_units(self):
+        """Before copying on: the index units at risk that do not name their records (a write lost, as a full disk
+        or a crash may leave one) rebuilt from our log (store/unitcheck.py), so that neither this slave nor it
+        promoted serves an intact record as corrupt. A worker thread; no checkpoint or work ahead meanwhile."""
+        with self.store_lock:
+            repaired = self._pool.apply(self.store.check_units)
+        if repaired:
+            log.warning("replication: %d index units did not name their records: rebuilt from our commit log",
+                        repaired)
 
     def _append(self, sock, event):
         store = self.store
