@@ -557,7 +557,7 @@ class Connection(core.Connection):
         session.user = self.session.user
         session.expiry_s = self.expiry_s if v5 else None
         session.persistent = bool(self.expiry_s) if v5 else not p.clean_start
-        saved = self.port.resume(client_id, p.clean_start)
+        saved = self.port.resume(client_id, p.clean_start, session.persistent)
         if saved is not None:
             session.restore(saved)
             self._unacked_in = len(session.qos2_received)  # its QoS 2 PUBLISHes waiting for their PUBREL

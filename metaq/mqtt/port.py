@@ -200,15 +200,18 @@ class MqttPort:
 
     # -- persistent sessions ---------------------------------------------------
 
-    def resume(self, client_id, clean_start):
-        """The saved session a CONNECT resumes (None: none, or ``clean_start``, which ends a saved one)."""
+    def resume(self, client_id, clean_start, persistent=True):
+        """The saved session a CONNECT resumes (None: none, or ``clean_start``, which ends a saved one). One resumed
+        by a connection it ends with (``persistent`` false: MQTT 5 Session Expiry Interval 0) leaves the log now:
+        that connection alone holds it, and it ends with it however the connection ends, a takeover too (MQTT 5.0
+        §3.1.4: the original session ends on the takeover), a restart or a failover. So no later CONNECT resumes
+        the state from before what that connection acknowledged."""
         saved = self.table.sessions.get(client_id)
         if saved is None:
             return None
-        if clean_start:
+        if clean_start or not persistent:
             self.end_session(client_id)
-            return None
-        return saved
+        return None if clean_start else saved
 
     def save(self, session, connected=True):
         """Write ``session``'s whole state to the sessions' log (page cache: a kill -9 keeps it); returns the log end

@@ -1,0 +1,233 @@
+"""Exactly once across a session takeover (docs/mqtt.md "Persistent sessions"): what a connection acknowledged stays
+acknowledged, whatever its own expiry, through a takeover, a restart and a failover, QoS 1 and 2, MQTT 5 and 3.1.1.
+
+A device's session (Session Expiry Interval 99999, or MQTT 3.1.1 Clean Session 0) subscribed to ``t/a`` at QoS 2 is
+away while a QoS 1 and a QoS 2 message are published; a connection resumes it and acknowledges both (PUBACK;
+PUBREC, PUBREL, PUBCOMP); then another connection with the client id and Clean Start 0 takes it over. When the
+middle connection's session goes on (an expiry above 0, MQTT 3.1.1 Clean Session 0), the new connection resumes it
+with both acknowledged: neither comes again, and what is published next does. When it has no expiry (MQTT 5 Session
+Expiry Interval 0), the session ends with that connection: on the takeover (MQTT 5.0 §3.1.4: the original session
+ends on the takeover), on a restart and on a failover; the client's next CONNECT gets Session Present 0 and a new
+session, in which neither message comes again."""
+
+import os
+
+import pytest
+
+from metaq.admin import cli as admin
+from metaq.client.local import free_port, small_config
+from metaq.mqtt import wire
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
+from tests.harness.replication import caught_up, master_config, stats
+
+V5, V311 = wire.MQTT_5, wire.MQTT_311
+FOREVER = 99999
+#: How long a connection that must get nothing more is watched for a PUBLISH.
+QUIET_S = 1.0
+
+
+def _connect(b, version, client_id, expiry):
+    """A connection of ``client_id`` with Clean Start 0 (3.1.1: Clean Session 0) and, in MQTT 5, Session Expiry
+    Interval ``expiry`` (None: absent, so 0); ``(Raw, Session Present)``."""
+    raw = Raw(b, version)
+    props = {"session_expiry_interval": expiry} if version == V5 and expiry is not None else {}
+    ack = raw.connect(client_id, clean_start=False, properties=props)
+    assert ack.reason_code == 0, ack
+    return raw, ack.session_present
+
+
+def _publish(b, payloads):
+    """Publish each ``(payload, qos)`` to ``t/a``, acknowledged (QoS 2: PUBREC, PUBREL, PUBCOMP)."""
+    pub = Raw(b)
+    assert pub.connect("publisher").reason_code == 0
+    for i, (payload, qos) in enumerate(payloads, 1):
+        pub.send(wire.Publish("t/a", payload, qos, packet_id=i))
+        if qos == 1:
+            assert pub.read() == wire.PubAck(i)
+        else:
+            assert pub.read() == wire.PubRec(i)
+            pub.send(wire.PubRel(i))
+            assert pub.read() == wire.PubComp(i)
+    pub.send(wire.Disconnect())
+    pub.close()
+
+
+def _receive_and_acknowledge(raw, n):
+    """Read ``n`` PUBLISHes, acknowledging each fully (QoS 1: PUBACK; QoS 2: PUBREC, then PUBCOMP for its PUBREL);
+    their ``(payload, qos)`` in order."""
+    got = []
+    while len(got) < n:
+        p = raw.read()
+        assert isinstance(p, wire.Publish), p
+        got.append((p.payload, p.qos))
+        if p.qos == 1:
+            raw.send(wire.PubAck(p.packet_id))
+        else:
+            raw.send(wire.PubRec(p.packet_id))
+            assert raw.read() == wire.PubRel(p.packet_id)
+            raw.send(wire.PubComp(p.packet_id))
+    return got
+
+
+def _nothing_more(raw):
+    """No PUBLISH (nor anything else) comes on ``raw`` within ``QUIET_S``."""
+    raw.sock.settimeout(QUIET_S)
+    try:
+        p = raw.read()
+    except OSError:
+        p = None
+    finally:
+        raw.sock.settimeout(10.0)
+    assert p is None or not isinstance(p, wire.Publish), "delivered again: %r" % (p,)
+
+
+def _acknowledged_by_a_middle_connection(b, version, middle_expiry):
+    """The device's session subscribed to ``t/a`` at QoS 2 and away; a QoS 1 and a QoS 2 message published; a middle
+    connection (Clean Start 0, ``middle_expiry``) resumes the session and acknowledges both. Returns it, open."""
+    first, present = _connect(b, version, "dev", FOREVER)
+    assert not present
+    first.send(wire.Subscribe(1, (wire.Subscription("t/a", 2),)))
+    assert first.read() == wire.Suback(1, (2,))
+    first.send(wire.Disconnect())
+    first.close()
+    _publish(b, [(b"one", 1), (b"two", 2)])
+    middle, present = _connect(b, version, "dev", middle_expiry)
+    assert present
+    assert _receive_and_acknowledge(middle, 2) == [(b"one", 1), (b"two", 2)]
+    middle.send(wire.PingReq())  # answered after the acknowledgements before it were handled
+    assert middle.read() == wire.PingResp()
+    return middle
+
+
+def _taken_over(b, version, middle):
+    """A new connection with the client id, Clean Start 0 and a Session Expiry Interval takes ``middle`` over;
+    ``(Raw, Session Present)``."""
+    new, present = _connect(b, version, "dev", FOREVER)
+    if version == V5:
+        assert middle.read() == wire.Disconnect(wire.SESSION_TAKEN_OVER)
+    assert middle.closed()
+    return new, present
+
+
+def _goes_on(b, raw, present, payload):
+    """The session went on (Session Present 1) with both acknowledged: neither comes again; a new message does."""
+    assert present
+    _nothing_more(raw)
+    _publish(b, [(payload, 2)])
+    assert _receive_and_acknowledge(raw, 1) == [(payload, 2)]
+
+
+def _ended(raw, present):
+    """The session ended (Session Present 0): a new one, in which nothing comes."""
+    assert not present
+    _nothing_more(raw)
+
+
+GOES_ON = [pytest.param(V5, FOREVER, id="mqtt5-expiry"), pytest.param(V311, None, id="mqtt311-clean0")]
+
+
+@pytest.mark.parametrize("version,middle_expiry", GOES_ON)
+def test_a_takeover_keeps_what_the_connection_it_took_over_acknowledged(broker_factory, tmp_path, version,
+                                                                       middle_expiry):
+    b = broker_factory(mqtt_config(tmp_path))
+    middle = _acknowledged_by_a_middle_connection(b, version, middle_expiry)
+    new, present = _taken_over(b, version, middle)
+    _goes_on(b, new, present, b"three")
+
+
+def test_a_takeover_ends_the_session_of_a_connection_without_expiry(broker_factory, tmp_path):
+    """MQTT 5.0 §3.1.4 (the note to [MQTT-3.1.4-3]): a session whose connection has Session Expiry Interval 0 ends on
+    the takeover; the new connection's Clean Start 0 finds none (Session Present 0), so what the middle connection
+    acknowledged is not delivered as new messages."""
+    b = broker_factory(mqtt_config(tmp_path))
+    middle = _acknowledged_by_a_middle_connection(b, V5, None)
+    new, present = _taken_over(b, V5, middle)
+    _ended(new, present)
+    new.send(wire.Disconnect())
+    new.close()
+    again, present = _connect(b, V5, "dev", FOREVER)  # the session the takeover began, with no subscription
+    assert present
+    _nothing_more(again)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version,middle_expiry", GOES_ON)
+def test_what_was_acknowledged_before_a_takeover_stays_so_across_a_restart(broker_factory, tmp_path, version,
+                                                                          middle_expiry):
+    b = broker_factory(mqtt_config(tmp_path))
+    middle = _acknowledged_by_a_middle_connection(b, version, middle_expiry)
+    new, present = _taken_over(b, version, middle)
+    assert present
+    new.close()
+    b.stop()
+    b.start()
+    again, present = _connect(b, version, "dev", FOREVER)
+    _goes_on(b, again, present, b"three")
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("how", ["restart", "kill -9"])
+def test_a_session_without_expiry_ends_with_the_broker(broker_factory, tmp_path, how):
+    """A session resumed by a connection with Session Expiry Interval 0 ends with that connection, and so with the
+    broker: after a restart or a kill -9 the client finds none, not the state from before that connection's
+    acknowledgements."""
+    b = broker_factory(mqtt_config(tmp_path))
+    middle = _acknowledged_by_a_middle_connection(b, V5, None)
+    if how == "restart":
+        b.stop()
+    else:
+        b.kill()
+    middle.close()
+    b.start()
+    again, present = _connect(b, V5, "dev", FOREVER)
+    _ended(again, present)
+
+
+def _pair(broker_factory, tmp_path):
+    """A ``sync`` master with the MQTT port and its slave (the MQTT port too), once the slave is connected."""
+    rport = free_port()
+    m = broker_factory(with_mqtt(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=2000)),
+                       workdir=tmp_path / "m")
+    s = broker_factory(with_mqtt(small_config(os.path.join(str(tmp_path / "s"), "data"))), workdir=tmp_path / "s",
+                       extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
+    wait_for(lambda: stats(m)["replication_slaves"] == "1", 10, "slave connected")
+    return m, s
+
+
+def _fail_over(m, s, capsys):
+    """Once the slave holds everything the master wrote, the master is killed and the slave promoted."""
+    caught_up(m, s)
+    m.kill()
+    code = admin.main(["promote", "127.0.0.1:%d" % s.port, "--force"])
+    assert code == admin.EXIT_OK, capsys.readouterr().err
+    wait_for(lambda: stats(s)["replication_role"] == "master", 10, "promoted")
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("version,middle_expiry", GOES_ON)
+def test_what_was_acknowledged_before_a_takeover_stays_so_across_a_failover(broker_factory, tmp_path, capsys,
+                                                                           version, middle_expiry):
+    m, s = _pair(broker_factory, tmp_path)
+    middle = _acknowledged_by_a_middle_connection(m, version, middle_expiry)
+    new, present = _taken_over(m, version, middle)
+    assert present
+    _fail_over(m, s, capsys)
+    new.close()
+    again, present = _connect(s, version, "dev", FOREVER)
+    _goes_on(s, again, present, b"three")
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_session_without_expiry_ends_with_the_master_it_was_on(broker_factory, tmp_path, capsys):
+    """The slave learns that a connection with Session Expiry Interval 0 holds the session (it ends with it): the
+    promoted slave has none to give the client, not the state from before that connection's acknowledgements."""
+    m, s = _pair(broker_factory, tmp_path)
+    middle = _acknowledged_by_a_middle_connection(m, V5, None)
+    _fail_over(m, s, capsys)
+    middle.close()
+    again, present = _connect(s, V5, "dev", FOREVER)
+    _ended(again, present)
