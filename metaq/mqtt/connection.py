@@ -831,11 +831,18 @@ class Connection(core.Connection):
         return True
 
     def _pubrec(self, p):
+        """The client's PUBREC of a QoS 2 delivery: PUBREL. A persistent session writes the first PUBREC of a message
+        to the sessions' log before its PUBREL goes out: once the client has the PUBREL it may complete the exchange
+        and use the packet id again, so a restart or a kill must send the PUBREL again, never the PUBLISH."""
+        session = self.mqtt
         if p.reason_code >= 0x80:
-            self.mqtt.dropped(p.packet_id)
+            session.dropped(p.packet_id)
             self._wake()
             return True
-        if self.mqtt.received(p.packet_id):
+        first = session.inflight.get(p.packet_id) == PUBLISH_SENT
+        if session.received(p.packet_id):
+            if first and session.persistent:
+                self.port.save(session)
             return self.send(wire.PubRel(p.packet_id))
         return self.send(wire.PubRel(p.packet_id, wire.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0))
 
