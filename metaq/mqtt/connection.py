@@ -609,7 +609,7 @@ class Connection(core.Connection):
         ``(will, guard session, will delay)`` for the port to publish (or drop), or None without a will."""
         self._taken_over = True
         if self.mqtt.persistent:
-            self.port.went_offline(self.mqtt)  # saved now, before the new connection resumes it
+            self.port.taken_over(self.mqtt)  # saved now, and handed to the new connection as it stands
         log.info("mqtt %s: client %s connected again from another connection; closing this one", self.peer,
                  self.mqtt.client_id)
         if self.version == MQTT_5:

@@ -112,6 +112,7 @@ class MqttPort:
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
         self._live = {}  # client id -> the MqttSession of a connected persistent session
+        self._handed = {}  # client id -> the SavedSession a taken-over connection left to the one taking it over
         self._groups = {}  # (share name, filter) -> SharedGroup
         self.floor = MovingFloor(store, lambda: self.table.floor())
         self.follow = JournalFollow(store, MQTT_JOURNAL, lambda position, _flag, data: self.table.apply(position, data),
@@ -201,12 +202,14 @@ class MqttPort:
     # -- persistent sessions ---------------------------------------------------
 
     def resume(self, client_id, clean_start, persistent=True):
-        """The saved session a CONNECT resumes (None: none, or ``clean_start``, which ends a saved one). One resumed
-        by a connection it ends with (``persistent`` false: MQTT 5 Session Expiry Interval 0) leaves the log now:
-        that connection alone holds it, and it ends with it however the connection ends, a takeover too (MQTT 5.0
-        §3.1.4: the original session ends on the takeover), a restart or a failover. So no later CONNECT resumes
-        the state from before what that connection acknowledged."""
-        saved = self.table.sessions.get(client_id)
+        """The saved session a CONNECT resumes: the one a connection it took over handed on (``taken_over``), else
+        the log's (None: none, or ``clean_start``, which ends a saved one). One resumed by a connection it ends with
+        (``persistent`` false: MQTT 5 Session Expiry Interval 0) leaves the log now: that connection alone holds
+        it, and it ends with it however the connection ends, a takeover too (MQTT 5.0 §3.1.4: the original session
+        ends on the takeover), a restart or a failover. So no later CONNECT resumes the state from before what that
+        connection acknowledged."""
+        handed = self._handed.pop(client_id, None)  # newer than its record, which may not have been written
+        saved = handed if handed is not None else self.table.sessions.get(client_id)
         if saved is None:
             return None
         if clean_start or not persistent:
@@ -261,6 +264,13 @@ class MqttPort:
             log.info("mqtt client %s: its session ends: %d sessions offline is the limit (mqtt.max_offline_sessions)",
                      saved.client_id, self.settings.max_offline_sessions)
             self.end_session(saved.client_id)
+
+    def taken_over(self, session):
+        """A persistent session's connection was taken over: written as ``went_offline`` writes it, and handed in
+        memory to the connection taking it over (``resume``), which so goes on from what the old one acknowledged
+        even when its record could not be written (past ``MQTT_MAX_SESSION_RECORD_BYTES``, a refused write)."""
+        self.went_offline(session)
+        self._handed[session.client_id] = session.saved(now_ms(), False)
 
     def _keep(self):
         """Every ``MQTT_SESSION_SAVE_INTERVAL_S``: the connected persistent sessions that changed are written, the

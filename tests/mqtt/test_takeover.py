@@ -14,12 +14,14 @@ import os
 
 import pytest
 
+from metaq import limits
 from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
 from tests.harness.replication import caught_up, master_config, stats
+from tests.mqtt.test_persistent_sessions import _big_filters
 
 V5, V311 = wire.MQTT_5, wire.MQTT_311
 FOREVER = 99999
@@ -37,12 +39,12 @@ def _connect(b, version, client_id, expiry):
     return raw, ack.session_present
 
 
-def _publish(b, payloads):
-    """Publish each ``(payload, qos)`` to ``t/a``, acknowledged (QoS 2: PUBREC, PUBREL, PUBCOMP)."""
+def _publish(b, payloads, name="t/a"):
+    """Publish each ``(payload, qos)`` to topic ``name``, acknowledged (QoS 2: PUBREC, PUBREL, PUBCOMP)."""
     pub = Raw(b)
     assert pub.connect("publisher").reason_code == 0
     for i, (payload, qos) in enumerate(payloads, 1):
-        pub.send(wire.Publish("t/a", payload, qos, packet_id=i))
+        pub.send(wire.Publish(name, payload, qos, packet_id=i))
         if qos == 1:
             assert pub.read() == wire.PubAck(i)
         else:
@@ -287,3 +289,25 @@ def test_a_qos2_delivery_stays_exactly_once_across_a_kill(broker_factory, tmp_pa
                 "pubrec": ([("pubrel", None, None)],),
                 "pubcomp": ([("pubrel", None, None)], [])}[acknowledged]  # the PUBCOMP saved within the second, or not
     assert _resent(again) in expected
+
+
+def test_a_takeover_hands_on_the_session_its_record_could_not_hold(broker_factory, tmp_path):
+    """A session whose record would be past MQTT_MAX_SESSION_RECORD_BYTES is not written (its last record holds none
+    of its subscriptions), yet a takeover hands it on as its connection held it, in memory: its subscriptions, and
+    what it acknowledged stays acknowledged."""
+    b = broker_factory(with_mqtt(small_config(tmp_path / "data", store={"segment_size": 4 << 20})))
+    filters = _big_filters("dev", limits.MQTT_MAX_SESSION_RECORD_BYTES + 1)
+    name = filters[0]
+    first, present = _connect(b, V5, "dev", FOREVER)
+    first.send(wire.Subscribe(1, tuple(wire.Subscription(f, 2) for f in filters)))
+    assert first.read() == wire.Suback(1, (2,) * len(filters))
+    wait_for(lambda: "client dev: its session needs a record of" in b.log_text(), 10, "the record refused")
+    _publish(b, [(b"one", 1), (b"two", 2)], name)
+    assert _receive_and_acknowledge(first, 2) == [(b"one", 1), (b"two", 2)]
+    first.send(wire.PingReq())
+    assert first.read() == wire.PingResp()
+    new, present = _taken_over(b, V5, first)
+    assert present
+    _nothing_more(new)
+    _publish(b, [(b"three", 2)], name)
+    assert _receive_and_acknowledge(new, 1) == [(b"three", 2)]
