@@ -11,15 +11,20 @@ ends on the takeover), on a restart and on a failover; the client's next CONNECT
 session, in which neither message comes again."""
 
 import os
+import time
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from metaq import limits
 from metaq.admin import cli as admin
 from metaq.client.local import free_port, small_config
 from metaq.mqtt import wire
 from tests.harness.broker import wait_for
-from tests.harness.mqtt import Raw, mqtt_config, with_mqtt
+from tests.harness.mqtt import V5 as PAHO_V5
+from tests.harness.mqtt import V311 as PAHO_V311
+from tests.harness.mqtt import Paho, Raw, mosquitto_pub, mqtt_config, with_mqtt
 from tests.harness.replication import caught_up, master_config, stats
 from tests.mqtt.test_persistent_sessions import _big_filters
 
@@ -311,3 +316,40 @@ def test_a_takeover_hands_on_the_session_its_record_could_not_hold(broker_factor
     _nothing_more(new)
     _publish(b, [(b"three", 2)], name)
     assert _receive_and_acknowledge(new, 1) == [(b"three", 2)]
+
+
+def _paho(b, version, expiry):
+    """A Paho client ``dev`` with Clean Start 0 (3.1.1: Clean Session 0) and, in MQTT 5, Session Expiry Interval
+    ``expiry`` (None: absent)."""
+    props = None
+    if version == V5 and expiry is not None:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = expiry
+    return Paho(b, client_id="dev", version=PAHO_V5 if version == V5 else PAHO_V311, clean=False, properties=props)
+
+
+@pytest.mark.parametrize("version,middle_expiry,goes_on", [
+    pytest.param(V5, None, False, id="mqtt5-no-expiry"), pytest.param(V5, FOREVER, True, id="mqtt5-expiry"),
+    pytest.param(V311, None, True, id="mqtt311-clean0")])
+def test_paho_clients_through_a_takeover(broker_factory, tmp_path, version, middle_expiry, goes_on):
+    """The issue as Paho clients and Mosquitto's publisher meet it: the middle client gets both messages and
+    acknowledges them; the client taking it over never gets them again (its session goes on, or ended with a middle
+    client without expiry)."""
+    b = broker_factory(mqtt_config(tmp_path))
+    first = _paho(b, version, FOREVER)
+    assert first.subscribe("t/a", 2) == [2]
+    first.close()
+    for payload, qos in (("one", 1), ("two", 2)):
+        assert mosquitto_pub(b, "t/a", payload, qos).returncode == 0
+    middle = _paho(b, version, middle_expiry)
+    assert middle.session_present
+    assert sorted(m.payload for m in middle.wait_messages(2)) == [b"one", b"two"]
+    middle.settle()  # its acknowledgements written
+    middle.c.loop_stop()  # it reads nothing more and does not connect again once taken over
+    new = _paho(b, version, FOREVER)
+    assert new.session_present is goes_on
+    time.sleep(QUIET_S)
+    assert new.messages == []
+    if goes_on:
+        assert mosquitto_pub(b, "t/a", "three", 2).returncode == 0
+        assert [m.payload for m in new.wait_messages(1)] == [b"three"]
