@@ -226,7 +226,25 @@ class MqttPort:
         if client_id in self.table.sessions:
             self._write(client_id, encode_end(client_id))
 
+    def save_first(self, session):
+        """Write ``session`` (as ``save``) before the client is told what depends on the record (the PUBREL of its
+        PUBREC): what that waits for, as ``Connection._queue_ack`` takes it, ``(topic, PutResult, now, cuts)``,
+        so that with ``sync`` replication (or flush) the client learns it only once the slave (or the disk) holds
+        the record and a failover finds it; None: no wait (``async`` modes, or the record was not written)."""
+        now = now_ms()
+        r = self._put(session.client_id, encode(session.saved(now, True)), session, now)
+        if r is None:
+            return None
+        cuts = self.store.log_cuts  # nothing yielded since the write
+        return None if self.put_path.ack_mode(MQTT_SESSIONS_TOPIC, r, now) == ACK_NOW else \
+            (MQTT_SESSIONS_TOPIC, r, now, cuts)
+
     def _write(self, client_id, data, session=None):
+        r = self._put(client_id, data, session, now_ms())
+        return None if r is None else r.log_end
+
+    def _put(self, client_id, data, session, now):
+        """Write one record of the sessions' log (a master's); its PutResult, or None when it was not written."""
         if not self.is_master():
             return None
         if len(data) > limits.MQTT_MAX_SESSION_RECORD_BYTES:
@@ -234,7 +252,6 @@ class MqttPort:
                         "(MQTT_MAX_SESSION_RECORD_BYTES): not saved", client_id, len(data),
                         limits.MQTT_MAX_SESSION_RECORD_BYTES)
             return None
-        now = now_ms()
         try:
             self.put_path.check_writable()
             r = self.store.put(MQTT_SESSIONS_TOPIC, 0, 0, data, now)
@@ -246,7 +263,7 @@ class MqttPort:
         if session is not None:
             session.dirty = False
         self.made_visible(MQTT_SESSIONS_TOPIC, r, now)
-        return r.log_end
+        return r
 
     def connected(self, session):
         """A persistent session's connection began: written (connected), kept for the periodic saves."""

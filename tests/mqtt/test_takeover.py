@@ -11,6 +11,7 @@ ends on the takeover), on a restart and on a failover; the client's next CONNECT
 session, in which neither message comes again."""
 
 import os
+import signal
 import time
 
 import pytest
@@ -192,10 +193,10 @@ def test_a_session_without_expiry_ends_with_the_broker(broker_factory, tmp_path,
     _ended(again, present)
 
 
-def _pair(broker_factory, tmp_path):
+def _pair(broker_factory, tmp_path, sync_timeout_ms=2000):
     """A ``sync`` master with the MQTT port and its slave (the MQTT port too), once the slave is connected."""
     rport = free_port()
-    m = broker_factory(with_mqtt(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=2000)),
+    m = broker_factory(with_mqtt(master_config(tmp_path / "m", rport, mode="sync", sync_timeout_ms=sync_timeout_ms)),
                        workdir=tmp_path / "m")
     s = broker_factory(with_mqtt(small_config(os.path.join(str(tmp_path / "s"), "data"))), workdir=tmp_path / "s",
                        extra_args=["--slave-of", "127.0.0.1:%d" % rport, "--slave-id", "1"])
@@ -353,3 +354,43 @@ def test_paho_clients_through_a_takeover(broker_factory, tmp_path, version, midd
     if goes_on:
         assert mosquitto_pub(b, "t/a", "three", 2).returncode == 0
         assert [m.payload for m in new.wait_messages(1)] == [b"three"]
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_pubrel_waits_until_the_sync_slave_holds_the_pubrec(broker_factory, tmp_path, capsys):
+    """With ``sync`` replication the PUBREL of a QoS 2 delivery to a persistent session goes out once the slave holds
+    the PUBREC's record, as a PUBACK waits for its message: the master killed before then, the promoted slave sends
+    the PUBREL (it got the record) or the PUBLISH again as the same packet (DUP), which the client, not yet
+    released, takes as the one it has; never the PUBLISH after a PUBREL the client may have completed."""
+    m, s = _pair(broker_factory, tmp_path, sync_timeout_ms=20000)
+    raw, present = _connect(m, V5, "dev", FOREVER)
+    raw.send(wire.Subscribe(1, (wire.Subscription("t/a", 2),)))
+    assert raw.read() == wire.Suback(1, (2,))
+    _publish(m, [(b"two", 2)])
+    p = raw.read()
+    assert (p.payload, p.qos, p.dup) == (b"two", 2, False)
+    caught_up(m, s)
+    s.proc.send_signal(signal.SIGSTOP)  # connected but silent: it confirms nothing
+    try:
+        raw.send(wire.PubRec(p.packet_id))
+        raw.sock.settimeout(2.0)
+        with pytest.raises(OSError):
+            raw.read()  # no PUBREL while the slave does not hold the PUBREC
+        m.kill()
+    finally:
+        s.proc.send_signal(signal.SIGCONT)
+    raw.close()
+    code = admin.main(["promote", "127.0.0.1:%d" % s.port, "--force"])
+    assert code == admin.EXIT_OK, capsys.readouterr().err
+    wait_for(lambda: stats(s)["replication_role"] == "master", 10, "promoted")
+    again, present = _connect(s, V5, "dev", FOREVER)
+    assert present
+    p2 = again.read()  # what the slave had of the PUBREC when the master died: either is exactly once
+    if isinstance(p2, wire.Publish):
+        assert (p2.payload, p2.dup, p2.packet_id) == (b"two", True, p.packet_id)
+        again.send(wire.PubRec(p2.packet_id))
+        p2 = again.read()
+    assert p2 == wire.PubRel(p.packet_id)
+    again.send(wire.PubComp(p.packet_id))
+    _nothing_more(again)
