@@ -982,8 +982,8 @@ class Delivery:
         is read at the session's own read position (not a shared group's), which a QoS 1 or 2 message in flight is
         past: a session saved from then on sends it again as itself (DUP), never as a new message too. A QoS 2
         delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
-        restart or a kill needs its packet id and that position kept). False when the connection closed
-        meanwhile."""
+        restart, a kill or a failover needs its packet id and that position kept: ``_saved_first``). False when the
+        connection closed meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
             m = message_of(topic, flag, data)
@@ -997,9 +997,27 @@ class Delivery:
             session.sent(packet_id, (qos, topic) + where if where is not None else None)
             if own:
                 self._cursor_to((topic, where[0]), where[1] + 1)
-            if qos == 2 and session.persistent:
-                self.port.save(session)
+            if qos == 2 and session.persistent and not self._saved_first():
+                return False
         return conn.send_bytes(data)
+
+    def _saved_first(self):
+        """Write the session before its QoS 2 PUBLISH goes out and wait, as a PUBACK does, until the record may be
+        counted on (``MqttPort.save_first``: with ``sync`` replication the slave holds it), so that a failover sends
+        it again as itself (DUP), never as a new message. False when it may not be: the connection closes, and the
+        client, back, is sent it again from its session."""
+        wait = self.port.save_first(self.session)
+        if wait is None:
+            return True
+        topic, r, now, cuts = wait
+        try:
+            self.port.put_path.durable(topic, r.partition, r.log_end, now, cuts)
+        except errors.MetaqError as exc:
+            log.warning("mqtt %s: a QoS 2 delivery was written but may not be counted on: %s; closing",
+                        self.conn.peer, exc)
+            self.conn.close()
+            return False
+        return True
 
     def retained_after_suback(self, subscribed):
         """The retained messages of the filters in ``subscribed`` (``(filter, granted QoS)``) are to be sent, by

@@ -394,3 +394,41 @@ def test_a_pubrel_waits_until_the_sync_slave_holds_the_pubrec(broker_factory, tm
     assert p2 == wire.PubRel(p.packet_id)
     again.send(wire.PubComp(p.packet_id))
     _nothing_more(again)
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_qos2_publish_waits_until_the_sync_slave_holds_its_record(broker_factory, tmp_path, capsys):
+    """With ``sync`` replication a QoS 2 delivery to a persistent session goes out once the slave holds the record
+    that has it in flight: the master killed before then, the promoted slave sends it once (DUP when it got the
+    record), never a second copy beside one the client has."""
+    m, s = _pair(broker_factory, tmp_path, sync_timeout_ms=20000)
+    raw = Raw(m)
+    ack = raw.connect("dev", clean_start=False, properties={"session_expiry_interval": FOREVER,
+                                                              "receive_maximum": 1})
+    assert ack.reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("t/a", 2),)))
+    assert raw.read() == wire.Suback(1, (2,))
+    _publish(m, [(b"one", 2), (b"two", 2)])  # "two" waits for room: one message in flight at most
+    p = raw.read()
+    assert (p.payload, p.qos) == (b"one", 2)
+    raw.send(wire.PubRec(p.packet_id))
+    assert raw.read() == wire.PubRel(p.packet_id)
+    caught_up(m, s)
+    s.proc.send_signal(signal.SIGSTOP)  # connected but silent: it confirms nothing
+    try:
+        raw.send(wire.PubComp(p.packet_id))  # room for "two": its record is written, the slave does not confirm it
+        raw.sock.settimeout(2.0)
+        with pytest.raises(OSError):
+            raw.read()  # no PUBLISH while the slave does not hold the record
+        m.kill()
+    finally:
+        s.proc.send_signal(signal.SIGCONT)
+    raw.close()
+    code = admin.main(["promote", "127.0.0.1:%d" % s.port, "--force"])
+    assert code == admin.EXIT_OK, capsys.readouterr().err
+    wait_for(lambda: stats(s)["replication_role"] == "master", 10, "promoted")
+    again, present = _connect(s, V5, "dev", FOREVER)
+    assert present
+    got = _resent(again)
+    assert [(kind, payload) for kind, payload, _dup in got] == [("publish", b"two"), ("pubrel", None)]
