@@ -227,10 +227,11 @@ class MqttPort:
             self._write(client_id, encode_end(client_id))
 
     def save_first(self, session):
-        """Write ``session`` (as ``save``) before the client is told what depends on the record (the PUBREL of its
-        PUBREC): what that waits for, as ``Connection._queue_ack`` takes it, ``(topic, PutResult, now, cuts)``,
-        so that with ``sync`` replication (or flush) the client learns it only once the slave (or the disk) holds
-        the record and a failover finds it; None: no wait (``async`` modes, or the record was not written)."""
+        """Write ``session`` (as ``save``) before the client is told what depends on the record (a QoS 2 PUBLISH, the
+        PUBREL of its PUBREC): what that waits for, as ``PutPath.durable`` and ``Connection._queue_ack`` take it,
+        ``(topic, PutResult, now, cuts)``, so that with ``sync`` replication (or flush) the client learns it only
+        once the slave (or the disk) holds the record and a failover finds it; None: no wait (``async`` modes, or
+        the record was not written)."""
         now = now_ms()
         r = self._put(session.client_id, encode(session.saved(now, True)), session, now)
         if r is None:
