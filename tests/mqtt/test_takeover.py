@@ -8,7 +8,11 @@ middle connection's session goes on (an expiry above 0, MQTT 3.1.1 Clean Session
 with both acknowledged: neither comes again, and what is published next does. When it has no expiry (MQTT 5 Session
 Expiry Interval 0), the session ends with that connection: on the takeover (MQTT 5.0 §3.1.4: the original session
 ends on the takeover), on a restart and on a failover; the client's next CONNECT gets Session Present 0 and a new
-session, in which neither message comes again."""
+session, in which neither message comes again.
+
+A QoS 2 delivery to a persistent session, and its PUBREC, are written (and with ``sync`` replication held by the
+slave) before the client is told what depends on them, so a kill -9 or a failover sends it again as itself (DUP) or
+its PUBREL, never as a new message."""
 
 import os
 import signal
