@@ -332,6 +332,10 @@ class Connection(core.Connection):
     def _not_durable(self, packet, exc):
         """The put of ``packet`` was written but may not be acknowledged (a failed flush, a lost lease): MQTT 5 says
         so in the acknowledgement (0x80), MQTT 3.1.1 has no way to: the connection closes, the client resends."""
+        if type(packet) is wire.PubRel:  # the PUBREC's record: the client, back, is sent the PUBREL again
+            log.warning("mqtt %s: a PUBREC was written but may not be counted on: %s; closing", self.peer, exc)
+            self.close()
+            return None
         log.warning("mqtt %s: a message was written but is not acknowledged: %s", self.peer, exc)
         if type(packet) is wire.PubRec:
             self.mqtt.qos2_released(packet.packet_id)
@@ -557,7 +561,7 @@ class Connection(core.Connection):
         session.user = self.session.user
         session.expiry_s = self.expiry_s if v5 else None
         session.persistent = bool(self.expiry_s) if v5 else not p.clean_start
-        saved = self.port.resume(client_id, p.clean_start)
+        saved = self.port.resume(client_id, p.clean_start, session.persistent)
         if saved is not None:
             session.restore(saved)
             self._unacked_in = len(session.qos2_received)  # its QoS 2 PUBLISHes waiting for their PUBREL
@@ -609,7 +613,7 @@ class Connection(core.Connection):
         ``(will, guard session, will delay)`` for the port to publish (or drop), or None without a will."""
         self._taken_over = True
         if self.mqtt.persistent:
-            self.port.went_offline(self.mqtt)  # saved now, before the new connection resumes it
+            self.port.taken_over(self.mqtt)  # saved now, and handed to the new connection as it stands
         log.info("mqtt %s: client %s connected again from another connection; closing this one", self.peer,
                  self.mqtt.client_id)
         if self.version == MQTT_5:
@@ -831,12 +835,23 @@ class Connection(core.Connection):
         return True
 
     def _pubrec(self, p):
+        """The client's PUBREC of a QoS 2 delivery: PUBREL. A persistent session writes the first PUBREC of a message
+        to the sessions' log before its PUBREL goes out, which waits, as a PUBACK does, until the record may be
+        counted on (``MqttPort.save_first``: with ``sync`` replication the slave holds it): once the client has the
+        PUBREL it may complete the exchange and use the packet id again, so a restart, a kill or a failover must
+        send the PUBREL again, never the PUBLISH."""
+        session = self.mqtt
         if p.reason_code >= 0x80:
-            self.mqtt.dropped(p.packet_id)
+            session.dropped(p.packet_id)
             self._wake()
             return True
-        if self.mqtt.received(p.packet_id):
-            return self.send(wire.PubRel(p.packet_id))
+        first = session.inflight.get(p.packet_id) == PUBLISH_SENT
+        if session.received(p.packet_id):
+            if first and session.persistent:
+                self._queue_ack(wire.PubRel(p.packet_id), self.port.save_first(session))
+            else:
+                self._send_in_order(encode(wire.PubRel(p.packet_id), self.version))  # after one queued before it
+            return not self.closed
         return self.send(wire.PubRel(p.packet_id, wire.PACKET_IDENTIFIER_NOT_FOUND if self.version == MQTT_5 else 0))
 
     # -- SUBSCRIBE -----------------------------------------------------------------

@@ -767,7 +767,7 @@ class Delivery:
                     break
                 took -= len(data)
             stop = True
-        self._fan_moved(key, end)
+        self._cursor_to(key, end)
         return not stop
 
     def fan_try(self, key, plan):
@@ -778,12 +778,14 @@ class Delivery:
         for data, queue_offset in zip(packets, offsets):
             sent = conn.try_send(data)
             if not sent or sent < len(data):  # a part taken: the connection writes the rest before anything else
-                self._fan_moved(key, queue_offset + 1 if sent else queue_offset)
+                self._cursor_to(key, queue_offset + 1 if sent else queue_offset)
                 return False
-        self._fan_moved(key, end)
+        self._cursor_to(key, end)
         return not stop
 
-    def _fan_moved(self, key, offset):
+    def _cursor_to(self, key, offset):
+        """The session's read position of partition ``key`` moves on to ``offset`` (never back; a partition it no
+        longer reads is left alone)."""
         session = self.session
         if offset > session.cursors.get(key, offset):
             session.cursors[key] = offset
@@ -971,13 +973,17 @@ class Delivery:
         granted, ids, retain = self._decision(topic, m)
         if granted is None:
             return True
-        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, retain, m, ids, key)
+        return self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, retain, m, ids, key,
+                          True)
 
-    def _send(self, topic, where, flag, data, granted, retain, m=None, ids=(), key=None):
+    def _send(self, topic, where, flag, data, granted, retain, m=None, ids=(), key=None, own=False):
         """Send the message of a record (``where``: its ``(partition, offset)``, None for a retained message) as
-        ``_prepare`` makes it (``key``: the record's in ``Decoded``), waiting for room in flight. A QoS 2 delivery of
-        a persistent session is written to the sessions' log before it is sent (exactly once across a restart needs
-        its packet id kept). False when the connection closed meanwhile."""
+        ``_prepare`` makes it (``key``: the record's in ``Decoded``), waiting for room in flight. ``own``: the record
+        is read at the session's own read position (not a shared group's), which a QoS 1 or 2 message in flight is
+        past: a session saved from then on sends it again as itself (DUP), never as a new message too. A QoS 2
+        delivery of a persistent session is written to the sessions' log before it is sent (exactly once across a
+        restart, a kill or a failover needs its packet id and that position kept: ``_saved_first``). False when the
+        connection closed meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
             m = message_of(topic, flag, data)
@@ -989,9 +995,29 @@ class Delivery:
         data, qos, packet_id = prepared
         if qos:
             session.sent(packet_id, (qos, topic) + where if where is not None else None)
-            if qos == 2 and session.persistent:
-                self.port.save(session)
+            if own:
+                self._cursor_to((topic, where[0]), where[1] + 1)
+            if qos == 2 and session.persistent and not self._saved_first():
+                return False
         return conn.send_bytes(data)
+
+    def _saved_first(self):
+        """Write the session before its QoS 2 PUBLISH goes out and wait, as a PUBACK does, until the record may be
+        counted on (``MqttPort.save_first``: with ``sync`` replication the slave holds it), so that a failover sends
+        it again as itself (DUP), never as a new message. False when it may not be: the connection closes, and the
+        client, back, is sent it again from its session."""
+        wait = self.port.save_first(self.session)
+        if wait is None:
+            return True
+        topic, r, now, cuts = wait
+        try:
+            self.port.put_path.durable(topic, r.partition, r.log_end, now, cuts)
+        except errors.MetaqError as exc:
+            log.warning("mqtt %s: a QoS 2 delivery was written but may not be counted on: %s; closing",
+                        self.conn.peer, exc)
+            self.conn.close()
+            return False
+        return True
 
     def retained_after_suback(self, subscribed):
         """The retained messages of the filters in ``subscribed`` (``(filter, granted QoS)``) are to be sent, by

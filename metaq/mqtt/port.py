@@ -112,6 +112,7 @@ class MqttPort:
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
         self._live = {}  # client id -> the MqttSession of a connected persistent session
+        self._handed = {}  # client id -> the SavedSession a taken-over connection left to the one taking it over
         self._groups = {}  # (share name, filter) -> SharedGroup
         self.floor = MovingFloor(store, lambda: self.table.floor())
         self.follow = JournalFollow(store, MQTT_JOURNAL, lambda position, _flag, data: self.table.apply(position, data),
@@ -200,15 +201,20 @@ class MqttPort:
 
     # -- persistent sessions ---------------------------------------------------
 
-    def resume(self, client_id, clean_start):
-        """The saved session a CONNECT resumes (None: none, or ``clean_start``, which ends a saved one)."""
-        saved = self.table.sessions.get(client_id)
+    def resume(self, client_id, clean_start, persistent=True):
+        """The saved session a CONNECT resumes: the one a connection it took over handed on (``taken_over``), else
+        the log's (None: none, or ``clean_start``, which ends a saved one). One resumed by a connection it ends with
+        (``persistent`` false: MQTT 5 Session Expiry Interval 0) leaves the log now: that connection alone holds
+        it, and it ends with it however the connection ends, a takeover too (MQTT 5.0 §3.1.4: the original session
+        ends on the takeover), a restart or a failover. So no later CONNECT resumes the state from before what that
+        connection acknowledged."""
+        handed = self._handed.pop(client_id, None)  # newer than its record, which may not have been written
+        saved = handed if handed is not None else self.table.sessions.get(client_id)
         if saved is None:
             return None
-        if clean_start:
+        if clean_start or not persistent:
             self.end_session(client_id)
-            return None
-        return saved
+        return None if clean_start else saved
 
     def save(self, session, connected=True):
         """Write ``session``'s whole state to the sessions' log (page cache: a kill -9 keeps it); returns the log end
@@ -220,7 +226,26 @@ class MqttPort:
         if client_id in self.table.sessions:
             self._write(client_id, encode_end(client_id))
 
+    def save_first(self, session):
+        """Write ``session`` (as ``save``) before the client is told what depends on the record (a QoS 2 PUBLISH, the
+        PUBREL of its PUBREC): what that waits for, as ``PutPath.durable`` and ``Connection._queue_ack`` take it,
+        ``(topic, PutResult, now, cuts)``, so that with ``sync`` replication (or flush) the client learns it only
+        once the slave (or the disk) holds the record and a failover finds it; None: no wait (``async`` modes, or
+        the record was not written)."""
+        now = now_ms()
+        r = self._put(session.client_id, encode(session.saved(now, True)), session, now)
+        if r is None:
+            return None
+        cuts = self.store.log_cuts  # nothing yielded since the write
+        return None if self.put_path.ack_mode(MQTT_SESSIONS_TOPIC, r, now) == ACK_NOW else \
+            (MQTT_SESSIONS_TOPIC, r, now, cuts)
+
     def _write(self, client_id, data, session=None):
+        r = self._put(client_id, data, session, now_ms())
+        return None if r is None else r.log_end
+
+    def _put(self, client_id, data, session, now):
+        """Write one record of the sessions' log (a master's); its PutResult, or None when it was not written."""
         if not self.is_master():
             return None
         if len(data) > limits.MQTT_MAX_SESSION_RECORD_BYTES:
@@ -228,7 +253,6 @@ class MqttPort:
                         "(MQTT_MAX_SESSION_RECORD_BYTES): not saved", client_id, len(data),
                         limits.MQTT_MAX_SESSION_RECORD_BYTES)
             return None
-        now = now_ms()
         try:
             self.put_path.check_writable()
             r = self.store.put(MQTT_SESSIONS_TOPIC, 0, 0, data, now)
@@ -240,7 +264,7 @@ class MqttPort:
         if session is not None:
             session.dirty = False
         self.made_visible(MQTT_SESSIONS_TOPIC, r, now)
-        return r.log_end
+        return r
 
     def connected(self, session):
         """A persistent session's connection began: written (connected), kept for the periodic saves."""
@@ -258,6 +282,13 @@ class MqttPort:
             log.info("mqtt client %s: its session ends: %d sessions offline is the limit (mqtt.max_offline_sessions)",
                      saved.client_id, self.settings.max_offline_sessions)
             self.end_session(saved.client_id)
+
+    def taken_over(self, session):
+        """A persistent session's connection was taken over: written as ``went_offline`` writes it, and handed in
+        memory to the connection taking it over (``resume``), which so goes on from what the old one acknowledged
+        even when its record could not be written (past ``MQTT_MAX_SESSION_RECORD_BYTES``, a refused write)."""
+        self.went_offline(session)
+        self._handed[session.client_id] = session.saved(now_ms(), False)
 
     def _keep(self):
         """Every ``MQTT_SESSION_SAVE_INTERVAL_S``: the connected persistent sessions that changed are written, the
