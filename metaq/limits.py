@@ -670,6 +670,10 @@ MQTT_TOPIC_RESCAN_S = 1.0
 #: the log's write amplification is bounded; after a kill -9 what was delivered in the last interval is delivered
 #: again (at least once). Subscriptions, QoS 2 packet ids and ends of sessions are written at once.
 MQTT_SESSION_SAVE_INTERVAL_S = 1.0
+#: How often the MQTT port looks whether this broker may keep sessions and wills (seconds): a master that stops
+#: being one (deposed, its lease run out, isolated) closes the connections holding them within this much, and one
+#: that becomes master publishes the wills left in the sessions' log as soon.
+MQTT_ROLE_CHECK_S = 0.1
 #: Sessions kept for clients that are not connected (``mqtt.max_offline_sessions``): when one more goes offline, the
 #: one offline longest is ended (its client's next CONNECT gets Session Present 0).
 MQTT_MAX_OFFLINE_SESSIONS = 10_000

@@ -176,7 +176,8 @@ class Broker:
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
-                                 lambda: self.election.master_mqtt() if self.election is not None else None)
+                                 lambda: self.election.master_mqtt() if self.election is not None else None,
+                                 lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
@@ -504,6 +505,8 @@ class Broker:
         log.info("shutting down: no new connections; finishing in-flight requests")
         keep = ("replication",)  # slaves keep getting what the finishing requests write
         self.core.stop_accepting(keep)
+        if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
+            self.mqtt.stop(SHUTDOWN_GRACE_S)
         if self.election is not None:
             self.election.step_down()  # stop acknowledging; an in-sync slave catches up; closing the session ends
             self.election.stop()       # our leadership at once (no session timeout to wait for)
@@ -516,8 +519,6 @@ class Broker:
         if self.grpc is not None:
             self.grpc.service.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)
-        if self.mqtt is not None:
-            self.mqtt.stop()  # the wills held for their delay: sessions end with the broker
         gevent.killall(self._tasks, block=False)
         self.guard.stop()
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush

@@ -161,6 +161,14 @@ class Guard:
     def session(self, host, tls=False):
         return Session(host, tls)
 
+    def acting_for(self, name, host):
+        """A session of user ``name`` (None: authentication off) from ``host`` that proved nothing now: what the
+        broker writes with on behalf of a client whose connection, which proved it, is gone (an MQTT will a new
+        master publishes). ``require`` asks the user's permissions and address as for the client's own session."""
+        session = Session(host)
+        session.user = name
+        return session
+
     def admit(self, host):
         """None when ``host`` may connect, else why not (the global allow-list)."""
         if self.acl is None or self.acl.address_allowed(host):
