@@ -233,39 +233,72 @@ class Strangers:
     """Connections not yet logged in, on the ports where authentication is on (the guard's, when enabled): they
     must log in within ``login_s``, at most ``cap`` of them in all and ``per_address`` from one address, and
     their unfinished requests hold at most ``partial_limit`` bytes in all. Counted apart from logged-in
-    connections, so strangers never fill the connection cap or the users' budget of unfinished requests."""
+    connections, so strangers never fill the connection cap or the users' budget of unfinished requests.
 
-    __slots__ = ("login_s", "cap", "per_address", "count", "partial_limit", "partial_bytes", "_from")
+    At the cap in all a new connection is not simply refused (every new connection is a stranger until it logs in:
+    strangers at the cap would lock every user out): ``room`` names the stranger to close for it, the oldest of the
+    address holding the most, once open ``eviction_age_s`` (``limits.STRANGER_EVICTION_AGE_S``). An attacker's
+    connection and a user's look the same until credentials arrive, so age and the address's share decide: a user
+    who logs in within that age is never closed, and an attacker closes its own connections first."""
 
-    def __init__(self, login_s, cap, per_address, partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
+    __slots__ = ("login_s", "cap", "per_address", "eviction_age_s", "count", "partial_limit", "partial_bytes",
+                 "evicted", "_from", "_waiting")
+
+    def __init__(self, login_s, cap, per_address, eviction_age_s=limits.STRANGER_EVICTION_AGE_S,
+                 partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
         self.login_s = login_s
         self.cap = cap
         self.per_address = per_address
+        self.eviction_age_s = eviction_age_s
         self.count = 0  # connections not yet logged in now
         self.partial_limit = partial_limit
         self.partial_bytes = 0  # what their unfinished requests hold now (Connection.receive keeps it)
+        self.evicted = 0  # strangers closed to make room for a new connection, since the start
         self._from = {}  # host -> connections not yet logged in from it
+        self._waiting = {}  # host -> {connection: when it arrived (monotonic)}, oldest first: those ``room`` may close
 
-    def refusal(self, host):
-        """None when one more connection from ``host`` may wait to log in, else why not."""
-        if self.count >= self.cap:
-            return "too many connections not yet logged in: the limit is %d" % self.cap
+    def room(self, host, now):
+        """``(refusal, victim)`` for one more connection from ``host`` at ``now`` (monotonic): a refusal (why not)
+        or None; with strangers at the cap, ``victim`` is the stranger to close first (else None): the oldest one,
+        of those open ``eviction_age_s``, of the address that holds the most. Its own address's share is never
+        taken from others: a new connection past ``per_address`` is refused."""
         if self._from.get(host, 0) >= self.per_address:
-            return "too many connections not yet logged in from %s: the limit is %d per address" % (
-                host, self.per_address)
-        return None
+            return ("too many connections not yet logged in from %s: the limit is %d per address"
+                    % (host, self.per_address)), None
+        if self.count < self.cap:
+            return None, None
+        victim, best = None, None
+        for held, waiting in self._waiting.items():
+            conn, arrived = next(iter(waiting.items()))
+            if now - arrived < self.eviction_age_s:
+                continue
+            rank = (self._from[held], -arrived)
+            if best is None or rank > best:
+                victim, best = conn, rank
+        if victim is None:
+            return "too many connections not yet logged in: the limit is %d" % self.cap, None
+        self.evicted += 1
+        return None, victim
 
     def arrive(self, host):
         self.count += 1
         self._from[host] = self._from.get(host, 0) + 1
 
-    def leave(self, host):
+    def wait(self, host, conn, now):
+        """``conn``, counted from ``host`` (``arrive``), waits to log in from ``now``: ``room`` may close it."""
+        self._waiting.setdefault(host, {})[conn] = now
+
+    def leave(self, host, conn=None):
+        """One connection from ``host`` is no longer a stranger (``conn``: the one ``wait`` named)."""
         self.count -= 1
         left = self._from[host] - 1
         if left:
             self._from[host] = left
         else:
             del self._from[host]
+        waiting = self._waiting.get(host)
+        if waiting is not None and waiting.pop(conn, None) is not None and not waiting:
+            del self._waiting[host]
 
     def held_by(self, host):
         """Connections not yet logged in from ``host``."""
@@ -461,9 +494,11 @@ class Connection:
         """Count this connection as a stranger from ``host`` (the core, on a port with authentication on): it
         must log in within ``strangers.login_s``; ``logged_in`` ends that."""
         strangers = self._rules.strangers
+        now = time.monotonic()
         self._stranger = host
-        self._login_deadline = time.monotonic() + strangers.login_s
+        self._login_deadline = now + strangers.login_s
         self._pool = strangers
+        strangers.wait(host, self, now)
         if self.session is not None:
             self.session.on_login = self.logged_in
 
@@ -472,7 +507,7 @@ class Connection:
         if self._stranger is None:
             return
         strangers = self._rules.strangers
-        strangers.leave(self._stranger)
+        strangers.leave(self._stranger, self)
         self._stranger = self._login_deadline = None
         strangers.partial_bytes -= self._partial
         self._rules.partial_bytes += self._partial
@@ -654,7 +689,7 @@ class Connection:
         self._pool.partial_bytes -= self._partial
         self._partial = 0
         if self._stranger is not None:
-            self._rules.strangers.leave(self._stranger)
+            self._rules.strangers.leave(self._stranger, self)
             self._stranger = None
         self.replies.wake()
         if self.parked_key is not None and self.served_by is not None:
@@ -757,7 +792,7 @@ class ConnectionCore:
             if self.guard is not None and listener.guarded:
                 refusal = self.guard.admit(address[0])
                 if refusal is None and self._checks_login(listener):
-                    refusal = self.rules.strangers.refusal(address[0])
+                    refusal = self._make_room(listener, address[0])
                 if refusal is not None:
                     self._refuse(listener, sock, address, refusal)
                     return
@@ -864,6 +899,18 @@ class ConnectionCore:
         port: text, remoting, HTTP; replication proves its own secret)."""
         return (self.rules.strangers is not None and self.guard is not None and self.guard.enabled
                 and listener.guarded)
+
+    def _make_room(self, listener, host):
+        """None when a new stranger from ``host`` may wait to log in, else why not (``Strangers.room``); the
+        stranger it names to make room is closed here, one log line a second saying so."""
+        strangers = self.rules.strangers
+        refusal, victim = strangers.room(host, time.monotonic())
+        if victim is not None:
+            victim.close()  # leaves the strangers' count now; its greenlet (or a parked one's new turn) ends it
+            self._log_refusal(self._listener_of.get(victim.conn_id, listener), victim.address,
+                              "not yet logged in, the oldest of the address holding the most, closed to make room for "
+                              "a new connection: strangers at their limit of %d" % strangers.cap, "evicted")
+        return refusal
 
     def _secure(self, listener, sock, address):
         """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed."""

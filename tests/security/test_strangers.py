@@ -17,11 +17,13 @@ import pytest
 from metaq import limits
 from metaq.client.local import rmq_config
 from metaq.client.raw import RemotingClient, TextClient
+from metaq.mqtt import wire
 from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from tests.harness.acl import SECRETS, login, secured_config, write_acl
 from tests.harness.broker import wait_for
 from tests.harness.http import http_port, request, with_http
+from tests.harness.mqtt import Raw, with_mqtt
 from tests.harness.pki import Pki
 from tests.harness.rocketmq import send_v1
 
@@ -106,7 +108,7 @@ def _held_open(sock):
 def test_the_strangers_cap_in_all_and_one_past(broker_factory, tmp_path):
     cfg = secured_config(tmp_path)
     cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=6, max_unauthenticated_per_address=2,
-                         login_timeout_s=30)
+                         login_timeout_s=30, stranger_eviction_age_s=30)  # none old enough to make room
     b = broker_factory(cfg)
     held = [connect(b.port, "127.0.0.%d" % (10 + i // 2)) for i in range(6)]  # 2 each from 3 addresses: the cap
     for s in held:
@@ -127,6 +129,56 @@ def test_the_strangers_cap_in_all_and_one_past(broker_factory, tmp_path):
         last.close()
     for s in held:
         s.close()
+
+
+def _closed_now(sock):
+    """True when the broker has closed ``sock`` (looked at without waiting)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_strangers_at_their_cap_make_room_for_a_user_on_the_text_and_mqtt_ports(broker_factory, tmp_path):
+    """The finding: 320 addresses holding 16 idle connections each left alice's new logins refused (8 of 48 got in):
+    every new connection is a stranger until it logs in. At the cap a new connection closes the oldest stranger of
+    the address holding the most, once that one is ``stranger_eviction_age_s`` old; a younger one is never closed."""
+    cfg = with_mqtt(secured_config(tmp_path))
+    age = 3.0
+    cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=96, login_timeout_s=120, idle_timeout_s=600,
+                         stranger_eviction_age_s=age)
+    b = broker_factory(cfg)
+    per_address = limits.MAX_UNAUTHENTICATED_PER_ADDRESS
+    ports = (b.port, b.config["mqtt"]["port"])
+    filled = time.monotonic()
+    held = {"127.0.7.%d" % a: [connect(ports[i % 2], "127.0.7.%d" % a) for i in range(per_address)]
+            for a in range(1, 7)}  # 6 addresses x 16: the cap in all, on both ports
+    one_past = connect(b.port, "127.0.8.1")  # all of them younger than the eviction age: none is closed for it
+    one_past.settimeout(10)
+    assert b"too many connections not yet logged in: the limit is 96" in one_past.recv(4096)
+    assert not any(_closed_now(s) for socks in held.values() for s in socks)
+    time.sleep(max(0.0, filled + age + 0.5 - time.monotonic()))
+    refills = []
+    for i in range(5):  # alice gets in on every port, each time, while strangers are at their cap
+        with login(b, "alice") as c:
+            assert c.put("orders", b"in %d" % i).code == 200
+        refills.append(connect(b.port, "127.0.9.%d" % i))  # the attacker takes the place her login left
+        user = Raw(b, wire.MQTT_311)
+        assert user.connect("alice-%d" % i, username="alice", password=SECRETS["alice"].encode()).reason_code == 0
+        user.close()
+        refills.append(connect(ports[1], "127.0.10.%d" % i))
+    wait_for(lambda: sum(_closed_now(s) for socks in held.values() for s in socks) >= 10, timeout=10,
+             what="ten strangers closed to make room")
+    lost = [sum(_closed_now(s) for s in socks) for socks in held.values()]
+    assert sum(lost) == 10 and max(lost) - min(lost) <= 1, lost  # from the addresses holding the most, in turn
+    assert not any(_closed_now(s) for s in refills)  # younger than the eviction age
+    assert "evicted a connection from 127.0.7." in b.log_text()
+    for socks in list(held.values()) + [refills]:
+        for s in socks:
+            s.close()
 
 
 def _logs_in(b):
