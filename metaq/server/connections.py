@@ -490,15 +490,15 @@ class Connection:
     def serve(self):
         raise NotImplementedError
 
-    def await_login(self, host):
+    def await_login(self, host, arrived):
         """Count this connection as a stranger from ``host`` (the core, on a port with authentication on): it
-        must log in within ``strangers.login_s``; ``logged_in`` ends that."""
+        must log in within ``strangers.login_s`` of when it ``arrived`` (monotonic: accepted, its TLS handshake
+        included); ``logged_in`` ends that."""
         strangers = self._rules.strangers
-        now = time.monotonic()
         self._stranger = host
-        self._login_deadline = now + strangers.login_s
+        self._login_deadline = arrived + strangers.login_s
         self._pool = strangers
-        strangers.wait(host, self, now)
+        strangers.wait(host, self, arrived)
         if self.session is not None:
             self.session.on_login = self.logged_in
 
@@ -523,6 +523,10 @@ class Connection:
             return None
         return self._login_deadline - time.monotonic()
 
+    def _log_login_deadline(self):
+        log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
+                 self._rules.strangers.login_s)
+
     def receive(self, nbytes=RECV_BYTES):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
         ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc)."""
@@ -530,8 +534,7 @@ class Connection:
             return None
         login_left = self._login_left()
         if login_left is not None and login_left <= 0:
-            log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
-                     self._rules.strangers.login_s)
+            self._log_login_deadline()
             return None
         in_request, silent = self.in_request, False
         if not in_request:
@@ -563,6 +566,7 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
             if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
                 timeout, silent = self.idle_timeout, True
+        login_left = self._login_left()  # again: lingering or waiting for room in the budget took some of it
         if login_left is not None and login_left < timeout:
             timeout = max(0.001, login_left)
         self.sock.settimeout(timeout)
@@ -571,8 +575,7 @@ class Connection:
         except OSError as exc:  # socket.timeout included
             if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
                 if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
-                    log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
-                             self._rules.strangers.login_s)
+                    self._log_login_deadline()
                 elif silent:
                     log.info("%s %s: no bytes of a request begun for %.0f s; closing", self.log_prefix, self.peer,
                              self.idle_timeout)
@@ -664,8 +667,8 @@ class Connection:
 
     def _hold_partial(self):
         """Account the bytes of this connection's unfinished request in the broker-wide budget; while that is past
-        ``partial_limit``, read nothing more (wait) until there is room: False when the request deadline passed
-        (or the connection closed) meanwhile."""
+        ``partial_limit``, read nothing more (wait) until there is room: False when the request deadline or a
+        stranger's login deadline passed (or the connection closed) meanwhile."""
         pool = self._pool
         held = getattr(self.parser, "buffered", 0)
         pool.partial_bytes += held - self._partial
@@ -677,8 +680,13 @@ class Connection:
                     pool.partial_bytes, "MAX_PARTIAL_REQUEST_BYTES" if pool is self._rules
                     else "MAX_PRELOGIN_PARTIAL_BYTES", pool.partial_limit)
         while pool.partial_bytes > pool.partial_limit:
-            if self.closed or time.monotonic() >= self._request_deadline or pool is not self._pool:
-                return not self.closed and pool is not self._pool  # logged in meanwhile: the users' budget now
+            if self.closed or pool is not self._pool:
+                return not self.closed  # logged in meanwhile: the users' budget now
+            if time.monotonic() >= self._request_deadline:
+                return False
+            if self._login_deadline is not None and time.monotonic() >= self._login_deadline:
+                self._log_login_deadline()
+                return False
             gevent.sleep(PARTIAL_WAIT_S)
         return True
 
@@ -798,7 +806,8 @@ class ConnectionCore:
                     return
             self._per_address[host] = held + 1
         stranger = address[0] if host is not None and self._checks_login(listener) else None
-        if stranger is not None:  # counted from here: a TLS handshake is a stranger's too
+        arrived = time.monotonic()
+        if stranger is not None:  # counted, and its login deadline running, from here: a TLS handshake included
             self.rules.strangers.arrive(stranger)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -814,7 +823,7 @@ class ConnectionCore:
                               % (address[0], self.handshakes.per_s), "closed before its handshake")
             return
         if listener.tls != "off":
-            sock = self._secure(listener, sock, address)
+            sock = self._secure(listener, sock, address, stranger is not None)
             if sock is None:
                 self._forget(host)
                 if stranger is not None:
@@ -829,7 +838,7 @@ class ConnectionCore:
                 if self.guard.enabled and listener.guarded:
                     conn.rates = self.guard
             if stranger is not None:
-                conn.await_login(stranger)  # from here the connection leaves the count when it logs in or closes
+                conn.await_login(stranger, arrived)  # from here it leaves the count when it logs in or closes
                 stranger = None
         except BaseException:
             self._forget(host)
@@ -912,12 +921,16 @@ class ConnectionCore:
                               "a new connection: strangers at their limit of %d" % strangers.cap, "evicted")
         return refusal
 
-    def _secure(self, listener, sock, address):
-        """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed."""
+    def _secure(self, listener, sock, address, stranger):
+        """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed. A
+        ``stranger``'s first byte and handshake wait no longer than its login deadline."""
+        idle_s, request_s = self.rules.idle_s, self.rules.request_s
+        if stranger:
+            idle_s, request_s = min(idle_s, self.rules.strangers.login_s), min(request_s, self.rules.strangers.login_s)
         self._handshaking += 1
         try:
-            secured, why = self.tls.secure(listener.tls, sock, self.rules.idle_s, self.rules.request_s,
-                                           listener.server_first, listener.alpn)
+            secured, why = self.tls.secure(listener.tls, sock, idle_s, request_s, listener.server_first,
+                                           listener.alpn)
         finally:
             self._handshaking -= 1
         if secured is not None and self.closing:
