@@ -267,17 +267,18 @@ class Strangers:
                     % (host, self.per_address)), None
         if self.count < self.cap:
             return None, None
-        victim, best = None, None
+        victim = victim_host = best = None
         for held, waiting in self._waiting.items():
             conn, arrived = next(iter(waiting.items()))
             if now - arrived < self.eviction_age_s:
                 continue
             rank = (self._from[held], -arrived)
             if best is None or rank > best:
-                victim, best = conn, rank
+                victim, victim_host, best = conn, held, rank
         if victim is None:
             return "too many connections not yet logged in: the limit is %d" % self.cap, None
         self.evicted += 1
+        self.unwait(victim_host, victim)  # never named twice, though it leaves the count only once closed
         return None, victim
 
     def arrive(self, host):
@@ -288,6 +289,12 @@ class Strangers:
         """``conn``, counted from ``host`` (``arrive``), waits to log in from ``now``: ``room`` may close it."""
         self._waiting.setdefault(host, {})[conn] = now
 
+    def unwait(self, host, conn):
+        """``room`` may no longer close ``conn`` (it stays counted): its handshake ended, or it is being closed."""
+        waiting = self._waiting.get(host)
+        if waiting is not None and waiting.pop(conn, None) is not None and not waiting:
+            del self._waiting[host]
+
     def leave(self, host, conn=None):
         """One connection from ``host`` is no longer a stranger (``conn``: the one ``wait`` named)."""
         self.count -= 1
@@ -296,13 +303,25 @@ class Strangers:
             self._from[host] = left
         else:
             del self._from[host]
-        waiting = self._waiting.get(host)
-        if waiting is not None and waiting.pop(conn, None) is not None and not waiting:
-            del self._waiting[host]
+        self.unwait(host, conn)
 
     def held_by(self, host):
         """Connections not yet logged in from ``host``."""
         return self._from.get(host, 0)
+
+
+class _Handshake:
+    """A stranger in its TLS handshake, before its connection is made: what ``Strangers.room`` may close."""
+
+    __slots__ = ("sock", "address")
+    conn_id = None
+
+    def __init__(self, sock, address):
+        self.sock = sock
+        self.address = address
+
+    def close(self):
+        self.sock.close()  # its handshake, waiting on the socket, fails: the core's accept ends it
 
 
 class HandshakeRate:
@@ -823,7 +842,7 @@ class ConnectionCore:
                               % (address[0], self.handshakes.per_s), "closed before its handshake")
             return
         if listener.tls != "off":
-            sock = self._secure(listener, sock, address, stranger is not None)
+            sock = self._secure(listener, sock, address, stranger, arrived)
             if sock is None:
                 self._forget(host)
                 if stranger is not None:
@@ -921,18 +940,24 @@ class ConnectionCore:
                               "a new connection: strangers at their limit of %d" % strangers.cap, "evicted")
         return refusal
 
-    def _secure(self, listener, sock, address, stranger):
+    def _secure(self, listener, sock, address, stranger, arrived):
         """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed. A
-        ``stranger``'s first byte and handshake wait no longer than its login deadline."""
+        ``stranger`` (its host; it ``arrived`` then) waits for its first byte and handshake no longer than its
+        login deadline, and may meanwhile be closed to make room (``Strangers.room``) as any stranger may."""
         idle_s, request_s = self.rules.idle_s, self.rules.request_s
-        if stranger:
-            idle_s, request_s = min(idle_s, self.rules.strangers.login_s), min(request_s, self.rules.strangers.login_s)
+        strangers, handshake = self.rules.strangers, None
+        if stranger is not None:
+            idle_s, request_s = min(idle_s, strangers.login_s), min(request_s, strangers.login_s)
+            handshake = _Handshake(sock, address)
+            strangers.wait(stranger, handshake, arrived)
         self._handshaking += 1
         try:
             secured, why = self.tls.secure(listener.tls, sock, idle_s, request_s, listener.server_first,
                                            listener.alpn)
         finally:
             self._handshaking -= 1
+            if handshake is not None:
+                strangers.unwait(stranger, handshake)
         if secured is not None and self.closing:
             secured.close()
             return None

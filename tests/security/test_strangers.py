@@ -398,3 +398,33 @@ def test_tls_strangers_in_a_slow_handshake_or_a_trickled_connect_are_closed_at_t
     assert all(a is not None and 2.5 < a < 3 + 4 for a in took), took  # the login deadline, slack for a busy machine
     for s in hellos + [s for s, _ in trickled]:
         s.close()
+
+
+def test_strangers_holding_tls_handshakes_at_their_cap_make_room_for_a_user(broker_factory, tmp_path):
+    """A stranger in its TLS handshake counts as one and may be closed to make room as any: strangers holding
+    half-done handshakes at the cap do not lock a user out of a TLS port."""
+    pki = Pki(tmp_path / "pki")
+    cfg = secured_config(tmp_path, tls=pki.tls_config("on"))
+    age = 1.0
+    cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=32, login_timeout_s=60,
+                         stranger_eviction_age_s=age)
+    b = broker_factory(cfg)
+    filled = time.monotonic()
+    hellos = [connect(b.port, "127.0.15.%d" % (i % 2)) for i in range(32)]
+    for s in hellos:  # a ClientHello begun and never finished: strangers in their handshakes, at the cap
+        s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+    time.sleep(max(0.0, filled + age + 0.5 - time.monotonic()))
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    refills = []
+    for i in range(3):
+        with TextClient("127.0.0.1", b.port, ssl_context=ctx, server_hostname="127.0.0.1") as c:
+            assert c.auth("alice", SECRETS["alice"]).code == 200
+            assert c.put("orders", b"in %d" % i).code == 200
+        refills.append(connect(b.port, "127.0.15.9"))  # the attacker takes the place her login left
+        refills[-1].sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+    # long before their handshake deadline: the oldest of either address in turn
+    wait_for(lambda: [i for i, s in enumerate(hellos) if _closed_now(s)] == [0, 1, 2], timeout=5,
+             what=lambda: "the three oldest handshakes closed, not %s" % [i for i, s in enumerate(hellos)
+                                                                           if _closed_now(s)])
+    for s in hellos + refills:
+        s.close()
