@@ -242,7 +242,7 @@ class Strangers:
     who logs in within that age is never closed, and an attacker closes its own connections first."""
 
     __slots__ = ("login_s", "cap", "per_address", "eviction_age_s", "count", "partial_limit", "partial_bytes",
-                 "evicted", "_from", "_waiting")
+                 "evicted", "_from", "_waiting", "_tiers")
 
     def __init__(self, login_s, cap, per_address, eviction_age_s=limits.STRANGER_EVICTION_AGE_S,
                  partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
@@ -256,25 +256,29 @@ class Strangers:
         self.evicted = 0  # strangers closed to make room for a new connection, since the start
         self._from = {}  # host -> connections not yet logged in from it
         self._waiting = {}  # host -> {connection: when it arrived (monotonic)}, oldest first: those ``room`` may close
+        self._tiers = {}  # n -> {host: None}: the hosts with n in _waiting, in the order they came to n
 
     def room(self, host, now):
         """``(refusal, victim)`` for one more connection from ``host`` at ``now`` (monotonic): a refusal (why not)
-        or None; with strangers at the cap, ``victim`` is the stranger to close first (else None): the oldest one,
-        of those open ``eviction_age_s``, of the address that holds the most. Its own address's share is never
-        taken from others: a new connection past ``per_address`` is refused."""
+        or None; with strangers at the cap, ``victim`` is the stranger to close first (else None): the oldest one
+        of the address that holds the most (of those that came to hold that many first), once open
+        ``eviction_age_s``. Its own address's share is never taken from others: a new connection past
+        ``per_address`` is refused. Most often the first address it looks at serves (addresses come to a tier
+        oldest first), not a scan of them all: a flood of new connections at the cap costs little each."""
         if self._from.get(host, 0) >= self.per_address:
             return ("too many connections not yet logged in from %s: the limit is %d per address"
                     % (host, self.per_address)), None
         if self.count < self.cap:
             return None, None
-        victim = victim_host = best = None
-        for held, waiting in self._waiting.items():
-            conn, arrived = next(iter(waiting.items()))
-            if now - arrived < self.eviction_age_s:
-                continue
-            rank = (self._from[held], -arrived)
-            if best is None or rank > best:
-                victim, victim_host, best = conn, held, rank
+        victim = victim_host = None
+        for n in sorted(self._tiers, reverse=True):  # (at most per_address tiers; most often the first serves)
+            for held in self._tiers[n]:
+                conn, arrived = next(iter(self._waiting[held].items()))
+                if now - arrived >= self.eviction_age_s:
+                    victim, victim_host = conn, held
+                    break
+            if victim is not None:
+                break
         if victim is None:
             return "too many connections not yet logged in: the limit is %d" % self.cap, None
         self.evicted += 1
@@ -287,13 +291,27 @@ class Strangers:
 
     def wait(self, host, conn, now):
         """``conn``, counted from ``host`` (``arrive``), waits to log in from ``now``: ``room`` may close it."""
-        self._waiting.setdefault(host, {})[conn] = now
+        waiting = self._waiting.setdefault(host, {})
+        waiting[conn] = now
+        self._retier(host, len(waiting) - 1, len(waiting))
 
     def unwait(self, host, conn):
         """``room`` may no longer close ``conn`` (it stays counted): its handshake ended, or it is being closed."""
         waiting = self._waiting.get(host)
-        if waiting is not None and waiting.pop(conn, None) is not None and not waiting:
+        if waiting is None or waiting.pop(conn, None) is None:
+            return
+        self._retier(host, len(waiting) + 1, len(waiting))
+        if not waiting:
             del self._waiting[host]
+
+    def _retier(self, host, was, now):
+        if was:
+            tier = self._tiers[was]
+            del tier[host]
+            if not tier:
+                del self._tiers[was]
+        if now:
+            self._tiers.setdefault(now, {})[host] = None
 
     def leave(self, host, conn=None):
         """One connection from ``host`` is no longer a stranger (``conn``: the one ``wait`` named)."""
