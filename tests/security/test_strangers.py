@@ -428,3 +428,16 @@ def test_strangers_holding_tls_handshakes_at_their_cap_make_room_for_a_user(brok
                                                                            if _closed_now(s)])
     for s in hellos + refills:
         s.close()
+
+
+def test_a_silent_stranger_on_a_permissive_tls_port_is_closed_at_the_login_deadline(broker_factory, tmp_path):
+    """On a permissive port the broker waits for a first byte to tell TLS from plaintext: a stranger's wait is its
+    login deadline, not the idle timeout."""
+    pki = Pki(tmp_path / "pki")
+    cfg = secured_config(tmp_path, tls=pki.tls_config("permissive"))
+    cfg["limits"] = dict(cfg.get("limits", {}), login_timeout_s=1.5, idle_timeout_s=600)
+    b = broker_factory(cfg)
+    started = time.monotonic()
+    silent = connect(b.port)
+    assert closed_by_broker(silent, 10)
+    assert 1.0 <= time.monotonic() - started < 8
