@@ -364,6 +364,11 @@ LOGIN_TIMEOUT_S = 10.0
 MAX_UNAUTHENTICATED_PER_ADDRESS = 16
 UNAUTHENTICATED_SHARE = 0.25
 
+#: With strangers at their cap in all, a new connection closes the oldest stranger of the address holding the most
+#: (``Strangers.room``) instead of being refused, so that a user with credentials always gets in; a stranger is
+#: never closed so before it has been open this long: a client that logs in within it is never evicted.
+STRANGER_EVICTION_AGE_S = 2.0
+
 #: A text request's body before its connection has logged in (``auth``, ``version`` and ``quit`` have none; a
 #: pipelined small put after ``auth`` fits): a larger one closes the connection before a byte of it is held.
 MAX_PRELOGIN_BODY_BYTES = 64 * 1024

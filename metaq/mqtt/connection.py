@@ -133,9 +133,9 @@ class Connection(core.Connection):
         finish)."""
         return self._handling or self._acks_pending > 0
 
-    def await_login(self, host):
+    def await_login(self, host, arrived):
         """Until its CONNECT logs it in, a packet may be only ``limits.MAX_PRELOGIN_BODY_BYTES``."""
-        super().await_login(host)
+        super().await_login(host, arrived)
         self.parser.max_packet = min(self.parser.max_packet, limits.MAX_PRELOGIN_BODY_BYTES)
 
     def login_done(self):

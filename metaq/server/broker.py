@@ -99,7 +99,8 @@ class Broker:
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
                                                     lim.max_partial_request_bytes,
                                                     Strangers(lim.login_timeout_s, config.max_unauthenticated(),
-                                                              lim.max_unauthenticated_per_address)),
+                                                              lim.max_unauthenticated_per_address,
+                                                              lim.stranger_eviction_age_s)),
                                    config.max_connections_per_address(), self.guard, self.tls,
                                    lim.tls_handshakes_per_address_s)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
