@@ -722,8 +722,10 @@ GRPC_MAX_NEW_STREAMS = 20_000
 #: slave is answered DEADLINE_EXCEEDED past it.
 GRPC_MAX_CALL_S = 60.0
 #: Consumer clients whose Telemetry Settings (FIFO group, max delivery attempts) the gRPC port keeps for their
-#: receives; past it the one heard from longest ago is forgotten (it receives with the defaults until it sends its
-#: Settings again, as every client does every 30 s or so).
+#: receives; each user's share of it is its ``consumer_clients`` quota (half by default). Past either, the client
+#: heard from longest ago (the user's own for its quota) is forgotten when idle (GRPC_CLIENT_IDLE_MS), else the new
+#: client's Settings ends its stream RESOURCE_EXHAUSTED. With authentication off the oldest is forgotten, idle or not
+#: (it receives with the defaults until it sends its Settings again, as every client does every 30 s or so).
 GRPC_MAX_CONSUMER_CLIENTS = 4096
 #: Topic names one producer's Telemetry Settings may name (its ``publishing.topics``, each one a topic whose half
 #: messages' check-backs may ask it). A Settings naming more ends its stream INVALID_ARGUMENT before any name is kept;
