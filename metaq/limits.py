@@ -759,6 +759,9 @@ GRPC_MAX_RENEWED = 100_000
 #: Messages the broker renews at once for one client (its ``x-mq-client-id``); past it as past GRPC_MAX_RENEWED.
 #: The official clients cache at most a few thousand messages per consumer.
 GRPC_MAX_RENEWED_PER_CLIENT = 10_000
+#: Messages the broker renews at once for one user's clients (authentication on), so that one user's many client
+#: ids leave the rest of GRPC_MAX_RENEWED to the others (QUOTA_DEFAULT_SHARE of it); past it as past GRPC_MAX_RENEWED.
+GRPC_MAX_RENEWED_PER_USER = int(GRPC_MAX_RENEWED * QUOTA_DEFAULT_SHARE)
 #: A client not heard from for this long (no Heartbeat, Telemetry command, receive or ack; clients heartbeat every
 #: 10 s, RocketMQ's proxy counts a consumer gone after 120 s) is taken for ended: its renewed messages are released.
 GRPC_CLIENT_IDLE_MS = 120_000
