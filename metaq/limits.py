@@ -731,8 +731,10 @@ GRPC_MAX_NEW_STREAMS = 20_000
 #: slave is answered DEADLINE_EXCEEDED past it.
 GRPC_MAX_CALL_S = 60.0
 #: Consumer clients whose Telemetry Settings (FIFO group, max delivery attempts) the gRPC port keeps for their
-#: receives; past it the one heard from longest ago is forgotten (it receives with the defaults until it sends its
-#: Settings again, as every client does every 30 s or so).
+#: receives; each user's share of it is its ``consumer_clients`` quota (half by default). Past either, the client
+#: heard from longest ago (the user's own for its quota) is forgotten when idle (GRPC_CLIENT_IDLE_MS), else the new
+#: client's Settings ends its stream RESOURCE_EXHAUSTED. With authentication off the oldest is forgotten, idle or not
+#: (it receives with the defaults until it sends its Settings again, as every client does every 30 s or so).
 GRPC_MAX_CONSUMER_CLIENTS = 4096
 #: Topic names one producer's Telemetry Settings may name (its ``publishing.topics``, each one a topic whose half
 #: messages' check-backs may ask it). A Settings naming more ends its stream INVALID_ARGUMENT before any name is kept;
@@ -766,6 +768,9 @@ GRPC_MAX_RENEWED = 100_000
 #: Messages the broker renews at once for one client (its ``x-mq-client-id``); past it as past GRPC_MAX_RENEWED.
 #: The official clients cache at most a few thousand messages per consumer.
 GRPC_MAX_RENEWED_PER_CLIENT = 10_000
+#: Messages the broker renews at once for one user's clients (authentication on), so that one user's many client
+#: ids leave the rest of GRPC_MAX_RENEWED to the others (QUOTA_DEFAULT_SHARE of it); past it as past GRPC_MAX_RENEWED.
+GRPC_MAX_RENEWED_PER_USER = int(GRPC_MAX_RENEWED * QUOTA_DEFAULT_SHARE)
 #: A client not heard from for this long (no Heartbeat, Telemetry command, receive or ack; clients heartbeat every
 #: 10 s, RocketMQ's proxy counts a consumer gone after 120 s) is taken for ended: its renewed messages are released.
 GRPC_CLIENT_IDLE_MS = 120_000

@@ -17,7 +17,8 @@ With authentication off there are no users: every client is one tenant, bounded 
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
 The broker gives it (``Guard.quotas``) to what counts: the producers' table (``limit``: its eviction within a
 user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins, the timed
-messages pending, the topic names of RocketMQ 5 producers' streams. The transaction service asks the
+messages pending, the topic names of RocketMQ 5 producers' streams, the
+RocketMQ 5 consumer clients whose Settings are kept. The transaction service asks the
 ``transactions`` quota before a user begins one more (open and prepared transactions, XA branches and half messages
 together: ``TxService.check_quota``).
 
@@ -68,6 +69,9 @@ QUOTAS = {q.name: q for q in (
           "long polls of the user parked at once waiting for a message (RocketMQ 5 receives and pulls)"),
     Quota("producer_topics", limits.GRPC_MAX_PRODUCER_TOPICS, "limits.GRPC_MAX_PRODUCER_TOPICS",
           "topic names the Settings of the user's RocketMQ 5 producers name, over all their open Telemetry streams"),
+    Quota("consumer_clients", limits.GRPC_MAX_CONSUMER_CLIENTS, "limits.GRPC_MAX_CONSUMER_CLIENTS",
+          "RocketMQ 5 consumer clients (client ids) of the user whose Telemetry Settings the gRPC port keeps; a new "
+          "one past it is refused unless the user's own client heard from longest ago is idle"),
 )}
 
 

@@ -236,6 +236,8 @@ class Broker:
                                        "timers": self.timers.held(),
                                        "parked_gets": dict(self.waiters.by_user),
                                        "producer_topics": self.grpc.service.producer_topics_held()
+                                       if self.grpc is not None else {},
+                                       "consumer_clients": self.grpc.service.consumer_clients_held()
                                        if self.grpc is not None else {}})
 
     @property
