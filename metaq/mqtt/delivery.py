@@ -347,7 +347,7 @@ class Delivery:
 
     __slots__ = ("conn", "store", "guard", "waiters", "settings", "max_transfer", "session", "port", "decoded",
                  "fanouts", "_retained", "_deferred", "_seen", "_rescanned", "_overflow_logged", "_turn", "_greenlet",
-                 "_resent", "_handed", "_window_full")
+                 "_resent", "_handed", "_window_full", "_resume_at")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -370,6 +370,7 @@ class Delivery:
         self._greenlet = None  # while it has work
         self._resent = False  # a resumed session's messages in flight were sent again
         self._handed = None  # (topic, partition) -> the Fanout it was handed to
+        self._resume_at = None  # monotonic time its user's fetch rate lets it read again (``_paced_wait``)
 
     # -- subscribing -----------------------------------------------------------
 
@@ -622,7 +623,8 @@ class Delivery:
         it sent everything and left the cursor at the partition's end: its greenlet has nothing to do there (not so
         when a shared group of the session reads the partition too: the group's copy is the greenlet's)."""
         conn, session = self.conn, self.session
-        if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent:
+        if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent \
+                or self.guard.paced(conn.session, "fetch"):  # a paced user's bytes wait in its own greenlet
             return False
         cursors = session.cursors
         offset = cursors.get(key)
@@ -683,7 +685,7 @@ class Delivery:
         granted QoS 0, to the port's fan-out reader of it (a TLS connection keeps its own: only ``send_bytes``
         writes it)."""
         conn, session = self.conn, self.session
-        if conn.tls:
+        if conn.tls or self.guard.paced(conn.session, "fetch"):  # a paced user reads alone, at its rate
             return
         max_offset = self.store.max_offset
         handed = self._handed
@@ -716,8 +718,8 @@ class Delivery:
         if offset is None or conn.closed:
             return None
         topic = key[0]
-        if not self.guard.allows(conn.session, SUB, "topic", topic):
-            return None
+        if not self.guard.allows(conn.session, SUB, "topic", topic) or self.guard.paced(conn.session, "fetch"):
+            return None  # its permission gone, or a rate set since it joined: it reads alone
         decisions = [self._decision(topic, m) for m in batch.kinds]
         alike = None
         if offset <= batch.first and not batch.expiring and not any(ids for _granted, ids, _retain in decisions):
@@ -856,7 +858,9 @@ class Delivery:
         return False
 
     def _pass(self):
-        """Read every partition once from its cursor and send what matches; True when something was read."""
+        """Read every partition once from its cursor and send what matches; True when something was read. A pass
+        begins once its user's fetch rate lets it (``_paced_wait``)."""
+        self._paced_wait()
         read_any = False
         conn = self.conn
         handed = self._handed or ()
@@ -932,6 +936,8 @@ class Delivery:
             if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m,
                               () if sub_id is None else (sub_id,)):
                 return False
+            if self._resume_at is not None:
+                return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)
 
     def _has_room(self, conn):
@@ -964,6 +970,8 @@ class Delivery:
             if key in cursors:
                 cursors[key] = rec.queue_offset + 1
                 self.session.dirty = True
+            if self._resume_at is not None:
+                return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)
 
     def _deliver(self, topic, partition, rec):
@@ -999,7 +1007,23 @@ class Delivery:
                 self._cursor_to((topic, where[0]), where[1] + 1)
             if qos == 2 and session.persistent and not self._saved_first():
                 return False
-        return conn.send_bytes(data)
+        if not conn.send_bytes(data):
+            return False
+        delay = self.guard.pace(conn.session, "fetch", len(data))  # the one pacing point: these bytes are the user's
+        if delay > 0:
+            self._resume_at = time.monotonic() + delay
+        return True
+
+    def _paced_wait(self):
+        """Wait, in this delivery's own greenlet, until its user's fetch rate lets it send again (``Guard.pace``
+        said how long after its last PUBLISH): other sessions and the loop go on meanwhile, and nothing more is read
+        from the log for it, so what waits for it stays bounded as ever (its window in flight, its reply budget)."""
+        resume_at, self._resume_at = self._resume_at, None
+        if resume_at is not None:
+            left = resume_at - time.monotonic()
+            if left > 0:
+                gevent.sleep(left)
+            self._turn = time.monotonic()
 
     def _saved_first(self):
         """Write the session before its QoS 2 PUBLISH goes out and wait, as a PUBACK does, until the record may be

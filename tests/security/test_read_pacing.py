@@ -1,0 +1,96 @@
+"""Issue 55, point 2: one read path, paced. Every way a record leaves the broker for a user passes ``Guard.pace``
+(docs/architecture.md "Pacing"), so a user's ``fetch_bytes_per_s`` holds on every port (docs/security.md
+"Quotas"): a paced user's reads are delayed, never refused, and an unpaced user reading the same records at the
+same time is not slowed. Real brokers, authentication on; each test reads about a mebibyte both ways side by side:
+lower bounds on the paced time only, and the unpaced reader done well before it."""
+
+import threading
+import time
+
+import pytest
+
+from metaq.mqtt import wire
+from tests.harness.acl import DEFAULT_USERS, SECRETS, secured_config, write_acl
+from tests.harness.mqtt import Raw, with_mqtt
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RATE = 250_000  # alice's fetch_bytes_per_s
+BODY = b"x" * 10_000
+COUNT = 100  # 1 MB: three seconds past the one-second burst at RATE
+
+
+def paced_users():
+    """alice paced at RATE, reader (every topic) unpaced, bob publishes orders."""
+    users = {name: dict(entry) for name, entry in DEFAULT_USERS.items()}
+    users["alice"]["quotas"] = {"fetch_bytes_per_s": RATE}
+    return users
+
+
+def paced_config(tmp_path, **more):
+    cfg = secured_config(tmp_path, users=paced_users())
+    write_acl(tmp_path / "acl.yaml", users=paced_users())
+    for section, values in more.items():
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+def side_by_side(paced, unpaced):
+    """Run ``paced()`` and ``unpaced()`` at once; ``(paced seconds, its result, unpaced seconds, its result)``."""
+    out = {}
+
+    def timed(name, fn):
+        started = time.monotonic()
+        result = fn()
+        out[name] = (time.monotonic() - started, result)
+
+    threads = [threading.Thread(target=timed, args=(name, fn)) for name, fn in (("p", paced), ("u", unpaced))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out["p"][0], out["p"][1], out["u"][0], out["u"][1]
+
+
+def assert_paced(paced_s, unpaced_s, nbytes):
+    assert paced_s >= (nbytes - RATE) / RATE * 0.8, paced_s  # bounded by her rate, less its one-second burst
+    assert unpaced_s < paced_s / 2, (unpaced_s, paced_s)  # the unpaced reader was not held behind her
+
+
+# -- MQTT ---------------------------------------------------------------------------------------------------------
+
+
+def _subscriber(b, user):
+    raw = Raw(b, timeout=60.0)
+    assert raw.connect(user + "-sub", username=user, password=SECRETS[user].encode()).reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("orders/#", 0),)))
+    assert raw.read().reason_codes == (0,)
+    return raw
+
+
+def _receive(raw, n):
+    """The payload bytes of the next ``n`` PUBLISHes ``raw`` reads."""
+    got = 0
+    while n:
+        p = raw.read()
+        assert p is not None
+        if isinstance(p, wire.Publish):
+            got += len(p.payload)
+            n -= 1
+    return got
+
+
+def test_mqtt_delivery_is_paced_for_its_user_and_not_for_another(broker_factory, tmp_path):
+    b = broker_factory(with_mqtt(paced_config(tmp_path)))
+    alice, reader = _subscriber(b, "alice"), _subscriber(b, "reader")
+    bob = Raw(b)
+    assert bob.connect("bob-pub", username="bob", password=SECRETS["bob"].encode()).reason_code == 0
+
+    def publish_then(raw):
+        return lambda: _receive(raw, COUNT)
+
+    for _ in range(COUNT):
+        bob.send(wire.Publish("orders/eu", BODY, 0))
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(publish_then(alice), publish_then(reader))
+    assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
