@@ -4,13 +4,18 @@
 same time is not slowed. Real brokers, authentication on; each test reads about a mebibyte both ways side by side:
 lower bounds on the paced time only, and the unpaced reader done well before it."""
 
+import base64
 import threading
 import time
 
 import pytest
 
 from metaq.mqtt import wire
-from tests.harness.acl import DEFAULT_USERS, SECRETS, secured_config, write_acl
+from metaq.protocol import events as ev
+from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.text import serialize
+from tests.harness.acl import DEFAULT_USERS, SECRETS, login, secured_config, write_acl
+from tests.harness.http import request, with_http
 from tests.harness.mqtt import Raw, with_mqtt
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -92,5 +97,38 @@ def test_mqtt_delivery_is_paced_for_its_user_and_not_for_another(broker_factory,
     for _ in range(COUNT):
         bob.send(wire.Publish("orders/eu", BODY, 0))
     paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(publish_then(alice), publish_then(reader))
+    assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+# -- HTTP ---------------------------------------------------------------------------------------------------------
+
+
+def put_records(b, topic="orders", partition=0):
+    """COUNT records of BODY put by the admin over the text port."""
+    with login(b, "admin") as c:
+        c.send(b"".join(serialize(ev.Put(topic, partition, 0, BODY, i, metaq_checksum(BODY))) for i in range(COUNT)))
+        assert [c.read_event().code for _ in range(COUNT)] == [200] * COUNT
+
+
+def _http_read_all(b, user):
+    """The body bytes of the partition, read from 0 by HTTP gets of about 100 kB."""
+    offset, got = 0, 0
+    while True:
+        r = request(b, "GET", "/api/topics/orders/partitions/0/messages?offset=%d&max_bytes=100000" % offset,
+                    user=user, secret=SECRETS[user])
+        assert r.status == 200, r
+        messages = r.json()["messages"]
+        if not messages:
+            return got
+        got += sum(len(base64.b64decode(m["body"])) for m in messages)
+        offset = r.json()["next_offset"]
+
+
+def test_http_gets_are_paced_for_their_user_and_not_for_another(broker_factory, tmp_path):
+    b = broker_factory(with_http(paced_config(tmp_path)))
+    put_records(b)
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _http_read_all(b, "alice"),
+                                                              lambda: _http_read_all(b, "reader"))
     assert paced_got == unpaced_got == COUNT * len(BODY)
     assert_paced(paced_s, unpaced_s, COUNT * len(BODY))

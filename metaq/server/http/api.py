@@ -215,6 +215,7 @@ class BrokerViews:
         records, nxt = self.store.read_records(topic, partition, offset, min(max_count, limits.HTTP_MAX_GET_MESSAGES),
                                                min(max_bytes, limits.MAX_TRANSFER_BYTES))
         self.counters.on_get(topic, not records)
+        request.pace("fetch", sum(len(rec.data) for rec in records))  # the user's fetch rate: the reply waits
         messages = []
         for rec in records:
             try:
