@@ -92,6 +92,28 @@ ACCEPTED = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
+def paced_wait(guard, call, last):
+    """Wait, in the call's own greenlet, what the call's user still owes its fetch rate (``Guard.pace``, the one
+    pacing point: a receive or a pull charges the bytes of the records it answers with) before a read takes anything.
+    True to read on; False when the wait would pass ``last`` (monotonic: the call's deadline less its reserve) or the
+    client reset the call: the call then answers that nothing came, at ``last`` at the latest. A paced receive
+    never takes messages it then holds while it waits (their invisible time starts when it takes them), and no
+    call outlives its deadline."""
+    if guard is None:
+        return True
+    owed = guard.pace(call, "fetch", 0)
+    if owed <= 0:
+        return True
+    left = last - time.monotonic()
+    cancel = getattr(call, "cancelled", None)
+    if left > 0:
+        if cancel is not None:
+            cancel.wait(min(owed, left))
+        else:
+            gevent.sleep(min(owed, left))
+    return owed <= left and not (cancel is not None and cancel.is_set())
+
+
 def status(code, message=None):
     """An ``apache.rocketmq.v2.Status`` with ``code`` (a Code name) and a message (the code's name by default, as
     the proxy always fills it)."""
@@ -614,6 +636,8 @@ class MessagingService:
         host = self.endpoint()
         rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
+        if not paced_wait(self.guard, call, last):  # its user's fetch rate: the receive waits before it takes
+            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
         try:
             while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
@@ -644,6 +668,8 @@ class MessagingService:
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
+        if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
+            self.guard.pace(call, "fetch", sum(len(r.record.data) for r, _m in kept))
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()

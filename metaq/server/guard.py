@@ -230,12 +230,13 @@ class Guard:
     def pace(self, session, kind, nbytes):
         """The one pacing point of every port (docs/architecture.md "Pacing"): charge ``nbytes`` of ``kind``
         (``"produce"``: bytes received from the user; ``"fetch"``: bytes of records sent to it, over any protocol) to
-        the user of ``session``, and return the seconds its reads (or writes) of that kind must wait before they go
-        on, as its rate says (``Quotas.pace``: a token bucket per user, over all its connections); 0 for no user or
-        no rate. ``nbytes`` 0 charges nothing and tells what the user still owes: a read about to start waits that
-        long first. Callers delay, never refuse, and wait only in a greenlet of the paced user's own."""
+        the user of ``session`` (a connection's session, or anything with its ``user``: a gRPC call), and return the
+        seconds its reads (or writes) of that kind must wait before they go on, as its rate says (``Quotas.pace``: a
+        token bucket per user, over all its connections); 0 for no user or no rate. ``nbytes`` 0 charges nothing
+        and tells what the user still owes: a read about to start waits that long first. Callers delay, never
+        refuse, and wait only in a greenlet of the paced user's own."""
         user = session.user if session is not None else None
-        if user is None or self.acl is None or not self.acl.has_rates:
+        if not user or self.acl is None or not self.acl.has_rates:
             return 0.0
         return self.quotas.pace(user, kind, nbytes, time.monotonic())
 
@@ -244,7 +245,7 @@ class Guard:
         read path that shares its work between users (MQTT's fan-out, a publisher's direct deliveries) leaves such
         a user's reads to the user's own greenlet."""
         user = session.user if session is not None else None
-        if user is None or self.acl is None or not self.acl.has_rates or not self.enabled:
+        if not user or self.acl is None or not self.acl.has_rates or not self.enabled:
             return False
         return self.quotas.rate(user, RATE_OF[kind]) is not None
 

@@ -132,3 +132,70 @@ def test_http_gets_are_paced_for_their_user_and_not_for_another(broker_factory, 
                                                               lambda: _http_read_all(b, "reader"))
     assert paced_got == unpaced_got == COUNT * len(BODY)
     assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+# -- RocketMQ 5 (gRPC) --------------------------------------------------------------------------------------------
+
+
+def _grpc_broker(broker_factory, tmp_path):
+    from metaq.client.local import free_port
+    b = broker_factory(paced_config(tmp_path, grpc={"port": free_port()}))
+    put_records(b)
+    return b
+
+
+def _grpc_metadata(user):
+    from tests.rmq5.test_grpc_port import credentials
+    return [("x-mq-client-id", "%s@1" % user)] + credentials(user, SECRETS[user])[1:]
+
+
+def _grpc_pull_all(b, user, group):
+    from tests.rmq5.test_grpc_port import Client, code
+    from tests.rmq5.test_pull_grpc import pull
+    c = Client(b.config["grpc"]["port"])
+    try:
+        offset, got = 0, 0
+        while True:
+            status, messages, nxt = pull(c, group, "orders", 0, offset, batch=8, metadata=_grpc_metadata(user),
+                                         timeout=30)
+            if code(status) != "OK":
+                assert code(status) == "MESSAGE_NOT_FOUND", status
+                return got
+            got += sum(len(m.body) for m in messages)
+            offset = nxt
+    finally:
+        c.close()
+
+
+def _grpc_receive_all(b, user, group):
+    from tests.rmq5.test_grpc_port import Client, code
+    from tests.rmq5.test_pop_grpc import receive
+    c = Client(b.config["grpc"]["port"])
+    try:
+        got = 0
+        while True:
+            status, messages = receive(c, group, "orders", batch=8, invisible_ms=120_000, metadata=_grpc_metadata(user))
+            if code(status) != "OK":
+                assert code(status) == "MESSAGE_NOT_FOUND", status
+                return got
+            got += sum(len(m.body) for m in messages)
+    finally:
+        c.close()
+
+
+def test_grpc_pulls_are_paced_for_their_user_and_not_for_another(broker_factory, tmp_path):
+    pytest.importorskip("grpc")
+    b = _grpc_broker(broker_factory, tmp_path)
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _grpc_pull_all(b, "alice", "billing"),
+                                                              lambda: _grpc_pull_all(b, "reader", "any"))
+    assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+def test_grpc_receives_are_paced_for_their_user_and_not_for_another(broker_factory, tmp_path):
+    pytest.importorskip("grpc")
+    b = _grpc_broker(broker_factory, tmp_path)
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _grpc_receive_all(b, "alice", "billing"),
+                                                              lambda: _grpc_receive_all(b, "reader", "any"))
+    assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
