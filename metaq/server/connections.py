@@ -593,14 +593,15 @@ class Connection:
             return self._login_deadline
         return self._idle_until
 
-    def pace(self, kind, nbytes):
+    def pace(self, kind, nbytes, wait=True):
         """Wait as the user's rate of ``kind`` says after ``nbytes`` (``Guard.pace``: a client over its rate is
         delayed, not refused); only this connection's greenlet waits. The wait does not count against the
-        request deadline."""
+        request deadline. ``wait`` False: charge only, the user's next read waits for them (a POP receive, whose
+        messages' invisible time runs from their take, waits what is owed before it takes: ``pace(kind, 0)``)."""
         if self.rates is None or not self.rates.acl.has_rates:
             return
         delay = self.rates.pace(self.session, kind, nbytes)
-        if delay > 0:
+        if delay > 0 and wait:
             gevent.sleep(delay)
             self._request_deadline = None
 

@@ -199,3 +199,29 @@ def test_grpc_receives_are_paced_for_their_user_and_not_for_another(broker_facto
                                                               lambda: _grpc_receive_all(b, "reader", "any"))
     assert paced_got == unpaced_got == COUNT * len(BODY)
     assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+# -- POP over the text port ---------------------------------------------------------------------------------------
+
+
+def _pop_receive_all(b, user, group):
+    from metaq.pop.wire import Receive, decode_received
+    with login(b, user) as c:
+        got = 0
+        while True:
+            c.send(serialize(Receive("orders", group, 8, 120_000, False, 0, 0)))
+            reply = c.read_event()
+            assert reply.code == 200, reply
+            items = decode_received(reply.body)
+            if not items:
+                return got
+            got += sum(len(it.data) for it in items)
+
+
+def test_pop_receives_are_paced_for_their_user_and_not_for_another(broker_factory, tmp_path):
+    b = broker_factory(paced_config(tmp_path))
+    put_records(b)
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _pop_receive_all(b, "alice", "billing"),
+                                                              lambda: _pop_receive_all(b, "reader", "any"))
+    assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
