@@ -92,16 +92,17 @@ ACCEPTED = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
-def paced_wait(guard, call, last):
-    """Wait, in the call's own greenlet, what the call's user still owes its fetch rate (``Guard.pace``, the one
-    pacing point: a receive or a pull charges the bytes of the records it answers with) before a read takes anything.
+def paced_wait(guard, call, last, kind="fetch"):
+    """Wait, in the call's own greenlet, what the call's user still owes its rate of ``kind`` (``Guard.pace``, the
+    one pacing point: a receive or a pull charges the bytes of the records it answers with, a SendMessage its
+    messages' bodies) before a read takes anything (a send: before it writes, and it writes after the wait anyway).
     True to read on; False when the wait would pass ``last`` (monotonic: the call's deadline less its reserve) or the
     client reset the call: the call then answers that nothing came, at ``last`` at the latest. A paced receive
     never takes messages it then holds while it waits (their invisible time starts when it takes them), and no
     call outlives its deadline."""
     if guard is None:
         return True
-    owed = guard.pace(call, "fetch", 0)
+    owed = guard.pace(call, kind, 0)
     if owed <= 0:
         return True
     left = last - time.monotonic()
@@ -430,6 +431,10 @@ class MessagingService:
             refused = status(code_of(exc), str(exc))
             return pb.SendMessageResponse(status=refused, entries=[
                 pb.SendResultEntry(status=refused, message_id=m.system_properties.message_id) for m in messages])
+        # its user's produce rate: waits what the user owes (within the call's deadline), then charges these bodies
+        paced_wait(self.guard, call, time.monotonic() + max(0, call.timeout_s - POLL_RESERVE_MS / 1000.0), "produce")
+        if self.guard is not None:
+            self.guard.pace(call, "produce", sum(len(m.body) for m in messages))
         entries, written = [], {}
         for m in messages:
             try:

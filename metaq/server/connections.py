@@ -404,6 +404,11 @@ class Connection:
     #: MQTT's Keep Alive); a request arriving steadily is held to the request deadline only. False: only that.
     idle_bounds_partial = False
 
+    #: True: the bytes ``receive`` reads are its session's user's, charged to its produce rate there (``pace``).
+    #: False for a port whose user is a request's (HTTP Basic per request, gRPC credentials per call): each request
+    #: charges its own bytes, so one connection's requests of several users are each their user's.
+    paces_receive = True
+
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
 
@@ -560,7 +565,7 @@ class Connection:
         self._idle_until = self.parked_key = None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             data = self._more_tls(data, nbytes)
-        if self.rates is not None and data and self.rates.acl.has_rates:
+        if self.rates is not None and data and self.paces_receive and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
 

@@ -1,8 +1,9 @@
 """Issue 55, point 2: one read path, paced. Every way a record leaves the broker for a user passes ``Guard.pace``
 (docs/architecture.md "Pacing"), so a user's ``fetch_bytes_per_s`` holds on every port (docs/security.md
 "Quotas"): a paced user's reads are delayed, never refused, and an unpaced user reading the same records at the
-same time is not slowed. Real brokers, authentication on; each test reads about a mebibyte both ways side by side:
-lower bounds on the paced time only, and the unpaced reader done well before it."""
+same time is not slowed; likewise ``produce_bytes_per_s`` on every port's writes. Real brokers, authentication on;
+each test moves about a megabyte both ways side by side: lower bounds on the paced time only, and the unpaced
+client done well before it."""
 
 import base64
 import threading
@@ -26,9 +27,9 @@ COUNT = 100  # 1 MB: three seconds past the one-second burst at RATE
 
 
 def paced_users():
-    """alice paced at RATE, reader (every topic) unpaced, bob publishes orders."""
+    """alice paced at RATE both ways, reader (every topic) and admin unpaced, bob publishes orders."""
     users = {name: dict(entry) for name, entry in DEFAULT_USERS.items()}
-    users["alice"]["quotas"] = {"fetch_bytes_per_s": RATE}
+    users["alice"]["quotas"] = {"fetch_bytes_per_s": RATE, "produce_bytes_per_s": RATE}
     return users
 
 
@@ -224,4 +225,54 @@ def test_pop_receives_are_paced_for_their_user_and_not_for_another(broker_factor
     paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _pop_receive_all(b, "alice", "billing"),
                                                               lambda: _pop_receive_all(b, "reader", "any"))
     assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+# -- the produce rate on every port's writes ---------------------------------------------------------------------
+
+
+def _grpc_send_all(b, user):
+    from tests.rmq5.test_grpc_port import Client, code, message
+    c = Client(b.config["grpc"]["port"])
+    try:
+        for _ in range(COUNT):
+            assert code(c.send(message("orders", BODY), metadata=_grpc_metadata(user)).status) == "OK"
+        return COUNT * len(BODY)
+    finally:
+        c.close()
+
+
+def _http_put_all(b, user):
+    for _ in range(COUNT):
+        r = request(b, "POST", "/api/topics/orders/messages?partition=0", body=BODY, user=user, secret=SECRETS[user])
+        assert r.status == 200, r
+    return COUNT * len(BODY)
+
+
+def _mqtt_publish_all(b, user):
+    raw = Raw(b, timeout=60.0)
+    try:
+        assert raw.connect(user + "-pub", username=user, password=SECRETS[user].encode()).reason_code == 0
+        for first in range(0, COUNT, 10):  # within the broker's Receive Maximum
+            for i in range(first, first + 10):
+                raw.send(wire.Publish("orders/eu", BODY, 1, packet_id=i + 1))
+            acks = [raw.read() for _ in range(10)]
+            assert all(isinstance(a, wire.PubAck) and not a.reason_code for a in acks), acks
+        return COUNT * len(BODY)
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("port", ["grpc", "http", "mqtt"])
+def test_writes_are_paced_by_the_produce_rate_on_every_port(broker_factory, tmp_path, port):
+    from metaq.client.local import free_port
+    if port == "grpc":
+        pytest.importorskip("grpc")
+        b, write = broker_factory(paced_config(tmp_path, grpc={"port": free_port()})), _grpc_send_all
+    elif port == "http":
+        b, write = broker_factory(with_http(paced_config(tmp_path))), _http_put_all
+    else:
+        b, write = broker_factory(with_mqtt(paced_config(tmp_path))), _mqtt_publish_all
+    paced_s, paced_sent, unpaced_s, unpaced_sent = side_by_side(lambda: write(b, "alice"), lambda: write(b, "admin"))
+    assert paced_sent == unpaced_sent == COUNT * len(BODY)
     assert_paced(paced_s, unpaced_s, COUNT * len(BODY))

@@ -193,6 +193,7 @@ class BrokerViews:
         except errors.MetaqError as exc:
             path.failed(topic, exc, counted_only=True)
             raise
+        request.pace("produce", len(payload))  # the user's produce rate: the reply waits
         return json_response({"id": r.msg_id, "topic": topic, "partition": r.partition, "offset": r.offset})
 
     def get(self, request):

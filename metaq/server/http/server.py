@@ -301,6 +301,8 @@ class Handler(pywsgi.WSGIHandler):
 class HttpConnection(Connection):
     """One connection of the HTTP port."""
 
+    paces_receive = False  # each request proves its own user: a put charges its body (routes.Request.pace)
+
     log_prefix = "http"
 
     def __init__(self, sock, address, conn_id, rules, wsgi, unsent):
