@@ -276,3 +276,55 @@ def test_writes_are_paced_by_the_produce_rate_on_every_port(broker_factory, tmp_
     paced_s, paced_sent, unpaced_s, unpaced_sent = side_by_side(lambda: write(b, "alice"), lambda: write(b, "admin"))
     assert paced_sent == unpaced_sent == COUNT * len(BODY)
     assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+# -- RocketMQ 4 pulls (remoting) ----------------------------------------------------------------------------------
+
+
+def _remoting_pull_all(b, user, group):
+    from metaq.client.raw import RemotingClient
+    from metaq.protocol.rocketmq.remoting import RequestCode, ResponseCode
+    with RemotingClient(b.config["remoting"]["port"], timeout=30, credentials=(user, SECRETS[user])) as rc:
+        offset, got = 0, 0
+        while True:
+            r = rc.call(RequestCode.PULL_MESSAGE, {"consumerGroup": group, "topic": "orders", "queueId": 0,
+                                                   "queueOffset": offset, "maxMsgNums": 8, "sysFlag": 0,
+                                                   "commitOffset": 0, "suspendTimeoutMillis": 0})
+            if r.code != ResponseCode.SUCCESS:
+                assert r.code == ResponseCode.PULL_NOT_FOUND, r
+                return got
+            got += len(r.body)
+            offset = int(r.ext_fields["nextBeginOffset"])
+
+
+def test_remoting_pulls_are_paced_for_their_user_and_not_for_another(broker_factory, tmp_path):
+    from metaq.client.local import free_port
+    b = broker_factory(paced_config(tmp_path, remoting={"port": free_port()}))
+    put_records(b)
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _remoting_pull_all(b, "alice", "billing"),
+                                                              lambda: _remoting_pull_all(b, "reader", "any"))
+    assert paced_got == unpaced_got >= COUNT * len(BODY)  # the bodies, and each message's header around them
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+# -- text gets, side by side --------------------------------------------------------------------------------------
+
+
+def _text_read_all(b, user):
+    with login(b, user) as c:
+        offset, got = 0, 0
+        while True:
+            records = c.get_records("orders", 0, offset, max_size=100_000)
+            if not isinstance(records, list) or not records:
+                return got
+            got += sum(len(r.data) for r in records)
+            offset += len(records)
+
+
+def test_text_gets_are_paced_for_their_user_and_not_for_another_at_the_same_time(broker_factory, tmp_path):
+    b = broker_factory(paced_config(tmp_path))
+    put_records(b)
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _text_read_all(b, "alice"),
+                                                              lambda: _text_read_all(b, "reader"))
+    assert paced_got == unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
