@@ -328,3 +328,43 @@ def test_text_gets_are_paced_for_their_user_and_not_for_another_at_the_same_time
                                                               lambda: _text_read_all(b, "reader"))
     assert paced_got == unpaced_got == COUNT * len(BODY)
     assert_paced(paced_s, unpaced_s, COUNT * len(BODY))
+
+
+def test_a_paced_grpc_receive_never_outlives_its_deadline_nor_takes_what_it_cannot_answer(broker_factory, tmp_path):
+    """Her budget is one for every port: a text get of the whole partition leaves alice owing seconds; a receive
+    whose deadline comes sooner answers MESSAGE_NOT_FOUND within it, having taken nothing (no message made
+    invisible), and once she is back within her rate a receive gets the first messages."""
+    grpc = pytest.importorskip("grpc")
+    from metaq.rmq5 import messages_pb2 as pb
+    from tests.rmq5.test_grpc_port import SERVICE, Client, code
+    from tests.rmq5.test_pop_grpc import receive
+    b = _grpc_broker(broker_factory, tmp_path)
+    with login(b, "alice") as text:
+        assert len(text.get_records("orders", 0, 0, max_size=1024 * 1024)) == COUNT  # she owes about 3 s now
+    c = Client(b.config["grpc"]["port"])
+    try:
+        request = pb_receive_request(batch=8)
+        call = c.channel.unary_stream(SERVICE + "ReceiveMessage", request_serializer=lambda m: m.SerializeToString(),
+                                      response_deserializer=pb.ReceiveMessageResponse.FromString)
+        started = time.monotonic()
+        try:
+            responses = list(call(request, metadata=_grpc_metadata("alice"), timeout=1.5))
+        except grpc.RpcError as exc:  # the deadline passed with the call still waiting
+            pytest.fail("the paced receive outlived its deadline: %s" % exc)
+        assert time.monotonic() - started < 1.5
+        assert code(responses[0].status) == "MESSAGE_NOT_FOUND"
+        time.sleep(3.5)  # back within her rate
+        status, messages = receive(c, "billing", "orders", batch=8, metadata=_grpc_metadata("alice"))
+        assert code(status) == "OK" and [m.system_properties.queue_offset for m in messages] == list(range(8))
+    finally:
+        c.close()
+
+
+def pb_receive_request(batch):
+    from metaq.rmq5 import messages_pb2
+    request = messages_pb2.ReceiveMessageRequest(group=messages_pb2.Resource(name="billing"), batch_size=batch,
+                                                 message_queue=messages_pb2.MessageQueue(
+                                                     topic=messages_pb2.Resource(name="orders"), id=-1))
+    request.invisible_duration.FromMilliseconds(120_000)
+    request.long_polling_timeout.FromMilliseconds(0)
+    return request
