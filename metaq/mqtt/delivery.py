@@ -38,6 +38,12 @@ greenlet, which the append woke as before. The burst's messages are the publishe
 the message its record gives back), neither read back from the log nor decoded, and are kept in ``Decoded`` for
 the readers of the log that come after; each is decided and encoded by what the greenlet uses (``_decision``,
 ``_prepare``), so a subscriber gets it alike either way.
+
+**Paced.** A session whose user has a ``fetch_bytes_per_s`` rate (``Guard.paced``) is served by its own greenlet
+only: it never joins a fan-out reader (one that joined before the rate was set leaves it) and a publisher's turn
+never sends to it. Each PUBLISH it sends is charged to its user (``Guard.pace``, the one pacing point); over the
+rate its pass stops and the next begins after the wait, in its greenlet (``_paced_wait``). Nothing is read from
+the log for it meanwhile: what waits for it is the log's, its window in flight and reply budget as ever.
 """
 
 import _socket
@@ -868,6 +874,8 @@ class Delivery:
             self._turn = share_loop(self._turn)  # a backlog (of records no filter wants, too) lets the others run
             if conn.closed:
                 return False
+            if self._resume_at is not None:
+                return True  # over its user's fetch rate: the next pass goes on once it may
             topic = key[0]
             if not self.guard.allows(conn.session, SUB, "topic", topic):
                 continue  # a reloaded permissions file took it away: nothing more of it is read
@@ -882,6 +890,8 @@ class Delivery:
                 self._turn = share_loop(self._turn)
                 if conn.closed:
                     return False
+                if self._resume_at is not None:
+                    return True
                 if not self.guard.allows(conn.session, SUB, "topic", key[0]):
                     continue
                 if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):

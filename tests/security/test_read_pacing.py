@@ -66,16 +66,18 @@ def assert_paced(paced_s, unpaced_s, nbytes):
 # -- MQTT ---------------------------------------------------------------------------------------------------------
 
 
-def _subscriber(b, user):
+def _subscriber(b, user, qos=0, window=None):
     raw = Raw(b, timeout=60.0)
-    assert raw.connect(user + "-sub", username=user, password=SECRETS[user].encode()).reason_code == 0
-    raw.send(wire.Subscribe(1, (wire.Subscription("orders/#", 0),)))
-    assert raw.read().reason_codes == (0,)
+    props = {"receive_maximum": window} if window else {}
+    assert raw.connect(user + "-sub", username=user, password=SECRETS[user].encode(),
+                       properties=props).reason_code == 0
+    raw.send(wire.Subscribe(1, (wire.Subscription("orders/#", qos),)))
+    assert raw.read().reason_codes == (qos,)
     return raw
 
 
 def _receive(raw, n):
-    """The payload bytes of the next ``n`` PUBLISHes ``raw`` reads."""
+    """The payload bytes of the next ``n`` PUBLISHes ``raw`` reads (each acknowledged at QoS 1)."""
     got = 0
     while n:
         p = raw.read()
@@ -83,6 +85,8 @@ def _receive(raw, n):
         if isinstance(p, wire.Publish):
             got += len(p.payload)
             n -= 1
+            if p.qos:
+                raw.send(wire.PubAck(p.packet_id))
     return got
 
 
@@ -368,3 +372,34 @@ def pb_receive_request(batch):
     request.invisible_duration.FromMilliseconds(120_000)
     request.long_polling_timeout.FromMilliseconds(0)
     return request
+
+
+def test_a_paced_qos_1_subscriber_keeps_its_window_and_another_users_is_not_slowed(broker_factory, tmp_path):
+    """At QoS 1 the paced session still holds at most its window in flight (Receive Maximum 4: the broker sends
+    no fifth before an acknowledgement), and an unpaced QoS 1 subscriber of the same messages is done well before."""
+    b = broker_factory(with_mqtt(paced_config(tmp_path)))
+    alice, reader = _subscriber(b, "alice", qos=1, window=4), _subscriber(b, "reader", qos=1)
+    bob = Raw(b)
+    assert bob.connect("bob-pub", username="bob", password=SECRETS["bob"].encode()).reason_code == 0
+    for i in range(COUNT):
+        bob.send(wire.Publish("orders/eu", BODY, 1, packet_id=i % 60000 + 1))
+        if i % 10 == 9:
+            for _ in range(10):
+                assert isinstance(bob.read(), wire.PubAck)
+    alice.sock.settimeout(1.0)
+    unacked = []
+    try:
+        while True:
+            p = alice.read()
+            assert isinstance(p, wire.Publish)
+            unacked.append(p)
+    except OSError:  # nothing more comes without an acknowledgement
+        pass
+    assert len(unacked) == 4
+    alice.sock.settimeout(60.0)
+    for p in unacked:
+        alice.send(wire.PubAck(p.packet_id))
+    paced_s, paced_got, unpaced_s, unpaced_got = side_by_side(lambda: _receive(alice, COUNT - 4),
+                                                              lambda: _receive(reader, COUNT))
+    assert paced_got == (COUNT - 4) * len(BODY) and unpaced_got == COUNT * len(BODY)
+    assert_paced(paced_s, unpaced_s, (COUNT - 4) * len(BODY))
