@@ -92,6 +92,29 @@ ACCEPTED = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
+def paced_wait(guard, call, last, kind="fetch"):
+    """Wait, in the call's own greenlet, what the call's user still owes its rate of ``kind`` (``Guard.pace``, the
+    one pacing point: a receive or a pull charges the bytes of the records it answers with, a SendMessage its
+    messages' bodies) before a read takes anything (a send: before it writes, and it writes after the wait anyway).
+    True to read on; False when the wait would pass ``last`` (monotonic: the call's deadline less its reserve) or the
+    client reset the call: the call then answers that nothing came, at ``last`` at the latest. A paced receive
+    never takes messages it then holds while it waits (their invisible time starts when it takes them), and no
+    call outlives its deadline."""
+    if guard is None:
+        return True
+    owed = guard.pace(call, kind, 0)
+    if owed <= 0:
+        return True
+    left = last - time.monotonic()
+    cancel = getattr(call, "cancelled", None)
+    if left > 0:
+        if cancel is not None:
+            cancel.wait(min(owed, left))
+        else:
+            gevent.sleep(min(owed, left))
+    return owed <= left and not (cancel is not None and cancel.is_set())
+
+
 def status(code, message=None):
     """An ``apache.rocketmq.v2.Status`` with ``code`` (a Code name) and a message (the code's name by default, as
     the proxy always fills it)."""
@@ -412,6 +435,10 @@ class MessagingService:
             refused = status(code_of(exc), str(exc))
             return pb.SendMessageResponse(status=refused, entries=[
                 pb.SendResultEntry(status=refused, message_id=m.system_properties.message_id) for m in messages])
+        # its user's produce rate: waits what the user owes (within the call's deadline), then charges these bodies
+        paced_wait(self.guard, call, time.monotonic() + max(0, call.timeout_s - POLL_RESERVE_MS / 1000.0), "produce")
+        if self.guard is not None:
+            self.guard.pace(call, "produce", sum(len(m.body) for m in messages))
         entries, written = [], {}
         for m in messages:
             try:
@@ -669,6 +696,8 @@ class MessagingService:
         host = self.endpoint()
         rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
+        if not paced_wait(self.guard, call, last):  # its user's fetch rate: the receive waits before it takes
+            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
         try:
             while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
@@ -699,6 +728,8 @@ class MessagingService:
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
+        if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
+            self.guard.pace(call, "fetch", sum(len(r.record.data) for r, _m in kept))
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()

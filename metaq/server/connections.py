@@ -474,6 +474,11 @@ class Connection:
     #: MQTT's Keep Alive); a request arriving steadily is held to the request deadline only. False: only that.
     idle_bounds_partial = False
 
+    #: True: the bytes ``receive`` reads are its session's user's, charged to its produce rate there (``pace``).
+    #: False for a port whose user is a request's (HTTP Basic per request, gRPC credentials per call): each request
+    #: charges its own bytes, so one connection's requests of several users are each their user's.
+    paces_receive = True
+
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
 
@@ -635,7 +640,7 @@ class Connection:
         self._idle_until = self.parked_key = None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             data = self._more_tls(data, nbytes)
-        if self.rates is not None and data and self.rates.acl.has_rates:
+        if self.rates is not None and data and self.paces_receive and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
 
@@ -668,14 +673,15 @@ class Connection:
             return self._login_deadline
         return self._idle_until
 
-    def pace(self, kind, nbytes):
+    def pace(self, kind, nbytes, wait=True):
         """Wait as the user's rate of ``kind`` says after ``nbytes`` (``Guard.pace``: a client over its rate is
         delayed, not refused); only this connection's greenlet waits. The wait does not count against the
-        request deadline."""
+        request deadline. ``wait`` False: charge only, the user's next read waits for them (a POP receive, whose
+        messages' invisible time runs from their take, waits what is owed before it takes: ``pace(kind, 0)``)."""
         if self.rates is None or not self.rates.acl.has_rates:
             return
         delay = self.rates.pace(self.session, kind, nbytes)
-        if delay > 0:
+        if delay > 0 and wait:
             gevent.sleep(delay)
             self._request_deadline = None
 
