@@ -95,12 +95,11 @@ class Broker:
         self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
+        strangers = Strangers(lim.login_timeout_s, config.max_unauthenticated(), lim.max_unauthenticated_per_address,
+                              lim.stranger_eviction_age_s)
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
-                                                    lim.max_partial_request_bytes,
-                                                    Strangers(lim.login_timeout_s, config.max_unauthenticated(),
-                                                              lim.max_unauthenticated_per_address,
-                                                              lim.stranger_eviction_age_s)),
+                                                    lim.max_partial_request_bytes, strangers),
                                    config.max_connections_per_address(), self.guard, self.tls,
                                    lim.tls_handshakes_per_address_s)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
@@ -189,7 +188,8 @@ class Broker:
         self.stats_service.add_source("pop", self.pop.rows)
         self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
-        self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
+        self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode,
+                                                                                 strangers.evicted))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
         self.stats_service.add_source("mqtt", self.mqtt.summary_values if self.mqtt is not None
                                       else lambda: [("mqtt_port", 0)])

@@ -180,6 +180,9 @@ def test_strangers_at_their_cap_make_room_for_a_user_on_the_text_and_mqtt_ports(
     assert sum(lost) == 10 and max(lost) - min(lost) <= 1, lost  # from the addresses holding the most, in turn
     assert not any(_closed_now(s) for s in refills)  # younger than the eviction age
     assert "evicted a connection from 127.0.7." in b.log_text()
+    with login(b, "admin") as admin:
+        evicted = int(admin.stats_dict()["strangers_evicted"])  # what an operator watching an attack sees
+    assert evicted == sum(lost) + 1  # and one for the admin's own connection, a newcomer at the cap too
     for socks in list(held.values()) + [refills]:
         for s in socks:
             s.close()
