@@ -17,7 +17,7 @@ ZK_PORT ?= 2181
 PG_PORT ?= 5432
 
 .PHONY: all setup sysdeps builddeps run test test-unit test-fast bench bench-scale clean docs \
-	zookeeper stop-zookeeper postgres stop-postgres
+	zookeeper stop-zookeeper postgres stop-postgres cluster stop-cluster
 
 all: test
 
@@ -98,6 +98,20 @@ postgres:
 	@$(PYTHON) tools/devservices.py postgres start --port $(PG_PORT) --dir $(DEVDATA)
 stop-postgres:
 	@$(PYTHON) tools/devservices.py postgres stop --port $(PG_PORT) --dir $(DEVDATA)
+
+# A local cluster for development (metaq-cluster, metaq/client/devcluster.py): a ZooKeeper and N brokers
+# (broker ids 0..N-1, SLAVES slaves each) on 127.0.0.1, broker s's ports from CLUSTER_PORT + 10*s, files under
+# CLUSTER_DIR/<id>. It runs in the foreground: Ctrl-C stops it; `make stop-cluster` from another terminal too.
+N ?= 3
+SLAVES ?= 0
+CLUSTER_DIR ?= data/cluster
+CLUSTER_PORT ?= 8123
+cluster: $(VENV)/.core
+	@$(MAKE) --no-print-directory sysdeps SYSDEPS=zookeeper
+	$(PY) -m metaq.client.devcluster start -n $(N) --slaves $(SLAVES) --dir $(CLUSTER_DIR) --base-port $(CLUSTER_PORT) \
+	  --zk-port $(ZK_PORT)
+stop-cluster:
+	$(PY) -m metaq.client.devcluster stop --dir $(CLUSTER_DIR)
 
 # The whole suite, then the unit tier again with the C helper's pure-Python twins (METAQ_PURE_PYTHON=1), so
 # that a machine without a compiler runs what the tests hold equal. The 40 slowest tests are listed at the end:

@@ -72,6 +72,7 @@ setup(
         "console_scripts": [
             "metaq-server = metaq.server.__main__:main",
             "metaq-admin = metaq.admin.cli:main",
+            "metaq-cluster = metaq.client.devcluster:main",
             "metaq-spark-report = metaq.spark.report:main",
         ],
     },
