@@ -4,7 +4,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 
@@ -15,24 +14,9 @@ from metaq.client import devcluster
 from metaq.client.local import free_port
 from metaq.client.raw import TextClient
 from tests.harness.broker import wait_for
+from tests.harness.devcluster import free_base, listening
 
 STARTED = "Ctrl-C stops it"
-
-
-def _free_base(count):
-    """A base port whose ``count`` members' ports are all free now."""
-    span = devcluster.PORT_STRIDE * count
-    for _ in range(50):
-        base = free_port()
-        if base + span < 65536 and not any(_listening(p) for p in range(base, base + span)):
-            return base
-    raise AssertionError("no free run of %d ports" % span)
-
-
-def _listening(port):
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _command(*args):
@@ -93,7 +77,7 @@ def test_plan_refuses_what_the_ids_or_ports_cannot_hold(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_three_brokers_and_zookeeper_serve_then_ctrl_c_stops_every_process(tmp_path):
-    root, base, zk_port = tmp_path / "cluster", _free_base(3), free_port()
+    root, base, zk_port = tmp_path / "cluster", free_base(3), free_port()
     proc = subprocess.Popen(_command("start", "-n", 3, "--dir", root, "--base-port", base, "--zk-port", zk_port),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = []
@@ -122,13 +106,13 @@ def test_three_brokers_and_zookeeper_serve_then_ctrl_c_stops_every_process(tmp_p
     assert proc.returncode == 0, rest
     assert "stopped zookeeper" in rest
     assert all(_gone(pid) for pid in _recorded_pids(state))
-    assert not any(_listening(base + p) for p in range(30)) and not _listening(zk_port)
+    assert not any(listening(base + p) for p in range(30)) and not listening(zk_port)
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_background_cluster_with_slaves_replicates_and_stop_ends_it(tmp_path, zk_connect):
-    root, base = tmp_path / "cluster", _free_base(4)
+    root, base = tmp_path / "cluster", free_base(4)
     r = subprocess.run(_command("start", "-n", 2, "--slaves", 1, "--background", "--dir", root, "--base-port", base,
                                 "--zk", zk_connect), capture_output=True, text=True, timeout=180)
     state = _state(root) if os.path.exists(root / devcluster.STATE_FILE) else None
