@@ -347,9 +347,11 @@ class MessagingService:
 
     def query_route(self, request, call):
         """The topic's queues on this broker (from the store, with the topic table's permission) and, with
-        ZooKeeper, on every other broker of the cluster holding it whose master has a gRPC port (read and
-        write: their topic tables are their own). Each broker is named with its master's endpoint, as id 0: on a
-        slave, our broker id's master, even for a topic no broker has registered yet (its first send creates it).
+        ZooKeeper, on every other broker of the cluster whose master has a gRPC port (read and write: their topic
+        tables are their own); a broker that does not hold the topic yet with our count for it (a cluster's brokers
+        share their topic settings; the first send creates it there), so a new topic spreads over the cluster.
+        Each broker is named with its master's endpoint, as id 0: on a slave, our broker id's master, even for a
+        topic no broker has registered yet (its first send creates it).
         With authentication on, only a topic the user may publish to or subscribe to is answered (the proxy's
         ``Permission.ANY``; ``Guard.known_to``, what a topic list shows it); any other is FORBIDDEN whether it
         exists or not, so the refusal tells nothing of the topic."""
@@ -378,11 +380,12 @@ class MessagingService:
             route += [pb.MessageQueue(topic=request.topic, id=q, permission=permission, broker=broker,
                                       accept_message_types=ACCEPTED) for q in range(queues)]
         for r in rows or ():
-            if r.broker_id == self.broker_id or not r.grpc or r.queues <= 0:
+            count = r.queues if r.queues > 0 else queues  # not held there yet: our count (see query_route)
+            if r.broker_id == self.broker_id or not r.grpc or not count:
                 continue
             broker = pb.Broker(name=r.name, id=0, endpoints=_endpoints_of(r.grpc))
             route += [pb.MessageQueue(topic=request.topic, id=q, permission=pb.READ_WRITE, broker=broker,
-                                      accept_message_types=ACCEPTED) for q in range(r.queues)]
+                                      accept_message_types=ACCEPTED) for q in range(count)]
         if not route:
             raise Refusal("TOPIC_NOT_FOUND", "no route for topic %s: %s" % (topic[:256], why or "no broker holds it"))
         return pb.QueryRouteResponse(status=status("OK"), message_queues=route)

@@ -44,8 +44,9 @@ class ClusterView:
         self.root = root
 
     def brokers(self, topic=None):
-        """The brokers (sorted by broker id) that hold ``topic`` (every broker with a RocketMQ port when None), or
-        None when ZooKeeper cannot be read now."""
+        """Every broker with a RocketMQ port (sorted by broker id), each with ``topic``'s queue count where it is
+        registered and 0 where the broker does not hold the topic yet (its first send creates it there, as the
+        Python producer's first put does); None when ZooKeeper cannot be read now."""
         if not self.zk.connected:
             return None
         try:
@@ -79,7 +80,7 @@ class ClusterView:
         out = []
         ids = "%s/brokers/ids" % self.root
         for child in self._children(ids):
-            if not child.isdigit() or (topic is not None and int(child) not in queues):
+            if not child.isdigit():
                 continue
             broker = self._broker(int(child), "%s/%s" % (ids, child), queues.get(int(child), 0))
             if broker is not None:

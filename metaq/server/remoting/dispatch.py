@@ -245,6 +245,10 @@ class RemotingDispatcher:
                 if local is None:
                     continue
                 count, perm = local, own_perm
+            elif count <= 0:  # a broker that does not hold the topic yet: our count for it (a cluster's brokers
+                if local is None:  # share their topic settings); the first send creates it there
+                    continue
+                count = local
             brokers.append(BrokerData(name, addrs, cluster))
             queues.append(QueueData(name, count, count, perm))
         if not brokers:

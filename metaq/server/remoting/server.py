@@ -106,8 +106,8 @@ class RemotingServer:
     def route_brokers(self, topic):
         """A route's brokers, ``[(broker name, brokerAddrs, queues)]``: this broker first, its queues None (the
         store's count, asked by the caller), its master as ``route_addresses`` names it (or, ha: manual, as
-        ZooKeeper does) and its slaves as ZooKeeper lists them; then every other broker of the cluster holding
-        ``topic`` (every one when None), with its queue count."""
+        ZooKeeper does) and its slaves as ZooKeeper lists them; then every other broker of the cluster, with
+        ``topic``'s queue count there (0: it does not hold the topic yet)."""
         rows = self.cluster(topic) if self.cluster is not None else None
         own = next((r for r in rows or () if r.broker_id == self.broker_id), None)
         if self.elected_master is not None or own is None:
