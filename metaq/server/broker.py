@@ -197,7 +197,7 @@ class Broker:
         if config.http.port:  # docs/operating.md "The HTTP port"
             views = BrokerViews(self.store, self.stats, self.put_path, self.guard, self.roles,
                                 self.stats_service.summary_values, lambda: self.stopping, lim.max_body_bytes,
-                                self.disk_pressure)
+                                self.disk_pressure, config.broker.id)
             http_host = config.http.host or config.broker.host
             names = [socket.gethostname(), config.broker.host, http_host] + config.http.allowed_hosts
             check = BrowserCheck(names, every_request=not self.guard.enabled and is_loopback(http_host),

@@ -70,10 +70,13 @@ def readiness(stopping, replication, write_refusal, read_refusal, disk_full=None
 
 class BrokerViews:
     """What the API reads and does, given at assembly (never the Broker): the store, the stats counters, the
-    put path, the guard, the roles (replication pairs, read refusal), the stats summary, and ``stopping``."""
+    put path, the guard, the roles (replication pairs, read refusal), the stats summary, and ``stopping``.
+    ``broker_id`` goes into every answer about topics and messages: in a cluster each broker's port answers for
+    its own partitions, and the answer says which broker that is."""
 
     def __init__(self, store, counters, put_path, guard, roles, summary, stopping, max_body_bytes,
-                 disk_pressure=None):
+                 disk_pressure=None, broker_id=None):
+        self.broker_id = broker_id
         self.store = store
         self.counters = counters
         self.put_path = put_path
@@ -122,7 +125,8 @@ class BrokerViews:
             parts = with_data.get(topic, [])
             count = sum(store.max_offset(topic, p) - store.min_offset(topic, p) for p in parts)
             t = totals.get(topic, (0, 0, 0))
-            out.append({"topic": topic, "partitions": store.partitions_of(topic), "messages": count,
+            out.append({"topic": topic, "broker_id": self.broker_id, "partitions": store.partitions_of(topic),
+                        "messages": count,
                         "bytes": store.topic_bytes(topic) if parts else 0, "puts_total": t[0],
                         "put_bytes_total": t[1], "gets_total": t[2]})
         return out
@@ -156,8 +160,8 @@ class BrokerViews:
             lo, hi = store.min_offset(topic, p), store.max_offset(topic, p)
             parts.append({"partition": p, "min_offset": lo, "max_offset": hi, "messages": hi - lo})
         t = self.counters.topic_totals.get(topic, (0, 0, 0))
-        return json_response({"topic": topic, "partitions": parts, "puts_total": t[0], "put_bytes_total": t[1],
-                              "gets_total": t[2]})
+        return json_response({"topic": topic, "broker_id": self.broker_id, "partitions": parts, "puts_total": t[0],
+                              "put_bytes_total": t[1], "gets_total": t[2]})
 
     def groups(self, request):
         return json_response({"groups": self.group_list(self._may_see(request))})
@@ -194,7 +198,8 @@ class BrokerViews:
             path.failed(topic, exc, counted_only=True)
             raise
         request.pace("produce", len(payload))  # the user's produce rate: the reply waits
-        return json_response({"id": r.msg_id, "topic": topic, "partition": r.partition, "offset": r.offset})
+        return json_response({"id": r.msg_id, "topic": topic, "broker_id": self.broker_id, "partition": r.partition,
+                              "offset": r.offset})
 
     def get(self, request):
         topic = request.params["topic"]
@@ -233,7 +238,8 @@ class BrokerViews:
             if attribute is not None:
                 headers.append(("X-Metaq-Attribute", attribute.encode("unicode_escape").decode("ascii")))
             return Response(200, payload, "application/octet-stream", headers)
-        return json_response({"topic": topic, "partition": partition, "offset": offset, "next_offset": nxt,
+        return json_response({"topic": topic, "broker_id": self.broker_id, "partition": partition, "offset": offset,
+                              "next_offset": nxt,
                               "messages": [{"id": rec.msg_id, "offset": rec.queue_offset, "flag": rec.flag,
                                             "attribute": attribute, "store_ms": rec.store_ts_ms,
                                             "body": base64.b64encode(payload).decode("ascii")}
