@@ -4,6 +4,7 @@
     metaq-admin --brokers meta://127.0.0.1:8123 stats
     metaq-admin --zk 127.0.0.1:2181 groups billing --json
     metaq-admin --zk 127.0.0.1:2181 --json brokers    # each member's url, MQTT and RocketMQ addresses
+    metaq-admin --zk 127.0.0.1:2181 cluster           # per member: role, addresses, topics, MQTT load, routes
     metaq-admin promote 127.0.0.1:8125 [--force]
     metaq-admin --brokers meta://127.0.0.1:8123 offset-at orders 2026-11-23T09:00:00Z
 
@@ -331,6 +332,46 @@ def cmd_brokers(view, args):
     return rows, ["broker", "role", "url", "mqtt", "mqtt_tls", "remoting", "grpc"]
 
 
+#: The stats keys (summary) a broker reports its MQTT cluster routes by: what it follows of the other brokers.
+ROUTE_KEYS_PREFIX = "mqtt_cluster_"
+
+
+def cmd_cluster(view, args):
+    """The cluster at a glance (needs --zk): one row per registered member (``cmd_brokers``'s, master then slaves)
+    with the role it plays now (its stats), the topics it holds (``stats topics``, internal ones left out), its MQTT
+    connections and sessions (online and offline), and its routes: what it follows of the other brokers for MQTT,
+    its ``mqtt_cluster_*`` stats keys as ``key=value`` (``-`` for a broker that reports none). A member that does
+    not answer keeps its row from ZooKeeper, ``-`` elsewhere, and is named on stderr."""
+    if view.cluster is None:
+        raise SystemExit("metaq-admin: the cluster command needs --zk (its members are read from ZooKeeper)")
+    return cluster_rows(view, cmd_brokers(view, args)[0])
+
+
+def cluster_rows(view, members):
+    """``cmd_cluster``'s rows and columns for ``members`` (``cmd_brokers``'s rows), each member's stats asked."""
+    rows = []
+    for m in members:
+        s = view.stats(m["url"]) or {}
+        held = view.stats_of(m["url"], "topics") if s else None
+        topics = sorted({t.topic for t in held or () if not internaltopics.is_internal(t.topic)})
+        routes = " ".join("%s=%s" % (k[len(ROUTE_KEYS_PREFIX):], v) for k, v in sorted(s.items())
+                          if k.startswith(ROUTE_KEYS_PREFIX))
+        rows.append({"broker": m["broker"], "member": m["role"], "role": s.get("replication_role", "-" if not s
+                                                                             else "standalone"),
+                     "url": m["url"], "mqtt": m["mqtt"], "remoting": m["remoting"], "grpc": m["grpc"],
+                     "topics": ",".join(topics) or None,
+                     "mqtt_connections": _int_or_none(s.get("mqtt_connections")),
+                     "mqtt_sessions": _int_or_none(s.get("mqtt_sessions")),
+                     "mqtt_offline": _int_or_none(s.get("mqtt_sessions_offline")),
+                     "routes": routes or None})
+    return rows, ["broker", "member", "role", "url", "mqtt", "remoting", "grpc", "topics", "mqtt_connections",
+                  "mqtt_sessions", "mqtt_offline", "routes"]
+
+
+def _int_or_none(value):
+    return int(value) if value is not None and value.isdigit() else None
+
+
 def cmd_transactions(view, args):
     """List the transactions brokers hold; with ``commit KEY`` / ``rollback KEY`` decide a prepared one by hand."""
     rows = []
@@ -409,7 +450,7 @@ def cmd_pop(view, args):
 
 COMMANDS = {"stats": cmd_stats, "offset-at": cmd_offset_at, "transactions": cmd_transactions, "topics": cmd_topics,
             "partitions": cmd_partitions, "groups": cmd_groups, "quotas": cmd_quotas, "pop": cmd_pop,
-            "zk": cmd_zk, "brokers": cmd_brokers}
+            "zk": cmd_zk, "brokers": cmd_brokers, "cluster": cmd_cluster}
 
 
 # -- output -------------------------------------------------------------------------------
@@ -495,6 +536,8 @@ def build_parser():
     clients_cli.add_parser(sub)  # clients stack|verify (a connected gRPC client asked)
     sub.add_parser("brokers", help="every registered broker member (needs --zk): its url, MQTT address and TLS "
                    "mode, RocketMQ remoting and gRPC addresses (what a device fleet's provisioning reads)")
+    sub.add_parser("cluster", help="the cluster (needs --zk): per broker member its role, addresses, topics, MQTT "
+                   "connections and sessions, and MQTT routes")
     s = sub.add_parser("zk", help="the ZooKeeper layout under the root, with node data")
     s.add_argument("path", nargs="?", help="start here instead of the root")
     s = sub.add_parser("promote", help="make a replication slave the master of its broker id (docs/replication.md); "
