@@ -24,6 +24,7 @@ import sys
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import paramiko
 from fabric import Config, Connection, task
@@ -55,10 +56,26 @@ def _inventory_path(inventory):
     return inventory or os.environ.get("METAQ_INVENTORY") or os.path.join(HERE, "conf", "cluster.yaml")
 
 
+def _host_cores(c):
+    """``per_host`` without ``brokers``: a host's cores, asked over SSH (``nproc``) with the defaults' login."""
+    def cores(host, ssh):
+        probe = SimpleNamespace(name="per_host:%s" % host, host=host, **ssh)
+        try:
+            out = _connection(c, probe).run("nproc", hide=True, warn=True)
+        except Exception as exc:  # an SSH failure of any kind: the inventory cannot be resolved
+            raise InventoryError("per_host: cannot ask %s for its cores: %s (or set per_host.brokers)"
+                                 % (host, _explain(exc, probe).splitlines()[0])) from None
+        if not out.ok or not out.stdout.strip().isdigit():
+            raise InventoryError("per_host: %s did not tell its cores (nproc: %s); set per_host.brokers"
+                                 % (host, (out.stderr or out.stdout).strip() or "exit %d" % out.exited))
+        return int(out.stdout.strip())
+    return cores
+
+
 def _brokers(c, inventory, only):
     """(cluster, selected brokers); Exit(2) for an invalid inventory or selection."""
     try:
-        cluster = load_inventory(_inventory_path(inventory))
+        cluster = load_inventory(_inventory_path(inventory), cores=_host_cores(c))
         brokers = cluster.select(only)
         if isinstance(c, Connection):  # fab -H host: this host's brokers only
             brokers = [b for b in brokers if b.host == c.host]
@@ -160,7 +177,7 @@ def check(c, inventory=None, only=None, show_config=False):
              b.broker_id, b.listen, b.port, b.replication_port or "-", b.install_dir, b.data_dir, b.zk_connect or "-")
             for b in brokers]
     _say(hostops.table(rows, header))
-    for note in _group_notes(cluster, brokers):
+    for note in cluster.notes + tuple(_group_notes(cluster, brokers)):
         _say("note: %s" % note)
     if show_config:
         for b in brokers:

@@ -19,6 +19,11 @@ rendered as a pair (``replication:`` of server.yaml; docs/deploy.md):
       - {name: m0, host: 10.0.0.11, broker_id: 0}                      # replication port 8124 (port + 1)
       - {name: s0, host: 10.0.0.21, role: slave, master: m0}           # slave_id 1, slave_of 10.0.0.11:8124
 
+``per_host:`` (metaq/deploy/placement.py) adds N brokers on each of its hosts, one per core by default (the
+caller's ``cores(host, ssh)`` tells, fab asks each host over SSH), master/slave groups spread over the hosts:
+
+    per_host: {hosts: [10.0.0.11, 10.0.0.12], slaves: 1}
+
 ``credentials:`` (a default or per broker) is the path, on the broker's host, of a credentials file
 (``metaq.client.security``: YAML with user, secret_file, tls; mode 0600) the deploy agent's probe
 authenticates with when the broker has authentication on; fab passes only that path.
@@ -172,10 +177,31 @@ class BrokerEntry(Settings):
         return value
 
 
+class PerHost(_Model):
+    """``per_host:``: N brokers on each of ``hosts``, master/slave groups spread over them (deploy/placement.py)."""
+
+    hosts: List[str] = Field(min_length=1)
+    brokers: Optional[int] = Field(None, ge=1)  # None: one per core of each host (fab asks: nproc)
+    slaves: int = Field(0, ge=0)
+    port_step: int = Field(10, ge=2, le=1000)
+    first_broker_id: int = Field(0, ge=0, le=limits.MAX_BROKER_ID)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value):
+        for host in value:
+            if not _SAFE_WORD.match(host):
+                raise ValueError("must be host names or addresses, got %r" % host)
+        if len(set(value)) != len(value):
+            raise ValueError("a host is named twice: %s" % ", ".join(sorted({h for h in value if value.count(h) > 1})))
+        return value
+
+
 class InventoryFile(_Model):
     cluster: str = Field("metaq", min_length=1)
     defaults: Settings = Settings()
-    brokers: List[BrokerEntry] = Field(min_length=1)
+    per_host: Optional[PerHost] = None
+    brokers: List[BrokerEntry] = []
 
 
 @dataclass(frozen=True)
@@ -239,6 +265,7 @@ class Cluster:
     name: str
     brokers: List[Broker]
     source: str = "<inventory>"
+    notes: tuple = ()  # what an operator should know of the inventory (``per_host`` slots left empty)
 
     def select(self, only=None):
         """The brokers named in ``only`` ("b0,b1" or a list), in inventory order; all when None."""
@@ -257,18 +284,20 @@ class Cluster:
         return sorted((b for b in self.brokers if b.group == broker.group), key=lambda b: b.role != "master")
 
 
-def load_inventory(path):
-    """Read and validate an inventory file; InventoryError with every problem otherwise."""
+def load_inventory(path, cores=None):
+    """Read and validate an inventory file; InventoryError with every problem otherwise. ``cores(host, ssh)``:
+    the number of cores of ``host`` (``ssh``: the defaults' ssh_* settings), asked for ``per_host`` without
+    ``brokers``."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
         raise InventoryError("cannot read the inventory %s: %s (copy conf/cluster.yaml and edit it, or set "
                              "METAQ_INVENTORY)" % (path, exc.strerror or exc)) from None
-    return parse_inventory(text, str(path))
+    return parse_inventory(text, str(path), cores)
 
 
-def parse_inventory(text, source="<inventory>"):
+def parse_inventory(text, source="<inventory>", cores=None):
     from metaq.server.config import DuplicateKey, UniqueKeyLoader  # a key written twice is refused, as in server.yaml
 
     try:
@@ -284,11 +313,42 @@ def parse_inventory(text, source="<inventory>"):
         parsed = InventoryFile.model_validate(data)
     except ValidationError as exc:
         raise InventoryError(_report(source, [_describe(err, data) for err in exc.errors()])) from None
+    notes = ()
+    if parsed.per_host is not None:
+        parsed, notes = _per_host(parsed, source, cores)
+    elif not parsed.brokers:
+        raise InventoryError("%s is invalid:\n  brokers: list at least one broker (or give per_host:)" % source)
     brokers, problems = _resolve(parsed)
     problems += _cross_check(brokers)
     if problems:
         raise InventoryError(_report(source, problems))
-    return Cluster(parsed.cluster, brokers, source)
+    return Cluster(parsed.cluster, brokers, source, notes)
+
+
+def _per_host(parsed, source, cores):
+    """``parsed`` with ``per_host``'s brokers after those of ``brokers:`` (deploy/placement.py); (parsed, notes)."""
+    from metaq.deploy.placement import expand
+
+    ph = parsed.per_host
+    defaults = dict(BUILTIN_DEFAULTS)
+    defaults.update({k: v for k, v in parsed.defaults.model_dump().items() if v is not None})
+    if ph.brokers is None and cores is None:
+        raise InventoryError("%s is invalid:\n  per_host.brokers: null means one broker per core of each host, "
+                             "which fab asks the hosts; give a number here" % source)
+    ssh = {k: defaults[k] for k in ("ssh_user", "ssh_port", "ssh_key", "ssh_timeout_s")}
+    slots = [ph.brokers if ph.brokers is not None else cores(host, ssh) for host in ph.hosts]
+    entries, unused = expand(ph.model_dump(), defaults, slots)
+    notes = ["per_host: %d brokers on %s (%s); %d groups of a master and %d slaves" % (
+        len(entries), ", ".join(ph.hosts), ", ".join(str(n) for n in slots),
+        sum(1 for e in entries if e["role"] == "master"), ph.slaves)]
+    if unused:
+        notes.append("per_host: %d slots left empty: no whole group of %d fits in them with each slave on another "
+                     "host than its master" % (unused, 1 + ph.slaves))
+    try:
+        extra = [BrokerEntry.model_validate(e) for e in entries]
+    except ValidationError as exc:
+        raise InventoryError(_report(source, ["per_host: %s" % _describe(err, {}) for err in exc.errors()])) from None
+    return parsed.model_copy(update={"brokers": list(parsed.brokers) + extra}), tuple(notes)
 
 
 def _report(source, problems):

@@ -131,7 +131,7 @@ def test_unreadable_and_malformed_files(tmp_path):
         load_inventory(tmp_path / "nothere.yaml")
     assert "is not valid YAML" in problems("brokers: [\n")
     assert "expected a mapping with `brokers:`" in problems("- just a list\n")
-    assert "brokers: Field required" in problems("cluster: x\n")
+    assert "brokers: list at least one broker (or give per_host:)" in problems("cluster: x\n")
     with pytest.raises(InventoryError, match=r"no broker named 'b9' \(brokers: b0, b1\)"):
         parse_inventory(GOOD).select("b0,b9")
 
