@@ -15,8 +15,8 @@ fewest masters so far). Slots a whole group cannot fill are left empty, and said
 
 ``expand`` turns the placement into broker entries: ``<host>-<k>`` named, ``port`` + ``k * port_step`` for the
 text port (replication: that + 1, as for any group), and the same offset added to every port ``server:`` sets
-(``remoting``, ``http``, ``mqtt``, ``grpc``), with ``install_dir``/``b<k>`` and ``data_dir``/``b<k>``. Pure:
-the host's core count comes from the caller.
+(``remoting``, ``http``, ``mqtt``, ``grpc``), with ``install_dir``/``<name>`` and ``data_dir``/``<name>``.
+Pure: the host's core count comes from the caller.
 """
 
 from typing import NamedTuple
@@ -85,8 +85,8 @@ def expand(per_host, defaults, slots):
     for s in placed:
         offset = s.k * step
         entry = {"name": names[s.group, s.member], "host": hosts[s.host], "port": defaults["port"] + offset,
-                 "install_dir": "%s/b%d" % (defaults["install_dir"], s.k),
-                 "data_dir": "%s/b%d" % (defaults["data_dir"], s.k)}
+                 "install_dir": "%s/%s" % (defaults["install_dir"], names[s.group, s.member]),
+                 "data_dir": "%s/%s" % (defaults["data_dir"], names[s.group, s.member])}
         if s.member == 0:
             entry.update(broker_id=first + s.group, role="master")
         else:

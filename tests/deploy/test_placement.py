@@ -88,10 +88,14 @@ def test_per_host_renders_the_brokers_one_per_core_by_default():
     rows = [(b.name, b.role, b.broker_id, b.host, b.port, b.replication_port, b.install_dir, b.data_dir, b.slave_of)
             for b in cluster.brokers]
     assert rows == [
-        ("127.0.0.1-0", "master", 0, "127.0.0.1", 8123, 8124, "/opt/metaq/b0", "/var/lib/metaq/b0", None),
-        ("127.0.0.2-0", "slave", 0, "127.0.0.2", 8123, 8124, "/opt/metaq/b0", "/var/lib/metaq/b0", "127.0.0.1:8124"),
-        ("127.0.0.2-1", "master", 1, "127.0.0.2", 8133, 8134, "/opt/metaq/b1", "/var/lib/metaq/b1", None),
-        ("127.0.0.1-1", "slave", 1, "127.0.0.1", 8133, 8134, "/opt/metaq/b1", "/var/lib/metaq/b1", "127.0.0.2:8134")]
+        ("127.0.0.1-0", "master", 0, "127.0.0.1", 8123, 8124, "/opt/metaq/127.0.0.1-0",
+         "/var/lib/metaq/127.0.0.1-0", None),
+        ("127.0.0.2-0", "slave", 0, "127.0.0.2", 8123, 8124, "/opt/metaq/127.0.0.2-0",
+         "/var/lib/metaq/127.0.0.2-0", "127.0.0.1:8124"),
+        ("127.0.0.2-1", "master", 1, "127.0.0.2", 8133, 8134, "/opt/metaq/127.0.0.2-1",
+         "/var/lib/metaq/127.0.0.2-1", None),
+        ("127.0.0.1-1", "slave", 1, "127.0.0.1", 8133, 8134, "/opt/metaq/127.0.0.1-1",
+         "/var/lib/metaq/127.0.0.1-1", "127.0.0.2:8134")]
     second = yaml.safe_load(cluster.brokers[2].config_text)
     assert (second["mqtt"]["port"], second["http"]["port"]) == (1893, 8190)  # each port of broker k: + 10 k
     assert cluster.notes == ("per_host: 4 brokers on 127.0.0.1, 127.0.0.2 (2, 2); 2 groups of a master and 1 "
