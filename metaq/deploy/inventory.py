@@ -183,7 +183,7 @@ class PerHost(_Model):
     hosts: List[str] = Field(min_length=1)
     brokers: Optional[int] = Field(None, ge=1)  # None: one per core of each host (fab asks: nproc)
     slaves: int = Field(0, ge=0)
-    port_step: int = Field(10, ge=2, le=1000)
+    port_step: int = Field(10, ge=2)  # at least the text and the replication port apart
     first_broker_id: int = Field(0, ge=0, le=limits.MAX_BROKER_ID)
 
     @field_validator("hosts")

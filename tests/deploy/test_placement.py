@@ -1,12 +1,14 @@
 """``per_host:``: N brokers per host (one per core by default), master/slave groups spread over the hosts."""
 
 import random
+import re
 
 import pytest
 import yaml
 
 from metaq.deploy.inventory import InventoryError, parse_inventory
 from metaq.deploy.placement import place
+from tests.harness.fab import REPO
 
 
 def groups(placed):
@@ -123,3 +125,15 @@ def test_per_host_refusals():
     assert [b.broker_id for b in too_many.brokers] == [1020, 1021, 1022, 1023]  # the last id
     with pytest.raises(InventoryError, match="less than or equal to 1023"):
         parse_inventory(INVENTORY.replace("slaves: 1", "slaves: 0\n  first_broker_id: 1021"), cores=lambda h, s: 2)
+
+
+@pytest.mark.parametrize("page", ["deploy.md", "cluster.md"])
+def test_the_docs_per_host_inventories_place_what_they_say(page):
+    with open("%s/docs/%s" % (REPO, page), encoding="utf-8") as f:
+        [text] = [b for b in re.findall(r"```yaml\n(.*?)```", f.read(), re.S) if "per_host:" in b]
+    cluster = parse_inventory(text, cores=lambda host, ssh: 4)
+    brokers = {b.name: b for b in cluster.brokers}
+    assert len(brokers) == 12 and sorted(b.broker_id for b in brokers.values() if b.role == "master") == list(range(6))
+    assert all(b.host != brokers[b.master].host for b in brokers.values() if b.role == "slave")
+    mqtt = {(b.host, yaml.safe_load(b.config_text)["mqtt"]["port"]) for b in brokers.values()}
+    assert len(mqtt) == 12 and {port for _h, port in mqtt} == {8883, 8893, 8903, 8913}
