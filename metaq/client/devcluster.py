@@ -336,15 +336,11 @@ def stop(root, say=print):
     return 0
 
 
-def _serve(root, state, say):
-    """The foreground: wait until SIGINT or SIGTERM, saying when a broker exits; then stop everything."""
-    stopping = []
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    state["supervisor"] = {"pid": os.getpid(), "marker": "metaq.client.devcluster"}
-    _write_state(root, state)
+def _serve(root, state, say, stopping):
+    """The foreground: wait until SIGINT or SIGTERM (``stopping`` filled by their handlers), saying when a broker
+    exits; then stop everything. It ends by itself when every process it started has gone."""
     reported = set()
-    while not stopping:
+    while not stopping and _running(state):
         for b in state["brokers"]:
             if b["name"] not in reported and not _alive(b["pid"], b["marker"]):
                 reported.add(b["name"])
@@ -393,8 +389,15 @@ def main(argv=None):
     if args.background:
         say("stop it with: metaq-cluster stop --dir %s (or make stop-cluster)" % args.dir)
         return 0
+    stopping = []  # from here on Ctrl-C and SIGTERM (metaq-cluster stop) stop the cluster in order
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    with open("/proc/self/cmdline", "rb") as f:  # `python -m metaq.client.devcluster` or the metaq-cluster script
+        marker = "metaq.client.devcluster" if b"metaq.client.devcluster" in f.read() else "metaq-cluster"
+    state["supervisor"] = {"pid": os.getpid(), "marker": marker}  # recorded before we say so: stop finds us
+    _write_state(os.path.abspath(args.dir), state)
     say("Ctrl-C stops it")
-    _serve(os.path.abspath(args.dir), state, say)
+    _serve(os.path.abspath(args.dir), state, say, stopping)
     return 0
 
 

@@ -140,3 +140,27 @@ def test_background_cluster_with_slaves_replicates_and_stop_ends_it(tmp_path, zk
     assert all(_gone(pid) for pid in _recorded_pids(state))
     again = subprocess.run(_command("status", "--dir", root), capture_output=True, text=True, timeout=60)
     assert again.returncode == 3 and "down" in again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_stop_from_another_terminal_ends_the_foreground_command_and_its_processes(tmp_path, zk_connect):
+    root = tmp_path / "cluster"
+    proc = subprocess.Popen(_command("start", "-n", 1, "--dir", root, "--base-port", free_base(1), "--zk", zk_connect),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if STARTED in line:
+                break
+        state = _state(root)
+        assert state["supervisor"]["pid"] == proc.pid, "".join(out)
+        stopped = subprocess.run(_command("stop", "--dir", root), capture_output=True, text=True, timeout=180)
+        assert stopped.returncode == 0 and "stopped metaq-cluster (PID %d)" % proc.pid in stopped.stdout, stopped
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert all(_gone(pid) for pid in _recorded_pids(state))
