@@ -103,6 +103,7 @@ def test_three_brokers_and_zookeeper_serve_then_ctrl_c_stops_every_process(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            devcluster.stop(str(root), say=lambda text: None)  # what it left, by the PIDs it recorded
     assert proc.returncode == 0, rest
     assert "stopped zookeeper" in rest
     assert all(_gone(pid) for pid in _recorded_pids(state))
@@ -163,4 +164,5 @@ def test_stop_from_another_terminal_ends_the_foreground_command_and_its_processe
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            devcluster.stop(str(root), say=lambda text: None)  # what it left, by the PIDs it recorded
     assert all(_gone(pid) for pid in _recorded_pids(state))
