@@ -9,7 +9,10 @@ request deadline, the login deadline; an idle connection parks, holding no green
   control character: 0x85 / 0x02), the user name and password through the guard (``Guard.login_with_secret``, the
   decision HTTP Basic takes too; refused: 0x86 / 0x04, then closed), the takeover of a client id (``MqttPort.claim``);
   CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; retained
-  messages, shared subscriptions and subscription identifiers are served, enhanced authentication is not). A
+  messages, shared subscriptions and subscription identifiers are served, enhanced authentication is not); the
+  client's own Topic Alias Maximum gives the connection its table of aliases the broker sends
+  (``topics.OutboundAliases``, within ``mqtt.max_outbound_aliases``); a Keep Alive past ``mqtt.max_keep_alive_s``
+  (or none) is answered Server Keep Alive (MQTT 5) or refused 0x02 (MQTT 3.1.1) (``_keep_alive``). A
   slave refuses a CONNECT that needs a persistent session (one that outlives the connection, or resumes one): it
   writes no session records, so the session would be lost; MQTT 5 gets 0x9C Use another server with the master's
   address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable.

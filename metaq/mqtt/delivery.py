@@ -26,7 +26,15 @@ subscribers that get the same PUBLISHes are written by one call of the C helper 
 a TLS connection never joins a reader). It never waits for one: a subscriber whose socket does not take them all
 at once (it does not read), whose record needs QoS 1 or 2, or that lost its permission, leaves it at the first
 record not written (with what the socket did not take of a PUBLISH begun sent first) and goes on alone from its own
-cursor, in order, as above; caught up again, it hands the partition back. A delivery with every partition handed
+cursor, in order, as above; caught up again, it hands the partition back.
+
+**Topic aliases.** A connection whose client allows them (``Connection.outbound_aliases``, a
+``topics.OutboundAliases``) gets each PUBLISH with the alias its table decides (``_with_alias``), added to the same
+encoding (``wire.with_topic_alias``; an aliased QoS 0 PUBLISH made once per message and alias, ``Decoded.aliased``),
+its fan-out plan its own. Each decision is taken in the order its PUBLISH is written: under the write lock for the
+greenlet (``Connection.send_made``), right before a write that never waits otherwise, and undone when that write
+did not take the PUBLISH (``fan_wrote``, ``fan_try``, ``deliver_now``), so the client's aliases and the table never
+differ. A resend from a session (``resend``) goes by name. A delivery with every partition handed
 over and nothing else to do (no wildcard filter, no shared subscription, nothing to resend) keeps no greenlet: an
 acknowledgement, a subscription, a fan-out reader that lets it go start one again.
 
