@@ -104,19 +104,20 @@ class Decoded:
         self._messages.put(key, m, len(m.payload))
 
     def packet(self, key, m, retain, version):
-        """The QoS 0 PUBLISH of record ``key``'s message ``m`` in ``version``, and its key here (``aliased``)."""
+        """The QoS 0 PUBLISH of record ``key``'s message ``m`` in ``version``."""
         pkey = key + (retain, version)
         data = self._packets.get(pkey)
         if data is None:
             data = wire.encode(wire.Publish(m.topic, m.payload, 0, retain, False, None,
                                             m.properties if version == wire.MQTT_5 else {}), version)
             self._packets.put(pkey, data, len(data))
-        return data, pkey
+        return data
 
-    def aliased(self, pkey, data, alias, named):
-        """``packet``'s PUBLISH ``data`` (its key ``pkey``) with Topic Alias ``alias``, its name kept (``named``) or
-        not (``wire.with_topic_alias``): encoded once for every connection that sends it so."""
-        akey = pkey + (alias, named)
+    def aliased(self, key, retain, version, data, alias, named):
+        """``packet``'s PUBLISH ``data`` (of record ``key``, ``retain``, ``version``) with Topic Alias ``alias``, its
+        name kept (``named``) or not (``wire.with_topic_alias``): encoded once for every connection that sends it
+        so."""
+        akey = key + (retain, version, alias, named)
         out = self._packets.get(akey)
         if out is None:
             out = wire.with_topic_alias(data, alias, named)
@@ -671,11 +672,11 @@ class Delivery:
                 if prepared is _HELD:
                     return False
                 if prepared is not _DROPPED:
-                    data, qos, packet_id, pkey = prepared
+                    data, qos, packet_id, shared = prepared
                     aliases = conn.outbound_aliases
                     if aliases is not None:
                         mark = aliases.mark()
-                        data = self._with_alias(aliases, data, m.topic, pkey)
+                        data = self._with_alias(aliases, data, m.topic, shared)
                     sent = conn.try_send(data)
                     if aliases is not None:
                         if not sent:
@@ -859,7 +860,7 @@ class Delivery:
         return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
 
     def _prepare(self, m, granted, retain, ids, key, wait):
-        """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, its key in Decoded or None)`` at
+        """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, shared)`` at
         min(its QoS, ``granted``), RETAIN ``retain``, carrying the Subscription Identifiers ``ids`` (MQTT 5) and the
         Message Expiry Interval left, never a Topic Alias (``_with_alias`` adds it as it is written). ``_DROPPED``
         (not sent, as if delivered) when it expired (MQTT 5.0 §3.3.2.3.3) or is past the client's Maximum Packet Size
@@ -867,15 +868,16 @@ class Delivery:
         ``inflight_window``) has room: ``wait`` waits for it (``_HELD`` when the connection closes meanwhile); without
         ``wait`` it is ``_HELD`` at once, and so is QoS 2 (a persistent session writes it to the sessions' log first:
         the greenlet's). ``key``: the record's in ``Decoded`` (None for a retained message): its QoS 0 PUBLISH without
-        identifiers or expiry is encoded once for every subscriber."""
+        identifiers or expiry is encoded once for every subscriber, and ``shared`` is then ``(key, retain)`` (else
+        None), its aliased forms made once too (``Decoded.aliased``)."""
         conn = self.conn
         version = conn.version
         qos = min(granted, m.qos)
         if key is not None and not ids and m.expires_ms is None and not qos:
-            data, pkey = self.decoded.packet(key, m, retain, version)
+            data = self.decoded.packet(key, m, retain, version)
             if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
                 return _DROPPED
-            return data, 0, None, pkey
+            return data, 0, None, (key, retain)
         props = m.properties
         if m.expires_ms is not None:
             left_ms = m.expires_ms - now_ms()
@@ -902,19 +904,19 @@ class Delivery:
             return _DROPPED
         return data, qos, packet_id, None
 
-    def _with_alias(self, aliases, data, name, pkey):
-        """The PUBLISH ``data`` (``_prepare``'s, of topic ``name``; ``pkey``: its one encoding's key in ``Decoded``,
-        or None) as this connection's topic aliases send it (``aliases``, its ``OutboundAliases``: the policy's one
-        decision, ``choose``): with the alias and the name, the alias alone, or as it is. An aliased QoS 0 PUBLISH
-        is encoded once per message, alias and form (``Decoded.aliased``); one the client's Maximum Packet Size
-        would refuse goes as it is. The caller writes it before it yields, or undoes the decision
+    def _with_alias(self, aliases, data, name, shared):
+        """The PUBLISH ``data`` (``_prepare``'s, of topic ``name``; ``shared``: its one encoding's ``(key, retain)``
+        in ``Decoded``, or None) as this connection's topic aliases send it (``aliases``, its ``OutboundAliases``:
+        the policy's one decision, ``choose``): with the alias and the name, the alias alone, or as it is. An aliased
+        QoS 0 PUBLISH is encoded once per message, alias and form (``Decoded.aliased``); one the client's Maximum
+        Packet Size would refuse goes as it is. The caller writes it before it yields, or undoes the decision
         (``OutboundAliases.undo``) when it is not written."""
         mark = aliases.mark()
         choice = aliases.choose(name)
         if choice is None:
             return data
         alias, named = choice
-        out = (self.decoded.aliased(pkey, data, alias, named) if pkey is not None
+        out = (self.decoded.aliased(*shared, self.conn.version, data, alias, named) if shared is not None
                else wire.with_topic_alias(data, alias, named))
         most = self.conn.client_max_packet
         if most is not None and len(out) > most:
@@ -922,9 +924,9 @@ class Delivery:
             return data
         return out
 
-    def _alias_now(self, aliases, data, name, pkey):
+    def _alias_now(self, aliases, data, name, shared):
         """``_with_alias`` for a write that follows at once, under the write lock (``Connection.send_made``)."""
-        out = self._with_alias(aliases, data, name, pkey)
+        out = self._with_alias(aliases, data, name, shared)
         aliases.settle()
         return out
 
@@ -1086,7 +1088,7 @@ class Delivery:
             return True
         if prepared is _HELD:
             return False
-        data, qos, packet_id, pkey = prepared
+        data, qos, packet_id, shared = prepared
         if qos:
             session.sent(packet_id, (qos, topic) + where if where is not None else None)
             if own:
@@ -1097,7 +1099,7 @@ class Delivery:
         if aliases is None:
             if not conn.send_bytes(data):
                 return False
-        elif not conn.send_made(lambda: self._alias_now(aliases, data, m.topic, pkey)):
+        elif not conn.send_made(lambda: self._alias_now(aliases, data, m.topic, shared)):
             return False
         delay = self.guard.pace(conn.session, "fetch", len(data))  # the one pacing point: these bytes are the user's
         if delay > 0:
