@@ -264,6 +264,32 @@ def test_stuck_subscribers_with_aliases_catch_up_with_every_topic_right(broker_f
         s.close()
 
 
+def test_one_connections_aliases_are_shared_by_its_qos1_and_qos0_deliveries(broker_factory, tmp_path):
+    """One table for every path that writes to the connection: its own reader (QoS 1, under the write lock), the
+    partition's shared reader and the publisher's turn (QoS 0): with two aliases and four busy names the aliases
+    move between names of both, each set before it is used alone, standing for the right name."""
+    b = broker_factory(mqtt_config(tmp_path, **{"max_inflight": 4}))
+    sub = Raw(b, timeout=30)
+    assert sub.connect("mixed", properties={"topic_alias_maximum": 2}).reason_code == 0
+    sub.send(wire.Subscribe(1, (wire.Subscription("mx/#", 1), wire.Subscription("my/#", 0))))
+    assert isinstance(sub.read(), wire.Suback)
+    pub = subscriber(b, "pub", "nothing/here")
+    names = ["mx/a", "my/a", "mx/b", "my/b"]
+    want = []
+    for burst in range(20):  # each burst favours two names, so aliases move on from one burst to the next
+        hot = names[burst % 4], names[(burst + 1) % 4]
+        want += [(hot[i % 2] if i % 5 else names[(burst + 2) % 4], b"%03d-%02d" % (burst, i)) for i in range(20)]
+    for start in range(0, len(want), 20):
+        pub.send_bytes(b"".join(wire.encode(wire.Publish(n, p, 1, packet_id=1 + (start + i) % 60000), wire.MQTT_5)
+                                for i, (n, p) in enumerate(want[start:start + 20])))
+        for _ in range(20):  # within its Receive Maximum
+            assert isinstance(pub.read(), wire.PubAck)
+    got, by_alias = _collect(sub, len(want), Resolver(2))
+    assert sorted(got) == sorted(want)
+    _in_order_per_name(got, want)
+    assert by_alias >= 100
+
+
 # -- the keep-alive bound ---------------------------------------------------------------------------------------------
 
 def test_the_keep_alive_bound_is_off_by_default(b):
