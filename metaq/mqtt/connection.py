@@ -160,17 +160,7 @@ class Connection(core.Connection):
         if self.closed:
             return False
         with self._write_lock:
-            try:
-                rest = self._unsent
-                if rest is not None:
-                    self._unsent = None
-                    self.sock.sendall(rest)
-                self.sock.sendall(data)
-            except OSError as exc:
-                log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
-                self.close()
-                return False
-        return True
+            return self._write_all(data)
 
     def send_made(self, make):
         """``send_bytes`` of the packet ``make()`` returns, made under the write lock: what it decides (the topic alias
@@ -179,17 +169,20 @@ class Connection(core.Connection):
         if self.closed:
             return False
         with self._write_lock:
-            data = make()
-            try:
-                rest = self._unsent
-                if rest is not None:
-                    self._unsent = None
-                    self.sock.sendall(rest)
-                self.sock.sendall(data)
-            except OSError as exc:
-                log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
-                self.close()
-                return False
+            return self._write_all(make())
+
+    def _write_all(self, data):
+        """``send_bytes``'s write, the write lock held."""
+        try:
+            rest = self._unsent
+            if rest is not None:
+                self._unsent = None
+                self.sock.sendall(rest)
+            self.sock.sendall(data)
+        except OSError as exc:
+            log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
+            self.close()
+            return False
         return True
 
     def try_send(self, data):
