@@ -651,6 +651,17 @@ MQTT_MAX_CLIENT_ID_BYTES = 128
 #: Topic aliases one MQTT 5 client may set on a connection (``mqtt.topic_alias_maximum``, told in the CONNACK): an
 #: alias past it is refused (DISCONNECT 0x94).
 MQTT_TOPIC_ALIAS_MAXIMUM = 16
+#: Topic aliases the broker sends one MQTT 5 connection at most (``mqtt.max_outbound_aliases``; never past the Topic
+#: Alias Maximum of the client's CONNECT, 0 there: none), and topic names delivered once it remembers per connection
+#: until their second delivery (the policy's threshold): each a reference to a name, so a connection holds at most
+#: twice this many. Past it the alias least recently used goes to a name delivered again, sent with it again, when
+#: that alias was not used since the name's previous delivery (``mqtt.topics.OutboundAliases``).
+MQTT_MAX_OUTBOUND_ALIASES = 64
+#: The longest Keep Alive the broker accepts, in seconds (``mqtt.max_keep_alive_s``; 0: no bound, the default). An
+#: MQTT 5 client asking for more, or for none (0), is told this one in the CONNACK (Server Keep Alive) and held to
+#: it (closed after 1.5 times it without a packet); an MQTT 3.1.1 one is refused (CONNACK 0x02), as Mosquitto's
+#: ``max_keepalive`` does, 3.1.1 having no way to tell it.
+MQTT_MAX_KEEP_ALIVE_S = 0
 #: Will messages the broker holds for their MQTT 5 Will Delay at once (``mqtt.max_delayed_wills``): past it a will is
 #: published at once, as if its delay were 0.
 MQTT_MAX_DELAYED_WILLS = 10_000

@@ -9,7 +9,10 @@ request deadline, the login deadline; an idle connection parks, holding no green
   control character: 0x85 / 0x02), the user name and password through the guard (``Guard.login_with_secret``, the
   decision HTTP Basic takes too; refused: 0x86 / 0x04, then closed), the takeover of a client id (``MqttPort.claim``);
   CONNACK says what the broker allows (Receive Maximum, Maximum Packet Size, Topic Alias Maximum; retained
-  messages, shared subscriptions and subscription identifiers are served, enhanced authentication is not). A
+  messages, shared subscriptions and subscription identifiers are served, enhanced authentication is not); the
+  client's own Topic Alias Maximum gives the connection its table of aliases the broker sends
+  (``topics.OutboundAliases``, within ``mqtt.max_outbound_aliases``); a Keep Alive past ``mqtt.max_keep_alive_s``
+  (or none) is answered Server Keep Alive (MQTT 5) or refused 0x02 (MQTT 3.1.1) (``_keep_alive``). A
   slave refuses a CONNECT that needs a persistent session (one that outlives the connection, or resumes one): it
   writes no session records, so the session would be lost; MQTT 5 gets 0x9C Use another server with the master's
   address as Server Reference when it is known, MQTT 3.1.1 0x03 Server unavailable.
@@ -50,6 +53,7 @@ from metaq.mqtt import wire
 from metaq.mqtt.delivery import Delivery
 from metaq.mqtt.records import RecordRefusal, first_level, plain_plan, stored_message
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
+from metaq.mqtt.topics import OutboundAliases
 from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server import connections as core
@@ -94,7 +98,7 @@ class Connection(core.Connection):
                  "client_max_packet", "problem_information", "room", "_write_lock", "_acks", "_acks_pending",
                  "_ack_sent", "_writer", "_delivery", "_unacked_in", "_aliases", "_handling",
                  "_ended_cleanly", "_taken_over", "_decided", "_burst", "_burst_bytes", "_burst_now", "_unsent",
-                 "_plans")
+                 "_plans", "outbound_aliases")
 
     def __init__(self, sock, address, conn_id, port):
         super().__init__(sock, address, conn_id, port.core.rules)
@@ -118,6 +122,7 @@ class Connection(core.Connection):
         self._delivery = None  # the Delivery, once the client subscribed (its greenlet runs while it has work)
         self._unacked_in = 0  # the client's QoS 1/2 PUBLISHes not yet acknowledged (QoS 2: until its PUBREL)
         self._aliases = {}  # topic alias -> topic name (MQTT 5, this connection's)
+        self.outbound_aliases = None  # the topic aliases the broker sends it (an OutboundAliases), when it allows them
         self._handling = False
         self._ended_cleanly = False  # DISCONNECT 0x00: no will
         self._taken_over = False
@@ -155,16 +160,29 @@ class Connection(core.Connection):
         if self.closed:
             return False
         with self._write_lock:
-            try:
-                rest = self._unsent
-                if rest is not None:
-                    self._unsent = None
-                    self.sock.sendall(rest)
-                self.sock.sendall(data)
-            except OSError as exc:
-                log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
-                self.close()
-                return False
+            return self._write_all(data)
+
+    def send_made(self, make):
+        """``send_bytes`` of the packet ``make()`` returns, made under the write lock: what it decides (the topic alias
+        a delivery sends, ``OutboundAliases``) is decided in the order the packets are written, whichever writer
+        comes first."""
+        if self.closed:
+            return False
+        with self._write_lock:
+            return self._write_all(make())
+
+    def _write_all(self, data):
+        """``send_bytes``'s write, the write lock held."""
+        try:
+            rest = self._unsent
+            if rest is not None:
+                self._unsent = None
+                self.sock.sendall(rest)
+            self.sock.sendall(data)
+        except OSError as exc:
+            log.info("mqtt %s: send failed (%s); closing", self.peer, exc)
+            self.close()
+            return False
         return True
 
     def try_send(self, data):
@@ -553,8 +571,13 @@ class Connection(core.Connection):
         self.client_receive_max = p.properties.get("receive_maximum", 65535)
         self.client_max_packet = p.properties.get("maximum_packet_size")
         self.problem_information = p.properties.get("request_problem_information", 1) == 1
-        if p.keep_alive:
-            self.idle_timeout = p.keep_alive * 1.5  # [MQTT-3.1.2-24]: closed as a network failure, the will fires
+        most = min(p.properties.get("topic_alias_maximum", 0), s.max_outbound_aliases) if v5 else 0
+        self.outbound_aliases = OutboundAliases(most, s.max_outbound_aliases) if most else None  # its own: none kept
+        keep_alive = self._keep_alive(p.keep_alive)
+        if keep_alive is None:
+            return False
+        if keep_alive:
+            self.idle_timeout = keep_alive * 1.5  # [MQTT-3.1.2-24]: closed as a network failure, the will fires
         refusal = self.port.claim(self, client_id, p.clean_start)
         if refusal is not None:
             return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, refusal)
@@ -575,6 +598,8 @@ class Connection(core.Connection):
             props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes}
             if s.topic_alias_maximum:
                 props["topic_alias_maximum"] = s.topic_alias_maximum
+            if keep_alive != p.keep_alive:
+                props["server_keep_alive"] = keep_alive  # [MQTT-3.2.2-21]: the client uses it instead of its own
             if assigned:
                 props["assigned_client_identifier"] = client_id
         if not self.send(wire.Connack(saved is not None, wire.SUCCESS, props)):
@@ -587,6 +612,21 @@ class Connection(core.Connection):
                 if code > 2:
                     log.info("mqtt %s: shared subscription %s not resumed (0x%02X)", self.peer, topic_filter, code)
         return True
+
+    def _keep_alive(self, asked):
+        """The Keep Alive the connection is held to, from the CONNECT's (``asked``, seconds; 0: none) and the broker's
+        bound (``mqtt.max_keep_alive_s``, 0: none): MQTT 5 past the bound, or asking for none, gets the bound (told
+        in the CONNACK as Server Keep Alive); MQTT 3.1.1, which cannot be told, is refused with 0x02 as Mosquitto's
+        ``max_keepalive`` refuses it (None: answered, closing)."""
+        bound = self.settings.max_keep_alive_s
+        if not bound or 0 < asked <= bound:
+            return asked
+        if self.version == MQTT_5:
+            return bound
+        self._refuse_connect(wire.CLIENT_ID_NOT_VALID, "a Keep Alive of %s is past the bound of %d s "
+                             "(mqtt.max_keep_alive_s), and MQTT 3.1.1 cannot be told another"
+                             % ("%d s" % asked if asked else "0 (none)", bound))
+        return None
 
     def _use_another_server(self, client_id, refusal):
         """A broker that keeps no session now (``MqttPort.session_refusal``: a slave, or a master that may not

@@ -26,7 +26,15 @@ subscribers that get the same PUBLISHes are written by one call of the C helper 
 a TLS connection never joins a reader). It never waits for one: a subscriber whose socket does not take them all
 at once (it does not read), whose record needs QoS 1 or 2, or that lost its permission, leaves it at the first
 record not written (with what the socket did not take of a PUBLISH begun sent first) and goes on alone from its own
-cursor, in order, as above; caught up again, it hands the partition back. A delivery with every partition handed
+cursor, in order, as above; caught up again, it hands the partition back.
+
+**Topic aliases.** A connection whose client allows them (``Connection.outbound_aliases``, a
+``topics.OutboundAliases``) gets each PUBLISH with the alias its table decides (``_with_alias``), added to the same
+encoding (``wire.with_topic_alias``; an aliased QoS 0 PUBLISH made once per message and alias, ``Decoded.aliased``),
+its fan-out plan its own. Each decision is taken in the order its PUBLISH is written: under the write lock for the
+greenlet (``Connection.send_made``), right before a write that never waits otherwise, and undone when that write
+did not take the PUBLISH (``fan_wrote``, ``fan_try``, ``deliver_now``), so the client's aliases and the table never
+differ. A resend from a session (``resend``) goes by name. A delivery with every partition handed
 over and nothing else to do (no wildcard filter, no shared subscription, nothing to resend) keeps no greenlet: an
 acknowledgement, a subscription, a fan-out reader that lets it go start one again.
 
@@ -104,6 +112,17 @@ class Decoded:
                                             m.properties if version == wire.MQTT_5 else {}), version)
             self._packets.put(pkey, data, len(data))
         return data
+
+    def aliased(self, key, retain, version, data, alias, named):
+        """``packet``'s PUBLISH ``data`` (of record ``key``, ``retain``, ``version``) with Topic Alias ``alias``, its
+        name kept (``named``) or not (``wire.with_topic_alias``): encoded once for every connection that sends it
+        so."""
+        akey = key + (retain, version, alias, named)
+        out = self._packets.get(akey)
+        if out is None:
+            out = wire.with_topic_alias(data, alias, named)
+            self._packets.put(akey, out, len(out))
+        return out
 
 
 class _Kept:
@@ -653,8 +672,16 @@ class Delivery:
                 if prepared is _HELD:
                     return False
                 if prepared is not _DROPPED:
-                    data, qos, packet_id = prepared
+                    data, qos, packet_id, shared = prepared
+                    aliases = conn.outbound_aliases
+                    if aliases is not None:
+                        mark = aliases.mark()
+                        data = self._with_alias(aliases, data, m.topic, shared)
                     sent = conn.try_send(data)
+                    if aliases is not None:
+                        if not sent:
+                            aliases.undo(mark)
+                        aliases.settle()
                     if not sent:
                         return False
                     if qos:
@@ -714,11 +741,13 @@ class Delivery:
     def fan_plan(self, key, batch):
         """What this delivery gets of a fan-out reader's records (``batch``, a ``_Batch``) of partition ``key``, each
         decided as its greenlet decides it (the permission, ``_decision``, ``_prepare``): ``(packets, offsets, end,
-        stop)``, the PUBLISHes to write in order, the queue offset of each, its cursor once they are written, and
-        True when it reads on alone from ``end`` then (a record needs QoS 1 or 2: its greenlet's); None when it reads
-        on alone from its cursor now (closed, its permission gone). Members whose decisions, MQTT version and Maximum
-        Packet Size are alike (no Subscription Identifier, no expiry) share one plan. Nothing here yields: the reader
-        writes them before it does (``fan_wrote``, ``fan_try``)."""
+        stop, marks)``, the PUBLISHes to write in order, the queue offset of each, its cursor once they are written,
+        True when it reads on alone from ``end`` then (a record needs QoS 1 or 2: its greenlet's), and with topic
+        aliases the alias table's mark before each PUBLISH (None without); None when it reads on alone from its cursor
+        now (closed, its permission gone). Members whose decisions, MQTT version and Maximum Packet Size are alike (no
+        Subscription Identifier, no expiry, no topic aliases of their own) share one plan. Nothing here yields: the
+        reader writes them before it does (``fan_wrote``, ``fan_try``), and what was not written has its topic alias
+        decisions undone there."""
         conn, session = self.conn, self.session
         offset = session.cursors.get(key)
         if offset is None or conn.closed:
@@ -728,7 +757,10 @@ class Delivery:
             return None  # its permission gone, or a rate set since it joined: it reads alone
         decisions = [self._decision(topic, m) for m in batch.kinds]
         alike = None
-        if offset <= batch.first and not batch.expiring and not any(ids for _granted, ids, _retain in decisions):
+        aliases = conn.outbound_aliases  # its own topic aliases: its plan is its own, each PUBLISH's alias decided
+        marks = None if aliases is None else []  # the table's mark before each PUBLISH's decision (fan_wrote)
+        if aliases is None and offset <= batch.first and not batch.expiring and \
+                not any(ids for _granted, ids, _retain in decisions):
             alike = (tuple((granted, retain) for granted, _ids, retain in decisions), conn.version,
                      conn.client_max_packet)
             plan = batch.plans.get(alike)
@@ -747,9 +779,13 @@ class Delivery:
                 break
             prepared = self._prepare(m, granted, retain, ids, dkey, False)
             if prepared is not _DROPPED:
-                packets.append(prepared[0])
+                data = prepared[0]
+                if aliases is not None:
+                    marks.append(aliases.mark())
+                    data = self._with_alias(aliases, data, m.topic, prepared[3])
+                packets.append(data)
                 offsets.append(queue_offset)
-        plan = (tuple(packets), tuple(offsets), end, stop)
+        plan = (tuple(packets), tuple(offsets), end, stop, marks)
         if alike is not None:
             batch.plans[alike] = plan
         return plan
@@ -760,34 +796,48 @@ class Delivery:
         when the write failed (the connection closes). Its cursor moves past every record written, and past the one
         begun (the connection keeps the rest of its PUBLISH, written before anything else); True while it stays with
         the reader, False when it reads on alone from there."""
-        packets, offsets, end, stop = plan
+        packets, offsets, end, stop, marks = plan
         if took is not None:
             if took < 0:
                 self.conn.send_failed(-took)
                 took = 0
-            for data, queue_offset in zip(packets, offsets):
+            for i, (data, queue_offset) in enumerate(zip(packets, offsets)):
                 if took < len(data):
                     if took:
                         self.conn.keep_unsent(data[took:])
                         end = queue_offset + 1
+                        i += 1  # begun: the rest is written before anything else
                     else:
                         end = queue_offset
+                    self._unwritten(marks, i)
                     break
                 took -= len(data)
             stop = True
+        self._unwritten(marks, len(packets))
         self._cursor_to(key, end)
         return not stop
+
+    def _unwritten(self, marks, i):
+        """A plan's PUBLISHes from the ``i``-th on were not written: their topic alias decisions are undone (``marks``,
+        ``fan_plan``'s; None: no topic aliases), the others' kept."""
+        if marks is not None:
+            aliases = self.conn.outbound_aliases
+            if i < len(marks):
+                aliases.undo(marks[i])
+            aliases.settle()
 
     def fan_try(self, key, plan):
         """``fan_wrote``'s work for a connection that cannot be written by descriptor now (another writer holds it,
         part of a packet is left, it closed): each PUBLISH through ``try_send``, which never waits."""
-        packets, offsets, end, stop = plan
+        packets, offsets, end, stop, marks = plan
         conn = self.conn
-        for data, queue_offset in zip(packets, offsets):
+        for i, (data, queue_offset) in enumerate(zip(packets, offsets)):
             sent = conn.try_send(data)
             if not sent or sent < len(data):  # a part taken: the connection writes the rest before anything else
+                self._unwritten(marks, i + 1 if sent else i)
                 self._cursor_to(key, queue_offset + 1 if sent else queue_offset)
                 return False
+        self._unwritten(marks, len(packets))
         self._cursor_to(key, end)
         return not stop
 
@@ -810,14 +860,16 @@ class Delivery:
         return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
 
     def _prepare(self, m, granted, retain, ids, key, wait):
-        """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id)`` at min(its QoS, ``granted``),
-        RETAIN ``retain``, carrying the Subscription Identifiers ``ids`` (MQTT 5) and the Message Expiry Interval
-        left. ``_DROPPED`` (not sent, as if delivered) when it expired (MQTT 5.0 §3.3.2.3.3) or is past the client's
-        Maximum Packet Size ([MQTT-3.1.2-25]). A QoS 1 or 2 one takes a packet id once the window in flight
-        (the connection's ``inflight_window``) has room: ``wait`` waits for it (``_HELD`` when
-        the connection closes meanwhile); without ``wait`` it is ``_HELD`` at once, and so is QoS 2 (a persistent
-        session writes it to the sessions' log first: the greenlet's). ``key``: the record's in ``Decoded`` (None for
-        a retained message): its QoS 0 PUBLISH without identifiers or expiry is encoded once for every subscriber."""
+        """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, shared)`` at
+        min(its QoS, ``granted``), RETAIN ``retain``, carrying the Subscription Identifiers ``ids`` (MQTT 5) and the
+        Message Expiry Interval left, never a Topic Alias (``_with_alias`` adds it as it is written). ``_DROPPED``
+        (not sent, as if delivered) when it expired (MQTT 5.0 §3.3.2.3.3) or is past the client's Maximum Packet Size
+        ([MQTT-3.1.2-25]). A QoS 1 or 2 one takes a packet id once the window in flight (the connection's
+        ``inflight_window``) has room: ``wait`` waits for it (``_HELD`` when the connection closes meanwhile); without
+        ``wait`` it is ``_HELD`` at once, and so is QoS 2 (a persistent session writes it to the sessions' log first:
+        the greenlet's). ``key``: the record's in ``Decoded`` (None for a retained message): its QoS 0 PUBLISH without
+        identifiers or expiry is encoded once for every subscriber, and ``shared`` is then ``(key, retain)`` (else
+        None), its aliased forms made once too (``Decoded.aliased``)."""
         conn = self.conn
         version = conn.version
         qos = min(granted, m.qos)
@@ -825,7 +877,7 @@ class Delivery:
             data = self.decoded.packet(key, m, retain, version)
             if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
                 return _DROPPED
-            return data, 0, None
+            return data, 0, None, (key, retain)
         props = m.properties
         if m.expires_ms is not None:
             left_ms = m.expires_ms - now_ms()
@@ -850,7 +902,33 @@ class Delivery:
                                         props if version == wire.MQTT_5 else {}), version)
         if conn.client_max_packet is not None and len(data) > conn.client_max_packet:
             return _DROPPED
-        return data, qos, packet_id
+        return data, qos, packet_id, None
+
+    def _with_alias(self, aliases, data, name, shared):
+        """The PUBLISH ``data`` (``_prepare``'s, of topic ``name``; ``shared``: its one encoding's ``(key, retain)``
+        in ``Decoded``, or None) as this connection's topic aliases send it (``aliases``, its ``OutboundAliases``:
+        the policy's one decision, ``choose``): with the alias and the name, the alias alone, or as it is. An aliased
+        QoS 0 PUBLISH is encoded once per message, alias and form (``Decoded.aliased``); one the client's Maximum
+        Packet Size would refuse goes as it is. The caller writes it before it yields, or undoes the decision
+        (``OutboundAliases.undo``) when it is not written."""
+        mark = aliases.mark()
+        choice = aliases.choose(name)
+        if choice is None:
+            return data
+        alias, named = choice
+        out = (self.decoded.aliased(*shared, self.conn.version, data, alias, named) if shared is not None
+               else wire.with_topic_alias(data, alias, named))
+        most = self.conn.client_max_packet
+        if most is not None and len(out) > most:
+            aliases.undo(mark)
+            return data
+        return out
+
+    def _alias_now(self, aliases, data, name, shared):
+        """``_with_alias`` for a write that follows at once, under the write lock (``Connection.send_made``)."""
+        out = self._with_alias(aliases, data, name, shared)
+        aliases.settle()
+        return out
 
     def _behind(self):
         """True when a partition this session reads (not a fan-out reader's) has messages past its cursor: asked,
@@ -1010,14 +1088,18 @@ class Delivery:
             return True
         if prepared is _HELD:
             return False
-        data, qos, packet_id = prepared
+        data, qos, packet_id, shared = prepared
         if qos:
             session.sent(packet_id, (qos, topic) + where if where is not None else None)
             if own:
                 self._cursor_to((topic, where[0]), where[1] + 1)
             if qos == 2 and session.persistent and not self._saved_first():
                 return False
-        if not conn.send_bytes(data):
+        aliases = conn.outbound_aliases
+        if aliases is None:
+            if not conn.send_bytes(data):
+                return False
+        elif not conn.send_made(lambda: self._alias_now(aliases, data, m.topic, shared)):
             return False
         delay = self.guard.pace(conn.session, "fetch", len(data))  # the one pacing point: these bytes are the user's
         if delay > 0:

@@ -116,3 +116,90 @@ def matches(topic_filter, name):
         if level != "+" and level != nlevels[i]:
             return False
     return len(flevels) == len(nlevels)
+
+
+class OutboundAliases:
+    """The Topic Aliases (MQTT 5.0 §3.3.2.3.4) the broker sends one connection, pure: ``most`` of them at most (the
+    client's Topic Alias Maximum and ``mqtt.max_outbound_aliases``, the smaller; 0 is never made: no table at all).
+
+    The policy, one decision (``choose``): a topic name is given an alias at its second delivery on the connection
+    (a name delivered once costs nothing more than its name); the PUBLISH that sets it carries the name and the
+    alias, those after it the alias and an empty name. When every alias is taken, the least recently used one goes
+    to the name, its PUBLISH carrying the name again, only if that alias was not used since the name's previous
+    delivery: a name busier than the least busy alias takes it, while names delivered in turn, more of them than
+    aliases, leave the aliases where they are (instead of moving each one on before it is used). Names delivered
+    without an alias are remembered, ``remember`` at most (the one seen longest ago forgotten first: the broker's
+    ``mqtt.max_outbound_aliases``, so that a client allowing few aliases still has its busiest names found among
+    many), so what one connection remembers is bounded, whatever it is sent.
+
+    A decision is undone when its PUBLISH is not written after all (``mark``, ``undo``: a write that never waits
+    found the socket full): the client's aliases and this table must never differ, so each decision is taken in the
+    order its PUBLISH is written and undone when that PUBLISH is not."""
+
+    __slots__ = ("most", "remember", "_names", "_seen", "_clock", "_undo")
+
+    def __init__(self, most, remember):
+        if not 1 <= most <= remember:
+            raise ValueError("a table of %r topic aliases remembering %r names" % (most, remember))
+        self.most = most
+        self.remember = remember
+        self._names = {}  # topic name -> (its alias, the delivery that last used it), least recently used first
+        self._seen = {}  # topic names delivered without an alias -> that delivery, oldest first
+        self._clock = 0  # deliveries decided
+        self._undo = []  # (name, alias, the name it had before or None, that name's entry) since the last settle
+
+    def __len__(self):
+        return len(self._names)
+
+    def alias_of(self, name):
+        """The alias ``name`` has now, or None."""
+        held = self._names.get(name)
+        return None if held is None else held[0]
+
+    def choose(self, name):
+        """How the next PUBLISH of topic ``name`` goes: ``(alias, True)`` sets the alias (the name goes with it),
+        ``(alias, False)`` uses it (an empty name), None sends the name alone."""
+        self._clock += 1
+        now = self._clock
+        names = self._names
+        held = names.pop(name, None)
+        if held is not None:
+            names[name] = (held[0], now)  # the most recently used now
+            return held[0], False
+        seen = self._seen
+        before = seen.pop(name, None)
+        old = None
+        if before is not None and len(names) >= self.most:
+            old = next(iter(names))
+            if names[old][1] > before:
+                before = None  # the least recently used alias was used since: it stays
+        if before is None:
+            seen[name] = now
+            if len(seen) > self.remember:
+                del seen[next(iter(seen))]
+            return None
+        if old is None:
+            alias, entry = len(names) + 1, None  # aliases are only ever reassigned: 1..len are taken
+        else:
+            entry = names.pop(old)
+            alias = entry[0]
+        names[name] = (alias, now)
+        self._undo.append((name, alias, old, entry))
+        return alias, True
+
+    def mark(self):
+        """Where ``undo`` goes back to: the decisions taken from now on."""
+        return len(self._undo)
+
+    def undo(self, mark):
+        """Take back the assignments made since ``mark``, the last first: their PUBLISHes were not written."""
+        undo = self._undo
+        while len(undo) > mark:
+            name, _alias, old, entry = undo.pop()
+            del self._names[name]
+            if old is not None:
+                self._names[old] = entry
+
+    def settle(self):
+        """The PUBLISHes decided so far were written (or begun): nothing of them is undone any more."""
+        self._undo.clear()

@@ -449,6 +449,8 @@ class MqttSection(_Section):
     max_wildcard_topics: int = Field(limits.MQTT_MAX_WILDCARD_TOPICS, ge=1)
     max_client_id_bytes: int = Field(limits.MQTT_MAX_CLIENT_ID_BYTES, ge=23, le=65535)
     topic_alias_maximum: int = Field(limits.MQTT_TOPIC_ALIAS_MAXIMUM, ge=0, le=65535)
+    max_outbound_aliases: int = Field(limits.MQTT_MAX_OUTBOUND_ALIASES, ge=0, le=65535)
+    max_keep_alive_s: int = Field(limits.MQTT_MAX_KEEP_ALIVE_S, ge=0, le=65535)  # 0 = no bound
     max_delayed_wills: int = Field(limits.MQTT_MAX_DELAYED_WILLS, ge=0)
     max_offline_sessions: int = Field(limits.MQTT_MAX_OFFLINE_SESSIONS, ge=0)  # persistent sessions kept offline
     offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)

@@ -4,7 +4,7 @@ in 3.1.1 §4.7) and the limits at and one past."""
 import pytest
 
 from metaq.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
-from metaq.mqtt.topics import TopicError, matches, split_shared, validate_filter, validate_name
+from metaq.mqtt.topics import OutboundAliases, TopicError, matches, split_shared, validate_filter, validate_name
 
 
 @pytest.mark.parametrize("topic_filter, name, expected", [
@@ -137,3 +137,30 @@ def test_limits_may_be_tightened_by_the_caller():
         validate_name("a/bc", max_bytes=3)
     with pytest.raises(TopicError):
         validate_filter("a/b/c", max_levels=2)
+
+
+def test_outbound_aliases_policy_bound_and_undo():
+    """The policy of the aliases the broker sends (docs/mqtt.md "Topic aliases"): a name's second delivery sets
+    one, at most ``most``; the least recently used goes to a name delivered again only when unused since that
+    name's previous delivery; at most ``remember`` names delivered once are remembered; a decision undone."""
+    t = OutboundAliases(2, 3)
+    assert [t.choose("a"), t.choose("a"), t.choose("a")] == [None, (1, True), (1, False)]
+    assert [t.choose("b"), t.choose("b")] == [None, (2, True)]  # at the maximum
+    assert [t.choose("c"), t.choose("a"), t.choose("c")] == [None, (1, False), (2, True)]  # b unused since: c's
+    assert t.choose("b") is None and len(t) == 2  # one past the maximum: b starts over
+    for _ in range(2):  # names in turn, more of them than aliases: a and c keep theirs
+        assert [t.choose("a"), t.choose("c"), t.choose("b")] == [(1, False), (2, False), None]
+    for name in ("x", "y", "z"):  # three more names delivered once: b, seen longest ago, is forgotten
+        assert t.choose(name) is None
+    assert t.choose("b") is None  # a first delivery again
+    assert t.choose("b") == (1, True)  # a, unused since b's previous delivery, is the least recently used
+    t.settle()
+    mark = t.mark()
+    assert [t.choose("d"), t.choose("d")] == [None, (2, True)]  # c's
+    t.undo(mark)  # its PUBLISH was not written
+    t.settle()
+    assert (t.alias_of("c"), t.alias_of("d"), t.alias_of("b")) == (2, None, 1)
+    with pytest.raises(ValueError):
+        OutboundAliases(0, 3)
+    with pytest.raises(ValueError):
+        OutboundAliases(4, 3)

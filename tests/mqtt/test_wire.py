@@ -744,3 +744,21 @@ def test_the_names_the_publish_fast_path_remembers_are_bounded_at_and_one_past(e
     got = parse_all(b"".join(encode(Publish(n, b"x"), MQTT_311) for n in names + names[:1]), MQTT_311, "client")
     assert [p.topic for p in got] == names + names[:1]
     assert len(wire._known_names) <= wire.MQTT_KNOWN_NAMES
+
+
+@pytest.mark.parametrize("qos, packet_id", [(0, None), (1, 7), (2, 65535)])
+@pytest.mark.parametrize("props", [{}, {"message_expiry_interval": 5, "user_property": (("a", "b"),),
+                                        "subscription_identifier": (3, 268_435_455)}])
+@pytest.mark.parametrize("payload", [b"", b"x" * 100, b"y" * 20000])  # remaining lengths of 1, 2 and 3 bytes
+def test_with_topic_alias_adds_the_alias_to_an_encoded_publish_and_changes_nothing_else(qos, packet_id, props,
+                                                                                          payload):
+    p = Publish("a/b/c", payload, qos, True, False, packet_id, props)
+    data = encode(p, MQTT_5)
+    (plain,) = parse_all(data, MQTT_5, "server")
+    named = wire.with_topic_alias(data, 9, True)
+    alone = wire.with_topic_alias(data, 9, False)
+    assert parse_all(named, MQTT_5, "server") == [Publish("a/b/c", payload, qos, True, False, packet_id,
+                                                          dict(plain.properties, topic_alias=9))]
+    assert parse_all(alone, MQTT_5, "server") == [Publish("", payload, qos, True, False, packet_id,
+                                                          dict(plain.properties, topic_alias=9))]
+    assert len(named) - len(data) in (3, 4)  # the property (and a remaining length one byte longer)
