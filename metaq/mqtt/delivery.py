@@ -57,7 +57,7 @@ from metaq import errors, limits, speedups
 from metaq.auth.acl import SUB
 from metaq.limits import validate_topic
 from metaq.mqtt import wire
-from metaq.mqtt.records import message_of, partition_for
+from metaq.mqtt.records import first_level, message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
@@ -426,6 +426,7 @@ class Delivery:
                 return wire.UNSPECIFIED_ERROR
             topics = [first]
         granted = min(sub.qos, 2)
+        cluster = self.port.cluster_topics  # the MQTT cluster's inbox: what the peers published (metaq.mqttcluster)
         if share is not None:
             old = session.shared.pop(sub.topic_filter, None)
             if old is not None:
@@ -433,10 +434,14 @@ class Delivery:
             group = self.port.join_group(self.conn, share, inner, topics, self.store.max_offset)
             session.shared[sub.topic_filter] = (group, granted, sub_id)
             return granted
-        session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics, sub.retain_as_published,
-                                     sub_id))
+        session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, list(topics) + list(cluster),
+                                     sub.retain_as_published, sub_id))
         for topic in topics:
             self._start_at_end(topic, name=_one_name(inner))
+        for topic in cluster:
+            self._start_at_end(topic)
+        if cluster:
+            self.port.routes_changed()
         return granted
 
     def _readable(self):
@@ -807,7 +812,19 @@ class Delivery:
         granted, ids = session.matching(topic, m.topic, m.client_id)
         if granted is None:
             return None, ids, False
+        if topic in self.port.cluster_topics and not self._may_read_copy(m):
+            return None, (), False
         return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
+
+    def _may_read_copy(self, m):
+        """A peer's message in the inbox: this session's user may read the metaq topic it was published to."""
+        if not self.guard.enabled:
+            return True
+        try:
+            topic = first_level(m.topic)
+        except ValueError:
+            return False
+        return self.guard.allows(self.conn.session, SUB, "topic", topic)
 
     def _prepare(self, m, granted, retain, ids, key, wait):
         """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id)`` at min(its QoS, ``granted``),
@@ -877,8 +894,8 @@ class Delivery:
             if self._resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on once it may
             topic = key[0]
-            if not self.guard.allows(conn.session, SUB, "topic", topic):
-                continue  # a reloaded permissions file took it away: nothing more of it is read
+            if topic not in self.port.cluster_topics and not self.guard.allows(conn.session, SUB, "topic", topic):
+                continue  # a reloaded permissions file took it away (the inbox: each message's, ``_decision``)
             if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
                 return False
             try:

@@ -1,0 +1,67 @@
+"""MQTT subscriptions across a cluster of three brokers (docs/mqtt.md "A cluster"): a subscriber on one broker gets
+what is published on any other, by any protocol, at its QoS, in order per publisher and topic, exactly once."""
+
+import time
+
+import pytest
+
+from tests.harness.mqtt import Paho, mosquitto_pub
+from tests.harness.mqttcluster import wait_routed
+
+pytestmark = pytest.mark.slow
+
+
+def probe(broker, topic="sensors/probe"):
+    return lambda i: mosquitto_pub(broker, topic, "probe-%d" % i, 0)
+
+
+def test_a_subscriber_gets_mqtt_and_text_puts_from_other_brokers(cluster):
+    sub = Paho(cluster[0], "sub-0")
+    assert sub.subscribe("sensors/#", 1) == [1]
+    wait_routed(sub, probe(cluster[2]))
+    wait_routed(sub, probe(cluster[1]))
+    r = mosquitto_pub(cluster[2], "sensors/room1/temp", "21.5", 1)
+    assert r.returncode == 0, r.stderr
+    with cluster[1].client() as c:
+        c.put_ok("sensors", b"from-text")
+    got = sub.wait_messages(2, 15)
+    by_topic = {m.topic: m for m in got}
+    assert set(by_topic) == {"sensors/room1/temp", "sensors"}, [m.topic for m in got]
+    assert by_topic["sensors/room1/temp"].payload == b"21.5" and by_topic["sensors/room1/temp"].qos == 1
+    assert by_topic["sensors"].payload == b"from-text" and by_topic["sensors"].qos == 1
+    sub.settle()
+    assert len(sub.wait_messages(3, 1.0)) == 2  # nothing twice
+
+
+def test_qos2_across_brokers_exactly_once_and_in_order(cluster):
+    sub = Paho(cluster[0], "sub-q2")
+    assert sub.subscribe("sensors/#", 2) == [2]
+    wait_routed(sub, probe(cluster[2]))
+    pub = Paho(cluster[2], "pub-q2")
+    for i in range(50):
+        pub.publish("sensors/line", b"%d" % i, 2)
+    got = sub.wait_messages(50, 30)
+    sub.settle()
+    got = sub.wait_messages(51, 2.0)
+    assert [m.payload for m in got] == [b"%d" % i for i in range(50)]
+    assert all(m.qos == 2 for m in got)
+
+
+def test_a_subscriber_on_the_publishers_broker_is_not_sent_copies(cluster):
+    """The copies are another broker's: a subscriber on the publisher's own broker gets each message once."""
+    sub0 = Paho(cluster[0], "sub-a")
+    sub0.subscribe("sensors/#", 1)
+    sub2 = Paho(cluster[2], "sub-b")
+    sub2.subscribe("sensors/#", 1)
+    wait_routed(sub0, probe(cluster[2]))
+    wait_routed(sub2, probe(cluster[0]))
+    time.sleep(1.0)  # every probe arrived
+    for sub in (sub0, sub2):
+        with sub.got:
+            del sub.messages[:]
+    assert mosquitto_pub(cluster[2], "sensors/x", "one", 1).returncode == 0
+    assert [m.payload for m in sub2.wait_messages(1, 10)] == [b"one"]
+    assert [m.payload for m in sub0.wait_messages(1, 10)] == [b"one"]
+    sub0.settle()
+    sub2.settle()
+    assert len(sub0.wait_messages(2, 1.0)) == 1 and len(sub2.wait_messages(2, 0.2)) == 1
