@@ -458,10 +458,10 @@ class MqttPort:
         r = self.put_path.append(topic, partition, flag, data, now, checked=True)  # asked above, no yield since
         if retain:
             record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
+            elsewhere = self.cluster is not None and self.cluster.knows_retained(name)  # a peer's: cleared too
             if not payload and self.cluster is not None:
                 self.cluster.local_cleared(name, now)
-            if payload or name in self.table.retained or (self.cluster is not None and
-                                                          self.cluster.knows_retained(name)):
+            if payload or name in self.table.retained or elsewhere:
                 end = self._write(name, record)
                 if end is not None:
                     r = r._replace(log_end=max(r.log_end, end))
