@@ -31,7 +31,6 @@ from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED
 from metaq.server.clock import now_ms
-from metaq.server.putpath import ACK_NOW
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +64,7 @@ class MqttCluster:
         self._members_wake = Event()
         self._tasks = []
         self._stopping = False
+        self._recovered_as_master = False
         self.copied = 0
         self.recovered = 0
         self.peers_refused = 0
@@ -72,11 +72,18 @@ class MqttCluster:
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self):
-        self.recovered = gevent.get_hub().threadpool.apply(inbox.recover, (self.store, self.positions))
-        log.info("mqtt cluster: %d resume positions recovered from %d inbox records", len(self.positions),
-                 self.recovered)
+        self._recover()
         self.refresh_route()
         self._tasks = [gevent.spawn(self._members), gevent.spawn(self._routes)]
+
+    def _recover(self):
+        """The resume positions from the inbox as this master holds it (at start, and again once a slave that
+        copied its master's inbox is promoted: what it copied since its start counts)."""
+        positions = inbox.Positions()
+        self.recovered = gevent.get_hub().threadpool.apply(inbox.recover, (self.store, positions))
+        self.positions = positions
+        self._recovered_as_master = self.is_master()
+        log.info("mqtt cluster: %d resume positions recovered from %d inbox records", len(positions), self.recovered)
 
     def stop(self):
         self._stopping = True
@@ -118,6 +125,12 @@ class MqttCluster:
     def _members(self):
         while not self._stopping:
             self._members_wake.clear()
+            master = self.is_master()
+            if master and not self._recovered_as_master:
+                self._set_links({})
+                self._recover()
+            elif not master:
+                self._recovered_as_master = False
             try:
                 peers = self._read_members() if self.is_master() and self.zk.connected else None
             except KazooException as exc:
@@ -198,8 +211,7 @@ class MqttCluster:
                 self.retained_next[origin] = e.offset + 1
                 self._apply_retained(origin, e)
         for r in last.values():
-            if self.put_path.ack_mode(inbox.INBOX, r, now) != ACK_NOW:
-                self.put_path.flusher.wake()
+            self.port.made_visible(inbox.INBOX, r, now)
         self.copied += copied
         return copied
 

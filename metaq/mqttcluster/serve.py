@@ -86,29 +86,29 @@ class PeerFollow:
         store = self.store
         known = store.known_topics()
         topics = self.filters.topics(known)
-        wanted = set()
+        wanted = []
         for topic in sorted(topics):
             try:
                 partitions = store.partitions_of(topic)
             except errors.MetaqError:
                 continue
-            for p in range(partitions):
-                key = (topic, p)
-                wanted.add(key)
-                if key in self.cursors:
-                    continue
-                if len(self.cursors) >= limits.MQTT_CLUSTER_MAX_FOLLOWED:
-                    if not self.refused_logged:
-                        self.refused_logged = True
-                        log.warning("mqtt cluster: peer %d follows %d partitions (MQTT_CLUSTER_MAX_FOLLOWED): %s-%d "
-                                    "and others are not followed", self.broker_id, len(self.cursors), topic, p)
-                    continue
-                start = self.resume.pop(key, None)
-                if start is None:  # a topic known when the route came: from now on; one that appeared since: all
-                    start = store.max_offset(topic, p) if topic in self.known_at_route else store.min_offset(topic, p)
-                self.cursors[key] = start
-        for key in [k for k in self.cursors if k not in wanted]:
+            wanted.extend((topic, p) for p in range(partitions))
+        keep = set(wanted)
+        for key in [k for k in self.cursors if k not in keep]:
             del self.cursors[key]
+        for key in wanted:
+            if key in self.cursors:
+                continue
+            if len(self.cursors) >= limits.MQTT_CLUSTER_MAX_FOLLOWED:
+                if not self.refused_logged:
+                    self.refused_logged = True
+                    log.warning("mqtt cluster: peer %d follows %d partitions (MQTT_CLUSTER_MAX_FOLLOWED): %s-%d and "
+                                "others are not followed", self.broker_id, len(self.cursors), key[0], key[1])
+                break
+            start = self.resume.pop(key, None)
+            if start is None:  # a topic known when the route came: from now on; one that appeared since: all of it
+                start = store.max_offset(*key) if key[0] in self.known_at_route else store.min_offset(*key)
+            self.cursors[key] = start
 
     def batch(self):
         """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data."""

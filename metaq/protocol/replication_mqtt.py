@@ -105,7 +105,7 @@ def check_records_length(length):
                     % (length, COUNT.size, limits.MQTT_CLUSTER_FRAME_BYTES))
 
 
-def _int(value, low, high, what):
+def _bounded(value, low, high, what):
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise _fail("%s %r out of range" % (what, value))
     return value
@@ -118,7 +118,7 @@ def decode_routes(payload):
         raise _fail("ROUTES is not UTF-8 JSON (%s)" % exc) from None
     if not isinstance(obj, dict):
         raise _fail("ROUTES is not a JSON object")
-    broker = _int(obj.get("broker"), 0, limits.MAX_BROKER_ID, "broker id")
+    broker = _bounded(obj.get("broker"), 0, limits.MAX_BROKER_ID, "broker id")
     filters = obj.get("filters")
     if not isinstance(filters, list) or len(filters) > limits.MQTT_CLUSTER_MAX_FILTERS or \
             not all(isinstance(f, str) and f for f in filters):
@@ -132,8 +132,8 @@ def decode_routes(payload):
     for p in positions:
         if not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], str) or not p[0]:
             raise _fail("a ROUTES position is [topic, partition, offset], not %r" % (p,))
-        out.append((p[0], _int(p[1], 0, 2**31 - 1, "partition"), _int(p[2], 0, 2**63 - 1, "offset")))
-    retained = _int(obj.get("retained", -1), -1, 2**63 - 1, "retained offset")
+        out.append((p[0], _bounded(p[1], 0, 2**31 - 1, "partition"), _bounded(p[2], 0, 2**63 - 1, "offset")))
+    retained = _bounded(obj.get("retained", -1), -1, 2**63 - 1, "retained offset")
     return Routes(broker, tuple(filters), tuple(out), retained)
 
 

@@ -85,7 +85,7 @@ def test_a_restarted_broker_resumes_with_nothing_lost_and_nothing_twice(cluster,
     cluster.restart(0, kill=False) if not kill else (cluster[0].start(), cluster.wait_linked())
     c = Paho(cluster[0], client_id="keeper", version=V311, clean=False)
     assert c.session_present
-    got = c.wait_messages(40, 20)
+    c.wait_messages(40, 20)
     c.settle()
     time.sleep(1.0)
     payloads = [m.payload for m in c.messages]

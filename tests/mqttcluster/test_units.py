@@ -1,6 +1,9 @@
 """The MQTT cluster's pure parts: the ROUTES and RECORDS frames (whole and byte by byte), the route's aggregation,
 the inbox copy and its origin, the resume positions."""
 
+import json
+from types import SimpleNamespace
+
 import pytest
 
 from metaq import limits
@@ -8,7 +11,8 @@ from metaq.errors import RemoteProtocolError
 from metaq.mqtt.records import message_of, record_data
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.routes import aggregate
-from metaq.mqttcluster.serve import FilterSet
+from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.serve import FilterSet, PeerFollow
 from metaq.protocol import replication as rp
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry
 from metaq.protocol.stream import NEED_DATA
@@ -95,3 +99,77 @@ def test_resume_positions_at_and_past_their_limit():
     assert not pos.copied(3, "t", 0, 0) and pos.refused == 1  # past it: not remembered, said
     assert pos.of(1) == (("t", 0, 6),)
     assert inbox.partition_of(1, "t", 0) == inbox.partition_of(1, "t", 0)
+
+
+class FakeStore:
+    """What a PeerFollow reads of a store: its topics, their partitions and ends."""
+
+    def __init__(self, topics):
+        self.topics = topics  # name -> partitions
+
+    def known_topics(self):
+        return sorted(self.topics)
+
+    def partitions_of(self, topic):
+        return self.topics[topic]
+
+    def max_offset(self, topic, partition):
+        return 10
+
+    def min_offset(self, topic, partition):
+        return 0
+
+
+def test_a_peer_follows_at_most_max_followed_partitions(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
+    store = FakeStore({"a": 2, "b": 2})
+    follow = PeerFollow(store, rp.Routes(1, ("#",), (("a", 0, 3),)))
+    assert follow.cursors == {("a", 0): 3, ("a", 1): 10, ("b", 0): 10, ("b", 1): 10}  # at it: all
+    store.topics["c"] = 1  # one past it: not followed, said once
+    follow.rescan()
+    assert ("c", 0) not in follow.cursors and follow.refused_logged
+    follow.set_filters(("c/#",))  # the others dropped: room again; a topic known when the route came starts at its end
+    assert follow.cursors == {("c", 0): 10}
+
+
+def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    cluster = MqttCluster(config, None, None, None, None, lambda: True)
+    cluster._set_retained("x", 100, 2, "x@100")
+    cluster._set_retained("x", 100, 1, "older broker id")  # same time: the higher broker id stays
+    cluster._set_retained("x", 99, 5, "older")
+    assert cluster.retained["x"] == (100, 2, "x@100")
+    cluster._set_retained("x", 101, 1, None)  # a clear, newer: it wins
+    assert cluster.retained["x"] == (101, 1, None) and not cluster.knows_retained("x")
+    cluster._set_retained("y", 1, 1, "y")  # at the limit: kept
+    cluster._set_retained("z", 1, 1, "z")  # past it: not kept
+    assert set(cluster.retained) == {"x", "y"}
+
+
+class FakeZk:
+    """The members' nodes as the registry writes them: ``<root>/brokers/ids/<id>/{master,replication}``."""
+
+    connected = True
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get_children(self, path, watch=None):
+        return [str(i) for i in self.ids]
+
+    def get(self, path):
+        bid = int(path.split("/")[-2])
+        if path.endswith("/master"):
+            return b"meta://127.0.0.1:1", None
+        return json.dumps({"address": "127.0.0.1:%d" % (20000 + bid)}).encode(), None
+
+
+def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    cluster = MqttCluster(config, None, None, None, FakeZk([0, 1, 2]), lambda: True)
+    assert cluster._read_members() == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
+    assert cluster.peers_refused == 0
+    cluster.zk.ids = [0, 1, 2, 3]
+    assert sorted(cluster._read_members()) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
