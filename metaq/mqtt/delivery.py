@@ -640,7 +640,7 @@ class Delivery:
         cursors = session.cursors
         offset = cursors.get(key)
         topic, partition = key
-        if offset is None or not self.guard.allows(conn.session, SUB, "topic", topic):
+        if offset is None or not self._may_read(topic):
             return False
         if staged and offset >= staged[0][0]:
             records = staged[offset - staged[0][0]:]  # a partition's offsets in one burst follow one another
@@ -729,7 +729,7 @@ class Delivery:
         if offset is None or conn.closed:
             return None
         topic = key[0]
-        if not self.guard.allows(conn.session, SUB, "topic", topic) or self.guard.paced(conn.session, "fetch"):
+        if not self._may_read(topic) or self.guard.paced(conn.session, "fetch"):
             return None  # its permission gone, or a rate set since it joined: it reads alone
         decisions = [self._decision(topic, m) for m in batch.kinds]
         alike = None
@@ -816,6 +816,12 @@ class Delivery:
             return None, (), False
         return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
 
+    def _may_read(self, topic):
+        """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
+        once). The MQTT cluster's inbox holds every peer's topics: each message of it is asked for its own
+        (``_may_read_copy``, in ``_decision``)."""
+        return topic in self.port.cluster_topics or self.guard.allows(self.conn.session, SUB, "topic", topic)
+
     def _may_read_copy(self, m):
         """A peer's message in the inbox: this session's user may read the metaq topic it was published to."""
         if not self.guard.enabled:
@@ -894,8 +900,8 @@ class Delivery:
             if self._resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on once it may
             topic = key[0]
-            if topic not in self.port.cluster_topics and not self.guard.allows(conn.session, SUB, "topic", topic):
-                continue  # a reloaded permissions file took it away (the inbox: each message's, ``_decision``)
+            if not self._may_read(topic):
+                continue  # a reloaded permissions file took it away: nothing more of it is read
             if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
                 return False
             try:

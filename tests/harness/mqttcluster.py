@@ -5,6 +5,7 @@ import os
 import time
 
 from metaq.client.local import free_port, small_config
+from tests.harness.acl import login
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import with_mqtt
 from tests.harness.replication import stats
@@ -23,7 +24,15 @@ class Cluster:
         self.tmp_path = tmp_path
         self.zk_connect = zk_connect
         self.configs = [cluster_config(tmp_path / ("b%d" % i), i, zk_connect, **sections) for i in range(n)]
+        self.secured = "security" in sections
         self.brokers = []
+
+    def stats(self, b):
+        """``stats`` of broker ``b`` (as the admin when authentication is on)."""
+        if not self.secured:
+            return stats(b)
+        with login(b, "admin") as c:
+            return c.stats_dict()
 
     def start(self):
         self.brokers = [self.factory(cfg, workdir=self.tmp_path / ("b%d" % i)) for i, cfg in enumerate(self.configs)]
@@ -36,9 +45,9 @@ class Cluster:
     def wait_linked(self, timeout=30.0):
         n = len(self.brokers)
         for b in self.brokers:
-            wait_for(lambda b=b: stats(b).get("mqtt_cluster_peers_up") == str(n - 1), timeout,
+            wait_for(lambda b=b: self.stats(b).get("mqtt_cluster_peers_up") == str(n - 1), timeout,
                      lambda b=b: "every peer link up on broker %s: %s\n%s" % (
-                         b.port, {k: v for k, v in stats(b).items() if "cluster" in k},
+                         b.port, {k: v for k, v in self.stats(b).items() if "cluster" in k},
                          b.log_text()[-3000:]))
 
     def restart(self, i, kill=False):

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
+from tests.harness.acl import SECRETS, write_acl
 from tests.harness.mqtt import Paho, mosquitto_pub
-from tests.harness.mqttcluster import wait_routed
+from tests.harness.mqttcluster import Cluster, wait_routed
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +66,20 @@ def test_a_subscriber_on_the_publishers_broker_is_not_sent_copies(cluster):
     sub0.settle()
     sub2.settle()
     assert len(sub0.wait_messages(2, 1.0)) == 1 and len(sub2.wait_messages(2, 0.2)) == 1
+
+
+def test_a_copy_is_delivered_only_to_users_who_may_read_its_topic(broker_factory, tmp_path, zk_connect):
+    """The inbox holds every peer's topics: each copy is asked for the permission of the topic it was published to
+    (reader may read every topic but payroll)."""
+    acl = write_acl(tmp_path / "acl.yaml")
+    cluster = Cluster(broker_factory, tmp_path, zk_connect, 3,
+                      security={"acl_file": acl, "acl_reload_s": 0.2}).start()
+    reader = Paho(cluster[0], "reader-0", user="reader", secret=SECRETS["reader"])
+    assert reader.subscribe("#", 1) == [1]
+    admin = Paho(cluster[2], "admin-2", user="admin", secret=SECRETS["admin"])
+    wait_routed(reader, lambda i: admin.publish("orders/probe", b"probe-%d" % i, 1))
+    admin.publish("payroll/alice", b"secret", 1)
+    admin.publish("orders/1", b"visible", 1)
+    got = reader.wait_messages(1, 15)
+    time.sleep(1.0)
+    assert [(m.topic, m.payload) for m in reader.messages] == [("orders/1", b"visible")], got
