@@ -17,6 +17,9 @@ from metaq.server.replication.slave import authenticate, next_event
 
 log = logging.getLogger(__name__)
 
+#: A link looks at the route at least this often (a change wakes it at once).
+ROUTE_WAIT_S = 1.0
+
 
 class PeerLink:
     """This broker following peer ``broker_id`` at ``address`` (``"host:port"`` of its replication port)."""
@@ -117,11 +120,12 @@ class PeerLink:
         """Send ROUTES again whenever this broker's filters change."""
         cluster = self.cluster
         while True:
-            cluster.route_changed.wait(1.0)
             version, filters = cluster.route()
-            if version != self._sent_version:
-                self._sent_version = version
-                try:
-                    send_event(sock, rp.Routes(cluster.broker_id, filters, (), -1))
-                except OSError:
-                    return
+            if version == self._sent_version:
+                cluster.route_changed.wait(ROUTE_WAIT_S)
+                continue
+            self._sent_version = version
+            try:
+                send_event(sock, rp.Routes(cluster.broker_id, filters, (), -1))
+            except OSError:
+                return

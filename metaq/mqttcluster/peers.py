@@ -101,9 +101,11 @@ class MqttCluster:
         return self._route
 
     def routes_changed(self):
-        """A subscription was made (``MqttPort.routes_changed``): compute the route again at once."""
+        """A subscription was made (``MqttPort.routes_changed``): compute the route again at once; the links waiting
+        on ``route_changed`` (an Event replaced at each change, so a wait never finds an old one set) wake."""
         if self.refresh_route():
-            self.route_changed.set()
+            changed, self.route_changed = self.route_changed, Event()
+            changed.set()
 
     def refresh_route(self):
         filters = aggregate(self.port.subscribed_filters())
