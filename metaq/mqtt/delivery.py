@@ -441,7 +441,7 @@ class Delivery:
         for topic in cluster:
             self._start_at_end(topic)
         if cluster:
-            self.port.routes_changed()
+            self.port.routes_changed(sub.topic_filter)
         return granted
 
     def _readable(self):

@@ -711,10 +711,10 @@ class MqttPort:
                 for entry in saved.subscriptions:
                     yield entry[0]
 
-    def routes_changed(self):
-        """A subscription was made: the cluster's route is computed again now."""
+    def routes_changed(self, topic_filter):
+        """A subscription of ``topic_filter`` was made: the cluster's route holds it from now on."""
         if self.cluster is not None:
-            self.cluster.routes_changed()
+            self.cluster.routes_changed(topic_filter)
 
     def made_visible(self, topic, result, now):
         """A put nobody waits for (QoS 0, a will): visible now (async), or at the flush it asks for (sync)."""

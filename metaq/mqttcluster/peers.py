@@ -61,6 +61,7 @@ class MqttCluster:
         self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
         self.route_changed = Event()
         self._route = (0, ())
+        self._route_set = frozenset()
         self._members_wake = Event()
         self._tasks = []
         self._stopping = False
@@ -100,18 +101,37 @@ class MqttCluster:
         """``(version, filters)`` of this broker's route now."""
         return self._route
 
-    def routes_changed(self):
-        """A subscription was made (``MqttPort.routes_changed``): compute the route again at once; the links waiting
-        on ``route_changed`` (an Event replaced at each change, so a wait never finds an old one set) wake."""
-        if self.refresh_route():
-            changed, self.route_changed = self.route_changed, Event()
-            changed.set()
+    def routes_changed(self, topic_filter=None):
+        """A subscription of ``topic_filter`` was made (``MqttPort.routes_changed``): the route gains it at once
+        when it does not hold it (O(1) for a filter it holds or covers: a reconnect storm re-subscribing costs no
+        walk of the sessions); None: compute the whole route again (every ROUTE_REFRESH_S, which also drops the
+        filters no session holds any more). The links waiting on ``route_changed`` (an Event replaced at each change,
+        so a wait never finds an old one set) wake."""
+        if topic_filter is None:
+            changed = self.refresh_route()
+        else:
+            changed = self._add_filter(topic_filter)
+        if changed:
+            event, self.route_changed = self.route_changed, Event()
+            event.set()
+
+    def _add_filter(self, topic_filter):
+        version, filters = self._route
+        first = topic_filter.split("/", 1)[0]
+        if topic_filter in self._route_set or "#" in self._route_set or (first + "/#") in self._route_set:
+            return False
+        self._set_route(version + 1, aggregate(filters + (topic_filter,)))
+        return True
+
+    def _set_route(self, version, filters):
+        self._route = (version, filters)
+        self._route_set = frozenset(filters)
 
     def refresh_route(self):
         filters = aggregate(self.port.subscribed_filters())
         if filters == self._route[1]:
             return False
-        self._route = (self._route[0] + 1, filters)
+        self._set_route(self._route[0] + 1, filters)
         return True
 
     def _routes(self):

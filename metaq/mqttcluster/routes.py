@@ -12,8 +12,11 @@ from metaq import limits
 __all__ = ["aggregate"]
 
 
-def aggregate(filters, most=limits.MQTT_CLUSTER_MAX_FILTERS):
-    """The route (a sorted tuple of filters) of the filters ``filters`` (any iterable, repeats allowed)."""
+def aggregate(filters, most=None):
+    """The route (a sorted tuple of filters) of the filters ``filters`` (any iterable, repeats allowed), at most
+    ``most`` of them (None: MQTT_CLUSTER_MAX_FILTERS)."""
+    if most is None:
+        most = limits.MQTT_CLUSTER_MAX_FILTERS
     unique = set(filters)
     if len(unique) <= most:
         return tuple(sorted(unique))

@@ -173,3 +173,22 @@ def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
     assert cluster.peers_refused == 0
     cluster.zk.ids = [0, 1, 2, 3]
     assert sorted(cluster._read_members()) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
+
+
+def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
+    port = SimpleNamespace(subscribed_filters=lambda: iter(["a/1"]))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    cluster = MqttCluster(config, None, None, port, None, lambda: True)
+    cluster.routes_changed()
+    assert cluster.route() == (1, ("a/1",))
+    woken = cluster.route_changed
+    cluster.routes_changed("a/2")
+    assert cluster.route() == (2, ("a/1", "a/2")) and woken.is_set() and not cluster.route_changed.is_set()
+    cluster.routes_changed("a/2")  # held: no new version
+    cluster.routes_changed("a/3")  # past the limit (2 here): the whole topic a
+    assert cluster.route() == (3, ("a/#",))
+    cluster.routes_changed("a/4")  # covered
+    assert cluster.route() == (3, ("a/#",))
+    cluster.routes_changed()  # the periodic recomputation: only what sessions hold
+    assert cluster.route() == (4, ("a/1",))
