@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.harness.acl import SECRETS, write_acl
-from tests.harness.mqtt import Paho, mosquitto_pub
+from tests.harness.mqtt import Paho, mosquitto_pub, mqtt_config
 from tests.harness.mqttcluster import Cluster, wait_routed
 
 pytestmark = pytest.mark.slow
@@ -83,3 +83,11 @@ def test_a_copy_is_delivered_only_to_users_who_may_read_its_topic(broker_factory
     got = reader.wait_messages(1, 15)
     time.sleep(1.0)
     assert [(m.topic, m.payload) for m in reader.messages] == [("orders/1", b"visible")], got
+
+
+def test_a_clients_put_to_the_inbox_is_refused(broker_factory, tmp_path):
+    """Only copies from peers go to the inbox: a put there would hand devices messages no peer published."""
+    b = broker_factory(mqtt_config(tmp_path))
+    with b.client() as c:
+        r = c.put("%MQTTIN%", b"forged", partition=0)
+        assert r.code == 400 and b"internal topic for the MQTT cluster" in r.body, r
