@@ -823,7 +823,10 @@ class Delivery:
         return topic in self.port.cluster_topics or self.guard.allows(self.conn.session, SUB, "topic", topic)
 
     def _may_read_copy(self, m):
-        """A peer's message in the inbox: this session's user may read the metaq topic it was published to."""
+        """A peer's message in the inbox: this session's user may read the metaq topic it was published to (a ``$``
+        name is the cluster's own marker, never a message)."""
+        if m.topic.startswith("$"):
+            return False
         if not self.guard.enabled:
             return True
         try:

@@ -7,7 +7,10 @@ chosen by (origin broker, topic, partition), so one origin partition keeps its o
 
 ``Positions`` are where each origin partition's copy resumes: one past the last copied offset, recovered at start
 from the inbox itself (``recover``), so a link resumed after a restart copies nothing twice and skips nothing. A
-peer's slave holds the same offsets as the peer, so the positions hold across its failover too. Pure but for
+partition followed before anything of it was copied gets a marker record once (``marker``: MQTT name
+``MARKER_NAME``, a ``$`` name no client publishes and delivery never sends, with ``MQTT_NEXT`` = its resume
+position), so that it too resumes where it was after a restart. A peer's slave holds the same offsets as the peer,
+so the positions hold across its failover too. Pure but for
 ``recover``, which reads the store (a worker thread's call: cold pages).
 """
 
@@ -20,12 +23,18 @@ from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
 
-__all__ = ["INBOX", "ORIGIN", "partition_of", "copy_of", "origin_of", "Positions", "recover"]
+__all__ = ["INBOX", "ORIGIN", "NEXT", "MARKER_NAME", "partition_of", "copy_of", "marker", "origin_of", "Positions",
+           "recover"]
 
 log = logging.getLogger(__name__)
 
 INBOX = MQTT_INBOX_TOPIC
 ORIGIN = "MQTT_ORIGIN"
+#: A marker's property: ``<broker id>:<partition>:<next offset>:<topic>``.
+NEXT = "MQTT_NEXT"
+#: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
+#: sends none).
+MARKER_NAME = "$metaq/cluster/position"
 #: Records one step of ``recover`` reads.
 RECOVER_BATCH = 1024
 
@@ -56,20 +65,32 @@ def copy_of(origin, topic, partition, offset, flag, data, now_ms):
     return encode_payload(payload, encode_attribute(tags, props2))
 
 
+def marker(origin, topic, partition, next_offset, now_ms):
+    """``(flag, data)`` of the marker record saying ``origin``'s ``topic``-``partition`` resumes at ``next_offset``."""
+    flag, data = record_data(MARKER_NAME, b"", 0, None, None, False, now_ms)
+    attribute, payload = decode_payload(flag, data)
+    tags, props, _remoting = split_attribute(attribute)
+    props[NEXT] = "%d:%d:%d:%s" % (origin, partition, next_offset, topic)
+    return encode_payload(payload, encode_attribute(tags, props))
+
+
 def origin_of(flag, data):
-    """``(origin broker, topic, partition, offset)`` of an inbox record, or None when it names none."""
+    """``(origin broker, topic, partition, offset)`` of an inbox record: a copy's origin record, or for a marker
+    the offset before its resume position (-1: from the start); None when it names none."""
     try:
         attribute, _payload = decode_payload(flag, data)
     except ValueError:
         return None
     _tags, props, _remoting = split_attribute(attribute)
-    value = props.get(ORIGIN)
+    value, back = props.get(ORIGIN), 0
+    if value is None:
+        value, back = props.get(NEXT), 1
     if value is None:
         return None
     parts = value.split(":", 3)
     if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
         return None
-    return int(parts[0]), parts[3], int(parts[1]), int(parts[2])
+    return int(parts[0]), parts[3], int(parts[1]), int(parts[2]) - back
 
 
 class Positions:
@@ -80,6 +101,7 @@ class Positions:
     def __init__(self, most=limits.MQTT_CLUSTER_MAX_POSITIONS):
         self.most = most
         self._next = {}
+        self._kept = set()  # the keys an inbox record (a copy or a marker) holds the position of
         self.refused = 0
 
     def __len__(self):
@@ -88,8 +110,16 @@ class Positions:
     def get(self, origin, topic, partition):
         return self._next.get((origin, topic, partition))
 
+    def kept(self, origin, topic, partition):
+        """True when an inbox record holds this partition's position (a restart finds it)."""
+        return (origin, topic, partition) in self._kept
+
+    def keep(self, origin, topic, partition):
+        self._kept.add((origin, topic, partition))
+
     def copied(self, origin, topic, partition, offset):
-        """The record at ``offset`` was copied (or read and not wanted): the copy resumes past it."""
+        """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0): the
+        copy resumes past it."""
         key = (origin, topic, partition)
         old = self._next.get(key)
         if old is None and len(self._next) >= self.most:
@@ -137,6 +167,7 @@ def recover(store, positions):
                 origin = origin_of(rec.flag, rec.data)
                 if origin is not None:
                     positions.copied(*origin)
+                    positions.keep(*origin[:3])
                 read += 1
             offset = records[-1].queue_offset + 1
     return read

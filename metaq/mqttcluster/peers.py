@@ -220,15 +220,19 @@ class MqttCluster:
                 if positions.is_copied(origin, e.topic, e.partition, e.offset):
                     continue
                 made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, e.data, now)
-                if made is not None:
-                    partition = inbox.partition_of(origin, e.topic, e.partition)
-                    r = self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)
-                    last[partition] = r
+                if made is None:  # not kept (expired): a marker holds the position instead
+                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now)
+                else:
                     copied += 1
+                last.update(self._append(origin, e, made, now))
                 positions.copied(origin, e.topic, e.partition, e.offset)
+                positions.keep(origin, e.topic, e.partition)
             elif e.kind == POSITION:
-                if e.offset:
-                    positions.copied(origin, e.topic, e.partition, e.offset - 1)
+                positions.copied(origin, e.topic, e.partition, e.offset - 1)
+                if not positions.kept(origin, e.topic, e.partition):  # followed, nothing copied yet: say where
+                    last.update(self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now),
+                                             now))
+                    positions.keep(origin, e.topic, e.partition)
             elif e.kind == RETAINED:
                 self.retained_next[origin] = e.offset + 1
                 self._apply_retained(origin, e)
@@ -236,6 +240,12 @@ class MqttCluster:
             self.port.made_visible(inbox.INBOX, r, now)
         self.copied += copied
         return copied
+
+    def _append(self, origin, e, made, now):
+        """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox
+        partition: PutResult}``."""
+        partition = inbox.partition_of(origin, e.topic, e.partition)
+        return {partition: self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)}
 
     # -- retained ------------------------------------------------------------------
 

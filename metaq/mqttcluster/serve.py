@@ -73,6 +73,7 @@ class PeerFollow:
         self.cursors = {}  # (topic, partition) -> next offset to read
         self.retained = routes.retained  # next offset of %MQTT% partition 0, -1: none
         self.known_at_route = set()
+        self.announce = []  # partitions followed since the last batch: their start goes to the peer first
         self.refused_logged = False
         self.set_filters(routes.filters)
 
@@ -109,10 +110,15 @@ class PeerFollow:
             if start is None:  # a topic known when the route came: from now on; one that appeared since: all of it
                 start = store.max_offset(*key) if key[0] in self.known_at_route else store.min_offset(*key)
             self.cursors[key] = start
+            self.announce.append(key)
 
     def batch(self):
         """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data."""
         store, entries, budget = self.store, [], limits.MQTT_CLUSTER_BATCH_BYTES
+        announce, self.announce = self.announce, []
+        for key in announce:  # the peer learns where a new partition starts before any record of it
+            if key in self.cursors:
+                entries.append(Entry(POSITION, key[0], key[1], self.cursors[key]))
         for key, offset in list(self.cursors.items()):
             if budget <= 0:
                 break

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from metaq.mqtt import wire
+from metaq.mqtt.records import partition_for
 from tests.harness.broker import wait_for
 from tests.harness.mqtt import V311, Paho, Raw, mosquitto_pub
 from tests.harness.mqttcluster import wait_routed
@@ -62,31 +63,46 @@ def test_a_will_of_a_client_gone_from_one_broker_reaches_a_subscriber_on_another
     assert [(m.topic, m.payload) for m in got] == [("status/dev-a", b"offline")]
 
 
+def _names_in_two_partitions():
+    """``(name, probe, other)``: MQTT names of topic sensors (2 partitions), the first two in one partition, the
+    third in the other."""
+    names = ["sensors/n%d" % i for i in range(20)]
+    first = partition_for(names[0], 2)
+    same = [n for n in names if partition_for(n, 2) == first]
+    other = next(n for n in names if partition_for(n, 2) != first)
+    return same[0], same[1], other
+
+
 @pytest.mark.fault
 @pytest.mark.parametrize("kill", [False, True], ids=["stopped", "killed"])
 def test_a_restarted_broker_resumes_with_nothing_lost_and_nothing_twice(cluster, kill):
     """Broker 0 holds a persistent session; it is stopped (or killed -9) while broker 2 takes publishes, and after
-    its restart the session gets every one of them once, in order, the ones copied before the restart too."""
+    its restart the session gets every one of them once, in order, the ones copied before the restart too, and
+    those of a partition of which nothing had been copied before (its position was kept all the same)."""
+    name, probe_name, other = _names_in_two_partitions()
     c = Paho(cluster[0], client_id="keeper", version=V311, clean=False)
     assert c.subscribe("sensors/#", qos=1) == [1]
-    wait_routed(c, probe(cluster[2]))
+    wait_routed(c, probe(cluster[2], probe_name))
     pub = Paho(cluster[2], "pub")
     for i in range(20):
-        pub.publish("sensors/seq", b"%d" % i, 1)
+        pub.publish(name, b"%d" % i, 1)
     assert len(c.wait_messages(20, 15)) == 20
     c.settle()
     c.close()
     for i in range(20, 40):  # copied into 0's inbox while the session is away
-        pub.publish("sensors/seq", b"%d" % i, 1)
+        pub.publish(name, b"%d" % i, 1)
     wait_for(lambda: int(stats(cluster[0]).get("mqtt_cluster_copied", 0)) >= 40, 15, "copied before the restart")
     cluster[0].kill() if kill else cluster[0].stop()
     for i in range(40, 60):  # published while broker 0 is down
-        pub.publish("sensors/seq", b"%d" % i, 1)
-    cluster.restart(0, kill=False) if not kill else (cluster[0].start(), cluster.wait_linked())
+        pub.publish(name, b"%d" % i, 1)
+    pub.publish(other, b"other", 1)  # a partition broker 0 followed and never copied from
+    cluster[0].start()
+    cluster.wait_linked()
     c = Paho(cluster[0], client_id="keeper", version=V311, clean=False)
     assert c.session_present
-    c.wait_messages(40, 20)
+    c.wait_messages(41, 20)
     c.settle()
     time.sleep(1.0)
-    payloads = [m.payload for m in c.messages]
-    assert payloads == [b"%d" % i for i in range(20, 60)], payloads
+    got = [m.payload for m in c.messages if m.topic == name]
+    assert got == [b"%d" % i for i in range(20, 60)], got
+    assert [m.payload for m in c.messages if m.topic == other] == [b"other"]

@@ -192,3 +192,13 @@ def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_c
     assert cluster.route() == (3, ("a/#",))
     cluster.routes_changed()  # the periodic recomputation: only what sessions hold
     assert cluster.route() == (4, ("a/1",))
+
+
+def test_a_marker_keeps_a_partitions_position_and_is_no_message():
+    flag, data = inbox.marker(2, "sensors", 1, 0, 1_000)
+    assert inbox.origin_of(flag, data) == (2, "sensors", 1, -1)  # resumes at 0
+    pos = inbox.Positions()
+    pos.copied(*inbox.origin_of(flag, data))
+    assert pos.get(2, "sensors", 1) == 0
+    assert message_of(inbox.INBOX, flag, data).topic.startswith("$")  # delivery sends no $ name of the inbox
+    assert inbox.origin_of(*inbox.marker(2, "sensors", 1, 9, 1_000)) == (2, "sensors", 1, 8)
