@@ -952,3 +952,27 @@ POP_SNAPSHOT_BYTES = 8 << 20
 POP_MAX_MESSAGE_GROUP_CHARS = 128
 #: Receipt handles one ack takes at most (a text ack line holds them, comma-separated, within MAX_LINE_BYTES).
 POP_MAX_ACK_HANDLES = 32
+
+# -- MQTT across a cluster (metaq/mqttcluster, docs/architecture.md "MQTT across the cluster") ----------------------
+#: MQTT filters one broker's route holds (the union of its sessions' filters, sent to every peer): past it the route
+#: names whole metaq topics (``<topic>/#`` and ``<topic>``, or ``#``) instead, so a peer sends more than is wanted
+#: (the subscriber's broker filters as ever) and nothing is missed.
+MQTT_CLUSTER_MAX_FILTERS = 10_000
+#: Bytes of one ROUTES frame (the filters and resume positions a broker sends a peer) at most.
+MQTT_CLUSTER_ROUTES_BYTES = 4 * 1024 * 1024
+#: Bytes of records a peer puts in one RECORDS frame (it stops adding at the first record past it; one record alone
+#: may be larger, within MQTT_CLUSTER_FRAME_BYTES).
+MQTT_CLUSTER_BATCH_BYTES = 1024 * 1024
+#: Bytes of one RECORDS frame at most (checked from its header before it is buffered).
+MQTT_CLUSTER_FRAME_BYTES = 16 * 1024 * 1024
+#: (topic, partition) pairs a peer's link follows at most; past it the topics that do not fit are not followed (the
+#: serving broker logs it).
+MQTT_CLUSTER_MAX_FOLLOWED = 65_536
+#: Peers (other masters) a broker keeps a link to at most; past it the lowest broker ids are kept and it logs it.
+MQTT_CLUSTER_MAX_PEERS = 64
+#: Partitions of the inbox (``%MQTTIN%``), the internal topic a broker copies its peers' messages into.
+MQTT_CLUSTER_INBOX_PARTITIONS = 8
+#: (origin broker, topic, partition) resume positions a broker keeps at most (recovered from its inbox).
+MQTT_CLUSTER_MAX_POSITIONS = 262_144
+#: Retained messages of peers a broker keeps at most (with their clears), beside its own ``mqtt.max_retained``.
+MQTT_CLUSTER_MAX_RETAINED = 100_000

@@ -52,6 +52,9 @@ only: it never joins a fan-out reader (one that joined before the rate was set l
 never sends to it. Each PUBLISH it sends is charged to its user (``Guard.pace``, the one pacing point); over the
 rate its pass stops and the next begins after the wait, in its greenlet (``_paced_wait``). Nothing is read from
 the log for it meanwhile: what waits for it is the log's, its window in flight and reply budget as ever.
+
+Long because one delivery's cursor state is shared by its own reads, the fan-out hand-over, a publisher's direct
+delivery, its aliases and its pacing; taking it apart goes with splitting the MQTT connection by operation group.
 """
 
 import _socket
@@ -65,7 +68,7 @@ from metaq import errors, limits, speedups
 from metaq.auth.acl import SUB
 from metaq.limits import validate_topic
 from metaq.mqtt import wire
-from metaq.mqtt.records import message_of, partition_for
+from metaq.mqtt.records import first_level, message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
@@ -445,6 +448,7 @@ class Delivery:
                 return wire.UNSPECIFIED_ERROR
             topics = [first]
         granted = min(sub.qos, 2)
+        cluster = self.port.cluster_topics  # the MQTT cluster's inbox: what the peers published (metaq.mqttcluster)
         if share is not None:
             old = session.shared.pop(sub.topic_filter, None)
             if old is not None:
@@ -452,10 +456,14 @@ class Delivery:
             group = self.port.join_group(self.conn, share, inner, topics, self.store.max_offset)
             session.shared[sub.topic_filter] = (group, granted, sub_id)
             return granted
-        session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, topics, sub.retain_as_published,
-                                     sub_id))
+        session.subscribe(Subscribed(sub.topic_filter, granted, sub.no_local, list(topics) + list(cluster),
+                                     sub.retain_as_published, sub_id))
         for topic in topics:
             self._start_at_end(topic, name=_one_name(inner))
+        for topic in cluster:
+            self._start_at_end(topic)
+        if cluster:
+            self.port.routes_changed(sub.topic_filter)
         return granted
 
     def _readable(self):
@@ -654,7 +662,7 @@ class Delivery:
         cursors = session.cursors
         offset = cursors.get(key)
         topic, partition = key
-        if offset is None or not self.guard.allows(conn.session, SUB, "topic", topic):
+        if offset is None or not self._may_read(topic):
             return False
         if staged and offset >= staged[0][0]:
             records = staged[offset - staged[0][0]:]  # a partition's offsets in one burst follow one another
@@ -753,7 +761,7 @@ class Delivery:
         if offset is None or conn.closed:
             return None
         topic = key[0]
-        if not self.guard.allows(conn.session, SUB, "topic", topic) or self.guard.paced(conn.session, "fetch"):
+        if not self._may_read(topic) or self.guard.paced(conn.session, "fetch"):
             return None  # its permission gone, or a rate set since it joined: it reads alone
         decisions = [self._decision(topic, m) for m in batch.kinds]
         alike = None
@@ -857,7 +865,28 @@ class Delivery:
         granted, ids = session.matching(topic, m.topic, m.client_id)
         if granted is None:
             return None, ids, False
+        if topic in self.port.cluster_topics and not self._may_read_copy(m):
+            return None, (), False
         return granted, ids, m.retain and session.retain_as_published(topic, m.topic)
+
+    def _may_read(self, topic):
+        """This session's user may read ``topic`` now (asked at every read: a reloaded permissions file applies at
+        once). The MQTT cluster's inbox holds every peer's topics: each message of it is asked for its own
+        (``_may_read_copy``, in ``_decision``)."""
+        return topic in self.port.cluster_topics or self.guard.allows(self.conn.session, SUB, "topic", topic)
+
+    def _may_read_copy(self, m):
+        """A peer's message in the inbox: this session's user may read the metaq topic it was published to (a ``$``
+        name is the cluster's own marker, never a message)."""
+        if m.topic.startswith("$"):
+            return False
+        if not self.guard.enabled:
+            return True
+        try:
+            topic = first_level(m.topic)
+        except ValueError:
+            return False
+        return self.guard.allows(self.conn.session, SUB, "topic", topic)
 
     def _prepare(self, m, granted, retain, ids, key, wait):
         """The PUBLISH of message ``m`` for this connection: ``(data, QoS, packet id, shared)`` at
@@ -955,7 +984,7 @@ class Delivery:
             if self._resume_at is not None:
                 return True  # over its user's fetch rate: the next pass goes on once it may
             topic = key[0]
-            if not self.guard.allows(conn.session, SUB, "topic", topic):
+            if not self._may_read(topic):
                 continue  # a reloaded permissions file took it away: nothing more of it is read
             if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
                 return False

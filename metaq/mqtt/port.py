@@ -133,6 +133,10 @@ class MqttPort:
         self._keeper = None
         self.sessions_expired = 0
         self.records_written = 0  # %MQTT% records this broker wrote since its start
+        #: the MQTT cluster (``metaq.mqttcluster.peers.MqttCluster``) when this broker is part of one, else None: its
+        #: inbox is read by every subscription, its peers' retained messages are merged with ours
+        self.cluster = None
+        self.cluster_topics = ()
 
     @property
     def closing(self):
@@ -454,7 +458,10 @@ class MqttPort:
         r = self.put_path.append(topic, partition, flag, data, now, checked=True)  # asked above, no yield since
         if retain:
             record = encode_retained(Retained(name, topic, flag, data, now)) if payload else encode_unretained(name)
-            if payload or name in self.table.retained:
+            elsewhere = self.cluster is not None and self.cluster.knows_retained(name)  # a peer's: cleared too
+            if not payload and self.cluster is not None:
+                self.cluster.local_cleared(name, now)
+            if payload or name in self.table.retained or elsewhere:
                 end = self._write(name, record)
                 if end is not None:
                     r = r._replace(log_end=max(r.log_end, end))
@@ -688,8 +695,26 @@ class MqttPort:
         return out
 
     def retained_for(self, topic_filter, topics):
-        """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics``."""
-        return [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
+        """The retained messages whose name ``topic_filter`` matches, of the metaq topics in ``topics`` (in a
+        cluster, the peers' too: ``MqttCluster.retained_for``)."""
+        local = [r for r in self.table.retained.values() if r.metaq_topic in topics and matches(topic_filter, r.name)]
+        return local if self.cluster is None else self.cluster.retained_for(topic_filter, topics, local)
+
+    def subscribed_filters(self):
+        """Every filter a session of this broker holds, connected or not (shared ones not): the cluster's route."""
+        for conn in list(self._clients.values()):
+            session = conn.mqtt
+            if session is not None:
+                yield from session.subscriptions
+        for client_id, saved in list(self.table.sessions.items()):
+            if client_id not in self._clients:
+                for entry in saved.subscriptions:
+                    yield entry[0]
+
+    def routes_changed(self, topic_filter):
+        """A subscription of ``topic_filter`` was made: the cluster's route holds it from now on."""
+        if self.cluster is not None:
+            self.cluster.routes_changed(topic_filter)
 
     def made_visible(self, topic, result, now):
         """A put nobody waits for (QoS 0, a will): visible now (async), or at the flush it asks for (sync)."""

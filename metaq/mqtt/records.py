@@ -24,6 +24,9 @@ A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in u
 type, response topic or client identifier holding one is refused (``RecordRefusal``; the front-end answers 0x90 for
 a topic, 0x83 for the others).
 
+A record of the MQTT cluster's inbox (``%MQTTIN%``, ``metaq.mqttcluster.inbox``) is a copy of a peer broker's
+message and always carries the name it was published with.
+
 **The other way.** A record without ``MQTT_TOPIC`` (put over text, RocketMQ or HTTP to topic ``t``) is the MQTT
 message of topic name ``t`` published at QoS 1 (it was acknowledged once stored), whose user properties are the
 record's RocketMQ properties (internal ``@`` ones left out) and whose payload is the record's body.
@@ -37,6 +40,7 @@ from typing import NamedTuple
 
 from metaq.errors import InvalidTopic, RemoteProtocolError
 from metaq.limits import validate_topic
+from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
 
@@ -218,7 +222,7 @@ def message_of(metaq_topic, flag, data):
         except RemoteProtocolError:  # an old compressed record that does not inflate: its bytes as stored
             pass
     name = props.get(TOPIC)
-    if name is None or name.split("/", 1)[0] != metaq_topic:
+    if name is None or (name.split("/", 1)[0] != metaq_topic and metaq_topic != MQTT_INBOX_TOPIC):
         user = tuple((k, v) for k, v in props.items() if not k.startswith("@") and k not in _OURS)
         return MqttMessage(metaq_topic, PLAIN_QOS, None, payload, {"user_property": user} if user else {})
     out = {}

@@ -22,6 +22,10 @@ POP_TOPIC = "%POP%"  # the per-message acknowledgements' journal (metaq.pop.foll
 _POP_BYTES = POP_TOPIC.encode()
 MQTT_SESSIONS_TOPIC = "%MQTT%"  # the MQTT persistent sessions' and retained messages' records (metaq.mqtt.follow)
 _MQTT_BYTES = MQTT_SESSIONS_TOPIC.encode()
+#: The MQTT cluster's inbox: the copies of the peer brokers' messages this broker's sessions subscribe
+#: (metaq.mqttcluster.inbox); a client's put to it would hand devices messages no peer published.
+MQTT_INBOX_TOPIC = "%MQTTIN%"
+_INBOX_BYTES = MQTT_INBOX_TOPIC.encode()
 
 
 def is_journal(topic):
@@ -30,11 +34,15 @@ def is_journal(topic):
     if isinstance(topic, (bytes, bytearray, memoryview)):
         topic = bytes(topic)
         return topic[:len(_RESENT_BYTES)] == _RESENT_BYTES or topic == _TIMER_BYTES or topic == _TX_BYTES or \
-            topic == _POP_BYTES or topic == _MQTT_BYTES
-    return topic.startswith(RESENT_PREFIX) or topic in (TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC)
+            topic == _POP_BYTES or topic == _MQTT_BYTES or topic == _INBOX_BYTES
+    return topic.startswith(RESENT_PREFIX) or topic in (TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC,
+                                                        MQTT_INBOX_TOPIC)
 
 
 def journal_refusal(topic):
+    if topic in (MQTT_INBOX_TOPIC, _INBOX_BYTES):
+        return ("%s is the broker's internal topic for the MQTT cluster: its records are copied from the peer brokers"
+                % MQTT_INBOX_TOPIC)
     if topic in (MQTT_SESSIONS_TOPIC, _MQTT_BYTES):
         return ("%s is the broker's internal topic for MQTT sessions: its records are written by the MQTT port"
                 % MQTT_SESSIONS_TOPIC)

@@ -28,7 +28,8 @@ Frame (big-endian)::
                        no epochs: an older peer gets a clear "unsupported replication stream version" error, on
                        both ends)
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
-                          TOPICS=10 (the topic table: T_TOPICS below)
+                          TOPICS=10 (the topic table: T_TOPICS below) ROUTES=11 RECORDS=12 (a peer broker's
+                          MQTT follow: ``metaq.protocol.replication_mqtt``)
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -57,6 +58,10 @@ Payloads::
     OFFSETS    >BI      flags uint8, count uint32, then the entries: ``metaq.protocol.replication_offsets``
     TOPICS              the master's topic table as UTF-8 JSON, with its topics' owners when some have one:
                         ``metaq.protocol.replication_topics``
+    ROUTES              a peer broker's MQTT filters and resume positions, sent where a slave sends HELLO (and
+                        again when they change): ``metaq.protocol.replication_mqtt``
+    RECORDS             the records of the followed topics whose MQTT names a peer's filter matches:
+                        ``metaq.protocol.replication_mqtt``
 
 A nonce is ``MIN_REPLICATION_NONCE_CHARS``..``MAX_REPLICATION_NONCE_CHARS``
 lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
@@ -78,14 +83,16 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol import replication_offsets as offsets_codec
+from metaq.protocol import replication_mqtt as mqtt_codec
 from metaq.protocol import replication_topics as topics_codec
 from metaq.protocol.checksum import crc32
+from metaq.protocol.replication_mqtt import Records, Routes
 from metaq.protocol.replication_offsets import Offsets
 from metaq.protocol.replication_topics import Topics
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets", "Topics",
-           "ReplicationParser",
+           "Routes", "Records", "ReplicationParser",
            "serialize",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
@@ -131,6 +138,8 @@ T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_
 #: one (``metaq.protocol.replication_topics``), at most MAX_TOPIC_TABLE_BYTES; sent once per link and again when
 #: either changes. A slave from before the table ends the link at it ("unknown frame type 10").
 T_TOPICS = 10
+#: ROUTES and RECORDS: a peer broker following this one for its MQTT sessions (``metaq.protocol.replication_mqtt``).
+T_ROUTES, T_RECORDS = 11, 12
 _HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
@@ -282,6 +291,10 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         return _frame(T_OFFSETS, offsets_codec.payload_parts(event))
     if isinstance(event, Topics):
         return _frame(T_TOPICS, topics_codec.payload_parts(event))
+    if isinstance(event, Routes):
+        return _frame(T_ROUTES, mqtt_codec.routes_parts(event))
+    if isinstance(event, Records):
+        return _frame(T_RECORDS, mqtt_codec.records_parts(event))
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -406,6 +419,10 @@ class ReplicationParser:
             offsets_codec.check_length(length)
         elif ftype == T_TOPICS:
             topics_codec.check_length(length)
+        elif ftype == T_ROUTES:
+            mqtt_codec.check_routes_length(length)
+        elif ftype == T_RECORDS:
+            mqtt_codec.check_records_length(length)
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -445,6 +462,10 @@ class ReplicationParser:
             return offsets_codec.decode(payload)
         if ftype == T_TOPICS:
             return topics_codec.decode(payload)
+        if ftype == T_ROUTES:
+            return mqtt_codec.decode_routes(payload)
+        if ftype == T_RECORDS:
+            return mqtt_codec.decode_records(payload)
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")

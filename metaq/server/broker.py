@@ -30,6 +30,9 @@ from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster.inbox import INBOX
+from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.serve import PeerServer
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.routes import ClusterView
@@ -43,7 +46,7 @@ from metaq.server.text.dispatch import TextDispatcher, error_reply
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
-from metaq.server.tls import TlsPolicy
+from metaq.server.tls import TlsPolicy, client_context
 from metaq.transactions.service import TxService
 from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
@@ -179,6 +182,10 @@ class Broker:
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
                                  lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
+        self.mqtt_cluster = None
+        if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
+            self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.registry.zk,
+                                             self.roles, self.waiters)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
@@ -191,7 +198,8 @@ class Broker:
         self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode,
                                                                                  strangers.evicted))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
-        self.stats_service.add_source("mqtt", self.mqtt.summary_values if self.mqtt is not None
+        self.stats_service.add_source("mqtt", (lambda: self.mqtt.summary_values() + (
+            self.mqtt_cluster.summary_values() if self.mqtt_cluster is not None else [])) if self.mqtt is not None
                                       else lambda: [("mqtt_port", 0)])
         self.http = None
         if config.http.port:  # docs/operating.md "The HTTP port"
@@ -374,6 +382,8 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
+        if self.mqtt_cluster is not None:
+            self.mqtt_cluster.start()
         if self.grpc is not None:
             self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
             self.grpc.service.start()  # the check-back of its half messages
@@ -508,6 +518,8 @@ class Broker:
         log.info("shutting down: no new connections; finishing in-flight requests")
         keep = ("replication",)  # slaves keep getting what the finishing requests write
         self.core.stop_accepting(keep)
+        if self.mqtt_cluster is not None:
+            self.mqtt_cluster.stop()
         if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
             self.mqtt.stop(SHUTDOWN_GRACE_S)
         if self.election is not None:
@@ -541,6 +553,18 @@ class Broker:
             self.store.abandon()
             log.error("broker stopped after a failed flush (%s): the log was left as it was, not marked "
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
+
+
+def mqtt_cluster(config, store, put_path, port, zk, roles, waiters):
+    """The broker's MQTT cluster (``mqttcluster.peers``): its links to the peers, and the server of the peers that
+    follow it (on the replication port, ``roles.peer_handler``); the port reads the inbox and merges retained."""
+    tls = config.security.tls
+    cluster = MqttCluster(config, store, put_path, port, zk, lambda: roles.is_master, secret=roles.secret,
+                          tls=client_context(tls) if tls.mode != "off" and tls.replication else None)
+    roles.serve_peers(PeerServer(store, waiters).serve)
+    port.cluster = cluster
+    port.cluster_topics = (INBOX,)
+    return cluster
 
 
 def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=None):

@@ -25,7 +25,7 @@ from metaq.errors import ConfigError, InvalidTopic
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
-from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC, MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
 from metaq.trace.records import TRACE_TOPIC
 from metaq.transactions.config import FLUSH_POLICIES, TxConfig
 # the YAML reader moved out when this schema reached its size; guard.py and deploy/inventory.py (which may
@@ -688,7 +688,8 @@ class ServerConfig(_Section):
             # first, so that no pattern can claim them: one partition per delay level; retry/DLQ topics
             topics=[TopicSpec(SCHEDULE_TOPIC, len(self.delay.levels_ms())), TopicSpec(TIMER_TOPIC, 1),
                     TopicSpec(TX_TOPIC, 1), TopicSpec(POP_TOPIC, 1),
-                    TopicSpec(MQTT_SESSIONS_TOPIC, 1)]
+                    TopicSpec(MQTT_SESSIONS_TOPIC, 1),
+                    TopicSpec(MQTT_INBOX_TOPIC, limits.MQTT_CLUSTER_INBOX_PARTITIONS)]
             + self.remoting.retry_topic_specs()
             + [TopicSpec(t.name, t.partitions) for t in self.topics],
             max_topics=self.limits.max_topics, max_partitions=self.limits.max_partitions,

@@ -33,7 +33,7 @@ from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.priorities.wire import is_level_topic, split_level
 from metaq.server.config import read_yaml
 from metaq.timers.records import TIMER_TOPIC
-from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC, MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,8 @@ class Guard:
         ruled = name
         if kind == "topic" and name is not None and is_level_topic(name):
             ruled = split_level(name)[0]  # a priority level is its topic's: granted or denied with it
-        if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC) \
+        if kind == "topic" and name in (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC,
+                                        MQTT_INBOX_TOPIC) \
                 and not user.admin:
             # whole messages of every topic with a delay or a transaction, devices' sessions: only an admin's
             raise errors.Forbidden("permission denied: %s is the broker's internal topic (admin only)" % name)

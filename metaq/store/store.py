@@ -24,7 +24,7 @@ from metaq.store.epochs import EpochHistory
 from metaq.store.files import (CHECKPOINT_MAGIC, CLEAN_MAGIC, DISK_FULL_ERRNOS, TOPIC_OWNERS_MAGIC, DataDir,
                                disk_usage)
 from metaq.idempotence.state import Idempotence
-from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC, MQTT_SESSIONS_TOPIC, POP_TOPIC, TX_TOPIC
 from metaq.store.index import TAG_FORMAT, UNIT, UNIT_SIZE, PartitionIndex
 from metaq.store.partitions import Partitions
 from metaq.keys.index import KeyIndex
@@ -59,7 +59,7 @@ class MessageStore:
         configured = TopicTable(config.topics)  # the config file's names; the table wins (topics/table.py)
         self._topics = TopicCatalog(configured, TopicTableFile(config.data_dir))
         self._quota = TopicQuota(config.max_topics, config.max_partitions, configured.exact_names,
-                                 uncounted=(TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC))
+                                 uncounted=(TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC, MQTT_INBOX_TOPIC))
         self._owners_saved = 0  # the topic owners' version last written (quota.py)
         self._log = CommitLog(self.dirs, config.segment_size)
         self._parts = Partitions(self.dirs, config.index_file_units, self._quota)  # every index, and which take puts

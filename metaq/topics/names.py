@@ -10,15 +10,16 @@ after a consumer group (``%RETRY%<group>``, ``%DLQ%<group>``, ``%RESENT%<group>`
 """
 
 from metaq.timers.levels import SCHEDULE_TOPIC
-from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES, MQTT_SESSIONS_TOPIC, POP_TOPIC, TIMER_TOPIC, TX_TOPIC
+from metaq.protocol.journaltopic import (GROUP_COPY_PREFIXES, MQTT_INBOX_TOPIC, MQTT_SESSIONS_TOPIC, POP_TOPIC,
+                                        TIMER_TOPIC, TX_TOPIC)
 from metaq.priorities.wire import split_level
 from metaq.trace.records import TRACE_TOPIC
 
 __all__ = ["INTERNAL", "is_internal", "level_owner"]
 
 #: The broker's own topics by exact name: delayed delivery's levels, the timer store's log, the transaction journal,
-#: the POP journal, the MQTT sessions' log, RocketMQ's message-trace topic.
-INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC, TRACE_TOPIC)
+#: the POP journal, the MQTT sessions' log, RocketMQ's message-trace topic, the MQTT cluster's inbox.
+INTERNAL = (SCHEDULE_TOPIC, TIMER_TOPIC, TX_TOPIC, POP_TOPIC, MQTT_SESSIONS_TOPIC, TRACE_TOPIC, MQTT_INBOX_TOPIC)
 
 
 def level_owner(topic):

@@ -4,9 +4,10 @@ from metaq.topics.names import INTERNAL, is_internal, level_owner
 
 
 def test_the_brokers_own_names_are_internal():
-    assert set(INTERNAL) == {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "RMQ_SYS_TRACE_TOPIC"}
-    for name in ("SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "RMQ_SYS_TRACE_TOPIC", "%RETRY%billing",
-                 "%DLQ%billing", "%RESENT%billing", "orders%P2"):
+    assert set(INTERNAL) == {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "RMQ_SYS_TRACE_TOPIC",
+                             "%MQTTIN%"}
+    for name in ("SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "RMQ_SYS_TRACE_TOPIC", "%MQTTIN%",
+                 "%RETRY%billing", "%DLQ%billing", "%RESENT%billing", "orders%P2"):
         assert is_internal(name), name
 
 

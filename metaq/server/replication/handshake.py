@@ -21,8 +21,8 @@ the missing side in both logs (``MASTER_REQUIRES`` / ``SLAVE_REQUIRES``).
 from metaq.auth import proofs
 from metaq.protocol import replication as rp
 
-__all__ = ["MASTER_REQUIRES", "SLAVE_REQUIRES", "challenge", "slave_proof", "check_slave", "master_proof",
-           "check_master"]
+__all__ = ["MASTER_REQUIRES", "SLAVE_REQUIRES", "challenge", "slave_proof", "check_slave", "check_follower",
+           "master_proof", "check_master"]
 
 MASTER_REQUIRES = "the master requires a replication secret"
 SLAVE_REQUIRES = "this slave requires its master to prove the secret"
@@ -49,18 +49,24 @@ def slave_proof(secret, challenge_, slave_id):
 
 def check_slave(secret, master_nonce, proof, hello):
     """The master's check of a slave's PROOF and HELLO: None when it may be served, else why not."""
+    return check_follower(secret, master_nonce, proof, hello.slave_id, "slave %d" % hello.slave_id)
+
+
+def check_follower(secret, master_nonce, proof, ident, who):
+    """The master's check of a follower's PROOF (a slave's, or a peer broker's following it for MQTT: ``ident`` its
+    slave id or broker id, ``who`` names it in the refusal): None when it may be served, else why not."""
+    kind = who.split(" ")[0]
     problem = rp.nonce_problem(proof.nonce)
     if problem is not None:
-        return "the slave sent no usable nonce (%s)" % problem
+        return "the %s sent no usable nonce (%s)" % (kind, problem)
     if secret is None:
         return None
     if not proof.proof:
-        return ("%s (%s) and slave %d offered no proof of it: set the master's secret on the slave"
-                % (MASTER_REQUIRES, _SETTING, hello.slave_id))
-    expected = proofs.replication_proof(secret, "slave", master_nonce, proof.nonce, hello.slave_id)
+        return ("%s (%s) and %s offered no proof of it: set the master's secret on the %s"
+                % (MASTER_REQUIRES, _SETTING, who, kind))
+    expected = proofs.replication_proof(secret, "slave", master_nonce, proof.nonce, ident)
     if not proofs.same(proof.proof, expected):
-        return ("%s and the proof of slave %d is wrong: the slave's secret is not this master's"
-                % (MASTER_REQUIRES, hello.slave_id))
+        return "%s and the proof of %s is wrong: the %s's secret is not this master's" % (MASTER_REQUIRES, who, kind)
     return None
 
 

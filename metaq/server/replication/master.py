@@ -60,6 +60,9 @@ class ReplicationServer:
         #: an idle link's heartbeat (each one ACKed): a quarter of max_isolation_ms at most, so a live slave is
         #: always heard within that bound
         self.heartbeat_s = min(HEARTBEAT_S, self.isolation_s / 4.0) if self.isolation_s else HEARTBEAT_S
+        #: ``serve(sock, parser, routes, peer)``: serves a peer broker that sent ROUTES instead of HELLO (the MQTT
+        #: cluster's follow, ``metaq.mqttcluster.serve``); None: such a peer is refused
+        self.peer_handler = None
         self._data = Event()  # new log bytes may be there
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self.listener = None
@@ -175,6 +178,10 @@ class ReplicationServer:
             if shaken is None:
                 return
             hello, slave_nonce, master_nonce = shaken
+            if isinstance(hello, rp.Routes):  # a peer broker's MQTT follow, proven as a slave is
+                send_event(sock, handshake.master_proof(self.secret, master_nonce, slave_nonce, hello.broker_id))
+                self.peer_handler(sock, parser, hello, peer)
+                return
             refusal, agreed = self._check_hello(hello)
             if refusal is not None:
                 log.warning("replication: refusing slave %d from %s: %s", hello.slave_id, peer, refusal)
@@ -219,19 +226,25 @@ class ReplicationServer:
         try:
             send_event(sock, challenge)
             proof = self._expect(sock, parser, deadline, rp.Proof, peer)
-            hello = self._expect(sock, parser, deadline, rp.Hello, peer) if proof is not None else None
+            hello = self._expect(sock, parser, deadline, (rp.Hello, rp.Routes), peer) if proof is not None else None
         except errors.RemoteProtocolError as exc:
             log.warning("replication: refusing %s: bad handshake: %s", peer, exc)
             send_event(sock, rp.ErrorFrame(ERR_REFUSED, "bad replication handshake: %s" % exc))
             return None
         if hello is None:
             return None
-        refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)
+        if isinstance(hello, rp.Routes):
+            who = "peer broker %d" % hello.broker_id
+            refusal = handshake.check_follower(self.secret, challenge.nonce, proof, hello.broker_id, who)
+            if refusal is None and self.peer_handler is None:
+                refusal = "this broker serves no MQTT cluster peer (it has no MQTT port or no ZooKeeper)"
+        else:
+            who = "slave %d" % hello.slave_id
+            refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)
         if refusal is not None:
             guard = self.core.guard
             delay = guard.failed(address[0]) if guard is not None else 0.0
-            log.warning("replication: refusing slave %d from %s before any log byte: %s", hello.slave_id, peer,
-                        refusal)
+            log.warning("replication: refusing %s from %s before any log byte: %s", who, peer, refusal)
             if delay:
                 gevent.sleep(delay)  # a guesser is slowed (the guard counts failures per address)
             send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
@@ -255,7 +268,7 @@ class ReplicationServer:
                             event.text)
                 return None
             if event is not NEED_DATA:
-                raise errors.RemoteProtocolError("expected %s, got %s" % (kind.__name__.upper(),
+                raise errors.RemoteProtocolError("expected %s, got %s" % (_names(kind),
                                                                           type(event).__name__.upper()), fatal=True)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -412,6 +425,11 @@ class ReplicationServer:
             row = ReplicaRow(str(s.address), s.written, s.durable, max(0, end - s.written))
             values.append(("replication_slave%d" % s.slave_id, format_replica(row)))
         return values
+
+
+def _names(kind):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__.upper() for k in kinds)
 
 
 class SlaveConnection(core.Connection):

@@ -88,6 +88,8 @@ class Roles:
         self.store_lock = store_lock
         self.registry = None  # set by attach_registry (ZooKeeper is optional)
         self.secret = config.security.read_replication_secret()  # read once: a promotion reads no file
+        #: serves a peer broker following this master for MQTT (``metaq.mqttcluster.serve``), None: none
+        self.peer_handler = None
         self.role = startup_role(config, store)  # "master" | "slave"
         self.auto = config.replication.ha == "auto"
         self.election = None  # set by attach_election (ha: auto)
@@ -214,11 +216,20 @@ class Roles:
                          on_cut=lambda report: [fn(report) for fn in self._cut_listeners],
                          on_disk_full=lambda: [fn() for fn in self._disk_full_listeners])
 
+    def serve_peers(self, handler):
+        """Serve peer brokers following this master for MQTT with ``handler`` (``ReplicationServer.peer_handler``),
+        on the replication server now and on any made later (a promotion)."""
+        self.peer_handler = handler
+        if self.replication is not None:
+            self.replication.peer_handler = handler
+
     def make_replication_server(self, insync=None):
         """The master's ReplicationServer when a replication port is configured, else None."""
         if not self.config.replication.port:
             return None
-        return ReplicationServer(self.core, self.store, self.config, secret=self.secret, insync=insync)
+        server = ReplicationServer(self.core, self.store, self.config, secret=self.secret, insync=insync)
+        server.peer_handler = self.peer_handler
+        return server
 
     def _handshake_done(self):
         """A slave's epoch handshake cut what needed cutting: reads may be served. True if they were refused."""

@@ -1,0 +1,173 @@
+"""The inbox: where a broker keeps its copies of the peers' messages its MQTT sessions subscribe (``%MQTTIN%``).
+
+A copy is the origin record seen as an MQTT message (``records.message_of``: a record put over text, RocketMQ or
+HTTP is the message of topic name = its metaq topic) written again as an MQTT record (``records.record_data``), plus
+``MQTT_ORIGIN`` = ``<broker id>:<partition>:<offset>:<topic>``, the origin record's place. Its inbox partition is
+chosen by (origin broker, topic, partition), so one origin partition keeps its order in one inbox partition.
+
+``Positions`` are where each origin partition's copy resumes: one past the last copied offset, recovered at start
+from the inbox itself (``recover``), so a link resumed after a restart copies nothing twice and skips nothing. A
+partition followed before anything of it was copied gets a marker record once (``marker``: MQTT name
+``MARKER_NAME``, a ``$`` name no client publishes and delivery never sends, with ``MQTT_NEXT`` = its resume
+position), so that it too resumes where it was after a restart. A peer's slave holds the same offsets as the peer,
+so the positions hold across its failover too. Pure but for
+``recover``, which reads the store (a worker thread's call: cold pages).
+"""
+
+import logging
+import zlib
+
+from metaq import errors, limits
+from metaq.mqtt.records import message_of, record_data
+from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
+from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
+
+__all__ = ["INBOX", "ORIGIN", "NEXT", "MARKER_NAME", "partition_of", "copy_of", "marker", "origin_of", "Positions",
+           "recover"]
+
+log = logging.getLogger(__name__)
+
+INBOX = MQTT_INBOX_TOPIC
+ORIGIN = "MQTT_ORIGIN"
+#: A marker's property: ``<broker id>:<partition>:<next offset>:<topic>``.
+NEXT = "MQTT_NEXT"
+#: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
+#: sends none).
+MARKER_NAME = "$metaq/cluster/position"
+#: Records one step of ``recover`` reads.
+RECOVER_BATCH = 1024
+
+
+def partition_of(origin, topic, partition, partitions=limits.MQTT_CLUSTER_INBOX_PARTITIONS):
+    """The inbox partition of the copies of ``origin``'s ``topic``-``partition``."""
+    return zlib.crc32(b"%d:%d:%s" % (origin, partition, topic.encode("utf-8"))) % partitions
+
+
+def copy_of(origin, topic, partition, offset, flag, data, now_ms):
+    """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset``; None when the
+    message expired (MQTT 5 Message Expiry) or cannot be kept as an MQTT record (logged)."""
+    m = message_of(topic, flag, data)
+    props = dict(m.properties)
+    if m.expires_ms is not None:
+        left = m.expires_ms - now_ms
+        if left <= 0:
+            return None
+        props["message_expiry_interval"] = (left + 999) // 1000
+    try:
+        flag2, data2 = record_data(m.topic, m.payload, m.qos, m.client_id, props, m.retain, now_ms)
+    except ValueError as exc:  # RecordRefusal: a name or client id a record cannot hold
+        log.warning("mqtt cluster: broker %d's %s-%d@%d is not copied: %s", origin, topic, partition, offset, exc)
+        return None
+    attribute, payload = decode_payload(flag2, data2)
+    tags, props2, _remoting = split_attribute(attribute)
+    props2[ORIGIN] = "%d:%d:%d:%s" % (origin, partition, offset, topic)
+    return encode_payload(payload, encode_attribute(tags, props2))
+
+
+def marker(origin, topic, partition, next_offset, now_ms):
+    """``(flag, data)`` of the marker record saying ``origin``'s ``topic``-``partition`` resumes at ``next_offset``."""
+    flag, data = record_data(MARKER_NAME, b"", 0, None, None, False, now_ms)
+    attribute, payload = decode_payload(flag, data)
+    tags, props, _remoting = split_attribute(attribute)
+    props[NEXT] = "%d:%d:%d:%s" % (origin, partition, next_offset, topic)
+    return encode_payload(payload, encode_attribute(tags, props))
+
+
+def origin_of(flag, data):
+    """``(origin broker, topic, partition, offset)`` of an inbox record: a copy's origin record, or for a marker
+    the offset before its resume position (-1: from the start); None when it names none."""
+    try:
+        attribute, _payload = decode_payload(flag, data)
+    except ValueError:
+        return None
+    _tags, props, _remoting = split_attribute(attribute)
+    value, back = props.get(ORIGIN), 0
+    if value is None:
+        value, back = props.get(NEXT), 1
+    if value is None:
+        return None
+    parts = value.split(":", 3)
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
+        return None
+    return int(parts[0]), parts[3], int(parts[1]), int(parts[2]) - back
+
+
+class Positions:
+    """Where each origin partition's copy resumes: ``{(origin, topic, partition): next offset}``, at most
+    ``most`` of them (past it the new one is not kept: its copy then resumes where the peer decides, its end, and
+    it is logged once)."""
+
+    def __init__(self, most=limits.MQTT_CLUSTER_MAX_POSITIONS):
+        self.most = most
+        self._next = {}
+        self._kept = set()  # the keys an inbox record (a copy or a marker) holds the position of
+        self.refused = 0
+
+    def __len__(self):
+        return len(self._next)
+
+    def get(self, origin, topic, partition):
+        return self._next.get((origin, topic, partition))
+
+    def kept(self, origin, topic, partition):
+        """True when an inbox record holds this partition's position (a restart finds it)."""
+        return (origin, topic, partition) in self._kept
+
+    def keep(self, origin, topic, partition):
+        self._kept.add((origin, topic, partition))
+
+    def copied(self, origin, topic, partition, offset):
+        """The record at ``offset`` was copied (or read and not wanted; -1: none yet, the copy starts at 0): the
+        copy resumes past it."""
+        key = (origin, topic, partition)
+        old = self._next.get(key)
+        if old is None and len(self._next) >= self.most:
+            if not self.refused:
+                log.warning("mqtt cluster: %d resume positions is the limit (MQTT_CLUSTER_MAX_POSITIONS): broker "
+                            "%d's %s-%d is not remembered", self.most, origin, topic, partition)
+            self.refused += 1
+            return False
+        if old is None or offset + 1 > old:
+            self._next[key] = offset + 1
+        return True
+
+    def is_copied(self, origin, topic, partition, offset):
+        """True when the record at ``offset`` is behind the resume position (a copy of it exists, or it was passed)."""
+        nxt = self._next.get((origin, topic, partition))
+        return nxt is not None and offset < nxt
+
+    def of(self, origin):
+        """``((topic, partition, next offset), ...)`` of ``origin``'s partitions."""
+        return tuple((t, p, o) for (b, t, p), o in self._next.items() if b == origin)
+
+
+def recover(store, positions):
+    """Fill ``positions`` from the inbox's records (each partition read from its start); returns how many were read.
+    Blocking reads: a worker thread's call."""
+    read = 0
+    for partition in range(store.partitions_of(INBOX)):
+        offset = store.min_offset(INBOX, partition)
+        end = store.max_offset(INBOX, partition)
+        while offset < end:
+            try:
+                records, _nxt = store.read_records(INBOX, partition, offset, RECOVER_BATCH,
+                                                   limits.MQTT_CLUSTER_BATCH_BYTES)
+            except (errors.Moved, errors.CorruptRecord) as exc:  # go on from where it says
+                nxt = exc.offset if isinstance(exc, errors.Moved) else exc.next_offset
+                if nxt is None or nxt <= offset:
+                    log.warning("mqtt cluster: the inbox %s-%d could not be read past %d: %s", INBOX, partition,
+                                offset, exc)
+                    break
+                offset = nxt
+                continue
+            if not records:
+                break
+            for rec in records:
+                origin = origin_of(rec.flag, rec.data)
+                if origin is not None:
+                    positions.copied(*origin)
+                    positions.keep(*origin[:3])
+                read += 1
+            offset = records[-1].queue_offset + 1
+    return read

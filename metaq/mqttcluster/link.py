@@ -1,0 +1,131 @@
+"""One link to one peer: connect to its replication port, prove the secret as a slave does (the slave's handshake,
+``server.replication.slave.authenticate``), send ROUTES (this broker's filters and its resume positions for that
+peer), then hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters
+change. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
+"""
+
+import logging
+import socket
+import time
+
+import gevent
+
+from metaq import errors
+from metaq.protocol import replication as rp
+from metaq.server.replication.link import BACKOFF_MAX_S, BACKOFF_MIN_S, LINK_TIMEOUT_S, send_event
+from metaq.server.replication.slave import authenticate, next_event
+
+log = logging.getLogger(__name__)
+
+#: A link looks at the route at least this often (a change wakes it at once).
+ROUTE_WAIT_S = 1.0
+
+
+class PeerLink:
+    """This broker following peer ``broker_id`` at ``address`` (``"host:port"`` of its replication port)."""
+
+    def __init__(self, cluster, broker_id, address):
+        self.cluster = cluster
+        self.broker_id = broker_id
+        self.address = address
+        host, _sep, port = address.rpartition(":")
+        self.host, self.port = host.strip("[]"), int(port)
+        self.connected = False
+        self.last_error = None
+        self.connects = 0
+        self.copied = 0
+        self._sock = None
+        self._greenlet = None
+        self._stopping = False
+        self._sent_version = None
+
+    def state(self):
+        if self.connected:
+            return "up %s" % self.address
+        return "down %s (%s), retrying" % (self.address, self.last_error or "connecting")
+
+    def start(self):
+        self._greenlet = gevent.spawn(self._run)
+
+    def stop(self):
+        self._stopping = True
+        self._close()
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)
+
+    def _close(self):
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _run(self):
+        delay = BACKOFF_MIN_S
+        while not self._stopping:
+            started = time.monotonic()
+            try:
+                self._session()
+            except (OSError, errors.MetaqError) as exc:
+                self.last_error = str(exc) or type(exc).__name__
+                if self.connected:
+                    log.warning("mqtt cluster: link to peer broker %d (%s) lost: %s; reconnecting", self.broker_id,
+                                self.address, exc)
+                else:
+                    log.info("mqtt cluster: cannot follow peer broker %d (%s): %s; retrying in %.1f s",
+                             self.broker_id, self.address, exc, delay)
+            finally:
+                self.connected = False
+                self._close()
+            if self._stopping:
+                return
+            if time.monotonic() - started > 5.0:
+                delay = BACKOFF_MIN_S
+            gevent.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def _session(self):
+        cluster = self.cluster
+        sock = self._sock = socket.create_connection((self.host, self.port), timeout=5.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if cluster.tls is not None:
+            sock = self._sock = cluster.tls.wrap_socket(sock, server_hostname=self.host)
+        parser = rp.ReplicationParser()
+        version, filters = cluster.route()
+        routes = rp.Routes(cluster.broker_id, filters, cluster.positions.of(self.broker_id),
+                           cluster.retained_from(self.broker_id))
+        first = authenticate(sock, parser, cluster.secret, cluster.broker_id, routes, next_event, "RECORDS")
+        self._sent_version = version
+        sock.settimeout(LINK_TIMEOUT_S)
+        self.connected = True
+        self.connects += 1
+        self.last_error = None
+        log.info("mqtt cluster: following peer broker %d (%s): %d filters", self.broker_id, self.address,
+                 len(filters))
+        sender = gevent.spawn(self._send_routes, sock)
+        try:
+            event = first
+            while not self._stopping:
+                if isinstance(event, rp.Records):
+                    self.copied += cluster.apply(self.broker_id, event.entries)
+                else:
+                    raise errors.RemoteProtocolError("unexpected %s from peer broker %d"
+                                                     % (type(event).__name__.upper(), self.broker_id), fatal=True)
+                event = next_event(sock, parser)
+        finally:
+            sender.kill(block=False)
+
+    def _send_routes(self, sock):
+        """Send ROUTES again whenever this broker's filters change."""
+        cluster = self.cluster
+        while True:
+            version, filters = cluster.route()
+            if version == self._sent_version:
+                cluster.route_changed.wait(ROUTE_WAIT_S)
+                continue
+            self._sent_version = version
+            try:
+                send_event(sock, rp.Routes(cluster.broker_id, filters, (), -1))
+            except OSError:
+                return

@@ -1,0 +1,315 @@
+"""The MQTT cluster of one broker: its peers (the other masters under the ZooKeeper root), one link to each, the
+inbox it copies into, and the peers' retained messages (docs/architecture.md "MQTT across the cluster").
+
+**Membership.** The masters are ``<root>/brokers/ids/<id>/master``, each master's replication address is in
+``<root>/brokers/ids/<id>/replication`` (``server/registry.py`` writes both). One greenlet reads them when the
+children watch of ``<root>/brokers/ids`` fires (the watch only wakes it, as the registry's listener does) and every
+MEMBERS_S; a master keeps one link per other master (at most MQTT_CLUSTER_MAX_PEERS), a slave none (it copies its
+master's inbox). Nothing is written to ZooKeeper for a device or a subscription.
+
+**Copies.** Each MESSAGE entry a link brings is appended through the put path to the inbox (``inbox.py``), unless
+the resume positions say it was copied already; positions move with each copy (and, in memory, with the POSITION
+entries). A refused append (a full disk, a slave now) ends the link: it resumes from the positions, nothing lost.
+
+**Retained messages.** Each link follows the peer's ``%MQTT%`` journal's ``R``/``U`` records from its start
+(kept in memory here, at most MQTT_CLUSTER_MAX_RETAINED names, rebuilt at each start and after a promotion the same
+way), with this broker's own clears; for a name the newest by (time, broker id) wins against the local table.
+"""
+
+import json
+import logging
+
+import gevent
+from gevent.event import Event
+from kazoo.exceptions import KazooException, NoNodeError
+
+from metaq import limits
+from metaq.mqtt.follow import RecordError, decode_retained
+from metaq.mqtt.topics import matches
+from metaq.mqttcluster import inbox
+from metaq.mqttcluster.link import PeerLink
+from metaq.mqttcluster.routes import aggregate
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED
+from metaq.server.clock import now_ms
+
+log = logging.getLogger(__name__)
+
+#: How often the membership is read again without a watch firing (a peer's failover changes its replication
+#: address, not the children of ``ids``).
+MEMBERS_S = 2.0
+#: How often the route is computed again without a subscription waking it (unsubscriptions, expired sessions).
+ROUTE_REFRESH_S = 5.0
+
+
+class MqttCluster:
+    """See the module doc. ``port``: the broker's MqttPort; ``zk``: its kazoo client; ``is_master()``."""
+
+    def __init__(self, config, store, put_path, port, zk, is_master, secret=None, tls=None):
+        self.config = config
+        self.broker_id = config.broker.id
+        self.store = store
+        self.put_path = put_path
+        self.port = port
+        self.zk = zk
+        self.root = config.zk.root
+        self.is_master = is_master
+        self.secret = secret
+        self.tls = tls
+        self.positions = inbox.Positions()
+        self.links = {}  # broker id -> PeerLink
+        self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
+        self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
+        self.route_changed = Event()
+        self._route = (0, ())
+        self._route_set = frozenset()
+        self._members_wake = Event()
+        self._tasks = []
+        self._stopping = False
+        self._recovered_as_master = False
+        self.copied = 0
+        self.recovered = 0
+        self.peers_refused = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self):
+        self._recover()
+        self.refresh_route()
+        self._tasks = [gevent.spawn(self._members), gevent.spawn(self._routes)]
+
+    def _recover(self):
+        """The resume positions from the inbox as this master holds it (at start, and again once a slave that
+        copied its master's inbox is promoted: what it copied since its start counts)."""
+        positions = inbox.Positions()
+        self.recovered = gevent.get_hub().threadpool.apply(inbox.recover, (self.store, positions))
+        self.positions = positions
+        self._recovered_as_master = self.is_master()
+        log.info("mqtt cluster: %d resume positions recovered from %d inbox records", len(positions), self.recovered)
+
+    def stop(self):
+        self._stopping = True
+        self._members_wake.set()
+        for link in list(self.links.values()):
+            link.stop()
+        self.links.clear()
+        for t in self._tasks:
+            t.kill(block=False)
+
+    # -- the route -----------------------------------------------------------------
+
+    def route(self):
+        """``(version, filters)`` of this broker's route now."""
+        return self._route
+
+    def routes_changed(self, topic_filter=None):
+        """A subscription of ``topic_filter`` was made (``MqttPort.routes_changed``): the route gains it at once
+        when it does not hold it (O(1) for a filter it holds or covers: a reconnect storm re-subscribing costs no
+        walk of the sessions); None: compute the whole route again (every ROUTE_REFRESH_S, which also drops the
+        filters no session holds any more). The links waiting on ``route_changed`` (an Event replaced at each change,
+        so a wait never finds an old one set) wake."""
+        if topic_filter is None:
+            changed = self.refresh_route()
+        else:
+            changed = self._add_filter(topic_filter)
+        if changed:
+            event, self.route_changed = self.route_changed, Event()
+            event.set()
+
+    def _add_filter(self, topic_filter):
+        version, filters = self._route
+        first = topic_filter.split("/", 1)[0]
+        if topic_filter in self._route_set or "#" in self._route_set or (first + "/#") in self._route_set:
+            return False
+        self._set_route(version + 1, aggregate(filters + (topic_filter,)))
+        return True
+
+    def _set_route(self, version, filters):
+        self._route = (version, filters)
+        self._route_set = frozenset(filters)
+
+    def refresh_route(self):
+        filters = aggregate(self.port.subscribed_filters())
+        if filters == self._route[1]:
+            return False
+        self._set_route(self._route[0] + 1, filters)
+        return True
+
+    def _routes(self):
+        while not self._stopping:
+            gevent.sleep(ROUTE_REFRESH_S)
+            self.routes_changed()
+
+    # -- membership ----------------------------------------------------------------
+
+    def _watch(self, _event):
+        self._members_wake.set()  # a kazoo callback: record and wake, nothing else
+
+    def _members(self):
+        while not self._stopping:
+            self._members_wake.clear()
+            master = self.is_master()
+            if master and not self._recovered_as_master:
+                self._set_links({})
+                self._recover()
+            elif not master:
+                self._recovered_as_master = False
+            try:
+                peers = self._read_members() if self.is_master() and self.zk.connected else None
+            except KazooException as exc:
+                log.info("mqtt cluster: ZooKeeper could not be read (%r); links kept as they are", exc)
+                peers = None
+            if peers is not None or not self.is_master():
+                self._set_links(peers or {})
+            self._members_wake.wait(MEMBERS_S)
+
+    def _read_members(self):
+        ids_path = "%s/brokers/ids" % self.root
+        try:
+            children = self.zk.get_children(ids_path, watch=self._watch)
+        except NoNodeError:
+            return {}
+        peers = {}
+        for child in sorted((c for c in children if c.isdigit()), key=int):
+            bid = int(child)
+            if bid == self.broker_id:
+                continue
+            base = "%s/%s" % (ids_path, child)
+            try:
+                self.zk.get(base + "/master")
+                published = json.loads(self.zk.get(base + "/replication")[0].decode("utf-8"))
+            except (NoNodeError, ValueError):
+                continue
+            address = published.get("address") if isinstance(published, dict) else None
+            if address:
+                peers[bid] = address
+        if len(peers) > limits.MQTT_CLUSTER_MAX_PEERS:
+            kept = sorted(peers)[:limits.MQTT_CLUSTER_MAX_PEERS]
+            self.peers_refused = len(peers) - len(kept)
+            log.warning("mqtt cluster: %d peers, past MQTT_CLUSTER_MAX_PEERS (%d): brokers %s are not followed",
+                        len(peers), limits.MQTT_CLUSTER_MAX_PEERS, sorted(set(peers) - set(kept)))
+            peers = {b: peers[b] for b in kept}
+        else:
+            self.peers_refused = 0
+        return peers
+
+    def _set_links(self, peers):
+        for bid in list(self.links):
+            link = self.links[bid]
+            if peers.get(bid) != link.address:
+                link.stop()
+                del self.links[bid]
+        for bid, address in peers.items():
+            if bid not in self.links:
+                link = self.links[bid] = PeerLink(self, bid, address)
+                link.start()
+
+    # -- copies --------------------------------------------------------------------
+
+    def retained_from(self, origin):
+        """The ``%MQTT%`` offset of ``origin``'s journal a new link asks retained records from."""
+        return self.retained_next.get(origin, 0)
+
+    def apply(self, origin, entries):
+        """Copy a RECORDS frame's entries from peer ``origin``; returns how many messages were copied. Raises the put
+        path's refusal (the link ends and resumes from the positions)."""
+        copied, last = 0, {}
+        now = now_ms()
+        positions = self.positions
+        for e in entries:
+            if e.kind == MESSAGE:
+                if positions.is_copied(origin, e.topic, e.partition, e.offset):
+                    continue
+                made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, e.data, now)
+                if made is None:  # not kept (expired): a marker holds the position instead
+                    made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now)
+                else:
+                    copied += 1
+                last.update(self._append(origin, e, made, now))
+                positions.copied(origin, e.topic, e.partition, e.offset)
+                positions.keep(origin, e.topic, e.partition)
+            elif e.kind == POSITION:
+                positions.copied(origin, e.topic, e.partition, e.offset - 1)
+                if not positions.kept(origin, e.topic, e.partition):  # followed, nothing copied yet: say where
+                    last.update(self._append(origin, e, inbox.marker(origin, e.topic, e.partition, e.offset, now),
+                                             now))
+                    positions.keep(origin, e.topic, e.partition)
+            elif e.kind == RETAINED:
+                self.retained_next[origin] = e.offset + 1
+                self._apply_retained(origin, e)
+        for r in last.values():
+            self.port.made_visible(inbox.INBOX, r, now)
+        self.copied += copied
+        return copied
+
+    def _append(self, origin, e, made, now):
+        """Append ``made`` (flag, data) to the inbox partition of ``origin``'s ``e.topic``-``e.partition``; ``{inbox
+        partition: PutResult}``."""
+        partition = inbox.partition_of(origin, e.topic, e.partition)
+        return {partition: self.put_path.append(inbox.INBOX, partition, made[0], made[1], now, internal=True)}
+
+    # -- retained ------------------------------------------------------------------
+
+    def _apply_retained(self, origin, e):
+        try:
+            name, r = decode_retained(e.data)
+        except RecordError as exc:
+            log.warning("mqtt cluster: peer broker %d: %s", origin, exc)
+            return
+        at = r.at_ms if r is not None else e.ts
+        self._set_retained(name, at, origin, r)
+
+    def _set_retained(self, name, at, broker, r):
+        old = self.retained.get(name)
+        if old is not None and (old[0], old[1]) >= (at, broker):
+            return
+        if old is None and len(self.retained) >= limits.MQTT_CLUSTER_MAX_RETAINED:
+            log.warning("mqtt cluster: %d retained names is the limit (MQTT_CLUSTER_MAX_RETAINED): %s from broker %d "
+                        "is not kept", limits.MQTT_CLUSTER_MAX_RETAINED, name, broker)
+            return
+        self.retained[name] = (at, broker, r)
+
+    def local_cleared(self, name, at):
+        """This broker cleared ``name``'s retained message at ``at``: older ones of the peers no longer show here."""
+        if name in self.retained:
+            self._set_retained(name, at, self.broker_id, None)
+
+    def knows_retained(self, name):
+        entry = self.retained.get(name)
+        return entry is not None and entry[2] is not None
+
+    def retained_for(self, topic_filter, topics, local):
+        """The retained messages for a subscription of ``topic_filter`` reading ``topics``: ``local`` (the port's
+        own) merged with the peers', the newest of each name by (time, broker id)."""
+        if not self.retained:
+            return local
+        out = {}
+        for r in local:
+            entry = self.retained.get(r.name)
+            if entry is None or (entry[0], entry[1]) < (r.at_ms, self.broker_id):
+                out[r.name] = r
+        local_names = {r.name for r in local}
+        for name, (at, broker, r) in self.retained.items():
+            if r is None or name in out or r.metaq_topic not in topics or not matches(topic_filter, name):
+                continue
+            local_r = self.port.table.retained.get(name) if name in local_names else None
+            if local_r is not None and (local_r.at_ms, self.broker_id) > (at, broker):
+                continue
+            out[name] = r
+        return list(out.values())
+
+    # -- stats ---------------------------------------------------------------------
+
+    def summary_values(self):
+        links = sorted(self.links.items())
+        values = [("mqtt_cluster_peers", len(links)),
+                  ("mqtt_cluster_peers_up", sum(1 for _b, link in links if link.connected)),
+                  ("mqtt_cluster_filters", len(self._route[1])),
+                  ("mqtt_cluster_copied", self.copied),
+                  ("mqtt_cluster_positions", len(self.positions)),
+                  ("mqtt_cluster_retained", sum(1 for e in self.retained.values() if e[2] is not None))]
+        if self.peers_refused:
+            values.append(("mqtt_cluster_peers_refused", self.peers_refused))
+        for bid, link in links:
+            values.append(("mqtt_cluster_peer_%d" % bid, link.state()))
+        return values
+

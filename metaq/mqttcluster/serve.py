@@ -1,0 +1,242 @@
+"""The followed broker's side of the MQTT cluster: serve a peer that sent ROUTES on the replication port.
+
+The peer's filters say which metaq topics are followed (``mqtt.topics.filter_topics``, the rule a subscription's
+reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again); each followed
+partition is read from the peer's resume position, or from this broker's end when it has none (a topic that only
+appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as
+local delivery sees it) matches a filter; a POSITION entry says how far each partition was read. With a retained
+offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per
+frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions
+already followed keep their read positions).
+"""
+
+import logging
+import time
+
+import gevent
+from gevent.event import Event
+
+from metaq import errors, limits
+from metaq.mqtt.records import message_of
+from metaq.mqtt.topics import filter_topics, matches
+from metaq.protocol import replication as rp
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry, Records
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server.replication.link import HEARTBEAT_S, send_event
+from metaq.topics.names import is_internal
+
+log = logging.getLogger(__name__)
+
+#: Records one read of a followed partition takes at most.
+READ_RECORDS = 256
+#: How often the followed topics are looked at again (topics created since, partitions added).
+RESCAN_S = 1.0
+
+
+class FilterSet:
+    """A peer's filters, indexed by first level for the match of a name (pure)."""
+
+    def __init__(self, filters):
+        self.filters = tuple(filters)
+        self._by_first = {}
+        self._wild = []
+        for f in self.filters:
+            first = f.split("/", 1)[0]
+            if first in ("+", "#"):
+                self._wild.append(f)
+            else:
+                self._by_first.setdefault(first, []).append(f)
+
+    def match(self, name):
+        for f in self._by_first.get(name.split("/", 1)[0], ()):
+            if matches(f, name):
+                return True
+        return any(matches(f, name) for f in self._wild)
+
+    def topics(self, known):
+        """The metaq topics of ``known`` the filters read (internal ones never)."""
+        out = set()
+        known = [t for t in known if not is_internal(t)]
+        for f in self.filters:
+            out.update(filter_topics(f, known))
+        return out
+
+
+class PeerFollow:
+    """What one peer follows here: its filters, the read position of each followed partition, its retained offset."""
+
+    def __init__(self, store, routes):
+        self.store = store
+        self.broker_id = routes.broker_id
+        self.resume = {(t, p): o for t, p, o in routes.positions}
+        self.cursors = {}  # (topic, partition) -> next offset to read
+        self.retained = routes.retained  # next offset of %MQTT% partition 0, -1: none
+        self.known_at_route = set()
+        self.announce = []  # partitions followed since the last batch: their start goes to the peer first
+        self.refused_logged = False
+        self.set_filters(routes.filters)
+
+    def set_filters(self, filters):
+        self.filters = FilterSet(filters)
+        self.known_at_route = set(self.store.known_topics())
+        self.rescan()
+
+    def rescan(self):
+        """Follow the partitions the filters read that are not followed yet; stop following the others."""
+        store = self.store
+        known = store.known_topics()
+        topics = self.filters.topics(known)
+        wanted = []
+        for topic in sorted(topics):
+            try:
+                partitions = store.partitions_of(topic)
+            except errors.MetaqError:
+                continue
+            wanted.extend((topic, p) for p in range(partitions))
+        keep = set(wanted)
+        for key in [k for k in self.cursors if k not in keep]:
+            del self.cursors[key]
+        for key in wanted:
+            if key in self.cursors:
+                continue
+            if len(self.cursors) >= limits.MQTT_CLUSTER_MAX_FOLLOWED:
+                if not self.refused_logged:
+                    self.refused_logged = True
+                    log.warning("mqtt cluster: peer %d follows %d partitions (MQTT_CLUSTER_MAX_FOLLOWED): %s-%d and "
+                                "others are not followed", self.broker_id, len(self.cursors), key[0], key[1])
+                break
+            start = self.resume.pop(key, None)
+            if start is None:  # a topic known when the route came: from now on; one that appeared since: all of it
+                start = store.max_offset(*key) if key[0] in self.known_at_route else store.min_offset(*key)
+            self.cursors[key] = start
+            self.announce.append(key)
+
+    def batch(self):
+        """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data."""
+        store, entries, budget = self.store, [], limits.MQTT_CLUSTER_BATCH_BYTES
+        announce, self.announce = self.announce, []
+        for key in announce:  # the peer learns where a new partition starts before any record of it
+            if key in self.cursors:
+                entries.append(Entry(POSITION, key[0], key[1], self.cursors[key]))
+        for key, offset in list(self.cursors.items()):
+            if budget <= 0:
+                break
+            if offset >= store.max_offset(*key):
+                continue
+            topic, partition = key
+            try:
+                records, _nxt = store.read_records(topic, partition, offset, READ_RECORDS, budget)
+            except errors.Moved as moved:
+                self.cursors[key] = moved.offset
+                continue
+            except errors.CorruptRecord as exc:
+                log.error("mqtt cluster: peer %d: %s; skipped", self.broker_id, exc)
+                self.cursors[key] = exc.next_offset
+                continue
+            except errors.MetaqError:
+                self.cursors.pop(key, None)
+                continue
+            for rec in records:
+                if self.filters.match(message_of(topic, rec.flag, rec.data).topic):
+                    entries.append(Entry(MESSAGE, topic, partition, rec.queue_offset, rec.flag, rec.store_ts_ms,
+                                         bytes(rec.data)))
+                    budget -= len(rec.data)
+                self.cursors[key] = rec.queue_offset + 1
+            if records:
+                entries.append(Entry(POSITION, topic, partition, self.cursors[key]))
+        if self.retained >= 0 and budget > 0:
+            entries.extend(self._retained(budget))
+        return entries
+
+    def _retained(self, budget):
+        store, out = self.store, []
+        try:
+            if self.retained >= store.max_offset(MQTT_SESSIONS_TOPIC, 0):
+                return out
+            records, _nxt = store.read_records(MQTT_SESSIONS_TOPIC, 0, self.retained, READ_RECORDS, budget)
+        except errors.Moved as moved:
+            self.retained = moved.offset
+            return out
+        except errors.CorruptRecord as exc:
+            self.retained = exc.next_offset
+            return out
+        except errors.MetaqError:
+            return out
+        for rec in records:
+            if bytes(rec.data[:1]) in (b"R", b"U"):
+                out.append(Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, rec.queue_offset, rec.flag, rec.store_ts_ms,
+                                 bytes(rec.data)))
+            self.retained = rec.queue_offset + 1
+        return out
+
+    def keys(self):
+        keys = list(self.cursors)
+        if self.retained >= 0:
+            keys.append((MQTT_SESSIONS_TOPIC, 0))
+        return keys
+
+
+class PeerServer:
+    """Serves the peers that follow this broker (``ReplicationServer.peer_handler``); counts for stats."""
+
+    def __init__(self, store, waiters):
+        self.store = store
+        self.waiters = waiters
+        self.follows = {}  # id(PeerFollow) -> PeerFollow
+        self.sent_records = 0
+
+    def serve(self, sock, parser, routes, peer):
+        follow = PeerFollow(self.store, routes)
+        self.follows[id(follow)] = follow
+        wake = Event()
+        log.info("mqtt cluster: peer broker %d (%s) follows this broker: %d filters, %d partitions", routes.broker_id,
+                 peer, len(follow.filters.filters), len(follow.cursors))
+        reader = gevent.spawn(self._read, sock, parser, follow, wake)
+        try:
+            send_event(sock, Records(()))  # the end of the handshake (the peer waits for a first frame)
+            rescanned = time.monotonic()
+            while not reader.dead:
+                if time.monotonic() - rescanned > RESCAN_S:
+                    follow.rescan()
+                    rescanned = time.monotonic()
+                entries = follow.batch()
+                if entries:
+                    send_event(sock, Records(tuple(entries)))
+                    self.sent_records += sum(1 for e in entries if e.kind != POSITION)
+                    continue
+                wake.clear()
+                if not self.waiters.wait_any(follow.keys(), HEARTBEAT_S, wake):
+                    if not reader.dead:
+                        send_event(sock, Records(()))
+        except (OSError, errors.MetaqError) as exc:
+            log.info("mqtt cluster: peer broker %d (%s) link ended: %s", routes.broker_id, peer, exc)
+        finally:
+            reader.kill(block=False)
+            self.follows.pop(id(follow), None)
+
+    @staticmethod
+    def _read(sock, parser, follow, wake):
+        """The peer's frames: ROUTES replace its filters; its end ends the link."""
+        while True:
+            try:
+                event = parser.next_event()
+            except errors.RemoteProtocolError as exc:
+                log.warning("mqtt cluster: peer broker %d: %s; ending its link", follow.broker_id, exc)
+                return
+            if event is NEED_DATA:
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    return
+                parser.receive_data(data)
+                continue
+            if event is CLOSED or isinstance(event, rp.ErrorFrame):
+                return
+            if isinstance(event, rp.Routes):
+                follow.set_filters(event.filters)
+                wake.set()
+                continue
+            log.warning("mqtt cluster: peer broker %d sent %s: ending its link", follow.broker_id,
+                        type(event).__name__.upper())
+            return

@@ -1,0 +1,162 @@
+"""The replication stream's two MQTT-cluster frames (types 11 and 12, ``metaq.protocol.replication``): a peer
+broker follows this broker's log for what its MQTT sessions subscribe (``metaq.mqttcluster``). Sans-IO.
+
+A peer connects to the replication port as a slave does, proves the replication secret the same way (CHALLENGE,
+PROOF), then sends ROUTES where a slave sends HELLO; the master answers its PROOF and then RECORDS frames, and the
+peer may send ROUTES again whenever its filters change.
+
+ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
+
+    {"broker": <the peer's broker id>,
+     "filters": [MQTT topic filter, ...],            at most MQTT_CLUSTER_MAX_FILTERS, each non-empty text
+     "positions": [[topic, partition, offset], ...], where the peer's copy of each followed partition resumes
+     "retained": offset}                             the offset of the master's ``%MQTT%`` journal to send the retained
+                                                     messages' records from (-1: send none)
+
+RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_FRAME_BYTES::
+
+    ENTRY  >BHiiqqI  kind uint8, topic length uint16, partition int32, flag int32, offset int64, store time int64
+                     (epoch ms), data length uint32; then the topic (UTF-8), then the data
+      kind 1 MESSAGE   a record of ``topic``-``partition`` at ``offset`` whose MQTT topic name a filter matches (its
+                       flag and data as stored)
+      kind 2 POSITION  the master read ``topic``-``partition`` up to ``offset`` (the next offset; no data)
+      kind 3 RETAINED  a retained message's record (``R``/``U``) of the master's ``%MQTT%`` journal at ``offset``
+
+An empty RECORDS (count 0) is the master's heartbeat. Anything else (a bad kind, lengths that do not fill the
+frame, JSON that is not this object) is a fatal ``RemoteProtocolError``.
+"""
+
+import json
+import struct
+from typing import NamedTuple
+
+from metaq import limits
+from metaq.errors import RemoteProtocolError
+
+__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "routes_parts", "records_parts",
+           "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
+
+MESSAGE, POSITION, RETAINED = 1, 2, 3
+COUNT = struct.Struct(">I")
+ENTRY = struct.Struct(">BHiiqqI")
+assert ENTRY.size == 31
+
+
+class Routes(NamedTuple):
+    """A peer's route: its broker id, its filters, its resume positions ``((topic, partition, offset), ...)`` and the
+    ``%MQTT%`` offset to send retained records from (-1: none)."""
+
+    broker_id: int
+    filters: tuple
+    positions: tuple = ()
+    retained: int = -1
+
+
+class Entry(NamedTuple):
+    kind: int
+    topic: str
+    partition: int
+    offset: int
+    flag: int = 0
+    ts: int = 0
+    data: bytes = b""
+
+
+class Records(NamedTuple):
+    entries: tuple
+
+
+def _fail(reason):
+    return RemoteProtocolError("bad MQTT cluster frame: %s" % reason, fatal=True)
+
+
+def routes_parts(event):
+    payload = json.dumps({"broker": event.broker_id, "filters": list(event.filters),
+                          "positions": [list(p) for p in event.positions], "retained": event.retained},
+                         separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(payload) > limits.MQTT_CLUSTER_ROUTES_BYTES:
+        raise ValueError("a ROUTES frame of %d bytes exceeds MQTT_CLUSTER_ROUTES_BYTES (%d)"
+                         % (len(payload), limits.MQTT_CLUSTER_ROUTES_BYTES))
+    return [payload]
+
+
+def records_parts(event):
+    parts = [COUNT.pack(len(event.entries))]
+    for e in event.entries:
+        topic = e.topic.encode("utf-8")
+        parts.append(ENTRY.pack(e.kind, len(topic), e.partition, e.flag, e.offset, e.ts, len(e.data)))
+        parts.append(topic)
+        if e.data:
+            parts.append(e.data)
+    if sum(len(p) for p in parts) > limits.MQTT_CLUSTER_FRAME_BYTES:
+        raise ValueError("a RECORDS frame past MQTT_CLUSTER_FRAME_BYTES (%d)" % limits.MQTT_CLUSTER_FRAME_BYTES)
+    return parts
+
+
+def check_routes_length(length):
+    if not 2 <= length <= limits.MQTT_CLUSTER_ROUTES_BYTES:
+        raise _fail("ROUTES of %d bytes: must be 2..%d (limit MQTT_CLUSTER_ROUTES_BYTES)"
+                    % (length, limits.MQTT_CLUSTER_ROUTES_BYTES))
+
+
+def check_records_length(length):
+    if not COUNT.size <= length <= limits.MQTT_CLUSTER_FRAME_BYTES:
+        raise _fail("RECORDS of %d bytes: must be %d..%d (limit MQTT_CLUSTER_FRAME_BYTES)"
+                    % (length, COUNT.size, limits.MQTT_CLUSTER_FRAME_BYTES))
+
+
+def _bounded(value, low, high, what):
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _fail("%s %r out of range" % (what, value))
+    return value
+
+
+def decode_routes(payload):
+    try:
+        obj = json.loads(bytes(payload).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _fail("ROUTES is not UTF-8 JSON (%s)" % exc) from None
+    if not isinstance(obj, dict):
+        raise _fail("ROUTES is not a JSON object")
+    broker = _bounded(obj.get("broker"), 0, limits.MAX_BROKER_ID, "broker id")
+    filters = obj.get("filters")
+    if not isinstance(filters, list) or len(filters) > limits.MQTT_CLUSTER_MAX_FILTERS or \
+            not all(isinstance(f, str) and f for f in filters):
+        raise _fail("ROUTES filters must be a list of at most %d non-empty strings (MQTT_CLUSTER_MAX_FILTERS)"
+                    % limits.MQTT_CLUSTER_MAX_FILTERS)
+    positions = obj.get("positions", [])
+    if not isinstance(positions, list) or len(positions) > limits.MQTT_CLUSTER_MAX_POSITIONS:
+        raise _fail("ROUTES positions must be a list of at most %d entries (MQTT_CLUSTER_MAX_POSITIONS)"
+                    % limits.MQTT_CLUSTER_MAX_POSITIONS)
+    out = []
+    for p in positions:
+        if not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], str) or not p[0]:
+            raise _fail("a ROUTES position is [topic, partition, offset], not %r" % (p,))
+        out.append((p[0], _bounded(p[1], 0, 2**31 - 1, "partition"), _bounded(p[2], 0, 2**63 - 1, "offset")))
+    retained = _bounded(obj.get("retained", -1), -1, 2**63 - 1, "retained offset")
+    return Routes(broker, tuple(filters), tuple(out), retained)
+
+
+def decode_records(payload):
+    (count,) = COUNT.unpack_from(payload)
+    at, end, entries = COUNT.size, len(payload), []
+    for _ in range(count):
+        if at + ENTRY.size > end:
+            raise _fail("RECORDS entry %d runs past the frame" % len(entries))
+        kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
+        at += ENTRY.size
+        if kind not in (MESSAGE, POSITION, RETAINED) or partition < 0 or offset < 0:
+            raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
+        if at + tlen + dlen > end:
+            raise _fail("RECORDS entry %d runs past the frame" % len(entries))
+        try:
+            topic = bytes(payload[at:at + tlen]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _fail("a RECORDS topic is not UTF-8") from None
+        at += tlen
+        data = bytes(payload[at:at + dlen])
+        at += dlen
+        entries.append(Entry(kind, topic, partition, offset, flag, ts, data))
+    if at != end:
+        raise _fail("RECORDS of %d entries leaves %d bytes over" % (count, end - at))
+    return Records(tuple(entries))

@@ -1,0 +1,204 @@
+"""The MQTT cluster's pure parts: the ROUTES and RECORDS frames (whole and byte by byte), the route's aggregation,
+the inbox copy and its origin, the resume positions."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from metaq import limits
+from metaq.errors import RemoteProtocolError
+from metaq.mqtt.records import message_of, record_data
+from metaq.mqttcluster import inbox
+from metaq.mqttcluster.routes import aggregate
+from metaq.mqttcluster.peers import MqttCluster
+from metaq.mqttcluster.serve import FilterSet, PeerFollow
+from metaq.protocol import replication as rp
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry
+from metaq.protocol.stream import NEED_DATA
+
+ROUTES = rp.Routes(3, ("sensors/#", "+/alarm", "a/b"), (("sensors", 0, 17), ("a", 1, 0)), 5)
+RECORDS = rp.Records((Entry(MESSAGE, "sensors", 1, 42, 1, 1700000000000, b"\x00\x00\x00\x02ab-payload"),
+                      Entry(POSITION, "sensors", 1, 43),
+                      Entry(RETAINED, "%MQTT%", 0, 9, 0, 1700000000001, b"U{\"t\":\"x\"}")))
+
+
+@pytest.mark.parametrize("event", [ROUTES, RECORDS, rp.Records(())])
+def test_frames_round_trip_whole_and_byte_by_byte(event):
+    data = rp.serialize(event)
+    whole = rp.ReplicationParser()
+    whole.receive_data(data)
+    assert whole.next_event() == event
+    slow = rp.ReplicationParser()
+    got = NEED_DATA
+    for i in range(len(data)):
+        assert got is NEED_DATA
+        slow.receive_data(data[i:i + 1])
+        got = slow.next_event()
+    assert got == event
+
+
+def test_a_records_frame_that_does_not_fill_itself_is_refused():
+    frame = rp.frame_parts(rp.Records(()))  # count 0 ...
+    payload = b"\x00\x00\x00\x01"  # ... made count 1 with no entry, its CRC right: only the content is wrong
+    head = rp.FRAME_HEADER.pack(rp.MAGIC, rp.VERSION, rp.T_RECORDS, 0, len(payload), 0)[:12]
+    crc = rp.crc32(payload, rp.crc32(head))
+    p = rp.ReplicationParser()
+    p.receive_data(head + crc.to_bytes(4, "big") + payload)
+    with pytest.raises(RemoteProtocolError, match="runs past the frame"):
+        p.next_event()
+    assert frame
+
+
+def test_routes_bounds():
+    too_many = rp.Routes(1, tuple("f%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS + 1)))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(too_many))
+    with pytest.raises(RemoteProtocolError, match="MQTT_CLUSTER_MAX_FILTERS"):
+        p.next_event()
+    at_limit = rp.Routes(1, tuple("f%d" % i for i in range(limits.MQTT_CLUSTER_MAX_FILTERS)))
+    p = rp.ReplicationParser()
+    p.receive_data(rp.serialize(at_limit))
+    assert p.next_event() == at_limit
+
+
+def test_route_aggregation_at_and_past_its_limit():
+    filters = ["devices/%d/cmd" % i for i in range(5)] * 3 + ["alerts/#"]
+    assert aggregate(filters, most=6) == tuple(sorted(set(filters)))
+    assert aggregate(filters, most=5) == ("alerts/#", "devices/#")
+    assert aggregate(filters + ["+/x"], most=5) == ("#",)
+    assert aggregate(["a%d/x" % i for i in range(4)], most=3) == ("#",)  # whole topics past it too: everything
+
+
+def test_filter_set_matches_as_mqtt_does():
+    fs = FilterSet(["sensors/#", "+/alarm"])
+    assert fs.match("sensors") and fs.match("sensors/a/b") and fs.match("door/alarm")
+    assert not fs.match("door/open") and not fs.match("$SYS/alarm")
+    assert fs.topics(["sensors", "door", "%MQTTIN%", "other"]) == {"sensors", "door", "other"}
+
+
+def test_inbox_copy_keeps_the_message_and_names_its_origin():
+    flag, data = record_data("sensors/r1", b"21.5", 2, "dev-1", {"user_property": [("k", "v")]}, True)
+    copy = inbox.copy_of(2, "sensors", 1, 77, flag, data, 1_000)
+    m = message_of(inbox.INBOX, *copy)
+    assert (m.topic, m.payload, m.qos, m.client_id, m.retain) == ("sensors/r1", b"21.5", 2, "dev-1", True)
+    assert m.properties["user_property"] == (("k", "v"),)
+    assert inbox.origin_of(*copy) == (2, "sensors", 1, 77)
+    plain = inbox.copy_of(1, "sensors", 0, 3, 0, b"from-text", 1_000)  # a text put: topic name = its topic
+    m = message_of(inbox.INBOX, *plain)
+    assert (m.topic, m.payload, m.qos) == ("sensors", b"from-text", 1)
+    expired = record_data("s/x", b"p", 1, None, {"message_expiry_interval": 1}, False, 0)
+    assert inbox.copy_of(1, "s", 0, 0, *expired, 5_000) is None
+
+
+def test_resume_positions_at_and_past_their_limit():
+    pos = inbox.Positions(most=2)
+    assert pos.copied(1, "t", 0, 5) and pos.copied(1, "t", 0, 3)
+    assert pos.get(1, "t", 0) == 6 and pos.is_copied(1, "t", 0, 5) and not pos.is_copied(1, "t", 0, 6)
+    assert pos.copied(2, "t", 0, 0)
+    assert not pos.copied(3, "t", 0, 0) and pos.refused == 1  # past it: not remembered, said
+    assert pos.of(1) == (("t", 0, 6),)
+    assert inbox.partition_of(1, "t", 0) == inbox.partition_of(1, "t", 0)
+
+
+class FakeStore:
+    """What a PeerFollow reads of a store: its topics, their partitions and ends."""
+
+    def __init__(self, topics):
+        self.topics = topics  # name -> partitions
+
+    def known_topics(self):
+        return sorted(self.topics)
+
+    def partitions_of(self, topic):
+        return self.topics[topic]
+
+    def max_offset(self, topic, partition):
+        return 10
+
+    def min_offset(self, topic, partition):
+        return 0
+
+
+def test_a_peer_follows_at_most_max_followed_partitions(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FOLLOWED", 4)
+    store = FakeStore({"a": 2, "b": 2})
+    follow = PeerFollow(store, rp.Routes(1, ("#",), (("a", 0, 3),)))
+    assert follow.cursors == {("a", 0): 3, ("a", 1): 10, ("b", 0): 10, ("b", 1): 10}  # at it: all
+    store.topics["c"] = 1  # one past it: not followed, said once
+    follow.rescan()
+    assert ("c", 0) not in follow.cursors and follow.refused_logged
+    follow.set_filters(("c/#",))  # the others dropped: room again; a topic known when the route came starts at its end
+    assert follow.cursors == {("c", 0): 10}
+
+
+def test_peers_retained_messages_newest_wins_within_their_limit(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_RETAINED", 2)
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    cluster = MqttCluster(config, None, None, None, None, lambda: True)
+    cluster._set_retained("x", 100, 2, "x@100")
+    cluster._set_retained("x", 100, 1, "older broker id")  # same time: the higher broker id stays
+    cluster._set_retained("x", 99, 5, "older")
+    assert cluster.retained["x"] == (100, 2, "x@100")
+    cluster._set_retained("x", 101, 1, None)  # a clear, newer: it wins
+    assert cluster.retained["x"] == (101, 1, None) and not cluster.knows_retained("x")
+    cluster._set_retained("y", 1, 1, "y")  # at the limit: kept
+    cluster._set_retained("z", 1, 1, "z")  # past it: not kept
+    assert set(cluster.retained) == {"x", "y"}
+
+
+class FakeZk:
+    """The members' nodes as the registry writes them: ``<root>/brokers/ids/<id>/{master,replication}``."""
+
+    connected = True
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get_children(self, path, watch=None):
+        return [str(i) for i in self.ids]
+
+    def get(self, path):
+        bid = int(path.split("/")[-2])
+        if path.endswith("/master"):
+            return b"meta://127.0.0.1:1", None
+        return json.dumps({"address": "127.0.0.1:%d" % (20000 + bid)}).encode(), None
+
+
+def test_a_broker_follows_at_most_max_peers_the_lowest_ids_first(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_PEERS", 2)
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    cluster = MqttCluster(config, None, None, None, FakeZk([0, 1, 2]), lambda: True)
+    assert cluster._read_members() == {1: "127.0.0.1:20001", 2: "127.0.0.1:20002"}  # at it: both
+    assert cluster.peers_refused == 0
+    cluster.zk.ids = [0, 1, 2, 3]
+    assert sorted(cluster._read_members()) == [1, 2] and cluster.peers_refused == 1  # one past it: said in stats
+
+
+def test_a_subscription_adds_its_filter_to_the_route_at_once_and_a_covered_one_changes_nothing(monkeypatch):
+    monkeypatch.setattr(limits, "MQTT_CLUSTER_MAX_FILTERS", 2)
+    port = SimpleNamespace(subscribed_filters=lambda: iter(["a/1"]))
+    config = SimpleNamespace(broker=SimpleNamespace(id=0), zk=SimpleNamespace(root="/meta"))
+    cluster = MqttCluster(config, None, None, port, None, lambda: True)
+    cluster.routes_changed()
+    assert cluster.route() == (1, ("a/1",))
+    woken = cluster.route_changed
+    cluster.routes_changed("a/2")
+    assert cluster.route() == (2, ("a/1", "a/2")) and woken.is_set() and not cluster.route_changed.is_set()
+    cluster.routes_changed("a/2")  # held: no new version
+    cluster.routes_changed("a/3")  # past the limit (2 here): the whole topic a
+    assert cluster.route() == (3, ("a/#",))
+    cluster.routes_changed("a/4")  # covered
+    assert cluster.route() == (3, ("a/#",))
+    cluster.routes_changed()  # the periodic recomputation: only what sessions hold
+    assert cluster.route() == (4, ("a/1",))
+
+
+def test_a_marker_keeps_a_partitions_position_and_is_no_message():
+    flag, data = inbox.marker(2, "sensors", 1, 0, 1_000)
+    assert inbox.origin_of(flag, data) == (2, "sensors", 1, -1)  # resumes at 0
+    pos = inbox.Positions()
+    pos.copied(*inbox.origin_of(flag, data))
+    assert pos.get(2, "sensors", 1) == 0
+    assert message_of(inbox.INBOX, flag, data).topic.startswith("$")  # delivery sends no $ name of the inbox
+    assert inbox.origin_of(*inbox.marker(2, "sensors", 1, 9, 1_000)) == (2, "sensors", 1, 8)
