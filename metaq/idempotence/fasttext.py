@@ -59,11 +59,7 @@ class _Burst:
             self.touched.add(key)
 
     def stored(self, topic, count, nbytes):
-        fast = self.fast
-        fast.stats.on_puts(topic, count, nbytes)
-        registry = fast.put_path.registry
-        if registry is not None and topic not in registry.registered_topics:
-            registry.topic_created(topic)
+        self.fast.put_path.counted(topic, count, nbytes)
 
 
 def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
@@ -124,7 +120,5 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     parser.consume_to(pos)
     fast.stats.burst_puts += stored
     if burst.touched:
-        path.waiters.notify(burst.touched)
-        if store.should_flush(now):
-            path.flusher.wake()
+        path.visible(burst.touched, now)
     return burst.wait_pos, pos, status

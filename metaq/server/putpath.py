@@ -282,7 +282,42 @@ class PutPath:
 
     def made_visible(self, topic, partition, now):
         """Async flush: wake long polls on the partition and the flusher when its policy says so."""
-        self.waiters.notify(((topic, partition),))
+        self.visible(((topic, partition),), now)
+
+    def counted(self, topic, count, nbytes):
+        """What follows every stored client message, once per run of one topic: count ``count`` messages of
+        ``nbytes`` body bytes and register ``topic`` in ZooKeeper when it is new. The one place statistics and
+        registration follow a write, so a batch writer counts per run, never per message."""
+        self.stats.on_puts(topic, count, nbytes)
+        registry = self.registry
+        if registry is not None and topic not in registry.registered_topics:
+            registry.topic_created(topic)
+
+    def written(self, keys, now, may_yield=False, quiet=None):
+        """What follows a client write of the partitions ``keys`` (each ``(topic, partition)``, its records
+        counted by ``counted``): the acknowledgement the caller then owes (ACK_*), decided here for every
+        front-end from the broker's modes of now.
+
+        ACK_AFTER_REPLICATION: the replicator is told; the caller acknowledges after ``durable`` (a greenlet of its
+        own). ACK_AFTER_FLUSH: the caller acknowledges once the flusher has its log end (the flusher wakes the
+        readers). ACK_NOW: the records are visible; the readers and the flusher are woken here (``visible``)."""
+        if self.sync_replication:
+            self.replication.notify()
+            return ACK_AFTER_REPLICATION
+        if self.sync_flush:
+            return ACK_AFTER_FLUSH
+        self.visible(keys, now, may_yield, quiet)
+        return ACK_NOW
+
+    def visible(self, keys, now, may_yield=False, quiet=None):
+        """Records of ``keys`` became readable: the one rule for waking readers. Every waiting reader of ``keys``
+        is woken (``quiet``: ``LongPollWaiters.notify``'s); when the writer ``may_yield`` (it holds no lock and
+        has not answered yet) it yields once if a reader was woken, so the woken answer before the writer's
+        acknowledgement and its next frames. The flusher is woken when its policy says so."""
+        if may_yield:
+            self.waiters.wake_now(keys)
+        else:
+            self.waiters.notify(keys, quiet)
         if self.store.should_flush(now):
             self.flusher.wake()
 

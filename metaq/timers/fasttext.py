@@ -19,6 +19,7 @@ while puts are refused, replication is synchronous, or this broker does not deli
 from metaq import errors
 from metaq.limits import validate_partition
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_AFTER_FLUSH
 from metaq.server.text.takers import DONE, MORE
 from metaq.timers.burst import encode_timer_acks, scan_put_ats
 from metaq.timers.records import TIMER_TOPIC, TimerEntry
@@ -73,17 +74,13 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
     parser.consume_to(pos)
     fast.stats.burst_puts += taken
     timers.count_written(owner, taken)
-    stats = fast.stats
-    registry = path.registry
     counts = {}
     for item in scanned[:taken]:
         c = counts.get(item[0])
         counts[item[0]] = (1, item[4]) if c is None else (c[0] + 1, c[1] + item[4])
     for topic, (count, size) in counts.items():
-        stats.on_puts(topic, count, size)
-        if registry is not None and topic not in registry.registered_topics:
-            registry.topic_created(topic)
-    sync_flush = fast.sync_flush
+        path.counted(topic, count, size)
+    sync_flush = path.written({(TIMER_TOPIC, 0)}, now) == ACK_AFTER_FLUSH
     for _key, count, _nbytes, first_id, first_offset, first, log_end in runs:
         run = scanned[first:first + count]
         timers.written_run(first_offset, first_id, [f[6] for f in run], [f[5][5] for f in run], log_end)
@@ -92,8 +89,4 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
             durable.append((len(out) - 1, [f[2] for f in run]))
             if log_end > wait_pos:
                 wait_pos = log_end
-    if not sync_flush:
-        path.waiters.notify({(TIMER_TOPIC, 0)})
-        if store.should_flush(now):
-            path.flusher.wake()
     return wait_pos, pos, MORE if taken == len(scanned) == cap else DONE

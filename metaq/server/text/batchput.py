@@ -18,6 +18,7 @@ from metaq.protocol.burst import scan_puts
 from metaq.protocol.putbatch import encode_runs, scan_batch
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
 from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0
@@ -57,21 +58,19 @@ class BatchPuts:
         except errors.MetaqError as exc:  # the disk, met after the check: what was appended stays (as a burst's)
             return self.error_reply(exc, e.opaque), NO_WAIT
         reply = encode_result(200, encode_runs(runs), e.opaque)
-        if path.sync_replication:
-            path.replication.notify()
-            conn.spawn(self._replicated, e, reply, sorted({run[1] for run in runs}), log_end, now)
+        keys = {(e.topic, run[1]) for run in runs}
+        ack = path.written(keys, now, may_yield=True)
+        if ack == ACK_AFTER_REPLICATION:
+            conn.spawn(self._replicated, e, reply, sorted(p for _t, p in keys), log_end, now)
             return None, NO_WAIT
-        if path.sync_flush:
+        if ack == ACK_AFTER_FLUSH:
             return reply, log_end
-        path.waiters.wake_now({(e.topic, run[1]) for run in runs})  # the woken gets answer first
-        if store.should_flush(now):
-            path.flusher.wake()
         return reply, NO_WAIT
 
     def _store(self, e, frames, now):
         """Append every frame, in order: ``([(first_id, partition, first_offset, count)], log end)``."""
         path = self.put_path
-        store, stats, registry = path.store, path.stats, path.registry
+        store, counted = path.store, path.counted
         body = e.body
         runs = []
         log_end = 0
@@ -79,7 +78,7 @@ class BatchPuts:
         while i < n:
             taken, written = store.put_burst(frames[i:] if i else frames, body, now)
             for key, count, nbytes, first_id, first_offset, _first, end in written:
-                stats.on_puts(key[0], count, nbytes)
+                counted(key[0], count, nbytes)
                 _add(runs, first_id, key[1], first_offset, count)
                 log_end = max(log_end, end)
             i += taken
@@ -89,8 +88,6 @@ class BatchPuts:
                 _add(runs, r.msg_id, r.partition, r.offset, 1)
                 log_end = max(log_end, r.log_end)
                 i += 1
-        if registry is not None and e.topic not in registry.registered_topics:
-            registry.topic_created(e.topic)
         return runs, log_end
 
     def _replicated(self, e, reply, partitions, log_end, now):
@@ -102,7 +99,7 @@ class BatchPuts:
             path.failed(e.topic, exc, counted_only=True)
             return self.error_reply(exc, e.opaque)
         if not path.sync_flush and len(partitions) > 1:  # durable woke the first partition's long polls
-            path.waiters.notify({(e.topic, p) for p in partitions[1:]})
+            path.visible({(e.topic, p) for p in partitions[1:]}, now)
         return reply
 
 

@@ -25,6 +25,7 @@ from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol import commands
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_AFTER_FLUSH
 from metaq.idempotence.fasttext import take_put_idem
 from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
 from metaq.timers.fasttext import take_put_ats
@@ -72,13 +73,10 @@ class FastPuts:
         return wait_pos
 
     def account(self, runs):
-        """Count the stored runs and register their topics."""
-        stats, registry = self.stats, self.put_path.registry
+        """Count the stored runs and register their topics (``PutPath.counted``, once per run)."""
+        counted = self.put_path.counted
         for run in runs:
-            topic = run.key[0]
-            stats.on_puts(topic, run.count, run.body_bytes)
-            if registry is not None and topic not in registry.registered_topics:
-                registry.topic_created(topic)
+            counted(run.key[0], run.count, run.body_bytes)
 
 
 def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
@@ -102,17 +100,13 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
     parser.consume_to(pos)
     fast.stats.burst_puts += taken
     fast.account(runs)
-    sync_flush = fast.sync_flush
+    after_flush = path.written({run[0] for run in runs}, now, may_yield=True) == ACK_AFTER_FLUSH
     for key, count, _nbytes, first_id, first_offset, first, log_end in runs:
         out.append(encode_put_acks(frames, first, count, first_id, key[1], first_offset))
-        if sync_flush:
+        if after_flush:
             durable.append((len(out) - 1, [f[3] for f in frames[first:first + count]]))
             if log_end > wait_pos:
                 wait_pos = log_end
-    if not sync_flush:
-        path.waiters.wake_now({run[0] for run in runs})  # the woken gets answer first
-        if fast.store.should_flush(now):
-            path.flusher.wake()
     return wait_pos, pos, MORE if taken == scanned == cap else DONE
 
 
