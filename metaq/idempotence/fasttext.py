@@ -77,7 +77,6 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     frames = before_refused_topic(frames, writable_topics(path, session))
     if not frames:
         return wait_pos, pos, DONE
-    store = fast.store
     now = now_ms()
     burst = _Burst(fast, out, durable, wait_pos)
     n = len(frames)
@@ -86,7 +85,7 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     while i < n:
         j = _run_end(frames, i, n)
         run_frames = frames[i:j] if i or j < n else frames
-        taken, runs = store.put_idempotent_run(run_frames, data, now, owner)
+        taken, runs = path.append_idempotent_run(run_frames, data, now, owner)
         if taken:
             for run in runs:
                 first = run.first_frame
@@ -102,7 +101,7 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
         i += 1
         topic = f[0].decode("ascii")
         try:
-            r, _position, duplicate = store.put_idempotent_prepared(topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
+            r, _position, duplicate = path.append_idempotent_prepared(topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
                                                                     f[8], f[9], f[6] & 0x7FFFFFFF, owner)
         except errors.MetaqError as exc:  # answered as the general path does; the next frames after a new look
             path.failed(topic, exc)

@@ -107,13 +107,13 @@ class TextIdempotentBatches(BatchPuts):
         """Decide and append every frame, in order: ``([(first_id, partition, first_offset, count, dup)], the log
         end the reply waits for)`` (a duplicate's: its original's)."""
         path = self.put_path
-        store, counted = path.store, path.counted
+        counted = path.counted
         runs = []
         log_end = 0
         i, n = 0, len(frames)
         while i < n:
             j = n if i == 0 and _one_run(frames) else run_end(frames, i, n)
-            taken, written = store.put_idempotent_run(frames[i:j] if i or j < n else frames, data, now, owner)
+            taken, written = path.append_idempotent_run(frames[i:j] if i or j < n else frames, data, now, owner)
             if taken:
                 for run in written:
                     first = i + run.first_frame
@@ -124,7 +124,7 @@ class TextIdempotentBatches(BatchPuts):
                 continue
             f = frames[i]
             i += 1
-            r, _position, duplicate = store.put_idempotent_prepared(e.topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
+            r, _position, duplicate = path.append_idempotent_prepared(e.topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
                                                                     f[8], f[9], f[6] & 0x7FFFFFFF, owner)
             if not duplicate:
                 counted(e.topic, 1, f[10])

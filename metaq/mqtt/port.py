@@ -450,7 +450,7 @@ class MqttPort:
         for stop in general + [n]:  # each a record the burst writer does not take, or the end
             while i <= stop < n or i < stop:
                 if i < stop:
-                    taken, written = store.put_burst(frames[i:stop] if i or stop < n else frames, src, now)
+                    taken, written = path.append_burst(frames[i:stop] if i or stop < n else frames, src, now)
                     for run in written:
                         key, count, nbytes, end = run[0], run[1], run[2], run[6]
                         stats.on_puts(key[0], count, nbytes)

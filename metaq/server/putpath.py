@@ -260,6 +260,21 @@ class PutPath:
                 self.registry.topic_created(topic)
         return r, position, duplicate
 
+    def append_burst(self, frames, src, now):
+        """The batch writers' append (``MessageStore.put_burst``): ``(frames taken, BurstRuns)``, the writer's
+        refusal (``check_write``) already asked. The caller then counts the runs (``counted``) and owes the
+        acknowledgement ``written`` returns."""
+        return self.store.put_burst(frames, src, now)
+
+    def append_idempotent_run(self, frames, src, now, owner=None):
+        """An idempotent producer's run of frames (``MessageStore.put_idempotent_run``), as ``append_burst``."""
+        return self.store.put_idempotent_run(frames, src, now, owner)
+
+    def append_idempotent_prepared(self, topic, partition, flag, body, now, pid, seq, checksum, owner=None):
+        """One checked idempotent frame (``MessageStore.put_idempotent_prepared``): ``(PutResult, record position,
+        duplicate)``, as ``append_burst``."""
+        return self.store.put_idempotent_prepared(topic, partition, flag, body, now, pid, seq, checksum, owner)
+
     def failed(self, topic, exc, counted_only=False):
         """Account for a put that failed with ``exc`` (``counted_only``: just count it)."""
         self.stats.on_put_failed(topic if topic != SCHEDULE_TOPIC else None)  # no stats for the internal topic

@@ -67,7 +67,7 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
     except errors.MetaqError:  # the general path answers each, up to the one past the quota or the limit
         return wait_pos, pos, DONE
     fast.stats.burst_scanned_bytes += scanned[-1][3] - pos
-    taken, runs = store.put_burst([item[5] for item in scanned], src, now)
+    taken, runs = path.append_burst([item[5] for item in scanned], src, now)
     if not taken:
         return wait_pos, pos, DONE
     pos = scanned[taken - 1][3]

@@ -70,13 +70,13 @@ class BatchPuts:
     def _store(self, e, frames, now):
         """Append every frame, in order: ``([(first_id, partition, first_offset, count)], log end)``."""
         path = self.put_path
-        store, counted = path.store, path.counted
+        counted = path.counted
         body = e.body
         runs = []
         log_end = 0
         i, n = 0, len(frames)
         while i < n:
-            taken, written = store.put_burst(frames[i:] if i else frames, body, now)
+            taken, written = path.append_burst(frames[i:] if i else frames, body, now)
             for key, count, nbytes, first_id, first_offset, _first, end in written:
                 counted(key[0], count, nbytes)
                 _add(runs, first_id, key[1], first_offset, count)

@@ -92,7 +92,7 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
     if not frames:
         return wait_pos, pos, DONE
     now = now_ms()
-    taken, runs = fast.store.put_burst(frames, buf, now)
+    taken, runs = path.append_burst(frames, buf, now)
     if not taken:
         return wait_pos, pos, DONE
     last = frames[taken - 1]
