@@ -35,6 +35,16 @@ SCHEDULE_REFUSAL = ("%s is the broker's internal topic for delayed delivery: sen
                     "instead (put_delayed, RocketMQ's DELAY property)" % SCHEDULE_TOPIC)
 
 
+def journal_append(store):
+    """The append a journal's log is given (POP's ``PopLog``, transactions' ``TxLog``): ``append(topic, flag, data,
+    now)`` writes one journal record to partition 0 of ``topic`` and returns the store's PutResult. A journal record
+    is no client's message: no statistics, no registration, no readers woken (the journal's follower reads it) and
+    the journal decides its own durability; what is refused (a full disk) raises, nothing written."""
+    def append(topic, flag, data, now):
+        return store.put(topic, 0, flag, data, now)
+    return append
+
+
 class WriteGate:
     """Why puts are refused right now (a full disk, a failed flush), or None: the one answer every writer reads.
 

@@ -228,10 +228,10 @@ def _xa(code, msg):
 class TransactionManager:
     """See the module docstring (half messages too); open with ``TransactionManager.open``."""
 
-    def __init__(self, store, config):
+    def __init__(self, store, config, append):
         self.store = store
         self.config = config
-        self._log = TxLog(store)
+        self._log = TxLog(store, append)
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING): changed by _add_branch / _drop_branch only
         self._per_user = {}  # user -> live branches it began (None: those of no user), kept with _branches
         self._by_owner = {}  # owner -> set of local keys
@@ -250,16 +250,17 @@ class TransactionManager:
     # -- open / recovery -----------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, store, config, now_ms, force=None, master=True):
+    def open(cls, store, config, now_ms, append, force=None, master=True):
         """BLOCKING: replay the journal from the log (``%TX%``) and recover (see module docstring); ``master``: this
         broker writes (a slave's manager only follows the master's records, ``learn``). An older broker's journal
         directory is migrated into the log first (``force``, default the store's ``force_recovery``: cut its
-        mid-file corruption instead of raising CorruptLog). The store must be open; recovery appends the missing
+        mid-file corruption instead of raising CorruptLog). ``append``: the put path's journal append
+        (``server.putpath.journal_append``). The store must be open; recovery appends the missing
         messages of interrupted commits and flushes them. The manager then follows the log (``store.follower``)."""
         config = config.validate()
         if force is None:
             force = bool(getattr(store.config, "force_recovery", False))
-        self = cls(store, config)
+        self = cls(store, config, append)
         jreport = self._migrate(force, now_ms) if master else None
         replay = self._replay()
         if master:
