@@ -51,7 +51,7 @@ from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
-from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, ACK_NOW
+from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, ACK_NOW, journal_append
 from metaq.speedups import load
 from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.results import BurstRun
@@ -94,6 +94,7 @@ class MqttPort:
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
         self.put_path = put_path
+        self.append_journal = journal_append(store)  # the sessions' records (``save``)
         self.guard = guard
         self.waiters = waiters
         self.max_transfer = max_transfer
@@ -255,7 +256,7 @@ class MqttPort:
             return None
         try:
             self.put_path.check_writable()
-            r = self.store.put(MQTT_SESSIONS_TOPIC, 0, 0, data, now)
+            r = self.append_journal(MQTT_SESSIONS_TOPIC, 0, data, now)
         except errors.MetaqError as exc:
             log.warning("mqtt client %s: its session was not saved: %s", client_id, exc)
             return None

@@ -36,10 +36,11 @@ SCHEDULE_REFUSAL = ("%s is the broker's internal topic for delayed delivery: sen
 
 
 def journal_append(store):
-    """The append a journal's log is given (POP's ``PopLog``, transactions' ``TxLog``): ``append(topic, flag, data,
-    now)`` writes one journal record to partition 0 of ``topic`` and returns the store's PutResult. A journal record
-    is no client's message: no statistics, no registration, no readers woken (the journal's follower reads it) and
-    the journal decides its own durability; what is refused (a full disk) raises, nothing written."""
+    """The append a journal's log is given (POP's ``PopLog``, transactions' ``TxLog``, MQTT's sessions):
+    ``append(topic, flag, data, now)`` writes one journal record to partition 0 of ``topic`` and returns the store's
+    PutResult. A journal record is no client's message: no statistics, no registration, no readers woken (the
+    journal's follower reads it) and the journal decides its own durability; what is refused (a full disk) raises,
+    nothing written."""
     def append(topic, flag, data, now):
         return store.put(topic, 0, flag, data, now)
     return append
