@@ -159,8 +159,10 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
     """Open ``n`` connections (reply: seconds it took), then on ``("ping", seconds, every)`` send a PINGREQ on each
     every ``every`` seconds for ``seconds`` (reply: pings sent, PINGRESPs received, connections the broker closed),
     on ``("fleet", rate, count, topic, payload_len)`` publish ``count`` QoS 1 messages at ``rate`` a second, each
-    from the next connection in turn (``fleet``), on ``("storm", gap, wait)`` send a PINGREQ's first byte on every
-    one at once and its second ``gap`` seconds later (``storm``: two replies), then on ``"close"`` close them."""
+    from the next connection in turn (``fleet``), on ``("devices", seconds, topic, payload_len)`` have every
+    connection publish QoS 1 messages one at a time, the next once the last is acknowledged (``devices``), on
+    ``("storm", gap, wait)`` send a PINGREQ's first byte on every one at once and its second ``gap`` seconds later
+    (``storm``: two replies), then on ``"close"`` close them."""
     started = time.perf_counter()
     socks = open_connections(port, n, prefix, keep_alive, sources)
     pipe.send(time.perf_counter() - started)
@@ -174,6 +176,9 @@ def hold(pipe, port, n, prefix, keep_alive, sources):
             break
         if cmd[0] == "fleet":
             pipe.send(fleet(socks, sel, *cmd[1:]))
+            continue
+        if cmd[0] == "devices":
+            pipe.send(devices(socks, sel, *cmd[1:]))
             continue
         if cmd[0] == "storm":
             pipe.send(storm(socks, sel, pipe, *cmd[1:]))
@@ -225,6 +230,28 @@ def fleet(socks, sel, rate, count, topic, payload_len):
             if t0 is not None and data.startswith(b"\x40\x02"):
                 acked.append(time.monotonic_ns() - t0)
     return len(acked), acked
+
+
+def devices(socks, sel, seconds, topic, payload_len):
+    """Every held connection a device publishing QoS 1 messages one at a time for ``seconds``: its next PUBLISH only
+    once the last is acknowledged, so each arrives alone in a read however busy the broker is (the fleet's
+    one-message turn at the broker's saturation); returns the messages acknowledged."""
+    packet = publish_packet(topic, b"d" * payload_len, 1)
+    _send_each(socks, packet)
+    acked = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s, data in _ready(sel, 0.05):
+            if data:
+                acked += len(data) // PUBACK_LEN
+                try:
+                    s.send(packet)
+                except OSError:
+                    pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _ready(sel, 0.05):
+        pass  # the last round's PUBACKs, not counted: the window is over
+    return acked
 
 
 def storm(socks, sel, pipe, gap, wait):

@@ -364,6 +364,11 @@ LOGIN_TIMEOUT_S = 10.0
 MAX_UNAUTHENTICATED_PER_ADDRESS = 16
 UNAUTHENTICATED_SHARE = 0.25
 
+#: With strangers at their cap in all, a new connection closes the oldest stranger of the address holding the most
+#: (``Strangers.room``) instead of being refused, so that a user with credentials always gets in; a stranger is
+#: never closed so before it has been open this long: a client that logs in within it is never evicted.
+STRANGER_EVICTION_AGE_S = 2.0
+
 #: A text request's body before its connection has logged in (``auth``, ``version`` and ``quit`` have none; a
 #: pipelined small put after ``auth`` fits): a larger one closes the connection before a byte of it is held.
 MAX_PRELOGIN_BODY_BYTES = 64 * 1024
@@ -670,6 +675,10 @@ MQTT_TOPIC_RESCAN_S = 1.0
 #: the log's write amplification is bounded; after a kill -9 what was delivered in the last interval is delivered
 #: again (at least once). Subscriptions, QoS 2 packet ids and ends of sessions are written at once.
 MQTT_SESSION_SAVE_INTERVAL_S = 1.0
+#: How often the MQTT port looks whether this broker may keep sessions and wills (seconds): a master that stops
+#: being one (deposed, its lease run out, isolated) closes the connections holding them within this much, and one
+#: that becomes master publishes the wills left in the sessions' log as soon.
+MQTT_ROLE_CHECK_S = 0.1
 #: Sessions kept for clients that are not connected (``mqtt.max_offline_sessions``): when one more goes offline, the
 #: one offline longest is ended (its client's next CONNECT gets Session Present 0).
 MQTT_MAX_OFFLINE_SESSIONS = 10_000
@@ -722,8 +731,10 @@ GRPC_MAX_NEW_STREAMS = 20_000
 #: slave is answered DEADLINE_EXCEEDED past it.
 GRPC_MAX_CALL_S = 60.0
 #: Consumer clients whose Telemetry Settings (FIFO group, max delivery attempts) the gRPC port keeps for their
-#: receives; past it the one heard from longest ago is forgotten (it receives with the defaults until it sends its
-#: Settings again, as every client does every 30 s or so).
+#: receives; each user's share of it is its ``consumer_clients`` quota (half by default). Past either, the client
+#: heard from longest ago (the user's own for its quota) is forgotten when idle (GRPC_CLIENT_IDLE_MS), else the new
+#: client's Settings ends its stream RESOURCE_EXHAUSTED. With authentication off the oldest is forgotten, idle or not
+#: (it receives with the defaults until it sends its Settings again, as every client does every 30 s or so).
 GRPC_MAX_CONSUMER_CLIENTS = 4096
 #: Topic names one producer's Telemetry Settings may name (its ``publishing.topics``, each one a topic whose half
 #: messages' check-backs may ask it). A Settings naming more ends its stream INVALID_ARGUMENT before any name is kept;
@@ -757,6 +768,9 @@ GRPC_MAX_RENEWED = 100_000
 #: Messages the broker renews at once for one client (its ``x-mq-client-id``); past it as past GRPC_MAX_RENEWED.
 #: The official clients cache at most a few thousand messages per consumer.
 GRPC_MAX_RENEWED_PER_CLIENT = 10_000
+#: Messages the broker renews at once for one user's clients (authentication on), so that one user's many client
+#: ids leave the rest of GRPC_MAX_RENEWED to the others (QUOTA_DEFAULT_SHARE of it); past it as past GRPC_MAX_RENEWED.
+GRPC_MAX_RENEWED_PER_USER = int(GRPC_MAX_RENEWED * QUOTA_DEFAULT_SHARE)
 #: A client not heard from for this long (no Heartbeat, Telemetry command, receive or ack; clients heartbeat every
 #: 10 s, RocketMQ's proxy counts a consumer gone after 120 s) is taken for ended: its renewed messages are released.
 GRPC_CLIENT_IDLE_MS = 120_000

@@ -17,16 +17,17 @@ With authentication off there are no users: every client is one tenant, bounded 
 it raises ``QuotaExceeded`` (naming the quota, its value and the user) when one more would pass the quota.
 The broker gives it (``Guard.quotas``) to what counts: the producers' table (``limit``: its eviction within a
 user's windows), the consumer offsets, the topics a put creates, the requests waiting, the logins, the timed
-messages pending, the topic names of RocketMQ 5 producers' streams. The transaction service asks the
+messages pending, the topic names of RocketMQ 5 producers' streams, the
+RocketMQ 5 consumer clients whose Settings are kept. The transaction service asks the
 ``transactions`` quota before a user begins one more (open and prepared transactions, XA branches and half messages
 together: ``TxService.check_quota``).
 
-**Rates** (``RATES``): bytes per second a user's connections may send to the broker (``produce_bytes_per_s``)
-and be sent as the records of its gets and pulls (``fetch_bytes_per_s``). A client over its rate is delayed,
-not refused, as Kafka throttles: ``Quotas.pace(user, kind, nbytes, now)`` charges the bytes to the user's
-token bucket (one second of its rate as a burst) and says how long the connection must wait before it goes
-on, so that the user's bytes over any long span stay at its rate, however many connections it uses. No
-default: a rate is unbounded until the file sets one.
+**Rates** (``RATES``): bytes per second a user may send to the broker (``produce_bytes_per_s``) and be sent as
+records (``fetch_bytes_per_s``), over any port (``Guard.pace`` is where every port charges them). A client over
+its rate is delayed, not refused, as Kafka throttles: ``Quotas.pace(user, kind, nbytes, now)`` charges the bytes
+to the user's token bucket (one second of its rate as a burst) and says how long the user's next bytes must wait,
+so that the user's bytes over any long span stay at its rate, however many connections it uses. No default: a
+rate is unbounded until the file sets one.
 """
 
 from metaq import limits
@@ -68,13 +69,16 @@ QUOTAS = {q.name: q for q in (
           "long polls of the user parked at once waiting for a message (RocketMQ 5 receives and pulls)"),
     Quota("producer_topics", limits.GRPC_MAX_PRODUCER_TOPICS, "limits.GRPC_MAX_PRODUCER_TOPICS",
           "topic names the Settings of the user's RocketMQ 5 producers name, over all their open Telemetry streams"),
+    Quota("consumer_clients", limits.GRPC_MAX_CONSUMER_CLIENTS, "limits.GRPC_MAX_CONSUMER_CLIENTS",
+          "RocketMQ 5 consumer clients (client ids) of the user whose Telemetry Settings the gRPC port keeps; a new "
+          "one past it is refused unless the user's own client heard from longest ago is idle"),
 )}
 
 
 #: The rates a user may be given (``quotas:`` keys of the permissions file, bytes per second), and what they count.
 RATES = {
     "produce_bytes_per_s": "bytes the user's connections send to the broker (its puts and other requests)",
-    "fetch_bytes_per_s": "bytes of the records sent to the user's gets and pulls",
+    "fetch_bytes_per_s": "bytes of the records sent to the user, over any port (gets, pulls, receives, deliveries)",
 }
 #: The kind of traffic each rate paces (``Quotas.pace``).
 RATE_OF = {"produce": "produce_bytes_per_s", "fetch": "fetch_bytes_per_s"}

@@ -30,4 +30,5 @@ class TextKeys:
         body = encode_lookup_body(page.cursor, page.indexed_to, [
             (r.partition, r.queue_offset, r.position, r.store_ts_ms, r.msg_id, r.flag, r.data, metaq_checksum(r.data))
             for r in page.records])
+        conn.pace("fetch", sum(len(r.data) for r in page.records))  # the user's fetch rate: the reply waits
         return encode_result(200, body, e.opaque), NO_WAIT

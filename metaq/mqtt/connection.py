@@ -133,9 +133,9 @@ class Connection(core.Connection):
         finish)."""
         return self._handling or self._acks_pending > 0
 
-    def await_login(self, host):
+    def await_login(self, host, arrived):
         """Until its CONNECT logs it in, a packet may be only ``limits.MAX_PRELOGIN_BODY_BYTES``."""
-        super().await_login(host)
+        super().await_login(host, arrived)
         self.parser.max_packet = min(self.parser.max_packet, limits.MAX_PRELOGIN_BODY_BYTES)
 
     def login_done(self):
@@ -546,9 +546,10 @@ class Connection(core.Connection):
                 return self._refuse_connect(wire.TOPIC_NAME_INVALID, "will topic %r: %s" % (will.topic, exc))
         self.will = will
         self.expiry_s = p.properties.get("session_expiry_interval", 0) if v5 else 0
-        if not self.port.is_master() and ((self.expiry_s if v5 else not p.clean_start) or
-                                          (not p.clean_start and client_id in self.port.table.sessions)):
-            return self._use_another_server(client_id)
+        refusal = self.port.session_refusal()
+        if refusal is not None and ((self.expiry_s if v5 else not p.clean_start) or
+                                    (not p.clean_start and client_id in self.port.table.sessions)):
+            return self._use_another_server(client_id, refusal)
         self.client_receive_max = p.properties.get("receive_maximum", 65535)
         self.client_max_packet = p.properties.get("maximum_packet_size")
         self.problem_information = p.properties.get("request_problem_information", 1) == 1
@@ -567,6 +568,8 @@ class Connection(core.Connection):
             self._unacked_in = len(session.qos2_received)  # its QoS 2 PUBLISHes waiting for their PUBREL
         if session.persistent:
             self.port.connected(session)
+        if will is not None:
+            self.port.record_will(client_id, will, self.session, self._will_delay(will))
         props = {}
         if v5:
             props = {"receive_maximum": s.receive_maximum, "maximum_packet_size": s.max_packet_bytes}
@@ -585,13 +588,14 @@ class Connection(core.Connection):
                     log.info("mqtt %s: shared subscription %s not resumed (0x%02X)", self.peer, topic_filter, code)
         return True
 
-    def _use_another_server(self, client_id):
-        """A slave cannot keep a persistent session (only the master writes them): refused, the master named."""
+    def _use_another_server(self, client_id, refusal):
+        """A broker that keeps no session now (``MqttPort.session_refusal``: a slave, or a master that may not
+        acknowledge) cannot keep a persistent session: refused, the master named."""
         master = self.port.master_reference()
         props = {"server_reference": master} if master else {}
         return self._refuse_connect(wire.USE_ANOTHER_SERVER, "client %s asks for a persistent session and this broker "
-                                    "is a replication slave, which keeps none: connect to the master%s"
-                                    % (client_id, " (%s)" % master if master else ""), props)
+                                    "keeps none now (%s): connect to the master%s"
+                                    % (client_id, refusal, " (%s)" % master if master else ""), props)
 
     def _login(self, p):
         """The CONNECT's user name and password through the guard (authentication on); False: refused, answered."""
@@ -621,6 +625,20 @@ class Connection(core.Connection):
         self.close()
         will, self.will = self.will, None
         return (will, self.session, self._will_delay(will)) if will is not None else None
+
+    def keeps_state(self):
+        """True when this connection holds what only a master keeps: a persistent session or a will."""
+        return self.mqtt is not None and (self.mqtt.persistent or self.will is not None)
+
+    def move_away(self, reference):
+        """This broker stopped keeping sessions (``MqttPort.session_refusal``): MQTT 5 is told DISCONNECT 0x9C Use
+        another server (Server Reference: the master's MQTT address, ``reference``, when known), MQTT 3.1.1 is just
+        closed. The connection ends as a network failure: its will is left to the master (it is in the log)."""
+        log.info("mqtt %s: client %s: this broker keeps no session now; closing%s", self.peer, self.mqtt.client_id,
+                 " (the master is %s)" % reference if reference else "")
+        if self.version == MQTT_5:
+            self.send(wire.Disconnect(wire.USE_ANOTHER_SERVER, {"server_reference": reference} if reference else {}))
+        self.close()
 
     def _will_delay(self, will):
         if self.version != MQTT_5:
@@ -662,8 +680,11 @@ class Connection(core.Connection):
         for topic_filter in list(self.mqtt.shared):
             self._leave(topic_filter)
         will, self.will = self.will, None
-        if will is not None and not self._ended_cleanly and not self._taken_over:
-            self.port.connection_lost(self.mqtt.client_id, will, self.session, self._will_delay(will))
+        if will is not None and not self._taken_over:
+            if self._ended_cleanly:
+                self.port.will_done(self.mqtt.client_id)
+            else:
+                self.port.connection_lost(self.mqtt.client_id, will, self.session, self._will_delay(will))
 
     def close(self):
         super().close()

@@ -38,6 +38,12 @@ greenlet, which the append woke as before. The burst's messages are the publishe
 the message its record gives back), neither read back from the log nor decoded, and are kept in ``Decoded`` for
 the readers of the log that come after; each is decided and encoded by what the greenlet uses (``_decision``,
 ``_prepare``), so a subscriber gets it alike either way.
+
+**Paced.** A session whose user has a ``fetch_bytes_per_s`` rate (``Guard.paced``) is served by its own greenlet
+only: it never joins a fan-out reader (one that joined before the rate was set leaves it) and a publisher's turn
+never sends to it. Each PUBLISH it sends is charged to its user (``Guard.pace``, the one pacing point); over the
+rate its pass stops and the next begins after the wait, in its greenlet (``_paced_wait``). Nothing is read from
+the log for it meanwhile: what waits for it is the log's, its window in flight and reply budget as ever.
 """
 
 import _socket
@@ -347,7 +353,7 @@ class Delivery:
 
     __slots__ = ("conn", "store", "guard", "waiters", "settings", "max_transfer", "session", "port", "decoded",
                  "fanouts", "_retained", "_deferred", "_seen", "_rescanned", "_overflow_logged", "_turn", "_greenlet",
-                 "_resent", "_handed", "_window_full")
+                 "_resent", "_handed", "_window_full", "_resume_at")
 
     def __init__(self, conn, port):
         self.conn = conn
@@ -370,6 +376,7 @@ class Delivery:
         self._greenlet = None  # while it has work
         self._resent = False  # a resumed session's messages in flight were sent again
         self._handed = None  # (topic, partition) -> the Fanout it was handed to
+        self._resume_at = None  # monotonic time its user's fetch rate lets it read again (``_paced_wait``)
 
     # -- subscribing -----------------------------------------------------------
 
@@ -622,7 +629,8 @@ class Delivery:
         it sent everything and left the cursor at the partition's end: its greenlet has nothing to do there (not so
         when a shared group of the session reads the partition too: the group's copy is the greenlet's)."""
         conn, session = self.conn, self.session
-        if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent:
+        if conn.closed or conn.tls or conn.unsent or self._retained or not self._resent \
+                or self.guard.paced(conn.session, "fetch"):  # a paced user's bytes wait in its own greenlet
             return False
         cursors = session.cursors
         offset = cursors.get(key)
@@ -683,7 +691,7 @@ class Delivery:
         granted QoS 0, to the port's fan-out reader of it (a TLS connection keeps its own: only ``send_bytes``
         writes it)."""
         conn, session = self.conn, self.session
-        if conn.tls:
+        if conn.tls or self.guard.paced(conn.session, "fetch"):  # a paced user reads alone, at its rate
             return
         max_offset = self.store.max_offset
         handed = self._handed
@@ -716,8 +724,8 @@ class Delivery:
         if offset is None or conn.closed:
             return None
         topic = key[0]
-        if not self.guard.allows(conn.session, SUB, "topic", topic):
-            return None
+        if not self.guard.allows(conn.session, SUB, "topic", topic) or self.guard.paced(conn.session, "fetch"):
+            return None  # its permission gone, or a rate set since it joined: it reads alone
         decisions = [self._decision(topic, m) for m in batch.kinds]
         alike = None
         if offset <= batch.first and not batch.expiring and not any(ids for _granted, ids, _retain in decisions):
@@ -856,7 +864,9 @@ class Delivery:
         return False
 
     def _pass(self):
-        """Read every partition once from its cursor and send what matches; True when something was read."""
+        """Read every partition once from its cursor and send what matches; True when something was read. A pass
+        begins once its user's fetch rate lets it (``_paced_wait``)."""
+        self._paced_wait()
         read_any = False
         conn = self.conn
         handed = self._handed or ()
@@ -864,6 +874,8 @@ class Delivery:
             self._turn = share_loop(self._turn)  # a backlog (of records no filter wants, too) lets the others run
             if conn.closed:
                 return False
+            if self._resume_at is not None:
+                return True  # over its user's fetch rate: the next pass goes on once it may
             topic = key[0]
             if not self.guard.allows(conn.session, SUB, "topic", topic):
                 continue  # a reloaded permissions file took it away: nothing more of it is read
@@ -878,6 +890,8 @@ class Delivery:
                 self._turn = share_loop(self._turn)
                 if conn.closed:
                     return False
+                if self._resume_at is not None:
+                    return True
                 if not self.guard.allows(conn.session, SUB, "topic", key[0]):
                     continue
                 if not conn.replies.reserve(self.max_transfer, lambda: conn.closed):
@@ -932,6 +946,8 @@ class Delivery:
             if not self._send(topic, (partition, rec.queue_offset), rec.flag, rec.data, granted, False, m,
                               () if sub_id is None else (sub_id,)):
                 return False
+            if self._resume_at is not None:
+                return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)
 
     def _has_room(self, conn):
@@ -964,6 +980,8 @@ class Delivery:
             if key in cursors:
                 cursors[key] = rec.queue_offset + 1
                 self.session.dirty = True
+            if self._resume_at is not None:
+                return True  # over its user's fetch rate: the next pass goes on from here once it may
         return bool(records)
 
     def _deliver(self, topic, partition, rec):
@@ -999,7 +1017,23 @@ class Delivery:
                 self._cursor_to((topic, where[0]), where[1] + 1)
             if qos == 2 and session.persistent and not self._saved_first():
                 return False
-        return conn.send_bytes(data)
+        if not conn.send_bytes(data):
+            return False
+        delay = self.guard.pace(conn.session, "fetch", len(data))  # the one pacing point: these bytes are the user's
+        if delay > 0:
+            self._resume_at = time.monotonic() + delay
+        return True
+
+    def _paced_wait(self):
+        """Wait, in this delivery's own greenlet, until its user's fetch rate lets it send again (``Guard.pace``
+        said how long after its last PUBLISH): other sessions and the loop go on meanwhile, and nothing more is read
+        from the log for it, so what waits for it stays bounded as ever (its window in flight, its reply budget)."""
+        resume_at, self._resume_at = self._resume_at, None
+        if resume_at is not None:
+            left = resume_at - time.monotonic()
+            if left > 0:
+                gevent.sleep(left)
+            self._turn = time.monotonic()
 
     def _saved_first(self):
         """Write the session before its QoS 2 PUBLISH goes out and wait, as a PUBACK does, until the record may be

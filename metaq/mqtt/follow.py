@@ -16,6 +16,11 @@ slave, by the code that keeps messages.
   shared subscription group's read positions (and the topics it reads), kept while some session that holds one
   of its subscriptions exists, so the group goes on from there when a member comes back; ``{"k": "gd", ...}``
   ends it. The last record of a (name, filter) is its group.
+* **Wills** (``encode_will`` / ``encode_will_end``): ``{"k": "w", ...}`` is the will of a connection the master
+  holds (or one waiting for its delay): its client id, user and address, topic, payload, QoS, retain, MQTT 5
+  properties and Will Delay; ``{"k": "wd", "c": id}`` says it was published or dropped (a DISCONNECT 0x00, a
+  resume). A master that takes over (a promotion, a restart after a kill -9) publishes the wills still there: their
+  connections ended with the broker that held them. The last record of a client id is its will.
 * **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
   the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
   record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
@@ -29,6 +34,7 @@ slave, by the code that keeps messages.
 No sockets, gevent or clock (times are passed in).
 """
 
+import base64
 import json
 import logging
 
@@ -40,8 +46,9 @@ log = logging.getLogger(__name__)
 #: Records one ``learn`` takes at most (the follower's next step takes the rest).
 MQTT_LEARN_BATCH = 1024
 
-__all__ = ["SavedSession", "SavedGroup", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH", "encode",
-           "decode", "encode_retained", "encode_unretained", "encode_group", "encode_group_end", "RecordError"]
+__all__ = ["SavedSession", "SavedGroup", "SavedWill", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH",
+           "encode", "decode", "encode_retained", "encode_unretained", "encode_group", "encode_group_end",
+           "encode_will", "encode_will_end", "RecordError"]
 
 
 class RecordError(ValueError):
@@ -138,6 +145,65 @@ def decode_group(data):
         raise RecordError("a shared group's record that does not decode: %s" % exc) from exc
 
 
+class SavedWill:
+    """A will as its last record says (see the module doc): what its client's CONNECT gave (``properties``:
+    ``wire``'s dict of the will's MQTT 5 properties), its user and address (its publish is asked as that user's),
+    the delay it waits once its connection ended (min(Will Delay, Session Expiry); 0: MQTT 3.1.1);
+    ``position``: where that record is in the log."""
+
+    __slots__ = ("client_id", "user", "host", "topic", "payload", "qos", "retain", "properties", "delay_s",
+                 "position")
+
+    def __init__(self, client_id, user, host, topic, payload, qos, retain, properties, delay_s, position=None):
+        self.client_id, self.user, self.host, self.topic, self.payload = client_id, user, host, topic, payload
+        self.qos, self.retain, self.properties, self.delay_s, self.position = qos, retain, properties, delay_s, position
+
+
+def _plain(value):
+    """A will property as JSON holds it: bytes (Correlation Data) as ``{"b": base64}``, pairs as lists."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _unplain(value):
+    if isinstance(value, dict):
+        return base64.b64decode(value["b"])
+    if isinstance(value, list):
+        return tuple(_unplain(v) for v in value)
+    return value
+
+
+def encode_will(w):
+    """A will's record (bytes)."""
+    return json.dumps({"k": "w", "c": w.client_id, "u": w.user, "h": w.host, "t": w.topic,
+                       "p": base64.b64encode(bytes(w.payload)).decode("ascii"), "q": w.qos, "r": bool(w.retain),
+                       "pr": {k: _plain(v) for k, v in w.properties.items()}, "d": w.delay_s},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def encode_will_end(client_id):
+    """The record that says ``client_id``'s will was published or dropped."""
+    return json.dumps({"k": "wd", "c": client_id}, separators=(",", ":")).encode("utf-8")
+
+
+def decode_will(data):
+    """``(client id, SavedWill or None)`` of a will's record (None: published or dropped). Raises RecordError."""
+    try:
+        d = json.loads(bytes(data).decode("utf-8"))
+        if d["k"] == "wd":
+            return d["c"], None
+        props = {k: _unplain(v) for k, v in d["pr"].items()}
+        if "user_property" in props:
+            props["user_property"] = [tuple(pair) for pair in props["user_property"]]
+        return d["c"], SavedWill(d["c"], d["u"], d["h"], d["t"], base64.b64decode(d["p"]), d["q"], d["r"], props,
+                                 d["d"])
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise RecordError("a will's record that does not decode: %s" % exc) from exc
+
+
 class Retained:
     """A retained message: its MQTT topic name, the metaq topic, the flag and data of its stored record, when it was
     retained; ``position``: where its record is in the log."""
@@ -204,9 +270,22 @@ class SessionTable:
         self.retained = {}  # MQTT topic name -> Retained
         self.retained_bytes = 0  # the payload bytes of the retained messages' records
         self.groups = {}  # (share name, filter) -> SavedGroup
+        self.wills = {}  # client id -> SavedWill: wills not yet published or dropped
 
     def apply(self, position, data):
         """One record at log ``position``; a record that does not decode is logged and passed over."""
+        if bytes(data[:7]) == b'{"k":"w':
+            try:
+                client_id, w = decode_will(data)
+            except RecordError as exc:
+                log.error("mqtt: the sessions' record at log position %d is passed over: %s", position, exc)
+                return
+            if w is None:
+                self.wills.pop(client_id, None)
+            else:
+                w.position = position
+                self.wills[client_id] = w
+            return
         if bytes(data[:7]) == b'{"k":"g':
             try:
                 key, g = decode_group(data)
@@ -256,7 +335,8 @@ class SessionTable:
         """The lowest log position a live session's last record is at (None: no session)."""
         return min([s.position for s in self.sessions.values() if s.position is not None]
                    + [r.position for r in self.retained.values() if r.position is not None]
-                   + [g.position for g in self.groups.values() if g.position is not None], default=None)
+                   + [g.position for g in self.groups.values() if g.position is not None]
+                   + [w.position for w in self.wills.values() if w.position is not None], default=None)
 
 
 def replay(store, upto=None):

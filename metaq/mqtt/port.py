@@ -13,7 +13,14 @@ What it holds across connections:
   is told DISCONNECT 0x8E (MQTT 5) and closed (MQTT 3.1.1 [MQTT-3.1.4-2], MQTT 5.0 [MQTT-3.1.4-3]);
 * **wills** (``connection_lost``): published through the put path when a connection ends without a normal
   DISCONNECT; an MQTT 5 Will Delay holds it for min(Will Delay, Session Expiry) unless the client id connects
-  again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once);
+  again first with Clean Start 0, at most ``mqtt.max_delayed_wills`` at once (past it: at once). Each is also
+  written to the sessions' log (``record_will``) until it is published or dropped (``will_done``), so that a
+  master taking over (a promotion, a restart after a kill -9, the end of its own fencing) publishes those whose
+  connections ended with the broker that held them (``_adopt_wills``);
+* **fencing** (``session_refusal``, checked every ``limits.MQTT_ROLE_CHECK_S`` by ``_keep``): only a master that
+  may acknowledge writes keeps sessions and wills; one that stops being one (deposed, its lease run out,
+  isolated) closes at once the connections that hold a persistent session or a will (``Connection.move_away``):
+  what it would deliver to them could not be saved, and a session served there would be lost;
 * **assigned client identifiers** for a CONNECT with an empty one;
 * **the master's MQTT address** (``master_reference``: with ``ha: auto``, from the elected master's leader node):
   a slave refuses a CONNECT that needs a persistent session, naming it (MQTT 5 Server Reference);
@@ -44,8 +51,10 @@ import gevent
 from metaq import errors, limits
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.delivery import Decoded, Fanouts
-from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, encode,
-                               encode_end, encode_group, encode_group_end, encode_retained, encode_unretained, replay)
+from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, SavedWill,
+                               encode, encode_end, encode_group, encode_group_end, encode_retained, encode_unretained,
+                               encode_will, encode_will_end, replay)
+from metaq.mqtt.wire import Will
 from metaq.mqtt.records import first_level, partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
@@ -89,7 +98,7 @@ class MqttPort:
     """See the module doc."""
 
     def __init__(self, core, settings, store, put_path, guard, waiters, max_transfer, is_master=lambda: True,
-                 master_reference=lambda: None):
+                 master_reference=lambda: None, master_refusal=lambda: None):
         self.core = core
         self.settings = settings  # the ``mqtt:`` section
         self.store = store
@@ -109,6 +118,8 @@ class MqttPort:
         self.wills_published = 0
         self.is_master = is_master
         self.master_reference = master_reference  # the master's MQTT address when known (ha: auto), else None
+        self.master_refusal = master_refusal  # why this master may not acknowledge writes now (lease, isolation)
+        self._fenced = None  # True: keeps no session or will now (session_refusal); None: not looked yet
         self.table = replay(store)  # the persistent sessions the log holds
         for saved in self.table.sessions.values():
             saved.connected = False  # their connections ended with the broker that wrote them
@@ -175,6 +186,12 @@ class MqttPort:
             greenlet.kill(block=False)
             if clean_start:
                 self.publish_will(client_id, will, security)
+        saved = self.table.wills.get(client_id)
+        if saved is not None:  # dropped above, or left by the broker that held its connection: as if held here
+            if clean_start:
+                self.publish_will(client_id, *self._will_of(saved))
+            else:
+                self.will_done(client_id)
         self._clients[client_id] = conn
         return None
 
@@ -292,16 +309,53 @@ class MqttPort:
         self._handed[session.client_id] = session.saved(now_ms(), False)
 
     def _keep(self):
-        """Every ``MQTT_SESSION_SAVE_INTERVAL_S``: the connected persistent sessions that changed are written, the
-        offline ones past their expiry or age end, records too far behind the log end are written again."""
+        """Every ``MQTT_ROLE_CHECK_S``: whether this broker may keep sessions and wills (``_check_role``); every
+        ``MQTT_SESSION_SAVE_INTERVAL_S`` while it may: the connected persistent sessions that changed are written,
+        the offline ones past their expiry or age end, records too far behind the log end are written again."""
+        saved_at = time.monotonic()
         while not self.closing:
-            gevent.sleep(limits.MQTT_SESSION_SAVE_INTERVAL_S)
-            if not self.is_master():
-                continue
+            gevent.sleep(limits.MQTT_ROLE_CHECK_S)
             try:
+                if not self._check_role() or time.monotonic() - saved_at < limits.MQTT_SESSION_SAVE_INTERVAL_S:
+                    continue
+                saved_at = time.monotonic()
                 self._keep_once()
             except Exception:  # noqa: BLE001 - the keeper must go on
                 log.exception("mqtt: keeping the sessions failed")
+
+    def session_refusal(self):
+        """Why this broker may not keep MQTT sessions and wills now, or None: only a master that may acknowledge
+        writes does (a slave writes no session record; a master whose lease ran out or that is isolated could not
+        save them, and the member elected in its place goes on from what it last saved)."""
+        if not self.is_master():
+            return "this broker is a replication slave"
+        return self.master_refusal()
+
+    def _check_role(self):
+        """One look at ``session_refusal``: when this broker stops keeping sessions, the connections holding a
+        persistent session or a will are closed (``Connection.move_away``); when it starts (its start as master, a
+        promotion, the end of a fencing), it publishes the wills left in the log (``_adopt_wills``). True while it
+        keeps sessions."""
+        refusal = self.session_refusal()
+        if refusal is not None:
+            if self._fenced is not True:
+                self._fenced = True
+                self._move_away(refusal)
+            return False
+        if self._fenced is not False:
+            self._fenced = False
+            self._adopt_wills()
+        return True
+
+    def _move_away(self, refusal):
+        reference = self.master_reference()
+        moved = [conn for conn in list(self._clients.values()) if conn.keeps_state()]
+        if moved:
+            log.warning("mqtt: %d connections with a persistent session or a will closed: this broker keeps no "
+                        "session now (%s)%s", len(moved), refusal, "; master named: %s" % reference if reference
+                        else "")
+        for conn in moved:
+            conn.move_away(reference)
 
     def _keep_once(self):
         """One round of ``_keep``: other greenlets run between its writes (``share_loop``), and each write is checked
@@ -342,6 +396,10 @@ class MqttPort:
         for retained in list(table.retained.values()):
             if retained.position < behind and table.retained.get(retained.name) is retained:
                 self._write(retained.name, encode_retained(retained))
+                turn = share_loop(turn)
+        for w in list(table.wills.values()):
+            if w.position < behind and table.wills.get(w.client_id) is w:
+                self._write(w.client_id, encode_will(w))
                 turn = share_loop(turn)
         for saved in list(table.sessions.values()):
             if saved.position < behind and table.sessions.get(saved.client_id) is saved:
@@ -641,6 +699,42 @@ class MqttPort:
 
     # -- wills -----------------------------------------------------------------
 
+    def record_will(self, client_id, will, security, delay_s):
+        """A connection of ``client_id`` holds ``will`` (``security``: its guard session; ``delay_s``: what it
+        waits once the connection ends): written to the sessions' log, so that the master that takes over after
+        this one publishes it (``_adopt_wills``) if the connection ends with this broker. A broker that keeps no
+        session now writes none (a will on a slave is as its clean session: not kept)."""
+        if self.session_refusal() is not None:
+            return
+        self._write(client_id, encode_will(SavedWill(client_id, security.user, security.host, will.topic,
+                                                     will.payload, will.qos, will.retain, dict(will.properties),
+                                                     delay_s)))
+
+    def will_done(self, client_id):
+        """``client_id``'s will was published or dropped: written, so that no master publishes it again."""
+        if client_id in self.table.wills:
+            self._write(client_id, encode_will_end(client_id))
+
+    def _will_of(self, saved):
+        """``(Will, guard session)`` of a will the log holds: published as its user, from its client's address."""
+        return (Will(saved.topic, saved.payload, saved.qos, saved.retain, dict(saved.properties)),
+                self.guard.acting_for(saved.user, saved.host))
+
+    def _adopt_wills(self):
+        """This broker keeps sessions again (or for the first time): the wills the log holds of connections not held
+        here ended with the broker that held them (a killed or deposed master, this one before a kill -9 or while
+        it was fenced): each is published now or after its delay, as if its connection had just ended here."""
+        turn = time.monotonic()
+        for saved in list(self.table.wills.values()):
+            if saved.client_id in self._clients or saved.client_id in self._delayed or \
+                    self.table.wills.get(saved.client_id) is not saved:
+                continue
+            log.info("mqtt client %s: its connection ended with the broker that held it; its will to %s is "
+                     "published%s", saved.client_id, saved.topic,
+                     " after its delay (%d s)" % saved.delay_s if saved.delay_s > 0 else "")
+            self.connection_lost(saved.client_id, *self._will_of(saved), saved.delay_s)
+            turn = share_loop(turn)
+
     def connection_lost(self, client_id, will, security, delay_s):
         """A connection with a will ended without a normal DISCONNECT: publish it now, or after ``delay_s``."""
         if delay_s <= 0 or len(self._delayed) >= self.settings.max_delayed_wills:
@@ -657,15 +751,23 @@ class MqttPort:
             self.publish_will(client_id, will, security)
 
     def publish_will(self, client_id, will, security):
-        """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged."""
+        """Store ``will`` as its client's PUBLISH would be (its user's permission asked); a refusal is logged. Then
+        its record says it is done. While this broker keeps no session (``session_refusal``), a will the log holds
+        is left there: the master that takes over publishes it."""
+        refusal = self.session_refusal() if client_id in self.table.wills else None
+        if refusal is not None:
+            log.info("mqtt client %s: its will to %s is left to the master to publish: %s", client_id, will.topic,
+                     refusal)
+            return
         try:
             topic, r, now = self.put(will.topic, will.payload, will.qos, client_id, will.properties, security,
                                      will.retain)
         except (errors.MetaqError, ValueError) as exc:
             log.warning("mqtt client %s: its will to %s was not published: %s", client_id, will.topic, exc)
-            return
-        self.wills_published += 1
-        self.made_visible(topic, r, now)
+        else:
+            self.wills_published += 1
+            self.made_visible(topic, r, now)
+        self.will_done(client_id)
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
@@ -678,11 +780,25 @@ class MqttPort:
                 ("mqtt_shared_groups_kept", len(self.table.groups)),
                 ("mqtt_session_records", self.records_written)]
 
-    def stop(self):
-        """The broker stops: the persistent sessions' last state is written; the wills held for their delay are
-        published now (a will's delay does not outlive the broker)."""
+    def stop(self, grace_s):
+        """The broker stops (called while it may still write, before a master hands its leadership over): its MQTT
+        connections are closed (a busy one given ``grace_s`` to finish) and end as a network failure would (their
+        wills published, their sessions written); the persistent sessions' last state is written; the wills held
+        for their delay are published now (a will's delay does not outlive the broker)."""
         if self._keeper is not None:
             self._keeper.kill(block=False)
+        ending = [conn for conn in self.core.connections("mqtt")]
+        for conn in ending:
+            if not conn.busy:
+                conn.close()
+        deadline = time.monotonic() + grace_s
+        while any(conn.busy and not conn.closed for conn in ending) and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        for conn in ending:
+            conn.close()
+        deadline = time.monotonic() + grace_s
+        while self.core.count("mqtt") and time.monotonic() < deadline:  # their ends: wills and sessions written
+            gevent.sleep(0.01)
         for session in list(self._live.values()):
             self.went_offline(session)
         kept = self._kept_groups()

@@ -18,10 +18,14 @@ class TextPop:
         self.service, self.max_wait_ms = service, max_wait_ms
 
     def receive(self, e, conn):
+        """Received messages are charged to the user's fetch rate (``Connection.pace``, ``Guard.pace``): a receive
+        first waits what its user owes, then takes, so its messages' invisible time is never spent waiting."""
+        conn.pace("fetch", 0)
         got = self.service.receive(e.group, e.topic, e.max_messages, e.invisible_ms, e.fifo,
                                    wait_ms=min(e.max_wait_ms, self.max_wait_ms))
         body = encode_received([(r.partition, r.offset, r.attempt, r.deadline_ms, r.handle, r.record.msg_id,
                                  r.record.flag, r.record.data, metaq_checksum(r.record.data)) for r in got])
+        conn.pace("fetch", sum(len(r.record.data) for r in got), wait=False)
         return encode_result(200, body, e.opaque), NO_WAIT
 
     def ack(self, e, conn):

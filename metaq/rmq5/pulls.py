@@ -34,7 +34,7 @@ from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC, message_of_record,
 from metaq.protocol.rocketmq.requests import copies_readable, resource
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import Refusal
-from metaq.rmq5.rpcs import code_of, message_of
+from metaq.rmq5.rpcs import code_of, message_of, paced_wait
 from metaq.rmq5.rpcs import status as _status
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
@@ -132,9 +132,11 @@ class PullService:
         wait = _duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else budget
         wait = max(0, min(wait, budget, self.max_wait_ms))
         offset = request.offset
+        if not paced_wait(self.guard, call, time.monotonic() + max(0, budget) / 1000.0):  # its user's fetch rate
+            return self._none(offset)
         key, waiters, end = (topic, queue), self.waiters, self.store.max_offset
         seen = waiters.ends(end, (key,))  # before the read (a filter's cold pages are brought in off the loop)
-        answer, offset = self._read(topic, queue, offset, filt, batch, readable)
+        answer, offset = self._read(topic, queue, offset, filt, batch, readable, call)
         if answer is not None or wait <= 0:
             return answer or self._none(offset)
         user, cancel = getattr(call, "user", None), getattr(call, "cancelled", None)
@@ -153,7 +155,7 @@ class PullService:
                     return self._none(offset)
                 waiters.wait(key, remaining, seen, end, cancel)  # at once when an append came since that read began
                 seen = waiters.ends(end, (key,))
-                answer, offset = self._read(topic, queue, offset, filt, batch, readable)
+                answer, offset = self._read(topic, queue, offset, filt, batch, readable, call)
                 if answer is not None:
                     return answer
         finally:
@@ -164,9 +166,10 @@ class PullService:
         return [pb.PullMessageResponse(status=_status("MESSAGE_NOT_FOUND", "no new message")),
                 pb.PullMessageResponse(next_offset=offset)]
 
-    def _read(self, topic, queue, offset, filt, batch, readable):
+    def _read(self, topic, queue, offset, filt, batch, readable, call):
         """``(responses, offset)``: the responses when there is something to say now, else None and the offset to
-        read from when woken (past the records a filter passed over)."""
+        read from when woken (past the records a filter passed over). The records answered are charged to the
+        call's user's fetch rate (``Guard.pace``; the next pull waits for them: ``paced_wait``)."""
         store = self.store
         for _round in range(PULL_FILTER_ROUNDS):
             try:
@@ -192,6 +195,8 @@ class PullService:
             if readable is not None:
                 messages = [(rec, m) for rec, m in messages if readable(m.properties.get(PROP_RETRY_TOPIC))]
             if messages:
+                if self.guard is not None:
+                    self.guard.pace(call, "fetch", sum(len(rec.data) for rec, _m in messages))
                 out = [pb.PullMessageResponse(status=_status("OK"))]
                 for rec, m in messages:
                     response = pb.PullMessageResponse()

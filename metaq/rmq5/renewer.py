@@ -12,8 +12,9 @@ flight no longer is the one renewed), ``limits.GRPC_RENEW_MAX_MS`` after its del
 deadline), or when its client ends: NotifyClientTermination, its last open Telemetry stream closed, or nothing heard
 from it for ``limits.GRPC_CLIENT_IDLE_MS``; its messages are then visible again ``limits.GRPC_RELEASE_INVISIBLE_MS``
 later (``PopService.release``). Bounded: ``limits.GRPC_MAX_RENEWED`` messages at once, ``limits.
-GRPC_MAX_RENEWED_PER_CLIENT`` per client; past either a message is delivered but not renewed, logged once until
-renewal is possible again.
+GRPC_MAX_RENEWED_PER_CLIENT`` per client, ``limits.GRPC_MAX_RENEWED_PER_USER`` per user (with authentication on:
+one user's many clients never take the others' room); past any a message is delivered but not renewed, logged once
+until renewal is possible again.
 
 ``Renewals`` is the bookkeeping (pure, the time passed in): what is held by whom, what is due. ``Renewer`` runs it: a
 round every ``interval_s`` (``RENEW_INTERVAL_S``, or a quarter of the invisible duration) on the event loop, writing
@@ -60,8 +61,10 @@ class Renewals:
     is whatever key the caller names it by (the gRPC port's ``rpcs.ClientKey``: its user and client id)."""
 
     def __init__(self, max_total=limits.GRPC_MAX_RENEWED, max_per_client=limits.GRPC_MAX_RENEWED_PER_CLIENT,
-                 max_age_ms=limits.GRPC_RENEW_MAX_MS, idle_ms=limits.GRPC_CLIENT_IDLE_MS):
-        self.max_total, self.max_per_client = max_total, max_per_client
+                 max_age_ms=limits.GRPC_RENEW_MAX_MS, idle_ms=limits.GRPC_CLIENT_IDLE_MS,
+                 max_per_user=limits.GRPC_MAX_RENEWED_PER_USER):
+        self.max_total, self.max_per_client, self.max_per_user = max_total, max_per_client, max_per_user
+        self.by_user = {}  # user -> messages its clients hold (clients with a user only: authentication on)
         self.max_age_ms, self.idle_ms = max_age_ms, idle_ms
         self.held = {}  # key -> Held
         self.by_client = {}  # client -> set of keys
@@ -81,14 +84,17 @@ class Renewals:
         refused = 0
         keys = self.by_client.setdefault(client, set())
         self.heard_ms[client] = now
+        user = _user_of(client)
         for p, o, attempt, deadline in delivered:
             key = (group, topic, p, o)
             self._drop(key)  # an earlier delivery of the same message (another client's, expired)
-            if len(self.held) >= self.max_total or len(keys) >= self.max_per_client:
+            if (len(self.held) >= self.max_total or len(keys) >= self.max_per_client
+                    or (user and self.by_user.get(user, 0) >= self.max_per_user)):
                 refused += 1
                 continue
             self.held[key] = Held(client, attempt, deadline, now)
             keys.add(key)
+            self._count(user, 1)
             self.counts["held"] += 1
         self.counts["not_renewed"] += refused
         if not keys:
@@ -131,6 +137,7 @@ class Renewals:
         out = {}
         for key in self.by_client.get(client, ()):
             h = self.held.pop(key)
+            self._count(_user_of(client), -1)
             out.setdefault(key[:2], []).append((key[2], key[3], h.attempt, h.deadline))
         self.counts["released"] += sum(len(e) for e in out.values())
         self._forget_client(client)
@@ -173,16 +180,33 @@ class Renewals:
         h = self.held.pop(key, None)
         if h is None:
             return
+        self._count(_user_of(h.client), -1)
         keys = self.by_client.get(h.client)
         if keys is not None:
             keys.discard(key)
             if not keys and h.client not in self.streams:
                 self._forget_client(h.client)
 
+    def of_user(self, user):
+        return self.by_user.get(user, 0)
+
+    def _count(self, user, delta):
+        if user:
+            n = self.by_user.get(user, 0) + delta
+            if n > 0:
+                self.by_user[user] = n
+            else:
+                self.by_user.pop(user, None)
+
     def _forget_client(self, client):
         self.by_client.pop(client, None)
         if client not in self.streams:
             self.heard_ms.pop(client, None)
+
+
+def _user_of(client):
+    """The user a client key names (``rpcs.ClientKey.user``; "" without authentication or for a bare key)."""
+    return getattr(client, "user", "") or ""
 
 
 class Renewer:
@@ -225,10 +249,10 @@ class Renewer:
         elif not self.full:  # one line until a receive is held whole again, not one a message
             self.full = True
             log.warning("grpc: auto-renew holds %d messages (%d of client %s; limits.GRPC_MAX_RENEWED %d, "
-                        "GRPC_MAX_RENEWED_PER_CLIENT %d): messages delivered now are not renewed (delivered again "
-                        "after %d ms unless acknowledged) until it holds fewer", len(self.renewals),
-                        self.renewals.of_client(client), str(client)[:128], self.renewals.max_total,
-                        self.renewals.max_per_client, self.invisible_ms)
+                        "GRPC_MAX_RENEWED_PER_CLIENT %d, GRPC_MAX_RENEWED_PER_USER %d): messages delivered now are "
+                        "not renewed (delivered again after %d ms unless acknowledged) until it holds fewer",
+                        len(self.renewals), self.renewals.of_client(client), str(client)[:128], self.renewals.max_total,
+                        self.renewals.max_per_client, self.renewals.max_per_user, self.invisible_ms)
 
     def settled(self, group, topic, handles):
         """The client acknowledged, changed or dead-lettered the messages of ``handles``: renewal ends."""

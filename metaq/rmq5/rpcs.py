@@ -92,6 +92,29 @@ ACCEPTED = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
+def paced_wait(guard, call, last, kind="fetch"):
+    """Wait, in the call's own greenlet, what the call's user still owes its rate of ``kind`` (``Guard.pace``, the
+    one pacing point: a receive or a pull charges the bytes of the records it answers with, a SendMessage its
+    messages' bodies) before a read takes anything (a send: before it writes, and it writes after the wait anyway).
+    True to read on; False when the wait would pass ``last`` (monotonic: the call's deadline less its reserve) or the
+    client reset the call: the call then answers that nothing came, at ``last`` at the latest. A paced receive
+    never takes messages it then holds while it waits (their invisible time starts when it takes them), and no
+    call outlives its deadline."""
+    if guard is None:
+        return True
+    owed = guard.pace(call, kind, 0)
+    if owed <= 0:
+        return True
+    left = last - time.monotonic()
+    cancel = getattr(call, "cancelled", None)
+    if left > 0:
+        if cancel is not None:
+            cancel.wait(min(owed, left))
+        else:
+            gevent.sleep(min(owed, left))
+    return owed <= left and not (cancel is not None and cancel.is_set())
+
+
 def status(code, message=None):
     """An ``apache.rocketmq.v2.Status`` with ``code`` (a Code name) and a message (the code's name by default, as
     the proxy always fills it)."""
@@ -209,6 +232,7 @@ class MessagingService:
         self.renewer = renewer
         self.pop = pop
         self.consumers = OrderedDict()  # ClientKey -> Consumer: its Settings, at most GRPC_MAX_CONSUMER_CLIENTS
+        self.consumers_by_user = {}  # user ("" without) -> OrderedDict(ClientKey -> when last heard, monotonic s)
         self.store = store
         self.broker_id = broker_id
         self.cluster = cluster
@@ -387,9 +411,12 @@ class MessagingService:
         return pb.HeartbeatResponse(status=status("OK"))
 
     def notify_client_termination(self, request, call):
-        """The client ends: the messages it holds are no longer renewed, and visible again soon (the proxy's)."""
+        """The client ends: the messages it holds are no longer renewed, and visible again soon (the proxy's); its
+        consumer Settings are forgotten."""
+        client = client_of(call)
+        self._forget_consumer(client)  # its Settings too: its share of the consumer clients is free again
         if self.renewer is not None:
-            self.renewer.terminated(client_of(call))
+            self.renewer.terminated(client)
         return pb.NotifyClientTerminationResponse(status=status("OK"))
 
     def send_message(self, request, call):
@@ -408,6 +435,10 @@ class MessagingService:
             refused = status(code_of(exc), str(exc))
             return pb.SendMessageResponse(status=refused, entries=[
                 pb.SendResultEntry(status=refused, message_id=m.system_properties.message_id) for m in messages])
+        # its user's produce rate: waits what the user owes (within the call's deadline), then charges these bodies
+        paced_wait(self.guard, call, time.monotonic() + max(0, call.timeout_s - POLL_RESERVE_MS / 1000.0), "produce")
+        if self.guard is not None:
+            self.guard.pace(call, "produce", sum(len(m.body) for m in messages))
         entries, written = [], {}
         for m in messages:
             try:
@@ -541,17 +572,68 @@ class MessagingService:
 
     def consumer(self, call):
         """The ``Consumer`` settings of the call's client (its Telemetry Settings), the defaults when it sent
-        none (a client may receive without Settings, apache/rocketmq#5728)."""
-        return self.consumers.get(client_of(call), DEFAULT_CONSUMER)
+        none (a client may receive without Settings, apache/rocketmq#5728). A known client is heard from now."""
+        client = client_of(call)
+        found = self.consumers.get(client)
+        if found is None:
+            return DEFAULT_CONSUMER
+        self._heard(client, time.monotonic())
+        return found
 
-    def remember_consumer(self, client, fifo, max_attempts):
-        """Keep the settings of ``client`` (a ``ClientKey``), at most ``limits.GRPC_MAX_CONSUMER_CLIENTS`` clients (the
-        one not heard from longest is forgotten first: it receives with the defaults until it sends its Settings
-        again)."""
-        self.consumers.pop(client, None)
+    def _heard(self, client, now):
+        self.consumers.move_to_end(client)
+        mine = self.consumers_by_user[client.user]
+        mine[client] = now
+        mine.move_to_end(client)
+
+    def remember_consumer(self, client, fifo, max_attempts, now=None):
+        """Keep the settings of ``client`` (a ``ClientKey``); a new client first gets room (``_room_for``, which
+        may refuse it RESOURCE_EXHAUSTED: its Settings then ends its stream and nothing of it is kept)."""
+        now = time.monotonic() if now is None else now
+        if client not in self.consumers:
+            self._room_for(client, now)
+            self.consumers_by_user.setdefault(client.user, OrderedDict())
         self.consumers[client] = Consumer(fifo, max_attempts)
-        while len(self.consumers) > limits.GRPC_MAX_CONSUMER_CLIENTS:
-            self.consumers.popitem(last=False)
+        self._heard(client, now)
+
+    def _room_for(self, client, now):
+        """Make room for a new consumer client, the one decision on the table's bounds. A user holds at most its
+        ``consumer_clients`` quota and the broker ``limits.GRPC_MAX_CONSUMER_CLIENTS``: past either the client
+        heard from longest ago (the user's own, or anyone's for the broker's bound) is forgotten when it is idle
+        (``limits.GRPC_CLIENT_IDLE_MS``: taken for ended), else the new one is refused RESOURCE_EXHAUSTED, so one
+        user's many client ids never push out another user's live Settings. With authentication off there is one
+        tenant: the broker's bound forgets the oldest client, idle or not (it sends its Settings again)."""
+        idle_before = now - limits.GRPC_CLIENT_IDLE_MS / 1000.0
+        user = client.user
+        mine = self.consumers_by_user.get(user)
+        if user and self.guard is not None and mine:
+            try:
+                self.guard.quotas.check(user, "consumer_clients", len(mine))
+            except errors.QuotaExceeded as exc:
+                oldest, heard = next(iter(mine.items()))
+                if heard > idle_before:
+                    raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: %s" % exc) from None
+                self._forget_consumer(oldest)
+        if len(self.consumers) < limits.GRPC_MAX_CONSUMER_CLIENTS:
+            return
+        oldest = next(iter(self.consumers))
+        if user and self.consumers_by_user[oldest.user][oldest] > idle_before:
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, "TOO_MANY_REQUESTS: the gRPC port keeps the Settings of %d "
+                            "consumer clients (limits.GRPC_MAX_CONSUMER_CLIENTS), none idle; client %s refused"
+                            % (limits.GRPC_MAX_CONSUMER_CLIENTS, client.id))
+        self._forget_consumer(oldest)
+
+    def _forget_consumer(self, client):
+        self.consumers.pop(client, None)
+        mine = self.consumers_by_user.get(client.user)
+        if mine is not None:
+            mine.pop(client, None)
+            if not mine:
+                del self.consumers_by_user[client.user]
+
+    def consumer_clients_held(self):
+        """``{user: consumer clients whose Settings are kept}`` (``stats quotas``; None: no user)."""
+        return {user or None: len(mine) for user, mine in self.consumers_by_user.items()}
 
     def query_assignment(self, request, call):
         """As the proxy answers: per broker holding the topic, one queue of id -1 ("any queue of this broker") for
@@ -614,6 +696,8 @@ class MessagingService:
         host = self.endpoint()
         rounds, kept = 0, []
         cancel = getattr(call, "cancelled", None)  # set when the client resets the call or its connection ends
+        if not paced_wait(self.guard, call, last):  # its user's fetch rate: the receive waits before it takes
+            return [pb.ReceiveMessageResponse(status=status("MESSAGE_NOT_FOUND", "no new message")), _delivered_now()]
         try:
             while not (cancel is not None and cancel.is_set()):  # a call reset before it ran takes nothing
                 rounds += 1
@@ -644,6 +728,8 @@ class MessagingService:
         if renewer is not None and not getattr(call, "reset", False):  # kept invisible while the client lives
             # (renewer.py); a call the client gave up on never brings them to it: they come back at their deadline
             renewer.delivered(client_of(call), group, topic, [r for r, _m in kept])
+        if self.guard is not None:  # the bytes it answers with, charged to its user's fetch rate (paced_wait)
+            self.guard.pace(call, "fetch", sum(len(r.record.data) for r, _m in kept))
         out = [pb.ReceiveMessageResponse(status=status("OK"))]
         for r, msg in kept:
             response = pb.ReceiveMessageResponse()

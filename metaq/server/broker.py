@@ -95,11 +95,11 @@ class Broker:
         self.ahead = AheadWorker(self.store, self.store_lock, self.flusher.observe_flushes)
         lim = config.limits
         self.tls = TlsPolicy(config.security.tls)  # and a bad certificate, key or CA file here
+        strangers = Strangers(lim.login_timeout_s, config.max_unauthenticated(), lim.max_unauthenticated_per_address,
+                              lim.stranger_eviction_age_s)
         self.core = ConnectionCore(config.max_connections(),
                                    ConnectionLimits(lim.idle_timeout_s, lim.request_timeout_s, lim.max_reply_bytes,
-                                                    lim.max_partial_request_bytes,
-                                                    Strangers(lim.login_timeout_s, config.max_unauthenticated(),
-                                                              lim.max_unauthenticated_per_address)),
+                                                    lim.max_partial_request_bytes, strangers),
                                    config.max_connections_per_address(), self.guard, self.tls,
                                    lim.tls_handshakes_per_address_s)
         self.roles = Roles(config, self.store, self.core, self.flusher, self.waiters, self.store_lock)
@@ -176,7 +176,8 @@ class Broker:
         if config.mqtt.port:  # docs/mqtt.md
             self.mqtt = MqttPort(self.core, config.mqtt, self.store, self.put_path, self.guard, self.waiters,
                                  config.store.max_transfer_size, lambda: self.roles.is_master,
-                                 lambda: self.election.master_mqtt() if self.election is not None else None)
+                                 lambda: self.election.master_mqtt() if self.election is not None else None,
+                                 lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
@@ -187,7 +188,8 @@ class Broker:
         self.stats_service.add_source("pop", self.pop.rows)
         self.stats_service.add_source("quotas", self.quota_use)
         self.stats_service.add_source("remoting", lambda: remoting_values(self.remoting))
-        self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode))
+        self.stats_service.add_source("security", lambda: security_values(self.guard, config.security.tls.mode,
+                                                                                 strangers.evicted))
         self.stats_service.add_source("zero_copy", self.text.zero_copy_values)
         self.stats_service.add_source("mqtt", self.mqtt.summary_values if self.mqtt is not None
                                       else lambda: [("mqtt_port", 0)])
@@ -234,6 +236,8 @@ class Broker:
                                        "timers": self.timers.held(),
                                        "parked_gets": dict(self.waiters.by_user),
                                        "producer_topics": self.grpc.service.producer_topics_held()
+                                       if self.grpc is not None else {},
+                                       "consumer_clients": self.grpc.service.consumer_clients_held()
                                        if self.grpc is not None else {}})
 
     @property
@@ -504,6 +508,8 @@ class Broker:
         log.info("shutting down: no new connections; finishing in-flight requests")
         keep = ("replication",)  # slaves keep getting what the finishing requests write
         self.core.stop_accepting(keep)
+        if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
+            self.mqtt.stop(SHUTDOWN_GRACE_S)
         if self.election is not None:
             self.election.step_down()  # stop acknowledging; an in-sync slave catches up; closing the session ends
             self.election.stop()       # our leadership at once (no session timeout to wait for)
@@ -516,8 +522,6 @@ class Broker:
         if self.grpc is not None:
             self.grpc.service.stop()
         self.core.shutdown(SHUTDOWN_GRACE_S, keep)
-        if self.mqtt is not None:
-            self.mqtt.stop()  # the wills held for their delay: sessions end with the broker
         gevent.killall(self._tasks, block=False)
         self.guard.stop()
         self.delay.stop()  # before the flusher and the store: its last save waits for a flush

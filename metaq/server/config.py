@@ -155,6 +155,7 @@ class LimitsSection(_Section):
     login_timeout_s: float = Field(limits.LOGIN_TIMEOUT_S, gt=0)
     max_unauthenticated: Optional[int] = Field(None, ge=1)
     max_unauthenticated_per_address: int = Field(limits.MAX_UNAUTHENTICATED_PER_ADDRESS, ge=1)
+    stranger_eviction_age_s: float = Field(limits.STRANGER_EVICTION_AGE_S, ge=0)
     tls_handshakes_per_address_s: int = Field(limits.TLS_HANDSHAKES_PER_ADDRESS_S, ge=1)
     max_parked_gets: int = Field(limits.MAX_PARKED_GETS, ge=0)
     max_parked_gets_per_connection: int = Field(limits.MAX_PARKED_GETS_PER_CONNECTION, ge=0)

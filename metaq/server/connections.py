@@ -233,43 +233,113 @@ class Strangers:
     """Connections not yet logged in, on the ports where authentication is on (the guard's, when enabled): they
     must log in within ``login_s``, at most ``cap`` of them in all and ``per_address`` from one address, and
     their unfinished requests hold at most ``partial_limit`` bytes in all. Counted apart from logged-in
-    connections, so strangers never fill the connection cap or the users' budget of unfinished requests."""
+    connections, so strangers never fill the connection cap or the users' budget of unfinished requests.
 
-    __slots__ = ("login_s", "cap", "per_address", "count", "partial_limit", "partial_bytes", "_from")
+    At the cap in all a new connection is not simply refused (every new connection is a stranger until it logs in:
+    strangers at the cap would lock every user out): ``room`` names the stranger to close for it, the oldest of the
+    address holding the most, once open ``eviction_age_s`` (``limits.STRANGER_EVICTION_AGE_S``). An attacker's
+    connection and a user's look the same until credentials arrive, so age and the address's share decide: a user
+    who logs in within that age is never closed, and an attacker closes its own connections first."""
 
-    def __init__(self, login_s, cap, per_address, partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
+    __slots__ = ("login_s", "cap", "per_address", "eviction_age_s", "count", "partial_limit", "partial_bytes",
+                 "evicted", "_from", "_waiting", "_tiers")
+
+    def __init__(self, login_s, cap, per_address, eviction_age_s=limits.STRANGER_EVICTION_AGE_S,
+                 partial_limit=limits.MAX_PRELOGIN_PARTIAL_BYTES):
         self.login_s = login_s
         self.cap = cap
         self.per_address = per_address
+        self.eviction_age_s = eviction_age_s
         self.count = 0  # connections not yet logged in now
         self.partial_limit = partial_limit
         self.partial_bytes = 0  # what their unfinished requests hold now (Connection.receive keeps it)
+        self.evicted = 0  # strangers closed to make room for a new connection, since the start
         self._from = {}  # host -> connections not yet logged in from it
+        self._waiting = {}  # host -> {connection: when it arrived (monotonic)}, oldest first: those ``room`` may close
+        self._tiers = {}  # n -> {host: None}: the hosts with n in _waiting, in the order they came to n
 
-    def refusal(self, host):
-        """None when one more connection from ``host`` may wait to log in, else why not."""
-        if self.count >= self.cap:
-            return "too many connections not yet logged in: the limit is %d" % self.cap
+    def room(self, host, now):
+        """``(refusal, victim)`` for one more connection from ``host`` at ``now`` (monotonic): a refusal (why not)
+        or None; with strangers at the cap, ``victim`` is the stranger to close first (else None): the oldest one
+        of the address that holds the most (of those that came to hold that many first), once open
+        ``eviction_age_s``. Its own address's share is never taken from others: a new connection past
+        ``per_address`` is refused. Most often the first address it looks at serves (addresses come to a tier
+        oldest first), not a scan of them all: a flood of new connections at the cap costs little each."""
         if self._from.get(host, 0) >= self.per_address:
-            return "too many connections not yet logged in from %s: the limit is %d per address" % (
-                host, self.per_address)
-        return None
+            return ("too many connections not yet logged in from %s: the limit is %d per address"
+                    % (host, self.per_address)), None
+        if self.count < self.cap:
+            return None, None
+        victim = victim_host = None
+        for n in sorted(self._tiers, reverse=True):  # (at most per_address tiers; most often the first serves)
+            for held in self._tiers[n]:
+                conn, arrived = next(iter(self._waiting[held].items()))
+                if now - arrived >= self.eviction_age_s:
+                    victim, victim_host = conn, held
+                    break
+            if victim is not None:
+                break
+        if victim is None:
+            return "too many connections not yet logged in: the limit is %d" % self.cap, None
+        self.evicted += 1
+        self.unwait(victim_host, victim)  # never named twice, though it leaves the count only once closed
+        return None, victim
 
     def arrive(self, host):
         self.count += 1
         self._from[host] = self._from.get(host, 0) + 1
 
-    def leave(self, host):
+    def wait(self, host, conn, now):
+        """``conn``, counted from ``host`` (``arrive``), waits to log in from ``now``: ``room`` may close it."""
+        waiting = self._waiting.setdefault(host, {})
+        waiting[conn] = now
+        self._retier(host, len(waiting) - 1, len(waiting))
+
+    def unwait(self, host, conn):
+        """``room`` may no longer close ``conn`` (it stays counted): its handshake ended, or it is being closed."""
+        waiting = self._waiting.get(host)
+        if waiting is None or waiting.pop(conn, None) is None:
+            return
+        self._retier(host, len(waiting) + 1, len(waiting))
+        if not waiting:
+            del self._waiting[host]
+
+    def _retier(self, host, was, now):
+        if was:
+            tier = self._tiers[was]
+            del tier[host]
+            if not tier:
+                del self._tiers[was]
+        if now:
+            self._tiers.setdefault(now, {})[host] = None
+
+    def leave(self, host, conn=None):
+        """One connection from ``host`` is no longer a stranger (``conn``: the one ``wait`` named)."""
         self.count -= 1
         left = self._from[host] - 1
         if left:
             self._from[host] = left
         else:
             del self._from[host]
+        self.unwait(host, conn)
 
     def held_by(self, host):
         """Connections not yet logged in from ``host``."""
         return self._from.get(host, 0)
+
+
+class _Handshake:
+    """A stranger in its TLS handshake, before its connection is made: what ``Strangers.room`` may close."""
+
+    __slots__ = ("sock", "address")
+    conn_id = None
+
+    def __init__(self, sock, address):
+        self.sock = sock
+        self.address = address
+
+    def close(self):
+        self.sock.close()  # its handshake, waiting on the socket, fails: the core's accept ends it
 
 
 class HandshakeRate:
@@ -404,6 +474,11 @@ class Connection:
     #: MQTT's Keep Alive); a request arriving steadily is held to the request deadline only. False: only that.
     idle_bounds_partial = False
 
+    #: True: the bytes ``receive`` reads are its session's user's, charged to its produce rate there (``pace``).
+    #: False for a port whose user is a request's (HTTP Basic per request, gRPC credentials per call): each request
+    #: charges its own bytes, so one connection's requests of several users are each their user's.
+    paces_receive = True
+
     #: How this connection's log lines start ("connection 1.2.3.4:5", "remoting 1.2.3.4:5").
     log_prefix = "connection"
 
@@ -462,13 +537,15 @@ class Connection:
         connections close and the busy ones get their grace): a front-end whose protocol announces it (HTTP/2's
         GOAWAY) does so here; the others have nothing to say."""
 
-    def await_login(self, host):
+    def await_login(self, host, arrived):
         """Count this connection as a stranger from ``host`` (the core, on a port with authentication on): it
-        must log in within ``strangers.login_s``; ``logged_in`` ends that."""
+        must log in within ``strangers.login_s`` of when it ``arrived`` (monotonic: accepted, its TLS handshake
+        included); ``logged_in`` ends that."""
         strangers = self._rules.strangers
         self._stranger = host
-        self._login_deadline = time.monotonic() + strangers.login_s
+        self._login_deadline = arrived + strangers.login_s
         self._pool = strangers
+        strangers.wait(host, self, arrived)
         if self.session is not None:
             self.session.on_login = self.logged_in
 
@@ -477,7 +554,7 @@ class Connection:
         if self._stranger is None:
             return
         strangers = self._rules.strangers
-        strangers.leave(self._stranger)
+        strangers.leave(self._stranger, self)
         self._stranger = self._login_deadline = None
         strangers.partial_bytes -= self._partial
         self._rules.partial_bytes += self._partial
@@ -493,6 +570,10 @@ class Connection:
             return None
         return self._login_deadline - time.monotonic()
 
+    def _log_login_deadline(self):
+        log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
+                 self._rules.strangers.login_s)
+
     def receive(self, nbytes=RECV_BYTES):
         """The next bytes from the peer, or None when the connection is over (closed, reset, a deadline passed);
         ``PARKED`` (a connection that ``parks``, idle): nothing yet, its ``serve`` returns (see the class doc)."""
@@ -500,8 +581,7 @@ class Connection:
             return None
         login_left = self._login_left()
         if login_left is not None and login_left <= 0:
-            log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
-                     self._rules.strangers.login_s)
+            self._log_login_deadline()
             return None
         in_request, silent = self.in_request, False
         if not in_request:
@@ -533,6 +613,7 @@ class Connection:
             timeout = max(0.001, self._request_deadline - now)
             if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
                 timeout, silent = self.idle_timeout, True
+        login_left = self._login_left()  # again: lingering or waiting for room in the budget took some of it
         by_login = login_left is not None and login_left < timeout
         if by_login:
             timeout = max(0.001, login_left)
@@ -544,8 +625,7 @@ class Connection:
                 if by_login and self._login_deadline is None:  # logged in while it waited (a gRPC call's login):
                     return self.receive(nbytes)  # held to its other deadlines only
                 if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
-                    log.info("%s %s: not logged in within %.0f s; closing", self.log_prefix, self.peer,
-                             self._rules.strangers.login_s)
+                    self._log_login_deadline()
                 elif silent:
                     log.info("%s %s: no bytes of a request begun for %.0f s; closing", self.log_prefix, self.peer,
                              self.idle_timeout)
@@ -560,7 +640,7 @@ class Connection:
         self._idle_until = self.parked_key = None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             data = self._more_tls(data, nbytes)
-        if self.rates is not None and data and self.rates.acl.has_rates:
+        if self.rates is not None and data and self.paces_receive and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
 
@@ -593,14 +673,15 @@ class Connection:
             return self._login_deadline
         return self._idle_until
 
-    def pace(self, kind, nbytes):
+    def pace(self, kind, nbytes, wait=True):
         """Wait as the user's rate of ``kind`` says after ``nbytes`` (``Guard.pace``: a client over its rate is
         delayed, not refused); only this connection's greenlet waits. The wait does not count against the
-        request deadline."""
+        request deadline. ``wait`` False: charge only, the user's next read waits for them (a POP receive, whose
+        messages' invisible time runs from their take, waits what is owed before it takes: ``pace(kind, 0)``)."""
         if self.rates is None or not self.rates.acl.has_rates:
             return
         delay = self.rates.pace(self.session, kind, nbytes)
-        if delay > 0:
+        if delay > 0 and wait:
             gevent.sleep(delay)
             self._request_deadline = None
 
@@ -637,8 +718,8 @@ class Connection:
 
     def _hold_partial(self):
         """Account the bytes of this connection's unfinished request in the broker-wide budget; while that is past
-        ``partial_limit``, read nothing more (wait) until there is room: False when the request deadline passed
-        (or the connection closed) meanwhile."""
+        ``partial_limit``, read nothing more (wait) until there is room: False when the request deadline or a
+        stranger's login deadline passed (or the connection closed) meanwhile."""
         pool = self._pool
         held = getattr(self.parser, "buffered", 0)
         pool.partial_bytes += held - self._partial
@@ -650,8 +731,13 @@ class Connection:
                     pool.partial_bytes, "MAX_PARTIAL_REQUEST_BYTES" if pool is self._rules
                     else "MAX_PRELOGIN_PARTIAL_BYTES", pool.partial_limit)
         while pool.partial_bytes > pool.partial_limit:
-            if self.closed or time.monotonic() >= self._request_deadline or pool is not self._pool:
-                return not self.closed and pool is not self._pool  # logged in meanwhile: the users' budget now
+            if self.closed or pool is not self._pool:
+                return not self.closed  # logged in meanwhile: the users' budget now
+            if time.monotonic() >= self._request_deadline:
+                return False
+            if self._login_deadline is not None and time.monotonic() >= self._login_deadline:
+                self._log_login_deadline()
+                return False
             gevent.sleep(PARTIAL_WAIT_S)
         return True
 
@@ -662,7 +748,7 @@ class Connection:
         self._pool.partial_bytes -= self._partial
         self._partial = 0
         if self._stranger is not None:
-            self._rules.strangers.leave(self._stranger)
+            self._rules.strangers.leave(self._stranger, self)
             self._stranger = None
         self.replies.wake()
         if self.parked_key is not None and self.served_by is not None:
@@ -765,13 +851,14 @@ class ConnectionCore:
             if self.guard is not None and listener.guarded:
                 refusal = self.guard.admit(address[0])
                 if refusal is None and self._checks_login(listener):
-                    refusal = self.rules.strangers.refusal(address[0])
+                    refusal = self._make_room(listener, address[0])
                 if refusal is not None:
                     self._refuse(listener, sock, address, refusal)
                     return
             self._per_address[host] = held + 1
         stranger = address[0] if host is not None and self._checks_login(listener) else None
-        if stranger is not None:  # counted from here: a TLS handshake is a stranger's too
+        arrived = time.monotonic()
+        if stranger is not None:  # counted, and its login deadline running, from here: a TLS handshake included
             self.rules.strangers.arrive(stranger)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -787,7 +874,7 @@ class ConnectionCore:
                               % (address[0], self.handshakes.per_s), "closed before its handshake")
             return
         if listener.tls != "off":
-            sock = self._secure(listener, sock, address)
+            sock = self._secure(listener, sock, address, stranger, arrived)
             if sock is None:
                 self._forget(host)
                 if stranger is not None:
@@ -802,7 +889,7 @@ class ConnectionCore:
                 if self.guard.enabled and listener.guarded:
                     conn.rates = self.guard
             if stranger is not None:
-                conn.await_login(stranger)  # from here the connection leaves the count when it logs in or closes
+                conn.await_login(stranger, arrived)  # from here it leaves the count when it logs in or closes
                 stranger = None
         except BaseException:
             self._forget(host)
@@ -873,14 +960,36 @@ class ConnectionCore:
         return (self.rules.strangers is not None and self.guard is not None and self.guard.enabled
                 and listener.guarded)
 
-    def _secure(self, listener, sock, address):
-        """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed."""
+    def _make_room(self, listener, host):
+        """None when a new stranger from ``host`` may wait to log in, else why not (``Strangers.room``); the
+        stranger it names to make room is closed here, one log line a second saying so."""
+        strangers = self.rules.strangers
+        refusal, victim = strangers.room(host, time.monotonic())
+        if victim is not None:
+            victim.close()  # leaves the strangers' count now; its greenlet (or a parked one's new turn) ends it
+            self._log_refusal(self._listener_of.get(victim.conn_id, listener), victim.address,
+                              "not yet logged in, the oldest of the address holding the most, closed to make room for "
+                              "a new connection: strangers at their limit of %d" % strangers.cap, "evicted")
+        return refusal
+
+    def _secure(self, listener, sock, address, stranger, arrived):
+        """The socket to serve once TLS is settled (``TlsPolicy.secure``), or None: refused, failed, closed. A
+        ``stranger`` (its host; it ``arrived`` then) waits for its first byte and handshake no longer than its
+        login deadline, and may meanwhile be closed to make room (``Strangers.room``) as any stranger may."""
+        idle_s, request_s = self.rules.idle_s, self.rules.request_s
+        strangers, handshake = self.rules.strangers, None
+        if stranger is not None:
+            idle_s, request_s = min(idle_s, strangers.login_s), min(request_s, strangers.login_s)
+            handshake = _Handshake(sock, address)
+            strangers.wait(stranger, handshake, arrived)
         self._handshaking += 1
         try:
-            secured, why = self.tls.secure(listener.tls, sock, self.rules.idle_s, self.rules.request_s,
-                                           listener.server_first, listener.alpn)
+            secured, why = self.tls.secure(listener.tls, sock, idle_s, request_s, listener.server_first,
+                                           listener.alpn)
         finally:
             self._handshaking -= 1
+            if handshake is not None:
+                strangers.unwait(stranger, handshake)
         if secured is not None and self.closing:
             secured.close()
             return None

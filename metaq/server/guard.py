@@ -27,7 +27,7 @@ import gevent
 from metaq import errors, limits
 from metaq.auth import proofs
 from metaq.auth.acl import ADMIN, PUB, SUB, parse_acl
-from metaq.auth.quotas import Quotas
+from metaq.auth.quotas import RATE_OF, Quotas
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.protocol.journaltopic import GROUP_COPY_PREFIXES
 from metaq.priorities.wire import is_level_topic, split_level
@@ -161,6 +161,14 @@ class Guard:
     def session(self, host, tls=False):
         return Session(host, tls)
 
+    def acting_for(self, name, host):
+        """A session of user ``name`` (None: authentication off) from ``host`` that proved nothing now: what the
+        broker writes with on behalf of a client whose connection, which proved it, is gone (an MQTT will a new
+        master publishes). ``require`` asks the user's permissions and address as for the client's own session."""
+        session = Session(host)
+        session.user = name
+        return session
+
     def admit(self, host):
         """None when ``host`` may connect, else why not (the global allow-list)."""
         if self.acl is None or self.acl.address_allowed(host):
@@ -228,12 +236,26 @@ class Guard:
             self._connected.pop(name, None)
 
     def pace(self, session, kind, nbytes):
-        """Seconds the connection of ``session`` must wait after ``nbytes`` of ``kind`` (``"produce"``: received;
-        ``"fetch"``: records sent), as its user's rate says (``Quotas.pace``); 0 for no user."""
+        """The one pacing point of every port (docs/architecture.md "Pacing"): charge ``nbytes`` of ``kind``
+        (``"produce"``: bytes received from the user; ``"fetch"``: bytes of records sent to it, over any protocol) to
+        the user of ``session`` (a connection's session, or anything with its ``user``: a gRPC call), and return the
+        seconds its reads (or writes) of that kind must wait before they go on, as its rate says (``Quotas.pace``: a
+        token bucket per user, over all its connections); 0 for no user or no rate. ``nbytes`` 0 charges nothing
+        and tells what the user still owes: a read about to start waits that long first. Callers delay, never
+        refuse, and wait only in a greenlet of the paced user's own."""
         user = session.user if session is not None else None
-        if user is None:
+        if not user or self.acl is None or not self.acl.has_rates:
             return 0.0
         return self.quotas.pace(user, kind, nbytes, time.monotonic())
+
+    def paced(self, session, kind):
+        """True when the user of ``session`` has a rate of ``kind`` now (its bytes of that kind pass ``pace``): a
+        read path that shares its work between users (MQTT's fan-out, a publisher's direct deliveries) leaves such
+        a user's reads to the user's own greenlet."""
+        user = session.user if session is not None else None
+        if not user or self.acl is None or not self.acl.has_rates or not self.enabled:
+            return False
+        return self.quotas.rate(user, RATE_OF[kind]) is not None
 
     def connected(self):
         """``{user: connections logged in as it}`` (stats)."""

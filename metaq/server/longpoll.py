@@ -103,7 +103,7 @@ class PartitionWaiters:
             waits = self._waits[key] = set()
         waits.add(ev)
         try:
-            return _wait_or_cancel(ev, timeout, cancel)
+            return ev.wait(timeout) if cancel is None else _wait_or_cancel(ev, timeout, cancel)
         finally:
             waits.discard(ev)  # the set may already be out of the map (a notify took it): harmless
             if not waits and self._waits.get(key) is waits:

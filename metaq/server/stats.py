@@ -299,12 +299,15 @@ def pop_values(rows):
             ("pop_redelivered", sum(r[3] for r in rows)), ("pop_dead_lettered", sum(r[4] for r in rows))]
 
 
-def security_values(guard, tls_mode):
-    """The summary's security pairs: ``auth on|off``, ``tls on|off|permissive``, reloads of the permissions file."""
+def security_values(guard, tls_mode, strangers_evicted=0):
+    """The summary's security pairs: ``auth on|off``, ``tls on|off|permissive``, reloads of the permissions file,
+    and the connections not yet logged in that were closed to make room for a newcomer (``strangers_evicted``:
+    a rising count means the strangers' cap is being filled, by a crowd or an attack)."""
     auth, _tls = guard.status()
     return [("auth", auth), ("tls", tls_mode if tls_mode != "off" else "off"), ("acl_users", len(guard.acl.users)
                                                                               if guard.acl is not None else 0),
-            ("acl_reloads", guard.reloads), ("acl_reload_error", guard.reload_error is not None)]
+            ("acl_reloads", guard.reloads), ("acl_reload_error", guard.reload_error is not None),
+            ("strangers_evicted", strangers_evicted)]
 
 
 def quota_rows(guard, used):

@@ -43,6 +43,7 @@ class BioTls:
         self._out = outgoing
         self._send_lock = Semaphore()
         self._eof = False
+        self._timeout = None  # what settimeout set: the longest a recv waits, over all the plain reads it makes
 
     @classmethod
     def handshake(cls, context, sock, deadline_s, started):
@@ -73,10 +74,12 @@ class BioTls:
     # -- reading ---------------------------------------------------------------
 
     def recv(self, nbytes):
-        """Up to ``nbytes`` of plaintext: what the records already received hold, else waits for more (the
-        socket's timeout applies); b"" at the end of the stream."""
+        """Up to ``nbytes`` of plaintext: what the records already received hold, else waits for more; b"" at the
+        end of the stream. The timeout (``settimeout``) bounds the whole call, not each plain read: a peer that
+        trickles a record's bytes in does not restart the wait with each of them (socket.timeout)."""
         out, size = [], 0
         obj = self._obj
+        started = None
         while size < nbytes:
             try:
                 chunk = obj.read(nbytes - size)
@@ -87,6 +90,14 @@ class BioTls:
                     break
                 if self._out.pending:  # an alert (a refused renegotiation) the peer waits for
                     self._flush()
+                if self._timeout is not None:
+                    if started is None:
+                        started = time.monotonic()
+                    else:  # a record begun, not whole: what is left of the call's time
+                        left = self._timeout - (time.monotonic() - started)
+                        self.sock.settimeout(max(0.0, left))
+                        if left <= 0:
+                            raise socket.timeout("timed out")
                 data = self.sock.recv(RECV_BYTES)
                 if not data:
                     self._eof = True
@@ -102,6 +113,8 @@ class BioTls:
                 break
             out.append(chunk)
             size += len(chunk)
+        if started is not None:
+            self.sock.settimeout(self._timeout)  # (its sends wait as long as before)
         if self._out.pending:  # what reading made the SSL object answer (a TLS 1.3 key update)
             self._flush()
         return out[0] if len(out) == 1 else b"".join(out)
@@ -137,6 +150,7 @@ class BioTls:
     # -- the rest ----------------------------------------------------------------
 
     def settimeout(self, timeout):
+        self._timeout = timeout
         self.sock.settimeout(timeout)
 
     def fileno(self):

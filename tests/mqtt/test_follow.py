@@ -1,7 +1,8 @@
 """The sessions' log records and the table they build (metaq.mqtt.follow): pure, no broker."""
 
-from metaq.mqtt.follow import (Retained, SavedGroup, SavedSession, SessionTable, decode, encode, encode_end,
-                               encode_group, encode_group_end, encode_retained, encode_unretained)
+from metaq.mqtt.follow import (Retained, SavedGroup, SavedSession, SavedWill, SessionTable, decode, encode, encode_end,
+                               encode_group, encode_group_end, encode_retained, encode_unretained, encode_will,
+                               encode_will_end)
 
 
 def _saved(client_id="c1", at_ms=1000, expiry_s=60, connected=False):
@@ -66,3 +67,17 @@ def test_expiry_and_the_age_bound():
     forever = _saved(at_ms=0, expiry_s=0xFFFFFFFF)
     assert not forever.expired(10**9, 10**7) and forever.expired(10**10, 10**7)
     assert not _saved(at_ms=0, expiry_s=1, connected=True).expired(10**9, 1)
+
+
+def test_a_will_record_round_trips_and_its_end_drops_it():
+    props = {"will_delay_interval": 5, "content_type": "text/plain", "correlation_data": b"\x00\x01",
+             "user_property": [("k", "v"), ("k", "w")], "payload_format_indicator": 1}
+    t = SessionTable()
+    t.apply(10, encode(_saved()))
+    t.apply(5, encode_will(SavedWill("c1", "alice", "10.0.0.7", "status/c1", b"\xffgone", 1, True, props, 5)))
+    w = t.wills["c1"]
+    assert (w.user, w.host, w.topic, w.payload, w.qos, w.retain, w.properties, w.delay_s, w.position) == (
+        "alice", "10.0.0.7", "status/c1", b"\xffgone", 1, True, props, 5, 5)
+    assert t.floor() == 5  # retention keeps a pending will's record
+    t.apply(20, encode_will_end("c1"))
+    assert t.wills == {} and t.floor() == 10

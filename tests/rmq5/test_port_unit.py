@@ -1,6 +1,8 @@
 """The gRPC port's HTTP/2 connection (metaq/rmq5/port.py) over a Unix socket pair, with a stand-in service: deadlines,
 what is no gRPC request, streams the client resets. No listening socket, no network."""
 
+import time
+
 import gevent
 import pytest
 from gevent import socket
@@ -56,7 +58,7 @@ class Peer:
         self.conn.session = Session("127.0.0.1")
         if rules is not None and rules.strangers is not None:
             rules.strangers.arrive("127.0.0.1")
-            self.conn.await_login("127.0.0.1")
+            self.conn.await_login("127.0.0.1", time.monotonic())
         self.server = gevent.spawn(self.conn.serve)
         self.sock = ours
         self.h2 = H2Connection(H2Configuration(client_side=True, header_encoding="utf-8"))

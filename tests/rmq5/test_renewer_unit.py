@@ -52,6 +52,21 @@ def test_the_bounds_at_the_limit_and_one_past():
     assert r.counts["not_renewed"] == 2
 
 
+def test_a_users_clients_hold_at_most_its_share_and_another_user_keeps_its_room():
+    from metaq.rmq5.rpcs import ClientKey
+    r = Renewals(max_total=6, max_per_client=3, max_per_user=4)
+    a1, a2, b1 = ClientKey("alice", "a1"), ClientKey("alice", "a2"), ClientKey("bob", "b1")
+    assert r.hold(a1, G, T, [(0, o, 1, NOW) for o in range(3)], NOW) == 0
+    assert r.hold(a2, G, T, [(1, 0, 1, NOW)], NOW) == 0  # alice at her share over two clients
+    assert r.hold(a2, G, T, [(1, 1, 1, NOW)], NOW) == 1  # one past it: delivered, not renewed
+    assert r.of_user("alice") == 4
+    assert r.hold(b1, G, T, [(2, o, 1, NOW) for o in range(2)], NOW) == 0  # bob's room is still there
+    r.release(G, T, 0, 0)  # alice acked one: room again for her
+    assert r.hold(a2, G, T, [(1, 1, 1, NOW)], NOW) == 0
+    assert r.end(a1) and r.of_user("alice") == 2 and r.of_user("bob") == 2
+    assert r.hold("c", G, T, [(3, 0, 1, NOW)], NOW) == 0  # no user (authentication off): the broker's bounds only
+
+
 def test_a_client_ends_with_its_last_telemetry_stream_or_when_not_heard_from():
     r = Renewals(idle_ms=1000)
     r.stream_seen("c1", "call-a", NOW)

@@ -10,6 +10,7 @@ behind them.
 import socket
 import ssl
 import struct
+import threading
 import time
 
 import pytest
@@ -17,11 +18,13 @@ import pytest
 from metaq import limits
 from metaq.client.local import rmq_config
 from metaq.client.raw import RemotingClient, TextClient
+from metaq.mqtt import wire
 from metaq.protocol import events as ev
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from tests.harness.acl import SECRETS, login, secured_config, write_acl
 from tests.harness.broker import wait_for
 from tests.harness.http import http_port, request, with_http
+from tests.harness.mqtt import Raw, with_mqtt
 from tests.harness.pki import Pki
 from tests.harness.rocketmq import send_v1
 
@@ -106,7 +109,7 @@ def _held_open(sock):
 def test_the_strangers_cap_in_all_and_one_past(broker_factory, tmp_path):
     cfg = secured_config(tmp_path)
     cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=6, max_unauthenticated_per_address=2,
-                         login_timeout_s=30)
+                         login_timeout_s=30, stranger_eviction_age_s=30)  # none old enough to make room
     b = broker_factory(cfg)
     held = [connect(b.port, "127.0.0.%d" % (10 + i // 2)) for i in range(6)]  # 2 each from 3 addresses: the cap
     for s in held:
@@ -127,6 +130,62 @@ def test_the_strangers_cap_in_all_and_one_past(broker_factory, tmp_path):
         last.close()
     for s in held:
         s.close()
+
+
+def _closed_now(sock):
+    """True when the broker has closed ``sock`` (looked at without waiting)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_strangers_at_their_cap_make_room_for_a_user_on_the_text_and_mqtt_ports(broker_factory, tmp_path):
+    """The finding: 320 addresses holding 16 idle connections each left alice's new logins refused (8 of 48 got in):
+    every new connection is a stranger until it logs in. At the cap a new connection closes the oldest stranger of
+    the address holding the most, once that one is ``stranger_eviction_age_s`` old; a younger one is never closed."""
+    cfg = with_mqtt(secured_config(tmp_path))
+    age = 3.0
+    cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=96, login_timeout_s=120, idle_timeout_s=600,
+                         stranger_eviction_age_s=age)
+    b = broker_factory(cfg)
+    per_address = limits.MAX_UNAUTHENTICATED_PER_ADDRESS
+    ports = (b.port, b.config["mqtt"]["port"])
+    filled = time.monotonic()
+    held = {"127.0.7.%d" % a: [connect(ports[1], "127.0.7.%d" % a) for _ in range(per_address // 2)]
+            for a in range(1, 7)}  # 6 addresses x 16: the cap in all, on both ports
+    time.sleep(0.5)  # accepted on the MQTT port before the text port's one past the cap
+    for source, socks in held.items():
+        socks.extend(connect(ports[0], source) for _ in range(per_address - len(socks)))
+    one_past = connect(b.port, "127.0.8.1")  # all of them younger than the eviction age: none is closed for it
+    one_past.settimeout(10)
+    assert b"too many connections not yet logged in: the limit is 96" in one_past.recv(4096)
+    assert not any(_closed_now(s) for socks in held.values() for s in socks)
+    time.sleep(max(0.0, filled + age + 0.5 - time.monotonic()))
+    refills = []
+    for i in range(5):  # alice gets in on every port, each time, while strangers are at their cap
+        with login(b, "alice") as c:
+            assert c.put("orders", b"in %d" % i).code == 200
+        refills.append(connect(b.port, "127.0.9.%d" % i))  # the attacker takes the place her login left
+        user = Raw(b, wire.MQTT_311)
+        assert user.connect("alice-%d" % i, username="alice", password=SECRETS["alice"].encode()).reason_code == 0
+        user.close()
+        refills.append(connect(ports[1], "127.0.10.%d" % i))
+    wait_for(lambda: sum(_closed_now(s) for socks in held.values() for s in socks) >= 10, timeout=10,
+             what="ten strangers closed to make room")
+    lost = [sum(_closed_now(s) for s in socks) for socks in held.values()]
+    assert sum(lost) == 10 and max(lost) - min(lost) <= 1, lost  # from the addresses holding the most, in turn
+    assert not any(_closed_now(s) for s in refills)  # younger than the eviction age
+    assert "evicted a connection from 127.0.7." in b.log_text()
+    with login(b, "admin") as admin:
+        evicted = int(admin.stats_dict()["strangers_evicted"])  # what an operator watching an attack sees
+    assert evicted == sum(lost) + 1  # and one for the admin's own connection, a newcomer at the cap too
+    for socks in list(held.values()) + [refills]:
+        for s in socks:
+            s.close()
 
 
 def _logs_in(b):
@@ -228,3 +287,160 @@ def test_a_tls_handshake_flood_from_one_address_is_cut_to_its_rate(broker_factor
     with TextClient("127.0.0.1", b.port, ssl_context=ctx, server_hostname="127.0.0.1") as c:  # another address
         assert c.auth("alice", SECRETS["alice"]).code == 200
     assert "too many TLS handshakes from 127.0.0.7: the limit is 5 a second" in b.log_text()
+
+
+def _partial_connect(port, source):
+    """A stranger's MQTT CONNECT of 60,000 bytes (within the 64 KiB allowed before login), all but its last 1,000
+    sent: the broker holds it as a packet under way."""
+    s = connect(port, source)
+    s.sendall(b"\x10" + bytes((0xE0, 0xD4, 0x03)) + b"\0" * 59000)  # remaining length 60,000
+    return s
+
+
+def _closed_within(socks, within):
+    """How long after now each of ``socks`` was closed by the broker (None: still open ``within`` s from now)."""
+    started, after = time.monotonic(), {}
+    deadline = started + within
+    for i, s in enumerate(socks):
+        if closed_by_broker(s, max(0.01, deadline - time.monotonic())):
+            after[i] = time.monotonic() - started
+    return [after.get(i) for i in range(len(socks))]
+
+
+@pytest.mark.fault
+def test_partial_mqtt_connects_are_closed_at_the_login_deadline_with_the_strangers_budget_full(broker_factory,
+                                                                                                tmp_path):
+    """The finding: 36 partial 59 KB MQTT CONNECTs lived 21-23 s against a 10 s login deadline. A stranger whose
+    unfinished request waited for room in the strangers' budget of half-sent bytes waited for its request deadline,
+    not its login deadline."""
+    wd = tmp_path / "rb"
+    cfg = with_mqtt(rmq_config(wd / "data", {}, security={"acl_file": write_acl(tmp_path / "acl.yaml")},
+                               limits={"request_timeout_s": 60, "login_timeout_s": 6, "idle_timeout_s": 600}))
+    b = broker_factory(cfg, workdir=wd)
+    fill = []
+    for i in range(5):  # 5 x 4 MiB of half-sent remoting frames: past the strangers' own 16 MiB
+        s = connect(b.config["remoting"]["port"], "127.0.11.%d" % i)
+        s.setblocking(False)
+        data, sent = struct.pack(">ii", 8 << 20, 20) + b"\0" * (4 << 20), 0
+        try:
+            while sent < len(data):
+                sent += s.send(data[sent:sent + (1 << 20)])
+        except BlockingIOError:
+            pass
+        fill.append(s)
+    wait_for(lambda: "unfinished requests of connections not yet logged in hold" in b.log_text(), timeout=20,
+             what="the strangers' budget to fill")
+    partial = [_partial_connect(b.config["mqtt"]["port"], "127.0.12.%d" % i) for i in range(8)]
+    took = _closed_within(partial, 30)  # waiting for room in the budget, then for their last bytes
+    assert all(a is not None and 5 < a < 6 + 3 for a in took), took  # the login deadline, slack for a busy machine
+    assert all(a is not None for a in _closed_within(fill, 5)), "the strangers filling the budget are closed too"
+    for s in partial + fill:
+        s.close()
+
+
+class _TlsClient:
+    """A TLS client over a plain socket (``ssl.MemoryBIO``): its records are bytes the test sends as it likes."""
+
+    def __init__(self, ctx, sock):
+        self.sock = sock
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+        sock.settimeout(10)
+        while True:
+            try:
+                self.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(self.outgoing.read())
+                self.incoming.write(sock.recv(65536))
+        sock.sendall(self.outgoing.read())
+
+    def records(self, data):
+        """``data`` as the TLS records that carry it."""
+        self.obj.write(data)
+        return self.outgoing.read()
+
+
+def _trickle(socks_and_rest, until):
+    """Send one byte of each socket's rest every half second until ``until`` (monotonic) or it is sent."""
+    while time.monotonic() < until:
+        for s, rest in socks_and_rest:
+            if rest:
+                try:
+                    s.send(rest[:1])
+                    del rest[:1]
+                except OSError:
+                    rest.clear()
+        time.sleep(0.5)
+
+
+@pytest.mark.fault
+def test_tls_strangers_in_a_slow_handshake_or_a_trickled_connect_are_closed_at_the_login_deadline(broker_factory,
+                                                                                                   tmp_path):
+    """The login deadline runs from the connection's arrival, its TLS handshake included, and holds while a TLS
+    record of its CONNECT trickles in (each read of the record's bytes once restarted the wait)."""
+    pki = Pki(tmp_path / "pki")
+    cfg = with_mqtt(secured_config(tmp_path, tls=pki.tls_config("on")))
+    cfg["limits"] = dict(cfg.get("limits", {}), login_timeout_s=3, request_timeout_s=60, idle_timeout_s=600)
+    b = broker_factory(cfg)
+    port = b.config["mqtt"]["port"]
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    started = time.monotonic()
+    hellos = [connect(port, "127.0.13.%d" % i) for i in range(3)]
+    for s in hellos:  # a ClientHello begun and never finished
+        s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+    trickled = []
+    for i in range(3):  # a handshake done, then a 60,000-byte CONNECT whose last record trickles in
+        s = connect(port, "127.0.14.%d" % i)
+        records = _TlsClient(ctx, s).records(b"\x10" + bytes((0xE0, 0xD4, 0x03)) + b"\0" * 60000)
+        s.sendall(records[:-200])
+        trickled.append((s, bytearray(records[-200:])))
+    threading.Thread(target=_trickle, args=(trickled, started + 30), daemon=True).start()
+    ready = time.monotonic() - started
+    took = [ready + a if a is not None else None for a in _closed_within(hellos + [s for s, _ in trickled], 30)]
+    assert all(a is not None and 2.5 < a < 3 + 4 for a in took), took  # the login deadline, slack for a busy machine
+    for s in hellos + [s for s, _ in trickled]:
+        s.close()
+
+
+def test_strangers_holding_tls_handshakes_at_their_cap_make_room_for_a_user(broker_factory, tmp_path):
+    """A stranger in its TLS handshake counts as one and may be closed to make room as any: strangers holding
+    half-done handshakes at the cap do not lock a user out of a TLS port."""
+    pki = Pki(tmp_path / "pki")
+    cfg = secured_config(tmp_path, tls=pki.tls_config("on"))
+    age = 1.0
+    cfg["limits"] = dict(cfg.get("limits", {}), max_unauthenticated=32, login_timeout_s=60,
+                         stranger_eviction_age_s=age)
+    b = broker_factory(cfg)
+    filled = time.monotonic()
+    hellos = [connect(b.port, "127.0.15.%d" % (i % 2)) for i in range(32)]
+    for s in hellos:  # a ClientHello begun and never finished: strangers in their handshakes, at the cap
+        s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+    time.sleep(max(0.0, filled + age + 0.5 - time.monotonic()))
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    refills = []
+    for i in range(3):
+        with TextClient("127.0.0.1", b.port, ssl_context=ctx, server_hostname="127.0.0.1") as c:
+            assert c.auth("alice", SECRETS["alice"]).code == 200
+            assert c.put("orders", b"in %d" % i).code == 200
+        refills.append(connect(b.port, "127.0.15.9"))  # the attacker takes the place her login left
+        refills[-1].sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+    # long before their handshake deadline: the oldest of either address in turn
+    wait_for(lambda: [i for i, s in enumerate(hellos) if _closed_now(s)] == [0, 1, 2], timeout=5,
+             what=lambda: "the three oldest handshakes closed, not %s" % [i for i, s in enumerate(hellos)
+                                                                           if _closed_now(s)])
+    for s in hellos + refills:
+        s.close()
+
+
+def test_a_silent_stranger_on_a_permissive_tls_port_is_closed_at_the_login_deadline(broker_factory, tmp_path):
+    """On a permissive port the broker waits for a first byte to tell TLS from plaintext: a stranger's wait is its
+    login deadline, not the idle timeout."""
+    pki = Pki(tmp_path / "pki")
+    cfg = secured_config(tmp_path, tls=pki.tls_config("permissive"))
+    cfg["limits"] = dict(cfg.get("limits", {}), login_timeout_s=1.5, idle_timeout_s=600)
+    b = broker_factory(cfg)
+    started = time.monotonic()
+    silent = connect(b.port)
+    assert closed_by_broker(silent, 10)
+    assert 1.0 <= time.monotonic() - started < 8

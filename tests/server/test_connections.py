@@ -9,7 +9,7 @@ from gevent import socket
 from metaq.protocol.text import TextParser
 from metaq import limits
 from metaq.server.connections import (PARKED, WHEEL_TICK_S, Connection, ConnectionCore, ConnectionLimits,
-                                      HandshakeRate, Listener, ReplyBudget)
+                                      HandshakeRate, Listener, ReplyBudget, Strangers)
 
 
 class Echo(Connection):
@@ -332,6 +332,35 @@ def closed_after(sock, timeout=5.0):
     while sock.recv(100):
         pass
     return time.monotonic() - started
+
+
+def test_strangers_at_their_cap_name_the_oldest_of_the_address_holding_the_most_once_old_enough():
+    strangers = Strangers(login_s=10, cap=5, per_address=3, eviction_age_s=2.0)
+    arrivals = [("a", 0.0), ("b", 0.1), ("a", 0.2), ("b", 0.3), ("b", 0.4)]  # b holds 3, a 2: the cap
+    for n, (host, at) in enumerate(arrivals):
+        assert strangers.room(host, at) == (None, None)
+        strangers.arrive(host)
+        strangers.wait(host, "%s%d" % (host, n), at)
+    assert strangers.room("b", 5.0)[0] == "too many connections not yet logged in from b: the limit is 3 per address"
+    refusal, victim = strangers.room("c", 1.9)  # all younger than the eviction age: none is named
+    assert refusal == "too many connections not yet logged in: the limit is 5" and victim is None
+    assert strangers.room("c", 2.1) == (None, "b1")  # the oldest of b (3), once 2 s old
+    strangers.leave("b", "b1")
+    strangers.arrive("c")
+    strangers.wait("c", "c5", 2.1)
+    assert strangers.room("d", 2.5) == (None, "a0")  # a and b hold 2 each: a came to 2 first
+    strangers.leave("a", "a0")
+    strangers.arrive("d")
+    strangers.wait("d", "d6", 2.5)
+    assert strangers.room("e", 2.6) == (None, "b3")  # b holds the most again
+    strangers.leave("b", "b3")
+    strangers.leave("b", "b4")  # logged in: no longer one to name
+    strangers.arrive("e")
+    strangers.wait("e", "e7", 2.6)
+    strangers.arrive("e")
+    strangers.wait("e", "e8", 2.6)
+    assert strangers.room("f", 3.0) == (None, "a2")  # e holds the most, but young: the oldest of the next
+    assert strangers.evicted == 4
 
 
 def test_an_idle_parked_connection_holds_no_greenlet_and_is_served_when_bytes_arrive():

@@ -193,6 +193,7 @@ class BrokerViews:
         except errors.MetaqError as exc:
             path.failed(topic, exc, counted_only=True)
             raise
+        request.pace("produce", len(payload))  # the user's produce rate: the reply waits
         return json_response({"id": r.msg_id, "topic": topic, "partition": r.partition, "offset": r.offset})
 
     def get(self, request):
@@ -215,6 +216,7 @@ class BrokerViews:
         records, nxt = self.store.read_records(topic, partition, offset, min(max_count, limits.HTTP_MAX_GET_MESSAGES),
                                                min(max_bytes, limits.MAX_TRANSFER_BYTES))
         self.counters.on_get(topic, not records)
+        request.pace("fetch", sum(len(rec.data) for rec in records))  # the user's fetch rate: the reply waits
         messages = []
         for rec in records:
             try:

@@ -90,6 +90,13 @@ class Request:
             raise errors.ClientError("query parameter %s: %r is not a valid %s" % (name, value, kind.__name__)) \
                 from None
 
+    def pace(self, kind, nbytes):
+        """Wait as the user's rate of ``kind`` says after ``nbytes`` (``Connection.pace``: the reply is delayed in
+        this connection's greenlet, never refused); nothing outside a connection (no pacer in the environ)."""
+        pace = self.environ.get("metaq.pace")
+        if pace is not None and nbytes:
+            pace(kind, nbytes)
+
     def body(self):
         """The request body (already checked against ``limits.HTTP_MAX_BODY_BYTES`` by its Content-Length)."""
         if self._body is None:

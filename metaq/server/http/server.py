@@ -239,6 +239,7 @@ class Handler(pywsgi.WSGIHandler):
         env["metaq.session"] = conn.session
         env["metaq.request_done"] = self.rfile.request_done
         env["metaq.stop_reading"] = self.rfile.stop
+        env["metaq.pace"] = conn.pace  # the user's rates (Connection.pace, Guard.pace): a get's reply waits
         return env
 
     def run_application(self):
@@ -299,6 +300,8 @@ class Handler(pywsgi.WSGIHandler):
 
 class HttpConnection(Connection):
     """One connection of the HTTP port."""
+
+    paces_receive = False  # each request proves its own user: a put charges its body (routes.Request.pace)
 
     log_prefix = "http"
 

@@ -453,6 +453,7 @@ class RemotingDispatcher:
         h = decode_header(ViewMessageHeader, cmd)
         rec = self.store.record_at(h.offset)
         host = self.host()
+        conn.pace("fetch", len(rec.data))  # the user's fetch rate: the response waits (Connection.pace)
         return _ok(cmd, body=stored_message_bytes(message_of_record(rec, host)))
 
     def query_message(self, cmd, conn):
@@ -470,6 +471,7 @@ class RemotingDispatcher:
             used = len(response.body or b"")
             budget.release(held - used)
             held = used
+            conn.pace("fetch", used)  # the user's fetch rate: the response waits (Connection.pace)
             if not cmd.is_oneway:
                 conn.send(response)
         finally:

@@ -88,9 +88,9 @@ class Connection(core.Connection):
         self.flusher = front.flusher
         self.fast_puts = front.fast_puts.take if front.fast_puts is not None else None
 
-    def await_login(self, host):
+    def await_login(self, host, arrived):
         """Until it logs in, a request's body may be only ``limits.MAX_PRELOGIN_BODY_BYTES``."""
-        super().await_login(host)
+        super().await_login(host, arrived)
         self.parser.max_body = min(self.parser.max_body, limits.MAX_PRELOGIN_BODY_BYTES)
 
     def login_done(self):

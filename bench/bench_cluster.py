@@ -1,0 +1,228 @@
+"""The MQTT cluster as it grows: 1, 2 and 4 brokers of one ZooKeeper root on this machine (issue 56 point 7).
+
+    .venv/bin/python -m bench.bench_cluster [--brokers 1 2 4] [--runs 3] [--devices 2000]
+                                            [--seconds 5] [--subscribers 2000] [--messages 20]
+
+Each cluster is N broker processes (broker ids 0..N-1, ``flush: async``, the real segment sizes) registered under
+one ZooKeeper (Debian's package, started by ``tests/harness/zookeeper.py`` as ``bench_failover`` does). Rows, each
+the median of ``--runs`` runs, in one markdown table:
+
+* **device publishes/s**: ``--devices`` MQTT connections spread evenly over the brokers, one generator process per
+  broker, each connection a device publishing QoS 1 messages one at a time (its next once the last is
+  acknowledged, so each arrives alone in a read, as a fleet's do, however busy the broker is); enough devices to
+  keep the brokers busy. The figure is the messages acknowledged over ``--seconds`` (no more than the brokers'
+  ``stats`` ``total_messages`` grew) per second, and its ratio to the smallest cluster of the same run.
+* **publish-to-receive p50 / p99 (ms)**: one QoS 1 subscriber of ``lat/#`` on broker 0; ``--messages`` stamped QoS 1
+  publishes on broker 0 (same broker), then on the last broker (across brokers: the cluster's routes).
+* **fan-out**: ``--subscribers`` QoS 0 subscribers of one topic spread over the brokers, one publisher on broker 0:
+  the share delivered and publish-to-receive p50 / p99.
+
+The generator runs on the same cores as the brokers: each row also gives the generators' CPU seconds a second, so
+a ratio that a busy generator held down can be told apart. Not a test: nothing here asserts.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench import mqtt_load as load  # noqa: E402
+from bench.bench_mqtt import cpu_seconds  # noqa: E402
+from bench.configs import full_size_store  # noqa: E402
+from metaq.client.local import BrokerProcess, free_port, small_config  # noqa: E402
+from tests.harness.zookeeper import ZooKeeperProcess  # noqa: E402
+
+PAYLOAD = 64
+FLEET_KEEP_ALIVE = 60
+SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]
+
+
+class Cluster:
+    """``n`` brokers of one ZooKeeper root, each with its MQTT and replication ports."""
+
+    def __init__(self, root, zk_connect, n):
+        self.brokers = []
+        for i in range(n):
+            wd = os.path.join(root, "b%d" % i)
+            os.makedirs(wd, exist_ok=True)
+            cfg = small_config(os.path.join(wd, "data"), broker={"id": i}, store=full_size_store(flush="async"),
+                               topics=[{"name": "*", "partitions": 4}],
+                               mqtt={"port": free_port()}, replication={"port": free_port()},
+                               zk={"connect": zk_connect, "root": "/metaq-bench-%d-%d" % (n, os.getpid())})
+            self.brokers.append(BrokerProcess(wd, cfg))
+        for b in self.brokers:
+            b.start(timeout=120)
+
+    def mqtt_port(self, i):
+        return self.brokers[i].config["mqtt"]["port"]
+
+    def stored(self):
+        total = 0
+        for b in self.brokers:
+            with b.client() as c:
+                total += int(c.stats_dict()["total_messages"])
+        return total
+
+    def stop(self):
+        for b in self.brokers:
+            b.stop(timeout=60)
+
+
+def device_publishes(cluster, devices, seconds):
+    """Messages a second ``devices`` devices publishing one at a time got acknowledged (and the brokers stored);
+    the generators' CPU seconds a second."""
+    n = len(cluster.brokers)
+    workers = [load.spawn(load.hold, cluster.mqtt_port(i), devices // n, "dev%d-" % i, FLEET_KEEP_ALIVE,
+                          SOURCES[i::n] or SOURCES) for i in range(n)]
+    try:
+        [pipe.recv() for _, pipe in workers]
+        time.sleep(1)
+        before, cpu0, started = cluster.stored(), _cpu(workers), time.perf_counter()
+        for _, pipe in workers:
+            pipe.send(("devices", seconds, "dev/up", PAYLOAD))
+        acked = sum(pipe.recv() for _, pipe in workers)
+        elapsed = time.perf_counter() - started
+        stored = cluster.stored() - before
+        cpu = _cpu(workers) - cpu0
+        for _, pipe in workers:
+            pipe.send("close")
+    finally:
+        for proc, _ in workers:
+            proc.join(30)
+    return min(stored, acked) / seconds, cpu / elapsed
+
+
+def _cpu(workers):
+    return sum(cpu_seconds(proc.pid) for proc, _ in workers)
+
+
+def latency(cluster, publisher, messages):
+    """p50 / p99 ms of ``messages`` stamped QoS 1 publishes on broker ``publisher`` to a subscriber on broker 0
+    (None: nothing arrived)."""
+    size = load.delivered_size("lat/x", PAYLOAD, 1)
+    sub = load.spawn(load.subscribe, cluster.mqtt_port(0), 1, "latsub", "lat/#", 1, None, size)
+    pub = load.spawn(load.publish, cluster.mqtt_port(publisher), 1, "latpub", "lat/x", 1, PAYLOAD, None)
+    try:
+        for _, pipe in (sub, pub):
+            if pipe.recv() != "ready":
+                raise RuntimeError("a generator did not connect")
+        time.sleep(1)  # the subscription reaches the other brokers' routes
+        sub[1].send(("time", messages, 10 + messages))
+        pub[1].send(("stamped", messages, 0.05))
+        pub[1].recv()
+        got = sub[1].recv()[0]
+        for _, pipe in (sub, pub):
+            pipe.send("close")
+    finally:
+        for proc, _ in (sub, pub):
+            proc.join(30)
+    ms = sorted(x / 1e6 for x in got)
+    if not ms:
+        return None
+    return ms[len(ms) // 2], ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+
+
+def fanout(cluster, subscribers, messages):
+    """Share delivered and p50 / p99 ms of ``messages`` stamped QoS 0 publishes on broker 0 to ``subscribers``
+    spread over every broker."""
+    n = len(cluster.brokers)
+    size = load.delivered_size("fan/out", PAYLOAD, 0)
+    subs = [load.spawn(load.subscribe, cluster.mqtt_port(i), subscribers // n, "fan%d-" % i, "fan/out", 0,
+                       SOURCES[i::n] or SOURCES, size) for i in range(n)]
+    pub = load.spawn(load.publish, cluster.mqtt_port(0), 1, "fanpub", "fan/out", 0, PAYLOAD, None)
+    try:
+        for _, pipe in subs + [pub]:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a generator did not connect")
+        time.sleep(2)
+        for _, pipe in subs:
+            pipe.send(("time", messages, 30 + 5 * messages))
+        pub[1].send(("stamped", messages, 1.0))
+        pub[1].recv()
+        lat = []
+        for _, pipe in subs:
+            lat.extend(pipe.recv()[0])
+        for _, pipe in subs + [pub]:
+            pipe.send("close")
+    finally:
+        for proc, _ in subs + [pub]:
+            proc.join(30)
+    ms = sorted(x / 1e6 for x in lat)
+    want = (subscribers // n) * n * messages
+    if not ms:
+        return 0.0, None, None
+    return len(ms) / want, ms[len(ms) // 2], ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+
+
+def one_run(root, zk, n, args):
+    cluster = Cluster(os.path.join(root, "n%d-%d" % (n, time.monotonic_ns())), zk.connect, n)
+    try:
+        rate, gen_cpu = device_publishes(cluster, args.devices, args.seconds)
+        same = latency(cluster, 0, args.messages)
+        across = latency(cluster, n - 1, args.messages) if n > 1 else None
+        share, f50, f99 = fanout(cluster, args.subscribers, args.messages)
+    finally:
+        cluster.stop()
+    return {"rate": rate, "gen_cpu": gen_cpu, "same": same, "across": across, "share": share, "fan": (f50, f99)}
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _ms(pairs):
+    p50, p99 = _median([p[0] if p else None for p in pairs]), _median([p[1] if p else None for p in pairs])
+    return "-" if p50 is None else "%.2f / %.2f" % (p50, p99)
+
+
+def run(args):
+    root = tempfile.mkdtemp(prefix="metaq-bench-cluster-", dir=args.dir)
+    zk = ZooKeeperProcess(os.path.join(root, "zk"))
+    os.makedirs(zk.workdir, exist_ok=True)
+    zk.start()
+    results = {n: [] for n in args.brokers}
+    try:
+        for _ in range(args.runs):
+            for n in args.brokers:  # interleaved: a noisy minute hits every size alike
+                results[n].append(one_run(root, zk, n, args))
+    finally:
+        zk.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    base = statistics.median(r["rate"] for r in results[args.brokers[0]])
+    print()
+    print("cluster benchmark: %d devices publishing QoS 1, each its next message once the last is acknowledged; "
+          "medians of %d runs; %d cores" % (args.devices, args.runs, os.cpu_count()))
+    print()
+    print("| brokers | device publishes/s | vs %d broker(s) | generators' CPU s/s | publish-to-receive same broker "
+          "p50 / p99 ms | across brokers p50 / p99 ms | fan-out to %d: delivered | fan-out p50 / p99 ms |"
+          % (args.brokers[0], args.subscribers))
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in args.brokers:
+        rows = results[n]
+        rate = statistics.median(r["rate"] for r in rows)
+        print("| %d | %.0f | %.2fx | %.2f | %s | %s | %.3f | %s |" % (
+            n, rate, rate / base, statistics.median(r["gen_cpu"] for r in rows), _ms([r["same"] for r in rows]),
+            _ms([r["across"] for r in rows]) if n > 1 else "-", statistics.median(r["share"] for r in rows),
+            _ms([r["fan"] if r["fan"][0] is not None else None for r in rows])))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--brokers", type=int, nargs="+", default=[1, 2, 4], help="cluster sizes (default 1 2 4)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--devices", type=int, default=2000, help="fleet connections in all")
+    p.add_argument("--seconds", type=float, default=5.0, help="the fleet's window")
+    p.add_argument("--subscribers", type=int, default=2000, help="fan-out subscribers in all")
+    p.add_argument("--messages", type=int, default=20, help="stamped messages per latency and fan-out row")
+    p.add_argument("--dir", default=None, help="where the data goes (default: the system temp dir)")
+    run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
