@@ -12,7 +12,7 @@ from metaq.idempotence.burst import run_end, scan_idem_batch
 from metaq.idempotence.wire import DUPLICATE_MARK, encode_idem_runs
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
-from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
+from metaq.server.putpath import ACK_NOW
 from metaq.server.text.batchput import BatchPuts
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.store.record import FIXED_OVERHEAD
@@ -95,13 +95,9 @@ class TextIdempotentBatches(BatchPuts):
             path.failed(e.topic, exc, counted_only=True)
             return self.error_reply(exc, e.opaque), NO_WAIT
         reply = encode_result(200, encode_idem_runs(runs), e.opaque)
-        ack = path.written({(e.topic, run[1]) for run in runs if not run[4]}, now)
-        if ack == ACK_AFTER_REPLICATION and log_end:
-            conn.spawn(self._replicated, e, reply, sorted({run[1] for run in runs}), log_end, now)
-            return None, NO_WAIT
-        if ack == ACK_AFTER_FLUSH:
-            return reply, log_end
-        return reply, NO_WAIT
+        if path.written({(e.topic, run[1]) for run in runs if not run[4]}, now) == ACK_NOW:
+            return reply, NO_WAIT
+        return reply, log_end  # the connection acknowledges once ``PutPath.settle`` lets it (a duplicate's original)
 
     def _store_idem(self, e, frames, data, now, owner):
         """Decide and append every frame, in order: ``([(first_id, partition, first_offset, count, dup)], the log

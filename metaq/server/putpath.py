@@ -38,12 +38,61 @@ SCHEDULE_REFUSAL = ("%s is the broker's internal topic for delayed delivery: sen
 def journal_append(store):
     """The append a journal's log is given (POP's ``PopLog``, transactions' ``TxLog``, MQTT's sessions):
     ``append(topic, flag, data, now)`` writes one journal record to partition 0 of ``topic`` and returns the store's
-    PutResult. A journal record is no client's message: no statistics, no registration, no readers woken (the
-    journal's follower reads it) and the journal decides its own durability; what is refused (a full disk) raises,
-    nothing written."""
-    def append(topic, flag, data, now):
-        return store.put(topic, 0, flag, data, now)
-    return append
+    PutResult (``BrokerWrites.journal``)."""
+    return BrokerWrites(store).journal
+
+
+class BrokerWrites:
+    """The broker's own writes into the log, beside its clients': journal records (timers, delay levels, POP,
+    transactions, MQTT sessions), the messages it stores on a client's behalf once their time comes (a timer's or
+    a delay level's delivery, a transaction's commit) and a slave's copy of its master's log. Given to a feature
+    built before the broker's ``PutPath`` (or without one, in tests); the put path holds one too, so that what
+    follows every write is decided here.
+
+    No statistics and no topic registration (the client's put was counted when it was answered), no write refusal
+    of their own (the feature asks the WriteGate: a delivery waits, a journal's caller refuses); a full disk raises,
+    nothing written. ``written`` is the after-write step of these writes, ``visible`` the one rule waking readers."""
+
+    def __init__(self, store, waiters=None, flusher=None, sync_flush=False):
+        self.store = store
+        self.waiters = waiters
+        self.flusher = flusher
+        self.sync_flush = sync_flush
+
+    def journal(self, topic, flag, data, now, partition=0):
+        """One journal record in ``partition`` of the internal ``topic`` (its follower reads it): the PutResult."""
+        return self.store.put(topic, partition, flag, data, now)
+
+    def message(self, topic, partition, flag, data, now, born_ms=None, checksum=None, msg_id=None):
+        """A message stored for a client whose put was answered before: with the id it was answered with
+        (``msg_id``), born when it was put; the PutResult. ClientError when the topic or partition no longer takes
+        it, another MetaqError when the store refuses now (a full disk)."""
+        return self.store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum, msg_id=msg_id)
+
+    def replicated(self, position, data, now, master_segment_size=None):
+        """A slave's copy of its master's log bytes at ``position``, appended as they are (``MessageStore
+        .append_replicated``): no client, no acknowledgement of its own; the slave wakes its readers once flushed."""
+        return self.store.append_replicated(position, data, now, master_segment_size)
+
+    def written(self, keys, now):
+        """What follows the broker's own records in the partitions ``keys``: with ``async`` flush they are visible
+        now (``visible``); with ``sync`` flush the flusher is woken (its flush makes them visible and wakes the
+        readers). Nobody waits for an acknowledgement."""
+        if self.sync_flush:
+            self.flusher.wake()
+        else:
+            self.visible(keys, now)
+
+    def visible(self, keys, now, quiet=None):
+        """Records of ``keys`` became readable: the one rule waking readers, for every writer. Every waiting reader
+        of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
+        (``PartitionWaiters.wake_now``): the woken readers answer before the writer's acknowledgement and its next
+        frames, so a reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no
+        lock and no decision across it (MQTT asks its write decision again after). The flusher is woken when its
+        policy says so."""
+        self.waiters.wake_now(keys, quiet)
+        if self.store.should_flush(now):
+            self.flusher.wake()
 
 
 class WriteGate:
@@ -98,6 +147,7 @@ class PutPath:
         self.timers = None  # the TimerService (timers/service.py), set at assembly
         self.registry = registry
         self.sync_flush = sync_flush
+        self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
 
     @property
     def replication(self):
@@ -297,17 +347,11 @@ class PutPath:
             log.warning("put to %s failed: %s", topic, exc)
 
     def ack_mode(self, topic, result, now):
-        """How the text server acknowledges this put (ACK_*); for ACK_NOW the put is already visible."""
-        if self.sync_replication:
-            self.replication.notify()
-            return ACK_AFTER_REPLICATION
-        if self.sync_flush:
-            return ACK_AFTER_FLUSH
-        self.made_visible(topic, result.partition, now)
-        return ACK_NOW
+        """How a front-end acknowledges this one put (``written`` for its partition)."""
+        return self.written(((topic, result.partition),), now)
 
     def made_visible(self, topic, partition, now):
-        """Async flush: wake long polls on the partition and the flusher when its policy says so."""
+        """Records of ``(topic, partition)`` are readable now (``visible``)."""
         self.visible(((topic, partition),), now)
 
     def counted(self, topic, count, nbytes):
@@ -319,45 +363,56 @@ class PutPath:
         if registry is not None and topic not in registry.registered_topics:
             registry.topic_created(topic)
 
-    def written(self, keys, now, may_yield=False, quiet=None):
+    def written(self, keys, now, deliver=None):
         """What follows a client write of the partitions ``keys`` (each ``(topic, partition)``, its records
-        counted by ``counted``): the acknowledgement the caller then owes (ACK_*), decided here for every
-        front-end from the broker's modes of now.
+        counted by ``counted``), the same for every front-end and decided from the broker's modes of now: the
+        acknowledgement the caller then owes.
 
-        ACK_AFTER_REPLICATION: the replicator is told; the caller acknowledges after ``durable`` (a greenlet of its
-        own). ACK_AFTER_FLUSH: the caller acknowledges once the flusher has its log end (the flusher wakes the
-        readers). ACK_NOW: the records are visible; the readers and the flusher are woken here (``visible``)."""
+        The flush: with ``sync`` flush the flusher is woken (its flush makes the records visible and wakes their
+        readers); with ``async`` flush they are visible now (``visible``; ``deliver()``, when given, runs first and
+        returns ``visible``'s ``quiet``: MQTT's deliveries sent from the publisher's turn). The acknowledgement:
+        ACK_AFTER_REPLICATION with ``sync`` replication (the replicator is told; the caller acknowledges after
+        ``durable`` or ``settle``), else ACK_AFTER_FLUSH with ``sync`` flush (after ``settle``), else ACK_NOW."""
+        if self.sync_flush:
+            self.flusher.wake()
+            ack = ACK_AFTER_FLUSH
+        else:
+            self.visible(keys, now, None if deliver is None else deliver())
+            ack = ACK_NOW
         if self.sync_replication:
             self.replication.notify()
             return ACK_AFTER_REPLICATION
-        if self.sync_flush:
-            return ACK_AFTER_FLUSH
-        self.visible(keys, now, may_yield, quiet)
-        return ACK_NOW
+        return ack
 
-    def visible(self, keys, now, may_yield=False, quiet=None):
-        """Records of ``keys`` became readable: the one rule for waking readers. Every waiting reader of ``keys``
-        is woken (``quiet``: ``LongPollWaiters.notify``'s); when the writer ``may_yield`` (it holds no lock and
-        has not answered yet) it yields once if a reader was woken, so the woken answer before the writer's
-        acknowledgement and its next frames. The flusher is woken when its policy says so."""
-        if may_yield:
-            self.waiters.wake_now(keys)
-        else:
-            self.waiters.notify(keys, quiet)
-        if self.store.should_flush(now):
-            self.flusher.wake()
+    def visible(self, keys, now, quiet=None):
+        """Records of ``keys`` became readable: ``BrokerWrites.visible``, the one rule waking readers."""
+        self.writes.visible(keys, now, quiet)
+
+    def append_journal(self, topic, flag, data, now):
+        """One journal record of a feature given the put path (MQTT's sessions, a will): ``BrokerWrites.journal``."""
+        return self.writes.journal(topic, flag, data, now)
 
     def durable(self, topic, partition, log_end, now, since=None):
-        """Block (a greenlet of its own) until the put ending at ``log_end`` may be acknowledged. ``since``: the
-        store's ``log_cuts`` read right after the write, by a caller that yielded since (None: read now)."""
+        """Block (a greenlet of its own) until the put ending at ``log_end``, which ``written`` (or ``ack_mode``)
+        followed, may be acknowledged (``settle``). ``since``: the store's ``log_cuts`` read right after the write,
+        by a caller that yielded since (None: read now). ``topic`` and ``partition``: a caller that did not ask
+        ``written`` has its partition made visible here."""
         if since is None:
             since = self.store.log_cuts
         if self.sync_replication:
             self.replication.notify()
+        if not self.sync_flush:
+            self.made_visible(topic, partition, now)
+        self.settle(log_end, since)
+
+    def settle(self, log_end, since=None):
+        """Block until what is written up to ``log_end`` may be acknowledged: flushed (``sync`` flush), then
+        ``confirm``. Raises the flush's or ``confirm``'s MetaqError: written, not acknowledged. The text connection
+        waits for a burst's puts here, whatever front-end code wrote them. ``since``: ``durable``'s."""
+        if since is None:
+            since = self.store.log_cuts
         if self.sync_flush:
             self.flusher.wait_flushed(log_end, since=since)
-        else:
-            self.made_visible(topic, partition, now)
         self.confirm(log_end, since)
 
     def confirm(self, log_end, since=None):
