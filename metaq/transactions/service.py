@@ -23,7 +23,7 @@ from metaq.transactions.wire import XAER_INVAL, XAER_RMERR, parse_tx_key
 from metaq.transactions.policy import first_half_number
 from metaq.transactions.state import TransactionManager
 from metaq.server.clock import now_ms
-from metaq.server.putpath import journal_append
+from metaq.server.putpath import BrokerWrites
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class TxService:
         self.sync_flush = config.store.flush == "sync"
         cfg = config.transactions
         self.flush_policy = cfg.journal_flush
-        self.manager = TransactionManager.open(store, config.tx_config(), now_ms(), journal_append(store),
+        self.manager = TransactionManager.open(store, config.tx_config(), now_ms(), BrokerWrites(store),
                                                master=is_master)
         self._tasks = []
         self._half_numbers = None  # the half messages' numbers, shared by every front-end that takes them

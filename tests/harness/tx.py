@@ -10,7 +10,7 @@ from metaq.protocol.message import HEADER, iter_records
 from metaq.transactions.wire import LocalTxId, XaTxId, parse_xa_error
 from metaq.transactions.config import TxConfig
 from metaq.transactions.follow import TxLog
-from metaq.server.putpath import journal_append
+from metaq.server.putpath import BrokerWrites
 from metaq.transactions.state import TransactionManager
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
@@ -35,7 +35,7 @@ class TxBroker:
 
     def open(self, now=NOW, force=None, **overrides):
         self.store = open_store(self.data_dir, now, **dict(self.store_overrides, **overrides))
-        self.tx = TransactionManager.open(self.store, self.tx_config, now, journal_append(self.store), force=force)
+        self.tx = TransactionManager.open(self.store, self.tx_config, now, BrokerWrites(self.store), force=force)
         return self.tx.recovery
 
     def crash(self):
