@@ -654,3 +654,78 @@ def test_front_end_checker(tmp_path):
     bad.write_text("class A:\n    def __init__(self, store, dispatcher, *, core_, broker=None):\n        pass\n\n\n"
                    "class B:\n    def __init__(self, server_hostname, put_path):\n        pass\n")
     assert front_ends_handed(bad, fake_root) == [("bad.py", 2, "A(dispatcher)"), ("bad.py", 2, "A(broker)")]
+
+
+#: The store's write methods: each appends to the commit log. Only the put path (server/putpath.py) names them, so
+#: that what follows a write (statistics, registration, waking readers, the flush, the acknowledgement) is decided in
+#: one place; the store calls its own.
+STORE_WRITES = {"put", "put_burst", "put_idempotent", "put_idempotent_prepared", "put_idempotent_run",
+                "append_replicated"}
+
+#: The put path: the one module outside the store that may name a store write method.
+PUT_PATH = "server/putpath.py"
+
+
+def _store_names(tree):
+    """Names bound, anywhere in ``tree``, to a name or attribute that names a store (``s = self.store``,
+    ``store = path.store``; not a call's result): a write called on one of them is a store write too."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.Name, ast.Attribute)) \
+                and "store" in ast.unparse(node.value).lower():
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def store_writes(root=ROOT):
+    """``{(module, method)}`` of every store write method named outside the store package and the put path: called
+    or taken (``put = self.store.put``), on any object for a name only the store has (``put_burst`` ...), and
+    ``put`` on an object that names a store (``store``, ``self._store``, ``path.store``, a name bound to one)."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if rel.startswith("store/") or rel == PUT_PATH or rel.endswith("_pb2.py"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        bound = _store_names(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in STORE_WRITES:
+                continue
+            receiver = ast.unparse(node.value)
+            if node.attr != "put" or "store" in receiver.lower() or receiver in bound:
+                found.add((rel, node.attr))
+    return found
+
+
+def test_only_the_put_path_writes_to_the_store():
+    assert sorted(store_writes()) == []  # a write that bypasses the put path (server/putpath.py)
+
+
+def test_store_writes_are_every_append_of_the_store():
+    """Every method of the store that appends to the log is in STORE_WRITES: a new one is refused too."""
+    tree = ast.parse((ROOT / "store" / "store.py").read_text())
+    store_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MessageStore")
+    appends = {f.name for f in store_class.body if isinstance(f, ast.FunctionDef)
+               and (f.name.startswith("put") or f.name.startswith("append_"))}
+    assert appends == STORE_WRITES
+
+
+def test_store_write_checker_catches_each_method(tmp_path):
+    fake_root = tmp_path / "metaq"
+    (fake_root / "server").mkdir(parents=True)
+    (fake_root / "store").mkdir()
+    (fake_root / "server" / "putpath.py").write_text("def a(self):\n    self.store.put(1)\n")
+    (fake_root / "store" / "store.py").write_text("def a(self):\n    self.put_burst(1)\n")
+    (fake_root / "server" / "front.py").write_text(
+        "def a(self, fast, store, port):\n"
+        "    self._store.put(1)\n    fast.store.put_burst(1)\n    store.put_idempotent_run(1)\n"
+        "    port.append_replicated(1)\n"
+        "    self.queue.put(1)\n    self.path.append(1)\n")
+    (fake_root / "server" / "alias.py").write_text(
+        "def a(self):\n    put = self.store.put\n    put(1)\n\n\n"
+        "def b(self):\n    s = self.path.store\n    s.put(1)\n    s.put_idempotent(1)\n")
+    assert store_writes(fake_root) == {("server/front.py", "put"), ("server/front.py", "put_burst"),
+                                       ("server/front.py", "put_idempotent_run"),
+                                       ("server/front.py", "append_replicated"),
+                                       ("server/alias.py", "put"), ("server/alias.py", "put_idempotent")}

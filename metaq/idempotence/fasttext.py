@@ -22,7 +22,8 @@ it and turns a full disk into the broker's refusal, ``dispatch.error_reply``
 makes the reply) and ends the burst. Anything else stops the burst at that
 frame, which the general path then answers as always: a frame the scan does
 not take, a topic ``PutPath.write_refusal`` refuses (asked once per topic of a
-burst). Nothing is taken while puts are refused or replication is synchronous.
+burst). Nothing is taken while puts are refused. What follows the appends is the put path's (``PutPath.counted``,
+``written``); the acks wait as the general path's do (the connection's ``PutPath.settle``).
 """
 
 from metaq import errors
@@ -31,6 +32,7 @@ from metaq.idempotence.burst import run_end as _run_end, scan_idem_burst
 from metaq.idempotence.wire import DUPLICATE_MARK
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_NOW
 from metaq.server.text.dispatch import error_reply
 from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
 
@@ -38,32 +40,34 @@ _DUP_TAIL = b" " + DUPLICATE_MARK
 
 
 class _Burst:
-    """The answers of one burst, in order: replies, flush waits, the partitions to wake."""
+    """The answers of one burst, in order: replies, what each waits for, the partitions it wrote."""
 
-    __slots__ = ("fast", "out", "durable", "wait_pos", "touched")
+    __slots__ = ("fast", "out", "waits", "touched")
 
-    def __init__(self, fast, out, durable, wait_pos):
-        self.fast, self.out, self.durable, self.wait_pos = fast, out, durable, wait_pos
+    def __init__(self, fast, out):
+        self.fast, self.out = fast, out
+        self.waits = []  # (index in out, opaques, log end)
         self.touched = set()
 
-    def answered(self, reply, opaques, key, log_end):
-        """``reply`` (for ``opaques``) once the log is durable up to ``log_end`` (0: nothing to wait for)."""
+    def answered(self, reply, opaques, log_end):
+        """``reply`` (for ``opaques``), sent once the log up to ``log_end`` may be acknowledged (0: at once)."""
         out = self.out
         out.append(reply)
-        if self.fast.sync_flush:
-            if log_end:
-                self.durable.append((len(out) - 1, opaques))
-                if log_end > self.wait_pos:
-                    self.wait_pos = log_end
-        else:
-            self.touched.add(key)
+        if log_end:
+            self.waits.append((len(out) - 1, opaques, log_end))
 
-    def stored(self, topic, count, nbytes):
-        fast = self.fast
-        fast.stats.on_puts(topic, count, nbytes)
-        registry = fast.put_path.registry
-        if registry is not None and topic not in registry.registered_topics:
-            registry.topic_created(topic)
+    def stored(self, key, count, nbytes):
+        self.fast.put_path.counted(key[0], count, nbytes)
+        self.touched.add(key)
+
+    def written(self, path, now, durable, wait_pos):
+        """The put path's after-write step for the burst (``PutPath.written``); the new flush wait position."""
+        if path.written(self.touched, now) != ACK_NOW:
+            for i, opaques, log_end in self.waits:
+                durable.append((i, opaques))
+                if log_end > wait_pos:
+                    wait_pos = log_end
+        return wait_pos
 
 
 def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
@@ -71,7 +75,7 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     most): ``(the new flush wait position, the position after the frames taken, MORE / DONE)``.
     ``fast``: the broker's ``FastPuts`` (store, put path, stats, limits); ``session``: the connection's."""
     path = fast.put_path
-    if path.refusal is not None or path.sync_replication:
+    if path.refusal is not None:
         return wait_pos, pos, DONE
     owner = session.user if session is not None else None
     frames, data, stop = scan_idem_burst(buf, pos, end, fast.max_body, fast.max_line, cap,
@@ -81,24 +85,23 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
     frames = before_refused_topic(frames, writable_topics(path, session))
     if not frames:
         return wait_pos, pos, DONE
-    store = fast.store
     now = now_ms()
-    burst = _Burst(fast, out, durable, wait_pos)
+    burst = _Burst(fast, out)
     n = len(frames)
     i = stored = 0
     status = MORE if n == scanned == cap else DONE
     while i < n:
         j = _run_end(frames, i, n)
         run_frames = frames[i:j] if i or j < n else frames
-        taken, runs = store.put_idempotent_run(run_frames, data, now, owner)
+        taken, runs = path.append_idempotent_run(run_frames, data, now, owner)
         if taken:
             for run in runs:
                 first = run.first_frame
                 topic, partition = run.key
-                burst.stored(topic, run.count, sum(f[10] for f in run_frames[first:first + run.count]))
+                burst.stored(run.key, run.count, sum(f[10] for f in run_frames[first:first + run.count]))
                 burst.answered(encode_put_acks(run_frames, first, run.count, run.first_id, partition,
                                                run.first_offset),
-                               [f[3] for f in run_frames[first:first + run.count]], run.key, run.log_end)
+                               [f[3] for f in run_frames[first:first + run.count]], run.log_end)
             stored += taken
             i += taken
             continue
@@ -106,7 +109,7 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
         i += 1
         topic = f[0].decode("ascii")
         try:
-            r, _position, duplicate = store.put_idempotent_prepared(topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
+            r, _position, duplicate = path.append_idempotent_prepared(topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
                                                                     f[8], f[9], f[6] & 0x7FFFFFFF, owner)
         except errors.MetaqError as exc:  # answered as the general path does; the next frames after a new look
             path.failed(topic, exc)
@@ -118,13 +121,11 @@ def take_put_idem(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sess
             reply += _DUP_TAIL
         else:
             stored += 1
-            burst.stored(topic, 1, f[10])
-        burst.answered(encode_result(200, reply, f[3]), (f[3],), (topic, r.partition), r.log_end)
+            burst.stored((topic, r.partition), 1, f[10])
+        burst.answered(encode_result(200, reply, f[3]), (f[3],), r.log_end)
     pos = frames[i - 1][11]
     parser.consume_to(pos)
     fast.stats.burst_puts += stored
-    if burst.touched:
-        path.waiters.notify(burst.touched)
-        if store.should_flush(now):
-            path.flusher.wake()
-    return burst.wait_pos, pos, status
+    if burst.waits or burst.touched:
+        wait_pos = burst.written(path, now, durable, wait_pos)
+    return wait_pos, pos, status

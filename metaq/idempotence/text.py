@@ -12,6 +12,7 @@ from metaq.idempotence.burst import run_end, scan_idem_batch
 from metaq.idempotence.wire import DUPLICATE_MARK, encode_idem_runs
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_NOW
 from metaq.server.text.batchput import BatchPuts
 from metaq.server.text.putchecks import uncompressed, verified_checksum
 from metaq.store.record import FIXED_OVERHEAD
@@ -94,49 +95,37 @@ class TextIdempotentBatches(BatchPuts):
             path.failed(e.topic, exc, counted_only=True)
             return self.error_reply(exc, e.opaque), NO_WAIT
         reply = encode_result(200, encode_idem_runs(runs), e.opaque)
-        if path.sync_replication and log_end:
-            path.replication.notify()
-            conn.spawn(self._replicated, e, reply, sorted({run[1] for run in runs}), log_end, now)
-            return None, NO_WAIT
-        if path.sync_flush:
-            return reply, log_end
-        path.waiters.notify({(e.topic, run[1]) for run in runs if not run[4]})
-        if store.should_flush(now):
-            path.flusher.wake()
-        return reply, NO_WAIT
+        if path.written({(e.topic, run[1]) for run in runs if not run[4]}, now) == ACK_NOW:
+            return reply, NO_WAIT
+        return reply, log_end  # the connection acknowledges once ``PutPath.settle`` lets it (a duplicate's original)
 
     def _store_idem(self, e, frames, data, now, owner):
         """Decide and append every frame, in order: ``([(first_id, partition, first_offset, count, dup)], the log
         end the reply waits for)`` (a duplicate's: its original's)."""
         path = self.put_path
-        store, stats = path.store, path.stats
+        counted = path.counted
         runs = []
-        log_end = stored = 0
+        log_end = 0
         i, n = 0, len(frames)
         while i < n:
             j = n if i == 0 and _one_run(frames) else run_end(frames, i, n)
-            taken, written = store.put_idempotent_run(frames[i:j] if i or j < n else frames, data, now, owner)
+            taken, written = path.append_idempotent_run(frames[i:j] if i or j < n else frames, data, now, owner)
             if taken:
                 for run in written:
                     first = i + run.first_frame
-                    stats.on_puts(e.topic, run.count, sum(map(_PAYLOAD, frames[first:first + run.count])))
+                    counted(e.topic, run.count, sum(map(_PAYLOAD, frames[first:first + run.count])))
                     _add(runs, run.first_id, run.key[1], run.first_offset, run.count, False)
                     log_end = max(log_end, run.log_end)
-                stored += taken
                 i += taken
                 continue
             f = frames[i]
             i += 1
-            r, _position, duplicate = store.put_idempotent_prepared(e.topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
+            r, _position, duplicate = path.append_idempotent_prepared(e.topic, f[1], f[2], data[f[4]:f[4] + f[5]], now,
                                                                     f[8], f[9], f[6] & 0x7FFFFFFF, owner)
             if not duplicate:
-                stored += 1
-                stats.on_puts(e.topic, 1, f[10])
+                counted(e.topic, 1, f[10])
             _add(runs, r.msg_id, r.partition, r.offset, 1, duplicate)
             log_end = max(log_end, r.log_end)
-        registry = path.registry
-        if stored and registry is not None and e.topic not in registry.registered_topics:
-            registry.topic_created(e.topic)
         return runs, log_end
 
 

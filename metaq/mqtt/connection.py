@@ -21,7 +21,7 @@ request deadline, the login deadline; an idle connection parks, holding no green
   a text ``put`` would be (``PutPath.ack_mode`` / ``durable``: the flush and replication modes). The QoS 0 and 1
   PUBLISHes one read brings (not retained) are gathered as a burst (``limits.MQTT_PUBLISH_BURST``,
   ``MQTT_PUBLISH_BURST_BYTES``), their write decision asked as each comes, and stored together through the store's
-  burst path (``MqttPort.put_burst``) before any other packet is handled, the reader yields or answers; their
+  burst path (``MqttPort.write_burst``) before any other packet is handled, the reader yields or answers; their
   PUBACKs go out together once the burst may be acknowledged. The plain ones (no properties, of a name staged in this
   turn, to a topic the decision let through) are split from the buffer and staged in one step
   (``wire.MqttParser.plain_publishes``, in C when the helper is built), each as ``MqttPort.stage`` stages it. A PUBLISH
@@ -799,7 +799,7 @@ class Connection(core.Connection):
         return True
 
     def _flush_burst(self):
-        """Store the staged PUBLISHes (``MqttPort.put_burst``), in order, and queue the PUBACKs of its QoS 1 ones as
+        """Store the staged PUBLISHes (``MqttPort.write_burst``), in order, and queue the PUBACKs of its QoS 1 ones as
         one run, sent once the burst may be acknowledged. Where the store refuses one, it is answered as a refused
         PUBLISH and those after it are put one by one. False when the connection must close."""
         burst = self._burst
@@ -809,7 +809,7 @@ class Connection(core.Connection):
         self._burst_bytes = 0
         now = self._burst_now
         runs = []
-        stored, log_end, keys, exc = self.port.put_burst(burst, now, runs)
+        stored, log_end, keys, exc = self.port.write_burst(burst, now, runs)
         cuts = self.port.store.log_cuts  # nothing yielded since the writes: their wait begins later
         if stored:
             client_id = self.mqtt.client_id
@@ -817,6 +817,7 @@ class Connection(core.Connection):
             mode = self.port.burst_mode(keys, now, lambda: self.port.deliver_now(keys, burst, runs, lambda k: (
                 stored_message(burst[k][5], burst[k][4].payload, burst[k][4].qos, client_id, burst[k][4].properties,
                                False, now))))
+            self._decided.clear()  # the put path's wake may yield: the write decision is asked again after
             ids = [e[4].packet_id for e in (burst[:stored] if exc is not None else burst) if e[4].qos]
             if ids:
                 self._queue_ack(_PubAckRun(ids), None if mode == ACK_NOW else (keys, log_end, now, cuts))
@@ -851,6 +852,7 @@ class Connection(core.Connection):
             self._decided.clear()
             return self._publish_refused(p, name, exc)
         cuts = self.port.store.log_cuts  # nothing yielded since the write (a session's save below may)
+        self._decided.clear()  # the put path's wake below may yield: the write decision is asked again after
         if p.qos == 0:
             self.port.made_visible(topic, r, now)
             return True

@@ -60,7 +60,7 @@ from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
-from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION, ACK_NOW
+from metaq.server.putpath import ACK_NOW
 from metaq.speedups import load
 from metaq.store.record import FIXED_OVERHEAD
 from metaq.store.results import BurstRun
@@ -276,7 +276,7 @@ class MqttPort:
             return None
         try:
             self.put_path.check_writable()
-            r = self.store.put(MQTT_SESSIONS_TOPIC, 0, 0, data, now)
+            r = self.put_path.append_journal(MQTT_SESSIONS_TOPIC, 0, data, now)
         except errors.MetaqError as exc:
             log.warning("mqtt client %s: its session was not saved: %s", client_id, exc)
             return None
@@ -486,7 +486,7 @@ class MqttPort:
         return partitions
 
     def stage(self, name, payload, qos, client_id, properties, security, decided, now):
-        """A PUBLISH of MQTT topic ``name`` (QoS 0 or 1, not retained) made ready for ``put_burst``, nothing stored:
+        """A PUBLISH of MQTT topic ``name`` (QoS 0 or 1, not retained) made ready for ``write_burst``, nothing stored:
         ``(metaq topic, partition, flag, data)``. The write decision is ``put``'s (asked once per metaq topic while
         ``decided`` holds it, with its partition count; the caller stores the burst before it yields). Raises
         ``records.RecordRefusal`` or MetaqError (a refusal counted as a failed put), as ``put`` does."""
@@ -495,30 +495,31 @@ class MqttPort:
         flag, data = record_data(name, payload, qos, client_id, properties, False, now)
         return topic, crc % partitions, flag, data
 
-    def put_burst(self, staged, now, runs=None):
+    def write_burst(self, staged, now, runs=None):
         """Append ``staged`` (``stage``'s results in the order their PUBLISHes came, each perhaps with fields of the
         caller's after its four; the write decision asked for each since the caller last yielded) as one burst: the
-        store's burst path (``MessageStore.put_burst``: the records ``put`` writes, the positions advanced once per
-        run of a partition), the stats counted per run; where it stops (a partition's first put, the next index file,
-        a segment roll, a record too large) one goes through ``PutPath.append`` and the burst resumes. Returns
-        ``(stored, log end, {(topic, partition)}, error)``: the first ``stored`` are in the log; ``error`` (None: all
-        stored) is the MetaqError of ``staged[stored]``, which and those after it are not stored. ``runs`` (a list,
-        or None): given a ``BurstRun`` per run stored, in order (one of a record the general path stored), where
-        ``deliver_now`` finds each record's place in the log."""
+        put path's burst writer (``PutPath.append_burst``: the records ``put`` writes, the positions advanced once
+        per run of a partition), each run counted and its topic registered there (``PutPath.counted``); where it
+        stops (a partition's first put, the next index file, a segment roll, a record too large) one goes through
+        ``PutPath.append`` and the burst resumes. Returns ``(stored, log end, {(topic, partition)}, error)``: the
+        first ``stored`` are in the log; ``error`` (None: all stored) is the MetaqError of ``staged[stored]``, which
+        and those after it are not stored. ``runs`` (a list, or None): given a ``BurstRun`` per run stored, in
+        order (one of a record the general path stored), where ``deliver_now`` finds each record's place in the
+        log. What follows is ``burst_mode``'s."""
         path, store = self.put_path, self.store
-        stats = path.stats
+        counted = path.counted
         # general: indexes of records the burst writer does not take (too large: ``put`` refuses them)
-        frames, src, general, names = burst_frames(staged, store.config.segment_size - FIXED_OVERHEAD)
+        frames, src, general, _names = burst_frames(staged, store.config.segment_size - FIXED_OVERHEAD)
         keys = set()
         log_end = 0
         i, n = 0, len(frames)
         for stop in general + [n]:  # each a record the burst writer does not take, or the end
             while i <= stop < n or i < stop:
                 if i < stop:
-                    taken, written = store.put_burst(frames[i:stop] if i or stop < n else frames, src, now)
+                    taken, written = path.append_burst(frames[i:stop] if i or stop < n else frames, src, now)
                     for run in written:
                         key, count, nbytes, end = run[0], run[1], run[2], run[6]
-                        stats.on_puts(key[0], count, nbytes)
+                        counted(key[0], count, nbytes)
                         keys.add(key)
                         log_end = max(log_end, end)
                     if runs is not None:  # their frame indexes made the burst's
@@ -534,44 +535,24 @@ class MqttPort:
                     r = path.append(topic, partition, flag, data, now, checksum=frames[i][6] & 0x7FFFFFFF,
                                     checked=True)  # the decision was asked at ``stage``, no yield since
                 except errors.MetaqError as exc:
-                    self._register({key[0] for key in keys})  # the topics of what was stored before it
                     return i, log_end, keys, exc
                 keys.add((topic, partition))
                 log_end = max(log_end, r.log_end)
                 if runs is not None:
                     runs.append(BurstRun((topic, partition), 1, len(data), r.msg_id, r.offset, i, r.log_end))
                 i += 1
-        self._register(names)
         return n, log_end, keys, None
 
-    def _register(self, topics):
-        """Tell ZooKeeper's registry (when there is one) of ``topics`` it has not heard of: a burst's stored ones."""
-        registry = self.put_path.registry
-        if registry is not None:
-            for topic in topics:
-                if topic not in registry.registered_topics:
-                    registry.topic_created(topic)
-
     def burst_mode(self, keys, now, deliver=None):
-        """A stored burst of partitions ``keys``: made visible now (async flush: ``deliver()`` first, when given,
-        which returns ``deliver_now``'s deliveries that need no wake; then its long polls woken, the flusher when
-        its policy says so) or its flush asked for; returns how its acknowledgements wait (``PutPath.ack_mode``'s
-        ACK_NOW, ACK_AFTER_FLUSH or ACK_AFTER_REPLICATION), the same for every put of the burst."""
-        path = self.put_path
-        if path.sync_replication:
-            path.replication.notify()
-            path.flusher.wake()
-            return ACK_AFTER_REPLICATION
-        if path.sync_flush:
-            path.flusher.wake()
-            return ACK_AFTER_FLUSH
-        path.waiters.notify(keys, None if deliver is None else deliver())
-        if self.store.should_flush(now):
-            path.flusher.wake()
-        return ACK_NOW
+        """What follows a stored burst of partitions ``keys``: the put path's (``PutPath.written``: visible now with
+        ``async`` flush, ``deliver()`` first when given, which returns ``deliver_now``'s deliveries that need no
+        wake; else the flush asked for); returns how its acknowledgements wait (ACK_NOW, ACK_AFTER_FLUSH or
+        ACK_AFTER_REPLICATION), the same for every put of the burst. The wake may yield: the caller asks its write
+        decision again after."""
+        return self.put_path.written(keys, now, deliver)
 
     def deliver_now(self, keys, staged, runs, message):
-        """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``put_burst``'s;
+        """A burst just appended to partitions ``keys`` and made visible (``staged`` and ``runs``: ``write_burst``'s;
         ``message(k)``: the ``MqttMessage`` of ``staged[k]``, ``records.stored_message``): the deliveries waiting
         caught up on them send what it brought from the publisher's turn (``Delivery.deliver_now``), at most
         ``limits.MQTT_DIRECT_DELIVERIES`` of them, from the messages the publisher's turn has, neither read back from
@@ -623,14 +604,9 @@ class MqttPort:
         return out
 
     def burst_durable(self, keys, log_end, now, cuts=None):
-        """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end`` may be acknowledged, as
-        ``PutPath.durable`` for one put (``cuts``: its ``since``); raises its MetaqError."""
-        path = self.put_path
-        keys = sorted(keys)
-        path.durable(keys[0][0], keys[0][1], log_end, now, cuts)
-        if not path.sync_flush:
-            for topic, partition in keys[1:]:  # durable made the first partition's visible
-                path.made_visible(topic, partition, now)
+        """Block (the acknowledgement writer's greenlet) until a burst ending at ``log_end``, which ``burst_mode``
+        followed, may be acknowledged (``PutPath.settle``; ``cuts``: its ``since``); raises its MetaqError."""
+        self.put_path.settle(log_end, cuts)
 
     def _retained_refusal(self, name, size):
         """Why one more retained message of ``size`` bytes for ``name`` is not kept (None: it is)."""
@@ -717,9 +693,9 @@ class MqttPort:
             self.cluster.routes_changed(topic_filter)
 
     def made_visible(self, topic, result, now):
-        """A put nobody waits for (QoS 0, a will): visible now (async), or at the flush it asks for (sync)."""
-        if self.put_path.ack_mode(topic, result, now) != ACK_NOW:
-            self.put_path.flusher.wake()
+        """A put nobody waits for (QoS 0, a will): what follows it is the put path's (``PutPath.ack_mode``: visible
+        now with ``async`` flush, at the flush it asks for with ``sync``)."""
+        self.put_path.ack_mode(topic, result, now)
 
     # -- wills -----------------------------------------------------------------
 

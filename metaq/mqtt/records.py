@@ -115,7 +115,7 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     """``(flag, data)`` of the record of an MQTT PUBLISH (or will) of topic ``name`` with MQTT 5 ``properties``
     (``metaq.mqtt.wire``'s dict; those of delivery only, as Topic Alias, are not kept: ``_kept``); a Message Expiry
     Interval is kept as the time it expires, counted from ``now_ms``. The attribute holds properties and no tags, so
-    the record's index unit has tag hash 0 (what the publish burst writes, ``MqttPort.put_burst``)."""
+    the record's index unit has tag hash 0 (what the publish burst writes, ``MqttPort.write_burst``)."""
     if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
         return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
     props = {TOPIC: name, QOS: str(qos)}

@@ -36,8 +36,10 @@ class PopLog:
     since the last snapshot began (what decides the next one), ``snapshots``: the last complete snapshot's log
     position (a ``SnapshotFloor``: retention's once its end is durable)."""
 
-    def __init__(self, store):
+    def __init__(self, store, append):
+        """``append``: the put path's journal append (``server.putpath.journal_append``)."""
         self._store = store
+        self._append = append
         self.written = 0
         self.snapshots = SnapshotFloor(store)
 
@@ -47,7 +49,7 @@ class PopLog:
         data = R.encode(rec)
         if len(data) > R.MAX_RECORD_BYTES:
             raise R.RecordError("a POP %s record of %d bytes exceeds %d" % (rec["k"], len(data), R.MAX_RECORD_BYTES))
-        r = self._store.put(POP_TOPIC, 0, 0, data, now_ms)
+        r = self._append(POP_TOPIC, 0, data, now_ms)
         self.written += len(data)
         return r
 

@@ -49,6 +49,7 @@ from metaq.protocol.journaltopic import DLQ_PREFIX
 from metaq.protocol.rocketmq.mapping import message_of_record, record_data_from_send, retry_copy
 from metaq.server.clock import now_ms
 from metaq.server.inflate import inflate_body
+from metaq.server.putpath import journal_append
 from metaq.store.journals import JournalFollow
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class PopService:
         self.max_attempts = max(1, max_attempts)
         self.snapshot_bytes = snapshot_bytes
         self._make = make_state
-        self.journal = PopLog(store)
+        self.journal = PopLog(store, journal_append(store))
         self._replay = replay(self.journal, make_state)
         self.journal.snapshots.reset(self._replay.snapshot_at)
         self.follow = JournalFollow(store, POP_JOURNAL, self._learn, self._relearn, self._floor, POP_LEARN_BATCH)

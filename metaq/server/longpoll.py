@@ -7,7 +7,8 @@ others wait on the same partition. ``admit``/``leave`` count the long polls
 parked on the whole broker against ``max_parked`` (``limits.MAX_PARKED_GETS``) and, for a caller that names its
 user, the user's own against its ``parked_gets`` quota (``quota``). A wait given ``cancel`` (an Event its caller's
 request sets when it is gone: a gRPC call reset, its connection ended) returns as soon as it is set.
-``wake_now`` is the text put paths' wake: the woken gets answer before the put's own ack goes out.
+``wake_now`` is the put path's one wake (``BrokerWrites.visible``): the woken gets answer before the write's own ack
+goes out.
 
 A wake reaches only the waits registered when ``notify`` runs. A reader that read, then yielded before its wait
 began (a reply budget's reservation, a cold page brought in off the loop, a greenlet spawned to wait that starts a
@@ -157,11 +158,11 @@ class PartitionWaiters:
                 ev.set()
         return woke
 
-    def wake_now(self, keys):
-        """``notify``, then yield to the loop once when a wait was woken, so the woken gets read and send their
-        replies before the caller goes on (a put burst's ack, its next frames): a consumer's latency then holds
-        no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held)."""
-        if self.notify(keys):
+    def wake_now(self, keys, quiet=None):
+        """``notify`` (``quiet``: its), then yield to the loop once when a wait was woken, so the woken gets read and
+        send their replies before the caller goes on (a put burst's ack, its next frames): a consumer's latency then
+        holds no ack send nor the rest of the producer's burst. The caller must be free to yield (no lock held)."""
+        if self.notify(keys, quiet):
             gevent.sleep(0)
 
     def notify_all(self):

@@ -35,6 +35,66 @@ SCHEDULE_REFUSAL = ("%s is the broker's internal topic for delayed delivery: sen
                     "instead (put_delayed, RocketMQ's DELAY property)" % SCHEDULE_TOPIC)
 
 
+def journal_append(store):
+    """The append a journal's log is given (POP's ``PopLog``, transactions' ``TxLog``, MQTT's sessions):
+    ``append(topic, flag, data, now)`` writes one journal record to partition 0 of ``topic`` and returns the store's
+    PutResult (``BrokerWrites.journal``)."""
+    return BrokerWrites(store).journal
+
+
+class BrokerWrites:
+    """The broker's own writes into the log, beside its clients': journal records (timers, delay levels, POP,
+    transactions, MQTT sessions), the messages it stores on a client's behalf once their time comes (a timer's or
+    a delay level's delivery, a transaction's commit) and a slave's copy of its master's log. Given to a feature
+    built before the broker's ``PutPath`` (or without one, in tests); the put path holds one too, so that what
+    follows every write is decided here.
+
+    No statistics and no topic registration (the client's put was counted when it was answered), no write refusal
+    of their own (the feature asks the WriteGate: a delivery waits, a journal's caller refuses); a full disk raises,
+    nothing written. ``written`` is the after-write step of these writes, ``visible`` the one rule waking readers."""
+
+    def __init__(self, store, waiters=None, flusher=None, sync_flush=False):
+        self.store = store
+        self.waiters = waiters
+        self.flusher = flusher
+        self.sync_flush = sync_flush
+
+    def journal(self, topic, flag, data, now, partition=0):
+        """One journal record in ``partition`` of the internal ``topic`` (its follower reads it): the PutResult."""
+        return self.store.put(topic, partition, flag, data, now)
+
+    def message(self, topic, partition, flag, data, now, born_ms=None, checksum=None, msg_id=None):
+        """A message stored for a client whose put was answered before: with the id it was answered with
+        (``msg_id``), born when it was put; the PutResult. ClientError when the topic or partition no longer takes
+        it, another MetaqError when the store refuses now (a full disk)."""
+        return self.store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum, msg_id=msg_id)
+
+    def replicated(self, position, data, now, master_segment_size=None):
+        """A slave's copy of its master's log bytes at ``position``, appended as they are (``MessageStore
+        .append_replicated``): no client, no acknowledgement of its own; the slave wakes its readers once flushed."""
+        return self.store.append_replicated(position, data, now, master_segment_size)
+
+    def written(self, keys, now):
+        """What follows the broker's own records in the partitions ``keys``: with ``async`` flush they are visible
+        now (``visible``); with ``sync`` flush the flusher is woken (its flush makes them visible and wakes the
+        readers). Nobody waits for an acknowledgement."""
+        if self.sync_flush:
+            self.flusher.wake()
+        else:
+            self.visible(keys, now)
+
+    def visible(self, keys, now, quiet=None):
+        """Records of ``keys`` became readable: the one rule waking readers, for every writer. Every waiting reader
+        of ``keys`` is woken (``quiet``: ``PartitionWaiters.notify``'s) and the writer yields once when one was
+        (``PartitionWaiters.wake_now``): the woken readers answer before the writer's acknowledgement and its next
+        frames, so a reader waits for one write, never for a writer's whole pipeline. A writer therefore holds no
+        lock and no decision across it (MQTT asks its write decision again after). The flusher is woken when its
+        policy says so."""
+        self.waiters.wake_now(keys, quiet)
+        if self.store.should_flush(now):
+            self.flusher.wake()
+
+
 class WriteGate:
     """Why puts are refused right now (a full disk, a failed flush), or None: the one answer every writer reads.
 
@@ -87,6 +147,7 @@ class PutPath:
         self.timers = None  # the TimerService (timers/service.py), set at assembly
         self.registry = registry
         self.sync_flush = sync_flush
+        self.writes = BrokerWrites(store, waiters, flusher, sync_flush)  # the broker's own records, the one wake
 
     @property
     def replication(self):
@@ -260,6 +321,21 @@ class PutPath:
                 self.registry.topic_created(topic)
         return r, position, duplicate
 
+    def append_burst(self, frames, src, now):
+        """The batch writers' append (``MessageStore.put_burst``): ``(frames taken, BurstRuns)``, the writer's
+        refusal (``check_write``) already asked. The caller then counts the runs (``counted``) and owes the
+        acknowledgement ``written`` returns."""
+        return self.store.put_burst(frames, src, now)
+
+    def append_idempotent_run(self, frames, src, now, owner=None):
+        """An idempotent producer's run of frames (``MessageStore.put_idempotent_run``), as ``append_burst``."""
+        return self.store.put_idempotent_run(frames, src, now, owner)
+
+    def append_idempotent_prepared(self, topic, partition, flag, body, now, pid, seq, checksum, owner=None):
+        """One checked idempotent frame (``MessageStore.put_idempotent_prepared``): ``(PutResult, record position,
+        duplicate)``, as ``append_burst``."""
+        return self.store.put_idempotent_prepared(topic, partition, flag, body, now, pid, seq, checksum, owner)
+
     def failed(self, topic, exc, counted_only=False):
         """Account for a put that failed with ``exc`` (``counted_only``: just count it)."""
         self.stats.on_put_failed(topic if topic != SCHEDULE_TOPIC else None)  # no stats for the internal topic
@@ -271,32 +347,72 @@ class PutPath:
             log.warning("put to %s failed: %s", topic, exc)
 
     def ack_mode(self, topic, result, now):
-        """How the text server acknowledges this put (ACK_*); for ACK_NOW the put is already visible."""
+        """How a front-end acknowledges this one put (``written`` for its partition)."""
+        return self.written(((topic, result.partition),), now)
+
+    def made_visible(self, topic, partition, now):
+        """Records of ``(topic, partition)`` are readable now (``visible``)."""
+        self.visible(((topic, partition),), now)
+
+    def counted(self, topic, count, nbytes):
+        """What follows every stored client message, once per run of one topic: count ``count`` messages of
+        ``nbytes`` body bytes and register ``topic`` in ZooKeeper when it is new. The one place statistics and
+        registration follow a write, so a batch writer counts per run, never per message."""
+        self.stats.on_puts(topic, count, nbytes)
+        registry = self.registry
+        if registry is not None and topic not in registry.registered_topics:
+            registry.topic_created(topic)
+
+    def written(self, keys, now, deliver=None):
+        """What follows a client write of the partitions ``keys`` (each ``(topic, partition)``, its records
+        counted by ``counted``), the same for every front-end and decided from the broker's modes of now: the
+        acknowledgement the caller then owes.
+
+        The flush: with ``sync`` flush the flusher is woken (its flush makes the records visible and wakes their
+        readers); with ``async`` flush they are visible now (``visible``; ``deliver()``, when given, runs first and
+        returns ``visible``'s ``quiet``: MQTT's deliveries sent from the publisher's turn). The acknowledgement:
+        ACK_AFTER_REPLICATION with ``sync`` replication (the replicator is told; the caller acknowledges after
+        ``durable`` or ``settle``), else ACK_AFTER_FLUSH with ``sync`` flush (after ``settle``), else ACK_NOW."""
+        if self.sync_flush:
+            self.flusher.wake()
+            ack = ACK_AFTER_FLUSH
+        else:
+            self.visible(keys, now, None if deliver is None else deliver())
+            ack = ACK_NOW
         if self.sync_replication:
             self.replication.notify()
             return ACK_AFTER_REPLICATION
-        if self.sync_flush:
-            return ACK_AFTER_FLUSH
-        self.made_visible(topic, result.partition, now)
-        return ACK_NOW
+        return ack
 
-    def made_visible(self, topic, partition, now):
-        """Async flush: wake long polls on the partition and the flusher when its policy says so."""
-        self.waiters.notify(((topic, partition),))
-        if self.store.should_flush(now):
-            self.flusher.wake()
+    def visible(self, keys, now, quiet=None):
+        """Records of ``keys`` became readable: ``BrokerWrites.visible``, the one rule waking readers."""
+        self.writes.visible(keys, now, quiet)
+
+    def append_journal(self, topic, flag, data, now):
+        """One journal record of a feature given the put path (MQTT's sessions, a will): ``BrokerWrites.journal``."""
+        return self.writes.journal(topic, flag, data, now)
 
     def durable(self, topic, partition, log_end, now, since=None):
-        """Block (a greenlet of its own) until the put ending at ``log_end`` may be acknowledged. ``since``: the
-        store's ``log_cuts`` read right after the write, by a caller that yielded since (None: read now)."""
+        """Block (a greenlet of its own) until the put ending at ``log_end``, which ``written`` (or ``ack_mode``)
+        followed, may be acknowledged (``settle``). ``since``: the store's ``log_cuts`` read right after the write,
+        by a caller that yielded since (None: read now). ``topic`` and ``partition``: a caller that did not ask
+        ``written`` has its partition made visible here."""
         if since is None:
             since = self.store.log_cuts
         if self.sync_replication:
             self.replication.notify()
+        if not self.sync_flush:
+            self.made_visible(topic, partition, now)
+        self.settle(log_end, since)
+
+    def settle(self, log_end, since=None):
+        """Block until what is written up to ``log_end`` may be acknowledged: flushed (``sync`` flush), then
+        ``confirm``. Raises the flush's or ``confirm``'s MetaqError: written, not acknowledged. The text connection
+        waits for a burst's puts here, whatever front-end code wrote them. ``since``: ``durable``'s."""
+        if since is None:
+            since = self.store.log_cuts
         if self.sync_flush:
             self.flusher.wait_flushed(log_end, since=since)
-        else:
-            self.made_visible(topic, partition, now)
         self.confirm(log_end, since)
 
     def confirm(self, log_end, since=None):

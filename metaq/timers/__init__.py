@@ -4,8 +4,8 @@ delivery", "Any delivery time", "Cancel", "Delay levels and any delivery time: w
 
 Two mechanisms, one record layout. Both keep a message first as an entry in an internal topic, put through the
 normal put path, and share what is the same: the entry's layout (``records.pack_entry`` / ``unpack_entry``), where
-the message goes when it is put (``service.place``), the record it is delivered as (``service.deliver``: the
-producer's data and born time, the entry's id) and what wakes after a delivery (``service.announce``). They stay
+the message goes when it is put (``service.place``) and the writer both write with (the put path's ``BrokerWrites``:
+the record delivered with the producer's data and born time and the entry's id, what wakes after it). They stay
 two because a level is a queue in due order: every entry of a level has the same delay, so appending it to its
 level's partition of ``SCHEDULE_TOPIC`` keeps that partition in due order, delivery reads it from one offset, and
 an entry costs one append. Any delivery time has no such order: its entries need an index ordered by due time

@@ -13,12 +13,13 @@ Only the plain form is taken: ``put_at <topic> <partition> <len> 0 <checksum> @<
 explicit partition that exists, no attribute (flag 0), a checksum that is ``-1`` or right, a delivery time the
 general path accepts, a topic ``PutPath.write_refusal`` lets the connection's user write. The first frame that is
 anything else, and everything after it, is left to the general path, which answers it as always; nothing is taken
-while puts are refused, replication is synchronous, or this broker does not deliver timers (a slave).
+while puts are refused or this broker does not deliver timers (a slave).
 """
 
 from metaq import errors
 from metaq.limits import validate_partition
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_NOW
 from metaq.server.text.takers import DONE, MORE
 from metaq.timers.burst import encode_timer_acks, scan_put_ats
 from metaq.timers.records import TIMER_TOPIC, TimerEntry
@@ -46,7 +47,7 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
     after the frames taken, MORE / DONE)``, as ``fastput.take_plain_puts``."""
     path = fast.put_path
     timers = path.timers
-    if path.refusal is not None or path.sync_replication or timers is None or not timers.enabled:
+    if path.refusal is not None or timers is None or not timers.enabled:
         return wait_pos, pos, DONE
     store = fast.store
 
@@ -66,34 +67,26 @@ def take_put_ats(fast, parser, buf, pos, end, cap, out, durable, wait_pos, sessi
     except errors.MetaqError:  # the general path answers each, up to the one past the quota or the limit
         return wait_pos, pos, DONE
     fast.stats.burst_scanned_bytes += scanned[-1][3] - pos
-    taken, runs = store.put_burst([item[5] for item in scanned], src, now)
+    taken, runs = path.append_burst([item[5] for item in scanned], src, now)
     if not taken:
         return wait_pos, pos, DONE
     pos = scanned[taken - 1][3]
     parser.consume_to(pos)
     fast.stats.burst_puts += taken
     timers.count_written(owner, taken)
-    stats = fast.stats
-    registry = path.registry
     counts = {}
     for item in scanned[:taken]:
         c = counts.get(item[0])
         counts[item[0]] = (1, item[4]) if c is None else (c[0] + 1, c[1] + item[4])
     for topic, (count, size) in counts.items():
-        stats.on_puts(topic, count, size)
-        if registry is not None and topic not in registry.registered_topics:
-            registry.topic_created(topic)
-    sync_flush = fast.sync_flush
+        path.counted(topic, count, size)
+    waits = path.written({(TIMER_TOPIC, 0)}, now) != ACK_NOW  # the flush, a slave's ACK: PutPath.settle
     for _key, count, _nbytes, first_id, first_offset, first, log_end in runs:
         run = scanned[first:first + count]
         timers.written_run(first_offset, first_id, [f[6] for f in run], [f[5][5] for f in run], log_end)
         out.append(encode_timer_acks(scanned, first, count, first_id))
-        if sync_flush:
+        if waits:
             durable.append((len(out) - 1, [f[2] for f in run]))
             if log_end > wait_pos:
                 wait_pos = log_end
-    if not sync_flush:
-        path.waiters.notify({(TIMER_TOPIC, 0)})
-        if store.should_flush(now):
-            path.flusher.wake()
     return wait_pos, pos, MORE if taken == len(scanned) == cap else DONE

@@ -1,8 +1,8 @@
 """Delay levels: messages put with a delay level become visible in their topic when their time comes.
 
 Beside the timers of any delivery time (``metaq.timers.service``), whose entry layout (``records.pack_entry``),
-placement at a put (``service.place``), delivered record (``service.deliver``) and wake-ups (``service.announce``)
-it uses; why the two stay apart: the package's docstring.
+placement at a put (``service.place``) it uses, and whose writer (the put path's ``BrokerWrites``: a delivered
+record with its entry's id, the wake-ups after it); why the two stay apart: the package's docstring.
 
 The design follows RocketMQ's ScheduleMessageService (docs/messaging.md "Delayed delivery"):
 
@@ -45,7 +45,8 @@ from metaq.protocol.stats import DelayLevelRow
 from metaq.server.clock import now_ms
 from metaq.timers.levels import (DEFAULT_LEVELS, SCHEDULE_TOPIC, BadScheduleEntry, decode_entry, effective_level,
                                  encode_entry, format_levels, parse_levels)
-from metaq.timers.service import announce, deliver, place
+from metaq.server.putpath import BrokerWrites
+from metaq.timers.service import place
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class DelayScheduler:
         self.enabled = is_master
         self.started = False  # the broker started: a promotion starts delivering at once
         self.async_flush = config.store.flush == "async"
+        self.writes = BrokerWrites(store, waiters, flusher, sync_flush=not self.async_flush)  # what it stores
         self.save_interval_s = config.store.checkpoint_interval_ms / 1000.0
         self._path = self.store.dirs.delay_offsets
         self._pool = gevent.get_hub().threadpool
@@ -139,13 +141,12 @@ class DelayScheduler:
         if not self.enabled:
             raise errors.Unavailable("this broker is a replication slave: delayed puts go to the master")
         if level == 0:
-            return self.store.put(topic, partition, flag, body, now_ms, checksum=checksum)
+            return self.writes.message(topic, partition, flag, body, now_ms, checksum=checksum)
         partition, checksum = place(self.store, topic, partition, body, checksum)
         data = encode_entry(topic, partition, flag, checksum, now_ms + self.levels_ms[level - 1], now_ms, level,
                             body)
-        r = self.store.put(SCHEDULE_TOPIC, level - 1, 0, data, now_ms)
-        if self.async_flush:  # visible now; in sync mode the flush makes it visible and wakes the level
-            self.waiters.notify(((SCHEDULE_TOPIC, level - 1),))
+        r = self.writes.journal(SCHEDULE_TOPIC, 0, data, now_ms, partition=level - 1)
+        self.writes.written(((SCHEDULE_TOPIC, level - 1),), now_ms)  # wakes the level's greenlet
         return r._replace(partition=partition)
 
     # -- lifecycle -------------------------------------------------------------
@@ -349,7 +350,7 @@ class DelayScheduler:
                 lv.offset += 1
                 continue
             try:
-                r = deliver(self.store, msg_id, e.topic, e.partition, e.flag, e.checksum, e.born_ms, e.data, now)
+                r = self.writes.message(e.topic, e.partition, e.flag, e.data, now, e.born_ms, e.checksum, msg_id)
             except errors.Unavailable as exc:  # DiskFull: stay on this entry
                 log.warning("delayed delivery: level %d waits: %s", lv.partition + 1, exc)
                 refused = True
@@ -373,8 +374,8 @@ class DelayScheduler:
         return not refused
 
     def _published(self, keys, now):
-        announce(self.store, self.waiters, self.flusher, keys, now, self.async_flush)
         self._dirty.set()
+        self.writes.written(keys, now)
 
     # -- the state file ----------------------------------------------------------
 

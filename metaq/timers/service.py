@@ -1,9 +1,9 @@
 """Any delivery time: the timer store's service (docs/messaging.md "Delayed delivery", "Any delivery time", "Cancel").
 
 * ``put_at`` stores an ENTRY record (``metaq.timers.records``: real topic, partition, flag, checksum, due and
-  born times, the original data) in the internal topic ``TIMER_TOPIC``, partition 0, through the normal store
-  put (durability, flushes and replication are a put's). Its record id is the message's id: the producer is
-  answered with it and the delivered message carries it.
+  born times, the original data) in the internal topic ``TIMER_TOPIC``, partition 0, through the put path
+  (``PutPath.append`` asks, ``BrokerWrites`` writes; durability, flushes and replication are a put's). Its record
+  id is the message's id: the producer is answered with it and the delivered message carries it.
 * The **indexer** (master and slave): timers.db (``metaq.timers.index``) follows the log through the store's log
   follower, as every derived index does: its subscriber (``metaq.timers.follow``) collects the flushed TIMER_TOPIC
   records past timers.db's ``indexed_position`` into a bounded pending batch, on the event loop; this service
@@ -49,6 +49,7 @@ from metaq.limits import (MAX_PENDING_TIMERS, MAX_TIMER_DONE_IDS, MAX_TIMER_LIST
 from metaq.protocol.checksum import metaq_checksum
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
+from metaq.server.putpath import BrokerWrites
 from metaq.timers.follow import TimerFollow
 from metaq.timers.handoff import Handoff
 from metaq.timers.index import CANCELLED, DELIVERED, TimerIndex
@@ -85,26 +86,6 @@ def place(store, topic, partition, body, checksum):
     return partition, checksum
 
 
-def deliver(store, msg_id, topic, partition, flag, checksum, born_ms, data, now):
-    """Store a due message, a timer's or a delay level's, in its topic: as its producer put it (flag, data,
-    checksum), born when that put was stored, with the id the producer was answered with (its entry's). Returns the
-    PutResult; ClientError when the topic or partition no longer takes it (it never will: dropped), another
-    MetaqError when the store refuses now (a full disk: try again later)."""
-    return store.put(topic, partition, flag, data, now, born_ms=born_ms, checksum=checksum, msg_id=msg_id)
-
-
-def announce(store, waiters, flusher, keys, now, async_flush):
-    """Delivered records (and their bookkeeping) were appended to the partitions ``keys``: with ``async`` flush they
-    are visible, their long polls are woken and the flusher when its policy says so; with ``sync`` flush the flusher
-    is woken (the flush makes them visible and wakes the long polls)."""
-    if async_flush:
-        waiters.notify(keys)
-        if store.should_flush(now):
-            flusher.wake()
-    else:
-        flusher.wake()
-
-
 class TimerService:
     """See the module docstring."""
 
@@ -118,6 +99,7 @@ class TimerService:
         self._unindexed = {}  # owner (None: none) -> its entries this master wrote that timers.db has not applied
         self.flusher = flusher
         self.waiters = waiters
+        self.writes = BrokerWrites(store, waiters, flusher, sync_flush=not async_flush)  # every record it writes
         self.gate = gate
         self.enabled = is_master
         self.async_flush = async_flush
@@ -167,14 +149,11 @@ class TimerService:
         self.check_room(owner, 1)
         partition, checksum = place(self.store, topic, partition, body, checksum)
         data = encode_entry(topic, partition, flag, checksum, due_ms, now, body, owner)
-        r = self.store.put(TIMER_TOPIC, 0, 0, data, now)
+        r = self.writes.journal(TIMER_TOPIC, 0, data, now)
         self.written(r.offset, r.msg_id, TimerEntry(topic, partition, flag, checksum, due_ms, now, bytes(body), owner),
                      r.log_end)
         self.count_written(owner, 1)
-        if self.async_flush:
-            self.waiters.notify((KEY,))
-        else:
-            self.flusher.wake()
+        self.writes.written((KEY,), now)
         return r._replace(partition=partition)
 
     def cancel(self, msg_id, now):
@@ -223,12 +202,11 @@ class TimerService:
         i = self._win.index_of(msg_id)
         if i is not None:
             self._win.remove_at(i)
-        r = self.store.put(TIMER_TOPIC, 0, 0, encode_cancel(msg_id), now)
+        r = self.writes.journal(TIMER_TOPIC, 0, encode_cancel(msg_id), now)
         self.written(r.offset, r.msg_id, TimerCancel(msg_id), r.log_end)
         self._end(msg_id, CANCELLED)
         self.cancelled += 1
-        if self.async_flush:
-            self.waiters.notify((KEY,))
+        self.writes.written((KEY,), now)
         return r
 
     def _end(self, msg_id, outcome):
@@ -445,7 +423,7 @@ class TimerService:
         if found:
             ids = sorted(found)
             for i in range(0, len(ids), MAX_TIMER_DONE_IDS):
-                r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids[i:i + MAX_TIMER_DONE_IDS]), now)
+                r = self.writes.journal(TIMER_TOPIC, 0, encode_done(ids[i:i + MAX_TIMER_DONE_IDS]), now)
                 self.written(r.offset, r.msg_id, TimerDone(tuple(ids[i:i + MAX_TIMER_DONE_IDS])), r.log_end)
                 self._done_end = r.log_end
             for i in ids:
@@ -520,7 +498,7 @@ class TimerService:
             _due, msg_id, row = items[0]
             _id, _due, topic, partition, flag, checksum, born_ms, data = row
             try:
-                r = deliver(self.store, msg_id, topic, partition, flag, checksum, born_ms, data, now)
+                r = self.writes.message(topic, partition, flag, data, now, born_ms, checksum, msg_id)
             except errors.ClientError as exc:  # the topic or partition is gone: it will never be deliverable
                 log.error("timers: dropped message %d for %s-%d: %s", msg_id, topic, partition, exc)
                 self.dropped += 1
@@ -535,11 +513,11 @@ class TimerService:
             ids.append(msg_id)
             self._end(msg_id, DELIVERED)
         if ids:
-            r = self.store.put(TIMER_TOPIC, 0, 0, encode_done(ids), now)
+            r = self.writes.journal(TIMER_TOPIC, 0, encode_done(ids), now)
             self.written(r.offset, r.msg_id, TimerDone(tuple(ids)), r.log_end)
             self._done_end = r.log_end
             keys.add(KEY)
-            announce(self.store, self.waiters, self.flusher, keys, now, self.async_flush)
+            self.writes.written(keys, now)  # after the DONE: the wake may yield
         if refused:
             self._stop.wait(RETRY_S)
 

@@ -43,8 +43,10 @@ TX_JOURNAL = JournalTopic(TX_TOPIC, R.decode, R.RecordError, "transactions")
 class TxLog:
     """The journal's records as ``%TX%`` messages of ``store``: ``append``, ``read``, and where they end."""
 
-    def __init__(self, store):
+    def __init__(self, store, append):
+        """``append``: the put path's journal append (``server.putpath.journal_append``)."""
         self._store = store
+        self._append = append
         self.end = 0  # the log end after the last record appended: durable once the log is flushed past it
 
     def append(self, rec, now_ms, flag=0):
@@ -54,7 +56,7 @@ class TxLog:
         if len(data) > R.MAX_RECORD_BYTES:
             raise R.RecordError("a %s record of %d bytes exceeds %d" % (type(rec).__name__, len(data),
                                                                          R.MAX_RECORD_BYTES))
-        self.end = self._store.put(TX_TOPIC, 0, flag, data, now_ms).log_end
+        self.end = self._append(TX_TOPIC, flag, data, now_ms).log_end
         return self.end
 
     def cut(self, position):

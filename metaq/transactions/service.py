@@ -23,6 +23,7 @@ from metaq.transactions.wire import XAER_INVAL, XAER_RMERR, parse_tx_key
 from metaq.transactions.policy import first_half_number
 from metaq.transactions.state import TransactionManager
 from metaq.server.clock import now_ms
+from metaq.server.putpath import BrokerWrites
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ class TxService:
         self.sync_flush = config.store.flush == "sync"
         cfg = config.transactions
         self.flush_policy = cfg.journal_flush
-        self.manager = TransactionManager.open(store, config.tx_config(), now_ms(), master=is_master)
+        self.writes = BrokerWrites(store, waiters, flusher, self.sync_flush)  # commits' messages, the journal
+        self.manager = TransactionManager.open(store, config.tx_config(), now_ms(), self.writes,
+                                               master=is_master)
         self._tasks = []
         self._half_numbers = None  # the half messages' numbers, shared by every front-end that takes them
 
@@ -231,17 +234,18 @@ class TxService:
         self._flush_later()
 
     def _publish(self, results, since=None):
-        """Make committed messages visible: wait for the store flush in sync mode, then wake long polls."""
+        """Make committed messages visible: wait for the store flush in sync mode (which wakes their readers), else
+        wake them by the put path's rule (``BrokerWrites.visible``)."""
         if results:
-            self._publish_end(max(r.log_end for r in results), since)
+            self._publish_end(max(r.log_end for r in results), since, {(r.topic, r.partition) for r in results})
 
-    def _publish_end(self, log_end, since=None):
+    def _publish_end(self, log_end, since=None, keys=None):
+        """``keys``: the partitions written (None: not known, a retry of a commit made before: every reader looks
+        again)."""
         if self.sync_flush:
             self.flusher.wait_flushed(log_end, since=since)
         else:
-            self.waiters.notify_all()  # commits are rare: waking every long poll to re-check is cheap
-            if self.store.should_flush(now_ms()):
-                self.flusher.wake()
+            self.writes.visible(keys if keys is not None else self.waiters.keys(), now_ms())
 
     # -- background ---------------------------------------------------------------
 

@@ -228,10 +228,11 @@ def _xa(code, msg):
 class TransactionManager:
     """See the module docstring (half messages too); open with ``TransactionManager.open``."""
 
-    def __init__(self, store, config):
+    def __init__(self, store, config, writes):
         self.store = store
         self.config = config
-        self._log = TxLog(store)
+        self._writes = writes
+        self._log = TxLog(store, writes.journal)
         self._branches = {}  # key -> Branch (ACTIVE, PREPARED, COMMITTING): changed by _add_branch / _drop_branch only
         self._per_user = {}  # user -> live branches it began (None: those of no user), kept with _branches
         self._by_owner = {}  # owner -> set of local keys
@@ -250,16 +251,17 @@ class TransactionManager:
     # -- open / recovery -----------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, store, config, now_ms, force=None, master=True):
+    def open(cls, store, config, now_ms, writes, force=None, master=True):
         """BLOCKING: replay the journal from the log (``%TX%``) and recover (see module docstring); ``master``: this
         broker writes (a slave's manager only follows the master's records, ``learn``). An older broker's journal
         directory is migrated into the log first (``force``, default the store's ``force_recovery``: cut its
-        mid-file corruption instead of raising CorruptLog). The store must be open; recovery appends the missing
+        mid-file corruption instead of raising CorruptLog). ``writes``: the put path's ``BrokerWrites``, which
+        appends the journal's records and a commit's messages. The store must be open; recovery appends the missing
         messages of interrupted commits and flushes them. The manager then follows the log (``store.follower``)."""
         config = config.validate()
         if force is None:
             force = bool(getattr(store.config, "force_recovery", False))
-        self = cls(store, config)
+        self = cls(store, config, writes)
         jreport = self._migrate(force, now_ms) if master else None
         replay = self._replay()
         if master:
@@ -671,7 +673,7 @@ class TransactionManager:
 
     def _append_missing(self, b, now_ms, recovering=None):
         out = []
-        put = self.store.put
+        put = self._writes.message
         for j, i in enumerate(b.order):
             if b.applied[j]:
                 continue

@@ -10,6 +10,7 @@ from metaq.protocol.message import HEADER, iter_records
 from metaq.transactions.wire import LocalTxId, XaTxId, parse_xa_error
 from metaq.transactions.config import TxConfig
 from metaq.transactions.follow import TxLog
+from metaq.server.putpath import BrokerWrites
 from metaq.transactions.state import TransactionManager
 from tests.harness.store import NOW, open_store, payload_of, read_all
 
@@ -34,7 +35,7 @@ class TxBroker:
 
     def open(self, now=NOW, force=None, **overrides):
         self.store = open_store(self.data_dir, now, **dict(self.store_overrides, **overrides))
-        self.tx = TransactionManager.open(self.store, self.tx_config, now, force=force)
+        self.tx = TransactionManager.open(self.store, self.tx_config, now, BrokerWrites(self.store), force=force)
         return self.tx.recovery
 
     def crash(self):
@@ -70,7 +71,7 @@ class TxBroker:
 
     def journal(self):
         """Every ``(position, flag, record)`` of the journal in the log (``%TX%``), as recovery reads them."""
-        return list(TxLog(self.store).read())
+        return list(TxLog(self.store, None).read())
 
 
 def ids_in(b, topic="test", partitions=4):

@@ -8,6 +8,7 @@ from metaq.pop.follow import PopLog, replay
 from metaq.pop.records import InvalidHandle, decode, encode, handle, parse_handle
 from metaq.pop.service import PopService
 from metaq.pop.state import PopState
+from metaq.server.putpath import journal_append
 from metaq.protocol.journaltopic import POP_TOPIC
 from tests.harness.store import NOW, open_store
 
@@ -181,7 +182,7 @@ def test_groups_bound_at_the_limit_and_one_past():
 def test_the_journal_in_a_store_replays_to_the_live_state_and_a_snapshot_replaces_what_came_before(tmp_path):
     store = open_store(tmp_path)
     try:
-        journal = PopLog(store)
+        journal = PopLog(store, journal_append(store))
         pop = Pop(Log([None] * 6, ["A", "A", None]))
         _g, hs = pop.receive(4, NOW, fifo=True)
         pop.ack(hs[:2], NOW + 1)

@@ -492,7 +492,8 @@ def text_connection(sender):
     ga = gsocket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=a.detach())
     ga.settimeout(600)  # what Connection.receive leaves: idle_timeout_s
     front = types.SimpleNamespace(rules=ConnectionLimits(600, 30), max_line_bytes=1 << 16, max_body_bytes=1 << 20,
-                                  dispatcher=types.SimpleNamespace(max_transfer=1 << 20), zero_copy=sender,
+                                  dispatcher=types.SimpleNamespace(max_transfer=1 << 20, put_path=None),
+                                  zero_copy=sender,
                                   stats=None, flusher=None, fast_puts=None)
     conn = Connection(ga, ("127.0.0.1", 1), 1, front)
     assert conn.zero_copy is sender
@@ -594,10 +595,7 @@ def test_a_burst_that_waits_for_a_flush_holds_no_map_meanwhile(tmp_path):
     conn, peer = text_connection(sender)
     seen = []
     reply = [b"value %d 1\r\n" % len(records), records]
-    conn.front.flusher = types.SimpleNamespace(
-        wait_flushed=lambda pos, since=None: seen.append([type(b) for b in reply]))
-    conn.flusher = conn.front.flusher
-    conn.front.dispatcher.ack_refusal = lambda: None
+    conn.put_path = types.SimpleNamespace(settle=lambda pos, since=None: seen.append([type(b) for b in reply]))
     g = gevent.spawn(conn._emit, [reply, b"result 200 1 2\r\n"], [(1, (2,))], 123)
     total = b"value %d 1\r\n" % len(want) + want + b"result 200 1 2\r\n"
     got = bytearray()

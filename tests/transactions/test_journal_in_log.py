@@ -16,6 +16,7 @@ from metaq.limits import TX_LEARN_BATCH, TX_LEARN_BATCH_BYTES
 from metaq.store.journals import JournalFollow
 from metaq.transactions.follow import SNAPSHOT_FLAG, TX_JOURNAL, LogReplay
 from metaq.transactions.journal import journal_path
+from metaq.server.putpath import BrokerWrites
 from metaq.transactions.state import TransactionManager
 from metaq.transactions.wire import XA_OK, XAER_RMFAIL
 from tests.harness.store import NOW, open_store
@@ -104,7 +105,7 @@ def replica_of(b, tmp_path):
     copy = str(tmp_path / "slave")
     shutil.copytree(b.data_dir, copy)
     store = open_store(copy, NOW)
-    return store, TransactionManager.open(store, TxConfig(), NOW, master=False)
+    return store, TransactionManager.open(store, TxConfig(), NOW, BrokerWrites(store), master=False)
 
 
 def test_a_slave_manager_writes_nothing_and_a_promotion_takes_the_branches_over(tx_broker, tmp_path):
@@ -184,7 +185,7 @@ def test_a_slave_removes_an_older_brokers_journal_rather_than_keep_branches_that
             f.write(R.HEADER.pack(len(payload), crc32(payload)) + payload)
     store = open_store(str(tmp_path / "data"), NOW)
     try:
-        slave = TransactionManager.open(store, TxConfig(), NOW, master=False)
+        slave = TransactionManager.open(store, TxConfig(), NOW, BrokerWrites(store), master=False)
         assert not os.path.exists(tx_dir) and slave.take_over(NOW).prepared_kept == 0 and slave.recover() == []
     finally:
         store.abandon()

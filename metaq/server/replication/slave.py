@@ -13,6 +13,7 @@ from metaq.protocol import replication as rp
 from metaq.protocol.replication_topics import GROUPS_KEY, OWNERS_KEY
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.clock import now_ms
+from metaq.server.putpath import BrokerWrites
 from metaq.server.replication import handshake
 from metaq.server.replication.link import (BACKOFF_MAX_S, BACKOFF_MIN_S, CAUGHT_UP_SILENCE_S, HELLO_TIMEOUT_S,
                                           LINK_TIMEOUT_S, RECV_BYTES, send_event)
@@ -33,6 +34,7 @@ class SlaveLink:
         records bring topics this broker did not know (ZooKeeper registration); ``secret``: the replication
         secret (bytes) the master must prove and this slave proves, or None (``handshake``)."""
         self.store = store
+        self.writes = BrokerWrites(store)  # the master's records appended as they are
         self.secret = secret
         self.config = config
         self.flusher = flusher
@@ -240,7 +242,7 @@ class SlaveLink:
         store = self.store
         before = len(store.known_topics()) if self.on_new_topics is not None else 0
         try:
-            end = store.append_replicated(event.position, event.data, now_ms(), self.config.store.segment_size)
+            end = self.writes.replicated(event.position, event.data, now_ms(), self.config.store.segment_size)
         except ReplicationRefused as exc:
             log.error("replication: refused a chunk at position %d: %s", event.position, exc)
             raise

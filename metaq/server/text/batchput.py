@@ -4,10 +4,10 @@ The order is a put's: the one write decision first (``PutPath.check_write``: the
 the topic's name, a topic-creation quota), asked once for the batch's topic; then every sub-record is checked
 (``protocol.putbatch.scan_batch``: count, form, checksums, topic, partitions in range) and the partitions and
 the disk room are made sure of (``MessageStore.hold_partition``, ``check_room``) before the first append, so a
-refused batch stores nothing. The records are appended by ``MessageStore.put_burst`` (the burst path's writer:
+refused batch stores nothing. The records are appended by ``PutPath.append_burst`` (the burst path's writer:
 the same records a ``put`` stores); where it stops (a segment roll, the next index file) one message goes
-through ``PutPath.append`` and the burst resumes. The acknowledgement waits as a put's does (``sync`` flush:
-the flush position; ``sync`` replication: a greenlet of its own until a slave has it).
+through ``PutPath.append`` and the burst resumes. What follows is the put path's (``counted``, ``written``) and
+the acknowledgement waits as a put's does, in the connection (``PutPath.settle``: the flush, a slave's ACK).
 """
 
 from collections import Counter
@@ -18,6 +18,7 @@ from metaq.protocol.burst import scan_puts
 from metaq.protocol.putbatch import encode_runs, scan_batch
 from metaq.protocol.text import encode_result
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_NOW
 from metaq.store.record import FIXED_OVERHEAD
 
 NO_WAIT = 0
@@ -57,29 +58,22 @@ class BatchPuts:
         except errors.MetaqError as exc:  # the disk, met after the check: what was appended stays (as a burst's)
             return self.error_reply(exc, e.opaque), NO_WAIT
         reply = encode_result(200, encode_runs(runs), e.opaque)
-        if path.sync_replication:
-            path.replication.notify()
-            conn.spawn(self._replicated, e, reply, sorted({run[1] for run in runs}), log_end, now)
-            return None, NO_WAIT
-        if path.sync_flush:
-            return reply, log_end
-        path.waiters.wake_now({(e.topic, run[1]) for run in runs})  # the woken gets answer first
-        if store.should_flush(now):
-            path.flusher.wake()
-        return reply, NO_WAIT
+        if path.written({(e.topic, run[1]) for run in runs}, now) == ACK_NOW:
+            return reply, NO_WAIT
+        return reply, log_end  # the connection acknowledges once ``PutPath.settle`` lets it
 
     def _store(self, e, frames, now):
         """Append every frame, in order: ``([(first_id, partition, first_offset, count)], log end)``."""
         path = self.put_path
-        store, stats, registry = path.store, path.stats, path.registry
+        counted = path.counted
         body = e.body
         runs = []
         log_end = 0
         i, n = 0, len(frames)
         while i < n:
-            taken, written = store.put_burst(frames[i:] if i else frames, body, now)
+            taken, written = path.append_burst(frames[i:] if i else frames, body, now)
             for key, count, nbytes, first_id, first_offset, _first, end in written:
-                stats.on_puts(key[0], count, nbytes)
+                counted(key[0], count, nbytes)
                 _add(runs, first_id, key[1], first_offset, count)
                 log_end = max(log_end, end)
             i += taken
@@ -89,21 +83,7 @@ class BatchPuts:
                 _add(runs, r.msg_id, r.partition, r.offset, 1)
                 log_end = max(log_end, r.log_end)
                 i += 1
-        if registry is not None and e.topic not in registry.registered_topics:
-            registry.topic_created(e.topic)
         return runs, log_end
-
-    def _replicated(self, e, reply, partitions, log_end, now):
-        """Sync replication: the reply once the master's flush (per its mode) and a slave's ACK cover the batch."""
-        path = self.put_path
-        try:
-            path.durable(e.topic, partitions[0], log_end, now)
-        except errors.MetaqError as exc:
-            path.failed(e.topic, exc, counted_only=True)
-            return self.error_reply(exc, e.opaque)
-        if not path.sync_flush and len(partitions) > 1:  # durable woke the first partition's long polls
-            path.waiters.notify({(e.topic, p) for p in partitions[1:]})
-        return reply
 
 
 def _add(runs, msg_id, partition, offset, count):

@@ -86,6 +86,7 @@ class Connection(core.Connection):
         self.dispatcher = front.dispatcher
         self.stats = front.stats
         self.flusher = front.flusher
+        self.put_path = front.dispatcher.put_path  # a burst's acknowledgement waits in ``settle``
         self.fast_puts = front.fast_puts.take if front.fast_puts is not None else None
 
     def await_login(self, host, arrived):
@@ -439,17 +440,14 @@ class Connection(core.Connection):
         return keep_open
 
     def _after_flush(self, out, durable, wait_pos, cuts=None):
+        """Wait until the burst's puts (up to ``wait_pos``) may be acknowledged (``PutPath.settle``: flushed per the
+        flush mode, a slave's ACK per the replication mode, this broker still the master); otherwise each waiting
+        put gets the error instead of its ack (500 for a failed flush, else its code): written, not acknowledged."""
         try:
-            self.flusher.wait_flushed(wait_pos, since=cuts)
+            self.put_path.settle(wait_pos, cuts)
         except errors.MetaqError as exc:
-            # Nothing unflushed may be acknowledged: every waiting put gets the flush error.
             log.error("connection %s: %s", self.peer, exc)
             body = str(exc).encode("utf-8", "replace")
+            code = exc.code if isinstance(exc, errors.Unavailable) else 500
             for i, opaques in durable:
-                out[i] = failed_replies(opaques, body)  # one reply, or a burst's run of them
-            return
-        refusal = self.front.dispatcher.ack_refusal()  # ha: auto: the lease may have run out during the flush
-        if refusal is not None:
-            body = ("the message was written but is not acknowledged: %s" % refusal).encode("utf-8", "replace")
-            for i, opaques in durable:
-                out[i] = encode_results(503, body, opaques)
+                out[i] = failed_replies(opaques, body) if code == 500 else encode_results(code, body, opaques)

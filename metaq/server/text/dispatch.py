@@ -24,7 +24,7 @@ from metaq.transactions.wire import xa_error_body
 from metaq.server.clock import now_ms
 from metaq.server.guard import ADMIN, PUB, SUB
 from metaq.server.text.putchecks import uncompressed, verified_checksum
-from metaq.server.putpath import ACK_AFTER_FLUSH, ACK_AFTER_REPLICATION
+from metaq.server.putpath import ACK_NOW
 from metaq.server.text.batchput import BatchPuts
 from metaq.server.text.expect import check_expected
 from metaq.priorities.text import TextPriorities
@@ -234,24 +234,11 @@ class TextDispatcher:
                          conn)
 
     def ack_put(self, e, r, now, reply, conn):
-        """``(reply, flush position)`` of a stored put, per the broker's flush and replication modes."""
-        mode = self.put_path.ack_mode(e.topic, r, now)
-        if mode == ACK_AFTER_REPLICATION:
-            conn.spawn(self._put_replicated, e, reply, r.partition, r.log_end, now, self.store.log_cuts)
-            return None, NO_WAIT
-        if mode == ACK_AFTER_FLUSH:
-            return reply, r.log_end
-        return reply, NO_WAIT
-
-    def _put_replicated(self, e, reply, partition, log_end, now, cuts):
-        """Sync replication: acknowledge once the master's flush (per its mode) and a slave's ACK cover the put
-        (``cuts``: the log's truncations when it was written, before this greenlet started)."""
-        try:
-            self.put_path.durable(e.topic, partition, log_end, now, cuts)
-        except errors.MetaqError as exc:
-            self.put_path.failed(e.topic, exc, counted_only=True)
-            return error_reply(exc, e.opaque)
-        return reply
+        """``(reply, the log position its acknowledgement waits for)`` of a stored put (``PutPath.written``): the
+        connection sends it once ``PutPath.settle`` lets it (the flush, a slave's ACK), or at once."""
+        if self.put_path.ack_mode(e.topic, r, now) == ACK_NOW:
+            return reply, NO_WAIT
+        return reply, r.log_end
 
     # -- get ---------------------------------------------------------------
 
@@ -430,10 +417,6 @@ class TextDispatcher:
         if refusal is not None:
             return encode_result(503, refusal.encode(), e.opaque), NO_WAIT
         return self.tx.handle(e, conn), NO_WAIT
-
-    def ack_refusal(self):
-        """Why puts written and flushed may not be acknowledged now (a deposed master, ha: auto), or None."""
-        return self.put_path.slave_refusal
 
     def sync(self, e, conn):
         msg = b"sync is accepted only by a replication slave; this broker is a master"

@@ -16,15 +16,19 @@ scan stops at the first frame that is not a plain put with a right checksum
 and, if it has an attribute, a well-formed one (transactional puts, ``-1``
 partitions, bad checksums, errors of any kind), the store stops at the first frame that needs
 more than a plain append (new partition, next index file, segment roll), and
-nothing is taken at all while puts are refused (slave, disk, failed flush) or
-replication is synchronous. So the replies are byte for byte those of the
-general path (message ids apart, which are clock-based either way).
+nothing is taken at all while puts are refused (slave, disk, failed flush). What
+follows the append is the put path's (``PutPath.counted``, ``written``), and the
+acks wait as the general path's do (``sync`` flush, ``sync`` replication: the
+connection sends them once ``PutPath.settle`` lets it). So the replies are byte
+for byte those of the general path (message ids apart, which are clock-based
+either way).
 """
 
 from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol import commands
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.server.clock import now_ms
+from metaq.server.putpath import ACK_NOW
 from metaq.idempotence.fasttext import take_put_idem
 from metaq.server.text.takers import DONE, MORE, before_refused_topic, writable_topics
 from metaq.timers.fasttext import take_put_ats
@@ -39,7 +43,6 @@ class FastPuts:
         self.put_path = path = put_path
         self.store = path.store
         self.stats = path.stats
-        self.sync_flush = path.sync_flush
         self.max_body = lim.max_body_bytes
         self.max_line = lim.max_line_bytes
 
@@ -47,7 +50,7 @@ class FastPuts:
         """Store and answer the puts (and put_idems) at the head of ``parser``'s buffer; returns the new flush wait
         position.
 
-        Replies go to ``out`` (one entry per partition run); in ``sync`` mode
+        Replies go to ``out`` (one entry per partition run); when they wait (``sync`` flush or replication)
         ``(index in out, the run's opaques)`` go to ``durable`` as the general path's do. ``session``: the
         connection's (whose user ``PutPath.write_refusal`` asks about, once per topic of a burst).
 
@@ -72,20 +75,17 @@ class FastPuts:
         return wait_pos
 
     def account(self, runs):
-        """Count the stored runs and register their topics."""
-        stats, registry = self.stats, self.put_path.registry
+        """Count the stored runs and register their topics (``PutPath.counted``, once per run)."""
+        counted = self.put_path.counted
         for run in runs:
-            topic = run.key[0]
-            stats.on_puts(topic, run.count, run.body_bytes)
-            if registry is not None and topic not in registry.registered_topics:
-                registry.topic_created(topic)
+            counted(run.key[0], run.count, run.body_bytes)
 
 
 def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, session):
     """The puts of ``buf[pos:end]``, ``cap`` at most (``fast``: the ``FastPuts``): ``(wait_pos, pos after the
     frames taken, MORE / DONE)``."""
     path = fast.put_path  # follows the broker's role (promotion, rejoin)
-    if path.refusal is not None or path.sync_replication:
+    if path.refusal is not None:
         return wait_pos, pos, DONE
     frames, stop = scan_puts(buf, pos, end, fast.max_body, fast.max_line, cap)
     fast.stats.burst_scanned_bytes += stop - pos
@@ -94,7 +94,7 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
     if not frames:
         return wait_pos, pos, DONE
     now = now_ms()
-    taken, runs = fast.store.put_burst(frames, buf, now)
+    taken, runs = path.append_burst(frames, buf, now)
     if not taken:
         return wait_pos, pos, DONE
     last = frames[taken - 1]
@@ -102,17 +102,13 @@ def take_plain_puts(fast, parser, buf, pos, end, cap, out, durable, wait_pos, se
     parser.consume_to(pos)
     fast.stats.burst_puts += taken
     fast.account(runs)
-    sync_flush = fast.sync_flush
+    waits = path.written({run[0] for run in runs}, now) != ACK_NOW  # the flush, a slave's ACK: PutPath.settle
     for key, count, _nbytes, first_id, first_offset, first, log_end in runs:
         out.append(encode_put_acks(frames, first, count, first_id, key[1], first_offset))
-        if sync_flush:
+        if waits:
             durable.append((len(out) - 1, [f[3] for f in frames[first:first + count]]))
             if log_end > wait_pos:
                 wait_pos = log_end
-    if not sync_flush:
-        path.waiters.wake_now({run[0] for run in runs})  # the woken gets answer first
-        if fast.store.should_flush(now):
-            path.flusher.wake()
     return wait_pos, pos, MORE if taken == scanned == cap else DONE
 
 
