@@ -267,7 +267,8 @@ def run(args):
         for flush, label in (("async", "without fsync"), ("sync", "with fsync")):
             b = start_broker(root, flush, "lat-%s" % flush)
             with placed(b.proc.pid):
-                p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
+                latencies = [sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)]
+                p50s, p99s = zip(*latencies, strict=True)
             b.stop()
             p50, p99 = {}, {}
             if redis:  # with fsync, the peer fsyncs each write too (appendfsync always)
@@ -346,7 +347,7 @@ def read_rows(root, args, redis, nats, results):
         peer = [nats.sequential_pull(args.messages) for _ in range(args.runs)]
         by_bytes["nats"], by_msgs["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
     for name, _b in brokers:
-        mbs, msgs = zip(*runs[name])
+        mbs, msgs = zip(*runs[name], strict=True)
         results.append((name, median(mbs), "MB/s", by_bytes))
         results.append((name, median(msgs), "msgs/s", by_msgs))
     results.append(("loopback ceiling: Python socket pair, 1 MiB sends", median(ceiling), "MB/s", {}))

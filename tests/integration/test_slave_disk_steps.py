@@ -99,7 +99,7 @@ def test_a_slave_whose_disk_fills_at_each_step_of_its_catch_up_reads_as_its_mast
             for topic, part in PARTS + [("t-c", 0)]:
                 theirs, ours = consume_all(mc, topic, part), consume_all(sc, topic, part)
                 assert len(ours) == len(theirs), (topic, part, len(ours), len(theirs))
-                for offset, (a, b) in enumerate(zip(ours, theirs)):
+                for offset, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                     assert a == b, "%s-%d offset %d differs on the slave" % (topic, part, offset)
             wait_for(lambda: all(keyed_at(sc, i) == keyed_at(mc, i) == 1 for i in range(0, 200, 37)), 10,
                      "the slave's key index finds the key round's messages once space returns")

@@ -44,7 +44,7 @@ def two_brokers(tmp_path_factory):
         failed = collections.Counter(str(r.error) for r in results if not r.success)
         assert not failed, failed
         sent = {(str(r.partition), r.offset): (m.body, m.attribute, r.msg_id, m.properties)
-                for m, r in zip(messages, results)}
+                for m, r in zip(messages, results, strict=True)}
         assert len(sent) == N
         yield urls, sent, (t0, t1)
     finally:
