@@ -221,7 +221,7 @@ def cmd_topics(view, args):
 
 def _topic_rows(view):
     per_topic = {}
-    for bid, topic, p, mn, mx in view.partitions():
+    for bid, topic, _p, mn, mx in view.partitions():
         t = per_topic.setdefault(topic, {"topic": topic, "brokers": set(), "partitions": 0, "messages": 0})
         t["brokers"].add(bid)
         t["partitions"] += 1
