@@ -85,8 +85,8 @@ def test_a_slave_whose_disk_fills_at_each_step_of_its_catch_up_reads_as_its_mast
             before = len(space_lines(slave))
             filler = fill(mount, leave)
             load(master, kind, seed)
-            wait_for(lambda: any(mark in line for line in space_lines(slave)[before:]), 20,
-                     lambda: "the %s step met ENOSPC: %s" % (step, slave.log_text()[-3000:]))
+            wait_for(lambda mark=mark, before=before: any(mark in line for line in space_lines(slave)[before:]), 20,
+                     lambda step=step: "the %s step met ENOSPC: %s" % (step, slave.log_text()[-3000:]))
             time.sleep(0.3)
             if step == "checkpoint":  # a crash with the disk full: recovery starts from the checkpoint before
                 slave.kill()
@@ -94,7 +94,7 @@ def test_a_slave_whose_disk_fills_at_each_step_of_its_catch_up_reads_as_its_mast
                 assert "the checkpoint after recovery was not written" in slave.log_text(since_start=True)
             os.unlink(filler)
             wait_for(lambda: stats(slave)["log_end_position"] == stats(master)["log_end_position"], 30,
-                     lambda: "the slave catches up after the %s step: %s" % (step, slave.log_text()[-2000:]))
+                     lambda step=step: "the slave catches up after the %s step: %s" % (step, slave.log_text()[-2000:]))
         with master.client(timeout=30) as mc, slave.client(timeout=30) as sc:
             for topic, part in PARTS + [("t-c", 0)]:
                 theirs, ours = consume_all(mc, topic, part), consume_all(sc, topic, part)

@@ -115,7 +115,7 @@ def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, 
     try:
         for i in range(STEPS):
             play(zk, brokers, clients, i)
-            snap = collect_snapshot(zk_connect, clock=lambda: base + 60 * i)
+            snap = collect_snapshot(zk_connect, clock=lambda i=i: base + 60 * i)
             assert snap.problems == []
             write_snapshot(snap, history)
     finally:
