@@ -1,4 +1,5 @@
-"""ruff over the whole repository, with ruff.toml's rules (line length 120, the default rules, W): make test runs it.
+"""ruff over the whole repository, with ruff.toml's rules (line length 120, the default rules, W, bugbear, complexity
+15): make test runs it.
 
 A unit test: it starts ruff as a process and opens no socket. ruff is in setup.py's ``test`` extra; without it the
 test is skipped, saying so.
