@@ -273,7 +273,7 @@ class PopState:
 
     def apply(self, rec):
         """Take one journal record (``d``, ``a``, ``x``, ``c``, ``r``, ``s``); see ``pop/records.py``."""
-        apply = _APPLY.get(rec["k"])
+        apply = self._APPLY.get(rec["k"])
         g = self._group(rec["g"], rec["t"])
         if apply is not None:
             apply(self, g, rec)
@@ -327,6 +327,10 @@ class PopState:
         c.flights = {e[0]: Flight(*e[1:]) for e in rec["f"]}
         g.redelivered, g.dead = rec["r"], rec["x"]
 
+    #: Each journal record kind (``pop/records.py``) and the change it makes; other kinds change nothing.
+    _APPLY = {"d": _apply_delivered, "a": _apply_finished, "x": _apply_finished, "c": _apply_changed,
+              "r": _apply_renewed, "s": _apply_skipped, "P": _apply_partition}
+
     def snapshot_records(self):
         """The snapshot's records (``S``, one ``P`` per partition of every pair, ``E``)."""
         out = [{"k": "S"}]
@@ -343,12 +347,6 @@ class PopState:
         return {key: {"r": g.redelivered, "x": g.dead,
                       "c": {p: c.snapshot() for p, c in sorted(g.cursors.items())}}
                 for key, g in sorted(self.groups.items())}
-
-
-#: Each journal record kind (``pop/records.py``) and the change it makes; other kinds change nothing.
-_APPLY = {"d": PopState._apply_delivered, "a": PopState._apply_finished, "x": PopState._apply_finished,
-          "c": PopState._apply_changed, "r": PopState._apply_renewed, "s": PopState._apply_skipped,
-          "P": PopState._apply_partition}
 
 
 def _drop_skipped(plan):
