@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -24,3 +25,11 @@ def test_ruff_finds_nothing():
     assert result.returncode == 0, "ruff check . (ruff.toml's rules) found:\n%s%s" % (result.stdout, result.stderr)
     # a noqa comment that names no rule is only a warning to ruff, and it silences nothing
     assert "Invalid `# noqa` directive" not in result.stderr, result.stderr
+
+
+def test_the_rules_keep_bugbear_and_a_complexity_bound():
+    """ruff.toml selects bugbear and C901 with a bound; a function past it is split, or says why on its def line."""
+    with open(os.path.join(ROOT, "ruff.toml"), "rb") as f:
+        config = tomllib.load(f)
+    assert {"B", "C901"} <= set(config["lint"]["select"])
+    assert config["lint"]["mccabe"]["max-complexity"] == 15
