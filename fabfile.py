@@ -82,7 +82,7 @@ def _brokers(c, inventory, only):
             if not brokers:
                 raise InventoryError("%s: no broker on host %s" % (cluster.source, c.host))
     except InventoryError as exc:
-        raise Exit(str(exc), code=2)
+        raise Exit(str(exc), code=2) from exc
     return cluster, brokers
 
 
@@ -159,7 +159,7 @@ def _get_bundle():
         try:
             bundle = build_bundle(os.environ.get("METAQ_DEPLOY_SOURCE") or HERE, say=_say)
         except BundleError as exc:
-            raise Exit("cannot build the package: %s" % exc, code=1)
+            raise Exit("cannot build the package: %s" % exc, code=1) from exc
         _say("package: metaq %s, id %s (%d wheels, %.1f MB, for Python %s on %s), ready in %.1f s" % (
             bundle.version, bundle.id, len(bundle.wheels), bundle.size / 1e6, bundle.python, bundle.machine,
             bundle.seconds))
@@ -329,7 +329,7 @@ def rolling_restart(c, inventory=None, only=None):
             _finish("rolling restart (nothing was restarted)", failed.results, len(brokers))
         rest = [b.name for b in failed.remaining]
         raise Exit("rolling restart stopped at %s%s" % (
-            failed.results[-1][0].name, "; not restarted: %s" % ", ".join(rest) if rest else ""), code=1)
+            failed.results[-1][0].name, "; not restarted: %s" % ", ".join(rest) if rest else ""), code=1) from failed
 
 
 @task

@@ -154,7 +154,7 @@ def main():
                     results.setdefault("floor-inline", []).append(floor_run(root, depth, per, inline=True))
                 if redis:
                     results.setdefault("redis", []).append(Measured(
-                        redis.proc.pid, lambda: redis.concurrent_xadd(16, per, depth), 16 * per))
+                        redis.proc.pid, lambda per=per, depth=depth: redis.concurrent_xadd(16, per, depth), 16 * per))
                 print("depth %d run %d: %s" % (depth, r + 1, "  ".join(
                     "%s %.0f/s" % (key, runs[-1].rate) for key, runs in results.items())), flush=True)
             print_depth(depth, results, args.runs)

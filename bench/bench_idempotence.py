@@ -107,6 +107,18 @@ def many_rate(port, n, idempotent, python_encoder=False):
         batching.encode_idem_sub_records = encoder
 
 
+def workloads(port, n, pid):
+    """Each kind's measured run against the broker at ``port`` (``n`` messages; ``pid``: the idempotent frames')."""
+    return {"plain": lambda: pipelined(port, frames(n, "plain")),
+            "attribute": lambda: pipelined(port, frames(n, "attribute")),
+            "idem": lambda: pipelined(port, frames(n, "idem", pid=pid)),
+            "client": lambda: client_rate(port, n, False),
+            "client_idem": lambda: client_rate(port, n, True),
+            "many": lambda: many_rate(port, n, False),
+            "many_idem": lambda: many_rate(port, n, True),
+            "many_idem_py": lambda: many_rate(port, n, True, python_encoder=True)}
+
+
 def run(args):
     root = tempfile.mkdtemp(prefix="metaq-bench-idem-", dir=args.dir)
     kinds = ("plain", "attribute", "idem", "client", "client_idem", "many", "many_idem", "many_idem_py")
@@ -117,14 +129,7 @@ def run(args):
         for run_no in range(args.runs):
             b = start(root, "r%d" % run_no)
             for rnd in range(3):  # alternated, so that a change of the machine's load hits both sides
-                work = {"plain": lambda: pipelined(b.port, frames(n, "plain")),
-                        "attribute": lambda: pipelined(b.port, frames(n, "attribute")),
-                        "idem": lambda: pipelined(b.port, frames(n, "idem", pid=3 * run_no + rnd + 1)),
-                        "client": lambda: client_rate(b.port, n, False),
-                        "client_idem": lambda: client_rate(b.port, n, True),
-                        "many": lambda: many_rate(b.port, n, False),
-                        "many_idem": lambda: many_rate(b.port, n, True),
-                        "many_idem_py": lambda: many_rate(b.port, n, True, python_encoder=True)}
+                work = workloads(b.port, n, 3 * run_no + rnd + 1)
                 for kind in kinds:
                     rate, us = measured(b, n, work[kind])
                     rows[kind].append(rate)

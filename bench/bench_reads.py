@@ -145,8 +145,8 @@ def main():
                                                    statistics.median([x[1] for x in xs])))
     names = list(rows)
     if len(names) == 3:  # zero-copy against copying, run by run (each pair measured in the same minute)
-        paired = [z[1] / c[1] for z, c in zip(rows[names[1]], rows[names[2]])]
-        rates = [z[0] / c[0] for z, c in zip(rows[names[1]], rows[names[2]])]
+        paired = [z[1] / c[1] for z, c in zip(rows[names[1]], rows[names[2]], strict=True)]
+        rates = [z[0] / c[0] for z, c in zip(rows[names[1]], rows[names[2]], strict=True)]
         print("zero-copy / copying, run by run: CPU per GB median %.2fx (%s); MB/s median %.2fx"
               % (statistics.median(paired), " ".join("%.2f" % x for x in paired), statistics.median(rates)))
 

@@ -78,7 +78,7 @@ def main():
             sql_runs[k].append(ns)
     tag_ns = statistics.median(tag_runs)
     rows = [("tag filter T7 (TagFilter.matches)", "-", tag_ns, hits["tag"] / len(msgs))]
-    for (text, _f, us), runs in zip(compiled, sql_runs):
+    for (text, _f, us), runs in zip(compiled, sql_runs, strict=True):
         rows.append(("sql: " + text, "%.0f" % us, statistics.median(runs), hits[text] / len(msgs)))
 
     print("%d messages, median of %d runs, Python %s" % (len(msgs), args.runs, sys.version.split()[0]))

@@ -123,7 +123,7 @@ def put_run(root, n, size=1024, checksum=False, prepare=True, flush=False):
         c0 = time.thread_time()  # CPU time of this (the "loop") thread: less noisy than wall time on a VM
         for b in range(0, n, BATCH):
             tb = time.perf_counter()
-            for i in range(b, min(n, b + BATCH)):
+            for _ in range(b, min(n, b + BATCH)):
                 put("bench", 0, 0, data, NOW, **kw)
                 if wants is not None and wants():
                     worker.poke()

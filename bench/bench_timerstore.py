@@ -221,7 +221,7 @@ def wheel_case(work, n, span):
     slots = {}
     with open(path, "wb") as f:
         positions = log_append(f, rows)
-        for (i, d), pos in zip(rows, positions):
+        for (i, d), pos in zip(rows, positions, strict=True):
             slot = slots.get(d // 1000)
             if slot is None:
                 slot = slots[d // 1000] = array.array("q")

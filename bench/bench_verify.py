@@ -51,7 +51,7 @@ def make_store(path, size, mib):
     s = MessageStore.open(cfg, NOW)
     body = bytes(range(256)) * (size // 256) + bytes(size % 256)
     count = (mib << 20) // size
-    for i in range(count):
+    for _ in range(count):
         s.put("bench", 0, 0, body, NOW)
     return s, count
 

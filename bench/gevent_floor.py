@@ -107,7 +107,7 @@ class FloorServer:
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError("the floor server did not start")
+                    raise RuntimeError("the floor server did not start") from None
                 time.sleep(0.05)
 
     def stop(self):

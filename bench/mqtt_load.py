@@ -294,17 +294,7 @@ def subscribe(pipe, port, n, prefix, topic, qos, sources, packet_size):
     QoS 1 ones acknowledged) or ``timeout`` (reply: ``(deliveries, seconds from the command to the last, cpu s)``);
     on ``("time", messages, timeout)`` parse each PUBLISH and reply ``(latencies ns, cpu s)``: now minus the
     payload's stamp, one per delivery; ``"close"`` ends."""
-    socks = open_connections(port, n, prefix, 600, sources)
-    for s in socks:
-        s.sendall(subscribe_packet(1, topic, qos))
-    for s in socks:
-        ack = recv_exact(s, SUBACK_LEN)
-        if ack[0] != 0x90 or ack[4] > 2:
-            raise ConnectionError("SUBACK refused: %r" % ack)
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ, [0, b""])  # bytes received, partial packet (timed mode)
+    socks, sel = _subscribed(port, n, prefix, topic, qos, sources)
     pipe.send("ready")
     buf = bytearray(1 << 20)
     view = memoryview(buf)
@@ -339,20 +329,7 @@ def subscribe(pipe, port, n, prefix, topic, qos, sources, packet_size):
                     if qos:
                         _ack_by_size(s, buf, got, before, packet_size)
                 else:
-                    packets, state[1] = split_packets(state[1] + bytes(view[:got]))
-                    acks = []
-                    for first, body in packets:
-                        if first >> 4 != 3:
-                            continue
-                        tlen = struct.unpack_from("!H", body)[0]
-                        at = 2 + tlen
-                        if first & 0x06:
-                            acks.append(b"\x40\x02" + body[at:at + 2])
-                            at += 2
-                        lat.append(now - struct.unpack_from("!Q", body, at)[0])
-                        state[0] += packet_size
-                    if acks:
-                        s.sendall(b"".join(acks))
+                    _time_packets(s, state, bytes(view[:got]), now, packet_size, lat)
                 if before < want <= state[0]:
                     waiting -= 1
                     last = time.perf_counter()
@@ -360,6 +337,42 @@ def subscribe(pipe, port, n, prefix, topic, qos, sources, packet_size):
         pipe.send((delivered, last - started, _cpu() - cpu0) if mode == "count" else (lat, _cpu() - cpu0))
     for s in socks:
         s.close()
+
+
+def _subscribed(port, n, prefix, topic, qos, sources):
+    """``(sockets, selector)``: ``n`` connections subscribed to ``topic`` at ``qos`` (each SUBACK checked), made
+    non-blocking and registered with ``[bytes received, partial packet]`` as their data."""
+    socks = open_connections(port, n, prefix, 600, sources)
+    for s in socks:
+        s.sendall(subscribe_packet(1, topic, qos))
+    for s in socks:
+        ack = recv_exact(s, SUBACK_LEN)
+        if ack[0] != 0x90 or ack[4] > 2:
+            raise ConnectionError("SUBACK refused: %r" % ack)
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, [0, b""])  # bytes received, partial packet (timed mode)
+    return socks, sel
+
+
+def _time_packets(sock, state, data, now, packet_size, lat):
+    """Timed mode: each whole PUBLISH in ``state``'s partial packet plus ``data`` adds ``now`` minus its payload's
+    stamp to ``lat`` and ``packet_size`` to the bytes received; QoS 1 ones are acknowledged."""
+    packets, state[1] = split_packets(state[1] + data)
+    acks = []
+    for first, body in packets:
+        if first >> 4 != 3:
+            continue
+        tlen = struct.unpack_from("!H", body)[0]
+        at = 2 + tlen
+        if first & 0x06:
+            acks.append(b"\x40\x02" + body[at:at + 2])
+            at += 2
+        lat.append(now - struct.unpack_from("!Q", body, at)[0])
+        state[0] += packet_size
+    if acks:
+        sock.sendall(b"".join(acks))
 
 
 def _ack_by_size(sock, buf, got, before, packet_size):

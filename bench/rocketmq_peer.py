@@ -45,8 +45,11 @@ PEER = os.path.abspath(__file__)
 _COPY = []  # the --log file, when given
 
 
-def emit(obj, to_stdout=True, _lock=threading.Lock()):
-    with _lock:
+_EMIT_LOCK = threading.Lock()  # one line at a time, from any thread
+
+
+def emit(obj, to_stdout=True):
+    with _EMIT_LOCK:
         line = json.dumps(obj) + "\n"
         if to_stdout:
             sys.stdout.write(line)
@@ -212,7 +215,8 @@ def finish_peer(proc, timeout=90.0):
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError("RocketMQ peer did not finish in %.0f s:\n%s\n%s" % (timeout, out[-2000:], err[-2000:]))
+        raise AssertionError("RocketMQ peer did not finish in %.0f s:\n%s\n%s"
+                             % (timeout, out[-2000:], err[-2000:])) from None
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if proc.returncode != 0 and not _aborted_in_its_own_shutdown(proc.returncode, err, lines):
         raise AssertionError("RocketMQ peer failed (%s):\n%s" % (proc.returncode, err[-4000:]))

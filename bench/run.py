@@ -247,63 +247,12 @@ def run(args):
         if args.reads_only:
             read_rows(root, args, redis, nats, results)
             return
-        for flush in ("async", "sync"):
-            runs = []
-            for r in range(args.runs):
-                b = start_broker(root, flush, "pipe-%s-%d" % (flush, r))
-                runs.append(pipelined_puts(b.port, args.messages))
-                b.stop()
-                shutil.rmtree(b.workdir, ignore_errors=True)
-            peers = {}
-            if redis:  # with fsync, the peer fsyncs too (appendfsync always: once per loop turn, before answering)
-                redis.set_fsync("always" if flush == "sync" else "everysec")
-                peers["redis"] = median([redis.pipelined_xadd(args.messages) for _ in range(args.runs)])
-                redis.set_fsync("everysec")
-            if nats:
-                peers["nats"] = median([nats.pipelined_publish(args.messages) for _ in range(args.runs)])
-                if flush == "sync":  # NATS 2.9 cannot fsync before it acks
-                    peers["nats"] = (peers["nats"], NO_FSYNC)
-            results.append(("pipelined put, depth 64, flush=%s" % flush, median(runs), "msgs/s", peers))
-        for flush, label in (("async", "without fsync"), ("sync", "with fsync")):
-            b = start_broker(root, flush, "lat-%s" % flush)
-            with placed(b.proc.pid):
-                p50s, p99s = zip(*[sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)])
-            b.stop()
-            p50, p99 = {}, {}
-            if redis:  # with fsync, the peer fsyncs each write too (appendfsync always)
-                redis.set_fsync("always" if flush == "sync" else "everysec")
-                with placed(redis.proc.pid):
-                    peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)]
-                redis.set_fsync("everysec")
-                p50["redis"], p99["redis"] = median([p[0] for p in peer]), median([p[1] for p in peer])
-            if nats:
-                with placed(nats.proc.pid):
-                    peer = [nats.sequential_publish(args.latency_n) for _ in range(args.runs)]
-                p50["nats"], p99["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
-                if flush == "sync":
-                    p50["nats"], p99["nats"] = (p50["nats"], NO_FSYNC), (p99["nats"], NO_FSYNC)
-            results.append(("single put p50, %s" % label, median(p50s), "ms", p50))
-            results.append(("single put p99, %s" % label, median(p99s), "ms", p99))
+        pipelined_rows(root, args, redis, nats, results)
+        latency_rows(root, args, redis, nats, results)
         floor = [fdatasync_latencies(root, args.latency_n) for _ in range(args.runs)]
         results.append(("disk alone: 1 KiB append + fdatasync, p50", median([f[0] for f in floor]), "ms", {}))
         results.append(("disk alone: 1 KiB append + fdatasync, p99", median([f[1] for f in floor]), "ms", {}))
-        for depth, per in ((1, args.messages // 16 // 4), (8, args.messages // 16), (64, args.messages // 16)):
-            runs = []
-            for r in range(args.runs):
-                b = start_broker(root, "sync", "durable-%d-%d" % (depth, r))
-                runs.append(concurrent_producers(b.port, 16, per, depth=depth))
-                b.stop()
-                shutil.rmtree(b.workdir, ignore_errors=True)
-            peers = {}
-            if redis:  # the durable peer: AOF with appendfsync always
-                redis.set_fsync("always")
-                peers["redis"] = median([redis.concurrent_xadd(16, per, depth) for _ in range(args.runs)])
-                redis.set_fsync("everysec")
-            if nats:
-                peers["nats"] = (median([nats.concurrent_publish(16, per, depth) for _ in range(args.runs)]),
-                                 NO_FSYNC)
-            results.append(("durable puts, 16 producers x depth %d, flush=sync" % depth, median(runs),
-                            "msgs/s", peers))
+        durable_rows(root, args, redis, nats, results)
         read_rows(root, args, redis, nats, results)
         if not args.quick:
             secs = [measure_recovery(root, args.recovery_gib) for _ in range(args.runs)]
@@ -314,6 +263,73 @@ def run(args):
                 peer.close()
         shutil.rmtree(root, ignore_errors=True)
         print_table(results, args, [key for key, peer in (("redis", redis), ("nats", nats)) if peer])
+
+
+def pipelined_rows(root, args, redis, nats, results):
+    """The pipelined put rows, without and with fsync, each with the peers' figures."""
+    for flush in ("async", "sync"):
+        runs = []
+        for r in range(args.runs):
+            b = start_broker(root, flush, "pipe-%s-%d" % (flush, r))
+            runs.append(pipelined_puts(b.port, args.messages))
+            b.stop()
+            shutil.rmtree(b.workdir, ignore_errors=True)
+        peers = {}
+        if redis:  # with fsync, the peer fsyncs too (appendfsync always: once per loop turn, before answering)
+            redis.set_fsync("always" if flush == "sync" else "everysec")
+            peers["redis"] = median([redis.pipelined_xadd(args.messages) for _ in range(args.runs)])
+            redis.set_fsync("everysec")
+        if nats:
+            peers["nats"] = median([nats.pipelined_publish(args.messages) for _ in range(args.runs)])
+            if flush == "sync":  # NATS 2.9 cannot fsync before it acks
+                peers["nats"] = (peers["nats"], NO_FSYNC)
+        results.append(("pipelined put, depth 64, flush=%s" % flush, median(runs), "msgs/s", peers))
+
+
+def latency_rows(root, args, redis, nats, results):
+    """The single put p50 and p99 rows, without and with fsync, each with the peers' figures."""
+    for flush, label in (("async", "without fsync"), ("sync", "with fsync")):
+        b = start_broker(root, flush, "lat-%s" % flush)
+        with placed(b.proc.pid):
+            latencies = [sequential_put_latencies(b.port, args.latency_n) for _ in range(args.runs)]
+            p50s, p99s = zip(*latencies, strict=True)
+        b.stop()
+        p50, p99 = {}, {}
+        if redis:  # with fsync, the peer fsyncs each write too (appendfsync always)
+            redis.set_fsync("always" if flush == "sync" else "everysec")
+            with placed(redis.proc.pid):
+                peer = [redis.sequential_xadd(args.latency_n) for _ in range(args.runs)]
+            redis.set_fsync("everysec")
+            p50["redis"], p99["redis"] = median([p[0] for p in peer]), median([p[1] for p in peer])
+        if nats:
+            with placed(nats.proc.pid):
+                peer = [nats.sequential_publish(args.latency_n) for _ in range(args.runs)]
+            p50["nats"], p99["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
+            if flush == "sync":
+                p50["nats"], p99["nats"] = (p50["nats"], NO_FSYNC), (p99["nats"], NO_FSYNC)
+        results.append(("single put p50, %s" % label, median(p50s), "ms", p50))
+        results.append(("single put p99, %s" % label, median(p99s), "ms", p99))
+
+
+def durable_rows(root, args, redis, nats, results):
+    """The durable put rows: 16 producers at depths 1, 8 and 64, flush=sync, with the peers' figures."""
+    for depth, per in ((1, args.messages // 16 // 4), (8, args.messages // 16), (64, args.messages // 16)):
+        runs = []
+        for r in range(args.runs):
+            b = start_broker(root, "sync", "durable-%d-%d" % (depth, r))
+            runs.append(concurrent_producers(b.port, 16, per, depth=depth))
+            b.stop()
+            shutil.rmtree(b.workdir, ignore_errors=True)
+        peers = {}
+        if redis:  # the durable peer: AOF with appendfsync always
+            redis.set_fsync("always")
+            peers["redis"] = median([redis.concurrent_xadd(16, per, depth) for _ in range(args.runs)])
+            redis.set_fsync("everysec")
+        if nats:
+            peers["nats"] = (median([nats.concurrent_publish(16, per, depth) for _ in range(args.runs)]),
+                             NO_FSYNC)
+        results.append(("durable puts, 16 producers x depth %d, flush=sync" % depth, median(runs),
+                        "msgs/s", peers))
 
 
 def read_rows(root, args, redis, nats, results):
@@ -346,7 +362,7 @@ def read_rows(root, args, redis, nats, results):
         peer = [nats.sequential_pull(args.messages) for _ in range(args.runs)]
         by_bytes["nats"], by_msgs["nats"] = median([p[0] for p in peer]), median([p[1] for p in peer])
     for name, _b in brokers:
-        mbs, msgs = zip(*runs[name])
+        mbs, msgs = zip(*runs[name], strict=True)
         results.append((name, median(mbs), "MB/s", by_bytes))
         results.append((name, median(msgs), "msgs/s", by_msgs))
     results.append(("loopback ceiling: Python socket pair, 1 MiB sends", median(ceiling), "MB/s", {}))

@@ -522,12 +522,7 @@ def mixins(root=ROOT):
     # One file's tree at a time: holding every tree at once makes a long-lived test worker's collector walk them
     # all again and again.
     paths = sorted(root.rglob("*.py"))
-    defs, bases = {}, []
-    for path in paths:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ClassDef):
-                defs.setdefault(node.name, []).append((path, node.lineno))
-                bases.append((path, node.lineno, node.name, [(_base_name(b), ast.unparse(b)) for b in node.bases]))
+    defs, bases = _classes(paths)
     found, subclasses = [], {}
     for path, lineno, name, its_bases in bases:
         ours = [(base, text) for base, text in its_bases if base in defs]
@@ -535,6 +530,30 @@ def mixins(root=ROOT):
             found.append((str(path.relative_to(root)), lineno, "%s(%s)" % (name, ", ".join(t for _, t in ours))))
         for base, _ in ours:
             subclasses.setdefault(base, []).append(name)
+    used = _names_used(paths)
+    for name, subs in subclasses.items():
+        if len(subs) == 1 and name not in used:
+            for path, lineno in defs[name]:
+                what = "%s: %s" % (path.relative_to(root), name)
+                if what not in ALLOWED_SINGLE_USE_BASES:
+                    found.append((str(path.relative_to(root)), lineno, "%s only mixed into %s" % (name, subs[0])))
+    return sorted(found)
+
+
+def _classes(paths):
+    """``(defs, bases)`` of the files at ``paths``: ``{class name: [(path, line)]}`` and, for each class, ``(path,
+    line, name, [(base name, base text)])``."""
+    defs, bases = {}, []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                defs.setdefault(node.name, []).append((path, node.lineno))
+                bases.append((path, node.lineno, node.name, [(_base_name(b), ast.unparse(b)) for b in node.bases]))
+    return defs, bases
+
+
+def _names_used(paths):
+    """Every name and attribute the files at ``paths`` use outside the base lists of their classes."""
     used = set()
     for path in paths:
         tree = ast.parse(path.read_text(), str(path))
@@ -546,13 +565,7 @@ def mixins(root=ROOT):
                 used.add(node.id)
             elif isinstance(node, ast.Attribute):
                 used.add(node.attr)
-    for name, subs in subclasses.items():
-        if len(subs) == 1 and name not in used:
-            for path, lineno in defs[name]:
-                what = "%s: %s" % (path.relative_to(root), name)
-                if what not in ALLOWED_SINGLE_USE_BASES:
-                    found.append((str(path.relative_to(root)), lineno, "%s only mixed into %s" % (name, subs[0])))
-    return sorted(found)
+    return used
 
 
 def test_no_class_is_split_into_mixins():

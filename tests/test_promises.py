@@ -15,6 +15,7 @@ one mkdocs gives the heading (Python-Markdown's toc extension, as mkdocs.yml con
 """
 
 import ast
+import functools
 import os
 import re
 
@@ -69,22 +70,21 @@ def user_pages():
     return [p for p in re.findall(r":\s*([\w.-]+\.md)\s*$", text, re.M) if p not in NOT_INDEXED]
 
 
-def page_headings(page, cache={}):
+@functools.cache
+def page_headings(page):
     """``{"page.md#anchor": heading text}`` for every heading of ``page`` (``#`` to ``####``)."""
-    if page not in cache:
-        md = _markdown()
-        with open(os.path.join(DOCS, page), encoding="utf-8") as f:
-            md.convert(f.read())
-        found = {}
+    md = _markdown()
+    with open(os.path.join(DOCS, page), encoding="utf-8") as f:
+        md.convert(f.read())
+    found = {}
 
-        def walk(tokens):
-            for t in tokens:
-                if t["level"] <= 4:
-                    found["%s#%s" % (page, t["id"])] = re.sub(r"<[^>]+>", "", t["name"])
-                walk(t["children"])
-        walk(md.toc_tokens)
-        cache[page] = found
-    return cache[page]
+    def walk(tokens):
+        for t in tokens:
+            if t["level"] <= 4:
+                found["%s#%s" % (page, t["id"])] = re.sub(r"<[^>]+>", "", t["name"])
+            walk(t["children"])
+    walk(md.toc_tokens)
+    return found
 
 
 def all_headings():
@@ -125,20 +125,19 @@ def index_sections():
     return sections
 
 
-def _test_names(path, cache={}):
+@functools.cache
+def _test_names(path):
     """Names of the test functions of a file: ``test_x`` and ``Class::test_x``."""
-    if path not in cache:
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        names = set()
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                names.add(node.name)
-            elif isinstance(node, ast.ClassDef):
-                names.update("%s::%s" % (node.name, m.name) for m in node.body
-                             if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)))
-        cache[path] = names
-    return cache[path]
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            names.update("%s::%s" % (node.name, m.name) for m in node.body
+                         if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return names
 
 
 def test_every_heading_of_the_user_pages_is_indexed():

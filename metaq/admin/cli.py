@@ -222,7 +222,7 @@ def cmd_topics(view, args):
 
 def _topic_rows(view):
     per_topic = {}
-    for bid, topic, p, mn, mx in view.partitions():
+    for bid, topic, _p, mn, mx in view.partitions():
         t = per_topic.setdefault(topic, {"topic": topic, "brokers": set(), "partitions": 0, "messages": 0})
         t["brokers"].add(bid)
         t["partitions"] += 1
@@ -460,9 +460,9 @@ def render_table(rows, columns):
     """A plain aligned table (header, rule, rows); ``-`` for a missing value."""
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip(),
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(),
              "  ".join("-" * w for w in widths)]
-    lines.extend("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
+    lines.extend("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells)
     if not rows:
         lines.append("(nothing)")
     return "\n".join(lines)

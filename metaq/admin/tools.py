@@ -297,7 +297,9 @@ def _stop_on_signals():
         signal.signal(sig, stop)
 
 
-def run_tail(view, args):
+def _tail_rows(view, args):
+    """The ``(broker id, partition, min, max)`` rows a tail reads: the topic's, or the one ``--partition`` names;
+    AdminExit (with the broker's own refusal when it gives one) when there is none."""
     rows = topic_partitions(view, args.topic)
     if args.partition is not None:
         wanted = choose_partition(view, args.partition)
@@ -308,6 +310,20 @@ def run_tail(view, args):
     if not rows:
         _refusal_of(view, args.topic)
         raise AdminExit("no broker has messages of topic %s (see `metaq-admin topics`)" % args.topic)
+    return rows
+
+
+def _tail_exit(failed):
+    """The exit status of a tail whose readers reported ``failed`` (``(problem, refused)`` each), said on stderr."""
+    for problem, _refused in failed:
+        print("metaq-admin: %s" % problem, file=sys.stderr)
+    if any(refused for _problem, refused in failed):
+        return EXIT_REFUSED
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
+def run_tail(view, args):
+    rows = _tail_rows(view, args)
     out, stop = queue.Queue(), threading.Event()
     readers = []
     for bid, p, mn, mx in sorted(rows):
@@ -341,8 +357,4 @@ def run_tail(view, args):
         pass
     finally:
         stop.set()
-    for problem, _refused in failed:
-        print("metaq-admin: %s" % problem, file=sys.stderr)
-    if any(refused for _problem, refused in failed):
-        return EXIT_REFUSED
-    return EXIT_UNREACHABLE if failed else EXIT_OK
+    return _tail_exit(failed)

@@ -90,6 +90,10 @@ class SendFuture(Future):
 
     @property
     def _condition(self):
+        return self._made()
+
+    def _made(self):
+        """The Condition, made on first use together with the waiter and callback lists it guards."""
         cond = self._cond
         if cond is None:
             with _MAKE_LOCK:
@@ -102,12 +106,12 @@ class SendFuture(Future):
 
     @property
     def _waiters(self):
-        self._condition
+        self._made()
         return self._wlist
 
     @property
     def _done_callbacks(self):
-        self._condition
+        self._made()
         return self._callbacks
 
     def done(self):

@@ -201,9 +201,7 @@ class Producer:
         ``callback(result)`` is called once when the send is over, on a client
         thread: it must return quickly. Bad messages raise as in ``send``.
         """
-        if (self._batcher is not None and type(message) is Message and message.attribute is None
-                and message.key is None and not message.properties and message.priority is None
-                and message.when is None and not message.delay_level and not self._tx_bound):
+        if self._plainly_batched(message):
             future = self._send_batched(message, callback, timeout)
             if future is not None:
                 return future
@@ -221,20 +219,38 @@ class Producer:
         future = self.new_future(callback)
         deadline = time.monotonic() + (self.retry_deadline if timeout is None else timeout)
         send = _Send(message, put, future, deadline)
-        try:
-            first = self.choose_partition(message)  # a selector's error (say, no key) is raised here
-        except Unauthenticated as exc:  # every broker refused our credentials: no partition to try
-            first, refused = None, exc
-        else:
-            refused = None
-            if first is not None and self.idempotent:
-                try:
-                    if self._batcher is None:  # with batches, its sequence is given in its lane (_add_idempotent)
-                        first = self._sequenced(send, first, wait=True)
-                except RequestTimeout as exc:
-                    first, refused = None, exc
+        first, refused = self._first_partition(send)
         with self._count_lock:
             self._started += 1
+        self._first_attempt(send, first, refused)
+        return future
+
+    def _plainly_batched(self, message):
+        """Whether ``message`` goes the batcher's plain way (``_send_batched``): a batching producer outside a
+        transaction, and a plain ``Message`` with nothing but a topic and a body."""
+        return (self._batcher is not None and type(message) is Message and message.attribute is None
+                and message.key is None and not message.properties and message.priority is None
+                and message.when is None and not message.delay_level and not self._tx_bound)
+
+    def _first_partition(self, send):
+        """``(partition, refusal)`` of a send's first attempt: the selector's choice (its error, say no key, is
+        raised here), sequenced at once for an idempotent producer that does not batch; no partition and the
+        refusal when every broker refused our credentials or the sequence did not come in time."""
+        try:
+            first = self.choose_partition(send.message)
+        except Unauthenticated as exc:  # every broker refused our credentials: no partition to try
+            return None, exc
+        if first is not None and self.idempotent and self._batcher is None:
+            try:  # with batches, its sequence is given in its lane (_add_idempotent)
+                first = self._sequenced(send, first, wait=True)
+            except RequestTimeout as exc:
+                return None, exc
+        return first, None
+
+    def _first_attempt(self, send, first, refused):
+        """A counted send's first step: finished refused, retried later without a partition, added to its batch
+        lane or batch, or attempted now."""
+        message, put, future, deadline = send.message, send.put, send.future, send.deadline
         if refused is not None:
             self._finish(send, SendResult(False, error=refused))
         elif first is None:
@@ -248,7 +264,6 @@ class Producer:
                 self._finish(send, SendResult(False, first, error=exc))
         else:
             self._attempt(send, first)
-        return future
 
     def _add_idempotent(self, send, partition):
         """An idempotent batching producer's send into its partition's lane (a topic not created yet: partition 0,

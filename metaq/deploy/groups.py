@@ -26,55 +26,22 @@ def resolve_groups(brokers, problems):
     """
     from metaq.server.config import is_loopback
 
-    groups = {}
-    for b in brokers:  # a master named twice (refused as a clash) leads a group of its own
-        if b.role == "master":
-            groups[b.group if b.group not in groups else (b.index,)] = [b]
-    for b in brokers:
-        if b.role == "slave":
-            groups[b.group].append(b)
     out, refused = {}, set()
 
     def refuse(b, text):
         problems.append("brokers[%d] (%s)%s" % (b.index, b.name, text))
         refused.add(b.index)
 
-    for members in groups.values():
+    for members in _groups_of(brokers).values():
         master, slaves = members[0], members[1:]
-        for b in slaves:
-            if b.ha != master.ha:
-                refuse(b, ".ha: %r, but its master %s has %r: a group shares one ha mode"
-                       % (b.ha, master.name, master.ha))
-            if b.replication_mode != master.replication_mode:
-                refuse(b, ".replication_mode: %r, but its master %s has %r: a group shares one replication_mode"
-                       % (b.replication_mode, master.name, master.replication_mode))
+        _check_shared_modes(master, slaves, refuse)
         auto = master.ha == "auto"
         replicates = bool(slaves) or auto or master.replication_port is not None
-        given = {}
-        for b in slaves:
-            if b.slave_id is not None:
-                if b.slave_id in given:
-                    refuse(b, ".slave_id: %d is also %s's: each slave of %s needs its own"
-                           % (b.slave_id, given[b.slave_id].name, master.name))
-                given.setdefault(b.slave_id, b)
-        free = (n for n in range(1, limits.MAX_BROKER_ID + 1) if n not in given)
-        ids = {b.index: b.slave_id if b.slave_id is not None else next(free, None) for b in slaves}
-        if None in ids.values():
-            refuse(master, ": more slaves than slave ids (1..%d)" % limits.MAX_BROKER_ID)
+        ids = _slave_ids(master, slaves, refuse)
+        if ids is None:
             continue
         ids[master.index] = 0 if auto else None
-        ports = {}
-        for b in members:
-            port = b.replication_port if b.replication_port is not None else b.port + 1 if replicates else None
-            if port is not None and port > 65535:
-                refuse(b, ".replication_port: the default, port + 1, is %d: set replication_port" % port)
-                port = None
-            elif port is not None and port == b.port:
-                refuse(b, ".replication_port: %d is also its port: each listener needs its own" % port)
-            if auto and not b.zk_connect:
-                refuse(b, ".zk_connect: required with ha: auto (the group elects its master through ZooKeeper): "
-                          "set zk_connect in defaults or on every member of %s's group" % master.name)
-            ports[b.index] = port
+        ports = {b.index: _replication_port(b, master, replicates, refuse) for b in members}
         master_host, master_port = _reachable(master), ports[master.index]
         for b in members:
             slave_of = None
@@ -88,6 +55,62 @@ def resolve_groups(brokers, problems):
         if replicates:
             _check_secrets(members, master, master_host, refuse, is_loopback)
     return [out.get(b.index, b) for b in brokers], refused
+
+
+def _groups_of(brokers):
+    """``{group key: [master, slaves...]}`` in inventory order; a master named twice (refused as a clash) leads a
+    group of its own."""
+    groups = {}
+    for b in brokers:
+        if b.role == "master":
+            groups[b.group if b.group not in groups else (b.index,)] = [b]
+    for b in brokers:
+        if b.role == "slave":
+            groups[b.group].append(b)
+    return groups
+
+
+def _check_shared_modes(master, slaves, refuse):
+    """Refuses each slave whose ``ha`` or ``replication_mode`` differs from its master's: a group shares both."""
+    for b in slaves:
+        if b.ha != master.ha:
+            refuse(b, ".ha: %r, but its master %s has %r: a group shares one ha mode" % (b.ha, master.name, master.ha))
+        if b.replication_mode != master.replication_mode:
+            refuse(b, ".replication_mode: %r, but its master %s has %r: a group shares one replication_mode"
+                   % (b.replication_mode, master.name, master.replication_mode))
+
+
+def _slave_ids(master, slaves, refuse):
+    """``{slave index: slave id}``: the ids given (refused when two slaves share one), then 1.. in inventory order
+    for the rest; None (the master refused) when the ids run out."""
+    given = {}
+    for b in slaves:
+        if b.slave_id is not None:
+            if b.slave_id in given:
+                refuse(b, ".slave_id: %d is also %s's: each slave of %s needs its own"
+                       % (b.slave_id, given[b.slave_id].name, master.name))
+            given.setdefault(b.slave_id, b)
+    free = (n for n in range(1, limits.MAX_BROKER_ID + 1) if n not in given)
+    ids = {b.index: b.slave_id if b.slave_id is not None else next(free, None) for b in slaves}
+    if None in ids.values():
+        refuse(master, ": more slaves than slave ids (1..%d)" % limits.MAX_BROKER_ID)
+        return None
+    return ids
+
+
+def _replication_port(b, master, replicates, refuse):
+    """A member's replication port (``port`` + 1 unless set, when its group replicates), or None; refuses one past
+    65535 or equal to its port, and a member of an ``ha: auto`` group without ``zk_connect``."""
+    port = b.replication_port if b.replication_port is not None else b.port + 1 if replicates else None
+    if port is not None and port > 65535:
+        refuse(b, ".replication_port: the default, port + 1, is %d: set replication_port" % port)
+        port = None
+    elif port is not None and port == b.port:
+        refuse(b, ".replication_port: %d is also its port: each listener needs its own" % port)
+    if master.ha == "auto" and not b.zk_connect:
+        refuse(b, ".zk_connect: required with ha: auto (the group elects its master through ZooKeeper): "
+                  "set zk_connect in defaults or on every member of %s's group" % master.name)
+    return port
 
 
 def _reachable(broker):

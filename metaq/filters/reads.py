@@ -126,32 +126,14 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
     ``next_offset == offset``) at the visible end. A wanted record that fails its check ends the read before
     it, or raises CorruptRecord when it is the first wanted one (its next offset is the unit after it).
     """
-    if p is None:
-        if offset == 0:
-            return TaggedRead([], 0, 0, 0)
-        raise _moved(0)
-    vis = p.visible
-    if offset >= vis:
-        if offset == vis:
-            return TaggedRead([], offset, 0, 0)
-        raise _moved(vis)
-    if offset < p.min:
-        raise _moved(p.min)
-    if isinstance(filt, SqlFilter):
-        codes, evaluate = _EVERY, filt.matches
-        max_units = min(max_units, MAX_SQL_FILTER_SCAN)
-
-        def wants(view, rel):
-            return evaluate(properties_at(view, rel))
-    else:
-        codes, matches = filt.codes, filt.matches
-
-        def wants(view, rel):
-            return matches(tags_at(view, rel))
+    empty = _empty_read(p, offset)
+    if empty is not None:
+        return empty
+    codes, wants, max_units = _wanting(filt, max_units)
     hits = []
     read = skipped = 0
     nxt = offset
-    hi = min(vis, offset + max(1, max_units))
+    hi = min(p.visible, offset + max(1, max_units))
     want = max(1, max_count)
     for n, phys, size, tag in p.units(offset, hi):
         if tag not in codes:
@@ -175,6 +157,39 @@ def read_tagged(log, p, offset, filt, max_count, max_bytes, max_units):
             if len(hits) >= want:
                 break
     return TaggedRead(hits, nxt, skipped, read)
+
+
+def _empty_read(p, offset):
+    """The empty ``TaggedRead`` at the visible end (or offset 0 of a legal partition without data), None for an
+    offset inside the partition; Moved for one outside it."""
+    if p is None:
+        if offset == 0:
+            return TaggedRead([], 0, 0, 0)
+        raise _moved(0)
+    vis = p.visible
+    if offset >= vis:
+        if offset == vis:
+            return TaggedRead([], offset, 0, 0)
+        raise _moved(vis)
+    if offset < p.min:
+        raise _moved(p.min)
+    return None
+
+
+def _wanting(filt, max_units):
+    """``(tag hashes read, wants(view, rel), max_units)`` of a filter: a SqlFilter reads every unit and evaluates
+    the record's properties (at most ``MAX_SQL_FILTER_SCAN`` units); a TagFilter matches the record's tags."""
+    if isinstance(filt, SqlFilter):
+        evaluate = filt.matches
+
+        def wants(view, rel):
+            return evaluate(properties_at(view, rel))
+        return _EVERY, wants, min(max_units, MAX_SQL_FILTER_SCAN)
+    matches = filt.matches
+
+    def wants(view, rel):
+        return matches(tags_at(view, rel))
+    return filt.codes, wants, max_units
 
 
 class _Every:

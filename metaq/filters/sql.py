@@ -95,77 +95,97 @@ def _tokens(text):
     out = []
     i, n = 0, len(text)
     while True:
-        while i < n:
-            c = text[i]
-            if c in _SPACE:
-                i += 1
-            elif text.startswith("--", i):
-                j = text.find("\n", i)
-                k = text.find("\r", i)
-                ends = [x for x in (j, k) if x >= 0]
-                i = min(ends) + 1 if ends else n
-            elif text.startswith("/*", i):
-                j = text.find("*/", i + 2)
-                if j < 0:
-                    raise _error(n, "'*/' closing the comment opened at character %d" % i, "the end")
-                i = j + 2
-            else:
-                break
+        i = _skip_blank(text, i)
         if i >= n:
             out.append(_Token("end", "", None, n))
             return out
         c = text[i]
         if c == "'":
-            j = i + 1
-            parts = []
-            while True:
-                k = text.find("'", j)
-                if k < 0:
-                    raise _error(n, "a quote closing the string opened at character %d" % i, "the end")
-                parts.append(text[j:k])
-                if text.startswith("''", k):
-                    parts.append("'")
-                    j = k + 2
-                    continue
-                j = k + 1
-                break
-            out.append(_Token("str", text[i:j], "".join(parts), i))
-            i = j
+            token, i = _string_token(text, i)
         elif c.isdigit() and c.isascii() or (c == "." and text[i + 1:i + 2].isdigit() and text[i + 1:i + 2].isascii()):
-            f = _FLOAT.match(text, i)
-            d = _DECIMAL.match(text, i) if c != "." else None
-            if f is not None and (d is None or f.end() > d.end()):
-                word = f.group()
-                value = float(word)
-                if math.isinf(value):
-                    raise _error(i, "a float literal at most 1.7976931348623157E308", repr(word))
-                if value < _DOUBLE_MIN:
-                    raise _error(i, "a float literal at least 4.9E-324 (RocketMQ refuses 0.0)", repr(word))
-                out.append(_Token("double", word, value, i))
-                i = f.end()
-            else:
-                word = d.group()
-                value = int(word.rstrip("lL"))
-                if value > _LONG_MAX:
-                    raise _error(i, "an integer literal at most %d" % _LONG_MAX, repr(word))
-                out.append(_Token("int" if value <= _INT_MAX else "long", word, value, i))
-                i = d.end()
+            token, i = _number_token(text, i)
         elif c.isascii() and (c.isalpha() or c in "_$"):
-            word = _IDENT.match(text, i).group()
-            upper = word.upper()
-            if upper in _KEYWORDS:
-                out.append(_Token("kw", word, upper, i))
-            else:
-                out.append(_Token("id", word, word, i))
-            i += len(word)
+            token, i = _word_token(text, i)
         else:
-            for op in _OPERATORS:
-                if text.startswith(op, i):
-                    out.append(_Token("op", op, op, i))
-                    i += len(op)
-                    break
-            else:
-                raise _error(i, "an operator, a name, a literal or '('", repr(c))
+            token, i = _operator_token(text, i)
+        out.append(token)
+
+
+def _skip_blank(text, i):
+    """The position of the next token at or after ``i``: spaces, ``--`` line comments and ``/* */`` comments
+    passed over; BadFilterExpression at an unterminated ``/*``."""
+    n = len(text)
+    while i < n:
+        if text[i] in _SPACE:
+            i += 1
+        elif text.startswith("--", i):
+            j = text.find("\n", i)
+            k = text.find("\r", i)
+            ends = [x for x in (j, k) if x >= 0]
+            i = min(ends) + 1 if ends else n
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            if j < 0:
+                raise _error(n, "'*/' closing the comment opened at character %d" % i, "the end")
+            i = j + 2
+        else:
+            break
+    return i
+
+
+def _string_token(text, i):
+    """The string literal opening at ``i`` (``''`` inside is one quote) and the position after it."""
+    j = i + 1
+    parts = []
+    while True:
+        k = text.find("'", j)
+        if k < 0:
+            raise _error(len(text), "a quote closing the string opened at character %d" % i, "the end")
+        parts.append(text[j:k])
+        if text.startswith("''", k):
+            parts.append("'")
+            j = k + 2
+            continue
+        j = k + 1
+        break
+    return _Token("str", text[i:j], "".join(parts), i), j
+
+
+def _number_token(text, i):
+    """The number literal at ``i`` (the longer of a float and an integer reading) and the position after it:
+    a double within Java's range (RocketMQ refuses 0.0), an int, or a long up to 64 bits."""
+    f = _FLOAT.match(text, i)
+    d = _DECIMAL.match(text, i) if text[i] != "." else None
+    if f is not None and (d is None or f.end() > d.end()):
+        word = f.group()
+        value = float(word)
+        if math.isinf(value):
+            raise _error(i, "a float literal at most 1.7976931348623157E308", repr(word))
+        if value < _DOUBLE_MIN:
+            raise _error(i, "a float literal at least 4.9E-324 (RocketMQ refuses 0.0)", repr(word))
+        return _Token("double", word, value, i), f.end()
+    word = d.group()
+    value = int(word.rstrip("lL"))
+    if value > _LONG_MAX:
+        raise _error(i, "an integer literal at most %d" % _LONG_MAX, repr(word))
+    return _Token("int" if value <= _INT_MAX else "long", word, value, i), d.end()
+
+
+def _word_token(text, i):
+    """The keyword or property name at ``i`` and the position after it."""
+    word = _IDENT.match(text, i).group()
+    upper = word.upper()
+    if upper in _KEYWORDS:
+        return _Token("kw", word, upper, i), i + len(word)
+    return _Token("id", word, word, i), i + len(word)
+
+
+def _operator_token(text, i):
+    """The operator at ``i`` (the first of ``_OPERATORS`` it starts with) and the position after it."""
+    for op in _OPERATORS:
+        if text.startswith(op, i):
+            return _Token("op", op, op, i), i + len(op)
+    raise _error(i, "an operator, a name, a literal or '('", repr(text[i]))
 
 
 # -- values: what evaluating an operand gives ---------------------------------------------------------------------

@@ -169,7 +169,7 @@ class Idempotence:
         table = self.table
         pid = frames[0][8]
         # each partition's first sequence (the last write of the reversed walk wins), in order of first appearance
-        first_seq = dict(zip(map(_PARTITION, reversed(frames)), map(_SEQ, reversed(frames))))
+        first_seq = dict(zip(map(_PARTITION, reversed(frames)), map(_SEQ, reversed(frames)), strict=True))
         firsts = {p: first_seq[p] for p in dict.fromkeys(map(_PARTITION, frames))}
         highs = {}
         resent = False

@@ -557,7 +557,7 @@ class Delivery:
             self._handed.pop(key, None)
         self.wake()
 
-    def run(self):
+    def run(self):  # noqa: C901 - split with the MQTT delivery changes under way (issue 55.2, 55.4)
         conn = self.conn
         room = conn.room
         me = gevent.getcurrent()

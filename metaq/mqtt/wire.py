@@ -747,26 +747,10 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
         first = buf[pos]
         if first != 0x30 and first != 0x32 and first != 0x3A:  # PUBLISH, QoS 0 or 1 (DUP at 1 only), not retained
             break
-        length, shift, i = 0, 0, 1
-        while True:
-            if pos + i >= end:
-                return out, pos, qos1, taken
-            b = buf[pos + i]
-            length |= (b & 0x7F) << shift
-            if not b & 0x80:
-                break
-            if i == 4:
-                return out, pos, qos1, taken
-            shift += 7
-            i += 1
-        if i > 1 and not b:
+        bounds = _plain_bounds(buf, pos, end, max_packet)
+        if bounds is None:
             break
-        total = 1 + i + length
-        if total > max_packet or total > end - pos:
-            break
-        start, stop = pos + 1 + i, pos + total
-        if stop - start < 2:
-            break
+        start, stop = bounds
         at = start + 2 + ((buf[start] << 8) | buf[start + 1])
         if at > stop:
             break
@@ -774,18 +758,10 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
         if plan is None:
             break
         qos = (first >> 1) & 1
-        packet_id = None
-        if qos:
-            if room <= 0 or at + 2 > stop:
-                break
-            packet_id = (buf[at] << 8) | buf[at + 1]
-            if not packet_id:
-                break
-            at += 2
-        if v5:
-            if at >= stop or buf[at]:
-                break
-            at += 1
+        head = _plain_head_end(buf, at, stop, qos, room, v5)
+        if head is None:
+            break
+        packet_id, at = head
         partitions = decided.get(plan[1])
         if partitions is None or partitions <= 0:
             break
@@ -802,6 +778,49 @@ def plain_publishes_py(buf, pos, v5, max_packet, plans, decided, room, count, nb
         room -= qos
         qos1 += qos
     return out, pos, qos1, taken
+
+
+def _plain_bounds(buf, pos, end, max_packet):
+    """``(start, stop)`` of the variable header and payload of the packet at ``pos`` in ``buf`` (up to ``end``):
+    None when its remaining length is incomplete, not minimal (a trailing 0x00 byte) or longer than four bytes,
+    when the packet is past ``max_packet`` or not whole, or when it has no room for a topic name's length."""
+    length, shift, i = 0, 0, 1
+    while True:
+        if pos + i >= end:
+            return None
+        b = buf[pos + i]
+        length |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        if i == 4:
+            return None
+        shift += 7
+        i += 1
+    if i > 1 and not b:
+        return None
+    total = 1 + i + length
+    if total > max_packet or total > end - pos:
+        return None
+    start, stop = pos + 1 + i, pos + total
+    return None if stop - start < 2 else (start, stop)
+
+
+def _plain_head_end(buf, at, stop, qos, room, v5):
+    """``(packet id or None, payload start)`` of a plain PUBLISH whose topic name ends at ``at``: a QoS 1 one's
+    non-zero packet id while ``room`` is left, then (MQTT 5) an empty property length; None otherwise."""
+    packet_id = None
+    if qos:
+        if room <= 0 or at + 2 > stop:
+            return None
+        packet_id = (buf[at] << 8) | buf[at + 1]
+        if not packet_id:
+            return None
+        at += 2
+    if v5:
+        if at >= stop or buf[at]:
+            return None
+        at += 1
+    return packet_id, at
 
 
 class MqttParser(StreamParser):
@@ -1070,6 +1089,26 @@ def encode_pubacks(packet_ids):
     return struct.pack(">%dI" % len(packet_ids), *[0x40020000 | i for i in packet_ids])
 
 
+def _encode_subscribe(packet, v5):
+    """A SUBSCRIBE: its packet id, properties (MQTT 5) and each filter with its options byte."""
+    body = _packet_id(packet.packet_id) + (_encode_properties(packet.properties, SUBSCRIBE) if v5 else b"")
+    for s in packet.subscriptions:
+        options = s.qos
+        if v5:
+            options |= (0x04 if s.no_local else 0) | (0x08 if s.retain_as_published else 0)
+            options |= s.retain_handling << 4
+        body += _string(s.topic_filter) + bytes((options,))
+    return _packet(SUBSCRIBE, 0b0010, body)
+
+
+def _encode_unsuback(packet, v5):
+    """An UNSUBACK: its packet id, then (MQTT 5 only) its properties and a reason code per filter."""
+    body = _packet_id(packet.packet_id)
+    if v5:
+        body += _encode_properties(packet.properties, UNSUBACK) + bytes(packet.reason_codes)
+    return _packet(UNSUBACK, 0, body)
+
+
 def encode(packet, version):
     """``packet`` as bytes in protocol ``version`` (a CONNECT is written in its own version)."""
     if isinstance(packet, Connect):
@@ -1087,14 +1126,7 @@ def encode(packet, version):
         body = bytes((1 if packet.session_present else 0, packet.reason_code))
         return _packet(CONNACK, 0, body + (_encode_properties(packet.properties, CONNACK) if v5 else b""))
     if isinstance(packet, Subscribe):
-        body = _packet_id(packet.packet_id) + (_encode_properties(packet.properties, SUBSCRIBE) if v5 else b"")
-        for s in packet.subscriptions:
-            options = s.qos
-            if v5:
-                options |= (0x04 if s.no_local else 0) | (0x08 if s.retain_as_published else 0)
-                options |= s.retain_handling << 4
-            body += _string(s.topic_filter) + bytes((options,))
-        return _packet(SUBSCRIBE, 0b0010, body)
+        return _encode_subscribe(packet, v5)
     if isinstance(packet, Suback):
         body = _packet_id(packet.packet_id) + (_encode_properties(packet.properties, SUBACK) if v5 else b"")
         return _packet(SUBACK, 0, body + bytes(packet.reason_codes))
@@ -1102,10 +1134,7 @@ def encode(packet, version):
         body = _packet_id(packet.packet_id) + (_encode_properties(packet.properties, UNSUBSCRIBE) if v5 else b"")
         return _packet(UNSUBSCRIBE, 0b0010, body + b"".join(_string(f) for f in packet.topic_filters))
     if isinstance(packet, Unsuback):
-        body = _packet_id(packet.packet_id)
-        if v5:
-            body += _encode_properties(packet.properties, UNSUBACK) + bytes(packet.reason_codes)
-        return _packet(UNSUBACK, 0, body)
+        return _encode_unsuback(packet, v5)
     if isinstance(packet, PingReq):
         return _packet(PINGREQ, 0, b"")
     if isinstance(packet, PingResp):

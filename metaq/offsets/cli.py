@@ -157,7 +157,7 @@ def run(view, args, render):
     rows = []
     for bid, p, low, high in sorted(parts):
         current = home.current(bid, p)
-        wanted = target_offset(args, current, low, high, lambda ms: replay.offset_at(
+        wanted = target_offset(args, current, low, high, lambda ms, bid=bid, p=p: replay.offset_at(
             view.conn(view.brokers[bid]), args.topic, p, ms, view.timeout))
         row = {"topic": args.topic, "partition": "%d-%d" % (bid, p), "current": current, "new": None,
                "min_offset": low, "max_offset": high, "note": "", "store": home.name}

@@ -194,6 +194,19 @@ class PopState:
         plan = Plan()
         deadline = now_ms + invisible_ms
         cursors = g.cursors if g is not None else {}
+        busy = self._plan_expired(plan, cursors, now_ms, deadline, max_messages, max_attempts, fifo)
+        room = self.max_in_flight - (g.in_flight() if g is not None else 0) + len(plan.dead)
+        turn = g.turn if g is not None else 0
+        for p in [(turn + i) % partitions for i in range(partitions)]:
+            room = self._plan_new(plan, p, cursors.get(p), room, deadline, max_messages, read, start, busy, fifo)
+        _drop_skipped(plan)
+        return plan
+
+    @staticmethod
+    def _plan_expired(plan, cursors, now_ms, deadline, max_messages, max_attempts, fifo):
+        """Adds the expired flights to ``plan`` (oldest deadline first): dead-lettered past ``max_attempts``
+        deliveries, delivered again while ``max_messages`` has room; returns the message groups still in flight
+        (``fifo``: a group's next message waits for them; an empty set otherwise)."""
         expired = sorted((f.deadline, p, o, f) for p, c in cursors.items() for o, f in c.flights.items()
                          if f.deadline <= now_ms)
         busy = {f.group for c in cursors.values() for f in c.flights.values() if f.group is not None} if fifo \
@@ -204,48 +217,39 @@ class PopState:
                 busy.discard(f.group)
             elif len(plan.deliver) < max_messages:
                 plan.deliver.append([p, o, f.attempt + 1, deadline, f.group])
-        room = self.max_in_flight - (g.in_flight() if g is not None else 0) + len(plan.dead)
-        turn = g.turn if g is not None else 0
-        order = [(turn + i) % partitions for i in range(partitions)]
-        for p in order:
-            c = cursors.get(p)
-            if c is None:
-                low = nxt = start(p)
-                if low:
-                    plan.skips.append([p, low])
-            else:
-                low, nxt = c.low, c.next
-            while len(plan.deliver) < max_messages and room > 0:
-                want = min(max_messages - len(plan.deliver), room, low + self.max_span - nxt)
-                if want <= 0:
-                    break
-                items, moved = read(p, nxt, want)
-                if moved is not None and moved > nxt:
-                    plan.skips.append([p, moved])
-                    low, nxt = max(low, moved), moved
-                    continue
-                if not items:
-                    break
-                stop = False
-                for offset, mgroup in items:
-                    mgroup = mgroup if fifo else None
-                    if mgroup is not None and mgroup in busy:
-                        stop = True
-                        break
-                    if mgroup is not None:
-                        busy.add(mgroup)
-                    plan.deliver.append([p, offset, 1, deadline, mgroup])
-                    room -= 1
-                    nxt = offset + 1
-                if stop:
-                    break
-        if plan.skips:  # what a skip passes over (deleted by retention) is neither redelivered nor dead-lettered
-            floor = {}
-            for p, o in plan.skips:
-                floor[p] = max(floor.get(p, 0), o)
-            plan.deliver = [e for e in plan.deliver if e[1] >= floor.get(e[0], 0)]
-            plan.dead = [e for e in plan.dead if e[1] >= floor.get(e[0], 0)]
-        return plan
+        return busy
+
+    def _plan_new(self, plan, p, c, room, deadline, max_messages, read, start, busy, fifo):
+        """Adds new messages of partition ``p`` (cursor ``c``, None: never read) to ``plan``, within ``room`` more
+        flights, ``max_messages`` and the cursor's span, skipping past what retention deleted and stopping at a
+        message whose group is busy (``fifo``); returns the room left."""
+        if c is None:
+            low = nxt = start(p)
+            if low:
+                plan.skips.append([p, low])
+        else:
+            low, nxt = c.low, c.next
+        while len(plan.deliver) < max_messages and room > 0:
+            want = min(max_messages - len(plan.deliver), room, low + self.max_span - nxt)
+            if want <= 0:
+                break
+            items, moved = read(p, nxt, want)
+            if moved is not None and moved > nxt:
+                plan.skips.append([p, moved])
+                low, nxt = max(low, moved), moved
+                continue
+            if not items:
+                break
+            for offset, mgroup in items:
+                mgroup = mgroup if fifo else None
+                if mgroup is not None and mgroup in busy:
+                    return room
+                if mgroup is not None:
+                    busy.add(mgroup)
+                plan.deliver.append([p, offset, 1, deadline, mgroup])
+                room -= 1
+                nxt = offset + 1
+        return room
 
     def handles(self, plan):
         """The receipt handles of ``plan.deliver``, in order."""
@@ -269,44 +273,63 @@ class PopState:
 
     def apply(self, rec):
         """Take one journal record (``d``, ``a``, ``x``, ``c``, ``r``, ``s``); see ``pop/records.py``."""
-        kind = rec["k"]
+        apply = self._APPLY.get(rec["k"])
         g = self._group(rec["g"], rec["t"])
-        if kind == "d":
-            g.turn += 1
-            for p, o, attempt, deadline, mgroup in rec["e"]:
-                c = self._cursor(g, p)
-                if o < c.low or o in c.done:
-                    continue
-                c.flights[o] = Flight(attempt, deadline, mgroup)
-                c.next = max(c.next, o + 1)
-                if attempt > 1:
-                    g.redelivered += 1
-        elif kind in ("a", "x"):
-            for p, o in rec["e"]:
-                c = self._cursor(g, p)
-                if kind == "x" and o in c.flights:
-                    g.dead += 1
-                c.finish(o)
-        elif kind == "c":  # a new deadline and a new handle: a renewal (of the old handle) ends
-            for p, o, deadline in rec["e"]:
-                f = self._cursor(g, p).flights.get(o)
-                if f is not None:
-                    f.deadline, f.handed = deadline, None
-        elif kind == "r":  # renewed: the delivery's handle (the deadline it was handed out with) still names it
-            for p, o, attempt, deadline in rec["e"]:
-                f = self._cursor(g, p).flights.get(o)
-                if f is not None and f.attempt == attempt:
-                    if f.handed is None:
-                        f.handed = f.deadline
-                    f.deadline = deadline
-        elif kind == "s":
-            for p, o in rec["e"]:
-                self._cursor(g, p).skip_to(o)
-        elif kind == "P":
-            c = self._cursor(g, rec["p"])
-            c.low, c.next, c.done = rec["low"], rec["next"], set(rec["done"])
-            c.flights = {e[0]: Flight(*e[1:]) for e in rec["f"]}
-            g.redelivered, g.dead = rec["r"], rec["x"]
+        if apply is not None:
+            apply(self, g, rec)
+
+    def _apply_delivered(self, g, rec):
+        """``d``: deliveries (first or again) of the group's messages; the group's turn moves one on."""
+        g.turn += 1
+        for p, o, attempt, deadline, mgroup in rec["e"]:
+            c = self._cursor(g, p)
+            if o < c.low or o in c.done:
+                continue
+            c.flights[o] = Flight(attempt, deadline, mgroup)
+            c.next = max(c.next, o + 1)
+            if attempt > 1:
+                g.redelivered += 1
+
+    def _apply_finished(self, g, rec):
+        """``a`` (acknowledged) and ``x`` (dead-lettered, counted when still in flight): the flights end."""
+        dead = rec["k"] == "x"
+        for p, o in rec["e"]:
+            c = self._cursor(g, p)
+            if dead and o in c.flights:
+                g.dead += 1
+            c.finish(o)
+
+    def _apply_changed(self, g, rec):
+        """``c``: a new deadline and a new handle; a renewal (of the old handle) ends."""
+        for p, o, deadline in rec["e"]:
+            f = self._cursor(g, p).flights.get(o)
+            if f is not None:
+                f.deadline, f.handed = deadline, None
+
+    def _apply_renewed(self, g, rec):
+        """``r``: renewed; the delivery's handle (the deadline it was handed out with) still names it."""
+        for p, o, attempt, deadline in rec["e"]:
+            f = self._cursor(g, p).flights.get(o)
+            if f is not None and f.attempt == attempt:
+                if f.handed is None:
+                    f.handed = f.deadline
+                f.deadline = deadline
+
+    def _apply_skipped(self, g, rec):
+        """``s``: cursors skip past what retention deleted."""
+        for p, o in rec["e"]:
+            self._cursor(g, p).skip_to(o)
+
+    def _apply_partition(self, g, rec):
+        """``P``: one partition's cursor from a snapshot, with the pair's counts."""
+        c = self._cursor(g, rec["p"])
+        c.low, c.next, c.done = rec["low"], rec["next"], set(rec["done"])
+        c.flights = {e[0]: Flight(*e[1:]) for e in rec["f"]}
+        g.redelivered, g.dead = rec["r"], rec["x"]
+
+    #: Each journal record kind (``pop/records.py``) and the change it makes; other kinds change nothing.
+    _APPLY = {"d": _apply_delivered, "a": _apply_finished, "x": _apply_finished, "c": _apply_changed,
+              "r": _apply_renewed, "s": _apply_skipped, "P": _apply_partition}
 
     def snapshot_records(self):
         """The snapshot's records (``S``, one ``P`` per partition of every pair, ``E``)."""
@@ -324,3 +347,15 @@ class PopState:
         return {key: {"r": g.redelivered, "x": g.dead,
                       "c": {p: c.snapshot() for p, c in sorted(g.cursors.items())}}
                 for key, g in sorted(self.groups.items())}
+
+
+def _drop_skipped(plan):
+    """Leaves out of ``plan`` what its skips pass over (deleted by retention): neither redelivered nor
+    dead-lettered."""
+    if not plan.skips:
+        return
+    floor = {}
+    for p, o in plan.skips:
+        floor[p] = max(floor.get(p, 0), o)
+    plan.deliver = [e for e in plan.deliver if e[1] >= floor.get(e[0], 0)]
+    plan.dead = [e for e in plan.dead if e[1] >= floor.get(e[0], 0)]

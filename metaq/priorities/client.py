@@ -181,7 +181,8 @@ class PriorityFetcher(PartitionFetcher):
         try:
             records_of(reply, what)  # raises the mapped error
         except errors.CorruptRecord as exc:  # a level stops there (retried with backoff): not skipped here
-            raise errors.BrokerError("%s: %s (a priority level is not skipped past a corrupt record)" % (what, exc))
+            raise errors.BrokerError("%s: %s (a priority level is not skipped past a corrupt record)"
+                                     % (what, exc)) from exc
         raise reply_error(reply, what)
 
     def _level_of(self, reply, what, rest):

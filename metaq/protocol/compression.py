@@ -116,9 +116,9 @@ def _lz4_steps(data, max_bytes, step):
 
 
 def _zstd_steps(data, max_bytes, step):
-    """One step: zstandard decompresses a frame whole (about 1 ms per MiB here). A frame that announces its
-    size is refused before any work when that size passes the limit; one that does not is decompressed into
-    at most ``max_bytes``."""
+    """One step: zstandard decompresses a frame whole (bench/README.md, "Decompression steps"). A frame that
+    announces its size is refused before any work when that size passes the limit; one that does not is
+    decompressed into at most ``max_bytes``."""
     import zstandard
 
     data = bytes(data)

@@ -1,7 +1,7 @@
 """Events of MetaQ's text protocol (requests and replies), as immutable named tuples.
 
-Named tuples, not dataclasses: the broker builds ~100k of them a second and a
-frozen dataclass costs four times as much to construct.
+Named tuples, not dataclasses: the broker builds one per request and reply, and a
+frozen dataclass costs several times as much to construct (bench/README.md, "Events as named tuples").
 
 Every event knows how to serialize itself (see ``metaq.protocol.text.serialize``).
 ``opaque`` is a signed 32-bit int echoed from request to reply.

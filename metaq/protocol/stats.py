@@ -147,7 +147,7 @@ class _Template:
             raise _bad("a %s line has %d words, not %d (%s)" % (self.item, len(words), len(self.parts), self.text),
                        line)
         values = []
-        for word, (name, kind) in zip(words, self.parts):
+        for word, (name, kind) in zip(words, self.parts, strict=True):
             if name is None:
                 if word != kind:
                     raise _bad("a %s line has %r where %r belongs" % (self.item, word, kind), line)

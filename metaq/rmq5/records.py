@@ -76,35 +76,9 @@ def check_message(topic, tag, keys, message_id, group, deliver_ms, user_properti
     """Check one message's system and user properties (as the proxy does) and lay out the properties it is
     stored with; raise ``Refusal``. ``tag`` and ``group``: None when absent; ``deliver_ms``: the delivery
     timestamp in epoch ms, or None. The delivery time's range is the timers' to check (``timers.records``)."""
-    if _blank(message_id):
-        raise Refusal("ILLEGAL_MESSAGE_ID", "a message without a message_id")
-    if tag is not None and (_blank(tag) or "|" in tag or _has_control(tag)):
-        raise Refusal("ILLEGAL_MESSAGE_TAG", "tag %r: not blank, no '|' and no control characters" % tag[:64])
-    for key in keys:
-        if _blank(key) or _has_control(key):
-            raise Refusal("ILLEGAL_MESSAGE_KEY", "key %r: not blank and no control characters" % key[:64])
-    if group is not None and (_blank(group) or len(group.encode("utf-8")) >= MAX_GROUP_BYTES
-                              or _has_control(group)):
-        raise Refusal("ILLEGAL_MESSAGE_GROUP", "message group %r: not blank, shorter than %d bytes, no control "
-                      "characters" % (group[:80], MAX_GROUP_BYTES))
-    if len(user_properties) > MAX_USER_PROPERTIES:
-        raise Refusal("MESSAGE_PROPERTIES_TOO_LARGE", "%d user properties: at most %d"
-                      % (len(user_properties), MAX_USER_PROPERTIES))
-    size = len((tag or "").encode("utf-8")) + sum(len(k.encode("utf-8")) for k in keys)
-    for name, value in user_properties.items():
-        if _blank(name) or name in RESERVED_PROPERTIES or _has_control(name):
-            raise Refusal("ILLEGAL_MESSAGE_PROPERTY_KEY", "user property %r: reserved by RocketMQ, blank or with "
-                          "control characters" % name[:64])
-        size += len(name.encode("utf-8")) + len(value.encode("utf-8"))
-    if size > MAX_PROPERTY_BYTES:
-        raise Refusal("MESSAGE_PROPERTIES_TOO_LARGE", "the properties, tag and keys take %d bytes: at most %d"
-                      % (size, MAX_PROPERTY_BYTES))
-    if message_type == TRANSACTION and (deliver_ms is not None or group is not None):
-        raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a transactional message may have neither a delivery "
-                      "time nor a message group")
-    if deliver_ms is not None and group is not None:
-        raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a message with both a delivery time and a message "
-                      "group")
+    _check_system_properties(tag, keys, message_id, group)
+    _check_user_properties(tag, keys, user_properties)
+    _check_type(message_type, deliver_ms, group)
     props = dict(user_properties)
     if tag is not None:
         props[PROP_TAGS] = tag
@@ -118,6 +92,49 @@ def check_message(topic, tag, keys, message_id, group, deliver_ms, user_properti
     kind = TRANSACTION if message_type == TRANSACTION else DELAY if deliver_ms is not None else \
         FIFO if group is not None else NORMAL
     return Checked(props, group, deliver_ms, kind)
+
+
+def _check_system_properties(tag, keys, message_id, group):
+    """Refuses a blank message id, and a tag, key or message group that is blank or holds control characters
+    (a tag no ``|`` either, a group under ``MAX_GROUP_BYTES``)."""
+    if _blank(message_id):
+        raise Refusal("ILLEGAL_MESSAGE_ID", "a message without a message_id")
+    if tag is not None and (_blank(tag) or "|" in tag or _has_control(tag)):
+        raise Refusal("ILLEGAL_MESSAGE_TAG", "tag %r: not blank, no '|' and no control characters" % tag[:64])
+    for key in keys:
+        if _blank(key) or _has_control(key):
+            raise Refusal("ILLEGAL_MESSAGE_KEY", "key %r: not blank and no control characters" % key[:64])
+    if group is not None and (_blank(group) or len(group.encode("utf-8")) >= MAX_GROUP_BYTES
+                              or _has_control(group)):
+        raise Refusal("ILLEGAL_MESSAGE_GROUP", "message group %r: not blank, shorter than %d bytes, no control "
+                      "characters" % (group[:80], MAX_GROUP_BYTES))
+
+
+def _check_user_properties(tag, keys, user_properties):
+    """Refuses more than ``MAX_USER_PROPERTIES`` user properties, a reserved, blank or control-character name,
+    and properties, tag and keys over ``MAX_PROPERTY_BYTES`` together."""
+    if len(user_properties) > MAX_USER_PROPERTIES:
+        raise Refusal("MESSAGE_PROPERTIES_TOO_LARGE", "%d user properties: at most %d"
+                      % (len(user_properties), MAX_USER_PROPERTIES))
+    size = len((tag or "").encode("utf-8")) + sum(len(k.encode("utf-8")) for k in keys)
+    for name, value in user_properties.items():
+        if _blank(name) or name in RESERVED_PROPERTIES or _has_control(name):
+            raise Refusal("ILLEGAL_MESSAGE_PROPERTY_KEY", "user property %r: reserved by RocketMQ, blank or with "
+                          "control characters" % name[:64])
+        size += len(name.encode("utf-8")) + len(value.encode("utf-8"))
+    if size > MAX_PROPERTY_BYTES:
+        raise Refusal("MESSAGE_PROPERTIES_TOO_LARGE", "the properties, tag and keys take %d bytes: at most %d"
+                      % (size, MAX_PROPERTY_BYTES))
+
+
+def _check_type(message_type, deliver_ms, group):
+    """Refuses a delivery time or message group on a transactional message, and both on one message."""
+    if message_type == TRANSACTION and (deliver_ms is not None or group is not None):
+        raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a transactional message may have neither a delivery "
+                      "time nor a message group")
+    if deliver_ms is not None and group is not None:
+        raise Refusal("MESSAGE_PROPERTY_CONFLICT_WITH_TYPE", "a message with both a delivery time and a message "
+                      "group")
 
 
 def group_queue(group, queues):

@@ -662,7 +662,7 @@ class MessagingService:
             raise Refusal("FORBIDDEN", "no readable queue of topic %s" % topic[:256])
         return pb.QueryAssignmentResponse(status=status("OK"), assignments=out)
 
-    def receive_message(self, request, call):
+    def receive_message(self, request, call):  # noqa: C901 - split with the gRPC service's RPC groups (issue 55.4)
         """Up to ``batch_size`` (at most ``limits.POP_MAX_BATCH``) messages of any partition of the topic on this
         broker (the proxy pops broker-wide whatever queue id the client names), invisible to the group's other
         receivers for ``invisible_duration``; with nothing there, a long poll of ``long_polling_timeout`` (within

@@ -73,7 +73,7 @@ def redact(model, dump):
         elif isinstance(value, BaseModel):
             redact(value, dump[name])
         elif isinstance(value, (list, tuple)):
-            for item, item_dump in zip(value, dump[name]):
+            for item, item_dump in zip(value, dump[name], strict=True):
                 if isinstance(item, BaseModel):
                     redact(item, item_dump)
     return dump

@@ -583,36 +583,15 @@ class Connection:
         if login_left is not None and login_left <= 0:
             self._log_login_deadline()
             return None
-        in_request, silent = self.in_request, False
+        in_request = self.in_request
         if not in_request:
-            self._request_deadline = None
-            if self._partial:  # the request it held is whole now
-                self._pool.partial_bytes -= self._partial
-                self._partial = 0
-            now = time.monotonic()
-            if self._idle_until is None:  # idle from here (until bytes arrive)
-                self._idle_until = now + self.idle_timeout
-            timeout = self._idle_until - now
-            if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
-                    and self._may_park():
-                linger = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
-                if linger <= 0 or not self._linger(min(linger, timeout)):
-                    self.parked_key = _PARKING
-                    return PARKED
-            timeout = max(0.001, timeout)  # past its deadline: what already arrived is still read, else it ends
+            timeout, silent = self._idle_wait(), False
+            if timeout is PARKED:
+                return PARKED
         else:
-            now, progress = time.monotonic(), self.progress
-            if self._request_deadline is None or progress != self._progress_seen:
-                self._request_deadline, self._progress_seen = now + self.request_timeout, progress
-            elif now >= self._request_deadline:  # a peer that never lets the socket empty never meets the timeout
-                log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
-                         self.request_timeout)
+            timeout, silent = self._request_wait()
+            if timeout is None:
                 return None
-            if not self._hold_partial():
-                return None
-            timeout = max(0.001, self._request_deadline - now)
-            if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
-                timeout, silent = self.idle_timeout, True
         login_left = self._login_left()  # again: lingering or waiting for room in the budget took some of it
         by_login = login_left is not None and login_left < timeout
         if by_login:
@@ -621,28 +600,72 @@ class Connection:
         try:
             data = self.sock.recv(nbytes if not self.tls or self.tls_bio else TLS_RECORD_BYTES)
         except OSError as exc:  # socket.timeout included
-            if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
-                if by_login and self._login_deadline is None:  # logged in while it waited (a gRPC call's login):
-                    return self.receive(nbytes)  # held to its other deadlines only
-                if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
-                    self._log_login_deadline()
-                elif silent:
-                    log.info("%s %s: no bytes of a request begun for %.0f s; closing", self.log_prefix, self.peer,
-                             self.idle_timeout)
-                elif in_request:
-                    log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
-                             self.request_timeout)
-                else:
-                    log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, self.idle_timeout)
-            elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
-                log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
-            return None
+            return self._receive_failed(exc, nbytes, by_login, silent, in_request)
         self._idle_until = self.parked_key = None
         if self.tls and data and not self.tls_bio:  # (a BioTls read takes every record already arrived)
             data = self._more_tls(data, nbytes)
         if self.rates is not None and data and self.paces_receive and self.rates.acl.has_rates:
             self.pace("produce", len(data))
         return data
+
+    def _idle_wait(self):
+        """How long a receive between requests waits: until the idle deadline (at least 1 ms: past it, what already
+        arrived is still read, else the connection ends); PARKED when the connection parks instead (after
+        lingering ``park_after_s``, less what it has been idle so far). A request held before is whole now."""
+        self._request_deadline = None
+        if self._partial:  # the request it held is whole now
+            self._pool.partial_bytes -= self._partial
+            self._partial = 0
+        now = time.monotonic()
+        if self._idle_until is None:  # idle from here (until bytes arrive)
+            self._idle_until = now + self.idle_timeout
+        timeout = self._idle_until - now
+        if timeout > 0 and self.parks and self.served_by is not None and self.parked_key != _WOKEN \
+                and self._may_park():
+            linger = self.park_after_s - (self.idle_timeout - timeout)  # less what it has been idle so far
+            if linger <= 0 or not self._linger(min(linger, timeout)):
+                self.parked_key = _PARKING
+                return PARKED
+        return max(0.001, timeout)
+
+    def _request_wait(self):
+        """``(timeout, silent)`` of a receive inside a request: until the request deadline, which each bit of
+        progress moves on (``silent``: bounded by the idle time instead, when ``idle_bounds_partial``);
+        ``(None, False)`` when the deadline passed or the partial request finds no room in the budget."""
+        now, progress = time.monotonic(), self.progress
+        if self._request_deadline is None or progress != self._progress_seen:
+            self._request_deadline, self._progress_seen = now + self.request_timeout, progress
+        elif now >= self._request_deadline:  # a peer that never lets the socket empty never meets the timeout
+            log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
+                     self.request_timeout)
+            return None, False
+        if not self._hold_partial():
+            return None, False
+        timeout = max(0.001, self._request_deadline - now)
+        if self.idle_bounds_partial and self.idle_timeout < timeout:  # the next bytes within the idle time
+            return self.idle_timeout, True
+        return timeout, False
+
+    def _receive_failed(self, exc, nbytes, by_login, silent, in_request):
+        """What a receive whose ``recv`` raised ``exc`` returns: None (the connection is over, the reason logged
+        unless the peer simply went), or the receive again when it timed out at a login deadline that a login
+        meanwhile lifted (a gRPC call's login): then it is held to its other deadlines only."""
+        if isinstance(exc, socket.timeout) or (self.tls and "timed out" in str(exc)):  # gevent's TLS timeout
+            if by_login and self._login_deadline is None:
+                return self.receive(nbytes)
+            if self._login_left() is not None and self._login_left() <= 0:  # (an SSLError "...timed out")
+                self._log_login_deadline()
+            elif silent:
+                log.info("%s %s: no bytes of a request begun for %.0f s; closing", self.log_prefix, self.peer,
+                         self.idle_timeout)
+            elif in_request:
+                log.info("%s %s: a partial request for %.0f s; closing", self.log_prefix, self.peer,
+                         self.request_timeout)
+            else:
+                log.info("%s %s: no request for %.0f s; closing", self.log_prefix, self.peer, self.idle_timeout)
+        elif exc.errno not in (errno.ECONNRESET, errno.EBADF, errno.ENOTCONN):
+            log.info("%s %s: receive failed: %s", self.log_prefix, self.peer, exc)
+        return None
 
     def _linger(self, seconds):
         """Wait up to ``seconds`` in this greenlet for bytes (or the end) from the peer: True when they came (the
@@ -829,33 +852,9 @@ class ConnectionCore:
             raise
 
     def _accept(self, listener, sock, address):
-        if self.closing:
-            sock.close()
+        admitted, host = self._admit(listener, sock, address)
+        if not admitted:
             return
-        if len(self._open) + self._handshaking >= self.max_connections + listener.headroom:
-            self._refuse(listener, sock, address, "too many connections: the limit is %d"
-                         % (self.max_connections + listener.headroom))
-            return
-        # A listener with headroom of its own (replication) counts its peers apart, against a small cap of
-        # its own: a client filling its address's share elsewhere cannot lock a slave on that host out, and
-        # one host cannot take the headroom.
-        host = None
-        if isinstance(address, tuple):
-            host = (listener.name, address[0]) if listener.headroom else address[0]
-            cap = limits.HEADROOM_PER_ADDRESS if listener.headroom else self.max_per_address
-            held = self._per_address.get(host, 0)
-            if cap is not None and held >= cap:
-                self._refuse(listener, sock, address, "too many connections from %s: the limit is %d per address"
-                             % (address[0], cap))
-                return
-            if self.guard is not None and listener.guarded:
-                refusal = self.guard.admit(address[0])
-                if refusal is None and self._checks_login(listener):
-                    refusal = self._make_room(listener, address[0])
-                if refusal is not None:
-                    self._refuse(listener, sock, address, refusal)
-                    return
-            self._per_address[host] = held + 1
         stranger = address[0] if host is not None and self._checks_login(listener) else None
         arrived = time.monotonic()
         if stranger is not None:  # counted, and its login deadline running, from here: a TLS handshake included
@@ -864,22 +863,73 @@ class ConnectionCore:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-        if listener.tls != "off" and host is not None and listener.guarded \
-                and not self.handshakes.take(address[0], time.monotonic()):
+        if listener.tls != "off":
+            sock = self._secured(listener, sock, address, host, stranger, arrived)
+            if sock is None:
+                return
+        conn_id, conn = self._connection(listener, sock, address, host, stranger, arrived)
+        conn.served_by = self
+        conn.share_key = host
+        self._open[conn_id] = conn
+        self._listener_of[conn_id] = listener
+        self._named[listener.name] = self._named.get(listener.name, 0) + 1
+        self._turn(conn)
+
+    def _admit(self, listener, sock, address):
+        """``(admitted, host)``: a socket refused (and closed) while closing, past the connection cap, past its
+        address's share or by the guard, ``(False, None)``; else counted in its address's share (``host``, None
+        for an address that is no IP address)."""
+        if self.closing:
+            sock.close()
+            return False, None
+        if len(self._open) + self._handshaking >= self.max_connections + listener.headroom:
+            self._refuse(listener, sock, address, "too many connections: the limit is %d"
+                         % (self.max_connections + listener.headroom))
+            return False, None
+        if not isinstance(address, tuple):
+            return True, None
+        # A listener with headroom of its own (replication) counts its peers apart, against a small cap of
+        # its own: a client filling its address's share elsewhere cannot lock a slave on that host out, and
+        # one host cannot take the headroom.
+        host = (listener.name, address[0]) if listener.headroom else address[0]
+        cap = limits.HEADROOM_PER_ADDRESS if listener.headroom else self.max_per_address
+        held = self._per_address.get(host, 0)
+        if cap is not None and held >= cap:
+            self._refuse(listener, sock, address, "too many connections from %s: the limit is %d per address"
+                         % (address[0], cap))
+            return False, None
+        if self.guard is not None and listener.guarded:
+            refusal = self.guard.admit(address[0])
+            if refusal is None and self._checks_login(listener):
+                refusal = self._make_room(listener, address[0])
+            if refusal is not None:
+                self._refuse(listener, sock, address, refusal)
+                return False, None
+        self._per_address[host] = held + 1
+        return True, host
+
+    def _secured(self, listener, sock, address, host, stranger, arrived):
+        """The TLS socket of an admitted one after its handshake; None (its share and stranger count given back,
+        the socket closed) past the address's handshake rate or when the handshake failed."""
+        if host is not None and listener.guarded and not self.handshakes.take(address[0], time.monotonic()):
             self._forget(host)
             if stranger is not None:
                 self.rules.strangers.leave(stranger)
             sock.close()
             self._log_refusal(listener, address, "too many TLS handshakes from %s: the limit is %d a second"
                               % (address[0], self.handshakes.per_s), "closed before its handshake")
-            return
-        if listener.tls != "off":
-            sock = self._secure(listener, sock, address, stranger, arrived)
-            if sock is None:
-                self._forget(host)
-                if stranger is not None:
-                    self.rules.strangers.leave(stranger)
-                return
+            return None
+        sock = self._secure(listener, sock, address, stranger, arrived)
+        if sock is None:
+            self._forget(host)
+            if stranger is not None:
+                self.rules.strangers.leave(stranger)
+        return sock
+
+    def _connection(self, listener, sock, address, host, stranger, arrived):
+        """``(id, connection)``: the listener's connection on ``sock``, with its guard session and rates and, for a
+        stranger, its login deadline; when making it fails, its share and stranger count are given back and the
+        socket closed."""
         conn_id = next(self._ids)
         try:
             conn = listener.make(sock, address, conn_id)
@@ -897,12 +947,7 @@ class ConnectionCore:
                 self.rules.strangers.leave(stranger)
             sock.close()
             raise
-        conn.served_by = self
-        conn.share_key = host
-        self._open[conn_id] = conn
-        self._listener_of[conn_id] = listener
-        self._named[listener.name] = self._named.get(listener.name, 0) + 1
-        self._turn(conn)
+        return conn_id, conn
 
     def _turn(self, conn):
         """Serve ``conn`` in this greenlet until it ends (then its end: the per-address share, the close, the close

@@ -35,18 +35,19 @@ TRANSIENT_RETRY_S = 0.05
 #: errnos that mean "no descriptor to open", never "the data may be lost".
 FD_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 #: How often the waiters of a flush are woken to check their deadline (``FLUSH_WAIT_TIMEOUT_S``, or the caller's):
-#: a wait has no timer of its own (gevent built a Timeout per wait: 1.8 per put with 16 producers), so it ends this late
-#: at most.
+#: a wait has no timer of its own (a Timeout per wait would cost a timer per waiting put), so it ends this late at
+#: most.
 DEADLINE_CHECK_S = 1.0
 
 
 class DedicatedThread:
     """One real OS thread for one kind of blocking call, driven from a greenlet.
 
-    gevent's shared thread pool costs 60-400 us per hand-off on our VMs; this
-    thread waits on a plain condition variable and reports back through a
-    libev async watcher: about 25 us. The flusher's fsync round trip (and so a
-    sync-mode ack) is that much shorter. Calls are serialised.
+    A hand-off to gevent's shared thread pool costs several times what this
+    thread costs, which waits on a plain condition variable and reports back
+    through a libev async watcher (figures: bench/README.md, "A thread of its
+    own for the fsync"). The flusher's fsync round trip (and so a sync-mode
+    ack) is that much shorter. Calls are serialised.
     """
 
     def __init__(self, name):
@@ -364,7 +365,7 @@ class Flusher:
             self._index_wanted.set()
             if self._waiting and store.written_position > pos:
                 # Puts written during this fsync wait for the next: the flusher greenlet, woken before the waiters
-                # (who answer their clients first), starts it at once (16 producers x 8: 48k -> 54k puts/s).
+                # (who answer their clients first), starts it at once (bench/README.md, "The next fsync at once").
                 self._wake.set()
         self._signal_round()
 

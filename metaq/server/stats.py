@@ -271,7 +271,7 @@ class StatsService:
             ("log_flushed_position", store.flushed_position),
             ("flush_rounds", self.flusher.rounds),
         ] + [("flush_time_%s_ms" % name, float(ms)) for name, ms in zip(("p50", "p99", "max"),
-                                                                         self.flusher.recent_times())] + [
+                                                                         self.flusher.recent_times(), strict=True)] + [
             ("disk_usage", float(node.disk_usage)),
             ("writes_refused", node.writes_refused),
             ("disk_pressure", node.disk_pressure),

@@ -64,7 +64,7 @@ class BioTls:
                         sock.sendall(data)
                     data = sock.recv(RECV_BYTES)
                     if not data:
-                        raise ConnectionResetError("closed during the TLS handshake")
+                        raise ConnectionResetError("closed during the TLS handshake") from None
                     incoming.write(data)
             data = outgoing.read()
             if data:
@@ -97,7 +97,7 @@ class BioTls:
                         left = self._timeout - (time.monotonic() - started)
                         self.sock.settimeout(max(0.0, left))
                         if left <= 0:
-                            raise socket.timeout("timed out")
+                            raise socket.timeout("timed out") from None
                 data = self.sock.recv(RECV_BYTES)
                 if not data:
                     self._eof = True

@@ -52,7 +52,7 @@ def send_ranges_py(fd, head, log, ranges, pos):
         pos = 0
     else:
         pos -= len(head)
-    for a, b in zip(r[::2], r[1::2]):
+    for a, b in zip(r[::2], r[1::2], strict=True):
         if len(pieces) >= IOV_MAX:
             break
         if a < 0 or b < a or b > len(view):

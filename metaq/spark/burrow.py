@@ -25,6 +25,7 @@ The Spark job (:mod:`metaq.spark.lagjob`) evaluates the same rules in Spark SQL;
 is the reference the tests hold it to, and what a tool without Spark can use.
 """
 
+from itertools import pairwise
 from typing import NamedTuple
 
 __all__ = ["Commit", "STATUSES", "partition_status", "group_status", "burrow_group_status", "status_rank"]
@@ -53,7 +54,7 @@ def partition_status(window, current_lag, now):
         return "OK"
     if current_lag == 0 or any(c.lag == 0 for c in window):
         return "OK"  # rule 1
-    pairs = list(zip(window, window[1:]))
+    pairs = list(pairwise(window))
     if any(b.offset < a.offset for a, b in pairs):
         return "REWIND"  # rule 2
     if now - window[-1].ts > window[-1].ts - window[0].ts:

@@ -125,7 +125,7 @@ def _plot_lag_by_partition(ax, report):
     ax.set_title("Lag per partition now (colour = status)")
     ax.set_xlabel("lag (messages)")
     ax.grid(True, axis="x", alpha=0.3)
-    for y, r, v in zip(ys, rows, values):
+    for y, r, v in zip(ys, rows, values, strict=True):
         ax.text(v, y, " %s" % r["status"], va="center", fontsize=7, color=STATUS_COLORS.get(r["status"], "#555"))
     if not rows:
         ax.text(0.5, 0.5, "no consumer group found", ha="center", va="center", transform=ax.transAxes)

@@ -158,7 +158,7 @@ class MappedRecords:
     def pairs(self):
         r = array("q")
         r.frombytes(self.ranges)
-        return zip(r[::2], r[1::2])
+        return zip(r[::2], r[1::2], strict=True)
 
     def joined(self, skip=0):
         """The records' bytes past the first ``skip``, copied into one ``bytes``."""

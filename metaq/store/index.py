@@ -319,7 +319,7 @@ class PartitionIndex:
             if f is None:
                 return n
             hi = min(f.end, n + _CHUNK_UNITS)
-            for phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
+            for _phys, size, _tag in UNIT.iter_unpack(f.view[(n - f.start) * UNIT_SIZE:(hi - f.start) * UNIT_SIZE]):
                 if size == 0:
                     return n
                 n += 1

@@ -1,7 +1,7 @@
 """The ``put_at`` burst path: pipelined puts with a delivery time stored and answered in one pass (docs/messaging.md
 "Any delivery time").
 
-The general path handles a ``put_at`` in tens of µs of Python (parser event, dispatcher, checks, the ENTRY's
+The general path handles a ``put_at`` one by one in Python (parser event, dispatcher, checks, the ENTRY's
 encoding, one store put, one reply); a producer scheduling many messages pipelines them. Here the ``put_at``
 frames at the head of the receive buffer are taken in one pass: each is checked as the general path checks it,
 its ENTRY record (``timers.records.encode_entry``: real topic, partition, flag, checksum, due and born times, the

@@ -120,6 +120,17 @@ def parse_settings(values, base=None):
                               "got %r" % s.perm)
     if "ordered" in values:
         s.ordered = _flag(values["ordered"])
+    _set_retention(s, values)
+    _set_priorities(s, values, base)
+    if not 1 <= s.partitions <= limits.MAX_PARTITIONS:
+        raise ClientError("partitions must be 1..%d (limits.MAX_PARTITIONS), got %r"
+                          % (limits.MAX_PARTITIONS, s.partitions))
+    return s
+
+
+def _set_retention(s, values):
+    """Sets ``retention_hours`` (above 0, at most ``MAX_RETENTION_HOURS``) and ``retention_bytes`` (at least 1) of
+    settings ``s`` from ``values`` where given (``none`` or ``-``: unset)."""
     if "retention_hours" in values:
         s.retention_hours = _optional(values["retention_hours"], "retention_hours", float)
         if s.retention_hours is not None and not (0 < s.retention_hours <= MAX_RETENTION_HOURS):
@@ -129,6 +140,11 @@ def parse_settings(values, base=None):
         s.retention_bytes = _optional(values["retention_bytes"], "retention_bytes", int)
         if s.retention_bytes is not None and s.retention_bytes < 1:
             raise ClientError("retention_bytes must be at least 1, got %r" % s.retention_bytes)
+
+
+def _set_priorities(s, values, base):
+    """Sets ``priorities`` (0, or 2..``MAX_PRIORITY_LEVELS``, never fewer than ``base``'s) and
+    ``priority_max_wait_ms`` (1..``MAX_PRIORITY_MAX_WAIT_MS``) of settings ``s`` from ``values`` where given."""
     if "priorities" in values:
         s.priorities = _number(values["priorities"], "priorities", int)
         if base is not None and base.priorities and s.priorities < base.priorities:
@@ -142,10 +158,6 @@ def parse_settings(values, base=None):
         if s.priority_max_wait_ms is not None and not 1 <= s.priority_max_wait_ms <= limits.MAX_PRIORITY_MAX_WAIT_MS:
             raise ClientError("priority_max_wait_ms must be 1..%d (limits.MAX_PRIORITY_MAX_WAIT_MS), got %r"
                               % (limits.MAX_PRIORITY_MAX_WAIT_MS, s.priority_max_wait_ms))
-    if not 1 <= s.partitions <= limits.MAX_PARTITIONS:
-        raise ClientError("partitions must be 1..%d (limits.MAX_PARTITIONS), got %r"
-                          % (limits.MAX_PARTITIONS, s.partitions))
-    return s
 
 
 def _number(value, name, kind):

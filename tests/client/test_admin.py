@@ -47,12 +47,12 @@ def test_admin_reports_topics_partitions_groups_and_zk(broker_factory, zk_connec
     try:
         wait_registered(zk, 2)
         with b1.client() as c:
-            for i in range(5):
+            for _ in range(5):
                 c.put_ok("orders", b"x" * 10, 0)
             c.put_ok("orders", b"y", 1)
             assert c.call(ev.CommitOffset("direct", "orders", 0, 2, c.opaque())).code == 200
         with b2.client() as c:
-            for i in range(3):
+            for _ in range(3):
                 c.put_ok("orders", b"z", 1)
         # a consumer group as MetaQ clients leave it in ZooKeeper: one msgId-offset node, one legacy node, an owner
         zk.create("/meta/consumers/billing/offsets/orders/1-0", b"123-4", makepath=True)

@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -198,7 +199,7 @@ def test_orderly_a_failing_message_holds_its_partition_retried_with_backoff_neve
         wait_until(lambda: len(bad_calls) >= 5, what="five attempts at the failing message")
         assert sorted(handler.bodies()) == [b"ok1", b"other"]  # ok2 waits behind bad; partition 1 went on
         assert consumer.parked() in ({}, {"topic1": []})
-        gaps = [b - a for a, b in zip(bad_calls, bad_calls[1:])]
+        gaps = [b - a for a, b in pairwise(bad_calls)]
         assert all(gap >= 0.05 * 2 ** i * 0.9 for i, gap in enumerate(gaps[:4])), gaps  # 0.05, 0.1, 0.2, 0.4 s
         broken["on"] = False
         handler.wait_for(4)
@@ -308,7 +309,7 @@ def test_broadcast_consumers_each_get_everything(broker, tmp_path):
     consumers = [direct(broker, broadcast=True, offsets_file=tmp_path / ("c%d.json" % n), consumer_id="c%d" % n)
                  for n in range(2)]
     try:
-        for consumer, handler in zip(consumers, handlers):
+        for consumer, handler in zip(consumers, handlers, strict=True):
             consumer.subscribe("topic1", handler).start()
         for handler in handlers:
             assert sorted(m.body for m in handler.wait_for(20)) == sorted(b"b%d" % i for i in range(20))

@@ -80,7 +80,7 @@ def test_broadcast_with_zookeeper_gives_every_consumer_everything(zk_broker, zk_
     consumers = [Consumer("bgrp", zk_connect=zk_connect, broadcast=True, consumer_id="c%d" % n, long_poll_ms=2000,
                           offsets_file=tmp_path / ("off%d.json" % n), recover_dir=tmp_path) for n in range(2)]
     try:
-        for consumer, handler in zip(consumers, handlers):
+        for consumer, handler in zip(consumers, handlers, strict=True):
             consumer.subscribe("topic1", handler).start()
         for handler in handlers:
             handler.received_once([b"create"] + [b"b%d" % i for i in range(10)])

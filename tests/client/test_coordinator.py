@@ -182,7 +182,7 @@ def test_a_failing_body_rolls_back_both(dbs, tmp_path):
         with coord.transaction() as gtx:
             insert(a, 1, "left")
             insert(b, 1, "right")
-            1 / 0
+            raise ZeroDivisionError("the work inside the transaction failed")
     assert gtx.state == "rolled back"
     assert rows(dbs[0]) == rows(dbs[1]) == []
     # an SQL error inside the body: same, and the connections recover

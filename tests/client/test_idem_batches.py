@@ -151,7 +151,7 @@ def test_plain_attributed_and_compressed_messages_share_the_sequences_and_a_reru
         mine = [m for i, m in enumerate(sent) if i % 4 == part]
         assert [payload for payload, _a, _id in held] == [m.body for m in mine]
         assert [ident for _p, _a, ident in held] == [(PID, s) for s in range(10)]
-        for (payload, attribute, _id), m in zip(held, mine):
+        for (_payload, attribute, _id), m in zip(held, mine, strict=True):
             if m.attribute is not None:
                 assert attribute.startswith(m.attribute)
     with Producer(**options) as p:  # run again with the same id: every message is one the broker holds

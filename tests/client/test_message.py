@@ -7,7 +7,10 @@ from metaq.protocol.message import Record, encode_record, iter_records
 from metaq.protocol.checksum import metaq_checksum
 
 
-def roundtrip(msg, msg_id=42, offset=5, partition=Partition(7, 1)):
+PARTITION = Partition(7, 1)
+
+
+def roundtrip(msg, msg_id=42, offset=5, partition=PARTITION):
     flag, data = msg.encode()
     record, _end = next(iter_records(encode_record(msg_id, flag, data)))
     return Message.from_record(msg.topic, partition, offset, record)

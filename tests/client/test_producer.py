@@ -104,7 +104,7 @@ def test_key_selector_keeps_a_key_on_one_partition_in_order(broker):
         futures = [(k, i, producer.send_async(Message("tkeyed", b"%d:%d" % (k, i), key="user-%d" % k)))
                    for i in range(20) for k in range(10)]
         where = collections.defaultdict(list)
-        for k, i, f in futures:
+        for k, _i, f in futures:
             r = f.result(30)
             assert r.success
             where[k].append((r.partition, r.offset))

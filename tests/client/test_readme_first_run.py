@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 import yaml
@@ -131,12 +132,12 @@ def test_the_second_broker_of_the_docs_runs_beside_make_runs_first(page, tmp_pat
         cfg = yaml.safe_load(f)
     argv = args.split()
     named = {cfg[a][b] for a, b in LISTENERS if (cfg.get(a) or {}).get(b)}
-    named |= {int(v) for k, v in zip(argv, argv[1:]) if k.endswith("-port")}
+    named |= {int(v) for k, v in pairwise(argv) if k.endswith("-port")}
     moved = {port: free_port() for port in named}
     for a, b in LISTENERS:
         if (cfg.get(a) or {}).get(b):
             cfg[a][b] = moved[cfg[a][b]]
-    argv = [str(moved[int(v)]) if k.endswith("-port") else v for k, v in zip([""] + argv, argv)]
+    argv = [str(moved[int(v)]) if k.endswith("-port") else v for k, v in pairwise([""] + argv)]
     argv[argv.index("--data-dir") + 1] = str(tmp_path / "second")
     first = dict(cfg, broker=dict(cfg["broker"], data_dir=str(tmp_path / "first")))
     (tmp_path / "a").mkdir()
@@ -146,7 +147,7 @@ def test_the_second_broker_of_the_docs_runs_beside_make_runs_first(page, tmp_pat
     try:
         a.start()
         b.start()  # a port it shares with the first: "address already in use", and it exits
-        flags = dict(zip(argv, argv[1:]))
+        flags = dict(pairwise(argv))
         assert (a.port, b.port) == (cfg["broker"]["port"], int(flags["--port"]))
         for broker in (a, b):
             with broker.client() as c:
@@ -172,7 +173,7 @@ def test_topics_examples_run_on_a_make_run_broker(tmp_path):
         assert lines[0].startswith("broker 0: topic orders created: ") and '"partitions": 4' in lines[0], lines
         assert lines[1].startswith("broker 0: topic orders altered: ") and '"perm": "r"' in lines[1], lines
         starts = [m.start() for m in re.finditer(r"\S+", lines[2])] + [None]  # the table's columns (some blank)
-        [row] = [{lines[2][a:b].strip(): line[a:b].strip() for a, b in zip(starts, starts[1:])}
+        [row] = [{lines[2][a:b].strip(): line[a:b].strip() for a, b in pairwise(starts)}
                  for line in lines if line.startswith("orders ")]
         assert (row["PARTITIONS"], row["PERM"], row["RETENTION_HOURS"], row["RETENTION_BYTES"], row["SOURCE"]) == \
             ("4", "r", "24.0", "1000000000", "table"), out.stdout  # the listing between alter and delete

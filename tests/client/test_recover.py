@@ -30,7 +30,7 @@ def test_parked_messages_survive_a_reopen_with_every_field(tmp_path):
     assert seqs == [1, 2, 3]
     store.close()
     again = RecoverStore(tmp_path, "topic1", "grp")
-    assert [(seq, fields(m)) for seq, m in again.pending()] == list(zip(seqs, map(fields, msgs)))
+    assert [(seq, fields(m)) for seq, m in again.pending()] == list(zip(seqs, map(fields, msgs), strict=True))
     assert len(again) == 3
     again.close()
 

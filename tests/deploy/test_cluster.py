@@ -113,7 +113,7 @@ def status_table(r):
         cells = re.split(r"\s{2,}", line.strip())
         if len(cells) != len(header):
             break
-        rows[cells[0]] = dict(zip(header, cells))
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
     return rows
 
 

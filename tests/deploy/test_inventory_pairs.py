@@ -201,7 +201,7 @@ def test_status_rows_show_the_role_played_the_link_and_the_lag():
 
     def row(broker, **stats):
         report = {"state": "up", "pid": 7, "version": "0.1.0", "stats": dict(stats, uptime="5")}
-        return dict(zip(STATUS_COLUMNS, status_row(broker, report)))
+        return dict(zip(STATUS_COLUMNS, status_row(broker, report), strict=True))
 
     r = row(m0, replication_role="master", replication_slaves="2")
     assert (r["ROLE"], r["LINK"], r["REPL_LAG"]) == ("master", "2 slaves", "-")
@@ -214,7 +214,7 @@ def test_status_rows_show_the_role_played_the_link_and_the_lag():
     assert row(s1, replication_role="slave", replication_lag_messages="-1")["REPL_LAG"] == "unknown"
     assert row(s1, replication_role="master")["ROLE"] == "master (inventory: slave)"
     assert row(m0, replication_role="slave")["ROLE"] == "slave (inventory: master)"
-    down = dict(zip(STATUS_COLUMNS, status_row(s1, {"state": "down", "message": "not running"})))
+    down = dict(zip(STATUS_COLUMNS, status_row(s1, {"state": "down", "message": "not running"}), strict=True))
     assert (down["ROLE"], down["LINK"], down["REPL_LAG"]) == ("slave", "-", "-")
     report = {"state": "up", "stats": {"replication_role": "slave", "replication_link": "down",
                                        "replication_master": "10.0.0.11:8124"}}

@@ -171,7 +171,7 @@ def test_a_manual_pair_deploys_replicates_and_restarts_slave_first(pair):
     r = pair.fab("stop", "status")
     assert r.code == 1, r
     order(r, "[s0] stopped", "[m0] stopped")
-    for name, b in pair.brokers.items():
+    for b in pair.brokers.values():
         assert not listening(b["host"], b["port"])
         log = open(os.path.join(b["install_dir"], "log", "metaq.log")).read()
         assert log.rstrip().endswith("broker stopped cleanly"), log[-2000:]

@@ -271,7 +271,7 @@ def run_plan(broker_factory, tmp_path, own_zk, mode, sizes):
         run.healthy()
         run.load.start()
         run.load.wait_acks(PROGRESS_ACKS * 5, HEALTHY_S)
-        for step, choice in zip(plan, run.choices):
+        for step, choice in zip(plan, run.choices, strict=True):
             measured += run.round(step, choice)
         run.load.stop_producers()
         master = run.caught_up()
@@ -288,7 +288,8 @@ def run_plan(broker_factory, tmp_path, own_zk, mode, sizes):
     if verdict:
         run.fail("%s\n%s" % (verdict.summary(), verdict.where))
     # the run did what it says: every round a fault, everything acknowledged before and after each
-    compound = sum(1 for step, choice in zip(plan, run.choices) if step.kind == "cut_link" and choice.replaced)
+    compound = sum(1 for step, choice in zip(plan, run.choices, strict=True)
+                   if step.kind == "cut_link" and choice.replaced)
     assert verdict.counts["heals"] == len(plan), plan.message(verdict.summary())
     assert verdict.counts["faults"] == len(plan) + compound, plan.message(verdict.summary())
     assert verdict.counts["acked msg_ids"] >= PROGRESS_ACKS * (len(plan) + 5), plan.message(verdict.summary())

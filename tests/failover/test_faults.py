@@ -62,7 +62,7 @@ def test_every_failure_message_carries_the_seed(monkeypatch):
     assert plan.message("lost m1").endswith("[reproduce with METAQ_CHECKER_SEED=99]")
     with pytest.raises(AssertionError, match=r"(?s)2 violations.*METAQ_CHECKER_SEED=99"):
         with plan.reported():
-            assert False, "2 violations"
+            raise AssertionError("2 violations")
 
 
 @pytest.mark.parametrize("kwargs, env, match", [

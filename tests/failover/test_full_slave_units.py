@@ -111,7 +111,7 @@ def test_a_full_slave_of_a_sync_group_serves_every_offset_after_the_master_is_ki
                 for key in PARTS:
                     ours = consume_all(c, *key)  # a 512 anywhere raises, naming it
                     assert len(ours) == len(expected[key]), (i, key, len(ours), len(expected[key]))
-                    for offset, (a, e) in enumerate(zip(ours, expected[key])):
+                    for offset, (a, e) in enumerate(zip(ours, expected[key], strict=True)):
                         assert a == e, "member %d: %s-%d offset %d differs from the master's" % ((i,) + key + (offset,))
         assert "corrupt record" not in g.members[full].log_text()
         for b in g.members:  # before their disks go

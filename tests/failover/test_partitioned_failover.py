@@ -266,7 +266,7 @@ def differing_logs(members, master):
             size = max(0, end - int(name))
             a, b = truth.get(name, b"")[:size], own.get(name, b"")[:size]
             if a != b:
-                at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                at = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
                 out.append("NOT IDENTICAL: m%d's segment %s differs from the master m%d's at byte %d (log end %d)"
                            % (i, name, master, at, end))
     return out
@@ -299,7 +299,7 @@ def play(broker_factory, tmp_path, mode, n, kinds, plan=None, **settings):
         run.load.start()
         run.load.wait_acks(PROGRESS_ACKS * 5, HEALTHY_S)
         prepared, committed = prepare_branches(run, BRANCHES), set()
-        for i, (step, choice) in enumerate(zip(plan, run.choices)):
+        for i, (step, choice) in enumerate(zip(plan, run.choices, strict=True)):
             run.round(step, choice)
             if i < BRANCHES - 1 and commit_branch(run, branch_key(i)):
                 committed.add(branch_key(i))

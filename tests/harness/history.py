@@ -464,7 +464,7 @@ def _async_losses(run, lost, slack, lines):
             for i, f in enumerate(faults)]
     by_fault = [[] for _ in faults]
     orphans = []
-    for msg_id, ack in sorted(lost.items(), key=lambda kv: kv[1].t):
+    for ack in sorted(lost.values(), key=lambda a: a.t):
         i = next((i for i, end in enumerate(ends) if ack.t <= end), None)
         (orphans if i is None else by_fault[i]).append(ack)
     last_acks = [acks[-1] for acks in run.acks.values()]
@@ -499,7 +499,7 @@ def _reordered(run):
         for a in acks:
             if run.final.get(a[1:4]) == msg_id:
                 by_producer.setdefault(a.producer, []).append(a)
-    for producer, acks in sorted(by_producer.items()):
+    for _producer, acks in sorted(by_producer.items()):
         acks.sort(key=lambda a: a.t)
         latest = {}  # (topic, partition) -> the ack held at the highest position so far
         for a in acks:

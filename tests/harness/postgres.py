@@ -141,11 +141,11 @@ class PostgresProcess:
             try:
                 psycopg.connect(self.dsn("postgres", SUPERUSER), connect_timeout=2).close()
                 return
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as exc:
                 if time.monotonic() >= deadline:
                     self.kill()
                     raise RuntimeError("postgres did not serve within %.0f s on port %d:\n%s"
-                                       % (timeout, self.port, self.log_text()))
+                                       % (timeout, self.port, self.log_text())) from exc
                 time.sleep(0.05)
 
     def log_text(self):

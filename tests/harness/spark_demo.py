@@ -87,7 +87,7 @@ def main(argv=None):
         ends = {}
         for i in range(STEPS):
             step(zk, clients, i, ends)
-            write_snapshot(collect_snapshot(zk_proc.connect, clock=lambda: base + 60 * i), history)
+            write_snapshot(collect_snapshot(zk_proc.connect, clock=lambda i=i: base + 60 * i), history)
         for c in clients.values():
             c.close()
         brokers[3].kill()

@@ -96,7 +96,7 @@ def test_a_trickled_request_loses_its_slot_at_the_deadline(broker_factory, tmp_p
             time.sleep(0.2)
             if all(c is not None for c in closed_at):
                 break
-        for k, s in enumerate(slow):  # whatever the sends saw, the broker has closed each one
+        for s in slow:  # whatever the sends saw, the broker has closed each one
             s.settimeout(1)
             try:
                 while s.recv(4096):

@@ -128,7 +128,7 @@ def test_each_frame_taken_holds_what_the_general_path_would_store(scan):
     frames, data, stop = scan(buf, 0, len(buf), MAX_BODY, MAX_LINE)
     assert stop == len(buf) and len(frames) == len(puts)
     end = 0
-    for (topic, partition, flag, put_data, pid, seq), f in zip(frames_in, frames):
+    for (topic, partition, flag, put_data, pid, seq), f in zip(frames_in, frames, strict=True):
         stored_flag, stored = with_identity(flag, put_data, pid, seq)
         t, p, fl, opaque, start, n, crc, tag, fpid, fseq, put_len, frame_end = f
         assert (t, p, fl, fpid, fseq, put_len) == (topic.encode(), partition, stored_flag, pid, seq, len(put_data))

@@ -109,8 +109,9 @@ def test_a_mixed_put_at_pipeline_gets_the_general_paths_replies_timers_and_deliv
         with b.client() as c:
             burst = int(c.stats_dict()["burst_puts"])
             assert (burst > 400) if fast else (burst == 0), burst  # most put_at took the fast path there
-            wait_for(lambda: len([1 for t in ("t-a", "t-b") for p in range(4) for r in consume_all(c, t, p)]) >=
-                     len(soon) + sum(1 for r in replies[fast] if r[0] == "put"), 30, "the soon ones delivered")
+            want = len(soon) + sum(1 for r in replies[fast] if r[0] == "put")
+            wait_for(lambda c=c, want=want: len([1 for t in ("t-a", "t-b") for p in range(4)
+                                                 for r in consume_all(c, t, p)]) >= want, 30, "the soon ones delivered")
             delivered[fast] = sorted((t, p, r.data) for t in ("t-a", "t-b") for p in range(4)
                                      for r in consume_all(c, t, p))
             held[fast] = [(topic, part, due - base, size) for _id, topic, part, due, size in timers(c, limit=1000)]

@@ -37,37 +37,44 @@ def mixed_burst(rng, n, reads=True):
         kind = rng.random()
         if kind < 0.75:
             frames.append(put(rng.choice(["t-a", "t-b", "tc"]), rng.randrange(4), body, i))
-        elif kind < 0.78:
-            frames.append(put("t-a", 1, body, i, checksum=(metaq_checksum(body) + 1) % 2**31))  # bad checksum
-        elif kind < 0.80:
-            frames.append(put("unknown", 0, body, i))  # no pattern matches it
-        elif kind < 0.82:
-            frames.append(put("t-a", 9, body, i))  # partition out of range
-        elif kind < 0.84:
-            frames.append(put("t-b", 0, body, i, tx_key="TX:no-such-session:1"))  # transactional
-        elif kind < 0.86:
-            frames.append(b"put t-b 2 %d 0 %d\r\n%s" % (len(body), i, body))  # MetaQ's 6-token form
-        elif kind < 0.88:
-            flag, data = encode_payload(body, "tag%d" % (i % 3))
-            frames.append(put("tc", 3, data, i, flag=flag))  # attribute block
-        elif kind < 0.89 and i % 2:
-            frames.append(put("tc", 3, b"\x00\x00\x00\x09ab", i, flag=1))  # malformed attribute block
-        elif kind < 0.89:
-            flag, data = encode_payload(body, "t\x02METAQ_PID\x017\x02")  # put_idem's reserved property
-            frames.append(put("tc", 3, data, i, flag=flag))
-        elif kind < 0.91:
-            frames.append(put("t-a", 2, body, i, checksum=-1))  # unchecked
-        elif kind < 0.94 and reads:
-            frames.append(serialize(ev.Get("t-a", "g", rng.randrange(4), rng.randrange(3), 4096, i)))
-        elif kind < 0.96:
-            frames.append(serialize(ev.Version(i)))
-        elif kind < 0.98:
-            frames.append(b"bogus %d\r\n" % i)
-        elif reads:
-            frames.append(b"\r\n" + serialize(ev.Offset("t-b", "g", 1, 1 << 40, i)))
         else:
-            frames.append(b"\r\n" + serialize(ev.Version(i)))
+            frames.append(_odd_frame(rng, kind, i, body, reads))
     return frames
+
+
+def _odd_frame(rng, kind, i, body, reads):
+    """One frame of ``mixed_burst`` that is no plain put (``kind`` in [0.75, 1)): a refused or special put, a
+    read, another command or a blank line."""
+    if kind < 0.78:
+        return put("t-a", 1, body, i, checksum=(metaq_checksum(body) + 1) % 2**31)  # bad checksum
+    elif kind < 0.80:
+        return put("unknown", 0, body, i)  # no pattern matches it
+    elif kind < 0.82:
+        return put("t-a", 9, body, i)  # partition out of range
+    elif kind < 0.84:
+        return put("t-b", 0, body, i, tx_key="TX:no-such-session:1")  # transactional
+    elif kind < 0.86:
+        return b"put t-b 2 %d 0 %d\r\n%s" % (len(body), i, body)  # MetaQ's 6-token form
+    elif kind < 0.88:
+        flag, data = encode_payload(body, "tag%d" % (i % 3))
+        return put("tc", 3, data, i, flag=flag)  # attribute block
+    elif kind < 0.89 and i % 2:
+        return put("tc", 3, b"\x00\x00\x00\x09ab", i, flag=1)  # malformed attribute block
+    elif kind < 0.89:
+        flag, data = encode_payload(body, "t\x02METAQ_PID\x017\x02")  # put_idem's reserved property
+        return put("tc", 3, data, i, flag=flag)
+    elif kind < 0.91:
+        return put("t-a", 2, body, i, checksum=-1)  # unchecked
+    elif kind < 0.94 and reads:
+        return serialize(ev.Get("t-a", "g", rng.randrange(4), rng.randrange(3), 4096, i))
+    elif kind < 0.96:
+        return serialize(ev.Version(i))
+    elif kind < 0.98:
+        return b"bogus %d\r\n" % i
+    elif reads:
+        return b"\r\n" + serialize(ev.Offset("t-b", "g", 1, 1 << 40, i))
+    else:
+        return b"\r\n" + serialize(ev.Version(i))
 
 
 def send_in_pieces(port, data, cuts, expect):

@@ -6,6 +6,7 @@ seen by a `socket.connect` audit hook (the real attempts, against a port that re
 import sys
 import threading
 import time
+from itertools import pairwise
 
 from metaq.client import Consumer
 from metaq.client.local import free_port, small_config
@@ -67,7 +68,7 @@ def test_a_dead_but_registered_master_is_probed_once_per_backoff_not_per_fetch(b
         WATCHING.clear()
         consumer.close()
     probes = [t for t, port in ATTEMPTS if port == master.port]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in pairwise(probes)]
     print("\n%d fetches from the slave in %.1f s; %d connection attempts to the dead master, gaps %s"
           % (fetches, took, len(probes), ["%.2f" % g for g in gaps]))
     assert probes, "the dead master was never probed: the consumer would never return to it"

@@ -29,7 +29,7 @@ def run_load_and_kill(broker, seconds, producers=3):
 def test_kill_9_under_pipelined_load_sync_mode_loses_no_acknowledged_message(broker_factory, tmp_path):
     b = broker_factory(small_config(tmp_path / "data", store={"flush": "sync"}))
     total = 0
-    for rnd in range(3):
+    for _ in range(3):
         acked = run_load_and_kill(b, 0.5 + random.random() * 0.5)
         assert acked, "the load produced nothing before the kill"
         total += len(acked)

@@ -49,7 +49,7 @@ def test_404_at_end_301_outside(broker):
 
 def test_offset_clamps_to_min_and_max(broker):
     with broker.client() as c:
-        for i in range(5):
+        for _ in range(5):
             c.put_ok("test", b"m", 0)
         answers = [c.call(ev.Offset("test", "g", 0, o, 1)).body for o in (-100, 0, 3, 5, 99)]
         assert answers == [b"0", b"0", b"3", b"5", b"5"]

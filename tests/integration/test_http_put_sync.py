@@ -43,7 +43,7 @@ def test_an_http_put_to_a_sync_master_answers_only_once_the_slave_acknowledges(b
         try:
             put = HeldPut(master, body)
             put.start()
-            wait_for(lambda: int(stats(master)["total_messages"]) == n + 1, what="the put in the master's log")
+            wait_for(lambda n=n: int(stats(master)["total_messages"]) == n + 1, what="the put in the master's log")
             assert put.reply is None and put.is_alive()  # stored, not answered: the slave has not acknowledged
             if let_go:
                 slave.proc.send_signal(signal.SIGCONT)

@@ -150,7 +150,7 @@ def test_metaqs_own_python_producer_sends_through_zookeeper_and_its_messages_are
     # its round-robin selector over partitions 7-0, 7-1, 7-2 (sorted by its own comparator), its offsets parsed
     with zk_broker.client() as c:
         stored = {}
-        for success, partition, offset, _error in results:
+        for _success, partition, offset, _error in results:
             broker_id, part = partition.split("-")
             assert broker_id == "7"
             recs = c.get_records("orders", int(part), int(offset))

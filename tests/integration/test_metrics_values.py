@@ -50,7 +50,7 @@ def test_put_failures_corrupt_reads_parked_gets_uptime_and_info(broker_factory, 
     # two gets long-polling the same empty partition, one another: 3 parked gets on 2 partitions
     waiting = [b.client() for _ in range(3)]
     try:
-        for n, (c, partition) in enumerate(zip(waiting, (0, 0, 1))):
+        for n, (c, partition) in enumerate(zip(waiting, (0, 0, 1), strict=True)):
             c.send(b"get t-wait g %d 0 65536 60000 %d\r\n" % (partition, n))
         wait_for(lambda: value(b, "metaq_parked_gets") == 3, what="three parked gets")
         assert value(b, "metaq_long_poll_waiters") == 2

@@ -114,7 +114,7 @@ def test_async_power_cut_loses_only_the_flush_window_a_tail(broker_factory, tmp_
     acked = sorted(t for p in producers for t, _ in p.ack_order if t < C)
 
     # (1) per connection the lost are a tail: nothing acknowledged after a lost message survived
-    for p, tail in zip(producers, lost):
+    for p, tail in zip(producers, lost, strict=True):
         before_c = [k for t, k in p.ack_order if t < C]
         assert [k for _, k in tail] == before_c[len(before_c) - len(tail):], p.pid
     # (2) the window: everything acknowledged before the last completed flush began is there. A flush is the kernel
@@ -224,6 +224,6 @@ def test_sync_replication_slave_power_cut(broker_factory, tmp_path, slave_flush)
         assert n_lost == 0, [x[:3] for x in lost]
     else:  # the converse is seen: an ack that rested on an unflushed slave is gone with its power
         assert n_lost > 0
-    for p, tail in zip(producers, lost):  # whatever was lost is a tail of each connection's acks
+    for p, tail in zip(producers, lost, strict=True):  # whatever was lost is a tail of each connection's acks
         keys = [k for _, k in p.ack_order]
         assert [k for _, k in tail] == keys[len(keys) - len(tail):], p.pid

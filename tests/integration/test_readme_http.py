@@ -46,7 +46,7 @@ def test_the_readmes_curl_examples_run_against_make_runs_broker(tmp_path):
     assert b'"attribute": "greeting"' in out[1]
     assert out[2] == b"hello over http"
     assert b'"topic": "demo"' in out[3]
-    said = dict(zip(examples, out))
+    said = dict(zip(examples, out, strict=True))
     assert said["curl -s http://127.0.0.1:8180/readyz"] == b"ready\n"
     admin = [(line, said[line]) for line in examples if "-X PUT" in line or "offsets" in line or "-X DELETE" in line]
     assert [line.split("'")[0].split()[-1] for line, _ in admin] == ["PUT", "POST", "DELETE"]

@@ -130,7 +130,7 @@ def test_a_sync_slave_whose_disk_fills_and_empties_reads_as_its_master(broker_fa
                 theirs = consume_all(mc, topic, part)
                 ours = consume_all(sc, topic, part)
                 assert len(ours) == len(theirs), (topic, part, len(ours), len(theirs))
-                for offset, (a, b) in enumerate(zip(ours, theirs)):
+                for offset, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                     assert a == b, "%s-%d offset %d differs on the slave" % (topic, part, offset)
                 for (t, p, offset), body in acked.items():
                     if (t, p) == (topic, part):

@@ -78,8 +78,8 @@ def test_a_slave_on_a_disk_smaller_than_its_masters_log_frees_its_oldest_segment
                 assert isinstance(r, ev.Result) and r.code == 301 and int(r.body) == first, r
                 theirs = consume_all(mc, "t-a", part, first)
                 # the log is caught up; its partition index follows it (the slave's log follower), soon after
-                wait_for(lambda: consume_all(sc, "t-a", part, first) == theirs, 30,
-                         lambda: "partition %d of the slave reads as the master's" % part)
+                wait_for(lambda part=part, first=first, theirs=theirs: consume_all(sc, "t-a", part, first) == theirs,
+                         30, lambda part=part: "partition %d of the slave reads as the master's" % part)
                 assert theirs
 
 

@@ -85,8 +85,8 @@ def test_a_slave_whose_disk_fills_at_each_step_of_its_catch_up_reads_as_its_mast
             before = len(space_lines(slave))
             filler = fill(mount, leave)
             load(master, kind, seed)
-            wait_for(lambda: any(mark in line for line in space_lines(slave)[before:]), 20,
-                     lambda: "the %s step met ENOSPC: %s" % (step, slave.log_text()[-3000:]))
+            wait_for(lambda mark=mark, before=before: any(mark in line for line in space_lines(slave)[before:]), 20,
+                     lambda step=step: "the %s step met ENOSPC: %s" % (step, slave.log_text()[-3000:]))
             time.sleep(0.3)
             if step == "checkpoint":  # a crash with the disk full: recovery starts from the checkpoint before
                 slave.kill()
@@ -94,12 +94,12 @@ def test_a_slave_whose_disk_fills_at_each_step_of_its_catch_up_reads_as_its_mast
                 assert "the checkpoint after recovery was not written" in slave.log_text(since_start=True)
             os.unlink(filler)
             wait_for(lambda: stats(slave)["log_end_position"] == stats(master)["log_end_position"], 30,
-                     lambda: "the slave catches up after the %s step: %s" % (step, slave.log_text()[-2000:]))
+                     lambda step=step: "the slave catches up after the %s step: %s" % (step, slave.log_text()[-2000:]))
         with master.client(timeout=30) as mc, slave.client(timeout=30) as sc:
             for topic, part in PARTS + [("t-c", 0)]:
                 theirs, ours = consume_all(mc, topic, part), consume_all(sc, topic, part)
                 assert len(ours) == len(theirs), (topic, part, len(ours), len(theirs))
-                for offset, (a, b) in enumerate(zip(ours, theirs)):
+                for offset, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                     assert a == b, "%s-%d offset %d differs on the slave" % (topic, part, offset)
             wait_for(lambda: all(keyed_at(sc, i) == keyed_at(mc, i) == 1 for i in range(0, 200, 37)), 10,
                      "the slave's key index finds the key round's messages once space returns")

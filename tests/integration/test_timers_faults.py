@@ -88,7 +88,7 @@ def test_a_message_due_in_a_year_survives_restarts_and_retention(broker_factory,
     with b.client() as c:
         due = now_ms() + YEAR_MS
         far, _ = put_at_ok(c, "t-year", b"next year", "@%d" % due)
-        for n in range(12):  # fill segments so retention deletes the one holding the entry
+        for _ in range(12):  # fill segments so retention deletes the one holding the entry
             c.put_ok("t-fill", b"x" * 20_000)
     first = sorted(os.listdir(os.path.join(b.data_dir, "commitlog")))[0]
     wait_for(lambda: first not in os.listdir(os.path.join(b.data_dir, "commitlog")), 20,

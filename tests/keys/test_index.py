@@ -232,7 +232,7 @@ def test_a_cut_log_takes_its_entries_out(data_dir):
 
 def test_retention_drops_whole_files_and_skips_gone_records(data_dir):
     s = open_store(data_dir, key_index_entries=limits.MAX_KEYS_PER_MESSAGE)
-    for i in range(200):
+    for _ in range(200):
         put(s, "test", ["k"], body=b"x" * 200)
     flush(s)
     s.checkpoint(NOW)
@@ -249,7 +249,7 @@ def test_retention_drops_whole_files_and_skips_gone_records(data_dir):
 
 def test_a_search_survives_retention_during_its_walk(data_dir):
     s = open_store(data_dir, key_index_entries=limits.MAX_KEYS_PER_MESSAGE)
-    for i in range(200):
+    for _ in range(200):
         put(s, "test", ["k"], body=b"x" * 200)
     flush(s)
     s.checkpoint(NOW)

@@ -332,10 +332,11 @@ def test_max_session_record_bytes_at_the_limit_and_one_past(broker_factory, tmp_
         raw.send(wire.Disconnect())  # the record of its leaving: at the limit, or one byte past
         raw.close()
         if size == limit:
-            wait_for(lambda: int(stats(b)["mqtt_session_records"]) == before + 1, 10, "the record at the limit")
+            wait_for(lambda before=before: int(stats(b)["mqtt_session_records"]) == before + 1, 10,
+                     "the record at the limit")
             assert stats(b)["mqtt_sessions_offline"] == "1"
         else:
-            wait_for(lambda: "client one-past: its session needs a record of %d bytes, past %d "
+            wait_for(lambda size=size: "client one-past: its session needs a record of %d bytes, past %d "
                              "(MQTT_MAX_SESSION_RECORD_BYTES): not saved" % (size, limit) in b.log_text(), 10,
                      "the refusal logged")
             assert int(stats(b)["mqtt_session_records"]) == before  # nothing written

@@ -159,7 +159,7 @@ def test_each_entry_is_what_stage_gives_its_record_record_datas_byte_for_byte(v5
                                            1 << 40, Publish)
         assert pos == len(buf) and [e[4] for e in entries] == sent
         assert (qos1, nbytes) == (sum(p.qos for p in sent), sum(len(e[3]) for e in entries))
-        for (topic, partition, flag, data, p, name), want in zip(entries, sent):
+        for (topic, partition, flag, data, _p, name), want in zip(entries, sent, strict=True):
             assert name == want.topic and topic == first_level(name)
             assert partition == partition_for(name, PARTITIONS[topic])
             assert (flag, data) == record_data(name, want.payload, want.qos, CLIENT, {}, False, 12345)

@@ -140,7 +140,7 @@ def test_qos1_and_qos2_are_acknowledged_and_a_qos2_resend_is_stored_once(broker_
     with b.client() as c:
         p = partition_for("exact/once", PARTITIONS)
         bodies = [r.data[-5:] for r in c.get_records("exact", p, 0)]
-    assert [x.endswith(y) for x, y in zip(bodies, (b"one", b"two", b"three"))] == [True] * 3 and len(bodies) == 3
+    assert len(bodies) == 3 and all(x.endswith(y) for x, y in zip(bodies, (b"one", b"two", b"three"), strict=True))
 
 
 def test_paho_v5_subscriber_gets_the_publishers_properties(broker_factory, tmp_path):

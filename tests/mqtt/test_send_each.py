@@ -66,7 +66,7 @@ def test_a_full_a_partial_and_a_closed_socket_are_reported_and_do_not_stop_the_o
     assert drain(good1[1]) == WHOLE and drain(good2[1]) == WHOLE
     short = send_each(big, [partial[0].fileno(), good1[0].fileno()])
     assert len(short) == 2 and [i for i, _ in short] == [0, 1]
-    for (_i, took), (_a, b) in zip(short, (partial, good1)):
+    for (_i, took), (_a, b) in zip(short, (partial, good1), strict=True):
         assert 0 < took < sum(map(len, big))
         assert drain(b) == b"".join(big)[:took]  # what it took is the run's beginning
     for a, b in (good1, full, partial, good2):

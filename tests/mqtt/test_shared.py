@@ -45,7 +45,7 @@ def test_each_message_goes_to_one_member(broker_factory, tmp_path):
     members = [_member(b, "m1"), _member(b, "m2", wire.MQTT_311)]
     got = [[], []]
     stop = threading.Event()
-    threads = [threading.Thread(target=_collect, args=(m, g, stop)) for m, g in zip(members, got)]
+    threads = [threading.Thread(target=_collect, args=(m, g, stop)) for m, g in zip(members, got, strict=True)]
     for t in threads:
         t.start()
     try:

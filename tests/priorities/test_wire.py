@@ -108,6 +108,6 @@ def test_a_starved_message_goes_before_every_message_stored_after_it():
         now, bound = 10_000, rnd.randrange(1, 500)
         heads = {k: now - rnd.randrange(0, 1000) for k in rnd.sample(range(8), rnd.randrange(1, 9))}
         chosen = choose_level(heads, now, bound)
-        for level, head in heads.items():
+        for head in heads.values():
             if now - head > bound:
                 assert heads[chosen] <= head, (heads, bound, chosen)

@@ -31,7 +31,7 @@ def test_scan_batch_gives_each_sub_record_as_a_put_frame(scan):
     body = body_of(ITEMS)
     frames = scan_batch(scan, PutBatch("t", len(ITEMS), body, 1), 1 << 20, 2048, 3)
     assert [f[1] for f in frames] == [p for p, _d, _a in ITEMS]
-    for f, (_p, payload, attribute) in zip(frames, ITEMS):
+    for f, (_p, payload, attribute) in zip(frames, ITEMS, strict=True):
         flag, data = encode_payload(payload, attribute)
         assert (f[2], bytes(body[f[4]:f[4] + f[5]]), f[6] & 0x7FFFFFFF) == (flag, data, metaq_checksum(data))
 

@@ -110,7 +110,7 @@ def test_pipelined_events_parse_back_in_any_chunking(events, data):
     wire = b"".join(serialize(e) for e in events)
     assert parse_whole(wire, eof=True) == events + [CLOSED]
     cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(wire) - 1)), max_size=6, unique=True)))
-    chunks = [wire[a:b] for a, b in zip([0] + cuts, cuts + [len(wire)]) if wire[a:b]]
+    chunks = [wire[a:b] for a, b in zip([0] + cuts, cuts + [len(wire)], strict=True) if wire[a:b]]
     assert parse_chunks(chunks, eof=True) == events + [CLOSED]
 
 

@@ -68,7 +68,7 @@ def test_every_broker_routes_to_both_brokers_of_the_cluster(two):
     one, other = two
     want = {"metaq-1": ({"0": raddr(one)}, 4), "metaq-2": ({"0": raddr(other)}, 4)}
     for b in two:
-        wait_for(lambda: route(rport(b)) == want, 10, lambda: "both brokers in %s" % route(rport(b)))
+        wait_for(lambda b=b: route(rport(b)) == want, 10, lambda b=b: "both brokers in %s" % route(rport(b)))
         assert cluster(rport(b)) == {"metaq-1": {"0": raddr(one)}, "metaq-2": {"0": raddr(other)}}
     # a topic only broker 2 holds: broker 1 names it, and itself (its topic table accepts every t* topic)
     put(other, "tOnly2")

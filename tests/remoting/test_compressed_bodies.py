@@ -88,7 +88,7 @@ def test_metaq_producer_compresses_and_rocketmq_consumers_get_the_original(rmq_f
     b = rmq_factory(**BIG)
     bodies = [sized_body("mq", i, size).encode() for i, size in enumerate(SIZES * 2)]
     codecs = ["zlib", "zlib", "zstd", "lz4"]
-    for body, codec in zip(bodies, codecs):
+    for body, codec in zip(bodies, codecs, strict=True):
         m = Message("tMq", body, attribute="Tz", properties={"KEYS": "k"})
         flag, data = m.encode(4096, codec)
         assert len(data) < len(body) // 10  # what goes on the wire is compressed

@@ -100,7 +100,7 @@ def test_pipelined_queries_never_read_are_held_by_the_reply_budget(rmq_factory):
                                                                  "segment_size": 8 << 20})
     body = b"p" * (48 << 10)
     with RemotingClient(rport(b)) as rc:
-        for i in range(limits.MAX_KEY_QUERY_RESULTS):
+        for _ in range(limits.MAX_KEY_QUERY_RESULTS):
             assert send_v1(rc, "tQB", body, props={"KEYS": "popular"}).code == 0
         most = limits.MAX_KEY_QUERY_RESULTS
         assert len(found(rc, "tQB", "popular", at_least=most, max_num=64)) == most

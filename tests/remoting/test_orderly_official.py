@@ -16,6 +16,7 @@ earlier (the C++ client waits for such a pull to return before it takes that que
 import json
 import os
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -120,9 +121,9 @@ def test_two_orderly_consumers_one_killed_the_survivor_takes_over_and_no_queue_i
             per_key.setdefault(key, []).append(int(n))
             assert m["queue_id"] == int(key[1:]) % 4  # send_orderly's hashing selector: key % queues
         for queue, offsets in per_queue.items():
-            assert all(x < y for x, y in zip(offsets, offsets[1:])), (queue, offsets)
+            assert all(x < y for x, y in pairwise(offsets)), (queue, offsets)
         for key, ns_ in per_key.items():
-            assert all(x < y for x, y in zip(ns_, ns_[1:])), (key, ns_)
+            assert all(x < y for x, y in pairwise(ns_)), (key, ns_)
 
     # no queue ever processed by the two at once
     ia, ib = intervals(a, killed_at), intervals(b)

@@ -72,7 +72,7 @@ class Official:
         try:
             line = self.lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError("no answer to %s in %d s:\n%s" % (op, timeout, self.log()))
+            raise AssertionError("no answer to %s in %d s:\n%s" % (op, timeout, self.log())) from None
         assert line is not None, "the driver exited:\n%s" % self.log()
         answer = json.loads(line)
         if expect_error is None:

@@ -145,7 +145,7 @@ def test_a_slave_applying_replicated_records_keeps_each_users_windows(broker_fac
     wait_for(lambda: held(slave) == expected, timeout=20, what="the slave's windows per user")
     for user, count in (("alice", 2), ("bob", 1)):  # pending timers: the owner is in each replicated entry too
         with login(master, user) as c:
-            for n in range(count):
+            for _ in range(count):
                 assert put_at(c, "orders", b"later", "+600000").code == 200
     limit = limits.MAX_PENDING_TIMERS // 2
     timers = {"alice": (2, limit), "bob": (1, limit), "admin": (0, limit), "reader": (0, limit)}

@@ -47,7 +47,7 @@ def test_batch_stores_the_records_single_puts_store(broker):
     assert [(p, o) for _i, p, o in where] == [(p, o) for _i, p, o in singles]  # same partitions, same offsets
     assert len({i for i, _p, _o in where}) == len(items)
     batch, single = held(broker, "tbatch"), held(broker, "tsingle")
-    for (msg_id, p, offset), (_partition, payload, attribute) in zip(where, items):
+    for (msg_id, p, offset), (_partition, payload, attribute) in zip(where, items, strict=True):
         b, s = batch[p][offset], single[p][offset]
         assert b.msg_id == msg_id and (b.payload, b.attribute) == (payload, attribute)
         assert (b.flag, b.data, b.checksum) == (s.flag, s.data, s.checksum)

@@ -58,7 +58,7 @@ def two_brokers(tmp_path_factory):
             results = [f.result(60) for f in [producer.send_async(m, timeout=60) for m in messages]]
         t1 = int(time.time() * 1000)
         assert all(r.success for r in results)
-        sent = {(str(r.partition), r.offset): (m, r.msg_id) for m, r in zip(messages, results)}
+        sent = {(str(r.partition), r.offset): (m, r.msg_id) for m, r in zip(messages, results, strict=True)}
         yield urls, sent, (t0, t1)
     finally:
         for b in started:

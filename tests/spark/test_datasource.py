@@ -44,7 +44,7 @@ def two_brokers(tmp_path_factory):
         failed = collections.Counter(str(r.error) for r in results if not r.success)
         assert not failed, failed
         sent = {(str(r.partition), r.offset): (m.body, m.attribute, r.msg_id, m.properties)
-                for m, r in zip(messages, results)}
+                for m, r in zip(messages, results, strict=True)}
         assert len(sent) == N
         yield urls, sent, (t0, t1)
     finally:
@@ -59,7 +59,7 @@ def test_reads_every_message_exactly_once_in_parallel_ranges(spark, two_brokers)
     assert df.columns == ["topic", "partition", "offset", "msg_id", "attribute", "value", "timestamp", "key",
                           "properties"]
     per_partition = {}
-    for part, offset in sent:
+    for part, _offset in sent:
         per_partition[part] = per_partition.get(part, 0) + 1
     assert len(per_partition) == 8  # both brokers, 4 partitions each
     expected_splits = sum(-(-count // 500) for count in per_partition.values())

@@ -70,7 +70,7 @@ def test_the_example_pipeline_writes_each_closed_minute_once_to_the_table_and_th
 
     want = sorted((m, rev, n) for m, (rev, n) in expected.items())
     assert [(m, n) for m, _r, n in table()] == [(m, n) for m, _r, n in want]
-    assert all(abs(a[1] - b[1]) < 0.011 for a, b in zip(table(), want))
+    assert all(abs(a[1] - b[1]) < 0.011 for a, b in zip(table(), want, strict=True))
     assert topic() == table()  # the same minutes, each once
 
     run_example("--brokers", url, "--work", work)  # again, from the checkpoints: nothing new, nothing twice

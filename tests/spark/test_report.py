@@ -86,9 +86,9 @@ def zk_commit(zk, group, part, value):
 def play(zk, brokers, clients, i):
     """Produce up to end_at(i) on every partition, then commit what each group has reached at snapshot i."""
     count = BASE_END if i == 0 else 10
-    for broker_id, client in clients.items():
+    for client in clients.values():
         for p in (0, 1):
-            for k in range(count):
+            for _ in range(count):
                 client.put_ok(TOPIC, b"m", p)
     zk_commit(zk, "caught", "1-0", "%d-%d" % (9000 + i, caught(i)))  # MetaQ's msgId-offset form
     zk_commit(zk, "caught", "2-0", "%d-%d" % (9100 + i, caught(i)))
@@ -115,7 +115,7 @@ def test_lag_report_matches_known_group_states_and_reports_a_dead_broker(spark, 
     try:
         for i in range(STEPS):
             play(zk, brokers, clients, i)
-            snap = collect_snapshot(zk_connect, clock=lambda: base + 60 * i)
+            snap = collect_snapshot(zk_connect, clock=lambda i=i: base + 60 * i)
             assert snap.problems == []
             write_snapshot(snap, history)
     finally:

@@ -43,7 +43,7 @@ def test_every_column_lands_where_it_says(spark, strict_broker):
     by_value = {r["value"].decode(): r for r in got}
     assert set(by_value) == {"v%d" % i for i in range(200)}
     key_partitions = {}
-    for i, (value, key, partition, attribute, props) in enumerate(rows):
+    for value, key, partition, attribute, props in rows:
         r = by_value[value]
         assert (r["key"], r["attribute"]) == (key, attribute)
         shown = dict(r["properties"])

@@ -133,7 +133,8 @@ def test_stream_into_parquet_exactly_once_when_its_driver_is_killed_mid_batch(br
     rows = spark.read.parquet(out).select("partition", "offset", "value").collect()
     got = [(r["partition"], r["offset"]) for r in rows]
     assert len(got) == len(set(got)) == len(sent) == 4000  # nothing twice ...
-    assert {k: bytes(v) for k, v in zip(got, (r["value"] for r in rows))} == sent  # ... nothing missing, unchanged
+    values = [bytes(r["value"]) for r in rows]
+    assert dict(zip(got, values, strict=True)) == sent  # ... nothing missing, unchanged
 
 
 def test_new_partitions_and_a_new_broker_are_picked_up_mid_stream(broker_factory, tmp_path, zk_connect, spark):

@@ -3,6 +3,7 @@ servers)."""
 
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 
@@ -170,7 +171,7 @@ def test_min_partitions_cuts_the_largest_ranges_without_gap_or_overlap():
     assert len(cut) >= 8
     for p in (0, 1):
         mine = sorted((r.start, r.end) for r in cut if r.partition == p)
-        assert mine[0][0] == 0 and all(a[1] == b[0] for a, b in zip(mine, mine[1:]))
+        assert mine[0][0] == 0 and all(a[1] == b[0] for a, b in pairwise(mine))
         assert mine[-1][1] == (1000 if p == 0 else 10)
     assert split_to_at_least(ranges, 2) == ranges
 

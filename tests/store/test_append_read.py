@@ -2,6 +2,7 @@
 
 import os
 import struct
+from itertools import pairwise
 
 import pytest
 
@@ -160,7 +161,7 @@ def test_message_ids_are_unique_and_strictly_increasing_even_when_time_goes_back
     s = open_store(data_dir, segment_size=1 << 20, index_file_units=8192)
     times = [NOW + 5] * 5000 + [NOW - 1000] * 10 + [NOW + 6] * 3
     ids = [s.put("test", i % 4, 0, b"i", t).msg_id for i, t in enumerate(times)]
-    assert all(a < b for a, b in zip(ids, ids[1:]))
+    assert all(a < b for a, b in pairwise(ids))
     last = ids[-1]
     s.close(NOW)
     s = open_store(data_dir, now=NOW - 10 * 3600_000)  # the clock went back across the restart

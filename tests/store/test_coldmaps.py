@@ -41,8 +41,8 @@ def test_a_checkpoint_drops_the_pages_of_cold_maps_and_every_record_reads_back(t
     after = mapped_kb()
     cold_end = s.flushed_position - hot
     starts = [int(os.path.basename(p)) for p in segments]
-    cold = [p for p, start in zip(segments, starts) if start + (1 << 16) <= cold_end]
-    warm = [p for p, start in zip(segments, starts) if start >= cold_end]
+    cold = [p for p, start in zip(segments, starts, strict=True) if start + (1 << 16) <= cold_end]
+    warm = [p for p, start in zip(segments, starts, strict=True) if start >= cold_end]
     assert len(cold) >= 3 and len(warm) >= 1
     assert all(after.get(p, 0) == 0 for p in cold), {p: after.get(p) for p in cold}
     assert all(after.get(p, 0) > 0 for p in warm)

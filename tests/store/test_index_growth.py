@@ -58,7 +58,7 @@ def test_a_file_doubles_up_to_its_span_then_the_next_one_starts_small(data_dir):
 
 def test_the_worker_grows_the_tail_ahead_of_the_writer(data_dir, monkeypatch):
     s = open_store(data_dir, index_file_units=4096, segment_size=1 << 20)
-    for i in range(INITIAL_UNITS // 2 + 1):  # past the middle of the first page
+    for _ in range(INITIAL_UNITS // 2 + 1):  # past the middle of the first page
         s.put("test", 0, 0, b"a", NOW)
     assert s.wants_preparation()
     s.prepare_ahead()
@@ -69,7 +69,7 @@ def test_the_worker_grows_the_tail_ahead_of_the_writer(data_dir, monkeypatch):
         raise AssertionError("posix_fallocate on the put path")
 
     monkeypatch.setattr(os, "posix_fallocate", refuse)  # the put path adopts the grown map, allocates nothing
-    for i in range(INITIAL_UNITS):
+    for _ in range(INITIAL_UNITS):
         s.put("test", 0, 0, b"b", NOW)
     monkeypatch.setattr(os, "posix_fallocate", real)
     assert s.max_offset("test", 0) == INITIAL_UNITS // 2 + 1 + INITIAL_UNITS

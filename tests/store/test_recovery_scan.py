@@ -41,7 +41,7 @@ def records(draw):
     """Encoded records of a few partitions: offsets mostly consecutive per partition, some jumps and repeats,
     some with attributes (tags, tags + properties, malformed blocks)."""
     out, next_offset = [], {}
-    for i in range(draw(st.integers(0, 14))):
+    for _ in range(draw(st.integers(0, 14))):
         key = (draw(st.sampled_from(TOPICS)), draw(st.integers(0, 2)))
         off = next_offset.get(key, draw(st.integers(0, 5)))
         jump = draw(st.sampled_from([0, 0, 0, 0, 1, 7, -1]))

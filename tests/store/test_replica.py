@@ -57,7 +57,7 @@ def replicate(master, slave, rng, upto="flushed", now=NOW, max_chunk=3000):
 
 def segment_files(store):
     out = {}
-    for start, path in store.dirs.list_segments():
+    for _start, path in store.dirs.list_segments():
         with open(path, "rb") as f:
             out[os.path.basename(path)] = f.read()
     return out

@@ -194,7 +194,7 @@ def test_failed_segment_preallocation_is_disk_full_and_leaves_nothing_half_done(
 
 def test_failed_index_preallocation_is_disk_full_before_the_record_is_written(data_dir, monkeypatch):
     s = open_store(data_dir, segment_size=64 * 1024)
-    for i in range(64):
+    for _ in range(64):
         s.put("test", 1, 0, b"i", NOW)
     pos = s.written_position
     failing_fallocate(monkeypatch, "index")
@@ -229,7 +229,7 @@ def test_full_tmpfs_refuses_writes_cleanly_and_resumes_after_remount(tmp_path):
             for i in range(10_000):
                 acked.append((i % 3, s.put("test", i % 3, 0, payload(i, 8000), NOW).offset))
         assert 100 < len(acked) < 300
-        for attempt in range(3):  # every retry gets the same clean refusal
+        for _ in range(3):  # every retry gets the same clean refusal
             with pytest.raises(errors.DiskFull):
                 s.put("test", 0, 0, payload(0, 8000), NOW)
         for p in range(3):

@@ -124,7 +124,7 @@ def _assert_same(slave, expected, keys, when):
         got = read_all(slave, *key)
         assert len(got) == len(expected[key]), "%s: %s-%d holds %d messages, the master %d" % (
             when, key[0], key[1], len(got), len(expected[key]))
-        for offset, (ours, theirs) in enumerate(zip(got, expected[key])):
+        for offset, (ours, theirs) in enumerate(zip(got, expected[key], strict=True)):
             assert ours == theirs, "%s: %s-%d offset %d differs from the master's" % (when, key[0], key[1], offset)
     for name in list(keys)[::97]:
         found = _lookup(slave, keys[name][0], name)

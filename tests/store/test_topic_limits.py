@@ -79,7 +79,7 @@ def test_a_flood_of_random_topics_stops_at_the_limit(data_dir):
     s = _open(data_dir, max_topics=50, max_partitions=1000)
     rng = random.Random(7)
     created = refused = 0
-    for i in range(200):
+    for _ in range(200):
         try:
             s.put("flood-%08x" % rng.getrandbits(32), -1, 0, b"x", NOW)
             created += 1

@@ -1,6 +1,7 @@
 """Topic names and patterns, partition ranges, illegal names, config checks, message ids, record layout."""
 
 import os
+from itertools import pairwise
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_id_layout_and_monotonicity():
     assert a == (1000 << 22) | (5 << 12)
     assert id_timestamp_ms(a) == 1303895660503 + 1000
     ids = [gen.next_id(1303895660503 + 1000) for _ in range(5000)]  # sequence overflow borrows a ms
-    assert all(x < y for x, y in zip([a] + ids, ids))
+    assert all(x < y for x, y in pairwise([a] + ids))
     assert gen.next_id(0) > ids[-1]  # the clock going back keeps the max
     with pytest.raises(errors.ConfigError):
         msgid.IdGenerator(1024)

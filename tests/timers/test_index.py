@@ -146,7 +146,7 @@ def test_apply_does_what_one_record_at_a_time_would(tmp_path_factory):
 def _fill_in_batches(ix, batches, per, first_id=1):
     """``batches`` applies of ``per`` entries due at scattered times (each dirties index pages all over)."""
     msg_id = first_id
-    for b in range(batches):
+    for _ in range(batches):
         recs = []
         for _ in range(per):
             recs.append((msg_id, entry(NOW + (msg_id * 7919) % 1_000_003, data=b"d" * 100)))

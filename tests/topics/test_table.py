@@ -146,7 +146,7 @@ def test_retention_by_size_keeps_the_newest_bytes_per_partition(tmp_path):
 def test_retention_deletes_the_index_files_wholly_below_the_new_first_offset(tmp_path):
     s = open_store(tmp_path, segment_size=1 << 20)  # index files of 64 units (the harness's index_file_units)
     s.topics.create("short", {"retention_hours": "1"})
-    for i in range(200):
+    for _ in range(200):
         s.put("short", 0, 0, b"m", NOW)
     s.put("short", 0, 0, b"young", NOW + 2 * HOUR_MS)
     s.mark_flushed(s.flush_log())

@@ -5,7 +5,7 @@ with their check count, owned by no connection, ended only through HALF_OWNER, b
 import pytest
 
 from metaq.transactions.wire import XA_OK, XAER_NOTA, XAER_PROTO, XAER_RMERR
-from metaq.errors import TransactionError
+from metaq.errors import InvalidTopic, TransactionError
 from metaq.transactions import records as R
 from metaq.transactions.config import TxConfig
 from metaq.transactions.state import HALF_OWNER, half_number, half_txid
@@ -88,7 +88,7 @@ def test_pending_half_messages_are_bounded_at_the_limit_and_refused_one_past_it(
 
 def test_a_refused_half_message_leaves_nothing(tx_broker):
     b = tx_broker
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidTopic):
         b.tx.put_half(5, "no/such topic", 0, 0, b"x", "PG", "T", -1, 10, NOW)
     assert b.tx.half_count == 0 and b.tx.stats()["open"] == 0
     assert b.restart().rolled_back == 0

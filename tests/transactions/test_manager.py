@@ -1,5 +1,7 @@
 """TransactionManager on a real store: the state machine, every XA error code, timeouts, owners, heuristics."""
 
+from itertools import pairwise
+
 import pytest
 
 from metaq.errors import ConfigError, InvalidPartition, InvalidTopic, TransactionError
@@ -38,14 +40,14 @@ def test_local_commit_makes_every_message_visible_each_partition_contiguous(tx_b
     assert b.all_messages() == {0: [], 1: [b"before"], 2: [], 3: [b"noise"] * 6}  # nothing before the commit
     results = b.commit(t, "c1")
     assert [r.partition for r in results] == [0, 0, 0, 1, 1, 2]  # grouped by partition, first seen first
-    for prev, r in zip(results, results[1:]):
+    for prev, r in pairwise(results):
         assert r.log_end > prev.log_end
         if r.partition == prev.partition:
             assert r.offset == prev.offset + 1
     assert b.all_messages() == {0: [b"a0", b"b0", b"c0"], 1: [b"before", b"a1", b"b1"], 2: [b"a2"],
                                 3: [b"noise"] * 6}
     # one append run: each record starts where the previous one ended, nothing else in between
-    for prev, r in zip(results, results[1:]):
+    for prev, r in pairwise(results):
         assert r.log_end - prev.log_end == FIXED_OVERHEAD + len(b"test") + 2
     assert len({r.msg_id for r in results}) == 6
     assert b.tx.stats()["committed"] == 1 and b.tx.stats()["open"] == 0

@@ -262,7 +262,7 @@ ViewMessageHeader = _header_type("ViewMessageHeader", "VIEW_MESSAGE_BY_ID (33) h
 def _decode(cmd, spec, what):
     ext = cmd.ext_fields
     values = []
-    for attr, key, parse, default in spec:
+    for _attr, key, parse, default in spec:
         text = ext.get(key)
         if text is None:
             if default is REQUIRED:

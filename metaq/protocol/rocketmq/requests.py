@@ -286,7 +286,10 @@ def _lock_batch(r, ctx):
         yield resource(SUB, mq.topic)
 
 
-def needs_of(cmd, ctx=NeedsContext()):
+_NO_CONTEXT = NeedsContext()
+
+
+def needs_of(cmd, ctx=_NO_CONTEXT):
     """What ``cmd`` needs of its (already authenticated) user: a list of distinct ``(action, kind, name)`` in
     order; ``[(ADMIN, None, None)]`` for an admin code, ``[]`` for a code not served. Raises ClientError for a
     request that names more than ``limits.MAX_ACL_RESOURCES_PER_REQUEST`` resources (found as they are read, not

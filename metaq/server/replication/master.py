@@ -373,7 +373,7 @@ class ReplicationServer:
         else:
             rows, version = offsets.changes(state.offsets_version, owners=True)
         for event in offsets_frames(rows, snapshot=state.offsets_version is None):
-            send_event(sock, event)  # about 5 ms of encoding a full frame: the clients go between frames
+            send_event(sock, event)  # encoding a full frame takes milliseconds: the clients go between frames
             gevent.sleep(0)
         state.offsets_version = version
 

@@ -372,8 +372,8 @@ class TextDispatcher:
         loop would wait for each. A worker thread alone would not help (a fault holds the GIL), so each read's
         page is checked first (``MappedFile.resident``, mincore) and a cold one brought in by
         ``MappedFile.populate`` in gevent's pool (the GIL released); the loop then reads it from memory, and the
-        disk reads happen off it (figures: bench/README.md, "Cold reads off the loop"); a warm
-        lookup 0.45 ms, no pool hop. This connection waits meanwhile (its next requests after it).
+        disk reads happen off it (figures: bench/README.md, "Cold reads off the loop"); a warm lookup takes no
+        pool hop. This connection waits meanwhile (its next requests after it).
         """
         if self.roles.read_refusal is not None:
             return encode_result(503, self.roles.read_refusal.encode(), e.opaque), NO_WAIT

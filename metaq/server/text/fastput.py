@@ -2,7 +2,7 @@
 
 A pipelining producer fills the receive buffer with whole ``put`` frames. For
 those, the general path (parser event → dispatcher → ``MessageStore.put`` →
-stats → reply) costs tens of µs of Python per message. Here the frames at the
+stats → reply) runs once per message. Here the frames at the
 head of the buffer are scanned in one pass (``protocol.burst.scan_puts``,
 checksums verified), appended in one call per partition run
 (``MessageStore.put_burst``), counted once per run and answered with one
