@@ -275,7 +275,7 @@ def start(root, brokers, slaves=0, base_port=8123, zk_port=2181, zk_connect=None
                 _write_state(root, state)
                 started.append((m, proc, entry))
             for m, proc, entry in started:
-                _wait(lambda: _answers(m.ports["text"]), "broker %s" % m.name, proc, entry["log"])
+                _wait(lambda m=m: _answers(m.ports["text"]), "broker %s" % m.name, proc, entry["log"])
     except BaseException:
         stop_recorded(state, say)
         raise
@@ -304,7 +304,7 @@ def table(state):
                      "%s:%d" % (HOST, p["grpc"]), "%s:%d" % (HOST, p["remoting"]), "%s:%d" % (HOST, p["replication"]),
                      b["home"]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def status(root, say=print):

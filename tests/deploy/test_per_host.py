@@ -71,7 +71,7 @@ def test_fab_deploys_a_broker_per_core_with_each_slave_on_another_host(sshd, zk_
         assert {name: row["ROLE"] for name, row in rows.items()} == {n: b.role for n, b in brokers.items()}, r
         masters = [b for b in brokers.values() if b.role == "master"]
         for m in masters:
-            wait_for(lambda: stats({"host": m.host, "port": m.port}).get("replication_slaves") == "1", 30,
+            wait_for(lambda m=m: stats({"host": m.host, "port": m.port}).get("replication_slaves") == "1", 30,
                      "%s's slave linked" % m.name)
         with Producer(zk_connect=zk) as producer:
             wait_for(lambda: len(producer.discovery.broker_urls()) == groups, 20, "every master registered")
@@ -80,7 +80,7 @@ def test_fab_deploys_a_broker_per_core_with_each_slave_on_another_host(sshd, zk_
         assert {x.partition.broker_id for x in sent} == {m.broker_id for m in masters}  # spread over every master
         for s in (b for b in brokers.values() if b.role == "slave"):
             master = brokers[s.master]
-            wait_for(lambda: stats({"host": s.host, "port": s.port})["total_messages"] ==
+            wait_for(lambda s=s, master=master: stats({"host": s.host, "port": s.port})["total_messages"] ==
                      stats({"host": master.host, "port": master.port})["total_messages"], 30, "%s caught up" % s.name)
         r = run_fab(path, "stop", timeout=300)
         assert r.code == 0, r

@@ -23,7 +23,7 @@ def check(slots, slaves):
     placed, unused = place(slots, slaves)
     hosts = len(slots)
     per_host = [sum(1 for s in placed if s.host == h) for h in range(hosts)]
-    assert all(n <= cap for n, cap in zip(per_host, slots)) and sum(per_host) + unused == sum(slots)
+    assert all(n <= cap for n, cap in zip(per_host, slots, strict=True)) and sum(per_host) + unused == sum(slots)
     for h in range(hosts):  # a host's brokers are numbered 0.. (their ports and directories)
         assert sorted(s.k for s in placed if s.host == h) == list(range(per_host[h]))
     for g in groups(placed):

@@ -90,8 +90,8 @@ def _route(port, topic=TOPIC):
 def test_rocketmq_4_routes_list_every_broker_on_every_broker(three):
     want = {"metaq-%d" % b: ({"0": "127.0.0.1:%d" % three.port(b, "remoting")}, 4) for b in IDS}
     for b in IDS:
-        wait_for(lambda: _route(three.port(b, "remoting")) == want, 15,
-                 lambda: "every broker in %s" % _route(three.port(b, "remoting")))
+        wait_for(lambda b=b: _route(three.port(b, "remoting")) == want, 15,
+                 lambda b=b: "every broker in %s" % _route(three.port(b, "remoting")))
         # a topic no broker holds yet: every broker, with the asked broker's partition count (the first send to
         # a broker creates it there), as the Python producer spreads a new topic
         assert _route(three.port(b, "remoting"), "fresh%d" % b) == want
