@@ -23,6 +23,7 @@ general path (message ids apart, which are clock-based either way).
 
 from metaq.limits import BURST_SCAN_FRAMES
 from metaq.protocol import commands
+from metaq.protocol import textcommands  # noqa: F401 - every text command declared (the whole table)
 from metaq.protocol.burst import encode_put_acks, encode_results, scan_puts
 from metaq.server.clock import now_ms
 from metaq.idempotence.fasttext import take_put_idem
