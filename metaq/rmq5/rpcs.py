@@ -50,8 +50,8 @@ from metaq.filters.wire import parse_tag_expression
 from metaq.groups import policy as group_policy
 from metaq.pop.records import InvalidHandle
 from metaq.protocol.message import decode_payload
-from metaq.protocol.rocketmq.mapping import (PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, message_of_record,
-                                             record_data_from_send, split_attribute)
+from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, split_attribute
+from metaq.protocol.rocketmq.mapping import message_of_record, record_data_from_send
 from metaq.rmq5.records import PROP_DELIVER_MS, PROP_SHARDING_KEY
 from metaq.server.inflate import inflate_body
 from metaq.rmq5.records import RESERVED_PROPERTIES, TRANSACTION, Recall, parse_recall_handle, recall_handle
