@@ -91,6 +91,9 @@ FEATURE_ROLES = {
     "pulls": "front-end",  # a gRPC service's pull and offset RPC handlers
     "clientcommands": "front-end",  # an admin's questions to connected clients on their streams (gRPC's Telemetry)
     "renewer": "front-end",  # a gRPC port's keeping of its clients' messages invisible while they live (auto-renew)
+    # a gRPC service's RPC groups (rpcs.py dispatches to them) and what they share
+    "calls": "front-end", "routes": "front-end", "sends": "front-end", "receives": "front-end",
+    "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
 }
 
 #: A role -> the layer whose rules its modules get.
