@@ -19,10 +19,10 @@ over remoting still sees the user's body as the payload and the tags at the star
 * Bodies are stored decompressed (``metaq.protocol.compression``): the sender
   inflates a compressed body before it builds the record, so no stored
   ``@SYSFLAG`` carries a compression bit -- except in records written by a
-  metaq older than that rule, which readers decode (``stored_payload``). A
+  metaq older than that rule, which readers decode (``properties.stored_payload``). A
   text ``put`` may carry ``@SYSFLAG`` with compression bits (the metaq
   ``Producer``'s ``compress_over``): the broker inflates it on arrival and
-  takes the bits out (``compression_bits``, ``without_compression``).
+  takes the bits out (``properties.compression_bits``, ``properties.without_compression``).
 * The MetaQ flag of such a record is 1 (attribute present).
 
 The metaq client (``metaq.client.Message``) shows the part before the
