@@ -2,7 +2,7 @@
 
 Walk every module of metaq/ with ast and fail on a forbidden import (by layer; a feature package's module by its
 role's layer, and on a feature module whose name is no role), on a strongly connected
-component of more than one module in the module-level import graph, on another module's private
+component of more than one module in the import graph (deferred imports counted), on another module's private
 name (``from x import _y``, ``module._y``, ``obj._y`` where obj is not self/cls), on a class split into mixins,
 on a private re-exported under a public name, on a constructor parameter named after a front-end or the broker,
 and on a module over LONG_MODULE_LINES lines whose docstring does not say why.
@@ -94,6 +94,9 @@ FEATURE_ROLES = {
     "routes": "logic",  # a cluster's routes: what one broker's subscriptions want of its peers (pure)
     "inbox": "state",  # the copies of other brokers' messages in an internal topic, and where each resumes
     "serve": "service", "link": "service", "peers": "service",  # a cluster's links: served, followed, kept
+    # a gRPC service's RPC groups (rpcs.py dispatches to them) and what they share
+    "calls": "front-end", "routing": "front-end", "sends": "front-end", "receives": "front-end",
+    "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
 }
 
 #: A role -> the layer whose rules its modules get.
@@ -301,24 +304,13 @@ def resolve_from(path, node, root=ROOT):
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def top_level_statements(tree):
-    """Module-level statements, including those under module-level if/try/with (not inside def or class)."""
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop(0)
-        yield node
-        if isinstance(node, (ast.If, ast.Try, ast.With)) or type(node).__name__ == "TryStar":
-            for field in ("body", "orelse", "finalbody"):
-                todo.extend(getattr(node, field, []))
-            for handler in getattr(node, "handlers", []):
-                todo.extend(handler.body)
-
-
 def module_imports(path, index, root=ROOT):
-    """The metaq modules ``path`` imports when it is imported (module level only)."""
+    """The metaq modules ``path`` imports, at module level or deferred inside a function or a class: a deferred
+    import is the same dependency, only taken later (``table()`` importing the module that imports every declaring
+    module was the text registry's cycle), so the graph counts both."""
     tree = ast.parse(path.read_text(), str(path))
     found = set()
-    for node in top_level_statements(tree):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -378,9 +370,26 @@ def test_cycle_checker_catches_a_cycle(tmp_path):
     (fake_root / "store" / "__init__.py").write_text("")
     (fake_root / "store" / "a.py").write_text("from metaq.store import b\n")
     (fake_root / "store" / "b.py").write_text("from . import c\n")
-    (fake_root / "store" / "c.py").write_text("import metaq.store.a\n\n\ndef late():\n    from metaq.store import d\n")
-    (fake_root / "store" / "d.py").write_text("from metaq.store.c import late\n")  # inside a def: no cycle
-    assert import_cycles(import_graph(fake_root)) == [["metaq.store.a", "metaq.store.b", "metaq.store.c"]]
+    (fake_root / "store" / "c.py").write_text("import metaq.store.a\n")
+    (fake_root / "store" / "d.py").write_text("from metaq.store.c import late\n")  # into a cycle, not in it
+    # A deferred import closes a cycle as surely as a module-level one: the registry that imports, when read,
+    # the module that imports every declaration, each of which imports the registry.
+    (fake_root / "store" / "registry.py").write_text("def table():\n    from metaq.store import declared\n")
+    (fake_root / "store" / "declared.py").write_text("import metaq.store.feature\n")
+    (fake_root / "store" / "feature.py").write_text("class F:\n    from metaq.store.registry import table\n")
+    (fake_root / "store" / "leaf.py").write_text("try:\n    from metaq.store import feature\n"
+                                                 "except ImportError:\n    feature = None\n")
+    assert import_cycles(import_graph(fake_root)) == [
+        ["metaq.store.a", "metaq.store.b", "metaq.store.c"],
+        ["metaq.store.declared", "metaq.store.feature", "metaq.store.registry"]]
+
+
+def test_cycle_finder_on_a_graph():
+    """Tarjan's components on a small graph: two cycles, a self-loop (no cycle: a module is not its own import),
+    a chain into a cycle and an isolated module."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": set(), "h": {"h"}}
+    assert import_cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert import_cycles({"x": {"y"}, "y": set()}) == []
 
 
 # -- private names across modules -----------------------------------------------------------------------------

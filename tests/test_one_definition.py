@@ -22,6 +22,10 @@ ONE_HOME = {
     "SEQUENCE_BITS": "protocol/msgid.py",
     "BROKER_BITS": "protocol/msgid.py",
     "IdGenerator": "store/msgid.py",
+    "encode_properties": "protocol/properties.py",  # the stored format's properties, RocketMQ's wire's too
+    "decode_properties": "protocol/properties.py",
+    "encode_attribute": "protocol/properties.py",  # a record's attribute: tags, then its properties
+    "split_attribute": "protocol/properties.py",
     "_token": None,  # a serializer's field checked as one token: protocol/commands.py token
 }
 

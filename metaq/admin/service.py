@@ -28,15 +28,12 @@ import gevent
 from metaq import errors, limits
 from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX, RESENT_PREFIX
+from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, stored_payload
 from metaq.protocol.rocketmq.mapping import (
-    PROP_KEYS,
     PROP_ORIGIN_MESSAGE_ID,
     PROP_RETRY_TOPIC,
-    PROP_TAGS,
-    PROP_UNIQ_KEY,
     message_of_record,
     record_data_from_send,
-    stored_payload,
 )
 
 __all__ = ["TextGroupMembers", "AdminOps", "DLQ_PREFIX", "RESENT_PREFIX", "RESENT_PROPERTY"]

@@ -26,6 +26,7 @@ from metaq import errors
 from metaq.client.connection import BrokerConnection
 from metaq.client.fetcher import records_of
 from metaq.client.message import Message, Partition
+from metaq.protocol.properties import PROP_KEYS
 from metaq.client.replies import reply_error
 from metaq.client.producer import Producer
 from metaq.client import replay
@@ -213,7 +214,7 @@ def _start_offset(view, topic, bid, p, mn, mx, start):
 
 
 def _line(msg, as_json):
-    keys = msg.properties.get("KEYS")
+    keys = msg.properties.get(PROP_KEYS)
     if as_json:
         return json.dumps({"topic": msg.topic, "partition": str(msg.partition), "offset": msg.offset, "id": msg.id,
                            "attribute": msg.attribute, "keys": keys, "properties": msg.properties,

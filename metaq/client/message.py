@@ -15,7 +15,7 @@ from metaq.protocol.compression import compress
 from metaq.protocol.events import DelayedPut, Put
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.priorities.wire import PriorityPut
-from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
+from metaq.protocol.properties import PROP_KEYS, encode_attribute, split_attribute, stored_payload
 from metaq.timers.client import when_of
 from metaq.timers.wire import TimerPut
 
@@ -131,12 +131,12 @@ class Message:
         \\x02).
         """
         body, properties = self.body, self.properties
-        if isinstance(self.key, (str, bytes, int)) and "KEYS" not in properties:
+        if isinstance(self.key, (str, bytes, int)) and PROP_KEYS not in properties:
             # sent to be indexed (docs/messaging.md "Key index") when the index could take it; a key of another kind
             # only picks the partition (the Spark sink passes the partition it chose that way)
             key = self.key_bytes()
             if key and len(key) <= limits.MAX_KEY_BYTES and b"\x01" not in key and b"\x02" not in key:
-                properties = dict(properties, KEYS=key.decode("utf-8", "replace"))
+                properties = dict(properties, **{PROP_KEYS: key.decode("utf-8", "replace")})
         if (compress_over is not None and len(body) > compress_over
                 and (self.attribute is None or self.attribute or properties)):
             bits, packed = compress(body, compression)

@@ -4,7 +4,8 @@ or None) are passed in.
 
 Front-ends: the text ``get``/``get_tags``/``get_sql``/``get_prio`` (server/text/dispatch.py), POP ``receive``
 (pop/service.py: the text command and gRPC ReceiveMessage), RocketMQ remoting pulls, heartbeats and send-backs
-(server/remoting/), gRPC's Settings and ReceiveMessage (rmq5/rpcs.py) and PullMessage (rmq5/pulls.py).
+(server/remoting/), gRPC's Settings and ReceiveMessage (rmq5/telemetry.py, rmq5/receives.py) and PullMessage
+(rmq5/pulls.py).
 """
 
 from typing import NamedTuple, Optional

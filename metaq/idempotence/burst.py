@@ -37,7 +37,7 @@ from metaq import speedups
 from metaq.errors import ClientError
 from metaq.idempotence.records import MAX_PID, MAX_SEQ, with_identity
 from metaq.protocol.checksum import metaq_checksum
-from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
+from metaq.protocol.properties import SYSFLAG_MARK
 from metaq.protocol.tags import tag_code, tags_of_attribute
 
 __all__ = ["scan_idem_burst", "scan_idem_burst_py", "scan_put_idem", "scan_idem_batch", "run_end"]

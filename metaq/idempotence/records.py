@@ -56,7 +56,7 @@ import struct
 
 from metaq.errors import ClientError
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload
-from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR, decode_properties
+from metaq.protocol.properties import PROPERTY_SEPARATOR, decode_properties
 
 __all__ = ["PID_PROPERTY", "SEQ_PROPERTY", "OWNER_PROPERTY", "MARK", "SEQ_MARK", "OWNER_MARK", "MAX_PID", "MAX_SEQ",
            "check_identity", "with_identity", "identity_in_attribute", "stored_identity", "has_identity",

@@ -27,6 +27,7 @@ from array import array
 
 from metaq import limits
 from metaq.errors import ClientError, StoreError
+from metaq.protocol.properties import NAME_VALUE_SEPARATOR, PROP_KEYS, PROP_UNIQ_KEY, PROPERTY_SEPARATOR
 from metaq.store.mapped import MappedFile
 
 HEADER = struct.Struct("<8sIIIqqq")
@@ -43,10 +44,10 @@ _TIMES_AT = 32  # min and max store time
 _TIMES = struct.Struct("<qq")
 NO_TIME = (1 << 63) - 1
 
-_PROPS = b"\x02"
-_NAME_VALUE = b"\x01"
-_KEYS = b"KEYS"
-_UNIQ = b"UNIQ_KEY"
+_PROPS = PROPERTY_SEPARATOR.encode("ascii")
+_NAME_VALUE = NAME_VALUE_SEPARATOR.encode("ascii")
+_KEYS = PROP_KEYS.encode("ascii")
+_UNIQ = PROP_UNIQ_KEY.encode("ascii")
 
 
 def key_hash(topic_bytes, key):

@@ -27,6 +27,7 @@ from typing import NamedTuple, Optional
 
 from metaq import limits, speedups
 from metaq.errors import ClientError, StoreError
+from metaq.protocol.properties import NAME_VALUE_SEPARATOR, PROP_KEYS, PROP_UNIQ_KEY, PROPERTY_SEPARATOR
 from metaq.keys.files import KeyFile, check_key, data_keys, key_hash, keys_of_properties
 from metaq.store.files import KEY_CHECKPOINT_MAGIC, fsync_dir, unlink_quietly
 from metaq.store.follower import FLUSHED
@@ -61,7 +62,8 @@ keyed_records = speedups.load("keyed_records", keyed_records_py)
 
 #: What a record whose properties hold a key has in its attribute: every property name follows a ``\x02`` (the
 #: attribute's first, or the one ending the property before it) and is followed by ``\x01``.
-KEY_MARKS = (b"\x02KEYS\x01", b"\x02UNIQ_KEY\x01")
+KEY_MARKS = tuple((PROPERTY_SEPARATOR + name + NAME_VALUE_SEPARATOR).encode("ascii")
+                  for name in (PROP_KEYS, PROP_UNIQ_KEY))
 
 
 def with_key_marks(buf, keyed, end):

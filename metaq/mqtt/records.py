@@ -42,7 +42,7 @@ from metaq.errors import InvalidTopic, RemoteProtocolError
 from metaq.limits import validate_topic
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
+from metaq.protocol.properties import encode_attribute, split_attribute, stored_payload
 
 __all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
            "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for",

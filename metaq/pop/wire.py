@@ -1,6 +1,6 @@
 """The text commands of per-message acknowledgement (docs/text-protocol.md, docs/messaging.md "Per-message
-acknowledgement (POP)"): their events, parsers, serializers and registration (``protocol.text`` imports this module,
-so the registry is complete), and the receive reply's body, sans-IO.
+acknowledgement (POP)"): their events, parsers, serializers and registration (``protocol.textcommands`` lists this
+module, so the registry is complete), and the receive reply's body, sans-IO.
 
 ::
 

@@ -40,7 +40,7 @@ import zlib
 
 from metaq import speedups
 from metaq.idempotence.records import MARK, SEQ_MARK
-from metaq.protocol.rocketmq.mapping import SYSFLAG_MARK
+from metaq.protocol.properties import SYSFLAG_MARK
 from metaq.protocol.tags import tag_code, tags_of_attribute
 
 INT32_MAX = 2**31 - 1

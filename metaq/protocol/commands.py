@@ -8,8 +8,11 @@ the fast path's recognition are read from here, and the tests derived from the e
 the fast line parsers, the burst scanners and the serializers to each other. ``register`` refuses a declaration
 that misses a part, at import.
 
-The modules that declare commands (``text`` for MetaQ's own and the core extensions, then each feature's wire
-module) are imported by ``metaq.protocol.text``; ``table()`` loads it first, so the table is always whole.
+The modules that declare commands (``text`` for MetaQ's own and the core extensions, ``putbatch``, each feature's
+wire module) are listed once, in ``metaq.protocol.textcommands``, which imports them and then calls ``complete()``.
+This module imports none of them (the registry is below every declaration: no import cycle), so the table is read
+only once it is whole: ``table()``, ``by_word`` and ``by_event`` before ``complete()`` raise RuntimeError, naming
+the module to import, rather than answer from half a table.
 """
 
 from dataclasses import dataclass
@@ -77,7 +80,8 @@ class TextCommand:
 
 _BY_WORD = {}
 _BY_EVENT = {}
-_loaded = False
+_complete = False
+_fast_lines = ()
 
 
 def token(text):
@@ -115,30 +119,55 @@ def register(command):
         raise TypeError("text command %r is declared without %s" % (c.word, ", ".join(problems)))
     if c.word in _BY_WORD or c.event in _BY_EVENT:
         raise TypeError("text command %r (%s) is declared twice" % (c.word, c.event.__name__))
+    if _complete:
+        raise TypeError("text command %r is declared after the table was completed" % (c.word,))
     _BY_WORD[c.word] = c
     _BY_EVENT[c.event] = c
     return c
 
 
+def complete():
+    """Every declaring module is loaded (``metaq.protocol.textcommands`` calls this once it imported them all): the
+    table may be read from now on. A ``register`` after this raises TypeError (a late declaration would be missed by
+    what was derived from the table)."""
+    global _complete, _fast_lines
+    _fast_lines = tuple(sorted(((c.word.encode("ascii") + b" ", c.fast_line) for c in _BY_WORD.values()
+                                if c.fast_line is not None), key=lambda item: item[0] != b"put "))
+    _complete = True
+
+
+def _incomplete():
+    return RuntimeError("the text command table is read before every command was declared: import "
+                        "metaq.protocol.textcommands first")
+
+
 def table():
-    """``{word: TextCommand}`` of every command (the declaring modules loaded first)."""
-    global _loaded
-    if not _loaded:
-        import metaq.protocol.text  # noqa: F401 - it imports every module that declares commands
-        _loaded = True
+    """``{word: TextCommand}`` of every command; RuntimeError before ``complete()``."""
+    if not _complete:
+        raise _incomplete()
     return _BY_WORD
 
 
 def by_word(word):
-    """The command ``word`` names, or None."""
-    return (_BY_WORD if _loaded else table()).get(word)
+    """The command ``word`` names, or None; RuntimeError before ``complete()``."""
+    if not _complete:
+        raise _incomplete()
+    return _BY_WORD.get(word)
 
 
 def by_event(event_type):
-    """The command of ``event_type``, or None."""
-    if not _loaded:
-        table()
+    """The command of ``event_type``, or None; RuntimeError before ``complete()``."""
+    if not _complete:
+        raise _incomplete()
     return _BY_EVENT.get(event_type)
+
+
+def fast_lines():
+    """``(b"<word> ", its one-step line parser)`` of the commands that declare one (``TextCommand.fast_line``), the
+    most used first (a plain put); RuntimeError before ``complete()``."""
+    if not _complete:
+        raise _incomplete()
+    return _fast_lines
 
 
 def requests():

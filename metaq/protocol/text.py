@@ -52,18 +52,7 @@ from metaq.protocol.events import (
     Value,
     Version,
 )
-from metaq.admin import wire as admin_wire  # noqa: F401 - it declares its commands
-from metaq.idempotence import wire as idempotence_wire  # noqa: F401 - it declares put_idem
-from metaq.keys import wire as keys_wire  # noqa: F401 - it declares lookup
-from metaq.reqreply import wire as reqreply_wire  # noqa: F401 - it declares request and reply
-from metaq.priorities import wire as priority_wire  # noqa: F401 - it declares its commands
-from metaq.pop import wire as pop_wire  # noqa: F401 - it declares receive, ack, change_invisible
-from metaq.timers import wire as timer_wire  # noqa: F401 - it declares its commands
-from metaq.topics import wire as topic_wire  # noqa: F401 - it declares its command
-from metaq.trace import wire as trace_wire  # noqa: F401 - it declares trace
-from metaq.groups import wire as group_wire  # noqa: F401 - it declares group_settings
 from metaq.protocol.burst import scan_puts
-from metaq.protocol import putbatch  # noqa: F401 - it declares putb
 from metaq.protocol.commands import (
     NEEDS_ADMIN,
     NEEDS_GROUP_MEMBER,
@@ -75,8 +64,8 @@ from metaq.protocol.commands import (
     by_event,
     by_word,
     depends,
+    fast_lines,
     register,
-    table,
     token,
 )
 from metaq.protocol.integers import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, TokenError, is_integer, parse_int, show
@@ -519,11 +508,13 @@ class TextParser(StreamParser):
     Feed bytes with ``receive_data`` (``b""`` = end of stream), then call
     ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED`` after a clean
     end of stream). It never does IO, never logs and raises nothing but
-    ``RemoteProtocolError``.
+    ``RemoteProtocolError``. It reads the whole command table: made before
+    ``metaq.protocol.textcommands`` is imported, it raises RuntimeError.
     """
 
     def __init__(self, max_line=limits.MAX_LINE_BYTES, max_body=limits.MAX_BODY_BYTES):
         super().__init__()
+        self._fast_lines = fast_lines()  # the registry's, taken once: the hot path reads it per line
         self.max_line = max_line
         self.max_body = max_body
         self._scan = 0  # bytes before this were already searched for a line end
@@ -574,7 +565,7 @@ class TextParser(StreamParser):
             if line is None:
                 return self._need_data()
             if line:
-                for prefix, fast_line in _FAST_LINES:  # the hot path: most frames are puts
+                for prefix, fast_line in self._fast_lines:  # the hot path: most frames are puts
                     if line.startswith(prefix):
                         fast = fast_line(line)
                         if fast is not None and fast[1] <= self.max_body:
@@ -681,12 +672,6 @@ class TextParser(StreamParser):
         if problem is not None:
             reason = "%s; %s" % (problem, reason)
         raise RemoteProtocolError(reason, _error_opaque(tokens), True)
-
-
-#: ``(b"<word> ", its one-step line parser)`` of the commands that declare one (``TextCommand.fast_line``), the
-#: most used first (a plain put).
-_FAST_LINES = tuple(sorted(((c.word.encode("ascii") + b" ", c.fast_line) for c in table().values()
-                           if c.fast_line is not None), key=lambda item: item[0] != b"put "))
 
 
 def serialize(event):

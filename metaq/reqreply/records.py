@@ -17,7 +17,7 @@ client id, as its heartbeats name it). Properties travel in a MetaQ message's at
 from metaq import limits
 from metaq.errors import ClientError, RemoteProtocolError
 from metaq.protocol.message import ATTRIBUTE_FLAG, decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
+from metaq.protocol.properties import encode_attribute, split_attribute
 
 __all__ = [
     "CORRELATION_ID",

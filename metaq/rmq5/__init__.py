@@ -24,8 +24,18 @@ codec (the protocol layer: bytes in, values out; no socket, log or clock)
                      laid out as the properties a remoting send stores (tag, keys, message id, message group, time);
                      recall handles
 front-end (the server layer)
-    rpcs.py          MessagingService: the RPCs over the put path and the guard (RocketMQ 5's credentials through
-                     the one login decision), in-band statuses
+    rpcs.py          MessagingService: the dispatcher of the RPCs to their groups (below), after the call's client id
+                     and RocketMQ 5's credentials (the one login decision)
+    calls.py         what the groups share about a call: its client (ClientKey), in-band status, pacing
+                     (paced_wait), a stored message as a client is given it (message_of)
+    routing.py       Routes: QueryRoute, Heartbeat, NotifyClientTermination
+    sends.py         Sends: SendMessage over the put path (timed messages through the timers), RecallMessage
+    receives.py      Receives: QueryAssignment, ReceiveMessage, AckMessage, ChangeInvisibleDuration,
+                     ForwardMessageToDeadLetterQueue over the store's PopService
+    halves.py        Halves: transactional messages' half messages, EndTransaction, their check-back
+    telemetry.py     Telemetry: the Settings exchange, an admin's answers, the renewer's streams
+    consumers.py     ConsumerClients: consumer clients' Settings, bounded per broker and per user
+    producers.py     ProducerStreams: which client's stream publishes to which topic (whom a check-back asks)
     pulls.py         PullService: PullMessage, UpdateOffset, GetOffset, QueryOffset over the store's offset reads,
                      the consumer offsets, the broker's long-poll waiters and the guard, registered in rpcs.py's table
     port.py          the listener on the connection core and its HTTP/2 connections (h2): streams, flow control,

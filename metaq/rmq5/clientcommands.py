@@ -10,7 +10,7 @@ other code no result). Here the admin's side is the text command
 ``client_command`` (``admin/wire.py``, the admin permission), ``metaq-admin clients stack|verify``.
 
 ``ClientCommands`` keeps each client's open Telemetry stream by its ``x-mq-client-id`` and, with authentication on,
-the user it signed in as (``rpcs.client_of``; the stream it last spoke on): clients of two users may share an id.
+the user it signed in as (``calls.client_of``; the stream it last spoke on): clients of two users may share an id.
 The admin names a client by its id; when clients of more than one user have it, the question is refused (400, naming
 the users) and the admin names one as ``user/id``. It keeps the questions awaiting an answer by nonce: at most
 ``max_pending`` (``limits.GRPC_MAX_PENDING_CLIENT_COMMANDS``; one more refused 503), each waiting at most its
@@ -31,7 +31,7 @@ from metaq.admin import wire as adminwire
 from metaq.protocol.rocketmq.mapping import message_of_record
 from metaq.protocol.text import encode_result
 from metaq.rmq5 import messages_pb2 as pb
-from metaq.rmq5.rpcs import ClientKey, message_of
+from metaq.rmq5.calls import ClientKey, message_of
 from metaq.server.coldpages import walk
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Pending(NamedTuple):
 
 class StoredMessages:
     """A message of a topic by its client's message id (``UNIQ_KEY``, found by the key index), as a gRPC client is
-    given it (``rpcs.message_of``). ``endpoint()``: the gRPC port's ``(host, port)``."""
+    given it (``calls.message_of``). ``endpoint()``: the gRPC port's ``(host, port)``."""
 
     def __init__(self, store, endpoint, max_transfer):
         self.store, self.endpoint, self.max_transfer = store, endpoint, max_transfer
@@ -89,7 +89,7 @@ class ClientCommands:
     # -- what the Telemetry stream tells ---------------------------------------------------------------------------
 
     def stream_seen(self, client, call):
-        """``call`` (a Telemetry stream) of ``client`` (``rpcs.ClientKey``) spoke: that client is asked there."""
+        """``call`` (a Telemetry stream) of ``client`` (``calls.ClientKey``) spoke: that client is asked there."""
         if client.id and call.push is not None:
             self.streams.setdefault(client.id, {})[client.user] = call
 

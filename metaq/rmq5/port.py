@@ -158,7 +158,7 @@ class GrpcConnection(Connection):
     """One HTTP/2 connection of the gRPC port (see the module doc)."""
 
     log_prefix = "grpc"
-    paces_receive = False  # a call's user is its own: SendMessage charges its messages (rpcs.paced_wait)
+    paces_receive = False  # a call's user is its own: SendMessage charges its messages (calls.paced_wait)
 
     def __init__(self, sock, address, conn_id, rules, service, port_limits):
         super().__init__(sock, address, conn_id, rules)

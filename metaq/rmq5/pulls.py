@@ -34,8 +34,8 @@ from metaq.protocol.rocketmq.mapping import PROP_RETRY_TOPIC, message_of_record,
 from metaq.protocol.rocketmq.requests import copies_readable, resource
 from metaq.rmq5 import messages_pb2 as pb
 from metaq.rmq5.records import Refusal
-from metaq.rmq5.rpcs import code_of, message_of, paced_wait
-from metaq.rmq5.rpcs import status as _status
+from metaq.rmq5.calls import code_of, message_of, paced_wait
+from metaq.rmq5.calls import status as _status
 from metaq.server.clock import now_ms
 from metaq.server.coldpages import bring_in
 

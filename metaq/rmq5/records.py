@@ -14,7 +14,7 @@ import base64
 import binascii
 from typing import NamedTuple, Optional
 
-from metaq.protocol.rocketmq.mapping import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 
 #: RocketMQ's property of a FIFO message's group (MessageConst.PROPERTY_SHARDING_KEY).
 PROP_SHARDING_KEY = "__SHARDINGKEY"

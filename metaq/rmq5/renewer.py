@@ -58,7 +58,7 @@ class Held:
 
 class Renewals:
     """What is renewed, for whom (pure; see the module doc). Keys are ``(group, topic, partition, offset)``; a client
-    is whatever key the caller names it by (the gRPC port's ``rpcs.ClientKey``: its user and client id)."""
+    is whatever key the caller names it by (the gRPC port's ``calls.ClientKey``: its user and client id)."""
 
     def __init__(self, max_total=limits.GRPC_MAX_RENEWED, max_per_client=limits.GRPC_MAX_RENEWED_PER_CLIENT,
                  max_age_ms=limits.GRPC_RENEW_MAX_MS, idle_ms=limits.GRPC_CLIENT_IDLE_MS,
@@ -205,7 +205,7 @@ class Renewals:
 
 
 def _user_of(client):
-    """The user a client key names (``rpcs.ClientKey.user``; "" without authentication or for a bare key)."""
+    """The user a client key names (``calls.ClientKey.user``; "" without authentication or for a bare key)."""
     return getattr(client, "user", "") or ""
 
 
@@ -213,7 +213,7 @@ class Renewer:
     """Runs ``Renewals`` against the POP service ``pop`` (its ``renew`` and ``release``), each message made invisible
     for ``invisible_ms`` (the gRPC port's ``renew_invisible_ms``) a renewal. What the RPCs tell it: ``delivered``,
     ``settled``, ``heard``, ``terminated``, ``stream_seen`` and ``stream_closed``, each naming its client by
-    ``rpcs.client_of`` (a ``ClientKey``: its user and its client id; one with an empty id is nobody's and ignored),
+    ``calls.client_of`` (a ``ClientKey``: its user and its client id; one with an empty id is nobody's and ignored),
     so one user's NotifyClientTermination or closed stream never ends another user's client of the same id."""
 
     def __init__(self, pop, invisible_ms, renewals=None):

@@ -575,7 +575,8 @@ def grpc_port(core, config, store, put_path, guard, cluster=None, tx=None, pop=N
         from metaq.rmq5.pulls import PullService
         from metaq.rmq5.clientcommands import ClientCommands, StoredMessages
         from metaq.rmq5.renewer import Renewer
-        from metaq.rmq5.rpcs import Checks, MessagingService
+        from metaq.rmq5.halves import Checks
+        from metaq.rmq5.rpcs import MessagingService
     except ImportError as exc:
         raise errors.ConfigError("grpc.port is set but the gRPC port cannot load (%s): run make setup, or pip install "
                                  "grpcio-tools and python tools/protos.py" % exc) from None

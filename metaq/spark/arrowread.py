@@ -26,7 +26,7 @@ from metaq.client.fetcher import records_of
 from metaq.protocol import events as ev
 from metaq.protocol.message import gather_payloads, raise_fault, scan_reply
 from metaq.protocol.msgid import TIMESTAMP_SHIFT, TWEPOCH
-from metaq.protocol.rocketmq.mapping import PROP_KEYS, split_attribute, stored_payload
+from metaq.protocol.properties import PROP_KEYS, split_attribute, stored_payload
 from metaq.spark.rows import DEFAULT_FETCH_BYTES, READER_GROUP, data_lost
 
 __all__ = ["ARROW_SCHEMA", "DEFAULT_BATCH_ROWS", "batch_rows_option", "read_batches", "reply_batches",

@@ -38,7 +38,7 @@ parallel by the executors: exactly the requested offsets, each once.
 Python data sources) or Python workers without pyarrow.
 """
 
-from metaq.spark.ranges import SCHEMA_DDL, plan_ranges, read_options, read_range, security_options
+from metaq.spark.ranges import SCHEMA_DDL, arrow_options, plan_ranges, read_options, read_range, security_options
 
 try:  # Spark >= 4.0
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -46,20 +46,6 @@ except ImportError:  # Spark 3.5: only the RDD fallback
     DataSource = DataSourceReader = InputPartition = None
 
 __all__ = ["register", "read_ranges_rdd", "MetaQDataSource"]
-
-
-def arrow_option(opts):
-    """The ``arrow`` option (default true): read into Arrow batches (``metaq.spark.arrowread``), else row by row."""
-    value = str(opts.get("arrow", "true")).strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError("option arrow must be true or false, got %r" % opts.get("arrow"))
-    return value == "true"
-
-
-def batch_rows_option(opts):
-    from metaq.spark.arrowread import batch_rows_option as rows_option
-
-    return rows_option(opts)
 
 
 def _fetch_options(opts):
@@ -79,8 +65,7 @@ if DataSource is not None:
     class MetaQReader(DataSourceReader):
         def __init__(self, options):
             self.options = read_options(options)
-            self.arrow = arrow_option(self.options)
-            self.batch_rows = batch_rows_option(self.options) if self.arrow else None
+            self.arrow, self.batch_rows = arrow_options(self.options)
 
         def partitions(self):
             return [RangePartition(r) for r in plan_ranges(self.options)]

@@ -38,7 +38,7 @@ from metaq.spark.rows import DEFAULT_FETCH_BYTES, SCHEMA_DDL, DataLoss, msg_time
 
 __all__ = ["OffsetRange", "DataLoss", "SCHEMA_DDL", "msg_timestamp_ms", "parse_offsets", "parse_timestamp",
            "partition_bounds", "offsets_at_time", "plan_ranges", "split_ranges", "read_range", "read_options",
-           "security_options"]
+           "arrow_options", "security_options"]
 
 EARLIEST, LATEST = -2, -1
 #: The source's connection options (lower-case) -> ``ClientSecurity.from_options`` argument. Files only: a
@@ -69,6 +69,20 @@ class OffsetRange(NamedTuple):
 def read_options(options):
     """Spark's options (any case) as a plain dict with lower-case keys."""
     return {str(k).lower(): v for k, v in dict(options or {}).items()}
+
+
+def arrow_options(opts):
+    """``(arrow, batch_rows)`` of a read's (lower-case) options, for the batch and the streaming source alike:
+    ``arrow`` (default true) reads into Arrow batches (``metaq.spark.arrowread``), else row by row, and
+    ``batch_rows`` is its ``maxrecordsperbatch`` (None when not Arrow). ValueError for a bad value."""
+    value = str(opts.get("arrow", "true")).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError("option arrow must be true or false, got %r" % opts.get("arrow"))
+    if value == "false":
+        return False, None
+    from metaq.spark.arrowread import batch_rows_option  # pyarrow and numpy: loaded for an Arrow read only
+
+    return True, batch_rows_option(opts)
 
 
 def security_options(opts):

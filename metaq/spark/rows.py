@@ -23,7 +23,7 @@ from metaq.client.fetcher import records_of
 from metaq.protocol import events as ev
 from metaq.protocol.message import decode_payload
 from metaq.protocol.msgid import id_timestamp_ms
-from metaq.protocol.rocketmq.mapping import PROP_KEYS, split_attribute, stored_payload
+from metaq.protocol.properties import PROP_KEYS, split_attribute, stored_payload
 
 __all__ = ["SCHEMA_DDL", "COLUMNS", "DataLoss", "msg_timestamp_ms", "row_of", "read_rows"]
 

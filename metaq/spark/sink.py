@@ -46,8 +46,8 @@ from collections import deque
 from metaq import errors, limits
 from metaq.client import security as client_security
 from metaq.client.message import Message, Partition
-from metaq.protocol.rocketmq.bodies import PROPERTY_SEPARATOR
-from metaq.protocol.rocketmq.mapping import PROP_KEYS
+from metaq.protocol.properties import PROPERTY_SEPARATOR
+from metaq.protocol.properties import PROP_KEYS
 from metaq.spark.ranges import read_options, security_options
 
 __all__ = ["SinkOptions", "SinkError", "check_columns", "producer_id_of", "choose", "write_rows",

@@ -50,7 +50,7 @@ from metaq.protocol import events as ev
 from metaq.protocol import stats as stats_codec
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.spark.brokers import BrokerView, is_unreachable
-from metaq.spark.ranges import OffsetRange, read_options, security_options, split_ranges
+from metaq.spark.ranges import OffsetRange, arrow_options, read_options, security_options, split_ranges
 from metaq.spark.rows import DataLoss
 
 __all__ = ["StreamOptions", "parse_stream_options", "starting_offsets", "next_end", "plan_stream_ranges",
@@ -97,10 +97,7 @@ class StreamOptions:
         self.timeout = float(opts.get("timeoutseconds", 10))
         self.security = security_options(opts)
         self.fetch_bytes = int(opts.get("fetchbytes", 1 << 20))
-        from metaq.spark.datasource import arrow_option, batch_rows_option
-
-        self.arrow = arrow_option(opts)
-        self.batch_rows = batch_rows_option(opts) if self.arrow else None
+        self.arrow, self.batch_rows = arrow_options(opts)
 
     def subscribed(self, topic):
         """True when ``topic`` is one this stream reads."""

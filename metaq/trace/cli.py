@@ -13,6 +13,7 @@ import json
 from datetime import datetime, timezone
 
 from metaq import errors, limits
+from metaq.protocol.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from metaq.admin.tools import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, AdminExit, ask_brokers
 from metaq.trace.records import parse_message_id
 from metaq.trace.wire import TraceQuery, decode_body
@@ -100,7 +101,7 @@ def render_message(m, number, total, render_table):
               ("body bytes", m["body_bytes"])]
     lines.append("stored:")
     lines.extend("  %-17s %s" % (k, v) for k, v in stored)
-    shown = {k: v for k, v in m["properties"].items() if k not in ("TAGS", "KEYS", "UNIQ_KEY")}
+    shown = {k: v for k, v in m["properties"].items() if k not in (PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY)}
     if shown:
         lines.append("  %-17s %s" % ("properties", " ".join("%s=%s" % kv for kv in sorted(shown.items()))))
     lines.append("consumer groups (broker-kept offsets):")

@@ -10,7 +10,7 @@ from metaq import errors
 from metaq.errors import ClientError
 from metaq.idempotence.records import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import split_attribute
+from metaq.protocol.properties import split_attribute
 from metaq.idempotence.state import SNAPSHOT_FILE
 from metaq.idempotence.window import ProducerTable
 

@@ -8,7 +8,7 @@ from metaq.idempotence.wire import IdempotentPut
 from metaq.protocol.checksum import metaq_checksum
 from metaq.idempotence.records import MARK, has_identity, identity_in_attribute, stored_identity, with_identity
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import split_attribute
+from metaq.protocol.properties import split_attribute
 from metaq.protocol.text import TextParser, serialize
 
 MAXQ = 2**63 - 1

@@ -13,7 +13,7 @@ from metaq.idempotence.wire import IdempotentBatch, decode_idem_runs, idem_sub_r
 from metaq.protocol import events as ev
 from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import split_attribute
+from metaq.protocol.properties import split_attribute
 from metaq.protocol.text import serialize
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.replication import sync_pair

@@ -17,7 +17,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.timers.levels import SCHEDULE_TOPIC
 from metaq.idempotence.records import identity_in_attribute
 from metaq.protocol.message import decode_payload, encode_payload
-from metaq.protocol.rocketmq.mapping import split_attribute
+from metaq.protocol.properties import split_attribute
 from metaq.protocol.text import serialize
 from tests.harness.broker import consume_all, url_of, wait_for
 from tests.harness.replication import caught_up, master_config, stats

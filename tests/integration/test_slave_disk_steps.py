@@ -22,7 +22,7 @@ from metaq import limits
 from metaq.client.local import free_port, small_config
 from metaq.keys.wire import decode_lookup_body
 from metaq.protocol import events as ev
-from metaq.protocol.rocketmq.mapping import encode_attribute
+from metaq.protocol.properties import encode_attribute
 from tests.harness.broker import consume_all, wait_for
 from tests.harness.replication import stats
 from tests.harness.tmpfs import fill, tmpfs

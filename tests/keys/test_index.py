@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from metaq import limits
 from metaq.errors import ClientError
 from metaq.protocol.message import encode_payload
-from metaq.protocol.rocketmq.mapping import encode_attribute
+from metaq.protocol.properties import encode_attribute
 from metaq.keys import index as keyindex
 from metaq.keys.files import HEADER_SIZE, data_keys
 from tests.harness.store import NOW, open_store

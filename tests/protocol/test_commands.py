@@ -5,6 +5,8 @@ without a line written here, except the adapter of a new burst scanner, which th
 """
 
 import itertools
+import subprocess
+import sys
 from typing import NamedTuple
 
 import pytest
@@ -184,3 +186,21 @@ def test_a_declaration_missing_a_part_is_refused_at_once(change, says):
     with pytest.raises(TypeError, match=says):
         commands.register(_declare(**change))
     assert "nothing_here" not in commands.table()
+
+
+def test_a_declaration_after_the_table_is_complete_is_refused():
+    with pytest.raises(TypeError, match="after the table was completed"):
+        commands.register(_declare())
+    assert "nothing_here" not in commands.table()
+
+
+def test_the_table_is_not_read_before_every_command_is_declared():
+    """The registry imports no declaring module (no import cycle): read before ``textcommands`` completed it, it
+    says so rather than answer from half a table."""
+    code = ("from metaq.protocol.text import TextParser\n"
+            "try:\n    TextParser()\nexcept RuntimeError as exc:\n    print(exc)\n"
+            "from metaq.protocol import commands, textcommands\n"
+            "print(sorted(m.__name__ for m in textcommands.DECLARING_MODULES)[0], len(commands.table()) > 30)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["the text command table is read before every command was declared: import "
+                                "metaq.protocol.textcommands first", "metaq.admin.wire True"]

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from metaq.errors import BadCompressedBody
 from metaq.protocol.compression import (COMPRESSION_BITS, codec_of, compress, inflate, inflate_steps, sys_flag_of)
-from metaq.protocol.rocketmq.mapping import compression_bits, encode_attribute, without_compression
+from metaq.protocol.properties import compression_bits, encode_attribute, without_compression
 
 CODECS = ("zlib", "zstd", "lz4")
 

@@ -20,7 +20,7 @@ from metaq.protocol.checksum import metaq_checksum
 from metaq.protocol.message import encode_payload
 from metaq.protocol.rocketmq.bodies import decode_stored_messages
 from metaq.protocol.rocketmq.headers import PULL_SUBSCRIPTION
-from metaq.protocol.rocketmq.mapping import encode_attribute
+from metaq.protocol.properties import encode_attribute
 from metaq.protocol.rocketmq.remoting import RequestCode as R
 from metaq.protocol.rocketmq.remoting import ResponseCode as C
 from metaq.protocol.text import serialize

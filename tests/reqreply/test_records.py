@@ -7,7 +7,7 @@ from metaq.protocol import events as ev
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.reqreply.records import (CORRELATION_ID, REPLY_ERROR, REPLY_TO_CLIENT, is_request, properties_of,
                                      reply_properties, reply_topic, request_properties, routing, with_properties)
-from metaq.protocol.rocketmq.mapping import encode_attribute
+from metaq.protocol.properties import encode_attribute
 from metaq.protocol.text import TextParser, serialize
 
 

@@ -115,22 +115,23 @@ def test_a_users_new_clients_never_push_out_another_users_live_settings_at_the_b
     the new one is refused; with authentication off it is forgotten as before (one tenant)."""
     from types import SimpleNamespace
 
-    from metaq.rmq5.rpcs import ClientKey, MessagingService
+    from metaq.rmq5.calls import ClientKey
+    from metaq.rmq5.consumers import ConsumerClients
     from metaq.rmq5.wire import GrpcError, Status
     monkeypatch.setattr(limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
     quotas = SimpleNamespace(check=lambda user, name, current, more=1: None)  # every user's share: the whole table
-    service = MessagingService(None, None, SimpleNamespace(quotas=quotas), "b", 1024, lambda: ("127.0.0.1", 1))
-    service.remember_consumer(ClientKey("bob", "b0"), True, 5, now=100.0)
-    service.remember_consumer(ClientKey("alice", "a0"), True, 5, now=100.0)
-    service.remember_consumer(ClientKey("alice", "a1"), True, 5, now=100.0)  # at the bound
+    service = ConsumerClients(SimpleNamespace(quotas=quotas))
+    service.remember(ClientKey("bob", "b0"), True, 5, now=100.0)
+    service.remember(ClientKey("alice", "a0"), True, 5, now=100.0)
+    service.remember(ClientKey("alice", "a1"), True, 5, now=100.0)  # at the bound
     with pytest.raises(GrpcError) as refused:  # one more while bob's client lives: refused, bob's kept
-        service.remember_consumer(ClientKey("alice", "a2"), True, 5, now=101.0)
+        service.remember(ClientKey("alice", "a2"), True, 5, now=101.0)
     assert refused.value.status == Status.RESOURCE_EXHAUSTED and "GRPC_MAX_CONSUMER_CLIENTS" in str(refused.value)
-    assert ClientKey("bob", "b0") in service.consumers and ClientKey("alice", "a2") not in service.consumers
+    assert ClientKey("bob", "b0") in service and ClientKey("alice", "a2") not in service
     later = 100.0 + limits.GRPC_CLIENT_IDLE_MS / 1000.0 + 1
-    service.remember_consumer(ClientKey("alice", "a2"), True, 5, now=later)  # bob's idle since: forgotten
-    assert ClientKey("bob", "b0") not in service.consumers
-    assert service.consumer_clients_held() == {"alice": 3}
+    service.remember(ClientKey("alice", "a2"), True, 5, now=later)  # bob's idle since: forgotten
+    assert ClientKey("bob", "b0") not in service
+    assert service.held() == {"alice": 3}
 
 
 def test_a_user_past_its_quota_forgets_its_own_idle_client_else_is_refused():
@@ -139,21 +140,21 @@ def test_a_user_past_its_quota_forgets_its_own_idle_client_else_is_refused():
     from types import SimpleNamespace
 
     from metaq import errors
-    from metaq.rmq5.rpcs import ClientKey, MessagingService
+    from metaq.rmq5.calls import ClientKey
+    from metaq.rmq5.consumers import ConsumerClients
     from metaq.rmq5.wire import GrpcError, Status
 
     def check(user, name, current, more=1):
         if current + more > 2:
             raise errors.QuotaExceeded(name, user, 2, "quota %s of user %s is 2" % (name, user))
 
-    service = MessagingService(None, None, SimpleNamespace(quotas=SimpleNamespace(check=check)), "b", 1024,
-                               lambda: ("127.0.0.1", 1))
+    service = ConsumerClients(SimpleNamespace(quotas=SimpleNamespace(check=check)))
     for key in (ClientKey("bob", "b0"), ClientKey("alice", "a0"), ClientKey("alice", "a1")):
-        service.remember_consumer(key, True, 5, now=100.0)  # alice at her quota of 2
+        service.remember(key, True, 5, now=100.0)  # alice at her quota of 2
     with pytest.raises(GrpcError) as refused:
-        service.remember_consumer(ClientKey("alice", "a2"), True, 5, now=101.0)
+        service.remember(ClientKey("alice", "a2"), True, 5, now=101.0)
     assert refused.value.status == Status.RESOURCE_EXHAUSTED and "consumer_clients of user alice" in str(refused.value)
-    service.remember_consumer(ClientKey("alice", "a1"), True, 5, now=150.0)  # a known client: heard from again
+    service.remember(ClientKey("alice", "a1"), True, 5, now=150.0)  # a known client: heard from again
     later = 100.0 + limits.GRPC_CLIENT_IDLE_MS / 1000.0 + 1
-    service.remember_consumer(ClientKey("alice", "a2"), True, 5, now=later)  # a0 idle: alice's own, forgotten
-    assert set(service.consumers) == {ClientKey("bob", "b0"), ClientKey("alice", "a1"), ClientKey("alice", "a2")}
+    service.remember(ClientKey("alice", "a2"), True, 5, now=later)  # a0 idle: alice's own, forgotten
+    assert set(service.clients()) == {ClientKey("bob", "b0"), ClientKey("alice", "a1"), ClientKey("alice", "a2")}

@@ -17,7 +17,7 @@ from metaq.client.local import BrokerProcess, free_port, small_config
 from metaq.client.raw import TextClient
 from metaq.protocol import events as ev
 from metaq.protocol.message import iter_records
-from metaq.protocol.rocketmq.mapping import split_attribute
+from metaq.protocol.properties import split_attribute
 from tests.harness.acl import SECRETS, write_acl
 
 grpc = pytest.importorskip("grpc")

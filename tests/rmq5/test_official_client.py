@@ -19,7 +19,7 @@ import pytest
 from metaq.client.local import BrokerProcess, free_port, small_config
 from metaq.client.raw import TextClient
 from metaq.groups.wire import GroupSettingsCommand
-from metaq.protocol.rocketmq.mapping import split_attribute
+from metaq.protocol.properties import split_attribute
 from tests.harness.broker import wait_for
 from tests.rmq5.test_grpc_port import stored
 

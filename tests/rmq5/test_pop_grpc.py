@@ -245,7 +245,7 @@ def test_tag_and_sql_filters_deliver_only_matching_messages_and_skip_the_others(
 
 
 def test_a_receive_passes_over_filter_rounds_batches_of_filtered_out_messages_and_no_more(client):
-    from metaq.rmq5.rpcs import FILTER_ROUNDS
+    from metaq.rmq5.receives import FILTER_ROUNDS
     wanted = pb.FilterExpression(type=pb.TAG, expression="Wanted")
     for topic, unwanted in (("tq-rounds-at", 4 * (FILTER_ROUNDS - 1)), ("tq-rounds-past", 4 * FILTER_ROUNDS)):
         client.send(*[message(topic, b"no%d" % i, tag="Other", group="g") for i in range(unwanted)])  # one queue
@@ -287,16 +287,17 @@ def test_consumer_settings_are_kept_for_at_most_grpc_max_consumer_clients(monkey
     from types import SimpleNamespace
 
     from metaq import limits
-    from metaq.rmq5.rpcs import CONSUMER_ATTEMPTS, ClientKey, MessagingService
+    from metaq.rmq5.calls import ClientKey
+    from metaq.rmq5.consumers import CONSUMER_ATTEMPTS, ConsumerClients
     monkeypatch.setattr(limits, "GRPC_MAX_CONSUMER_CLIENTS", 3)
-    service = MessagingService(None, None, None, "b", 1024, lambda: ("127.0.0.1", 1))
+    service = ConsumerClients(None)
 
     def call(client):
         return SimpleNamespace(metadata={"x-mq-client-id": client})
 
     for i in range(3):  # at the limit: every client's settings kept
-        service.remember_consumer(ClientKey("", "c%d" % i), True, 5)  # authentication off: no user
-    assert [service.consumer(call("c%d" % i)).max_attempts for i in range(3)] == [5, 5, 5]
-    service.remember_consumer(ClientKey("", "c3"), False, 2)  # one past: the one heard from longest ago is forgotten
-    assert service.consumer(call("c0")) == (False, CONSUMER_ATTEMPTS)
-    assert service.consumer(call("c1")).fifo is True and service.consumer(call("c3")).max_attempts == 2
+        service.remember(ClientKey("", "c%d" % i), True, 5)  # authentication off: no user
+    assert [service.settings_of(call("c%d" % i)).max_attempts for i in range(3)] == [5, 5, 5]
+    service.remember(ClientKey("", "c3"), False, 2)  # one past: the one heard from longest ago is forgotten
+    assert service.settings_of(call("c0")) == (False, CONSUMER_ATTEMPTS)
+    assert service.settings_of(call("c1")).fifo is True and service.settings_of(call("c3")).max_attempts == 2

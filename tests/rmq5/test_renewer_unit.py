@@ -11,7 +11,7 @@ from metaq import limits
 from metaq.pop.records import InvalidHandle
 from metaq.protocol.journaltopic import POP_TOPIC
 from metaq.rmq5.renewer import RENEW_AHEAD_MS, Renewals, Renewer
-from metaq.rmq5.rpcs import ClientKey
+from metaq.rmq5.calls import ClientKey
 from metaq.server.clock import now_ms
 from tests.pop.test_deposed import Broker
 
@@ -53,7 +53,7 @@ def test_the_bounds_at_the_limit_and_one_past():
 
 
 def test_a_users_clients_hold_at_most_its_share_and_another_user_keeps_its_room():
-    from metaq.rmq5.rpcs import ClientKey
+    from metaq.rmq5.calls import ClientKey
     r = Renewals(max_total=6, max_per_client=3, max_per_user=4)
     a1, a2, b1 = ClientKey("alice", "a1"), ClientKey("alice", "a2"), ClientKey("bob", "b1")
     assert r.hold(a1, G, T, [(0, o, 1, NOW) for o in range(3)], NOW) == 0

@@ -22,6 +22,7 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.checksum import metaq_checksum
+from metaq.protocol.properties import decode_properties, encode_properties  # the stored format's, RocketMQ's too
 
 __all__ = [
     "MAGIC_V1",
@@ -78,8 +79,6 @@ PERM_INHERIT = 1
 PERM_WRITE = 2
 PERM_READ = 4
 
-NAME_VALUE_SEPARATOR = "\x01"
-PROPERTY_SEPARATOR = "\x02"
 #: The properties length of a stored record is a signed int16.
 MAX_PROPERTIES_BYTES = 32767
 
@@ -107,44 +106,6 @@ assert _BATCH_HEAD.size == 20
 
 #: Smallest IPv4 v1 record: 88 fixed bytes (through BODYLEN) + TOPICLEN (1) + PROPLEN (2).
 MIN_RECORD_BYTES = 91
-
-
-# Properties ----------------------------------------------------------------------
-
-
-def encode_properties(properties):
-    """``{key: value}`` -> ``key\\x01value\\x02...`` (every pair ends with \\x02, like Java and C++).
-
-    ValueError for an empty key or value or one holding \\x01 or \\x02: it would
-    not decode back. None values are skipped, as Java does.
-    """
-    parts = []
-    for key, value in properties.items():
-        if value is None:
-            continue
-        for text in (key, value):
-            if not isinstance(text, str):
-                raise ValueError("property %r=%r: keys and values must be text" % (key, value))
-            if not text or NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-                raise ValueError("property %r=%r cannot be encoded (empty, or holds \\x01/\\x02)" % (key, value))
-        parts.append("%s\x01%s\x02" % (key, value))
-    return "".join(parts)
-
-
-def decode_properties(text):
-    """``key\\x01value\\x02...`` -> dict, as Java's ``string2messageProperties`` reads it.
-
-    Items are split on \\x02, then at their first \\x01; an item without one,
-    or with an empty key or value, is skipped. The last item may lack its \\x02.
-    """
-    result = {}
-    if not text:
-        return result
-    for item in text.split(PROPERTY_SEPARATOR):
-        key, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if sep and key and value:
-            result[key] = value
-    return result
 
 
 # Stored messages -------------------------------------------------------------------

@@ -1,15 +1,14 @@
 """One store, two protocols: how a RocketMQ message lives in a MetaQ record, and back (sans-IO).
 
-A record keeps MetaQ's form, ``flag`` + ``data`` (attribute block + payload),
-so a text ``get`` of a message sent over remoting still sees the user's body as
-the payload and the tags at the start of the attribute. The rest of the
-RocketMQ message travels in the attribute after a ``\\x02``::
+The record's format is the store's, not RocketMQ's: ``metaq.protocol.properties`` encodes and decodes its
+attribute (tags, then ``\\x02`` and the properties), for every front-end. This module holds what is RocketMQ's
+in it: its header names, the fields of its messages and their place in a record, its stored-message body. A
+record keeps MetaQ's form, ``flag`` + ``data`` (attribute block + payload), so a text ``get`` of a message sent
+over remoting still sees the user's body as the payload and the tags at the start of the attribute.
 
-    attribute = TAGS "\\x02" key "\\x01" value "\\x02" key "\\x01" value "\\x02" ...
-
-* ``TAGS`` (possibly empty) comes first; the ``\\x02`` marks a record sent over
-  remoting and is always written, even when no property follows.
-* The properties are RocketMQ's own encoding (``KEYS``, ``UNIQ_KEY``,
+* ``TAGS`` (possibly empty) comes first; the ``\\x02`` marks a record sent with properties and is always written,
+  even when no property follows.
+* The properties are RocketMQ's own (``KEYS``, ``UNIQ_KEY``,
   ``RETRY_TOPIC``, user properties ...) minus ``TAGS`` and ``DELAY`` (a delay
   is served by the scheduler, as RocketMQ clears it when the message is due).
 * Fields of a RocketMQ message that a MetaQ record has no place for are
@@ -20,10 +19,10 @@ RocketMQ message travels in the attribute after a ``\\x02``::
 * Bodies are stored decompressed (``metaq.protocol.compression``): the sender
   inflates a compressed body before it builds the record, so no stored
   ``@SYSFLAG`` carries a compression bit -- except in records written by a
-  metaq older than that rule, which readers decode (``stored_payload``). A
+  metaq older than that rule, which readers decode (``properties.stored_payload``). A
   text ``put`` may carry ``@SYSFLAG`` with compression bits (the metaq
   ``Producer``'s ``compress_over``): the broker inflates it on arrival and
-  takes the bits out (``compression_bits``, ``without_compression``).
+  takes the bits out (``properties.compression_bits``, ``properties.without_compression``).
 * The MetaQ flag of such a record is 1 (attribute present).
 
 The metaq client (``metaq.client.Message``) shows the part before the
@@ -39,31 +38,33 @@ offset message id), and the born and store times are the record's.
 import ipaddress
 from typing import NamedTuple
 
-from metaq import limits
-from metaq.errors import BadCompressedBody, RemoteProtocolError
+from metaq.errors import RemoteProtocolError
 from metaq.filters.wire import parse_tag_expression
-from metaq.protocol.compression import COMPRESSION_BITS, codec_of, inflate
+from metaq.protocol.compression import COMPRESSION_BITS
 from metaq.protocol.journaltopic import DLQ_PREFIX, RETRY_PREFIX
 from metaq.protocol.message import decode_payload, encode_payload
+from metaq.protocol.properties import (
+    PROP_SYSFLAG,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    PROPERTY_SEPARATOR,
+    encode_attribute,
+    pop_int,
+    shown_tags,
+    split_attribute,
+)
 from metaq.protocol.rocketmq.bodies import (
     MAX_PROPERTIES_BYTES,
-    NAME_VALUE_SEPARATOR,
-    PROPERTY_SEPARATOR,
     SYSFLAG_COMPRESSED,
     SYSFLAG_MULTI_TAGS,
     SYSFLAG_TRANSACTION_PREPARED,
     StoredMessage,
     create_offset_msg_id,
-    decode_properties,
-    encode_properties,
     encode_stored_message,
 )
 
 __all__ = [
-    "PROP_TAGS",
-    "PROP_KEYS",
     "PROP_DELAY",
-    "PROP_UNIQ_KEY",
     "PROP_RETRY_TOPIC",
     "PROP_ORIGIN_MESSAGE_ID",
     "PROP_TRAN_MSG",
@@ -73,14 +74,8 @@ __all__ = [
     "PROP_CHECK_IMMUNITY",
     "KEPT_SYSFLAG_BITS",
     "STORED_SYSFLAG_BITS",
-    "SYSFLAG_MARK",
-    "compression_bits",
-    "without_compression",
-    "stored_payload",
     "born_host_property",
     "RecordFields",
-    "encode_attribute",
-    "split_attribute",
     "record_data_from_send",
     "message_of_record",
     "stored_message_bytes",
@@ -89,10 +84,7 @@ __all__ = [
     "half_message",
 ]
 
-PROP_TAGS = "TAGS"
-PROP_KEYS = "KEYS"
 PROP_DELAY = "DELAY"
-PROP_UNIQ_KEY = "UNIQ_KEY"
 PROP_RETRY_TOPIC = "RETRY_TOPIC"
 PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROP_TRAN_MSG = "TRAN_MSG"
@@ -102,10 +94,8 @@ PROP_PRODUCER_GROUP = "PGROUP"
 PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 _FLAG = "@FLAG"
-_SYSFLAG = "@SYSFLAG"
 _RECONSUME = "@RECONSUME"
 _BORNHOST = "@BORNHOST"
-_INTERNAL = (_FLAG, _SYSFLAG, _RECONSUME, _BORNHOST)
 
 #: sysFlag bits read back from a stored message: multi-tags, and the compression bits that records written
 #: before bodies were stored decompressed may hold (their consumers must still decompress them).
@@ -113,40 +103,6 @@ _INTERNAL = (_FLAG, _SYSFLAG, _RECONSUME, _BORNHOST)
 KEPT_SYSFLAG_BITS = SYSFLAG_COMPRESSED | SYSFLAG_MULTI_TAGS | (7 << 8)
 #: sysFlag bits written into a record now: bodies are stored decompressed.
 STORED_SYSFLAG_BITS = SYSFLAG_MULTI_TAGS
-#: How ``@SYSFLAG`` starts in an attribute (the put-burst scanners leave such puts to the general path, which
-#: decompresses a body it marks compressed).
-SYSFLAG_MARK = ("%s%s%s" % (PROPERTY_SEPARATOR, _SYSFLAG, NAME_VALUE_SEPARATOR)).encode("ascii")
-
-
-def encode_attribute(tags, properties):
-    """The attribute string of a remoting message: tags, ``\\x02``, then the encoded properties."""
-    return (tags or "") + PROPERTY_SEPARATOR + encode_properties(properties)
-
-
-def split_attribute(attribute):
-    """``(tags, properties, from_remoting)`` of an attribute string.
-
-    Without a ``\\x02`` the attribute is a plain MetaQ attribute: ``(attribute, {}, False)``.
-    With one: the tags before it (None when empty) and the properties after it.
-    """
-    if attribute is None:
-        return None, {}, False
-    tags, sep, rest = attribute.partition(PROPERTY_SEPARATOR)
-    if not sep:
-        return attribute, {}, False
-    return (tags or None), decode_properties(rest), True
-
-
-def _int_prop(props, key):
-    """An internal property's int32 (0 when absent, not a number or out of range: see ``_born_host``)."""
-    text = props.pop(key, None)
-    try:
-        value = int(text) if text is not None else 0
-    except ValueError:
-        return 0
-    return value if -2**31 <= value < 2**31 else 0
-
-
 def born_host_property(host):
     """``{"@BORNHOST": host}`` for a producer's address ``"ip:port"`` (empty when unknown)."""
     if not host:
@@ -185,7 +141,7 @@ def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=
     if flag:
         props[_FLAG] = str(flag)
     if sys_flag & STORED_SYSFLAG_BITS:
-        props[_SYSFLAG] = str(sys_flag & STORED_SYSFLAG_BITS)
+        props[PROP_SYSFLAG] = str(sys_flag & STORED_SYSFLAG_BITS)
     if reconsume_times:
         props[_RECONSUME] = str(reconsume_times)
     props.update(born_host_property(born_host))
@@ -201,22 +157,6 @@ def record_data_from_send(body, properties, flag=0, sys_flag=0, reconsume_times=
     return encode_payload(body, attribute)
 
 
-def _clean_tags(text):
-    if not text or NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-        return None
-    return text
-
-
-def record_properties(attribute):
-    """The properties a RocketMQ consumer sees for a record whose attribute is ``attribute`` (str or None): its
-    properties, and ``TAGS`` its tags (a plain MetaQ attribute: its tags alone); what a SQL92 filter evaluates."""
-    tags, props, _from_remoting = split_attribute(attribute)
-    tags = _clean_tags(tags)
-    if tags is not None:
-        props[PROP_TAGS] = tags
-    return props
-
-
 def message_of_record(rec, store_host):
     """The ``StoredMessage`` a RocketMQ consumer gets for a ``LogRecord`` (``rec.position`` = physical offset)."""
     try:
@@ -226,13 +166,13 @@ def message_of_record(rec, store_host):
     tags, props, from_remoting = split_attribute(attribute)
     born = None
     if from_remoting:
-        flag = _int_prop(props, _FLAG)
-        sys_flag = _int_prop(props, _SYSFLAG) & KEPT_SYSFLAG_BITS
-        reconsume = _int_prop(props, _RECONSUME)
+        flag = pop_int(props, _FLAG)
+        sys_flag = pop_int(props, PROP_SYSFLAG) & KEPT_SYSFLAG_BITS
+        reconsume = pop_int(props, _RECONSUME)
         born = _born_host(props)
     else:
         flag, sys_flag, reconsume = rec.flag, 0, 0
-    tags = _clean_tags(tags)
+    tags = shown_tags(tags)
     if tags is not None:
         props[PROP_TAGS] = tags
     _fit_properties(props)
@@ -266,48 +206,6 @@ def _fit_properties(props):
         if total <= room - 64:  # and room for PROP_TRIMMED itself
             break
     props[PROP_TRIMMED] = str(left_out)
-
-
-def compression_bits(attribute):
-    """The compression bits of the ``@SYSFLAG`` an attribute carries (0 without one, or for a value that is not
-    a number: such a property is kept as it is)."""
-    if attribute is None or _SYSFLAG not in attribute:
-        return 0
-    _tags, props, from_remoting = split_attribute(attribute)
-    if not from_remoting:
-        return 0
-    return _int_prop(props, _SYSFLAG) & COMPRESSION_BITS
-
-
-def without_compression(attribute):
-    """``attribute`` with the compression bits taken out of its ``@SYSFLAG`` (what is stored once the body is
-    decompressed). A property part left empty goes too: the attribute is then its tags, or None when those
-    are empty (so an unattributed message that was compressed is stored unattributed)."""
-    tags, props, _from_remoting = split_attribute(attribute)
-    rest = _int_prop(props, _SYSFLAG) & ~COMPRESSION_BITS
-    if rest:
-        props[_SYSFLAG] = str(rest)
-    if props:
-        return encode_attribute(tags, props)
-    return tags or None
-
-
-def stored_payload(properties, payload, max_bytes=limits.MAX_BODY_BYTES):
-    """A record's payload as its producer meant it: decompressed when the record's (raw) ``properties`` say it
-    is compressed, which only a record written by a metaq older than the decompress-on-arrival rule can.
-    RemoteProtocolError when it does not decompress."""
-    text = properties.get(_SYSFLAG)
-    if not text:
-        return payload
-    try:
-        bits = int(text) & COMPRESSION_BITS
-        if not bits or codec_of(bits) is None:
-            return payload
-        return inflate(bits, payload, max_bytes)
-    except ValueError:
-        return payload
-    except BadCompressedBody as exc:
-        raise RemoteProtocolError(str(exc)) from None
 
 
 def stored_message_bytes(msg):

@@ -38,8 +38,15 @@ from metaq.protocol.rocketmq.bodies import (SYSFLAG_TRANSACTION_PREPARED, create
 from metaq.protocol.rocketmq.headers import (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE,
                                              ConsumerSendMsgBackHeader, EndTransactionHeader, decode_header,
                                              decode_send_header, send_response_fields)
-from metaq.protocol.rocketmq.mapping import (PROP_CHECK_IMMUNITY, PROP_DELAY, PROP_TRAN_MSG, PROP_UNIQ_KEY,
-                                             message_of_record, record_data_from_send, retry_copy)
+from metaq.protocol.properties import PROP_UNIQ_KEY
+from metaq.protocol.rocketmq.mapping import (
+    PROP_CHECK_IMMUNITY,
+    PROP_DELAY,
+    PROP_TRAN_MSG,
+    message_of_record,
+    record_data_from_send,
+    retry_copy,
+)
 from metaq.timers.records import ENTRY, TIMER_TOPIC, owner_field, timer_due, timer_property
 from metaq.transactions.policy import immunity_ms
 from metaq.transactions.state import HALF_OWNER, half_txid

@@ -5,8 +5,14 @@ import pytest
 from metaq.errors import RemoteProtocolError
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.bodies import decode_stored_message, parse_offset_msg_id
-from metaq.protocol.rocketmq.mapping import (message_of_record, parse_subscription, record_data_from_send,
-                                             retry_copy, split_attribute, stored_message_bytes)
+from metaq.protocol.properties import split_attribute
+from metaq.protocol.rocketmq.mapping import (
+    message_of_record,
+    parse_subscription,
+    record_data_from_send,
+    retry_copy,
+    stored_message_bytes,
+)
 from metaq.store.record import LogRecord
 
 HOST = ("127.0.0.1", 10911)
@@ -50,7 +56,7 @@ def test_a_record_an_older_broker_stored_compressed_still_tells_consumers_so():
     still get them (they decompress), and the metaq client's reader decompresses (stored_payload)."""
     import zlib
 
-    from metaq.protocol.rocketmq.mapping import stored_payload
+    from metaq.protocol.properties import stored_payload
 
     packed = zlib.compress(b"original " * 1000)
     flag, data = encode_payload(packed, "Tg\x02@SYSFLAG\x01769\x02KEYS\x01k\x02")  # 769 = 1 | 3 << 8: zlib
