@@ -160,7 +160,7 @@ def test_admin_cluster_shows_each_brokers_role_addresses_topics_and_mqtt_load(th
         assert (r["mqtt"], r["remoting"], r["grpc"]) == tuple("127.0.0.1:%d" % three.port(b, n)
                                                              for n in ("mqtt", "remoting", "grpc"))
         assert TOPIC in r["topics"].split(",")
-        assert r["routes"] is None  # no MQTT cluster links reported by these brokers
+        assert "peers=" in r["routes"] and "peers_up=" in r["routes"], r  # the broker's MQTT cluster links
     assert [(r["mqtt_connections"], r["mqtt_sessions"]) for r in rows] == [(0, 0), (0, 0), (1, 1)]
     table = _admin(capsys, "--zk", three.zk_connect, "cluster")
     assert table.splitlines()[0].split()[:4] == ["BROKER", "MEMBER", "ROLE", "URL"]
