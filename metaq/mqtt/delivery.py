@@ -1,8 +1,9 @@
 """What one MQTT connection's subscriptions read from the log, filtered in the broker and sent (docs/mqtt.md
 "Subscribing").
 
-A filter whose first level is literal reads that metaq topic's partitions; one that starts with a wildcard reads
-every topic its user may read (the broker's own topics never), at most ``mqtt.max_wildcard_topics``. Each
+A filter whose first level is literal reads the metaq topics the topic map says can hold its names
+(``TopicMap.topics_for``: usually one), those its user may read; one that starts with a wildcard reads every topic
+its user may read (the broker's own topics never), at most ``mqtt.max_wildcard_topics``. Each
 subscription's permission is the guard's (``Guard.require(session, SUB, "topic", ...)``) for every topic it reads,
 asked again at every read (a reloaded permissions file applies at once): a client never subscribes its way around a
 topic it may not read. A new subscription starts at the end of the log (clean sessions); a topic that appears later
@@ -55,10 +56,10 @@ from gevent.event import Event
 
 from metaq import errors, limits, speedups
 from metaq.auth.acl import SUB
-from metaq.limits import validate_topic
 from metaq.mqtt import wire
 from metaq.mqtt.records import message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
+from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
@@ -72,11 +73,13 @@ class Decoded:
     subscriber that gets it the same way (same MQTT version and retain flag, no Subscription Identifier, no expiry):
     at most ``count`` of each (``limits.MQTT_SHARED_DECODES``) holding ``nbytes`` together
     (``limits.MQTT_SHARED_DECODES_BYTES``), the oldest dropped first. A record is known by its place in the log and
-    its message id, so a log cut and written again (a slave's) is never mistaken for it."""
+    its message id, so a log cut and written again (a slave's) is never mistaken for it. ``topics``: the port's
+    topic map (``records.message_of``)."""
 
-    __slots__ = ("count", "nbytes", "_messages", "_packets")
+    __slots__ = ("topics", "count", "nbytes", "_messages", "_packets")
 
-    def __init__(self, count=limits.MQTT_SHARED_DECODES, nbytes=limits.MQTT_SHARED_DECODES_BYTES):
+    def __init__(self, topics=DEFAULT_MAP, count=limits.MQTT_SHARED_DECODES, nbytes=limits.MQTT_SHARED_DECODES_BYTES):
+        self.topics = topics
         self.count = count
         self.nbytes = nbytes
         self._messages = _Kept(count, nbytes)  # (position, msg id) -> MqttMessage
@@ -86,7 +89,7 @@ class Decoded:
         """The ``MqttMessage`` of the record ``key`` (``(position, msg id)``) of metaq topic ``topic``."""
         m = self._messages.get(key)
         if m is None:
-            m = message_of(topic, flag, data)
+            m = message_of(topic, flag, data, self.topics)
             self._messages.put(key, m, len(m.payload))
         return m
 
@@ -400,8 +403,8 @@ class Delivery:
             except (errors.Forbidden, errors.Unauthenticated) as exc:
                 log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
                 return wire.NOT_AUTHORIZED
-        first = inner.split("/", 1)[0]
-        if first in ("+", "#"):
+        topics, every = self.port.topics.topics_for(inner)
+        if every:  # the rules' topics among them once they exist (``_rescan``)
             topics = self._readable()
             if self._seen is None:
                 self._seen = set()
@@ -411,20 +414,13 @@ class Delivery:
                          "(mqtt.max_wildcard_topics)", self.conn.peer, sub.topic_filter, len(topics),
                          s.max_wildcard_topics)
                 return wire.QUOTA_EXCEEDED
-        else:
-            try:
-                validate_topic(first)
-                self.guard.require(self.conn.session, SUB, "topic", first)
-                self.store.partitions_of(first)
-            except errors.InvalidTopic:
-                return wire.TOPIC_FILTER_INVALID
-            except (errors.Forbidden, errors.Unauthenticated) as exc:
-                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
-                return wire.NOT_AUTHORIZED
-            except errors.MetaqError as exc:
-                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
-                return wire.UNSPECIFIED_ERROR
-            topics = [first]
+        elif not topics:
+            log.info("mqtt %s: SUBSCRIBE %s refused: topic filters beginning with '$' are the broker's",
+                     self.conn.peer, sub.topic_filter)
+            return wire.TOPIC_FILTER_INVALID
+        code, topics = self._allowed(sub.topic_filter, topics) if not every else (None, topics)
+        if code is not None:
+            return code
         granted = min(sub.qos, 2)
         if share is not None:
             old = session.shared.pop(sub.topic_filter, None)
@@ -438,6 +434,29 @@ class Delivery:
         for topic in topics:
             self._start_at_end(topic, name=_one_name(inner))
         return granted
+
+    def _allowed(self, topic_filter, topics):
+        """``(None, the topics of ``topics`` this subscriber may read)`` for a filter whose first level is literal
+        (``TopicMap.topics_for``'s), or ``(SUBACK failure code, None)`` when it may read none of them (or one cannot
+        be read): a filter that spans topics reads those its user may read, as a wildcard one does."""
+        allowed, refusal = [], None
+        for topic in topics:
+            try:
+                self.guard.require(self.conn.session, SUB, "topic", topic)
+                self.store.partitions_of(topic)
+            except (errors.Forbidden, errors.Unauthenticated) as exc:
+                refusal = exc
+                continue
+            except errors.InvalidTopic:
+                return wire.TOPIC_FILTER_INVALID, None
+            except errors.MetaqError as exc:
+                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, topic_filter, exc)
+                return wire.UNSPECIFIED_ERROR, None
+            allowed.append(topic)
+        if not allowed:
+            log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, topic_filter, refusal)
+            return wire.NOT_AUTHORIZED, None
+        return None, allowed
 
     def _readable(self):
         """The topics a wildcard filter reads: every topic this user may read, the broker's own left out."""
@@ -926,7 +945,7 @@ class Delivery:
         for rec in records:
             if group.cursors.get(key) != rec.queue_offset:
                 return True  # another member claimed it meanwhile
-            m = message_of(topic, rec.flag, rec.data)
+            m = message_of(topic, rec.flag, rec.data, self.port.topics)
             if not matches(group.topic_filter, m.topic):
                 group.cursors[key] = rec.queue_offset + 1
                 group.dirty = True
@@ -1004,7 +1023,7 @@ class Delivery:
         connection closed meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
-            m = message_of(topic, flag, data)
+            m = message_of(topic, flag, data, self.port.topics)
         prepared = self._prepare(m, granted, retain, ids, key, True)
         if prepared is _DROPPED:
             return True
@@ -1091,7 +1110,7 @@ class Delivery:
                 session.dropped(pid)  # its message is gone from the log (retention): nothing to send again
                 continue
             qos, topic = where[0], where[1]
-            m = message_of(topic, rec.flag, rec.data)
+            m = message_of(topic, rec.flag, rec.data, self.port.topics)
             props = m.properties
             ids = session.matching(topic, m.topic, m.client_id)[1]
             if ids:

@@ -5,19 +5,33 @@ import zlib
 import pytest
 
 from metaq.client.message import Message
-from metaq.mqtt.records import (PLAIN_QOS, RecordRefusal, first_level, message_of, partition_for, record_data,
+from metaq.mqtt.records import (PLAIN_QOS, RecordRefusal, message_of, partition_for, placement, record_data,
                                 stored_message)
+from metaq.mqtt.topicmap import DEFAULT_MAP, TopicMap
 from metaq.protocol.message import Record, encode_payload
 from metaq.protocol.rocketmq.mapping import record_data_from_send
 
 
-def test_the_first_level_is_the_metaq_topic_and_must_be_a_valid_name():
-    assert first_level("sensors/room1/temp") == "sensors"
-    assert first_level("plain") == "plain"
-    for bad in ("/leading/slash", "caf\u00e9/x", "a b/c", "$SYS/uptime", "x\x01y"):
+def test_placement_is_the_topic_maps_and_refuses_only_dollar_names_and_record_separators():
+    assert placement(DEFAULT_MAP, "sensors/room1/temp") == ("sensors", zlib.crc32(b"sensors/room1/temp"))
+    assert placement(DEFAULT_MAP, "plain")[0] == "plain"
+    for fallback in ("/leading/slash", "caf\u00e9/x", "a b/c", "%MQTT%/x"):
+        assert placement(DEFAULT_MAP, fallback)[0] == "mqtt"
+    for bad in ("$SYS/uptime", "x\x01y", "x\x02y"):
         with pytest.raises(RecordRefusal) as exc:
-            first_level(bad)
+            placement(DEFAULT_MAP, bad)
         assert exc.value.what == "topic"
+
+
+def test_a_record_is_its_names_message_only_in_a_topic_the_map_puts_the_name_in():
+    ruled = TopicMap([{"filter": "/devices/#", "topic": "devices"}])
+    flag, data = record_data("/devices/1/up", b"v", 1, "d1", None)
+    assert message_of("devices", flag, data, ruled).topic == "/devices/1/up"
+    assert message_of("mqtt", flag, data, ruled).topic == "/devices/1/up"  # the default rule's: written before
+    assert message_of("other", flag, data, ruled).topic == "other"  # a name forged into another topic
+    flag, data = record_data("sensors/x", b"v", 1, "d1", None)
+    assert message_of("sensors", flag, data, ruled).topic == "sensors/x"
+    assert message_of("devices", flag, data, ruled).topic == "devices"
 
 
 def test_the_partition_is_the_crc32_of_the_whole_name_and_stable():
