@@ -581,6 +581,7 @@ class Connection(core.Connection):
             return False
         if session.subscriptions or session.inflight or session.rejoin:
             delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
+            delivery.resumed()
             rejoin, session.rejoin = session.rejoin, []
             for topic_filter, granted, sub_id in rejoin:  # its shared groups joined again, permission asked again
                 code = delivery.subscribe(wire.Subscription(topic_filter, granted), sub_id)

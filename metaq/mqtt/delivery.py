@@ -435,6 +435,19 @@ class Delivery:
             self._start_at_end(topic, name=_one_name(inner))
         return granted
 
+    def resumed(self):
+        """A resumed session's filters whose first level is literal also read the topics the topic map gives them now
+        and did not when they were subscribed (``mqtt.topic_map`` changed since), from the end of the log; those read
+        before go on from their positions (what they hold was written under the rules of then)."""
+        for sub in self.session.subscriptions.values():
+            if sub.wildcard:
+                continue
+            topics, _every = self.port.topics.topics_for(sub.topic_filter)
+            new = [t for t in topics if t not in sub.topics]
+            for topic in (self._allowed(sub.topic_filter, new)[1] or ()) if new else ():
+                sub.topics.add(topic)
+                self._start_at_end(topic, name=_one_name(sub.topic_filter))
+
     def _allowed(self, topic_filter, topics):
         """``(None, the topics of ``topics`` this subscriber may read)`` for a filter whose first level is literal
         (``TopicMap.topics_for``'s), or ``(SUBACK failure code, None)`` when it may read none of them (or one cannot

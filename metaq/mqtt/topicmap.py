@@ -10,10 +10,11 @@ may not publish to one. The whole name stays in the record (``records.TOPIC``) a
 so names that differ only in bytes a metaq topic cannot hold are never mixed up.
 
 **A filter's topics** (``TopicMap.topics_for``): each rule whose filter can match a name the subscription's filter
-matches (``overlaps``), in order, up to the first whose filter matches every such name (``covers``: no name reaches
-the rules after it or the default); then the default's: the first level when it is a literal legal metaq topic name,
-the fallback when it is a literal that is not, every topic the user may read when it is a wildcard (the caller's
-list, bounded by ``mqtt.max_wildcard_topics``). A filter beginning with ``$`` reads no topic.
+matches (``overlaps``), in order; then the default rule's: the first level when it is a literal legal metaq topic
+name, the fallback when it is a literal that is not, every topic the user may read when it is a wildcard (the
+caller's list, bounded by ``mqtt.max_wildcard_topics``). The default's topic is read even where a rule takes every
+name the filter matches: what was stored before the rule (a data directory of an earlier release) is found there. A
+filter beginning with ``$`` reads no topic.
 
 **Which records a topic holds** (``TopicMap.holds``): a record of a metaq topic is read as the MQTT message its
 ``MQTT_TOPIC`` names only when the map (or the default rule, for records written under other rules) puts that name
@@ -29,7 +30,7 @@ from metaq.limits import MQTT_MAX_TOPIC_RULES, validate_topic
 from metaq.mqtt.topics import TopicError, has_wildcard, matches, validate_filter
 from metaq.topics.names import is_internal
 
-__all__ = ["DEFAULT_FALLBACK", "TopicRule", "TopicMapError", "TopicMap", "overlaps", "covers", "default_topic",
+__all__ = ["DEFAULT_FALLBACK", "TopicRule", "TopicMapError", "TopicMap", "overlaps", "default_topic",
            "broker_name", "DEFAULT_MAP"]
 
 #: The metaq topic of names whose first level is no legal metaq topic name (``mqtt.fallback_topic``'s default).
@@ -89,24 +90,6 @@ def overlaps(a, b):
         if x != "+" and y != "+" and x != y:
             return False
     return True
-
-
-def covers(a, b):
-    """True when every topic name the (valid, non-shared) filter ``b`` matches is matched by filter ``a`` too."""
-    if a[:1] in ("+", "#") and broker_name(b):
-        return False
-    la, lb = _levels(a), _levels(b)
-    for i, x in enumerate(la):
-        if x == "#":
-            return True
-        if i >= len(lb):
-            return False
-        y = lb[i]
-        if y == "#":  # b matches names of any depth from here (from one level at the first: no name has none)
-            return i == 0 and la == ["+", "#"]
-        if x != "+" and x != y:
-            return False  # y a wildcard (a literal x does not take every level) or another literal
-    return len(la) == len(lb)
 
 
 def _rules(entries):
@@ -179,8 +162,6 @@ class TopicMap:
             if overlaps(rule.topic_filter, topic_filter):
                 if rule.topic not in out:
                     out.append(rule.topic)
-                if covers(rule.topic_filter, topic_filter):
-                    return tuple(out), False
         first = topic_filter.split("/", 1)[0]
         if first in ("+", "#"):
             return tuple(out), True
