@@ -26,7 +26,7 @@ import zlib
 from typing import NamedTuple
 
 from metaq.errors import InvalidTopic
-from metaq.limits import MQTT_MAX_TOPIC_RULES, validate_topic
+from metaq.limits import MQTT_MAX_TOPIC_RULES, MQTT_PLACED_NAMES, validate_topic
 from metaq.mqtt.topics import TopicError, has_wildcard, matches, validate_filter
 from metaq.topics.names import is_internal
 
@@ -35,9 +35,6 @@ __all__ = ["DEFAULT_FALLBACK", "TopicRule", "TopicMapError", "TopicMap", "overla
 
 #: The metaq topic of names whose first level is no legal metaq topic name (``mqtt.fallback_topic``'s default).
 DEFAULT_FALLBACK = "mqtt"
-
-#: Names whose placement a map remembers (a device repeats the same few).
-_PLACES = 4096
 
 
 class TopicMapError(ValueError):
@@ -137,7 +134,7 @@ class TopicMap:
     def __init__(self, rules=(), fallback=DEFAULT_FALLBACK):
         self.rules = _rules(rules)
         self.fallback = _checked_topic(fallback, "mqtt.fallback_topic")
-        self.place = functools.lru_cache(maxsize=_PLACES)(self._place)
+        self.place = functools.lru_cache(maxsize=MQTT_PLACED_NAMES)(self._place)
 
     def topic_of(self, name):
         """The metaq topic of (valid) MQTT topic name ``name``; ValueError for a name beginning with ``$``."""

@@ -15,7 +15,7 @@ import ipaddress
 import os
 import resource
 import zlib
-from typing import List, Literal, Optional
+from typing import Dict, List, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -457,7 +457,7 @@ class MqttSection(_Section):
     max_retained_bytes: int = Field(limits.MQTT_MAX_RETAINED_BYTES, ge=0)
     # MQTT topic names -> metaq topics (docs/mqtt.md "Topics"): [{filter: <MQTT filter>, topic: <metaq topic>}, ...],
     # the first match wins; else a name's first level when it is a legal metaq topic name, else fallback_topic
-    topic_map: List[dict] = []
+    topic_map: List[Dict[str, str]] = []
     fallback_topic: str = DEFAULT_FALLBACK
 
     @field_validator("host")

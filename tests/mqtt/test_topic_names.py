@@ -8,7 +8,8 @@ from metaq.limits import MQTT_MAX_TOPIC_LEVELS
 from metaq.mqtt import wire
 from metaq.mqtt.records import partition_for
 from metaq.protocol import events as ev
-from tests.harness.mqtt import V311, Paho, Raw, SubscribedMosquittoSub, mosquitto_pub, mqtt_config
+from tests.harness.acl import SECRETS, secured_config
+from tests.harness.mqtt import V311, Paho, Raw, SubscribedMosquittoSub, mosquitto_pub, mqtt_config, with_mqtt
 
 PARTITIONS = 2  # small_config's "*" topics
 DEVICES = [{"filter": "/devices/#", "topic": "devices"}]
@@ -175,3 +176,25 @@ def test_a_get_of_the_fallback_topic_sees_the_message_with_its_mqtt_topic(broker
     Paho(b, "dev-f").publish("/devices/9/up", b"reading", qos=1)
     [body] = _stored(b, fallback, "/devices/9/up")
     assert body.endswith(b"reading")
+
+
+def test_permissions_are_on_the_topic_a_name_is_stored_in_the_fallback_one_for_every_odd_name(broker_factory,
+                                                                                              tmp_path):
+    config = with_mqtt(secured_config(tmp_path), topic_map=[{"filter": "/orders/#", "topic": "orders_dev"}])
+    b = broker_factory(config)
+    alice = Raw(b)  # may publish to and read orders*, not the fallback topic
+    assert alice.connect("alice-1", username="alice", password=SECRETS["alice"].encode()).reason_code == 0
+    alice.send(wire.Subscribe(1, (wire.Subscription("/orders/+/x", 1), wire.Subscription("x y/#", 1))))
+    assert alice.read() == wire.Suback(1, (1, wire.NOT_AUTHORIZED))  # reads orders_dev alone; the fallback: none
+    alice.send(wire.Publish("/orders/1/x", b"mine", 1, packet_id=2))
+    alice.send(wire.Publish("/other/x", b"not mine", 1, packet_id=3))
+    got = sorted((type(p).__name__, getattr(p, "packet_id", None), getattr(p, "reason_code", None), p.topic
+                  if isinstance(p, wire.Publish) else None) for p in (alice.read(), alice.read(), alice.read()))
+    assert got == [("PubAck", 2, 0, None), ("PubAck", 3, wire.NOT_AUTHORIZED, None),
+                   ("Publish", 1, None, "/orders/1/x")]
+    reader = Raw(b)  # may read every topic: the fallback's names too
+    assert reader.connect("reader-1", username="reader", password=SECRETS["reader"].encode()).reason_code == 0
+    reader.send(wire.Subscribe(1, (wire.Subscription("x y/#", 1),)))
+    assert reader.read() == wire.Suback(1, (1,))
+    alice.close()
+    reader.close()
