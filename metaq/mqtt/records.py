@@ -9,7 +9,7 @@ RocketMQ mapping (``protocol.rocketmq.mapping``: attribute ``"\\x02" key "\\x01"
 RocketMQ pulls, the Python client and Spark see them:
 
 ===================== =================================================================================
-``MQTT_TOPIC``        the whole MQTT topic name
+``MQTT_TOPIC``        the whole MQTT topic name (``MQTT_TOPIC_B64``: its UTF-8 base64, when it holds \\x01 or \\x02)
 ``MQTT_QOS``          the QoS it was published with (0, 1 or 2)
 ``MQTT_CLIENT``       its publisher's client identifier (an MQTT 5 No Local subscription skips its own)
 ``MQTT_CONTENT_TYPE`` MQTT 5 Content Type
@@ -21,9 +21,9 @@ RocketMQ pulls, the Python client and Spark see them:
 ``MQTT_EXPIRES_AT``   MQTT 5 Message Expiry Interval as the time it expires (epoch milliseconds)
 ===================== =================================================================================
 
-A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in user properties; a topic name, content
-type, response topic or client identifier holding one is refused (``RecordRefusal``; the front-end answers 0x90 for
-a topic, 0x83 for the others).
+A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in user properties, a topic name holding
+one is kept as ``MQTT_TOPIC_B64`` (``_named``); a content type, response topic or client identifier holding one is
+refused (``RecordRefusal``; the front-end answers 0x83).
 
 **The other way.** A record without ``MQTT_TOPIC``, or whose name the topic map does not put in its topic
 (``TopicMap.holds``), (put over text, RocketMQ or HTTP to topic ``t``) is the MQTT
@@ -42,11 +42,14 @@ from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute, stored_payload
 
-__all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
+__all__ = ["TOPIC", "TOPIC_B64", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
            "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "partition_for",
            "placement", "plain_plan", "record_data", "stored_message", "MqttMessage", "message_of"]
 
 TOPIC = "MQTT_TOPIC"
+#: The property that holds a topic name holding ``\x01`` or ``\x02`` (the attribute's separators) in place of
+#: ``TOPIC``: the base64 of its UTF-8 bytes. Records written before never have it, so they read the same.
+TOPIC_B64 = "MQTT_TOPIC_B64"
 QOS = "MQTT_QOS"
 CLIENT = "MQTT_CLIENT"
 CONTENT_TYPE = "MQTT_CONTENT_TYPE"
@@ -56,8 +59,8 @@ PAYLOAD_FORMAT = "MQTT_PAYLOAD_FORMAT"
 USER_PROPERTIES = "MQTT_USER_PROPERTIES"
 RETAIN = "MQTT_RETAIN"
 EXPIRES_AT = "MQTT_EXPIRES_AT"
-_OURS = frozenset({TOPIC, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT, USER_PROPERTIES,
-                   RETAIN, EXPIRES_AT})
+_OURS = frozenset({TOPIC, TOPIC_B64, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT,
+                   USER_PROPERTIES, RETAIN, EXPIRES_AT})
 
 #: The QoS a record put over another protocol is delivered as published with.
 PLAIN_QOS = 1
@@ -86,10 +89,7 @@ def partition_for(name, partitions):
 def placement(topics, name):
     """``(metaq topic, name hash)`` of MQTT topic name ``name`` under the topic map ``topics``
     (``TopicMap.place``, remembered per name): its topic and the CRC-32 whose remainder by the topic's partition count
-    is ``partition_for``'s partition. RecordRefusal for a name beginning with ``$`` (the broker's) or holding a
-    character a record cannot keep."""
-    if any(c in name for c in _SEPARATORS):
-        raise RecordRefusal("a topic name holding \\x01 or \\x02 cannot be stored", "topic")
+    is ``partition_for``'s partition. RecordRefusal for a name beginning with ``$`` (the broker's)."""
     try:
         return topics.place(name)
     except ValueError as exc:
@@ -109,7 +109,8 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     the record's index unit has tag hash 0 (what the publish burst writes, ``MqttPort.put_burst``)."""
     if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
         return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
-    props = {TOPIC: name, QOS: str(qos)}
+    props = _named(name)
+    props[QOS] = str(qos)
     if retain:
         props[RETAIN] = "1"
     if "message_expiry_interval" in properties:
@@ -172,12 +173,31 @@ def stored_message(name, payload, qos, client_id, properties, retain=False, now_
 def _plain_attribute(name, qos, client_id, retain):
     """The attribute of a PUBLISH without MQTT 5 properties (``record_data``'s, remembered: the same publisher and
     topic give the same one; a refusal is raised again each time, never remembered)."""
-    props = {TOPIC: name, QOS: str(qos)}
+    props = _named(name)
+    props[QOS] = str(qos)
     if retain:
         props[RETAIN] = "1"
     if client_id:
         props[CLIENT] = _text(client_id, "client identifier")
     return encode_attribute(None, props)
+
+
+def _named(name):
+    """The properties that keep topic name ``name``: ``TOPIC``, or ``TOPIC_B64`` for one holding a separator."""
+    if any(c in name for c in _SEPARATORS):
+        return {TOPIC_B64: base64.b64encode(name.encode("utf-8", "surrogatepass")).decode("ascii")}
+    return {TOPIC: name}
+
+
+def _name_of(props):
+    """The topic name ``_named`` kept in ``props``, or None (none, or a ``TOPIC_B64`` that does not decode)."""
+    name = props.get(TOPIC)
+    if name is None and TOPIC_B64 in props:
+        try:
+            return base64.b64decode(props[TOPIC_B64], validate=True).decode("utf-8")
+        except ValueError:
+            return None
+    return name
 
 
 class MqttMessage(NamedTuple):
@@ -215,7 +235,7 @@ def message_of(metaq_topic, flag, data, topics=DEFAULT_MAP):
             payload = stored_payload(props, payload)
         except RemoteProtocolError:  # an old compressed record that does not inflate: its bytes as stored
             pass
-    name = props.get(TOPIC)
+    name = _name_of(props)
     if name is None or not topics.holds(metaq_topic, name):
         user = tuple((k, v) for k, v in props.items() if not k.startswith("@") and k not in _OURS)
         return MqttMessage(metaq_topic, PLAIN_QOS, None, payload, {"user_property": user} if user else {})

@@ -2,6 +2,8 @@
 burst path too), filters, retained messages and wills, with paho-mqtt, Mosquitto's clients and our raw client; the
 messages in the documented metaq topic for every other protocol; a data directory written before keeps working."""
 
+import base64
+
 import pytest
 
 from metaq.limits import MQTT_MAX_TOPIC_LEVELS
@@ -198,3 +200,27 @@ def test_permissions_are_on_the_topic_a_name_is_stored_in_the_fallback_one_for_e
     assert reader.read() == wire.Suback(1, (1,))
     alice.close()
     reader.close()
+
+
+def test_a_name_holding_the_record_separators_is_published_retained_and_delivered(broker_factory, tmp_path):
+    b = broker_factory(mqtt_config(tmp_path))
+    name = "a\x01b/c\x02"
+    sub = Raw(b)
+    assert sub.connect("sep-sub").reason_code == 0
+    sub.send(wire.Subscribe(1, (wire.Subscription("a\x01b/+", 1),)))
+    assert sub.read() == wire.Suback(1, (1,))
+    pub = Raw(b)
+    assert pub.connect("sep-pub").reason_code == 0
+    pub.send(wire.Publish(name, b"odd", 1, retain=True, packet_id=1))
+    assert pub.read() == wire.PubAck(1)
+    got = sub.read()
+    assert (got.topic, got.payload) == (name, b"odd")
+    late = Paho(b, "sep-late")
+    assert late.subscribe("a\x01b/#", qos=1) == [1]
+    [m] = late.wait_messages(1)
+    assert (m.topic, m.payload, m.retain) == (name, b"odd", True)
+    with b.client() as c:  # the other protocols see it in the fallback topic, its name in base64
+        r = c.get("mqtt", partition_for(name, PARTITIONS), 0)
+    assert isinstance(r, ev.Value) and b"MQTT_TOPIC_B64\x01" + base64.b64encode(name.encode()) + b"\x02" in r.body
+    pub.close()
+    sub.close()
