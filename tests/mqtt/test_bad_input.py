@@ -92,6 +92,9 @@ def test_a_name_beginning_with_dollar_is_the_brokers_refused_with_topic_name_inv
     assert old.connect("dollar-311").reason_code == 0
     old.send(wire.Publish("$SYS/x", b"x", 1, packet_id=1))
     assert old.closed()
+    will = Raw(mqtt_broker)
+    assert will.connect("dollar-will", will=wire.Will("$SYS/status", b"gone")).reason_code == wire.TOPIC_NAME_INVALID
+    assert will.closed()
 
 
 def test_what_this_release_does_not_serve_is_refused_as_the_connack_said(mqtt_broker):
