@@ -450,25 +450,26 @@ class Delivery:
 
     def _allowed(self, topic_filter, topics):
         """``(None, the topics of ``topics`` this subscriber may read)`` for a filter whose first level is literal
-        (``TopicMap.topics_for``'s), or ``(SUBACK failure code, None)`` when it may read none of them (or one cannot
-        be read): a filter that spans topics reads those its user may read, as a wildcard one does."""
-        allowed, refusal = [], None
+        (``TopicMap.topics_for``'s), or ``(SUBACK failure code, None)`` when it may read none of them: a filter that
+        spans topics reads those its user may read (and the store has or may create), as a wildcard one does."""
+        allowed, code, why = [], None, None
         for topic in topics:
             try:
                 self.guard.require(self.conn.session, SUB, "topic", topic)
                 self.store.partitions_of(topic)
             except (errors.Forbidden, errors.Unauthenticated) as exc:
-                refusal = exc
+                code, why = code or wire.NOT_AUTHORIZED, why or exc
                 continue
-            except errors.InvalidTopic:
-                return wire.TOPIC_FILTER_INVALID, None
+            except errors.InvalidTopic as exc:
+                code, why = code or wire.TOPIC_FILTER_INVALID, why or exc
+                continue
             except errors.MetaqError as exc:
-                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, topic_filter, exc)
-                return wire.UNSPECIFIED_ERROR, None
+                code, why = code or wire.UNSPECIFIED_ERROR, why or exc
+                continue
             allowed.append(topic)
         if not allowed:
-            log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, topic_filter, refusal)
-            return wire.NOT_AUTHORIZED, None
+            log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, topic_filter, why)
+            return code, None
         return None, allowed
 
     def _readable(self):

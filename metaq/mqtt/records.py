@@ -25,9 +25,9 @@ A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in u
 one is kept as ``MQTT_TOPIC_B64`` (``_named``); a content type, response topic or client identifier holding one is
 refused (``RecordRefusal``; the front-end answers 0x83).
 
-**The other way.** A record without ``MQTT_TOPIC``, or whose name the topic map does not put in its topic
-(``TopicMap.holds``), (put over text, RocketMQ or HTTP to topic ``t``) is the MQTT
-message of topic name ``t`` published at QoS 1 (it was acknowledged once stored), whose user properties are the
+**The other way.** A record of topic ``t`` without ``MQTT_TOPIC`` (put over text, RocketMQ or HTTP), or whose name
+the topic map does not put in ``t`` (``TopicMap.holds``: a forged one), is the MQTT message of topic name ``t``
+published at QoS 1 (it was acknowledged once stored), whose user properties are the
 record's RocketMQ properties (internal ``@`` ones left out) and whose payload is the record's body.
 """
 
