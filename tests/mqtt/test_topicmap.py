@@ -118,3 +118,22 @@ def test_the_broker_refuses_a_bad_rule_in_its_settings_with_the_rule_named():
     with pytest.raises(ValueError, match="mqtt.topic_map rule 2: filter 'a/#/b'"):
         MqttSection(topic_map=[{"filter": "ok/#", "topic": "ok"}, {"filter": "a/#/b", "topic": "x"}])
     assert MqttSection(topic_map=[{"filter": "/d/#", "topic": "d"}]).topics().topic_of("/d/1") == "d"
+
+
+def test_the_docs_example_maps_each_name_as_its_comment_says():
+    """docs/mqtt.md "Topics": the example's rules, loaded as the broker loads them, give each name the topic its
+    comment names (``# <name>, <name> -> <topic>``)."""
+    import pathlib
+    import re
+
+    import yaml
+
+    from metaq.server.config import MqttSection
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "mqtt.md").read_text()
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "topic_map" in b]
+    topics = MqttSection(**yaml.safe_load(block)["mqtt"]).topics()
+    claims = re.findall(r"#\s+(.+?)\s+->\s+(\S+)", block)
+    assert len(claims) == 5
+    for names, topic in claims:
+        for name in names.split(", "):
+            assert topics.topic_of(name) == topic, name
