@@ -2,9 +2,9 @@
 "Topics"), decided here and nowhere else; pure.
 
 **A name's topic** (``TopicMap.topic_of``): the first rule of ``mqtt.topic_map`` whose filter matches the whole name
-gives it; with none, the name's first level when that is a legal metaq topic name that is not one of the broker's
-own (``sensors`` for ``sensors/room1/temp``: the rule of earlier releases, so a data directory written before keeps
-its topics), else ``mqtt.fallback_topic``. So every legal MQTT name (any UTF-8 without wildcards or U+0000, empty
+gives it; with none, the name's first level when that is a legal metaq topic name (``sensors`` for
+``sensors/room1/temp``: the rule of earlier releases, so a data directory written before keeps its topics), else
+``mqtt.fallback_topic``. So every legal MQTT name (any UTF-8 without wildcards or U+0000, empty
 levels included) has a topic, except those beginning with ``$``, which are the broker's (MQTT 5.0 §4.7.2): a client
 may not publish to one. The whole name stays in the record (``records.TOPIC``) and every match is on the whole name,
 so names that differ only in bytes a metaq topic cannot hold are never mixed up.
@@ -54,17 +54,17 @@ def broker_name(text):
 
 
 def _legal_topic(name):
-    """``name`` if it is a legal metaq topic name of a user's (not one of the broker's own), else None."""
+    """``name`` if it is a legal metaq topic name, else None."""
     try:
-        validate_topic(name)
+        return validate_topic(name)
     except InvalidTopic:
         return None
-    return None if is_internal(name) else name
 
 
 def default_topic(name, fallback=DEFAULT_FALLBACK):
     """The default rule's topic for MQTT name ``name`` (no ``mqtt.topic_map`` rule matched): its first level when that
-    is a legal metaq topic name of a user's, else ``fallback``."""
+    is a legal metaq topic name, else ``fallback``. A first level that names one of the broker's own topics
+    (``%TIMER%/x``) is that topic, as before: the write decision refuses it with its words, as on every port."""
     return _legal_topic(name.split("/", 1)[0]) or fallback
 
 

@@ -22,7 +22,7 @@ DEVICES = TopicMap([{"filter": "/devices/#", "topic": "devices"},
     ("x y/z", "mqtt", "other"),                        # a first level no metaq topic can be
     ("caf\u00e9/x", "mqtt", "other"),
     ("a//b", "a", "a"),                                # empty levels below the first
-    ("%MQTT%/x", "mqtt", "other"),                     # the broker's own topics are never a name's
+    ("%MQTT%/x", "%MQTT%", "%MQTT%"),                 # the broker's own: the write decision refuses it
     ("sensors/alarm/x", "sensors", "alarms"),          # the first rule that matches wins
     ("sensors/secret/x", "sensors", "secret"),
     ("/", "mqtt", "other"),
