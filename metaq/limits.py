@@ -645,6 +645,13 @@ MQTT_MAX_SUBSCRIPTIONS = 64
 #: reads every topic its user may read; a SUBSCRIBE that would read more is refused (0x97 / 0x80), and topics that
 #: appear later past the bound are not read (logged once).
 MQTT_MAX_WILDCARD_TOPICS = 256
+#: Rules of ``mqtt.topic_map`` (MQTT topic filter -> metaq topic, first match wins; docs/mqtt.md "Topics"): a
+#: configuration with more is refused at the start. Each new topic name is matched against them once (the broker
+#: remembers a name's topic), each SUBSCRIBE's filter against all of them.
+MQTT_MAX_TOPIC_RULES = 256
+#: MQTT topic names whose metaq topic the broker remembers (``TopicMap.place``; the most recent, a device repeats
+#: the same few): a name not among them is matched against the rules again.
+MQTT_PLACED_NAMES = 4096
 #: Longest MQTT client identifier, in UTF-8 bytes (``mqtt.max_client_id_bytes``; the specification asks for 23 at
 #: least): a longer one is refused in the CONNACK (0x85 / 0x02).
 MQTT_MAX_CLIENT_ID_BYTES = 128

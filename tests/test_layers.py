@@ -82,6 +82,7 @@ FEATURE_ROLES = {
     "reads": "state",  # store-level reads over the log and its index (no socket, gevent or clock)
     "follow": "state",  # a subscriber of the store's log follower (store/follower.py)
     "topics": "logic",  # a protocol's topic names and filters: validation and matching (MQTT's)
+    "topicmap": "logic",  # a protocol's names mapped to metaq topics, and a filter's topics (MQTT's; pure)
     "session": "state",  # a protocol's per-client session state (MQTT's: subscriptions, cursors, packet ids)
     "port": "front-end", "connection": "front-end",  # a feature's own listener and its connections (MQTT's)
     "delivery": "front-end",  # what a connection's subscriptions read from the log and send (MQTT's)

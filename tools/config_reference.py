@@ -99,7 +99,7 @@ def _type_name(annotation):
         return " \\| ".join("`%s`" % a for a in args)
     if origin in (list, typing.List):
         return "list of %s" % _type_name(args[0])
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel) or annotation is dict or origin is dict:
         return "mapping"
     return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(annotation, str(annotation))
 

@@ -51,7 +51,7 @@ from gevent.lock import Semaphore
 from metaq import errors, limits
 from metaq.mqtt import wire
 from metaq.mqtt.delivery import Delivery
-from metaq.mqtt.records import RecordRefusal, first_level, plain_plan, stored_message
+from metaq.mqtt.records import RecordRefusal, placement, plain_plan, stored_message
 from metaq.mqtt.session import PUBLISH_SENT, PUBREL_SENT, MqttSession
 from metaq.mqtt.topics import OutboundAliases
 from metaq.mqtt.wire import MQTT_5, MqttError, MqttParser, encode, refusal
@@ -559,7 +559,7 @@ class Connection(core.Connection):
         will = p.will
         if will is not None:
             try:
-                first_level(will.topic)
+                placement(self.port.topics, will.topic)
             except RecordRefusal as exc:
                 return self._refuse_connect(wire.TOPIC_NAME_INVALID, "will topic %r: %s" % (will.topic, exc))
         self.will = will
@@ -606,6 +606,7 @@ class Connection(core.Connection):
             return False
         if session.subscriptions or session.inflight or session.rejoin:
             delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
+            delivery.resumed()
             rejoin, session.rejoin = session.rejoin, []
             for topic_filter, granted, sub_id in rejoin:  # its shared groups joined again, permission asked again
                 code = delivery.subscribe(wire.Subscription(topic_filter, granted), sub_id)
@@ -781,7 +782,7 @@ class Connection(core.Connection):
         name, a valid metaq topic): its next plain PUBLISHes are split and staged in one step (``_stage_plain``)."""
         if self._plans is None:
             self._plans = {}
-        remember_plan(self._plans, name, self.mqtt.client_id)
+        remember_plan(self._plans, self.port.topics, name, self.mqtt.client_id)
 
     def _stage_plain(self, staged, qos1, nbytes):
         """Add ``wire.MqttParser.plain_publishes``'s entries (``qos1`` of them at QoS 1, ``nbytes`` of records) to
@@ -988,14 +989,14 @@ class Connection(core.Connection):
         return True
 
 
-def remember_plan(plans, name, client_id):
-    """Add ``records.plain_plan(name, client_id)`` to ``plans`` under the name's bytes unless it is there; ``plans``
-    holds at most ``MQTT_PLAIN_PLANS`` names (full, it starts again)."""
+def remember_plan(plans, topics, name, client_id):
+    """Add ``records.plain_plan(topics, name, client_id)`` to ``plans`` under the name's bytes unless it is there;
+    ``plans`` holds at most ``MQTT_PLAIN_PLANS`` names (full, it starts again)."""
     key = name.encode("utf-8")
     if key not in plans:
         if len(plans) >= MQTT_PLAIN_PLANS:
             plans.clear()
-        plans[key] = plain_plan(name, client_id)
+        plans[key] = plain_plan(topics, name, client_id)
 
 
 def _now():

@@ -1,8 +1,9 @@
 """What one MQTT connection's subscriptions read from the log, filtered in the broker and sent (docs/mqtt.md
 "Subscribing").
 
-A filter whose first level is literal reads that metaq topic's partitions; one that starts with a wildcard reads
-every topic its user may read (the broker's own topics never), at most ``mqtt.max_wildcard_topics``. Each
+A filter whose first level is literal reads the metaq topics the topic map says can hold its names
+(``TopicMap.topics_for``: usually one), those its user may read; one that starts with a wildcard reads every topic
+its user may read (the broker's own topics never), at most ``mqtt.max_wildcard_topics``. Each
 subscription's permission is the guard's (``Guard.require(session, SUB, "topic", ...)``) for every topic it reads,
 asked again at every read (a reloaded permissions file applies at once): a client never subscribes its way around a
 topic it may not read. A new subscription starts at the end of the log (clean sessions); a topic that appears later
@@ -66,10 +67,10 @@ from gevent.event import Event
 
 from metaq import errors, limits, speedups
 from metaq.auth.acl import SUB
-from metaq.limits import validate_topic
 from metaq.mqtt import wire
-from metaq.mqtt.records import first_level, message_of, partition_for
+from metaq.mqtt.records import message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
+from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
@@ -83,11 +84,13 @@ class Decoded:
     subscriber that gets it the same way (same MQTT version and retain flag, no Subscription Identifier, no expiry):
     at most ``count`` of each (``limits.MQTT_SHARED_DECODES``) holding ``nbytes`` together
     (``limits.MQTT_SHARED_DECODES_BYTES``), the oldest dropped first. A record is known by its place in the log and
-    its message id, so a log cut and written again (a slave's) is never mistaken for it."""
+    its message id, so a log cut and written again (a slave's) is never mistaken for it. ``topics``: the port's
+    topic map (``records.message_of``)."""
 
-    __slots__ = ("count", "nbytes", "_messages", "_packets")
+    __slots__ = ("topics", "count", "nbytes", "_messages", "_packets")
 
-    def __init__(self, count=limits.MQTT_SHARED_DECODES, nbytes=limits.MQTT_SHARED_DECODES_BYTES):
+    def __init__(self, topics=DEFAULT_MAP, count=limits.MQTT_SHARED_DECODES, nbytes=limits.MQTT_SHARED_DECODES_BYTES):
+        self.topics = topics
         self.count = count
         self.nbytes = nbytes
         self._messages = _Kept(count, nbytes)  # (position, msg id) -> MqttMessage
@@ -97,7 +100,7 @@ class Decoded:
         """The ``MqttMessage`` of the record ``key`` (``(position, msg id)``) of metaq topic ``topic``."""
         m = self._messages.get(key)
         if m is None:
-            m = message_of(topic, flag, data)
+            m = message_of(topic, flag, data, self.topics)
             self._messages.put(key, m, len(m.payload))
         return m
 
@@ -422,8 +425,8 @@ class Delivery:
             except (errors.Forbidden, errors.Unauthenticated) as exc:
                 log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
                 return wire.NOT_AUTHORIZED
-        first = inner.split("/", 1)[0]
-        if first in ("+", "#"):
+        topics, every = self.port.topics.topics_for(inner)
+        if every:  # the rules' topics among them once they exist (``_rescan``)
             topics = self._readable()
             if self._seen is None:
                 self._seen = set()
@@ -433,20 +436,13 @@ class Delivery:
                          "(mqtt.max_wildcard_topics)", self.conn.peer, sub.topic_filter, len(topics),
                          s.max_wildcard_topics)
                 return wire.QUOTA_EXCEEDED
-        else:
-            try:
-                validate_topic(first)
-                self.guard.require(self.conn.session, SUB, "topic", first)
-                self.store.partitions_of(first)
-            except errors.InvalidTopic:
-                return wire.TOPIC_FILTER_INVALID
-            except (errors.Forbidden, errors.Unauthenticated) as exc:
-                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
-                return wire.NOT_AUTHORIZED
-            except errors.MetaqError as exc:
-                log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, sub.topic_filter, exc)
-                return wire.UNSPECIFIED_ERROR
-            topics = [first]
+        elif not topics:
+            log.info("mqtt %s: SUBSCRIBE %s refused: topic filters beginning with '$' are the broker's",
+                     self.conn.peer, sub.topic_filter)
+            return wire.TOPIC_FILTER_INVALID
+        code, topics = self._allowed(sub.topic_filter, topics) if not every else (None, topics)
+        if code is not None:
+            return code
         granted = min(sub.qos, 2)
         cluster = self.port.cluster_topics  # the MQTT cluster's inbox: what the peers published (metaq.mqttcluster)
         if share is not None:
@@ -465,6 +461,43 @@ class Delivery:
         if cluster:
             self.port.routes_changed(sub.topic_filter)
         return granted
+
+    def resumed(self):
+        """A resumed session's filters whose first level is literal also read the topics the topic map gives them now
+        and did not when they were subscribed (``mqtt.topic_map`` changed since), from the end of the log; those read
+        before go on from their positions (what they hold was written under the rules of then)."""
+        for sub in self.session.subscriptions.values():
+            if sub.wildcard:
+                continue
+            topics, _every = self.port.topics.topics_for(sub.topic_filter)
+            new = [t for t in topics if t not in sub.topics]
+            for topic in (self._allowed(sub.topic_filter, new)[1] or ()) if new else ():
+                sub.topics.add(topic)
+                self._start_at_end(topic, name=_one_name(sub.topic_filter))
+
+    def _allowed(self, topic_filter, topics):
+        """``(None, the topics of ``topics`` this subscriber may read)`` for a filter whose first level is literal
+        (``TopicMap.topics_for``'s), or ``(SUBACK failure code, None)`` when it may read none of them: a filter that
+        spans topics reads those its user may read (and the store has or may create), as a wildcard one does."""
+        allowed, code, why = [], None, None
+        for topic in topics:
+            try:
+                self.guard.require(self.conn.session, SUB, "topic", topic)
+                self.store.partitions_of(topic)
+            except (errors.Forbidden, errors.Unauthenticated) as exc:
+                code, why = code or wire.NOT_AUTHORIZED, why or exc
+                continue
+            except errors.InvalidTopic as exc:
+                code, why = code or wire.TOPIC_FILTER_INVALID, why or exc
+                continue
+            except errors.MetaqError as exc:
+                code, why = code or wire.UNSPECIFIED_ERROR, why or exc
+                continue
+            allowed.append(topic)
+        if not allowed:
+            log.info("mqtt %s: SUBSCRIBE %s refused: %s", self.conn.peer, topic_filter, why)
+            return code, None
+        return None, allowed
 
     def _readable(self):
         """The topics a wildcard filter reads: every topic this user may read, the broker's own left out."""
@@ -883,7 +916,7 @@ class Delivery:
         if not self.guard.enabled:
             return True
         try:
-            topic = first_level(m.topic)
+            topic = self.port.topics.topic_of(m.topic)
         except ValueError:
             return False
         return self.guard.allows(self.conn.session, SUB, "topic", topic)
@@ -1033,7 +1066,7 @@ class Delivery:
         for rec in records:
             if group.cursors.get(key) != rec.queue_offset:
                 return True  # another member claimed it meanwhile
-            m = message_of(topic, rec.flag, rec.data)
+            m = message_of(topic, rec.flag, rec.data, self.port.topics)
             if not matches(group.topic_filter, m.topic):
                 group.cursors[key] = rec.queue_offset + 1
                 group.dirty = True
@@ -1111,7 +1144,7 @@ class Delivery:
         connection closed meanwhile."""
         conn, session = self.conn, self.session
         if m is None:
-            m = message_of(topic, flag, data)
+            m = message_of(topic, flag, data, self.port.topics)
         prepared = self._prepare(m, granted, retain, ids, key, True)
         if prepared is _DROPPED:
             return True
@@ -1202,7 +1235,7 @@ class Delivery:
                 session.dropped(pid)  # its message is gone from the log (retention): nothing to send again
                 continue
             qos, topic = where[0], where[1]
-            m = message_of(topic, rec.flag, rec.data)
+            m = message_of(topic, rec.flag, rec.data, self.port.topics)
             props = m.properties
             ids = session.matching(topic, m.topic, m.client_id)[1]
             if ids:

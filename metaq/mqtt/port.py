@@ -55,7 +55,7 @@ from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOP
                                encode, encode_end, encode_group, encode_group_end, encode_retained, encode_unretained,
                                encode_will, encode_will_end, replay)
 from metaq.mqtt.wire import Will
-from metaq.mqtt.records import first_level, partition_for, placement, record_data
+from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
@@ -107,7 +107,8 @@ class MqttPort:
         self.waiters = waiters
         self.max_transfer = max_transfer
         self.listener = None
-        self.decoded = Decoded()  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
+        self.topics = settings.topics()  # MQTT topic names -> metaq topics (``topicmap.TopicMap``), one decision
+        self.decoded = Decoded(self.topics)  # records decoded, QoS 0 PUBLISHes encoded, once for all their subscribers
         self.fanouts = Fanouts(store, waiters, self.decoded, max_transfer)  # one reader per partition for many
         self.waiting = {}  # (topic, partition) -> the Deliveries waiting on it now (``deliver_now``)
         self._clients = {}  # client id -> its Connection
@@ -446,7 +447,7 @@ class MqttPort:
         ``security``'s user write to since its caller last yielded (one socket read's PUBLISHes), a dict of their
         partition counts: not asked again for them; a topic let through is added. A refusal is never remembered:
         each publish it refuses is asked and answered. Raises ``records.RecordRefusal`` or MetaqError."""
-        topic = first_level(name)
+        topic = placement(self.topics, name)[0]
         partitions = self._decide(topic, security, decided)
         now = now_ms()
         flag, data = record_data(name, payload, qos, client_id, properties, retain, now)
@@ -490,7 +491,7 @@ class MqttPort:
         ``(metaq topic, partition, flag, data)``. The write decision is ``put``'s (asked once per metaq topic while
         ``decided`` holds it, with its partition count; the caller stores the burst before it yields). Raises
         ``records.RecordRefusal`` or MetaqError (a refusal counted as a failed put), as ``put`` does."""
-        topic, crc = placement(name)
+        topic, crc = placement(self.topics, name)
         partitions = self._decide(topic, security, decided)
         flag, data = record_data(name, payload, qos, client_id, properties, False, now)
         return topic, crc % partitions, flag, data

@@ -1,14 +1,15 @@
 """An MQTT message in a metaq record, and a record as an MQTT message (sans-IO; docs/mqtt.md "Topics").
 
-**The mapping.** The first level of an MQTT topic name is the metaq topic the message is stored in (``sensors`` for
-``sensors/room1/temp``; it must be a valid metaq topic name: ``first_level``), its partition the CRC-32 of the whole
-name's UTF-8 bytes modulo the topic's partitions (``partition_for``: one MQTT topic always lands in one partition,
-so its messages keep their order), and the whole name is kept in the record. The record keeps metaq's form (flag,
-attribute block, payload) with the properties of the RocketMQ mapping (``protocol.rocketmq.mapping``: attribute
-``"\\x02" key "\\x01" value "\\x02" ...``), so ``get``, RocketMQ pulls, the Python client and Spark see them:
+**The mapping.** The metaq topic a message is stored in is the broker's topic map's (``topicmap.TopicMap``: the
+``mqtt.topic_map`` rules, else the first level when it is a legal metaq topic name, else ``mqtt.fallback_topic``;
+``placement``), its partition the CRC-32 of the whole name's UTF-8 bytes modulo the topic's partitions
+(``partition_for``: one MQTT topic always lands in one partition, so its messages keep their order), and the whole
+name is kept in the record. The record keeps metaq's form (flag, attribute block, payload) with the properties of the
+RocketMQ mapping (``protocol.rocketmq.mapping``: attribute ``"\\x02" key "\\x01" value "\\x02" ...``), so ``get``,
+RocketMQ pulls, the Python client and Spark see them:
 
 ===================== =================================================================================
-``MQTT_TOPIC``        the whole MQTT topic name
+``MQTT_TOPIC``        the whole MQTT topic name (``MQTT_TOPIC_B64``: its UTF-8 base64, when it holds \\x01 or \\x02)
 ``MQTT_QOS``          the QoS it was published with (0, 1 or 2)
 ``MQTT_CLIENT``       its publisher's client identifier (an MQTT 5 No Local subscription skips its own)
 ``MQTT_CONTENT_TYPE`` MQTT 5 Content Type
@@ -20,15 +21,16 @@ attribute block, payload) with the properties of the RocketMQ mapping (``protoco
 ``MQTT_EXPIRES_AT``   MQTT 5 Message Expiry Interval as the time it expires (epoch milliseconds)
 ===================== =================================================================================
 
-A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in user properties; a topic name, content
-type, response topic or client identifier holding one is refused (``RecordRefusal``; the front-end answers 0x90 for
-a topic, 0x83 for the others).
+A record's properties cannot hold ``\\x01`` or ``\\x02``: JSON escapes them in user properties, a topic name holding
+one is kept as ``MQTT_TOPIC_B64`` (``_named``); a content type, response topic or client identifier holding one is
+refused (``RecordRefusal``; the front-end answers 0x83).
 
 A record of the MQTT cluster's inbox (``%MQTTIN%``, ``metaq.mqttcluster.inbox``) is a copy of a peer broker's
 message and always carries the name it was published with.
 
-**The other way.** A record without ``MQTT_TOPIC`` (put over text, RocketMQ or HTTP to topic ``t``) is the MQTT
-message of topic name ``t`` published at QoS 1 (it was acknowledged once stored), whose user properties are the
+**The other way.** A record of topic ``t`` without ``MQTT_TOPIC`` (put over text, RocketMQ or HTTP), or whose name
+the topic map does not put in ``t`` (``TopicMap.holds``: a forged one), is the MQTT message of topic name ``t``
+published at QoS 1 (it was acknowledged once stored), whose user properties are the
 record's RocketMQ properties (internal ``@`` ones left out) and whose payload is the record's body.
 """
 
@@ -38,17 +40,20 @@ import json
 import zlib
 from typing import NamedTuple
 
-from metaq.errors import InvalidTopic, RemoteProtocolError
-from metaq.limits import validate_topic
+from metaq.errors import RemoteProtocolError
+from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.properties import encode_attribute, split_attribute, stored_payload
 
-__all__ = ["TOPIC", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
-           "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "first_level", "partition_for",
+__all__ = ["TOPIC", "TOPIC_B64", "QOS", "CLIENT", "CONTENT_TYPE", "RESPONSE_TOPIC", "CORRELATION", "PAYLOAD_FORMAT",
+           "USER_PROPERTIES", "RETAIN", "EXPIRES_AT", "PLAIN_QOS", "RecordRefusal", "partition_for",
            "placement", "plain_plan", "record_data", "stored_message", "MqttMessage", "message_of"]
 
 TOPIC = "MQTT_TOPIC"
+#: The property that holds a topic name holding ``\x01`` or ``\x02`` (the attribute's separators) in place of
+#: ``TOPIC``: the base64 of its UTF-8 bytes. Records written before never have it, so they read the same.
+TOPIC_B64 = "MQTT_TOPIC_B64"
 QOS = "MQTT_QOS"
 CLIENT = "MQTT_CLIENT"
 CONTENT_TYPE = "MQTT_CONTENT_TYPE"
@@ -58,8 +63,8 @@ PAYLOAD_FORMAT = "MQTT_PAYLOAD_FORMAT"
 USER_PROPERTIES = "MQTT_USER_PROPERTIES"
 RETAIN = "MQTT_RETAIN"
 EXPIRES_AT = "MQTT_EXPIRES_AT"
-_OURS = frozenset({TOPIC, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT, USER_PROPERTIES,
-                   RETAIN, EXPIRES_AT})
+_OURS = frozenset({TOPIC, TOPIC_B64, QOS, CLIENT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION, PAYLOAD_FORMAT,
+                   USER_PROPERTIES, RETAIN, EXPIRES_AT})
 
 #: The QoS a record put over another protocol is delivered as published with.
 PLAIN_QOS = 1
@@ -79,30 +84,20 @@ class RecordRefusal(ValueError):
         self.what = what
 
 
-def first_level(name):
-    """The metaq topic of the MQTT topic name ``name``: its first level; RecordRefusal unless it is a valid metaq topic
-    name (letters, digits, ``_ . - %``) and the name holds no character a record cannot keep."""
-    if any(c in name for c in _SEPARATORS):
-        raise RecordRefusal("a topic name holding \\x01 or \\x02 cannot be stored", "topic")
-    topic = name.split("/", 1)[0]
-    try:
-        return validate_topic(topic)
-    except InvalidTopic as exc:
-        raise RecordRefusal("the first level of an MQTT topic name is the metaq topic: %s" % exc, "topic") from None
-
-
 def partition_for(name, partitions):
     """The partition of ``partitions`` a message of MQTT topic name ``name`` is stored in: CRC-32 of its UTF-8 bytes
     modulo the count (the same on every broker and release: one MQTT topic, one partition, its order kept)."""
     return zlib.crc32(name.encode("utf-8", "surrogatepass")) % partitions
 
 
-@functools.lru_cache(maxsize=MQTT_ATTRIBUTE_CACHE)
-def placement(name):
-    """``(metaq topic, name hash)`` of MQTT topic name ``name``: ``first_level(name)`` and the CRC-32 whose remainder
-    by the topic's partition count is ``partition_for``'s partition. Remembered per name (a device repeats the same
-    few); a refusal is raised again each time, never remembered."""
-    return first_level(name), zlib.crc32(name.encode("utf-8", "surrogatepass"))
+def placement(topics, name):
+    """``(metaq topic, name hash)`` of MQTT topic name ``name`` under the topic map ``topics``
+    (``TopicMap.place``, remembered per name): its topic and the CRC-32 whose remainder by the topic's partition count
+    is ``partition_for``'s partition. RecordRefusal for a name beginning with ``$`` (the broker's)."""
+    try:
+        return topics.place(name)
+    except ValueError as exc:
+        raise RecordRefusal(str(exc), "topic") from None
 
 
 def _text(value, what):
@@ -118,7 +113,8 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     the record's index unit has tag hash 0 (what the publish burst writes, ``MqttPort.write_burst``)."""
     if not properties:  # every MQTT 3.1.1 PUBLISH and most MQTT 5 ones: a device repeats the same few topics
         return encode_payload(payload, _plain_attribute(name, qos, client_id, retain))
-    props = {TOPIC: name, QOS: str(qos)}
+    props = _named(name)
+    props[QOS] = str(qos)
     if retain:
         props[RETAIN] = "1"
     if "message_expiry_interval" in properties:
@@ -139,13 +135,14 @@ def record_data(name, payload, qos, client_id, properties, retain=False, now_ms=
     return encode_payload(payload, encode_attribute(None, props))
 
 
-def plain_plan(name, client_id):
-    """What staging a PUBLISH of ``name`` without properties by ``client_id`` (not retained) needs, made once for
+def plain_plan(topics, name, client_id):
+    """What staging a PUBLISH of ``name`` without properties by ``client_id`` (not retained) under the topic map
+    ``topics`` needs, made once for
     ``wire.plain_publishes``: ``(name, metaq topic, name hash, flag, record prefix at QoS 0, at QoS 1)``, the first
     three ``placement``'s and each prefix ``record_data``'s record of an empty payload, so that ``prefix + payload``
     is ``record_data``'s data for that payload (the attribute comes before the payload). Raises ``RecordRefusal`` as
     ``record_data`` and ``placement`` do."""
-    topic, crc = placement(name)
+    topic, crc = placement(topics, name)
     flag, prefix0 = record_data(name, b"", 0, client_id, None)
     _, prefix1 = record_data(name, b"", 1, client_id, None)
     return name, topic, crc, flag, prefix0, prefix1
@@ -180,12 +177,31 @@ def stored_message(name, payload, qos, client_id, properties, retain=False, now_
 def _plain_attribute(name, qos, client_id, retain):
     """The attribute of a PUBLISH without MQTT 5 properties (``record_data``'s, remembered: the same publisher and
     topic give the same one; a refusal is raised again each time, never remembered)."""
-    props = {TOPIC: name, QOS: str(qos)}
+    props = _named(name)
+    props[QOS] = str(qos)
     if retain:
         props[RETAIN] = "1"
     if client_id:
         props[CLIENT] = _text(client_id, "client identifier")
     return encode_attribute(None, props)
+
+
+def _named(name):
+    """The properties that keep topic name ``name``: ``TOPIC``, or ``TOPIC_B64`` for one holding a separator."""
+    if any(c in name for c in _SEPARATORS):
+        return {TOPIC_B64: base64.b64encode(name.encode("utf-8", "surrogatepass")).decode("ascii")}
+    return {TOPIC: name}
+
+
+def _name_of(props):
+    """The topic name ``_named`` kept in ``props``, or None (none, or a ``TOPIC_B64`` that does not decode)."""
+    name = props.get(TOPIC)
+    if name is None and TOPIC_B64 in props:
+        try:
+            return base64.b64decode(props[TOPIC_B64], validate=True).decode("utf-8")
+        except ValueError:
+            return None
+    return name
 
 
 class MqttMessage(NamedTuple):
@@ -209,8 +225,10 @@ def _user_pairs(text):
         return ()
 
 
-def message_of(metaq_topic, flag, data):
-    """The ``MqttMessage`` of a record of ``metaq_topic`` (a ``LogRecord``'s flag and data)."""
+def message_of(metaq_topic, flag, data, topics=DEFAULT_MAP):
+    """The ``MqttMessage`` of a record of ``metaq_topic`` (a ``LogRecord``'s flag and data) under the topic map
+    ``topics``: the message its ``MQTT_TOPIC`` names when the map puts that name in ``metaq_topic``
+    (``TopicMap.holds``), else the plain message of topic name ``metaq_topic``."""
     try:
         attribute, payload = decode_payload(flag, data)
     except RemoteProtocolError:
@@ -221,8 +239,8 @@ def message_of(metaq_topic, flag, data):
             payload = stored_payload(props, payload)
         except RemoteProtocolError:  # an old compressed record that does not inflate: its bytes as stored
             pass
-    name = props.get(TOPIC)
-    if name is None or (name.split("/", 1)[0] != metaq_topic and metaq_topic != MQTT_INBOX_TOPIC):
+    name = _name_of(props)
+    if name is None or (metaq_topic != MQTT_INBOX_TOPIC and not topics.holds(metaq_topic, name)):
         user = tuple((k, v) for k, v in props.items() if not k.startswith("@") and k not in _OURS)
         return MqttMessage(metaq_topic, PLAIN_QOS, None, payload, {"user_property": user} if user else {})
     out = {}

@@ -21,7 +21,7 @@ the reason; the codec (``metaq.mqtt.wire``) turns it into the MQTT 5 reason code
 from metaq.limits import MQTT_MAX_TOPIC_BYTES, MQTT_MAX_TOPIC_LEVELS
 
 __all__ = ["SHARE_PREFIX", "TopicError", "validate_name", "validate_filter", "split_shared", "matches",
-           "has_wildcard", "filter_topics"]
+           "has_wildcard"]
 
 #: The first level of a shared subscription's filter (MQTT 5.0 §4.8.2).
 SHARE_PREFIX = "$share/"
@@ -204,13 +204,3 @@ class OutboundAliases:
         """The PUBLISHes decided so far were written (or begun): nothing of them is undone any more."""
         self._undo.clear()
 
-
-def filter_topics(topic_filter, known_topics):
-    """The metaq topics whose records the filter ``topic_filter`` (no ``$share`` prefix) may match, of
-    ``known_topics``: its first level when that is literal, else every one of them (the caller leaves out what its
-    reader may not read). The one rule a subscription's reads and a peer broker's follow (``metaq.mqttcluster``)
-    share."""
-    first = topic_filter.split("/", 1)[0]
-    if first in ("+", "#"):
-        return list(known_topics)
-    return [first] if first in known_topics else []

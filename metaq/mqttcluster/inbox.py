@@ -19,6 +19,7 @@ import zlib
 
 from metaq import errors, limits
 from metaq.mqtt.records import message_of, record_data
+from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
@@ -44,10 +45,11 @@ def partition_of(origin, topic, partition, partitions=limits.MQTT_CLUSTER_INBOX_
     return zlib.crc32(b"%d:%d:%s" % (origin, partition, topic.encode("utf-8"))) % partitions
 
 
-def copy_of(origin, topic, partition, offset, flag, data, now_ms):
-    """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset``; None when the
-    message expired (MQTT 5 Message Expiry) or cannot be kept as an MQTT record (logged)."""
-    m = message_of(topic, flag, data)
+def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP):
+    """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset`` seen under the
+    topic map ``topics`` (a cluster's brokers share their mqtt settings); None when the message expired (MQTT 5
+    Message Expiry) or cannot be kept as an MQTT record (logged)."""
+    m = message_of(topic, flag, data, topics)
     props = dict(m.properties)
     if m.expires_ms is not None:
         left = m.expires_ms - now_ms

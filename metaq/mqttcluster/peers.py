@@ -219,7 +219,7 @@ class MqttCluster:
             if e.kind == MESSAGE:
                 if positions.is_copied(origin, e.topic, e.partition, e.offset):
                     continue
-                made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, e.data, now)
+                made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, e.data, now, self.port.topics)
                 if made is None:  # not kept (expired): a marker holds the position instead
                     made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now)
                 else:

@@ -1,6 +1,6 @@
 """The followed broker's side of the MQTT cluster: serve a peer that sent ROUTES on the replication port.
 
-The peer's filters say which metaq topics are followed (``mqtt.topics.filter_topics``, the rule a subscription's
+The peer's filters say which metaq topics are followed (``TopicMap.topics_for``, the rule a subscription's
 reads use; internal topics never: a peer's inbox is not followed, so a copy is never copied again); each followed
 partition is read from the peer's resume position, or from this broker's end when it has none (a topic that only
 appears later: from its start). A record goes in a RECORDS frame when its MQTT topic name (``records.message_of``, as
@@ -18,7 +18,8 @@ from gevent.event import Event
 
 from metaq import errors, limits
 from metaq.mqtt.records import message_of
-from metaq.mqtt.topics import filter_topics, matches
+from metaq.mqtt.topicmap import DEFAULT_MAP
+from metaq.mqtt.topics import matches
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry, Records
@@ -37,8 +38,9 @@ RESCAN_S = 1.0
 class FilterSet:
     """A peer's filters, indexed by first level for the match of a name (pure)."""
 
-    def __init__(self, filters):
+    def __init__(self, filters, topics=DEFAULT_MAP):
         self.filters = tuple(filters)
+        self.topicmap = topics  # this broker's ``TopicMap``: which of its topics a filter reads
         self._by_first = {}
         self._wild = []
         for f in self.filters:
@@ -59,15 +61,17 @@ class FilterSet:
         out = set()
         known = [t for t in known if not is_internal(t)]
         for f in self.filters:
-            out.update(filter_topics(f, known))
+            topics, every = self.topicmap.topics_for(f)
+            out.update(known if every else (t for t in topics if t in known))
         return out
 
 
 class PeerFollow:
     """What one peer follows here: its filters, the read position of each followed partition, its retained offset."""
 
-    def __init__(self, store, routes):
+    def __init__(self, store, routes, topics=DEFAULT_MAP):
         self.store = store
+        self.topicmap = topics
         self.broker_id = routes.broker_id
         self.resume = {(t, p): o for t, p, o in routes.positions}
         self.cursors = {}  # (topic, partition) -> next offset to read
@@ -78,7 +82,7 @@ class PeerFollow:
         self.set_filters(routes.filters)
 
     def set_filters(self, filters):
-        self.filters = FilterSet(filters)
+        self.filters = FilterSet(filters, self.topicmap)
         self.known_at_route = set(self.store.known_topics())
         self.rescan()
 
@@ -138,7 +142,7 @@ class PeerFollow:
                 self.cursors.pop(key, None)
                 continue
             for rec in records:
-                if self.filters.match(message_of(topic, rec.flag, rec.data).topic):
+                if self.filters.match(message_of(topic, rec.flag, rec.data, self.topicmap).topic):
                     entries.append(Entry(MESSAGE, topic, partition, rec.queue_offset, rec.flag, rec.store_ts_ms,
                                          bytes(rec.data)))
                     budget -= len(rec.data)
@@ -180,14 +184,15 @@ class PeerFollow:
 class PeerServer:
     """Serves the peers that follow this broker (``ReplicationServer.peer_handler``); counts for stats."""
 
-    def __init__(self, store, waiters):
+    def __init__(self, store, waiters, topics=DEFAULT_MAP):
         self.store = store
         self.waiters = waiters
+        self.topicmap = topics  # the MQTT port's ``TopicMap`` (a cluster's brokers share their mqtt settings)
         self.follows = {}  # id(PeerFollow) -> PeerFollow
         self.sent_records = 0
 
     def serve(self, sock, parser, routes, peer):
-        follow = PeerFollow(self.store, routes)
+        follow = PeerFollow(self.store, routes, self.topicmap)
         self.follows[id(follow)] = follow
         wake = Event()
         log.info("mqtt cluster: peer broker %d (%s) follows this broker: %d filters, %d partitions", routes.broker_id,

@@ -15,13 +15,14 @@ import ipaddress
 import os
 import resource
 import zlib
-from typing import List, Literal, Optional
+from typing import Dict, List, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from metaq import limits
 from metaq.errors import ConfigError, InvalidTopic
+from metaq.mqtt.topicmap import DEFAULT_FALLBACK, TopicMap, TopicMapError
 from metaq.timers.levels import DEFAULT_LEVELS, MAX_LEVELS, SCHEDULE_TOPIC, parse_levels
 from metaq.store.config import FLUSH_MODES, StoreConfig, TopicSpec
 from metaq.timers.records import TIMER_TOPIC
@@ -456,6 +457,10 @@ class MqttSection(_Section):
     offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
     max_retained: int = Field(limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept
     max_retained_bytes: int = Field(limits.MQTT_MAX_RETAINED_BYTES, ge=0)
+    # MQTT topic names -> metaq topics (docs/mqtt.md "Topics"): [{filter: <MQTT filter>, topic: <metaq topic>}, ...],
+    # the first match wins; else a name's first level when it is a legal metaq topic name, else fallback_topic
+    topic_map: List[Dict[str, str]] = []
+    fallback_topic: str = DEFAULT_FALLBACK
 
     @field_validator("host")
     @classmethod
@@ -463,6 +468,18 @@ class MqttSection(_Section):
         if host is not None and not host.strip():
             raise ValueError("mqtt.host must not be blank (leave it out to use broker.host)")
         return host
+
+    @model_validator(mode="after")
+    def _topic_map(self):
+        try:
+            self.topics()
+        except TopicMapError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def topics(self):
+        """The broker's ``mqtt.topicmap.TopicMap`` of ``topic_map`` and ``fallback_topic``."""
+        return TopicMap(self.topic_map, self.fallback_topic)
 
 
 #: What a gRPC message needs beside its body (the topic, properties, ids): ``limits.GRPC_MAX_MESSAGE_BYTES``'s room.

@@ -77,21 +77,24 @@ def test_a_topic_alias_out_of_range_is_refused(mqtt_broker):
     assert raw.read() == wire.PubAck(2)
 
 
-def test_a_first_level_that_is_no_metaq_topic_is_refused_with_topic_name_invalid(mqtt_broker):
-    raw = _v5(mqtt_broker, "first-level")
-    raw.send(wire.Publish("/starts/empty", b"x", 1, packet_id=1))
+def test_a_name_beginning_with_dollar_is_the_brokers_refused_with_topic_name_invalid(mqtt_broker):
+    raw = _v5(mqtt_broker, "dollar")
+    raw.send(wire.Publish("$SYS/broker/uptime", b"x", 1, packet_id=1))
     ack = raw.read()
     assert (type(ack), ack.packet_id, ack.reason_code) == (wire.PubAck, 1, wire.TOPIC_NAME_INVALID)
-    assert "the first level of an MQTT topic name is the metaq topic" in ack.properties["reason_string"]
-    raw.send(wire.Publish("caf\u00e9/x", b"x", 2, packet_id=2))
+    assert "topic names beginning with '$' are the broker's" in ack.properties["reason_string"]
+    raw.send(wire.Publish("$x", b"x", 2, packet_id=2))
     ack = raw.read()
     assert (type(ack), ack.packet_id, ack.reason_code) == (wire.PubRec, 2, wire.TOPIC_NAME_INVALID)
-    raw.send(wire.Subscribe(3, (wire.Subscription("b@d/#", 1),)))
-    assert raw.read() == wire.Suback(3, (wire.TOPIC_FILTER_INVALID,))
+    raw.send(wire.Subscribe(3, (wire.Subscription("$SYS/#", 1), wire.Subscription("b@d/#", 1))))
+    assert raw.read() == wire.Suback(3, (wire.TOPIC_FILTER_INVALID, 1))  # no '$' topic is served; b@d is a name
     old = Raw(mqtt_broker, wire.MQTT_311)
-    assert old.connect("first-level-311").reason_code == 0
-    old.send(wire.Publish("/starts/empty", b"x", 1, packet_id=1))
+    assert old.connect("dollar-311").reason_code == 0
+    old.send(wire.Publish("$SYS/x", b"x", 1, packet_id=1))
     assert old.closed()
+    will = Raw(mqtt_broker)
+    assert will.connect("dollar-will", will=wire.Will("$SYS/status", b"gone")).reason_code == wire.TOPIC_NAME_INVALID
+    assert will.closed()
 
 
 def test_what_this_release_does_not_serve_is_refused_as_the_connack_said(mqtt_broker):

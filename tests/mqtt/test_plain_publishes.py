@@ -9,7 +9,8 @@ import pytest
 
 from metaq.limits import MQTT_MAX_PACKET_BYTES
 from metaq.mqtt import connection, port, wire
-from metaq.mqtt.records import first_level, partition_for, plain_plan, record_data
+from metaq.mqtt.records import partition_for, placement, plain_plan, record_data
+from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.wire import MQTT_5, MQTT_311, MqttError, MqttParser, Publish, encode, encode_varint
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
@@ -23,16 +24,16 @@ needs_c = pytest.mark.skipif(plain_publishes_c is None, reason="metaq._speedups 
 
 NAMES = ["a/b", "sensors/room1/temp", "é/ü", "x"]
 CLIENT = "dev-1"
-PARTITIONS = {"a": 3, "sensors": 8, "é": 2, "x": 1}
+PARTITIONS = {"a": 3, "sensors": 8, "mqtt": 2, "x": 1}
 
 
 def _plans(names=NAMES, client_id=CLIENT):
-    return {n.encode("utf-8"): plain_plan(n, client_id) for n in names if first_level_ok(n)}
+    return {n.encode("utf-8"): plain_plan(DEFAULT_MAP, n, client_id) for n in names if placeable(n)}
 
 
-def first_level_ok(name):
+def placeable(name):
     try:
-        first_level(name)
+        placement(DEFAULT_MAP, name)
     except ValueError:
         return False
     return True
@@ -150,7 +151,7 @@ def test_each_entry_is_what_stage_gives_its_record_record_datas_byte_for_byte(v5
     rng = random.Random(7)
     plans = _plans()
     version = MQTT_5 if v5 else MQTT_311
-    sent = [Publish(rng.choice([n for n in NAMES if first_level_ok(n)]), rng.randbytes(rng.randrange(300)), qos,
+    sent = [Publish(rng.choice([n for n in NAMES if placeable(n)]), rng.randbytes(rng.randrange(300)), qos,
                     False, bool(qos and rng.random() < 0.3), rng.randrange(1, 65536) if qos else None)
             for qos in [rng.choice([0, 1]) for _ in range(200)]]
     buf = bytearray(b"".join(encode(p, version) for p in sent))
@@ -160,7 +161,7 @@ def test_each_entry_is_what_stage_gives_its_record_record_datas_byte_for_byte(v5
         assert pos == len(buf) and [e[4] for e in entries] == sent
         assert (qos1, nbytes) == (sum(p.qos for p in sent), sum(len(e[3]) for e in entries))
         for (topic, partition, flag, data, _p, name), want in zip(entries, sent, strict=True):
-            assert name == want.topic and topic == first_level(name)
+            assert name == want.topic and topic == placement(DEFAULT_MAP, name)[0]
             assert partition == partition_for(name, PARTITIONS[topic])
             assert (flag, data) == record_data(name, want.payload, want.qos, CLIENT, {}, False, 12345)
 
@@ -198,9 +199,9 @@ def test_a_connection_keeps_at_most_mqtt_plain_plans_names_at_and_one_past(extra
     plans = {}
     names = ["t/%d" % k for k in range(connection.MQTT_PLAIN_PLANS + extra)]
     for name in names:
-        connection.remember_plan(plans, name, CLIENT)
+        connection.remember_plan(plans, DEFAULT_MAP, name, CLIENT)
     assert len(plans) == (connection.MQTT_PLAIN_PLANS if not extra else 1)
-    assert plans[names[-1].encode()] == plain_plan(names[-1], CLIENT)
+    assert plans[names[-1].encode()] == plain_plan(DEFAULT_MAP, names[-1], CLIENT)
 
 
 @needs_c

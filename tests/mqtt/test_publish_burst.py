@@ -115,7 +115,7 @@ def test_a_refused_publish_in_a_burst_is_answered_in_its_place(mqtt_broker):
     name = "refusal/t"
     v = wire.MQTT_5
     raw = _connected(mqtt_broker, "refusal", v)
-    bad = wire.encode(wire.Publish("no@topic/t", b"x", 1, False, False, 3), v)  # no metaq topic: 0x90
+    bad = wire.encode(wire.Publish("$SYS/t", b"x", 1, False, False, 3), v)  # the broker's name: 0x90
     raw.send_bytes(_publishes(name, [b"1", b"2"], 1, v) + bad + _publishes(name, [b"4", b"5"], 1, v, 4))
     acks = [raw.read() for _ in range(5)]
     assert [a.packet_id for a in acks] == [1, 2, 3, 4, 5]

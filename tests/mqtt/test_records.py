@@ -1,23 +1,38 @@
 """An MQTT message in a metaq record and back (metaq/mqtt/records.py; docs/mqtt.md "Topics")."""
 
+import base64
 import zlib
 
 import pytest
 
 from metaq.client.message import Message
-from metaq.mqtt.records import (PLAIN_QOS, RecordRefusal, first_level, message_of, partition_for, record_data,
+from metaq.mqtt.records import (PLAIN_QOS, RecordRefusal, message_of, partition_for, placement, record_data,
                                 stored_message)
+from metaq.mqtt.topicmap import DEFAULT_MAP, TopicMap
 from metaq.protocol.message import Record, encode_payload
 from metaq.protocol.rocketmq.mapping import record_data_from_send
 
 
-def test_the_first_level_is_the_metaq_topic_and_must_be_a_valid_name():
-    assert first_level("sensors/room1/temp") == "sensors"
-    assert first_level("plain") == "plain"
-    for bad in ("/leading/slash", "caf\u00e9/x", "a b/c", "$SYS/uptime", "x\x01y"):
+def test_placement_is_the_topic_maps_and_refuses_only_dollar_names_and_record_separators():
+    assert placement(DEFAULT_MAP, "sensors/room1/temp") == ("sensors", zlib.crc32(b"sensors/room1/temp"))
+    assert placement(DEFAULT_MAP, "plain")[0] == "plain"
+    for fallback in ("/leading/slash", "caf\u00e9/x", "a b/c"):
+        assert placement(DEFAULT_MAP, fallback)[0] == "mqtt"
+    for bad in ("$SYS/uptime", "$x"):
         with pytest.raises(RecordRefusal) as exc:
-            first_level(bad)
+            placement(DEFAULT_MAP, bad)
         assert exc.value.what == "topic"
+
+
+def test_a_record_is_its_names_message_only_in_a_topic_the_map_puts_the_name_in():
+    ruled = TopicMap([{"filter": "/devices/#", "topic": "devices"}])
+    flag, data = record_data("/devices/1/up", b"v", 1, "d1", None)
+    assert message_of("devices", flag, data, ruled).topic == "/devices/1/up"
+    assert message_of("mqtt", flag, data, ruled).topic == "/devices/1/up"  # the default rule's: written before
+    assert message_of("other", flag, data, ruled).topic == "other"  # a name forged into another topic
+    flag, data = record_data("sensors/x", b"v", 1, "d1", None)
+    assert message_of("sensors", flag, data, ruled).topic == "sensors/x"
+    assert message_of("devices", flag, data, ruled).topic == "devices"
 
 
 def test_the_partition_is_the_crc32_of_the_whole_name_and_stable():
@@ -53,6 +68,22 @@ def test_the_message_a_publisher_has_is_the_one_its_record_gives_back(properties
                 flag, data = record_data("t/x", b"body", qos, client_id, properties, retain, 5000)
                 assert stored_message("t/x", b"body", qos, client_id, properties, retain, 5000) == \
                     message_of("t", flag, data)
+
+
+@pytest.mark.parametrize("properties", [None, {"content_type": "t"}], ids=["plain", "v5"])
+def test_a_name_holding_a_record_separator_is_kept_in_base64_and_given_back(properties):
+    for name in ("a\x01b/c", "/x\x02", "\x01"):
+        flag, data = record_data(name, b"p", 1, "dev", properties, True)
+        m = message_of("mqtt", flag, data)
+        assert (m.topic, m.payload, m.retain) == (name, b"p", True)
+        msg = Message.from_record("mqtt", 0, 0, Record(1, flag, data, 0))
+        assert "MQTT_TOPIC" not in msg.properties
+        assert msg.properties["MQTT_TOPIC_B64"] == base64.b64encode(name.encode()).decode()
+    # a record written before (MQTT_TOPIC, never MQTT_TOPIC_B64) reads as it did
+    flag, data = encode_payload(b"old", "\x02MQTT_TOPIC\x01sensors/a\x02MQTT_QOS\x011\x02")
+    assert message_of("sensors", flag, data)[:4] == ("sensors/a", 1, None, b"old")
+    flag, data = encode_payload(b"bad", "\x02MQTT_TOPIC_B64\x01not base64!\x02")
+    assert message_of("mqtt", flag, data).topic == "mqtt"  # one that does not decode: the topic's plain message
 
 
 def test_a_field_holding_a_record_separator_is_refused():
