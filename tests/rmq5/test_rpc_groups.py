@@ -9,7 +9,7 @@ from metaq.rmq5.rpcs import MessagingService
 
 #: Each served unary RPC -> the module of the group that handles it.
 GROUPS = {
-    "QueryRoute": "routes", "Heartbeat": "routes", "NotifyClientTermination": "routes",
+    "QueryRoute": "routing", "Heartbeat": "routing", "NotifyClientTermination": "routing",
     "SendMessage": "sends", "RecallMessage": "sends",
     "QueryAssignment": "receives", "ReceiveMessage": "receives", "AckMessage": "receives",
     "ChangeInvisibleDuration": "receives", "ForwardMessageToDeadLetterQueue": "receives",
