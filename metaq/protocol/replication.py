@@ -28,7 +28,7 @@ Frame (big-endian)::
                        no epochs: an older peer gets a clear "unsupported replication stream version" error, on
                        both ends)
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
-                          TOPICS=10 (the topic table: T_TOPICS below)
+                          TOPICS=10 (the topic table: T_TOPICS below) PEER_CALL=20 PEER_REPLY=21
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -57,6 +57,12 @@ Payloads::
     OFFSETS    >BI      flags uint8, count uint32, then the entries: ``metaq.protocol.replication_offsets``
     TOPICS              the master's topic table as UTF-8 JSON, with its topics' owners when some have one:
                         ``metaq.protocol.replication_topics``
+    PEER_CALL  >i       broker_id int32 (the calling master's), then the request as UTF-8 JSON: one broker of an
+                        MQTT cluster asking another (``metaq.mqttcluster.calls``), sent in place of a HELLO after
+                        the caller's PROOF (bound to its broker id), and again for each further call on the link
+    PEER_REPLY          the answer to the PEER_CALL before it, UTF-8 JSON; the first one on a link is preceded by
+                        the callee's PROOF
+    (a PEER_CALL or PEER_REPLY holds at most ``limits.MQTT_CLUSTER_MAX_CALL_BYTES``)
 
 A nonce is ``MIN_REPLICATION_NONCE_CHARS``..``MAX_REPLICATION_NONCE_CHARS``
 lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
@@ -85,7 +91,7 @@ from metaq.protocol.replication_topics import Topics
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets", "Topics",
-           "ReplicationParser",
+           "PeerCall", "PeerReply", "ReplicationParser",
            "serialize",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
@@ -131,6 +137,10 @@ T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_
 #: one (``metaq.protocol.replication_topics``), at most MAX_TOPIC_TABLE_BYTES; sent once per link and again when
 #: either changes. A slave from before the table ends the link at it ("unknown frame type 10").
 T_TOPICS = 10
+#: PEER_CALL / PEER_REPLY: one MQTT cluster member's request to another and its answer (``metaq.mqttcluster``).
+T_PEER_CALL, T_PEER_REPLY = 20, 21
+#: broker id of the caller.
+PEER_CALL_HEAD = struct.Struct(">i")
 _HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
@@ -187,6 +197,19 @@ class Heartbeat(NamedTuple):
     position: int
     written_position: int = 0
     message_count: int = 0
+
+
+class PeerCall(NamedTuple):
+    """A request of broker ``broker_id`` (its master) to another member of the cluster: ``body`` UTF-8 JSON."""
+
+    broker_id: int
+    body: bytes
+
+
+class PeerReply(NamedTuple):
+    """The answer to a ``PeerCall``: ``body`` UTF-8 JSON."""
+
+    body: bytes
 
 
 class ErrorFrame(NamedTuple):
@@ -282,6 +305,12 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         return _frame(T_OFFSETS, offsets_codec.payload_parts(event))
     if isinstance(event, Topics):
         return _frame(T_TOPICS, topics_codec.payload_parts(event))
+    if isinstance(event, PeerCall):
+        _check_peer_body(event.body, ValueError)
+        return _frame(T_PEER_CALL, [PEER_CALL_HEAD.pack(event.broker_id), bytes(event.body)])
+    if isinstance(event, PeerReply):
+        _check_peer_body(event.body, ValueError)
+        return _frame(T_PEER_REPLY, [bytes(event.body)])
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -298,6 +327,12 @@ def serialize(event, **kw):
 def _check_position(value, exc=RemoteProtocolError):
     if not 0 <= value <= INT64_MAX:
         raise exc("position %d out of range" % value)
+
+
+def _check_peer_body(body, exc):
+    if len(body) > limits.MQTT_CLUSTER_MAX_CALL_BYTES:
+        raise exc("a peer call or reply of %d bytes is past the limit of %d (MQTT_CLUSTER_MAX_CALL_BYTES)"
+                  % (len(body), limits.MQTT_CLUSTER_MAX_CALL_BYTES))
 
 
 def _fail(reason):
@@ -406,6 +441,11 @@ class ReplicationParser:
             offsets_codec.check_length(length)
         elif ftype == T_TOPICS:
             topics_codec.check_length(length)
+        elif ftype in (T_PEER_CALL, T_PEER_REPLY):
+            head = PEER_CALL_HEAD.size if ftype == T_PEER_CALL else 0
+            if not head <= length <= head + limits.MQTT_CLUSTER_MAX_CALL_BYTES:
+                raise _fail("peer frame of %d bytes: must be %d..%d (limit MQTT_CLUSTER_MAX_CALL_BYTES)"
+                            % (length, head, head + limits.MQTT_CLUSTER_MAX_CALL_BYTES))
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -445,6 +485,13 @@ class ReplicationParser:
             return offsets_codec.decode(payload)
         if ftype == T_TOPICS:
             return topics_codec.decode(payload)
+        if ftype == T_PEER_CALL:
+            (broker_id,) = PEER_CALL_HEAD.unpack_from(payload)
+            if not 0 <= broker_id <= limits.MAX_BROKER_ID:
+                raise _fail("bad PEER_CALL: broker id %d" % broker_id)
+            return PeerCall(broker_id, bytes(payload[PEER_CALL_HEAD.size:]))
+        if ftype == T_PEER_REPLY:
+            return PeerReply(bytes(payload))
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")

@@ -22,7 +22,7 @@ from metaq.auth import proofs
 from metaq.protocol import replication as rp
 
 __all__ = ["MASTER_REQUIRES", "SLAVE_REQUIRES", "challenge", "slave_proof", "check_slave", "master_proof",
-           "check_master"]
+           "check_master", "peer_proof", "check_peer", "callee_proof", "check_callee"]
 
 MASTER_REQUIRES = "the master requires a replication secret"
 SLAVE_REQUIRES = "this slave requires its master to prove the secret"
@@ -81,4 +81,59 @@ def check_master(secret, master_nonce, slave_nonce, slave_id, proof):
     if not proofs.same(proof.proof, expected):
         return ("%s, and its proof is wrong: it does not hold this slave's secret (an impostor, or the two "
                 "secrets differ)" % SLAVE_REQUIRES)
+    return None
+
+
+# -- peers: one master of an MQTT cluster calling another (metaq.mqttcluster.calls) ----------------------------------
+#
+#     callee → caller   CHALLENGE  (secret held?, callee nonce)                on accept, as to a slave
+#     caller → callee   PROOF      (caller nonce, caller proof or "")          then PEER_CALL (its broker id, request)
+#     callee → caller   PROOF      ("", callee proof or "")                    then PEER_REPLY, and one per call after
+#
+# The same secret and checks as a slave's, bound to the caller's broker id and to their own sides ("peer",
+# "peer-callee"), so a slave's proof never passes for a peer's nor the other way round.
+
+
+def peer_proof(secret, challenge_, broker_id):
+    """The caller's PROOF (as ``slave_proof``, side ``peer``): ``(Proof, None)`` or ``(None, refusal)``."""
+    nonce = proofs.new_nonce()
+    if secret is None:
+        return rp.Proof(nonce, ""), None
+    if not challenge_.secret:
+        return None, "this broker holds a replication secret and the peer holds none: set the same %s" % _SETTING
+    return rp.Proof(nonce, proofs.replication_proof(secret, "peer", challenge_.nonce, nonce, broker_id)), None
+
+
+def check_peer(secret, callee_nonce, proof, broker_id):
+    """The callee's check of a caller's PROOF: None when its calls may be answered, else why not."""
+    problem = rp.nonce_problem(proof.nonce)
+    if problem is not None:
+        return "the peer sent no usable nonce (%s)" % problem
+    if secret is None:
+        return None
+    if not proof.proof:
+        return "%s (%s) and peer broker %d offered no proof of it" % (MASTER_REQUIRES, _SETTING, broker_id)
+    expected = proofs.replication_proof(secret, "peer", callee_nonce, proof.nonce, broker_id)
+    if not proofs.same(proof.proof, expected):
+        return "%s and the proof of peer broker %d is wrong: its secret is not this broker's" % (MASTER_REQUIRES,
+                                                                                                broker_id)
+    return None
+
+
+def callee_proof(secret, callee_nonce, caller_nonce, broker_id):
+    """The callee's PROOF, sent once the caller's checked out ("" with no secret)."""
+    if secret is None:
+        return rp.Proof("", "")
+    return rp.Proof("", proofs.replication_proof(secret, "peer-callee", callee_nonce, caller_nonce, broker_id))
+
+
+def check_callee(secret, callee_nonce, caller_nonce, broker_id, proof):
+    """The caller's check of the callee's PROOF: None when its answers may be acted on, else why not."""
+    if secret is None:
+        return None
+    if not proof.proof:
+        return "the peer offered no proof of the replication secret"
+    expected = proofs.replication_proof(secret, "peer-callee", callee_nonce, caller_nonce, broker_id)
+    if not proofs.same(proof.proof, expected):
+        return "the peer's proof of the replication secret is wrong (an impostor, or the two secrets differ)"
     return None

@@ -64,6 +64,9 @@ class ReplicationServer:
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self.listener = None
         self._stopping = False
+        #: ``(sock, parser, first PeerCall, peer address)`` -> None: serves another master's calls once its proof
+        #: checked out (``metaq.mqttcluster.calls.PeerServer.serve``); None: this broker takes no calls
+        self.peer_calls = None
 
     def start(self):
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
@@ -175,6 +178,10 @@ class ReplicationServer:
             if shaken is None:
                 return
             hello, slave_nonce, master_nonce = shaken
+            if isinstance(hello, rp.PeerCall):  # another master's call (an MQTT cluster's), not a slave
+                send_event(sock, handshake.callee_proof(self.secret, master_nonce, slave_nonce, hello.broker_id))
+                self.peer_calls(sock, parser, hello, peer)
+                return
             refusal, agreed = self._check_hello(hello)
             if refusal is not None:
                 log.warning("replication: refusing slave %d from %s: %s", hello.slave_id, peer, refusal)
@@ -219,19 +226,24 @@ class ReplicationServer:
         try:
             send_event(sock, challenge)
             proof = self._expect(sock, parser, deadline, rp.Proof, peer)
-            hello = self._expect(sock, parser, deadline, rp.Hello, peer) if proof is not None else None
+            hello = self._expect(sock, parser, deadline, (rp.Hello, rp.PeerCall), peer) if proof is not None \
+                else None
         except errors.RemoteProtocolError as exc:
             log.warning("replication: refusing %s: bad handshake: %s", peer, exc)
             send_event(sock, rp.ErrorFrame(ERR_REFUSED, "bad replication handshake: %s" % exc))
             return None
         if hello is None:
             return None
-        refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)
+        if isinstance(hello, rp.PeerCall):
+            refusal = handshake.check_peer(self.secret, challenge.nonce, proof, hello.broker_id) \
+                if self.peer_calls is not None else "this broker takes no calls of an MQTT cluster"
+        else:
+            refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)
         if refusal is not None:
             guard = self.core.guard
             delay = guard.failed(address[0]) if guard is not None else 0.0
-            log.warning("replication: refusing slave %d from %s before any log byte: %s", hello.slave_id, peer,
-                        refusal)
+            log.warning("replication: refusing %s %d from %s before any log byte: %s",
+                        "peer broker" if isinstance(hello, rp.PeerCall) else "slave", hello[0], peer, refusal)
             if delay:
                 gevent.sleep(delay)  # a guesser is slowed (the guard counts failures per address)
             send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
@@ -255,8 +267,9 @@ class ReplicationServer:
                             event.text)
                 return None
             if event is not NEED_DATA:
-                raise errors.RemoteProtocolError("expected %s, got %s" % (kind.__name__.upper(),
-                                                                          type(event).__name__.upper()), fatal=True)
+                names = "/".join(k.__name__.upper() for k in (kind if isinstance(kind, tuple) else (kind,)))
+                raise errors.RemoteProtocolError("expected %s, got %s" % (names, type(event).__name__.upper()),
+                                                 fatal=True)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 log.info("replication: %s did not finish the handshake within %.0f s; closing", peer,
