@@ -58,7 +58,7 @@ RULES = {
 
 #: The feature packages: metaq/<name>/, flat, a module per role.
 FEATURES = {"timers", "topics", "offsets", "keys", "idempotence", "transactions", "priorities", "reqreply",
-            "admin", "filters", "mqtt", "rmq5", "pop", "trace", "groups"}
+            "admin", "filters", "mqtt", "rmq5", "pop", "trace", "groups", "mqttcluster"}
 
 #: A feature module's name -> its role.
 FEATURE_ROLES = {
@@ -91,6 +91,9 @@ FEATURE_ROLES = {
     "pulls": "front-end",  # a gRPC service's pull and offset RPC handlers
     "clientcommands": "front-end",  # an admin's questions to connected clients on their streams (gRPC's Telemetry)
     "renewer": "front-end",  # a gRPC port's keeping of its clients' messages invisible while they live (auto-renew)
+    "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
+    "calls": "front-end",  # broker-to-broker calls over the replication port (MQTT cluster)
+    "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
 }
 
 #: A role -> the layer whose rules its modules get.

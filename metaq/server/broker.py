@@ -30,6 +30,8 @@ from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster.calls import PeerClient
+from metaq.mqttcluster.service import MqttCluster
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.routes import ClusterView
@@ -43,7 +45,7 @@ from metaq.server.text.dispatch import TextDispatcher, error_reply
 from metaq.server.text.fastput import FastPuts
 from metaq.server.text.server import TextFrontEnd
 from metaq.transactions.text import TextTransactions
-from metaq.server.tls import TlsPolicy
+from metaq.server.tls import TlsPolicy, client_context
 from metaq.transactions.service import TxService
 from metaq.pop.service import PopService
 from metaq.topics.service import TopicAdmin
@@ -180,6 +182,8 @@ class Broker:
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
                                  lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
+            if self.registry is not None:  # a client id is the cluster's (docs/mqtt.md)
+                self.mqtt.cluster = self._mqtt_cluster(config)
         self.stats_service.add_source("node", self.stats_facts)
         self.stats_service.add_source("replication", self.roles.stats_values)
         self.stats_service.add_source("delay", lambda: self.delay.summary_values() + self.timers.summary_values()
@@ -270,6 +274,19 @@ class Broker:
         if remoting is None and grpc is None:
             return None
         return self.config.remoting.broker_name or "metaq-%d" % self.config.broker.id, remoting, grpc
+
+    def _mqtt_cluster(self, config):
+        """The MQTT cluster's client ids (``metaq.mqttcluster``): calls to the other masters over their
+        replication ports, with the replication secret and TLS a slave's link uses; calls from them answered on
+        this master's replication port."""
+        tls = config.security.tls
+        client = PeerClient(config.broker.id, self.roles.secret,
+                            client_context(tls) if tls.mode != "off" and tls.replication else None)
+        cluster = MqttCluster(self.mqtt, self.store, self.registry.zk, config.zk.root, config.broker.id, client,
+                              config.mqtt.cluster_max_ids, config.store.max_transfer_size,
+                              lambda: self.roles.is_master and self.roles.replication_port is not None)
+        self.roles.serve_peer_calls(cluster.server.serve)
+        return cluster
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind
@@ -374,6 +391,8 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
+            if self.mqtt.cluster is not None:
+                self.mqtt.cluster.start()
         if self.grpc is not None:
             self.grpc.listen(self.config.grpc.host or cfg.host, self.config.grpc.port)
             self.grpc.service.start()  # the check-back of its half messages
@@ -509,6 +528,8 @@ class Broker:
         keep = ("replication",)  # slaves keep getting what the finishing requests write
         self.core.stop_accepting(keep)
         if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
+            if self.mqtt.cluster is not None:
+                self.mqtt.cluster.stop()
             self.mqtt.stop(SHUTDOWN_GRACE_S)
         if self.election is not None:
             self.election.step_down()  # stop acknowledging; an in-sync slave catches up; closing the session ends
