@@ -9,6 +9,7 @@ end with one live session; a home's registry refuses an id past ``mqtt.cluster_m
 once one ends; a broker killed with sessions is gone from the cluster, and back, ends its copies of the ids
 registered elsewhere meanwhile."""
 
+import signal
 import threading
 
 import pytest
@@ -203,3 +204,82 @@ def test_a_broker_killed_holding_sessions(broker_factory, tmp_path, zk_connect):
     wait_for(lambda: stats(b0).get("mqtt_cluster_members") == "3", 30, "the broker back")
     wait_for(lambda: stats(b0)["mqtt_sessions"] == "0", 30, "its copy of the session ended")
     assert stats(b2)["mqtt_connections"] == "0"
+
+
+def test_messages_in_flight_move_with_the_session(broker_factory, tmp_path, zk_connect):
+    b0, b1, _b2 = _cluster(broker_factory, tmp_path, zk_connect)
+    device = Raw(b0)
+    assert device.connect("meter-9", clean_start=False, properties={"session_expiry_interval": 600}).reason_code == 0
+    device.send(wire.Subscribe(1, (wire.Subscription("t/a", 2),)))
+    assert isinstance(device.read(), wire.Suback)
+    publisher = Paho(b0, "publisher")
+    publisher.publish("t/a", b"one", 1)
+    publisher.publish("t/a", b"two", 2)
+    first, second = device.read(), device.read()
+    assert (first.payload, first.qos, second.payload, second.qos) == (b"one", 1, b"two", 2)
+    device.send(wire.PubRec(second.packet_id))  # QoS 2: its PUBREC, no PUBCOMP; QoS 1: no PUBACK
+    assert device.read() == wire.PubRel(second.packet_id)
+    device.close()  # a network failure: the session keeps both in flight
+    wait_for(lambda: stats(b0)["mqtt_connections"] == "1", 10, "the device's connection ended")
+    publisher.publish("t/a", b"three", 1)
+    back = Raw(b1)
+    ack = back.connect("meter-9", clean_start=False, properties={"session_expiry_interval": 600})
+    assert ack.reason_code == 0 and ack.session_present
+    again = back.read()
+    assert (again.payload, again.qos, again.dup, again.packet_id) == (b"one", 1, True, first.packet_id)
+    assert back.read() == wire.PubRel(second.packet_id)
+    queued = back.read()
+    assert (queued.payload, queued.qos, queued.dup) == (b"three", 1, False)
+    back.send(wire.PubAck(first.packet_id))
+    back.send(wire.PubComp(second.packet_id))
+    back.send(wire.PubAck(queued.packet_id))
+    back.sock.settimeout(QUIET_S)
+    with pytest.raises(TimeoutError):
+        back.read()  # nothing twice
+
+
+def test_peers_prove_the_replication_secret(broker_factory, tmp_path, zk_connect):
+    """Brokers 1 and 2 share the replication secret, broker 3 holds another: 1 and 2 move sessions between them;
+    broker 3's calls are refused, so a CONNECT there whose id's home is another broker is refused (0x88)."""
+    brokers = []
+    for i, secret in enumerate(("s" * 64, "s" * 64, "t" * 64)):
+        cfg = mqtt_config(tmp_path / ("b%d" % i))
+        cfg["broker"]["id"] = i + 1
+        cfg["zk"] = {"connect": zk_connect}
+        cfg["replication"] = {"port": free_port()}
+        cfg["security"] = {"replication_secret": secret}
+        brokers.append(broker_factory(cfg, workdir=tmp_path / ("b%d" % i)))
+    for b in brokers:
+        wait_for(lambda b=b: stats(b).get("mqtt_cluster_members") == "3", 30, "the cluster's members")
+    b1, b2, b3 = brokers
+    client_id = _homed(1, 1, [1, 2, 3], "proved")[0]
+    old = Raw(b1)
+    assert old.connect(client_id, clean_start=False, properties={"session_expiry_interval": 600}).reason_code == 0
+    new = Raw(b2)
+    ack = new.connect(client_id, clean_start=False, properties={"session_expiry_interval": 600})
+    assert ack.reason_code == 0 and ack.session_present
+    assert old.read() == wire.Disconnect(wire.SESSION_TAKEN_OVER)
+    stranger = Raw(b3)
+    ack = stranger.connect(_homed(1, 1, [1, 2, 3], "unproved")[0])
+    assert ack.reason_code == wire.SERVER_UNAVAILABLE, ack
+    assert int(stats(b3)["mqtt_cluster_call_failures"]) >= 1
+
+
+@pytest.mark.fault
+def test_an_unreachable_home_refuses_the_connect(broker_factory, tmp_path, zk_connect):
+    b1, b2 = _cluster(broker_factory, tmp_path, zk_connect, n=2, zk={"session_timeout_ms": 30000})
+    client_id = _homed(1, 2, [1, 2], "far")[0]
+    b2.proc.send_signal(signal.SIGSTOP)  # listed in ZooKeeper, answers nothing
+    try:
+        ack = Raw(b1, timeout=30).connect(client_id)
+        assert ack.reason_code == wire.SERVER_UNAVAILABLE, ack
+    finally:
+        b2.proc.send_signal(signal.SIGCONT)
+
+    def served():
+        raw = Raw(b1)
+        ok = raw.connect(client_id).reason_code == 0
+        raw.close()
+        return ok
+
+    wait_for(served, 30, "the CONNECT served once the home answers")
