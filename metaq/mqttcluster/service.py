@@ -70,6 +70,7 @@ class MqttCluster:
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self._greenlets = []
+        self._told_all = False  # every id held here was told to its home since this broker became a member
 
     # -- this broker's CONNECTs ----------------------------------------------------------------------------------
 
@@ -257,8 +258,8 @@ class MqttCluster:
             try:
                 if self.zk.connected:
                     found = self._read_members()
-                    if found is not None and found != self._owners:
-                        self._members_changed(found)
+                    if found is not None and (found != self._owners or (not self._told_all and self.active())):
+                        self._members_changed(found)  # or a home that did not answer is told again
             except Exception:  # noqa: BLE001 - the watch must go on
                 log.exception("mqtt cluster: reading the members failed")
             gevent.sleep(limits.MQTT_CLUSTER_MEMBERS_POLL_S)
@@ -267,18 +268,21 @@ class MqttCluster:
         before, before_owners = self.members, self._owners
         self._owners = found
         self.members = {b: address for b, (address, _owner) in found.items()}
-        log.info("mqtt cluster: members %s", sorted(self.members))
+        if found != before_owners:
+            log.info("mqtt cluster: members %s", sorted(self.members))
         for gone in set(before) - set(self.members):
             self.registry.drop_holder(gone)
         members = self.members
         self.registry.forget_unless(lambda c: home_of(c, members) == self.broker_id)
         if not self.active():
+            self._told_all = False  # not a member now: once it is, every id it holds is told again
             return
+        every, self._told_all = not self._told_all, True
         moved = {}  # home -> ids it must learn from this broker
         for client_id in self.port.holding():
             home = home_of(client_id, members)
             was = home_of(client_id, before) if before else None
-            if home != was or before_owners.get(home) != found.get(home) or not before:
+            if every or home != was or before_owners.get(home) != found.get(home):
                 moved.setdefault(home, []).append(client_id)
         for home, ids in moved.items():
             for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
@@ -293,7 +297,8 @@ class MqttCluster:
                 answer = self.client.call(self.members[home], request)
             except PeerUnreachable as exc:
                 log.warning("mqtt cluster: the home broker %d of %d client ids held here is unreachable (%s); "
-                            "told again at the next change", home, len(ids), exc)
+                            "told again at the next look at the members", home, len(ids), exc)
+                self._told_all = False
                 return
         for client_id in answer.get("drop", ()):
             log.warning("mqtt client %s: registered on another broker while this one was apart; its session here "
