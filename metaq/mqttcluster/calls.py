@@ -97,17 +97,19 @@ class PeerClient:
         self.calls = 0
         self.failures = 0
 
-    def call(self, address, request):
-        """``request`` (a dict) answered by the peer at ``address`` ("host:port"): its answer (a dict). Raises
-        PeerUnreachable; an answer ``{"error": ...}`` is returned as it is."""
+    def call(self, address, request, timeout_s=None):
+        """``request`` (a dict) answered by the peer at ``address`` ("host:port") within ``timeout_s`` (default: the
+        client's): its answer (a dict). Raises PeerUnreachable; an answer ``{"error": ...}`` is returned as it
+        is."""
         self.calls += 1
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         slots = self._slots.get(address)
         if slots is None:
             slots = self._slots[address] = BoundedSemaphore(limits.MQTT_CLUSTER_PEER_CONNECTIONS)
-        if not slots.acquire(timeout=self.timeout_s):
+        if not slots.acquire(timeout=timeout_s):
             self.failures += 1
-            raise PeerUnreachable("broker at %s: its links stayed busy for %.0f s" % (address, self.timeout_s))
+            raise PeerUnreachable("broker at %s: its links stayed busy for %.1f s" % (address, timeout_s))
         try:
             return self._call(address, _encode(request), deadline)
         finally:

@@ -15,9 +15,10 @@ past its registration and not yet claimed is waited for (``finished``) before a 
 so two brokers never both go live with one id.
 
 **Failures.** The home unreachable (``MQTT_CLUSTER_CALL_TIMEOUT_S``): the CONNECT is refused, MQTT 5 0x88 Server
-unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries. The holder unreachable: after the
-same bound the home registers the new broker anyway, which goes on with what it has (its own last record of the
-session, or a new one); the old holder, back, re-registers the ids it holds and is told to end those registered
+unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries. The holder unreachable: after
+``HOLDER_TIMEOUT_S`` (half that) the home registers the new broker anyway, which goes on with what it has (its
+own last record of the session, or a new one); the home tells the old holder, once it answers, to end its copy
+(``drop``); one that left and comes back re-registers the ids it holds and is told to end those registered
 elsewhere meanwhile (``hold``). A member that leaves takes its ids out of its homes' registries.
 
 **No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MqttCluster"]
 
+#: Seconds the home waits for the holder's answer: half a registration's bound, so the CONNECT that waits for the
+#: home learns the outcome either way; the holder waits at most half of it for a CONNECT of its own to go live.
+HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
+
 
 class MqttCluster:
     """See the module doc. ``port``: the MQTT port; ``zk``: the registry's kazoo client; ``root``: its root;
@@ -65,8 +70,9 @@ class MqttCluster:
         self._answered = {}  # client id -> the generation of the last registration answered here
         self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
         self._released = set()  # client ids whose sessions ended here, not yet told to their homes
+        self._owed = {}  # broker id -> {client id: generation}: ids it held when it did not answer, to end there
         self.server = PeerServer({"register": self._register, "give_up": self._give_up, "hold": self._hold,
-                                  "release": self._release})
+                                  "release": self._release, "drop": self._drop})
         self.takeovers = 0  # sessions this broker took from another
         self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
         self._greenlets = []
@@ -158,6 +164,8 @@ class MqttCluster:
             self.registry.register(client_id, caller, generation)
         except RegistryFull as exc:
             return {"error": str(exc), "full": True}
+        if answer.pop("unreached", False):  # told to end its copy once it answers: never two live sessions
+            self._owed.setdefault(old, {})[client_id] = generation
         answer["gen"] = generation
         return answer
 
@@ -171,17 +179,18 @@ class MqttCluster:
         if address is None:
             return {}  # it left the cluster: its sessions went with it
         try:
-            return self.client.call(address, ask)
+            return self.client.call(address, ask, HOLDER_TIMEOUT_S)
         except PeerUnreachable as exc:
             log.warning("mqtt client %s: broker %d held it and is unreachable (%s): broker %d goes on without its "
-                        "session", request["c"], holder, exc, caller)
-            return {}
+                        "session, and broker %d is told to end it once it answers", request["c"], holder, exc,
+                        caller, holder)
+            return {"unreached": True}
 
     # -- the holder's side -----------------------------------------------------------------------------------------
 
     def _give_up(self, caller, request):
         client_id = request["c"]
-        deadline = time.monotonic() + limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
         generation = request.get("gen", 0)
         while self._pending.get(client_id) and self._answered.get(client_id, 0) < generation and \
                 time.monotonic() < deadline:
@@ -211,6 +220,40 @@ class MqttCluster:
                             "(mqtt.cluster_max_ids): a takeover from another broker will not find it", client_id,
                             caller)
         return {"drop": drop}
+
+    def _drop(self, caller, request):
+        """The home registered these ids elsewhere while this broker did not answer: each connection and session of
+        them here ends (MQTT 5: DISCONNECT 0x8E), unless the id was registered here again since (a later
+        generation answered here)."""
+        for client_id, generation in request["ids"]:
+            if self._answered.get(client_id, 0) > generation:
+                continue
+            if self.port.holds_any(client_id):
+                log.warning("mqtt client %s: registered on another broker while this one did not answer; its "
+                            "session here ends", client_id)
+                self.port.give_up(client_id, True, None)
+        return {}
+
+    def _settle_owed(self):
+        """Tell each broker that did not answer a takeover, once it does, to end the sessions it still holds of
+        ids registered elsewhere meanwhile (``_drop``)."""
+        for holder in list(self._owed):
+            owed = self._owed[holder]
+            if holder not in self.members:
+                del self._owed[holder]  # it left: its sessions went with it (back, it re-registers: ``_hold``)
+                continue
+            ids = [[c, g] for c, g in owed.items() if self.registry.holder(c) != holder]
+            try:
+                for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
+                    request = {"op": "drop", "ids": ids[i:i + limits.MQTT_CLUSTER_ID_BATCH]}
+                    if holder == self.broker_id:
+                        self._drop(self.broker_id, request)
+                    else:
+                        self.client.call(self.members[holder], request)
+            except PeerUnreachable:
+                continue
+            if self._owed.get(holder) is owed:
+                del self._owed[holder]
 
     def _release(self, caller, request):
         for client_id in request["ids"]:
@@ -308,6 +351,8 @@ class MqttCluster:
     def _release_loop(self):
         while True:
             gevent.sleep(limits.MQTT_CLUSTER_RELEASE_S)
+            if self._owed:
+                self._settle_owed()
             if not self._released or not self.active():
                 self._released.clear()
                 continue
