@@ -703,7 +703,7 @@ MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024
 #: A client id is the cluster's (metaq/mqttcluster/; docs/mqtt.md "A client id across the cluster").
 #: Client ids one home broker's registry holds at most (id -> the broker holding its session), the default of
 #: ``mqtt.cluster_max_ids``: a CONNECT whose id would be one more is refused (MQTT 5: 0x97 Quota exceeded; 3.1.1:
-#: 0x03 Server unavailable). About 150 bytes each: 1,000,000 is about 150 MB on the home.
+#: 0x03 Server unavailable). About 190 bytes each with a 20-character id: 1,000,000 is about 190 MB on the home.
 MQTT_CLUSTER_MAX_IDS = 1_000_000
 #: Seconds a broker-to-broker call (a takeover's registration, a holder giving its session up, a batch of ids)
 #: waits for its answer, the connection and the handshake included; then the peer counts as unreachable.
