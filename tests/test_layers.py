@@ -94,6 +94,9 @@ FEATURE_ROLES = {
     "routes": "logic",  # a cluster's routes: what one broker's subscriptions want of its peers (pure)
     "inbox": "state",  # the copies of other brokers' messages in an internal topic, and where each resumes
     "serve": "service", "link": "service", "peers": "service",  # a cluster's links: served, followed, kept
+    "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
+    "calls": "front-end",  # broker-to-broker calls over the replication port (MQTT cluster)
+    "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
 }
 
 #: A role -> the layer whose rules its modules get.

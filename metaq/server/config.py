@@ -456,6 +456,7 @@ class MqttSection(_Section):
     offline_session_max_age_s: int = Field(limits.MQTT_OFFLINE_SESSION_MAX_AGE_S, ge=1)
     max_retained: int = Field(limits.MQTT_MAX_RETAINED, ge=0)  # retained messages kept
     max_retained_bytes: int = Field(limits.MQTT_MAX_RETAINED_BYTES, ge=0)
+    cluster_max_ids: int = Field(limits.MQTT_CLUSTER_MAX_IDS, ge=1)  # a home broker's client ids (mqttcluster)
 
     @field_validator("host")
     @classmethod
