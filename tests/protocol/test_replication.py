@@ -194,7 +194,7 @@ ENTRY = struct.pack(">qqq", 0, 0, 0)
 
 
 @pytest.mark.parametrize("wire, message", [
-    (frame(11, b""), "unknown frame type 11"),
+    (frame(99, b""), "unknown frame type 99"),
     (frame(10, b""), "TOPICS frame of 0 bytes"),  # the topic table (topics/table.py): 1..MAX_TOPIC_TABLE_BYTES
     (frame(4, b"\0" * 24, version=2), "unsupported replication stream version 2 \\(this side speaks 4\\)"),
     (frame(1, b"\0" * 28), "must be 28 \\+ 24 x"),
