@@ -30,12 +30,14 @@ MAX_TRANSFER_BYTES = 1024 * 1024
 FD_RESERVE = 512
 
 #: Connections the replication port may take past the connection cap (they come out of FD_RESERVE): clients
-#: that fill the cap never lock a slave out of its master.
-REPLICATION_HEADROOM = 16
+#: that fill the cap never lock a slave or an MQTT cluster peer out of its master.
+REPLICATION_HEADROOM = 64
 
-#: Connections one address may hold on a port with headroom of its own (replication: one per slave is the
-#: normal use), so that one host cannot take the whole headroom.
-HEADROOM_PER_ADDRESS = 4
+#: Connections one address may hold on a port with headroom of its own, so that one host cannot take the whole
+#: headroom. On the replication port one host's brokers use one per slave of this master, and two per other
+#: master of an MQTT cluster (its follow link and MQTT_CLUSTER_PEER_CONNECTIONS call link): 16 admits, e.g., 5
+#: masters and their 5 slaves on one host (2 x 4 + 5 = 13 on each master).
+HEADROOM_PER_ADDRESS = 16
 
 #: Seconds a connection may sit with no complete request before it is closed.
 IDLE_TIMEOUT_S = 600.0
@@ -717,6 +719,35 @@ MQTT_MAX_RETAINED_BYTES = 64 * 1024 * 1024
 #: Largest record of one session (its subscriptions, read positions, packet ids): a session that would need more is
 #: not saved (logged; it lives as long as its connection), the bound being what a replay holds per record.
 MQTT_MAX_SESSION_RECORD_BYTES = 1024 * 1024
+
+#: A client id is the cluster's (metaq/mqttcluster/; docs/mqtt.md "A client id across the cluster").
+#: Client ids one home broker's registry holds at most (id -> the broker holding its session), the default of
+#: ``mqtt.cluster_max_ids``: a CONNECT whose id would be one more is refused (MQTT 5: 0x97 Quota exceeded; 3.1.1:
+#: 0x03 Server unavailable). About 190 bytes each with a 20-character id: 1,000,000 is about 190 MB on the home.
+MQTT_CLUSTER_MAX_IDS = 1_000_000
+#: Seconds a broker-to-broker call (a takeover's registration, a holder giving its session up, a batch of ids)
+#: waits for its answer, the connection and the handshake included; then the peer counts as unreachable.
+MQTT_CLUSTER_CALL_TIMEOUT_S = 5.0
+#: Bytes of one broker-to-broker call or answer (the PEER_CALL / PEER_REPLY frames' JSON): a session handed over
+#: with its messages must fit (MQTT_HANDOVER_MAX_BYTES, base64 and the frame around it).
+MQTT_CLUSTER_MAX_CALL_BYTES = 32 * 1024 * 1024
+#: Messages a session taken over from another broker brings along at most (in flight and queued: what it has not
+#: acknowledged); past it the oldest are kept and the rest are dropped, counted and logged.
+MQTT_HANDOVER_MAX_MESSAGES = 10_000
+#: Bytes of the messages a session brings along at most (their stored records), likewise.
+MQTT_HANDOVER_MAX_BYTES = 16 * 1024 * 1024
+#: Seconds between two readings of the cluster's members in ZooKeeper (the masters' ``replication`` nodes): a
+#: broker joining or leaving is seen within this.
+MQTT_CLUSTER_MEMBERS_POLL_S = 1.0
+#: Client ids one re-registration call carries at most (the ids a broker holds, sent to their new home when the
+#: members change), and ids one release call carries.
+MQTT_CLUSTER_ID_BATCH = 1000
+#: Seconds a broker gathers the ids whose sessions ended before telling their homes (one call per home).
+MQTT_CLUSTER_RELEASE_S = 0.5
+#: Connections one broker opens to another for its calls (each takes one call at a time; more wait their turn):
+#: the replication port admits HEADROOM_PER_ADDRESS connections per address, its slaves' and other peers' on the
+#: same host included.
+MQTT_CLUSTER_PEER_CONNECTIONS = 1
 
 # -- the gRPC port (metaq/rmq5/: RocketMQ 5's MessagingService; docs/rocketmq5.md) --------------------------------
 

@@ -98,6 +98,8 @@ FEATURE_ROLES = {
     # a gRPC service's RPC groups (rpcs.py dispatches to them) and what they share
     "calls": "front-end", "routing": "front-end", "sends": "front-end", "receives": "front-end",
     "halves": "front-end", "telemetry": "front-end", "consumers": "front-end", "producers": "front-end",
+    "ids": "state",  # which broker is a client id's home, and the home's registry of ids (MQTT cluster)
+    "handover": "front-end",  # a session handed from one broker to another (MQTT cluster)
 }
 
 #: A role -> the layer whose rules its modules get.

@@ -578,6 +578,9 @@ class Connection(core.Connection):
             return False
         if keep_alive:
             self.idle_timeout = keep_alive * 1.5  # [MQTT-3.1.2-24]: closed as a network failure, the will fires
+        refused = self.port.join_cluster(client_id, p.clean_start, self.session.user)  # the cluster's id
+        if refused is not None:
+            return self._refuse_connect(*refused)
         refusal = self.port.claim(self, client_id, p.clean_start)
         if refusal is not None:
             return self._refuse_connect(wire.CLIENT_ID_NOT_VALID, refusal)
@@ -604,7 +607,7 @@ class Connection(core.Connection):
                 props["assigned_client_identifier"] = client_id
         if not self.send(wire.Connack(saved is not None, wire.SUCCESS, props)):
             return False
-        if session.subscriptions or session.inflight or session.rejoin:
+        if session.subscriptions or session.inflight or session.rejoin or session.carried:
             delivery = self._delivery_of()  # a resumed session: its messages in flight again, then what came since
             delivery.resumed()
             rejoin, session.rejoin = session.rejoin, []

@@ -68,12 +68,14 @@ from gevent.event import Event
 from metaq import errors, limits, speedups
 from metaq.auth.acl import SUB
 from metaq.mqtt import wire
+from metaq.mqtt.follow import RecordError, decode_carried
 from metaq.mqtt.records import message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
 from metaq.topics.names import is_internal
 
 log = logging.getLogger(__name__)
@@ -599,6 +601,8 @@ class Delivery:
             if not self._resent:
                 self._resent = True
                 self.resend()
+            if self.session.carried and not self._send_carried():
+                return
             while not conn.closed:
                 if conn.unsent and not conn.flush_unsent():  # what a fan-out reader began goes first
                     return
@@ -1230,12 +1234,12 @@ class Delivery:
                 conn.send(wire.PubRel(pid))
                 continue
             where = session.where.get(pid)
-            rec = self._record_at(where) if where is not None else None
-            if rec is None:
+            found = self._message_at(where) if where is not None else None
+            if found is None:
                 session.dropped(pid)  # its message is gone from the log (retention): nothing to send again
                 continue
-            qos, topic = where[0], where[1]
-            m = message_of(topic, rec.flag, rec.data, self.port.topics)
+            qos, (topic, flag, data) = where[0], found
+            m = message_of(topic, flag, data, self.port.topics)
             props = m.properties
             ids = session.matching(topic, m.topic, m.client_id)[1]
             if ids:
@@ -1243,10 +1247,42 @@ class Delivery:
             conn.send_bytes(wire.encode(wire.Publish(m.topic, m.payload, qos, False, True, pid,
                                                      props if v5 else {}), conn.version))
 
-    def _record_at(self, where):
+    def _message_at(self, where):
+        """``(metaq topic, flag, data)`` of the message a ``where`` names, or None when the log holds it no more: a
+        record of its topic, or one a session carried from another broker (a ``%MQTT%`` record, ``follow``'s
+        ``encode_carried``), which is the message of the topic it names."""
         _qos, topic, partition, offset = where
         try:
             records, _next = self.store.read_records(topic, partition, offset, 1, self.max_transfer)
         except errors.MetaqError:
             return None
-        return records[0] if records and records[0].queue_offset == offset else None
+        if not records or records[0].queue_offset != offset:
+            return None
+        rec = records[0]
+        if topic != MQTT_SESSIONS_TOPIC:
+            return topic, rec.flag, rec.data
+        try:
+            return decode_carried(rec.data)
+        except RecordError:
+            return None
+
+    def _send_carried(self):
+        """Send the messages the session brought from another broker (``MqttSession.carried``), in order, after
+        those in flight and before what its subscriptions read: each at its QoS then, a QoS 1 or 2 one in flight
+        under its place in ``%MQTT%`` (so it is sent again from there). False when the connection closed."""
+        session = self.session
+        while session.carried:
+            qos, offset = session.carried[0]
+            found = self._message_at((qos, MQTT_SESSIONS_TOPIC, 0, offset))
+            if found is None:
+                session.carried.pop(0)  # gone from the log (retention), as a queued message would be
+                session.dirty = True
+                continue
+            topic, flag, data = found
+            sent = self._send(MQTT_SESSIONS_TOPIC, (0, offset), flag, data, qos, False, message_of(topic, flag, data))
+            if sent or any(w[1:] == (MQTT_SESSIONS_TOPIC, 0, offset) for w in session.where.values()):
+                session.carried.pop(0)  # sent, or in flight now: never both carried and in flight
+                session.dirty = True
+            if not sent:
+                return False
+        return True

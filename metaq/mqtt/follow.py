@@ -24,6 +24,10 @@ slave, by the code that keeps messages.
 * **Retained messages** (``encode_retained`` / ``encode_unretained``): ``R`` then a JSON line (the MQTT topic name,
   the metaq topic, the record's flag, when it was retained) then the stored record's data, as the message's own
   record holds it; ``U`` then ``{"t": name}`` clears one. The last record of a topic name is its retained message.
+* **Carried messages** (``encode_carried`` / ``decode_carried``): ``Q`` then a JSON line (the metaq topic and the
+  record's flag) then the stored record's data: a message a session brought along when it was taken over from
+  another broker of the cluster (``metaq.mqttcluster``), which that session's ``carried`` list and messages in
+  flight name by their place in ``%MQTT%``. The table passes over them: they are messages, not state.
 * **Retention**: the log must keep each live session's, shared group's and retained message's last record (``floor``:
   the lowest of them); the port writes one again at the end when its record falls ``MQTT_SESSION_REWRITE_BYTES``
   (or a segment) behind, so retention is never held back by more than that.
@@ -48,7 +52,7 @@ MQTT_LEARN_BATCH = 1024
 
 __all__ = ["SavedSession", "SavedGroup", "SavedWill", "Retained", "SessionTable", "MQTT_JOURNAL", "MQTT_LEARN_BATCH",
            "encode", "decode", "encode_retained", "encode_unretained", "encode_group", "encode_group_end",
-           "encode_will", "encode_will_end", "RecordError"]
+           "encode_will", "encode_will_end", "encode_carried", "decode_carried", "RecordError"]
 
 
 class RecordError(ValueError):
@@ -64,10 +68,10 @@ class SavedSession:
     """One session as its last record says (see the module doc); ``position``: where that record is in the log."""
 
     __slots__ = ("client_id", "user", "version", "expiry_s", "at_ms", "connected", "subscriptions", "cursors",
-                 "qos2", "inflight", "shared", "position")
+                 "qos2", "inflight", "shared", "position", "carried")
 
     def __init__(self, client_id, user, version, expiry_s, at_ms, connected, subscriptions, cursors, qos2, inflight,
-                 shared=(), position=None):
+                 shared=(), position=None, carried=()):
         self.client_id = client_id
         self.user = user
         self.version = version
@@ -80,6 +84,7 @@ class SavedSession:
         self.inflight = inflight  # [(packet id, state, qos, topic, partition, offset)]
         self.shared = list(shared)  # [($share/<name>/<filter>, granted QoS, sub id)]: groups it rejoins
         self.position = position
+        self.carried = list(carried)  # [(QoS, offset in %MQTT%)]: messages brought from another broker, to send
 
     def expired(self, now_ms, max_age_s):
         """True when the session, offline since ``at_ms``, is past its expiry interval or the age bound."""
@@ -98,7 +103,7 @@ def encode(saved):
                        "subs": [list(s) for s in saved.subscriptions],
                        "cur": [[t, p, o] for (t, p), o in saved.cursors.items()],
                        "q2": list(saved.qos2), "inf": [list(i) for i in saved.inflight],
-                       "sh": [list(x) for x in saved.shared]},
+                       "sh": [list(x) for x in saved.shared], "cq": [list(x) for x in saved.carried]},
                       separators=(",", ":")).encode("utf-8")
 
 
@@ -237,6 +242,25 @@ def decode_retained(data):
         raise RecordError("a retained message's record that does not decode: %s" % exc) from exc
 
 
+def encode_carried(metaq_topic, flag, data):
+    """The record of a message a session carried from another broker: its metaq topic, flag and stored data."""
+    head = json.dumps({"mt": metaq_topic, "f": flag}, separators=(",", ":"))
+    return b"Q" + head.encode("utf-8") + b"\n" + bytes(data)
+
+
+def decode_carried(data):
+    """``(metaq topic, flag, data)`` of a carried message's record. Raises RecordError."""
+    data = bytes(data)
+    try:
+        if data[:1] != b"Q":
+            raise RecordError("not a carried message's record")
+        end = data.index(b"\n")
+        d = json.loads(data[1:end].decode("utf-8"))
+        return d["mt"], d["f"], data[end + 1:]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError("a carried message's record that does not decode: %s" % exc) from exc
+
+
 def decode(data):
     """``(client id, SavedSession or None)`` of one record (None: the session ended). Raises RecordError."""
     try:
@@ -249,7 +273,8 @@ def decode(data):
             d["c"], d["u"], d["v"], d["e"], d["at"], d["on"],
             [(f, q, bool(nl), list(ts), bool(rap), _sub_id(rest)) for f, q, nl, ts, rap, *rest in d["subs"]],
             {(t, p): o for t, p, o in d["cur"]}, list(d["q2"]),
-            [tuple(i) for i in d["inf"]], [(f, q, _sub_id(rest)) for f, q, *rest in d.get("sh", ())])
+            [tuple(i) for i in d["inf"]], [(f, q, _sub_id(rest)) for f, q, *rest in d.get("sh", ())],
+            carried=[(q, o) for q, o in d.get("cq", ())])
     except RecordError:
         raise
     except (ValueError, KeyError, TypeError) as exc:
@@ -298,6 +323,8 @@ class SessionTable:
                 g.position = position
                 self.groups[key] = g
             return
+        if bytes(data[:1]) == b"Q":
+            return  # a carried message: named by the session that carries it, no state of its own
         if bytes(data[:1]) in (b"R", b"U"):
             try:
                 name, r = decode_retained(data)

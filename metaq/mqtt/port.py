@@ -52,8 +52,8 @@ from metaq import errors, limits
 from metaq.mqtt.connection import Connection
 from metaq.mqtt.delivery import Decoded, Fanouts
 from metaq.mqtt.follow import (MQTT_JOURNAL, MQTT_LEARN_BATCH, MQTT_SESSIONS_TOPIC, Retained, SavedGroup, SavedWill,
-                               encode, encode_end, encode_group, encode_group_end, encode_retained, encode_unretained,
-                               encode_will, encode_will_end, replay)
+                               encode, encode_carried, encode_end, encode_group, encode_group_end, encode_retained,
+                               encode_unretained, encode_will, encode_will_end, replay)
 from metaq.mqtt.wire import Will
 from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
@@ -138,6 +138,8 @@ class MqttPort:
         #: inbox is read by every subscription, its peers' retained messages are merged with ours
         self.cluster = None
         self.cluster_topics = ()
+        #: the MQTT cluster's client ids (``metaq.mqttcluster.service.ClientIds``) when in one, else None
+        self.client_ids = None
 
     @property
     def closing(self):
@@ -174,9 +176,18 @@ class MqttPort:
         its delay is published now (``clean_start``: the old session ended) or dropped (resumed). With
         authentication on, a client id held by another user's connection (or will) is not taken: returns why (None:
         claimed), so that one user cannot close another's devices or drop their wills."""
-        refusal = self._held_by_another(conn, client_id)
+        refusal = self._held_by_another(conn.session.user, client_id)
         if refusal is not None:
+            if self.client_ids is not None:
+                self.client_ids.finished(client_id)
             return refusal
+        self._take_from(conn, client_id, clean_start)
+        self._clients[client_id] = conn
+        return None
+
+    def _take_from(self, conn, client_id, clean_start):
+        """What holds ``client_id`` here gives way to ``conn`` (None: a connection on another broker of the
+        cluster): the connection holding it is taken over, the wills as ``claim`` says."""
         old = self._clients.get(client_id)
         if old is not None and old is not conn:
             lost = old.take_over()
@@ -196,13 +207,10 @@ class MqttPort:
                 self.publish_will(client_id, *self._will_of(saved))
             else:
                 self.will_done(client_id)
-        self._clients[client_id] = conn
-        return None
 
-    def _held_by_another(self, conn, client_id):
+    def _held_by_another(self, user, client_id):
         if not self.guard.enabled:
             return None
-        user = conn.session.user
         old = self._clients.get(client_id)
         held = self._delayed.get(client_id)
         owner = old.session.user if old is not None else held[2].user if held is not None else user
@@ -213,13 +221,68 @@ class MqttPort:
             return "client identifier %s is held by another user's connection" % client_id
         return None
 
+    def join_cluster(self, client_id, clean_start, user):
+        """Before ``claim``: in an MQTT cluster, ``client_id`` registered with its home broker and its session
+        brought from the broker holding it (``ClientIds.join``). None: go on; else ``(reason code, why)``."""
+        return None if self.client_ids is None else self.client_ids.join(client_id, clean_start, user)
+
+    def give_up(self, client_id, clean_start, user):
+        """Another broker of the cluster takes ``client_id`` over (``metaq.mqttcluster``): the connection holding
+        it here is taken over as by ``claim`` (MQTT 5: DISCONNECT 0x8E; its will as on one broker) and the session
+        kept here ends in this broker's sessions' log. Returns ``(refusal, SavedSession or None)``: the session as
+        it stood, to carry on over there (None: none, or ``clean_start``, which ends it); a refusal (held by
+        another user, authentication on) changes nothing."""
+        refusal = self._held_by_another(user, client_id) if user is not None else None
+        if refusal is not None:
+            return refusal, None
+        self._take_from(None, client_id, clean_start)
+        self._clients.pop(client_id, None)  # its connection ends on its own; this id is not held here any more
+        handed = self._handed.pop(client_id, None)
+        saved = handed if handed is not None else self.table.sessions.get(client_id)
+        self.end_session(client_id)
+        return None, None if clean_start else saved
+
+    def carry(self, client_id, metaq_topic, flag, data):
+        """Write a message a session brings from another broker (``follow.encode_carried``) to the sessions' log:
+        its offset there, or None when it could not be written (logged)."""
+        r = self._put(client_id, encode_carried(metaq_topic, flag, data), None, now_ms())
+        return None if r is None else r.offset
+
+    def adopt(self, saved):
+        """A session taken over from another broker: written to the sessions' log and handed to the CONNECT that
+        asked for it (``resume``), as a takeover on this broker hands one on. The record (and the messages it
+        carried, written before it) is waited for as a PUBACK waits (``PutPath.durable``: flushed with ``sync``
+        flush, held by the slave with ``sync`` replication) before the CONNACK: the broker it came from ended it."""
+        self._handed[saved.client_id] = saved
+        now = now_ms()
+        r = self._put(saved.client_id, encode(saved), None, now)
+        if r is None:
+            return
+        cuts = self.store.log_cuts  # nothing yielded since the write
+        if self.put_path.ack_mode(MQTT_SESSIONS_TOPIC, r, now) != ACK_NOW:
+            try:
+                self.put_path.durable(MQTT_SESSIONS_TOPIC, r.partition, r.log_end, now, cuts)
+            except errors.MetaqError as exc:
+                log.warning("mqtt client %s: the session it brought was written but may not be counted on: %s",
+                            saved.client_id, exc)
+
+    def holding(self):
+        """The client ids this broker holds: its connections' and the persistent sessions it keeps."""
+        return set(self._clients) | set(self.table.sessions)
+
     def holds(self, client_id):
         """True while a connection holds ``client_id``."""
         return client_id in self._clients
 
+    def holds_any(self, client_id):
+        """True while a connection or a kept session holds ``client_id`` here."""
+        return client_id in self._clients or client_id in self.table.sessions
+
     def release(self, conn, client_id):
         if self._clients.get(client_id) is conn:
             del self._clients[client_id]
+            if self.client_ids is not None and client_id not in self.table.sessions:
+                self.client_ids.released(client_id)
 
     # -- persistent sessions ---------------------------------------------------
 
@@ -230,6 +293,8 @@ class MqttPort:
         it, and it ends with it however the connection ends, a takeover too (MQTT 5.0 §3.1.4: the original session
         ends on the takeover), a restart or a failover. So no later CONNECT resumes the state from before what that
         connection acknowledged."""
+        if self.client_ids is not None:
+            self.client_ids.finished(client_id)  # claimed: a takeover from another broker may go on
         handed = self._handed.pop(client_id, None)  # newer than its record, which may not have been written
         saved = handed if handed is not None else self.table.sessions.get(client_id)
         if saved is None:
@@ -247,6 +312,8 @@ class MqttPort:
         """End ``client_id``'s saved session (Clean Start, expiry, the offline bound)."""
         if client_id in self.table.sessions:
             self._write(client_id, encode_end(client_id))
+            if self.client_ids is not None and client_id not in self._clients:
+                self.client_ids.released(client_id)
 
     def save_first(self, session):
         """Write ``session`` (as ``save``) before the client is told what depends on the record (a QoS 2 PUBLISH, the
@@ -772,14 +839,15 @@ class MqttPort:
 
     def summary_values(self):
         """The ``stats`` summary's MQTT pairs: the port, its connections, the wills published since the start and
-        those waiting for their delay."""
+        those waiting for their delay; in an MQTT cluster, its client ids' (``ClientIds.summary_values``)."""
         return [("mqtt_port", self.port or 0), ("mqtt_connections", self.connection_count()),
                 ("mqtt_wills_published", self.wills_published), ("mqtt_delayed_wills", len(self._delayed)),
                 ("mqtt_sessions", len(self.table.sessions)), ("mqtt_sessions_offline", self.table.offline_count()),
                 ("mqtt_sessions_expired", self.sessions_expired), ("mqtt_retained", len(self.table.retained)),
                 ("mqtt_retained_bytes", self.table.retained_bytes), ("mqtt_shared_groups", len(self._groups)),
                 ("mqtt_shared_groups_kept", len(self.table.groups)),
-                ("mqtt_session_records", self.records_written)]
+                ("mqtt_session_records", self.records_written)] + \
+            (self.client_ids.summary_values() if self.client_ids is not None else [])
 
     def stop(self, grace_s):
         """The broker stops (called while it may still write, before a master hands its leadership over): its MQTT

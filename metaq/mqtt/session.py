@@ -73,7 +73,7 @@ class MqttSession:
     slots: every connected client has one."""
 
     __slots__ = ("client_id", "version", "max_qos2", "subscriptions", "shared", "cursors", "qos2_received", "inflight",
-                 "where", "_next_id", "persistent", "expiry_s", "user", "dirty", "rejoin")
+                 "where", "_next_id", "persistent", "expiry_s", "user", "dirty", "rejoin", "carried")
 
     def __init__(self, client_id, version, max_qos2):
         self.client_id = client_id
@@ -91,6 +91,7 @@ class MqttSession:
         self.user = None
         self.dirty = False  # cursors or messages in flight changed since the last save
         self.rejoin = []  # a resumed session's shared subscriptions, (filter, granted QoS, sub id), until they rejoin
+        self.carried = []  # (QoS, offset in %MQTT%) of messages brought from another broker, not yet sent
 
     # -- persistence -----------------------------------------------------------
 
@@ -101,7 +102,8 @@ class MqttSession:
         inflight = [(pid, state) + self.where[pid] for pid, state in self.inflight.items() if pid in self.where]
         shared = [(f, granted, sub_id) for f, (_group, granted, sub_id) in self.shared.items()] + self.rejoin
         return SavedSession(self.client_id, self.user, self.version, self.expiry_s, now_ms, connected, subs,
-                            dict(self.cursors), sorted(self.qos2_received), inflight, shared)
+                            dict(self.cursors), sorted(self.qos2_received), inflight, shared,
+                            carried=list(self.carried))
 
     def restore(self, saved):
         """Take ``saved``'s subscriptions, read positions, QoS 2 packet ids and messages in flight."""
@@ -110,6 +112,7 @@ class MqttSession:
         self.cursors.update(saved.cursors)
         self.qos2_received.update(saved.qos2[:self.max_qos2])
         self.rejoin = list(saved.shared)
+        self.carried = list(saved.carried)
         for pid, state, qos, topic, partition, offset in saved.inflight:
             self.inflight[pid] = state
             self.where[pid] = (qos, topic, partition, offset)

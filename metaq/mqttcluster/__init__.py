@@ -1,7 +1,34 @@
-"""MQTT across a cluster of brokers (docs/architecture.md "MQTT across the cluster", docs/mqtt.md "A cluster"):
-each master follows every other master's log for what its own sessions subscribe, over the replication port, and
-copies what matches into its inbox (``%MQTTIN%``), which its MQTT delivery reads like any topic.
+"""MQTT across a cluster of brokers: the masters of one ZooKeeper root (docs/architecture.md "MQTT across the
+cluster" and "MQTT cluster: client ids", docs/mqtt.md "A cluster" and "A client id across the cluster").
 
-``routes`` (a broker's filters, aggregated), ``inbox`` (the copies and their resume positions), ``serve`` (the
-followed broker's side), ``link`` (the follower's side of one peer), ``peers`` (membership, links, retained).
+Two features over the replication port, each with its own frames: each master follows every other master's log for
+what its own sessions subscribe and copies what matches into its inbox (``%MQTTIN%``, ROUTES / RECORDS), which its
+MQTT delivery reads like any topic; and a client id is the cluster's: one live session per id, registered with the
+id's home broker, which takes it from the broker holding it (PEER_CALL / PEER_REPLY). Both prove the replication
+secret as peers (``server.replication.handshake.peer_proof``), with the TLS a slave's link uses.
+
+A feature package: every module of the feature is here, named by its role (``tests/test_layers.py``
+FEATURE_ROLES).
+
+state (the store layer's rules: no socket, gevent or clock)
+    inbox.py       the copies of other brokers' messages in ``%MQTTIN%``, and the resume positions they record
+    ids.py         ``home_of``: a client id's home broker (rendezvous hash over the members); ``HomeRegistry``: the
+                   home's client id -> holding broker, bounded by ``mqtt.cluster_max_ids``
+logic
+    routes.py      a broker's filters, aggregated: what its subscriptions want of its peers (pure)
+front-end (the server layer)
+    calls.py       broker-to-broker calls over the replication port (PEER_CALL / PEER_REPLY), each bounded by
+                   ``MQTT_CLUSTER_CALL_TIMEOUT_S``
+    handover.py    a session given up by one broker as JSON (its messages not acknowledged as their records) and
+                   adopted by another (written to its own sessions' log)
+service (the server layer)
+    serve.py       the followed broker's side of a peer's follow (ROUTES in, RECORDS out)
+    link.py        the follower's side of one peer: connect, prove, send ROUTES, copy each RECORDS frame
+    peers.py       ``MqttCluster``: membership, one link per peer, copies through the put path, retained messages
+    service.py     ``ClientIds``: the members, a CONNECT's registration with the id's home, the home's serialisation
+                   per id and its calls to the holder, re-registration when the members change
+
+Each of ``peers`` and ``service`` reads the masters from ZooKeeper on its own (``peers``: the ``master`` and
+``replication`` nodes on a children watch, other brokers only; ``service``: the ``replication`` nodes and their
+owners, this broker included, polled).
 """

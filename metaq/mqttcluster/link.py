@@ -1,7 +1,8 @@
-"""One link to one peer: connect to its replication port, prove the secret as a slave does (the slave's handshake,
-``server.replication.slave.authenticate``), send ROUTES (this broker's filters and its resume positions for that
-peer), then hand each RECORDS frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters
-change. A link that fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
+"""One link to one peer: connect to its replication port, prove the secret with the slave's handshake
+(``server.replication.slave.authenticate``, with the peers' proofs: ``handshake.peer_proof``), send ROUTES (this
+broker's filters and its resume positions for that peer), then hand each RECORDS frame to the cluster
+(``MqttCluster.apply``) and send ROUTES again when the filters change. A link that fails is retried with backoff
+(BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
 """
 
 import logging

@@ -29,7 +29,8 @@ Frame (big-endian)::
                        both ends)
       5  1  type       HELLO=1 DATA=2 ACK=3 HEARTBEAT=4 ERROR=5 EPOCHS=6 CHALLENGE=7 PROOF=8 OFFSETS=9
                           TOPICS=10 (the topic table: T_TOPICS below) ROUTES=11 RECORDS=12 (a peer broker's
-                          MQTT follow: ``metaq.protocol.replication_mqtt``)
+                          MQTT follow: ``metaq.protocol.replication_mqtt``) PEER_CALL=20 PEER_REPLY=21 (one
+                          cluster member's call to another: ``metaq.mqttcluster.calls``)
       6  2  reserved   0
       8  4  length     payload bytes (checked against the limits before buffering)
      12  4  crc        CRC-32 of header bytes [0, 12) followed by the payload
@@ -62,6 +63,12 @@ Payloads::
                         again when they change): ``metaq.protocol.replication_mqtt``
     RECORDS             the records of the followed topics whose MQTT names a peer's filter matches:
                         ``metaq.protocol.replication_mqtt``
+    PEER_CALL  >i       broker_id int32 (the calling master's), then the request as UTF-8 JSON: one broker of an
+                        MQTT cluster asking another (``metaq.mqttcluster.calls``), sent in place of a HELLO after
+                        the caller's PROOF (bound to its broker id), and again for each further call on the link:
+                        ``metaq.protocol.replication_peer``
+    PEER_REPLY          the answer to the PEER_CALL before it, UTF-8 JSON; the first one on a link is preceded by
+                        the callee's PROOF (a PEER_CALL or PEER_REPLY holds at most MQTT_CLUSTER_MAX_CALL_BYTES)
 
 A nonce is ``MIN_REPLICATION_NONCE_CHARS``..``MAX_REPLICATION_NONCE_CHARS``
 lowercase hex characters, a proof at most ``MAX_REPLICATION_PROOF_CHARS`` of
@@ -84,15 +91,17 @@ from metaq import limits
 from metaq.errors import RemoteProtocolError
 from metaq.protocol import replication_offsets as offsets_codec
 from metaq.protocol import replication_mqtt as mqtt_codec
+from metaq.protocol import replication_peer as peer_codec
 from metaq.protocol import replication_topics as topics_codec
 from metaq.protocol.checksum import crc32
 from metaq.protocol.replication_mqtt import Records, Routes
 from metaq.protocol.replication_offsets import Offsets
+from metaq.protocol.replication_peer import PeerCall, PeerReply
 from metaq.protocol.replication_topics import Topics
 from metaq.protocol.stream import CLOSED, NEED_DATA
 
 __all__ = ["Hello", "Epochs", "Data", "Ack", "Heartbeat", "ErrorFrame", "Challenge", "Proof", "Offsets", "Topics",
-           "Routes", "Records", "ReplicationParser",
+           "Routes", "Records", "PeerCall", "PeerReply", "ReplicationParser",
            "serialize",
            "frame_parts", "history_problem", "MAGIC", "VERSION"]
 
@@ -140,6 +149,9 @@ T_HELLO, T_DATA, T_ACK, T_HEARTBEAT, T_ERROR, T_EPOCHS, T_CHALLENGE, T_PROOF, T_
 T_TOPICS = 10
 #: ROUTES and RECORDS: a peer broker following this one for its MQTT sessions (``metaq.protocol.replication_mqtt``).
 T_ROUTES, T_RECORDS = 11, 12
+#: PEER_CALL / PEER_REPLY: one MQTT cluster member's request to another and its answer
+#: (``metaq.protocol.replication_peer``).
+T_PEER_CALL, T_PEER_REPLY = 20, 21
 _HEX = frozenset(b"0123456789abcdef")
 INT64_MAX = 2**63 - 1
 
@@ -287,14 +299,9 @@ def frame_parts(event, max_data=limits.MAX_REPLICATION_DATA_BYTES,
         nonce = _ascii(event.nonce, lambda n: nonce_problem(n, optional=True))
         proof = _ascii(event.proof, proof_problem)
         return _frame(T_PROOF, [PROOF_HEAD.pack(len(nonce), len(proof)), nonce, proof])
-    if isinstance(event, Offsets):
-        return _frame(T_OFFSETS, offsets_codec.payload_parts(event))
-    if isinstance(event, Topics):
-        return _frame(T_TOPICS, topics_codec.payload_parts(event))
-    if isinstance(event, Routes):
-        return _frame(T_ROUTES, mqtt_codec.routes_parts(event))
-    if isinstance(event, Records):
-        return _frame(T_RECORDS, mqtt_codec.records_parts(event))
+    ftype = _CODEC_TYPES.get(type(event))
+    if ftype is not None:
+        return _frame(ftype, _CODECS[ftype][0](event))
     if isinstance(event, ErrorFrame):
         text = event.text.encode("utf-8")
         if len(text) > max_error_text:
@@ -315,6 +322,21 @@ def _check_position(value, exc=RemoteProtocolError):
 
 def _fail(reason):
     return RemoteProtocolError(reason, fatal=True)
+
+
+#: The frames whose payloads a codec module of their own encodes, checks and decodes: frame type -> (parts of an
+#: event, check of a payload length, decode of a payload).
+_CODECS = {
+    T_OFFSETS: (offsets_codec.payload_parts, offsets_codec.check_length, offsets_codec.decode),
+    T_TOPICS: (topics_codec.payload_parts, topics_codec.check_length, topics_codec.decode),
+    T_ROUTES: (mqtt_codec.routes_parts, mqtt_codec.check_routes_length, mqtt_codec.decode_routes),
+    T_RECORDS: (mqtt_codec.records_parts, mqtt_codec.check_records_length, mqtt_codec.decode_records),
+    T_PEER_CALL: (peer_codec.call_parts, peer_codec.check_call_length, peer_codec.decode_call),
+    T_PEER_REPLY: (peer_codec.reply_parts, peer_codec.check_reply_length, peer_codec.decode_reply),
+}
+#: The event class of each of those frames -> its frame type.
+_CODEC_TYPES = {Offsets: T_OFFSETS, Topics: T_TOPICS, Routes: T_ROUTES, Records: T_RECORDS, PeerCall: T_PEER_CALL,
+                PeerReply: T_PEER_REPLY}
 
 
 class ReplicationParser:
@@ -415,14 +437,8 @@ class ReplicationParser:
             if not PROOF_HEAD.size <= length <= high:
                 raise _fail("PROOF frame of %d bytes: must be %d..%d (limits MAX_REPLICATION_NONCE_CHARS, "
                             "MAX_REPLICATION_PROOF_CHARS)" % (length, PROOF_HEAD.size, high))
-        elif ftype == T_OFFSETS:
-            offsets_codec.check_length(length)
-        elif ftype == T_TOPICS:
-            topics_codec.check_length(length)
-        elif ftype == T_ROUTES:
-            mqtt_codec.check_routes_length(length)
-        elif ftype == T_RECORDS:
-            mqtt_codec.check_records_length(length)
+        elif ftype in _CODECS:
+            _CODECS[ftype][1](length)
         else:
             raise _fail("unknown frame type %d" % ftype)
 
@@ -458,14 +474,8 @@ class ReplicationParser:
             return self._challenge(payload)
         if ftype == T_PROOF:
             return self._proof(payload)
-        if ftype == T_OFFSETS:
-            return offsets_codec.decode(payload)
-        if ftype == T_TOPICS:
-            return topics_codec.decode(payload)
-        if ftype == T_ROUTES:
-            return mqtt_codec.decode_routes(payload)
-        if ftype == T_RECORDS:
-            return mqtt_codec.decode_records(payload)
+        if ftype in _CODECS:
+            return _CODECS[ftype][2](payload)
         (code,) = ERROR_HEAD.unpack_from(payload)
         try:
             text = bytes(payload[ERROR_HEAD.size:]).decode("utf-8")

@@ -1,9 +1,10 @@
 """The replication stream's two MQTT-cluster frames (types 11 and 12, ``metaq.protocol.replication``): a peer
 broker follows this broker's log for what its MQTT sessions subscribe (``metaq.mqttcluster``). Sans-IO.
 
-A peer connects to the replication port as a slave does, proves the replication secret the same way (CHALLENGE,
-PROOF), then sends ROUTES where a slave sends HELLO; the master answers its PROOF and then RECORDS frames, and the
-peer may send ROUTES again whenever its filters change.
+A peer connects to the replication port as a slave does, proves the replication secret as peers do (CHALLENGE,
+PROOF: ``server.replication.handshake.peer_proof``, as a PEER_CALL's caller), then sends ROUTES where a slave
+sends HELLO; the master answers its PROOF and then RECORDS frames, and the peer may send ROUTES again whenever its
+filters change.
 
 ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
 

@@ -30,9 +30,11 @@ from metaq.server.http.port import HttpPort
 from metaq.server.http.server import UnsentReplies
 from metaq.server.longpoll import PartitionWaiters
 from metaq.mqtt.port import MqttPort
+from metaq.mqttcluster.calls import PeerClient
 from metaq.mqttcluster.inbox import INBOX
 from metaq.mqttcluster.peers import MqttCluster
 from metaq.mqttcluster.serve import PeerServer
+from metaq.mqttcluster.service import ClientIds
 from metaq.server.putpath import PutPath, WriteGate
 from metaq.server.registry import ZkRegistry
 from metaq.server.routes import ClusterView
@@ -182,6 +184,8 @@ class Broker:
                                  lambda: self.election.master_mqtt() if self.election is not None else None,
                                  lambda: self.roles.slave_refusal or self.roles.isolation_refusal())
             self.roles.on_change(self.mqtt.role_changed)  # a promoted slave's sessions are its own
+            if self.registry is not None:  # a client id is the cluster's (docs/mqtt.md)
+                self.mqtt.client_ids = self._client_ids(config)
         self.mqtt_cluster = None
         if self.mqtt is not None and self.registry is not None:  # MQTT across the cluster (metaq/mqttcluster)
             self.mqtt_cluster = mqtt_cluster(config, self.store, self.put_path, self.mqtt, self.registry.zk,
@@ -278,6 +282,19 @@ class Broker:
         if remoting is None and grpc is None:
             return None
         return self.config.remoting.broker_name or "metaq-%d" % self.config.broker.id, remoting, grpc
+
+    def _client_ids(self, config):
+        """The MQTT cluster's client ids (``metaq.mqttcluster``): calls to the other masters over their
+        replication ports, with the replication secret and TLS a slave's link uses; calls from them answered on
+        this master's replication port."""
+        tls = config.security.tls
+        client = PeerClient(config.broker.id, self.roles.secret,
+                            client_context(tls) if tls.mode != "off" and tls.replication else None)
+        ids = ClientIds(self.mqtt, self.store, self.registry.zk, config.zk.root, config.broker.id, client,
+                        config.mqtt.cluster_max_ids, config.store.max_transfer_size,
+                        lambda: self.roles.is_master and self.roles.replication_port is not None)
+        self.roles.serve_peer_calls(ids.server.serve)
+        return ids
 
     def _mqtt_address(self):
         """This broker's MQTT address as the elected master's leader node names it ("host:port", a wildcard bind
@@ -382,6 +399,8 @@ class Broker:
             self.http.listen(self.config.http.host or cfg.host, self.config.http.port)
         if self.mqtt is not None:
             self.mqtt.listen(self.config.mqtt.host or cfg.host, self.config.mqtt.port)
+            if self.mqtt.client_ids is not None:
+                self.mqtt.client_ids.start()
         if self.mqtt_cluster is not None:
             self.mqtt_cluster.start()
         if self.grpc is not None:
@@ -521,6 +540,8 @@ class Broker:
         if self.mqtt_cluster is not None:
             self.mqtt_cluster.stop()
         if self.mqtt is not None:  # while it may still write: its wills published, its sessions written
+            if self.mqtt.client_ids is not None:
+                self.mqtt.client_ids.stop()
             self.mqtt.stop(SHUTDOWN_GRACE_S)
         if self.election is not None:
             self.election.step_down()  # stop acknowledging; an in-sync slave catches up; closing the session ends

@@ -461,6 +461,7 @@ class MqttSection(_Section):
     # the first match wins; else a name's first level when it is a legal metaq topic name, else fallback_topic
     topic_map: List[Dict[str, str]] = []
     fallback_topic: str = DEFAULT_FALLBACK
+    cluster_max_ids: int = Field(limits.MQTT_CLUSTER_MAX_IDS, ge=1)  # a home broker's client ids (mqttcluster)
 
     @field_validator("host")
     @classmethod

@@ -8,6 +8,7 @@ from tests.harness.mqttcluster import Cluster
 
 @pytest.fixture(autouse=True)
 def _paho_clients_closed():
+    """Every Paho client a test started is closed when it ends (its network thread would reconnect otherwise)."""
     yield
     close_all()
 

@@ -124,3 +124,18 @@ def test_proofs_fit_the_frame_limits():
     assert len(ours.proof) == limits.MAX_REPLICATION_PROOF_CHARS
     assert limits.MIN_REPLICATION_NONCE_CHARS <= len(ours.nonce) <= limits.MAX_REPLICATION_NONCE_CHARS
     assert wire(ours) == ours
+
+
+def test_a_slave_proof_never_passes_for_a_peer_nor_a_peer_proof_for_a_slave():
+    """A peer master's follow link (ROUTES) and call link (PEER_CALL) prove the secret with the peers' sides; a
+    slave's proof over the same id fails there, and a peer's fails as a slave's."""
+    c = wire(handshake.challenge(SECRET))
+    as_slave, _ = handshake.slave_proof(SECRET, c, 3)
+    as_peer, _ = handshake.peer_proof(SECRET, c, 3)
+    assert handshake.check_peer(SECRET, c.nonce, wire(as_peer), 3) is None  # the control
+    assert "is wrong" in handshake.check_peer(SECRET, c.nonce, wire(as_slave), 3)
+    assert "is wrong" in handshake.check_slave(SECRET, c.nonce, wire(as_peer), hello(3))
+    callee = wire(handshake.callee_proof(SECRET, c.nonce, as_peer.nonce, 3))
+    assert handshake.check_callee(SECRET, c.nonce, as_peer.nonce, 3, callee) is None
+    master = wire(handshake.master_proof(SECRET, c.nonce, as_peer.nonce, 3))
+    assert "is wrong" in handshake.check_callee(SECRET, c.nonce, as_peer.nonce, 3, master)

@@ -21,8 +21,8 @@ the missing side in both logs (``MASTER_REQUIRES`` / ``SLAVE_REQUIRES``).
 from metaq.auth import proofs
 from metaq.protocol import replication as rp
 
-__all__ = ["MASTER_REQUIRES", "SLAVE_REQUIRES", "challenge", "slave_proof", "check_slave", "check_follower",
-           "master_proof", "check_master"]
+__all__ = ["MASTER_REQUIRES", "SLAVE_REQUIRES", "challenge", "slave_proof", "check_slave", "master_proof",
+           "check_master", "peer_proof", "check_peer", "callee_proof", "check_callee"]
 
 MASTER_REQUIRES = "the master requires a replication secret"
 SLAVE_REQUIRES = "this slave requires its master to prove the secret"
@@ -49,24 +49,18 @@ def slave_proof(secret, challenge_, slave_id):
 
 def check_slave(secret, master_nonce, proof, hello):
     """The master's check of a slave's PROOF and HELLO: None when it may be served, else why not."""
-    return check_follower(secret, master_nonce, proof, hello.slave_id, "slave %d" % hello.slave_id)
-
-
-def check_follower(secret, master_nonce, proof, ident, who):
-    """The master's check of a follower's PROOF (a slave's, or a peer broker's following it for MQTT: ``ident`` its
-    slave id or broker id, ``who`` names it in the refusal): None when it may be served, else why not."""
-    kind = who.split(" ")[0]
     problem = rp.nonce_problem(proof.nonce)
     if problem is not None:
-        return "the %s sent no usable nonce (%s)" % (kind, problem)
+        return "the slave sent no usable nonce (%s)" % problem
     if secret is None:
         return None
     if not proof.proof:
-        return ("%s (%s) and %s offered no proof of it: set the master's secret on the %s"
-                % (MASTER_REQUIRES, _SETTING, who, kind))
-    expected = proofs.replication_proof(secret, "slave", master_nonce, proof.nonce, ident)
+        return ("%s (%s) and slave %d offered no proof of it: set the master's secret on the slave"
+                % (MASTER_REQUIRES, _SETTING, hello.slave_id))
+    expected = proofs.replication_proof(secret, "slave", master_nonce, proof.nonce, hello.slave_id)
     if not proofs.same(proof.proof, expected):
-        return "%s and the proof of %s is wrong: the %s's secret is not this master's" % (MASTER_REQUIRES, who, kind)
+        return "%s and the proof of slave %d is wrong: the slave's secret is not this master's" % (MASTER_REQUIRES,
+                                                                                                 hello.slave_id)
     return None
 
 
@@ -87,4 +81,60 @@ def check_master(secret, master_nonce, slave_nonce, slave_id, proof):
     if not proofs.same(proof.proof, expected):
         return ("%s, and its proof is wrong: it does not hold this slave's secret (an impostor, or the two "
                 "secrets differ)" % SLAVE_REQUIRES)
+    return None
+
+
+# -- peers: one master of an MQTT cluster linked to another (metaq.mqttcluster: a call link, a follow link) ---------
+#
+#     callee → caller   CHALLENGE  (secret held?, callee nonce)                on accept, as to a slave
+#     caller → callee   PROOF      (caller nonce, caller proof or "")          then PEER_CALL (its broker id, request)
+#                                                                              or ROUTES (its broker id, filters)
+#     callee → caller   PROOF      ("", callee proof or "")                    then PEER_REPLY / RECORDS
+#
+# The same secret and checks as a slave's, bound to the caller's broker id and to their own sides ("peer",
+# "peer-callee"), so a slave's proof never passes for a peer's nor the other way round.
+
+
+def peer_proof(secret, challenge_, broker_id):
+    """The caller's PROOF (as ``slave_proof``, side ``peer``): ``(Proof, None)`` or ``(None, refusal)``."""
+    nonce = proofs.new_nonce()
+    if secret is None:
+        return rp.Proof(nonce, ""), None
+    if not challenge_.secret:
+        return None, "this broker holds a replication secret and the peer holds none: set the same %s" % _SETTING
+    return rp.Proof(nonce, proofs.replication_proof(secret, "peer", challenge_.nonce, nonce, broker_id)), None
+
+
+def check_peer(secret, callee_nonce, proof, broker_id):
+    """The callee's check of a caller's PROOF: None when its calls may be answered, else why not."""
+    problem = rp.nonce_problem(proof.nonce)
+    if problem is not None:
+        return "the peer sent no usable nonce (%s)" % problem
+    if secret is None:
+        return None
+    if not proof.proof:
+        return "%s (%s) and peer broker %d offered no proof of it" % (MASTER_REQUIRES, _SETTING, broker_id)
+    expected = proofs.replication_proof(secret, "peer", callee_nonce, proof.nonce, broker_id)
+    if not proofs.same(proof.proof, expected):
+        return "%s and the proof of peer broker %d is wrong: its secret is not this broker's" % (MASTER_REQUIRES,
+                                                                                                broker_id)
+    return None
+
+
+def callee_proof(secret, callee_nonce, caller_nonce, broker_id):
+    """The callee's PROOF, sent once the caller's checked out ("" with no secret)."""
+    if secret is None:
+        return rp.Proof("", "")
+    return rp.Proof("", proofs.replication_proof(secret, "peer-callee", callee_nonce, caller_nonce, broker_id))
+
+
+def check_callee(secret, callee_nonce, caller_nonce, broker_id, proof):
+    """The caller's check of the callee's PROOF: None when its answers may be acted on, else why not."""
+    if secret is None:
+        return None
+    if not proof.proof:
+        return "the peer offered no proof of the replication secret"
+    expected = proofs.replication_proof(secret, "peer-callee", callee_nonce, caller_nonce, broker_id)
+    if not proofs.same(proof.proof, expected):
+        return "the peer's proof of the replication secret is wrong (an impostor, or the two secrets differ)"
     return None

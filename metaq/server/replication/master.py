@@ -67,6 +67,9 @@ class ReplicationServer:
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
         self.listener = None
         self._stopping = False
+        #: ``(sock, parser, first PeerCall, peer address)`` -> None: serves another master's calls once its proof
+        #: checked out (``metaq.mqttcluster.calls.PeerServer.serve``); None: this broker takes no calls
+        self.peer_calls = None
 
     def start(self):
         self.listener = self.core.listen("replication", self.host, self.port, self._connection, backlog=64,
@@ -178,9 +181,10 @@ class ReplicationServer:
             if shaken is None:
                 return
             hello, slave_nonce, master_nonce = shaken
-            if isinstance(hello, rp.Routes):  # a peer broker's MQTT follow, proven as a slave is
-                send_event(sock, handshake.master_proof(self.secret, master_nonce, slave_nonce, hello.broker_id))
-                self.peer_handler(sock, parser, hello, peer)
+            if isinstance(hello, (rp.Routes, rp.PeerCall)):  # another master of an MQTT cluster, not a slave
+                send_event(sock, handshake.callee_proof(self.secret, master_nonce, slave_nonce, hello.broker_id))
+                serve = self.peer_handler if isinstance(hello, rp.Routes) else self.peer_calls
+                serve(sock, parser, hello, peer)  # its MQTT follow, or its calls
                 return
             refusal, agreed = self._check_hello(hello)
             if refusal is not None:
@@ -226,18 +230,21 @@ class ReplicationServer:
         try:
             send_event(sock, challenge)
             proof = self._expect(sock, parser, deadline, rp.Proof, peer)
-            hello = self._expect(sock, parser, deadline, (rp.Hello, rp.Routes), peer) if proof is not None else None
+            hello = self._expect(sock, parser, deadline, (rp.Hello, rp.Routes, rp.PeerCall), peer) \
+                if proof is not None else None
         except errors.RemoteProtocolError as exc:
             log.warning("replication: refusing %s: bad handshake: %s", peer, exc)
             send_event(sock, rp.ErrorFrame(ERR_REFUSED, "bad replication handshake: %s" % exc))
             return None
         if hello is None:
             return None
-        if isinstance(hello, rp.Routes):
+        if isinstance(hello, (rp.Routes, rp.PeerCall)):  # a peer broker's MQTT follow or its calls: one proof
             who = "peer broker %d" % hello.broker_id
-            refusal = handshake.check_follower(self.secret, challenge.nonce, proof, hello.broker_id, who)
-            if refusal is None and self.peer_handler is None:
+            refusal = handshake.check_peer(self.secret, challenge.nonce, proof, hello.broker_id)
+            if refusal is None and isinstance(hello, rp.Routes) and self.peer_handler is None:
                 refusal = "this broker serves no MQTT cluster peer (it has no MQTT port or no ZooKeeper)"
+            elif refusal is None and isinstance(hello, rp.PeerCall) and self.peer_calls is None:
+                refusal = "this broker takes no calls of an MQTT cluster"
         else:
             who = "slave %d" % hello.slave_id
             refusal = handshake.check_slave(self.secret, challenge.nonce, proof, hello)

@@ -98,6 +98,7 @@ class Roles:
         self._listeners = []
         self._cut_listeners = []
         self._disk_full_listeners = []
+        self._peer_calls = None  # what answers other masters' calls on the replication port (serve_peer_calls)
         self.slave_link = self.make_slave_link() if self.role == "slave" and not self.auto else None
         self.replication = self.make_replication_server() if self.role == "master" else None
         self.read_refusal = self.handshake_refusal()  # why gets are refused (before a rejoin's handshake)
@@ -229,7 +230,15 @@ class Roles:
             return None
         server = ReplicationServer(self.core, self.store, self.config, secret=self.secret, insync=insync)
         server.peer_handler = self.peer_handler
+        server.peer_calls = self._peer_calls
         return server
+
+    def serve_peer_calls(self, serve):
+        """Other masters' calls on the replication port (an MQTT cluster's: ``metaq.mqttcluster``) go to
+        ``serve`` (``ReplicationServer.peer_calls``), on this master's server now and on any made later."""
+        self._peer_calls = serve
+        if self.replication is not None:
+            self.replication.peer_calls = serve
 
     def _handshake_done(self):
         """A slave's epoch handshake cut what needed cutting: reads may be served. True if they were refused."""

@@ -367,14 +367,15 @@ def next_event(sock, parser, deadline=None, waiting_for=None):
 
 def authenticate(sock, parser, secret, ident, request, next_event_, after):
     """A follower's side of the handshake (``handshake``): the master's CHALLENGE, our PROOF (over ``ident``: a
-    slave's id, a peer broker's id) and ``request`` (a slave's HELLO, a peer's ROUTES), the master's PROOF checked,
-    all within HELLO_TIMEOUT_S; returns the event after its PROOF (``after`` names it). Unauthenticated when either
-    side refuses: nothing the master said has been acted on."""
+    slave's id, a peer broker's id, with the peers' sides of the proof) and ``request`` (a slave's HELLO, a peer's
+    ROUTES), the master's PROOF checked, all within HELLO_TIMEOUT_S; returns the event after its PROOF (``after``
+    names it). Unauthenticated when either side refuses: nothing the master said has been acted on."""
     deadline = time.monotonic() + HELLO_TIMEOUT_S
     challenge = next_event_(sock, parser, deadline, "CHALLENGE")
     if not isinstance(challenge, rp.Challenge):
         raise errors.RemoteProtocolError("expected CHALLENGE, got %s" % type(challenge).__name__.upper(), fatal=True)
-    ours, refusal = handshake.slave_proof(secret, challenge, ident)
+    peer = not isinstance(request, rp.Hello)  # a peer broker proves itself as peers do (handshake.peer_proof)
+    ours, refusal = (handshake.peer_proof if peer else handshake.slave_proof)(secret, challenge, ident)
     if refusal is not None:
         send_event(sock, rp.ErrorFrame(errors.Unauthenticated.code, refusal))
         raise errors.Unauthenticated(refusal)
@@ -383,7 +384,8 @@ def authenticate(sock, parser, secret, ident, request, next_event_, after):
     theirs = next_event_(sock, parser, deadline, "PROOF")
     refusal = "%s: it sent %s instead of its PROOF" % (handshake.SLAVE_REQUIRES, type(theirs).__name__.upper())
     if isinstance(theirs, rp.Proof):
-        refusal = handshake.check_master(secret, challenge.nonce, ours.nonce, ident, theirs)
+        refusal = (handshake.check_callee if peer else handshake.check_master)(secret, challenge.nonce, ours.nonce,
+                                                                               ident, theirs)
     elif secret is None:
         raise errors.RemoteProtocolError("expected PROOF, got %s" % type(theirs).__name__.upper(), fatal=True)
     if refusal is not None:

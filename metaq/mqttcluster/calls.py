@@ -1,0 +1,223 @@
+"""Broker-to-broker calls of an MQTT cluster over the peers' replication ports (front-end: the server layer;
+docs/architecture.md "MQTT cluster: client ids").
+
+A call is one PEER_CALL frame (the caller's broker id and a JSON request ``{"op": ..., ...}``) answered by one
+PEER_REPLY (JSON), both declared with the replication stream's frames (``metaq.protocol.replication``). A link
+begins as a slave's does: the callee's CHALLENGE, the caller's PROOF of the shared replication secret (bound to
+its broker id: ``handshake.peer_proof``), then the first call; the callee answers with its own PROOF before the
+first reply, and the caller acts on nothing it has not proved (``handshake.check_callee``). TLS as a slave's link
+(``security.tls.replication``). Every call is bounded by ``MQTT_CLUSTER_CALL_TIMEOUT_S`` (connection, handshake
+and answer): past it, or on any failure, the peer is unreachable for that call (``PeerUnreachable``). Idle links
+are kept, at most ``MQTT_CLUSTER_PEER_CONNECTIONS`` per peer (the replication port admits a few connections per
+address: ``HEADROOM_PER_ADDRESS``), each used by one call at a time; more calls wait their turn within their bound.
+
+``PeerServer.serve`` answers a link's calls in order, each by the handler its ``op`` names; a handler's error is
+sent back as ``{"error": text}``.
+"""
+
+import json
+import logging
+import socket
+import time
+
+import gevent
+from gevent.lock import BoundedSemaphore
+
+from metaq import errors, limits
+from metaq.protocol import replication as rp
+from metaq.protocol.stream import CLOSED, NEED_DATA
+from metaq.server.replication import handshake
+from metaq.server.replication.link import send_event
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PeerClient", "PeerServer", "PeerUnreachable"]
+
+#: Seconds a peer's link may stay idle on the callee before it is closed (the caller opens another).
+PEER_IDLE_S = 60.0
+
+
+class PeerUnreachable(Exception):
+    """A call got no answer (no connection, a refused or failed handshake, no reply in time)."""
+
+
+def _encode(request):
+    return json.dumps(request, separators=(",", ":")).encode("utf-8")
+
+
+def _decode(body):
+    try:
+        value = json.loads(bytes(body).decode("utf-8"))
+    except ValueError as exc:
+        raise errors.RemoteProtocolError("a peer call that is not JSON: %s" % exc, fatal=True) from None
+    if not isinstance(value, dict):
+        raise errors.RemoteProtocolError("a peer call that is not a JSON object", fatal=True)
+    return value
+
+
+def _next(sock, parser, deadline):
+    """The next frame, or RemoteProtocolError / OSError / TimeoutError."""
+    while True:
+        event = parser.next_event()
+        if event is CLOSED:
+            raise OSError("the peer closed the link")
+        if event is not NEED_DATA:
+            return event
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no answer in time")
+        sock.settimeout(left)
+        parser.receive_data(sock.recv(65536))
+
+
+class _Link:
+    __slots__ = ("sock", "parser")
+
+    def __init__(self, sock, parser):
+        self.sock, self.parser = sock, parser
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class PeerClient:
+    """This master's calls to the others: ``broker_id`` its own, ``secret`` the replication secret (bytes or None),
+    ``tls`` the TLS client context a slave's link uses (None: plain)."""
+
+    def __init__(self, broker_id, secret, tls=None, timeout_s=limits.MQTT_CLUSTER_CALL_TIMEOUT_S):
+        self.broker_id = broker_id
+        self.secret = secret
+        self.tls = tls
+        self.timeout_s = timeout_s
+        self._idle = {}  # "host:port" -> [_Link]
+        self._slots = {}  # "host:port" -> BoundedSemaphore: links open to it at most (in use or idle)
+        self.calls = 0
+        self.failures = 0
+
+    def call(self, address, request, timeout_s=None):
+        """``request`` (a dict) answered by the peer at ``address`` ("host:port") within ``timeout_s`` (default: the
+        client's): its answer (a dict). Raises PeerUnreachable; an answer ``{"error": ...}`` is returned as it
+        is."""
+        self.calls += 1
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        slots = self._slots.get(address)
+        if slots is None:
+            slots = self._slots[address] = BoundedSemaphore(limits.MQTT_CLUSTER_PEER_CONNECTIONS)
+        if not slots.acquire(timeout=timeout_s):
+            self.failures += 1
+            raise PeerUnreachable("broker at %s: its links stayed busy for %.1f s" % (address, timeout_s))
+        try:
+            return self._call(address, _encode(request), deadline)
+        finally:
+            slots.release()
+
+    def _call(self, address, body, deadline):
+        for attempt in (0, 1):  # a kept link the callee closed meanwhile: once more on a new one
+            pooled = self._idle.get(address)
+            link = pooled.pop() if pooled else None
+            fresh = link is None
+            try:
+                with gevent.Timeout(max(0.001, deadline - time.monotonic()), TimeoutError):
+                    if link is None:
+                        link = self._open(address, deadline, body)
+                    else:
+                        send_event(link.sock, rp.PeerCall(self.broker_id, body))
+                    reply = _next(link.sock, link.parser, deadline)
+                if isinstance(reply, rp.ErrorFrame):
+                    raise errors.Unavailable("the peer refused the call (%d): %s" % (reply.code, reply.text))
+                if not isinstance(reply, rp.PeerReply):
+                    raise errors.RemoteProtocolError("expected PEER_REPLY, got %s" % type(reply).__name__.upper(),
+                                                     fatal=True)
+                answer = _decode(reply.body)
+            except (OSError, TimeoutError, errors.MetaqError, errors.RemoteProtocolError, ValueError) as exc:
+                if link is not None:
+                    link.close()
+                if not fresh and attempt == 0 and time.monotonic() < deadline:
+                    continue
+                self.failures += 1
+                raise PeerUnreachable("broker at %s: %s" % (address, exc)) from None
+            kept = self._idle.setdefault(address, [])
+            if len(kept) < limits.MQTT_CLUSTER_PEER_CONNECTIONS:
+                kept.append(link)
+            else:
+                link.close()
+            return answer
+        raise PeerUnreachable("broker at %s: no answer" % address)  # not reached: the loop returns or raises
+
+    def _open(self, address, deadline, body):
+        host, _, port = address.rpartition(":")
+        sock = socket.create_connection((host, int(port)), timeout=max(0.001, deadline - time.monotonic()))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_hostname=host)
+        parser = rp.ReplicationParser()
+        link = _Link(sock, parser)
+        try:
+            challenge = _next(sock, parser, deadline)
+            if not isinstance(challenge, rp.Challenge):
+                raise errors.RemoteProtocolError("expected CHALLENGE, got %s" % type(challenge).__name__.upper(),
+                                                 fatal=True)
+            ours, refusal = handshake.peer_proof(self.secret, challenge, self.broker_id)
+            if refusal is not None:
+                raise errors.Unauthenticated(refusal)
+            send_event(sock, ours)
+            send_event(sock, rp.PeerCall(self.broker_id, body))
+            theirs = _next(sock, parser, deadline)
+            if isinstance(theirs, rp.ErrorFrame):
+                raise errors.Unavailable("the peer refused the link (%d): %s" % (theirs.code, theirs.text))
+            if not isinstance(theirs, rp.Proof):
+                raise errors.RemoteProtocolError("expected PROOF, got %s" % type(theirs).__name__.upper(), fatal=True)
+            refusal = handshake.check_callee(self.secret, challenge.nonce, ours.nonce, self.broker_id, theirs)
+            if refusal is not None:
+                raise errors.Unauthenticated(refusal)
+        except BaseException:
+            link.close()
+            raise
+        return link
+
+    def close(self):
+        for links in self._idle.values():
+            for link in links:
+                link.close()
+        self._idle.clear()
+
+
+class PeerServer:
+    """Answers the calls of other masters (``handlers``: op -> ``fn(caller broker id, request) -> answer dict``)."""
+
+    def __init__(self, handlers):
+        self.handlers = handlers
+        self.served = 0
+
+    def serve(self, sock, parser, call, peer):
+        """One link, its first call ``call`` (a PeerCall whose caller proved the secret), then each next one."""
+        try:
+            while True:
+                send_event(sock, rp.PeerReply(_encode(self._answer(call))))
+                try:
+                    call = _next(sock, parser, time.monotonic() + PEER_IDLE_S)
+                except TimeoutError:
+                    return
+                if not isinstance(call, rp.PeerCall):
+                    raise errors.RemoteProtocolError("expected PEER_CALL, got %s" % type(call).__name__.upper(),
+                                                     fatal=True)
+        except (OSError, errors.RemoteProtocolError) as exc:
+            log.debug("mqtt cluster: the link from %s ended: %s", peer, exc)
+
+    def _answer(self, call):
+        self.served += 1
+        try:
+            request = _decode(call.body)
+            handler = self.handlers.get(request.get("op"))
+            if handler is None:
+                return {"error": "unknown call %r" % request.get("op")}
+            return handler(call.broker_id, request)
+        except errors.RemoteProtocolError as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the caller is told, the link goes on
+            log.exception("mqtt cluster: a call of broker %d failed", call.broker_id)
+            return {"error": "%s: %s" % (type(exc).__name__, exc)}

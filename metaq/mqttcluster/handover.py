@@ -1,0 +1,156 @@
+"""A persistent session handed from one broker of the cluster to another (front-end: the server layer;
+docs/mqtt.md "A client id across the cluster").
+
+``export``: on the broker that held it, the session as its last state stood (``MqttPort.give_up``), as JSON: its
+subscriptions, shared subscriptions, QoS 2 packet ids, and the messages it has not acknowledged, each as its
+stored record (metaq topic, flag, data): those in flight (packet id and state kept: sent again with DUP, or their
+PUBREL), the ones it brought from a broker before, then what its subscriptions had not yet read from this broker's
+log, each at the QoS it would have been sent with. At most ``MQTT_HANDOVER_MAX_MESSAGES`` messages of
+``MQTT_HANDOVER_MAX_BYTES`` together, the oldest first; the rest are dropped, counted in the answer and logged.
+
+``adopt``: on the broker taking it, each message is written to its own sessions' log (``MqttPort.carry``) and the
+session to it (``MqttPort.adopt``), its read positions at this broker's log end (what was published here while
+it was away was not its: the subscriptions of another broker read that broker's log), its messages in flight
+named by their place in ``%MQTT%``, the others listed in ``carried``: the delivery sends them after those in
+flight and before what its subscriptions read (``Delivery._send_carried``).
+"""
+
+import base64
+import logging
+
+from metaq import errors, limits
+from metaq.mqtt.follow import RecordError, SavedSession, decode_carried
+from metaq.mqtt.records import message_of
+from metaq.mqtt.session import PUBREL_SENT, MqttSession
+from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
+from metaq.server.clock import now_ms
+
+log = logging.getLogger(__name__)
+
+__all__ = ["export", "adopt"]
+
+
+def _message_at(store, topic, partition, offset, max_transfer):
+    """``(metaq topic, flag, data)`` of the record at a place in the log (a carried one's own), or None."""
+    try:
+        records, _next = store.read_records(topic, partition, offset, 1, max_transfer)
+    except errors.MetaqError:
+        return None
+    if not records or records[0].queue_offset != offset:
+        return None
+    rec = records[0]
+    if topic != MQTT_SESSIONS_TOPIC:
+        return topic, rec.flag, bytes(rec.data)
+    try:
+        return decode_carried(rec.data)
+    except RecordError:
+        return None
+
+
+class _Bound:
+    """The messages a handover takes, within its two bounds; ``dropped`` counts those past them."""
+
+    def __init__(self, max_messages, max_bytes):
+        self.left, self.bytes_left, self.dropped = max_messages, max_bytes, 0
+
+    def take(self, data):
+        if self.left <= 0 or len(data) > self.bytes_left:
+            self.dropped += 1
+            return False
+        self.left -= 1
+        self.bytes_left -= len(data)
+        return True
+
+
+def _wire(topic, flag, data):
+    return [topic, flag, base64.b64encode(bytes(data)).decode("ascii")]
+
+
+def export(store, saved, max_transfer, max_messages=limits.MQTT_HANDOVER_MAX_MESSAGES,
+           max_bytes=limits.MQTT_HANDOVER_MAX_BYTES):
+    """``saved`` (a ``SavedSession`` this broker gave up) as the JSON its new broker adopts (see the module doc)."""
+    bound = _Bound(max_messages, max_bytes)
+    inflight = []
+    for pid, state, qos, topic, partition, offset in saved.inflight:
+        if state == PUBREL_SENT:
+            inflight.append([pid, state, qos])
+            continue
+        found = _message_at(store, topic, partition, offset, max_transfer)
+        if found is not None and bound.take(found[2]):
+            inflight.append([pid, state, qos] + _wire(*found))
+    queued = []
+    for qos, offset in saved.carried:
+        found = _message_at(store, MQTT_SESSIONS_TOPIC, 0, offset, max_transfer)
+        if found is not None and bound.take(found[2]):
+            queued.append([qos] + _wire(*found))
+    session = MqttSession(saved.client_id, saved.version, 65535)
+    session.restore(saved)
+    for (topic, partition), offset in sorted(saved.cursors.items()):
+        _queued(store, session, topic, partition, offset, max_transfer, bound, queued)
+    if bound.dropped:
+        log.warning("mqtt client %s: its session moves to another broker with %d messages; %d more past "
+                    "MQTT_HANDOVER_MAX_MESSAGES or MQTT_HANDOVER_MAX_BYTES are dropped", saved.client_id,
+                    len(queued) + len(inflight), bound.dropped)
+    return {"c": saved.client_id, "u": saved.user, "v": saved.version, "e": saved.expiry_s,
+            "subs": [list(s) for s in saved.subscriptions], "q2": list(saved.qos2),
+            "sh": [list(x) for x in saved.shared], "inf": inflight, "queued": queued, "dropped": bound.dropped}
+
+
+def _queued(store, session, topic, partition, offset, max_transfer, bound, out):
+    """Append to ``out`` what ``session`` would read of one partition from ``offset`` to the log end."""
+    while True:
+        try:
+            records, _next = store.read_records(topic, partition, offset, limits.MQTT_DELIVERY_BATCH, max_transfer)
+        except errors.Moved as moved:
+            if moved.offset == offset:
+                return
+            offset = moved.offset
+            continue
+        except errors.CorruptRecord as exc:
+            offset = exc.next_offset
+            continue
+        except errors.MetaqError:
+            return
+        if not records:
+            return
+        for rec in records:
+            m = message_of(topic, rec.flag, rec.data)
+            granted = session.granted_qos(topic, m.topic, m.client_id)
+            if granted is not None and bound.take(rec.data):
+                out.append([min(granted, m.qos)] + _wire(topic, rec.flag, rec.data))
+            offset = rec.queue_offset + 1
+
+
+def adopt(port, store, state, user):
+    """Take the session ``state`` (``export``'s) on this broker: its messages and then itself written to this
+    broker's sessions' log, the session handed to the CONNECT taking it (``MqttPort.adopt``). ``user``: the
+    connecting user (the session's own when authentication is on: the holder checked it)."""
+    client_id = state["c"]
+    inflight, carried = [], []
+    for entry in state["inf"]:
+        pid, kind, qos = entry[:3]
+        if kind == PUBREL_SENT:
+            inflight.append((pid, kind, qos, MQTT_SESSIONS_TOPIC, 0, 0))
+            continue
+        offset = port.carry(client_id, entry[3], entry[4], base64.b64decode(entry[5]))
+        if offset is not None:
+            inflight.append((pid, kind, qos, MQTT_SESSIONS_TOPIC, 0, offset))
+    for qos, topic, flag, data in state["queued"]:
+        offset = port.carry(client_id, topic, flag, base64.b64decode(data))
+        if offset is not None:
+            carried.append((qos, offset))
+    subs = [tuple(s[:6]) if len(s) >= 6 else tuple(s) + (None,) for s in state["subs"]]
+    cursors = {}
+    for sub in subs:
+        for topic in sub[3]:
+            try:
+                partitions = store.partitions_of(topic)
+            except errors.MetaqError:
+                continue  # not a topic here (yet): a wildcard's rescan finds it when it appears
+            for p in range(partitions):
+                cursors[(topic, p)] = store.max_offset(topic, p)
+    saved = SavedSession(client_id, state.get("u", user), state["v"], state["e"], now_ms(), False,
+                         subs, cursors, list(state["q2"]), inflight,
+                         [tuple(x) for x in state["sh"]], carried=carried)
+    port.adopt(saved)
+    return saved

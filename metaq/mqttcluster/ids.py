@@ -1,0 +1,98 @@
+"""Which broker of an MQTT cluster is a client id's home, and the home's registry of the ids it serves (state: no
+socket, gevent or clock; docs/mqtt.md "A client id across the cluster", docs/architecture.md "MQTT cluster: client
+ids").
+
+``home_of``: the home of a client id is the member (a master's broker id) with the highest rendezvous weight of
+(member, id). Every broker computes it from the same members (ZooKeeper's ``/brokers/ids/*``), with no table and
+no ZooKeeper write per device; when a member joins or leaves, only the ids whose highest weight was or becomes that
+member's move.
+
+``HomeRegistry``: on the home, client id -> the broker holding its session (a live connection, or a persistent
+session kept offline), at most ``max_ids`` (``mqtt.cluster_max_ids``). It lives in memory only: when the members
+change, each broker tells the ids it holds to their homes again (``hold``), so a home that restarts or takes ids
+over learns them back without a write to ZooKeeper per device.
+"""
+
+import hashlib
+
+__all__ = ["home_of", "HomeRegistry", "RegistryFull"]
+
+
+def _weight(member, client_id):
+    digest = hashlib.blake2b(("%d\x00%s" % (member, client_id)).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def home_of(client_id, members):
+    """The home of ``client_id`` among ``members`` (broker ids): the highest rendezvous weight (ties: the lowest id);
+    None when there is no member."""
+    best, best_weight = None, -1
+    for member in sorted(members):
+        w = _weight(member, client_id)
+        if w > best_weight:
+            best, best_weight = member, w
+    return best
+
+
+class RegistryFull(Exception):
+    """One more client id would pass the registry's bound (``mqtt.cluster_max_ids``)."""
+
+
+class HomeRegistry:
+    """client id -> holding broker id, at most ``max_ids`` of them (see the module doc)."""
+
+    __slots__ = ("max_ids", "_holders")
+
+    def __init__(self, max_ids):
+        self.max_ids = max_ids
+        self._holders = {}
+
+    def __len__(self):
+        return len(self._holders)
+
+    def holder(self, client_id):
+        """The broker holding ``client_id``'s session, or None."""
+        held = self._holders.get(client_id)
+        return None if held is None else held[0]
+
+    def generation(self, client_id):
+        """The generation ``client_id`` was registered with (0: by a re-registration, or unknown): the holder
+        tells by it whether the answer registering it there has reached it yet."""
+        held = self._holders.get(client_id)
+        return 0 if held is None else held[1]
+
+    def register(self, client_id, broker_id, generation=0):
+        """``broker_id`` holds ``client_id`` now (the home's ``generation`` of this registration); returns the
+        broker that held it before (None: none). Raises RegistryFull when the id is new and the registry is at its
+        bound: nothing changes then."""
+        old = self.holder(client_id)
+        if old is None and len(self._holders) >= self.max_ids:
+            raise RegistryFull("%d client ids is this home broker's limit (mqtt.cluster_max_ids)" % self.max_ids)
+        self._holders[client_id] = (broker_id, generation)
+        return old
+
+    def hold(self, client_id, broker_id):
+        """A re-registration: ``broker_id`` says it holds ``client_id``. True when that stands (the id was unknown,
+        or already that broker's); False when another broker registered it first (that one keeps it). Raises
+        RegistryFull as ``register``."""
+        old = self.holder(client_id)
+        if old is not None:
+            return old == broker_id
+        self.register(client_id, broker_id)
+        return True
+
+    def release(self, client_id, broker_id):
+        """``broker_id`` holds no session of ``client_id`` any more: forgotten unless another broker holds it now."""
+        if self.holder(client_id) == broker_id:
+            del self._holders[client_id]
+
+    def forget_unless(self, keep):
+        """Drop the ids ``keep(client_id)`` says are not this home's any more (the members changed); their
+        holders register them with their new home."""
+        for client_id in [c for c in self._holders if not keep(c)]:
+            del self._holders[client_id]
+
+    def drop_holder(self, broker_id):
+        """Forget the ids ``broker_id`` held (it left the cluster: its sessions went with it)."""
+        for client_id in [c for c, held in self._holders.items() if held[0] == broker_id]:
+            del self._holders[client_id]

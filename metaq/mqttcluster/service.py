@@ -1,0 +1,381 @@
+"""A client id is the cluster's: one live session per client id across the brokers of a ZooKeeper root (service:
+the server layer; docs/mqtt.md "A client id across the cluster", docs/architecture.md "MQTT cluster: client ids").
+
+**Members** are the masters registered under ``<root>/brokers/ids/<id>`` with a replication port (their
+``replication`` node: ``registry.py``), read every ``MQTT_CLUSTER_MEMBERS_POLL_S``. A broker that is no member (a
+slave, no ZooKeeper, no replication port) serves client ids as a broker alone does.
+
+**A CONNECT** (``join``, before the port's own ``claim``) asks the id's home (``ids.home_of``) to register this
+broker as its holder. The home serialises each id (one registration of an id at a time): when another broker holds
+it, the home asks that broker to give it up (``MqttPort.give_up``: its connection taken over, MQTT 5 DISCONNECT
+0x8E, its will as on one broker, its session ended in its own sessions' log) and passes the session it got
+(``handover.export``) back in its answer; this broker writes it to its own log (``handover.adopt``) and the CONNECT
+goes on as a takeover on one broker does (Session Present 1). Clean Start 1: the holder just ends it. A CONNECT
+past its registration and not yet claimed is waited for (``finished``) before a later one takes the id from here,
+so two brokers never both go live with one id.
+
+**Failures.** The home unreachable (``MQTT_CLUSTER_CALL_TIMEOUT_S``): the CONNECT is refused, MQTT 5 0x88 Server
+unavailable, 3.1.1 0x03, rather than risk two live sessions; the device retries. The holder unreachable: after
+``HOLDER_TIMEOUT_S`` (half that) the home registers the new broker anyway, which goes on with what it has (its
+own last record of the session, or a new one); the home tells the old holder, once it answers, to end its copy
+(``drop``); one that left and comes back re-registers the ids it holds and is told to end those registered
+elsewhere meanwhile (``hold``). A member that leaves takes its ids out of its homes' registries.
+
+**No ZooKeeper write per device**: registries live in memory on the homes; when the members change each broker
+tells the homes of the ids it holds (those whose home changed or restarted), ``MQTT_CLUSTER_ID_BATCH`` a call, and
+sessions that end are told to their homes every ``MQTT_CLUSTER_RELEASE_S`` in batches.
+"""
+
+import itertools
+import json
+import logging
+import time
+
+import gevent
+from gevent.event import Event
+from gevent.lock import Semaphore
+from kazoo.exceptions import KazooException, NoNodeError
+
+from metaq import limits
+from metaq.mqtt import wire
+from metaq.mqttcluster import handover
+from metaq.mqttcluster.calls import PeerServer, PeerUnreachable
+from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ClientIds"]
+
+#: Seconds the home waits for the holder's answer: half a registration's bound, so the CONNECT that waits for the
+#: home learns the outcome either way; the holder waits at most half of it for a CONNECT of its own to go live.
+HOLDER_TIMEOUT_S = limits.MQTT_CLUSTER_CALL_TIMEOUT_S / 2
+
+
+class ClientIds:
+    """See the module doc. ``port``: the MQTT port; ``zk``: the registry's kazoo client; ``root``: its root;
+    ``client``: a ``calls.PeerClient``; ``is_member``: True while this broker is a master with a replication port."""
+
+    def __init__(self, port, store, zk, root, broker_id, client, max_ids, max_transfer, is_member):
+        self.port, self.store, self.zk, self.root = port, store, zk, root
+        self.broker_id = broker_id
+        self.client = client
+        self.max_transfer = max_transfer
+        self.is_member = is_member
+        self.registry = HomeRegistry(max_ids)
+        self.members = {}  # broker id -> its replication address "host:port"
+        self._owners = {}  # broker id -> (address, its node's ZooKeeper session): a restart is a change
+        self._serial = {}  # client id -> Semaphore: one registration of an id at a time, on its home
+        self._finishing = {}  # client id -> Event: a CONNECT here registered and not yet claimed
+        self._pending = {}  # client id -> registrations this broker sent to its home and has no answer to yet
+        self._answered = {}  # client id -> the generation of the last registration answered here
+        self._generations = itertools.count(1)  # the home's: each registration of an id gets the next
+        self._released = set()  # client ids whose sessions ended here, not yet told to their homes
+        self._owed = {}  # broker id -> {client id: generation}: ids it held when it did not answer, to end there
+        self.server = PeerServer({"register": self._register, "give_up": self._give_up, "hold": self._hold,
+                                  "release": self._release, "drop": self._drop})
+        self.takeovers = 0  # sessions this broker took from another
+        self.refused = 0  # CONNECTs refused: the home unreachable, or its registry full
+        self._greenlets = []
+        self._told_all = False  # every id held here was told to its home since this broker became a member
+
+    # -- this broker's CONNECTs ----------------------------------------------------------------------------------
+
+    def active(self):
+        return bool(self.members) and self.broker_id in self.members and self.is_member()
+
+    def join(self, client_id, clean_start, user):
+        """A CONNECT of ``client_id`` here: registered with its home, the session taken from the broker that held
+        it (adopted here). Returns None to go on, or ``(reason code, why)`` to refuse the CONNECT with."""
+        if not self.active():
+            return None
+        request = {"op": "register", "c": client_id, "clean": bool(clean_start), "u": user}
+        home = home_of(client_id, self.members)
+        self._pending[client_id] = self._pending.get(client_id, 0) + 1
+        try:
+            if home == self.broker_id:
+                answer = self._register(self.broker_id, request)
+            else:
+                answer = self.client.call(self.members[home], request)
+        except PeerUnreachable as exc:
+            self.refused += 1
+            return wire.SERVER_UNAVAILABLE, "the home broker %d of client id %s is unreachable (%s): try again" \
+                % (home, client_id, exc)
+        finally:
+            left = self._pending.pop(client_id) - 1
+            if left:
+                self._pending[client_id] = left
+        if "error" in answer:
+            self.refused += 1
+            code = wire.QUOTA_EXCEEDED if answer.get("full") else \
+                wire.CLIENT_ID_NOT_VALID if answer.get("refused") else wire.SERVER_UNAVAILABLE
+            return code, answer["error"]
+        self._answered[client_id] = max(self._answered.get(client_id, 0), answer.get("gen", 0))
+        self._finishing[client_id] = Event()
+        self._released.discard(client_id)
+        state = answer.get("session")
+        if state is not None:
+            handover.adopt(self.port, self.store, state, user)
+            self.takeovers += 1
+            log.info("mqtt client %s: its session came from broker %d (%d messages not acknowledged%s)", client_id,
+                     answer.get("from", -1), len(state["inf"]) + len(state["queued"]),
+                     ", %d dropped past the bounds" % state["dropped"] if state.get("dropped") else "")
+        return None
+
+    def finished(self, client_id):
+        """The CONNECT of ``client_id`` here claimed it (or was refused): a later takeover may go on."""
+        event = self._finishing.pop(client_id, None)
+        if event is not None:
+            event.set()
+
+    def released(self, client_id):
+        """No connection nor session of ``client_id`` is left here: its home is told (batched)."""
+        if self.active():
+            self._released.add(client_id)
+
+    # -- the home's side -------------------------------------------------------------------------------------------
+
+    def _register(self, caller, request):
+        client_id = request["c"]
+        serial = self._serial.get(client_id)
+        if serial is None:
+            serial = self._serial[client_id] = [Semaphore(), 0]  # the lock, and how many use or wait for it
+        serial[1] += 1
+        try:
+            with serial[0]:
+                return self._register_one(caller, client_id, request)
+        finally:
+            serial[1] -= 1
+            if not serial[1]:
+                del self._serial[client_id]
+
+    def _register_one(self, caller, client_id, request):
+        old = self.registry.holder(client_id)
+        if old is None and len(self.registry) >= self.registry.max_ids:
+            return {"error": "client id %s cannot be registered: %d client ids is its home broker's limit "
+                             "(mqtt.cluster_max_ids)" % (client_id, self.registry.max_ids), "full": True}
+        answer = {}
+        if old is not None and old != caller:
+            got = self._take_from(old, caller, request)
+            if "error" in got:
+                return got
+            answer = got
+        generation = next(self._generations)
+        try:
+            self.registry.register(client_id, caller, generation)
+        except RegistryFull as exc:
+            return {"error": str(exc), "full": True}
+        if answer.pop("unreached", False):  # told to end its copy once it answers: never two live sessions
+            self._owed.setdefault(old, {})[client_id] = generation
+        answer["gen"] = generation
+        return answer
+
+    def _take_from(self, holder, caller, request):
+        """Ask ``holder`` to give the id up for ``caller``: its answer (``{"session": ...}``, ``{}``, an error)."""
+        ask = {"op": "give_up", "c": request["c"], "clean": request["clean"], "u": request.get("u"), "to": caller,
+               "gen": self.registry.generation(request["c"])}
+        if holder == self.broker_id:
+            return self._give_up(self.broker_id, ask)
+        address = self.members.get(holder)
+        if address is None:
+            return {}  # it left the cluster: its sessions went with it
+        try:
+            return self.client.call(address, ask, HOLDER_TIMEOUT_S)
+        except PeerUnreachable as exc:
+            log.warning("mqtt client %s: broker %d held it and is unreachable (%s): broker %d goes on without its "
+                        "session, and broker %d is told to end it once it answers", request["c"], holder, exc,
+                        caller, holder)
+            return {"unreached": True}
+
+    # -- the holder's side -----------------------------------------------------------------------------------------
+
+    def _give_up(self, caller, request):
+        client_id = request["c"]
+        deadline = time.monotonic() + HOLDER_TIMEOUT_S / 2
+        generation = request.get("gen", 0)
+        while self._pending.get(client_id) and self._answered.get(client_id, 0) < generation and \
+                time.monotonic() < deadline:
+            gevent.sleep(0.005)  # the home's answer registering it here is on its way: the CONNECT goes live first
+        event = self._finishing.get(client_id)
+        if event is not None:
+            event.wait(max(0.0, deadline - time.monotonic()))  # a CONNECT here going live: taken over once it is
+        refusal, saved = self.port.give_up(client_id, request["clean"], request.get("u"))
+        if refusal is not None:
+            return {"error": refusal, "refused": True}
+        self._released.discard(client_id)
+        if saved is None:
+            return {"from": self.broker_id}
+        log.info("mqtt client %s: connected to broker %d; its session moves there", client_id, request.get("to"))
+        return {"session": handover.export(self.store, saved, self.max_transfer), "from": self.broker_id}
+
+    def _hold(self, caller, request):
+        """A re-registration: ``caller`` holds these ids. Answers the ones another broker registered first: the
+        caller ends its copy of them."""
+        drop = []
+        for client_id in request["ids"]:
+            try:
+                if not self.registry.hold(client_id, caller):
+                    drop.append(client_id)
+            except RegistryFull:
+                log.warning("mqtt client %s: broker %d holds it and this home's registry is full "
+                            "(mqtt.cluster_max_ids): a takeover from another broker will not find it", client_id,
+                            caller)
+        return {"drop": drop}
+
+    def _drop(self, caller, request):
+        """The home registered these ids elsewhere while this broker did not answer: each connection and session of
+        them here ends (MQTT 5: DISCONNECT 0x8E), unless the id was registered here again since (a later
+        generation answered here)."""
+        for client_id, generation in request["ids"]:
+            if self._answered.get(client_id, 0) > generation:
+                continue
+            if self.port.holds_any(client_id):
+                log.warning("mqtt client %s: registered on another broker while this one did not answer; its "
+                            "session here ends", client_id)
+                self.port.give_up(client_id, True, None)
+        return {}
+
+    def _settle_owed(self):
+        """Tell each broker that did not answer a takeover, once it does, to end the sessions it still holds of
+        ids registered elsewhere meanwhile (``_drop``)."""
+        for holder in list(self._owed):
+            owed = self._owed[holder]
+            if holder not in self.members:
+                del self._owed[holder]  # it left: its sessions went with it (back, it re-registers: ``_hold``)
+                continue
+            ids = [[c, g] for c, g in owed.items() if self.registry.holder(c) != holder]
+            try:
+                for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
+                    request = {"op": "drop", "ids": ids[i:i + limits.MQTT_CLUSTER_ID_BATCH]}
+                    if holder == self.broker_id:
+                        self._drop(self.broker_id, request)
+                    else:
+                        self.client.call(self.members[holder], request)
+            except PeerUnreachable:
+                continue
+            if self._owed.get(holder) is owed:
+                del self._owed[holder]
+
+    def _release(self, caller, request):
+        for client_id in request["ids"]:
+            self.registry.release(client_id, caller)
+        return {}
+
+    # -- members, re-registration, releases -------------------------------------------------------------------------
+
+    def start(self):
+        self._greenlets = [gevent.spawn(self._watch), gevent.spawn(self._release_loop)]
+
+    def stop(self):
+        for g in self._greenlets:
+            g.kill(block=False)
+        self.client.close()
+
+    def _read_members(self):
+        """``{broker id: (replication address, node owner)}`` of the masters with a replication port, or None when
+        ZooKeeper cannot be read now."""
+        path = "%s/brokers/ids" % self.root
+        out = {}
+        try:
+            for name in self.zk.get_children(path):
+                if not name.isdigit():
+                    continue
+                try:
+                    data, stat = self.zk.get("%s/%s/replication" % (path, name))
+                except NoNodeError:
+                    continue
+                try:
+                    address = json.loads(data.decode("utf-8")).get("address")
+                except (ValueError, AttributeError):
+                    continue
+                if address:
+                    out[int(name)] = (address, stat.ephemeralOwner)
+        except NoNodeError:
+            return {}
+        except KazooException as exc:
+            log.debug("mqtt cluster: ZooKeeper could not be read: %r", exc)
+            return None
+        return out
+
+    def _watch(self):
+        while True:
+            try:
+                if self.zk.connected:
+                    found = self._read_members()
+                    if found is not None and (found != self._owners or (not self._told_all and self.active())):
+                        self._members_changed(found)  # or a home that did not answer is told again
+            except Exception:  # noqa: BLE001 - the watch must go on
+                log.exception("mqtt cluster: reading the members failed")
+            gevent.sleep(limits.MQTT_CLUSTER_MEMBERS_POLL_S)
+
+    def _members_changed(self, found):
+        before, before_owners = self.members, self._owners
+        self._owners = found
+        self.members = {b: address for b, (address, _owner) in found.items()}
+        if found != before_owners:
+            log.info("mqtt cluster: members %s", sorted(self.members))
+        for gone in set(before) - set(self.members):
+            self.registry.drop_holder(gone)
+        members = self.members
+        self.registry.forget_unless(lambda c: home_of(c, members) == self.broker_id)
+        if not self.active():
+            self._told_all = False  # not a member now: once it is, every id it holds is told again
+            return
+        every, self._told_all = not self._told_all, True
+        moved = {}  # home -> ids it must learn from this broker
+        for client_id in self.port.holding():
+            home = home_of(client_id, members)
+            was = home_of(client_id, before) if before else None
+            if every or home != was or before_owners.get(home) != found.get(home):
+                moved.setdefault(home, []).append(client_id)
+        for home, ids in moved.items():
+            for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
+                self._tell_hold(home, ids[i:i + limits.MQTT_CLUSTER_ID_BATCH])
+
+    def _tell_hold(self, home, ids):
+        request = {"op": "hold", "ids": ids}
+        if home == self.broker_id:
+            answer = self._hold(self.broker_id, request)
+        else:
+            try:
+                answer = self.client.call(self.members[home], request)
+            except PeerUnreachable as exc:
+                log.warning("mqtt cluster: the home broker %d of %d client ids held here is unreachable (%s); "
+                            "told again at the next look at the members", home, len(ids), exc)
+                self._told_all = False
+                return
+        for client_id in answer.get("drop", ()):
+            log.warning("mqtt client %s: registered on another broker while this one was apart; its session here "
+                        "ends", client_id)
+            self.port.give_up(client_id, True, None)
+
+    def _release_loop(self):
+        while True:
+            gevent.sleep(limits.MQTT_CLUSTER_RELEASE_S)
+            if self._owed:
+                self._settle_owed()
+            if not self._released or not self.active():
+                self._released.clear()
+                continue
+            batch, self._released = self._released, set()
+            homes = {}
+            for client_id in batch:
+                if self.port.holds_any(client_id) or self._pending.get(client_id):
+                    continue  # connected again meanwhile
+                self._answered.pop(client_id, None)
+                homes.setdefault(home_of(client_id, self.members), []).append(client_id)
+            for home, ids in homes.items():
+                for i in range(0, len(ids), limits.MQTT_CLUSTER_ID_BATCH):
+                    request = {"op": "release", "ids": ids[i:i + limits.MQTT_CLUSTER_ID_BATCH]}
+                    if home == self.broker_id:
+                        self._release(self.broker_id, request)
+                        continue
+                    try:
+                        self.client.call(self.members[home], request)
+                    except PeerUnreachable:
+                        pass  # its registry forgets them when this broker leaves, or keeps them: bounded as ever
+
+    def summary_values(self):
+        """The ``stats`` summary's pairs of the MQTT cluster."""
+        return [("mqtt_cluster_members", len(self.members)), ("mqtt_cluster_ids_homed", len(self.registry)),
+                ("mqtt_cluster_takeovers", self.takeovers), ("mqtt_cluster_refused", self.refused),
+                ("mqtt_cluster_calls", self.client.calls), ("mqtt_cluster_call_failures", self.client.failures)]

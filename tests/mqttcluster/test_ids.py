@@ -1,0 +1,55 @@
+"""A client id's home (rendezvous hash over the members) and the home's bounded registry (metaq/mqttcluster/ids.py),
+and the PEER_CALL / PEER_REPLY frames of the replication stream."""
+
+import pytest
+
+from metaq import limits
+from metaq.errors import RemoteProtocolError
+from metaq.mqttcluster.ids import HomeRegistry, RegistryFull, home_of
+from metaq.protocol import replication as rp
+
+
+def test_the_home_is_the_same_everywhere_and_moves_little():
+    ids = ["dev-%d" % i for i in range(3000)]
+    three = {c: home_of(c, [1, 2, 3]) for c in ids}
+    assert three == {c: home_of(c, [3, 1, 2]) for c in ids}  # the members' order does not matter
+    counts = [list(three.values()).count(m) for m in (1, 2, 3)]
+    assert min(counts) > 800  # spread over the members
+    four = {c: home_of(c, [1, 2, 3, 4]) for c in ids}
+    moved = [c for c in ids if four[c] != three[c]]
+    assert all(four[c] == 4 for c in moved)  # a member joining takes ids; none move between the others
+    assert 500 < len(moved) < 1000
+    assert home_of("x", []) is None
+
+
+def test_the_registry_at_its_limit_and_past_it():
+    r = HomeRegistry(2)
+    assert r.register("a", 1, 7) is None and r.register("b", 2) is None
+    with pytest.raises(RegistryFull):
+        r.register("c", 1)  # one past it: refused, nothing changed
+    assert len(r) == 2 and r.holder("c") is None
+    assert r.register("a", 3, 8) == 1 and r.generation("a") == 8  # a known id moves at the limit
+    assert r.hold("b", 2) and not r.hold("a", 2)  # a re-registration: the first holder keeps it
+    r.release("a", 2)  # not its holder: kept
+    assert r.holder("a") == 3
+    r.release("a", 3)
+    assert r.register("c", 1) is None
+    r.drop_holder(2)
+    assert r.holder("b") is None
+    r.forget_unless(lambda c: c != "c")
+    assert len(r) == 0
+
+
+def test_peer_frames_round_trip_and_their_bound():
+    parser = rp.ReplicationParser()
+    parser.receive_data(rp.serialize(rp.PeerCall(5, b'{"op":"register"}')) + rp.serialize(rp.PeerReply(b"{}")))
+    assert parser.next_event() == rp.PeerCall(5, b'{"op":"register"}')
+    assert parser.next_event() == rp.PeerReply(b"{}")
+    with pytest.raises(ValueError):
+        rp.serialize(rp.PeerReply(b"x" * (limits.MQTT_CLUSTER_MAX_CALL_BYTES + 1)))
+    frame = bytearray(rp.serialize(rp.PeerReply(b"{}")))
+    frame[8:12] = (limits.MQTT_CLUSTER_MAX_CALL_BYTES + 1).to_bytes(4, "big")  # a length past the bound
+    bad = rp.ReplicationParser()
+    bad.receive_data(bytes(frame))
+    with pytest.raises(RemoteProtocolError):
+        bad.next_event()
