@@ -1014,3 +1014,10 @@ MQTT_CLUSTER_INBOX_PARTITIONS = 8
 MQTT_CLUSTER_MAX_POSITIONS = 262_144
 #: Retained messages of peers a broker keeps at most (with their clears), beside its own ``mqtt.max_retained``.
 MQTT_CLUSTER_MAX_RETAINED = 100_000
+#: ``$share`` groups (share name, filter) one broker's route carries at most; past it the others are not sent (their
+#: members on this broker receive only what is published here) and it logs it. A decoded ROUTES holds at most as many.
+MQTT_CLUSTER_MAX_GROUPS = 10_000
+#: Membership changes of one ``$share`` group a broker remembers (when, which brokers had members): a message is
+#: assigned by the brokers of the change before its store time; past it the oldest is forgotten, and messages older
+#: than the oldest kept are assigned as by it.
+MQTT_CLUSTER_SHARE_HISTORY = 16

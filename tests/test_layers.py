@@ -93,6 +93,7 @@ FEATURE_ROLES = {
     "clientcommands": "front-end",  # an admin's questions to connected clients on their streams (gRPC's Telemetry)
     "renewer": "front-end",  # a gRPC port's keeping of its clients' messages invisible while they live (auto-renew)
     "routes": "logic",  # a cluster's routes: what one broker's subscriptions want of its peers (pure)
+    "share": "logic",  # a cluster's shared groups: which broker's group takes what (pure, the clock passed in)
     "inbox": "state",  # the copies of other brokers' messages in an internal topic, and where each resumes
     "serve": "service", "link": "service", "peers": "service",  # a cluster's links: served, followed, kept
     # a gRPC service's RPC groups (rpcs.py dispatches to them) and what they share

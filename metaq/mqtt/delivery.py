@@ -72,7 +72,7 @@ from metaq.mqtt.follow import RecordError, decode_carried
 from metaq.mqtt.records import message_of, partition_for
 from metaq.mqtt.session import PUBREL_SENT, Subscribed
 from metaq.mqtt.topicmap import DEFAULT_MAP
-from metaq.mqtt.topics import TopicError, matches, split_shared
+from metaq.mqtt.topics import TopicError, split_shared
 from metaq.server.clock import now_ms
 from metaq.server.connections import share_loop
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
@@ -1071,7 +1071,7 @@ class Delivery:
             if group.cursors.get(key) != rec.queue_offset:
                 return True  # another member claimed it meanwhile
             m = message_of(topic, rec.flag, rec.data, self.port.topics)
-            if not matches(group.topic_filter, m.topic):
+            if not self.port.group_takes(group, topic, partition, rec, m):
                 group.cursors[key] = rec.queue_offset + 1
                 group.dirty = True
                 continue

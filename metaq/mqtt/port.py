@@ -698,6 +698,7 @@ class MqttPort:
             saved = self.table.groups.get(key)  # kept while a member's session existed: it goes on from there
             if saved is not None:
                 topics = saved.topics
+            topics = set(topics) | set(self.cluster_topics)  # in a cluster, what the peers assign it (group_takes)
             group = self._groups[key] = SharedGroup(name, topic_filter, topics)
             for topic in topics:
                 try:
@@ -708,6 +709,7 @@ class MqttPort:
                     at = saved.cursors.get((topic, p)) if saved is not None else None
                     group.cursors[(topic, p)] = start(topic, p) if at is None else at
         group.members.setdefault(member, min(group.members.values(), default=0))
+        self._groups_changed()
         return group
 
     def leave_group(self, member, group):
@@ -719,6 +721,26 @@ class MqttPort:
             del self._groups[key]
             if key in self._kept_groups():
                 self._save_group(group)
+            self._groups_changed()
+
+    def _groups_changed(self):
+        """In a cluster, the groups with members here go in the route (``MqttCluster.groups_changed``)."""
+        if self.cluster is not None:
+            self.cluster.groups_changed(key for key, g in self._groups.items() if g.members)
+
+    def group_takes(self, group, topic, partition, rec, m):
+        """True when ``group``'s member here takes record ``rec`` (message ``m``) of ``topic``-``partition``: its
+        name matches the group's filter and, in a cluster, the group takes it here: a record of this broker when
+        the cluster assigns that partition here (``Shares.takes``, by the record's store time), a copy in the inbox
+        when the peer assigned it to this group (``inbox.groups_of``)."""
+        if not matches(group.topic_filter, m.topic):
+            return False
+        if self.cluster is None:
+            return True
+        key = (group.name, group.topic_filter)
+        if topic in self.cluster_topics:
+            return key in self.cluster.copy_groups(rec.flag, rec.data)
+        return self.cluster.shares.takes(key, topic, partition, rec.store_ts_ms)
 
     def _save_group(self, group):
         g = SavedGroup(group.name, group.topic_filter, group.topics, group.cursors, now_ms())

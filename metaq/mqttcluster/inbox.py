@@ -2,7 +2,9 @@
 
 A copy is the origin record seen as an MQTT message (``records.message_of``: a record put over text, RocketMQ or
 HTTP is the message of topic name = its metaq topic) written again as an MQTT record (``records.record_data``), plus
-``MQTT_ORIGIN`` = ``<broker id>:<partition>:<offset>:<topic>``, the origin record's place. Its inbox partition is
+``MQTT_ORIGIN`` = ``<broker id>:<partition>:<offset>:<topic>``, the origin record's place, and for a message the
+origin assigned to this broker's ``$share`` groups ``MQTT_GROUPS`` (their JSON ``[[share name, filter], ...]``: only
+those groups take it here, ``groups_of``). Its inbox partition is
 chosen by (origin broker, topic, partition), so one origin partition keeps its order in one inbox partition.
 
 ``Positions`` are where each origin partition's copy resumes: one past the last copied offset, recovered at start
@@ -14,6 +16,7 @@ so the positions hold across its failover too. Pure but for
 ``recover``, which reads the store (a worker thread's call: cold pages).
 """
 
+import json
 import logging
 import zlib
 
@@ -24,13 +27,15 @@ from metaq.protocol.journaltopic import MQTT_INBOX_TOPIC
 from metaq.protocol.message import decode_payload, encode_payload
 from metaq.protocol.rocketmq.mapping import encode_attribute, split_attribute
 
-__all__ = ["INBOX", "ORIGIN", "NEXT", "MARKER_NAME", "partition_of", "copy_of", "marker", "origin_of", "Positions",
-           "recover"]
+__all__ = ["INBOX", "ORIGIN", "NEXT", "GROUPS", "MARKER_NAME", "partition_of", "copy_of", "marker", "origin_of",
+           "groups_of", "Positions", "recover"]
 
 log = logging.getLogger(__name__)
 
 INBOX = MQTT_INBOX_TOPIC
 ORIGIN = "MQTT_ORIGIN"
+#: A copy's property: the ``$share`` groups of this broker the origin assigned it to (JSON).
+GROUPS = "MQTT_GROUPS"
 #: A marker's property: ``<broker id>:<partition>:<next offset>:<topic>``.
 NEXT = "MQTT_NEXT"
 #: The MQTT name of a marker record: a ``$`` name (the broker's: no client publishes it, MQTT delivery of the inbox
@@ -45,10 +50,10 @@ def partition_of(origin, topic, partition, partitions=limits.MQTT_CLUSTER_INBOX_
     return zlib.crc32(b"%d:%d:%s" % (origin, partition, topic.encode("utf-8"))) % partitions
 
 
-def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP):
+def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT_MAP, groups=()):
     """``(flag, data)`` of the inbox copy of ``origin``'s record ``topic``-``partition`` at ``offset`` seen under the
-    topic map ``topics`` (a cluster's brokers share their mqtt settings); None when the message expired (MQTT 5
-    Message Expiry) or cannot be kept as an MQTT record (logged)."""
+    topic map ``topics`` (a cluster's brokers share their mqtt settings), for the ``$share`` groups ``groups`` too;
+    None when the message expired (MQTT 5 Message Expiry) or cannot be kept as an MQTT record (logged)."""
     m = message_of(topic, flag, data, topics)
     props = dict(m.properties)
     if m.expires_ms is not None:
@@ -64,6 +69,8 @@ def copy_of(origin, topic, partition, offset, flag, data, now_ms, topics=DEFAULT
     attribute, payload = decode_payload(flag2, data2)
     tags, props2, _remoting = split_attribute(attribute)
     props2[ORIGIN] = "%d:%d:%d:%s" % (origin, partition, offset, topic)
+    if groups:
+        props2[GROUPS] = json.dumps([list(g) for g in groups], separators=(",", ":"))
     return encode_payload(payload, encode_attribute(tags, props2))
 
 
@@ -93,6 +100,18 @@ def origin_of(flag, data):
     if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
         return None
     return int(parts[0]), parts[3], int(parts[1]), int(parts[2]) - back
+
+
+def groups_of(flag, data):
+    """The ``$share`` groups ((share name, filter), ...) an inbox record was copied for (empty: none)."""
+    try:
+        attribute, _payload = decode_payload(flag, data)
+        value = split_attribute(attribute)[1].get(GROUPS)
+        if value is None:
+            return ()
+        return tuple(tuple(g) for g in json.loads(value) if isinstance(g, list) and len(g) == 2)
+    except ValueError:
+        return ()
 
 
 class Positions:

@@ -1,8 +1,8 @@
 """One link to one peer: connect to its replication port, prove the secret with the slave's handshake
 (``server.replication.slave.authenticate``, with the peers' proofs: ``handshake.peer_proof``), send ROUTES (this
-broker's filters and its resume positions for that peer), then hand each RECORDS frame to the cluster
-(``MqttCluster.apply``) and send ROUTES again when the filters change. A link that fails is retried with backoff
-(BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
+broker's filters, its resume positions for that peer and its ``$share`` groups with members), then hand each RECORDS
+frame to the cluster (``MqttCluster.apply``) and send ROUTES again when the filters or the groups change. A link that
+fails is retried with backoff (BACKOFF_MIN_S .. BACKOFF_MAX_S) and says why in stats.
 """
 
 import logging
@@ -95,7 +95,7 @@ class PeerLink:
         parser = rp.ReplicationParser()
         version, filters = cluster.route()
         routes = rp.Routes(cluster.broker_id, filters, cluster.positions.of(self.broker_id),
-                           cluster.retained_from(self.broker_id))
+                           cluster.retained_from(self.broker_id), cluster.groups())
         first = authenticate(sock, parser, cluster.secret, cluster.broker_id, routes, next_event, "RECORDS")
         self._sent_version = version
         sock.settimeout(LINK_TIMEOUT_S)
@@ -118,7 +118,7 @@ class PeerLink:
             sender.kill(block=False)
 
     def _send_routes(self, sock):
-        """Send ROUTES again whenever this broker's filters change."""
+        """Send ROUTES again whenever this broker's filters or groups change."""
         cluster = self.cluster
         while True:
             version, filters = cluster.route()
@@ -127,6 +127,6 @@ class PeerLink:
                 continue
             self._sent_version = version
             try:
-                send_event(sock, rp.Routes(cluster.broker_id, filters, (), -1))
+                send_event(sock, rp.Routes(cluster.broker_id, filters, (), -1, cluster.groups()))
             except OSError:
                 return

@@ -11,6 +11,11 @@ master's inbox). Nothing is written to ZooKeeper for a device or a subscription.
 the resume positions say it was copied already; positions move with each copy (and, in memory, with the POSITION
 entries). A refused append (a full disk, a slave now) ends the link: it resumes from the positions, nothing lost.
 
+**Shared groups.** The route carries this broker's ``$share`` groups with members; the broker a message is published
+on decides which broker's group takes it (``share.py``): its own group reads only what is assigned here
+(``MqttPort.group_takes``), a peer's link sends a SHARED entry for what is assigned there, copied with the groups
+marked (only they take the copy).
+
 **Retained messages.** Each link follows the peer's ``%MQTT%`` journal's ``R``/``U`` records from its start
 (kept in memory here, at most MQTT_CLUSTER_MAX_RETAINED names, rebuilt at each start and after a promotion the same
 way), with this broker's own clears; for a name the newest by (time, broker id) wins against the local table.
@@ -29,7 +34,8 @@ from metaq.mqtt.topics import matches
 from metaq.mqttcluster import inbox
 from metaq.mqttcluster.link import PeerLink
 from metaq.mqttcluster.routes import aggregate
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED
+from metaq.mqttcluster.share import Shares
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, split_shared
 from metaq.server.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,8 @@ class MqttCluster:
         self.secret = secret
         self.tls = tls
         self.positions = inbox.Positions()
+        self.shares = Shares(self.broker_id, now_ms)  # who takes what of each $share group (peers' ROUTES, ours)
+        self._groups = ()  # this broker's $share groups with members, as its route carries them
         self.links = {}  # broker id -> PeerLink
         self.retained = {}  # MQTT topic name -> (at ms, broker id, Retained or None)
         self.retained_next = {}  # broker id -> next offset of its %MQTT% journal read (this process's)
@@ -114,6 +122,36 @@ class MqttCluster:
         if changed:
             event, self.route_changed = self.route_changed, Event()
             event.set()
+
+    def groups(self):
+        """This broker's ``$share`` groups with members ((share name, filter), ...), as its route carries them."""
+        return self._groups
+
+    def groups_changed(self, live):
+        """This broker's groups with members are ``live`` now (``MqttPort.join_group``/``leave_group``): who takes
+        what is decided again (``share.Shares``) and the links send ROUTES again. At most MQTT_CLUSTER_MAX_GROUPS
+        go in the route (the others' members take what is published here, as without a cluster)."""
+        groups = tuple(sorted(live))
+        if len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS:
+            log.warning("mqtt cluster: %d shared groups, past MQTT_CLUSTER_MAX_GROUPS (%d): the others are not shared "
+                        "across the cluster", len(groups), limits.MQTT_CLUSTER_MAX_GROUPS)
+            groups = groups[:limits.MQTT_CLUSTER_MAX_GROUPS]
+        if groups == self._groups:
+            return
+        self._groups = groups
+        refused = self.shares.refused
+        self.shares.set_local(groups)
+        if self.shares.refused > refused:
+            log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of this "
+                        "broker's are not shared across the cluster", self.shares.most)
+        self._set_route(self._route[0] + 1, self._route[1])
+        event, self.route_changed = self.route_changed, Event()
+        event.set()
+
+    @staticmethod
+    def copy_groups(flag, data):
+        """The groups an inbox record was copied for (``inbox.groups_of``)."""
+        return inbox.groups_of(flag, data)
 
     def _add_filter(self, topic_filter):
         version, filters = self._route
@@ -216,10 +254,12 @@ class MqttCluster:
         now = now_ms()
         positions = self.positions
         for e in entries:
-            if e.kind == MESSAGE:
+            if e.kind in (MESSAGE, SHARED):
                 if positions.is_copied(origin, e.topic, e.partition, e.offset):
                     continue
-                made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, e.data, now, self.port.topics)
+                groups, data = split_shared(e.data) if e.kind == SHARED else ((), e.data)
+                made = inbox.copy_of(origin, e.topic, e.partition, e.offset, e.flag, data, now, self.port.topics,
+                                     groups)
                 if made is None:  # not kept (expired): a marker holds the position instead
                     made = inbox.marker(origin, e.topic, e.partition, e.offset + 1, now)
                 else:
@@ -306,7 +346,11 @@ class MqttCluster:
                   ("mqtt_cluster_filters", len(self._route[1])),
                   ("mqtt_cluster_copied", self.copied),
                   ("mqtt_cluster_positions", len(self.positions)),
+                  ("mqtt_cluster_groups", len(self._groups)),
+                  ("mqtt_cluster_peer_groups", sum(len(g) for _t, g in self.shares.peers.values())),
                   ("mqtt_cluster_retained", sum(1 for e in self.retained.values() if e[2] is not None))]
+        if self.shares.refused:
+            values.append(("mqtt_cluster_groups_refused", self.shares.refused))
         if self.peers_refused:
             values.append(("mqtt_cluster_peers_refused", self.peers_refused))
         for bid, link in links:

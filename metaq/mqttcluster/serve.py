@@ -8,6 +8,10 @@ local delivery sees it) matches a filter; a POSITION entry says how far each par
 offset the ``R``/``U`` records of the ``%MQTT%`` journal go too. At most MQTT_CLUSTER_BATCH_BYTES of records per
 frame; an empty RECORDS each HEARTBEAT_S when idle. ROUTES again from the peer replace its filters (its partitions
 already followed keep their read positions).
+
+The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
+a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
+every group that wants it is assigned to another broker (and no filter of the peer matches it).
 """
 
 import logging
@@ -22,7 +26,7 @@ from metaq.mqtt.topicmap import DEFAULT_MAP
 from metaq.mqtt.topics import matches
 from metaq.protocol import replication as rp
 from metaq.protocol.journaltopic import MQTT_SESSIONS_TOPIC
-from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, Entry, Records
+from metaq.protocol.replication_mqtt import MESSAGE, POSITION, RETAINED, SHARED, Entry, Records, shared_data
 from metaq.protocol.stream import CLOSED, NEED_DATA
 from metaq.server.replication.link import HEARTBEAT_S, send_event
 from metaq.topics.names import is_internal
@@ -69,20 +73,32 @@ class FilterSet:
 class PeerFollow:
     """What one peer follows here: its filters, the read position of each followed partition, its retained offset."""
 
-    def __init__(self, store, routes, topics=DEFAULT_MAP):
+    def __init__(self, store, routes, topics=DEFAULT_MAP, shares=None):
         self.store = store
         self.topicmap = topics
+        self.shares = shares
         self.broker_id = routes.broker_id
+        self.groups = ()
         self.resume = {(t, p): o for t, p, o in routes.positions}
         self.cursors = {}  # (topic, partition) -> next offset to read
         self.retained = routes.retained  # next offset of %MQTT% partition 0, -1: none
         self.known_at_route = set()
         self.announce = []  # partitions followed since the last batch: their start goes to the peer first
         self.refused_logged = False
-        self.set_filters(routes.filters)
+        self.set_filters(routes.filters, routes.groups)
 
-    def set_filters(self, filters):
+    def set_filters(self, filters, groups=()):
+        """The peer's filters and ``$share`` groups are these now (their topics are followed)."""
         self.filters = FilterSet(filters, self.topicmap)
+        self.groups = tuple(groups) if self.shares is not None else ()
+        self._read_set = FilterSet(tuple(filters) + tuple(g[1] for g in self.groups),
+                                   self.topicmap)
+        if self.shares is not None:
+            refused = self.shares.refused
+            self.shares.set_peer(self.broker_id, id(self), self.groups)
+            if self.shares.refused > refused:
+                log.warning("mqtt cluster: %d shared groups tracked is the limit (MQTT_CLUSTER_MAX_GROUPS): some of "
+                            "peer %d's are not shared across the cluster", self.shares.most, self.broker_id)
         self.known_at_route = set(self.store.known_topics())
         self.rescan()
 
@@ -90,7 +106,7 @@ class PeerFollow:
         """Follow the partitions the filters read that are not followed yet; stop following the others."""
         store = self.store
         known = store.known_topics()
-        topics = self.filters.topics(known)
+        topics = self._read_set.topics(known)
         wanted = []
         for topic in sorted(topics):
             try:
@@ -142,9 +158,9 @@ class PeerFollow:
                 self.cursors.pop(key, None)
                 continue
             for rec in records:
-                if self.filters.match(message_of(topic, rec.flag, rec.data, self.topicmap).topic):
-                    entries.append(Entry(MESSAGE, topic, partition, rec.queue_offset, rec.flag, rec.store_ts_ms,
-                                         bytes(rec.data)))
+                entry = self._entry(topic, partition, rec)
+                if entry is not None:
+                    entries.append(entry)
                     budget -= len(rec.data)
                 self.cursors[key] = rec.queue_offset + 1
             if records:
@@ -152,6 +168,27 @@ class PeerFollow:
         if self.retained >= 0 and budget > 0:
             entries.extend(self._retained(budget))
         return entries
+
+    def _entry(self, topic, partition, rec):
+        """The entry of record ``rec`` for the peer (None: it wants none): SHARED when this broker assigns it to some
+        of the peer's groups (``Shares.owner``), else MESSAGE when a filter of the peer matches its name."""
+        name = message_of(topic, rec.flag, rec.data, self.topicmap).topic
+        owned = ()
+        if self.groups:
+            shares, here = self.shares, self.shares.broker_id
+            owned = [g for g in self.groups if matches(g[1], name)
+                     and shares.owner(g, here, topic, partition, rec.store_ts_ms) == self.broker_id]
+        if owned:
+            return Entry(SHARED, topic, partition, rec.queue_offset, rec.flag, rec.store_ts_ms,
+                         shared_data(owned, bytes(rec.data)))
+        if self.filters.match(name):
+            return Entry(MESSAGE, topic, partition, rec.queue_offset, rec.flag, rec.store_ts_ms, bytes(rec.data))
+        return None
+
+    def ended(self):
+        """The link ended: the peer's groups count no more here (``Shares.drop_peer``)."""
+        if self.shares is not None:
+            self.shares.drop_peer(self.broker_id, id(self))
 
     def _retained(self, budget):
         store, out = self.store, []
@@ -184,15 +221,16 @@ class PeerFollow:
 class PeerServer:
     """Serves the peers that follow this broker (``ReplicationServer.peer_handler``); counts for stats."""
 
-    def __init__(self, store, waiters, topics=DEFAULT_MAP):
+    def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None):
         self.store = store
         self.waiters = waiters
         self.topicmap = topics  # the MQTT port's ``TopicMap`` (a cluster's brokers share their mqtt settings)
+        self.shares = shares
         self.follows = {}  # id(PeerFollow) -> PeerFollow
         self.sent_records = 0
 
     def serve(self, sock, parser, routes, peer):
-        follow = PeerFollow(self.store, routes, self.topicmap)
+        follow = PeerFollow(self.store, routes, self.topicmap, self.shares)
         self.follows[id(follow)] = follow
         wake = Event()
         log.info("mqtt cluster: peer broker %d (%s) follows this broker: %d filters, %d partitions", routes.broker_id,
@@ -219,6 +257,7 @@ class PeerServer:
         finally:
             reader.kill(block=False)
             self.follows.pop(id(follow), None)
+            follow.ended()
 
     @staticmethod
     def _read(sock, parser, follow, wake):
@@ -239,7 +278,7 @@ class PeerServer:
             if event is CLOSED or isinstance(event, rp.ErrorFrame):
                 return
             if isinstance(event, rp.Routes):
-                follow.set_filters(event.filters)
+                follow.set_filters(event.filters, event.groups)
                 wake.set()
                 continue
             log.warning("mqtt cluster: peer broker %d sent %s: ending its link", follow.broker_id,

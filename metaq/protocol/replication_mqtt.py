@@ -11,8 +11,10 @@ ROUTES (peer to master): UTF-8 JSON, 2..MQTT_CLUSTER_ROUTES_BYTES bytes::
     {"broker": <the peer's broker id>,
      "filters": [MQTT topic filter, ...],            at most MQTT_CLUSTER_MAX_FILTERS, each non-empty text
      "positions": [[topic, partition, offset], ...], where the peer's copy of each followed partition resumes
-     "retained": offset}                             the offset of the master's ``%MQTT%`` journal to send the retained
+     "retained": offset,                             the offset of the master's ``%MQTT%`` journal to send the retained
                                                      messages' records from (-1: send none)
+     "groups": [[share name, filter], ...]}          its ``$share`` groups with members, at most MQTT_CLUSTER_MAX_GROUPS
+                                                     (optional)
 
 RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_FRAME_BYTES::
 
@@ -22,6 +24,9 @@ RECORDS (master to peer), ``>I`` count then count entries, at most MQTT_CLUSTER_
                        flag and data as stored)
       kind 2 POSITION  the master read ``topic``-``partition`` up to ``offset`` (the next offset; no data)
       kind 3 RETAINED  a retained message's record (``R``/``U``) of the master's ``%MQTT%`` journal at ``offset``
+      kind 4 SHARED    a MESSAGE the master assigned to the peer's ``$share`` groups (``metaq.mqttcluster.share``): its
+                       data is ``>H`` length, the groups as UTF-8 JSON ``[[share name, filter], ...]``, then the
+                       record's data
 
 An empty RECORDS (count 0) is the master's heartbeat. Anything else (a bad kind, lengths that do not fill the
 frame, JSON that is not this object) is a fatal ``RemoteProtocolError``.
@@ -34,11 +39,13 @@ from typing import NamedTuple
 from metaq import limits
 from metaq.errors import RemoteProtocolError
 
-__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "routes_parts", "records_parts",
+__all__ = ["Routes", "Records", "Entry", "MESSAGE", "POSITION", "RETAINED", "SHARED", "shared_data", "split_shared",
+           "routes_parts", "records_parts",
            "check_routes_length", "check_records_length", "decode_routes", "decode_records"]
 
-MESSAGE, POSITION, RETAINED = 1, 2, 3
+MESSAGE, POSITION, RETAINED, SHARED = 1, 2, 3, 4
 COUNT = struct.Struct(">I")
+GROUPS_LENGTH = struct.Struct(">H")
 ENTRY = struct.Struct(">BHiiqqI")
 assert ENTRY.size == 31
 
@@ -51,6 +58,7 @@ class Routes(NamedTuple):
     filters: tuple
     positions: tuple = ()
     retained: int = -1
+    groups: tuple = ()
 
 
 class Entry(NamedTuple):
@@ -67,13 +75,41 @@ class Records(NamedTuple):
     entries: tuple
 
 
+def shared_data(groups, data):
+    """A SHARED entry's data: ``groups`` ((share name, filter), ...) before the record's ``data``."""
+    head = json.dumps([list(g) for g in groups], separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return GROUPS_LENGTH.pack(len(head)) + head + data
+
+
+def split_shared(data):
+    """``(groups, record data)`` of a SHARED entry's data; a fatal RemoteProtocolError when it is not one."""
+    if len(data) < GROUPS_LENGTH.size:
+        raise _fail("a SHARED entry without its groups")
+    (length,) = GROUPS_LENGTH.unpack_from(data)
+    end = GROUPS_LENGTH.size + length
+    try:
+        groups = json.loads(bytes(data[GROUPS_LENGTH.size:end]).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _fail("a SHARED entry's groups are not UTF-8 JSON") from None
+    return _groups(groups), bytes(data[end:])
+
+
+def _groups(groups):
+    if not isinstance(groups, list) or len(groups) > limits.MQTT_CLUSTER_MAX_GROUPS or \
+            not all(isinstance(g, list) and len(g) == 2 and all(isinstance(x, str) and x for x in g) for g in groups):
+        raise _fail("groups must be a list of at most %d [share name, filter] pairs (MQTT_CLUSTER_MAX_GROUPS)"
+                    % limits.MQTT_CLUSTER_MAX_GROUPS)
+    return tuple((g[0], g[1]) for g in groups)
+
+
 def _fail(reason):
     return RemoteProtocolError("bad MQTT cluster frame: %s" % reason, fatal=True)
 
 
 def routes_parts(event):
     payload = json.dumps({"broker": event.broker_id, "filters": list(event.filters),
-                          "positions": [list(p) for p in event.positions], "retained": event.retained},
+                          "positions": [list(p) for p in event.positions], "retained": event.retained,
+                          "groups": [list(g) for g in event.groups]},
                          separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(payload) > limits.MQTT_CLUSTER_ROUTES_BYTES:
         raise ValueError("a ROUTES frame of %d bytes exceeds MQTT_CLUSTER_ROUTES_BYTES (%d)"
@@ -135,7 +171,7 @@ def decode_routes(payload):
             raise _fail("a ROUTES position is [topic, partition, offset], not %r" % (p,))
         out.append((p[0], _bounded(p[1], 0, 2**31 - 1, "partition"), _bounded(p[2], 0, 2**63 - 1, "offset")))
     retained = _bounded(obj.get("retained", -1), -1, 2**63 - 1, "retained offset")
-    return Routes(broker, tuple(filters), tuple(out), retained)
+    return Routes(broker, tuple(filters), tuple(out), retained, _groups(obj.get("groups", [])))
 
 
 def decode_records(payload):
@@ -146,7 +182,7 @@ def decode_records(payload):
             raise _fail("RECORDS entry %d runs past the frame" % len(entries))
         kind, tlen, partition, flag, offset, ts, dlen = ENTRY.unpack_from(payload, at)
         at += ENTRY.size
-        if kind not in (MESSAGE, POSITION, RETAINED) or partition < 0 or offset < 0:
+        if kind not in (MESSAGE, POSITION, RETAINED, SHARED) or partition < 0 or offset < 0:
             raise _fail("RECORDS entry of kind %d, partition %d, offset %d" % (kind, partition, offset))
         if at + tlen + dlen > end:
             raise _fail("RECORDS entry %d runs past the frame" % len(entries))

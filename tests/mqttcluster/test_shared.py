@@ -1,0 +1,112 @@
+"""``$share/<group>/<filter>`` across a cluster of three brokers (docs/mqtt.md "Shared subscriptions"): each message
+published on any broker goes to one member of the group in the cluster, the members on every broker get some, and
+a broker whose last member leaves hands its share to the others with nothing lost."""
+
+import time
+
+import pytest
+
+from tests.harness.broker import wait_for
+from tests.harness.mqtt import V311, Paho, mosquitto_pub
+
+pytestmark = pytest.mark.slow
+
+GROUP = "$share/g/jobs/#"
+
+
+def peer_groups(cluster, b):
+    return int(cluster.stats(cluster[b]).get("mqtt_cluster_peer_groups", "0"))
+
+
+def wait_groups(cluster, want):
+    """Each broker ``b`` sees ``want[b]`` groups in its peers' routes."""
+    for b, n in want.items():
+        wait_for(lambda b=b, n=n: peer_groups(cluster, b) == n, 20,
+                 lambda b=b: "broker %d's view of the peers' groups: %s" % (b, cluster.stats(cluster[b])))
+
+
+def drain(members, want, timeout=30):
+    """The payloads each member received once ``want`` messages came in all (and a second more)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and sum(len(m.messages) for m in members) < want:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    for m in members:
+        m.settle()
+    return [[x.payload for x in m.messages] for m in members]
+
+
+def taken(member):
+    """The payloads ``member`` received so far, removed from its list."""
+    with member.got:
+        out = [x.payload for x in member.messages]
+        del member.messages[:]
+    return out
+
+
+def publish(broker, prefix, n):
+    pub = Paho(broker, "pub-%s" % prefix)
+    for i in range(n):
+        pub.publish("jobs/%d" % i, b"%s-%d" % (prefix.encode(), i), 1)
+    pub.close()
+
+
+def test_each_message_goes_to_one_member_in_the_cluster(cluster):
+    a = Paho(cluster[0], "member-a")
+    b = Paho(cluster[1], "member-b")
+    assert a.subscribe(GROUP, 1) == [1] and b.subscribe(GROUP, 1) == [1]
+    wait_groups(cluster, {0: 1, 1: 1, 2: 2})
+    publish(cluster[2], "two", 100)
+    publish(cluster[0], "zero", 100)
+    got = drain([a, b], 200)
+    every = got[0] + got[1]
+    assert sorted(every) == sorted([b"two-%d" % i for i in range(100)] + [b"zero-%d" % i for i in range(100)]), \
+        (len(got[0]), len(got[1]))
+    assert got[0] and got[1], "both brokers' members receive some"
+    r = mosquitto_pub(cluster[2], "jobs/x", "mosq", 1)
+    assert r.returncode == 0, r.stderr
+    got = drain([a, b], 201)
+    assert sum(p == b"mosq" for m in got for p in m) == 1
+
+
+def test_a_brokers_last_member_leaving_moves_its_share(cluster):
+    a = Paho(cluster[0], "member-a")
+    b = Paho(cluster[1], "member-b")
+    assert a.subscribe(GROUP, 1) == [1] and b.subscribe(GROUP, 1) == [1]
+    wait_groups(cluster, {0: 1, 1: 1, 2: 2})
+    b.close()
+    wait_groups(cluster, {0: 0, 2: 1})
+    publish(cluster[2], "two", 50)
+    publish(cluster[1], "one", 50)
+    got = drain([a], 100)
+    assert sorted(got[0]) == sorted([b"two-%d" % i for i in range(50)] + [b"one-%d" % i for i in range(50)]), \
+        len(got[0])
+
+
+def test_a_persistent_member_that_comes_back_takes_its_share_again_with_nothing_lost_or_twice(cluster):
+    """A broker's only member is a persistent session (MQTT 3.1.1) that goes away: the others take everything
+    published meanwhile; once it is back, its broker's share goes to it again. Every message once over the group."""
+    a = Paho(cluster[0], "member-a")
+    b = Paho(cluster[1], client_id="member-b", version=V311, clean=False)
+    assert a.subscribe(GROUP, 1) == [1] and b.subscribe(GROUP, 1) == [1]
+    wait_groups(cluster, {0: 1, 1: 1, 2: 2})
+    publish(cluster[2], "before", 40)
+    drain([a, b], 40)
+    every = taken(a) + taken(b)
+    b.close()
+    wait_groups(cluster, {0: 0, 2: 1})
+    publish(cluster[2], "away", 40)
+    drain([a], 40)
+    every += taken(a)
+    b = Paho(cluster[1], client_id="member-b", version=V311, clean=False)
+    assert b.session_present
+    wait_groups(cluster, {0: 1, 2: 2})
+    publish(cluster[2], "back", 100)
+    publish(cluster[0], "back0", 100)
+    back = drain([a, b], 200)
+    every += back[0] + back[1]
+    want = [b"%s-%d" % (p, i) for p, n in ((b"before", 40), (b"away", 40), (b"back", 100), (b"back0", 100))
+            for i in range(n)]
+    assert sorted(every) == sorted(want), (len(every), len(want))
+    assert not any(p.startswith(b"away") for p in back[1])
+    assert back[0] and back[1], "both brokers' members receive some again"
