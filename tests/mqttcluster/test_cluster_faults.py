@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 from tests.harness.broker import wait_for
+from tests.harness.faults import PauseProcess
 from tests.harness.ha import Group
 from tests.harness.history import History, check
 from tests.harness.mqtt import V311, Paho, mosquitto_pub, with_mqtt
@@ -144,3 +145,56 @@ def test_a_peers_failover_in_sync_mode_loses_nothing_acknowledged_across_brokers
     assert not verdict.lost, verdict.summary()
     twice = {m: n for m, n in Counter(m for m in payloads(q2) if m.startswith("a-")).items() if n > 1}
     assert not twice, "QoS 2 delivered twice: %s" % sorted(twice)[:20]
+
+
+def test_a_peers_unconfirmed_tail_is_not_copied_so_its_new_masters_messages_are_not_skipped(
+        broker_factory, tmp_path, zk_connect):
+    """A's master writes a message its slaves never confirm (both paused), and dies before answering: the slave
+    elected writes other messages at those offsets. B must not have copied the unconfirmed one (its positions would
+    then say the offset was copied and skip what the new master acknowledged there)."""
+    b = broker_factory(cluster_config(tmp_path / "b", 0, zk_connect), workdir=tmp_path / "b")
+    group = Group(broker_factory, tmp_path, zk_connect, n=3, mode="sync", start=False)
+    for member in group.members:
+        with_mqtt(member.config)
+        member.start()
+    first = group.healthy(40)
+    a_master = group.members[first]
+    wait_for(lambda: stats(b).get("mqtt_cluster_peers_up") == "1", 30, "B follows A")
+    q1 = Paho(b, "dev-q1", version=V311, clean=False)
+    assert q1.subscribe(TOPIC + "/#", 1) == [1]
+    assert q1.subscribe("probe/#", 0) == [0]
+    wait_routed(q1, lambda i: mosquitto_pub(a_master, "probe/x", "p%d" % i, 0))
+    history = History()
+    before = Producer(history, [a_master], TOPIC, "a").start()
+    wait_for(lambda: before.acked >= 5, 30, "5 puts acknowledged on A")
+    before.stop()
+    wait_for(lambda: history.acked_ids() <= set(payloads(q1)), 30, "B's device got them")
+
+    slaves = [PauseProcess(m) for i, m in enumerate(group.members) if i != first]
+    for p in slaves:
+        p.inject()
+    answers = []
+    put = threading.Thread(target=lambda: answers.append(_put_once(a_master, "u-0")), daemon=True)
+    put.start()
+    time.sleep(1.0)  # the master wrote it and waits for its slaves (sync_timeout_ms 3000)
+    a_master.kill()
+    for p in slaves:
+        p.heal()
+    put.join(10)
+    assert answers and answers[0] != 200, "the unconfirmed put was acknowledged: %r" % answers
+    second = group.master(40, exclude=(first,))
+    after = Producer(history, [group.members[second]], TOPIC, "n").start()
+    wait_for(lambda: after.acked >= 20, 40, "20 puts acknowledged on A's new master")
+    after.stop()
+    acked = history.acked_ids()
+    print("GOT", payloads(q1))
+    wait_for(lambda: acked <= set(payloads(q1)), 30, lambda: "B's device got every acknowledged message: "
+             "missing %s; it got %s" % (sorted(acked - set(payloads(q1))), payloads(q1)))
+
+
+def _put_once(broker, msg_id):
+    try:
+        with broker.client() as c:
+            return getattr(c.put(TOPIC, msg_id.encode(), 0), "code", None)
+    except OSError as exc:
+        return repr(exc)
