@@ -134,7 +134,8 @@ def test_a_broker_cut_off_from_its_peers_resumes_where_it_stopped_and_its_new_ro
         a = cluster.group.members[first]
         q1 = Paho(cluster.b, "dev-q1", version=V311, clean=False)
         assert q1.subscribe(TOPIC + "/#", 1) == [1]
-        routed(q1, a, TOPIC + "/probe")
+        assert q1.subscribe("probe/#", 0) == [0]  # after the fleet filter: a probe that arrives means both did
+        routed(q1, a, "probe/q1")
         history = History()
         producer = Producer(history, [a], TOPIC, "a").start()
         try:
@@ -177,7 +178,8 @@ def test_a_broker_cut_off_from_zookeeper_keeps_its_links_and_its_sessions(broker
         a = cluster.group.members[first]
         q1 = Paho(cluster.b, "dev-q1", version=V311, clean=False)
         assert q1.subscribe(TOPIC + "/#", 1) == [1]
-        routed(q1, a, TOPIC + "/probe")
+        assert q1.subscribe("probe/#", 0) == [0]  # after the fleet filter: a probe that arrives means both did
+        routed(q1, a, "probe/q1")
         dev_a = Paho(a, "dev-a", version=V311, clean=False)
         assert dev_a.subscribe("cmds/#", 1) == [1]
         routed(dev_a, cluster.b, "cmds/probe")
@@ -222,7 +224,8 @@ def test_a_peers_unconfirmed_tail_is_not_copied_so_its_new_masters_messages_are_
         a = cluster.group.members[first]
         q1 = Paho(cluster.b, "dev-q1", version=V311, clean=False)
         assert q1.subscribe(TOPIC + "/#", 1) == [1]
-        routed(q1, a, TOPIC + "/probe")
+        assert q1.subscribe("probe/#", 0) == [0]  # after the fleet filter: a probe that arrives means both did
+        routed(q1, a, "probe/q1")
         history = History()
         before = Producer(history, [a], TOPIC, "a").start()
         wait_for(lambda: before.acked >= 5, 30, "5 puts acknowledged on A")
