@@ -1,9 +1,9 @@
 """Failures in an MQTT cluster (docs/mqtt.md "A cluster", "Failures"), judged by the history checker.
 
-Group A is an ``ha: auto`` group in ``sync`` mode (broker id 7: a master and two slaves;
-a ``sync`` master left with no slave refuses puts, so one slave would leave nothing to acknowledge after the kill), group B one master (broker
+Group A is an ``ha: auto`` group in ``sync`` mode (broker id 7: a master and two slaves; a ``sync`` master left with
+no slave refuses puts, so with one slave nothing could be acknowledged after the kill), group B one master (broker
 id 0), under one ZooKeeper root. Producers put on A's master of the moment (text ``put``: each acknowledgement names
-its position); devices subscribed on B receive them through B's link to A. A's master is killed (-9) and its slave
+its position); devices subscribed on B receive them through B's link to A. A's master is killed (-9) and a slave
 elected: B's link follows the new master from the same positions, and a device of A reconnects to the new master,
 its session and its subscription to what is published on B going on.
 """
