@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from metaq.mqttcluster.ids import home_of
 from tests.harness import netns
 from tests.harness.broker import wait_for
 from tests.harness.ha import Group
@@ -96,6 +97,12 @@ class NetCluster:
             self.topo.close()
 
 
+def homed_on(broker_id, prefix):
+    """A client id whose home (docs/mqtt.md "A client id across the cluster") is ``broker_id`` of this cluster (0
+    and 7): a CONNECT of an id whose home is on the other side of a cut is refused until ZooKeeper drops that side."""
+    return next("%s-%d" % (prefix, i) for i in range(1000) if home_of("%s-%d" % (prefix, i), (0, 7)) == broker_id)
+
+
 def routed(sub, broker, topic, timeout=30.0):
     """Publish QoS 0 probes on ``broker`` to ``topic`` until ``sub`` got one (its route reached ``broker``); the
     probes are then dropped from its list."""
@@ -142,7 +149,7 @@ def test_a_broker_cut_off_from_its_peers_resumes_where_it_stopped_and_its_new_ro
             wait_for(lambda: producer.acked >= 30, 30, "30 puts acknowledged on A")
             cut = netns.Cut(cluster.topo, ["b"], list(MEMBERS))
             history.fault("cut", cut.inject(), target="b")
-            late = Paho(cluster.b, "dev-late", version=V311, clean=False)
+            late = Paho(cluster.b, homed_on(0, "dev-late"), version=V311, clean=False)
             assert late.subscribe("late/#", 1) == [1]  # made while A is unreachable
             acked = producer.acked
             wait_for(lambda: producer.acked >= acked + 50, 30, "A acknowledges while cut off from B")
