@@ -12,6 +12,10 @@ already followed keep their read positions).
 The peer's ``$share`` groups (``share.Shares``) are followed too: a record whose name a group's filter matches goes as
 a SHARED entry naming the groups this broker assigns it to at the peer (its own filters aside), and not at all when
 every group that wants it is assigned to another broker (and no filter of the peer matches it).
+
+In ``sync`` mode nothing past the master's confirmed end (``Roles.confirmed_end``) is sent: a record its slaves do not
+all hold yet may be cut by a failover and its offset taken by another message, which the peer, whose positions say
+that offset was copied, would then skip. Such records wait for the slaves' ACK (``Roles.wait_confirmed``).
 """
 
 import logging
@@ -85,6 +89,7 @@ class PeerFollow:
         self.known_at_route = set()
         self.announce = []  # partitions followed since the last batch: their start goes to the peer first
         self.refused_logged = False
+        self.held = False  # the last batch stopped at a record past the confirmed end
         self.set_filters(routes.filters, routes.groups)
 
     def set_filters(self, filters, groups=()):
@@ -132,9 +137,11 @@ class PeerFollow:
             self.cursors[key] = start
             self.announce.append(key)
 
-    def batch(self):
-        """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data."""
+    def batch(self, confirmed=None):
+        """The next RECORDS entries (empty: nothing new), at most MQTT_CLUSTER_BATCH_BYTES of data, none of a record
+        ending past log position ``confirmed`` (None: no bound); ``held`` says whether one waits for it."""
         store, entries, budget = self.store, [], limits.MQTT_CLUSTER_BATCH_BYTES
+        self.held = False
         announce, self.announce = self.announce, []
         for key in announce:  # the peer learns where a new partition starts before any record of it
             if key in self.cursors:
@@ -158,15 +165,18 @@ class PeerFollow:
                 self.cursors.pop(key, None)
                 continue
             for rec in records:
+                if confirmed is not None and rec.position + rec.total_size > confirmed:
+                    self.held = True
+                    break
                 entry = self._entry(topic, partition, rec)
                 if entry is not None:
                     entries.append(entry)
                     budget -= len(rec.data)
                 self.cursors[key] = rec.queue_offset + 1
-            if records:
+            if self.cursors[key] > offset:
                 entries.append(Entry(POSITION, topic, partition, self.cursors[key]))
         if self.retained >= 0 and budget > 0:
-            entries.extend(self._retained(budget))
+            entries.extend(self._retained(budget, confirmed))
         return entries
 
     def _entry(self, topic, partition, rec):
@@ -190,7 +200,7 @@ class PeerFollow:
         if self.shares is not None:
             self.shares.drop_peer(self.broker_id, id(self))
 
-    def _retained(self, budget):
+    def _retained(self, budget, confirmed):
         store, out = self.store, []
         try:
             if self.retained >= store.max_offset(MQTT_SESSIONS_TOPIC, 0):
@@ -205,6 +215,9 @@ class PeerFollow:
         except errors.MetaqError:
             return out
         for rec in records:
+            if confirmed is not None and rec.position + rec.total_size > confirmed:
+                self.held = True
+                break
             if bytes(rec.data[:1]) in (b"R", b"U"):
                 out.append(Entry(RETAINED, MQTT_SESSIONS_TOPIC, 0, rec.queue_offset, rec.flag, rec.store_ts_ms,
                                  bytes(rec.data)))
@@ -221,11 +234,16 @@ class PeerFollow:
 class PeerServer:
     """Serves the peers that follow this broker (``ReplicationServer.peer_handler``); counts for stats."""
 
-    def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None):
+    def __init__(self, store, waiters, topics=DEFAULT_MAP, shares=None, confirmed_end=lambda: None,
+                 wait_confirmed=None):
+        """``shares``: the cluster's ``share.Shares``; ``confirmed_end()``/``wait_confirmed(timeout)``: ``Roles``'
+        (what may leave this broker, and a wait for more of it)."""
         self.store = store
         self.waiters = waiters
         self.topicmap = topics  # the MQTT port's ``TopicMap`` (a cluster's brokers share their mqtt settings)
         self.shares = shares
+        self.confirmed_end = confirmed_end
+        self.wait_confirmed = wait_confirmed
         self.follows = {}  # id(PeerFollow) -> PeerFollow
         self.sent_records = 0
 
@@ -238,15 +256,22 @@ class PeerServer:
         reader = gevent.spawn(self._read, sock, parser, follow, wake)
         try:
             send_event(sock, Records(()))  # the end of the handshake (the peer waits for a first frame)
-            rescanned = time.monotonic()
+            rescanned = sent = time.monotonic()
             while not reader.dead:
                 if time.monotonic() - rescanned > RESCAN_S:
                     follow.rescan()
                     rescanned = time.monotonic()
-                entries = follow.batch()
+                entries = follow.batch(self.confirmed_end())
                 if entries:
                     send_event(sock, Records(tuple(entries)))
                     self.sent_records += sum(1 for e in entries if e.kind != POSITION)
+                    sent = time.monotonic()
+                    continue
+                if follow.held and self.wait_confirmed is not None:
+                    if time.monotonic() - sent >= HEARTBEAT_S:
+                        send_event(sock, Records(()))
+                        sent = time.monotonic()
+                    self.wait_confirmed(HEARTBEAT_S)
                     continue
                 wake.clear()
                 if not self.waiters.wait_any(follow.keys(), HEARTBEAT_S, wake):

@@ -582,7 +582,8 @@ def mqtt_cluster(config, store, put_path, port, zk, roles, waiters):
     tls = config.security.tls
     cluster = MqttCluster(config, store, put_path, port, zk, lambda: roles.is_master, secret=roles.secret,
                           tls=client_context(tls) if tls.mode != "off" and tls.replication else None)
-    roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares).serve)
+    roles.serve_peers(PeerServer(store, waiters, port.topics, cluster.shares, roles.confirmed_end,
+                                 roles.wait_confirmed).serve)
     port.cluster = cluster
     port.cluster_topics = (INBOX,)
     return cluster

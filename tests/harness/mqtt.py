@@ -66,7 +66,8 @@ class Paho:
 
     def connect(self, timeout=10.0):
         kwargs = {"clean_start": self.clean, "properties": self.properties} if self.version == V5 else {}
-        self.c.connect("127.0.0.1", mqtt_port(self.broker), keepalive=self.keepalive, **kwargs)
+        host = getattr(self.broker, "host", "127.0.0.1")  # a broker in a network namespace binds its address
+        self.c.connect(host, mqtt_port(self.broker), keepalive=self.keepalive, **kwargs)
         self.c.loop_start()
         deadline = time.monotonic() + timeout
         while self.connack is None and time.monotonic() < deadline:

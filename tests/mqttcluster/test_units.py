@@ -202,3 +202,29 @@ def test_a_marker_keeps_a_partitions_position_and_is_no_message():
     assert pos.get(2, "sensors", 1) == 0
     assert message_of(inbox.INBOX, flag, data).topic.startswith("$")  # delivery sends no $ name of the inbox
     assert inbox.origin_of(*inbox.marker(2, "sensors", 1, 9, 1_000)) == (2, "sensors", 1, 8)
+
+
+class RecordsStore(FakeStore):
+    """A FakeStore whose partition ``t``-0 holds five records of 100 log bytes each, at log positions 0, 100, ..."""
+
+    def max_offset(self, topic, partition):
+        return 5
+
+    def read_records(self, topic, partition, offset, max_count, max_bytes):
+        recs = [SimpleNamespace(position=100 * n, total_size=100, queue_offset=n, flag=0, store_ts_ms=1,
+                                data=b"m%d" % n) for n in range(offset, 5)][:max_count]
+        return recs, offset + len(recs)
+
+
+def test_a_peer_is_sent_nothing_past_the_confirmed_end():
+    """``sync``: a record ending past the master's confirmed log position waits (``held``), and goes once confirmed."""
+    follow = PeerFollow(RecordsStore({"t": 1}), rp.Routes(1, ("t",), (("t", 0, 0),)))
+    assert [e.kind for e in follow.batch(0)] == [POSITION] and follow.held  # announced, no record confirmed yet
+    got = follow.batch(250)
+    assert [e.offset for e in got if e.kind == MESSAGE] == [0, 1] and follow.held  # 2 ends at 300 > 250
+    assert [e.offset for e in got if e.kind == POSITION] == [2]
+    assert follow.batch(250) == [] and follow.held  # nothing more until the slaves confirm
+    got = follow.batch(500)
+    assert [e.offset for e in got if e.kind == MESSAGE] == [2, 3, 4] and not follow.held
+    follow.cursors[("t", 0)] = 0
+    assert [e.offset for e in follow.batch(None) if e.kind == MESSAGE] == [0, 1, 2, 3, 4]  # async: no bound

@@ -65,6 +65,7 @@ class ReplicationServer:
         self.peer_handler = None
         self._data = Event()  # new log bytes may be there
         self._acked = Event()  # replaced on each ACK; sync-mode puts wait on it
+        self._confirmed_end = -1  # confirmed_end's high-water mark
         self.listener = None
         self._stopping = False
         #: ``(sock, parser, first PeerCall, peer address)`` -> None: serves another master's calls once its proof
@@ -101,6 +102,30 @@ class ReplicationServer:
         for s in self.slaves.values():
             out[s.slave_id] = max(out.get(s.slave_id, -1), s.written)
         return out
+
+    def confirmed_end(self):
+        """``sync`` mode: the log position up to which every record is on each slave a put waits for (with an in-sync
+        set: every member of it; else the best slave), never moving back. A record past it is an unconfirmed tail
+        that the member elected after a kill may not hold and then overwrites: what leaves this broker for another
+        (the MQTT cluster's peers) stops there. None: no such bound (``async``, or an in-sync set of this master
+        alone, when no other member may be elected)."""
+        if self.mode != "sync":
+            return None
+        if self.insync is not None:
+            need = self.insync.required()
+            if not need:
+                return None
+            positions = self.positions()
+            end = min(positions.get(m, -1) for m in need)
+        else:
+            end = self.best_acked()
+        self._confirmed_end = max(self._confirmed_end, end)
+        return self._confirmed_end
+
+    def wait_confirmed(self, timeout):
+        """Block this greenlet until the next slave ACK or ``timeout`` s."""
+        self._data.set()
+        self._acked.wait(timeout)
 
     def no_slave_refusal(self):
         """Why a ``sync`` put must be refused before it is written, or None: no slave could confirm it now (manual

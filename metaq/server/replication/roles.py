@@ -178,6 +178,19 @@ class Roles:
         zk_heard_at = self.election.lease.confirmed_at if self.election is not None else None
         return isolation.refusal(server.isolation_s, time.monotonic(), server.heard_at, zk_heard_at)
 
+    def confirmed_end(self):
+        """What this master's peers may be sent of its log: ``ReplicationServer.confirmed_end`` (None: all)."""
+        server = self.replication
+        return server.confirmed_end() if server is not None and self.role == "master" else None
+
+    def wait_confirmed(self, timeout):
+        """Wait for the next slave ACK of this master (at most ``timeout`` s)."""
+        server = self.replication
+        if server is not None:
+            server.wait_confirmed(timeout)
+        else:
+            gevent.sleep(timeout)
+
     @property
     def end_unknown(self):
         """True while this broker's partition ends may be short of the master's: a slave not linked, or linked and
