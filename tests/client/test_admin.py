@@ -155,13 +155,14 @@ def test_topics_hides_the_brokers_internal_topics_unless_all(broker):
     with Producer(brokers=[url]) as p:
         assert p.send(Message("orders", b"later", delay_level=3)).success  # SCHEDULE_TOPIC_XXXX
         assert p.send(Message("orders", b"timed", delay=3600)).success  # %TIMER%
-    # %TX%, %POP% and %MQTT%: the transaction and per-message acknowledgement journals, the MQTT sessions' log
-    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "urgent%P2"}
+    # %TX%, %POP%, %MQTT% and %MQTTIN%: the transaction and per-message acknowledgement journals, the MQTT sessions'
+    # log and the MQTT cluster's inbox, on every broker
+    internal = {"SCHEDULE_TOPIC_XXXX", "%TIMER%", "%TX%", "%POP%", "%MQTT%", "%MQTTIN%", "urgent%P2"}
 
     out = admin("--brokers", url, "topics")
     names = [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]
     assert names == ["orders", "urgent"]
-    assert out.stderr == "metaq-admin: 6 internal topics not shown (--all shows them)\n"
+    assert out.stderr == "metaq-admin: 7 internal topics not shown (--all shows them)\n"
     rows = {r["topic"]: r for r in json.loads(admin("--brokers", url, "--json", "topics").stdout)}
     assert set(rows) == {"orders", "urgent"}
     assert rows["urgent"]["messages"] == 1  # its level's message counts in its row
