@@ -135,23 +135,7 @@ def fanout(cluster, subscribers, messages):
     subs = [load.spawn(load.subscribe, cluster.mqtt_port(i), subscribers // n, "fan%d-" % i, "fan/out", 0,
                        SOURCES[i::n] or SOURCES, size) for i in range(n)]
     pub = load.spawn(load.publish, cluster.mqtt_port(0), 1, "fanpub", "fan/out", 0, PAYLOAD, None)
-    try:
-        for _, pipe in subs + [pub]:
-            if pipe.recv() != "ready":
-                raise RuntimeError("a generator did not connect")
-        time.sleep(2)
-        for _, pipe in subs:
-            pipe.send(("time", messages, 30 + 5 * messages))
-        pub[1].send(("stamped", messages, 1.0))
-        pub[1].recv()
-        lat = []
-        for _, pipe in subs:
-            lat.extend(pipe.recv()[0])
-        for _, pipe in subs + [pub]:
-            pipe.send("close")
-    finally:
-        for proc, _ in subs + [pub]:
-            proc.join(30)
+    lat = load.stamped_round(subs, pub, messages, 1.0)
     ms = sorted(x / 1e6 for x in lat)
     want = (subscribers // n) * n * messages
     if not ms:

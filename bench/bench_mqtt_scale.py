@@ -113,24 +113,9 @@ def fanout_phase(target, subscribers, messages):
     subs = [load.spawn(load.subscribe, target.port, subscribers // PROCS + (i < subscribers % PROCS), "fan%d" % i,
                        TOPIC, 0, halves[i], size) for i in range(PROCS)]
     pub = load.spawn(load.publish, target.port, 1, "fanpub", TOPIC, 0, PAYLOAD, None)
-    try:
-        for _, pipe in subs + [pub]:
-            if pipe.recv() != "ready":
-                raise RuntimeError("a generator did not connect")
-        time.sleep(2)
-        after = rss(target.pid)[0]
-        for _, pipe in subs:
-            pipe.send(("time", messages, 30 + 5 * messages))
-        pub[1].send(("stamped", messages, 2.0))
-        pub[1].recv()
-        lat = []
-        for _, pipe in subs:
-            lat.extend(pipe.recv()[0])
-        for _, pipe in subs + [pub]:
-            pipe.send("close")
-    finally:
-        for proc, _ in subs + [pub]:
-            proc.join(30)
+    settled = []
+    lat = load.stamped_round(subs, pub, messages, 2.0, lambda: settled.append(rss(target.pid)[0]))
+    after = settled[0]
     if isinstance(target, Metaq):
         wait_connections(target, 0)
     ms = sorted(x / 1e6 for x in lat)

@@ -473,6 +473,33 @@ def _publish_qos1(socks, pids, messages, window):
                 st[0] += k
 
 
+def stamped_round(subs, pub, messages, gap, settled=None):
+    """One timed round of the ``subscribe`` workers ``subs`` and the ``publish`` worker ``pub`` (each ``(process,
+    pipe)``): once all are ready and 2 s settled (then ``settled()``, when given, e.g. to read the broker's memory),
+    ``pub`` sends ``messages`` stamped PUBLISHes ``gap`` seconds apart while each subscriber times what arrives;
+    returns every delivery's latency (ns) and ends the workers."""
+    try:
+        for _, pipe in subs + [pub]:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a generator did not connect")
+        time.sleep(2)
+        if settled is not None:
+            settled()
+        for _, pipe in subs:
+            pipe.send(("time", messages, 30 + 5 * messages))
+        pub[1].send(("stamped", messages, gap))
+        pub[1].recv()
+        lat = []
+        for _, pipe in subs:
+            lat.extend(pipe.recv()[0])
+        for _, pipe in subs + [pub]:
+            pipe.send("close")
+    finally:
+        for proc, _ in subs + [pub]:
+            proc.join(30)
+    return lat
+
+
 def spawn(role, *args):
     """Start ``role(pipe, *args)`` in a process of its own; returns ``(process, pipe)``."""
     here, there = multiprocessing.Pipe()
