@@ -420,7 +420,7 @@ class Connection(core.Connection):
             else:
                 self._plans = None  # an idle connection holds no staging plan: its next turn makes them again
 
-    def _process(self):  # noqa: C901 - split with the MQTT connection's operation groups (issue 55.4)
+    def _process(self):  # noqa: C901 - to split with the connection by operation group
         """Handle every whole packet buffered; False when the connection must close. The PUBLISHes among them ask
         the write decision once per metaq topic (``MqttPort.put``'s ``decided``) until the reader yields: a turn
         given to the others, a wait, a packet other than PUBLISH, a failed put."""
@@ -537,7 +537,7 @@ class Connection(core.Connection):
             self.send(wire.Connack(False, CONNACK_311[code]))
         return False
 
-    def _connect(self, p):  # noqa: C901 - split with the MQTT connection's operation groups (issue 55.4)
+    def _connect(self, p):  # noqa: C901 - to split with the connection by operation group
         self.version = p.version
         s = self.settings
         v5 = p.version == MQTT_5

@@ -407,7 +407,7 @@ class Delivery:
 
     # -- subscribing -----------------------------------------------------------
 
-    def subscribe(self, sub, sub_id=None):  # noqa: C901 - split with the MQTT connection's operation groups (issue 55.4)
+    def subscribe(self, sub, sub_id=None):  # noqa: C901 - to split with the delivery by operation group
         """Add one filter of a SUBSCRIBE (a ``wire.Subscription``) with the SUBSCRIBE's Subscription Identifier
         (``sub_id``, None: none); its SUBACK code (the granted QoS, or a failure)."""
         session, s = self.session, self.settings
@@ -592,7 +592,7 @@ class Delivery:
             self._handed.pop(key, None)
         self.wake()
 
-    def run(self):  # noqa: C901 - split with the MQTT delivery changes under way (issue 55.2, 55.4)
+    def run(self):  # noqa: C901 - to split with the delivery by operation group
         conn = self.conn
         room = conn.room
         me = gevent.getcurrent()
@@ -679,7 +679,7 @@ class Delivery:
                     unread[key] = seen.get(key, at)
         return unread
 
-    def deliver_now(self, key, staged=None):  # noqa: C901 - split with the MQTT delivery changes under way (issue 55.4)
+    def deliver_now(self, key, staged=None):  # noqa: C901 - to split with the delivery by operation group
         """Called by a publisher's turn (``MqttPort.deliver_now``) while this delivery's greenlet waits (in ``run``,
         between passes): send what partition ``key`` holds past its cursor, each record as ``_deliver`` decides it
         (``_decision``, ``_prepare``: filters, No Local, Retain As Published, Subscription Identifiers, Message Expiry,

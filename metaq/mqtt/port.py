@@ -428,7 +428,7 @@ class MqttPort:
         for conn in moved:
             conn.move_away(reference)
 
-    def _keep_once(self):  # noqa: C901 - split with the one write path (issue 55.1)
+    def _keep_once(self):  # noqa: C901 - one retention pass over every kind of record; to split by kind
         """One round of ``_keep``: other greenlets run between its writes (``share_loop``), and each write is checked
         against the table again, so a session that changed meanwhile is not written back as it was."""
         turn = time.monotonic()

@@ -364,7 +364,7 @@ class Connection(core.Connection):
             self.parser.receive_data(data)
         return data
 
-    def _process(self, data):  # noqa: C901 - split with the one write path (issue 55.1)
+    def _process(self, data):  # noqa: C901 - one request's dispatch, fast paths first; to split by step
         """Handle every complete frame buffered; returns False when the connection must close."""
         out = []
         durable = []  # (index in ``out``, opaques) of put acks that wait for the flush
