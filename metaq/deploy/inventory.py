@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from metaq import limits
 from metaq.deploy.groups import replication_settings, resolve_groups
+from metaq.deploy.placement import SERVER_PORTS
 from metaq.errors import ConfigError
 
 __all__ = ["Broker", "Cluster", "InventoryError", "load_inventory", "parse_inventory"]
@@ -463,12 +464,11 @@ def _cross_check(brokers):
     for b in brokers:
         listeners.setdefault((b.host, b.port), (b, "port"))
     for b in brokers:
-        if b.replication_port is None:
-            continue
-        other, what = listeners.setdefault((b.host, b.replication_port), (b, "replication_port"))
-        if other is not b:
-            problems.append("brokers[%d] (%s).replication_port: %d on host %s is also the %s of brokers[%d] (%s)"
-                            % (b.index, b.name, b.replication_port, b.host, what, other.index, other.name))
+        for what, port in _listeners(b):
+            other, first = listeners.setdefault((b.host, port), (b, what))
+            if other is not b or first != what:
+                problems.append("brokers[%d] (%s).%s: %d on host %s is also the %s of brokers[%d] (%s)"
+                                % (b.index, b.name, what, port, b.host, first, other.index, other.name))
     dup(lambda b: (b.host, b.install_dir), "same host and install_dir")
     dup(lambda b: (b.host, b.data_dir), "same host and data_dir")
     for b in brokers:
@@ -481,6 +481,19 @@ def _cross_check(brokers):
                 problems.append("brokers[%d] (%s).install_dir: %s is inside the data_dir %s of %s"
                                 % (other.index, other.name, other.install_dir, b.data_dir, b.name))
     return problems
+
+
+def _listeners(broker):
+    """``(setting, port)`` of each listener the broker opens besides its text port: replication and the
+    ``server:`` sections' ports (remoting, http, mqtt, grpc; 0 or unset: off)."""
+    out = []
+    if broker.replication_port is not None:
+        out.append(("replication_port", broker.replication_port))
+    for section in SERVER_PORTS:
+        values = broker.server.get(section)
+        if isinstance(values, dict) and isinstance(values.get("port"), int) and values["port"]:
+            out.append(("server.%s.port" % section, values["port"]))
+    return out
 
 
 def _inside(path, directory):

@@ -127,6 +127,20 @@ def test_per_host_refusals():
         parse_inventory(INVENTORY.replace("slaves: 1", "slaves: 0\n  first_broker_id: 1021"), cores=lambda h, s: 2)
 
 
+def test_per_host_refuses_a_port_step_that_lands_one_brokers_port_on_anothers():
+    # mqtt 1883 and http 1885: with port_step 2, broker 1's mqtt port is broker 0's http port
+    clash = INVENTORY.replace("8180", "1885") + "  port_step: 2\n  brokers: 2\n"
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(clash)
+    assert ".server.mqtt.port: 1885 on host 127.0.0.1 is also the server.http.port of brokers[0] (127.0.0.1-0)" \
+        in str(err.value)
+    ok = parse_inventory(INVENTORY.replace("8180", "1885") + "  port_step: 4\n  brokers: 2\n")  # one step past
+    assert sorted(yaml.safe_load(b.config_text)["mqtt"]["port"] for b in ok.brokers) == [1883, 1883, 1887, 1887]
+    text_on_http = INVENTORY.replace("8180", "8125") + "  port_step: 2\n  brokers: 2\n"  # text 8123 + 2
+    with pytest.raises(InventoryError, match=r"server.http.port: 8125 on host 127.0.0.\d is also the port of"):
+        parse_inventory(text_on_http)
+
+
 @pytest.mark.parametrize("page", ["deploy.md", "cluster.md"])
 def test_the_docs_per_host_inventories_place_what_they_say(page):
     with open("%s/docs/%s" % (REPO, page), encoding="utf-8") as f:
