@@ -295,8 +295,8 @@ def cmd_zk(view, args):
 def cmd_brokers(view, args):
     """Every broker member registered in ZooKeeper, master then slaves: its text url and the other ports it
     publishes beside it (``protocol/registration.py``): MQTT's address and TLS mode, RocketMQ's remoting and gRPC
-    addresses; ``-`` for a port it does not have. What a device fleet's provisioning reads to hand each device
-    its broker's MQTT address (docs/mqtt.md "At scale")."""
+    addresses, the HTTP API's; ``-`` for a port it does not have. What a device fleet's provisioning reads to hand
+    each device its broker's MQTT address (docs/mqtt.md "At scale")."""
     if view.cluster is None:
         raise SystemExit("metaq-admin: the brokers command needs --zk (the brokers' ports are read from ZooKeeper)")
     zk, ids = view.cluster.zk, view.cluster.root.rstrip("/") + "/brokers/ids"
@@ -311,7 +311,8 @@ def cmd_brokers(view, args):
                 if url is not None:
                     slave = None if child == "master" else int(child[5:])
                     members[slave] = {"broker": bid, "role": "master" if slave is None else "slave %d" % slave,
-                                      "url": url, "mqtt": None, "mqtt_tls": None, "remoting": None, "grpc": None}
+                                      "url": url, "mqtt": None, "mqtt_tls": None, "remoting": None, "grpc": None,
+                                      "http": None}
         for child in children:
             member = member_of(child)
             if member is None or member[1] not in members:
@@ -325,11 +326,13 @@ def cmd_brokers(view, args):
                 row["mqtt"] = registration.address(value.get("address"))
                 row["mqtt_tls"] = value.get("tls") if row["mqtt"] and value.get("tls") in registration.TLS_MODES \
                     else None
+            elif member[0] == registration.HTTP:
+                row["http"] = registration.address(value.get("address"))
             else:
                 row["remoting"] = registration.address(value.get("remoting"))
                 row["grpc"] = registration.address(value.get("grpc"))
         rows.extend(members[k] for k in sorted(members, key=lambda k: -1 if k is None else k))
-    return rows, ["broker", "role", "url", "mqtt", "mqtt_tls", "remoting", "grpc"]
+    return rows, ["broker", "role", "url", "mqtt", "mqtt_tls", "remoting", "grpc", "http"]
 
 
 #: The stats keys (summary) a broker reports its MQTT cluster routes by: what it follows of the other brokers.
@@ -359,12 +362,13 @@ def cluster_rows(view, members):
         rows.append({"broker": m["broker"], "member": m["role"], "role": s.get("replication_role", "-" if not s
                                                                              else "standalone"),
                      "url": m["url"], "mqtt": m["mqtt"], "remoting": m["remoting"], "grpc": m["grpc"],
+                     "http": m["http"],
                      "topics": ",".join(topics) or None,
                      "mqtt_connections": _int_or_none(s.get("mqtt_connections")),
                      "mqtt_sessions": _int_or_none(s.get("mqtt_sessions")),
                      "mqtt_offline": _int_or_none(s.get("mqtt_sessions_offline")),
                      "routes": routes or None})
-    return rows, ["broker", "member", "role", "url", "mqtt", "remoting", "grpc", "topics", "mqtt_connections",
+    return rows, ["broker", "member", "role", "url", "mqtt", "remoting", "grpc", "http", "topics", "mqtt_connections",
                   "mqtt_sessions", "mqtt_offline", "routes"]
 
 

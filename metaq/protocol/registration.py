@@ -7,15 +7,19 @@ Under ``<root>/brokers/ids/<id>/``, ephemeral, one node per member and kind, ``<
 
     rocketmq-master  {"name": broker name, "remoting": "ip:port" or null, "grpc": "host:port" or null}
     mqtt-master      {"address": "host:port", "tls": "off" | "on" | "permissive"}
+    http-master      {"address": "host:port", "tls": "off" | "on" | "permissive"}
 
-``tls`` is ``security.tls.mode``, which every listener shares: the MQTT port is MQTT over TLS when ``on``, takes
-both when ``permissive``; there is no second MQTT port. A member without the port writes no node of that kind.
+``tls`` is ``security.tls.mode``, which every listener shares: the MQTT port is MQTT over TLS when ``on`` (the HTTP
+port HTTPS), takes both when ``permissive``; there is no second port of a kind. A member without the port writes no
+node of that kind.
 """
 
 import json
 
-ROCKETMQ, MQTT = "rocketmq", "mqtt"
-KINDS = (ROCKETMQ, MQTT)
+ROCKETMQ, MQTT, HTTP = "rocketmq", "mqtt", "http"
+KINDS = (ROCKETMQ, MQTT, HTTP)
+#: The kinds whose node is ``listener_data``: one port, its address and TLS mode.
+LISTENERS = (MQTT, HTTP)
 TLS_MODES = ("off", "on", "permissive")
 
 
@@ -45,7 +49,8 @@ def rocketmq_data(name, remoting, grpc):
     return _dump({"name": name, "remoting": remoting, "grpc": grpc})
 
 
-def mqtt_data(address, tls):
+def listener_data(address, tls):
+    """A ``LISTENERS`` node's JSON: the port's address as others dial it, and the TLS mode it speaks."""
     if tls not in TLS_MODES:
         raise ValueError("tls is one of %s, not %r" % (", ".join(TLS_MODES), tls))
     return _dump({"address": address, "tls": tls})

@@ -16,7 +16,7 @@ from metaq.trace.service import Tracer
 from metaq.admin.service import AdminOps, TextGroupMembers
 from metaq.admin.wire import ClientCommand
 from metaq.limits import COLD_READ_CHECK_S
-from metaq.protocol import checksum
+from metaq.protocol import checksum, registration
 from metaq.priorities.wire import with_owner_keys
 from metaq.server.clock import now_ms
 from metaq.server.config import is_loopback
@@ -113,7 +113,7 @@ class Broker:
         if config.zk.connect:
             self.registry = ZkRegistry(config, self.store, self.config_checksum, self.roles.slave_id,
                                        lambda: self.roles.replication_port, self._rocketmq_addresses,
-                                       self._mqtt_registration)
+                                       self._listener_registrations)
             self.roles.attach_registry(self.registry)
             self.roles.on_change(self.registry.set_role)
         # the cluster's RocketMQ brokers, for the RocketMQ front-ends' routes (server/routes.py)
@@ -276,9 +276,7 @@ class Broker:
         remoting = self.remoting.address if self.remoting is not None and self.remoting.port else None
         grpc = None
         if self.grpc is not None and self.grpc.port:
-            host, port = self.grpc.service.endpoint()
-            host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
-            grpc = ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
+            grpc = _dialed(*self.grpc.service.endpoint())
         if remoting is None and grpc is None:
             return None
         return self.config.remoting.broker_name or "metaq-%d" % self.config.broker.id, remoting, grpc
@@ -302,15 +300,21 @@ class Broker:
         mqtt = getattr(self, "mqtt", None)
         if mqtt is None or not mqtt.port:
             return None
-        host = self.config.mqtt.host or self.config.broker.host
-        host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
-        return ("[%s]:%d" if ":" in host else "%s:%d") % (host, mqtt.port)
+        return _dialed(self.config.mqtt.host or self.config.broker.host, mqtt.port)
 
-    def _mqtt_registration(self):
-        """What the registry publishes of the MQTT port (``protocol/registration.py``): ``("host:port", TLS mode)``,
-        or None without the port."""
-        address = self._mqtt_address()
-        return None if address is None else (address, self.config.security.tls.mode)
+    def _listener_registrations(self):
+        """What the registry publishes of the MQTT and HTTP ports (``protocol/registration.py``): ``{kind:
+        ("host:port", TLS mode)}`` of the ports this broker has."""
+        tls = self.config.security.tls.mode
+        out = {}
+        mqtt = self._mqtt_address()
+        if mqtt is not None:
+            out[registration.MQTT] = (mqtt, tls)
+        http = getattr(self, "http", None)
+        if http is not None and self.config.http.port:
+            out[registration.HTTP] = (_dialed(self.config.http.host or self.config.broker.host,
+                                              self.config.http.port), tls)
+        return out
 
     def stats_facts(self):
         """What ``stats`` shows of the broker itself (``StatsService``'s ``node`` source)."""
@@ -574,6 +578,12 @@ class Broker:
             self.store.abandon()
             log.error("broker stopped after a failed flush (%s): the log was left as it was, not marked "
                       "clean; the next start recovers from what the disk really holds", self.flusher.failure)
+
+
+def _dialed(host, port):
+    """``host:port`` as other machines dial a listener bound to ``host`` (a wildcard: this machine's address)."""
+    host = advertised_ip(host) if host in ("", "0.0.0.0", "::") else host
+    return ("[%s]:%d" if ":" in host else "%s:%d") % (host, port)
 
 
 def mqtt_cluster(config, store, put_path, port, zk, roles, waiters):

@@ -20,7 +20,8 @@ A member with a RocketMQ port (remoting or gRPC) also writes the ephemeral ``ids
 (``rocketmq-slave<N>`` as slave N) = ``{"name": broker name, "remoting": "ip:port", "grpc": "host:port"}``, from
 which every broker's RocketMQ routes list the cluster (``routes.py``); a member with an MQTT port the ephemeral
 ``ids/<id>/mqtt-master`` (``mqtt-slave<N>``) = ``{"address": "host:port", "tls": security.tls.mode}``, which
-``metaq-admin brokers`` lists for a device fleet's provisioning (names and JSON: ``protocol/registration.py``).
+``metaq-admin brokers`` lists for a device fleet's provisioning, and a member with an HTTP port ``http-master``
+alike, for operators (names and JSON: ``protocol/registration.py``).
 
 A replication slave N (same broker id) writes instead, all ephemeral:
 ``ids/<id>/slave<N>`` = meta://host:port, ``topics-sub/<topic>/<id>-s<N>`` (JSON)
@@ -48,7 +49,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEm
 from kazoo.handlers.gevent import SequentialGeventHandler
 
 from metaq.errors import MetaqError
-from metaq.protocol.registration import MQTT, ROCKETMQ, member_node, mqtt_data, rocketmq_data
+from metaq.protocol.registration import KINDS, ROCKETMQ, listener_data, member_node, rocketmq_data
 from metaq.timers.levels import SCHEDULE_TOPIC
 
 log = logging.getLogger(__name__)
@@ -120,19 +121,20 @@ def topic_json(partitions, broker_id, node=None):
 
 class ZkRegistry:
     def __init__(self, config, store, config_checksum, slave_id, replication_port, rocketmq=lambda: None,
-                 mqtt=lambda: None):
+                 listeners=dict):
         """``slave_id``: ours when we start as a slave, else None; ``replication_port()``: the port a master
         serves slaves on, or None; ``rocketmq()``: ``(broker name, remoting "ip:port" or None, gRPC "host:port"
         or None)`` once this broker has a RocketMQ port, else None (published for routes: ``routes.py``);
-        ``mqtt()``: ``("host:port", TLS mode)`` once it has an MQTT port, else None (published for devices'
-        provisioning: ``metaq-admin brokers``)."""
+        ``listeners()``: ``{kind: ("host:port", TLS mode)}`` of its MQTT and HTTP ports (``registration.LISTENERS``;
+        a port it does not have left out), published for devices' provisioning and operators (``metaq-admin
+        brokers``)."""
         cfg = config.zk
         self.config = config
         self.store = store
         self.config_checksum = config_checksum
         self.replication_port = replication_port
         self.rocketmq = rocketmq
-        self.mqtt = mqtt
+        self.listeners = listeners
         self.connect = cfg.connect
         self.root = cfg.root
         self.broker_id = config.broker.id
@@ -335,9 +337,8 @@ class ZkRegistry:
         rocketmq = self.rocketmq()
         if rocketmq is not None:
             self._claim("%s/%s" % (self.ids_path, member_node(ROCKETMQ, self.slave_id)), rocketmq_data(*rocketmq))
-        mqtt = self.mqtt()
-        if mqtt is not None:
-            self._claim("%s/%s" % (self.ids_path, member_node(MQTT, self.slave_id)), mqtt_data(*mqtt))
+        for kind, (address, tls) in sorted(self.listeners().items()):
+            self._claim("%s/%s" % (self.ids_path, member_node(kind, self.slave_id)), listener_data(address, tls))
         topics = self.store.known_topics()
         for topic in topics:
             self._register_topic(topic)
@@ -404,7 +405,7 @@ class ZkRegistry:
                 self._delete_ours("%s/%s/%s/%s" % (brokers, kind, topic, node))
         if topics_only:
             return
-        for kind in (ROCKETMQ, MQTT):
+        for kind in KINDS:
             self._delete_ours("%s/%s" % (self.ids_path, member_node(kind, slave_id)))
         if slave_id is not None:
             self._delete_ours(self.ids_path + "/slave%d" % slave_id)

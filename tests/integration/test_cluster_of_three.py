@@ -174,9 +174,11 @@ def test_cluster_routes_column_shows_the_brokers_mqtt_cluster_stats():
         def stats_of(self, url, item):
             return []
 
-    member = {"broker": 4, "role": "master", "url": "meta://h:1", "mqtt": None, "remoting": None, "grpc": None}
+    member = {"broker": 4, "role": "master", "url": "meta://h:1", "mqtt": None, "remoting": None, "grpc": None,
+              "http": "h:8180"}
     rows, columns = cli.cluster_rows(View(), [member])
     assert columns[-1] == "routes" and rows[0]["routes"] == "links=2 routes=5"
+    assert rows[0]["http"] == "h:8180" and columns.index("http") < columns.index("topics")
     assert (rows[0]["mqtt_connections"], rows[0]["mqtt_sessions"], rows[0]["topics"]) == (2, None, None)
 
 

@@ -46,21 +46,20 @@ def test_brokers_lists_each_members_mqtt_address_and_tls_mode(broker_factory, tm
     zk = {"connect": zk_connect, "session_timeout_ms": SESSION_MS}
     tls = broker_factory(with_mqtt(small_config(tmp_path / "b2" / "data", broker={"id": 2}, zk=zk,
                                                 security={"tls": pki.tls_config("on")})), workdir=tmp_path / "b2")
-    rport = free_port()
-    plain = broker_factory(small_config(tmp_path / "b3" / "data", broker={"id": 3}, zk=zk, remoting={"port": rport}),
-                           workdir=tmp_path / "b3")
+    rport, hport = free_port(), free_port()
+    plain = broker_factory(small_config(tmp_path / "b3" / "data", broker={"id": 3}, zk=zk, remoting={"port": rport},
+                                        http={"port": hport}), workdir=tmp_path / "b3")
+    none = {"mqtt": None, "mqtt_tls": None, "remoting": None, "grpc": None, "http": None}
     want = {
-        (2, "master"): {"broker": 2, "role": "master", "url": "meta://127.0.0.1:%d" % tls.port,
-                        "mqtt": mqtt_address(tls), "mqtt_tls": "on", "remoting": None, "grpc": None},
-        (3, "master"): {"broker": 3, "role": "master", "url": "meta://127.0.0.1:%d" % plain.port,
-                        "mqtt": None, "mqtt_tls": None, "remoting": "127.0.0.1:%d" % rport, "grpc": None},
-        (7, "master"): {"broker": 7, "role": "master", "url": "meta://127.0.0.1:%d" % group.members[master].port,
-                        "mqtt": mqtt_address(group.members[master]), "mqtt_tls": "off", "remoting": None,
-                        "grpc": None},
-        (7, "slave %d" % slave): {"broker": 7, "role": "slave %d" % slave,
-                                  "url": "meta://127.0.0.1:%d" % group.members[slave].port,
-                                  "mqtt": mqtt_address(group.members[slave]), "mqtt_tls": "off", "remoting": None,
-                                  "grpc": None},
+        (2, "master"): dict(none, broker=2, role="master", url="meta://127.0.0.1:%d" % tls.port,
+                            mqtt=mqtt_address(tls), mqtt_tls="on"),
+        (3, "master"): dict(none, broker=3, role="master", url="meta://127.0.0.1:%d" % plain.port,
+                            remoting="127.0.0.1:%d" % rport, http="127.0.0.1:%d" % hport),
+        (7, "master"): dict(none, broker=7, role="master", url="meta://127.0.0.1:%d" % group.members[master].port,
+                            mqtt=mqtt_address(group.members[master]), mqtt_tls="off"),
+        (7, "slave %d" % slave): dict(none, broker=7, role="slave %d" % slave,
+                                      url="meta://127.0.0.1:%d" % group.members[slave].port,
+                                      mqtt=mqtt_address(group.members[slave]), mqtt_tls="off"),
     }
     wait_for(lambda: brokers(capsys, zk_connect) == want, 15, lambda: "the four members listed: %s"
              % brokers(capsys, zk_connect))
@@ -71,9 +70,9 @@ def test_brokers_lists_each_members_mqtt_address_and_tls_mode(broker_factory, tm
     # the table for people: one line per member, "-" for a port it does not have
     assert admin.main(["--zk", zk_connect, "brokers"]) == admin.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["BROKER", "ROLE", "URL", "MQTT", "MQTT_TLS", "REMOTING", "GRPC"]
+    assert lines[0].split() == ["BROKER", "ROLE", "URL", "MQTT", "MQTT_TLS", "REMOTING", "GRPC", "HTTP"]
     assert lines[3].split() == ["3", "master", "meta://127.0.0.1:%d" % plain.port, "-", "-",
-                                "127.0.0.1:%d" % rport, "-"]
+                                "127.0.0.1:%d" % rport, "-", "127.0.0.1:%d" % hport]
     # a broker stopped cleanly takes its MQTT address with it
     tls.stop()
     del want[(2, "master")]
