@@ -59,7 +59,7 @@ from metaq.mqtt.records import partition_for, placement, record_data
 from metaq.mqtt.session import SharedGroup
 from metaq.mqtt.topics import TopicError, matches, split_shared
 from metaq.server.clock import now_ms
-from metaq.server.connections import share_loop
+from metaq.server.connections import close_with_grace, share_loop
 from metaq.server.putpath import ACK_NOW
 from metaq.speedups import load
 from metaq.store.record import FIXED_OVERHEAD
@@ -878,15 +878,7 @@ class MqttPort:
         for their delay are published now (a will's delay does not outlive the broker)."""
         if self._keeper is not None:
             self._keeper.kill(block=False)
-        ending = [conn for conn in self.core.connections("mqtt")]
-        for conn in ending:
-            if not conn.busy:
-                conn.close()
-        deadline = time.monotonic() + grace_s
-        while any(conn.busy and not conn.closed for conn in ending) and time.monotonic() < deadline:
-            gevent.sleep(0.01)
-        for conn in ending:
-            conn.close()
+        close_with_grace(list(self.core.connections("mqtt")), grace_s)
         deadline = time.monotonic() + grace_s
         while self.core.count("mqtt") and time.monotonic() < deadline:  # their ends: wills and sessions written
             gevent.sleep(0.01)

@@ -782,6 +782,19 @@ class Connection:
             pass
 
 
+def close_with_grace(ending, grace_s):
+    """Close the connections ``ending``: the idle ones now, the busy ones (a request being answered) when they are
+    done or ``grace_s`` has passed, whichever comes first."""
+    for conn in ending:
+        if not conn.busy:
+            conn.close()
+    deadline = time.monotonic() + grace_s
+    while any(c.busy and not c.closed for c in ending) and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    for conn in ending:
+        conn.close()
+
+
 class ConnectionCore:
     """The broker's listeners and every connection open on them."""
 
@@ -1117,12 +1130,5 @@ class ConnectionCore:
         Listeners named in ``keep`` (replication: slaves must get what the finishing requests write) are
         left to their front-end's own stop (``close_listener``)."""
         self.stop_accepting(keep)
-        ending = [c for cid, c in list(self._open.items()) if self._listener_of[cid].name not in keep]
-        for conn in ending:
-            if not conn.busy:
-                conn.close()
-        deadline = time.monotonic() + grace_s
-        while any(c.busy and not c.closed for c in ending) and time.monotonic() < deadline:
-            gevent.sleep(0.01)
-        for conn in ending:
-            conn.close()
+        close_with_grace([c for cid, c in list(self._open.items()) if self._listener_of[cid].name not in keep],
+                         grace_s)
