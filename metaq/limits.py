@@ -763,6 +763,11 @@ GRPC_MAX_MESSAGE_BYTES = MAX_BODY_BYTES + 64 * 1024
 #: SETTINGS_MAX_HEADER_LIST_SIZE. A larger header block ends the connection (GOAWAY): its HPACK state cannot be
 #: kept in step without decoding it.
 GRPC_MAX_HEADER_BYTES = 16 * 1024
+#: A header block's encoded bytes (a HEADERS frame and its CONTINUATIONs) may be this many times
+#: GRPC_MAX_HEADER_BYTES; past it the connection ends with GOAWAY ENHANCE_YOUR_CALM as the frame header arrives,
+#: before the block is buffered further (the CONTINUATION flood). More than 1 because HPACK's Huffman strings may be
+#: longer than their text when an encoder does not pick the shorter form.
+GRPC_HEADER_BLOCK_FACTOR = 2
 #: Bytes one receive of a gRPC connection takes: h2 parses all it is handed before the connection can share the loop
 #: again (``share_loop``), and 16 KiB of the smallest frames parse within about one turn (MAX_TURN_MS).
 GRPC_RECV_BYTES = 16 * 1024

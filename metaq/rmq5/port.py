@@ -17,8 +17,12 @@ h2; gRPC's layer is ``wire``. Per connection the port announces and h2 enforces 
   frame are a request under way (its deadline, the unfinished-request budgets, a stranger's among them);
 * ``max_control_frames`` and ``max_new_streams`` per ``flood_window_s`` (``limits.GRPC_MAX_CONTROL_FRAMES``,
   ``limits.GRPC_MAX_NEW_STREAMS``, ``limits.GRPC_FLOOD_WINDOW_S``): PING, SETTINGS, RST_STREAM and PRIORITY frames,
-  and streams opened; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2 flood and rapid
-  reset attacks).
+  and empty frames that end nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS) count as
+  control frames, and streams opened; past either the connection ends with GOAWAY ENHANCE_YOUR_CALM (the HTTP/2
+  flood, empty-frames and rapid reset attacks);
+* a header block (HEADERS and its CONTINUATIONs) encoded in more than ``limits.GRPC_HEADER_BLOCK_FACTOR`` times
+  ``max_header_bytes`` ends the connection (GOAWAY ENHANCE_YOUR_CALM) as the frame that passes it begins, before
+  h2 buffers it (the CONTINUATION flood).
 
 A connection reads ``limits.GRPC_RECV_BYTES`` at a time and lets the other connections run every
 ``limits.MAX_TURN_MS`` (``share_loop``), as every port's connections do.
@@ -57,9 +61,9 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from metaq import limits
-from metaq.rmq5.wire import (CONTROL_FRAMES, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, FrameGate, FrameTooLarge,
-                             GrpcError, MessageReader, Status, frame, is_grpc_content_type, parse_timeout, rpc_name,
-                             trailers, trailers_only)
+from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
+                             FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame, is_grpc_content_type,
+                             parse_timeout, rpc_name, trailers, trailers_only)
 from metaq.server.connections import Connection, share_loop
 
 log = logging.getLogger(__name__)
@@ -95,16 +99,18 @@ class PortLimits:
 
 class FloodBudget:
     """What one connection may send in a window of ``flood_window_s``: ``max_control_frames`` control frames
-    (``wire.CONTROL_FRAMES``) and ``max_new_streams`` streams opened. Time is passed in; a window starts with the
-    first frame after the last one ended."""
+    (``wire.FrameHead.is_control``) and ``max_new_streams`` streams opened, and the header block open at most
+    ``GRPC_HEADER_BLOCK_FACTOR * max_header_bytes`` encoded. Time is passed in; a window starts with the first frame
+    after the last one ended."""
 
-    __slots__ = ("limits", "controls", "streams", "last_stream", "_since")
+    __slots__ = ("limits", "controls", "streams", "last_stream", "block", "_since")
 
     def __init__(self, port_limits):
         self.limits = port_limits
         self.controls = 0
         self.streams = 0
         self.last_stream = 0  # the highest stream id the client opened
+        self.block = 0  # encoded bytes of the header block begun and not yet ended (END_HEADERS)
         self._since = None
 
     def excess(self, heads, now):
@@ -113,13 +119,19 @@ class FloodBudget:
         if self._since is None or now - self._since >= lim.flood_window_s:
             self._since, self.controls, self.streams = now, 0, 0
         for head in heads:
-            if head.type in CONTROL_FRAMES:
+            if head.is_control():
                 self.controls += 1
-            elif head.type == HEADERS and head.stream_id > self.last_stream:
+            if head.type == HEADERS and head.stream_id > self.last_stream:
                 self.last_stream = head.stream_id
                 self.streams += 1
+            if head.type in (HEADERS, CONTINUATION):
+                self.block = 0 if head.flags & END_HEADERS_FLAG else self.block + head.length
+                if self.block > limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes:
+                    return "a header block of more than %d bytes begun (%d x grpc.max_header_bytes)" % (
+                        limits.GRPC_HEADER_BLOCK_FACTOR * lim.max_header_bytes, limits.GRPC_HEADER_BLOCK_FACTOR)
         if self.controls > lim.max_control_frames:
-            return "more than %d PING, SETTINGS, RST_STREAM and PRIORITY frames in %g s (grpc.max_control_frames)" % (
+            return "more than %d PING, SETTINGS, RST_STREAM, PRIORITY and empty frames in %g s " \
+                "(grpc.max_control_frames)" % (
                 lim.max_control_frames, lim.flood_window_s)
         if self.streams > lim.max_new_streams:
             return "more than %d streams opened in %g s (grpc.max_new_streams)" % (lim.max_new_streams,

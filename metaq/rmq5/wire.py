@@ -216,6 +216,7 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 #: Frames that cost the server work and carry no request (the HTTP/2 flood attacks: ping, settings, reset,
 #: priority): each counts against the connection's control-frame budget.
 CONTROL_FRAMES = frozenset((PRIORITY, RST_STREAM, SETTINGS, PING))
+END_STREAM_FLAG, END_HEADERS_FLAG = 0x1, 0x4
 
 
 class FrameTooLarge(Exception):
@@ -223,11 +224,22 @@ class FrameTooLarge(Exception):
 
 
 class FrameHead(NamedTuple):
-    """One frame's header: its type, flags and stream id."""
+    """One frame's header: its type, flags, stream id and payload length."""
 
     type: int
     flags: int
     stream_id: int
+    length: int = 0
+
+    def is_control(self):
+        """Whether the frame counts against the control-frame budget: a ``CONTROL_FRAMES`` type, or an empty frame
+        that ends nothing (DATA without END_STREAM, HEADERS or CONTINUATION without END_HEADERS: the empty-frames
+        flood, which costs the server a frame's work for no byte of a request)."""
+        if self.type in CONTROL_FRAMES:
+            return True
+        if self.length or self.type not in (DATA, HEADERS, CONTINUATION):
+            return False
+        return not self.flags & (END_STREAM_FLAG if self.type == DATA else END_HEADERS_FLAG)
 
 
 class Goaway(NamedTuple):
@@ -288,7 +300,7 @@ class FrameGate:
                 raise FrameTooLarge("a frame of %d bytes: the advertised SETTINGS_MAX_FRAME_SIZE is %d"
                                     % (length, self.max_frame_size))
             self._type = head[3]
-            heads.append(FrameHead(head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF))
+            heads.append(FrameHead(head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, length))
             if self._type == GOAWAY:
                 self._body = b""
             else:

@@ -22,7 +22,7 @@ from h2.events import ConnectionTerminated, DataReceived, StreamEnded, StreamRes
 pytestmark = pytest.mark.integration
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0, 1, 3, 4, 6, 7
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 NO_ERROR, FRAME_SIZE_ERROR, ENHANCE_YOUR_CALM = 0, 6, 11
 MAX_CONTROL = 50
@@ -218,6 +218,48 @@ def test_streams_up_to_grpc_max_new_streams_are_answered_and_one_more_ends_the_c
         assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
     finally:
         raw.close()
+
+
+def test_empty_data_frames_count_as_control_frames_and_one_past_the_budget_ends_the_connection(broker):
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS) + frame(SETTINGS, ACK) + frame(HEADERS, END_HEADERS, 1,
+                                                                          header_block("Heartbeat")))
+        raw.send(frame(DATA, 0, 1) * (MAX_CONTROL - 3) + frame(PING, 0, 0, b"in stock"))  # the budget, to the last
+        got = raw.read(lambda got: any(f != "closed" and f[0] == PING for f in got) or ended(got))
+        assert not ended(got) and any(f[:2] == (PING, ACK) for f in got if f != "closed"), got[-3:]
+        raw.send(frame(DATA, 0, 1))  # one empty frame more
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
+    finally:
+        raw.close()
+
+
+def test_a_header_block_is_bounded_as_it_comes_and_one_byte_past_ends_the_connection(broker):
+    from metaq import limits
+    bound = limits.GRPC_HEADER_BLOCK_FACTOR * limits.GRPC_MAX_HEADER_BYTES
+    raw = Frames(grpc_port(broker))
+    try:
+        raw.send(PREFACE + frame(SETTINGS))
+        # a block up to the bound, END_HEADERS never sent: held, the connection open
+        raw.send(frame(HEADERS, 0, 1, b"\0" * (MAX_FRAME - 100)) +
+                 frame(CONTINUATION, 0, 1, b"\0" * (bound - (MAX_FRAME - 100) - MAX_FRAME)) +
+                 frame(CONTINUATION, 0, 1, b"\0" * MAX_FRAME))
+        got = raw.read(ended, timeout=1)
+        assert not ended(got), got
+        raw.send(frame(CONTINUATION, 0, 1, b"\0"))  # one byte past: refused before h2 buffers more
+        got = raw.read(lambda got: "closed" in got)
+        assert goaway_code(got) == ENHANCE_YOUR_CALM and "closed" in got, got
+    finally:
+        raw.close()
+    # a client's ordinary calls go on meanwhile and after
+    ok = Frames(grpc_port(broker))
+    try:
+        ok.send(PREFACE + frame(SETTINGS) + frame(HEADERS, END_HEADERS | END_STREAM, 1, header_block("Heartbeat")))
+        got = ok.read(lambda got: 1 in answered(got) or ended(got))
+        assert 1 in answered(got), got
+    finally:
+        ok.close()
 
 
 # -- frame sizes and incomplete frames -----------------------------------------------------------------------

@@ -190,9 +190,20 @@ def test_the_frame_gate_passes_every_frame_but_goaway_whatever_the_chunks_and_co
             if ping_at < at + size < len(stream):
                 assert gate.partial == at + size - ping_at, size  # the PING's bytes so far
         assert b"".join(out) == preface + kept and gate.partial == 0, size
-        assert heads == [FrameHead(HEADERS, 4, 1), FrameHead(DATA, 1, 1), FrameHead(GOAWAY, 0, 0),
-                         FrameHead(PING, 0, 0)], size
+        assert heads == [FrameHead(HEADERS, 4, 1, 10), FrameHead(DATA, 1, 1, 100), FrameHead(GOAWAY, 0, 0, 13),
+                         FrameHead(PING, 0, 0, 8)], size
         assert gate.goaway == Goaway(1, 0)
+
+
+def test_empty_frames_that_end_nothing_count_as_control_frames():
+    from metaq.rmq5.wire import (CONTINUATION, DATA, HEADERS, PING, SETTINGS, WINDOW_UPDATE, FrameHead)
+    assert FrameHead(PING, 0, 0, 8).is_control() and FrameHead(SETTINGS, 1, 0, 0).is_control()
+    assert FrameHead(DATA, 0, 1, 0).is_control()  # empty, the stream goes on: work for nothing
+    assert not FrameHead(DATA, 1, 1, 0).is_control()  # empty, ends the stream: a client's half-close
+    assert not FrameHead(DATA, 0, 1, 5).is_control()
+    assert FrameHead(HEADERS, 0, 1, 0).is_control() and FrameHead(CONTINUATION, 0, 1, 0).is_control()
+    assert not FrameHead(HEADERS, 4, 1, 0).is_control() and not FrameHead(CONTINUATION, 4, 1, 0).is_control()
+    assert not FrameHead(WINDOW_UPDATE, 0, 0, 4).is_control()
 
 
 def test_the_frame_gate_refuses_a_frame_past_the_max_frame_size_from_its_header():
