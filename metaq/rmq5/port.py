@@ -61,6 +61,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from metaq import limits
+from metaq.rmq5.hpackcache import CachedDecoder, CachedEncoder
 from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
                              FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame, is_grpc_content_type,
                              parse_timeout, rpc_name, trailers, trailers_only)
@@ -181,6 +182,10 @@ class GrpcConnection(Connection):
         config = H2Configuration(client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
                                  normalize_outbound_headers=False)
         self.h2 = H2Connection(config=config)
+        # HPACK: the fixed response headers' blocks, and a client's repeated request block, coded once while the
+        # compression context stands still (``hpackcache``); before any frame, so each sees the whole context.
+        self.h2.encoder = CachedEncoder((RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW))
+        self.h2.decoder = CachedDecoder()
         self.h2.local_settings = Settings(client=False, initial_values={
             SettingCodes.MAX_CONCURRENT_STREAMS: port_limits.max_streams,
             SettingCodes.MAX_HEADER_LIST_SIZE: port_limits.max_header_bytes,
