@@ -55,13 +55,13 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import (ConnectionTerminated, DataReceived, RemoteSettingsChanged, RequestReceived, StreamEnded,
-                       StreamReset, WindowUpdated)
+                       StreamReset, TrailersReceived, WindowUpdated)
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from metaq import limits
-from metaq.rmq5.hpackcache import CachedDecoder, CachedEncoder
+from metaq.rmq5.headercache import CachedDecoder, CachedEncoder, CheckedHeaders
 from metaq.rmq5.wire import (CONTINUATION, END_HEADERS_FLAG, HEADERS, OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW,
                              FrameGate, FrameTooLarge, GrpcError, MessageReader, Status, frame, is_grpc_content_type,
                              parse_timeout, rpc_name, trailers, trailers_only)
@@ -177,15 +177,17 @@ class GrpcConnection(Connection):
         super().__init__(sock, address, conn_id, rules)
         self.service = service
         self.limits = port_limits
-        # Inbound headers are checked as h2 does by default; outbound ones are the port's own (``wire``: lower-case
-        # names, printable ASCII values), so h2 neither re-validates nor re-normalizes them for every response.
-        config = H2Configuration(client_side=False, header_encoding="utf-8", validate_outbound_headers=False,
-                                 normalize_outbound_headers=False)
+        # Inbound headers get h2's own checks, run by the port (``headercache.CheckedHeaders``: once for a list that
+        # repeats); outbound ones are the port's own (``wire``: lower-case names, printable ASCII values), so h2
+        # neither re-validates nor re-normalizes them for every response.
+        config = H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=False,
+                                 validate_outbound_headers=False, normalize_outbound_headers=False)
         self.h2 = H2Connection(config=config)
         # HPACK: the fixed response headers' blocks, and a client's repeated request block, coded once while the
-        # compression context stands still (``hpackcache``); before any frame, so each sees the whole context.
+        # compression context stands still (``headercache``); before any frame, so each sees the whole context.
         self.h2.encoder = CachedEncoder((RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW))
         self.h2.decoder = CachedDecoder()
+        self.checked = CheckedHeaders()
         self.h2.local_settings = Settings(client=False, initial_values={
             SettingCodes.MAX_CONCURRENT_STREAMS: port_limits.max_streams,
             SettingCodes.MAX_HEADER_LIST_SIZE: port_limits.max_header_bytes,
@@ -280,8 +282,11 @@ class GrpcConnection(Connection):
                 self._flush()  # h2's GOAWAY
                 self._linger()
                 return False
-            for event in events:
-                self._event(event)
+            try:
+                for event in events:
+                    self._event(event)
+            except ProtocolError as exc:  # headers that fail h2's checks (``CheckedHeaders``), as h2 would refuse them
+                return self._refuse(ErrorCodes.PROTOCOL_ERROR, "headers that fail HTTP/2's checks: %s" % exc)
         if self.gate.goaway is not None and not self.goaway:
             self.goaway = True  # the client is leaving: its streams go on to their end (RFC 9113 section 6.8)
         return True
@@ -371,6 +376,8 @@ class GrpcConnection(Connection):
             self._data(event)
         elif isinstance(event, StreamEnded):
             self._ended(event.stream_id)
+        elif isinstance(event, TrailersReceived):
+            self.checked.trailers(event.headers)
         elif isinstance(event, StreamReset):
             call = self.calls.pop(event.stream_id, None)
             if call is not None:
@@ -385,18 +392,13 @@ class GrpcConnection(Connection):
             self.goaway = True
 
     def _request(self, stream_id, headers):
+        metadata = self.checked.request(headers)  # ProtocolError: the connection ends (``_read``)
         if self.draining is not None and stream_id > self.draining:  # opened after the port's GOAWAY
             try:
                 self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
             except (StreamClosedError, ProtocolError):
                 pass
             return
-        metadata = {}
-        for name, value in headers:
-            if name in metadata and not name.startswith(":"):
-                metadata[name] += "," + value
-            else:
-                metadata[name] = value
         if metadata.get(":method") != "POST":
             self._plain_answer(stream_id, "405")
             return

@@ -1,4 +1,5 @@
-"""HPACK header blocks reused while a connection's compression context stands still (h2's encoder and decoder).
+"""HTTP/2 header blocks coded and checked once while a connection repeats them: HPACK reused while the compression
+context stands still (h2's encoder and decoder), and a request's header list checked once (``CheckedHeaders``).
 
 A gRPC connection repeats itself: every response opens with the same three headers and most end with the same
 ``grpc-status: 0``, and a client such as grpcio sends the same request header block, byte for byte, for each call
@@ -13,7 +14,13 @@ same and no size change waits to be sent: hpack only ever inserts a new tuple at
 so any insertion since replaced that object.
 """
 
+from h2.exceptions import ProtocolError
+from h2.utilities import HeaderValidationFlags, validate_headers
 from hpack import Decoder, Encoder
+
+#: h2's checks of a request's headers as a server receives them, and of trailers a client sends.
+_REQUEST = HeaderValidationFlags(is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False)
+_TRAILERS = HeaderValidationFlags(is_client=False, is_trailer=True, is_response_header=False, is_push_promise=False)
 
 
 def _table_mark(table):
@@ -76,3 +83,45 @@ class CachedDecoder(Decoder):
         else:
             self._last = None
         return headers
+
+
+class CheckedHeaders:
+    """h2's own checks of inbound headers (``h2.utilities.validate_headers``: legal characters, no empty names,
+    ``te`` only ``trailers``, no connection-specific fields, the pseudo-headers a request needs and no others, host
+    and authority, a non-empty path), run by the port instead of by h2 (its ``validate_inbound_headers`` off) so that
+    a header list equal to the last one checked is not checked again: a gRPC client sends the same list for each
+    call of a method. A list that fails raises ``ProtocolError``, which ends the connection as h2 ends it (GOAWAY
+    PROTOCOL_ERROR)."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self):
+        self._last = None  # (the last request header list checked, its metadata)
+
+    def request(self, headers):
+        """The metadata of a request's header list (bytes pairs, as h2 decoded them), once checked: names and values
+        as text, a repeated field's values joined with "," (a repeated pseudo-header fails the checks); the caller's own
+        dict."""
+        key = tuple(headers)
+        last = self._last
+        if last is not None and last[0] == key:
+            return dict(last[1])
+        for _ in validate_headers(key, _REQUEST):
+            pass
+        metadata = {}
+        try:
+            for name, value in key:
+                name, value = name.decode("utf-8"), value.decode("utf-8")
+                if name in metadata and not name.startswith(":"):
+                    metadata[name] += "," + value
+                else:
+                    metadata[name] = value
+        except UnicodeDecodeError:
+            raise ProtocolError("a header field that is not UTF-8") from None
+        self._last = (key, metadata)
+        return dict(metadata)
+
+    def trailers(self, headers):
+        """Check the trailers a client sent on a stream (ProtocolError when they fail)."""
+        for _ in validate_headers(tuple(headers), _TRAILERS):
+            pass

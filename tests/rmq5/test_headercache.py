@@ -6,7 +6,7 @@ import pytest
 from hpack import Decoder, Encoder
 from hpack.exceptions import OversizedHeaderListError
 
-from metaq.rmq5.hpackcache import CachedDecoder, CachedEncoder
+from metaq.rmq5.headercache import CachedDecoder, CachedEncoder
 from metaq.rmq5.wire import OK_TRAILERS_RAW, RESPONSE_HEADERS_RAW, Status, trailers, trailers_only
 
 CONSTANT = (RESPONSE_HEADERS_RAW, OK_TRAILERS_RAW)
@@ -92,3 +92,21 @@ def test_decoder_still_refuses_an_oversized_list():
     dec.max_header_list_size = 100
     with pytest.raises(OversizedHeaderListError):
         dec.decode(again, raw=True)
+
+
+def test_checked_headers_check_a_list_once_and_give_each_caller_its_own_metadata():
+    from h2.exceptions import ProtocolError
+
+    from metaq.rmq5.headercache import CheckedHeaders
+    good = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/p"), (b":authority", b"h"), (b"x-a", b"1"),
+            (b"x-a", b"2")]
+    checked = CheckedHeaders()
+    first = checked.request(good)
+    assert first == {":method": "POST", ":scheme": "http", ":path": "/p", ":authority": "h", "x-a": "1,2"}
+    first["x-a"] = "changed"
+    assert checked.request(list(good))["x-a"] == "1,2"
+    with pytest.raises(ProtocolError):
+        checked.request(good + [(b"X-B", b"1")])
+    with pytest.raises(ProtocolError):
+        checked.request(good + [(b"x-b", b"\xff")])
+    assert checked.request(good)["x-a"] == "1,2"
