@@ -494,14 +494,12 @@ class GrpcConnection(Connection):
                 return
             finally:
                 timer.close()
-            pending = 0  # bytes handed to h2 and not flushed yet: the trailers' flush sends them with its own
-            for payload in response if isinstance(response, list) else [response]:
-                pending += len(payload)
-                if not self._send_message(call, payload, flush=pending >= FLUSH_BYTES):
+            # the messages in runs of FLUSH_BYTES, each run handed to h2 as one DATA frame where the windows and the
+            # frame size allow; a whole run is flushed, the last one's bytes go with the trailers' flush
+            for run, whole in _runs(response if isinstance(response, list) else [response]):
+                if not self._send_framed(call, run, flush=whole):
                     _unsent(call)
                     return
-                if pending >= FLUSH_BYTES:
-                    pending = 0
             if not self._finish(call, Status.OK):
                 _unsent(call)
         except OSError as exc:
@@ -521,15 +519,19 @@ class GrpcConnection(Connection):
         return not (call.reset or call.done or self.closed)
 
     def _send_message(self, call, payload, flush=True):
-        """Send one response message on ``call`` within the flow-control windows; False when the call or the
-        connection ended first. ``flush`` False: its frames wait in h2 for the next flush (a unary call's trailers
-        send them; a shut window flushes before it waits)."""
+        """Send one response message on ``call`` (``_send_framed``)."""
+        return self._send_framed(call, frame(payload), flush)
+
+    def _send_framed(self, call, framed, flush=True):
+        """Send response messages, ``framed`` (``wire.frame``'s, one after another), on ``call`` within the
+        flow-control windows; False when the call or the connection ended first. ``flush`` False: their frames wait
+        in h2 for the next flush (a unary call's trailers send them; a shut window flushes before it waits)."""
         if not self._open(call):
             return False
         if not call.headers_sent:
             self.h2.send_headers(call.stream_id, list(RESPONSE_HEADERS_RAW))
             call.headers_sent = True
-        data = memoryview(frame(payload))
+        data = memoryview(framed)
         deadline = time.monotonic() + self.request_timeout
         while data:
             if not self._open(call):
@@ -648,6 +650,21 @@ class GrpcPort:
 
     def connection_count(self):
         return self.core.count("grpc")
+
+
+def _runs(payloads):
+    """``(framed, whole)``: ``payloads`` framed (``wire.frame``) and joined in runs of ``FLUSH_BYTES`` or more,
+    ``whole`` False for the last run when it is shorter (its bytes may wait for the trailers)."""
+    run, size = [], 0
+    for payload in payloads:
+        framed = frame(payload)
+        run.append(framed)
+        size += len(framed)
+        if size >= FLUSH_BYTES:
+            yield b"".join(run), True
+            run, size = [], 0
+    if run:
+        yield b"".join(run), False
 
 
 def _unsent(call):
